@@ -1,0 +1,99 @@
+"""The fitted linear head every method returns."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from privfed._validation import check_features, check_labels
+
+__all__ = ["LinearHead"]
+
+
+@dataclass(eq=False)
+class LinearHead:
+    """A linear classifier ``argmax_c (W f + b)_c`` on frozen features.
+
+    Attributes
+    ----------
+    weight : ndarray, shape (C, d)
+    bias : ndarray, shape (C,)
+    method : str
+        Registered name of the method that produced it.
+    params : dict
+        The method's resolved parameters.
+    notes : list of str
+        What the method had to report or repair (classes seen by one client,
+        noisy counts dropped, matrices projected to the PSD cone, ...).
+    upload_bytes : dict
+        Communication of the run: ``per_client`` (mean bytes a client
+        uploads), ``total`` and the formula used.
+    privacy : object or None
+        The privacy report of the release (see :mod:`mechanisms`), ``None``
+        for a non-private run.
+    secure_aggregation : object or None
+        The secure-aggregation report, ``None`` when statistics went in clear.
+    feature_transform : callable or None
+        Applied to features before scoring (e.g. the clipping the
+        statistics were computed under), so train and test match.
+    """
+
+    weight: np.ndarray
+    bias: np.ndarray
+    method: str = ""
+    params: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    upload_bytes: dict[str, Any] = field(default_factory=dict)
+    privacy: Any = None
+    secure_aggregation: Any = None
+    feature_transform: Callable[[np.ndarray], np.ndarray] | None = None
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.weight = np.asarray(self.weight, dtype=np.float64)
+        self.bias = np.asarray(self.bias, dtype=np.float64)
+        if self.weight.ndim != 2 or self.bias.shape != (self.weight.shape[0],):
+            raise ValueError(f"weight must be (C, d) and bias (C,), got {self.weight.shape} and {self.bias.shape}")
+        if not (np.all(np.isfinite(self.weight)) and np.all(np.isfinite(self.bias))):
+            raise FloatingPointError(
+                f"method {self.method!r} produced a non-finite head; this is a bug, please report it with the inputs"
+            )
+
+    @property
+    def num_classes(self) -> int:
+        return self.weight.shape[0]
+
+    @property
+    def dim(self) -> int:
+        return self.weight.shape[1]
+
+    def decision_function(self, features) -> np.ndarray:
+        """Scores ``F W^T + b``, shape (N, C)."""
+        F = check_features(features, dim=self.dim)
+        if self.feature_transform is not None:
+            F = self.feature_transform(F)
+        return F @ self.weight.T + self.bias
+
+    def predict(self, features) -> np.ndarray:
+        """Predicted class of each row of ``features``."""
+        return np.argmax(self.decision_function(features), axis=1)
+
+    def predict_proba(self, features) -> np.ndarray:
+        """Softmax of the scores (the FedLog posterior predictive at the MAP)."""
+        z = self.decision_function(features)
+        z = z - z.max(axis=1, keepdims=True)
+        p = np.exp(z)
+        return p / p.sum(axis=1, keepdims=True)
+
+    def score(self, features, labels) -> float:
+        """Accuracy on ``(features, labels)``."""
+        F = check_features(features, dim=self.dim)
+        y, _ = check_labels(labels, F.shape[0], self.num_classes)
+        return float(np.mean(self.predict(F) == y))
+
+    def __repr__(self) -> str:
+        extra = f", notes={len(self.notes)}" if self.notes else ""
+        priv = "" if self.privacy is None else ", private"
+        return f"LinearHead(method={self.method!r}, C={self.num_classes}, d={self.dim}{priv}{extra})"

@@ -1,0 +1,139 @@
+"""The contract every aggregation method implements.
+
+A method turns client statistics (:class:`privfed.stats.ClientStats`) into a
+:class:`privfed.head.LinearHead`.  It declares
+
+* ``requires``: which statistics it needs (among ``counts``, ``sums``,
+  ``second``, ``class_second``);
+* ``per_client``: whether the server needs them per client (``True``) or only
+  summed over clients (``False``).  Only methods with ``per_client=False``, or
+  with a secure variant (:meth:`Method.secure_aggregate` overridden), run under
+  secure aggregation.
+
+Methods never see privacy: mechanisms wrap the release path and hand the
+method (possibly noisy) statistics.  A method must therefore stay finite and
+well defined on noisy statistics (counts <= 0 or fractional, indefinite
+matrices) and record in ``notes`` what it repaired.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Any, Callable, ClassVar
+
+import numpy as np
+
+from privfed.errors import ConfigError, InputError
+from privfed.head import LinearHead
+from privfed.stats import ClientStats, compute_client_stats
+
+__all__ = ["Method", "SecureSum"]
+
+#: Sums a stack of per-client arrays (leading axis K) into one array.
+SecureSum = Callable[[np.ndarray], np.ndarray]
+
+BYTES_PER_FLOAT = 4
+
+
+class Method(abc.ABC):
+    """Base class of aggregation methods.
+
+    Subclasses set the class attributes, define ``defaults`` (parameter name
+    -> default value), implement :meth:`aggregate` and
+    :meth:`upload_floats`.
+    """
+
+    name: ClassVar[str] = ""
+    paper: ClassVar[str] = ""
+    requires: ClassVar[frozenset[str]] = frozenset({"counts", "sums"})
+    per_client: ClassVar[bool] = False
+    defaults: ClassVar[dict[str, Any]] = {}
+
+    def __init__(self, **params: Any) -> None:
+        unknown = set(params) - set(self.defaults)
+        if unknown:
+            allowed = ", ".join(sorted(self.defaults)) or "none"
+            raise ConfigError(
+                f"method {self.name!r} got unknown parameter(s) {sorted(unknown)}; it accepts: {allowed}"
+            )
+        self.params: dict[str, Any] = {**self.defaults, **params}
+        self._validate_params()
+
+    def _validate_params(self) -> None:
+        """Check ``self.params``; raise ConfigError naming the bad one."""
+
+    # -- client side ---------------------------------------------------------
+    def client_stats(
+        self,
+        features: np.ndarray,
+        labels: np.ndarray,
+        clients: np.ndarray,
+        *,
+        num_classes: int,
+        num_clients: int,
+        rng: np.random.Generator,
+    ) -> ClientStats:
+        """What the clients compute locally (validated inputs).  Default: ``requires``."""
+        return compute_client_stats(
+            features, labels, clients, num_classes=num_classes, num_clients=num_clients, fields=self.requires
+        )
+
+    # -- server side ---------------------------------------------------------
+    @abc.abstractmethod
+    def aggregate(self, stats: ClientStats) -> LinearHead:
+        """Build the head.  ``stats`` is per client if ``per_client`` else may be a total (K = 1)."""
+
+    def secure_aggregate(self, stats: ClientStats, secure_sum: SecureSum) -> LinearHead:
+        """Build the head when the server only learns sums through ``secure_sum``.
+
+        The default sums every required statistic and calls :meth:`aggregate`;
+        methods that need per-client values and have no secure protocol refuse.
+        """
+        if self.per_client:
+            raise ConfigError(
+                f"method {self.name!r} needs every client's individual statistics, which secure "
+                "aggregation hides; use a sum-only method (fedncm, fed3r, fed3r-within, fedcgs, fedlog) "
+                "or one with a secure protocol (fedcof)"
+            )
+        total = ClientStats(**{k: secure_sum(v)[None] for k, v in stats.select(self.requires).arrays().items()})
+        return self.aggregate(total)
+
+    # -- communication -------------------------------------------------------
+    @classmethod
+    @abc.abstractmethod
+    def upload_floats(cls, *, M: int, K: int, d: int, C: int) -> int:
+        """Floats uploaded by all K clients together (methods.md section 3).
+
+        ``M`` is the number of (client, class) pairs with data.
+        """
+
+    @classmethod
+    def upload_bytes(cls, *, M: int, K: int, d: int, C: int) -> int:
+        """Bytes uploaded by all clients together, 4 bytes a float."""
+        for nm, v in (("M", M), ("K", K), ("d", d), ("C", C)):
+            if int(v) < 0:
+                raise InputError(f"{nm} must be >= 0, got {v}")
+        return BYTES_PER_FLOAT * int(cls.upload_floats(M=int(M), K=int(K), d=int(d), C=int(C)))
+
+    def communication(self, stats: ClientStats, num_clients: int) -> dict[str, Any]:
+        """Upload accounting of one run from its statistics."""
+        M = stats.num_pairs()
+        total = self.upload_bytes(M=M, K=num_clients, d=stats.dim, C=stats.num_classes)
+        return {"total": total, "per_client": total / max(num_clients, 1), "M": M, "K": num_clients}
+
+    # -- helpers -------------------------------------------------------------
+    def _check_stats(self, stats: ClientStats) -> None:
+        missing = set(self.requires) - stats.available
+        if missing:
+            raise InputError(
+                f"method {self.name!r} needs statistics {sorted(missing)} that were not provided; "
+                f"compute them with compute_client_stats(fields={sorted(self.requires)})"
+            )
+
+    def _head(self, weight, bias, notes=(), **extras) -> LinearHead:
+        return LinearHead(weight=weight, bias=bias, method=self.name, params=dict(self.params),
+                          notes=list(notes), extras=extras)
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self.params.items())
+        return f"{type(self).__name__}({args})"

@@ -1,0 +1,46 @@
+"""FedNCM: federated nearest class mean (Legate et al., 2023).
+
+Clients share class sums and counts; the server forms global class means
+mu_c = sum_k s_kc / N_c and the classifier W_c = mu_c / ||mu_c||, predicting
+argmax_c W_c^T f (methods.md section 2).  Needs only summed statistics, so it
+runs under secure aggregation as it stands.  Communication: M d floats
+(FedCOF paper, App. H).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from privfed._linalg import normalise_rows, safe_counts
+from privfed.methods import register
+from privfed.methods.base import Method
+from privfed.stats import ClientStats
+
+
+@register
+class FedNCM(Method):
+    """Nearest class mean with unit-norm class means as the linear head."""
+
+    name = "fedncm"
+    paper = "Legate et al., Guiding the last layer in federated learning with pre-trained models, NeurIPS 2023"
+    requires = frozenset({"counts", "sums"})
+    per_client = False
+    defaults: dict = {}
+
+    def aggregate(self, stats: ClientStats) -> "LinearHead":  # noqa: F821
+        self._check_stats(stats)
+        total = stats.total()
+        counts, dropped = safe_counts(total.counts[0])
+        notes = []
+        if dropped:
+            notes.append(f"{dropped} class count(s) <= 0 after noise were treated as absent")
+        missing = np.flatnonzero(counts == 0)
+        if missing.size:
+            notes.append(f"class(es) {missing.tolist()} have no data; their weight row is zero")
+        means = np.where(counts[:, None] > 0, total.sums[0] / np.where(counts > 0, counts, 1.0)[:, None], 0.0)
+        W = normalise_rows(means)
+        return self._head(W, np.zeros(W.shape[0]), notes)
+
+    @classmethod
+    def upload_floats(cls, *, M: int, K: int, d: int, C: int) -> int:
+        return M * d
