@@ -2,21 +2,24 @@
 
 Methods never see privacy.  Two optional hooks wrap the path:
 
-``privacy`` (see :mod:`mechanisms`) must provide::
+``privacy`` (see :mod:`mechanisms`) provides::
 
-    check(method, secure_agg) -> None          # refuse incompatible settings
-    clip(features) -> features                 # bound each record
-    before_upload(stats, method, rng) -> stats # per-client noise (record level)
+    check(method, secure_agg) -> None             # refuse incompatible settings
+    clip(features) -> features                    # bound each record
+    before_upload(stats, method, rng) -> stats    # per-client noise (record level)
     after_aggregate(total, method, rng) -> total  # noise on the sum (client level)
-    report() -> object                         # the privacy report from its ledger
-    feature_transform -> callable or None      # applied to test features too
+    after_secure_sum(array, method, rng) -> array # optional: noise on one securely summed array
+    report() -> object                            # the privacy report, computed from its ledger
+    feature_transform -> callable or None         # applied to test features too
 
-``secure_agg`` (see :mod:`mechanisms`) must provide::
+``secure_agg`` (see :mod:`mechanisms`) provides::
 
-    secure_sum(rng) -> SecureSum               # sums (K, ...) stacks, server sees only the sum
-    report(method, stats) -> object            # bytes, threshold, what the server saw
+    secure_sum(rng) -> SecureSum                  # sums (K, ...) stacks; the server sees only the sum
+    report(method, stats) -> object               # bytes, threshold, what the server saw
 
-Either may be ``None``.
+Either may be ``None``.  The path is split in two stages so that sweeps can
+compute (clipped) client statistics once and release them many times:
+:func:`client_statistics` and :func:`server_head`.
 """
 
 from __future__ import annotations
@@ -29,7 +32,59 @@ from privfed.head import LinearHead
 from privfed.methods.base import Method
 from privfed.stats import ClientStats
 
-__all__ = ["run_federation"]
+__all__ = ["client_statistics", "run_federation", "server_head"]
+
+
+def client_statistics(
+    method: Method,
+    features: np.ndarray,
+    labels: np.ndarray,
+    clients: np.ndarray,
+    *,
+    num_classes: int,
+    num_clients: int,
+    rng: np.random.Generator,
+    privacy: Any = None,
+    secure_agg: Any = None,
+) -> ClientStats:
+    """What the clients compute before any noise: (clipped) statistics, per client."""
+    if privacy is not None:
+        privacy.check(method, secure_agg)
+        features = privacy.clip(features)
+    return method.client_stats(features, labels, clients, num_classes=num_classes, num_clients=num_clients, rng=rng)
+
+
+def server_head(
+    method: Method,
+    stats: ClientStats,
+    *,
+    num_clients: int,
+    rng: np.random.Generator,
+    privacy: Any = None,
+    secure_agg: Any = None,
+) -> LinearHead:
+    """Noise, aggregate and fit: everything after the clients computed ``stats``."""
+    uploaded = stats if privacy is None else privacy.before_upload(stats, method, rng)
+    if secure_agg is not None:
+        sum_fn = secure_agg.secure_sum(rng)
+        if privacy is not None:
+            sum_fn = _noisy_sum(sum_fn, privacy, method, rng)
+        head = method.secure_aggregate(uploaded, sum_fn)
+    elif method.per_client:
+        head = method.aggregate(uploaded)
+    else:
+        total = uploaded.select(method.requires).total()
+        if privacy is not None:
+            total = privacy.after_aggregate(total, method, rng)
+        head = method.aggregate(total)
+
+    head.upload_bytes = method.communication(stats, num_clients)
+    if privacy is not None:
+        head.privacy = privacy.report()
+        head.feature_transform = getattr(privacy, "feature_transform", None)
+    if secure_agg is not None:
+        head.secure_aggregation = secure_agg.report(method, stats)
+    return head
 
 
 def run_federation(
@@ -45,42 +100,15 @@ def run_federation(
     secure_agg: Any = None,
 ) -> LinearHead:
     """Run one federated aggregation on validated inputs and return the head."""
-    if privacy is not None:
-        privacy.check(method, secure_agg)
-        features = privacy.clip(features)
-    stats: ClientStats = method.client_stats(
-        features, labels, clients, num_classes=num_classes, num_clients=num_clients, rng=rng
+    stats = client_statistics(
+        method, features, labels, clients, num_classes=num_classes, num_clients=num_clients,
+        rng=rng, privacy=privacy, secure_agg=secure_agg,
     )
-    comm = method.communication(stats, num_clients)
-    uploaded = stats if privacy is None else privacy.before_upload(stats, method, rng)
-
-    if secure_agg is not None:
-        sum_fn = secure_agg.secure_sum(rng)
-        if privacy is not None:
-            sum_fn = _noisy_sum(sum_fn, privacy, method, rng)
-        head = method.secure_aggregate(uploaded, sum_fn)
-    elif method.per_client:
-        head = method.aggregate(uploaded)
-    else:
-        total = uploaded.select(method.requires).total()
-        if privacy is not None:
-            total = privacy.after_aggregate(total, method, rng)
-        head = method.aggregate(total)
-
-    head.upload_bytes = comm
-    if privacy is not None:
-        head.privacy = privacy.report()
-        head.feature_transform = getattr(privacy, "feature_transform", None)
-    if secure_agg is not None:
-        head.secure_aggregation = secure_agg.report(method, stats)
-    return head
+    return server_head(method, stats, num_clients=num_clients, rng=rng, privacy=privacy, secure_agg=secure_agg)
 
 
 def _noisy_sum(sum_fn, privacy, method, rng):
-    """Wrap a secure sum so client-level noise lands on each aggregate the server learns.
-
-    ``privacy.after_secure_sum(array, method, rng)`` (optional) noises one summed array.
-    """
+    """Wrap a secure sum so client-level noise lands on each aggregate the server learns."""
     after = getattr(privacy, "after_secure_sum", None)
     if after is None:
         return sum_fn
