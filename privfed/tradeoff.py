@@ -1,0 +1,471 @@
+"""``python -m privfed.tradeoff``: privacy-utility(-attack) curves in one run.
+
+Examples
+--------
+One budget on the embedded default (scikit-learn digits, offline)::
+
+    python -m privfed.tradeoff --method fedlog --eps 0.1
+
+A sweep, written to ``--out`` as a tidy CSV, a JSON with the resolved config
+and a PNG plot::
+
+    python -m privfed.tradeoff --method fedcof,fed3r,fedlog --eps 0.05,0.1,0.5,1,4,inf --seeds 5
+
+Settings may also come from a TOML file (``--config sweep.toml``, keys named
+like the flags with underscores, e.g. ``count_noise = "laplace"``); flags
+given on the command line override it.  The JSON written by a previous run is
+accepted as ``--config`` too, which reruns it bit for bit.
+
+``eps = inf`` means *no protection at all* (no clipping, no noise): its rows
+equal the method's non-private accuracy exactly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import sys
+import time
+import tomllib
+import zlib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from privfed import methods as _methods
+from privfed._cli import (
+    cli_entry,
+    parse_float_list,
+    parse_int_list,
+    parse_str_list,
+    prepare_out_dir,
+    versions,
+    write_json,
+)
+from privfed.errors import ConfigError
+from privfed.pipeline import client_statistics, server_head
+
+__all__ = ["TradeoffConfig", "build_parser", "main", "run_tradeoff"]
+
+PROG = "python -m privfed.tradeoff"
+
+#: CSV / JSON record keys, in order.
+RECORD_KEYS = (
+    "method", "mechanism", "level", "epsilon", "delta", "seed", "accuracy", "nonprivate_accuracy",
+    "sigma", "sigma_counts", "calibration", "rounds", "clip", "count_noise", "secure_agg",
+    "upload_bytes", "guarantee", "notes",
+)
+
+
+@dataclass(frozen=True)
+class TradeoffConfig:
+    """Every setting of a trade-off run (the JSON output stores it resolved)."""
+
+    methods: tuple[str, ...] = ("fedlog",)
+    epsilons: tuple[float, ...] = (0.1,)
+    delta: float = 1e-5
+    level: str = "record"
+    clip: float | None = None
+    calibration: str = "analytic"
+    rounds: int = 1
+    count_noise: str = "gaussian"
+    seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
+    clients: int = 100
+    partition: str = "dirichlet"
+    alpha: float = 0.1
+    dataset: str = "digits"
+    backbone: str | None = None
+    download: bool = False
+    secure_agg: str = "none"
+    attacks: tuple[str, ...] = ()
+    method_params: dict[str, dict[str, Any]] = field(default_factory=dict)
+    plot: bool = True
+
+
+# ---------------------------------------------------------------- parsing
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=PROG,
+        description="Accuracy of federated heads under differential privacy (and attacks), "
+        "over methods x budgets x seeds, with a table, a CSV/JSON and a plot.",
+        epilog="eps=inf means no protection (no clipping, no noise). Lists are comma-separated. "
+        "Example: %(prog)s --method fedcof,fed3r,fedlog --eps 0.05,0.1,0.5,1,4,inf",
+    )
+    a = p.add_argument
+    a("--config", metavar="FILE", help="TOML file (or a previous run's results.json) with the same settings; flags override it")
+    a("--method", metavar="LIST", help=f"methods, from: {', '.join(_methods.available())} (default fedlog)")
+    a("--eps", metavar="LIST", help="privacy budgets epsilon > 0, 'inf' for none (default 0.1)")
+    a("--delta", type=float, metavar="D", help="delta of (eps, delta)-DP, in (0, 1) (default 1e-5)")
+    a("--level", choices=("record", "client"), help="neighbouring relation: record (add/remove one sample; "
+      "each client noises its upload) or client (add/remove one client; noise on the aggregate, needs --secure-agg "
+      "or a trusted aggregator) (default record)")
+    a("--clip", type=float, metavar="C", help="L2 clip bound of each feature; default for digits: the median "
+      "feature norm of the public split (no privacy cost); required for other datasets")
+    a("--calibration", choices=("analytic", "classic"), help="analytic Gaussian (tight, default) or the classic "
+      "bound of the FedLog paper (valid only for eps <= 1)")
+    a("--rounds", type=int, metavar="T", help="number of releases composed (default 1)")
+    a("--count-noise", metavar="KIND", help="noise on class counts: gaussian (default, part of the Gaussian "
+      "release), laplace, geometric, or uniform (FedCOF App. I.1: NO DP GUARANTEE)")
+    a("--seeds", metavar="N|LIST", help="number of seeds (0..N-1) or an explicit list like 3,7 (default 5)")
+    a("--clients", type=int, metavar="K", help="number of clients (default 100)")
+    a("--partition", metavar="SCHEME", help="dirichlet (default), dirichlet-class, shards, iid or natural")
+    a("--alpha", type=float, metavar="A", help="Dirichlet concentration (default 0.1)")
+    a("--dataset", metavar="NAME", help="digits (default, offline), file:PATH.npz, cifar100, cifar10")
+    a("--backbone", metavar="NAME", help="feature extractor for torchvision datasets (squeezenet1_1, mobilenet_v2, vit_b_16)")
+    a("--download", action="store_true", default=None, help="allow downloading a torchvision dataset / weights")
+    a("--secure-agg", metavar="KIND", help="none (default), mask (pairwise masking) or ckks (TenSEAL)")
+    a("--attack", metavar="LIST", help="attacks to add as columns and a plot panel (e.g. tracing,inversion)")
+    a("--param", action="append", default=[], metavar="METHOD.KEY=VALUE",
+      help="a method parameter, e.g. fedcof.gamma=0.1 or fed3r.lam=0.1 (repeatable)")
+    a("--out", metavar="DIR", help="output folder (default results/tradeoff-<time>); must not exist or be empty")
+    a("--overwrite", action="store_true", help="allow writing into a non-empty --out")
+    a("--no-plot", action="store_true", help="skip the PNG")
+    a("--quiet", action="store_true", help="no progress bar")
+    return p
+
+
+def _parse_value(text: str) -> Any:
+    low = text.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    if low == "none":
+        return None
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text
+
+
+def _load_config_file(path: str) -> dict[str, Any]:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"--config {path!r} does not exist")
+    if p.suffix == ".json":
+        import json
+
+        data = json.loads(p.read_text())
+        if "config" not in data:
+            raise ConfigError(f"--config {path!r} is JSON but has no 'config' key (is it a privfed results.json?)")
+        return data["config"]
+    try:
+        return tomllib.loads(p.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"--config {path!r} is not valid TOML: {exc}") from None
+
+
+_FILE_KEYS = {
+    "method", "methods", "eps", "epsilons", "delta", "level", "clip", "calibration", "rounds", "count_noise",
+    "seeds", "clients", "partition", "alpha", "dataset", "backbone", "download", "secure_agg", "attack",
+    "attacks", "method_params", "plot",
+}
+
+
+def resolve_config(args: argparse.Namespace) -> TradeoffConfig:
+    """Merge defaults < config file < flags into a validated TradeoffConfig."""
+    base: dict[str, Any] = {}
+    if args.config:
+        raw = _load_config_file(args.config)
+        unknown = set(raw) - _FILE_KEYS
+        if unknown:
+            raise ConfigError(f"--config: unknown setting(s) {sorted(unknown)}; allowed: {sorted(_FILE_KEYS)}")
+        base = dict(raw)
+
+    def pick(flag_value, *keys):
+        if flag_value is not None:
+            return flag_value
+        for k in keys:
+            if k in base:
+                return base[k]
+        return None
+
+    def as_text(v):
+        if isinstance(v, (list, tuple)):
+            return ",".join(str(x) for x in v)
+        return str(v)
+
+    d = TradeoffConfig()
+    method_v = pick(args.method, "method", "methods")
+    methods = tuple(parse_str_list(as_text(method_v), "--method")) if method_v is not None else d.methods
+    for m in methods:
+        _methods.get_class(m)  # ConfigError listing the available ones
+    eps_v = pick(args.eps, "eps", "epsilons")
+    epsilons = tuple(parse_float_list(as_text(eps_v), "--eps", positive=True)) if eps_v is not None else d.epsilons
+    delta = pick(args.delta, "delta")
+    delta = d.delta if delta is None else float(delta)
+    if not 0 < delta < 1:
+        raise ConfigError(f"--delta must be in (0, 1), got {delta}")
+    seeds_v = pick(args.seeds, "seeds")
+    if seeds_v is None:
+        seeds = d.seeds
+    elif isinstance(seeds_v, int) or (isinstance(seeds_v, str) and "," not in seeds_v):
+        n = parse_int_list(as_text(seeds_v), "--seeds", minimum=1)[0]
+        seeds = tuple(range(n))
+    else:
+        seeds = tuple(parse_int_list(as_text(seeds_v), "--seeds", minimum=0))
+    clip = pick(args.clip, "clip")
+    if clip is not None and not (float(clip) > 0 and math.isfinite(float(clip))):
+        raise ConfigError(f"--clip must be a finite number > 0, got {clip}")
+    rounds = pick(args.rounds, "rounds")
+    rounds = d.rounds if rounds is None else int(rounds)
+    if rounds < 1:
+        raise ConfigError(f"--rounds must be >= 1, got {rounds}")
+    clients = pick(args.clients, "clients")
+    clients = d.clients if clients is None else int(clients)
+    if clients < 1:
+        raise ConfigError(f"--clients must be >= 1, got {clients}")
+    alpha = pick(args.alpha, "alpha")
+    alpha = d.alpha if alpha is None else float(alpha)
+    if not alpha > 0:
+        raise ConfigError(f"--alpha must be > 0, got {alpha}")
+    count_noise = str(pick(args.count_noise, "count_noise") or d.count_noise)
+    if count_noise not in ("gaussian", "laplace", "geometric", "uniform"):
+        raise ConfigError(f"--count-noise must be gaussian, laplace, geometric or uniform, got {count_noise!r}")
+    secure = str(pick(args.secure_agg, "secure_agg") or d.secure_agg)
+    if secure not in ("none", "mask", "ckks"):
+        raise ConfigError(f"--secure-agg must be none, mask or ckks, got {secure!r}")
+    attack_v = pick(args.attack, "attack", "attacks")
+    attacks = tuple(parse_str_list(as_text(attack_v), "--attack")) if attack_v else ()
+    params: dict[str, dict[str, Any]] = {k: dict(v) for k, v in (base.get("method_params") or {}).items()}
+    for item in args.param:
+        if "=" not in item or "." not in item.split("=", 1)[0]:
+            raise ConfigError(f"--param {item!r} must look like METHOD.KEY=VALUE, e.g. fedcof.gamma=0.1")
+        lhs, value = item.split("=", 1)
+        mname, key = lhs.split(".", 1)
+        _methods.get_class(mname)
+        params.setdefault(mname, {})[key] = _parse_value(value)
+    for mname, p in params.items():
+        _methods.get(mname, **p)  # validates names and values now, not mid-sweep
+    level = str(pick(args.level, "level") or d.level)
+    calibration = str(pick(args.calibration, "calibration") or d.calibration)
+    plot = not args.no_plot and bool(base.get("plot", True))
+    return TradeoffConfig(
+        methods=methods, epsilons=epsilons, delta=delta, level=level,
+        clip=None if clip is None else float(clip), calibration=calibration, rounds=rounds,
+        count_noise=count_noise, seeds=seeds, clients=clients,
+        partition=str(pick(args.partition, "partition") or d.partition), alpha=alpha,
+        dataset=str(pick(args.dataset, "dataset") or d.dataset), backbone=pick(args.backbone, "backbone"),
+        download=bool(pick(args.download, "download") or False), secure_agg=secure, attacks=attacks,
+        method_params=params, plot=plot,
+    )
+
+
+# ---------------------------------------------------------------- running
+def _seed_for(*parts: Any) -> np.random.Generator:
+    """A Generator derived from stable parts (ints and strings), reproducible across runs."""
+    words = [p if isinstance(p, int) else zlib.crc32(str(p).encode()) for p in parts]
+    return np.random.default_rng(words)
+
+
+def _default_clip(cfg: TradeoffConfig, dataset) -> float:
+    if cfg.clip is not None:
+        return cfg.clip
+    public_clip = dataset.meta.get("public_clip")
+    if public_clip is None:
+        raise ConfigError(
+            f"dataset {cfg.dataset!r} has no public split to set a clip bound from; pass --clip C "
+            "(the L2 bound of each feature, chosen without looking at the private data)"
+        )
+    return float(public_clip)
+
+
+def run_tradeoff(cfg: TradeoffConfig, *, progress: bool = True) -> dict[str, Any]:
+    """Run the sweep; returns ``{"records": [...], "dataset": {...}, "timing": {...}}``."""
+    from tqdm.auto import tqdm
+
+    from privfed.data import load_dataset
+    from privfed.federation import partition as make_partition
+    from privfed.tradeoff_privacy import make_privacy, make_secure_agg
+
+    t0 = time.perf_counter()
+    ds = load_dataset(cfg.dataset, backbone=cfg.backbone, download=cfg.download, progress=progress)
+    t_data = time.perf_counter() - t0
+    finite = [e for e in cfg.epsilons if math.isfinite(e)]
+    clip = _default_clip(cfg, ds) if finite else cfg.clip
+    records: list[dict[str, Any]] = []
+    total = len(cfg.seeds) * len(cfg.methods) * len(cfg.epsilons)
+    bar = tqdm(total=total, desc="tradeoff", unit="run", disable=not progress, file=sys.stderr)
+    for seed in cfg.seeds:
+        natural = ds.train_clients if cfg.partition == "natural" else None
+        part = make_partition(ds.train_labels, cfg.clients, cfg.partition, alpha=cfg.alpha, rng=seed, natural=natural)
+        F, y, k = part.apply(ds.train_features, ds.train_labels)
+        K = int(k.max()) + 1
+        for mname in cfg.methods:
+            method = _methods.get(mname, **cfg.method_params.get(mname, {}))
+            common = dict(num_classes=ds.num_classes, num_clients=K)
+            stats0 = client_statistics(method, F, y, k, rng=_seed_for(seed, mname, "stats"), **common)
+            head0 = server_head(method, stats0, num_clients=K, rng=_seed_for(seed, mname, "server"))
+            acc0 = head0.score(ds.test_features, ds.test_labels)
+            clipped = None
+            for eps in cfg.epsilons:
+                rec: dict[str, Any] = dict(
+                    method=mname, level=cfg.level, epsilon=eps, delta=cfg.delta, seed=seed,
+                    nonprivate_accuracy=acc0, calibration=cfg.calibration, rounds=cfg.rounds,
+                    count_noise=cfg.count_noise, secure_agg=cfg.secure_agg, clip=clip,
+                )
+                secure = make_secure_agg(cfg.secure_agg)
+                if not math.isfinite(eps):
+                    head = head0 if secure is None else server_head(
+                        method, stats0, num_clients=K, rng=_seed_for(seed, mname, "secure"), secure_agg=secure)
+                    rec.update(mechanism="none", accuracy=head.score(ds.test_features, ds.test_labels),
+                               sigma=0.0, sigma_counts=0.0, clip=None, guarantee="no protection (eps=inf)")
+                else:
+                    privacy = make_privacy(cfg, method, eps, clip, secure_agg=secure)
+                    if clipped is None:
+                        clipped = client_statistics(method, F, y, k, rng=_seed_for(seed, mname, "stats"),
+                                                    privacy=privacy, secure_agg=secure, **common)
+                    head = server_head(method, clipped, num_clients=K, rng=_seed_for(seed, mname, eps, "noise"),
+                                       privacy=privacy, secure_agg=secure)
+                    rep = head.privacy
+                    rec.update(mechanism=rep.mechanism, accuracy=head.score(ds.test_features, ds.test_labels),
+                               sigma=rep.sigma.get("sums", float("nan")),
+                               sigma_counts=rep.sigma.get("counts", float("nan")),
+                               guarantee=rep.guarantee)
+                upload = head.upload_bytes.get("per_client")
+                if head.secure_aggregation is not None:
+                    upload = getattr(head.secure_aggregation, "bytes_per_client", upload)
+                rec["upload_bytes"] = upload
+                rec["notes"] = "; ".join(head.notes)
+                records.append(rec)
+                bar.update(1)
+    bar.close()
+    return {
+        "records": records,
+        "dataset": {"name": ds.name, "num_train": int(ds.train_features.shape[0]),
+                    "num_test": int(ds.test_features.shape[0]), "dim": int(ds.train_features.shape[1]),
+                    "num_classes": ds.num_classes, "meta": ds.meta},
+        "timing": {"data_s": t_data, "total_s": time.perf_counter() - t0},
+    }
+
+
+# ---------------------------------------------------------------- outputs
+def summarise(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Mean and std over seeds per (method, mechanism, epsilon)."""
+    groups: dict[tuple, list[dict[str, Any]]] = {}
+    for r in records:
+        groups.setdefault((r["method"], r["epsilon"]), []).append(r)
+    out = []
+    for (m, eps), rs in groups.items():
+        acc = np.array([r["accuracy"] for r in rs])
+        acc0 = np.array([r["nonprivate_accuracy"] for r in rs])
+        out.append(dict(
+            method=m, epsilon=eps, seeds=len(rs), accuracy_mean=float(acc.mean()),
+            accuracy_std=float(acc.std(ddof=1)) if len(rs) > 1 else 0.0,
+            nonprivate_mean=float(acc0.mean()),
+            nonprivate_std=float(acc0.std(ddof=1)) if len(rs) > 1 else 0.0,
+            delta=rs[0]["delta"], sigma=rs[0]["sigma"], calibration=rs[0]["calibration"],
+            level=rs[0]["level"], rounds=rs[0]["rounds"], mechanism=rs[0]["mechanism"],
+            upload_bytes=float(np.mean([r["upload_bytes"] for r in rs])), guarantee=rs[0]["guarantee"],
+        ))
+    return out
+
+
+def format_table(summary: list[dict[str, Any]]) -> str:
+    head = ("method", "eps", "accuracy", "non-private", "delta", "sigma", "calibration", "level", "rounds",
+            "bytes/client")
+    rows = []
+    for s in summary:
+        eps = "inf" if not math.isfinite(s["epsilon"]) else f"{s['epsilon']:g}"
+        private = math.isfinite(s["epsilon"])
+        rows.append((
+            s["method"], eps, f"{s['accuracy_mean']:.4f} ± {s['accuracy_std']:.4f}",
+            f"{s['nonprivate_mean']:.4f} ± {s['nonprivate_std']:.4f}",
+            f"{s['delta']:g}" if private else "-", f"{s['sigma']:.4g}" if private else "0",
+            s["calibration"] if private else "-", s["level"] if private else "-",
+            str(s["rounds"]) if private else "-", f"{s['upload_bytes']:,.0f}",
+        ))
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
+    line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
+    return "\n".join([line(head), line(["-" * w for w in widths]), *map(line, rows)])
+
+
+def write_csv(path: Path, records: list[dict[str, Any]]) -> None:
+    extra = sorted({k for r in records for k in r} - set(RECORD_KEYS))
+    with path.open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=[*RECORD_KEYS, *extra])
+        w.writeheader()
+        for r in records:
+            w.writerow({k: r.get(k, "") for k in (*RECORD_KEYS, *extra)})
+
+
+def plot_tradeoff(path: Path, summary: list[dict[str, Any]], title: str = "") -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    attack_cols = sorted({k for s in summary for k in s if k.startswith("attack_")})
+    fig, axes = plt.subplots(1, 2 if attack_cols else 1, figsize=(11 if attack_cols else 6.5, 4.2), squeeze=False)
+    ax = axes[0, 0]
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, m in enumerate(dict.fromkeys(s["method"] for s in summary)):
+        c = colors[i % len(colors)]
+        rows = sorted((s for s in summary if s["method"] == m and math.isfinite(s["epsilon"])), key=lambda s: s["epsilon"])
+        base = [s["nonprivate_mean"] for s in summary if s["method"] == m]
+        if rows:
+            x = np.array([s["epsilon"] for s in rows])
+            mu = np.array([s["accuracy_mean"] for s in rows])
+            sd = np.array([s["accuracy_std"] for s in rows])
+            ax.plot(x, mu, "o-", color=c, label=m, ms=4)
+            ax.fill_between(x, mu - sd, mu + sd, color=c, alpha=0.2, lw=0)
+        if base:
+            ax.axhline(base[0], color=c, ls="--", lw=1, label=f"{m} non-private" if not rows else None)
+    ax.set_xscale("log")
+    ax.set_xlabel("epsilon (log scale); dashed: non-private")
+    ax.set_ylabel("test accuracy")
+    ax.set_title(title or "privacy-utility trade-off")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
+    if attack_cols:
+        ax2 = axes[0, 1]
+        for j, col in enumerate(attack_cols):
+            for i, m in enumerate(dict.fromkeys(s["method"] for s in summary)):
+                rows = sorted((s for s in summary if s["method"] == m and math.isfinite(s["epsilon"]) and col in s),
+                              key=lambda s: s["epsilon"])
+                if rows:
+                    ax2.plot([s["epsilon"] for s in rows], [s[col] for s in rows], "o-",
+                             ls=["-", ":", "-.", "--"][j % 4], color=colors[i % len(colors)],
+                             label=f"{m}: {col[7:]}", ms=4)
+        ax2.set_xscale("log")
+        ax2.set_xlabel("epsilon (log scale)")
+        ax2.set_ylabel("attack metric")
+        ax2.set_title("what a curious server recovers")
+        ax2.grid(alpha=0.3, which="both")
+        ax2.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+
+
+def _body(argv: Sequence[str] | None) -> int:
+    args = build_parser().parse_args(argv)
+    cfg = resolve_config(args)
+    out = prepare_out_dir(args.out, "tradeoff", overwrite=args.overwrite)
+    result = run_tradeoff(cfg, progress=not args.quiet)
+    records, summary = result["records"], summarise(result["records"])
+    write_csv(out / "results.csv", records)
+    write_json(out / "results.json", {
+        "config": asdict(cfg), "versions": versions(), "dataset": result["dataset"],
+        "timing": result["timing"], "records": records, "summary": summary,
+        "command": " ".join([PROG, *(argv if argv is not None else sys.argv[1:])]),
+    })
+    if cfg.plot:
+        plot_tradeoff(out / "tradeoff.png", summary, title=f"{result['dataset']['name']}: {cfg.clients} clients, "
+                      f"{cfg.partition} alpha={cfg.alpha:g}, {cfg.level} level")
+    print(format_table(summary))
+    guarantees = sorted({s["guarantee"] for s in summary if math.isfinite(s["epsilon"])})
+    for g in guarantees:
+        print(f"guarantee: {g}")
+    print(f"wrote {out}/results.csv, results.json" + (", tradeoff.png" if cfg.plot else "")
+          + f"  ({result['timing']['total_s']:.1f} s)")
+    return 0
+
+
+main = cli_entry(PROG, _body)
+
+if __name__ == "__main__":
+    sys.exit(main())
