@@ -1,10 +1,31 @@
-"""Shared server-side linear algebra (float64)."""
+"""Shared server-side linear algebra (float64).
+
+Every method ends with the same step: a symmetric d x d matrix ``G`` (ridge
+Gram matrix, within-class scatter, covariance) and a right-hand side ``B``;
+:func:`solve_head` solves ``G X = B`` after checking that ``G`` is positive
+semi-definite (noisy statistics can make it indefinite) and reports every
+repair it made, so methods can put it in the head's ``notes``.
+"""
 
 from __future__ import annotations
 
 import numpy as np
+import scipy.linalg
 
-__all__ = ["normalise_rows", "project_psd", "symmetrise", "safe_counts"]
+__all__ = [
+    "SOLVERS",
+    "check_choice",
+    "check_flag",
+    "check_real",
+    "normalise_rows",
+    "project_psd",
+    "safe_counts",
+    "solve_head",
+    "symmetrise",
+]
+
+#: Accepted values of the ``solver`` parameter of the methods.
+SOLVERS = ("solve", "pinv")
 
 
 def normalise_rows(W: np.ndarray, *others: np.ndarray, eps: float = 1e-300):
@@ -41,3 +62,105 @@ def safe_counts(counts: np.ndarray) -> tuple[np.ndarray, int]:
     """
     bad = counts <= 0
     return np.where(bad, 0.0, counts), int(np.count_nonzero(bad & (counts != 0)))
+
+
+def _psd_tolerance(w: np.ndarray) -> float:
+    """Eigenvalues above ``-tol`` are rounding error of ``eigh`` on a PSD matrix."""
+    scale = float(np.max(np.abs(w))) if w.size else 0.0
+    return 10.0 * w.size * np.finfo(np.float64).eps * scale
+
+
+def solve_head(
+    G: np.ndarray,
+    B: np.ndarray,
+    *,
+    solver: str = "solve",
+    name: str = "G",
+    notes: list[str] | None = None,
+) -> np.ndarray:
+    """Solve ``G X = B`` for a symmetric matrix ``G`` that should be PSD.
+
+    Parameters
+    ----------
+    G : ndarray, shape (d, d)
+        Symmetric matrix (symmetrised here).
+    B : ndarray, shape (d, C)
+    solver : {"solve", "pinv"}
+        ``"solve"``: Cholesky-based ``scipy.linalg.solve``; if ``G`` is
+        singular it falls back to the pseudo-inverse and says so.
+        ``"pinv"``: Moore-Penrose pseudo-inverse (the FedCOF code's choice);
+        eigenvalues below ``d * eps * max eigenvalue`` count as zero.
+    name : str
+        How ``G`` is called in notes.
+    notes : list of str, optional
+        Repairs are appended here: negative eigenvalues (from noise) raised to
+        zero (projection to the PSD cone), singular matrices solved by pinv.
+
+    Returns
+    -------
+    ndarray, shape (d, C)
+    """
+    if solver not in SOLVERS:  # pragma: no cover - validated by the methods
+        raise ValueError(f"solver must be one of {SOLVERS}, got {solver!r}")
+    notes = [] if notes is None else notes
+    G = symmetrise(np.asarray(G, dtype=np.float64))
+    w, V = np.linalg.eigh(G)
+    tol = _psd_tolerance(w)
+    neg = w < -tol
+    if neg.any():
+        notes.append(
+            f"{name} had {int(neg.sum())} negative eigenvalue(s) (min {w.min():.3g}); "
+            "projected to the PSD cone (negative eigenvalues set to 0)"
+        )
+    w = np.maximum(w, 0.0)
+    if solver == "solve" and not neg.any():
+        try:
+            return scipy.linalg.solve(G, B, assume_a="pos", check_finite=False)
+        except (np.linalg.LinAlgError, scipy.linalg.LinAlgError):
+            notes.append(f"{name} is singular; solved with the pseudo-inverse instead")
+    elif solver == "solve":
+        if w.max(initial=0.0) <= 0 or w.min() <= w.size * np.finfo(np.float64).eps * w.max():
+            notes.append(f"{name} is singular after projection; solved with the pseudo-inverse")
+        else:
+            return (V / w) @ (V.T @ B)
+    if w.size == 0 or w.max() <= 0:
+        return np.zeros_like(B, dtype=np.float64)
+    keep = w > w.size * np.finfo(np.float64).eps * w.max()
+    inv = np.where(keep, 1.0 / np.where(keep, w, 1.0), 0.0)
+    return (V * inv) @ (V.T @ B)
+
+
+# -- parameter checks shared by the methods -------------------------------------
+def check_real(method: str, name: str, value, *, low: float | None = None, high: float | None = None,
+               low_open: bool = False) -> float:
+    """``value`` as a finite float in the given range, else ConfigError naming ``method`` and ``name``."""
+    from privfed.errors import ConfigError
+
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise ConfigError(f"method {method!r}: {name} must be a real number, got {value!r}")
+    v = float(value)
+    if not np.isfinite(v):
+        raise ConfigError(f"method {method!r}: {name} must be finite, got {value!r}")
+    if low is not None and (v <= low if low_open else v < low):
+        op = ">" if low_open else ">="
+        raise ConfigError(f"method {method!r}: {name} must be {op} {low:g}, got {name}={value!r}")
+    if high is not None and v > high:
+        raise ConfigError(f"method {method!r}: {name} must be <= {high:g}, got {name}={value!r}")
+    return v
+
+
+def check_choice(method: str, name: str, value, choices) -> str:
+    """``value`` if it is one of ``choices``, else ConfigError listing them."""
+    from privfed.errors import ConfigError
+
+    if value not in choices:
+        raise ConfigError(f"method {method!r}: {name} must be one of {list(choices)}, got {value!r}")
+    return value
+
+
+def check_flag(method: str, name: str, value) -> bool:
+    from privfed.errors import ConfigError
+
+    if not isinstance(value, (bool, np.bool_)):
+        raise ConfigError(f"method {method!r}: {name} must be True or False, got {value!r}")
+    return bool(value)

@@ -1,21 +1,378 @@
-"""FedCOF aggregation (placeholder while the implementation lands)."""
+"""FedCOF: classifier from covariances estimated with client class means only.
+
+Goswami et al., "FedCOF: Federated learning with covariances from first-order
+statistics" (the FedCOF paper in ``/papers``), Alg. 1.  Each client shares the
+class means mu_kc and counts n_kc (here as the additive sums s_kc = n_kc mu_kc
+and counts).  Per class c with K_c >= 2 means the server estimates
+
+    mu_c    = sum_k n_kc mu_kc / N_c                                        (Eq. 5)
+    Sigma_c = 1/(K_c - 1) sum_k n_kc (mu_kc - mu_c)(mu_kc - mu_c)^T + gamma I  (Eq. 6)
+
+which without shrinkage (gamma = 0) is unbiased when class-c features are iid
+across clients (Proposition 1).  The paper writes K where K_c is meant.  The
+classifier uses only within-class covariances (Prop. 2, Eq. 8):
+
+    G_hat = sum_c (N_c - 1) Sigma_c + N mu_g mu_g^T,   B = [N_c mu_c],   W = G_hat^-1 B,
+
+columns normalised.  A class seen by one client has no spread to estimate
+from and gets gamma I alone (as the official code); the head's notes name it.
+
+Multi-mean sampling (App. E): with ``means_per_client = M > 1`` each client
+splits each class's samples into g = min(M, floor(n/2)) disjoint random
+subsets of near-equal size (so each has at least 2 samples; a class with one
+sample gives its one mean) and shares each subset's mean as a pseudo-client.
+
+Secure aggregation (App. I.2): :meth:`FedCOF.secure_aggregate` runs the
+two-round protocol - round 1 secure-sums counts, sums and the presence
+indicators [n_kc > 0], round 2 secure-sums each client's d x d spread matrix
+sum_c (N_c - 1)/(K_c - 1) n_kc (mu_kc - mu_c)(mu_kc - mu_c)^T - and gives the
+same head as :meth:`FedCOF.aggregate`.
+
+Noisy statistics: pairs with n_kc <= 0 are dropped (the rule of App. I.1,
+Eq. 23: a clipped class is not sent), fractional counts are used as they
+are, classes with N_c < 1 get weight (N_c - 1) clamped to 0, and an
+indefinite G_hat is projected to the PSD cone.  With ``noise_var`` (the
+per-coordinate variance of independent zero-mean noise on each shared class
+sum, counts taken as exact) the known bias of the spread is subtracted
+(:func:`noise_bias`) before the projection - the noise-aware estimator of
+methods.md section 4, beyond the paper.
+Communication: M d floats (App. H), the same as FedNCM.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from privfed._linalg import SOLVERS, check_choice, check_flag, check_real, normalise_rows, solve_head
+from privfed.errors import ConfigError
+from privfed.head import LinearHead
 from privfed.methods import register
-from privfed.methods.base import Method
-from privfed.stats import ClientStats
+from privfed.methods.base import Method, SecureSum
+from privfed.stats import ClientStats, compute_client_stats
+
+__all__ = [
+    "FedCOF",
+    "FedCOFEstimate",
+    "class_covariances",
+    "class_totals",
+    "multi_mean_ids",
+    "noise_bias",
+    "spread_matrix",
+    "valid_pairs",
+    "within_matrix",
+]
+
+
+# -- estimator components (pure functions of the shared statistics) -------------
+def valid_pairs(counts: np.ndarray) -> tuple[np.ndarray, int]:
+    """Mask of (client, class) pairs that take part: n_kc > 0 (the drop rule).
+
+    Returns the mask (K, C) and the number of pairs with a non-zero count <= 0
+    that were dropped (noisy counts).
+    """
+    counts = np.asarray(counts, dtype=np.float64)
+    mask = counts > 0
+    return mask, int(np.count_nonzero(~mask & (counts != 0)))
+
+
+def class_totals(
+    counts: np.ndarray, sums: np.ndarray, mask: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """N_c, S_c = N_c mu_c, mu_c (0 where N_c <= 0) and K_c from the valid pairs.
+
+    Shapes: (C,), (C, d), (C, d), (C,).
+    """
+    n = np.where(mask, counts, 0.0)
+    N = n.sum(axis=0)
+    S = np.einsum("kc,kcd->cd", mask.astype(np.float64), sums)
+    mu = np.where(N[:, None] > 0, S / np.where(N > 0, N, 1.0)[:, None], 0.0)
+    Kc = mask.sum(axis=0)
+    return N, S, mu, Kc
+
+
+def spread_weights(N: np.ndarray, Kc: np.ndarray) -> np.ndarray:
+    """w_c = (N_c - 1)/(K_c - 1) for classes with K_c >= 2 (N_c - 1 clamped at 0), else 0."""
+    return np.where(Kc >= 2, np.maximum(N - 1.0, 0.0) / np.maximum(Kc - 1.0, 1.0), 0.0)
+
+
+def spread_matrix(
+    counts: np.ndarray, sums: np.ndarray, mu: np.ndarray, weights: np.ndarray, mask: np.ndarray,
+    *, per_client: bool = False,
+) -> np.ndarray:
+    """sum_{k,c valid} w_c n_kc (mu_kc - mu_c)(mu_kc - mu_c)^T.
+
+    With ``weights = spread_weights(N, K_c)`` this is sum_c (N_c - 1) Sigma_c
+    without shrinkage.  ``per_client=True`` returns each client's term,
+    shape (K, d, d) (round 2 of the secure protocol); else the sum (d, d).
+    """
+    n = np.where(mask, counts, 0.0)
+    safe = np.where(mask, counts, 1.0)
+    dev = np.where(mask[..., None], sums / safe[..., None] - mu[None], 0.0)  # (K, C, d)
+    scale = np.sqrt(n * weights[None, :])  # (K, C), >= 0
+    X = dev * scale[..., None]
+    if per_client:
+        return np.einsum("kcd,kce->kde", X, X)
+    X2 = X.reshape(-1, X.shape[-1])
+    return X2.T @ X2
+
+
+def noise_bias(counts: np.ndarray, mask: np.ndarray, noise_var: float) -> np.ndarray:
+    """Per-class bias of Eq. 6 when each class sum carries iid noise of variance ``noise_var``.
+
+    A noisy sum s_kc + e_kc, e_kc ~ (0, sigma^2 I), moves the shared mean by
+    e_kc / n_kc and the global mean by sum_k e_kc / N_c; the expected extra
+    spread is sigma^2 * (sum_k 1/n_kc - K_c/N_c) I, so Sigma_c is inflated by
+    beta_c I with
+
+        beta_c = sigma^2 / (K_c - 1) * (sum_k 1/n_kc - K_c / N_c)
+
+    (methods.md section 4 states the leading term sigma^2/(K_c - 1) sum_k 1/n_kc).
+    Returns beta (C,), 0 for classes with K_c < 2.
+    """
+    if noise_var == 0:
+        return np.zeros(counts.shape[1])
+    n = np.where(mask, counts, 0.0)
+    inv = np.where(mask, 1.0 / np.where(mask, counts, 1.0), 0.0).sum(axis=0)
+    N = n.sum(axis=0)
+    Kc = mask.sum(axis=0)
+    return _bias_from_sums(inv, N, Kc, noise_var)
+
+
+def _bias_from_sums(inv_sum: np.ndarray, N: np.ndarray, Kc: np.ndarray, noise_var: float) -> np.ndarray:
+    ok = (Kc >= 2) & (N > 0)
+    return np.where(
+        ok, noise_var * (inv_sum - Kc / np.where(N > 0, N, 1.0)) / np.maximum(Kc - 1.0, 1.0), 0.0
+    )
+
+
+def within_matrix(
+    N: np.ndarray, S: np.ndarray, Kc: np.ndarray, spread: np.ndarray, gamma: float,
+    bias: np.ndarray | None = None,
+) -> np.ndarray:
+    """G_hat = spread + sum_c (N_c - 1)(gamma - beta_c [K_c >= 2]) I + N mu_g mu_g^T  (Eq. 8).
+
+    ``spread`` is :func:`spread_matrix` with :func:`spread_weights`; classes
+    with N_c <= 0 are absent; (N_c - 1) is clamped at 0.
+    """
+    d = S.shape[1]
+    present = N > 0
+    w = np.where(present, np.maximum(N - 1.0, 0.0), 0.0)
+    diag = gamma * w.sum()
+    if bias is not None:
+        diag -= float(np.sum(w * np.where(Kc >= 2, bias, 0.0)))
+    Ntot = N[present].sum()
+    s = S[present].sum(axis=0)
+    outer = np.outer(s, s) / Ntot if Ntot > 0 else np.zeros((d, d))
+    return spread + diag * np.eye(d) + outer
+
+
+def class_covariances(stats: ClientStats, gamma: float = 0.0, noise_var: float = 0.0) -> np.ndarray:
+    """Every class's Sigma_c of Eq. 6 (shape (C, d, d)), for analysis and tests.
+
+    Classes with K_c < 2 get gamma I; absent classes gamma I too.
+    """
+    mask, _ = valid_pairs(stats.counts)
+    N, S, mu, Kc = class_totals(stats.counts, stats.sums, mask)
+    beta = noise_bias(stats.counts, mask, noise_var)
+    C, d = mu.shape
+    out = np.empty((C, d, d))
+    for c in range(C):
+        m = mask[:, c]
+        if Kc[c] >= 2:
+            dev = stats.sums[m, c] / stats.counts[m, c][:, None] - mu[c]
+            out[c] = (dev.T * stats.counts[m, c]) @ dev / (Kc[c] - 1) + (gamma - beta[c]) * np.eye(d)
+        else:
+            out[c] = gamma * np.eye(d)
+    return out
+
+
+def multi_mean_ids(
+    labels: np.ndarray, clients: np.ndarray, num_classes: int, num_clients: int, means: int,
+    rng: np.random.Generator,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Pseudo-client id of every sample for multi-mean sampling (App. E).
+
+    Client k's class-c samples (n of them) are permuted at random and cut
+    into g = max(1, min(means, n // 2)) contiguous near-equal chunks (each of
+    at least 2 samples when n >= 2); chunk j of every class of client k goes
+    to pseudo-client ``offset_k + j``.
+
+    Returns (pseudo id per sample, owners: real client of each pseudo-client).
+    """
+    C = num_classes
+    group = clients * C + labels
+    order = np.lexsort((rng.random(labels.shape[0]), group))
+    sizes = np.bincount(group, minlength=num_clients * C)
+    starts = np.concatenate(([0], np.cumsum(sizes)[:-1]))
+    rank = np.empty(labels.shape[0], dtype=np.int64)
+    rank[order] = np.arange(labels.shape[0]) - starts[group[order]]
+    g = np.maximum(1, np.minimum(means, sizes // 2))
+    chunk = (rank * g[group]) // sizes[group]
+    per_client = g.reshape(num_clients, C).max(axis=1)
+    offset = np.concatenate(([0], np.cumsum(per_client)[:-1]))
+    pseudo = offset[clients] + chunk
+    owners = np.repeat(np.arange(num_clients), per_client)
+    return pseudo, owners
+
+
+@dataclass
+class FedCOFEstimate:
+    """The server's intermediate quantities (returned in the head's ``extras``)."""
+
+    N: np.ndarray  # (C,) class counts used
+    mu: np.ndarray  # (C, d) global class means
+    Kc: np.ndarray  # (C,) number of means per class
+    G_hat: np.ndarray  # (d, d)
+    notes: list[str] = field(default_factory=list)
 
 
 @register
 class FedCOF(Method):
+    """FedCOF head from client class means and counts (Eq. 6 and 8).
+
+    Parameters
+    ----------
+    gamma : float, default 1.0
+        Shrinkage added to every class covariance (paper: 1 for SqueezeNet and
+        ViT-B/16, 0.1 for MobileNetV2).
+    means_per_client : int, default 1
+        M of multi-mean sampling (App. E); 1 is plain FedCOF.
+    solver : {"pinv", "solve"}, default "pinv"
+        How G_hat is inverted (the official code uses ``pinv``).
+    normalise : bool, default True
+        Unit-norm class weight vectors.
+    noise_var : float, default 0.0
+        Known per-coordinate variance of independent noise on each shared class
+        sum; its bias is subtracted from Eq. 6 (noise-aware estimator).
+    """
+
     name = "fedcof"
+    paper = "Goswami et al., FedCOF: covariances from first-order statistics (Alg. 1, Eq. 6, 8; App. E, I.2)"
     requires = frozenset({"counts", "sums"})
     per_client = True
     defaults: dict = {"gamma": 1.0, "means_per_client": 1, "solver": "pinv", "normalise": True, "noise_var": 0.0}
 
-    def aggregate(self, stats: ClientStats):
-        raise NotImplementedError("fedcof is not implemented yet")
+    def _validate_params(self) -> None:
+        p = self.params
+        p["gamma"] = check_real(self.name, "gamma", p["gamma"], low=0.0)
+        m = p["means_per_client"]
+        if isinstance(m, bool) or not isinstance(m, (int, np.integer)) or m < 1:
+            raise ConfigError(f"method {self.name!r}: means_per_client must be an integer >= 1, got {m!r}")
+        p["means_per_client"] = int(m)
+        check_choice(self.name, "solver", p["solver"], SOLVERS)
+        p["normalise"] = check_flag(self.name, "normalise", p["normalise"])
+        p["noise_var"] = check_real(self.name, "noise_var", p["noise_var"], low=0.0)
+
+    # -- client side -------------------------------------------------------------
+    def client_stats(self, features, labels, clients, *, num_classes, num_clients, rng) -> ClientStats:
+        M = self.params["means_per_client"]
+        if M == 1:
+            return super().client_stats(
+                features, labels, clients, num_classes=num_classes, num_clients=num_clients, rng=rng
+            )
+        labels = np.asarray(labels, dtype=np.int64)
+        clients = np.asarray(clients, dtype=np.int64)
+        pseudo, owners = multi_mean_ids(labels, clients, num_classes, num_clients, M, rng)
+        st = compute_client_stats(
+            features, labels, pseudo, num_classes=num_classes, num_clients=owners.size, fields=self.requires
+        )
+        return ClientStats(counts=st.counts, sums=st.sums, owners=owners)
+
+    # -- server side -------------------------------------------------------------
+    def estimate(self, stats: ClientStats) -> FedCOFEstimate:
+        """Eq. 5, 6 and 8 from per-client (or pseudo-client) statistics."""
+        self._check_stats(stats)
+        notes: list[str] = []
+        mask, dropped = valid_pairs(stats.counts)
+        if dropped:
+            notes.append(f"{dropped} (client, class) pair(s) with count <= 0 were dropped (App. I.1 drop rule)")
+        N, S, mu, Kc = class_totals(stats.counts, stats.sums, mask)
+        w = spread_weights(N, Kc)
+        spread = spread_matrix(stats.counts, stats.sums, mu, w, mask)
+        beta = noise_bias(stats.counts, mask, self.params["noise_var"])
+        notes += self._class_notes(N, Kc)
+        if self.params["noise_var"] > 0:
+            notes.append(
+                f"noise-aware: subtracted the noise bias sigma^2/(K_c-1)(sum_k 1/n_kc - K_c/N_c) from each "
+                f"class covariance (sigma^2={self.params['noise_var']:g}, mean bias {beta[Kc >= 2].mean() if (Kc >= 2).any() else 0:.3g})"
+            )
+        G_hat = within_matrix(N, S, Kc, spread, self.params["gamma"], beta)
+        return FedCOFEstimate(N=N, mu=mu, Kc=Kc, G_hat=G_hat, notes=notes)
+
+    def aggregate(self, stats: ClientStats) -> LinearHead:
+        est = self.estimate(stats)
+        return self._finish(est)
+
+    def secure_aggregate(self, stats: ClientStats, secure_sum: SecureSum) -> LinearHead:
+        """Two-round secure protocol of App. I.2 (same head as :meth:`aggregate`).
+
+        Round 1 secure-sums, per real client (pseudo-client rows are combined
+        by their owner first): counts, class sums and presence counts
+        [n_kc > 0] (plus sum_k 1/n_kc when ``noise_var > 0``).  The server
+        derives N_c, mu_c, K_c and broadcasts them.  Round 2 secure-sums each
+        client's d x d matrix sum_c (N_c - 1)/(K_c - 1) n_kc (mu_kc - mu_c)(mu_kc - mu_c)^T.
+        The server adds the shrinkage and N mu_g mu_g^T terms.
+        """
+        self._check_stats(stats)
+        notes: list[str] = []
+        mask, dropped = valid_pairs(stats.counts)
+        if dropped:
+            notes.append(f"{dropped} (client, class) pair(s) with count <= 0 were not sent (App. I.1 drop rule)")
+        owners = np.arange(stats.num_clients) if stats.owners is None else stats.owners
+        n_owners = int(owners.max()) + 1
+        counts = np.where(mask, stats.counts, 0.0)
+        sums = np.where(mask[..., None], stats.sums, 0.0)
+
+        def by_owner(a: np.ndarray) -> np.ndarray:
+            out = np.zeros((n_owners,) + a.shape[1:])
+            np.add.at(out, owners, a)
+            return out
+
+        # Round 1
+        N = np.asarray(secure_sum(by_owner(counts)), dtype=np.float64)
+        S = np.asarray(secure_sum(by_owner(sums)), dtype=np.float64)
+        Kc = np.rint(np.asarray(secure_sum(by_owner(mask.astype(np.float64))), dtype=np.float64))
+        mu = np.where(N[:, None] > 0, S / np.where(N > 0, N, 1.0)[:, None], 0.0)
+        beta = None
+        if self.params["noise_var"] > 0:
+            inv = np.where(mask, 1.0 / np.where(mask, stats.counts, 1.0), 0.0)
+            inv_sum = np.asarray(secure_sum(by_owner(inv)), dtype=np.float64)
+            beta = _bias_from_sums(inv_sum, N, Kc, self.params["noise_var"])
+            notes.append(f"noise-aware: subtracted the noise bias (sigma^2={self.params['noise_var']:g})")
+        # Round 2
+        w = spread_weights(N, Kc)
+        per_client = spread_matrix(stats.counts, stats.sums, mu, w, mask, per_client=True)
+        spread = np.asarray(secure_sum(by_owner(per_client)), dtype=np.float64)
+        notes += self._class_notes(N, Kc)
+        G_hat = within_matrix(N, S, Kc, spread, self.params["gamma"], beta)
+        est = FedCOFEstimate(N=N, mu=mu, Kc=Kc, G_hat=G_hat, notes=notes)
+        return self._finish(est, rounds=2)
+
+    def _class_notes(self, N: np.ndarray, Kc: np.ndarray) -> list[str]:
+        notes = []
+        absent = np.flatnonzero(N <= 0)
+        if absent.size:
+            notes.append(f"class(es) {absent.tolist()} have no data left; their weight row is zero")
+        single = np.flatnonzero((Kc == 1) & (N > 0))
+        if single.size:
+            notes.append(
+                f"class(es) {single.tolist()} are seen by one client (one mean): no spread to estimate, "
+                f"their covariance is gamma I = {self.params['gamma']:g} I"
+            )
+        small = np.flatnonzero((N > 0) & (N < 1))
+        if small.size:
+            notes.append(f"class(es) {small.tolist()} have N_c < 1 after noise; their weight N_c - 1 is clamped to 0")
+        return notes
+
+    def _finish(self, est: FedCOFEstimate, **extras) -> LinearHead:
+        notes = list(est.notes)
+        B = (est.mu * est.N[:, None]).T
+        W = solve_head(est.G_hat, B, solver=self.params["solver"], name="G_hat", notes=notes).T
+        if self.params["normalise"]:
+            W = normalise_rows(W)
+        return self._head(W, np.zeros(W.shape[0]), notes, N=est.N, Kc=est.Kc, **extras)
 
     @classmethod
     def upload_floats(cls, *, M: int, K: int, d: int, C: int) -> int:
