@@ -1,0 +1,382 @@
+"""The embedded default data set: scikit-learn digits through a small CNN.
+
+scikit-learn ships the UCI optical-recognition digits (1797 images of 8x8
+pixels, 10 classes) inside the package, so this data set works offline.  It
+is split, stratified and seeded, into three disjoint parts:
+
+* **public** (~30 %): what everybody, the server and an attacker included,
+  may see.  The backbone is trained on it and only on it, the way the papers'
+  backbones are pretrained on public data (ImageNet) before federation
+  (FedCOF, Goswami et al., Sec. 3; FedCGS, Guan et al., Sec. 3).
+* **private** (~50 %): the federation's training data, split over clients.
+* **test** (~20 %): held out for accuracy.
+
+The backbone is a small convolutional network on (N, 1, 8, 8) inputs in
+[0, 1] whose 64-dimensional ReLU layer is the feature ``f(x)``; a linear
+layer on top is used for training only and then discarded.  Training is
+deterministic (seeded, deterministic algorithms, one thread) and takes a
+few seconds on one CPU thread; the weights are cached on disk keyed by
+everything that determines them.  The attack module uses the same backbone
+and public split as the attacker's knowledge (``spec/attacks.md``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import nn
+
+from privfed.data import FeatureDataset
+from privfed.data import cache as _cache
+from privfed.errors import ConfigError, InputError
+
+__all__ = [
+    "BACKBONE_NAME",
+    "DigitsCNN",
+    "DigitsSplits",
+    "backbone_description",
+    "digits_splits",
+    "extract_features",
+    "get_backbone",
+    "load_digits_features",
+]
+
+#: Name of the digits backbone (recorded in ``FeatureDataset.meta``).
+BACKBONE_NAME = "digits-cnn"
+#: Bump when the architecture or the training procedure changes (invalidates caches).
+ARCH_VERSION = 1
+#: Bump when the split procedure changes.
+SPLIT_VERSION = 1
+#: Feature dimension of the backbone.
+FEATURE_DIM = 64
+
+#: Split fractions of the whole data set.
+PUBLIC_FRACTION = 0.3
+TEST_FRACTION = 0.2
+
+#: Training hyper-parameters of the backbone (all part of the cache key).
+TRAIN_CONFIG = {
+    "epochs": 40,
+    "batch_size": 64,
+    "optimizer": "adam",
+    "lr": 3e-3,
+    "weight_decay": 1e-4,
+    "augment": "random-shift-1px",
+}
+
+
+@dataclass(frozen=True, eq=False)
+class DigitsSplits:
+    """Public / private / test parts of scikit-learn digits.
+
+    Images are (n, 8, 8) float32 in [0, 1] (raw 0..16 grey levels / 16);
+    labels are int64 in 0..9.  Arrays are read-only.
+    """
+
+    public_images: np.ndarray
+    public_labels: np.ndarray
+    private_images: np.ndarray
+    private_labels: np.ndarray
+    test_images: np.ndarray
+    test_labels: np.ndarray
+    #: Indices of each part into ``sklearn.datasets.load_digits()`` order.
+    indices: dict = field(default_factory=dict)
+
+    @property
+    def num_classes(self) -> int:
+        return 10
+
+
+def _check_seed(seed) -> int:
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ConfigError(f"seed must be a non-negative int, got {seed!r}")
+    return int(seed)
+
+
+def digits_splits(seed: int = 0) -> DigitsSplits:
+    """Seeded stratified split of scikit-learn digits: ~30 % public, ~20 % test, rest private.
+
+    Parameters
+    ----------
+    seed : int
+        Seed of the split (``random_state`` of scikit-learn's stratified split).
+
+    Returns
+    -------
+    DigitsSplits
+        Public 539, private 899, test 359 images for every seed (the class
+        proportions are kept in each part).
+    """
+    return _digits_splits(_check_seed(seed))
+
+
+@functools.lru_cache(maxsize=8)
+def _digits_splits(seed: int) -> DigitsSplits:
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    data = load_digits()
+    images = (np.asarray(data.images, dtype=np.float64) / 16.0).astype(np.float32)
+    labels = np.asarray(data.target, dtype=np.int64)
+    idx = np.arange(labels.size)
+    n_test = int(round(TEST_FRACTION * labels.size))
+    n_public = int(round(PUBLIC_FRACTION * labels.size))
+    rest, test = train_test_split(idx, test_size=n_test, stratify=labels, random_state=seed)
+    public, private = train_test_split(rest, train_size=n_public, stratify=labels[rest], random_state=seed)
+    parts = {"public": np.sort(public), "private": np.sort(private), "test": np.sort(test)}
+    arrays = {}
+    for name, ix in parts.items():
+        ix.setflags(write=False)
+        im, lab = images[ix], labels[ix]
+        im.setflags(write=False)
+        lab.setflags(write=False)
+        arrays[f"{name}_images"], arrays[f"{name}_labels"] = im, lab
+    return DigitsSplits(**arrays, indices=parts)
+
+
+class DigitsCNN(nn.Module):
+    """The digits backbone: conv3x3(16)-ReLU-conv3x3(32)-ReLU-maxpool2-linear(64)-ReLU.
+
+    Maps (N, 1, 8, 8) float32 images in [0, 1] to (N, 64) non-negative features.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 16, kernel_size=3, padding=1)
+        self.conv2 = nn.Conv2d(16, 32, kernel_size=3, padding=1)
+        self.pool = nn.MaxPool2d(2)
+        self.fc = nn.Linear(32 * 4 * 4, FEATURE_DIM)
+        self.relu = nn.ReLU()
+
+    def forward(self, x: "torch.Tensor") -> "torch.Tensor":
+        x = self.relu(self.conv1(x))
+        x = self.pool(self.relu(self.conv2(x)))
+        return self.relu(self.fc(x.flatten(1)))
+
+
+def backbone_description(seed: int = 0) -> dict:
+    """Everything that determines the trained backbone (hashed into its cache key)."""
+    major_minor = ".".join(torch.__version__.split("+")[0].split(".")[:2])
+    return {
+        "artefact": "digits-backbone",
+        "name": BACKBONE_NAME,
+        "arch_version": ARCH_VERSION,
+        "split_version": SPLIT_VERSION,
+        "public_fraction": PUBLIC_FRACTION,
+        "test_fraction": TEST_FRACTION,
+        "seed": int(seed),
+        "train": TRAIN_CONFIG,
+        "torch": major_minor,
+    }
+
+
+@contextlib.contextmanager
+def _deterministic_torch(seed: int):
+    """Seeded, single-threaded, deterministic torch; restores the caller's settings."""
+    threads = torch.get_num_threads()
+    det = torch.are_deterministic_algorithms_enabled()
+    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        torch.set_num_threads(1)
+        torch.use_deterministic_algorithms(True)
+        try:
+            yield
+        finally:
+            torch.use_deterministic_algorithms(det, warn_only=warn_only)
+            torch.set_num_threads(threads)
+
+
+def _train_backbone(seed: int, progress: bool = False):
+    F = torch.nn.functional
+    splits = digits_splits(seed)
+    cfg = TRAIN_CONFIG
+    with _deterministic_torch(seed):
+        gen = torch.Generator().manual_seed(seed)
+        model = DigitsCNN()
+        head = torch.nn.Linear(FEATURE_DIM, 10)
+        params = list(model.parameters()) + list(head.parameters())
+        opt = torch.optim.Adam(params, lr=cfg["lr"], weight_decay=cfg["weight_decay"])
+        x = torch.from_numpy(np.array(splits.public_images, dtype=np.float32))[:, None]
+        y = torch.from_numpy(np.array(splits.public_labels, dtype=np.int64))
+        model.train()
+        epochs = range(cfg["epochs"])
+        if progress:
+            from tqdm.auto import tqdm
+
+            epochs = tqdm(epochs, desc="training digits backbone", unit="epoch", leave=False)
+        for _ in epochs:
+            perm = torch.randperm(y.shape[0], generator=gen)
+            for start in range(0, y.shape[0], cfg["batch_size"]):
+                b = perm[start : start + cfg["batch_size"]]
+                xb = x[b]
+                # random shift by up to one pixel (digits sit in an 8x8 box with empty borders)
+                shift = torch.randint(-1, 2, (2,), generator=gen).tolist()
+                xb = torch.roll(xb, shifts=(shift[0], shift[1]), dims=(2, 3))
+                loss = F.cross_entropy(head(model(xb)), y[b])
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+    return model
+
+
+def _freeze(model):
+    model.eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model
+
+
+def get_backbone(*, seed: int = 0, cache_dir: str | os.PathLike | None = None, progress: bool = False):
+    """The digits backbone trained on the public split, frozen, in eval mode.
+
+    The first call trains it (a few seconds on one CPU thread) and stores the
+    ``state_dict`` in the cache; later calls load it.  Training is
+    deterministic: the same seed gives bit-identical weights.
+
+    Parameters
+    ----------
+    seed : int
+        Seed of the split and of the training.
+    cache_dir : path, optional
+        Cache directory; defaults to :func:`privfed.data.default_cache_dir`.
+    progress : bool
+        Show a progress bar while training.
+
+    Returns
+    -------
+    torch.nn.Module
+        Maps (N, 1, 8, 8) float32 images in [0, 1] to (N, 64) ReLU features;
+        ``requires_grad`` is False on every parameter.
+    """
+    seed = _check_seed(seed)
+    desc = backbone_description(seed)
+    path, key = _cache.artefact_path("digits-backbone", desc, ".pt", cache_dir)
+    state = _cache.load_torch(path)
+    model = DigitsCNN()
+    if state is not None and state.get("__key__") is not None:
+        stored_key = state.pop("__key__")
+        try:
+            ok = bytes(stored_key.tolist()).decode("ascii") == key
+            if ok:
+                model.load_state_dict(state)
+                model.cache_key = key
+                return _freeze(model)
+        except (RuntimeError, ValueError, AttributeError, TypeError):
+            pass  # corrupt or mismatched: retrain below
+    model = _train_backbone(seed, progress=progress)
+    payload = dict(model.state_dict())
+    payload["__key__"] = torch.tensor(list(key.encode("ascii")), dtype=torch.uint8)
+    _cache.save_torch(path, payload)
+    model.cache_key = key
+    return _freeze(model)
+
+
+def extract_features(model, images: np.ndarray, batch_size: int = 512) -> np.ndarray:
+    """Features of ``images`` through ``model`` as a float64 (N, d) array.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        A backbone, e.g. from :func:`get_backbone` (put in eval mode here).
+    images : ndarray, shape (N, 8, 8) or (N, 1, 8, 8)
+        Pixel values in [0, 1].
+    batch_size : int
+        Images per forward pass.
+
+    Returns
+    -------
+    ndarray, shape (N, d), float64
+    """
+    arr = np.asarray(images)
+    if arr.dtype == object or not np.issubdtype(arr.dtype, np.number):
+        raise InputError(f"images must be a numeric array, got dtype {arr.dtype}")
+    if arr.ndim == 3:
+        arr = arr[:, None]
+    if arr.ndim != 4 or arr.shape[1] != 1:
+        raise InputError(f"images must have shape (N, 8, 8) or (N, 1, 8, 8), got {np.shape(images)}")
+    if not np.all(np.isfinite(arr)):
+        raise InputError("images contain NaN/inf values")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
+        raise ConfigError(f"batch_size must be a positive int, got {batch_size!r}")
+    try:
+        device = next(model.parameters()).device
+    except StopIteration:
+        device = torch.device("cpu")
+    model.eval()
+    x = torch.from_numpy(np.array(arr, dtype=np.float32))
+    out = []
+    with torch.no_grad():
+        for start in range(0, x.shape[0], int(batch_size)):
+            out.append(model(x[start : start + int(batch_size)].to(device)).cpu().numpy().astype(np.float64))
+    if not out:
+        return np.zeros((0, FEATURE_DIM))
+    return np.concatenate(out, axis=0)
+
+
+def load_digits_features(*, seed: int = 0, cache_dir: str | os.PathLike | None = None) -> FeatureDataset:
+    """Private-train and test features of digits through the public-trained backbone (cached).
+
+    Parameters
+    ----------
+    seed : int
+        Seed of the split and the backbone.
+    cache_dir : path, optional
+        Cache directory; defaults to :func:`privfed.data.default_cache_dir`.
+
+    Returns
+    -------
+    FeatureDataset
+        ``name="digits"``, 899 training and 359 test samples, d = 64, C = 10.
+        ``meta`` names the backbone, its cache key and the split sizes.
+    """
+    seed = _check_seed(seed)
+    desc = {"artefact": "digits-features", "backbone": backbone_description(seed), "parts": ["private", "test"]}
+    splits = digits_splits(seed)
+
+    def compute():
+        model = get_backbone(seed=seed, cache_dir=cache_dir)
+        return {
+            "train_features": extract_features(model, splits.private_images),
+            "test_features": extract_features(model, splits.test_images),
+        }
+
+    arrays, key, hit = _cache.cached_arrays("digits-features", desc, compute, cache_dir)
+    ok = (
+        arrays.get("train_features") is not None
+        and arrays.get("test_features") is not None
+        and arrays["train_features"].shape == (splits.private_labels.size, FEATURE_DIM)
+        and arrays["test_features"].shape == (splits.test_labels.size, FEATURE_DIM)
+    )
+    if not ok:  # a readable but wrong file under our name: recompute and overwrite
+        path, key = _cache.artefact_path("digits-features", desc, ".npz", cache_dir)
+        arrays = {k: np.asarray(v) for k, v in compute().items()}
+        _cache.save_arrays(path, arrays, desc)
+        hit = False
+    return FeatureDataset(
+        name="digits",
+        train_features=np.asarray(arrays["train_features"], dtype=np.float64),
+        train_labels=np.array(splits.private_labels, dtype=np.int64),
+        test_features=np.asarray(arrays["test_features"], dtype=np.float64),
+        test_labels=np.array(splits.test_labels, dtype=np.int64),
+        num_classes=10,
+        meta={
+            "backbone": BACKBONE_NAME,
+            "backbone_key": _cache.cache_key(backbone_description(seed)),
+            "cache_key": key,
+            "cache_hit": hit,
+            "d": FEATURE_DIM,
+            "seed": seed,
+            "source": "sklearn.datasets.load_digits",
+            "split": {
+                "public": int(splits.public_labels.size),
+                "private": int(splits.private_labels.size),
+                "test": int(splits.test_labels.size),
+            },
+        },
+    )
