@@ -1,0 +1,129 @@
+"""Fixed-point encoding of real statistics into the ring Z_{2^64} for masked summation.
+
+Pairwise masking (Bonawitz et al., "Practical Secure Aggregation for
+Privacy-Preserving Machine Learning", CCS 2017, Sec. 3) sums vectors in
+Z_R with R = 2^64 here.  A real value x is encoded with ``f`` fractional bits
+as the two's complement of round(x * 2^f) (an int64 viewed as uint64); the
+ring sum of K encodings, read back as int64 and divided by 2^f, is the sum of
+the rounded values as long as the true integer sum stays in
+[-2^63, 2^63).  Each rounding moves a value by at most 2^-(f+1), so the
+decoded sum of K clients is within K * 2^-(f+1) <= K * 2^-f of the real sum,
+per coordinate.
+
+Wrap-around is silent in the ring, so :func:`check_ring_bound` refuses a
+statistic whose declared bound could overflow *before* anything is encoded:
+with ``max_abs`` a public bound on every client's coordinates,
+K * (max_abs * 2^f + 1/2) + noise_bound must stay below 2^63.
+
+Integer statistics (counts, indicators) are encoded with f = 0 and come out
+exact; see :func:`is_integral`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from privfed.errors import InputError
+
+__all__ = [
+    "RING_BITS",
+    "MAX_FRAC_BITS",
+    "check_frac_bits",
+    "check_ring_bound",
+    "decode",
+    "encode",
+    "is_integral",
+    "resolution",
+]
+
+#: Bits of the ring Z_{2^RING_BITS} in which masked values are summed.
+RING_BITS = 64
+#: Largest number of fractional bits accepted (leaves 10 integer bits).
+MAX_FRAC_BITS = 53
+
+_HALF_RING = 2.0**63
+
+
+def check_frac_bits(frac_bits: int) -> int:
+    """Return ``frac_bits`` as an int in [0, MAX_FRAC_BITS] or raise ConfigError."""
+    from privfed.errors import ConfigError
+
+    if isinstance(frac_bits, bool) or not isinstance(frac_bits, (int, np.integer)):
+        raise ConfigError(f"frac_bits must be an integer number of fractional bits, got {frac_bits!r}")
+    if not 0 <= int(frac_bits) <= MAX_FRAC_BITS:
+        raise ConfigError(f"frac_bits must lie in [0, {MAX_FRAC_BITS}], got {frac_bits}")
+    return int(frac_bits)
+
+
+def resolution(frac_bits: int) -> float:
+    """Grid step 2^-f of the encoding."""
+    return 2.0 ** -int(frac_bits)
+
+
+def is_integral(values: np.ndarray) -> bool:
+    """Whether every value is a whole number of magnitude below 2^53 (exactly representable)."""
+    v = np.asarray(values, dtype=np.float64)
+    return bool(np.all(np.isfinite(v)) and np.all(np.abs(v) < 2.0**53) and np.all(v == np.round(v)))
+
+
+def check_ring_bound(
+    max_abs: float, num_clients: int, frac_bits: int, *, noise_bound: float = 0.0, name: str = "statistic"
+) -> float:
+    """Refuse a sum that could leave the int64 range of the ring; return the bound in grid units.
+
+    Parameters
+    ----------
+    max_abs : float
+        Public bound on |x| for every coordinate of every client's input.
+    num_clients : int
+        K, the number of inputs summed.
+    frac_bits : int
+        Fractional bits f of the encoding.
+    noise_bound : float, optional
+        Bound (in grid units) on |sum of noise shares| per coordinate.
+    name : str
+        What is being summed (for the error message).
+
+    Returns
+    -------
+    float
+        The bound K * (max_abs * 2^f + 1/2) + noise_bound on |encoded sum|.
+
+    Raises
+    ------
+    InputError
+        If the bound reaches 2^63 (the sum could wrap around silently).
+    """
+    if not np.isfinite(max_abs):
+        raise InputError(f"{name} contains NaN/inf values; secure aggregation needs finite statistics")
+    bound = num_clients * (float(max_abs) * 2.0**frac_bits + 0.5) + float(noise_bound)
+    if not bound < _HALF_RING:
+        need = np.log2(max(num_clients * float(max_abs), 1e-300))
+        raise InputError(
+            f"{name} could overflow the 2^{RING_BITS} ring: {num_clients} clients x max|x| = {max_abs:.4g} "
+            f"at frac_bits={frac_bits} gives |sum| up to 2^{np.log2(bound):.1f} >= 2^63; lower frac_bits "
+            f"(at most {max(int(np.floor(62 - need)), 0)} fit) or clip the features so the statistic is smaller"
+        )
+    return bound
+
+
+def encode(values: np.ndarray, frac_bits: int) -> np.ndarray:
+    """Encode reals as uint64 ring elements: two's complement of round(x * 2^f).
+
+    The caller must have checked the range with :func:`check_ring_bound`;
+    values whose encoding leaves int64 raise :class:`InputError`.
+    """
+    v = np.asarray(values, dtype=np.float64) * 2.0**frac_bits
+    r = np.rint(v)
+    if r.size and not np.all(np.abs(r) < _HALF_RING):
+        raise InputError(
+            f"a value of magnitude {np.abs(v).max() / 2.0**frac_bits:.4g} does not fit the 64-bit ring at "
+            f"frac_bits={frac_bits}; lower frac_bits or clip the features"
+        )
+    return r.astype(np.int64).view(np.uint64)
+
+
+def decode(ring_values: np.ndarray, frac_bits: int) -> np.ndarray:
+    """Read ring elements as signed int64 and scale back by 2^-f (float64)."""
+    u = np.ascontiguousarray(ring_values, dtype=np.uint64)
+    return u.view(np.int64).astype(np.float64) * 2.0 ** -int(frac_bits)
