@@ -59,7 +59,8 @@ def global_covariance(stats: ClientStats, covariance: str = "total") -> tuple[np
     if denom <= 0:
         raise InputError(
             f"fedcgs: the {covariance} covariance needs more samples than "
-            f"{'1' if covariance == 'total' else 'classes'} (N = {Ntot:g}); add data"
+            f"{'1' if covariance == 'total' else 'classes'} (got {Ntot:g} sample(s) in "
+            f"{int(present.sum())} class(es)); add data"
         )
     return N, mu, symmetrise(scatter / denom)
 

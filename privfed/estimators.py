@@ -1,0 +1,162 @@
+"""scikit-learn estimators wrapping :func:`privfed.fit`.
+
+>>> import numpy as np
+>>> from privfed.estimators import FederatedHeadClassifier
+>>> rng = np.random.default_rng(0)
+>>> X = rng.normal(size=(200, 5)); y = np.where(X[:, 0] > 0, "yes", "no")
+>>> clf = FederatedHeadClassifier("fed3r", clients=4, random_state=0).fit(X, y)
+>>> clf.classes_.tolist(), clf.coef_.shape
+(['no', 'yes'], (2, 5))
+
+The estimator follows scikit-learn's conventions: ``__init__`` only stores
+parameters, :meth:`fit` validates and returns ``self``, fitted attributes end
+in ``_``, labels may be any sortable values (``classes_`` maps them to
+``0..C-1``), and randomness comes from ``random_state``.  Federation comes
+from the ``clients`` parameter (a fixed number of IID clients or a
+partition function) or from the ``clients`` argument of :meth:`fit` (the
+client of every sample).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+from sklearn.base import BaseEstimator, ClassifierMixin
+from sklearn.utils.multiclass import check_classification_targets
+from sklearn.utils.validation import check_is_fitted, validate_data
+
+from privfed import methods as _methods
+from privfed.api import as_generator, fit as _fit
+from privfed.errors import ConfigError
+from privfed.head import LinearHead
+
+__all__ = ["FederatedHeadClassifier", "iid_clients"]
+
+
+def iid_clients(n_samples: int, n_clients: int, rng: np.random.Generator) -> np.ndarray:
+    """Client ids of an IID split of ``n_samples`` into ``min(n_clients, n_samples)`` non-empty clients."""
+    K = max(1, min(int(n_clients), int(n_samples)))
+    ids = np.empty(n_samples, dtype=np.int64)
+    for k, part in enumerate(np.array_split(rng.permutation(n_samples), K)):
+        ids[part] = k
+    return ids
+
+
+class FederatedHeadClassifier(ClassifierMixin, BaseEstimator):
+    """A linear head fitted by a federated method from client statistics.
+
+    Parameters
+    ----------
+    method : str, default "fedcof"
+        A name from :func:`privfed.methods.available`.
+    method_params : dict, optional
+        The method's parameters (e.g. ``{"gamma": 0.1}`` for fedcof,
+        ``{"lam": 0.01}`` for fed3r).
+    clients : None, int or callable, default None
+        How training samples are spread over clients when :meth:`fit` gets
+        no ``clients``: ``None`` puts them on one client (centralised), an
+        int K splits them IID into K non-empty clients, a callable
+        ``clients(y, rng) -> ids`` returns the client of each sample.
+    random_state : None, int or numpy.random.Generator
+        Seeds the partition and the method (multi-mean sampling).
+
+    Attributes
+    ----------
+    classes_ : ndarray, shape (C,)
+        The labels, sorted; column c of the scores is ``classes_[c]``.
+    coef_ : ndarray, shape (C, d)
+    intercept_ : ndarray, shape (C,)
+    head_ : LinearHead
+        The fitted head (notes, communication, privacy report).
+    n_features_in_ : int
+
+    Notes
+    -----
+    FedCOF estimates class covariances from the spread of per-client class
+    means; with one client (``clients=None``) every class has a single mean
+    and gets the shrinkage ``gamma I`` alone (see ``head_.notes``).
+    """
+
+    def __init__(
+        self,
+        method: str = "fedcof",
+        method_params: dict[str, Any] | None = None,
+        clients: int | Callable | None = None,
+        random_state=None,
+    ) -> None:
+        self.method = method
+        self.method_params = method_params
+        self.clients = clients
+        self.random_state = random_state
+
+    def _client_ids(self, y: np.ndarray, clients, rng: np.random.Generator) -> np.ndarray | None:
+        if clients is not None:
+            return np.asarray(clients)
+        spec = self.clients
+        if spec is None:
+            return None
+        if callable(spec):
+            return np.asarray(spec(y, rng))
+        if isinstance(spec, (int, np.integer)) and not isinstance(spec, bool) and spec >= 1:
+            return iid_clients(y.shape[0], int(spec), rng)
+        raise ConfigError(f"clients must be None, an int >= 1 or a callable (y, rng) -> ids, got {spec!r}")
+
+    def fit(self, X, y, clients=None) -> "FederatedHeadClassifier":
+        """Fit the head.
+
+        Parameters
+        ----------
+        X : array, shape (N, d)
+            Frozen features.
+        y : array, shape (N,)
+            Labels (any sortable values).
+        clients : int array, shape (N,), optional
+            Client of each sample (0..K-1, no empty client); overrides the
+            ``clients`` parameter.
+
+        Returns
+        -------
+        self
+        """
+        X, y = validate_data(self, X, y, dtype=np.float64, y_numeric=False)
+        check_classification_targets(y)
+        self.classes_, y_enc = np.unique(y, return_inverse=True)
+        params = dict(self.method_params or {})
+        method = _methods.get(self.method, **params)
+        rng = as_generator(self.random_state)
+        ids = self._client_ids(y_enc, clients, rng)
+        head = _fit(method, X, y_enc, ids, num_classes=len(self.classes_), random_state=rng)
+        self.head_: LinearHead = head
+        self.coef_ = head.weight
+        self.intercept_ = head.bias
+        return self
+
+    def _scores(self, X) -> np.ndarray:
+        check_is_fitted(self, "head_")
+        X = validate_data(self, X, dtype=np.float64, reset=False)
+        return self.head_.decision_function(X)
+
+    def decision_function(self, X) -> np.ndarray:
+        """Scores, shape (N, C); for two classes, the score of ``classes_[1]`` minus ``classes_[0]`` (N,)."""
+        s = self._scores(X)
+        if s.shape[1] == 2:
+            return s[:, 1] - s[:, 0]
+        return s
+
+    def predict(self, X) -> np.ndarray:
+        """Predicted labels (from ``classes_``)."""
+        scores = self._scores(X)
+        return self.classes_[np.argmax(scores, axis=1)]
+
+    def predict_proba(self, X) -> np.ndarray:
+        """Softmax of the scores (FedLog's posterior predictive at the MAP; uncalibrated for other methods)."""
+        s = self._scores(X)
+        s = s - s.max(axis=1, keepdims=True)
+        p = np.exp(s)
+        return p / p.sum(axis=1, keepdims=True)
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.input_tags.allow_nan = False
+        return tags
