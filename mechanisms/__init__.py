@@ -1,0 +1,67 @@
+"""Privacy mechanisms: clipping, calibrated noise, accounting, audits and secure aggregation.
+
+Differential privacy (record or client level) wraps the release path of
+:func:`privfed.fit` through the ``privacy`` hook::
+
+    >>> from mechanisms import GaussianMechanism
+    >>> mech = GaussianMechanism(epsilon=1.0, delta=1e-5, clip=1.0)
+    >>> round(mech.sigma["sums"] / 2**0.5, 4)  # joint release of sums and counts, sqrt(2) sensitivity
+    3.7306
+
+Every release appends events to ``mech.ledger``; ``mech.report()`` recomputes
+(eps, delta) from it.  Secure-aggregation protocols live in their own modules
+and are imported lazily (their optional dependencies are heavy).
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from mechanisms.accounting import ACCOUNTANTS, calibrate_round_mu, ledger_epsilon
+from mechanisms.backends import (
+    NoiseBackend,
+    NumpyNoise,
+    OpenDPNoise,
+    available_backends,
+    get_backend,
+    register_backend,
+)
+from mechanisms.calibration import analytic_sigma, classic_sigma, gaussian_delta, gdp_epsilon, gdp_mu
+from mechanisms.clipping import Clipping, clip_coordinates, clip_l2
+from mechanisms.gaussian import BLOCKS, GaussianMechanism
+from mechanisms.ledger import PrivacyLedger, PrivacyReport, ReleaseEvent
+
+__all__ = [
+    "ACCOUNTANTS",
+    "BLOCKS",
+    "Clipping",
+    "GaussianMechanism",
+    "NoiseBackend",
+    "NumpyNoise",
+    "OpenDPNoise",
+    "PrivacyLedger",
+    "PrivacyReport",
+    "ReleaseEvent",
+    "analytic_sigma",
+    "available_backends",
+    "calibrate_round_mu",
+    "classic_sigma",
+    "clip_coordinates",
+    "clip_l2",
+    "gaussian_delta",
+    "gdp_epsilon",
+    "gdp_mu",
+    "get_backend",
+    "ledger_epsilon",
+    "register_backend",
+]
+
+# Names defined in sibling modules that are imported on first use: name -> module.
+_LAZY: dict[str, str] = {}
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'mechanisms' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"mechanisms.{module}"), name)

@@ -1,0 +1,190 @@
+"""Calibration of the Gaussian mechanism: exact (analytic) and classic.
+
+A Gaussian mechanism adding N(0, sigma^2 I) to a statistic of L2 sensitivity
+Delta is mu-GDP with mu = Delta / sigma (Dong, Roth & Su 2019, Thm. 2.7) and
+(eps, delta)-DP exactly when (Balle & Wang 2018, Thm. 8)
+
+    delta(eps) = Phi(Delta/(2 sigma) - eps sigma/Delta) - e^eps Phi(-Delta/(2 sigma) - eps sigma/Delta).
+
+:func:`analytic_sigma` inverts this exactly (the "analytic Gaussian"
+mechanism, via ``dp_accounting.get_sigma_gaussian``); :func:`classic_sigma`
+is the textbook bound sigma = Delta sqrt(2 ln(1.25/delta)) / eps (Dwork &
+Roth 2014, Thm. A.1), valid only for eps < 1 and loose there; it is kept to
+reproduce the FedLog paper (Yu et al., Theorem 3.1).
+
+Composition of Gaussian releases without subsampling is exact in GDP:
+mu = sqrt(sum_i (Delta_i / sigma_i)^2), so :func:`gdp_epsilon` /
+:func:`gdp_mu` convert between mu and (eps, delta).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import numpy as np
+from scipy.special import log_ndtr
+
+from privfed.errors import ConfigError
+
+__all__ = [
+    "analytic_sigma",
+    "check_budget",
+    "classic_sigma",
+    "gaussian_delta",
+    "gdp_epsilon",
+    "gdp_mu",
+]
+
+
+def check_budget(epsilon: float, delta: float, *, allow_inf: bool = True) -> tuple[float, float]:
+    """Validate a privacy budget; return it as floats.
+
+    Raises
+    ------
+    ConfigError
+        If ``epsilon <= 0`` (or NaN, or inf when not allowed) or ``delta`` is
+        not in the open interval (0, 1).
+    """
+    try:
+        eps = float(epsilon)
+        dl = float(delta)
+    except (TypeError, ValueError):
+        raise ConfigError(f"epsilon and delta must be numbers, got epsilon={epsilon!r}, delta={delta!r}") from None
+    if math.isnan(eps) or eps <= 0:
+        raise ConfigError(f"epsilon must be > 0, got epsilon={epsilon!r}; use float('inf') for no noise")
+    if math.isinf(eps) and not allow_inf:
+        raise ConfigError("epsilon must be finite here, got epsilon=inf")
+    if math.isnan(dl) or not 0.0 < dl < 1.0:
+        raise ConfigError(
+            f"delta must lie in the open interval (0, 1), got delta={delta!r}; "
+            "a common choice is delta < 1/N for N records"
+        )
+    return eps, dl
+
+
+def _log_sub_exp(a: float, b: float) -> float:
+    """log(e^a - e^b) for a >= b."""
+    if b == -math.inf:
+        return a
+    return a + math.log1p(-math.exp(b - a)) if b < a else -math.inf
+
+
+def gaussian_delta(epsilon: float, sigma: float, sensitivity: float = 1.0) -> float:
+    """Exact delta(eps) of one Gaussian release (Balle & Wang 2018, Thm. 8).
+
+    Parameters
+    ----------
+    epsilon : float
+        eps >= 0.
+    sigma : float
+        Noise standard deviation (> 0).
+    sensitivity : float
+        L2 sensitivity Delta (> 0).
+    """
+    if sigma <= 0 or sensitivity <= 0:
+        raise ConfigError(f"sigma and sensitivity must be > 0, got sigma={sigma}, sensitivity={sensitivity}")
+    return _gdp_delta(epsilon, sensitivity / sigma)
+
+
+def _gdp_delta(epsilon: float, mu: float) -> float:
+    """delta(eps) of mu-GDP: Phi(mu/2 - eps/mu) - e^eps Phi(-mu/2 - eps/mu), computed in logs."""
+    if mu == 0:
+        return 0.0
+    a = float(log_ndtr(mu / 2 - epsilon / mu))
+    b = float(epsilon + log_ndtr(-mu / 2 - epsilon / mu))
+    if b >= a:
+        return 0.0
+    return float(math.exp(_log_sub_exp(a, b)))
+
+
+def gdp_epsilon(mu: float, delta: float) -> float:
+    """The smallest eps with mu-GDP implying (eps, delta)-DP (exact, by bisection).
+
+    Returns 0 when ``delta`` is already reached at eps = 0 and ``inf`` for mu = inf.
+    """
+    if mu < 0 or math.isnan(mu):
+        raise ConfigError(f"mu must be >= 0, got mu={mu}")
+    if mu == 0:
+        return 0.0
+    if math.isinf(mu):
+        return math.inf
+    if _gdp_delta(0.0, mu) <= delta:
+        return 0.0
+    lo, hi = 0.0, 1.0
+    while _gdp_delta(hi, mu) > delta:
+        lo, hi = hi, 2 * hi
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        if _gdp_delta(mid, mu) > delta:
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo <= 1e-13 * max(1.0, hi):
+            break
+    return hi
+
+
+def gdp_mu(epsilon: float, delta: float) -> float:
+    """The largest mu such that mu-GDP is (eps, delta)-DP (exact, by bisection).
+
+    The Gaussian mechanism with sigma = Delta / mu is then exactly
+    (eps, delta)-DP; ``1 / gdp_mu(eps, delta)`` equals
+    ``dp_accounting.get_sigma_gaussian(eps, delta)``.
+    """
+    eps, dl = check_budget(epsilon, delta)
+    if math.isinf(eps):
+        return math.inf
+    lo, hi = 0.0, 1.0
+    while _gdp_delta(eps, hi) < dl:
+        lo, hi = hi, 2 * hi
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        if _gdp_delta(eps, mid) <= dl:
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo <= 1e-14 * hi:
+            break
+    return lo
+
+
+def analytic_sigma(epsilon: float, delta: float, sensitivity: float = 1.0) -> float:
+    """Smallest sigma making one Gaussian release (eps, delta)-DP (analytic Gaussian).
+
+    Uses ``dp_accounting.get_sigma_gaussian`` (Balle & Wang 2018); eps = 1,
+    delta = 1e-5, Delta = 1 gives 3.7306.  ``epsilon = inf`` gives 0.
+    """
+    eps, dl = check_budget(epsilon, delta)
+    _check_sensitivity(sensitivity)
+    if math.isinf(eps):
+        return 0.0
+    import dp_accounting
+
+    return float(sensitivity) * float(dp_accounting.get_sigma_gaussian(eps, dl))
+
+
+def classic_sigma(epsilon: float, delta: float, sensitivity: float = 1.0, *, warn: bool = True) -> float:
+    """The classic bound sigma = Delta sqrt(2 ln(1.25/delta)) / eps (Dwork & Roth, Thm. A.1).
+
+    Valid only for eps < 1 (and loose there); for eps >= 1 it is not a proof
+    of (eps, delta)-DP and for eps >~ 8 it under-protects: a warning is issued.
+    Kept to reproduce FedLog (Yu et al., Theorem 3.1).
+    """
+    eps, dl = check_budget(epsilon, delta)
+    _check_sensitivity(sensitivity)
+    if math.isinf(eps):
+        return 0.0
+    if eps > 1 and warn:
+        warnings.warn(
+            f"calibration='classic' is only proven for epsilon < 1 (got epsilon={eps}); the reported "
+            "epsilon is recomputed exactly from sigma and may exceed the target; use calibration='analytic'",
+            UserWarning,
+            stacklevel=2,
+        )
+    return float(sensitivity) * math.sqrt(2.0 * math.log(1.25 / dl)) / eps
+
+
+def _check_sensitivity(sensitivity: float) -> None:
+    if not (np.isfinite(sensitivity) and sensitivity > 0):
+        raise ConfigError(f"sensitivity must be a finite number > 0, got sensitivity={sensitivity!r}")

@@ -1,0 +1,87 @@
+"""Per-record clipping: the bound every sensitivity below rests on.
+
+* L2 clipping (default): f -> f min(1, c / ||f||_2), so ||f||_2 <= c
+  (Abadi et al. 2016).  One record then moves the class sums by at most c,
+  its second moment f f^T by at most c^2 in Frobenius norm
+  (``../spec/methods.md`` section 4).
+* Per-coordinate clipping to [-b, b] (FedLog, Yu et al., Theorem 3.1):
+  ||f||_2 <= b sqrt(d), and FedLog's statistic phi (x) e_y with the constant
+  feature phi_1 = 1 moves by at most sqrt(1 + (m - 1) b^2), m = d + 1.
+
+The bound is always a parameter; it is never estimated from the data (that
+would itself leak).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from privfed.errors import ConfigError
+
+__all__ = ["Clipping", "clip_coordinates", "clip_l2"]
+
+CLIP_NORMS = ("l2", "coordinate")
+
+
+def _check_bound(bound: float, name: str = "clip") -> float:
+    try:
+        b = float(bound)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name} must be a number > 0, got {name}={bound!r}") from None
+    if not (b > 0):
+        raise ConfigError(
+            f"{name} must be > 0, got {name}={bound!r}; pick it from public knowledge of the backbone "
+            "(never from the private data)"
+        )
+    return b
+
+
+def clip_l2(features: np.ndarray, c: float) -> np.ndarray:
+    """Scale each row to L2 norm at most ``c`` (rows already inside are unchanged)."""
+    c = _check_bound(c)
+    F = np.asarray(features, dtype=np.float64)
+    if math.isinf(c):
+        return F.copy()
+    norms = np.linalg.norm(F, axis=-1, keepdims=True)
+    scale = np.minimum(1.0, c / np.where(norms > 0, norms, 1.0))
+    return F * scale
+
+
+def clip_coordinates(features: np.ndarray, b: float) -> np.ndarray:
+    """Clip every coordinate to [-b, b]."""
+    b = _check_bound(b)
+    return np.clip(np.asarray(features, dtype=np.float64), -b, b)
+
+
+@dataclass(frozen=True)
+class Clipping:
+    """A per-record clipping rule, usable as a feature transform.
+
+    Parameters
+    ----------
+    bound : float
+        c (``norm="l2"``) or b (``norm="coordinate"``).
+    norm : {"l2", "coordinate"}
+    """
+
+    bound: float
+    norm: str = "l2"
+
+    def __post_init__(self) -> None:
+        _check_bound(self.bound)
+        if self.norm not in CLIP_NORMS:
+            raise ConfigError(f"clip_norm must be one of {list(CLIP_NORMS)}, got {self.norm!r}")
+
+    def __call__(self, features: np.ndarray) -> np.ndarray:
+        if self.norm == "l2":
+            return clip_l2(features, self.bound)
+        return clip_coordinates(features, self.bound)
+
+    def l2_bound(self, dim: int) -> float:
+        """The largest L2 norm of a clipped record of dimension ``dim``."""
+        if self.norm == "l2":
+            return float(self.bound)
+        return float(self.bound) * math.sqrt(dim)

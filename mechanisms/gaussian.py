@@ -1,0 +1,540 @@
+"""Gaussian mechanism on clipped client statistics (record or client level).
+
+Releases class sums, class counts and (optionally) the second moment of
+clipped features with Gaussian noise (Dwork & Roth 2014, App. A; tight
+calibration by the analytic Gaussian of Balle & Wang 2018; composition over
+rounds exact in GDP, Dong, Roth & Su 2019, or by an accountant with client
+subsampling).  FedLog's Theorem 3.1 (Yu et al.) is the special case
+``clip_norm="coordinate"``, ``split="joint"``, ``calibration="classic"``.
+
+Neighbouring relation and sensitivities (``../spec/methods.md`` section 4,
+``../spec/privacy.md``), with every record clipped to ||f||_2 <= c (or to
+[-b, b] per coordinate, so ||f||_2 <= c := b sqrt(d)):
+
+============  ==============================  ===============================
+block         record level (add/remove one)   client level (add/remove one
+                                              client of <= n_max records)
+============  ==============================  ===============================
+``sums``      c                               n_max c
+``counts``    1                               n_max
+``second``    c^2 (Frobenius)                 n_max c^2
+============  ==============================  ===============================
+
+The budget (eps, delta) is turned into one GDP mu over all rounds (exactly);
+each round gets mu_round = mu / sqrt(T) (or an accountant's value when
+clients are subsampled at rate q < 1), split across blocks in mu^2:
+sigma_b = Delta_b / (mu_round sqrt(w_b)).  ``split="joint"`` takes
+w_b proportional to Delta_b^2, i.e. one sigma for all blocks, the Gaussian
+mechanism on the concatenated statistic with sensitivity sqrt(sum Delta_b^2)
+(FedLog's phi (x) e_y with the counts as the constant coordinate).
+
+The same object is the ``privacy`` hook of :func:`privfed.fit` (see
+:mod:`privfed.pipeline`).  Who adds the noise:
+
+* record level, no trusted aggregator, no secure aggregation: every client
+  noises its own upload with the full sigma (the server sees each upload
+  with N(0, sigma^2) and, for sum-only methods, a sum with K sigma^2);
+* record level with ``trusted_aggregator=True`` and a sum-only method: noise
+  is added once, to the sum;
+* with secure aggregation (sum-only methods): every client adds
+  N(0, sigma^2 / K), so the sum carries sigma^2 when all K uploads arrive;
+* client level: each client's statistics are first bounded to at most
+  ``max_records`` records' worth (a client with n_k > n_max records has all
+  its statistics multiplied by n_max / n_k, done client-side before upload);
+  noise is then added to the sum by a trusted aggregator, or split across
+  clients under secure aggregation.  Methods needing individual uploads
+  (FedCOF) are refused at client level.
+
+Means are only ever post-processing of noisy sums and noisy counts.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Any, Mapping
+
+import numpy as np
+
+from mechanisms.accounting import ACCOUNTANTS, calibrate_round_mu, ledger_epsilon
+from mechanisms.backends import NoiseBackend, get_backend
+from mechanisms.calibration import check_budget
+from mechanisms.clipping import CLIP_NORMS, Clipping, _check_bound
+from mechanisms.ledger import NEIGHBOURING, PrivacyLedger, PrivacyReport, ReleaseEvent
+from privfed.errors import ConfigError, InputError
+from privfed.stats import ClientStats, compute_client_stats
+
+__all__ = ["BLOCKS", "GaussianMechanism"]
+
+#: Statistic blocks the mechanism can noise.
+BLOCKS = ("sums", "counts", "second")
+_LEVELS = tuple(NEIGHBOURING)
+_CALIBRATIONS = ("analytic", "classic")
+
+
+class GaussianMechanism:
+    """Gaussian noise on clipped class sums, counts and second moments.
+
+    Parameters
+    ----------
+    epsilon : float
+        Target epsilon (> 0) over all ``rounds``; ``float('inf')`` adds no
+        noise (clipping still applies) and reports no DP guarantee.
+    delta : float
+        Target delta in (0, 1).
+    clip : float
+        The clipping bound (required, never estimated from data): L2 norm c
+        for ``clip_norm="l2"``, coordinate bound b for ``"coordinate"``.
+    level : {"record", "client"}
+        Neighbouring relation: add/remove one record, or one whole client.
+    blocks : tuple of str
+        Statistics to noise: ``("sums", "counts")`` or with ``"second"``
+        (needed by fed3r, fed3r-within, fedcgs).  ``sums`` and ``counts``
+        are always released, so both must be present.
+    calibration : {"analytic", "classic"}
+        Exact analytic Gaussian (default) or the classic bound (FedLog
+        paper; warns for eps > 1).
+    clip_norm : {"l2", "coordinate"}
+    rounds : int
+        Number of identical releases T the budget must cover.
+    sampling_rate : float
+        Poisson client participation rate q of each round; q < 1 is
+        calibrated with an accountant (privacy amplification by sampling).
+    split : "joint", "equal" or mapping block -> weight
+        How mu^2 is shared across blocks (see module docstring).
+    trusted_aggregator : bool
+        Whether the server may add the noise to the sum (central DP).
+    max_records : int, optional
+        Client level only: the most records a client contributes (its
+        statistics are scaled down beyond that).  Required at client level.
+    dim : int, optional
+        Feature dimension d; needed up front only for ``clip_norm="coordinate"``
+        (sensitivity b sqrt(d)), otherwise learnt at the first release.
+    accountant : {"auto", "gdp", "pld", "prv", "rdp"}
+        Accountant for calibration with q < 1 and for the report.
+    backend : str or NoiseBackend, optional
+        ``"numpy"`` (default, fast, warns) or ``"opendp"`` (exact samplers).
+
+    Attributes
+    ----------
+    sigma : dict
+        Noise standard deviation per block (of one upload with full noise).
+    sensitivity : dict
+        L2 sensitivity per block under ``level``.
+    ledger : PrivacyLedger
+        Every release made so far; :meth:`report` is computed from it.
+
+    Examples
+    --------
+    >>> mech = GaussianMechanism(epsilon=1.0, delta=1e-5, clip=1.0)
+    >>> round(mech.sigma["sums"], 4) == round(mech.sigma["counts"], 4)
+    True
+    """
+
+    name = "gaussian"
+
+    def __init__(
+        self,
+        *,
+        epsilon: float,
+        delta: float,
+        clip: float,
+        level: str = "record",
+        blocks: tuple[str, ...] = ("sums", "counts"),
+        calibration: str = "analytic",
+        clip_norm: str = "l2",
+        rounds: int = 1,
+        sampling_rate: float = 1.0,
+        split: "str | Mapping[str, float]" = "joint",
+        trusted_aggregator: bool = False,
+        max_records: int | None = None,
+        dim: int | None = None,
+        accountant: str = "auto",
+        backend: "str | NoiseBackend | None" = None,
+    ) -> None:
+        self.epsilon, self.delta = check_budget(epsilon, delta)
+        self.clip_bound = _check_bound(clip)
+        if level not in _LEVELS:
+            raise ConfigError(f"level must be one of {list(_LEVELS)}, got level={level!r}")
+        self.level = level
+        blocks = tuple(blocks)
+        bad = [b for b in blocks if b not in BLOCKS]
+        if bad or len(set(blocks)) != len(blocks):
+            raise ConfigError(f"blocks must be distinct names from {list(BLOCKS)}, got blocks={blocks!r}")
+        if not {"sums", "counts"} <= set(blocks):
+            raise ConfigError(
+                f"blocks must include 'sums' and 'counts' (every release carries both), got blocks={blocks!r}"
+            )
+        self.blocks = tuple(b for b in BLOCKS if b in blocks)
+        if calibration not in _CALIBRATIONS:
+            raise ConfigError(f"calibration must be one of {list(_CALIBRATIONS)}, got {calibration!r}")
+        self.calibration = calibration
+        if clip_norm not in CLIP_NORMS:
+            raise ConfigError(f"clip_norm must be one of {list(CLIP_NORMS)}, got clip_norm={clip_norm!r}")
+        self.clipping = Clipping(self.clip_bound, clip_norm)
+        if isinstance(rounds, bool) or not isinstance(rounds, (int, np.integer)) or rounds < 1:
+            raise ConfigError(f"rounds must be an integer >= 1, got rounds={rounds!r}")
+        self.rounds = int(rounds)
+        q = float(sampling_rate)
+        if not 0 < q <= 1:
+            raise ConfigError(f"sampling_rate must lie in (0, 1], got sampling_rate={sampling_rate!r}")
+        self.sampling_rate = q
+        if calibration == "classic" and q < 1:
+            raise ConfigError("calibration='classic' has no subsampled version; use calibration='analytic'")
+        if accountant not in ACCOUNTANTS:
+            raise ConfigError(f"accountant must be one of {list(ACCOUNTANTS)}, got {accountant!r}")
+        if accountant == "gdp" and q < 1:
+            raise ConfigError("accountant='gdp' is exact only without subsampling; use 'pld', 'prv' or 'rdp' for q < 1")
+        self.accountant = accountant
+        self.split = split
+        self.trusted_aggregator = bool(trusted_aggregator)
+        if level == "client":
+            if max_records is None:
+                raise ConfigError(
+                    "level='client' needs max_records (the most records one client contributes) to bound "
+                    "a client's contribution; e.g. GaussianMechanism(..., level='client', max_records=500)"
+                )
+            if isinstance(max_records, bool) or not isinstance(max_records, (int, np.integer)) or max_records < 1:
+                raise ConfigError(f"max_records must be an integer >= 1, got max_records={max_records!r}")
+        self.max_records = None if max_records is None else int(max_records)
+        if dim is not None and (not isinstance(dim, (int, np.integer)) or dim < 1):
+            raise ConfigError(f"dim must be a positive integer, got dim={dim!r}")
+        self.backend = get_backend(backend)
+        self.ledger = PrivacyLedger()
+        self._secure = False
+        self._notes: list[str] = []
+        self._weights = self._split_weights(split)
+        self._mu_round, self._calibrated_by = self._round_mu()
+        self._dim: int | None = None
+        self._sigma: dict[str, float] | None = None
+        self._sens: dict[str, float] | None = None
+        if dim is not None or clip_norm == "l2":
+            self._resolve(int(dim) if dim is not None else None)
+
+    # -- calibration ---------------------------------------------------------
+    def _split_weights(self, split) -> "str | dict[str, float]":
+        if isinstance(split, str):
+            if split not in ("joint", "equal"):
+                raise ConfigError(f"split must be 'joint', 'equal' or a dict of weights, got split={split!r}")
+            return split
+        if not isinstance(split, Mapping):
+            raise ConfigError(f"split must be 'joint', 'equal' or a dict of weights, got split={split!r}")
+        if set(split) != set(self.blocks):
+            raise ConfigError(f"split weights must name exactly the blocks {list(self.blocks)}, got {sorted(split)}")
+        w = {b: float(split[b]) for b in self.blocks}
+        if any(not (v > 0 and math.isfinite(v)) for v in w.values()):
+            raise ConfigError(f"split weights must be finite and > 0, got {w}")
+        s = sum(w.values())
+        return {b: v / s for b, v in w.items()}
+
+    def _round_mu(self) -> tuple[float, str]:
+        if math.isinf(self.epsilon):
+            return math.inf, "none (epsilon = inf)"
+        if self.calibration == "classic":
+            if self.epsilon > 1:
+                warnings.warn(
+                    f"calibration='classic' is only proven for epsilon < 1 (got epsilon={self.epsilon}); the "
+                    "report recomputes epsilon exactly from sigma; prefer calibration='analytic'",
+                    UserWarning,
+                    stacklevel=3,
+                )
+            mu = self.epsilon / math.sqrt(2.0 * math.log(1.25 / self.delta))
+            return mu / math.sqrt(self.rounds), "classic"
+        mu, how = calibrate_round_mu(
+            self.epsilon, self.delta, rounds=self.rounds, sampling_rate=self.sampling_rate,
+            accountant=self.accountant,
+        )
+        return mu, f"analytic, {how}"
+
+    def _resolve(self, dim: int | None) -> None:
+        """Sensitivities and sigmas once the feature dimension is known (coordinate clipping)."""
+        c = self.clipping.l2_bound(dim) if dim is not None else float(self.clip_bound)
+        n = 1 if self.level == "record" else self.max_records
+        sens = {"sums": n * c, "counts": float(n), "second": n * c * c}
+        sens = {b: sens[b] for b in self.blocks}
+        if self._weights == "joint":
+            total = sum(v * v for v in sens.values())
+            w = {b: sens[b] ** 2 / total for b in self.blocks}
+        elif self._weights == "equal":
+            w = {b: 1.0 / len(self.blocks) for b in self.blocks}
+        else:
+            w = self._weights
+        mu = self._mu_round
+        self._sens = sens
+        self._sigma = {b: (0.0 if math.isinf(mu) else sens[b] / (mu * math.sqrt(w[b]))) for b in self.blocks}
+        self._dim = dim
+
+    def _ensure(self, dim: int) -> None:
+        if self._sigma is None:
+            self._resolve(dim)
+        elif self.clipping.norm == "coordinate" and self._dim != dim:
+            raise InputError(
+                f"features have d={dim} but the mechanism was calibrated for d={self._dim} "
+                "(coordinate clipping's sensitivity b sqrt(d) depends on d)"
+            )
+
+    @property
+    def sigma(self) -> dict[str, float]:
+        """Noise standard deviation per block (full noise of one upload)."""
+        if self._sigma is None:
+            raise ConfigError(
+                "sigma depends on the feature dimension for clip_norm='coordinate'; pass dim= to "
+                "GaussianMechanism or release once"
+            )
+        return dict(self._sigma)
+
+    @property
+    def sensitivity(self) -> dict[str, float]:
+        """L2 sensitivity per block under the neighbouring relation."""
+        if self._sens is None:
+            raise ConfigError("sensitivity depends on the feature dimension; pass dim= to GaussianMechanism")
+        return dict(self._sens)
+
+    @property
+    def mu(self) -> float:
+        """GDP mu of one round over all blocks together."""
+        return self._mu_round
+
+    # -- noise -----------------------------------------------------------------
+    def _noisy(
+        self,
+        stats: ClientStats,
+        rng: np.random.Generator,
+        relation: str,
+        *,
+        share: float = 1.0,
+        copies: int = 1,
+    ) -> ClientStats:
+        """Add noise to every row of every block and record one release in the ledger.
+
+        Each row gets N(0, share * sigma_b^2); ``share = 1/K`` when K clients
+        split the noise of one sum (the ledger records the sigma_b the sum
+        carries).  ``copies`` independent releases are recorded as that many
+        rounds.
+        """
+        self._ensure(stats.dim)
+        rid = self.ledger.new_release()
+        out: dict[str, np.ndarray] = {}
+        for block in self.blocks:
+            arr = getattr(stats, block)
+            if arr is None:
+                continue
+            s = self._sigma[block]
+            out[block] = self._add_noise(arr, block, s * math.sqrt(share), rng)
+            per_row = arr[0].size if block != "second" else arr.shape[1] * (arr.shape[1] + 1) // 2
+            slack = self.backend.sensitivity_slack(per_row, "l2") if s > 0 else 0.0
+            self.ledger.record(ReleaseEvent(
+                mechanism="gaussian" if s > 0 else "none", block=block,
+                sensitivity=self._sens[block] + slack, scale=s, relation=relation,
+                rounds=self.rounds * copies, sampling_rate=self.sampling_rate, release_id=rid,
+            ))
+        return stats.with_arrays(**out)
+
+    def _add_noise(self, arr: np.ndarray, block: str, sigma: float, rng: np.random.Generator) -> np.ndarray:
+        if sigma == 0:
+            return np.array(arr, dtype=np.float64)
+        if block != "second":
+            return self.backend.add_gaussian(arr, sigma, rng)
+        # Symmetric matrices: noise the upper triangle (with diagonal) and mirror it.
+        d = arr.shape[-1]
+        iu = np.triu_indices(d)
+        upper = self.backend.add_gaussian(arr[..., iu[0], iu[1]], sigma, rng)
+        out = np.empty(arr.shape, dtype=np.float64)
+        out[..., iu[0], iu[1]] = upper
+        out[..., iu[1], iu[0]] = upper
+        return out
+
+    def _bound_clients(self, stats: ClientStats) -> ClientStats:
+        """Client level: scale each client's statistics to at most ``max_records`` records' worth."""
+        n_k = stats.counts.sum(axis=1)
+        factor = np.minimum(1.0, self.max_records / np.where(n_k > 0, n_k, 1.0))
+        if np.all(factor == 1.0):
+            return stats
+        scaled = {k: v * factor.reshape((-1,) + (1,) * (v.ndim - 1)) for k, v in stats.arrays().items()}
+        return stats.with_arrays(**scaled)
+
+    # -- direct release ----------------------------------------------------------
+    def release(
+        self,
+        features,
+        labels,
+        *,
+        rng: np.random.Generator,
+        num_classes: int | None = None,
+        draws: int | None = None,
+    ) -> ClientStats:
+        """Noisy clipped statistics of ONE client (record level).
+
+        Parameters
+        ----------
+        features : array, shape (n, d)
+        labels : int array, shape (n,)
+        rng : numpy.random.Generator
+        num_classes : int, optional
+        draws : int, optional
+            Independent releases to draw at once (vectorised, for audits);
+            each is recorded in the ledger.
+
+        Returns
+        -------
+        ClientStats
+            ``K = 1`` (or ``K = draws``): noisy ``counts``, ``sums`` (and
+            ``second`` when in ``blocks``).
+        """
+        if not isinstance(rng, np.random.Generator):
+            raise ConfigError(f"rng must be a numpy.random.Generator, got {type(rng).__name__}")
+        F = self.clip(np.asarray(features, dtype=np.float64))
+        fields = ("counts", "sums", "second") if "second" in self.blocks else ("counts", "sums")
+        stats = compute_client_stats(F, labels, None, num_classes=num_classes, fields=fields)
+        n = 1 if draws is None else int(draws)
+        if n < 1:
+            raise ConfigError(f"draws must be >= 1, got draws={draws!r}")
+        if n > 1:
+            stats = ClientStats(**{k: np.repeat(v, n, axis=0) for k, v in stats.arrays().items()})
+        return self._noisy(stats, rng, self.level, copies=n)
+
+    # -- privacy hook protocol (privfed.pipeline) -------------------------------
+    def check(self, method, secure_agg) -> None:
+        """Refuse settings under which the stated guarantee would not hold."""
+        name = getattr(method, "name", repr(method))
+        requires = set(getattr(method, "requires", ()))
+        per_client = bool(getattr(method, "per_client", False))
+        if "class_second" in requires:
+            raise ConfigError(
+                f"method {name!r} uploads per-class second moments, which this mechanism does not noise; "
+                "use fedcof (means and counts) or fed3r-within (summed second moment) instead"
+            )
+        if "second" in requires and "second" not in self.blocks:
+            raise ConfigError(
+                f"method {name!r} uploads the second moment, which this mechanism does not noise; construct "
+                "GaussianMechanism(..., blocks=('sums', 'counts', 'second'))"
+            )
+        if "second" in self.blocks and "second" not in requires:
+            raise ConfigError(
+                f"method {name!r} does not use the second moment but blocks includes 'second' (budget spent on "
+                "nothing); use blocks=('sums', 'counts')"
+            )
+        self._secure = secure_agg is not None
+        if self.level == "client":
+            if not (self.trusted_aggregator or self._secure):
+                raise ConfigError(
+                    "level='client' needs noise on the aggregate: pass trusted_aggregator=True (the server is "
+                    "trusted to add it) or a secure_agg protocol (clients split the noise)"
+                )
+            if per_client:
+                raise ConfigError(
+                    f"method {name!r} needs every client's individual statistics; client-level DP protects "
+                    "whole clients only through noise on a sum; use a sum-only method (fedncm, fed3r, "
+                    "fed3r-within, fedcgs, fedlog)"
+                )
+        if self._secure and per_client:
+            raise ConfigError(
+                f"noise on method {name!r}'s secure protocol is not supported (its second round has no bounded "
+                "sensitivity); use fed3r-within for secure aggregation with DP, or drop secure_agg"
+            )
+
+    def clip(self, features: np.ndarray) -> np.ndarray:
+        """Clip every record (the bound all sensitivities rest on)."""
+        F = np.asarray(features, dtype=np.float64)
+        if F.ndim != 2:
+            raise InputError(f"features must be a 2-D (N, d) array, got shape {F.shape}")
+        self._ensure(F.shape[1])
+        return self.clipping(F)
+
+    @property
+    def feature_transform(self) -> Clipping:
+        """The same clipping, applied to test features so train and test match."""
+        return self.clipping
+
+    def before_upload(self, stats: ClientStats, method, rng: np.random.Generator) -> ClientStats:
+        """Client side: bound (client level) and noise each upload where clients add the noise."""
+        per_client = bool(getattr(method, "per_client", False))
+        if self.level == "client":
+            stats = self._bound_clients(stats)
+            if self._secure:
+                return self._noisy(stats, rng, "client", share=1.0 / stats.num_clients)
+            return stats
+        if self._secure:
+            return self._noisy(stats, rng, "record", share=1.0 / stats.num_clients)
+        if self.trusted_aggregator and not per_client:
+            return stats
+        return self._noisy(stats, rng, "record")
+
+    def after_aggregate(self, total: ClientStats, method, rng: np.random.Generator) -> ClientStats:
+        """Server side: noise on the sum when a trusted aggregator adds it."""
+        if self.trusted_aggregator and not self._secure:
+            return self._noisy(total, rng, self.level)
+        return total
+
+    def upload_noise_variance(self, method=None, num_clients: int = 1) -> dict[str, float]:
+        """Per-coordinate noise variance on each client's uploaded block (for noise-aware estimation).
+
+        Zero where the noise is added to the sum instead (trusted aggregator).
+        """
+        self._require_sigma()
+        per_client = bool(getattr(method, "per_client", False))
+        if self.level == "client" or (self.trusted_aggregator and not per_client and not self._secure):
+            return {b: 0.0 for b in self.blocks}
+        k = num_clients if self._secure else 1
+        return {b: self._sigma[b] ** 2 / k for b in self.blocks}
+
+    def _require_sigma(self) -> None:
+        if self._sigma is None:
+            raise ConfigError("pass dim= to GaussianMechanism (clip_norm='coordinate') before asking for sigma")
+
+    # -- report --------------------------------------------------------------------
+    def report(self) -> PrivacyReport:
+        """The guarantee of every release recorded so far, computed from the ledger."""
+        events = self.ledger.events
+        eps, acc = ledger_epsilon(events, self.delta, self.accountant)
+        notes = []
+        if self._secure:
+            notes.append(
+                "noise split across the K clients (each adds sigma^2/K); assumes secure aggregation hides "
+                "individual uploads and all K uploads reach the sum (each dropout lowers the noise)"
+            )
+        if self.level == "client":
+            notes.append(f"each client's contribution is bounded to max_records={self.max_records} records' worth")
+        if self.trusted_aggregator and not self._secure:
+            notes.append("noise on the aggregate is added by a trusted aggregator")
+        if not self.backend.secure and math.isfinite(self.epsilon):
+            notes.append("floating-point noise (backend 'numpy'): not hardened against floating-point attacks")
+        if self.calibration == "classic" and self.epsilon > 1:
+            notes.append("classic calibration outside its proven range (epsilon > 1)")
+        lvl = NEIGHBOURING[self.level]
+        if not events:
+            guarantee = "nothing released yet"
+        elif math.isinf(eps):
+            guarantee = (
+                f"NO DP GUARANTEE: no noise (epsilon = inf); statistics clipped to {self.clip_bound} "
+                f"({self.clipping.norm}) but released exactly"
+            )
+        else:
+            guarantee = (
+                f"({eps:.4g}, {self.delta:.3g})-DP at {self.level} level ({lvl}) over {self.rounds} round(s)"
+                + (f" with client sampling rate {self.sampling_rate}" if self.sampling_rate < 1 else "")
+                + f"; Gaussian noise on {', '.join(self.blocks)}; accountant: {acc}"
+            )
+        return PrivacyReport(
+            epsilon=eps,
+            delta=self.delta,
+            level=self.level,
+            mechanism=f"gaussian ({self.clipping.norm} clip {self.clip_bound})",
+            calibration=self._calibrated_by,
+            sigma=dict(self._sigma or {}),
+            sensitivity=dict(self._sens or {}),
+            rounds=self.rounds,
+            sampling_rate=self.sampling_rate,
+            accountant=acc,
+            guarantee=guarantee,
+            target_epsilon=self.epsilon,
+            num_events=len(events),
+            notes=tuple(notes),
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"GaussianMechanism(epsilon={self.epsilon}, delta={self.delta}, clip={self.clip_bound}, "
+            f"level={self.level!r}, blocks={self.blocks}, calibration={self.calibration!r}, "
+            f"clip_norm={self.clipping.norm!r}, rounds={self.rounds})"
+        )
