@@ -1,0 +1,268 @@
+"""Feature files the user brings: ``.npz`` archives of precomputed features.
+
+Arrays (names are fixed):
+
+``features``       (N, d) real numbers: the training features
+``labels``         (N,) integers in 0..C-1
+``clients``        (N,) integers >= 0, optional: a natural client split
+``test_features``  (N_test, d), optional (with ``test_labels``)
+``test_labels``    (N_test,), optional (with ``test_features``)
+
+Files are read with ``allow_pickle=False``: an archive holding Python
+objects is refused with a clear error, never unpickled.  Without test arrays
+a seeded, stratified 20 % test part is carved out of the training arrays and
+``meta["test_split"]`` says so.
+
+Write one with :func:`save_feature_file` (or ``numpy.savez``).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import pathlib
+import zipfile
+
+import numpy as np
+
+from privfed.data import FeatureDataset
+from privfed.data.cache import atomic_write_bytes
+from privfed.errors import ConfigError, InputError
+
+__all__ = ["FILE_ARRAYS", "load_feature_file", "save_feature_file"]
+
+#: Array names a feature file may hold.
+FILE_ARRAYS = ("features", "labels", "clients", "test_features", "test_labels")
+
+#: Fraction of the training arrays held out when a file has no test arrays.
+DEFAULT_TEST_FRACTION = 0.2
+
+
+def _read(path: pathlib.Path) -> dict[str, np.ndarray]:
+    where = f"feature file {str(path)!r}"
+    if not path.exists():
+        raise InputError(f"{where} does not exist; check the path (pass file:PATH with an existing .npz file)")
+    if path.is_dir():
+        raise InputError(f"{where} is a directory; pass the path of a .npz file")
+    try:
+        archive = np.load(path, allow_pickle=False)
+    except ValueError as exc:
+        if "pickle" in str(exc).lower():
+            raise InputError(
+                f"{where} holds pickled Python objects, which are not loaded for safety; "
+                "save plain numeric arrays with numpy.savez"
+            ) from None
+        raise InputError(f"{where} cannot be read as a .npz archive ({exc}); save it with numpy.savez") from None
+    except (OSError, EOFError, zipfile.BadZipFile) as exc:
+        raise InputError(f"{where} cannot be read as a .npz archive ({exc}); save it with numpy.savez") from None
+    if isinstance(archive, np.ndarray):
+        raise InputError(
+            f"{where} holds a single .npy array; save a .npz with named arrays "
+            "(numpy.savez(path, features=..., labels=...))"
+        )
+    out = {}
+    with archive as z:
+        for name in z.files:
+            try:
+                out[name] = z[name]
+            except ValueError as exc:
+                if "pickle" in str(exc).lower():
+                    raise InputError(
+                        f"{where}: {name!r} holds pickled Python objects (dtype object), which are not "
+                        "loaded for safety; store it as a numeric array"
+                    ) from None
+                raise InputError(f"{where}: {name!r} cannot be read ({exc})") from None
+            except (OSError, EOFError, zipfile.BadZipFile) as exc:
+                raise InputError(f"{where}: {name!r} is corrupt ({exc}); write the file again") from None
+    return out
+
+
+def _features(arr: np.ndarray, name: str, where: str) -> np.ndarray:
+    if arr.dtype == object or arr.dtype.kind not in "biuf":
+        raise InputError(f"{where}: {name!r} must hold real numbers, got dtype {arr.dtype}")
+    if arr.ndim != 2:
+        raise InputError(f"{where}: {name!r} must be a 2-D (N, d) array, got shape {arr.shape}")
+    if arr.shape[0] == 0 or arr.shape[1] == 0:
+        raise InputError(f"{where}: {name!r} is empty (shape {arr.shape})")
+    out = arr.astype(np.float64)
+    bad = ~np.isfinite(out)
+    if bad.any():
+        rows = np.flatnonzero(bad.any(axis=1))
+        raise InputError(
+            f"{where}: {name!r} has {int(bad.sum())} NaN/inf values (first in row {int(rows[0])}); "
+            "remove or impute those samples"
+        )
+    return out
+
+
+def _ints(arr: np.ndarray, name: str, n: int, rows_of: str, where: str) -> np.ndarray:
+    if arr.dtype == object or arr.dtype.kind not in "biuf":
+        raise InputError(f"{where}: {name!r} must hold integers, got dtype {arr.dtype}")
+    if arr.ndim != 1:
+        raise InputError(f"{where}: {name!r} must be a 1-D array, got shape {arr.shape}")
+    if arr.shape[0] != n:
+        raise InputError(f"{where}: {name!r} has {arr.shape[0]} entries but {rows_of!r} has {n} rows; they must match")
+    if arr.dtype.kind == "f":
+        if not np.all(np.isfinite(arr)) or np.any(arr != np.round(arr)):
+            raise InputError(f"{where}: {name!r} must hold whole numbers; found non-integer or non-finite values")
+    out = arr.astype(np.int64)
+    if out.size and out.min() < 0:
+        raise InputError(f"{where}: {name!r} must be >= 0, found {int(out.min())}")
+    return out
+
+
+def _stratified_split(y: np.ndarray, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray, bool]:
+    from sklearn.model_selection import train_test_split
+
+    idx = np.arange(y.size)
+    n_test = int(round(fraction * y.size))
+    if n_test < 1 or y.size - n_test < 1:
+        raise InputError(
+            f"the file has {y.size} samples and no test arrays: too few to hold out a test part; "
+            "add 'test_features' and 'test_labels'"
+        )
+    counts = np.bincount(y)
+    stratify = counts[counts > 0].min() >= 2 and n_test >= np.count_nonzero(counts)
+    train, test = train_test_split(
+        idx, test_size=n_test, stratify=y if stratify else None, random_state=seed
+    )
+    return np.sort(train), np.sort(test), bool(stratify)
+
+
+def load_feature_file(
+    path: str | os.PathLike, *, seed: int = 0, test_fraction: float = DEFAULT_TEST_FRACTION
+) -> FeatureDataset:
+    """Read and validate a ``.npz`` feature file.
+
+    Parameters
+    ----------
+    path : path
+        The ``.npz`` file (see the module docstring for its arrays).
+    seed : int
+        Seed of the test split carved out when the file has no test arrays.
+    test_fraction : float
+        Size of that test split, in (0, 1).
+
+    Returns
+    -------
+    FeatureDataset
+        ``name="file:<path>"``; ``train_clients`` from ``clients`` when
+        present; ``meta`` records the file, d, the split and ignored arrays.
+
+    Raises
+    ------
+    InputError
+        Missing / unreadable file, pickled arrays, missing ``features`` or
+        ``labels``, shapes that disagree, NaN/inf, negative or non-integer
+        labels or clients, a class in the test set with no training sample.
+    """
+    if not (0.0 < float(test_fraction) < 1.0):
+        raise ConfigError(f"test_fraction must lie in (0, 1), got {test_fraction}")
+    path = pathlib.Path(os.fspath(path)).expanduser()
+    where = f"feature file {str(path)!r}"
+    arrays = _read(path)
+    for required in ("features", "labels"):
+        if required not in arrays:
+            raise InputError(
+                f"{where} has no {required!r} array (it has {sorted(arrays)}); "
+                "save it with numpy.savez(path, features=..., labels=...)"
+            )
+    F = _features(arrays["features"], "features", where)
+    y = _ints(arrays["labels"], "labels", F.shape[0], "features", where)
+    clients = None
+    if "clients" in arrays:
+        clients = _ints(arrays["clients"], "clients", F.shape[0], "features", where)
+    has_tf, has_tl = "test_features" in arrays, "test_labels" in arrays
+    if has_tf != has_tl:
+        present, absent = ("test_features", "test_labels") if has_tf else ("test_labels", "test_features")
+        raise InputError(f"{where} has {present!r} but no {absent!r}; give both or neither")
+    meta: dict = {"source": str(path), "d": int(F.shape[1]), "backbone": "unknown (feature file)"}
+    ignored = sorted(set(arrays) - set(FILE_ARRAYS))
+    if ignored:
+        meta["ignored_arrays"] = ignored
+    if has_tf:
+        Ft = _features(arrays["test_features"], "test_features", where)
+        if Ft.shape[1] != F.shape[1]:
+            raise InputError(
+                f"{where}: 'test_features' has {Ft.shape[1]} columns but 'features' has {F.shape[1]}; they must match"
+            )
+        yt = _ints(arrays["test_labels"], "test_labels", Ft.shape[0], "test_features", where)
+        meta["test_split"] = "from the file"
+    else:
+        train, test, stratified = _stratified_split(y, float(test_fraction), int(seed))
+        F, Ft, yt, y = F[train], F[test], y[test], y[train]
+        if clients is not None:
+            clients = clients[train]
+        meta["test_split"] = (
+            f"no test arrays in the file: {test.size} samples ({test_fraction:.0%}) held out, "
+            f"{'stratified by class' if stratified else 'not stratified (a class has < 2 samples)'}, seed {seed}"
+        )
+        meta["test_indices"] = test.tolist()
+    C = int(max(y.max(), yt.max())) + 1
+    train_counts = np.bincount(y, minlength=C)
+    all_counts = train_counts + np.bincount(yt, minlength=C)
+    gaps = np.flatnonzero(all_counts == 0)
+    if gaps.size:
+        raise InputError(
+            f"{where}: labels skip class(es) {gaps[:10].tolist()} (no sample anywhere); "
+            "re-encode the labels as 0..C-1"
+        )
+    untrained = np.flatnonzero(train_counts == 0)
+    if untrained.size:
+        raise InputError(
+            f"{where}: class(es) {untrained[:10].tolist()} appear in the test set but have no training sample; "
+            "a classifier cannot learn them"
+        )
+    if clients is not None:
+        sizes = np.bincount(clients)
+        meta["natural_clients"] = int(clients.max()) + 1
+        empty = np.flatnonzero(sizes == 0)
+        if empty.size:
+            meta["empty_natural_clients"] = empty.tolist()
+    return FeatureDataset(
+        name=f"file:{path}",
+        train_features=F,
+        train_labels=y,
+        test_features=Ft,
+        test_labels=yt,
+        num_classes=C,
+        train_clients=clients,
+        meta=meta,
+    )
+
+
+def save_feature_file(
+    path: str | os.PathLike,
+    features,
+    labels,
+    *,
+    clients=None,
+    test_features=None,
+    test_labels=None,
+) -> pathlib.Path:
+    """Write a feature file that :func:`load_feature_file` reads (``.npz``, no pickles).
+
+    Returns
+    -------
+    pathlib.Path
+        The written path (``.npz`` appended by numpy when missing).
+    """
+    path = pathlib.Path(os.fspath(path)).expanduser()
+    if path.suffix != ".npz":
+        path = path.with_name(path.name + ".npz")
+    arrays = {"features": np.asarray(features), "labels": np.asarray(labels)}
+    if clients is not None:
+        arrays["clients"] = np.asarray(clients)
+    if (test_features is None) != (test_labels is None):
+        raise InputError("give both test_features and test_labels, or neither")
+    if test_features is not None:
+        arrays["test_features"] = np.asarray(test_features)
+        arrays["test_labels"] = np.asarray(test_labels)
+    for name, arr in arrays.items():
+        if arr.dtype == object:
+            raise InputError(f"{name} has dtype object; pass numeric arrays")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    atomic_write_bytes(path, buf.getvalue())
+    return path
