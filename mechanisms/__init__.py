@@ -65,3 +65,17 @@ def __getattr__(name: str):
     if module is None:
         raise AttributeError(f"module 'mechanisms' has no attribute {name!r}")
     return getattr(importlib.import_module(f"mechanisms.{module}"), name)
+
+# Secure aggregation (imported on first use: TenSEAL and the key-agreement stack are heavy).
+_LAZY.update(
+    {
+        "CKKSAggregation": "secagg",
+        "CKKSParams": "ckks",
+        "DistributedGaussian": "secagg_noise",
+        "PairwiseMasking": "secagg",
+        "ProtocolAbort": "masking",
+        "SecureAggReport": "secagg",
+        "make_secure_agg": "secagg",
+        "secagg_upload_bytes": "secagg_comm",
+    }
+)
