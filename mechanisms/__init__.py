@@ -28,32 +28,49 @@ from mechanisms.backends import (
 )
 from mechanisms.calibration import analytic_sigma, classic_sigma, gaussian_delta, gdp_epsilon, gdp_mu
 from mechanisms.clipping import Clipping, clip_coordinates, clip_l2
+from mechanisms.count_noise import (
+    CountNoise,
+    GaussianCountNoise,
+    GeometricCountNoise,
+    LaplaceCountNoise,
+    UniformCountNoiseNoDP,
+)
 from mechanisms.gaussian import BLOCKS, GaussianMechanism
 from mechanisms.ledger import PrivacyLedger, PrivacyReport, ReleaseEvent
+from mechanisms.noise_aware import debias_covariances, fedcof_spread_bias, outer_product_bias, repair_psd
 
 __all__ = [
     "ACCOUNTANTS",
     "BLOCKS",
     "Clipping",
+    "CountNoise",
+    "GaussianCountNoise",
     "GaussianMechanism",
+    "GeometricCountNoise",
+    "LaplaceCountNoise",
     "NoiseBackend",
     "NumpyNoise",
     "OpenDPNoise",
     "PrivacyLedger",
     "PrivacyReport",
     "ReleaseEvent",
+    "UniformCountNoiseNoDP",
     "analytic_sigma",
     "available_backends",
     "calibrate_round_mu",
     "classic_sigma",
     "clip_coordinates",
     "clip_l2",
+    "debias_covariances",
+    "fedcof_spread_bias",
     "gaussian_delta",
     "gdp_epsilon",
     "gdp_mu",
     "get_backend",
     "ledger_epsilon",
+    "outer_product_bias",
     "register_backend",
+    "repair_psd",
 ]
 
 # Names defined in sibling modules that are imported on first use: name -> module.

@@ -1,0 +1,91 @@
+"""Noise-aware estimation: remove the known effect of calibrated noise on second-order statistics.
+
+Noise is zero-mean, so sums, counts and the second moment G stay unbiased,
+but every *quadratic* function of a noisy statistic picks up a bias equal to
+the noise variance (none of the papers corrects for it):
+
+* FedCOF's spread of client means (Goswami et al., Eq. 6).  With iid noise
+  of per-coordinate variance s2 on each uploaded class sum s_kc (counts
+  exact), mu~_kc = mu_kc + e_kc / n_kc and mu~_c = mu_c + sum_k e_kc / N_c,
+  so E[1/(K_c - 1) sum_k n_kc (mu~_kc - mu~_c)(mu~_kc - mu~_c)^T] gains
+  s2 / (K_c - 1) * (sum_k 1/n_kc - K_c / N_c) I (about s2/(K_c - 1) sum_k 1/n_kc
+  for large N_c): :func:`fedcof_spread_bias`.
+* Outer products of noisy sums (N mu mu^T in Fed3R-within / FedCGS):
+  E[s~ s~^T] / N = s s^T / N + s2 I / N: :func:`outer_product_bias`.
+* A noisy symmetric G (noise drawn on the upper triangle and mirrored) is
+  unbiased but may be indefinite: :func:`repair_psd` projects it to the PSD
+  cone (nearest in Frobenius norm).
+
+The mechanism states the variance it added
+(:meth:`mechanisms.GaussianMechanism.upload_noise_variance`); FedCOF takes
+it as ``noise_var``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from privfed._linalg import project_psd
+from privfed.errors import InputError
+
+__all__ = ["debias_covariances", "fedcof_spread_bias", "outer_product_bias", "repair_psd"]
+
+
+def fedcof_spread_bias(counts: np.ndarray, noise_var: float) -> np.ndarray:
+    """Per-class, per-coordinate bias of FedCOF's Eq. 6 spread from sum noise of variance ``noise_var``.
+
+    Parameters
+    ----------
+    counts : array, shape (K, C)
+        Counts of the shared means (only n_kc > 0 enter).
+    noise_var : float
+        Per-coordinate variance of the noise on each shared class sum.
+
+    Returns
+    -------
+    ndarray, shape (C,)
+        s2 / (K_c - 1) * (sum_k 1/n_kc - K_c / N_c); 0 for classes with K_c < 2.
+    """
+    n = np.asarray(counts, dtype=np.float64)
+    if n.ndim != 2:
+        raise InputError(f"counts must have shape (K, C), got {n.shape}")
+    if noise_var < 0:
+        raise InputError(f"noise_var must be >= 0, got {noise_var}")
+    mask = n > 0
+    Kc = mask.sum(axis=0).astype(np.float64)
+    N = np.where(mask, n, 0.0).sum(axis=0)
+    inv = np.where(mask, 1.0 / np.where(mask, n, 1.0), 0.0).sum(axis=0)
+    ok = Kc >= 2
+    return np.where(ok, noise_var * (inv - Kc / np.where(N > 0, N, 1.0)) / np.where(ok, Kc - 1.0, 1.0), 0.0)
+
+
+def outer_product_bias(noise_var: float, total_count: float, dim: int) -> np.ndarray:
+    """E[s~ s~^T] / N - s s^T / N = noise_var / N * I (shape (d, d))."""
+    if total_count <= 0:
+        raise InputError(f"total_count must be > 0, got {total_count}")
+    return noise_var / total_count * np.eye(dim)
+
+
+def debias_covariances(covs: np.ndarray, bias: np.ndarray, floor: float = 0.0) -> tuple[np.ndarray, int]:
+    """Subtract ``bias[c] * I`` from each class covariance and project it to the PSD cone.
+
+    Returns the repaired covariances (C, d, d) and how many eigenvalues were raised.
+    """
+    S = np.asarray(covs, dtype=np.float64)
+    b = np.asarray(bias, dtype=np.float64)
+    if S.ndim != 3 or S.shape[1] != S.shape[2] or b.shape != (S.shape[0],):
+        raise InputError(f"covs must be (C, d, d) and bias (C,), got {S.shape} and {b.shape}")
+    out = S - b[:, None, None] * np.eye(S.shape[1])
+    raised = 0
+    for c in range(out.shape[0]):
+        out[c], r = project_psd(out[c], floor)
+        raised += r
+    return out, raised
+
+
+def repair_psd(G: np.ndarray, floor: float = 0.0) -> tuple[np.ndarray, int]:
+    """Nearest symmetric matrix with eigenvalues >= floor; returns it and the count raised."""
+    A = np.asarray(G, dtype=np.float64)
+    if A.ndim != 2 or A.shape[0] != A.shape[1]:
+        raise InputError(f"G must be a square matrix, got shape {A.shape}")
+    return project_psd(A, floor)
