@@ -113,18 +113,21 @@ def solve_head(
             "projected to the PSD cone (negative eigenvalues set to 0)"
         )
     w = np.maximum(w, 0.0)
-    if solver == "solve" and not neg.any():
-        try:
-            return scipy.linalg.solve(G, B, assume_a="pos", check_finite=False)
-        except (np.linalg.LinAlgError, scipy.linalg.LinAlgError):
-            notes.append(f"{name} is singular; solved with the pseudo-inverse instead")
-    elif solver == "solve":
-        if w.max(initial=0.0) <= 0 or w.min() <= w.size * np.finfo(np.float64).eps * w.max():
-            notes.append(f"{name} is singular after projection; solved with the pseudo-inverse")
-        else:
-            return (V / w) @ (V.T @ B)
     if w.size == 0 or w.max() <= 0:
+        notes.append(f"{name} is zero; the head is zero")
         return np.zeros_like(B, dtype=np.float64)
+    singular = w.min() <= w.size * np.finfo(np.float64).eps * w.max()
+    if solver == "solve":
+        if not singular:
+            A = G if not neg.any() else (V * w) @ V.T
+            try:
+                return scipy.linalg.solve(A, B, assume_a="pos", check_finite=False)
+            except (np.linalg.LinAlgError, scipy.linalg.LinAlgError):  # pragma: no cover - guarded above
+                pass
+        notes.append(
+            f"{name} is singular (smallest eigenvalue {w.min():.3g}, largest {w.max():.3g}); "
+            "solved with the pseudo-inverse instead"
+        )
     keep = w > w.size * np.finfo(np.float64).eps * w.max()
     inv = np.where(keep, 1.0 / np.where(keep, w, 1.0), 0.0)
     return (V * inv) @ (V.T @ B)

@@ -533,3 +533,16 @@ def test_absent_class_after_noise_gets_zero_row():
         h = m.aggregate(noisy if m.per_client else noisy.total())
         assert np.all(h.weight[2] == 0), name
         assert any("[2]" in n for n in h.notes), name
+
+
+def test_singular_matrix_falls_back_to_pinv_and_says_so():
+    """A dead (always-zero) feature makes G_hat singular: the pseudo-inverse solution equals the
+    solution of the reduced system with zero weight on the dead feature."""
+    X, y, k = blobs(27)
+    Xd = np.hstack([X, np.zeros((X.shape[0], 1))])
+    h = privfed.fit("fed3r-within", Xd, y, k)
+    assert any("singular" in n and "pseudo-inverse" in n for n in h.notes)
+    ref = privfed.fit("fed3r-within", X, y, k)
+    np.testing.assert_allclose(h.weight[:, :-1], ref.weight, rtol=1e-9, atol=1e-10)
+    np.testing.assert_allclose(h.weight[:, -1], 0.0, atol=1e-12)
+    assert not ref.notes
