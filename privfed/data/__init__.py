@@ -71,6 +71,30 @@ class FeatureDataset:
     train_clients: np.ndarray | None = None
     meta: dict = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        from privfed._validation import check_features, check_labels
+
+        F = check_features(self.train_features, "train_features")
+        Ft = check_features(self.test_features, "test_features", dim=F.shape[1])
+        y, C = check_labels(self.train_labels, F.shape[0], self.num_classes, "train_labels")
+        yt, _ = check_labels(self.test_labels, Ft.shape[0], C, "test_labels")
+        arrays = {"train_features": F, "train_labels": y, "test_features": Ft, "test_labels": yt}
+        if self.train_clients is not None:
+            k = np.asarray(self.train_clients)
+            if k.shape != (F.shape[0],) or not np.issubdtype(k.dtype, np.integer) or (k.size and k.min() < 0):
+                raise ConfigError(
+                    f"train_clients must be {F.shape[0]} non-negative integer client ids, got "
+                    f"shape {k.shape} dtype {k.dtype}"
+                )
+            arrays["train_clients"] = k.astype(np.int64)
+        for name, arr in arrays.items():
+            given = getattr(self, name)
+            if arr.flags.writeable and isinstance(given, np.ndarray) and np.shares_memory(arr, given):
+                arr = arr.copy()  # never freeze the caller's own array
+            arr.setflags(write=False)  # a data set is shared by its users: read-only
+            object.__setattr__(self, name, arr)
+        object.__setattr__(self, "num_classes", int(C))
+
     @property
     def dim(self) -> int:
         """Feature dimension d."""

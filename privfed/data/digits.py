@@ -258,7 +258,8 @@ def get_backbone(*, seed: int = 0, cache_dir: str | os.PathLike | None = None, p
     desc = backbone_description(seed)
     path, key = _cache.artefact_path("digits-backbone", desc, ".pt", cache_dir)
     state = _cache.load_torch(path)
-    model = DigitsCNN()
+    with torch.random.fork_rng(devices=[]):  # building the module must not advance the caller's RNG
+        model = DigitsCNN()
     if state is not None and state.get("__key__") is not None:
         stored_key = state.pop("__key__")
         try:

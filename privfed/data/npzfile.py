@@ -45,6 +45,16 @@ def _read(path: pathlib.Path) -> dict[str, np.ndarray]:
     if path.is_dir():
         raise InputError(f"{where} is a directory; pass the path of a .npz file")
     try:
+        with open(path, "rb") as fh:
+            magic = fh.read(6)
+    except OSError as exc:
+        raise InputError(f"{where} cannot be opened ({exc.strerror or exc}); check its permissions") from None
+    if not (magic.startswith(b"PK") or magic == b"\x93NUMPY"):
+        raise InputError(
+            f"{where} cannot be read as a .npz archive (it is not a zip file); "
+            "save it with numpy.savez(path, features=..., labels=...)"
+        )
+    try:
         archive = np.load(path, allow_pickle=False)
     except ValueError as exc:
         if "pickle" in str(exc).lower():

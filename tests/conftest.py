@@ -1,0 +1,67 @@
+"""Shared test fixtures.
+
+Every test session uses its own temporary cache directory: ``PRIVFED_CACHE``
+points there for the whole session, so no test reads or writes the user's
+real cache.
+
+Fixtures
+--------
+``privfed_cache`` (session)
+    The session's cache directory (a ``pathlib.Path``).
+``digits_cache`` (session)
+    The same directory after the digits backbone (seed 0) has been trained
+    and the digits features extracted into it: loading them is then instant.
+``digits_dataset`` (session)
+    ``privfed.data.digits.load_digits_features(seed=0)``: a
+    :class:`privfed.data.FeatureDataset` with 899 private training and 359
+    test samples, d = 64, C = 10.
+``digits_backbone`` (session)
+    The frozen digits CNN (seed 0): (N, 1, 8, 8) images in [0, 1] -> (N, 64).
+``digits_parts`` (session)
+    ``privfed.data.digits.digits_splits(seed=0)``: public / private / test
+    images and labels (the public part is the attacker's knowledge).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+
+@pytest.fixture(scope="session", autouse=True)
+def privfed_cache(tmp_path_factory):
+    path = tmp_path_factory.mktemp("privfed-cache")
+    old = os.environ.get("PRIVFED_CACHE")
+    os.environ["PRIVFED_CACHE"] = str(path)
+    yield path
+    if old is None:
+        os.environ.pop("PRIVFED_CACHE", None)
+    else:
+        os.environ["PRIVFED_CACHE"] = old
+
+
+@pytest.fixture(scope="session")
+def digits_dataset(privfed_cache):
+    from privfed.data.digits import load_digits_features
+
+    return load_digits_features(seed=0, cache_dir=privfed_cache)
+
+
+@pytest.fixture(scope="session")
+def digits_cache(privfed_cache, digits_dataset):
+    return privfed_cache
+
+
+@pytest.fixture(scope="session")
+def digits_backbone(digits_cache):
+    from privfed.data.digits import get_backbone
+
+    return get_backbone(seed=0, cache_dir=digits_cache)
+
+
+@pytest.fixture(scope="session")
+def digits_parts():
+    from privfed.data.digits import digits_splits
+
+    return digits_splits(seed=0)
