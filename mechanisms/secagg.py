@@ -149,11 +149,12 @@ class SecureSumRun:
         self.rng = rng
         self.results: list[Any] = []
         self.calls: list[dict[str, Any]] = []
+        self.state: dict[str, Any] = {}
 
     def __call__(self, stack: np.ndarray) -> np.ndarray:
         i = len(self.results)
         stack = np.asarray(stack, dtype=np.float64)
-        res, record = self.protocol._run(stack, i, self.rng)
+        res, record = self.protocol._run(stack, i, self)
         record = {"call": i, "shape": tuple(stack.shape[1:]), "clients": int(stack.shape[0]), **record}
         self.results.append(res)
         self.calls.append(record)
@@ -188,7 +189,7 @@ class _Protocol:
     def _noise_std(self, call: int, K: int) -> float:
         return 0.0 if self.noise is None else self.noise.share_std(call, K)
 
-    def _run(self, stack: np.ndarray, call: int, rng: np.random.Generator):  # pragma: no cover - abstract
+    def _run(self, stack: np.ndarray, call: int, run: SecureSumRun):  # pragma: no cover - abstract
         raise NotImplementedError
 
     def parameters(self) -> dict[str, Any]:  # pragma: no cover - abstract
@@ -243,7 +244,8 @@ class PairwiseMasking(_Protocol):
     neighbours : int, optional
         Even degree k of the SecAgg+ graph; ``None`` for the complete graph.
     dropouts : int
-        Clients that drop in every secure sum (drawn with the run's rng).
+        Clients that drop out of the aggregation, drawn once per aggregation
+        with its rng; they drop in every secure sum, in ``dropout_phase``.
     dropout_phase : {"after_upload", "before_upload"}
         After uploading (the input still counts; its self-mask seed is
         rebuilt) or before (the input is left out; its mask key is rebuilt).
@@ -312,9 +314,14 @@ class PairwiseMasking(_Protocol):
             "dropout_phase": self.dropout_phase,
         }
 
-    def _run(self, stack: np.ndarray, call: int, rng: np.random.Generator):
-        K = stack.shape[0]
-        drop = rng.choice(K, size=min(self.dropouts, K), replace=False).tolist() if self.dropouts else []
+    def _run(self, stack: np.ndarray, call: int, run: SecureSumRun):
+        K, rng = stack.shape[0], run.rng
+        if "dropped" not in run.state:
+            # The same clients drop in every secure sum of one aggregation.
+            run.state["dropped"] = (
+                sorted(rng.choice(K, size=min(self.dropouts, K), replace=False).tolist()) if self.dropouts else []
+            )
+        drop = run.state["dropped"]
         before = drop if self.dropout_phase == "before_upload" else []
         after = drop if self.dropout_phase == "after_upload" else []
         res = masked_sum(
@@ -380,8 +387,8 @@ class CKKSAggregation(_Protocol):
         return {**self.params.as_dict(), "integers": self.integers, "keys": "fresh per secure sum",
                 "key_holder": "separate from the aggregator (public context only)"}
 
-    def _run(self, stack: np.ndarray, call: int, rng: np.random.Generator):
-        K = stack.shape[0]
+    def _run(self, stack: np.ndarray, call: int, run: SecureSumRun):
+        K, rng = stack.shape[0], run.rng
         res = ckks_sum(
             stack,
             params=self.params,

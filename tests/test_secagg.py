@@ -1,0 +1,224 @@
+"""Pairwise masking (Bonawitz et al. 2017): exact sums, dropouts, uniform uploads, server view.
+
+Tolerances.  Each client's real value is rounded to the 2^-f grid (error
+<= 2^-(f+1)); the decoded sum of K clients is therefore within K 2^-(f+1)
+of the real sum per coordinate, plus float64 rounding of the reference sum
+(<= K * 2^-52 * max|x| relative, covered by a 1e-12 K max|x| term).
+Integer statistics are encoded with f = 0 and must match exactly.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats as sps
+
+from mechanisms import fixed_point, shamir
+from mechanisms.masking import KeySource, ProtocolAbort, harary_graph, masked_sum, prg_uint64
+from mechanisms.secagg_noise import DistributedGaussian
+from privfed.errors import ConfigError, InputError
+
+
+def _tol(K: int, f: int, X: np.ndarray) -> float:
+    return K * 2.0 ** -(f + 1) + 1e-12 * K * float(np.abs(X).max())
+
+
+# --------------------------------------------------------------------------- Shamir
+def test_shamir_any_t_shares_recover_and_fewer_are_refused():
+    keys = KeySource(seed=1)
+    secret = keys.field_element()
+    xs = list(range(1, 11))
+    shares = shamir.split(secret, xs, 4, keys)
+    rng = np.random.default_rng(0)
+    for _ in range(5):
+        pick = rng.choice(xs, size=4, replace=False)
+        assert shamir.combine({int(x): shares[int(x)] for x in pick}, 4) == secret
+    # Three shares interpolate a degree-2 polynomial: a different constant (with prob. 1 - 1/p).
+    three = {x: shares[x] for x in xs[:3]}
+    with pytest.raises(InputError, match="need 4 shares"):
+        shamir.combine(three, 4)
+    assert shamir.combine(three, 3) != secret
+
+
+def test_shamir_rejects_bad_parameters():
+    keys = KeySource(seed=2)
+    with pytest.raises(InputError, match="threshold"):
+        shamir.split(5, [1, 2, 3], 4, keys)
+    with pytest.raises(InputError, match="distinct"):
+        shamir.split(5, [1, 1, 3], 2, keys)
+    with pytest.raises(InputError, match="PRIME"):
+        shamir.split(shamir.PRIME, [1, 2], 2, keys)
+
+
+# --------------------------------------------------------------------------- fixed point
+def test_fixed_point_round_trip_and_overflow_refusal():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=1000) * 1e3
+    for f in (0, 16, 32, 40):
+        assert np.abs(fixed_point.decode(fixed_point.encode(x, f), f) - x).max() <= 2.0 ** -(f + 1)
+    with pytest.raises(InputError, match="lower frac_bits"):
+        fixed_point.check_ring_bound(1e10, 10, 32)
+    assert fixed_point.check_ring_bound(1e3, 10, 32) < 2.0**63
+    with pytest.raises(ConfigError, match="frac_bits"):
+        fixed_point.check_frac_bits(70)
+
+
+def test_prg_is_deterministic_per_key_and_differs_across_keys():
+    a, b = prg_uint64(b"\x01" * 32, 1000), prg_uint64(b"\x02" * 32, 1000)
+    assert np.array_equal(a, prg_uint64(b"\x01" * 32, 1000))
+    assert np.count_nonzero(a == b) == 0  # equal uint64 draws have probability 2^-64 each
+
+
+# --------------------------------------------------------------------------- exact sums
+@pytest.mark.parametrize("K, shape", [(3, (7, 13)), (10, (7, 13)), (100, (6,))])
+def test_masked_sum_matches_plain_sum(K, shape):
+    rng = np.random.default_rng(K)
+    X = rng.normal(size=(K,) + shape) * 5
+    counts = rng.integers(0, 1000, size=(K, 7)).astype(np.float64)
+    f = 32
+    res = masked_sum(X, frac_bits=f, key_seed=K, rng=rng)
+    assert res.frac_bits == f
+    assert np.abs(res.total - X.sum(axis=0)).max() <= _tol(K, f, X)
+    exact = masked_sum(counts, key_seed=K + 1, rng=rng)
+    assert exact.frac_bits == 0
+    assert np.array_equal(exact.total, counts.sum(axis=0))
+
+
+@pytest.mark.parametrize("K, before, after", [(3, [], [2]), (10, [1, 2], [3, 4]), (100, list(range(20)), list(range(20, 49)))])
+def test_masked_sum_with_dropouts_up_to_threshold(K, before, after):
+    # Default threshold t = floor(K/2) + 1; K - |before| - |after| = t survivors is the limit.
+    rng = np.random.default_rng(7)
+    X = rng.normal(size=(K, 6))
+    res = masked_sum(X, dropped_before_upload=before, dropped_after_upload=after, key_seed=3, rng=rng)
+    assert K - len(before) - len(after) >= res.threshold
+    kept = np.setdiff1d(np.arange(K), before)
+    assert res.uploaded == tuple(kept)
+    assert np.abs(res.total - X[kept].sum(axis=0)).max() <= _tol(kept.size, 32, X)
+    counts = rng.integers(0, 50, size=(K, 4)).astype(np.float64)
+    res = masked_sum(counts, dropped_before_upload=before, dropped_after_upload=after, key_seed=4, rng=rng)
+    assert np.array_equal(res.total, counts[kept].sum(axis=0))
+
+
+@pytest.mark.parametrize("before, after", [([1, 2], [3, 4, 5]), ([0, 1, 2, 3, 4], []), ([], [0, 1, 2, 3, 4])])
+def test_too_many_dropouts_abort_without_a_sum(before, after):
+    X = np.random.default_rng(0).normal(size=(10, 5))  # t = 6; 5 survivors
+    with pytest.raises(ProtocolAbort, match="threshold"):
+        masked_sum(X, dropped_before_upload=before, dropped_after_upload=after, key_seed=5)
+
+
+def test_secagg_plus_sparse_graph_with_dropouts():
+    rng = np.random.default_rng(3)
+    graph = harary_graph(20, 6, np.random.default_rng(1))
+    assert all(len(g) == 6 for g in graph)
+    assert all(u in graph[v] for u in range(20) for v in graph[u])  # symmetric
+    assert graph == harary_graph(20, 6, np.random.default_rng(1))  # seeded
+    X = rng.normal(size=(20, 9))
+    res = masked_sum(X, neighbours=6, dropped_before_upload=[2], dropped_after_upload=[5], key_seed=6, rng=rng)
+    assert res.threshold == 4  # majority of a group of 7 (itself and 6 neighbours)
+    kept = np.setdiff1d(np.arange(20), [2])
+    assert np.abs(res.total - X[kept].sum(axis=0)).max() <= _tol(19, 32, X)
+    # Every client's upload carries 6 masks (not 19): the per-client share traffic is O(k).
+    assert {len([1 for (u, _) in res.view.encrypted_shares if u == c]) for c in range(20)} == {6}
+    with pytest.raises(ConfigError, match="even"):
+        harary_graph(20, 5, rng)
+
+
+def test_overflowing_statistic_is_refused_before_encoding():
+    X = np.full((10, 3), 1e10 + 0.25)  # not integral: frac_bits applies
+    with pytest.raises(InputError, match="lower frac_bits"):
+        masked_sum(X, frac_bits=32, key_seed=1)  # 10 * 1e10 * 2^32 > 2^63
+    res = masked_sum(X, frac_bits=20, key_seed=1)  # 10 * 1e10 * 2^20 < 2^63
+    assert np.abs(res.total - X.sum(axis=0)).max() <= _tol(10, 20, X)
+    # Whole numbers go in with f = 0, where 10 * 1e10 fits.
+    assert np.array_equal(masked_sum(np.round(X), key_seed=1).total, np.round(X).sum(axis=0))
+    with pytest.raises(InputError, match="NaN"):
+        masked_sum(np.array([[1.0, np.nan], [0.0, 1.0]]), key_seed=1)
+    with pytest.raises(InputError, match="K >= 2"):
+        masked_sum(np.ones((1, 3)))
+
+
+# --------------------------------------------------------------------------- what the server sees
+def test_masked_upload_is_uniform_over_the_ring():
+    """Chi-square on the top byte and KS on u / 2^64, false-alarm level 1e-3 each (fixed keys).
+
+    The same tests reject the unmasked encoding (their power on structured data).
+    """
+    K, D = 3, 40_000
+    rng = np.random.default_rng(11)
+    X = np.zeros((K, D))
+    X[0] = rng.normal(size=D)  # a client's real statistic
+    res = masked_sum(X, key_seed=12, rng=rng)
+    y = res.view.masked_uploads[0]
+    top = (y >> np.uint64(56)).astype(np.int64)
+    assert sps.chisquare(np.bincount(top, minlength=256)).pvalue > 1e-3
+    assert sps.kstest(y.astype(np.float64) / 2.0**64, "uniform").pvalue > 1e-3
+    plain = fixed_point.encode(X[0], 32)
+    assert sps.chisquare(np.bincount((plain >> np.uint64(56)).astype(np.int64), minlength=256)).pvalue < 1e-3
+    assert sps.kstest(plain.astype(np.float64) / 2.0**64, "uniform").pvalue < 1e-3
+
+
+def test_server_view_holds_no_individual_statistic():
+    K, D = 8, 500
+    rng = np.random.default_rng(5)
+    X = rng.normal(size=(K, D))
+    res = masked_sum(X, dropped_before_upload=[1], dropped_after_upload=[6], key_seed=13, rng=rng)
+    view = res.view
+    assert set(view.masked_uploads) == set(range(K)) - {1}
+    enc = [fixed_point.encode(x, 32) for x in X]
+    for arr in view.arrays():
+        for k in range(K):
+            # A masked upload agrees with an encoded input on a coordinate with probability 2^-64.
+            if arr.dtype == np.uint64:
+                assert np.count_nonzero(arr == enc[k]) == 0
+            else:
+                assert np.abs(arr - X[k]).min() > 1e-6 or arr is view.result
+    for y in view.masked_uploads.values():
+        decoded = fixed_point.decode(y, 32)
+        assert all(np.abs(decoded - X[k]).max() > 1.0 for k in range(K))
+    # The unmasking answers: self-mask seeds of uploaders, mask keys of the dropped -- never both for one client.
+    assert set(view.self_seed_shares) == set(range(K)) - {1}
+    assert set(view.key_shares) == {1}
+    assert not set(view.self_seed_shares) & set(view.key_shares)
+    assert np.abs(view.result - X[np.arange(K) != 1].sum(axis=0)).max() <= _tol(K, 32, X)
+    # The shares travel encrypted: no plaintext share value appears in a relayed ciphertext.
+    some_share = next(iter(view.self_seed_shares[0].values())).to_bytes(32, "little")
+    assert all(some_share not in ct for ct in view.encrypted_shares.values())
+
+
+# --------------------------------------------------------------------------- distributed noise
+def test_distributed_noise_variance_in_the_sum():
+    # K shares of variance s^2 sum to K s^2 per coordinate; over D coordinates the sample
+    # variance / (K s^2) is within 5 sqrt(2/D) of 1 (5-sigma chi-square band).
+    K, D, s = 10, 20_000, 0.5
+    rng = np.random.default_rng(21)
+    X = rng.normal(size=(K, D))
+    res = masked_sum(X, noise_std=s, key_seed=22, rng=rng)
+    assert res.frac_bits == 32
+    ratio = np.var(res.total - X.sum(axis=0)) / (K * s**2)
+    assert abs(ratio - 1) < 5 * math.sqrt(2 / D)
+
+
+def test_distributed_noise_calibration_survives_t_missing_shares():
+    import dp_accounting
+
+    K, t, eps, delta = 20, 5, 2.0, 1e-5
+    dg = DistributedGaussian.calibrate(epsilon=eps, delta=delta, sensitivity=[1.0, 3.0], num_clients=K, tolerate=t)
+    g = dg.guarantee(K)
+    assert g[f"with_{t}_missing"]["epsilon"] == pytest.approx(eps, rel=1e-6)
+    assert g["full"]["epsilon"] < eps
+    z = dp_accounting.get_sigma_gaussian(eps, delta)
+    # sigma_i = Delta_i z sqrt(2) sqrt(K/(K-t)); the remaining noise sigma_i sqrt((K-t)/K).
+    assert dg.sigma_for(1) == pytest.approx(3.0 * z * math.sqrt(2) * math.sqrt(K / (K - t)), rel=1e-12)
+    assert g[f"with_{t}_missing"]["sigma"][1] == pytest.approx(3.0 * z * math.sqrt(2), rel=1e-12)
+    assert dg.share_std(0, K) == pytest.approx(dg.sigma_for(0) / math.sqrt(K), rel=1e-12)
+    # Independent check of mu -> eps with the exact Gaussian delta formula.
+    mu = g["full"]["mu"]
+    e = g["full"]["epsilon"]
+    d = sps.norm.cdf(-e / mu + mu / 2) - math.exp(e) * sps.norm.cdf(-e / mu - mu / 2)
+    assert d == pytest.approx(delta, rel=1e-4)
+    with pytest.raises(ConfigError, match="tolerate"):
+        DistributedGaussian.calibrate(epsilon=1, delta=1e-5, sensitivity=1, num_clients=5, tolerate=5)
+    with pytest.raises(ConfigError, match="sigma"):
+        DistributedGaussian(sigma=-1.0)
