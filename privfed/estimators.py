@@ -150,7 +150,10 @@ class FederatedHeadClassifier(ClassifierMixin, BaseEstimator):
         return self.classes_[np.argmax(scores, axis=1)]
 
     def predict_proba(self, X) -> np.ndarray:
-        """Softmax of the scores (FedLog's posterior predictive at the MAP; uncalibrated for other methods)."""
+        """Softmax of the scores.
+
+        FedLog's posterior predictive at the MAP; uncalibrated for the other methods.
+        """
         s = self._scores(X)
         s = s - s.max(axis=1, keepdims=True)
         p = np.exp(s)

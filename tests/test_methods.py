@@ -203,7 +203,8 @@ def test_fedcgs_equals_shared_covariance_gaussian():
         if cov == "total":
             S = np.cov(X.T)
         else:
-            S = sum((X[y == c] - X[y == c].mean(0)).T @ (X[y == c] - X[y == c].mean(0)) for c in range(C)) / (N - C)
+            D = [X[y == c] - X[y == c].mean(0) for c in range(C)]
+            S = sum(Dc.T @ Dc for Dc in D) / (N - C)
         mus = np.stack([X[y == c].mean(0) for c in range(C)])
         W = np.linalg.solve(S, mus.T).T
         b = np.log(np.bincount(y) / N) - 0.5 * np.sum(mus * W, axis=1)
@@ -306,7 +307,9 @@ def test_multi_mean_sampling_partitions_each_client_class():
     np.add.at(agg, st.owners, st.sums)
     np.testing.assert_allclose(agg, real.sums, atol=1e-12)
     # M = 1 is plain FedCOF
-    one = methods.get("fedcof").client_stats(X, y, k, num_classes=C, num_clients=K, rng=np.random.default_rng(1))
+    one = methods.get("fedcof").client_stats(
+        X, y, k, num_classes=C, num_clients=K, rng=np.random.default_rng(1)
+    )
     np.testing.assert_array_equal(one.counts, real.counts)
 
 

@@ -34,7 +34,7 @@ def test_paper_figures_inat120k():
 ])
 def test_formulas(name, formula):
     for kw in (INAT, {"d": 512, "M": 2870, "K": 100, "C": 100}, {"d": 3, "M": 7, "K": 2, "C": 4}):
-        assert methods.get_class(name).upload_floats(**kw) == formula(**{k: kw[k] for k in ("M", "K", "d", "C")})
+        assert methods.get_class(name).upload_floats(**kw) == formula(**kw)
         assert methods.get_class(name).upload_bytes(**kw) == 4 * formula(**kw)
 
 

@@ -71,7 +71,9 @@ class Fed3R(Method):
     """
 
     name = "fed3r"
-    paper = "Fani et al., Accelerating heterogeneous federated learning with closed-form classifiers, ICML 2024"
+    paper = (
+        "Fani et al., Accelerating heterogeneous federated learning with closed-form classifiers, ICML 2024"
+    )
     requires = frozenset({"counts", "sums", "second"})
     per_client = False
     defaults: dict = {"lam": 0.01, "bias": True, "normalise": True, "solver": "solve"}

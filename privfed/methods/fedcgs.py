@@ -35,7 +35,9 @@ from privfed.stats import ClientStats
 __all__ = ["FedCGS", "global_covariance"]
 
 
-def global_covariance(stats: ClientStats, covariance: str = "total") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def global_covariance(
+    stats: ClientStats, covariance: str = "total"
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(N_c, mu_c, Sigma) from summed statistics; classes with N_c <= 0 are left out.
 
     Returns shapes (C,), (C, d) (zero rows for absent classes) and (d, d).

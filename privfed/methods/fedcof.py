@@ -60,6 +60,7 @@ __all__ = [
     "multi_mean_ids",
     "noise_bias",
     "spread_matrix",
+    "spread_weights",
     "valid_pairs",
     "within_matrix",
 ]
@@ -252,7 +253,13 @@ class FedCOF(Method):
     paper = "Goswami et al., FedCOF: covariances from first-order statistics (Alg. 1, Eq. 6, 8; App. E, I.2)"
     requires = frozenset({"counts", "sums"})
     per_client = True
-    defaults: dict = {"gamma": 1.0, "means_per_client": 1, "solver": "pinv", "normalise": True, "noise_var": 0.0}
+    defaults: dict = {
+        "gamma": 1.0,
+        "means_per_client": 1,
+        "solver": "pinv",
+        "normalise": True,
+        "noise_var": 0.0,
+    }
 
     def _validate_params(self) -> None:
         p = self.params
@@ -287,16 +294,19 @@ class FedCOF(Method):
         notes: list[str] = []
         mask, dropped = valid_pairs(stats.counts)
         if dropped:
-            notes.append(f"{dropped} (client, class) pair(s) with count <= 0 were dropped (App. I.1 drop rule)")
+            notes.append(
+                f"{dropped} (client, class) pair(s) with count <= 0 were dropped (App. I.1 drop rule)"
+            )
         N, S, mu, Kc = class_totals(stats.counts, stats.sums, mask)
         w = spread_weights(N, Kc)
         spread = spread_matrix(stats.counts, stats.sums, mu, w, mask)
         beta = noise_bias(stats.counts, mask, self.params["noise_var"])
         notes += self._class_notes(N, Kc)
         if self.params["noise_var"] > 0:
+            mean_bias = float(beta[Kc >= 2].mean()) if (Kc >= 2).any() else 0.0
             notes.append(
-                f"noise-aware: subtracted the noise bias sigma^2/(K_c-1)(sum_k 1/n_kc - K_c/N_c) from each "
-                f"class covariance (sigma^2={self.params['noise_var']:g}, mean bias {beta[Kc >= 2].mean() if (Kc >= 2).any() else 0:.3g})"
+                "noise-aware: subtracted the noise bias sigma^2/(K_c-1)(sum_k 1/n_kc - K_c/N_c) from each "
+                f"class covariance (sigma^2={self.params['noise_var']:g}, mean bias {mean_bias:.3g})"
             )
         G_hat = within_matrix(N, S, Kc, spread, self.params["gamma"], beta)
         return FedCOFEstimate(N=N, mu=mu, Kc=Kc, G_hat=G_hat, notes=notes)
@@ -319,7 +329,9 @@ class FedCOF(Method):
         notes: list[str] = []
         mask, dropped = valid_pairs(stats.counts)
         if dropped:
-            notes.append(f"{dropped} (client, class) pair(s) with count <= 0 were not sent (App. I.1 drop rule)")
+            notes.append(
+                f"{dropped} (client, class) pair(s) with count <= 0 were not sent (App. I.1 drop rule)"
+            )
         owners = np.arange(stats.num_clients) if stats.owners is None else stats.owners
         n_owners = int(owners.max()) + 1
         counts = np.where(mask, stats.counts, 0.0)
@@ -363,7 +375,9 @@ class FedCOF(Method):
             )
         small = np.flatnonzero((N > 0) & (N < 1))
         if small.size:
-            notes.append(f"class(es) {small.tolist()} have N_c < 1 after noise; their weight N_c - 1 is clamped to 0")
+            notes.append(
+                f"class(es) {small.tolist()} have N_c < 1 after noise; their weight N_c - 1 is clamped to 0"
+            )
         return notes
 
     def _finish(self, est: FedCOFEstimate, **extras) -> LinearHead:

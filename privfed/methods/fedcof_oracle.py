@@ -73,7 +73,8 @@ class FedCOFOracle(Method):
         N, mu, Sigma = pooled_class_covariances(stats)
         present = N > 0
         if (~present).any():
-            notes.append(f"class(es) {np.flatnonzero(~present).tolist()} have no data; their weight row is zero")
+            absent = np.flatnonzero(~present).tolist()
+            notes.append(f"class(es) {absent} have no data; their weight row is zero")
         w = np.where(present, np.maximum(N - 1.0, 0.0), 0.0)
         d = mu.shape[1]
         Ntot = N[present].sum()

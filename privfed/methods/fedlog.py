@@ -136,7 +136,9 @@ class FedLog(Method):
         try:
             chi = np.asarray(p["chi"], dtype=np.float64)
         except (TypeError, ValueError):
-            raise ConfigError(f"method {self.name!r}: chi must be a number or a numeric array, got {p['chi']!r}") from None
+            raise ConfigError(
+                f"method {self.name!r}: chi must be a number or a numeric array, got {p['chi']!r}"
+            ) from None
         if not np.all(np.isfinite(chi)):
             raise ConfigError(f"method {self.name!r}: chi must be finite")
 
@@ -149,20 +151,21 @@ class FedLog(Method):
             a = np.broadcast_to(chi, Phi.shape) + Phi
         except ValueError:
             raise ConfigError(
-                f"method {self.name!r}: chi has shape {chi.shape}, which does not broadcast to (C, d + 1) = {Phi.shape}"
+                f"method {self.name!r}: chi has shape {chi.shape}, which does not broadcast to "
+                f"(C, d + 1) = {Phi.shape}"
             ) from None
         if (Phi[:, 0] <= 0).any():
             notes.append(
-                f"class(es) {np.flatnonzero(Phi[:, 0] <= 0).tolist()} have count <= 0 (noise); used as they are "
-                "in the sufficient statistic"
+                f"class(es) {np.flatnonzero(Phi[:, 0] <= 0).tolist()} have count <= 0 (noise); "
+                "used as they are in the sufficient statistic"
             )
         nu_n = self.params["nu"] + n
         if nu_n <= 0:
             repaired = self.params["nu"] + float(np.clip(Phi[:, 0], 0.0, None).sum())
             repaired = repaired if repaired > 0 else 1.0
             notes.append(
-                f"nu + n = {nu_n:.4g} <= 0 (noisy counts) makes Eq. 15 unbounded; used nu + n = {repaired:.4g} "
-                "(nu plus the positive counts, at least 1)"
+                f"nu + n = {nu_n:.4g} <= 0 (noisy counts) makes Eq. 15 unbounded; "
+                f"used nu + n = {repaired:.4g} (nu plus the positive counts, at least 1)"
             )
             nu_n = repaired
         eta = solve_map(a, nu_n, self.params["solver"])
