@@ -101,7 +101,10 @@ class FedCGS(Method):
         tol = 10 * d * np.finfo(np.float64).eps * max(float(np.abs(w_eig).max()), 1e-300)
         if w_eig.min() < -tol:
             Sigma, raised = project_psd(Sigma)
-            notes.append(f"covariance had {raised} negative eigenvalue(s); projected to the PSD cone")
+            notes.append(
+                f"covariance had {raised} negative eigenvalue(s); projected to the PSD cone "
+                "(with noisy statistics a larger shrinkage, e.g. 0.1, keeps the inverse stable)"
+            )
             w_eig = np.linalg.eigvalsh(Sigma)
         if a > 0:
             Sigma = (1.0 - a) * Sigma + a * (np.trace(Sigma) / d) * np.eye(d)
