@@ -1,0 +1,112 @@
+"""What an honest-but-curious server recovers from shared statistics.
+
+The threat model is data (:class:`ServerView`: what the server received,
+the noise on it, the backbone, the attacker's public data); each attack
+reads a view, declares what it ``requires`` and refuses a view without it;
+scoring against the private truth (:class:`GroundTruth`) is separate.
+
+>>> import attacks
+>>> attacks.available()
+['inversion', 'labels', 'singleton', 'subspace', 'tracing', 'unmixing']
+
+For tables (e.g. the trade-off command), :func:`evaluate` runs one attack on
+a view and returns a flat dict of metrics::
+
+    view, truth = attacks.scenario("fedncm", features, labels, clients, privacy=spec, ...)
+    attacks.evaluate("tracing", view, truth, rng=np.random.default_rng(0))
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from attacks.base import Attack
+from attacks.view import GroundTruth, NoiseSpec, PublicData, ServerView
+from privfed.errors import ConfigError
+
+__all__ = [
+    "Attack",
+    "GroundTruth",
+    "NoiseSpec",
+    "PublicData",
+    "ServerView",
+    "available",
+    "evaluate",
+    "get",
+    "get_class",
+    "register",
+    "scenario",
+]
+
+_REGISTRY: dict[str, type[Attack]] = {}
+
+
+def register(cls: type[Attack]) -> type[Attack]:
+    """Register an :class:`Attack` subclass under ``cls.name``."""
+    if not cls.name:
+        raise ValueError(f"{cls.__name__} has no name")
+    if cls.name in _REGISTRY and _REGISTRY[cls.name] is not cls:
+        raise ValueError(f"attack name {cls.name!r} is already registered")
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def available() -> list[str]:
+    """Names of every registered attack, sorted."""
+    return sorted(_REGISTRY)
+
+
+def get_class(name: str) -> type[Attack]:
+    try:
+        return _REGISTRY[name]
+    except (KeyError, TypeError):
+        raise ConfigError(f"unknown attack {name!r}; available: {', '.join(available())}") from None
+
+
+def get(name: str, **params: Any) -> Attack:
+    """An instance of attack ``name`` with ``params``."""
+    return get_class(name)(**params)
+
+
+def evaluate(name: str, view: ServerView, truth: GroundTruth, *, rng: np.random.Generator | int = 0,
+             **params: Any) -> dict:
+    """Run attack ``name`` on ``view``, score it against ``truth``: a flat dict of metrics.
+
+    Raises :class:`privfed.errors.InputError` naming what the view lacks when
+    the attack cannot run on it (e.g. ``subspace`` on a method without
+    second moments, ``unmixing`` under secure aggregation).
+    """
+    rng = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(int(rng))
+    return get(name, **params).evaluate(view, truth, rng)
+
+
+def scenario(method: str, features, labels, clients, *, images=None, holdout_features=None,
+             holdout_labels=None, holdout_images=None, **view_kwargs: Any) -> tuple[ServerView, GroundTruth]:
+    """The server's view of one federation and the truth to score attacks on it.
+
+    ``view_kwargs`` go to :meth:`ServerView.from_federation` (``privacy``,
+    ``secure_agg``, ``backbone``, ``public``, ``rng``, method parameters).
+    """
+    view = ServerView.from_federation(method, features, labels, clients, **view_kwargs)
+    truth = GroundTruth(features=features, labels=labels, clients=clients, images=images,
+                        holdout_features=holdout_features, holdout_labels=holdout_labels,
+                        holdout_images=holdout_images)
+    return view, truth
+
+
+def _register_builtin() -> None:
+    from attacks.inversion import FeatureInversion
+    from attacks.labels import LabelInference
+    from attacks.singleton import SingletonExposure
+    from attacks.subspace import SubspaceMembership
+    from attacks.tracing import Tracing
+    from attacks.unmixing import SecondMomentUnmixing
+
+    for cls in (FeatureInversion, LabelInference, SingletonExposure, SubspaceMembership, Tracing,
+                SecondMomentUnmixing):
+        register(cls)
+
+
+_register_builtin()

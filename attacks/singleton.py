@@ -1,0 +1,93 @@
+"""Singleton exposure: a class mean of one sample *is* the sample.
+
+A client holding exactly one sample of class c uploads s_kc = f (and the
+count n_kc = 1), so the server reads the raw feature (attacks.md, "singleton
+exposure"; methods.md section 1).  Under Dirichlet label skew this is a
+sizeable fraction of all samples; count noise does not hide it because the
+sum itself is untouched.  The attacker flags every released (client, class)
+cell whose count rounds to 1 and reads its sum.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from attacks.base import Attack
+from attacks.metrics import cosine
+from attacks.view import GroundTruth, ServerView
+
+__all__ = ["SingletonExposure", "SingletonResult", "singleton_fraction"]
+
+
+def singleton_fraction(labels, clients) -> float:
+    """Fraction of uploaded samples (client >= 0) that are alone in their (client, class) cell."""
+    y = np.asarray(labels).astype(np.int64)
+    k = np.asarray(clients).astype(np.int64)
+    keep = k >= 0
+    y, k = y[keep], k[keep]
+    if y.size == 0:
+        return 0.0
+    C = int(y.max()) + 1
+    cell = k * C + y
+    _, inv, cnt = np.unique(cell, return_inverse=True, return_counts=True)
+    return float(np.count_nonzero(cnt[inv] == 1) / y.size)
+
+
+@dataclass(frozen=True, eq=False)
+class SingletonResult:
+    """Cells read as single samples: their row (client), class and recovered feature."""
+
+    rows: np.ndarray
+    classes: np.ndarray
+    features: np.ndarray
+    owners: np.ndarray
+    per_client: bool
+
+
+class SingletonExposure(Attack):
+    """Read every released class sum whose count rounds to one as a raw feature."""
+
+    name = "singleton"
+    requires = frozenset({"counts", "sums"})
+    defaults = {"tolerance": 1e-6}
+
+    def run(self, view: ServerView, rng: np.random.Generator | None = None, **_) -> SingletonResult:
+        self.check(view)
+        counts, sums = view.stats.counts, view.stats.sums
+        rows, classes = np.nonzero(np.rint(counts) == 1)
+        owners = rows if view.stats.owners is None else view.stats.owners[rows]
+        # The count rounds to one: the sum is the feature (the released count may be noisy).
+        return SingletonResult(rows=rows, classes=classes, features=sums[rows, classes].copy(), owners=owners,
+                               per_client=view.per_client)
+
+    def score(self, result: SingletonResult, truth: GroundTruth) -> dict:
+        tol = float(self.params["tolerance"])
+        keep = truth.clients >= 0
+        F, y, k = truth.features[keep], truth.labels[keep], truth.clients[keep]
+        exposed = np.zeros(F.shape[0], dtype=bool)
+        cos = []
+        for own, c, f in zip(result.owners, result.classes, result.features):
+            idx = np.flatnonzero((y == c) & ((k == own) if result.per_client else True))
+            if idx.size == 0:
+                cos.append(0.0)
+                continue
+            err = np.linalg.norm(F[idx] - f, axis=1)
+            j = int(err.argmin())
+            cos.append(float(cosine(F[idx[j]], f)[0]))
+            if err[j] <= tol * max(1.0, float(np.linalg.norm(F[idx[j]]))):
+                exposed[idx[j]] = True
+        n_cand = len(result.rows)
+        return {
+            "exposed_fraction": float(exposed.mean()),
+            "exposed_samples": int(exposed.sum()),
+            "singleton_fraction": singleton_fraction(y, k) if result.per_client else
+            float(np.mean(np.bincount(y)[y] == 1)),
+            "candidates": n_cand,
+            "candidate_precision": float(exposed.sum() / n_cand) if n_cand else float("nan"),
+            "mean_cosine": float(np.mean(cos)) if cos else float("nan"),
+        }
+
+    def evaluate(self, view: ServerView, truth: GroundTruth, rng: np.random.Generator | None = None) -> dict:
+        return self.score(self.run(view, rng), truth)

@@ -1,0 +1,106 @@
+"""Subspace membership on second moments.
+
+A client with n < d samples uploads G_k = sum_i f_i f_i^T, whose range is
+exactly span{f_1, ..., f_n} (attacks.md, "subspace membership on G").  The
+attacker tests a target y by the fraction of its energy inside the
+principal subspace of the released G_k:
+
+    score(y, k) = ||P_k y||^2 / ||y||^2,
+
+P_k the projector on the eigenvectors of G_k whose eigenvalues exceed a
+threshold: a relative floor ``rel_tol`` * lambda_max for the clean release,
+and, under Gaussian noise of std sigma per entry (upper triangle mirrored),
+the bulk edge 2 sigma sqrt(d) of the noise spectrum (a Wigner matrix with
+entry variance sigma^2 has spectral norm ~ 2 sigma sqrt(d)).  A member of a
+clean G scores 1; a non-member scores below 1 unless it lies in the span.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from attacks.base import Attack
+from attacks.metrics import membership_metrics
+from attacks.view import GroundTruth, ServerView, clip_rows
+from privfed.errors import InputError
+
+__all__ = ["SubspaceMembership", "SubspaceResult", "signal_projectors"]
+
+
+def signal_projectors(second: np.ndarray, sigma: float = 0.0, rel_tol: float = 1e-8,
+                      edge: float = 2.0) -> tuple[list[np.ndarray], np.ndarray]:
+    """Orthonormal bases (d, r_k) of the signal subspace of every G_k, and the ranks r_k."""
+    G = np.asarray(second, dtype=np.float64)
+    d = G.shape[-1]
+    w, V = np.linalg.eigh(0.5 * (G + np.swapaxes(G, -1, -2)))
+    bases, ranks = [], []
+    for wk, Vk in zip(w, V):
+        thr = max(rel_tol * max(float(wk.max()), 0.0), edge * sigma * np.sqrt(d))
+        keep = wk > thr
+        bases.append(Vk[:, keep])
+        ranks.append(int(keep.sum()))
+    return bases, np.array(ranks)
+
+
+@dataclass(frozen=True, eq=False)
+class SubspaceResult:
+    target_ids: np.ndarray
+    rows: np.ndarray
+    owners: np.ndarray
+    scores: np.ndarray
+    ranks: np.ndarray
+    per_client: bool
+
+
+class SubspaceMembership(Attack):
+    """Is the target inside the span the client's second moment reveals?"""
+
+    name = "subspace"
+    requires = frozenset({"second"})
+    defaults = {"rel_tol": 1e-8, "edge": 2.0, "max_targets": 400, "fprs": (0.01, 0.001)}
+
+    def run(self, view: ServerView, rng=None, *, targets=None, target_ids=None, **_) -> SubspaceResult:
+        self.check(view)
+        if targets is None:
+            raise InputError("subspace membership needs targets=(n, d) features to test")
+        Y = np.atleast_2d(np.asarray(targets, float))
+        if Y.shape[1] != view.stats.dim:
+            raise InputError(f"targets must have {view.stats.dim} columns, got {Y.shape[1]}")
+        ids = np.arange(Y.shape[0]) if target_ids is None else np.asarray(target_ids).astype(np.int64)
+        sigma = float(view.noise.sigma.get("second", 0.0))
+        bases, ranks = signal_projectors(view.stats.second, sigma, self.params["rel_tol"], self.params["edge"])
+        yn = np.maximum((Y**2).sum(axis=1), 1e-300)
+        S = np.stack([((Y @ B) ** 2).sum(axis=1) / yn for B in bases], axis=1)  # (n, K)
+        K = len(bases)
+        T, R = np.meshgrid(np.arange(Y.shape[0]), np.arange(K), indexing="ij")
+        rows = R.ravel()
+        owners = rows if view.stats.owners is None else view.stats.owners[rows]
+        return SubspaceResult(target_ids=ids[T.ravel()], rows=rows, owners=owners, scores=S.ravel(),
+                              ranks=ranks, per_client=view.per_client)
+
+    def score(self, result: SubspaceResult, truth: GroundTruth) -> dict:
+        tid = result.target_ids
+        private = tid >= 0
+        client = np.full(tid.shape, -2)
+        client[private] = truth.clients[tid[private]]
+        member = private & ((client == result.owners) if result.per_client else (client >= 0))
+        out = membership_metrics(result.scores, member, self.params["fprs"])
+        out["mean_rank"] = float(result.ranks.mean())
+        return out
+
+    def evaluate(self, view: ServerView, truth: GroundTruth, rng: np.random.Generator) -> dict:
+        """Members: uploaded private records; non-members: the truth's holdout records."""
+        if truth.holdout_features is None:
+            raise InputError("subspace evaluation needs GroundTruth.holdout_features (non-members)")
+        m = int(self.params["max_targets"])
+        up = np.flatnonzero(truth.clients >= 0)
+        mem = rng.choice(up, size=min(m, up.size), replace=False)
+        hold = rng.choice(truth.holdout_features.shape[0], size=min(m, truth.holdout_features.shape[0]),
+                          replace=False)
+        targets = np.concatenate([truth.features[mem], truth.holdout_features[hold]])
+        if view.noise.clip is not None:
+            targets = clip_rows(targets, view.noise.clip)
+        ids = np.concatenate([mem, -np.ones(hold.size, dtype=np.int64)])
+        return self.score(self.run(view, rng, targets=targets, target_ids=ids), truth)

@@ -1,0 +1,295 @@
+"""Tracing (membership inference) on released class means.
+
+Given a target record y of class c and a released class mean m (sum / count,
+per client or the all-client sum under secure aggregation), decide whether y
+is among the records averaged into m.  Three tests, each a score (higher =
+member):
+
+* ``inner``: T = <y - mu_ref, m - mu_ref> (Dwork, Smith, Steinke, Ullman &
+  Vadhan, FOCS 2015, the inner-product tracer), mu_ref the attacker's public
+  class mean;
+* ``lrt``: the Gaussian likelihood ratio with features ~ N(mu, Sigma)
+  (mu, Sigma from public data, Ledoit-Wolf shrinkage):
+  H1: m ~ N(y/n + (n - 1) mu / n, (n - 1) Sigma / n^2 + tau^2 I),
+  H0: m ~ N(mu, Sigma / n + tau^2 I), with tau = sigma_sums / n the noise std
+  of the mean (the attacker knows the mechanism);
+* ``homer``: sum_j |y_j - mu_j| - |y_j - m_j| (Homer et al., PLoS Genetics 2008).
+
+Scores are measured by AUC and TPR at low FPR (:mod:`attacks.metrics`) and
+compared with the closed form and the DP bounds of :mod:`attacks.theory`.
+:func:`tracing_game` runs the membership game many times on a pool of
+records, for curves and for the statistical tests.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.stats import beta as _beta
+
+from attacks.base import Attack
+from attacks.metrics import membership_metrics
+from attacks.view import GroundTruth, PublicData, ServerView
+from privfed.errors import ConfigError, InputError
+
+__all__ = ["TESTS", "Tracing", "TracingResult", "reference_model", "trace_scores", "tracing_game"]
+
+TESTS = ("inner", "lrt", "homer")
+
+
+@dataclass(frozen=True)
+class ReferenceModel:
+    """Attacker's Gaussian model of one class: mean and eigendecomposed covariance."""
+
+    mean: np.ndarray
+    eigvals: np.ndarray
+    eigvecs: np.ndarray
+
+
+def reference_model(features: np.ndarray, shrinkage: str = "ledoit-wolf") -> ReferenceModel:
+    """Mean and covariance of ``features`` (Ledoit-Wolf shrinkage or the plain sample covariance)."""
+    F = np.asarray(features, dtype=np.float64)
+    if F.ndim != 2 or F.shape[0] < 2:
+        raise InputError(f"a reference model needs at least 2 public records, got shape {F.shape}")
+    mu = F.mean(axis=0)
+    if shrinkage == "ledoit-wolf":
+        from sklearn.covariance import LedoitWolf
+
+        S = LedoitWolf().fit(F).covariance_
+    elif shrinkage == "none":
+        S = np.cov(F, rowvar=False)
+    else:
+        raise ConfigError(f"shrinkage must be 'ledoit-wolf' or 'none', got {shrinkage!r}")
+    w, V = np.linalg.eigh(0.5 * (S + S.T))
+    return ReferenceModel(mean=mu, eigvals=np.maximum(w, 0.0), eigvecs=V)
+
+
+def trace_scores(
+    targets: np.ndarray,
+    means: np.ndarray,
+    counts: np.ndarray,
+    model: ReferenceModel,
+    *,
+    tau=0.0,
+    test: str = "lrt",
+) -> np.ndarray:
+    """Membership score of each (target, released mean) pair, aligned row by row.
+
+    Parameters
+    ----------
+    targets, means : ndarray (P, d)
+    counts : ndarray (P,)
+        The (released) number of records in each mean (values < 1 are read as 1).
+    model : ReferenceModel
+        The attacker's model of the class.
+    tau : float or ndarray (P,)
+        Noise standard deviation per coordinate of each released mean.
+    test : {"inner", "lrt", "homer"}
+    """
+    Y = np.atleast_2d(np.asarray(targets, float))
+    M = np.atleast_2d(np.asarray(means, float))
+    n = np.maximum(np.asarray(counts, float).reshape(-1), 1.0)
+    tau = np.broadcast_to(np.asarray(tau, float), n.shape)
+    mu = model.mean
+    if test == "inner":
+        return ((Y - mu) * (M - mu)).sum(axis=1)
+    if test == "homer":
+        return (np.abs(Y - mu) - np.abs(Y - M)).sum(axis=1)
+    if test != "lrt":
+        raise ConfigError(f"unknown tracing test {test!r}; choose from {list(TESTS)}")
+    lam = model.eigvals
+    floor = 1e-9 * max(float(lam.mean()), 1e-300)
+    U = model.eigvecs
+    zy = (Y - mu) @ U  # rotated
+    zm = (M - mu) @ U
+    t2 = (tau**2)[:, None]
+    v1 = np.maximum((n - 1)[:, None] / n[:, None] ** 2 * lam[None, :] + t2, floor)
+    v0 = np.maximum(lam[None, :] / n[:, None] + t2, floor)
+    r1 = zm - zy / n[:, None]  # m - (y/n + (n-1) mu / n), rotated
+    return -0.5 * ((r1**2 / v1 + np.log(v1)) - (zm**2 / v0 + np.log(v0))).sum(axis=1)
+
+
+@dataclass(frozen=True, eq=False)
+class TracingResult:
+    """Scores of every (target, released row) pair the attacker could test."""
+
+    target_ids: np.ndarray
+    rows: np.ndarray
+    owners: np.ndarray
+    scores: np.ndarray
+    test: str
+    per_client: bool
+
+
+def _noise_tau(view: ServerView, counts: np.ndarray) -> np.ndarray:
+    s = float(view.noise.sigma.get("sums", 0.0))
+    return s / np.maximum(counts, 1.0)
+
+
+class Tracing(Attack):
+    """Trace target records in the released class means (per client, or the secure sum)."""
+
+    name = "tracing"
+    requires = frozenset({"counts", "sums", "public"})
+    defaults = {"test": "lrt", "shrinkage": "ledoit-wolf", "max_targets": 400, "fprs": (0.01, 0.001)}
+
+    def _validate_params(self) -> None:
+        if self.params["test"] not in TESTS:
+            raise ConfigError(f"unknown tracing test {self.params['test']!r}; choose from {list(TESTS)}")
+
+    def models(self, public: PublicData, num_classes: int) -> list[ReferenceModel]:
+        out = []
+        for c in range(num_classes):
+            F = public.features[public.labels == c]
+            if F.shape[0] < 2:
+                raise InputError(f"public data has {F.shape[0]} record(s) of class {c}; tracing needs at least 2")
+            out.append(reference_model(F, self.params["shrinkage"]))
+        return out
+
+    def run(self, view: ServerView, rng=None, *, targets=None, target_labels=None, target_ids=None,
+            **_) -> TracingResult:
+        self.check(view)
+        if targets is None or target_labels is None:
+            raise InputError("tracing needs targets=(n, d) features and target_labels=(n,) classes to test")
+        Y = np.atleast_2d(np.asarray(targets, float))
+        yl = np.asarray(target_labels).astype(np.int64)
+        if Y.shape[1] != view.stats.dim or yl.shape != (Y.shape[0],):
+            raise InputError(f"targets must be (n, {view.stats.dim}) with n labels, got {Y.shape} and {yl.shape}")
+        ids = np.arange(Y.shape[0]) if target_ids is None else np.asarray(target_ids).astype(np.int64)
+        models = self.models(view.public, view.num_classes)
+        counts, sums = view.stats.counts, view.stats.sums
+        K = counts.shape[0]
+        all_t, all_r, all_s = [], [], []
+        for c in np.unique(yl):
+            tix = np.flatnonzero(yl == c)
+            rows = np.flatnonzero(counts[:, c] >= 0.5)  # a cell clipped to 0 is not sent
+            if rows.size == 0:
+                continue
+            T, R = np.meshgrid(tix, rows, indexing="ij")
+            T, R = T.ravel(), R.ravel()
+            n = counts[R, c]
+            M = sums[R, c] / np.maximum(n, 1.0)[:, None]
+            s = trace_scores(Y[T], M, n, models[c], tau=_noise_tau(view, n), test=self.params["test"])
+            all_t.append(T), all_r.append(R), all_s.append(s)
+        if not all_s:
+            raise InputError("no released class mean matches any target's class")
+        rows = np.concatenate(all_r)
+        owners = rows if view.stats.owners is None else view.stats.owners[rows]
+        del K
+        return TracingResult(target_ids=ids[np.concatenate(all_t)], rows=rows, owners=owners,
+                             scores=np.concatenate(all_s), test=self.params["test"], per_client=view.per_client)
+
+    def score(self, result: TracingResult, truth: GroundTruth) -> dict:
+        tid = result.target_ids
+        private = tid >= 0
+        client = np.full(tid.shape, -2)
+        client[private] = truth.clients[tid[private]]
+        if result.per_client:
+            member = private & (client == result.owners)
+        else:
+            member = private & (client >= 0)
+        out = membership_metrics(result.scores, member, self.params["fprs"])
+        out.update(empirical_epsilon(result.scores, member, self.params["fprs"][0]))
+        out["test"] = result.test
+        return out
+
+    def evaluate(self, view: ServerView, truth: GroundTruth, rng: np.random.Generator) -> dict:
+        """Members: uploaded private records; non-members: the truth's holdout records."""
+        if truth.holdout_features is None:
+            raise InputError("tracing evaluation needs GroundTruth.holdout_features (non-members)")
+        m = int(self.params["max_targets"])
+        up = np.flatnonzero(truth.clients >= 0)
+        mem = rng.choice(up, size=min(m, up.size), replace=False)
+        hold = rng.choice(truth.holdout_features.shape[0], size=min(m, truth.holdout_features.shape[0]),
+                          replace=False)
+        targets = np.concatenate([truth.features[mem], truth.holdout_features[hold]])
+        labels = np.concatenate([truth.labels[mem], truth.holdout_labels[hold]])
+        ids = np.concatenate([mem, -np.ones(hold.size, dtype=np.int64)])
+        # Clip targets as the clients did so that a member matches its upload.
+        if view.noise.clip is not None:
+            from attacks.view import clip_rows
+
+            targets = clip_rows(targets, view.noise.clip)
+        res = self.run(view, rng, targets=targets, target_labels=labels, target_ids=ids)
+        return self.score(res, truth)
+
+
+def empirical_epsilon(scores, members, fpr: float, confidence: float = 0.95) -> dict:
+    """A lower bound on epsilon from the threshold test at ``fpr`` (Clopper-Pearson, one-sided).
+
+    eps_lb = ln(TPR_lb / FPR_ub) with TPR_lb, FPR_ub the ``confidence`` one-sided
+    Clopper-Pearson bounds at the realised threshold (delta taken as 0).
+    """
+    from attacks.metrics import tpr_at_fpr
+
+    r = tpr_at_fpr(scores, members, fpr)
+    m = np.asarray(members, bool)
+    n1, n0 = int(m.sum()), int((~m).sum())
+    tp, fp = round(r["tpr"] * n1), round(r["fpr"] * n0)
+    a = 1 - confidence
+    tpr_lb = _beta.ppf(a, tp, n1 - tp + 1) if tp > 0 else 0.0
+    fpr_ub = _beta.ppf(1 - a, fp + 1, n0 - fp) if fp < n0 else 1.0
+    eps = math.log(tpr_lb / fpr_ub) if tpr_lb > 0 and fpr_ub > 0 else 0.0
+    return {"eps_lower_bound": max(eps, 0.0)}
+
+
+def tracing_game(
+    pool: np.ndarray,
+    model: ReferenceModel,
+    *,
+    n: int,
+    trials: int,
+    rng: np.random.Generator,
+    test: str = "lrt",
+    sigma: float = 0.0,
+    count_sigma: float | None = None,
+    clip: float | None = None,
+    design: str = "replace",
+) -> dict:
+    """Play the membership game ``trials`` times per side on records drawn from ``pool``.
+
+    Member trial: the release is the sum of the target and n - 1 other pool
+    records.  Non-member trial: the target is not in the release, which holds
+    n other records (``design="replace"``, the closed form's model) or n - 1
+    (``design="add-remove"``, the DP neighbouring relation).  Noise: N(0,
+    sigma^2) per sum coordinate and, if ``count_sigma`` is given, on the count
+    (otherwise the count is released exactly).  ``clip`` clips every record
+    first.  The attacker forms m = S / max(n~, 1) and its noise std sigma / n~.
+
+    Returns
+    -------
+    dict with ``scores`` (2 * trials,), ``members`` (bool), ``counts`` (released).
+    """
+    P = np.asarray(pool, dtype=np.float64)
+    if clip is not None:
+        from attacks.view import clip_rows
+
+        P = clip_rows(P, clip)
+    N, d = P.shape
+    if n < 1 or n + 1 > N:
+        raise InputError(f"n must be in 1..{N - 1} for a pool of {N} records, got {n}")
+    if design not in ("replace", "add-remove"):
+        raise ConfigError(f"design must be 'replace' or 'add-remove', got {design!r}")
+    # One random ordering per trial: the target first, then distinct others.
+    order = np.argsort(rng.random((2 * trials, N)), axis=1)[:, : n + 1]
+    tgt = P[order[:, 0]]
+    member = np.zeros(2 * trials, dtype=bool)
+    member[:trials] = True
+    S = np.empty((2 * trials, d))
+    cnt = np.empty(2 * trials)
+    # member: target + (n - 1) others
+    S[:trials] = tgt[:trials] + P[order[:trials, 1:n]].sum(axis=1)
+    cnt[:trials] = n
+    k = n if design == "replace" else n - 1
+    S[trials:] = P[order[trials:, 1: 1 + k]].sum(axis=1)
+    cnt[trials:] = k
+    if sigma > 0:
+        S = S + rng.normal(0.0, sigma, size=S.shape)
+    if count_sigma is not None and count_sigma > 0:
+        cnt = cnt + rng.normal(0.0, count_sigma, size=cnt.shape)
+    n_rel = np.maximum(cnt, 1.0)
+    M = S / n_rel[:, None]
+    scores = trace_scores(tgt, M, n_rel, model, tau=sigma / n_rel, test=test)
+    return {"scores": scores, "members": member, "counts": cnt}
