@@ -245,6 +245,35 @@ class Partition:
 # -- schemes ----------------------------------------------------------------------
 
 
+def _draw_class_counts(p: np.ndarray, left: np.ndarray, need: int, rng: np.random.Generator) -> tuple[np.ndarray, bool]:
+    """Class counts of ``need`` draws from ``p`` where class c has only ``left[c]`` samples.
+
+    Each draw follows p renormalised over the classes not yet exhausted.  Drawn
+    in batches: a multinomial batch, capped at what is left, with the excess
+    draws redrawn.  Rejecting a draw of an exhausted class and drawing again is
+    the same law as drawing from the renormalised p, and the draws within a
+    batch are exchangeable, so which of them are rejected does not matter.
+
+    Returns the counts and whether p had no mass on the classes left (then the
+    classes left are drawn uniformly).
+    """
+    got = np.zeros(p.size, dtype=np.int64)
+    fallback = False
+    if need > int(left.sum()):
+        raise InputError(f"cannot draw {need} samples from {int(left.sum())} left")  # pragma: no cover
+    while need > 0:
+        room = left - got
+        q = np.where(room > 0, p, 0.0)
+        if q.sum() <= 0:  # p put (numerically) no mass on the classes left
+            q = (room > 0).astype(np.float64)
+            fallback = True
+        draw = rng.multinomial(need, q / q.sum())
+        accept = np.minimum(draw, room)
+        got += accept
+        need -= int(accept.sum())
+    return got, fallback
+
+
 def _dirichlet_fixed_size(y, C, K, rng, alpha, **_) -> tuple[np.ndarray, dict]:
     """FedNCM / FedCOF: p_k ~ Dir(alpha), exactly floor(N/K) samples per client."""
     N = y.size
@@ -256,20 +285,8 @@ def _dirichlet_fixed_size(y, C, K, rng, alpha, **_) -> tuple[np.ndarray, dict]:
     uniform_fallbacks = 0
     for k in range(K):
         p = rng.dirichlet(np.full(C, alpha))
-        need = per_client
-        got = np.zeros(C, dtype=np.int64)
-        # Draws from p with draws of exhausted classes rejected and redrawn: the
-        # same law as drawing each sample from p renormalised over classes left.
-        while need > 0:
-            left = avail - taken - got
-            q = np.where(left > 0, p, 0.0)
-            if q.sum() <= 0:  # p put (numerically) no mass on the classes left
-                q = (left > 0).astype(np.float64)
-                uniform_fallbacks += 1
-            draw = rng.multinomial(need, q / q.sum())
-            accept = np.minimum(draw, left)
-            got += accept
-            need -= int(accept.sum())
+        got, fallback = _draw_class_counts(p, avail - taken, per_client, rng)
+        uniform_fallbacks += fallback
         for c in np.flatnonzero(got):
             idx = pools[c][taken[c] : taken[c] + got[c]]
             out[idx] = k

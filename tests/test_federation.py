@@ -72,13 +72,42 @@ def test_dirichlet_first_client_follows_its_proportions():
 
 
 def test_dirichlet_alpha_controls_heterogeneity():
-    """Dir(0.01) over 10 classes puts > 0.99 of its mass on one class with probability about
-    0.9, so most of 20 clients hold 1-2 classes; Dir(100) is near uniform, so each client's
-    50 samples cover ~C(1 - 0.9^50) = 10 classes.  The means are far apart (< 3 vs > 9)."""
+    """Dir(0.01) over 10 classes puts > 0.99 of its mass on one class about two times in three,
+    so clients hold one class, or two once their class's pool runs out (1.9 on average here);
+    Dir(100) is near uniform, so each client's 50 samples cover about 10 (1 - 0.9^50) = 9.95
+    classes (9.75 here, the last clients taking what is left).  Thresholds sit between."""
     y = _shuffled([100] * 10)
     cpc_small = partition(y, 20, "dirichlet", alpha=0.01, rng=0).report(y)["classes_per_client"]["mean"]
     cpc_large = partition(y, 20, "dirichlet", alpha=100, rng=0).report(y)["classes_per_client"]["mean"]
     assert cpc_small < 3 and cpc_large > 9
+
+
+def test_exhausted_classes_are_renormalised_in_law():
+    """The batched draw has the law of sequential draws from p renormalised over classes left.
+
+    p = (0.6, 0.3, 0.1), left = (3, 40, 40), 20 draws.  Reference: 2000 sequential samplings;
+    candidate: 2000 batched ones.  Class 1's count has sd <= sqrt(20 * 0.25) = 2.24 per run, so
+    the difference of two means of 2000 runs has sd <= 2.24 * sqrt(2 / 2000) = 0.071; 5 sd = 0.36.
+    Class 0 fills up (P(< 3 of class 0 in 20 draws) ~ 1e-5), and each of the other 17 draws goes
+    to class 1 with probability 0.3 / 0.4, so E[n_1] = 12.75 exactly (sd of the mean 0.04).
+    """
+    from privfed.federation import _draw_class_counts
+
+    p, left, need, reps = np.array([0.6, 0.3, 0.1]), np.array([3, 40, 40]), 20, 2000
+    rng = np.random.default_rng(11)
+    batched = np.array([_draw_class_counts(p, left, need, rng)[0] for _ in range(reps)])
+    seq = np.zeros((reps, 3), dtype=int)
+    for r in range(reps):
+        room = left.copy()
+        for _ in range(need):
+            q = np.where(room > 0, p, 0.0)
+            c = rng.choice(3, p=q / q.sum())
+            seq[r, c] += 1
+            room[c] -= 1
+    assert np.all(batched.sum(axis=1) == need) and np.all(batched <= left)
+    assert np.all(batched[:, 0] == 3) and np.all(seq[:, 0] == 3)
+    assert abs(batched[:, 1].mean() - seq[:, 1].mean()) < 0.36
+    assert abs(batched[:, 1].mean() - 12.75) < 0.2  # 5 sd of the mean
 
 
 # -- dirichlet-class (FedCGS / NIID-bench) ---------------------------------------------
