@@ -28,8 +28,9 @@ import math
 import sys
 import time
 import tomllib
+import warnings
 import zlib
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -71,7 +72,9 @@ class TradeoffConfig:
     clip: float | None = None
     calibration: str = "analytic"
     rounds: int = 1
-    count_noise: str = "gaussian"
+    count_noise: str | None = None
+    max_records: int | None = None
+    trusted_aggregator: bool = False
     seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
     clients: int = 100
     partition: str = "dirichlet"
@@ -107,8 +110,11 @@ def build_parser() -> argparse.ArgumentParser:
     a("--calibration", choices=("analytic", "classic"), help="analytic Gaussian (tight, default) or the classic "
       "bound of the FedLog paper (valid only for eps <= 1)")
     a("--rounds", type=int, metavar="T", help="number of releases composed (default 1)")
-    a("--count-noise", metavar="KIND", help="noise on class counts: gaussian (default, part of the Gaussian "
-      "release), laplace, geometric, or uniform (FedCOF App. I.1: NO DP GUARANTEE)")
+    a("--count-noise", metavar="KIND", help="instead of the Gaussian mechanism on sums and counts, noise the class "
+      "counts only, means in clear (FedCOF App. I.1): laplace, geometric, gaussian, or uniform (NO DP GUARANTEE)")
+    a("--max-records", type=int, metavar="N", help="client level: the most records one client contributes")
+    a("--trusted-aggregator", action="store_true", default=None,
+      help="client level without secure aggregation: the server is trusted to add the noise")
     a("--seeds", metavar="N|LIST", help="number of seeds (0..N-1) or an explicit list like 3,7 (default 5)")
     a("--clients", type=int, metavar="K", help="number of clients (default 100)")
     a("--partition", metavar="SCHEME", help="dirichlet (default), dirichlet-class, shards, iid or natural")
@@ -161,7 +167,7 @@ def _load_config_file(path: str) -> dict[str, Any]:
 _FILE_KEYS = {
     "method", "methods", "eps", "epsilons", "delta", "level", "clip", "calibration", "rounds", "count_noise",
     "seeds", "clients", "partition", "alpha", "dataset", "backbone", "download", "secure_agg", "attack",
-    "attacks", "method_params", "plot",
+    "attacks", "method_params", "plot", "max_records", "trusted_aggregator",
 }
 
 
@@ -222,9 +228,14 @@ def resolve_config(args: argparse.Namespace) -> TradeoffConfig:
     alpha = d.alpha if alpha is None else float(alpha)
     if not alpha > 0:
         raise ConfigError(f"--alpha must be > 0, got {alpha}")
-    count_noise = str(pick(args.count_noise, "count_noise") or d.count_noise)
-    if count_noise not in ("gaussian", "laplace", "geometric", "uniform"):
-        raise ConfigError(f"--count-noise must be gaussian, laplace, geometric or uniform, got {count_noise!r}")
+    from privfed.tradeoff_privacy import COUNT_NOISE_KINDS
+
+    count_noise = pick(args.count_noise, "count_noise")
+    if count_noise is not None and count_noise not in COUNT_NOISE_KINDS:
+        raise ConfigError(f"--count-noise must be one of {', '.join(COUNT_NOISE_KINDS)}, got {count_noise!r}")
+    max_records = pick(args.max_records, "max_records")
+    if max_records is not None and int(max_records) < 1:
+        raise ConfigError(f"--max-records must be >= 1, got {max_records}")
     secure = str(pick(args.secure_agg, "secure_agg") or d.secure_agg)
     if secure not in ("none", "mask", "ckks"):
         raise ConfigError(f"--secure-agg must be none, mask or ckks, got {secure!r}")
@@ -242,11 +253,16 @@ def resolve_config(args: argparse.Namespace) -> TradeoffConfig:
         _methods.get(mname, **p)  # validates names and values now, not mid-sweep
     level = str(pick(args.level, "level") or d.level)
     calibration = str(pick(args.calibration, "calibration") or d.calibration)
+    if level not in ("record", "client"):
+        raise ConfigError(f"--level must be record or client, got {level!r}")
+    if calibration not in ("analytic", "classic"):
+        raise ConfigError(f"--calibration must be analytic or classic, got {calibration!r}")
     plot = not args.no_plot and bool(base.get("plot", True))
     return TradeoffConfig(
         methods=methods, epsilons=epsilons, delta=delta, level=level,
         clip=None if clip is None else float(clip), calibration=calibration, rounds=rounds,
-        count_noise=count_noise, seeds=seeds, clients=clients,
+        count_noise=count_noise, max_records=None if max_records is None else int(max_records),
+        trusted_aggregator=bool(pick(args.trusted_aggregator, "trusted_aggregator") or False), seeds=seeds, clients=clients,
         partition=str(pick(args.partition, "partition") or d.partition), alpha=alpha,
         dataset=str(pick(args.dataset, "dataset") or d.dataset), backbone=pick(args.backbone, "backbone"),
         download=bool(pick(args.download, "download") or False), secure_agg=secure, attacks=attacks,
@@ -265,12 +281,27 @@ def _default_clip(cfg: TradeoffConfig, dataset) -> float:
     if cfg.clip is not None:
         return cfg.clip
     public_clip = dataset.meta.get("public_clip")
+    if public_clip is None and dataset.name == "digits":
+        public_clip = digits_public_clip()
     if public_clip is None:
         raise ConfigError(
             f"dataset {cfg.dataset!r} has no public split to set a clip bound from; pass --clip C "
             "(the L2 bound of each feature, chosen without looking at the private data)"
         )
     return float(public_clip)
+
+
+def digits_public_clip(seed: int = 0) -> float:
+    """Median L2 norm of the digits backbone's features on the *public* split.
+
+    The attacker and the clients both know the public split, so a clip bound
+    read from it costs no privacy (the private data is never looked at).
+    """
+    from privfed.data.digits import digits_splits, extract_features, get_backbone
+
+    splits = digits_splits(seed)
+    feats = extract_features(get_backbone(seed=seed), splits.public_images)
+    return float(np.median(np.linalg.norm(feats, axis=1)))
 
 
 def run_tradeoff(cfg: TradeoffConfig, *, progress: bool = True) -> dict[str, Any]:
@@ -285,10 +316,39 @@ def run_tradeoff(cfg: TradeoffConfig, *, progress: bool = True) -> dict[str, Any
     ds = load_dataset(cfg.dataset, backbone=cfg.backbone, download=cfg.download, progress=progress)
     t_data = time.perf_counter() - t0
     finite = [e for e in cfg.epsilons if math.isfinite(e)]
-    clip = _default_clip(cfg, ds) if finite else cfg.clip
+    clip = _default_clip(cfg, ds) if finite and cfg.count_noise is None else cfg.clip
+    cfg = replace(cfg, clip=clip)
+    # Pre-flight: refuse an incompatible method / protection pair before any work.
+    for mname in cfg.methods:
+        method = _methods.get(mname, **cfg.method_params.get(mname, {}))
+        secure = make_secure_agg(cfg.secure_agg)
+        if secure is not None and method.per_client and type(method).secure_aggregate is _methods.Method.secure_aggregate:
+            raise ConfigError(f"method {mname!r} needs every client's statistics and has no secure protocol; "
+                              "drop it from --method or use --secure-agg none")
+        for eps in finite[:1]:
+            make_privacy(cfg, method, eps, clip, secure_agg=secure)
     records: list[dict[str, Any]] = []
     total = len(cfg.seeds) * len(cfg.methods) * len(cfg.epsilons)
     bar = tqdm(total=total, desc="tradeoff", unit="run", disable=not progress, file=sys.stderr)
+    caught: set[str] = set()
+    with warnings.catch_warnings(record=True) as wlist:
+        warnings.simplefilter("always")
+        _sweep(cfg, ds, clip, records, bar, make_privacy, make_secure_agg, make_partition)
+    caught.update(str(w.message) for w in wlist)
+    bar.close()
+    return {
+        "config": cfg,
+        "warnings": sorted(caught),
+        "records": records,
+        "dataset": {"name": ds.name, "num_train": int(ds.train_features.shape[0]),
+                    "num_test": int(ds.test_features.shape[0]), "dim": int(ds.train_features.shape[1]),
+                    "num_classes": ds.num_classes, "meta": ds.meta},
+        "timing": {"data_s": t_data, "total_s": time.perf_counter() - t0},
+    }
+
+
+def _sweep(cfg, ds, clip, records, bar, make_privacy, make_secure_agg, make_partition) -> None:
+    """The seeds x methods x budgets loop; statistics computed once per (seed, method)."""
     for seed in cfg.seeds:
         natural = ds.train_clients if cfg.partition == "natural" else None
         part = make_partition(ds.train_labels, cfg.clients, cfg.partition, alpha=cfg.alpha, rng=seed, natural=natural)
@@ -332,14 +392,6 @@ def run_tradeoff(cfg: TradeoffConfig, *, progress: bool = True) -> dict[str, Any
                 rec["notes"] = "; ".join(head.notes)
                 records.append(rec)
                 bar.update(1)
-    bar.close()
-    return {
-        "records": records,
-        "dataset": {"name": ds.name, "num_train": int(ds.train_features.shape[0]),
-                    "num_test": int(ds.test_features.shape[0]), "dim": int(ds.train_features.shape[1]),
-                    "num_classes": ds.num_classes, "meta": ds.meta},
-        "timing": {"data_s": t_data, "total_s": time.perf_counter() - t0},
-    }
 
 
 # ---------------------------------------------------------------- outputs
@@ -449,7 +501,7 @@ def _body(argv: Sequence[str] | None) -> int:
     records, summary = result["records"], summarise(result["records"])
     write_csv(out / "results.csv", records)
     write_json(out / "results.json", {
-        "config": asdict(cfg), "versions": versions(), "dataset": result["dataset"],
+        "config": asdict(result["config"]), "versions": versions(), "warnings": result["warnings"], "dataset": result["dataset"],
         "timing": result["timing"], "records": records, "summary": summary,
         "command": " ".join([PROG, *(argv if argv is not None else sys.argv[1:])]),
     })
@@ -460,6 +512,8 @@ def _body(argv: Sequence[str] | None) -> int:
     guarantees = sorted({s["guarantee"] for s in summary if math.isfinite(s["epsilon"])})
     for g in guarantees:
         print(f"guarantee: {g}")
+    for w in result["warnings"]:
+        print(f"note: {w}")
     print(f"wrote {out}/results.csv, results.json" + (", tradeoff.png" if cfg.plot else "")
           + f"  ({result['timing']['total_s']:.1f} s)")
     return 0
