@@ -1,0 +1,181 @@
+"""Secure aggregation through privfed.fit: every summable method (and FedCOF's two-round protocol)
+reproduces its plain head; reports, dropouts, refusals and byte accounting.
+
+Tolerances.  Masking at f = 32 fractional bits perturbs each summed
+coordinate by at most K 2^-33 (7e-10 for K = 6; counts are exact); CKKS
+releases sums on the 2^-20 grid (error <= 2^-21 + decryption error ~1e-8).
+The heads are smooth functions of the statistics, with condition numbers
+of order 10-100 on this well-separated data, so heads agree to 1e-7
+(masking) and 1e-6 (CKKS) relative to the largest weight.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import privfed
+from mechanisms.masking import ProtocolAbort
+from mechanisms.secagg import CKKSAggregation, PairwiseMasking, SecureAggReport, make_secure_agg
+from mechanisms.secagg_comm import secagg_upload_bytes
+from mechanisms.secagg_noise import DistributedGaussian
+from privfed.errors import ConfigError, InputError
+from privfed.methods.base import Method
+
+METHODS = ["fedncm", "fed3r", "fed3r-within", "fedcgs", "fedlog", "fedcof", "fedcof-oracle"]
+
+
+@pytest.fixture(scope="module")
+def data():
+    rng = np.random.default_rng(0)
+    K, C, d, n = 6, 4, 8, 360
+    y = np.arange(n) % C
+    F = rng.normal(size=(n, d)) + 3 * rng.normal(size=(C, d))[y]
+    k = rng.integers(0, K, size=n)
+    k[:K] = np.arange(K)  # no empty client
+    return F, y, k
+
+
+def _close(a, b, rel):
+    scale = max(np.abs(b.weight).max(), 1.0)
+    assert np.abs(a.weight - b.weight).max() <= rel * scale
+    assert np.abs(a.bias - b.bias).max() <= rel * max(np.abs(b.bias).max(), 1.0)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_masking_reproduces_the_plain_head(data, method):
+    F, y, k = data
+    plain = privfed.fit(method, F, y, k)
+    head = privfed.fit(method, F, y, k, secure_agg=PairwiseMasking(key_seed=1))
+    _close(head, plain, 1e-7)
+    rep = head.secure_aggregation
+    assert isinstance(rep, SecureAggReport)
+    # Masking bytes are deterministic: the formula equals what the run sent.
+    assert rep.bytes_per_client == pytest.approx(rep.measured_bytes_per_client, rel=1e-12)
+    assert [c["frac_bits"] for c in rep.calls][0] == 0  # counts are integers: exact
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_ckks_reproduces_the_plain_head(data, method):
+    F, y, k = data
+    plain = privfed.fit(method, F, y, k)
+    head = privfed.fit(method, F, y, k, secure_agg=CKKSAggregation())
+    _close(head, plain, 1e-6)
+    rep = head.secure_aggregation
+    # Serialized ciphertext sizes vary by a few bytes (compression): within 1%.
+    assert rep.bytes_per_client == pytest.approx(rep.measured_bytes_per_client, rel=0.01)
+
+
+def test_fedcof_two_round_protocol_with_multi_mean_sampling(data):
+    F, y, k = data
+    plain = privfed.fit("fedcof", F, y, k, means_per_client=3, random_state=4)
+    head = privfed.fit("fedcof", F, y, k, means_per_client=3, random_state=4, secure_agg=PairwiseMasking())
+    _close(head, plain, 1e-7)
+    rep = head.secure_aggregation
+    assert rep.secure_variant.startswith("two-round")
+    assert [c["clients"] for c in rep.calls] == [6, 6, 6, 6]  # per real client, not per pseudo-client
+    assert [c["shape"] for c in rep.calls] == [(4,), (4, 8), (4,), (8, 8)]
+
+
+def test_report_states_parameters_threat_model_and_dropouts(data):
+    F, y, k = data
+    head = privfed.fit("fed3r", F, y, k, secure_agg=PairwiseMasking(dropouts=2, dropout_phase="after_upload"))
+    plain = privfed.fit("fed3r", F, y, k)
+    _close(head, plain, 1e-7)  # inputs uploaded before dropping still count
+    rep = head.secure_aggregation
+    assert "honest-but-curious" in rep.threat_model.lower() and "malicious" in rep.threat_model.lower()
+    assert rep.parameters["frac_bits"] == 32 and rep.parameters["ring"] == "Z_2^64"
+    assert len(rep.dropouts["after_upload"]) == 2 and rep.dropouts["before_upload"] == []
+    assert len(rep.calls) == 3 and all(c["uploaded"] == 6 for c in rep.calls)
+    assert len(rep.views) == 3 and all(len(v.masked_uploads) == 6 for v in rep.views)
+    ck = privfed.fit("fed3r", F, y, k, secure_agg=CKKSAggregation()).secure_aggregation
+    assert "public context" in ck.threat_model and ck.parameters["poly_modulus_degree"] == 8192
+
+
+@pytest.mark.parametrize("method", ["fed3r", "fedcof"])
+def test_dropouts_before_upload_give_the_head_of_the_remaining_clients(data, method):
+    F, y, k = data
+    sa = PairwiseMasking(dropouts=2, dropout_phase="before_upload")
+    head = privfed.fit(method, F, y, k, secure_agg=sa, random_state=3)
+    gone = head.secure_aggregation.dropouts["before_upload"]
+    assert len(gone) == 2
+    keep = ~np.isin(k, gone)
+    remap = np.searchsorted(np.unique(k[keep]), k[keep])  # the remaining clients as 0..K'-1
+    plain = privfed.fit(method, F[keep], y[keep], remap)
+    _close(head, plain, 1e-7)
+
+
+def test_too_many_dropouts_abort_the_fit(data):
+    F, y, k = data  # K = 6, t = 4: three dropouts leave 3 < t share holders
+    with pytest.raises(ProtocolAbort, match="threshold"):
+        privfed.fit("fedncm", F, y, k, secure_agg=PairwiseMasking(dropouts=3))
+
+
+def test_per_client_method_without_secure_protocol_is_refused(data):
+    F, y, k = data
+
+    class Individual(Method):
+        name = "individual-means"
+        per_client = True
+
+        def aggregate(self, stats):  # pragma: no cover - never reached
+            raise AssertionError
+
+        @classmethod
+        def upload_floats(cls, *, M, K, d, C):
+            return M * d
+
+    with pytest.raises(ConfigError, match="secure aggregation"):
+        privfed.fit(Individual(), F, y, k, secure_agg=PairwiseMasking())
+    with pytest.raises(ConfigError, match="no secure protocol"):
+        secagg_upload_bytes(Individual, 10, 5, 8, 4, "mask")
+
+
+def test_single_client_is_refused(data):
+    F, y, _ = data
+    with pytest.raises(InputError, match="K >= 2"):
+        privfed.fit("fedncm", F, y, secure_agg=PairwiseMasking())
+
+
+def test_distributed_noise_through_fit(data):
+    F, y, k = data
+    noise = DistributedGaussian(sigma=[2.0, 5.0], sensitivity=[1.0, 10.0], delta=1e-5, tolerate=2)
+    head = privfed.fit("fedncm", F, y, k, secure_agg=PairwiseMasking(noise=noise), random_state=1)
+    rep = head.secure_aggregation
+    assert all(c["frac_bits"] == 32 for c in rep.calls)  # noisy counts are not integers
+    g = rep.noise
+    assert g["with_2_missing"]["epsilon"] > g["full"]["epsilon"]
+    assert g["with_2_missing"]["sigma"] == pytest.approx([2.0 * (4 / 6) ** 0.5, 5.0 * (4 / 6) ** 0.5])
+    assert g["this_run"]["shares_present"] == 6
+    assert np.abs(head.weight - privfed.fit("fedncm", F, y, k).weight).max() > 1e-4
+
+
+def test_upload_bytes_formula_by_hand():
+    M, K, d, C = 30, 10, 16, 5
+    plain = secagg_upload_bytes("fedncm", M, K, d, C, "none")
+    assert plain["upload"] == 4 * M * d / K
+    b = secagg_upload_bytes("fedncm", M, K, d, C, "mask")
+    # Two secure sums (counts C, sums C d); 9 neighbours; 64-byte keys, 104-byte share messages, 37-byte answers.
+    assert b["payload"] == 8 * (C + C * d)
+    assert b["key_exchange"] == 2 * 64
+    assert b["shares"] == 2 * 9 * 104
+    assert b["unmask"] == 2 * 10 * 37
+    assert b["upload"] == b["payload"] + b["key_exchange"] + b["shares"] + b["unmask"]
+    sparse = secagg_upload_bytes("fedncm", M, K, d, C, "mask", neighbours=4)
+    assert sparse["shares"] == 2 * 4 * 104
+    ck = secagg_upload_bytes("fed3r", M, K, 100, C, "ckks")
+    assert ck["num_ciphertexts"] == 1 + 1 + 3  # counts, 500 sums, 10,000 second-moment values
+    assert 300_000 < ck["ciphertext_bytes"] < 400_000  # measured TenSEAL size at N = 8192
+    assert secagg_upload_bytes("fedcof", M, K, d, C, "mask")["calls"] == 4
+    with pytest.raises(ConfigError, match="protocol"):
+        secagg_upload_bytes("fedncm", M, K, d, C, "paillier")
+
+
+def test_make_secure_agg_by_name():
+    assert make_secure_agg("none") is None
+    assert isinstance(make_secure_agg("mask", frac_bits=24), PairwiseMasking)
+    assert isinstance(make_secure_agg("ckks"), CKKSAggregation)
+    with pytest.raises(ConfigError, match="mask or ckks"):
+        make_secure_agg("garbled")
+    with pytest.raises(ConfigError, match="neighbours"):
+        PairwiseMasking(neighbours=3)
