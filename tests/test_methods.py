@@ -549,3 +549,16 @@ def test_singular_matrix_falls_back_to_pinv_and_says_so():
     np.testing.assert_allclose(h.weight[:, :-1], ref.weight, rtol=1e-9, atol=1e-10)
     np.testing.assert_allclose(h.weight[:, -1], 0.0, atol=1e-12)
     assert not ref.notes
+
+
+def test_fedcof_secure_owner_grouping_with_gaps():
+    """Pseudo-client rows are summed per owner before the secure sum, whatever the owner ids."""
+    X, y, k = blobs(28)
+    st = compute_client_stats(X, y, k, num_classes=4)
+    for owners in (np.array([0, 0, 1, 1, 2, 2]), np.array([3, 0, 3, 0, 5, 5])):  # second: owners 1, 2, 4 empty
+        seen = []
+        grouped = ClientStats(counts=st.counts, sums=st.sums, owners=owners)
+        m = methods.get("fedcof")
+        h = m.secure_aggregate(grouped, lambda a: (seen.append(np.asarray(a)), np.asarray(a).sum(0))[1])
+        np.testing.assert_allclose(h.weight, m.aggregate(st).weight, rtol=1e-9, atol=1e-10)
+        np.testing.assert_allclose(seen[0][owners[0]], st.counts[owners == owners[0]].sum(0))

@@ -114,7 +114,7 @@ def spread_matrix(
     scale = np.sqrt(n * weights[None, :])  # (K, C), >= 0
     X = dev * scale[..., None]
     if per_client:
-        return np.einsum("kcd,kce->kde", X, X)
+        return np.matmul(np.swapaxes(X, 1, 2), X)  # batched BLAS, (K, d, d)
     X2 = X.reshape(-1, X.shape[-1])
     return X2.T @ X2
 
@@ -337,10 +337,19 @@ class FedCOF(Method):
         counts = np.where(mask, stats.counts, 0.0)
         sums = np.where(mask[..., None], stats.sums, 0.0)
 
+        order = np.argsort(owners, kind="stable")
+        starts = np.searchsorted(owners[order], np.arange(n_owners))
+        gaps = bool(np.any(np.bincount(owners, minlength=n_owners) == 0))
+
         def by_owner(a: np.ndarray) -> np.ndarray:
-            out = np.zeros((n_owners,) + a.shape[1:])
-            np.add.at(out, owners, a)
-            return out
+            """Each real client adds up its pseudo-clients' rows before uploading."""
+            if stats.owners is None:
+                return a
+            if gaps:
+                out = np.zeros((n_owners,) + a.shape[1:])
+                np.add.at(out, owners, a)
+                return out
+            return np.add.reduceat(a[order], starts, axis=0)
 
         # Round 1
         N = np.asarray(secure_sum(by_owner(counts)), dtype=np.float64)
