@@ -1,0 +1,121 @@
+"""The trade-off command end to end: schema, exactness at eps = inf, trend, and clear errors."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from privfed.tradeoff import RECORD_KEYS, main
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory, digits_cache):
+    out = tmp_path_factory.mktemp("tradeoff") / "run"
+    argv = ["--method", "fedncm,fedcof", "--eps", "0.05,1,inf", "--seeds", "3", "--clients", "20",
+            "--out", str(out), "--quiet"]
+    assert main(argv) == 0
+    return out
+
+
+def test_outputs_parse_with_documented_schema(sweep):
+    with (sweep / "results.csv").open() as fh:
+        rows = list(csv.DictReader(fh))
+    assert len(rows) == 2 * 3 * 3  # methods x eps x seeds
+    assert list(rows[0])[: len(RECORD_KEYS)] == list(RECORD_KEYS)
+    data = json.loads((sweep / "results.json").read_text())
+    for key in ("method", "epsilon", "delta", "seed", "accuracy", "nonprivate_accuracy", "sigma", "upload_bytes"):
+        assert all(key in r for r in data["records"]), key
+    cfg = data["config"]
+    assert cfg["methods"] == ["fedncm", "fedcof"] and cfg["seeds"] == [0, 1, 2] and cfg["clients"] == 20
+    assert cfg["clip"] > 0  # the resolved (public-split) clip bound is stored, not None
+    assert "numpy" in data["versions"] and "torch" in data["versions"]
+    assert (sweep / "tradeoff.png").stat().st_size > 10_000
+
+
+def test_eps_inf_rows_equal_nonprivate_exactly(sweep):
+    data = json.loads((sweep / "results.json").read_text())
+    inf_rows = [r for r in data["records"] if r["epsilon"] == "inf"]
+    assert len(inf_rows) == 6
+    for r in inf_rows:
+        assert r["accuracy"] == r["nonprivate_accuracy"]
+        assert r["sigma"] == 0.0
+
+
+def test_accuracy_falls_with_budget(sweep):
+    data = json.loads((sweep / "results.json").read_text())
+    for m in ("fedncm", "fedcof"):
+        acc = {e: np.mean([r["accuracy"] for r in data["records"] if r["method"] == m and str(r["epsilon"]) == e])
+               for e in ("0.05", "inf")}
+        # With 3 seeds on 359 test samples one accuracy's standard error is at most
+        # sqrt(0.25/359) ~ 0.026; the mean of 3 has <= 0.015.  Allow 3 SE of the difference.
+        assert acc["0.05"] <= acc["inf"] + 3 * math.sqrt(2) * 0.015, (m, acc)
+
+
+def test_rerun_from_saved_json_is_bit_identical(sweep, tmp_path):
+    out = tmp_path / "again"
+    assert main(["--config", str(sweep / "results.json"), "--out", str(out), "--quiet", "--no-plot"]) == 0
+    a = json.loads((sweep / "results.json").read_text())["records"]
+    b = json.loads((out / "results.json").read_text())["records"]
+    assert a == b
+
+
+def test_toml_config_with_flag_override(tmp_path, digits_cache):
+    cfg = tmp_path / "sweep.toml"
+    cfg.write_text('method = "fedncm"\neps = [1.0, 4.0]\nseeds = 1\nclients = 10\n')
+    out = tmp_path / "o"
+    assert main(["--config", str(cfg), "--eps", "2", "--out", str(out), "--quiet", "--no-plot"]) == 0
+    data = json.loads((out / "results.json").read_text())
+    assert data["config"]["epsilons"] == [2.0] and data["config"]["methods"] == ["fedncm"]
+
+
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (["--method", "nosuch"], "unknown method 'nosuch'; available: fed3r"),
+        (["--eps", "0"], "--eps must be > 0"),
+        (["--eps", "-1"], "--eps must be > 0"),
+        (["--eps", "0.1,,1"], "malformed list"),
+        (["--eps", "0.1,abc"], "'abc' is not a number"),
+        (["--dataset", "file:/nonexistent/feats.npz"], "/nonexistent/feats.npz"),
+        (["--delta", "1.5"], "--delta must be in (0, 1)"),
+        (["--seeds", "0"], "--seeds must be >= 1"),
+        (["--param", "fedcof.gamma=-1"], "gamma"),
+        (["--level", "client", "--eps", "1"], "--max-records"),
+        (["--method", "fedcof-oracle", "--eps", "1"], "per-class second moments"),
+    ],
+)
+def test_bad_invocations_exit_nonzero_with_one_line(argv, expected, tmp_path, capsys, digits_cache):
+    code = main([*argv, "--out", str(tmp_path / "o"), "--quiet"])
+    err = capsys.readouterr().err.strip()
+    assert code != 0
+    assert expected in err, err
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
+
+
+def test_existing_output_dir_is_refused(sweep, capsys):
+    code = main(["--method", "fedncm", "--out", str(sweep), "--quiet"])
+    err = capsys.readouterr().err
+    assert code != 0 and "already exists" in err
+
+
+def test_offline_download_is_refused_clearly(tmp_path):
+    """cifar100 is not on disk and downloads are not allowed: one line, no traceback, no network."""
+    env = {**os.environ, "PRIVFED_CACHE": str(tmp_path / "cache"), "PRIVFED_DATA": str(tmp_path / "data")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "privfed.tradeoff", "--dataset", "cifar100", "--out", str(tmp_path / "o"), "--quiet"],
+        capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120,
+    )
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stderr
+    assert "download" in proc.stderr.lower(), proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
