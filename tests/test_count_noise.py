@@ -1,0 +1,109 @@
+"""Count noise (FedCOF App. I.1): distributions, the clip-and-drop rule, honest reports."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+import privfed
+from mechanisms import (
+    GaussianCountNoise,
+    GeometricCountNoise,
+    LaplaceCountNoise,
+    UniformCountNoiseNoDP,
+    analytic_sigma,
+)
+from mechanisms.count_noise import drop_clipped
+from privfed.errors import ConfigError
+from privfed.stats import ClientStats
+
+pytestmark = pytest.mark.filterwarnings("ignore:noise backend 'numpy'")
+
+
+def _data(seed=0):
+    rng = np.random.default_rng(seed)
+    y = np.repeat(np.arange(4), 60)
+    F = rng.normal(size=(y.size, 5)) + 2.0 * np.eye(4, 5)[y]
+    k = rng.integers(0, 6, size=y.size)
+    return F, y, k
+
+
+def _moments_ok(x, var):
+    # mean within 5 standard errors; variance within 5 sd of the sample variance
+    # (relative sd sqrt((kurtosis - 1)/n) <= sqrt(5/n) for these laws; Laplace kurtosis 6).
+    n = x.size
+    return abs(x.mean()) < 5 * math.sqrt(var / n) and abs(x.var() / var - 1) < 5 * math.sqrt(5 / n)
+
+
+def test_noise_laws():
+    rng = np.random.default_rng(0)
+    z = np.zeros(200000)
+    lap = LaplaceCountNoise(epsilon=0.5).perturb(z, rng)
+    assert _moments_ok(lap, 2 * (1 / 0.5) ** 2)
+    geo = GeometricCountNoise(epsilon=0.5).perturb(z, rng)
+    assert np.all(geo == np.round(geo))
+    a = math.exp(-0.5)
+    assert _moments_ok(geo, 2 * a / (1 - a) ** 2)  # two-sided geometric variance
+    # P(0) = (1 - a) / (1 + a); binomial sd of the frequency, 5 sd
+    p0 = (1 - a) / (1 + a)
+    assert abs(np.mean(geo == 0) - p0) < 5 * math.sqrt(p0 * (1 - p0) / z.size)
+    g = GaussianCountNoise(epsilon=1.0, delta=1e-5)
+    assert g.sigma == pytest.approx(analytic_sigma(1.0, 1e-5), rel=1e-12)
+    assert _moments_ok(g.perturb(z, rng), g.sigma**2)
+    n = np.full(200000, 40.0)
+    u = UniformCountNoiseNoDP(epsilon=0.25).perturb(n, rng) - n
+    assert np.all(np.abs(u) <= 0.75 * 40)
+    assert _moments_ok(u, (2 * 0.75 * 40) ** 2 / 12)
+    assert np.all(UniformCountNoiseNoDP(epsilon=0.25).perturb(np.zeros(10), rng) == 0)  # 0 stays 0
+
+
+def test_clip_at_zero_and_drop_keeps_exact_means():
+    stats = ClientStats(counts=np.array([[4.0, 2.0, 0.0]]), sums=np.array([[[4.0, 8.0], [2.0, -2.0], [0.0, 0.0]]]))
+    out, dropped = drop_clipped(stats, np.array([[6.0, -1.0, 3.0]]))
+    np.testing.assert_array_equal(out.counts, [[6.0, 0.0, 0.0]])
+    np.testing.assert_array_equal(out.sums[0, 0], [6.0, 12.0])  # n~ times the exact mean (1, 2)
+    np.testing.assert_array_equal(out.sums[0, 1:], 0.0)
+    assert dropped == 1  # a class without data is not "dropped"
+
+
+@pytest.mark.parametrize(
+    "mech",
+    [LaplaceCountNoise(epsilon=0.5), GeometricCountNoise(epsilon=0.5), GaussianCountNoise(epsilon=1.0, delta=1e-5)],
+)
+def test_dp_count_noise_in_fit_reports_scope(mech):
+    F, y, k = _data()
+    head = privfed.fit("fedcof", F, y, k, privacy=mech, random_state=0)
+    assert np.all(np.isfinite(head.weight))
+    rep = head.privacy
+    assert "class counts only" in rep.guarantee and "NO DP GUARANTEE for the class means" in rep.guarantee
+    assert rep.epsilon == pytest.approx(mech.epsilon, rel=1e-6)
+    json.dumps(rep.as_dict())
+
+
+def test_uniform_count_noise_says_no_dp_everywhere():
+    F, y, k = _data()
+    mech = UniformCountNoiseNoDP(epsilon=0.1)
+    assert "no DP guarantee" in mech.name
+    head = privfed.fit("fedcof", F, y, k, privacy=mech, random_state=0)
+    rep = head.privacy
+    assert rep.guarantee.startswith("NO DP GUARANTEE")
+    assert rep.epsilon == math.inf and not rep.is_private
+    assert "no DP guarantee" in rep.mechanism
+    assert "NO DP GUARANTEE" in json.dumps(rep.as_dict())
+
+
+def test_count_noise_refusals():
+    F, y, k = _data()
+    with pytest.raises(ConfigError, match="epsilon must be > 0"):
+        LaplaceCountNoise(epsilon=0)
+    with pytest.raises(ConfigError, match=r"\(0, 1\]"):
+        UniformCountNoiseNoDP(epsilon=1.5)
+    with pytest.raises(ConfigError, match="delta"):
+        GaussianCountNoise(epsilon=1.0, delta=0.0)
+    with pytest.raises(ConfigError, match="leaves exact"):
+        privfed.fit("fed3r", F, y, k, privacy=LaplaceCountNoise(epsilon=1.0))
+    with pytest.raises(ConfigError, match="whole numbers"):
+        LaplaceCountNoise(epsilon=1.0).release(np.array([1.5]), np.random.default_rng(0))
