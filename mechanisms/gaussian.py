@@ -107,6 +107,10 @@ class GaussianMechanism:
     max_records : int, optional
         Client level only: the most records a client contributes (its
         statistics are scaled down beyond that).  Required at client level.
+    dropout_tolerance : int
+        With secure aggregation: each client adds N(0, sigma^2 / (K - t))
+        so that the guarantee survives up to t = ``dropout_tolerance``
+        dropped clients (the noise actually present never falls below sigma^2).
     dim : int, optional
         Feature dimension d; needed up front only for ``clip_norm="coordinate"``
         (sensitivity b sqrt(d)), otherwise learnt at the first release.
@@ -148,6 +152,7 @@ class GaussianMechanism:
         split: "str | Mapping[str, float]" = "joint",
         trusted_aggregator: bool = False,
         max_records: int | None = None,
+        dropout_tolerance: int = 0,
         dim: int | None = None,
         accountant: str = "auto",
         backend: "str | NoiseBackend | None" = None,
@@ -197,6 +202,11 @@ class GaussianMechanism:
             if isinstance(max_records, bool) or not isinstance(max_records, (int, np.integer)) or max_records < 1:
                 raise ConfigError(f"max_records must be an integer >= 1, got max_records={max_records!r}")
         self.max_records = None if max_records is None else int(max_records)
+        if isinstance(dropout_tolerance, bool) or not isinstance(dropout_tolerance, (int, np.integer)) or (
+            dropout_tolerance < 0
+        ):
+            raise ConfigError(f"dropout_tolerance must be an integer >= 0, got {dropout_tolerance!r}")
+        self.dropout_tolerance = int(dropout_tolerance)
         if dim is not None and (not isinstance(dim, (int, np.integer)) or dim < 1):
             raise ConfigError(f"dim must be a positive integer, got dim={dim!r}")
         self.backend = get_backend(backend)
@@ -452,13 +462,21 @@ class GaussianMechanism:
         if self.level == "client":
             stats = self._bound_clients(stats)
             if self._secure:
-                return self._noisy(stats, rng, "client", share=1.0 / stats.num_clients)
+                return self._noisy(stats, rng, "client", share=self._share(stats.num_clients))
             return stats
         if self._secure:
-            return self._noisy(stats, rng, "record", share=1.0 / stats.num_clients)
+            return self._noisy(stats, rng, "record", share=self._share(stats.num_clients))
         if self.trusted_aggregator and not per_client:
             return stats
         return self._noisy(stats, rng, "record")
+
+    def _share(self, K: int) -> float:
+        """Fraction of sigma^2 each of K clients adds so that K - t of them carry all of it."""
+        if K - self.dropout_tolerance < 1:
+            raise ConfigError(
+                f"dropout_tolerance={self.dropout_tolerance} needs more than that many clients, got K={K}"
+            )
+        return 1.0 / (K - self.dropout_tolerance)
 
     def after_aggregate(self, total: ClientStats, method, rng: np.random.Generator) -> ClientStats:
         """Server side: noise on the sum when a trusted aggregator adds it."""
@@ -475,8 +493,8 @@ class GaussianMechanism:
         per_client = bool(getattr(method, "per_client", False))
         if self.level == "client" or (self.trusted_aggregator and not per_client and not self._secure):
             return {b: 0.0 for b in self.blocks}
-        k = num_clients if self._secure else 1
-        return {b: self._sigma[b] ** 2 / k for b in self.blocks}
+        share = 1.0 / max(num_clients - self.dropout_tolerance, 1) if self._secure else 1.0
+        return {b: self._sigma[b] ** 2 * share for b in self.blocks}
 
     def _require_sigma(self) -> None:
         if self._sigma is None:
@@ -489,9 +507,11 @@ class GaussianMechanism:
         eps, acc = ledger_epsilon(events, self.delta, self.accountant)
         notes = []
         if self._secure:
+            t = self.dropout_tolerance
             notes.append(
-                "noise split across the K clients (each adds sigma^2/K); assumes secure aggregation hides "
-                "individual uploads and all K uploads reach the sum (each dropout lowers the noise)"
+                f"noise split across the K clients (each adds sigma^2/(K - {t})); holds while secure "
+                f"aggregation hides individual uploads and at most {t} client(s) drop out or collude "
+                "(each further one lowers the noise below sigma^2)"
             )
         if self.level == "client":
             notes.append(f"each client's contribution is bounded to max_records={self.max_records} records' worth")

@@ -349,3 +349,38 @@ def test_fedcof_spread_bias_monte_carlo():
     # The per-draw trace/d has sd ~0.87 here (chi-square-like), so the mean of 2000 draws has
     # standard error ~0.02; 0.12 is 6 standard errors.
     assert mean_diag - np.trace(spread(sums)) / d == pytest.approx(bias, abs=0.12)
+
+
+def test_dropout_tolerance_keeps_sigma_after_t_dropouts():
+    from privfed.methods import get
+
+    method = get("fedncm")
+    K, t = 5, 2
+    m = GaussianMechanism(epsilon=1.0, delta=1e-5, clip=1.0, dropout_tolerance=t)
+    m.check(method, object())
+    up = m.before_upload(_zero_stats(K), method, np.random.default_rng(4))
+    s2 = m.sigma["sums"] ** 2
+    assert _var_ok(up.sums, s2 / (K - t))
+    assert _var_ok(up.clients(np.arange(K - t)).total().sums, s2)  # K - t survivors still carry sigma^2
+    assert "at most 2 client(s) drop out" in " ".join(m.report().notes)
+    with pytest.raises(ConfigError, match="dropout_tolerance"):
+        GaussianMechanism(epsilon=1.0, delta=1e-5, clip=1.0, dropout_tolerance=-1)
+    few = GaussianMechanism(epsilon=1.0, delta=1e-5, clip=1.0, dropout_tolerance=5)
+    few.check(method, object())
+    with pytest.raises(ConfigError, match="more than that many clients"):
+        few.before_upload(_zero_stats(K), method, np.random.default_rng(0))
+
+
+@pytest.mark.parametrize("level", ["record", "client"])
+def test_with_pairwise_masking(level):
+    from mechanisms import make_secure_agg
+
+    F, y, k = _data(seed=2)
+    m = GaussianMechanism(epsilon=4.0, delta=1e-5, clip=2.0, blocks=SECOND, level=level, max_records=100)
+    head = privfed.fit("fed3r-within", F, y, k, privacy=m, secure_agg=make_secure_agg("mask"), random_state=0)
+    assert np.all(np.isfinite(head.weight))
+    assert head.privacy.epsilon == pytest.approx(4.0, rel=1e-6)
+    assert f"at {level} level" in head.privacy.guarantee
+    with pytest.raises(ConfigError, match="secure protocol is not supported"):
+        privfed.fit("fedcof", F, y, k, privacy=GaussianMechanism(epsilon=1.0, delta=1e-5, clip=1.0),
+                    secure_agg=make_secure_agg("mask"))
