@@ -423,7 +423,10 @@ def test_vision_pipeline_caches_and_skips_backbone(monkeypatch, tmp_path):
     real_build = vision.build_backbone
 
     def fake_open(name, root, *, train, download=False, transform=None):
-        return _fake(6 if train else 4, offset=0 if train else 1000, image_size=64)
+        from torchvision.datasets import FakeData
+
+        return FakeData(size=6 if train else 4, image_size=(3, 32, 32), num_classes=10,
+                        transform=transform, random_offset=0 if train else 1000)
 
     def fake_build(name, weights="DEFAULT", **kw):
         built.append(name)
@@ -464,3 +467,31 @@ def test_preprocessing_statistics():
         with pytest.raises(ConfigError, match="CUDA"):
             vision.resolve_device("cuda")
     assert vision.resolve_device(None).type == ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def test_device_resize_commutes_with_normalisation():
+    """Bilinear weights sum to one, so resizing and per-channel affine normalisation commute
+    (up to float32 rounding, ~1e-6 on values of order 1)."""
+    rng = np.random.default_rng(0)
+    x = torch.from_numpy(rng.random((2, 3, 32, 32), dtype=np.float32))
+    mean = torch.tensor(vision.CIFAR100_MEAN).view(1, 3, 1, 1)
+    std = torch.tensor(vision.CIFAR100_STD).view(1, 3, 1, 1)
+    a = vision.resize_batch((x - mean) / std, 224)
+    b = (vision.resize_batch(x, 224) - mean) / std
+    assert a.shape == (2, 3, 224, 224)
+    np.testing.assert_allclose(a.numpy(), b.numpy(), atol=1e-5)
+    assert vision.resize_batch(x, 32) is x
+
+
+def test_extract_with_device_resize_matches_direct_forward():
+    from torchvision.datasets import FakeData
+
+    torch.manual_seed(0)
+    fx = vision.build_backbone("squeezenet1_1", weights=None)
+    ds = FakeData(size=5, image_size=(3, 32, 32), num_classes=3, transform=vision.preprocess("cifar100", None))
+    F, _ = vision.extract_dataset_features(ds, fx, batch_size=5, device="cpu", progress=False, resize=64)
+    x = torch.stack([ds[i][0] for i in range(5)])
+    assert x.shape[-1] == 32
+    with torch.no_grad():
+        direct = fx(vision.resize_batch(x, 64)).numpy().astype(np.float64)
+    np.testing.assert_array_equal(F, direct)

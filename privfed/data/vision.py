@@ -50,6 +50,7 @@ __all__ = [
     "open_dataset",
     "preprocess",
     "preprocessing_description",
+    "resize_batch",
     "resolve_device",
 ]
 
@@ -205,36 +206,51 @@ def build_backbone(
     return fx
 
 
-def preprocessing_description(dataset: str, image_size: int = 224) -> dict:
-    """The preprocessing of ``dataset`` as JSON data (part of the cache key)."""
+def preprocessing_description(dataset: str, image_size: int = 224, resize: str = "device") -> dict:
+    """The preprocessing of ``dataset`` as JSON data (part of the cache key).
+
+    ``resize="device"``: images are normalised at their native size and resized
+    in batches on the extraction device (torch bilinear); ``"pil"``: resized per
+    image by the transform (PIL bilinear, antialiased) before normalising.
+    """
     if dataset not in DATASETS:
         raise ConfigError(f"unknown dataset {dataset!r}; available: {sorted(DATASETS)}")
+    if resize not in ("device", "pil"):
+        raise ConfigError(f"resize must be 'device' or 'pil', got {resize!r}")
     d = DATASETS[dataset]
     return {
         "resize": int(image_size),
         "interpolation": "bilinear",
-        "antialias": True,
+        "resize_backend": "torch" if resize == "device" else "pil-antialias",
         "mean": list(d["mean"]),
         "std": list(d["std"]),
     }
 
 
-def preprocess(dataset: str, image_size: int = 224) -> Callable:
-    """The torchvision transform: resize to ``image_size``, to tensor, normalise.
+def preprocess(dataset: str, image_size: int | None = 224) -> Callable:
+    """The torchvision transform: (resize to ``image_size``,) to tensor, normalise.
 
     CIFAR-100 is normalised with its own channel statistics, others with
-    ImageNet's (as in the FedCOF code).
+    ImageNet's (as in the FedCOF code).  ``image_size=None`` leaves the size
+    alone (resize later on the device with ``extract_dataset_features(resize=...)``;
+    bilinear resizing and per-channel normalisation commute, the interpolation
+    weights summing to one).
     """
     tv = _torchvision()
     T = tv.transforms
-    desc = preprocessing_description(dataset, image_size)
-    return T.Compose(
-        [
-            T.Resize((desc["resize"], desc["resize"]), interpolation=T.InterpolationMode.BILINEAR, antialias=True),
-            T.ToTensor(),
-            T.Normalize(desc["mean"], desc["std"]),
-        ]
-    )
+    desc = preprocessing_description(dataset, 224 if image_size is None else image_size, "pil")
+    steps = [] if image_size is None else [
+        T.Resize((desc["resize"], desc["resize"]), interpolation=T.InterpolationMode.BILINEAR, antialias=True)
+    ]
+    return T.Compose([*steps, T.ToTensor(), T.Normalize(desc["mean"], desc["std"])])
+
+
+def resize_batch(x: torch.Tensor, size: int) -> torch.Tensor:
+    """Bilinear resize of an (N, C, H, W) batch to ``size`` x ``size`` (antialiased when shrinking)."""
+    if x.shape[-2:] == (size, size):
+        return x
+    shrink = x.shape[-1] > size or x.shape[-2] > size
+    return torch.nn.functional.interpolate(x, size=(size, size), mode="bilinear", align_corners=False, antialias=shrink)
 
 
 def resolve_device(device: str | torch.device | None = None) -> torch.device:
@@ -258,6 +274,7 @@ def extract_dataset_features(
     progress: bool = True,
     num_workers: int = 0,
     desc: str = "extracting features",
+    resize: int | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Run every sample of a (transformed) image data set through a backbone.
 
@@ -274,6 +291,11 @@ def extract_dataset_features(
         Show a tqdm progress bar.
     num_workers : int
         DataLoader workers.
+    desc : str
+        Progress-bar label.
+    resize : int, optional
+        Resize every batch to ``resize`` x ``resize`` on the device (see
+        :func:`resize_batch`) before the backbone.
 
     Returns
     -------
@@ -299,7 +321,10 @@ def extract_dataset_features(
     feats, labels = [], []
     with torch.inference_mode():
         for x, y in batches:
-            out = backbone(x.to(dev, non_blocking=True))
+            x = x.to(dev, non_blocking=True)
+            if resize is not None:
+                x = resize_batch(x, int(resize))
+            out = backbone(x)
             if out.ndim != 2:
                 raise InputError(f"the backbone returned shape {tuple(out.shape)}; expected (batch, d) features")
             feats.append(out.float().cpu().numpy().astype(np.float64))
@@ -358,6 +383,7 @@ def features_from_datasets(
     batch_size: int = 128,
     device: str | None = None,
     progress: bool = True,
+    resize: int | None = None,
 ) -> FeatureDataset:
     """Extract (or load from the cache) the features of a train and a test data set.
 
@@ -373,6 +399,8 @@ def features_from_datasets(
         Everything that determines the features besides the split (data set,
         backbone, weights, preprocessing); hashed into the cache key together
         with the split name.
+    resize : int, optional
+        Resize on the device (passed to :func:`extract_dataset_features`).
     """
     out: dict[str, np.ndarray] = {}
     keys, hits = {}, {}
@@ -381,7 +409,8 @@ def features_from_datasets(
 
         def compute(ds=ds, split=split):
             F, y = extract_dataset_features(
-                ds, backbone, batch_size=batch_size, device=device, progress=progress, desc=f"{name} {split}"
+                ds, backbone, batch_size=batch_size, device=device, progress=progress, desc=f"{name} {split}",
+                resize=resize,
             )
             return {"features": F, "labels": y}
 
@@ -406,6 +435,7 @@ def features_from_datasets(
             "d": int(out["train_features"].shape[1]),
             "cache_key": keys,
             "cache_hit": hits,
+            "device": str(resolve_device(device)),
         },
     )
 
@@ -466,7 +496,7 @@ def load_vision_features(
         "torchvision": ".".join(tv.__version__.split("+")[0].split(".")[:2]),
     }
     root = default_data_root(cache_dir) if root is None else pathlib.Path(root).expanduser()
-    transform = preprocess(name, image_size)
+    transform = preprocess(name, None)  # resized in batches on the device
     # Open both splits before anything else so a missing data set fails fast.
     train = open_dataset(name, root, train=True, download=download, transform=transform)
     test = open_dataset(name, root, train=False, download=download, transform=transform)
@@ -494,6 +524,7 @@ def load_vision_features(
         batch_size=batch_size,
         device=device,
         progress=progress,
+        resize=image_size,
     )
 
 
