@@ -79,11 +79,20 @@ def within_oracle(X, y, C):
 
 def test_fed3r_within_equals_oracle_gamma0_and_pooled_lda():
     X, y, k = blobs(3)
-    h1 = privfed.fit("fed3r-within", X, y, k)
+    h1 = privfed.fit("fed3r-within", X, y, k, gamma=0.0)
     h2 = privfed.fit("fedcof-oracle", X, y, k, gamma=0.0, solver="solve")
     np.testing.assert_allclose(h1.weight, h2.weight, rtol=1e-9, atol=1e-10)
     G, B = within_oracle(X, y, 4)
     np.testing.assert_allclose(h1.weight, unit_rows(np.linalg.solve(G, B).T), rtol=1e-9, atol=1e-10)
+
+
+@pytest.mark.parametrize("gamma", [0.3, 1.0])
+def test_fed3r_within_equals_oracle_with_the_same_gamma(gamma):
+    X, y, k = blobs(5)
+    h1 = privfed.fit("fed3r-within", X, y, k, gamma=gamma)
+    h2 = privfed.fit("fedcof-oracle", X, y, k, gamma=gamma, solver="solve")
+    np.testing.assert_allclose(h1.weight, h2.weight, rtol=1e-9, atol=1e-10)
+    assert privfed.methods.get("fed3r-within").params["gamma"] == 1.0  # FedCOF's default
 
 
 def test_oracle_with_shrinkage_matches_pooled_covariances():
@@ -419,6 +428,7 @@ def test_bad_inputs_raise_clear_errors():
     ("fed3r", {"lam": -0.01}, "lam must be >= 0"),
     ("fed3r", {"bias": "yes"}, "bias must be True or False"),
     ("fed3r-within", {"lam": -1}, "lam must be >= 0"),
+    ("fed3r-within", {"gamma": -1}, "gamma must be >= 0"),
     ("fedcgs", {"shrinkage": 1.5}, "shrinkage must be <= 1"),
     ("fedcgs", {"covariance": "diag"}, "covariance must be one of"),
     ("fedlog", {"nu": -1.0}, "nu must be >= 0"),
@@ -543,9 +553,9 @@ def test_singular_matrix_falls_back_to_pinv_and_says_so():
     solution of the reduced system with zero weight on the dead feature."""
     X, y, k = blobs(27)
     Xd = np.hstack([X, np.zeros((X.shape[0], 1))])
-    h = privfed.fit("fed3r-within", Xd, y, k)
+    h = privfed.fit("fed3r-within", Xd, y, k, gamma=0.0)
     assert any("singular" in n and "pseudo-inverse" in n for n in h.notes)
-    ref = privfed.fit("fed3r-within", X, y, k)
+    ref = privfed.fit("fed3r-within", X, y, k, gamma=0.0)
     np.testing.assert_allclose(h.weight[:, :-1], ref.weight, rtol=1e-9, atol=1e-10)
     np.testing.assert_allclose(h.weight[:, -1], 0.0, atol=1e-12)
     assert not ref.notes

@@ -8,12 +8,15 @@ second moment G, class sums and counts the server forms
     G_hat = G - G_btw = sum_c (N_c - 1) S_c + N mu_g mu_g^T,
 
 which is FedCOF's Eq. 8 matrix with the *exact* pooled within-class
-covariances S_c and no shrinkage (so it equals ``fedcof-oracle`` with
-gamma = 0), and W = (G_hat + lam I)^-1 B, columns normalised.  All uploads
+covariances S_c, and W = (G_hat + sum_c (N_c - 1) gamma I + lam I)^-1 B,
+columns normalised.  ``gamma`` is FedCOF's per-class shrinkage (Eq. 6: each
+class covariance gets + gamma I), default 1 as FedCOF, so ``fed3r-within``
+with ``gamma=g`` equals ``fedcof-oracle`` with ``gamma=g`` exactly; with
+``gamma=0`` it is the plain formula.  All uploads
 are sums, so it runs under secure aggregation with FedCOF's accuracy gain.
-``lam`` (default 0, i.e. the plain formula) adds ridge shrinkage for the case
-d > N - C, where G_hat is singular (the solver then falls back to the
-pseudo-inverse and says so).
+``lam`` (default 0) adds plain ridge shrinkage.  When G_hat is singular
+(gamma = lam = 0 and d > N - C, or dead features) the solver falls back to
+the pseudo-inverse and says so.
 Communication: M d + K d^2 floats plus M counts.
 """
 
@@ -36,6 +39,9 @@ class Fed3RWithin(Method):
 
     Parameters
     ----------
+    gamma : float, default 1.0
+        Per-class covariance shrinkage as FedCOF's Eq. 6 (adds
+        sum_c (N_c - 1) gamma I to G_hat).
     lam : float, default 0.0
         Ridge penalty added to G_hat.
     solver : {"solve", "pinv"}, default "solve"
@@ -46,10 +52,11 @@ class Fed3RWithin(Method):
     paper = "Fed3R (Fani et al., 2024) with FedCOF's within-class matrix (Goswami et al., Eq. 8)"
     requires = frozenset({"counts", "sums", "second"})
     per_client = False
-    defaults: dict = {"lam": 0.0, "solver": "solve", "normalise": True}
+    defaults: dict = {"gamma": 1.0, "lam": 0.0, "solver": "solve", "normalise": True}
 
     def _validate_params(self) -> None:
         p = self.params
+        p["gamma"] = check_real(self.name, "gamma", p["gamma"], low=0.0)
         p["lam"] = check_real(self.name, "lam", p["lam"], low=0.0)
         check_choice(self.name, "solver", p["solver"], SOLVERS)
         p["normalise"] = check_flag(self.name, "normalise", p["normalise"])
@@ -74,7 +81,8 @@ class Fed3RWithin(Method):
         if Ntot > 0:
             s = Sp.sum(axis=0)
             G_hat = G_hat + np.outer(s, s) / Ntot
-        G_hat = G_hat + self.params["lam"] * np.eye(stats.dim)
+        shrink = self.params["gamma"] * np.maximum(N[present] - 1.0, 0.0).sum() + self.params["lam"]
+        G_hat = G_hat + shrink * np.eye(stats.dim)
         B = np.where(present[:, None], S, 0.0).T
         W = solve_head(G_hat, B, solver=self.params["solver"], name="G_hat", notes=notes).T
         if self.params["normalise"]:
