@@ -15,7 +15,12 @@ on 224-pixel inputs (CIFAR's 32-pixel images resized), normalised with the
 ImageNet statistics, except CIFAR-100 which uses its own channel statistics
 as in the FedCOF code.  Features are extracted in batches on the GPU when
 there is one, with a progress bar, and cached (:mod:`privfed.data.cache`)
-keyed by data set, split, backbone, weights and preprocessing.
+keyed by data set, split, backbone, weights and preprocessing.  The 32-pixel
+images are normalised at their native size and resized to 224 in batches on
+the device (resizing and per-channel normalisation commute), about five times
+faster than resizing each image with PIL.  Features computed on a GPU differ
+from CPU ones by about 5e-4 relative (TF32 convolutions); ``meta["device"]``
+records where they were computed.
 
 Nothing is downloaded unless ``download=True``: a data set or pretrained
 weights missing from disk raise
