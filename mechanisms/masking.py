@@ -68,6 +68,7 @@ __all__ = [
     "default_threshold",
     "harary_graph",
     "masked_sum",
+    "prg_buffer",
     "prg_uint64",
 ]
 
@@ -121,15 +122,35 @@ class KeySource:
                 return v
 
 
-def prg_uint64(key: bytes, n: int) -> np.ndarray:
+def prg_uint64(key: bytes, n: int, buffer: bytearray | None = None) -> np.ndarray:
     """n pseudorandom uint64 from the AES-256-CTR keystream under ``key`` (32 bytes), zero IV.
 
-    Each key is used for one expansion only (fresh per pair and run).
+    Each key is used for one expansion only (fresh per pair and run).  With
+    ``buffer`` (from :func:`prg_buffer`) the keystream is written there and
+    the returned array is a view of it, valid until the next call.
     """
+    if n == 0:
+        return np.zeros(0, np.uint64)
     enc = Cipher(algorithms.AES(key), modes.CTR(b"\x00" * 16)).encryptor()
-    buf = bytearray(8 * n + 16)
-    enc.update_into(bytes(8 * n), buf)
-    return np.frombuffer(buf, dtype=np.uint64, count=n).copy() if n else np.zeros(0, np.uint64)
+    buf = prg_buffer(n) if buffer is None else buffer
+    enc.update_into(_zeros(8 * n), buf)
+    return np.frombuffer(buf, dtype=np.uint64, count=n)
+
+
+def prg_buffer(n: int) -> bytearray:
+    """A reusable output buffer for :func:`prg_uint64` of ``n`` values (one AES block of slack)."""
+    return bytearray(8 * n + 16)
+
+
+_ZEROS = bytes(0)
+
+
+def _zeros(nbytes: int) -> memoryview:
+    """A shared read-only buffer of ``nbytes`` zero bytes (the CTR plaintext)."""
+    global _ZEROS
+    if len(_ZEROS) < nbytes:
+        _ZEROS = bytes(nbytes)
+    return memoryview(_ZEROS)[:nbytes]
 
 
 def _hkdf(secret: bytes, info: bytes) -> bytes:
@@ -272,10 +293,11 @@ class _Client:
     # Round 2
     def masked_input(self, x: np.ndarray, alive: frozenset[int]) -> np.ndarray:
         y = x.copy()
-        y += prg_uint64(_hkdf(self.b.to_bytes(32, "little"), _INFO_SELF + self.session), y.size)
+        buf = prg_buffer(y.size)
+        y += prg_uint64(_hkdf(self.b.to_bytes(32, "little"), _INFO_SELF + self.session), y.size, buf)
         for v in sorted(self.nbrs & alive):
             s_pk = X25519PublicKey.from_public_bytes(self.peer_keys[v][1])
-            m = prg_uint64(_hkdf(self.s_sk.exchange(s_pk), _INFO_PAIR + self.session), y.size)
+            m = prg_uint64(_hkdf(self.s_sk.exchange(s_pk), _INFO_PAIR + self.session), y.size, buf)
             if v > self.u:
                 y += m
             else:
@@ -487,14 +509,15 @@ def masked_sum(
             coeff_cache[xs] = shamir.lagrange_at_zero(xs)
         return shamir.combine(shares, t, coeff_cache[xs])
 
+    buf = prg_buffer(total.size)
     for u in sorted(uploaded):
         b = recover(b_shares[u], u, "self-mask seed")
-        total -= prg_uint64(_hkdf(b.to_bytes(32, "little"), _INFO_SELF + session), total.size)
+        total -= prg_uint64(_hkdf(b.to_bytes(32, "little"), _INFO_SELF + session), total.size, buf)
     for u in sorted(shared - uploaded):
         s_sk = _private_key(recover(s_shares[u], u, "mask key"))
         for v in sorted(graph[u] & uploaded):
             s_pk = X25519PublicKey.from_public_bytes(view.public_keys[v][1])
-            m = prg_uint64(_hkdf(s_sk.exchange(s_pk), _INFO_PAIR + session), total.size)
+            m = prg_uint64(_hkdf(s_sk.exchange(s_pk), _INFO_PAIR + session), total.size, buf)
             # v added +m if u > v, -m if u < v: undo it.
             if u > v:
                 total -= m

@@ -15,6 +15,7 @@ Python integers.
 
 from __future__ import annotations
 
+import functools
 from typing import Callable, Sequence
 
 from privfed.errors import InputError
@@ -60,12 +61,20 @@ def split(
         c = int.from_bytes(random_bytes(SHARE_BYTES), "little")
         if c < PRIME:
             coeffs.append(c)
+    table = _powers(tuple(int(x) for x in xs), threshold)
+    return {x: sum(c * p for c, p in zip(coeffs, pw)) % PRIME for x, pw in table.items()}
+
+
+@functools.lru_cache(maxsize=64)
+def _powers(xs: tuple[int, ...], degree: int) -> dict[int, tuple[int, ...]]:
+    """x -> (x^0, ..., x^(degree-1)) mod PRIME, shared by every polynomial evaluated at ``xs``."""
     out = {}
     for x in xs:
-        acc = 0
-        for c in reversed(coeffs):  # Horner
-            acc = (acc * x + c) % PRIME
-        out[int(x)] = acc
+        pw, acc = [], 1
+        for _ in range(degree):
+            pw.append(acc)
+            acc = acc * x % PRIME
+        out[x] = tuple(pw)
     return out
 
 
