@@ -174,6 +174,11 @@ class Partition:
             "single_sample_clients": single.tolist(),
         }
         warnings = []
+        if "num_clients_ignored" in self.params:
+            warnings.append(
+                f"num_clients={self.params['num_clients_ignored']} ignored: the natural split has "
+                f"{self.num_clients} clients"
+            )
         if self.dropped.size:
             warnings.append(f"{self.dropped.size} of {self.num_samples} samples are assigned to no client (dropped)")
         if empty.size:
@@ -396,8 +401,8 @@ def partition(
     labels : int array, shape (N,)
         Classes in ``0..C-1``.
     num_clients : int
-        K, between 1 and N.  For ``"natural"`` it may be ``None`` (taken from
-        ``natural``) and otherwise must equal ``max(natural) + 1``.
+        K, between 1 and N.  For ``"natural"`` K is ``max(natural) + 1``: pass
+        ``None``; another value is ignored and the report's warnings say so.
     scheme : str
         One of :func:`available_schemes` (see the module docstring).
     alpha : float
@@ -422,7 +427,8 @@ def partition(
     ------
     ConfigError
         Unknown scheme (the message lists the available ones), alpha <= 0,
-        num_clients < 1 or > N, ``dirichlet-class`` failing ``max_tries`` times.
+        num_clients < 1 or > N, ``dirichlet-class`` failing ``max_tries`` times,
+        ``"natural"`` without ``natural``.
     InputError
         Bad labels, or ``natural`` of the wrong length or with negative ids.
     """
@@ -432,21 +438,22 @@ def partition(
     N = y.size
     if scheme == "natural":
         if natural is None:
-            raise ConfigError("scheme 'natural' needs natural= (the client id of every sample, e.g. a file's 'clients')")
+            raise ConfigError(
+                "scheme 'natural' needs the client id of every sample (natural=, e.g. a feature file's "
+                "'clients' array); this data set has none: use another scheme such as 'dirichlet'"
+            )
         k = _int_vector(natural, "natural clients")
         if k.size != N:
             raise InputError(f"natural clients has {k.size} entries but labels has {N}; they must match")
         if k.min() < 0:
             raise InputError(f"natural clients must be >= 0, found {int(k.min())}; number clients 0..K-1")
         K = int(k.max()) + 1
+        params: dict[str, Any] = {}
         if num_clients is not None:
             num_clients = _positive_int(num_clients, "num_clients", "leave it None for the natural split")
             if num_clients != K:
-                raise ConfigError(
-                    f"num_clients={num_clients} but the natural split has {K} clients (ids 0..{K - 1}); "
-                    "pass num_clients=None"
-                )
-        return Partition(k, K, "natural", {})
+                params["num_clients_ignored"] = num_clients  # named in the report's warnings
+        return Partition(k, K, "natural", params)
     K = _positive_int(num_clients, "num_clients", f"pass 1 <= num_clients <= {N}")
     if K > N:
         raise ConfigError(f"num_clients={K} exceeds the {N} samples; pass 1 <= num_clients <= {N}")

@@ -177,13 +177,14 @@ def test_natural_passthrough_and_checks():
     p = partition(y, None, "natural", natural=k)
     assert np.array_equal(p.clients, k) and p.num_clients == 4 and p.scheme == "natural"
     assert partition(y, 4, "natural", natural=k).num_clients == 4
-    with pytest.raises(ConfigError, match="natural split has 4 clients"):
-        partition(y, 5, "natural", natural=k)
+    other = partition(y, 5, "natural", natural=k)  # a CLI default K: ignored, and said so
+    assert other.num_clients == 4 and np.array_equal(other.clients, k)
+    assert "num_clients=5 ignored: the natural split has 4 clients" in other.report()["warnings"]
     with pytest.raises(InputError, match="natural clients has 19 entries but labels has 20"):
         partition(y, None, "natural", natural=k[:19])
     with pytest.raises(InputError, match=">= 0"):
         partition(y, None, "natural", natural=k - 1)
-    with pytest.raises(ConfigError, match="natural="):
+    with pytest.raises(ConfigError, match="has none: use another scheme"):
         partition(y, 4, "natural")
     gaps = np.where(k == 2, 5, k)  # ids 0, 1, 3, 5: clients 2 and 4 are empty
     g = partition(y, None, "natural", natural=gaps)
