@@ -5,7 +5,7 @@ Differential privacy (record or client level) wraps the release path of
 
     >>> from mechanisms import GaussianMechanism
     >>> mech = GaussianMechanism(epsilon=1.0, delta=1e-5, clip=1.0)
-    >>> round(mech.sigma["sums"] / 2**0.5, 4)  # joint release of sums and counts, sqrt(2) sensitivity
+    >>> round(mech.sigma["sums"] / 2**0.5, 4)  # sums and counts each get half of mu^2
     3.7306
 
 Every release appends events to ``mech.ledger``; ``mech.report()`` recomputes
@@ -37,7 +37,13 @@ from mechanisms.count_noise import (
 )
 from mechanisms.gaussian import BLOCKS, GaussianMechanism
 from mechanisms.ledger import PrivacyLedger, PrivacyReport, ReleaseEvent
-from mechanisms.noise_aware import debias_covariances, fedcof_spread_bias, outer_product_bias, repair_psd
+from mechanisms.noise_aware import (
+    debias_covariances,
+    drop_small_counts,
+    fedcof_spread_bias,
+    outer_product_bias,
+    repair_psd,
+)
 
 __all__ = [
     "ACCOUNTANTS",
@@ -62,6 +68,7 @@ __all__ = [
     "clip_coordinates",
     "clip_l2",
     "debias_covariances",
+    "drop_small_counts",
     "fedcof_spread_bias",
     "gaussian_delta",
     "gdp_epsilon",

@@ -28,7 +28,7 @@ import numpy as np
 from privfed._linalg import project_psd
 from privfed.errors import InputError
 
-__all__ = ["debias_covariances", "fedcof_spread_bias", "outer_product_bias", "repair_psd"]
+__all__ = ["debias_covariances", "drop_small_counts", "fedcof_spread_bias", "outer_product_bias", "repair_psd"]
 
 
 def fedcof_spread_bias(counts: np.ndarray, noise_var: float) -> np.ndarray:
@@ -89,3 +89,26 @@ def repair_psd(G: np.ndarray, floor: float = 0.0) -> tuple[np.ndarray, int]:
     if A.ndim != 2 or A.shape[0] != A.shape[1]:
         raise InputError(f"G must be a square matrix, got shape {A.shape}")
     return project_psd(A, floor)
+
+
+def drop_small_counts(stats, min_count: float):
+    """Post-processing: treat (client, class) pairs whose noisy count is below ``min_count`` as absent.
+
+    A mean s~ / n~ with n~ of the order of the count noise is mostly noise
+    (and n~ (mu~ - mu)(mu~ - mu)^T explodes as n~ -> 0); a threshold of a few
+    count-noise standard deviations removes those pairs.  Uses only released
+    values, so the guarantee is unchanged.
+
+    Returns
+    -------
+    (ClientStats, int)
+        The statistics with those pairs' counts and sums set to 0, and how
+        many pairs with a positive count were dropped.
+    """
+    if not min_count >= 0:
+        raise InputError(f"min_count must be >= 0, got {min_count}")
+    keep = stats.counts >= min_count
+    dropped = int(np.count_nonzero(~keep & (stats.counts > 0)))
+    return stats.with_arrays(
+        counts=np.where(keep, stats.counts, 0.0), sums=np.where(keep[..., None], stats.sums, 0.0)
+    ), dropped

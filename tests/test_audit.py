@@ -77,7 +77,7 @@ def test_audit_has_power_on_the_real_mechanism():
 
 
 def test_fedlog_coordinate_clipped_statistic_passes():
-    params = dict(epsilon=2.0, delta=0.01, clip=2.0, clip_norm="coordinate", calibration="classic")
+    params = dict(epsilon=2.0, delta=0.01, clip=2.0, clip_norm="coordinate", calibration="classic", split="joint")
     res = audit_gaussian_blocks(lambda: GaussianMechanism(**params), rng=np.random.default_rng(8), draws=DRAWS)
     for r in res.values():
         assert not r.refutes

@@ -63,10 +63,10 @@ def test_gdp_mu_inverts_dp_accounting_and_exact_delta():
 def test_mechanism_sigma_joint_equal_and_weights():
     # joint: one sigma for sums and counts, the Gaussian on the concatenation with sensitivity sqrt(c^2 + 1)
     c = 2.0
-    m = GaussianMechanism(epsilon=1.0, delta=1e-5, clip=c)
+    m = GaussianMechanism(epsilon=1.0, delta=1e-5, clip=c, split="joint")
     assert m.sigma["sums"] == pytest.approx(math.sqrt(c * c + 1) * analytic_sigma(1.0, 1e-5), rel=1e-9)
     assert m.sigma["counts"] == pytest.approx(m.sigma["sums"], rel=1e-12)
-    m3 = GaussianMechanism(epsilon=1.0, delta=1e-5, clip=c, blocks=SECOND)
+    m3 = GaussianMechanism(epsilon=1.0, delta=1e-5, clip=c, blocks=SECOND, split="joint")
     assert m3.sensitivity == {"sums": c, "counts": 1.0, "second": c * c}
     assert m3.sigma["second"] == pytest.approx(math.sqrt(c**2 + 1 + c**4) * analytic_sigma(1.0, 1e-5), rel=1e-9)
     # weights: mu^2 split, sum_b (Delta_b / sigma_b)^2 = mu^2 exactly
@@ -74,8 +74,9 @@ def test_mechanism_sigma_joint_equal_and_weights():
     mu2 = sum((w.sensitivity[b] / w.sigma[b]) ** 2 for b in SECOND)
     assert math.sqrt(mu2) == pytest.approx(gdp_mu(2.0, 1e-6), rel=1e-9)
     assert (w.sensitivity["sums"] / w.sigma["sums"]) ** 2 == pytest.approx(mu2 / 2, rel=1e-9)
-    e = GaussianMechanism(epsilon=2.0, delta=1e-6, clip=c, split="equal")
-    assert e.sensitivity["sums"] / e.sigma["sums"] == pytest.approx(e.sensitivity["counts"] / e.sigma["counts"])
+    e = GaussianMechanism(epsilon=2.0, delta=1e-6, clip=c)  # default: equal shares of mu^2
+    for b in ("sums", "counts"):
+        assert e.sensitivity[b] / e.sigma[b] == pytest.approx(gdp_mu(2.0, 1e-6) / math.sqrt(2), rel=1e-9)
 
 
 def test_rounds_compose_exactly_in_gdp():
@@ -89,7 +90,9 @@ def test_fedlog_classic_reproduces_theorem_3_1():
     # FedLog code: d = 100 features plus the constant (m = 101), b = 2, delta = 0.01 -> sigma = 62.23 / eps.
     b, d, delta = 2.0, 100, 0.01
     with pytest.warns(UserWarning, match="classic"):
-        m = GaussianMechanism(epsilon=2.0, delta=delta, clip=b, clip_norm="coordinate", calibration="classic", dim=d)
+        m = GaussianMechanism(
+            epsilon=2.0, delta=delta, clip=b, clip_norm="coordinate", calibration="classic", dim=d, split="joint"
+        )
     paper = math.sqrt(2 * (1 + d * b * b) * math.log(1.25 / delta)) / 2.0
     assert m.sigma["sums"] == pytest.approx(paper, rel=1e-12)
     assert m.sigma["counts"] == pytest.approx(paper, rel=1e-12)
@@ -384,3 +387,27 @@ def test_with_pairwise_masking(level):
     with pytest.raises(ConfigError, match="secure protocol is not supported"):
         privfed.fit("fedcof", F, y, k, privacy=GaussianMechanism(epsilon=1.0, delta=1e-5, clip=1.0),
                     secure_agg=make_secure_agg("mask"))
+
+
+def test_noise_aware_helpers_exact():
+    from mechanisms import debias_covariances, outer_product_bias, repair_psd
+    from mechanisms.noise_aware import drop_small_counts
+    from privfed.stats import ClientStats
+
+    rng = np.random.default_rng(11)
+    A = rng.normal(size=(4, 4))
+    S = np.stack([A @ A.T, np.eye(4) * 0.5])
+    out, raised = debias_covariances(S, np.array([0.0, 2.0]))
+    np.testing.assert_allclose(out[0], S[0], atol=1e-9)  # PSD and no bias: unchanged
+    np.testing.assert_allclose(out[1], 0.0, atol=1e-12)  # 0.5 I - 2 I projects to 0
+    assert raised == 4
+    G = np.diag([3.0, -1.0, 2.0])
+    R, r = repair_psd(G)
+    np.testing.assert_allclose(R, np.diag([3.0, 0.0, 2.0]), atol=1e-12)
+    assert r == 1
+    np.testing.assert_array_equal(outer_product_bias(2.0, 4.0, 3), 0.5 * np.eye(3))
+    st = ClientStats(counts=np.array([[0.4, 3.0], [5.0, -1.0]]), sums=np.ones((2, 2, 2)))
+    kept, dropped = drop_small_counts(st, 1.0)
+    np.testing.assert_array_equal(kept.counts, [[0.0, 3.0], [5.0, 0.0]])
+    np.testing.assert_array_equal(kept.sums[0, 0], 0.0)
+    assert dropped == 1
