@@ -54,7 +54,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Any, Mapping
+from typing import Mapping
 
 import numpy as np
 

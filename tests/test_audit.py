@@ -171,3 +171,70 @@ def test_audit_input_errors():
         audit(lambda s, n, r: np.zeros((n, 1)), reference=[0.0], direction=[1.0], scale=0.0,
               rng=np.random.default_rng(0))
     assert math.isfinite(audit_scores(np.zeros(10), np.ones(10)).mu_lb)
+
+
+def test_gaussian_count_noise_audited():
+    from mechanisms import GaussianCountNoise
+
+    eps = 2.0
+    g = GaussianCountNoise(epsilon=eps, delta=1e-5)
+    counts0 = np.array([20.0, 13.0, 7.0])
+
+    def release(side, n, rng, scale=1.0):
+        base = np.repeat((counts0 + np.array([side, 0, 0]))[None], n, axis=0)
+        return base + (g.perturb(base, rng) - base) * scale
+
+    claim = 1.0 / g.sigma
+    r = audit(release, reference=counts0, direction=[1, 0, 0], scale=g.sigma, draws=DRAWS,
+              rng=np.random.default_rng(31), claimed_mu=claim)
+    assert not r.refutes
+    half = audit(lambda s, n, rng: release(s, n, rng, 0.5), reference=counts0, direction=[1, 0, 0],
+                 scale=g.sigma, draws=DRAWS, rng=np.random.default_rng(32), claimed_mu=claim)
+    assert half.refutes
+
+
+class NoClientBound(GaussianMechanism):
+    """Broken: claims client-level bounding but uploads every client's full statistics."""
+
+    def _bound_clients(self, stats):
+        return stats
+
+
+def _client_level_audit(cls, seed):
+    """D1 = D0 plus one client holding 2 n_max canary records (so the bounding must act)."""
+    from privfed.methods import get
+    from privfed.stats import ClientStats, compute_client_stats
+
+    n_max, c, d = 20, 2.0, 3
+    params = dict(epsilon=2.0, delta=1e-5, clip=c, level="client", max_records=n_max, trusted_aggregator=True)
+    data = np.random.default_rng(0)
+    F0 = data.normal(size=(60, d))
+    y0 = data.integers(0, 2, size=60)
+    k0 = np.arange(60) % 3
+    canary = np.zeros((2 * n_max, d))
+    canary[:, 0] = 100 * c
+    F1, y1, k1 = np.vstack([F0, canary]), np.append(y0, np.zeros(2 * n_max, int)), np.append(k0, np.full(2 * n_max, 3))
+    method = get("fedncm")
+    ref_mech = cls(**params)
+
+    def release(side, n, rng):
+        m = cls(**params)
+        m.check(method, None)
+        F, y, k = (F1, y1, k1) if side else (F0, y0, k0)
+        stats = compute_client_stats(m.clip(F), y, k, num_classes=2)
+        total = m.before_upload(stats, method, rng).total()
+        rep = ClientStats(**{f: np.repeat(v, n, axis=0) for f, v in total.arrays().items()})
+        return m.after_aggregate(rep, method, rng).sums.reshape(n, -1)
+
+    ref_sums = compute_client_stats(ref_mech.clip(F0), y0, k0, num_classes=2).total().sums.ravel()
+    direction = np.zeros_like(ref_sums)
+    direction[0] = 1.0  # class 0, coordinate e1
+    return audit(release, reference=ref_sums, direction=direction, scale=ref_mech.sigma["sums"], draws=DRAWS,
+                 rng=np.random.default_rng(seed),
+                 claimed_mu=ref_mech.sensitivity["sums"] / ref_mech.sigma["sums"])
+
+
+def test_client_level_bounding_audited():
+    ok = _client_level_audit(GaussianMechanism, 41)
+    assert not ok.refutes and ok.mu_lb > 0.5 * ok.claimed_mu
+    assert _client_level_audit(NoClientBound, 42).refutes
