@@ -34,8 +34,9 @@ Schemes (``spec/methods.md`` Sec. 6 says which paper's code uses which):
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -134,7 +135,8 @@ class Partition:
         y, C = _check_labels(labels, num_classes)
         if y.size != self.clients.size:
             raise InputError(
-                f"labels has {y.size} entries but the partition covers {self.clients.size} samples; they must match"
+                f"labels has {y.size} entries but the partition covers {self.clients.size} samples; "
+                "they must match"
             )
         keep = self.clients >= 0
         flat = self.clients[keep] * C + y[keep]
@@ -180,7 +182,9 @@ class Partition:
                 f"{self.num_clients} clients"
             )
         if self.dropped.size:
-            warnings.append(f"{self.dropped.size} of {self.num_samples} samples are assigned to no client (dropped)")
+            warnings.append(
+                f"{self.dropped.size} of {self.num_samples} samples are assigned to no client (dropped)"
+            )
         if empty.size:
             warnings.append(f"{empty.size} client(s) have no sample: {empty[:10].tolist()}")
         if single.size:
@@ -230,9 +234,13 @@ class Partition:
         y = np.asarray(labels)
         n = self.clients.size
         if F.ndim < 1 or F.shape[0] != n:
-            raise InputError(f"features has {F.shape[0] if F.ndim else 0} rows but the partition covers {n} samples")
+            raise InputError(
+                f"features has {F.shape[0] if F.ndim else 0} rows but the partition covers {n} samples"
+            )
         if y.ndim != 1 or y.shape[0] != n:
-            raise InputError(f"labels has {y.shape[0] if y.ndim else 0} entries but the partition covers {n} samples")
+            raise InputError(
+                f"labels has {y.shape[0] if y.ndim else 0} entries but the partition covers {n} samples"
+            )
         keep = self.clients >= 0
         sizes = self.sizes()
         new_id = np.full(self.num_clients, -1, dtype=np.int64)
@@ -250,7 +258,9 @@ class Partition:
 # -- schemes ----------------------------------------------------------------------
 
 
-def _draw_class_counts(p: np.ndarray, left: np.ndarray, need: int, rng: np.random.Generator) -> tuple[np.ndarray, bool]:
+def _draw_class_counts(
+    p: np.ndarray, left: np.ndarray, need: int, rng: np.random.Generator
+) -> tuple[np.ndarray, bool]:
     """Class counts of ``need`` draws from ``p`` where class c has only ``left[c]`` samples.
 
     Each draw follows p renormalised over the classes not yet exhausted.  Drawn
@@ -462,7 +472,9 @@ def partition(
             raise ConfigError(f"alpha must be a positive number, got {alpha!r}")
         alpha = float(alpha)
         if not np.isfinite(alpha) or alpha <= 0:
-            raise ConfigError(f"alpha must be a finite number > 0, got alpha={alpha}; e.g. 0.1 (non-IID) or 100 (near IID)")
+            raise ConfigError(
+                f"alpha must be a finite number > 0, got alpha={alpha}; e.g. 0.1 (non-IID) or 100 (near IID)"
+            )
     if scheme == "dirichlet-class":
         if isinstance(min_size, bool) or not isinstance(min_size, (int, np.integer)) or min_size < 0:
             raise ConfigError(f"min_size must be a non-negative int, got {min_size!r}")
@@ -471,7 +483,14 @@ def partition(
         classes_per_client = _positive_int(classes_per_client, "classes_per_client", "e.g. 2")
     gen = _as_rng(rng)
     clients, extra = _SCHEMES[scheme](
-        y, C, K, gen, alpha=alpha, min_size=int(min_size), classes_per_client=classes_per_client, max_tries=max_tries
+        y,
+        C,
+        K,
+        gen,
+        alpha=alpha,
+        min_size=int(min_size),
+        classes_per_client=classes_per_client,
+        max_tries=max_tries,
     )
     params: dict[str, Any] = {}
     if scheme in ("dirichlet", "dirichlet-class"):

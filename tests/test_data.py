@@ -30,7 +30,6 @@ from privfed.data.digits import (
 from privfed.data.npzfile import load_feature_file, save_feature_file
 from privfed.errors import ConfigError, InputError, PrivfedError
 
-
 # -- digits split -----------------------------------------------------------------
 
 
@@ -141,7 +140,11 @@ def test_digits_retrain_is_bit_identical_and_corrupt_cache_recomputed(tmp_path, 
     assert any(n.endswith(".pt") for n in names) and any(n.endswith(".npz") for n in names)
     for n in names:  # same file names (same keys), garbage content
         (tmp_path / n).write_bytes(b"not a valid archive")
-    threads, det, rng = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled(), torch.get_rng_state()
+    threads, det, rng = (
+        torch.get_num_threads(),
+        torch.are_deterministic_algorithms_enabled(),
+        torch.get_rng_state(),
+    )
     ds = load_digits_features(seed=0, cache_dir=tmp_path)
     # training restored the caller's torch settings and global RNG
     assert torch.get_num_threads() == threads and torch.are_deterministic_algorithms_enabled() == det
@@ -314,24 +317,50 @@ def test_feature_file_without_test_splits_stratified(tmp_path):
 @pytest.mark.parametrize(
     "arrays, match",
     [
-        ({"features": np.zeros((100, 3)), "labels": np.zeros(90, int)},
-         "'labels' has 90 entries but 'features' has 100 rows"),
+        (
+            {"features": np.zeros((100, 3)), "labels": np.zeros(90, int)},
+            "'labels' has 90 entries but 'features' has 100 rows",
+        ),
         ({"features": np.zeros((10, 3))}, "no 'labels' array"),
         ({"labels": np.zeros(10, int)}, "no 'features' array"),
         ({"features": np.zeros(10), "labels": np.zeros(10, int)}, "'features' must be a 2-D"),
-        ({"features": np.array([[0.0, np.nan]] * 4), "labels": np.zeros(4, int)}, "'features' has 4 NaN/inf values \\(first in row 0\\)"),
+        (
+            {"features": np.array([[0.0, np.nan]] * 4), "labels": np.zeros(4, int)},
+            "'features' has 4 NaN/inf values \\(first in row 0\\)",
+        ),
         ({"features": np.zeros((4, 2)), "labels": np.array([0, 1, -1, 0])}, "'labels' must be >= 0"),
         ({"features": np.zeros((4, 2)), "labels": np.array([0, 0.5, 1, 0])}, "whole numbers"),
-        ({"features": np.zeros((4, 2)), "labels": np.array(["a", "b", "c", "d"])}, "'labels' must hold integers"),
+        (
+            {"features": np.zeros((4, 2)), "labels": np.array(["a", "b", "c", "d"])},
+            "'labels' must hold integers",
+        ),
         ({"features": np.zeros((8, 2)), "labels": np.array([0, 2] * 4)}, "skip class"),
-        ({"features": np.zeros((4, 2)), "labels": np.zeros(4, int), "clients": np.zeros(3, int)},
-         "'clients' has 3 entries"),
-        ({"features": np.zeros((4, 2)), "labels": np.zeros(4, int), "test_features": np.zeros((2, 2))},
-         "no 'test_labels'"),
-        ({"features": np.zeros((4, 2)), "labels": np.zeros(4, int), "test_features": np.zeros((2, 3)),
-          "test_labels": np.zeros(2, int)}, "'test_features' has 3 columns"),
-        ({"features": np.zeros((4, 2)), "labels": np.zeros(4, int), "test_features": np.zeros((2, 2)),
-          "test_labels": np.array([0, 1])}, r"class\(es\) \[1\] appear in the test set"),
+        (
+            {"features": np.zeros((4, 2)), "labels": np.zeros(4, int), "clients": np.zeros(3, int)},
+            "'clients' has 3 entries",
+        ),
+        (
+            {"features": np.zeros((4, 2)), "labels": np.zeros(4, int), "test_features": np.zeros((2, 2))},
+            "no 'test_labels'",
+        ),
+        (
+            {
+                "features": np.zeros((4, 2)),
+                "labels": np.zeros(4, int),
+                "test_features": np.zeros((2, 3)),
+                "test_labels": np.zeros(2, int),
+            },
+            "'test_features' has 3 columns",
+        ),
+        (
+            {
+                "features": np.zeros((4, 2)),
+                "labels": np.zeros(4, int),
+                "test_features": np.zeros((2, 2)),
+                "test_labels": np.array([0, 1]),
+            },
+            r"class\(es\) \[1\] appear in the test set",
+        ),
     ],
 )
 def test_feature_file_errors(tmp_path, arrays, match):
@@ -379,8 +408,11 @@ def _fake(n, size=32, classes=3, offset=0, image_size=64):
     from torchvision.datasets import FakeData
 
     return FakeData(
-        size=n, image_size=(3, size, size), num_classes=classes,
-        transform=vision.preprocess("cifar10", image_size), random_offset=offset,
+        size=n,
+        image_size=(3, size, size),
+        num_classes=classes,
+        transform=vision.preprocess("cifar10", image_size),
+        random_offset=offset,
     )
 
 
@@ -425,8 +457,13 @@ def test_vision_pipeline_caches_and_skips_backbone(monkeypatch, tmp_path):
     def fake_open(name, root, *, train, download=False, transform=None):
         from torchvision.datasets import FakeData
 
-        return FakeData(size=6 if train else 4, image_size=(3, 32, 32), num_classes=10,
-                        transform=transform, random_offset=0 if train else 1000)
+        return FakeData(
+            size=6 if train else 4,
+            image_size=(3, 32, 32),
+            num_classes=10,
+            transform=transform,
+            random_offset=0 if train else 1000,
+        )
 
     def fake_build(name, weights="DEFAULT", **kw):
         built.append(name)
@@ -435,12 +472,16 @@ def test_vision_pipeline_caches_and_skips_backbone(monkeypatch, tmp_path):
 
     monkeypatch.setattr(vision, "open_dataset", fake_open)
     monkeypatch.setattr(vision, "build_backbone", fake_build)
-    ds = vision.load_vision_features("cifar10", cache_dir=tmp_path, progress=False, device="cpu", image_size=64)
+    ds = vision.load_vision_features(
+        "cifar10", cache_dir=tmp_path, progress=False, device="cpu", image_size=64
+    )
     assert ds.train_features.shape == (6, 512) and ds.test_features.shape == (4, 512)
     assert ds.num_classes == 10 and ds.meta["backbone"] == "squeezenet1_1"
     assert ds.meta["weights"] == "IMAGENET1K_V1" and ds.meta["preprocessing"]["resize"] == 64
     assert built == ["squeezenet1_1"]
-    again = vision.load_vision_features("cifar10", cache_dir=tmp_path, progress=False, device="cpu", image_size=64)
+    again = vision.load_vision_features(
+        "cifar10", cache_dir=tmp_path, progress=False, device="cpu", image_size=64
+    )
     assert built == ["squeezenet1_1"]  # not rebuilt
     assert again.meta["cache_hit"] == {"train": True, "test": True}
     np.testing.assert_array_equal(again.train_features, ds.train_features)
@@ -488,7 +529,9 @@ def test_extract_with_device_resize_matches_direct_forward():
 
     torch.manual_seed(0)
     fx = vision.build_backbone("squeezenet1_1", weights=None)
-    ds = FakeData(size=5, image_size=(3, 32, 32), num_classes=3, transform=vision.preprocess("cifar100", None))
+    ds = FakeData(
+        size=5, image_size=(3, 32, 32), num_classes=3, transform=vision.preprocess("cifar100", None)
+    )
     F, _ = vision.extract_dataset_features(ds, fx, batch_size=5, device="cpu", progress=False, resize=64)
     x = torch.stack([ds[i][0] for i in range(5)])
     assert x.shape[-1] == 32

@@ -155,7 +155,9 @@ def test_shards_fewer_slots_than_classes_are_reported():
     assert p.dropped.size == 40  # 4 classes of 10 held by nobody
     assert len(p.params["unassigned_classes"]) == 4
     r = p.report(y)
-    assert r["dropped_samples"] == 40 and sorted(r["classes_without_data"]) == sorted(p.params["unassigned_classes"])
+    assert r["dropped_samples"] == 40 and sorted(r["classes_without_data"]) == sorted(
+        p.params["unassigned_classes"]
+    )
     assert any("dropped" in w for w in r["warnings"])
     with pytest.raises(ConfigError, match="classes_per_client=11"):
         partition(y, 3, "shards", classes_per_client=11)

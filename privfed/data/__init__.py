@@ -179,7 +179,7 @@ def load_dataset(
     if spec.startswith("file:"):
         from privfed.data.npzfile import load_feature_file
 
-        return load_feature_file(spec[len("file:"):], seed=int(seed))
+        return load_feature_file(spec[len("file:") :], seed=int(seed))
     name = spec.lower()
     if name == "digits":
         from privfed.data.digits import BACKBONE_NAME, load_digits_features

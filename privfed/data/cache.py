@@ -24,7 +24,8 @@ import pathlib
 import sys
 import tempfile
 import zipfile
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -92,7 +93,9 @@ def resolve_cache_dir(cache_dir: str | os.PathLike | None = None) -> pathlib.Pat
 def canonical_json(description: Mapping[str, Any]) -> str:
     """Sorted-key, whitespace-free JSON of ``description`` (the hashed form)."""
     try:
-        return json.dumps(description, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+        return json.dumps(
+            description, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False
+        )
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"cache key description is not plain JSON data: {exc}") from None
 
@@ -134,7 +137,9 @@ def save_arrays(path: pathlib.Path, arrays: Mapping[str, np.ndarray], descriptio
     atomic_write_bytes(path, buf.getvalue())
 
 
-def load_arrays(path: pathlib.Path, description: Mapping[str, Any] | None = None) -> dict[str, np.ndarray] | None:
+def load_arrays(
+    path: pathlib.Path, description: Mapping[str, Any] | None = None
+) -> dict[str, np.ndarray] | None:
     """Read arrays saved by :func:`save_arrays`; ``None`` when missing or unreadable.
 
     When ``description`` is given, the stored description must equal it
@@ -150,7 +155,9 @@ def load_arrays(path: pathlib.Path, description: Mapping[str, Any] | None = None
         return None
     stored = out.pop("__description__", None)
     if description is not None:
-        if stored is None or bytes(stored.astype(np.uint8)).decode("ascii", "replace") != canonical_json(description):
+        if stored is None or bytes(stored.astype(np.uint8)).decode("ascii", "replace") != canonical_json(
+            description
+        ):
             return None
     return out
 
@@ -215,7 +222,9 @@ def cached_arrays(
     return arrays, key, False
 
 
-def artefact_path(kind: str, description: Mapping[str, Any], suffix: str, cache_dir=None) -> tuple[pathlib.Path, str]:
+def artefact_path(
+    kind: str, description: Mapping[str, Any], suffix: str, cache_dir=None
+) -> tuple[pathlib.Path, str]:
     """Path (in the created cache dir) and key of an artefact of ``kind``."""
     key = cache_key(description)
     return _artefact_path(resolve_cache_dir(cache_dir), kind, key, suffix), key

@@ -153,7 +153,7 @@ class DigitsCNN(nn.Module):
         self.fc = nn.Linear(32 * 4 * 4, FEATURE_DIM)
         self.relu = nn.ReLU()
 
-    def forward(self, x: "torch.Tensor") -> "torch.Tensor":
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.relu(self.conv1(x))
         x = self.pool(self.relu(self.conv2(x)))
         return self.relu(self.fc(x.flatten(1)))
@@ -337,7 +337,11 @@ def load_digits_features(*, seed: int = 0, cache_dir: str | os.PathLike | None =
         ``meta`` names the backbone, its cache key and the split sizes.
     """
     seed = _check_seed(seed)
-    desc = {"artefact": "digits-features", "backbone": backbone_description(seed), "parts": ["private", "test"]}
+    desc = {
+        "artefact": "digits-features",
+        "backbone": backbone_description(seed),
+        "parts": ["private", "test"],
+    }
     splits = digits_splits(seed)
 
     def compute():

@@ -41,7 +41,9 @@ DEFAULT_TEST_FRACTION = 0.2
 def _read(path: pathlib.Path) -> dict[str, np.ndarray]:
     where = f"feature file {str(path)!r}"
     if not path.exists():
-        raise InputError(f"{where} does not exist; check the path (pass file:PATH with an existing .npz file)")
+        raise InputError(
+            f"{where} does not exist; check the path (pass file:PATH with an existing .npz file)"
+        )
     if path.is_dir():
         raise InputError(f"{where} is a directory; pass the path of a .npz file")
     try:
@@ -62,9 +64,13 @@ def _read(path: pathlib.Path) -> dict[str, np.ndarray]:
                 f"{where} holds pickled Python objects, which are not loaded for safety; "
                 "save plain numeric arrays with numpy.savez"
             ) from None
-        raise InputError(f"{where} cannot be read as a .npz archive ({exc}); save it with numpy.savez") from None
+        raise InputError(
+            f"{where} cannot be read as a .npz archive ({exc}); save it with numpy.savez"
+        ) from None
     except (OSError, EOFError, zipfile.BadZipFile) as exc:
-        raise InputError(f"{where} cannot be read as a .npz archive ({exc}); save it with numpy.savez") from None
+        raise InputError(
+            f"{where} cannot be read as a .npz archive ({exc}); save it with numpy.savez"
+        ) from None
     if isinstance(archive, np.ndarray):
         raise InputError(
             f"{where} holds a single .npy array; save a .npz with named arrays "
@@ -111,10 +117,14 @@ def _ints(arr: np.ndarray, name: str, n: int, rows_of: str, where: str) -> np.nd
     if arr.ndim != 1:
         raise InputError(f"{where}: {name!r} must be a 1-D array, got shape {arr.shape}")
     if arr.shape[0] != n:
-        raise InputError(f"{where}: {name!r} has {arr.shape[0]} entries but {rows_of!r} has {n} rows; they must match")
+        raise InputError(
+            f"{where}: {name!r} has {arr.shape[0]} entries but {rows_of!r} has {n} rows; they must match"
+        )
     if arr.dtype.kind == "f":
         if not np.all(np.isfinite(arr)) or np.any(arr != np.round(arr)):
-            raise InputError(f"{where}: {name!r} must hold whole numbers; found non-integer or non-finite values")
+            raise InputError(
+                f"{where}: {name!r} must hold whole numbers; found non-integer or non-finite values"
+            )
     out = arr.astype(np.int64)
     if out.size and out.min() < 0:
         raise InputError(f"{where}: {name!r} must be >= 0, found {int(out.min())}")
@@ -133,9 +143,7 @@ def _stratified_split(y: np.ndarray, fraction: float, seed: int) -> tuple[np.nda
         )
     counts = np.bincount(y)
     stratify = counts[counts > 0].min() >= 2 and n_test >= np.count_nonzero(counts)
-    train, test = train_test_split(
-        idx, test_size=n_test, stratify=y if stratify else None, random_state=seed
-    )
+    train, test = train_test_split(idx, test_size=n_test, stratify=y if stratify else None, random_state=seed)
     return np.sort(train), np.sort(test), bool(stratify)
 
 
@@ -194,7 +202,8 @@ def load_feature_file(
         Ft = _features(arrays["test_features"], "test_features", where)
         if Ft.shape[1] != F.shape[1]:
             raise InputError(
-                f"{where}: 'test_features' has {Ft.shape[1]} columns but 'features' has {F.shape[1]}; they must match"
+                f"{where}: 'test_features' has {Ft.shape[1]} columns but 'features' has {F.shape[1]}; "
+                "they must match"
             )
         yt = _ints(arrays["test_labels"], "test_labels", Ft.shape[0], "test_features", where)
         meta["test_split"] = "from the file"
@@ -205,7 +214,8 @@ def load_feature_file(
             clients = clients[train]
         meta["test_split"] = (
             f"no test arrays in the file: {test.size} samples ({test_fraction:.0%}) held out, "
-            f"{'stratified by class' if stratified else 'not stratified (a class has < 2 samples)'}, seed {seed}"
+            + ("stratified by class" if stratified else "not stratified (a class has < 2 samples)")
+            + f", seed {seed}"
         )
         meta["test_indices"] = test.tolist()
     C = int(max(y.max(), yt.max())) + 1
@@ -220,8 +230,8 @@ def load_feature_file(
     untrained = np.flatnonzero(train_counts == 0)
     if untrained.size:
         raise InputError(
-            f"{where}: class(es) {untrained[:10].tolist()} appear in the test set but have no training sample; "
-            "a classifier cannot learn them"
+            f"{where}: class(es) {untrained[:10].tolist()} appear in the test set but have no "
+            "training sample; a classifier cannot learn them"
         )
     if clients is not None:
         sizes = np.bincount(clients)

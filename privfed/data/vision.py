@@ -31,8 +31,9 @@ from __future__ import annotations
 
 import os
 import pathlib
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 from urllib.parse import urlparse
 
 import numpy as np
@@ -200,8 +201,8 @@ def build_backbone(
         if w is None:
             raise
         raise DatasetUnavailableError(
-            f"could not download or read pretrained weights {name}/{w.name} ({exc}); downloading needs internet, "
-            f"or place the file in {str(_weights_path(w).parent)!r}"
+            f"could not download or read pretrained weights {name}/{w.name} ({exc}); downloading needs "
+            f"internet, or place the file in {str(_weights_path(w).parent)!r}"
         ) from None
     body = spec.head(model)
     fx = FeatureExtractor(body, name, None if w is None else w.name, spec.dim)
@@ -244,9 +245,15 @@ def preprocess(dataset: str, image_size: int | None = 224) -> Callable:
     tv = _torchvision()
     T = tv.transforms
     desc = preprocessing_description(dataset, 224 if image_size is None else image_size, "pil")
-    steps = [] if image_size is None else [
-        T.Resize((desc["resize"], desc["resize"]), interpolation=T.InterpolationMode.BILINEAR, antialias=True)
-    ]
+    steps = (
+        []
+        if image_size is None
+        else [
+            T.Resize(
+                (desc["resize"], desc["resize"]), interpolation=T.InterpolationMode.BILINEAR, antialias=True
+            )
+        ]
+    )
     return T.Compose([*steps, T.ToTensor(), T.Normalize(desc["mean"], desc["std"])])
 
 
@@ -255,7 +262,9 @@ def resize_batch(x: torch.Tensor, size: int) -> torch.Tensor:
     if x.shape[-2:] == (size, size):
         return x
     shrink = x.shape[-1] > size or x.shape[-2] > size
-    return torch.nn.functional.interpolate(x, size=(size, size), mode="bilinear", align_corners=False, antialias=shrink)
+    return torch.nn.functional.interpolate(
+        x, size=(size, size), mode="bilinear", align_corners=False, antialias=shrink
+    )
 
 
 def resolve_device(device: str | torch.device | None = None) -> torch.device:
@@ -316,7 +325,11 @@ def extract_dataset_features(
     dev = resolve_device(device)
     backbone = backbone.to(dev).eval()
     loader = DataLoader(
-        dataset, batch_size=int(batch_size), shuffle=False, num_workers=int(num_workers), pin_memory=dev.type == "cuda"
+        dataset,
+        batch_size=int(batch_size),
+        shuffle=False,
+        num_workers=int(num_workers),
+        pin_memory=dev.type == "cuda",
     )
     batches = loader
     if progress:
@@ -331,7 +344,9 @@ def extract_dataset_features(
                 x = resize_batch(x, int(resize))
             out = backbone(x)
             if out.ndim != 2:
-                raise InputError(f"the backbone returned shape {tuple(out.shape)}; expected (batch, d) features")
+                raise InputError(
+                    f"the backbone returned shape {tuple(out.shape)}; expected (batch, d) features"
+                )
             feats.append(out.float().cpu().numpy().astype(np.float64))
             labels.append(np.asarray(y, dtype=np.int64).reshape(-1))
     return np.concatenate(feats), np.concatenate(labels)
@@ -354,7 +369,9 @@ def open_dataset(name: str, root: str | os.PathLike, *, train: bool, download: b
         return cls(root=str(root), train=train, transform=transform, download=bool(download))
     except RuntimeError as exc:
         if download:
-            raise DatasetUnavailableError(f"{name} under {str(root)!r} could not be prepared ({exc})") from None
+            raise DatasetUnavailableError(
+                f"{name} under {str(root)!r} could not be prepared ({exc})"
+            ) from None
         raise DatasetUnavailableError(
             f"{name} is not in {str(root)!r} and downloading is off; pass download=True "
             "(--download on the command line, needs internet) to fetch it, or point PRIVFED_DATA at a "
@@ -414,7 +431,12 @@ def features_from_datasets(
 
         def compute(ds=ds, split=split):
             F, y = extract_dataset_features(
-                ds, backbone, batch_size=batch_size, device=device, progress=progress, desc=f"{name} {split}",
+                ds,
+                backbone,
+                batch_size=batch_size,
+                device=device,
+                progress=progress,
+                desc=f"{name} {split}",
                 resize=resize,
             )
             return {"features": F, "labels": y}
@@ -508,8 +530,9 @@ def load_vision_features(
     # Cached features skip building the backbone (and any weight download).
     probe = [
         _cache.load_arrays(
-            _cache.artefact_path(f"{name}-{s}", {"artefact": "vision-features", "split": s, **description}, ".npz",
-                                 cache_dir)[0],
+            _cache.artefact_path(
+                f"{name}-{s}", {"artefact": "vision-features", "split": s, **description}, ".npz", cache_dir
+            )[0],
             {"artefact": "vision-features", "split": s, **description},
         )
         for s in ("train", "test")
