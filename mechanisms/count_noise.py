@@ -51,16 +51,21 @@ __all__ = [
 def drop_clipped(stats: ClientStats, noisy_counts: np.ndarray) -> tuple[ClientStats, int]:
     """Apply Eq. 23's rule: clip noisy counts at 0, drop those classes, keep exact means.
 
-    Returns the new statistics (sums = n~ mu, zero where dropped) and the
-    number of (client, class) pairs with data that were dropped.
+    Which counts survive depends on the noisy counts only (a class the
+    client lacks gets a positive noisy count as often as the noise says, so
+    the counts keep their guarantee).  Sums become n~ times the exact mean;
+    a class without data has no mean and gets a zero sum (the means carry no
+    guarantee).
+
+    Returns the new statistics and the number of noisy counts clipped to 0
+    (a function of the released values only).
     """
     n = np.asarray(noisy_counts, dtype=np.float64)
-    kept = (n > 0) & (stats.counts > 0)
-    means = stats.means()
+    kept = n > 0
+    means = np.nan_to_num(stats.means())
     new_counts = np.where(kept, n, 0.0)
-    new_sums = np.where(kept[..., None], np.nan_to_num(means) * new_counts[..., None], 0.0)
-    dropped = int(np.count_nonzero((stats.counts > 0) & ~kept))
-    return stats.with_arrays(counts=new_counts, sums=new_sums), dropped
+    new_sums = np.where(kept[..., None], means * new_counts[..., None], 0.0)
+    return stats.with_arrays(counts=new_counts, sums=new_sums), int(np.count_nonzero(~kept))
 
 
 class CountNoise:
@@ -155,7 +160,7 @@ class CountNoise:
             guarantee = "nothing released yet"
         else:
             guarantee = self._guarantee(eps, delta)
-        notes = [f"{self.dropped} (client, class) pair(s) dropped after clipping noisy counts at 0"]
+        notes = [f"{self.dropped} noisy (client, class) count(s) clipped to 0 and not sent"]
         return PrivacyReport(
             epsilon=eps, delta=delta, level="record", mechanism=self.name, calibration="direct",
             sigma={"counts": self.scale}, sensitivity={"counts": 1.0}, rounds=1, sampling_rate=1.0,

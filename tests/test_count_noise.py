@@ -63,10 +63,27 @@ def test_noise_laws():
 def test_clip_at_zero_and_drop_keeps_exact_means():
     stats = ClientStats(counts=np.array([[4.0, 2.0, 0.0]]), sums=np.array([[[4.0, 8.0], [2.0, -2.0], [0.0, 0.0]]]))
     out, dropped = drop_clipped(stats, np.array([[6.0, -1.0, 3.0]]))
-    np.testing.assert_array_equal(out.counts, [[6.0, 0.0, 0.0]])
+    # the class without data keeps its positive noisy count: survival depends on the noise only
+    np.testing.assert_array_equal(out.counts, [[6.0, 0.0, 3.0]])
     np.testing.assert_array_equal(out.sums[0, 0], [6.0, 12.0])  # n~ times the exact mean (1, 2)
-    np.testing.assert_array_equal(out.sums[0, 1:], 0.0)
-    assert dropped == 1  # a class without data is not "dropped"
+    np.testing.assert_array_equal(out.sums[0, 1:], 0.0)  # dropped; no mean to send
+    assert dropped == 1
+
+
+def test_released_counts_do_not_reveal_absent_classes():
+    # An absent class (n = 0) and a singleton (n = 1) must be released with overlapping laws:
+    # the fraction of positive noisy counts differs by at most the eps-DP factor.
+    eps = 1.0
+    rng = np.random.default_rng(3)
+    K = 20000
+    counts = np.tile([[0.0, 1.0]], (K, 1))
+    stats = ClientStats(counts=counts, sums=np.ones((K, 2, 2)) * counts[..., None])
+    mech = LaplaceCountNoise(epsilon=eps)
+    out = mech.before_upload(stats, None, rng)
+    p0, p1 = np.mean(out.counts[:, 0] > 0), np.mean(out.counts[:, 1] > 0)
+    # Laplace(1): P(n~ > 0) = 0.5 for n = 0 and 1 - 0.5 e^-1 = 0.816 for n = 1; binomial sd ~0.0035, 5 sd.
+    assert p0 == pytest.approx(0.5, abs=0.018) and p1 == pytest.approx(1 - 0.5 * math.exp(-1), abs=0.018)
+    assert p1 <= math.exp(eps) * p0
 
 
 @pytest.mark.parametrize(
