@@ -110,7 +110,8 @@ def test_digits_features_dataset(digits_dataset, digits_parts):
 def test_digits_features_are_good(digits_dataset):
     """Centralised heads on the private features reach >= 90% test accuracy.
 
-    Measured: nearest class mean (cosine, FedNCM's head) 0.950, ridge 0.969.
+    Measured (seed 0): nearest class mean (cosine, FedNCM's head) 0.950, ridge (lambda 1) 0.964;
+    seeds 1-4: 0.95-0.98 and 0.97-0.99.
     0.90 is the task's requirement on the backbone, not a tuned value.
     """
     ds = digits_dataset

@@ -192,9 +192,9 @@ def _deterministic_torch(seed: int):
             torch.set_num_threads(threads)
 
 
-def _train_backbone(seed: int, progress: bool = False):
+def _train_backbone(public_images: np.ndarray, public_labels: np.ndarray, seed: int, progress: bool = False):
+    """Train the backbone (and a throw-away linear head) on the public images only."""
     F = torch.nn.functional
-    splits = digits_splits(seed)
     cfg = TRAIN_CONFIG
     with _deterministic_torch(seed):
         gen = torch.Generator().manual_seed(seed)
@@ -202,8 +202,8 @@ def _train_backbone(seed: int, progress: bool = False):
         head = torch.nn.Linear(FEATURE_DIM, 10)
         params = list(model.parameters()) + list(head.parameters())
         opt = torch.optim.Adam(params, lr=cfg["lr"], weight_decay=cfg["weight_decay"])
-        x = torch.from_numpy(np.array(splits.public_images, dtype=np.float32))[:, None]
-        y = torch.from_numpy(np.array(splits.public_labels, dtype=np.int64))
+        x = torch.from_numpy(np.array(public_images, dtype=np.float32))[:, None]
+        y = torch.from_numpy(np.array(public_labels, dtype=np.int64))
         model.train()
         epochs = range(cfg["epochs"])
         if progress:
@@ -270,7 +270,8 @@ def get_backbone(*, seed: int = 0, cache_dir: str | os.PathLike | None = None, p
                 return _freeze(model)
         except (RuntimeError, ValueError, AttributeError, TypeError):
             pass  # corrupt or mismatched: retrain below
-    model = _train_backbone(seed, progress=progress)
+    public = digits_splits(seed)
+    model = _train_backbone(public.public_images, public.public_labels, seed, progress=progress)
     payload = dict(model.state_dict())
     payload["__key__"] = torch.tensor(list(key.encode("ascii")), dtype=torch.uint8)
     _cache.save_torch(path, payload)
