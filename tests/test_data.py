@@ -112,7 +112,7 @@ def test_digits_features_are_good(digits_dataset):
 
     Measured (seed 0): nearest class mean (cosine, FedNCM's head) 0.950, ridge (lambda 1) 0.964;
     seeds 1-4: 0.95-0.98 and 0.97-0.99.
-    0.90 is the task's requirement on the backbone, not a tuned value.
+    0.90 is the accuracy the digits backbone is built to reach, not a value fitted to the result.
     """
     ds = digits_dataset
     mu = np.stack([ds.train_features[ds.train_labels == c].mean(0) for c in range(10)])
