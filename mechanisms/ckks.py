@@ -92,7 +92,9 @@ class CKKSParams:
             raise ConfigError(f"poly_modulus_degree must be a power of two >= 1024, got {N!r}")
         sizes = tuple(int(b) for b in self.coeff_mod_bit_sizes)
         if len(sizes) < 2 or any(not 20 <= b <= 60 for b in sizes):
-            raise ConfigError(f"coeff_mod_bit_sizes must be >= 2 primes of 20..60 bits, got {self.coeff_mod_bit_sizes}")
+            raise ConfigError(
+                f"coeff_mod_bit_sizes must be >= 2 primes of 20..60 bits, got {self.coeff_mod_bit_sizes}"
+            )
         object.__setattr__(self, "coeff_mod_bit_sizes", sizes)
         if not 10 <= int(self.scale_bits) < sum(sizes[:-1]):
             raise ConfigError(f"scale_bits must lie in [10, {sum(sizes[:-1])}), got {self.scale_bits}")
@@ -138,7 +140,7 @@ class CKKSKeyHolder:
             poly_modulus_degree=params.poly_modulus_degree,
             coeff_mod_bit_sizes=list(params.coeff_mod_bit_sizes),
         )
-        self._ctx.global_scale = 2.0 ** params.scale_bits
+        self._ctx.global_scale = 2.0**params.scale_bits
         self._used = False
 
     def public_context(self) -> bytes:
@@ -154,14 +156,18 @@ class CKKSKeyHolder:
         2^-precision_bits.  A key holder decrypts one aggregate per key.
         """
         if self._used:
-            raise ConfigError("this key holder already released an aggregate; use fresh keys for every aggregation")
+            raise ConfigError(
+                "this key holder already released an aggregate; use fresh keys for every aggregation"
+            )
         self._used = True
         ts = _tenseal()
-        parts = [np.asarray(ts.ckks_vector_from(self._ctx, ct).decrypt(), dtype=np.float64) for ct in ciphertexts]
+        parts = [
+            np.asarray(ts.ckks_vector_from(self._ctx, ct).decrypt(), dtype=np.float64) for ct in ciphertexts
+        ]
         out = np.concatenate(parts)[:size] if parts else np.zeros(0)
         if integral:
             return np.rint(out)
-        grid = 2.0 ** self.params.precision_bits
+        grid = 2.0**self.params.precision_bits
         return np.rint(out * grid) / grid
 
 
@@ -169,7 +175,9 @@ def ckks_encrypt(public_context: Any, values: np.ndarray, slots: int) -> list[by
     """Encrypt a flat vector under a (public) TenSEAL context, ``slots`` values per ciphertext."""
     ts = _tenseal()
     v = np.asarray(values, dtype=np.float64).ravel()
-    return [ts.ckks_vector(public_context, v[i : i + slots].tolist()).serialize() for i in range(0, v.size, slots)]
+    return [
+        ts.ckks_vector(public_context, v[i : i + slots].tolist()).serialize() for i in range(0, v.size, slots)
+    ]
 
 
 class CKKSAggregator:
@@ -264,7 +272,9 @@ def ckks_sum(
     rng = rng if rng is not None else np.random.default_rng(0)
     X = np.asarray(stack, dtype=np.float64)
     if X.ndim < 1 or X.shape[0] < 2:
-        raise InputError(f"{name}: secure aggregation needs a (K, ...) stack with K >= 2 clients, got {X.shape}")
+        raise InputError(
+            f"{name}: secure aggregation needs a (K, ...) stack with K >= 2 clients, got {X.shape}"
+        )
     K, shape = X.shape[0], X.shape[1:]
     flat = X.reshape(K, -1)
     if not np.all(np.isfinite(flat)):
@@ -312,5 +322,11 @@ def ckks_sum(
         upload_bytes=up,
         download_bytes=len(pub),
         aggregate_bytes=sum(len(c) for c in view.aggregate),
-        seconds={"keygen": t0 - t_start, "encrypt": t1 - t0, "sum": t2 - t1, "decrypt": t3 - t2, "total": t3 - t_start},
+        seconds={
+            "keygen": t0 - t_start,
+            "encrypt": t1 - t0,
+            "sum": t2 - t1,
+            "decrypt": t3 - t2,
+            "total": t3 - t_start,
+        },
     )

@@ -26,8 +26,8 @@ import numpy as np
 from privfed.errors import InputError
 
 __all__ = [
-    "RING_BITS",
     "MAX_FRAC_BITS",
+    "RING_BITS",
     "check_frac_bits",
     "check_ring_bound",
     "decode",

@@ -47,8 +47,8 @@ from __future__ import annotations
 import hashlib
 import os
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator
 
 import numpy as np
 from cryptography.hazmat.primitives import hashes, serialization
@@ -175,7 +175,9 @@ def harary_graph(num_clients: int, k: int, rng: np.random.Generator) -> list[fro
     """
     K = int(num_clients)
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 2 or k % 2:
-        raise ConfigError(f"neighbours must be an even integer >= 2 (the degree of the SecAgg+ graph), got {k!r}")
+        raise ConfigError(
+            f"neighbours must be an even integer >= 2 (the degree of the SecAgg+ graph), got {k!r}"
+        )
     if k >= K - 1:
         return [frozenset(set(range(K)) - {u}) for u in range(K)]
     perm = rng.permutation(K)
@@ -305,7 +307,9 @@ class _Client:
         return y
 
     # Round 3
-    def unmask(self, uploaded: frozenset[int], shared: frozenset[int], threshold: int) -> dict[int, tuple[str, int]]:
+    def unmask(
+        self, uploaded: frozenset[int], shared: frozenset[int], threshold: int
+    ) -> dict[int, tuple[str, int]]:
         group = self.nbrs | {self.u}
         if len(uploaded & group) < threshold:
             raise ProtocolAbort(
@@ -405,7 +409,9 @@ def masked_sum(
     rng = rng if rng is not None else np.random.default_rng(0)
     X = np.asarray(stack, dtype=np.float64)
     if X.ndim < 1 or X.shape[0] < 2:
-        raise InputError(f"{name}: secure aggregation needs a (K, ...) stack with K >= 2 clients, got {X.shape}")
+        raise InputError(
+            f"{name}: secure aggregation needs a (K, ...) stack with K >= 2 clients, got {X.shape}"
+        )
     K = X.shape[0]
     shape = X.shape[1:]
     flat = X.reshape(K, -1)
@@ -423,9 +429,11 @@ def masked_sum(
     # Gaussian shares exceed 40 standard deviations with probability < 1e-340: a safe public bound.
     fixed_point.check_ring_bound(max_abs, K, f, noise_bound=K * 40.0 * noise_std * 2.0**f, name=name)
 
-    graph = harary_graph(K, neighbours, rng) if neighbours is not None else [
-        frozenset(set(range(K)) - {u}) for u in range(K)
-    ]
+    graph = (
+        harary_graph(K, neighbours, rng)
+        if neighbours is not None
+        else [frozenset(set(range(K)) - {u}) for u in range(K)]
+    )
     group_sizes = [len(g) + 1 for g in graph]
     t = default_threshold(min(group_sizes)) if threshold is None else int(threshold)
     if not 1 <= t <= min(group_sizes):

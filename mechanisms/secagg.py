@@ -58,13 +58,13 @@ from mechanisms.secagg_noise import DistributedGaussian
 from privfed.errors import ConfigError
 
 __all__ = [
+    "THREAT_MODEL_CKKS",
+    "THREAT_MODEL_MASK",
     "CKKSAggregation",
     "PairwiseMasking",
     "ProtocolAbort",
     "SecureAggReport",
     "SecureSumRun",
-    "THREAT_MODEL_CKKS",
-    "THREAT_MODEL_MASK",
     "make_secure_agg",
 ]
 
@@ -144,7 +144,7 @@ class SecureAggReport:
 class SecureSumRun:
     """The ``SecureSum`` callable of one aggregation: each call runs the protocol on one (K, ...) stack."""
 
-    def __init__(self, protocol: "_Protocol", rng: np.random.Generator) -> None:
+    def __init__(self, protocol: _Protocol, rng: np.random.Generator) -> None:
         self.protocol = protocol
         self.rng = rng
         self.results: list[Any] = []
@@ -283,15 +283,23 @@ class PairwiseMasking(_Protocol):
     ) -> None:
         super().__init__(integers=integers, noise=noise)
         self.frac_bits = fixed_point.check_frac_bits(frac_bits)
-        if threshold is not None and (isinstance(threshold, bool) or int(threshold) != threshold or threshold < 1):
+        if threshold is not None and (
+            isinstance(threshold, bool) or int(threshold) != threshold or threshold < 1
+        ):
             raise ConfigError(f"threshold must be a positive integer or None, got {threshold!r}")
-        if neighbours is not None and (isinstance(neighbours, bool) or not isinstance(neighbours, (int, np.integer))
-                                       or neighbours < 2 or neighbours % 2):
+        if neighbours is not None and (
+            isinstance(neighbours, bool)
+            or not isinstance(neighbours, (int, np.integer))
+            or neighbours < 2
+            or neighbours % 2
+        ):
             raise ConfigError(f"neighbours must be an even integer >= 2 or None, got {neighbours!r}")
         if isinstance(dropouts, bool) or not isinstance(dropouts, (int, np.integer)) or dropouts < 0:
             raise ConfigError(f"dropouts must be an integer >= 0, got {dropouts!r}")
         if dropout_phase not in ("after_upload", "before_upload"):
-            raise ConfigError(f"dropout_phase must be 'after_upload' or 'before_upload', got {dropout_phase!r}")
+            raise ConfigError(
+                f"dropout_phase must be 'after_upload' or 'before_upload', got {dropout_phase!r}"
+            )
         self.threshold = threshold
         self.neighbours = neighbours
         self.dropouts = int(dropouts)
@@ -319,7 +327,9 @@ class PairwiseMasking(_Protocol):
         if "dropped" not in run.state:
             # The same clients drop in every secure sum of one aggregation.
             run.state["dropped"] = (
-                sorted(rng.choice(K, size=min(self.dropouts, K), replace=False).tolist()) if self.dropouts else []
+                sorted(rng.choice(K, size=min(self.dropouts, K), replace=False).tolist())
+                if self.dropouts
+                else []
             )
         drop = run.state["dropped"]
         before = drop if self.dropout_phase == "before_upload" else []
@@ -339,7 +349,8 @@ class PairwiseMasking(_Protocol):
         )
         ups = [sum(v.values()) for v in res.upload_bytes.values()]
         record = {
-            "encoding": f"fixed point, f={res.frac_bits}" + (" (integer, exact)" if res.frac_bits == 0 else ""),
+            "encoding": f"fixed point, f={res.frac_bits}"
+            + (" (integer, exact)" if res.frac_bits == 0 else ""),
             "frac_bits": res.frac_bits,
             "threshold": res.threshold,
             "uploaded": len(res.uploaded),
@@ -384,8 +395,12 @@ class CKKSAggregation(_Protocol):
             raise ConfigError(f"params must be a CKKSParams, got {type(params).__name__}")
 
     def parameters(self) -> dict[str, Any]:
-        return {**self.params.as_dict(), "integers": self.integers, "keys": "fresh per secure sum",
-                "key_holder": "separate from the aggregator (public context only)"}
+        return {
+            **self.params.as_dict(),
+            "integers": self.integers,
+            "keys": "fresh per secure sum",
+            "key_holder": "separate from the aggregator (public context only)",
+        }
 
     def _run(self, stack: np.ndarray, call: int, run: SecureSumRun):
         K, rng = stack.shape[0], run.rng
@@ -398,8 +413,9 @@ class CKKSAggregation(_Protocol):
             name=f"secure sum {call + 1} (shape {stack.shape[1:]})",
         )
         record = {
-            "encoding": "CKKS, released as integers" if res.integral else
-                        f"CKKS, released on the 2^-{self.params.precision_bits} grid",
+            "encoding": "CKKS, released as integers"
+            if res.integral
+            else f"CKKS, released on the 2^-{self.params.precision_bits} grid",
             "ciphertexts": res.num_ciphertexts,
             "uploaded": K,
             "upload_bytes_mean": float(np.mean(list(res.upload_bytes.values()))),

@@ -98,13 +98,17 @@ def secure_arrays(method: Any, *, d: int, C: int) -> list[tuple[str, int]]:
     return [(f, _FIELD_SIZE[f](d, C)) for f in names]
 
 
-@functools.lru_cache(maxsize=8)
-def ckks_sizes(params: CKKSParams = CKKSParams()) -> dict[str, int]:
+def ckks_sizes(params: CKKSParams | None = None) -> dict[str, int]:
     """Measured serialized sizes: one full ciphertext and the public context (TenSEAL)."""
+    return _ckks_sizes(CKKSParams() if params is None else params)
+
+
+@functools.lru_cache(maxsize=8)
+def _ckks_sizes(params: CKKSParams) -> dict[str, int]:
     import numpy as np
+    import tenseal as ts
 
     from mechanisms.ckks import CKKSKeyHolder, ckks_encrypt
-    import tenseal as ts
 
     holder = CKKSKeyHolder(params)
     pub = holder.public_context()
@@ -123,7 +127,7 @@ def secagg_upload_bytes(
     protocol: str = "mask",
     *,
     neighbours: int | None = None,
-    ckks_params: CKKSParams = CKKSParams(),
+    ckks_params: CKKSParams | None = None,
 ) -> dict[str, Any]:
     """Bytes per client of one aggregation of ``method`` under ``protocol``.
 
@@ -135,7 +139,8 @@ def secagg_upload_bytes(
     protocol : {"none", "mask", "ckks"}
     neighbours : int, optional
         SecAgg+ degree k (masking); ``None`` for the complete graph (k = K - 1).
-    ckks_params : CKKSParams
+    ckks_params : CKKSParams, optional
+        Defaults to ``CKKSParams()`` (N = 8192, [60, 40, 40, 60], scale 2^40).
 
     Returns
     -------
@@ -148,20 +153,33 @@ def secagg_upload_bytes(
     """
     for nm, v in (("M", M), ("K", K), ("d", d), ("C", C)):
         if isinstance(v, bool) or int(v) != v or int(v) < (0 if nm == "M" else 1):
-            raise InputError(f"{nm} must be a {'non-negative' if nm == 'M' else 'positive'} integer, got {v!r}")
+            raise InputError(
+                f"{nm} must be a {'non-negative' if nm == 'M' else 'positive'} integer, got {v!r}"
+            )
     M, K, d, C = int(M), int(K), int(d), int(C)
     if protocol not in PROTOCOLS:
         raise ConfigError(f"protocol must be one of {list(PROTOCOLS)}, got {protocol!r}")
     cls = _method_class(method)
     plain = cls.upload_bytes(M=M, K=K, d=d, C=C) / K
     if protocol == "none":
-        return {"protocol": "none", "method": cls.name, "upload": plain, "download": 0.0, "plain": plain,
-                "expansion": 1.0}
+        return {
+            "protocol": "none",
+            "method": cls.name,
+            "upload": plain,
+            "download": 0.0,
+            "plain": plain,
+            "expansion": 1.0,
+        }
     arrays = secure_arrays(cls, d=d, C=C)
     calls = len(arrays)
     values = sum(n for _, n in arrays)
-    out: dict[str, Any] = {"protocol": protocol, "method": cls.name, "plain": plain, "arrays": arrays,
-                           "calls": calls}
+    out: dict[str, Any] = {
+        "protocol": protocol,
+        "method": cls.name,
+        "plain": plain,
+        "arrays": arrays,
+        "calls": calls,
+    }
     if protocol == "mask":
         k = K - 1 if neighbours is None else min(int(neighbours), K - 1)
         payload = 8 * values
@@ -174,14 +192,27 @@ def secagg_upload_bytes(
             + masking.ID_BYTES * K
         )
         upload = payload + key_exchange + shares + unmask
-        out.update(payload=payload, key_exchange=key_exchange, shares=shares, unmask=unmask,
-                   neighbours=k, ring_bits=64)
+        out.update(
+            payload=payload,
+            key_exchange=key_exchange,
+            shares=shares,
+            unmask=unmask,
+            neighbours=k,
+            ring_bits=64,
+        )
     else:
+        ckks_params = CKKSParams() if ckks_params is None else ckks_params
         sizes = ckks_sizes(ckks_params)
         n_ct = sum(ckks_params.num_ciphertexts(n) for _, n in arrays)
         upload = n_ct * sizes["ciphertext"]
         download = calls * sizes["public_context"]
-        out.update(ciphertexts=upload, num_ciphertexts=n_ct, ciphertext_bytes=sizes["ciphertext"],
-                   public_context=sizes["public_context"])
-    out.update(upload=float(upload), download=float(download), expansion=upload / plain if plain else float("inf"))
+        out.update(
+            ciphertexts=upload,
+            num_ciphertexts=n_ct,
+            ciphertext_bytes=sizes["ciphertext"],
+            public_context=sizes["public_context"],
+        )
+    out.update(
+        upload=float(upload), download=float(download), expansion=upload / plain if plain else float("inf")
+    )
     return out

@@ -37,8 +37,9 @@ integer discrete-Gaussian shares with an exact sampler (OpenDP).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -49,8 +50,10 @@ __all__ = ["DistributedGaussian"]
 
 def _as_tuple(value: float | Sequence[float], name: str) -> tuple[float, ...]:
     vals = (value,) if np.isscalar(value) else tuple(value)
-    if not vals or any(not (isinstance(v, (int, float, np.floating, np.integer)) and math.isfinite(v) and v > 0)
-                       for v in vals):
+    if not vals or any(
+        not (isinstance(v, (int, float, np.floating, np.integer)) and math.isfinite(v) and v > 0)
+        for v in vals
+    ):
         raise ConfigError(f"{name} must be a positive finite number or a sequence of them, got {value!r}")
     return tuple(float(v) for v in vals)
 
@@ -87,8 +90,14 @@ class DistributedGaussian:
         object.__setattr__(self, "sensitivity", _as_tuple(self.sensitivity, "sensitivity"))
         if not (0 < float(self.delta) < 1):
             raise ConfigError(f"delta must lie in (0, 1), got delta={self.delta}")
-        if isinstance(self.tolerate, bool) or not isinstance(self.tolerate, (int, np.integer)) or self.tolerate < 0:
-            raise ConfigError(f"tolerate must be an integer >= 0 (clients that may drop or collude), got {self.tolerate!r}")
+        if (
+            isinstance(self.tolerate, bool)
+            or not isinstance(self.tolerate, (int, np.integer))
+            or self.tolerate < 0
+        ):
+            raise ConfigError(
+                f"tolerate must be an integer >= 0 (clients that may drop or collude), got {self.tolerate!r}"
+            )
 
     # -- per call -------------------------------------------------------------
     def _pick(self, values: tuple[float, ...], call: int, name: str) -> float:
@@ -122,7 +131,7 @@ class DistributedGaussian:
         sensitivity: float | Sequence[float],
         num_clients: int,
         tolerate: int = 0,
-    ) -> "DistributedGaussian":
+    ) -> DistributedGaussian:
         """Noise so that all statistics together are (epsilon, delta)-DP even with ``tolerate`` shares missing.
 
         With n statistics of sensitivities Delta_i, sigma_i = Delta_i z
@@ -142,7 +151,9 @@ class DistributedGaussian:
         z = dp_accounting.get_sigma_gaussian(epsilon, delta) * math.sqrt(len(sens)) * math.sqrt(K / (K - t))
         return cls(sigma=tuple(s * z for s in sens), sensitivity=sens, delta=delta, tolerate=t)
 
-    def guarantee(self, num_clients: int, num_calls: int | None = None, *, present: int | None = None) -> dict[str, Any]:
+    def guarantee(
+        self, num_clients: int, num_calls: int | None = None, *, present: int | None = None
+    ) -> dict[str, Any]:
         """(eps, delta) of the composed release, at full noise and with ``tolerate`` shares missing.
 
         Parameters
@@ -161,8 +172,12 @@ class DistributedGaussian:
         t = min(int(self.tolerate), K - 1)
 
         def at(fraction: float) -> dict[str, float]:
-            mu = math.sqrt(sum((self.sensitivity_for(i) / (self.sigma_for(i) * math.sqrt(fraction))) ** 2
-                               for i in range(n)))
+            mu = math.sqrt(
+                sum(
+                    (self.sensitivity_for(i) / (self.sigma_for(i) * math.sqrt(fraction))) ** 2
+                    for i in range(n)
+                )
+            )
             return {
                 "mu": mu,
                 "epsilon": float(dp_accounting.get_epsilon_gaussian(1.0 / mu, self.delta)),

@@ -16,7 +16,7 @@ Python integers.
 from __future__ import annotations
 
 import functools
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from privfed.errors import InputError
 
@@ -53,7 +53,9 @@ def split(
     if not 0 <= secret < PRIME:
         raise InputError("secret must lie in [0, PRIME); rejection-sample 32-byte secrets")
     if not 1 <= threshold <= len(xs):
-        raise InputError(f"threshold must lie in [1, {len(xs)}] (the number of share holders), got {threshold}")
+        raise InputError(
+            f"threshold must lie in [1, {len(xs)}] (the number of share holders), got {threshold}"
+        )
     if len(set(xs)) != len(xs) or any(x % PRIME == 0 for x in xs):
         raise InputError("share points must be distinct and non-zero modulo PRIME")
     coeffs = [secret]

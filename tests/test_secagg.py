@@ -86,7 +86,9 @@ def test_masked_sum_matches_plain_sum(K, shape):
     assert np.array_equal(exact.total, counts.sum(axis=0))
 
 
-@pytest.mark.parametrize("K, before, after", [(3, [], [2]), (10, [1, 2], [3, 4]), (100, list(range(20)), list(range(20, 49)))])
+@pytest.mark.parametrize(
+    "K, before, after", [(3, [], [2]), (10, [1, 2], [3, 4]), (100, list(range(20)), list(range(20, 49)))]
+)
 def test_masked_sum_with_dropouts_up_to_threshold(K, before, after):
     # Default threshold t = floor(K/2) + 1; K - |before| - |after| = t survivors is the limit.
     rng = np.random.default_rng(7)
@@ -115,7 +117,9 @@ def test_secagg_plus_sparse_graph_with_dropouts():
     assert all(u in graph[v] for u in range(20) for v in graph[u])  # symmetric
     assert graph == harary_graph(20, 6, np.random.default_rng(1))  # seeded
     X = rng.normal(size=(20, 9))
-    res = masked_sum(X, neighbours=6, dropped_before_upload=[2], dropped_after_upload=[5], key_seed=6, rng=rng)
+    res = masked_sum(
+        X, neighbours=6, dropped_before_upload=[2], dropped_after_upload=[5], key_seed=6, rng=rng
+    )
     assert res.threshold == 4  # majority of a group of 7 (itself and 6 neighbours)
     kept = np.setdiff1d(np.arange(20), [2])
     assert np.abs(res.total - X[kept].sum(axis=0)).max() <= _tol(19, 32, X)
@@ -204,7 +208,9 @@ def test_distributed_noise_calibration_survives_t_missing_shares():
     import dp_accounting
 
     K, t, eps, delta = 20, 5, 2.0, 1e-5
-    dg = DistributedGaussian.calibrate(epsilon=eps, delta=delta, sensitivity=[1.0, 3.0], num_clients=K, tolerate=t)
+    dg = DistributedGaussian.calibrate(
+        epsilon=eps, delta=delta, sensitivity=[1.0, 3.0], num_clients=K, tolerate=t
+    )
     g = dg.guarantee(K)
     assert g[f"with_{t}_missing"]["epsilon"] == pytest.approx(eps, rel=1e-6)
     assert g["full"]["epsilon"] < eps

@@ -7,8 +7,8 @@ import pytest
 
 ts = pytest.importorskip("tenseal")
 
-from mechanisms.ckks import CKKSAggregator, CKKSKeyHolder, CKKSParams, ckks_encrypt, ckks_sum  # noqa: E402
-from privfed.errors import ConfigError, InputError  # noqa: E402
+from mechanisms.ckks import CKKSAggregator, CKKSKeyHolder, CKKSParams, ckks_encrypt, ckks_sum
+from privfed.errors import ConfigError, InputError
 
 
 def test_ckks_sum_matches_plain_sum_across_ciphertexts():
