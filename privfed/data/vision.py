@@ -442,7 +442,7 @@ def features_from_datasets(
             return {"features": F, "labels": y}
 
         arrays, key, hit = _cache.cached_arrays(f"{name}-{split}", desc, compute, cache_dir)
-        if "features" not in arrays or "labels" not in arrays or arrays["features"].shape[0] != len(ds):
+        if not _valid_features(arrays) or arrays["features"].shape[0] != len(ds):
             path, key = _cache.artefact_path(f"{name}-{split}", desc, ".npz", cache_dir)
             arrays = compute()
             _cache.save_arrays(path, arrays, desc)
@@ -514,39 +514,51 @@ def load_vision_features(
             "weights=None gives random features; real data sets need pretrained weights ('DEFAULT')"
         )
     spec = BACKBONES[backbone]
-    wname = None if weights is None else (spec.default_weights if weights == "DEFAULT" else str(weights))
     description = {
         "dataset": name,
         "backbone": backbone,
-        "weights": wname,
+        "weights": spec.default_weights if weights == "DEFAULT" else str(weights),
         "preprocessing": preprocessing_description(name, image_size),
         "torchvision": ".".join(tv.__version__.split("+")[0].split(".")[:2]),
     }
+    num_classes = DATASETS[name]["num_classes"]
+    # Features already cached: neither the images nor the backbone are needed.
+    cached = {}
+    for split in ("train", "test"):
+        desc = {"artefact": "vision-features", "split": split, **description}
+        path, key = _cache.artefact_path(f"{name}-{split}", desc, ".npz", cache_dir)
+        got = _cache.load_arrays(path, desc)
+        if got is None or not _valid_features(got):
+            break
+        cached[split] = (got, key)
+    else:
+        (tr, ktr), (te, kte) = cached["train"], cached["test"]
+        return FeatureDataset(
+            name=name,
+            train_features=np.asarray(tr["features"], dtype=np.float64),
+            train_labels=np.asarray(tr["labels"], dtype=np.int64),
+            test_features=np.asarray(te["features"], dtype=np.float64),
+            test_labels=np.asarray(te["labels"], dtype=np.int64),
+            num_classes=num_classes,
+            meta={
+                **description,
+                "d": int(tr["features"].shape[1]),
+                "cache_key": {"train": ktr, "test": kte},
+                "cache_hit": {"train": True, "test": True},
+            },
+        )
     root = default_data_root(cache_dir) if root is None else pathlib.Path(root).expanduser()
     transform = preprocess(name, None)  # resized in batches on the device
-    # Open both splits before anything else so a missing data set fails fast.
+    # Open both splits before building the backbone so a missing data set fails fast.
     train = open_dataset(name, root, train=True, download=download, transform=transform)
     test = open_dataset(name, root, train=False, download=download, transform=transform)
-    # Cached features skip building the backbone (and any weight download).
-    probe = [
-        _cache.load_arrays(
-            _cache.artefact_path(
-                f"{name}-{s}", {"artefact": "vision-features", "split": s, **description}, ".npz", cache_dir
-            )[0],
-            {"artefact": "vision-features", "split": s, **description},
-        )
-        for s in ("train", "test")
-    ]
-    if all(p is not None for p in probe):
-        fx: Any = _NotBuilt()
-    else:
-        fx = build_backbone(backbone, weights, download=download, progress=progress)
+    fx = build_backbone(backbone, weights, download=download, progress=progress)
     return features_from_datasets(
         name,
         train,
         test,
         fx,
-        num_classes=DATASETS[name]["num_classes"],
+        num_classes=num_classes,
         description=description,
         cache_dir=cache_dir,
         batch_size=batch_size,
@@ -556,8 +568,6 @@ def load_vision_features(
     )
 
 
-class _NotBuilt(nn.Module):
-    """Stands in for a backbone whose features are all cached (never called)."""
-
-    def forward(self, x):  # pragma: no cover - only reached if the cache vanished mid-call
-        raise DatasetUnavailableError("cached features disappeared during loading; run again")
+def _valid_features(arrays: dict) -> bool:
+    F, y = arrays.get("features"), arrays.get("labels")
+    return F is not None and y is not None and F.ndim == 2 and y.ndim == 1 and F.shape[0] == y.shape[0] > 0
