@@ -480,10 +480,16 @@ def test_vision_pipeline_caches_and_skips_backbone(monkeypatch, tmp_path):
     assert ds.num_classes == 10 and ds.meta["backbone"] == "squeezenet1_1"
     assert ds.meta["weights"] == "IMAGENET1K_V1" and ds.meta["preprocessing"]["resize"] == 64
     assert built == ["squeezenet1_1"]
+
+    def gone(*a, **k):
+        raise DatasetUnavailableError("images deleted")
+
+    monkeypatch.setattr(vision, "open_dataset", gone)  # a cache hit needs neither images nor backbone
     again = vision.load_vision_features(
         "cifar10", cache_dir=tmp_path, progress=False, device="cpu", image_size=64
     )
     assert built == ["squeezenet1_1"]  # not rebuilt
+    monkeypatch.setattr(vision, "open_dataset", fake_open)
     assert again.meta["cache_hit"] == {"train": True, "test": True}
     np.testing.assert_array_equal(again.train_features, ds.train_features)
     # another preprocessing is another key
