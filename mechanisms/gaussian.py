@@ -411,7 +411,15 @@ class GaussianMechanism:
 
     # -- privacy hook protocol (privfed.pipeline) -------------------------------
     def check(self, method, secure_agg) -> None:
-        """Refuse settings under which the stated guarantee would not hold."""
+        """Refuse settings under which the stated guarantee would not hold.
+
+        A method that uploads the second moment (fed3r, fed3r-within, fedcgs)
+        is refused unless ``blocks`` includes ``"second"``, and ``"second"``
+        is refused for methods that do not upload it: the budget split is
+        never changed behind the caller's back.  Client level needs a trusted
+        aggregator or secure aggregation and a sum-only method; DP noise on
+        FedCOF's two-round secure protocol is refused.
+        """
         name = getattr(method, "name", repr(method))
         requires = set(getattr(method, "requires", ()))
         per_client = bool(getattr(method, "per_client", False))
