@@ -101,3 +101,52 @@ def test_secure_backend_end_to_end_records_rounding_slack():
     # rounding slack of 2^-10 * sqrt(6) raises epsilon only a little above the target
     assert 2.0 < rep.epsilon < 2.01
     assert not any("floating-point" in n for n in rep.notes)
+
+
+def _all_mechanisms():
+    from mechanisms import (
+        GaussianCountNoise,
+        GeometricCountNoise,
+        LaplaceCountNoise,
+        UniformCountNoiseNoDP,
+    )
+
+    return [
+        GaussianMechanism(epsilon=1.0, delta=1e-5, clip=2.0),
+        GaussianMechanism(epsilon=1.0, delta=1e-5, clip=2.0, trusted_aggregator=True, rounds=3),
+        GaussianMechanism(epsilon=1.0, delta=1e-5, clip=1.0, clip_norm="coordinate", split="joint"),
+        GaussianMechanism(epsilon=1.0, delta=1e-5, clip=2.0, level="client", max_records=50, trusted_aggregator=True),
+        LaplaceCountNoise(epsilon=1.0),
+        GeometricCountNoise(epsilon=1.0),
+        GaussianCountNoise(epsilon=1.0, delta=1e-5),
+        UniformCountNoiseNoDP(epsilon=0.5),
+    ]
+
+
+@pytest.mark.filterwarnings("ignore:noise backend 'numpy'")
+@pytest.mark.parametrize("mech", _all_mechanisms(), ids=repr)
+def test_mechanism_contract(mech):
+    """Every mechanism: the hook protocol, a documented guarantee, a ledger-computed JSON report."""
+    import json
+
+    from mechanisms import PrivacyReport
+
+    for hook in ("check", "clip", "before_upload", "after_aggregate", "report"):
+        assert callable(getattr(mech, hook))
+    assert hasattr(mech, "feature_transform")
+    doc = (type(mech).__doc__ or "") + (__import__(type(mech).__module__, fromlist=["x"]).__doc__ or "")
+    assert "eighbouring relation" in doc and "ensitivit" in doc
+    rng = np.random.default_rng(0)
+    F = rng.normal(size=(80, 4)) * 3
+    y = np.arange(80) % 4
+    k = np.arange(80) % 5
+    head = privfed.fit("fedncm", F, y, k, privacy=mech, random_state=1)
+    rep = head.privacy
+    assert isinstance(rep, PrivacyReport)
+    assert len(mech.ledger) == rep.num_events > 0
+    json.dumps(rep.as_dict())
+    if getattr(mech, "dp", True):
+        assert math.isfinite(rep.epsilon) and rep.epsilon <= mech.epsilon * (1 + 1e-6)
+    else:
+        assert rep.guarantee.startswith("NO DP GUARANTEE") and rep.epsilon == math.inf
+    assert np.all(np.isfinite(head.weight))
