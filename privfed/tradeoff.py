@@ -55,7 +55,7 @@ PROG = "python -m privfed.tradeoff"
 
 #: CSV / JSON record keys, in order.
 RECORD_KEYS = (
-    "method", "mechanism", "level", "epsilon", "delta", "seed", "accuracy", "nonprivate_accuracy",
+    "method", "mechanism", "level", "epsilon", "epsilon_reported", "delta", "seed", "accuracy", "nonprivate_accuracy",
     "sigma", "sigma_counts", "calibration", "rounds", "clip", "count_noise", "secure_agg",
     "upload_bytes", "guarantee", "notes",
 )
@@ -70,6 +70,7 @@ class TradeoffConfig:
     delta: float = 1e-5
     level: str = "record"
     clip: float | None = None
+    clip_norm: str = "l2"
     calibration: str = "analytic"
     rounds: int = 1
     count_noise: str | None = None
@@ -107,6 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
       "or a trusted aggregator) (default record)")
     a("--clip", type=float, metavar="C", help="L2 clip bound of each feature; default for digits: the median "
       "feature norm of the public split (no privacy cost); required for other datasets")
+    a("--clip-norm", choices=("l2", "coordinate"), help="l2 (default): ||f||_2 <= C; coordinate: every "
+      "coordinate in [-C, C] (FedLog's Theorem 3.1; needs an explicit --clip)")
     a("--calibration", choices=("analytic", "classic"), help="analytic Gaussian (tight, default) or the classic "
       "bound of the FedLog paper (valid only for eps <= 1)")
     a("--rounds", type=int, metavar="T", help="number of releases composed (default 1)")
@@ -167,7 +170,7 @@ def _load_config_file(path: str) -> dict[str, Any]:
 _FILE_KEYS = {
     "method", "methods", "eps", "epsilons", "delta", "level", "clip", "calibration", "rounds", "count_noise",
     "seeds", "clients", "partition", "alpha", "dataset", "backbone", "download", "secure_agg", "attack",
-    "attacks", "method_params", "plot", "max_records", "trusted_aggregator",
+    "attacks", "method_params", "plot", "max_records", "clip_norm", "trusted_aggregator",
 }
 
 
@@ -253,6 +256,9 @@ def resolve_config(args: argparse.Namespace) -> TradeoffConfig:
         _methods.get(mname, **p)  # validates names and values now, not mid-sweep
     level = str(pick(args.level, "level") or d.level)
     calibration = str(pick(args.calibration, "calibration") or d.calibration)
+    clip_norm = str(pick(args.clip_norm, "clip_norm") or d.clip_norm)
+    if clip_norm not in ("l2", "coordinate"):
+        raise ConfigError(f"--clip-norm must be l2 or coordinate, got {clip_norm!r}")
     if level not in ("record", "client"):
         raise ConfigError(f"--level must be record or client, got {level!r}")
     if calibration not in ("analytic", "classic"):
@@ -260,7 +266,7 @@ def resolve_config(args: argparse.Namespace) -> TradeoffConfig:
     plot = not args.no_plot and bool(base.get("plot", True))
     return TradeoffConfig(
         methods=methods, epsilons=epsilons, delta=delta, level=level,
-        clip=None if clip is None else float(clip), calibration=calibration, rounds=rounds,
+        clip=None if clip is None else float(clip), clip_norm=clip_norm, calibration=calibration, rounds=rounds,
         count_noise=count_noise, max_records=None if max_records is None else int(max_records),
         trusted_aggregator=bool(pick(args.trusted_aggregator, "trusted_aggregator") or False), seeds=seeds, clients=clients,
         partition=str(pick(args.partition, "partition") or d.partition), alpha=alpha,
@@ -280,6 +286,8 @@ def _seed_for(*parts: Any) -> np.random.Generator:
 def _default_clip(cfg: TradeoffConfig, dataset) -> float:
     if cfg.clip is not None:
         return cfg.clip
+    if cfg.clip_norm != "l2":
+        raise ConfigError("--clip-norm coordinate needs an explicit --clip B (the per-coordinate bound)")
     public_clip = dataset.meta.get("public_clip")
     if public_clip is None and dataset.name == "digits":
         public_clip = digits_public_clip()
@@ -372,7 +380,8 @@ def _sweep(cfg, ds, clip, records, bar, make_privacy, make_secure_agg, make_part
                     head = head0 if secure is None else server_head(
                         method, stats0, num_clients=K, rng=_seed_for(seed, mname, "secure"), secure_agg=secure)
                     rec.update(mechanism="none", accuracy=head.score(ds.test_features, ds.test_labels),
-                               sigma=0.0, sigma_counts=0.0, clip=None, guarantee="no protection (eps=inf)")
+                               sigma=0.0, sigma_counts=0.0, clip=None, guarantee="no protection (eps=inf)",
+                               epsilon_reported=math.inf)
                 else:
                     privacy = make_privacy(cfg, method, eps, clip, secure_agg=secure)
                     if clipped is None:
@@ -384,7 +393,7 @@ def _sweep(cfg, ds, clip, records, bar, make_privacy, make_secure_agg, make_part
                     rec.update(mechanism=rep.mechanism, accuracy=head.score(ds.test_features, ds.test_labels),
                                sigma=rep.sigma.get("sums", float("nan")),
                                sigma_counts=rep.sigma.get("counts", float("nan")),
-                               guarantee=rep.guarantee)
+                               guarantee=rep.guarantee, epsilon_reported=rep.epsilon)
                 upload = head.upload_bytes.get("per_client")
                 if head.secure_aggregation is not None:
                     upload = getattr(head.secure_aggregation, "bytes_per_client", upload)

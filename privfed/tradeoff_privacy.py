@@ -63,7 +63,7 @@ def make_privacy(cfg: Any, method: Any, epsilon: float, clip: float | None, *, s
             )
         mech = GaussianMechanism(
             epsilon=epsilon, delta=cfg.delta, clip=clip, level=cfg.level, blocks=blocks,
-            calibration=cfg.calibration, rounds=cfg.rounds,
+            calibration=cfg.calibration, rounds=cfg.rounds, clip_norm=cfg.clip_norm,
             trusted_aggregator=bool(cfg.trusted_aggregator and secure_agg is None),
             max_records=cfg.max_records if cfg.level == "client" else None,
         )
