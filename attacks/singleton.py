@@ -56,10 +56,14 @@ class SingletonExposure(Attack):
     def run(self, view: ServerView, rng: np.random.Generator | None = None, **_) -> SingletonResult:
         self.check(view)
         counts, sums = view.stats.counts, view.stats.sums
-        rows, classes = np.nonzero(np.rint(counts) == 1)
+        # A zero sum marks a class the client lacks (count noise gives it a count but no mean).
+        has_mean = np.abs(sums).sum(axis=-1) > 0
+        rows, classes = np.nonzero((np.rint(counts) == 1) & has_mean)
         owners = rows if view.stats.owners is None else view.stats.owners[rows]
-        # The count rounds to one: the sum is the feature (the released count may be noisy).
-        return SingletonResult(rows=rows, classes=classes, features=sums[rows, classes].copy(), owners=owners,
+        # The count rounds to one: the released mean sum / count is the feature.  Count noise
+        # (FedCOF App. I.1) leaves the mean exact, so a noisy count does not hide it.
+        feats = sums[rows, classes] / counts[rows, classes][:, None]
+        return SingletonResult(rows=rows, classes=classes, features=feats, owners=owners,
                                per_client=view.per_client)
 
     def score(self, result: SingletonResult, truth: GroundTruth) -> dict:

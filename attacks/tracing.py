@@ -13,7 +13,12 @@ member):
   H1: m ~ N(y/n + (n - 1) mu / n, (n - 1) Sigma / n^2 + tau^2 I),
   H0: m ~ N(mu, Sigma / n + tau^2 I), with tau = sigma_sums / n the noise std
   of the mean (the attacker knows the mechanism);
-* ``homer``: sum_j |y_j - mu_j| - |y_j - m_j| (Homer et al., PLoS Genetics 2008).
+* ``homer``: sum_j |y_j - mu_j| - |y_j - m_j| (Homer et al., PLoS Genetics 2008);
+* ``sum``: <y, S> on the released sum S = n m.  Under add/remove-one
+  neighbours the member's sum is the non-member's plus y, so this is the
+  Neyman-Pearson test when nothing else is in the sum (n = 1): against a
+  Gaussian release of noise sigma it reaches AUC = Phi(||y|| / (sigma sqrt 2)),
+  the GDP bound when ||y|| equals the clip bound.  It audits the noise.
 
 Scores are measured by AUC and TPR at low FPR (:mod:`attacks.metrics`) and
 compared with the closed form and the DP bounds of :mod:`attacks.theory`.
@@ -36,7 +41,7 @@ from privfed.errors import ConfigError, InputError
 
 __all__ = ["TESTS", "Tracing", "TracingResult", "reference_model", "trace_scores", "tracing_game"]
 
-TESTS = ("inner", "lrt", "homer")
+TESTS = ("inner", "lrt", "homer", "sum")
 
 
 @dataclass(frozen=True)
@@ -86,7 +91,7 @@ def trace_scores(
         The attacker's model of the class.
     tau : float or ndarray (P,)
         Noise standard deviation per coordinate of each released mean.
-    test : {"inner", "lrt", "homer"}
+    test : {"inner", "lrt", "homer", "sum"}
     """
     Y = np.atleast_2d(np.asarray(targets, float))
     M = np.atleast_2d(np.asarray(means, float))
@@ -95,6 +100,8 @@ def trace_scores(
     mu = model.mean
     if test == "inner":
         return ((Y - mu) * (M - mu)).sum(axis=1)
+    if test == "sum":
+        return (Y * (M * n[:, None])).sum(axis=1)
     if test == "homer":
         return (np.abs(Y - mu) - np.abs(Y - M)).sum(axis=1)
     if test != "lrt":

@@ -47,6 +47,11 @@ __all__ = [
 COUNT_NOISE_KINDS = ("laplace", "geometric", "gaussian", "uniform")
 
 
+#: ``name`` of the count-noise mechanisms of :mod:`mechanisms.count_noise` -> count-noise kind.
+_COUNT_MECHANISMS = {"laplace": "laplace", "geometric": "geometric", "gaussian-counts": "gaussian",
+                     "uniform (no DP guarantee)": "uniform"}
+
+
 def clip_rows(features: np.ndarray, clip: float) -> np.ndarray:
     """Scale every row to L2 norm at most ``clip`` (rows inside the ball are unchanged)."""
     F = np.asarray(features, dtype=np.float64)
@@ -247,6 +252,13 @@ class NoiseSpec:
         on each client's own upload: zero where a trusted aggregator noises
         only the sum, so the server sees every clean upload).
         """
+        kind = _COUNT_MECHANISMS.get(getattr(mechanism, "name", None))
+        if kind is not None and hasattr(mechanism, "perturb"):  # a count-noise mechanism
+            eps = float(mechanism.epsilon)
+            return cls(count_kind=kind, count_epsilon=eps, count_delta=getattr(mechanism, "delta", None),
+                       epsilon=eps, delta=float(getattr(mechanism, "delta", 0.0) or 0.0),
+                       guarantee=f"{type(mechanism).__name__}(epsilon={eps:g}): counts only"
+                       + ("" if getattr(mechanism, "dp", True) else ", NO DP GUARANTEE"))
         sigma = getattr(mechanism, "sigma", None) or {}
         if not isinstance(sigma, Mapping):
             raise ConfigError(f"mechanism {mechanism!r} has no per-block sigma mapping; pass a NoiseSpec instead")
@@ -279,8 +291,14 @@ class NoiseSpec:
         for name, arr in stats.arrays().items():
             s = self.sigma.get(name, 0.0)
             if name == "counts" and self.count_kind is not None:
-                new[name] = count_noise(arr, self.count_kind, epsilon=self.count_epsilon, delta=self.count_delta,
-                                        rng=rng)
+                noisy = count_noise(arr, self.count_kind, epsilon=self.count_epsilon, delta=self.count_delta,
+                                    rng=rng)
+                new[name] = noisy
+                # FedCOF App. I.1: the client sends its exact class mean, so the sum becomes n~ * mean
+                # (a cell clipped to 0 is not sent at all).
+                if "sums" in stats.available and self.sigma.get("sums", 0.0) <= 0:
+                    ratio = np.where(arr > 0, noisy / np.where(arr > 0, arr, 1.0), 0.0)
+                    new["sums"] = stats.sums * ratio[..., None]
                 continue
             if s <= 0:
                 continue

@@ -91,7 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
     a("--alpha", type=float, default=0.1, help="Dirichlet concentration")
     a("--max-groups", type=int, default=40, help="at most this many clients in --partition groups")
     a("--secure-agg", action="store_true", help="the server sees only the all-client sums")
-    a("--count-noise", default=None, help="labels attack: laplace, geometric, gaussian or uniform count noise")
+    a("--count-noise", default=None, help="noise on the counts only (FedCOF App. I.1) instead of the Gaussian "
+      "mechanism: laplace, geometric, gaussian or uniform (no DP)")
     a("--seed", default="0", help="seeds (comma list)")
     a("--backend", default=None, help="inversion backend: pixel, decoder or dip")
     a("--source", default=None, help="inversion source: mean or second (two-stage)")
@@ -123,8 +124,6 @@ def resolve_config(args: argparse.Namespace) -> AttackConfig:
         raise ConfigError(f"--partition {args.partition!r} unknown; use groups or one of {available_schemes()}")
     if args.count_noise is not None and args.count_noise not in COUNT_NOISE_KINDS:
         raise ConfigError(f"--count-noise must be one of {list(COUNT_NOISE_KINDS)}, got {args.count_noise!r}")
-    if args.count_noise is not None and args.attack != "labels":
-        raise ConfigError("--count-noise applies to --attack labels only")
     if args.clients < 1 or args.max_groups < 1:
         raise ConfigError("--clients and --max-groups must be >= 1")
     seeds = tuple(parse_int_list(args.seed, "--seed"))
@@ -176,14 +175,16 @@ def _clients(cfg: AttackConfig, labels, n: int, rng: np.random.Generator) -> np.
 
 
 def _privacy(cfg: AttackConfig, method, eps: float, clip: float):
-    from attacks.view import NoiseSpec
-
     if cfg.count_noise is not None:
         if math.isinf(eps):
             return None
-        return NoiseSpec(count_kind=cfg.count_noise, count_epsilon=eps,
-                         count_delta=cfg.delta if cfg.count_noise == "gaussian" else None, epsilon=eps,
-                         guarantee="none (heuristic)" if cfg.count_noise == "uniform" else f"{eps:g}-DP counts")
+        import mechanisms
+
+        if cfg.count_noise == "gaussian":
+            return mechanisms.GaussianCountNoise(epsilon=eps, delta=cfg.delta)
+        cls = {"laplace": mechanisms.LaplaceCountNoise, "geometric": mechanisms.GeometricCountNoise,
+               "uniform": mechanisms.UniformCountNoiseNoDP}[cfg.count_noise]
+        return cls(epsilon=eps)
     if math.isinf(eps):
         return None
     from mechanisms import GaussianMechanism
