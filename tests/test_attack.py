@@ -423,9 +423,9 @@ def test_label_inference_exact_on_clean_counts(digits):
 def test_count_noise_spec_mirrors_the_mechanisms():
     rng = np.random.default_rng(0)
     n = np.zeros(200000)
-    lap = count_noise(n + 5, "laplace", epsilon=0.5, rng=rng) - 5
-    # Laplace(b = 2) has mean absolute deviation b: 2 within 1 % (se of |X| ~ b / sqrt(N) = 0.0045)
-    assert np.mean(np.abs(lap[lap > -5])) == pytest.approx(2.0, rel=0.02)
+    lap = count_noise(n + 100, "laplace", epsilon=0.5, rng=rng) - 100  # far from the clip at 0
+    # Laplace(b = 2): E|X| = b = 2, sd(|X|) = b, so se = 2 / sqrt(2e5) = 0.0045; 2 % is > 8 se
+    assert np.mean(np.abs(lap)) == pytest.approx(2.0, rel=0.02)
     assert np.all(count_noise(n, "uniform", epsilon=0.3, rng=rng) == 0)
     with pytest.raises(ConfigError, match="delta"):
         count_noise(n, "gaussian", epsilon=1.0, rng=rng)
@@ -442,7 +442,9 @@ def test_same_seed_same_metrics(digits):
     for name in ("tracing", "subspace", "unmixing", "labels", "singleton"):
         a = attacks.evaluate(name, view, truth, rng=5)
         b = attacks.evaluate(name, view2, truth, rng=5)
-        assert a == b, name
+        assert a.keys() == b.keys(), name
+        for key in a:
+            assert a[key] == b[key] or (a[key] != a[key] and b[key] != b[key]), (name, key)  # NaN == NaN
 
 
 def test_lpips_fails_loudly_without_weights():
