@@ -22,8 +22,8 @@ Round 3 (Unmasking)
     The server announces U3, the clients whose y_u arrived.  Each surviving
     client v sends, for every neighbour u, the share of b_u if u is in U3
     and the share of s_u^SK if u dropped before uploading -- never both for
-    one u (a client refuses a request that asks for both, or that names
-    fewer than t uploaders around it).  The server rebuilds the seeds from t
+    one u: the client picks the kind from U3 itself, and refuses to answer
+    when U3 holds fewer than t members of its group.  The server rebuilds the seeds from t
     shares each, removes PRG(b_u) for u in U3 and the pair masks that
     survivors added with dropped clients, and decodes
         sum_{u in U3} x_u = sum_{u in U3} y_u - sum_{u in U3} PRG(b_u) -/+ (pair masks with U2 \\ U3).
