@@ -1,0 +1,144 @@
+"""Feature inversion from shared class sums on digits: n = 1 leaks, n = 16 / DP / secure sums do not.
+
+The public class-mean image is the baseline every reconstruction must
+beat: on digits it alone scores ~14 dB PSNR (attacks.md).  One-sided
+"no better than the baseline" checks allow 3 standard errors:
+
+* delta-PSNR: the mean over scored images of PSNR(recon) - PSNR(prior),
+  with its standard error from the per-image differences;
+* identification: with g released cells, each holding n images and one
+  reconstruction, a chance-level reconstruction hits one of its cell's images
+  with probability p = n / P_c (P_c ~ 90 private images per class), so the
+  per-image rate has standard error sqrt(g p (1 - p)) / (n g).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import attacks
+from attacks.view import GroundTruth, PublicData, class_groups
+from privfed.errors import ConfigError, InputError
+
+
+@pytest.fixture(scope="module")
+def digits(digits_backbone, digits_parts):
+    from privfed.data.digits import extract_features
+
+    sp = digits_parts
+    return {
+        "Fp": extract_features(digits_backbone, sp.private_images),
+        "yp": np.asarray(sp.private_labels),
+        "imp": np.asarray(sp.private_images),
+        "public": PublicData(labels=sp.public_labels, features=extract_features(digits_backbone, sp.public_images),
+                             images=sp.public_images),
+        "backbone": digits_backbone,
+    }
+
+
+def _view(d, method, n, groups, seed=1, **kw):
+    cl = class_groups(d["yp"], n, np.random.default_rng(seed), max_groups=groups)
+    return attacks.scenario(method, d["Fp"], d["yp"], cl, images=d["imp"], public=d["public"],
+                            backbone=d["backbone"], **kw)
+
+
+def _chance_margin(m: dict, n: int, groups: int) -> float:
+    """Chance identification plus 3 standard errors (module docstring)."""
+    p = min(1.0, n * m["chance_identification"])
+    return m["chance_identification"] + 3 * math.sqrt(groups * p * (1 - p)) / (n * groups)
+
+
+def _no_better_than_prior(m: dict, n: int, groups: int) -> None:
+    assert m["delta_psnr"] <= 3 * m["delta_psnr_se"], m
+    assert m["identification"] <= _chance_margin(m, n, groups), m
+
+
+def test_single_sample_means_are_inverted(digits):
+    view, truth = _view(digits, "fedncm", 1, 30)
+    m = attacks.evaluate("inversion", view, truth, rng=0)
+    # chance is ~1/90; P(Binomial(30, 0.011) >= 15) < 1e-20, so 0.5 is "well above chance"
+    assert m["identification"] >= 0.5, m  # measured 0.8
+    assert m["delta_psnr"] > max(1.0, 3 * m["delta_psnr_se"]), m  # measured +3.8 +- 0.4 dB
+    assert m["feature_cosine_target"] > 0.99
+
+
+def test_means_of_sixteen_are_no_better_than_the_prior(digits):
+    view, truth = _view(digits, "fedcof", 16, 20)
+    _no_better_than_prior(attacks.evaluate("inversion", view, truth, rng=0), 16, 20)  # measured -2.1 dB
+
+
+def test_strong_dp_defeats_inversion_of_single_samples(digits):
+    from mechanisms import GaussianMechanism
+
+    clip = float(np.median(np.linalg.norm(digits["public"].features, axis=1)))
+    mech = GaussianMechanism(epsilon=0.1, delta=1e-5, clip=clip)
+    with pytest.warns(UserWarning, match="floating-point"):
+        view, truth = _view(digits, "fedncm", 1, 30, privacy=mech, rng=2)
+    _no_better_than_prior(attacks.evaluate("inversion", view, truth, rng=0), 1, 30)
+
+
+def test_secure_aggregation_leaves_only_the_class_total(digits):
+    view, truth = _view(digits, "fedncm", 1, None, secure_agg=True)
+    assert view.stats.num_clients == 1
+    m = attacks.evaluate("inversion", view, truth, rng=0)
+    assert m["reconstructions"] == 10  # one per class: the all-client class mean
+    # every private image of a class is in its cell, so identification is 1 / P_c by construction;
+    # the PSNR check carries the claim
+    assert m["delta_psnr"] <= 3 * m["delta_psnr_se"], m  # measured -1.6 dB
+    assert m["identification"] <= m["chance_identification"] + 1e-12
+
+
+def test_second_moment_beats_the_mean_alone_at_n2(digits):
+    view, truth = _view(digits, "fedcgs", 2, 24)
+    mean_only = attacks.evaluate("inversion", view, truth, rng=0, source="mean")
+    two_stage = attacks.evaluate("inversion", view, truth, rng=0, source="second")
+    # 48 images each: the difference of two proportions has SE <= sqrt(2 * 0.25 / 48) = 0.10
+    se = math.sqrt(sum(p * (1 - p) / 48 for p in (mean_only["identification"], two_stage["identification"])))
+    assert two_stage["identification"] > mean_only["identification"] + 3 * se, (mean_only, two_stage)
+    assert two_stage["delta_psnr"] > mean_only["delta_psnr"]  # measured 0.68 vs 0.22, +2.9 vs -0.1 dB
+
+
+def test_decoder_backend_inverts_single_samples(digits):
+    view, truth = _view(digits, "fedncm", 1, 30)
+    m = attacks.evaluate("inversion", view, truth, rng=0, backend="decoder", decoder_epochs=300)
+    assert m["delta_psnr"] > 3 * m["delta_psnr_se"], m  # measured +1.8 dB
+    assert m["identification"] > _chance_margin(m, 1, 30)
+
+
+def test_deep_image_prior_smoke(digits):
+    view, truth = _view(digits, "fedncm", 1, 2)
+    res = attacks.get("inversion", backend="dip", dip_steps=5, max_cells=2).run(view, np.random.default_rng(0))
+    assert res.images.shape == (2, 8, 8) and np.all((res.images >= 0) & (res.images <= 1))
+    assert np.isfinite(res.recon_features).all()
+
+
+@pytest.mark.slow
+def test_deep_image_prior_identifies_above_chance(digits):
+    view, truth = _view(digits, "fedncm", 1, 10)
+    m = attacks.evaluate("inversion", view, truth, rng=0, backend="dip", dip_steps=1000)
+    assert m["identification"] > _chance_margin(m, 1, 10)  # measured 0.3 (the prior is weak at 8x8)
+
+
+def test_inversion_is_deterministic(digits):
+    view, truth = _view(digits, "fedncm", 1, 6)
+    a = attacks.evaluate("inversion", view, truth, rng=3, steps=50)
+    b = attacks.evaluate("inversion", view, truth, rng=3, steps=50)
+    assert a == b
+
+
+def test_inversion_refuses_bad_settings(digits):
+    with pytest.raises(ConfigError, match="unknown inversion backend"):
+        attacks.get("inversion", backend="gan")
+    with pytest.raises(ConfigError, match="steps must be a positive int"):
+        attacks.get("inversion", steps=0)
+    view, truth = _view(digits, "fedncm", 1, 4)
+    res = attacks.get("inversion", steps=5).run(view, np.random.default_rng(0))
+    no_images = GroundTruth(features=truth.features, labels=truth.labels, clients=truth.clients)
+    with pytest.raises(InputError, match="GroundTruth.images"):
+        attacks.get("inversion").score(res, no_images)
+    with pytest.raises(InputError, match="public images"):
+        attacks.evaluate("inversion", view.with_(public=PublicData(labels=view.public.labels,
+                                                                   features=view.public.features)), truth)
