@@ -36,6 +36,7 @@ the public context.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -241,6 +242,7 @@ def ckks_sum(
     params: CKKSParams = CKKSParams(),
     integers: str | bool = "auto",
     noise_std: float = 0.0,
+    add_noise: Callable[[np.ndarray, float, np.random.Generator], np.ndarray] | None = None,
     rng: np.random.Generator | None = None,
     value_bound: float | None = None,
     name: str = "statistic",
@@ -256,6 +258,9 @@ def ckks_sum(
         counts); ``"auto"`` detects whole-number stacks without noise.
     noise_std : float
         Standard deviation of each client's Gaussian noise share (0: none).
+    add_noise : callable, optional
+        ``add_noise(row, std, rng) -> noisy row`` draws a client's share (a
+        noise backend's ``add_gaussian``); default: numpy normal draws.
     rng : numpy.random.Generator, optional
         Draws the noise shares.
     value_bound : float, optional
@@ -303,7 +308,11 @@ def ckks_sum(
     for k in range(K):
         row = flat[k]
         if noise_std > 0:
-            row = row + rng.normal(0.0, noise_std, size=row.shape)
+            row = (
+                add_noise(row, noise_std, rng)
+                if add_noise is not None
+                else row + rng.normal(0.0, noise_std, row.shape)
+            )
         cts = ckks_encrypt(client_ctx, row, params.slots)
         view.ciphertexts[k] = cts
         up[k] = sum(len(c) for c in cts)

@@ -47,7 +47,7 @@ from __future__ import annotations
 import hashlib
 import os
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -353,6 +353,7 @@ def masked_sum(
     dropped_before_upload: Iterable[int] = (),
     dropped_after_upload: Iterable[int] = (),
     noise_std: float = 0.0,
+    add_noise: Callable[[np.ndarray, float, np.random.Generator], np.ndarray] | None = None,
     rng: np.random.Generator | None = None,
     key_seed: int | bytes | None = None,
     value_bound: float | None = None,
@@ -384,6 +385,9 @@ def masked_sum(
     noise_std : float
         Per-coordinate standard deviation of the Gaussian share each client
         adds to its input before encoding (distributed noise; 0 for none).
+    add_noise : callable, optional
+        ``add_noise(row, std, rng) -> noisy row`` draws a client's share (a
+        noise backend's ``add_gaussian``); default: numpy normal draws.
     rng : numpy.random.Generator, optional
         Drives the graph relabelling and the noise shares.
     key_seed : int or bytes, optional
@@ -479,7 +483,11 @@ def masked_sum(
             continue
         row = flat[c.u]
         if noise_std > 0:
-            row = row + rng.normal(0.0, noise_std, size=row.shape)
+            row = (
+                add_noise(row, noise_std, rng)
+                if add_noise is not None
+                else row + rng.normal(0.0, noise_std, row.shape)
+            )
         y = c.masked_input(fixed_point.encode(row, f), shared)
         view.masked_uploads[c.u] = y
         up[c.u]["masked_input"] = 8 * y.size

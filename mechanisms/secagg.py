@@ -212,7 +212,12 @@ class _Protocol:
         after = sorted({u for c in calls for u in c.get("dropped_after_upload", ())})
         noise = None
         if self.noise is not None and calls:
-            noise = self.noise.guarantee(K, len(calls), present=min(c["uploaded"] for c in calls))
+            noise = self.noise.guarantee(
+                K,
+                len(calls),
+                present=min(c["uploaded"] for c in calls),
+                sizes=[int(np.prod(c["shape"])) for c in calls],
+            )
         return SecureAggReport(
             protocol=self.name,
             method=getattr(method, "name", str(method)),
@@ -343,6 +348,7 @@ class PairwiseMasking(_Protocol):
             dropped_before_upload=before,
             dropped_after_upload=after,
             noise_std=self._noise_std(call, K),
+            add_noise=None if self.noise is None else self.noise.add_share,
             rng=rng,
             key_seed=None if self.key_seed is None else f"{self.key_seed}:{call}".encode(),
             name=f"secure sum {call + 1} (shape {stack.shape[1:]})",
@@ -409,6 +415,7 @@ class CKKSAggregation(_Protocol):
             params=self.params,
             integers=self.integers,
             noise_std=self._noise_std(call, K),
+            add_noise=None if self.noise is None else self.noise.add_share,
             rng=rng,
             name=f"secure sum {call + 1} (shape {stack.shape[1:]})",
         )

@@ -28,10 +28,13 @@ upload is rounded to the 2^-f grid: the decoded sum differs from the
 continuous-noise sum by at most K 2^-(f+1) per coordinate (2.3e-8 for
 K = 100, f = 32), negligible against any useful sigma; the stated guarantee
 is the continuous one (a discrete-Gaussian share as in Kairouz et al.
-would make it exact on the grid).  Shares here come from the numpy
-Generator, a research backend: floating-point samplers leak in the low
-bits (Mironov, CCS 2012; Jin et al., S&P 2022), so a deployment should draw
-integer discrete-Gaussian shares with an exact sampler (OpenDP).
+would make it exact on the grid).  Shares come from a noise backend
+(:mod:`mechanisms.backends`): the default numpy Generator is a research
+backend -- floating-point samplers leak in the low bits (Mironov, CCS
+2012; Jin et al., S&P 2022); ``backend="opendp"`` rounds each client's input
+to the backend's grid (a power of two, coarser than 2^-f, so the fixed-point
+encoding is then exact) and adds exact discrete-Gaussian integers, and the
+report adds the rounding slack grid * sqrt(D) to the sensitivity.
 """
 
 from __future__ import annotations
@@ -78,14 +81,23 @@ class DistributedGaussian:
     tolerate : int
         t, the number of clients that may drop out or collude; the report
         gives the guarantee with only (K - t)/K of the variance present.
+    backend : str or NoiseBackend, optional
+        Where the shares come from (:mod:`mechanisms.backends`): ``"numpy"``
+        (default, fast, floating point) or ``"opendp"`` (each client rounds
+        its input to the backend's grid and adds exact discrete-Gaussian
+        integers; the rounding slack is added to the sensitivity).
     """
 
     sigma: float | tuple[float, ...]
     sensitivity: float | tuple[float, ...] = 1.0
     delta: float = 1e-5
     tolerate: int = 0
+    backend: Any = None
 
     def __post_init__(self) -> None:
+        from mechanisms.backends import get_backend
+
+        object.__setattr__(self, "backend", get_backend(self.backend))
         object.__setattr__(self, "sigma", _as_tuple(self.sigma, "sigma"))
         object.__setattr__(self, "sensitivity", _as_tuple(self.sensitivity, "sensitivity"))
         if not (0 < float(self.delta) < 1):
@@ -116,6 +128,10 @@ class DistributedGaussian:
 
     def sensitivity_for(self, call: int) -> float:
         return self._pick(self.sensitivity, call, "sensitivity")
+
+    def add_share(self, row: np.ndarray, std: float, rng: np.random.Generator) -> np.ndarray:
+        """One client's input plus its noise share of standard deviation ``std`` (from the backend)."""
+        return np.asarray(self.backend.add_gaussian(row, std, rng), dtype=np.float64)
 
     def share_std(self, call: int, num_clients: int) -> float:
         """Standard deviation of one client's share: sigma / sqrt(K)."""
@@ -152,7 +168,12 @@ class DistributedGaussian:
         return cls(sigma=tuple(s * z for s in sens), sensitivity=sens, delta=delta, tolerate=t)
 
     def guarantee(
-        self, num_clients: int, num_calls: int | None = None, *, present: int | None = None
+        self,
+        num_clients: int,
+        num_calls: int | None = None,
+        *,
+        present: int | None = None,
+        sizes: list[int] | None = None,
     ) -> dict[str, Any]:
         """(eps, delta) of the composed release, at full noise and with ``tolerate`` shares missing.
 
@@ -164,37 +185,44 @@ class DistributedGaussian:
             Statistics summed (defaults to the number of sigma values).
         present : int, optional
             Shares actually in the sum (uploaders); adds the guarantee of this run.
+        sizes : list of int, optional
+            Values per client of each statistic; with a rounding backend the
+            sensitivity grows by its slack (grid * sqrt(size)).
         """
         import dp_accounting
 
         K = int(num_clients)
         n = len(self.sigma) if num_calls is None else int(num_calls)
         t = min(int(self.tolerate), K - 1)
+        slack = (
+            [0.0] * n if sizes is None else [self.backend.sensitivity_slack(int(sz), "l2") for sz in sizes]
+        )
+        sens = [self.sensitivity_for(i) + slack[i] for i in range(n)]
 
         def at(fraction: float) -> dict[str, float]:
-            mu = math.sqrt(
-                sum(
-                    (self.sensitivity_for(i) / (self.sigma_for(i) * math.sqrt(fraction))) ** 2
-                    for i in range(n)
-                )
-            )
+            mu = math.sqrt(sum((sens[i] / (self.sigma_for(i) * math.sqrt(fraction))) ** 2 for i in range(n)))
             return {
                 "mu": mu,
                 "epsilon": float(dp_accounting.get_epsilon_gaussian(1.0 / mu, self.delta)),
                 "sigma": [self.sigma_for(i) * math.sqrt(fraction) for i in range(n)],
             }
 
+        secure = bool(getattr(self.backend, "secure", False))
         out: dict[str, Any] = {
             "delta": self.delta,
             "num_clients": K,
             "statistics": n,
             "share_std": [self.share_std(i, K) for i in range(n)],
-            "sensitivity": [self.sensitivity_for(i) for i in range(n)],
+            "sensitivity": sens,
+            "rounding_slack": slack,
             "full": at(1.0),
             "tolerate": t,
             f"with_{t}_missing": at((K - t) / K),
             "neighbouring": "client level (add/remove one client's whole contribution)",
-            "note": "research backend: float Gaussian shares from numpy; use exact discrete Gaussian shares in deployment",
+            "backend": repr(self.backend),
+            "note": "exact discrete-Gaussian shares on the backend's grid"
+            if secure
+            else "research backend: floating-point Gaussian shares; use backend='opendp' for a real release",
         }
         if present is not None:
             out["this_run"] = at(max(int(present), 1) / K)

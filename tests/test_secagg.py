@@ -228,3 +228,26 @@ def test_distributed_noise_calibration_survives_t_missing_shares():
         DistributedGaussian.calibrate(epsilon=1, delta=1e-5, sensitivity=1, num_clients=5, tolerate=5)
     with pytest.raises(ConfigError, match="sigma"):
         DistributedGaussian(sigma=-1.0)
+
+
+def test_distributed_noise_with_exact_discrete_gaussian_shares():
+    pytest.importorskip("opendp")
+    from mechanisms.backends import OpenDPNoise
+
+    # Each client rounds to the 2^-10 grid and adds discrete-Gaussian integers: the sum lies on
+    # the grid, its noise variance is K s^2 (5-sigma band as above), and the report adds the
+    # rounding slack grid * sqrt(D) to the sensitivity.
+    K, D, grid = 4, 2000, 2.0**-10
+    dg = DistributedGaussian(sigma=2.0, sensitivity=1.0, backend=OpenDPNoise(grid=grid))
+    rng = np.random.default_rng(31)
+    X = rng.normal(size=(K, D))
+    s = dg.share_std(0, K)
+    res = masked_sum(X, noise_std=s, add_noise=dg.add_share, key_seed=32, rng=rng)
+    on_grid = res.total / grid
+    assert np.array_equal(on_grid, np.round(on_grid))
+    noise = res.total - (np.round(X / grid) * grid).sum(axis=0)
+    assert abs(np.var(noise) / 2.0**2 - 1) < 5 * math.sqrt(2 / D)
+    g = dg.guarantee(K, 1, sizes=[D])
+    assert g["rounding_slack"] == [pytest.approx(grid * math.sqrt(D))]
+    assert g["full"]["mu"] == pytest.approx((1.0 + grid * math.sqrt(D)) / 2.0)
+    assert "exact" in g["note"]
