@@ -34,6 +34,7 @@ __all__ = [
     "ServerView",
     "available",
     "evaluate",
+    "evaluate_federation",
     "get",
     "get_class",
     "register",
@@ -80,6 +81,46 @@ def evaluate(name: str, view: ServerView, truth: GroundTruth, *, rng: np.random.
     """
     rng = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(int(rng))
     return get(name, **params).evaluate(view, truth, rng)
+
+
+def evaluate_federation(name: str, method: str, features, labels, clients, *, rng: np.random.Generator | int = 0,
+                        attack_params: dict | None = None, images=None, holdout_features=None,
+                        holdout_labels=None, **view_kwargs: Any) -> dict:
+    """One call for result tables: build the server's view of a federation, attack it, score it.
+
+    Parameters
+    ----------
+    name : str
+        An attack from :func:`available`.
+    method, features, labels, clients :
+        The federation (clients -1: sample not uploaded).
+    rng : Generator or int
+        Drives the view's noise and the attack (two independent streams).
+    attack_params : dict, optional
+        Parameters of the attack (e.g. ``{"test": "inner"}`` for tracing).
+    images, holdout_features, holdout_labels :
+        The truth the metrics need: images for ``inversion``, non-members
+        for ``tracing`` and ``subspace``.
+    **view_kwargs
+        ``privacy`` (a :class:`NoiseSpec` or a mechanism, copied, so its
+        ledger is left untouched), ``secure_agg``, ``backbone``, ``public``,
+        ``num_classes`` and method parameters.
+
+    Returns
+    -------
+    dict
+        The attack's metrics (see each attack's ``score``).
+
+    Raises
+    ------
+    privfed.errors.InputError
+        When the view lacks what the attack reads (its message names it).
+    """
+    base = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(int(rng))
+    r_view, r_att = base.spawn(2)
+    view, truth = scenario(method, features, labels, clients, images=images, holdout_features=holdout_features,
+                           holdout_labels=holdout_labels, rng=r_view, **view_kwargs)
+    return get(name, **(attack_params or {})).evaluate(view, truth, r_att)
 
 
 def scenario(method: str, features, labels, clients, *, images=None, holdout_features=None,

@@ -586,7 +586,12 @@ class ServerView:
             view = cls.from_stats(stats, method=m.name, fields=exposed, secure_agg=secure, noise=spec, rng=rng,
                                   backbone=backbone, public=public)
         else:
+            import copy
+
             from privfed.pipeline import client_statistics
+
+            # A private copy: building the view must not append releases to the caller's ledger.
+            privacy = copy.deepcopy(privacy)
 
             stats = client_statistics(m, F, y, k, num_classes=C, num_clients=K, rng=rng, privacy=privacy,
                                       secure_agg=(secure_agg if not isinstance(secure_agg, bool) else object())

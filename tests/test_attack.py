@@ -458,3 +458,19 @@ def test_lpips_fails_loudly_without_weights():
 def test_ground_truth_validates_shapes():
     with pytest.raises(InputError, match="labels and clients"):
         GroundTruth(features=np.zeros((3, 2)), labels=[0, 1], clients=[0, 0, 0])
+
+
+def test_evaluate_federation_for_tables_leaves_the_mechanism_ledger_alone(digits):
+    from mechanisms import GaussianMechanism
+
+    cl = class_groups(digits["yp"], 1, np.random.default_rng(0), max_groups=60)
+    mech = GaussianMechanism(epsilon=1.0, delta=1e-5, clip=30.0)
+    kw = dict(privacy=mech, public=digits["public"], holdout_features=digits["Ft"], holdout_labels=digits["yt"])
+    with pytest.warns(UserWarning, match="floating-point"):
+        a = attacks.evaluate_federation("tracing", "fedncm", digits["Fp"], digits["yp"], cl, rng=4, **kw)
+    with pytest.warns(UserWarning, match="floating-point"):
+        b = attacks.evaluate_federation("tracing", "fedncm", digits["Fp"], digits["yp"], cl, rng=4, **kw)
+    assert a == b and 0 <= a["auc"] <= 1
+    assert len(mech.ledger.events) == 0
+    with pytest.raises(InputError, match="second"):
+        attacks.evaluate_federation("subspace", "fedncm", digits["Fp"], digits["yp"], cl, **kw)
