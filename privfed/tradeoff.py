@@ -418,7 +418,7 @@ def summarise(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
             accuracy_std=float(acc.std(ddof=1)) if len(rs) > 1 else 0.0,
             nonprivate_mean=float(acc0.mean()),
             nonprivate_std=float(acc0.std(ddof=1)) if len(rs) > 1 else 0.0,
-            delta=rs[0]["delta"], sigma=rs[0]["sigma"], calibration=rs[0]["calibration"],
+            delta=rs[0]["delta"], sigma=rs[0]["sigma"], sigma_counts=rs[0]["sigma_counts"], calibration=rs[0]["calibration"],
             level=rs[0]["level"], rounds=rs[0]["rounds"], mechanism=rs[0]["mechanism"],
             upload_bytes=float(np.mean([r["upload_bytes"] for r in rs])), guarantee=rs[0]["guarantee"],
         ))
@@ -426,8 +426,8 @@ def summarise(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def format_table(summary: list[dict[str, Any]]) -> str:
-    head = ("method", "eps", "accuracy", "non-private", "delta", "sigma", "calibration", "level", "rounds",
-            "bytes/client")
+    head = ("method", "eps", "accuracy", "non-private", "delta", "sigma sums/counts", "calibration", "level",
+            "rounds", "bytes/client")
     rows = []
     for s in summary:
         eps = "inf" if not math.isfinite(s["epsilon"]) else f"{s['epsilon']:g}"
@@ -435,7 +435,8 @@ def format_table(summary: list[dict[str, Any]]) -> str:
         rows.append((
             s["method"], eps, f"{s['accuracy_mean']:.4f} ± {s['accuracy_std']:.4f}",
             f"{s['nonprivate_mean']:.4f} ± {s['nonprivate_std']:.4f}",
-            f"{s['delta']:g}" if private else "-", f"{s['sigma']:.4g}" if private else "0",
+            f"{s['delta']:g}" if private else "-",
+            f"{s['sigma']:.4g} / {s['sigma_counts']:.4g}" if private else "0",
             s["calibration"] if private else "-", s["level"] if private else "-",
             str(s["rounds"]) if private else "-", f"{s['upload_bytes']:,.0f}",
         ))
@@ -521,6 +522,9 @@ def _body(argv: Sequence[str] | None) -> int:
     guarantees = sorted({s["guarantee"] for s in summary if math.isfinite(s["epsilon"])})
     for g in guarantees:
         print(f"guarantee: {g}")
+    if any(math.isfinite(e) for e in cfg.epsilons) and result["config"].clip is not None:
+        origin = "--clip" if cfg.clip is not None else "median feature norm of the public split (no privacy cost)"
+        print(f"clip: {result['config'].clip:.4g} ({result['config'].clip_norm}; {origin})")
     for w in result["warnings"]:
         print(f"note: {w}")
     print(f"wrote {out}/results.csv, results.json" + (", tradeoff.png" if cfg.plot else "")
