@@ -8,6 +8,8 @@
   SNR = (tr Sigma / n) / sqrt(tr(Sigma^2)/n + tau^2 tr Sigma),
   AUC = Phi(SNR / sqrt 2), TPR(a) = Phi(SNR + Phi^-1(a)) (attacks.md).
   Noise-free: SNR = sqrt(d_eff / n), d_eff = (tr Sigma)^2 / tr(Sigma^2).
+  A reference mean off by delta adds delta^T Sigma delta (1 + 1/n) to the
+  variance: it dominates at large n.
 * Any test against a mu-GDP release (Dong, Roth & Su 2022, Gaussian
   differential privacy): AUC <= Phi(mu / sqrt 2), TPR(a) <= Phi(Phi^-1(a) + mu);
   for a Gaussian mechanism mu = Delta / sigma.  Pure eps-DP: AUC <= e^eps / (1 + e^eps);
@@ -44,24 +46,36 @@ def effective_dimension(cov: np.ndarray) -> float:
     return float(np.trace(S) ** 2 / t2)
 
 
-def tracing_snr(cov: np.ndarray, n, tau: float = 0.0):
-    """SNR of the inner-product test on a mean of ``n`` records with noise std ``tau`` per coordinate."""
+def tracing_snr(cov: np.ndarray, n, tau: float = 0.0, offset=None):
+    """SNR of the inner-product test on a mean of ``n`` records with noise std ``tau`` per coordinate.
+
+    ``offset`` is delta = mu - mu_ref when the attacker's reference mean is
+    off (e.g. estimated on public data): T then carries <y - mu, delta>, the
+    same under both hypotheses, whose variance delta^T Sigma delta does not
+    shrink with n, and <m - mu, delta> with variance delta^T Sigma delta / n
+    (plus tau^2 ||delta||^2); both add to the denominator.
+    """
     S = np.asarray(cov, dtype=np.float64)
     n = np.asarray(n, dtype=np.float64)
     if np.any(n < 1):
         raise InputError("n must be >= 1")
     tr, tr2 = float(np.trace(S)), float(np.sum(S * S.T))
-    return (tr / n) / np.sqrt(tr2 / n + tau**2 * tr)
+    extra = 0.0
+    if offset is not None:
+        dlt = np.asarray(offset, dtype=np.float64)
+        q = float(dlt @ S @ dlt)
+        extra = q + q / n + tau**2 * float(dlt @ dlt)
+    return (tr / n) / np.sqrt(tr2 / n + tau**2 * tr + extra)
 
 
-def tracing_auc(cov: np.ndarray, n, tau: float = 0.0):
+def tracing_auc(cov: np.ndarray, n, tau: float = 0.0, offset=None):
     """Predicted AUC Phi(SNR / sqrt 2) of the inner-product test."""
-    return norm.cdf(tracing_snr(cov, n, tau) / math.sqrt(2.0))
+    return norm.cdf(tracing_snr(cov, n, tau, offset) / math.sqrt(2.0))
 
 
-def tracing_tpr(cov: np.ndarray, n, fpr: float, tau: float = 0.0):
+def tracing_tpr(cov: np.ndarray, n, fpr: float, tau: float = 0.0, offset=None):
     """Predicted TPR Phi(SNR + Phi^-1(fpr)) of the inner-product test at false-positive rate ``fpr``."""
-    return norm.cdf(tracing_snr(cov, n, tau) + norm.ppf(fpr))
+    return norm.cdf(tracing_snr(cov, n, tau, offset) + norm.ppf(fpr))
 
 
 def gdp_auc_bound(mu: float) -> float:
