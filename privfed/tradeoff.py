@@ -335,14 +335,17 @@ def run_tradeoff(cfg: TradeoffConfig, *, progress: bool = True) -> dict[str, Any
                               "drop it from --method or use --secure-agg none")
         for eps in finite[:1]:
             make_privacy(cfg, method, eps, clip, secure_agg=secure)
+    attack_ctx = _attack_context(cfg, ds) if cfg.attacks else None
     records: list[dict[str, Any]] = []
     total = len(cfg.seeds) * len(cfg.methods) * len(cfg.epsilons)
     bar = tqdm(total=total, desc="tradeoff", unit="run", disable=not progress, file=sys.stderr)
     caught: set[str] = set()
     with warnings.catch_warnings(record=True) as wlist:
         warnings.simplefilter("always")
-        _sweep(cfg, ds, clip, records, bar, make_privacy, make_secure_agg, make_partition)
+        _sweep(cfg, ds, clip, records, bar, make_privacy, make_secure_agg, make_partition, attack_ctx)
     caught.update(str(w.message) for w in wlist)
+    if attack_ctx is not None:
+        caught.update(attack_ctx["skipped"])
     bar.close()
     return {
         "config": cfg,
@@ -355,7 +358,55 @@ def run_tradeoff(cfg: TradeoffConfig, *, progress: bool = True) -> dict[str, Any
     }
 
 
-def _sweep(cfg, ds, clip, records, bar, make_privacy, make_secure_agg, make_partition) -> None:
+#: The metric of each attack drawn in the plot's attack panel (the CSV has them all).
+ATTACK_HEADLINE = {
+    "tracing": "auc", "singleton": "exposed_fraction", "inversion": "delta_psnr", "labels": "presence_auc",
+    "subspace": "auc", "unmixing": "matched_cosine",
+}
+
+
+def _attack_context(cfg: TradeoffConfig, ds) -> dict[str, Any]:
+    """What the attacks need: the backbone, the public split (attacker's knowledge) and the private images."""
+    import attacks
+
+    for name in cfg.attacks:
+        attacks.get_class(name)  # ConfigError listing the available ones
+    if ds.name != "digits":
+        raise ConfigError("--attack needs the digits default (its backbone and public split are the attacker's "
+                          f"knowledge); dataset {ds.name!r} has none")
+    from attacks.view import PublicData
+    from privfed.data.digits import digits_splits, extract_features, get_backbone
+
+    splits = digits_splits(0)
+    backbone = get_backbone(seed=0)
+    public = PublicData(labels=splits.public_labels, features=extract_features(backbone, splits.public_images),
+                        images=splits.public_images)
+    return {"backbone": backbone, "public": public, "images": splits.private_images, "skipped": set()}
+
+
+def _run_attacks(cfg, ds, ctx, rec, mname, clients, seed, eps, privacy, secure) -> None:
+    """Add ``attack_<name>_<metric>`` columns to ``rec`` (NaN where the attack cannot see what it needs)."""
+    import attacks
+
+    from privfed.errors import InputError
+
+    for name in cfg.attacks:
+        try:
+            metrics = attacks.evaluate_federation(
+                name, mname, ds.train_features, ds.train_labels, clients, rng=_seed_for(seed, mname, eps, name),
+                images=ctx["images"], holdout_features=ds.test_features, holdout_labels=ds.test_labels,
+                privacy=privacy, secure_agg=secure, backbone=ctx["backbone"], public=ctx["public"],
+                num_classes=ds.num_classes, **cfg.method_params.get(mname, {}),
+            )
+        except InputError as exc:
+            ctx["skipped"].add(f"attack {name!r} skipped for method {mname!r}: {exc}")
+            metrics = {ATTACK_HEADLINE.get(name, "value"): float("nan")}
+        for key, value in metrics.items():
+            if isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool):
+                rec[f"attack_{name}_{key}"] = float(value)
+
+
+def _sweep(cfg, ds, clip, records, bar, make_privacy, make_secure_agg, make_partition, attack_ctx=None) -> None:
     """The seeds x methods x budgets loop; statistics computed once per (seed, method)."""
     for seed in cfg.seeds:
         natural = ds.train_clients if cfg.partition == "natural" else None
@@ -399,6 +450,9 @@ def _sweep(cfg, ds, clip, records, bar, make_privacy, make_secure_agg, make_part
                     upload = getattr(head.secure_aggregation, "bytes_per_client", upload)
                 rec["upload_bytes"] = upload
                 rec["notes"] = "; ".join(head.notes)
+                if attack_ctx is not None:
+                    _run_attacks(cfg, ds, attack_ctx, rec, mname, part.clients, seed, eps,
+                                 None if not math.isfinite(eps) else privacy, secure)
                 records.append(rec)
                 bar.update(1)
 
@@ -421,8 +475,16 @@ def summarise(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
             delta=rs[0]["delta"], sigma=rs[0]["sigma"], sigma_counts=rs[0]["sigma_counts"], calibration=rs[0]["calibration"],
             level=rs[0]["level"], rounds=rs[0]["rounds"], mechanism=rs[0]["mechanism"],
             upload_bytes=float(np.mean([r["upload_bytes"] for r in rs])), guarantee=rs[0]["guarantee"],
+            **{k: float(np.nanmean([r.get(k, np.nan) for r in rs])) if not all(
+                np.isnan(r.get(k, np.nan)) for r in rs) else float("nan")
+               for k in _headline_keys(rs)},
         ))
     return out
+
+
+def _headline_keys(rows: list[dict[str, Any]]) -> list[str]:
+    keys = {k for r in rows for k in r}
+    return [f"attack_{a}_{m}" for a, m in ATTACK_HEADLINE.items() if f"attack_{a}_{m}" in keys]
 
 
 def format_table(summary: list[dict[str, Any]]) -> str:
@@ -440,6 +502,12 @@ def format_table(summary: list[dict[str, Any]]) -> str:
             s["calibration"] if private else "-", s["level"] if private else "-",
             str(s["rounds"]) if private else "-", f"{s['upload_bytes']:,.0f}",
         ))
+    att = [k for k in ATTACK_HEADLINE.items() if any(f"attack_{k[0]}_{k[1]}" in s for s in summary)]
+    if att:
+        head = (*head, *(f"{a} {m}" for a, m in att))
+        fmt = lambda v: "-" if not np.isfinite(v) else f"{v:.3f}"  # noqa: E731
+        rows = [(*r, *(fmt(s.get(f"attack_{a}_{m}", float("nan"))) for a, m in att))
+                for r, s in zip(rows, summary)]
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
     line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
     return "\n".join([line(head), line(["-" * w for w in widths]), *map(line, rows)])
@@ -454,13 +522,25 @@ def write_csv(path: Path, records: list[dict[str, Any]]) -> None:
             w.writerow({k: r.get(k, "") for k in (*RECORD_KEYS, *extra)})
 
 
+def _eps_ticks(ax, ticks: list[float]) -> None:
+    """Label exactly the budgets swept (log axes otherwise crowd minor labels)."""
+    from matplotlib.ticker import FixedLocator, NullFormatter, NullLocator
+
+    if ticks:
+        ax.xaxis.set_major_locator(FixedLocator(ticks))
+        ax.set_xticklabels([f"{t:g}" for t in ticks])
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.xaxis.set_minor_formatter(NullFormatter())
+
+
 def plot_tradeoff(path: Path, summary: list[dict[str, Any]], title: str = "") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    attack_cols = sorted({k for s in summary for k in s if k.startswith("attack_")})
+    attack_cols = [k for k in _headline_keys(summary)
+                   if any(np.isfinite(s.get(k, np.nan)) for s in summary)]
     fig, axes = plt.subplots(1, 2 if attack_cols else 1, figsize=(11 if attack_cols else 6.5, 4.2), squeeze=False)
     ax = axes[0, 0]
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
@@ -476,7 +556,9 @@ def plot_tradeoff(path: Path, summary: list[dict[str, Any]], title: str = "") ->
             ax.fill_between(x, mu - sd, mu + sd, color=c, alpha=0.2, lw=0)
         if base:
             ax.axhline(base[0], color=c, ls="--", lw=1, label=f"{m} non-private" if not rows else None)
+    eps_ticks = sorted({s["epsilon"] for s in summary if math.isfinite(s["epsilon"])})
     ax.set_xscale("log")
+    _eps_ticks(ax, eps_ticks)
     ax.set_xlabel("epsilon (log scale); dashed: non-private")
     ax.set_ylabel("test accuracy")
     ax.set_title(title or "privacy-utility trade-off")
@@ -486,14 +568,20 @@ def plot_tradeoff(path: Path, summary: list[dict[str, Any]], title: str = "") ->
         ax2 = axes[0, 1]
         for j, col in enumerate(attack_cols):
             for i, m in enumerate(dict.fromkeys(s["method"] for s in summary)):
-                rows = sorted((s for s in summary if s["method"] == m and math.isfinite(s["epsilon"]) and col in s),
-                              key=lambda s: s["epsilon"])
+                rows = sorted((s for s in summary if s["method"] == m and math.isfinite(s["epsilon"])
+                               and np.isfinite(s.get(col, np.nan))), key=lambda s: s["epsilon"])
+                clean = [s[col] for s in summary if s["method"] == m and not math.isfinite(s["epsilon"])
+                         and np.isfinite(s.get(col, np.nan))]
+                if clean:
+                    ax2.axhline(clean[0], color=colors[i % len(colors)], ls=["-", ":", "-.", "--"][j % 4], lw=0.8,
+                                alpha=0.6)
                 if rows:
-                    ax2.plot([s["epsilon"] for s in rows], [s[col] for s in rows], "o-",
+                    ax2.plot([s["epsilon"] for s in rows], [s[col] for s in rows], marker="o",
                              ls=["-", ":", "-.", "--"][j % 4], color=colors[i % len(colors)],
                              label=f"{m}: {col[7:]}", ms=4)
         ax2.set_xscale("log")
-        ax2.set_xlabel("epsilon (log scale)")
+        _eps_ticks(ax2, eps_ticks)
+        ax2.set_xlabel("epsilon (log scale); thin lines: no protection")
         ax2.set_ylabel("attack metric")
         ax2.set_title("what a curious server recovers")
         ax2.grid(alpha=0.3, which="both")

@@ -119,3 +119,35 @@ def test_offline_download_is_refused_clearly(tmp_path):
     assert "Traceback" not in proc.stderr
     assert "download" in proc.stderr.lower(), proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_attack_columns_and_panel(tmp_path, digits_dataset):
+    from privfed.federation import partition
+
+    out = tmp_path / "att"
+    argv = ["--method", "fedncm,fed3r", "--eps", "1,inf", "--seeds", "1", "--clients", "100",
+            "--attack", "singleton,tracing,subspace", "--out", str(out), "--quiet"]
+    assert main(argv) == 0
+    data = json.loads((out / "results.json").read_text())
+    recs = {(r["method"], str(r["epsilon"])): r for r in data["records"]}
+    # Singleton exposure without protection = the share of uploaded samples alone in their (client, class),
+    # computed here independently from the partition.
+    part = partition(digits_dataset.train_labels, 100, "dirichlet", alpha=0.1, rng=0)
+    kept = part.clients >= 0
+    pair = part.clients[kept] * 10 + digits_dataset.train_labels[kept]
+    alone = np.bincount(pair)[pair] == 1
+    assert recs[("fedncm", "inf")]["attack_singleton_exposed_fraction"] == pytest.approx(alone.mean(), abs=1e-12)
+    assert recs[("fedncm", "1.0")]["attack_singleton_exposed_fraction"] == 0.0  # noisy counts are never exactly 1
+    for r in data["records"]:
+        assert 0.0 <= r["attack_tracing_auc"] <= 1.0
+    # subspace needs the second moment: fed3r has it, fedncm does not (NaN and a note, not a crash).
+    # With 8 samples per client (< the ~35 live feature dimensions) range(G_k) pins each member exactly.
+    assert recs[("fed3r", "inf")]["attack_subspace_auc"] == 1.0
+    assert math.isnan(recs[("fedncm", "inf")]["attack_subspace_auc"])
+    assert any("'subspace' skipped for method 'fedncm'" in w for w in data["warnings"])
+
+
+def test_unknown_attack_is_refused(tmp_path, capsys, digits_cache):
+    code = main(["--method", "fedncm", "--attack", "nosuch", "--out", str(tmp_path / "o"), "--quiet"])
+    err = capsys.readouterr().err
+    assert code != 0 and "unknown attack 'nosuch'; available:" in err
