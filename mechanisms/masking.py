@@ -254,26 +254,28 @@ class _Client:
         self.c_sk = _private_key(self.c_sk_int)
         self.s_sk = _private_key(self.s_sk_int)
         self.received: dict[int, bytes] = {}
-        self.peer_keys: dict[int, tuple[bytes, bytes]] = {}
+        self.peer_keys: dict[int, tuple[X25519PublicKey, X25519PublicKey]] = {}
         self._channels: dict[int, AESGCM] = {}
 
     # Round 0
-    def advertise(self) -> tuple[bytes, bytes]:
-        return _pub_bytes(self.c_sk.public_key()), _pub_bytes(self.s_sk.public_key())
+    def advertise(self) -> tuple[X25519PublicKey, X25519PublicKey]:
+        """The public keys (c_u^PK, s_u^PK); the server relays them (32 bytes each on the wire)."""
+        return self.c_sk.public_key(), self.s_sk.public_key()
 
     def _channel(self, v: int) -> AESGCM:
         if v not in self._channels:
-            c_pk = X25519PublicKey.from_public_bytes(self.peer_keys[v][0])
-            self._channels[v] = AESGCM(_hkdf(self.c_sk.exchange(c_pk), _INFO_CHANNEL + self.session))
+            secret = self.c_sk.exchange(self.peer_keys[v][0])
+            self._channels[v] = AESGCM(_hkdf(secret, _INFO_CHANNEL + self.session))
         return self._channels[v]
 
     # Round 1
-    def share_keys(self, peer_keys: dict[int, tuple[bytes, bytes]], threshold: int) -> dict[int, bytes]:
+    def share_keys(
+        self, peer_keys: dict[int, tuple[X25519PublicKey, X25519PublicKey]], threshold: int
+    ) -> dict[int, bytes]:
         self.peer_keys = dict(peer_keys)
         holders = sorted(self.nbrs | {self.u})
         xs = [v + 1 for v in holders]
-        s_shares = shamir.split(self.s_sk_int, xs, threshold, self.keys)
-        b_shares = shamir.split(self.b, xs, threshold, self.keys)
+        s_shares, b_shares = shamir.split_many([self.s_sk_int, self.b], xs, threshold, self.keys)
         out = {}
         for v in holders:
             msg = (
@@ -297,9 +299,9 @@ class _Client:
         y = x.copy()
         buf = prg_buffer(y.size)
         y += prg_uint64(_hkdf(self.b.to_bytes(32, "little"), _INFO_SELF + self.session), y.size, buf)
+        info = _INFO_PAIR + self.session
         for v in sorted(self.nbrs & alive):
-            s_pk = X25519PublicKey.from_public_bytes(self.peer_keys[v][1])
-            m = prg_uint64(_hkdf(self.s_sk.exchange(s_pk), _INFO_PAIR + self.session), y.size, buf)
+            m = prg_uint64(_hkdf(self.s_sk.exchange(self.peer_keys[v][1]), info), y.size, buf)
             if v > self.u:
                 y += m
             else:
@@ -458,13 +460,14 @@ def masked_sum(
     # Round 0: advertise keys.
     t0 = time.perf_counter()
     clients = [_Client(u, graph[u], keys, session) for u in range(K)]
-    for c in clients:
-        view.public_keys[c.u] = c.advertise()
-        up[c.u]["public_keys"] = 2 * PUBLIC_KEY_BYTES
+    advertised = {c.u: c.advertise() for c in clients}
+    for u, (c_pk, s_pk) in advertised.items():
+        view.public_keys[u] = (_pub_bytes(c_pk), _pub_bytes(s_pk))
+        up[u]["public_keys"] = 2 * PUBLIC_KEY_BYTES
     # Round 1: share keys (the server relays ciphertexts).
     inbox: dict[int, dict[int, bytes]] = {u: {} for u in range(K)}
     for c in clients:
-        peers = {v: view.public_keys[v] for v in c.nbrs}
+        peers = {v: advertised[v] for v in c.nbrs}
         down[c.u] += len(peers) * (ID_BYTES + 2 * PUBLIC_KEY_BYTES)
         for v, ct in c.share_keys(peers, t).items():
             view.encrypted_shares[(c.u, v)] = ct
@@ -532,8 +535,7 @@ def masked_sum(
     for u in sorted(shared - uploaded):
         s_sk = _private_key(recover(s_shares[u], u, "mask key"))
         for v in sorted(graph[u] & uploaded):
-            s_pk = X25519PublicKey.from_public_bytes(view.public_keys[v][1])
-            m = prg_uint64(_hkdf(s_sk.exchange(s_pk), _INFO_PAIR + session), total.size, buf)
+            m = prg_uint64(_hkdf(s_sk.exchange(advertised[v][1]), _INFO_PAIR + session), total.size, buf)
             # v added +m if u > v, -m if u < v: undo it.
             if u > v:
                 total -= m

@@ -9,8 +9,21 @@ shares each client's self-mask seed and mask-agreement private key this way.
 
 p = 2^256 - 189 is the largest prime below 2^256, so every 32-byte secret
 below it (X25519 private keys, 256-bit seeds; rejection-sample the
-negligible 189 values above) is one field element.  Arithmetic is plain
-Python integers.
+negligible 189 values above) is one field element.
+
+:func:`split` evaluates one polynomial with Python integers.
+:func:`split_many` gives the same shares for several secrets at once with
+one floating-point matrix product: every field element is written as 16
+limbs of 16 bits, so
+
+    P(x) = sum_j c_j x^j = sum_{a,b} 2^(16 (a + b)) sum_j c_j[a] (x^j)[b]   (over the integers),
+
+and the inner sums over j, for all limbs a of all secrets and all limbs b
+of the public powers x^j of all points, are one product of a
+(secrets * 16, t) and a (t, points * 16) matrix.  Its entries are integers
+below t * 2^32, exact in float64 while t <= 2^20; the limb sums are then
+carried and reduced modulo p with Python integers.  The power table
+depends only on the points and t (public) and is cached.
 """
 
 from __future__ import annotations
@@ -18,14 +31,51 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Sequence
 
+import numpy as np
+
 from privfed.errors import InputError
 
-__all__ = ["PRIME", "SHARE_BYTES", "combine", "lagrange_at_zero", "split"]
+__all__ = ["PRIME", "SHARE_BYTES", "combine", "lagrange_at_zero", "split", "split_many"]
 
 #: The field modulus (prime).
 PRIME = 2**256 - 189
 #: Bytes of one serialised share value.
 SHARE_BYTES = 32
+
+_LIMB_BITS = 16
+_LIMBS = 8 * SHARE_BYTES // _LIMB_BITS
+#: Largest threshold the float64 product of :func:`split_many` evaluates exactly
+#: (entries below t * 2^32 <= 2^52); larger thresholds use :func:`split` per secret.
+_MAX_VECTOR_THRESHOLD = 2**20
+
+
+def _check(xs: Sequence[int], threshold: int) -> None:
+    if not 1 <= threshold <= len(xs):
+        raise InputError(
+            f"threshold must lie in [1, {len(xs)}] (the number of share holders), got {threshold}"
+        )
+    if len(set(xs)) != len(xs) or any(x % PRIME == 0 for x in xs):
+        raise InputError("share points must be distinct and non-zero modulo PRIME")
+
+
+def _check_secret(secret: int) -> None:
+    if not 0 <= secret < PRIME:
+        raise InputError("secret must lie in [0, PRIME); rejection-sample 32-byte secrets")
+
+
+def _coefficients(count: int, random_bytes: Callable[[int], bytes]) -> list[bytes]:
+    """``count`` uniform field elements as 32-byte little-endian strings (rejection sampling).
+
+    Reads the byte stream in the same order as drawing them one by one.
+    """
+    raw = random_bytes(SHARE_BYTES * count) if count else b""
+    out = [raw[i : i + SHARE_BYTES] for i in range(0, len(raw), SHARE_BYTES)]
+    out = [c for c in out if int.from_bytes(c, "little") < PRIME]
+    while len(out) < count:
+        c = random_bytes(SHARE_BYTES)
+        if int.from_bytes(c, "little") < PRIME:
+            out.append(c)
+    return out
 
 
 def split(
@@ -50,21 +100,66 @@ def split(
     dict
         x -> P(x).
     """
-    if not 0 <= secret < PRIME:
-        raise InputError("secret must lie in [0, PRIME); rejection-sample 32-byte secrets")
-    if not 1 <= threshold <= len(xs):
-        raise InputError(
-            f"threshold must lie in [1, {len(xs)}] (the number of share holders), got {threshold}"
-        )
-    if len(set(xs)) != len(xs) or any(x % PRIME == 0 for x in xs):
-        raise InputError("share points must be distinct and non-zero modulo PRIME")
-    coeffs = [secret]
-    while len(coeffs) < threshold:
-        c = int.from_bytes(random_bytes(SHARE_BYTES), "little")
-        if c < PRIME:
-            coeffs.append(c)
+    _check_secret(secret)
+    _check(xs, threshold)
+    coeffs = [secret] + [int.from_bytes(c, "little") for c in _coefficients(threshold - 1, random_bytes)]
     table = _powers(tuple(int(x) for x in xs), threshold)
     return {x: sum(c * p for c, p in zip(coeffs, pw)) % PRIME for x, pw in table.items()}
+
+
+def split_many(
+    secrets: Sequence[int], xs: Sequence[int], threshold: int, random_bytes: Callable[[int], bytes]
+) -> list[dict[int, int]]:
+    """Share several secrets at the same points: ``[split(s, xs, threshold, random_bytes) for s in secrets]``.
+
+    The coefficients are drawn from ``random_bytes`` in the same order as by
+    that loop (so a deterministic byte source gives identical shares); the
+    polynomials are evaluated at all points at once (see the module
+    docstring).
+
+    Parameters
+    ----------
+    secrets : sequence of int
+        Each in [0, PRIME).
+    xs, threshold, random_bytes
+        As for :func:`split`.
+
+    Returns
+    -------
+    list of dict
+        One x -> P(x) mapping per secret.
+    """
+    for s in secrets:
+        _check_secret(s)
+    _check(xs, threshold)
+    if threshold > _MAX_VECTOR_THRESHOLD:
+        return [split(s, xs, threshold, random_bytes) for s in secrets]
+    points = tuple(int(x) for x in xs)
+    S, n, t = len(secrets), len(points), threshold
+    if S == 0:
+        return []
+    raw = b"".join(
+        s.to_bytes(SHARE_BYTES, "little") + b"".join(_coefficients(t - 1, random_bytes)) for s in secrets
+    )
+    # coef[a * S + s, j]: limb a of coefficient j of secret s.
+    coef = np.frombuffer(raw, dtype="<u2").reshape(S, t, _LIMBS).transpose(2, 0, 1).reshape(_LIMBS * S, t)
+    # prod[a, s, b, x] = sum_j coef[s, j][a] * (x^j)[b]: integers below t * 2^32, exact in float64.
+    prod = (coef.astype(np.float64) @ _power_limbs(points, t)).astype(np.uint64)
+    prod = prod.reshape(_LIMBS, S, _LIMBS, n)
+    # acc[k, s, x] = sum_{a + b = k} prod[a, s, b, x], so P_s(x) = sum_k acc[k, s, x] 2^(16 k).
+    acc = np.zeros((2 * _LIMBS + 3, S, n), dtype=np.uint64)
+    for a in range(_LIMBS):
+        acc[a : a + _LIMBS] += prod[a].transpose(1, 0, 2)
+    # Carry into 16-bit limbs: acc < 16 t 2^32 <= 2^56 and P_s(x) < t 2^512 <= 2^532 (34 limbs).
+    mask, shift = np.uint64(0xFFFF), np.uint64(_LIMB_BITS)
+    for k in range(acc.shape[0] - 1):
+        acc[k + 1] += acc[k] >> shift
+        acc[k] &= mask
+    limbs = np.ascontiguousarray(acc.transpose(1, 2, 0), dtype="<u2")
+    return [
+        {x: int.from_bytes(limbs[s, i].tobytes(), "little") % PRIME for i, x in enumerate(points)}
+        for s in range(S)
+    ]
 
 
 @functools.lru_cache(maxsize=64)
@@ -77,6 +172,17 @@ def _powers(xs: tuple[int, ...], degree: int) -> dict[int, tuple[int, ...]]:
             pw.append(acc)
             acc = acc * x % PRIME
         out[x] = tuple(pw)
+    return out
+
+
+@functools.lru_cache(maxsize=8)
+def _power_limbs(xs: tuple[int, ...], degree: int) -> np.ndarray:
+    """(degree, 16 * len(xs)) float64: entry (j, b * len(xs) + i) is limb b of xs[i]^j mod PRIME."""
+    table = _powers(xs, degree)
+    raw = b"".join(p.to_bytes(SHARE_BYTES, "little") for x in xs for p in table[x])
+    limbs = np.frombuffer(raw, dtype="<u2").reshape(len(xs), degree, _LIMBS)
+    out = np.ascontiguousarray(limbs.transpose(1, 2, 0).reshape(degree, _LIMBS * len(xs)), dtype=np.float64)
+    out.flags.writeable = False
     return out
 
 

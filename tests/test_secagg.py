@@ -52,6 +52,94 @@ def test_shamir_rejects_bad_parameters():
         shamir.split(shamir.PRIME, [1, 2], 2, keys)
 
 
+def _horner_shares(secret: int, coeffs: list[int], xs: list[int]) -> dict[int, int]:
+    """Independent reference: P(x) = secret + c_1 x + ... by Horner's rule over Python integers."""
+    out = {}
+    for x in xs:
+        acc = 0
+        for c in reversed([secret] + coeffs):
+            acc = (acc * x + c) % shamir.PRIME
+        out[x] = acc
+    return out
+
+
+def _draw_coefficients(stream, count: int) -> list[int]:
+    """Uniform field elements read 32 bytes at a time from ``stream``, rejecting values >= PRIME."""
+    out = []
+    while len(out) < count:
+        c = int.from_bytes(stream(32), "little")
+        if c < shamir.PRIME:
+            out.append(c)
+    return out
+
+
+class _Stream:
+    """A byte source that serves ``prefix`` first, then a seeded ChaCha20 keystream."""
+
+    def __init__(self, prefix: bytes, seed: int) -> None:
+        self.prefix, self.keys = prefix, KeySource(seed=seed)
+
+    def __call__(self, n: int) -> bytes:
+        head, self.prefix = self.prefix[:n], self.prefix[n:]
+        return head + self.keys(n - len(head))
+
+
+@pytest.mark.parametrize("n, t", [(1, 1), (3, 1), (7, 7), (15, 8), (100, 51)])
+def test_shamir_split_many_equals_scalar_split_and_horner(n, t):
+    keys = KeySource(seed=n * 100 + t)
+    secrets = [keys.field_element(), keys.field_element(), 0, shamir.PRIME - 1]
+    xs = list(range(1, n + 1))[::-1] if n > 3 else [5, 2, 9][:n]
+    # A rejected block (>= PRIME) first: every path must skip it and read the stream in the same order.
+    reject = (shamir.PRIME + 5).to_bytes(32, "little")
+    a, b, c = _Stream(reject, 1), _Stream(reject, 1), _Stream(reject, 1)
+    many = shamir.split_many(secrets, xs, t, a)
+    one_by_one = [shamir.split(s, xs, t, b) for s in secrets]
+    reference = [_horner_shares(s, _draw_coefficients(c, t - 1), xs) for s in secrets]
+    assert many == one_by_one == reference
+    assert a(16) == b(16) == c(16)  # the same number of bytes was consumed
+    # Any t shares rebuild each secret exactly.
+    rng = np.random.default_rng(n + t)
+    for s, shares in zip(secrets, many):
+        for _ in range(3):
+            pick = [int(x) for x in rng.choice(xs, size=t, replace=False)]
+            assert shamir.combine({x: shares[x] for x in pick}, t) == s
+
+
+def test_shamir_split_many_carries_with_all_limbs_saturated():
+    # Coefficients and secret PRIME - 1 (limbs 0xFFFF except the lowest) maximise every partial sum.
+    top = (shamir.PRIME - 1).to_bytes(32, "little")
+    xs = [shamir.PRIME - 1 - i for i in range(40)] + list(range(1, 41))
+    many = shamir.split_many([shamir.PRIME - 1], xs, 60, lambda n: top * (n // 32))
+    assert many[0] == _horner_shares(shamir.PRIME - 1, [shamir.PRIME - 1] * 59, xs)
+
+
+def test_shamir_split_many_below_threshold_and_bad_input():
+    keys = KeySource(seed=3)
+    secret = keys.field_element()
+    xs = list(range(1, 12))
+    (shares,) = shamir.split_many([secret], xs, 6, keys)
+    # Five shares interpolate a degree-4 polynomial: a different constant (with prob. 1 - 1/p).
+    five = {x: shares[x] for x in xs[:5]}
+    with pytest.raises(InputError, match="need 6 shares"):
+        shamir.combine(five, 6)
+    assert shamir.combine(five, 5) != secret
+    assert shamir.split_many([], xs, 6, keys) == []
+    with pytest.raises(InputError, match="threshold"):
+        shamir.split_many([1], [1, 2, 3], 4, keys)
+    with pytest.raises(InputError, match="distinct"):
+        shamir.split_many([1], [1, 1, 3], 2, keys)
+    with pytest.raises(InputError, match="PRIME"):
+        shamir.split_many([1, shamir.PRIME], [1, 2], 2, keys)
+
+
+def test_shamir_split_many_above_the_float_exact_bound_falls_back(monkeypatch):
+    monkeypatch.setattr(shamir, "_MAX_VECTOR_THRESHOLD", 2)
+    secrets = [11, 12]
+    a, b = KeySource(seed=8), KeySource(seed=8)
+    xs = [1, 2, 3, 4]
+    assert shamir.split_many(secrets, xs, 3, a) == [shamir.split(s, xs, 3, b) for s in secrets]
+
+
 # --------------------------------------------------------------------------- fixed point
 def test_fixed_point_round_trip_and_overflow_refusal():
     rng = np.random.default_rng(0)
