@@ -4,9 +4,23 @@ from __future__ import annotations
 
 import numpy as np
 
-from privfed.errors import InputError
+from privfed.errors import ConfigError, InputError
 
-__all__ = ["check_features", "check_labels", "check_clients", "check_dataset"]
+__all__ = ["as_generator", "as_int_vector", "check_features", "check_labels", "check_clients", "check_dataset"]
+
+
+def as_generator(value, name: str = "random_state") -> np.random.Generator:
+    """A numpy Generator from None / a non-negative int seed / a Generator.
+
+    ``None`` gives seed 0, so an unseeded call is still reproducible.
+    """
+    if isinstance(value, np.random.Generator):
+        return value
+    if value is None:
+        return np.random.default_rng(0)
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= 0:
+        return np.random.default_rng(int(value))
+    raise ConfigError(f"{name} must be None, a non-negative int seed or a numpy Generator, got {value!r}")
 
 
 def check_features(features, name: str = "features", dim: int | None = None) -> np.ndarray:
@@ -36,7 +50,7 @@ def check_features(features, name: str = "features", dim: int | None = None) -> 
     return arr
 
 
-def _as_int_vector(values, name: str) -> np.ndarray:
+def as_int_vector(values, name: str) -> np.ndarray:
     arr = np.asarray(values)
     if arr.ndim != 1:
         raise InputError(f"{name} must be a 1-D array, got shape {arr.shape}")
@@ -51,7 +65,7 @@ def _as_int_vector(values, name: str) -> np.ndarray:
 
 def check_labels(labels, n: int, num_classes: int | None = None, name: str = "labels") -> tuple[np.ndarray, int]:
     """Return (labels as int64, num_classes); labels must lie in [0, num_classes)."""
-    y = _as_int_vector(labels, name)
+    y = as_int_vector(labels, name)
     if y.shape[0] != n:
         raise InputError(f"{name} has {y.shape[0]} entries but features has {n} rows; they must match")
     if y.min() < 0:
@@ -76,7 +90,7 @@ def check_clients(clients, n: int, name: str = "clients") -> tuple[np.ndarray, i
     Client ids must be ``0..K-1``; a client id with no sample is an error
     (a client with no data cannot upload anything meaningful).
     """
-    k = _as_int_vector(clients, name)
+    k = as_int_vector(clients, name)
     if k.shape[0] != n:
         raise InputError(f"{name} has {k.shape[0]} entries but features has {n} rows; they must match")
     if k.min() < 0:

@@ -7,23 +7,12 @@ from typing import Any
 import numpy as np
 
 from privfed import methods as _methods
-from privfed._validation import check_clients, check_features, check_labels
+from privfed._validation import as_generator, check_dataset
 from privfed.errors import ConfigError, InputError
 from privfed.head import LinearHead
 from privfed.pipeline import run_federation
 
-__all__ = ["fit", "as_generator"]
-
-
-def as_generator(random_state) -> np.random.Generator:
-    """A numpy Generator from None / int seed / Generator (``None`` gives seed 0, reproducible)."""
-    if isinstance(random_state, np.random.Generator):
-        return random_state
-    if random_state is None:
-        return np.random.default_rng(0)
-    if isinstance(random_state, (int, np.integer)) and not isinstance(random_state, bool) and random_state >= 0:
-        return np.random.default_rng(int(random_state))
-    raise ConfigError(f"random_state must be None, a non-negative int or a numpy Generator, got {random_state!r}")
+__all__ = ["fit"]
 
 
 def fit(
@@ -71,17 +60,12 @@ def fit(
     m = _methods.get(method, **params) if isinstance(method, str) else method
     if not isinstance(m, _methods.Method):
         raise ConfigError(f"method must be a name from {_methods.available()} or a Method, got {method!r}")
-    F = check_features(features)
-    y, C = check_labels(labels, F.shape[0], num_classes)
-    if clients is None:
-        k, K = np.zeros(F.shape[0], dtype=np.int64), 1
-    else:
-        k, K = check_clients(clients, F.shape[0])
+    F, y, k, C, K = check_dataset(features, labels, clients, num_classes)
     absent = np.flatnonzero(np.bincount(y, minlength=C) == 0)
     if absent.size:
         raise InputError(
             f"class(es) {absent[:10].tolist()} have no sample on any client; "
             "re-encode labels without gaps or pass a smaller num_classes"
         )
-    rng = as_generator(random_state)
+    rng = as_generator(random_state, "random_state")
     return run_federation(m, F, y, k, num_classes=C, num_clients=K, rng=rng, privacy=privacy, secure_agg=secure_agg)

@@ -27,7 +27,8 @@ from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from privfed import methods as _methods
-from privfed.api import as_generator, fit as _fit
+from privfed._validation import as_generator
+from privfed.api import fit as _fit
 from privfed.errors import ConfigError
 from privfed.head import LinearHead
 

@@ -40,35 +40,14 @@ from typing import Any
 
 import numpy as np
 
+from privfed._validation import as_generator, as_int_vector
 from privfed.errors import ConfigError, InputError
 
 __all__ = ["Partition", "available_schemes", "partition"]
 
 
-def _as_rng(rng) -> np.random.Generator:
-    if isinstance(rng, np.random.Generator):
-        return rng
-    if rng is None:
-        return np.random.default_rng(0)
-    if isinstance(rng, (int, np.integer)) and not isinstance(rng, bool) and rng >= 0:
-        return np.random.default_rng(int(rng))
-    raise ConfigError(f"rng must be None, a non-negative int seed or a numpy Generator, got {rng!r}")
-
-
-def _int_vector(values, name: str) -> np.ndarray:
-    arr = np.asarray(values)
-    if arr.ndim != 1:
-        raise InputError(f"{name} must be a 1-D array, got shape {arr.shape}")
-    if arr.dtype == object or not np.issubdtype(arr.dtype, np.number) or np.iscomplexobj(arr):
-        raise InputError(f"{name} must be integers, got dtype {arr.dtype}")
-    if not np.issubdtype(arr.dtype, np.integer):
-        if not np.all(np.isfinite(arr)) or np.any(arr != np.round(arr)):
-            raise InputError(f"{name} must hold whole numbers; found non-integer or non-finite values")
-    return arr.astype(np.int64)
-
-
 def _check_labels(labels, num_classes: int | None = None) -> tuple[np.ndarray, int]:
-    y = _int_vector(labels, "labels")
+    y = as_int_vector(labels, "labels")
     if y.size == 0:
         raise InputError("labels is empty; pass at least one sample")
     if y.min() < 0:
@@ -452,7 +431,7 @@ def partition(
                 "scheme 'natural' needs the client id of every sample (natural=, e.g. a feature file's "
                 "'clients' array); this data set has none: use another scheme such as 'dirichlet'"
             )
-        k = _int_vector(natural, "natural clients")
+        k = as_int_vector(natural, "natural clients")
         if k.size != N:
             raise InputError(f"natural clients has {k.size} entries but labels has {N}; they must match")
         if k.min() < 0:
@@ -481,7 +460,7 @@ def partition(
         max_tries = _positive_int(max_tries, "max_tries", "e.g. 1000")
     if scheme == "shards":
         classes_per_client = _positive_int(classes_per_client, "classes_per_client", "e.g. 2")
-    gen = _as_rng(rng)
+    gen = as_generator(rng, "rng")
     clients, extra = _SCHEMES[scheme](
         y,
         C,

@@ -241,11 +241,11 @@ def compute_client_stats(
         F, y, k, C, _ = check_dataset(features, labels, None, num_classes)
         K = 1
     else:
-        from privfed._validation import _as_int_vector, check_features, check_labels
+        from privfed._validation import as_int_vector, check_features, check_labels
 
         F = check_features(features)
         y, C = check_labels(labels, F.shape[0], num_classes)
-        k = _as_int_vector(clients, "clients")
+        k = as_int_vector(clients, "clients")
         if k.shape[0] != F.shape[0]:
             raise InputError(f"clients has {k.shape[0]} entries but features has {F.shape[0]} rows; they must match")
         if k.size and k.min() < 0:
