@@ -21,8 +21,9 @@ limbs of 16 bits, so
 and the inner sums over j, for all limbs a of all secrets and all limbs b
 of the public powers x^j of all points, are one product of a
 (secrets * 16, t) and a (t, points * 16) matrix.  Its entries are integers
-below t * 2^32, exact in float64 while t <= 2^20; the limb sums are then
-carried and reduced modulo p with Python integers.  The power table
+below t * 2^32 and the sums over a + b below 16 t 2^32, exact in float64
+while t <= 2^16; they are then carried into 16-bit limbs and reduced
+modulo p with Python integers.  The power table
 depends only on the points and t (public) and is cached.
 """
 
@@ -45,8 +46,8 @@ SHARE_BYTES = 32
 _LIMB_BITS = 16
 _LIMBS = 8 * SHARE_BYTES // _LIMB_BITS
 #: Largest threshold the float64 product of :func:`split_many` evaluates exactly
-#: (entries below t * 2^32 <= 2^52); larger thresholds use :func:`split` per secret.
-_MAX_VECTOR_THRESHOLD = 2**20
+#: (limb sums below 16 t 2^32 <= 2^52); larger thresholds use :func:`split` per secret.
+_MAX_VECTOR_THRESHOLD = 2**16
 
 
 def _check(xs: Sequence[int], threshold: int) -> None:
@@ -143,23 +144,23 @@ def split_many(
     )
     # coef[a * S + s, j]: limb a of coefficient j of secret s.
     coef = np.frombuffer(raw, dtype="<u2").reshape(S, t, _LIMBS).transpose(2, 0, 1).reshape(_LIMBS * S, t)
-    # prod[a, s, b, x] = sum_j coef[s, j][a] * (x^j)[b]: integers below t * 2^32, exact in float64.
-    prod = (coef.astype(np.float64) @ _power_limbs(points, t)).astype(np.uint64)
-    prod = prod.reshape(_LIMBS, S, _LIMBS, n)
-    # acc[k, s, x] = sum_{a + b = k} prod[a, s, b, x], so P_s(x) = sum_k acc[k, s, x] 2^(16 k).
-    acc = np.zeros((2 * _LIMBS + 3, S, n), dtype=np.uint64)
+    # prod[a, s, b, x] = sum_j coef[s, j][a] * (x^j)[b]: integers below t * 2^32.
+    prod = (coef.astype(np.float64, order="C") @ _power_limbs(points, t)).reshape(_LIMBS, S, _LIMBS, n)
+    # acc[k, s, x] = sum_{a + b = k} prod[a, s, b, x] < 16 t 2^32 <= 2^52 (exact in float64),
+    # so that P_s(x) = sum_k acc[k, s, x] 2^(16 k).
+    acc = np.zeros((2 * _LIMBS + 3, S, n))
     for a in range(_LIMBS):
         acc[a : a + _LIMBS] += prod[a].transpose(1, 0, 2)
-    # Carry into 16-bit limbs: acc < 16 t 2^32 <= 2^56 and P_s(x) < t 2^512 <= 2^532 (34 limbs).
+    acc = acc.astype(np.uint64)
+    # Carry into 16-bit limbs: P_s(x) < t 2^512 <= 2^528 fits 33 limbs.
     mask, shift = np.uint64(0xFFFF), np.uint64(_LIMB_BITS)
     for k in range(acc.shape[0] - 1):
         acc[k + 1] += acc[k] >> shift
         acc[k] &= mask
-    limbs = np.ascontiguousarray(acc.transpose(1, 2, 0), dtype="<u2")
-    return [
-        {x: int.from_bytes(limbs[s, i].tobytes(), "little") % PRIME for i, x in enumerate(points)}
-        for s in range(S)
-    ]
+    limbs = np.ascontiguousarray(acc.transpose(1, 2, 0), dtype="<u2").tobytes()
+    w = 2 * acc.shape[0]  # bytes per value
+    values = [int.from_bytes(limbs[o : o + w], "little") % PRIME for o in range(0, len(limbs), w)]
+    return [dict(zip(points, values[s * n : (s + 1) * n])) for s in range(S)]
 
 
 @functools.lru_cache(maxsize=64)
