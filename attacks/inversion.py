@@ -15,6 +15,8 @@ Backends (``backend=``):
   class-mean image;
 * ``decoder``: an MLP trained on the attacker's public (feature, image)
   pairs (Dosovitskiy & Brox, CVPR 2016), applied to the released feature;
+  under noise it is trained noise-aware (public features plus the view's
+  noise on a mean), so it returns the posterior-mean image;
 * ``dip``: a deep-image-prior generator (Ulyanov, Vedaldi & Lempitsky, CVPR
   2018): a small convolutional net from a fixed random input whose weights
   are optimised so that f(G(z)) matches, one net per target (grouped convs);
@@ -79,16 +81,19 @@ def _device(backbone):
         return _torch().device("cpu")
 
 
-def _feature_loss(backbone, x, t, tn):
+def _feature_loss(backbone, x, t, tn, loss: str = "l2"):
     f = backbone(x)
+    if loss == "cosine":  # scale-free: for means whose count (hence scale) is noisy
+        return 1.0 - (f * t).sum(1) / (f.norm(dim=1).clamp_min(1e-12) * tn.sqrt())
     return ((f - t) ** 2).sum(1) / tn
 
 
 def invert_pixels(backbone, targets: np.ndarray, init: np.ndarray, *, steps: int = 300, lr: float = 0.1,
-                  tv: float = 0.005, anchor: float = 0.0, seed: int = 0) -> np.ndarray:
+                  tv: float = 0.005, anchor: float = 0.0, loss: str = "l2", seed: int = 0) -> np.ndarray:
     """Pixel optimisation with a TV prior from ``init`` images; returns (r, H, W) float32 in [0, 1].
 
-    ``anchor`` adds anchor * mean((x - init)^2), a Gaussian prior centred on the start image.
+    ``anchor`` adds anchor * mean((x - init)^2), a Gaussian prior centred on the start image;
+    ``loss="cosine"`` matches the feature's direction only.
     """
     torch = _torch()
     dev = _device(backbone)
@@ -101,40 +106,63 @@ def invert_pixels(backbone, targets: np.ndarray, init: np.ndarray, *, steps: int
     for _ in range(int(steps)):
         opt.zero_grad()
         x = torch.sigmoid(z)
-        loss = _feature_loss(backbone, x, t, tn) + tv * total_variation(x)
+        obj = _feature_loss(backbone, x, t, tn, loss) + tv * total_variation(x)
         if anchor > 0:
-            loss = loss + anchor * ((x - x0) ** 2).flatten(1).mean(1)
-        loss = loss.sum()
-        loss.backward()
+            obj = obj + anchor * ((x - x0) ** 2).flatten(1).mean(1)
+        obj.sum().backward()
         opt.step()
     return torch.sigmoid(z).detach()[:, 0].cpu().numpy()
 
 
 class _Decoder:
-    """MLP feature -> image trained on public pairs (kept with its input scale)."""
+    """MLP (feature, class) -> image trained on public pairs (kept with its input scale)."""
 
-    def __init__(self, net, scale: float, shape):
-        self.net, self.scale, self.shape = net, scale, shape
+    def __init__(self, net, scale: float, shape, num_classes: int):
+        self.net, self.scale, self.shape, self.num_classes = net, scale, shape, num_classes
 
-    def __call__(self, features: np.ndarray) -> np.ndarray:
+    def __call__(self, features: np.ndarray, classes) -> np.ndarray:
         torch = _torch()
         with torch.no_grad():
-            x = torch.as_tensor(np.asarray(features, np.float32) / self.scale)
-            return self.net(x).reshape(-1, *self.shape).numpy()
+            x = _decoder_input(features, classes, self.scale, self.num_classes)
+            return self.net(torch.as_tensor(x)).reshape(-1, *self.shape).numpy()
 
 
-def train_decoder(features: np.ndarray, images: np.ndarray, *, hidden: int = 256, epochs: int = 400,
-                  lr: float = 3e-3, weight_decay: float = 1e-4, seed: int = 0) -> _Decoder:
-    """Train an MLP decoder (feature -> image, sigmoid output) on public pairs, full batch, Adam."""
+def _decoder_input(features, classes, scale: float, num_classes: int) -> np.ndarray:
+    F = np.asarray(features, np.float32) / scale
+    onehot = np.eye(num_classes, dtype=np.float32)[np.asarray(classes, dtype=np.int64)]
+    return np.hstack([F, onehot])
+
+
+def train_decoder(features: np.ndarray, images: np.ndarray, labels, *, hidden: int = 256, epochs: int = 400,
+                  lr: float = 3e-3, weight_decay: float = 1e-4, noise: float = 0.0, copies: int = 8,
+                  num_classes: int | None = None, seed: int = 0) -> _Decoder:
+    """Train an MLP decoder ((feature, class) -> image, sigmoid output) on public pairs, full batch, Adam.
+
+    The class of a released mean is public (it is the cell's class), so the
+    decoder takes it as a one-hot input next to the feature.
+
+    ``noise`` > 0 trains it noise-aware: ``copies`` copies of every public
+    feature get N(0, noise^2) per coordinate (then the ReLU floor at 0, as
+    the attacked targets), so it learns the posterior-mean image of a noisy
+    released mean, which falls back to the class prior as the noise grows.
+    """
     torch = _torch()
     from torch import nn
 
     F = np.asarray(features, np.float32)
     im = np.asarray(images, np.float32)
-    shape = im.shape[1:]
+    y = np.asarray(labels, dtype=np.int64)
+    C = int(num_classes if num_classes is not None else y.max() + 1)
     scale = float(np.sqrt((F**2).sum(1).mean())) or 1.0
+    if noise > 0:
+        rs = np.random.default_rng(seed)
+        F = np.maximum(np.tile(F, (copies, 1)) + rs.normal(0.0, noise, size=(F.shape[0] * copies, F.shape[1])),
+                       0.0).astype(np.float32)
+        im = np.tile(im, (copies, 1, 1))
+        y = np.tile(y, copies)
+    shape = im.shape[1:]
     g = torch.Generator().manual_seed(seed)
-    net = nn.Sequential(nn.Linear(F.shape[1], hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
+    net = nn.Sequential(nn.Linear(F.shape[1] + C, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
                         nn.Linear(hidden, int(np.prod(shape))), nn.Sigmoid())
     with torch.no_grad():
         for p in net.parameters():
@@ -143,7 +171,7 @@ def train_decoder(features: np.ndarray, images: np.ndarray, *, hidden: int = 256
                 p.copy_(torch.rand(p.shape, generator=g) * 2 * bound - bound)
             else:
                 p.zero_()
-    X = torch.as_tensor(F / scale)
+    X = torch.as_tensor(_decoder_input(F, y, scale, C))
     Y = torch.as_tensor(np.array(im.reshape(im.shape[0], -1)))
     opt = torch.optim.Adam(net.parameters(), lr=lr, weight_decay=weight_decay)
     for _ in range(int(epochs)):
@@ -152,11 +180,11 @@ def train_decoder(features: np.ndarray, images: np.ndarray, *, hidden: int = 256
         loss.backward()
         opt.step()
     net.eval()
-    return _Decoder(net, scale, shape)
+    return _Decoder(net, scale, shape, C)
 
 
 def invert_dip(backbone, targets: np.ndarray, shape, *, steps: int = 500, lr: float = 0.01, width: int = 32,
-               tv: float = 0.0, seed: int = 0) -> np.ndarray:
+               tv: float = 0.0, loss: str = "l2", seed: int = 0) -> np.ndarray:
     """Deep-image-prior inversion: one small generator per target, optimised jointly (grouped convs)."""
     torch = _torch()
     from torch import nn
@@ -179,10 +207,10 @@ def invert_dip(backbone, targets: np.ndarray, shape, *, steps: int = 500, lr: fl
     for _ in range(int(steps)):
         opt.zero_grad()
         x = net(z).reshape(r, 1, H, W)
-        loss = _feature_loss(backbone, x, t, tn)
+        obj = _feature_loss(backbone, x, t, tn, loss)
         if tv > 0:
-            loss = loss + tv * total_variation(x)
-        loss.sum().backward()
+            obj = obj + tv * total_variation(x)
+        obj.sum().backward()
         opt.step()
     with torch.no_grad():
         return net(z).reshape(r, H, W).cpu().numpy()
@@ -215,6 +243,7 @@ class FeatureInversion(Attack):
         "lr": 0.1,
         "tv": 0.005,
         "anchor": 0.0,
+        "loss": "auto",
         "max_cells": 40,
         "max_count": None,
         "max_samples": 8,
@@ -226,6 +255,8 @@ class FeatureInversion(Attack):
         p = self.params
         if p["backend"] not in BACKENDS:
             raise ConfigError(f"unknown inversion backend {p['backend']!r}; choose from {list(BACKENDS)}")
+        if p["loss"] not in ("auto", "l2", "cosine"):
+            raise ConfigError(f"loss must be 'auto', 'l2' or 'cosine', got {p['loss']!r}")
         if p["source"] not in SOURCES:
             raise ConfigError(f"unknown inversion source {p['source']!r}; choose from {list(SOURCES)}")
         for k in ("steps", "max_cells", "max_samples", "decoder_epochs", "dip_steps"):
@@ -250,33 +281,54 @@ class FeatureInversion(Attack):
             rows, classes = rows[pick], classes[pick]
         return rows, classes
 
-    def _invert(self, view: ServerView, targets, classes, rng: np.random.Generator) -> np.ndarray:
+    def _invert(self, view: ServerView, targets, classes, counts, rng: np.random.Generator) -> np.ndarray:
         prior = view.public.class_mean_images(view.num_classes)
         init = prior[classes]
         seed = int(rng.integers(2**31))
         b = self.params["backend"]
+        loss = self.params["loss"]
+        if loss == "auto":  # noisy counts scale the released means at random: match directions only
+            noisy_counts = view.noise.count_kind is not None or view.noise.sigma.get("counts", 0.0) > 0
+            loss = "cosine" if noisy_counts else "l2"
         if b == "pixel":
             return invert_pixels(view.backbone, targets, init, steps=self.params["steps"], lr=self.params["lr"],
-                                 tv=self.params["tv"], anchor=self.params["anchor"], seed=seed)
+                                 tv=self.params["tv"], anchor=self.params["anchor"], loss=loss, seed=seed)
         if b == "decoder":
-            dec = train_decoder(view.public.features, view.public.images, epochs=self.params["decoder_epochs"],
+            # Noise-aware: the per-coordinate noise std of the released means (sigma_sums / count).
+            tau = float(np.median(view.noise.sigma.get("sums", 0.0) / np.maximum(counts, 1.0)))
+            dec = train_decoder(view.public.features, view.public.images, view.public.labels,
+                                epochs=self.params["decoder_epochs"], noise=tau, num_classes=view.num_classes,
                                 seed=seed)
-            return dec(targets)
-        return invert_dip(view.backbone, targets, prior.shape[1:], steps=self.params["dip_steps"], seed=seed)
+            return dec(targets, classes)
+        return invert_dip(view.backbone, targets, prior.shape[1:], steps=self.params["dip_steps"], loss=loss,
+                          seed=seed)
 
-    def run(self, view: ServerView, rng: np.random.Generator, **_) -> InversionResult:
+    def run(self, view: ServerView, rng: np.random.Generator, *, cells=None, **_) -> InversionResult:
+        """Invert released cells.
+
+        ``cells``: optional (rows, classes) to attack (the challenge: e.g. the
+        cells that truly hold data); by default every cell whose released
+        count is at least 0.5 (at most ``max_cells``, drawn at random).
+        With ``source="second"`` the rows are clients to unmix.
+        """
         self.check(view)
         st = view.stats
         if self.params["source"] == "mean":
-            rows, classes = self._cells(view, rng)
+            if cells is None:
+                rows, classes = self._cells(view, rng)
+            else:
+                rows, classes = (np.asarray(a, dtype=np.int64) for a in cells)
             if rows.size == 0:
                 raise InputError("no released class mean to invert (every count is below 0.5)")
             n = np.maximum(st.counts[rows, classes], 1.0)
             targets = st.sums[rows, classes] / n[:, None]
+            counts = n
             group_by_class = True
         else:
             n_k = np.rint(np.maximum(st.counts, 0)).sum(axis=1).astype(int)
             cand = np.flatnonzero((n_k >= 1) & (n_k <= int(self.params["max_samples"])))
+            if cells is not None:
+                cand = np.intersect1d(cand, np.asarray(cells[0], dtype=np.int64))
             cand = cand[: int(self.params["max_cells"])]
             if cand.size == 0:
                 raise InputError(f"no client holds 1..{self.params['max_samples']} samples; nothing to unmix")
@@ -287,9 +339,10 @@ class FeatureInversion(Attack):
                 r_cls += list(lab)
                 r_t.append(f)
             rows, classes, targets = np.array(r_rows), np.array(r_cls), np.concatenate(r_t)
+            counts = np.ones(rows.size)
             group_by_class = False
         targets = np.maximum(targets, 0.0)  # post-ReLU features are non-negative; noise is not
-        images = self._invert(view, targets, classes, rng)
+        images = self._invert(view, targets, classes, counts, rng)
         rf = _features(view.backbone, images)
         baseline = view.public.class_mean_images(view.num_classes)[classes]
         owners = rows if st.owners is None else st.owners[rows]
@@ -370,7 +423,27 @@ class FeatureInversion(Attack):
         }
 
     def evaluate(self, view: ServerView, truth: GroundTruth, rng: np.random.Generator) -> dict:
-        return self.score(self.run(view, rng), truth)
+        """Challenge: up to ``max_cells`` released cells that truly hold data (drawn at random)."""
+        return self.score(self.run(view, rng, cells=challenge_cells(view, truth, rng, self.params["max_cells"])),
+                          truth)
+
+
+def challenge_cells(view: ServerView, truth: GroundTruth, rng: np.random.Generator, max_cells: int):
+    """The (row, class) cells of ``view`` that hold private data, at most ``max_cells`` of them."""
+    keep = truth.clients >= 0
+    C = view.num_classes
+    if view.per_client:
+        if view.stats.owners is not None:
+            raise InputError("challenge cells of pseudo-client rows are not defined; pass cells= to run()")
+        K = view.stats.num_clients
+        n = np.bincount(truth.clients[keep] * C + truth.labels[keep], minlength=K * C).reshape(K, C)
+    else:
+        n = np.bincount(truth.labels[keep], minlength=C)[None]
+    rows, classes = np.nonzero(n > 0)
+    if rows.size > max_cells:
+        pick = np.sort(rng.choice(rows.size, size=max_cells, replace=False))
+        rows, classes = rows[pick], classes[pick]
+    return rows, classes
 
 
 def _features(backbone, images: np.ndarray) -> np.ndarray:

@@ -222,7 +222,7 @@ def run_attacks(cfg: AttackConfig, *, progress: bool = True) -> dict[str, Any]:
                                            holdout_labels=yt, holdout_images=imt, privacy=privacy,
                                            secure_agg=cfg.secure_agg, backbone=bb, public=public, rng=r_view)
         att = attacks.get(cfg.attack, **cfg.attack_params)
-        result = att.run(view, r_att, **_challenge(cfg.attack, truth, view, r_att))
+        result = att.run(view, r_att, **_challenge(att, truth, view, r_att))
         metrics = att.score(result, truth)
         row = {"attack": cfg.attack, "method": mname, "eps": eps, "delta": cfg.delta if math.isfinite(eps) else 0.0,
                "clip": clip if (math.isfinite(eps) and cfg.count_noise is None) else None, "n": n,
@@ -237,14 +237,20 @@ def run_attacks(cfg: AttackConfig, *, progress: bool = True) -> dict[str, Any]:
             "timing": {"data_s": t_data, "total_s": time.perf_counter() - t0}}
 
 
-def _challenge(name: str, truth, view, rng) -> dict:
-    """The targets a membership attack is asked about (members and holdout non-members)."""
+def _challenge(att, truth, view, rng) -> dict:
+    """The challenge: cells to invert (those holding data), or targets to trace (members and non-members)."""
+    name = att.name
+    if name == "inversion":
+        from attacks.inversion import challenge_cells
+
+        if view.stats.owners is not None:
+            return {}
+        return {"cells": challenge_cells(view, truth, rng, int(att.params["max_cells"]))}
     if name not in ("tracing", "subspace"):
         return {}
-    import attacks
     from attacks.view import clip_rows
 
-    m = int(attacks.get(name).params["max_targets"])
+    m = int(att.params["max_targets"])
     up = np.flatnonzero(truth.clients >= 0)
     mem = rng.choice(up, size=min(m, up.size), replace=False)
     hold = rng.choice(truth.holdout_features.shape[0], size=min(m, truth.holdout_features.shape[0]), replace=False)

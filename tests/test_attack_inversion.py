@@ -71,13 +71,15 @@ def test_means_of_sixteen_are_no_better_than_the_prior(digits):
 
 
 @pytest.mark.filterwarnings("ignore:noise backend:UserWarning")
-def test_strong_dp_defeats_inversion_of_single_samples(digits):
+@pytest.mark.parametrize("backend", ["pixel", "decoder"])
+def test_strong_dp_defeats_inversion_of_single_samples(digits, backend):
     from mechanisms import GaussianMechanism
 
     clip = float(np.median(np.linalg.norm(digits["public"].features, axis=1)))
     mech = GaussianMechanism(epsilon=0.1, delta=1e-5, clip=clip)
     view, truth = _view(digits, "fedncm", 1, 30, privacy=mech, rng=2)
-    _no_better_than_prior(attacks.evaluate("inversion", view, truth, rng=0), 1, 30)
+    # the noise-aware decoder falls back to the class prior (measured -0.1 to -1.4 dB at eps <= 10)
+    _no_better_than_prior(attacks.evaluate("inversion", view, truth, rng=0, backend=backend), 1, 30)
 
 
 def test_secure_aggregation_leaves_only_the_class_total(digits):
