@@ -56,11 +56,12 @@ def main(argv=None) -> int:
     for backend in ("pixel", "decoder"):
         for n in (1, 2, 4, 8, 16):
             run("clean", "fedncm", n, args.cells, {"backend": backend})
-    for eps in (100.0, 10.0, 4.0, 1.0, 0.1):
-        mech = GaussianMechanism(epsilon=eps, delta=1e-5, clip=d["clip"])
-        rows_before = len(rows)
-        run(f"dp eps={eps:g}", "fedncm", 1, args.cells, {"backend": "pixel"}, privacy=mech)
-        rows[rows_before]["eps"] = eps
+    for backend in ("pixel", "decoder"):
+        for eps in (1000.0, 100.0, 10.0, 1.0, 0.1):
+            mech = GaussianMechanism(epsilon=eps, delta=1e-5, clip=d["clip"])
+            rows_before = len(rows)
+            run(f"dp eps={eps:g}", "fedncm", 1, args.cells, {"backend": backend}, privacy=mech)
+            rows[rows_before]["eps"] = eps
     for n in (1, 4):
         run("secure sum", "fedncm", n, None, {"backend": "pixel"}, secure_agg=True)
     for n in (2, 4):
@@ -76,7 +77,7 @@ def main(argv=None) -> int:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(1, 2, figsize=(10, 4))
+    fig, ax = plt.subplots(1, 3, figsize=(15, 4))
     for backend in ("pixel", "decoder"):
         rr = [r for r in rows if r["setting"] == "clean" and r.get("backend") == backend]
         ax[0].errorbar([r["n"] for r in rr], [r["delta_psnr"] for r in rr], yerr=[3 * r["delta_psnr_se"] for r in rr],
@@ -85,9 +86,16 @@ def main(argv=None) -> int:
     rr = [r for r in rows if r["setting"] == "clean" and r.get("backend") == "pixel"]
     ax[1].plot([r["n"] for r in rr], [r["chance_identification"] for r in rr], "k--", label="chance")
     ax[0].axhline(0, color="k", lw=0.8)
-    for a in ax:
+    for a in ax[:2]:
         a.set_xscale("log", base=2), a.set_xlabel("n samples in the shared mean"), a.legend()
     ax[0].set_ylabel("PSNR gain over the public prior (dB)"), ax[1].set_ylabel("identification")
+    for backend in ("pixel", "decoder"):
+        rr = [r for r in rows if r["setting"].startswith("dp") and r.get("backend") == backend]
+        ax[2].errorbar([r["eps"] for r in rr], [r["delta_psnr"] for r in rr], yerr=[3 * r["delta_psnr_se"] for r in rr],
+                       marker="o", label=backend, capsize=2)
+    ax[2].axhline(0, color="k", lw=0.8)
+    ax[2].set_xscale("log"), ax[2].set_xlabel("epsilon (n = 1, record-level Gaussian)")
+    ax[2].set_ylabel("PSNR gain over the public prior (dB)"), ax[2].legend()
     fig.tight_layout()
     fig.savefig(out / "inversion.png", dpi=120)
     print(f"wrote {out}")

@@ -96,7 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--seed", default="0", help="seeds (comma list)")
     a("--backend", default=None, help="inversion backend: pixel, decoder or dip")
     a("--source", default=None, help="inversion source: mean or second (two-stage)")
-    a("--steps", type=int, default=None, help="inversion optimisation steps")
+    a("--steps", type=int, default=None, help="inversion optimisation steps (pixel or dip backend)")
     a("--max-cells", type=int, default=None, help="inversion: released cells inverted per run")
     a("--device", default="cpu", help="torch device for the backbone (cpu or cuda)")
     a("--out", required=True, help="output folder (new or empty)")
@@ -134,6 +134,8 @@ def resolve_config(args: argparse.Namespace) -> AttackConfig:
             if args.attack != "inversion":
                 raise ConfigError(f"--{flag.replace('_', '-')} applies to --attack inversion only")
             params[key] = v
+    if params.get("backend") == "dip" and "steps" in params:
+        params["dip_steps"] = params.pop("steps")
     attacks.get(args.attack, **params)  # validate the parameters now
     if args.device not in ("cpu", "cuda") and not args.device.startswith("cuda:"):
         raise ConfigError(f"--device must be cpu or cuda[:i], got {args.device!r}")
