@@ -153,6 +153,43 @@ def _zeros(nbytes: int) -> memoryview:
     return memoryview(_ZEROS)[:nbytes]
 
 
+#: Values per block in :func:`_add_masks` (256 KiB of uint64: the block of the running sum and the
+#: keystream block stay in cache while every mask is added).
+_MASK_BLOCK = 32_768
+#: Cipher contexts held at once by :func:`_add_masks`.
+_KEY_GROUP = 256
+
+
+def _add_masks(y: np.ndarray, keys: list[bytes], signs: list[bool]) -> None:
+    """In place, y += PRG(key) where the sign is True and y -= PRG(key) where False (mod 2^64).
+
+    PRG(key) is :func:`prg_uint64`'s keystream (AES-256-CTR, zero IV), produced
+    block by block from one cipher context per key, so every block of ``y``
+    takes all its masks while it is in cache.  ``y`` is a contiguous uint64
+    vector.
+    """
+    n = y.size
+    if n == 0 or not keys:
+        return
+    block = min(n, _MASK_BLOCK)
+    buf = prg_buffer(block)
+    stream = np.frombuffer(buf, dtype=np.uint64, count=block)
+    zeros = _zeros(8 * block)
+    iv = b"\x00" * 16
+    for g in range(0, len(keys), _KEY_GROUP):
+        contexts = [
+            (Cipher(algorithms.AES(k), modes.CTR(iv)).encryptor().update_into, np.add if plus else np.subtract)
+            for k, plus in zip(keys[g : g + _KEY_GROUP], signs[g : g + _KEY_GROUP])
+        ]
+        for start in range(0, n, block):
+            part = y[start : start + block]
+            m = part.size
+            plain, mask = (zeros, stream) if m == block else (zeros[: 8 * m], stream[:m])
+            for update, op in contexts:
+                update(plain, buf)
+                op(part, mask, out=part)
+
+
 def _hkdf(secret: bytes, info: bytes) -> bytes:
     return HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=info).derive(secret)
 
@@ -296,16 +333,14 @@ class _Client:
 
     # Round 2
     def masked_input(self, x: np.ndarray, alive: frozenset[int]) -> np.ndarray:
-        y = x.copy()
-        buf = prg_buffer(y.size)
-        y += prg_uint64(_hkdf(self.b.to_bytes(32, "little"), _INFO_SELF + self.session), y.size, buf)
+        keys = [_hkdf(self.b.to_bytes(32, "little"), _INFO_SELF + self.session)]
+        signs = [True]
         info = _INFO_PAIR + self.session
         for v in sorted(self.nbrs & alive):
-            m = prg_uint64(_hkdf(self.s_sk.exchange(self.peer_keys[v][1]), info), y.size, buf)
-            if v > self.u:
-                y += m
-            else:
-                y -= m
+            keys.append(_hkdf(self.s_sk.exchange(self.peer_keys[v][1]), info))
+            signs.append(v > self.u)
+        y = np.array(x, dtype=np.uint64, order="C")
+        _add_masks(y, keys, signs)
         return y
 
     # Round 3
@@ -528,19 +563,18 @@ def masked_sum(
             coeff_cache[xs] = shamir.lagrange_at_zero(xs)
         return shamir.combine(shares, t, coeff_cache[xs])
 
-    buf = prg_buffer(total.size)
+    keys, signs = [], []
     for u in sorted(uploaded):
         b = recover(b_shares[u], u, "self-mask seed")
-        total -= prg_uint64(_hkdf(b.to_bytes(32, "little"), _INFO_SELF + session), total.size, buf)
+        keys.append(_hkdf(b.to_bytes(32, "little"), _INFO_SELF + session))
+        signs.append(False)
     for u in sorted(shared - uploaded):
         s_sk = _private_key(recover(s_shares[u], u, "mask key"))
         for v in sorted(graph[u] & uploaded):
-            m = prg_uint64(_hkdf(s_sk.exchange(advertised[v][1]), _INFO_PAIR + session), total.size, buf)
+            keys.append(_hkdf(s_sk.exchange(advertised[v][1]), _INFO_PAIR + session))
             # v added +m if u > v, -m if u < v: undo it.
-            if u > v:
-                total -= m
-            else:
-                total += m
+            signs.append(u < v)
+    _add_masks(total, keys, signs)
     result = fixed_point.decode(total, f).reshape(shape)
     view.result = result
     t3 = time.perf_counter()

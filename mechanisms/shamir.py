@@ -48,6 +48,9 @@ _LIMBS = 8 * SHARE_BYTES // _LIMB_BITS
 #: Largest threshold the float64 product of :func:`split_many` evaluates exactly
 #: (limb sums below 16 t 2^32 <= 2^52); larger thresholds use :func:`split` per secret.
 _MAX_VECTOR_THRESHOLD = 2**16
+#: Below this many (secret, point, coefficient) products the per-call cost of the matrix
+#: product outweighs its speed and :func:`split_many` evaluates with :func:`split`.
+_VECTOR_MIN_WORK = 1500
 
 
 def _check(xs: Sequence[int], threshold: int) -> None:
@@ -116,7 +119,7 @@ def split_many(
     The coefficients are drawn from ``random_bytes`` in the same order as by
     that loop (so a deterministic byte source gives identical shares); the
     polynomials are evaluated at all points at once (see the module
-    docstring).
+    docstring), or one by one when there are few products to compute.
 
     Parameters
     ----------
@@ -133,7 +136,7 @@ def split_many(
     for s in secrets:
         _check_secret(s)
     _check(xs, threshold)
-    if threshold > _MAX_VECTOR_THRESHOLD:
+    if threshold > _MAX_VECTOR_THRESHOLD or len(secrets) * len(xs) * threshold < _VECTOR_MIN_WORK:
         return [split(s, xs, threshold, random_bytes) for s in secrets]
     points = tuple(int(x) for x in xs)
     S, n, t = len(secrets), len(points), threshold
@@ -188,19 +191,44 @@ def _power_limbs(xs: tuple[int, ...], degree: int) -> np.ndarray:
 
 
 def lagrange_at_zero(xs: Sequence[int]) -> list[int]:
-    """Coefficients lambda_j with P(0) = sum_j lambda_j P(x_j) for deg P < len(xs)."""
+    """Coefficients lambda_j with P(0) = sum_j lambda_j P(x_j) for deg P < len(xs).
+
+    lambda_j = prod_{m != j} x_m / (x_m - x_j); the numerators come from
+    prefix and suffix products and the denominators share one modular
+    inversion (Montgomery's trick).
+    """
     xs = [int(x) % PRIME for x in xs]
     if len(set(xs)) != len(xs):
         raise InputError("share points must be distinct")
-    lam = []
+    n = len(xs)
+    prefix, suffix = [1] * (n + 1), [1] * (n + 1)
+    for i, x in enumerate(xs):
+        prefix[i + 1] = prefix[i] * x % PRIME
+    for i in range(n - 1, -1, -1):
+        suffix[i] = suffix[i + 1] * xs[i] % PRIME
+    dens = []
     for j, xj in enumerate(xs):
-        num, den = 1, 1
+        den = 1
         for m, xm in enumerate(xs):
             if m != j:
-                num = num * xm % PRIME
                 den = den * (xm - xj) % PRIME
-        lam.append(num * pow(den, PRIME - 2, PRIME) % PRIME)
-    return lam
+        dens.append(den)
+    inv = _batch_inverse(dens)
+    return [prefix[j] * suffix[j + 1] % PRIME * inv[j] % PRIME for j in range(n)]
+
+
+def _batch_inverse(values: list[int]) -> list[int]:
+    """Inverses modulo PRIME of non-zero ``values`` with a single modular inversion."""
+    acc, running = 1, []
+    for v in values:
+        running.append(acc)
+        acc = acc * v % PRIME
+    inv = pow(acc, -1, PRIME)
+    out = [0] * len(values)
+    for i in range(len(values) - 1, -1, -1):
+        out[i] = running[i] * inv % PRIME
+        inv = inv * values[i] % PRIME
+    return out
 
 
 def combine(shares: dict[int, int], threshold: int, coefficients: list[int] | None = None) -> int:

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from mechanisms import fixed_point, shamir
+from mechanisms import fixed_point, masking, shamir
 from mechanisms.masking import KeySource, ProtocolAbort, harary_graph, masked_sum, prg_uint64
 from mechanisms.secagg_noise import DistributedGaussian
 from privfed.errors import ConfigError, InputError
@@ -85,7 +85,10 @@ class _Stream:
 
 
 @pytest.mark.parametrize("n, t", [(1, 1), (3, 1), (7, 7), (15, 8), (100, 51)])
-def test_shamir_split_many_equals_scalar_split_and_horner(n, t):
+@pytest.mark.parametrize("min_work", [0, None])
+def test_shamir_split_many_equals_scalar_split_and_horner(n, t, min_work, monkeypatch):
+    if min_work is not None:  # 0: the matrix product for every size
+        monkeypatch.setattr(shamir, "_VECTOR_MIN_WORK", min_work)
     keys = KeySource(seed=n * 100 + t)
     secrets = [keys.field_element(), keys.field_element(), 0, shamir.PRIME - 1]
     xs = list(range(1, n + 1))[::-1] if n > 3 else [5, 2, 9][:n]
@@ -105,7 +108,8 @@ def test_shamir_split_many_equals_scalar_split_and_horner(n, t):
             assert shamir.combine({x: shares[x] for x in pick}, t) == s
 
 
-def test_shamir_split_many_carries_with_all_limbs_saturated():
+def test_shamir_split_many_carries_with_all_limbs_saturated(monkeypatch):
+    monkeypatch.setattr(shamir, "_VECTOR_MIN_WORK", 0)
     # Coefficients and secret PRIME - 1 (limbs 0xFFFF except the lowest) maximise every partial sum.
     top = (shamir.PRIME - 1).to_bytes(32, "little")
     xs = [shamir.PRIME - 1 - i for i in range(40)] + list(range(1, 41))
@@ -113,7 +117,18 @@ def test_shamir_split_many_carries_with_all_limbs_saturated():
     assert many[0] == _horner_shares(shamir.PRIME - 1, [shamir.PRIME - 1] * 59, xs)
 
 
-def test_shamir_split_many_below_threshold_and_bad_input():
+def test_lagrange_coefficients_reproduce_polynomials_of_degree_below_n():
+    # sum_j lambda_j x_j^k = 0^k: 1 for k = 0 and 0 for 1 <= k < n (interpolation at 0 is exact).
+    for xs in ([7], [3, 1], [5, 9, 2, 77, 1000], list(range(1, 52)), [shamir.PRIME - 1, 4, 2**200]):
+        lam = shamir.lagrange_at_zero(xs)
+        for k in range(len(xs)):
+            assert sum(l * pow(x, k, shamir.PRIME) for l, x in zip(lam, xs)) % shamir.PRIME == (k == 0)
+    with pytest.raises(InputError, match="distinct"):
+        shamir.lagrange_at_zero([3, 3 + shamir.PRIME])
+
+
+def test_shamir_split_many_below_threshold_and_bad_input(monkeypatch):
+    monkeypatch.setattr(shamir, "_VECTOR_MIN_WORK", 0)
     keys = KeySource(seed=3)
     secret = keys.field_element()
     xs = list(range(1, 12))
@@ -134,10 +149,15 @@ def test_shamir_split_many_below_threshold_and_bad_input():
 
 def test_shamir_split_many_above_the_float_exact_bound_falls_back(monkeypatch):
     monkeypatch.setattr(shamir, "_MAX_VECTOR_THRESHOLD", 2)
+    monkeypatch.setattr(shamir, "_VECTOR_MIN_WORK", 0)
+    # Count the matrix products: none may run above the bound.
+    calls = []
+    monkeypatch.setattr(shamir, "_power_limbs", lambda *a: calls.append(a))
     secrets = [11, 12]
     a, b = KeySource(seed=8), KeySource(seed=8)
     xs = [1, 2, 3, 4]
     assert shamir.split_many(secrets, xs, 3, a) == [shamir.split(s, xs, 3, b) for s in secrets]
+    assert calls == []
 
 
 # --------------------------------------------------------------------------- fixed point
@@ -157,6 +177,25 @@ def test_prg_is_deterministic_per_key_and_differs_across_keys():
     a, b = prg_uint64(b"\x01" * 32, 1000), prg_uint64(b"\x02" * 32, 1000)
     assert np.array_equal(a, prg_uint64(b"\x01" * 32, 1000))
     assert np.count_nonzero(a == b) == 0  # equal uint64 draws have probability 2^-64 each
+
+
+def test_masks_added_block_by_block_equal_whole_prg_expansions(monkeypatch):
+    # Blocks of 7 values and 2 cipher contexts at a time: every mask is still its key's whole keystream.
+    monkeypatch.setattr(masking, "_MASK_BLOCK", 7)
+    monkeypatch.setattr(masking, "_KEY_GROUP", 2)
+    keys = [bytes([i]) * 32 for i in range(1, 6)]
+    signs = [True, False, True, True, False]
+    y = np.arange(30, dtype=np.uint64)
+    ref = y.copy()
+    for k, plus in zip(keys, signs):
+        ref = ref + prg_uint64(k, 30) if plus else ref - prg_uint64(k, 30)  # wraps mod 2^64
+    masking._add_masks(y, keys, signs)
+    assert np.array_equal(y, ref)
+    # The protocol stays exact, dropouts included (the server removes masks block by block too).
+    counts = np.random.default_rng(9).integers(0, 50, size=(12, 30)).astype(np.float64)
+    res = masked_sum(counts, dropped_before_upload=[1, 4], dropped_after_upload=[7], key_seed=9)
+    kept = np.setdiff1d(np.arange(12), [1, 4])
+    assert np.array_equal(res.total, counts[kept].sum(axis=0))
 
 
 # --------------------------------------------------------------------------- exact sums
