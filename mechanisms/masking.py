@@ -153,8 +153,7 @@ def _zeros(nbytes: int) -> memoryview:
     return memoryview(_ZEROS)[:nbytes]
 
 
-#: Values per block in :func:`_add_masks` (256 KiB of uint64: the block of the running sum and the
-#: keystream block stay in cache while every mask is added).
+#: Values per keystream block in :func:`_add_masks` (256 KiB of scratch whatever the vector length).
 _MASK_BLOCK = 32_768
 #: Cipher contexts held at once by :func:`_add_masks`.
 _KEY_GROUP = 256
@@ -164,9 +163,9 @@ def _add_masks(y: np.ndarray, keys: list[bytes], signs: list[bool]) -> None:
     """In place, y += PRG(key) where the sign is True and y -= PRG(key) where False (mod 2^64).
 
     PRG(key) is :func:`prg_uint64`'s keystream (AES-256-CTR, zero IV), produced
-    block by block from one cipher context per key, so every block of ``y``
-    takes all its masks while it is in cache.  ``y`` is a contiguous uint64
-    vector.
+    block by block from one cipher context per key (CTR continues across
+    blocks), so the scratch buffer stays small for long vectors.  ``y`` is a
+    contiguous uint64 vector.
     """
     n = y.size
     if n == 0 or not keys:
@@ -177,10 +176,10 @@ def _add_masks(y: np.ndarray, keys: list[bytes], signs: list[bool]) -> None:
     zeros = _zeros(8 * block)
     iv = b"\x00" * 16
     for g in range(0, len(keys), _KEY_GROUP):
-        contexts = [
-            (Cipher(algorithms.AES(k), modes.CTR(iv)).encryptor().update_into, np.add if plus else np.subtract)
-            for k, plus in zip(keys[g : g + _KEY_GROUP], signs[g : g + _KEY_GROUP])
-        ]
+        contexts = []
+        for k, plus in zip(keys[g : g + _KEY_GROUP], signs[g : g + _KEY_GROUP]):
+            update = Cipher(algorithms.AES(k), modes.CTR(iv)).encryptor().update_into
+            contexts.append((update, np.add if plus else np.subtract))
         for start in range(0, n, block):
             part = y[start : start + block]
             m = part.size

@@ -23,8 +23,10 @@ of the public powers x^j of all points, are one product of a
 (secrets * 16, t) and a (t, points * 16) matrix.  Its entries are integers
 below t * 2^32 and the sums over a + b below 16 t 2^32, exact in float64
 while t <= 2^16; they are then carried into 16-bit limbs and reduced
-modulo p with Python integers.  The power table
-depends only on the points and t (public) and is cached.
+modulo p with Python integers.  The power table depends only on the
+points and t (public) and is cached.  For 100 share holders and t = 51
+this is about 3.5x faster than :func:`split`; small sharings (SecAgg+
+neighbourhoods) go through :func:`split`, which is faster there.
 """
 
 from __future__ import annotations
@@ -136,12 +138,12 @@ def split_many(
     for s in secrets:
         _check_secret(s)
     _check(xs, threshold)
+    if not secrets:
+        return []
     if threshold > _MAX_VECTOR_THRESHOLD or len(secrets) * len(xs) * threshold < _VECTOR_MIN_WORK:
         return [split(s, xs, threshold, random_bytes) for s in secrets]
     points = tuple(int(x) for x in xs)
     S, n, t = len(secrets), len(points), threshold
-    if S == 0:
-        return []
     raw = b"".join(
         s.to_bytes(SHARE_BYTES, "little") + b"".join(_coefficients(t - 1, random_bytes)) for s in secrets
     )
@@ -179,7 +181,7 @@ def _powers(xs: tuple[int, ...], degree: int) -> dict[int, tuple[int, ...]]:
     return out
 
 
-@functools.lru_cache(maxsize=8)
+@functools.lru_cache(maxsize=4)
 def _power_limbs(xs: tuple[int, ...], degree: int) -> np.ndarray:
     """(degree, 16 * len(xs)) float64: entry (j, b * len(xs) + i) is limb b of xs[i]^j mod PRIME."""
     table = _powers(xs, degree)
