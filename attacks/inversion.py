@@ -402,7 +402,8 @@ class FeatureInversion(Attack):
             fc = np.array([cosine(result.recon_features[idx], np.repeat(f[None], len(idx), 0)).max() for f in tf])
             per["fcos"] += list(fc)
         if not per["psnr"]:
-            raise InputError("no reconstruction matches a client in the truth; check the view and truth belong together")
+            raise InputError("no reconstruction matches a client in the truth; "
+                             "check that the view and the truth belong together")
         a = {k: np.asarray(v, float) for k, v in per.items()}
         finite = np.isfinite(a["psnr"]) & np.isfinite(a["base_psnr"])
         return {

@@ -13,6 +13,8 @@ and, under Gaussian noise of std sigma per entry (upper triangle mirrored),
 the bulk edge 2 sigma sqrt(d) of the noise spectrum (a Wigner matrix with
 entry variance sigma^2 has spectral norm ~ 2 sigma sqrt(d)).  A member of a
 clean G scores 1; a non-member scores below 1 unless it lies in the span.
+Targets are tested only against clients that released their class (the
+counts say which), so the test is about the record, not its class.
 """
 
 from __future__ import annotations
@@ -61,7 +63,11 @@ class SubspaceMembership(Attack):
     requires = frozenset({"second"})
     defaults = {"rel_tol": 1e-8, "edge": 2.0, "max_targets": 400, "fprs": (0.01, 0.001)}
 
-    def run(self, view: ServerView, rng=None, *, targets=None, target_ids=None, **_) -> SubspaceResult:
+    def run(self, view: ServerView, rng=None, *, targets=None, target_ids=None, target_labels=None,
+            **_) -> SubspaceResult:
+        """Score every (target, client) pair; with ``target_labels``, only clients that released
+        the target's class (so members and non-members share the class: record membership, not
+        class membership)."""
         self.check(view)
         if targets is None:
             raise InputError("subspace membership needs targets=(n, d) features to test")
@@ -75,10 +81,16 @@ class SubspaceMembership(Attack):
         S = np.stack([((Y @ B) ** 2).sum(axis=1) / yn for B in bases], axis=1)  # (n, K)
         K = len(bases)
         T, R = np.meshgrid(np.arange(Y.shape[0]), np.arange(K), indexing="ij")
-        rows = R.ravel()
-        owners = rows if view.stats.owners is None else view.stats.owners[rows]
-        return SubspaceResult(target_ids=ids[T.ravel()], rows=rows, owners=owners, scores=S.ravel(),
-                              ranks=ranks, per_client=view.per_client)
+        T, R, S = T.ravel(), R.ravel(), S.ravel()
+        if target_labels is not None:
+            yl = np.asarray(target_labels).astype(np.int64)
+            if yl.shape != (Y.shape[0],):
+                raise InputError(f"target_labels must have shape ({Y.shape[0]},), got {yl.shape}")
+            keep = view.stats.counts[R, yl[T]] >= 0.5
+            T, R, S = T[keep], R[keep], S[keep]
+        owners = R if view.stats.owners is None else view.stats.owners[R]
+        return SubspaceResult(target_ids=ids[T], rows=R, owners=owners, scores=S, ranks=ranks,
+                              per_client=view.per_client)
 
     def score(self, result: SubspaceResult, truth: GroundTruth) -> dict:
         tid = result.target_ids
@@ -103,4 +115,5 @@ class SubspaceMembership(Attack):
         if view.noise.clip is not None:
             targets = clip_rows(targets, view.noise.clip)
         ids = np.concatenate([mem, -np.ones(hold.size, dtype=np.int64)])
-        return self.score(self.run(view, rng, targets=targets, target_ids=ids), truth)
+        labels = np.concatenate([truth.labels[mem], truth.holdout_labels[hold]])
+        return self.score(self.run(view, rng, targets=targets, target_ids=ids, target_labels=labels), truth)

@@ -4,8 +4,8 @@ Dirichlet(0.3) partition of the digits private split over 50 clients; for
 Laplace, geometric, Gaussian (analytic, delta = 1e-5) and the uniform
 heuristic (no DP): total variation of the inferred class histograms, count
 MAE, exact support, presence AUC and singleton AUC (count 0 vs 1), next to
-the bound of any test: e^eps / (1 + e^eps) (pure DP), Phi(1 / (sigma sqrt 2)) (Gaussian, GDP).  The uniform variant keeps every zero
-at zero, so presence and singleton AUC stay 1 at every eps.
+the bound of any test: e^eps / (1 + e^eps) (pure DP), Phi(1 / (sigma sqrt 2))
+(Gaussian, GDP).  The uniform variant keeps every zero at zero, so presence and singleton AUC stay 1 at every eps.
 
     python experiments/attacks_labels.py [--seeds 3] [--out results/attacks-labels]
 """

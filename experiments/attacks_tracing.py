@@ -77,7 +77,8 @@ def main(argv=None) -> int:
     cfg = {"trials": T, "seed": args.seed, "class": c, "pool": int(pool.shape[0]), "clip": clip}
     write_rows(out, "clean", clean, cfg)
     write_rows(out, "dp", dp, cfg)
-    print(markdown(clean, ["n", "pred_auc_exact_ref", "pred_auc", "inner_auc", "lrt_auc", "homer_auc", "inner_tpr@0.01", "lrt_tpr@0.01"]))
+    print(markdown(clean, ["n", "pred_auc_exact_ref", "pred_auc", "inner_auc", "lrt_auc", "homer_auc",
+                           "inner_tpr@0.01", "lrt_tpr@0.01"]))
     print()
     print(markdown(dp, ["z", "auc_bound", "sum_auc", "lrt_auc", "inner_auc", "tpr@0.05_bound", "sum_tpr@0.05"]))
 

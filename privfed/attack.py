@@ -260,8 +260,7 @@ def _challenge(att, truth, view, rng) -> dict:
     if view.noise.clip is not None:
         targets = clip_rows(targets, view.noise.clip)
     out = {"targets": targets, "target_ids": np.concatenate([mem, -np.ones(hold.size, dtype=np.int64)])}
-    if name == "tracing":
-        out["target_labels"] = np.concatenate([truth.labels[mem], truth.holdout_labels[hold]])
+    out["target_labels"] = np.concatenate([truth.labels[mem], truth.holdout_labels[hold]])
     return out
 
 
