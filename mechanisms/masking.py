@@ -332,14 +332,14 @@ class _Client:
 
     # Round 2
     def masked_input(self, x: np.ndarray, alive: frozenset[int]) -> np.ndarray:
-        keys = [_hkdf(self.b.to_bytes(32, "little"), _INFO_SELF + self.session)]
+        mask_keys = [_hkdf(self.b.to_bytes(32, "little"), _INFO_SELF + self.session)]
         signs = [True]
         info = _INFO_PAIR + self.session
         for v in sorted(self.nbrs & alive):
-            keys.append(_hkdf(self.s_sk.exchange(self.peer_keys[v][1]), info))
+            mask_keys.append(_hkdf(self.s_sk.exchange(self.peer_keys[v][1]), info))
             signs.append(v > self.u)
         y = np.array(x, dtype=np.uint64, order="C")
-        _add_masks(y, keys, signs)
+        _add_masks(y, mask_keys, signs)
         return y
 
     # Round 3
@@ -562,18 +562,18 @@ def masked_sum(
             coeff_cache[xs] = shamir.lagrange_at_zero(xs)
         return shamir.combine(shares, t, coeff_cache[xs])
 
-    keys, signs = [], []
+    mask_keys, signs = [], []
     for u in sorted(uploaded):
         b = recover(b_shares[u], u, "self-mask seed")
-        keys.append(_hkdf(b.to_bytes(32, "little"), _INFO_SELF + session))
+        mask_keys.append(_hkdf(b.to_bytes(32, "little"), _INFO_SELF + session))
         signs.append(False)
     for u in sorted(shared - uploaded):
         s_sk = _private_key(recover(s_shares[u], u, "mask key"))
         for v in sorted(graph[u] & uploaded):
-            keys.append(_hkdf(s_sk.exchange(advertised[v][1]), _INFO_PAIR + session))
+            mask_keys.append(_hkdf(s_sk.exchange(advertised[v][1]), _INFO_PAIR + session))
             # v added +m if u > v, -m if u < v: undo it.
             signs.append(u < v)
-    _add_masks(total, keys, signs)
+    _add_masks(total, mask_keys, signs)
     result = fixed_point.decode(total, f).reshape(shape)
     view.result = result
     t3 = time.perf_counter()
