@@ -333,8 +333,9 @@ class FeatureInversion(Attack):
             if cand.size == 0:
                 raise InputError(f"no client holds 1..{self.params['max_samples']} samples; nothing to unmix")
             r_rows, r_cls, r_t = [], [], []
+            G = view.second_moments()
             for k in cand:
-                f, lab, _ = unmix(st.second[k], int(n_k[k]), rng=rng, sums=st.sums[k], counts=st.counts[k])
+                f, lab, _ = unmix(G[k], int(n_k[k]), rng=rng, sums=st.sums[k], counts=st.counts[k])
                 r_rows += [k] * f.shape[0]
                 r_cls += list(lab)
                 r_t.append(f)
@@ -434,10 +435,13 @@ def challenge_cells(view: ServerView, truth: GroundTruth, rng: np.random.Generat
     keep = truth.clients >= 0
     C = view.num_classes
     if view.per_client:
-        if view.stats.owners is not None:
-            raise InputError("challenge cells of pseudo-client rows are not defined; pass cells= to run()")
         K = view.stats.num_clients
-        n = np.bincount(truth.clients[keep] * C + truth.labels[keep], minlength=K * C).reshape(K, C)
+        if view.stats.owners is not None:  # pseudo-clients (multi-mean): rows whose owner holds the class
+            Ko = int(max(view.stats.owners.max(), truth.clients.max())) + 1
+            n_owner = np.bincount(truth.clients[keep] * C + truth.labels[keep], minlength=Ko * C).reshape(Ko, C)
+            n = n_owner[view.stats.owners] * (view.stats.counts >= 0.5)
+        else:
+            n = np.bincount(truth.clients[keep] * C + truth.labels[keep], minlength=K * C).reshape(K, C)
     else:
         n = np.bincount(truth.labels[keep], minlength=C)[None]
     rows, classes = np.nonzero(n > 0)

@@ -75,8 +75,8 @@ class SubspaceMembership(Attack):
         if Y.shape[1] != view.stats.dim:
             raise InputError(f"targets must have {view.stats.dim} columns, got {Y.shape[1]}")
         ids = np.arange(Y.shape[0]) if target_ids is None else np.asarray(target_ids).astype(np.int64)
-        sigma = float(view.noise.sigma.get("second", 0.0))
-        bases, ranks = signal_projectors(view.stats.second, sigma, self.params["rel_tol"], self.params["edge"])
+        sigma = float(view.noise.sigma.get("second", view.noise.sigma.get("class_second", 0.0)))
+        bases, ranks = signal_projectors(view.second_moments(), sigma, self.params["rel_tol"], self.params["edge"])
         yn = np.maximum((Y**2).sum(axis=1), 1e-300)
         S = np.stack([((Y @ B) ** 2).sum(axis=1) / yn for B in bases], axis=1)  # (n, K)
         K = len(bases)

@@ -129,8 +129,9 @@ class SecondMomentUnmixing(Attack):
             rows = rows[: int(self.params["max_clients"])]
         rows = np.asarray(rows, dtype=np.int64)
         feats, labs, res = [], [], []
+        G = view.second_moments()
         for k in rows:
-            f, lab, r = unmix(st.second[k], int(max(n_k[k], 1)), rng=rng,
+            f, lab, r = unmix(G[k], int(max(n_k[k], 1)), rng=rng,
                               sums=st.sums[k] if self.params["use_sums"] else None,
                               counts=st.counts[k] if self.params["use_sums"] else None,
                               n_init=int(self.params["n_init"]), max_iter=int(self.params["max_iter"]))

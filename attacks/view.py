@@ -448,10 +448,23 @@ class ServerView:
     def num_classes(self) -> int:
         return self.stats.num_classes
 
+    def second_moments(self) -> np.ndarray:
+        """G_k per row: the uploaded second moments, or the sum of the per-class ones (FedCOF oracle)."""
+        if self.stats.second is not None:
+            return self.stats.second
+        if self.stats.class_second is not None:
+            return self.stats.class_second.sum(axis=1)
+        raise InputError(f"this view of method {self.method!r} holds no second moment")
+
     @property
     def available(self) -> frozenset[str]:
-        """Every requirement this view can satisfy (statistics plus context)."""
+        """Every requirement this view can satisfy (statistics plus context).
+
+        ``second`` counts as available when per-class second moments are (their sum is G_k).
+        """
         out = set(self.fields)
+        if "class_second" in out:
+            out.add("second")
         if self.per_client:
             out.add("per_client")
         if self.backbone is not None:

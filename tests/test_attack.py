@@ -478,3 +478,21 @@ def test_evaluate_federation_for_tables_leaves_the_mechanism_ledger_alone(digits
     assert len(mech.ledger.events) == 0
     with pytest.raises(InputError, match="second"):
         attacks.evaluate_federation("subspace", "fedncm", digits["Fp"], digits["yp"], cl, **kw)
+
+
+def test_per_class_second_moments_serve_as_g_and_pseudo_clients_are_attacked(digits):
+    cl = class_groups(digits["yp"], 3, np.random.default_rng(0), max_groups=20)
+    oracle, truth = _scenario(digits, "fedcof-oracle", cl)
+    assert "second" in oracle.available and oracle.stats.second is None
+    fed3r, _ = _scenario(digits, "fed3r", cl)
+    np.testing.assert_allclose(oracle.second_moments(), fed3r.stats.second, rtol=1e-12, atol=1e-9)
+    assert attacks.evaluate("subspace", oracle, truth, rng=0, max_targets=100)["auc"] == 1.0
+    # FedCOF multi-mean sampling: rows are pseudo-clients with owners; attacks score against the owner
+    from privfed.federation import partition
+
+    p = partition(digits["yp"], 20, "dirichlet", alpha=0.3, rng=0)
+    mm, truth = _scenario(digits, "fedcof", p.clients, means_per_client=3, rng=0)
+    assert mm.stats.owners is not None
+    m = attacks.evaluate("inversion", mm, truth, rng=0, steps=20, max_cells=8)
+    assert m["images_scored"] > 0
+    assert attacks.evaluate("labels", mm, truth)["total_variation"] == pytest.approx(0.0, abs=1e-12)
