@@ -60,10 +60,18 @@ def resolution(frac_bits: int) -> float:
     return 2.0 ** -int(frac_bits)
 
 
+#: Values per chunk in :func:`is_integral` (stops at the first chunk with a fractional value).
+_CHUNK = 65_536
+
+
 def is_integral(values: np.ndarray) -> bool:
     """Whether every value is a whole number of magnitude below 2^53 (exactly representable)."""
-    v = np.asarray(values, dtype=np.float64)
-    return bool(np.all(np.isfinite(v)) and np.all(np.abs(v) < 2.0**53) and np.all(v == np.round(v)))
+    v = np.asarray(values, dtype=np.float64).reshape(-1)
+    for start in range(0, v.size, _CHUNK):
+        c = v[start : start + _CHUNK]
+        if not (np.all(np.isfinite(c)) and np.all(np.abs(c) < 2.0**53) and np.all(c == np.round(c))):
+            return False
+    return True
 
 
 def check_ring_bound(

@@ -173,6 +173,23 @@ def test_fixed_point_round_trip_and_overflow_refusal():
         fixed_point.check_frac_bits(70)
 
 
+def test_is_integral_checks_every_chunk(monkeypatch):
+    monkeypatch.setattr(fixed_point, "_CHUNK", 3)
+    whole = np.arange(-5.0, 5.0).reshape(2, 5)
+    assert fixed_point.is_integral(whole)
+    for bad in (0.5, np.nan, np.inf, 2.0**53):
+        x = whole.copy()
+        x[1, 4] = bad  # in the last chunk
+        assert not fixed_point.is_integral(x)
+    assert fixed_point.is_integral(np.zeros((3, 0)))
+    # NaN and inf are refused by the masked sum before anything is encoded, wherever they sit.
+    for bad in (np.nan, -np.inf):
+        x = whole.copy()
+        x[1, 3] = bad
+        with pytest.raises(InputError, match="NaN/inf"):
+            masked_sum(x, key_seed=1)
+
+
 def test_prg_is_deterministic_per_key_and_differs_across_keys():
     a, b = prg_uint64(b"\x01" * 32, 1000), prg_uint64(b"\x02" * 32, 1000)
     assert np.array_equal(a, prg_uint64(b"\x01" * 32, 1000))
