@@ -7,7 +7,7 @@ scoring against the private truth (:class:`GroundTruth`) is separate.
 
 >>> import attacks
 >>> attacks.available()
-['inversion', 'labels', 'singleton', 'subspace', 'tracing', 'unmixing']
+['differencing', 'inversion', 'labels', 'singleton', 'subspace', 'tracing', 'unmixing']
 
 For tables (e.g. the trade-off command), :func:`evaluate` runs one attack on
 a view and returns a flat dict of metrics::
@@ -138,6 +138,7 @@ def scenario(method: str, features, labels, clients, *, images=None, holdout_fea
 
 
 def _register_builtin() -> None:
+    from attacks.differencing import Differencing
     from attacks.inversion import FeatureInversion
     from attacks.labels import LabelInference
     from attacks.singleton import SingletonExposure
@@ -145,7 +146,7 @@ def _register_builtin() -> None:
     from attacks.tracing import Tracing
     from attacks.unmixing import SecondMomentUnmixing
 
-    for cls in (FeatureInversion, LabelInference, SingletonExposure, SubspaceMembership, Tracing,
+    for cls in (Differencing, FeatureInversion, LabelInference, SingletonExposure, SubspaceMembership, Tracing,
                 SecondMomentUnmixing):
         register(cls)
 

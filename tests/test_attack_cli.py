@@ -43,6 +43,7 @@ def test_inversion_sweep_writes_csv_json_and_grids(tmp_path, digits_cache, capsy
     ("singleton", ["--method", "fedcof", "--partition", "dirichlet", "--clients", "20"]),
     ("labels", ["--method", "fedncm", "--partition", "dirichlet", "--clients", "20", "--count-noise", "laplace",
                 "--eps", "1,inf"]),
+    ("differencing", ["--method", "fed3r", "--n", "3", "--max-groups", "10"]),
 ])
 def test_statistics_attacks_run_from_the_command_line(tmp_path, digits_cache, attack, extra):
     out = tmp_path / attack
