@@ -102,6 +102,7 @@ def main(argv=None) -> int:
                        label=test, capsize=2)
     ax[1].plot(zs, [r["auc_bound"] for r in dp], "k--", label="GDP bound")
     ax[1].set_xscale("log"), ax[1].set_xlabel("noise multiplier z"), ax[1].set_ylabel("AUC")
+    ax[1].minorticks_off(), ax[1].set_xticks(zs), ax[1].set_xticklabels([f"{z:g}" for z in zs])
     ax[1].legend(), ax[1].set_title("n = 1, Gaussian DP (add/remove)")
     fig.tight_layout()
     fig.savefig(out / "tracing.png", dpi=120)
