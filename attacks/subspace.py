@@ -25,7 +25,7 @@ import numpy as np
 
 from attacks.base import Attack
 from attacks.metrics import membership_metrics
-from attacks.view import GroundTruth, ServerView, clip_rows
+from attacks.view import GroundTruth, ServerView, membership_targets
 from privfed.errors import InputError
 
 __all__ = ["SubspaceMembership", "SubspaceResult", "signal_projectors"]
@@ -104,16 +104,5 @@ class SubspaceMembership(Attack):
 
     def evaluate(self, view: ServerView, truth: GroundTruth, rng: np.random.Generator) -> dict:
         """Members: uploaded private records; non-members: the truth's holdout records."""
-        if truth.holdout_features is None:
-            raise InputError("subspace evaluation needs GroundTruth.holdout_features (non-members)")
-        m = int(self.params["max_targets"])
-        up = np.flatnonzero(truth.clients >= 0)
-        mem = rng.choice(up, size=min(m, up.size), replace=False)
-        hold = rng.choice(truth.holdout_features.shape[0], size=min(m, truth.holdout_features.shape[0]),
-                          replace=False)
-        targets = np.concatenate([truth.features[mem], truth.holdout_features[hold]])
-        if view.noise.clip is not None:
-            targets = clip_rows(targets, view.noise.clip)
-        ids = np.concatenate([mem, -np.ones(hold.size, dtype=np.int64)])
-        labels = np.concatenate([truth.labels[mem], truth.holdout_labels[hold]])
+        targets, labels, ids = membership_targets(view, truth, self.params["max_targets"], rng, "subspace")
         return self.score(self.run(view, rng, targets=targets, target_ids=ids, target_labels=labels), truth)

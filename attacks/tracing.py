@@ -36,7 +36,7 @@ from scipy.stats import beta as _beta
 
 from attacks.base import Attack
 from attacks.metrics import membership_metrics
-from attacks.view import GroundTruth, PublicData, ServerView
+from attacks.view import GroundTruth, PublicData, ServerView, membership_targets
 from privfed.errors import ConfigError, InputError
 
 __all__ = ["TESTS", "Tracing", "TracingResult", "reference_model", "trace_scores", "tracing_game"]
@@ -204,23 +204,8 @@ class Tracing(Attack):
 
     def evaluate(self, view: ServerView, truth: GroundTruth, rng: np.random.Generator) -> dict:
         """Members: uploaded private records; non-members: the truth's holdout records."""
-        if truth.holdout_features is None:
-            raise InputError("tracing evaluation needs GroundTruth.holdout_features (non-members)")
-        m = int(self.params["max_targets"])
-        up = np.flatnonzero(truth.clients >= 0)
-        mem = rng.choice(up, size=min(m, up.size), replace=False)
-        hold = rng.choice(truth.holdout_features.shape[0], size=min(m, truth.holdout_features.shape[0]),
-                          replace=False)
-        targets = np.concatenate([truth.features[mem], truth.holdout_features[hold]])
-        labels = np.concatenate([truth.labels[mem], truth.holdout_labels[hold]])
-        ids = np.concatenate([mem, -np.ones(hold.size, dtype=np.int64)])
-        # Clip targets as the clients did so that a member matches its upload.
-        if view.noise.clip is not None:
-            from attacks.view import clip_rows
-
-            targets = clip_rows(targets, view.noise.clip)
-        res = self.run(view, rng, targets=targets, target_labels=labels, target_ids=ids)
-        return self.score(res, truth)
+        targets, labels, ids = membership_targets(view, truth, self.params["max_targets"], rng, "tracing")
+        return self.score(self.run(view, rng, targets=targets, target_ids=ids, target_labels=labels), truth)
 
 
 def empirical_epsilon(scores, members, fpr: float, confidence: float = 0.95) -> dict:

@@ -628,3 +628,24 @@ class ServerView:
     def __repr__(self) -> str:
         return (f"ServerView(method={self.method!r}, K={self.stats.num_clients}, per_client={self.per_client}, "
                 f"fields={sorted(self.fields)}, noise={self.noise.guarantee!r})")
+
+
+def membership_targets(view: "ServerView", truth: "GroundTruth", max_targets: int, rng: np.random.Generator,
+                       attack: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The membership game's targets: up to ``max_targets`` uploaded private records (members) and as many
+    holdout records (non-members), clipped as the clients clipped so a member matches its upload.
+
+    Returns ``(targets, target_labels, target_ids)`` with id -1 for non-members.
+    """
+    if truth.holdout_features is None:
+        raise InputError(f"{attack} evaluation needs GroundTruth.holdout_features (non-members)")
+    m = int(max_targets)
+    up = np.flatnonzero(truth.clients >= 0)
+    mem = rng.choice(up, size=min(m, up.size), replace=False)
+    hold = rng.choice(truth.holdout_features.shape[0], size=min(m, truth.holdout_features.shape[0]), replace=False)
+    targets = np.concatenate([truth.features[mem], truth.holdout_features[hold]])
+    if view.noise.clip is not None:
+        targets = clip_rows(targets, view.noise.clip)
+    labels = np.concatenate([truth.labels[mem], truth.holdout_labels[hold]])
+    ids = np.concatenate([mem, -np.ones(hold.size, dtype=np.int64)])
+    return targets, labels, ids
