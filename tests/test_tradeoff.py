@@ -151,3 +151,25 @@ def test_unknown_attack_is_refused(tmp_path, capsys, digits_cache):
     code = main(["--method", "fedncm", "--attack", "nosuch", "--out", str(tmp_path / "o"), "--quiet"])
     err = capsys.readouterr().err
     assert code != 0 and "unknown attack 'nosuch'; available:" in err
+
+
+def test_feature_file_with_natural_split(tmp_path, capsys):
+    rng = np.random.default_rng(0)
+    means = 3 * rng.normal(size=(4, 8))
+    y = rng.integers(0, 4, 400)
+    feats = means[y] + rng.normal(size=(400, 8))
+    clients = rng.integers(0, 6, 400)
+    path = tmp_path / "feats.npz"
+    np.savez(path, features=feats, labels=y, clients=clients)
+    out = tmp_path / "o"
+    argv = ["--dataset", f"file:{path}", "--partition", "natural", "--method", "fedncm", "--eps", "2,inf",
+            "--clip", "10", "--seeds", "1", "--out", str(out), "--quiet", "--no-plot"]
+    assert main(argv) == 0
+    data = json.loads((out / "results.json").read_text())
+    assert data["dataset"]["name"].startswith("file:") and data["dataset"]["dim"] == 8
+    # every (client, class) pair has data: M = 6 * 4 = 24; FedNCM sends M d floats of 4 bytes over K = 6 clients
+    assert {r["upload_bytes"] for r in data["records"]} == {4 * (24 * 8) / 6}
+    # no public split: a finite eps without --clip is refused, naming the fix
+    code = main(["--dataset", f"file:{path}", "--method", "fedncm", "--eps", "1", "--out", str(tmp_path / "p"),
+                 "--quiet"])
+    assert code != 0 and "pass --clip C" in capsys.readouterr().err
