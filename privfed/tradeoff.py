@@ -117,7 +117,8 @@ def build_parser() -> argparse.ArgumentParser:
       "counts only, means in clear (FedCOF App. I.1): laplace, geometric, gaussian, or uniform (NO DP GUARANTEE)")
     a("--max-records", type=int, metavar="N", help="client level: the most records one client contributes")
     a("--trusted-aggregator", action="store_true", default=None,
-      help="client level without secure aggregation: the server is trusted to add the noise")
+      help="the server is trusted to add the noise once, to the sum (sum-only methods; required for "
+      "--level client without --secure-agg); without it, record-level noise is added by every client")
     a("--seeds", metavar="N|LIST", help="number of seeds (0..N-1) or an explicit list like 3,7 (default 5)")
     a("--clients", type=int, metavar="K", help="number of clients (default 100)")
     a("--partition", metavar="SCHEME", help="dirichlet (default), dirichlet-class, shards, iid or natural")
@@ -126,7 +127,8 @@ def build_parser() -> argparse.ArgumentParser:
     a("--backbone", metavar="NAME", help="feature extractor for torchvision datasets (squeezenet1_1, mobilenet_v2, vit_b_16)")
     a("--download", action="store_true", default=None, help="allow downloading a torchvision dataset / weights")
     a("--secure-agg", metavar="KIND", help="none (default), mask (pairwise masking) or ckks (TenSEAL)")
-    a("--attack", metavar="LIST", help="attacks to add as columns and a plot panel (e.g. tracing,inversion)")
+    a("--attack", metavar="LIST", help="attacks to add as columns and a plot panel (digits only): tracing, "
+      "singleton, inversion, labels, subspace, unmixing, differencing")
     a("--param", action="append", default=[], metavar="METHOD.KEY=VALUE",
       help="a method parameter, e.g. fedcof.gamma=0.1 or fed3r.lam=0.1 (repeatable)")
     a("--out", metavar="DIR", help="output folder (default results/tradeoff-<time>); must not exist or be empty")
