@@ -373,7 +373,7 @@ def run_tradeoff(cfg: TradeoffConfig, *, progress: bool = True) -> dict[str, Any
 #: The metric of each attack drawn in the plot's attack panel (the CSV has them all).
 ATTACK_HEADLINE = {
     "tracing": "auc", "singleton": "exposed_fraction", "inversion": "delta_psnr", "labels": "presence_auc",
-    "subspace": "auc", "unmixing": "matched_cosine",
+    "subspace": "auc", "unmixing": "matched_cosine", "differencing": "exact_fraction",
 }
 
 
