@@ -324,8 +324,13 @@ def digits_public_clip(seed: int = 0) -> float:
     return float(np.median(np.linalg.norm(feats, axis=1)))
 
 
-def run_tradeoff(cfg: TradeoffConfig, *, progress: bool = True) -> dict[str, Any]:
-    """Run the sweep; returns ``{"records": [...], "dataset": {...}, "timing": {...}}``."""
+def run_tradeoff(cfg: TradeoffConfig, *, progress: bool = True,
+                 records: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Run the sweep; returns ``{"records": [...], "dataset": {...}, "timing": {...}}``.
+
+    Records are appended to ``records`` (a new list by default) as each run
+    finishes, so a caller keeps what was done if the sweep is interrupted.
+    """
     from tqdm.auto import tqdm
 
     from privfed.data import load_dataset
@@ -348,7 +353,7 @@ def run_tradeoff(cfg: TradeoffConfig, *, progress: bool = True) -> dict[str, Any
         for eps in finite[:1]:
             make_privacy(cfg, method, eps, clip, secure_agg=secure)
     attack_ctx = _attack_context(cfg, ds) if cfg.attacks else None
-    records: list[dict[str, Any]] = []
+    records = [] if records is None else records
     total = len(cfg.seeds) * len(cfg.methods) * len(cfg.epsilons)
     bar = tqdm(total=total, desc="tradeoff", unit="run", disable=not progress, file=sys.stderr)
     caught: set[str] = set()
@@ -607,7 +612,17 @@ def _body(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
     cfg = resolve_config(args)
     out = prepare_out_dir(args.out, "tradeoff", overwrite=args.overwrite)
-    result = run_tradeoff(cfg, progress=not args.quiet)
+    done: list[dict[str, Any]] = []
+    try:
+        result = run_tradeoff(cfg, progress=not args.quiet, records=done)
+    except BaseException:
+        if done:  # nothing lost: what finished is written before the error is reported
+            write_csv(out / "results.partial.csv", done)
+            write_json(out / "results.partial.json", {"config": asdict(cfg), "versions": versions(),
+                                                      "records": done, "complete": False})
+            print(f"{PROG}: the sweep stopped after {len(done)} run(s); they are in {out}/results.partial.csv",
+                  file=sys.stderr)
+        raise
     records, summary = result["records"], summarise(result["records"])
     write_csv(out / "results.csv", records)
     write_json(out / "results.json", {

@@ -173,3 +173,27 @@ def test_feature_file_with_natural_split(tmp_path, capsys):
     code = main(["--dataset", f"file:{path}", "--method", "fedncm", "--eps", "1", "--out", str(tmp_path / "p"),
                  "--quiet"])
     assert code != 0 and "pass --clip C" in capsys.readouterr().err
+
+
+def test_interrupted_sweep_keeps_finished_runs(tmp_path, monkeypatch, capsys, digits_cache):
+    """A sweep stopped mid-way (Ctrl-C) writes the runs that finished, then exits 130."""
+    import privfed.tradeoff as tr
+
+    real = tr.server_head
+    calls = {"n": 0}
+
+    def flaky(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] > 3:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tr, "server_head", flaky)
+    out = tmp_path / "o"
+    code = main(["--method", "fedncm", "--eps", "1,2,4,8", "--seeds", "1", "--out", str(out), "--quiet", "--no-plot"])
+    assert code == 130
+    with (out / "results.partial.csv").open() as fh:
+        rows = list(csv.DictReader(fh))
+    # call 1 is the non-private head, calls 2-3 the first two budgets; the 4th raises
+    assert [r["epsilon"] for r in rows] == ["1.0", "2.0"]
+    assert "results.partial.csv" in capsys.readouterr().err
