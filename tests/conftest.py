@@ -20,6 +20,10 @@ Fixtures
 ``digits_parts`` (session)
     ``privfed.data.digits.digits_splits(seed=0)``: public / private / test
     images and labels (the public part is the attacker's knowledge).
+``digits`` (session)
+    What the attack tests use: private features ``Fp``, labels ``yp`` and
+    images ``imp``, test features ``Ft`` / labels ``yt``, the attacker's
+    ``public`` data (:class:`attacks.view.PublicData`) and the ``backbone``.
 """
 
 from __future__ import annotations
@@ -65,3 +69,23 @@ def digits_parts():
     from privfed.data.digits import digits_splits
 
     return digits_splits(seed=0)
+
+
+@pytest.fixture(scope="session")
+def digits(digits_backbone, digits_parts):
+    import numpy as np
+
+    from attacks.view import PublicData
+    from privfed.data.digits import extract_features
+
+    sp = digits_parts
+    return {
+        "Fp": extract_features(digits_backbone, sp.private_images),
+        "yp": np.asarray(sp.private_labels),
+        "imp": np.asarray(sp.private_images),
+        "Ft": extract_features(digits_backbone, sp.test_images),
+        "yt": np.asarray(sp.test_labels),
+        "public": PublicData(labels=sp.public_labels, features=extract_features(digits_backbone, sp.public_images),
+                             images=sp.public_images),
+        "backbone": digits_backbone,
+    }

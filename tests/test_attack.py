@@ -27,29 +27,12 @@ from attacks.theory import (
 )
 from attacks.tracing import reference_model, tracing_game
 from attacks.unmixing import augmented_second_moment, symmetric_nmf, unmix
-from attacks.view import GroundTruth, NoiseSpec, PublicData, ServerView, class_groups, clip_rows, count_noise
+from attacks.view import GroundTruth, NoiseSpec, ServerView, class_groups, clip_rows, count_noise
 from privfed.errors import ConfigError, InputError, MissingDependencyError
 from privfed.stats import compute_client_stats
 
 
-# ----------------------------------------------------------------------------- fixtures
-@pytest.fixture(scope="module")
-def digits(digits_backbone, digits_parts):
-    from privfed.data.digits import extract_features
-
-    sp = digits_parts
-    return {
-        "Fp": extract_features(digits_backbone, sp.private_images),
-        "yp": np.asarray(sp.private_labels),
-        "imp": np.asarray(sp.private_images),
-        "Ft": extract_features(digits_backbone, sp.test_images),
-        "yt": np.asarray(sp.test_labels),
-        "public": PublicData(labels=sp.public_labels, features=extract_features(digits_backbone, sp.public_images),
-                             images=sp.public_images),
-        "backbone": digits_backbone,
-    }
-
-
+# ----------------------------------------------------------------------------- helpers (fixtures: conftest.py)
 def _scenario(d, method, clients, **kw):
     return attacks.scenario(method, d["Fp"], d["yp"], clients, images=d["imp"], holdout_features=d["Ft"],
                             holdout_labels=d["yt"], public=d["public"], backbone=d["backbone"], **kw)

@@ -24,21 +24,6 @@ from attacks.view import GroundTruth, PublicData, class_groups
 from privfed.errors import ConfigError, InputError
 
 
-@pytest.fixture(scope="module")
-def digits(digits_backbone, digits_parts):
-    from privfed.data.digits import extract_features
-
-    sp = digits_parts
-    return {
-        "Fp": extract_features(digits_backbone, sp.private_images),
-        "yp": np.asarray(sp.private_labels),
-        "imp": np.asarray(sp.private_images),
-        "public": PublicData(labels=sp.public_labels, features=extract_features(digits_backbone, sp.public_images),
-                             images=sp.public_images),
-        "backbone": digits_backbone,
-    }
-
-
 def _view(d, method, n, groups, seed=1, **kw):
     cl = class_groups(d["yp"], n, np.random.default_rng(seed), max_groups=groups)
     return attacks.scenario(method, d["Fp"], d["yp"], cl, images=d["imp"], public=d["public"],
