@@ -24,7 +24,7 @@ import numpy as np
 
 from attacks.base import Attack
 from attacks.view import GroundTruth, NoiseSpec, PublicData, ServerView
-from privfed.errors import ConfigError
+from privfed._registry import Registry
 
 __all__ = [
     "Attack",
@@ -41,34 +41,16 @@ __all__ = [
     "scenario",
 ]
 
-_REGISTRY: dict[str, type[Attack]] = {}
+_REGISTRY: Registry[Attack] = Registry("attack")
 
-
-def register(cls: type[Attack]) -> type[Attack]:
-    """Register an :class:`Attack` subclass under ``cls.name``."""
-    if not cls.name:
-        raise ValueError(f"{cls.__name__} has no name")
-    if cls.name in _REGISTRY and _REGISTRY[cls.name] is not cls:
-        raise ValueError(f"attack name {cls.name!r} is already registered")
-    _REGISTRY[cls.name] = cls
-    return cls
-
-
-def available() -> list[str]:
-    """Names of every registered attack, sorted."""
-    return sorted(_REGISTRY)
-
-
-def get_class(name: str) -> type[Attack]:
-    try:
-        return _REGISTRY[name]
-    except (KeyError, TypeError):
-        raise ConfigError(f"unknown attack {name!r}; available: {', '.join(available())}") from None
-
-
-def get(name: str, **params: Any) -> Attack:
-    """An instance of attack ``name`` with ``params``."""
-    return get_class(name)(**params)
+#: Register an :class:`Attack` subclass under ``cls.name``.
+register = _REGISTRY.register
+#: Names of every registered attack, sorted.
+available = _REGISTRY.available
+#: The class registered as a name; ConfigError listing the names otherwise.
+get_class = _REGISTRY.get_class
+#: An instance of attack ``name`` with ``params``.
+get = _REGISTRY.get
 
 
 def evaluate(name: str, view: ServerView, truth: GroundTruth, *, rng: np.random.Generator | int = 0,
