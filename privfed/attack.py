@@ -253,18 +253,10 @@ def _challenge(att, truth, view, rng) -> dict:
         return {"cells": challenge_cells(view, truth, rng, int(att.params["max_cells"]))}
     if name not in ("tracing", "subspace"):
         return {}
-    from attacks.view import clip_rows
+    from attacks.view import membership_targets
 
-    m = int(att.params["max_targets"])
-    up = np.flatnonzero(truth.clients >= 0)
-    mem = rng.choice(up, size=min(m, up.size), replace=False)
-    hold = rng.choice(truth.holdout_features.shape[0], size=min(m, truth.holdout_features.shape[0]), replace=False)
-    targets = np.concatenate([truth.features[mem], truth.holdout_features[hold]])
-    if view.noise.clip is not None:
-        targets = clip_rows(targets, view.noise.clip)
-    out = {"targets": targets, "target_ids": np.concatenate([mem, -np.ones(hold.size, dtype=np.int64)])}
-    out["target_labels"] = np.concatenate([truth.labels[mem], truth.holdout_labels[hold]])
-    return out
+    targets, labels, ids = membership_targets(view, truth, att.params["max_targets"], rng, name)
+    return {"targets": targets, "target_ids": ids, "target_labels": labels}
 
 
 def _write_grid(path: Path, result, truth, title: str, columns: int = 8) -> None:
