@@ -186,7 +186,10 @@ class GaussianMechanism:
         if isinstance(rounds, bool) or not isinstance(rounds, (int, np.integer)) or rounds < 1:
             raise ConfigError(f"rounds must be an integer >= 1, got rounds={rounds!r}")
         self.rounds = int(rounds)
-        q = float(sampling_rate)
+        try:
+            q = float(sampling_rate)
+        except (TypeError, ValueError):
+            raise ConfigError(f"sampling_rate must be a number in (0, 1], got sampling_rate={sampling_rate!r}") from None
         if not 0 < q <= 1:
             raise ConfigError(f"sampling_rate must lie in (0, 1], got sampling_rate={sampling_rate!r}")
         self.sampling_rate = q
@@ -199,14 +202,19 @@ class GaussianMechanism:
         self.accountant = accountant
         self.split = split
         self.trusted_aggregator = bool(trusted_aggregator)
-        if level == "client":
-            if max_records is None:
-                raise ConfigError(
-                    "level='client' needs max_records (the most records one client contributes) to bound "
-                    "a client's contribution; e.g. GaussianMechanism(..., level='client', max_records=500)"
-                )
+        if level == "client" and max_records is None:
+            raise ConfigError(
+                "level='client' needs max_records (the most records one client contributes) to bound "
+                "a client's contribution; e.g. GaussianMechanism(..., level='client', max_records=500)"
+            )
+        if max_records is not None:
             if isinstance(max_records, bool) or not isinstance(max_records, (int, np.integer)) or max_records < 1:
                 raise ConfigError(f"max_records must be an integer >= 1, got max_records={max_records!r}")
+            if level == "record":
+                raise ConfigError(
+                    f"max_records={max_records!r} bounds a whole client's contribution and applies at "
+                    "level='client' only; at level='record' every record is its own unit: drop max_records"
+                )
         self.max_records = None if max_records is None else int(max_records)
         if isinstance(dropout_tolerance, bool) or not isinstance(dropout_tolerance, (int, np.integer)) or (
             dropout_tolerance < 0
@@ -218,13 +226,21 @@ class GaussianMechanism:
         self.backend = get_backend(backend)
         self.ledger = PrivacyLedger()
         self._secure = False
+        self._secagg = None
+        self._pending_secure: list[tuple[int, int, float, object]] = []
+        self._placements: list[str] = []
+        self._seeded: bool | None = None
+        self._settled: list[tuple[int, int]] = []
         self._notes: list[str] = []
         self._weights = self._split_weights(split)
         self._mu_round, self._calibrated_by = self._round_mu()
         self._dim: int | None = None
         self._sigma: dict[str, float] | None = None
         self._sens: dict[str, float] | None = None
-        if dim is not None or clip_norm == "l2":
+        self._base_sens: dict[str, float] = {}
+        # Rounding backends (OpenDP) add a slack that depends on d: calibrate once d is known.
+        slack_free = self.backend.sensitivity_slack(1, "l2") == 0
+        if dim is not None or (clip_norm == "l2" and slack_free):
             self._resolve(int(dim) if dim is not None else None)
 
     # -- calibration ---------------------------------------------------------
@@ -268,6 +284,11 @@ class GaussianMechanism:
         n = 1 if self.level == "record" else self.max_records
         sens = {"sums": n * c, "counts": float(n), "second": n * c * c}
         sens = {b: sens[b] for b in self.blocks}
+        self._base_sens = dict(sens)
+        if dim is not None:
+            # Rounding to the backend's grid moves each coordinate that differs between neighbours by
+            # at most grid/2 on each side: calibrate for Delta + slack over the coordinates that move.
+            sens = {b: sens[b] + self._slack(b, dim) for b in self.blocks}
         if self._weights == "joint":
             total = sum(v * v for v in sens.values())
             w = {b: sens[b] ** 2 / total for b in self.blocks}
@@ -279,6 +300,28 @@ class GaussianMechanism:
         self._sens = sens
         self._sigma = {b: (0.0 if math.isinf(mu) else sens[b] / (mu * math.sqrt(w[b]))) for b in self.blocks}
         self._dim = dim
+
+    def _moving(self, block: str, dim: int, num_classes: int | None = None) -> int:
+        """Coordinates of one upload's block that can differ between neighbours."""
+        if block == "second":
+            return dim * (dim + 1) // 2
+        per_class = dim if block == "sums" else 1
+        if self.level == "record":
+            return per_class  # one record moves one class row
+        if num_classes is None:
+            raise ConfigError("client-level rounding slack needs the number of classes; release once first")
+        return per_class * num_classes
+
+    def _slack(self, block: str, dim: int, num_classes: int | None = None) -> float:
+        if self.backend.sensitivity_slack(1, "l2") == 0:
+            return 0.0
+        if self.level == "client" and num_classes is None and block != "second":
+            num_classes = self._num_classes
+            if num_classes is None:
+                return 0.0  # resolved again at the first release, when C is known
+        return self.backend.sensitivity_slack(self._moving(block, dim, num_classes), "l2")
+
+    _num_classes: int | None = None
 
     def _ensure(self, dim: int) -> None:
         if self._sigma is None:
@@ -294,8 +337,8 @@ class GaussianMechanism:
         """Noise standard deviation per block (full noise of one upload)."""
         if self._sigma is None:
             raise ConfigError(
-                "sigma depends on the feature dimension for clip_norm='coordinate'; pass dim= to "
-                "GaussianMechanism or release once"
+                "sigma depends on the feature dimension (clip_norm='coordinate', or a rounding backend such as "
+                "'opendp' whose slack grows with d); pass dim= to GaussianMechanism or release once"
             )
         return dict(self._sigma)
 
@@ -329,6 +372,9 @@ class GaussianMechanism:
         rounds.
         """
         self._ensure(stats.dim)
+        if self.level == "client" and self._num_classes != stats.num_classes and self.backend.sensitivity_slack(1, "l2") > 0:
+            self._num_classes = stats.num_classes
+            self._resolve(stats.dim)
         rid = self.ledger.new_release()
         out: dict[str, np.ndarray] = {}
         for block in self.blocks:
@@ -337,12 +383,12 @@ class GaussianMechanism:
                 continue
             s = self._sigma[block]
             out[block] = self._add_noise(arr, block, s * math.sqrt(share), rng)
-            per_row = arr[0].size if block != "second" else arr.shape[1] * (arr.shape[1] + 1) // 2
-            slack = self.backend.sensitivity_slack(per_row, "l2") if s > 0 else 0.0
+            # The sensitivity includes the backend's rounding slack (calibrated for in _resolve).
+            # Each call is ONE release; ``rounds`` is what sigma was calibrated for, not what happened.
             self.ledger.record(ReleaseEvent(
                 mechanism="gaussian" if s > 0 else "none", block=block,
-                sensitivity=self._sens[block] + slack, scale=s, relation=relation,
-                rounds=self.rounds * copies, sampling_rate=self.sampling_rate, release_id=rid,
+                sensitivity=self._sens[block], scale=s, relation=relation,
+                rounds=copies, sampling_rate=self.sampling_rate, release_id=rid,
             ))
         return stats.with_arrays(**out)
 
@@ -399,6 +445,9 @@ class GaussianMechanism:
         """
         if not isinstance(rng, np.random.Generator):
             raise ConfigError(f"rng must be a numpy.random.Generator, got {type(rng).__name__}")
+        self._refuse_sampling()
+        self._seeded = True  # the caller's Generator drives the noise: a simulation
+        self._placements.append("local")
         F = self.clip(np.asarray(features, dtype=np.float64))
         fields = ("counts", "sums", "second") if "second" in self.blocks else ("counts", "sums")
         stats = compute_client_stats(F, labels, None, num_classes=num_classes, fields=fields)
@@ -423,6 +472,19 @@ class GaussianMechanism:
         name = getattr(method, "name", repr(method))
         requires = set(getattr(method, "requires", ()))
         per_client = bool(getattr(method, "per_client", False))
+        self._refuse_sampling()
+        if getattr(secure_agg, "noise", None) is not None:
+            raise ConfigError(
+                "the secure_agg protocol carries its own DistributedGaussian noise; with a privacy mechanism "
+                "the clients already split the mechanism's noise: drop noise= from the protocol"
+            )
+        means = int(getattr(method, "params", {}).get("means_per_client", 1) or 1)
+        if means > 1:
+            raise ConfigError(
+                f"method {name!r} with means_per_client={means} is refused under DP: it cuts each class into "
+                "min(M, n // 2) chunks, so one record changes how the other records are split (and how many "
+                "rows a client uploads), which no per-record sensitivity bounds; use means_per_client=1"
+            )
         if "class_second" in requires:
             raise ConfigError(
                 f"method {name!r} uploads per-class second moments, which this mechanism does not noise; "
@@ -439,6 +501,7 @@ class GaussianMechanism:
                 "nothing); use blocks=('sums', 'counts')"
             )
         self._secure = secure_agg is not None
+        self._secagg = secure_agg
         if self.level == "client":
             if not (self.trusted_aggregator or self._secure):
                 raise ConfigError(
@@ -456,6 +519,18 @@ class GaussianMechanism:
                 f"noise on method {name!r}'s secure protocol is not supported (its second round has no bounded "
                 "sensitivity); use fed3r-within for secure aggregation with DP, or drop secure_agg"
             )
+
+    def _refuse_sampling(self) -> None:
+        if self.sampling_rate < 1:
+            raise ConfigError(
+                f"sampling_rate={self.sampling_rate} credits amplification by client subsampling, but this "
+                "release sends every client: the noise would not meet the stated guarantee; use "
+                "sampling_rate=1 (amplification needs a subsampling the server cannot observe)"
+            )
+
+    def declare_randomness(self, *, seeded: bool) -> None:
+        """Whether the noise of the next release comes from a seed (a replayable simulation)."""
+        self._seeded = bool(seeded) or bool(self._seeded)
 
     def clip(self, features: np.ndarray) -> np.ndarray:
         """Clip every record (the bound all sensitivities rest on)."""
@@ -476,13 +551,51 @@ class GaussianMechanism:
         if self.level == "client":
             stats = self._bound_clients(stats)
             if self._secure:
-                return self._noisy(stats, rng, "client", share=self._share(stats.num_clients))
+                return self._distributed(stats, rng)
             return stats
         if self._secure:
-            return self._noisy(stats, rng, "record", share=self._share(stats.num_clients))
+            return self._distributed(stats, rng)
         if self.trusted_aggregator and not per_client:
             return stats
+        self._placements.append("local")
         return self._noisy(stats, rng, "record")
+
+    def _distributed(self, stats: ClientStats, rng: np.random.Generator) -> ClientStats:
+        """Every client adds its share sigma^2 / (K - t); what reaches the sum is settled in :meth:`report`."""
+        K = stats.num_clients
+        share = self._share(K)
+        out = self._noisy(stats, rng, self.level, share=share)
+        run = getattr(self._secagg, "last_run", None)
+        self._pending_secure.append((self.ledger._next_id, K, share, run))
+        self._placements.append("distributed")
+        return out
+
+    def _settle_secure(self) -> None:
+        """Rewrite distributed releases with the noise that actually reached the sum.
+
+        Each of the K clients added sigma^2 / (K - t); only the shares of clients whose upload entered
+        the sum protect it, so a release with U uploaders carries U / (K - t) sigma^2.
+        """
+        if not self._pending_secure:
+            return
+        still = []
+        for rid, K, share, run in self._pending_secure:
+            current = getattr(self._secagg, "last_run", None)
+            calls = getattr(current, "calls", None) if current is not run else None
+            if not calls:
+                still.append((rid, K, share, run))
+                continue
+            present = min(int(c.get("uploaded", K)) for c in calls)
+            factor = math.sqrt(present * share)
+            self.ledger.events = [
+                e if e.release_id != rid else ReleaseEvent(
+                    mechanism=e.mechanism, block=e.block, sensitivity=e.sensitivity, scale=e.scale * factor,
+                    relation=e.relation, rounds=e.rounds, sampling_rate=e.sampling_rate, release_id=rid,
+                )
+                for e in self.ledger.events
+            ]
+            self._settled.append((present, K))
+        self._pending_secure = still
 
     def _share(self, K: int) -> float:
         """Fraction of sigma^2 each of K clients adds so that K - t of them carry all of it."""
@@ -495,6 +608,7 @@ class GaussianMechanism:
     def after_aggregate(self, total: ClientStats, method, rng: np.random.Generator) -> ClientStats:
         """Server side: noise on the sum when a trusted aggregator adds it."""
         if self.trusted_aggregator and not self._secure:
+            self._placements.append("central")
             return self._noisy(total, rng, self.level)
         return total
 
@@ -517,20 +631,51 @@ class GaussianMechanism:
     # -- report --------------------------------------------------------------------
     def report(self) -> PrivacyReport:
         """The guarantee of every release recorded so far, computed from the ledger."""
+        self._settle_secure()
         events = self.ledger.events
         eps, acc = ledger_epsilon(events, self.delta, self.accountant)
         notes = []
-        if self._secure:
+        placement = "none" if not self._placements else (
+            self._placements[0] if len(set(self._placements)) == 1 else "mixed: " + ", ".join(sorted(set(self._placements)))
+        )
+        if self._seeded and events:
+            notes.append(
+                "SIMULATION, NOT A RELEASE: the noise was drawn from a seed (or a caller's Generator) and can be "
+                "replayed by anyone who knows it; run with random_state=None (fresh OS entropy) or "
+                "backend='opendp' for a release"
+            )
+        if "distributed" in self._placements:
             t = self.dropout_tolerance
             notes.append(
-                f"noise split across the K clients (each adds sigma^2/(K - {t})); holds while secure "
-                f"aggregation hides individual uploads and at most {t} client(s) drop out or collude "
-                "(each further one lowers the noise below sigma^2)"
+                f"noise split across the K clients (each adds sigma^2/(K - {t})); holds while secure aggregation "
+                "hides individual uploads; epsilon is computed from the shares that reached the sum; against the server plus c colluding clients (who know their own "
+                "shares) only the other shares count"
             )
+            for present, K in self._settled:
+                if present < K - t:
+                    notes.append(
+                        f"only {present} of {K} clients' noise shares reached the sum (more than the tolerated "
+                        f"{t} dropped): the noise present is {present}/{K - t} of sigma^2 and epsilon is "
+                        "recomputed from it"
+                    )
         if self.level == "client":
             notes.append(f"each client's contribution is bounded to max_records={self.max_records} records' worth")
-        if self.trusted_aggregator and not self._secure:
-            notes.append("noise on the aggregate is added by a trusted aggregator")
+            notes.append("neighbouring clients: " + NEIGHBOURING["client"])
+        if "central" in self._placements:
+            notes.append("noise on the aggregate is added by a trusted aggregator (it sees exact statistics)")
+        if "local" in self._placements:
+            notes.append("each client adds the full noise to its own upload (local DP at record level)")
+        if self.rounds > 1 and events:
+            releases = len({e.release_id for e in events})
+            notes.append(
+                f"noise calibrated so that {self.rounds} releases together meet the target epsilon="
+                f"{self.epsilon:g}; {releases} recorded so far (epsilon above is for those)"
+            )
+        if self.backend.sensitivity_slack(1, "l2") > 0 and self._base_sens:
+            notes.append(
+                "sensitivity includes the rounding slack of backend "
+                f"{self.backend.name!r} over the coordinates that move (calibrated for)"
+            )
         if not self.backend.secure and math.isfinite(self.epsilon):
             notes.append("floating-point noise (backend 'numpy'): not hardened against floating-point attacks")
         if self.calibration == "classic" and self.epsilon > 1:
@@ -544,10 +689,11 @@ class GaussianMechanism:
                 f"({self.clipping.norm}) but released exactly"
             )
         else:
+            releases = len({e.release_id for e in events})
             guarantee = (
-                f"({eps:.4g}, {self.delta:.3g})-DP at {self.level} level ({lvl}) over {self.rounds} round(s)"
-                + (f" with client sampling rate {self.sampling_rate}" if self.sampling_rate < 1 else "")
-                + f"; Gaussian noise on {', '.join(self.blocks)}; accountant: {acc}"
+                ("SIMULATION (seeded noise, replayable): " if self._seeded else "")
+                + f"({eps:.4g}, {self.delta:.3g})-DP at {self.level} level ({lvl}) over {releases} release(s)"
+                + f"; Gaussian noise ({placement}) on {', '.join(self.blocks)}; accountant: {acc}"
             )
         return PrivacyReport(
             epsilon=eps,
@@ -564,6 +710,8 @@ class GaussianMechanism:
             target_epsilon=self.epsilon,
             num_events=len(events),
             notes=tuple(notes),
+            placement=placement,
+            simulation=bool(self._seeded),
         )
 
     def __repr__(self) -> str:

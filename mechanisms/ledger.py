@@ -21,7 +21,10 @@ __all__ = ["NEIGHBOURING", "PrivacyLedger", "PrivacyReport", "ReleaseEvent"]
 #: Neighbouring relations the ledger understands.
 NEIGHBOURING = {
     "record": "add or remove one record (sample) of one client",
-    "client": "add or remove one whole client",
+    "client": (
+        "replace one client's whole data by none (zero-out): the client still takes part and adds its "
+        "noise share, so which clients take part is public"
+    ),
 }
 
 #: Noise kinds and what ``scale`` means for each.
@@ -157,6 +160,16 @@ class PrivacyReport:
         The epsilon the noise was calibrated for.
     notes : tuple of str
         Assumptions (trusted aggregator, noise split across clients, ...).
+    placement : str
+        Who added the noise in this run: ``local`` (each client, full noise),
+        ``central`` (a trusted aggregator, on the sum), ``distributed``
+        (clients' shares under secure aggregation), or ``none``.
+    simulation : bool
+        True when the noise came from a seed or a caller's Generator: the run
+        is a reproducible simulation whose noise can be replayed, not a release.
+    protects : str
+        What the guarantee covers (``"all released statistics"``, or e.g.
+        ``"class counts only"`` when other statistics are sent in clear).
     """
 
     epsilon: float
@@ -173,10 +186,18 @@ class PrivacyReport:
     target_epsilon: float = math.nan
     num_events: int = 0
     notes: tuple = field(default_factory=tuple)
+    placement: str = "none"
+    simulation: bool = False
+    protects: str = "all released statistics"
 
     @property
     def is_private(self) -> bool:
-        return not self.guarantee.startswith("NO DP GUARANTEE")
+        """Whether EVERY released statistic carries the stated (finite) guarantee."""
+        return (
+            not self.guarantee.startswith("NO DP GUARANTEE")
+            and math.isfinite(self.epsilon)
+            and self.protects == "all released statistics"
+        )
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready dict (inf/nan as strings)."""

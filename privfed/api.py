@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 
 from privfed import methods as _methods
-from privfed._validation import as_generator, check_dataset
+from privfed._validation import as_generator, as_int_vector, check_dataset, check_features, check_labels
 from privfed.errors import ConfigError, InputError
 from privfed.head import LinearHead
 from privfed.pipeline import run_federation
@@ -22,6 +22,7 @@ def fit(
     clients=None,
     *,
     num_classes: int | None = None,
+    num_clients: int | None = None,
     privacy: Any = None,
     secure_agg: Any = None,
     random_state=None,
@@ -41,13 +42,24 @@ def fit(
         Client of each sample, in ``0..K-1`` with no empty client.  ``None``
         puts every sample on one client (the centralised case).
     num_classes : int, optional
-        C; defaults to ``max(labels) + 1``.  Every class must have data.
+        C; defaults to ``max(labels) + 1``.  Every class must have data,
+        except under ``privacy``, where C is a public parameter of the
+        release and a class without records is handled from the noisy
+        statistics (pass it explicitly so it does not depend on the data).
+    num_clients : int, optional
+        K; defaults to ``max(clients) + 1``.  Under ``privacy`` the set of
+        participating clients is public and a client may hold no record.
     privacy : mechanism, optional
         A privacy mechanism from :mod:`mechanisms` (clipping and noise).
     secure_agg : optional
         A secure-aggregation protocol from :mod:`mechanisms`.
     random_state : None, int or numpy.random.Generator
         Randomness of the method (multi-mean sampling) and of the noise.
+        With ``privacy`` or ``secure_agg``, ``None`` (the default) draws
+        fresh entropy from the operating system, so nobody can replay the
+        noise; a seed or a Generator makes the run a reproducible
+        *simulation* whose noise can be replayed, and its privacy report
+        says so.  Without either, ``None`` means seed 0.
     **params
         The method's parameters (e.g. ``lam`` for fed3r, ``gamma`` for fedcof).
 
@@ -60,12 +72,73 @@ def fit(
     m = _methods.get(method, **params) if isinstance(method, str) else method
     if not isinstance(m, _methods.Method):
         raise ConfigError(f"method must be a name from {_methods.available()} or a Method, got {method!r}")
-    F, y, k, C, K = check_dataset(features, labels, clients, num_classes)
-    absent = np.flatnonzero(np.bincount(y, minlength=C) == 0)
-    if absent.size:
-        raise InputError(
-            f"class(es) {absent[:10].tolist()} have no sample on any client; "
-            "re-encode labels without gaps or pass a smaller num_classes"
-        )
-    rng = as_generator(random_state, "random_state")
+    if privacy is None:
+        _refuse_unclipped_noise(secure_agg)
+        F, y, k, C, K = check_dataset(features, labels, clients, num_classes)
+        if num_clients is not None and _check_num_clients(num_clients) != K:
+            raise InputError(
+                f"num_clients={num_clients} but clients numbers {K} clients 0..{K - 1}; without privacy every "
+                "client must hold data"
+            )
+        absent = np.flatnonzero(np.bincount(y, minlength=C) == 0)
+        if absent.size:
+            raise InputError(
+                f"class(es) {absent[:10].tolist()} have no sample on any client; "
+                "re-encode labels without gaps or pass a smaller num_classes"
+            )
+    else:
+        # Under DP nothing may be refused or shaped from the raw data: a class or a client without
+        # records is handled from the noisy statistics (every client uploads every class).
+        F, y, k, C, K = _check_private_dataset(features, labels, clients, num_classes, num_clients)
+    private_run = privacy is not None or getattr(secure_agg, "noise", None) is not None
+    if random_state is None and private_run:
+        rng = np.random.default_rng()  # fresh OS entropy: the noise cannot be replayed
+    else:
+        rng = as_generator(random_state, "random_state")
+    seeded = random_state is not None
+    for hook in (privacy, secure_agg):
+        declare = getattr(hook, "declare_randomness", None)
+        if declare is not None:
+            declare(seeded=seeded)
     return run_federation(m, F, y, k, num_classes=C, num_clients=K, rng=rng, privacy=privacy, secure_agg=secure_agg)
+
+
+def _refuse_unclipped_noise(secure_agg: Any) -> None:
+    """Distributed noise needs a sensitivity that the pipeline enforces; without a mechanism nothing clips."""
+    if getattr(secure_agg, "noise", None) is not None:
+        raise ConfigError(
+            "secure_agg carries DistributedGaussian noise but no privacy mechanism clips the records, so the "
+            "sensitivity it is calibrated for is not enforced; pass privacy=GaussianMechanism(..., clip=C) "
+            "with the secure_agg protocol (its clients split the noise) and no noise= on the protocol"
+        )
+
+
+def _check_num_clients(value) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ConfigError(f"num_clients must be an integer >= 1, got num_clients={value!r}")
+    return int(value)
+
+
+def _check_private_dataset(features, labels, clients, num_classes, num_clients=None):
+    """Validate a dataset for a private run: empty classes and empty clients are allowed.
+
+    The number of classes and the client ids are public parameters of a release: pass
+    ``num_classes`` (else ``max(labels) + 1`` is taken as public) and number clients ``0..K-1``.
+    """
+    F = check_features(features)
+    y, C = check_labels(labels, F.shape[0], num_classes)
+    K = None if num_clients is None else _check_num_clients(num_clients)
+    if clients is None:
+        if K not in (None, 1):
+            raise InputError(f"num_clients={K} but no clients were given (every sample on one client)")
+        return F, y, np.zeros(F.shape[0], dtype=np.int64), C, 1
+    k = as_int_vector(clients, "clients")
+    if k.shape[0] != F.shape[0]:
+        raise InputError(f"clients has {k.shape[0]} entries but features has {F.shape[0]} rows; they must match")
+    if k.min() < 0:
+        raise InputError(f"clients must be >= 0, found {int(k.min())}; number clients 0..K-1")
+    if K is None:
+        K = int(k.max()) + 1
+    elif k.max() >= K:
+        raise InputError(f"clients contains {int(k.max())}, out of range for num_clients={K}")
+    return F, y, k, C, K
