@@ -274,7 +274,7 @@ def ckks_sum(
         If K * bound could exceed the CKKS bound 2^bound_bits.
     """
     t_start = time.perf_counter()
-    rng = rng if rng is not None else np.random.default_rng(0)
+    rng = rng if rng is not None else np.random.default_rng()
     X = np.asarray(stack, dtype=np.float64)
     if X.ndim < 1 or X.shape[0] < 2:
         raise InputError(

@@ -119,6 +119,13 @@ class CountNoise:
                 "GaussianMechanism (noise split across clients) instead"
             )
         requires = set(getattr(method, "requires", ()))
+        means = int(getattr(method, "params", {}).get("means_per_client", 1) or 1)
+        if means > 1:
+            raise ConfigError(
+                f"count noise with means_per_client={means} is refused: one record changes how a class is cut "
+                "into chunks, so it moves several counts at once (the sensitivity of 1 does not hold); use "
+                "means_per_client=1"
+            )
         extra = requires - {"counts", "sums"}
         if extra:
             raise ConfigError(
@@ -128,6 +135,13 @@ class CountNoise:
 
     def clip(self, features: np.ndarray) -> np.ndarray:
         return features
+
+    def sent_pairs(self, stats: ClientStats, uploaded: ClientStats) -> int:
+        """Pairs sent: those whose noisy count survived the clip at zero (a function of the noisy counts)."""
+        return int(np.count_nonzero(uploaded.counts > 0))
+
+    def declare_randomness(self, *, seeded: bool) -> None:
+        self._seeded = bool(seeded) or bool(getattr(self, "_seeded", False))
 
     feature_transform = None
 
@@ -141,9 +155,11 @@ class CountNoise:
         return total
 
     def _guarantee(self, eps: float, delta: float) -> str:
+        # The release as a whole has no guarantee: say so first, then what the counts alone get.
         return (
-            f"({eps:.4g}, {delta:.3g})-DP at record level for the class counts only ({self.name}); "
-            "NO DP GUARANTEE for the class means, which are sent without noise"
+            "NO DP GUARANTEE for the class means and sums, which are sent without noise (an exact zero sum "
+            f"shows a class is absent); class counts only: ({eps:.4g}, {delta:.3g})-DP at record "
+            f"level ({self.name})"
         )
 
     def report(self, delta: float = 0.0) -> PrivacyReport:
@@ -161,11 +177,19 @@ class CountNoise:
         else:
             guarantee = self._guarantee(eps, delta)
         notes = [f"{self.dropped} noisy (client, class) count(s) clipped to 0 and not sent"]
+        seeded = bool(getattr(self, "_seeded", False))
+        if seeded:
+            notes.insert(0, "SIMULATION, NOT A RELEASE: the noise was drawn from a seed and can be replayed")
+        if not self.dp:
+            eps = math.inf  # a heuristic has no epsilon
         return PrivacyReport(
-            epsilon=eps, delta=delta, level="record", mechanism=self.name, calibration="direct",
+            epsilon=eps, delta=delta, level="record", mechanism=self.name,
+            calibration="direct" if self.dp else "none (heuristic)",
             sigma={"counts": self.scale}, sensitivity={"counts": 1.0}, rounds=1, sampling_rate=1.0,
-            accountant=acc, guarantee=guarantee, target_epsilon=self.epsilon,
+            accountant=acc, guarantee=guarantee, target_epsilon=self.epsilon if self.dp else math.nan,
             num_events=len(self.ledger), notes=tuple(notes),
+            placement="local" if self.ledger.events else "none", simulation=seeded,
+            protects="class counts only (means sent in clear)" if self.dp else "nothing",
         )
 
     @property

@@ -520,6 +520,10 @@ class GaussianMechanism:
                 "sensitivity); use fed3r-within for secure aggregation with DP, or drop secure_agg"
             )
 
+    def sent_pairs(self, stats: ClientStats, uploaded: ClientStats) -> int:
+        """(client, class) pairs sent: every client sends every class under DP (zeros noised too)."""
+        return stats.num_clients * stats.num_classes
+
     def _refuse_sampling(self) -> None:
         if self.sampling_rate < 1:
             raise ConfigError(

@@ -51,6 +51,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
+from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
@@ -290,6 +291,8 @@ class _Client:
         self.c_sk = _private_key(self.c_sk_int)
         self.s_sk = _private_key(self.s_sk_int)
         self.received: dict[int, bytes] = {}
+        # Which kind of share this client revealed for each peer: never both kinds for one peer.
+        self.revealed: dict[int, str] = {}
         self.peer_keys: dict[int, tuple[X25519PublicKey, X25519PublicKey]] = {}
         self._channels: dict[int, AESGCM] = {}
 
@@ -359,14 +362,27 @@ class _Client:
             else:
                 ct = self.received[u]
                 peer = self._channel(u)
-                msg = peer.decrypt(ct[:GCM_NONCE_BYTES], ct[GCM_NONCE_BYTES:], self.session)
+                try:
+                    msg = peer.decrypt(ct[:GCM_NONCE_BYTES], ct[GCM_NONCE_BYTES:], self.session)
+                except InvalidTag:
+                    raise ProtocolAbort(
+                        f"client {self.u} got a share message from client {u} that fails authentication "
+                        "(tampered or corrupted); aborting, no sum is released"
+                    ) from None
             sender, receiver = int.from_bytes(msg[:4], "little"), int.from_bytes(msg[4:8], "little")
             if sender != u or receiver != self.u:
                 raise ProtocolAbort(f"client {self.u} got a share message with wrong ids; aborting")
             s_share = int.from_bytes(msg[8:40], "little")
             b_share = int.from_bytes(msg[40:72], "little")
-            # Exactly one kind per client: b for uploaders, s^SK for those who dropped before uploading.
-            answers[u] = ("b", b_share) if u in uploaded else ("s", s_share)
+            # Exactly one kind per client: b for uploaders, s^SK for those who dropped before uploading,
+            # and never the other kind later (a server asking twice with different uploader lists).
+            kind = "b" if u in uploaded else "s"
+            if self.revealed.setdefault(u, kind) != kind:
+                raise ProtocolAbort(
+                    f"client {self.u} already revealed its {self.revealed[u]!r} share of client {u}; revealing "
+                    f"the {kind!r} share too would unmask client {u}'s input: refused"
+                )
+            answers[u] = (kind, b_share if kind == "b" else s_share)
         return answers
 
 
@@ -446,7 +462,7 @@ def masked_sum(
         If fewer than t share holders of a client survive (no sum released).
     """
     t_start = time.perf_counter()
-    rng = rng if rng is not None else np.random.default_rng(0)
+    rng = rng if rng is not None else np.random.default_rng()
     X = np.asarray(stack, dtype=np.float64)
     if X.ndim < 1 or X.shape[0] < 2:
         raise InputError(
@@ -467,27 +483,42 @@ def masked_sum(
         raise InputError(f"{name} was declared integer but holds fractional values; pass integers='auto'")
     integral = integers is True or (integers == "auto" and noise_std == 0 and fixed_point.is_integral(flat))
     f = 0 if integral else fixed_point.check_frac_bits(frac_bits)
-    max_abs = max(-lo, hi) if value_bound is None else float(value_bound)
+    if value_bound is None:
+        max_abs = max(-lo, hi)
+    else:
+        max_abs = float(value_bound)
+        if not (max_abs >= 0 and np.isfinite(max_abs)):
+            raise ConfigError(f"value_bound must be finite and >= 0, got {value_bound!r}")
+        over = np.flatnonzero(np.abs(flat).max(axis=1) > max_abs) if flat.size else np.zeros(0, int)
+        if over.size:
+            # Each client checks its own input against the agreed bound before encoding it.
+            raise InputError(
+                f"{name}: client(s) {over[:5].tolist()} hold values outside the agreed bound "
+                f"|x| <= {max_abs:g}; they refuse to encode them (the sum would wrap around the ring)"
+            )
     # Gaussian shares exceed 40 standard deviations with probability < 1e-340: a safe public bound.
     fixed_point.check_ring_bound(max_abs, K, f, noise_bound=K * 40.0 * noise_std * 2.0**f, name=name)
 
+    keys = KeySource(key_seed)
+    # The SecAgg+ relabelling is key material: from the key source (OS entropy), never from ``rng``.
     graph = (
-        harary_graph(K, neighbours, rng)
+        harary_graph(K, neighbours, np.random.default_rng(int.from_bytes(keys(32), "little")))
         if neighbours is not None
         else [frozenset(set(range(K)) - {u}) for u in range(K)]
     )
     group_sizes = [len(g) + 1 for g in graph]
-    t = default_threshold(min(group_sizes)) if threshold is None else int(threshold)
-    if not 1 <= t <= min(group_sizes):
+    low = default_threshold(min(group_sizes))
+    t = low if threshold is None else int(threshold)
+    if not low <= t <= min(group_sizes):
         raise ConfigError(
-            f"threshold must lie in [1, {min(group_sizes)}] (the size of each client's share group), got {threshold}"
+            f"threshold must lie in [{low}, {min(group_sizes)}]: more than half of each client's share group "
+            f"(so the server never holds t shares of both kinds for one client) and at most its size; got {threshold}"
         )
     before = _as_sets(dropped_before_upload, K, "dropped_before_upload")
     after = _as_sets(dropped_after_upload, K, "dropped_after_upload")
     if before & after:
         raise InputError(f"client(s) {sorted(before & after)} cannot drop both before and after uploading")
 
-    keys = KeySource(key_seed)
     session = keys(16)
     view = ServerView(num_clients=K, frac_bits=f)
     up = {u: {"public_keys": 0, "shares": 0, "masked_input": 0, "unmask": 0} for u in range(K)}
@@ -533,6 +564,11 @@ def masked_sum(
     t2 = time.perf_counter()
     view.uploaded = tuple(sorted(uploaded))
 
+    if len(uploaded) < 2:
+        raise ProtocolAbort(
+            f"{name}: only {len(uploaded)} input(s) uploaded; a sum of fewer than 2 inputs reveals them, "
+            "so no sum is released"
+        )
     # Round 3: unmasking.
     answered = frozenset(uploaded - after)
     view.answered = tuple(sorted(answered))

@@ -204,7 +204,8 @@ class _Protocol:
         calls = [] if run is None else list(run.calls)
         K = stats.num_clients if getattr(stats, "owners", None) is None else int(np.max(stats.owners)) + 1
         try:
-            b = self._bytes(method, stats.num_pairs(), K, stats.dim, stats.num_classes)
+            # Secure sums carry every (client, class) pair, zeros included: count what is sent.
+            b = self._bytes(method, K * stats.num_classes, K, stats.dim, stats.num_classes)
         except ConfigError as exc:
             b = {"upload": float("nan"), "error": str(exc)}
         measured = float(np.mean([c["upload_bytes_mean"] for c in calls])) * len(calls) if calls else 0.0

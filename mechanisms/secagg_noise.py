@@ -76,6 +76,9 @@ class DistributedGaussian:
     sensitivity : float or sequence of float
         Client-level L2 sensitivity of each summed statistic (the bound on
         one client's contribution, which the caller enforces by clipping).
+        Required: there is no default.  :func:`privfed.fit` refuses a
+        protocol carrying this noise, since it does not clip to it; use
+        ``privacy=GaussianMechanism(...)`` with the protocol instead.
     delta : float
         The delta of the reported guarantee.
     tolerate : int
@@ -89,7 +92,7 @@ class DistributedGaussian:
     """
 
     sigma: float | tuple[float, ...]
-    sensitivity: float | tuple[float, ...] = 1.0
+    sensitivity: float | tuple[float, ...] | None = None
     delta: float = 1e-5
     tolerate: int = 0
     backend: Any = None
@@ -99,6 +102,11 @@ class DistributedGaussian:
 
         object.__setattr__(self, "backend", get_backend(self.backend))
         object.__setattr__(self, "sigma", _as_tuple(self.sigma, "sigma"))
+        if self.sensitivity is None:
+            raise ConfigError(
+                "DistributedGaussian needs sensitivity= (the bound on one client's contribution to each summed "
+                "statistic, enforced by clipping); there is no safe default"
+            )
         object.__setattr__(self, "sensitivity", _as_tuple(self.sensitivity, "sensitivity"))
         if not (0 < float(self.delta) < 1):
             raise ConfigError(f"delta must lie in (0, 1), got delta={self.delta}")

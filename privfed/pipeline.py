@@ -78,13 +78,41 @@ def server_head(
             total = privacy.after_aggregate(total, method, rng)
         head = method.aggregate(total)
 
-    head.upload_bytes = method.communication(stats, num_clients)
+    head.upload_bytes = method.communication(stats, num_clients) if privacy is None else _sent_communication(
+        method, privacy, stats, uploaded, num_clients
+    )
     if privacy is not None:
         head.privacy = privacy.report()
         head.feature_transform = getattr(privacy, "feature_transform", None)
     if secure_agg is not None:
         head.secure_aggregation = secure_agg.report(method, stats)
+        head.notes.extend(_whose_data(head.secure_aggregation))
     return head
+
+
+def _sent_communication(method: Method, privacy: Any, stats: ClientStats, uploaded: ClientStats, num_clients: int):
+    """Upload accounting under privacy: from what is sent, never from the raw statistics.
+
+    The mechanism says how many (client, class) pairs go out (under DP every client sends every class,
+    zeros included and noised), so the bytes are a function of the release and public parameters.
+    """
+    sent = getattr(privacy, "sent_pairs", None)
+    M = int(sent(stats, uploaded)) if sent is not None else stats.num_clients * stats.num_classes
+    total = method.upload_bytes(M=M, K=num_clients, d=stats.dim, C=stats.num_classes)
+    return {"total": total, "per_client": total / max(num_clients, 1), "M": M, "K": num_clients}
+
+
+def _whose_data(report: Any) -> list[str]:
+    """A head's note on which clients' data it holds when some dropped before uploading."""
+    calls = getattr(report, "calls", None) or []
+    gone = sorted({u for c in calls for u in c.get("dropped_before_upload", ())})
+    if not gone:
+        return []
+    K = max(int(c.get("clients", 0)) for c in calls)
+    return [
+        f"holds the data of {K - len(gone)} of {K} clients: client(s) {gone[:20]} dropped before uploading "
+        "and are not in the sums"
+    ]
 
 
 def run_federation(

@@ -137,16 +137,26 @@ def test_single_client_is_refused(data):
         privfed.fit("fedncm", F, y, secure_agg=PairwiseMasking())
 
 
-def test_distributed_noise_through_fit(data):
+def test_distributed_noise_through_fit_needs_an_enforced_clip(data):
+    # DistributedGaussian is calibrated for a sensitivity that fit would not enforce (nothing clips):
+    # refused; a mechanism with the protocol clips and splits its noise across the clients instead.
     F, y, k = data
     noise = DistributedGaussian(sigma=[2.0, 5.0], sensitivity=[1.0, 10.0], delta=1e-5, tolerate=2)
-    head = privfed.fit("fedncm", F, y, k, secure_agg=PairwiseMasking(noise=noise), random_state=1)
+    with pytest.raises(ConfigError, match="clips the records"):
+        privfed.fit("fedncm", F, y, k, secure_agg=PairwiseMasking(noise=noise), random_state=1)
+    with pytest.raises(ConfigError, match="sensitivity="):
+        DistributedGaussian(sigma=2.0)
+    from mechanisms import GaussianMechanism
+
+    mech = GaussianMechanism(epsilon=1.0, delta=1e-5, clip=1.0, dropout_tolerance=2)
+    head = privfed.fit("fedncm", F, y, k, privacy=mech, secure_agg=PairwiseMasking(), random_state=1)
     rep = head.secure_aggregation
     assert all(c["frac_bits"] == 32 for c in rep.calls)  # noisy counts are not integers
-    g = rep.noise
-    assert g["with_2_missing"]["epsilon"] > g["full"]["epsilon"]
-    assert g["with_2_missing"]["sigma"] == pytest.approx([2.0 * (4 / 6) ** 0.5, 5.0 * (4 / 6) ** 0.5])
-    assert g["this_run"]["shares_present"] == 6
+    assert head.privacy.placement == "distributed"
+    # 6 shares of sigma^2/4 each reached the sum: 1.5 sigma^2, so epsilon is below the target.
+    from mechanisms import gdp_epsilon
+
+    assert head.privacy.epsilon == pytest.approx(gdp_epsilon(mech.mu / 1.5**0.5, 1e-5), rel=1e-9)
     assert np.abs(head.weight - privfed.fit("fedncm", F, y, k).weight).max() > 1e-4
 
 
