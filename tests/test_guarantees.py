@@ -1,0 +1,322 @@
+"""Every guarantee privfed prints is true: one test per way a report could overstate its release.
+
+Each test builds the release a user would run (``privfed.fit`` with a mechanism and, where it
+matters, a secure-aggregation protocol) and checks the fact the report rests on: what is refused,
+what the noise actually present gives, and that nothing returned depends on the raw data beyond
+the noisy release and public parameters.  Exact quantities are compared to an independent
+computation (``gdp_epsilon`` of the noise present) to 1e-9.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import privfed
+from mechanisms import (
+    GaussianMechanism,
+    LaplaceCountNoise,
+    UniformCountNoiseNoDP,
+    gdp_epsilon,
+    gdp_mu,
+)
+from mechanisms.ledger import NEIGHBOURING
+from mechanisms.masking import KeySource, ProtocolAbort, _Client, masked_sum
+from mechanisms.secagg import PairwiseMasking
+from mechanisms.secagg_noise import DistributedGaussian
+from privfed.errors import ConfigError, InputError
+
+pytestmark = pytest.mark.filterwarnings("ignore:noise backend 'numpy'")
+
+
+def _data(n=80, K=4, C=3, d=5, seed=0):
+    rng = np.random.default_rng(seed)
+    y = np.arange(n) % C
+    F = rng.normal(size=(n, d)) + 2 * rng.normal(size=(C, d))[y]
+    k = np.arange(n) % K
+    return F, y, k
+
+
+def _mech(**kw):
+    params = dict(epsilon=1.0, delta=1e-5, clip=1.0)
+    params.update(kw)
+    return GaussianMechanism(**params)
+
+
+# -- 1. FedCOF multi-mean chunking depends on the count -----------------------------------------
+def test_multi_mean_is_refused_under_dp():
+    F, y, k = _data()
+    with pytest.raises(ConfigError, match="means_per_client=2"):
+        privfed.fit("fedcof", F, y, k, num_classes=3, privacy=_mech(), means_per_client=2)
+    with pytest.raises(ConfigError, match="means_per_client=3"):
+        privfed.fit("fedcof", F, y, k, num_classes=3, privacy=LaplaceCountNoise(epsilon=1.0), means_per_client=3)
+    # M = 1 is the plain method and runs.
+    assert np.all(np.isfinite(privfed.fit("fedcof", F, y, k, num_classes=3, privacy=_mech()).weight))
+
+
+# -- 2. subsampling credited but not carried out ---------------------------------------------------
+def test_sampling_rate_below_one_is_refused():
+    F, y, k = _data()
+    mech = _mech(sampling_rate=0.01)
+    with pytest.raises(ConfigError, match="sampling_rate=0.01"):
+        privfed.fit("fedncm", F, y, k, num_classes=3, privacy=mech)
+    with pytest.raises(ConfigError, match="sampling_rate"):
+        mech.release(F[:5], y[:5], rng=np.random.default_rng(0), num_classes=3)
+
+
+# -- 3. nothing returned depends on the raw data beyond the noisy release --------------------------
+def _outputs(head):
+    return {
+        "shape": head.weight.shape,
+        "bytes": head.upload_bytes,
+        "guarantee": head.privacy.guarantee,
+        "notes": tuple(head.notes),
+        "privacy_notes": head.privacy.notes,
+    }
+
+
+@pytest.mark.parametrize("method", ["fedncm", "fed3r", "fedcof", "fedlog"])
+def test_a_record_in_a_class_its_client_lacked_changes_no_metadata(method):
+    F, y, k = _data()
+    keep = ~((k == 0) & (y == 2))  # client 0 holds no record of class 2
+    F0, y0, k0 = F[keep], y[keep], k[keep]
+    F1 = np.vstack([F0, 5 * np.ones(F.shape[1])])
+    y1, k1 = np.append(y0, 2), np.append(k0, 0)
+    blocks = ("sums", "counts", "second") if method == "fed3r" else ("sums", "counts")
+    out = []
+    for Fi, yi, ki in ((F0, y0, k0), (F1, y1, k1)):
+        head = privfed.fit(method, Fi, yi, ki, num_classes=3, privacy=_mech(blocks=blocks), random_state=3)
+        out.append(_outputs(head))
+    assert out[0]["bytes"] == out[1]["bytes"]
+    assert out[0]["bytes"]["M"] == 4 * 3  # every client sends every class under DP
+    assert out[0]["shape"] == out[1]["shape"]
+    assert out[0]["guarantee"] == out[1]["guarantee"]
+    assert out[0]["privacy_notes"] == out[1]["privacy_notes"]
+
+
+def test_an_absent_class_or_an_empty_client_is_not_refused_from_raw_data():
+    F, y, k = _data()
+    # Class 2's only record, and client 1's only record.
+    only = np.flatnonzero(y == 2)[0]
+    keep = (y != 2) | (np.arange(y.size) == only)
+    F1, y1, k1 = F[keep], y[keep], k[keep]
+    k1 = np.where(np.arange(k1.size) == np.flatnonzero(y1 == 2)[0], 1, np.where(k1 == 1, 2, k1))
+    F0, y0, k0 = F1[y1 != 2], y1[y1 != 2], k1[y1 != 2]
+    assert np.bincount(k0, minlength=4)[1] == 0 and np.bincount(k1, minlength=4)[1] == 1
+    shapes = []
+    for Fi, yi, ki in ((F0, y0, k0), (F1, y1, k1)):
+        head = privfed.fit("fedncm", Fi, yi, ki, num_classes=3, num_clients=4, privacy=_mech(), random_state=1)
+        shapes.append((head.weight.shape, head.upload_bytes))
+    assert shapes[0] == shapes[1]
+    # Without privacy the same inputs are still refused (nothing to hide, and an empty class is a mistake).
+    with pytest.raises(InputError, match="no sample"):
+        privfed.fit("fedncm", F0, y0, np.minimum(k0, 1), num_classes=3)
+
+
+def test_client_level_keeps_the_client_set_public():
+    F, y, k = _data()
+    F0, y0, k0 = F, y, k
+    F1, y1, k1 = F[k != 3], y[k != 3], k[k != 3]  # client 3's data zeroed out: it still takes part
+    reps = []
+    for Fi, yi, ki in ((F0, y0, k0), (F1, y1, k1)):
+        mech = _mech(level="client", max_records=30, trusted_aggregator=True)
+        head = privfed.fit("fedncm", Fi, yi, ki, num_classes=3, num_clients=4, privacy=mech, random_state=1)
+        reps.append((head.upload_bytes, [(e.block, e.sensitivity, e.scale) for e in mech.ledger.events]))
+    assert reps[0] == reps[1]
+    assert "zero-out" in NEIGHBOURING["client"]
+
+
+# -- 4. dropouts beyond the tolerance --------------------------------------------------------------
+def test_dropouts_beyond_tolerance_lower_the_reported_guarantee():
+    rng = np.random.default_rng(0)
+    K = 10
+    F = rng.normal(size=(200, 4))
+    y = np.arange(200) % 2
+    k = np.arange(200) % K
+    mech = _mech()
+    sa = PairwiseMasking(dropouts=4, dropout_phase="before_upload")
+    head = privfed.fit("fedncm", F, y, k, num_classes=2, privacy=mech, secure_agg=sa, random_state=2)
+    # 6 of 10 shares of sigma^2 / 10 reached the sums: 0.6 sigma^2 present.
+    expected = gdp_epsilon(gdp_mu(1.0, 1e-5) / math.sqrt(0.6), 1e-5)
+    assert head.privacy.epsilon == pytest.approx(expected, rel=1e-9)
+    assert head.privacy.epsilon > 1.3
+    assert any("only 6 of 10" in n for n in head.privacy.notes)
+    # Issue 12 item 8: the head says whose data it holds.
+    assert any("holds the data of 6 of 10 clients" in n for n in head.notes)
+
+
+# -- 5. client level under secure aggregation with a tolerance -------------------------------------
+def test_client_level_secure_agg_noise_does_not_depend_on_who_holds_data():
+    F, y, k = _data()
+    variances = []
+    for Fi, yi, ki in ((F, y, k), (F[k != 3], y[k != 3], k[k != 3])):
+        mech = _mech(level="client", max_records=30, dropout_tolerance=1)
+        head = privfed.fit("fedncm", Fi, yi, ki, num_classes=3, num_clients=4, privacy=mech,
+                           secure_agg=PairwiseMasking(), random_state=1)
+        variances.append([e.scale for e in mech.ledger.events])
+        assert head.privacy.placement == "distributed"
+        assert any("zero-out" in n for n in head.privacy.notes)
+    # The same K clients add the same shares in both neighbours: the sum's noise is identical.
+    assert variances[0] == variances[1]
+    # K = 4 shares of sigma^2 / 3 each: 4/3 sigma^2 present, epsilon computed from it.
+    mech = _mech(level="client", max_records=30, dropout_tolerance=1)
+    head = privfed.fit("fedncm", F, y, k, num_classes=3, privacy=mech, secure_agg=PairwiseMasking(), random_state=1)
+    assert head.privacy.epsilon == pytest.approx(gdp_epsilon(mech.mu / math.sqrt(4 / 3), 1e-5), rel=1e-9)
+
+
+# -- 6. randomness --------------------------------------------------------------------------------
+def test_unseeded_noise_is_fresh_and_seeded_runs_say_they_are_simulations():
+    F, y, k = _data()
+    a = privfed.fit("fedncm", F, y, k, num_classes=3, privacy=_mech())
+    b = privfed.fit("fedncm", F, y, k, num_classes=3, privacy=_mech())
+    assert not np.array_equal(a.weight, b.weight)  # not seed 0 twice
+    assert not a.privacy.simulation and not any("SIMULATION" in n for n in a.privacy.notes)
+    s = privfed.fit("fedncm", F, y, k, num_classes=3, privacy=_mech(), random_state=5)
+    assert s.privacy.simulation and s.privacy.guarantee.startswith("SIMULATION")
+    assert any("can be replayed" in n for n in s.privacy.notes)
+    t = privfed.fit("fedncm", F, y, k, num_classes=3, privacy=_mech(), random_state=5)
+    assert np.array_equal(s.weight, t.weight)  # a simulation is reproducible
+    # Without privacy, None still means seed 0 (multi-mean sampling is reproducible).
+    p = [privfed.fit("fedcof", F, y, k, means_per_client=3).weight for _ in range(2)]
+    assert np.array_equal(p[0], p[1])
+
+
+def test_secagg_plus_graph_comes_from_key_material_not_the_run_rng():
+    X = np.arange(40.0).reshape(10, 4)
+    graphs = []
+    for _ in range(2):
+        res = masked_sum(X, neighbours=2, rng=np.random.default_rng(0))
+        graphs.append(frozenset(res.view.encrypted_shares))
+        assert np.allclose(res.total, X.sum(axis=0))
+    assert graphs[0] != graphs[1]  # same rng, different graph: it is not derived from the rng
+    # A key seed (tests only) reproduces it.
+    same = [frozenset(masked_sum(X, neighbours=2, key_seed=7).view.encrypted_shares) for _ in range(2)]
+    assert same[0] == same[1]
+
+
+# -- 7. distributed noise never trusts a default sensitivity ---------------------------------------
+def test_distributed_gaussian_needs_an_enforced_sensitivity():
+    F, y, k = _data()
+    with pytest.raises(ConfigError, match="sensitivity="):
+        DistributedGaussian(sigma=1.0)
+    noise = DistributedGaussian(sigma=1.0, sensitivity=1.0)
+    with pytest.raises(ConfigError, match="clips the records"):
+        privfed.fit("fedncm", F, y, k, secure_agg=PairwiseMasking(noise=noise))
+    with pytest.raises(ConfigError, match="drop noise="):
+        privfed.fit("fedncm", F, y, k, privacy=_mech(), secure_agg=PairwiseMasking(noise=noise))
+
+
+# -- 8. secure-aggregation edges -------------------------------------------------------------------
+def _clients(K=4, seed=1):
+    keys = KeySource(seed)
+    session = keys(16)
+    graph = [frozenset(set(range(K)) - {u}) for u in range(K)]
+    clients = [_Client(u, graph[u], keys, session) for u in range(K)]
+    adv = {c.u: c.advertise() for c in clients}
+    t = K // 2 + 1
+    inbox = {u: {} for u in range(K)}
+    for c in clients:
+        for v, ct in c.share_keys({v: adv[v] for v in c.nbrs}, t).items():
+            inbox[v][c.u] = ct
+    for c in clients:
+        c.receive(inbox[c.u])
+    return clients, t
+
+
+def test_a_client_never_reveals_both_shares_of_a_peer():
+    clients, t = _clients()
+    everyone = frozenset(range(4))
+    first = clients[0].unmask(everyone, everyone, t)
+    assert first[3][0] == "b"
+    with pytest.raises(ProtocolAbort, match="already revealed"):
+        clients[0].unmask(frozenset({0, 1, 2}), everyone, t)  # now "3 dropped": asks for its mask key
+
+
+def test_a_tampered_share_aborts():
+    clients, t = _clients()
+    ct = bytearray(clients[0].received[2])
+    ct[-1] ^= 1
+    clients[0].received[2] = bytes(ct)
+    with pytest.raises(ProtocolAbort, match="fails authentication"):
+        clients[0].unmask(frozenset(range(4)), frozenset(range(4)), t)
+
+
+def test_threshold_and_minimum_inputs():
+    X = np.ones((5, 3))
+    with pytest.raises(ConfigError, match="more than half"):
+        masked_sum(X, threshold=1, key_seed=1)
+    with pytest.raises(ConfigError, match="more than half"):
+        masked_sum(X, threshold=2, key_seed=1)
+    assert np.allclose(masked_sum(X, threshold=3, key_seed=1).total, 5.0)
+    with pytest.raises(ProtocolAbort):
+        masked_sum(np.ones((2, 3)), dropped_before_upload=[1], key_seed=1)
+
+
+def test_value_bound_is_enforced_by_the_clients():
+    X = np.zeros((3, 2))
+    X[1, 0] = 2.0**29
+    with pytest.raises(InputError, match=r"client\(s\) \[1\]"):
+        masked_sum(X, value_bound=1.0, key_seed=1)
+    assert np.allclose(masked_sum(np.ones((3, 2)), value_bound=1.0, key_seed=1).total, 3.0)
+
+
+# -- 9. count noise with the means in clear --------------------------------------------------------
+def test_count_noise_reports_lead_with_the_unprotected_means():
+    F, y, k = _data()
+    head = privfed.fit("fedcof", F, y, k, num_classes=3, privacy=LaplaceCountNoise(epsilon=1.0))
+    rep = head.privacy
+    assert rep.guarantee.startswith("NO DP GUARANTEE for the class means")
+    assert not rep.is_private
+    assert rep.delta == 0.0 and rep.epsilon == pytest.approx(1.0)  # pure DP for the counts alone
+    assert rep.protects.startswith("class counts only")
+    uni = privfed.fit("fedcof", F, y, k, num_classes=3, privacy=UniformCountNoiseNoDP(epsilon=0.5)).privacy
+    assert uni.epsilon == math.inf and math.isnan(uni.target_epsilon) and not uni.is_private
+
+
+# -- 10. smaller facts ------------------------------------------------------------------------------
+def test_each_fit_books_one_release_of_a_multi_round_budget():
+    F, y, k = _data()
+    mech = _mech(rounds=4)
+    eps = [privfed.fit("fedncm", F, y, k, num_classes=3, privacy=mech).privacy.epsilon for _ in range(4)]
+    mu = gdp_mu(1.0, 1e-5)
+    for i, e in enumerate(eps, start=1):
+        assert e == pytest.approx(gdp_epsilon(mu * math.sqrt(i / 4), 1e-5), rel=1e-9)
+    assert eps[-1] == pytest.approx(1.0, rel=1e-9)
+
+
+def test_fedcof_with_trusted_aggregator_says_its_noise_is_local():
+    F, y, k = _data()
+    head = privfed.fit("fedcof", F, y, k, num_classes=3, privacy=_mech(trusted_aggregator=True))
+    assert head.privacy.placement == "local"
+    assert not any("trusted aggregator" in n for n in head.privacy.notes)
+    central = privfed.fit("fedncm", F, y, k, num_classes=3, privacy=_mech(trusted_aggregator=True)).privacy
+    assert central.placement == "central" and any("trusted aggregator" in n for n in central.notes)
+
+
+def test_opendp_slack_is_calibrated_on_the_coordinates_that_move():
+    F, y, k = _data(n=30, d=4)
+    mech = _mech(epsilon=2.0, backend="opendp", trusted_aggregator=True)
+    head = privfed.fit("fedncm", F, y, k, num_classes=3, privacy=mech)
+    grid = mech.backend.grid
+    sens = {e.block: e.sensitivity for e in mech.ledger.events}
+    assert sens["sums"] == pytest.approx(1.0 + grid * math.sqrt(4), rel=1e-12)  # d coordinates, not C d
+    assert sens["counts"] == pytest.approx(1.0 + grid, rel=1e-12)
+    assert head.privacy.epsilon == pytest.approx(2.0, rel=1e-9)  # calibrated for the slack
+
+
+# -- mechanism arguments ----------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        ({"sampling_rate": "a"}, "sampling_rate"),
+        ({"max_records": "x", "level": "client"}, "max_records"),
+        ({"max_records": -5}, "max_records"),
+        ({"max_records": 0}, "max_records"),
+        ({"max_records": 10}, "level='client' only"),
+    ],
+)
+def test_mechanism_arguments_are_validated(kw, match):
+    with pytest.raises(ConfigError, match=match):
+        _mech(**kw)
