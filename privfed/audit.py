@@ -20,6 +20,19 @@ is how broken mechanisms (noise halved, clipping skipped, a sensitivity
 miscalculated, a statistic left un-noised) are caught.  A bound below the
 claim proves nothing: the audit can refute, never certify.
 
+Release-level, black-box audit of the public paths (:func:`audit_release`):
+a callable runs a release the way a user does (:func:`fit_release` wraps
+``privfed.fit`` with a mechanism and a secure-aggregation protocol;
+:func:`tradeoff_release` the trade-off sweep's path through
+``tradeoff_privacy.make_privacy``) and returns everything the server or the
+user receives.  For each pair of a battery of worst-case neighbours
+(:func:`neighbour_battery`), any deterministic difference between the two
+outputs (shapes, bytes, notes, errors, warnings, or a released value that
+carries no noise) fails at once; otherwise a linear test is learnt and its
+threshold chosen on held-out draws, and a Clopper-Pearson lower bound from
+fresh draws is compared with the report's *composed* claim (its mu when the
+report was computed in Gaussian DP, its epsilon otherwise).
+
 :func:`audit` works on any mechanism: pass a function drawing ``n``
 releases on D0 or D1 with an ``rng`` (vectorised).  :func:`audit_gaussian_blocks`
 builds the canary experiment of ``../spec/privacy.md`` for
@@ -38,7 +51,19 @@ from scipy.stats import norm as _norm
 
 from privfed.errors import ConfigError
 
-__all__ = ["AuditResult", "DEFAULT_THRESHOLDS", "audit", "audit_gaussian_blocks", "audit_scores"]
+__all__ = [
+    "AuditResult",
+    "DEFAULT_THRESHOLDS",
+    "Neighbours",
+    "ReleaseAudit",
+    "audit",
+    "audit_gaussian_blocks",
+    "audit_release",
+    "audit_scores",
+    "fit_release",
+    "neighbour_battery",
+    "tradeoff_release",
+]
 
 #: Thresholds on the normalised score (in units of the claimed noise scale).
 DEFAULT_THRESHOLDS = np.arange(-1.0, 4.0 + 1e-9, 0.5)
@@ -284,3 +309,404 @@ def audit_gaussian_blocks(
             claimed_mu=(math.inf if sigma[block] == 0 else sens[block] / sigma[block]),
         )
     return results
+
+
+# =========================================================================== release-level audit
+_NUM = __import__("re").compile(r"[-+]?\d[\d.eE+-]*")
+
+
+def _norm_text(text: str) -> str:
+    """Text with numbers masked: noisy numbers in notes must not count as a deterministic difference."""
+    return _NUM.sub("#", str(text))
+
+
+@dataclass(frozen=True)
+class Neighbours:
+    """Two datasets that differ by one unit of the neighbouring relation (``fit`` keyword arguments)."""
+
+    name: str
+    d0: dict
+    d1: dict
+
+
+def neighbour_battery(
+    level: str = "record",
+    *,
+    seed: int = 0,
+    dim: int = 4,
+    num_classes: int = 3,
+    num_clients: int = 4,
+    per_client: int = 9,
+    canary: float = 100.0,
+) -> list[Neighbours]:
+    """Worst-case neighbour pairs for ``level`` (``"record"`` or ``"client"``).
+
+    Record level: canaries far outside any clip in several classes and
+    directions (class 0 along e1, class 1 along e2, class 2 along -e_d,
+    class 1 along the diagonal, which moves every off-diagonal entry of a
+    second moment), in a
+    class its client lacked, a client's only record, a class's only record,
+    and a record that changes how a class would be cut into chunks.  Client
+    level: one client's whole data against none (the client still takes part:
+    the client set is public), and a client holding only canaries.
+    ``num_classes`` and ``num_clients`` are passed as public parameters.
+    """
+    rng = np.random.default_rng(seed)
+    C, K, d = int(num_classes), int(num_clients), int(dim)
+    n = K * per_client
+    y = np.arange(n) % C
+    k = (np.arange(n) // C) % K
+    F = rng.normal(size=(n, d))
+    # Client 0 lacks the last class; class C-1 exists elsewhere.
+    drop = (k == 0) & (y == C - 1)
+    F, y, k = F[~drop], y[~drop], k[~drop]
+    pub = {"num_classes": C, "num_clients": K}
+
+    def ds(F_, y_, k_):
+        return {"features": F_, "labels": y_, "clients": k_, **pub}
+
+    def e(j, sign=1.0):
+        v = np.zeros(d)
+        v[j % d] = sign * canary
+        return v
+
+    def add(rec, cls, cl):
+        return ds(np.vstack([F, rec]), np.append(y, cls), np.append(k, cl))
+
+    base = ds(F, y, k)
+    if level == "client":
+        keep = k != K - 1
+        whole = Neighbours("whole client (zero-out)", ds(F[keep], y[keep], k[keep]), base)
+        cans = np.vstack([e(0), e(1)])
+        canary_client = Neighbours(
+            "client of canaries (zero-out)",
+            ds(F[keep], y[keep], k[keep]),
+            ds(np.vstack([F[keep], cans]), np.append(y[keep], [0, 1]), np.append(k[keep], [K - 1, K - 1])),
+        )
+        return [whole, canary_client]
+    pairs = [
+        Neighbours("canary class 0 along e1", base, add(e(0), 0, 1)),
+        Neighbours("canary class 1 along e2", base, add(e(1), 1 % C, 2 % K)),
+        Neighbours(f"canary class {C - 1} along -e{d}", base, add(e(d - 1, -1.0), C - 1, 1)),
+        Neighbours("canary in a class its client lacked", base, add(e(1), C - 1, 0)),
+        Neighbours("canary class 1 along (1, ..., 1)", base, add(np.full(d, canary), 1 % C, 3 % K)),
+    ]
+    # A client's only record: client K-2 holds one record in D1 and none in D0.
+    solo = k != K - 2
+    pairs.append(Neighbours(
+        "a client's only record",
+        ds(F[solo], y[solo], k[solo]),
+        ds(np.vstack([F[solo], e(2)]), np.append(y[solo], 0), np.append(k[solo], K - 2)),
+    ))
+    # A class's only record: class C-1 absent in D0.
+    nolast = y != C - 1
+    pairs.append(Neighbours(
+        "a class's only record",
+        ds(F[nolast], y[nolast], k[nolast]),
+        ds(np.vstack([F[nolast], e(0)]), np.append(y[nolast], C - 1), np.append(k[nolast], 1)),
+    ))
+    # A record that changes chunking: client 1's class 0 goes from 3 to 4 records (min(M, n // 2) chunks).
+    sel = np.flatnonzero((k == 1) & (y == 0))
+    keep = np.ones(y.size, bool)
+    keep[sel[3:]] = False
+    three = ds(F[keep], y[keep], k[keep])
+    four = ds(np.vstack([F[keep], F[sel[0]]]), np.append(y[keep], 0), np.append(k[keep], 1))
+    pairs.append(Neighbours("a record that changes chunking", three, four))
+    return pairs
+
+
+@dataclass(frozen=True)
+class ReleaseAudit:
+    """The audit of one neighbour pair.
+
+    ``verdict`` is ``"refused"`` (both sides refused with the same error:
+    nothing released), ``"no claim"`` (the report claims no protection),
+    ``"deterministic difference"`` (fails), ``"metadata only"`` (no
+    difference found and no statistical test asked for), or ``"statistical"``
+    (with lower bounds compared to the claim).
+    """
+
+    pair: str
+    verdict: str
+    reason: str
+    claimed_eps: float = math.nan
+    claimed_mu: float = math.nan
+    eps_lb: float = 0.0
+    mu_lb: float = 0.0
+    draws: int = 0
+
+    @property
+    def flagged(self) -> bool:
+        if self.verdict == "deterministic difference":
+            return True
+        if self.verdict != "statistical":
+            return False
+        if math.isfinite(self.claimed_mu):
+            return self.mu_lb > self.claimed_mu
+        return self.eps_lb > self.claimed_eps
+
+
+def _one(run, data: dict, seed: int) -> dict:
+    """Run one release; errors and warnings are part of what the user receives."""
+    import warnings as _w
+
+    from privfed.errors import PrivfedError
+
+    with _w.catch_warnings(record=True) as caught:
+        _w.simplefilter("always")
+        try:
+            out = dict(run(data, seed))
+            out["error"] = None
+        except PrivfedError as exc:
+            out = {"arrays": [], "meta": (), "report": None, "error": f"{type(exc).__name__}: {exc}"}
+    msgs = sorted({_norm_text(w.message) for w in caught if "noise backend 'numpy'" not in str(w.message)})
+    out["warnings"] = tuple(msgs)
+    return out
+
+
+def _atoms(out: dict) -> set:
+    """What a user sees of one run, as atoms: an atom seen in every draw on one side and in none on the
+    other is a deterministic difference (a random one, e.g. a note that depends on the noise, is not)."""
+    atoms = {("error", None if out["error"] is None else _norm_text(out["error"]))}
+    atoms |= {("shape", i, tuple(np.shape(a))) for i, a in enumerate(out["arrays"])}
+    atoms.add(("arrays", len(out["arrays"])))
+    for i, m in enumerate(out.get("meta", ())):
+        items = m if isinstance(m, tuple) and not all(isinstance(x, (int, np.integer)) for x in m) else (m,)
+        for x in items:
+            atoms.add(("meta", i, _norm_text(x) if isinstance(x, str) else x))
+    rep = out.get("report")
+    if rep is not None:
+        atoms |= {("guarantee", _norm_text(rep.guarantee)), ("epsilon", rep.epsilon), ("delta", rep.delta),
+                  ("placement", rep.placement)}
+        atoms |= {("report note", _norm_text(n)) for n in rep.notes}
+    atoms |= {("warning", w) for w in out["warnings"]}
+    return atoms
+
+
+def _flat(out: dict) -> np.ndarray:
+    return np.concatenate([np.asarray(a, dtype=np.float64).ravel() for a in out["arrays"]]) if out["arrays"] else np.zeros(0)
+
+
+def audit_release(
+    run: Callable[[dict, int], dict],
+    pairs: Sequence[Neighbours],
+    *,
+    draws: int = 600,
+    heldout: int = 300,
+    meta_draws: int = 6,
+    alpha: float = 0.05,
+    seed: int = 0,
+) -> list[ReleaseAudit]:
+    """Black-box audit of a release path on every neighbour pair.
+
+    Parameters
+    ----------
+    run : callable ``(dataset kwargs, seed) -> dict``
+        Runs the release as a user does and returns ``arrays`` (every
+        numeric value the server or the user receives), ``meta`` (hashable
+        metadata: shapes, bytes, notes) and ``report`` (the privacy report).
+        A :class:`privfed.errors.PrivfedError` it raises is an output too.
+    pairs : sequence of Neighbours
+    draws, heldout : int
+        Fresh draws per side for the bound, and held-out draws per side to
+        learn the test direction and threshold; ``draws=0`` checks only for
+        deterministic differences.
+    meta_draws : int
+        Draws per side compared for deterministic differences.
+    alpha : float
+        Failure probability of each lower bound (FPR and FNR bounds at alpha / 2 each).
+
+    Returns
+    -------
+    list of ReleaseAudit
+    """
+    results = []
+    for p_i, pair in enumerate(pairs):
+        base = seed * 1_000_003 + p_i * 100_003
+        meta = [[_one(run, pair.d0 if side == 0 else pair.d1, base + i) for i in range(meta_draws)] for side in (0, 1)]
+        atoms = [[_atoms(o) for o in meta[side]] for side in (0, 1)]
+        always = [set.intersection(*a) for a in atoms]
+        ever = [set.union(*a) for a in atoms]
+        only = sorted(map(str, (always[0] - ever[1]) | (always[1] - ever[0])))
+        errs = [{o["error"] for o in meta[side]} for side in (0, 1)]
+        if only:
+            results.append(ReleaseAudit(pair.name, "deterministic difference",
+                                        f"in every draw of one side and no draw of the other: {'; '.join(only)}"[:800]))
+            continue
+        if None not in errs[0] and errs[0] == errs[1]:
+            results.append(ReleaseAudit(pair.name, "refused", sorted(e for e in errs[0] if e)[0][:300]))
+            continue
+        rep = next(o["report"] for o in meta[1] if o["error"] is None)
+        if draws == 0:
+            results.append(ReleaseAudit(pair.name, "metadata only", "no deterministic difference in "
+                                        f"{meta_draws} draws per side; no statistical test asked for"))
+            continue
+        if rep is None or not rep.is_private:
+            results.append(ReleaseAudit(pair.name, "no claim", "" if rep is None else rep.guarantee[:300]))
+            continue
+        claimed_eps = float(rep.epsilon)
+        claimed_mu = math.nan
+        if str(rep.accountant).startswith("gdp"):
+            from mechanisms.calibration import gdp_mu
+
+            claimed_mu = float(gdp_mu(claimed_eps, rep.delta))
+
+        def sample(side, n, off):
+            data = pair.d0 if side == 0 else pair.d1
+            rows = []
+            for i in range(n):
+                o = _one(run, data, base + off + i)
+                if o["error"] is not None:
+                    return None, o["error"]
+                rows.append(_flat(o))
+            return np.vstack(rows), None
+
+        H0, e0 = sample(0, heldout, 10_000)
+        H1, e1 = sample(1, heldout, 10_000)
+        if e0 or e1:
+            results.append(ReleaseAudit(pair.name, "deterministic difference" if (e0 is None) != (e1 is None) else "refused",
+                                        str(e0 or e1)[:300]))
+            continue
+        m0, m1 = H0.mean(axis=0), H1.mean(axis=0)
+        v0, v1 = H0.var(axis=0), H1.var(axis=0)
+        exact = (v0 == 0) & (v1 == 0) & (m0 != m1)
+        if exact.any():
+            j = int(np.flatnonzero(exact)[0])
+            results.append(ReleaseAudit(
+                pair.name, "deterministic difference",
+                f"{int(exact.sum())} released value(s) carry no noise and differ between neighbours "
+                f"(first: index {j}, {m0[j]:.6g} vs {m1[j]:.6g})",
+                claimed_eps=claimed_eps, claimed_mu=claimed_mu, eps_lb=math.inf, mu_lb=math.inf, draws=heldout,
+            ))
+            continue
+        var = np.maximum((v0 + v1) / 2, 1e-300)
+        diff = m1 - m0
+        tstat = np.abs(diff) / np.sqrt(2 * var / heldout)
+        keep = tstat > 4.0
+        if not keep.any():
+            keep = tstat >= np.sort(tstat)[-min(3, tstat.size)]
+        w = np.where(keep, diff / var, 0.0)
+        s0h, s1h = (H0 - m0) @ w, (H1 - m0) @ w
+        cands = np.quantile(np.concatenate([s0h, s1h]), np.linspace(0.02, 0.98, 49))
+        fpr = np.clip((s0h[None, :] > cands[:, None]).mean(axis=1), 1.0 / heldout, 1 - 1.0 / heldout)
+        fnr = np.clip((s1h[None, :] <= cands[:, None]).mean(axis=1), 1.0 / heldout, 1 - 1.0 / heldout)
+        if math.isfinite(claimed_mu):
+            crit = _norm.ppf(1 - fpr) - _norm.ppf(fnr)
+        else:
+            crit = np.maximum(np.log((1 - fpr) / fnr), np.log((1 - fnr) / fpr))
+        thr = float(cands[int(np.argmax(crit))])
+        T0, _ = sample(0, draws, 50_000)
+        T1, _ = sample(1, draws, 50_000)
+        if T0 is None or T1 is None:
+            results.append(ReleaseAudit(pair.name, "refused", "error in the fresh draws"))
+            continue
+        res = audit_scores((T0 - m0) @ w, (T1 - m0) @ w, delta=float(rep.delta), thresholds=[thr],
+                           alpha=alpha, claimed_mu=claimed_mu if math.isfinite(claimed_mu) else None,
+                           claimed_eps=None if math.isfinite(claimed_mu) else claimed_eps)
+        results.append(ReleaseAudit(
+            pair.name, "statistical", f"threshold {thr:.4g} chosen on {heldout} held-out draws per side",
+            claimed_eps=claimed_eps, claimed_mu=claimed_mu, eps_lb=res.eps_lb, mu_lb=res.mu_lb, draws=draws,
+        ))
+    return results
+
+
+class _Tap:
+    """Wraps a privacy hook or a protocol and keeps what the server receives; delegates everything else."""
+
+    def __init__(self, inner) -> None:
+        self._inner = inner
+        self.uploads = None
+        self.aggregate = None
+        self.sums: list = []
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+    def before_upload(self, stats, method, rng):
+        out = self._inner.before_upload(stats, method, rng)
+        self.uploads = out
+        return out
+
+    def after_aggregate(self, total, method, rng):
+        out = self._inner.after_aggregate(total, method, rng)
+        self.aggregate = out
+        return out
+
+    def secure_sum(self, rng):
+        fn = self._inner.secure_sum(rng)
+        tap = self
+
+        def wrapped(stack):
+            total = fn(stack)
+            tap.sums.append(np.array(total, dtype=np.float64))
+            return total
+
+        return wrapped
+
+    def report(self, *args, **kwargs):
+        return self._inner.report(*args, **kwargs)
+
+
+def _server_view(head, ptap: _Tap, stap: "_Tap | None") -> dict:
+    rep = head.privacy
+    if stap is not None and stap.sums:
+        arrays = list(stap.sums)
+    elif rep is not None and rep.placement == "central" and ptap.aggregate is not None:
+        arrays = list(ptap.aggregate.arrays().values())
+    elif ptap.uploads is not None:
+        arrays = list(ptap.uploads.arrays().values())
+    else:
+        arrays = []
+    up = head.upload_bytes or {}
+    meta = (
+        head.weight.shape,
+        tuple(sorted((str(k), v) for k, v in up.items())),
+        tuple(head.notes),
+    )
+    return {"arrays": arrays, "meta": meta, "report": rep}
+
+
+def fit_release(method: str, make_privacy: Callable[[], object], make_secure_agg: Callable[[], object] | None = None,
+                **params) -> Callable[[dict, int], dict]:
+    """A release through :func:`privfed.fit`, as a user runs it, for :func:`audit_release`.
+
+    ``make_privacy`` / ``make_secure_agg`` build fresh objects per draw; the
+    returned arrays are what the server receives (each noisy upload with
+    local noise, the noisy aggregate with a trusted aggregator, the secure
+    sums under secure aggregation).
+    """
+    import privfed
+
+    def run(data: dict, seed: int) -> dict:
+        ptap = _Tap(make_privacy())
+        stap = None if make_secure_agg is None else _Tap(make_secure_agg())
+        head = privfed.fit(method, random_state=seed, privacy=ptap, secure_agg=stap, **data, **params)
+        return _server_view(head, ptap, stap)
+
+    return run
+
+
+def tradeoff_release(cfg, method: str, epsilon: float, clip: float | None, secure: str = "none",
+                     **params) -> Callable[[dict, int], dict]:
+    """The trade-off sweep's path (``tradeoff_privacy.make_privacy`` + the pipeline's two stages)."""
+    from privfed import methods as _methods
+    from privfed.pipeline import client_statistics, server_head
+    from privfed.tradeoff_privacy import make_privacy, make_secure_agg
+
+    def run(data: dict, seed: int) -> dict:
+        m = _methods.get(method, **params)
+        sa = make_secure_agg(secure)
+        stap = None if sa is None else _Tap(sa)
+        ptap = _Tap(make_privacy(cfg, m, epsilon, clip, secure_agg=stap))
+        declare = getattr(ptap, "declare_randomness", None)
+        if declare is not None:
+            declare(seeded=True)
+        K, C = int(data["num_clients"]), int(data["num_classes"])
+        rng = np.random.default_rng(seed)
+        stats = client_statistics(m, np.asarray(data["features"], float), np.asarray(data["labels"]),
+                                  np.asarray(data["clients"]), num_classes=C, num_clients=K, rng=rng,
+                                  privacy=ptap, secure_agg=stap)
+        head = server_head(m, stats, num_clients=K, rng=rng, privacy=ptap, secure_agg=stap)
+        return _server_view(head, ptap, stap)
+
+    return run
