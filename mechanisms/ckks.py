@@ -35,6 +35,7 @@ the public context.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -64,6 +65,10 @@ def _tenseal():
             "CKKS secure aggregation needs TenSEAL; install it with: pip install 'privfed[he]'"
         ) from None
     return ts
+
+
+#: Bits by which the release grid must exceed the CKKS decryption error.
+_GRID_MARGIN_BITS = 3
 
 
 @dataclass(frozen=True)
@@ -99,11 +104,22 @@ class CKKSParams:
         object.__setattr__(self, "coeff_mod_bit_sizes", sizes)
         if not 10 <= int(self.scale_bits) < sum(sizes[:-1]):
             raise ConfigError(f"scale_bits must lie in [10, {sum(sizes[:-1])}), got {self.scale_bits}")
-        if not 0 <= int(self.precision_bits) <= int(self.scale_bits) - 10:
+        top = self.max_precision_bits(1)
+        if not 0 <= int(self.precision_bits) <= top:
             raise ConfigError(
-                f"precision_bits must lie in [0, scale_bits - 10 = {int(self.scale_bits) - 10}] so the rounding grid "
-                f"stays above the decryption error, got {self.precision_bits}"
+                f"precision_bits must lie in [0, {top}] so the release grid stays {_GRID_MARGIN_BITS} bits above the "
+                f"decryption error (about N sqrt(K) 2^-scale_bits), got {self.precision_bits}"
             )
+
+    def max_precision_bits(self, num_clients: int) -> int:
+        """Finest release grid whose step exceeds the decryption error of a sum of K ciphertexts by a margin.
+
+        The error of a decrypted sum of K fresh encryptions is at most about N sqrt(K) 2^-scale_bits
+        (measured: 2^-24.8 for N = 8192, K = 20, scale 2^40); a grid finer than that would release
+        key-dependent error bits (Li-Micciancio).
+        """
+        err_bits = math.log2(self.poly_modulus_degree) + 0.5 * math.log2(max(int(num_clients), 1))
+        return int(math.floor(int(self.scale_bits) - err_bits - _GRID_MARGIN_BITS))
 
     @property
     def slots(self) -> int:
@@ -290,6 +306,18 @@ def ckks_sum(
         raise ConfigError(f"integers must be 'auto', True or False, got {integers!r}")
     integral = integers is True or (integers == "auto" and noise_std == 0 and fixed_point.is_integral(flat))
     max_abs = float(np.abs(flat).max()) if value_bound is None else float(value_bound)
+    if value_bound is not None and flat.size and float(np.abs(flat).max()) > max_abs:
+        over = np.flatnonzero(np.abs(flat).max(axis=1) > max_abs)
+        raise InputError(
+            f"{name}: client(s) {over[:5].tolist()} hold values outside the agreed bound |x| <= {max_abs:g}; "
+            "they refuse to encrypt them"
+        )
+    if not integral and params.precision_bits > params.max_precision_bits(K):
+        raise ConfigError(
+            f"{name}: with K={K} clients the decryption error reaches about 2^-{int(params.scale_bits) - math.log2(params.poly_modulus_degree) - 0.5 * math.log2(K):.1f}; "
+            f"precision_bits={params.precision_bits} would release key-dependent error bits; use "
+            f"precision_bits <= {params.max_precision_bits(K)} or a larger scale_bits"
+        )
     bound = K * (max_abs + 40.0 * noise_std)
     if not bound < 2.0**params.bound_bits:
         raise InputError(

@@ -262,6 +262,20 @@ def test_value_bound_is_enforced_by_the_clients():
     assert np.allclose(masked_sum(np.ones((3, 2)), value_bound=1.0, key_seed=1).total, 3.0)
 
 
+def test_ckks_release_grid_stays_above_the_decryption_error():
+    from mechanisms.ckks import CKKSParams, ckks_sum
+
+    # Measured: a sum of 20 fresh encryptions at N = 8192, scale 2^40 errs by up to 2^-24.8, so a
+    # 2^-30 grid would release key-dependent bits; the default 2^-20 keeps a margin up to 256 clients.
+    with pytest.raises(ConfigError, match="precision_bits"):
+        CKKSParams(precision_bits=30)
+    assert CKKSParams().max_precision_bits(256) >= 20 > CKKSParams().max_precision_bits(300)
+    with pytest.raises(ConfigError, match="key-dependent"):
+        ckks_sum(np.full((300, 3), 0.5), params=CKKSParams())
+    with pytest.raises(InputError, match="agreed bound"):
+        ckks_sum(np.array([[0.5, 2.0**29], [0.1, 0.2]]), value_bound=1.0)
+
+
 # -- 9. count noise with the means in clear --------------------------------------------------------
 def test_count_noise_reports_lead_with_the_unprotected_means():
     F, y, k = _data()
