@@ -141,7 +141,9 @@ class CountNoise:
         return int(np.count_nonzero(uploaded.counts > 0))
 
     def declare_randomness(self, *, seeded: bool) -> None:
-        self._seeded = bool(seeded) or bool(getattr(self, "_seeded", False))
+        """Whether the noise comes from a seed (see :meth:`GaussianMechanism.declare_randomness`)."""
+        prev = getattr(self, "_seeded", None)
+        self._seeded = bool(seeded) if prev is None else (prev or bool(seeded))
 
     feature_transform = None
 
@@ -177,7 +179,7 @@ class CountNoise:
         else:
             guarantee = self._guarantee(eps, delta)
         notes = [f"{self.dropped} noisy (client, class) count(s) clipped to 0 and not sent"]
-        seeded = bool(getattr(self, "_seeded", False))
+        seeded = getattr(self, "_seeded", None) is not False and bool(self.ledger.events)
         if seeded:
             notes.insert(0, "SIMULATION, NOT A RELEASE: the noise was drawn from a seed and can be replayed")
         if not self.dp:

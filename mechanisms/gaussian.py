@@ -533,8 +533,12 @@ class GaussianMechanism:
             )
 
     def declare_randomness(self, *, seeded: bool) -> None:
-        """Whether the noise of the next release comes from a seed (a replayable simulation)."""
-        self._seeded = bool(seeded) or bool(self._seeded)
+        """Whether the noise of the next release comes from a seed (a replayable simulation).
+
+        :func:`privfed.fit` declares it; a release driven by a caller's Generator without a
+        declaration is taken as a simulation.  Once seeded, the ledger stays a simulation.
+        """
+        self._seeded = bool(seeded) if self._seeded is None else (self._seeded or bool(seeded))
 
     def clip(self, features: np.ndarray) -> np.ndarray:
         """Clip every record (the bound all sensitivities rest on)."""
@@ -642,7 +646,8 @@ class GaussianMechanism:
         placement = "none" if not self._placements else (
             self._placements[0] if len(set(self._placements)) == 1 else "mixed: " + ", ".join(sorted(set(self._placements)))
         )
-        if self._seeded and events:
+        simulation = self._seeded is not False
+        if simulation and events:
             notes.append(
                 "SIMULATION, NOT A RELEASE: the noise was drawn from a seed (or a caller's Generator) and can be "
                 "replayed by anyone who knows it; run with random_state=None (fresh OS entropy) or "
@@ -695,7 +700,7 @@ class GaussianMechanism:
         else:
             releases = len({e.release_id for e in events})
             guarantee = (
-                ("SIMULATION (seeded noise, replayable): " if self._seeded else "")
+                ("SIMULATION (seeded noise, replayable): " if simulation else "")
                 + f"({eps:.4g}, {self.delta:.3g})-DP at {self.level} level ({lvl}) over {releases} release(s)"
                 + f"; Gaussian noise ({placement}) on {', '.join(self.blocks)}; accountant: {acc}"
             )
@@ -715,7 +720,7 @@ class GaussianMechanism:
             num_events=len(events),
             notes=tuple(notes),
             placement=placement,
-            simulation=bool(self._seeded),
+            simulation=bool(simulation and events),
         )
 
     def __repr__(self) -> str:

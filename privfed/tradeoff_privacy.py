@@ -68,4 +68,6 @@ def make_privacy(cfg: Any, method: Any, epsilon: float, clip: float | None, *, s
             max_records=cfg.max_records if cfg.level == "client" else None,
         )
     mech.check(method, secure_agg)
+    # The sweep draws every noise from seeded generators: its reports say they are simulations.
+    mech.declare_randomness(seeded=True)
     return mech
