@@ -361,3 +361,16 @@ def test_every_public_configuration_shows_no_deterministic_difference(method, pl
     pairs = CLIENT if level == "client" else RECORD
     for r in audit_release(run, pairs, draws=0, meta_draws=6):
         assert not r.flagged, r
+
+
+def test_tradeoff_path_is_audited_too():
+    from privfed.audit import tradeoff_release
+    from privfed.tradeoff import TradeoffConfig
+
+    res = audit_release(tradeoff_release(TradeoffConfig(level="record"), "fedncm", EPS, 3.0), CANARY,
+                        draws=200, heldout=100, meta_draws=2)
+    assert res[0].verdict == "statistical" and not res[0].flagged, res[0]
+    # Count noise leaves the means in clear: its report claims nothing for the release, and says so.
+    cnt = TradeoffConfig(level="record", count_noise="laplace")
+    res = audit_release(tradeoff_release(cnt, "fedcof", EPS, None), [RECORD[0]], draws=20, heldout=10, meta_draws=4)
+    assert res[0].verdict == "no claim" and "NO DP GUARANTEE" in res[0].reason
