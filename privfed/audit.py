@@ -338,6 +338,7 @@ def neighbour_battery(
     num_clients: int = 4,
     per_client: int = 9,
     canary: float = 100.0,
+    max_records: int = 20,
 ) -> list[Neighbours]:
     """Worst-case neighbour pairs for ``level`` (``"record"`` or ``"client"``).
 
@@ -348,7 +349,9 @@ def neighbour_battery(
     class its client lacked, a client's only record, a class's only record,
     and a record that changes how a class would be cut into chunks.  Client
     level: one client's whole data against none (the client still takes part:
-    the client set is public), and a client holding only canaries.
+    the client set is public), and a client holding ``max_records`` canaries
+    of one class along e1 against none (it moves the sums and counts by
+    exactly the client-level sensitivity).
     ``num_classes`` and ``num_clients`` are passed as public parameters.
     """
     rng = np.random.default_rng(seed)
@@ -377,11 +380,12 @@ def neighbour_battery(
     if level == "client":
         keep = k != K - 1
         whole = Neighbours("whole client (zero-out)", ds(F[keep], y[keep], k[keep]), base)
-        cans = np.vstack([e(0), e(1)])
+        m = int(max_records)
+        cans = np.tile(e(0), (m, 1))
         canary_client = Neighbours(
-            "client of canaries (zero-out)",
+            f"client of {m} canaries (zero-out)",
             ds(F[keep], y[keep], k[keep]),
-            ds(np.vstack([F[keep], cans]), np.append(y[keep], [0, 1]), np.append(k[keep], [K - 1, K - 1])),
+            ds(np.vstack([F[keep], cans]), np.append(y[keep], np.zeros(m, int)), np.append(k[keep], np.full(m, K - 1))),
         )
         return [whole, canary_client]
     pairs = [

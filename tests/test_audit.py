@@ -374,3 +374,24 @@ def test_tradeoff_path_is_audited_too():
     cnt = TradeoffConfig(level="record", count_noise="laplace")
     res = audit_release(tradeoff_release(cnt, "fedcof", EPS, None), [RECORD[0]], draws=20, heldout=10, meta_draws=4)
     assert res[0].verdict == "no claim" and "NO DP GUARANTEE" in res[0].reason
+
+
+class UnboundedClients(GaussianMechanism):
+    """Broken: claims max_records but never scales a larger client down."""
+
+    def _bound_clients(self, stats):
+        return stats
+
+
+def test_client_level_release_audit():
+    # A client of 20 canaries moves the sums by exactly the calibrated sensitivity (max_records c).
+    pairs = [neighbour_battery("client", max_records=20)[1]]
+    kw = dict(epsilon=EPS, delta=1e-5, clip=3.0, level="client", max_records=20, trusted_aggregator=True)
+    res = audit_release(fit_release("fedncm", lambda: GaussianMechanism(**kw)), pairs, draws=200, heldout=100,
+                        meta_draws=2)
+    assert res[0].verdict == "statistical" and not res[0].flagged, res[0]
+    # The same client with 100 canaries against a mechanism that does not bound clients.
+    pairs = [neighbour_battery("client", max_records=100)[1]]
+    res = audit_release(fit_release("fedncm", lambda: UnboundedClients(**kw)), pairs, draws=200, heldout=100,
+                        meta_draws=2)
+    assert res[0].flagged, res[0]
