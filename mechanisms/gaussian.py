@@ -40,7 +40,9 @@ The same object is the ``privacy`` hook of :func:`privfed.fit` (see
   is added once, to the sum;
 * with secure aggregation (sum-only methods): every client adds
   N(0, sigma^2 / K), so the sum carries sigma^2 when all K uploads arrive;
-* client level: each client's statistics are first bounded to at most
+* client level (neighbours: one client's data replaced by none, the
+  client still taking part, so the set of clients is public): each
+  client's statistics are first bounded to at most
   ``max_records`` records' worth (a client with n_k > n_max records has all
   its statistics multiplied by n_max / n_k, done client-side before upload);
   noise is then added to the sum by a trusted aggregator, or split across
@@ -98,10 +100,15 @@ class GaussianMechanism:
         paper; warns for eps > 1).
     clip_norm : {"l2", "coordinate"}
     rounds : int
-        Number of identical releases T the budget must cover.
+        Number of identical releases T the budget must cover: sigma is
+        calibrated so that T releases together meet (epsilon, delta).  The
+        ledger books the releases that actually happen (one per fit), so the
+        report after k < T fits states the smaller epsilon of those k.
     sampling_rate : float
-        Poisson client participation rate q of each round; q < 1 is
-        calibrated with an accountant (privacy amplification by sampling).
+        Poisson client participation rate q of each round, for calibration
+        and accounting only: no release path of privfed subsamples clients,
+        so a mechanism with q < 1 is refused by ``fit`` and ``release``
+        (amplification would be credited but not carried out).
     split : "equal", "joint" or mapping block -> weight
         How mu^2 is shared across blocks (see module docstring): ``"equal"``
         (default) the same share per block; ``"joint"`` one sigma for all

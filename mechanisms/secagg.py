@@ -326,6 +326,9 @@ class PairwiseMasking(_Protocol):
             "shamir_field": "GF(2^256 - 189)",
             "dropouts_per_sum": self.dropouts,
             "dropout_phase": self.dropout_phase,
+            "key_material": "operating-system CSPRNG (keys, masks, SecAgg+ graph)"
+            if self.key_seed is None
+            else f"SEEDED (key_seed={self.key_seed}): replayable, for tests only, not a secure run",
         }
 
     def _run(self, stack: np.ndarray, call: int, run: SecureSumRun):
