@@ -42,10 +42,11 @@ METHODS = {
 PLACEMENTS = ("local", "central", "mask", "ckks")
 
 
-def configurations(eps: float, clip: float, methods, placements, backends):
+def configurations(eps: float, clip: float, methods, placements, backends, levels=("record", "client"),
+                   tradeoff=True):
     """(name, run) of every configuration the public API accepts (refusals are audited too)."""
     for method in methods:
-        for level in ("record", "client"):
+        for level in levels:
             for placement in placements:
                 if level == "client" and placement == "local":
                     continue  # client level puts the noise on a sum: no local placement exists
@@ -60,6 +61,8 @@ def configurations(eps: float, clip: float, methods, placements, backends):
                     name = f"fit {method} {level} {placement} {backend}"
                     yield name, level, fit_release(method, (lambda kw=kw: GaussianMechanism(**kw)),
                                                    None if proto is None else proto)
+    if not tradeoff:
+        return
     # The trade-off command's path (make_privacy), including count noise (no claim for the means).
     for count in (None, "laplace"):
         cfg = TradeoffConfig(level="record", count_noise=count)
@@ -78,6 +81,8 @@ def main(argv=None) -> int:
     p.add_argument("--methods", default=",".join(METHODS))
     p.add_argument("--placements", default=",".join(PLACEMENTS))
     p.add_argument("--backends", default="numpy")
+    p.add_argument("--levels", default="record,client")
+    p.add_argument("--no-tradeoff", action="store_true", help="skip the trade-off path's configurations")
     p.add_argument("--pairs", default="all", help="'all' or comma-separated indices into the battery")
     p.add_argument("--out", default=None, help="also write the table (markdown) here")
     a = p.parse_args(argv)
@@ -87,7 +92,7 @@ def main(argv=None) -> int:
     failed = total = 0
     t0 = time.perf_counter()
     for name, level, run in configurations(a.eps, a.clip, a.methods.split(","), a.placements.split(","),
-                                           a.backends.split(",")):
+                                           a.backends.split(","), a.levels.split(","), not a.no_tradeoff):
         pairs = neighbour_battery(level)
         if a.pairs != "all":
             pairs = [pairs[int(i)] for i in a.pairs.split(",") if int(i) < len(pairs)]

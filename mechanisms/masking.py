@@ -33,7 +33,7 @@ Round 3 (Unmasking)
 SecAgg+ (Bell et al., "Secure Single-Server Aggregation with
 (Poly)Logarithmic Overhead", CCS 2020): with ``neighbours=k`` each client
 masks with and shares to only its k neighbours in a k-regular graph (a
-Harary graph under a seeded random relabelling of the clients, their
+Harary graph under a random relabelling of the clients, their
 practical construction; the relabelling is drawn from the key source, never from
 the run's generator, so a server cannot predict it), cutting the per-client cost from O(K) to O(k).
 
