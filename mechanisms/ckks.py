@@ -313,8 +313,9 @@ def ckks_sum(
             "they refuse to encrypt them"
         )
     if not integral and params.precision_bits > params.max_precision_bits(K):
+        err_bits = int(params.scale_bits) - math.log2(params.poly_modulus_degree) - 0.5 * math.log2(K)
         raise ConfigError(
-            f"{name}: with K={K} clients the decryption error reaches about 2^-{int(params.scale_bits) - math.log2(params.poly_modulus_degree) - 0.5 * math.log2(K):.1f}; "
+            f"{name}: with K={K} clients the decryption error reaches about 2^-{err_bits:.1f}; "
             f"precision_bits={params.precision_bits} would release key-dependent error bits; use "
             f"precision_bits <= {params.max_precision_bits(K)} or a larger scale_bits"
         )

@@ -179,7 +179,9 @@ class CountNoise:
         else:
             guarantee = self._guarantee(eps, delta)
         notes = [f"{self.dropped} noisy (client, class) count(s) clipped to 0 and not sent"]
-        seeded = getattr(self, "_seeded", None) is not False and bool(self.ledger.events)
+        seeded = (
+            getattr(self, "_seeded", None) is not False and bool(self.ledger.events) and not self.backend.secure
+        )
         if seeded:
             notes.insert(0, "SIMULATION, NOT A RELEASE: the noise was drawn from a seed and can be replayed")
         if not self.dp:

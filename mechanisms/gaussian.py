@@ -653,7 +653,8 @@ class GaussianMechanism:
         placement = "none" if not self._placements else (
             self._placements[0] if len(set(self._placements)) == 1 else "mixed: " + ", ".join(sorted(set(self._placements)))
         )
-        simulation = self._seeded is not False
+        # OpenDP draws from the OS CSPRNG whatever the seed: only a seeded numpy backend is replayable.
+        simulation = self._seeded is not False and not self.backend.secure
         if simulation and events:
             notes.append(
                 "SIMULATION, NOT A RELEASE: the noise was drawn from a seed (or a caller's Generator) and can be "
@@ -664,7 +665,8 @@ class GaussianMechanism:
             t = self.dropout_tolerance
             notes.append(
                 f"noise split across the K clients (each adds sigma^2/(K - {t})); holds while secure aggregation "
-                "hides individual uploads; epsilon is computed from the shares that reached the sum; against the server plus c colluding clients (who know their own "
+                "hides individual uploads; epsilon is computed from the shares that reached the sum; "
+                "against the server plus c colluding clients (who know their own "
                 "shares) only the other shares count"
             )
             for present, K in self._settled:

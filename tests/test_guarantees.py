@@ -318,6 +318,10 @@ def test_opendp_slack_is_calibrated_on_the_coordinates_that_move():
     assert sens["sums"] == pytest.approx(1.0 + grid * math.sqrt(4), rel=1e-12)  # d coordinates, not C d
     assert sens["counts"] == pytest.approx(1.0 + grid, rel=1e-12)
     assert head.privacy.epsilon == pytest.approx(2.0, rel=1e-9)  # calibrated for the slack
+    # OpenDP draws from the OS CSPRNG: a seed does not make its noise replayable.
+    seeded = privfed.fit("fedncm", F, y, k, num_classes=3, random_state=0,
+                         privacy=_mech(epsilon=2.0, backend="opendp", trusted_aggregator=True))
+    assert not seeded.privacy.simulation
 
 
 # -- mechanism arguments ----------------------------------------------------------------------------
