@@ -252,6 +252,11 @@ def audit_gaussian_blocks(
 ) -> dict[str, AuditResult]:
     """The canary audit of ``../spec/privacy.md`` for a Gaussian mechanism on clipped statistics.
 
+    A per-block unit check of ``release()`` against the mechanism's own sigma, with one canary: it
+    cannot see a block noised only in part (the diagonal of the second moment, one class, one
+    coordinate) nor anything the public path adds.  Judge a configuration with
+    :func:`audit_release`, which audits the public path against the report's composed claim.
+
     D0 holds ``num_records`` random records; D1 adds a canary of class 0 far
     outside the clip (``canary_scale`` times the bound, along e1 for L2
     clipping, along (1, ..., 1) for coordinate clipping).  Each block is
