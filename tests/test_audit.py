@@ -395,3 +395,12 @@ def test_client_level_release_audit():
     res = audit_release(fit_release("fedncm", lambda: UnboundedClients(**kw)), pairs, draws=200, heldout=100,
                         meta_draws=2)
     assert res[0].flagged, res[0]
+
+
+def test_a_refused_configuration_audits_as_refused():
+    # FedCOF multi-mean under DP is refused on both neighbours with the same error: nothing is released.
+    run = fit_release("fedcof", lambda: GaussianMechanism(epsilon=EPS, delta=1e-5, clip=3.0), means_per_client=2)
+    chunking = [p for p in RECORD if p.name == "a record that changes chunking"]
+    res = audit_release(run, chunking, draws=10, heldout=5, meta_draws=2)
+    assert res[0].pair == "a record that changes chunking"
+    assert res[0].verdict == "refused" and "means_per_client=2" in res[0].reason and not res[0].flagged
