@@ -547,7 +547,7 @@ def run_tradeoff(cfg: TradeoffConfig, *, progress: bool = True, records: list[di
     n_var = {m: sum((m, k) not in skipped for k, _ in variants) for m in cfg.methods}
     n_inf = sum(not math.isfinite(e) for e in cfg.epsilons)
     total = len(cfg.seeds) * sum(n * len(finite) + n_inf for n in n_var.values())
-    bar = tqdm(total=total, desc="tradeoff", unit="run", disable=not progress, file=sys.stderr)
+    bar = tqdm(total=total, desc="tradeoff", unit="run", disable=not progress, file=sys.stderr, delay=2)
     caught: set[str] = {f"placement {PLACEMENT_LABEL[k]!r} left out for method {m!r}: {why}"
                         for (m, k), why in skipped.items()}
     with warnings.catch_warnings(record=True) as wlist, _blas_threads(ds.dim):
