@@ -101,7 +101,7 @@ output columns (printed lines, results.csv, results.json):
   auc          tracing / subspace: area under the ROC curve of the membership test (0.5 = chance);
                for tracing, auc is the Gaussian likelihood-ratio test and auc_inner the inner-product
                tracer (Dwork et al. 2015), both on the same targets
-  tpr@0.01     true-positive rate at 1% false positives
+  tpr@0.01     true-positive rate at 1%% false positives
   psnr, delta_psnr   inversion: reconstruction PSNR (dB) and its gain over the public class-mean prior
   exposed_fraction   singleton: share of uploaded records alone in their (client, class) cell
 """

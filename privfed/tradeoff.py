@@ -70,7 +70,7 @@ PROG = "python -m privfed.tradeoff"
 RECORD_KEYS = (
     "method", "placement", "protocol", "mechanism", "level", "epsilon", "epsilon_reported", "delta", "calibration",
     "private", "seed", "accuracy", "nonprivate_accuracy", "sigma", "sigma_counts", "noise", "rounds", "clip",
-    "count_noise", "secure_agg", "upload_bytes", "guarantee", "repairs", "notes",
+    "count_noise", "secure_agg", "upload_bytes", "guarantee", "pairs_dropped", "repairs", "notes",
 )
 
 
@@ -477,20 +477,24 @@ def _noise_label(cfg: TradeoffConfig, report: Any, eps: float) -> str:
 
 
 _PAIRS = re.compile(r"(\d+) \(client, class\) pair\(s\)[^;]*dropped")
+_CLIPPED = re.compile(r"(\d+) noisy \(client, class\) count\(s\) clipped to 0")
 
 
-def _repairs(notes: Sequence[str]) -> str:
-    """The repairs a method made to noisy statistics, in a few words (the notes hold the details)."""
-    out = []
+def repair_facts(notes: Sequence[str]) -> tuple[int | None, list[str]]:
+    """What a method (or a count-noise rule) did to noisy statistics: (pairs dropped, other repairs)."""
     text = "; ".join(notes)
-    m = _PAIRS.search(text)
-    if m:
-        out.append(f"{m.group(1)} pairs dropped")
+    m = _PAIRS.search(text) or _CLIPPED.search(text)
+    kinds = []
     if "PSD cone" in text or "negative eigenvalue" in text:
-        out.append("PSD projection")
+        kinds.append("PSD projection")
     if "pseudo-inverse" in text:
-        out.append("pseudo-inverse")
-    return ", ".join(out)
+        kinds.append("pseudo-inverse")
+    return (int(m.group(1)) if m else None), kinds
+
+
+def _repairs_text(pairs: float | None, kinds: Sequence[str]) -> str:
+    parts = [f"{pairs:.4g} pairs dropped"] if pairs else []
+    return ", ".join([*parts, *kinds])
 
 
 def run_tradeoff(cfg: TradeoffConfig, *, progress: bool = True, records: list[dict[str, Any]] | None = None,
@@ -677,7 +681,9 @@ def _sweep(cfg, ds, clip, records, bar, make_privacy, make_secure_agg, make_part
                     if head.secure_aggregation is not None:
                         upload = getattr(head.secure_aggregation, "bytes_per_client", upload)
                     rec["upload_bytes"] = upload
-                    rec["repairs"] = _repairs(head.notes)
+                    pairs, kinds = repair_facts([*head.notes, *getattr(privacy and head.privacy, "notes", ())])
+                    rec["pairs_dropped"] = float("nan") if pairs is None else pairs
+                    rec["repairs"] = _repairs_text(pairs, kinds)
                     rec["notes"] = "; ".join(head.notes)
                     if attack_ctx is not None:
                         _run_attacks(cfg, ds, attack_ctx, rec, mname, part.clients, seed, eps, privacy, secure)
@@ -700,14 +706,15 @@ def summarise(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for r in records:
         groups.setdefault((r["method"], r.get("placement", ""), r["epsilon"]), []).append(r)
     out = []
-    for (m, place, eps), rs in groups.items():
+    morder = {m: i for i, m in enumerate(dict.fromkeys(r["method"] for r in records))}
+    porder = {label: i for i, label in enumerate(["none", *PLACEMENT_LABEL.values()])}
+    for (m, place, eps), rs in sorted(groups.items(), key=lambda kv: (morder[kv[0][0]], not math.isfinite(kv[0][2]),
+                                                                       porder.get(kv[0][1], 9), float(kv[0][2]))):
         acc = np.array([r["accuracy"] for r in rs])
         acc0 = np.array([r["nonprivate_accuracy"] for r in rs])
-        pairs = [int(x.group(1)) for x in (_PAIRS.search(r.get("notes", "") or "") for r in rs) if x]
-        rep = _repairs([r.get("notes", "") or "" for r in rs])
-        if pairs:
-            rep = rep.replace(_PAIRS.search("; ".join(r.get("notes", "") for r in rs)).group(1) + " pairs",
-                              f"{np.mean(pairs):.4g} pairs", 1)
+        pairs = [r["pairs_dropped"] for r in rs if np.isfinite(r.get("pairs_dropped", np.nan))]
+        kinds = list(dict.fromkeys(k for r in rs for k in repair_facts([r.get("notes", "") or ""])[1]))
+        rep = _repairs_text(float(np.mean(pairs)) if pairs else None, kinds)
         out.append(dict(
             method=m, placement=place, protocol=rs[0].get("protocol", rs[0].get("secure_agg", "none")),
             epsilon=eps, epsilon_reported=_mean(r.get("epsilon_reported", eps) for r in rs),
@@ -720,7 +727,7 @@ def summarise(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
             noise=rs[0].get("noise", ""), calibration=rs[0]["calibration"], level=rs[0]["level"],
             rounds=rs[0]["rounds"], mechanism=rs[0]["mechanism"], count_noise=rs[0].get("count_noise"),
             upload_bytes=float(np.mean([r["upload_bytes"] for r in rs])), guarantee=rs[0]["guarantee"],
-            repairs=rep,
+            repairs=rep, pairs_dropped=float(np.mean(pairs)) if pairs else float("nan"),
             **{k: float(np.nanmean([r.get(k, np.nan) for r in rs])) if not all(
                 np.isnan(r.get(k, np.nan)) for r in rs) else float("nan")
                for k in _headline_keys(rs)},
