@@ -864,7 +864,7 @@ def plot_tradeoff(path: Path | tuple, summary: list[dict[str, Any]], title: str 
 
     attack_cols = [k for k in _headline_keys(summary) if any(np.isfinite(s.get(k, np.nan)) for s in summary)]
     n = 1 + len(attack_cols)
-    fig, axes = plt.subplots(1, n, figsize=(6.0 * n + 2.8, 4.6), squeeze=False)
+    fig, axes = plt.subplots(1, n, figsize=(5.0 * n + 2.8, 4.6), squeeze=False)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     series = list(dict.fromkeys((s["method"], s.get("placement", ""), bool(s.get("private", True)))
                                 for s in summary if math.isfinite(s["epsilon"])))
@@ -942,10 +942,10 @@ def plot_tradeoff(path: Path | tuple, summary: list[dict[str, Any]], title: str 
         chance = f"; dotted: chance ({CHANCE[metric]:g})" if metric in CHANCE else ""
         ax2.set_title(f"{col[7:].split('_', 1)[0]} attack: {metric}\n(dashed: no protection{chance})", fontsize=9)
         ax2.grid(alpha=0.3, which="both")
-    fig.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.0 - 2.6 / (6.0 * n + 2.8), 0.9), fontsize=8,
+    fig.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.0 - 2.6 / (5.0 * n + 2.8), 0.9), fontsize=8,
                frameon=False)
     fig.suptitle(title or "privacy-utility trade-off", fontsize=9)
-    fig.tight_layout(rect=(0, 0, 1.0 - 2.8 / (6.0 * n + 2.8), 0.93))
+    fig.tight_layout(rect=(0, 0, 1.0 - 2.8 / (5.0 * n + 2.8), 0.93))
     if isinstance(path, tuple):
         out, name = path
         out.save_figure(name, fig, dpi=130)
