@@ -22,6 +22,7 @@ import platform
 import signal
 import sys
 import threading
+from time import monotonic as time_monotonic
 from importlib import metadata
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
@@ -45,6 +46,7 @@ __all__ = [
     "check_secure_agg",
     "cli_entry",
     "default_out_name",
+    "heartbeat",
     "interruptible",
     "json_text",
     "parse_float_list",
@@ -396,6 +398,34 @@ def signals_deferred() -> Iterator[None]:
             signal.signal(s, h)
     if got:
         raise Terminated() if got[0] == signal.SIGTERM else KeyboardInterrupt()
+
+
+@contextlib.contextmanager
+def heartbeat(bar: Any, *, after: float = 2.0, every: float = 1.0) -> Iterator[None]:
+    """Redraw a progress bar every ``every`` seconds once ``after`` seconds have passed.
+
+    A single run that takes minutes (a model inversion) then still shows its
+    elapsed time instead of a frozen or absent bar.
+    """
+    if getattr(bar, "disable", True):
+        yield
+        return
+    stop = threading.Event()
+    t0 = time_monotonic()
+
+    def beat() -> None:
+        while not stop.wait(every):
+            if time_monotonic() - t0 >= after:
+                with contextlib.suppress(Exception):
+                    bar.refresh()
+
+    thread = threading.Thread(target=beat, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
 
 
 # ---------------------------------------------------------------- parsers

@@ -55,6 +55,7 @@ from privfed._cli import (
     as_int,
     check_secure_agg,
     cli_entry,
+    heartbeat,
     parse_float_list,
     parse_int_list,
     parse_seeds,
@@ -276,48 +277,49 @@ def run_attacks(cfg: AttackConfig, *, progress: bool = True, records: list[dict[
     grids = []
     combos = [(m, e, n, s) for m in cfg.methods for e in cfg.epsilons for n in cfg.ns for s in cfg.seeds]
     bar = tqdm(combos, disable=not progress, desc=cfg.attack, unit="run", file=sys.stderr, delay=2)
-    for mname, eps, n, seed in bar:
-        bar.set_postfix_str(f"{mname} eps={eps:g}" + (f" n={n}" if cfg.partition == "groups" else "")
-                            + f" seed={seed}", refresh=False)
-        method = _methods.get(mname)
-        ss = np.random.SeedSequence([seed, cfg.ns.index(n), cfg.epsilons.index(eps), cfg.methods.index(mname)])
-        r_part, r_view, r_att = (np.random.default_rng(s) for s in ss.spawn(3))
-        clients = _clients(cfg, yp, n, r_part)
-        privacy = _privacy(cfg, method, eps, clip)
-        t1 = time.perf_counter()
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)  # the fast noise backend's reminder
-            view, truth = attacks.scenario(mname, Fp, yp, clients, images=imp, holdout_features=Ft,
-                                           holdout_labels=yt, holdout_images=imt, privacy=privacy,
-                                           secure_agg=cfg.secure_agg != "none", backbone=bb, public=public,
-                                           rng=r_view)
-        att = attacks.get(cfg.attack, **cfg.attack_params)
-        extra: dict[str, Any] = {}
-        if att.name == "differencing":  # the challenge is a second release, built by evaluate()
-            result, metrics = None, att.evaluate(view, truth, r_att)
-        else:
-            challenge = _challenge(att, truth, view, r_att)
-            result = att.run(view, r_att, **challenge)
-            metrics = att.score(result, truth)
-            if att.name == "tracing" and "test" not in cfg.attack_params:
-                # The same targets scored by the inner-product tracer, so both tests are reported.
-                other = "inner" if att.params["test"] != "inner" else "lrt"
-                att2 = attacks.get("tracing", test=other)
-                m2 = att2.score(att2.run(view, np.random.default_rng(0), **challenge), truth)
-                extra = {f"{k}_{other}": v for k, v in m2.items()
-                         if k in ("auc", "auc_se", "tpr@0.01", "tpr@0.001", "eps_lower_bound")}
-        row = {"attack": cfg.attack, "method": mname, "eps": eps, **_trust_columns(cfg, eps, view),
-               "clip": clip if (math.isfinite(eps) and cfg.count_noise is None) else None, "n": n,
-               "partition": cfg.partition, "secure_agg": cfg.secure_agg, "count_noise": cfg.count_noise,
-               "seed": seed, "clients": int(view.stats.num_clients) if view.per_client else int(clients.max() + 1),
-               "noise": view.noise.guarantee, "seconds": round(time.perf_counter() - t1, 3)}
-        row.update({k: v for k, v in metrics.items() if not isinstance(v, (list, dict, np.ndarray))})
-        row.update(extra)
-        records.append(row)
-        if on_record is not None:
-            on_record(records)
-        if cfg.attack == "inversion" and seed == cfg.seeds[0]:
-            grids.append((mname, eps, n, result, truth))
+    with heartbeat(bar):
+        for mname, eps, n, seed in bar:
+            bar.set_postfix_str(f"{mname} eps={eps:g}" + (f" n={n}" if cfg.partition == "groups" else "")
+                                + f" seed={seed}", refresh=False)
+            method = _methods.get(mname)
+            ss = np.random.SeedSequence([seed, cfg.ns.index(n), cfg.epsilons.index(eps), cfg.methods.index(mname)])
+            r_part, r_view, r_att = (np.random.default_rng(s) for s in ss.spawn(3))
+            clients = _clients(cfg, yp, n, r_part)
+            privacy = _privacy(cfg, method, eps, clip)
+            t1 = time.perf_counter()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)  # the fast noise backend's reminder
+                view, truth = attacks.scenario(mname, Fp, yp, clients, images=imp, holdout_features=Ft,
+                                               holdout_labels=yt, holdout_images=imt, privacy=privacy,
+                                               secure_agg=cfg.secure_agg != "none", backbone=bb, public=public,
+                                               rng=r_view)
+            att = attacks.get(cfg.attack, **cfg.attack_params)
+            extra: dict[str, Any] = {}
+            if att.name == "differencing":  # the challenge is a second release, built by evaluate()
+                result, metrics = None, att.evaluate(view, truth, r_att)
+            else:
+                challenge = _challenge(att, truth, view, r_att)
+                result = att.run(view, r_att, **challenge)
+                metrics = att.score(result, truth)
+                if att.name == "tracing" and "test" not in cfg.attack_params:
+                    # The same targets scored by the inner-product tracer, so both tests are reported.
+                    other = "inner" if att.params["test"] != "inner" else "lrt"
+                    att2 = attacks.get("tracing", test=other)
+                    m2 = att2.score(att2.run(view, np.random.default_rng(0), **challenge), truth)
+                    extra = {f"{k}_{other}": v for k, v in m2.items()
+                             if k in ("auc", "auc_se", "tpr@0.01", "tpr@0.001", "eps_lower_bound")}
+            row = {"attack": cfg.attack, "method": mname, "eps": eps, **_trust_columns(cfg, eps, view),
+                   "clip": clip if (math.isfinite(eps) and cfg.count_noise is None) else None, "n": n,
+                   "partition": cfg.partition, "secure_agg": cfg.secure_agg, "count_noise": cfg.count_noise,
+                   "seed": seed, "clients": int(view.stats.num_clients) if view.per_client else int(clients.max() + 1),
+                   "noise": view.noise.guarantee, "seconds": round(time.perf_counter() - t1, 3)}
+            row.update({k: v for k, v in metrics.items() if not isinstance(v, (list, dict, np.ndarray))})
+            row.update(extra)
+            records.append(row)
+            if on_record is not None:
+                on_record(records)
+            if cfg.attack == "inversion" and seed == cfg.seeds[0]:
+                grids.append((mname, eps, n, result, truth))
     bar.close()
     return {"records": records, "grids": grids, "clip": clip,
             "timing": {"data_s": t_data, "total_s": time.perf_counter() - t0}}

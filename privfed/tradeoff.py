@@ -52,6 +52,7 @@ from privfed._cli import (
     as_str,
     check_secure_agg,
     cli_entry,
+    heartbeat,
     parse_float_list,
     parse_seeds,
     parse_str_list,
@@ -554,7 +555,7 @@ def run_tradeoff(cfg: TradeoffConfig, *, progress: bool = True, records: list[di
     bar = tqdm(total=total, desc="tradeoff", unit="run", disable=not progress, file=sys.stderr, delay=2)
     caught: set[str] = {f"placement {PLACEMENT_LABEL[k]!r} left out for method {m!r}: {why}"
                         for (m, k), why in skipped.items()}
-    with warnings.catch_warnings(record=True) as wlist, _blas_threads(ds.dim):
+    with warnings.catch_warnings(record=True) as wlist, _blas_threads(ds.dim), heartbeat(bar):
         warnings.simplefilter("always")
         _sweep(cfg, ds, clip, records, bar, make_privacy, make_secure_agg, make_partition, attack_ctx,
                variants=variants, skipped=skipped, on_record=on_record)
@@ -1011,8 +1012,8 @@ def _body(argv: Sequence[str] | None) -> int:
             "command": command,
         })
         if cfg.plot:
-            plot_tradeoff((out, "tradeoff.png"), summary, title=plot_title(result["config"], result["dataset"], summary),
-                          num_classes=result["dataset"]["num_classes"])
+            title = plot_title(result["config"], result["dataset"], summary)
+            plot_tradeoff((out, "tradeoff.png"), summary, title=title, num_classes=result["dataset"]["num_classes"])
         out.finish(command, complete=True, drop=PARTIAL)  # the partial files go only now
     except BaseException:
         with signals_deferred():  # a second Ctrl-C / SIGTERM waits until what finished is on disk

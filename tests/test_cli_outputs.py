@@ -287,3 +287,22 @@ def test_plot_has_chance_band_legend_outside_and_one_axis_per_attack_metric(tmp_
     leg = fig.legends[0].get_window_extent()
     assert all(leg.x0 >= a.get_window_extent().x1 for a in axes)
     assert [t.get_text() for t in axes[0].get_xticklabels()] == ["0.5", "0.9", "1", "4"]
+
+
+def test_heartbeat_redraws_a_bar_during_one_long_run():
+    """A run of minutes (an inversion) keeps showing its elapsed time: the bar is redrawn while it runs."""
+    import time
+
+    class Bar:
+        disable = False
+        refreshed = 0
+
+        def refresh(self):
+            Bar.refreshed += 1
+
+    with _cli.heartbeat(Bar(), after=0.0, every=0.02):
+        time.sleep(0.3)
+    n = Bar.refreshed
+    assert n >= 3
+    time.sleep(0.1)
+    assert Bar.refreshed == n  # stopped with the block
