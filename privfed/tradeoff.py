@@ -2,19 +2,32 @@
 
 Examples
 --------
-One budget on the embedded default (scikit-learn digits, offline)::
+One budget on the embedded default (scikit-learn digits, offline): one row per
+noise placement (each client noises its upload; clients add shares of the
+noise under secure aggregation; a trusted aggregator adds it once) beside the
+non-private accuracy::
 
     python -m privfed.tradeoff --method fedlog --eps 0.1
 
-A sweep, written to ``--out`` as a tidy CSV, a JSON with the resolved config
-and a PNG plot::
+A sweep, written as a tidy CSV, a JSON with the resolved config and a PNG plot
+(``--out``, default a fresh ``results/tradeoff-<methods>-eps<range>-<time>``)::
 
     python -m privfed.tradeoff --method fedcof,fed3r,fedlog --eps 0.05,0.1,0.5,1,4,inf --seeds 5
 
+Every row names its trust model and guarantee: placement, protocol, level,
+calibration, the delta used (0 for pure DP) and the epsilon the ledger
+computes; heuristics without a guarantee (uniform count noise) show NO DP and
+no epsilon.
+
 Settings may also come from a TOML file (``--config sweep.toml``, keys named
 like the flags with underscores, e.g. ``count_noise = "laplace"``); flags
-given on the command line override it.  The JSON written by a previous run is
-accepted as ``--config`` too, which reruns it bit for bit.
+given on the command line override it, and file values pass the same checks.
+The JSON written by a previous run is accepted as ``--config`` too, which
+reruns it bit for bit.
+
+Results are written atomically (temporary name, then rename); Ctrl-C and
+SIGTERM keep the finished runs in ``results.partial.csv`` / ``.json`` (also
+checkpointed every 30 s); ``manifest.json`` lists the files of the run.
 
 ``eps = inf`` means *no protection at all* (no clipping, no noise): its rows
 equal the method's non-private accuracy exactly.
