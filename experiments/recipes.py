@@ -11,7 +11,6 @@ non-empty folder is refused unless ``--overwrite``.
 
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 from dataclasses import asdict, replace

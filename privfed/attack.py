@@ -39,7 +39,6 @@ import math
 import sys
 import time
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import numpy as np
