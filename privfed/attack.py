@@ -398,6 +398,8 @@ def _name_parts(cfg: AttackConfig) -> list[str]:
 
 
 PARTIAL = ("results.partial.csv", "results.partial.json")
+#: Seconds between checkpoints of the finished runs to results.partial.* during a sweep.
+CHECKPOINT_S = 30.0
 
 
 def _columns(records: list[dict[str, Any]]) -> list[str]:
@@ -427,7 +429,7 @@ def _body(argv: Sequence[str] | None) -> int:
         out.write_json(PARTIAL[1], {"config": config, "records": records, "complete": False, "command": command})
 
     def checkpoint(records):
-        if time.monotonic() - last["t"] > 30:
+        if time.monotonic() - last["t"] >= CHECKPOINT_S:
             with signals_deferred():
                 write_partial(records)
             last["t"] = time.monotonic()

@@ -992,6 +992,8 @@ def _name_parts(cfg: TradeoffConfig) -> list[str]:
 
 
 PARTIAL = ("results.partial.csv", "results.partial.json")
+#: Seconds between checkpoints of the finished runs to results.partial.* during a sweep.
+CHECKPOINT_S = 30.0
 
 
 def _body(argv: Sequence[str] | None) -> int:
@@ -1010,7 +1012,7 @@ def _body(argv: Sequence[str] | None) -> int:
 
     def checkpoint(records: list[dict[str, Any]]) -> None:
         """Every 30 s, the finished runs go to results.partial.* (a killed sweep keeps them)."""
-        if time.monotonic() - last["t"] > 30:
+        if time.monotonic() - last["t"] >= CHECKPOINT_S:
             with signals_deferred():
                 write_partial(records)
             last["t"] = time.monotonic()

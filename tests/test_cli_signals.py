@@ -242,3 +242,25 @@ def test_out_that_cannot_be_a_folder_is_one_clear_line(tmp_path, capsys, command
     assert code == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, err
     assert ("is a file, not a folder" if case != "under-file" else "is a file, so no folder can be made") in err
     assert f.read_text() == "x"
+
+
+def test_long_sweeps_checkpoint_finished_runs(tmp_path, monkeypatch, digits_cache):
+    """Finished runs reach results.partial.* during the sweep, so even SIGKILL loses little."""
+    import privfed.tradeoff as tr
+
+    monkeypatch.setattr(tr, "CHECKPOINT_S", 0.0)  # checkpoint after every run
+    out = tmp_path / "o"
+    seen = []
+    real = tr.server_head
+
+    def spy(*a, **k):
+        if (out / "results.partial.csv").exists():
+            seen.append(len(_rows(out / "results.partial.csv")))
+        return real(*a, **k)
+
+    monkeypatch.setattr(tr, "server_head", spy)
+    assert tradeoff_main([*SMALL, "--eps", "1,2,4", "--seeds", "2", "--out", str(out)]) == 0
+    # server_head is called per seed for the non-private head, then per budget; before each call,
+    # every run finished so far was on disk (seed 0: 0, 1, 2 done; seed 1: 3, 3, 4, 5 done)
+    assert seen == [1, 2, 3, 3, 4, 5]
+    assert {p.name for p in out.iterdir()} == {"results.csv", "results.json", "manifest.json"}  # removed at the end
