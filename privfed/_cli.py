@@ -50,6 +50,7 @@ __all__ = [
     "interruptible",
     "json_text",
     "parse_float_list",
+    "placement_word",
     "parse_int_list",
     "parse_seeds",
     "parse_str_list",
@@ -461,6 +462,24 @@ def add_common_arguments(p: argparse.ArgumentParser, *, prefix: str, seeds_defau
 
 
 SECURE_AGG_KINDS = ("none", "mask", "ckks")
+
+#: The words every output uses for where the noise is added.
+PLACEMENT_WORDS = ("local", "secure sum", "trusted aggregator")
+
+
+def placement_word(stated: Any, fallback: str) -> str:
+    """A report's placement in the outputs' words ("local", "secure sum", "trusted aggregator").
+
+    ``fallback`` (derived from the run's settings) is used when the report states none.
+    """
+    if not isinstance(stated, str) or not stated.strip():
+        return fallback
+    low = stated.lower().replace("_", " ").replace("-", " ")
+    for word, keys in (("secure sum", ("secure", "distributed")), ("trusted aggregator", ("trusted", "server")),
+                       ("local", ("local", "client"))):
+        if low.startswith(word) or any(low.startswith(k) for k in keys):
+            return word
+    return stated
 
 
 def check_secure_agg(value: Any) -> str:

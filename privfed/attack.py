@@ -59,6 +59,7 @@ from privfed._cli import (
     parse_int_list,
     parse_seeds,
     parse_str_list,
+    placement_word,
     signals_deferred,
     versions,
 )
@@ -243,10 +244,8 @@ def _trust_columns(cfg: AttackConfig, eps: float, view) -> dict[str, Any]:
                 "private": False}
     count = cfg.count_noise
     secure = cfg.secure_agg != "none"
-    placement = "secure sum" if secure and count is None else "local"
-    stated = getattr(view.noise, "placement", None)
-    if isinstance(stated, str) and stated:
-        placement = stated
+    placement = placement_word(getattr(view.noise, "placement", None),
+                               "secure sum" if secure and count is None else "local")
     private = count != "uniform"
     delta = 0.0 if count in ("laplace", "geometric") else (cfg.delta if private else float("nan"))
     cal = {"laplace": "pure", "geometric": "pure", "gaussian": "analytic", "uniform": "none (no DP)"}.get(

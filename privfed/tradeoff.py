@@ -69,6 +69,7 @@ from privfed._cli import (
     parse_float_list,
     parse_seeds,
     parse_str_list,
+    placement_word,
     signals_deferred,
     versions,
 )
@@ -454,16 +455,8 @@ def placement_variants(cfg: TradeoffConfig) -> list[tuple[str, TradeoffConfig]]:
 
 def _placement_label(key: str, method: Any, report: Any) -> str:
     """Where the noise was added, as the report states it (or as the settings imply)."""
-    stated = getattr(report, "placement", None)
-    if isinstance(stated, str) and stated:
-        low = stated.lower().replace("_", " ").replace("-", " ")
-        for label in PLACEMENT_LABEL.values():
-            if low.startswith(label):
-                return label
-        return stated
-    if key == "trusted" and getattr(method, "per_client", False):
-        return "local"
-    return PLACEMENT_LABEL[key]
+    derived = "local" if key == "trusted" and getattr(method, "per_client", False) else PLACEMENT_LABEL[key]
+    return placement_word(getattr(report, "placement", None), derived)
 
 
 def _calibration_label(cfg: TradeoffConfig, report: Any) -> str:

@@ -306,3 +306,12 @@ def test_heartbeat_redraws_a_bar_during_one_long_run():
     assert n >= 3
     time.sleep(0.1)
     assert Bar.refreshed == n  # stopped with the block
+
+
+@pytest.mark.parametrize("stated, expected", [
+    (None, "local"), ("", "local"), ("trusted_aggregator", "trusted aggregator"), ("secure-sum", "secure sum"),
+    ("Secure sum (noise shares)", "secure sum"), ("distributed", "secure sum"), ("local", "local"),
+    ("client-side", "local"), ("something else", "something else"),
+])
+def test_report_placements_are_printed_in_one_vocabulary(stated, expected):
+    assert _cli.placement_word(stated, "local") == expected
