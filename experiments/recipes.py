@@ -131,9 +131,9 @@ def plot_recipe(path, rows: list[dict], title: str, *, num_classes: int | None =
     fig.tight_layout(rect=(0, 0, 0.6, 1))
     if isinstance(path, tuple):
         out, name = path
-        out.save_figure(name, fig, dpi=130)
+        out.save_figure(name, fig, dpi=130, bbox_inches="tight")
     else:
-        fig.savefig(path, dpi=130)
+        fig.savefig(path, dpi=130, bbox_inches="tight")
     plt.close(fig)
 
 

@@ -830,12 +830,26 @@ def write_csv(path: Path, records: list[dict[str, Any]]) -> None:
 
 
 def _eps_ticks(ax, ticks: list[float]) -> None:
-    """Label exactly the budgets swept (log axes otherwise crowd minor labels); pad a short range."""
+    """Label the budgets drawn (log axes otherwise crowd minor labels); pad a short range.
+
+    Ticks closer than a factor 1.8 to the previous label are dropped, so that
+    ledger epsilons next to the asked ones (classic calibration) stay readable.
+    """
     from matplotlib.ticker import FixedLocator, NullFormatter, NullLocator
 
-    if ticks:
-        ax.xaxis.set_major_locator(FixedLocator(ticks))
-        ax.set_xticklabels([f"{t:.3g}" for t in ticks])
+    def rank(t: float) -> int:  # powers of ten first, then 2 and 5 times them, then one-digit values
+        m = t / 10 ** math.floor(math.log10(t))
+        close = lambda v: math.isclose(m, v, rel_tol=1e-9)  # noqa: E731
+        return 0 if close(1) or close(10) else 1 if close(2) or close(5) else 2 if close(round(m, 1)) else 3
+
+    kept: list[float] = []
+    for t in sorted(ticks, key=lambda t: (rank(t), t)):  # round budgets first, others where there is room
+        if all(max(t, k) / min(t, k) >= 1.8 for k in kept):
+            kept.append(t)
+    kept.sort()
+    if kept:
+        ax.xaxis.set_major_locator(FixedLocator(kept))
+        ax.set_xticklabels([f"{t:.2g}" for t in kept])
         ax.xaxis.set_minor_locator(NullLocator())
         ax.xaxis.set_minor_formatter(NullFormatter())
         lo, hi = min(ticks), max(ticks)
@@ -955,9 +969,9 @@ def plot_tradeoff(path: Path | tuple, summary: list[dict[str, Any]], title: str 
     fig.tight_layout(rect=(0, 0, 1.0 - 2.8 / (5.0 * n + 2.8), 0.93))
     if isinstance(path, tuple):
         out, name = path
-        out.save_figure(name, fig, dpi=130)
+        out.save_figure(name, fig, dpi=130, bbox_inches="tight")
     else:
-        fig.savefig(path, dpi=130)
+        fig.savefig(path, dpi=130, bbox_inches="tight")
     plt.close(fig)
 
 
