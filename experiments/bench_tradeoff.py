@@ -13,7 +13,6 @@ the backbone and is excluded: it is warmed up before timing).
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 import time
@@ -23,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 import privfed
+from privfed._cli import write_json
 from privfed.data import load_dataset
 from privfed.federation import partition
 from privfed.tradeoff import TradeoffConfig, digits_public_clip, run_tradeoff
@@ -84,7 +84,7 @@ def main(argv=None) -> int:
           f"{row['speedup_vs_1thread']:.2f} |")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "bench_tradeoff.json").write_text(json.dumps(row, indent=2))
+    write_json(out / "bench_tradeoff.json", row)  # atomic: a reader never sees half a file
     return 0
 
 

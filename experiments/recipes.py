@@ -11,9 +11,6 @@ non-empty folder is refused unless ``--overwrite``.
 
 from __future__ import annotations
 
-import argparse
-import csv
-import json
 import math
 import sys
 from dataclasses import asdict, replace
@@ -21,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from privfed._cli import prepare_out_dir, versions, write_json
+from privfed._cli import HelpFormatter, OutputDir, Parser, cli_entry, versions
 from privfed.tradeoff import TradeoffConfig, run_tradeoff, summarise
 
 EPS = (0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, math.inf)
@@ -53,78 +50,121 @@ RECIPES: dict[str, dict] = {
 }
 
 
-def run_recipe(name: str, out: Path, progress: bool = True) -> list[dict]:
+def run_recipe(name: str, out: OutputDir, progress: bool = True) -> list[dict]:
+    """Run every variant of a recipe; write ``<name>.csv``, ``.json`` and ``.png`` into ``out`` atomically."""
     recipe = RECIPES[name]
-    rows, configs = [], {}
+    rows, configs, num_classes = [], {}, None
     for label, cfg in recipe["variants"].items():
         res = run_tradeoff(cfg, progress=progress)
         configs[label] = asdict(res["config"])
+        num_classes = res["dataset"]["num_classes"]
         for r in res["records"]:
             rows.append({"variant": label, **r})
-    with (out / f"{name}.csv").open("w", newline="") as fh:
-        keys = list(dict.fromkeys(k for r in rows for k in r))
-        w = csv.DictWriter(fh, fieldnames=keys)
-        w.writeheader()
-        w.writerows(rows)
-    write_json(out / f"{name}.json", {"recipe": name, "configs": configs, "versions": versions(), "records": rows})
-    plot_recipe(out / f"{name}.png", rows, recipe["title"])
+    keys = list(dict.fromkeys(k for r in rows for k in r))
+    out.write_csv(f"{name}.csv", rows, keys)
+    out.write_json(f"{name}.json", {"recipe": name, "configs": configs, "versions": versions(), "records": rows})
+    plot_recipe((out, f"{name}.png"), rows, recipe["title"], num_classes=num_classes)
     return rows
 
 
-def plot_recipe(path: Path, rows: list[dict], title: str) -> None:
+def _variant_label(label: str, rows: list[dict]) -> str:
+    """The legend entry: the variant, its placement / protocol / calibration / delta as the records state them."""
+    fin = [r for r in rows if math.isfinite(r["epsilon"])]
+    if not fin:
+        return label
+    r = fin[0]
+    if not r.get("private", True):
+        return f"{label} (x = nominal parameter)" if "NO DP" in label else \
+            f"{label} — NO DP GUARANTEE (x = nominal parameter)"
+    proto = f", {r['protocol']}" if r.get("protocol", "none") != "none" else ""
+    return f"{label} [{r['placement']}{proto}; {r['calibration']}; delta={r['delta']:g}]"
+
+
+def plot_recipe(path, rows: list[dict], title: str, *, num_classes: int | None = None) -> None:
+    """Accuracy against the epsilon the ledger computes, one curve per variant (``path``: file or (OutputDir, name))."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
 
-    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    from privfed.tradeoff import _eps_ticks
+
+    fig, ax = plt.subplots(figsize=(10, 4.8))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    ticks: set[float] = set()
+    seeds = 1
     for i, label in enumerate(dict.fromkeys(r["variant"] for r in rows)):
-        summ = summarise([r for r in rows if r["variant"] == label])
+        vrows = [r for r in rows if r["variant"] == label]
+        summ = summarise(vrows)
         fin = sorted((s for s in summ if math.isfinite(s["epsilon"])), key=lambda s: s["epsilon"])
-        # x: the epsilon the ledger reports (differs from the target for the classic bound); a variant
-        # with no guarantee (reported inf) is drawn at its nominal parameter, and its label says NO DP.
-        rep = [np.mean([r["epsilon_reported"] for r in rows if r["variant"] == label
-                        and r["epsilon"] == s["epsilon"]]) for s in fin]
-        x = np.array([e if math.isfinite(e) else s["epsilon"] for e, s in zip(rep, fin)])
+        private = all(s.get("private", True) for s in fin)
+        # x: the epsilon the ledger reports (classic calibration differs from the target); a variant
+        # without a guarantee is drawn apart (dotted, hollow markers) at its nominal parameter.
+        x = np.array([s["epsilon_reported"] if private else s["epsilon"] for s in fin])
+        ticks.update(x.tolist())
         mu = np.array([s["accuracy_mean"] for s in fin])
         sd = np.array([s["accuracy_std"] for s in fin])
+        seeds = max(seeds, *(s["seeds"] for s in fin))
         c = colors[i % len(colors)]
-        ax.plot(x, mu, "o-", ms=4, color=c, label=label, ls=":" if "NO DP" in label else "-")
+        ax.plot(x, mu, marker="o" if private else "x", ms=5 if private else 7, color=c, mfc=c if private else "none",
+                label=_variant_label(label, vrows), ls="-" if private else ":")
         ax.fill_between(x, mu - sd, mu + sd, color=c, alpha=0.15, lw=0)
-        ax.axhline(summ[0]["nonprivate_mean"], color=c, ls="--", lw=0.8)
+        ax.axhline(summ[0]["nonprivate_mean"], color=c, ls=(0, (6, 3)), lw=0.8)
+    handles, labels = ax.get_legend_handles_labels()
+    handles.append(plt.Line2D([], [], color="0.3", ls=(0, (6, 3)), lw=0.8))
+    labels.append("non-private (same color)")
+    handles.append(Patch(color="0.5", alpha=0.3, lw=0))
+    labels.append(f"band: ± 1 std over {seeds} seeds")
+    if num_classes:
+        ax.axhline(1 / num_classes, color="0.4", ls=":", lw=1)
+        handles.append(ax.lines[-1])
+        labels.append(f"chance (1/{num_classes} classes)")
     ax.set_xscale("log")
-    ax.set_xlabel("epsilon reported by the ledger (log scale; NO-DP variants at their nominal value); "
-                  "dashed: non-private", fontsize=8)
-    ax.set_ylabel("test accuracy (mean ± std over 5 seeds)")
+    _eps_ticks(ax, sorted(ticks))
+    ax.set_ylim(0, 1.02)  # the whole accuracy range: small differences are not magnified
+    ax.set_xlabel("epsilon computed by the ledger (log scale; NO-DP variants at their nominal parameter)", fontsize=8)
+    ax.set_ylabel("test accuracy")
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=130)
+    fig.legend(handles, labels, loc="upper left", bbox_to_anchor=(0.6, 0.9), fontsize=7, frameon=False)
+    fig.tight_layout(rect=(0, 0, 0.6, 1))
+    if isinstance(path, tuple):
+        out, name = path
+        out.save_figure(name, fig, dpi=130, bbox_inches="tight")
+    else:
+        fig.savefig(path, dpi=130, bbox_inches="tight")
     plt.close(fig)
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("recipe", choices=[*RECIPES, "all"])
-    p.add_argument("--out", default="results/recipes")
-    p.add_argument("--overwrite", action="store_true")
-    p.add_argument("--quiet", action="store_true")
+def _body(argv=None) -> int:
+    p = Parser(prog="python experiments/recipes.py", description=__doc__.splitlines()[0], formatter_class=HelpFormatter)
+    p.add_argument("recipe", choices=[*RECIPES, "all"], help="which recipe to run")
+    p.add_argument("--out", default="results/recipes", help="parent folder; each recipe writes <out>/<name>/")
+    p.add_argument("--overwrite", action="store_true", help="replace a previous run of the recipe in its folder")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
     args = p.parse_args(argv)
     import warnings
 
     warnings.simplefilter("ignore", UserWarning)
     for name in RECIPES if args.recipe == "all" else [args.recipe]:
-        out = prepare_out_dir(str(Path(args.out) / name), name, overwrite=args.overwrite)
-        rows = run_recipe(name, out, progress=not args.quiet)
+        out = OutputDir(Path(args.out) / name, name, overwrite=args.overwrite)
+        try:
+            rows = run_recipe(name, out, progress=not args.quiet)
+            out.finish(f"python experiments/recipes.py {name}", complete=True)
+        except BaseException:
+            if not out.written:
+                out.abandon()
+            raise
         for label in dict.fromkeys(r["variant"] for r in rows):
             summ = summarise([r for r in rows if r["variant"] == label])
             cells = ", ".join(f"eps={s['epsilon']:g}: {s['accuracy_mean']:.3f}" for s in summ)
             print(f"{name} | {label} | {cells}")
-        print(f"wrote {out}/{name}.csv, .json, .png")
+        print(f"wrote {out.path}/: {', '.join(out.files())}")
     return 0
 
+
+main = cli_entry("python experiments/recipes.py", _body)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -5,44 +5,69 @@ federation of the digits data set (scikit-learn digits through the
 public-trained CNN backbone; the public split is the attacker's knowledge),
 over methods x epsilons x group sizes x seeds, and writes
 
-* ``results.csv``: one row per method x eps x n x seed with every metric;
+* ``results.csv``: one row per method x eps x n x seed with every metric, the
+  trust model (placement, protocol, level, delta as used, calibration) and
+  the guarantee;
 * ``results.json``: the same rows plus the resolved configuration, seeds and
   package versions (``config.json`` holds the configuration alone);
 * for ``--attack inversion``, ``grid_<method>_eps<eps>_n<n>.png``: true
-  images, reconstructions and the public class-mean prior, one column each.
+  images, reconstructions and the public class-mean prior, one column each;
+* ``manifest.json``: the list of files of the run.
 
 Example::
 
-    python -m privfed.attack --attack inversion --method fedcof --eps inf,1,0.1 --n 1,4,16 --out results/inv
+    python -m privfed.attack --attack inversion --method fedcof --eps inf,1,0.1 --n 1,4,16
 
 ``eps=inf`` is the clean release (no clipping, no noise).  A finite eps uses
 :class:`mechanisms.GaussianMechanism` (record level, analytic calibration)
 with the clip bound ``--clip`` (default: the median feature norm on the
-public split, which costs no privacy).  ``--partition groups`` puts exactly
-``n`` samples of one class on each client (the controlled curves);
-``dirichlet`` / ``iid`` / ... use :func:`privfed.federation.partition`.
+public split, which costs no privacy): each client noises its upload
+(placement local), or, with ``--secure-agg``, the clients add shares of the
+noise and the server sees only the sum (placement secure sum).
+``--partition groups`` puts exactly ``n`` samples of one class on each
+client (the controlled curves); ``dirichlet`` / ``iid`` / ... use
+:func:`privfed.federation.partition`.  The tracing attack reports two tests
+side by side: the Gaussian likelihood ratio (``auc``) and the inner-product
+tracer (``auc_inner``).
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
+import importlib.util
 import math
 import sys
 import time
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from privfed._cli import cli_entry, parse_float_list, parse_int_list, parse_str_list, prepare_out_dir, versions, \
-    write_json
-from privfed.errors import ConfigError
+import attacks
+from privfed import methods as _methods
+from privfed._cli import (
+    HelpFormatter,
+    OutputDir,
+    Parser,
+    add_common_arguments,
+    as_float,
+    as_int,
+    check_secure_agg,
+    cli_entry,
+    heartbeat,
+    parse_float_list,
+    parse_int_list,
+    parse_seeds,
+    parse_str_list,
+    placement_word,
+    signals_deferred,
+    versions,
+)
+from privfed.errors import ConfigError, MissingDependencyError
 
 __all__ = ["AttackConfig", "build_parser", "main", "resolve_config", "run_attacks"]
 
-PROG = "privfed-attack"
+PROG = "python -m privfed.attack"
 
 
 @dataclass(frozen=True)
@@ -58,7 +83,7 @@ class AttackConfig:
     partition: str
     clients: int
     alpha: float
-    secure_agg: bool
+    secure_agg: str
     count_noise: str | None
     seeds: tuple[int, ...]
     max_groups: int
@@ -68,82 +93,103 @@ class AttackConfig:
     out: str = ""
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # one line, no usage block
-        raise ConfigError(f"{message} (see --help)")
+GLOSSARY = """\
+output columns (printed lines, results.csv, results.json):
+  placement    where the noise is added: local (each client noises its upload) or secure sum (clients add
+               shares of the noise; the server sees only the noisy sum); none for eps = inf
+  protocol     secure aggregation protocol: none, mask or ckks (the server's view is the sum either way)
+  delta        the delta used (0 for pure DP count noise, and for eps = inf)
+  auc          tracing / subspace: area under the ROC curve of the membership test (0.5 = chance);
+               for tracing, auc is the Gaussian likelihood-ratio test and auc_inner the inner-product
+               tracer (Dwork et al. 2015), both on the same targets
+  tpr@0.01     true-positive rate at 1%% false positives
+  psnr, delta_psnr   inversion: reconstruction PSNR (dB) and its gain over the public class-mean prior
+  exposed_fraction   singleton: share of uploaded records alone in their (client, class) cell
+"""
 
 
 def build_parser() -> argparse.ArgumentParser:
-    import attacks
-
-    p = _Parser(prog=PROG, description="Attacks of an honest-but-curious server on shared statistics.",
-                epilog="Lists are comma-separated. Example: %(prog)s --attack inversion --method fedcof "
-                       "--eps inf,1,0.1 --out results/inv")
+    p = Parser(prog=PROG, formatter_class=HelpFormatter,
+               description="Attacks of an honest-but-curious server on shared statistics.",
+               epilog=GLOSSARY + "\nLists are comma-separated. Example: %(prog)s --attack inversion "
+                                 "--method fedcof --eps inf,1,0.1")
     a = p.add_argument
     a("--attack", required=True, help=f"one of {', '.join(attacks.available())}")
     a("--method", default="fedncm", help="method name(s) whose uploads the server sees (comma list)")
     a("--eps", default="inf", help="privacy budgets (comma list; inf = clean release)")
-    a("--delta", type=float, default=1e-5, help="delta of the Gaussian mechanism (default 1e-5)")
-    a("--clip", type=float, default=None, help="L2 clip bound for finite eps (default: public median norm)")
+    a("--delta", default="1e-05", help="delta of the Gaussian mechanism")
+    a("--clip", default=None, help="L2 clip bound for finite eps (default: the public split's median norm)")
     a("--n", default="1,4,16", help="samples per client for --partition groups (comma list)")
     a("--partition", default="groups", help="groups, or a privfed.federation scheme (dirichlet, iid, ...)")
-    a("--clients", type=int, default=30, help="number of clients for non-group partitions")
-    a("--alpha", type=float, default=0.1, help="Dirichlet concentration")
-    a("--max-groups", type=int, default=40, help="at most this many clients in --partition groups")
-    a("--secure-agg", action="store_true", help="the server sees only the all-client sums")
+    a("--clients", default="30", help="number of clients for non-group partitions")
+    a("--alpha", default="0.1", help="Dirichlet concentration")
+    a("--max-groups", default="40", help="at most this many clients in --partition groups")
     a("--count-noise", default=None, help="noise on the counts only (FedCOF App. I.1) instead of the Gaussian "
-      "mechanism: laplace, geometric, gaussian or uniform (no DP)")
-    a("--seed", default="0", help="seeds (comma list)")
-    a("--backend", default=None, help="inversion backend: pixel, decoder or dip")
-    a("--source", default=None, help="inversion source: mean or second (two-stage)")
-    a("--steps", type=int, default=None, help="inversion optimisation steps (pixel or dip backend)")
-    a("--max-cells", type=int, default=None, help="inversion: released cells inverted per run")
+      "mechanism: laplace, geometric, gaussian or uniform (no DP) (default: none)")
+    a("--backend", default=None, help="inversion backend: pixel, decoder or dip (default: the attack's)")
+    a("--source", default=None, help="inversion source: mean or second (two-stage) (default: the attack's)")
+    a("--steps", default=None, help="inversion optimisation steps, pixel or dip backend (default: the attack's)")
+    a("--max-cells", default=None, help="inversion: released cells inverted per run (default: the attack's)")
     a("--device", default="cpu", help="torch device for the backbone (cpu or cuda)")
-    a("--out", required=True, help="output folder (new or empty)")
-    a("--overwrite", action="store_true", help="allow a non-empty --out")
+    add_common_arguments(p, prefix="attack", seeds_default="1 (seed 0)")
+    a("--seed", dest="seed_list", help=argparse.SUPPRESS)  # older spelling: a list of seeds ('3' = seed 3)
     return p
 
 
 def resolve_config(args: argparse.Namespace) -> AttackConfig:
-    import attacks
-    from privfed import methods as _methods
-    from privfed.federation import available_schemes
     from attacks.view import COUNT_NOISE_KINDS
+    from privfed.federation import available_schemes
 
     attacks.get_class(args.attack)  # ConfigError listing the names
     methods = tuple(parse_str_list(args.method, "--method"))
     for m in methods:
         _methods.get_class(m)
     eps = tuple(parse_float_list(args.eps, "--eps", positive=True))
-    if not 0 < args.delta < 1:
-        raise ConfigError(f"--delta must be in (0, 1), got {args.delta}")
-    if args.clip is not None and not (args.clip > 0 and math.isfinite(args.clip)):
-        raise ConfigError(f"--clip must be a finite number > 0, got {args.clip}")
+    delta = as_float(args.delta, "--delta")
+    if not 0 < delta < 1:
+        raise ConfigError(f"--delta must be in (0, 1), got {delta:g}")
+    clip = None if args.clip is None else as_float(args.clip, "--clip")
+    if clip is not None and not (clip > 0 and math.isfinite(clip)):
+        raise ConfigError(f"--clip must be a finite number > 0, got {clip:g}")
     ns = tuple(parse_int_list(args.n, "--n", minimum=1))
     if args.partition != "groups" and args.partition not in available_schemes():
         raise ConfigError(f"--partition {args.partition!r} unknown; use groups or one of {available_schemes()}")
     if args.count_noise is not None and args.count_noise not in COUNT_NOISE_KINDS:
         raise ConfigError(f"--count-noise must be one of {list(COUNT_NOISE_KINDS)}, got {args.count_noise!r}")
-    if args.clients < 1 or args.max_groups < 1:
-        raise ConfigError("--clients and --max-groups must be >= 1")
-    seeds = tuple(parse_int_list(args.seed, "--seed"))
+    clients = as_int(args.clients, "--clients", minimum=1)
+    max_groups = as_int(args.max_groups, "--max-groups", minimum=1)
+    alpha = as_float(args.alpha, "--alpha")
+    if not (alpha > 0 and math.isfinite(alpha)):
+        raise ConfigError(f"--alpha must be a finite number > 0, got {alpha:g}")
+    # --seeds N is a count (0..N-1) or a list, as in the trade-off; the older --seed keeps its meaning (a list).
+    if args.seeds is not None and args.seed_list is not None:
+        raise ConfigError("pass --seeds or --seed, not both")
+    if args.seed_list is not None:
+        seeds = tuple(parse_int_list(args.seed_list, "--seed"))
+    else:
+        seeds = (0,) if args.seeds is None else parse_seeds(args.seeds, "--seeds")
+    secure = "none" if args.secure_agg is None else check_secure_agg(args.secure_agg)
     params: dict[str, Any] = {}
-    for flag, key in (("backend", "backend"), ("source", "source"), ("steps", "steps"), ("max_cells", "max_cells")):
+    for flag in ("backend", "source", "steps", "max_cells"):
         v = getattr(args, flag)
         if v is not None:
             if args.attack != "inversion":
                 raise ConfigError(f"--{flag.replace('_', '-')} applies to --attack inversion only")
-            params[key] = v
+            params[flag] = as_int(v, f"--{flag.replace('_', '-')}", minimum=1) if flag in ("steps", "max_cells") \
+                else v
     if params.get("backend") == "dip" and "steps" in params:
         params["dip_steps"] = params.pop("steps")
     attacks.get(args.attack, **params)  # validate the parameters now
     if args.device not in ("cpu", "cuda") and not args.device.startswith("cuda:"):
         raise ConfigError(f"--device must be cpu or cuda[:i], got {args.device!r}")
-    return AttackConfig(attack=args.attack, methods=methods, epsilons=eps, delta=float(args.delta),
-                        clip=args.clip, ns=ns if args.partition == "groups" else (0,), partition=args.partition,
-                        clients=int(args.clients), alpha=float(args.alpha), secure_agg=bool(args.secure_agg),
-                        count_noise=args.count_noise, seeds=seeds, max_groups=int(args.max_groups),
-                        attack_params=params, device=args.device, out=str(args.out))
+    if args.attack == "inversion" and importlib.util.find_spec("skimage") is None:
+        raise MissingDependencyError("--attack inversion scores reconstructions with SSIM from scikit-image, "
+                                     "which is not installed: pip install scikit-image")
+    return AttackConfig(attack=args.attack, methods=methods, epsilons=eps, delta=delta,
+                        clip=clip, ns=ns if args.partition == "groups" else (0,), partition=args.partition,
+                        clients=clients, alpha=alpha, secure_agg=secure,
+                        count_noise=args.count_noise, seeds=seeds, max_groups=max_groups,
+                        attack_params=params, device=args.device, out="" if args.out is None else str(args.out))
 
 
 def _load(cfg: AttackConfig):
@@ -177,30 +223,46 @@ def _clients(cfg: AttackConfig, labels, n: int, rng: np.random.Generator) -> np.
 
 
 def _privacy(cfg: AttackConfig, method, eps: float, clip: float):
-    if cfg.count_noise is not None:
-        if math.isinf(eps):
-            return None
-        import mechanisms
+    import mechanisms
 
+    if math.isinf(eps):
+        return None
+    if cfg.count_noise is not None:
         if cfg.count_noise == "gaussian":
             return mechanisms.GaussianCountNoise(epsilon=eps, delta=cfg.delta)
         cls = {"laplace": mechanisms.LaplaceCountNoise, "geometric": mechanisms.GeometricCountNoise,
                "uniform": mechanisms.UniformCountNoiseNoDP}[cfg.count_noise]
         return cls(epsilon=eps)
-    if math.isinf(eps):
-        return None
-    from mechanisms import GaussianMechanism
-
     blocks = ("sums", "counts", "second") if "second" in method.requires else ("sums", "counts")
-    return GaussianMechanism(epsilon=eps, delta=cfg.delta, clip=clip, blocks=blocks)
+    return mechanisms.GaussianMechanism(epsilon=eps, delta=cfg.delta, clip=clip, blocks=blocks)
 
 
-def run_attacks(cfg: AttackConfig, *, progress: bool = True) -> dict[str, Any]:
-    """Run the sweep; returns ``{"records": [...], "grids": [...], "clip": float, "timing": {...}}``."""
+def _trust_columns(cfg: AttackConfig, eps: float, view) -> dict[str, Any]:
+    """Where the noise was added and the guarantee, for one row (from the run's settings and view)."""
+    if math.isinf(eps):
+        return {"placement": "none", "protocol": cfg.secure_agg, "level": "-", "delta": 0.0, "calibration": "-",
+                "private": False}
+    count = cfg.count_noise
+    secure = cfg.secure_agg != "none"
+    placement = placement_word(getattr(view.noise, "placement", None),
+                               "secure sum" if secure and count is None else "local")
+    private = count != "uniform"
+    delta = 0.0 if count in ("laplace", "geometric") else (cfg.delta if private else float("nan"))
+    cal = {"laplace": "pure", "geometric": "pure", "gaussian": "analytic", "uniform": "none (no DP)"}.get(
+        count or "", "analytic")
+    return {"placement": placement, "protocol": cfg.secure_agg, "level": "record", "delta": delta,
+            "calibration": cal, "private": private}
+
+
+def run_attacks(cfg: AttackConfig, *, progress: bool = True, records: list[dict[str, Any]] | None = None,
+                on_record: Callable[[list[dict[str, Any]]], None] | None = None) -> dict[str, Any]:
+    """Run the sweep; returns ``{"records": [...], "grids": [...], "clip": float, "timing": {...}}``.
+
+    Rows are appended to ``records`` as each run finishes (a caller keeps them
+    if the sweep is interrupted); ``on_record(records)`` is called after each.
+    """
     import warnings
 
-    import attacks
-    from privfed import methods as _methods
     from tqdm.auto import tqdm
 
     t0 = time.perf_counter()
@@ -209,35 +271,54 @@ def run_attacks(cfg: AttackConfig, *, progress: bool = True) -> dict[str, Any]:
     Ft, yt, imt = data["test"]
     clip = cfg.clip if cfg.clip is not None else float(np.median(np.linalg.norm(public.features, axis=1)))
     t_data = time.perf_counter() - t0
-    records, grids = [], []
+    records = [] if records is None else records
+    grids = []
     combos = [(m, e, n, s) for m in cfg.methods for e in cfg.epsilons for n in cfg.ns for s in cfg.seeds]
-    for mname, eps, n, seed in tqdm(combos, disable=not progress, desc=cfg.attack):
-        method = _methods.get(mname)
-        ss = np.random.SeedSequence([seed, cfg.ns.index(n), cfg.epsilons.index(eps), cfg.methods.index(mname)])
-        r_part, r_view, r_att = (np.random.default_rng(s) for s in ss.spawn(3))
-        clients = _clients(cfg, yp, n, r_part)
-        privacy = _privacy(cfg, method, eps, clip)
-        t1 = time.perf_counter()
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)  # the fast noise backend's reminder
-            view, truth = attacks.scenario(mname, Fp, yp, clients, images=imp, holdout_features=Ft,
-                                           holdout_labels=yt, holdout_images=imt, privacy=privacy,
-                                           secure_agg=cfg.secure_agg, backbone=bb, public=public, rng=r_view)
-        att = attacks.get(cfg.attack, **cfg.attack_params)
-        if att.name == "differencing":  # the challenge is a second release, built by evaluate()
-            result, metrics = None, att.evaluate(view, truth, r_att)
-        else:
-            result = att.run(view, r_att, **_challenge(att, truth, view, r_att))
-            metrics = att.score(result, truth)
-        row = {"attack": cfg.attack, "method": mname, "eps": eps, "delta": cfg.delta if math.isfinite(eps) else 0.0,
-               "clip": clip if (math.isfinite(eps) and cfg.count_noise is None) else None, "n": n,
-               "partition": cfg.partition, "secure_agg": cfg.secure_agg, "count_noise": cfg.count_noise,
-               "seed": seed, "clients": int(view.stats.num_clients) if view.per_client else int(clients.max() + 1),
-               "noise": view.noise.guarantee, "seconds": round(time.perf_counter() - t1, 3)}
-        row.update({k: v for k, v in metrics.items() if not isinstance(v, (list, dict, np.ndarray))})
-        records.append(row)
-        if cfg.attack == "inversion" and seed == cfg.seeds[0]:
-            grids.append((mname, eps, n, result, truth))
+    bar = tqdm(combos, disable=not progress, desc=cfg.attack, unit="run", file=sys.stderr, delay=2)
+    with heartbeat(bar):
+        for mname, eps, n, seed in bar:
+            bar.set_postfix_str(f"{mname} eps={eps:g}" + (f" n={n}" if cfg.partition == "groups" else "")
+                                + f" seed={seed}", refresh=False)
+            method = _methods.get(mname)
+            ss = np.random.SeedSequence([seed, cfg.ns.index(n), cfg.epsilons.index(eps), cfg.methods.index(mname)])
+            r_part, r_view, r_att = (np.random.default_rng(s) for s in ss.spawn(3))
+            clients = _clients(cfg, yp, n, r_part)
+            privacy = _privacy(cfg, method, eps, clip)
+            t1 = time.perf_counter()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)  # the fast noise backend's reminder
+                view, truth = attacks.scenario(mname, Fp, yp, clients, images=imp, holdout_features=Ft,
+                                               holdout_labels=yt, holdout_images=imt, privacy=privacy,
+                                               secure_agg=cfg.secure_agg != "none", backbone=bb, public=public,
+                                               rng=r_view)
+            att = attacks.get(cfg.attack, **cfg.attack_params)
+            extra: dict[str, Any] = {}
+            if att.name == "differencing":  # the challenge is a second release, built by evaluate()
+                result, metrics = None, att.evaluate(view, truth, r_att)
+            else:
+                challenge = _challenge(att, truth, view, r_att)
+                result = att.run(view, r_att, **challenge)
+                metrics = att.score(result, truth)
+                if att.name == "tracing" and "test" not in cfg.attack_params:
+                    # The same targets scored by the inner-product tracer, so both tests are reported.
+                    other = "inner" if att.params["test"] != "inner" else "lrt"
+                    att2 = attacks.get("tracing", test=other)
+                    m2 = att2.score(att2.run(view, np.random.default_rng(0), **challenge), truth)
+                    extra = {f"{k}_{other}": v for k, v in m2.items()
+                             if k in ("auc", "auc_se", "tpr@0.01", "tpr@0.001", "eps_lower_bound")}
+            row = {"attack": cfg.attack, "method": mname, "eps": eps, **_trust_columns(cfg, eps, view),
+                   "clip": clip if (math.isfinite(eps) and cfg.count_noise is None) else None, "n": n,
+                   "partition": cfg.partition, "secure_agg": cfg.secure_agg, "count_noise": cfg.count_noise,
+                   "seed": seed, "clients": int(view.stats.num_clients) if view.per_client else int(clients.max() + 1),
+                   "noise": view.noise.guarantee, "seconds": round(time.perf_counter() - t1, 3)}
+            row.update({k: v for k, v in metrics.items() if not isinstance(v, (list, dict, np.ndarray))})
+            row.update(extra)
+            records.append(row)
+            if on_record is not None:
+                on_record(records)
+            if cfg.attack == "inversion" and seed == cfg.seeds[0]:
+                grids.append((mname, eps, n, result, truth))
+    bar.close()
     return {"records": records, "grids": grids, "clip": clip,
             "timing": {"data_s": t_data, "total_s": time.perf_counter() - t0}}
 
@@ -259,7 +340,8 @@ def _challenge(att, truth, view, rng) -> dict:
     return {"targets": targets, "target_ids": ids, "target_labels": labels}
 
 
-def _write_grid(path: Path, result, truth, title: str, columns: int = 8) -> None:
+def _grid_figure(result, truth, title: str, columns: int = 8):
+    """True images, reconstructions and the public prior, one column per released cell."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -287,41 +369,103 @@ def _write_grid(path: Path, result, truth, title: str, columns: int = 8) -> None
                 ax[j, i].set_ylabel(lab, fontsize=7)
     fig.suptitle(title, fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    return fig
 
 
-def _body(argv: Sequence[str] | None) -> int:
-    args = build_parser().parse_args(argv)
-    cfg = resolve_config(args)
-    out = prepare_out_dir(cfg.out, "attack", overwrite=args.overwrite)
-    import torch
+#: Metrics printed per row, with the words that say what they measure.
+PRINTED = (
+    ("auc", "auc[{test}]"), ("auc_inner", "auc[inner product]"), ("auc_lrt", "auc[likelihood ratio]"),
+    ("tpr@0.01", "tpr@0.01[{test}]"), ("identification", "identification"), ("delta_psnr", "delta_psnr"),
+    ("psnr", "psnr"), ("exposed_fraction", "exposed_fraction"), ("exact_fraction", "exact_fraction"),
+    ("matched_cosine", "matched_cosine"), ("total_variation", "total_variation"), ("singleton_auc", "singleton_auc"),
+)
+TEST_WORDS = {"lrt": "likelihood ratio", "inner": "inner product", "homer": "Homer", "sum": "sum"}
 
-    torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
-    res = run_attacks(cfg, progress=sys.stderr.isatty())
-    records = res["records"]
+
+def _line(r: dict[str, Any]) -> str:
+    test = TEST_WORDS.get(str(r.get("test", "")), str(r.get("test", ""))) or "test"
+    cells = [f"{label.format(test=test)}={r[k]:.3f}" for k, label in PRINTED
+             if isinstance(r.get(k), (int, float)) and not isinstance(r.get(k), bool)]
+    where = r["placement"] + (f"/{r['protocol']}" if r["protocol"] != "none" else "")
+    return f"{r['method']:>12} eps={r['eps']:<6g} {where:<14} n={r['n']:<3} seed={r['seed']} " + " ".join(cells)
+
+
+def _name_parts(cfg: AttackConfig) -> list[str]:
+    eps = sorted(cfg.epsilons)
+    return [cfg.attack, "+".join(cfg.methods) if len(cfg.methods) <= 3 else f"{len(cfg.methods)}methods",
+            f"eps{eps[0]:g}" + (f"-{eps[-1]:g}" if len(eps) > 1 else "")]
+
+
+PARTIAL = ("results.partial.csv", "results.partial.json")
+#: Seconds between checkpoints of the finished runs to results.partial.* during a sweep.
+CHECKPOINT_S = 30.0
+
+
+def _columns(records: list[dict[str, Any]]) -> list[str]:
     cols: list[str] = []
     for r in records:
         cols += [k for k in r if k not in cols]
-    with open(out / "results.csv", "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=cols)
-        w.writeheader()
-        for r in records:
-            w.writerow(r)
-    config = {**asdict(cfg), "clip_used": res["clip"], "versions": versions(),
-              "seeding": "numpy SeedSequence([seed, n index, eps index, method index]) spawned into "
-                         "partition / view noise / attack generators"}
-    write_json(out / "config.json", config)
-    write_json(out / "results.json", {"config": config, "records": records, "timing": res["timing"]})
-    for mname, eps, n, result, truth in res["grids"]:
-        _write_grid(out / f"grid_{mname}_eps{eps:g}_n{n}.png", result, truth,
-                    f"{mname}, eps={eps:g}, n={n}{', secure sum' if cfg.secure_agg else ''}")
-    keys = [k for k in ("auc", "tpr@0.01", "identification", "delta_psnr", "psnr", "exposed_fraction", "exact_fraction",
-                        "matched_cosine", "total_variation", "singleton_auc") if k in cols]
+    return cols
+
+
+def _body(argv: Sequence[str] | None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    cfg = resolve_config(args)
+    command = " ".join([PROG, *argv])
+    out = OutputDir(args.out, "attack", overwrite=args.overwrite, name_parts=_name_parts(cfg))
+    import torch
+
+    torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+    config: dict[str, Any] = {**asdict(cfg), "out": str(out.path), "versions": versions(),
+                              "seeding": "numpy SeedSequence([seed, n index, eps index, method index]) spawned "
+                                         "into partition / view noise / attack generators"}
+    done: list[dict[str, Any]] = []
+    last = {"t": time.monotonic()}
+
+    def write_partial(records):
+        out.write_csv(PARTIAL[0], records, _columns(records))
+        out.write_json(PARTIAL[1], {"config": config, "records": records, "complete": False, "command": command})
+
+    def checkpoint(records):
+        if time.monotonic() - last["t"] >= CHECKPOINT_S:
+            with signals_deferred():
+                write_partial(records)
+            last["t"] = time.monotonic()
+
+    try:
+        res = run_attacks(cfg, progress=not args.quiet, records=done, on_record=checkpoint)
+        records = res["records"]
+        config["clip_used"] = res["clip"]
+        out.write_csv("results.csv", records, _columns(records))
+        out.write_json("config.json", config)
+        out.write_json("results.json", {"config": config, "records": records, "timing": res["timing"],
+                                        "command": command})
+        for mname, eps, n, result, truth in res["grids"]:
+            where = "secure sum" if cfg.secure_agg != "none" and math.isfinite(eps) else \
+                ("local noise" if math.isfinite(eps) else "no noise")
+            fig = _grid_figure(result, truth, f"{mname}, eps={eps:g}, n={n}, {where}")
+            out.save_figure(f"grid_{mname}_eps{eps:g}_n{n}.png", fig, dpi=120)
+            import matplotlib.pyplot as plt
+
+            plt.close(fig)
+        out.finish(command, complete=True, drop=PARTIAL)
+    except BaseException:
+        with signals_deferred():
+            if done:
+                write_partial(done)
+                out.finish(command, complete=False)
+                print(f"{PROG}: the sweep stopped after {len(done)} run(s); they are in "
+                      f"{out.path}/results.partial.csv and results.partial.json", file=sys.stderr)
+            else:
+                out.abandon()
+        raise
     for r in records:
-        print(f"{r['method']:>12} eps={r['eps']:<6g} n={r['n']:<3} seed={r['seed']} " +
-              " ".join(f"{k}={r[k]:.3f}" for k in keys if isinstance(r.get(k), (int, float))))
-    print(f"wrote {out / 'results.csv'}")
+        print(_line(r))
+    if cfg.attack == "tracing":
+        print("tracing: auc = the Gaussian likelihood-ratio test, auc_inner = the inner-product tracer "
+              "(same targets); 0.5 = chance")
+    print(f"wrote {out.path}/: {', '.join(out.files())}")
     return 0
 
 

@@ -2,19 +2,32 @@
 
 Examples
 --------
-One budget on the embedded default (scikit-learn digits, offline)::
+One budget on the embedded default (scikit-learn digits, offline): one row per
+noise placement (each client noises its upload; clients add shares of the
+noise under secure aggregation; a trusted aggregator adds it once) beside the
+non-private accuracy::
 
     python -m privfed.tradeoff --method fedlog --eps 0.1
 
-A sweep, written to ``--out`` as a tidy CSV, a JSON with the resolved config
-and a PNG plot::
+A sweep, written as a tidy CSV, a JSON with the resolved config and a PNG plot
+(``--out``, default a fresh ``results/tradeoff-<methods>-eps<range>-<time>``)::
 
     python -m privfed.tradeoff --method fedcof,fed3r,fedlog --eps 0.05,0.1,0.5,1,4,inf --seeds 5
 
+Every row names its trust model and guarantee: placement, protocol, level,
+calibration, the delta used (0 for pure DP) and the epsilon the ledger
+computes; heuristics without a guarantee (uniform count noise) show NO DP and
+no epsilon.
+
 Settings may also come from a TOML file (``--config sweep.toml``, keys named
 like the flags with underscores, e.g. ``count_noise = "laplace"``); flags
-given on the command line override it.  The JSON written by a previous run is
-accepted as ``--config`` too, which reruns it bit for bit.
+given on the command line override it, and file values pass the same checks.
+The JSON written by a previous run is accepted as ``--config`` too, which
+reruns it bit for bit.
+
+Results are written atomically (temporary name, then rename); Ctrl-C and
+SIGTERM keep the finished runs in ``results.partial.csv`` / ``.json`` (also
+checkpointed every 30 s); ``manifest.json`` lists the files of the run.
 
 ``eps = inf`` means *no protection at all* (no clipping, no noise): its rows
 equal the method's non-private accuracy exactly.
@@ -23,8 +36,12 @@ equal the method's non-private accuracy exactly.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
+import json
 import math
+import os
+import re
 import sys
 import time
 import tomllib
@@ -32,22 +49,33 @@ import warnings
 import zlib
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from privfed import methods as _methods
 from privfed._cli import (
+    HelpFormatter,
+    OutputDir,
+    Parser,
+    add_common_arguments,
+    as_bool,
+    as_float,
+    as_int,
+    as_str,
+    check_secure_agg,
     cli_entry,
+    heartbeat,
     parse_float_list,
-    parse_int_list,
+    parse_seeds,
     parse_str_list,
-    prepare_out_dir,
+    placement_word,
+    signals_deferred,
     versions,
-    write_json,
 )
-from privfed.errors import ConfigError
+from privfed.errors import ConfigError, InputError
 from privfed.pipeline import client_statistics, server_head
+from privfed.tradeoff_privacy import COUNT_NOISE_KINDS
 
 __all__ = ["TradeoffConfig", "build_parser", "main", "run_tradeoff"]
 
@@ -55,9 +83,9 @@ PROG = "python -m privfed.tradeoff"
 
 #: CSV / JSON record keys, in order.
 RECORD_KEYS = (
-    "method", "mechanism", "level", "epsilon", "epsilon_reported", "delta", "seed", "accuracy", "nonprivate_accuracy",
-    "sigma", "sigma_counts", "calibration", "rounds", "clip", "count_noise", "secure_agg",
-    "upload_bytes", "guarantee", "notes",
+    "method", "placement", "protocol", "mechanism", "level", "epsilon", "epsilon_reported", "delta", "calibration",
+    "private", "seed", "accuracy", "nonprivate_accuracy", "sigma", "sigma_counts", "noise", "rounds", "clip",
+    "count_noise", "secure_agg", "upload_bytes", "guarantee", "pairs_dropped", "repairs", "notes",
 )
 
 
@@ -87,54 +115,85 @@ class TradeoffConfig:
     attacks: tuple[str, ...] = ()
     method_params: dict[str, dict[str, Any]] = field(default_factory=dict)
     plot: bool = True
+    #: Noise placements compared side by side ("local", "secure-sum", "trusted"); empty: the one that
+    #: ``trusted_aggregator`` / ``secure_agg`` select.
+    placements: tuple[str, ...] = ()
 
 
 # ---------------------------------------------------------------- parsing
+#: --placement values: where the noise is added (who is trusted).
+PLACEMENTS = ("local", "secure-sum", "trusted")
+PLACEMENT_LABEL = {"local": "local", "secure-sum": "secure sum", "trusted": "trusted aggregator"}
+
+GLOSSARY = """\
+output columns (table, results.csv, results.json):
+  placement    where the noise is added: local (each client noises its own upload; nobody is trusted),
+               secure sum (clients add shares of the noise under secure aggregation; the server sees only
+               the noisy sum), trusted aggregator (the server is trusted to add the noise once, to the sum)
+  protocol     secure aggregation protocol: none, mask (pairwise masking) or ckks (TenSEAL)
+  eps          the epsilon the ledger computes for the run (classic calibration: may differ from the asked one);
+               'NO DP' for heuristics without a guarantee (uniform count noise)
+  delta        the delta used: 0 for pure DP (Laplace / geometric count noise)
+  noise        Gaussian sigma on the sums / counts, or the count-noise scale (Laplace b = 1/eps)
+  calibration  analytic (tight Gaussian), classic (the FedLog paper's bound), pure (Laplace / geometric)
+  level        record (add/remove one sample) or client (add/remove one client)
+  repairs      what the method did to noisy statistics: pairs dropped (count <= 0), PSD projection,
+               pseudo-inverse
+  non-private  the same method without clipping or noise (eps = inf)
+"""
+
+
+def _default(name: str) -> Any:
+    return getattr(TradeoffConfig(), name)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog=PROG,
+    p = Parser(
+        prog=PROG, formatter_class=HelpFormatter,
         description="Accuracy of federated heads under differential privacy (and attacks), "
         "over methods x budgets x seeds, with a table, a CSV/JSON and a plot.",
-        epilog="eps=inf means no protection (no clipping, no noise). Lists are comma-separated. "
+        epilog=GLOSSARY + "\neps=inf means no protection (no clipping, no noise). Lists are comma-separated.\n"
         "Example: %(prog)s --method fedcof,fed3r,fedlog --eps 0.05,0.1,0.5,1,4,inf",
     )
     a = p.add_argument
-    a("--config", metavar="FILE", help="TOML file (or a previous run's results.json) with the same settings; flags override it")
-    a("--method", metavar="LIST", help=f"methods, from: {', '.join(_methods.available())} (default fedlog)")
-    a("--eps", metavar="LIST", help="privacy budgets epsilon > 0, 'inf' for none (default 0.1)")
-    a("--delta", type=float, metavar="D", help="delta of (eps, delta)-DP, in (0, 1) (default 1e-5)")
-    a("--level", choices=("record", "client"), help="neighbouring relation: record (add/remove one sample; "
-      "each client noises its upload) or client (add/remove one client; noise on the aggregate, needs --secure-agg "
-      "or a trusted aggregator) (default record)")
-    a("--clip", type=float, metavar="C", help="L2 clip bound of each feature; default for digits: the median "
-      "feature norm of the public split (no privacy cost); required for other datasets")
-    a("--clip-norm", choices=("l2", "coordinate"), help="l2 (default): ||f||_2 <= C; coordinate: every "
-      "coordinate in [-C, C] (FedLog's Theorem 3.1; needs an explicit --clip)")
-    a("--calibration", choices=("analytic", "classic"), help="analytic Gaussian (tight, default) or the classic "
-      "bound of the FedLog paper (valid only for eps <= 1)")
-    a("--rounds", type=int, metavar="T", help="number of releases composed (default 1)")
+    a("--config", metavar="FILE", help="TOML file (or a previous run's results.json) with the same settings; "
+      "flags override it")
+    a("--method", metavar="LIST", help=f"methods, from: {', '.join(_methods.available())} (default: fedlog)")
+    a("--eps", metavar="LIST", help="privacy budgets epsilon > 0, 'inf' for none (default: 0.1)")
+    a("--placement", metavar="LIST", help="where the noise is added: local, secure-sum, trusted, or all "
+      "(default: all three for a single finite --eps, otherwise local; --secure-agg / --trusted-aggregator "
+      "choose one)")
+    a("--delta", metavar="D", help=f"delta of (eps, delta)-DP, in (0, 1) (default: {_default('delta'):g})")
+    a("--level", choices=("record", "client"), help="neighbouring relation: record (add/remove one sample) or "
+      "client (add/remove one client; noise on the aggregate, needs --secure-agg or a trusted aggregator) "
+      "(default: record)")
+    a("--clip", metavar="C", help="L2 clip bound of each feature (default: for digits the median feature norm of "
+      "the public split, no privacy cost; required for other datasets)")
+    a("--clip-norm", choices=("l2", "coordinate"), help="l2: ||f||_2 <= C; coordinate: every coordinate in "
+      "[-C, C] (FedLog's Theorem 3.1; needs an explicit --clip) (default: l2)")
+    a("--calibration", choices=("analytic", "classic"), help="analytic Gaussian (tight) or the classic bound of "
+      "the FedLog paper (valid only for eps <= 1) (default: analytic)")
+    a("--rounds", metavar="T", help="number of releases composed (default: 1)")
     a("--count-noise", metavar="KIND", help="instead of the Gaussian mechanism on sums and counts, noise the class "
-      "counts only, means in clear (FedCOF App. I.1): laplace, geometric, gaussian, or uniform (NO DP GUARANTEE)")
-    a("--max-records", type=int, metavar="N", help="client level: the most records one client contributes")
+      "counts only, means in clear (FedCOF App. I.1): laplace, geometric, gaussian, or uniform (NO DP GUARANTEE) "
+      "(default: none)")
+    a("--max-records", metavar="N", help="client level: the most records one client contributes (default: none)")
     a("--trusted-aggregator", action="store_true", default=None,
-      help="the server is trusted to add the noise once, to the sum (sum-only methods; required for "
-      "--level client without --secure-agg); without it, record-level noise is added by every client")
-    a("--seeds", metavar="N|LIST", help="number of seeds (0..N-1) or an explicit list like 3,7 (default 5)")
-    a("--clients", type=int, metavar="K", help="number of clients (default 100)")
-    a("--partition", metavar="SCHEME", help="dirichlet (default), dirichlet-class, shards, iid or natural")
-    a("--alpha", type=float, metavar="A", help="Dirichlet concentration (default 0.1)")
-    a("--dataset", metavar="NAME", help="digits (default, offline), file:PATH.npz, cifar100, cifar10")
-    a("--backbone", metavar="NAME", help="feature extractor for torchvision datasets (squeezenet1_1, mobilenet_v2, vit_b_16)")
+      help="same as --placement trusted: the server is trusted to add the noise once, to the sum (sum-only methods)")
+    a("--clients", metavar="K", help=f"number of clients (default: {_default('clients')})")
+    a("--partition", metavar="SCHEME", help="dirichlet, dirichlet-class, shards, iid or natural (default: dirichlet)")
+    a("--alpha", metavar="A", help=f"Dirichlet concentration (default: {_default('alpha'):g})")
+    a("--dataset", metavar="NAME", help="digits (offline), file:PATH.npz, cifar100, cifar10 (default: digits)")
+    a("--backbone", metavar="NAME", help="feature extractor for torchvision datasets (squeezenet1_1, mobilenet_v2, "
+      "vit_b_16) (default: the dataset's)")
     a("--download", action="store_true", default=None, help="allow downloading a torchvision dataset / weights")
-    a("--secure-agg", metavar="KIND", help="none (default), mask (pairwise masking) or ckks (TenSEAL)")
     a("--attack", metavar="LIST", help="attacks to add as columns and a plot panel (digits only): tracing, "
-      "singleton, inversion, labels, subspace, unmixing, differencing")
+      "singleton, inversion, labels, subspace, unmixing, differencing (default: none)")
     a("--param", action="append", default=[], metavar="METHOD.KEY=VALUE",
-      help="a method parameter, e.g. fedcof.gamma=0.1 or fed3r.lam=0.1 (repeatable)")
-    a("--out", metavar="DIR", help="output folder (default results/tradeoff-<time>); must not exist or be empty")
-    a("--overwrite", action="store_true", help="allow writing into a non-empty --out")
+      help="a method parameter, e.g. fedcof.gamma=0.1 or fed3r.lam=0.1 (repeatable; METHOD must be in --method) "
+      "(default: none)")
+    add_common_arguments(p, prefix="tradeoff", seeds_default="5")
     a("--no-plot", action="store_true", help="skip the PNG")
-    a("--quiet", action="store_true", help="no progress bar")
     return p
 
 
@@ -157,27 +216,54 @@ def _load_config_file(path: str) -> dict[str, Any]:
     if not p.is_file():
         raise ConfigError(f"--config {path!r} does not exist")
     if p.suffix == ".json":
-        import json
-
-        data = json.loads(p.read_text())
-        if "config" not in data:
-            raise ConfigError(f"--config {path!r} is JSON but has no 'config' key (is it a privfed results.json?)")
+        try:
+            data = json.loads(p.read_text())
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"--config {path!r} is not valid JSON ({exc}); pass a TOML file or a privfed "
+                              "results.json") from None
+        if not isinstance(data, dict) or not isinstance(data.get("config"), dict):
+            raise ConfigError(f"--config {path!r} is JSON but has no 'config' table (is it a privfed results.json?)")
         return data["config"]
     try:
         return tomllib.loads(p.read_text())
-    except tomllib.TOMLDecodeError as exc:
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"--config {path!r} is not valid TOML: {exc}") from None
 
 
 _FILE_KEYS = {
     "method", "methods", "eps", "epsilons", "delta", "level", "clip", "calibration", "rounds", "count_noise",
     "seeds", "clients", "partition", "alpha", "dataset", "backbone", "download", "secure_agg", "attack",
-    "attacks", "method_params", "plot", "max_records", "clip_norm", "trusted_aggregator",
+    "attacks", "method_params", "plot", "max_records", "clip_norm", "trusted_aggregator", "placement", "placements",
 }
 
 
+def _as_list(value: Any, flag: str) -> str:
+    """A comma-separated flag text from a flag's text or a config value (a string or a list)."""
+    if isinstance(value, (list, tuple)):
+        if not value:
+            raise ConfigError(f"{flag} must not be empty")
+        for v in value:
+            if isinstance(v, (bool, dict, list, tuple)) or v is None:
+                raise ConfigError(f"{flag}: {v!r} is not allowed in the list")
+        return ",".join(str(v) for v in value)
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)
+    return as_str(value, flag)
+
+
+def _choice(value: Any, flag: str, choices: Sequence[str]) -> str:
+    v = as_str(value, flag)
+    if v not in choices:
+        raise ConfigError(f"{flag} must be one of {', '.join(choices)}, got {v!r}")
+    return v
+
+
 def resolve_config(args: argparse.Namespace) -> TradeoffConfig:
-    """Merge defaults < config file < flags into a validated TradeoffConfig."""
+    """Merge defaults < config file < flags into a validated TradeoffConfig.
+
+    A config file's values pass the same checks, with the same messages, as
+    the flags (``rounds = 2.5`` and ``clip = "abc"`` are refused alike).
+    """
     base: dict[str, Any] = {}
     if args.config:
         raw = _load_config_file(args.config)
@@ -194,59 +280,50 @@ def resolve_config(args: argparse.Namespace) -> TradeoffConfig:
                 return base[k]
         return None
 
-    def as_text(v):
-        if isinstance(v, (list, tuple)):
-            return ",".join(str(x) for x in v)
-        return str(v)
-
     d = TradeoffConfig()
     method_v = pick(args.method, "method", "methods")
-    methods = tuple(parse_str_list(as_text(method_v), "--method")) if method_v is not None else d.methods
+    methods = tuple(parse_str_list(_as_list(method_v, "--method"), "--method")) if method_v is not None else d.methods
     for m in methods:
         _methods.get_class(m)  # ConfigError listing the available ones
     eps_v = pick(args.eps, "eps", "epsilons")
-    epsilons = tuple(parse_float_list(as_text(eps_v), "--eps", positive=True)) if eps_v is not None else d.epsilons
+    epsilons = tuple(parse_float_list(_as_list(eps_v, "--eps"), "--eps", positive=True)) if eps_v is not None \
+        else d.epsilons
     delta = pick(args.delta, "delta")
-    delta = d.delta if delta is None else float(delta)
+    delta = d.delta if delta is None else as_float(delta, "--delta")
     if not 0 < delta < 1:
-        raise ConfigError(f"--delta must be in (0, 1), got {delta}")
+        raise ConfigError(f"--delta must be in (0, 1), got {delta:g}")
     seeds_v = pick(args.seeds, "seeds")
-    if seeds_v is None:
-        seeds = d.seeds
-    elif isinstance(seeds_v, int) or (isinstance(seeds_v, str) and "," not in seeds_v):
-        n = parse_int_list(as_text(seeds_v), "--seeds", minimum=1)[0]
-        seeds = tuple(range(n))
-    else:
-        seeds = tuple(parse_int_list(as_text(seeds_v), "--seeds", minimum=0))
+    seeds = d.seeds if seeds_v is None else parse_seeds(seeds_v, "--seeds")
     clip = pick(args.clip, "clip")
-    if clip is not None and not (float(clip) > 0 and math.isfinite(float(clip))):
-        raise ConfigError(f"--clip must be a finite number > 0, got {clip}")
+    if clip is not None:
+        clip = as_float(clip, "--clip")
+        if not (clip > 0 and math.isfinite(clip)):
+            raise ConfigError(f"--clip must be a finite number > 0, got {clip:g}")
     rounds = pick(args.rounds, "rounds")
-    rounds = d.rounds if rounds is None else int(rounds)
-    if rounds < 1:
-        raise ConfigError(f"--rounds must be >= 1, got {rounds}")
+    rounds = d.rounds if rounds is None else as_int(rounds, "--rounds", minimum=1)
     clients = pick(args.clients, "clients")
-    clients = d.clients if clients is None else int(clients)
-    if clients < 1:
-        raise ConfigError(f"--clients must be >= 1, got {clients}")
+    clients = d.clients if clients is None else as_int(clients, "--clients", minimum=1)
     alpha = pick(args.alpha, "alpha")
-    alpha = d.alpha if alpha is None else float(alpha)
-    if not alpha > 0:
-        raise ConfigError(f"--alpha must be > 0, got {alpha}")
-    from privfed.tradeoff_privacy import COUNT_NOISE_KINDS
-
+    alpha = d.alpha if alpha is None else as_float(alpha, "--alpha")
+    if not (alpha > 0 and math.isfinite(alpha)):
+        raise ConfigError(f"--alpha must be a finite number > 0, got {alpha:g}")
     count_noise = pick(args.count_noise, "count_noise")
-    if count_noise is not None and count_noise not in COUNT_NOISE_KINDS:
-        raise ConfigError(f"--count-noise must be one of {', '.join(COUNT_NOISE_KINDS)}, got {count_noise!r}")
+    if count_noise is not None:
+        count_noise = _choice(count_noise, "--count-noise", COUNT_NOISE_KINDS)
     max_records = pick(args.max_records, "max_records")
-    if max_records is not None and int(max_records) < 1:
-        raise ConfigError(f"--max-records must be >= 1, got {max_records}")
-    secure = str(pick(args.secure_agg, "secure_agg") or d.secure_agg)
-    if secure not in ("none", "mask", "ckks"):
-        raise ConfigError(f"--secure-agg must be none, mask or ckks, got {secure!r}")
+    if max_records is not None:
+        max_records = as_int(max_records, "--max-records", minimum=1)
+    secure_v = pick(args.secure_agg, "secure_agg")
+    secure = d.secure_agg if secure_v is None else check_secure_agg(secure_v)
+    trusted_v = pick(args.trusted_aggregator, "trusted_aggregator")
+    trusted = False if trusted_v is None else as_bool(trusted_v, "--trusted-aggregator")
     attack_v = pick(args.attack, "attack", "attacks")
-    attacks = tuple(parse_str_list(as_text(attack_v), "--attack")) if attack_v else ()
-    params: dict[str, dict[str, Any]] = {k: dict(v) for k, v in (base.get("method_params") or {}).items()}
+    attacks = tuple(parse_str_list(_as_list(attack_v, "--attack"), "--attack")) if attack_v else ()
+    mp = base.get("method_params") or {}
+    if not isinstance(mp, dict) or not all(isinstance(v, dict) for v in mp.values()):
+        raise ConfigError("method_params must be a table of tables like {fedcof = {gamma = 0.1}}, "
+                          f"got {mp!r}")
+    params: dict[str, dict[str, Any]] = {k: dict(v) for k, v in mp.items()}
     for item in args.param:
         if "=" not in item or "." not in item.split("=", 1)[0]:
             raise ConfigError(f"--param {item!r} must look like METHOD.KEY=VALUE, e.g. fedcof.gamma=0.1")
@@ -255,27 +332,62 @@ def resolve_config(args: argparse.Namespace) -> TradeoffConfig:
         _methods.get_class(mname)
         params.setdefault(mname, {})[key] = _parse_value(value)
     for mname, p in params.items():
+        _methods.get_class(mname)
+        if mname not in methods:
+            raise ConfigError(f"--param {mname}.{next(iter(p), 'KEY')}=...: method {mname!r} is not in --method "
+                              f"({','.join(methods)}), so the parameter would be ignored; add {mname} to --method "
+                              "or drop the parameter")
         _methods.get(mname, **p)  # validates names and values now, not mid-sweep
-    level = str(pick(args.level, "level") or d.level)
-    calibration = str(pick(args.calibration, "calibration") or d.calibration)
-    clip_norm = str(pick(args.clip_norm, "clip_norm") or d.clip_norm)
-    if clip_norm not in ("l2", "coordinate"):
-        raise ConfigError(f"--clip-norm must be l2 or coordinate, got {clip_norm!r}")
-    if level not in ("record", "client"):
-        raise ConfigError(f"--level must be record or client, got {level!r}")
-    if calibration not in ("analytic", "classic"):
-        raise ConfigError(f"--calibration must be analytic or classic, got {calibration!r}")
-    plot = not args.no_plot and bool(base.get("plot", True))
+    level = _choice(pick(args.level, "level") or d.level, "--level", ("record", "client"))
+    calibration = _choice(pick(args.calibration, "calibration") or d.calibration, "--calibration",
+                          ("analytic", "classic"))
+    clip_norm = _choice(pick(args.clip_norm, "clip_norm") or d.clip_norm, "--clip-norm", ("l2", "coordinate"))
+    plot_v = base.get("plot", True)
+    plot = not args.no_plot and as_bool(plot_v, "plot")
+    download_v = pick(args.download, "download")
+    download = False if download_v is None else as_bool(download_v, "--download")
+    backbone = pick(args.backbone, "backbone")
+    backbone = None if backbone is None else as_str(backbone, "--backbone")
+    placements = _resolve_placements(pick(args.placement, "placement", "placements"), epsilons=epsilons,
+                                     level=level, count_noise=count_noise, secure=secure, trusted=trusted)
     return TradeoffConfig(
-        methods=methods, epsilons=epsilons, delta=delta, level=level,
-        clip=None if clip is None else float(clip), clip_norm=clip_norm, calibration=calibration, rounds=rounds,
-        count_noise=count_noise, max_records=None if max_records is None else int(max_records),
-        trusted_aggregator=bool(pick(args.trusted_aggregator, "trusted_aggregator") or False), seeds=seeds, clients=clients,
-        partition=str(pick(args.partition, "partition") or d.partition), alpha=alpha,
-        dataset=str(pick(args.dataset, "dataset") or d.dataset), backbone=pick(args.backbone, "backbone"),
-        download=bool(pick(args.download, "download") or False), secure_agg=secure, attacks=attacks,
-        method_params=params, plot=plot,
+        methods=methods, epsilons=epsilons, delta=delta, level=level, clip=clip, clip_norm=clip_norm,
+        calibration=calibration, rounds=rounds, count_noise=count_noise, max_records=max_records,
+        trusted_aggregator=trusted, seeds=seeds, clients=clients,
+        partition=as_str(pick(args.partition, "partition") or d.partition, "--partition"), alpha=alpha,
+        dataset=as_str(pick(args.dataset, "dataset") or d.dataset, "--dataset"), backbone=backbone,
+        download=download, secure_agg=secure, attacks=attacks, method_params=params, plot=plot,
+        placements=placements,
     )
+
+
+def _resolve_placements(value: Any, *, epsilons, level, count_noise, secure, trusted) -> tuple[str, ...]:
+    """--placement: explicit list, or 'all' by default for one finite eps with nothing else chosen.
+
+    An empty list (a saved run that used the placement its settings select) is kept empty.
+    """
+    if isinstance(value, (list, tuple)) and not value:
+        return ()
+    if value is not None:
+        items = parse_str_list(_as_list(value, "--placement"), "--placement")
+        if items == ["all"]:
+            items = list(PLACEMENTS)
+        for it in items:
+            if it not in PLACEMENTS:
+                raise ConfigError(f"--placement must be all or a list of {', '.join(PLACEMENTS)}, got {it!r}")
+        if len(set(items)) != len(items):
+            raise ConfigError(f"--placement lists a placement twice: {value!r}")
+        if trusted and items != ["trusted"]:
+            raise ConfigError("--trusted-aggregator is --placement trusted; pass one of them")
+        if count_noise is not None and items != ["local"]:
+            raise ConfigError("--count-noise is added by every client (placement local); drop --placement")
+        if level == "client" and "local" in items:
+            raise ConfigError("--level client adds noise to the aggregate: --placement secure-sum or trusted")
+        return tuple(items)
+    single = len(epsilons) == 1 and math.isfinite(epsilons[0])
+    if single and level == "record" and count_noise is None and secure == "none" and not trusted:
+        return PLACEMENTS
+    return ()
 
 
 # ---------------------------------------------------------------- running
@@ -324,12 +436,81 @@ def digits_public_clip(seed: int = 0) -> float:
     return float(np.median(np.linalg.norm(feats, axis=1)))
 
 
-def run_tradeoff(cfg: TradeoffConfig, *, progress: bool = True,
-                 records: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+def placement_variants(cfg: TradeoffConfig) -> list[tuple[str, TradeoffConfig]]:
+    """(placement, settings) pairs the sweep runs: ``cfg.placements``, or the one the settings select."""
+    if not cfg.placements:
+        key = "secure-sum" if cfg.secure_agg != "none" else ("trusted" if cfg.trusted_aggregator else "local")
+        return [(key, cfg)]
+    out = []
+    for p in cfg.placements:
+        if p == "local":
+            out.append((p, replace(cfg, secure_agg="none", trusted_aggregator=False)))
+        elif p == "secure-sum":
+            out.append((p, replace(cfg, secure_agg=cfg.secure_agg if cfg.secure_agg != "none" else "mask",
+                                   trusted_aggregator=False)))
+        else:
+            out.append((p, replace(cfg, secure_agg="none", trusted_aggregator=True)))
+    return out
+
+
+def _placement_label(key: str, method: Any, report: Any) -> str:
+    """Where the noise was added, as the report states it (or as the settings imply)."""
+    derived = "local" if key == "trusted" and getattr(method, "per_client", False) else PLACEMENT_LABEL[key]
+    return placement_word(getattr(report, "placement", None), derived)
+
+
+def _calibration_label(cfg: TradeoffConfig, report: Any) -> str:
+    if cfg.count_noise in ("laplace", "geometric"):
+        return "pure"
+    if cfg.count_noise == "uniform":
+        return "none (no DP)"
+    if cfg.count_noise == "gaussian":
+        return "analytic"
+    cal = str(getattr(report, "calibration", "") or cfg.calibration)
+    return cal if cal in ("analytic", "classic") else cfg.calibration
+
+
+def _noise_label(cfg: TradeoffConfig, report: Any, eps: float) -> str:
+    sig = getattr(report, "sigma", {}) or {}
+    if cfg.count_noise == "laplace":
+        return f"counts: Laplace b={1 / eps:.4g}"
+    if cfg.count_noise == "geometric":
+        return f"counts: geometric p=exp(-{eps:g})"
+    if cfg.count_noise == "uniform":
+        return f"counts: U(+-{1 - eps:.3g} n)"
+    if cfg.count_noise == "gaussian":
+        return f"counts: sigma={sig.get('counts', float('nan')):.4g}"
+    return f"sigma {sig.get('sums', float('nan')):.4g} / {sig.get('counts', float('nan')):.4g}"
+
+
+_PAIRS = re.compile(r"(\d+) \(client, class\) pair\(s\)[^;]*dropped")
+_CLIPPED = re.compile(r"(\d+) noisy \(client, class\) count\(s\) clipped to 0")
+
+
+def repair_facts(notes: Sequence[str]) -> tuple[int | None, list[str]]:
+    """What a method (or a count-noise rule) did to noisy statistics: (pairs dropped, other repairs)."""
+    text = "; ".join(notes)
+    m = _PAIRS.search(text) or _CLIPPED.search(text)
+    kinds = []
+    if "PSD cone" in text or "negative eigenvalue" in text:
+        kinds.append("PSD projection")
+    if "pseudo-inverse" in text:
+        kinds.append("pseudo-inverse")
+    return (int(m.group(1)) if m else None), kinds
+
+
+def _repairs_text(pairs: float | None, kinds: Sequence[str]) -> str:
+    parts = [f"{pairs:.4g} pairs dropped"] if pairs else []
+    return ", ".join([*parts, *kinds])
+
+
+def run_tradeoff(cfg: TradeoffConfig, *, progress: bool = True, records: list[dict[str, Any]] | None = None,
+                 on_record: Callable[[list[dict[str, Any]]], None] | None = None) -> dict[str, Any]:
     """Run the sweep; returns ``{"records": [...], "dataset": {...}, "timing": {...}}``.
 
     Records are appended to ``records`` (a new list by default) as each run
-    finishes, so a caller keeps what was done if the sweep is interrupted.
+    finishes, so a caller keeps what was done if the sweep is interrupted;
+    ``on_record(records)`` is called after each (e.g. to checkpoint them).
     """
     from tqdm.auto import tqdm
 
@@ -340,26 +521,50 @@ def run_tradeoff(cfg: TradeoffConfig, *, progress: bool = True,
     t0 = time.perf_counter()
     ds = load_dataset(cfg.dataset, backbone=cfg.backbone, download=cfg.download, progress=progress)
     t_data = time.perf_counter() - t0
+    classes = np.unique(np.asarray(ds.train_labels))
+    if classes.size < 2 or np.unique(np.asarray(ds.test_labels)).size < 2:
+        raise InputError(
+            f"dataset {cfg.dataset!r} has a single class in its {'training' if classes.size < 2 else 'test'} "
+            "labels: every head predicts it and accuracy is 1 whatever the privacy; use data with >= 2 classes")
     finite = [e for e in cfg.epsilons if math.isfinite(e)]
     clip = _default_clip(cfg, ds) if finite and cfg.count_noise is None else cfg.clip
     cfg = replace(cfg, clip=clip)
-    # Pre-flight: refuse an incompatible method / protection pair before any work.
+    variants = placement_variants(cfg)
+    skipped: dict[tuple[str, str], str] = {}
+    # Pre-flight: refuse an incompatible method / protection pair before any work (when several
+    # placements are compared, one that does not apply to a method is left out with a note).
     for mname in cfg.methods:
         method = _methods.get(mname, **cfg.method_params.get(mname, {}))
-        secure = make_secure_agg(cfg.secure_agg)
-        if secure is not None and method.per_client and type(method).secure_aggregate is _methods.Method.secure_aggregate:
-            raise ConfigError(f"method {mname!r} needs every client's statistics and has no secure protocol; "
-                              "drop it from --method or use --secure-agg none")
-        for eps in finite[:1]:
-            make_privacy(cfg, method, eps, clip, secure_agg=secure)
+        errors = []
+        for key, v in variants:
+            try:
+                secure = make_secure_agg(v.secure_agg)
+                if secure is not None and method.per_client and \
+                        type(method).secure_aggregate is _methods.Method.secure_aggregate:
+                    raise ConfigError(f"method {mname!r} needs every client's statistics and has no secure "
+                                      "protocol; drop it from --method or use --secure-agg none")
+                if key == "trusted" and method.per_client and finite:
+                    raise ConfigError(f"method {mname!r} needs every client's statistics, so a trusted aggregator "
+                                      "cannot add its noise to the sum; use --placement local")
+                for eps in finite[:1]:
+                    make_privacy(v, method, eps, clip, secure_agg=secure)
+            except ConfigError as exc:
+                errors.append(exc)
+                skipped[(mname, key)] = str(exc)
+        if len(errors) == len(variants):
+            raise errors[0]
     attack_ctx = _attack_context(cfg, ds) if cfg.attacks else None
     records = [] if records is None else records
-    total = len(cfg.seeds) * len(cfg.methods) * len(cfg.epsilons)
-    bar = tqdm(total=total, desc="tradeoff", unit="run", disable=not progress, file=sys.stderr)
-    caught: set[str] = set()
-    with warnings.catch_warnings(record=True) as wlist, _blas_threads(ds.dim):
+    n_var = {m: sum((m, k) not in skipped for k, _ in variants) for m in cfg.methods}
+    n_inf = sum(not math.isfinite(e) for e in cfg.epsilons)
+    total = len(cfg.seeds) * sum(n * len(finite) + n_inf for n in n_var.values())
+    bar = tqdm(total=total, desc="tradeoff", unit="run", disable=not progress, file=sys.stderr, delay=2)
+    caught: set[str] = {f"placement {PLACEMENT_LABEL[k]!r} left out for method {m!r}: {why}"
+                        for (m, k), why in skipped.items()}
+    with warnings.catch_warnings(record=True) as wlist, _blas_threads(ds.dim), heartbeat(bar):
         warnings.simplefilter("always")
-        _sweep(cfg, ds, clip, records, bar, make_privacy, make_secure_agg, make_partition, attack_ctx)
+        _sweep(cfg, ds, clip, records, bar, make_privacy, make_secure_agg, make_partition, attack_ctx,
+               variants=variants, skipped=skipped, on_record=on_record)
     caught.update(str(w.message) for w in wlist)
     if attack_ctx is not None:
         caught.update(attack_ctx["skipped"])
@@ -423,8 +628,11 @@ def _run_attacks(cfg, ds, ctx, rec, mname, clients, seed, eps, privacy, secure) 
                 rec[f"attack_{name}_{key}"] = float(value)
 
 
-def _sweep(cfg, ds, clip, records, bar, make_privacy, make_secure_agg, make_partition, attack_ctx=None) -> None:
-    """The seeds x methods x budgets loop; statistics computed once per (seed, method)."""
+def _sweep(cfg, ds, clip, records, bar, make_privacy, make_secure_agg, make_partition, attack_ctx=None, *,
+           variants=None, skipped=None, on_record=None) -> None:
+    """The seeds x methods x placements x budgets loop; statistics computed once per (seed, method, placement)."""
+    variants = placement_variants(cfg) if variants is None else variants
+    skipped = skipped or {}
     for seed in cfg.seeds:
         natural = ds.train_clients if cfg.partition == "natural" else None
         part = make_partition(ds.train_labels, cfg.clients, cfg.partition, alpha=cfg.alpha, rng=seed, natural=natural)
@@ -436,62 +644,97 @@ def _sweep(cfg, ds, clip, records, bar, make_privacy, make_secure_agg, make_part
             stats0 = client_statistics(method, F, y, k, rng=_seed_for(seed, mname, "stats"), **common)
             head0 = server_head(method, stats0, num_clients=K, rng=_seed_for(seed, mname, "server"))
             acc0 = head0.score(ds.test_features, ds.test_labels)
-            clipped = None
-            for eps in cfg.epsilons:
-                rec: dict[str, Any] = dict(
-                    method=mname, level=cfg.level, epsilon=eps, delta=cfg.delta, seed=seed,
-                    nonprivate_accuracy=acc0, calibration=cfg.calibration, rounds=cfg.rounds,
-                    count_noise=cfg.count_noise, secure_agg=cfg.secure_agg, clip=clip,
-                )
-                secure = make_secure_agg(cfg.secure_agg)
-                if not math.isfinite(eps):
-                    head = head0 if secure is None else server_head(
-                        method, stats0, num_clients=K, rng=_seed_for(seed, mname, "secure"), secure_agg=secure)
-                    rec.update(mechanism="none", accuracy=head.score(ds.test_features, ds.test_labels),
-                               sigma=0.0, sigma_counts=0.0, clip=None, guarantee="no protection (eps=inf)",
-                               epsilon_reported=math.inf)
-                else:
-                    privacy = make_privacy(cfg, method, eps, clip, secure_agg=secure)
-                    if clipped is None:
-                        clipped = client_statistics(method, F, y, k, rng=_seed_for(seed, mname, "stats"),
-                                                    privacy=privacy, secure_agg=secure, **common)
-                    head = server_head(method, clipped, num_clients=K, rng=_seed_for(seed, mname, eps, "noise"),
-                                       privacy=privacy, secure_agg=secure)
-                    rep = head.privacy
-                    rec.update(mechanism=rep.mechanism, accuracy=head.score(ds.test_features, ds.test_labels),
-                               sigma=rep.sigma.get("sums", float("nan")),
-                               sigma_counts=rep.sigma.get("counts", float("nan")),
-                               guarantee=rep.guarantee, epsilon_reported=rep.epsilon)
-                upload = head.upload_bytes.get("per_client")
-                if head.secure_aggregation is not None:
-                    upload = getattr(head.secure_aggregation, "bytes_per_client", upload)
-                rec["upload_bytes"] = upload
-                rec["notes"] = "; ".join(head.notes)
-                if attack_ctx is not None:
-                    _run_attacks(cfg, ds, attack_ctx, rec, mname, part.clients, seed, eps,
-                                 None if not math.isfinite(eps) else privacy, secure)
-                records.append(rec)
-                bar.update(1)
+            inf_done = False
+            for key, v in variants:
+                if (mname, key) in skipped:
+                    continue
+                clipped = None
+                for eps in cfg.epsilons:
+                    if not math.isfinite(eps):
+                        if inf_done:  # no noise: one row, whatever the placement
+                            continue
+                        inf_done = True
+                    rec: dict[str, Any] = dict(
+                        method=mname, placement="none", protocol=v.secure_agg, level=cfg.level, epsilon=eps,
+                        delta=0.0, seed=seed, nonprivate_accuracy=acc0, calibration="-", rounds=cfg.rounds,
+                        count_noise=cfg.count_noise, secure_agg=v.secure_agg, clip=clip,
+                    )
+                    secure = make_secure_agg(v.secure_agg)
+                    privacy = None
+                    if not math.isfinite(eps):
+                        head = head0 if secure is None else server_head(
+                            method, stats0, num_clients=K, rng=_seed_for(seed, mname, "secure"), secure_agg=secure)
+                        rec.update(mechanism="none", accuracy=head.score(ds.test_features, ds.test_labels),
+                                   sigma=0.0, sigma_counts=0.0, clip=None, guarantee="no protection (eps=inf)",
+                                   epsilon_reported=math.inf, noise="none", private=False)
+                    else:
+                        privacy = make_privacy(v, method, eps, clip, secure_agg=secure)
+                        if clipped is None:
+                            clipped = client_statistics(method, F, y, k, rng=_seed_for(seed, mname, "stats"),
+                                                        privacy=privacy, secure_agg=secure, **common)
+                        head = server_head(method, clipped, num_clients=K, rng=_seed_for(seed, mname, eps, "noise"),
+                                           privacy=privacy, secure_agg=secure)
+                        rep = head.privacy
+                        private = bool(getattr(rep, "is_private", True)) and math.isfinite(rep.epsilon)
+                        rec.update(mechanism=rep.mechanism, accuracy=head.score(ds.test_features, ds.test_labels),
+                                   sigma=rep.sigma.get("sums", float("nan")),
+                                   sigma_counts=rep.sigma.get("counts", float("nan")),
+                                   guarantee=rep.guarantee, epsilon_reported=rep.epsilon if private else math.inf,
+                                   placement=_placement_label(key, method, rep),
+                                   delta=float(rep.delta) if private else float("nan"),
+                                   calibration=_calibration_label(v, rep), noise=_noise_label(v, rep, eps),
+                                   private=private)
+                    upload = head.upload_bytes.get("per_client")
+                    if head.secure_aggregation is not None:
+                        upload = getattr(head.secure_aggregation, "bytes_per_client", upload)
+                    rec["upload_bytes"] = upload
+                    pairs, kinds = repair_facts([*head.notes, *getattr(privacy and head.privacy, "notes", ())])
+                    rec["pairs_dropped"] = float("nan") if pairs is None else pairs
+                    rec["repairs"] = _repairs_text(pairs, kinds)
+                    rec["notes"] = "; ".join(head.notes)
+                    if attack_ctx is not None:
+                        _run_attacks(cfg, ds, attack_ctx, rec, mname, part.clients, seed, eps, privacy, secure)
+                    records.append(rec)
+                    bar.update(1)
+                    if on_record is not None:
+                        on_record(records)
 
 
 # ---------------------------------------------------------------- outputs
+def _mean(values) -> float:
+    a = np.array([float(v) for v in values], dtype=float)
+    return float(a.mean()) if a.size and np.isfinite(a).all() else (float(np.nanmean(a)) if np.isfinite(a).any()
+                                                                     else float("nan"))
+
+
 def summarise(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Mean and std over seeds per (method, mechanism, epsilon)."""
+    """Mean and std over seeds per (method, placement, epsilon)."""
     groups: dict[tuple, list[dict[str, Any]]] = {}
     for r in records:
-        groups.setdefault((r["method"], r["epsilon"]), []).append(r)
+        groups.setdefault((r["method"], r.get("placement", ""), r["epsilon"]), []).append(r)
     out = []
-    for (m, eps), rs in groups.items():
+    morder = {m: i for i, m in enumerate(dict.fromkeys(r["method"] for r in records))}
+    porder = {label: i for i, label in enumerate(["none", *PLACEMENT_LABEL.values()])}
+    for (m, place, eps), rs in sorted(groups.items(), key=lambda kv: (morder[kv[0][0]], not math.isfinite(kv[0][2]),
+                                                                       porder.get(kv[0][1], 9), float(kv[0][2]))):
         acc = np.array([r["accuracy"] for r in rs])
         acc0 = np.array([r["nonprivate_accuracy"] for r in rs])
+        pairs = [r["pairs_dropped"] for r in rs if np.isfinite(r.get("pairs_dropped", np.nan))]
+        kinds = list(dict.fromkeys(k for r in rs for k in repair_facts([r.get("notes", "") or ""])[1]))
+        rep = _repairs_text(float(np.mean(pairs)) if pairs else None, kinds)
         out.append(dict(
-            method=m, epsilon=eps, seeds=len(rs), accuracy_mean=float(acc.mean()),
+            method=m, placement=place, protocol=rs[0].get("protocol", rs[0].get("secure_agg", "none")),
+            epsilon=eps, epsilon_reported=_mean(r.get("epsilon_reported", eps) for r in rs),
+            private=bool(rs[0].get("private", math.isfinite(eps))),
+            seeds=len(rs), accuracy_mean=float(acc.mean()),
             accuracy_std=float(acc.std(ddof=1)) if len(rs) > 1 else 0.0,
             nonprivate_mean=float(acc0.mean()),
             nonprivate_std=float(acc0.std(ddof=1)) if len(rs) > 1 else 0.0,
-            delta=rs[0]["delta"], sigma=rs[0]["sigma"], sigma_counts=rs[0]["sigma_counts"], calibration=rs[0]["calibration"],
-            level=rs[0]["level"], rounds=rs[0]["rounds"], mechanism=rs[0]["mechanism"],
+            delta=rs[0]["delta"], sigma=rs[0]["sigma"], sigma_counts=rs[0]["sigma_counts"],
+            noise=rs[0].get("noise", ""), calibration=rs[0]["calibration"], level=rs[0]["level"],
+            rounds=rs[0]["rounds"], mechanism=rs[0]["mechanism"], count_noise=rs[0].get("count_noise"),
             upload_bytes=float(np.mean([r["upload_bytes"] for r in rs])), guarantee=rs[0]["guarantee"],
+            repairs=rep, pairs_dropped=float(np.mean(pairs)) if pairs else float("nan"),
             **{k: float(np.nanmean([r.get(k, np.nan) for r in rs])) if not all(
                 np.isnan(r.get(k, np.nan)) for r in rs) else float("nan")
                for k in _headline_keys(rs)},
@@ -504,146 +747,316 @@ def _headline_keys(rows: list[dict[str, Any]]) -> list[str]:
     return [f"attack_{a}_{m}" for a, m in ATTACK_HEADLINE.items() if f"attack_{a}_{m}" in keys]
 
 
+def _eps_cell(s: dict[str, Any]) -> str:
+    if not math.isfinite(s["epsilon"]):
+        return "inf"
+    if not s.get("private", True):
+        return f"NO DP ({s['epsilon']:g})"
+    rep = s.get("epsilon_reported", s["epsilon"])
+    if isinstance(rep, float) and math.isfinite(rep) and not math.isclose(rep, s["epsilon"], rel_tol=1e-6):
+        return f"{rep:.4g} (asked {s['epsilon']:g})"
+    return f"{s['epsilon']:g}"
+
+
+TABLE_LEGEND = (
+    "placement: where the noise is added (local = each client; secure sum = shares under secure aggregation; "
+    "trusted aggregator = the server, once)\n"
+    "eps: computed by the ledger ('asked' when the calibration gives another); delta 0 = pure DP; "
+    "NO DP = a heuristic without a guarantee (its nominal parameter in brackets)\n"
+    "noise: Gaussian sigma on sums / counts, or the count-noise law; repairs: what the method did to noisy "
+    "statistics; --help lists every column"
+)
+
+
 def format_table(summary: list[dict[str, Any]]) -> str:
-    head = ("method", "eps", "accuracy", "non-private", "delta", "sigma sums/counts", "calibration", "level",
-            "rounds", "bytes/client")
+    """The console table: one row per method x placement x eps (mean ± std over seeds)."""
+    show_rounds = any(s["rounds"] != 1 for s in summary)
+    head = ["method", "placement", "protocol", "eps", "accuracy", "non-private", "delta", "noise", "calibration",
+            "level", *(["rounds"] if show_rounds else []), "repairs", "bytes/client"]
     rows = []
     for s in summary:
-        eps = "inf" if not math.isfinite(s["epsilon"]) else f"{s['epsilon']:g}"
-        private = math.isfinite(s["epsilon"])
-        rows.append((
-            s["method"], eps, f"{s['accuracy_mean']:.4f} ± {s['accuracy_std']:.4f}",
+        private = math.isfinite(s["epsilon"]) and s.get("private", True)
+        noised = math.isfinite(s["epsilon"])
+        rows.append([
+            s["method"], s.get("placement", ""), s.get("protocol", ""), _eps_cell(s),
+            f"{s['accuracy_mean']:.4f} ± {s['accuracy_std']:.4f}",
             f"{s['nonprivate_mean']:.4f} ± {s['nonprivate_std']:.4f}",
             f"{s['delta']:g}" if private else "-",
-            f"{s['sigma']:.4g} / {s['sigma_counts']:.4g}" if private else "0",
-            s["calibration"] if private else "-", s["level"] if private else "-",
-            str(s["rounds"]) if private else "-", f"{s['upload_bytes']:,.0f}",
-        ))
+            (s.get("noise") or "-") if noised else "none", s["calibration"] if noised else "-",
+            s["level"] if noised else "-", *([str(s["rounds"]) if noised else "-"] if show_rounds else []),
+            s.get("repairs") or "-", f"{s['upload_bytes']:,.0f}",
+        ])
     att = [k for k in ATTACK_HEADLINE.items() if any(f"attack_{k[0]}_{k[1]}" in s for s in summary)]
     if att:
-        head = (*head, *(f"{a} {m}" for a, m in att))
+        head = [*head, *(f"{a} {m}" for a, m in att)]
         fmt = lambda v: "-" if not np.isfinite(v) else f"{v:.3f}"  # noqa: E731
-        rows = [(*r, *(fmt(s.get(f"attack_{a}_{m}", float("nan"))) for a, m in att))
+        rows = [[*r, *(fmt(s.get(f"attack_{a}_{m}", float("nan"))) for a, m in att)]
                 for r, s in zip(rows, summary)]
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
     line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
     return "\n".join([line(head), line(["-" * w for w in widths]), *map(line, rows)])
 
 
+def guarantee_lines(summary: list[dict[str, Any]], methods: Sequence[str]) -> list[str]:
+    """One line per method x placement x eps with the report's guarantee, in method order and numeric eps."""
+    order = {m: i for i, m in enumerate(methods)}
+    porder = {label: i for i, label in enumerate(PLACEMENT_LABEL.values())}
+    rows = sorted((s for s in summary if math.isfinite(s["epsilon"])),
+                  key=lambda s: (order.get(s["method"], 99), porder.get(s.get("placement"), 9), s["epsilon"]))
+    return [f"guarantee [{s['method']}, {s.get('placement', '')}, eps={s['epsilon']:g}]: {s['guarantee']}"
+            for s in rows]
+
+
+def record_fields(records: list[dict[str, Any]]) -> list[str]:
+    """CSV columns: the documented ones first, then any extra (attack metrics) sorted."""
+    return [*RECORD_KEYS, *sorted({k for r in records for k in r} - set(RECORD_KEYS))]
+
+
 def write_csv(path: Path, records: list[dict[str, Any]]) -> None:
-    extra = sorted({k for r in records for k in r} - set(RECORD_KEYS))
-    with path.open("w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=[*RECORD_KEYS, *extra])
-        w.writeheader()
-        for r in records:
-            w.writerow({k: r.get(k, "") for k in (*RECORD_KEYS, *extra)})
+    """Write ``records`` as a CSV to ``path`` atomically."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.privfed-tmp")
+    fields = record_fields(records)
+    try:
+        with tmp.open("w", newline="") as fh:
+            w = csv.DictWriter(fh, fieldnames=fields)
+            w.writeheader()
+            for r in records:
+                w.writerow({k: r.get(k, "") for k in fields})
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
 
 
 def _eps_ticks(ax, ticks: list[float]) -> None:
-    """Label exactly the budgets swept (log axes otherwise crowd minor labels)."""
+    """Label the budgets drawn (log axes otherwise crowd minor labels); pad a short range.
+
+    Ticks closer than a factor 1.8 to the previous label are dropped, so that
+    ledger epsilons next to the asked ones (classic calibration) stay readable.
+    """
     from matplotlib.ticker import FixedLocator, NullFormatter, NullLocator
 
-    if ticks:
-        ax.xaxis.set_major_locator(FixedLocator(ticks))
-        ax.set_xticklabels([f"{t:g}" for t in ticks])
+    def rank(t: float) -> int:  # powers of ten first, then 2 and 5 times them, then one-digit values
+        m = t / 10 ** math.floor(math.log10(t))
+        close = lambda v: math.isclose(m, v, rel_tol=1e-9)  # noqa: E731
+        return 0 if close(1) or close(10) else 1 if close(2) or close(5) else 2 if close(round(m, 1)) else 3
+
+    kept: list[float] = []
+    for t in sorted(ticks, key=lambda t: (rank(t), t)):  # round budgets first, others where there is room
+        if all(max(t, k) / min(t, k) >= 1.8 for k in kept):
+            kept.append(t)
+    kept.sort()
+    if kept:
+        ax.xaxis.set_major_locator(FixedLocator(kept))
+        ax.set_xticklabels([f"{t:.2g}" for t in kept])
         ax.xaxis.set_minor_locator(NullLocator())
         ax.xaxis.set_minor_formatter(NullFormatter())
+        lo, hi = min(ticks), max(ticks)
+        if hi / lo < 10:  # one or two budgets: keep them off the frame
+            ax.set_xlim(lo / 2, hi * 2)
 
 
-def plot_tradeoff(path: Path, summary: list[dict[str, Any]], title: str = "") -> None:
+#: Reference value of each attack metric with no information (drawn as the chance line).
+CHANCE = {"auc": 0.5, "presence_auc": 0.5, "delta_psnr": 0.0}
+
+
+def _series_label(s: dict[str, Any], multi_placement: bool) -> str:
+    label = s["method"]
+    if multi_placement:
+        label += f", {s.get('placement', '')}"
+    if not s.get("private", True):
+        label += " — NO DP GUARANTEE (x = nominal parameter)"
+    return label
+
+
+def plot_tradeoff(path: Path | tuple, summary: list[dict[str, Any]], title: str = "", *,
+                  num_classes: int | None = None) -> None:
+    """Accuracy against the ledger's epsilon (one curve per method x placement), one panel per attack metric.
+
+    ``path`` is a file path, or ``(OutputDir, name)`` to write through the
+    result folder (atomically).
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
 
-    attack_cols = [k for k in _headline_keys(summary)
-                   if any(np.isfinite(s.get(k, np.nan)) for s in summary)]
-    fig, axes = plt.subplots(1, 2 if attack_cols else 1, figsize=(11 if attack_cols else 6.5, 4.2), squeeze=False)
-    ax = axes[0, 0]
+    attack_cols = [k for k in _headline_keys(summary) if any(np.isfinite(s.get(k, np.nan)) for s in summary)]
+    n = 1 + len(attack_cols)
+    fig, axes = plt.subplots(1, n, figsize=(5.0 * n + 2.8, 4.6), squeeze=False)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for i, m in enumerate(dict.fromkeys(s["method"] for s in summary)):
-        c = colors[i % len(colors)]
-        rows = sorted((s for s in summary if s["method"] == m and math.isfinite(s["epsilon"])), key=lambda s: s["epsilon"])
+    series = list(dict.fromkeys((s["method"], s.get("placement", ""), bool(s.get("private", True)))
+                                for s in summary if math.isfinite(s["epsilon"])))
+    multi_placement = len({p for _, p, _ in series}) > 1
+    methods = list(dict.fromkeys(s["method"] for s in summary))
+    styles = {label: st for label, st in zip(PLACEMENT_LABEL.values(), ("-", "--", "-."))}
+    markers = {label: mk for label, mk in zip(PLACEMENT_LABEL.values(), ("o", "s", "^"))}
+    seeds = max((s["seeds"] for s in summary), default=1)
+
+    def points(m, place, private, col):
+        rows = [s for s in summary if s["method"] == m and s.get("placement", "") == place
+                and bool(s.get("private", True)) == private and math.isfinite(s["epsilon"])
+                and np.isfinite(s.get(col, np.nan))]
+        x = [s["epsilon_reported"] if private else s["epsilon"] for s in rows]
+        order = np.argsort(x)
+        return [rows[i] for i in order], np.asarray(x, float)[order]
+
+    ax = axes[0, 0]
+    ticks: set[float] = set()
+    for j, (m, place, private) in enumerate(series):
+        c = colors[methods.index(m) % len(colors)]
+        rows, x = points(m, place, private, "accuracy_mean")
+        if not rows:
+            continue
+        ticks.update(x.tolist())
+        mu = np.array([s["accuracy_mean"] for s in rows])
+        sd = np.array([s["accuracy_std"] for s in rows])
+        ls = styles.get(place, "-") if private else ":"
+        ax.plot(x, mu, marker=markers.get(place, "o") if private else "x", ls=ls, color=c, ms=6 if private else 7,
+                mfc=c if private else "none", label=_series_label(rows[0], multi_placement))
+        if len(x) > 1:
+            ax.fill_between(x, mu - sd, mu + sd, color=c, alpha=0.15, lw=0)
+        else:  # a single budget: the band is an error bar
+            ax.errorbar(x, mu, yerr=sd, color=c, capsize=3, lw=1, ls="none")
+    for i, m in enumerate(methods):
         base = [s["nonprivate_mean"] for s in summary if s["method"] == m]
-        if rows:
-            x = np.array([s["epsilon"] for s in rows])
-            mu = np.array([s["accuracy_mean"] for s in rows])
-            sd = np.array([s["accuracy_std"] for s in rows])
-            ax.plot(x, mu, "o-", color=c, label=m, ms=4)
-            ax.fill_between(x, mu - sd, mu + sd, color=c, alpha=0.2, lw=0)
-        if base:
-            ax.axhline(base[0], color=c, ls="--", lw=1, label=f"{m} non-private" if not rows else None)
-    eps_ticks = sorted({s["epsilon"] for s in summary if math.isfinite(s["epsilon"])})
+        ax.axhline(base[0], color=colors[i % len(colors)], ls=(0, (6, 3)), lw=1, alpha=0.8,
+                   label=f"{m} non-private")
+    handles, labels = ax.get_legend_handles_labels()
+    if seeds > 1:
+        handles.append(Patch(color="0.5", alpha=0.3, lw=0))
+        labels.append(f"band: ± 1 std over {seeds} seeds")
+    if num_classes:
+        ax.axhline(1 / num_classes, color="0.4", ls=":", lw=1)
+        handles.append(ax.lines[-1])
+        labels.append(f"chance (1/{num_classes} classes)")
     ax.set_xscale("log")
-    _eps_ticks(ax, eps_ticks)
-    ax.set_xlabel("epsilon (log scale); dashed: non-private")
+    _eps_ticks(ax, sorted(ticks))
+    ax.set_ylim(0, 1.02)  # the whole accuracy range: no zoom that magnifies small differences
+    ax.set_xlabel("epsilon computed by the ledger (log scale)")
     ax.set_ylabel("test accuracy")
-    ax.set_title(title or "privacy-utility trade-off")
+    ax.set_title("accuracy", fontsize=10)
     ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=8)
-    if attack_cols:
-        ax2 = axes[0, 1]
-        for j, col in enumerate(attack_cols):
-            for i, m in enumerate(dict.fromkeys(s["method"] for s in summary)):
-                rows = sorted((s for s in summary if s["method"] == m and math.isfinite(s["epsilon"])
-                               and np.isfinite(s.get(col, np.nan))), key=lambda s: s["epsilon"])
-                clean = [s[col] for s in summary if s["method"] == m and not math.isfinite(s["epsilon"])
-                         and np.isfinite(s.get(col, np.nan))]
-                if clean:
-                    ax2.axhline(clean[0], color=colors[i % len(colors)], ls=["-", ":", "-.", "--"][j % 4], lw=0.8,
-                                alpha=0.6)
-                if rows:
-                    ax2.plot([s["epsilon"] for s in rows], [s[col] for s in rows], marker="o",
-                             ls=["-", ":", "-.", "--"][j % 4], color=colors[i % len(colors)],
-                             label=f"{m}: {col[7:]}", ms=4)
+    for p, col in enumerate(attack_cols, start=1):
+        ax2 = axes[0, p]
+        metric = col.split("_", 2)[2]
+        for j, (m, place, private) in enumerate(series):
+            c = colors[methods.index(m) % len(colors)]
+            rows, x = points(m, place, private, col)
+            if rows:
+                ax2.plot(x, [s[col] for s in rows], marker=markers.get(place, "o") if private else "x",
+                         ls=styles.get(place, "-") if private else ":", color=c, ms=4)
+            clean = [s[col] for s in summary if s["method"] == m and not math.isfinite(s["epsilon"])
+                     and np.isfinite(s.get(col, np.nan))]
+            if clean:
+                ax2.axhline(clean[0], color=c, ls=(0, (6, 3)), lw=0.8, alpha=0.7)
+        if metric in CHANCE:
+            ax2.axhline(CHANCE[metric], color="0.4", ls=":", lw=1)
+        if metric.endswith("auc") or metric.endswith("fraction"):
+            ax2.set_ylim(0, 1.02)
         ax2.set_xscale("log")
-        _eps_ticks(ax2, eps_ticks)
-        ax2.set_xlabel("epsilon (log scale); thin lines: no protection")
-        ax2.set_ylabel("attack metric")
-        ax2.set_title("what a curious server recovers")
+        _eps_ticks(ax2, sorted(ticks))
+        ax2.set_xlabel("epsilon computed by the ledger (log scale)")
+        ax2.set_ylabel(metric)
+        chance = f"; dotted: chance ({CHANCE[metric]:g})" if metric in CHANCE else ""
+        ax2.set_title(f"{col[7:].split('_', 1)[0]} attack: {metric}\n(dashed: no protection{chance})", fontsize=9)
         ax2.grid(alpha=0.3, which="both")
-        ax2.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=130)
+    fig.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.0 - 2.6 / (5.0 * n + 2.8), 0.9), fontsize=8,
+               frameon=False)
+    fig.suptitle(title or "privacy-utility trade-off", fontsize=9)
+    fig.tight_layout(rect=(0, 0, 1.0 - 2.8 / (5.0 * n + 2.8), 0.93))
+    if isinstance(path, tuple):
+        out, name = path
+        out.save_figure(name, fig, dpi=130, bbox_inches="tight")
+    else:
+        fig.savefig(path, dpi=130, bbox_inches="tight")
     plt.close(fig)
 
 
+def plot_title(cfg: TradeoffConfig, dataset: dict[str, Any], summary: list[dict[str, Any]]) -> str:
+    """What a reader needs to judge the curves: data, trust model, delta, level, calibration, protocol."""
+    places = list(dict.fromkeys(s.get("placement", "") for s in summary if math.isfinite(s["epsilon"])))
+    protocols = list(dict.fromkeys(s.get("protocol", "none") for s in summary if math.isfinite(s["epsilon"])))
+    cals = list(dict.fromkeys(s["calibration"] for s in summary if math.isfinite(s["epsilon"])))
+    deltas = sorted({s["delta"] for s in summary if math.isfinite(s["epsilon"]) and s.get("private", True)})
+    noise = f"count noise ({cfg.count_noise}) on class counts only, means in clear" if cfg.count_noise \
+        else f"Gaussian noise on the uploaded statistics, clip {cfg.clip:.4g}" if cfg.clip else "no noise"
+    line1 = (f"{dataset['name']}: {cfg.clients} clients, {cfg.partition}"
+             + (f" alpha={cfg.alpha:g}" if cfg.partition.startswith("dirichlet") else "") + f"; {noise}")
+    line2 = (f"{cfg.level} level, delta={'/'.join(f'{d:g}' for d in deltas) or '-'}, calibration: "
+             f"{', '.join(cals) or '-'}; placement: {', '.join(places) or '-'}; protocol: {', '.join(protocols)}")
+    return line1 + "\n" + line2
+
+
+def _name_parts(cfg: TradeoffConfig) -> list[str]:
+    """Words for the default result folder name: methods and budget range."""
+    eps = sorted(cfg.epsilons)
+    rng = f"eps{eps[0]:g}" + (f"-{eps[-1]:g}" if len(eps) > 1 else "")
+    return ["+".join(cfg.methods) if len(cfg.methods) <= 3 else f"{len(cfg.methods)}methods", rng,
+            *(["count-" + cfg.count_noise] if cfg.count_noise else [])]
+
+
+PARTIAL = ("results.partial.csv", "results.partial.json")
+#: Seconds between checkpoints of the finished runs to results.partial.* during a sweep.
+CHECKPOINT_S = 30.0
+
+
 def _body(argv: Sequence[str] | None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     cfg = resolve_config(args)
-    out = prepare_out_dir(args.out, "tradeoff", overwrite=args.overwrite)
+    command = " ".join([PROG, *argv])
+    out = OutputDir(args.out, "tradeoff", overwrite=args.overwrite, name_parts=_name_parts(cfg))
     done: list[dict[str, Any]] = []
+    last = {"t": time.monotonic()}
+
+    def write_partial(records: list[dict[str, Any]]) -> None:
+        out.write_csv(PARTIAL[0], records, record_fields(records))
+        out.write_json(PARTIAL[1], {"config": asdict(cfg), "versions": versions(), "records": records,
+                                    "complete": False, "command": command})
+
+    def checkpoint(records: list[dict[str, Any]]) -> None:
+        """Every 30 s, the finished runs go to results.partial.* (a killed sweep keeps them)."""
+        if time.monotonic() - last["t"] >= CHECKPOINT_S:
+            with signals_deferred():
+                write_partial(records)
+            last["t"] = time.monotonic()
+
     try:
-        result = run_tradeoff(cfg, progress=not args.quiet, records=done)
+        result = run_tradeoff(cfg, progress=not args.quiet, records=done, on_record=checkpoint)
+        records, summary = result["records"], summarise(result["records"])
+        out.write_csv("results.csv", records, record_fields(records))
+        out.write_json("results.json", {
+            "config": asdict(result["config"]), "versions": versions(), "warnings": result["warnings"],
+            "dataset": result["dataset"], "timing": result["timing"], "records": records, "summary": summary,
+            "command": command,
+        })
+        if cfg.plot:
+            title = plot_title(result["config"], result["dataset"], summary)
+            plot_tradeoff((out, "tradeoff.png"), summary, title=title, num_classes=result["dataset"]["num_classes"])
+        out.finish(command, complete=True, drop=PARTIAL)  # the partial files go only now
     except BaseException:
-        if done:  # nothing lost: what finished is written before the error is reported
-            write_csv(out / "results.partial.csv", done)
-            write_json(out / "results.partial.json", {"config": asdict(cfg), "versions": versions(),
-                                                      "records": done, "complete": False})
-            print(f"{PROG}: the sweep stopped after {len(done)} run(s); they are in {out}/results.partial.csv",
-                  file=sys.stderr)
+        with signals_deferred():  # a second Ctrl-C / SIGTERM waits until what finished is on disk
+            if done:
+                write_partial(done)
+                out.finish(command, complete=False)
+                print(f"{PROG}: the sweep stopped after {len(done)} run(s); they are in "
+                      f"{out.path}/results.partial.csv and results.partial.json", file=sys.stderr)
+            else:
+                out.abandon()
         raise
-    records, summary = result["records"], summarise(result["records"])
-    write_csv(out / "results.csv", records)
-    write_json(out / "results.json", {
-        "config": asdict(result["config"]), "versions": versions(), "warnings": result["warnings"], "dataset": result["dataset"],
-        "timing": result["timing"], "records": records, "summary": summary,
-        "command": " ".join([PROG, *(argv if argv is not None else sys.argv[1:])]),
-    })
-    if cfg.plot:
-        plot_tradeoff(out / "tradeoff.png", summary, title=f"{result['dataset']['name']}: {cfg.clients} clients, "
-                      f"{cfg.partition} alpha={cfg.alpha:g}, {cfg.level} level")
     print(format_table(summary))
-    guarantees = sorted({s["guarantee"] for s in summary if math.isfinite(s["epsilon"])})
-    for g in guarantees:
-        print(f"guarantee: {g}")
+    print(TABLE_LEGEND)
+    for g in guarantee_lines(summary, cfg.methods):
+        print(g)
     if any(math.isfinite(e) for e in cfg.epsilons) and result["config"].clip is not None:
         origin = "--clip" if cfg.clip is not None else "median feature norm of the public split (no privacy cost)"
         print(f"clip: {result['config'].clip:.4g} ({result['config'].clip_norm}; {origin})")
     for w in result["warnings"]:
         print(f"note: {w}")
-    print(f"wrote {out}/results.csv, results.json" + (", tradeoff.png" if cfg.plot else "")
-          + f"  ({result['timing']['total_s']:.1f} s)")
+    print(f"wrote {out.path}/: {', '.join(out.files())}  ({result['timing']['total_s']:.1f} s)")
     return 0
 
 

@@ -67,7 +67,8 @@ def test_same_seed_same_csv(tmp_path, digits_cache):
     (["--attack", "nope", "--out", "X"], "unknown attack 'nope'"),
     (["--attack", "tracing", "--eps", "-1", "--out", "X"], "--eps must be > 0"),
     (["--attack", "tracing", "--eps", "abc", "--out", "X"], "is not a number"),
-    (["--attack", "tracing"], "required: --out"),
+    (["--attack", "tracing", "--secure-agg", "paillier", "--out", "X"], "--secure-agg must be none, mask or ckks"),
+    (["--attack", "tracing", "--clients", "2.5", "--out", "X"], "--clients must be an integer, got '2.5'"),
     (["--attack", "tracing", "--method", "fedx", "--out", "X"], "unknown method 'fedx'"),
     (["--attack", "subspace", "--method", "fedncm", "--n", "2", "--out", "X"], "needs the statistic 'second'"),
     (["--attack", "tracing", "--backend", "pixel", "--out", "X"], "applies to --attack inversion only"),
@@ -80,7 +81,7 @@ def test_bad_invocations_print_one_line_and_exit_non_zero(tmp_path, digits_cache
     argv = [a.replace("X", str(tmp_path / "o")) for a in argv]
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and err.startswith("privfed-attack: error:") and needle in err, err
+    assert len(err.splitlines()) == 1 and err.startswith("python -m privfed.attack: error:") and needle in err, err
 
 
 def test_module_entry_point_exits_non_zero_without_traceback(tmp_path):
