@@ -1,0 +1,157 @@
+"""The ClientApp: a node computes, protects and sends its own statistics.
+
+Message types it answers (all ``query``; the server sends the run's
+:class:`~privfed.flower.config.FlowerConfig` in the message):
+
+``query``            plain release: the node's clipped (and noised) statistics
+``query.setup``      secure runs: the public shape (d, C) and that the node has data
+``query.keys`` ``query.shares`` ``query.masked`` ``query.unmask``
+                     the pairwise-masking stages (:mod:`privfed.flower.secagg`)
+
+A bad configuration or a node without data is answered with an ``error``
+record naming the problem, which the server turns into one clear error.
+
+Fault injection for drills and tests: node config ``fail-at=STAGE`` makes
+the node fail that stage (its ClientApp raises; Flower reports the failure),
+``fail-at=STAGE:exit`` makes the ClientApp process exit without answering
+(a crash), where STAGE is ``query``, ``setup``, ``keys``, ``shares``,
+``masked`` or ``unmask``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from flwr.app import ConfigRecord, Context, Message, RecordDict
+from flwr.clientapp import ClientApp
+
+from privfed.errors import PrivfedError
+from privfed.flower.config import FlowerConfig
+from privfed.flower.node import load_node_data, node_rng, node_statistics
+from privfed.flower.protocol import fedcof_round_vector, sum_vector
+from privfed.flower.secagg import STATE_KEY, NodeMasking, encode_for_ring, masked_reply
+from privfed.flower.wire import stats_record
+
+__all__ = ["app", "make_client_app"]
+
+
+class NodeFault(RuntimeError):
+    """Raised on purpose by a node told to fail a stage (node config ``fail-at``)."""
+
+
+def _fault(stage: str, node_config: dict, faults: dict | None) -> None:
+    spec = node_config.get("fail-at")
+    if faults and "partition-id" in node_config:
+        spec = faults.get(int(node_config["partition-id"]), spec)
+    if not spec:
+        return
+    where, _, how = str(spec).partition(":")
+    if where != stage:
+        return
+    if how == "exit":
+        os._exit(17)  # a crash: no reply at all
+    raise NodeFault(f"node told to fail at stage {stage!r} (node config fail-at)")
+
+
+def _config(msg: Message) -> FlowerConfig:
+    return FlowerConfig.from_wire(dict(msg.content["config"]))
+
+
+def _error(msg: Message, exc: Exception) -> Message:
+    return Message(RecordDict({"error": ConfigRecord({"message": str(exc), "kind": type(exc).__name__})}),
+                   reply_to=msg)
+
+
+def make_client_app(faults: dict[int, str] | None = None) -> ClientApp:
+    """A ClientApp; ``faults`` maps partition-id -> ``fail-at`` spec (simulation drills)."""
+    app = ClientApp()
+
+    @app.query()
+    def query(msg: Message, context: Context) -> Message:
+        _fault("query", context.node_config, faults)
+        try:
+            cfg = _config(msg)
+            data = load_node_data(context.node_config, cfg)
+            stats, events = node_statistics(data, cfg, node_rng(cfg, context.node_id, "noise"))
+        except PrivfedError as exc:
+            return _error(msg, exc)
+        meta = ConfigRecord({
+            "d": int(stats.dim), "C": int(stats.num_classes), "events": json.dumps(events),
+            "partition-id": -1 if data.partition_id is None else int(data.partition_id),
+        })
+        return Message(RecordDict({"stats": stats_record(stats), "meta": meta}), reply_to=msg)
+
+    @app.query("setup")
+    def setup(msg: Message, context: Context) -> Message:
+        _fault("setup", context.node_config, faults)
+        try:
+            cfg = _config(msg)
+            data = load_node_data(context.node_config, cfg)
+            if data.features.shape[0] == 0:
+                raise PrivfedError(f"this node ({data.source}) holds no sample; give it data or leave it out")
+        except PrivfedError as exc:
+            return _error(msg, exc)
+        meta = ConfigRecord({"d": int(data.features.shape[1]), "C": int(data.num_classes)})
+        return Message(RecordDict({"meta": meta}), reply_to=msg)
+
+    @app.query("keys")
+    def keys(msg: Message, context: Context) -> Message:
+        _fault("keys", context.node_config, faults)
+        rec = msg.content["secagg"]
+        node, pub = NodeMasking.advertise(bytes(rec["session"]), int(rec["u"]), int(rec["K"]), int(rec["t"]))
+        context.state[STATE_KEY] = node.st
+        return Message(RecordDict({"keys": ConfigRecord(pub)}), reply_to=msg)
+
+    @app.query("shares")
+    def shares(msg: Message, context: Context) -> Message:
+        _fault("shares", context.node_config, faults)
+        rec = msg.content["secagg"]
+        node = NodeMasking(context.state[STATE_KEY])
+        out = node.share_keys([int(v) for v in rec["peers"]], list(rec["c_pk"]), list(rec["s_pk"]))
+        context.state[STATE_KEY] = node.st
+        return Message(RecordDict({"shares": ConfigRecord({"to": list(out), "ct": list(out.values())})}),
+                       reply_to=msg)
+
+    @app.query("masked")
+    def masked(msg: Message, context: Context) -> Message:
+        _fault("masked", context.node_config, faults)
+        rec = msg.content["secagg"]
+        cfg = _config(msg)
+        node = NodeMasking(context.state[STATE_KEY])
+        try:
+            data = load_node_data(context.node_config, cfg)
+            stats, _ = node_statistics(data, cfg, node_rng(cfg, context.node_id, "noise"), secure=True)
+            round_name = str(rec["round"])
+            if round_name == "sums":
+                x = sum_vector(stats, cfg.make_method())
+            else:
+                b = msg.content["broadcast"] if "broadcast" in msg.content else None
+                x = fedcof_round_vector(stats, cfg.make_method(), round_name,
+                                        None if b is None else {k: b[k].numpy() for k in b.keys()})
+            y = node.masked_input(
+                dict(zip([int(v) for v in rec["from"]], [bytes(c) for c in rec["ct"]])),
+                [int(v) for v in rec["alive"]], encode_for_ring(x, cfg.frac_bits, int(node.st["K"])),
+            )
+        except PrivfedError as exc:
+            return _error(msg, exc)
+        context.state[STATE_KEY] = node.st
+        return Message(masked_reply(y), reply_to=msg)
+
+    @app.query("unmask")
+    def unmask(msg: Message, context: Context) -> Message:
+        _fault("unmask", context.node_config, faults)
+        rec = msg.content["secagg"]
+        node = NodeMasking(context.state[STATE_KEY])
+        answers = node.unmask([int(v) for v in rec["uploaded"]])
+        del context.state[STATE_KEY]  # the run's secrets are not kept past unmasking
+        return Message(RecordDict({"unmask": ConfigRecord({
+            "about": list(answers), "kind": [k for k, _ in answers.values()],
+            "share": [s.to_bytes(32, "little") for _, s in answers.values()],
+        })}), reply_to=msg)
+
+    return app
+
+
+#: The ClientApp ``flwr run`` and ``flower-supernode`` load (``privfed.flower.client_app:app``).
+app = make_client_app()
