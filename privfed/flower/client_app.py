@@ -12,7 +12,7 @@ A bad configuration or a node without data is answered with an ``error``
 record naming the problem, which the server turns into one clear error.
 
 Fault injection for drills and tests: node config ``fail-at=STAGE`` makes
-the node fail that stage (its ClientApp raises; Flower reports the failure),
+the node fail that stage, the first time it reaches it (it answers with a Flower error),
 ``fail-at=STAGE:exit`` makes the ClientApp process exit without answering
 (a crash), where STAGE is ``query``, ``setup``, ``keys``, ``shares``,
 ``masked`` or ``unmask``.
@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import os
 
-from flwr.app import ConfigRecord, Context, Message, RecordDict
+from flwr.app import ConfigRecord, Context, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
 
 from privfed.errors import PrivfedError
@@ -36,22 +36,24 @@ from privfed.flower.wire import stats_record
 __all__ = ["app", "make_client_app"]
 
 
-class NodeFault(RuntimeError):
-    """Raised on purpose by a node told to fail a stage (node config ``fail-at``)."""
-
-
-def _fault(stage: str, node_config: dict, faults: dict | None) -> None:
+def _fault(stage: str, msg: Message, context: Context, faults: dict | None) -> Message | None:
+    """The failure reply if this node is told to fail this stage (once: a failed node may come back)."""
+    node_config = context.node_config
     spec = node_config.get("fail-at")
     if faults and "partition-id" in node_config:
         spec = faults.get(int(node_config["partition-id"]), spec)
-    if not spec:
-        return
+    if not spec or _FIRED in context.state:
+        return None
     where, _, how = str(spec).partition(":")
     if where != stage:
-        return
+        return None
     if how == "exit":
         os._exit(17)  # a crash: no reply at all
-    raise NodeFault(f"node told to fail at stage {stage!r} (node config fail-at)")
+    context.state[_FIRED] = ConfigRecord({"stage": stage})
+    return Message(Error(code=0, reason=f"node told to fail at stage {stage!r} (fail-at)"), reply_to=msg)
+
+
+_FIRED = "privfed-fault-fired"
 
 
 def _config(msg: Message) -> FlowerConfig:
@@ -69,7 +71,8 @@ def make_client_app(faults: dict[int, str] | None = None) -> ClientApp:
 
     @app.query()
     def query(msg: Message, context: Context) -> Message:
-        _fault("query", context.node_config, faults)
+        if (failed := _fault("query", msg, context, faults)) is not None:
+            return failed
         try:
             cfg = _config(msg)
             data = load_node_data(context.node_config, cfg)
@@ -84,7 +87,8 @@ def make_client_app(faults: dict[int, str] | None = None) -> ClientApp:
 
     @app.query("setup")
     def setup(msg: Message, context: Context) -> Message:
-        _fault("setup", context.node_config, faults)
+        if (failed := _fault("setup", msg, context, faults)) is not None:
+            return failed
         try:
             cfg = _config(msg)
             data = load_node_data(context.node_config, cfg)
@@ -97,7 +101,8 @@ def make_client_app(faults: dict[int, str] | None = None) -> ClientApp:
 
     @app.query("keys")
     def keys(msg: Message, context: Context) -> Message:
-        _fault("keys", context.node_config, faults)
+        if (failed := _fault("keys", msg, context, faults)) is not None:
+            return failed
         rec = msg.content["secagg"]
         node, pub = NodeMasking.advertise(bytes(rec["session"]), int(rec["u"]), int(rec["K"]), int(rec["t"]))
         context.state[STATE_KEY] = node.st
@@ -105,7 +110,8 @@ def make_client_app(faults: dict[int, str] | None = None) -> ClientApp:
 
     @app.query("shares")
     def shares(msg: Message, context: Context) -> Message:
-        _fault("shares", context.node_config, faults)
+        if (failed := _fault("shares", msg, context, faults)) is not None:
+            return failed
         rec = msg.content["secagg"]
         node = NodeMasking(context.state[STATE_KEY])
         out = node.share_keys([int(v) for v in rec["peers"]], list(rec["c_pk"]), list(rec["s_pk"]))
@@ -115,14 +121,15 @@ def make_client_app(faults: dict[int, str] | None = None) -> ClientApp:
 
     @app.query("masked")
     def masked(msg: Message, context: Context) -> Message:
-        _fault("masked", context.node_config, faults)
+        if (failed := _fault("masked", msg, context, faults)) is not None:
+            return failed
         rec = msg.content["secagg"]
         cfg = _config(msg)
         node = NodeMasking(context.state[STATE_KEY])
         try:
             data = load_node_data(context.node_config, cfg)
             stats, _ = node_statistics(data, cfg, node_rng(cfg, context.node_id, "noise"), secure=True)
-            round_name = str(rec["round"])
+            round_name = str(msg.content["round"]["round"])
             if round_name == "sums":
                 x = sum_vector(stats, cfg.make_method())
             else:
@@ -140,7 +147,8 @@ def make_client_app(faults: dict[int, str] | None = None) -> ClientApp:
 
     @app.query("unmask")
     def unmask(msg: Message, context: Context) -> Message:
-        _fault("unmask", context.node_config, faults)
+        if (failed := _fault("unmask", msg, context, faults)) is not None:
+            return failed
         rec = msg.content["secagg"]
         node = NodeMasking(context.state[STATE_KEY])
         answers = node.unmask([int(v) for v in rec["uploaded"]])

@@ -250,8 +250,8 @@ def masked_sum_over_messages(
 ) -> MaskedSum:
     """Run the four stages with ``nodes`` and return the decoded sum (see the module docstring).
 
-    ``masked_payload(node)`` gives the extra ConfigRecord values the masked
-    stage carries (which statistic, the broadcast of an earlier round);
+    ``masked_payload(node)`` gives the extra records (name -> record) the
+    masked stage carries (which statistic, the broadcast of an earlier round);
     ``length`` is the public length of every node's statistic vector.
     """
     K = len(nodes)
@@ -324,7 +324,7 @@ def masked_sum_over_messages(
         box = {v: ct for v, ct in inbox[u].items() if v in U2}
         extra = masked_payload(nodes[u])
         contents[nodes[u]] = RecordDict({"secagg": ConfigRecord({
-            "from": list(box), "ct": list(box.values()), "alive": U2, **extra})})
+            "from": list(box), "ct": list(box.values()), "alive": U2}), **extra})
     ex = stages["masked"] = exchange(grid, contents, "query.masked", timeout, on_masked, group_id=round_name)
     U3 = sorted(uploaded)
     _need("masked", U3, t, ex)

@@ -35,7 +35,7 @@ from flwr.app import ConfigRecord, Context, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
 from mechanisms.ledger import ReleaseEvent
-from privfed.errors import ConfigError, InputError
+from privfed.errors import ConfigError, InputError, PrivfedError
 from privfed.flower.config import FlowerConfig
 from privfed.flower.protocol import (
     fedcof_broadcast,
@@ -78,7 +78,7 @@ class _Fold:
         if self.shape is None:
             self.shape, self.fields = shape, stats.available
         elif shape != self.shape or stats.available != self.fields:
-            raise InputError(
+            raise ConfigError(
                 f"{key} sent statistics with C={shape[0]}, d={shape[1]} ({sorted(stats.available)}) but "
                 f"earlier nodes sent C={self.shape[0]}, d={self.shape[1]} ({sorted(self.fields)}): every "
                 "node must use the same backbone (d) and num-classes (C)"
@@ -290,9 +290,9 @@ def _serve_secure(grid, cfg, method, nodes, config_rec, stages, keep_view, recei
         raise ConfigError(f"secure aggregation needs at least 2 nodes with data, got {len(participants)}")
     C, d = next(iter(shapes.values()))
 
-    def run(round_name, length, payload):
+    def run(round_name, length, payload, among=None):
         res = masked_sum_over_messages(
-            grid, participants, length=length, frac_bits=cfg.frac_bits, threshold=cfg.threshold,
+            grid, participants if among is None else among, length=length, frac_bits=cfg.frac_bits, threshold=cfg.threshold,
             timeout=cfg.timeout, masked_payload=payload, round_name=round_name, keep_view=keep_view,
         )
         for k, v in res.stages.items():
@@ -317,12 +317,14 @@ def _serve_secure(grid, cfg, method, nodes, config_rec, stages, keep_view, recei
     elif method.name == "fedcof":
         r1 = run("fedcof-1", fedcof_round1_length(method, C, d), payload("fedcof-1"))
         b = fedcof_broadcast(r1.total, method, C, d)
-        r2 = run("fedcof-2", d * d, payload("fedcof-2", {"N": b["N"], "mu": b["mu"], "Kc": b["Kc"]}))
+        # Round 2 runs among the nodes whose round-1 inputs were summed: N_c, mu_c, K_c describe them.
+        r2 = run("fedcof-2", d * d, payload("fedcof-2", {"N": b["N"], "mu": b["mu"], "Kc": b["Kc"]}),
+                 among=sorted(r1.uploaded))
         if set(r2.uploaded) != set(r1.uploaded):
             raise ConfigError(
-                "FedCOF's two secure rounds summed different nodes (a node dropped between rounds: "
-                f"{sorted(set(r1.uploaded) ^ set(r2.uploaded))}); the head would mix two populations, "
-                "so none is released; rerun"
+                "FedCOF's second secure round lost node(s) "
+                f"{sorted(set(r1.uploaded) - set(r2.uploaded))} before they uploaded; the spread would "
+                "cover fewer nodes than the means, so no head is released; rerun"
             )
         head = fedcof_head(method, b, r2.total.reshape(d, d))
         runs = [r1, r2]
@@ -357,25 +359,42 @@ def write_outputs(result: FlowerResult, directory: str) -> None:
     tmp.replace(out / "report.json")
 
 
-def make_server_app(cfg: FlowerConfig | None = None, *, keep_view: bool = False, results: list | None = None
-                    ) -> ServerApp:
+def make_server_app(
+    cfg: FlowerConfig | list[FlowerConfig] | None = None, *, keep_view: bool = False, results: list | None = None
+) -> ServerApp:
     """A ServerApp running :func:`serve`; ``cfg=None`` reads Flower's run config.
 
-    ``results`` (a list) receives the :class:`FlowerResult` (in-process runs).
+    A list of configs runs one aggregation after the other on the same
+    nodes (one start-up for several runs).  ``results`` (a list) receives
+    each :class:`FlowerResult`, or the :class:`~privfed.errors.PrivfedError`
+    a run raised (in-process runs; the next config still runs).
     """
     app = ServerApp()
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
-        run_cfg = cfg if cfg is not None else FlowerConfig.from_run_config(dict(context.run_config))
-        res = serve(grid, run_cfg, keep_view=keep_view)
-        if results is not None:
-            results.append(res)
-        print(f"privfed: {res.head.method} head {res.head.weight.shape} from {res.report['replied']} nodes; "
-              f"{res.report['wire']['bytes_up_per_node']:.0f} bytes up per node"
-              + (f"; written to {run_cfg.output}" if run_cfg.output else ""), flush=True)
+        if cfg is None:
+            _serve_one(grid, FlowerConfig.from_run_config(dict(context.run_config)), keep_view, results)
+            return
+        for one in cfg if isinstance(cfg, list) else [cfg]:
+            if results is None or not isinstance(cfg, list):
+                _serve_one(grid, one, keep_view, results)
+                continue
+            try:
+                _serve_one(grid, one, keep_view, results)
+            except PrivfedError as exc:
+                results.append(exc)
 
     return app
+
+
+def _serve_one(grid, run_cfg: FlowerConfig, keep_view: bool, results: list | None) -> None:
+    res = serve(grid, run_cfg, keep_view=keep_view)
+    if results is not None:
+        results.append(res)
+    print(f"privfed: {res.head.method} head {res.head.weight.shape} from {res.report['replied']} nodes; "
+          f"{res.report['wire']['bytes_up_per_node']:.0f} bytes up per node"
+          + (f"; written to {run_cfg.output}" if run_cfg.output else ""), flush=True)
 
 
 #: The ServerApp ``flwr run`` loads (``privfed.flower.server_app:app``); config from the run config.

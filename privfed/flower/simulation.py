@@ -21,7 +21,7 @@ __all__ = ["run_simulation"]
 
 
 def run_simulation(
-    cfg: FlowerConfig,
+    cfg: FlowerConfig | list[FlowerConfig],
     *,
     num_supernodes: int | None = None,
     faults: dict[int, str] | None = None,
@@ -33,7 +33,10 @@ def run_simulation(
 
     Parameters
     ----------
-    cfg : FlowerConfig
+    cfg : FlowerConfig or list of FlowerConfig
+        A list runs one aggregation after the other in the same simulation
+        (one start-up) and returns a list with, per config, its result or the
+        :class:`~privfed.errors.PrivfedError` it raised.
     num_supernodes : int, optional
         Virtual nodes to start (default ``cfg.clients``); fewer than
         ``cfg.clients`` exercises the server's connect timeout.
@@ -48,7 +51,8 @@ def run_simulation(
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     from flwr.simulation import run_simulation as _flwr_run_simulation
 
-    results: list[FlowerResult] = []
+    cfgs = cfg if isinstance(cfg, list) else [cfg]
+    results: list = []
     server = make_server_app(cfg, keep_view=keep_view, results=results)
     client = make_client_app(faults)
     if not verbose:
@@ -56,13 +60,14 @@ def run_simulation(
     _flwr_run_simulation(
         server_app=server,
         client_app=client,
-        num_supernodes=int(cfg.clients if num_supernodes is None else num_supernodes),
+        num_supernodes=int(num_supernodes if num_supernodes is not None
+                           else max(c.clients for c in cfgs)),
         backend_config={
             "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
             "init_args": {"num_cpus": int(num_cpus), "num_gpus": 0, "include_dashboard": False},
         },
         verbose_logging=verbose,
     )
-    if not results:
+    if len(results) != len(cfgs):
         raise PrivfedError("the simulation ended without a result from the server; see the log above")
-    return results[0]
+    return results if isinstance(cfg, list) else results[0]
