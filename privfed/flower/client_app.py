@@ -20,6 +20,7 @@ the node fail that stage, the first time it reaches it (it answers with a Flower
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 
@@ -31,7 +32,7 @@ from privfed.flower.config import FlowerConfig
 from privfed.flower.node import load_node_data, node_rng, node_statistics
 from privfed.flower.protocol import fedcof_round_vector, sum_vector
 from privfed.flower.secagg import STATE_KEY, NodeMasking, encode_for_ring, masked_reply
-from privfed.flower.wire import stats_record
+from privfed.flower.wire import stats_from_record, stats_record
 
 __all__ = ["app", "make_client_app"]
 
@@ -65,6 +66,26 @@ def _error(msg: Message, exc: Exception) -> Message:
                    reply_to=msg)
 
 
+def _secure_stats(cfg: FlowerConfig, context: Context):
+    """This node's statistics for a secure run, computed once and kept in its own ``context.state``.
+
+    The node's later stages (and FedCOF's second round) reuse them instead of
+    loading the data again; they never leave the node unmasked.
+    """
+    key = hashlib.sha256(json.dumps(cfg.to_wire(), sort_keys=True).encode()).hexdigest()
+    if _STATS in context.state and context.state[_STATS_KEY]["config"] == key:
+        return stats_from_record(context.state[_STATS], "this node's cached statistics")
+    data = load_node_data(context.node_config, cfg)
+    stats, _ = node_statistics(data, cfg, node_rng(cfg, context.node_id, "noise"), secure=True)
+    context.state[_STATS] = stats_record(stats)
+    context.state[_STATS_KEY] = ConfigRecord({"config": key})
+    return stats
+
+
+_STATS = "privfed-stats"
+_STATS_KEY = "privfed-stats-config"
+
+
 def make_client_app(faults: dict[int, str] | None = None) -> ClientApp:
     """A ClientApp; ``faults`` maps partition-id -> ``fail-at`` spec (simulation drills)."""
     app = ClientApp()
@@ -91,12 +112,10 @@ def make_client_app(faults: dict[int, str] | None = None) -> ClientApp:
             return failed
         try:
             cfg = _config(msg)
-            data = load_node_data(context.node_config, cfg)
-            if data.features.shape[0] == 0:
-                raise PrivfedError(f"this node ({data.source}) holds no sample; give it data or leave it out")
+            stats = _secure_stats(cfg, context)
         except PrivfedError as exc:
             return _error(msg, exc)
-        meta = ConfigRecord({"d": int(data.features.shape[1]), "C": int(data.num_classes)})
+        meta = ConfigRecord({"d": int(stats.dim), "C": int(stats.num_classes)})
         return Message(RecordDict({"meta": meta}), reply_to=msg)
 
     @app.query("keys")
@@ -127,8 +146,7 @@ def make_client_app(faults: dict[int, str] | None = None) -> ClientApp:
         cfg = _config(msg)
         node = NodeMasking(context.state[STATE_KEY])
         try:
-            data = load_node_data(context.node_config, cfg)
-            stats, _ = node_statistics(data, cfg, node_rng(cfg, context.node_id, "noise"), secure=True)
+            stats = _secure_stats(cfg, context)
             round_name = str(msg.content["round"]["round"])
             if round_name == "sums":
                 x = sum_vector(stats, cfg.make_method())
