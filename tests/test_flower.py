@@ -176,6 +176,10 @@ class _LocalGrid:
     """Delivers each message to the real ClientApp in this process (no Flower runtime)."""
 
     def __init__(self, node_configs: dict[int, dict], app=None) -> None:
+        from flwr.supercore.task_identity import TaskIdentity
+
+        if TaskIdentity._run_id is None:  # what a ServerApp process has set before it creates messages
+            TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
         self.app = app or make_client_app()
         self.contexts = {n: Context(run_id=1, node_id=n, node_config=c, state=RecordDict(), run_config={})
                          for n, c in node_configs.items()}
@@ -280,3 +284,33 @@ def test_fold_is_a_running_sum_for_sum_only_methods():
     with pytest.raises(ConfigError, match="same backbone"):
         fold.add("node 9", ClientStats(counts=np.ones((1, 3)), sums=np.ones((1, 3, 4)),
                                        second=np.ones((1, 4, 4))))
+
+
+def test_round_loop_folds_each_round_and_feeds_the_next(digits_dataset, split):
+    """The multi-round hook: each node's round-r statistic depends on the broadcast; the loop
+    sums them per round and stops when the step says so."""
+    from privfed.flower.rounds import ROUND_STATISTICS, register_round_statistics, run_rounds
+
+    @register_round_statistics("test-scaled-sums")
+    def node_round(data, cfg, broadcast, r):
+        st = compute_client_stats(data.features, data.labels, None, num_classes=data.num_classes)
+        return ClientStats(counts=st.counts, sums=st.sums * broadcast["scale"][0])
+
+    seen = []
+
+    def step(r, total):
+        seen.append(total.sums[0].copy())
+        return {"scale": np.array([r + 2.0])} if r < 2 else None
+
+    try:
+        grid = _LocalGrid(_digits_nodes(K))
+        cfg = FlowerConfig(method="fedlog", clients=K, timeout=5)
+        stages = run_rounds(grid, cfg, sorted(grid.contexts), name="test-scaled-sums",
+                            first={"scale": np.array([1.0])}, step=step, max_rounds=10)
+    finally:
+        ROUND_STATISTICS.pop("test-scaled-sums", None)
+    F, y, k = split
+    base = compute_client_stats(F, y, None, num_classes=10).sums[0]
+    assert len(stages) == 3 and all(len(s.answered) == K for s in stages)
+    for r, got in enumerate(seen):
+        np.testing.assert_allclose(got, base * (r + 1), rtol=1e-12, atol=1e-9)

@@ -7,6 +7,7 @@ Message types it answers (all ``query``; the server sends the run's
 ``query.setup``      secure runs: the public shape (d, C) and that the node has data
 ``query.keys`` ``query.shares`` ``query.masked`` ``query.unmask``
                      the pairwise-masking stages (:mod:`privfed.flower.secagg`)
+``query.round``      one round of a multi-round method (:mod:`privfed.flower.rounds`)
 
 A bad configuration or a node without data is answered with an ``error``
 record naming the problem, which the server turns into one clear error.
@@ -30,6 +31,7 @@ from flwr.clientapp import ClientApp
 from privfed.errors import PrivfedError
 from privfed.flower.config import FlowerConfig
 from privfed.flower.node import load_node_data, node_rng, node_statistics
+from privfed.flower.rounds import node_round_statistics
 from privfed.flower.protocol import fedcof_round_vector, sum_vector
 from privfed.flower.secagg import STATE_KEY, NodeMasking, encode_for_ring, masked_reply
 from privfed.flower.wire import stats_from_record, stats_record
@@ -105,6 +107,21 @@ def make_client_app(faults: dict[int, str] | None = None) -> ClientApp:
             "partition-id": -1 if data.partition_id is None else int(data.partition_id),
         })
         return Message(RecordDict({"stats": stats_record(stats), "meta": meta}), reply_to=msg)
+
+    @app.query("round")
+    def round_(msg: Message, context: Context) -> Message:
+        if (failed := _fault("round", msg, context, faults)) is not None:
+            return failed
+        try:
+            cfg = _config(msg)
+            data = load_node_data(context.node_config, cfg)
+            b = msg.content["broadcast"]
+            info = msg.content["round"]
+            stats = node_round_statistics(str(info["name"]), data, cfg, {k: b[k].numpy() for k in b.keys()},
+                                          int(info["index"]))
+        except PrivfedError as exc:
+            return _error(msg, exc)
+        return Message(RecordDict({"stats": stats_record(stats)}), reply_to=msg)
 
     @app.query("setup")
     def setup(msg: Message, context: Context) -> Message:

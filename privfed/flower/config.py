@@ -22,7 +22,8 @@ Keys (run config / command line):
 ``secure``                  ``none`` or ``mask`` (pairwise masking)
 ``threshold``               Shamir threshold t (default: a majority)
 ``frac-bits``               fixed-point fractional bits of masked statistics
-``dataset``                 ``digits`` (embedded, default) or ``file:PATH``
+``dataset``                 ``digits`` (embedded, default), ``file:PATH`` or
+                            ``synthetic:D:N`` (N random D-dim samples a node)
 ``num-classes``             C; defaults to the data set's
 ``partition`` ``alpha``     how ``digits`` is split over ``num-partitions``
 ``partition-seed``          seed of that split (the one ``fit`` users pass)
@@ -111,8 +112,9 @@ class FlowerConfig:
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
                 raise ConfigError(f"{name.replace('_', '-')} must be a positive number of seconds, got {v!r}")
-        if not (isinstance(self.dataset, str) and (self.dataset == "digits" or self.dataset.startswith("file:"))):
-            raise ConfigError(f"dataset must be 'digits' or 'file:PATH', got {self.dataset!r}")
+        if not (isinstance(self.dataset, str)
+                and (self.dataset == "digits" or self.dataset.startswith(("file:", "synthetic:")))):
+            raise ConfigError(f"dataset must be 'digits', 'file:PATH' or 'synthetic:D:N', got {self.dataset!r}")
 
     # -- derived ---------------------------------------------------------------
     @property

@@ -70,6 +70,8 @@ def load_node_data(node_config: dict, cfg: FlowerConfig) -> NodeData:
                 f"num-classes={C}; set num-classes in the run config"
             )
         return NodeData(ds.train_features, ds.train_labels, int(C), f"file:{path}")
+    if cfg.dataset.startswith("synthetic:"):
+        return _synthetic(node_config, cfg)
     if "partition-id" not in node_config or "num-partitions" not in node_config:
         raise ConfigError(
             "this node has no data: give it node config 'features=PATH' (a .npz feature file) or "
@@ -88,6 +90,26 @@ def load_node_data(node_config: dict, cfg: FlowerConfig) -> NodeData:
         raise ConfigError(f"num-classes={cfg.num_classes} but the digits data set has {C} classes")
     rows = k == pid
     return NodeData(F[rows], y[rows], int(C), f"digits partition {pid} of {n}", pid)
+
+
+def _synthetic(node_config: dict, cfg: FlowerConfig) -> NodeData:
+    """``synthetic:D:N``: N Gaussian samples of dimension D on this node (benchmarks at scale).
+
+    Class c has mean e_{c mod D} * 3; drawn from the partition id and
+    ``partition-seed``, so a run is reproducible and every node differs.
+    """
+    try:
+        _, dim, n = cfg.dataset.split(":")
+        dim, n = int(dim), int(n)
+    except ValueError:
+        raise ConfigError(f"dataset {cfg.dataset!r} must read synthetic:D:N, e.g. synthetic:1280:50") from None
+    C = 10 if cfg.num_classes is None else int(cfg.num_classes)
+    pid = int(node_config.get("partition-id", 0))
+    rng = np.random.default_rng([int(cfg.partition_seed), pid, 0x5F])
+    y = rng.integers(0, C, n)
+    F = rng.normal(size=(n, dim))
+    F[np.arange(n), y % dim] += 3.0
+    return NodeData(F, y, C, f"synthetic {dim}-d, {n} samples, partition {pid}", pid)
 
 
 def node_rng(cfg: FlowerConfig, node_id: int, purpose: str) -> np.random.Generator:
