@@ -314,3 +314,13 @@ def test_round_loop_folds_each_round_and_feeds_the_next(digits_dataset, split):
     assert len(stages) == 3 and all(len(s.answered) == K for s in stages)
     for r, got in enumerate(seen):
         np.testing.assert_allclose(got, base * (r + 1), rtol=1e-12, atol=1e-9)
+
+
+def test_command_line_errors_are_one_line(capsys):
+    from privfed.flower.__main__ import main
+
+    assert main(["--method", "fednope"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "unknown method 'fednope'" in err[0]
+    assert main(["--method", "fedcof", "--eps", "1", "--clients", "20"]) == 2
+    assert "needs clip" in capsys.readouterr().err
