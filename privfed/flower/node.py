@@ -60,16 +60,7 @@ def load_node_data(node_config: dict, cfg: FlowerConfig) -> NodeData:
     """The data of the node described by Flower's ``node_config`` (see the module docstring)."""
     path = node_config.get("features")
     if path:
-        from privfed.data.npzfile import load_feature_file
-
-        ds = load_feature_file(str(path))
-        C = cfg.num_classes if cfg.num_classes is not None else ds.num_classes
-        if ds.train_labels.size and int(ds.train_labels.max()) >= C:
-            raise InputError(
-                f"feature file {path!r} has label {int(ds.train_labels.max())} but the run has "
-                f"num-classes={C}; set num-classes in the run config"
-            )
-        return NodeData(ds.train_features, ds.train_labels, int(C), f"file:{path}")
+        return _node_file(str(path), cfg)
     if cfg.dataset.startswith("synthetic:"):
         return _synthetic(node_config, cfg)
     if "partition-id" not in node_config or "num-partitions" not in node_config:
@@ -90,6 +81,31 @@ def load_node_data(node_config: dict, cfg: FlowerConfig) -> NodeData:
         raise ConfigError(f"num-classes={cfg.num_classes} but the digits data set has {C} classes")
     rows = k == pid
     return NodeData(F[rows], y[rows], int(C), f"digits partition {pid} of {n}", pid)
+
+
+def _node_file(path: str, cfg: FlowerConfig) -> NodeData:
+    """A node's own ``.npz`` (``features`` (n, d), ``labels`` (n,)): every row is a training record.
+
+    Unlike a whole data set's feature file, a site's file may lack classes, so
+    C comes from the run config (``num-classes``), the same on every node.
+    """
+    import pathlib
+
+    from privfed.data.npzfile import _features, _ints, _read
+
+    where = f"node feature file {path!r}"
+    arrays = _read(pathlib.Path(path).expanduser())
+    for required in ("features", "labels"):
+        if required not in arrays:
+            raise InputError(f"{where} has no {required!r} array (it has {sorted(arrays)}); "
+                             "save it with numpy.savez(path, features=..., labels=...)")
+    F = _features(arrays["features"], "features", where)
+    y = _ints(arrays["labels"], "labels", F.shape[0], "features", where)
+    if cfg.num_classes is None:
+        raise ConfigError(f"nodes with their own feature files need num-classes in the run config ({where})")
+    if y.size and (y.min() < 0 or y.max() >= cfg.num_classes):
+        raise InputError(f"{where} has labels outside 0..{cfg.num_classes - 1} (num-classes={cfg.num_classes})")
+    return NodeData(F, y, int(cfg.num_classes), f"file:{path}")
 
 
 def _synthetic(node_config: dict, cfg: FlowerConfig) -> NodeData:

@@ -197,7 +197,6 @@ def serve(grid: Grid, cfg: FlowerConfig, *, keep_view: bool = False) -> FlowerRe
         fold = _Fold(method)
         errors: dict[int, str] = {}
         events: dict[int, list[dict]] = {}
-        meta_C: dict[int, int] = {}
 
         def on_stats(node, content):
             if "error" in content:
@@ -210,7 +209,6 @@ def serve(grid: Grid, cfg: FlowerConfig, *, keep_view: bool = False) -> FlowerRe
                 received.append(("query", node, {k: v.copy() for k, v in stats.arrays().items()}))
             fold.add((pid if pid >= 0 else len(nodes) + node, node) if fold.per_client else f"node {node}", stats)
             events[node] = json.loads(str(meta["events"]))
-            meta_C[node] = int(meta["C"])
 
         contents = {n: RecordDict({"config": config_rec}) for n in nodes}
         ex = stages["query"] = exchange(grid, contents, "query", cfg.timeout, on_stats, group_id="stats")
