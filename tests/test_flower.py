@@ -340,3 +340,18 @@ def test_feature_file_per_node_is_a_natural_split(tmp_path):
         res = serve(_LocalGrid(nodes), FlowerConfig(method=method, clients=3, num_classes=3, timeout=5))
         ref = privfed.fit(method, F, y, k, num_classes=3)
         assert np.abs(res.head.weight - ref.weight).max() < 1e-9
+
+
+def test_flwr_app_config_names_every_key_and_the_components():
+    import pathlib
+    import tomllib
+    from dataclasses import fields
+
+    app = pathlib.Path(privfed.__file__).parent / "flower" / "app" / "pyproject.toml"
+    flwr_cfg = tomllib.loads(app.read_text())["tool"]["flwr"]["app"]
+    run_config = flwr_cfg["config"]
+    # flwr run --run-config can override only keys the app declares: every key is declared.
+    assert set(run_config) == {f.name.replace("_", "-") for f in fields(FlowerConfig)}
+    assert FlowerConfig.from_run_config(run_config) == FlowerConfig(clients=3)
+    assert flwr_cfg["components"] == {"serverapp": "privfed.flower.server_app:app",
+                                      "clientapp": "privfed.flower.client_app:app"}
