@@ -80,7 +80,10 @@ def _body(argv: Sequence[str] | None) -> int:
     print(f"privacy       {rep['privacy']['guarantee'] if rep['privacy'] else 'no DP noise (epsilon = inf)'}")
     print(f"wire          {rep['wire']['bytes_up_per_node']:.0f} bytes up per node, "
           f"{rep['wire']['bytes_down_total']} bytes down in total ({rep['wire']['encoding']})")
-    print(f"seconds       {rep['seconds']['total']:.2f} server time after start-up")
+    print(f"seconds       {rep['seconds']['total']:.2f} on the server (the nodes' start-up included)")
+    if res.head.secure_aggregation:
+        print(f"secure        {res.head.secure_aggregation['summed_nodes']} nodes summed, dropped: "
+              f"{res.head.secure_aggregation['dropped'] or 'none'}")
     for note in res.head.notes:
         print(f"note          {note}")
     return 0
