@@ -355,3 +355,23 @@ def test_flwr_app_config_names_every_key_and_the_components():
     assert FlowerConfig.from_run_config(run_config) == FlowerConfig(clients=3)
     assert flwr_cfg["components"] == {"serverapp": "privfed.flower.server_app:app",
                                       "clientapp": "privfed.flower.client_app:app"}
+
+
+@pytest.mark.parametrize("method", ["fedncm", "fedcof"])
+def test_ckks_with_a_node_as_key_holder_equals_fit(digits_dataset, split, method):
+    """CKKS over messages: node 101 holds the keys; the server only adds ciphertexts."""
+    pytest.importorskip("tenseal")
+    nodes = _digits_nodes(K)
+    nodes[101] = {**nodes[101], "key-holder": "true"}
+    res = serve(_LocalGrid(nodes), FlowerConfig(method=method, clients=K, secure="ckks", timeout=30),
+                keep_view=True)
+    ref = _fit(method, *split)
+    # Released on the 2^-20 grid: sums within 2^-21 per coordinate.
+    assert np.abs(res.head.weight - ref.weight).max() < 1e3 * 2.0**-21
+    rounds = res.head.secure_aggregation["rounds"]
+    assert all(r["key_holder"] == 101 and r["uploaded"] == K for r in rounds)
+    assert len(rounds) == (2 if method == "fedcof" else 1)
+    kinds = [(stage, name) for (stage, _, name, _) in res.received]
+    # The server received ciphertexts from every node and, per sum, one released total.
+    assert kinds.count(("ckks_encrypt", "ciphertexts")) == K * len(rounds)
+    assert [k for k in kinds if k[0] != "ckks_encrypt"] == [("ckks_decrypt", "released sum")] * len(rounds)

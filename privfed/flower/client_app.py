@@ -7,6 +7,8 @@ Message types it answers (all ``query``; the server sends the run's
 ``query.setup``      secure runs: the public shape (d, C) and that the node has data
 ``query.keys`` ``query.shares`` ``query.masked`` ``query.unmask``
                      the pairwise-masking stages (:mod:`privfed.flower.secagg`)
+``query.ckks_keys`` ``query.ckks_encrypt`` ``query.ckks_decrypt``
+                     CKKS with this node or another as key holder (:mod:`privfed.flower.ckks`)
 ``query.round``      one round of a multi-round method (:mod:`privfed.flower.rounds`)
 
 A bad configuration or a node without data is answered with an ``error``
@@ -29,6 +31,9 @@ from flwr.app import ConfigRecord, Context, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
 
 from privfed.errors import PrivfedError
+from mechanisms.ckks import CKKSParams
+from privfed.flower.ckks import SECRET_KEY as CKKS_SECRET
+from privfed.flower.ckks import holder_decrypt, holder_keys, node_encrypt, sum_reply
 from privfed.flower.config import FlowerConfig
 from privfed.flower.node import load_node_data, node_rng, node_statistics
 from privfed.flower.rounds import node_round_statistics
@@ -84,6 +89,17 @@ def _secure_stats(cfg: FlowerConfig, context: Context):
     return stats
 
 
+def _secure_vector(msg: Message, cfg: FlowerConfig, context: Context):
+    """The vector this node contributes to the secure sum named in the message's ``round``."""
+    stats = _secure_stats(cfg, context)
+    round_name = str(msg.content["round"]["round"])
+    if round_name == "sums":
+        return sum_vector(stats, cfg.make_method())
+    b = msg.content["broadcast"] if "broadcast" in msg.content else None
+    return fedcof_round_vector(stats, cfg.make_method(), round_name,
+                               None if b is None else {k: b[k].numpy() for k in b.keys()})
+
+
 _STATS = "privfed-stats"
 _STATS_KEY = "privfed-stats-config"
 
@@ -132,7 +148,8 @@ def make_client_app(faults: dict[int, str] | None = None) -> ClientApp:
             stats = _secure_stats(cfg, context)
         except PrivfedError as exc:
             return _error(msg, exc)
-        meta = ConfigRecord({"d": int(stats.dim), "C": int(stats.num_classes)})
+        meta = ConfigRecord({"d": int(stats.dim), "C": int(stats.num_classes),
+                             "key-holder": str(context.node_config.get("key-holder", "")).lower() == "true"})
         return Message(RecordDict({"meta": meta}), reply_to=msg)
 
     @app.query("keys")
@@ -163,14 +180,7 @@ def make_client_app(faults: dict[int, str] | None = None) -> ClientApp:
         cfg = _config(msg)
         node = NodeMasking(context.state[STATE_KEY])
         try:
-            stats = _secure_stats(cfg, context)
-            round_name = str(msg.content["round"]["round"])
-            if round_name == "sums":
-                x = sum_vector(stats, cfg.make_method())
-            else:
-                b = msg.content["broadcast"] if "broadcast" in msg.content else None
-                x = fedcof_round_vector(stats, cfg.make_method(), round_name,
-                                        None if b is None else {k: b[k].numpy() for k in b.keys()})
+            x = _secure_vector(msg, cfg, context)
             y = node.masked_input(
                 dict(zip([int(v) for v in rec["from"]], [bytes(c) for c in rec["ct"]])),
                 [int(v) for v in rec["alive"]], encode_for_ring(x, cfg.frac_bits, int(node.st["K"])),
@@ -179,6 +189,38 @@ def make_client_app(faults: dict[int, str] | None = None) -> ClientApp:
             return _error(msg, exc)
         context.state[STATE_KEY] = node.st
         return Message(masked_reply(y), reply_to=msg)
+
+    @app.query("ckks_keys")
+    def ckks_keys(msg: Message, context: Context) -> Message:
+        if (failed := _fault("ckks_keys", msg, context, faults)) is not None:
+            return failed
+        secret, public = holder_keys(CKKSParams())
+        context.state[CKKS_SECRET] = ConfigRecord({"secret": secret})
+        return Message(RecordDict({"ckks": ConfigRecord({"public": public})}), reply_to=msg)
+
+    @app.query("ckks_encrypt")
+    def ckks_encrypt(msg: Message, context: Context) -> Message:
+        if (failed := _fault("ckks_encrypt", msg, context, faults)) is not None:
+            return failed
+        rec = msg.content["ckks"]
+        try:
+            cfg = _config(msg)
+            x = _secure_vector(msg, cfg, context)
+            cts = node_encrypt(bytes(rec["public"]), x, CKKSParams(), int(rec["K"]))
+        except PrivfedError as exc:
+            return _error(msg, exc)
+        return Message(RecordDict({"ckks": ConfigRecord({"ct": cts})}), reply_to=msg)
+
+    @app.query("ckks_decrypt")
+    def ckks_decrypt(msg: Message, context: Context) -> Message:
+        if (failed := _fault("ckks_decrypt", msg, context, faults)) is not None:
+            return failed
+        rec = msg.content["ckks"]
+        secret = bytes(context.state[CKKS_SECRET]["secret"])
+        del context.state[CKKS_SECRET]  # one aggregate per key
+        total = holder_decrypt(secret, [bytes(c) for c in rec["aggregate"]], int(rec["size"]), CKKSParams(),
+                               integral=False)
+        return Message(sum_reply(total), reply_to=msg)
 
     @app.query("unmask")
     def unmask(msg: Message, context: Context) -> Message:

@@ -19,7 +19,8 @@ Keys (run config / command line):
 ``level``                   ``record`` or ``client``
 ``trusted-aggregator``      the server adds the noise to the sum
 ``max-records``             client level: records per client bound
-``secure``                  ``none`` or ``mask`` (pairwise masking)
+``secure``                  ``none``, ``mask`` (pairwise masking) or ``ckks``
+                            (CKKS, a node holding the keys)
 ``threshold``               Shamir threshold t (default: a majority)
 ``frac-bits``               fixed-point fractional bits of masked statistics
 ``dataset``                 ``digits`` (embedded, default), ``file:PATH`` or
@@ -47,7 +48,7 @@ from privfed.errors import ConfigError
 __all__ = ["FlowerConfig", "SECURE_PROTOCOLS"]
 
 #: Secure-aggregation protocols the Flower app runs as message stages.
-SECURE_PROTOCOLS = ("none", "mask")
+SECURE_PROTOCOLS = ("none", "mask", "ckks")
 
 
 @dataclass(frozen=True)

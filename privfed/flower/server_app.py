@@ -45,6 +45,9 @@ from privfed.flower.protocol import (
     split_sum_vector,
     sum_vector_length,
 )
+from mechanisms.ckks import CKKSParams
+from mechanisms.secagg import THREAT_MODEL_CKKS, THREAT_MODEL_MASK
+from privfed.flower.ckks import ckks_sum_over_messages
 from privfed.flower.secagg import masked_sum_over_messages
 from privfed.flower.transport import Exchange, exchange, wait_for_nodes
 from privfed.flower.wire import arrays_record, stats_from_record
@@ -248,7 +251,8 @@ def serve(grid: Grid, cfg: FlowerConfig, *, keep_view: bool = False) -> FlowerRe
         "bytes_up_total": int(up_total),
         "bytes_up_per_node": up_total / max(len(nodes_up), 1),
         "bytes_down_total": int(sum(sum(ex.bytes_down.values()) for ex in stages.values())),
-        "encoding": "float64 arrays" if cfg.secure == "none" else f"uint64 ring, frac-bits={cfg.frac_bits}",
+        "encoding": {"none": "float64 arrays", "mask": f"uint64 ring, frac-bits={cfg.frac_bits}",
+                     "ckks": "CKKS ciphertexts (TenSEAL)"}[cfg.secure],
     }
     head.extras["flower"] = wire
     if cfg.secure != "none":
@@ -274,12 +278,14 @@ def serve(grid: Grid, cfg: FlowerConfig, *, keep_view: bool = False) -> FlowerRe
 def _serve_secure(grid, cfg, method, nodes, config_rec, stages, keep_view, received):
     errors: dict[int, str] = {}
     shapes: dict[int, tuple[int, int]] = {}
+    holders: dict[int, bool] = {}
 
     def on_setup(node, content):
         if "error" in content:
             errors[node] = str(content["error"]["message"])
             return
         shapes[node] = (int(content["meta"]["C"]), int(content["meta"]["d"]))
+        holders[node] = bool(content["meta"].get("key-holder", False))
 
     contents = {n: RecordDict({"config": config_rec}) for n in nodes}
     ex = stages["setup"] = exchange(grid, contents, "query.setup", cfg.timeout, on_setup, group_id="setup")
@@ -296,10 +302,18 @@ def _serve_secure(grid, cfg, method, nodes, config_rec, stages, keep_view, recei
     C, d = next(iter(shapes.values()))
 
     def run(round_name, length, payload, among=None):
-        res = masked_sum_over_messages(
-            grid, participants if among is None else among, length=length, frac_bits=cfg.frac_bits, threshold=cfg.threshold,
-            timeout=cfg.timeout, masked_payload=payload, round_name=round_name, keep_view=keep_view,
-        )
+        among = participants if among is None else among
+        if cfg.secure == "ckks":
+            holder = next((n for n in among if holders.get(n)), among[0])
+            res = ckks_sum_over_messages(
+                grid, among, key_holder=holder, length=length, params=CKKSParams(), timeout=cfg.timeout,
+                payload=payload, round_name=round_name, keep_view=keep_view,
+            )
+        else:
+            res = masked_sum_over_messages(
+                grid, among, length=length, frac_bits=cfg.frac_bits, threshold=cfg.threshold,
+                timeout=cfg.timeout, masked_payload=payload, round_name=round_name, keep_view=keep_view,
+            )
         for k, v in res.stages.items():
             stages[f"{round_name}:{k}"] = v
         received.extend(res.view)
@@ -339,12 +353,12 @@ def _serve_secure(grid, cfg, method, nodes, config_rec, stages, keep_view, recei
     K = len(runs[-1].uploaded)
     head.upload_bytes = {"K": K, "measured": "on the wire, every stage (see wire)"}
     head.secure_aggregation = {
-        "protocol": "mask",
+        "protocol": cfg.secure,
         "secure_variant": variant,
         "rounds": [r.record() for r in runs],
         "summed_nodes": K,
         "dropped": sorted({n for r in runs for n in r.dropped_before_upload}),
-        "threat_model": "see mechanisms.secagg.THREAT_MODEL_MASK",
+        "threat_model": THREAT_MODEL_MASK if cfg.secure == "mask" else THREAT_MODEL_CKKS,
     }
     if any(r.dropped_before_upload for r in runs):
         head.notes.append(
