@@ -7,7 +7,8 @@ clips and noises them with OS entropy and replies; the server
 (:mod:`privfed.flower.server_app`) waits for the expected nodes, folds the
 replies as they arrive and builds the head with the method's ``aggregate``.
 Secure aggregation runs privfed's pairwise masking as message stages
-(:mod:`privfed.flower.secagg`).
+(:mod:`privfed.flower.secagg`) or CKKS with a node as the key holder
+(:mod:`privfed.flower.ckks`).
 
 Routes:
 

@@ -39,7 +39,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--level", choices=("record", "client"), default="record")
     p.add_argument("--trusted-aggregator", action="store_true", help="the server adds the noise to the sum")
     p.add_argument("--max-records", type=int, default=None, help="client level: records per client bound")
-    p.add_argument("--secure", choices=("none", "mask"), default="none", help="secure aggregation protocol")
+    p.add_argument("--secure", choices=("none", "mask", "ckks"), default="none",
+                   help="secure aggregation: pairwise masking or CKKS (a node holds the keys)")
     p.add_argument("--threshold", type=int, default=None, help="Shamir threshold (default: a majority)")
     p.add_argument("--frac-bits", type=int, default=32)
     p.add_argument("--partition", default="dirichlet")
