@@ -3,8 +3,8 @@
 Four measurements, each one Flower simulation (Ray) of the privfed app:
 
 1. **start-up and bytes per method** (``--clients`` nodes, digits, d = 64):
-   every method plain, and fedncm / fed3r / fedcof under pairwise masking,
-   in one simulation; the wall time minus the server time of every run but
+   every method plain, fedncm / fed3r / fedcof under pairwise masking and
+   fedncm / fedcof under CKKS, in one simulation; the wall time minus the server time of every run but
    the first is the time to the first head (Ray, actors, node imports and
    data loading, then one run).  Bytes are what
    the nodes' replies carried (Flower's ``count_bytes`` of every record),
@@ -52,8 +52,11 @@ def _sim(cfgs, num_cpus):
 
 
 def bench_methods(K: int, num_cpus: int) -> dict:
-    cfgs = [FlowerConfig(method=m, clients=K) for m in available()]
-    cfgs += [FlowerConfig(method=m, clients=K, secure="mask") for m in ("fedncm", "fed3r", "fedcof")]
+    # Generous stage timeouts: on a loaded machine the first stage waits for every actor to start.
+    slow = dict(clients=K, timeout=900.0, connect_timeout=900.0)
+    cfgs = [FlowerConfig(method=m, **slow) for m in available()]
+    cfgs += [FlowerConfig(method=m, secure="mask", **slow) for m in ("fedncm", "fed3r", "fedcof")]
+    cfgs += [FlowerConfig(method=m, secure="ckks", **slow) for m in ("fedncm", "fedcof")]
     out, wall = _sim(cfgs, num_cpus)
     rows, server = [], 0.0
     for cfg, res in zip(cfgs, out):
@@ -99,8 +102,8 @@ def bench_scale(sizes: list[int], num_cpus: int) -> list[dict]:
 
 
 def bench_memory(dims: list[int], K: int, num_cpus: int) -> list[dict]:
-    cfgs = [FlowerConfig(method="fed3r", clients=K, dataset=f"synthetic:{d}:20") for d in dims]
-    cfgs.append(FlowerConfig(method="fed3r", clients=2 * K, dataset=f"synthetic:{dims[-1]}:20"))
+    cfgs = [FlowerConfig(method="fed3r", clients=K, dataset=f"synthetic:{d}:20", timeout=900.0) for d in dims]
+    cfgs.append(FlowerConfig(method="fed3r", clients=2 * K, dataset=f"synthetic:{dims[-1]}:20", timeout=900.0))
     tracemalloc.start()
     try:
         out, _ = _sim(cfgs, num_cpus)
