@@ -1,0 +1,176 @@
+"""Benchmark of privfed on Flower's simulation engine: start-up, bytes on the wire, scale, server memory.
+
+Four measurements, each one Flower simulation (Ray) of the privfed app:
+
+1. **start-up and bytes per method** (``--clients`` nodes, digits, d = 64):
+   every method plain, fedncm / fed3r / fedcof under pairwise masking and
+   fedncm / fedcof under CKKS, in one simulation; the wall time minus the server time of every run but
+   the first is the time to the first head (Ray, actors, node imports and
+   data loading, then one run).  Bytes are what
+   the nodes' replies carried (Flower's ``count_bytes`` of every record),
+   against ``fit``'s model of the upload (4 bytes a float).
+2. **scale**: fedncm on ``synthetic:64:20`` data (20 samples a node) with
+   ``--scale`` nodes (default 10, 100, 1000), one simulation each: wall
+   time, server time, and the head's agreement with a direct sum.
+3. **server memory against d^2**: fed3r (sums + d x d second moment) on
+   ``synthetic:D:20`` for D in ``--dims`` with a fixed number of nodes, and
+   for the largest D with twice the nodes: the traced peak of the server
+   process (tracemalloc over the server thread; Flower's in-memory link
+   state included) next to d^2 * 8 bytes and K d^2 * 8 bytes, which is what
+   holding every reply would cost.
+
+Prints markdown tables and writes ``results.json`` under ``--out``.
+
+Run: ``python experiments/bench_flower.py [--clients 10] [--scale 10,100,1000] [--dims 64,256,512,1024]
+[--out results/bench_flower]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import platform
+import time
+import tracemalloc
+
+import numpy as np
+
+os.environ.setdefault("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")
+
+from privfed._cli import parse_int_list  # noqa: E402
+from privfed.flower import FlowerConfig, run_simulation  # noqa: E402
+from privfed.flower.node import load_node_data  # noqa: E402
+from privfed.methods import available  # noqa: E402
+
+
+def _sim(cfgs, num_cpus):
+    t0 = time.perf_counter()
+    out = run_simulation(cfgs, num_cpus=num_cpus)
+    return out, time.perf_counter() - t0
+
+
+def bench_methods(K: int, num_cpus: int) -> dict:
+    # Generous stage timeouts: on a loaded machine the first stage waits for every actor to start.
+    slow = dict(clients=K, timeout=900.0, connect_timeout=900.0)
+    cfgs = [FlowerConfig(method=m, **slow) for m in available()]
+    cfgs += [FlowerConfig(method=m, secure="mask", **slow) for m in ("fedncm", "fed3r", "fedcof")]
+    cfgs += [FlowerConfig(method=m, secure="ckks", **slow) for m in ("fedncm", "fedcof")]
+    out, wall = _sim(cfgs, num_cpus)
+    rows, server = [], 0.0
+    for cfg, res in zip(cfgs, out):
+        if isinstance(res, Exception):
+            rows.append({"method": cfg.method, "secure": cfg.secure, "error": str(res)})
+            continue
+        server += res.report["seconds"]["total"]
+        model = res.report["upload_bytes_model"]
+        rows.append({
+            "method": cfg.method, "secure": cfg.secure,
+            "wire_bytes_up_per_node": res.report["wire"]["bytes_up_per_node"],
+            "fit_model_bytes_per_client": model.get("per_client") if cfg.secure == "none" else None,
+            "server_seconds": res.report["seconds"]["total"],
+        })
+    later = sum(r.get("server_seconds", 0.0) for r in rows[1:])
+    # Time to the first head: Ray, actors, node imports and data loading, then one run.
+    return {"clients": K, "simulation_wall_s": wall, "server_s": server, "first_head_s": wall - later,
+            "runs": rows}
+
+
+def bench_scale(sizes: list[int], num_cpus: int) -> list[dict]:
+    rows = []
+    for K in sizes:
+        cfg = FlowerConfig(method="fedncm", clients=K, dataset="synthetic:64:20", timeout=1800.0,
+                           connect_timeout=600.0)
+        res, wall = _sim(cfg, num_cpus)
+        # The same statistics summed directly: every node's data is reproducible from its id.
+        S = np.zeros((10, 64))
+        N = np.zeros(10)
+        for i in range(K):
+            nd = load_node_data({"partition-id": i, "num-partitions": K}, cfg)
+            np.add.at(S, nd.labels, nd.features)
+            N += np.bincount(nd.labels, minlength=10)
+        mu = S / N[:, None]
+        ref = mu / np.linalg.norm(mu, axis=1, keepdims=True)
+        rows.append({
+            "clients": K, "simulation_wall_s": wall, "server_s": res.report["seconds"]["total"],
+            "query_stage_s": res.report["wire"]["stages"]["query"]["seconds"],
+            "wire_bytes_up_per_node": res.report["wire"]["bytes_up_per_node"],
+            "max_abs_diff_vs_direct_sum": float(np.abs(res.head.weight - ref).max()),
+        })
+    return rows
+
+
+def bench_memory(dims: list[int], K: int, num_cpus: int) -> list[dict]:
+    cfgs = [FlowerConfig(method="fed3r", clients=K, dataset=f"synthetic:{d}:20", timeout=900.0) for d in dims]
+    cfgs.append(FlowerConfig(method="fed3r", clients=2 * K, dataset=f"synthetic:{dims[-1]}:20", timeout=900.0))
+    tracemalloc.start()
+    try:
+        out, _ = _sim(cfgs, num_cpus)
+    finally:
+        tracemalloc.stop()
+    rows = []
+    for cfg, res in zip(cfgs, out):
+        d = int(cfg.dataset.split(":")[1])
+        if isinstance(res, Exception):
+            rows.append({"d": d, "clients": cfg.clients, "error": str(res)})
+            continue
+        peak = res.report["server_peak_traced_bytes"]
+        rows.append({"d": d, "clients": cfg.clients, "server_peak_traced_bytes": peak,
+                     "d2_bytes": 8 * d * d, "K_d2_bytes": 8 * cfg.clients * d * d,
+                     "peak_over_d2": peak / (8 * d * d)})
+    return rows
+
+
+def _table(rows, cols):
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in rows:
+        cells = []
+        for c in cols:
+            v = r.get(c, "")
+            cells.append(f"{v:.4g}" if isinstance(v, float) else str(v))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--clients", type=int, default=10)
+    p.add_argument("--scale", default="10,100,1000")
+    p.add_argument("--dims", default="64,256,512,1024")
+    p.add_argument("--memory-clients", type=int, default=20)
+    p.add_argument("--num-cpus", type=int, default=2)
+    p.add_argument("--skip", default="", help="comma-separated parts to skip: methods,scale,memory")
+    p.add_argument("--out", default="results/bench_flower")
+    args = p.parse_args(argv)
+    skip = set(filter(None, args.skip.split(",")))
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    res: dict = {"config": vars(args), "machine": {"python": platform.python_version(),
+                                                     "cpus": os.cpu_count()}}
+    if "methods" not in skip:
+        res["methods"] = bench_methods(args.clients, args.num_cpus)
+        m = res["methods"]
+        print(f"\n## Start-up and bytes ({m['clients']} nodes, digits d = 64)\n")
+        print(f"simulation wall {m['simulation_wall_s']:.1f} s, server {m['server_s']:.1f} s, "
+              f"first head after {m['first_head_s']:.1f} s (start-up + one run)\n")
+        print(_table(m["runs"], ["method", "secure", "wire_bytes_up_per_node", "fit_model_bytes_per_client",
+                                 "server_seconds", "error"]))
+    if "scale" not in skip:
+        res["scale"] = bench_scale(parse_int_list(args.scale, "--scale", minimum=1), args.num_cpus)
+        print("\n## Scale (fedncm, synthetic d = 64, 20 samples a node)\n")
+        print(_table(res["scale"], ["clients", "simulation_wall_s", "server_s", "query_stage_s",
+                                    "wire_bytes_up_per_node", "max_abs_diff_vs_direct_sum"]))
+    if "memory" not in skip:
+        res["memory"] = bench_memory(parse_int_list(args.dims, "--dims", minimum=1), args.memory_clients,
+                                     args.num_cpus)
+        print("\n## Server memory against d^2 (fed3r, synthetic)\n")
+        print(_table(res["memory"], ["d", "clients", "server_peak_traced_bytes", "d2_bytes", "K_d2_bytes",
+                                     "peak_over_d2", "error"]))
+    (out / "results.json").write_text(json.dumps(res, indent=2, default=str))
+    print(f"\nwritten {out / 'results.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

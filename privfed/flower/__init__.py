@@ -1,0 +1,37 @@
+"""privfed on Flower: every method as a Flower app, in simulation and across machines.
+
+Flower carries the messages; privfed computes the statistics, the noise and
+the secure-aggregation protocol.  A node (:mod:`privfed.flower.client_app`)
+computes its :class:`~privfed.stats.ClientStats` with the code ``fit`` runs,
+clips and noises them with OS entropy and replies; the server
+(:mod:`privfed.flower.server_app`) waits for the expected nodes, folds the
+replies as they arrive and builds the head with the method's ``aggregate``.
+Secure aggregation runs privfed's pairwise masking as message stages
+(:mod:`privfed.flower.secagg`) or CKKS with a node as the key holder
+(:mod:`privfed.flower.ckks`).
+
+Routes:
+
+* ``python -m privfed.flower --method fedcof --clients 20`` (simulation);
+* ``flwr run`` on the app in ``privfed/flower/app`` against a SuperLink and
+  SuperNodes started with ``flower-superlink`` / ``flower-supernode``.
+
+Needs the optional extra: ``pip install privfed[flower]``.
+"""
+
+from __future__ import annotations
+
+try:
+    import flwr  # noqa: F401
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    from privfed.errors import MissingDependencyError
+
+    raise MissingDependencyError(
+        "privfed.flower needs Flower; install it with: pip install 'privfed[flower]'"
+    ) from exc
+
+from privfed.flower.config import FlowerConfig
+from privfed.flower.server_app import FlowerResult, serve
+from privfed.flower.simulation import run_simulation
+
+__all__ = ["FlowerConfig", "FlowerResult", "run_simulation", "serve"]

@@ -1,0 +1,242 @@
+"""The ClientApp: a node computes, protects and sends its own statistics.
+
+Message types it answers (all ``query``; the server sends the run's
+:class:`~privfed.flower.config.FlowerConfig` in the message):
+
+``query``            plain release: the node's clipped (and noised) statistics
+``query.setup``      secure runs: the public shape (d, C) and that the node has data
+``query.keys`` ``query.shares`` ``query.masked`` ``query.unmask``
+                     the pairwise-masking stages (:mod:`privfed.flower.secagg`)
+``query.ckks_keys`` ``query.ckks_encrypt`` ``query.ckks_decrypt``
+                     CKKS with this node or another as key holder (:mod:`privfed.flower.ckks`)
+``query.round``      one round of a multi-round method (:mod:`privfed.flower.rounds`)
+
+A bad configuration or a node without data is answered with an ``error``
+record naming the problem, which the server turns into one clear error.
+
+Fault injection for drills and tests: node config ``fail-at=STAGE`` makes
+the node fail that stage, the first time it reaches it (it answers with a Flower error),
+``fail-at=STAGE:exit`` makes the ClientApp process exit without answering
+(a crash), where STAGE is ``query``, ``setup``, ``keys``, ``shares``,
+``masked`` or ``unmask``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+
+from flwr.app import ConfigRecord, Context, Error, Message, RecordDict
+from flwr.clientapp import ClientApp
+
+from privfed.errors import PrivfedError
+from mechanisms.ckks import CKKSParams
+from privfed.flower.ckks import SECRET_KEY as CKKS_SECRET
+from privfed.flower.ckks import holder_decrypt, holder_keys, node_encrypt, sum_reply
+from privfed.flower.config import FlowerConfig
+from privfed.flower.node import load_node_data, node_rng, node_statistics
+from privfed.flower.rounds import node_round_statistics
+from privfed.flower.protocol import fedcof_round_vector, sum_vector
+from privfed.flower.secagg import STATE_KEY, NodeMasking, encode_for_ring, masked_reply
+from privfed.flower.wire import stats_from_record, stats_record
+
+__all__ = ["app", "make_client_app"]
+
+
+def _fault(stage: str, msg: Message, context: Context, faults: dict | None) -> Message | None:
+    """The failure reply if this node is told to fail this stage (once: a failed node may come back)."""
+    node_config = context.node_config
+    spec = node_config.get("fail-at")
+    if faults and "partition-id" in node_config:
+        spec = faults.get(int(node_config["partition-id"]), spec)
+    if not spec or _FIRED in context.state:
+        return None
+    where, _, how = str(spec).partition(":")
+    if where != stage:
+        return None
+    if how == "exit":
+        os._exit(17)  # a crash: no reply at all
+    context.state[_FIRED] = ConfigRecord({"stage": stage})
+    return Message(Error(code=0, reason=f"node told to fail at stage {stage!r} (fail-at)"), reply_to=msg)
+
+
+_FIRED = "privfed-fault-fired"
+
+
+def _config(msg: Message) -> FlowerConfig:
+    return FlowerConfig.from_wire(dict(msg.content["config"]))
+
+
+def _error(msg: Message, exc: Exception) -> Message:
+    return Message(RecordDict({"error": ConfigRecord({"message": str(exc), "kind": type(exc).__name__})}),
+                   reply_to=msg)
+
+
+def _secure_stats(cfg: FlowerConfig, context: Context):
+    """This node's statistics for a secure run, computed once and kept in its own ``context.state``.
+
+    The node's later stages (and FedCOF's second round) reuse them instead of
+    loading the data again; they never leave the node unmasked.
+    """
+    key = hashlib.sha256(json.dumps(cfg.to_wire(), sort_keys=True).encode()).hexdigest()
+    if _STATS in context.state and context.state[_STATS_KEY]["config"] == key:
+        return stats_from_record(context.state[_STATS], "this node's cached statistics")
+    data = load_node_data(context.node_config, cfg)
+    stats, _ = node_statistics(data, cfg, node_rng(cfg, context.node_id, "noise"), secure=True)
+    context.state[_STATS] = stats_record(stats)
+    context.state[_STATS_KEY] = ConfigRecord({"config": key})
+    return stats
+
+
+def _secure_vector(msg: Message, cfg: FlowerConfig, context: Context):
+    """The vector this node contributes to the secure sum named in the message's ``round``."""
+    stats = _secure_stats(cfg, context)
+    round_name = str(msg.content["round"]["round"])
+    if round_name == "sums":
+        return sum_vector(stats, cfg.make_method())
+    b = msg.content["broadcast"] if "broadcast" in msg.content else None
+    return fedcof_round_vector(stats, cfg.make_method(), round_name,
+                               None if b is None else {k: b[k].numpy() for k in b.keys()})
+
+
+_STATS = "privfed-stats"
+_STATS_KEY = "privfed-stats-config"
+
+
+def make_client_app(faults: dict[int, str] | None = None) -> ClientApp:
+    """A ClientApp; ``faults`` maps partition-id -> ``fail-at`` spec (simulation drills)."""
+    app = ClientApp()
+
+    @app.query()
+    def query(msg: Message, context: Context) -> Message:
+        if (failed := _fault("query", msg, context, faults)) is not None:
+            return failed
+        try:
+            cfg = _config(msg)
+            data = load_node_data(context.node_config, cfg)
+            stats, events = node_statistics(data, cfg, node_rng(cfg, context.node_id, "noise"))
+        except PrivfedError as exc:
+            return _error(msg, exc)
+        meta = ConfigRecord({
+            "d": int(stats.dim), "C": int(stats.num_classes), "events": json.dumps(events),
+            "partition-id": -1 if data.partition_id is None else int(data.partition_id),
+        })
+        return Message(RecordDict({"stats": stats_record(stats), "meta": meta}), reply_to=msg)
+
+    @app.query("round")
+    def round_(msg: Message, context: Context) -> Message:
+        if (failed := _fault("round", msg, context, faults)) is not None:
+            return failed
+        try:
+            cfg = _config(msg)
+            data = load_node_data(context.node_config, cfg)
+            b = msg.content["broadcast"]
+            info = msg.content["round"]
+            stats = node_round_statistics(str(info["name"]), data, cfg, {k: b[k].numpy() for k in b.keys()},
+                                          int(info["index"]))
+        except PrivfedError as exc:
+            return _error(msg, exc)
+        return Message(RecordDict({"stats": stats_record(stats)}), reply_to=msg)
+
+    @app.query("setup")
+    def setup(msg: Message, context: Context) -> Message:
+        if (failed := _fault("setup", msg, context, faults)) is not None:
+            return failed
+        try:
+            cfg = _config(msg)
+            stats = _secure_stats(cfg, context)
+        except PrivfedError as exc:
+            return _error(msg, exc)
+        meta = ConfigRecord({"d": int(stats.dim), "C": int(stats.num_classes),
+                             "key-holder": str(context.node_config.get("key-holder", "")).lower() == "true"})
+        return Message(RecordDict({"meta": meta}), reply_to=msg)
+
+    @app.query("keys")
+    def keys(msg: Message, context: Context) -> Message:
+        if (failed := _fault("keys", msg, context, faults)) is not None:
+            return failed
+        rec = msg.content["secagg"]
+        node, pub = NodeMasking.advertise(bytes(rec["session"]), int(rec["u"]), int(rec["K"]), int(rec["t"]))
+        context.state[STATE_KEY] = node.st
+        return Message(RecordDict({"keys": ConfigRecord(pub)}), reply_to=msg)
+
+    @app.query("shares")
+    def shares(msg: Message, context: Context) -> Message:
+        if (failed := _fault("shares", msg, context, faults)) is not None:
+            return failed
+        rec = msg.content["secagg"]
+        node = NodeMasking(context.state[STATE_KEY])
+        out = node.share_keys([int(v) for v in rec["peers"]], list(rec["c_pk"]), list(rec["s_pk"]))
+        context.state[STATE_KEY] = node.st
+        return Message(RecordDict({"shares": ConfigRecord({"to": list(out), "ct": list(out.values())})}),
+                       reply_to=msg)
+
+    @app.query("masked")
+    def masked(msg: Message, context: Context) -> Message:
+        if (failed := _fault("masked", msg, context, faults)) is not None:
+            return failed
+        rec = msg.content["secagg"]
+        cfg = _config(msg)
+        node = NodeMasking(context.state[STATE_KEY])
+        try:
+            x = _secure_vector(msg, cfg, context)
+            y = node.masked_input(
+                dict(zip([int(v) for v in rec["from"]], [bytes(c) for c in rec["ct"]])),
+                [int(v) for v in rec["alive"]], encode_for_ring(x, cfg.frac_bits, int(node.st["K"])),
+            )
+        except PrivfedError as exc:
+            return _error(msg, exc)
+        context.state[STATE_KEY] = node.st
+        return Message(masked_reply(y), reply_to=msg)
+
+    @app.query("ckks_keys")
+    def ckks_keys(msg: Message, context: Context) -> Message:
+        if (failed := _fault("ckks_keys", msg, context, faults)) is not None:
+            return failed
+        secret, public = holder_keys(CKKSParams())
+        context.state[CKKS_SECRET] = ConfigRecord({"secret": secret})
+        return Message(RecordDict({"ckks": ConfigRecord({"public": public})}), reply_to=msg)
+
+    @app.query("ckks_encrypt")
+    def ckks_encrypt(msg: Message, context: Context) -> Message:
+        if (failed := _fault("ckks_encrypt", msg, context, faults)) is not None:
+            return failed
+        rec = msg.content["ckks"]
+        try:
+            cfg = _config(msg)
+            x = _secure_vector(msg, cfg, context)
+            cts = node_encrypt(bytes(rec["public"]), x, CKKSParams(), int(rec["K"]))
+        except PrivfedError as exc:
+            return _error(msg, exc)
+        return Message(RecordDict({"ckks": ConfigRecord({"ct": cts})}), reply_to=msg)
+
+    @app.query("ckks_decrypt")
+    def ckks_decrypt(msg: Message, context: Context) -> Message:
+        if (failed := _fault("ckks_decrypt", msg, context, faults)) is not None:
+            return failed
+        rec = msg.content["ckks"]
+        secret = bytes(context.state[CKKS_SECRET]["secret"])
+        del context.state[CKKS_SECRET]  # one aggregate per key
+        total = holder_decrypt(secret, [bytes(c) for c in rec["aggregate"]], int(rec["size"]), CKKSParams(),
+                               integral=False)
+        return Message(sum_reply(total), reply_to=msg)
+
+    @app.query("unmask")
+    def unmask(msg: Message, context: Context) -> Message:
+        if (failed := _fault("unmask", msg, context, faults)) is not None:
+            return failed
+        rec = msg.content["secagg"]
+        node = NodeMasking(context.state[STATE_KEY])
+        answers = node.unmask([int(v) for v in rec["uploaded"]])
+        del context.state[STATE_KEY]  # the run's secrets are not kept past unmasking
+        return Message(RecordDict({"unmask": ConfigRecord({
+            "about": list(answers), "kind": [k for k, _ in answers.values()],
+            "share": [s.to_bytes(32, "little") for _, s in answers.values()],
+        })}), reply_to=msg)
+
+    return app
+
+
+#: The ClientApp ``flwr run`` and ``flower-supernode`` load (``privfed.flower.client_app:app``).
+app = make_client_app()

@@ -1,0 +1,209 @@
+"""The run configuration of a privfed Flower app, shared by server and nodes.
+
+One :class:`FlowerConfig` describes a run: the method and its parameters,
+the privacy mechanism, the secure-aggregation protocol, how many nodes to
+wait for and for how long, and where the nodes' data comes from.  The server
+reads it from Flower's run config (``[tool.flwr.app.config]`` or
+``flwr run --run-config``) or from the command line, and sends it to every
+node inside its first message, so nodes never disagree on it.
+
+Keys (run config / command line):
+
+==========================  ===================================================
+``method``                  a name from :func:`privfed.methods.available`
+``method-params``           JSON object of the method's parameters
+``clients``                 how many nodes the server waits for
+``min-clients``             fewest replies a plain run accepts (default: all)
+``epsilon`` ``delta``       DP budget; ``epsilon = inf`` (default) adds no noise
+``clip``                    L2 clipping bound of every record (required for DP)
+``level``                   ``record`` or ``client``
+``trusted-aggregator``      the server adds the noise to the sum
+``max-records``             client level: records per client bound
+``secure``                  ``none``, ``mask`` (pairwise masking) or ``ckks``
+                            (CKKS, a node holding the keys)
+``threshold``               Shamir threshold t (default: a majority)
+``frac-bits``               fixed-point fractional bits of masked statistics
+``dataset``                 ``digits`` (embedded, default), ``file:PATH`` or
+                            ``synthetic:D:N`` (N random D-dim samples a node)
+``num-classes``             C; defaults to the data set's
+``partition`` ``alpha``     how ``digits`` is split over ``num-partitions``
+``partition-seed``          seed of that split (the one ``fit`` users pass)
+``noise-seed``              reproducible noise (a simulation); default OS entropy
+``timeout``                 seconds any one stage may take
+``connect-timeout``         seconds to wait for the nodes to connect
+``output``                  directory for ``head.npz`` and ``report.json``
+==========================  ===================================================
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+from privfed import methods as _methods
+from privfed.errors import ConfigError
+
+__all__ = ["FlowerConfig", "SECURE_PROTOCOLS"]
+
+#: Secure-aggregation protocols the Flower app runs as message stages.
+SECURE_PROTOCOLS = ("none", "mask", "ckks")
+
+
+@dataclass(frozen=True)
+class FlowerConfig:
+    """Everything server and nodes must agree on for one run (see the module docstring)."""
+
+    method: str = "fedncm"
+    method_params: dict = field(default_factory=dict)
+    clients: int = 2
+    min_clients: int | None = None
+    epsilon: float = math.inf
+    delta: float = 1e-5
+    clip: float | None = None
+    level: str = "record"
+    trusted_aggregator: bool = False
+    max_records: int | None = None
+    secure: str = "none"
+    threshold: int | None = None
+    frac_bits: int = 32
+    dataset: str = "digits"
+    num_classes: int | None = None
+    partition: str = "dirichlet"
+    alpha: float = 0.5
+    partition_seed: int = 0
+    noise_seed: int | None = None
+    timeout: float = 120.0
+    connect_timeout: float = 120.0
+    output: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.method not in _methods.available():
+            raise ConfigError(f"unknown method {self.method!r}; choose from {_methods.available()}")
+        if not isinstance(self.method_params, dict):
+            raise ConfigError(f"method-params must be a JSON object, got {self.method_params!r}")
+        self.make_method()  # unknown / bad parameters fail here, on the server, before any message
+        _positive_int(self.clients, "clients", "the number of nodes the server waits for, e.g. 10")
+        if self.min_clients is not None:
+            _positive_int(self.min_clients, "min-clients", "e.g. the number of clients")
+            if self.min_clients > self.clients:
+                raise ConfigError(
+                    f"min-clients={self.min_clients} exceeds clients={self.clients}; lower min-clients"
+                )
+        if self.secure not in SECURE_PROTOCOLS:
+            raise ConfigError(f"secure must be one of {list(SECURE_PROTOCOLS)}, got {self.secure!r}")
+        if self.secure != "none" and self.clients < 2:
+            raise ConfigError("secure aggregation needs clients >= 2 (a sum of one input is that input)")
+        if self.threshold is not None:
+            _positive_int(self.threshold, "threshold", "e.g. a majority of the clients")
+            if self.threshold > self.clients:
+                raise ConfigError(f"threshold={self.threshold} exceeds clients={self.clients}")
+        if self.private:
+            if self.clip is None:
+                raise ConfigError(
+                    "a DP run (finite epsilon) needs clip, the L2 bound of every record; e.g. --clip 10"
+                )
+            if self.secure != "none":
+                raise ConfigError(
+                    "DP noise together with secure aggregation is not offered by the Flower app yet; "
+                    "run the DP release without --secure, or secure aggregation without --epsilon"
+                )
+        for name in ("timeout", "connect_timeout"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+                raise ConfigError(f"{name.replace('_', '-')} must be a positive number of seconds, got {v!r}")
+        if not (isinstance(self.dataset, str)
+                and (self.dataset == "digits" or self.dataset.startswith(("file:", "synthetic:")))):
+            raise ConfigError(f"dataset must be 'digits', 'file:PATH' or 'synthetic:D:N', got {self.dataset!r}")
+
+    # -- derived ---------------------------------------------------------------
+    @property
+    def private(self) -> bool:
+        """Whether DP noise is released (a finite epsilon)."""
+        return math.isfinite(float(self.epsilon))
+
+    @property
+    def min_replies(self) -> int:
+        return self.clients if self.min_clients is None else int(self.min_clients)
+
+    def make_method(self):
+        """The method object (ConfigError naming the bad parameter otherwise)."""
+        return _methods.get(self.method, **self.method_params)
+
+    def make_privacy(self):
+        """A fresh :class:`mechanisms.GaussianMechanism`, or ``None`` without DP."""
+        if not self.private:
+            return None
+        from mechanisms import GaussianMechanism
+
+        method = self.make_method()
+        blocks = ("sums", "counts", "second") if "second" in method.requires else ("sums", "counts")
+        return GaussianMechanism(
+            epsilon=float(self.epsilon), delta=float(self.delta), clip=float(self.clip), level=self.level,
+            blocks=blocks, trusted_aggregator=bool(self.trusted_aggregator), max_records=self.max_records,
+        )
+
+    # -- (de)serialisation ------------------------------------------------------
+    def to_wire(self) -> dict[str, Any]:
+        """A flat dict of str / int / float / bool (a Flower ConfigRecord's value types)."""
+        out: dict[str, Any] = {}
+        for k, v in asdict(self).items():
+            if v is None:
+                continue
+            out[k] = json.dumps(v) if isinstance(v, dict) else v
+        return out
+
+    @classmethod
+    def from_wire(cls, values: dict[str, Any]) -> "FlowerConfig":
+        known = {f.name for f in fields(cls)}
+        kwargs = {k: v for k, v in values.items() if k in known}
+        if isinstance(kwargs.get("method_params"), str):
+            kwargs["method_params"] = json.loads(kwargs["method_params"])
+        return cls(**kwargs)
+
+    @classmethod
+    def from_run_config(cls, run_config: dict[str, Any]) -> "FlowerConfig":
+        """Parse Flower's run config (dashed keys; unknown keys are an error naming them)."""
+        names = {f.name.replace("_", "-"): f for f in fields(cls)}
+        unknown = sorted(set(run_config) - set(names))
+        if unknown:
+            raise ConfigError(f"unknown run-config key(s) {unknown}; known keys: {sorted(names)}")
+        kwargs: dict[str, Any] = {}
+        for key, value in run_config.items():
+            f = names[key]
+            if isinstance(value, str) and value.strip().lower() in ("", "none", "null") and f.default is None:
+                continue
+            kwargs[f.name] = _coerce(f.name, value)
+        return cls(**kwargs)
+
+
+def _coerce(name: str, value: Any) -> Any:
+    ints = {"clients", "min_clients", "max_records", "threshold", "frac_bits", "num_classes",
+            "partition_seed", "noise_seed"}
+    floats = {"epsilon", "delta", "clip", "alpha", "timeout", "connect_timeout"}
+    key = name.replace("_", "-")
+    try:
+        if name == "method_params":
+            value = json.loads(value) if isinstance(value, str) else value
+        elif name in ints:
+            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+                raise ValueError
+            value = int(value)
+        elif name in floats:
+            value = float(value)
+        elif name == "trusted_aggregator":
+            if isinstance(value, str):
+                if value.lower() not in ("true", "false", "1", "0"):
+                    raise ValueError
+                value = value.lower() in ("true", "1")
+            value = bool(value)
+    except (TypeError, ValueError, json.JSONDecodeError):
+        raise ConfigError(f"run-config {key}={value!r} has the wrong type") from None
+    return value
+
+
+def _positive_int(value, name: str, fix: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{name} must be a positive integer, got {value!r}; {fix}")
+    return value

@@ -1,0 +1,166 @@
+"""What a node holds and computes: its data, its statistics, its noise.
+
+A node's data is either
+
+* its share of the embedded ``digits`` data set, given by Flower's node
+  config ``partition-id`` / ``num-partitions`` and split with
+  :func:`privfed.federation.partition` exactly as ``fit`` users split it
+  (``partition(labels, num_partitions, scheme, alpha=..., rng=seed).apply``),
+  so a Flower run and ``privfed.fit`` see the same clients; or
+* a feature file of its own (node config ``features=PATH``, a ``.npz`` with
+  ``features`` and ``labels``, see :mod:`privfed.data.npzfile`): a natural
+  split, one file per site.
+
+Statistics are computed by :func:`privfed.pipeline.client_statistics`, the
+code ``fit`` runs, on this node's rows only (one client, ``K = 1``), then
+bounded and noised by the privacy mechanism's ``before_upload`` with
+randomness from the operating system unless the run is a seeded simulation.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from privfed.errors import ConfigError, InputError
+from privfed.flower.config import FlowerConfig
+from privfed.pipeline import client_statistics
+from privfed.stats import ClientStats
+
+__all__ = ["NodeData", "load_node_data", "node_rng", "node_statistics"]
+
+
+@dataclass(frozen=True, eq=False)
+class NodeData:
+    """One node's training features and labels, and where they came from."""
+
+    features: np.ndarray
+    labels: np.ndarray
+    num_classes: int
+    source: str
+    partition_id: int | None = None
+
+
+@functools.lru_cache(maxsize=4)
+def _digits_partition(num_partitions: int, scheme: str, alpha: float, seed: int):
+    from privfed.data import load_dataset
+    from privfed.federation import partition
+
+    ds = load_dataset("digits")
+    part = partition(ds.train_labels, num_partitions, scheme, alpha=alpha, rng=seed)
+    F, y, k = part.apply(ds.train_features, ds.train_labels)
+    return F, y, k, ds.num_classes
+
+
+def load_node_data(node_config: dict, cfg: FlowerConfig) -> NodeData:
+    """The data of the node described by Flower's ``node_config`` (see the module docstring)."""
+    path = node_config.get("features")
+    if path:
+        return _node_file(str(path), cfg)
+    if cfg.dataset.startswith("synthetic:"):
+        return _synthetic(node_config, cfg)
+    if "partition-id" not in node_config or "num-partitions" not in node_config:
+        raise ConfigError(
+            "this node has no data: give it node config 'features=PATH' (a .npz feature file) or "
+            "'partition-id=i num-partitions=n' for its share of the embedded digits data set"
+        )
+    if cfg.dataset != "digits":
+        raise ConfigError(
+            f"dataset={cfg.dataset!r} cannot be partitioned on the nodes; give every node its own "
+            "file with node config 'features=PATH'"
+        )
+    pid, n = int(node_config["partition-id"]), int(node_config["num-partitions"])
+    if not 0 <= pid < n:
+        raise ConfigError(f"partition-id={pid} must lie in 0..num-partitions-1={n - 1}")
+    F, y, k, C = _digits_partition(n, cfg.partition, float(cfg.alpha), int(cfg.partition_seed))
+    if cfg.num_classes is not None and cfg.num_classes != C:
+        raise ConfigError(f"num-classes={cfg.num_classes} but the digits data set has {C} classes")
+    rows = k == pid
+    return NodeData(F[rows], y[rows], int(C), f"digits partition {pid} of {n}", pid)
+
+
+def _node_file(path: str, cfg: FlowerConfig) -> NodeData:
+    """A node's own ``.npz`` (``features`` (n, d), ``labels`` (n,)): every row is a training record.
+
+    Unlike a whole data set's feature file, a site's file may lack classes, so
+    C comes from the run config (``num-classes``), the same on every node.
+    """
+    import pathlib
+
+    from privfed.data.npzfile import _features, _ints, _read
+
+    where = f"node feature file {path!r}"
+    arrays = _read(pathlib.Path(path).expanduser())
+    for required in ("features", "labels"):
+        if required not in arrays:
+            raise InputError(f"{where} has no {required!r} array (it has {sorted(arrays)}); "
+                             "save it with numpy.savez(path, features=..., labels=...)")
+    F = _features(arrays["features"], "features", where)
+    y = _ints(arrays["labels"], "labels", F.shape[0], "features", where)
+    if cfg.num_classes is None:
+        raise ConfigError(f"nodes with their own feature files need num-classes in the run config ({where})")
+    if y.size and (y.min() < 0 or y.max() >= cfg.num_classes):
+        raise InputError(f"{where} has labels outside 0..{cfg.num_classes - 1} (num-classes={cfg.num_classes})")
+    return NodeData(F, y, int(cfg.num_classes), f"file:{path}")
+
+
+def _synthetic(node_config: dict, cfg: FlowerConfig) -> NodeData:
+    """``synthetic:D:N``: N Gaussian samples of dimension D on this node (benchmarks at scale).
+
+    Class c has mean e_{c mod D} * 3; drawn from the partition id and
+    ``partition-seed``, so a run is reproducible and every node differs.
+    """
+    try:
+        _, dim, n = cfg.dataset.split(":")
+        dim, n = int(dim), int(n)
+    except ValueError:
+        raise ConfigError(f"dataset {cfg.dataset!r} must read synthetic:D:N, e.g. synthetic:1280:50") from None
+    C = 10 if cfg.num_classes is None else int(cfg.num_classes)
+    pid = int(node_config.get("partition-id", 0))
+    rng = np.random.default_rng([int(cfg.partition_seed), pid, 0x5F])
+    y = rng.integers(0, C, n)
+    F = rng.normal(size=(n, dim))
+    F[np.arange(n), y % dim] += 3.0
+    return NodeData(F, y, C, f"synthetic {dim}-d, {n} samples, partition {pid}", pid)
+
+
+def node_rng(cfg: FlowerConfig, node_id: int, purpose: str) -> np.random.Generator:
+    """Randomness of one node: OS entropy, or derived from ``noise-seed`` in a seeded simulation."""
+    if cfg.noise_seed is None:
+        return np.random.default_rng(np.random.SeedSequence(int.from_bytes(os.urandom(32), "little")))
+    digest = hashlib.sha256(f"{cfg.noise_seed}:{node_id}:{purpose}".encode()).digest()
+    return np.random.default_rng(int.from_bytes(digest[:16], "little"))
+
+
+def node_statistics(
+    data: NodeData, cfg: FlowerConfig, rng: np.random.Generator, *, secure: bool = False
+) -> tuple[ClientStats, list[dict]]:
+    """This node's upload: clipped statistics with its noise, and the release events it recorded.
+
+    Returns the statistics (``K = 1``) and the privacy ledger's events as
+    plain dicts (empty without DP), which the server checks and records.
+    """
+    if data.features.shape[0] == 0:
+        raise InputError(f"this node ({data.source}) holds no sample; give it data or leave it out of the run")
+    method = cfg.make_method()
+    privacy = cfg.make_privacy()
+    zeros = np.zeros(data.labels.shape[0], dtype=np.int64)
+    stats = client_statistics(
+        method, data.features, data.labels, zeros, num_classes=data.num_classes, num_clients=1,
+        rng=rng, privacy=privacy, secure_agg=True if secure else None,
+    )
+    events: list[dict] = []
+    if privacy is not None:
+        stats = privacy.before_upload(stats, method, rng)
+        events = [_event_dict(e) for e in privacy.ledger.events]
+    return stats, events
+
+
+def _event_dict(event) -> dict:
+    from dataclasses import asdict
+
+    return {k: v for k, v in asdict(event).items()}
