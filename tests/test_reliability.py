@@ -1,0 +1,182 @@
+"""Nothing lost, nothing silently wrong: cache integrity, input limits, extreme scales.
+
+Fault injection on every kind of cache file (bit flips anywhere, truncation,
+files of the old format, a read-only cache), inputs that would allocate
+without bound (huge labels, client ids, class counts, ``.npz`` headers and
+deflate bombs), and features at scales where the statistics overflow or
+underflow.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import warnings
+import zipfile
+
+import numpy as np
+import pytest
+import torch
+
+import privfed
+from privfed.data import cache as C
+from privfed.data import digits as D
+from privfed.errors import ConfigError, InputError, PrivfedError
+
+
+def _flip(path, position: int, bit: int = 6) -> None:
+    data = bytearray(path.read_bytes())
+    data[position] ^= 1 << bit
+    path.write_bytes(bytes(data))
+
+
+def _positions(path) -> list[int]:
+    """Byte positions to flip: in the magic, the header, the payload start, middle and end."""
+    n = path.stat().st_size
+    return sorted({3, len(C.MAGIC) + 2, len(C.MAGIC) + 40, n // 3, n // 2, n - 200, n - 1})
+
+
+@pytest.fixture()
+def fast_training(monkeypatch):
+    """Training replaced by loading the shipped weights (deterministic, instant); counts calls."""
+    calls = []
+
+    def train(images, labels, seed, progress=False):
+        calls.append(seed)
+        m = D.DigitsCNN()
+        m.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in D.load_shipped_weights(0).items()})
+        return m
+
+    monkeypatch.setattr(D, "_train_backbone", train)
+    return calls
+
+
+# -- cache integrity -------------------------------------------------------------------
+
+
+def test_bit_flips_in_cached_features_are_detected_and_rebuilt(tmp_path, digits_dataset):
+    clean = D.load_digits_features(seed=0, cache_dir=tmp_path)
+    assert clean.meta["cache_hit"] is False
+    (path,) = tmp_path.glob("digits-features-*.npz")
+    pristine = path.read_bytes()
+    for pos in _positions(path):
+        path.write_bytes(pristine)
+        _flip(path, pos)
+        with pytest.warns(C.CacheIntegrityWarning, match=path.name) as rec:
+            ds = D.load_digits_features(seed=0, cache_dir=tmp_path)
+        assert len(rec) == 1 and "rebuilding" in str(rec[0].message)
+        assert ds.meta["cache_hit"] is False
+        np.testing.assert_array_equal(ds.train_features, digits_dataset.train_features)
+        np.testing.assert_array_equal(ds.test_features, digits_dataset.test_features)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # the rebuilt file verifies: a silent hit
+            again = D.load_digits_features(seed=0, cache_dir=tmp_path)
+        assert again.meta["cache_hit"] is True
+
+
+def test_bit_flips_in_a_cached_backbone_are_detected_and_rebuilt(tmp_path, fast_training):
+    """The case that used to poison the cache: a damaged backbone with the features cache absent."""
+    clean = D.load_digits_features(seed=0, cache_dir=tmp_path, weights="trained")
+    assert fast_training == [0]
+    (pt,) = tmp_path.glob("digits-backbone-*.pt")
+    pristine = pt.read_bytes()
+    for pos in _positions(pt):
+        for f in tmp_path.glob("digits-features-*.npz"):
+            f.unlink()
+        pt.write_bytes(pristine)
+        _flip(pt, pos)
+        with pytest.warns(C.CacheIntegrityWarning, match=pt.name):
+            ds = D.load_digits_features(seed=0, cache_dir=tmp_path, weights="trained")
+        np.testing.assert_array_equal(ds.train_features, clean.train_features)
+        assert pt.read_bytes()[len(C.MAGIC):] != b"" and C.load_torch(pt, D.backbone_description(0)) is not None
+    assert len(fast_training) == 1 + len(_positions(pt))  # retrained once per damaged file
+
+
+def test_an_exponent_bit_flip_inside_a_tensor_is_caught(tmp_path, fast_training):
+    """torch.load accepts a file whose float was changed; the digest does not."""
+    m = D.get_backbone(seed=0, cache_dir=tmp_path, weights="trained")
+    (pt,) = tmp_path.glob("digits-backbone-*.pt")
+    data = bytearray(pt.read_bytes())
+    w = m.state_dict()["fc.weight"].numpy().astype("<f4").tobytes()
+    at = bytes(data).index(w[:64]) + 3  # the high byte of fc.weight[0, 0]: sign and exponent
+    data[at] ^= 0x40
+    pt.write_bytes(bytes(data))
+    head_len = C._LEN.unpack_from(bytes(data), len(C.MAGIC))[0]
+    payload = bytes(data)[len(C.MAGIC) + C._LEN.size + head_len:]
+    bad = torch.load(io.BytesIO(payload), weights_only=True)  # still loads, with a wrong weight
+    assert not torch.equal(bad["fc.weight"], m.state_dict()["fc.weight"])
+    with pytest.warns(C.CacheIntegrityWarning, match="SHA-256"):
+        again = D.get_backbone(seed=0, cache_dir=tmp_path, weights="trained")
+    assert torch.equal(again.state_dict()["fc.weight"], m.state_dict()["fc.weight"])
+
+
+def test_generic_cached_arrays_truncation_old_format_and_collision(tmp_path):
+    calls = []
+
+    def compute():
+        calls.append(1)
+        return {"x": np.arange(12.0).reshape(3, 4)}
+
+    desc = {"artefact": "t", "v": 1}
+    C.cached_arrays("t", desc, compute, tmp_path)
+    (path,) = tmp_path.glob("t-*.npz")
+    good = path.read_bytes()
+    cases = {
+        "truncated": good[:-7],
+        "no integrity record": good[len(C.MAGIC) + C._LEN.size + C._LEN.unpack_from(good, len(C.MAGIC))[0]:],
+        "damaged header": good[: len(C.MAGIC)] + b"\xff" * 8 + good[len(C.MAGIC) + 8:],
+        "empty": b"",
+    }
+    for why, blob in cases.items():
+        path.write_bytes(blob)
+        with pytest.warns(C.CacheIntegrityWarning):
+            out, _, hit = C.cached_arrays("t", desc, compute, tmp_path)
+        assert not hit, why
+        np.testing.assert_array_equal(out["x"], compute()["x"])
+    path.write_bytes(good)
+    with pytest.warns(C.CacheIntegrityWarning, match="another description"):
+        assert C.load_arrays(path, {"artefact": "t", "v": 2}) is None
+    with pytest.warns(C.CacheIntegrityWarning, match="'npz' artefact where 'torch'"):
+        assert C.load_torch(path) is None
+
+
+def test_shipped_weights_are_verified(tmp_path, monkeypatch):
+    src = D._shipped_path(0)
+    copy = tmp_path / "digits_cnn_seed0.npz"
+    copy.write_bytes(src.read_bytes())
+    monkeypatch.setattr(D, "_shipped_path", lambda seed: copy)
+    D.load_shipped_weights(0)
+    with np.load(copy) as z:
+        arrays = {k: z[k].copy() for k in z.files}
+    arrays["fc.weight"][0, 0] = np.float32(arrays["fc.weight"][0, 0] * 2)
+    np.savez(copy, **arrays)
+    with pytest.raises(InputError, match="SHA-256"):
+        D.get_backbone(seed=0)
+    copy.write_bytes(b"")
+    with pytest.raises(InputError, match="cannot be read"):
+        D.load_shipped_weights(0)
+
+
+def test_read_only_cache_holding_a_complete_cache_is_used(tmp_path, monkeypatch, digits_dataset):
+    cache = tmp_path / "shared"
+    D.load_digits_features(seed=0, cache_dir=cache)
+
+    def refuse(path, data):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(C, "atomic_write_bytes", refuse)  # as root a chmod would not stop writes
+    monkeypatch.setattr(os, "access", lambda *a, **k: False)
+    os.chmod(cache, 0o555)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            ds = D.load_digits_features(seed=0, cache_dir=cache)
+        assert ds.meta["cache_hit"] is True
+        np.testing.assert_array_equal(ds.train_features, digits_dataset.train_features)
+        # a miss in a read-only cache is computed in memory, with one warning
+        with pytest.warns(C.CacheIntegrityWarning, match="cannot write"):
+            out, _, hit = C.cached_arrays("t", {"v": 1}, lambda: {"x": np.ones(2)}, cache)
+        assert not hit and np.array_equal(out["x"], np.ones(2))
+    finally:
+        os.chmod(cache, 0o755)
