@@ -60,7 +60,7 @@ def fit(
     m = _methods.get(method, **params) if isinstance(method, str) else method
     if not isinstance(m, _methods.Method):
         raise ConfigError(f"method must be a name from {_methods.available()} or a Method, got {method!r}")
-    F, y, k, C, K = check_dataset(features, labels, clients, num_classes)
+    F, y, k, C, K = check_dataset(features, labels, clients, num_classes, every_class=True)
     absent = np.flatnonzero(np.bincount(y, minlength=C) == 0)
     if absent.size:
         raise InputError(

@@ -180,3 +180,115 @@ def test_read_only_cache_holding_a_complete_cache_is_used(tmp_path, monkeypatch,
         assert not hit and np.array_equal(out["x"], np.ones(2))
     finally:
         os.chmod(cache, 0o755)
+
+
+# -- input limits: refused before allocating ---------------------------------------------------
+
+_HUGE = 10**12
+
+
+def _small(n=40, d=3, C=4, seed=0):
+    rng = np.random.default_rng(seed)
+    y = np.arange(n) % C
+    return rng.normal(size=(n, d)) + 3 * np.eye(C, d)[y], y
+
+
+@pytest.mark.parametrize("where", ["labels", "clients", "num_classes"])
+def test_huge_ids_are_refused_by_fit_before_allocating(where):
+    F, y = _small()
+    k = np.arange(40) % 5
+    kwargs = {}
+    if where == "labels":
+        y = y.copy()
+        y[3] = _HUGE
+    elif where == "clients":
+        k = k.copy()
+        k[3] = _HUGE
+    else:
+        kwargs["num_classes"] = _HUGE
+    with pytest.raises(InputError, match=f"{_HUGE}|{_HUGE - 1}") as info:
+        privfed.fit("fedncm", F, y, k, **kwargs)
+    assert "only 40 samples" in str(info.value)
+
+
+def test_num_classes_must_be_an_integer():
+    F, y = _small()
+    for bad in (3.7, "4", 4.0, True, 0, -2):
+        with pytest.raises(ConfigError, match="num_classes"):
+            privfed.fit("fedncm", F, y, num_classes=bad)
+    assert privfed.fit("fedncm", F, y, num_classes=np.int32(4)).num_classes == 4
+
+
+def test_labels_beyond_int64_are_reported_as_given():
+    F, y = _small()
+    yf = y.astype(np.float64)
+    yf[0] = 1e20
+    with pytest.raises(InputError, match=r"1e\+20") as info:
+        privfed.fit("fedncm", F, yf)
+    assert "-9223372036854775808" not in str(info.value)
+    yu = y.astype(np.uint64)
+    yu[0] = np.uint64(2**64 - 1)
+    with pytest.raises(InputError, match=str(2**64 - 1)):
+        privfed.fit("fedncm", F, yu)
+
+
+def test_compute_client_stats_refuses_a_class_count_the_data_cannot_hold():
+    from privfed.stats import compute_client_stats
+
+    F, y = _small()
+    with pytest.raises(InputError, match="GiB"):
+        compute_client_stats(F, y, None, num_classes=_HUGE)
+    assert compute_client_stats(F, y, None, num_classes=6).counts.shape == (1, 6)  # absent classes are fine here
+
+
+@pytest.mark.parametrize("field", ["labels", "clients"])
+def test_npz_with_huge_labels_or_clients_is_refused(tmp_path, field):
+    F, y = _small()
+    arrays = {"features": F, "labels": y.copy(), "clients": np.arange(40) % 4}
+    arrays[field][5] = _HUGE
+    np.savez(tmp_path / "f.npz", **arrays)
+    with pytest.raises(InputError, match=f"up to {_HUGE}"):
+        privfed.data.load_dataset(f"file:{tmp_path / 'f.npz'}")
+
+
+def _npz_with_header(path, shape, body: bytes = b"", compress: bool = False):
+    """A .npz whose 'features' header declares ``shape`` but holds only ``body``."""
+    hdr = io.BytesIO()
+    np.lib.format.write_array_header_2_0(hdr, {"descr": "<f8", "fortran_order": False, "shape": shape})
+    method = zipfile.ZIP_DEFLATED if compress else zipfile.ZIP_STORED
+    with zipfile.ZipFile(path, "w", compression=method) as zf:
+        with zf.open("features.npy", "w", force_zip64=True) as fh:
+            fh.write(hdr.getvalue())
+            fh.write(body)
+        buf = io.BytesIO()
+        np.save(buf, np.zeros(2, dtype=np.int64))
+        zf.writestr("labels.npy", buf.getvalue())
+
+
+def test_npz_header_declaring_a_huge_shape_is_refused_before_allocating(tmp_path):
+    path = tmp_path / "huge.npz"
+    _npz_with_header(path, (10**6, 10**6), body=b"\0" * 64)
+    with pytest.raises(InputError, match=r"declares 8,000,000,000,016 bytes.*\(1000000, 1000000\).*PRIVFED_MAX_FILE_BYTES"):
+        privfed.data.load_dataset(f"file:{path}")
+
+
+def test_deflate_bomb_is_refused_before_expanding_with_a_limit_the_user_can_raise(tmp_path, monkeypatch):
+    path = tmp_path / "bomb.npz"
+    n = 8 * 2**20  # 64 MiB of zeros in a ~64 KiB file
+    _npz_with_header(path, (n // 4, 4), body=b"\0" * (8 * n), compress=True)
+    assert path.stat().st_size < 2**20
+    monkeypatch.setenv("PRIVFED_MAX_FILE_BYTES", "16M")
+    with pytest.raises(InputError, match=r"declares 67,108,\d\d\d bytes.*the file itself is \d\d,\d\d\d bytes.*refused before it is expanded"):
+        privfed.data.load_dataset(f"file:{path}")
+    # the limit is the user's: raised by argument, the file is read (and then checked as usual)
+    with pytest.raises(InputError, match="'labels' has 2 entries"):
+        privfed.data.load_dataset(f"file:{path}", max_file_bytes="128M")
+    monkeypatch.setenv("PRIVFED_MAX_FILE_BYTES", "lots")
+    with pytest.raises(ConfigError, match="PRIVFED_MAX_FILE_BYTES"):
+        privfed.data.load_dataset(f"file:{path}")
+    monkeypatch.delenv("PRIVFED_MAX_FILE_BYTES")
+    from privfed.data.npzfile import DEFAULT_MAX_BYTES, resolve_max_bytes
+
+    assert resolve_max_bytes() == DEFAULT_MAX_BYTES == 2**30
+    with pytest.raises(ConfigError, match="max_bytes"):
+        resolve_max_bytes(-1)
