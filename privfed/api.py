@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 
+from privfed import _scale
 from privfed import methods as _methods
 from privfed._validation import as_generator, check_dataset
 from privfed.errors import ConfigError, InputError
@@ -68,4 +69,6 @@ def fit(
             "re-encode labels without gaps or pass a smaller num_classes"
         )
     rng = as_generator(random_state, "random_state")
-    return run_federation(m, F, y, k, num_classes=C, num_clients=K, rng=rng, privacy=privacy, secure_agg=secure_agg)
+    F, scaled = _scale.prepare(m, F, privacy)  # statistics exact in float64, or one clear error
+    head = run_federation(m, F, y, k, num_classes=C, num_clients=K, rng=rng, privacy=privacy, secure_agg=secure_agg)
+    return _scale.finish(head, scaled)

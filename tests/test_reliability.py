@@ -292,3 +292,97 @@ def test_deflate_bomb_is_refused_before_expanding_with_a_limit_the_user_can_rais
     assert resolve_max_bytes() == DEFAULT_MAX_BYTES == 2**30
     with pytest.raises(ConfigError, match="max_bytes"):
         resolve_max_bytes(-1)
+
+
+# -- scale: no silent zero or non-finite head ------------------------------------------------------
+
+SCALES = [2.0**-40, 1e-3, 1e160, 1e-170, 1e300, 1e-300]
+
+
+def test_normalise_rows_is_overflow_and_underflow_safe():
+    from privfed._linalg import normalise_rows
+
+    base = np.array([[3.0, -4.0, 0.0], [1e-3, 2e-3, 2e-3], [0.0, 0.0, 0.0]])
+    unit = np.array([[0.6, -0.8, 0.0], [1 / 3, 2 / 3, 2 / 3], [0.0, 0.0, 0.0]])
+    for s in [1.0, *SCALES]:
+        W, b = normalise_rows(base * s, np.array([1.0, 2.0, 3.0]))
+        np.testing.assert_allclose(W, unit, rtol=1e-15, atol=0)
+        # the other arrays are divided by the same norms (5 s and 3e-3 s), whose squares are not representable
+        np.testing.assert_allclose(b[:2] * np.array([5.0, 3e-3]) * s, [1.0, 2.0], rtol=1e-15)
+        assert b[2] == 0.0
+    tiny = np.array([[3e-320, -4e-320]])  # subnormal entries: still a unit row
+    np.testing.assert_allclose(normalise_rows(tiny), [[0.6, -0.8]], rtol=1e-3)
+
+
+@pytest.mark.parametrize("method, params", [("fedncm", {}), ("fedcgs", {}), ("fedlog", {"feature_scale": "auto"})])
+def test_scale_invariant_methods_stay_scale_invariant(method, params, digits_dataset):
+    ds = digits_dataset
+    k = np.arange(ds.num_train) % 20
+    ref = privfed.fit(method, ds.train_features, ds.train_labels, k, **params)
+    ref_pred = ref.predict(ds.test_features)
+    assert ref.score(ds.test_features, ds.test_labels) > 0.9
+    for s in SCALES:
+        head = privfed.fit(method, ds.train_features * s, ds.train_labels, k, **params)
+        assert np.all(np.isfinite(head.weight)) and np.any(head.weight != 0)
+        np.testing.assert_array_equal(head.predict(ds.test_features * s), ref_pred, err_msg=f"scale {s:g}")
+        lo, hi = privfed._scale.safe_band(ds.num_train, ds.dim)
+        rescaled = not (lo <= np.max(np.abs(ds.train_features * s)) <= hi)
+        assert any("multiplied by 2^" in n for n in head.notes) == rescaled
+
+
+@pytest.mark.parametrize("method", ["fed3r", "fed3r-within", "fedcof", "fedcof-oracle", "fedlog"])
+@pytest.mark.parametrize("scale", [1e160, 1e-170, 1e300])
+def test_scale_dependent_methods_give_one_clear_error_out_of_range(method, scale):
+    F, y = _small(60, 3, 3)
+    with pytest.raises(InputError, match=r"features reach magnitude .*too (large|small).*divide the features"):
+        privfed.fit(method, F * scale, y, np.arange(60) % 4)
+    head = privfed.fit(method, F * 1e-3, y, np.arange(60) % 4)  # inside the range: fitted as before
+    assert np.all(np.isfinite(head.weight))
+
+
+def test_infinite_clip_with_finite_epsilon_is_refused():
+    from mechanisms import GaussianMechanism
+
+    F, y = _small()
+    mech = GaussianMechanism(epsilon=1.0, delta=1e-5, clip=float("inf"), trusted_aggregator=True)
+    with pytest.raises(ConfigError, match="clip=inf"):
+        privfed.fit("fedncm", F, y, np.arange(40) % 4, privacy=mech)
+    big = GaussianMechanism(epsilon=float("inf"), delta=1e-5, clip=float("inf"))
+    with pytest.raises(InputError, match="overflow"):
+        privfed.fit("fed3r", F * 1e160, y, np.arange(40) % 4, privacy=big)
+
+
+def test_fedlog_says_when_its_map_is_ill_posed_and_offers_the_fix(digits_dataset):
+    from privfed.federation import partition
+
+    ds = digits_dataset
+    part = partition(ds.train_labels, 100, "dirichlet", alpha=0.1, rng=0)  # the README's federation
+    F, y, k = part.apply(ds.train_features, ds.train_labels)
+    Ft, yt = ds.test_features, ds.test_labels
+    plain = privfed.fit("fedlog", F, y, k)
+    assert not any("feature_scale" in n for n in plain.notes)  # digits: class means of norm ~30
+    small = privfed.fit("fedlog", F * 1e-3, y, k)
+    (note,) = [n for n in small.notes if "feature_scale" in n]
+    assert "short against FedLog's constant feature" in note
+    suggested = float(note.split("pass feature_scale=")[1].split()[0])
+    # the model's feature is [1, f / s]: scaling f and s together gives the same eta, weight / c
+    fixed = privfed.fit("fedlog", F * 1e-3, y, k, feature_scale=suggested)
+    same = privfed.fit("fedlog", F, y, k, feature_scale=suggested * 1e3)
+    np.testing.assert_allclose(fixed.weight * 1e-3, same.weight, rtol=1e-9, atol=0)
+    np.testing.assert_allclose(fixed.bias, same.bias, rtol=1e-9, atol=1e-12)
+    ncm = privfed.fit("fedncm", F, y, k).score(Ft, yt)
+    # the collapse the note names: one class predicted for every test sample
+    assert np.unique(small.predict(Ft * 1e-3)).size == 1
+    assert fixed.score(Ft * 1e-3, yt) >= ncm - 0.01
+    with pytest.raises(ConfigError, match="feature_scale"):
+        privfed.fit("fedlog", F, y, k, feature_scale=0)
+    with pytest.raises(ConfigError, match="feature_scale"):
+        privfed.fit("fedlog", F, y, k, feature_scale="big")
+
+
+def test_fedcgs_on_all_zero_features_names_the_cause():
+    F = np.zeros((30, 4))
+    y = np.arange(30) % 3
+    with pytest.raises(InputError, match="covariance is zero.*no shrinkage") as info:
+        privfed.fit("fedcgs", F, y)
+    assert "set shrinkage > 0" not in str(info.value)
