@@ -134,7 +134,15 @@ def prepare(method, features: np.ndarray, privacy: Any = None) -> tuple[np.ndarr
 
 
 def finish(head, info: ScaleInfo):
-    """Make a head fitted on rescaled features score the original ones, and say so."""
+    """Make a head fitted on rescaled features score the original ones, and say so.
+
+    Also: a head whose weight is all zero never goes without a note.
+    """
+    if not np.any(head.weight) and not any("zero" in n for n in head.notes):
+        head.notes.append(
+            "the head's weight is all zero: the statistics carry no signal to separate the classes "
+            "(e.g. all-zero or constant features); it predicts from the bias alone"
+        )
     if info.exponent is None:
         return head
     e = info.exponent
