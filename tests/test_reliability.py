@@ -10,6 +10,7 @@ underflow.
 from __future__ import annotations
 
 import io
+import pathlib
 import os
 import shutil
 import warnings
@@ -386,3 +387,48 @@ def test_fedcgs_on_all_zero_features_names_the_cause():
     with pytest.raises(InputError, match="covariance is zero.*no shrinkage") as info:
         privfed.fit("fedcgs", F, y)
     assert "set shrinkage > 0" not in str(info.value)
+
+
+def test_bit_flip_in_cached_vision_features_is_detected_and_rebuilt(tmp_path, monkeypatch):
+    vision = pytest.importorskip("privfed.data.vision")
+    from torchvision.datasets import FakeData
+
+    def fake_open(name, root, *, train, download=False, transform=None):
+        return FakeData(size=6 if train else 4, image_size=(3, 32, 32), num_classes=10, transform=transform,
+                        random_offset=0 if train else 1000)
+
+    real_build = vision.build_backbone
+
+    def fake_build(name, weights="DEFAULT", **kw):
+        torch.manual_seed(0)
+        return real_build(name, None)
+
+    monkeypatch.setattr(vision, "open_dataset", fake_open)
+    monkeypatch.setattr(vision, "build_backbone", fake_build)
+    kw = dict(cache_dir=tmp_path, progress=False, device="cpu", image_size=32)
+    clean = vision.load_vision_features("cifar10", **kw)
+    (train_file,) = tmp_path.glob("cifar10-train-*.npz")
+    _flip(train_file, train_file.stat().st_size // 2)
+    with pytest.warns(C.CacheIntegrityWarning, match=train_file.name):
+        again = vision.load_vision_features("cifar10", **kw)
+    np.testing.assert_array_equal(again.train_features, clean.train_features)
+    np.testing.assert_array_equal(again.test_features, clean.test_features)
+
+
+def test_train_script_reports_identity_and_drift():
+    from experiments import train_digits_backbone as T
+
+    shipped = D.load_shipped_weights(0)
+    same = T.compare(dict(shipped), shipped)
+    assert same["identical"] and same["max_abs_weight_diff"] == 0.0 and same["max_abs_feature_diff"] == 0.0
+    assert same["digest_new"] == same["digest_shipped"] == D.SHIPPED_WEIGHTS[0][1]
+    moved = {k: v.copy() for k, v in shipped.items()}
+    moved["fc.bias"] = moved["fc.bias"] + np.float32(0.25)
+    drift = T.compare(moved, shipped)
+    assert not drift["identical"] and drift["max_abs_weight_diff"] == pytest.approx(0.25, rel=1e-6)
+    assert drift["max_abs_feature_diff"] > 0 and drift["digest_new"] != drift["digest_shipped"]
+    # --write records the digest in exactly one place of the source
+    import re
+
+    src = pathlib.Path(D.__file__).read_text()
+    assert len(re.findall(r'0: \("digits_cnn_seed0\.npz", "[0-9a-f]{64}"\)', src)) == 1
