@@ -130,8 +130,17 @@ COMMAND_1 = ["--method", "fedlog", "--eps", "0.1"]
 
 def command_1() -> str:
     """What ``python -m privfed.tradeoff --method fedlog --eps 0.1`` prints."""
+    from mechanisms.backends import NumpyNoise
     from privfed import tradeoff
 
+    warned, NumpyNoise._warned = NumpyNoise._warned, False  # print what a fresh process prints
+    try:
+        return _run_command_1(tradeoff)
+    finally:
+        NumpyNoise._warned = warned
+
+
+def _run_command_1(tradeoff) -> str:
     with tempfile.TemporaryDirectory(prefix="readme-numbers-") as tmp:
         out = pathlib.Path(tmp) / "run"
         buf = io.StringIO()
@@ -295,7 +304,13 @@ def compare(name: str, readme_text: str, new_text: str, tol: float = 0.0, volati
         if not dx <= tol:
             problems.append(f"{name}: number {i + 1} is {x} in the README, {y} regenerated (tolerance {tol:g})")
     if not problems and re.sub(_NUMBER, "#", old) != re.sub(_NUMBER, "#", new):
-        problems.append(f"{name}: the text around the numbers differs from the regenerated text")
+        import difflib
+
+        diff = [
+            line for line in difflib.unified_diff(old.splitlines(), new.splitlines(), "README", "regenerated", n=0, lineterm="")
+            if line[:1] in "+-" and line[:3] not in ("+++", "---")
+        ]
+        problems.append(f"{name}: the text around the numbers differs from the regenerated text: " + " | ".join(diff[:6]))
     return problems
 
 

@@ -432,3 +432,17 @@ def test_train_script_reports_identity_and_drift():
 
     src = pathlib.Path(D.__file__).read_text()
     assert len(re.findall(r'0: \("digits_cnn_seed0\.npz", "[0-9a-f]{64}"\)', src)) == 1
+
+
+def test_partition_refuses_labels_and_natural_ids_beyond_the_data():
+    from privfed.federation import partition
+
+    y = np.arange(30) % 3
+    bad = y.copy()
+    bad[0] = _HUGE
+    with pytest.raises(InputError, match=f"labels contains {_HUGE} but there are only 30 samples"):
+        partition(bad, 3, "iid", rng=0)
+    nat = np.arange(30) % 3
+    nat[0] = _HUGE
+    with pytest.raises(InputError, match=f"natural clients contains id {_HUGE}"):
+        partition(y, 3, "natural", natural=nat, rng=0)
