@@ -23,8 +23,9 @@ thread, a few seconds on one CPU thread), and the script retrains and
 compares against the shipped file.  Other seeds (or ``weights="trained"``)
 train the backbone and cache it, keyed by everything that determines it
 (the torch version included, since training is not reproducible across
-versions); extracted features are cached keyed by the weights' digest.  The attack module uses the same backbone
-and public split as the attacker's knowledge (``spec/attacks.md``).
+versions); extracted features are cached keyed by the weights' digest.
+The attack module uses the same backbone and public split as the
+attacker's knowledge (``spec/attacks.md``).
 """
 
 from __future__ import annotations

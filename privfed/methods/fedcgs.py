@@ -108,9 +108,9 @@ class FedCGS(Method):
             w_eig = np.linalg.eigvalsh(Sigma)
         if not np.trace(Sigma) > 0:  # every feature constant: no shrinkage can help
             raise InputError(
-                f"fedcgs: the {self.params['covariance']} covariance is zero (every feature is constant across "
-                "the samples, e.g. all-zero features, or noise left no positive variance), so no shrinkage makes it "
-                "invertible; check the features"
+                f"fedcgs: the {self.params['covariance']} covariance is zero (every feature is constant "
+                "across the samples, e.g. all-zero features, or noise left no positive variance), so no "
+                "shrinkage makes it invertible; check the features"
             )
         if a > 0:
             Sigma = (1.0 - a) * Sigma + a * (np.trace(Sigma) / d) * np.eye(d)
