@@ -57,7 +57,9 @@ def fast_training(monkeypatch):
 
 
 def test_bit_flips_in_cached_features_are_detected_and_rebuilt(tmp_path, digits_dataset):
-    clean = D.load_digits_features(seed=0, cache_dir=tmp_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", C.CacheIntegrityWarning)  # an absent file is a silent miss
+        clean = D.load_digits_features(seed=0, cache_dir=tmp_path)
     assert clean.meta["cache_hit"] is False
     (path,) = tmp_path.glob("digits-features-*.npz")
     pristine = path.read_bytes()
@@ -71,7 +73,7 @@ def test_bit_flips_in_cached_features_are_detected_and_rebuilt(tmp_path, digits_
         np.testing.assert_array_equal(ds.train_features, digits_dataset.train_features)
         np.testing.assert_array_equal(ds.test_features, digits_dataset.test_features)
         with warnings.catch_warnings():
-            warnings.simplefilter("error")  # the rebuilt file verifies: a silent hit
+            warnings.simplefilter("error", C.CacheIntegrityWarning)  # the rebuilt file verifies: a silent hit
             again = D.load_digits_features(seed=0, cache_dir=tmp_path)
         assert again.meta["cache_hit"] is True
 
@@ -171,7 +173,7 @@ def test_read_only_cache_holding_a_complete_cache_is_used(tmp_path, monkeypatch,
     os.chmod(cache, 0o555)
     try:
         with warnings.catch_warnings():
-            warnings.simplefilter("error")
+            warnings.simplefilter("error", C.CacheIntegrityWarning)
             ds = D.load_digits_features(seed=0, cache_dir=cache)
         assert ds.meta["cache_hit"] is True
         np.testing.assert_array_equal(ds.train_features, digits_dataset.train_features)
