@@ -28,17 +28,26 @@ __all__ = [
 SOLVERS = ("solve", "pinv")
 
 
-def normalise_rows(W: np.ndarray, *others: np.ndarray, eps: float = 1e-300):
+def normalise_rows(W: np.ndarray, *others: np.ndarray, eps: float = 0.0):
     """Divide each row of W (and the same entries of ``others``) by the row's L2 norm.
 
-    Rows with zero norm are left at zero.  Returns W (and the rescaled others).
+    Overflow- and underflow-safe: each row is first divided by its largest
+    absolute entry, so rows of 1e160 or 1e-170 are normalised as exactly as
+    rows of 1 (squaring them directly would overflow to inf or underflow to
+    0).  Rows that are zero (or whose largest entry is at most ``eps``) are
+    left at zero.  Returns W (and the rescaled others).
     """
-    norms = np.linalg.norm(W, axis=1)
-    scale = np.where(norms > eps, 1.0 / np.where(norms > eps, norms, 1.0), 0.0)
-    out = W * scale[:, None]
+    W = np.asarray(W, dtype=np.float64)
+    peak = np.max(np.abs(W), axis=1) if W.shape[1] else np.zeros(W.shape[0])
+    keep = peak > eps
+    safe_peak = np.where(keep, peak, 1.0)
+    scaled = W / safe_peak[:, None]
+    norms = np.linalg.norm(scaled, axis=1)  # in [1, sqrt(d)] for kept rows
+    safe_norm = np.where(keep, norms, 1.0)
+    out = np.where(keep[:, None], scaled / safe_norm[:, None], 0.0)
     if not others:
         return out
-    return (out, *(o * scale for o in others))
+    return (out, *(np.where(keep, (np.asarray(o, dtype=np.float64) / safe_peak) / safe_norm, 0.0) for o in others))
 
 
 def symmetrise(A: np.ndarray) -> np.ndarray:

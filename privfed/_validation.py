@@ -6,7 +6,21 @@ import numpy as np
 
 from privfed.errors import ConfigError, InputError
 
-__all__ = ["as_generator", "as_int_vector", "check_features", "check_labels", "check_clients", "check_dataset"]
+__all__ = [
+    "as_generator",
+    "as_int_vector",
+    "check_clients",
+    "check_dataset",
+    "check_features",
+    "check_labels",
+    "check_num_classes",
+]
+
+_INT64_MAX = np.iinfo(np.int64).max
+
+#: Statistics larger than this many bytes, and 64 times the features' own size, are refused
+#: before they are allocated (a label or class count far beyond what the data can hold).
+_MIN_STATS_LIMIT = 1 << 30
 
 
 def as_generator(value, name: str = "random_state") -> np.random.Generator:
@@ -50,6 +64,21 @@ def check_features(features, name: str = "features", dim: int | None = None) -> 
     return arr
 
 
+def _int64_range(arr: np.ndarray, name: str) -> None:
+    """Refuse values a cast to int64 would wrap (reporting the value as given)."""
+    if arr.size == 0:
+        return
+    if arr.dtype.kind == "u":
+        hi = arr.max()
+        if int(hi) > _INT64_MAX:
+            raise InputError(f"{name} holds {int(hi)}, beyond the 64-bit integer range; encode ids as 0..n-1")
+    elif arr.dtype.kind == "f":
+        lo, hi = float(arr.min()), float(arr.max())
+        worst = hi if abs(hi) >= abs(lo) else lo
+        if not (-(2.0**63) <= worst < 2.0**63):
+            raise InputError(f"{name} holds {worst:g}, beyond the 64-bit integer range; encode ids as 0..n-1")
+
+
 def as_int_vector(values, name: str) -> np.ndarray:
     arr = np.asarray(values)
     if arr.ndim != 1:
@@ -59,26 +88,46 @@ def as_int_vector(values, name: str) -> np.ndarray:
     if not np.issubdtype(arr.dtype, np.integer):
         if not np.all(np.isfinite(arr)) or np.any(arr != np.round(arr)):
             raise InputError(f"{name} must hold whole numbers; found non-integer or non-finite values")
-        arr = arr.astype(np.int64)
+    _int64_range(arr, name)
     return arr.astype(np.int64, copy=False)
 
 
+def check_num_classes(value, name: str = "num_classes") -> int:
+    """``value`` as a positive int; floats (3.7, even 3.0), strings and bools are refused."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+    if value < 1:
+        raise ConfigError(f"{name} must be >= 1, got {value}")
+    return int(value)
+
+
 def check_labels(labels, n: int, num_classes: int | None = None, name: str = "labels") -> tuple[np.ndarray, int]:
-    """Return (labels as int64, num_classes); labels must lie in [0, num_classes)."""
+    """Return (labels as int64, num_classes); labels must lie in [0, num_classes).
+
+    Without ``num_classes`` the classes are ``0..max(labels)``: a largest
+    label beyond the number of samples means classes without any sample
+    (labels not encoded as 0..C-1), refused before anything is sized by it.
+    """
     y = as_int_vector(labels, name)
     if y.shape[0] != n:
         raise InputError(f"{name} has {y.shape[0]} entries but features has {n} rows; they must match")
+    if y.size == 0:
+        raise InputError(f"{name} is empty; pass at least one sample")
     if y.min() < 0:
         raise InputError(f"{name} must be >= 0, found {int(y.min())}; encode classes as 0..C-1")
+    top = int(y.max())
     if num_classes is None:
-        num_classes = int(y.max()) + 1
-    else:
-        num_classes = int(num_classes)
-        if num_classes < 1:
-            raise InputError(f"num_classes must be >= 1, got {num_classes}")
-        if y.max() >= num_classes:
+        if top >= n:
             raise InputError(
-                f"{name} contains {int(y.max())}, out of range for num_classes={num_classes}; "
+                f"{name} contains {top} but there are only {n} samples, so most classes 0..{top} have no "
+                "sample; re-encode labels as 0..C-1 (e.g. numpy.unique(labels, return_inverse=True))"
+            )
+        num_classes = top + 1
+    else:
+        num_classes = check_num_classes(num_classes)
+        if top >= num_classes:
+            raise InputError(
+                f"{name} contains {top}, out of range for num_classes={num_classes}; "
                 "raise num_classes or re-encode labels as 0..C-1"
             )
     return y, num_classes
@@ -96,6 +145,11 @@ def check_clients(clients, n: int, name: str = "clients") -> tuple[np.ndarray, i
     if k.min() < 0:
         raise InputError(f"{name} must be >= 0, found {int(k.min())}; number clients 0..K-1")
     num_clients = int(k.max()) + 1
+    if num_clients > n:  # some client would be empty: refused before sizing anything by the id
+        raise InputError(
+            f"{name} contains id {num_clients - 1} but there are only {n} samples, so some of the clients "
+            f"0..{num_clients - 1} have no data; renumber clients 0..K-1 without gaps"
+        )
     sizes = np.bincount(k, minlength=num_clients)
     empty = np.flatnonzero(sizes == 0)
     if empty.size:
@@ -106,9 +160,29 @@ def check_clients(clients, n: int, name: str = "clients") -> tuple[np.ndarray, i
     return k, num_clients
 
 
-def check_dataset(features, labels, clients=None, num_classes=None):
-    """Validate a federated dataset; returns (F, y, k, C, K)."""
+def check_dataset(features, labels, clients=None, num_classes=None, *, every_class: bool = False):
+    """Validate a federated dataset; returns (F, y, k, C, K).
+
+    ``every_class=True`` (fitting a head) requires a sample of every class,
+    so ``num_classes`` may not exceed the number of samples.  Otherwise a
+    ``num_classes`` whose statistics would dwarf the data (over 64 times the
+    features' bytes and over 1 GiB) is refused before anything is allocated.
+    """
     F = check_features(features)
+    N, d = F.shape
+    if num_classes is not None:
+        C = check_num_classes(num_classes)
+        if every_class and C > N:
+            raise InputError(
+                f"num_classes={C} but there are only {N} samples; every class needs at least one sample, "
+                "so pass the number of classes the labels use"
+            )
+        need = C * (d + 1) * 8
+        if need > max(_MIN_STATS_LIMIT, 64 * F.nbytes):
+            raise InputError(
+                f"num_classes={C} would need {need / 2**30:.3g} GiB of class statistics for {N} samples of "
+                f"dimension {d}; pass the number of classes the labels use"
+            )
     y, C = check_labels(labels, F.shape[0], num_classes)
     if clients is None:
         k, K = np.zeros(F.shape[0], dtype=np.int64), 1

@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 
+from privfed import _scale
 from privfed import methods as _methods
 from privfed._validation import as_generator, as_int_vector, check_dataset, check_features, check_labels
 from privfed.errors import ConfigError, InputError
@@ -69,12 +70,18 @@ def fit(
         ``weight`` (C, d), ``bias`` (C,), ``predict``, ``score``, plus
         ``notes``, ``upload_bytes`` and ``privacy``.
     """
+    if isinstance(method, _methods.Method) and params:
+        raise ConfigError(
+            f"parameters {sorted(params)} cannot be applied to the Method object {method!r}; pass them when "
+            f"building it ({type(method).__name__}(...)) or name the method by string: fit({method.name!r}, ..., "
+            f"{', '.join(f'{k}=...' for k in sorted(params))})"
+        )
     m = _methods.get(method, **params) if isinstance(method, str) else method
     if not isinstance(m, _methods.Method):
         raise ConfigError(f"method must be a name from {_methods.available()} or a Method, got {method!r}")
     if privacy is None:
         _refuse_unclipped_noise(secure_agg)
-        F, y, k, C, K = check_dataset(features, labels, clients, num_classes)
+        F, y, k, C, K = check_dataset(features, labels, clients, num_classes, every_class=True)
         if num_clients is not None and _check_num_clients(num_clients) != K:
             raise InputError(
                 f"num_clients={num_clients} but clients numbers {K} clients 0..{K - 1}; without privacy every "
@@ -100,7 +107,9 @@ def fit(
         declare = getattr(hook, "declare_randomness", None)
         if declare is not None:
             declare(seeded=seeded)
-    return run_federation(m, F, y, k, num_classes=C, num_clients=K, rng=rng, privacy=privacy, secure_agg=secure_agg)
+    F, scaled = _scale.prepare(m, F, privacy)  # statistics exact in float64, or one clear error
+    head = run_federation(m, F, y, k, num_classes=C, num_clients=K, rng=rng, privacy=privacy, secure_agg=secure_agg)
+    return _scale.finish(head, scaled)
 
 
 def _refuse_unclipped_noise(secure_agg: Any) -> None:

@@ -53,6 +53,11 @@ def _check_labels(labels, num_classes: int | None = None) -> tuple[np.ndarray, i
     if y.min() < 0:
         raise InputError(f"labels must be >= 0, found {int(y.min())}; encode classes as 0..C-1")
     C = int(y.max()) + 1
+    if num_classes is None and C > y.size:  # refused before anything is sized by C
+        raise InputError(
+            f"labels contains {C - 1} but there are only {y.size} samples, so most classes have none; "
+            "re-encode labels as 0..C-1"
+        )
     if num_classes is not None:
         if isinstance(num_classes, bool) or not isinstance(num_classes, (int, np.integer)) or num_classes < 1:
             raise ConfigError(f"num_classes must be a positive int, got {num_classes!r}")
@@ -437,6 +442,10 @@ def partition(
         if k.min() < 0:
             raise InputError(f"natural clients must be >= 0, found {int(k.min())}; number clients 0..K-1")
         K = int(k.max()) + 1
+        if K > N:  # refused before anything is sized by K
+            raise InputError(
+                f"natural clients contains id {K - 1} but there are only {N} samples; renumber clients 0..K-1"
+            )
         params: dict[str, Any] = {}
         if num_clients is not None:
             num_clients = _positive_int(num_clients, "num_clients", "leave it None for the natural split")

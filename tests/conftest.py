@@ -9,14 +9,16 @@ Fixtures
 ``privfed_cache`` (session)
     The session's cache directory (a ``pathlib.Path``).
 ``digits_cache`` (session)
-    The same directory after the digits backbone (seed 0) has been trained
-    and the digits features extracted into it: loading them is then instant.
+    The same directory after the digits features (seed 0, through the
+    backbone weights shipped in the package: nothing is trained) have been
+    extracted into it: loading them is then instant.
 ``digits_dataset`` (session)
     ``privfed.data.digits.load_digits_features(seed=0)``: a
     :class:`privfed.data.FeatureDataset` with 899 private training and 359
     test samples, d = 64, C = 10.
 ``digits_backbone`` (session)
-    The frozen digits CNN (seed 0): (N, 1, 8, 8) images in [0, 1] -> (N, 64).
+    The frozen digits CNN with the shipped seed-0 weights: (N, 1, 8, 8)
+    images in [0, 1] -> (N, 64).
 ``digits_parts`` (session)
     ``privfed.data.digits.digits_splits(seed=0)``: public / private / test
     images and labels (the public part is the attacker's knowledge).

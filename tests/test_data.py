@@ -135,32 +135,59 @@ def test_digits_cache_hit_is_fast_and_identical(digits_cache, digits_dataset):
     assert again.meta["cache_key"] == digits_dataset.meta["cache_key"]
 
 
-def test_digits_retrain_is_bit_identical_and_corrupt_cache_recomputed(tmp_path, digits_dataset, digits_cache):
-    """Fresh training (through corrupt cache files, which must be recomputed) gives the same bits."""
-    names = {p.name for p in digits_cache.iterdir() if p.name.startswith("digits-")}
-    assert any(n.endswith(".pt") for n in names) and any(n.endswith(".npz") for n in names)
-    for n in names:  # same file names (same keys), garbage content
-        (tmp_path / n).write_bytes(b"not a valid archive")
+def test_retraining_reproduces_the_shipped_backbone(tmp_path, digits_dataset):
+    """The training path (how the shipped file is made) gives the shipped weights bit for bit on the
+    torch version recorded in the file; on another version, weights that are as good."""
+    import json as _json
+
+    from privfed.data import digits as D
+
     threads, det, rng = (
         torch.get_num_threads(),
         torch.are_deterministic_algorithms_enabled(),
         torch.get_rng_state(),
     )
-    ds = load_digits_features(seed=0, cache_dir=tmp_path)
+    trained = get_backbone(seed=0, cache_dir=tmp_path, weights="trained")
     # training restored the caller's torch settings and global RNG
     assert torch.get_num_threads() == threads and torch.are_deterministic_algorithms_enabled() == det
     assert torch.equal(torch.get_rng_state(), rng)
-    assert ds.meta["cache_hit"] is False
-    np.testing.assert_array_equal(ds.train_features, digits_dataset.train_features)
-    np.testing.assert_array_equal(ds.test_features, digits_dataset.test_features)
-    # the recomputed files are now valid cache entries
-    again = load_digits_features(seed=0, cache_dir=tmp_path)
-    assert again.meta["cache_hit"] is True
-    m1 = get_backbone(seed=0, cache_dir=tmp_path)
-    m0 = get_backbone(seed=0, cache_dir=digits_cache)
-    for (k0, v0), (k1, v1) in zip(m0.state_dict().items(), m1.state_dict().items()):
+    assert trained.weights_source == "trained"
+    with np.load(str(D._shipped_path(0))) as z:
+        shipped_torch = _json.loads(bytes(z["__meta__"]).decode())["torch"]
+    ds = load_digits_features(seed=0, cache_dir=tmp_path, weights="trained")
+    assert ds.meta["weights"] == "trained" and ds.meta["cache_hit"] is False
+    if shipped_torch == torch.__version__:
+        assert trained.weights_sha256 == D.SHIPPED_WEIGHTS[0][1]
+        # same digest, same key: the trained run reuses nothing but computes the same bits
+        assert ds.meta["cache_key"] == digits_dataset.meta["cache_key"]
+        np.testing.assert_array_equal(ds.train_features, digits_dataset.train_features)
+        np.testing.assert_array_equal(ds.test_features, digits_dataset.test_features)
+    else:  # training is not reproducible across torch versions; the shipped file is what fixes it
+        mu = np.stack([ds.train_features[ds.train_labels == c].mean(0) for c in range(10)])
+        assert np.mean((ds.test_features @ mu.T).argmax(1) == ds.test_labels) >= 0.85
+    # the trained weights are now a cache hit
+    again = get_backbone(seed=0, cache_dir=tmp_path, weights="trained")
+    for (k0, v0), (k1, v1) in zip(trained.state_dict().items(), again.state_dict().items()):
         assert k0 == k1 and torch.equal(v0, v1)
     assert not any(p.name.endswith(".tmp") for p in tmp_path.iterdir())  # atomic writes leave no temp file
+
+
+def test_default_features_come_from_the_shipped_weights(digits_dataset, digits_backbone):
+    """The default uses the packaged weights (no training) and keys the features on their digest,
+    not on the torch version."""
+    from privfed.data import digits as D
+
+    assert digits_dataset.meta["weights"] == "shipped"
+    assert digits_dataset.meta["weights_sha256"] == D.SHIPPED_WEIGHTS[0][1]
+    assert digits_backbone.weights_source == "shipped"
+    assert D.weights_digest(digits_backbone.state_dict()) == D.SHIPPED_WEIGHTS[0][1]
+    desc = D.features_description(0, D.SHIPPED_WEIGHTS[0][1])
+    assert "torch" not in C.canonical_json(desc)
+    assert digits_dataset.meta["cache_key"] == C.cache_key(desc)
+    with pytest.raises(ConfigError, match="weights"):
+        get_backbone(seed=0, weights="imagenet")
+    with pytest.raises(ConfigError, match="no digits backbone weights are shipped for seed 3"):
+        get_backbone(seed=3, weights="shipped")
 
 
 def test_backbone_training_leaves_torch_settings_alone(digits_backbone):
@@ -237,7 +264,7 @@ def test_default_cache_dir(monkeypatch, tmp_path):
         assert default_cache_dir() == pathlib.Path.home() / ".cache" / "privfed"
 
 
-def test_unwritable_cache_dir_is_a_clear_error(tmp_path):
+def test_uncreatable_cache_dir_is_a_clear_error(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("x")
     with pytest.raises(ConfigError, match="cache directory"):

@@ -133,6 +133,7 @@ def load_dataset(
     download: bool = False,
     progress: bool = True,
     device: str | None = None,
+    max_file_bytes: int | str | None = None,
 ) -> FeatureDataset:
     """Load (or extract and cache) the features of a data set.
 
@@ -158,6 +159,10 @@ def load_dataset(
         Show a progress bar during feature extraction.
     device : str, optional
         Torch device for extraction; ``None`` uses CUDA when available.
+    max_file_bytes : int or str, optional
+        For ``"file:PATH"``: the most array bytes the file may declare
+        (default ``$PRIVFED_MAX_FILE_BYTES``, else 1 GiB); see
+        :mod:`privfed.data.npzfile`.
 
     Returns
     -------
@@ -179,7 +184,7 @@ def load_dataset(
     if spec.startswith("file:"):
         from privfed.data.npzfile import load_feature_file
 
-        return load_feature_file(spec[len("file:") :], seed=int(seed))
+        return load_feature_file(spec[len("file:") :], seed=int(seed), max_bytes=max_file_bytes)
     name = spec.lower()
     if name == "digits":
         from privfed.data.digits import BACKBONE_NAME, load_digits_features

@@ -1,14 +1,28 @@
 """On-disk cache of derived artefacts (trained backbones, extracted features).
 
 An artefact is stored under a key that is the SHA-256 of a canonical JSON
-description of *everything* that determines it (data set, split, backbone,
-weights, preprocessing, training hyper-parameters, library versions).  Change
-any of those and the key changes, so a stale artefact is never reused.
+description of *everything* that determines it (data set, split, backbone
+weights, preprocessing, training hyper-parameters).  Change any of those and
+the key changes, so a stale artefact is never reused.
+
+Every cache file is verified when it is read.  A file is one envelope::
+
+    MAGIC (16 bytes) | header length (8 bytes, little-endian) | header (JSON) | payload
+
+where the header holds the canonical description, the payload's format
+(``"npz"`` or ``"torch"``), its size and its SHA-256, recorded when the file
+was written.  On read the description must match the one asked for and the
+payload must hash to the recorded digest; anything else (a flipped bit, a
+truncated file, a file of an older format, a key collision) is a cache miss:
+the caller rebuilds the artefact and overwrites the file, and one
+:class:`CacheIntegrityWarning` line says which file failed and why.  A file
+that is simply absent is a silent miss.
 
 Writes are atomic (a temporary file in the same directory, then
 :func:`os.replace`), so an interrupted run never leaves a half-written file
-under a valid name.  A file that cannot be read back (truncated, corrupt, the
-wrong format) is treated as missing: the caller recomputes and overwrites it.
+under a valid name.  A cache directory that exists but cannot be written to
+(a shared, read-only cache) is used for reading; artefacts that are missing
+from it are computed in memory and a warning says they could not be stored.
 
 The cache directory is ``$PRIVFED_CACHE`` when set, else the platform's user
 cache directory (``~/.cache/privfed`` on Linux).
@@ -21,8 +35,10 @@ import io
 import json
 import os
 import pathlib
+import struct
 import sys
 import tempfile
+import warnings
 import zipfile
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -32,20 +48,32 @@ import numpy as np
 from privfed.errors import ConfigError
 
 __all__ = [
-    "default_cache_dir",
-    "resolve_cache_dir",
-    "cache_key",
-    "canonical_json",
+    "CacheIntegrityWarning",
+    "artefact_path",
     "atomic_write_bytes",
-    "save_arrays",
-    "load_arrays",
-    "save_torch",
-    "load_torch",
+    "cache_key",
     "cached_arrays",
+    "canonical_json",
+    "default_cache_dir",
+    "load_arrays",
+    "load_torch",
+    "resolve_cache_dir",
+    "save_arrays",
+    "save_torch",
 ]
 
 #: Environment variable that overrides the cache directory.
 CACHE_ENV = "PRIVFED_CACHE"
+
+#: First bytes of every cache file (the trailing digit is the envelope version).
+MAGIC = b"PRIVFED-CACHE-1\n"
+_LEN = struct.Struct("<Q")
+#: Largest header accepted (the description is a few hundred bytes).
+_MAX_HEADER = 1 << 20
+
+
+class CacheIntegrityWarning(UserWarning):
+    """A cache file failed its integrity check (or could not be written) and is rebuilt."""
 
 
 def default_cache_dir() -> pathlib.Path:
@@ -73,8 +101,15 @@ def default_cache_dir() -> pathlib.Path:
 
 
 def resolve_cache_dir(cache_dir: str | os.PathLike | None = None) -> pathlib.Path:
-    """``cache_dir`` as a created directory (``None`` -> :func:`default_cache_dir`)."""
+    """``cache_dir`` as an existing directory (``None`` -> :func:`default_cache_dir`).
+
+    The directory is created when missing.  One that exists but is read-only
+    is returned as is: it is read from, and writes to it are skipped with a
+    warning (see :func:`_store`).
+    """
     path = default_cache_dir() if cache_dir is None else pathlib.Path(cache_dir).expanduser()
+    if path.is_dir():
+        return path
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -82,11 +117,6 @@ def resolve_cache_dir(cache_dir: str | os.PathLike | None = None) -> pathlib.Pat
             f"cache directory {str(path)!r} cannot be created ({exc.strerror or exc}); "
             f"pass cache_dir= or set ${CACHE_ENV} to a writable directory"
         ) from None
-    if not os.access(path, os.W_OK):
-        raise ConfigError(
-            f"cache directory {str(path)!r} is not writable; pass cache_dir= or set ${CACHE_ENV} "
-            "to a writable directory"
-        )
     return path
 
 
@@ -115,6 +145,7 @@ def atomic_write_bytes(path: pathlib.Path, data: bytes) -> None:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600; a cache (or a package file) is readable by others
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -128,59 +159,132 @@ def _artefact_path(cache_dir: pathlib.Path, kind: str, key: str, suffix: str) ->
     return cache_dir / f"{kind}-{key[:32]}{suffix}"
 
 
-def save_arrays(path: pathlib.Path, arrays: Mapping[str, np.ndarray], description: Mapping[str, Any]) -> None:
-    """Store ``arrays`` and the JSON ``description`` in one ``.npz`` file, atomically."""
+# -- the verified envelope --------------------------------------------------------
+def _envelope(payload: bytes, fmt: str, description: Mapping[str, Any]) -> bytes:
+    header = {
+        "description": json.loads(canonical_json(description)),
+        "format": fmt,
+        "sha256": hashlib.sha256(payload).hexdigest(),
+        "size": len(payload),
+    }
+    head = canonical_json(header).encode("ascii")
+    return MAGIC + _LEN.pack(len(head)) + head + payload
+
+
+def _notice(path: pathlib.Path, why: str) -> None:
+    warnings.warn(
+        f"privfed cache: {path.name} {why}; rebuilding it", CacheIntegrityWarning, stacklevel=4
+    )
+
+
+def _open_envelope(
+    path: pathlib.Path, fmt: str, description: Mapping[str, Any] | None
+) -> bytes | None:
+    """The verified payload of a cache file; ``None`` (with a notice unless absent) otherwise."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        _notice(path, f"cannot be read ({exc.strerror or exc})")
+        return None
+    if not data.startswith(MAGIC) or len(data) < len(MAGIC) + _LEN.size:
+        _notice(path, "has no integrity record (corrupt, or written by an older version)")
+        return None
+    (n,) = _LEN.unpack_from(data, len(MAGIC))
+    start = len(MAGIC) + _LEN.size
+    if n > _MAX_HEADER or start + n > len(data):
+        _notice(path, "has a damaged header")
+        return None
+    try:
+        header = json.loads(data[start : start + n].decode("ascii"))
+        digest, size, stored_fmt = header["sha256"], int(header["size"]), header["format"]
+        stored_desc = header["description"]
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+        _notice(path, "has a damaged header")
+        return None
+    payload = data[start + n :]
+    if stored_fmt != fmt:
+        _notice(path, f"holds a {stored_fmt!r} artefact where {fmt!r} was expected")
+        return None
+    if description is not None and canonical_json(stored_desc) != canonical_json(description):
+        _notice(path, "was built from another description (a key collision)")
+        return None
+    if len(payload) != size:
+        _notice(path, f"is truncated ({len(payload)} of {size} payload bytes)")
+        return None
+    if hashlib.sha256(payload).hexdigest() != digest:
+        _notice(path, "failed its SHA-256 check (the file changed after it was written)")
+        return None
+    return payload
+
+
+def _store(path: pathlib.Path, blob: bytes) -> bool:
+    """Write a cache file atomically; a read-only cache dir gives a warning, not an error."""
+    try:
+        atomic_write_bytes(path, blob)
+        return True
+    except OSError as exc:
+        warnings.warn(
+            f"privfed cache: cannot write {path.name} to {str(path.parent)!r} ({exc.strerror or exc}); "
+            f"the result is used without being cached (set ${CACHE_ENV} to a writable directory to keep it)",
+            CacheIntegrityWarning,
+            stacklevel=3,
+        )
+        return False
+
+
+def save_arrays(path: pathlib.Path, arrays: Mapping[str, np.ndarray], description: Mapping[str, Any]) -> bool:
+    """Store ``arrays`` (``.npz`` payload) with ``description`` and its SHA-256, atomically.
+
+    Returns whether the file was written (``False`` for a read-only cache).
+    """
     buf = io.BytesIO()
-    payload = {k: np.asarray(v) for k, v in arrays.items()}
-    payload["__description__"] = np.frombuffer(canonical_json(description).encode("ascii"), dtype=np.uint8)
-    np.savez(buf, **payload)
-    atomic_write_bytes(path, buf.getvalue())
+    np.savez(buf, **{k: np.asarray(v) for k, v in arrays.items()})
+    return _store(pathlib.Path(path), _envelope(buf.getvalue(), "npz", description))
 
 
 def load_arrays(
     path: pathlib.Path, description: Mapping[str, Any] | None = None
 ) -> dict[str, np.ndarray] | None:
-    """Read arrays saved by :func:`save_arrays`; ``None`` when missing or unreadable.
+    """Read arrays saved by :func:`save_arrays`; ``None`` when missing or failing verification.
 
     When ``description`` is given, the stored description must equal it
-    (guards against a truncated-key collision); otherwise ``None``.
+    (guards against a truncated-key collision).
     """
     path = pathlib.Path(path)
-    if not path.is_file():
+    payload = _open_envelope(path, "npz", description)
+    if payload is None:
         return None
     try:
-        with np.load(path, allow_pickle=False) as z:
-            out = {k: z[k] for k in z.files}
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile, KeyError):
+        with np.load(io.BytesIO(payload), allow_pickle=False) as z:
+            return {k: z[k] for k in z.files}
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, KeyError):  # pragma: no cover - hash-checked
+        _notice(path, "cannot be parsed")
         return None
-    stored = out.pop("__description__", None)
-    if description is not None:
-        if stored is None or bytes(stored.astype(np.uint8)).decode("ascii", "replace") != canonical_json(
-            description
-        ):
-            return None
-    return out
 
 
-def save_torch(path: pathlib.Path, state: Mapping[str, Any]) -> None:
-    """Store a ``state_dict``-like mapping with :func:`torch.save`, atomically."""
+def save_torch(path: pathlib.Path, state: Mapping[str, Any], description: Mapping[str, Any] | None = None) -> bool:
+    """Store a ``state_dict``-like mapping (:func:`torch.save` payload) with its SHA-256, atomically."""
     import torch
 
     buf = io.BytesIO()
     torch.save(dict(state), buf)
-    atomic_write_bytes(path, buf.getvalue())
+    return _store(pathlib.Path(path), _envelope(buf.getvalue(), "torch", description or {}))
 
 
-def load_torch(path: pathlib.Path) -> dict[str, Any] | None:
-    """Read a mapping saved by :func:`save_torch` (tensors only); ``None`` if missing or corrupt."""
+def load_torch(path: pathlib.Path, description: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
+    """Read a mapping saved by :func:`save_torch` (tensors only); ``None`` if missing or failing verification."""
     import torch
 
     path = pathlib.Path(path)
-    if not path.is_file():
+    payload = _open_envelope(path, "torch", description)
+    if payload is None:
         return None
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception:  # any unreadable file is a cache miss, recomputed by the caller
+        state = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
+    except Exception:  # pragma: no cover - hash-checked; any unreadable payload is a miss
+        _notice(path, "cannot be parsed")
         return None
     return state if isinstance(state, dict) else None
 
@@ -190,6 +294,7 @@ def cached_arrays(
     description: Mapping[str, Any],
     compute: Callable[[], Mapping[str, np.ndarray]],
     cache_dir: str | os.PathLike | None = None,
+    validate: Callable[[Mapping[str, np.ndarray]], bool] | None = None,
 ) -> tuple[dict[str, np.ndarray], str, bool]:
     """Return the arrays for ``description``, computing and storing them on a miss.
 
@@ -203,6 +308,8 @@ def cached_arrays(
         Builds the arrays on a cache miss.
     cache_dir : path, optional
         Defaults to :func:`default_cache_dir`.
+    validate : callable, optional
+        Extra check of verified arrays (shapes); a ``False`` is a miss.
 
     Returns
     -------
@@ -216,7 +323,9 @@ def cached_arrays(
     path = _artefact_path(resolve_cache_dir(cache_dir), kind, key, ".npz")
     got = load_arrays(path, description)
     if got is not None:
-        return got, key, True
+        if validate is None or validate(got):
+            return got, key, True
+        _notice(path, "holds arrays of the wrong shape")
     arrays = {k: np.asarray(v) for k, v in compute().items()}
     save_arrays(path, arrays, description)
     return arrays, key, False

@@ -13,18 +13,29 @@ is split, stratified and seeded, into three disjoint parts:
 
 The backbone is a small convolutional network on (N, 1, 8, 8) inputs in
 [0, 1] whose 64-dimensional ReLU layer is the feature ``f(x)``; a linear
-layer on top is used for training only and then discarded.  Training is
-deterministic (seeded, deterministic algorithms, one thread) and takes a
-few seconds on one CPU thread; the weights are cached on disk keyed by
-everything that determines them.  The attack module uses the same backbone
-and public split as the attacker's knowledge (``spec/attacks.md``).
+layer on top is used for training only and then discarded.  The trained
+weights of seed 0 ship with the package (``digits_cnn_seed0.npz``, its
+SHA-256 recorded here as :data:`SHIPPED_WEIGHTS`), so the default features
+are the same on every torch version up to float rounding and nothing is
+trained at first use.  ``experiments/train_digits_backbone.py`` makes that
+file: training is deterministic (seeded, deterministic algorithms, one
+thread, a few seconds on one CPU thread), and the script retrains and
+compares against the shipped file.  Other seeds (or ``weights="trained"``)
+train the backbone and cache it, keyed by everything that determines it
+(the torch version included, since training is not reproducible across
+versions); extracted features are cached keyed by the weights' digest.
+The attack module uses the same backbone and public split as the
+attacker's knowledge (``spec/attacks.md``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
+import io
 import os
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -37,6 +48,7 @@ from privfed.errors import ConfigError, InputError
 
 __all__ = [
     "BACKBONE_NAME",
+    "SHIPPED_WEIGHTS",
     "DigitsCNN",
     "DigitsSplits",
     "backbone_description",
@@ -44,6 +56,8 @@ __all__ = [
     "extract_features",
     "get_backbone",
     "load_digits_features",
+    "load_shipped_weights",
+    "weights_digest",
 ]
 
 #: Name of the digits backbone (recorded in ``FeatureDataset.meta``).
@@ -54,6 +68,14 @@ ARCH_VERSION = 1
 SPLIT_VERSION = 1
 #: Feature dimension of the backbone.
 FEATURE_DIM = 64
+
+#: Weights shipped in the package: seed -> (file name in privfed/data, :func:`weights_digest`).
+#: Made by ``python -m experiments.train_digits_backbone --write``.
+SHIPPED_WEIGHTS = {
+    0: ("digits_cnn_seed0.npz", "ae6b065eb7619d10ec56762b5673944544e1a5d44f856096ad66d6929c9a7f74"),
+}
+#: Where a backbone's weights come from.
+WEIGHT_SOURCES = ("auto", "shipped", "trained")
 
 #: Split fractions of the whole data set.
 PUBLIC_FRACTION = 0.3
@@ -232,49 +254,136 @@ def _freeze(model):
     return model
 
 
-def get_backbone(*, seed: int = 0, cache_dir: str | os.PathLike | None = None, progress: bool = False):
-    """The digits backbone trained on the public split, frozen, in eval mode.
+def weights_digest(state) -> str:
+    """SHA-256 of a backbone's weights: names, dtypes, shapes and little-endian bytes, in name order.
 
-    The first call trains it (a few seconds on one CPU thread) and stores the
-    ``state_dict`` in the cache; later calls load it.  Training is
-    deterministic: the same seed gives bit-identical weights.
+    The same for a ``state_dict`` of tensors and a mapping of numpy arrays
+    holding the same values, so shipped and trained weights are keyed alike.
+    """
+    h = hashlib.sha256()
+    for name in sorted(state):
+        v = state[name]
+        arr = v.detach().cpu().numpy() if isinstance(v, torch.Tensor) else np.asarray(v)
+        arr = np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<"))
+        h.update(f"{name}|{arr.dtype.str}|{list(arr.shape)}|".encode("ascii"))
+        h.update(arr.tobytes())
+    return h.hexdigest()
+
+
+def _shipped_path(seed: int):
+    from importlib.resources import files
+
+    return files("privfed.data") / SHIPPED_WEIGHTS[seed][0]
+
+
+def load_shipped_weights(seed: int = 0) -> dict[str, np.ndarray]:
+    """The packaged weights of ``seed`` as float32 arrays, verified against their recorded digest.
+
+    Raises
+    ------
+    ConfigError
+        No weights are shipped for ``seed``.
+    InputError
+        The packaged file is missing or fails its SHA-256 check (a damaged install).
+    """
+    seed = _check_seed(seed)
+    if seed not in SHIPPED_WEIGHTS:
+        raise ConfigError(
+            f"no digits backbone weights are shipped for seed {seed} (only {sorted(SHIPPED_WEIGHTS)}); "
+            "use weights='trained' (or 'auto') to train them"
+        )
+    name, digest = SHIPPED_WEIGHTS[seed]
+    try:
+        data = _shipped_path(seed).read_bytes()
+        with np.load(io.BytesIO(data), allow_pickle=False) as z:
+            arrays = {k: z[k] for k in z.files if not k.startswith("__")}
+    except (OSError, ValueError, EOFError) as exc:
+        raise InputError(
+            f"the packaged digits backbone {name} cannot be read ({exc}); reinstall privfed, or pass "
+            "weights='trained' to train it"
+        ) from None
+    if weights_digest(arrays) != digest:
+        raise InputError(
+            f"the packaged digits backbone {name} fails its SHA-256 check (a damaged install); reinstall "
+            "privfed, or pass weights='trained' to train it"
+        )
+    return arrays
+
+
+def _resolve_source(seed: int, weights: str) -> str:
+    if weights not in WEIGHT_SOURCES:
+        raise ConfigError(f"weights must be one of {list(WEIGHT_SOURCES)}, got {weights!r}")
+    if weights == "auto":
+        return "shipped" if seed in SHIPPED_WEIGHTS else "trained"
+    return weights
+
+
+def get_backbone(
+    *,
+    seed: int = 0,
+    cache_dir: str | os.PathLike | None = None,
+    progress: bool = False,
+    weights: str = "auto",
+):
+    """The digits backbone trained on the public split, frozen, in eval mode.
 
     Parameters
     ----------
     seed : int
         Seed of the split and of the training.
     cache_dir : path, optional
-        Cache directory; defaults to :func:`privfed.data.default_cache_dir`.
+        Cache directory of trained weights; defaults to
+        :func:`privfed.data.default_cache_dir`.
     progress : bool
         Show a progress bar while training.
+    weights : {"auto", "shipped", "trained"}
+        ``"shipped"``: the weights packaged with privfed (seed 0), verified
+        against their SHA-256; ``"trained"``: train on the public split (a
+        few seconds on one CPU thread; deterministic, so the same seed and
+        torch version give bit-identical weights) and cache the result;
+        ``"auto"`` (default): shipped when there are shipped weights for
+        ``seed``, else trained.
 
     Returns
     -------
     torch.nn.Module
         Maps (N, 1, 8, 8) float32 images in [0, 1] to (N, 64) ReLU features;
-        ``requires_grad`` is False on every parameter.
+        ``requires_grad`` is False on every parameter.  ``weights_sha256``
+        (:func:`weights_digest`) and ``weights_source`` say which weights it holds.
     """
     seed = _check_seed(seed)
-    desc = backbone_description(seed)
-    path, key = _cache.artefact_path("digits-backbone", desc, ".pt", cache_dir)
-    state = _cache.load_torch(path)
+    source = _resolve_source(seed, weights)
     with torch.random.fork_rng(devices=[]):  # building the module must not advance the caller's RNG
         model = DigitsCNN()
-    if state is not None and state.get("__key__") is not None:
-        stored_key = state.pop("__key__")
+    if source == "shipped":
+        arrays = load_shipped_weights(seed)
+        model.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in arrays.items()})
+        model.weights_sha256 = SHIPPED_WEIGHTS[seed][1]
+        model.weights_source = "shipped"
+        model.cache_key = model.weights_sha256
+        return _freeze(model)
+    desc = backbone_description(seed)
+    path, key = _cache.artefact_path("digits-backbone", desc, ".pt", cache_dir)
+    state = _cache.load_torch(path, desc)
+    if state is not None:
         try:
-            ok = bytes(stored_key.tolist()).decode("ascii") == key
-            if ok:
-                model.load_state_dict(state)
-                model.cache_key = key
-                return _freeze(model)
-        except (RuntimeError, ValueError, AttributeError, TypeError):
-            pass  # corrupt or mismatched: retrain below
+            model.load_state_dict(state)
+        except (RuntimeError, ValueError, TypeError, KeyError):
+            warnings.warn(
+                f"privfed cache: {path.name} holds weights of another architecture; rebuilding it",
+                _cache.CacheIntegrityWarning,
+                stacklevel=2,
+            )
+        else:
+            model.weights_sha256 = weights_digest(model.state_dict())
+            model.weights_source = "trained"
+            model.cache_key = key
+            return _freeze(model)
     public = digits_splits(seed)
     model = _train_backbone(public.public_images, public.public_labels, seed, progress=progress)
-    payload = dict(model.state_dict())
-    payload["__key__"] = torch.tensor(list(key.encode("ascii")), dtype=torch.uint8)
-    _cache.save_torch(path, payload)
+    _cache.save_torch(path, dict(model.state_dict()), desc)
+    model.weights_sha256 = weights_digest(model.state_dict())
+    model.weights_source = "trained"
     model.cache_key = key
     return _freeze(model)
 
@@ -321,7 +430,28 @@ def extract_features(model, images: np.ndarray, batch_size: int = 512) -> np.nda
     return np.concatenate(out, axis=0)
 
 
-def load_digits_features(*, seed: int = 0, cache_dir: str | os.PathLike | None = None) -> FeatureDataset:
+def features_description(seed: int, weights_sha256: str) -> dict:
+    """Everything that determines the cached digits features: the weights' digest and the split.
+
+    Not the torch version: extraction with fixed weights agrees across
+    versions up to float rounding.
+    """
+    return {
+        "artefact": "digits-features",
+        "backbone": BACKBONE_NAME,
+        "arch_version": ARCH_VERSION,
+        "weights_sha256": weights_sha256,
+        "split_version": SPLIT_VERSION,
+        "public_fraction": PUBLIC_FRACTION,
+        "test_fraction": TEST_FRACTION,
+        "seed": int(seed),
+        "parts": ["private", "test"],
+    }
+
+
+def load_digits_features(
+    *, seed: int = 0, cache_dir: str | os.PathLike | None = None, weights: str = "auto"
+) -> FeatureDataset:
     """Private-train and test features of digits through the public-trained backbone (cached).
 
     Parameters
@@ -330,40 +460,44 @@ def load_digits_features(*, seed: int = 0, cache_dir: str | os.PathLike | None =
         Seed of the split and the backbone.
     cache_dir : path, optional
         Cache directory; defaults to :func:`privfed.data.default_cache_dir`.
+    weights : {"auto", "shipped", "trained"}
+        Which backbone weights (see :func:`get_backbone`); by default the
+        shipped ones for seed 0, so no training happens.
 
     Returns
     -------
     FeatureDataset
         ``name="digits"``, 899 training and 359 test samples, d = 64, C = 10.
-        ``meta`` names the backbone, its cache key and the split sizes.
+        ``meta`` names the backbone, the weights' source and digest, the
+        cache key and the split sizes.
     """
     seed = _check_seed(seed)
-    desc = {
-        "artefact": "digits-features",
-        "backbone": backbone_description(seed),
-        "parts": ["private", "test"],
-    }
+    source = _resolve_source(seed, weights)
     splits = digits_splits(seed)
+    model = None
+    if source == "shipped":
+        digest = SHIPPED_WEIGHTS[seed][1]
+    else:
+        model = get_backbone(seed=seed, cache_dir=cache_dir, weights="trained")
+        digest = model.weights_sha256
+    desc = features_description(seed, digest)
 
     def compute():
-        model = get_backbone(seed=seed, cache_dir=cache_dir)
+        m = model if model is not None else get_backbone(seed=seed, weights="shipped")
         return {
-            "train_features": extract_features(model, splits.private_images),
-            "test_features": extract_features(model, splits.test_images),
+            "train_features": extract_features(m, splits.private_images),
+            "test_features": extract_features(m, splits.test_images),
         }
 
-    arrays, key, hit = _cache.cached_arrays("digits-features", desc, compute, cache_dir)
-    ok = (
-        arrays.get("train_features") is not None
-        and arrays.get("test_features") is not None
-        and arrays["train_features"].shape == (splits.private_labels.size, FEATURE_DIM)
-        and arrays["test_features"].shape == (splits.test_labels.size, FEATURE_DIM)
-    )
-    if not ok:  # a readable but wrong file under our name: recompute and overwrite
-        path, key = _cache.artefact_path("digits-features", desc, ".npz", cache_dir)
-        arrays = {k: np.asarray(v) for k, v in compute().items()}
-        _cache.save_arrays(path, arrays, desc)
-        hit = False
+    def valid(arrays) -> bool:
+        return (
+            arrays.get("train_features") is not None
+            and arrays.get("test_features") is not None
+            and arrays["train_features"].shape == (splits.private_labels.size, FEATURE_DIM)
+            and arrays["test_features"].shape == (splits.test_labels.size, FEATURE_DIM)
+        )
+
+    arrays, key, hit = _cache.cached_arrays("digits-features", desc, compute, cache_dir, validate=valid)
     return FeatureDataset(
         name="digits",
         train_features=np.asarray(arrays["train_features"], dtype=np.float64),
@@ -373,7 +507,9 @@ def load_digits_features(*, seed: int = 0, cache_dir: str | os.PathLike | None =
         num_classes=10,
         meta={
             "backbone": BACKBONE_NAME,
-            "backbone_key": _cache.cache_key(backbone_description(seed)),
+            "weights": source,
+            "weights_sha256": digest,
+            "backbone_key": digest,
             "cache_key": key,
             "cache_hit": hit,
             "d": FEATURE_DIM,

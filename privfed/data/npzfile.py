@@ -13,6 +13,13 @@ objects is refused with a clear error, never unpickled.  Without test arrays
 a seeded, stratified 20 % test part is carved out of the training arrays and
 ``meta["test_split"]`` says so.
 
+Before any array is expanded, the sizes its ``.npy`` header declares are
+added up and a file declaring more than ``max_bytes`` (default 1 GiB,
+:data:`DEFAULT_MAX_BYTES`, enough for CIFAR-100 through every supported
+backbone in float64; ``$PRIVFED_MAX_FILE_BYTES`` or the ``max_bytes``
+argument raise it) is refused, so a header declaring shape (10^6, 10^6) or
+a small compressed file that inflates to gigabytes never allocates.
+
 Write one with :func:`save_feature_file` (or ``numpy.savez``).
 """
 
@@ -29,7 +36,12 @@ from privfed.data import FeatureDataset
 from privfed.data.cache import atomic_write_bytes
 from privfed.errors import ConfigError, InputError
 
-__all__ = ["FILE_ARRAYS", "load_feature_file", "save_feature_file"]
+__all__ = ["DEFAULT_MAX_BYTES", "FILE_ARRAYS", "MAX_BYTES_ENV", "load_feature_file", "save_feature_file"]
+
+#: Largest total of array bytes a feature file may declare, unless raised.
+DEFAULT_MAX_BYTES = 1 << 30
+#: Environment variable that sets that limit (bytes; suffixes K, M, G, T accepted).
+MAX_BYTES_ENV = "PRIVFED_MAX_FILE_BYTES"
 
 #: Array names a feature file may hold.
 FILE_ARRAYS = ("features", "labels", "clients", "test_features", "test_labels")
@@ -38,7 +50,61 @@ FILE_ARRAYS = ("features", "labels", "clients", "test_features", "test_labels")
 DEFAULT_TEST_FRACTION = 0.2
 
 
-def _read(path: pathlib.Path) -> dict[str, np.ndarray]:
+def _parse_bytes(text: str, source: str) -> int:
+    units = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+    t = str(text).strip().upper().removesuffix("IB").removesuffix("B")
+    unit = t[-1:] if t[-1:] in units else ""
+    try:
+        value = float(t[: len(t) - len(unit)]) * units[unit]
+    except ValueError:
+        value = -1.0
+    if not np.isfinite(value) or value <= 0:
+        raise ConfigError(f"{source} must be a positive number of bytes (e.g. 4G), got {text!r}")
+    return int(value)
+
+
+def resolve_max_bytes(max_bytes=None) -> int:
+    """The file-size limit: ``max_bytes``, else ``$PRIVFED_MAX_FILE_BYTES``, else 1 GiB."""
+    if max_bytes is not None:
+        if isinstance(max_bytes, str):
+            return _parse_bytes(max_bytes, "max_bytes")
+        if isinstance(max_bytes, bool) or not isinstance(max_bytes, (int, np.integer)) or max_bytes <= 0:
+            raise ConfigError(f"max_bytes must be a positive int, got {max_bytes!r}")
+        return int(max_bytes)
+    env = os.environ.get(MAX_BYTES_ENV)
+    return _parse_bytes(env, f"${MAX_BYTES_ENV}") if env else DEFAULT_MAX_BYTES
+
+
+def _declared_sizes(path: pathlib.Path, where: str, limit: int) -> None:
+    """Read only the ``.npy`` headers and refuse a file declaring more than ``limit`` bytes."""
+    total, biggest = 0, ("", 0, ())
+    try:
+        with zipfile.ZipFile(path) as zf:
+            for info in zf.infolist():
+                if not info.filename.endswith(".npy"):
+                    continue
+                with zf.open(info) as fh:
+                    version = np.lib.format.read_magic(fh)
+                    if version == (1, 0):
+                        shape, _, dtype = np.lib.format.read_array_header_1_0(fh)
+                    else:
+                        shape, _, dtype = np.lib.format.read_array_header_2_0(fh)
+                size = int(np.prod([int(s) for s in shape], dtype=object) if shape else 1) * int(dtype.itemsize)
+                total += size
+                if size > biggest[1]:
+                    biggest = (info.filename[:-4], size, tuple(int(s) for s in shape))
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile, KeyError):
+        return  # a malformed archive: the reader below names the problem
+    if total > limit:
+        raise InputError(
+            f"{where} declares {total:,} bytes of arrays ({biggest[0]!r} has shape {biggest[2]}; the file "
+            f"itself is {path.stat().st_size:,} bytes), over "
+            f"the {limit:,}-byte limit, and is refused before it is expanded; if the file is genuine, raise the "
+            f"limit with max_bytes= or ${MAX_BYTES_ENV} (e.g. {MAX_BYTES_ENV}=8G)"
+        )
+
+
+def _read(path: pathlib.Path, max_bytes: int = DEFAULT_MAX_BYTES) -> dict[str, np.ndarray]:
     where = f"feature file {str(path)!r}"
     if not path.exists():
         raise InputError(
@@ -55,6 +121,12 @@ def _read(path: pathlib.Path) -> dict[str, np.ndarray]:
         raise InputError(
             f"{where} cannot be read as a .npz archive (it is not a zip file); "
             "save it with numpy.savez(path, features=..., labels=...)"
+        )
+    if magic.startswith(b"PK"):
+        _declared_sizes(path, where, max_bytes)
+    elif path.stat().st_size > max_bytes:
+        raise InputError(
+            f"{where} is over the {max_bytes:,}-byte limit; raise it with max_bytes= or ${MAX_BYTES_ENV}"
         )
     try:
         archive = np.load(path, allow_pickle=False)
@@ -125,6 +197,9 @@ def _ints(arr: np.ndarray, name: str, n: int, rows_of: str, where: str) -> np.nd
             raise InputError(
                 f"{where}: {name!r} must hold whole numbers; found non-integer or non-finite values"
             )
+    from privfed._validation import _int64_range
+
+    _int64_range(arr, f"{where}: {name!r}")
     out = arr.astype(np.int64)
     if out.size and out.min() < 0:
         raise InputError(f"{where}: {name!r} must be >= 0, found {int(out.min())}")
@@ -148,7 +223,11 @@ def _stratified_split(y: np.ndarray, fraction: float, seed: int) -> tuple[np.nda
 
 
 def load_feature_file(
-    path: str | os.PathLike, *, seed: int = 0, test_fraction: float = DEFAULT_TEST_FRACTION
+    path: str | os.PathLike,
+    *,
+    seed: int = 0,
+    test_fraction: float = DEFAULT_TEST_FRACTION,
+    max_bytes: int | str | None = None,
 ) -> FeatureDataset:
     """Read and validate a ``.npz`` feature file.
 
@@ -160,6 +239,9 @@ def load_feature_file(
         Seed of the test split carved out when the file has no test arrays.
     test_fraction : float
         Size of that test split, in (0, 1).
+    max_bytes : int or str, optional
+        Largest total of array bytes the file may declare (``"8G"`` works);
+        defaults to ``$PRIVFED_MAX_FILE_BYTES``, else 1 GiB.
 
     Returns
     -------
@@ -172,13 +254,15 @@ def load_feature_file(
     InputError
         Missing / unreadable file, pickled arrays, missing ``features`` or
         ``labels``, shapes that disagree, NaN/inf, negative or non-integer
-        labels or clients, a class in the test set with no training sample.
+        labels or clients, a class in the test set with no training sample,
+        labels or client ids beyond what the file's samples can hold, a file
+        declaring more than ``max_bytes``.
     """
     if not (0.0 < float(test_fraction) < 1.0):
         raise ConfigError(f"test_fraction must lie in (0, 1), got {test_fraction}")
     path = pathlib.Path(os.fspath(path)).expanduser()
     where = f"feature file {str(path)!r}"
-    arrays = _read(path)
+    arrays = _read(path, resolve_max_bytes(max_bytes))
     for required in ("features", "labels"):
         if required not in arrays:
             raise InputError(
@@ -194,6 +278,12 @@ def load_feature_file(
     if has_tf != has_tl:
         present, absent = ("test_features", "test_labels") if has_tf else ("test_labels", "test_features")
         raise InputError(f"{where} has {present!r} but no {absent!r}; give both or neither")
+    n_all = F.shape[0] + (int(np.shape(arrays["test_labels"])[0]) if has_tl and np.ndim(arrays["test_labels"]) else 0)
+    if int(y.max()) >= n_all:  # classes without any sample: refused before anything is sized by them
+        raise InputError(
+            f"{where}: labels go up to {int(y.max())} but the file has only {n_all} samples, so most "
+            "classes have none; re-encode the labels as 0..C-1"
+        )
     meta: dict = {"source": str(path), "d": int(F.shape[1]), "backbone": "unknown (feature file)"}
     ignored = sorted(set(arrays) - set(FILE_ARRAYS))
     if ignored:
@@ -219,6 +309,11 @@ def load_feature_file(
         )
         meta["test_indices"] = test.tolist()
     C = int(max(y.max(), yt.max())) + 1
+    if C > y.size + yt.size:  # classes without any sample: refused before counting them
+        raise InputError(
+            f"{where}: labels go up to {C - 1} but the file has only {y.size + yt.size} samples, so most "
+            "classes have none; re-encode the labels as 0..C-1"
+        )
     train_counts = np.bincount(y, minlength=C)
     all_counts = train_counts + np.bincount(yt, minlength=C)
     gaps = np.flatnonzero(all_counts == 0)
@@ -234,6 +329,11 @@ def load_feature_file(
             "training sample; a classifier cannot learn them"
         )
     if clients is not None:
+        if int(clients.max()) >= clients.size:
+            raise InputError(
+                f"{where}: 'clients' goes up to {int(clients.max())} but there are only {clients.size} "
+                "training samples; renumber clients 0..K-1"
+            )
         sizes = np.bincount(clients)
         meta["natural_clients"] = int(clients.max()) + 1
         empty = np.flatnonzero(sizes == 0)

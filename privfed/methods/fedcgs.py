@@ -106,6 +106,12 @@ class FedCGS(Method):
                 "(with noisy statistics a larger shrinkage, e.g. 0.1, keeps the inverse stable)"
             )
             w_eig = np.linalg.eigvalsh(Sigma)
+        if not np.trace(Sigma) > 0:  # every feature constant: no shrinkage can help
+            raise InputError(
+                f"fedcgs: the {self.params['covariance']} covariance is zero (every feature is constant "
+                "across the samples, e.g. all-zero features, or noise left no positive variance), so no "
+                "shrinkage makes it invertible; check the features"
+            )
         if a > 0:
             Sigma = (1.0 - a) * Sigma + a * (np.trace(Sigma) / d) * np.eye(d)
         w_eig = np.linalg.eigvalsh(Sigma)
@@ -114,7 +120,7 @@ class FedCGS(Method):
             raise InputError(
                 f"fedcgs: the {self.params['covariance']} covariance is singular (d = {d}, N = {Ntot:g}, "
                 f"C = {int(present.sum())}; it needs N - C >= d and no constant feature); set shrinkage > 0, "
-                "e.g. shrinkage=1e-3"
+                f"e.g. shrinkage={max(1e-3, 10 * a):.3g}"
             )
         P = np.linalg.solve(Sigma, mu.T).T  # (C, d) = Sigma^-1 mu_c
         Ntot = N[present].sum()

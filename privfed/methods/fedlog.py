@@ -31,6 +31,7 @@ import scipy.optimize
 from scipy.special import logsumexp
 
 from privfed._linalg import check_choice, check_real
+from privfed._scale import check_feature_scale, fedlog_scale, fedlog_scale_note
 from privfed.errors import ConfigError
 from privfed.head import LinearHead
 from privfed.methods import register
@@ -121,17 +122,22 @@ class FedLog(Method):
     nu : float >= 0, default 1.0
         Prior pseudo-count (the official code uses a flat prior, nu = 0).
     solver : {"exact", "lbfgs"}, default "exact"
+    feature_scale : float > 0 or "auto", default 1.0
+        The model's feature is [1, f / feature_scale]; the head returned is
+        for f.  ``"auto"`` makes the median class mean of norm 30 (see
+        :mod:`privfed._scale`); ``notes`` say when the default is ill-posed.
     """
 
     name = "fedlog"
     paper = "Yu, Zhang, Poupart, FedLog: federated learning with sufficient statistics (Eq. 15)"
     requires = frozenset({"counts", "sums"})
     per_client = False
-    defaults: dict = {"chi": 0.0, "nu": 1.0, "solver": "exact"}
+    defaults: dict = {"chi": 0.0, "nu": 1.0, "solver": "exact", "feature_scale": 1.0}
 
     def _validate_params(self) -> None:
         p = self.params
         p["nu"] = check_real(self.name, "nu", p["nu"], low=0.0)
+        p["feature_scale"] = check_feature_scale(p["feature_scale"])
         check_choice(self.name, "solver", p["solver"], ("exact", "lbfgs"))
         try:
             chi = np.asarray(p["chi"], dtype=np.float64)
@@ -146,6 +152,9 @@ class FedLog(Method):
         self._check_stats(stats)
         notes: list[str] = []
         Phi, n = fedlog_statistic(stats)
+        scale = fedlog_scale(Phi, self.params["feature_scale"])
+        ill_posed = fedlog_scale_note(Phi, scale, self.params["feature_scale"])
+        Phi = np.concatenate([Phi[:, :1], Phi[:, 1:] / scale], axis=1)
         chi = np.asarray(self.params["chi"], dtype=np.float64)
         try:
             a = np.broadcast_to(chi, Phi.shape) + Phi
@@ -170,7 +179,9 @@ class FedLog(Method):
             nu_n = repaired
         eta = solve_map(a, nu_n, self.params["solver"])
         grad = fedlog_gradient(eta, a, nu_n)
-        return self._head(eta[:, 1:], eta[:, 0], notes, nu_plus_n=nu_n,
+        if ill_posed:
+            notes.append(ill_posed)
+        return self._head(eta[:, 1:] / scale, eta[:, 0], notes, nu_plus_n=nu_n, feature_scale=scale,
                           gradient_norm=float(np.linalg.norm(grad)))
 
     @classmethod

@@ -1,0 +1,207 @@
+"""Feature scale: statistics that neither overflow nor underflow, and FedLog's scale.
+
+Float64 statistics of features of magnitude 1e160 overflow (second moments
+reach 1e320) and those of magnitude 1e-170 underflow (their squares are
+below 1e-308), which used to give all-zero or non-finite heads without a
+word.  :func:`prepare` runs before the statistics are computed:
+
+* a **scale-invariant** method (its predictions do not change when every
+  feature is multiplied by the same s > 0: FedNCM, FedCGS, FedLog with
+  ``feature_scale="auto"``) gets its features multiplied by an exact power
+  of two 2^-e that brings the largest magnitude into [0.5, 1); power-of-two
+  scaling is exact in floating point, so the head is the same function of
+  the features, and the returned head applies the same factor to the
+  features it scores (``feature_transform``) and says so in ``notes``;
+* any other method (its ``lam``, ``gamma`` or prior is in absolute units)
+  gets one :class:`~privfed.errors.InputError` saying how far the range is
+  exceeded and what to do;
+* under a privacy mechanism nothing is rescaled (the clip bound is in the
+  features' units); an infinite clip with finite epsilon (infinite noise)
+  or clipped statistics that would overflow are refused.
+
+Features in the safe band (about 1e-145 to 1e147 for a thousand samples)
+are left alone, so ordinary runs are bit for bit what they were.
+
+FedLog (:func:`fedlog_scale`, :func:`fedlog_scale_note`): its augmented
+feature [1, f] puts a constant 1 beside the features, so the MAP of Eq. 15
+is the normalised class-mean classifier only when the class means are long
+against that 1.  With short means (features of norm 1e-3, or L2-normalised
+ones) the class-frequency bias dominates and accuracy collapses.  The
+``feature_scale`` parameter divides the features by a constant inside the
+model ([1, f / s]; the returned head is for the original features), and
+``"auto"`` picks s from the summed statistics (post-processing of the
+release, no privacy cost) so that the median class mean has norm 30.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from privfed.errors import ConfigError, InputError
+
+__all__ = ["FEDLOG_TARGET_NORM", "ScaleInfo", "fedlog_scale", "fedlog_scale_note", "finish", "prepare"]
+
+_FMAX = np.finfo(np.float64).max
+_TINY = np.finfo(np.float64).tiny
+#: Scale-invariant methods (their predictions do not depend on a common feature scale).
+_INVARIANT = frozenset({"fedncm", "fedcgs"})
+
+#: Median class-mean norm FedLog's ``feature_scale="auto"`` aims at (the digits default's, where the
+#: MAP equals the normalised class-mean classifier).
+FEDLOG_TARGET_NORM = 30.0
+#: Below this median class-mean norm (in units of ``feature_scale``) FedLog's MAP is dominated by the
+#: constant feature: ||[1, mu]|| differs from ||mu|| by more than 0.5 %.
+FEDLOG_MIN_NORM = 10.0
+
+
+def _is_invariant(method) -> bool:
+    flag = getattr(method, "scale_invariant", None)
+    if callable(flag):
+        return bool(flag())
+    if flag is not None:
+        return bool(flag)
+    if getattr(method, "name", "") == "fedlog":
+        return getattr(method, "params", {}).get("feature_scale") == "auto"
+    return getattr(method, "name", "") in _INVARIANT
+
+
+def safe_band(n: int, d: int) -> tuple[float, float]:
+    """Largest-magnitude range whose statistics are exact in float64 for n samples of dimension d.
+
+    Upper: n^2 d peak^2 (FedLog's |a|^2, the largest statistic formed) stays 2^20 below the
+    largest float.  Lower: peak^2 stays 2^60 above the smallest normal float.
+    """
+    hi = math.sqrt(_FMAX / 2.0**20 / (float(n) ** 2 * max(d, 1)))
+    lo = math.sqrt(_TINY) * 2.0**30
+    return lo, hi
+
+
+class ScaleInfo:
+    """What :func:`prepare` did: the power of two applied (``None``: nothing) and why."""
+
+    def __init__(self, exponent: int | None = None, peak: float = 0.0) -> None:
+        self.exponent = exponent
+        self.peak = peak
+
+    def transform(self, features: np.ndarray) -> np.ndarray:
+        return features if self.exponent is None else np.ldexp(features, -self.exponent)
+
+
+def prepare(method, features: np.ndarray, privacy: Any = None) -> tuple[np.ndarray, ScaleInfo]:
+    """Features whose statistics are exact in float64, or one clear error (see the module docstring)."""
+    F = features
+    n, d = F.shape
+    peak = float(np.max(np.abs(F))) if F.size else 0.0
+    lo, hi = safe_band(n, d)
+    name = getattr(method, "name", "method")
+    if privacy is not None:
+        clipping = getattr(privacy, "clipping", None)
+        bound = None
+        if clipping is not None and hasattr(clipping, "l2_bound"):
+            bound = float(clipping.l2_bound(d))
+        eps = getattr(privacy, "epsilon", None)
+        if bound is not None and not math.isfinite(bound) and eps is not None and math.isfinite(float(eps)):
+            raise ConfigError(
+                f"clip=inf with epsilon={eps} means infinite noise (sigma is proportional to the clip); "
+                "pass a finite clip, e.g. the median feature norm of public data"
+            )
+        row = float(np.max(np.linalg.norm(F / peak, axis=1)) * peak) if peak > 0 else 0.0
+        reach = row if bound is None or not math.isfinite(bound) else min(row, bound)
+        if reach > hi:
+            raise InputError(
+                f"features reach norm {reach:.3g} under the privacy mechanism (clip {bound}); their statistics "
+                f"would overflow float64 (safe up to about {hi:.3g} for {n} samples); pass a finite, smaller clip"
+            )
+        return F, ScaleInfo()
+    if peak == 0.0 or lo <= peak <= hi:
+        return F, ScaleInfo()
+    if _is_invariant(method):
+        e = math.frexp(peak)[1]  # peak * 2^-e in [0.5, 1)
+        return np.ldexp(F, -e), ScaleInfo(e, peak)
+    side = "large" if peak > hi else "small"
+    what = "overflow" if peak > hi else "underflow"
+    raise InputError(
+        f"features reach magnitude {peak:.3g}, too {side} for float64 statistics (the safe range is about "
+        f"{lo:.3g} to {hi:.3g} for {n} samples of dimension {d}: outside it they {what}); method {name!r} "
+        "depends on the features' scale (its regulariser or prior is in absolute units), so they cannot be "
+        "rescaled for you: divide the features by a constant (e.g. their median row norm) and choose the "
+        "method's parameters for that scale"
+        + ("; or pass feature_scale='auto', which makes FedLog scale-invariant" if name == "fedlog" else "")
+    )
+
+
+def finish(head, info: ScaleInfo):
+    """Make a head fitted on rescaled features score the original ones, and say so.
+
+    Also: a head whose weight is all zero never goes without a note.
+    """
+    if not np.any(head.weight) and not any("zero" in n for n in head.notes):
+        head.notes.append(
+            "the head's weight is all zero: the statistics carry no signal to separate the classes "
+            "(e.g. all-zero or constant features); it predicts from the bias alone"
+        )
+    if info.exponent is None:
+        return head
+    e = info.exponent
+    head.feature_transform = info.transform
+    head.notes.append(
+        f"features reach magnitude {info.peak:.3g}, outside the range where float64 statistics are exact; "
+        f"they were multiplied by 2^{-e} (exact) before aggregation, which leaves this scale-invariant "
+        "method's predictions unchanged; weight and bias apply to the rescaled features, and "
+        "predict/score rescale the features they get"
+    )
+    return head
+
+
+# -- FedLog ---------------------------------------------------------------------------------------
+def check_feature_scale(value) -> float | str:
+    """FedLog's ``feature_scale``: a finite float > 0 or ``"auto"``."""
+    if isinstance(value, str):
+        if value != "auto":
+            raise ConfigError(f"method 'fedlog': feature_scale must be a positive number or 'auto', got {value!r}")
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise ConfigError(f"method 'fedlog': feature_scale must be a positive number or 'auto', got {value!r}")
+    v = float(value)
+    if not (math.isfinite(v) and v > 0):
+        raise ConfigError(f"method 'fedlog': feature_scale must be a finite number > 0, got {value!r}")
+    return v
+
+
+def _median_mean_norm(Phi: np.ndarray) -> float:
+    N = Phi[:, 0]
+    ok = N > 0
+    if not ok.any():
+        return 0.0
+    means = Phi[ok, 1:] / N[ok, None]
+    peak = np.max(np.abs(means), axis=1)
+    good = peak > 0
+    norms = np.zeros(means.shape[0])
+    norms[good] = peak[good] * np.linalg.norm(means[good] / peak[good, None], axis=1)
+    return float(np.median(norms))
+
+
+def fedlog_scale(Phi: np.ndarray, feature_scale) -> float:
+    """The divisor s of the features inside FedLog's model ([1, f / s])."""
+    if feature_scale != "auto":
+        return float(feature_scale)
+    m = _median_mean_norm(Phi)
+    return m / FEDLOG_TARGET_NORM if m > 0 and math.isfinite(m) else 1.0
+
+
+def fedlog_scale_note(Phi: np.ndarray, scale: float, feature_scale) -> str | None:
+    """A note when FedLog's MAP is dominated by its constant feature (short class means), else ``None``."""
+    m = _median_mean_norm(Phi) / scale
+    if not (m < FEDLOG_MIN_NORM):
+        return None
+    target = _median_mean_norm(Phi) / FEDLOG_TARGET_NORM
+    return (
+        f"the class means are short against FedLog's constant feature (median norm {m:.3g} in units of "
+        f"feature_scale={scale:.3g}, below {FEDLOG_MIN_NORM:g}): the MAP of Eq. 15 is then dominated by the "
+        "class-frequency bias instead of being the normalised class-mean classifier, and accuracy can "
+        f"collapse; pass feature_scale={target:.3g} (or 'auto') so the median class mean has norm "
+        f"{FEDLOG_TARGET_NORM:g}"
+    )
