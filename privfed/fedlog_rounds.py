@@ -247,14 +247,17 @@ def personal_test_split(train_counts: np.ndarray, test_labels: np.ndarray, rng: 
 class RoundsPrivacyReport:
     """What R releases of the FedLog statistic guarantee, computed from the run's ledger.
 
-    ``per_round_epsilon`` is the eps one release alone satisfies (what the
-    paper states); ``epsilon`` is what the releases made compose to (GDP,
-    exact); ``epsilon_pld`` cross-checks it with dp-accounting's PLD.
+    ``per_round_epsilon`` is the eps each release is calibrated for (what the
+    paper states per round); ``per_round_epsilon_exact`` what one release
+    alone satisfies exactly (the classic sigma is loose); ``epsilon`` is what
+    the releases made compose to (GDP, exact); ``epsilon_pld`` cross-checks
+    it with dp-accounting's PLD.
     """
 
     epsilon: float
     epsilon_pld: float
     per_round_epsilon: float
+    per_round_epsilon_exact: float
     target_epsilon: float
     delta: float
     level: str
@@ -272,6 +275,20 @@ class RoundsPrivacyReport:
 
     def as_dict(self) -> dict[str, Any]:
         return {k: (str(v) if isinstance(v, float) and not math.isfinite(v) else v) for k, v in asdict(self).items()}
+
+    def describe(self) -> str:
+        """Several lines: the guarantee, both epsilons (per round and composed) and the notes."""
+        ratio = self.epsilon / self.per_round_epsilon if self.per_round_epsilon > 0 else math.inf
+        lines = [
+            self.guarantee,
+            f"  per-round epsilon (as calibrated / as the paper states): {self.per_round_epsilon:.4g} "
+            f"(one release alone is exactly {self.per_round_epsilon_exact:.4g}-DP at delta = {self.delta:.3g})",
+            f"  composed over {self.releases} release(s): epsilon = {self.epsilon:.4g} (GDP, exact; "
+            f"PLD {self.epsilon_pld:.4g}), {ratio:.3g} x the per-round epsilon",
+            f"  sigma = {self.sigma:.4g} on a sensitivity of {self.sensitivity:.4g} ({self.record_bound} bound)",
+        ]
+        lines += [f"  note: {n}" for n in self.notes]
+        return "\n".join(lines)
 
     def __str__(self) -> str:
         return self.guarantee
@@ -385,9 +402,9 @@ class RoundsDP:
         """Scale client k's augmented statistic A_k (C, m) to at most n_max records' worth."""
         if self.max_records is None or self.record_bound == "theorem":
             return A
-        n_k = A[:, :, 0].sum(axis=1)
+        n_k = A[..., 0].sum(axis=-1)
         factor = np.minimum(1.0, self.max_records / np.where(n_k > 0, n_k, 1.0))
-        return A * factor[:, None, None]
+        return A * factor[..., None, None]
 
     def noisy_sum(self, A: np.ndarray, rng: np.random.Generator, *, record: bool = True) -> np.ndarray:
         """The sum over clients (axis -3) of the per-client augmented statistics, noised once.
@@ -395,7 +412,7 @@ class RoundsDP:
         ``A`` has shape (..., K, C, m) (leading axes: independent draws, for audits).
         One call is one release; it is appended to the ledger when ``record``.
         """
-        A = self.bound_uploads(np.asarray(A, dtype=np.float64)) if A.ndim == 3 else np.asarray(A, np.float64)
+        A = self.bound_uploads(np.asarray(A, dtype=np.float64))
         K = A.shape[-3]
         if self.placement == "central":
             total = self.backend.add_gaussian(A.sum(axis=-3), self.sigma, rng)
@@ -440,8 +457,6 @@ class RoundsDP:
                          "worth; sensitivity n_max Delta")
         if self.calibration == "paper" and self.epsilon > 1:
             notes.append("classic sigma outside its proven range (epsilon > 1): the per-round epsilon is not proven")
-            if formal:
-                per_round = gdp_epsilon(mu1, self.delta)
         if self.placement == "distributed":
             notes.append("each client adds N(0, sigma^2/K); holds while secure aggregation hides the individual "
                          "uploads and no client drops out or colludes (simulated as a plain sum here)")
@@ -453,14 +468,14 @@ class RoundsDP:
         where = {"central": "trusted server", "distributed": "secure aggregation", "local": "local noise"}
         if formal:
             guarantee = (f"({eps:.4g}, {self.delta:.3g})-DP at {self.level} level over {n} release(s) "
-                         f"(GDP mu = {mu1 * math.sqrt(n):.4g}; each release alone {per_round:.4g}-DP); "
-                         f"{where[self.placement]}; {self._how}")
+                         f"(GDP mu = {mu1 * math.sqrt(n):.4g}); {where[self.placement]}; {self._how}")
         else:
             guarantee = (f"NO FORMAL GUARANTEE (bodies trained on the private records): the paper's accounting "
                          f"gives eps = {per_round:.4g} per round, composing to eps = {eps:.4g} over {n} releases "
                          f"at delta = {self.delta:.3g}")
         return RoundsPrivacyReport(
             epsilon=float(eps), epsilon_pld=float(eps_pld), per_round_epsilon=float(per_round),
+            per_round_epsilon_exact=float(gdp_epsilon(mu1, self.delta)),
             target_epsilon=self.epsilon, delta=self.delta, level=self.level, placement=self.placement,
             calibration=self._how, record_bound=self.record_bound, sensitivity=self.sensitivity, sigma=self.sigma,
             mu_per_release=mu1, mu_total=mu1 * math.sqrt(n), releases=n, formal=formal, guarantee=guarantee,
@@ -696,7 +711,7 @@ def _fedlog(cfg: RoundsConfig, setup: _Setup, families: list[str], *, rounds: in
         pers, common = _evaluate(clients, head, clip_fn, setup)
         history.append({"round": r + 1, "personalised": pers, "common": common,
                         "gradient_norm": float(np.linalg.norm(grad)),
-                        "head_norm": float(np.linalg.norm(eta)), "statistic": Phi, "nu_plus_n": nu_n,
+                        "head_norm": float(np.linalg.norm(eta)), "eta": eta, "statistic": Phi, "nu_plus_n": nu_n,
                         "epsilon": (dp.report().epsilon if dp is not None else math.inf)})
         if bar is not None:
             bar.set_postfix_str(f"{label} r{r + 1} pers {pers:.3f}")
