@@ -112,7 +112,13 @@ def build_parser() -> argparse.ArgumentParser:
       "coordinate in [-C, C] (FedLog's Theorem 3.1; needs an explicit --clip)")
     a("--calibration", choices=("analytic", "classic"), help="analytic Gaussian (tight, default) or the classic "
       "bound of the FedLog paper (valid only for eps <= 1)")
-    a("--rounds", type=int, metavar="T", help="number of releases composed (default 1)")
+    a("--rounds", type=int, metavar="T", help="number of releases composed (default 1); with --method fedlog "
+      "alone, T > 1 runs multi-round FedLog with local bodies (privfed.fedlog_rounds) beside the one-shot head")
+    a("--local-epochs", type=int, metavar="E", help="multi-round fedlog: local epochs per round (default 5)")
+    a("--families", metavar="LIST", help="multi-round fedlog: body families assigned to clients (default "
+      "cnn,cnn-narrow,mlp)")
+    a("--init", choices=("public", "scratch"), help="multi-round fedlog: bodies start from networks trained on "
+      "the public split (default) or from scratch")
     a("--count-noise", metavar="KIND", help="instead of the Gaussian mechanism on sums and counts, noise the class "
       "counts only, means in clear (FedCOF App. I.1): laplace, geometric, gaussian, or uniform (NO DP GUARANTEE)")
     a("--max-records", type=int, metavar="N", help="client level: the most records one client contributes")
@@ -611,6 +617,10 @@ def plot_tradeoff(path: Path, summary: list[dict[str, Any]], title: str = "") ->
 def _body(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
     cfg = resolve_config(args)
+    if cfg.methods == ("fedlog",) and cfg.rounds > 1:  # the paper's multi-round protocol
+        from privfed.fedlog_rounds import tradeoff_main
+
+        return tradeoff_main(cfg, args)
     out = prepare_out_dir(args.out, "tradeoff", overwrite=args.overwrite)
     done: list[dict[str, Any]] = []
     try:

@@ -187,3 +187,30 @@ def test_default_run_is_fast_and_training_beats_the_one_shot_head():
     r = run_rounds()
     assert time.perf_counter() - t < 120
     assert r.personalised_accuracy > r.baselines["oneshot"]["personalised"] + 0.01
+
+
+def test_tradeoff_command_runs_multi_round_fedlog_beside_the_one_shot(tmp_path, capsys, digits_cache):
+    import json
+
+    from privfed.tradeoff import main
+
+    out = tmp_path / "tr"
+    rc = main(["--method", "fedlog", "--eps", "1", "--rounds", "2", "--seeds", "1", "--clients", "4",
+               "--partition", "iid", "--local-epochs", "1", "--families", "cnn", "--init", "scratch",
+               "--trusted-aggregator", "--no-plot", "--quiet", "--out", str(out)])
+    assert rc == 0
+    rows = json.loads((out / "results.json").read_text())["records"]
+    assert {r["method"] for r in rows} == {"fedlog x2 rounds", "fedlog one-shot (frozen)"}
+    multi = next(r for r in rows if r["rounds"] == 2)
+    assert multi["epsilon_composed"] == pytest.approx(1.0, rel=1e-9)  # the total budget over both releases
+    assert multi["epsilon_per_round"] < 1.0
+    printed = capsys.readouterr().out
+    assert "composed over 2 release(s): epsilon = 1 " in printed and "central" not in printed.split("\n")[0]
+
+
+def test_tradeoff_multi_round_refuses_other_datasets(tmp_path):
+    from privfed.tradeoff import main
+
+    rc = main(["--method", "fedlog", "--eps", "1", "--rounds", "2", "--dataset", "file:/nonexistent.npz",
+               "--quiet", "--out", str(tmp_path / "x")])
+    assert rc != 0
