@@ -276,6 +276,13 @@ class RoundsPrivacyReport:
     def as_dict(self) -> dict[str, Any]:
         return {k: (str(v) if isinstance(v, float) and not math.isfinite(v) else v) for k, v in asdict(self).items()}
 
+    @property
+    def auc_bound(self) -> float:
+        """The largest AUC of any membership test against mu_total-GDP releases: Phi(mu / sqrt(2))."""
+        from scipy.stats import norm
+
+        return float(norm.cdf(self.mu_total / math.sqrt(2.0)))
+
     def describe(self) -> str:
         """Several lines: the guarantee, both epsilons (per round and composed) and the notes."""
         ratio = self.epsilon / self.per_round_epsilon if self.per_round_epsilon > 0 else math.inf
@@ -286,6 +293,8 @@ class RoundsPrivacyReport:
             f"  composed over {self.releases} release(s): epsilon = {self.epsilon:.4g} (GDP, exact; "
             f"PLD {self.epsilon_pld:.4g}), {ratio:.3g} x the per-round epsilon",
             f"  sigma = {self.sigma:.4g} on a sensitivity of {self.sensitivity:.4g} ({self.record_bound} bound)",
+            f"  any membership test on all {self.releases} release(s) has AUC <= {self.auc_bound:.4g} "
+            f"(mu-GDP: Phi(mu / sqrt 2), mu = {self.mu_total:.4g})",
         ]
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)

@@ -214,3 +214,14 @@ def test_tradeoff_multi_round_refuses_other_datasets(tmp_path):
     rc = main(["--method", "fedlog", "--eps", "1", "--rounds", "2", "--dataset", "file:/nonexistent.npz",
                "--quiet", "--out", str(tmp_path / "x")])
     assert rc != 0
+
+
+def test_auc_bound_is_the_gdp_trade_off_curve_area():
+    # AUC of the optimal test between N(0, 1) and N(mu, 1): P(X1 > X0) = Phi(mu / sqrt 2), integrated independently
+    dp = RoundsDP(epsilon=2.0, delta=1e-5, clip=2.0, rounds=4, bodies_trained=False)
+    for _ in range(4):
+        dp.noisy_sum(np.zeros((1, 2, FEATURE_DIM + 1)), np.random.default_rng(0))
+    rep = dp.report()
+    t = np.linspace(-12, 12, 200001)
+    auc = np.trapezoid(norm.pdf(t - rep.mu_total) * norm.cdf(t), t)
+    assert rep.auc_bound == pytest.approx(auc, abs=1e-9)
