@@ -57,7 +57,8 @@ def compare(args) -> list[dict]:
             for name, acc in r.summary().items():
                 rows.append({"families": label, "seed": seed, "method": name, "personalised": acc["personalised"],
                              "common": acc["common"], "upload_bytes_per_round": acc["upload_bytes_per_round"],
-                             "upload_bytes_total": acc["upload_bytes_total"], "seconds": r.timing["total_s"]})
+                             "upload_bytes_total": acc["upload_bytes_total"], "seconds": r.timing["total_s"],
+                             "cpu_seconds": r.timing.get("cpu_s")})
             print(f"[compare] {label} seed {seed}: " + ", ".join(
                 f"{n} {a['personalised']:.3f}/{a['common']:.3f}" for n, a in r.summary().items())
                 + f"  ({r.timing['total_s']:.0f} s)", file=sys.stderr)

@@ -847,7 +847,7 @@ def run_rounds(cfg: RoundsConfig | None = None, *, progress: bool = False, **ove
     RoundsResult
     """
     cfg = replace(cfg or RoundsConfig(), **overrides).validate()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     from tqdm.auto import tqdm
 
     notes: list[str] = []
@@ -905,6 +905,7 @@ def run_rounds(cfg: RoundsConfig | None = None, *, progress: bool = False, **ove
             timing["fedavg_s"] = time.perf_counter() - t1
         bar.close()
     timing["total_s"] = time.perf_counter() - t0
+    timing["cpu_s"] = time.process_time() - c0  # CPU time of this process (one torch thread): load-independent
     return RoundsResult(config=cfg, history=main["history"], personalised_accuracy=main["personalised"],
                         common_accuracy=main["common"], head=main["head"], families=families, bytes=bytes_,
                         privacy=None if dp is None else dp.report(), baselines=baselines, timing=timing,
