@@ -394,6 +394,7 @@ class RoundsDP:
         self.backend = get_backend(None)
         self.ledger = PrivacyLedger()
         self.accountant_check = bool(accountant_check)
+        self.extra_notes: list[str] = []
 
     @property
     def mu_per_release(self) -> float:
@@ -474,6 +475,7 @@ class RoundsDP:
         else:
             notes.append("every client noises its own upload with the full sigma (the sum carries K sigma^2)")
         notes.append("floating-point noise (backend 'numpy'): not hardened against floating-point attacks")
+        notes.extend(self.extra_notes)
         where = {"central": "trusted server", "distributed": "secure aggregation", "local": "local noise"}
         if formal:
             guarantee = (f"({eps:.4g}, {self.delta:.3g})-DP at {self.level} level over {n} release(s) "
@@ -825,11 +827,15 @@ def _local_only(cfg: RoundsConfig, setup: _Setup, families, bar=None) -> dict:
 def make_dp(cfg: RoundsConfig, setup_n_max: int, *, rounds: int, bodies_trained: bool) -> RoundsDP | None:
     if math.isinf(cfg.epsilon):
         return None
-    return RoundsDP(epsilon=cfg.epsilon, delta=cfg.delta, clip=cfg.clip, clip_norm=cfg.clip_norm, rounds=rounds,
-                    level=cfg.level, placement=cfg.placement, calibration=cfg.calibration,
-                    record_bound=cfg.record_bound,
-                    max_records=cfg.max_records if cfg.max_records is not None else setup_n_max,
-                    dim=FEATURE_DIM, bodies_trained=bodies_trained)
+    dp = RoundsDP(epsilon=cfg.epsilon, delta=cfg.delta, clip=cfg.clip, clip_norm=cfg.clip_norm, rounds=rounds,
+                  level=cfg.level, placement=cfg.placement, calibration=cfg.calibration,
+                  record_bound=cfg.record_bound,
+                  max_records=cfg.max_records if cfg.max_records is not None else setup_n_max,
+                  dim=FEATURE_DIM, bodies_trained=bodies_trained)
+    if cfg.max_records is None and dp.record_bound != "theorem":
+        dp.extra_notes.append(f"max_records defaulted to the largest client's size ({setup_n_max}), treated as "
+                              "public (pass max_records to fix it in advance)")
+    return dp
 
 
 def run_rounds(cfg: RoundsConfig | None = None, *, progress: bool = False, **overrides) -> RoundsResult:
