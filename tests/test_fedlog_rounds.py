@@ -181,11 +181,8 @@ def test_bad_settings_raise_config_errors(bad, match):
 
 @pytest.mark.slow
 def test_default_run_is_fast_and_training_beats_the_one_shot_head():
-    import time
-
-    t = time.perf_counter()
     r = run_rounds()
-    assert time.perf_counter() - t < 120
+    assert r.timing["cpu_s"] < 120  # CPU time of the one-thread run: what a free 2-core machine needs
     assert r.personalised_accuracy > r.baselines["oneshot"]["personalised"] + 0.01
 
 
