@@ -109,6 +109,7 @@ def dp(args) -> list[dict]:
                                  "formal_guarantee": op.formal if op else False,
                                  "guarantee": op.guarantee if op else "NO DP GUARANTEE: no noise",
                                  "seconds": 0.0})
+                _write(Path(args.out), "dp.partial", rows, {})
                 print(f"[dp] eps {eps:g} {row['mode']} seed {seed}: pers {row['personalised']:.3f} composed eps "
                       f"{row['composed_epsilon']:.4g} ({row['seconds']:.0f} s)", file=sys.stderr)
     return rows

@@ -222,3 +222,13 @@ def test_auc_bound_is_the_gdp_trade_off_curve_area():
     t = np.linspace(-12, 12, 200001)
     auc = np.trapezoid(norm.pdf(t - rep.mu_total) * norm.cdf(t), t)
     assert rep.auc_bound == pytest.approx(auc, abs=1e-9)
+
+
+def test_large_mu_skips_the_pld_cross_check_but_keeps_the_exact_gdp_epsilon():
+    # classic sigma at eps = 20 per release: mu ~ 6.4 per release, 11 over 3 releases (a PLD grid grows as mu^2)
+    dp = RoundsDP(epsilon=20.0, delta=0.01, clip=2.0, rounds=3, calibration="paper", bodies_trained=False)
+    for _ in range(3):
+        dp.noisy_sum(np.zeros((1, 2, FEATURE_DIM + 1)), np.random.default_rng(0))
+    rep = dp.report()
+    assert math.isnan(rep.epsilon_pld) and "skipped" in rep.describe()
+    assert rep.epsilon == pytest.approx(_gdp_eps_closed_form(rep.mu_total, 0.01), rel=1e-9)
