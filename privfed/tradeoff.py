@@ -173,7 +173,13 @@ def build_parser() -> argparse.ArgumentParser:
       "[-C, C] (FedLog's Theorem 3.1; needs an explicit --clip) (default: l2)")
     a("--calibration", choices=("analytic", "classic"), help="analytic Gaussian (tight) or the classic bound of "
       "the FedLog paper (valid only for eps <= 1) (default: analytic)")
-    a("--rounds", metavar="T", help="number of releases composed (default: 1)")
+    a("--rounds", metavar="T", help="number of releases composed (default: 1); with --method fedlog alone, "
+      "T > 1 runs multi-round FedLog with local bodies (privfed.fedlog_rounds) beside the one-shot head")
+    a("--local-epochs", metavar="E", help="multi-round fedlog: local epochs per round (default: 5)")
+    a("--families", metavar="LIST", help="multi-round fedlog: body families assigned to clients (default: "
+      "cnn,cnn-narrow,mlp)")
+    a("--init", choices=("public", "scratch"), help="multi-round fedlog: bodies start from networks trained on "
+      "the public split, or from scratch (default: public)")
     a("--count-noise", metavar="KIND", help="instead of the Gaussian mechanism on sums and counts, noise the class "
       "counts only, means in clear (FedCOF App. I.1): laplace, geometric, gaussian, or uniform (NO DP GUARANTEE) "
       "(default: none)")
@@ -1007,6 +1013,10 @@ def _body(argv: Sequence[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     cfg = resolve_config(args)
+    if cfg.methods == ("fedlog",) and cfg.rounds > 1:  # the paper's multi-round protocol
+        from privfed.fedlog_rounds import tradeoff_main
+
+        return tradeoff_main(cfg, args, argv)
     command = " ".join([PROG, *argv])
     out = OutputDir(args.out, "tradeoff", overwrite=args.overwrite, name_parts=_name_parts(cfg))
     done: list[dict[str, Any]] = []

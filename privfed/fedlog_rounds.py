@@ -1,0 +1,1063 @@
+"""Multi-round FedLog with local bodies (Yu et al., Algorithm 1), on the digits default.
+
+The one-shot ``fedlog`` method fits the MAP head of Eq. 15 once, on frozen
+features.  The paper's algorithm is multi-round:
+
+1. the server initialises the head eta (C, m) at random, m = d + 1 (the
+   augmented feature phi = [1, f] with the constant first);
+2. every round each client trains its own *body* f_k (any architecture, never
+   uploaded; its optimiser state stays on the client too) for E local epochs
+   with cross-entropy against the fixed head, logits eta phi;
+3. each client computes the sufficient statistic of its current features,
+   S_k = sum_i phi_i (x) e_{y_i} (per-class sums of phi: the class counts
+   ride in the constant coordinate), clipped as the mechanism requires, and
+   uploads it (m C floats) with its count n_k (1 float);
+4. the server solves the MAP head of Eq. 15 with the same solver as the
+   one-shot method (:class:`privfed.methods.fedlog.FedLog`) and sends it back.
+
+Accuracy is the paper's personalised evaluation (the mean over clients of
+body_k + head on the client's own test split, distributed like its training
+data) and the same bodies on the common test set.
+
+Bodies (``FAMILIES``) share the feature width d = 64: ``cnn`` (the digits
+backbone's architecture), ``cnn-narrow`` (half the channels) and ``mlp`` (on
+raw pixels).  They start from scratch or from a network trained on the
+*public* split only (the attacker-knowledge split of
+:mod:`privfed.data.digits`; for ``cnn`` that is the digits backbone itself).
+
+Differential privacy over rounds
+--------------------------------
+Every round releases a new statistic, so R rounds are R releases.  Noise is
+added to the augmented statistic (counts and sums together, one sigma: the
+Gaussian mechanism on phi (x) e_y of Theorem 3.1), centrally (a trusted
+server noises the sum), distributed (each client adds N(0, sigma^2/K) and
+secure aggregation reveals only the sum) or locally (each client noises its
+own upload with the full sigma).  ``calibration="total"`` (default)
+calibrates sigma so that the R releases *together* are (eps, delta)-DP:
+mu_round = mu(eps, delta) / sqrt(R), exact in GDP
+(:func:`mechanisms.accounting.calibrate_round_mu`).  ``calibration="paper"``
+reproduces the paper: the classic sigma of Theorem 3.1 for eps, the same eps
+every round, no composition; the report then states both that per-round eps
+and what the R releases compose to (GDP exactly, PLD as a cross-check), from
+the ledger of the releases the run made.
+
+The sensitivity needs care.  Theorem 3.1's bound Delta = sqrt(1 + (m - 1) b^2)
+(one record adds one phi (x) e_y) holds when the features come from a body
+that does not depend on the private records (frozen bodies).  A body trained
+on the client's records depends on every one of them, so adding one record
+can move *every* feature of its client: the release is then bounded only by
+the size of the client's whole upload.  ``record_bound="upload"`` (the
+default whenever bodies are trained) bounds each client's upload to
+``max_records`` records' worth (n_max; larger clients are scaled down) and
+calibrates for the diameter 2 n_max Delta, a valid record-level guarantee
+under adaptive composition.  ``record_bound="theorem"`` uses Delta itself;
+with trained bodies the report says that no formal guarantee holds.  At
+client level the sensitivity is n_max Delta (add or remove one client).
+
+Everything is seeded and bit-reproducible on CPU (deterministic algorithms,
+one thread); noise drawn from a seeded generator is a reproducible
+simulation, not a secret release.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import math
+import time
+import warnings
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from privfed.errors import ConfigError
+
+__all__ = [
+    "FAMILIES",
+    "RoundsConfig",
+    "RoundsDP",
+    "RoundsPrivacyReport",
+    "RoundsResult",
+    "assign_families",
+    "make_body",
+    "personal_test_split",
+    "run_rounds",
+]
+
+#: Body families (feature width FEATURE_DIM each).
+FAMILIES = ("cnn", "cnn-narrow", "mlp")
+#: Feature width d of every body (the head's input is m = d + 1).
+FEATURE_DIM = 64
+_PLACEMENTS = ("central", "distributed", "local")
+_CALIBRATIONS = ("total", "paper")
+_BOUNDS = ("auto", "upload", "theorem")
+#: Largest composed GDP mu for which the report cross-checks epsilon with a PLD accountant.
+_PLD_MAX_MU = 8.0
+
+
+# ---------------------------------------------------------------- bodies
+class _CNN(nn.Module):
+    """conv3x3(c1)-ReLU-conv3x3(c2)-ReLU-maxpool2-linear(d)-ReLU on (N, 1, 8, 8) images."""
+
+    def __init__(self, c1: int, c2: int, d: int = FEATURE_DIM) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, c1, kernel_size=3, padding=1)
+        self.conv2 = nn.Conv2d(c1, c2, kernel_size=3, padding=1)
+        self.pool = nn.MaxPool2d(2)
+        self.fc = nn.Linear(c2 * 4 * 4, d)
+        self.relu = nn.ReLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.relu(self.conv1(x))
+        x = self.pool(self.relu(self.conv2(x)))
+        return self.relu(self.fc(x.flatten(1)))
+
+
+class _MLP(nn.Module):
+    """flatten(64)-linear(128)-ReLU-linear(d)-ReLU on raw pixels."""
+
+    def __init__(self, d: int = FEATURE_DIM) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Flatten(), nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, d), nn.ReLU())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+def make_body(family: str) -> nn.Module:
+    """A freshly initialised body of ``family`` (uses torch's global RNG)."""
+    if family == "cnn":
+        from privfed.data.digits import DigitsCNN
+
+        return DigitsCNN()
+    if family == "cnn-narrow":
+        return _CNN(8, 16)
+    if family == "mlp":
+        return _MLP()
+    raise ConfigError(f"unknown body family {family!r}; choose from {list(FAMILIES)}")
+
+
+def num_parameters(module: nn.Module) -> int:
+    return int(sum(p.numel() for p in module.parameters()))
+
+
+@contextlib.contextmanager
+def deterministic_torch(threads: int = 1):
+    """Deterministic algorithms on ``threads`` threads; restores the caller's settings and RNG."""
+    old_threads = torch.get_num_threads()
+    det = torch.are_deterministic_algorithms_enabled()
+    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    with torch.random.fork_rng(devices=[]):
+        torch.set_num_threads(threads)
+        torch.use_deterministic_algorithms(True)
+        try:
+            yield
+        finally:
+            torch.use_deterministic_algorithms(det, warn_only=warn_only)
+            torch.set_num_threads(old_threads)
+
+
+_PUBLIC_BODIES: dict[tuple[str, int], dict] = {}
+
+
+def public_body(family: str, seed: int = 0) -> nn.Module:
+    """A body of ``family`` trained on the digits *public* split only (a fresh trainable copy).
+
+    ``cnn`` is the digits backbone itself (:func:`privfed.data.digits.get_backbone`);
+    the other families are trained with the backbone's recipe
+    (``privfed.data.digits.TRAIN_CONFIG``), deterministically, and kept in memory.
+    """
+    from privfed.data.digits import TRAIN_CONFIG, digits_splits, get_backbone
+
+    key = (family, int(seed))
+    if key not in _PUBLIC_BODIES:
+        if family == "cnn":
+            state = get_backbone(seed=seed).state_dict()
+        else:
+            splits = digits_splits(seed)
+            cfg = TRAIN_CONFIG
+            F = torch.nn.functional
+            with deterministic_torch():
+                torch.manual_seed(seed)
+                gen = torch.Generator().manual_seed(seed)
+                body = make_body(family)
+                head = nn.Linear(FEATURE_DIM, 10)
+                opt = torch.optim.Adam(list(body.parameters()) + list(head.parameters()), lr=cfg["lr"],
+                                       weight_decay=cfg["weight_decay"])
+                x = torch.from_numpy(np.array(splits.public_images, dtype=np.float32))[:, None]
+                y = torch.from_numpy(np.array(splits.public_labels, dtype=np.int64))
+                for _ in range(cfg["epochs"]):
+                    perm = torch.randperm(y.shape[0], generator=gen)
+                    for start in range(0, y.shape[0], cfg["batch_size"]):
+                        b = perm[start:start + cfg["batch_size"]]
+                        shift = torch.randint(-1, 2, (2,), generator=gen).tolist()
+                        xb = torch.roll(x[b], shifts=(shift[0], shift[1]), dims=(2, 3))
+                        loss = F.cross_entropy(head(body(xb)), y[b])
+                        opt.zero_grad()
+                        loss.backward()
+                        opt.step()
+            state = body.state_dict()
+        _PUBLIC_BODIES[key] = {k: v.detach().clone() for k, v in state.items()}
+    with torch.random.fork_rng(devices=[]):
+        body = make_body(family)
+    body.load_state_dict(_PUBLIC_BODIES[key])
+    for p in body.parameters():
+        p.requires_grad_(True)
+    return body
+
+
+def assign_families(num_clients: int, families: Sequence[str], seed: int) -> list[str]:
+    """Seeded balanced assignment: client k gets ``families[perm[k] mod F]``."""
+    families = tuple(families)
+    for f in families:
+        if f not in FAMILIES:
+            raise ConfigError(f"unknown body family {f!r}; choose from {list(FAMILIES)}")
+    if not families:
+        raise ConfigError("families must name at least one body family")
+    perm = np.random.default_rng([int(seed), 0xA5]).permutation(num_clients)
+    return [families[int(p) % len(families)] for p in perm]
+
+
+# ---------------------------------------------------------------- data
+def personal_test_split(train_counts: np.ndarray, test_labels: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Client of every test sample, distributed like the training data (the paper's personalised test).
+
+    For each class c the test samples of class c are shuffled and cut over the
+    clients holding class c, in proportion to their training counts n_kc.
+    Returns an int array (N_test,), -1 for a class no client holds.
+    """
+    K, C = train_counts.shape
+    out = np.full(test_labels.shape[0], -1, dtype=np.int64)
+    for c in range(C):
+        idx = rng.permutation(np.flatnonzero(test_labels == c))
+        w = train_counts[:, c].astype(np.float64)
+        if w.sum() <= 0 or idx.size == 0:
+            continue
+        cuts = np.rint(np.cumsum(w) / w.sum() * idx.size).astype(np.int64)
+        start = 0
+        for k in range(K):
+            out[idx[start:cuts[k]]] = k
+            start = cuts[k]
+    return out
+
+
+# ---------------------------------------------------------------- privacy
+@dataclass(frozen=True)
+class RoundsPrivacyReport:
+    """What R releases of the FedLog statistic guarantee, computed from the run's ledger.
+
+    ``per_round_epsilon`` is the eps each release is calibrated for (what the
+    paper states per round); ``per_round_epsilon_exact`` what one release
+    alone satisfies exactly (the classic sigma is loose); ``epsilon`` is what
+    the releases made compose to (GDP, exact); ``epsilon_pld`` cross-checks
+    it with dp-accounting's PLD.
+    """
+
+    epsilon: float
+    epsilon_pld: float
+    per_round_epsilon: float
+    per_round_epsilon_exact: float
+    target_epsilon: float
+    delta: float
+    level: str
+    placement: str
+    calibration: str
+    record_bound: str
+    sensitivity: float
+    sigma: float
+    mu_per_release: float
+    mu_total: float
+    releases: int
+    formal: bool
+    guarantee: str
+    notes: tuple = ()
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: (str(v) if isinstance(v, float) and not math.isfinite(v) else v) for k, v in asdict(self).items()}
+
+    @property
+    def auc_bound(self) -> float:
+        """The largest AUC of any membership test against mu_total-GDP releases: Phi(mu / sqrt(2))."""
+        from scipy.stats import norm
+
+        return float(norm.cdf(self.mu_total / math.sqrt(2.0)))
+
+    def describe(self) -> str:
+        """Several lines: the guarantee, both epsilons (per round and composed) and the notes."""
+        ratio = self.epsilon / self.per_round_epsilon if self.per_round_epsilon > 0 else math.inf
+        pld_note = f" skipped: mu > {_PLD_MAX_MU:g}" if math.isnan(self.epsilon_pld) else ""
+        lines = [
+            self.guarantee,
+            f"  per-round epsilon (as calibrated / as the paper states): {self.per_round_epsilon:.4g} "
+            f"(one release alone is exactly {self.per_round_epsilon_exact:.4g}-DP at delta = {self.delta:.3g})",
+            f"  composed over {self.releases} release(s): epsilon = {self.epsilon:.4g} (GDP, exact; "
+            f"PLD {self.epsilon_pld:.4g}{pld_note}), {ratio:.3g} x the per-round epsilon",
+            f"  sigma = {self.sigma:.4g} on a sensitivity of {self.sensitivity:.4g} ({self.record_bound} bound)",
+            f"  any membership test on all {self.releases} release(s) has AUC <= {self.auc_bound:.4g} "
+            f"(mu-GDP: Phi(mu / sqrt 2), mu = {self.mu_total:.4g})",
+        ]
+        lines += [f"  note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.guarantee
+
+
+class RoundsDP:
+    """Gaussian noise on the augmented FedLog statistic, calibrated over ``rounds`` releases.
+
+    Parameters
+    ----------
+    epsilon, delta : float
+        The budget: of all R releases together (``calibration="total"``) or of
+        each release (``"paper"``).
+    clip : float
+        b (``clip_norm="coordinate"``, every feature in [-b, b]) or the L2 bound c.
+    clip_norm : {"coordinate", "l2"}
+    rounds : int
+        R, the number of releases the run will make.
+    level : {"record", "client"}
+    placement : {"central", "distributed", "local"}
+        Who adds the noise: a trusted server (to the sum), every client a share
+        sigma^2/K under secure aggregation, or every client the full sigma.
+    calibration : {"total", "paper"}
+    record_bound : {"auto", "upload", "theorem"}
+        Record level only: ``upload`` calibrates for 2 n_max Delta (valid when
+        bodies are trained on the private records), ``theorem`` for Delta
+        (Theorem 3.1; valid for frozen bodies only).  ``auto``: ``upload``
+        when ``bodies_trained`` else ``theorem``.
+    max_records : int, optional
+        n_max: clients with more records are scaled down to n_max records' worth.
+        Required unless the bound is ``theorem``.
+    dim : int
+        d, the body's feature width (m = d + 1).
+    bodies_trained : bool
+        Whether the released features come from bodies trained on the private records.
+    """
+
+    def __init__(self, *, epsilon: float, delta: float, clip: float, clip_norm: str = "coordinate",
+                 rounds: int = 1, level: str = "record", placement: str = "central", calibration: str = "total",
+                 record_bound: str = "auto", max_records: int | None = None, dim: int = FEATURE_DIM,
+                 bodies_trained: bool = True, accountant_check: bool = True) -> None:
+        from mechanisms.accounting import calibrate_round_mu
+        from mechanisms.calibration import check_budget, classic_sigma
+        from mechanisms.clipping import Clipping
+        from mechanisms.ledger import PrivacyLedger
+
+        self.epsilon, self.delta = check_budget(epsilon, delta, allow_inf=False)
+        self.clipping = Clipping(clip, clip_norm)
+        if isinstance(rounds, bool) or not isinstance(rounds, (int, np.integer)) or rounds < 1:
+            raise ConfigError(f"rounds must be an integer >= 1, got rounds={rounds!r}")
+        self.rounds = int(rounds)
+        if level not in ("record", "client"):
+            raise ConfigError(f"level must be 'record' or 'client', got level={level!r}")
+        if placement not in _PLACEMENTS:
+            raise ConfigError(f"placement must be one of {list(_PLACEMENTS)}, got placement={placement!r}")
+        if level == "client" and placement == "local":
+            raise ConfigError("level='client' needs noise on the aggregate: use placement='central' (trusted "
+                              "server) or 'distributed' (secure aggregation)")
+        if calibration not in _CALIBRATIONS:
+            raise ConfigError(f"calibration must be one of {list(_CALIBRATIONS)}, got calibration={calibration!r}")
+        if record_bound not in _BOUNDS:
+            raise ConfigError(f"record_bound must be one of {list(_BOUNDS)}, got record_bound={record_bound!r}")
+        if record_bound == "auto":
+            record_bound = "upload" if bodies_trained else "theorem"
+        self.level, self.placement, self.calibration = level, placement, calibration
+        self.record_bound = record_bound if level == "record" else "client"
+        self.bodies_trained = bool(bodies_trained)
+        self.dim = int(dim)
+        c = self.clipping.l2_bound(self.dim)
+        self.record_sensitivity = math.sqrt(1.0 + c * c)  # one phi (x) e_y: counts coordinate 1, features <= c
+        needs_n = self.record_bound != "theorem"
+        if needs_n:
+            if isinstance(max_records, bool) or not isinstance(max_records, (int, np.integer)) or max_records < 1:
+                raise ConfigError(
+                    f"max_records must be an integer >= 1 (the most records one client contributes), got "
+                    f"max_records={max_records!r}; it bounds a client's upload when bodies are trained or at "
+                    "client level")
+        self.max_records = None if max_records is None else int(max_records)
+        if self.record_bound == "theorem":
+            self.sensitivity = self.record_sensitivity
+        elif self.record_bound == "upload":
+            self.sensitivity = 2.0 * self.max_records * self.record_sensitivity
+        else:
+            self.sensitivity = self.max_records * self.record_sensitivity
+        if calibration == "total":
+            mu, how = calibrate_round_mu(self.epsilon, self.delta, rounds=self.rounds)
+            self.sigma = self.sensitivity / mu
+            self._how = f"analytic, total budget over {self.rounds} release(s), {how}"
+        else:
+            self.sigma = classic_sigma(self.epsilon, self.delta, self.sensitivity, warn=False)
+            self._how = "classic sigma per release (Theorem 3.1), the same epsilon every round"
+        from mechanisms.backends import get_backend
+
+        self.backend = get_backend(None)
+        self.ledger = PrivacyLedger()
+        self.accountant_check = bool(accountant_check)
+        self.extra_notes: list[str] = []
+
+    @property
+    def mu_per_release(self) -> float:
+        return self.sensitivity / self.sigma
+
+    def clip_tensor(self, f: torch.Tensor) -> torch.Tensor:
+        """The clipping as the body's last activation (the paper's g(x)), differentiable."""
+        b = float(self.clipping.bound)
+        if self.clipping.norm == "coordinate":
+            return torch.clamp(f, -b, b)
+        norms = f.norm(dim=1, keepdim=True)
+        return f * torch.clamp(b / torch.clamp(norms, min=1e-30), max=1.0)
+
+    def bound_uploads(self, A: np.ndarray) -> np.ndarray:
+        """Scale client k's augmented statistic A_k (C, m) to at most n_max records' worth."""
+        if self.max_records is None or self.record_bound == "theorem":
+            return A
+        n_k = A[..., 0].sum(axis=-1)
+        factor = np.minimum(1.0, self.max_records / np.where(n_k > 0, n_k, 1.0))
+        return A * factor[..., None, None]
+
+    def noisy_sum(self, A: np.ndarray, rng: np.random.Generator, *, record: bool = True) -> np.ndarray:
+        """The sum over clients (axis -3) of the per-client augmented statistics, noised once.
+
+        ``A`` has shape (..., K, C, m) (leading axes: independent draws, for audits).
+        One call is one release; it is appended to the ledger when ``record``.
+        """
+        A = self.bound_uploads(np.asarray(A, dtype=np.float64))
+        K = A.shape[-3]
+        if self.placement == "central":
+            total = self.backend.add_gaussian(A.sum(axis=-3), self.sigma, rng)
+        elif self.placement == "distributed":
+            total = self.backend.add_gaussian(A, self.sigma / math.sqrt(K), rng).sum(axis=-3)
+        else:
+            total = self.backend.add_gaussian(A, self.sigma, rng).sum(axis=-3)
+        if record:
+            from mechanisms.ledger import ReleaseEvent
+
+            self.ledger.record(ReleaseEvent(
+                mechanism="gaussian", block="fedlog-statistic", sensitivity=self.sensitivity, scale=self.sigma,
+                relation=self.level, rounds=1, release_id=self.ledger.new_release()))
+        return total
+
+    def composed_epsilon(self) -> float:
+        """Epsilon of the releases recorded so far, GDP only (cheap: for per-round curves)."""
+        from mechanisms.accounting import ledger_epsilon
+
+        return ledger_epsilon(self.ledger.events, self.delta, "gdp")[0] if self.ledger.events else 0.0
+
+    def report(self) -> RoundsPrivacyReport:
+        """The guarantee of the releases recorded so far (GDP exact; PLD cross-check for mu <= 8)."""
+        from mechanisms.accounting import ledger_epsilon
+        from mechanisms.calibration import gdp_epsilon
+
+        events = self.ledger.events
+        n = len(events)
+        eps, _ = ledger_epsilon(events, self.delta, "gdp") if n else (0.0, "")
+        eps_pld = math.nan
+        mu_total = self.mu_per_release * math.sqrt(n)
+        # dp-accounting's PLD grid grows with the privacy-loss range (~ mu^2): cross-check moderate mu only
+        if n and self.accountant_check and mu_total <= _PLD_MAX_MU:
+            eps_pld, _ = ledger_epsilon(events, self.delta, "pld")
+        mu1 = self.mu_per_release
+        per_round = self.epsilon if self.calibration == "paper" else gdp_epsilon(mu1, self.delta)
+        notes = []
+        formal = True
+        if self.level == "record" and self.record_bound == "theorem" and self.bodies_trained:
+            formal = False
+            notes.append(
+                "Theorem 3.1's sensitivity assumes a body independent of the private records; these bodies were "
+                "trained on them, so one record can move every feature of its client: the epsilons below are "
+                "what the paper's accounting gives, NOT a formal guarantee (use record_bound='upload')")
+        if self.record_bound == "upload":
+            notes.append(f"trained bodies: each client's upload bounded to max_records={self.max_records} records' "
+                         "worth; sensitivity = its diameter 2 n_max Delta (valid under adaptive composition)")
+        if self.level == "client":
+            notes.append(f"client level: each client's upload bounded to max_records={self.max_records} records' "
+                         "worth; sensitivity n_max Delta")
+        if self.calibration == "paper" and self.epsilon > 1:
+            notes.append("classic sigma outside its proven range (epsilon > 1): the per-round epsilon is not proven")
+        if self.placement == "distributed":
+            notes.append("each client adds N(0, sigma^2/K); holds while secure aggregation hides the individual "
+                         "uploads and no client drops out or colludes (simulated as a plain sum here)")
+        elif self.placement == "central":
+            notes.append("noise on the sum added by a trusted server")
+        else:
+            notes.append("every client noises its own upload with the full sigma (the sum carries K sigma^2)")
+        notes.append("floating-point noise (backend 'numpy'): not hardened against floating-point attacks")
+        notes.extend(self.extra_notes)
+        where = {"central": "trusted server", "distributed": "secure aggregation", "local": "local noise"}
+        if formal:
+            guarantee = (f"({eps:.4g}, {self.delta:.3g})-DP at {self.level} level over {n} release(s) "
+                         f"(GDP mu = {mu1 * math.sqrt(n):.4g}); {where[self.placement]}; {self._how}")
+        else:
+            guarantee = (f"NO FORMAL GUARANTEE (bodies trained on the private records): the paper's accounting "
+                         f"gives eps = {per_round:.4g} per round, composing to eps = {eps:.4g} over {n} releases "
+                         f"at delta = {self.delta:.3g}")
+        return RoundsPrivacyReport(
+            epsilon=float(eps), epsilon_pld=float(eps_pld), per_round_epsilon=float(per_round),
+            per_round_epsilon_exact=float(gdp_epsilon(mu1, self.delta)),
+            target_epsilon=self.epsilon, delta=self.delta, level=self.level, placement=self.placement,
+            calibration=self._how, record_bound=self.record_bound, sensitivity=self.sensitivity, sigma=self.sigma,
+            mu_per_release=mu1, mu_total=mu1 * math.sqrt(n), releases=n, formal=formal, guarantee=guarantee,
+            notes=tuple(notes))
+
+
+# ---------------------------------------------------------------- config / result
+@dataclass(frozen=True)
+class RoundsConfig:
+    """Every setting of a multi-round FedLog run (defaults: the paper's MNIST recipe on digits)."""
+
+    clients: int = 20
+    rounds: int = 10
+    local_epochs: int = 5
+    batch_size: int = 10
+    lr: float = 1e-3
+    families: tuple[str, ...] = FAMILIES
+    init: str = "public"
+    partition: str = "shards"
+    classes_per_client: int = 2
+    alpha: float = 0.1
+    seed: int = 0
+    nu: float = 1.0
+    head_init_scale: float | None = None
+    baselines: tuple[str, ...] = ("oneshot", "local", "fedavg")
+    fedavg_family: str = "cnn"
+    # privacy (epsilon = inf: none)
+    epsilon: float = math.inf
+    delta: float = 1e-5
+    level: str = "record"
+    placement: str = "central"
+    calibration: str = "total"
+    record_bound: str = "auto"
+    clip: float = 2.0
+    clip_norm: str = "coordinate"
+    max_records: int | None = None
+    noise_seed: int | None = None
+
+    def validate(self) -> "RoundsConfig":
+        def pos_int(name, low=1):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < low:
+                raise ConfigError(f"{name} must be an integer >= {low}, got {name}={v!r}")
+
+        for name in ("clients", "rounds", "batch_size", "classes_per_client"):
+            pos_int(name)
+        pos_int("local_epochs", 0)
+        pos_int("seed", 0)
+        if not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0):
+            raise ConfigError(f"lr must be a finite number > 0, got lr={self.lr!r}")
+        if self.init not in ("public", "scratch"):
+            raise ConfigError(f"init must be 'public' (trained on the public split) or 'scratch', got {self.init!r}")
+        fams = tuple(self.families)
+        if not fams or any(f not in FAMILIES for f in fams):
+            raise ConfigError(f"families must be a non-empty list from {list(FAMILIES)}, got {list(fams)}")
+        if self.fedavg_family not in FAMILIES:
+            raise ConfigError(f"fedavg_family must be one of {list(FAMILIES)}, got {self.fedavg_family!r}")
+        bad = [b for b in self.baselines if b not in ("oneshot", "local", "fedavg")]
+        if bad:
+            raise ConfigError(f"unknown baseline(s) {bad}; choose from ['oneshot', 'local', 'fedavg']")
+        if not (self.nu >= 0):
+            raise ConfigError(f"nu must be >= 0, got nu={self.nu!r}")
+        return replace(self, families=fams, baselines=tuple(self.baselines))
+
+
+@dataclass
+class RoundsResult:
+    """Outcome of :func:`run_rounds`."""
+
+    config: RoundsConfig
+    history: list[dict]
+    personalised_accuracy: float
+    common_accuracy: float
+    head: Any
+    families: list[str]
+    bytes: dict
+    privacy: RoundsPrivacyReport | None
+    baselines: dict = field(default_factory=dict)
+    timing: dict = field(default_factory=dict)
+    notes: list = field(default_factory=list)
+
+    def summary(self) -> dict:
+        out = {
+            "fedlog": {"personalised": self.personalised_accuracy, "common": self.common_accuracy,
+                       "upload_bytes_per_round": self.bytes["upload_per_round"],
+                       "upload_bytes_total": self.bytes["upload_total"]},
+        }
+        for name, b in self.baselines.items():
+            out[name] = {k: b[k] for k in ("personalised", "common", "upload_bytes_per_round", "upload_bytes_total")
+                         if k in b}
+        return out
+
+
+# ---------------------------------------------------------------- training pieces
+class _Client:
+    """One client's private state: images, labels, body, optimiser, data-order generator."""
+
+    def __init__(self, k, x, y, xt, yt, body, lr, seed):
+        self.k = k
+        self.x, self.y, self.xt, self.yt = x, y, xt, yt
+        self.body = body
+        self.opt = torch.optim.Adam(body.parameters(), lr=lr)
+        self.gen = torch.Generator().manual_seed(int(np.random.default_rng([seed, 0xB0D7, k]).integers(2**62)))
+
+
+def _features(body, x, clip_fn) -> torch.Tensor:
+    f = body(x)
+    return clip_fn(f) if clip_fn is not None else f
+
+
+def _augment(f: torch.Tensor) -> torch.Tensor:
+    return torch.cat([torch.ones(f.shape[0], 1, dtype=f.dtype), f], dim=1)
+
+
+def _train_body(client: _Client, head_eta: torch.Tensor, epochs: int, batch_size: int, clip_fn) -> None:
+    """E epochs of cross-entropy of softmax(eta phi) with the head fixed (Eq. 13)."""
+    F = torch.nn.functional
+    body = client.body
+    body.train()
+    n = client.y.shape[0]
+    for _ in range(epochs):
+        perm = torch.randperm(n, generator=client.gen)
+        for start in range(0, n, batch_size):
+            b = perm[start:start + batch_size]
+            logits = _augment(_features(body, client.x[b], clip_fn)) @ head_eta.T
+            loss = F.cross_entropy(logits, client.y[b])
+            client.opt.zero_grad()
+            loss.backward()
+            client.opt.step()
+
+
+def _client_features(body, x, clip_fn) -> np.ndarray:
+    body.eval()
+    with torch.no_grad():
+        return _features(body, x, clip_fn).numpy().astype(np.float64)
+
+
+def _accuracy(pred: np.ndarray, y: np.ndarray) -> float:
+    return float(np.mean(pred == y)) if y.size else math.nan
+
+
+def _head_eta(head) -> np.ndarray:
+    return np.concatenate([head.bias[:, None], head.weight], axis=1)
+
+
+class _Setup:
+    """Data, partition, personalised test split and client families of one seeded run."""
+
+    def __init__(self, cfg: RoundsConfig):
+        from privfed.data.digits import digits_splits
+        from privfed.federation import partition
+
+        self.splits = digits_splits(cfg.seed)
+        y = np.asarray(self.splits.private_labels)
+        self.C = 10
+        part = partition(y, cfg.clients, cfg.partition, alpha=cfg.alpha, rng=cfg.seed,
+                         classes_per_client=cfg.classes_per_client)
+        self.part = part
+        self.clients = np.asarray(part.clients)
+        sizes = part.sizes()
+        if (sizes == 0).any():
+            raise ConfigError(f"partition {cfg.partition!r} left client(s) {np.flatnonzero(sizes == 0).tolist()} "
+                              "empty; use fewer clients or another scheme")
+        self.train_counts = part.class_counts(y, self.C)
+        yt = np.asarray(self.splits.test_labels)
+        self.test_clients = personal_test_split(self.train_counts, yt, np.random.default_rng([cfg.seed, 0x7E57]))
+        self.families = assign_families(cfg.clients, cfg.families, cfg.seed)
+        self.x_all = torch.from_numpy(np.array(self.splits.private_images, dtype=np.float32))[:, None]
+        self.y_all = torch.from_numpy(y.copy())
+        self.xt_all = torch.from_numpy(np.array(self.splits.test_images, dtype=np.float32))[:, None]
+        self.yt_all = yt
+        self.n_max = int(sizes.max())
+
+    def client_data(self, k):
+        idx = np.flatnonzero(self.clients == k)
+        tidx = np.flatnonzero(self.test_clients == k)
+        return (self.x_all[idx], self.y_all[idx], self.xt_all[tidx], self.yt_all[tidx])
+
+
+def _init_body(family: str, init: str, seed: int, k: int) -> nn.Module:
+    if init == "public":
+        return public_body(family, seed)
+    torch.manual_seed(int(np.random.default_rng([seed, 0x1417, k]).integers(2**62)))
+    return make_body(family)
+
+
+# ---------------------------------------------------------------- FedLog rounds
+def _fedlog(cfg: RoundsConfig, setup: _Setup, families: list[str], *, rounds: int, epochs: int,
+            dp: RoundsDP | None, noise_rng, bar=None, label="fedlog") -> dict:
+    """The multi-round protocol; returns accuracies, the last head and the per-round history."""
+    from privfed.methods.fedlog import FedLog, fedlog_gradient
+    from privfed.stats import ClientStats
+
+    K, C, d = cfg.clients, setup.C, FEATURE_DIM
+    m = d + 1
+    method = FedLog(nu=cfg.nu)
+    clip_fn = dp.clip_tensor if dp is not None else None
+    clients = []
+    for k in range(K):
+        x, y, xt, yt = setup.client_data(k)
+        clients.append(_Client(k, x, y, xt, yt, _init_body(families[k], cfg.init, cfg.seed, k), cfg.lr, cfg.seed))
+    if epochs == 0:
+        for c in clients:
+            for p in c.body.parameters():
+                p.requires_grad_(False)
+    # Server: random initial head (Algorithm 1), seeded.
+    scale = cfg.head_init_scale if cfg.head_init_scale is not None else 1.0 / math.sqrt(m)
+    eta = np.random.default_rng([cfg.seed, 0x4EAD]).uniform(-scale, scale, size=(C, m))
+    history = []
+    head = None
+    for r in range(rounds):
+        eta_t = torch.from_numpy(eta.astype(np.float32))
+        A = np.zeros((K, C, m))
+        for c in clients:
+            if epochs > 0:
+                _train_body(c, eta_t, epochs, cfg.batch_size, clip_fn)
+            Fk = _client_features(c.body, c.x, clip_fn)
+            yk = c.y.numpy()
+            A[c.k, :, 0] = np.bincount(yk, minlength=C)
+            for cls in np.unique(yk):
+                A[c.k, cls, 1:] = Fk[yk == cls].sum(axis=0)
+        if dp is None:
+            stats = ClientStats(counts=A[:, :, 0], sums=A[:, :, 1:])
+        else:
+            total = dp.noisy_sum(A, noise_rng)
+            stats = ClientStats(counts=total[None, :, 0], sums=total[None, :, 1:])
+        head = method.aggregate(stats)
+        eta = _head_eta(head)
+        tot = stats.total()
+        Phi = np.concatenate([tot.counts[0][:, None], tot.sums[0]], axis=1)
+        nu_n = float(head.extras["nu_plus_n"])
+        grad = fedlog_gradient(eta, Phi + method.params["chi"], nu_n)
+        pers, common = _evaluate(clients, head, clip_fn, setup)
+        history.append({"round": r + 1, "personalised": pers, "common": common,
+                        "gradient_norm": float(np.linalg.norm(grad)),
+                        "head_norm": float(np.linalg.norm(eta)), "eta": eta, "statistic": Phi, "nu_plus_n": nu_n,
+                        "epsilon": (dp.composed_epsilon() if dp is not None else math.inf)})
+        if bar is not None:
+            bar.set_postfix_str(f"{label} r{r + 1} pers {pers:.3f}")
+            bar.update(1)
+    return {"history": history, "head": head, "personalised": history[-1]["personalised"],
+            "common": history[-1]["common"], "clients": clients}
+
+
+def _evaluate(clients, head, clip_fn, setup) -> tuple[float, float]:
+    pers, common = [], []
+    for c in clients:
+        if c.yt.size:
+            pers.append(_accuracy(head.predict(_client_features(c.body, c.xt, clip_fn)), c.yt))
+        common.append(_accuracy(head.predict(_client_features(c.body, setup.xt_all, clip_fn)), setup.yt_all))
+    return float(np.mean(pers)), float(np.mean(common))
+
+
+# ---------------------------------------------------------------- baselines
+class _Classifier(nn.Module):
+    def __init__(self, body: nn.Module, C: int = 10):
+        super().__init__()
+        self.body = body
+        self.head = nn.Linear(FEATURE_DIM, C)
+
+    def forward(self, x):
+        return self.head(self.body(x))
+
+
+def _train_classifier(model, opt, x, y, epochs, batch_size, gen) -> None:
+    F = torch.nn.functional
+    model.train()
+    n = y.shape[0]
+    for _ in range(epochs):
+        perm = torch.randperm(n, generator=gen)
+        for start in range(0, n, batch_size):
+            b = perm[start:start + batch_size]
+            loss = F.cross_entropy(model(x[b]), y[b])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+
+
+def _predict(model, x) -> np.ndarray:
+    model.eval()
+    with torch.no_grad():
+        return model(x).argmax(dim=1).numpy()
+
+
+def _fedavg(cfg: RoundsConfig, setup: _Setup, bar=None) -> dict:
+    """FedAvg of the whole model (body + linear head), every client the same family."""
+    K = cfg.clients
+    fam = cfg.fedavg_family
+    torch.manual_seed(int(np.random.default_rng([cfg.seed, 0xFEDA]).integers(2**62)))
+    glob = _Classifier(_init_body(fam, cfg.init, cfg.seed, 0))
+    data = [setup.client_data(k) for k in range(K)]
+    gens = [torch.Generator().manual_seed(int(np.random.default_rng([cfg.seed, 0xB0D7, k]).integers(2**62)))
+            for k in range(K)]
+    n = np.array([d[1].shape[0] for d in data], dtype=np.float64)
+    w = n / n.sum()
+    history = []
+    for r in range(cfg.rounds):
+        states = []
+        for k in range(K):
+            local = copy.deepcopy(glob)
+            opt = torch.optim.Adam(local.parameters(), lr=cfg.lr)
+            _train_classifier(local, opt, data[k][0], data[k][1], cfg.local_epochs, cfg.batch_size, gens[k])
+            states.append(local.state_dict())
+        avg = {key: sum(float(w[k]) * states[k][key] for k in range(K)) for key in states[0]}
+        glob.load_state_dict(avg)
+        pers = float(np.mean([_accuracy(_predict(glob, d[2]), d[3]) for d in data if d[3].size]))
+        common = _accuracy(_predict(glob, setup.xt_all), setup.yt_all)
+        history.append({"round": r + 1, "personalised": pers, "common": common})
+        if bar is not None:
+            bar.set_postfix_str(f"fedavg r{r + 1} pers {pers:.3f}")
+            bar.update(1)
+    P = num_parameters(glob)
+    return {"history": history, "personalised": history[-1]["personalised"], "common": history[-1]["common"],
+            "family": fam, "parameters": P, "upload_bytes_per_round": 4 * P * K,
+            "upload_bytes_total": 4 * P * K * cfg.rounds, "download_bytes_per_round": 4 * P * K}
+
+
+def _local_only(cfg: RoundsConfig, setup: _Setup, families, bar=None) -> dict:
+    """Each client trains body + its own linear head for R x E epochs; nothing is shared."""
+    pers, common = [], []
+    for k in range(cfg.clients):
+        x, y, xt, yt = setup.client_data(k)
+        torch.manual_seed(int(np.random.default_rng([cfg.seed, 0x10CA, k]).integers(2**62)))
+        model = _Classifier(_init_body(families[k], cfg.init, cfg.seed, k))
+        opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+        gen = torch.Generator().manual_seed(int(np.random.default_rng([cfg.seed, 0xB0D7, k]).integers(2**62)))
+        _train_classifier(model, opt, x, y, cfg.rounds * cfg.local_epochs, cfg.batch_size, gen)
+        if yt.size:
+            pers.append(_accuracy(_predict(model, xt), yt))
+        common.append(_accuracy(_predict(model, setup.xt_all), setup.yt_all))
+        if bar is not None:
+            bar.update(1)
+    return {"personalised": float(np.mean(pers)), "common": float(np.mean(common)),
+            "upload_bytes_per_round": 0, "upload_bytes_total": 0}
+
+
+# ---------------------------------------------------------------- entry point
+def make_dp(cfg: RoundsConfig, setup_n_max: int, *, rounds: int, bodies_trained: bool) -> RoundsDP | None:
+    if math.isinf(cfg.epsilon):
+        return None
+    dp = RoundsDP(epsilon=cfg.epsilon, delta=cfg.delta, clip=cfg.clip, clip_norm=cfg.clip_norm, rounds=rounds,
+                  level=cfg.level, placement=cfg.placement, calibration=cfg.calibration,
+                  record_bound=cfg.record_bound,
+                  max_records=cfg.max_records if cfg.max_records is not None else setup_n_max,
+                  dim=FEATURE_DIM, bodies_trained=bodies_trained)
+    if cfg.max_records is None and dp.record_bound != "theorem":
+        dp.extra_notes.append(f"max_records defaulted to the largest client's size ({setup_n_max}), treated as "
+                              "public (pass max_records to fix it in advance)")
+    return dp
+
+
+def run_rounds(cfg: RoundsConfig | None = None, *, progress: bool = False, **overrides) -> RoundsResult:
+    """Run multi-round FedLog (and the baselines of ``cfg.baselines``) on the digits default.
+
+    Parameters
+    ----------
+    cfg : RoundsConfig, optional
+        Settings; keyword ``overrides`` replace single fields.
+    progress : bool
+        Show a tqdm bar over rounds (FedLog, FedAvg) and clients (local-only).
+
+    Returns
+    -------
+    RoundsResult
+    """
+    cfg = replace(cfg or RoundsConfig(), **overrides).validate()
+    t0, c0 = time.perf_counter(), time.process_time()
+    from tqdm.auto import tqdm
+
+    notes: list[str] = []
+    with deterministic_torch(), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="noise backend 'numpy'")
+        setup = _Setup(cfg)
+        families = setup.families
+        noise_seed = cfg.seed if cfg.noise_seed is None else cfg.noise_seed
+        noise_rng = np.random.default_rng([noise_seed, 0x0153])
+        if not math.isinf(cfg.epsilon):
+            notes.append(f"noise drawn from a generator seeded with {noise_seed}: a reproducible simulation, not a "
+                         "secret release")
+        dp = make_dp(cfg, setup.n_max, rounds=cfg.rounds, bodies_trained=cfg.local_epochs > 0)
+        steps = cfg.rounds
+        if "fedavg" in cfg.baselines:
+            steps += cfg.rounds
+        if "local" in cfg.baselines:
+            steps += cfg.clients
+        if "oneshot" in cfg.baselines:
+            steps += 1
+        bar = tqdm(total=steps, desc="fedlog rounds", unit="step", disable=not progress, leave=False)
+        t1 = time.perf_counter()
+        main = _fedlog(cfg, setup, families, rounds=cfg.rounds, epochs=cfg.local_epochs, dp=dp,
+                       noise_rng=noise_rng, bar=bar)
+        timing = {"fedlog_s": time.perf_counter() - t1}
+        m = FEATURE_DIM + 1
+        per_client = 4 * (m * setup.C + 1)
+        bytes_ = {"upload_per_client_round": per_client, "upload_per_round": per_client * cfg.clients,
+                  "upload_total": per_client * cfg.clients * cfg.rounds,
+                  "download_per_round": 4 * m * setup.C * cfg.clients}
+        baselines: dict[str, dict] = {}
+        if "oneshot" in cfg.baselines:
+            t1 = time.perf_counter()
+            ocfg = replace(cfg, init="public")
+            odp = make_dp(ocfg, setup.n_max, rounds=1, bodies_trained=False)
+            one = _fedlog(ocfg, setup, families, rounds=1, epochs=0, dp=odp,
+                          noise_rng=np.random.default_rng([cfg.seed, 0x0E5]), bar=bar, label="one-shot")
+            baselines["oneshot"] = {"personalised": one["personalised"], "common": one["common"],
+                                    "upload_bytes_per_round": per_client * cfg.clients,
+                                    "upload_bytes_total": per_client * cfg.clients,
+                                    "privacy": None if odp is None else odp.report()}
+            timing["oneshot_s"] = time.perf_counter() - t1
+        if "local" in cfg.baselines:
+            t1 = time.perf_counter()
+            baselines["local"] = _local_only(cfg, setup, families, bar=bar)
+            timing["local_s"] = time.perf_counter() - t1
+        if "fedavg" in cfg.baselines:
+            t1 = time.perf_counter()
+            baselines["fedavg"] = _fedavg(cfg, setup, bar=bar)
+            if len(set(families)) > 1:
+                notes.append(f"FedAvg needs one architecture: it ran with family {cfg.fedavg_family!r} on every "
+                             "client (FedLog's clients are heterogeneous)")
+            if dp is not None:
+                notes.append("FedAvg and local-only baselines are not private (no noise)")
+            timing["fedavg_s"] = time.perf_counter() - t1
+        bar.close()
+    timing["total_s"] = time.perf_counter() - t0
+    timing["cpu_s"] = time.process_time() - c0  # CPU time of this process (one torch thread): load-independent
+    return RoundsResult(config=cfg, history=main["history"], personalised_accuracy=main["personalised"],
+                        common_accuracy=main["common"], head=main["head"], families=families, bytes=bytes_,
+                        privacy=None if dp is None else dp.report(), baselines=baselines, timing=timing,
+                        notes=notes)
+
+
+# ---------------------------------------------------------------- trade-off command
+def tradeoff_rounds(cfg, *, local_epochs: int | None = None, families: Sequence[str] | None = None,
+                    init: str | None = None, progress: bool = True) -> list[dict]:
+    """Rows of ``python -m privfed.tradeoff --method fedlog --rounds R`` (R > 1): multi-round FedLog
+    and one-shot frozen FedLog for every (epsilon, seed) of a :class:`privfed.tradeoff.TradeoffConfig`."""
+    if cfg.dataset != "digits":
+        raise ConfigError(f"multi-round FedLog (--rounds > 1) trains bodies on images: it runs on the digits "
+                          f"default only, got --dataset {cfg.dataset!r}")
+    if cfg.count_noise is not None:
+        raise ConfigError("--count-noise does not apply to multi-round FedLog (the counts ride in the statistic)")
+    placement = "distributed" if cfg.secure_agg != "none" else ("central" if cfg.trusted_aggregator else "local")
+    base = dict(clients=cfg.clients, rounds=cfg.rounds, partition=cfg.partition, alpha=cfg.alpha, baselines=("oneshot",),
+                delta=cfg.delta, level=cfg.level, placement=placement,
+                calibration="paper" if cfg.calibration == "classic" else "total",
+                record_bound="theorem" if cfg.calibration == "classic" else "auto",
+                clip=cfg.clip if cfg.clip is not None else 2.0,
+                clip_norm=cfg.clip_norm if cfg.clip is not None else "coordinate", max_records=cfg.max_records)
+    if local_epochs is not None:
+        base["local_epochs"] = local_epochs
+    if families:
+        base["families"] = tuple(families)
+    if init is not None:
+        base["init"] = init
+    RoundsConfig(**dict(base, epsilon=min(cfg.epsilons))).validate()  # refuse bad settings before any work
+    rows = []
+    for eps in cfg.epsilons:
+        for seed in cfg.seeds:
+            r = run_rounds(RoundsConfig(**base), seed=seed, epsilon=eps, progress=progress)
+            for name, acc, rep, up in (
+                (f"fedlog x{cfg.rounds} rounds", (r.personalised_accuracy, r.common_accuracy), r.privacy,
+                 r.bytes["upload_total"]),
+                ("fedlog one-shot (frozen)", (r.baselines["oneshot"]["personalised"], r.baselines["oneshot"]["common"]),
+                 r.baselines["oneshot"]["privacy"], r.baselines["oneshot"]["upload_bytes_total"]),
+            ):
+                rows.append({
+                    "method": name, "epsilon": eps, "seed": seed, "rounds": cfg.rounds if "rounds" in name else 1,
+                    "accuracy": acc[0], "common_accuracy": acc[1],
+                    "epsilon_composed": rep.epsilon if rep else math.inf,
+                    "epsilon_per_round": rep.per_round_epsilon if rep else math.inf,
+                    "delta": cfg.delta, "sigma": rep.sigma if rep else 0.0,
+                    "sensitivity": rep.sensitivity if rep else 0.0, "upload_bytes": up,
+                    "formal": bool(rep.formal) if rep else False,
+                    "guarantee": rep.guarantee if rep else "NO DP GUARANTEE: no noise",
+                    "describe": rep.describe() if rep else "",
+                })
+    return rows
+
+
+def _summarise(rows: list[dict]) -> list[dict]:
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["method"], r["epsilon"]), []).append(r)
+    out = []
+    for (method, eps), rs in groups.items():
+        acc = np.array([r["accuracy"] for r in rs])
+        out.append({"method": method, "epsilon": eps, "epsilon_composed": rs[0]["epsilon_composed"],
+                    "epsilon_per_round": rs[0]["epsilon_per_round"], "accuracy_mean": float(acc.mean()),
+                    "accuracy_sd": float(acc.std()), "common_mean": float(np.mean([r["common_accuracy"] for r in rs])),
+                    "seeds": len(rs), "upload_bytes": rs[0]["upload_bytes"], "guarantee": rs[0]["guarantee"],
+                    "describe": rs[0]["describe"]})
+    return out
+
+
+def _plot_tradeoff(summary: list[dict], title: str):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for i, method in enumerate(sorted({s["method"] for s in summary})):
+        pts = sorted((s["epsilon_composed"], s["accuracy_mean"], s["accuracy_sd"]) for s in summary
+                     if s["method"] == method and math.isfinite(s["epsilon_composed"]))
+        inf = [s["accuracy_mean"] for s in summary if s["method"] == method and not math.isfinite(s["epsilon"])]
+        if pts:
+            x, y, e = (np.array(v) for v in zip(*pts))
+            ax.errorbar(x, y, yerr=e, marker="o", capsize=3, color=f"C{i}", label=method)
+        for v in inf:
+            ax.axhline(v, color=f"C{i}", lw=0.8, ls=":")
+    ax.set_xscale("log")
+    ax.set_xlabel("epsilon composed over every release of the run (dotted: no noise)")
+    ax.set_ylabel("personalised accuracy")
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def tradeoff_main(cfg, args, argv=()) -> int:
+    """``python -m privfed.tradeoff --method fedlog --rounds R`` with R > 1: write, plot and print."""
+    from privfed._cli import OutputDir, as_int, versions
+
+    families = None if getattr(args, "families", None) is None else [
+        f.strip() for f in args.families.split(",") if f.strip()]
+    epochs = getattr(args, "local_epochs", None)
+    epochs = None if epochs is None else as_int(epochs, "--local-epochs", minimum=1)
+    command = " ".join(["python -m privfed.tradeoff", *argv])
+    out = OutputDir(args.out, "tradeoff", overwrite=args.overwrite,
+                    name_parts=("fedlog", f"rounds{cfg.rounds}"))
+    try:
+        rows = tradeoff_rounds(cfg, local_epochs=epochs, families=families,
+                               init=getattr(args, "init", None), progress=not args.quiet)
+        summary = _summarise(rows)
+        keys = [k for k in rows[0] if k != "describe"]
+        out.write_csv("results.csv", rows, keys)
+        out.write_json("results.json", {"config": asdict(cfg), "versions": versions(), "records": rows,
+                                        "summary": summary, "command": command})
+        if cfg.plot:
+            fig = _plot_tradeoff(summary, f"digits: {cfg.clients} clients, {cfg.partition}, FedLog with local "
+                                 f"bodies over {cfg.rounds} rounds vs one-shot frozen, {cfg.level} level")
+            out.save_figure("tradeoff.png", fig, dpi=130)
+            import matplotlib.pyplot as plt
+
+            plt.close(fig)
+        out.finish(command, complete=True)
+    except BaseException:
+        if out.written:
+            out.finish(command, complete=False)
+        else:
+            out.abandon()  # a run that wrote nothing leaves no folder
+        raise
+    head = f"{'method':<28} {'eps':>7} {'composed':>9} {'per round':>9} {'accuracy':>15} {'upload':>10}"
+    print(head)
+    for s in summary:
+        print(f"{s['method']:<28} {s['epsilon']:>7.3g} {s['epsilon_composed']:>9.4g} {s['epsilon_per_round']:>9.4g} "
+              f"{s['accuracy_mean']:>8.4f} ± {s['accuracy_sd']:.3f} {s['upload_bytes'] / 1e3:>8.1f}kB")
+    for s in summary:
+        if s["describe"]:
+            print(f"{s['method']} at eps {s['epsilon']:g}:\n{s['describe']}")
+    print(f"wrote {out.path}/: {', '.join(out.files())}")
+    return 0
