@@ -42,14 +42,12 @@ def global_covariance(
 
     Returns shapes (C,), (C, d) (zero rows for absent classes) and (d, d).
     """
-    total = stats.total()
-    N = total.counts[0]
-    S = total.sums[0]
+    N, S = stats.class_totals()
     present = N > 0
     Np = np.where(present, N, 1.0)
     mu = np.where(present[:, None], S / Np[:, None], 0.0)
     Ntot = N[present].sum()
-    G = total.second[0]
+    G = stats.gram()
     if covariance == "total":
         s = S[present].sum(axis=0)
         denom = Ntot - 1.0
