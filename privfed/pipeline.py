@@ -38,9 +38,6 @@ from privfed.stats import ClientStats, StatsFold, _stats_from_rows
 
 __all__ = ["client_statistics", "fold_statistics", "run_federation", "server_head"]
 
-#: Bytes of float64 feature rows one client chunk of :func:`fold_statistics` copies at most
-#: (a single client larger than this is one chunk by itself).
-CHUNK_BYTES = 32 * 2**20
 
 
 def client_statistics(
@@ -74,15 +71,19 @@ def fold_statistics(
     keep: str | None = None,
     chunk_bytes: int | None = None,
 ) -> ClientStats:
-    """The clients' statistics folded into what the server keeps, chunk by chunk.
+    """The clients' statistics folded into what the server keeps (a :class:`~privfed.stats.StatsFold`).
 
-    Clients (with all their pseudo-clients) are taken in chunks of at most
-    ``chunk_bytes`` of feature rows; each chunk's statistics are computed
-    and folded into a :class:`~privfed.stats.StatsFold` (``keep="pairs"``
-    for per-client methods, else ``"total"``), then dropped.  Memory:
-    O(chunk + C d + d^2) for sum-only methods, O(chunk + M d + d^2) for
-    per-client ones.  Same result as
-    ``client_statistics(...)`` followed by ``StatsFold(...).add(...)``.
+    ``keep="pairs"`` (per-client methods) keeps the M (pseudo-)client-class
+    pairs, ``"total"`` only the class totals and the summed second moment.
+    With the features in memory (``chunk_bytes=None``) everything is one
+    chunk: one sort of the sample keys, one sparse-dense product into the
+    pairs (or straight into the C class totals for ``"total"``) and one
+    X^T X when a second moment is needed - the memory of the output,
+    O(M d + d^2) or O(C d + d^2), and no copy of the features.  With
+    ``chunk_bytes``, clients (with all their pseudo-clients) are taken in
+    chunks of at most that many bytes of feature rows, each computed and
+    folded then dropped: the path of statistics that arrive client by client.
+    Both give the statistics ``client_statistics`` would, folded.
     """
     keep = keep or ("pairs" if method.per_client else "total")
     F, y, k = features, np.asarray(labels, dtype=np.int64), np.asarray(clients, dtype=np.int64)
@@ -90,6 +91,14 @@ def fold_statistics(
     groups, owners = method.row_groups(y, k, num_classes=C, num_clients=num_clients, rng=rng)
     groups = np.asarray(groups, dtype=np.int64)
     G = num_clients if owners is None else owners.size
+    fold = StatsFold(num_classes=C, dim=d, keep=keep)
+    if chunk_bytes is None or F.shape[0] * d * 8 <= chunk_bytes:
+        if keep == "total":
+            chunk = _stats_from_rows(F, y, np.zeros_like(y), C, 1, method.requires)
+            object.__setattr__(chunk, "folded_pairs", int(np.unique(groups * C + y).size))
+        else:
+            chunk = _stats_from_rows(F, y, groups, C, G, method.requires, owners=owners)
+        return fold.add(chunk).result()
     n_owners = num_clients if owners is None else int(owners.max(initial=-1)) + 1
     own = np.arange(G) if owners is None else owners
     # Rows sorted by (pseudo-)client; a client's pseudo-clients are contiguous (Method.row_groups).
@@ -97,8 +106,7 @@ def fold_statistics(
     row_end = np.cumsum(np.bincount(groups, minlength=G))  # rows up to each group's end
     first = np.searchsorted(own, np.arange(n_owners + 1))  # first group of each real client
     owner_row_end = np.concatenate(([0], row_end))[first]  # (n_owners + 1,) row boundaries
-    step = max(1, int(chunk_bytes or CHUNK_BYTES) // (8 * max(d, 1)))
-    fold = StatsFold(num_classes=C, dim=d, keep=keep)
+    step = max(1, int(chunk_bytes) // (8 * max(d, 1)))
     o0 = 0
     while o0 < n_owners:
         o1 = int(np.searchsorted(owner_row_end, owner_row_end[o0] + step, side="right")) - 1
@@ -106,11 +114,8 @@ def fold_statistics(
         g0, g1 = int(first[o0]), int(first[o1])
         idx = order[owner_row_end[o0]:owner_row_end[o1]]
         chunk_owners = None if owners is None else owners[g0:g1] - o0
-        chunk = _stats_from_rows(F[idx], y[idx], groups[idx] - g0, C, g1 - g0, method.requires,
-                                 owners=chunk_owners)
-        if owners is not None and g1 > g0 and chunk_owners.max() + 1 < o1 - o0:  # pragma: no cover
-            raise AssertionError("a real client has no pseudo-client")
-        fold.add(chunk)
+        fold.add(_stats_from_rows(F[idx], y[idx], groups[idx] - g0, C, g1 - g0, method.requires,
+                                  owners=chunk_owners))
         o0 = o1
     return fold.result()
 

@@ -662,7 +662,7 @@ class StatsFold:
                 self._cs = cs if self._cs is None else self._cs.__iadd__(cs)
             else:
                 self._cs_values, self._cs = False, None
-        self.num_pairs += chunk.num_pairs()
+        self.num_pairs += chunk.folded_pairs if chunk.folded_pairs is not None else chunk.num_pairs()
         if self.keep == "total":
             N, S = chunk.class_totals()
             self._N += N
@@ -764,11 +764,18 @@ def _stats_from_rows(
 ) -> ClientStats:
     """Pair-layout statistics of validated rows (F float64, y and k int64 in range)."""
     d = F.shape[1]
-    key = k * C + y
-    uniq, inv = np.unique(key, return_inverse=True)
-    counts = np.bincount(inv, minlength=uniq.size).astype(np.float64)
-    S = _sum_rows_by(F, inv.reshape(-1), uniq.size)
-    pairs = tuple(_readonly(a) for a in (uniq // C, uniq % C, counts, S))
+    key = k * C + y if K > 1 else y
+    # One sort: the CSR one-hot of samples into pairs, then one sparse-dense product.
+    order = np.argsort(key, kind="stable")
+    ks = key[order]
+    starts = np.flatnonzero(np.concatenate(([True], ks[1:] != ks[:-1]))) if ks.size else np.zeros(0, np.int64)
+    uniq = ks[starts]
+    indptr = np.concatenate((starts, [ks.size])).astype(np.int64)
+    counts = np.diff(indptr).astype(np.float64)
+    onehot = sp.csr_matrix((np.ones(ks.size), order, indptr), shape=(uniq.size, ks.size))
+    S = np.asarray(onehot @ F) if uniq.size else np.zeros((0, d))
+    pcl = uniq // C if K > 1 else np.zeros(uniq.size, dtype=np.int64)
+    pairs = tuple(_readonly(a) for a in (pcl, uniq % C, counts, S))
     out_fields = {"counts", "sums"} | (set(fields) & {"second", "class_second"})
     features = gram = None
     if out_fields - {"counts", "sums"}:
