@@ -613,16 +613,17 @@ def test_pair_and_dense_layouts_give_the_same_head(name, params, seed):
         np.testing.assert_allclose(got.bias, ref.bias, rtol=1e-9, atol=1e-10)
 
 
+@pytest.mark.parametrize("chunk_bytes", [1, 1500])
 @pytest.mark.parametrize("name,params", PAIRED)
-def test_streaming_fold_in_small_chunks_equals_one_pass(name, params):
-    """fold_statistics with one client a chunk gives the head of the whole federation at once."""
+def test_streaming_fold_in_small_chunks_equals_one_pass(name, params, chunk_bytes):
+    """fold_statistics in client chunks (one client, or a few) gives the head of the whole federation."""
     X, y, k, C, K = _ragged(2)
     k = np.unique(k, return_inverse=True)[1]
     K = int(k.max()) + 1
     m = methods.get(name, **params)
     st = m.client_stats(X, y, k, num_classes=C, num_clients=K, rng=np.random.default_rng(4))
     folded = privfed.pipeline.fold_statistics(m, X, y, k, num_classes=C, num_clients=K,
-                                              rng=np.random.default_rng(4), chunk_bytes=1)
+                                              rng=np.random.default_rng(4), chunk_bytes=chunk_bytes)
     assert folded.folded_pairs == st.num_pairs()
     if m.per_client:
         np.testing.assert_array_equal(folded.pair_client, st.pair_client)
