@@ -197,6 +197,13 @@ class ClientStats:
     def __setattr__(self, name, value):
         raise AttributeError("ClientStats is immutable; use with_arrays(...) for a modified copy")
 
+    def __getstate__(self) -> dict:
+        return {name: getattr(self, name) for name in self.__slots__}
+
+    def __setstate__(self, state: dict) -> None:
+        for name, value in state.items():
+            object.__setattr__(self, name, value)
+
     @classmethod
     def _new(cls, K, C, d, **kw) -> "ClientStats":
         obj = cls.__new__(cls)

@@ -280,3 +280,17 @@ def test_fold_errors():
     with pytest.raises(privfed.InputError, match="only once"):
         ClientStats.from_pairs(num_clients=2, num_classes=2, pair_client=[0, 0], pair_class=[1, 1],
                                pair_counts=[1, 1], pair_sums=np.ones((2, 3)))
+
+
+def test_copy_and_pickle_keep_every_field():
+    import copy
+    import pickle
+
+    X, y, k, C, K = _federation(6)
+    st = compute_client_stats(X, y, k, num_classes=C, num_clients=K, fields=ALL)
+    for other in (copy.deepcopy(st), pickle.loads(pickle.dumps(st))):
+        assert other.available == st.available
+        for f in ALL:
+            np.testing.assert_array_equal(getattr(other, f), getattr(st, f))
+    with pytest.raises(AttributeError, match="immutable"):
+        st.counts = None
