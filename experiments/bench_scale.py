@@ -142,6 +142,15 @@ def bound_for(name: str, b: dict) -> float:
 
 
 # -- one method in a fresh process ---------------------------------------------------------
+def _proc_status(key: str) -> int:
+    """VmRSS / VmHWM of this process in bytes (VmHWM, unlike ru_maxrss, restarts at exec)."""
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # pragma: no cover - not Linux
+
+
 def child(data: str, name: str, repeats: int, threads: int) -> dict:
     from threadpoolctl import threadpool_limits
 
@@ -153,7 +162,7 @@ def child(data: str, name: str, repeats: int, threads: int) -> dict:
     F32 = np.load(os.path.join(data, "F.npy"))
     y = np.load(os.path.join(data, "y.npy"))
     k = np.load(os.path.join(data, "k.npy"))
-    rss_input = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    rss_input = _proc_status("VmRSS")
     mname, params = method_spec(name)
     m = privfed.methods.get(mname, **params)
     best = [np.inf, np.inf, np.inf]
@@ -169,7 +178,7 @@ def child(data: str, name: str, repeats: int, threads: int) -> dict:
         del F
     return {
         "method": name, "check_s": best[0], "client_s": best[1], "server_s": best[2],
-        "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "rss_input": rss_input,
+        "peak_rss": _proc_status("VmHWM"), "rss_input": rss_input,
         "rows": int(folded.folded_pairs) if mname == "fedcof" else None,
         "notes": [n for n in head.notes if "Cholesky" in n or "eigen" in n],
         "M_uploaded": int(folded.folded_pairs),
