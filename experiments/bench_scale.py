@@ -37,7 +37,13 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
+# BLAS threads are fixed before numpy or scipy load their OpenBLAS (threadpoolctl cannot
+# reach a library loaded later); children inherit the environment.
+_THREADS = sys.argv[sys.argv.index("--threads") + 1] if "--threads" in sys.argv else "1"
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ[_var] = _THREADS
+
+import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -112,7 +118,6 @@ def measure_bound(F32, y, k, repeats: int) -> dict:
     """Group sum (N x d -> M x d), X^T X over N and over M rows, one d x d Cholesky, float64."""
     import scipy.linalg
     import scipy.sparse as sp
-    from scipy.linalg.blas import dsyrk
 
     F = np.asarray(F32, dtype=np.float64)
     N, d = F.shape
@@ -124,8 +129,8 @@ def measure_bound(F32, y, k, repeats: int) -> dict:
     out = {
         "to_float64_s": best_of(lambda: np.asarray(F32, dtype=np.float64), repeats),
         "group_sum_s": best_of(lambda: onehot @ F, repeats),
-        "xtx_N_s": best_of(lambda: dsyrk(1.0, F.T, trans=0), repeats),
-        "xtx_M_s": best_of(lambda: dsyrk(1.0, S.T, trans=0), repeats),
+        "xtx_N_s": best_of(lambda: F.T @ F, repeats),
+        "xtx_M_s": best_of(lambda: S.T @ S, repeats),
     }
     G = F.T @ F + np.eye(d)
     out["cholesky_s"] = best_of(lambda: scipy.linalg.cho_factor(G, check_finite=False), repeats)
