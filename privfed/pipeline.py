@@ -19,7 +19,11 @@ Methods never see privacy.  Two optional hooks wrap the path:
 
 Either may be ``None``.  The path is split in two stages so that sweeps can
 compute (clipped) client statistics once and release them many times:
-:func:`client_statistics` and :func:`server_head`.
+:func:`client_statistics` and :func:`server_head`.  Without privacy and
+secure aggregation, :func:`run_federation` streams instead: clients are
+processed in chunks of bounded memory and folded into the server's
+aggregate (:func:`fold_statistics`, :class:`privfed.stats.StatsFold`), so no
+(K, C, d) or (K, d, d) array is ever built.
 """
 
 from __future__ import annotations
@@ -30,9 +34,10 @@ import numpy as np
 
 from privfed.head import LinearHead
 from privfed.methods.base import Method
-from privfed.stats import ClientStats
+from privfed.stats import ClientStats, StatsFold, _stats_from_rows
 
-__all__ = ["client_statistics", "run_federation", "server_head"]
+__all__ = ["client_statistics", "fold_statistics", "run_federation", "server_head"]
+
 
 
 def client_statistics(
@@ -54,6 +59,67 @@ def client_statistics(
     return method.client_stats(features, labels, clients, num_classes=num_classes, num_clients=num_clients, rng=rng)
 
 
+def fold_statistics(
+    method: Method,
+    features: np.ndarray,
+    labels: np.ndarray,
+    clients: np.ndarray,
+    *,
+    num_classes: int,
+    num_clients: int,
+    rng: np.random.Generator,
+    keep: str | None = None,
+    chunk_bytes: int | None = None,
+) -> ClientStats:
+    """The clients' statistics folded into what the server keeps (a :class:`~privfed.stats.StatsFold`).
+
+    ``keep="pairs"`` (per-client methods) keeps the M (pseudo-)client-class
+    pairs, ``"total"`` only the class totals and the summed second moment.
+    With the features in memory (``chunk_bytes=None``) everything is one
+    chunk: one sort of the sample keys, one sparse-dense product into the
+    pairs (or straight into the C class totals for ``"total"``) and one
+    X^T X when a second moment is needed - the memory of the output,
+    O(M d + d^2) or O(C d + d^2), and no copy of the features.  With
+    ``chunk_bytes``, clients (with all their pseudo-clients) are taken in
+    chunks of at most that many bytes of feature rows, each computed and
+    folded then dropped: the path of statistics that arrive client by client.
+    Both give the statistics ``client_statistics`` would, folded.
+    """
+    keep = keep or ("pairs" if method.per_client else "total")
+    F, y, k = features, np.asarray(labels, dtype=np.int64), np.asarray(clients, dtype=np.int64)
+    C, d = int(num_classes), F.shape[1]
+    groups, owners = method.row_groups(y, k, num_classes=C, num_clients=num_clients, rng=rng)
+    groups = np.asarray(groups, dtype=np.int64)
+    G = num_clients if owners is None else owners.size
+    fold = StatsFold(num_classes=C, dim=d, keep=keep)
+    if chunk_bytes is None or F.shape[0] * d * 8 <= chunk_bytes:
+        if keep == "total":
+            chunk = _stats_from_rows(F, y, np.zeros_like(y), C, 1, method.requires)
+            object.__setattr__(chunk, "folded_pairs", int(np.unique(groups * C + y).size))
+        else:
+            chunk = _stats_from_rows(F, y, groups, C, G, method.requires, owners=owners)
+        return fold.add(chunk).result()
+    n_owners = num_clients if owners is None else int(owners.max(initial=-1)) + 1
+    own = np.arange(G) if owners is None else owners
+    # Rows sorted by (pseudo-)client; a client's pseudo-clients are contiguous (Method.row_groups).
+    order = np.argsort(groups, kind="stable")
+    row_end = np.cumsum(np.bincount(groups, minlength=G))  # rows up to each group's end
+    first = np.searchsorted(own, np.arange(n_owners + 1))  # first group of each real client
+    owner_row_end = np.concatenate(([0], row_end))[first]  # (n_owners + 1,) row boundaries
+    step = max(1, int(chunk_bytes) // (8 * max(d, 1)))
+    o0 = 0
+    while o0 < n_owners:
+        o1 = int(np.searchsorted(owner_row_end, owner_row_end[o0] + step, side="right")) - 1
+        o1 = min(max(o1, o0 + 1), n_owners)
+        g0, g1 = int(first[o0]), int(first[o1])
+        idx = order[owner_row_end[o0]:owner_row_end[o1]]
+        chunk_owners = None if owners is None else owners[g0:g1] - o0
+        fold.add(_stats_from_rows(F[idx], y[idx], groups[idx] - g0, C, g1 - g0, method.requires,
+                                  owners=chunk_owners))
+        o0 = o1
+    return fold.result()
+
+
 def server_head(
     method: Method,
     stats: ClientStats,
@@ -73,7 +139,7 @@ def server_head(
     elif method.per_client:
         head = method.aggregate(uploaded)
     else:
-        total = uploaded.select(method.requires).total()
+        total = StatsFold(num_classes=stats.num_classes, dim=stats.dim).add(uploaded.select(method.requires)).result()
         if privacy is not None:
             total = privacy.after_aggregate(total, method, rng)
         head = method.aggregate(total)
@@ -128,6 +194,12 @@ def run_federation(
     secure_agg: Any = None,
 ) -> LinearHead:
     """Run one federated aggregation on validated inputs and return the head."""
+    if privacy is None and secure_agg is None:
+        folded = fold_statistics(method, features, labels, clients, num_classes=num_classes,
+                                 num_clients=num_clients, rng=rng)
+        head = method.aggregate(folded)
+        head.upload_bytes = method.communication(folded, num_clients)
+        return head
     stats = client_statistics(
         method, features, labels, clients, num_classes=num_classes, num_clients=num_clients,
         rng=rng, privacy=privacy, secure_agg=secure_agg,

@@ -1,12 +1,12 @@
 """Client statistics: the one object that flows from clients to methods.
 
-:class:`ClientStats` stacks the statistics of ``K`` clients (or pseudo-clients,
+:class:`ClientStats` holds the statistics of ``K`` clients (or pseudo-clients,
 see FedCOF's multi-mean sampling).  Every field is *additive*: the statistics
 of a union of clients are the sum of theirs, so aggregation is a sum
-(:meth:`ClientStats.total`) and masking, homomorphic encryption and noise act
-on the same arrays.  Server-side arrays are float64.
+(:meth:`ClientStats.total`, :class:`StatsFold`) and masking, homomorphic
+encryption and noise act on the same arrays.  Server-side arrays are float64.
 
-Fields (``K`` clients, ``C`` classes, ``d`` features):
+Fields (``K`` clients, ``C`` classes, ``d`` features), as dense views:
 
 ``counts``        (K, C)        n_kc, samples of class c on client k
 ``sums``          (K, C, d)     s_kc = sum of client k's class-c features
@@ -15,13 +15,37 @@ Fields (``K`` clients, ``C`` classes, ``d`` features):
                                 (the additive form of per-class scatter, used by
                                 the FedCOF oracle / CCVR)
 
+Storage is what exists.  A federation of K clients and C classes in which
+only M (client, class) pairs hold data (M = 54,590 of K C = 11.2 million at
+iNat-120K) is stored as the pair layout
+
+``pair_client``   (M,)     client of each pair (sorted by client, then class)
+``pair_class``    (M,)     class of each pair
+``pair_counts``   (M,)     n_kc of each pair
+``pair_sums``     (M, d)   s_kc of each pair
+
+plus the summed second moment ``gram()`` = sum_k G_k (d, d).  Per-client and
+per-class second moments are kept only where something asks for them per
+client: statistics computed from features build them from the features on
+first access.  The dense views above are built on demand (and cached);
+one that would exceed :data:`DENSE_VIEW_LIMIT` bytes is refused with an
+:class:`~privfed.errors.InputError` naming its size.  Statistics constructed
+from dense arrays (as noise mechanisms do) keep them as given (no copy) and
+derive the pair layout on demand: a pair is a (client, class) cell whose
+count or sum is non-zero.
+
+:class:`StatsFold` folds client statistics in chunk by chunk (memory
+O(C d + d^2) for the total, O(M d + d^2) when the pairs are kept); it is the
+one aggregation step of :func:`privfed.fit`, the trade-off sweep and a
+server receiving client updates.
+
 Optional fields are ``None`` when not computed.  Counts are floats so that
 noisy releases (which may be negative or fractional) use the same type.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, replace
+import os
 from typing import Iterable
 
 import numpy as np
@@ -30,18 +54,78 @@ import scipy.sparse as sp
 from privfed._validation import check_dataset
 from privfed.errors import InputError
 
-__all__ = ["ClientStats", "STAT_FIELDS", "compute_client_stats"]
+__all__ = ["DENSE_VIEW_LIMIT", "STAT_FIELDS", "ClientStats", "StatsFold", "compute_client_stats"]
 
 #: Names of every statistic a method may require.
 STAT_FIELDS = ("counts", "sums", "second", "class_second")
 
+#: Largest dense view (bytes) :class:`ClientStats` builds on demand; bigger ones raise InputError.
+#: Set the environment variable ``PRIVFED_DENSE_VIEW_LIMIT`` (bytes) or assign this attribute to change it.
+DENSE_VIEW_LIMIT = int(float(os.environ.get("PRIVFED_DENSE_VIEW_LIMIT", 2 * 2**30)))
+
 # Memory bound (bytes) of one padded block in the batched d x d products.
 _BLOCK_BYTES = 64 * 2**20
+# Rows of the M x d pair block processed at once by server-side products.
+_ROW_BLOCK_BYTES = 32 * 2**20
 
 
-@dataclass(frozen=True, eq=False)
+def _check_dense(name: str, shape: tuple[int, ...]) -> None:
+    nbytes = 8 * int(np.prod(shape, dtype=np.float64))
+    if nbytes > DENSE_VIEW_LIMIT:
+        raise InputError(
+            f"the dense view ClientStats.{name} of shape {shape} needs {nbytes / 2**30:.3g} GiB, over the "
+            f"{DENSE_VIEW_LIMIT / 2**30:.3g} GiB limit; use the pair layout (pair_client, pair_class, "
+            "pair_counts, pair_sums, gram()) or raise privfed.stats.DENSE_VIEW_LIMIT"
+        )
+
+
+def _readonly(a: np.ndarray) -> np.ndarray:
+    """A read-only view (the caller's array keeps its flags; nothing is copied)."""
+    v = a.view()
+    v.setflags(write=False)
+    return v
+
+
+def _as_f64(a, name: str) -> np.ndarray:
+    arr = np.asarray(a)
+    if arr.dtype != np.float64:
+        arr = arr.astype(np.float64)
+    return arr
+
+
+class _Features:
+    """Features kept by reference to build per-client second moments on first access."""
+
+    def __init__(self, F: np.ndarray, client: np.ndarray, label: np.ndarray) -> None:
+        self.F, self.client, self.label = F, client, label
+
+    def second(self, K: int) -> np.ndarray:
+        _check_dense("second", (K, self.F.shape[1], self.F.shape[1]))
+        return _group_second_moments(self.F, self.client, K)
+
+    def class_second(self, K: int, C: int) -> np.ndarray:
+        d = self.F.shape[1]
+        _check_dense("class_second", (K, C, d, d))
+        return _group_second_moments(self.F, self.client * C + self.label, K * C).reshape(K, C, d, d)
+
+    def subset(self, rows: np.ndarray) -> "_Features":
+        """Features of clients ``rows`` (distinct), renumbered 0..len(rows)-1."""
+        new = np.full(int(max(self.client.max(initial=-1), rows.max(initial=-1))) + 1, -1, dtype=np.int64)
+        new[rows] = np.arange(rows.size)
+        keep = new[self.client] >= 0
+        return _Features(self.F[keep], new[self.client[keep]], self.label[keep])
+
+    def merged(self) -> "_Features":
+        return _Features(self.F, np.zeros_like(self.client), self.label)
+
+
 class ClientStats:
     """Additive per-client statistics of frozen-backbone features.
+
+    Construct from dense arrays (``ClientStats(counts=..., sums=...)``), from
+    the pair layout (:meth:`from_pairs`), or from features
+    (:func:`compute_client_stats`).  Instances are immutable; arrays are not
+    copied, so do not modify arrays (or features) after handing them over.
 
     Parameters
     ----------
@@ -58,92 +142,429 @@ class ClientStats:
         (multi-mean sampling).  ``None`` means row k is client k.
     """
 
-    counts: np.ndarray
-    sums: np.ndarray
-    second: np.ndarray | None = None
-    class_second: np.ndarray | None = None
-    owners: np.ndarray | None = field(default=None)
+    __slots__ = ("_K", "_C", "_d", "_counts", "_sums", "_pairs", "_second", "_class_second", "_gram",
+                 "_features", "_fields", "_owners", "folded_pairs")
 
-    def __post_init__(self) -> None:
-        counts = np.array(self.counts, dtype=np.float64)
-        sums = np.array(self.sums, dtype=np.float64)
+    def __init__(self, counts, sums, second=None, class_second=None, owners=None) -> None:
+        counts = _as_f64(counts, "counts")
+        sums = _as_f64(sums, "sums")
         if counts.ndim != 2:
             raise InputError(f"ClientStats.counts must have shape (K, C), got {counts.shape}")
         K, C = counts.shape
         if sums.ndim != 3 or sums.shape[:2] != (K, C):
             raise InputError(f"ClientStats.sums must have shape (K={K}, C={C}, d), got {sums.shape}")
         d = sums.shape[2]
-        object.__setattr__(self, "counts", _frozen(counts))
-        object.__setattr__(self, "sums", _frozen(sums))
-        if self.second is not None:
-            second = np.array(self.second, dtype=np.float64)
+        fields = {"counts", "sums"}
+        if second is not None:
+            second = _as_f64(second, "second")
             if second.shape != (K, d, d):
                 raise InputError(f"ClientStats.second must have shape ({K}, {d}, {d}), got {second.shape}")
-            object.__setattr__(self, "second", _frozen(second))
-        if self.class_second is not None:
-            cs = np.array(self.class_second, dtype=np.float64)
-            if cs.shape != (K, C, d, d):
+            second = _readonly(second)
+            fields.add("second")
+        if class_second is not None:
+            class_second = _as_f64(class_second, "class_second")
+            if class_second.shape != (K, C, d, d):
                 raise InputError(
-                    f"ClientStats.class_second must have shape ({K}, {C}, {d}, {d}), got {cs.shape}"
+                    f"ClientStats.class_second must have shape ({K}, {C}, {d}, {d}), got {class_second.shape}"
                 )
-            object.__setattr__(self, "class_second", _frozen(cs))
-        if self.owners is not None:
-            owners = np.array(self.owners, dtype=np.int64)
+            class_second = _readonly(class_second)
+            fields.add("class_second")
+        self._init(K, C, d, counts=_readonly(counts), sums=_readonly(sums), pairs=None, second=second,
+                   class_second=class_second, gram=None, features=None, fields=fields, owners=owners)
+
+    def _init(self, K, C, d, *, counts, sums, pairs, second, class_second, gram, features, fields, owners,
+              folded_pairs=None) -> None:
+        if owners is not None:
+            owners = np.array(owners, dtype=np.int64)
             if owners.shape != (K,):
                 raise InputError(f"ClientStats.owners must have shape ({K},), got {owners.shape}")
-            object.__setattr__(self, "owners", _frozen(owners))
+            owners.setflags(write=False)
+        s = object.__setattr__
+        s(self, "_K", int(K))
+        s(self, "_C", int(C))
+        s(self, "_d", int(d))
+        s(self, "_counts", counts)
+        s(self, "_sums", sums)
+        s(self, "_pairs", pairs)
+        s(self, "_second", second)
+        s(self, "_class_second", class_second)
+        s(self, "_gram", gram)
+        s(self, "_features", features)
+        s(self, "_fields", frozenset(fields))
+        s(self, "_owners", owners)
+        s(self, "folded_pairs", folded_pairs)
+
+    def __setattr__(self, name, value):
+        raise AttributeError("ClientStats is immutable; use with_arrays(...) for a modified copy")
+
+    def __getstate__(self) -> dict:
+        return {name: getattr(self, name) for name in self.__slots__}
+
+    def __setstate__(self, state: dict) -> None:
+        for name, value in state.items():
+            object.__setattr__(self, name, value)
+
+    @classmethod
+    def _new(cls, K, C, d, **kw) -> "ClientStats":
+        obj = cls.__new__(cls)
+        kw.setdefault("counts", None)
+        kw.setdefault("sums", None)
+        kw.setdefault("pairs", None)
+        kw.setdefault("second", None)
+        kw.setdefault("class_second", None)
+        kw.setdefault("gram", None)
+        kw.setdefault("features", None)
+        kw.setdefault("owners", None)
+        kw.setdefault("fields", {"counts", "sums"})
+        obj._init(K, C, d, **kw)
+        return obj
+
+    @classmethod
+    def from_pairs(
+        cls,
+        *,
+        num_clients: int,
+        num_classes: int,
+        pair_client,
+        pair_class,
+        pair_counts,
+        pair_sums,
+        second=None,
+        gram=None,
+        owners=None,
+    ) -> "ClientStats":
+        """Statistics from the pair layout.
+
+        Parameters
+        ----------
+        num_clients, num_classes : int
+            K and C.
+        pair_client, pair_class : int arrays, shape (M,)
+            Client and class of each pair (each pair at most once).
+        pair_counts : array, shape (M,)
+        pair_sums : array, shape (M, d)
+        second : array, shape (K, d, d), optional
+            Per-client second moments.
+        gram : array, shape (d, d), optional
+            The summed second moment only (``second`` is then available as a
+            total: its per-client dense view is refused for K > 1).
+        owners : int array, shape (K,), optional
+        """
+        pc = np.asarray(pair_client, dtype=np.int64)
+        pk = np.asarray(pair_class, dtype=np.int64)
+        n = _as_f64(pair_counts, "pair_counts")
+        S = _as_f64(pair_sums, "pair_sums")
+        M = pc.shape[0]
+        if pk.shape != (M,) or n.shape != (M,) or S.ndim != 2 or S.shape[0] != M:
+            raise InputError(
+                f"pair arrays must have shapes (M,), (M,), (M,), (M, d); got {pc.shape}, {pk.shape}, "
+                f"{n.shape}, {S.shape}"
+            )
+        K, C, d = int(num_clients), int(num_classes), S.shape[1]
+        if M and (pc.min() < 0 or pc.max() >= K or pk.min() < 0 or pk.max() >= C):
+            raise InputError(f"pair_client must lie in 0..{K - 1} and pair_class in 0..{C - 1}")
+        key = pc * C + pk
+        if M > 1 and np.any(key[1:] <= key[:-1]):
+            order = np.argsort(key, kind="stable")
+            key = key[order]
+            if np.any(key[1:] == key[:-1]):
+                raise InputError("each (client, class) pair may appear only once in the pair layout")
+            pc, pk, n, S = pc[order], pk[order], n[order], S[order]
+        fields = {"counts", "sums"}
+        if second is not None:
+            second = _readonly(_as_f64(second, "second"))
+            if second.shape != (K, d, d):
+                raise InputError(f"second must have shape ({K}, {d}, {d}), got {second.shape}")
+            fields.add("second")
+        if gram is not None:
+            gram = _readonly(_as_f64(gram, "gram"))
+            if gram.shape != (d, d):
+                raise InputError(f"gram must have shape ({d}, {d}), got {gram.shape}")
+            fields.add("second")
+        pairs = tuple(_readonly(a) for a in (pc, pk, n, S))
+        return cls._new(K, C, d, pairs=pairs, second=second, gram=gram, fields=fields, owners=owners)
 
     # -- shape ---------------------------------------------------------------
     @property
     def num_clients(self) -> int:
         """Number of rows K (clients or pseudo-clients)."""
-        return self.counts.shape[0]
+        return self._K
 
     @property
     def num_classes(self) -> int:
-        return self.counts.shape[1]
+        return self._C
 
     @property
     def dim(self) -> int:
-        return self.sums.shape[2]
+        return self._d
+
+    @property
+    def owners(self) -> np.ndarray | None:
+        return self._owners
 
     @property
     def available(self) -> frozenset[str]:
         """Names of the statistics present (``counts`` and ``sums`` always are)."""
-        return frozenset(f for f in STAT_FIELDS if getattr(self, f) is not None)
+        return self._fields
+
+    # -- the pair layout -------------------------------------------------------
+    def _pair_data(self):
+        if self._pairs is None:
+            counts, sums = self._counts, self._sums
+            nz = (counts != 0) | np.any(sums != 0, axis=2)
+            kk, cc = np.nonzero(nz)
+            pairs = tuple(_readonly(a) for a in (kk.astype(np.int64), cc.astype(np.int64), counts[kk, cc],
+                                                 sums[kk, cc]))
+            object.__setattr__(self, "_pairs", pairs)
+        return self._pairs
+
+    @property
+    def pair_client(self) -> np.ndarray:
+        """Client of each stored (client, class) pair, shape (M,)."""
+        return self._pair_data()[0]
+
+    @property
+    def pair_class(self) -> np.ndarray:
+        """Class of each stored pair, shape (M,)."""
+        return self._pair_data()[1]
+
+    @property
+    def pair_counts(self) -> np.ndarray:
+        """n_kc of each stored pair, shape (M,)."""
+        return self._pair_data()[2]
+
+    @property
+    def pair_sums(self) -> np.ndarray:
+        """s_kc of each stored pair, shape (M, d)."""
+        return self._pair_data()[3]
+
+    def class_totals(self) -> tuple[np.ndarray, np.ndarray]:
+        """(N_c, S_c): counts (C,) and sums (C, d) summed over clients, from the stored pairs."""
+        if self._counts is not None and self._sums is not None:
+            return self._counts.sum(axis=0), self._sums.sum(axis=0)
+        _, pk, n, S = self._pair_data()
+        N = np.bincount(pk, weights=n, minlength=self._C)
+        return N, _sum_rows_by(S, pk, self._C)
+
+    # -- dense views -----------------------------------------------------------
+    @property
+    def counts(self) -> np.ndarray:
+        """Dense (K, C) counts (built from the pairs on first access)."""
+        if self._counts is None:
+            _check_dense("counts", (self._K, self._C))
+            pc, pk, n, _ = self._pairs
+            out = np.zeros((self._K, self._C))
+            out[pc, pk] = n
+            object.__setattr__(self, "_counts", _readonly(out))
+        return self._counts
+
+    @property
+    def sums(self) -> np.ndarray:
+        """Dense (K, C, d) sums (built from the pairs on first access; refused above DENSE_VIEW_LIMIT)."""
+        if self._sums is None:
+            _check_dense("sums", (self._K, self._C, self._d))
+            pc, pk, _, S = self._pairs
+            out = np.zeros((self._K, self._C, self._d))
+            out[pc, pk] = S
+            object.__setattr__(self, "_sums", _readonly(out))
+        return self._sums
+
+    @property
+    def second(self) -> np.ndarray | None:
+        """Dense (K, d, d) per-client second moments, ``None`` if not computed."""
+        if "second" not in self._fields:
+            return None
+        if self._second is None:
+            if self._features is not None:
+                out = self._features.second(self._K)
+            elif self._K == 1:
+                out = np.array(self.gram())[None]
+            elif self._class_second is not None:
+                out = self._class_second.sum(axis=1)
+            else:
+                raise InputError(
+                    f"these statistics hold only the second moment summed over the {self._K} clients "
+                    "(they were folded); per-client second moments are not available"
+                )
+            object.__setattr__(self, "_second", _readonly(out))
+        return self._second
+
+    @property
+    def class_second(self) -> np.ndarray | None:
+        """Dense (K, C, d, d) per-class second moments, ``None`` if not computed."""
+        if "class_second" not in self._fields:
+            return None
+        if self._class_second is None:
+            if self._features is None:
+                raise InputError(
+                    "these statistics hold only the summed second moment (per-class second moments were "
+                    "folded into it); per-class second moments are not available"
+                )
+            out = self._features.class_second(self._K, self._C)
+            object.__setattr__(self, "_class_second", _readonly(out))
+        return self._class_second
+
+    def gram(self) -> np.ndarray:
+        """sum_k G_k = sum over every sample of f f^T, shape (d, d) (needs ``second`` or ``class_second``)."""
+        if self._gram is None:
+            if not ({"second", "class_second"} & self._fields):
+                raise InputError("ClientStats has no second moments; compute them with fields=('second', ...)")
+            if self._second is not None:
+                g = self._second.sum(axis=0)
+            elif self._class_second is not None:
+                g = self._class_second.sum(axis=(0, 1))
+            elif self._features is not None:
+                g = _gram(self._features.F)
+            else:  # pragma: no cover - every constructor sets one of them
+                raise InputError("ClientStats lost its second moments")
+            object.__setattr__(self, "_gram", _readonly(g))
+        return self._gram
+
+    def is_materialised(self, name: str) -> bool:
+        """Whether statistic ``name`` is held as an array (given or already built), not derived on demand.
+
+        Per-class second moments computed from features are not materialised
+        until asked for; a server that needs only their sum reads :meth:`gram`.
+        """
+        return {"counts": self._counts, "sums": self._sums, "second": self._second,
+                "class_second": self._class_second}[name] is not None
 
     def arrays(self) -> dict[str, np.ndarray]:
-        """The present statistics by name (each with leading axis K)."""
-        return {f: getattr(self, f) for f in STAT_FIELDS if getattr(self, f) is not None}
+        """The present statistics by name (each with leading axis K), as dense views."""
+        return {f: getattr(self, f) for f in STAT_FIELDS if f in self._fields}
 
     # -- algebra -------------------------------------------------------------
+    def _carry(self, names=None) -> dict:
+        """Second-moment storage carried over to a copy keeping the clients (names: fields kept)."""
+        names = self._fields if names is None else names
+        keep2 = "second" in names
+        keepc = "class_second" in names
+        fields = {"counts", "sums"} | ({"second"} if keep2 else set()) | ({"class_second"} if keepc else set())
+        return dict(
+            second=self._second if keep2 else None,
+            class_second=self._class_second if keepc else None,
+            gram=self._gram if (keep2 or keepc) else None,
+            features=self._features if (keep2 or keepc) else None,
+            fields=fields,
+        )
+
     def total(self) -> "ClientStats":
         """Sum over clients: the aggregate, as a ClientStats with K = 1."""
-        return ClientStats(**{k: v.sum(axis=0, keepdims=True) for k, v in self.arrays().items()})
+        N, S = self.class_totals()
+        kw = {"fields": set(self._fields)}
+        if "second" in self._fields or "class_second" in self._fields:
+            kw["gram"] = _readonly(np.array(self.gram()))
+        if "second" in self._fields:
+            kw["second"] = kw["gram"][None]
+        if "class_second" in self._fields:
+            if self._class_second is not None:
+                kw["class_second"] = _readonly(self._class_second.sum(axis=0, keepdims=True))
+            elif self._features is not None:
+                kw["features"] = self._features.merged()
+        out = ClientStats._new(1, self._C, self._d, counts=_readonly(N[None]), sums=_readonly(S[None]), **kw)
+        object.__setattr__(out, "folded_pairs", self.folded_pairs if self.folded_pairs is not None
+                           else self.num_pairs())
+        return out
 
     def __add__(self, other: "ClientStats") -> "ClientStats":
         if not isinstance(other, ClientStats):
             return NotImplemented
-        if self.available != other.available or self.counts.shape != other.counts.shape or self.dim != other.dim:
+        if (self.available != other.available or (self._K, self._C) != (other._K, other._C)
+                or self.dim != other.dim):
             raise InputError("cannot add ClientStats with different fields or shapes")
-        return ClientStats(**{k: v + getattr(other, k) for k, v in self.arrays().items()}, owners=self.owners)
+        if self._K == 1:
+            N1, S1 = self.class_totals()
+            N2, S2 = other.class_totals()
+            kw = {"fields": set(self._fields)}
+            if {"second", "class_second"} & self._fields:
+                kw["gram"] = _readonly(self.gram() + other.gram())
+            if "second" in self._fields:
+                kw["second"] = kw["gram"][None]
+            if "class_second" in self._fields:
+                kw["class_second"] = _readonly(self.class_second + other.class_second)
+            return ClientStats._new(1, self._C, self._d, counts=_readonly((N1 + N2)[None]),
+                                    sums=_readonly((S1 + S2)[None]), owners=self._owners, **kw)
+        return ClientStats(**{k: v + getattr(other, k) for k, v in self.arrays().items()}, owners=self._owners)
 
     def select(self, names: Iterable[str]) -> "ClientStats":
-        """Keep only the named statistics (``counts`` and ``sums`` are always kept)."""
+        """Keep only the named statistics (``counts`` and ``sums`` are always kept); nothing is copied."""
         names = set(names) | {"counts", "sums"}
         missing = names - self.available
         if missing:
             raise InputError(f"ClientStats lacks {sorted(missing)}; compute them with compute_client_stats(fields=...)")
-        return ClientStats(**{k: v for k, v in self.arrays().items() if k in names}, owners=self.owners)
+        out = ClientStats._new(self._K, self._C, self._d, counts=self._counts, sums=self._sums, pairs=self._pairs,
+                               owners=self._owners, **self._carry(names))
+        object.__setattr__(out, "folded_pairs", self.folded_pairs)
+        return out
 
     def with_arrays(self, **arrays) -> "ClientStats":
-        """A copy with some statistics replaced (used by noise mechanisms)."""
-        return replace(self, **arrays)
+        """A copy with some statistics replaced by dense arrays (used by noise mechanisms)."""
+        unknown = set(arrays) - set(STAT_FIELDS)
+        if unknown:
+            raise InputError(f"unknown statistic(s) {sorted(unknown)}; choose from {list(STAT_FIELDS)}")
+        counts = arrays.get("counts", self._counts)
+        sums = arrays.get("sums", self._sums)
+        if "counts" in arrays and "sums" not in arrays:
+            sums = self.sums
+        if "sums" in arrays and "counts" not in arrays:
+            counts = self.counts
+        if counts is None and sums is None:  # only second moments replaced: keep the pairs
+            out = ClientStats._new(self._K, self._C, self._d, pairs=self._pairs, owners=self._owners,
+                                   **self._carry())
+        else:
+            out = ClientStats(counts=counts, sums=sums, owners=self._owners)
+            object.__setattr__(out, "_second", self._second)
+            object.__setattr__(out, "_class_second", self._class_second)
+            object.__setattr__(out, "_gram", self._gram)
+            object.__setattr__(out, "_features", self._features)
+            object.__setattr__(out, "_fields", self._fields)
+        for name in ("second", "class_second"):
+            if name in arrays:
+                v = arrays[name]
+                if v is None:
+                    object.__setattr__(out, "_fields", out._fields - {name})
+                    object.__setattr__(out, "_" + name, None)
+                else:
+                    shape = (self._K, self._d, self._d) if name == "second" else (self._K, self._C, self._d, self._d)
+                    v = _as_f64(v, name)
+                    if v.shape != shape:
+                        raise InputError(f"ClientStats.{name} must have shape {shape}, got {v.shape}")
+                    object.__setattr__(out, "_" + name, _readonly(v))
+                    object.__setattr__(out, "_fields", out._fields | {name})
+                object.__setattr__(out, "_gram", None)
+                object.__setattr__(out, "_features", None)
+                # the other second-moment field, if kept from features, must be materialised now
+        if ("second" in arrays) != ("class_second" in arrays) and self._features is not None:
+            other = "class_second" if "second" in arrays else "second"
+            if other in out._fields and getattr(out, "_" + other) is None:
+                object.__setattr__(out, "_" + other, getattr(self, other))
+        return out
 
     def clients(self, rows) -> "ClientStats":
         """The statistics of a subset of rows (clients)."""
         rows = np.asarray(rows)
-        owners = None if self.owners is None else self.owners[rows]
+        if rows.dtype == bool:
+            rows = np.flatnonzero(rows)
+        rows = rows.astype(np.int64)
+        owners = None if self._owners is None else self._owners[rows]
+        distinct = np.unique(rows).size == rows.size
+        if self._counts is None and distinct:
+            pc, pk, n, S = self._pairs
+            new = np.full(self._K, -1, dtype=np.int64)
+            new[rows] = np.arange(rows.size)
+            keep = new[pc] >= 0
+            pc2 = new[pc[keep]]
+            order = np.lexsort((pk[keep], pc2))
+            pairs = tuple(_readonly(a) for a in (pc2[order], pk[keep][order], n[keep][order], S[keep][order]))
+            carry = self._carry()
+            carry["second"] = None if self._second is None else _readonly(self._second[rows])
+            carry["class_second"] = None if self._class_second is None else _readonly(self._class_second[rows])
+            carry["gram"] = None
+            if self._features is not None:
+                carry["features"] = self._features.subset(rows)
+            elif carry["second"] is None and carry["class_second"] is None and carry["fields"] - {"counts", "sums"}:
+                raise InputError("per-client second moments were folded; a subset of clients is not available")
+            return ClientStats._new(rows.size, self._C, self._d, pairs=pairs, owners=owners, **carry)
         return ClientStats(**{k: v[rows] for k, v in self.arrays().items()}, owners=owners)
 
     def means(self) -> np.ndarray:
@@ -154,29 +575,164 @@ class ClientStats:
 
     def num_pairs(self) -> int:
         """M: the number of (client, class) pairs with data (counts > 0)."""
-        return int(np.count_nonzero(self.counts > 0))
+        if self._counts is not None:
+            return int(np.count_nonzero(self._counts > 0))
+        return int(np.count_nonzero(self._pairs[2] > 0))
 
     def nbytes_float32(self) -> int:
-        """Bytes to upload every present array in float32 (4 bytes a value)."""
-        return 4 * sum(v.size for v in self.arrays().values())
+        """Bytes to upload every present array in float32 (4 bytes a value), dense shapes."""
+        K, C, d = self._K, self._C, self._d
+        size = {"counts": K * C, "sums": K * C * d, "second": K * d * d, "class_second": K * C * d * d}
+        return 4 * sum(size[f] for f in self._fields)
 
     def __repr__(self) -> str:
+        layout = "dense" if self._counts is not None and self._sums is not None else f"pairs M={len(self._pairs[0])}"
         return (
             f"ClientStats(K={self.num_clients}, C={self.num_classes}, d={self.dim}, "
-            f"fields={sorted(self.available)})"
+            f"fields={sorted(self.available)}, {layout})"
         )
 
 
-def _frozen(a: np.ndarray) -> np.ndarray:
-    a.setflags(write=False)
-    return a
+# -- streaming aggregation -----------------------------------------------------------
+class StatsFold:
+    """Fold client statistics in as they arrive: the one aggregation step of privfed.
+
+    Usage::
+
+        fold = StatsFold(num_classes=C, dim=d, keep="total")   # or keep="pairs"
+        for chunk in client_chunks:        # each a ClientStats of the next clients
+            fold.add(chunk)
+        stats = fold.result()              # a ClientStats
+
+    Every chunk holds new clients (its rows are appended after the clients
+    folded so far; pseudo-client ``owners`` are renumbered the same way).
+    Chunks must have the same C, d and fields.
+
+    ``keep="total"``: memory O(C d + d^2); ``result()`` is the aggregate
+    (K = 1) as :meth:`ClientStats.total` gives, for methods that need sums
+    only (``per_client = False``).
+    ``keep="pairs"``: memory O(M d + d^2); ``result()`` holds every
+    (client, class) pair with data, for methods that need each client's
+    values (FedCOF).
+
+    Second moments are folded into their sum (``gram``, d x d) in both
+    modes; per-client and per-class d x d matrices are never stacked (the
+    result's ``second`` is the total; per-class second moments supplied as
+    values are summed into a (C, d, d) total only in ``keep="total"``).
+
+    Attributes
+    ----------
+    num_clients : int
+        Rows folded so far (clients or pseudo-clients).
+    num_owners : int
+        Real clients folded so far.
+    num_pairs : int
+        (client, class) pairs with a positive count folded so far (M).
+    """
+
+    def __init__(self, *, num_classes: int, dim: int, keep: str = "total") -> None:
+        if keep not in ("total", "pairs"):
+            raise InputError(f"keep must be 'total' or 'pairs', got {keep!r}")
+        self.num_classes, self.dim, self.keep = int(num_classes), int(dim), keep
+        self.num_clients = 0
+        self.num_owners = 0
+        self.num_pairs = 0
+        self._fields: frozenset[str] | None = None
+        self._N = np.zeros(self.num_classes)
+        self._S = np.zeros((self.num_classes, self.dim)) if keep == "total" else None
+        self._gram: np.ndarray | None = None
+        self._cs: np.ndarray | None = None
+        self._cs_values = True
+        self._pairs: list[tuple[np.ndarray, ...]] = []
+        self._owners: list[np.ndarray] = []
+        self._has_owners = False
+
+    def add(self, chunk: ClientStats) -> "StatsFold":
+        """Fold in the statistics of the next clients; returns ``self``."""
+        if not isinstance(chunk, ClientStats):
+            raise InputError(f"StatsFold.add takes a ClientStats, got {type(chunk).__name__}")
+        if (chunk.num_classes, chunk.dim) != (self.num_classes, self.dim):
+            raise InputError(
+                f"chunk has C={chunk.num_classes}, d={chunk.dim}; this fold takes C={self.num_classes}, d={self.dim}"
+            )
+        if self._fields is None:
+            self._fields = chunk.available
+            self._has_owners = chunk.owners is not None
+        elif chunk.available != self._fields:
+            raise InputError(f"chunk has fields {sorted(chunk.available)}, earlier chunks {sorted(self._fields)}")
+        if {"second", "class_second"} & self._fields:
+            g = chunk.gram()
+            self._gram = np.array(g) if self._gram is None else self._gram.__iadd__(g)
+        if "class_second" in self._fields and self.keep == "total" and self._cs_values:
+            if chunk._class_second is not None:
+                cs = chunk._class_second.sum(axis=0)
+                self._cs = cs if self._cs is None else self._cs.__iadd__(cs)
+            else:
+                self._cs_values, self._cs = False, None
+        self.num_pairs += chunk.folded_pairs if chunk.folded_pairs is not None else chunk.num_pairs()
+        if self.keep == "total":
+            N, S = chunk.class_totals()
+            self._N += N
+            self._S += S
+        else:
+            pc, pk, n, S = chunk._pair_data()
+            self._pairs.append((pc + self.num_clients, pk, n, S))
+            self._N += np.bincount(pk, weights=n, minlength=self.num_classes)
+        if chunk.owners is not None:
+            self._owners.append(chunk.owners + self.num_owners)
+            self.num_owners += int(chunk.owners.max(initial=-1)) + 1
+        else:
+            self._owners.append(np.arange(chunk.num_clients) + self.num_owners)
+            self.num_owners += chunk.num_clients
+        self.num_clients += chunk.num_clients
+        return self
+
+    def result(self) -> ClientStats:
+        """The folded statistics (see the class docstring); ``folded_pairs`` is M."""
+        if self._fields is None:
+            raise InputError("nothing was folded; add at least one chunk of client statistics")
+        C, d = self.num_classes, self.dim
+        fields = set(self._fields)
+        gram = None if self._gram is None else _readonly(self._gram)
+        if self.keep == "total":
+            kw = {}
+            if "second" in fields:
+                kw["second"] = gram[None]
+            if "class_second" in fields and self._cs_values and self._cs is not None:
+                kw["class_second"] = _readonly(self._cs[None])
+            out = ClientStats._new(1, C, d, counts=_readonly(self._N[None].copy()),
+                                   sums=_readonly(self._S[None].copy()), gram=gram, fields=fields, **kw)
+        else:
+            if self._pairs:
+                pairs = tuple(_readonly(np.concatenate(parts)) for parts in zip(*self._pairs))
+            else:  # pragma: no cover - guarded above
+                pairs = (np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0), np.zeros((0, d)))
+            owners = np.concatenate(self._owners) if self._has_owners else None
+            out = ClientStats._new(self.num_clients, C, d, pairs=pairs, gram=gram, fields=fields, owners=owners)
+        object.__setattr__(out, "folded_pairs", self.num_pairs)
+        return out
 
 
-def _group_sums(F: np.ndarray, group: np.ndarray, num_groups: int) -> np.ndarray:
+# -- computing statistics from features ---------------------------------------------
+def _gram(F: np.ndarray) -> np.ndarray:
+    """F^T F with one BLAS GEMM.
+
+    numpy's GEMM, not scipy's ``dsyrk``: scipy ships its own OpenBLAS whose
+    threads a caller's ``threadpoolctl`` limit may not reach, and its syrk
+    was measured 5-800 times slower than the GEMM with two threads on a
+    loaded machine (and no faster with one).
+    """
+    return F.T @ F
+
+
+def _sum_rows_by(F: np.ndarray, group: np.ndarray, num_groups: int) -> np.ndarray:
     """Sum rows of F by group id with one sparse-dense product (no sample loop)."""
     n = F.shape[0]
     onehot = sp.csr_matrix((np.ones(n), (group, np.arange(n))), shape=(num_groups, n))
     return np.asarray(onehot @ F)
+
+
+_group_sums = _sum_rows_by
 
 
 def _group_second_moments(F: np.ndarray, group: np.ndarray, num_groups: int) -> np.ndarray:
@@ -207,6 +763,31 @@ def _group_second_moments(F: np.ndarray, group: np.ndarray, num_groups: int) -> 
     return out
 
 
+def _stats_from_rows(
+    F: np.ndarray, y: np.ndarray, k: np.ndarray, C: int, K: int, fields, owners=None
+) -> ClientStats:
+    """Pair-layout statistics of validated rows (F float64, y and k int64 in range)."""
+    d = F.shape[1]
+    key = k * C + y if K > 1 else y
+    # One sort: the CSR one-hot of samples into pairs, then one sparse-dense product.
+    order = np.argsort(key, kind="stable")
+    ks = key[order]
+    starts = np.flatnonzero(np.concatenate(([True], ks[1:] != ks[:-1]))) if ks.size else np.zeros(0, np.int64)
+    uniq = ks[starts]
+    indptr = np.concatenate((starts, [ks.size])).astype(np.int64)
+    counts = np.diff(indptr).astype(np.float64)
+    onehot = sp.csr_matrix((np.ones(ks.size), order, indptr), shape=(uniq.size, ks.size))
+    S = np.asarray(onehot @ F) if uniq.size else np.zeros((0, d))
+    pcl = uniq // C if K > 1 else np.zeros(uniq.size, dtype=np.int64)
+    pairs = tuple(_readonly(a) for a in (pcl, uniq % C, counts, S))
+    out_fields = {"counts", "sums"} | (set(fields) & {"second", "class_second"})
+    features = gram = None
+    if out_fields - {"counts", "sums"}:
+        features = _Features(F, k, y)
+        gram = _readonly(_gram(F))
+    return ClientStats._new(K, C, d, pairs=pairs, gram=gram, features=features, fields=out_fields, owners=owners)
+
+
 def compute_client_stats(
     features,
     labels,
@@ -216,7 +797,11 @@ def compute_client_stats(
     num_clients: int | None = None,
     fields: Iterable[str] = ("counts", "sums"),
 ) -> ClientStats:
-    """Compute every client's statistics at once (vectorised, float64).
+    """Compute every client's statistics at once (vectorised, float64, pair layout).
+
+    Per-client and per-class second moments, when requested, are built from
+    ``features`` on first access (their sum, ``gram()``, is computed now);
+    do not modify ``features`` while the statistics are in use.
 
     Parameters
     ----------
@@ -255,12 +840,4 @@ def compute_client_stats(
         if num_clients < K:
             raise InputError(f"num_clients={num_clients} but client ids go up to {K - 1}")
         K = int(num_clients)
-    d = F.shape[1]
-    group = k * C + y
-    counts = np.bincount(group, minlength=K * C).astype(np.float64).reshape(K, C)
-    sums = _group_sums(F, group, K * C).reshape(K, C, d)
-    second = _group_second_moments(F, k, K) if "second" in fields else None
-    class_second = (
-        _group_second_moments(F, group, K * C).reshape(K, C, d, d) if "class_second" in fields else None
-    )
-    return ClientStats(counts=counts, sums=sums, second=second, class_second=class_second)
+    return _stats_from_rows(F, y, k, C, K, fields)

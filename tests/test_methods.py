@@ -572,3 +572,116 @@ def test_fedcof_secure_owner_grouping_with_gaps():
         h = m.secure_aggregate(grouped, lambda a: (seen.append(np.asarray(a)), np.asarray(a).sum(0))[1])
         np.testing.assert_allclose(h.weight, m.aggregate(st).weight, rtol=1e-9, atol=1e-10)
         np.testing.assert_allclose(seen[0][owners[0]], st.counts[owners == owners[0]].sum(0))
+
+
+# -- pair layout, streaming fold and servers at the bound -------------------------------
+def _ragged(seed, N=240, d=5, C=5, K=10):
+    """Empty clients, one-sample (client, class) cells, a single-client class."""
+    rng = np.random.default_rng(seed)
+    means = 2.0 * rng.normal(size=(C, d))
+    y = rng.integers(0, C - 1, N)
+    k = rng.integers(0, K - 2, N)
+    y[:3], k[:3] = C - 1, K - 2  # class C-1 on one client only
+    y[3], k[3] = 0, K - 1  # one-sample client
+    X = means[y] + rng.normal(size=(N, d))
+    return X, y, k, C, K
+
+
+PAIRED = [("fedncm", {}), ("fed3r", {}), ("fed3r", {"bias": False}), ("fed3r-within", {}),
+          ("fedcgs", {}), ("fedcgs", {"covariance": "within"}), ("fedlog", {}), ("fedcof", {}),
+          ("fedcof", {"gamma": 0.0, "solver": "solve"}), ("fedcof", {"noise_var": 0.3}),
+          ("fedcof", {"means_per_client": 3}), ("fedcof-oracle", {}), ("fedcof-oracle", {"gamma": 0.0})]
+
+
+@pytest.mark.parametrize("name,params", PAIRED)
+@pytest.mark.parametrize("seed", [0, 1])
+def test_pair_and_dense_layouts_give_the_same_head(name, params, seed):
+    X, y, k, C, K = _ragged(seed)
+    m = methods.get(name, **params)
+    st = m.client_stats(X, y, k, num_classes=C, num_clients=K, rng=np.random.default_rng(seed))
+    dense = ClientStats(counts=np.array(st.counts), sums=np.array(st.sums),
+                        second=None if st.second is None else np.array(st.second),
+                        class_second=None if st.class_second is None else np.array(st.class_second),
+                        owners=st.owners)
+    ref = m.aggregate(dense)
+    for got in (m.aggregate(st),
+                privfed.fit(name, X, y, k, num_classes=C, random_state=seed, **params) if K == k.max() + 1 else None,
+                privfed.pipeline.server_head(m, st, num_clients=K, rng=np.random.default_rng(0))):
+        if got is None:
+            continue
+        np.testing.assert_allclose(got.weight, ref.weight, rtol=1e-9, atol=1e-10)
+        np.testing.assert_allclose(got.bias, ref.bias, rtol=1e-9, atol=1e-10)
+
+
+@pytest.mark.parametrize("chunk_bytes", [1, 1500])
+@pytest.mark.parametrize("name,params", PAIRED)
+def test_streaming_fold_in_small_chunks_equals_one_pass(name, params, chunk_bytes):
+    """fold_statistics in client chunks (one client, or a few) gives the head of the whole federation."""
+    X, y, k, C, K = _ragged(2)
+    k = np.unique(k, return_inverse=True)[1]
+    K = int(k.max()) + 1
+    m = methods.get(name, **params)
+    st = m.client_stats(X, y, k, num_classes=C, num_clients=K, rng=np.random.default_rng(4))
+    folded = privfed.pipeline.fold_statistics(m, X, y, k, num_classes=C, num_clients=K,
+                                              rng=np.random.default_rng(4), chunk_bytes=chunk_bytes)
+    assert folded.folded_pairs == st.num_pairs()
+    if m.per_client:
+        np.testing.assert_array_equal(folded.pair_client, st.pair_client)
+        if st.owners is not None:
+            np.testing.assert_array_equal(folded.owners, st.owners)
+    np.testing.assert_allclose(m.aggregate(folded).weight, m.aggregate(st).weight, rtol=1e-9, atol=1e-10)
+
+
+@pytest.mark.parametrize("gamma", [0.0, 0.4])
+def test_oracle_from_the_total_second_moment_equals_per_class_pooling(gamma):
+    """The oracle's O(d^2) server (total second moment) equals Eq. 24 pooled class by class
+    from the per-class second moments, and fed3r-within with the same gamma."""
+    X, y, k, C, K = _ragged(5)
+    st = compute_client_stats(X, y, k, num_classes=C, num_clients=K, fields=ALL)
+    assert not st.is_materialised("class_second")
+    m = methods.get("fedcof-oracle", gamma=gamma, solver="solve")
+    lazy = m.aggregate(st)
+    assert not st.is_materialised("class_second")  # the server never built (K, C, d, d)
+    per_class = m.aggregate(ClientStats(counts=st.counts, sums=st.sums, class_second=np.array(st.class_second)))
+    np.testing.assert_allclose(lazy.weight, per_class.weight, rtol=1e-9, atol=1e-10)
+    within = methods.get("fed3r-within", gamma=gamma).aggregate(st)
+    np.testing.assert_allclose(lazy.weight, within.weight, rtol=1e-9, atol=1e-10)
+    # independent: sum_c scatter of class c by explicit loops, + gamma sum_c (N_c - 1) I + N mu_g mu_g^T
+    d = X.shape[1]
+    G = sum(((X[y == c] - X[y == c].mean(0)).T @ (X[y == c] - X[y == c].mean(0))) for c in range(C))
+    G = G + gamma * sum(np.sum(y == c) - 1 for c in range(C)) * np.eye(d) + np.outer(X.sum(0), X.sum(0)) / len(y)
+    B = np.stack([X[y == c].sum(0) for c in range(C)], axis=1)
+    np.testing.assert_allclose(lazy.weight, unit_rows(np.linalg.solve(G, B).T), rtol=1e-9, atol=1e-10)
+
+
+def test_fedcof_pair_server_equals_dense_components():
+    """The pair-row spread equals the dense Eq. 6 building blocks (valid_pairs, class_totals, spread_matrix)."""
+    from privfed.methods.fedcof import class_totals, spread_matrix, spread_weights, valid_pairs, within_matrix
+
+    X, y, k, C, K = _ragged(6)
+    st = compute_client_stats(X, y, k, num_classes=C, num_clients=K)
+    mask, _ = valid_pairs(st.counts)
+    N, S, mu, Kc = class_totals(st.counts, st.sums, mask)
+    G = within_matrix(N, S, Kc, spread_matrix(st.counts, st.sums, mu, spread_weights(N, Kc), mask), 0.7)
+    est = methods.get("fedcof", gamma=0.7).estimate(st)
+    np.testing.assert_allclose(est.G_hat, G, rtol=1e-12, atol=1e-9)
+    np.testing.assert_array_equal(est.Kc, Kc)
+
+
+def test_cholesky_first_and_fallback_named_in_notes():
+    from privfed._linalg import solve_head
+
+    rng = np.random.default_rng(0)
+    A = rng.normal(size=(8, 5))
+    G, B = A.T @ A + np.eye(5), rng.normal(size=(5, 3))
+    for solver in ("solve", "pinv"):
+        notes = []
+        np.testing.assert_allclose(solve_head(G, B, solver=solver, notes=notes), np.linalg.solve(G, B),
+                                   rtol=1e-12, atol=1e-12)
+        assert notes == []
+    singular = A[:3].T @ A[:3]  # rank 3 of 5
+    notes = []
+    X = solve_head(singular, B, solver="pinv", notes=notes)
+    np.testing.assert_allclose(X, np.linalg.pinv(singular, rcond=5 * np.finfo(float).eps, hermitian=True) @ B,
+                               rtol=1e-8, atol=1e-8)
+    assert any("Cholesky of G failed" in n for n in notes)

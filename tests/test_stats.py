@@ -154,3 +154,143 @@ def test_clientstats_shape_errors():
         ClientStats(counts=np.zeros(3), sums=np.zeros((1, 3, 2)))
     with pytest.raises(privfed.InputError, match="unknown statistic"):
         compute_client_stats(np.zeros((2, 2)), [0, 1], fields=["bogus"])
+
+
+# -- the pair layout, dense views and the fold ----------------------------------------
+def _federation(seed, N=300, d=5, C=6, K=12):
+    """Random federation with empty clients (ids with no sample), one-sample classes on a client,
+    a class held by a single client and a class absent from every client."""
+    rng = np.random.default_rng(seed)
+    means = 2.0 * rng.normal(size=(C, d))
+    y = rng.integers(0, C - 2, N)
+    k = rng.integers(0, K - 3, N)  # clients K-3.. K-1 stay empty unless given below
+    y[:2], k[:2] = C - 2, K - 2  # class C-2: one client, two samples
+    y[2], k[2] = 0, K - 3  # client K-3: one sample, one class
+    X = means[y] + rng.normal(size=(N, d))
+    return X, y, k, C, K
+
+
+def _dense(st):
+    """The same statistics through the dense constructor (the layout before pairs)."""
+    return ClientStats(counts=np.array(st.counts), sums=np.array(st.sums),
+                       second=None if st.second is None else np.array(st.second),
+                       class_second=None if st.class_second is None else np.array(st.class_second),
+                       owners=st.owners)
+
+
+def test_pair_layout_matches_loops_and_dense_views():
+    X, y, k, C, K = _federation(0)
+    st = compute_client_stats(X, y, k, num_classes=C, num_clients=K, fields=ALL)
+    counts, sums, second, cs = loop_stats(X, y, k, K, C)
+    # only the (client, class) cells with data are stored, sorted by client then class
+    cells = sorted({(a, b) for a, b in zip(k, y)})
+    assert list(zip(st.pair_client, st.pair_class)) == cells
+    np.testing.assert_array_equal(st.pair_counts, counts[st.pair_client, st.pair_class])
+    np.testing.assert_allclose(st.pair_sums, sums[st.pair_client, st.pair_class], rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(st.gram(), X.T @ X, rtol=1e-12, atol=1e-10)
+    for got, want in zip((st.counts, st.sums, st.second, st.class_second), (counts, sums, second, cs)):
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-10)
+    assert st.num_pairs() == len(cells)
+    assert st.nbytes_float32() == 4 * (K * C + K * C * 5 + K * 25 + K * C * 25)
+    # dense -> pairs gives the same pairs
+    dn = _dense(st)
+    np.testing.assert_array_equal(dn.pair_client, st.pair_client)
+    np.testing.assert_allclose(dn.pair_sums, st.pair_sums, rtol=0, atol=0)
+
+
+def test_algebra_agrees_between_layouts():
+    X, y, k, C, K = _federation(1)
+    st = compute_client_stats(X, y, k, num_classes=C, num_clients=K, fields=ALL)
+    dn = _dense(st)
+    rows = [5, 0, 3, K - 1]
+    for a, b in ((st.total(), dn.total()), (st.clients(rows), dn.clients(rows)),
+                 (st.select(["second"]), dn.select(["second"])),
+                 (st.clients(rows[:2]).total() + st.clients(rows[2:]).total(),
+                  dn.clients(rows[:2]).total() + dn.clients(rows[2:]).total())):
+        assert a.available == b.available and a.num_clients == b.num_clients
+        for f in a.available:
+            np.testing.assert_allclose(getattr(a, f), getattr(b, f), rtol=1e-12, atol=1e-10, err_msg=f)
+    assert st.select([]).available == {"counts", "sums"}
+    # with_arrays replaces dense blocks and keeps the rest
+    noisy = st.with_arrays(sums=st.sums + 1.0)
+    np.testing.assert_allclose(noisy.sums, st.sums + 1.0)
+    np.testing.assert_array_equal(noisy.counts, st.counts)
+    np.testing.assert_allclose(noisy.second, st.second)
+    assert noisy.num_pairs() == st.num_pairs()
+    assert noisy.pair_counts.size == K * C  # every cell now holds a (noisy) sum
+
+
+@pytest.mark.parametrize("keep", ["total", "pairs"])
+def test_fold_equals_total_in_any_chunking(keep):
+    X, y, k, C, K = _federation(2)
+    st = compute_client_stats(X, y, k, num_classes=C, num_clients=K, fields=ALL)
+    ref = st.total()
+    for cuts in ([K], [1, K], [3, 4, 9, K], list(range(1, K + 1))):
+        fold = stats_mod.StatsFold(num_classes=C, dim=X.shape[1], keep=keep)
+        lo = 0
+        for hi in cuts:
+            fold.add(st.clients(np.arange(lo, hi)))
+            lo = hi
+        out = fold.result()
+        assert out.folded_pairs == st.num_pairs() and fold.num_clients == K
+        got = out if keep == "total" else out.total()
+        for f in ("counts", "sums", "second"):
+            np.testing.assert_allclose(getattr(got, f), getattr(ref, f), rtol=1e-12, atol=1e-10, err_msg=f)
+        np.testing.assert_allclose(out.gram(), X.T @ X, rtol=1e-12, atol=1e-10)
+        if keep == "pairs":  # every pair kept, in client order
+            np.testing.assert_array_equal(out.pair_client, st.pair_client)
+            np.testing.assert_allclose(out.pair_sums, st.pair_sums, rtol=0, atol=0)
+
+
+def test_fold_renumbers_pseudo_client_owners():
+    X, y, k, C, K = _federation(3)
+    m = privfed.methods.get("fedcof", means_per_client=3)
+    st = m.client_stats(X, y, k, num_classes=C, num_clients=K, rng=np.random.default_rng(0))
+    half = int(np.searchsorted(st.owners, K // 2))
+    a, b = st.clients(np.arange(half)), st.clients(np.arange(half, st.num_clients))
+    b = ClientStats.from_pairs(num_clients=b.num_clients, num_classes=C, pair_client=b.pair_client,
+                               pair_class=b.pair_class, pair_counts=b.pair_counts, pair_sums=b.pair_sums,
+                               owners=b.owners - b.owners.min())
+    out = stats_mod.StatsFold(num_classes=C, dim=X.shape[1], keep="pairs").add(a).add(b).result()
+    np.testing.assert_array_equal(out.owners, st.owners)
+
+
+def test_dense_view_over_limit_is_refused(monkeypatch):
+    X, y, k, C, K = _federation(4)
+    st = compute_client_stats(X, y, k, num_classes=C, num_clients=K, fields=["second"])
+    monkeypatch.setattr(stats_mod, "DENSE_VIEW_LIMIT", 8 * K * C * X.shape[1] - 1)
+    with pytest.raises(privfed.InputError, match=r"sums of shape \(12, 6, 5\) needs .* GiB"):
+        st.sums
+    st.counts  # (K, C) fits
+    privfed.methods.get("fed3r").aggregate(st)  # the pair layout is enough for every server
+    privfed.methods.get("fedcof").aggregate(st)
+    with pytest.raises(privfed.InputError, match="folded"):
+        stats_mod.StatsFold(num_classes=C, dim=X.shape[1], keep="pairs").add(st).result().second
+
+
+def test_fold_errors():
+    X, y, k, C, K = _federation(5)
+    st = compute_client_stats(X, y, k, num_classes=C, num_clients=K)
+    with pytest.raises(privfed.InputError, match="nothing was folded"):
+        stats_mod.StatsFold(num_classes=C, dim=5).result()
+    with pytest.raises(privfed.InputError, match="keep must be"):
+        stats_mod.StatsFold(num_classes=C, dim=5, keep="dense")
+    with pytest.raises(privfed.InputError, match="C=3"):
+        stats_mod.StatsFold(num_classes=3, dim=5).add(st)
+    with pytest.raises(privfed.InputError, match="only once"):
+        ClientStats.from_pairs(num_clients=2, num_classes=2, pair_client=[0, 0], pair_class=[1, 1],
+                               pair_counts=[1, 1], pair_sums=np.ones((2, 3)))
+
+
+def test_copy_and_pickle_keep_every_field():
+    import copy
+    import pickle
+
+    X, y, k, C, K = _federation(6)
+    st = compute_client_stats(X, y, k, num_classes=C, num_clients=K, fields=ALL)
+    for other in (copy.deepcopy(st), pickle.loads(pickle.dumps(st))):
+        assert other.available == st.available
+        for f in ALL:
+            np.testing.assert_array_equal(getattr(other, f), getattr(st, f))
+    with pytest.raises(AttributeError, match="immutable"):
+        st.counts = None

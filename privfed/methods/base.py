@@ -25,7 +25,7 @@ import numpy as np
 
 from privfed.errors import ConfigError, InputError
 from privfed.head import LinearHead
-from privfed.stats import ClientStats, compute_client_stats
+from privfed.stats import ClientStats, _stats_from_rows, compute_client_stats
 
 __all__ = ["Method", "SecureSum"]
 
@@ -73,10 +73,32 @@ class Method(abc.ABC):
         num_clients: int,
         rng: np.random.Generator,
     ) -> ClientStats:
-        """What the clients compute locally (validated inputs).  Default: ``requires``."""
-        return compute_client_stats(
-            features, labels, clients, num_classes=num_classes, num_clients=num_clients, fields=self.requires
-        )
+        """What the clients compute locally (validated inputs).  Default: ``requires``.
+
+        Rows are grouped by :meth:`row_groups` (clients, or pseudo-clients).
+        """
+        groups, owners = self.row_groups(labels, clients, num_classes=num_classes, num_clients=num_clients,
+                                         rng=rng)
+        K = num_clients if owners is None else owners.size
+        F = features
+        if not (isinstance(F, np.ndarray) and F.dtype == np.float64 and F.ndim == 2):
+            return compute_client_stats(F, labels, groups, num_classes=num_classes, num_clients=K,
+                                        fields=self.requires)
+        y = np.asarray(labels, dtype=np.int64)
+        return _stats_from_rows(F, y, np.asarray(groups, dtype=np.int64), num_classes, K, self.requires,
+                                owners=owners)
+
+    def row_groups(
+        self, labels: np.ndarray, clients: np.ndarray, *, num_classes: int, num_clients: int,
+        rng: np.random.Generator,
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        """The row (client or pseudo-client) of every sample, and each row's real client.
+
+        Default: one row per client (``(clients, None)``).  Pseudo-client rows
+        of one real client must be numbered contiguously, so that client
+        chunks can be folded independently (:func:`privfed.pipeline.fold_statistics`).
+        """
+        return np.asarray(clients, dtype=np.int64), None
 
     # -- server side ---------------------------------------------------------
     @abc.abstractmethod
@@ -117,7 +139,7 @@ class Method(abc.ABC):
 
     def communication(self, stats: ClientStats, num_clients: int) -> dict[str, Any]:
         """Upload accounting of one run from its statistics."""
-        M = stats.num_pairs()
+        M = stats.folded_pairs if stats.folded_pairs is not None else stats.num_pairs()
         total = self.upload_bytes(M=M, K=num_clients, d=stats.dim, C=stats.num_classes)
         return {"total": total, "per_client": total / max(num_clients, 1), "M": M, "K": num_clients}
 

@@ -35,10 +35,8 @@ def ridge_system(stats: ClientStats, lam: float, bias: bool) -> tuple[np.ndarray
     Returns ``(G + lam I, B)`` with shapes (p, p) and (p, C), p = d + 1 when
     ``bias`` (constant feature appended last) else d.
     """
-    total = stats.total()
-    G = total.second[0]
-    S = total.sums[0]  # (C, d)
-    n = total.counts[0]  # (C,)
+    n, S = stats.class_totals()  # (C,), (C, d)
+    G = stats.gram()
     if bias:
         s = S.sum(axis=0)
         d = G.shape[0]
@@ -49,9 +47,11 @@ def ridge_system(stats: ClientStats, lam: float, bias: bool) -> tuple[np.ndarray
         Ga[d, d] = n.sum()
         G = Ga
         B = np.vstack([S.T, n[None, :]])
+        G[np.diag_indices(d + 1)] += lam
     else:
-        B = S.T.copy()
-    return G + lam * np.eye(G.shape[0]), B
+        B = S.T
+        G = G + lam * np.eye(G.shape[0])
+    return G, B
 
 
 @register

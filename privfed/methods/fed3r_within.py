@@ -64,9 +64,7 @@ class Fed3RWithin(Method):
     def aggregate(self, stats: ClientStats) -> LinearHead:
         self._check_stats(stats)
         notes: list[str] = []
-        total = stats.total()
-        N = total.counts[0]
-        S = total.sums[0]
+        N, S = stats.class_totals()
         present = N > 0
         if (~present).any():
             notes.append(
@@ -76,13 +74,13 @@ class Fed3RWithin(Method):
         Np = np.where(present, N, 1.0)
         # G - sum_c N_c mu_c mu_c^T + N mu_g mu_g^T  (= G - G_btw)
         Sp = S[present]
-        G_hat = total.second[0] - (Sp.T / Np[present]) @ Sp
+        G_hat = stats.gram() - (Sp.T / Np[present]) @ Sp
         Ntot = N[present].sum()
         if Ntot > 0:
             s = Sp.sum(axis=0)
             G_hat = G_hat + np.outer(s, s) / Ntot
         shrink = self.params["gamma"] * np.maximum(N[present] - 1.0, 0.0).sum() + self.params["lam"]
-        G_hat = G_hat + shrink * np.eye(stats.dim)
+        G_hat[np.diag_indices(stats.dim)] += shrink
         B = np.where(present[:, None], S, 0.0).T
         W = solve_head(G_hat, B, solver=self.params["solver"], name="G_hat", notes=notes).T
         if self.params["normalise"]:

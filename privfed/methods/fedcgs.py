@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from privfed._linalg import check_choice, check_real, project_psd, symmetrise
+import scipy.linalg
+
+from privfed._linalg import check_choice, check_real, project_psd, symmetrise, try_cholesky_solve
 from privfed.errors import InputError
 from privfed.head import LinearHead
 from privfed.methods import register
@@ -42,14 +44,12 @@ def global_covariance(
 
     Returns shapes (C,), (C, d) (zero rows for absent classes) and (d, d).
     """
-    total = stats.total()
-    N = total.counts[0]
-    S = total.sums[0]
+    N, S = stats.class_totals()
     present = N > 0
     Np = np.where(present, N, 1.0)
     mu = np.where(present[:, None], S / Np[:, None], 0.0)
     Ntot = N[present].sum()
-    G = total.second[0]
+    G = stats.gram()
     if covariance == "total":
         s = S[present].sum(axis=0)
         denom = Ntot - 1.0
@@ -97,6 +97,41 @@ class FedCGS(Method):
         present = N > 0
         d = Sigma.shape[0]
         a = self.params["shrinkage"]
+        P = self._cholesky(Sigma, mu, a)
+        if P is None:
+            notes.append("Cholesky of the covariance failed; checked and solved by eigendecomposition instead")
+            P = self._eigen(Sigma, mu, a, N, notes)
+        Ntot = N[present].sum()
+        b = np.full(N.shape, 0.0)
+        b[present] = np.log(N[present] / Ntot) - 0.5 * np.einsum("cd,cd->c", mu[present], P[present])
+        if (~present).any():
+            floor = b[present].min() - np.log(2.0 * Ntot) if present.any() else 0.0
+            b[~present] = floor
+            P[~present] = 0.0
+            notes.append(
+                f"class(es) {np.flatnonzero(~present).tolist()} have count <= 0; weight set to zero and "
+                "bias below every other class"
+            )
+        return self._head(P, b, notes)
+
+    @staticmethod
+    def _cholesky(Sigma: np.ndarray, mu: np.ndarray, a: float) -> np.ndarray | None:
+        """Sigma^-1 mu_c by Cholesky when Sigma is positive definite (so no PSD repair applies)."""
+        try:
+            scipy.linalg.cholesky(Sigma, lower=False, check_finite=False)
+        except (np.linalg.LinAlgError, scipy.linalg.LinAlgError, ValueError):
+            return None
+        if a > 0:
+            d = Sigma.shape[0]
+            t = np.trace(Sigma) / d
+            Sigma = (1.0 - a) * Sigma
+            Sigma[np.diag_indices(d)] += a * t
+        res = try_cholesky_solve(Sigma, mu.T)
+        return res.T if isinstance(res, np.ndarray) else None
+
+    def _eigen(self, Sigma, mu, a, N, notes) -> np.ndarray:
+        present = N > 0
+        d = Sigma.shape[0]
         w_eig = np.linalg.eigvalsh(Sigma)
         tol = 10 * d * np.finfo(np.float64).eps * max(float(np.abs(w_eig).max()), 1e-300)
         if w_eig.min() < -tol:
@@ -122,19 +157,7 @@ class FedCGS(Method):
                 f"C = {int(present.sum())}; it needs N - C >= d and no constant feature); set shrinkage > 0, "
                 f"e.g. shrinkage={max(1e-3, 10 * a):.3g}"
             )
-        P = np.linalg.solve(Sigma, mu.T).T  # (C, d) = Sigma^-1 mu_c
-        Ntot = N[present].sum()
-        b = np.full(N.shape, 0.0)
-        b[present] = np.log(N[present] / Ntot) - 0.5 * np.einsum("cd,cd->c", mu[present], P[present])
-        if (~present).any():
-            floor = b[present].min() - np.log(2.0 * Ntot) if present.any() else 0.0
-            b[~present] = floor
-            P[~present] = 0.0
-            notes.append(
-                f"class(es) {np.flatnonzero(~present).tolist()} have count <= 0; weight set to zero and "
-                "bias below every other class"
-            )
-        return self._head(P, b, notes)
+        return np.linalg.solve(Sigma, mu.T).T  # (C, d) = Sigma^-1 mu_c
 
     @classmethod
     def upload_floats(cls, *, M: int, K: int, d: int, C: int) -> int:

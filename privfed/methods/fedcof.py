@@ -50,7 +50,7 @@ from privfed.errors import ConfigError
 from privfed.head import LinearHead
 from privfed.methods import register
 from privfed.methods.base import Method, SecureSum
-from privfed.stats import ClientStats, compute_client_stats
+from privfed.stats import _ROW_BLOCK_BYTES, ClientStats, _gram, _sum_rows_by
 
 __all__ = [
     "FedCOF",
@@ -59,6 +59,7 @@ __all__ = [
     "class_totals",
     "multi_mean_ids",
     "noise_bias",
+    "pair_spread",
     "spread_matrix",
     "spread_weights",
     "valid_pairs",
@@ -117,6 +118,30 @@ def spread_matrix(
         return np.matmul(np.swapaxes(X, 1, 2), X)  # batched BLAS, (K, d, d)
     X2 = X.reshape(-1, X.shape[-1])
     return X2.T @ X2
+
+
+def pair_spread(
+    pair_class: np.ndarray, pair_counts: np.ndarray, pair_sums: np.ndarray, mu: np.ndarray, weights: np.ndarray,
+) -> np.ndarray:
+    """:func:`spread_matrix` (summed) over the valid pair rows only: sum_p w_c n_p (m_p - mu_c)(m_p - mu_c)^T.
+
+    ``pair_*`` hold the pairs with n_p > 0; rows of classes with w_c = 0 are
+    skipped.  One symmetric product per block of rows, so memory is
+    O(block d + d^2) and the cost that of X^T X over the M rows.
+    """
+    d = mu.shape[1]
+    wp = weights[pair_class]
+    rows = np.flatnonzero(wp > 0)
+    out = np.zeros((d, d))
+    step = max(1, _ROW_BLOCK_BYTES // (8 * max(d, 1)))
+    for a in range(0, rows.size, step):
+        r = rows[a:a + step]
+        n = pair_counts[r]
+        X = pair_sums[r] / n[:, None]
+        X -= mu[pair_class[r]]
+        X *= np.sqrt(n * wp[r])[:, None]
+        out += _gram(X)
+    return out
 
 
 def noise_bias(counts: np.ndarray, mask: np.ndarray, noise_var: float) -> np.ndarray:
@@ -273,34 +298,43 @@ class FedCOF(Method):
         p["noise_var"] = check_real(self.name, "noise_var", p["noise_var"], low=0.0)
 
     # -- client side -------------------------------------------------------------
-    def client_stats(self, features, labels, clients, *, num_classes, num_clients, rng) -> ClientStats:
+    def row_groups(self, labels, clients, *, num_classes, num_clients, rng):
+        """Pseudo-clients of multi-mean sampling (:func:`multi_mean_ids`) when ``means_per_client > 1``."""
         M = self.params["means_per_client"]
         if M == 1:
-            return super().client_stats(
-                features, labels, clients, num_classes=num_classes, num_clients=num_clients, rng=rng
-            )
+            return super().row_groups(labels, clients, num_classes=num_classes, num_clients=num_clients, rng=rng)
         labels = np.asarray(labels, dtype=np.int64)
         clients = np.asarray(clients, dtype=np.int64)
-        pseudo, owners = multi_mean_ids(labels, clients, num_classes, num_clients, M, rng)
-        st = compute_client_stats(
-            features, labels, pseudo, num_classes=num_classes, num_clients=owners.size, fields=self.requires
-        )
-        return ClientStats(counts=st.counts, sums=st.sums, owners=owners)
+        return multi_mean_ids(labels, clients, num_classes, num_clients, M, rng)
 
     # -- server side -------------------------------------------------------------
     def estimate(self, stats: ClientStats) -> FedCOFEstimate:
         """Eq. 5, 6 and 8 from per-client (or pseudo-client) statistics."""
         self._check_stats(stats)
         notes: list[str] = []
-        mask, dropped = valid_pairs(stats.counts)
+        C = stats.num_classes
+        n_all = stats.pair_counts
+        valid = n_all > 0
+        dropped = int(np.count_nonzero(~valid & (n_all != 0)))
         if dropped:
             notes.append(
                 f"{dropped} (client, class) pair(s) with count <= 0 were dropped (App. I.1 drop rule)"
             )
-        N, S, mu, Kc = class_totals(stats.counts, stats.sums, mask)
+        if valid.all():
+            pk, n, sums = stats.pair_class, n_all, stats.pair_sums
+        else:
+            pk, n, sums = stats.pair_class[valid], n_all[valid], stats.pair_sums[valid]
+        N = np.bincount(pk, weights=n, minlength=C)
+        S = _sum_rows_by(sums, pk, C)
+        mu = np.where(N[:, None] > 0, S / np.where(N > 0, N, 1.0)[:, None], 0.0)
+        Kc = np.bincount(pk, minlength=C)
         w = spread_weights(N, Kc)
-        spread = spread_matrix(stats.counts, stats.sums, mu, w, mask)
-        beta = noise_bias(stats.counts, mask, self.params["noise_var"])
+        spread = pair_spread(pk, n, sums, mu, w)
+        if self.params["noise_var"] > 0:
+            inv_sum = np.bincount(pk, weights=1.0 / n, minlength=C)
+            beta = _bias_from_sums(inv_sum, N, Kc, self.params["noise_var"])
+        else:
+            beta = np.zeros(C)
         notes += self._class_notes(N, Kc)
         if self.params["noise_var"] > 0:
             mean_bias = float(beta[Kc >= 2].mean()) if (Kc >= 2).any() else 0.0

@@ -12,6 +12,15 @@ upload the additive per-class second moments sum_{i in class c} f_i f_i^T
 (``class_second``), from which (N_c - 1) Sigma_c = sum_k class_second_kc -
 N_c mu_c mu_c^T; Eq. 24 is the same quantity written with per-client
 covariances.  Summable, so secure aggregation applies as is.
+
+The server never needs the per-class d x d matrices: with exact class
+second moments, sum_c (N_c - 1) Sigma_c = G - sum_c N_c mu_c mu_c^T where
+G = sum_c sum_k class_second_kc is the total second moment (classes with one
+sample contribute f f^T - f f^T = 0 on both sides), which is fed3r-within's
+G_hat.  So when the per-class second moments come from features (they are
+then built only if someone asks for them) the head is computed from their
+sum alone, in O(d^2) memory; per-class values handed over as arrays (e.g.
+noisy ones) are pooled class by class as Eq. 24 writes.
 Communication: M (d + d^2) floats (App. H).
 """
 
@@ -34,11 +43,9 @@ def pooled_class_covariances(stats: ClientStats) -> tuple[np.ndarray, np.ndarray
     Returns ``(N, mu, Sigma)`` with shapes (C,), (C, d), (C, d, d); Sigma_c is
     0 for classes with N_c <= 1.
     """
-    total = stats.total()
-    N = total.counts[0]
-    S = total.sums[0]
+    N, S = stats.class_totals()
     mu = np.where(N[:, None] > 0, S / np.where(N > 0, N, 1.0)[:, None], 0.0)
-    scatter = total.class_second[0] - N[:, None, None] * np.einsum("cd,ce->cde", mu, mu)
+    scatter = stats.class_second.sum(axis=0) - N[:, None, None] * np.einsum("cd,ce->cde", mu, mu)
     Sigma = np.where((N > 1)[:, None, None], scatter / np.where(N > 1, N - 1.0, 1.0)[:, None, None], 0.0)
     return N, mu, Sigma
 
@@ -70,16 +77,27 @@ class FedCOFOracle(Method):
     def aggregate(self, stats: ClientStats) -> LinearHead:
         self._check_stats(stats)
         notes: list[str] = []
-        N, mu, Sigma = pooled_class_covariances(stats)
-        present = N > 0
+        d = stats.dim
+        if stats.is_materialised("class_second"):
+            N, mu, Sigma = pooled_class_covariances(stats)
+            present = N > 0
+            w = np.where(present, np.maximum(N - 1.0, 0.0), 0.0)
+            G_hat = np.einsum("c,cde->de", w, Sigma)
+        else:
+            # sum_c (N_c - 1) Sigma_c from the total second moment (module docstring).
+            N, S = stats.class_totals()
+            present = N > 0
+            Np = np.where(present, N, 1.0)
+            mu = np.where(present[:, None], S / Np[:, None], 0.0)
+            w = np.where(present, np.maximum(N - 1.0, 0.0), 0.0)
+            Sp = S[present]
+            G_hat = stats.gram() - (Sp.T / Np[present]) @ Sp
         if (~present).any():
             absent = np.flatnonzero(~present).tolist()
             notes.append(f"class(es) {absent} have no data; their weight row is zero")
-        w = np.where(present, np.maximum(N - 1.0, 0.0), 0.0)
-        d = mu.shape[1]
         Ntot = N[present].sum()
         s = (mu * N[:, None])[present].sum(axis=0)
-        G_hat = np.einsum("c,cde->de", w, Sigma) + self.params["gamma"] * w.sum() * np.eye(d)
+        G_hat[np.diag_indices(d)] += self.params["gamma"] * w.sum()
         if Ntot > 0:
             G_hat += np.outer(s, s) / Ntot
         B = (mu * np.where(present, N, 0.0)[:, None]).T

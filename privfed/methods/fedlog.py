@@ -43,9 +43,8 @@ __all__ = ["FedLog", "fedlog_gradient", "fedlog_objective", "fedlog_statistic", 
 
 def fedlog_statistic(stats: ClientStats) -> tuple[np.ndarray, float]:
     """Phi (C, m) with Phi_y = [N_y, s_y], and n = sum_y N_y, from summed statistics."""
-    total = stats.total()
-    N = total.counts[0]
-    Phi = np.concatenate([N[:, None], total.sums[0]], axis=1)
+    N, S = stats.class_totals()
+    Phi = np.concatenate([N[:, None], S], axis=1)
     return Phi, float(N.sum())
 
 

@@ -29,15 +29,15 @@ class FedNCM(Method):
 
     def aggregate(self, stats: ClientStats) -> "LinearHead":  # noqa: F821
         self._check_stats(stats)
-        total = stats.total()
-        counts, dropped = safe_counts(total.counts[0])
+        N, S = stats.class_totals()
+        counts, dropped = safe_counts(N)
         notes = []
         if dropped:
             notes.append(f"{dropped} class count(s) <= 0 after noise were treated as absent")
         missing = np.flatnonzero(counts == 0)
         if missing.size:
             notes.append(f"class(es) {missing.tolist()} have no data; their weight row is zero")
-        means = np.where(counts[:, None] > 0, total.sums[0] / np.where(counts > 0, counts, 1.0)[:, None], 0.0)
+        means = np.where(counts[:, None] > 0, S / np.where(counts > 0, counts, 1.0)[:, None], 0.0)
         W = normalise_rows(means)
         return self._head(W, np.zeros(W.shape[0]), notes)
 

@@ -1,0 +1,381 @@
+"""Benchmark: every method at the FedCOF paper's iNat-120K scale, against the BLAS bound.
+
+Builds a synthetic federation of the iNat-120K shape (K = 9,275 clients,
+C = 1,203 classes, d = 1,280 as MobileNetV2, about 120K samples in about
+54,600 (client, class) pairs; seeded, no data files): long-tailed class
+popularity, each client holding a few classes, features ReLU(class mean +
+client shift + noise) in float32.  In one run it measures
+
+* the bound: the group sum of the N x d features into the M pairs, plus
+  X^T X over the rows the method needs (all N samples for the second-moment
+  methods, the M pair rows for FedCOF), plus one d x d Cholesky - each timed
+  here with the same BLAS;
+* for every method, in a fresh subprocess (so peak RSS is the method's):
+  ``privfed.fit``'s time split into input checks (float32 -> float64),
+  client statistics (chunked and folded, :func:`privfed.pipeline.fold_statistics`)
+  and server (``Method.aggregate``), and the peak RSS against
+  2 (N d + M d + d^2) floats plus the input features;
+* a plain per-client Python loop computing the same uploads (timed on the
+  first clients holding ``--loop-rows`` samples and scaled by the sample
+  ratio - this is stated in the table) followed by the same server;
+* scaling curves (K at fixed M and N, M at fixed K, d) on FedCOF and
+  fed3r-within with the fitted log-log exponents.
+
+    python experiments/bench_scale.py            # full iNat-120K shape (~6 GiB peak, minutes)
+    python experiments/bench_scale.py --small    # K=1,000, C=300, d=256: seconds
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+# BLAS threads are fixed before numpy or scipy load their OpenBLAS (threadpoolctl cannot
+# reach a library loaded later); children inherit the environment.
+_THREADS = sys.argv[sys.argv.index("--threads") + 1] if "--threads" in sys.argv else "1"
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ[_var] = _THREADS
+
+import numpy as np  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+METHODS = ("fedncm", "fedlog", "fedcof", "fedcof-mm4", "fed3r", "fed3r-within", "fedcgs", "fedcof-oracle")
+SECOND = {"fed3r", "fed3r-within", "fedcgs", "fedcof-oracle"}
+
+
+def method_spec(name: str) -> tuple[str, dict]:
+    if name == "fedcof-mm4":
+        return "fedcof", {"means_per_client": 4, "gamma": 0.1}
+    if name == "fedcof":
+        return "fedcof", {"gamma": 0.1}
+    return name, {}
+
+
+# -- the synthetic federation ----------------------------------------------------------
+def inat_like(K: int, C: int, d: int, N: int, M: int, seed: int = 0):
+    """(F float32 (N, d), labels, clients) with about M (client, class) pairs and N samples.
+
+    Classes have Zipf(1) popularity; client k holds 1 + Poisson(M/K - 1) class
+    draws; each pair gets 1 + Poisson(N/M - 1) samples; every client and class
+    keeps at least one sample.  Features: ReLU(2 mu_c + 0.5 shift_k + noise).
+    """
+    rng = np.random.default_rng(seed)
+    pop = 1.0 / np.arange(1, C + 1)
+    pop /= pop.sum()
+    per_client = 1 + rng.poisson(max(M / K - 1.0, 0.0) * 1.06, K)  # draws collide: aim a little high
+    pc = np.repeat(np.arange(K), per_client)
+    pk = rng.choice(C, size=pc.size, p=pop)
+    if pk.size >= C:  # every class held somewhere
+        pk[:C] = rng.permutation(C)
+    key = np.unique(pc * C + pk)
+    pc, pk = key // C, key % C
+    n = 1 + rng.poisson(max(N / pc.size - 1.0, 0.0), pc.size)
+    y = np.repeat(pk, n)
+    k = np.repeat(pc, n)
+    perm = rng.permutation(y.size)
+    y, k = y[perm], k[perm]
+    means = rng.standard_normal((C, d), dtype=np.float32)
+    shift = rng.standard_normal((K, d), dtype=np.float32)
+    F = np.empty((y.size, d), dtype=np.float32)
+    step = 8192
+    for a in range(0, y.size, step):
+        b = min(a + step, y.size)
+        blk = rng.standard_normal((b - a, d), dtype=np.float32)
+        blk += 2.0 * means[y[a:b]]
+        blk += 0.5 * shift[k[a:b]]
+        np.maximum(blk, 0.0, out=blk)
+        F[a:b] = blk
+    # clients must be numbered 0..K-1 without gaps (privfed.fit refuses empty clients)
+    k = np.unique(k, return_inverse=True)[1]
+    y = np.unique(y, return_inverse=True)[1]
+    return F, y.astype(np.int64), k.astype(np.int64)
+
+
+def shape_of(y, k):
+    C = int(y.max()) + 1
+    return {"N": int(y.size), "K": int(k.max()) + 1, "C": C, "M": int(np.unique(k * C + y).size)}
+
+
+# -- the bound -------------------------------------------------------------------------
+def best_of(fn, repeats: int) -> float:
+    best = np.inf
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def measure_bound(F32, y, k, repeats: int) -> dict:
+    """Group sum (N x d -> M x d), X^T X over N and over M rows, one d x d Cholesky, float64."""
+    import scipy.linalg
+    import scipy.sparse as sp
+
+    F = np.asarray(F32, dtype=np.float64)
+    N, d = F.shape
+    C = int(y.max()) + 1
+    _, pair = np.unique(k * C + y, return_inverse=True)
+    M = int(pair.max()) + 1
+    onehot = sp.csr_matrix((np.ones(N), (pair, np.arange(N))), shape=(M, N))
+    S = np.asarray(onehot @ F)
+    out = {
+        "to_float64_s": best_of(lambda: np.asarray(F32, dtype=np.float64), repeats),
+        "group_sum_s": best_of(lambda: onehot @ F, repeats),
+        "xtx_N_s": best_of(lambda: F.T @ F, repeats),
+        "xtx_M_s": best_of(lambda: S.T @ S, repeats),
+    }
+    G = F.T @ F + np.eye(d)
+    out["cholesky_s"] = best_of(lambda: scipy.linalg.cho_factor(G, check_finite=False), repeats)
+    return out
+
+
+def bound_for(name: str, b: dict) -> float:
+    base = b["group_sum_s"] + b["cholesky_s"]
+    if name in SECOND:
+        return base + b["xtx_N_s"]
+    if name.startswith("fedcof"):
+        return base + b["xtx_M_s"]
+    return base
+
+
+# -- one method in a fresh process ---------------------------------------------------------
+def _proc_status(key: str) -> int:
+    """VmRSS / VmHWM of this process in bytes (VmHWM, unlike ru_maxrss, restarts at exec)."""
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # pragma: no cover - not Linux
+
+
+def child(data: str, name: str, repeats: int, threads: int) -> dict:
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(threads)
+    import privfed
+    from privfed._validation import check_dataset
+    from privfed.pipeline import fold_statistics
+
+    F32 = np.load(os.path.join(data, "F.npy"))
+    y = np.load(os.path.join(data, "y.npy"))
+    k = np.load(os.path.join(data, "k.npy"))
+    rss_input = _proc_status("VmRSS")
+    mname, params = method_spec(name)
+    m = privfed.methods.get(mname, **params)
+    best = [np.inf, np.inf, np.inf]
+    for _ in range(repeats):  # best of repeats: the machine may be shared
+        t0 = time.perf_counter()
+        F, y2, k2, C, K = check_dataset(F32, y, k)
+        t1 = time.perf_counter()
+        folded = fold_statistics(m, F, y2, k2, num_classes=C, num_clients=K, rng=np.random.default_rng(0))
+        t2 = time.perf_counter()
+        head = m.aggregate(folded)
+        t3 = time.perf_counter()
+        best = [min(b, t) for b, t in zip(best, (t1 - t0, t2 - t1, t3 - t2))]
+        del F
+    return {
+        "method": name, "check_s": best[0], "client_s": best[1], "server_s": best[2],
+        "peak_rss": _proc_status("VmHWM"), "rss_input": rss_input,
+        "rows": int(folded.folded_pairs) if mname == "fedcof" else None,
+        "notes": [n for n in head.notes if "Cholesky" in n or "eigen" in n],
+        "M_uploaded": int(folded.folded_pairs),
+    }
+
+
+def run_child(data: str, name: str, repeats: int, threads: int) -> dict:
+    cmd = [sys.executable, __file__, "--child", name, "--data", data, "--repeats", str(repeats),
+           "--threads", str(threads)]
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+    if out.returncode != 0:
+        return {"method": name, "error": (out.stderr or out.stdout).strip().splitlines()[-1:]}
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+# -- the per-client loop baseline --------------------------------------------------------------
+def loop_clients(F32, y, k, name: str, loop_rows: int) -> tuple[float, int]:
+    """A plain Python loop over clients computing each client's upload; returns (seconds, rows done)."""
+    C = int(y.max()) + 1
+    d = F32.shape[1]
+    order = np.argsort(k, kind="stable")
+    ends = np.cumsum(np.bincount(k))
+    last = int(np.searchsorted(ends, loop_rows))
+    rows_done = int(ends[last])
+    mname, params = method_spec(name)
+    t0 = time.perf_counter()
+    G = np.zeros((d, d))
+    S = np.zeros((C, d))
+    n = np.zeros(C)
+    uploads = []
+    start = 0
+    for kk in range(last + 1):
+        idx = order[start:ends[kk]]
+        start = ends[kk]
+        Fk = np.asarray(F32[idx], dtype=np.float64)
+        yk = y[idx]
+        classes = np.unique(yk)
+        sums = np.stack([Fk[yk == c].sum(axis=0) for c in classes])
+        cnt = np.array([np.sum(yk == c) for c in classes], dtype=float)
+        if name == "fedcof-mm4":  # up to 4 means a class
+            parts = []
+            for c in classes:
+                rows = Fk[yk == c]
+                g = max(1, min(4, rows.shape[0] // 2))
+                parts += [p.sum(axis=0) for p in np.array_split(rows, g)]
+            sums = np.stack(parts)
+        if name in SECOND:
+            if name == "fedcof-oracle":
+                for c in classes:
+                    Fc = Fk[yk == c]
+                    G += Fc.T @ Fc
+            else:
+                G += Fk.T @ Fk
+        if mname == "fedcof":
+            uploads.append((classes, cnt, sums))
+        else:
+            S[classes] += sums
+            n[classes] += cnt
+    return time.perf_counter() - t0, rows_done
+
+
+# -- scaling curves ------------------------------------------------------------------------------
+def fit_exponent(x, t) -> float:
+    return float(np.polyfit(np.log(np.asarray(x, float)), np.log(np.asarray(t, float)), 1)[0])
+
+
+def scaling(base: dict, repeats: int) -> list[dict]:
+    import privfed
+    from privfed._validation import check_dataset
+    from privfed.pipeline import fold_statistics
+
+    curves = []
+
+    def time_fit(name, K, C, d, N, M):
+        F32, y, k = inat_like(K, C, d, N, M, seed=1)
+        F, y, k, C2, K2 = check_dataset(F32, y, k)
+        m = privfed.methods.get(name)
+        shp = shape_of(y, k)
+
+        def go():
+            m.aggregate(fold_statistics(m, F, y, k, num_classes=C2, num_clients=K2, rng=np.random.default_rng(0)))
+        return best_of(go, repeats), shp
+
+    plans = {
+        "K (M, N fixed)": [dict(base, K=int(base["K"] * f)) for f in (0.25, 0.5, 1.0)],
+        "M (K fixed, N = 2.2 M)": [dict(base, M=int(base["M"] * f), N=int(base["N"] * f)) for f in (0.25, 0.5, 1.0)],
+        "d": [dict(base, d=int(base["d"] * f)) for f in (0.25, 0.5, 1.0)],
+    }
+    for curve, plan in plans.items():
+        for name in ("fedcof", "fed3r-within"):
+            xs, ts = [], []
+            for p in plan:
+                t, shp = time_fit(name, **p)
+                x = {"K (M, N fixed)": shp["K"], "M (K fixed, N = 2.2 M)": shp["M"], "d": p["d"]}[curve]
+                xs.append(x)
+                ts.append(t)
+            curves.append({"curve": curve, "method": name, "x": xs, "seconds": ts, "exponent": fit_exponent(xs, ts)})
+    return curves
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--small", action="store_true", help="K=1,000, C=300, d=256, N=13K (seconds)")
+    p.add_argument("--methods", default=",".join(METHODS))
+    p.add_argument("--loop-rows", type=int, default=None, help="samples the per-client loop is timed on")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--no-curves", action="store_true")
+    p.add_argument("--threads", type=int, default=1, help="BLAS threads for everything timed (default 1)")
+    p.add_argument("--out", default="results/bench_scale")
+    p.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--data", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.child:
+        print(json.dumps(child(args.data, args.child, args.repeats, args.threads)))
+        return 0
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(args.threads)
+    shape = (dict(K=1000, C=300, d=256, N=13000, M=5900) if args.small
+             else dict(K=9275, C=1203, d=1280, N=120000, M=54600))
+    loop_rows = args.loop_rows or (2000 if args.small else 6000)
+    t0 = time.perf_counter()
+    F32, y, k = inat_like(**shape, seed=0)
+    real = shape_of(y, k)
+    print(f"federation {real} d={shape['d']} built in {time.perf_counter() - t0:.1f} s", flush=True)
+    N, d, M = real["N"], shape["d"], real["M"]
+    names = [m for m in args.methods.split(",") if m]
+    with tempfile.TemporaryDirectory(prefix="bench-scale-") as tmp:
+        np.save(os.path.join(tmp, "F.npy"), F32)
+        np.save(os.path.join(tmp, "y.npy"), y)
+        np.save(os.path.join(tmp, "k.npy"), k)
+        bound = measure_bound(F32, y, k, args.repeats)
+        print("bound parts:", {a: round(b, 4) for a, b in bound.items()}, flush=True)
+        rows = []
+        for name in names:
+            r = run_child(tmp, name, args.repeats, args.threads)
+            if "error" not in r:
+                lt, done = loop_clients(F32, y, k, name, loop_rows)
+                r["loop_client_s"] = lt * N / done
+                r["loop_rows"] = done
+                r["bound_s"] = bound_for(name, bound)
+                r["client_bound_s"] = bound["group_sum_s"] + (bound["xtx_N_s"] if name in SECOND else 0.0)
+                r["server_bound_s"] = bound["cholesky_s"] + (bound["xtx_M_s"] if name.startswith("fedcof") and
+                                                              name != "fedcof-oracle" else 0.0)
+            rows.append(r)
+            print(json.dumps(r), flush=True)
+    budget = 2 * (N * d + M * d + d * d) * 8
+    lines = [
+        f"iNat-120K-shaped synthetic federation: N={N:,}, K={real['K']:,}, C={real['C']:,}, d={d:,}, M={M:,} "
+        f"(float32 input {F32.nbytes / 2**20:.0f} MiB); {os.cpu_count()} cores, {args.threads} BLAS thread(s), "
+        f"best of {args.repeats}; command: python experiments/bench_scale.py {' '.join(argv or sys.argv[1:])}",
+        f"bound = group sum {bound['group_sum_s']:.3f} s + X^T X over N rows {bound['xtx_N_s']:.3f} s "
+        f"(second-moment methods) or over M rows {bound['xtx_M_s']:.3f} s (FedCOF) + Cholesky "
+        f"{bound['cholesky_s']:.3f} s; float32 -> float64 of the input {bound['to_float64_s']:.3f} s (not in the bound).",
+        f"loop = a plain per-client Python loop computing the uploads, timed on the first {rows[0].get('loop_rows', 0):,} "
+        f"samples' clients and scaled by N / samples, plus privfed's server.",
+        "",
+        "| method | check s | client s | server s | fit / bound | client / its bound | server / its bound "
+        "| loop / fit | peak RSS GiB | RSS / (2(Nd+Md+d^2) floats + input) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['method']} | failed: {r['error']} |")
+            continue
+        fit_s = r["client_s"] + r["server_s"]
+        loop_s = r["loop_client_s"] + r["server_s"]
+        rss_lim = budget + r["rss_input"]  # rss_input: interpreter, libraries and the loaded input features
+        lines.append(
+            f"| {r['method']} | {r['check_s']:.2f} | {r['client_s']:.2f} | {r['server_s']:.2f} | "
+            f"{fit_s / r['bound_s']:.2f} | {r['client_s'] / r['client_bound_s']:.2f} | "
+            f"{r['server_s'] / r['server_bound_s']:.2f} | {loop_s / fit_s:.1f} | {r['peak_rss'] / 2**30:.2f} | "
+            f"{r['peak_rss'] / rss_lim:.2f} |"
+        )
+    curves = [] if args.no_curves else scaling(
+        dict(K=2000, C=300, d=256, N=26000, M=11800) if not args.small else dict(K=500, C=100, d=128, N=6500, M=3000),
+        args.repeats)
+    if curves:
+        lines += ["", "| curve | method | x | seconds | fitted exponent |", "| --- | --- | --- | --- | --- |"]
+        for c in curves:
+            lines.append(f"| {c['curve']} | {c['method']} | {c['x']} | {[round(t, 3) for t in c['seconds']]} | "
+                         f"{c['exponent']:.2f} |")
+    text = "\n".join(lines)
+    print(text)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench_scale.md").write_text(text + "\n")
+    (out / "bench_scale.json").write_text(json.dumps({"shape": real, "d": d, "bound": bound, "rows": rows,
+                                                     "curves": curves, "small": args.small}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
