@@ -10,10 +10,12 @@ scoring against the private truth (:class:`GroundTruth`) is separate.
 ['differencing', 'inversion', 'labels', 'singleton', 'subspace', 'tracing', 'unmixing']
 
 For tables (e.g. the trade-off command), :func:`evaluate` runs one attack on
-a view and returns a flat dict of metrics::
+a view and returns a flat dict of metrics, and :func:`strongest_flat` runs
+every attack of a suite on the same challenge and names the strongest::
 
     view, truth = attacks.scenario("fedncm", features, labels, clients, privacy=spec, ...)
     attacks.evaluate("tracing", view, truth, rng=np.random.default_rng(0))
+    attacks.strongest_flat("tracing", view, truth, rng=0)  # strongest_attack, its metrics, each attack's
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import numpy as np
 
 from attacks.base import Attack
 from attacks.view import GroundTruth, NoiseSpec, PublicData, ServerView
+from attacks.strongest import strongest, strongest_flat
 from privfed._registry import Registry
 
 __all__ = [
@@ -39,6 +42,8 @@ __all__ = [
     "get_class",
     "register",
     "scenario",
+    "strongest",
+    "strongest_flat",
 ]
 
 _REGISTRY: Registry[Attack] = Registry("attack")

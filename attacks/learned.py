@@ -301,9 +301,15 @@ def _subsets(rs, labels: np.ndarray, n: int, size: int, by_class: dict) -> tuple
     for c in np.unique(cls):
         rows = np.flatnonzero(cls == c)
         pool = by_class[c]
-        # n distinct records of the class per subset
-        idx[rows] = np.argsort(rs.random((rows.size, pool.size)), axis=1)[:, :n]
-        idx[rows] = pool[idx[rows]]
+        # n distinct records of the class per subset: draw with replacement, redraw subsets with a repeat
+        j = rs.integers(0, pool.size, (rows.size, n))
+        while n > 1:
+            s = np.sort(j, axis=1)
+            bad = np.flatnonzero((np.diff(s, axis=1) == 0).any(axis=1))
+            if bad.size == 0:
+                break
+            j[bad] = rs.integers(0, pool.size, (bad.size, n))
+        idx[rows] = pool[j]
     return cls, idx
 
 
@@ -369,7 +375,7 @@ def set_decoder(backbone, public, num_classes: int, n: int, cfg: DecoderConfig =
             net.eval()
         return _state_arrays(net)
 
-    desc = _description("set-decoder", backbone, public, cfg, num_classes, n=n)
+    desc = _description("set-decoder", backbone, public, cfg, num_classes, n=n, sampler=2)
     arrays, key, _ = cached_arrays("attack-set-decoder", desc, compute, cache_dir)
     with _seeded(cfg.seed + n):
         net = _mlp(d + num_classes, cfg.hidden, n * D)
@@ -384,13 +390,13 @@ def _tv(x):
     return dh + dw
 
 
-def refine_pixels(backbone, targets: np.ndarray, init: np.ndarray, *, steps: int = 200, lr: float = 0.05,
+def refine_pixels(backbone, targets: np.ndarray, init: np.ndarray, *, steps: int = 400, lr: float = 0.1,
                   tv: float = 0.0, seed: int = 0) -> np.ndarray:
     """Refine images (r, H, W) so that the direction of f(x) matches each target (scale-free cosine loss)."""
     return refine_set(backbone, targets, np.asarray(init)[:, None], steps=steps, lr=lr, tv=tv, seed=seed)[:, 0]
 
 
-def refine_set(backbone, targets: np.ndarray, init: np.ndarray, *, steps: int = 200, lr: float = 0.05,
+def refine_set(backbone, targets: np.ndarray, init: np.ndarray, *, steps: int = 400, lr: float = 0.1,
                tv: float = 0.0, anchor: float = 0.0, seed: int = 0) -> np.ndarray:
     """Jointly refine n images per target, (r, n, H, W), so the mean of their features points like the target.
 
@@ -423,8 +429,9 @@ def refine_set(backbone, targets: np.ndarray, init: np.ndarray, *, steps: int = 
         return torch.sigmoid(z).detach().cpu().numpy()
 
 
-#: Refinement settings compared on public simulations: name -> (steps, tv, anchor); "none" keeps the decoder's.
-REFINEMENTS = {"none": None, "plain": (200, 0.0, 0.0), "tv": (200, 0.002, 0.0), "anchored": (200, 0.0, 0.5)}
+#: Refinement settings compared on public simulations: name -> (steps, tv, anchor); "none" keeps the
+#: decoder's output.  Adam, learning rate 0.1 on the logits, cosine loss on the (mean) feature.
+REFINEMENTS = {"none": None, "plain": (400, 0.0, 0.0), "tv": (400, 0.001, 0.0), "anchored": (400, 0.0, 0.5)}
 
 
 def select_refinement(backbone, public, decode, n: int, *, trials: int = 48, seed: int = 0,
