@@ -299,6 +299,7 @@ class FeatureInversion(Attack):
         "bank_copies": 60,
         "train_steps": 3000,
         "hidden": 512,
+        "refine_steps": None,
     }
 
     @property
@@ -327,7 +328,9 @@ class FeatureInversion(Attack):
         if p["refine"] != "auto" and p["refine"] not in REFINEMENTS:
             raise ConfigError(f"unknown refinement {p['refine']!r}; choose from {['auto', *REFINEMENTS]}")
         for k in ("steps", "max_cells", "max_samples", "decoder_epochs", "dip_steps", "max_set", "bank_copies",
-                  "train_steps", "hidden"):
+                  "train_steps", "hidden", "refine_steps"):
+            if k == "refine_steps" and p[k] is None:
+                continue
             if isinstance(p[k], bool) or not isinstance(p[k], (int, np.integer)) or p[k] < 1:
                 raise ConfigError(f"{k} must be a positive int, got {k}={p[k]!r}")
 
@@ -397,7 +400,8 @@ class FeatureInversion(Attack):
                 decode = dec
             init = decode(targets[idx], classes[idx])
             spec = self._refinement(view, decode, int(k), dec.key)
-            out = init if spec is None else refine_set(view.backbone, targets[idx], init, steps=spec[0], tv=spec[1],
+            steps = spec[0] if spec is None or self.params["refine_steps"] is None else int(self.params["refine_steps"])
+            out = init if spec is None else refine_set(view.backbone, targets[idx], init, steps=steps, tv=spec[1],
                                                        anchor=spec[2] if k > 1 else 0.0, seed=seed)
             for j, i in enumerate(idx):
                 per_cell[i] = out[j]

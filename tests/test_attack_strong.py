@@ -1,7 +1,8 @@
 """The strongest attacker with the stated knowledge, and the metrics that decide the claims.
 
-Decoders here train with reduced sizes (``SMALL``: a few seconds); the
-experiments use the full-strength defaults.  Tolerances:
+Decoders here train with reduced sizes and refine with a fixed setting
+(``SMALL``: seconds on an idle 2-core machine); the experiments use the
+full-strength defaults and choose the refinement on public simulations.  Tolerances:
 
 * paired comparisons of two attacks on the same g single-image cells: the
   exact one-sided sign test (McNemar) on the discordant cells for
@@ -31,7 +32,7 @@ from attacks.tracing import reference_model, trace_scores, tracing_game
 from attacks.view import GroundTruth, class_groups, clip_rows
 from privfed.errors import ConfigError, InputError
 
-SMALL = {"bank_copies": 20, "train_steps": 600, "hidden": 256}
+SMALL = {"bank_copies": 20, "train_steps": 600, "hidden": 256, "refine": "plain", "refine_steps": 150}
 
 
 def _view(d, method, n, groups, seed=1, **kw):
