@@ -73,8 +73,9 @@ def strongest(kind: str, view, truth, rng: np.random.Generator | int = 0, *, sui
     suite : mapping name -> (attack, params), optional
         Replaces the default suite.
     **common
-        Parameters passed to every attack of the suite (e.g. ``max_cells``,
-        ``train_steps``).
+        Parameters passed to every attack of the suite that accepts them
+        (e.g. ``max_cells``, ``train_steps``); a suite member's own
+        parameters (its backend, its test) take precedence.
 
     Returns
     -------
@@ -96,8 +97,9 @@ def strongest(kind: str, view, truth, rng: np.random.Generator | int = 0, *, sui
     challenge = _challenge(kind, view, truth, r_chal, common)
     results, knowledge = {}, {}
     for (name, (attack, params)), r in zip(suite.items(), r_att):
-        att = attacks.get(attack, **{**params, **{k: v for k, v in common.items() if k in
-                                                 attacks.get_class(attack).defaults}})
+        # common parameters (sizes, budgets) go to every attack that takes them; the suite's own win
+        att = attacks.get(attack, **{**{k: v for k, v in common.items() if k in attacks.get_class(attack).defaults},
+                                     **params})
         knowledge[name] = getattr(att, "knowledge", repr(att))
         try:
             att.check(view)
