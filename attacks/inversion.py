@@ -24,7 +24,8 @@ Backends (``backend=``):
 * ``learned``: a feature decoder trained on ~60 augmented copies of every
   public image (:mod:`attacks.learned`), then pixel refinement against the
   target with a scale-free loss, the setting chosen on public simulations;
-* ``set``: for a mean of n records (n read off the released count), a set
+* ``set``: for a mean of n records (n read off the released count, when
+  the counts are released without noise; one image otherwise), a set
   decoder returns n images, refined jointly so that their mean feature
   matches the target (:mod:`attacks.learned`).
 
@@ -384,7 +385,8 @@ class FeatureInversion(Attack):
         C = view.num_classes
         seed = int(rng.integers(2**31))
         r = np.ones(len(targets), dtype=np.int64)
-        if self.params["backend"] == "set":
+        noisy_counts = view.noise.count_kind is not None or view.noise.sigma.get("counts", 0.0) > 0.25
+        if self.params["backend"] == "set" and not noisy_counts:  # n is known only from exact counts
             r = np.rint(np.maximum(counts, 1.0)).astype(np.int64)
             r[r > int(self.params["max_set"])] = 1  # beyond the largest set decoder: one image per cell
         per_cell: list = [None] * len(targets)
