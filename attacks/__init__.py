@@ -10,10 +10,12 @@ scoring against the private truth (:class:`GroundTruth`) is separate.
 ['differencing', 'inversion', 'labels', 'singleton', 'subspace', 'tracing', 'unmixing']
 
 For tables (e.g. the trade-off command), :func:`evaluate` runs one attack on
-a view and returns a flat dict of metrics::
+a view and returns a flat dict of metrics, and :func:`strongest_flat` runs
+every attack of a suite on the same challenge and names the strongest::
 
     view, truth = attacks.scenario("fedncm", features, labels, clients, privacy=spec, ...)
     attacks.evaluate("tracing", view, truth, rng=np.random.default_rng(0))
+    attacks.strongest_flat("tracing", view, truth, rng=0)  # strongest_attack, its metrics, each attack's
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import numpy as np
 
 from attacks.base import Attack
 from attacks.view import GroundTruth, NoiseSpec, PublicData, ServerView
+from attacks.strongest import strongest, strongest_flat
 from privfed._registry import Registry
 
 __all__ = [
@@ -39,6 +42,8 @@ __all__ = [
     "get_class",
     "register",
     "scenario",
+    "strongest",
+    "strongest_flat",
 ]
 
 _REGISTRY: Registry[Attack] = Registry("attack")
@@ -67,7 +72,7 @@ def evaluate(name: str, view: ServerView, truth: GroundTruth, *, rng: np.random.
 
 def evaluate_federation(name: str, method: str, features, labels, clients, *, rng: np.random.Generator | int = 0,
                         attack_params: dict | None = None, images=None, holdout_features=None,
-                        holdout_labels=None, **view_kwargs: Any) -> dict:
+                        holdout_labels=None, strongest: bool = False, **view_kwargs: Any) -> dict:
     """One call for result tables: build the server's view of a federation, attack it, score it.
 
     Parameters
@@ -83,6 +88,12 @@ def evaluate_federation(name: str, method: str, features, labels, clients, *, rn
     images, holdout_features, holdout_labels :
         The truth the metrics need: images for ``inversion``, non-members
         for ``tracing`` and ``subspace``.
+    strongest : bool
+        Run the whole suite of ``name`` (``inversion`` or ``tracing``) on one
+        challenge and return :func:`strongest_flat`'s row: the strongest
+        attack's metrics under the usual keys, ``strongest_attack`` naming
+        it, and ``<attack>:<metric>`` for each attack of the suite
+        (``attack_params`` then go to every attack that accepts them).
     **view_kwargs
         ``privacy`` (a :class:`NoiseSpec` or a mechanism, copied, so its
         ledger is left untouched), ``secure_agg``, ``backbone``, ``public``,
@@ -102,6 +113,8 @@ def evaluate_federation(name: str, method: str, features, labels, clients, *, rn
     r_view, r_att = base.spawn(2)
     view, truth = scenario(method, features, labels, clients, images=images, holdout_features=holdout_features,
                            holdout_labels=holdout_labels, rng=r_view, **view_kwargs)
+    if strongest:
+        return strongest_flat(name, view, truth, r_att, **(attack_params or {}))
     return get(name, **(attack_params or {})).evaluate(view, truth, r_att)
 
 

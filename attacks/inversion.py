@@ -20,19 +20,28 @@ Backends (``backend=``):
 * ``dip``: a deep-image-prior generator (Ulyanov, Vedaldi & Lempitsky, CVPR
   2018): a small convolutional net from a fixed random input whose weights
   are optimised so that f(G(z)) matches, one net per target (grouped convs);
-  meant for real images on a GPU.
+  meant for real images on a GPU;
+* ``learned``: a feature decoder trained on ~60 augmented copies of every
+  public image (:mod:`attacks.learned`), then pixel refinement against the
+  target with a scale-free loss, the setting chosen on public simulations;
+* ``set``: for a mean of n records (n read off the released count, when
+  the counts are released without noise; one image otherwise), a set
+  decoder returns n images, refined jointly so that their mean feature
+  matches the target (:mod:`attacks.learned`).
 
 Sources (``source=``): ``mean`` inverts every released class mean;
 ``second`` first unmixes each client's second moment G_k (with its class
 sums and counts, :mod:`attacks.unmixing`) into per-sample features and
 inverts each (the two-stage attack).
 
-Scoring (attacks.md): per true image of a released cell, the best PSNR /
-SSIM (scikit-image, data_range 1, win_size 7) over the cell's
-reconstructions, identification (the nearest private image of one of the
-cell's reconstructions is that image), feature cosine, and the same numbers
-for the public class-mean image, the prior alone; delta-PSNR is the
-reconstruction's PSNR minus the prior's.
+Scoring (:meth:`FeatureInversion.score`): per released cell, the
+reconstructions are matched one-to-one to the cell's true images
+(Hungarian, squared error) and so is the n-guess prior (k-means centres of
+the public class, as many guesses as reconstructions); PSNR is capped at
+:data:`PSNR_CAP`; identification is per true image (its matched
+reconstruction's nearest private image is that image), so n reconstructions
+of a mean of n can identify every record; SSIM uses 3x3 windows; standard
+errors treat the cell, not the image, as the independent unit.
 """
 
 from __future__ import annotations
@@ -40,9 +49,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from scipy.optimize import linear_sum_assignment
 
 from attacks.base import Attack
-from attacks.metrics import cosine, psnr, ssim
+from attacks.metrics import cosine, ssim
 from attacks.unmixing import unmix
 from attacks.view import GroundTruth, ServerView
 from privfed.errors import ConfigError, InputError
@@ -57,7 +67,7 @@ __all__ = [
     "train_decoder",
 ]
 
-BACKENDS = ("pixel", "decoder", "dip")
+BACKENDS = ("pixel", "decoder", "dip", "learned", "set")
 SOURCES = ("mean", "second")
 
 
@@ -218,21 +228,57 @@ def invert_dip(backbone, targets: np.ndarray, shape, *, steps: int = 500, lr: fl
 
 @dataclass(frozen=True, eq=False)
 class InversionResult:
-    """Reconstructions, the prior baseline, and which released cell each came from."""
+    """Reconstructions, the prior baseline, and which released cell each came from.
+
+    A released cell may get several reconstructions (the set backend returns
+    n images for a mean of n); every row of ``images`` has its ``baseline``
+    (the n-guess prior: k-means centres of the public class, as many as the
+    cell's reconstructions), its cell's ``rows`` / ``classes`` and the
+    ``targets`` it aimed at.
+    """
 
     images: np.ndarray  # (r, H, W)
-    baseline: np.ndarray  # (r, H, W): public class-mean image of the same class
-    targets: np.ndarray  # (r, d): the feature each reconstruction aimed at
+    baseline: np.ndarray  # (r, H, W): the prior guess of the same cell (k-means centres of the public class)
+    targets: np.ndarray  # (r, d): the feature (or mean feature) each reconstruction's cell aimed at
     rows: np.ndarray  # (r,) released row (client, or 0 for a secure sum)
     owners: np.ndarray  # (r,) real client of the row
     classes: np.ndarray  # (r,) class of the cell (source "mean") or the recovered class ("second")
     group_by_class: bool  # score against the cell's class (mean) or the whole client (second)
     per_client: bool
     recon_features: np.ndarray  # (r, d): backbone features of the reconstructions
+    attacker: str = ""  # what the attacker used (knowledge and method), for the report
+
+
+#: PSNR of an exact copy is infinite; scores cap it here (an 8x8 image quantised to 17 grey levels is
+#: within 30 dB of its copy after any sub-level error), so a perfect reconstruction counts, and counts finitely.
+PSNR_CAP = 40.0
+#: SSIM window on 8x8 images: win_size=7 leaves 2x2 window positions, a nearly global statistic (the
+#: public prior alone scores ~0.8); 3x3 windows (36 positions) measure local structure.
+SSIM_WIN = 3
+
+
+def prior_guesses(public_images: np.ndarray, public_labels: np.ndarray, c: int, k: int, seed: int = 0) -> np.ndarray:
+    """The k-guess prior of class c: k-means centres of its public images (k = 1: the class-mean image)."""
+    ims = np.asarray(public_images, np.float64)[np.asarray(public_labels) == c]
+    if ims.shape[0] == 0:
+        ims = np.asarray(public_images, np.float64)
+    flat = ims.reshape(ims.shape[0], -1)
+    k = int(min(k, flat.shape[0]))
+    if k == 1:
+        return flat.mean(0).reshape(1, *ims.shape[1:]).astype(np.float32)
+    from sklearn.cluster import KMeans
+
+    km = KMeans(n_clusters=k, n_init=4, random_state=seed).fit(flat)
+    return km.cluster_centers_.reshape(k, *ims.shape[1:]).astype(np.float32)
 
 
 class FeatureInversion(Attack):
-    """Invert released class means (or unmixed per-sample features) through the known backbone."""
+    """Invert released class means (or unmixed per-sample features) through the known backbone.
+
+    Attacker knowledge: the released statistics of the view, the frozen
+    backbone and the public split's labelled images (``PublicData``); the
+    learned backends train only on the public data.
+    """
 
     name = "inversion"
     requires = frozenset({"counts", "sums", "backbone", "public_images"})
@@ -249,7 +295,26 @@ class FeatureInversion(Attack):
         "max_samples": 8,
         "decoder_epochs": 400,
         "dip_steps": 500,
+        "refine": "auto",
+        "max_set": 8,
+        "bank_copies": 60,
+        "train_steps": 3000,
+        "hidden": 512,
+        "refine_steps": None,
     }
+
+    @property
+    def knowledge(self) -> str:
+        """What this attacker uses, in words."""
+        b = self.params["backend"]
+        what = {"pixel": "pixel optimisation with TV from the public class-mean image",
+                "decoder": "MLP decoder trained on the public (feature, image) pairs",
+                "dip": "deep image prior",
+                "learned": f"feature decoder trained on {self.params['bank_copies']} augmented copies of every public "
+                           f"image, refinement {self.params['refine']!r}",
+                "set": f"set decoder (mean of n -> n images, n from the counts, up to {self.params['max_set']}) trained "
+                       f"on public n-subsets, joint refinement {self.params['refine']!r}"}[b]
+        return f"backbone + public images + released {self.params['source']}: {what}"
 
     def _validate_params(self) -> None:
         p = self.params
@@ -259,7 +324,14 @@ class FeatureInversion(Attack):
             raise ConfigError(f"loss must be 'auto', 'l2' or 'cosine', got {p['loss']!r}")
         if p["source"] not in SOURCES:
             raise ConfigError(f"unknown inversion source {p['source']!r}; choose from {list(SOURCES)}")
-        for k in ("steps", "max_cells", "max_samples", "decoder_epochs", "dip_steps"):
+        from attacks.learned import REFINEMENTS
+
+        if p["refine"] != "auto" and p["refine"] not in REFINEMENTS:
+            raise ConfigError(f"unknown refinement {p['refine']!r}; choose from {['auto', *REFINEMENTS]}")
+        for k in ("steps", "max_cells", "max_samples", "decoder_epochs", "dip_steps", "max_set", "bank_copies",
+                  "train_steps", "hidden", "refine_steps"):
+            if k == "refine_steps" and p[k] is None:
+                continue
             if isinstance(p[k], bool) or not isinstance(p[k], (int, np.integer)) or p[k] < 1:
                 raise ConfigError(f"{k} must be a positive int, got {k}={p[k]!r}")
 
@@ -281,27 +353,88 @@ class FeatureInversion(Attack):
             rows, classes = rows[pick], classes[pick]
         return rows, classes
 
-    def _invert(self, view: ServerView, targets, classes, counts, rng: np.random.Generator) -> np.ndarray:
+    def decoder_config(self):
+        from attacks.learned import DecoderConfig
+
+        p = self.params
+        return DecoderConfig(copies=int(p["bank_copies"]), steps=int(p["train_steps"]), hidden=int(p["hidden"]))
+
+    def _refinement(self, view: ServerView, decode, n: int, key: str) -> tuple | None:
+        """The refinement setting for means of n: the parameter, or the one best on public simulations (cached)."""
+        from attacks.learned import REFINEMENTS, select_refinement
+        from privfed.data.cache import cached_arrays
+
+        choice = self.params["refine"]
+        if choice == "auto":
+            names = sorted(REFINEMENTS) if n > 1 else sorted(k for k in REFINEMENTS if k != "anchored")
+
+            def compute():
+                best, scores = select_refinement(view.backbone, view.public, decode, n, options=names)
+                return {"best": np.array(names.index(best)), "psnr": np.array([scores[k] for k in names])}
+
+            got, _, _ = cached_arrays("attack-refinement", {"artefact": "refinement-choice", "decoder": key,
+                                                            "n": int(n), "options": names, "version": 1}, compute)
+            choice = names[int(got["best"])]
+        return REFINEMENTS[choice]
+
+    def _learned(self, view: ServerView, targets, classes, counts, rng) -> tuple[np.ndarray, np.ndarray]:
+        """Learned / set backends: (images (R, H, W), cell index of each image (R,))."""
+        from attacks.learned import feature_decoder, refine_set, set_decoder
+
+        cfg = self.decoder_config()
+        C = view.num_classes
+        seed = int(rng.integers(2**31))
+        r = np.ones(len(targets), dtype=np.int64)
+        noisy_counts = view.noise.count_kind is not None or view.noise.sigma.get("counts", 0.0) > 0.25
+        if self.params["backend"] == "set" and not noisy_counts:  # n is known only from exact counts
+            r = np.rint(np.maximum(counts, 1.0)).astype(np.int64)
+            r[r > int(self.params["max_set"])] = 1  # beyond the largest set decoder: one image per cell
+        per_cell: list = [None] * len(targets)
+        for k in np.unique(r):
+            idx = np.flatnonzero(r == k)
+            if k == 1:
+                dec = feature_decoder(view.backbone, view.public, C, cfg)
+
+                def decode(m, c, dec=dec):
+                    return dec(m, c)[:, None]
+            else:
+                dec = set_decoder(view.backbone, view.public, C, int(k), cfg)
+                decode = dec
+            init = decode(targets[idx], classes[idx])
+            spec = self._refinement(view, decode, int(k), dec.key)
+            steps = spec[0] if spec is None or self.params["refine_steps"] is None else int(self.params["refine_steps"])
+            out = init if spec is None else refine_set(view.backbone, targets[idx], init, steps=steps, tv=spec[1],
+                                                       anchor=spec[2] if k > 1 else 0.0, seed=seed)
+            for j, i in enumerate(idx):
+                per_cell[i] = out[j]
+        cell = np.concatenate([[i] * len(per_cell[i]) for i in range(len(targets))]).astype(np.int64)
+        return np.concatenate(per_cell), cell
+
+    def _invert(self, view: ServerView, targets, classes, counts, rng: np.random.Generator):
+        """(images (R, H, W), cell index of each image (R,))."""
         prior = view.public.class_mean_images(view.num_classes)
         init = prior[classes]
-        seed = int(rng.integers(2**31))
         b = self.params["backend"]
+        if b in ("learned", "set"):
+            return self._learned(view, targets, classes, counts, rng)
+        seed = int(rng.integers(2**31))
+        one = np.arange(len(targets))
         loss = self.params["loss"]
         if loss == "auto":  # noisy counts scale the released means at random: match directions only
             noisy_counts = view.noise.count_kind is not None or view.noise.sigma.get("counts", 0.0) > 0
             loss = "cosine" if noisy_counts else "l2"
         if b == "pixel":
             return invert_pixels(view.backbone, targets, init, steps=self.params["steps"], lr=self.params["lr"],
-                                 tv=self.params["tv"], anchor=self.params["anchor"], loss=loss, seed=seed)
+                                 tv=self.params["tv"], anchor=self.params["anchor"], loss=loss, seed=seed), one
         if b == "decoder":
             # Noise-aware: the per-coordinate noise std of the released means (sigma_sums / count).
             tau = float(np.median(view.noise.sigma.get("sums", 0.0) / np.maximum(counts, 1.0)))
             dec = train_decoder(view.public.features, view.public.images, view.public.labels,
                                 epochs=self.params["decoder_epochs"], noise=tau, num_classes=view.num_classes,
                                 seed=seed)
-            return dec(targets, classes)
+            return dec(targets, classes), one
         return invert_dip(view.backbone, targets, prior.shape[1:], steps=self.params["dip_steps"], loss=loss,
-                          seed=seed)
+                          seed=seed), one
 
     def run(self, view: ServerView, rng: np.random.Generator, *, cells=None, **_) -> InversionResult:
         """Invert released cells.
@@ -343,23 +476,70 @@ class FeatureInversion(Attack):
             counts = np.ones(rows.size)
             group_by_class = False
         targets = np.maximum(targets, 0.0)  # post-ReLU features are non-negative; noise is not
-        images = self._invert(view, targets, classes, counts, rng)
+        images, cell = self._invert(view, targets, classes, counts, rng)
+        rows, classes, targets = rows[cell], classes[cell], targets[cell]
         rf = _features(view.backbone, images)
-        baseline = view.public.class_mean_images(view.num_classes)[classes]
+        baseline = self._baseline(view, rows, classes, group_by_class)
         owners = rows if st.owners is None else st.owners[rows]
         return InversionResult(images=np.asarray(images, np.float32), baseline=baseline, targets=targets,
                                rows=rows, owners=owners, classes=classes, group_by_class=group_by_class,
-                               per_client=view.per_client, recon_features=rf)
+                               per_client=view.per_client, recon_features=rf, attacker=self.knowledge)
+
+    @staticmethod
+    def _baseline(view: ServerView, rows, classes, group_by_class: bool) -> np.ndarray:
+        """The prior with as many guesses as reconstructions: per cell, k-means centres of the public class.
+
+        (For the two-stage source the cell is the client; its guesses are the
+        class-mean images of the recovered classes.)
+        """
+        pub = view.public
+        prior = pub.class_mean_images(view.num_classes)
+        out = np.empty((len(rows), *prior.shape[1:]), np.float32)
+        if not group_by_class:
+            out[:] = prior[classes]
+            return out
+        keys = rows.astype(np.int64) * view.num_classes + classes
+        cache: dict = {}
+        for key in np.unique(keys):
+            idx = np.flatnonzero(keys == key)
+            c = int(classes[idx[0]])
+            k = idx.size
+            if (c, k) not in cache:
+                cache[(c, k)] = prior[c][None] if k == 1 else prior_guesses(pub.images, pub.labels, c, k)
+            g = cache[(c, k)]
+            out[idx] = g[np.arange(k) % g.shape[0]]
+        return out
 
     # -- scoring -----------------------------------------------------------------
     def score(self, result: InversionResult, truth: GroundTruth) -> dict:
+        """Hungarian-matched scores per cell, cluster standard errors over cells.
+
+        For every cell (the client's class, or the whole client for the
+        two-stage source) with m true images and r reconstructions, the
+        reconstructions are matched one-to-one to true images by the
+        Hungarian algorithm on the squared error (min(r, m) pairs); the prior's
+        guesses (as many as the reconstructions) are matched the same way.
+
+        * ``psnr`` / ``baseline_psnr``: mean over matched pairs, capped at
+          :data:`PSNR_CAP` (an exact copy scores the cap, it is not dropped);
+        * ``delta_psnr``: attack minus prior, pair-averaged per cell;
+        * ``identification``: the share of true images whose matched
+          reconstruction's nearest private image (among all private images)
+          is that image; an unmatched true image counts as missed, so a cell
+          with one reconstruction caps at 1/m;
+        * ``chance_identification``: min(r, m) / (private images of the class)
+          per cell, averaged over true images;
+        * ``ssim``: SSIM with 3x3 windows (:data:`SSIM_WIN`) on matched pairs;
+        * ``*_se``: cluster-robust standard errors with the cell as the cluster
+          (the images of one cell share one release and are not independent).
+        """
         if truth.images is None:
             raise InputError("scoring an inversion needs GroundTruth.images (the clients' true images)")
-        # Candidate set of the identification: every private image (uploaded or not).
-        keep = np.arange(truth.labels.size)
-        pool = np.asarray(truth.images, np.float64).reshape(keep.size, -1)
+        N = truth.labels.size
+        pool = np.asarray(truth.images, np.float64).reshape(N, -1)
         pool_sq = (pool**2).sum(1)
         labels, clients = truth.labels, truth.clients
+        shape = result.images.shape[1:]
 
         def nearest(ims):
             R = np.asarray(ims, np.float64).reshape(len(ims), -1)
@@ -370,7 +550,7 @@ class FeatureInversion(Attack):
         for i, (own, c) in enumerate(zip(result.owners, result.classes)):
             key = (own if result.per_client else -1, c if result.group_by_class else -1)
             groups.setdefault(key, []).append(i)
-        per = {k: [] for k in ("psnr", "ssim", "ident", "base_psnr", "base_ssim", "base_ident", "chance", "fcos")}
+        cells = []
         for (own, c), idx in groups.items():
             mem = clients >= 0
             if own >= 0:
@@ -380,47 +560,65 @@ class FeatureInversion(Attack):
             members = np.flatnonzero(mem)
             if members.size == 0:
                 continue
-            true_im = pool[members].reshape(members.size, *result.images.shape[1:])
-            rec = result.images[idx]
-            base = result.baseline[idx]
-            P = np.stack([psnr(np.repeat(rec[j][None], members.size, 0), true_im) for j in range(len(idx))])
-            Pb = np.stack([psnr(np.repeat(base[j][None], members.size, 0), true_im) for j in range(len(idx))])
-            jb = P.argmax(0)
-            S = np.array([ssim(rec[jb[m]], true_im[m])[0] for m in range(members.size)])
-            jbb = Pb.argmax(0)
-            Sb = np.array([ssim(base[jbb[m]], true_im[m])[0] for m in range(members.size)])
-            per["psnr"] += list(P.max(0))
-            per["base_psnr"] += list(Pb.max(0))
-            per["ssim"] += list(S)
-            per["base_ssim"] += list(Sb)
-            hit = set(nn_rec[idx].tolist())
-            hitb = set(nn_base[idx].tolist())
-            per["ident"] += [m in hit for m in members]
-            per["base_ident"] += [m in hitb for m in members]
-            same_class = int(np.count_nonzero(labels == labels[members[0]])) if c >= 0 else keep.size
-            per["chance"] += [min(1.0, len(idx) / same_class)] * members.size
-            tf = truth.features[members]
-            fc = np.array([cosine(result.recon_features[idx], np.repeat(f[None], len(idx), 0)).max() for f in tf])
-            per["fcos"] += list(fc)
-        if not per["psnr"]:
+            idx = np.asarray(idx)
+            T = pool[members]
+
+            def matched(ims, nn):
+                R = np.asarray(ims, np.float64).reshape(len(ims), -1)
+                mse = ((R[:, None, :] - T[None]) ** 2).mean(-1)
+                ri, ti = linear_sum_assignment(mse)
+                p = np.minimum(-10 * np.log10(np.maximum(mse[ri, ti], 1e-300)), PSNR_CAP)
+                hits = nn[ri] == members[ti]
+                s = ssim(np.asarray(ims)[ri], T[ti].reshape(-1, *shape), win_size=SSIM_WIN)
+                return p, hits, s, ri, ti
+
+            p, h, s, ri, ti = matched(result.images[idx], nn_rec[idx])
+            pb, hb, sb, _, _ = matched(result.baseline[idx], nn_base[idx])
+            same_class = int(np.count_nonzero(labels == c)) if c >= 0 else N
+            fcos_true = cosine(result.recon_features[idx][ri], truth.features[members[ti]])
+            fmean = result.recon_features[idx].mean(0)
+            cells.append({
+                "pairs": p.size, "members": members.size, "psnr": p.sum(), "base_psnr": pb.sum(),
+                "ident": h.sum(), "base_ident": hb.sum(), "ssim": s.sum(), "base_ssim": sb.sum(),
+                "chance": min(idx.size, members.size) / same_class * members.size, "fcos": fcos_true.sum(),
+                "fcos_target": float(cosine(fmean[None], result.targets[idx][:1])[0]),
+            })
+        if not cells:
             raise InputError("no reconstruction matches a client in the truth; "
                              "check that the view and the truth belong together")
-        a = {k: np.asarray(v, float) for k, v in per.items()}
-        finite = np.isfinite(a["psnr"]) & np.isfinite(a["base_psnr"])
+        a = {k: np.array([c[k] for c in cells], float) for k in cells[0]}
+        P, M = a["pairs"].sum(), a["members"].sum()
+
+        def ratio(num, den):
+            return float(num.sum() / den.sum())
+
+        def cluster_se(num, den):
+            G = num.size
+            if G < 2:
+                return float("nan")
+            r = num.sum() / den.sum()
+            return float(np.sqrt(G / (G - 1) * ((num - r * den) ** 2).sum()) / den.sum())
+
+        dpsnr = a["psnr"] - a["base_psnr"]
+        dident = a["ident"] - a["base_ident"]
         return {
-            "psnr": float(np.mean(a["psnr"][finite])),
-            "ssim": float(a["ssim"].mean()),
-            "identification": float(a["ident"].mean()),
-            "baseline_psnr": float(np.mean(a["base_psnr"][finite])),
-            "baseline_ssim": float(a["base_ssim"].mean()),
-            "baseline_identification": float(a["base_ident"].mean()),
-            "chance_identification": float(a["chance"].mean()),
-            "delta_psnr": float(np.mean(a["psnr"][finite] - a["base_psnr"][finite])),
-            "delta_psnr_se": float(np.std(a["psnr"][finite] - a["base_psnr"][finite], ddof=1) /
-                                   np.sqrt(max(finite.sum(), 1))) if finite.sum() > 1 else float("nan"),
-            "feature_cosine_true": float(a["fcos"].mean()),
-            "feature_cosine_target": float(cosine(result.recon_features, result.targets).mean()),
-            "images_scored": int(a["psnr"].size),
+            "psnr": ratio(a["psnr"], a["pairs"]),
+            "ssim": ratio(a["ssim"], a["pairs"]),
+            "identification": ratio(a["ident"], a["members"]),
+            "identification_se": cluster_se(a["ident"], a["members"]),
+            "baseline_psnr": ratio(a["base_psnr"], a["pairs"]),
+            "baseline_ssim": ratio(a["base_ssim"], a["pairs"]),
+            "baseline_identification": ratio(a["base_ident"], a["members"]),
+            "chance_identification": ratio(a["chance"], a["members"]),
+            "delta_psnr": ratio(dpsnr, a["pairs"]),
+            "delta_psnr_se": cluster_se(dpsnr, a["pairs"]),
+            "delta_identification": ratio(dident, a["members"]),
+            "delta_identification_se": cluster_se(dident, a["members"]),
+            "feature_cosine_true": ratio(a["fcos"], a["pairs"]),
+            "feature_cosine_target": float(a["fcos_target"].mean()),
+            "images_scored": int(M),
+            "pairs_matched": int(P),
+            "cells": len(cells),
             "reconstructions": int(result.images.shape[0]),
         }
 

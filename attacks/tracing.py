@@ -14,6 +14,13 @@ member):
   H0: m ~ N(mu, Sigma / n + tau^2 I), with tau = sigma_sums / n the noise std
   of the mean (the attacker knows the mechanism);
 * ``homer``: sum_j |y_j - mu_j| - |y_j - m_j| (Homer et al., PLoS Genetics 2008);
+* ``support``: post-ReLU features are non-negative, so a member satisfies
+  S - y >= 0 in every coordinate of the released sum S = n m (the other
+  records' sum).  With Gaussian noise of std sigma on S the test allows
+  sigma * ``support_z``; score -max_j(y_j - S_j - tol)_+ (0: consistent);
+* ``lrt+support``: the likelihood ratio, with every target the support
+  test excludes ranked below every target it keeps (exact on a clean sum:
+  no member is ever excluded);
 * ``sum``: <y, S> on the released sum S = n m.  Under add/remove-one
   neighbours the member's sum is the non-member's plus y, so this is the
   Neyman-Pearson test when nothing else is in the sum (n = 1): against a
@@ -39,9 +46,13 @@ from attacks.metrics import membership_metrics
 from attacks.view import GroundTruth, PublicData, ServerView, membership_targets
 from privfed.errors import ConfigError, InputError
 
-__all__ = ["TESTS", "Tracing", "TracingResult", "reference_model", "trace_scores", "tracing_game"]
+__all__ = ["REFERENCES", "TESTS", "Tracing", "TracingResult", "reference_model", "trace_scores", "tracing_game"]
 
-TESTS = ("inner", "lrt", "homer", "sum")
+TESTS = ("inner", "lrt", "homer", "sum", "support", "lrt+support")
+#: Reference means of the Gaussian model: the public class mean, or the other released rows' pooled mean.
+REFERENCES = ("public", "aggregate")
+#: What an excluded target loses in the ``lrt+support`` score (below every kept target).
+_EXCLUDED = 1e12
 
 
 @dataclass(frozen=True)
@@ -79,6 +90,8 @@ def trace_scores(
     *,
     tau=0.0,
     test: str = "lrt",
+    support_z: float = 4.0,
+    ref_means: np.ndarray | None = None,
 ) -> np.ndarray:
     """Membership score of each (target, released mean) pair, aligned row by row.
 
@@ -91,13 +104,27 @@ def trace_scores(
         The attacker's model of the class.
     tau : float or ndarray (P,)
         Noise standard deviation per coordinate of each released mean.
-    test : {"inner", "lrt", "homer", "sum"}
+    test : {"inner", "lrt", "homer", "sum", "support", "lrt+support"}
+    support_z : float
+        Tolerance of the support test in noise standard deviations of the
+        released sum (sigma = tau * n); ``inf`` switches it off.
+    ref_means : ndarray (P, d), optional
+        Reference mean per pair instead of ``model.mean`` (e.g. the pooled
+        mean of the other released rows).
     """
     Y = np.atleast_2d(np.asarray(targets, float))
     M = np.atleast_2d(np.asarray(means, float))
     n = np.maximum(np.asarray(counts, float).reshape(-1), 1.0)
     tau = np.broadcast_to(np.asarray(tau, float), n.shape)
-    mu = model.mean
+    mu = model.mean if ref_means is None else np.asarray(ref_means, float)
+    if test in ("support", "lrt+support"):
+        S = M * n[:, None]
+        slack = 1e-9 * np.maximum(1.0, np.abs(S).max(axis=1))  # float rounding of S = n * (S / n)
+        tol = float(support_z) * tau * n + slack
+        viol = np.maximum((Y - S).max(axis=1) - tol, 0.0)
+        if test == "support":
+            return -viol
+        return trace_scores(Y, M, n, model, tau=tau, test="lrt", ref_means=ref_means) - _EXCLUDED * (viol > 0)
     if test == "inner":
         return ((Y - mu) * (M - mu)).sum(axis=1)
     if test == "sum":
@@ -140,11 +167,26 @@ class Tracing(Attack):
 
     name = "tracing"
     requires = frozenset({"counts", "sums", "public"})
-    defaults = {"test": "lrt", "shrinkage": "ledoit-wolf", "max_targets": 400, "fprs": (0.01, 0.001)}
+    defaults = {"test": "lrt", "shrinkage": "ledoit-wolf", "max_targets": 400, "fprs": (0.01, 0.001),
+                "reference": "public", "support_z": 4.0}
+
+    @property
+    def knowledge(self) -> str:
+        """What this attacker uses, in words."""
+        ref = "the other released rows' pooled class mean" if self.params["reference"] == "aggregate" else \
+            "the public class mean"
+        return f"released class sums and counts + public features (covariance); test {self.params['test']!r}, " \
+               f"reference {ref}"
 
     def _validate_params(self) -> None:
         if self.params["test"] not in TESTS:
             raise ConfigError(f"unknown tracing test {self.params['test']!r}; choose from {list(TESTS)}")
+        if self.params["reference"] not in REFERENCES:
+            raise ConfigError(f"unknown tracing reference {self.params['reference']!r}; choose from "
+                              f"{list(REFERENCES)}")
+        z = self.params["support_z"]
+        if isinstance(z, bool) or not isinstance(z, (int, float)) or not z >= 0:
+            raise ConfigError(f"support_z must be a number >= 0 (inf switches the support test off), got {z!r}")
 
     def models(self, public: PublicData, num_classes: int) -> list[ReferenceModel]:
         out = []
@@ -168,6 +210,8 @@ class Tracing(Attack):
         models = self.models(view.public, view.num_classes)
         counts, sums = view.stats.counts, view.stats.sums
         K = counts.shape[0]
+        # count noise of FedCOF App. I.1 rescales the clean sums (n~ * mean): S is then not the records' sum
+        noisy_counts = view.noise.count_kind is not None and view.noise.sigma.get("sums", 0.0) <= 0
         all_t, all_r, all_s = [], [], []
         for c in np.unique(yl):
             tix = np.flatnonzero(yl == c)
@@ -178,7 +222,14 @@ class Tracing(Attack):
             T, R = T.ravel(), R.ravel()
             n = counts[R, c]
             M = sums[R, c] / np.maximum(n, 1.0)[:, None]
-            s = trace_scores(Y[T], M, n, models[c], tau=_noise_tau(view, n), test=self.params["test"])
+            ref = None
+            if self.params["reference"] == "aggregate" and rows.size > 1:
+                # leave-one-row-out pooled mean of the class: the private distribution's mean, not the public's
+                tot_s, tot_n = sums[rows, c].sum(0), counts[rows, c].sum()
+                ref = (tot_s[None] - sums[R, c]) / np.maximum(tot_n - n, 1.0)[:, None]
+            z = self.params["support_z"] if not noisy_counts else math.inf
+            s = trace_scores(Y[T], M, n, models[c], tau=_noise_tau(view, n), test=self.params["test"],
+                             support_z=z, ref_means=ref)
             all_t.append(T), all_r.append(R), all_s.append(s)
         if not all_s:
             raise InputError("no released class mean matches any target's class")
@@ -239,6 +290,7 @@ def tracing_game(
     count_sigma: float | None = None,
     clip: float | None = None,
     design: str = "replace",
+    support_z: float = 4.0,
 ) -> dict:
     """Play the membership game ``trials`` times per side on records drawn from ``pool``.
 
@@ -283,5 +335,6 @@ def tracing_game(
         cnt = cnt + rng.normal(0.0, count_sigma, size=cnt.shape)
     n_rel = np.maximum(cnt, 1.0)
     M = S / n_rel[:, None]
-    scores = trace_scores(tgt, M, n_rel, model, tau=sigma / n_rel, test=test)
+    scores = trace_scores(tgt, M, n_rel, model, tau=sigma / n_rel, test=test,
+                          support_z=support_z)
     return {"scores": scores, "members": member, "counts": cnt}

@@ -1,0 +1,135 @@
+"""The strongest attack in the suite for one view: every attack on the same challenge, the maximum named.
+
+A protection claim holds only against the strongest attacker with the
+stated knowledge, so tables report, next to each individual attack, the
+best one for that view and its name (:func:`strongest`).  Every attack of a
+suite is run on the *same* challenge (the same released cells to invert,
+the same members and non-members to trace); an attack the view cannot
+serve (e.g. the two-stage inversion without second moments) is listed as
+not applicable.
+
+The maximum over a suite is chosen on the scored targets, so it is biased
+upwards by the selection (the maximum of a few noisy estimates): it errs on
+the attacker's side, which is the safe side for a privacy claim.
+
+Headline metrics: inversion, identification (ties broken by delta-PSNR),
+with the best delta-PSNR attack named too; tracing, AUC, with the best
+TPR at 1% FPR named too.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from privfed.errors import ConfigError, InputError
+
+__all__ = ["SUITES", "strongest", "strongest_flat"]
+
+#: name -> (attack, parameters), in the order the tables list them.
+SUITES: dict[str, dict[str, tuple[str, dict]]] = {
+    "inversion": {
+        "pixel": ("inversion", {"backend": "pixel"}),
+        "learned": ("inversion", {"backend": "learned"}),
+        "set": ("inversion", {"backend": "set"}),
+        "two-stage": ("inversion", {"backend": "learned", "source": "second"}),
+    },
+    "tracing": {
+        "inner": ("tracing", {"test": "inner"}),
+        "lrt": ("tracing", {"test": "lrt"}),
+        "lrt-aggregate": ("tracing", {"test": "lrt", "reference": "aggregate"}),
+        "lrt+support": ("tracing", {"test": "lrt+support"}),
+        "lrt+support-aggregate": ("tracing", {"test": "lrt+support", "reference": "aggregate"}),
+    },
+}
+
+_HEADLINE = {"inversion": ("identification", "delta_psnr"), "tracing": ("auc", "tpr@0.01")}
+
+
+def _challenge(kind: str, view, truth, rng: np.random.Generator, common: dict) -> dict:
+    if kind == "inversion":
+        from attacks.inversion import challenge_cells
+
+        if view.stats.owners is not None:
+            return {}
+        return {"cells": challenge_cells(view, truth, rng, int(common.get("max_cells", 40)))}
+    from attacks.view import membership_targets
+
+    t, lab, ids = membership_targets(view, truth, int(common.get("max_targets", 400)), rng, "tracing")
+    return {"targets": t, "target_labels": lab, "target_ids": ids}
+
+
+def strongest(kind: str, view, truth, rng: np.random.Generator | int = 0, *, suite: dict | None = None,
+              **common: Any) -> dict:
+    """Run every attack of ``SUITES[kind]`` (or ``suite``) on one challenge; name the strongest.
+
+    Parameters
+    ----------
+    kind : {"inversion", "tracing"}
+    view, truth : ServerView, GroundTruth
+    rng : Generator or int
+        Draws the challenge and (independent streams) each attack's randomness.
+    suite : mapping name -> (attack, params), optional
+        Replaces the default suite.
+    **common
+        Parameters passed to every attack of the suite that accepts them
+        (e.g. ``max_cells``, ``train_steps``); a suite member's own
+        parameters (its backend, its test) take precedence.
+
+    Returns
+    -------
+    dict
+        ``strongest`` (name), ``headline`` (metric), ``value``,
+        ``strongest_by`` (the second headline metric's best name),
+        ``attacks`` (name -> metrics, or ``{"not_applicable": reason}``),
+        ``knowledge`` (name -> what that attacker used).
+    """
+    import attacks
+
+    if kind not in _HEADLINE:
+        raise ConfigError(f"no attack suite for {kind!r}; choose from {sorted(_HEADLINE)}")
+    rng = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(int(rng))
+    suite = dict(SUITES[kind] if suite is None else suite)
+    if not suite:
+        raise ConfigError("the attack suite is empty")
+    r_chal, *r_att = rng.spawn(1 + len(suite))
+    challenge = _challenge(kind, view, truth, r_chal, common)
+    results, knowledge = {}, {}
+    for (name, (attack, params)), r in zip(suite.items(), r_att):
+        # common parameters (sizes, budgets) go to every attack that takes them; the suite's own win
+        att = attacks.get(attack, **{**{k: v for k, v in common.items() if k in attacks.get_class(attack).defaults},
+                                     **params})
+        knowledge[name] = getattr(att, "knowledge", repr(att))
+        try:
+            att.check(view)
+            ch = challenge if params.get("source", "mean") == "mean" else {}
+            results[name] = att.score(att.run(view, r, **ch), truth)
+        except InputError as exc:
+            results[name] = {"not_applicable": str(exc)}
+    ok = {k: v for k, v in results.items() if "not_applicable" not in v}
+    if not ok:
+        raise InputError(f"no attack of the {kind} suite applies to this view: "
+                         + "; ".join(f"{k}: {v['not_applicable']}" for k, v in results.items()))
+    first, second = _HEADLINE[kind]
+    best = max(ok, key=lambda k: (ok[k][first], ok[k].get(second, -np.inf)))
+    best2 = max(ok, key=lambda k: ok[k].get(second, -np.inf))
+    return {"kind": kind, "strongest": best, "headline": first, "value": ok[best][first],
+            "strongest_by": {first: best, second: best2}, "attacks": results, "knowledge": knowledge}
+
+
+def strongest_flat(kind: str, view, truth, rng: np.random.Generator | int = 0, **kw: Any) -> dict:
+    """:func:`strongest` as one flat row for tables.
+
+    ``strongest_attack`` (name), every metric of the strongest attack
+    (unprefixed, so a table column reads the same as for one attack), and
+    ``<name>:<metric>`` for the headline metrics of every attack in the suite.
+    """
+    rep = strongest(kind, view, truth, rng, **kw)
+    first, second = _HEADLINE[kind]
+    row = {"strongest_attack": rep["strongest"], f"strongest_by_{second}": rep["strongest_by"][second]}
+    row.update({k: v for k, v in rep["attacks"][rep["strongest"]].items() if not isinstance(v, (dict, list))})
+    for name, m in rep["attacks"].items():
+        for metric in (first, second):
+            row[f"{name}:{metric}"] = m.get(metric, float("nan"))
+    return row
