@@ -475,7 +475,7 @@ def placement_word(stated: Any, fallback: str) -> str:
     if not isinstance(stated, str) or not stated.strip():
         return fallback
     low = stated.lower().replace("_", " ").replace("-", " ")
-    for word, keys in (("secure sum", ("secure", "distributed")), ("trusted aggregator", ("trusted", "server")),
+    for word, keys in (("secure sum", ("secure", "distributed")), ("trusted aggregator", ("trusted", "server", "central")),
                        ("local", ("local", "client"))):
         if low.startswith(word) or any(low.startswith(k) for k in keys):
             return word

@@ -84,7 +84,7 @@ PROG = "python -m privfed.tradeoff"
 #: CSV / JSON record keys, in order.
 RECORD_KEYS = (
     "method", "placement", "protocol", "mechanism", "level", "epsilon", "epsilon_reported", "delta", "calibration",
-    "private", "seed", "accuracy", "nonprivate_accuracy", "sigma", "sigma_counts", "noise", "rounds", "clip",
+    "private", "protects", "seed", "accuracy", "nonprivate_accuracy", "sigma", "sigma_counts", "noise", "rounds", "clip",
     "count_noise", "secure_agg", "upload_bytes", "guarantee", "pairs_dropped", "repairs", "notes",
 )
 
@@ -134,6 +134,8 @@ output columns (table, results.csv, results.json):
   eps          the epsilon the ledger computes for the run (classic calibration: may differ from the asked one);
                'NO DP' for heuristics without a guarantee (uniform count noise)
   delta        the delta used: 0 for pure DP (Laplace / geometric count noise)
+  protects     (csv/json) what the guarantee covers: all released statistics, or the class counts only
+               (count noise: the means go in clear and carry no protection)
   noise        Gaussian sigma on the sums / counts, or the count-noise scale (Laplace b = 1/eps)
   calibration  analytic (tight Gaussian), classic (the FedLog paper's bound), pure (Laplace / geometric)
   level        record (add/remove one sample) or client (add/remove one client)
@@ -681,7 +683,9 @@ def _sweep(cfg, ds, clip, records, bar, make_privacy, make_secure_agg, make_part
                         head = server_head(method, clipped, num_clients=K, rng=_seed_for(seed, mname, eps, "noise"),
                                            privacy=privacy, secure_agg=secure)
                         rep = head.privacy
-                        private = bool(getattr(rep, "is_private", True)) and math.isfinite(rep.epsilon)
+                        # A finite guarantee on what it covers (count noise: the counts only, said in
+                        # ``protects`` and in the guarantee text); the uniform heuristic reports no epsilon.
+                        private = math.isfinite(rep.epsilon)
                         rec.update(mechanism=rep.mechanism, accuracy=head.score(ds.test_features, ds.test_labels),
                                    sigma=rep.sigma.get("sums", float("nan")),
                                    sigma_counts=rep.sigma.get("counts", float("nan")),
@@ -689,7 +693,7 @@ def _sweep(cfg, ds, clip, records, bar, make_privacy, make_secure_agg, make_part
                                    placement=_placement_label(key, method, rep),
                                    delta=float(rep.delta) if private else float("nan"),
                                    calibration=_calibration_label(v, rep), noise=_noise_label(v, rep, eps),
-                                   private=private)
+                                   private=private, protects=getattr(rep, "protects", "all released statistics"))
                     upload = head.upload_bytes.get("per_client")
                     if head.secure_aggregation is not None:
                         upload = getattr(head.secure_aggregation, "bytes_per_client", upload)
