@@ -72,7 +72,7 @@ def _start(argv: list[str], tmp_path: Path) -> tuple[subprocess.Popen, list[byte
 def test_signal_mid_sweep_keeps_finished_runs(tmp_path, digits_cache, sig, code, delay):
     """SIGTERM (kill, timeout, schedulers) is handled like Ctrl-C: what finished is written, exit 128 + signal."""
     out = tmp_path / "o"
-    argv = ["--method", "fedncm", "--placement", "local", "--eps", "0.5,1,2,4,8", "--seeds", "400", "--clients",
+    argv = ["--method", "fedncm", "--placement", "local", "--eps", "0.5,1,2,4,8", "--seeds", "4000", "--clients",
             "20", "--no-plot", "--out", str(out)]
     proc, err = _start(argv, tmp_path)
     t0 = time.monotonic()
@@ -85,7 +85,7 @@ def test_signal_mid_sweep_keeps_finished_runs(tmp_path, digits_cache, sig, code,
     stderr = b"".join(err).decode()
     assert "Traceback" not in stderr and "the sweep stopped after" in stderr
     n = _check_partial(out)
-    assert n < 2000  # stopped mid-sweep (5 budgets x 400 seeds)
+    assert n < 20000  # stopped mid-sweep (5 budgets x 4000 seeds: long enough that the bar shows first)
     assert not (out / "results.csv").exists() and not (out / "results.json").exists()
 
 
