@@ -402,7 +402,8 @@ class FeatureInversion(Attack):
                 decode = dec
             init = decode(targets[idx], classes[idx])
             spec = self._refinement(view, decode, int(k), dec.key)
-            steps = spec[0] if spec is None or self.params["refine_steps"] is None else int(self.params["refine_steps"])
+            steps = None if spec is None else spec[0] if self.params["refine_steps"] is None \
+                else int(self.params["refine_steps"])
             out = init if spec is None else refine_set(view.backbone, targets[idx], init, steps=steps, tv=spec[1],
                                                        anchor=spec[2] if k > 1 else 0.0, seed=seed)
             for j, i in enumerate(idx):
