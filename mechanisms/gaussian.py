@@ -560,6 +560,15 @@ class GaussianMechanism:
         """The same clipping, applied to test features so train and test match."""
         return self.clipping
 
+    def record_placement(self, placement: str) -> None:
+        """Record where noise was added when another process added it (a Flower node noising its upload).
+
+        ``placement`` is ``"local"``, ``"central"`` or ``"distributed"``; the report states it.
+        """
+        if placement not in ("local", "central", "distributed"):
+            raise ConfigError(f"placement must be 'local', 'central' or 'distributed', got {placement!r}")
+        self._placements.append(placement)
+
     def before_upload(self, stats: ClientStats, method, rng: np.random.Generator) -> ClientStats:
         """Client side: bound (client level) and noise each upload where clients add the noise."""
         per_client = bool(getattr(method, "per_client", False))

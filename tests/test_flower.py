@@ -279,7 +279,7 @@ def test_fold_is_a_running_sum_for_sum_only_methods():
                                                    fields=method.requires))
     total = fold.result()
     ref = compute_client_stats(F, y, k, num_classes=3, fields=method.requires).total()
-    assert total.num_clients == 1 and not fold.rows  # nothing kept per node
+    assert total.num_clients == 1 and fold.fold.keep == "total" and not fold.fold._pairs  # nothing kept per node
     for name, arr in ref.arrays().items():
         np.testing.assert_allclose(getattr(total, name), arr, rtol=0, atol=1e-10)
     with pytest.raises(ConfigError, match="same backbone"):

@@ -52,7 +52,7 @@ from privfed.flower.secagg import masked_sum_over_messages
 from privfed.flower.transport import Exchange, exchange, wait_for_nodes
 from privfed.flower.wire import arrays_record, stats_from_record
 from privfed.head import LinearHead
-from privfed.stats import ClientStats
+from privfed.stats import ClientStats, StatsFold
 
 __all__ = ["FlowerResult", "app", "make_server_app", "serve"]
 
@@ -60,20 +60,20 @@ __all__ = ["FlowerResult", "app", "make_server_app", "serve"]
 class _Fold:
     """Folds node replies into what the method needs, one reply at a time.
 
-    ``add(node, stats)`` checks the shape against the first reply and either
-    adds the arrays into a running total (sum-only methods: O(C d + d^2)
-    memory whatever the number of nodes) or keeps the node's rows (methods
-    that need every client's statistics).  ``result()`` is the ClientStats
-    the method aggregates: the total (K = 1) or the rows in node order.
+    ``add(node, stats)`` checks the shape against the first reply and hands
+    the reply to :class:`privfed.stats.StatsFold`, the fold ``privfed.fit``
+    uses: a running total for sum-only methods (O(C d + d^2) memory whatever
+    the number of nodes), or the (client, class) pairs for methods that need
+    every client's statistics (O(M d + d^2)).  ``result()`` is the
+    ClientStats the method aggregates.
     """
 
     def __init__(self, method) -> None:
         self.method = method
-        self.per_client = bool(method.per_client)
+        self.keep = "pairs" if method.per_client else "total"
         self.shape: tuple[int, int] | None = None
         self.fields: frozenset[str] | None = None
-        self.total: dict[str, np.ndarray] | None = None
-        self.rows: dict[Any, ClientStats] = {}
+        self.fold: StatsFold | None = None
         self.num_pairs = 0
         self.count = 0
 
@@ -81,6 +81,7 @@ class _Fold:
         shape = (stats.num_classes, stats.dim)
         if self.shape is None:
             self.shape, self.fields = shape, stats.available
+            self.fold = StatsFold(num_classes=shape[0], dim=shape[1], keep=self.keep)
         elif shape != self.shape or stats.available != self.fields:
             raise ConfigError(
                 f"{key} sent statistics with C={shape[0]}, d={shape[1]} ({sorted(stats.available)}) but "
@@ -89,25 +90,12 @@ class _Fold:
             )
         self.num_pairs += stats.num_pairs()
         self.count += 1
-        if self.per_client:
-            self.rows[key] = stats
-            return
-        if self.total is None:
-            self.total = {k: np.array(v.sum(axis=0), dtype=np.float64) for k, v in stats.arrays().items()}
-        else:
-            for k, v in stats.arrays().items():
-                self.total[k] += v.sum(axis=0)
+        self.fold.add(stats)
 
     def result(self) -> ClientStats:
         if self.count == 0:
             raise InputError("no statistics arrived; nothing to aggregate")
-        if not self.per_client:
-            return ClientStats(**{k: v[None] for k, v in self.total.items()})
-        keys = sorted(self.rows)
-        parts = [self.rows[k] for k in keys]
-        owners = np.concatenate([np.full(p.num_clients, i) for i, p in enumerate(parts)])
-        arrays = {f: np.concatenate([getattr(p, f) for p in parts]) for f in parts[0].available}
-        return ClientStats(**arrays, owners=owners if owners.size != len(parts) else None)
+        return self.fold.result()
 
 
 @dataclass
@@ -210,7 +198,7 @@ def serve(grid: Grid, cfg: FlowerConfig, *, keep_view: bool = False) -> FlowerRe
             pid = int(meta["partition-id"])
             if keep_view:
                 received.append(("query", node, {k: v.copy() for k, v in stats.arrays().items()}))
-            fold.add((pid if pid >= 0 else len(nodes) + node, node) if fold.per_client else f"node {node}", stats)
+            fold.add(f"node {node}", stats)
             events[node] = json.loads(str(meta["events"]))
 
         contents = {n: RecordDict({"config": config_rec}) for n in nodes}
@@ -242,6 +230,9 @@ def serve(grid: Grid, cfg: FlowerConfig, *, keep_view: bool = False) -> FlowerRe
         report["replied"] = K
 
     if privacy is not None:
+        record = getattr(privacy, "record_placement", None)
+        if record is not None and privacy.report().placement == "none":
+            record("local")  # the nodes noised their own uploads before replying
         head.privacy = privacy.report()
         head.feature_transform = privacy.feature_transform
     up_total = sum(sum(ex.bytes_up.values()) for ex in stages.values())
