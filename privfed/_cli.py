@@ -50,6 +50,7 @@ __all__ = [
     "interruptible",
     "json_text",
     "parse_float_list",
+    "keep_finished",
     "placement_word",
     "parse_int_list",
     "parse_seeds",
@@ -399,6 +400,22 @@ def signals_deferred() -> Iterator[None]:
             signal.signal(s, h)
     if got:
         raise Terminated() if got[0] == signal.SIGTERM else KeyboardInterrupt()
+
+
+def keep_finished(out: "OutputDir", done: list, write_partial: Callable[[list], None], command: str,
+                  prog: str) -> None:
+    """After an interrupt or a failure: what finished goes to results.partial.*, or no folder is left.
+
+    A second Ctrl-C / SIGTERM waits until what finished is on disk.
+    """
+    with signals_deferred():
+        if done:
+            write_partial(done)
+            out.finish(command, complete=False)
+            print(f"{prog}: the sweep stopped after {len(done)} run(s); they are in "
+                  f"{out.path}/results.partial.csv and results.partial.json", file=sys.stderr)
+        else:
+            out.abandon()
 
 
 @contextlib.contextmanager

@@ -60,6 +60,7 @@ from privfed._cli import (
     parse_seeds,
     parse_str_list,
     placement_word,
+    keep_finished,
     signals_deferred,
     versions,
 )
@@ -451,14 +452,7 @@ def _body(argv: Sequence[str] | None) -> int:
             plt.close(fig)
         out.finish(command, complete=True, drop=PARTIAL)
     except BaseException:
-        with signals_deferred():
-            if done:
-                write_partial(done)
-                out.finish(command, complete=False)
-                print(f"{PROG}: the sweep stopped after {len(done)} run(s); they are in "
-                      f"{out.path}/results.partial.csv and results.partial.json", file=sys.stderr)
-            else:
-                out.abandon()
+        keep_finished(out, done, write_partial, command, PROG)
         raise
     for r in records:
         print(_line(r))

@@ -70,6 +70,7 @@ from privfed._cli import (
     parse_seeds,
     parse_str_list,
     placement_word,
+    keep_finished,
     signals_deferred,
     versions,
 )
@@ -1052,14 +1053,7 @@ def _body(argv: Sequence[str] | None) -> int:
             plot_tradeoff((out, "tradeoff.png"), summary, title=title, num_classes=result["dataset"]["num_classes"])
         out.finish(command, complete=True, drop=PARTIAL)  # the partial files go only now
     except BaseException:
-        with signals_deferred():  # a second Ctrl-C / SIGTERM waits until what finished is on disk
-            if done:
-                write_partial(done)
-                out.finish(command, complete=False)
-                print(f"{PROG}: the sweep stopped after {len(done)} run(s); they are in "
-                      f"{out.path}/results.partial.csv and results.partial.json", file=sys.stderr)
-            else:
-                out.abandon()
+        keep_finished(out, done, write_partial, command, PROG)
         raise
     print(format_table(summary))
     print(TABLE_LEGEND)
