@@ -53,6 +53,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from privfed import _scale
 from privfed import methods as _methods
 from privfed._cli import (
     HelpFormatter,
@@ -650,8 +651,10 @@ def _sweep(cfg, ds, clip, records, bar, make_privacy, make_secure_agg, make_part
         for mname in cfg.methods:
             method = _methods.get(mname, **cfg.method_params.get(mname, {}))
             common = dict(num_classes=ds.num_classes, num_clients=K)
-            stats0 = client_statistics(method, F, y, k, rng=_seed_for(seed, mname, "stats"), **common)
-            head0 = server_head(method, stats0, num_clients=K, rng=_seed_for(seed, mname, "server"))
+            Fs, scale_info = _scale.prepare(method, F)  # statistics exact in float64, or one clear error
+            stats0 = client_statistics(method, Fs, y, k, rng=_seed_for(seed, mname, "stats"), **common)
+            head0 = _scale.finish(server_head(method, stats0, num_clients=K, rng=_seed_for(seed, mname, "server")),
+                                  scale_info)
             acc0 = head0.score(ds.test_features, ds.test_labels)
             inf_done = False
             for key, v in variants:
@@ -679,6 +682,7 @@ def _sweep(cfg, ds, clip, records, bar, make_privacy, make_secure_agg, make_part
                     else:
                         privacy = make_privacy(v, method, eps, clip, secure_agg=secure)
                         if clipped is None:
+                            _scale.prepare(method, F, privacy)  # a range the clip cannot bring back: one error
                             clipped = client_statistics(method, F, y, k, rng=_seed_for(seed, mname, "stats"),
                                                         privacy=privacy, secure_agg=secure, **common)
                         head = server_head(method, clipped, num_clients=K, rng=_seed_for(seed, mname, eps, "noise"),

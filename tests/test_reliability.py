@@ -448,3 +448,32 @@ def test_partition_refuses_labels_and_natural_ids_beyond_the_data():
     nat[0] = _HUGE
     with pytest.raises(InputError, match=f"natural clients contains id {_HUGE}"):
         partition(y, 3, "natural", natural=nat, rng=0)
+
+
+def test_tradeoff_on_features_beyond_float64_range_rescales_or_says_why(tmp_path, capsys, digits_dataset):
+    """The trade-off sweep applies fit's range handling: fedncm is scale-invariant (same accuracy at
+    x1e160 as at x1), fedcof is not and stops with one line instead of a silent zero head."""
+    import json
+
+    from privfed.data.npzfile import save_feature_file
+    from privfed.tradeoff import main
+
+    ds = digits_dataset
+
+    def run(scale, method, out):
+        path = tmp_path / f"f{scale:g}.npz"
+        save_feature_file(path, ds.train_features * scale, ds.train_labels,
+                          test_features=ds.test_features * scale, test_labels=ds.test_labels)
+        return main(["--method", method, "--eps", "inf", "--dataset", f"file:{path}", "--seeds", "1",
+                     "--clients", "20", "--no-plot", "--quiet", "--out", str(tmp_path / out)])
+
+    accs = []
+    for scale, out in ((1.0, "a"), (1e160, "b")):
+        assert run(scale, "fedncm", out) == 0
+        (rec,) = json.loads((tmp_path / out / "results.json").read_text())["records"]
+        accs.append(rec["accuracy"])
+    assert accs[0] == accs[1] and accs[0] > 0.5
+    capsys.readouterr()
+    assert run(1e160, "fedcof", "c") == 2
+    err = capsys.readouterr().err
+    assert "too large for float64 statistics" in err and "Traceback" not in err
