@@ -22,8 +22,6 @@ Writes ``compare.csv``, ``dp.csv`` (+ JSON) and ``fig3_right.png``.
 from __future__ import annotations
 
 import argparse
-import csv
-import json
 import math
 import sys
 import time
@@ -33,16 +31,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-
-def _write(out: Path, name: str, rows: list[dict], config: dict) -> None:
-    cols: list[str] = []
-    for r in rows:
-        cols += [k for k in r if k not in cols]
-    with open(out / f"{name}.csv", "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=cols)
-        w.writeheader()
-        w.writerows(rows)
-    (out / f"{name}.json").write_text(json.dumps({"config": config, "rows": rows}, indent=2, default=str))
+from experiments.attacks_common import write_rows  # noqa: E402  (one CSV + JSON writer for experiments)
 
 
 def compare(args) -> list[dict]:
@@ -109,7 +98,7 @@ def dp(args) -> list[dict]:
                                  "formal_guarantee": op.formal if op else False,
                                  "guarantee": op.guarantee if op else "NO DP GUARANTEE: no noise",
                                  "seconds": 0.0})
-                _write(Path(args.out), "dp.partial", rows, {})
+                write_rows(Path(args.out), "dp.partial", rows, {})
                 print(f"[dp] eps {eps:g} {row['mode']} seed {seed}: pers {row['personalised']:.3f} composed eps "
                       f"{row['composed_epsilon']:.4g} ({row['seconds']:.0f} s)", file=sys.stderr)
     return rows
@@ -201,10 +190,10 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     config = {k: v for k, v in vars(args).items()}
     if args.part in ("compare", "both"):
-        _write(out, "compare", compare(args), config)
+        write_rows(out, "compare", compare(args), config)
     if args.part in ("dp", "both"):
         rows = dp(args)
-        _write(out, "dp", rows, config)
+        write_rows(out, "dp", rows, config)
         plot(out, rows, args)
     print(f"wrote {out}")
     return 0

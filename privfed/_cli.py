@@ -21,6 +21,7 @@ import os
 import platform
 import signal
 import sys
+import time
 import threading
 from time import monotonic as time_monotonic
 from importlib import metadata
@@ -51,6 +52,7 @@ __all__ = [
     "json_text",
     "parse_float_list",
     "keep_finished",
+    "periodic_checkpoint",
     "placement_word",
     "parse_int_list",
     "parse_seeds",
@@ -400,6 +402,23 @@ def signals_deferred() -> Iterator[None]:
             signal.signal(s, h)
     if got:
         raise Terminated() if got[0] == signal.SIGTERM else KeyboardInterrupt()
+
+
+def periodic_checkpoint(write_partial: Callable[[list], None], every: float) -> Callable[[list], None]:
+    """A callback for a long sweep: every ``every`` seconds, what finished goes to disk.
+
+    Signals wait while the partial files are written, so a killed sweep keeps them.
+    """
+    last = time.monotonic()
+
+    def checkpoint(records: list) -> None:
+        nonlocal last
+        if time.monotonic() - last >= every:
+            with signals_deferred():
+                write_partial(records)
+            last = time.monotonic()
+
+    return checkpoint
 
 
 def keep_finished(out: "OutputDir", done: list, write_partial: Callable[[list], None], command: str,

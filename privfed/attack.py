@@ -61,7 +61,7 @@ from privfed._cli import (
     parse_str_list,
     placement_word,
     keep_finished,
-    signals_deferred,
+    periodic_checkpoint,
     versions,
 )
 from privfed.errors import ConfigError, MissingDependencyError
@@ -422,17 +422,12 @@ def _body(argv: Sequence[str] | None) -> int:
                               "seeding": "numpy SeedSequence([seed, n index, eps index, method index]) spawned "
                                          "into partition / view noise / attack generators"}
     done: list[dict[str, Any]] = []
-    last = {"t": time.monotonic()}
 
     def write_partial(records):
         out.write_csv(PARTIAL[0], records, _columns(records))
         out.write_json(PARTIAL[1], {"config": config, "records": records, "complete": False, "command": command})
 
-    def checkpoint(records):
-        if time.monotonic() - last["t"] >= CHECKPOINT_S:
-            with signals_deferred():
-                write_partial(records)
-            last["t"] = time.monotonic()
+    checkpoint = periodic_checkpoint(write_partial, CHECKPOINT_S)
 
     try:
         res = run_attacks(cfg, progress=not args.quiet, records=done, on_record=checkpoint)

@@ -72,7 +72,7 @@ from privfed._cli import (
     parse_str_list,
     placement_word,
     keep_finished,
-    signals_deferred,
+    periodic_checkpoint,
     versions,
 )
 from privfed.errors import ConfigError, InputError
@@ -1029,19 +1029,13 @@ def _body(argv: Sequence[str] | None) -> int:
     command = " ".join([PROG, *argv])
     out = OutputDir(args.out, "tradeoff", overwrite=args.overwrite, name_parts=_name_parts(cfg))
     done: list[dict[str, Any]] = []
-    last = {"t": time.monotonic()}
 
     def write_partial(records: list[dict[str, Any]]) -> None:
         out.write_csv(PARTIAL[0], records, record_fields(records))
         out.write_json(PARTIAL[1], {"config": asdict(cfg), "versions": versions(), "records": records,
                                     "complete": False, "command": command})
 
-    def checkpoint(records: list[dict[str, Any]]) -> None:
-        """Every 30 s, the finished runs go to results.partial.* (a killed sweep keeps them)."""
-        if time.monotonic() - last["t"] >= CHECKPOINT_S:
-            with signals_deferred():
-                write_partial(records)
-            last["t"] = time.monotonic()
+    checkpoint = periodic_checkpoint(write_partial, CHECKPOINT_S)
 
     try:
         result = run_tradeoff(cfg, progress=not args.quiet, records=done, on_record=checkpoint)
