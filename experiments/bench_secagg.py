@@ -212,6 +212,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-ckks", action="store_true", help="skip CKKS")
     p.add_argument("--out", default="results/bench_secagg/")
+    p.add_argument("--record", action="store_true",
+                   help="also write experiments/results/bench_secagg.json, the record the README's table is checked against")
     a = p.parse_args(argv)
     if a.clients < 2 or a.values < 1 or a.repeats < 1:
         p.error("--clients must be >= 2, --values and --repeats >= 1")
@@ -228,6 +230,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{a.clients} clients x {a.values} values\n")
     print(_table(rows))
     print(f"\nwritten: {out / 'results.csv'}, {out / 'results.json'}")
+    if a.record:
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+        from experiments import recorded
+
+        cmd = recorded.command("experiments/bench_secagg.py", argv)
+        print(f"recorded {recorded.save('bench_secagg', {'config': config, 'rows': rows}, cmd)}")
     return 0
 
 

@@ -53,6 +53,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default="results/bench_tradeoff")
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--record", action="store_true",
+                   help="also write experiments/results/bench_tradeoff.json, the record the README's table is checked against")
     args = p.parse_args(argv)
     cfg = TradeoffConfig(methods=METHODS, epsilons=EPS, seeds=tuple(range(5)), plot=False)
     warnings.simplefilter("ignore")
@@ -85,6 +87,12 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "bench_tradeoff.json", row)  # atomic: a reader never sees half a file
+    if args.record:
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+        from experiments import recorded
+
+        cmd = recorded.command("experiments/bench_tradeoff.py", argv)
+        print(f"recorded {recorded.save('bench_tradeoff', row, cmd)}")
     return 0
 
 

@@ -32,6 +32,7 @@ import argparse
 import csv
 import json
 import math
+import sys
 import warnings
 from pathlib import Path
 
@@ -99,6 +100,8 @@ def main(argv=None) -> int:
     p.add_argument("--threshold", type=float, default=2.0,
                    help="drop pairs whose noisy count is below this many count-noise sds")
     p.add_argument("--out", default="results/noise_aware")
+    p.add_argument("--record", action="store_true",
+                   help="also write experiments/results/noise_aware.json, the record the README's figures are checked against")
     args = p.parse_args(argv)
     epsilons = [float(e) for e in args.eps.split(",")]
     with warnings.catch_warnings():
@@ -128,6 +131,12 @@ def main(argv=None) -> int:
         print(f"| {eps:g} | {r[0]['sigma_sums']:.1f} / {r[0]['sigma_counts']:.2f} | "
               + " | ".join(ms(f"acc_{k}") for k, _ in names) + f" | {ms('acc_clipped_no_noise')} | "
               + " | ".join(ms(f"cov_err_{k}") for k, _ in names) + " |")
+    if args.record:
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+        from experiments import recorded
+
+        cmd = recorded.command("experiments/noise_aware.py", argv)
+        print(f"recorded {recorded.save('noise_aware', {'config': vars(args), 'rows': rows}, cmd)}")
     return 0
 
 

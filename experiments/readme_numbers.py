@@ -227,6 +227,162 @@ def audit_figures() -> str:
     )
 
 
+CALIBRATION = """\
+* **Calibration.** By default σ comes from the exact analytic Gaussian
+  (Balle and Wang): σ(ε = 1, δ = 1e-5, Δ = 1) = {analytic:.4f}. The FedLog paper's
+  classic bound ({classic:.4f} there) is available as `calibration="classic"`,
+  with a warning above ε = 1. The ledger recomputes the ε that the classic
+  σ actually gives: {classic2:.3f} for a nominal ε = 2. Rounds compose exactly in
+  GDP. With client subsampling, a PLD, PRV or RDP accountant is used
+  (dp-accounting and opacus).
+"""
+
+
+def calibration() -> str:
+    """The calibration bullet: analytic and classic σ, and the ε the classic σ really gives."""
+    from mechanisms.calibration import analytic_sigma, classic_sigma, gdp_epsilon
+
+    return CALIBRATION.format(
+        analytic=analytic_sigma(1.0, 1e-5), classic=classic_sigma(1.0, 1e-5),
+        classic2=gdp_epsilon(1.0 / classic_sigma(2.0, 1e-5, warn=False), 1e-5),
+    )
+
+
+DROPOUTS = """\
+* **ε, δ** are composed over the releases that happened: one `fit` is one
+  release; `rounds=T` only sets σ so that T releases meet the target. Under
+  secure aggregation ε is recomputed from the noise shares that reached the
+  sum: U uploads of σ²/(K − t) carry U/(K − t)·σ², so with more than t
+  dropouts ε rises and the report says how many shares were present ({present} of
+  {clients} at t = 0: {share:.1f}σ², ε = {eps:.2f} for a target of 1).
+"""
+
+
+def dropouts() -> str:
+    """The report bullet's dropout example, computed by the pipeline's own secure-sum accounting."""
+    from mechanisms.calibration import gdp_epsilon, gdp_mu
+
+    clients, present, delta = 10, 6, 1e-5
+    share = present / clients
+    eps = gdp_epsilon(gdp_mu(1.0, delta) / np.sqrt(share), delta)
+    return DROPOUTS.format(present=present, clients=clients, share=share, eps=eps)
+
+
+# -- blocks rendered from recorded results (slow experiments; see experiments/recorded.py) -------------
+def _record(name: str) -> dict:
+    sys.path.insert(0, str(ROOT))
+    from experiments import recorded
+
+    return recorded.load(name)
+
+
+def _at(rows: list[dict], eps: float) -> dict:
+    for r in rows:
+        if float(r["epsilon"]) == eps:
+            return r
+    raise KeyError(f"no eps={eps} in the record")
+
+
+READINGS = """\
+How to read these curves ({seeds} seeds; the x-axis is the ε the ledger reports;
+`{command}` regenerates them):
+
+* **FedLog.** Once the noise goes on the sum, through a trusted aggregator
+  or split across clients under secure aggregation, FedLog is at {c2:.2f} by
+  ε = 2 (trusted aggregator; {m2:.2f} split) and at {c4:.3f} by ε = 4, against its
+  non-private {np_:.3f}. It is at {c1:.2f} at ε = 1 and {c05:.2f} at ε = 0.5 (trusted aggregator).
+* **Classic calibration.** The FedLog paper's classic calibration adds more
+  noise than it needs: {k1:.2f} at a nominal ε = 1, whose σ really gives
+  ε = {k1eps:.2f}, against {c1:.2f} for the analytic one at ε = 1. The plot places it at
+  the ε the ledger computes.
+* **Local noise.** When each client noises its own upload (no trust in the
+  server), the server sees K noisy copies. That costs more than an order
+  of magnitude in ε: central noise reaches {c1:.2f} at ε = 1, local noise
+  reaches {l16:.2f} only at ε = 16.
+* **Record-level DP with local noise.** This is the honest default
+  protection against the server, and it is hard on 100 clients with about
+  9 samples each. FedCOF needs every client's means, so each mean carries
+  noise of order σ/n_kc: it is at {cof16:.2f} at ε = 16 against {cof_np:.3f} without noise.
+* **Methods that upload G.** Fed3R, fed3r-within and FedCGS also pay for
+  the second moment's sensitivity c². With the clip set to the median
+  public feature norm (c ≈ {clip:.0f}), c² ≈ {clip2:.0f} dominates. This hits fed3r-within
+  hardest, because it subtracts two noisy matrices ({w16:.2f} at ε = 16, against
+  {r16:.2f} for Fed3R). Choose a smaller `--clip` for them.
+* **Count-only noise** (FedCOF App. I.1) costs little accuracy: Laplace count
+  noise keeps {lap01:.3f} at ε = 0.1 against {cn_np:.3f}. It protects only the counts and
+  reports exactly that. The uniform heuristic costs nothing because it protects
+  nothing.
+"""
+
+
+def readings() -> str:
+    """The trade-off readings under the FedLog plot, from the recipes' record."""
+    from privfed.tradeoff import digits_public_clip
+
+    rec = _record("recipes")
+    d = rec["data"]
+    fl, rd, cn = d["fedlog-dp"], d["record-dp"], d["count-noise"]
+    central = fl["central noise, analytic (trusted aggregator)"]
+    classic = fl["central noise, classic bound (FedLog paper)"]
+    mask = fl["noise split under secure aggregation (mask)"]
+    local = fl["local noise (each client, no trust)"]
+    acc = lambda rows, e: float(_at(rows, e)["accuracy_mean"])  # noqa: E731
+    v = dict(
+        seeds=int(central[0]["seeds"]), command=rec["command"],
+        c2=acc(central, 2.0), m2=acc(mask, 2.0), c4=acc(central, 4.0), np_=acc(central, float("inf")),
+        c1=acc(central, 1.0), c05=acc(central, 0.5), k1=acc(classic, 1.0),
+        k1eps=float(_at(classic, 1.0)["epsilon_reported"]), l16=acc(local, 16.0),
+        cof16=acc(rd["fedcof"], 16.0), cof_np=acc(rd["fedcof"], float("inf")),
+        w16=acc(rd["fed3r-within"], 16.0), r16=acc(rd["fed3r"], 16.0),
+        lap01=acc(cn["laplace"], 0.1), cn_np=acc(cn["laplace"], float("inf")),
+        clip=digits_public_clip(),
+    )
+    v["clip2"] = v["clip"] ** 2
+    claims = {
+        "classic below analytic at nominal eps 1": v["k1"] < v["c1"] and v["k1eps"] < 1.0,
+        "local at 16 not above central at 1 by much": v["l16"] <= v["c1"] + 0.05,
+        "fed3r-within below fed3r at 16": v["w16"] < v["r16"],
+        "count noise costs little": v["cn_np"] - v["lap01"] < 0.05,
+    }
+    broken = [c for c, ok in claims.items() if not ok]
+    if broken:
+        raise RuntimeError(f"the README's trade-off readings no longer hold: {broken}; rewrite the text")
+    return READINGS.format(**v)
+
+
+NOISE_AWARE = """\
+* **Noise-aware estimation** (`fedcof` with `noise_var=`, and
+  `mechanisms.noise_aware`). Noise of known variance inflates FedCOF's
+  spread of client means by σ²/(K_c − 1)·(Σ_k 1/n_kc − K_c/N_c). The server
+  can subtract that bias and project G back to the PSD cone.
+  `{command}` measures what this buys on digits
+  (FedCOF, {clients} clients, {seeds} seeds). Debiasing cuts the covariance error by only
+  {cut_lo:.0f}–{cut_hi:.0f}% and lowers accuracy: at ε = 8, {p8:.3f} plain against {a8:.3f} debiased. The bias
+  acts as a ridge that the noisy class sums need. Dropping (client, class)
+  pairs whose noisy count is under {thr:g} standard deviations cuts the
+  covariance error {drop_lo:.0f}–{drop_hi:.0f}× and helps at large ε: at ε = 16, {d16:.3f} against
+  {p16:.3f}. Debiasing is therefore offered, not the default.
+"""
+
+
+def noise_aware() -> str:
+    """The noise-aware estimation bullet, from experiments/noise_aware.py's record."""
+    rec = _record("noise_aware")
+    cfg, rows = rec["data"]["config"], rec["data"]["rows"]
+    eps = sorted({float(r["epsilon"]) for r in rows})
+    mean = lambda key, e: float(np.mean([r[key] for r in rows if float(r["epsilon"]) == e]))  # noqa: E731
+    cut = [100 * (1 - mean("cov_err_aware", e) / mean("cov_err_plain", e)) for e in eps]
+    drop = [mean("cov_err_plain", e) / mean("cov_err_drop", e) for e in eps]
+    v = dict(
+        command=rec["command"], clients=cfg["clients"], seeds=cfg["seeds"], thr=cfg["threshold"],
+        cut_lo=min(cut), cut_hi=max(cut), drop_lo=min(drop), drop_hi=max(drop),
+        p8=mean("acc_plain", 8.0), a8=mean("acc_aware", 8.0), d16=mean("acc_drop", 16.0), p16=mean("acc_plain", 16.0),
+    )
+    if not (v["a8"] < v["p8"] and v["d16"] > v["p16"] and max(cut) < 10):
+        raise RuntimeError("the README's noise-aware reading no longer holds; rewrite the text")
+    return NOISE_AWARE.format(**v)
+
+
 @dataclasses.dataclass(frozen=True)
 class Block:
     make: Callable[[], str]
@@ -246,6 +402,10 @@ BLOCKS: dict[str, Block] = {
         volatile=(r"results/tradeoff-[^/\s]*/", r"\(\d+(?:\.\d+)? s\)"),
     ),
     "snippet": Block(snippet, True, "the code snippet, run, with the score its comment quotes"),
+    "calibration": Block(calibration, True, "the calibration bullet (analytic and classic sigma, the classic sigma's real eps)"),
+    "dropouts": Block(dropouts, True, "the report bullet's dropout example (eps from the noise shares present)"),
+    "tradeoff-readings": Block(readings, True, "the trade-off readings (from experiments/results/recipes.json)"),
+    "noise-aware": Block(noise_aware, True, "the noise-aware bullet (from experiments/results/noise_aware.json)"),
     "audit": Block(
         audit_figures, True, "the DP audit figures (the suite's audits, rerun)", volatile=(r"about \d+(?:\.\d+)? s\.",)
     ),
@@ -350,6 +510,54 @@ def write(readme: str, fresh: dict[str, str]) -> str:
         text = _keep_volatile(f.text, fresh[name], BLOCKS[name].volatile)
         readme = readme[: f.start] + text + readme[f.end :]
     return readme
+
+
+# -- numbers outside the blocks -----------------------------------------------------------------------
+#: A number that looks measured: a decimal, or a number with a unit of size, time, ratio or share.
+_MEASURED = re.compile(
+    r"(?<![\w.^-])\d+(?:,\d{3})*(?:\.\d+)?(?:\s?(?:%|×|x\b|dB\b|ms\b|s\b|min\b|kB\b|KB\b|MB\b|GB\b|GiB\b|MiB\b))"
+    r"|(?<![\w.^-])\d+\.\d+(?![\w.])"
+)
+
+#: Numbers the README may state outside the blocks: inputs, versions and constants, never results.
+#: Each maps to why it is not a measurement (constants are checked against the code by the tests).
+STATED = {
+    "3.11": "Python version",
+    "2.14.1": "pinned torch", "0.29.1": "pinned torchvision", "1.41.0": "pinned flwr", "25.0": "pinned packaging",
+    "2.1": "minimum torch",
+    "0.05": "an input eps", "0.1": "an input eps / Dirichlet alpha", "0.2": "an input eps", "0.3": "Dirichlet alpha",
+    "0.5": "an input eps / alpha / chance level", "0.9": "an input eps", "1.0": "an input eps", "2.0": "an input eps",
+    "0.01": "the FedLog paper's delta", "2.5": "an invalid input in an example", "3.7": "an invalid input in an example",
+    "0.0.0.0": "an address", "127.0.0.1": "an address",
+}
+
+
+def outside_blocks(readme: str) -> list[tuple[int, str, str]]:
+    """(line number, token, line) for every measured-looking number outside the blocks and code fences."""
+    found = []
+    in_block = in_fence = False
+    for i, line in enumerate(readme.splitlines(), 1):
+        if line.startswith("<!-- readme-numbers:"):
+            in_block = True
+            continue
+        if line.startswith("<!-- /readme-numbers:"):
+            in_block = False
+            continue
+        if line.lstrip().startswith("```"):
+            in_fence = not in_fence
+            continue
+        if in_block or in_fence:
+            continue
+        for m in _MEASURED.finditer(line.replace("`", " ")):
+            found.append((i, m.group(0), line))
+    return found
+
+
+def unexplained(readme: str, stated: dict[str, str] | None = None) -> list[str]:
+    """Numbers outside the blocks that are neither generated nor stated inputs/constants."""
+    stated = STATED if stated is None else stated
+    return [f"README line {i}: {tok!r} in {line.strip()[:100]!r}" for i, tok, line in outside_blocks(readme)
+            if tok not in stated]
 
 
 def main(argv=None) -> int:

@@ -143,10 +143,14 @@ def _body(argv=None) -> int:
     p.add_argument("--out", default="results/recipes", help="parent folder; each recipe writes <out>/<name>/")
     p.add_argument("--overwrite", action="store_true", help="replace a previous run of the recipe in its folder")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--record", action="store_true",
+                   help="also write experiments/results/recipes.json (per variant and eps: mean, std, ledger eps), "
+                        "the record the README's readings are checked against")
     args = p.parse_args(argv)
     import warnings
 
     warnings.simplefilter("ignore", UserWarning)
+    record: dict[str, dict] = {}
     for name in RECIPES if args.recipe == "all" else [args.recipe]:
         out = OutputDir(Path(args.out) / name, name, overwrite=args.overwrite)
         try:
@@ -160,8 +164,30 @@ def _body(argv=None) -> int:
             summ = summarise([r for r in rows if r["variant"] == label])
             cells = ", ".join(f"eps={s['epsilon']:g}: {s['accuracy_mean']:.3f}" for s in summ)
             print(f"{name} | {label} | {cells}")
+            record.setdefault(name, {})[label] = [
+                {k: s[k] for k in ("epsilon", "epsilon_reported", "accuracy_mean", "accuracy_std", "seeds",
+                                   "nonprivate_mean", "placement", "calibration", "private")}
+                for s in summ
+            ]
         print(f"wrote {out.path}/: {', '.join(out.files())}")
+    if args.record:
+        save_record(record, args.recipe)
     return 0
+
+
+def save_record(record: dict, which: str) -> None:
+    """Merge this run's summaries into experiments/results/recipes.json (one entry per recipe)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from experiments import recorded
+
+    try:
+        data = recorded.load("recipes")["data"]
+    except recorded.MissingRecord:
+        data = {}
+    data.update(record)
+    cmd = "python experiments/recipes.py all --record" if set(data) >= set(RECIPES) else \
+        f"python experiments/recipes.py {which} --record"
+    print(f"recorded {recorded.save('recipes', data, cmd)}")
 
 
 main = cli_entry("python experiments/recipes.py", _body)

@@ -74,3 +74,52 @@ def test_write_then_check_round_trip_keeps_machine_dependent_spans(monkeypatch):
 def test_unclosed_block_is_an_error():
     with pytest.raises(ValueError, match="closing marker"):
         R.find_blocks("<!-- readme-numbers:x -->\n1 2 3\n")
+
+
+# -- recorded results -------------------------------------------------------------------------------------
+def test_every_record_names_a_command_that_writes_it():
+    """A record says which script (with --record) produced it, and that script can write it."""
+    from experiments import recorded
+
+    records = sorted(recorded.RESULTS.glob("*.json"))
+    assert records, "experiments/results/ holds no records"
+    for path in records:
+        rec = recorded.load(path.stem)
+        assert rec["name"] == path.stem
+        words = rec["command"].split()
+        assert words[0] == "python" and words[1].startswith("experiments/"), rec["command"]
+        script = R.ROOT / words[1]
+        assert script.exists(), f"{path.name}: {script} does not exist"
+        assert "--record" in words and "--record" in script.read_text(encoding="utf-8"), rec["command"]
+        assert rec["machine"]["cpus"] >= 1 and rec["recorded_utc"].endswith("Z")
+
+
+def test_record_round_trip_and_clear_error(tmp_path):
+    from experiments import recorded
+
+    path = recorded.save("x", {"a": [1.5, float("inf")]}, "python experiments/x.py --record", directory=tmp_path)
+    rec = recorded.load("x", directory=tmp_path)
+    assert path.name == "x.json" and rec["data"] == {"a": [1.5, "inf"]}
+    assert not list(tmp_path.glob(".*"))  # no temporary file left behind
+    with pytest.raises(recorded.MissingRecord, match="--record"):
+        recorded.load("absent", directory=tmp_path)
+
+
+def test_record_command_drops_where_outputs_go():
+    from experiments import recorded
+
+    argv = ["all", "--out", "/tmp/x", "--record", "--overwrite", "--quiet", "--out=/y", "--seeds", "3"]
+    assert recorded.command("experiments/recipes.py", argv) == "python experiments/recipes.py all --record --seeds 3"
+
+
+def test_readme_numbers_outside_blocks_are_only_stated_inputs():
+    """Every measured-looking number outside the generated blocks is an input, version or constant."""
+    problems = R.unexplained(R.README.read_text(encoding="utf-8"))
+    assert not problems, "numbers outside the generated blocks:\n" + "\n".join(problems[:40])
+
+
+def test_outside_block_scan_sees_numbers_and_skips_blocks_and_code():
+    doc = "a 0.93 b\n<!-- readme-numbers:t -->\n0.5 s\n<!-- /readme-numbers:t -->\n```\nrun 7.5 s\n```\n3 × faster 12%\n"
+    toks = [t for _, t, _ in R.outside_blocks(doc)]
+    assert toks == ["0.93", "3 ×", "12%"]
+    assert R.unexplained(doc, {"0.93": "x"}) and not R.unexplained(doc, {"0.93": "", "3 ×": "", "12%": ""})
