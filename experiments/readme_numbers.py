@@ -383,6 +383,81 @@ def noise_aware() -> str:
     return NOISE_AWARE.format(**v)
 
 
+def _sci(x: float) -> str:
+    """1.2e-8 style, one decimal."""
+    m, e = f"{x:.1e}".split("e")
+    return f"{m}e{int(e)}"
+
+
+def secagg_table() -> str:
+    """The secure-aggregation cost table, from experiments/bench_secagg.py's record (machine-dependent)."""
+    rec = _record("bench_secagg")
+    cfg, rows = rec["data"]["config"], rec["data"]["rows"]
+    by = {(r["protocol"], r["variant"]): r for r in rows}
+    plain = by[("plain", "float64 sum")]
+    full = by[("mask", "complete graph")]
+    drop = by[("mask", "complete graph, 10% drop before upload")]
+    plus = next(r for (p_, v), r in by.items() if p_ == "mask" and v.startswith("SecAgg+"))
+    ckks = next((r for (p_, _), r in by.items() if p_ == "ckks"), None)
+    K, D = cfg["clients"], cfg["values"]
+    lines = [
+        f"`{rec['command']}`: {K} clients × {D:,} floats, the least CPU seconds of {cfg['repeats']} runs "
+        f"(machine-dependent: {rec['machine']['cpus']} cores, load {rec['machine']['load_average'][0]:.1f} when recorded):",
+        "",
+        f"| protocol | CPU s (all {K} clients + server) | vs plain sum + raw PRG | upload bytes / client | max abs error |",
+        "| --- | --- | --- | --- | --- |",
+        f"| plain float64 sum | {plain['cpu_s']:.4f} | – | {plain['upload_bytes_per_client']:,.0f} | 0 |",
+        f"| masking, complete graph | {full['cpu_s']:.2f} (PRG alone {full['prg_only_cpu_s']:.2f}, X25519 alone "
+        f"{full['x25519_only_cpu_s']:.2f}) | **{full['ratio_to_plain_plus_prg']:.2f}×** | "
+        f"{full['upload_bytes_per_client']:,.0f} | {_sci(full['max_abs_error'])} (bound K·2⁻³³ = {_sci(full['error_bound'])}) |",
+        f"| masking, 10% drop before upload | {drop['cpu_s']:.2f} | {drop['ratio_to_plain_plus_prg']:.2f}× | "
+        f"{drop['upload_bytes_per_client']:,.0f} | {_sci(drop['max_abs_error'])} |",
+        f"| masking, SecAgg+ ({cfg['neighbours']} neighbours) | {plus['cpu_s']:.2f} | "
+        f"{plus['ratio_to_plain_plus_prg']:.2f}× | {plus['upload_bytes_per_client']:,.0f} | {_sci(plus['max_abs_error'])} |",
+    ]
+    if ckks is not None:
+        lines.append(
+            f"| CKKS, N = 8192, [60, 40, 40, 60], 2⁴⁰ | encrypt {ckks['per_client_ms']:.0f} ms / client, sum "
+            f"{ckks['sum_s']:.1f} s, decrypt {ckks['decrypt_s']:.2f} s | – | {ckks['upload_bytes_per_client']:,.0f} "
+            f"({ckks['ciphertexts_per_client']} ciphertexts, {ckks['upload_bytes_per_client'] / D:.0f} B a value) | "
+            f"{_sci(ckks['max_abs_error'])} |"
+        )
+    lines += [
+        "",
+        f"The complete graph is bounded below by its {full['x25519_agreements']:,} X25519 agreements",
+        f"({full['x25519_only_cpu_s']:.2f} s): every client needs a mask key and a channel key with every other",
+        "client. The work that grows with vector size alone (masking and unmasking)",
+        f"is {full['ratio_without_fixed']:.1f}× the PRG cost."
+        + ("" if ckks is None else
+           f" CKKS costs {ckks['upload_bytes_per_client'] / plain['upload_bytes_per_client']:.0f}× the bytes of a "
+           "plain float32 upload."),
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def bench_tradeoff_table() -> str:
+    """The sweep's speed table, from experiments/bench_tradeoff.py's record (machine-dependent)."""
+    rec = _record("bench_tradeoff")
+    r = rec["data"]
+    m = rec["machine"]
+    return (
+        f"Median of {r['repeats']} runs, back to back (`{rec['command']}`; machine-dependent: "
+        f"{m['cpus']} cores, load {m['load_average'][0]:.1f} when recorded):\n"
+        "\n"
+        f"| sweep ({r['runs']} runs: 5 methods × 10 ε × 5 seeds, digits, 100 clients) | seconds | ratio to `privfed.tradeoff` |\n"
+        "| --- | --- | --- |\n"
+        f"| `privfed.tradeoff` (statistics once per seed and method) | {r['sweep_s_median']:.2f} | 1.00 |\n"
+        f"| baseline: `privfed.fit` per run, one BLAS thread | {r['naive_1thread_s_median']:.2f} | "
+        f"{r['speedup_vs_1thread']:.2f} |\n"
+        f"| baseline: `privfed.fit` per run, default BLAS threads | {r['naive_s_median']:.2f} | {r['speedup']:.2f} |\n"
+        "\n"
+        f"Reusing the clipped statistics is worth {r['speedup_vs_1thread']:.2f}× on the same BLAS threads; the rest of\n"
+        f"the {r['speedup']:.2f}× against `privfed.fit` with default BLAS threads comes from threading on\n"
+        "64 × 64 matrices, not from the sweep, which runs its small d × d algebra on one BLAS thread.\n"
+    )
+
+
 @dataclasses.dataclass(frozen=True)
 class Block:
     make: Callable[[], str]
@@ -406,6 +481,8 @@ BLOCKS: dict[str, Block] = {
     "dropouts": Block(dropouts, True, "the report bullet's dropout example (eps from the noise shares present)"),
     "tradeoff-readings": Block(readings, True, "the trade-off readings (from experiments/results/recipes.json)"),
     "noise-aware": Block(noise_aware, True, "the noise-aware bullet (from experiments/results/noise_aware.json)"),
+    "secagg-cost": Block(secagg_table, True, "the secure-aggregation cost table (experiments/results/bench_secagg.json)"),
+    "bench-tradeoff": Block(bench_tradeoff_table, True, "the sweep's speed table (experiments/results/bench_tradeoff.json)"),
     "audit": Block(
         audit_figures, True, "the DP audit figures (the suite's audits, rerun)", volatile=(r"about \d+(?:\.\d+)? s\.",)
     ),
@@ -520,16 +597,72 @@ _MEASURED = re.compile(
 )
 
 #: Numbers the README may state outside the blocks: inputs, versions and constants, never results.
-#: Each maps to why it is not a measurement (constants are checked against the code by the tests).
-STATED = {
+#: Each maps to why it is not a measurement; a constant maps to (why, a check against the code), and
+#: tests/test_readme.py runs every check.
+def _weights_kb() -> bool:
+    return round((ROOT / "privfed" / "data" / "digits_cnn_seed0.npz").stat().st_size / 1000) == 152
+
+
+def _dense_limit() -> bool:
+    import privfed.stats
+
+    return "PRIVFED_DENSE_VIEW_LIMIT" in __import__("os").environ or privfed.stats.DENSE_VIEW_LIMIT == 2 * 2**30
+
+
+def _npz_limit() -> bool:
+    from privfed.data import npzfile
+
+    return npzfile.DEFAULT_MAX_BYTES == 2**30
+
+
+def _checkpoint() -> bool:
+    from privfed import attack, tradeoff
+
+    return tradeoff.CHECKPOINT_S == attack.CHECKPOINT_S == 30.0
+
+
+def _inat_dense_gib() -> bool:  # (K, C, d) float64 class sums at the iNat-120K shape
+    return round(9275 * 1203 * 1280 * 8 / 2**30) == 106
+
+
+def _paper_upload() -> bool:  # the FedCOF paper's App. H figures, reproduced by the byte model
+    sys.path.insert(0, str(ROOT))
+    from tests.test_upload import INAT, mb
+
+    return round(mb("fedncm", **INAT), 1) == 279.5 and round(mb("fed3r", **INAT), 1) == 61064.1
+
+
+def _scale_cap() -> bool:
+    sys.path.insert(0, str(ROOT))
+    from tests import test_scale
+
+    return test_scale.CAP == 160 * 2**20 and round(8 * test_scale.K * test_scale.C * test_scale.D / 1e9, 2) == 1.23
+
+
+STATED: dict[str, object] = {
     "3.11": "Python version",
     "2.14.1": "pinned torch", "0.29.1": "pinned torchvision", "1.41.0": "pinned flwr", "25.0": "pinned packaging",
     "2.1": "minimum torch",
     "0.05": "an input eps", "0.1": "an input eps / Dirichlet alpha", "0.2": "an input eps", "0.3": "Dirichlet alpha",
     "0.5": "an input eps / alpha / chance level", "0.9": "an input eps", "1.0": "an input eps", "2.0": "an input eps",
     "0.01": "the FedLog paper's delta", "2.5": "an invalid input in an example", "3.7": "an invalid input in an example",
-    "0.0.0.0": "an address", "127.0.0.1": "an address",
+    "4.5": "a section number of the FedLog paper", "3.1": "a theorem number of the FedLog paper",
+    "152 KB": ("the shipped weights' size", _weights_kb),
+    "2 GiB": ("privfed.stats.DENSE_VIEW_LIMIT", _dense_limit),
+    "1 GiB": ("privfed.data.npzfile.DEFAULT_MAX_BYTES", _npz_limit),
+    "30 s": ("the commands' checkpoint interval", _checkpoint),
+    "106 GiB": ("(K, C, d) float64 at the iNat-120K shape", _inat_dense_gib),
+    "279.5 MB": ("the FedCOF paper's figure, reproduced", _paper_upload),
+    "61,064.1 MB": ("the FedCOF paper's figure, reproduced", _paper_upload),
+    "160 MB": ("tests/test_scale.py's memory cap", _scale_cap),
+    "1.23 GB": ("tests/test_scale.py's dense class sums", _scale_cap),
+    "64 ×": "digits' feature width (d × d)", "2 ×": "the memory target's factor",
 }
+
+
+def stated_checks() -> dict[str, Callable[[], bool]]:
+    """The constants the README states, each with its check against the code."""
+    return {tok: v[1] for tok, v in STATED.items() if isinstance(v, tuple)}
 
 
 def outside_blocks(readme: str) -> list[tuple[int, str, str]]:

@@ -123,3 +123,8 @@ def test_outside_block_scan_sees_numbers_and_skips_blocks_and_code():
     toks = [t for _, t, _ in R.outside_blocks(doc)]
     assert toks == ["0.93", "3 ×", "12%"]
     assert R.unexplained(doc, {"0.93": "x"}) and not R.unexplained(doc, {"0.93": "", "3 ×": "", "12%": ""})
+
+
+@pytest.mark.parametrize("token", sorted(R.stated_checks()))
+def test_constants_the_readme_states_are_the_codes(token):
+    assert R.stated_checks()[token](), f"the README states {token!r}, which no longer matches the code"
