@@ -73,25 +73,37 @@ def _error(msg: Message, exc: Exception) -> Message:
                    reply_to=msg)
 
 
-def _secure_stats(cfg: FlowerConfig, context: Context):
+def _secure_stats(cfg: FlowerConfig, context: Context, msg: Message):
     """This node's statistics for a secure run, computed once and kept in its own ``context.state``.
 
     The node's later stages (and FedCOF's second round) reuse them instead of
     loading the data again; they never leave the node unmasked.
     """
-    key = hashlib.sha256(json.dumps(cfg.to_wire(), sort_keys=True).encode()).hexdigest()
+    return _secure_release(cfg, context, msg)[0]
+
+
+def _secure_release(cfg: FlowerConfig, context: Context, msg: Message):
+    """This node's statistics (with its noise share under DP) and its release events, cached per run config.
+
+    A seeded simulation draws the same share whenever it recomputes; with OS
+    entropy the share is drawn once and reused by every stage of the run (the
+    run's nonce, sent by the server in the config, tells runs apart).
+    """
+    raw = {k: v for k, v in dict(msg.content["config"]).items()}
+    key = hashlib.sha256(json.dumps(raw, sort_keys=True, default=str).encode()).hexdigest()
     if _STATS in context.state and context.state[_STATS_KEY]["config"] == key:
-        return stats_from_record(context.state[_STATS], "this node's cached statistics")
+        return (stats_from_record(context.state[_STATS], "this node's cached statistics"),
+                json.loads(str(context.state[_STATS_KEY]["events"])))
     data = load_node_data(context.node_config, cfg)
-    stats, _ = node_statistics(data, cfg, node_rng(cfg, context.node_id, "noise"), secure=True)
+    stats, events = node_statistics(data, cfg, node_rng(cfg, context.node_id, "noise"), secure=True)
     context.state[_STATS] = stats_record(stats)
-    context.state[_STATS_KEY] = ConfigRecord({"config": key})
-    return stats
+    context.state[_STATS_KEY] = ConfigRecord({"config": key, "events": json.dumps(events)})
+    return stats, events
 
 
 def _secure_vector(msg: Message, cfg: FlowerConfig, context: Context):
     """The vector this node contributes to the secure sum named in the message's ``round``."""
-    stats = _secure_stats(cfg, context)
+    stats = _secure_stats(cfg, context, msg)
     round_name = str(msg.content["round"]["round"])
     if round_name == "sums":
         return sum_vector(stats, cfg.make_method())
@@ -145,10 +157,10 @@ def make_client_app(faults: dict[int, str] | None = None) -> ClientApp:
             return failed
         try:
             cfg = _config(msg)
-            stats = _secure_stats(cfg, context)
+            stats, events = _secure_release(cfg, context, msg)
         except PrivfedError as exc:
             return _error(msg, exc)
-        meta = ConfigRecord({"d": int(stats.dim), "C": int(stats.num_classes),
+        meta = ConfigRecord({"d": int(stats.dim), "C": int(stats.num_classes), "events": json.dumps(events),
                              "key-holder": str(context.node_config.get("key-holder", "")).lower() == "true"})
         return Message(RecordDict({"meta": meta}), reply_to=msg)
 

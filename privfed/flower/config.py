@@ -19,6 +19,8 @@ Keys (run config / command line):
 ``level``                   ``record`` or ``client``
 ``trusted-aggregator``      the server adds the noise to the sum
 ``max-records``             client level: records per client bound
+``dropout-tolerance``       secure DP runs: t, nodes that may drop while the others'
+                            noise shares still carry sigma^2 (each adds sigma^2/(K - t))
 ``secure``                  ``none``, ``mask`` (pairwise masking) or ``ckks``
                             (CKKS, a node holding the keys)
 ``threshold``               Shamir threshold t (default: a majority)
@@ -65,6 +67,7 @@ class FlowerConfig:
     level: str = "record"
     trusted_aggregator: bool = False
     max_records: int | None = None
+    dropout_tolerance: int = 0
     secure: str = "none"
     threshold: int | None = None
     frac_bits: int = 32
@@ -104,10 +107,21 @@ class FlowerConfig:
                 raise ConfigError(
                     "a DP run (finite epsilon) needs clip, the L2 bound of every record; e.g. --clip 10"
                 )
-            if self.secure != "none":
+            if self.secure != "none" and self.make_method().per_client:
                 raise ConfigError(
-                    "DP noise together with secure aggregation is not offered by the Flower app yet; "
-                    "run the DP release without --secure, or secure aggregation without --epsilon"
+                    f"DP noise on method {self.method!r}'s secure protocol is not supported (its second round "
+                    "has no bounded sensitivity); use a sum-only method (fedncm, fed3r, fed3r-within, fedcgs, "
+                    "fedlog) with --secure, or drop --secure"
+                )
+            if self.secure != "none" and self.trusted_aggregator:
+                raise ConfigError(
+                    "trusted-aggregator and secure aggregation contradict each other (a trusted aggregator "
+                    "sees the exact sum); drop one of them"
+                )
+            self.make_privacy()  # bad budget / level / max-records fail here, before any message
+            if self.secure != "none" and not 0 <= self.dropout_tolerance < self.clients:
+                raise ConfigError(
+                    f"dropout-tolerance={self.dropout_tolerance} must lie in 0..clients-1={self.clients - 1}"
                 )
         for name in ("timeout", "connect_timeout"):
             v = getattr(self, name)
@@ -142,6 +156,7 @@ class FlowerConfig:
         return GaussianMechanism(
             epsilon=float(self.epsilon), delta=float(self.delta), clip=float(self.clip), level=self.level,
             blocks=blocks, trusted_aggregator=bool(self.trusted_aggregator), max_records=self.max_records,
+            dropout_tolerance=int(self.dropout_tolerance),
         )
 
     # -- (de)serialisation ------------------------------------------------------
@@ -179,7 +194,7 @@ class FlowerConfig:
 
 
 def _coerce(name: str, value: Any) -> Any:
-    ints = {"clients", "min_clients", "max_records", "threshold", "frac_bits", "num_classes",
+    ints = {"clients", "min_clients", "max_records", "dropout_tolerance", "threshold", "frac_bits", "num_classes",
             "partition_seed", "noise_seed"}
     floats = {"epsilon", "delta", "clip", "alpha", "timeout", "connect_timeout"}
     key = name.replace("_", "-")

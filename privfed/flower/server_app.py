@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import pathlib
 import time
 import tracemalloc
@@ -38,6 +39,7 @@ from flwr.serverapp import Grid, ServerApp
 from mechanisms.ledger import ReleaseEvent
 from privfed.errors import ConfigError, InputError, PrivfedError
 from privfed.flower.config import FlowerConfig
+from privfed.flower.dp import SecureNoiseReport
 from privfed.flower.protocol import (
     fedcof_broadcast,
     fedcof_head,
@@ -105,6 +107,8 @@ class FlowerResult:
     head: LinearHead
     report: dict[str, Any]
     received: list = field(default_factory=list, repr=False)
+    #: The sums the server learnt under secure aggregation (one decoded vector per secure sum).
+    sums: list = field(default_factory=list, repr=False)
 
 
 def _jsonable(obj):
@@ -174,11 +178,17 @@ def serve(grid: Grid, cfg: FlowerConfig, *, keep_view: bool = False) -> FlowerRe
         tracemalloc.reset_peak()
     method = cfg.make_method()
     privacy = cfg.make_privacy()
+    noise_report = None
     if privacy is not None:
-        privacy.check(method, None)
+        privacy.declare_randomness(seeded=cfg.noise_seed is not None)
+        if cfg.secure == "none":
+            privacy.check(method, None)
+        else:
+            noise_report = SecureNoiseReport(privacy, method, cfg.secure, num_clients=cfg.clients)
     nodes = wait_for_nodes(grid, cfg.clients, cfg.connect_timeout)
     t_connected = time.monotonic()
-    config_rec = ConfigRecord(cfg.to_wire())
+    # The nonce tells this run from an identical earlier one (a node reuses its noise share within a run only).
+    config_rec = ConfigRecord({**cfg.to_wire(), "run-nonce": os.urandom(8).hex()})
     report: dict[str, Any] = {"method": method.name, "params": dict(method.params), "config": cfg.to_wire(),
                               "nodes": len(nodes)}
     received: list = []
@@ -225,7 +235,9 @@ def serve(grid: Grid, cfg: FlowerConfig, *, keep_view: bool = False) -> FlowerRe
         }
         report["replied"] = got
     else:
-        head, K, extra = _serve_secure(grid, cfg, method, nodes, config_rec, stages, keep_view, received)
+        head, K, extra = _serve_secure(grid, cfg, method, nodes, config_rec, stages, keep_view, received,
+                                       noise_report)
+        sums = extra.pop("sums")
         report.update(extra)
         report["replied"] = K
 
@@ -260,16 +272,18 @@ def serve(grid: Grid, cfg: FlowerConfig, *, keep_view: bool = False) -> FlowerRe
     })
     if tracemalloc.is_tracing():
         report["server_peak_traced_bytes"] = tracemalloc.get_traced_memory()[1]
-    result = FlowerResult(head=head, report=_jsonable(report), received=received)
+    result = FlowerResult(head=head, report=_jsonable(report), received=received,
+                          sums=sums if cfg.secure != "none" else [])
     if cfg.output:
         write_outputs(result, cfg.output)
     return result
 
 
-def _serve_secure(grid, cfg, method, nodes, config_rec, stages, keep_view, received):
+def _serve_secure(grid, cfg, method, nodes, config_rec, stages, keep_view, received, noise_report=None):
     errors: dict[int, str] = {}
     shapes: dict[int, tuple[int, int]] = {}
     holders: dict[int, bool] = {}
+    events: dict[int, list[dict]] = {}
 
     def on_setup(node, content):
         if "error" in content:
@@ -277,6 +291,7 @@ def _serve_secure(grid, cfg, method, nodes, config_rec, stages, keep_view, recei
             return
         shapes[node] = (int(content["meta"]["C"]), int(content["meta"]["d"]))
         holders[node] = bool(content["meta"].get("key-holder", False))
+        events[node] = json.loads(str(content["meta"].get("events", "[]")))
 
     contents = {n: RecordDict({"config": config_rec}) for n in nodes}
     ex = stages["setup"] = exchange(grid, contents, "query.setup", cfg.timeout, on_setup, group_id="setup")
@@ -291,6 +306,8 @@ def _serve_secure(grid, cfg, method, nodes, config_rec, stages, keep_view, recei
     if len(participants) < 2:
         raise ConfigError(f"secure aggregation needs at least 2 nodes with data, got {len(participants)}")
     C, d = next(iter(shapes.values()))
+    if noise_report is not None:
+        noise_report.record(events)
 
     def run(round_name, length, payload, among=None):
         among = participants if among is None else among
@@ -342,6 +359,8 @@ def _serve_secure(grid, cfg, method, nodes, config_rec, stages, keep_view, recei
     else:  # pragma: no cover - every per-client method has a secure protocol or is refused by it
         method.secure_aggregate(None, None)
     K = len(runs[-1].uploaded)
+    if noise_report is not None:
+        noise_report.settle([len(r.uploaded) for r in runs])
     head.upload_bytes = {"K": K, "measured": "on the wire, every stage (see wire)"}
     head.secure_aggregation = {
         "protocol": cfg.secure,
@@ -356,7 +375,7 @@ def _serve_secure(grid, cfg, method, nodes, config_rec, stages, keep_view, recei
             f"secure aggregation: {len(head.secure_aggregation['dropped'])} node(s) dropped before uploading; "
             f"the head is built from the {K} nodes whose inputs were summed"
         )
-    return head, K, {"C": C, "d": d, "participants": len(participants)}
+    return head, K, {"C": C, "d": d, "participants": len(participants), "sums": [r.total for r in runs]}
 
 
 def write_outputs(result: FlowerResult, directory: str) -> None:
