@@ -94,7 +94,12 @@ def _node_file(path: str, cfg: FlowerConfig) -> NodeData:
     from privfed.data.npzfile import _features, _ints, _read
 
     where = f"node feature file {path!r}"
-    arrays = _read(pathlib.Path(path).expanduser())
+    file = pathlib.Path(path).expanduser()
+    try:
+        st = file.stat()
+        arrays = _read_cached(str(file), st.st_mtime_ns, st.st_size)
+    except OSError:
+        arrays = _read(file)  # a missing / unreadable file: _read names it
     for required in ("features", "labels"):
         if required not in arrays:
             raise InputError(f"{where} has no {required!r} array (it has {sorted(arrays)}); "
@@ -111,6 +116,19 @@ def _node_file(path: str, cfg: FlowerConfig) -> NodeData:
     if y.size and (y.min() < 0 or y.max() >= cfg.num_classes):
         raise InputError(f"{where} has labels outside 0..{cfg.num_classes - 1} (num-classes={cfg.num_classes})")
     return NodeData(F, y, int(cfg.num_classes), f"file:{path}")
+
+
+@functools.lru_cache(maxsize=64)
+def _read_cached(path: str, mtime_ns: int, size: int) -> dict:
+    """A node's feature file, read once while it is unchanged (the stages of a run reread it)."""
+    import pathlib
+
+    from privfed.data.npzfile import _read
+
+    arrays = _read(pathlib.Path(path))
+    for a in arrays.values():
+        a.setflags(write=False)
+    return arrays
 
 
 def _synthetic(node_config: dict, cfg: FlowerConfig) -> NodeData:

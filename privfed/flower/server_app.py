@@ -107,7 +107,8 @@ class FlowerResult:
     head: LinearHead
     report: dict[str, Any]
     received: list = field(default_factory=list, repr=False)
-    #: The sums the server learnt under secure aggregation (one decoded vector per secure sum).
+    #: What the head was built from: under secure aggregation the decoded sums (one vector per
+    #: secure sum); otherwise the folded statistics' arrays (after the central noise, if any).
     sums: list = field(default_factory=list, repr=False)
 
 
@@ -226,6 +227,7 @@ def serve(grid: Grid, cfg: FlowerConfig, *, keep_view: bool = False) -> FlowerRe
             if not method.per_client:
                 stats = privacy.after_aggregate(stats, method, _server_rng(cfg))
         head = method.aggregate(stats)
+        sums = [np.array(a) for a in stats.arrays().values()]
         C, d = fold.shape
         K = got
         head.upload_bytes = {
@@ -272,8 +274,7 @@ def serve(grid: Grid, cfg: FlowerConfig, *, keep_view: bool = False) -> FlowerRe
     })
     if tracemalloc.is_tracing():
         report["server_peak_traced_bytes"] = tracemalloc.get_traced_memory()[1]
-    result = FlowerResult(head=head, report=_jsonable(report), received=received,
-                          sums=sums if cfg.secure != "none" else [])
+    result = FlowerResult(head=head, report=_jsonable(report), received=received, sums=sums)
     if cfg.output:
         write_outputs(result, cfg.output)
     return result
