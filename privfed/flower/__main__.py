@@ -4,6 +4,7 @@ Examples
 --------
     python -m privfed.flower --method fedcof --eps 1 --clip 10 --clients 20
     python -m privfed.flower --method fed3r --secure mask --clients 10 --output results/flower-fed3r
+    python -m privfed.flower --method fedncm --eps 1 --clip 10 --secure mask --clients 10
 
 Every node holds ``partition-id`` of ``--clients`` partitions of the embedded
 digits data set (``privfed.federation.partition`` with ``--partition``,
@@ -42,6 +43,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--secure", choices=("none", "mask", "ckks"), default="none",
                    help="secure aggregation: pairwise masking or CKKS (a node holds the keys)")
     p.add_argument("--threshold", type=int, default=None, help="Shamir threshold (default: a majority)")
+    p.add_argument("--dropout-tolerance", type=int, default=0,
+                   help="DP with --secure: nodes that may drop while the others' noise shares carry sigma^2")
     p.add_argument("--frac-bits", type=int, default=32)
     p.add_argument("--partition", default="dirichlet")
     p.add_argument("--alpha", type=float, default=0.5)
@@ -66,7 +69,7 @@ def _body(argv: Sequence[str] | None) -> int:
     cfg = FlowerConfig(
         method=args.method, method_params=params, clients=args.clients, epsilon=args.epsilon,
         delta=args.delta, clip=args.clip, level=args.level, trusted_aggregator=args.trusted_aggregator,
-        max_records=args.max_records, secure=args.secure, threshold=args.threshold, frac_bits=args.frac_bits,
+        max_records=args.max_records, dropout_tolerance=args.dropout_tolerance, secure=args.secure, threshold=args.threshold, frac_bits=args.frac_bits,
         partition=args.partition, alpha=args.alpha, partition_seed=args.seed, noise_seed=args.noise_seed,
         timeout=args.timeout, output=args.output,
     )
