@@ -142,10 +142,11 @@ def make_client_app(faults: dict[int, str] | None = None) -> ClientApp:
             return failed
         try:
             cfg = _config(msg)
-            data = load_node_data(context.node_config, cfg)
             b = msg.content["broadcast"]
             info = msg.content["round"]
-            stats = node_round_statistics(str(info["name"]), data, cfg, {k: b[k].numpy() for k in b.keys()},
+            if str(info["name"]) == "fedlog-rounds":
+                import privfed.flower.fedlog  # noqa: F401 - registers the multi-round FedLog statistic
+            stats = node_round_statistics(str(info["name"]), context, cfg, {k: b[k].numpy() for k in b.keys()},
                                           int(info["index"]))
         except PrivfedError as exc:
             return _error(msg, exc)

@@ -25,6 +25,9 @@ Keys (run config / command line):
                             (CKKS, a node holding the keys)
 ``threshold``               Shamir threshold t (default: a majority)
 ``frac-bits``               fixed-point fractional bits of masked statistics
+``rounds``                  rounds of a multi-round method (``fedlog`` with local bodies, R > 1)
+``rounds-params``           JSON object of :class:`privfed.fedlog_rounds.RoundsConfig` settings
+                            (local_epochs, batch_size, lr, families, init, partition, ...)
 ``dataset``                 ``digits`` (embedded, default), ``file:PATH`` or
                             ``synthetic:D:N`` (N random D-dim samples a node)
 ``num-classes``             C; defaults to the data set's
@@ -71,6 +74,8 @@ class FlowerConfig:
     secure: str = "none"
     threshold: int | None = None
     frac_bits: int = 32
+    rounds: int = 1
+    rounds_params: dict = field(default_factory=dict)
     dataset: str = "digits"
     num_classes: int | None = None
     partition: str = "dirichlet"
@@ -123,6 +128,21 @@ class FlowerConfig:
                 raise ConfigError(
                     f"dropout-tolerance={self.dropout_tolerance} must lie in 0..clients-1={self.clients - 1}"
                 )
+        _positive_int(self.rounds, "rounds", "e.g. --rounds 10 for multi-round FedLog")
+        if not isinstance(self.rounds_params, dict):
+            raise ConfigError(f"rounds-params must be a JSON object, got {self.rounds_params!r}")
+        if self.rounds > 1:
+            if self.method != "fedlog":
+                raise ConfigError(f"rounds={self.rounds}: only fedlog runs several rounds (local bodies); "
+                                  f"{self.method!r} is one-shot: drop --rounds")
+            if self.private or self.secure != "none":
+                raise ConfigError("multi-round FedLog on Flower runs without DP noise and secure aggregation; "
+                                  "privfed.fedlog_rounds simulates its noise placements in one process")
+            from privfed.flower.fedlog import rounds_config
+
+            rounds_config(self)  # bad rounds-params fail here, before any message
+        elif self.rounds_params:
+            raise ConfigError("rounds-params applies to multi-round FedLog (rounds > 1) only")
         for name in ("timeout", "connect_timeout"):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
@@ -173,8 +193,9 @@ class FlowerConfig:
     def from_wire(cls, values: dict[str, Any]) -> "FlowerConfig":
         known = {f.name for f in fields(cls)}
         kwargs = {k: v for k, v in values.items() if k in known}
-        if isinstance(kwargs.get("method_params"), str):
-            kwargs["method_params"] = json.loads(kwargs["method_params"])
+        for name in ("method_params", "rounds_params"):
+            if isinstance(kwargs.get(name), str):
+                kwargs[name] = json.loads(kwargs[name])
         return cls(**kwargs)
 
     @classmethod
@@ -194,12 +215,12 @@ class FlowerConfig:
 
 
 def _coerce(name: str, value: Any) -> Any:
-    ints = {"clients", "min_clients", "max_records", "dropout_tolerance", "threshold", "frac_bits", "num_classes",
+    ints = {"clients", "min_clients", "max_records", "dropout_tolerance", "threshold", "rounds", "frac_bits", "num_classes",
             "partition_seed", "noise_seed"}
     floats = {"epsilon", "delta", "clip", "alpha", "timeout", "connect_timeout"}
     key = name.replace("_", "-")
     try:
-        if name == "method_params":
+        if name in ("method_params", "rounds_params"):
             value = json.loads(value) if isinstance(value, str) else value
         elif name in ints:
             if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):

@@ -110,6 +110,8 @@ class FlowerResult:
     #: What the head was built from: under secure aggregation the decoded sums (one vector per
     #: secure sum); otherwise the folded statistics' arrays (after the central noise, if any).
     sums: list = field(default_factory=list, repr=False)
+    #: Multi-round runs: the head of every round (the last is ``head``).
+    heads: list = field(default_factory=list, repr=False)
 
 
 def _jsonable(obj):
@@ -195,7 +197,24 @@ def serve(grid: Grid, cfg: FlowerConfig, *, keep_view: bool = False) -> FlowerRe
     received: list = []
     stages: dict[str, Exchange] = {}
 
-    if cfg.secure == "none":
+    heads: list = []
+    if cfg.rounds > 1:
+        from privfed.flower.fedlog import serve_fedlog_rounds
+
+        heads, round_stages, rc = serve_fedlog_rounds(grid, cfg, nodes)
+        for r, ex in enumerate(round_stages):
+            stages[f"round-{r}"] = ex
+        head = heads[-1]
+        K = min(len(ex.answered) for ex in round_stages)
+        head.upload_bytes = {"K": K, "rounds": len(heads), "measured": "on the wire, every round (see wire)"}
+        report["replied"] = K
+        report["rounds"] = {
+            "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(rc).items()},
+            "head_norm": [float(np.linalg.norm(np.concatenate([h.bias[:, None], h.weight], axis=1)))
+                          for h in heads],
+        }
+        sums = []
+    elif cfg.secure == "none":
         fold = _Fold(method)
         errors: dict[int, str] = {}
         events: dict[int, list[dict]] = {}
@@ -274,7 +293,7 @@ def serve(grid: Grid, cfg: FlowerConfig, *, keep_view: bool = False) -> FlowerRe
     })
     if tracemalloc.is_tracing():
         report["server_peak_traced_bytes"] = tracemalloc.get_traced_memory()[1]
-    result = FlowerResult(head=head, report=_jsonable(report), received=received, sums=sums)
+    result = FlowerResult(head=head, report=_jsonable(report), received=received, sums=sums, heads=heads)
     if cfg.output:
         write_outputs(result, cfg.output)
     return result
