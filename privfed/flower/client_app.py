@@ -27,6 +27,8 @@ import hashlib
 import json
 import os
 
+import numpy as np
+
 from flwr.app import ConfigRecord, Context, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
 
@@ -134,7 +136,10 @@ def make_client_app(faults: dict[int, str] | None = None) -> ClientApp:
             "d": int(stats.dim), "C": int(stats.num_classes), "events": json.dumps(events),
             "partition-id": -1 if data.partition_id is None else int(data.partition_id),
         })
-        return Message(RecordDict({"stats": stats_record(stats), "meta": meta}), reply_to=msg)
+        compact = cfg.wire == "compact"
+        record = stats_record(stats, held_only=compact and not cfg.private,
+                              dtype=np.float32 if compact else np.float64)
+        return Message(RecordDict({"stats": record, "meta": meta}), reply_to=msg)
 
     @app.query("round")
     def round_(msg: Message, context: Context) -> Message:

@@ -25,6 +25,9 @@ Keys (run config / command line):
                             (CKKS, a node holding the keys)
 ``threshold``               Shamir threshold t (default: a majority)
 ``frac-bits``               fixed-point fractional bits of masked statistics
+``wire``                    plain uploads: ``float64`` (default: dense, exact) or
+                            ``compact`` (float32, and without DP only the held
+                            classes' rows: the layout fit's byte model counts)
 ``rounds``                  rounds of a multi-round method (``fedlog`` with local bodies, R > 1)
 ``rounds-params``           JSON object of :class:`privfed.fedlog_rounds.RoundsConfig` settings
                             (local_epochs, batch_size, lr, families, init, partition, ...)
@@ -74,6 +77,7 @@ class FlowerConfig:
     secure: str = "none"
     threshold: int | None = None
     frac_bits: int = 32
+    wire: str = "float64"
     rounds: int = 1
     rounds_params: dict = field(default_factory=dict)
     dataset: str = "digits"
@@ -128,6 +132,11 @@ class FlowerConfig:
                 raise ConfigError(
                     f"dropout-tolerance={self.dropout_tolerance} must lie in 0..clients-1={self.clients - 1}"
                 )
+        if self.wire not in ("float64", "compact"):
+            raise ConfigError(f"wire must be 'float64' or 'compact', got {self.wire!r}")
+        if self.wire != "float64" and self.secure != "none":
+            raise ConfigError("wire=compact applies to plain uploads; secure aggregation has its own encoding "
+                              "(fixed point for masking, CKKS ciphertexts): drop --wire or --secure")
         _positive_int(self.rounds, "rounds", "e.g. --rounds 10 for multi-round FedLog")
         if not isinstance(self.rounds_params, dict):
             raise ConfigError(f"rounds-params must be a JSON object, got {self.rounds_params!r}")

@@ -90,8 +90,14 @@ def node_round(context, cfg, broadcast: dict, round_index: int) -> ClientStats:
     import torch
     from flwr.app import ConfigRecord
 
-    from privfed.fedlog_rounds import FEATURE_DIM, _Client, _client_features, _init_body, _train_body, \
-        deterministic_torch
+    from privfed.fedlog_rounds import (
+        FEATURE_DIM,
+        _Client,
+        _client_features,
+        _init_body,
+        _train_body,
+        deterministic_torch,
+    )
 
     rc = rounds_config(cfg)
     if "partition-id" not in context.node_config:

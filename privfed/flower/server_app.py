@@ -52,7 +52,7 @@ from mechanisms.secagg import THREAT_MODEL_CKKS, THREAT_MODEL_MASK
 from privfed.flower.ckks import ckks_sum_over_messages
 from privfed.flower.secagg import masked_sum_over_messages
 from privfed.flower.transport import Exchange, exchange, wait_for_nodes
-from privfed.flower.wire import arrays_record, stats_from_record
+from privfed.flower.wire import arrays_record, payload_bytes, stats_from_record
 from privfed.head import LinearHead
 from privfed.stats import ClientStats, StatsFold
 
@@ -218,14 +218,19 @@ def serve(grid: Grid, cfg: FlowerConfig, *, keep_view: bool = False) -> FlowerRe
         fold = _Fold(method)
         errors: dict[int, str] = {}
         events: dict[int, list[dict]] = {}
+        payload: dict[str, int] = {}
+        sent_pairs = [0]
 
         def on_stats(node, content):
             if "error" in content:
                 errors[node] = str(content["error"]["message"])
                 return
-            stats = stats_from_record(content["stats"], f"node {node}")
             meta = content["meta"]
-            pid = int(meta["partition-id"])
+            stats = stats_from_record(content["stats"], f"node {node}", num_classes=int(meta["C"]))
+            for k, v in payload_bytes(content["stats"]).items():
+                payload[k] = payload.get(k, 0) + v
+            # fit's byte model counts the pairs sent: under DP every class of every row (zeros noised too).
+            sent_pairs[0] += stats.num_clients * stats.num_classes if privacy is not None else stats.num_pairs()
             if keep_view:
                 received.append(("query", node, {k: v.copy() for k, v in stats.arrays().items()}))
             fold.add(f"node {node}", stats)
@@ -249,12 +254,19 @@ def serve(grid: Grid, cfg: FlowerConfig, *, keep_view: bool = False) -> FlowerRe
         sums = [np.array(a) for a in stats.arrays().values()]
         C, d = fold.shape
         K = got
-        head.upload_bytes = {
-            "total": method.upload_bytes(M=fold.num_pairs, K=K, d=d, C=C),
-            "per_client": method.upload_bytes(M=fold.num_pairs, K=K, d=d, C=C) / K,
-            "M": fold.num_pairs, "K": K,
-        }
+        M = sent_pairs[0]
+        model = method.upload_bytes(M=M, K=K, d=d, C=C)
+        head.upload_bytes = {"total": model, "per_client": model / K, "M": M, "K": K}
         report["replied"] = got
+        report["payload_vs_model"] = {
+            "model_bytes": int(model),
+            "payload_bytes": int(sum(payload.values())),
+            "payload_bytes_by_array": dict(sorted(payload.items())),
+            "layout": "float64, every class" if cfg.wire != "compact"
+            else "float32, every class (DP)" if cfg.private else "float32, held classes only",
+            "note": "model: fit's 4 bytes a float over the statistics it counts; payload: the arrays' buffers "
+                    "sent (the reply adds Flower's framing and the metadata, see wire)",
+        }
     else:
         head, K, extra = _serve_secure(grid, cfg, method, nodes, config_rec, stages, keep_view, received,
                                        noise_report)
@@ -275,7 +287,7 @@ def serve(grid: Grid, cfg: FlowerConfig, *, keep_view: bool = False) -> FlowerRe
         "bytes_up_total": int(up_total),
         "bytes_up_per_node": up_total / max(len(nodes_up), 1),
         "bytes_down_total": int(sum(sum(ex.bytes_down.values()) for ex in stages.values())),
-        "encoding": {"none": "float64 arrays", "mask": f"uint64 ring, frac-bits={cfg.frac_bits}",
+        "encoding": {"none": "float32 arrays (compact)" if cfg.wire == "compact" else "float64 arrays", "mask": f"uint64 ring, frac-bits={cfg.frac_bits}",
                      "ckks": "CKKS ciphertexts (TenSEAL)"}[cfg.secure],
     }
     head.extras["flower"] = wire
