@@ -40,13 +40,17 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--clip", type=float, default=None, help="L2 bound of every record (required for DP)")
     p.add_argument("--level", choices=("record", "client"), default="record")
     p.add_argument("--trusted-aggregator", action="store_true", help="the server adds the noise to the sum")
-    p.add_argument("--max-records", type=int, default=None, help="client level: records per client bound")
-    p.add_argument("--secure", choices=("none", "mask", "ckks"), default="none",
-                   help="secure aggregation: pairwise masking or CKKS (a node holds the keys)")
+    p.add_argument("--max-records", type=int, default=None,
+                   help="client level: records per client bound (also flwr-secaggplus's public scaling bound)")
+    p.add_argument("--secure", choices=("none", "mask", "ckks", "flwr-secaggplus"), default="none",
+                   help="secure aggregation: pairwise masking, CKKS (a node holds the keys) or Flower's SecAgg+ "
+                        "(sum-only methods; needs --clip and --max-records as public scaling bounds)")
     p.add_argument("--threshold", type=int, default=None, help="Shamir threshold (default: a majority)")
     p.add_argument("--dropout-tolerance", type=int, default=0,
                    help="DP with --secure: nodes that may drop while the others' noise shares carry sigma^2")
     p.add_argument("--frac-bits", type=int, default=32)
+    p.add_argument("--wire", choices=("float64", "compact"), default="float64",
+                   help="plain uploads: float64 dense (exact) or compact (float32, held classes only without DP)")
     p.add_argument("--rounds", type=int, default=1,
                    help="multi-round FedLog: rounds of local body training and head solving (fedlog only)")
     p.add_argument("--rounds-params", default="{}",
@@ -80,6 +84,7 @@ def _body(argv: Sequence[str] | None) -> int:
         delta=args.delta, clip=args.clip, level=args.level, trusted_aggregator=args.trusted_aggregator,
         max_records=args.max_records, dropout_tolerance=args.dropout_tolerance, secure=args.secure,
         threshold=args.threshold, frac_bits=args.frac_bits, rounds=args.rounds, rounds_params=rounds_params,
+        wire=args.wire,
         partition=args.partition, alpha=args.alpha, partition_seed=args.seed, noise_seed=args.noise_seed,
         timeout=args.timeout, output=args.output,
     )

@@ -240,6 +240,15 @@ def make_client_app(faults: dict[int, str] | None = None) -> ClientApp:
                                integral=False)
         return Message(sum_reply(total), reply_to=msg)
 
+    from flwr.client.mod import secaggplus_mod
+
+    @app.train(mods=[secaggplus_mod])
+    def flwr_secaggplus(msg: Message, context: Context) -> Message:
+        """Flower's SecAgg+ collect stage (``secure=flwr-secaggplus``): the node's pre-scaled statistics."""
+        from privfed.flower.flwr_secagg import node_train_reply
+
+        return node_train_reply(msg, context)
+
     @app.query("unmask")
     def unmask(msg: Message, context: Context) -> Message:
         if (failed := _fault("unmask", msg, context, faults)) is not None:

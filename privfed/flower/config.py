@@ -21,8 +21,9 @@ Keys (run config / command line):
 ``max-records``             client level: records per client bound
 ``dropout-tolerance``       secure DP runs: t, nodes that may drop while the others'
                             noise shares still carry sigma^2 (each adds sigma^2/(K - t))
-``secure``                  ``none``, ``mask`` (pairwise masking) or ``ckks``
-                            (CKKS, a node holding the keys)
+``secure``                  ``none``, ``mask`` (pairwise masking), ``ckks``
+                            (CKKS, a node holding the keys) or ``flwr-secaggplus``
+                            (Flower's SecAgg+ workflow; needs clip and max-records)
 ``threshold``               Shamir threshold t (default: a majority)
 ``frac-bits``               fixed-point fractional bits of masked statistics
 ``wire``                    plain uploads: ``float64`` (default: dense, exact) or
@@ -56,7 +57,7 @@ from privfed.errors import ConfigError
 __all__ = ["FlowerConfig", "SECURE_PROTOCOLS"]
 
 #: Secure-aggregation protocols the Flower app runs as message stages.
-SECURE_PROTOCOLS = ("none", "mask", "ckks")
+SECURE_PROTOCOLS = ("none", "mask", "ckks", "flwr-secaggplus")
 
 
 @dataclass(frozen=True)
@@ -152,6 +153,10 @@ class FlowerConfig:
             rounds_config(self)  # bad rounds-params fail here, before any message
         elif self.rounds_params:
             raise ConfigError("rounds-params applies to multi-round FedLog (rounds > 1) only")
+        if self.secure == "flwr-secaggplus":
+            from privfed.flower.flwr_secagg import check_limits
+
+            check_limits(self)
         for name in ("timeout", "connect_timeout"):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):

@@ -4,8 +4,9 @@
 :func:`privfed.flower.server_app.serve` uses (``get_node_ids``,
 ``push_messages``, ``pull_messages``) by handing each message straight to
 the ClientApp with that node's own :class:`flwr.app.Context` (its node
-config and its persistent ``state``), in this process.  A ClientApp that
-raises is a node that never answers, as a crashed node is under Flower.
+config and its persistent ``state``), in this process, each node a copy of
+the message (serialised and parsed, as over the wire).  A ClientApp that
+raises answers with an error carrying the exception, as Flower's runtime does.
 
 Runs take milliseconds instead of a simulation's start-up of tens of
 seconds: tests of error paths, and the end-to-end auditor
@@ -16,7 +17,8 @@ from __future__ import annotations
 
 import itertools
 
-from flwr.app import Context, RecordDict
+from flwr.app import Context, Error, Message, RecordDict
+from flwr.common.serde import message_from_proto, message_to_proto
 
 from privfed.flower.client_app import make_client_app
 
@@ -55,9 +57,12 @@ class LocalGrid:
             mid = f"m{next(self.ids)}"
             msg.metadata.__dict__["_message_id"] = mid
             try:
-                reply = self.app(msg, self.contexts[msg.metadata.dst_node_id])
-            except Exception:  # noqa: BLE001 - a failing ClientApp is a node that never answers
-                reply = None
+                # Each node gets its own copy, as over the wire (a handler may change what it received).
+                delivered = message_from_proto(message_to_proto(msg))
+                delivered.metadata.__dict__["_message_id"] = mid
+                reply = self.app(delivered, self.contexts[msg.metadata.dst_node_id])
+            except Exception as exc:  # noqa: BLE001 - as Flower's runtime: an error reply with the reason
+                reply = Message(Error(code=0, reason=f"ClientApp raised {type(exc).__name__}: {exc}"), reply_to=msg)
             if reply is not None:
                 self.replies[mid] = reply
             out.append(mid)
@@ -65,3 +70,7 @@ class LocalGrid:
 
     def pull_messages(self, ids):
         return [self.replies.pop(i) for i in list(ids) if i in self.replies]
+
+    def send_and_receive(self, messages, *, timeout=None):
+        """Push, then pull every reply there is (delivery is immediate: nothing more will come)."""
+        return self.pull_messages(self.push_messages(messages))

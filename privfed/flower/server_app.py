@@ -288,7 +288,8 @@ def serve(grid: Grid, cfg: FlowerConfig, *, keep_view: bool = False) -> FlowerRe
         "bytes_up_per_node": up_total / max(len(nodes_up), 1),
         "bytes_down_total": int(sum(sum(ex.bytes_down.values()) for ex in stages.values())),
         "encoding": {"none": "float32 arrays (compact)" if cfg.wire == "compact" else "float64 arrays", "mask": f"uint64 ring, frac-bits={cfg.frac_bits}",
-                     "ckks": "CKKS ciphertexts (TenSEAL)"}[cfg.secure],
+                     "ckks": "CKKS ciphertexts (TenSEAL)",
+                     "flwr-secaggplus": "Flower SecAgg+: 2^22 levels in [-8, 8], 2^32 ring"}[cfg.secure],
     }
     head.extras["flower"] = wire
     if cfg.secure != "none":
@@ -343,7 +344,11 @@ def _serve_secure(grid, cfg, method, nodes, config_rec, stages, keep_view, recei
 
     def run(round_name, length, payload, among=None):
         among = participants if among is None else among
-        if cfg.secure == "ckks":
+        if cfg.secure == "flwr-secaggplus":
+            from privfed.flower.flwr_secagg import flwr_secaggplus_sum
+
+            res = flwr_secaggplus_sum(grid, cfg, among, length=length, C=C, d=d, threshold=cfg.threshold)
+        elif cfg.secure == "ckks":
             holder = next((n for n in among if holders.get(n)), among[0])
             res = ckks_sum_over_messages(
                 grid, among, key_holder=holder, length=length, params=CKKSParams(), timeout=cfg.timeout,
@@ -400,7 +405,7 @@ def _serve_secure(grid, cfg, method, nodes, config_rec, stages, keep_view, recei
         "rounds": [r.record() for r in runs],
         "summed_nodes": K,
         "dropped": sorted({n for r in runs for n in r.dropped_before_upload}),
-        "threat_model": THREAT_MODEL_MASK if cfg.secure == "mask" else THREAT_MODEL_CKKS,
+        "threat_model": {"mask": THREAT_MODEL_MASK, "ckks": THREAT_MODEL_CKKS}.get(cfg.secure, _THREAT_FLWR),
     }
     if any(r.dropped_before_upload for r in runs):
         head.notes.append(
@@ -408,6 +413,14 @@ def _serve_secure(grid, cfg, method, nodes, config_rec, stages, keep_view, recei
             f"the head is built from the {K} nodes whose inputs were summed"
         )
     return head, K, {"C": C, "d": d, "participants": len(participants), "sums": [r.total for r in runs]}
+
+
+_THREAT_FLWR = (
+    "Honest-but-curious server running Flower's SecAgg+ workflow: it sees public keys, encrypted shares, "
+    "masked quantised uploads uniform over Z_2^32 and the shares needed to unmask the sum over uploaders; "
+    "t or more colluding nodes can unmask a node. The neighbour graph (complete here: num_shares = K) and the "
+    "stochastic rounding come from non-cryptographic generators (Python's random, numpy's global generator)."
+)
 
 
 def write_outputs(result: FlowerResult, directory: str) -> None:
