@@ -396,6 +396,10 @@ def _serve_secure(grid, cfg, method, nodes, config_rec, stages, keep_view, recei
     else:  # pragma: no cover - every per-client method has a secure protocol or is refused by it
         method.secure_aggregate(None, None)
     K = len(runs[-1].uploaded)
+    if cfg.secure == "flwr-secaggplus":  # the nodes clipped their records to the public bound: test rows too
+        from mechanisms.clipping import Clipping
+
+        head.feature_transform = Clipping(float(cfg.clip), "l2")
     if noise_report is not None:
         noise_report.settle([len(r.uploaded) for r in runs])
     head.upload_bytes = {"K": K, "measured": "on the wire, every stage (see wire)"}
