@@ -9,7 +9,10 @@ Message types it answers (all ``query``; the server sends the run's
                      the pairwise-masking stages (:mod:`privfed.flower.secagg`)
 ``query.ckks_keys`` ``query.ckks_encrypt`` ``query.ckks_decrypt``
                      CKKS with this node or another as key holder (:mod:`privfed.flower.ckks`)
-``query.round``      one round of a multi-round method (:mod:`privfed.flower.rounds`)
+``query.round``      one round of a multi-round method (:mod:`privfed.flower.rounds`;
+                     multi-round FedLog: :mod:`privfed.flower.fedlog`)
+``train``            Flower's SecAgg+ stages (``secaggplus_mod``), whose collect stage
+                     asks for the node's pre-scaled statistics (:mod:`privfed.flower.flwr_secagg`)
 
 A bad configuration or a node without data is answered with an ``error``
 record naming the problem, which the server turns into one clear error.

@@ -9,10 +9,15 @@
    check every node sent the same d and C and the same privacy release,
    add the central noise when the aggregator is trusted, and build the head
    with the method's own ``aggregate``;
-3. secure runs: ``query.setup`` (shapes), then the masking stages of
-   :mod:`privfed.flower.secagg` once for a sum-only method, twice for
-   FedCOF's two-round protocol; the server only ever holds masked uploads,
-   encrypted shares, seed shares and sums;
+3. secure runs: ``query.setup`` (shapes, and under DP each node's record
+   of its noise share), then the masking stages of
+   :mod:`privfed.flower.secagg` (or CKKS, :mod:`privfed.flower.ckks`, or
+   Flower's own SecAgg+, :mod:`privfed.flower.flwr_secagg`) once for a
+   sum-only method, twice for FedCOF's two-round protocol; the server only
+   ever holds masked uploads, encrypted shares, seed shares and sums; under
+   DP the report is settled with the noise shares that reached the sums
+   (:mod:`privfed.flower.dp`);
+   multi-round FedLog (``rounds > 1``): the loop of :mod:`privfed.flower.fedlog`;
 4. write ``head.npz`` and ``report.json`` (head, privacy report, bytes sent
    on the wire per stage and node) to ``output`` when set.
 
