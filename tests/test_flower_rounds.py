@@ -69,3 +69,16 @@ def test_bad_multi_round_configurations_are_refused_before_any_message():
         FlowerConfig(method="fedlog", clients=K, rounds=3, rounds_params={"epochs": 1})
     with pytest.raises(ConfigError, match="rounds-params applies to multi-round FedLog"):
         FlowerConfig(method="fedlog", clients=K, rounds_params={"local_epochs": 1})
+
+
+def test_command_line_takes_rounds_and_refuses_bad_ones_in_one_line(capsys):
+    from privfed.flower.__main__ import main
+
+    assert main(["--method", "fedncm", "--rounds", "3"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "only fedlog runs several rounds" in err[0]
+    assert main(["--method", "fedlog", "--rounds", "3", "--rounds-params", "{bad"]) == 2
+    assert "--rounds-params must be a JSON object" in capsys.readouterr().err
+    assert main(["--method", "fedncm", "--secure", "flwr-secaggplus", "--clients", "1024", "--clip", "1",
+                 "--max-records", "10"]) == 2
+    assert "at most 1023 clients" in capsys.readouterr().err
