@@ -1,6 +1,7 @@
 """Benchmark of privfed on Flower's simulation engine: start-up, bytes on the wire, scale, server memory.
 
-Four measurements, each one Flower simulation (Ray) of the privfed app:
+Measurements (the first three one Flower simulation (Ray) of the privfed app each; the last two
+run the real ClientApp and server over the in-process grid, ``privfed.flower.local.LocalGrid``):
 
 1. **start-up and bytes per method** (``--clients`` nodes, digits, d = 64):
    every method plain, fedncm / fed3r / fedcof under pairwise masking and
@@ -19,10 +20,21 @@ Four measurements, each one Flower simulation (Ray) of the privfed app:
    state included) next to d^2 * 8 bytes and K d^2 * 8 bytes, which is what
    holding every reply would cost.
 
+4. **bytes per protocol** (fedncm, fed3r; ``--clients`` digits nodes):
+   plain float64, the compact layout (float32, held classes only without
+   DP), local DP, pairwise masking, masking with distributed DP noise, CKKS,
+   Flower's SecAgg+: bytes up per node against plain float64 in the same
+   run, fit's byte model and the payload the nodes' arrays carried, and the
+   server's seconds per run (median of ``--reps``; no Ray).
+5. **end-to-end audits** of the Flower DP paths (``privfed.audit.audit_release``
+   driving the ClientApp): local, trusted-aggregator and distributed
+   (masking) noise, and halved noise on the nodes: claimed mu, mu lower
+   bound, draws, seconds.
+
 Prints markdown tables and writes ``results.json`` under ``--out``.
 
 Run: ``python experiments/bench_flower.py [--clients 10] [--scale 10,100,1000] [--dims 64,256,512,1024]
-[--out results/bench_flower]``
+[--skip methods,scale,memory,protocols,audit] [--out results/bench_flower]``
 """
 
 from __future__ import annotations
@@ -57,6 +69,10 @@ def bench_methods(K: int, num_cpus: int) -> dict:
     cfgs = [FlowerConfig(method=m, **slow) for m in available()]
     cfgs += [FlowerConfig(method=m, secure="mask", **slow) for m in ("fedncm", "fed3r", "fedcof")]
     cfgs += [FlowerConfig(method=m, secure="ckks", **slow) for m in ("fedncm", "fedcof")]
+    cfgs += [FlowerConfig(method=m, wire="compact", **slow) for m in ("fedncm", "fed3r")]
+    cfgs += [FlowerConfig(method="fedncm", secure="mask", epsilon=1.0, clip=10.0, **slow)]
+    cfgs += [FlowerConfig(method=m, secure="flwr-secaggplus", clip=10.0, max_records=1000, **slow)
+             for m in ("fedncm", "fed3r")]
     out, wall = _sim(cfgs, num_cpus)
     rows, server = [], 0.0
     for cfg, res in zip(cfgs, out):
@@ -66,7 +82,8 @@ def bench_methods(K: int, num_cpus: int) -> dict:
         server += res.report["seconds"]["total"]
         model = res.report["upload_bytes_model"]
         rows.append({
-            "method": cfg.method, "secure": cfg.secure,
+            "method": cfg.method, "secure": cfg.secure, "wire": cfg.wire,
+            "dp": "distributed" if cfg.private and cfg.secure != "none" else ("local" if cfg.private else ""),
             "wire_bytes_up_per_node": res.report["wire"]["bytes_up_per_node"],
             "fit_model_bytes_per_client": model.get("per_client") if cfg.secure == "none" else None,
             "server_seconds": res.report["seconds"]["total"],
@@ -122,6 +139,94 @@ def bench_memory(dims: list[int], K: int, num_cpus: int) -> list[dict]:
     return rows
 
 
+_PROTOCOLS = [
+    ("plain float64", {}),
+    ("plain compact", {"wire": "compact"}),
+    ("local DP, float64", {"epsilon": 1.0, "clip": 10.0}),
+    ("local DP, compact", {"epsilon": 1.0, "clip": 10.0, "wire": "compact"}),
+    ("mask", {"secure": "mask"}),
+    ("mask + distributed DP", {"secure": "mask", "epsilon": 1.0, "clip": 10.0}),
+    ("ckks", {"secure": "ckks"}),
+    ("ckks + distributed DP", {"secure": "ckks", "epsilon": 1.0, "clip": 10.0}),
+    ("flwr-secaggplus", {"secure": "flwr-secaggplus", "clip": 10.0, "max_records": 1000}),
+]
+
+
+def bench_protocols(K: int, reps: int) -> list[dict]:
+    import logging
+    import warnings
+
+    from privfed.flower import serve
+    from privfed.flower.local import LocalGrid
+
+    logging.getLogger("flwr").setLevel(logging.ERROR)
+    nodes = {100 + i: {"partition-id": i, "num-partitions": K} for i in range(K)}
+    rows = []
+    for method in ("fedncm", "fed3r"):
+        base = None
+        for name, kw in _PROTOCOLS:
+            times, res = [], None
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                for _ in range(reps):
+                    t0 = time.perf_counter()
+                    res = serve(LocalGrid(nodes), FlowerConfig(method=method, clients=K, timeout=120.0, **kw))
+                    times.append(time.perf_counter() - t0)
+            up = res.report["wire"]["bytes_up_per_node"]
+            base = up if base is None else base
+            pv = res.report.get("payload_vs_model") or {}
+            rows.append({
+                "method": method, "protocol": name, "bytes_up_per_node": up, "vs_plain_float64": up / base,
+                "fit_model_bytes_per_node": pv["model_bytes"] / K if pv else None,
+                "payload_bytes_per_node": pv["payload_bytes"] / K if pv else None,
+                "epsilon": None if res.head.privacy is None else res.head.privacy.epsilon,
+                "server_s_median": float(np.median(times)),
+            })
+    return rows
+
+
+def bench_audit(draws: int) -> list[dict]:
+    import warnings
+    from unittest import mock
+
+    from mechanisms import GaussianMechanism
+    from privfed.audit import audit_release, neighbour_battery
+    from privfed.flower.audit import flower_release
+
+    class HalvedNoise(GaussianMechanism):
+        def _add_noise(self, arr, block, sigma, rng):
+            return super()._add_noise(arr, block, sigma / 2, rng)
+
+    make = FlowerConfig.make_privacy
+
+    def halved(self):
+        mech = make(self)
+        if mech is not None:
+            mech.__class__ = HalvedNoise
+        return mech
+
+    record, client = neighbour_battery("record"), neighbour_battery("client")
+    cases = [
+        ("local", {}, record[1], False),
+        ("trusted aggregator (central)", {"trusted_aggregator": True}, record[1], False),
+        ("distributed, masking", {"secure": "mask"}, record[1], False),
+        ("distributed, masking, client level", {"secure": "mask", "level": "client", "max_records": 20},
+         client[1], False),
+        ("BROKEN halved noise, local", {}, record[1], True),
+        ("BROKEN halved noise, masking", {"secure": "mask"}, record[1], True),
+    ]
+    rows = []
+    for name, kw, pair, broken in cases:
+        t0 = time.perf_counter()
+        with warnings.catch_warnings(), mock.patch.object(FlowerConfig, "make_privacy", halved if broken else make):
+            warnings.simplefilter("ignore")
+            r = audit_release(flower_release("fedncm", epsilon=4.0, clip=3.0, **kw), [pair], draws=draws,
+                              heldout=draws // 2, meta_draws=2)[0]
+        rows.append({"path": name, "pair": r.pair, "claimed_eps": r.claimed_eps, "claimed_mu": r.claimed_mu,
+                     "mu_lb": r.mu_lb, "draws": r.draws, "flagged": r.flagged, "seconds": time.perf_counter() - t0})
+    return rows
+
+
 def _table(rows, cols):
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
@@ -140,7 +245,10 @@ def main(argv=None) -> int:
     p.add_argument("--dims", default="64,256,512,1024")
     p.add_argument("--memory-clients", type=int, default=20)
     p.add_argument("--num-cpus", type=int, default=2)
-    p.add_argument("--skip", default="", help="comma-separated parts to skip: methods,scale,memory")
+    p.add_argument("--reps", type=int, default=3, help="protocols part: runs per configuration (median)")
+    p.add_argument("--audit-draws", type=int, default=150, help="audit part: fresh draws per side")
+    p.add_argument("--skip", default="",
+                   help="comma-separated parts to skip: methods,scale,memory,protocols,audit")
     p.add_argument("--out", default="results/bench_flower")
     args = p.parse_args(argv)
     skip = set(filter(None, args.skip.split(",")))
@@ -154,8 +262,8 @@ def main(argv=None) -> int:
         print(f"\n## Start-up and bytes ({m['clients']} nodes, digits d = 64)\n")
         print(f"simulation wall {m['simulation_wall_s']:.1f} s, server {m['server_s']:.1f} s, "
               f"first head after {m['first_head_s']:.1f} s (start-up + one run)\n")
-        print(_table(m["runs"], ["method", "secure", "wire_bytes_up_per_node", "fit_model_bytes_per_client",
-                                 "server_seconds", "error"]))
+        print(_table(m["runs"], ["method", "secure", "wire", "dp", "wire_bytes_up_per_node",
+                                 "fit_model_bytes_per_client", "server_seconds", "error"]))
     if "scale" not in skip:
         res["scale"] = bench_scale(parse_int_list(args.scale, "--scale", minimum=1), args.num_cpus)
         print("\n## Scale (fedncm, synthetic d = 64, 20 samples a node)\n")
@@ -167,6 +275,17 @@ def main(argv=None) -> int:
         print("\n## Server memory against d^2 (fed3r, synthetic)\n")
         print(_table(res["memory"], ["d", "clients", "server_peak_traced_bytes", "d2_bytes", "K_d2_bytes",
                                      "peak_over_d2", "error"]))
+    if "protocols" not in skip:
+        res["protocols"] = bench_protocols(args.clients, args.reps)
+        print(f"\n## Bytes per protocol ({args.clients} digits nodes, in-process grid)\n")
+        print(_table(res["protocols"], ["method", "protocol", "bytes_up_per_node", "vs_plain_float64",
+                                        "fit_model_bytes_per_node", "payload_bytes_per_node", "epsilon",
+                                        "server_s_median"]))
+    if "audit" not in skip:
+        res["audit"] = bench_audit(args.audit_draws)
+        print("\n## End-to-end audits of the Flower DP paths (fedncm, eps = 4)\n")
+        print(_table(res["audit"], ["path", "pair", "claimed_eps", "claimed_mu", "mu_lb", "draws", "flagged",
+                                    "seconds"]))
     (out / "results.json").write_text(json.dumps(res, indent=2, default=str))
     print(f"\nwritten {out / 'results.json'}")
     return 0

@@ -8,7 +8,6 @@ that delivers messages directly (``_LocalGrid``), which takes milliseconds.
 
 from __future__ import annotations
 
-import itertools
 import math
 import os
 import time
@@ -19,7 +18,6 @@ import pytest
 pytest.importorskip("flwr")
 os.environ.setdefault("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")
 
-from flwr.app import Context, RecordDict  # noqa: E402
 
 import privfed  # noqa: E402
 from mechanisms import GaussianMechanism, fixed_point  # noqa: E402
@@ -28,6 +26,7 @@ from privfed.errors import ConfigError  # noqa: E402
 from privfed.federation import partition  # noqa: E402
 from privfed.flower import FlowerConfig, run_simulation, serve  # noqa: E402
 from privfed.flower.client_app import make_client_app  # noqa: E402
+from privfed.flower.local import LocalGrid  # noqa: E402
 from privfed.flower.protocol import sum_vector  # noqa: E402
 from privfed.flower.server_app import _Fold  # noqa: E402
 from privfed.stats import ClientStats, compute_client_stats  # noqa: E402
@@ -172,39 +171,7 @@ def test_too_few_nodes_is_a_clear_error_within_the_timeout(sim):
 
 
 # -------------------------------------------------------------------- in-process grid
-class _LocalGrid:
-    """Delivers each message to the real ClientApp in this process (no Flower runtime)."""
-
-    def __init__(self, node_configs: dict[int, dict], app=None) -> None:
-        from flwr.supercore.task_identity import TaskIdentity
-
-        if TaskIdentity._run_id is None:  # what a ServerApp process has set before it creates messages
-            TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
-        self.app = app or make_client_app()
-        self.contexts = {n: Context(run_id=1, node_id=n, node_config=c, state=RecordDict(), run_config={})
-                         for n, c in node_configs.items()}
-        self.ids = itertools.count(1)
-        self.replies: dict[str, object] = {}
-
-    def get_node_ids(self):
-        return list(self.contexts)
-
-    def push_messages(self, messages):
-        out = []
-        for msg in messages:
-            mid = f"m{next(self.ids)}"
-            msg.metadata.__dict__["_message_id"] = mid
-            try:
-                reply = self.app(msg, self.contexts[msg.metadata.dst_node_id])
-            except Exception:  # noqa: BLE001 - a failing ClientApp is a node that never answers
-                reply = None
-            if reply is not None:
-                self.replies[mid] = reply
-            out.append(mid)
-        return out
-
-    def pull_messages(self, ids):
-        return [self.replies.pop(i) for i in list(ids) if i in self.replies]
+_LocalGrid = LocalGrid
 
 
 def _digits_nodes(n):

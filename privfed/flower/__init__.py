@@ -7,8 +7,13 @@ clips and noises them with OS entropy and replies; the server
 (:mod:`privfed.flower.server_app`) waits for the expected nodes, folds the
 replies as they arrive and builds the head with the method's ``aggregate``.
 Secure aggregation runs privfed's pairwise masking as message stages
-(:mod:`privfed.flower.secagg`) or CKKS with a node as the key holder
-(:mod:`privfed.flower.ckks`).
+(:mod:`privfed.flower.secagg`), CKKS with a node as the key holder
+(:mod:`privfed.flower.ckks`) or Flower's own SecAgg+ workflow
+(:mod:`privfed.flower.flwr_secagg`); with DP the nodes add distributed noise
+shares (:mod:`privfed.flower.dp`).  Multi-round FedLog runs as a Flower loop
+(:mod:`privfed.flower.fedlog`); :mod:`privfed.flower.audit` lets
+:func:`privfed.audit.audit_release` drive the app over the in-process grid
+(:mod:`privfed.flower.local`).
 
 Routes:
 

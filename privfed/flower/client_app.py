@@ -9,7 +9,10 @@ Message types it answers (all ``query``; the server sends the run's
                      the pairwise-masking stages (:mod:`privfed.flower.secagg`)
 ``query.ckks_keys`` ``query.ckks_encrypt`` ``query.ckks_decrypt``
                      CKKS with this node or another as key holder (:mod:`privfed.flower.ckks`)
-``query.round``      one round of a multi-round method (:mod:`privfed.flower.rounds`)
+``query.round``      one round of a multi-round method (:mod:`privfed.flower.rounds`;
+                     multi-round FedLog: :mod:`privfed.flower.fedlog`)
+``train``            Flower's SecAgg+ stages (``secaggplus_mod``), whose collect stage
+                     asks for the node's pre-scaled statistics (:mod:`privfed.flower.flwr_secagg`)
 
 A bad configuration or a node without data is answered with an ``error``
 record naming the problem, which the server turns into one clear error.
@@ -26,6 +29,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+
+import numpy as np
 
 from flwr.app import ConfigRecord, Context, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
@@ -73,25 +78,37 @@ def _error(msg: Message, exc: Exception) -> Message:
                    reply_to=msg)
 
 
-def _secure_stats(cfg: FlowerConfig, context: Context):
+def _secure_stats(cfg: FlowerConfig, context: Context, msg: Message):
     """This node's statistics for a secure run, computed once and kept in its own ``context.state``.
 
     The node's later stages (and FedCOF's second round) reuse them instead of
     loading the data again; they never leave the node unmasked.
     """
-    key = hashlib.sha256(json.dumps(cfg.to_wire(), sort_keys=True).encode()).hexdigest()
+    return _secure_release(cfg, context, msg)[0]
+
+
+def _secure_release(cfg: FlowerConfig, context: Context, msg: Message):
+    """This node's statistics (with its noise share under DP) and its release events, cached per run config.
+
+    A seeded simulation draws the same share whenever it recomputes; with OS
+    entropy the share is drawn once and reused by every stage of the run (the
+    run's nonce, sent by the server in the config, tells runs apart).
+    """
+    raw = {k: v for k, v in dict(msg.content["config"]).items()}
+    key = hashlib.sha256(json.dumps(raw, sort_keys=True, default=str).encode()).hexdigest()
     if _STATS in context.state and context.state[_STATS_KEY]["config"] == key:
-        return stats_from_record(context.state[_STATS], "this node's cached statistics")
+        return (stats_from_record(context.state[_STATS], "this node's cached statistics"),
+                json.loads(str(context.state[_STATS_KEY]["events"])))
     data = load_node_data(context.node_config, cfg)
-    stats, _ = node_statistics(data, cfg, node_rng(cfg, context.node_id, "noise"), secure=True)
+    stats, events = node_statistics(data, cfg, node_rng(cfg, context.node_id, "noise"), secure=True)
     context.state[_STATS] = stats_record(stats)
-    context.state[_STATS_KEY] = ConfigRecord({"config": key})
-    return stats
+    context.state[_STATS_KEY] = ConfigRecord({"config": key, "events": json.dumps(events)})
+    return stats, events
 
 
 def _secure_vector(msg: Message, cfg: FlowerConfig, context: Context):
     """The vector this node contributes to the secure sum named in the message's ``round``."""
-    stats = _secure_stats(cfg, context)
+    stats = _secure_stats(cfg, context, msg)
     round_name = str(msg.content["round"]["round"])
     if round_name == "sums":
         return sum_vector(stats, cfg.make_method())
@@ -122,7 +139,10 @@ def make_client_app(faults: dict[int, str] | None = None) -> ClientApp:
             "d": int(stats.dim), "C": int(stats.num_classes), "events": json.dumps(events),
             "partition-id": -1 if data.partition_id is None else int(data.partition_id),
         })
-        return Message(RecordDict({"stats": stats_record(stats), "meta": meta}), reply_to=msg)
+        compact = cfg.wire == "compact"
+        record = stats_record(stats, held_only=compact and not cfg.private,
+                              dtype=np.float32 if compact else np.float64)
+        return Message(RecordDict({"stats": record, "meta": meta}), reply_to=msg)
 
     @app.query("round")
     def round_(msg: Message, context: Context) -> Message:
@@ -130,10 +150,11 @@ def make_client_app(faults: dict[int, str] | None = None) -> ClientApp:
             return failed
         try:
             cfg = _config(msg)
-            data = load_node_data(context.node_config, cfg)
             b = msg.content["broadcast"]
             info = msg.content["round"]
-            stats = node_round_statistics(str(info["name"]), data, cfg, {k: b[k].numpy() for k in b.keys()},
+            if str(info["name"]) == "fedlog-rounds":
+                import privfed.flower.fedlog  # noqa: F401 - registers the multi-round FedLog statistic
+            stats = node_round_statistics(str(info["name"]), context, cfg, {k: b[k].numpy() for k in b.keys()},
                                           int(info["index"]))
         except PrivfedError as exc:
             return _error(msg, exc)
@@ -145,10 +166,10 @@ def make_client_app(faults: dict[int, str] | None = None) -> ClientApp:
             return failed
         try:
             cfg = _config(msg)
-            stats = _secure_stats(cfg, context)
+            stats, events = _secure_release(cfg, context, msg)
         except PrivfedError as exc:
             return _error(msg, exc)
-        meta = ConfigRecord({"d": int(stats.dim), "C": int(stats.num_classes),
+        meta = ConfigRecord({"d": int(stats.dim), "C": int(stats.num_classes), "events": json.dumps(events),
                              "key-holder": str(context.node_config.get("key-holder", "")).lower() == "true"})
         return Message(RecordDict({"meta": meta}), reply_to=msg)
 
@@ -221,6 +242,15 @@ def make_client_app(faults: dict[int, str] | None = None) -> ClientApp:
         total = holder_decrypt(secret, [bytes(c) for c in rec["aggregate"]], int(rec["size"]), CKKSParams(),
                                integral=False)
         return Message(sum_reply(total), reply_to=msg)
+
+    from flwr.client.mod import secaggplus_mod
+
+    @app.train(mods=[secaggplus_mod])
+    def flwr_secaggplus(msg: Message, context: Context) -> Message:
+        """Flower's SecAgg+ collect stage (``secure=flwr-secaggplus``): the node's pre-scaled statistics."""
+        from privfed.flower.flwr_secagg import node_train_reply
+
+        return node_train_reply(msg, context)
 
     @app.query("unmask")
     def unmask(msg: Message, context: Context) -> Message:

@@ -19,10 +19,19 @@ Keys (run config / command line):
 ``level``                   ``record`` or ``client``
 ``trusted-aggregator``      the server adds the noise to the sum
 ``max-records``             client level: records per client bound
-``secure``                  ``none``, ``mask`` (pairwise masking) or ``ckks``
-                            (CKKS, a node holding the keys)
+``dropout-tolerance``       secure DP runs: t, nodes that may drop while the others'
+                            noise shares still carry sigma^2 (each adds sigma^2/(K - t))
+``secure``                  ``none``, ``mask`` (pairwise masking), ``ckks``
+                            (CKKS, a node holding the keys) or ``flwr-secaggplus``
+                            (Flower's SecAgg+ workflow; needs clip and max-records)
 ``threshold``               Shamir threshold t (default: a majority)
 ``frac-bits``               fixed-point fractional bits of masked statistics
+``wire``                    plain uploads: ``float64`` (default: dense, exact) or
+                            ``compact`` (float32, and without DP only the held
+                            classes' rows: the layout fit's byte model counts)
+``rounds``                  rounds of a multi-round method (``fedlog`` with local bodies, R > 1)
+``rounds-params``           JSON object of :class:`privfed.fedlog_rounds.RoundsConfig` settings
+                            (local_epochs, batch_size, lr, families, init, partition, ...)
 ``dataset``                 ``digits`` (embedded, default), ``file:PATH`` or
                             ``synthetic:D:N`` (N random D-dim samples a node)
 ``num-classes``             C; defaults to the data set's
@@ -48,7 +57,7 @@ from privfed.errors import ConfigError
 __all__ = ["FlowerConfig", "SECURE_PROTOCOLS"]
 
 #: Secure-aggregation protocols the Flower app runs as message stages.
-SECURE_PROTOCOLS = ("none", "mask", "ckks")
+SECURE_PROTOCOLS = ("none", "mask", "ckks", "flwr-secaggplus")
 
 
 @dataclass(frozen=True)
@@ -65,9 +74,13 @@ class FlowerConfig:
     level: str = "record"
     trusted_aggregator: bool = False
     max_records: int | None = None
+    dropout_tolerance: int = 0
     secure: str = "none"
     threshold: int | None = None
     frac_bits: int = 32
+    wire: str = "float64"
+    rounds: int = 1
+    rounds_params: dict = field(default_factory=dict)
     dataset: str = "digits"
     num_classes: int | None = None
     partition: str = "dirichlet"
@@ -104,11 +117,46 @@ class FlowerConfig:
                 raise ConfigError(
                     "a DP run (finite epsilon) needs clip, the L2 bound of every record; e.g. --clip 10"
                 )
-            if self.secure != "none":
+            if self.secure != "none" and self.make_method().per_client:
                 raise ConfigError(
-                    "DP noise together with secure aggregation is not offered by the Flower app yet; "
-                    "run the DP release without --secure, or secure aggregation without --epsilon"
+                    f"DP noise on method {self.method!r}'s secure protocol is not supported (its second round "
+                    "has no bounded sensitivity); use a sum-only method (fedncm, fed3r, fed3r-within, fedcgs, "
+                    "fedlog) with --secure, or drop --secure"
                 )
+            if self.secure != "none" and self.trusted_aggregator:
+                raise ConfigError(
+                    "trusted-aggregator and secure aggregation contradict each other (a trusted aggregator "
+                    "sees the exact sum); drop one of them"
+                )
+            self.make_privacy()  # bad budget / level / max-records fail here, before any message
+            if self.secure != "none" and not 0 <= self.dropout_tolerance < self.clients:
+                raise ConfigError(
+                    f"dropout-tolerance={self.dropout_tolerance} must lie in 0..clients-1={self.clients - 1}"
+                )
+        if self.wire not in ("float64", "compact"):
+            raise ConfigError(f"wire must be 'float64' or 'compact', got {self.wire!r}")
+        if self.wire != "float64" and self.secure != "none":
+            raise ConfigError("wire=compact applies to plain uploads; secure aggregation has its own encoding "
+                              "(fixed point for masking, CKKS ciphertexts): drop --wire or --secure")
+        _positive_int(self.rounds, "rounds", "e.g. --rounds 10 for multi-round FedLog")
+        if not isinstance(self.rounds_params, dict):
+            raise ConfigError(f"rounds-params must be a JSON object, got {self.rounds_params!r}")
+        if self.rounds > 1:
+            if self.method != "fedlog":
+                raise ConfigError(f"rounds={self.rounds}: only fedlog runs several rounds (local bodies); "
+                                  f"{self.method!r} is one-shot: drop --rounds")
+            if self.private or self.secure != "none":
+                raise ConfigError("multi-round FedLog on Flower runs without DP noise and secure aggregation; "
+                                  "privfed.fedlog_rounds simulates its noise placements in one process")
+            from privfed.flower.fedlog import rounds_config
+
+            rounds_config(self)  # bad rounds-params fail here, before any message
+        elif self.rounds_params:
+            raise ConfigError("rounds-params applies to multi-round FedLog (rounds > 1) only")
+        if self.secure == "flwr-secaggplus":
+            from privfed.flower.flwr_secagg import check_limits
+
+            check_limits(self)
         for name in ("timeout", "connect_timeout"):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
@@ -142,6 +190,7 @@ class FlowerConfig:
         return GaussianMechanism(
             epsilon=float(self.epsilon), delta=float(self.delta), clip=float(self.clip), level=self.level,
             blocks=blocks, trusted_aggregator=bool(self.trusted_aggregator), max_records=self.max_records,
+            dropout_tolerance=int(self.dropout_tolerance),
         )
 
     # -- (de)serialisation ------------------------------------------------------
@@ -158,8 +207,9 @@ class FlowerConfig:
     def from_wire(cls, values: dict[str, Any]) -> "FlowerConfig":
         known = {f.name for f in fields(cls)}
         kwargs = {k: v for k, v in values.items() if k in known}
-        if isinstance(kwargs.get("method_params"), str):
-            kwargs["method_params"] = json.loads(kwargs["method_params"])
+        for name in ("method_params", "rounds_params"):
+            if isinstance(kwargs.get(name), str):
+                kwargs[name] = json.loads(kwargs[name])
         return cls(**kwargs)
 
     @classmethod
@@ -179,12 +229,12 @@ class FlowerConfig:
 
 
 def _coerce(name: str, value: Any) -> Any:
-    ints = {"clients", "min_clients", "max_records", "threshold", "frac_bits", "num_classes",
+    ints = {"clients", "min_clients", "max_records", "dropout_tolerance", "threshold", "rounds", "frac_bits", "num_classes",
             "partition_seed", "noise_seed"}
     floats = {"epsilon", "delta", "clip", "alpha", "timeout", "connect_timeout"}
     key = name.replace("_", "-")
     try:
-        if name == "method_params":
+        if name in ("method_params", "rounds_params"):
             value = json.loads(value) if isinstance(value, str) else value
         elif name in ints:
             if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):

@@ -94,18 +94,41 @@ def _node_file(path: str, cfg: FlowerConfig) -> NodeData:
     from privfed.data.npzfile import _features, _ints, _read
 
     where = f"node feature file {path!r}"
-    arrays = _read(pathlib.Path(path).expanduser())
+    file = pathlib.Path(path).expanduser()
+    try:
+        st = file.stat()
+        arrays = _read_cached(str(file), st.st_mtime_ns, st.st_size)
+    except OSError:
+        arrays = _read(file)  # a missing / unreadable file: _read names it
     for required in ("features", "labels"):
         if required not in arrays:
             raise InputError(f"{where} has no {required!r} array (it has {sorted(arrays)}); "
                              "save it with numpy.savez(path, features=..., labels=...)")
-    F = _features(arrays["features"], "features", where)
+    raw = arrays["features"]
+    if cfg.private and raw.ndim == 2 and raw.shape[0] == 0 and raw.shape[1] > 0 and raw.dtype.kind in "biuf":
+        # Under DP a site without records still uploads (noised zeros): see node_statistics.
+        F = np.zeros((0, raw.shape[1]))
+    else:
+        F = _features(raw, "features", where)
     y = _ints(arrays["labels"], "labels", F.shape[0], "features", where)
     if cfg.num_classes is None:
         raise ConfigError(f"nodes with their own feature files need num-classes in the run config ({where})")
     if y.size and (y.min() < 0 or y.max() >= cfg.num_classes):
         raise InputError(f"{where} has labels outside 0..{cfg.num_classes - 1} (num-classes={cfg.num_classes})")
     return NodeData(F, y, int(cfg.num_classes), f"file:{path}")
+
+
+@functools.lru_cache(maxsize=64)
+def _read_cached(path: str, mtime_ns: int, size: int) -> dict:
+    """A node's feature file, read once while it is unchanged (the stages of a run reread it)."""
+    import pathlib
+
+    from privfed.data.npzfile import _read
+
+    arrays = _read(pathlib.Path(path))
+    for a in arrays.values():
+        a.setflags(write=False)
+    return arrays
 
 
 def _synthetic(node_config: dict, cfg: FlowerConfig) -> NodeData:
@@ -143,17 +166,30 @@ def node_statistics(
 
     Returns the statistics (``K = 1``) and the privacy ledger's events as
     plain dicts (empty without DP), which the server checks and records.
+    Without secure aggregation the node adds the full noise of its own
+    release (local placement; nothing with a trusted aggregator); under
+    secure aggregation it adds its share sigma^2 / (K - t) of the noise on
+    the sum (:func:`privfed.flower.dp.node_share`).
+
+    Under DP a node without records still takes part and uploads noised
+    zeros, as every client of ``fit`` does: whether it holds data must not
+    show in anything the server receives.  Without DP it is refused.
     """
-    if data.features.shape[0] == 0:
-        raise InputError(f"this node ({data.source}) holds no sample; give it data or leave it out of the run")
     method = cfg.make_method()
     privacy = cfg.make_privacy()
-    zeros = np.zeros(data.labels.shape[0], dtype=np.int64)
+    n = data.features.shape[0]
+    if n == 0 and privacy is None:
+        raise InputError(f"this node ({data.source}) holds no sample; give it data or leave it out of the run")
+    zeros = np.zeros(n, dtype=np.int64)
     stats = client_statistics(
         method, data.features, data.labels, zeros, num_classes=data.num_classes, num_clients=1,
         rng=rng, privacy=privacy, secure_agg=True if secure else None,
     )
     events: list[dict] = []
+    if privacy is not None and secure:
+        from privfed.flower.dp import node_share
+
+        return node_share(privacy, stats, method, cfg.clients, rng, cfg.secure)
     if privacy is not None:
         stats = privacy.before_upload(stats, method, rng)
         events = [_event_dict(e) for e in privacy.ledger.events]

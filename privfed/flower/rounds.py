@@ -34,22 +34,39 @@ __all__ = ["ROUND_STATISTICS", "register_round_statistics", "run_rounds"]
 
 #: name -> node-side ``fn(data, cfg, broadcast: dict[str, ndarray], round_index) -> ClientStats``.
 ROUND_STATISTICS: dict[str, Callable] = {}
+#: names whose function takes the node's Flower ``Context`` instead of its loaded data (it keeps state
+#: between rounds in ``context.state`` and reads its own data, e.g. multi-round FedLog's images).
+_WANTS_CONTEXT: set[str] = set()
 
 
-def register_round_statistics(name: str):
-    """Decorator: register a node's per-round statistics under ``name`` (the run's ``method``)."""
+def register_round_statistics(name: str, *, context: bool = False):
+    """Decorator: register a node's per-round statistics under ``name`` (the run's ``method``).
+
+    With ``context=True`` the function is called as ``fn(context, cfg,
+    broadcast, round_index)`` with the node's Flower Context (its node config
+    and persistent state) instead of its loaded feature data.
+    """
 
     def deco(fn):
         ROUND_STATISTICS[name] = fn
+        if context:
+            _WANTS_CONTEXT.add(name)
+        else:
+            _WANTS_CONTEXT.discard(name)
         return fn
 
     return deco
 
 
-def node_round_statistics(name: str, data, cfg, broadcast, round_index) -> ClientStats:
+def node_round_statistics(name: str, context, cfg, broadcast, round_index) -> ClientStats:
     """The registered per-round statistics (ConfigError listing the registered names otherwise)."""
     if name not in ROUND_STATISTICS:
         raise ConfigError(f"no per-round statistics registered for {name!r}; registered: {sorted(ROUND_STATISTICS)}")
+    if name in _WANTS_CONTEXT:
+        return ROUND_STATISTICS[name](context, cfg, broadcast, round_index)
+    from privfed.flower.node import load_node_data
+
+    data = load_node_data(context.node_config, cfg)
     return ROUND_STATISTICS[name](data, cfg, broadcast, round_index)
 
 

@@ -9,10 +9,15 @@
    check every node sent the same d and C and the same privacy release,
    add the central noise when the aggregator is trusted, and build the head
    with the method's own ``aggregate``;
-3. secure runs: ``query.setup`` (shapes), then the masking stages of
-   :mod:`privfed.flower.secagg` once for a sum-only method, twice for
-   FedCOF's two-round protocol; the server only ever holds masked uploads,
-   encrypted shares, seed shares and sums;
+3. secure runs: ``query.setup`` (shapes, and under DP each node's record
+   of its noise share), then the masking stages of
+   :mod:`privfed.flower.secagg` (or CKKS, :mod:`privfed.flower.ckks`, or
+   Flower's own SecAgg+, :mod:`privfed.flower.flwr_secagg`) once for a
+   sum-only method, twice for FedCOF's two-round protocol; the server only
+   ever holds masked uploads, encrypted shares, seed shares and sums; under
+   DP the report is settled with the noise shares that reached the sums
+   (:mod:`privfed.flower.dp`);
+   multi-round FedLog (``rounds > 1``): the loop of :mod:`privfed.flower.fedlog`;
 4. write ``head.npz`` and ``report.json`` (head, privacy report, bytes sent
    on the wire per stage and node) to ``output`` when set.
 
@@ -25,6 +30,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import pathlib
 import time
 import tracemalloc
@@ -38,6 +44,7 @@ from flwr.serverapp import Grid, ServerApp
 from mechanisms.ledger import ReleaseEvent
 from privfed.errors import ConfigError, InputError, PrivfedError
 from privfed.flower.config import FlowerConfig
+from privfed.flower.dp import SecureNoiseReport
 from privfed.flower.protocol import (
     fedcof_broadcast,
     fedcof_head,
@@ -50,7 +57,7 @@ from mechanisms.secagg import THREAT_MODEL_CKKS, THREAT_MODEL_MASK
 from privfed.flower.ckks import ckks_sum_over_messages
 from privfed.flower.secagg import masked_sum_over_messages
 from privfed.flower.transport import Exchange, exchange, wait_for_nodes
-from privfed.flower.wire import arrays_record, stats_from_record
+from privfed.flower.wire import arrays_record, payload_bytes, stats_from_record
 from privfed.head import LinearHead
 from privfed.stats import ClientStats, StatsFold
 
@@ -105,6 +112,11 @@ class FlowerResult:
     head: LinearHead
     report: dict[str, Any]
     received: list = field(default_factory=list, repr=False)
+    #: What the head was built from: under secure aggregation the decoded sums (one vector per
+    #: secure sum); otherwise the folded statistics' arrays (after the central noise, if any).
+    sums: list = field(default_factory=list, repr=False)
+    #: Multi-round runs: the head of every round (the last is ``head``).
+    heads: list = field(default_factory=list, repr=False)
 
 
 def _jsonable(obj):
@@ -174,28 +186,56 @@ def serve(grid: Grid, cfg: FlowerConfig, *, keep_view: bool = False) -> FlowerRe
         tracemalloc.reset_peak()
     method = cfg.make_method()
     privacy = cfg.make_privacy()
+    noise_report = None
     if privacy is not None:
-        privacy.check(method, None)
+        privacy.declare_randomness(seeded=cfg.noise_seed is not None)
+        if cfg.secure == "none":
+            privacy.check(method, None)
+        else:
+            noise_report = SecureNoiseReport(privacy, method, cfg.secure, num_clients=cfg.clients)
     nodes = wait_for_nodes(grid, cfg.clients, cfg.connect_timeout)
     t_connected = time.monotonic()
-    config_rec = ConfigRecord(cfg.to_wire())
+    # The nonce tells this run from an identical earlier one (a node reuses its noise share within a run only).
+    config_rec = ConfigRecord({**cfg.to_wire(), "run-nonce": os.urandom(8).hex()})
     report: dict[str, Any] = {"method": method.name, "params": dict(method.params), "config": cfg.to_wire(),
                               "nodes": len(nodes)}
     received: list = []
     stages: dict[str, Exchange] = {}
 
-    if cfg.secure == "none":
+    heads: list = []
+    if cfg.rounds > 1:
+        from privfed.flower.fedlog import serve_fedlog_rounds
+
+        heads, round_stages, rc = serve_fedlog_rounds(grid, cfg, nodes)
+        for r, ex in enumerate(round_stages):
+            stages[f"round-{r}"] = ex
+        head = heads[-1]
+        K = min(len(ex.answered) for ex in round_stages)
+        head.upload_bytes = {"K": K, "rounds": len(heads), "measured": "on the wire, every round (see wire)"}
+        report["replied"] = K
+        report["rounds"] = {
+            "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(rc).items()},
+            "head_norm": [float(np.linalg.norm(np.concatenate([h.bias[:, None], h.weight], axis=1)))
+                          for h in heads],
+        }
+        sums = []
+    elif cfg.secure == "none":
         fold = _Fold(method)
         errors: dict[int, str] = {}
         events: dict[int, list[dict]] = {}
+        payload: dict[str, int] = {}
+        sent_pairs = [0]
 
         def on_stats(node, content):
             if "error" in content:
                 errors[node] = str(content["error"]["message"])
                 return
-            stats = stats_from_record(content["stats"], f"node {node}")
             meta = content["meta"]
-            pid = int(meta["partition-id"])
+            stats = stats_from_record(content["stats"], f"node {node}", num_classes=int(meta["C"]))
+            for k, v in payload_bytes(content["stats"]).items():
+                payload[k] = payload.get(k, 0) + v
+            # fit's byte model counts the pairs sent: under DP every class of every row (zeros noised too).
+            sent_pairs[0] += stats.num_clients * stats.num_classes if privacy is not None else stats.num_pairs()
             if keep_view:
                 received.append(("query", node, {k: v.copy() for k, v in stats.arrays().items()}))
             fold.add(f"node {node}", stats)
@@ -216,16 +256,26 @@ def serve(grid: Grid, cfg: FlowerConfig, *, keep_view: bool = False) -> FlowerRe
             if not method.per_client:
                 stats = privacy.after_aggregate(stats, method, _server_rng(cfg))
         head = method.aggregate(stats)
+        sums = [np.array(a) for a in stats.arrays().values()]
         C, d = fold.shape
         K = got
-        head.upload_bytes = {
-            "total": method.upload_bytes(M=fold.num_pairs, K=K, d=d, C=C),
-            "per_client": method.upload_bytes(M=fold.num_pairs, K=K, d=d, C=C) / K,
-            "M": fold.num_pairs, "K": K,
-        }
+        M = sent_pairs[0]
+        model = method.upload_bytes(M=M, K=K, d=d, C=C)
+        head.upload_bytes = {"total": model, "per_client": model / K, "M": M, "K": K}
         report["replied"] = got
+        report["payload_vs_model"] = {
+            "model_bytes": int(model),
+            "payload_bytes": int(sum(payload.values())),
+            "payload_bytes_by_array": dict(sorted(payload.items())),
+            "layout": "float64, every class" if cfg.wire != "compact"
+            else "float32, every class (DP)" if cfg.private else "float32, held classes only",
+            "note": "model: fit's 4 bytes a float over the statistics it counts; payload: the arrays' buffers "
+                    "sent (the reply adds Flower's framing and the metadata, see wire)",
+        }
     else:
-        head, K, extra = _serve_secure(grid, cfg, method, nodes, config_rec, stages, keep_view, received)
+        head, K, extra = _serve_secure(grid, cfg, method, nodes, config_rec, stages, keep_view, received,
+                                       noise_report)
+        sums = extra.pop("sums")
         report.update(extra)
         report["replied"] = K
 
@@ -242,8 +292,9 @@ def serve(grid: Grid, cfg: FlowerConfig, *, keep_view: bool = False) -> FlowerRe
         "bytes_up_total": int(up_total),
         "bytes_up_per_node": up_total / max(len(nodes_up), 1),
         "bytes_down_total": int(sum(sum(ex.bytes_down.values()) for ex in stages.values())),
-        "encoding": {"none": "float64 arrays", "mask": f"uint64 ring, frac-bits={cfg.frac_bits}",
-                     "ckks": "CKKS ciphertexts (TenSEAL)"}[cfg.secure],
+        "encoding": {"none": "float32 arrays (compact)" if cfg.wire == "compact" else "float64 arrays", "mask": f"uint64 ring, frac-bits={cfg.frac_bits}",
+                     "ckks": "CKKS ciphertexts (TenSEAL)",
+                     "flwr-secaggplus": "Flower SecAgg+: 2^22 levels in [-8, 8], 2^32 ring"}[cfg.secure],
     }
     head.extras["flower"] = wire
     if cfg.secure != "none":
@@ -260,16 +311,17 @@ def serve(grid: Grid, cfg: FlowerConfig, *, keep_view: bool = False) -> FlowerRe
     })
     if tracemalloc.is_tracing():
         report["server_peak_traced_bytes"] = tracemalloc.get_traced_memory()[1]
-    result = FlowerResult(head=head, report=_jsonable(report), received=received)
+    result = FlowerResult(head=head, report=_jsonable(report), received=received, sums=sums, heads=heads)
     if cfg.output:
         write_outputs(result, cfg.output)
     return result
 
 
-def _serve_secure(grid, cfg, method, nodes, config_rec, stages, keep_view, received):
+def _serve_secure(grid, cfg, method, nodes, config_rec, stages, keep_view, received, noise_report=None):
     errors: dict[int, str] = {}
     shapes: dict[int, tuple[int, int]] = {}
     holders: dict[int, bool] = {}
+    events: dict[int, list[dict]] = {}
 
     def on_setup(node, content):
         if "error" in content:
@@ -277,6 +329,7 @@ def _serve_secure(grid, cfg, method, nodes, config_rec, stages, keep_view, recei
             return
         shapes[node] = (int(content["meta"]["C"]), int(content["meta"]["d"]))
         holders[node] = bool(content["meta"].get("key-holder", False))
+        events[node] = json.loads(str(content["meta"].get("events", "[]")))
 
     contents = {n: RecordDict({"config": config_rec}) for n in nodes}
     ex = stages["setup"] = exchange(grid, contents, "query.setup", cfg.timeout, on_setup, group_id="setup")
@@ -291,10 +344,16 @@ def _serve_secure(grid, cfg, method, nodes, config_rec, stages, keep_view, recei
     if len(participants) < 2:
         raise ConfigError(f"secure aggregation needs at least 2 nodes with data, got {len(participants)}")
     C, d = next(iter(shapes.values()))
+    if noise_report is not None:
+        noise_report.record(events)
 
     def run(round_name, length, payload, among=None):
         among = participants if among is None else among
-        if cfg.secure == "ckks":
+        if cfg.secure == "flwr-secaggplus":
+            from privfed.flower.flwr_secagg import flwr_secaggplus_sum
+
+            res = flwr_secaggplus_sum(grid, cfg, among, length=length, C=C, d=d, threshold=cfg.threshold)
+        elif cfg.secure == "ckks":
             holder = next((n for n in among if holders.get(n)), among[0])
             res = ckks_sum_over_messages(
                 grid, among, key_holder=holder, length=length, params=CKKSParams(), timeout=cfg.timeout,
@@ -342,6 +401,12 @@ def _serve_secure(grid, cfg, method, nodes, config_rec, stages, keep_view, recei
     else:  # pragma: no cover - every per-client method has a secure protocol or is refused by it
         method.secure_aggregate(None, None)
     K = len(runs[-1].uploaded)
+    if cfg.secure == "flwr-secaggplus":  # the nodes clipped their records to the public bound: test rows too
+        from mechanisms.clipping import Clipping
+
+        head.feature_transform = Clipping(float(cfg.clip), "l2")
+    if noise_report is not None:
+        noise_report.settle([len(r.uploaded) for r in runs])
     head.upload_bytes = {"K": K, "measured": "on the wire, every stage (see wire)"}
     head.secure_aggregation = {
         "protocol": cfg.secure,
@@ -349,14 +414,22 @@ def _serve_secure(grid, cfg, method, nodes, config_rec, stages, keep_view, recei
         "rounds": [r.record() for r in runs],
         "summed_nodes": K,
         "dropped": sorted({n for r in runs for n in r.dropped_before_upload}),
-        "threat_model": THREAT_MODEL_MASK if cfg.secure == "mask" else THREAT_MODEL_CKKS,
+        "threat_model": {"mask": THREAT_MODEL_MASK, "ckks": THREAT_MODEL_CKKS}.get(cfg.secure, _THREAT_FLWR),
     }
     if any(r.dropped_before_upload for r in runs):
         head.notes.append(
             f"secure aggregation: {len(head.secure_aggregation['dropped'])} node(s) dropped before uploading; "
             f"the head is built from the {K} nodes whose inputs were summed"
         )
-    return head, K, {"C": C, "d": d, "participants": len(participants)}
+    return head, K, {"C": C, "d": d, "participants": len(participants), "sums": [r.total for r in runs]}
+
+
+_THREAT_FLWR = (
+    "Honest-but-curious server running Flower's SecAgg+ workflow: it sees public keys, encrypted shares, "
+    "masked quantised uploads uniform over Z_2^32 and the shares needed to unmask the sum over uploaders; "
+    "t or more colluding nodes can unmask a node. The neighbour graph (complete here: num_shares = K) and the "
+    "stochastic rounding come from non-cryptographic generators (Python's random, numpy's global generator)."
+)
 
 
 def write_outputs(result: FlowerResult, directory: str) -> None:

@@ -1,0 +1,125 @@
+"""Distributed Gaussian noise under secure aggregation on Flower: a node's share, the server's report.
+
+``privfed.fit`` with ``privacy=GaussianMechanism(...)`` and a secure-sum
+protocol has every one of the K clients add N(0, sigma^2 / (K - t)) to its
+statistics before masking or encryption (t the mechanism's
+``dropout_tolerance``), so that the K - t shares the protocol tolerates
+carry sigma^2 between them; the report is computed from the shares that
+actually entered the sum (:meth:`GaussianMechanism.report` settles each
+distributed release with the number of uploaders).
+
+On Flower the two halves live in different processes:
+
+* a node (:func:`node_share`) bounds its statistics (client level), adds its
+  share with its own randomness (OS entropy, or ``noise-seed`` in a seeded
+  simulation) and returns the release events its mechanism recorded;
+* the server (:class:`SecureNoiseReport`) checks that every node recorded the
+  same release, records it once in its own mechanism's ledger, and once the
+  secure sums are known, settles it with the number of nodes whose input was
+  summed -- the same ledger, hence the same report, as ``fit`` with the same
+  mechanism, protocol and dropout pattern.
+
+Both halves call the mechanism's own bounding, noising and settlement code;
+they reach into :class:`mechanisms.GaussianMechanism`'s share bookkeeping
+(``_share``, ``_noisy``, ``_bound_clients``, ``_pending_secure``) because its
+public ``before_upload`` takes K from the rows it is given, and a node holds
+one row of K.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from mechanisms.ledger import ReleaseEvent
+from privfed.errors import ConfigError
+from privfed.stats import ClientStats
+
+__all__ = ["SecureNoiseReport", "node_share"]
+
+
+@dataclass
+class _Run:
+    """What :meth:`GaussianMechanism._settle_secure` reads of a secure-sum run: one record per sum."""
+
+    calls: list[dict] = field(default_factory=list)
+
+
+class _SecureProtocol:
+    """Stands for the Flower secure-sum protocol in the mechanism's checks and settlement.
+
+    ``noise`` is ``None``: the mechanism's own noise is split across the nodes
+    (a protocol carrying its own noise would be refused by ``check``).
+    """
+
+    noise = None
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.last_run: _Run | None = None
+
+
+def node_share(privacy, stats: ClientStats, method, num_clients: int, rng: np.random.Generator,
+               protocol: str) -> tuple[ClientStats, list[dict]]:
+    """A node's statistics with its noise share sigma^2 / (K - t), and the release events recorded.
+
+    ``privacy`` has clipped the records already (``client_statistics``); at
+    client level the node's contribution is first bounded to ``max_records``
+    records' worth, as ``before_upload`` does for every client in ``fit``.
+    """
+    privacy.check(method, _SecureProtocol(protocol))
+    if privacy.level == "client":
+        stats = privacy._bound_clients(stats)
+    share = privacy._share(int(num_clients))  # ConfigError when K <= t
+    out = privacy._noisy(stats, rng, privacy.level, share=share)
+    return out, [_event_dict(e) for e in privacy.ledger.events]
+
+
+def _event_dict(event) -> dict:
+    from dataclasses import asdict
+
+    return dict(asdict(event))
+
+
+class SecureNoiseReport:
+    """The server's side: record the nodes' distributed release once, settle it with the uploaders.
+
+    Usage::
+
+        rep = SecureNoiseReport(privacy, method, "mask", num_clients=K)
+        rep.record(events_by_node)          # after setup: every node's events
+        ...                                 # the secure sums
+        rep.settle([len(r.uploaded) for r in sums])
+        privacy.report()                    # fit's report for the same run
+    """
+
+    def __init__(self, privacy, method, protocol: str, *, num_clients: int) -> None:
+        self.privacy = privacy
+        self.protocol = _SecureProtocol(protocol)
+        privacy.check(method, self.protocol)
+        self.num_clients = int(num_clients)
+        self._rid: int | None = None
+
+    def record(self, events: dict[int, list[dict]]) -> None:
+        strip = [[{k: v for k, v in e.items() if k != "release_id"} for e in ev] for ev in events.values()]
+        if not strip or not strip[0]:
+            raise ConfigError("no node reported its noise share; a DP secure run needs every node's release")
+        if any(s != strip[0] for s in strip):
+            raise ConfigError("the nodes report different privacy releases; every node must run the same mechanism")
+        ledger = self.privacy.ledger
+        rid = ledger.new_release()
+        for e in strip[0]:
+            ledger.record(ReleaseEvent(**{**e, "release_id": rid}))
+        self._rid = rid
+        share = self.privacy._share(self.num_clients)
+        # As GaussianMechanism._distributed: the release is settled when the protocol's run is known.
+        self.privacy._pending_secure.append((rid, self.num_clients, share, self.protocol.last_run))
+        self.privacy.record_placement("distributed")
+
+    def settle(self, uploaded_per_sum: list[int]) -> None:
+        """The secure sums ran: ``uploaded_per_sum[i]`` nodes' inputs (and noise shares) are in sum i."""
+        if self._rid is None:
+            raise ConfigError("settle() before record(): no distributed release to settle")
+        self.protocol.last_run = _Run([{"uploaded": int(u)} for u in uploaded_per_sum])
+        self.privacy._secagg = self.protocol

@@ -1,0 +1,92 @@
+"""Bytes on the wire: the compact layout (float32, held classes only without DP) against fit's byte model.
+
+fit counts 4 bytes a float over the statistics a method uploads for the M
+(client, class) pairs it sends (every class under DP).  Over the in-process
+grid, the real ClientApp's replies are measured array by array.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+pytest.importorskip("flwr")
+os.environ.setdefault("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")
+
+import privfed  # noqa: E402
+from privfed.audit import audit_release, neighbour_battery  # noqa: E402
+from privfed.errors import ConfigError  # noqa: E402
+from privfed.federation import partition  # noqa: E402
+from privfed.flower import FlowerConfig, serve  # noqa: E402
+from privfed.flower.audit import flower_release  # noqa: E402
+from privfed.flower.local import LocalGrid  # noqa: E402
+from privfed.stats import compute_client_stats  # noqa: E402
+
+K, C = 4, 10
+DP = {"epsilon": 1.0, "clip": 10.0, "noise_seed": 1}
+
+
+@pytest.fixture(scope="module")
+def split(digits_dataset):
+    ds = digits_dataset
+    return partition(ds.train_labels, K, "dirichlet", alpha=0.5, rng=0).apply(ds.train_features, ds.train_labels)
+
+
+def _run(method, **kw):
+    nodes = {100 + i: {"partition-id": i, "num-partitions": K} for i in range(K)}
+    return serve(LocalGrid(nodes), FlowerConfig(method=method, clients=K, **kw))
+
+
+@pytest.mark.parametrize("dp", [False, True], ids=["plain", "dp"])
+@pytest.mark.parametrize("method, counted", [("fedncm", ("sums",)), ("fed3r", ("sums", "second"))])
+def test_compact_payload_is_fits_byte_model_plus_counts_and_class_indices(split, method, counted, dp):
+    F, y, k = split
+    res = _run(method, wire="compact", **(DP if dp else {}))
+    pv = res.report["payload_vs_model"]
+    by = pv["payload_bytes_by_array"]
+    d = F.shape[1]
+    # M: pairs with data (counted here from the partition), or every class of every node under DP.
+    M = K * C if dp else int(np.count_nonzero(np.bincount(k * C + y, minlength=K * C)))
+    model = privfed.methods.get(method).upload_bytes(M=M, K=K, d=d, C=C)
+    assert pv["model_bytes"] == model == res.head.upload_bytes["total"]
+    assert sum(by[a] for a in counted) == model  # the statistics the model counts, 4 bytes a value
+    assert by["counts"] == 4 * M  # not in the model: one count a pair ...
+    assert by.get("classes", 0) == (0 if dp else 4 * M)  # ... and, without DP, the class of each row
+    dense = _run(method, **(DP if dp else {}))
+    # The default float64 dense layout: 8 bytes a value over every class of every node.
+    assert sum(dense.report["payload_vs_model"]["payload_bytes_by_array"][a] for a in counted) == 8 * sum(
+        {"sums": K * C * d, "second": K * d * d}[a] for a in counted)
+
+
+def test_compact_sum_is_the_sum_of_float32_rounded_uploads(split):
+    F, y, k = split
+    res = _run("fed3r", wire="compact")
+    fields = ("counts", "sums", "second")
+    want = {}
+    for i in range(K):
+        st = compute_client_stats(F[k == i], y[k == i], None, num_classes=C, fields=fields)
+        for f in fields:
+            want[f] = want.get(f, 0.0) + getattr(st, f)[0].astype(np.float32).astype(np.float64)
+    got = dict(zip(fields, res.sums))
+    for f, value in want.items():
+        assert np.abs(got[f][0] - value).max() <= 1e-9 * max(1.0, np.abs(value).max())
+    # float32 moved the statistics (it is not the exact float64 run) by at most 2^-24 relative a value.
+    exact = dict(zip(("counts", "sums", "second"), _run("fed3r").sums))
+    err = np.abs(got["sums"][0] - exact["sums"][0]).max()
+    assert 0 < err <= K * 2.0**-24 * np.abs(exact["sums"][0]).max()
+    np.testing.assert_array_equal(got["counts"][0], exact["counts"][0])  # integer counts: exact in float32
+
+
+def test_compact_dp_uploads_reveal_nothing_deterministic():
+    run = flower_release("fedncm", epsilon=4.0, clip=3.0, wire="compact")
+    res = audit_release(run, neighbour_battery("record"), draws=0, meta_draws=3)
+    assert all(r.verdict == "metadata only" for r in res), [r for r in res if r.flagged]
+
+
+def test_compact_layout_is_refused_with_secure_aggregation():
+    with pytest.raises(ConfigError, match="wire=compact applies to plain uploads"):
+        FlowerConfig(method="fedncm", clients=K, secure="mask", wire="compact")
+    with pytest.raises(ConfigError, match="wire must be 'float64' or 'compact'"):
+        FlowerConfig(method="fedncm", clients=K, wire="float16")
