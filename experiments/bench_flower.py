@@ -44,6 +44,7 @@ import json
 import os
 import pathlib
 import platform
+import sys
 import time
 import tracemalloc
 
@@ -250,6 +251,9 @@ def main(argv=None) -> int:
     p.add_argument("--skip", default="",
                    help="comma-separated parts to skip: methods,scale,memory,protocols,audit")
     p.add_argument("--out", default="results/bench_flower")
+    p.add_argument("--record", action="store_true",
+                   help="also merge the parts that ran into experiments/results/bench_flower.json, "
+                        "the record the README's Flower figures are checked against")
     args = p.parse_args(argv)
     skip = set(filter(None, args.skip.split(",")))
     out = pathlib.Path(args.out)
@@ -288,7 +292,25 @@ def main(argv=None) -> int:
                                     "seconds"]))
     (out / "results.json").write_text(json.dumps(res, indent=2, default=str))
     print(f"\nwritten {out / 'results.json'}")
+    if args.record:
+        record(res, argv)
     return 0
+
+
+def record(res: dict, argv) -> None:
+    """Merge the parts this run measured into the record, each part with the command that measured it."""
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+    from experiments import recorded
+
+    try:
+        data = recorded.load("bench_flower")["data"]
+    except recorded.MissingRecord:
+        data = {}
+    cmd = recorded.command("-m experiments.bench_flower", argv)
+    for part in ("methods", "scale", "memory", "protocols", "audit"):
+        if part in res:
+            data[part] = {"command": cmd, "machine": recorded.machine(), "config": res["config"], "rows": res[part]}
+    print(f"recorded {recorded.save('bench_flower', data, cmd)}")
 
 
 if __name__ == "__main__":

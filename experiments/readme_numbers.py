@@ -458,6 +458,51 @@ def bench_tradeoff_table() -> str:
     )
 
 
+def _fmt(v, spec: str) -> str:
+    return "" if v is None else format(v, spec)
+
+
+def flower_bytes() -> str:
+    """Bytes on the wire per protocol on Flower, from experiments/bench_flower.py's record."""
+    part = _record("bench_flower")["data"]["protocols"]
+    rows, cfg = part["rows"], part["config"]
+    out = [
+        f"Bytes up per node, {cfg['clients']} digits nodes (d = 64, C = 10), ratio to plain float64 in the same run "
+        f"(`python {part['command'].removeprefix('python ')}`):",
+        "",
+        "| method | protocol | bytes up / node | vs plain float64 | fit model / node | array payload / node |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        out.append(
+            f"| {r['method']} | {r['protocol']} | {r['bytes_up_per_node']:,.0f} | {r['vs_plain_float64']:.2f} | "
+            f"{_fmt(r['fit_model_bytes_per_node'], ',.0f')} | {_fmt(r['payload_bytes_per_node'], ',.0f')} |"
+        )
+    return "\n".join(out) + "\n"
+
+
+def flower_audit() -> str:
+    """End-to-end audits of the Flower DP paths, from experiments/bench_flower.py's record."""
+    part = _record("bench_flower")["data"]["audit"]
+    rows = part["rows"]
+    r0 = rows[0]
+    out = [
+        f"fedncm, ε = {r0['claimed_eps']:g} (claimed μ = {r0['claimed_mu']:.3f}), {r0['draws']} fresh draws a side "
+        f"(`python {part['command'].removeprefix('python ')}`, the audit part):",
+        "",
+        "| path | neighbour pair | μ lower bound | flagged |",
+        "|---|---|---|---|",
+    ]
+    for r in rows:
+        out.append(f"| {r['path']} | {r['pair']} | {r['mu_lb']:.3f} | {'yes' if r['flagged'] else 'no'} |")
+    broken = [r for r in rows if r["path"].startswith("BROKEN")]
+    real = [r for r in rows if not r["path"].startswith("BROKEN")]
+    if not (all(r["flagged"] for r in broken) and not any(r["flagged"] for r in real)):
+        raise RuntimeError("the Flower audit record no longer says what the README says: every real path passes, "
+                           "every broken one is flagged")
+    return "\n".join(out) + "\n"
+
+
 @dataclasses.dataclass(frozen=True)
 class Block:
     make: Callable[[], str]
@@ -483,6 +528,8 @@ BLOCKS: dict[str, Block] = {
     "noise-aware": Block(noise_aware, True, "the noise-aware bullet (from experiments/results/noise_aware.json)"),
     "secagg-cost": Block(secagg_table, True, "the secure-aggregation cost table (experiments/results/bench_secagg.json)"),
     "bench-tradeoff": Block(bench_tradeoff_table, True, "the sweep's speed table (experiments/results/bench_tradeoff.json)"),
+    "flower-bytes": Block(flower_bytes, True, "bytes per protocol on Flower (experiments/results/bench_flower.json)"),
+    "flower-audit": Block(flower_audit, True, "audits of the Flower DP paths (experiments/results/bench_flower.json)"),
     "audit": Block(
         audit_figures, True, "the DP audit figures (the suite's audits, rerun)", volatile=(r"about \d+(?:\.\d+)? s\.",)
     ),

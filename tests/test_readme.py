@@ -87,6 +87,8 @@ def test_every_record_names_a_command_that_writes_it():
         rec = recorded.load(path.stem)
         assert rec["name"] == path.stem
         words = rec["command"].split()
+        if words[1] == "-m":  # python -m experiments.NAME
+            words = [words[0], words[2].replace(".", "/") + ".py", *words[3:]]
         assert words[0] == "python" and words[1].startswith("experiments/"), rec["command"]
         script = R.ROOT / words[1]
         assert script.exists(), f"{path.name}: {script} does not exist"
