@@ -406,3 +406,25 @@ def test_a_refused_configuration_audits_as_refused():
     res = audit_release(run, chunking, draws=10, heldout=5, meta_draws=2)
     assert res[0].pair == "a record that changes chunking"
     assert res[0].verdict == "refused" and "means_per_client=2" in res[0].reason and not res[0].flagged
+
+
+class AmplificationWithoutSampling(GaussianMechanism):
+    """Broken: credits Poisson client sampling (q < 1) but keeps every client in the sum."""
+
+    def _poisson_sample(self, stats, rng):
+        self._sampled_pending += 1
+        return stats
+
+
+def test_sampled_release_audit_against_the_amplified_claim():
+    # q = 0.01 at eps = 1: the noise alone gives mu = 1.48 (eps 6.96), so only real sampling meets the claim.
+    pairs = [neighbour_battery("client", max_records=20)[1]]
+    kw = dict(epsilon=1.0, delta=1e-5, clip=3.0, level="client", max_records=20, trusted_aggregator=True,
+              sampling_rate=0.01)
+    res = audit_release(fit_release("fedncm", lambda: GaussianMechanism(**kw)), pairs, draws=600, heldout=300,
+                        meta_draws=2)
+    assert res[0].verdict == "statistical" and not res[0].flagged, res[0]
+    assert res[0].claimed_eps <= 1.0 and math.isnan(res[0].claimed_mu)  # the PLD claim, compared in epsilon
+    res = audit_release(fit_release("fedncm", lambda: AmplificationWithoutSampling(**kw)), pairs, draws=600,
+                        heldout=300, meta_draws=2)
+    assert res[0].flagged, res[0]
