@@ -304,7 +304,7 @@ def _release(cls, method="fedncm", blocks=("sums", "counts"), **kw):
 )
 def test_release_audit_flags_broken_mechanisms(cls, method, blocks):
     pairs = DIAGONAL if cls is DiagOnlySecond else CANARY
-    res = audit_release(_release(cls, method, blocks), pairs, draws=200, heldout=100, meta_draws=2)
+    res = audit_release(_release(cls, method, blocks), pairs, draws=200, heldout=100)
     assert res[0].flagged, res[0]
 
 
@@ -318,8 +318,7 @@ def test_release_audit_flags_broken_mechanisms(cls, method, blocks):
     ],
 )
 def test_release_audit_passes_the_real_mechanism(method, blocks, kw):
-    res = audit_release(_release(GaussianMechanism, method, blocks, **kw), CANARY, draws=200, heldout=100,
-                        meta_draws=2)
+    res = audit_release(_release(GaussianMechanism, method, blocks, **kw), CANARY, draws=200, heldout=100)
     assert res[0].verdict == "statistical" and not res[0].flagged, res[0]
 
 
@@ -370,7 +369,7 @@ def test_tradeoff_path_is_audited_too():
     from privfed.tradeoff import TradeoffConfig
 
     res = audit_release(tradeoff_release(TradeoffConfig(level="record"), "fedncm", EPS, 3.0), CANARY,
-                        draws=200, heldout=100, meta_draws=2)
+                        draws=200, heldout=100)
     assert res[0].verdict == "statistical" and not res[0].flagged, res[0]
     # Count noise leaves the means in clear: its report claims nothing for the release, and says so.
     cnt = TradeoffConfig(level="record", count_noise="laplace")
@@ -389,13 +388,11 @@ def test_client_level_release_audit():
     # A client of 20 canaries moves the sums by exactly the calibrated sensitivity (max_records c).
     pairs = [neighbour_battery("client", max_records=20)[1]]
     kw = dict(epsilon=EPS, delta=1e-5, clip=3.0, level="client", max_records=20, trusted_aggregator=True)
-    res = audit_release(fit_release("fedncm", lambda: GaussianMechanism(**kw)), pairs, draws=200, heldout=100,
-                        meta_draws=2)
+    res = audit_release(fit_release("fedncm", lambda: GaussianMechanism(**kw)), pairs, draws=200, heldout=100)
     assert res[0].verdict == "statistical" and not res[0].flagged, res[0]
     # The same client with 100 canaries against a mechanism that does not bound clients.
     pairs = [neighbour_battery("client", max_records=100)[1]]
-    res = audit_release(fit_release("fedncm", lambda: UnboundedClients(**kw)), pairs, draws=200, heldout=100,
-                        meta_draws=2)
+    res = audit_release(fit_release("fedncm", lambda: UnboundedClients(**kw)), pairs, draws=200, heldout=100)
     assert res[0].flagged, res[0]
 
 
@@ -403,7 +400,7 @@ def test_a_refused_configuration_audits_as_refused():
     # FedCOF multi-mean under DP is refused on both neighbours with the same error: nothing is released.
     run = fit_release("fedcof", lambda: GaussianMechanism(epsilon=EPS, delta=1e-5, clip=3.0), means_per_client=2)
     chunking = [p for p in RECORD if p.name == "a record that changes chunking"]
-    res = audit_release(run, chunking, draws=10, heldout=5, meta_draws=2)
+    res = audit_release(run, chunking, draws=10, heldout=5)
     assert res[0].pair == "a record that changes chunking"
     assert res[0].verdict == "refused" and "means_per_client=2" in res[0].reason and not res[0].flagged
 
@@ -421,10 +418,46 @@ def test_sampled_release_audit_against_the_amplified_claim():
     pairs = [neighbour_battery("client", max_records=20)[1]]
     kw = dict(epsilon=1.0, delta=1e-5, clip=3.0, level="client", max_records=20, trusted_aggregator=True,
               sampling_rate=0.01)
-    res = audit_release(fit_release("fedncm", lambda: GaussianMechanism(**kw)), pairs, draws=600, heldout=300,
-                        meta_draws=2)
+    res = audit_release(fit_release("fedncm", lambda: GaussianMechanism(**kw)), pairs, draws=600, heldout=300)
     assert res[0].verdict == "statistical" and not res[0].flagged, res[0]
     assert res[0].claimed_eps <= 1.0 and math.isnan(res[0].claimed_mu)  # the PLD claim, compared in epsilon
     res = audit_release(fit_release("fedncm", lambda: AmplificationWithoutSampling(**kw)), pairs, draws=600,
-                        heldout=300, meta_draws=2)
+                        heldout=300)
     assert res[0].flagged, res[0]
+
+
+def _with_coin_note(run, p_small, p_large):
+    """A release whose metadata carries a random note: "heads" with probability p_small on the smaller
+    dataset of a pair and p_large on the larger (the coin depends on the draw's seed and the data size)."""
+
+    def wrapped(data, seed):
+        out = dict(run(data, seed))
+        n = len(data["labels"])
+        p = p_large if n > len(RECORD[1].d0["labels"]) else p_small
+        heads = np.random.default_rng([seed, n, 77]).random() < p
+        out["meta"] = tuple(out["meta"]) + ("coin: heads" if heads else "coin: tails",)
+        return out
+
+    return wrapped
+
+
+def test_random_metadata_with_the_same_law_on_both_sides_is_not_flagged():
+    from privfed.audit import MIN_META_DRAWS, _atoms, _deterministic_differences, _one
+
+    run = _with_coin_note(_release(GaussianMechanism), 0.5, 0.5)
+    seed = 763  # its first 4 draws: heads on every draw of one side, tails on every draw of the other
+    base = seed * 1_000_003
+    first4 = [[_atoms(_one(run, d, base + i)) for i in range(4)] for d in (CANARY[0].d0, CANARY[0].d1)]
+    assert any("coin" in a for a in _deterministic_differences(first4))  # 4 draws would call it deterministic
+    res = audit_release(run, CANARY, draws=200, heldout=100, meta_draws=4, seed=seed)  # raised to 16 draws
+    assert MIN_META_DRAWS >= 16
+    assert res[0].verdict == "statistical" and not res[0].flagged, res[0]
+    assert "random metadata atom" in res[0].reason
+
+
+def test_random_metadata_with_different_laws_is_caught_by_the_statistical_test():
+    # A note far likelier with the canary than without: random, so not a deterministic difference, but
+    # it goes to the statistical test with the released values, whose bound exceeds the claim.
+    run = _with_coin_note(_release(GaussianMechanism), 0.1, 0.9)
+    res = audit_release(run, CANARY, draws=200, heldout=100)
+    assert res[0].verdict == "statistical" and res[0].flagged, res[0]
