@@ -92,7 +92,7 @@ def _group(row: dict) -> str:
     if name.startswith("tradeoff"):
         return "trade-off path (fedncm; record level, count noise, client level with masking)"
     what = {"local": "local noise", "central": "trusted aggregator", "mask": "pairwise masking",
-            "ckks": "CKKS (metadata only, first pair)", "sampled": f"trusted aggregator, Poisson client sampling"
+            "ckks": "CKKS (metadata only, first pair)", "sampled": "trusted aggregator, Poisson client sampling"
             }[placement]
     return f"`fit`, {level} level, {what}"
 
@@ -106,8 +106,8 @@ def readme_table(results: dict) -> str:
     def num(x, digits=3):
         return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
 
-    lines = ["| configuration | methods | audits (statistical / metadata only / refused / no claim) | "
-             "claimed ε | largest ε lower bound | largest μ lower bound (claimed μ) | draws per side |",
+    lines = [("| configuration | methods | audits (statistical / metadata only / refused / no claim) | "
+              "claimed ε | largest ε lower bound | largest μ lower bound (claimed μ) | draws per side |"),
              "| --- | --- | --- | --- | --- | --- | --- |"]
     for g in sorted(groups):
         rows = groups[g]
@@ -208,7 +208,7 @@ def main(argv=None) -> int:
 def _write_json(a, argv, records, seconds, *, complete: bool) -> None:
     if a.json:
         try:
-            commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+            commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=False).stdout.strip()
         except OSError:
             commit = ""
         out = {"command": "python -m experiments.audit_sweep " + " ".join(sys.argv[1:] if argv is None else argv),
