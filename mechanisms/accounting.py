@@ -20,6 +20,7 @@ compose as one Gaussian with mu_round = sqrt(sum_b (Delta_b/sigma_b)^2).
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 from collections import defaultdict
@@ -95,16 +96,29 @@ def _pure_eps(e: ReleaseEvent) -> float:
 
 
 def _pld_epsilon(groups, other, delta: float, discretization: float = 1e-4) -> float:
+    # A PLD takes about a second to build: repeated reports of the same ledger (audits, sweeps) reuse it.
+    return _pld_epsilon_cached(tuple(groups), tuple(other), float(delta), float(discretization))
+
+
+@functools.lru_cache(maxsize=256)
+def _pld_epsilon_cached(groups, other, delta: float, discretization: float) -> float:
+    import dp_accounting
     from dp_accounting.pld import common
     from dp_accounting.pld import privacy_loss_distribution as pldlib
 
     plds = []
-    for mu, rounds, q in groups:
+    gauss = [_gaussian_event(mu, rounds, q) for mu, rounds, q in groups if mu > 0]
+    if gauss:
+        # Gaussian releases through dp-accounting's own events and PLD accountant (add-or-remove-one):
+        # a Poisson-sampled release is a PoissonSampledDpEvent of its GaussianDpEvent.
+        acc = dp_accounting.pld.PLDAccountant(value_discretization_interval=discretization)
+        acc.compose(dp_accounting.ComposedDpEvent(gauss))
+        if not other:
+            return float(acc.get_epsilon(delta))
+    for mu, rounds, q in groups:  # next to pure-DP events: the same PLDs, composed by hand
         if mu == 0:
             continue
-        p = pldlib.from_gaussian_mechanism(
-            1.0 / mu, sampling_prob=q, value_discretization_interval=discretization
-        )
+        p = pldlib.from_gaussian_mechanism(1.0 / mu, sampling_prob=q, value_discretization_interval=discretization)
         plds.append(p.self_compose(rounds) if rounds > 1 else p)
     for e in other:
         if e.mechanism == "laplace" and e.sampling_rate == 1 and e.sensitivity > 0:
@@ -123,6 +137,16 @@ def _pld_epsilon(groups, other, delta: float, discretization: float = 1e-4) -> f
     return float(total.get_epsilon_for_delta(delta))
 
 
+def _gaussian_event(mu: float, rounds: int, q: float):
+    """dp-accounting's event for ``rounds`` Gaussian releases of GDP mu, Poisson-sampled at rate q."""
+    import dp_accounting
+
+    event = dp_accounting.GaussianDpEvent(noise_multiplier=1.0 / mu)
+    if q < 1:
+        event = dp_accounting.PoissonSampledDpEvent(sampling_probability=q, event=event)
+    return dp_accounting.SelfComposedDpEvent(event, int(rounds)) if rounds > 1 else event
+
+
 def _opacus_epsilon(groups, delta: float, name: str) -> float:
     from opacus.accountants import PRVAccountant, RDPAccountant
 
@@ -137,6 +161,7 @@ def _opacus_epsilon(groups, delta: float, name: str) -> float:
         return float(acc.get_epsilon(delta=delta))
 
 
+@functools.lru_cache(maxsize=256)
 def calibrate_round_mu(
     epsilon: float, delta: float, *, rounds: int = 1, sampling_rate: float = 1.0, accountant: str = "auto"
 ) -> tuple[float, str]:
@@ -186,15 +211,17 @@ def _calibrate_pld(epsilon: float, delta: float, rounds: int, q: float) -> float
     def eps_of(z: float) -> float:
         return _pld_epsilon([(1.0 / z, rounds, q)], [], delta, discretization=1e-3)
 
+    from scipy.optimize import brentq
+
     # Without amplification the exact GDP multiplier suffices: an upper bracket.
     hi = math.sqrt(rounds) / gdp_mu(epsilon, delta)
-    lo = hi * q
+    lo = hi / 2  # halved until its epsilon exceeds the target: a lower bracket
     while eps_of(lo) <= epsilon:
-        lo *= 0.5
-    while hi - lo > 1e-3 * hi:
-        mid = 0.5 * (lo + hi)
-        if eps_of(mid) > epsilon:
-            lo = mid
-        else:
-            hi = mid
-    return hi
+        hi, lo = lo, lo / 2
+    # Brent's method on log z (a few PLDs instead of a dozen bisection steps), then step up to a
+    # multiplier whose epsilon is checked to be within the target.
+    root = math.exp(brentq(lambda t: eps_of(math.exp(t)) - epsilon, math.log(lo), math.log(hi), xtol=2e-4, rtol=1e-6))
+    z = min(root * (1 + 5e-4), hi)
+    while eps_of(z) > epsilon:
+        z *= 1.001
+    return z

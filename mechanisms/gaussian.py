@@ -105,10 +105,17 @@ class GaussianMechanism:
         ledger books the releases that actually happen (one per fit), so the
         report after k < T fits states the smaller epsilon of those k.
     sampling_rate : float
-        Poisson client participation rate q of each round, for calibration
-        and accounting only: no release path of privfed subsamples clients,
-        so a mechanism with q < 1 is refused by ``fit`` and ``release``
-        (amplification would be credited but not carried out).
+        Poisson client sampling rate q of each release.  With q < 1 the
+        trusted aggregator keeps each client's upload in the sum
+        independently with probability q (fresh OS entropy; a seeded run
+        samples from its seed and is a simulation), never reveals which
+        clients (nor how many) were kept, and the report credits
+        amplification by Poisson subsampling (dp-accounting's PLD of a
+        ``PoissonSampledDpEvent`` of the Gaussian).  Amplification holds
+        only where the server cannot see who is in the sum, and only for
+        neighbours that differ in one sampled unit, so q < 1 needs
+        ``level="client"``, ``trusted_aggregator=True``, a sum-only method
+        and no secure aggregation; anything else is refused.
     split : "equal", "joint" or mapping block -> weight
         How mu^2 is shared across blocks (see module docstring): ``"equal"``
         (default) the same share per block; ``"joint"`` one sigma for all
@@ -237,6 +244,8 @@ class GaussianMechanism:
         self._pending_secure: list[tuple[int, int, float, object]] = []
         self._placements: list[str] = []
         self._seeded: bool | None = None
+        self._sampled_pending = 0
+        self._sampling_seeded = False
         self._settled: list[tuple[int, int]] = []
         self._notes: list[str] = []
         self._weights = self._split_weights(split)
@@ -370,13 +379,15 @@ class GaussianMechanism:
         *,
         share: float = 1.0,
         copies: int = 1,
+        sampling_rate: float = 1.0,
     ) -> ClientStats:
         """Add noise to every row of every block and record one release in the ledger.
 
         Each row gets N(0, share * sigma_b^2); ``share = 1/K`` when K clients
         split the noise of one sum (the ledger records the sigma_b the sum
         carries).  ``copies`` independent releases are recorded as that many
-        rounds.
+        rounds.  ``sampling_rate`` is the Poisson rate this release was actually sampled at (the ledger
+        credits amplification only for sampling that happened).
         """
         self._ensure(stats.dim)
         if self.level == "client" and self._num_classes != stats.num_classes and self.backend.sensitivity_slack(1, "l2") > 0:
@@ -395,7 +406,7 @@ class GaussianMechanism:
             self.ledger.record(ReleaseEvent(
                 mechanism="gaussian" if s > 0 else "none", block=block,
                 sensitivity=self._sens[block], scale=s, relation=relation,
-                rounds=copies, sampling_rate=self.sampling_rate, release_id=rid,
+                rounds=copies, sampling_rate=sampling_rate, release_id=rid,
             ))
         return stats.with_arrays(**out)
 
@@ -479,7 +490,6 @@ class GaussianMechanism:
         name = getattr(method, "name", repr(method))
         requires = set(getattr(method, "requires", ()))
         per_client = bool(getattr(method, "per_client", False))
-        self._refuse_sampling()
         if getattr(secure_agg, "noise", None) is not None:
             raise ConfigError(
                 "the secure_agg protocol carries its own DistributedGaussian noise; with a privacy mechanism "
@@ -526,18 +536,49 @@ class GaussianMechanism:
                 f"noise on method {name!r}'s secure protocol is not supported (its second round has no bounded "
                 "sensitivity); use fed3r-within for secure aggregation with DP, or drop secure_agg"
             )
+        self._check_sampling(name, per_client, secure_agg)
 
     def sent_pairs(self, stats: ClientStats, uploaded: ClientStats) -> int:
         """(client, class) pairs sent: every client sends every class under DP (zeros noised too)."""
         return stats.num_clients * stats.num_classes
 
-    def _refuse_sampling(self) -> None:
+    def _refuse_sampling(self, why: str = "this release path does not subsample clients") -> None:
         if self.sampling_rate < 1:
             raise ConfigError(
-                f"sampling_rate={self.sampling_rate} credits amplification by client subsampling, but this "
-                "release sends every client: the noise would not meet the stated guarantee; use "
-                "sampling_rate=1 (amplification needs a subsampling the server cannot observe)"
+                f"sampling_rate={self.sampling_rate} credits amplification by Poisson client sampling, but "
+                f"{why}: the noise would not meet the stated guarantee; use sampling_rate=1, or sample "
+                "clients with GaussianMechanism(..., level='client', trusted_aggregator=True, "
+                "sampling_rate=q) and a sum-only method without secure_agg"
             )
+
+    def _check_sampling(self, name: str, per_client: bool, secure_agg) -> None:
+        """Poisson client sampling amplifies only where the server cannot tell who is in the sum."""
+        if self.sampling_rate == 1:
+            return
+        if secure_agg is not None:
+            self._refuse_sampling("under secure aggregation the server runs the protocol with the clients "
+                                  "that upload, so it sees who was sampled (amplification does not hold)")
+        if per_client or not self.trusted_aggregator:
+            self._refuse_sampling(f"with local noise (method {name!r}"
+                                  f"{'' if self.trusted_aggregator else ', no trusted aggregator'}) the server "
+                                  "sees each upload and so who was sampled (amplification does not hold)")
+        if self.level != "client":
+            self._refuse_sampling("client sampling amplifies only client-level guarantees: at record level "
+                                  "the rest of a record's client shows in the sum whether it was sampled, so "
+                                  "only delta is amplified")
+
+    def _poisson_sample(self, stats: ClientStats, rng: np.random.Generator) -> ClientStats:
+        """The trusted aggregator keeps each client's upload with probability q, independently.
+
+        The draw comes from fresh OS entropy unless the run is a declared seeded simulation; the kept set
+        is neither returned nor stored (only the noisy sum of the kept clients leaves the aggregator).
+        """
+        gen = rng if self._seeded is not False else np.random.default_rng()  # default_rng(): OS entropy
+        self._sampling_seeded = self._sampling_seeded or self._seeded is not False
+        keep = gen.random(stats.num_clients) < self.sampling_rate
+        self._sampled_pending += 1
+        arrays = {k: v * keep.reshape((-1,) + (1,) * (v.ndim - 1)) for k, v in stats.arrays().items()}
+        return stats.with_arrays(**arrays)
 
     def declare_randomness(self, *, seeded: bool) -> None:
         """Whether the noise of the next release comes from a seed (a replayable simulation).
@@ -576,6 +617,8 @@ class GaussianMechanism:
             stats = self._bound_clients(stats)
             if self._secure:
                 return self._distributed(stats, rng)
+            if self.sampling_rate < 1 and self.trusted_aggregator and not per_client:
+                return self._poisson_sample(stats, rng)  # the aggregator's sampling, before the sum
             return stats
         if self._secure:
             return self._distributed(stats, rng)
@@ -632,8 +675,14 @@ class GaussianMechanism:
     def after_aggregate(self, total: ClientStats, method, rng: np.random.Generator) -> ClientStats:
         """Server side: noise on the sum when a trusted aggregator adds it."""
         if self.trusted_aggregator and not self._secure:
+            q = 1.0
+            if self.sampling_rate < 1:
+                if not self._sampled_pending:
+                    self._refuse_sampling("no client sampling preceded this sum")
+                self._sampled_pending -= 1
+                q = self.sampling_rate
             self._placements.append("central")
-            return self._noisy(total, rng, self.level)
+            return self._noisy(total, rng, self.level, sampling_rate=q)
         return total
 
     def upload_noise_variance(self, method=None, num_clients: int = 1) -> dict[str, float]:
@@ -663,7 +712,8 @@ class GaussianMechanism:
             self._placements[0] if len(set(self._placements)) == 1 else "mixed: " + ", ".join(sorted(set(self._placements)))
         )
         # OpenDP draws from the OS CSPRNG whatever the seed: only a seeded numpy backend is replayable.
-        simulation = self._seeded is not False and not self.backend.secure
+        sampled = any(e.sampling_rate < 1 for e in events)
+        simulation = self._seeded is not False and (not self.backend.secure or self._sampling_seeded)
         if simulation and events:
             notes.append(
                 "SIMULATION, NOT A RELEASE: the noise was drawn from a seed (or a caller's Generator) and can be "
@@ -685,6 +735,13 @@ class GaussianMechanism:
                         f"{t} dropped): the noise present is {present}/{K - t} of sigma^2 and epsilon is "
                         "recomputed from it"
                     )
+        if sampled:
+            notes.append(
+                f"the trusted aggregator kept each client in the sum independently with probability "
+                f"{self.sampling_rate:g} ({'seeded simulation' if self._sampling_seeded else 'OS entropy'}); "
+                "which clients, and how many, is not released; epsilon credits amplification by Poisson "
+                "subsampling"
+            )
         if self.level == "client":
             notes.append(f"each client's contribution is bounded to max_records={self.max_records} records' worth")
             notes.append("neighbouring clients: " + NEIGHBOURING["client"])
@@ -720,7 +777,10 @@ class GaussianMechanism:
             guarantee = (
                 ("SIMULATION (seeded noise, replayable): " if simulation else "")
                 + f"({eps:.4g}, {self.delta:.3g})-DP at {self.level} level ({lvl}) over {releases} release(s)"
-                + f"; Gaussian noise ({placement}) on {', '.join(self.blocks)}; accountant: {acc}"
+                + f"; Gaussian noise ({placement}) on {', '.join(self.blocks)}"
+                + (f"; clients Poisson-sampled at rate {self.sampling_rate:g} (amplification credited)"
+                   if sampled else "")
+                + f"; accountant: {acc}"
             )
         return PrivacyReport(
             epsilon=eps,
@@ -731,7 +791,7 @@ class GaussianMechanism:
             sigma=dict(self._sigma or {}),
             sensitivity=dict(self._sens or {}),
             rounds=self.rounds,
-            sampling_rate=self.sampling_rate,
+            sampling_rate=min((e.sampling_rate for e in events), default=self.sampling_rate),
             accountant=acc,
             guarantee=guarantee,
             target_epsilon=self.epsilon,

@@ -55,12 +55,14 @@ def fit(
     secure_agg : optional
         A secure-aggregation protocol from :mod:`mechanisms`.
     random_state : None, int or numpy.random.Generator
-        Randomness of the method (multi-mean sampling) and of the noise.
+        Randomness of the method (multi-mean sampling), of the noise and of
+        a mechanism's Poisson client sampling (``sampling_rate < 1``).
         With ``privacy`` or ``secure_agg``, ``None`` (the default) draws
         fresh entropy from the operating system, so nobody can replay the
-        noise; a seed or a Generator makes the run a reproducible
-        *simulation* whose noise can be replayed, and its privacy report
-        says so.  Without either, ``None`` means seed 0.
+        noise or the sample; a seed or a Generator makes the run a
+        reproducible *simulation* whose noise and sample can be replayed,
+        and its privacy report says so.  Without either, ``None`` means
+        seed 0.
     **params
         The method's parameters (e.g. ``lam`` for fed3r, ``gamma`` for fedcof).
 

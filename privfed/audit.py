@@ -54,6 +54,7 @@ from privfed.errors import ConfigError
 __all__ = [
     "AuditResult",
     "DEFAULT_THRESHOLDS",
+    "MIN_META_DRAWS",
     "Neighbours",
     "ReleaseAudit",
     "audit",
@@ -496,13 +497,49 @@ def _flat(out: dict) -> np.ndarray:
     return np.concatenate([np.asarray(a, dtype=np.float64).ravel() for a in out["arrays"]]) if out["arrays"] else np.zeros(0)
 
 
+#: Fewest draws per side from which an atom is called deterministic (constant in every draw).  An
+#: atom of probability p on both sides looks constant-present on one and constant-absent on the other
+#: with probability 2 p^n (1 - p)^n <= 2 * 4^-n: 5e-10 at n = 16.
+MIN_META_DRAWS = 16
+
+
+def _deterministic_differences(atoms: list[list[set]]) -> list[str]:
+    """Atoms constant on both sides (in every draw or in none) whose presence differs between them."""
+    n0, n1 = len(atoms[0]), len(atoms[1])
+    seen = set().union(*atoms[0], *atoms[1])
+    count = [{a: sum(a in d for d in atoms[side]) for a in seen} for side in (0, 1)]
+    return sorted(str(a) for a in seen
+                  if (count[0][a] == n0 and count[1][a] == 0) or (count[0][a] == 0 and count[1][a] == n1))
+
+
+def _random_atoms(atoms: list[list[set]]) -> list:
+    """Atoms that vary between draws (present in some but not all): they go to the statistical test."""
+    every = set.intersection(*atoms[0], *atoms[1])
+    seen = set().union(*atoms[0], *atoms[1])
+    return sorted(seen - every, key=str)
+
+
+def _features(outs: list[dict], length: int, random_atoms: list) -> np.ndarray:
+    """One row per draw: the released values (zero-padded to ``length``), their count, and an indicator
+    per random metadata atom, so a metadata difference that is only random is still tested."""
+    rows = np.zeros((len(outs), length + 1 + len(random_atoms)))
+    for i, o in enumerate(outs):
+        v = _flat(o)[:length]
+        rows[i, :v.size] = v
+        rows[i, length] = _flat(o).size
+        if random_atoms:
+            have = _atoms(o)
+            rows[i, length + 1:] = [a in have for a in random_atoms]
+    return rows
+
+
 def audit_release(
     run: Callable[[dict, int], dict],
     pairs: Sequence[Neighbours],
     *,
     draws: int = 600,
     heldout: int = 300,
-    meta_draws: int = 6,
+    meta_draws: int = MIN_META_DRAWS,
     alpha: float = 0.05,
     seed: int = 0,
 ) -> list[ReleaseAudit]:
@@ -511,17 +548,32 @@ def audit_release(
     Parameters
     ----------
     run : callable ``(dataset kwargs, seed) -> dict``
-        Runs the release as a user does and returns ``arrays`` (every
-        numeric value the server or the user receives), ``meta`` (hashable
-        metadata: shapes, bytes, notes) and ``report`` (the privacy report).
-        A :class:`privfed.errors.PrivfedError` it raises is an output too.
+        Runs the release as a user does.  ``dataset kwargs`` are the keyword
+        arguments of :func:`privfed.fit` that describe the data
+        (``features``, ``labels``, ``clients``, ``num_classes``,
+        ``num_clients``); ``seed`` (an int) drives the run's randomness, so
+        draws are reproducible.  It returns a dict with ``arrays`` (a list of
+        every numeric array the server or the user receives), ``meta`` (a
+        tuple of hashable metadata: shapes, bytes, notes; a tuple of strings
+        is taken item by item) and ``report`` (the privacy report, an object
+        with ``guarantee``, ``epsilon``, ``delta``, ``accountant``,
+        ``placement``, ``notes`` and ``is_private``, or ``None``).  A
+        :class:`privfed.errors.PrivfedError` it raises is an output too, and
+        so are the warnings it emits.  :func:`fit_release` and
+        :func:`tradeoff_release` build such callables.
     pairs : sequence of Neighbours
     draws, heldout : int
         Fresh draws per side for the bound, and held-out draws per side to
         learn the test direction and threshold; ``draws=0`` checks only for
         deterministic differences.
     meta_draws : int
-        Draws per side compared for deterministic differences.
+        Draws per side compared for deterministic differences; at least
+        :data:`MIN_META_DRAWS` (smaller values are raised to it).  An atom
+        (error, shape, bytes, note, warning, report text) is deterministic
+        only when it is constant over every draw of a side; only a difference
+        between two such constants fails at once.  Atoms that vary are random:
+        they enter the statistical test as indicators, with the released
+        values.
     alpha : float
         Failure probability of each lower bound (FPR and FNR bounds at alpha / 2 each).
 
@@ -529,27 +581,28 @@ def audit_release(
     -------
     list of ReleaseAudit
     """
+    meta_draws = max(int(meta_draws), MIN_META_DRAWS)
     results = []
     for p_i, pair in enumerate(pairs):
         base = seed * 1_000_003 + p_i * 100_003
         meta = [[_one(run, pair.d0 if side == 0 else pair.d1, base + i) for i in range(meta_draws)] for side in (0, 1)]
         atoms = [[_atoms(o) for o in meta[side]] for side in (0, 1)]
-        always = [set.intersection(*a) for a in atoms]
-        ever = [set.union(*a) for a in atoms]
-        only = sorted(map(str, (always[0] - ever[1]) | (always[1] - ever[0])))
+        only = _deterministic_differences(atoms)
         errs = [{o["error"] for o in meta[side]} for side in (0, 1)]
         if only:
             results.append(ReleaseAudit(pair.name, "deterministic difference",
-                                        f"in every draw of one side and no draw of the other: {'; '.join(only)}"[:800]))
+                                        f"constant over {meta_draws} draws of each side and different: "
+                                        f"{'; '.join(only)}"[:800]))
             continue
         if None not in errs[0] and errs[0] == errs[1]:
             results.append(ReleaseAudit(pair.name, "refused", sorted(e for e in errs[0] if e)[0][:300]))
             continue
-        rep = next(o["report"] for o in meta[1] if o["error"] is None)
         if draws == 0:
             results.append(ReleaseAudit(pair.name, "metadata only", "no deterministic difference in "
                                         f"{meta_draws} draws per side; no statistical test asked for"))
             continue
+        reps = [o["report"] for side in (1, 0) for o in meta[side] if o["error"] is None]
+        rep = reps[0] if reps else None
         if rep is None or not rep.is_private:
             results.append(ReleaseAudit(pair.name, "no claim", "" if rep is None else rep.guarantee[:300]))
             continue
@@ -559,32 +612,25 @@ def audit_release(
             from mechanisms.calibration import gdp_mu
 
             claimed_mu = float(gdp_mu(claimed_eps, rep.delta))
+        random_atoms = _random_atoms(atoms)
+        length = max(_flat(o).size for side in (0, 1) for o in meta[side])
 
         def sample(side, n, off):
             data = pair.d0 if side == 0 else pair.d1
-            rows = []
-            for i in range(n):
-                o = _one(run, data, base + off + i)
-                if o["error"] is not None:
-                    return None, o["error"]
-                rows.append(_flat(o))
-            return np.vstack(rows), None
+            return _features([_one(run, data, base + off + i) for i in range(n)], length, random_atoms)
 
-        H0, e0 = sample(0, heldout, 10_000)
-        H1, e1 = sample(1, heldout, 10_000)
-        if e0 or e1:
-            results.append(ReleaseAudit(pair.name, "deterministic difference" if (e0 is None) != (e1 is None) else "refused",
-                                        str(e0 or e1)[:300]))
-            continue
+        H0, H1 = sample(0, heldout, 10_000), sample(1, heldout, 10_000)
         m0, m1 = H0.mean(axis=0), H1.mean(axis=0)
         v0, v1 = H0.var(axis=0), H1.var(axis=0)
         exact = (v0 == 0) & (v1 == 0) & (m0 != m1)
         if exact.any():
             j = int(np.flatnonzero(exact)[0])
+            what = f"released value {j}" if j < length else ("the number of released values" if j == length
+                                                             else f"metadata {random_atoms[j - length - 1]}")
             results.append(ReleaseAudit(
                 pair.name, "deterministic difference",
-                f"{int(exact.sum())} released value(s) carry no noise and differ between neighbours "
-                f"(first: index {j}, {m0[j]:.6g} vs {m1[j]:.6g})",
+                f"{int(exact.sum())} output(s) constant over {heldout} draws of each side and different "
+                f"(first: {what}, {m0[j]:.6g} vs {m1[j]:.6g})",
                 claimed_eps=claimed_eps, claimed_mu=claimed_mu, eps_lb=math.inf, mu_lb=math.inf, draws=heldout,
             ))
             continue
@@ -604,16 +650,13 @@ def audit_release(
         else:
             crit = np.maximum(np.log((1 - fpr) / fnr), np.log((1 - fnr) / fpr))
         thr = float(cands[int(np.argmax(crit))])
-        T0, _ = sample(0, draws, 50_000)
-        T1, _ = sample(1, draws, 50_000)
-        if T0 is None or T1 is None:
-            results.append(ReleaseAudit(pair.name, "refused", "error in the fresh draws"))
-            continue
+        T0, T1 = sample(0, draws, 50_000), sample(1, draws, 50_000)
         res = audit_scores((T0 - m0) @ w, (T1 - m0) @ w, delta=float(rep.delta), thresholds=[thr],
                            alpha=alpha, claimed_mu=claimed_mu if math.isfinite(claimed_mu) else None,
                            claimed_eps=None if math.isfinite(claimed_mu) else claimed_eps)
         results.append(ReleaseAudit(
-            pair.name, "statistical", f"threshold {thr:.4g} chosen on {heldout} held-out draws per side",
+            pair.name, "statistical", f"threshold {thr:.4g} chosen on {heldout} held-out draws per side"
+            + (f"; {len(random_atoms)} random metadata atom(s) tested with the values" if random_atoms else ""),
             claimed_eps=claimed_eps, claimed_mu=claimed_mu, eps_lb=res.eps_lb, mu_lb=res.mu_lb, draws=draws,
         ))
     return results

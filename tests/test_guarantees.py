@@ -56,14 +56,120 @@ def test_multi_mean_is_refused_under_dp():
     assert np.all(np.isfinite(privfed.fit("fedcof", F, y, k, num_classes=3, privacy=_mech()).weight))
 
 
-# -- 2. subsampling credited but not carried out ---------------------------------------------------
-def test_sampling_rate_below_one_is_refused():
+# -- 2. Poisson client sampling: carried out where it amplifies, refused where it does not -------------
+Q = 0.01  # the rate of the finding: q = 0.01 at epsilon = 1
+
+
+def _sampled(cls=GaussianMechanism, q=Q, **kw):
+    params = dict(epsilon=1.0, delta=1e-5, clip=1.0, level="client", max_records=20, trusted_aggregator=True,
+                  sampling_rate=q)
+    params.update(kw)
+    return cls(**params)
+
+
+def _independent_epsilon(mech, releases):
+    """dp-accounting built up directly: Poisson-sampled Gaussian events through its PLD accountant."""
+    import dp_accounting
+
+    z = 1.0 / math.sqrt(sum((mech.sensitivity[b] / mech.sigma[b]) ** 2 for b in mech.blocks))
+    event = dp_accounting.PoissonSampledDpEvent(mech.sampling_rate, dp_accounting.GaussianDpEvent(z))
+    acc = dp_accounting.pld.PLDAccountant(dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE)
+    acc.compose(event, releases)
+    return acc.get_epsilon(mech.delta)
+
+
+def test_sampled_release_reports_the_dp_accounting_epsilon_of_what_ran():
     F, y, k = _data()
-    mech = _mech(sampling_rate=0.01)
-    with pytest.raises(ConfigError, match="sampling_rate=0.01"):
-        privfed.fit("fedncm", F, y, k, num_classes=3, privacy=mech)
-    with pytest.raises(ConfigError, match="sampling_rate"):
+    mech = _sampled()
+    head = privfed.fit("fedncm", F, y, k, num_classes=3, privacy=mech)
+    rep = head.privacy
+    assert rep.epsilon == pytest.approx(_independent_epsilon(mech, 1), abs=1e-9)
+    assert rep.epsilon <= 1.0 + 1e-9 and rep.sampling_rate == Q and rep.placement == "central"
+    assert "Poisson-sampled at rate 0.01" in rep.guarantee and not rep.simulation
+    assert any("OS entropy" in n and "not released" in n for n in rep.notes)
+    # Without amplification the same noise is far weaker: the issue's (6.96, 1e-5).
+    assert gdp_epsilon(mech.mu, 1e-5) == pytest.approx(6.96, abs=0.05)
+    # A second release composes (two Poisson-sampled events), again exactly as dp-accounting says.
+    privfed.fit("fedncm", F, y, k, num_classes=3, privacy=mech)
+    assert mech.report().epsilon == pytest.approx(_independent_epsilon(mech, 2), abs=1e-9)
+
+
+class _CountingAggregator(GaussianMechanism):
+    """Test tap: the number of records in the sum before the aggregator's noise (1 per client here)."""
+
+    seen: "list[int]" = []  # noqa: RUF012 (reset by the test before use)
+
+    def after_aggregate(self, total, method, rng):
+        self.seen.append(round(float(total.counts.sum())))
+        return super().after_aggregate(total, method, rng)
+
+
+def test_number_of_sampled_clients_is_binomial():
+    # K clients of one record each: the records in the sum count the sampled clients, Binomial(K, q).
+    from scipy.stats import chi2
+
+    K, q, n = 40, 0.3, 300
+    rng = np.random.default_rng(5)
+    F, y, k = rng.normal(size=(K, 3)), np.arange(K) % 2, np.arange(K)
+    _CountingAggregator.seen = []
+    for seed in range(n):
+        privfed.fit("fedncm", F, y, k, num_classes=2, privacy=_sampled(_CountingAggregator, q=q, max_records=1),
+                    random_state=seed)
+    x = np.array(_CountingAggregator.seen, dtype=float)
+    assert x.size == n
+    # The mean of n Binomial(K, q): within 4 standard errors of Kq.
+    assert abs(x.mean() - K * q) < 4 * math.sqrt(K * q * (1 - q) / n)
+    # Dispersion: sum (x - Kq)^2 / (Kq(1-q)) is ~ chi^2_n (normal approximation of each count).
+    stat = float(((x - K * q) ** 2).sum() / (K * q * (1 - q)))
+    assert chi2.ppf(1e-4, n) < stat < chi2.ppf(1 - 1e-4, n)
+    # Seeded runs are simulations and say so; the sampling itself is seeded then.
+    head = privfed.fit("fedncm", F, y, k, num_classes=2, privacy=_sampled(q=q, max_records=1), random_state=1)
+    assert head.privacy.simulation and any("seeded simulation" in n for n in head.privacy.notes)
+
+
+def test_sampled_set_is_hidden_from_what_the_run_returns():
+    # Bytes, shapes and the report are the same whoever was sampled (every client uploads to the
+    # trusted aggregator, which keeps the sample to itself).
+    F, y, k = _data()
+    seen = set()
+    for s in range(6):
+        head = privfed.fit("fedncm", F, y, k, num_classes=3, privacy=_sampled(q=0.5), random_state=s)
+        seen.add((head.weight.shape, tuple(sorted(head.upload_bytes.items())), head.privacy.guarantee,
+                  head.privacy.notes))
+    assert len(seen) == 1
+    assert dict(next(iter(seen))[1])["M"] == 4 * 3
+
+
+@pytest.mark.parametrize(
+    "kw, secure, method, why",
+    [
+        (dict(level="record", max_records=None), False, "fedncm", "only client-level"),
+        (dict(trusted_aggregator=False, level="record", max_records=None), False, "fedncm", "local noise"),
+        (dict(level="record", max_records=None), False, "fedcof", "local noise"),
+        (dict(trusted_aggregator=False), True, "fedncm", "secure aggregation"),
+    ],
+)
+def test_sampling_is_refused_where_the_server_sees_who_uploads(kw, secure, method, why):
+    F, y, k = _data()
+    with pytest.raises(ConfigError, match=why):
+        privfed.fit(method, F, y, k, num_classes=3, privacy=_sampled(**kw),
+                    secure_agg=PairwiseMasking() if secure else None)
+
+
+def test_sampling_rate_is_refused_where_no_sampling_happens():
+    F, y, k = _data()
+    mech = _sampled()
+    with pytest.raises(ConfigError, match="does not subsample"):
         mech.release(F[:5], y[:5], rng=np.random.default_rng(0), num_classes=3)
+    # A sum noised without the aggregator's sampling first (another driver of the hooks) is refused too.
+    from privfed.methods import get
+    from privfed.stats import compute_client_stats
+
+    mech.check(get("fedncm"), None)
+    total = compute_client_stats(mech.clip(F), y, k, num_classes=3).total()
+    with pytest.raises(ConfigError, match="no client sampling preceded"):
+        mech.after_aggregate(total, get("fedncm"), np.random.default_rng(0))
+    assert mech.report().num_events == 0
 
 
 # -- 3. nothing returned depends on the raw data beyond the noisy release --------------------------
