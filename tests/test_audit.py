@@ -387,7 +387,7 @@ def test_ckks_configurations_show_no_deterministic_difference(level):
 
 
 def _sweep_block(readme: str) -> "str | None":
-    start, end = "<!-- audit-sweep:table -->", "<!-- /audit-sweep:table -->"
+    start, end = "<!-- readme-numbers:audit-sweep tol=0 -->", "<!-- /readme-numbers:audit-sweep -->"
     if start not in readme:
         return None
     return readme.split(start, 1)[1].split(end, 1)[0].strip()
@@ -425,9 +425,7 @@ def test_audit_sweep_results_cover_every_configuration_and_back_the_readme_table
     # Every verdict the sweep can give is reasoned: refusals are the same error on both sides.
     assert {r["verdict"] for r in res["rows"]} <= {"statistical", "metadata only", "refused", "no claim"}
     block = _sweep_block((root / "README.md").read_text(encoding="utf-8"))
-    if block is None:
-        pytest.skip("README.md has no <!-- audit-sweep:table --> block; render it with "
-                    "`python -m experiments.audit_sweep --table experiments/audit_sweep_results.json`")
+    assert block is not None, "README.md has no audit-sweep block; `python -m experiments.readme_numbers --write`"
     assert block == S.readme_table(res).strip()
 
 
