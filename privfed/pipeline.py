@@ -36,7 +36,10 @@ from privfed.head import LinearHead
 from privfed.methods.base import Method
 from privfed.stats import ClientStats, StatsFold, _stats_from_rows
 
-__all__ = ["client_statistics", "fold_statistics", "run_federation", "server_head"]
+__all__ = ["UPLOAD_CHUNK_BYTES", "client_statistics", "fold_statistics", "run_federation", "server_head"]
+
+#: Bytes of dense noisy uploads produced at once when clients noise their own uploads (streamed release).
+UPLOAD_CHUNK_BYTES = 64 * 2**20
 
 
 
@@ -129,7 +132,21 @@ def server_head(
     privacy: Any = None,
     secure_agg: Any = None,
 ) -> LinearHead:
-    """Noise, aggregate and fit: everything after the clients computed ``stats``."""
+    """Noise, aggregate and fit: everything after the clients computed ``stats``.
+
+    When every client noises its own upload and the method needs only their
+    sum (a mechanism whose ``streams_upload(method)`` says so), the noisy
+    uploads are produced and folded a chunk of clients at a time
+    (``fold_local_upload``, one release): memory O(chunk + C d + d^2),
+    independent of K, never a (K, C, d) stack.
+    """
+    if privacy is not None and secure_agg is None and _streams(privacy, method):
+        total = privacy.fold_local_upload(stats, method, rng, chunk_bytes=UPLOAD_CHUNK_BYTES)
+        head = method.aggregate(privacy.after_aggregate(total, method, rng))
+        head.upload_bytes = _sent_communication(method, privacy, stats, None, num_clients)
+        head.privacy = privacy.report()
+        head.feature_transform = getattr(privacy, "feature_transform", None)
+        return head
     uploaded = stats if privacy is None else privacy.before_upload(stats, method, rng)
     if secure_agg is not None:
         sum_fn = secure_agg.secure_sum(rng)
@@ -154,6 +171,18 @@ def server_head(
         head.secure_aggregation = secure_agg.report(method, stats)
         head.notes.extend(_whose_data(head.secure_aggregation))
     return head
+
+
+def _streams(privacy: Any, method: Method) -> bool:
+    """Whether the privacy hook noises uploads chunk by chunk for this method.
+
+    Only a hook whose own class defines the streamed path takes it; a wrapper
+    that intercepts ``before_upload`` (an audit recording the uploads) keeps
+    the one-call path.
+    """
+    if getattr(type(privacy), "fold_local_upload", None) is None:
+        return False
+    return bool(privacy.streams_upload(method))
 
 
 def _sent_communication(method: Method, privacy: Any, stats: ClientStats, uploaded: ClientStats, num_clients: int):
