@@ -36,7 +36,10 @@ from privfed.head import LinearHead
 from privfed.methods.base import Method
 from privfed.stats import ClientStats, StatsFold, _stats_from_rows
 
-__all__ = ["UPLOAD_CHUNK_BYTES", "client_statistics", "fold_statistics", "run_federation", "server_head"]
+__all__ = ["FLOAT32_CHUNK_BYTES", "UPLOAD_CHUNK_BYTES", "client_statistics", "fold_statistics", "run_federation", "server_head"]
+
+#: Bytes of float64 feature rows converted at once when the features are float32 (no N x d float64 copy).
+FLOAT32_CHUNK_BYTES = 64 * 2**20
 
 #: Bytes of dense noisy uploads produced at once when clients noise their own uploads (streamed release).
 UPLOAD_CHUNK_BYTES = 64 * 2**20
@@ -86,16 +89,21 @@ def fold_statistics(
     ``chunk_bytes``, clients (with all their pseudo-clients) are taken in
     chunks of at most that many bytes of feature rows, each computed and
     folded then dropped: the path of statistics that arrive client by client.
-    Both give the statistics ``client_statistics`` would, folded.
+    Both give the statistics ``client_statistics`` would, folded.  Float32
+    features are converted to float64 a chunk at a time (chunks of
+    :data:`FLOAT32_CHUNK_BYTES` unless ``chunk_bytes`` says otherwise), so
+    every sum is accumulated in float64 without an N x d float64 copy.
     """
     keep = keep or ("pairs" if method.per_client else "total")
     F, y, k = features, np.asarray(labels, dtype=np.int64), np.asarray(clients, dtype=np.int64)
+    if F.dtype != np.float64 and chunk_bytes is None:  # float32 input: float64 a chunk at a time
+        chunk_bytes = FLOAT32_CHUNK_BYTES
     C, d = int(num_classes), F.shape[1]
     groups, owners = method.row_groups(y, k, num_classes=C, num_clients=num_clients, rng=rng)
     groups = np.asarray(groups, dtype=np.int64)
     G = num_clients if owners is None else owners.size
     fold = StatsFold(num_classes=C, dim=d, keep=keep)
-    if chunk_bytes is None or F.shape[0] * d * 8 <= chunk_bytes:
+    if F.dtype == np.float64 and (chunk_bytes is None or F.shape[0] * d * 8 <= chunk_bytes):
         if keep == "total":
             chunk = _stats_from_rows(F, y, np.zeros_like(y), C, 1, method.requires)
             object.__setattr__(chunk, "folded_pairs", int(np.unique(groups * C + y).size))
@@ -117,8 +125,8 @@ def fold_statistics(
         g0, g1 = int(first[o0]), int(first[o1])
         idx = order[owner_row_end[o0]:owner_row_end[o1]]
         chunk_owners = None if owners is None else owners[g0:g1] - o0
-        fold.add(_stats_from_rows(F[idx], y[idx], groups[idx] - g0, C, g1 - g0, method.requires,
-                                  owners=chunk_owners))
+        fold.add(_stats_from_rows(np.asarray(F[idx], dtype=np.float64), y[idx], groups[idx] - g0, C, g1 - g0,
+                                  method.requires, owners=chunk_owners))
         o0 = o1
     return fold.result()
 

@@ -188,3 +188,134 @@ def test_streamed_local_noise_memory_does_not_grow_with_clients(monkeypatch):
     assert peaks[1000] < dense / 20, peaks
     # independent of K: the 4x larger federation adds under one chunk (index arrays of the subsets)
     assert peaks[1000] < peaks[250] + 4 * 2**20, peaks
+
+
+# -- count noise and client-level bounding on the pair layout ------------------------------------
+def _pairs_and_dense(seed=0, K=23, C=7, d=5, fields=("counts", "sums")):
+    from privfed.stats import ClientStats, compute_client_stats
+
+    F, y, k = _small_federation(seed, K, C, d)
+    pairs = compute_client_stats(F, y, k, num_classes=C, num_clients=K, fields=fields)
+    # an independent per-client second moment: an explicit loop
+    kw = {"second": np.stack([F[k == c].T @ F[k == c] for c in range(K)])} if "second" in fields else {}
+    dense = ClientStats(counts=pairs.counts.copy(), sums=pairs.sums.copy(), **kw)
+    fresh = compute_client_stats(F, y, k, num_classes=C, num_clients=K, fields=fields)
+    return fresh, dense
+
+
+def test_drop_clipped_on_pairs_equals_the_dense_rule():
+    from mechanisms.count_noise import drop_clipped
+
+    pairs, dense = _pairs_and_dense()
+    assert not pairs.is_materialised("sums") and dense.is_materialised("sums")
+    noisy = dense.counts + np.random.default_rng(3).normal(0.0, 2.0, dense.counts.shape)
+    a, da = drop_clipped(pairs, noisy)
+    b, db = drop_clipped(dense, noisy)
+    assert da == db == int(np.count_nonzero(noisy <= 0)) and 0 < da < noisy.size
+    assert not a.is_materialised("sums")  # stayed on the pair layout
+    np.testing.assert_array_equal(a.counts, b.counts)
+    np.testing.assert_array_equal(a.sums, b.sums)
+    np.testing.assert_array_equal(a.pair_client, b.pair_client)
+    # kept classes the client lacks are pairs with a noisy count and a zero sum
+    lacks = (dense.counts == 0) & (noisy > 0)
+    assert lacks.any() and np.all(a.sums[lacks] == 0) and np.all(a.counts[lacks] == noisy[lacks])
+
+
+def test_count_noise_fedcof_head_is_the_same_from_pairs_and_dense():
+    from mechanisms.count_noise import LaplaceCountNoise
+    from privfed.methods import get
+
+    pairs, dense = _pairs_and_dense(seed=1)
+    m = get("fedcof", gamma=0.1)
+    heads = []
+    for stats in (pairs, dense):
+        mech = LaplaceCountNoise(epsilon=0.5)
+        up = mech.before_upload(stats, m, np.random.default_rng(7))
+        heads.append(m.aggregate(up))
+    np.testing.assert_allclose(heads[0].weight, heads[1].weight, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(heads[0].bias, heads[1].bias, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("fields", [("counts", "sums"), ("counts", "sums", "second")])
+def test_client_bound_on_pairs_equals_the_dense_bound(fields):
+    from mechanisms import GaussianMechanism
+
+    pairs, dense = _pairs_and_dense(seed=2, fields=fields)
+    m = GaussianMechanism(epsilon=1.0, delta=1e-5, clip=1.0, level="client", max_records=17,
+                          trusted_aggregator=True, blocks=fields)
+    n_k = dense.counts.sum(axis=1)
+    assert (n_k > 17).any() and (n_k <= 17).any()
+    a, b = m._bound_clients(pairs), m._bound_clients(dense)
+    assert not a.is_materialised("sums")
+    np.testing.assert_array_equal(a.counts, b.counts)
+    np.testing.assert_array_equal(a.sums, b.sums)
+    f = np.minimum(1.0, 17 / n_k)
+    np.testing.assert_allclose(a.counts.sum(axis=1), n_k * f, rtol=1e-15)
+    if "second" in fields:
+        np.testing.assert_allclose(a.gram(), b.gram(), rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(a.gram(), np.einsum("k,kij->ij", f, dense.second), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("name,privacy", [
+    ("fedcof", "geometric"), ("fed3r", "client"), ("fedncm", "client")])
+def test_count_noise_and_client_bound_at_scale_stay_under_the_cap(federation, monkeypatch, name, privacy):
+    """Both read the pair layout: no (K, C, d) view (1.23 GB here; refused above 64 MB)."""
+    from mechanisms import GaussianMechanism
+    from mechanisms.count_noise import GeometricCountNoise
+
+    F, y, k = federation
+    monkeypatch.setattr(stats_mod, "DENSE_VIEW_LIMIT", 64 * 2**20)
+    if privacy == "geometric":  # eps = 5: about 0.7% of the empty cells get a positive noisy count
+        mech = GeometricCountNoise(epsilon=5.0)
+    else:
+        blocks = ("sums", "counts", "second") if name == "fed3r" else ("sums", "counts")
+        mech = GaussianMechanism(epsilon=1.0, delta=1e-5, clip=30.0, level="client", max_records=20,
+                                 trusted_aggregator=True, blocks=blocks)
+    tracemalloc.start()
+    try:
+        head = privfed.fit(name, F, y, k, random_state=0, privacy=mech, num_classes=C, num_clients=K)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    # the budget 2 (N d + M d + d^2) floats with M the pairs stored (count noise adds the kept cells
+    # of classes a client lacks), plus N d for the float64 copy the mechanism clips into
+    sent = max(head.upload_bytes["M"], M) if privacy == "geometric" else M
+    cap = 2 * 8 * (F.shape[0] * D + sent * D + D * D) + (8 * F.shape[0] * D if privacy == "client" else 0)
+    assert peak < cap, f"{name}: peak traced allocation {peak / 2**20:.0f} MiB, cap {cap / 2**20:.0f} MiB"
+    assert 8 * K * C * D > 5 * cap  # the dense (K, C, d) sums alone
+    assert np.all(np.isfinite(head.weight))
+
+
+# -- float32 input: converted a chunk at a time -----------------------------------------------
+@pytest.mark.parametrize("name", ["fedncm", "fedcof", "fed3r"])
+def test_float32_input_is_not_copied_to_float64_and_gives_the_float64_head(federation, monkeypatch, name):
+    import privfed.pipeline as pipeline
+
+    F, y, k = federation
+    monkeypatch.setattr(pipeline, "FLOAT32_CHUNK_BYTES", 8 * 2**20)
+    tracemalloc.start()
+    try:
+        head = privfed.fit(name, F, y, k, random_state=0)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    copy = 8 * F.shape[0] * F.shape[1]  # the float64 copy of the input (53 MB)
+    # pairs (FedCOF) or class totals, the d x d second moment, and a few 8 MiB chunks: under one copy
+    assert peak < copy, f"{name}: {peak / 2**20:.0f} MiB against a {copy / 2**20:.0f} MiB copy"
+    ref = privfed.fit(name, F.astype(np.float64), y, k, random_state=0)
+    np.testing.assert_allclose(head.weight, ref.weight, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(head.bias, ref.bias, rtol=1e-9, atol=1e-12)
+
+
+def test_float32_input_with_nan_is_refused_naming_the_row():
+    from privfed._validation import check_features
+    from privfed.errors import InputError
+
+    F = np.ones((50_000, 8), dtype=np.float32)
+    F[41_234, 3] = np.nan
+    F[45_000, 1] = np.inf
+    out = check_features(F[:41_000], keep_float32=True)
+    assert out.dtype == np.float32 and np.shares_memory(out, F)
+    assert check_features(F[:41_000]).dtype == np.float64
+    with pytest.raises(InputError, match=r"contains 2 NaN/inf values \(first in row 41234\)"):
+        check_features(F, keep_float32=True)
