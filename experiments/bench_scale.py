@@ -440,7 +440,7 @@ def main(argv=None) -> int:
         dict(K=2000, C=300, d=256, N=26000, M=11800) if not args.small else dict(K=500, C=100, d=128, N=6500, M=3000),
         args.curve_repeats or args.repeats)
     results = {"shape": real, "d": d, "bound": bound, "rows": rows, "curves": curves, "local_dp": dp,
-               "small": args.small, "repeats": args.repeats, "threads": args.threads, "cores": os.cpu_count(),
+               "upload_chunk_mib": _upload_chunk_mib(), "small": args.small, "repeats": args.repeats, "threads": args.threads, "cores": os.cpu_count(),
                "input_mib": F32.nbytes / 2**20, "command": "python experiments/bench_scale.py " + " ".join(
                    argv if argv is not None else sys.argv[1:]),
                "machine_dependent": "every time and RSS (one run on one machine; ratios are within the run)"}
@@ -451,6 +451,12 @@ def main(argv=None) -> int:
     (out / "bench_scale.md").write_text(text + "\n")
     (out / "bench_scale.json").write_text(json.dumps(results, indent=1) + "\n")
     return 0
+
+
+def _upload_chunk_mib() -> float:
+    from privfed.pipeline import UPLOAD_CHUNK_BYTES
+
+    return UPLOAD_CHUNK_BYTES / 2**20
 
 
 def method_ratios(r: dict, bound: dict, budget: float) -> dict:
@@ -534,7 +540,7 @@ def render(res: dict) -> str:
             lines.append(
                 f"Peak RSS above the input at {big['clients']:,} clients / at {small['clients']:,}: "
                 f"{(big['peak_rss'] - big['rss_input']) / max(small['peak_rss'] - small['rss_input'], 1):.2f} "
-                "(memory independent of K: chunks of 64 MiB of uploads).")
+                f"(memory independent of K: chunks of {res.get('upload_chunk_mib', 16):g} MiB of uploads).")
     curves = res.get("curves") or []
     if curves:
         lines += ["", "Scaling curves (fit time, min over repeats; fitted log-log exponent):", "",

@@ -42,7 +42,7 @@ __all__ = ["FLOAT32_CHUNK_BYTES", "UPLOAD_CHUNK_BYTES", "client_statistics", "fo
 FLOAT32_CHUNK_BYTES = 64 * 2**20
 
 #: Bytes of dense noisy uploads produced at once when clients noise their own uploads (streamed release).
-UPLOAD_CHUNK_BYTES = 64 * 2**20
+UPLOAD_CHUNK_BYTES = 16 * 2**20  # under glibc's 32 MiB mmap ceiling: freed chunks are reused, not re-faulted
 
 
 
