@@ -430,6 +430,8 @@ def main(argv=None) -> int:
                                                               name != "fedcof-oracle" else 0.0)
             rows.append(r)
             print(json.dumps(r), flush=True)
+            Path(args.out).mkdir(parents=True, exist_ok=True)  # partial results survive an interrupted run
+            (Path(args.out) / "bench_scale.partial.json").write_text(json.dumps({"bound": bound, "rows": rows}))
         dp = []
         if not args.no_dp:
             kdp = real["K"] if args.dp_clients == 0 else min(args.dp_clients or 400, real["K"])
