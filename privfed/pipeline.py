@@ -39,7 +39,7 @@ from privfed.stats import ClientStats, StatsFold, _stats_from_rows
 __all__ = ["FLOAT32_CHUNK_BYTES", "UPLOAD_CHUNK_BYTES", "client_statistics", "fold_statistics", "run_federation", "server_head"]
 
 #: Bytes of float64 feature rows converted at once when the features are float32 (no N x d float64 copy).
-FLOAT32_CHUNK_BYTES = 64 * 2**20
+FLOAT32_CHUNK_BYTES = 16 * 2**20  # under glibc's 32 MiB mmap ceiling: chunk buffers are reused, not re-faulted
 
 #: Bytes of dense noisy uploads produced at once when clients noise their own uploads (streamed release).
 UPLOAD_CHUNK_BYTES = 16 * 2**20  # under glibc's 32 MiB mmap ceiling: freed chunks are reused, not re-faulted

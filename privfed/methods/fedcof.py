@@ -120,8 +120,10 @@ def spread_matrix(
     return X2.T @ X2
 
 
-#: Bytes of each of the two row buffers of :func:`pair_spread` (819 rows at d = 1,280: GEMM-efficient).
+#: Bytes of each of the two row buffers of :func:`pair_spread`, and the fewest rows a block holds
+#: (2,048 rows at d = 1,280: each GEMM long enough to run at the speed of one X^T X over all rows).
 _SPREAD_BLOCK_BYTES = 8 * 2**20
+_SPREAD_MIN_ROWS = 2048
 
 
 def pair_spread(
@@ -143,7 +145,7 @@ def pair_spread(
     src = sel if rows is None else np.asarray(rows)[sel]  # rows of pair_sums
     contiguous = src.size == 0 or (src[0] + src.size - 1 == src[-1])  # one slice (the usual case)
     out = np.zeros((d, d))
-    step = max(1, min(_SPREAD_BLOCK_BYTES // (8 * max(d, 1)), sel.size))
+    step = max(1, min(max(_SPREAD_BLOCK_BYTES // (8 * max(d, 1)), _SPREAD_MIN_ROWS), sel.size))
     buf = np.empty((step, d))
     mub = np.empty((step, d))
     for a in range(0, sel.size, step):
