@@ -23,6 +23,14 @@ client shift + noise) in float32.  In one run it measures
 
     python experiments/bench_scale.py            # full iNat-120K shape (~6 GiB peak, minutes)
     python experiments/bench_scale.py --small    # K=1,000, C=300, d=256: seconds
+
+It also times record-level DP with local noise (every client noises all C
+classes; the server folds the noisy uploads chunk by chunk as one release)
+against drawing the same noise alone, on the first ``--dp-clients`` clients
+and scaled to K.  Each run writes ``bench_scale.json`` (raw seconds and
+bytes) and ``bench_scale.md`` (:func:`render` of it) under ``--out``; the
+recorded run the README quotes is ``experiments/bench_scale.json`` / ``.md``
+(``--repeats 2 --curve-repeats 3``; every time and RSS is machine-dependent).
 """
 
 from __future__ import annotations

@@ -319,3 +319,30 @@ def test_float32_input_with_nan_is_refused_naming_the_row():
     assert check_features(F[:41_000]).dtype == np.float64
     with pytest.raises(InputError, match=r"contains 2 NaN/inf values \(first in row 41234\)"):
         check_features(F, keep_float32=True)
+
+
+# -- the benchmark's recorded run ----------------------------------------------------------------
+def test_recorded_benchmark_table_is_what_its_json_says():
+    """experiments/bench_scale.md (the README's scale table) is render() of the recorded JSON.
+
+    The numbers are one run on one machine (machine-dependent); this pins that the table is
+    generated from that run's raw seconds and bytes, not edited by hand, and that the run was
+    the iNat-120K shape with every method and a one-release local-DP stream.
+    """
+    import json
+    from pathlib import Path
+
+    from experiments.bench_scale import METHODS, method_ratios, render
+
+    root = Path(__file__).resolve().parents[1] / "experiments"
+    res = json.loads((root / "bench_scale.json").read_text())
+    assert (root / "bench_scale.md").read_text().rstrip("\n") == render(res)
+    assert res["shape"]["K"] == 9275 and res["shape"]["C"] == 1203 and res["d"] == 1280 and not res["small"]
+    assert [r["method"] for r in res["rows"]] == list(METHODS) and all("error" not in r for r in res["rows"])
+    N, M, d = res["shape"]["N"], res["shape"]["M"], res["d"]
+    budget = 2 * (N * d + M * d + d * d) * 8
+    for r in res["rows"]:
+        q = method_ratios(r, res["bound"], budget)
+        assert all(np.isfinite(v) and v > 0 for v in q.values())
+    assert all(r["releases"] == 1 and r["sent_M"] == r["clients"] * res["shape"]["C"] for r in res["local_dp"])
+    assert {c["curve"] for c in res["curves"]} == {"K (M, N fixed)", "M (K fixed, N = 2.2 M)", "d"}
