@@ -412,7 +412,7 @@ def main(argv=None) -> int:
     F32, y, k = inat_like(**shape, seed=0)
     real = shape_of(y, k)
     print(f"federation {real} d={shape['d']} built in {time.perf_counter() - t0:.1f} s", flush=True)
-    N, d, M = real["N"], shape["d"], real["M"]
+    N, d = real["N"], shape["d"]
     names = [m for m in args.methods.split(",") if m]
     with tempfile.TemporaryDirectory(prefix="bench-scale-") as tmp:
         np.save(os.path.join(tmp, "F.npy"), F32)

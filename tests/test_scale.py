@@ -117,7 +117,7 @@ def test_streamed_local_noise_draws_the_uploads_before_upload_draws(name, blocks
                                          ("fedcgs", ("sums", "counts", "second"))])
 def test_streamed_local_noise_head_and_report_equal_the_one_call_path(name, blocks, monkeypatch):
     """server_head's streamed path equals before_upload + one fold: head, report and bytes."""
-    import privfed.pipeline as pipeline
+    from privfed import pipeline
     from privfed.methods import get
     from privfed.stats import StatsFold
 
@@ -160,7 +160,7 @@ def test_streamed_local_noise_memory_does_not_grow_with_clients(monkeypatch):
     would be 307 MB at K = 1,000.  With 4 MiB chunks the release (noise, fold, head) holds a
     few chunks plus the C x d aggregate, the same at K = 250 and K = 1,000.
     """
-    import privfed.pipeline as pipeline
+    from privfed import pipeline
     from privfed.methods import get
 
     monkeypatch.setattr(pipeline, "UPLOAD_CHUNK_BYTES", 4 * 2**20)
@@ -289,7 +289,7 @@ def test_count_noise_and_client_bound_at_scale_stay_under_the_cap(federation, mo
 # -- float32 input: converted a chunk at a time -----------------------------------------------
 @pytest.mark.parametrize("name", ["fedncm", "fedcof", "fed3r"])
 def test_float32_input_is_not_copied_to_float64_and_gives_the_float64_head(federation, monkeypatch, name):
-    import privfed.pipeline as pipeline
+    from privfed import pipeline
 
     F, y, k = federation
     monkeypatch.setattr(pipeline, "FLOAT32_CHUNK_BYTES", 8 * 2**20)
