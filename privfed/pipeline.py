@@ -36,7 +36,10 @@ from privfed.head import LinearHead
 from privfed.methods.base import Method
 from privfed.stats import ClientStats, StatsFold, _stats_from_rows
 
-__all__ = ["FLOAT32_CHUNK_BYTES", "UPLOAD_CHUNK_BYTES", "client_statistics", "fold_statistics", "run_federation", "server_head"]
+__all__ = [
+    "FLOAT32_CHUNK_BYTES", "UPLOAD_CHUNK_BYTES", "client_statistics", "fold_statistics", "run_federation",
+    "server_head",
+]
 
 #: Bytes of float64 feature rows converted at once when the features are float32 (no N x d float64 copy).
 FLOAT32_CHUNK_BYTES = 16 * 2**20  # under glibc's 32 MiB mmap ceiling: chunk buffers are reused, not re-faulted
@@ -184,11 +187,16 @@ def server_head(
 def _streams(privacy: Any, method: Method) -> bool:
     """Whether the privacy hook noises uploads chunk by chunk for this method.
 
-    Only a hook whose own class defines the streamed path takes it; a wrapper
-    that intercepts ``before_upload`` (an audit recording the uploads) keeps
-    the one-call path.
+    Only a hook whose own class defines the streamed path takes it, and only
+    when no subclass replaced ``before_upload`` or ``_noisy`` (the streamed
+    path would bypass them); a wrapper that intercepts ``before_upload`` (an
+    audit recording the uploads) keeps the one-call path.
     """
-    if getattr(type(privacy), "fold_local_upload", None) is None:
+    cls = type(privacy)
+    owner = next((c for c in cls.__mro__ if "fold_local_upload" in c.__dict__), None)
+    if owner is None:
+        return False
+    if any(getattr(cls, name, None) is not getattr(owner, name, None) for name in ("before_upload", "_noisy")):
         return False
     return bool(privacy.streams_upload(method))
 

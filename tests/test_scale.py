@@ -346,3 +346,26 @@ def test_recorded_benchmark_table_is_what_its_json_says():
         assert all(np.isfinite(v) and v > 0 for v in q.values())
     assert all(r["releases"] == 1 and r["sent_M"] == r["clients"] * res["shape"]["C"] for r in res["local_dp"])
     assert {c["curve"] for c in res["curves"]} == {"K (M, N fixed)", "M (K fixed, N = 2.2 M)", "d"}
+
+
+def test_a_subclass_replacing_before_upload_keeps_the_one_call_path():
+    """The streamed path would bypass an overridden before_upload: such a hook is not streamed."""
+    from mechanisms import GaussianMechanism
+    from privfed import pipeline
+    from privfed.methods import get
+
+    class Recording(GaussianMechanism):
+        calls = 0
+
+        def before_upload(self, stats, method, rng):
+            type(self).calls += 1
+            return super().before_upload(stats, method, rng)
+
+    F, y, k = _small_federation(seed=4)
+    m = get("fedncm")
+    plain, rec = _local_dp(), Recording(epsilon=2.0, delta=1e-5, clip=3.0)
+    assert pipeline._streams(plain, m) and not pipeline._streams(rec, m)
+    stats = pipeline.client_statistics(m, F, y, k, num_classes=7, num_clients=23, rng=np.random.default_rng(1),
+                                       privacy=rec)
+    pipeline.server_head(m, stats, num_clients=23, rng=np.random.default_rng(2), privacy=rec)
+    assert Recording.calls == 1
