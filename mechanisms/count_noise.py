@@ -62,10 +62,32 @@ def drop_clipped(stats: ClientStats, noisy_counts: np.ndarray) -> tuple[ClientSt
     """
     n = np.asarray(noisy_counts, dtype=np.float64)
     kept = n > 0
-    means = np.nan_to_num(stats.means())
-    new_counts = np.where(kept, n, 0.0)
-    new_sums = np.where(kept[..., None], means * new_counts[..., None], 0.0)
-    return stats.with_arrays(counts=new_counts, sums=new_sums), int(np.count_nonzero(~kept))
+    dropped = int(np.count_nonzero(~kept))
+    if stats.is_materialised("sums"):
+        means = np.nan_to_num(stats.means())
+        new_counts = np.where(kept, n, 0.0)
+        new_sums = np.where(kept[..., None], means * new_counts[..., None], 0.0)
+        return stats.with_arrays(counts=new_counts, sums=new_sums), dropped
+    # The pair layout: the kept cells become the pairs (a kept class without data sends a zero sum).
+    K, C = stats.num_clients, stats.num_classes
+    kk, cc = np.nonzero(kept)
+    nk = n[kk, cc]
+    pkey = stats.pair_client * C + stats.pair_class  # sorted
+    key = kk * C + cc
+    j = np.minimum(np.searchsorted(pkey, key), max(pkey.size - 1, 0))
+    has = np.zeros(key.size, dtype=bool)
+    if pkey.size:
+        has = (pkey[j] == key) & (stats.pair_counts[j] > 0)
+    sums = np.zeros((key.size, stats.dim))
+    jh = j[has]
+    kept_sums = stats.pair_sums[jh]  # n~ times the exact mean, in place: (s / n) n~
+    kept_sums /= stats.pair_counts[jh, None]
+    kept_sums *= nk[has, None]
+    sums[has] = kept_sums
+    del kept_sums
+    out = ClientStats.from_pairs(num_clients=K, num_classes=C, pair_client=kk, pair_class=cc, pair_counts=nk,
+                                 pair_sums=sums, owners=stats.owners)
+    return out, dropped
 
 
 class CountNoise:

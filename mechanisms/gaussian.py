@@ -426,12 +426,29 @@ class GaussianMechanism:
 
     def _bound_clients(self, stats: ClientStats) -> ClientStats:
         """Client level: scale each client's statistics to at most ``max_records`` records' worth."""
-        n_k = stats.counts.sum(axis=1)
+        dense = stats.is_materialised("counts") and stats.is_materialised("sums")
+        if dense:
+            n_k = stats.counts.sum(axis=1)
+        else:  # the pair layout: no (K, C, d) view
+            n_k = np.bincount(stats.pair_client, weights=stats.pair_counts, minlength=stats.num_clients)
         factor = np.minimum(1.0, self.max_records / np.where(n_k > 0, n_k, 1.0))
         if np.all(factor == 1.0):
             return stats
-        scaled = {k: v * factor.reshape((-1,) + (1,) * (v.ndim - 1)) for k, v in stats.arrays().items()}
-        return stats.with_arrays(**scaled)
+        if dense:
+            scaled = {k: v * factor.reshape((-1,) + (1,) * (v.ndim - 1)) for k, v in stats.arrays().items()}
+            return stats.with_arrays(**scaled)
+        f = factor[stats.pair_client]
+        second = gram = None
+        if "second" in stats.available:
+            if stats.is_materialised("second"):
+                second = stats.second * factor[:, None, None]
+            else:  # only the sum of the scaled second moments is released (client level is sum-only)
+                gram = stats.client_weighted_gram(factor)
+        return ClientStats.from_pairs(
+            num_clients=stats.num_clients, num_classes=stats.num_classes, pair_client=stats.pair_client,
+            pair_class=stats.pair_class, pair_counts=stats.pair_counts * f, pair_sums=stats.pair_sums * f[:, None],
+            second=second, gram=gram, owners=stats.owners,
+        )
 
     # -- direct release ----------------------------------------------------------
     def release(
@@ -627,6 +644,77 @@ class GaussianMechanism:
         self._placements.append("local")
         return self._noisy(stats, rng, "record")
 
+    # -- record level, local noise, streamed: one release, noised chunk by chunk ----------------
+    def streams_upload(self, method) -> bool:
+        """Whether each client noises its own upload and the server needs only their sum.
+
+        Record level without a trusted aggregator or secure aggregation, and a
+        method that aggregates sums (``per_client = False``): the uploads can be
+        noised and folded a chunk of clients at a time
+        (:meth:`fold_local_upload`), memory independent of K.
+        """
+        return (self.level == "record" and not self._secure and not self.trusted_aggregator
+                and not bool(getattr(method, "per_client", False)))
+
+    def local_noise_blocks(self, stats: ClientStats, rng: np.random.Generator, *, chunk_bytes: int | None = None):
+        """The clients' noisy uploads (record level, local noise), one block and chunk of clients at a time.
+
+        Every client noises every class it could hold (zeros included) and its
+        second moment when released: its upload is C (d + 1) (+ d^2) values
+        whatever it holds.  The whole stream is the ONE release
+        :meth:`before_upload` makes, booked in the ledger when the stream
+        starts, with the same noise drawn in the same order: block by block
+        (``sums``, ``counts``, ``second``), clients in order within a block,
+        so the values equal ``before_upload``'s bit for bit whatever
+        ``chunk_bytes`` is (a chunk holds at most that many bytes of one
+        block's dense uploads, at least one client; ``None``: all at once).
+
+        Yields
+        ------
+        (block, k0, k1, values)
+            ``values`` are the noisy ``block`` uploads of clients ``k0..k1-1``.
+        """
+        self._ensure(stats.dim)
+        K, C, d = stats.num_clients, stats.num_classes, stats.dim
+        blocks = [b for b in self.blocks if b in stats.available]
+        rid = self.ledger.new_release()
+        for block in blocks:
+            s = self._sigma[block]
+            self.ledger.record(ReleaseEvent(
+                mechanism="gaussian" if s > 0 else "none", block=block,
+                sensitivity=self._sens[block], scale=s, relation="record",
+                rounds=1, sampling_rate=self.sampling_rate, release_id=rid,
+            ))
+        self._placements.append("local")
+        per_client = {"sums": C * d, "counts": C, "second": d * d}
+        for block in blocks:
+            step = K if chunk_bytes is None else max(1, int(chunk_bytes) // (8 * per_client[block]))
+            for k0 in range(0, K, step):
+                k1 = min(K, k0 + step)
+                values = _client_block(stats, block, k0, k1)
+                yield block, k0, k1, self._add_noise(values, block, self._sigma[block], rng)
+
+    def fold_local_upload(self, stats: ClientStats, method, rng: np.random.Generator, *,
+                          chunk_bytes: int | None = None) -> ClientStats:
+        """The sum of the clients' noisy uploads, folded chunk by chunk (:meth:`local_noise_blocks`).
+
+        Memory O(chunk + C d + d^2), independent of K; no (K, C, d) stack.
+        Returns the aggregate (K = 1) that summing :meth:`before_upload`'s
+        output gives (same noise values, summed in the same client order).
+        """
+        C, d = stats.num_classes, stats.dim
+        total = {"sums": np.zeros((C, d)), "counts": np.zeros(C), "second": np.zeros((d, d))}
+        kept = 0
+        for block, _, _, values in self.local_noise_blocks(stats, rng, chunk_bytes=chunk_bytes):
+            for row in values:  # clients in order: the summation order of one (K, ...) reduction
+                total[block] += row
+            if block == "counts":
+                kept += int(np.count_nonzero(values > 0))
+        second = total["second"][None] if "second" in stats.available and "second" in self.blocks else None
+        out = ClientStats(counts=total["counts"][None], sums=total["sums"][None], second=second)
+        object.__setattr__(out, "folded_pairs", kept)
+        return out
+
     def _distributed(self, stats: ClientStats, rng: np.random.Generator) -> ClientStats:
         """Every client adds its share sigma^2 / (K - t); what reaches the sum is settled in :meth:`report`."""
         K = stats.num_clients
@@ -807,3 +895,20 @@ class GaussianMechanism:
             f"level={self.level!r}, blocks={self.blocks}, calibration={self.calibration!r}, "
             f"clip_norm={self.clipping.norm!r}, rounds={self.rounds})"
         )
+
+
+def _client_block(stats: ClientStats, block: str, k0: int, k1: int) -> np.ndarray:
+    """Dense ``block`` of clients k0..k1-1, built from what ``stats`` stores (no other block copied)."""
+    if (k0, k1) == (0, stats.num_clients) or stats.is_materialised(block):
+        return getattr(stats, block)[k0:k1]
+    if block == "second":
+        return stats.clients(np.arange(k0, k1)).second
+    pc = stats.pair_client  # sorted by client
+    a, b = np.searchsorted(pc, [k0, k1])
+    if block == "counts":
+        out = np.zeros((k1 - k0, stats.num_classes))
+        out[pc[a:b] - k0, stats.pair_class[a:b]] = stats.pair_counts[a:b]
+    else:
+        out = np.zeros((k1 - k0, stats.num_classes, stats.dim))
+        out[pc[a:b] - k0, stats.pair_class[a:b]] = stats.pair_sums[a:b]
+    return out

@@ -37,8 +37,19 @@ def as_generator(value, name: str = "random_state") -> np.random.Generator:
     raise ConfigError(f"{name} must be None, a non-negative int seed or a numpy Generator, got {value!r}")
 
 
-def check_features(features, name: str = "features", dim: int | None = None) -> np.ndarray:
-    """Return ``features`` as a finite 2-D float64 array or raise :class:`InputError`."""
+#: Rows checked for finiteness at once (no N x d mask of the whole input).
+_CHECK_BLOCK_BYTES = 16 * 2**20
+
+
+def check_features(features, name: str = "features", dim: int | None = None, *,
+                   keep_float32: bool = False) -> np.ndarray:
+    """Return ``features`` as a finite 2-D float64 array or raise :class:`InputError`.
+
+    ``keep_float32=True`` returns float32 input as it is (no N x d float64
+    copy) for callers that convert block by block and accumulate in float64
+    (:func:`privfed.pipeline.fold_statistics`); other dtypes become float64.
+    Finiteness is checked in blocks of rows either way.
+    """
     try:
         arr = np.asarray(features)
     except Exception as exc:  # pragma: no cover - exotic inputs
@@ -51,12 +62,19 @@ def check_features(features, name: str = "features", dim: int | None = None) -> 
         raise InputError(f"{name} is empty (shape {arr.shape}); pass at least one sample and one feature")
     if not np.issubdtype(arr.dtype, np.number) or np.iscomplexobj(arr):
         raise InputError(f"{name} must be real numbers, got dtype {arr.dtype}")
-    arr = arr.astype(np.float64, copy=False)
-    bad = ~np.isfinite(arr)
-    if bad.any():
-        rows = np.flatnonzero(bad.any(axis=1))
+    if not (keep_float32 and arr.dtype == np.float32):
+        arr = arr.astype(np.float64, copy=False)
+    step = max(1, _CHECK_BLOCK_BYTES // max(arr.shape[1], 1))
+    first, count = None, 0
+    for a in range(0, arr.shape[0], step):
+        bad = ~np.isfinite(arr[a:a + step])
+        if bad.any():
+            count += int(bad.sum())
+            if first is None:
+                first = a + int(np.flatnonzero(bad.any(axis=1))[0])
+    if first is not None:
         raise InputError(
-            f"{name} contains {int(bad.sum())} NaN/inf values (first in row {int(rows[0])}); "
+            f"{name} contains {count} NaN/inf values (first in row {first}); "
             "remove or impute those samples before fitting"
         )
     if dim is not None and arr.shape[1] != dim:
@@ -160,15 +178,17 @@ def check_clients(clients, n: int, name: str = "clients") -> tuple[np.ndarray, i
     return k, num_clients
 
 
-def check_dataset(features, labels, clients=None, num_classes=None, *, every_class: bool = False):
+def check_dataset(features, labels, clients=None, num_classes=None, *, every_class: bool = False,
+                  keep_float32: bool = False):
     """Validate a federated dataset; returns (F, y, k, C, K).
 
     ``every_class=True`` (fitting a head) requires a sample of every class,
-    so ``num_classes`` may not exceed the number of samples.  Otherwise a
+    so ``num_classes`` may not exceed the number of samples.  ``keep_float32``:
+    see :func:`check_features`.  Otherwise a
     ``num_classes`` whose statistics would dwarf the data (over 64 times the
     features' bytes and over 1 GiB) is refused before anything is allocated.
     """
-    F = check_features(features)
+    F = check_features(features, keep_float32=keep_float32)
     N, d = F.shape
     if num_classes is not None:
         C = check_num_classes(num_classes)

@@ -83,7 +83,8 @@ def fit(
         raise ConfigError(f"method must be a name from {_methods.available()} or a Method, got {method!r}")
     if privacy is None:
         _refuse_unclipped_noise(secure_agg)
-        F, y, k, C, K = check_dataset(features, labels, clients, num_classes, every_class=True)
+        # float32 stays float32: the statistics convert it a chunk at a time (float64 sums, no N x d copy)
+        F, y, k, C, K = check_dataset(features, labels, clients, num_classes, every_class=True, keep_float32=True)
         if num_clients is not None and _check_num_clients(num_clients) != K:
             raise InputError(
                 f"num_clients={num_clients} but clients numbers {K} clients 0..{K - 1}; without privacy every "

@@ -36,7 +36,16 @@ from privfed.head import LinearHead
 from privfed.methods.base import Method
 from privfed.stats import ClientStats, StatsFold, _stats_from_rows
 
-__all__ = ["client_statistics", "fold_statistics", "run_federation", "server_head"]
+__all__ = [
+    "FLOAT32_CHUNK_BYTES", "UPLOAD_CHUNK_BYTES", "client_statistics", "fold_statistics", "run_federation",
+    "server_head",
+]
+
+#: Bytes of float64 feature rows converted at once when the features are float32 (no N x d float64 copy).
+FLOAT32_CHUNK_BYTES = 16 * 2**20  # under glibc's 32 MiB mmap ceiling: chunk buffers are reused, not re-faulted
+
+#: Bytes of dense noisy uploads produced at once when clients noise their own uploads (streamed release).
+UPLOAD_CHUNK_BYTES = 16 * 2**20  # under glibc's 32 MiB mmap ceiling: freed chunks are reused, not re-faulted
 
 
 
@@ -83,16 +92,21 @@ def fold_statistics(
     ``chunk_bytes``, clients (with all their pseudo-clients) are taken in
     chunks of at most that many bytes of feature rows, each computed and
     folded then dropped: the path of statistics that arrive client by client.
-    Both give the statistics ``client_statistics`` would, folded.
+    Both give the statistics ``client_statistics`` would, folded.  Float32
+    features are converted to float64 a chunk at a time (chunks of
+    :data:`FLOAT32_CHUNK_BYTES` unless ``chunk_bytes`` says otherwise), so
+    every sum is accumulated in float64 without an N x d float64 copy.
     """
     keep = keep or ("pairs" if method.per_client else "total")
     F, y, k = features, np.asarray(labels, dtype=np.int64), np.asarray(clients, dtype=np.int64)
+    if F.dtype != np.float64 and chunk_bytes is None:  # float32 input: float64 a chunk at a time
+        chunk_bytes = FLOAT32_CHUNK_BYTES
     C, d = int(num_classes), F.shape[1]
     groups, owners = method.row_groups(y, k, num_classes=C, num_clients=num_clients, rng=rng)
     groups = np.asarray(groups, dtype=np.int64)
     G = num_clients if owners is None else owners.size
     fold = StatsFold(num_classes=C, dim=d, keep=keep)
-    if chunk_bytes is None or F.shape[0] * d * 8 <= chunk_bytes:
+    if F.dtype == np.float64 and (chunk_bytes is None or F.shape[0] * d * 8 <= chunk_bytes):
         if keep == "total":
             chunk = _stats_from_rows(F, y, np.zeros_like(y), C, 1, method.requires)
             object.__setattr__(chunk, "folded_pairs", int(np.unique(groups * C + y).size))
@@ -114,8 +128,8 @@ def fold_statistics(
         g0, g1 = int(first[o0]), int(first[o1])
         idx = order[owner_row_end[o0]:owner_row_end[o1]]
         chunk_owners = None if owners is None else owners[g0:g1] - o0
-        fold.add(_stats_from_rows(F[idx], y[idx], groups[idx] - g0, C, g1 - g0, method.requires,
-                                  owners=chunk_owners))
+        fold.add(_stats_from_rows(np.asarray(F[idx], dtype=np.float64), y[idx], groups[idx] - g0, C, g1 - g0,
+                                  method.requires, owners=chunk_owners))
         o0 = o1
     return fold.result()
 
@@ -129,7 +143,21 @@ def server_head(
     privacy: Any = None,
     secure_agg: Any = None,
 ) -> LinearHead:
-    """Noise, aggregate and fit: everything after the clients computed ``stats``."""
+    """Noise, aggregate and fit: everything after the clients computed ``stats``.
+
+    When every client noises its own upload and the method needs only their
+    sum (a mechanism whose ``streams_upload(method)`` says so), the noisy
+    uploads are produced and folded a chunk of clients at a time
+    (``fold_local_upload``, one release): memory O(chunk + C d + d^2),
+    independent of K, never a (K, C, d) stack.
+    """
+    if privacy is not None and secure_agg is None and _streams(privacy, method):
+        total = privacy.fold_local_upload(stats, method, rng, chunk_bytes=UPLOAD_CHUNK_BYTES)
+        head = method.aggregate(privacy.after_aggregate(total, method, rng))
+        head.upload_bytes = _sent_communication(method, privacy, stats, None, num_clients)
+        head.privacy = privacy.report()
+        head.feature_transform = getattr(privacy, "feature_transform", None)
+        return head
     uploaded = stats if privacy is None else privacy.before_upload(stats, method, rng)
     if secure_agg is not None:
         sum_fn = secure_agg.secure_sum(rng)
@@ -154,6 +182,23 @@ def server_head(
         head.secure_aggregation = secure_agg.report(method, stats)
         head.notes.extend(_whose_data(head.secure_aggregation))
     return head
+
+
+def _streams(privacy: Any, method: Method) -> bool:
+    """Whether the privacy hook noises uploads chunk by chunk for this method.
+
+    Only a hook whose own class defines the streamed path takes it, and only
+    when no subclass replaced ``before_upload`` or ``_noisy`` (the streamed
+    path would bypass them); a wrapper that intercepts ``before_upload`` (an
+    audit recording the uploads) keeps the one-call path.
+    """
+    cls = type(privacy)
+    owner = next((c for c in cls.__mro__ if "fold_local_upload" in c.__dict__), None)
+    if owner is None:
+        return False
+    if any(getattr(cls, name, None) is not getattr(owner, name, None) for name in ("before_upload", "_noisy")):
+        return False
+    return bool(privacy.streams_upload(method))
 
 
 def _sent_communication(method: Method, privacy: Any, stats: ClientStats, uploaded: ClientStats, num_clients: int):

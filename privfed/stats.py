@@ -420,6 +420,30 @@ class ClientStats:
             object.__setattr__(self, "_gram", _readonly(g))
         return self._gram
 
+    def client_weighted_gram(self, weights) -> np.ndarray:
+        """sum_k w_k G_k (d, d) for per-client weights ``w`` (K,), without stacking (K, d, d).
+
+        From the features when the statistics were computed from them (rows
+        scaled by sqrt(w_k), in blocks of rows), else from per-client second
+        moments held as values.
+        """
+        w = np.asarray(weights, dtype=np.float64)
+        if w.shape != (self._K,):
+            raise InputError(f"weights must have shape ({self._K},), got {w.shape}")
+        if "second" not in self._fields:
+            raise InputError("ClientStats has no second moments; compute them with fields=('second', ...)")
+        if self._second is None and self._features is not None:
+            F, client = self._features.F, self._features.client
+            root = np.sqrt(w)
+            d = self._d
+            out = np.zeros((d, d))
+            step = max(1, _ROW_BLOCK_BYTES // (8 * max(d, 1)))
+            for a in range(0, F.shape[0], step):
+                B = np.asarray(F[a:a + step], dtype=np.float64) * root[client[a:a + step], None]
+                out += B.T @ B
+            return out
+        return np.einsum("k,kij->ij", w, self.second)
+
     def is_materialised(self, name: str) -> bool:
         """Whether statistic ``name`` is held as an array (given or already built), not derived on demand.
 

@@ -65,3 +65,307 @@ def test_oracle_at_scale_equals_fed3r_within(federation):
     a = privfed.fit("fedcof-oracle", F, y, k, gamma=0.1, solver="solve")
     b = privfed.fit("fed3r-within", F, y, k, gamma=0.1)
     np.testing.assert_allclose(a.weight, b.weight, rtol=1e-9, atol=1e-10)
+
+
+# -- record-level DP with local noise, streamed ----------------------------------------------
+def _local_dp(blocks=("sums", "counts")):
+    from mechanisms import GaussianMechanism
+
+    return GaussianMechanism(epsilon=2.0, delta=1e-5, clip=3.0, blocks=blocks)
+
+
+def _small_federation(seed=0, K=23, C=7, d=5):
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, C, 400)
+    k = rng.integers(0, K, 400)
+    y[:C], k[:K] = np.arange(C), np.arange(K)
+    return rng.standard_normal((400, d)), y, k
+
+
+@pytest.mark.parametrize("name,blocks", [("fedncm", ("sums", "counts")),
+                                         ("fed3r", ("sums", "counts", "second"))])
+@pytest.mark.parametrize("chunk_bytes", [1, 700, 4000, None])
+def test_streamed_local_noise_draws_the_uploads_before_upload_draws(name, blocks, chunk_bytes):
+    """Chunk by chunk, the noisy uploads are before_upload's values bit for bit (same seed)."""
+    from privfed.methods import get
+    from privfed.pipeline import client_statistics
+
+    F, y, k = _small_federation()
+    method = get(name)
+    a, b = _local_dp(blocks), _local_dp(blocks)
+    stats_a = client_statistics(method, F, y, k, num_classes=7, num_clients=23, rng=np.random.default_rng(1),
+                                privacy=a)
+    stats_b = client_statistics(method, F, y, k, num_classes=7, num_clients=23, rng=np.random.default_rng(1),
+                                privacy=b)
+    whole = a.before_upload(stats_a, method, np.random.default_rng(9))
+    parts: dict[str, list] = {}
+    ends: dict[str, int] = {}
+    for block, k0, k1, values in b.local_noise_blocks(stats_b, np.random.default_rng(9), chunk_bytes=chunk_bytes):
+        assert k0 == ends.get(block, 0) and k1 > k0 and values.shape[0] == k1 - k0  # clients in order
+        ends[block] = k1
+        parts.setdefault(block, []).append(values)
+    assert list(parts) == list(blocks) and all(e == 23 for e in ends.values())
+    if chunk_bytes == 1:
+        assert all(len(p) == 23 for p in parts.values())  # one client a chunk
+    for block, p in parts.items():
+        np.testing.assert_array_equal(np.concatenate(p), getattr(whole, block))
+    assert a.ledger.events == b.ledger.events  # one release, the same events
+
+
+@pytest.mark.parametrize("name,blocks", [("fedncm", ("sums", "counts")), ("fedlog", ("sums", "counts")),
+                                         ("fed3r", ("sums", "counts", "second")),
+                                         ("fedcgs", ("sums", "counts", "second"))])
+def test_streamed_local_noise_head_and_report_equal_the_one_call_path(name, blocks, monkeypatch):
+    """server_head's streamed path equals before_upload + one fold: head, report and bytes."""
+    from privfed import pipeline
+    from privfed.methods import get
+    from privfed.stats import StatsFold
+
+    F, y, k = _small_federation(seed=2)
+    method = get(name)
+    monkeypatch.setattr(pipeline, "UPLOAD_CHUNK_BYTES", 600)  # several chunks
+    a, b = _local_dp(blocks), _local_dp(blocks)
+    assert a.streams_upload(method)
+    stats = pipeline.client_statistics(method, F, y, k, num_classes=7, num_clients=23,
+                                       rng=np.random.default_rng(1), privacy=a)
+    b.check(method, None)
+    streamed = pipeline.server_head(method, stats, num_clients=23, rng=np.random.default_rng(5), privacy=a)
+    up = b.before_upload(stats, method, np.random.default_rng(5))
+    total = StatsFold(num_classes=7, dim=5).add(up.select(method.requires)).result()
+    one_call = method.aggregate(b.after_aggregate(total, method, np.random.default_rng(5)))
+    np.testing.assert_array_equal(streamed.weight, one_call.weight)
+    np.testing.assert_array_equal(streamed.bias, one_call.bias)
+    assert streamed.privacy == b.report()
+    assert "local" in streamed.privacy.placement and len({e.release_id for e in a.ledger.events}) == 1
+    d = 5
+    assert streamed.upload_bytes["M"] == 23 * 7  # every client sends every class, zeros included
+    assert streamed.upload_bytes["total"] == method.upload_bytes(M=23 * 7, K=23, d=d, C=7)
+
+
+def test_per_client_methods_keep_the_one_call_path():
+    from privfed.methods import get
+
+    m = _local_dp()
+    m.check(get("fedcof"), None)
+    assert not m.streams_upload(get("fedcof"))  # the server needs every client's noisy means
+    central = _local_dp()
+    central.trusted_aggregator = True
+    assert not central.streams_upload(get("fedncm"))
+
+
+def test_streamed_local_noise_memory_does_not_grow_with_clients(monkeypatch):
+    """Local DP at a scaled shape: peak traced memory of the release stays at the chunk size.
+
+    C = 300, d = 128: one client's dense upload is 8 C d = 307 KB; the dense (K, C, d) stack
+    would be 307 MB at K = 1,000.  With 4 MiB chunks the release (noise, fold, head) holds a
+    few chunks plus the C x d aggregate, the same at K = 250 and K = 1,000.
+    """
+    from privfed import pipeline
+    from privfed.methods import get
+
+    monkeypatch.setattr(pipeline, "UPLOAD_CHUNK_BYTES", 4 * 2**20)
+    monkeypatch.setattr(stats_mod, "DENSE_VIEW_LIMIT", 64 * 2**20)
+    method = get("fedncm")
+    peaks = {}
+    d = 128
+    for KK, NN, MM in ((250, 3250, 1475), (1000, 13000, 5900)):
+        F, y, k = inat_like(KK, C, d, NN, MM, seed=4)
+        mech = _local_dp()
+        Ck = int(y.max()) + 1
+        stats = pipeline.client_statistics(method, F, y, k, num_classes=Ck, num_clients=KK,
+                                           rng=np.random.default_rng(0), privacy=mech)
+        del F
+        tracemalloc.start()
+        try:
+            head = pipeline.server_head(method, stats, num_clients=KK, rng=np.random.default_rng(1), privacy=mech)
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        peaks[KK] = peak
+        assert head.upload_bytes["M"] == KK * Ck
+        assert len({e.release_id for e in mech.ledger.events}) == 1
+    dense = 8 * 1000 * C * d
+    assert peaks[1000] < dense / 20, peaks
+    # independent of K: the 4x larger federation adds under one chunk (index arrays of the subsets)
+    assert peaks[1000] < peaks[250] + 4 * 2**20, peaks
+
+
+# -- count noise and client-level bounding on the pair layout ------------------------------------
+def _pairs_and_dense(seed=0, K=23, C=7, d=5, fields=("counts", "sums")):
+    from privfed.stats import ClientStats, compute_client_stats
+
+    F, y, k = _small_federation(seed, K, C, d)
+    pairs = compute_client_stats(F, y, k, num_classes=C, num_clients=K, fields=fields)
+    # an independent per-client second moment: an explicit loop
+    kw = {"second": np.stack([F[k == c].T @ F[k == c] for c in range(K)])} if "second" in fields else {}
+    dense = ClientStats(counts=pairs.counts.copy(), sums=pairs.sums.copy(), **kw)
+    fresh = compute_client_stats(F, y, k, num_classes=C, num_clients=K, fields=fields)
+    return fresh, dense
+
+
+def test_drop_clipped_on_pairs_equals_the_dense_rule():
+    from mechanisms.count_noise import drop_clipped
+
+    pairs, dense = _pairs_and_dense()
+    assert not pairs.is_materialised("sums") and dense.is_materialised("sums")
+    noisy = dense.counts + np.random.default_rng(3).normal(0.0, 2.0, dense.counts.shape)
+    a, da = drop_clipped(pairs, noisy)
+    b, db = drop_clipped(dense, noisy)
+    assert da == db == int(np.count_nonzero(noisy <= 0)) and 0 < da < noisy.size
+    assert not a.is_materialised("sums")  # stayed on the pair layout
+    np.testing.assert_array_equal(a.counts, b.counts)
+    np.testing.assert_array_equal(a.sums, b.sums)
+    np.testing.assert_array_equal(a.pair_client, b.pair_client)
+    # kept classes the client lacks are pairs with a noisy count and a zero sum
+    lacks = (dense.counts == 0) & (noisy > 0)
+    assert lacks.any() and np.all(a.sums[lacks] == 0) and np.all(a.counts[lacks] == noisy[lacks])
+
+
+def test_count_noise_fedcof_head_is_the_same_from_pairs_and_dense():
+    from mechanisms.count_noise import LaplaceCountNoise
+    from privfed.methods import get
+
+    pairs, dense = _pairs_and_dense(seed=1)
+    m = get("fedcof", gamma=0.1)
+    heads = []
+    for stats in (pairs, dense):
+        mech = LaplaceCountNoise(epsilon=0.5)
+        up = mech.before_upload(stats, m, np.random.default_rng(7))
+        heads.append(m.aggregate(up))
+    np.testing.assert_allclose(heads[0].weight, heads[1].weight, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(heads[0].bias, heads[1].bias, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("fields", [("counts", "sums"), ("counts", "sums", "second")])
+def test_client_bound_on_pairs_equals_the_dense_bound(fields):
+    from mechanisms import GaussianMechanism
+
+    pairs, dense = _pairs_and_dense(seed=2, fields=fields)
+    m = GaussianMechanism(epsilon=1.0, delta=1e-5, clip=1.0, level="client", max_records=17,
+                          trusted_aggregator=True, blocks=fields)
+    n_k = dense.counts.sum(axis=1)
+    assert (n_k > 17).any() and (n_k <= 17).any()
+    a, b = m._bound_clients(pairs), m._bound_clients(dense)
+    assert not a.is_materialised("sums")
+    np.testing.assert_array_equal(a.counts, b.counts)
+    np.testing.assert_array_equal(a.sums, b.sums)
+    f = np.minimum(1.0, 17 / n_k)
+    np.testing.assert_allclose(a.counts.sum(axis=1), n_k * f, rtol=1e-15)
+    if "second" in fields:
+        np.testing.assert_allclose(a.gram(), b.gram(), rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(a.gram(), np.einsum("k,kij->ij", f, dense.second), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("name,privacy", [
+    ("fedcof", "geometric"), ("fed3r", "client"), ("fedncm", "client")])
+def test_count_noise_and_client_bound_at_scale_stay_under_the_cap(federation, monkeypatch, name, privacy):
+    """Both read the pair layout: no (K, C, d) view (1.23 GB here; refused above 64 MB)."""
+    from mechanisms import GaussianMechanism
+    from mechanisms.count_noise import GeometricCountNoise
+
+    F, y, k = federation
+    monkeypatch.setattr(stats_mod, "DENSE_VIEW_LIMIT", 64 * 2**20)
+    if privacy == "geometric":  # eps = 5: about 0.7% of the empty cells get a positive noisy count
+        mech = GeometricCountNoise(epsilon=5.0)
+    else:
+        blocks = ("sums", "counts", "second") if name == "fed3r" else ("sums", "counts")
+        mech = GaussianMechanism(epsilon=1.0, delta=1e-5, clip=30.0, level="client", max_records=20,
+                                 trusted_aggregator=True, blocks=blocks)
+    tracemalloc.start()
+    try:
+        head = privfed.fit(name, F, y, k, random_state=0, privacy=mech, num_classes=C, num_clients=K)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    # the budget 2 (N d + M d + d^2) floats with M the pairs stored (count noise adds the kept cells
+    # of classes a client lacks), plus N d for the float64 copy the mechanism clips into
+    sent = max(head.upload_bytes["M"], M) if privacy == "geometric" else M
+    cap = 2 * 8 * (F.shape[0] * D + sent * D + D * D) + (8 * F.shape[0] * D if privacy == "client" else 0)
+    assert peak < cap, f"{name}: peak traced allocation {peak / 2**20:.0f} MiB, cap {cap / 2**20:.0f} MiB"
+    assert 8 * K * C * D > 5 * cap  # the dense (K, C, d) sums alone
+    assert np.all(np.isfinite(head.weight))
+
+
+# -- float32 input: converted a chunk at a time -----------------------------------------------
+@pytest.mark.parametrize("name", ["fedncm", "fedcof", "fed3r"])
+def test_float32_input_is_not_copied_to_float64_and_gives_the_float64_head(federation, monkeypatch, name):
+    from privfed import pipeline
+
+    F, y, k = federation
+    monkeypatch.setattr(pipeline, "FLOAT32_CHUNK_BYTES", 8 * 2**20)
+    tracemalloc.start()
+    try:
+        head = privfed.fit(name, F, y, k, random_state=0)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    copy = 8 * F.shape[0] * F.shape[1]  # the float64 copy of the input (53 MB)
+    # pairs (FedCOF) or class totals, the d x d second moment, and a few 8 MiB chunks: under one copy
+    assert peak < copy, f"{name}: {peak / 2**20:.0f} MiB against a {copy / 2**20:.0f} MiB copy"
+    ref = privfed.fit(name, F.astype(np.float64), y, k, random_state=0)
+    np.testing.assert_allclose(head.weight, ref.weight, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(head.bias, ref.bias, rtol=1e-9, atol=1e-12)
+
+
+def test_float32_input_with_nan_is_refused_naming_the_row():
+    from privfed._validation import check_features
+    from privfed.errors import InputError
+
+    F = np.ones((50_000, 8), dtype=np.float32)
+    F[41_234, 3] = np.nan
+    F[45_000, 1] = np.inf
+    out = check_features(F[:41_000], keep_float32=True)
+    assert out.dtype == np.float32 and np.shares_memory(out, F)
+    assert check_features(F[:41_000]).dtype == np.float64
+    with pytest.raises(InputError, match=r"contains 2 NaN/inf values \(first in row 41234\)"):
+        check_features(F, keep_float32=True)
+
+
+# -- the benchmark's recorded run ----------------------------------------------------------------
+def test_recorded_benchmark_table_is_what_its_json_says():
+    """experiments/bench_scale.md (the README's scale table) is render() of the recorded JSON.
+
+    The numbers are one run on one machine (machine-dependent); this pins that the table is
+    generated from that run's raw seconds and bytes, not edited by hand, and that the run was
+    the iNat-120K shape with every method and a one-release local-DP stream.
+    """
+    import json
+    from pathlib import Path
+
+    from experiments.bench_scale import METHODS, method_ratios, render
+
+    root = Path(__file__).resolve().parents[1] / "experiments"
+    res = json.loads((root / "bench_scale.json").read_text())
+    assert (root / "bench_scale.md").read_text().rstrip("\n") == render(res)
+    assert res["shape"]["K"] == 9275 and res["shape"]["C"] == 1203 and res["d"] == 1280 and not res["small"]
+    assert [r["method"] for r in res["rows"]] == list(METHODS) and all("error" not in r for r in res["rows"])
+    N, M, d = res["shape"]["N"], res["shape"]["M"], res["d"]
+    budget = 2 * (N * d + M * d + d * d) * 8
+    for r in res["rows"]:
+        q = method_ratios(r, res["bound"], budget)
+        assert all(np.isfinite(v) and v > 0 for v in q.values())
+    assert all(r["releases"] == 1 and r["sent_M"] == r["clients"] * res["shape"]["C"] for r in res["local_dp"])
+    assert {c["curve"] for c in res["curves"]} == {"K (M, N fixed)", "M (K fixed, N = 2.2 M)", "d"}
+
+
+def test_a_subclass_replacing_before_upload_keeps_the_one_call_path():
+    """The streamed path would bypass an overridden before_upload: such a hook is not streamed."""
+    from mechanisms import GaussianMechanism
+    from privfed import pipeline
+    from privfed.methods import get
+
+    class Recording(GaussianMechanism):
+        calls = 0
+
+        def before_upload(self, stats, method, rng):
+            type(self).calls += 1
+            return super().before_upload(stats, method, rng)
+
+    F, y, k = _small_federation(seed=4)
+    m = get("fedncm")
+    plain, rec = _local_dp(), Recording(epsilon=2.0, delta=1e-5, clip=3.0)
+    assert pipeline._streams(plain, m) and not pipeline._streams(rec, m)
+    stats = pipeline.client_statistics(m, F, y, k, num_classes=7, num_clients=23, rng=np.random.default_rng(1),
+                                       privacy=rec)
+    pipeline.server_head(m, stats, num_clients=23, rng=np.random.default_rng(2), privacy=rec)
+    assert Recording.calls == 1

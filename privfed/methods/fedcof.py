@@ -50,7 +50,7 @@ from privfed.errors import ConfigError
 from privfed.head import LinearHead
 from privfed.methods import register
 from privfed.methods.base import Method, SecureSum
-from privfed.stats import _ROW_BLOCK_BYTES, ClientStats, _gram, _sum_rows_by
+from privfed.stats import ClientStats, _gram, _sum_rows_by
 
 __all__ = [
     "FedCOF",
@@ -120,26 +120,47 @@ def spread_matrix(
     return X2.T @ X2
 
 
+#: Bytes of each of the two row buffers of :func:`pair_spread`, and the fewest rows a block holds
+#: (2,048 rows at d = 1,280: each GEMM long enough to run at the speed of one X^T X over all rows).
+_SPREAD_BLOCK_BYTES = 8 * 2**20
+_SPREAD_MIN_ROWS = 2048
+
+
 def pair_spread(
     pair_class: np.ndarray, pair_counts: np.ndarray, pair_sums: np.ndarray, mu: np.ndarray, weights: np.ndarray,
+    rows: np.ndarray | None = None,
 ) -> np.ndarray:
     """:func:`spread_matrix` (summed) over the valid pair rows only: sum_p w_c n_p (m_p - mu_c)(m_p - mu_c)^T.
 
-    ``pair_*`` hold the pairs with n_p > 0; rows of classes with w_c = 0 are
-    skipped.  One symmetric product per block of rows, so memory is
-    O(block d + d^2) and the cost that of X^T X over the M rows.
+    ``pair_class`` / ``pair_counts`` describe the pairs with n_p > 0, held in
+    ``pair_sums[rows]`` (``rows=None``: all of ``pair_sums``, in order; no
+    copy of the M x d block is made either way); rows of classes with
+    w_c = 0 are skipped.  Blocks of rows are centred in two reused buffers
+    and multiplied in one GEMM each, so memory is O(block d + d^2) and the
+    cost that of X^T X over the M rows plus two passes over them.
     """
     d = mu.shape[1]
     wp = weights[pair_class]
-    rows = np.flatnonzero(wp > 0)
+    sel = np.flatnonzero(wp > 0)
+    src = sel if rows is None else np.asarray(rows)[sel]  # rows of pair_sums
+    contiguous = src.size == 0 or (src[0] + src.size - 1 == src[-1])  # one slice (the usual case)
     out = np.zeros((d, d))
-    step = max(1, _ROW_BLOCK_BYTES // (8 * max(d, 1)))
-    for a in range(0, rows.size, step):
-        r = rows[a:a + step]
-        n = pair_counts[r]
-        X = pair_sums[r] / n[:, None]
-        X -= mu[pair_class[r]]
-        X *= np.sqrt(n * wp[r])[:, None]
+    step = max(1, min(max(_SPREAD_BLOCK_BYTES // (8 * max(d, 1)), _SPREAD_MIN_ROWS), sel.size))
+    buf = np.empty((step, d))
+    mub = np.empty((step, d))
+    for a in range(0, sel.size, step):
+        s = sel[a:a + step]
+        m = s.size
+        X, U = buf[:m], mub[:m]
+        n = pair_counts[s]
+        if contiguous:
+            np.divide(pair_sums[src[0] + a:src[0] + a + m], n[:, None], out=X)
+        else:
+            np.take(pair_sums, src[a:a + step], axis=0, out=X, mode="clip")  # indices in range: unbuffered
+            X /= n[:, None]
+        np.take(mu, pair_class[s], axis=0, out=U, mode="clip")
+        X -= U
+        X *= np.sqrt(n * wp[s])[:, None]
         out += _gram(X)
     return out
 
@@ -320,16 +341,15 @@ class FedCOF(Method):
             notes.append(
                 f"{dropped} (client, class) pair(s) with count <= 0 were dropped (App. I.1 drop rule)"
             )
-        if valid.all():
-            pk, n, sums = stats.pair_class, n_all, stats.pair_sums
-        else:
-            pk, n, sums = stats.pair_class[valid], n_all[valid], stats.pair_sums[valid]
+        sums = stats.pair_sums  # never copied: invalid rows are skipped by index
+        rows = None if valid.all() else np.flatnonzero(valid)
+        pk, n = (stats.pair_class, n_all) if rows is None else (stats.pair_class[rows], n_all[rows])
         N = np.bincount(pk, weights=n, minlength=C)
-        S = _sum_rows_by(sums, pk, C)
+        S = _sum_rows_by(sums, pk, C) if rows is None else _sum_rows_by_index(sums, rows, pk, C)
         mu = np.where(N[:, None] > 0, S / np.where(N > 0, N, 1.0)[:, None], 0.0)
         Kc = np.bincount(pk, minlength=C)
         w = spread_weights(N, Kc)
-        spread = pair_spread(pk, n, sums, mu, w)
+        spread = pair_spread(pk, n, sums, mu, w, rows=rows)
         if self.params["noise_var"] > 0:
             inv_sum = np.bincount(pk, weights=1.0 / n, minlength=C)
             beta = _bias_from_sums(inv_sum, N, Kc, self.params["noise_var"])
@@ -434,3 +454,11 @@ class FedCOF(Method):
     @classmethod
     def upload_floats(cls, *, M: int, K: int, d: int, C: int) -> int:
         return M * d
+
+
+def _sum_rows_by_index(F: np.ndarray, rows: np.ndarray, group: np.ndarray, num_groups: int) -> np.ndarray:
+    """sum of F[rows[i]] by group[i], one sparse-dense product over F itself (no copy of F[rows])."""
+    import scipy.sparse as sp
+
+    onehot = sp.csr_matrix((np.ones(rows.size), (group, rows)), shape=(num_groups, F.shape[0]))
+    return np.asarray(onehot @ F)
