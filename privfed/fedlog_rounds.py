@@ -1180,7 +1180,8 @@ def tradeoff_rounds(cfg, *, local_epochs: int | None = None, families: Sequence[
                 calibration="paper" if cfg.calibration == "classic" else "total",
                 record_bound="theorem" if cfg.calibration == "classic" else "auto",
                 clip=cfg.clip if cfg.clip is not None else 2.0,
-                clip_norm=cfg.clip_norm if cfg.clip is not None else "coordinate", max_records=cfg.max_records)
+                clip_norm=cfg.clip_norm if cfg.clip is not None else "coordinate", max_records=cfg.max_records,
+                secure_agg=cfg.secure_agg if cfg.secure_agg in ("mask", "ckks") else "none")
     if local_epochs is not None:
         base["local_epochs"] = local_epochs
     if families:
