@@ -1181,7 +1181,8 @@ def tradeoff_rounds(cfg, *, local_epochs: int | None = None, families: Sequence[
                 record_bound="theorem" if cfg.calibration == "classic" else "auto",
                 clip=cfg.clip if cfg.clip is not None else 2.0,
                 clip_norm=cfg.clip_norm if cfg.clip is not None else "coordinate", max_records=cfg.max_records,
-                secure_agg=cfg.secure_agg if cfg.secure_agg in ("mask", "ckks") else "none")
+                secure_agg=cfg.secure_agg if cfg.secure_agg in ("mask", "ckks") else "none",
+                attack_pairs=TRADEOFF_ATTACK_PAIRS)
     if local_epochs is not None:
         base["local_epochs"] = local_epochs
     if families:
@@ -1193,6 +1194,7 @@ def tradeoff_rounds(cfg, *, local_epochs: int | None = None, families: Sequence[
     for eps in cfg.epsilons:
         for seed in cfg.seeds:
             r = run_rounds(RoundsConfig(**base), seed=seed, epsilon=eps, progress=progress)
+            att = attack_summary(r.attacks)
             for name, acc, rep, up in (
                 (f"fedlog x{cfg.rounds} rounds", (r.personalised_accuracy, r.common_accuracy), r.privacy,
                  r.bytes["upload_total"]),
@@ -1209,8 +1211,36 @@ def tradeoff_rounds(cfg, *, local_epochs: int | None = None, families: Sequence[
                     "formal": bool(rep.formal) if rep else False,
                     "guarantee": rep.guarantee if rep else "NO DP GUARANTEE: no noise",
                     "describe": rep.describe() if rep else "",
+                    **(att if "rounds" in name else {k: math.nan for k in att}),
                 })
     return rows
+
+
+#: Member / holdout pairs the trade-off command attacks in every multi-round run.
+TRADEOFF_ATTACK_PAIRS = 200
+
+
+def attack_summary(attacks: dict | None) -> dict:
+    """The headline numbers of :mod:`attacks.rounds` for a table: the strongest sequence attack and one round.
+
+    With noise: the differencing attack replayed with fresh noise (independent trials); without: the
+    tracing likelihood ratio over the rounds' changes.  ``attack_auc_bound`` is Phi(mu_total / sqrt 2)
+    (NaN without DP).
+    """
+    keys = ("attack", "attack_auc_sequence", "attack_auc_first_round", "attack_tpr_1pct_sequence",
+            "attack_auc_bound", "attack_pairs")
+    if not attacks:
+        return {k: math.nan for k in keys}
+    if attacks.get("differencing_replay"):
+        name, res = "differencing (replay)", attacks["differencing_replay"]
+        seq = res["sequence"]
+    else:
+        name, res = "tracing", attacks["tracing"]
+        seq = res.get("increments", res["sequence"])
+    return {"attack": name, "attack_auc_sequence": seq["auc"], "attack_auc_first_round": res["first_round"]["auc"],
+            "attack_tpr_1pct_sequence": seq["tpr_at_1pct_fpr"],
+            "attack_auc_bound": attacks.get("auc_bound", math.nan) if attacks.get("bound_formal") else math.nan,
+            "attack_pairs": attacks["pairs"]}
 
 
 def _summarise(rows: list[dict]) -> list[dict]:
@@ -1224,6 +1254,8 @@ def _summarise(rows: list[dict]) -> list[dict]:
                     "epsilon_per_round": rs[0]["epsilon_per_round"], "accuracy_mean": float(acc.mean()),
                     "accuracy_sd": float(acc.std()), "common_mean": float(np.mean([r["common_accuracy"] for r in rs])),
                     "seeds": len(rs), "upload_bytes": rs[0]["upload_bytes"], "guarantee": rs[0]["guarantee"],
+                    "attack_auc": float(np.mean([r.get("attack_auc_sequence", math.nan) for r in rs])),
+                    "attack_auc_bound": rs[0].get("attack_auc_bound", math.nan),
                     "describe": rs[0]["describe"]})
     return out
 
@@ -1287,11 +1319,16 @@ def tradeoff_main(cfg, args, argv=()) -> int:
         else:
             out.abandon()  # a run that wrote nothing leaves no folder
         raise
-    head = f"{'method':<28} {'eps':>7} {'composed':>9} {'per round':>9} {'accuracy':>15} {'upload':>10}"
+    head = (f"{'method':<28} {'eps':>7} {'composed':>9} {'per round':>9} {'accuracy':>15} {'upload':>10} "
+            f"{'attack AUC':>10} {'AUC bound':>9}")
     print(head)
     for s in summary:
         print(f"{s['method']:<28} {s['epsilon']:>7.3g} {s['epsilon_composed']:>9.4g} {s['epsilon_per_round']:>9.4g} "
-              f"{s['accuracy_mean']:>8.4f} ± {s['accuracy_sd']:.3f} {s['upload_bytes'] / 1e3:>8.1f}kB")
+              f"{s['accuracy_mean']:>8.4f} ± {s['accuracy_sd']:.3f} {s['upload_bytes'] / 1e3:>8.1f}kB "
+              f"{s['attack_auc']:>10.3f} {s['attack_auc_bound']:>9.3f}")
+    print(f"attack AUC: membership attack on all {cfg.rounds} releases of the multi-round run "
+          f"({TRADEOFF_ATTACK_PAIRS} member / holdout pairs; attacks.rounds); AUC bound: Phi(mu_total / sqrt 2) of "
+          "the composed guarantee (nan: no formal bound)")
     for s in summary:
         if s["describe"]:
             print(f"{s['method']} at eps {s['epsilon']:g}:\n{s['describe']}")
