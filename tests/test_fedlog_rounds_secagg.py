@@ -96,6 +96,10 @@ def test_distributed_noise_is_charged_from_the_shares_present():
     assert rep.epsilon == pytest.approx(_gdp_eps(mu, delta), rel=1e-9)
     assert rep.epsilon > eps  # two of six shares missing every round: less noise than calibrated
     assert any(f"{K - drop} of {K} shares present" in n for n in rep.notes)
+    # masks cancel exactly in the ring and the shares and dropouts come from the seeded generator: the seeded
+    # run is bit-reproducible although every round's keys are fresh OS entropy
+    again = run_rounds(**cfg)
+    assert np.array_equal(again.head.weight, r.head.weight) and np.array_equal(again.head.bias, r.head.bias)
     # dropping after the upload keeps every share: the budget is met exactly
     after = run_rounds(**dict(cfg, dropout_phase="after_upload"))
     assert after.privacy.epsilon == pytest.approx(eps, rel=1e-9)
