@@ -30,7 +30,7 @@ Differential privacy over rounds
 Every round releases a new statistic, so R rounds are R releases.  Noise is
 added to the augmented statistic (counts and sums together, one sigma: the
 Gaussian mechanism on phi (x) e_y of Theorem 3.1), centrally (a trusted
-server noises the sum), distributed (each client adds N(0, sigma^2/K) and
+server noises the sum), distributed (each client adds N(0, sigma^2/(K - t)) and
 secure aggregation reveals only the sum) or locally (each client noises its
 own upload with the full sigma).  ``calibration="total"`` (default)
 calibrates sigma so that the R releases *together* are (eps, delta)-DP:
@@ -54,9 +54,32 @@ under adaptive composition.  ``record_bound="theorem"`` uses Delta itself;
 with trained bodies the report says that no formal guarantee holds.  At
 client level the sensitivity is n_max Delta (add or remove one client).
 
+Secure aggregation
+------------------
+Each round's release can run through privfed's secure aggregation
+(:class:`RoundRelease`, ``secure_agg``): pairwise masking
+(:class:`mechanisms.secagg.PairwiseMasking`: fresh X25519 keys from the OS
+CSPRNG every round, fixed point in Z_2^64, Shamir-shared seeds for dropouts)
+or CKKS (:class:`mechanisms.secagg.CKKSAggregation`).  ``placement=
+"distributed"`` needs one (masking by default): every client adds its share
+N(0, sigma^2/(K - t)) before masking, and the release is charged the noise
+its sum really carries (U present shares: U sigma^2/(K - t)); ``dropouts``
+simulates clients leaving each round.  The server's view of every round
+(masked ring elements only) is kept in ``RoundsResult.server_views``.
+
+Per-round API (for running the protocol in another loop, e.g. Flower)
+--------------------------------------------------------------------
+:func:`initial_head` (the server's seeded random head), :func:`client_update`
+(one client's round: train its body against the broadcast head, return its
+(C, m) statistic), :func:`client_statistic` (the statistic alone) and
+:func:`server_step` (the MAP head and the array to broadcast from the
+released sum).  :class:`RoundRelease` turns the clients' statistics into one
+release (bound, noise, secure sum) and charges it to a :class:`RoundsDP` ledger.
+
 Everything is seeded and bit-reproducible on CPU (deterministic algorithms,
 one thread); noise drawn from a seeded generator is a reproducible
-simulation, not a secret release.
+simulation, not a secret release.  Masking keys are fresh OS entropy, but the
+masks cancel exactly, so the released sums do not depend on them.
 """
 
 from __future__ import annotations
