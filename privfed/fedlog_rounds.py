@@ -350,7 +350,8 @@ class RoundsDP:
     level : {"record", "client"}
     placement : {"central", "distributed", "local"}
         Who adds the noise: a trusted server (to the sum), every client a share
-        sigma^2/K under secure aggregation, or every client the full sigma.
+        sigma^2/(K - t) under secure aggregation (:class:`RoundRelease`; :meth:`noisy_sum`
+        simulates it with sigma^2/K as a plain sum), or every client the full sigma.
     calibration : {"total", "paper"}
     record_bound : {"auto", "upload", "theorem"}
         Record level only: ``upload`` calibrates for 2 n_max Delta (valid when
@@ -364,6 +365,9 @@ class RoundsDP:
         d, the body's feature width (m = d + 1).
     bodies_trained : bool
         Whether the released features come from bodies trained on the private records.
+    tolerate : int
+        t: clients whose distributed noise share may be missing (dropouts,
+        colluders); each client adds sigma^2/(K - t) so K - t shares carry sigma^2.
     """
 
     def __init__(self, *, epsilon: float, delta: float, clip: float, clip_norm: str = "coordinate",
