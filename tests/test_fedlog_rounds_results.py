@@ -53,7 +53,8 @@ def _rows(section: str, header_word: str) -> list[list[str]]:
 
 
 def _gdp_eps(mu: float, delta: float) -> float:
-    f = lambda e: norm.cdf(-e / mu + mu / 2) - math.exp(e) * norm.cdf(-e / mu - mu / 2) - delta  # noqa: E731
+    # the second term in log space: e^eps overflows at the composed epsilons of large per-round budgets
+    f = lambda e: norm.cdf(-e / mu + mu / 2) - math.exp(e + norm.logcdf(-e / mu - mu / 2)) - delta  # noqa: E731
     return brentq(f, 0.0, 1e5, xtol=1e-12, rtol=1e-13) if f(0.0) > 0 else 0.0
 
 
