@@ -241,7 +241,8 @@ class RoundsObserver:
         y = setup.y_all.numpy()
         yt = np.asarray(setup.yt_all)
         C = setup.C
-        want = rng.choice(y.shape[0], size=min(int(cfg.attack_pairs), y.shape[0]), replace=False)
+        uploaded = np.flatnonzero(np.asarray(setup.clients) >= 0)  # a partition may leave records unassigned
+        want = rng.choice(uploaded, size=min(int(cfg.attack_pairs), uploaded.size), replace=False)
         members, holdouts = [], []
         for c in range(C):
             mc = want[y[want] == c]

@@ -119,16 +119,18 @@ def test_rounds_run_reports_the_attacks_against_the_composed_bound():
     assert plain.attacks["view"] == "uploads" and plain.attacks["differencing"] is None
 
 
-def test_holdouts_are_paired_with_their_member_on_its_row():
+@pytest.mark.parametrize("split", [dict(), dict(clients=100, partition="dirichlet")])
+def test_holdouts_are_paired_with_their_member_on_its_row(split):
     from attacks.rounds import RoundsObserver
     from privfed.fedlog_rounds import RoundRelease, _Setup
 
-    cfg = RoundsConfig(**SMALL, attack_pairs=150).validate()
+    cfg = RoundsConfig(**dict(SMALL, **split), attack_pairs=150).validate()
     setup = _Setup(cfg)
     obs = RoundsObserver(setup, cfg, None, RoundRelease(None, "none", num_clients=cfg.clients))
     y, yt = setup.y_all.numpy(), np.asarray(setup.yt_all)
     assert np.array_equal(y[obs.members], yt[obs.holdouts])  # same class
     assert np.array_equal(obs.owner, np.asarray(setup.clients)[obs.members])  # tested on the member's client row
+    assert (obs.owner >= 0).all()  # members are uploaded records (a partition may leave some unassigned)
     assert len(set(obs.holdouts.tolist())) == obs.holdouts.size and len(set(obs.members.tolist())) == obs.members.size
 
 
