@@ -54,7 +54,6 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from attacks.metrics import membership_metrics
-from attacks.tracing import reference_model
 from privfed.errors import ConfigError
 
 __all__ = ["RoundsObserver", "RoundsAttackData", "differencing_scores", "tracing_scores", "evaluate_rounds_attacks"]
@@ -99,8 +98,12 @@ class RoundsAttackData:
 
 def _mean_cov(F: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Mean and Ledoit-Wolf covariance of the rows of F (the attacker's model of one record)."""
-    ref = reference_model(F)
-    return ref.mean, (ref.eigvecs * ref.eigvals) @ ref.eigvecs.T
+    from sklearn.covariance import ledoit_wolf
+
+    F = np.asarray(F, dtype=np.float64)
+    if F.shape[0] < 2:
+        raise ConfigError(f"the attacker's model needs at least 2 public records of a class, got {F.shape[0]}")
+    return F.mean(axis=0), ledoit_wolf(F)[0]
 
 
 def _gauss_logpdf(x: np.ndarray, mean: np.ndarray, cov: np.ndarray) -> np.ndarray:
@@ -264,6 +267,13 @@ class RoundsObserver:
         self._prev_public: dict[int, np.ndarray] = {}
 
     def __call__(self, r, clients, A, stats) -> None:
+        from threadpoolctl import threadpool_limits
+
+        # many small d x d decompositions: BLAS threads only spin on them
+        with threadpool_limits(limits=1, user_api="blas"):
+            self._observe(r, clients, A, stats)
+
+    def _observe(self, r, clients, A, stats) -> None:
         from privfed.fedlog_rounds import _augment, _client_features
 
         dp, setup = self.dp, self.setup
@@ -352,7 +362,10 @@ class RoundsObserver:
         if dp is not None:
             rep = dp.report()
             mu_total, mu_one = rep.mu_total, rep.mu_per_release
-        out = evaluate_rounds_attacks(self.data, rng, mu_total=mu_total, mu_per_release=mu_one)
+        from threadpoolctl import threadpool_limits
+
+        with threadpool_limits(limits=1, user_api="blas"):
+            out = evaluate_rounds_attacks(self.data, rng, mu_total=mu_total, mu_per_release=mu_one)
         if dp is not None:
             out["bound_formal"] = bool(rep.formal)
             if not rep.formal:
