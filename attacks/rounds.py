@@ -178,7 +178,7 @@ def _metrics(scores: np.ndarray, P: int) -> dict:
 
 def evaluate_rounds_attacks(data: RoundsAttackData, rng: np.random.Generator, *, mu_total: float | None = None,
                             mu_per_release: float | None = None) -> dict:
-    """AUC and TPR@1%FPR of tracing and differencing, on the last round alone and on the whole sequence.
+    """AUC and TPR@1%FPR of tracing and differencing on the first round, the last round and the whole sequence.
 
     With noise, the differencing attack is also replayed with fresh noise per pair (independent trials);
     ``mu_total`` / ``mu_per_release`` add the GDP bounds Phi(mu / sqrt 2) to compare with.
@@ -320,6 +320,8 @@ class RoundsObserver:
         sigma = 0.0
         if dp is not None and dp.ledger.events:
             sigma = float(dp.ledger.events[-1].scale)
+            if dp.placement == "local" and self.view == "sum":
+                sigma *= math.sqrt(K)  # every client's upload carries its own sigma into the sum
         D = self.data
         D.phi.append(phi)
         D.released.append(released)
