@@ -14,9 +14,19 @@ sensitivity that holds for trained bodies (each client's upload bounded to
 n_max records, diameter 2 n_max Delta), and one-shot frozen FedLog (one
 release, Theorem 3.1's sensitivity, valid).
 
-    python experiments/fedlog_rounds.py --part both --seeds 2 --out results/fedlog-rounds
+Part 3 (``--part attack``): membership attacks on the whole sequence of
+releases (:mod:`attacks.rounds`) with frozen public bodies, where Theorem
+3.1's sensitivity holds and the composed GDP bound Phi(mu_total / sqrt 2) is
+a real bound: the total-budget calibration and the paper's per-round one.
+Parts 1 and 2 attack their runs too (clean tracing; differencing under DP).
 
-Writes ``compare.csv``, ``dp.csv`` (+ JSON) and ``fig3_right.png``.
+    python experiments/fedlog_rounds.py --part all --seeds 1 --out results/fedlog-rounds
+
+Writes ``compare.csv``, ``dp.csv``, ``attack.csv`` (+ JSON) and
+``fig3_right.png`` under ``--out``, and the machine-readable summary the
+README's FedLog numbers are checked against (``--json``, default
+``experiments/results/fedlog_rounds.json``) with the figure under ``docs/img/``
+(``--figure``).
 """
 
 from __future__ import annotations
@@ -33,6 +43,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from experiments.attacks_common import write_rows  # noqa: E402  (one CSV + JSON writer for experiments)
 
+#: Member / holdout pairs attacked in every run.
+PAIRS = 200
+
+
+def _attack_cols(r) -> dict:
+    from privfed.fedlog_rounds import attack_summary
+
+    return attack_summary(r.attacks)
+
 
 def compare(args) -> list[dict]:
     from privfed.fedlog_rounds import FAMILIES, run_rounds
@@ -41,13 +60,15 @@ def compare(args) -> list[dict]:
     for fams in (FAMILIES, ("cnn",)):
         for seed in range(args.seeds):
             r = run_rounds(clients=args.clients, rounds=args.rounds, local_epochs=args.local_epochs, families=fams,
-                           seed=seed, progress=not args.quiet)
+                           seed=seed, progress=not args.quiet, attack_pairs=PAIRS)
             label = "+".join(fams)
             for name, acc in r.summary().items():
                 rows.append({"families": label, "seed": seed, "method": name, "personalised": acc["personalised"],
                              "common": acc["common"], "upload_bytes_per_round": acc["upload_bytes_per_round"],
                              "upload_bytes_total": acc["upload_bytes_total"], "seconds": r.timing["total_s"],
-                             "cpu_seconds": r.timing.get("cpu_s")})
+                             "cpu_seconds": r.timing.get("cpu_s"),
+                             **({f"tracing_{k}_auc": v["auc"] for k, v in r.attacks["tracing"].items()}
+                                if name == "fedlog" else {})})
             print(f"[compare] {label} seed {seed}: " + ", ".join(
                 f"{n} {a['personalised']:.3f}/{a['common']:.3f}" for n, a in r.summary().items())
                 + f"  ({r.timing['total_s']:.0f} s)", file=sys.stderr)
@@ -72,7 +93,7 @@ def dp(args) -> list[dict]:
                 t = time.perf_counter()
                 r = run_rounds(clients=args.clients, rounds=args.rounds, local_epochs=args.local_epochs,
                                seed=seed, baselines=("oneshot",) if mode == "paper" else (),
-                               progress=not args.quiet, **extra)
+                               progress=not args.quiet, attack_pairs=PAIRS, **extra)
                 p = r.privacy
                 row = {"mode": mode if p is not None else "non-private", "epsilon": eps, "seed": seed,
                        "rounds": args.rounds, "personalised": r.personalised_accuracy, "common": r.common_accuracy,
@@ -83,7 +104,7 @@ def dp(args) -> list[dict]:
                        "sigma": p.sigma if p else 0.0, "sensitivity": p.sensitivity if p else 0.0,
                        "formal_guarantee": p.formal if p else False,
                        "guarantee": p.guarantee if p else "NO DP GUARANTEE: no noise",
-                       "seconds": time.perf_counter() - t}
+                       "seconds": time.perf_counter() - t, **_attack_cols(r)}
                 rows.append(row)
                 if "oneshot" in r.baselines:
                     o = r.baselines["oneshot"]
@@ -101,6 +122,38 @@ def dp(args) -> list[dict]:
                 write_rows(Path(args.out), "dp.partial", rows, {})
                 print(f"[dp] eps {eps:g} {row['mode']} seed {seed}: pers {row['personalised']:.3f} composed eps "
                       f"{row['composed_epsilon']:.4g} ({row['seconds']:.0f} s)", file=sys.stderr)
+    return rows
+
+
+def attack(args) -> list[dict]:
+    """Frozen public cnn bodies (Theorem 3.1's sensitivity holds): the sequence attack against the composed bound."""
+    from privfed.fedlog_rounds import run_rounds
+
+    rows = []
+    settings = [("total", 1.0), ("total", 4.0), ("paper", 1.0)]
+    for calibration, eps in settings:
+        for seed in range(args.seeds):
+            t = time.perf_counter()
+            r = run_rounds(clients=args.clients, rounds=args.rounds, local_epochs=0, families=("cnn",),
+                           baselines=(), seed=seed, epsilon=eps, delta=args.delta, clip=args.clip,
+                           calibration=calibration, record_bound="theorem", attack_pairs=PAIRS,
+                           progress=not args.quiet)
+            a, p = r.attacks, r.privacy
+            row = {"bodies": "frozen public cnn", "calibration": calibration, "epsilon": eps, "seed": seed,
+                   "rounds": args.rounds, "personalised": r.personalised_accuracy,
+                   "per_round_epsilon": p.per_round_epsilon, "composed_epsilon": p.epsilon,
+                   "mu_per_release": p.mu_per_release, "mu_total": p.mu_total, "pairs": a["pairs"],
+                   "auc_bound_one_release": a["auc_bound_one_release"], "auc_bound": a["auc_bound"],
+                   "auc_tolerance_3sd": a["auc_tolerance_3sd"], "seconds": time.perf_counter() - t}
+            for name in ("differencing_replay", "differencing", "tracing"):
+                for k, v in a[name].items():
+                    row[f"{name}_{k}_auc"] = v["auc"]
+                    row[f"{name}_{k}_tpr_1pct"] = v["tpr_at_1pct_fpr"]
+            rows.append(row)
+            print(f"[attack] {calibration} eps {eps:g} seed {seed}: differencing AUC first round "
+                  f"{row['differencing_replay_first_round_auc']:.3f}, {args.rounds} rounds "
+                  f"{row['differencing_replay_sequence_auc']:.3f} (bound {row['auc_bound']:.3f}; one release "
+                  f"{row['auc_bound_one_release']:.3f})", file=sys.stderr)
     return rows
 
 
@@ -174,7 +227,7 @@ def plot(out: Path, rows: list[dict], args) -> None:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--part", choices=("compare", "dp", "both"), default="both")
+    p.add_argument("--part", choices=("compare", "dp", "attack", "both", "all"), default="all")
     p.add_argument("--clients", type=int, default=20)
     p.add_argument("--rounds", type=int, default=10)
     p.add_argument("--local-epochs", type=int, default=5)
@@ -184,18 +237,42 @@ def main(argv=None) -> int:
     p.add_argument("--clip", type=float, default=2.0)
     p.add_argument("--out", default="results/fedlog-rounds")
     p.add_argument("--quiet", action="store_true")
+    p.add_argument("--json", default="experiments/results/fedlog_rounds.json",
+                   help="machine-readable summary of every part run ('' for none)")
+    p.add_argument("--figure", default="docs/img/fedlog_rounds_fig3_right.png",
+                   help="copy of fig3_right.png ('' for none)")
     args = p.parse_args(argv)
     args.eps = [float(e) for e in args.eps.split(",")]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     config = {k: v for k, v in vars(args).items()}
-    if args.part in ("compare", "both"):
-        write_rows(out, "compare", compare(args), config)
-    if args.part in ("dp", "both"):
+    summary: dict = {"config": config, "command": "python experiments/fedlog_rounds.py " + " ".join(
+        sys.argv[1:] if argv is None else argv)}
+    if args.part in ("compare", "both", "all"):
+        summary["compare"] = compare(args)
+        write_rows(out, "compare", summary["compare"], config)
+    if args.part in ("dp", "both", "all"):
         rows = dp(args)
+        summary["dp"] = rows
         write_rows(out, "dp", rows, config)
         plot(out, rows, args)
-    print(f"wrote {out}")
+        if args.figure:
+            import shutil
+
+            Path(args.figure).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(out / "fig3_right.png", args.figure)
+    if args.part in ("attack", "all"):
+        summary["attack"] = attack(args)
+        write_rows(out, "attack", summary["attack"], config)
+    if args.json:
+        import json
+
+        from privfed._cli import versions
+
+        summary["versions"] = versions()
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(summary, indent=1, default=str, allow_nan=True) + "\n")
+    print(f"wrote {out}" + (f", {args.json}" if args.json else ""))
     return 0
 
 

@@ -30,7 +30,7 @@ Differential privacy over rounds
 Every round releases a new statistic, so R rounds are R releases.  Noise is
 added to the augmented statistic (counts and sums together, one sigma: the
 Gaussian mechanism on phi (x) e_y of Theorem 3.1), centrally (a trusted
-server noises the sum), distributed (each client adds N(0, sigma^2/K) and
+server noises the sum), distributed (each client adds N(0, sigma^2/(K - t)) and
 secure aggregation reveals only the sum) or locally (each client noises its
 own upload with the full sigma).  ``calibration="total"`` (default)
 calibrates sigma so that the R releases *together* are (eps, delta)-DP:
@@ -54,9 +54,32 @@ under adaptive composition.  ``record_bound="theorem"`` uses Delta itself;
 with trained bodies the report says that no formal guarantee holds.  At
 client level the sensitivity is n_max Delta (add or remove one client).
 
+Secure aggregation
+------------------
+Each round's release can run through privfed's secure aggregation
+(:class:`RoundRelease`, ``secure_agg``): pairwise masking
+(:class:`mechanisms.secagg.PairwiseMasking`: fresh X25519 keys from the OS
+CSPRNG every round, fixed point in Z_2^64, Shamir-shared seeds for dropouts)
+or CKKS (:class:`mechanisms.secagg.CKKSAggregation`).  ``placement=
+"distributed"`` needs one (masking by default): every client adds its share
+N(0, sigma^2/(K - t)) before masking, and the release is charged the noise
+its sum really carries (U present shares: U sigma^2/(K - t)); ``dropouts``
+simulates clients leaving each round.  The server's view of every round
+(masked ring elements only) is kept in ``RoundsResult.server_views``.
+
+Per-round API (for running the protocol in another loop, e.g. Flower)
+--------------------------------------------------------------------
+:func:`initial_head` (the server's seeded random head), :func:`client_update`
+(one client's round: train its body against the broadcast head, return its
+(C, m) statistic), :func:`client_statistic` (the statistic alone) and
+:func:`server_step` (the MAP head and the array to broadcast from the
+released sum).  :class:`RoundRelease` turns the clients' statistics into one
+release (bound, noise, secure sum) and charges it to a :class:`RoundsDP` ledger.
+
 Everything is seeded and bit-reproducible on CPU (deterministic algorithms,
 one thread); noise drawn from a seeded generator is a reproducible
-simulation, not a secret release.
+simulation, not a secret release.  Masking keys are fresh OS entropy, but the
+masks cancel exactly, so the released sums do not depend on them.
 """
 
 from __future__ import annotations
@@ -80,11 +103,16 @@ __all__ = [
     "RoundsConfig",
     "RoundsDP",
     "RoundsPrivacyReport",
+    "RoundRelease",
     "RoundsResult",
     "assign_families",
+    "client_statistic",
+    "client_update",
+    "initial_head",
     "make_body",
     "personal_test_split",
     "run_rounds",
+    "server_step",
 ]
 
 #: Body families (feature width FEATURE_DIM each).
@@ -322,7 +350,8 @@ class RoundsDP:
     level : {"record", "client"}
     placement : {"central", "distributed", "local"}
         Who adds the noise: a trusted server (to the sum), every client a share
-        sigma^2/K under secure aggregation, or every client the full sigma.
+        sigma^2/(K - t) under secure aggregation (:class:`RoundRelease`; :meth:`noisy_sum`
+        simulates it with sigma^2/K as a plain sum), or every client the full sigma.
     calibration : {"total", "paper"}
     record_bound : {"auto", "upload", "theorem"}
         Record level only: ``upload`` calibrates for 2 n_max Delta (valid when
@@ -336,12 +365,15 @@ class RoundsDP:
         d, the body's feature width (m = d + 1).
     bodies_trained : bool
         Whether the released features come from bodies trained on the private records.
+    tolerate : int
+        t: clients whose distributed noise share may be missing (dropouts,
+        colluders); each client adds sigma^2/(K - t) so K - t shares carry sigma^2.
     """
 
     def __init__(self, *, epsilon: float, delta: float, clip: float, clip_norm: str = "coordinate",
                  rounds: int = 1, level: str = "record", placement: str = "central", calibration: str = "total",
                  record_bound: str = "auto", max_records: int | None = None, dim: int = FEATURE_DIM,
-                 bodies_trained: bool = True, accountant_check: bool = True) -> None:
+                 bodies_trained: bool = True, accountant_check: bool = True, tolerate: int = 0) -> None:
         from mechanisms.accounting import calibrate_round_mu
         from mechanisms.calibration import check_budget, classic_sigma
         from mechanisms.clipping import Clipping
@@ -367,6 +399,11 @@ class RoundsDP:
             record_bound = "upload" if bodies_trained else "theorem"
         self.level, self.placement, self.calibration = level, placement, calibration
         self.record_bound = record_bound if level == "record" else "client"
+        if isinstance(tolerate, bool) or not isinstance(tolerate, (int, np.integer)) or tolerate < 0:
+            raise ConfigError(f"tolerate must be an integer >= 0 (clients whose noise share may be missing), got "
+                              f"tolerate={tolerate!r}")
+        self.tolerate = int(tolerate)
+        self.secure_notes: list[str] = []
         self.bodies_trained = bool(bodies_trained)
         self.dim = int(dim)
         c = self.clipping.l2_bound(self.dim)
@@ -434,12 +471,16 @@ class RoundsDP:
         else:
             total = self.backend.add_gaussian(A, self.sigma, rng).sum(axis=-3)
         if record:
-            from mechanisms.ledger import ReleaseEvent
-
-            self.ledger.record(ReleaseEvent(
-                mechanism="gaussian", block="fedlog-statistic", sensitivity=self.sensitivity, scale=self.sigma,
-                relation=self.level, rounds=1, release_id=self.ledger.new_release()))
+            self.record_release(self.sigma)
         return total
+
+    def record_release(self, scale: float) -> None:
+        """Append one release whose sum carried Gaussian noise of standard deviation ``scale`` to the ledger."""
+        from mechanisms.ledger import ReleaseEvent
+
+        self.ledger.record(ReleaseEvent(
+            mechanism="gaussian", block="fedlog-statistic", sensitivity=self.sensitivity, scale=float(scale),
+            relation=self.level, rounds=1, release_id=self.ledger.new_release()))
 
     def composed_epsilon(self) -> float:
         """Epsilon of the releases recorded so far, GDP only (cheap: for per-round curves)."""
@@ -456,7 +497,8 @@ class RoundsDP:
         n = len(events)
         eps, _ = ledger_epsilon(events, self.delta, "gdp") if n else (0.0, "")
         eps_pld = math.nan
-        mu_total = self.mu_per_release * math.sqrt(n)
+        # from the noise each release really carried (distributed shares: only those that reached the sum)
+        mu_total = math.sqrt(sum((e.sensitivity / e.scale) ** 2 for e in events)) if n else 0.0
         # dp-accounting's PLD grid grows with the privacy-loss range (~ mu^2): cross-check moderate mu only
         if n and self.accountant_check and mu_total <= _PLD_MAX_MU:
             eps_pld, _ = ledger_epsilon(events, self.delta, "pld")
@@ -479,8 +521,11 @@ class RoundsDP:
         if self.calibration == "paper" and self.epsilon > 1:
             notes.append("classic sigma outside its proven range (epsilon > 1): the per-round epsilon is not proven")
         if self.placement == "distributed":
-            notes.append("each client adds N(0, sigma^2/K); holds while secure aggregation hides the individual "
-                         "uploads and no client drops out or colludes (simulated as a plain sum here)")
+            if self.secure_notes:
+                notes.extend(self.secure_notes)
+            else:
+                notes.append("each client adds N(0, sigma^2/K); holds while secure aggregation hides the individual "
+                             "uploads and no client drops out or colludes (simulated as a plain sum here)")
         elif self.placement == "central":
             notes.append("noise on the sum added by a trusted server")
         else:
@@ -490,7 +535,7 @@ class RoundsDP:
         where = {"central": "trusted server", "distributed": "secure aggregation", "local": "local noise"}
         if formal:
             guarantee = (f"({eps:.4g}, {self.delta:.3g})-DP at {self.level} level over {n} release(s) "
-                         f"(GDP mu = {mu1 * math.sqrt(n):.4g}); {where[self.placement]}; {self._how}")
+                         f"(GDP mu = {mu_total:.4g}); {where[self.placement]}; {self._how}")
         else:
             guarantee = (f"NO FORMAL GUARANTEE (bodies trained on the private records): the paper's accounting "
                          f"gives eps = {per_round:.4g} per round, composing to eps = {eps:.4g} over {n} releases "
@@ -500,8 +545,127 @@ class RoundsDP:
             per_round_epsilon_exact=float(gdp_epsilon(mu1, self.delta)),
             target_epsilon=self.epsilon, delta=self.delta, level=self.level, placement=self.placement,
             calibration=self._how, record_bound=self.record_bound, sensitivity=self.sensitivity, sigma=self.sigma,
-            mu_per_release=mu1, mu_total=mu1 * math.sqrt(n), releases=n, formal=formal, guarantee=guarantee,
+            mu_per_release=mu1, mu_total=mu_total, releases=n, formal=formal, guarantee=guarantee,
             notes=tuple(notes))
+
+
+_SECURE = ("auto", "none", "mask", "ckks")
+
+
+class RoundRelease:
+    """How one round's statistic reaches the server: clipping bound, noise and (secure) summation.
+
+    Parameters
+    ----------
+    dp : RoundsDP or None
+        The noise (None: no DP).  ``placement="distributed"`` needs a secure
+        aggregation protocol: every client adds its share N(0, sigma^2/(K - t))
+        before masking or encryption, t = ``dp.tolerate``.
+    secure_agg : {"none", "mask", "ckks"}
+        ``mask``: privfed's pairwise masking (:class:`mechanisms.secagg.PairwiseMasking`,
+        fresh X25519 keys from the OS CSPRNG every round, fixed point with
+        ``frac_bits`` fractional bits); ``ckks``: CKKS through TenSEAL
+        (:class:`mechanisms.secagg.CKKSAggregation`); ``none``: the server
+        sums the uploads it sees in clear.
+    num_clients : int
+    dropouts : int
+        Clients that drop out of every round's secure sum (masking only), drawn
+        per round from the release generator, in ``dropout_phase``.
+    dropout_phase : {"before_upload", "after_upload"}
+        Before uploading (input and noise share missing from the sum) or after.
+    frac_bits : int
+        Fixed-point fractional bits of the masking protocol.
+
+    Each call is one release: the epsilon it is charged is computed from the
+    noise present in the sum (only the shares of clients whose upload entered it).
+    """
+
+    def __init__(self, dp: RoundsDP | None, secure_agg: str = "none", *, num_clients: int, dropouts: int = 0,
+                 dropout_phase: str = "before_upload", frac_bits: int = 32) -> None:
+        from mechanisms.secagg import CKKSAggregation, PairwiseMasking
+        from mechanisms.secagg_noise import DistributedGaussian
+
+        if secure_agg not in _SECURE[1:]:
+            raise ConfigError(f"secure_agg must be one of {list(_SECURE[1:])}, got secure_agg={secure_agg!r}")
+        K = int(num_clients)
+        self.dp, self.kind, self.num_clients = dp, secure_agg, K
+        distributed = dp is not None and dp.placement == "distributed"
+        if distributed and secure_agg == "none":
+            raise ConfigError("placement='distributed' splits the noise across clients and needs secure aggregation "
+                              "to hide each client's upload: use secure_agg='mask' or 'ckks'")
+        if dropouts and secure_agg != "mask":
+            raise ConfigError(f"dropouts={dropouts} are simulated by the masking protocol only: use secure_agg='mask'")
+        noise = None
+        if distributed:
+            t = dp.tolerate
+            if not 0 <= t < K:
+                raise ConfigError(f"tolerate must lie in [0, num_clients - 1 = {K - 1}], got tolerate={t}")
+            # share std sigma / sqrt(K - t): DistributedGaussian's share is sigma_total / sqrt(K)
+            noise = DistributedGaussian(sigma=dp.sigma * math.sqrt(K / (K - t)), sensitivity=dp.sensitivity,
+                                        delta=dp.delta, tolerate=t, backend=dp.backend)
+        self.protocol = None
+        if secure_agg == "mask":
+            self.protocol = PairwiseMasking(frac_bits=frac_bits, dropouts=dropouts, dropout_phase=dropout_phase,
+                                            noise=noise)
+        elif secure_agg == "ckks":
+            self.protocol = CKKSAggregation(noise=noise)
+        self.calls: list[dict] = []
+        self.views: list[Any] = []
+        if distributed:
+            self._note()
+
+    def _note(self) -> None:
+        dp, K = self.dp, self.num_clients
+        present = [c["uploaded"] for c in self.calls]
+        text = (f"each client adds N(0, sigma^2/(K - {dp.tolerate})) to its upload before "
+                f"{'pairwise masking' if self.kind == 'mask' else 'CKKS encryption'}; the server sees only the "
+                "masked uploads and their sum; epsilon is computed from the shares that reached each sum")
+        if present and min(present) < K:
+            text += (f" (as few as {min(present)} of {K} shares present in a round: "
+                     f"{min(present)}/{K - dp.tolerate} of sigma^2)")
+        text += "; against the server plus c colluding clients (who know their own shares) only the others count"
+        dp.secure_notes[:] = [text]
+
+    def __call__(self, A: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """The released sum (C, m) of the per-client augmented statistics ``A`` (K, C, m)."""
+        dp = self.dp
+        A = np.asarray(A, dtype=np.float64)
+        if dp is not None:
+            A = dp.bound_uploads(A)
+            if dp.placement == "local":
+                A = dp.backend.add_gaussian(A, dp.sigma, rng)
+        K = A.shape[0]
+        present = K
+        if self.protocol is None:
+            total = A.sum(axis=0)
+        else:
+            run = self.protocol.secure_sum(rng)
+            total = run(A)
+            call = dict(run.calls[0])
+            present = int(call.get("uploaded", K))
+            self.calls.append(call)
+            self.views.append(run.views[0])
+        if dp is not None:
+            if dp.placement == "central":
+                total = dp.backend.add_gaussian(total, dp.sigma, rng)
+                scale = dp.sigma
+            elif dp.placement == "distributed":
+                scale = dp.sigma * math.sqrt(present / (K - dp.tolerate))
+                self._note()
+            else:
+                scale = dp.sigma  # every uploaded row carries its own full sigma
+            dp.record_release(scale)
+        return total
+
+    def report(self) -> dict | None:
+        """Protocol, parameters, per-round calls (uploaders, dropouts, bytes) and threat model; None without one."""
+        if self.protocol is None:
+            return None
+        up = [c["upload_bytes_mean"] for c in self.calls]
+        return {"protocol": self.kind, "parameters": self.protocol.parameters(), "rounds": len(self.calls),
+                "calls": [{k: v for k, v in c.items() if k != "seconds"} for c in self.calls],
+                "upload_bytes_per_client_round": float(np.mean(up)) if up else 0.0,
+                "threat_model": self.protocol.threat_model}
 
 
 # ---------------------------------------------------------------- config / result
@@ -535,6 +699,13 @@ class RoundsConfig:
     clip_norm: str = "coordinate"
     max_records: int | None = None
     noise_seed: int | None = None
+    # secure aggregation of every round's release ("auto": masking when placement is distributed)
+    secure_agg: str = "auto"
+    dropouts: int = 0
+    dropout_phase: str = "before_upload"
+    tolerate: int = 0
+    # membership attacks across the rounds (attacks.rounds): member / holdout pairs tested, 0 for none
+    attack_pairs: int = 0
 
     def validate(self) -> "RoundsConfig":
         def pos_int(name, low=1):
@@ -560,7 +731,24 @@ class RoundsConfig:
             raise ConfigError(f"unknown baseline(s) {bad}; choose from ['oneshot', 'local', 'fedavg']")
         if not (self.nu >= 0):
             raise ConfigError(f"nu must be >= 0, got nu={self.nu!r}")
+        if self.secure_agg not in _SECURE:
+            raise ConfigError(f"secure_agg must be one of {list(_SECURE)}, got secure_agg={self.secure_agg!r}")
+        pos_int("dropouts", 0)
+        pos_int("tolerate", 0)
+        pos_int("attack_pairs", 0)
+        if self.dropout_phase not in ("before_upload", "after_upload"):
+            raise ConfigError(f"dropout_phase must be 'before_upload' or 'after_upload', got {self.dropout_phase!r}")
+        if self.dropouts >= self.clients:
+            raise ConfigError(f"dropouts={self.dropouts} must be fewer than clients={self.clients}")
         return replace(self, families=fams, baselines=tuple(self.baselines))
+
+    @property
+    def secure_kind(self) -> str:
+        """The secure aggregation protocol run each round ("auto" resolved)."""
+        if self.secure_agg != "auto":
+            return self.secure_agg
+        return "mask" if (self.placement == "distributed" and not math.isinf(self.epsilon)) or self.dropouts \
+            else "none"
 
 
 @dataclass
@@ -578,6 +766,12 @@ class RoundsResult:
     baselines: dict = field(default_factory=dict)
     timing: dict = field(default_factory=dict)
     notes: list = field(default_factory=list)
+    #: the secure aggregation protocol's report (None when the server summed plain uploads)
+    secure_aggregation: dict | None = None
+    #: what the server received each round under the protocol (mechanisms.masking.ServerView per round)
+    server_views: list = field(default_factory=list, repr=False)
+    #: membership attacks across the rounds (attacks.rounds), when ``attack_pairs`` > 0
+    attacks: dict | None = None
 
     def summary(self) -> dict:
         out = {
@@ -635,6 +829,57 @@ def _client_features(body, x, clip_fn) -> np.ndarray:
         return _features(body, x, clip_fn).numpy().astype(np.float64)
 
 
+def client_statistic(body: nn.Module, x: torch.Tensor, y: torch.Tensor, *, num_classes: int = 10,
+                     clip_fn=None) -> np.ndarray:
+    """One client's upload: the per-class sums of its augmented features [1, f] (C, m), counts in column 0.
+
+    ``clip_fn`` is the clipping the mechanism requires (``RoundsDP.clip_tensor``), None without DP.
+    """
+    Fk = _client_features(body, x, clip_fn)
+    yk = np.asarray(y.numpy() if isinstance(y, torch.Tensor) else y, dtype=np.int64)
+    A = np.zeros((num_classes, Fk.shape[1] + 1))
+    A[:, 0] = np.bincount(yk, minlength=num_classes)
+    for cls in np.unique(yk):
+        A[cls, 1:] = Fk[yk == cls].sum(axis=0)
+    return A
+
+
+def client_update(body: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
+                  head_eta: np.ndarray, *, epochs: int, batch_size: int, generator: torch.Generator,
+                  num_classes: int = 10, clip_fn=None) -> np.ndarray:
+    """One client's round: train ``body`` for ``epochs`` against the broadcast head, then its statistic.
+
+    ``head_eta`` (C, m) is the head [bias, weight] the server broadcast; ``body``,
+    ``optimizer`` and ``generator`` (the data order) are the client's private state and
+    are updated in place.  Returns :func:`client_statistic` of the trained body.
+    """
+    client = _Client.__new__(_Client)
+    client.body, client.opt, client.gen, client.x, client.y = body, optimizer, generator, x, y
+    if epochs > 0:
+        _train_body(client, torch.from_numpy(np.asarray(head_eta, dtype=np.float32)), epochs, batch_size, clip_fn)
+    return client_statistic(body, x, y, num_classes=num_classes, clip_fn=clip_fn)
+
+
+def server_step(total: np.ndarray, *, nu: float = 1.0):
+    """The server's step: the MAP head of Eq. 15 from the released sum (C, m) of the clients' statistics.
+
+    Returns ``(head, eta)``: the :class:`privfed.head.LinearHead` and the (C, m) array to broadcast.
+    """
+    from privfed.methods.fedlog import FedLog
+    from privfed.stats import ClientStats
+
+    total = np.asarray(total, dtype=np.float64)
+    head = FedLog(nu=nu).aggregate(ClientStats(counts=total[None, :, 0], sums=total[None, :, 1:]))
+    return head, _head_eta(head)
+
+
+def initial_head(num_classes: int, seed: int, *, dim: int = FEATURE_DIM, scale: float | None = None) -> np.ndarray:
+    """The server's seeded random initial head (C, d + 1), uniform in [-scale, scale] (1/sqrt(m) by default)."""
+    m = dim + 1
+    s = scale if scale is not None else 1.0 / math.sqrt(m)
+    return np.random.default_rng([seed, 0x4EAD]).uniform(-s, s, size=(num_classes, m))
+
+
 def _accuracy(pred: np.ndarray, y: np.ndarray) -> float:
     return float(np.mean(pred == y)) if y.size else math.nan
 
@@ -686,7 +931,8 @@ def _init_body(family: str, init: str, seed: int, k: int) -> nn.Module:
 
 # ---------------------------------------------------------------- FedLog rounds
 def _fedlog(cfg: RoundsConfig, setup: _Setup, families: list[str], *, rounds: int, epochs: int,
-            dp: RoundsDP | None, noise_rng, bar=None, label="fedlog") -> dict:
+            dp: RoundsDP | None, noise_rng, bar=None, label="fedlog", release: RoundRelease | None = None,
+            observer=None) -> dict:
     """The multi-round protocol; returns accuracies, the last head and the per-round history."""
     from privfed.methods.fedlog import FedLog, fedlog_gradient
     from privfed.stats import ClientStats
@@ -704,8 +950,7 @@ def _fedlog(cfg: RoundsConfig, setup: _Setup, families: list[str], *, rounds: in
             for p in c.body.parameters():
                 p.requires_grad_(False)
     # Server: random initial head (Algorithm 1), seeded.
-    scale = cfg.head_init_scale if cfg.head_init_scale is not None else 1.0 / math.sqrt(m)
-    eta = np.random.default_rng([cfg.seed, 0x4EAD]).uniform(-scale, scale, size=(C, m))
+    eta = initial_head(C, cfg.seed, dim=d, scale=cfg.head_init_scale)
     history = []
     head = None
     for r in range(rounds):
@@ -714,16 +959,16 @@ def _fedlog(cfg: RoundsConfig, setup: _Setup, families: list[str], *, rounds: in
         for c in clients:
             if epochs > 0:
                 _train_body(c, eta_t, epochs, cfg.batch_size, clip_fn)
-            Fk = _client_features(c.body, c.x, clip_fn)
-            yk = c.y.numpy()
-            A[c.k, :, 0] = np.bincount(yk, minlength=C)
-            for cls in np.unique(yk):
-                A[c.k, cls, 1:] = Fk[yk == cls].sum(axis=0)
-        if dp is None:
+            A[c.k] = client_statistic(c.body, c.x, c.y, num_classes=C, clip_fn=clip_fn)
+        if release is None:
+            release = RoundRelease(dp, "none", num_clients=K)
+        if dp is None and release.protocol is None:
             stats = ClientStats(counts=A[:, :, 0], sums=A[:, :, 1:])
         else:
-            total = dp.noisy_sum(A, noise_rng)
+            total = release(A, noise_rng)
             stats = ClientStats(counts=total[None, :, 0], sums=total[None, :, 1:])
+        if observer is not None:
+            observer(r, clients, A, stats)
         head = method.aggregate(stats)
         eta = _head_eta(head)
         tot = stats.total()
@@ -842,7 +1087,7 @@ def make_dp(cfg: RoundsConfig, setup_n_max: int, *, rounds: int, bodies_trained:
                   level=cfg.level, placement=cfg.placement, calibration=cfg.calibration,
                   record_bound=cfg.record_bound,
                   max_records=cfg.max_records if cfg.max_records is not None else setup_n_max,
-                  dim=FEATURE_DIM, bodies_trained=bodies_trained)
+                  dim=FEATURE_DIM, bodies_trained=bodies_trained, tolerate=cfg.tolerate)
     if cfg.max_records is None and dp.record_bound != "theorem":
         dp.extra_notes.append(f"max_records defaulted to the largest client's size ({setup_n_max}), treated as "
                               "public (pass max_records to fix it in advance)")
@@ -887,14 +1132,31 @@ def run_rounds(cfg: RoundsConfig | None = None, *, progress: bool = False, **ove
             steps += 1
         bar = tqdm(total=steps, desc="fedlog rounds", unit="step", disable=not progress, leave=False)
         t1 = time.perf_counter()
+        release = RoundRelease(dp, cfg.secure_kind, num_clients=cfg.clients, dropouts=cfg.dropouts,
+                               dropout_phase=cfg.dropout_phase)
+        observer = None
+        if cfg.attack_pairs:
+            from attacks.rounds import RoundsObserver
+
+            observer = RoundsObserver(setup, cfg, dp, release)
         main = _fedlog(cfg, setup, families, rounds=cfg.rounds, epochs=cfg.local_epochs, dp=dp,
-                       noise_rng=noise_rng, bar=bar)
+                       noise_rng=noise_rng, bar=bar, release=release, observer=observer)
         timing = {"fedlog_s": time.perf_counter() - t1}
+        attacks = None
+        if observer is not None:
+            t1 = time.perf_counter()
+            attacks = observer.evaluate(np.random.default_rng([cfg.seed, 0xA77C]))
+            timing["attacks_s"] = time.perf_counter() - t1
         m = FEATURE_DIM + 1
         per_client = 4 * (m * setup.C + 1)
         bytes_ = {"upload_per_client_round": per_client, "upload_per_round": per_client * cfg.clients,
                   "upload_total": per_client * cfg.clients * cfg.rounds,
                   "download_per_round": 4 * m * setup.C * cfg.clients}
+        secure = release.report()
+        if secure is not None:
+            # what a client really uploads per round under the protocol (keys, shares, masked ring elements)
+            bytes_["secure_upload_per_client_round"] = secure["upload_bytes_per_client_round"]
+            bytes_["secure_upload_total"] = secure["upload_bytes_per_client_round"] * cfg.clients * cfg.rounds
         baselines: dict[str, dict] = {}
         if "oneshot" in cfg.baselines:
             t1 = time.perf_counter()
@@ -926,7 +1188,7 @@ def run_rounds(cfg: RoundsConfig | None = None, *, progress: bool = False, **ove
     return RoundsResult(config=cfg, history=main["history"], personalised_accuracy=main["personalised"],
                         common_accuracy=main["common"], head=main["head"], families=families, bytes=bytes_,
                         privacy=None if dp is None else dp.report(), baselines=baselines, timing=timing,
-                        notes=notes)
+                        notes=notes, secure_aggregation=secure, server_views=release.views, attacks=attacks)
 
 
 # ---------------------------------------------------------------- trade-off command
@@ -945,7 +1207,9 @@ def tradeoff_rounds(cfg, *, local_epochs: int | None = None, families: Sequence[
                 calibration="paper" if cfg.calibration == "classic" else "total",
                 record_bound="theorem" if cfg.calibration == "classic" else "auto",
                 clip=cfg.clip if cfg.clip is not None else 2.0,
-                clip_norm=cfg.clip_norm if cfg.clip is not None else "coordinate", max_records=cfg.max_records)
+                clip_norm=cfg.clip_norm if cfg.clip is not None else "coordinate", max_records=cfg.max_records,
+                secure_agg=cfg.secure_agg if cfg.secure_agg in ("mask", "ckks") else "none",
+                attack_pairs=TRADEOFF_ATTACK_PAIRS)
     if local_epochs is not None:
         base["local_epochs"] = local_epochs
     if families:
@@ -957,6 +1221,7 @@ def tradeoff_rounds(cfg, *, local_epochs: int | None = None, families: Sequence[
     for eps in cfg.epsilons:
         for seed in cfg.seeds:
             r = run_rounds(RoundsConfig(**base), seed=seed, epsilon=eps, progress=progress)
+            att = attack_summary(r.attacks)
             for name, acc, rep, up in (
                 (f"fedlog x{cfg.rounds} rounds", (r.personalised_accuracy, r.common_accuracy), r.privacy,
                  r.bytes["upload_total"]),
@@ -973,8 +1238,36 @@ def tradeoff_rounds(cfg, *, local_epochs: int | None = None, families: Sequence[
                     "formal": bool(rep.formal) if rep else False,
                     "guarantee": rep.guarantee if rep else "NO DP GUARANTEE: no noise",
                     "describe": rep.describe() if rep else "",
+                    **(att if "rounds" in name else {k: math.nan for k in att}),
                 })
     return rows
+
+
+#: Member / holdout pairs the trade-off command attacks in every multi-round run.
+TRADEOFF_ATTACK_PAIRS = 200
+
+
+def attack_summary(attacks: dict | None) -> dict:
+    """The headline numbers of :mod:`attacks.rounds` for a table: the strongest sequence attack and one round.
+
+    With noise: the differencing attack replayed with fresh noise (independent trials); without: the
+    tracing likelihood ratio over the rounds' changes.  ``attack_auc_bound`` is Phi(mu_total / sqrt 2)
+    (NaN without DP).
+    """
+    keys = ("attack", "attack_auc_sequence", "attack_auc_first_round", "attack_tpr_1pct_sequence",
+            "attack_auc_bound", "attack_pairs")
+    if not attacks:
+        return {k: math.nan for k in keys}
+    if attacks.get("differencing_replay"):
+        name, res = "differencing (replay)", attacks["differencing_replay"]
+        seq = res["sequence"]
+    else:
+        name, res = "tracing", attacks["tracing"]
+        seq = res.get("increments", res["sequence"])
+    return {"attack": name, "attack_auc_sequence": seq["auc"], "attack_auc_first_round": res["first_round"]["auc"],
+            "attack_tpr_1pct_sequence": seq["tpr_at_1pct_fpr"],
+            "attack_auc_bound": attacks.get("auc_bound", math.nan) if attacks.get("bound_formal") else math.nan,
+            "attack_pairs": attacks["pairs"]}
 
 
 def _summarise(rows: list[dict]) -> list[dict]:
@@ -988,6 +1281,8 @@ def _summarise(rows: list[dict]) -> list[dict]:
                     "epsilon_per_round": rs[0]["epsilon_per_round"], "accuracy_mean": float(acc.mean()),
                     "accuracy_sd": float(acc.std()), "common_mean": float(np.mean([r["common_accuracy"] for r in rs])),
                     "seeds": len(rs), "upload_bytes": rs[0]["upload_bytes"], "guarantee": rs[0]["guarantee"],
+                    "attack_auc": float(np.mean([r.get("attack_auc_sequence", math.nan) for r in rs])),
+                    "attack_auc_bound": rs[0].get("attack_auc_bound", math.nan),
                     "describe": rs[0]["describe"]})
     return out
 
@@ -1051,11 +1346,16 @@ def tradeoff_main(cfg, args, argv=()) -> int:
         else:
             out.abandon()  # a run that wrote nothing leaves no folder
         raise
-    head = f"{'method':<28} {'eps':>7} {'composed':>9} {'per round':>9} {'accuracy':>15} {'upload':>10}"
+    head = (f"{'method':<28} {'eps':>7} {'composed':>9} {'per round':>9} {'accuracy':>15} {'upload':>10} "
+            f"{'attack AUC':>10} {'AUC bound':>9}")
     print(head)
     for s in summary:
         print(f"{s['method']:<28} {s['epsilon']:>7.3g} {s['epsilon_composed']:>9.4g} {s['epsilon_per_round']:>9.4g} "
-              f"{s['accuracy_mean']:>8.4f} ± {s['accuracy_sd']:.3f} {s['upload_bytes'] / 1e3:>8.1f}kB")
+              f"{s['accuracy_mean']:>8.4f} ± {s['accuracy_sd']:.3f} {s['upload_bytes'] / 1e3:>8.1f}kB "
+              f"{s['attack_auc']:>10.3f} {s['attack_auc_bound']:>9.3f}")
+    print(f"attack AUC: membership attack on all {cfg.rounds} releases of the multi-round run "
+          f"({TRADEOFF_ATTACK_PAIRS} member / holdout pairs; attacks.rounds); AUC bound: Phi(mu_total / sqrt 2) of "
+          "the composed guarantee (nan: no formal bound)")
     for s in summary:
         if s["describe"]:
             print(f"{s['method']} at eps {s['epsilon']:g}:\n{s['describe']}")
