@@ -56,8 +56,8 @@ def _challenge(kind: str, view, truth, rng: np.random.Generator, common: dict) -
         return {"cells": challenge_cells(view, truth, rng, int(common.get("max_cells", 40)))}
     from attacks.view import membership_targets
 
-    t, lab, ids = membership_targets(view, truth, int(common.get("max_targets", 400)), rng, "tracing")
-    return {"targets": t, "target_labels": lab, "target_ids": ids}
+    t, lab, ids, partners = membership_targets(view, truth, int(common.get("max_targets", 400)), rng, "tracing")
+    return {"targets": t, "target_labels": lab, "target_ids": ids, "partners": partners}
 
 
 def strongest(kind: str, view, truth, rng: np.random.Generator | int = 0, *, suite: dict | None = None,

@@ -155,6 +155,8 @@ class TracingResult:
     scores: np.ndarray
     test: str
     per_client: bool
+    #: Per pair, the member record whose rows the target is tested on (the game's pairing), if given.
+    partners: np.ndarray | None = None
 
 
 def _noise_tau(view: ServerView, counts: np.ndarray) -> np.ndarray:
@@ -198,7 +200,13 @@ class Tracing(Attack):
         return out
 
     def run(self, view: ServerView, rng=None, *, targets=None, target_labels=None, target_ids=None,
-            **_) -> TracingResult:
+            partners=None, **_) -> TracingResult:
+        """Score every target against every released row of its class.
+
+        ``partners`` (optional, one per target) is carried to the result for
+        scoring only: the member record whose rows each target is tested on
+        (:func:`attacks.view.membership_targets`); the scores do not read it.
+        """
         self.check(view)
         if targets is None or target_labels is None:
             raise InputError("tracing needs targets=(n, d) features and target_labels=(n,) classes to test")
@@ -207,6 +215,9 @@ class Tracing(Attack):
         if Y.shape[1] != view.stats.dim or yl.shape != (Y.shape[0],):
             raise InputError(f"targets must be (n, {view.stats.dim}) with n labels, got {Y.shape} and {yl.shape}")
         ids = np.arange(Y.shape[0]) if target_ids is None else np.asarray(target_ids).astype(np.int64)
+        part = None if partners is None else np.asarray(partners).astype(np.int64)
+        if part is not None and part.shape != (Y.shape[0],):
+            raise InputError(f"partners must have one entry per target ({Y.shape[0]}), got shape {part.shape}")
         models = self.models(view.public, view.num_classes)
         counts, sums = view.stats.counts, view.stats.sums
         K = counts.shape[0]
@@ -235,28 +246,38 @@ class Tracing(Attack):
             raise InputError("no released class mean matches any target's class")
         rows = np.concatenate(all_r)
         owners = rows if view.stats.owners is None else view.stats.owners[rows]
+        tix = np.concatenate(all_t)
         del K
-        return TracingResult(target_ids=ids[np.concatenate(all_t)], rows=rows, owners=owners,
-                             scores=np.concatenate(all_s), test=self.params["test"], per_client=view.per_client)
+        return TracingResult(target_ids=ids[tix], rows=rows, owners=owners, scores=np.concatenate(all_s),
+                             test=self.params["test"], per_client=view.per_client,
+                             partners=None if part is None else part[tix])
 
     def score(self, result: TracingResult, truth: GroundTruth) -> dict:
-        tid = result.target_ids
-        private = tid >= 0
-        client = np.full(tid.shape, -2)
-        client[private] = truth.clients[tid[private]]
-        if result.per_client:
-            member = private & (client == result.owners)
-        else:
-            member = private & (client >= 0)
-        out = membership_metrics(result.scores, member, self.params["fprs"])
-        out.update(empirical_epsilon(result.scores, member, self.params["fprs"][0]))
-        out["test"] = result.test
-        return out
+        """AUC / TPR at low FPR over the scored pairs: with the game's pairing, each member on its own rows
+        against its non-member counterpart on the same rows; without, every pair."""
+        return _paired_metrics(result, truth, self.params["fprs"], test=result.test)
 
     def evaluate(self, view: ServerView, truth: GroundTruth, rng: np.random.Generator) -> dict:
-        """Members: uploaded private records; non-members: the truth's holdout records."""
-        targets, labels, ids = membership_targets(view, truth, self.params["max_targets"], rng, "tracing")
-        return self.score(self.run(view, rng, targets=targets, target_ids=ids, target_labels=labels), truth)
+        """Members: uploaded private records; non-members: holdout records of the same class, each tested
+        on its member counterpart's rows."""
+        targets, labels, ids, partners = membership_targets(view, truth, self.params["max_targets"], rng,
+                                                            "tracing")
+        return self.score(self.run(view, rng, targets=targets, target_ids=ids, target_labels=labels,
+                                   partners=partners), truth)
+
+
+def _paired_metrics(result, truth: GroundTruth, fprs, **extra) -> dict:
+    from attacks.view import paired_mask
+
+    member, keep = paired_mask(result.target_ids, result.owners, result.per_client, truth,
+                               getattr(result, "partners", None))
+    if not (member[keep].any() and (~member[keep]).any()):
+        raise InputError("the membership game has no member/non-member pair on a released row "
+                         "(every member's row was withheld)")
+    out = membership_metrics(result.scores[keep], member[keep], fprs)
+    out.update(empirical_epsilon(result.scores[keep], member[keep], fprs[0]))
+    out.update(extra)
+    return out
 
 
 def empirical_epsilon(scores, members, fpr: float, confidence: float = 0.95) -> dict:

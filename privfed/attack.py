@@ -337,8 +337,8 @@ def _challenge(att, truth, view, rng) -> dict:
         return {}
     from attacks.view import membership_targets
 
-    targets, labels, ids = membership_targets(view, truth, att.params["max_targets"], rng, name)
-    return {"targets": targets, "target_ids": ids, "target_labels": labels}
+    targets, labels, ids, partners = membership_targets(view, truth, att.params["max_targets"], rng, name)
+    return {"targets": targets, "target_ids": ids, "target_labels": labels, "partners": partners}
 
 
 def _grid_figure(result, truth, title: str, columns: int = 8):

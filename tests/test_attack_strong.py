@@ -277,3 +277,55 @@ def test_ground_truth_is_needed_only_to_score(digits):
     with pytest.raises(InputError, match="GroundTruth.images"):
         attacks.get("inversion").score(res, GroundTruth(features=truth.features, labels=truth.labels,
                                                         clients=truth.clients))
+
+
+# ----------------------------------------------------------------------------- the membership game's pairing
+def _local_dp_federation(digits, eps):
+    from attacks.view import NoiseSpec
+    from privfed.federation import partition
+
+    clip = float(np.median(np.linalg.norm(digits["public"].features, axis=1)))
+    clients = partition(digits["yp"], 20, "dirichlet", alpha=0.1, rng=0).clients
+    spec = NoiseSpec.gaussian(epsilon=eps, delta=1e-5, clip=clip, level="record")
+    return (*attacks.scenario("fedncm", digits["Fp"], digits["yp"], clients, images=digits["imp"],
+                              public=digits["public"], backbone=digits["backbone"], holdout_features=digits["Ft"],
+                              holdout_labels=digits["yt"], privacy=spec, rng=np.random.default_rng(1)), spec)
+
+
+def test_non_members_are_tested_on_exactly_their_member_counterparts_rows(digits):
+    from attacks.view import membership_targets
+
+    view, truth, _ = _local_dp_federation(digits, 1.0)
+    t, lab, ids, partners = membership_targets(view, truth, 200, np.random.default_rng(0), "tracing")
+    half = ids.size // 2
+    assert np.all(ids[:half] >= 0) and np.all(ids[half:] == -1)
+    assert np.array_equal(partners[:half], ids[:half]) and np.array_equal(partners[half:], ids[:half])
+    assert np.array_equal(lab[:half], lab[half:])  # each counterpart shares its member's class
+    att = attacks.get("tracing", test="lrt")
+    res = att.run(view, None, targets=t, target_labels=lab, target_ids=ids, partners=partners)
+    keep = truth.clients[res.partners] == res.owners
+    member = (res.target_ids >= 0) & (truth.clients[np.maximum(res.target_ids, 0)] == res.owners)
+    # scored members are exactly the (member, own row) pairs; every kept non-member sits on a row of its partner
+    assert np.array_equal(keep & (res.target_ids >= 0), member)
+    pos = sorted(zip(res.partners[keep & member], res.rows[keep & member]))
+    neg = sorted(zip(res.partners[keep & ~member], res.rows[keep & ~member]))
+    assert pos == neg  # the same (partner, row) pairs on both sides: rows of one distribution
+    assert att.score(res, truth)["n_pos"] == len(pos)
+
+
+def test_tracing_under_local_dp_stays_under_the_gdp_bound_for_every_test(digits):
+    # fedncm, 20 Dirichlet(0.1) clients, record-level local Gaussian DP at eps = 1: most clients lack most
+    # classes and release pure noise there.  A game that tested non-members on those rows measured "does the
+    # row hold data" (lrt with the pooled reference: AUC 0.89 against the bound 0.575); paired, every test of
+    # the suite must stay under Phi(mu / sqrt 2) (mu = 1 / sigma_1, the mechanism's add/remove GDP
+    # parameter) + 3 Hanley-McNeil standard errors at the bound for the game's numbers of pairs (one-sided).
+    from attacks.view import gaussian_sigma
+
+    view, truth, spec = _local_dp_federation(digits, 1.0)
+    bound = gdp_auc_bound(1.0 / gaussian_sigma(1.0, 1e-5))
+    rep = attacks.strongest("tracing", view, truth, 0)
+    over = {name: m["auc"] for name, m in rep["attacks"].items()
+            if m["auc"] > bound + 3 * auc_se(bound, m["n_pos"], m["n_neg"])}
+    assert not over, (over, bound)
+    assert all(m["n_pos"] == m["n_neg"] >= 200 for m in rep["attacks"].values())
+    assert rep["value"] == max(m["auc"] for m in rep["attacks"].values())
