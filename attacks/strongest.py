@@ -14,7 +14,10 @@ the attacker's side, which is the safe side for a privacy claim.
 
 Headline metrics: inversion, identification (ties broken by delta-PSNR),
 with the best delta-PSNR attack named too; tracing, AUC, with the best
-TPR at 1% FPR named too.
+TPR at 1% FPR named too.  The tracing suite plays the paired membership
+game of :func:`attacks.view.membership_targets` (each holdout non-member
+tested on its member counterpart's rows) and includes the classifier trained
+on public simulations (``learned``).
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ SUITES: dict[str, dict[str, tuple[str, dict]]] = {
         "lrt-aggregate": ("tracing", {"test": "lrt", "reference": "aggregate"}),
         "lrt+support": ("tracing", {"test": "lrt+support"}),
         "lrt+support-aggregate": ("tracing", {"test": "lrt+support", "reference": "aggregate"}),
+        "learned": ("tracing", {"test": "learned"}),
     },
 }
 

@@ -116,7 +116,7 @@ def test_attack_cli_reports_the_strongest_tracing_test_and_it_stays_under_the_gd
     out = tmp_path / "tr"
     assert main(["--attack", "tracing", "--method", "fedncm", "--partition", "dirichlet", "--clients", "20",
                  "--eps", "inf,1", "--out", str(out), "--quiet"]) == 0
-    rows, res, _ = _read(out)
+    rows, _, _ = _read(out)
     suite = list(SUITES["tracing"])
     printed = capsys.readouterr().out
     for r in rows:

@@ -321,11 +321,27 @@ def test_tracing_under_local_dp_stays_under_the_gdp_bound_for_every_test(digits)
     # parameter) + 3 Hanley-McNeil standard errors at the bound for the game's numbers of pairs (one-sided).
     from attacks.view import gaussian_sigma
 
-    view, truth, spec = _local_dp_federation(digits, 1.0)
+    view, truth, _ = _local_dp_federation(digits, 1.0)
     bound = gdp_auc_bound(1.0 / gaussian_sigma(1.0, 1e-5))
     rep = attacks.strongest("tracing", view, truth, 0)
     over = {name: m["auc"] for name, m in rep["attacks"].items()
             if m["auc"] > bound + 3 * auc_se(bound, m["n_pos"], m["n_neg"])}
     assert not over, (over, bound)
     assert all(m["n_pos"] == m["n_neg"] >= 200 for m in rep["attacks"].values())
+    assert "learned" in rep["attacks"]  # the classifier trained on public simulations is held to the bound too
     assert rep["value"] == max(m["auc"] for m in rep["attacks"].values())
+
+
+def test_learned_membership_test_beats_chance_clean_and_is_deterministic(digits):
+    # trained on simulated releases of public records only; on clean means of 4 its AUC must clear chance by
+    # 3 Hanley-McNeil SEs at 0.5, and its TPR at 1% FPR the one-sided binomial 0.001 tail of the FPR itself
+    view, truth = _view(digits, "fedncm", 4, None)
+    att = attacks.get("tracing", test="learned", max_targets=200)
+    m = att.evaluate(view, truth, np.random.default_rng(0))
+    assert m["auc"] > 0.5 + 3 * auc_se(0.5, m["n_pos"], m["n_neg"]), m
+    fp_hi = binom.isf(0.001, m["n_neg"], 0.01) / m["n_pos"]
+    assert m["tpr@0.01"] > fp_hi, m
+    assert att.evaluate(view, truth, np.random.default_rng(0))["auc"] == m["auc"]
+    assert "simulated releases of public records" in att.knowledge
+    with pytest.raises(ConfigError, match="sims must be an integer"):
+        attacks.get("tracing", test="learned", sims=0)
