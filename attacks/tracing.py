@@ -198,7 +198,10 @@ class LearnedTest:
     def score(self, targets, means, counts, model: ReferenceModel, *, tau=0.0) -> np.ndarray:
         """Log-odds of membership of each (target, mean) pair."""
         F = pair_features(targets, means, counts, model, tau=tau, support_z=self.support_z)
-        p = np.clip(self.classifier.predict_proba(F)[:, 1], 1e-12, 1 - 1e-12)
+        from threadpoolctl import threadpool_limits
+
+        with threadpool_limits(limits=1):
+            p = np.clip(self.classifier.predict_proba(F)[:, 1], 1e-12, 1 - 1e-12)
         return np.log(p) - np.log1p(-p)
 
 
@@ -264,7 +267,9 @@ def learned_test(pools: dict, models: dict, counts: dict, *, sigma: float = 0.0,
 
     from sklearn.exceptions import ConvergenceWarning
 
-    with warnings.catch_warnings():
+    from threadpoolctl import threadpool_limits
+
+    with warnings.catch_warnings(), threadpool_limits(limits=1):  # small matrices: more BLAS threads only contend
         warnings.simplefilter("ignore", ConvergenceWarning)
         clf.fit(X, y)
     return LearnedTest(classifier=clf, support_z=support_z)
