@@ -262,7 +262,8 @@ def learned_test(pools: dict, models: dict, counts: dict, *, sigma: float = 0.0,
         raise InputError("the learned test needs at least 2 public records of a released class to simulate")
     X, y = np.concatenate(feats), np.concatenate(labs)
     clf = make_pipeline(StandardScaler(), MLPClassifier(hidden_layer_sizes=tuple(hidden), alpha=1e-3,
-                                                        max_iter=300, random_state=int(rng.integers(2**31))))
+                                                        max_iter=300, early_stopping=True, n_iter_no_change=10,
+                                                        random_state=int(rng.integers(2**31))))
     import warnings
 
     from sklearn.exceptions import ConvergenceWarning
@@ -343,7 +344,14 @@ class Tracing(Attack):
         ``partners`` (optional, one per target) is carried to the result for
         scoring only: the member record whose rows each target is tested on
         (:func:`attacks.view.membership_targets`); the scores do not read it.
+        Runs on one BLAS thread (d x d matrices: more threads only contend).
         """
+        from threadpoolctl import threadpool_limits
+
+        with threadpool_limits(limits=1):
+            return self._run(view, targets, target_labels, target_ids, partners)
+
+    def _run(self, view: ServerView, targets, target_labels, target_ids, partners) -> TracingResult:
         self.check(view)
         if targets is None or target_labels is None:
             raise InputError("tracing needs targets=(n, d) features and target_labels=(n,) classes to test")
