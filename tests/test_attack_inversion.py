@@ -141,7 +141,7 @@ def _inversion_results():
 
 
 def test_inversion_results_json_names_the_maximum_and_its_command():
-    root, res = _inversion_results()
+    _, res = _inversion_results()
     suite = ("pixel", "learned", "set", "two-stage")
     assert res["config"]["command"].startswith("PYTHONPATH=. python experiments/attacks_inversion.py ")
     settings = {(r["setting"], r["n"]) for r in res["rows"]}
