@@ -14,7 +14,10 @@ the attacker's side, which is the safe side for a privacy claim.
 
 Headline metrics: inversion, identification (ties broken by delta-PSNR),
 with the best delta-PSNR attack named too; tracing, AUC, with the best
-TPR at 1% FPR named too.
+TPR at 1% FPR named too.  The tracing suite plays the paired membership
+game of :func:`attacks.view.membership_targets` (each holdout non-member
+tested on its member counterpart's rows) and includes the classifier trained
+on public simulations (``learned``).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import numpy as np
 
 from privfed.errors import ConfigError, InputError
 
-__all__ = ["SUITES", "strongest", "strongest_flat"]
+__all__ = ["HEADLINE", "SUITES", "strongest", "strongest_flat"]
 
 #: name -> (attack, parameters), in the order the tables list them.
 SUITES: dict[str, dict[str, tuple[str, dict]]] = {
@@ -41,10 +44,13 @@ SUITES: dict[str, dict[str, tuple[str, dict]]] = {
         "lrt-aggregate": ("tracing", {"test": "lrt", "reference": "aggregate"}),
         "lrt+support": ("tracing", {"test": "lrt+support"}),
         "lrt+support-aggregate": ("tracing", {"test": "lrt+support", "reference": "aggregate"}),
+        "learned": ("tracing", {"test": "learned"}),
     },
 }
 
-_HEADLINE = {"inversion": ("identification", "delta_psnr"), "tracing": ("auc", "tpr@0.01")}
+#: kind -> (the metric that names the strongest attack, the second metric whose best is named too).
+HEADLINE = {"inversion": ("identification", "delta_psnr"), "tracing": ("auc", "tpr@0.01")}
+_HEADLINE = HEADLINE
 
 
 def _challenge(kind: str, view, truth, rng: np.random.Generator, common: dict) -> dict:
@@ -56,12 +62,12 @@ def _challenge(kind: str, view, truth, rng: np.random.Generator, common: dict) -
         return {"cells": challenge_cells(view, truth, rng, int(common.get("max_cells", 40)))}
     from attacks.view import membership_targets
 
-    t, lab, ids = membership_targets(view, truth, int(common.get("max_targets", 400)), rng, "tracing")
-    return {"targets": t, "target_labels": lab, "target_ids": ids}
+    t, lab, ids, partners = membership_targets(view, truth, int(common.get("max_targets", 400)), rng, "tracing")
+    return {"targets": t, "target_labels": lab, "target_ids": ids, "partners": partners}
 
 
 def strongest(kind: str, view, truth, rng: np.random.Generator | int = 0, *, suite: dict | None = None,
-              **common: Any) -> dict:
+              challenge: dict | None = None, **common: Any) -> dict:
     """Run every attack of ``SUITES[kind]`` (or ``suite``) on one challenge; name the strongest.
 
     Parameters
@@ -72,6 +78,11 @@ def strongest(kind: str, view, truth, rng: np.random.Generator | int = 0, *, sui
         Draws the challenge and (independent streams) each attack's randomness.
     suite : mapping name -> (attack, params), optional
         Replaces the default suite.
+    challenge : dict, optional
+        The challenge to attack (``cells`` for inversion; ``targets``,
+        ``target_labels``, ``target_ids``, ``partners`` for tracing), e.g. the
+        one an individual attack was scored on, so the report sits next to it
+        on the same targets; drawn from ``rng`` otherwise.
     **common
         Parameters passed to every attack of the suite that accepts them
         (e.g. ``max_cells``, ``train_steps``); a suite member's own
@@ -94,7 +105,8 @@ def strongest(kind: str, view, truth, rng: np.random.Generator | int = 0, *, sui
     if not suite:
         raise ConfigError("the attack suite is empty")
     r_chal, *r_att = rng.spawn(1 + len(suite))
-    challenge = _challenge(kind, view, truth, r_chal, common)
+    if challenge is None:
+        challenge = _challenge(kind, view, truth, r_chal, common)
     results, knowledge = {}, {}
     for (name, (attack, params)), r in zip(suite.items(), r_att):
         # common parameters (sizes, budgets) go to every attack that takes them; the suite's own win

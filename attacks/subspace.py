@@ -25,7 +25,7 @@ import numpy as np
 
 from attacks.base import Attack
 from attacks.metrics import membership_metrics
-from attacks.view import GroundTruth, ServerView, membership_targets
+from attacks.view import GroundTruth, ServerView, membership_targets, paired_mask
 from privfed.errors import InputError
 
 __all__ = ["SubspaceMembership", "SubspaceResult", "signal_projectors"]
@@ -54,6 +54,7 @@ class SubspaceResult:
     scores: np.ndarray
     ranks: np.ndarray
     per_client: bool
+    partners: np.ndarray | None = None
 
 
 class SubspaceMembership(Attack):
@@ -64,10 +65,11 @@ class SubspaceMembership(Attack):
     defaults = {"rel_tol": 1e-8, "edge": 2.0, "max_targets": 400, "fprs": (0.01, 0.001)}
 
     def run(self, view: ServerView, rng=None, *, targets=None, target_ids=None, target_labels=None,
-            **_) -> SubspaceResult:
+            partners=None, **_) -> SubspaceResult:
         """Score every (target, client) pair; with ``target_labels``, only clients that released
         the target's class (so members and non-members share the class: record membership, not
-        class membership)."""
+        class membership).  ``partners`` is carried to the result for scoring only (the game's pairing,
+        :func:`attacks.view.membership_targets`)."""
         self.check(view)
         if targets is None:
             raise InputError("subspace membership needs targets=(n, d) features to test")
@@ -82,6 +84,9 @@ class SubspaceMembership(Attack):
         K = len(bases)
         T, R = np.meshgrid(np.arange(Y.shape[0]), np.arange(K), indexing="ij")
         T, R, S = T.ravel(), R.ravel(), S.ravel()
+        part = None if partners is None else np.asarray(partners).astype(np.int64)
+        if part is not None and part.shape != (Y.shape[0],):
+            raise InputError(f"partners must have one entry per target ({Y.shape[0]}), got shape {part.shape}")
         if target_labels is not None:
             yl = np.asarray(target_labels).astype(np.int64)
             if yl.shape != (Y.shape[0],):
@@ -90,19 +95,20 @@ class SubspaceMembership(Attack):
             T, R, S = T[keep], R[keep], S[keep]
         owners = R if view.stats.owners is None else view.stats.owners[R]
         return SubspaceResult(target_ids=ids[T], rows=R, owners=owners, scores=S, ranks=ranks,
-                              per_client=view.per_client)
+                              per_client=view.per_client, partners=None if part is None else part[T])
 
     def score(self, result: SubspaceResult, truth: GroundTruth) -> dict:
-        tid = result.target_ids
-        private = tid >= 0
-        client = np.full(tid.shape, -2)
-        client[private] = truth.clients[tid[private]]
-        member = private & ((client == result.owners) if result.per_client else (client >= 0))
-        out = membership_metrics(result.scores, member, self.params["fprs"])
+        member, keep = paired_mask(result.target_ids, result.owners, result.per_client, truth, result.partners)
+        if not (member[keep].any() and (~member[keep]).any()):
+            raise InputError("the membership game has no member/non-member pair on a released row")
+        out = membership_metrics(result.scores[keep], member[keep], self.params["fprs"])
         out["mean_rank"] = float(result.ranks.mean())
         return out
 
     def evaluate(self, view: ServerView, truth: GroundTruth, rng: np.random.Generator) -> dict:
-        """Members: uploaded private records; non-members: the truth's holdout records."""
-        targets, labels, ids = membership_targets(view, truth, self.params["max_targets"], rng, "subspace")
-        return self.score(self.run(view, rng, targets=targets, target_ids=ids, target_labels=labels), truth)
+        """Members: uploaded private records; non-members: holdout records of the same class, each tested
+        on its member counterpart's rows."""
+        targets, labels, ids, partners = membership_targets(view, truth, self.params["max_targets"], rng,
+                                                            "subspace")
+        return self.score(self.run(view, rng, targets=targets, target_ids=ids, target_labels=labels,
+                                   partners=partners), truth)

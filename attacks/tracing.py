@@ -25,7 +25,16 @@ member):
   neighbours the member's sum is the non-member's plus y, so this is the
   Neyman-Pearson test when nothing else is in the sum (n = 1): against a
   Gaussian release of noise sigma it reaches AUC = Phi(||y|| / (sigma sqrt 2)),
-  the GDP bound when ||y|| equals the clip bound.  It audits the noise.
+  the GDP bound when ||y|| equals the clip bound.  It audits the noise;
+* ``learned``: a classifier trained on public simulations (Shokri et al.,
+  S&P 2017, shadow models; here the shadow releases are cheap): the attacker
+  simulates releases of its public records with the released rows' counts
+  and the view's noise (members: a record in the simulated sum; non-members:
+  another public record of the class), computes :func:`pair_features` of
+  each (mean, candidate) pair (likelihood ratio, inner product, cosine,
+  support violations, the sum statistic, the count) and trains a small MLP
+  (scikit-learn) on them; the score is the classifier's log-odds.  It reads
+  only the view and the public data.
 
 Scores are measured by AUC and TPR at low FPR (:mod:`attacks.metrics`) and
 compared with the closed form and the DP bounds of :mod:`attacks.theory`.
@@ -46,9 +55,10 @@ from attacks.metrics import membership_metrics
 from attacks.view import GroundTruth, PublicData, ServerView, membership_targets
 from privfed.errors import ConfigError, InputError
 
-__all__ = ["REFERENCES", "TESTS", "Tracing", "TracingResult", "reference_model", "trace_scores", "tracing_game"]
+__all__ = ["PAIR_FEATURES", "REFERENCES", "TESTS", "LearnedTest", "Tracing", "TracingResult", "learned_test",
+           "pair_features", "reference_model", "trace_scores", "tracing_game"]
 
-TESTS = ("inner", "lrt", "homer", "sum", "support", "lrt+support")
+TESTS = ("inner", "lrt", "homer", "sum", "support", "lrt+support", "learned")
 #: Reference means of the Gaussian model: the public class mean, or the other released rows' pooled mean.
 REFERENCES = ("public", "aggregate")
 #: What an excluded target loses in the ``lrt+support`` score (below every kept target).
@@ -125,6 +135,9 @@ def trace_scores(
         if test == "support":
             return -viol
         return trace_scores(Y, M, n, model, tau=tau, test="lrt", ref_means=ref_means) - _EXCLUDED * (viol > 0)
+    if test == "learned":
+        raise ConfigError("the learned test is trained on public simulations: use Tracing(test='learned').run, "
+                          "or learned_test() then its score()")
     if test == "inner":
         return ((Y - mu) * (M - mu)).sum(axis=1)
     if test == "sum":
@@ -145,6 +158,124 @@ def trace_scores(
     return -0.5 * ((r1**2 / v1 + np.log(v1)) - (zm**2 / v0 + np.log(v0))).sum(axis=1)
 
 
+#: Names of the columns of :func:`pair_features`.
+PAIR_FEATURES = ("lrt", "inner", "cosine", "support_max", "support_frac", "sum", "log_count")
+
+
+def pair_features(targets, means, counts, model: ReferenceModel, *, tau=0.0, support_z: float = 4.0) -> np.ndarray:
+    """Features of (target, released mean) pairs for the learned test, one row per pair (:data:`PAIR_FEATURES`).
+
+    Scale-free where the raw statistic is not: the inner product over the
+    public class's total variance, the support violation in noise standard
+    deviations of the sum (or in units of the target's norm on a clean sum),
+    the sum statistic over ||y||^2.
+    """
+    Y = np.atleast_2d(np.asarray(targets, float))
+    M = np.atleast_2d(np.asarray(means, float))
+    n = np.maximum(np.asarray(counts, float).reshape(-1), 1.0)
+    tau = np.broadcast_to(np.asarray(tau, float), n.shape)
+    lrt = trace_scores(Y, M, n, model, tau=tau, test="lrt")
+    tr = max(float(model.eigvals.sum()), 1e-300)
+    inner = trace_scores(Y, M, n, model, test="inner") / tr
+    ny = np.maximum(np.linalg.norm(Y, axis=1), 1e-300)
+    cos = (Y * M).sum(axis=1) / (ny * np.maximum(np.linalg.norm(M, axis=1), 1e-300))
+    S = M * n[:, None]
+    unit = np.where(tau * n > 0, tau * n, ny)
+    over = (Y - S) / unit[:, None]
+    sup_max = np.clip(over.max(axis=1), -10.0, 10.0)
+    sup_frac = (over > (support_z if np.any(tau > 0) else 0.0)).mean(axis=1)
+    ssum = (Y * S).sum(axis=1) / (ny**2 * n)
+    return np.column_stack([lrt / Y.shape[1], inner, cos, sup_max, sup_frac, ssum, np.log(n)])
+
+
+@dataclass(frozen=True, eq=False)
+class LearnedTest:
+    """A membership classifier trained on public simulations (:func:`learned_test`)."""
+
+    classifier: object
+    support_z: float
+
+    def score(self, targets, means, counts, model: ReferenceModel, *, tau=0.0) -> np.ndarray:
+        """Log-odds of membership of each (target, mean) pair."""
+        F = pair_features(targets, means, counts, model, tau=tau, support_z=self.support_z)
+        from threadpoolctl import threadpool_limits
+
+        with threadpool_limits(limits=1):
+            p = np.clip(self.classifier.predict_proba(F)[:, 1], 1e-12, 1 - 1e-12)
+        return np.log(p) - np.log1p(-p)
+
+
+def learned_test(pools: dict, models: dict, counts: dict, *, sigma: float = 0.0, count_sigma: float = 0.0,
+                 sims: int = 600, rng: np.random.Generator, support_z: float = 4.0,
+                 hidden: tuple = (32, 16)) -> LearnedTest:
+    """Train the learned membership test on simulated releases of public records.
+
+    Parameters
+    ----------
+    pools : mapping class -> (N_c, d) public features (clipped as the clients clip)
+    models : mapping class -> ReferenceModel
+    counts : mapping class -> released counts of that class's rows (the
+        simulated releases draw their sizes from these)
+    sigma, count_sigma : float
+        Gaussian noise std on each released sum coordinate and on the count.
+    sims : int
+        Simulated releases per class and side (member / non-member).
+    rng : Generator
+        Drives the simulations and the classifier's initialisation.
+
+    Each simulation draws a released row's count n~, a true size
+    n = max(1, round(n~)), a target and n - 1 others for a member (the
+    target plus them), or n others for a non-member (the replace game the
+    evaluation plays), noise on the sum and the count, and scores the pair
+    as the attacker would score a real one.  Records are drawn with
+    replacement when n exceeds the class's public pool.
+    """
+    from sklearn.neural_network import MLPClassifier
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    feats, labs = [], []
+    for c, P in pools.items():
+        P = np.asarray(P, float)
+        cn = np.asarray(counts[c], float)
+        if P.shape[0] < 2 or cn.size == 0:
+            continue
+        N = P.shape[0]
+        rel = rng.choice(cn, size=2 * sims)
+        true_n = np.maximum(np.rint(rel), 1).astype(np.int64)
+        tgt = rng.integers(0, N, size=2 * sims)
+        S = np.empty((2 * sims, P.shape[1]))
+        for i in range(2 * sims):
+            member = i < sims
+            k = int(true_n[i]) - (1 if member else 0)
+            others = np.delete(np.arange(N), tgt[i])
+            pick = rng.choice(others, size=k, replace=k > others.size) if k > 0 else np.empty(0, np.int64)
+            S[i] = P[pick].sum(axis=0) + (P[tgt[i]] if member else 0.0)
+        if sigma > 0:
+            S = S + rng.normal(0.0, sigma, size=S.shape)
+        cnt = true_n.astype(float) + (rng.normal(0.0, count_sigma, size=true_n.shape) if count_sigma > 0 else 0.0)
+        n_rel = np.maximum(cnt, 1.0)
+        feats.append(pair_features(P[tgt], S / n_rel[:, None], n_rel, models[c], tau=sigma / n_rel,
+                                   support_z=support_z))
+        labs.append(np.arange(2 * sims) < sims)
+    if not feats:
+        raise InputError("the learned test needs at least 2 public records of a released class to simulate")
+    X, y = np.concatenate(feats), np.concatenate(labs)
+    clf = make_pipeline(StandardScaler(), MLPClassifier(hidden_layer_sizes=tuple(hidden), alpha=1e-3,
+                                                        max_iter=300, early_stopping=True, n_iter_no_change=10,
+                                                        random_state=int(rng.integers(2**31))))
+    import warnings
+
+    from sklearn.exceptions import ConvergenceWarning
+
+    from threadpoolctl import threadpool_limits
+
+    with warnings.catch_warnings(), threadpool_limits(limits=1):  # small matrices: more BLAS threads only contend
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        clf.fit(X, y)
+    return LearnedTest(classifier=clf, support_z=support_z)
+
+
 @dataclass(frozen=True, eq=False)
 class TracingResult:
     """Scores of every (target, released row) pair the attacker could test."""
@@ -155,6 +286,8 @@ class TracingResult:
     scores: np.ndarray
     test: str
     per_client: bool
+    #: Per pair, the member record whose rows the target is tested on (the game's pairing), if given.
+    partners: np.ndarray | None = None
 
 
 def _noise_tau(view: ServerView, counts: np.ndarray) -> np.ndarray:
@@ -168,13 +301,16 @@ class Tracing(Attack):
     name = "tracing"
     requires = frozenset({"counts", "sums", "public"})
     defaults = {"test": "lrt", "shrinkage": "ledoit-wolf", "max_targets": 400, "fprs": (0.01, 0.001),
-                "reference": "public", "support_z": 4.0}
+                "reference": "public", "support_z": 4.0, "sims": 600, "seed": 0}
 
     @property
     def knowledge(self) -> str:
         """What this attacker uses, in words."""
         ref = "the other released rows' pooled class mean" if self.params["reference"] == "aggregate" else \
             "the public class mean"
+        if self.params["test"] == "learned":
+            return ("released class sums and counts + public features: a classifier trained on simulated "
+                    "releases of public records with the released counts and the view's noise")
         return f"released class sums and counts + public features (covariance); test {self.params['test']!r}, " \
                f"reference {ref}"
 
@@ -187,6 +323,10 @@ class Tracing(Attack):
         z = self.params["support_z"]
         if isinstance(z, bool) or not isinstance(z, (int, float)) or not z >= 0:
             raise ConfigError(f"support_z must be a number >= 0 (inf switches the support test off), got {z!r}")
+        for key, low in (("sims", 10), ("seed", 0)):
+            v = self.params[key]
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < low:
+                raise ConfigError(f"tracing {key} must be an integer >= {low}, got {v!r}")
 
     def models(self, public: PublicData, num_classes: int) -> list[ReferenceModel]:
         out = []
@@ -198,7 +338,20 @@ class Tracing(Attack):
         return out
 
     def run(self, view: ServerView, rng=None, *, targets=None, target_labels=None, target_ids=None,
-            **_) -> TracingResult:
+            partners=None, **_) -> TracingResult:
+        """Score every target against every released row of its class.
+
+        ``partners`` (optional, one per target) is carried to the result for
+        scoring only: the member record whose rows each target is tested on
+        (:func:`attacks.view.membership_targets`); the scores do not read it.
+        Runs on one BLAS thread (d x d matrices: more threads only contend).
+        """
+        from threadpoolctl import threadpool_limits
+
+        with threadpool_limits(limits=1):
+            return self._run(view, targets, target_labels, target_ids, partners)
+
+    def _run(self, view: ServerView, targets, target_labels, target_ids, partners) -> TracingResult:
         self.check(view)
         if targets is None or target_labels is None:
             raise InputError("tracing needs targets=(n, d) features and target_labels=(n,) classes to test")
@@ -207,11 +360,31 @@ class Tracing(Attack):
         if Y.shape[1] != view.stats.dim or yl.shape != (Y.shape[0],):
             raise InputError(f"targets must be (n, {view.stats.dim}) with n labels, got {Y.shape} and {yl.shape}")
         ids = np.arange(Y.shape[0]) if target_ids is None else np.asarray(target_ids).astype(np.int64)
+        part = None if partners is None else np.asarray(partners).astype(np.int64)
+        if part is not None and part.shape != (Y.shape[0],):
+            raise InputError(f"partners must have one entry per target ({Y.shape[0]}), got shape {part.shape}")
         models = self.models(view.public, view.num_classes)
         counts, sums = view.stats.counts, view.stats.sums
         K = counts.shape[0]
         # count noise of FedCOF App. I.1 rescales the clean sums (n~ * mean): S is then not the records' sum
         noisy_counts = view.noise.count_kind is not None and view.noise.sigma.get("sums", 0.0) <= 0
+        z = self.params["support_z"] if not noisy_counts else math.inf
+        learned = None
+        if self.params["test"] == "learned":
+            from attacks.view import clip_rows
+
+            pub = view.public
+            pools, cnts = {}, {}
+            for c in np.unique(yl):
+                P = pub.features[pub.labels == c]
+                pools[c] = P if view.noise.clip is None else clip_rows(P, view.noise.clip)
+                cnts[c] = counts[counts[:, c] >= 0.5, c]
+            # seeded simulation: the attacker's own randomness, reproducible (it is not a release)
+            learned = learned_test(pools, {c: models[c] for c in pools}, cnts,
+                                   sigma=float(view.noise.sigma.get("sums", 0.0)),
+                                   count_sigma=float(view.noise.sigma.get("counts", 0.0)),
+                                   sims=int(self.params["sims"]), support_z=z if math.isfinite(z) else 4.0,
+                                   rng=np.random.default_rng(int(self.params["seed"])))
         all_t, all_r, all_s = [], [], []
         for c in np.unique(yl):
             tix = np.flatnonzero(yl == c)
@@ -227,36 +400,48 @@ class Tracing(Attack):
                 # leave-one-row-out pooled mean of the class: the private distribution's mean, not the public's
                 tot_s, tot_n = sums[rows, c].sum(0), counts[rows, c].sum()
                 ref = (tot_s[None] - sums[R, c]) / np.maximum(tot_n - n, 1.0)[:, None]
-            z = self.params["support_z"] if not noisy_counts else math.inf
-            s = trace_scores(Y[T], M, n, models[c], tau=_noise_tau(view, n), test=self.params["test"],
-                             support_z=z, ref_means=ref)
+            if learned is not None:
+                s = learned.score(Y[T], M, n, models[c], tau=_noise_tau(view, n))
+            else:
+                s = trace_scores(Y[T], M, n, models[c], tau=_noise_tau(view, n), test=self.params["test"],
+                                 support_z=z, ref_means=ref)
             all_t.append(T), all_r.append(R), all_s.append(s)
         if not all_s:
             raise InputError("no released class mean matches any target's class")
         rows = np.concatenate(all_r)
         owners = rows if view.stats.owners is None else view.stats.owners[rows]
+        tix = np.concatenate(all_t)
         del K
-        return TracingResult(target_ids=ids[np.concatenate(all_t)], rows=rows, owners=owners,
-                             scores=np.concatenate(all_s), test=self.params["test"], per_client=view.per_client)
+        return TracingResult(target_ids=ids[tix], rows=rows, owners=owners, scores=np.concatenate(all_s),
+                             test=self.params["test"], per_client=view.per_client,
+                             partners=None if part is None else part[tix])
 
     def score(self, result: TracingResult, truth: GroundTruth) -> dict:
-        tid = result.target_ids
-        private = tid >= 0
-        client = np.full(tid.shape, -2)
-        client[private] = truth.clients[tid[private]]
-        if result.per_client:
-            member = private & (client == result.owners)
-        else:
-            member = private & (client >= 0)
-        out = membership_metrics(result.scores, member, self.params["fprs"])
-        out.update(empirical_epsilon(result.scores, member, self.params["fprs"][0]))
-        out["test"] = result.test
-        return out
+        """AUC / TPR at low FPR over the scored pairs: with the game's pairing, each member on its own rows
+        against its non-member counterpart on the same rows; without, every pair."""
+        return _paired_metrics(result, truth, self.params["fprs"], test=result.test)
 
     def evaluate(self, view: ServerView, truth: GroundTruth, rng: np.random.Generator) -> dict:
-        """Members: uploaded private records; non-members: the truth's holdout records."""
-        targets, labels, ids = membership_targets(view, truth, self.params["max_targets"], rng, "tracing")
-        return self.score(self.run(view, rng, targets=targets, target_ids=ids, target_labels=labels), truth)
+        """Members: uploaded private records; non-members: holdout records of the same class, each tested
+        on its member counterpart's rows."""
+        targets, labels, ids, partners = membership_targets(view, truth, self.params["max_targets"], rng,
+                                                            "tracing")
+        return self.score(self.run(view, rng, targets=targets, target_ids=ids, target_labels=labels,
+                                   partners=partners), truth)
+
+
+def _paired_metrics(result, truth: GroundTruth, fprs, **extra) -> dict:
+    from attacks.view import paired_mask
+
+    member, keep = paired_mask(result.target_ids, result.owners, result.per_client, truth,
+                               getattr(result, "partners", None))
+    if not (member[keep].any() and (~member[keep]).any()):
+        raise InputError("the membership game has no member/non-member pair on a released row "
+                         "(every member's row was withheld)")
+    out = membership_metrics(result.scores[keep], member[keep], fprs)
+    out.update(empirical_epsilon(result.scores[keep], member[keep], fprs[0]))
+    out.update(extra)
+    return out
 
 
 def empirical_epsilon(scores, members, fpr: float, confidence: float = 0.95) -> dict:

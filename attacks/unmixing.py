@@ -31,38 +31,97 @@ from privfed.errors import ConfigError, InputError
 __all__ = ["SecondMomentUnmixing", "UnmixingResult", "augmented_second_moment", "symmetric_nmf", "unmix"]
 
 
-def symmetric_nmf(A: np.ndarray, rank: int, *, rng: np.random.Generator, n_init: int = 4, max_iter: int = 3000,
-                  tol: float = 1e-10) -> tuple[np.ndarray, float]:
+#: Default random starts, multiplicative-update iteration cap, convergence tolerance, time cap and number of
+#: best starts polished by L-BFGS-B, of :func:`symmetric_nmf`.
+NMF_STARTS, NMF_MAX_ITER, NMF_TOL, NMF_MAX_SECONDS, NMF_POLISH = 16, 3000, 1e-6, 20.0, 2
+
+
+def symmetric_nmf(A: np.ndarray, rank: int, *, rng: np.random.Generator, **kw) -> tuple[np.ndarray, float]:
+    """H >= 0 (m, rank) minimising ||A - H H^T||_F: see :func:`_symmetric_nmf` for the parameters
+    (``n_init``, ``max_iter``, ``tol``, ``max_seconds``, ``polish``).  Runs on one BLAS thread: the
+    matrices are small, and more threads only contend."""
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(limits=1):
+        return _symmetric_nmf(A, rank, rng=rng, **kw)
+
+
+def _symmetric_nmf(A: np.ndarray, rank: int, *, rng: np.random.Generator, n_init: int = NMF_STARTS,
+                  max_iter: int = NMF_MAX_ITER, tol: float = NMF_TOL,
+                  max_seconds: float | None = NMF_MAX_SECONDS, polish: int = NMF_POLISH) -> tuple[np.ndarray, float]:
     """H >= 0 (m, rank) minimising ||A - H H^T||_F, best of ``n_init`` random starts.
 
     Multiplicative update H <- H * (1/2 + (A H) / (2 H H^T H)) (Ding et al. 2005),
     on the PSD part of A with negative entries clipped (noise can make both
-    appear).  Returns H and the relative residual ||A - H H^T||_F / ||A||_F.
+    appear).  The starts run together (one batched product per iteration);
+    every 50 iterations each start's relative residual is checked and a start
+    stops once it fell by less than ``tol`` (relative) over those 50, or at
+    ``max_iter``.  ``max_seconds`` caps the wall time of the whole call (the
+    best start so far is returned; a capped run depends on the machine's
+    speed, so pass ``None`` for a reproducible one).  The ``polish`` starts
+    with the smallest residuals then run L-BFGS-B with bounds H >= 0 (scipy)
+    on ||A+ - H H^T||_F^2 to convergence: the multiplicative rule crawls near
+    the optimum (16 starts x 30,000 updates still leave ~5e-4 on digits
+    FedCGS clients of 4 records, where the polished factorisation is exact to
+    ~1e-5).  Returns H and the relative residual ||A - H H^T||_F / ||A||_F.
     """
+    import time
+
     A = 0.5 * (np.asarray(A, float) + np.asarray(A, float).T)
     if rank < 1:
         raise InputError(f"rank must be >= 1, got {rank}")
+    for name, v, low in (("n_init", n_init, 1), ("max_iter", max_iter, 1), ("polish", polish, 0)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < low:
+            raise ConfigError(f"symmetric NMF {name} must be an integer >= {low}, got {v!r}")
+    if not tol >= 0 or (max_seconds is not None and not max_seconds > 0):
+        raise ConfigError(f"symmetric NMF needs tol >= 0 and max_seconds > 0 (or None), got {tol!r}, {max_seconds!r}")
+    t0 = time.perf_counter()
     w, V = np.linalg.eigh(A)
     Ap = np.maximum((V * np.maximum(w, 0)) @ V.T, 0.0)
     normA = max(np.linalg.norm(Ap), 1e-300)
     scale = np.sqrt(max(Ap.mean(), 1e-300) / rank)
-    best, best_res = None, np.inf
-    for _ in range(n_init):
-        H = rng.uniform(0.0, 2.0, size=(A.shape[0], rank)) * scale
-        prev = np.inf
-        for it in range(max_iter):
-            AH = Ap @ H
-            HHH = H @ (H.T @ H)
-            H = H * (0.5 + 0.5 * AH / np.maximum(HHH, 1e-300))
-            if it % 50 == 49:
-                res = np.linalg.norm(Ap - H @ H.T) / normA
-                if prev - res < tol:
-                    break
-                prev = res
-        res = float(np.linalg.norm(A - H @ H.T) / max(np.linalg.norm(A), 1e-300))
-        if res < best_res:
-            best, best_res = H, res
-    return best, best_res
+    H = rng.uniform(0.0, 2.0, size=(int(n_init), A.shape[0], rank)) * scale
+    active = np.arange(int(n_init))
+    prev = np.full(int(n_init), np.inf)
+    for it in range(int(max_iter)):
+        Ha = H[active]
+        AH = Ap @ Ha
+        HHH = Ha @ (np.swapaxes(Ha, 1, 2) @ Ha)
+        H[active] = Ha * (0.5 + 0.5 * AH / np.maximum(HHH, 1e-300))
+        if it % 50 == 49:
+            Ha = H[active]
+            res = np.linalg.norm(Ap - Ha @ np.swapaxes(Ha, 1, 2), axis=(1, 2)) / normA
+            done = prev[active] - res < tol * np.maximum(res, 1e-300)
+            prev[active] = res
+            active = active[~done]
+            if active.size == 0 or (max_seconds is not None and time.perf_counter() - t0 > max_seconds):
+                break
+    nA = max(np.linalg.norm(A), 1e-300)
+    if polish:
+        r0 = np.linalg.norm(Ap - H @ np.swapaxes(H, 1, 2), axis=(1, 2))
+        for i in np.argsort(r0, kind="stable")[: int(polish)]:
+            H[i] = _polish(Ap, H[i])
+    res_all = np.linalg.norm(A - H @ np.swapaxes(H, 1, 2), axis=(1, 2)) / nA
+    b = int(np.argmin(res_all))
+    return H[b], float(res_all[b])
+
+
+def _polish(Ap: np.ndarray, H: np.ndarray, max_iter: int = 2000) -> np.ndarray:
+    """L-BFGS-B with bounds H >= 0 on ||Ap - H H^T||_F^2 from the multiplicative updates' H (scipy)."""
+    from scipy.optimize import minimize
+
+    m, r = H.shape
+    s2 = max(float(np.sum(Ap * Ap)), 1e-300)
+
+    def fg(x):
+        X = x.reshape(m, r)
+        E = X @ X.T - Ap
+        return float(np.sum(E * E)) / s2, (4.0 * (E @ X)).ravel() / s2
+
+    out = minimize(fg, H.ravel(), jac=True, method="L-BFGS-B", bounds=[(0.0, None)] * (m * r),
+                   options={"maxiter": max_iter, "ftol": 1e-15, "gtol": 1e-12})
+    X = out.x.reshape(m, r)
+    return X if np.sum((X @ X.T - Ap) ** 2) <= np.sum((H @ H.T - Ap) ** 2) else H
 
 
 def augmented_second_moment(second: np.ndarray, sums: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, float]:
@@ -80,7 +139,8 @@ def augmented_second_moment(second: np.ndarray, sums: np.ndarray, counts: np.nda
 
 
 def unmix(second: np.ndarray, rank: int, *, rng: np.random.Generator, sums=None, counts=None,
-          n_init: int = 4, max_iter: int = 3000) -> tuple[np.ndarray, np.ndarray | None, float]:
+          n_init: int = NMF_STARTS, max_iter: int = NMF_MAX_ITER, max_seconds: float | None = NMF_MAX_SECONDS,
+          polish: int = NMF_POLISH) -> tuple[np.ndarray, np.ndarray | None, float]:
     """Recover ``rank`` features from one second moment (and, if given, class sums and counts).
 
     Returns the features (rank, d), their classes (or ``None`` without sums)
@@ -88,10 +148,12 @@ def unmix(second: np.ndarray, rank: int, *, rng: np.random.Generator, sums=None,
     """
     d = second.shape[0]
     if sums is None:
-        H, res = symmetric_nmf(second, rank, rng=rng, n_init=n_init, max_iter=max_iter)
+        H, res = symmetric_nmf(second, rank, rng=rng, n_init=n_init, max_iter=max_iter, max_seconds=max_seconds,
+                               polish=polish)
         return H.T, None, res
     A, a = augmented_second_moment(second, np.asarray(sums, float), np.asarray(counts, float))
-    H, res = symmetric_nmf(A, rank, rng=rng, n_init=n_init, max_iter=max_iter)
+    H, res = symmetric_nmf(A, rank, rng=rng, n_init=n_init, max_iter=max_iter, max_seconds=max_seconds,
+                               polish=polish)
     ind = H[d:].T  # (rank, C)
     labels = ind.argmax(axis=1)
     scale = ind.max(axis=1) / a  # should be 1: the indicator's scale fixes the feature's
@@ -114,7 +176,8 @@ class SecondMomentUnmixing(Attack):
 
     name = "unmixing"
     requires = frozenset({"second", "counts", "per_client"})
-    defaults = {"use_sums": True, "max_samples": 32, "n_init": 4, "max_iter": 3000, "max_clients": 50}
+    defaults = {"use_sums": True, "max_samples": 32, "n_init": NMF_STARTS, "max_iter": NMF_MAX_ITER,
+                "max_seconds": NMF_MAX_SECONDS, "polish": NMF_POLISH, "max_clients": 50}
 
     def _validate_params(self) -> None:
         if int(self.params["max_samples"]) < 1:
@@ -134,7 +197,8 @@ class SecondMomentUnmixing(Attack):
             f, lab, r = unmix(G[k], int(max(n_k[k], 1)), rng=rng,
                               sums=st.sums[k] if self.params["use_sums"] else None,
                               counts=st.counts[k] if self.params["use_sums"] else None,
-                              n_init=int(self.params["n_init"]), max_iter=int(self.params["max_iter"]))
+                              n_init=int(self.params["n_init"]), max_iter=int(self.params["max_iter"]),
+                              max_seconds=self.params["max_seconds"], polish=int(self.params["polish"]))
             feats.append(f), labs.append(lab), res.append(r)
         owners = rows if st.owners is None else st.owners[rows]
         return UnmixingResult(rows=rows, owners=owners, features=feats, labels=labs, residuals=np.array(res),

@@ -631,21 +631,67 @@ class ServerView:
 
 
 def membership_targets(view: "ServerView", truth: "GroundTruth", max_targets: int, rng: np.random.Generator,
-                       attack: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The membership game's targets: up to ``max_targets`` uploaded private records (members) and as many
-    holdout records (non-members), clipped as the clients clipped so a member matches its upload.
+                       attack: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The membership game's targets: up to ``max_targets`` uploaded private records (members), each paired
+    with a holdout record of the same class (its non-member counterpart), clipped as the clients clipped so a
+    member matches its upload.
 
-    Returns ``(targets, target_labels, target_ids)`` with id -1 for non-members.
+    The pairing makes the game measure membership and nothing else: a scorer
+    (``score(..., partners)``) tests each member on its own client's released
+    rows and its counterpart on exactly the same rows, so members and
+    non-members meet rows of one distribution (a non-member is never tested
+    on a row that holds no data, e.g. the pure noise a DP client releases for
+    a class it lacks).  Members whose class has no holdout record left are
+    not drawn.
+
+    Returns ``(targets, target_labels, target_ids, partners)``: id -1 for
+    non-members; ``partners`` is the member record whose rows each target is
+    tested on (a member's own id; for a non-member, its counterpart's id).
     """
     if truth.holdout_features is None:
         raise InputError(f"{attack} evaluation needs GroundTruth.holdout_features (non-members)")
     m = int(max_targets)
-    up = np.flatnonzero(truth.clients >= 0)
-    mem = rng.choice(up, size=min(m, up.size), replace=False)
-    hold = rng.choice(truth.holdout_features.shape[0], size=min(m, truth.holdout_features.shape[0]), replace=False)
+    up = rng.permutation(np.flatnonzero(truth.clients >= 0))
+    yl, hl = np.asarray(truth.labels)[up], np.asarray(truth.holdout_labels)
+    mem_parts, hold_parts = [], []
+    for c in np.unique(yl):
+        pool = rng.permutation(np.flatnonzero(hl == c))
+        mc = np.flatnonzero(yl == c)[: pool.size]  # positions in the member draw order
+        mem_parts.append(mc)
+        hold_parts.append(pool[: mc.size])
+    if not mem_parts:
+        raise InputError(f"{attack} evaluation needs uploaded private records (members); none was uploaded")
+    pos = np.concatenate(mem_parts)
+    hold_all = np.concatenate(hold_parts)
+    keep = np.argsort(pos, kind="stable")[:m]  # the first m pairs in the member draw order
+    mem, hold = up[pos[keep]], hold_all[keep]
+    if mem.size == 0:
+        raise InputError(f"{attack} evaluation needs holdout records of the members' classes; none matches")
     targets = np.concatenate([truth.features[mem], truth.holdout_features[hold]])
     if view.noise.clip is not None:
         targets = clip_rows(targets, view.noise.clip)
     labels = np.concatenate([truth.labels[mem], truth.holdout_labels[hold]])
     ids = np.concatenate([mem, -np.ones(hold.size, dtype=np.int64)])
-    return targets, labels, ids
+    return targets, labels, ids, np.concatenate([mem, mem])
+
+
+def paired_mask(target_ids: np.ndarray, owners: np.ndarray, per_client: bool, truth: "GroundTruth",
+                partners: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """``(member, keep)`` for scored (target, row) pairs.
+
+    ``member``: the target is a private record uploaded into that row (its
+    client owns the row; any uploaded record under a secure sum).  ``keep``:
+    with ``partners`` (aligned with the pairs), only the pairs whose row
+    belongs to the partner's client: a member on its own rows, its
+    non-member counterpart on the same rows; without, every pair.
+    """
+    tid = np.asarray(target_ids)
+    private = tid >= 0
+    client = np.full(tid.shape, -2)
+    client[private] = truth.clients[tid[private]]
+    member = private & ((client == owners) if per_client else (client >= 0))
+    if partners is None:
+        return member, np.ones(tid.shape, dtype=bool)
+    pc = truth.clients[np.asarray(partners)]
+    keep = (pc == owners) if per_client else (pc >= 0)
+    return member, keep

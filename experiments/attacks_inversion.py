@@ -17,7 +17,15 @@ standard errors clustered by cell.
 * FedCGS (mean + second moment) at n = 2, 4.
 
 The decoders train once (minutes on 2 cores) and are cached by the hash of
-what determines them (PRIVFED_CACHE).
+what determines them (PRIVFED_CACHE).  ``--train-steps`` sets the decoders'
+training steps (the attack's default otherwise); the row records it.
+
+Outputs: ``inversion.csv`` / ``inversion.json`` under ``--out`` (every
+metric of every attack per setting, the configuration and the command),
+``--results-json PATH`` a copy of the JSON (the README's attack numbers are
+checked against it), and with ``--grids DIR`` the grids
+``inversion_fedcof_n1.png`` / ``inversion_fedcof_eps1_n1.png`` (true images,
+the strongest attack's reconstructions, the public prior) on FedCOF uploads.
 
     python experiments/attacks_inversion.py [--cells 40] [--out results/attacks-inversion]
 """
@@ -44,8 +52,14 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--ns", default="1,2,4,8,16", help="clean settings: records per released mean")
     p.add_argument("--eps", default="10,1,0.1", help="record-level DP settings at n = 1")
+    p.add_argument("--secure", default="1,4", help="secure-sum settings: records per released mean ('' = none)")
+    p.add_argument("--cgs", default="2,4", help="FedCGS (mean + G) settings: records per client ('' = none)")
+    p.add_argument("--train-steps", type=int, default=None, help="decoder training steps (default: the attack's)")
+    p.add_argument("--grids", default=None, help="folder for the FedCOF n = 1 grids (clean and eps = 1)")
+    p.add_argument("--results-json", default=None, help="also write the results JSON here")
     p.add_argument("--out", default="results/attacks-inversion")
     args = p.parse_args(argv)
+    ints = lambda v: [int(x) for x in v.split(",") if x.strip()]  # noqa: E731
     import attacks
     from attacks.view import class_groups
     from mechanisms import GaussianMechanism
@@ -59,7 +73,8 @@ def main(argv=None) -> int:
         cl = class_groups(d["yp"], n, np.random.default_rng(args.seed + n), max_groups=groups)
         view, truth = scenario(d, method, cl, rng=args.seed, **kw)
         t = time.perf_counter()
-        rep = attacks.strongest("inversion", view, truth, rng=args.seed, max_cells=args.cells)
+        extra = {} if args.train_steps is None else {"train_steps": args.train_steps}
+        rep = attacks.strongest("inversion", view, truth, rng=args.seed, max_cells=args.cells, **extra)
         best = rep["attacks"][rep["strongest"]]
         row = {"setting": tag, "method": method, "n": n, "strongest": rep["strongest"],
                "strongest_by_delta_psnr": rep["strongest_by"]["delta_psnr"], **best,
@@ -74,17 +89,31 @@ def main(argv=None) -> int:
               {nm: round(rep["attacks"][nm].get("identification", float("nan")), 3) for nm in rep["attacks"]},
               row["seconds"], "s", flush=True)
 
-    for n in (int(x) for x in args.ns.split(",") if x):
+    for n in ints(args.ns):
         run("clean", "fedncm", n, args.cells)
     clip = float(np.median(np.linalg.norm(d["public"].features, axis=1)))
-    for eps in (float(x) for x in args.eps.split(",") if x):
+    for eps in (float(x) for x in args.eps.split(",") if x.strip()):
         run(f"dp eps={eps:g}", "fedncm", 1, args.cells, privacy=GaussianMechanism(epsilon=eps, delta=1e-5, clip=clip))
-    for n in (1, 4):
+    for n in ints(args.secure):
         run("secure sum", "fedncm", n, None, secure_agg=True)
-    for n in (2, 4):
+    for n in ints(args.cgs):
         run("mean + G", "fedcgs", n, args.cells // 2)
     out = Path(args.out)
-    write_rows(out, "inversion", rows, {**vars(args), "seconds_total": round(time.perf_counter() - t_all, 1)})
+    import shlex
+
+    config = {**vars(args), "command": "PYTHONPATH=. python experiments/attacks_inversion.py "
+              + shlex.join(argv if argv is not None else sys.argv[1:]),
+              "seconds_total": round(time.perf_counter() - t_all, 1)}
+    write_rows(out, "inversion", rows, config)
+    json_rows = [dict(r) for r in rows]
+    if args.results_json:
+        import json
+
+        Path(args.results_json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.results_json).write_text(json.dumps({"config": config, "rows": rows}, indent=2, default=str)
+                                           + "\n")
+    if args.grids:
+        _grids(d, args, Path(args.grids), clip)
     for r in rows:
         r["delta_psnr (se)"] = f"{r['delta_psnr']:+.2f} ({r['delta_psnr_se']:.2f})"
         for name in SUITE_ORDER:
@@ -93,6 +122,8 @@ def main(argv=None) -> int:
     print(markdown(rows, ["setting", "n", "strongest", "identification", "baseline_identification",
                           "chance_identification", "psnr", "baseline_psnr", "delta_psnr (se)", "ssim",
                           "baseline_ssim", *SUITE_ORDER]))
+    print()
+    print("\n".join(readme_table(json_rows)))
     print(f"total {time.perf_counter() - t_all:.0f} s; wrote {out}")
 
     import matplotlib
@@ -115,6 +146,55 @@ def main(argv=None) -> int:
     fig.tight_layout()
     fig.savefig(out / "inversion.png", dpi=120)
     return 0
+
+
+def readme_table(rows: list[dict]) -> list[str]:
+    """The README's inversion table (markdown lines) from the results rows (the JSON's ``rows``)."""
+    def f(v):
+        return "n/a" if v != v else f"{v:.3f}"  # NaN: the attack does not apply
+
+    lines = ["| setting | n | strongest | identification | n-guess prior | chance | ΔPSNR over the prior (SE) | "
+             + " | ".join(SUITE_ORDER) + " |", "|" + " --- |" * (7 + len(SUITE_ORDER))]
+    for r in rows:
+        lines.append(f"| {r['setting']} | {r['n']} | {r['strongest']} | {f(r['identification'])} | "
+                     f"{f(r['baseline_identification'])} | {f(r['chance_identification'])} | "
+                     f"{r['delta_psnr']:+.2f} dB ({r['delta_psnr_se']:.2f}) | "
+                     + " | ".join(f(r[f"{name}:identification"]) for name in SUITE_ORDER) + " |")
+    return lines
+
+
+def _grids(d, args, folder: Path, clip: float) -> None:
+    """Grids of the strongest attack on FedCOF uploads at n = 1, clean and at eps = 1 (record level)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    import attacks
+    from attacks.inversion import challenge_cells
+    from attacks.strongest import SUITES
+    from attacks.view import class_groups
+    from mechanisms import GaussianMechanism
+    from privfed.attack import _grid_figure
+
+    folder.mkdir(parents=True, exist_ok=True)
+    extra = {} if args.train_steps is None else {"train_steps": args.train_steps}
+    for eps, name in ((None, "inversion_fedcof_n1.png"), (1.0, "inversion_fedcof_eps1_n1.png")):
+        cl = class_groups(d["yp"], 1, np.random.default_rng(args.seed + 1), max_groups=args.cells)
+        kw = {} if eps is None else {"privacy": GaussianMechanism(epsilon=eps, delta=1e-5, clip=clip)}
+        view, truth = scenario(d, "fedcof", cl, rng=args.seed, **kw)
+        rep = attacks.strongest("inversion", view, truth, rng=args.seed, max_cells=args.cells, **extra)
+        attack, params = SUITES["inversion"][rep["strongest"]]
+        att = attacks.get(attack, **{**extra, "max_cells": args.cells, **params})
+        cells = challenge_cells(view, truth, np.random.default_rng(args.seed), args.cells)
+        res = att.run(view, np.random.default_rng(args.seed), cells=cells)
+        m = att.score(res, truth)
+        where = "no noise" if eps is None else f"eps={eps:g} record level, local noise"
+        fig = _grid_figure(res, truth, f"fedcof, n=1, {where}: strongest attack {rep['strongest']!r}, "
+                                       f"identification {m['identification']:.2f}")
+        fig.savefig(folder / name, dpi=120)
+        plt.close(fig)
+        print("wrote", folder / name, flush=True)
 
 
 if __name__ == "__main__":

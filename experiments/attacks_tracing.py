@@ -11,9 +11,13 @@
 (2) Gaussian DP at n = 1 (add/remove game, sigma = z sqrt(c^2 + 1) on sum and
     count): every test against the GDP bound Phi(1 / (z sqrt 2)).
 (3) The server's view of per-client FedNCM uploads (n records of one class
-    per client, 400 members and 400 holdout non-members, every released row
-    of the class tested): the tracing suite of :func:`attacks.strongest`,
-    including the LRT with the other rows' pooled mean as reference.
+    per client, 400 members each paired with a holdout non-member of its
+    class, tested on the member's own row): the tracing suite of
+    :func:`attacks.strongest`, including the LRT with the other rows' pooled
+    mean as reference and the classifier trained on public simulations.
+(4) The same suite on FedNCM with 20 Dirichlet(0.1) clients, clean and under
+    record-level local Gaussian DP (eps = 10, 1; delta 1e-5), against the
+    GDP bound of the release.
 
     python experiments/attacks_tracing.py [--trials 2000] [--out results/attacks-tracing]
 """
@@ -102,11 +106,26 @@ def main(argv=None) -> int:
         row = {"n": n, **attacks.strongest_flat("tracing", view, truth, rng=args.seed, max_targets=400)}
         views.append(row)
         print("view n", n, row["strongest_attack"], round(row["auc"], 3), flush=True)
+    from attacks.theory import gdp_auc_bound as _bound
+    from attacks.view import NoiseSpec, gaussian_sigma
+    from privfed.federation import partition
+
+    local = []
+    cl20 = partition(d["yp"], 20, "dirichlet", alpha=0.1, rng=args.seed).clients
+    for eps in (math.inf, 10.0, 1.0):
+        spec = NoiseSpec.gaussian(epsilon=eps, delta=1e-5, clip=clip, level="record")
+        view, truth = scenario(d, "fedncm", cl20, privacy=spec, rng=np.random.default_rng(args.seed + 1))
+        row = {"eps": eps, "auc_bound": _bound(1 / gaussian_sigma(eps, 1e-5)) if math.isfinite(eps) else 1.0,
+               **attacks.strongest_flat("tracing", view, truth, rng=args.seed, max_targets=400)}
+        local.append(row)
+        print("local eps", eps, row["strongest_attack"], round(row["auc"], 3), "bound", round(row["auc_bound"], 3),
+              flush=True)
     out = Path(args.out)
     cfg = {"trials": T, "seed": args.seed, "class": c, "pool": int(pool.shape[0]), "clip": clip}
     write_rows(out, "clean", clean, cfg)
     write_rows(out, "dp", dp, cfg)
     write_rows(out, "views", views, cfg)
+    write_rows(out, "local_dp", local, cfg)
     print(markdown(clean, ["n", "pred_auc_exact_ref", "pred_auc", "inner_auc", "lrt_auc", "homer_auc",
                            "lrt+support_auc", "strongest", "strongest_auc", "lrt_tpr@0.01", "strongest_tpr@0.01",
                            "strongest_tpr@0.01_test", "strongest_tpr@0.001", "strongest_tpr@0.001_test"]))
@@ -116,6 +135,9 @@ def main(argv=None) -> int:
     print()
     names = [k[:-4] for k in views[0] if k.endswith(":auc")]
     print(markdown(views, ["n", "strongest_attack", "auc", "tpr@0.01", "tpr@0.001", *[f"{k}:auc" for k in names]]))
+    print()
+    print(markdown(local, ["eps", "auc_bound", "strongest_attack", "auc", "tpr@0.01", "tpr@0.001",
+                           *[f"{k}:auc" for k in names]]))
 
     import matplotlib
 

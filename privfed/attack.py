@@ -29,6 +29,14 @@ client (the controlled curves); ``dirichlet`` / ``iid`` / ... use
 :func:`privfed.federation.partition`.  The tracing attack reports two tests
 side by side: the Gaussian likelihood ratio (``auc``) and the inner-product
 tracer (``auc_inner``).
+
+For ``--attack tracing`` and ``--attack inversion`` every row also reports
+the strongest attack of the suite (:data:`attacks.strongest.SUITES`) on the
+same challenge (the same targets, the same released cells):
+``strongest_attack`` names it, ``strongest_auc`` / ``strongest_identification``
+is its headline metric, and ``<attack>:<metric>`` gives every attack of the
+suite (``--no-strongest`` turns this off; the inversion suite trains learned
+decoders, minutes once, then cached).
 """
 
 from __future__ import annotations
@@ -92,6 +100,7 @@ class AttackConfig:
     data_seed: int = 0
     device: str = "cpu"
     out: str = ""
+    strongest: bool = True
 
 
 GLOSSARY = """\
@@ -106,6 +115,8 @@ output columns (printed lines, results.csv, results.json):
   tpr@0.01     true-positive rate at 1%% false positives
   psnr, delta_psnr   inversion: reconstruction PSNR (dB) and its gain over the public class-mean prior
   exposed_fraction   singleton: share of uploaded records alone in their (client, class) cell
+  strongest_attack   tracing / inversion: the strongest attack of the suite on the same challenge (by auc /
+               identification); strongest_auc / strongest_identification its value; <attack>:<metric> each one
 """
 
 
@@ -132,6 +143,9 @@ def build_parser() -> argparse.ArgumentParser:
     a("--steps", default=None, help="inversion optimisation steps, pixel or dip backend (default: the attack's)")
     a("--max-cells", default=None, help="inversion: released cells inverted per run (default: the attack's)")
     a("--device", default="cpu", help="torch device for the backbone (cpu or cuda)")
+    a("--strongest", action=argparse.BooleanOptionalAction, default=True,
+      help="tracing / inversion: also run the whole attack suite on the same challenge and report the strongest, "
+           "named (default: on)")
     add_common_arguments(p, prefix="attack", seeds_default="1 (seed 0)")
     a("--seed", dest="seed_list", help=argparse.SUPPRESS)  # older spelling: a list of seeds ('3' = seed 3)
     return p
@@ -190,7 +204,32 @@ def resolve_config(args: argparse.Namespace) -> AttackConfig:
                         clip=clip, ns=ns if args.partition == "groups" else (0,), partition=args.partition,
                         clients=clients, alpha=alpha, secure_agg=secure,
                         count_noise=args.count_noise, seeds=seeds, max_groups=max_groups,
-                        attack_params=params, device=args.device, out="" if args.out is None else str(args.out))
+                        attack_params=params, device=args.device, out="" if args.out is None else str(args.out),
+                        strongest=bool(args.strongest) and args.attack in _SUITE_KINDS)
+
+
+#: Attacks with a suite whose strongest member is reported next to the individual attack.
+_SUITE_KINDS = ("tracing", "inversion")
+#: Parameters that pick a suite member (its own), not shared by the whole suite.
+_MEMBER_PARAMS = ("backend", "source", "test", "reference")
+
+
+def _strongest_columns(cfg: AttackConfig, view, truth, challenge: dict, rng) -> dict[str, Any]:
+    """The strongest attack of ``cfg.attack``'s suite on ``challenge``: its name, headline metrics, and
+    every suite member's headline metrics as ``<name>:<metric>``."""
+    from attacks.strongest import HEADLINE, strongest
+
+    common = {k: v for k, v in cfg.attack_params.items() if k not in _MEMBER_PARAMS}
+    rep = strongest(cfg.attack, view, truth, rng, challenge=challenge or None, **common)
+    first, second = HEADLINE[cfg.attack]
+    best2 = rep["strongest_by"][second]
+    out: dict[str, Any] = {"strongest_attack": rep["strongest"], f"strongest_{first}": rep["value"],
+                           f"strongest_by_{second}": best2,
+                           f"strongest_{second}": rep["attacks"][best2].get(second, float("nan"))}
+    for name, m in rep["attacks"].items():
+        for metric in (first, second):
+            out[f"{name}:{metric}"] = m.get(metric, float("nan"))
+    return out
 
 
 def _load(cfg: AttackConfig):
@@ -282,7 +321,7 @@ def run_attacks(cfg: AttackConfig, *, progress: bool = True, records: list[dict[
                                 + f" seed={seed}", refresh=False)
             method = _methods.get(mname)
             ss = np.random.SeedSequence([seed, cfg.ns.index(n), cfg.epsilons.index(eps), cfg.methods.index(mname)])
-            r_part, r_view, r_att = (np.random.default_rng(s) for s in ss.spawn(3))
+            r_part, r_view, r_att, r_strong = (np.random.default_rng(s) for s in ss.spawn(4))
             clients = _clients(cfg, yp, n, r_part)
             privacy = _privacy(cfg, method, eps, clip)
             t1 = time.perf_counter()
@@ -314,6 +353,8 @@ def run_attacks(cfg: AttackConfig, *, progress: bool = True, records: list[dict[
                    "noise": view.noise.guarantee, "seconds": round(time.perf_counter() - t1, 3)}
             row.update({k: v for k, v in metrics.items() if not isinstance(v, (list, dict, np.ndarray))})
             row.update(extra)
+            if cfg.strongest and result is not None:
+                row.update(_strongest_columns(cfg, view, truth, challenge, r_strong))
             records.append(row)
             if on_record is not None:
                 on_record(records)
@@ -337,8 +378,8 @@ def _challenge(att, truth, view, rng) -> dict:
         return {}
     from attacks.view import membership_targets
 
-    targets, labels, ids = membership_targets(view, truth, att.params["max_targets"], rng, name)
-    return {"targets": targets, "target_ids": ids, "target_labels": labels}
+    targets, labels, ids, partners = membership_targets(view, truth, att.params["max_targets"], rng, name)
+    return {"targets": targets, "target_ids": ids, "target_labels": labels, "partners": partners}
 
 
 def _grid_figure(result, truth, title: str, columns: int = 8):
@@ -387,6 +428,9 @@ def _line(r: dict[str, Any]) -> str:
     test = TEST_WORDS.get(str(r.get("test", "")), str(r.get("test", ""))) or "test"
     cells = [f"{label.format(test=test)}={r[k]:.3f}" for k, label in PRINTED
              if isinstance(r.get(k), (int, float)) and not isinstance(r.get(k), bool)]
+    if r.get("strongest_attack"):
+        key = "strongest_auc" if "strongest_auc" in r else "strongest_identification"
+        cells.append(f"strongest[{r['strongest_attack']}]: {key[10:]}={r[key]:.3f}")
     where = r["placement"] + (f"/{r['protocol']}" if r["protocol"] != "none" else "")
     return f"{r['method']:>12} eps={r['eps']:<6g} {where:<14} n={r['n']:<3} seed={r['seed']} " + " ".join(cells)
 
@@ -454,6 +498,9 @@ def _body(argv: Sequence[str] | None) -> int:
     if cfg.attack == "tracing":
         print("tracing: auc = the Gaussian likelihood-ratio test, auc_inner = the inner-product tracer "
               "(same targets); 0.5 = chance")
+    if cfg.strongest:
+        print(f"strongest[name]: the strongest attack of the {cfg.attack} suite on the same challenge "
+              "(results.csv: strongest_attack and <attack>:<metric> for every attack of the suite)")
     print(f"wrote {out.path}/: {', '.join(out.files())}")
     return 0
 

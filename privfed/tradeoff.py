@@ -198,7 +198,8 @@ def build_parser() -> argparse.ArgumentParser:
       "vit_b_16) (default: the dataset's)")
     a("--download", action="store_true", default=None, help="allow downloading a torchvision dataset / weights")
     a("--attack", metavar="LIST", help="attacks to add as columns and a plot panel (digits only): tracing, "
-      "singleton, inversion, labels, subspace, unmixing, differencing (default: none)")
+      "singleton, inversion, labels, subspace, unmixing, differencing; tracing reports the strongest test of its "
+      "suite, named (default: none)")
     a("--param", action="append", default=[], metavar="METHOD.KEY=VALUE",
       help="a method parameter, e.g. fedcof.gamma=0.1 or fed3r.lam=0.1 (repeatable; METHOD must be in --method) "
       "(default: none)")
@@ -597,6 +598,10 @@ ATTACK_HEADLINE = {
 }
 
 
+#: Attacks whose column reports the strongest attack of the suite, named.
+STRONGEST_ATTACKS = ("tracing",)
+
+
 def _attack_context(cfg: TradeoffConfig, ds) -> dict[str, Any]:
     """What the attacks need: the backbone, the public split (attacker's knowledge) and the private images."""
     import attacks
@@ -617,7 +622,12 @@ def _attack_context(cfg: TradeoffConfig, ds) -> dict[str, Any]:
 
 
 def _run_attacks(cfg, ds, ctx, rec, mname, clients, seed, eps, privacy, secure) -> None:
-    """Add ``attack_<name>_<metric>`` columns to ``rec`` (NaN where the attack cannot see what it needs)."""
+    """Add ``attack_<name>_<metric>`` columns to ``rec`` (NaN where the attack cannot see what it needs).
+
+    Tracing reports the strongest test of its suite (:data:`attacks.strongest.SUITES`) on one challenge:
+    its metrics under the usual keys, its name in ``attack_tracing_strongest`` and every test of the suite
+    as ``attack_tracing_<test>:<metric>``.
+    """
     import attacks
 
     from privfed.errors import InputError
@@ -628,7 +638,7 @@ def _run_attacks(cfg, ds, ctx, rec, mname, clients, seed, eps, privacy, secure) 
                 name, mname, ds.train_features, ds.train_labels, clients, rng=_seed_for(seed, mname, eps, name),
                 images=ctx["images"], holdout_features=ds.test_features, holdout_labels=ds.test_labels,
                 privacy=privacy, secure_agg=secure, backbone=ctx["backbone"], public=ctx["public"],
-                num_classes=ds.num_classes, **cfg.method_params.get(mname, {}),
+                num_classes=ds.num_classes, strongest=name in STRONGEST_ATTACKS, **cfg.method_params.get(mname, {}),
             )
         except InputError as exc:
             ctx["skipped"].add(f"attack {name!r} skipped for method {mname!r}: {exc}")
@@ -636,6 +646,8 @@ def _run_attacks(cfg, ds, ctx, rec, mname, clients, seed, eps, privacy, secure) 
         for key, value in metrics.items():
             if isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool):
                 rec[f"attack_{name}_{key}"] = float(value)
+        if name in STRONGEST_ATTACKS:
+            rec[f"attack_{name}_strongest"] = str(metrics.get("strongest_attack", "-"))
 
 
 def _sweep(cfg, ds, clip, records, bar, make_privacy, make_secure_agg, make_partition, attack_ctx=None, *,
@@ -753,6 +765,8 @@ def summarise(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
             **{k: float(np.nanmean([r.get(k, np.nan) for r in rs])) if not all(
                 np.isnan(r.get(k, np.nan)) for r in rs) else float("nan")
                for k in _headline_keys(rs)},
+            **{f"attack_{a}_strongest": "/".join(dict.fromkeys(str(r[f"attack_{a}_strongest"]) for r in rs))
+               for a in STRONGEST_ATTACKS if any(f"attack_{a}_strongest" in r for r in rs)},
         ))
     return out
 
@@ -803,9 +817,10 @@ def format_table(summary: list[dict[str, Any]]) -> str:
         ])
     att = [k for k in ATTACK_HEADLINE.items() if any(f"attack_{k[0]}_{k[1]}" in s for s in summary)]
     if att:
-        head = [*head, *(f"{a} {m}" for a, m in att)]
+        head = [*head, *(f"{a} {m}" + (" (strongest)" if a in STRONGEST_ATTACKS else "") for a, m in att)]
         fmt = lambda v: "-" if not np.isfinite(v) else f"{v:.3f}"  # noqa: E731
-        rows = [[*r, *(fmt(s.get(f"attack_{a}_{m}", float("nan"))) for a, m in att)]
+        name = lambda s, a: f" {s[f'attack_{a}_strongest']}" if s.get(f"attack_{a}_strongest") else ""  # noqa: E731
+        rows = [[*r, *(fmt(s.get(f"attack_{a}_{m}", float("nan"))) + name(s, a) for a, m in att)]
                 for r, s in zip(rows, summary)]
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
     line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731

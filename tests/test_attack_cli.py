@@ -22,7 +22,7 @@ def _read(out):
 def test_inversion_sweep_writes_csv_json_and_grids(tmp_path, digits_cache, capsys):
     out = tmp_path / "inv"
     rc = main(["--attack", "inversion", "--method", "fedncm", "--eps", "inf,1", "--n", "1", "--max-groups", "6",
-               "--steps", "20", "--out", str(out)])
+               "--steps", "20", "--no-strongest", "--out", str(out)])
     assert rc == 0
     rows, res, cfg = _read(out)
     assert [(r["eps"], r["n"]) for r in rows] == [("inf", "1"), ("1.0", "1")]
@@ -97,3 +97,74 @@ def test_existing_output_folder_is_not_overwritten(tmp_path, digits_cache, capsy
     (out / "keep.txt").write_text("x")
     assert main(["--attack", "labels", "--partition", "iid", "--out", str(out)]) == 2
     assert "--overwrite" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- the strongest attack in the CLIs
+def _gdp_auc_tolerance(bound: float, n_pos, n_neg) -> float:
+    """One-sided 3 Hanley-McNeil standard errors of an AUC at the bound, from the game's numbers of pairs."""
+    from attacks.metrics import auc_se
+
+    return 3 * auc_se(bound, int(n_pos), int(n_neg))
+
+
+def test_attack_cli_reports_the_strongest_tracing_test_and_it_stays_under_the_gdp_bound(tmp_path, digits_cache,
+                                                                                         capsys):
+    from attacks.strongest import SUITES
+    from attacks.theory import gdp_auc_bound
+    from attacks.view import gaussian_sigma
+
+    out = tmp_path / "tr"
+    assert main(["--attack", "tracing", "--method", "fedncm", "--partition", "dirichlet", "--clients", "20",
+                 "--eps", "inf,1", "--out", str(out), "--quiet"]) == 0
+    rows, _, _ = _read(out)
+    suite = list(SUITES["tracing"])
+    printed = capsys.readouterr().out
+    for r in rows:
+        aucs = {t: float(r[f"{t}:auc"]) for t in suite}
+        assert r["strongest_attack"] in suite and float(r["strongest_auc"]) == max(aucs.values())
+        assert f"strongest[{r['strongest_attack']}]" in printed
+        # the individual test sits next to the suite on the same targets: its AUC is the suite's lrt AUC
+        assert float(r["auc"]) == aucs["lrt"]
+        if r["eps"] == "1.0":
+            # GaussianMechanism: sigma = sqrt(clip^2 + 1) * sigma_1 on sums and counts (joint add/remove
+            # sensitivity), so the release of one record is mu-GDP with mu = 1 / sigma_1.
+            bound = gdp_auc_bound(1.0 / gaussian_sigma(1.0, float(r["delta"])))
+            tol = _gdp_auc_tolerance(bound, r["n_pos"], r["n_neg"])
+            assert all(a <= bound + tol for a in aucs.values()), (aucs, bound)
+    assert {r["eps"] for r in rows} == {"inf", "1.0"}
+    # --no-strongest keeps the individual attack only
+    out2 = tmp_path / "tr2"
+    assert main(["--attack", "tracing", "--method", "fedncm", "--n", "2", "--eps", "inf", "--no-strongest",
+                 "--out", str(out2), "--quiet"]) == 0
+    assert "strongest_attack" not in _read(out2)[0][0]
+
+
+def test_tradeoff_tracing_column_is_the_strongest_test_named_and_under_the_gdp_bound(tmp_path, digits_cache,
+                                                                                     capsys):
+    from attacks.strongest import SUITES
+    from attacks.theory import gdp_auc_bound
+    from privfed.tradeoff import main as tradeoff_main
+
+    out = tmp_path / "to"
+    assert tradeoff_main(["--method", "fedncm", "--eps", "1,inf", "--seeds", "2", "--clients", "20",
+                          "--attack", "tracing", "--out", str(out), "--quiet", "--no-plot"]) == 0
+    table = capsys.readouterr().out
+    data = json.loads((out / "results.json").read_text())
+    suite = list(SUITES["tracing"])
+    for r in data["records"]:
+        aucs = {t: r[f"attack_tracing_{t}:auc"] for t in suite}
+        assert r["attack_tracing_strongest"] in suite
+        assert r["attack_tracing_auc"] == max(aucs.values()) == aucs[r["attack_tracing_strongest"]]
+        if math.isfinite(float(r["epsilon"])):
+            # mu of the Gaussian release of one record, from what the run wrote: sums (sensitivity clip) and
+            # counts (sensitivity 1), each with its own sigma
+            mu = math.hypot(r["clip"] / r["sigma"], 1.0 / r["sigma_counts"])
+            bound = gdp_auc_bound(mu)
+            tol = _gdp_auc_tolerance(bound, r["attack_tracing_n_pos"], r["attack_tracing_n_neg"])
+            assert all(a <= bound + tol for a in aucs.values()), (aucs, bound)
+    assert "tracing auc (strongest)" in table
+    for s in data["summary"]:
+        names = s["attack_tracing_strongest"].split("/")
+        assert set(names) <= set(suite)
+        assert any(line.split()[:1] == [s["method"]] and line.rstrip().endswith(s["attack_tracing_strongest"])
+                   for line in table.splitlines())

@@ -129,3 +129,44 @@ def test_inversion_refuses_bad_settings(digits):
     with pytest.raises(InputError, match="public images"):
         attacks.evaluate("inversion", view.with_(public=PublicData(labels=view.public.labels,
                                                                    features=view.public.features)), truth)
+
+
+# ----------------------------------------------------------------------------- the committed inversion results
+def _inversion_results():
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    return root, json.loads((root / "docs" / "attacks-inversion.json").read_text())
+
+
+def test_inversion_results_json_names_the_maximum_and_its_command():
+    _, res = _inversion_results()
+    suite = ("pixel", "learned", "set", "two-stage")
+    assert res["config"]["command"].startswith("PYTHONPATH=. python experiments/attacks_inversion.py ")
+    settings = {(r["setting"], r["n"]) for r in res["rows"]}
+    assert {("clean", n) for n in (1, 2, 4, 8, 16)} | {("dp eps=10", 1), ("dp eps=1", 1), ("mean + G", 4)} <= settings
+    for r in res["rows"]:
+        ident = {a: r[f"{a}:identification"] for a in suite if r[f"{a}:identification"] == r[f"{a}:identification"]}
+        # the strongest is the suite's maximum identification (ties broken by delta-PSNR), and its row is its own
+        top = max(ident.values())
+        assert r["identification"] == ident[r["strongest"]] == top, r
+        tied = [a for a in ident if ident[a] == top]
+        assert r["delta_psnr"] == max(r[f"{a}:delta_psnr"] for a in tied), r
+        assert 0.0 <= r["baseline_identification"] <= 1.0 and r["delta_psnr_se"] > 0
+
+
+def test_readme_inversion_table_is_the_committed_results():
+    import importlib.util
+
+    root, res = _inversion_results()
+    spec = importlib.util.spec_from_file_location("attacks_inversion", root / "experiments" / "attacks_inversion.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    table = mod.readme_table(res["rows"])
+    assert len(table) == 2 + len(res["rows"])
+    readme = (root / "README.md").read_text()
+    if "docs/attacks-inversion.json" not in readme:
+        pytest.skip("the README's inversion table does not cite docs/attacks-inversion.json")
+    missing = [line for line in table[2:] if line not in readme]
+    assert not missing, missing
