@@ -26,6 +26,8 @@ from attacks_common import load_digits, markdown, scenario, write_rows  # noqa: 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--clients", type=int, default=12, help="clients unmixed per n")
+    p.add_argument("--record", action="store_true",
+                   help="also write experiments/results/attacks_second_moment.json, the record the README's figures are checked against")
     p.add_argument("--out", default="results/attacks-second-moment")
     args = p.parse_args(argv)
     import attacks
@@ -52,6 +54,12 @@ def main(argv=None) -> int:
     out = Path(args.out)
     write_rows(out, "subspace", sub, vars(args))
     write_rows(out, "unmixing", unm, vars(args))
+    if args.record:
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+        from experiments import recorded
+
+        cmd = recorded.command("experiments/attacks_second_moment.py", argv)
+        print(f"recorded {recorded.save('attacks_second_moment', dict(config=vars(args), subspace=sub, unmixing=unm), cmd)}")
     table = []
     for n in sorted({r["n"] for r in sub}):
         row = {"n": n}

@@ -25,6 +25,8 @@ from attacks_common import load_digits, markdown, scenario, write_rows  # noqa: 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--record", action="store_true",
+                   help="also write experiments/results/attacks_singleton.json, the record the README's figures are checked against")
     p.add_argument("--out", default="results/attacks-singleton")
     args = p.parse_args(argv)
     import attacks
@@ -56,6 +58,12 @@ def main(argv=None) -> int:
                      "exposed_laplace_eps1": float(np.mean(exn)), "seeds": args.seeds})
     out = Path(args.out)
     write_rows(out, "singleton", rows, vars(args))
+    if args.record:
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+        from experiments import recorded
+
+        cmd = recorded.command("experiments/attacks_singleton.py", argv)
+        print(f"recorded {recorded.save('attacks_singleton', dict(config=vars(args), rows=rows), cmd)}")
     print(markdown(rows, ["scheme", "alpha", "clients", "samples_per_client", "singleton_fraction", "exposed_clean",
                           "exposed_laplace_eps1"]))
     print(f"wrote {out}")

@@ -43,6 +43,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--trials", type=int, default=2000)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--record", action="store_true",
+                   help="also write experiments/results/attacks_tracing.json, the record the README's figures are checked against")
     p.add_argument("--out", default="results/attacks-tracing")
     args = p.parse_args(argv)
 
@@ -126,6 +128,12 @@ def main(argv=None) -> int:
     write_rows(out, "dp", dp, cfg)
     write_rows(out, "views", views, cfg)
     write_rows(out, "local_dp", local, cfg)
+    if args.record:
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+        from experiments import recorded
+
+        cmd = recorded.command("experiments/attacks_tracing.py", argv)
+        print(f"recorded {recorded.save('attacks_tracing', dict(config=cfg, clean=clean, dp=dp, views=views, local=local), cmd)}")
     print(markdown(clean, ["n", "pred_auc_exact_ref", "pred_auc", "inner_auc", "lrt_auc", "homer_auc",
                            "lrt+support_auc", "strongest", "strongest_auc", "lrt_tpr@0.01", "strongest_tpr@0.01",
                            "strongest_tpr@0.01_test", "strongest_tpr@0.001", "strongest_tpr@0.001_test"]))
