@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from typing import Any
 
 import numpy as np
@@ -112,7 +114,25 @@ def fit(
             declare(seeded=seeded)
     F, scaled = _scale.prepare(m, F, privacy)  # statistics exact in float64, or one clear error
     head = run_federation(m, F, y, k, num_classes=C, num_clients=K, rng=rng, privacy=privacy, secure_agg=secure_agg)
+    if private_run:
+        _note_public_sizes(head, num_classes, num_clients)
     return _scale.finish(head, scaled)
+
+
+def _note_public_sizes(head, num_classes, num_clients) -> None:
+    """Under DP, C and K are public: when the caller did not pass them, say what the guarantee covers."""
+    missing = [n for n, v in (("num_classes", num_classes), ("num_clients", num_clients)) if v is None]
+    if not missing:
+        return
+    note = (
+        f"{' and '.join(missing)} taken from the data: the guarantee covers neighbouring datasets with the same "
+        f"number of classes and clients (a record of a new class or client would change the release's shape); "
+        f"pass {' and '.join(n + '=' for n in missing)} to make them public parameters"
+    )
+    head.notes.append(note)
+    report = getattr(head, "privacy", None)
+    if report is not None and dataclasses.is_dataclass(report) and hasattr(report, "notes"):
+        head.privacy = dataclasses.replace(report, notes=(*report.notes, note))
 
 
 def _refuse_unclipped_noise(secure_agg: Any) -> None:

@@ -444,3 +444,26 @@ def test_opendp_slack_is_calibrated_on_the_coordinates_that_move():
 def test_mechanism_arguments_are_validated(kw, match):
     with pytest.raises(ConfigError, match=match):
         _mech(**kw)
+
+
+def test_sizes_taken_from_the_data_under_dp_are_named_in_the_report():
+    """Under DP C and K are public; when the caller leaves them to the data, the report says what it covers."""
+    import warnings
+
+    rng = np.random.default_rng(5)
+    F = np.abs(rng.normal(size=(40, 4)))
+    y, k = np.arange(40) % 3, np.arange(40) % 4
+    mech = lambda: GaussianMechanism(epsilon=1.0, delta=1e-5, clip=1.0)  # noqa: E731
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        left = privfed.fit("fedncm", F, y, k, privacy=mech(), random_state=0)
+        # a neighbour with one record of a new class changes C: the note names the condition
+        y2 = y.copy()
+        y2[0] = 3
+        right = privfed.fit("fedncm", F, y2, k, privacy=mech(), random_state=0)
+        public = privfed.fit("fedncm", F, y2, k, num_classes=4, num_clients=4, privacy=mech(), random_state=0)
+    assert left.weight.shape != right.weight.shape
+    for head in (left, right):
+        (note,) = [n for n in head.privacy.notes if "taken from the data" in n]
+        assert "num_classes=" in note and "num_clients=" in note and note in head.notes
+    assert not any("taken from the data" in n for n in public.privacy.notes)
