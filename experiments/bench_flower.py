@@ -187,24 +187,11 @@ def bench_protocols(K: int, reps: int) -> list[dict]:
 
 
 def bench_audit(draws: int) -> list[dict]:
+    import contextlib
     import warnings
-    from unittest import mock
 
-    from mechanisms import GaussianMechanism
     from privfed.audit import audit_release, neighbour_battery
-    from privfed.flower.audit import flower_release
-
-    class HalvedNoise(GaussianMechanism):
-        def _add_noise(self, arr, block, sigma, rng):
-            return super()._add_noise(arr, block, sigma / 2, rng)
-
-    make = FlowerConfig.make_privacy
-
-    def halved(self):
-        mech = make(self)
-        if mech is not None:
-            mech.__class__ = HalvedNoise
-        return mech
+    from privfed.flower.audit import flower_release, halved_noise_nodes
 
     record, client = neighbour_battery("record"), neighbour_battery("client")
     cases = [
@@ -219,7 +206,7 @@ def bench_audit(draws: int) -> list[dict]:
     rows = []
     for name, kw, pair, broken in cases:
         t0 = time.perf_counter()
-        with warnings.catch_warnings(), mock.patch.object(FlowerConfig, "make_privacy", halved if broken else make):
+        with warnings.catch_warnings(), (halved_noise_nodes() if broken else contextlib.nullcontext()):
             warnings.simplefilter("ignore")
             r = audit_release(flower_release("fedncm", epsilon=4.0, clip=3.0, **kw), [pair], draws=draws,
                               heldout=draws // 2, meta_draws=2)[0]

@@ -952,8 +952,6 @@ def tracing_tables() -> str:
     """The membership section's tables, from experiments/attacks_tracing.py's record."""
     rec = _record("attacks_tracing")
     d = rec["data"]
-    cfg = d["config"]
-    names = ["lrt", "lrt+support-aggregate", "learned"]
     out = [
         f"  Clean class means of n records (`{rec['command']}`; {d['views'][0]['n_pos']} member / holdout pairs",
         "  per view), the strongest test per view and each test of the suite (FedNCM, one class of n records",

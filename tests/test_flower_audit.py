@@ -12,7 +12,6 @@ audit's outcome is reproducible.
 from __future__ import annotations
 
 import os
-from unittest import mock
 
 import numpy as np
 import pytest
@@ -22,11 +21,9 @@ os.environ.setdefault("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")
 
 from flwr.app import ConfigRecord  # noqa: E402
 
-from mechanisms import GaussianMechanism  # noqa: E402
 from privfed.audit import audit_release, neighbour_battery  # noqa: E402
-from privfed.flower.audit import flower_release  # noqa: E402
+from privfed.flower.audit import flower_release, halved_noise_nodes  # noqa: E402
 from privfed.flower.client_app import make_client_app  # noqa: E402
-from privfed.flower.config import FlowerConfig  # noqa: E402
 
 EPS = 4.0
 DRAWS = dict(draws=150, heldout=75, meta_draws=2)
@@ -34,23 +31,6 @@ RECORD = neighbour_battery("record")
 CLIENT = neighbour_battery("client")
 CANARY = [RECORD[1]]  # class 1 along e2
 LACKED = [RECORD[3]]  # a canary in a class its client lacked
-
-
-class HalvedNoise(GaussianMechanism):
-    """Broken: adds half the noise it records."""
-
-    def _add_noise(self, arr, block, sigma, rng):
-        return super()._add_noise(arr, block, sigma / 2, rng)
-
-
-_make_privacy = FlowerConfig.make_privacy
-
-
-def _halved(self):
-    mech = _make_privacy(self)
-    if mech is not None:
-        mech.__class__ = HalvedNoise
-    return mech
 
 
 @pytest.mark.parametrize(
@@ -77,7 +57,7 @@ def test_flower_dp_paths_pass_the_auditor(placement, kw, pairs):
 def test_auditor_flags_halved_noise_on_the_nodes(kw):
     # Both the nodes and the server build the broken mechanism: the ledger (and the report) records the
     # full sigma while half of it is added.
-    with mock.patch.object(FlowerConfig, "make_privacy", _halved):
+    with halved_noise_nodes():
         res = audit_release(flower_release("fedncm", epsilon=EPS, clip=3.0, **kw), CANARY, **DRAWS)
     assert res[0].flagged and res[0].mu_lb > res[0].claimed_mu, res[0]
 

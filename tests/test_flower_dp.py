@@ -69,7 +69,7 @@ def test_distributed_noise_report_equals_fit(split, case):
                              **lvl)
     proto = (PairwiseMasking(dropouts=1 if drop else 0, dropout_phase="before_upload") if secure == "mask"
              else CKKSAggregation())
-    ref = privfed.fit(method, *split, num_classes=10, privacy=mech, secure_agg=proto, random_state=0)
+    ref = privfed.fit(method, *split, num_classes=10, num_clients=K, privacy=mech, secure_agg=proto, random_state=0)
     got, want = res.head.privacy, ref.privacy
     assert got.guarantee == want.guarantee
     assert got.epsilon == pytest.approx(want.epsilon, rel=1e-12)

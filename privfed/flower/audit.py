@@ -139,3 +139,28 @@ def _plain_uploads(received: list) -> list:
     """The statistics each node sent in a plain run, in node order (``keep_view`` records them)."""
     ups = [r for r in received if len(r) == 3 and r[0] == "query"]
     return sorted(ups, key=lambda r: r[1])
+
+
+def halved_noise_nodes():
+    """A context in which every node's mechanism adds half the noise it records: a deliberately false report.
+
+    For showing that the auditor catches a broken release (the tests and ``experiments/bench_flower.py``
+    use it); never for a run whose report anyone reads.
+    """
+    from unittest import mock
+
+    from mechanisms import GaussianMechanism
+
+    class HalvedNoise(GaussianMechanism):
+        def _add_noise(self, arr, block, sigma, rng):
+            return super()._add_noise(arr, block, sigma / 2, rng)
+
+    make = FlowerConfig.make_privacy
+
+    def halved(self):
+        mech = make(self)
+        if mech is not None:
+            mech.__class__ = HalvedNoise
+        return mech
+
+    return mock.patch.object(FlowerConfig, "make_privacy", halved)
