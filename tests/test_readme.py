@@ -137,3 +137,15 @@ def test_outside_block_scan_sees_numbers_and_skips_blocks_and_code():
 @pytest.mark.parametrize("token", sorted(R.stated_checks()))
 def test_constants_the_readme_states_are_the_codes(token):
     assert R.stated_checks()[token](), f"the README states {token!r}, which no longer matches the code"
+
+
+def test_readme_lists_every_key_of_the_flower_app():
+    import tomllib
+
+    app = tomllib.loads((R.ROOT / "privfed" / "flower" / "app" / "pyproject.toml").read_text(encoding="utf-8"))
+    keys = set(app["tool"]["flwr"]["app"]["config"])
+    text = R.README.read_text(encoding="utf-8")
+    start = text.index("lists every run-config key")
+    listed = text[start:text.index("see `privfed/flower/config.py`", start)]
+    missing = sorted(k for k in keys if k not in listed)
+    assert not missing, f"README's Flower app section does not list {missing}"
