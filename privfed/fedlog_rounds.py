@@ -84,7 +84,6 @@ masks cancel exactly, so the released sums do not depend on them.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import math
 import time
@@ -96,6 +95,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from privfed.data.digits import deterministic_torch
 from privfed.errors import ConfigError
 
 __all__ = [
@@ -170,22 +170,6 @@ def make_body(family: str) -> nn.Module:
 
 def num_parameters(module: nn.Module) -> int:
     return int(sum(p.numel() for p in module.parameters()))
-
-
-@contextlib.contextmanager
-def deterministic_torch(threads: int = 1):
-    """Deterministic algorithms on ``threads`` threads; restores the caller's settings and RNG."""
-    old_threads = torch.get_num_threads()
-    det = torch.are_deterministic_algorithms_enabled()
-    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
-    with torch.random.fork_rng(devices=[]):
-        torch.set_num_threads(threads)
-        torch.use_deterministic_algorithms(True)
-        try:
-            yield
-        finally:
-            torch.use_deterministic_algorithms(det, warn_only=warn_only)
-            torch.set_num_threads(old_threads)
 
 
 _PUBLIC_BODIES: dict[tuple[str, int], dict] = {}

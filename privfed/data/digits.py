@@ -198,27 +198,31 @@ def backbone_description(seed: int = 0) -> dict:
 
 
 @contextlib.contextmanager
-def _deterministic_torch(seed: int):
-    """Seeded, single-threaded, deterministic torch; restores the caller's settings."""
-    threads = torch.get_num_threads()
+def deterministic_torch(threads: int = 1, seed: int | None = None):
+    """Deterministic algorithms on ``threads`` threads (seeded when ``seed`` is given).
+
+    Restores the caller's settings and torch's global RNG on exit.
+    """
+    old_threads = torch.get_num_threads()
     det = torch.are_deterministic_algorithms_enabled()
     warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        torch.set_num_threads(1)
+        if seed is not None:
+            torch.manual_seed(seed)
+        torch.set_num_threads(threads)
         torch.use_deterministic_algorithms(True)
         try:
             yield
         finally:
             torch.use_deterministic_algorithms(det, warn_only=warn_only)
-            torch.set_num_threads(threads)
+            torch.set_num_threads(old_threads)
 
 
 def _train_backbone(public_images: np.ndarray, public_labels: np.ndarray, seed: int, progress: bool = False):
     """Train the backbone (and a throw-away linear head) on the public images only."""
     F = torch.nn.functional
     cfg = TRAIN_CONFIG
-    with _deterministic_torch(seed):
+    with deterministic_torch(seed=seed):
         gen = torch.Generator().manual_seed(seed)
         model = DigitsCNN()
         head = torch.nn.Linear(FEATURE_DIM, 10)
