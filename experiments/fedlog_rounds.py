@@ -47,6 +47,19 @@ from experiments.attacks_common import write_rows  # noqa: E402  (one CSV + JSON
 PAIRS = 200
 
 
+def _privacy_cols(p) -> dict:
+    """The privacy columns of a run's row from its report (``None``: no noise)."""
+    return {
+        "per_round_epsilon": p.per_round_epsilon if p else math.inf,
+        "per_round_epsilon_exact": p.per_round_epsilon_exact if p else math.inf,
+        "composed_epsilon": p.epsilon if p else math.inf,
+        "composed_epsilon_pld": p.epsilon_pld if p else math.inf,
+        "sigma": p.sigma if p else 0.0, "sensitivity": p.sensitivity if p else 0.0,
+        "formal_guarantee": p.formal if p else False,
+        "guarantee": p.guarantee if p else "NO DP GUARANTEE: no noise",
+    }
+
+
 def _attack_cols(r) -> dict:
     from privfed.fedlog_rounds import attack_summary
 
@@ -97,28 +110,13 @@ def dp(args) -> list[dict]:
                 p = r.privacy
                 row = {"mode": mode if p is not None else "non-private", "epsilon": eps, "seed": seed,
                        "rounds": args.rounds, "personalised": r.personalised_accuracy, "common": r.common_accuracy,
-                       "per_round_epsilon": p.per_round_epsilon if p else math.inf,
-                       "per_round_epsilon_exact": p.per_round_epsilon_exact if p else math.inf,
-                       "composed_epsilon": p.epsilon if p else math.inf,
-                       "composed_epsilon_pld": p.epsilon_pld if p else math.inf,
-                       "sigma": p.sigma if p else 0.0, "sensitivity": p.sensitivity if p else 0.0,
-                       "formal_guarantee": p.formal if p else False,
-                       "guarantee": p.guarantee if p else "NO DP GUARANTEE: no noise",
-                       "seconds": time.perf_counter() - t, **_attack_cols(r)}
+                       **_privacy_cols(p), "seconds": time.perf_counter() - t, **_attack_cols(r)}
                 rows.append(row)
                 if "oneshot" in r.baselines:
                     o = r.baselines["oneshot"]
-                    op = o["privacy"]
                     rows.append({"mode": "one-shot frozen", "epsilon": eps, "seed": seed, "rounds": 1,
                                  "personalised": o["personalised"], "common": o["common"],
-                                 "per_round_epsilon": op.per_round_epsilon if op else math.inf,
-                                 "per_round_epsilon_exact": op.per_round_epsilon_exact if op else math.inf,
-                                 "composed_epsilon": op.epsilon if op else math.inf,
-                                 "composed_epsilon_pld": op.epsilon_pld if op else math.inf,
-                                 "sigma": op.sigma if op else 0.0, "sensitivity": op.sensitivity if op else 0.0,
-                                 "formal_guarantee": op.formal if op else False,
-                                 "guarantee": op.guarantee if op else "NO DP GUARANTEE: no noise",
-                                 "seconds": 0.0})
+                                 **_privacy_cols(o["privacy"]), "seconds": 0.0})
                 write_rows(Path(args.out), "dp.partial", rows, {})
                 print(f"[dp] eps {eps:g} {row['mode']} seed {seed}: pers {row['personalised']:.3f} composed eps "
                       f"{row['composed_epsilon']:.4g} ({row['seconds']:.0f} s)", file=sys.stderr)
