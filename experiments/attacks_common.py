@@ -49,9 +49,11 @@ def write_rows(out: Path, name: str, rows: list[dict], config: dict) -> None:
     (out / f"{name}.json").write_text(json.dumps({"config": config, "rows": rows}, indent=2, default=str))
 
 
-def markdown(rows: list[dict], cols: list[str]) -> str:
+def markdown(rows: list[dict], cols: list[str], spec: str = ".3f") -> str:
+    """A markdown table of ``rows`` with columns ``cols``; floats formatted with ``spec``, missing cells empty."""
+
     def fmt(v):
-        return f"{v:.3f}" if isinstance(v, float) else str(v)
+        return format(v, spec) if isinstance(v, float) else str(v)
 
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(fmt(r.get(c, "")) for c in cols) + " |" for r in rows]

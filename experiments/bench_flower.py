@@ -52,6 +52,9 @@ import numpy as np
 
 os.environ.setdefault("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+from experiments.attacks_common import markdown  # noqa: E402  (the experiments' one table writer)
 from privfed._cli import parse_int_list  # noqa: E402
 from privfed.flower import FlowerConfig, run_simulation  # noqa: E402
 from privfed.flower.node import load_node_data  # noqa: E402
@@ -215,17 +218,6 @@ def bench_audit(draws: int) -> list[dict]:
     return rows
 
 
-def _table(rows, cols):
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for r in rows:
-        cells = []
-        for c in cols:
-            v = r.get(c, "")
-            cells.append(f"{v:.4g}" if isinstance(v, float) else str(v))
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--clients", type=int, default=10)
@@ -253,30 +245,30 @@ def main(argv=None) -> int:
         print(f"\n## Start-up and bytes ({m['clients']} nodes, digits d = 64)\n")
         print(f"simulation wall {m['simulation_wall_s']:.1f} s, server {m['server_s']:.1f} s, "
               f"first head after {m['first_head_s']:.1f} s (start-up + one run)\n")
-        print(_table(m["runs"], ["method", "secure", "wire", "dp", "wire_bytes_up_per_node",
-                                 "fit_model_bytes_per_client", "server_seconds", "error"]))
+        print(markdown(m["runs"], ["method", "secure", "wire", "dp", "wire_bytes_up_per_node",
+                                   "fit_model_bytes_per_client", "server_seconds", "error"], ".4g"))
     if "scale" not in skip:
         res["scale"] = bench_scale(parse_int_list(args.scale, "--scale", minimum=1), args.num_cpus)
         print("\n## Scale (fedncm, synthetic d = 64, 20 samples a node)\n")
-        print(_table(res["scale"], ["clients", "simulation_wall_s", "server_s", "query_stage_s",
-                                    "wire_bytes_up_per_node", "max_abs_diff_vs_direct_sum"]))
+        print(markdown(res["scale"], ["clients", "simulation_wall_s", "server_s", "query_stage_s",
+                                      "wire_bytes_up_per_node", "max_abs_diff_vs_direct_sum"], ".4g"))
     if "memory" not in skip:
         res["memory"] = bench_memory(parse_int_list(args.dims, "--dims", minimum=1), args.memory_clients,
                                      args.num_cpus)
         print("\n## Server memory against d^2 (fed3r, synthetic)\n")
-        print(_table(res["memory"], ["d", "clients", "server_peak_traced_bytes", "d2_bytes", "K_d2_bytes",
-                                     "peak_over_d2", "error"]))
+        print(markdown(res["memory"], ["d", "clients", "server_peak_traced_bytes", "d2_bytes", "K_d2_bytes",
+                                       "peak_over_d2", "error"], ".4g"))
     if "protocols" not in skip:
         res["protocols"] = bench_protocols(args.clients, args.reps)
         print(f"\n## Bytes per protocol ({args.clients} digits nodes, in-process grid)\n")
-        print(_table(res["protocols"], ["method", "protocol", "bytes_up_per_node", "vs_plain_float64",
-                                        "fit_model_bytes_per_node", "payload_bytes_per_node", "epsilon",
-                                        "server_s_median"]))
+        print(markdown(res["protocols"], ["method", "protocol", "bytes_up_per_node", "vs_plain_float64",
+                                          "fit_model_bytes_per_node", "payload_bytes_per_node", "epsilon",
+                                          "server_s_median"], ".4g"))
     if "audit" not in skip:
         res["audit"] = bench_audit(args.audit_draws)
         print("\n## End-to-end audits of the Flower DP paths (fedncm, eps = 4)\n")
-        print(_table(res["audit"], ["path", "pair", "claimed_eps", "claimed_mu", "mu_lb", "draws", "flagged",
-                                    "seconds"]))
+        print(markdown(res["audit"], ["path", "pair", "claimed_eps", "claimed_mu", "mu_lb", "draws", "flagged",
+                                      "seconds"], ".4g"))
     (out / "results.json").write_text(json.dumps(res, indent=2, default=str))
     print(f"\nwritten {out / 'results.json'}")
     if args.record:

@@ -45,8 +45,11 @@ from pathlib import Path
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
-from mechanisms.ckks import CKKSParams, ckks_sum
-from mechanisms.masking import masked_sum, prg_buffer, prg_uint64
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from experiments.attacks_common import markdown  # noqa: E402  (the experiments' one table writer)
+from mechanisms.ckks import CKKSParams, ckks_sum  # noqa: E402
+from mechanisms.masking import masked_sum, prg_buffer, prg_uint64  # noqa: E402
 
 
 def _best(fn, repeats: int) -> tuple[float, float, object]:
@@ -193,14 +196,7 @@ def _table(rows: list[dict]) -> str:
         "upload_bytes_per_client",
         "max_abs_error",
     ]
-    out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for r in rows:
-        cells = []
-        for c in cols:
-            v = r.get(c, "")
-            cells.append(f"{v:.4g}" if isinstance(v, float) else str(v))
-        out.append("| " + " | ".join(cells) + " |")
-    return "\n".join(out)
+    return markdown(rows, cols, ".4g")
 
 
 def main(argv: list[str] | None = None) -> int:
