@@ -86,9 +86,8 @@ def plot_recipe(path, rows: list[dict], title: str, *, num_classes: int | None =
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.patches import Patch
 
-    from privfed.tradeoff import _eps_ticks
+    from privfed.tradeoff import accuracy_axis
 
     fig, ax = plt.subplots(figsize=(10, 4.8))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
@@ -114,15 +113,7 @@ def plot_recipe(path, rows: list[dict], title: str, *, num_classes: int | None =
     handles, labels = ax.get_legend_handles_labels()
     handles.append(plt.Line2D([], [], color="0.3", ls=(0, (6, 3)), lw=0.8))
     labels.append("non-private (same color)")
-    handles.append(Patch(color="0.5", alpha=0.3, lw=0))
-    labels.append(f"band: ± 1 std over {seeds} seeds")
-    if num_classes:
-        ax.axhline(1 / num_classes, color="0.4", ls=":", lw=1)
-        handles.append(ax.lines[-1])
-        labels.append(f"chance (1/{num_classes} classes)")
-    ax.set_xscale("log")
-    _eps_ticks(ax, sorted(ticks))
-    ax.set_ylim(0, 1.02)  # the whole accuracy range: small differences are not magnified
+    accuracy_axis(ax, handles, labels, ticks, band_seeds=seeds, num_classes=num_classes)
     ax.set_xlabel("epsilon computed by the ledger (log scale; NO-DP variants at their nominal parameter)", fontsize=8)
     ax.set_ylabel("test accuracy")
     ax.set_title(title, fontsize=10)

@@ -859,6 +859,29 @@ def write_csv(path: Path, records: list[dict[str, Any]]) -> None:
             tmp.unlink()
 
 
+def accuracy_axis(ax, handles: list, labels: list, ticks, *, band_seeds: int | None,
+                  num_classes: int | None) -> None:
+    """Finish an accuracy-against-epsilon axis the way every privfed plot does.
+
+    Adds the legend entries for the ± 1 std band (when ``band_seeds``) and
+    the chance line (when ``num_classes``), puts epsilon on a log axis with
+    readable ticks at the budgets drawn and shows the whole accuracy range,
+    so that small differences are not magnified.
+    """
+    from matplotlib.patches import Patch
+
+    if band_seeds:
+        handles.append(Patch(color="0.5", alpha=0.3, lw=0))
+        labels.append(f"band: ± 1 std over {band_seeds} seeds")
+    if num_classes:
+        ax.axhline(1 / num_classes, color="0.4", ls=":", lw=1)
+        handles.append(ax.lines[-1])
+        labels.append(f"chance (1/{num_classes} classes)")
+    ax.set_xscale("log")
+    _eps_ticks(ax, sorted(ticks))
+    ax.set_ylim(0, 1.02)
+
+
 def _eps_ticks(ax, ticks: list[float]) -> None:
     """Label the budgets drawn (log axes otherwise crowd minor labels); pad a short range.
 
@@ -911,7 +934,6 @@ def plot_tradeoff(path: Path | tuple, summary: list[dict[str, Any]], title: str 
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.patches import Patch
 
     attack_cols = [k for k in _headline_keys(summary) if any(np.isfinite(s.get(k, np.nan)) for s in summary)]
     n = 1 + len(attack_cols)
@@ -955,16 +977,7 @@ def plot_tradeoff(path: Path | tuple, summary: list[dict[str, Any]], title: str 
         ax.axhline(base[0], color=colors[i % len(colors)], ls=(0, (6, 3)), lw=1, alpha=0.8,
                    label=f"{m} non-private")
     handles, labels = ax.get_legend_handles_labels()
-    if seeds > 1:
-        handles.append(Patch(color="0.5", alpha=0.3, lw=0))
-        labels.append(f"band: ± 1 std over {seeds} seeds")
-    if num_classes:
-        ax.axhline(1 / num_classes, color="0.4", ls=":", lw=1)
-        handles.append(ax.lines[-1])
-        labels.append(f"chance (1/{num_classes} classes)")
-    ax.set_xscale("log")
-    _eps_ticks(ax, sorted(ticks))
-    ax.set_ylim(0, 1.02)  # the whole accuracy range: no zoom that magnifies small differences
+    accuracy_axis(ax, handles, labels, ticks, band_seeds=seeds if seeds > 1 else None, num_classes=num_classes)
     ax.set_xlabel("epsilon computed by the ledger (log scale)")
     ax.set_ylabel("test accuracy")
     ax.set_title("accuracy", fontsize=10)
