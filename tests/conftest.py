@@ -91,3 +91,19 @@ def digits(digits_backbone, digits_parts):
                              images=sp.public_images),
         "backbone": digits_backbone,
     }
+
+
+@pytest.fixture(scope="session")
+def clipped_tracing(digits):
+    """The DP tracing games' setting: the largest private class, the clip at the public split's median
+    feature norm, and the attacker's reference model from that class's clipped public features."""
+    import numpy as np
+
+    from attacks.tracing import reference_model
+    from attacks.view import clip_rows
+
+    c = int(np.bincount(digits["yp"]).argmax())
+    pub = digits["public"]
+    clip = float(np.median(np.linalg.norm(pub.features, axis=1)))
+    model = reference_model(clip_rows(pub.features[pub.labels == c], clip))
+    return {"pool": digits["Fp"][digits["yp"] == c], "clip": clip, "model": model}

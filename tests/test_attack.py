@@ -244,14 +244,10 @@ def test_tracing_on_digits_means_matches_closed_form(digits):
 
 
 @pytest.mark.parametrize("z", [1.0, 2.0])
-def test_tracing_under_gaussian_dp_stays_under_the_gdp_bound(digits, z):
+def test_tracing_under_gaussian_dp_stays_under_the_gdp_bound(clipped_tracing, z):
     # Release: noisy (sum, count) of n = 1 clipped record vs of nothing (add/remove neighbours), noise
     # sigma = z * sqrt(c^2 + 1) on both (joint L2 sensitivity), so the release is mu-GDP with mu = 1 / z.
-    c = int(np.bincount(digits["yp"]).argmax())
-    pool = digits["Fp"][digits["yp"] == c]
-    pub = digits["public"]
-    clip = float(np.median(np.linalg.norm(pub.features, axis=1)))
-    model = reference_model(clip_rows(pub.features[pub.labels == c], clip))
+    pool, model, clip = clipped_tracing["pool"], clipped_tracing["model"], clipped_tracing["clip"]
     sigma = z * math.sqrt(clip**2 + 1)
     trials = 2000
     rng = np.random.default_rng(7)

@@ -29,7 +29,7 @@ from attacks.learned import DecoderConfig, augment_bank, feature_decoder
 from attacks.metrics import auc, auc_se
 from attacks.theory import gdp_auc_bound
 from attacks.tracing import reference_model, trace_scores, tracing_game
-from attacks.view import GroundTruth, class_groups, clip_rows
+from attacks.view import GroundTruth, class_groups
 from privfed.errors import ConfigError, InputError
 
 SMALL = {"bank_copies": 20, "train_steps": 600, "hidden": 256, "refine": "plain", "refine_steps": 150}
@@ -253,12 +253,8 @@ def test_support_test_never_excludes_a_member_of_a_clean_mean(digits):
 
 
 @pytest.mark.parametrize("z", [1.0, 2.0])
-def test_support_tests_stay_under_the_gdp_bound(digits, z):
-    c = int(np.bincount(digits["yp"]).argmax())
-    pool = digits["Fp"][digits["yp"] == c]
-    pub = digits["public"]
-    clip = float(np.median(np.linalg.norm(pub.features, axis=1)))
-    model = reference_model(clip_rows(pub.features[pub.labels == c], clip))
+def test_support_tests_stay_under_the_gdp_bound(clipped_tracing, z):
+    pool, model, clip = clipped_tracing["pool"], clipped_tracing["model"], clipped_tracing["clip"]
     sigma = z * math.sqrt(clip**2 + 1)
     trials = 2000
     rng = np.random.default_rng(11)
