@@ -31,6 +31,7 @@ import contextlib
 import dataclasses
 import functools
 import io
+import json
 import math
 import pathlib
 import re
@@ -42,10 +43,17 @@ import numpy as np
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
+if str(ROOT) not in sys.path:  # the blocks import experiments.* and the tests' own constants
+    sys.path.insert(0, str(ROOT))
 
 _OPEN = re.compile(r"<!-- readme-numbers:(?P<name>[\w-]+)(?P<attrs>[^>]*?)-->\n")
 _NUMBER = re.compile(r"(?<![\w.])[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:e[-+]?\d+)?(?![\w])")
 
+
+
+def _committed(*parts: str) -> dict:
+    """A results file an experiment commits (its path relative to the repository root)."""
+    return json.loads(ROOT.joinpath(*parts).read_text(encoding="utf-8"))
 
 # -- the blocks -------------------------------------------------------------------------------------
 def _digits():
@@ -204,7 +212,6 @@ def audit_figures() -> str:
     import time
     import warnings
 
-    sys.path.insert(0, str(ROOT))
     from tests.test_audit import DRAWS, GaussianMechanism, HalvedNoise, NoClipping, SecondWithC, _run
 
     with warnings.catch_warnings():
@@ -271,7 +278,6 @@ def dropouts() -> str:
 
 # -- blocks rendered from recorded results (slow experiments; see experiments/recorded.py) -------------
 def _record(name: str) -> dict:
-    sys.path.insert(0, str(ROOT))
     from experiments import recorded
 
     return recorded.load(name)
@@ -539,12 +545,9 @@ def flower_cost() -> str:
 
 def audit_sweep_table() -> str:
     """The audit sweep's table, rendered by experiments/audit_sweep.py from its committed results."""
-    import json
-
-    sys.path.insert(0, str(ROOT))
     from experiments import audit_sweep
 
-    res = json.loads((ROOT / "experiments" / "audit_sweep_results.json").read_text(encoding="utf-8"))
+    res = _committed("experiments", "audit_sweep_results.json")
     return audit_sweep.readme_table(res).strip("\n") + "\n"
 
 
@@ -584,12 +587,9 @@ def sampling() -> str:
 
 
 def _bench_scale() -> tuple[dict, object]:
-    import json
-
-    sys.path.insert(0, str(ROOT))
     from experiments import bench_scale
 
-    return json.loads((ROOT / "experiments" / "bench_scale.json").read_text(encoding="utf-8")), bench_scale
+    return _committed("experiments", "bench_scale.json"), bench_scale
 
 
 def bench_scale_tables() -> str:
@@ -663,9 +663,7 @@ def scale_readings() -> str:
 
 # -- FedLog over rounds (experiments/results/fedlog_rounds.json, written by experiments/fedlog_rounds.py) --
 def _fedlog() -> dict:
-    import json
-
-    return json.loads((ROOT / "experiments" / "results" / "fedlog_rounds.json").read_text(encoding="utf-8"))
+    return _committed("experiments", "results", "fedlog_rounds.json")
 
 
 def _kb(b: float) -> str:
@@ -863,9 +861,7 @@ def fedlog_attacks() -> str:
 # -- attacks ------------------------------------------------------------------------------------------
 def _inversion() -> tuple[dict, object]:
     import importlib.util
-    import json
-
-    res = json.loads((ROOT / "docs" / "attacks-inversion.json").read_text(encoding="utf-8"))
+    res = _committed("docs", "attacks-inversion.json")
     spec = importlib.util.spec_from_file_location("attacks_inversion", ROOT / "experiments" / "attacks_inversion.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -1199,14 +1195,12 @@ def _inat_dense_gib() -> bool:  # (K, C, d) float64 class sums at the iNat-120K 
 
 
 def _paper_upload() -> bool:  # the FedCOF paper's App. H figures, reproduced by the byte model
-    sys.path.insert(0, str(ROOT))
     from tests.test_upload import INAT, mb
 
     return round(mb("fedncm", **INAT), 1) == 279.5 and round(mb("fed3r", **INAT), 1) == 61064.1
 
 
 def _scale_cap() -> bool:
-    sys.path.insert(0, str(ROOT))
     from tests import test_scale
 
     return test_scale.CAP == 160 * 2**20 and round(8 * test_scale.K * test_scale.C * test_scale.D / 1e9, 2) == 1.23
@@ -1219,9 +1213,7 @@ def _claimed_mu() -> bool:  # the audits' claim at eps = 4, delta = 1e-5
 
 
 def _sampled_claim() -> bool:  # the audit sweep's claimed eps with Poisson sampling at q = 0.25
-    import json
-
-    res = json.loads((ROOT / "experiments" / "audit_sweep_results.json").read_text(encoding="utf-8"))
+    res = _committed("experiments", "audit_sweep_results.json")
     claims = {f"{r['claimed_eps']:.3f}" for r in res["rows"] if "sampled" in r["configuration"]
               and r.get("claimed_eps") is not None and r["verdict"] == "statistical"}
     return claims == {"3.997"} and res["sampling"] == 0.25
