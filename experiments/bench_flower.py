@@ -278,7 +278,6 @@ def main(argv=None) -> int:
 
 def record(res: dict, argv) -> None:
     """Merge the parts this run measured into the record, each part with the command that measured it."""
-    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
     from experiments import recorded
 
     try:

@@ -227,7 +227,6 @@ def main(argv: list[str] | None = None) -> int:
     print(_table(rows))
     print(f"\nwritten: {out / 'results.csv'}, {out / 'results.json'}")
     if a.record:
-        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
         from experiments import recorded
 
         cmd = recorded.command("experiments/bench_secagg.py", argv)
