@@ -8,8 +8,11 @@ client shift + noise) in float32.  In one run it measures
 
 * the bound: the group sum of the N x d features into the M pairs, plus
   X^T X over the rows the method needs (all N samples for the second-moment
-  methods, the M pair rows for FedCOF), plus one d x d Cholesky - each timed
-  here with the same BLAS;
+  methods' clients; the M pair rows for FedCOF's server, the C class rows for
+  the between-class scatter of fed3r-within, FedCGS and the oracle), plus one
+  d x d Cholesky and, for every head G^-1 B, the two triangular solves of its
+  d x C right-hand side - each timed here with the same BLAS (see
+  :func:`measure_bound`);
 * for every method, in a fresh subprocess (so peak RSS is the method's):
   ``privfed.fit``'s time split into input checks (float32 -> float64),
   client statistics (float32 converted and folded a chunk at a time, :func:`privfed.pipeline.fold_statistics`)
@@ -123,7 +126,15 @@ def best_of(fn, repeats: int) -> float:
 
 
 def measure_bound(F32, y, k, repeats: int) -> dict:
-    """Group sum (N x d -> M x d), X^T X over N and over M rows, one d x d Cholesky, float64."""
+    """The bound's parts, float64, with the BLAS every method uses.
+
+    Group sum (N x d -> M x d pairs, one sparse-dense product), X^T X over the
+    N samples, the M pair rows and the C class rows, one d x d Cholesky, and
+    the two triangular solves of a d x C right-hand side with that factor
+    (every method but fedncm and fedlog returns G^-1 B, d x C: with C close to
+    d those solves are 6 C / d times the Cholesky's flops, so a bound without
+    them is below what such a head must cost).
+    """
     import scipy.linalg
     import scipy.sparse as sp
 
@@ -134,24 +145,43 @@ def measure_bound(F32, y, k, repeats: int) -> dict:
     M = int(pair.max()) + 1
     onehot = sp.csr_matrix((np.ones(N), (pair, np.arange(N))), shape=(M, N))
     S = np.asarray(onehot @ F)
+    Sc = np.asarray(sp.csr_matrix((np.ones(N), (y, np.arange(N))), shape=(C, N)) @ F)
     out = {
         "to_float64_s": best_of(lambda: np.asarray(F32, dtype=np.float64), repeats),
         "group_sum_s": best_of(lambda: onehot @ F, repeats),
         "xtx_N_s": best_of(lambda: F.T @ F, repeats),
         "xtx_M_s": best_of(lambda: S.T @ S, repeats),
+        "xtx_C_s": best_of(lambda: Sc.T @ Sc, repeats),
     }
     G = F.T @ F + np.eye(d)
     out["cholesky_s"] = best_of(lambda: scipy.linalg.cho_factor(G, check_finite=False), repeats)
+    factor = scipy.linalg.cho_factor(G, check_finite=False)
+    B = np.ascontiguousarray(Sc.T)
+    out["solve_C_s"] = best_of(lambda: scipy.linalg.cho_solve(factor, B, check_finite=False), repeats)
     return out
 
 
+#: The parts of the bound each method's server needs (besides the clients' group sum and X^T X).
+SERVER_PARTS = {
+    "fedncm": ("cholesky_s",), "fedlog": ("cholesky_s",),
+    "fed3r": ("cholesky_s", "solve_C_s"),
+    "fed3r-within": ("xtx_C_s", "cholesky_s", "solve_C_s"), "fedcgs": ("xtx_C_s", "cholesky_s", "solve_C_s"),
+    "fedcof-oracle": ("xtx_C_s", "cholesky_s", "solve_C_s"),
+    "fedcof": ("xtx_M_s", "cholesky_s", "solve_C_s"), "fedcof-mm4": ("xtx_M_s", "cholesky_s", "solve_C_s"),
+}
+
+
+def client_bound(name: str, b: dict) -> float:
+    """One pass of the group sum over the N x d samples, plus X^T X over them for the second-moment methods."""
+    return b["group_sum_s"] + (b["xtx_N_s"] if name in SECOND else 0.0)
+
+
+def server_bound(name: str, b: dict) -> float:
+    return sum(b[p] for p in SERVER_PARTS[name])
+
+
 def bound_for(name: str, b: dict) -> float:
-    base = b["group_sum_s"] + b["cholesky_s"]
-    if name in SECOND:
-        return base + b["xtx_N_s"]
-    if name.startswith("fedcof"):
-        return base + b["xtx_M_s"]
-    return base
+    return client_bound(name, b) + server_bound(name, b)
 
 
 # -- one method in a fresh process ---------------------------------------------------------
@@ -188,13 +218,14 @@ def child(data: str, name: str, repeats: int, threads: int) -> dict:
         head = m.aggregate(folded)
         t3 = time.perf_counter()
         best = [min(b, t) for b, t in zip(best, (t1 - t0, t2 - t1, t3 - t2))]
-        del F
+        rows, notes = int(folded.folded_pairs), [n for n in head.notes if "Cholesky" in n or "eigen" in n]
+        del F, folded, head  # freed before the next repeat, as the bound's results are
     return {
         "method": name, "check_s": best[0], "client_s": best[1], "server_s": best[2],
         "peak_rss": _proc_status("VmHWM"), "rss_input": rss_input,
-        "rows": int(folded.folded_pairs) if mname == "fedcof" else None,
-        "notes": [n for n in head.notes if "Cholesky" in n or "eigen" in n],
-        "M_uploaded": int(folded.folded_pairs),
+        "rows": rows if mname == "fedcof" else None,
+        "notes": notes,
+        "M_uploaded": rows,
     }
 
 
@@ -433,9 +464,8 @@ def main(argv=None) -> int:
                     r["loop_server_class_gemm_s"] = (lp["server_class_gemm_s"] * r["M_uploaded"] / lp["pairs"]
                                                      + bound["cholesky_s"])
                 r["bound_s"] = bound_for(name, bound)
-                r["client_bound_s"] = bound["group_sum_s"] + (bound["xtx_N_s"] if name in SECOND else 0.0)
-                r["server_bound_s"] = bound["cholesky_s"] + (bound["xtx_M_s"] if name.startswith("fedcof") and
-                                                              name != "fedcof-oracle" else 0.0)
+                r["client_bound_s"] = client_bound(name, bound)
+                r["server_bound_s"] = server_bound(name, bound)
             rows.append(r)
             print(json.dumps(r), flush=True)
             Path(args.out).mkdir(parents=True, exist_ok=True)  # partial results survive an interrupted run
@@ -479,6 +509,7 @@ def method_ratios(r: dict, bound: dict, budget: float) -> dict:
         "client_bound": r["client_s"] / r["client_bound_s"],
         "server_bound": r["server_s"] / r["server_bound_s"],
         "loop_fit": loop_s / fit_s,
+        "loop_bound": loop_s / r["bound_s"],
         "rss_budget": r["peak_rss"] / (budget + r["rss_input"]),
     }
     if "loop_server_class_gemm_s" in r:
@@ -497,16 +528,20 @@ def render(res: dict) -> str:
         f"(float32 input {res['input_mib']:.0f} MiB); {res['cores']} cores, {res['threads']} BLAS thread(s), "
         f"best of {res['repeats']}; command: {res['command']}; times and RSS are machine-dependent, ratios are "
         "within this run.",
-        f"bound = group sum {bound['group_sum_s']:.3f} s + X^T X over N rows {bound['xtx_N_s']:.3f} s "
-        f"(second-moment methods) or over M rows {bound['xtx_M_s']:.3f} s (FedCOF) + Cholesky "
-        f"{bound['cholesky_s']:.3f} s; float32 -> float64 of the input {bound['to_float64_s']:.3f} s (not in the bound).",
+        f"bound = client: group sum {bound['group_sum_s']:.3f} s (+ X^T X over the N samples {bound['xtx_N_s']:.3f} s "
+        f"for the second-moment methods); server: Cholesky {bound['cholesky_s']:.3f} s (+ the triangular solves of "
+        f"the d x C right-hand side {bound['solve_C_s']:.3f} s for every head G^-1 B, + X^T X over the M pair rows "
+        f"{bound['xtx_M_s']:.3f} s for FedCOF or over the C class rows {bound['xtx_C_s']:.3f} s for fed3r-within, "
+        f"FedCGS and the oracle); float32 -> float64 of the whole input {bound['to_float64_s']:.3f} s (not in the "
+        "bound).",
         f"loop = the seeds' per-client loop (per client, per class Python work), timed on the clients of the first "
         f"{done[0]['loop_rows'] if done else 0:,} samples and scaled by N / samples; FedCOF's server looped too "
-        "(one rank-1 update per uploaded row, scaled by rows), the other methods' followed by privfed's server.",
+        "(one rank-1 update per uploaded row, scaled by rows), the other methods' followed by privfed's server. "
+        "loop / bound is the most any implementation at the bound could gain over that loop.",
         "",
         "| method | check s | client s | server s | fit / bound | client / its bound | server / its bound "
-        "| loop / fit | peak RSS GiB | RSS / (2(Nd+Md+d^2) floats + input) |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| loop / fit | loop / bound | peak RSS GiB | RSS / (2(Nd+Md+d^2) floats + input) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
         if "error" in r:
@@ -516,6 +551,7 @@ def render(res: dict) -> str:
         lines.append(
             f"| {r['method']} | {r['check_s']:.2f} | {r['client_s']:.2f} | {r['server_s']:.2f} | "
             f"{q['fit_bound']:.2f} | {q['client_bound']:.2f} | {q['server_bound']:.2f} | {q['loop_fit']:.1f} | "
+            f"{q['loop_bound']:.1f} | "
             f"{r['peak_rss'] / 2**30:.2f} | {q['rss_budget']:.2f} |"
         )
     gemm = [(r["method"], method_ratios(r, bound, budget)["class_gemm_loop_fit"]) for r in done

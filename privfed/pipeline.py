@@ -31,18 +31,20 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import scipy.sparse as sp
 
 from privfed.head import LinearHead
 from privfed.methods.base import Method
-from privfed.stats import ClientStats, StatsFold, _stats_from_rows
+from privfed.stats import ClientStats, StatsFold, _readonly
 
 __all__ = [
-    "FLOAT32_CHUNK_BYTES", "UPLOAD_CHUNK_BYTES", "client_statistics", "fold_statistics", "run_federation",
+    "FOLD_CHUNK_BYTES", "UPLOAD_CHUNK_BYTES", "client_statistics", "fold_statistics", "run_federation",
     "server_head",
 ]
 
-#: Bytes of float64 feature rows converted at once when the features are float32 (no N x d float64 copy).
-FLOAT32_CHUNK_BYTES = 16 * 2**20  # under glibc's 32 MiB mmap ceiling: chunk buffers are reused, not re-faulted
+#: Bytes of float64 feature rows gathered (and converted, for float32 input) at once by
+#: :func:`fold_statistics`: one reused buffer, small enough to stay in cache between the gather and the sum.
+FOLD_CHUNK_BYTES = 8 * 2**20
 
 #: Bytes of dense noisy uploads produced at once when clients noise their own uploads (streamed release).
 UPLOAD_CHUNK_BYTES = 16 * 2**20  # under glibc's 32 MiB mmap ceiling: freed chunks are reused, not re-faulted
@@ -80,58 +82,80 @@ def fold_statistics(
     keep: str | None = None,
     chunk_bytes: int | None = None,
 ) -> ClientStats:
-    """The clients' statistics folded into what the server keeps (a :class:`~privfed.stats.StatsFold`).
+    """The clients' statistics folded into what the server keeps (as :class:`~privfed.stats.StatsFold` gives).
 
     ``keep="pairs"`` (per-client methods) keeps the M (pseudo-)client-class
     pairs, ``"total"`` only the class totals and the summed second moment.
-    With the features in memory (``chunk_bytes=None``) everything is one
-    chunk: one sort of the sample keys, one sparse-dense product into the
-    pairs (or straight into the C class totals for ``"total"``) and one
-    X^T X when a second moment is needed - the memory of the output,
-    O(M d + d^2) or O(C d + d^2), and no copy of the features.  With
-    ``chunk_bytes``, clients (with all their pseudo-clients) are taken in
-    chunks of at most that many bytes of feature rows, each computed and
-    folded then dropped: the path of statistics that arrive client by client.
-    Both give the statistics ``client_statistics`` would, folded.  Float32
-    features are converted to float64 a chunk at a time (chunks of
-    :data:`FLOAT32_CHUNK_BYTES` unless ``chunk_bytes`` says otherwise), so
-    every sum is accumulated in float64 without an N x d float64 copy.
+    One stable sort of the sample keys ((pseudo-)client, class for pairs;
+    class for totals) lines the rows up by output row; the rows are then
+    taken in sorted order a chunk at a time (at most ``chunk_bytes`` of
+    float64 rows, default :data:`FOLD_CHUNK_BYTES`), gathered and converted
+    into one reused float64 buffer (float32 input is accumulated in float64
+    without an N x d float64 copy), summed into their output rows with one
+    sparse-dense product and, when a second moment is needed, added into
+    X^T X.  The outputs are written in place: memory O(M d + d^2) for
+    ``"pairs"``, O(C d + d^2) for ``"total"``, plus one chunk; no per-chunk
+    statistics are stacked and concatenated.  A pair cut by a chunk boundary
+    is summed in two parts (identical up to rounding).
     """
     keep = keep or ("pairs" if method.per_client else "total")
     F, y, k = features, np.asarray(labels, dtype=np.int64), np.asarray(clients, dtype=np.int64)
-    if F.dtype != np.float64 and chunk_bytes is None:  # float32 input: float64 a chunk at a time
-        chunk_bytes = FLOAT32_CHUNK_BYTES
     C, d = int(num_classes), F.shape[1]
     groups, owners = method.row_groups(y, k, num_classes=C, num_clients=num_clients, rng=rng)
     groups = np.asarray(groups, dtype=np.int64)
     G = num_clients if owners is None else owners.size
-    fold = StatsFold(num_classes=C, dim=d, keep=keep)
-    if F.dtype == np.float64 and (chunk_bytes is None or F.shape[0] * d * 8 <= chunk_bytes):
-        if keep == "total":
-            chunk = _stats_from_rows(F, y, np.zeros_like(y), C, 1, method.requires)
-            object.__setattr__(chunk, "folded_pairs", int(np.unique(groups * C + y).size))
+    second = bool({"second", "class_second"} & set(method.requires))
+    fields = {"counts", "sums"} | (set(method.requires) & {"second", "class_second"})
+    pair_key = groups * C + y
+    key = pair_key if keep == "pairs" else y
+    order = np.argsort(key, kind="stable")
+    ks = key[order]
+    N = ks.size
+    starts = np.flatnonzero(np.concatenate(([True], ks[1:] != ks[:-1]))) if N else np.zeros(0, np.int64)
+    out_key = ks[starts]
+    indptr = np.concatenate((starts, [N])).astype(np.int64)
+    S = np.empty((out_key.size, d))  # numpy's own allocation (huge pages); every row is written below
+    gram = np.zeros((d, d)) if second else None
+    step = max(1, int(chunk_bytes or FOLD_CHUNK_BYTES) // (8 * max(d, 1)))
+    buf = np.empty((min(step, N), d))
+    raw = None if F.dtype == np.float64 else np.empty((min(step, N), d), dtype=F.dtype)
+    tmp = np.empty((d, d)) if second else None
+    for r0 in range(0, N, step):
+        r1 = min(r0 + step, N)
+        n = r1 - r0
+        X = buf[:n]
+        if raw is None:
+            np.take(F, order[r0:r1], axis=0, out=X)
         else:
-            chunk = _stats_from_rows(F, y, groups, C, G, method.requires, owners=owners)
-        return fold.add(chunk).result()
-    n_owners = num_clients if owners is None else int(owners.max(initial=-1)) + 1
-    own = np.arange(G) if owners is None else owners
-    # Rows sorted by (pseudo-)client; a client's pseudo-clients are contiguous (Method.row_groups).
-    order = np.argsort(groups, kind="stable")
-    row_end = np.cumsum(np.bincount(groups, minlength=G))  # rows up to each group's end
-    first = np.searchsorted(own, np.arange(n_owners + 1))  # first group of each real client
-    owner_row_end = np.concatenate(([0], row_end))[first]  # (n_owners + 1,) row boundaries
-    step = max(1, int(chunk_bytes) // (8 * max(d, 1)))
-    o0 = 0
-    while o0 < n_owners:
-        o1 = int(np.searchsorted(owner_row_end, owner_row_end[o0] + step, side="right")) - 1
-        o1 = min(max(o1, o0 + 1), n_owners)
-        g0, g1 = int(first[o0]), int(first[o1])
-        idx = order[owner_row_end[o0]:owner_row_end[o1]]
-        chunk_owners = None if owners is None else owners[g0:g1] - o0
-        fold.add(_stats_from_rows(np.asarray(F[idx], dtype=np.float64), y[idx], groups[idx] - g0, C, g1 - g0,
-                                  method.requires, owners=chunk_owners))
-        o0 = o1
-    return fold.result()
+            np.take(F, order[r0:r1], axis=0, out=raw[:n])
+            X[...] = raw[:n]
+        t0 = int(np.searchsorted(indptr, r0, side="right")) - 1
+        t1 = int(np.searchsorted(indptr, r1, side="left"))
+        local = np.clip(indptr[t0:t1 + 1], r0, r1) - r0
+        onehot = sp.csr_matrix((np.ones(n), np.arange(n), local), shape=(t1 - t0, n))
+        part = onehot @ X
+        if indptr[t0] < r0:  # the row the previous chunk began
+            S[t0] += part[0]
+            S[t0 + 1:t1] = part[1:]
+        else:
+            S[t0:t1] = part
+        if second:
+            np.matmul(X.T, X, out=tmp)
+            gram += tmp
+    counts = np.diff(indptr).astype(np.float64)
+    gram = None if gram is None else _readonly(gram)
+    if keep == "pairs":
+        pairs = tuple(_readonly(a) for a in (out_key // C, out_key % C, counts, S))
+        out = ClientStats._new(G, C, d, pairs=pairs, gram=gram, fields=fields, owners=owners)
+        object.__setattr__(out, "folded_pairs", int(out_key.size))
+        return out
+    Nc, Sc = np.zeros(C), np.zeros((C, d))
+    Nc[out_key], Sc[out_key] = counts, S
+    kw = {"second": gram[None]} if "second" in fields else {}
+    out = ClientStats._new(1, C, d, counts=_readonly(Nc[None]), sums=_readonly(Sc[None]), gram=gram,
+                           fields=fields, **kw)
+    object.__setattr__(out, "folded_pairs", int(np.unique(pair_key).size))
+    return out
 
 
 def server_head(

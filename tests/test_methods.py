@@ -685,3 +685,36 @@ def test_cholesky_first_and_fallback_named_in_notes():
     np.testing.assert_allclose(X, np.linalg.pinv(singular, rcond=5 * np.finfo(float).eps, hermitian=True) @ B,
                                rtol=1e-8, atol=1e-8)
     assert any("Cholesky of G failed" in n for n in notes)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("chunk_bytes", [8, 8 * 5 * 7, 8 * 5 * 64, None])
+@pytest.mark.parametrize("name,params", [("fedcof", {}), ("fedcof", {"means_per_client": 3}), ("fed3r", {})])
+def test_fold_statistics_equal_an_independent_loop(name, params, chunk_bytes, dtype):
+    """The fold's pairs, class totals and X^T X equal plain per-(client, class) sums of the same float64
+    values, whether chunks cut pairs (7 rows a chunk, 64 rows) or not (1 row, the default), for float32
+    input too; empty clients, one-sample cells and a one-client class included."""
+    X, y, k, C, K = _ragged(3)
+    X = X.astype(dtype)
+    m = methods.get(name, **params)
+    folded = privfed.pipeline.fold_statistics(m, X, y, k, num_classes=C, num_clients=K,
+                                              rng=np.random.default_rng(4), chunk_bytes=chunk_bytes)
+    groups, owners = m.row_groups(y, k, num_classes=C, num_clients=K, rng=np.random.default_rng(4))
+    X64 = X.astype(np.float64)
+    cells = sorted({(int(g), int(c)) for g, c in zip(groups, y)})
+    ref_S = np.array([X64[(groups == g) & (y == c)].sum(axis=0) for g, c in cells])
+    ref_n = np.array([np.sum((groups == g) & (y == c)) for g, c in cells], dtype=float)
+    assert folded.folded_pairs == len(cells)
+    if m.per_client:
+        np.testing.assert_array_equal(folded.pair_client, [g for g, _ in cells])
+        np.testing.assert_array_equal(folded.pair_class, [c for _, c in cells])
+        np.testing.assert_array_equal(folded.pair_counts, ref_n)
+        np.testing.assert_allclose(folded.pair_sums, ref_S, rtol=1e-12, atol=1e-12)
+        assert folded.num_clients == (K if owners is None else owners.size)
+        if owners is not None:
+            np.testing.assert_array_equal(folded.owners, owners)
+    else:
+        N, S = folded.class_totals()
+        np.testing.assert_array_equal(N, np.bincount(y, minlength=C))
+        np.testing.assert_allclose(S, np.stack([X64[y == c].sum(axis=0) for c in range(C)]), rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(folded.gram(), X64.T @ X64, rtol=1e-12, atol=1e-10)

@@ -292,7 +292,7 @@ def test_float32_input_is_not_copied_to_float64_and_gives_the_float64_head(feder
     from privfed import pipeline
 
     F, y, k = federation
-    monkeypatch.setattr(pipeline, "FLOAT32_CHUNK_BYTES", 8 * 2**20)
+    monkeypatch.setattr(pipeline, "FOLD_CHUNK_BYTES", 8 * 2**20)
     tracemalloc.start()
     try:
         head = privfed.fit(name, F, y, k, random_state=0)
