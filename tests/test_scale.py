@@ -59,6 +59,33 @@ def test_fit_at_scale_stays_under_the_memory_cap(federation, monkeypatch, name, 
     assert head.score(F[idx], y[idx]) > 0.5
 
 
+def test_multi_mean_pseudo_clients_never_build_a_clients_by_classes_array():
+    """Multi-mean sampling works over the cells that hold samples: K C = 1e10 cells here (80 GB as one
+    float64 array), 30,000 samples; each pseudo-client's rows split its client's cells into near-equal
+    parts of at least 2 samples."""
+    from privfed.methods.fedcof import multi_mean_ids
+
+    rng = np.random.default_rng(0)
+    Kb, Cb, n = 1_000_000, 10_000, 30_000
+    k = rng.integers(0, 3_000, n) * 333
+    y = rng.integers(0, 5, n) * 1_999
+    tracemalloc.start()
+    try:
+        pseudo, owners = multi_mean_ids(y, k, Cb, Kb, 3, np.random.default_rng(1))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 64 * 2**20 < 8 * Kb * Cb
+    assert owners.size == Kb - np.unique(k).size + np.unique(pseudo).size  # one row per empty client
+    np.testing.assert_array_equal(owners[pseudo], k)
+    cell = k.astype(np.int64) * Cb + y
+    for c in np.unique(cell)[:200]:
+        sizes = np.bincount(pseudo[cell == c])
+        sizes = sizes[sizes > 0]
+        assert sizes.size == max(1, min(3, int((cell == c).sum()) // 2))
+        assert sizes.max() - sizes.min() <= 1 and (sizes.size == 1 or sizes.min() >= 2)
+
+
 def test_oracle_at_scale_equals_fed3r_within(federation):
     """fedcof-oracle's server never builds (C, d, d); its head is fed3r-within's at the same gamma."""
     F, y, k = federation

@@ -249,15 +249,17 @@ def multi_mean_ids(
     Returns (pseudo id per sample, owners: real client of each pseudo-client).
     """
     C = num_classes
-    group = clients * C + labels
-    order = np.lexsort((rng.random(labels.shape[0]), group))
-    sizes = np.bincount(group, minlength=num_clients * C)
+    # Over the (client, class) cells that hold samples only: O(N log N), never a K x C array.
+    cell, inv, sizes = np.unique(clients * C + labels, return_inverse=True, return_counts=True)
+    inv = inv.reshape(-1)
+    order = np.lexsort((rng.random(labels.shape[0]), inv))
     starts = np.concatenate(([0], np.cumsum(sizes)[:-1]))
     rank = np.empty(labels.shape[0], dtype=np.int64)
-    rank[order] = np.arange(labels.shape[0]) - starts[group[order]]
+    rank[order] = np.arange(labels.shape[0]) - starts[inv[order]]
     g = np.maximum(1, np.minimum(means, sizes // 2))
-    chunk = (rank * g[group]) // sizes[group]
-    per_client = g.reshape(num_clients, C).max(axis=1)
+    chunk = (rank * g[inv]) // sizes[inv]
+    per_client = np.ones(num_clients, dtype=np.int64)  # a client without samples keeps one (empty) row
+    np.maximum.at(per_client, cell // C, g)
     offset = np.concatenate(([0], np.cumsum(per_client)[:-1]))
     pseudo = offset[clients] + chunk
     owners = np.repeat(np.arange(num_clients), per_client)
