@@ -17,6 +17,7 @@ __all__ = [
     "check_choice",
     "check_flag",
     "check_real",
+    "minus_between",
     "normalise_rows",
     "project_psd",
     "safe_counts",
@@ -39,16 +40,33 @@ def normalise_rows(W: np.ndarray, *others: np.ndarray, eps: float = 0.0):
     left at zero.  Returns W (and the rescaled others).
     """
     W = np.asarray(W, dtype=np.float64)
-    peak = np.max(np.abs(W), axis=1) if W.shape[1] else np.zeros(W.shape[0])
+    if W.shape[1]:
+        peak = np.maximum(W.max(axis=1), -W.min(axis=1))  # largest |entry| of each row, no |W| copy
+    else:
+        peak = np.zeros(W.shape[0])
     keep = peak > eps
     safe_peak = np.where(keep, peak, 1.0)
-    scaled = W / safe_peak[:, None]
-    norms = np.linalg.norm(scaled, axis=1)  # in [1, sqrt(d)] for kept rows
+    out = W / safe_peak[:, None]
+    norms = np.sqrt(np.einsum("ij,ij->i", out, out))  # in [1, sqrt(d)] for kept rows
     safe_norm = np.where(keep, norms, 1.0)
-    out = np.where(keep[:, None], scaled / safe_norm[:, None], 0.0)
+    out /= safe_norm[:, None]
+    out[~keep] = 0.0
     if not others:
         return out
     return (out, *(np.where(keep, (np.asarray(o, dtype=np.float64) / safe_peak) / safe_norm, 0.0) for o in others))
+
+
+def minus_between(gram: np.ndarray, sums: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """gram - sum_c s_c s_c^T / n_c (the total second moment less the between-class part), a new array.
+
+    ``sums`` (C, d) and ``counts`` (C,) > 0.  The C rows are scaled by
+    1/sqrt(n_c) so the product is X^T X of one array, which numpy computes as a
+    symmetric rank-k update (half the flops of a general product); its result
+    is reused as the output (no other d x d temporary).
+    """
+    X = sums / np.sqrt(counts)[:, None]
+    out = X.T @ X
+    return np.subtract(gram, out, out=out)
 
 
 def symmetrise(A: np.ndarray) -> np.ndarray:
@@ -97,7 +115,7 @@ def try_cholesky_solve(G: np.ndarray, B: np.ndarray):
         c, lower = scipy.linalg.cho_factor(G, lower=False, check_finite=False)
     except (np.linalg.LinAlgError, scipy.linalg.LinAlgError):
         return "not positive definite"
-    anorm = float(np.abs(G).sum(axis=0).max())
+    anorm = float(scipy.linalg.lapack.dlange("1", G))  # the 1-norm, without an |G| temporary
     rcond, info = scipy.linalg.lapack.dpocon(c, anorm, uplo="U")
     if info != 0 or not rcond > 3.0 * d * d * np.finfo(np.float64).eps:
         return f"ill-conditioned, reciprocal condition number about {float(rcond):.3g}"
@@ -140,7 +158,9 @@ def solve_head(
     if solver not in SOLVERS:  # pragma: no cover - validated by the methods
         raise ValueError(f"solver must be one of {SOLVERS}, got {solver!r}")
     notes = [] if notes is None else notes
-    G = symmetrise(np.asarray(G, dtype=np.float64))
+    G = np.array(G, dtype=np.float64)  # one copy, symmetrised in place
+    G += G.T
+    G *= 0.5
     B = np.asarray(B, dtype=np.float64)
     # Cholesky first: a positive-definite G whose condition number is far from the
     # pseudo-inverse cut-off has pinv(G) = G^-1, so both solvers give G^-1 B.

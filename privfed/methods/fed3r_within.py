@@ -24,7 +24,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from privfed._linalg import SOLVERS, check_choice, check_flag, check_real, normalise_rows, solve_head
+from privfed._linalg import (
+    SOLVERS,
+    check_choice,
+    check_flag,
+    check_real,
+    minus_between,
+    normalise_rows,
+    solve_head,
+)
 from privfed.head import LinearHead
 from privfed.methods import register
 from privfed.methods.base import Method
@@ -73,15 +81,15 @@ class Fed3RWithin(Method):
             )
         Np = np.where(present, N, 1.0)
         # G - sum_c N_c mu_c mu_c^T + N mu_g mu_g^T  (= G - G_btw)
-        Sp = S[present]
-        G_hat = stats.gram() - (Sp.T / Np[present]) @ Sp
+        Sp = S if present.all() else S[present]
+        G_hat = minus_between(stats.gram(), Sp, Np[present])
         Ntot = N[present].sum()
         if Ntot > 0:
             s = Sp.sum(axis=0)
-            G_hat = G_hat + np.outer(s, s) / Ntot
+            G_hat += np.outer(s, s / Ntot)
         shrink = self.params["gamma"] * np.maximum(N[present] - 1.0, 0.0).sum() + self.params["lam"]
         G_hat[np.diag_indices(stats.dim)] += shrink
-        B = np.where(present[:, None], S, 0.0).T
+        B = S.T if present.all() else np.where(present[:, None], S, 0.0).T
         W = solve_head(G_hat, B, solver=self.params["solver"], name="G_hat", notes=notes).T
         if self.params["normalise"]:
             W = normalise_rows(W)

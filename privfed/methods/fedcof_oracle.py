@@ -28,7 +28,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from privfed._linalg import SOLVERS, check_choice, check_flag, check_real, normalise_rows, solve_head
+from privfed._linalg import (
+    SOLVERS,
+    check_choice,
+    check_flag,
+    check_real,
+    minus_between,
+    normalise_rows,
+    solve_head,
+)
 from privfed.head import LinearHead
 from privfed.methods import register
 from privfed.methods.base import Method
@@ -90,8 +98,7 @@ class FedCOFOracle(Method):
             Np = np.where(present, N, 1.0)
             mu = np.where(present[:, None], S / Np[:, None], 0.0)
             w = np.where(present, np.maximum(N - 1.0, 0.0), 0.0)
-            Sp = S[present]
-            G_hat = stats.gram() - (Sp.T / Np[present]) @ Sp
+            G_hat = minus_between(stats.gram(), S if present.all() else S[present], Np[present])
         if (~present).any():
             absent = np.flatnonzero(~present).tolist()
             notes.append(f"class(es) {absent} have no data; their weight row is zero")
@@ -99,7 +106,7 @@ class FedCOFOracle(Method):
         s = (mu * N[:, None])[present].sum(axis=0)
         G_hat[np.diag_indices(d)] += self.params["gamma"] * w.sum()
         if Ntot > 0:
-            G_hat += np.outer(s, s) / Ntot
+            G_hat += np.outer(s, s / Ntot)
         B = (mu * np.where(present, N, 0.0)[:, None]).T
         W = solve_head(G_hat, B, solver=self.params["solver"], name="G_hat", notes=notes).T
         if self.params["normalise"]:
