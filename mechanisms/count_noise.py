@@ -78,15 +78,15 @@ def drop_clipped(stats: ClientStats, noisy_counts: np.ndarray) -> tuple[ClientSt
     has = np.zeros(key.size, dtype=bool)
     if pkey.size:
         has = (pkey[j] == key) & (stats.pair_counts[j] > 0)
-    sums = np.zeros((key.size, stats.dim))
     jh = j[has]
     kept_sums = stats.pair_sums[jh]  # n~ times the exact mean, in place: (s / n) n~
     kept_sums /= stats.pair_counts[jh, None]
     kept_sums *= nk[has, None]
-    sums[has] = kept_sums
-    del kept_sums
+    # a kept class the client lacks is a count-only cell: no row of zeros is stored for it
+    rows = np.full(key.size, -1, dtype=np.int64)
+    rows[has] = np.arange(int(has.sum()))
     out = ClientStats.from_pairs(num_clients=K, num_classes=C, pair_client=kk, pair_class=cc, pair_counts=nk,
-                                 pair_sums=sums, owners=stats.owners)
+                                 pair_sums=kept_sums, owners=stats.owners, sum_rows=rows)
     return out, dropped
 
 

@@ -656,7 +656,57 @@ class GaussianMechanism:
         return (self.level == "record" and not self._secure and not self.trusted_aggregator
                 and not bool(getattr(method, "per_client", False)))
 
-    def local_noise_blocks(self, stats: ClientStats, rng: np.random.Generator, *, chunk_bytes: int | None = None):
+    def streams_pairs(self, method) -> bool:
+        """Whether each client noises its own upload and a per-client method folds the noisy uploads.
+
+        Record level without a trusted aggregator or secure aggregation, and a
+        per-client method with a streamed server (FedCOF's ``aggregate_stream``):
+        the noisy counts of every client come first (K C values), then the
+        noisy sums a chunk of clients at a time (:meth:`local_upload_stream`).
+        """
+        return (self.level == "record" and not self._secure and not self.trusted_aggregator
+                and bool(getattr(method, "per_client", False))
+                and callable(getattr(method, "aggregate_stream", None)))
+
+    def local_upload_stream(self, stats: ClientStats, rng: np.random.Generator, *, chunk_bytes: int | None = None):
+        """(counts, sum chunks): the clients' noisy uploads, for :meth:`streams_pairs` methods.
+
+        One release, as :meth:`local_noise_blocks` (``order=("counts", "sums")``):
+        the (K, C) noisy counts of every client, then an iterator of
+        ``(k0, k1, sums)`` with the noisy (k1 - k0, C, d) sums of clients
+        k0..k1-1, each drawn when the server asks for it.  A block this
+        mechanism does not noise is sent as computed.
+        """
+        stream = self.local_noise_blocks(stats, rng, chunk_bytes=chunk_bytes, order=("counts", "sums"))
+        parts, first = [], None
+        for item in stream:
+            if item[0] != "counts":
+                first = item
+                break
+            parts.append(item[3])
+        if parts:
+            counts = np.concatenate(parts)
+        elif "counts" not in self.blocks or "counts" not in stats.available:
+            counts = np.array(stats.counts, dtype=np.float64)  # sent as computed: this mechanism does not noise them
+        else:  # pragma: no cover - a subclass drawing the blocks in another order
+            raise RuntimeError("local_noise_blocks did not draw the counts first; the streamed FedCOF path needs them")
+
+        def sums():
+            if first is None and "sums" not in self.blocks:
+                K = stats.num_clients
+                step = K if chunk_bytes is None else max(1, int(chunk_bytes) // (8 * stats.num_classes * stats.dim))
+                for k0 in range(0, K, step):
+                    yield k0, min(K, k0 + step), _client_block(stats, "sums", k0, min(K, k0 + step))
+                return
+            if first is not None:
+                yield first[1:]
+            for _, k0, k1, values in stream:
+                yield k0, k1, values
+
+        return counts, sums()
+
+    def local_noise_blocks(self, stats: ClientStats, rng: np.random.Generator, *, chunk_bytes: int | None = None,
+                           order: tuple[str, ...] | None = None):
         """The clients' noisy uploads (record level, local noise), one block and chunk of clients at a time.
 
         Every client noises every class it could hold (zeros included) and its
@@ -668,6 +718,8 @@ class GaussianMechanism:
         so the values equal ``before_upload``'s bit for bit whatever
         ``chunk_bytes`` is (a chunk holds at most that many bytes of one
         block's dense uploads, at least one client; ``None``: all at once).
+        ``order`` draws the blocks in another order (the same distribution,
+        other values): a server that needs every count before the sums.
 
         Yields
         ------
@@ -676,9 +728,10 @@ class GaussianMechanism:
         """
         self._ensure(stats.dim)
         K, C, d = stats.num_clients, stats.num_classes, stats.dim
-        blocks = [b for b in self.blocks if b in stats.available]
+        booked = [b for b in self.blocks if b in stats.available]
+        blocks = [b for b in (order or self.blocks) if b in booked]
         rid = self.ledger.new_release()
-        for block in blocks:
+        for block in booked:  # the ledger lists the blocks as before_upload does, whatever the draw order
             s = self._sigma[block]
             self.ledger.record(ReleaseEvent(
                 mechanism="gaussian" if s > 0 else "none", block=block,
@@ -695,17 +748,21 @@ class GaussianMechanism:
                 yield block, k0, k1, self._add_noise(values, block, self._sigma[block], rng)
 
     def fold_local_upload(self, stats: ClientStats, method, rng: np.random.Generator, *,
-                          chunk_bytes: int | None = None) -> ClientStats:
+                          chunk_bytes: int | None = None, observe=None) -> ClientStats:
         """The sum of the clients' noisy uploads, folded chunk by chunk (:meth:`local_noise_blocks`).
 
         Memory O(chunk + C d + d^2), independent of K; no (K, C, d) stack.
         Returns the aggregate (K = 1) that summing :meth:`before_upload`'s
         output gives (same noise values, summed in the same client order).
+        ``observe(block, k0, k1, values)``, if given, sees every chunk of
+        uploads as the server receives it (an audit recording them).
         """
         C, d = stats.num_classes, stats.dim
         total = {"sums": np.zeros((C, d)), "counts": np.zeros(C), "second": np.zeros((d, d))}
         kept = 0
-        for block, _, _, values in self.local_noise_blocks(stats, rng, chunk_bytes=chunk_bytes):
+        for block, k0, k1, values in self.local_noise_blocks(stats, rng, chunk_bytes=chunk_bytes):
+            if observe is not None:
+                observe(block, k0, k1, values)
             for row in values:  # clients in order: the summation order of one (K, ...) reduction
                 total[block] += row
             if block == "counts":

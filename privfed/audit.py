@@ -674,6 +674,36 @@ class _Tap:
     def __getattr__(self, name):
         return getattr(self._inner, name)
 
+    @property
+    def stream_target(self):
+        """The hook whose streamed release the pipeline may take (through this tap's recording wrappers)."""
+        return self._inner
+
+    def fold_local_upload(self, stats, method, rng, *, chunk_bytes=None):
+        """The inner streamed release (sum-only methods), recording every client's noisy upload."""
+        parts: dict = {}
+
+        def record(block, k0, k1, values):
+            parts.setdefault(block, []).append(np.array(values))
+
+        out = self._inner.fold_local_upload(stats, method, rng, chunk_bytes=chunk_bytes, observe=record)
+        self.uploads = _uploads(parts, stats)
+        return out
+
+    def local_upload_stream(self, stats, rng, *, chunk_bytes=None):
+        """The inner streamed release (per-client methods), recording every client's noisy upload."""
+        counts, chunks = self._inner.local_upload_stream(stats, rng, chunk_bytes=chunk_bytes)
+        tap = self
+
+        def recording():
+            sums = []
+            for k0, k1, values in chunks:
+                sums.append(np.array(values))
+                yield k0, k1, values
+            tap.uploads = _uploads({"counts": [counts], "sums": sums}, stats)
+
+        return counts, recording()
+
     def before_upload(self, stats, method, rng):
         out = self._inner.before_upload(stats, method, rng)
         self.uploads = out
@@ -697,6 +727,16 @@ class _Tap:
 
     def report(self, *args, **kwargs):
         return self._inner.report(*args, **kwargs)
+
+
+def _uploads(parts: dict, stats):
+    """The clients' recorded uploads (dense, one array per block) as a ClientStats."""
+    from privfed.stats import ClientStats
+
+    arrays = {block: np.concatenate(values) for block, values in parts.items()}
+    # a block the mechanism does not noise goes out as computed
+    return ClientStats(counts=arrays.get("counts", stats.counts), sums=arrays.get("sums", stats.sums),
+                       second=arrays.get("second"), owners=stats.owners)
 
 
 def _server_view(head, ptap: _Tap, stap: "_Tap | None") -> dict:

@@ -24,7 +24,12 @@ iNat-120K) is stored as the pair layout
 ``pair_counts``   (M,)     n_kc of each pair
 ``pair_sums``     (M, d)   s_kc of each pair
 
-plus the summed second moment ``gram()`` = sum_k G_k (d, d).  Per-client and
+plus the summed second moment ``gram()`` = sum_k G_k (d, d).  A pair may be a
+*count-only cell*: a noisy count kept for a class the client lacks (count
+noise, FedCOF App. I.1) has a zero sum, and such cells are stored without a
+row of ``pair_sums`` (:meth:`ClientStats.from_pairs` with ``sum_rows``; at
+iNat-120K, Laplace count noise keeps about half of the 11 million empty cells,
+56 GB of zero rows at d = 1,280).  Per-client and
 per-class second moments are kept only where something asks for them per
 client: statistics computed from features build them from the features on
 first access.  The dense views above are built on demand (and cached);
@@ -143,7 +148,7 @@ class ClientStats:
     """
 
     __slots__ = ("_K", "_C", "_d", "_counts", "_sums", "_pairs", "_second", "_class_second", "_gram",
-                 "_features", "_fields", "_owners", "folded_pairs")
+                 "_features", "_fields", "_owners", "folded_pairs", "_sum_rows")
 
     def __init__(self, counts, sums, second=None, class_second=None, owners=None) -> None:
         counts = _as_f64(counts, "counts")
@@ -173,7 +178,7 @@ class ClientStats:
                    class_second=class_second, gram=None, features=None, fields=fields, owners=owners)
 
     def _init(self, K, C, d, *, counts, sums, pairs, second, class_second, gram, features, fields, owners,
-              folded_pairs=None) -> None:
+              folded_pairs=None, sum_rows=None) -> None:
         if owners is not None:
             owners = np.array(owners, dtype=np.int64)
             if owners.shape != (K,):
@@ -193,6 +198,7 @@ class ClientStats:
         s(self, "_fields", frozenset(fields))
         s(self, "_owners", owners)
         s(self, "folded_pairs", folded_pairs)
+        s(self, "_sum_rows", sum_rows)
 
     def __setattr__(self, name, value):
         raise AttributeError("ClientStats is immutable; use with_arrays(...) for a modified copy")
@@ -201,8 +207,8 @@ class ClientStats:
         return {name: getattr(self, name) for name in self.__slots__}
 
     def __setstate__(self, state: dict) -> None:
-        for name, value in state.items():
-            object.__setattr__(self, name, value)
+        for name in self.__slots__:  # a slot added since the object was pickled starts empty
+            object.__setattr__(self, name, state.get(name))
 
     @classmethod
     def _new(cls, K, C, d, **kw) -> "ClientStats":
@@ -232,6 +238,7 @@ class ClientStats:
         second=None,
         gram=None,
         owners=None,
+        sum_rows=None,
     ) -> "ClientStats":
         """Statistics from the pair layout.
 
@@ -249,17 +256,31 @@ class ClientStats:
             The summed second moment only (``second`` is then available as a
             total: its per-client dense view is refused for K > 1).
         owners : int array, shape (K,), optional
+        sum_rows : int array, shape (M,), optional
+            Count-only cells: pair p's sum is ``pair_sums[sum_rows[p]]``, or
+            zero where ``sum_rows[p] == -1`` (``pair_sums`` then has one row per
+            pair with a sum, R <= M rows, each used once).  ``None``: row p is
+            pair p.
         """
         pc = np.asarray(pair_client, dtype=np.int64)
         pk = np.asarray(pair_class, dtype=np.int64)
         n = _as_f64(pair_counts, "pair_counts")
         S = _as_f64(pair_sums, "pair_sums")
         M = pc.shape[0]
-        if pk.shape != (M,) or n.shape != (M,) or S.ndim != 2 or S.shape[0] != M:
+        R = M if sum_rows is None else int(np.count_nonzero(np.asarray(sum_rows) >= 0))
+        if pk.shape != (M,) or n.shape != (M,) or S.ndim != 2 or S.shape[0] != R:
             raise InputError(
                 f"pair arrays must have shapes (M,), (M,), (M,), (M, d); got {pc.shape}, {pk.shape}, "
-                f"{n.shape}, {S.shape}"
+                f"{n.shape}, {S.shape}" + ("" if sum_rows is None else f" (pair_sums: one row per sum_rows >= 0, {R})")
             )
+        if sum_rows is not None:
+            sum_rows = np.asarray(sum_rows)
+            if sum_rows.shape != (M,) or sum_rows.dtype.kind not in "iu":
+                raise InputError(f"sum_rows must be an integer array of shape ({M},), got {sum_rows.dtype} {sum_rows.shape}")
+            sum_rows = sum_rows.astype(np.int64)
+            used = np.sort(sum_rows[sum_rows >= 0])
+            if np.any(sum_rows < -1) or not np.array_equal(used, np.arange(R)):
+                raise InputError("sum_rows must hold -1 (a count-only cell) or each row of pair_sums exactly once")
         K, C, d = int(num_clients), int(num_classes), S.shape[1]
         if M and (pc.min() < 0 or pc.max() >= K or pk.min() < 0 or pk.max() >= C):
             raise InputError(f"pair_client must lie in 0..{K - 1} and pair_class in 0..{C - 1}")
@@ -269,7 +290,15 @@ class ClientStats:
             key = key[order]
             if np.any(key[1:] == key[:-1]):
                 raise InputError("each (client, class) pair may appear only once in the pair layout")
-            pc, pk, n, S = pc[order], pk[order], n[order], S[order]
+            pc, pk, n = pc[order], pk[order], n[order]
+            if sum_rows is None:
+                S = S[order]
+            else:
+                sum_rows = sum_rows[order]
+        if sum_rows is not None and np.any(np.diff(sum_rows[sum_rows >= 0]) != 1):
+            has = sum_rows >= 0  # the block in pair order: row r is the r-th pair with a sum
+            S = S[sum_rows[has]]
+            sum_rows = np.where(has, np.cumsum(has) - 1, -1)
         fields = {"counts", "sums"}
         if second is not None:
             second = _readonly(_as_f64(second, "second"))
@@ -282,7 +311,8 @@ class ClientStats:
                 raise InputError(f"gram must have shape ({d}, {d}), got {gram.shape}")
             fields.add("second")
         pairs = tuple(_readonly(a) for a in (pc, pk, n, S))
-        return cls._new(K, C, d, pairs=pairs, second=second, gram=gram, fields=fields, owners=owners)
+        return cls._new(K, C, d, pairs=pairs, second=second, gram=gram, fields=fields, owners=owners,
+                        sum_rows=None if sum_rows is None else _readonly(sum_rows))
 
     # -- shape ---------------------------------------------------------------
     @property
@@ -308,7 +338,31 @@ class ClientStats:
         return self._fields
 
     # -- the pair layout -------------------------------------------------------
+    def _pair_block(self):
+        """(pair_client, pair_class, pair_counts, block, sum_rows): the pairs with their sums as stored.
+
+        ``sum_rows`` is ``None`` when row p of ``block`` is pair p; else pair p's
+        sum is ``block[sum_rows[p]]``, zero where ``sum_rows[p] == -1``
+        (count-only cells).  Nothing is materialised.
+        """
+        if self._sum_rows is None:
+            return (*self._pair_data(), None)
+        return (*self._pairs, self._sum_rows)
+
+    def summed_pairs(self) -> np.ndarray:
+        """Boolean (M,): which pairs have a stored sum (False: a count-only cell, its sum is zero)."""
+        if self._sum_rows is None:
+            return np.ones(len(self._pair_data()[0]), dtype=bool)
+        return self._sum_rows >= 0
+
     def _pair_data(self):
+        if self._sum_rows is not None:  # count-only cells: every pair's sum as one (M, d) block
+            pc, pk, n, block = self._pairs
+            _check_dense("pair_sums", (pc.size, self._d))
+            S = np.zeros((pc.size, self._d))
+            has = self._sum_rows >= 0
+            S[has] = block[self._sum_rows[has]]
+            return pc, pk, n, _readonly(S)
         if self._pairs is None:
             counts, sums = self._counts, self._sums
             nz = (counts != 0) | np.any(sums != 0, axis=2)
@@ -321,17 +375,17 @@ class ClientStats:
     @property
     def pair_client(self) -> np.ndarray:
         """Client of each stored (client, class) pair, shape (M,)."""
-        return self._pair_data()[0]
+        return self._pair_block()[0]
 
     @property
     def pair_class(self) -> np.ndarray:
         """Class of each stored pair, shape (M,)."""
-        return self._pair_data()[1]
+        return self._pair_block()[1]
 
     @property
     def pair_counts(self) -> np.ndarray:
         """n_kc of each stored pair, shape (M,)."""
-        return self._pair_data()[2]
+        return self._pair_block()[2]
 
     @property
     def pair_sums(self) -> np.ndarray:
@@ -342,9 +396,13 @@ class ClientStats:
         """(N_c, S_c): counts (C,) and sums (C, d) summed over clients, from the stored pairs."""
         if self._counts is not None and self._sums is not None:
             return self._counts.sum(axis=0), self._sums.sum(axis=0)
-        _, pk, n, S = self._pair_data()
+        _, pk, n, S, rows = self._pair_block()
         N = np.bincount(pk, weights=n, minlength=self._C)
-        return N, _sum_rows_by(S, pk, self._C)
+        if rows is None:
+            return N, _sum_rows_by(S, pk, self._C)
+        row_class = np.empty(S.shape[0], dtype=np.int64)
+        row_class[rows[rows >= 0]] = pk[rows >= 0]
+        return N, _sum_rows_by(S, row_class, self._C)
 
     # -- dense views -----------------------------------------------------------
     @property
@@ -363,9 +421,12 @@ class ClientStats:
         """Dense (K, C, d) sums (built from the pairs on first access; refused above DENSE_VIEW_LIMIT)."""
         if self._sums is None:
             _check_dense("sums", (self._K, self._C, self._d))
-            pc, pk, _, S = self._pairs
+            pc, pk, _, S, rows = self._pair_block()
             out = np.zeros((self._K, self._C, self._d))
-            out[pc, pk] = S
+            if rows is None:
+                out[pc, pk] = S
+            else:
+                out[pc[rows >= 0], pk[rows >= 0]] = S[rows[rows >= 0]]
             object.__setattr__(self, "_sums", _readonly(out))
         return self._sums
 
@@ -517,7 +578,7 @@ class ClientStats:
         if missing:
             raise InputError(f"ClientStats lacks {sorted(missing)}; compute them with compute_client_stats(fields=...)")
         out = ClientStats._new(self._K, self._C, self._d, counts=self._counts, sums=self._sums, pairs=self._pairs,
-                               owners=self._owners, **self._carry(names))
+                               owners=self._owners, sum_rows=self._sum_rows, **self._carry(names))
         object.__setattr__(out, "folded_pairs", self.folded_pairs)
         return out
 
@@ -534,7 +595,7 @@ class ClientStats:
             counts = self.counts
         if counts is None and sums is None:  # only second moments replaced: keep the pairs
             out = ClientStats._new(self._K, self._C, self._d, pairs=self._pairs, owners=self._owners,
-                                   **self._carry())
+                                   sum_rows=self._sum_rows, **self._carry())
         else:
             out = ClientStats(counts=counts, sums=sums, owners=self._owners)
             object.__setattr__(out, "_second", self._second)
@@ -573,13 +634,22 @@ class ClientStats:
         owners = None if self._owners is None else self._owners[rows]
         distinct = np.unique(rows).size == rows.size
         if self._counts is None and distinct:
-            pc, pk, n, S = self._pairs
+            pc, pk, n, S, srows = self._pair_block()
             new = np.full(self._K, -1, dtype=np.int64)
             new[rows] = np.arange(rows.size)
             keep = new[pc] >= 0
             pc2 = new[pc[keep]]
             order = np.lexsort((pk[keep], pc2))
-            pairs = tuple(_readonly(a) for a in (pc2[order], pk[keep][order], n[keep][order], S[keep][order]))
+            sum_rows = None
+            if srows is None:
+                S2 = S[keep][order]
+            else:  # count-only cells stay count-only
+                r = srows[keep][order]
+                has = r >= 0
+                S2 = S[r[has]]
+                sum_rows = np.full(r.size, -1, dtype=np.int64)
+                sum_rows[has] = np.arange(int(has.sum()))
+            pairs = tuple(_readonly(a) for a in (pc2[order], pk[keep][order], n[keep][order], S2))
             carry = self._carry()
             carry["second"] = None if self._second is None else _readonly(self._second[rows])
             carry["class_second"] = None if self._class_second is None else _readonly(self._class_second[rows])
@@ -588,7 +658,8 @@ class ClientStats:
                 carry["features"] = self._features.subset(rows)
             elif carry["second"] is None and carry["class_second"] is None and carry["fields"] - {"counts", "sums"}:
                 raise InputError("per-client second moments were folded; a subset of clients is not available")
-            return ClientStats._new(rows.size, self._C, self._d, pairs=pairs, owners=owners, **carry)
+            return ClientStats._new(rows.size, self._C, self._d, pairs=pairs, owners=owners, sum_rows=sum_rows,
+                                    **carry)
         return ClientStats(**{k: v[rows] for k, v in self.arrays().items()}, owners=owners)
 
     def means(self) -> np.ndarray:
@@ -668,6 +739,7 @@ class StatsFold:
         self._cs: np.ndarray | None = None
         self._cs_values = True
         self._pairs: list[tuple[np.ndarray, ...]] = []
+        self._rows = 0  # rows of pair sums folded so far
         self._owners: list[np.ndarray] = []
         self._has_owners = False
 
@@ -699,8 +771,12 @@ class StatsFold:
             self._N += N
             self._S += S
         else:
-            pc, pk, n, S = chunk._pair_data()
-            self._pairs.append((pc + self.num_clients, pk, n, S))
+            pc, pk, n, S, rows = chunk._pair_block()
+            if rows is None:
+                rows = np.arange(pc.size)
+            rows = np.where(rows >= 0, rows + self._rows, -1)
+            self._rows += S.shape[0]
+            self._pairs.append((pc + self.num_clients, pk, n, S, rows))
             self._N += np.bincount(pk, weights=n, minlength=self.num_classes)
         if chunk.owners is not None:
             self._owners.append(chunk.owners + self.num_owners)
@@ -728,11 +804,13 @@ class StatsFold:
                                    sums=_readonly(self._S[None].copy()), gram=gram, fields=fields, **kw)
         else:
             if self._pairs:
-                pairs = tuple(_readonly(np.concatenate(parts)) for parts in zip(*self._pairs))
+                *pairs, rows = (_readonly(np.concatenate(parts)) for parts in zip(*self._pairs))
             else:  # pragma: no cover - guarded above
-                pairs = (np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0), np.zeros((0, d)))
+                pairs, rows = [np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0), np.zeros((0, d))], None
+            sparse = rows is not None and not np.array_equal(rows, np.arange(rows.size))
             owners = np.concatenate(self._owners) if self._has_owners else None
-            out = ClientStats._new(self.num_clients, C, d, pairs=pairs, gram=gram, fields=fields, owners=owners)
+            out = ClientStats._new(self.num_clients, C, d, pairs=tuple(pairs), gram=gram, fields=fields, owners=owners,
+                                   sum_rows=rows if sparse else None)
         object.__setattr__(out, "folded_pairs", self.num_pairs)
         return out
 

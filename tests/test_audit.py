@@ -526,3 +526,25 @@ def test_random_metadata_with_different_laws_is_caught_by_the_statistical_test()
     run = _with_coin_note(_release(GaussianMechanism), 0.1, 0.9)
     res = audit_release(run, CANARY, draws=200, heldout=100)
     assert res[0].verdict == "statistical" and res[0].flagged, res[0]
+
+
+@pytest.mark.parametrize("method, entry", [("fedncm", "fold_local_upload"), ("fedcof", "local_upload_stream")])
+def test_fit_release_audits_the_streamed_local_path(method, entry, monkeypatch):
+    """With local noise privfed.fit streams the uploads; the audit's tap takes that same path and
+    records each client's noisy upload (counts (K, C), sums (K, C, d)), not a one-call substitute."""
+    calls = []
+    inner = getattr(GaussianMechanism, entry)
+
+    def counting(self, *args, **kwargs):
+        calls.append(entry)
+        return inner(self, *args, **kwargs)
+
+    monkeypatch.setattr(GaussianMechanism, entry, counting)
+    monkeypatch.setattr(GaussianMechanism, "before_upload", lambda *a, **k: pytest.fail("one-call path taken"))
+    data = RECORD[0].d0
+    out = _release(GaussianMechanism, method)(data, 3)
+    K, C = int(data["num_clients"]), int(data["num_classes"])
+    assert calls == [entry]
+    counts, sums = out["arrays"]
+    assert counts.shape == (K, C) and sums.shape == (K, C, np.shape(data["features"])[1])
+    assert np.all(counts != np.rint(counts))  # noised, every cell

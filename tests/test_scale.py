@@ -18,6 +18,7 @@ import pytest
 
 import privfed
 import privfed.stats as stats_mod
+from mechanisms import GaussianMechanism
 from experiments.bench_scale import inat_like, shape_of
 
 K, C, D, N, M = 2000, 300, 256, 26000, 11800
@@ -169,15 +170,158 @@ def test_streamed_local_noise_head_and_report_equal_the_one_call_path(name, bloc
     assert streamed.upload_bytes["total"] == method.upload_bytes(M=23 * 7, K=23, d=d, C=7)
 
 
-def test_per_client_methods_keep_the_one_call_path():
+def test_per_client_methods_stream_their_own_way():
     from privfed.methods import get
 
     m = _local_dp()
     m.check(get("fedcof"), None)
-    assert not m.streams_upload(get("fedcof"))  # the server needs every client's noisy means
+    assert not m.streams_upload(get("fedcof"))  # the server needs every client's noisy means ...
+    assert m.streams_pairs(get("fedcof")) and not m.streams_pairs(get("fedncm"))  # ... counts first, then sums
     central = _local_dp()
     central.trusted_aggregator = True
-    assert not central.streams_upload(get("fedncm"))
+    assert not central.streams_upload(get("fedncm")) and not central.streams_pairs(get("fedcof"))
+
+
+@pytest.mark.parametrize("params,offset,eps", [({"gamma": 0.3}, 0.0, 2.0), ({"gamma": 0.0}, 0.0, 2.0),
+                                               ({"noise_var": 0.5, "solver": "solve"}, 0.0, 2.0),
+                                               ({"gamma": 0.3}, 1e4, np.inf)])
+def test_streamed_local_noise_fedcof_equals_the_per_pair_estimator(params, offset, eps, monkeypatch):
+    """server_head streams FedCOF's noisy uploads (counts first, then sums a few clients at a time) and
+    gives the head the per-pair estimator (Eq. 6 as written) gives on the same noisy values; one release,
+    booked as before_upload books it, every client sends every class.  With class means 1e4 long and
+    little noise the spread is 1e-8 of the means' outer products: the streamed sum must not cancel."""
+    from privfed import pipeline
+    from privfed.methods import get
+    from privfed.stats import ClientStats
+
+    F, y, k = _small_federation(seed=3)
+    F = F + offset * (1.0 + np.arange(7))[y, None] * np.ones(5)
+    method = get("fedcof", **params)
+    monkeypatch.setattr(pipeline, "UPLOAD_CHUNK_BYTES", 8 * 7 * 5 * 3)  # three clients a chunk
+
+    def _local_dp():
+        return GaussianMechanism(epsilon=eps, delta=1e-5, clip=3.0 + 10 * offset)
+
+    a, b, c = _local_dp(), _local_dp(), _local_dp()
+    stats = pipeline.client_statistics(method, F, y, k, num_classes=7, num_clients=23,
+                                       rng=np.random.default_rng(1), privacy=a)
+    b.check(method, None)
+    streamed = pipeline.server_head(method, stats, num_clients=23, rng=np.random.default_rng(5), privacy=a)
+    counts, chunks = b.local_upload_stream(stats, np.random.default_rng(5))  # the same draws, in one chunk
+    sums = np.concatenate([v for _, _, v in chunks])
+    if np.isfinite(eps):
+        assert np.any(counts <= 0) and np.all(sums != 0)  # noisy: dropped cells, and no zero left
+
+    def b_stream(st):  # the same values, three clients a chunk
+        return st.counts, ((k0, min(k0 + 3, 23), st.sums[k0:k0 + 3]) for k0 in range(0, 23, 3))
+    dense = ClientStats(counts=counts, sums=sums, owners=stats.owners)
+    ref = method.aggregate(dense)
+    # the spread (Eq. 6) to 1e-9 of its norm, even with class means 1e4 times longer than the spread
+    # (eps = inf: no noise); the head to 1e-9 where it is well conditioned (its N mu_g mu_g^T term
+    # dominates G_hat by 1e9 in the long-means case, so rounding of the class totals alone moves it)
+    spread = method.estimate_stream(*b_stream(dense)).spread
+    want = method.estimate(dense).spread
+    assert np.abs(spread - want).max() <= 1e-9 * np.abs(want).max()
+    if offset == 0:
+        np.testing.assert_allclose(streamed.weight, ref.weight, rtol=1e-9, atol=1e-10)
+    assert streamed.notes == ref.notes
+    assert streamed.privacy == b.report() and len({e.release_id for e in a.ledger.events}) == 1
+    assert "local" in streamed.privacy.placement
+    c.check(method, None)
+    c.before_upload(stats, method, np.random.default_rng(5))
+    assert a.ledger.events == c.ledger.events and streamed.privacy == c.report()
+    rows = stats.num_clients
+    assert streamed.upload_bytes["M"] == rows * 7
+    with pytest.raises(ValueError, match="client order"):
+        method.aggregate_stream(counts, iter([(3, 23, sums[3:])]))
+
+
+def test_streamed_path_is_not_taken_around_a_subclass_or_a_changed_server():
+    """A hook subclass replacing before_upload (even with its own fold_local_upload, which the sum-only
+    stream would use) and a FedCOF subclass replacing aggregate keep FedCOF's one-call path: the
+    inherited stream would bypass what they changed."""
+    from privfed.methods.fedcof import FedCOF
+    from privfed.pipeline import _streams
+
+    class OwnUpload(GaussianMechanism):
+        def fold_local_upload(self, *args, **kwargs):
+            return super().fold_local_upload(*args, **kwargs)
+
+        def before_upload(self, stats, method, rng):
+            return super().before_upload(stats, method, rng)
+
+    class OtherServer(FedCOF):
+        def aggregate(self, stats):
+            return super().aggregate(stats)
+
+    kw = dict(epsilon=2.0, delta=1e-5, clip=3.0)
+    assert _streams(GaussianMechanism(**kw), FedCOF(), "streams_pairs")
+    assert _streams(GaussianMechanism(**kw), privfed.methods.get("fedncm"))
+    assert not _streams(OwnUpload(**kw), FedCOF(), "streams_pairs")  # its before_upload, not its stream
+    assert not _streams(GaussianMechanism(**kw), OtherServer(), "streams_pairs")
+
+
+def test_count_only_pairs_given_out_of_order_and_old_pickles():
+    """from_pairs with count-only cells whose rows come out of order after the pairs are sorted gives
+    FedCOF the head of the dense statistics; a ClientStats pickled before count-only cells existed loads."""
+    import pickle
+
+    from privfed.stats import ClientStats
+
+    rng = np.random.default_rng(0)
+    pc, pk = np.array([0, 1, 0, 1, 2, 2]), np.array([0, 0, 1, 1, 0, 1])
+    n = np.array([3.0, 2.0, 4.0, 0.7, 5.0, 1.0])
+    rows = np.array([0, 1, 2, 3, -1, 4])
+    block = rng.normal(size=(5, 4)) + 5.0
+    st = ClientStats.from_pairs(num_clients=3, num_classes=2, pair_client=pc, pair_class=pk, pair_counts=n,
+                                pair_sums=block, sum_rows=rows)
+    dense_sums = np.zeros((3, 2, 4))
+    dense_counts = np.zeros((3, 2))
+    for i in range(6):
+        dense_counts[pc[i], pk[i]] = n[i]
+        if rows[i] >= 0:
+            dense_sums[pc[i], pk[i]] = block[rows[i]]
+    np.testing.assert_array_equal(st.sums, dense_sums)
+    m = privfed.methods.get("fedcof", gamma=0.1)
+    ref = m.aggregate(ClientStats(counts=dense_counts, sums=dense_sums))
+    np.testing.assert_allclose(m.aggregate(st).weight, ref.weight, rtol=1e-12, atol=1e-12)
+    state = st.__getstate__()
+    del state["_sum_rows"]
+    old = ClientStats.__new__(ClientStats)
+    old.__setstate__(state)
+    assert old.summed_pairs().all() and old.num_pairs() == 6
+
+
+def test_streamed_local_noise_fedcof_memory_grows_only_with_the_counts(monkeypatch):
+    """FedCOF under local noise at a scaled shape: the noisy sums are folded 4 MiB at a time, so the
+    release holds the K C noisy counts, a chunk and the C x d, d x d aggregates: never (K, C, d)."""
+    from privfed import pipeline
+    from privfed.methods import get
+
+    monkeypatch.setattr(pipeline, "UPLOAD_CHUNK_BYTES", 4 * 2**20)
+    monkeypatch.setattr(stats_mod, "DENSE_VIEW_LIMIT", 64 * 2**20)
+    method = get("fedcof", gamma=0.1)
+    peaks, d = {}, 128
+    for KK, NN, MM in ((250, 3250, 1475), (1000, 13000, 5900)):
+        F, y, k = inat_like(KK, C, d, NN, MM, seed=4)
+        mech = _local_dp()
+        Ck = int(y.max()) + 1
+        stats = pipeline.client_statistics(method, F, y, k, num_classes=Ck, num_clients=KK,
+                                           rng=np.random.default_rng(0), privacy=mech)
+        del F
+        tracemalloc.start()
+        try:
+            head = pipeline.server_head(method, stats, num_clients=KK, rng=np.random.default_rng(1), privacy=mech)
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        peaks[KK] = peak
+        assert head.upload_bytes["M"] == KK * Ck and np.all(np.isfinite(head.weight))
+        assert len({e.release_id for e in mech.ledger.events}) == 1
+    dense = 8 * 1000 * C * d
+    assert peaks[1000] < dense / 10, peaks
+    # 750 more clients add a handful of K C vectors (the noisy counts, their masks), not (K, C, d)
+    assert peaks[1000] - peaks[250] < 8 * 8 * 750 * C, peaks
 
 
 def test_streamed_local_noise_memory_does_not_grow_with_clients(monkeypatch):
@@ -246,6 +390,38 @@ def test_drop_clipped_on_pairs_equals_the_dense_rule():
     # kept classes the client lacks are pairs with a noisy count and a zero sum
     lacks = (dense.counts == 0) & (noisy > 0)
     assert lacks.any() and np.all(a.sums[lacks] == 0) and np.all(a.counts[lacks] == noisy[lacks])
+    # ... stored as count-only cells: no row of zeros
+    summed = a.summed_pairs()
+    assert (~summed).sum() == lacks.sum() and summed.sum() == ((dense.counts > 0) & (noisy > 0)).sum()
+    np.testing.assert_array_equal(a.pair_sums[~summed], 0.0)
+    np.testing.assert_array_equal(a.class_totals()[1], b.sums.sum(axis=0))
+
+
+def test_count_only_cells_fold_and_subset_like_zero_rows():
+    """StatsFold over client chunks, clients() and the dense views of count-noised pairs equal those of the
+    same statistics with explicit zero rows (ClientStats.from_pairs without sum_rows)."""
+    from mechanisms.count_noise import drop_clipped
+    from privfed.stats import ClientStats, StatsFold
+
+    pairs, dense = _pairs_and_dense(seed=2)
+    noisy = dense.counts + np.random.default_rng(5).normal(0.0, 2.0, dense.counts.shape)
+    a, _ = drop_clipped(pairs, noisy)
+    assert not a.summed_pairs().all()
+    full = ClientStats.from_pairs(num_clients=a.num_clients, num_classes=a.num_classes, pair_client=a.pair_client,
+                                  pair_class=a.pair_class, pair_counts=a.pair_counts, pair_sums=a.pair_sums)
+    fold = StatsFold(num_classes=a.num_classes, dim=a.dim, keep="pairs")
+    for rows in (np.arange(0, 9), np.arange(9, 15), np.arange(15, a.num_clients)):
+        fold.add(a.clients(rows))
+    folded = fold.result()
+    for got in (folded, a.clients(np.arange(a.num_clients))):
+        np.testing.assert_array_equal(got.counts, full.counts)
+        np.testing.assert_array_equal(got.sums, full.sums)
+        np.testing.assert_array_equal(got.summed_pairs(), a.summed_pairs())
+    m = __import__("privfed").methods.get("fedcof", gamma=0.2)
+    np.testing.assert_allclose(m.aggregate(folded).weight, m.aggregate(full).weight, rtol=1e-9, atol=1e-12)
+    with pytest.raises(__import__("privfed").errors.InputError, match="sum_rows"):
+        ClientStats.from_pairs(num_clients=2, num_classes=2, pair_client=[0, 1], pair_class=[0, 0],
+                               pair_counts=[1.0, 2.0], pair_sums=np.ones((1, 3)), sum_rows=[0, 0])
 
 
 def test_count_noise_fedcof_head_is_the_same_from_pairs_and_dense():
@@ -284,16 +460,18 @@ def test_client_bound_on_pairs_equals_the_dense_bound(fields):
 
 
 @pytest.mark.parametrize("name,privacy", [
-    ("fedcof", "geometric"), ("fed3r", "client"), ("fedncm", "client")])
+    ("fedcof", "geometric"), ("fedcof", "laplace"), ("fed3r", "client"), ("fedncm", "client")])
 def test_count_noise_and_client_bound_at_scale_stay_under_the_cap(federation, monkeypatch, name, privacy):
     """Both read the pair layout: no (K, C, d) view (1.23 GB here; refused above 64 MB)."""
     from mechanisms import GaussianMechanism
-    from mechanisms.count_noise import GeometricCountNoise
+    from mechanisms.count_noise import GeometricCountNoise, LaplaceCountNoise
 
     F, y, k = federation
     monkeypatch.setattr(stats_mod, "DENSE_VIEW_LIMIT", 64 * 2**20)
     if privacy == "geometric":  # eps = 5: about 0.7% of the empty cells get a positive noisy count
         mech = GeometricCountNoise(epsilon=5.0)
+    elif privacy == "laplace":  # eps = 1: half of the 588,000 empty cells are kept, count-only (no zero rows)
+        mech = LaplaceCountNoise(epsilon=1.0)
     else:
         blocks = ("sums", "counts", "second") if name == "fed3r" else ("sums", "counts")
         mech = GaussianMechanism(epsilon=1.0, delta=1e-5, clip=30.0, level="client", max_records=20,
@@ -308,6 +486,11 @@ def test_count_noise_and_client_bound_at_scale_stay_under_the_cap(federation, mo
     # of classes a client lacks), plus N d for the float64 copy the mechanism clips into
     sent = max(head.upload_bytes["M"], M) if privacy == "geometric" else M
     cap = 2 * 8 * (F.shape[0] * D + sent * D + D * D) + (8 * F.shape[0] * D if privacy == "client" else 0)
+    if privacy == "laplace":
+        # every one of the K C cells gets a noisy count: a few K C vectors (the counts, their noise, the
+        # kept cells' indices) are the release itself; the kept empty cells' zero rows would be far over
+        cap += 8 * 8 * K * C
+        assert 8 * D * (head.upload_bytes["M"] - M) > 3 * cap
     assert peak < cap, f"{name}: peak traced allocation {peak / 2**20:.0f} MiB, cap {cap / 2**20:.0f} MiB"
     assert 8 * K * C * D > 5 * cap  # the dense (K, C, d) sums alone
     assert np.all(np.isfinite(head.weight))

@@ -143,7 +143,7 @@ def pair_spread(
     wp = weights[pair_class]
     sel = np.flatnonzero(wp > 0)
     src = sel if rows is None else np.asarray(rows)[sel]  # rows of pair_sums
-    contiguous = src.size == 0 or (src[0] + src.size - 1 == src[-1])  # one slice (the usual case)
+    contiguous = src.size == 0 or bool(np.all(np.diff(src) == 1))  # one slice (the usual case)
     out = np.zeros((d, d))
     step = max(1, min(max(_SPREAD_BLOCK_BYTES // (8 * max(d, 1)), _SPREAD_MIN_ROWS), sel.size))
     buf = np.empty((step, d))
@@ -275,6 +275,7 @@ class FedCOFEstimate:
     Kc: np.ndarray  # (C,) number of means per class
     G_hat: np.ndarray  # (d, d)
     notes: list[str] = field(default_factory=list)
+    spread: np.ndarray | None = None  # (d, d) Eq. 6's sum_c (N_c - 1) Sigma_c before shrinkage
 
 
 @register
@@ -343,17 +344,36 @@ class FedCOF(Method):
             notes.append(
                 f"{dropped} (client, class) pair(s) with count <= 0 were dropped (App. I.1 drop rule)"
             )
-        sums = stats.pair_sums  # never copied: invalid rows are skipped by index
-        rows = None if valid.all() else np.flatnonzero(valid)
-        pk, n = (stats.pair_class, n_all) if rows is None else (stats.pair_class[rows], n_all[rows])
+        _, pk_all, _, sums, sum_rows = stats._pair_block()  # never copied: rows are picked by index
+        if sum_rows is None:
+            rows = None if valid.all() else np.flatnonzero(valid)
+            pk, n = (pk_all, n_all) if rows is None else (pk_all[rows], n_all[rows])
+            pk_s, n_s, rows_s = pk, n, rows
+            count_only = np.zeros(C)
+        else:  # count-only cells (zero sums, no stored row): their mean is 0, their deviation -mu_c
+            has = sum_rows >= 0
+            pk, n = pk_all[valid], n_all[valid]
+            summed = valid & has
+            pk_s, n_s, rows_s = pk_all[summed], n_all[summed], sum_rows[summed]
+            zero = valid & ~has
+            count_only = np.bincount(pk_all[zero], weights=n_all[zero], minlength=C)
         N = np.bincount(pk, weights=n, minlength=C)
-        S = _sum_rows_by(sums, pk, C) if rows is None else _sum_rows_by_index(sums, rows, pk, C)
+        S = _sum_rows_by(sums, pk_s, C) if rows_s is None else _sum_rows_by_index(sums, rows_s, pk_s, C)
         mu = np.where(N[:, None] > 0, S / np.where(N > 0, N, 1.0)[:, None], 0.0)
         Kc = np.bincount(pk, minlength=C)
         w = spread_weights(N, Kc)
-        spread = pair_spread(pk, n, sums, mu, w, rows=rows)
+        spread = pair_spread(pk_s, n_s, sums, mu, w, rows=rows_s)
+        if count_only.any():  # sum over those cells of w_c n (0 - mu_c)(0 - mu_c)^T: one C-row product
+            Z = mu * np.sqrt(np.where(w > 0, w, 0.0) * count_only)[:, None]  # w_c <= 0: skipped, as pair_spread
+            spread += Z.T @ Z
+        inv_sum = np.bincount(pk, weights=1.0 / n, minlength=C) if self.params["noise_var"] > 0 else None
+        return self._estimate(N, S, Kc, spread, inv_sum, notes)
+
+    def _estimate(self, N, S, Kc, spread, inv_sum, notes) -> FedCOFEstimate:
+        """Eq. 8 from the class totals, the spread and (noise-aware) sum_k 1/n_kc per class."""
+        C = N.shape[0]
+        mu = np.where(N[:, None] > 0, S / np.where(N > 0, N, 1.0)[:, None], 0.0)
         if self.params["noise_var"] > 0:
-            inv_sum = np.bincount(pk, weights=1.0 / n, minlength=C)
             beta = _bias_from_sums(inv_sum, N, Kc, self.params["noise_var"])
         else:
             beta = np.zeros(C)
@@ -365,7 +385,75 @@ class FedCOF(Method):
                 f"class covariance (sigma^2={self.params['noise_var']:g}, mean bias {mean_bias:.3g})"
             )
         G_hat = within_matrix(N, S, Kc, spread, self.params["gamma"], beta)
-        return FedCOFEstimate(N=N, mu=mu, Kc=Kc, G_hat=G_hat, notes=notes)
+        return FedCOFEstimate(N=N, mu=mu, Kc=Kc, G_hat=G_hat, notes=notes, spread=spread)
+
+    def aggregate_stream(self, counts: np.ndarray, sum_chunks) -> LinearHead:
+        """The head from noisy uploads that arrive a chunk of clients at a time (:meth:`estimate_stream`)."""
+        return self._finish(self.estimate_stream(counts, sum_chunks))
+
+    def estimate_stream(self, counts: np.ndarray, sum_chunks) -> FedCOFEstimate:
+        """Eq. 5, 6 and 8 from uploads that arrive a chunk of clients at a time (local noise, streamed).
+
+        ``counts`` (K, C): every client's (noisy) count of every class, known
+        first; ``sum_chunks`` yields ``(k0, k1, sums)`` with the (noisy) sums
+        (k1 - k0, C, d) of clients k0..k1-1, in order.  Each chunk is folded and
+        dropped: memory O(K C + chunk + C d + d^2), never (K, C, d).  The drop
+        rule, N_c, K_c and w_c come from the counts alone, so each valid row
+        enters the spread as it arrives, centred on a per-class reference r_c
+        (the class's first valid mean): sum_p w_c n_p (m_p - r_c)(m_p - r_c)^T -
+        sum_c w_c N_c (mu_c - r_c)(mu_c - r_c)^T, which is Eq. 6's sum of
+        w_c n_p (m_p - mu_c)(m_p - mu_c)^T (the tests hold it to the per-pair
+        estimator at 1e-9, with class means far longer than the spread too).
+        """
+        n_all = np.asarray(counts, dtype=np.float64)
+        if n_all.ndim != 2 or n_all.shape[0] == 0:
+            raise ValueError(f"counts must have shape (K >= 1, C), got {n_all.shape}")
+        C = n_all.shape[1]
+        notes: list[str] = []
+        valid = n_all > 0
+        dropped = int(np.count_nonzero(~valid & (n_all != 0)))
+        if dropped:
+            notes.append(
+                f"{dropped} (client, class) pair(s) with count <= 0 were dropped (App. I.1 drop rule)"
+            )
+        n_valid = np.where(valid, n_all, 0.0)
+        N = n_valid.sum(axis=0)
+        Kc = valid.sum(axis=0)
+        w = np.maximum(spread_weights(N, Kc), 0.0)
+        S = spread = ref = None
+        seen = np.zeros(C, dtype=bool)
+        done = 0
+        for k0, k1, sums in sum_chunks:
+            if k0 != done:
+                raise ValueError(f"sum chunks must arrive in client order: expected client {done}, got {k0}")
+            done = k1
+            sums = np.asarray(sums, dtype=np.float64)
+            if spread is None:
+                d = sums.shape[2]
+                S, spread, ref = np.zeros((C, d)), np.zeros((d, d)), np.zeros((C, d))
+            kk, cc = np.nonzero(valid[k0:k1])
+            rows = sums[kk, cc]  # the valid rows of this chunk
+            n = n_all[k0:k1][kk, cc]
+            S += _sum_rows_by(rows, cc, C)
+            # Each class is centred on the mean of its first valid row (a reference r_c fixed before
+            # that row is folded), so the spread is accumulated as sum w n (m - r)(m - r)^T and
+            # corrected by sum_c w_c N_c (mu_c - r_c)(mu_c - r_c)^T at the end: no cancellation when
+            # class means are long against the spread.
+            new, first = np.unique(cc, return_index=True)
+            fresh = ~seen[new]
+            ref[new[fresh]] = rows[first[fresh]] / n[first[fresh], None]
+            seen[new[fresh]] = True
+            rows -= n[:, None] * ref[cc]
+            rows *= np.sqrt(w[cc] / n)[:, None]
+            spread += rows.T @ rows
+        if done != n_all.shape[0]:
+            raise ValueError(f"sum chunks covered clients 0..{done - 1} of {n_all.shape[0]}")
+        mu = np.where(N[:, None] > 0, S / np.where(N > 0, N, 1.0)[:, None], 0.0)
+        Z = (mu - ref) * np.sqrt(w * N)[:, None]
+        spread -= Z.T @ Z
+        inv_sum = np.where(valid, 1.0 / np.where(valid, n_all, 1.0), 0.0).sum(axis=0) \
+            if self.params["noise_var"] > 0 else None
+        return self._estimate(N, S, Kc, spread, inv_sum, notes)
 
     def aggregate(self, stats: ClientStats) -> LinearHead:
         est = self.estimate(stats)
