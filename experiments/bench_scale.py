@@ -33,7 +33,7 @@ against drawing the same noise alone, on the first ``--dp-clients`` clients
 and scaled to K.  Each run writes ``bench_scale.json`` (raw seconds and
 bytes) and ``bench_scale.md`` (:func:`render` of it) under ``--out``; the
 recorded run the README quotes is ``experiments/bench_scale.json`` / ``.md``
-(``--repeats 2 --curve-repeats 3``; every time and RSS is machine-dependent).
+(``--repeats 3 --curve-repeats 3``; every time and RSS is machine-dependent).
 """
 
 from __future__ import annotations
@@ -229,11 +229,14 @@ def child(data: str, name: str, repeats: int, threads: int) -> dict:
     }
 
 
-def child_local_dp(data: str, clients: int, repeats: int, threads: int) -> dict:
-    """Record-level DP with local noise, streamed, on the first ``clients`` clients (fedncm).
+def child_local_dp(data: str, clients: int, repeats: int, threads: int, method: str = "fedncm") -> dict:
+    """Record-level DP with local noise, streamed, on the first ``clients`` clients (fedncm or fedcof).
 
-    Times ``server_head`` (every client noises all C classes, the server folds the noisy uploads
-    chunk by chunk: one release) against drawing the same noise alone, in the same chunks.
+    Times ``server_head`` (every client noises all C classes; fedncm's server folds the noisy uploads
+    chunk by chunk, FedCOF's takes every noisy count first, then folds the noisy sums chunk by chunk
+    into its spread: one release either way) against drawing the same noise alone, in the same
+    chunks, and for FedCOF also against X^T X over the rows its spread takes (the kept cells, in
+    blocks of the same size).
     """
     from threadpoolctl import threadpool_limits
 
@@ -249,8 +252,8 @@ def child_local_dp(data: str, clients: int, repeats: int, threads: int) -> dict:
     rows = np.flatnonzero(k < clients)
     F, y, k = np.asarray(F32[rows], dtype=np.float64), y[rows], k[rows]
     rss_input = _proc_status("VmRSS")
-    m = privfed.methods.get("fedncm")
-    best_run, best_noise, head = np.inf, np.inf, None
+    m = privfed.methods.get(method, **({"gamma": 0.1} if method == "fedcof" else {}))
+    best_run, best_noise, best_xtx, head = np.inf, np.inf, 0.0, None
     for _ in range(repeats):
         mech = GaussianMechanism(epsilon=1.0, delta=1e-5, clip=float(np.sqrt(d)))
         rng = np.random.default_rng(0)
@@ -267,15 +270,29 @@ def child_local_dp(data: str, clients: int, repeats: int, threads: int) -> dict:
                 shape = (min(step, clients - a), C, d) if block == "sums" else (min(step, clients - a), C)
                 g.normal(0.0, sig[block], size=shape)
         best_noise = min(best_noise, time.perf_counter() - t0)
-    return {"clients": clients, "C": C, "d": d, "run_s": best_run, "noise_s": best_noise,
-            "peak_rss": _proc_status("VmHWM"), "rss_input": rss_input,
-            "releases": len({e.release_id for e in mech.ledger.events}),
-            "sent_M": head.upload_bytes["M"], "guarantee": head.privacy.guarantee}
+        if method == "fedcof":  # X^T X over the kept rows, in blocks of one chunk's kept rows
+            kept = int(np.sum(head.extras["Kc"]))
+            chunks = -(-clients // max(1, UPLOAD_CHUNK_BYTES // (8 * C * d)))
+            X = np.random.default_rng(2).standard_normal((-(-kept // chunks), d))
+            t0 = time.perf_counter()
+            for _ in range(chunks):
+                X.T @ X
+            xtx = time.perf_counter() - t0
+            best_xtx = xtx if best_xtx == 0.0 else min(best_xtx, xtx)
+    out = {"method": method, "clients": clients, "C": C, "d": d, "run_s": best_run, "noise_s": best_noise,
+           "peak_rss": _proc_status("VmHWM"), "rss_input": rss_input,
+           "releases": len({e.release_id for e in mech.ledger.events}),
+           "sent_M": head.upload_bytes["M"], "guarantee": head.privacy.guarantee}
+    if method == "fedcof":
+        out.update(xtx_s=best_xtx, kept_rows=int(np.sum(head.extras["Kc"])))
+    return out
 
 
-def run_child(data: str, name: str, repeats: int, threads: int, dp_clients: int | None = None) -> dict:
+def run_child(data: str, name: str, repeats: int, threads: int, dp_clients: int | None = None,
+              dp_method: str = "fedncm") -> dict:
     cmd = [sys.executable, __file__, "--child", name, "--data", data, "--repeats", str(repeats),
-           "--threads", str(threads)] + ([] if dp_clients is None else ["--dp-clients", str(dp_clients)])
+           "--threads", str(threads)] + ([] if dp_clients is None else ["--dp-clients", str(dp_clients),
+                                                                        "--dp-method", dp_method])
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
     if out.returncode != 0:
@@ -397,7 +414,7 @@ def scaling(base: dict, repeats: int) -> list[dict]:
         "K (M, N fixed)": [dict(base, K=int(base["K"] * f)) for f in (0.25, 0.5, 1.0)],
         "M (K fixed, N = 2.2 M)": [dict(base, M=int(base["M"] * f), N=int(base["N"] * f)) for f in (0.25, 0.5, 1.0)],
         # d upwards from the base: the d^2 terms (X^T X) dominate the N d group sum only at larger d
-        "d": [dict(base, d=int(base["d"] * f)) for f in (1.0, 2.0, 4.0)],
+        "d": [dict(base, d=int(base["d"] * f)) for f in (2.0, 4.0, 8.0)],
     }
     for curve, plan in plans.items():
         for name in ("fedcof", "fed3r-within"):
@@ -422,13 +439,14 @@ def main(argv=None) -> int:
     p.add_argument("--dp-clients", type=int, default=None,
                    help="clients the local-DP release is timed on (scaled to K; default 400, 0: all)")
     p.add_argument("--no-dp", action="store_true")
+    p.add_argument("--dp-method", default="fedncm", help=argparse.SUPPRESS)
     p.add_argument("--threads", type=int, default=1, help="BLAS threads for everything timed (default 1)")
     p.add_argument("--out", default="results/bench_scale")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     p.add_argument("--data", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child == "local-dp":
-        print(json.dumps(child_local_dp(args.data, args.dp_clients, args.repeats, args.threads)))
+        print(json.dumps(child_local_dp(args.data, args.dp_clients, args.repeats, args.threads, args.dp_method)))
         return 0
     if args.child:
         print(json.dumps(child(args.data, args.child, args.repeats, args.threads)))
@@ -473,10 +491,11 @@ def main(argv=None) -> int:
         dp = []
         if not args.no_dp:
             kdp = real["K"] if args.dp_clients == 0 else min(args.dp_clients or 400, real["K"])
-            for kk in sorted({max(1, kdp // 2), kdp}):  # two sizes: the peak RSS must not grow with K
-                r = run_child(tmp, "local-dp", 1, args.threads, dp_clients=kk)
-                print(json.dumps(r), flush=True)
-                dp.append(r)
+            for meth in ("fedncm", "fedcof"):
+                for kk in sorted({max(1, kdp // 2), kdp}):  # two sizes: the peak RSS must not grow with K
+                    r = run_child(tmp, "local-dp", 1, args.threads, dp_clients=kk, dp_method=meth)
+                    print(json.dumps(r), flush=True)
+                    dp.append(r)
     curves = [] if args.no_curves else scaling(
         dict(K=2000, C=300, d=256, N=26000, M=11800) if not args.small else dict(K=500, C=100, d=128, N=6500, M=3000),
         args.curve_repeats or args.repeats)
@@ -562,32 +581,39 @@ def render(res: dict) -> str:
     dp = [r for r in res.get("local_dp", []) if "error" not in r]
     if dp:
         K, C = real["K"], real["C"]
-        big = max(dp, key=lambda r: r["clients"])
         lines += [
             "",
-            f"Record-level DP with local noise (fedncm, GaussianMechanism eps=1, delta=1e-5): every client noises all "
+            f"Record-level DP with local noise (GaussianMechanism eps=1, delta=1e-5): every client noises all "
             f"C = {C:,} classes, so it sends C (d + 1) = {C * (d + 1):,} values whatever it holds "
-            f"({K:,} clients: {K * C * (d + 1) * 4 / 2**30:.1f} GiB in float32); the server folds the noisy uploads "
-            "chunk by chunk as one release. Timed on the first clients (d and C of the full shape) and scaled to K "
-            "by K / clients (each client's work is the same C (d + 1) draws):",
+            f"({K:,} clients: {K * C * (d + 1) * 4 / 2**30:.1f} GiB in float32). fedncm's server folds the noisy "
+            "uploads chunk by chunk; FedCOF's takes every client's noisy counts first (K C values), then folds the "
+            "noisy sums chunk by chunk into its spread, each kept cell a row of X^T X: one release either way. "
+            "Timed on the first clients (d and C of the full shape) and scaled to K by K / clients (each client's "
+            "work is the same C (d + 1) draws); bound = the noise alone, plus for FedCOF X^T X over the kept rows "
+            "in blocks of one chunk's:",
             "",
-            "| clients | release s | noise alone s | release / noise | scaled to K s | peak RSS GiB | RSS - input GiB "
-            "| releases booked |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- |",
+            "| method | clients | release s | noise alone s | X^T X over kept rows s | release / bound | scaled to K s "
+            "| peak RSS GiB | RSS - input GiB | releases booked |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
         ]
         for r in dp:
+            xtx = r.get("xtx_s", 0.0)
             lines.append(
-                f"| {r['clients']:,} | {r['run_s']:.2f} | {r['noise_s']:.2f} | {r['run_s'] / r['noise_s']:.2f} | "
+                f"| {r.get('method', 'fedncm')} | {r['clients']:,} | {r['run_s']:.2f} | {r['noise_s']:.2f} | "
+                f"{f'{xtx:.2f}' if 'xtx_s' in r else '-'} | {r['run_s'] / (r['noise_s'] + xtx):.2f} | "
                 f"{r['run_s'] * K / r['clients']:.0f} | {r['peak_rss'] / 2**30:.2f} | "
                 f"{(r['peak_rss'] - r['rss_input']) / 2**30:.2f} | {r['releases']} |"
             )
-        if len(dp) > 1:
-            small = min(dp, key=lambda r: r["clients"])
-            lines.append("")
-            lines.append(
-                f"Peak RSS above the input at {big['clients']:,} clients / at {small['clients']:,}: "
-                f"{(big['peak_rss'] - big['rss_input']) / max(small['peak_rss'] - small['rss_input'], 1):.2f} "
-                f"(memory independent of K: chunks of {res.get('upload_chunk_mib', 16):g} MiB of uploads).")
+        for meth in dict.fromkeys(r.get("method", "fedncm") for r in dp):
+            mine = [r for r in dp if r.get("method", "fedncm") == meth]
+            if len(mine) > 1:
+                big, small = max(mine, key=lambda r: r["clients"]), min(mine, key=lambda r: r["clients"])
+                lines += ["", (
+                    f"{meth}: peak RSS above the input at {big['clients']:,} clients / at {small['clients']:,}: "
+                    f"{(big['peak_rss'] - big['rss_input']) / max(small['peak_rss'] - small['rss_input'], 1):.2f} "
+                    f"(chunks of {res.get('upload_chunk_mib', 16):g} MiB of uploads"
+                    + ("; FedCOF also holds the K C noisy counts)." if meth == "fedcof" else
+                       ": memory independent of K)."))]
     curves = res.get("curves") or []
     if curves:
         lines += ["", "Scaling curves (fit time, min over repeats; fitted log-log exponent):", "",

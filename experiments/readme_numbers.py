@@ -603,21 +603,25 @@ Reading the tables (ratios within the one recorded run):
 
 * Every method runs at the iNat-120K shape in {rss_lo:.2f}–{rss_hi:.2f} GiB peak RSS, {bud_lo:.2f}–{bud_hi:.2f} of the
   target 2 (N d + M d + d²) floats plus the input.
-* FedCOF's server is {cof_srv:.2f}× its bound (XᵀX over the M pair rows plus Cholesky), {mm_srv:.2f}× with 4
-  means a client. Its client step is {cof_cli:.1f}× the bound's group sum: it also sorts the samples,
-  converts float32 chunk by chunk and assembles the M × d pair block, so the 1.5× client target is not
-  met for FedCOF.
-* The second-moment methods' servers take {sm_lo:.2f}–{sm_hi:.2f} s against a bound of one Cholesky: they also
-  form Ĝ and solve C right-hand sides; their whole fits are {smf_lo:.2f}–{smf_hi:.2f}× the whole bound.
+* Client statistics take {cli_lo:.2f}–{cli_hi:.2f}× their bound (one pass of the group sum, plus XᵀX over the
+  samples for the second-moment methods), servers {srv_lo:.2f}–{srv_hi:.2f}× theirs, whole fits {fit_lo:.2f}–{fit_hi:.2f}×:
+  {within}.
+* A server's bound is what its head must cost: XᵀX over the rows it reads (the M pairs for FedCOF, the
+  C class means where the between-class scatter is formed), one Cholesky and, for every head G⁻¹B, the
+  triangular solves of its d × C right-hand side ({solve_ratio:.1f}× the Cholesky here, 6 C / d of its flops).
 * Against the seeds' per-client loop, FedCOF (with its server looped as Eq. 6 is written) is {cof_loop:.0f}×
-  faster ({mm_loop:.0f}× with 4 means), and {cof_gemm:.0f}× against a per-class GEMM loop; the second-moment methods
-  {sm_loop_lo:.0f}–{sm_loop_hi:.0f}× and the oracle {orc_loop:.0f}×; fedncm and fedlog only {ncm_loop:.1f}× and {log_loop:.1f}×,
-  because their loop is already one group sum a client.
-* Record-level DP with local noise streams: the release costs {dp_lo:.2f}–{dp_hi:.2f}× drawing its noise alone, and
-  its memory above the input does not grow with the number of clients.
-* Fitted exponents: fit time grows as M^{m_lo:.2f}–M^{m_hi:.2f} (linear in the pairs, not in K·C) and as
-  d^{d_lo:.2f}–d^{d_hi:.2f} over d = {d_first}–{d_last} (quadratic at the top; the N d group sum still weighs at the
-  bottom).
+  faster ({mm_loop:.0f}× with 4 means, {cof_gemm:.0f}× against a per-class GEMM loop) and the oracle {orc_loop:.0f}×.
+  For the sum-only methods ({sumonly}) the loop itself is only
+  {lb_lo:.1f}–{lb_hi:.1f}× slower than their bound (loop / bound): their per-client Python work is small next to
+  the pass over the data every implementation makes, so an implementation at the bound is that much
+  faster and no more, short of the 20× target; privfed's fits are {lf_lo:.1f}–{lf_hi:.1f}× faster.
+* Record-level DP with local noise streams: fedncm's release costs {dp_lo:.2f}–{dp_hi:.2f}× drawing its noise alone,
+  FedCOF's {cdp_lo:.2f}–{cdp_hi:.2f}× the noise plus XᵀX over its kept cells ({kept:.0%} of the K C cells keep a positive
+  noisy count); scaled to iNat-120K that is about {ncm_min:.0f} and {cof_min:.0f} minutes. Memory above the input does
+  not grow with the number of clients beyond FedCOF's K C noisy counts.
+* Fitted exponents: fit time grows as M^{m_lo:.2f}–M^{m_hi:.2f} (linear in the pairs, not in K·C), as
+  K^{k_lo:.2f}–K^{k_hi:.2f} at fixed M and N, and as d^{d_lo:.2f}–d^{d_hi:.2f} over d = {d_first}–{d_last} (the d² terms, XᵀX and
+  the solves, against the N d group sum).
 """
 
 
@@ -625,35 +629,55 @@ def scale_readings() -> str:
     """The readings under the scale tables, from the recorded run; refuses a claim the run contradicts."""
     res, bs = _bench_scale()
     N, M, d = res["shape"]["N"], res["shape"]["M"], res["d"]
+    K, C = res["shape"]["K"], res["shape"]["C"]
     budget = 2 * (N * d + M * d + d * d) * 8
     rows = {r["method"]: r for r in res["rows"] if "error" not in r}
     q = {m: bs.method_ratios(r, res["bound"], budget) for m, r in rows.items()}
-    sm = ["fed3r", "fed3r-within", "fedcgs"]
+    sumonly = [m for m in rows if q[m]["loop_fit"] < 20]
     curves = res["curves"]
     mexp = [c["exponent"] for c in curves if c["curve"].startswith("M")]
+    kexp = [c["exponent"] for c in curves if c["curve"].startswith("K")]
     dcur = [c for c in curves if c["curve"] == "d"]
-    dp = [r["run_s"] / r["noise_s"] for r in res["local_dp"] if "error" not in r]
+    dps = [r for r in res["local_dp"] if "error" not in r]
+    ncm = [r for r in dps if r.get("method", "fedncm") == "fedncm"]
+    cof = [r for r in dps if r.get("method") == "fedcof"]
+    over = [f"{m} ({part} {q[m][key]:.2f}×)" for m in rows for part, key in (("client", "client_bound"),
+                                                                            ("server", "server_bound"))
+            if q[m][key] > 1.5]
+    within = ("every client step and every server is within the 1.5× target" if not over else
+              "within the 1.5× target except " + ", ".join(over))
     v = dict(
         rss_lo=min(r["peak_rss"] for r in rows.values()) / 2**30, rss_hi=max(r["peak_rss"] for r in rows.values()) / 2**30,
         bud_lo=min(x["rss_budget"] for x in q.values()), bud_hi=max(x["rss_budget"] for x in q.values()),
-        cof_srv=q["fedcof"]["server_bound"], mm_srv=q["fedcof-mm4"]["server_bound"], cof_cli=q["fedcof"]["client_bound"],
-        sm_lo=min(rows[m]["server_s"] for m in sm), sm_hi=max(rows[m]["server_s"] for m in [*sm, "fedcof-oracle"]),
-        smf_lo=min(q[m]["fit_bound"] for m in sm), smf_hi=max(q[m]["fit_bound"] for m in sm),
+        cli_lo=min(x["client_bound"] for x in q.values()), cli_hi=max(x["client_bound"] for x in q.values()),
+        srv_lo=min(x["server_bound"] for x in q.values()), srv_hi=max(x["server_bound"] for x in q.values()),
+        fit_lo=min(x["fit_bound"] for x in q.values()), fit_hi=max(x["fit_bound"] for x in q.values()),
+        within=within, solve_ratio=res["bound"]["solve_C_s"] / res["bound"]["cholesky_s"],
         cof_loop=q["fedcof"]["loop_fit"], mm_loop=q["fedcof-mm4"]["loop_fit"], cof_gemm=q["fedcof"]["class_gemm_loop_fit"],
-        sm_loop_lo=min(q[m]["loop_fit"] for m in sm), sm_loop_hi=max(q[m]["loop_fit"] for m in sm),
-        orc_loop=q["fedcof-oracle"]["loop_fit"], ncm_loop=q["fedncm"]["loop_fit"], log_loop=q["fedlog"]["loop_fit"],
-        dp_lo=min(dp), dp_hi=max(dp), m_lo=min(mexp), m_hi=max(mexp),
+        orc_loop=q["fedcof-oracle"]["loop_fit"], sumonly=", ".join(sumonly),
+        lb_lo=min(q[m]["loop_bound"] for m in sumonly), lb_hi=max(q[m]["loop_bound"] for m in sumonly),
+        lf_lo=min(q[m]["loop_fit"] for m in sumonly), lf_hi=max(q[m]["loop_fit"] for m in sumonly),
+        dp_lo=min(r["run_s"] / r["noise_s"] for r in ncm), dp_hi=max(r["run_s"] / r["noise_s"] for r in ncm),
+        cdp_lo=min(r["run_s"] / (r["noise_s"] + r["xtx_s"]) for r in cof),
+        cdp_hi=max(r["run_s"] / (r["noise_s"] + r["xtx_s"]) for r in cof),
+        kept=max(cof, key=lambda r: r["clients"])["kept_rows"] / (max(r["clients"] for r in cof) * C),
+        ncm_min=max(ncm, key=lambda r: r["clients"])["run_s"] * K / max(r["clients"] for r in ncm) / 60,
+        cof_min=max(cof, key=lambda r: r["clients"])["run_s"] * K / max(r["clients"] for r in cof) / 60,
+        m_lo=min(mexp), m_hi=max(mexp), k_lo=min(kexp), k_hi=max(kexp),
         d_lo=min(c["exponent"] for c in dcur), d_hi=max(c["exponent"] for c in dcur),
         d_first=dcur[0]["x"][0], d_last=dcur[0]["x"][-1],
     )
     claims = {
         "every method within the memory target": v["bud_hi"] <= 1.0,
-        "FedCOF server within 1.5x": v["cof_srv"] <= 1.5 and v["mm_srv"] <= 1.5,
-        "FedCOF client not within 1.5x": v["cof_cli"] > 1.5,
-        "FedCOF loop >= 20x": v["cof_loop"] >= 20,
-        "fedncm/fedlog loop < 20x": v["ncm_loop"] < 20 and v["log_loop"] < 20,
+        "FedCOF and the oracle >= 20x the loop": min(v["cof_loop"], v["mm_loop"], v["orc_loop"]) >= 20,
+        "the methods under 20x cannot reach it": bool(sumonly) and v["lb_hi"] < 20,
         "linear in M": 0.6 <= v["m_lo"] and v["m_hi"] <= 1.3,
-        "local DP about its noise": v["dp_hi"] <= 1.5,
+        "flat in K": v["k_hi"] <= 0.3,
+        "local DP near its bound": v["dp_hi"] <= 1.5 and v["cdp_hi"] <= 1.5,
+        "local DP memory flat in K": all(
+            (max(g, key=lambda r: r["clients"])["peak_rss"] - max(g, key=lambda r: r["clients"])["rss_input"])
+            < 1.5 * (min(g, key=lambda r: r["clients"])["peak_rss"] - min(g, key=lambda r: r["clients"])["rss_input"])
+            for g in (ncm, cof)),
     }
     broken = [c for c, ok in claims.items() if not ok]
     if broken:
