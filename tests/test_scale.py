@@ -18,8 +18,8 @@ import pytest
 
 import privfed
 import privfed.stats as stats_mod
-from mechanisms import GaussianMechanism
 from experiments.bench_scale import inat_like, shape_of
+from mechanisms import GaussianMechanism
 
 K, C, D, N, M = 2000, 300, 256, 26000, 11800
 CAP = 160 * 2**20
@@ -254,7 +254,7 @@ def test_streamed_path_is_not_taken_around_a_subclass_or_a_changed_server():
         def aggregate(self, stats):
             return super().aggregate(stats)
 
-    kw = dict(epsilon=2.0, delta=1e-5, clip=3.0)
+    kw = {"epsilon": 2.0, "delta": 1e-5, "clip": 3.0}
     assert _streams(GaussianMechanism(**kw), FedCOF(), "streams_pairs")
     assert _streams(GaussianMechanism(**kw), privfed.methods.get("fedncm"))
     assert not _streams(OwnUpload(**kw), FedCOF(), "streams_pairs")  # its before_upload, not its stream
@@ -264,8 +264,6 @@ def test_streamed_path_is_not_taken_around_a_subclass_or_a_changed_server():
 def test_count_only_pairs_given_out_of_order_and_old_pickles():
     """from_pairs with count-only cells whose rows come out of order after the pairs are sorted gives
     FedCOF the head of the dense statistics; a ClientStats pickled before count-only cells existed loads."""
-    import pickle
-
     from privfed.stats import ClientStats
 
     rng = np.random.default_rng(0)
@@ -292,18 +290,16 @@ def test_count_only_pairs_given_out_of_order_and_old_pickles():
     assert old.summed_pairs().all() and old.num_pairs() == 6
 
 
-def test_streamed_local_noise_fedcof_memory_grows_only_with_the_counts(monkeypatch):
-    """FedCOF under local noise at a scaled shape: the noisy sums are folded 4 MiB at a time, so the
-    release holds the K C noisy counts, a chunk and the C x d, d x d aggregates: never (K, C, d)."""
+def _local_release_peaks(method, monkeypatch) -> dict:
+    """Peak traced memory of one streamed local-noise release (4 MiB chunks) at K = 250 and K = 1,000,
+    C = 300, d = 128: the dense (K, C, d) stack would be 307 MB at K = 1,000."""
     from privfed import pipeline
-    from privfed.methods import get
 
     monkeypatch.setattr(pipeline, "UPLOAD_CHUNK_BYTES", 4 * 2**20)
     monkeypatch.setattr(stats_mod, "DENSE_VIEW_LIMIT", 64 * 2**20)
-    method = get("fedcof", gamma=0.1)
-    peaks, d = {}, 128
+    peaks = {}
     for KK, NN, MM in ((250, 3250, 1475), (1000, 13000, 5900)):
-        F, y, k = inat_like(KK, C, d, NN, MM, seed=4)
+        F, y, k = inat_like(KK, C, 128, NN, MM, seed=4)
         mech = _local_dp()
         Ck = int(y.max()) + 1
         stats = pipeline.client_statistics(method, F, y, k, num_classes=Ck, num_clients=KK,
@@ -318,45 +314,30 @@ def test_streamed_local_noise_fedcof_memory_grows_only_with_the_counts(monkeypat
         peaks[KK] = peak
         assert head.upload_bytes["M"] == KK * Ck and np.all(np.isfinite(head.weight))
         assert len({e.release_id for e in mech.ledger.events}) == 1
-    dense = 8 * 1000 * C * d
-    assert peaks[1000] < dense / 10, peaks
+    return peaks
+
+
+def test_streamed_local_noise_fedcof_memory_grows_only_with_the_counts(monkeypatch):
+    """FedCOF under local noise: the noisy sums are folded a chunk at a time, so the release holds the
+    K C noisy counts, a chunk and the C x d, d x d aggregates: never (K, C, d)."""
+    from privfed.methods import get
+
+    peaks = _local_release_peaks(get("fedcof", gamma=0.1), monkeypatch)
+    assert peaks[1000] < 8 * 1000 * C * 128 / 10, peaks
     # 750 more clients add a handful of K C vectors (the noisy counts, their masks), not (K, C, d)
     assert peaks[1000] - peaks[250] < 8 * 8 * 750 * C, peaks
 
 
 def test_streamed_local_noise_memory_does_not_grow_with_clients(monkeypatch):
-    """Local DP at a scaled shape: peak traced memory of the release stays at the chunk size.
+    """Sum-only local DP: peak traced memory of the release stays at the chunk size.
 
-    C = 300, d = 128: one client's dense upload is 8 C d = 307 KB; the dense (K, C, d) stack
-    would be 307 MB at K = 1,000.  With 4 MiB chunks the release (noise, fold, head) holds a
-    few chunks plus the C x d aggregate, the same at K = 250 and K = 1,000.
+    One client's dense upload is 8 C d = 307 KB; with 4 MiB chunks the release (noise, fold, head)
+    holds a few chunks plus the C x d aggregate, the same at K = 250 and K = 1,000.
     """
-    from privfed import pipeline
     from privfed.methods import get
 
-    monkeypatch.setattr(pipeline, "UPLOAD_CHUNK_BYTES", 4 * 2**20)
-    monkeypatch.setattr(stats_mod, "DENSE_VIEW_LIMIT", 64 * 2**20)
-    method = get("fedncm")
-    peaks = {}
-    d = 128
-    for KK, NN, MM in ((250, 3250, 1475), (1000, 13000, 5900)):
-        F, y, k = inat_like(KK, C, d, NN, MM, seed=4)
-        mech = _local_dp()
-        Ck = int(y.max()) + 1
-        stats = pipeline.client_statistics(method, F, y, k, num_classes=Ck, num_clients=KK,
-                                           rng=np.random.default_rng(0), privacy=mech)
-        del F
-        tracemalloc.start()
-        try:
-            head = pipeline.server_head(method, stats, num_clients=KK, rng=np.random.default_rng(1), privacy=mech)
-            _, peak = tracemalloc.get_traced_memory()
-        finally:
-            tracemalloc.stop()
-        peaks[KK] = peak
-        assert head.upload_bytes["M"] == KK * Ck
-        assert len({e.release_id for e in mech.ledger.events}) == 1
-    dense = 8 * 1000 * C * d
-    assert peaks[1000] < dense / 20, peaks
+    peaks = _local_release_peaks(get("fedncm"), monkeypatch)
+    assert peaks[1000] < 8 * 1000 * C * 128 / 20, peaks
     # independent of K: the 4x larger federation adds under one chunk (index arrays of the subsets)
     assert peaks[1000] < peaks[250] + 4 * 2**20, peaks
 
