@@ -201,6 +201,8 @@ def server_head(
         head.privacy = privacy.report()
         head.feature_transform = getattr(privacy, "feature_transform", None)
         return head
+    if secure_agg is not None:
+        _check_secure_size(method, stats)
     uploaded = stats if privacy is None else privacy.before_upload(stats, method, rng)
     if secure_agg is not None:
         sum_fn = secure_agg.secure_sum(rng)
@@ -225,6 +227,30 @@ def server_head(
         head.secure_aggregation = secure_agg.report(method, stats)
         head.notes.extend(_whose_data(head.secure_aggregation))
     return head
+
+
+def _check_secure_size(method: Method, stats: ClientStats) -> None:
+    """Refuse, naming the sizes and the way out, a secure aggregation too large for one process.
+
+    Under secure aggregation every client masks its whole upload: all C classes (zeros included, so
+    the masks hide which classes it holds), and a d x d matrix where the method sums one per client
+    (second moments; FedCOF's second round).  In one process those are (K, ...) stacks.
+    """
+    import privfed.stats as _stats
+
+    K, C, d = stats.num_clients, stats.num_classes, stats.dim
+    square = "second" in method.requires or method.per_client
+    per_client = C * d + 2 * C + (d * d if square else 0)
+    need = 8 * K * per_client
+    if need > _stats.DENSE_VIEW_LIMIT:
+        raise InputError(
+            f"secure aggregation in one process masks every client's whole upload: {K:,} clients x "
+            f"{per_client:,} values (all C = {C:,} classes, zeros included, so the masks hide which classes a "
+            f"client holds{', and a d x d matrix each' if square else ''}) need {need / 2**30:.3g} GiB, over "
+            f"privfed.stats.DENSE_VIEW_LIMIT ({_stats.DENSE_VIEW_LIMIT / 2**30:.3g} GiB); run it across "
+            "processes with the Flower app (python -m privfed.flower), where each node masks only its own "
+            "upload, or raise privfed.stats.DENSE_VIEW_LIMIT"
+        )
 
 
 def _streams(privacy: Any, method: Method, predicate: str = "streams_upload") -> bool:

@@ -560,3 +560,16 @@ def test_a_subclass_replacing_before_upload_keeps_the_one_call_path():
                                        privacy=rec)
     pipeline.server_head(m, stats, num_clients=23, rng=np.random.default_rng(2), privacy=rec)
     assert Recording.calls == 1
+
+
+@pytest.mark.parametrize("name", ["fedncm", "fedcof", "fed3r"])
+def test_secure_aggregation_too_large_for_one_process_says_what_to_do(federation, monkeypatch, name):
+    """Every client masks all C classes: at K = 2,000, C = 300, d = 256 that is 1.2 GB of uploads in one
+    process; over the dense limit the refusal names the size and the Flower app, before any work."""
+    from mechanisms.secagg import PairwiseMasking
+    from privfed.errors import InputError
+
+    F, y, k = federation
+    monkeypatch.setattr(stats_mod, "DENSE_VIEW_LIMIT", 64 * 2**20)
+    with pytest.raises(InputError, match=r"secure aggregation in one process .* 2,000 clients x .*privfed\.flower"):
+        privfed.fit(name, F, y, k, secure_agg=PairwiseMasking(neighbours=8))
