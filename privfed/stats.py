@@ -40,9 +40,10 @@ derive the pair layout on demand: a pair is a (client, class) cell whose
 count or sum is non-zero.
 
 :class:`StatsFold` folds client statistics in chunk by chunk (memory
-O(C d + d^2) for the total, O(M d + d^2) when the pairs are kept); it is the
-one aggregation step of :func:`privfed.fit`, the trade-off sweep and a
-server receiving client updates.
+O(C d + d^2) for the total, O(M d + d^2) when the pairs are kept): the
+aggregation step of the trade-off sweep and of a server receiving client
+updates.  :func:`privfed.fit`, which holds every sample, folds them in one
+sorted pass into the same result (:func:`privfed.pipeline.fold_statistics`).
 
 Optional fields are ``None`` when not computed.  Counts are floats so that
 noisy releases (which may be negative or fractional) use the same type.
@@ -690,7 +691,7 @@ class ClientStats:
 
 # -- streaming aggregation -----------------------------------------------------------
 class StatsFold:
-    """Fold client statistics in as they arrive: the one aggregation step of privfed.
+    """Fold client statistics in as they arrive: the aggregation step of a server.
 
     Usage::
 
