@@ -253,7 +253,7 @@ def child_local_dp(data: str, clients: int, repeats: int, threads: int, method: 
     F, y, k = np.asarray(F32[rows], dtype=np.float64), y[rows], k[rows]
     rss_input = _proc_status("VmRSS")
     m = privfed.methods.get(method, **({"gamma": 0.1} if method == "fedcof" else {}))
-    best_run, best_noise, best_xtx, head = np.inf, np.inf, 0.0, None
+    best_run, best_noise, best_xtx, head = np.inf, np.inf, np.inf, None
     for _ in range(repeats):
         mech = GaussianMechanism(epsilon=1.0, delta=1e-5, clip=float(np.sqrt(d)))
         rng = np.random.default_rng(0)
@@ -277,8 +277,7 @@ def child_local_dp(data: str, clients: int, repeats: int, threads: int, method: 
             t0 = time.perf_counter()
             for _ in range(chunks):
                 X.T @ X
-            xtx = time.perf_counter() - t0
-            best_xtx = xtx if best_xtx == 0.0 else min(best_xtx, xtx)
+            best_xtx = min(best_xtx, time.perf_counter() - t0)
     out = {"method": method, "clients": clients, "C": C, "d": d, "run_s": best_run, "noise_s": best_noise,
            "peak_rss": _proc_status("VmHWM"), "rss_input": rss_input,
            "releases": len({e.release_id for e in mech.ledger.events}),

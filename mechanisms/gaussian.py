@@ -674,32 +674,19 @@ class GaussianMechanism:
         One release, as :meth:`local_noise_blocks` (``order=("counts", "sums")``):
         the (K, C) noisy counts of every client, then an iterator of
         ``(k0, k1, sums)`` with the noisy (k1 - k0, C, d) sums of clients
-        k0..k1-1, each drawn when the server asks for it.  A block this
-        mechanism does not noise is sent as computed.
+        k0..k1-1, each drawn when the server asks for it.
         """
         stream = self.local_noise_blocks(stats, rng, chunk_bytes=chunk_bytes, order=("counts", "sums"))
-        parts, first = [], None
+        parts, first = [], None  # blocks always hold "counts" and "sums": every count chunk comes first
         for item in stream:
             if item[0] != "counts":
                 first = item
                 break
             parts.append(item[3])
-        if parts:
-            counts = np.concatenate(parts)
-        elif "counts" not in self.blocks or "counts" not in stats.available:
-            counts = np.array(stats.counts, dtype=np.float64)  # sent as computed: this mechanism does not noise them
-        else:  # pragma: no cover - a subclass drawing the blocks in another order
-            raise RuntimeError("local_noise_blocks did not draw the counts first; the streamed FedCOF path needs them")
+        counts = np.concatenate(parts)
 
         def sums():
-            if first is None and "sums" not in self.blocks:
-                K = stats.num_clients
-                step = K if chunk_bytes is None else max(1, int(chunk_bytes) // (8 * stats.num_classes * stats.dim))
-                for k0 in range(0, K, step):
-                    yield k0, min(K, k0 + step), _client_block(stats, "sums", k0, min(K, k0 + step))
-                return
-            if first is not None:
-                yield first[1:]
+            yield first[1:]
             for _, k0, k1, values in stream:
                 yield k0, k1, values
 

@@ -734,9 +734,8 @@ def _uploads(parts: dict, stats):
     from privfed.stats import ClientStats
 
     arrays = {block: np.concatenate(values) for block, values in parts.items()}
-    # a block the mechanism does not noise goes out as computed
-    return ClientStats(counts=arrays.get("counts", stats.counts), sums=arrays.get("sums", stats.sums),
-                       second=arrays.get("second"), owners=stats.owners)
+    return ClientStats(counts=arrays["counts"], sums=arrays["sums"], second=arrays.get("second"),
+                       owners=stats.owners)
 
 
 def _server_view(head, ptap: _Tap, stap: "_Tap | None") -> dict:

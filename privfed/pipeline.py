@@ -36,7 +36,7 @@ import scipy.sparse as sp
 from privfed.errors import InputError
 from privfed.head import LinearHead
 from privfed.methods.base import Method
-from privfed.stats import ClientStats, StatsFold, _readonly
+from privfed.stats import ClientStats, StatsFold, _readonly, _sorted_segments
 
 __all__ = [
     "FOLD_CHUNK_BYTES", "FOLD_GRAM_CHUNK_BYTES", "UPLOAD_CHUNK_BYTES", "client_statistics", "fold_statistics", "run_federation",
@@ -116,13 +116,9 @@ def fold_statistics(
     fields = {"counts", "sums"} | (set(method.requires) & {"second", "class_second"})
     pair_key = groups * C + y
     key = pair_key if keep == "pairs" else y
-    order = np.argsort(key, kind="stable")
-    ks = key[order]
-    N = ks.size
-    starts = np.flatnonzero(np.concatenate(([True], ks[1:] != ks[:-1]))) if N else np.zeros(0, np.int64)
-    out_key = ks[starts]
-    indptr = np.concatenate((starts, [N])).astype(np.int64)
-    S = np.empty((out_key.size, d))  # numpy's own allocation (huge pages); every row is written below
+    order, out_key, indptr = _sorted_segments(key)
+    N = key.size
+    S = np.empty((out_key.size, d))  # every row is written below
     gram = np.zeros((d, d)) if second else None
     default = FOLD_GRAM_CHUNK_BYTES if second else FOLD_CHUNK_BYTES
     step = max(1, int(chunk_bytes or default) // (8 * max(d, 1)))
@@ -187,35 +183,29 @@ def server_head(
     ``streams_pairs``) gets every client's noisy counts first, then the noisy
     sums a chunk of clients at a time: memory O(K C + chunk + C d + d^2).
     """
+    uploaded = None  # the streamed paths never hold every client's upload at once
     if privacy is not None and secure_agg is None and _streams(privacy, method):
         total = privacy.fold_local_upload(stats, method, rng, chunk_bytes=UPLOAD_CHUNK_BYTES)
         head = method.aggregate(privacy.after_aggregate(total, method, rng))
-        head.upload_bytes = _sent_communication(method, privacy, stats, None, num_clients)
-        head.privacy = privacy.report()
-        head.feature_transform = getattr(privacy, "feature_transform", None)
-        return head
-    if privacy is not None and secure_agg is None and _streams(privacy, method, "streams_pairs"):
-        counts, sum_chunks = privacy.local_upload_stream(stats, rng, chunk_bytes=UPLOAD_CHUNK_BYTES)
-        head = method.aggregate_stream(counts, sum_chunks)
-        head.upload_bytes = _sent_communication(method, privacy, stats, None, num_clients)
-        head.privacy = privacy.report()
-        head.feature_transform = getattr(privacy, "feature_transform", None)
-        return head
-    if secure_agg is not None:
-        _check_secure_size(method, stats)
-    uploaded = stats if privacy is None else privacy.before_upload(stats, method, rng)
-    if secure_agg is not None:
-        sum_fn = secure_agg.secure_sum(rng)
-        if privacy is not None:
-            sum_fn = _noisy_sum(sum_fn, privacy, method, rng)
-        head = method.secure_aggregate(uploaded, sum_fn)
-    elif method.per_client:
-        head = method.aggregate(uploaded)
+    elif privacy is not None and secure_agg is None and _streams(privacy, method, "streams_pairs"):
+        head = method.aggregate_stream(*privacy.local_upload_stream(stats, rng, chunk_bytes=UPLOAD_CHUNK_BYTES))
     else:
-        total = StatsFold(num_classes=stats.num_classes, dim=stats.dim).add(uploaded.select(method.requires)).result()
-        if privacy is not None:
-            total = privacy.after_aggregate(total, method, rng)
-        head = method.aggregate(total)
+        if secure_agg is not None:
+            _check_secure_size(method, stats)
+        uploaded = stats if privacy is None else privacy.before_upload(stats, method, rng)
+        if secure_agg is not None:
+            sum_fn = secure_agg.secure_sum(rng)
+            if privacy is not None:
+                sum_fn = _noisy_sum(sum_fn, privacy, method, rng)
+            head = method.secure_aggregate(uploaded, sum_fn)
+        elif method.per_client:
+            head = method.aggregate(uploaded)
+        else:
+            total = StatsFold(num_classes=stats.num_classes, dim=stats.dim).add(
+                uploaded.select(method.requires)).result()
+            if privacy is not None:
+                total = privacy.after_aggregate(total, method, rng)
+            head = method.aggregate(total)
 
     head.upload_bytes = method.communication(stats, num_clients) if privacy is None else _sent_communication(
         method, privacy, stats, uploaded, num_clients

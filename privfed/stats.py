@@ -741,6 +741,7 @@ class StatsFold:
         self._cs_values = True
         self._pairs: list[tuple[np.ndarray, ...]] = []
         self._rows = 0  # rows of pair sums folded so far
+        self._count_only = False  # whether a chunk held count-only cells
         self._owners: list[np.ndarray] = []
         self._has_owners = False
 
@@ -773,8 +774,8 @@ class StatsFold:
             self._S += S
         else:
             pc, pk, n, S, rows = chunk._pair_block()
-            if rows is None:
-                rows = np.arange(pc.size)
+            self._count_only |= rows is not None
+            rows = np.arange(pc.size) if rows is None else rows
             rows = np.where(rows >= 0, rows + self._rows, -1)
             self._rows += S.shape[0]
             self._pairs.append((pc + self.num_clients, pk, n, S, rows))
@@ -808,10 +809,9 @@ class StatsFold:
                 *pairs, rows = (_readonly(np.concatenate(parts)) for parts in zip(*self._pairs))
             else:  # pragma: no cover - guarded above
                 pairs, rows = [np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0), np.zeros((0, d))], None
-            sparse = rows is not None and not np.array_equal(rows, np.arange(rows.size))
             owners = np.concatenate(self._owners) if self._has_owners else None
             out = ClientStats._new(self.num_clients, C, d, pairs=tuple(pairs), gram=gram, fields=fields, owners=owners,
-                                   sum_rows=rows if sparse else None)
+                                   sum_rows=rows if self._count_only else None)
         object.__setattr__(out, "folded_pairs", self.num_pairs)
         return out
 
@@ -866,6 +866,17 @@ def _group_second_moments(F: np.ndarray, group: np.ndarray, num_groups: int) -> 
     return out
 
 
+def _sorted_segments(key: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One stable sort of integer keys: (order, the distinct keys, CSR row pointer of their runs).
+
+    ``key[order[indptr[j]:indptr[j + 1]]]`` all equal the j-th distinct key.
+    """
+    order = np.argsort(key, kind="stable")
+    ks = key[order]
+    starts = np.flatnonzero(np.concatenate(([True], ks[1:] != ks[:-1]))) if ks.size else np.zeros(0, np.int64)
+    return order, ks[starts], np.concatenate((starts, [ks.size])).astype(np.int64)
+
+
 def _stats_from_rows(
     F: np.ndarray, y: np.ndarray, k: np.ndarray, C: int, K: int, fields, owners=None
 ) -> ClientStats:
@@ -873,13 +884,9 @@ def _stats_from_rows(
     d = F.shape[1]
     key = k * C + y if K > 1 else y
     # One sort: the CSR one-hot of samples into pairs, then one sparse-dense product.
-    order = np.argsort(key, kind="stable")
-    ks = key[order]
-    starts = np.flatnonzero(np.concatenate(([True], ks[1:] != ks[:-1]))) if ks.size else np.zeros(0, np.int64)
-    uniq = ks[starts]
-    indptr = np.concatenate((starts, [ks.size])).astype(np.int64)
+    order, uniq, indptr = _sorted_segments(key)
     counts = np.diff(indptr).astype(np.float64)
-    onehot = sp.csr_matrix((np.ones(ks.size), order, indptr), shape=(uniq.size, ks.size))
+    onehot = sp.csr_matrix((np.ones(key.size), order, indptr), shape=(uniq.size, key.size))
     S = np.asarray(onehot @ F) if uniq.size else np.zeros((0, d))
     pcl = uniq // C if K > 1 else np.zeros(uniq.size, dtype=np.int64)
     pairs = tuple(_readonly(a) for a in (pcl, uniq % C, counts, S))

@@ -56,6 +56,7 @@ __all__ = [
     "FedCOF",
     "FedCOFEstimate",
     "class_covariances",
+    "class_means",
     "class_totals",
     "multi_mean_ids",
     "noise_bias",
@@ -79,6 +80,11 @@ def valid_pairs(counts: np.ndarray) -> tuple[np.ndarray, int]:
     return mask, int(np.count_nonzero(~mask & (counts != 0)))
 
 
+def class_means(N: np.ndarray, S: np.ndarray) -> np.ndarray:
+    """mu_c = S_c / N_c, 0 where N_c <= 0 (shape (C, d))."""
+    return np.where(N[:, None] > 0, S / np.where(N > 0, N, 1.0)[:, None], 0.0)
+
+
 def class_totals(
     counts: np.ndarray, sums: np.ndarray, mask: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -89,7 +95,7 @@ def class_totals(
     n = np.where(mask, counts, 0.0)
     N = n.sum(axis=0)
     S = np.einsum("kc,kcd->cd", mask.astype(np.float64), sums)
-    mu = np.where(N[:, None] > 0, S / np.where(N > 0, N, 1.0)[:, None], 0.0)
+    mu = class_means(N, S)
     Kc = mask.sum(axis=0)
     return N, S, mu, Kc
 
@@ -338,12 +344,7 @@ class FedCOF(Method):
         notes: list[str] = []
         C = stats.num_classes
         n_all = stats.pair_counts
-        valid = n_all > 0
-        dropped = int(np.count_nonzero(~valid & (n_all != 0)))
-        if dropped:
-            notes.append(
-                f"{dropped} (client, class) pair(s) with count <= 0 were dropped (App. I.1 drop rule)"
-            )
+        valid = self._drop_rule(n_all, notes)
         _, pk_all, _, sums, sum_rows = stats._pair_block()  # never copied: rows are picked by index
         if sum_rows is None:
             rows = None if valid.all() else np.flatnonzero(valid)
@@ -359,7 +360,7 @@ class FedCOF(Method):
             count_only = np.bincount(pk_all[zero], weights=n_all[zero], minlength=C)
         N = np.bincount(pk, weights=n, minlength=C)
         S = _sum_rows_by(sums, pk_s, C) if rows_s is None else _sum_rows_by_index(sums, rows_s, pk_s, C)
-        mu = np.where(N[:, None] > 0, S / np.where(N > 0, N, 1.0)[:, None], 0.0)
+        mu = class_means(N, S)
         Kc = np.bincount(pk, minlength=C)
         w = spread_weights(N, Kc)
         spread = pair_spread(pk_s, n_s, sums, mu, w, rows=rows_s)
@@ -367,12 +368,21 @@ class FedCOF(Method):
             Z = mu * np.sqrt(np.where(w > 0, w, 0.0) * count_only)[:, None]  # w_c <= 0: skipped, as pair_spread
             spread += Z.T @ Z
         inv_sum = np.bincount(pk, weights=1.0 / n, minlength=C) if self.params["noise_var"] > 0 else None
-        return self._estimate(N, S, Kc, spread, inv_sum, notes)
+        return self._estimate(N, S, mu, Kc, spread, inv_sum, notes)
 
-    def _estimate(self, N, S, Kc, spread, inv_sum, notes) -> FedCOFEstimate:
-        """Eq. 8 from the class totals, the spread and (noise-aware) sum_k 1/n_kc per class."""
+    @staticmethod
+    def _drop_rule(counts: np.ndarray, notes: list[str]) -> np.ndarray:
+        """Which pairs take part (:func:`valid_pairs`), with the note on those dropped."""
+        valid, dropped = valid_pairs(counts)
+        if dropped:
+            notes.append(
+                f"{dropped} (client, class) pair(s) with count <= 0 were dropped (App. I.1 drop rule)"
+            )
+        return valid
+
+    def _estimate(self, N, S, mu, Kc, spread, inv_sum, notes) -> FedCOFEstimate:
+        """Eq. 8 from the class totals and means, the spread and (noise-aware) sum_k 1/n_kc per class."""
         C = N.shape[0]
-        mu = np.where(N[:, None] > 0, S / np.where(N > 0, N, 1.0)[:, None], 0.0)
         if self.params["noise_var"] > 0:
             beta = _bias_from_sums(inv_sum, N, Kc, self.params["noise_var"])
         else:
@@ -410,12 +420,7 @@ class FedCOF(Method):
             raise ValueError(f"counts must have shape (K >= 1, C), got {n_all.shape}")
         C = n_all.shape[1]
         notes: list[str] = []
-        valid = n_all > 0
-        dropped = int(np.count_nonzero(~valid & (n_all != 0)))
-        if dropped:
-            notes.append(
-                f"{dropped} (client, class) pair(s) with count <= 0 were dropped (App. I.1 drop rule)"
-            )
+        valid = self._drop_rule(n_all, notes)
         n_valid = np.where(valid, n_all, 0.0)
         N = n_valid.sum(axis=0)
         Kc = valid.sum(axis=0)
@@ -448,12 +453,12 @@ class FedCOF(Method):
             spread += rows.T @ rows
         if done != n_all.shape[0]:
             raise ValueError(f"sum chunks covered clients 0..{done - 1} of {n_all.shape[0]}")
-        mu = np.where(N[:, None] > 0, S / np.where(N > 0, N, 1.0)[:, None], 0.0)
+        mu = class_means(N, S)
         Z = (mu - ref) * np.sqrt(w * N)[:, None]
         spread -= Z.T @ Z
         inv_sum = np.where(valid, 1.0 / np.where(valid, n_all, 1.0), 0.0).sum(axis=0) \
             if self.params["noise_var"] > 0 else None
-        return self._estimate(N, S, Kc, spread, inv_sum, notes)
+        return self._estimate(N, S, mu, Kc, spread, inv_sum, notes)
 
     def aggregate(self, stats: ClientStats) -> LinearHead:
         est = self.estimate(stats)
@@ -499,7 +504,7 @@ class FedCOF(Method):
         N = np.asarray(secure_sum(by_owner(counts)), dtype=np.float64)
         S = np.asarray(secure_sum(by_owner(sums)), dtype=np.float64)
         Kc = np.rint(np.asarray(secure_sum(by_owner(mask.astype(np.float64))), dtype=np.float64))
-        mu = np.where(N[:, None] > 0, S / np.where(N > 0, N, 1.0)[:, None], 0.0)
+        mu = class_means(N, S)
         beta = None
         if self.params["noise_var"] > 0:
             inv = np.where(mask, 1.0 / np.where(mask, stats.counts, 1.0), 0.0)
