@@ -71,7 +71,9 @@ def fit(
     -------
     LinearHead
         ``weight`` (C, d), ``bias`` (C,), ``predict``, ``score``, plus
-        ``notes``, ``upload_bytes`` and ``privacy``.
+        ``notes``, ``upload_bytes``, ``privacy`` and ``trace`` (what the release
+        did, stage by stage, and what the server received:
+        :class:`privfed.release.ReleaseTrace`).
     """
     if isinstance(method, _methods.Method) and params:
         raise ConfigError(
@@ -112,7 +114,8 @@ def fit(
         if declare is not None:
             declare(seeded=seeded)
     F, scaled = _scale.prepare(m, F, privacy)  # statistics exact in float64, or one clear error
-    head = run_federation(m, F, y, k, num_classes=C, num_clients=K, rng=rng, privacy=privacy, secure_agg=secure_agg)
+    head = run_federation(m, F, y, k, num_classes=C, num_clients=K, rng=rng, privacy=privacy, secure_agg=secure_agg,
+                          seeded=seeded)
     if private_run:
         _note_public_sizes(head, num_classes, num_clients)
     return _scale.finish(head, scaled)

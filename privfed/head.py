@@ -38,6 +38,9 @@ class LinearHead:
     feature_transform : callable or None
         Applied to features before scoring (e.g. the clipping the
         statistics were computed under), so train and test match.
+    trace : ReleaseTrace or None
+        What the release did, stage by stage, and what the server received
+        (:class:`privfed.release.ReleaseTrace`); set by :func:`privfed.fit`.
     """
 
     weight: np.ndarray
@@ -50,6 +53,7 @@ class LinearHead:
     secure_aggregation: Any = None
     feature_transform: Callable[[np.ndarray], np.ndarray] | None = None
     extras: dict[str, Any] = field(default_factory=dict)
+    trace: Any = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         self.weight = np.asarray(self.weight, dtype=np.float64)

@@ -17,9 +17,10 @@ Methods never see privacy.  Two optional hooks wrap the path:
     secure_sum(rng) -> SecureSum                  # sums (K, ...) stacks; the server sees only the sum
     report(method, stats) -> object               # bytes, threshold, what the server saw
 
-Either may be ``None``.  The path is split in two stages so that sweeps can
-compute (clipped) client statistics once and release them many times:
-:func:`client_statistics` and :func:`server_head`.  Without privacy and
+Either may be ``None``.  The release itself is one :class:`privfed.release.ReleasePlan`
+(its stages and its trace); this module is the entry the rest of privfed calls.  The path is
+split in two so that sweeps can compute (clipped) client statistics once and release them many
+times: :func:`client_statistics` and :func:`server_head`.  Without privacy and
 secure aggregation, :func:`run_federation` streams instead: clients are
 processed in chunks of bounded memory and folded into the server's
 aggregate (:func:`fold_statistics`, :class:`privfed.stats.StatsFold`), so no
@@ -36,7 +37,8 @@ import scipy.sparse as sp
 from privfed.errors import InputError
 from privfed.head import LinearHead
 from privfed.methods.base import Method
-from privfed.stats import ClientStats, StatsFold, _readonly, _sorted_segments
+from privfed.release import UPLOAD_CHUNK_BYTES, ReleasePlan, ReleaseTrace
+from privfed.stats import ClientStats, _readonly, _sorted_segments
 
 __all__ = [
     "FOLD_CHUNK_BYTES", "FOLD_GRAM_CHUNK_BYTES", "UPLOAD_CHUNK_BYTES", "client_statistics", "fold_statistics", "run_federation",
@@ -51,8 +53,6 @@ FOLD_CHUNK_BYTES = 4 * 2**20
 #: (16 MiB: 4.6 s for Fed3R at iNat-120K, against 6.0 s with 4 MiB).
 FOLD_GRAM_CHUNK_BYTES = 16 * 2**20
 
-#: Bytes of dense noisy uploads produced at once when clients noise their own uploads (streamed release).
-UPLOAD_CHUNK_BYTES = 16 * 2**20  # under glibc's 32 MiB mmap ceiling: freed chunks are reused, not re-faulted
 
 
 
@@ -69,10 +69,8 @@ def client_statistics(
     secure_agg: Any = None,
 ) -> ClientStats:
     """What the clients compute before any noise: (clipped) statistics, per client."""
-    if privacy is not None:
-        privacy.check(method, secure_agg)
-        features = privacy.clip(features)
-    return method.client_stats(features, labels, clients, num_classes=num_classes, num_clients=num_clients, rng=rng)
+    return ReleasePlan(method, privacy, secure_agg).client_statistics(
+        features, labels, clients, num_classes=num_classes, num_clients=num_clients, rng=rng)
 
 
 def fold_statistics(
@@ -171,131 +169,19 @@ def server_head(
     rng: np.random.Generator,
     privacy: Any = None,
     secure_agg: Any = None,
+    seeded: bool = True,
+    keep_uploads: bool = False,
 ) -> LinearHead:
     """Noise, aggregate and fit: everything after the clients computed ``stats``.
 
-    When every client noises its own upload and the method needs only their
-    sum (a mechanism whose ``streams_upload(method)`` says so), the noisy
-    uploads are produced and folded a chunk of clients at a time
-    (``fold_local_upload``, one release): memory O(chunk + C d + d^2),
-    independent of K, never a (K, C, d) stack.  A per-client method with a
-    streamed server (FedCOF's ``aggregate_stream``; the hook's
-    ``streams_pairs``) gets every client's noisy counts first, then the noisy
-    sums a chunk of clients at a time: memory O(K C + chunk + C d + d^2).
+    Runs the release's :class:`~privfed.release.ReleasePlan` (the one implementation of the release);
+    the head carries its :class:`~privfed.release.ReleaseTrace` as ``head.trace``.  When every client
+    noises its own upload and the method needs only their sum, or a per-client method has a streamed
+    server (FedCOF), the plan folds the noisy uploads a chunk of clients at a time: memory independent
+    of K, never a (K, C, d) stack.
     """
-    uploaded = None  # the streamed paths never hold every client's upload at once
-    if privacy is not None and secure_agg is None and _streams(privacy, method):
-        total = privacy.fold_local_upload(stats, method, rng, chunk_bytes=UPLOAD_CHUNK_BYTES)
-        head = method.aggregate(privacy.after_aggregate(total, method, rng))
-    elif privacy is not None and secure_agg is None and _streams(privacy, method, "streams_pairs"):
-        head = method.aggregate_stream(*privacy.local_upload_stream(stats, rng, chunk_bytes=UPLOAD_CHUNK_BYTES))
-    else:
-        if secure_agg is not None:
-            _check_secure_size(method, stats)
-        uploaded = stats if privacy is None else privacy.before_upload(stats, method, rng)
-        if secure_agg is not None:
-            sum_fn = secure_agg.secure_sum(rng)
-            if privacy is not None:
-                sum_fn = _noisy_sum(sum_fn, privacy, method, rng)
-            head = method.secure_aggregate(uploaded, sum_fn)
-        elif method.per_client:
-            head = method.aggregate(uploaded)
-        else:
-            total = StatsFold(num_classes=stats.num_classes, dim=stats.dim).add(
-                uploaded.select(method.requires)).result()
-            if privacy is not None:
-                total = privacy.after_aggregate(total, method, rng)
-            head = method.aggregate(total)
-
-    head.upload_bytes = method.communication(stats, num_clients) if privacy is None else _sent_communication(
-        method, privacy, stats, uploaded, num_clients
-    )
-    if privacy is not None:
-        head.privacy = privacy.report()
-        head.feature_transform = getattr(privacy, "feature_transform", None)
-    if secure_agg is not None:
-        head.secure_aggregation = secure_agg.report(method, stats)
-        head.notes.extend(_whose_data(head.secure_aggregation))
-    return head
-
-
-def _check_secure_size(method: Method, stats: ClientStats) -> None:
-    """Refuse, naming the sizes and the way out, a secure aggregation too large for one process.
-
-    Under secure aggregation every client masks its whole upload: all C classes (zeros included, so
-    the masks hide which classes it holds), and a d x d matrix where the method sums one per client
-    (second moments; FedCOF's second round).  In one process those are (K, ...) stacks.
-    """
-    import privfed.stats as _stats
-
-    K, C, d = stats.num_clients, stats.num_classes, stats.dim
-    square = "second" in method.requires or method.per_client
-    per_client = C * d + 2 * C + (d * d if square else 0)
-    need = 8 * K * per_client
-    if need > _stats.DENSE_VIEW_LIMIT:
-        raise InputError(
-            f"secure aggregation in one process masks every client's whole upload: {K:,} clients x "
-            f"{per_client:,} values (all C = {C:,} classes, zeros included, so the masks hide which classes a "
-            f"client holds{', and a d x d matrix each' if square else ''}) need {need / 2**30:.3g} GiB, over "
-            f"privfed.stats.DENSE_VIEW_LIMIT ({_stats.DENSE_VIEW_LIMIT / 2**30:.3g} GiB); run it across "
-            "processes with the Flower app (python -m privfed.flower), where each node masks only its own "
-            "upload, or raise privfed.stats.DENSE_VIEW_LIMIT"
-        )
-
-
-def _streams(privacy: Any, method: Method, predicate: str = "streams_upload") -> bool:
-    """Whether the privacy hook noises uploads chunk by chunk for this method (``predicate`` says which way).
-
-    Only a hook whose own class defines the streamed path takes it, and only
-    when no subclass replaced ``before_upload``, ``_noisy`` or the stream's
-    own methods below it (the streamed path would bypass them), and, for a
-    per-client method, only when its ``aggregate`` and ``estimate`` are those of
-    the class defining ``aggregate_stream``; a wrapper that intercepts ``before_upload`` keeps
-    the one-call path, unless it names the hook it wraps as ``stream_target``
-    and records the streamed uploads itself (the audit's tap does).
-    """
-    target = getattr(privacy, "stream_target", None) or privacy  # an observer streams as what it wraps
-    cls = type(target)
-    entry = "fold_local_upload" if predicate == "streams_upload" else "local_upload_stream"
-    owner = next((c for c in cls.__mro__ if entry in c.__dict__), None)
-    if owner is None:
-        return False
-    names = ("before_upload", "_noisy", "local_noise_blocks", "fold_local_upload", "local_upload_stream")
-    if any(getattr(cls, name, None) is not getattr(owner, name, None) for name in names):
-        return False
-    if predicate == "streams_pairs":  # and the method's streamed server is the one its aggregate agrees with
-        mcls = type(method)
-        mowner = next((c for c in mcls.__mro__ if "aggregate_stream" in c.__dict__), None)
-        if mowner is None or any(getattr(mcls, name, None) is not getattr(mowner, name, None)
-                                 for name in ("aggregate", "estimate")):
-            return False
-    check = getattr(target, predicate, None)
-    return bool(check(method)) if check is not None else False
-
-
-def _sent_communication(method: Method, privacy: Any, stats: ClientStats, uploaded: ClientStats, num_clients: int):
-    """Upload accounting under privacy: from what is sent, never from the raw statistics.
-
-    The mechanism says how many (client, class) pairs go out (under DP every client sends every class,
-    zeros included and noised), so the bytes are a function of the release and public parameters.
-    """
-    sent = getattr(privacy, "sent_pairs", None)
-    M = int(sent(stats, uploaded)) if sent is not None else stats.num_clients * stats.num_classes
-    total = method.upload_bytes(M=M, K=num_clients, d=stats.dim, C=stats.num_classes)
-    return {"total": total, "per_client": total / max(num_clients, 1), "M": M, "K": num_clients}
-
-
-def _whose_data(report: Any) -> list[str]:
-    """A head's note on which clients' data it holds when some dropped before uploading."""
-    calls = getattr(report, "calls", None) or []
-    gone = sorted({u for c in calls for u in c.get("dropped_before_upload", ())})
-    if not gone:
-        return []
-    K = max(int(c.get("clients", 0)) for c in calls)
-    return [
-        f"holds the data of {K - len(gone)} of {K} clients: client(s) {gone[:20]} dropped before uploading "
-        "and are not in the sums"
-    ]
+    plan = ReleasePlan(method, privacy, secure_agg)
+    return plan.release(stats, num_clients=num_clients, rng=rng, seeded=seeded, keep_uploads=keep_uploads)
 
 
 def run_federation(
@@ -309,28 +195,23 @@ def run_federation(
     rng: np.random.Generator,
     privacy: Any = None,
     secure_agg: Any = None,
+    seeded: bool = True,
 ) -> LinearHead:
-    """Run one federated aggregation on validated inputs and return the head."""
+    """Run one federated aggregation on validated inputs and return the head (with ``head.trace``)."""
     if privacy is None and secure_agg is None:
         folded = fold_statistics(method, features, labels, clients, num_classes=num_classes,
                                  num_clients=num_clients, rng=rng)
         head = method.aggregate(folded)
         head.upload_bytes = method.communication(folded, num_clients)
+        trace = ReleaseTrace(method.name)
+        trace.record("statistics", f"{method.name}: clients' statistics folded into the server's aggregate "
+                     "as they arrive (no privacy, no protection)", clients_out=folded.num_clients)
+        trace.received("sum" if not method.per_client else "uploads", stats=folded)
+        trace.record("method", f"{method.name}: head from the folded statistics")
+        trace.record("report", "no privacy mechanism: NO DP GUARANTEE",
+                     values={"bytes": dict(head.upload_bytes)})
+        head.trace = trace
         return head
-    stats = client_statistics(
-        method, features, labels, clients, num_classes=num_classes, num_clients=num_clients,
-        rng=rng, privacy=privacy, secure_agg=secure_agg,
-    )
-    return server_head(method, stats, num_clients=num_clients, rng=rng, privacy=privacy, secure_agg=secure_agg)
-
-
-def _noisy_sum(sum_fn, privacy, method, rng):
-    """Wrap a secure sum so client-level noise lands on each aggregate the server learns."""
-    after = getattr(privacy, "after_secure_sum", None)
-    if after is None:
-        return sum_fn
-
-    def wrapped(stack):
-        return after(sum_fn(stack), method, rng)
-
-    return wrapped
+    plan = ReleasePlan(method, privacy, secure_agg)
+    return plan.run(features, labels, clients, num_classes=num_classes, num_clients=num_clients, rng=rng,
+                    seeded=seeded)

@@ -18,6 +18,7 @@ import pytest
 
 import privfed
 import privfed.stats as stats_mod
+import privfed.release.stages as release_stages
 from experiments.bench_scale import inat_like, shape_of
 from mechanisms import GaussianMechanism
 
@@ -151,7 +152,7 @@ def test_streamed_local_noise_head_and_report_equal_the_one_call_path(name, bloc
 
     F, y, k = _small_federation(seed=2)
     method = get(name)
-    monkeypatch.setattr(pipeline, "UPLOAD_CHUNK_BYTES", 600)  # several chunks
+    monkeypatch.setattr(release_stages, "UPLOAD_CHUNK_BYTES", 600)  # several chunks
     a, b = _local_dp(blocks), _local_dp(blocks)
     assert a.streams_upload(method)
     stats = pipeline.client_statistics(method, F, y, k, num_classes=7, num_clients=23,
@@ -197,7 +198,7 @@ def test_streamed_local_noise_fedcof_equals_the_per_pair_estimator(params, offse
     F, y, k = _small_federation(seed=3)
     F = F + offset * (1.0 + np.arange(7))[y, None] * np.ones(5)
     method = get("fedcof", **params)
-    monkeypatch.setattr(pipeline, "UPLOAD_CHUNK_BYTES", 8 * 7 * 5 * 3)  # three clients a chunk
+    monkeypatch.setattr(release_stages, "UPLOAD_CHUNK_BYTES", 8 * 7 * 5 * 3)  # three clients a chunk
 
     def _local_dp():
         return GaussianMechanism(epsilon=eps, delta=1e-5, clip=3.0 + 10 * offset)
@@ -241,7 +242,10 @@ def test_streamed_path_is_not_taken_around_a_subclass_or_a_changed_server():
     stream would use) and a FedCOF subclass replacing aggregate keep FedCOF's one-call path: the
     inherited stream would bypass what they changed."""
     from privfed.methods.fedcof import FedCOF
-    from privfed.pipeline import _streams
+    from privfed.release import ReleasePlan
+
+    def _streams(privacy, method, predicate="streams_upload"):
+        return ReleasePlan(method, privacy).streamed
 
     class OwnUpload(GaussianMechanism):
         def fold_local_upload(self, *args, **kwargs):
@@ -295,7 +299,7 @@ def _local_release_peaks(method, monkeypatch) -> dict:
     C = 300, d = 128: the dense (K, C, d) stack would be 307 MB at K = 1,000."""
     from privfed import pipeline
 
-    monkeypatch.setattr(pipeline, "UPLOAD_CHUNK_BYTES", 4 * 2**20)
+    monkeypatch.setattr(release_stages, "UPLOAD_CHUNK_BYTES", 4 * 2**20)
     monkeypatch.setattr(stats_mod, "DENSE_VIEW_LIMIT", 64 * 2**20)
     peaks = {}
     for KK, NN, MM in ((250, 3250, 1475), (1000, 13000, 5900)):
@@ -555,7 +559,9 @@ def test_a_subclass_replacing_before_upload_keeps_the_one_call_path():
     F, y, k = _small_federation(seed=4)
     m = get("fedncm")
     plain, rec = _local_dp(), Recording(epsilon=2.0, delta=1e-5, clip=3.0)
-    assert pipeline._streams(plain, m) and not pipeline._streams(rec, m)
+    from privfed.release import ReleasePlan
+
+    assert ReleasePlan(m, plain).streamed and not ReleasePlan(m, rec).streamed
     stats = pipeline.client_statistics(m, F, y, k, num_classes=7, num_clients=23, rng=np.random.default_rng(1),
                                        privacy=rec)
     pipeline.server_head(m, stats, num_clients=23, rng=np.random.default_rng(2), privacy=rec)
