@@ -141,10 +141,10 @@ def count_noise(
 
 
 def gaussian_sigma(epsilon: float, delta: float) -> float:
-    """Analytic-Gaussian sigma per unit L2 sensitivity for one (eps, delta) release."""
-    import dp_accounting
+    """Analytic-Gaussian sigma per unit L2 sensitivity for one (eps, delta) release (the mechanisms' calibration)."""
+    from mechanisms.calibration import analytic_sigma
 
-    return float(dp_accounting.get_sigma_gaussian(float(epsilon), float(delta)))
+    return analytic_sigma(float(epsilon), float(delta))
 
 
 @dataclass(frozen=True)
@@ -216,6 +216,11 @@ class NoiseSpec:
         level: str = "record",
     ) -> "NoiseSpec":
         """One Gaussian release of the concatenated blocks, calibrated exactly.
+
+        This is ``GaussianMechanism(..., split="joint")``'s noise (one sigma for
+        every block), not the default mechanism's ``split="equal"``: to attack
+        the release a mechanism makes, pass the mechanism itself to
+        :meth:`ServerView.from_federation`, which runs its release.
 
         Add/remove-one sensitivity after clipping to ``clip`` (methods.md
         section 4): sums c, counts 1, second moment c^2 (Frobenius), per-class
@@ -599,31 +604,39 @@ class ServerView:
             view = cls.from_stats(stats, method=m.name, fields=exposed, secure_agg=secure, noise=spec, rng=rng,
                                   backbone=backbone, public=public)
         else:
-            import copy
-
-            from privfed.pipeline import client_statistics
-
-            # A private copy: building the view must not append releases to the caller's ledger.
-            privacy = copy.deepcopy(privacy)
-
-            stats = client_statistics(m, F, y, k, num_classes=C, num_clients=K, rng=rng, privacy=privacy,
-                                      secure_agg=(secure_agg if not isinstance(secure_agg, bool) else object())
-                                      if secure else None)
-            spec = NoiseSpec.from_mechanism(privacy, m, num_clients=stats.num_clients, secure_agg=secure)
-            exposed = set(m.requires) if not (secure and m.per_client) else {"counts", "sums"}
-            uploaded = privacy.before_upload(stats, m, rng).select(exposed)
-            if secure:
-                total = uploaded.total()
-                after = getattr(privacy, "after_secure_sum", None)
-                if after is not None:
-                    total = total.with_arrays(**{n: after(a[0], m, rng)[None] for n, a in total.arrays().items()})
-                uploaded = total
-            view = cls(method=m.name, stats=uploaded, per_client=not secure, secure_agg=secure, noise=spec,
-                       backbone=backbone, public=public)
+            view = cls._from_release(m, F, y, k, C, K, privacy, secure_agg if secure else None, rng,
+                                     backbone=backbone, public=public)
         if secure and m.per_client:
             view = view.with_(notes=view.notes + ("two-round secure protocol: the summed spread matrix of "
                                                   "round 2 is not part of this view",))
         return view
+
+    @classmethod
+    def _from_release(cls, m, F, y, k, C, K, privacy, secure_agg, rng, *, backbone, public) -> "ServerView":
+        """The view read off the release itself: run the release plan and take what its trace says the
+        server received (under ``secure_agg=True``, the ideal functionality of secure aggregation)."""
+        import copy
+
+        from privfed.release import ReleasePlan
+        from privfed.release.ideal import IdealSecureSum
+
+        # A private copy: building the view must not append releases to the caller's ledger.
+        privacy = copy.deepcopy(privacy)
+        protection = None
+        if secure_agg is not None:
+            protection = IdealSecureSum() if isinstance(secure_agg, bool) else copy.deepcopy(secure_agg)
+        head = ReleasePlan.build(m, privacy, protection).run(
+            F, y, k, num_classes=C, num_clients=K, rng=rng, keep_uploads=True)
+        seen = head.trace.server_view()
+        secure = protection is not None
+        spec = NoiseSpec.from_mechanism(privacy, m, num_clients=K, secure_agg=secure)
+        exposed = set(m.requires) if not (secure and m.per_client) else {"counts", "sums"}
+        if seen.kind == "secure-sums":
+            stats = _named_sums(seen.arrays, exposed, C, F.shape[1])
+        else:
+            stats = seen.stats.select(exposed & seen.stats.available)
+        return cls(method=m.name, stats=stats, per_client=not secure, secure_agg=secure, noise=spec,
+                   backbone=backbone, public=public)
 
     def __repr__(self) -> str:
         return (f"ServerView(method={self.method!r}, K={self.stats.num_clients}, per_client={self.per_client}, "
@@ -695,3 +708,21 @@ def paired_mask(target_ids: np.ndarray, owners: np.ndarray, per_client: bool, tr
     pc = truth.clients[np.asarray(partners)]
     keep = (pc == owners) if per_client else (pc >= 0)
     return member, keep
+
+
+def _named_sums(arrays, exposed, C: int, d: int) -> ClientStats:
+    """The secure-sum outputs as a one-row ClientStats of the exposed statistics.
+
+    A method asks for its sums in :data:`privfed.stats.STAT_FIELDS` order (FedCOF's protocol: counts,
+    class sums, then its own terms), so each exposed statistic is the first output of its shape not
+    taken by an earlier one.
+    """
+    shapes = {"counts": (C,), "sums": (C, d), "second": (d, d), "class_second": (C, d, d)}
+    out, used = {}, set()
+    for name in [f for f in STAT_FIELDS if f in exposed]:
+        i = next((i for i, a in enumerate(arrays) if i not in used and np.shape(a) == shapes[name]), None)
+        if i is None:
+            raise InputError(f"the secure sums hold no {name} of shape {shapes[name]}")
+        used.add(i)
+        out[name] = np.asarray(arrays[i], dtype=np.float64)[None]
+    return ClientStats(**out)

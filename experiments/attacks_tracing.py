@@ -46,7 +46,14 @@ def main(argv=None) -> int:
     p.add_argument("--record", action="store_true",
                    help="also write experiments/results/attacks_tracing.json, the record the README's figures are checked against")
     p.add_argument("--out", default="results/attacks-tracing")
+    p.add_argument("--parts", default="clean,dp,views,local",
+                   help="comma-separated parts to run (clean, dp, views, local); with --record, the parts not run "
+                        "are kept from the existing record")
     args = p.parse_args(argv)
+    parts = {x.strip() for x in args.parts.split(",") if x.strip()}
+    unknown = parts - {"clean", "dp", "views", "local"}
+    if unknown or not parts:
+        p.error(f"--parts takes clean, dp, views, local; got {args.parts!r}")
 
     from attacks.metrics import auc, auc_se, tpr_at_fpr
     from attacks.theory import effective_dimension, gdp_auc_bound, gdp_tpr_bound, tracing_auc, tracing_tpr
@@ -64,7 +71,7 @@ def main(argv=None) -> int:
     rng = np.random.default_rng(args.seed)
     T = args.trials
     clean = []
-    for n in (1, 2, 4, 8, 16, 32, 64):
+    for n in ((1, 2, 4, 8, 16, 32, 64) if "clean" in parts else ()):
         row = {"n": n, "d_eff": effective_dimension(cov), "pred_auc_exact_ref": float(tracing_auc(cov, n)),
                "pred_auc": float(tracing_auc(cov, n, offset=offset)),
                "pred_tpr@0.01": float(tracing_tpr(cov, n, 0.01, offset=offset))}
@@ -85,7 +92,7 @@ def main(argv=None) -> int:
     clip = d["clip"]
     model_c = reference_model(clip_rows(pub.features[pub.labels == c], clip))
     dp = []
-    for z in (0.25, 0.5, 1.0, 2.0, 4.0):
+    for z in ((0.25, 0.5, 1.0, 2.0, 4.0) if "dp" in parts else ()):
         sigma = z * math.sqrt(clip**2 + 1)
         row = {"z": z, "mu": 1 / z, "auc_bound": gdp_auc_bound(1 / z), "tpr@0.05_bound": gdp_tpr_bound(1 / z, 0.05)}
         for test in DP_TESTS:
@@ -102,22 +109,24 @@ def main(argv=None) -> int:
     import attacks
     from attacks.view import class_groups
 
-    for n in (1, 2, 4, 8, 16):
+    for n in ((1, 2, 4, 8, 16) if "views" in parts else ()):
         cl = class_groups(d["yp"], n, np.random.default_rng(args.seed + n))
         view, truth = scenario(d, "fedncm", cl)
         row = {"n": n, **attacks.strongest_flat("tracing", view, truth, rng=args.seed, max_targets=400)}
         views.append(row)
         print("view n", n, row["strongest_attack"], round(row["auc"], 3), flush=True)
     from attacks.theory import gdp_auc_bound as _bound
-    from attacks.view import NoiseSpec, gaussian_sigma
+    from mechanisms import GaussianMechanism
     from privfed.federation import partition
 
     local = []
     cl20 = partition(d["yp"], 20, "dirichlet", alpha=0.1, rng=args.seed).clients
-    for eps in (math.inf, 10.0, 1.0):
-        spec = NoiseSpec.gaussian(epsilon=eps, delta=1e-5, clip=clip, level="record")
-        view, truth = scenario(d, "fedncm", cl20, privacy=spec, rng=np.random.default_rng(args.seed + 1))
-        row = {"eps": eps, "auc_bound": _bound(1 / gaussian_sigma(eps, 1e-5)) if math.isfinite(eps) else 1.0,
+    for eps in ((math.inf, 10.0, 1.0) if "local" in parts else ()):
+        # the default mechanism, run through the release plan: the view is what its release sent
+        mech = GaussianMechanism(epsilon=eps, delta=1e-5, clip=clip)
+        view, truth = scenario(d, "fedncm", cl20, privacy=mech, rng=np.random.default_rng(args.seed + 1))
+        row = {"eps": eps, "auc_bound": _bound(mech.mu) if math.isfinite(eps) else 1.0,
+               "sigma_sums": mech.sigma["sums"], "sigma_counts": mech.sigma["counts"],
                **attacks.strongest_flat("tracing", view, truth, rng=args.seed, max_targets=400)}
         local.append(row)
         print("local eps", eps, row["strongest_attack"], round(row["auc"], 3), "bound", round(row["auc_bound"], 3),
@@ -132,8 +141,18 @@ def main(argv=None) -> int:
         sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
         from experiments import recorded
 
+        data = dict(config=cfg, clean=clean, dp=dp, views=views, local=local)
         cmd = recorded.command("experiments/attacks_tracing.py", argv)
-        print(f"recorded {recorded.save('attacks_tracing', dict(config=cfg, clean=clean, dp=dp, views=views, local=local), cmd)}")
+        if parts != {"clean", "dp", "views", "local"}:  # keep the parts not rerun, and say which were
+            old = recorded.load("attacks_tracing")
+            if old["data"]["config"] != cfg:
+                raise SystemExit(f"--parts {args.parts} with --record needs the recorded config {old['data']['config']}")
+            data = {**old["data"], **{k: v for k, v in data.items() if k in parts}}
+            cmd = f"{old['command']}; then {cmd}"
+        print(f"recorded {recorded.save('attacks_tracing', data, cmd)}")
+    if parts != {"clean", "dp", "views", "local"}:
+        print(f"total {time.perf_counter() - t_all:.0f} s (parts {sorted(parts)})")
+        return 0
     print(markdown(clean, ["n", "pred_auc_exact_ref", "pred_auc", "inner_auc", "lrt_auc", "homer_auc",
                            "lrt+support_auc", "strongest", "strongest_auc", "lrt_tpr@0.01", "strongest_tpr@0.01",
                            "strongest_tpr@0.01_test", "strongest_tpr@0.001", "strongest_tpr@0.001_test"]))

@@ -524,3 +524,20 @@ def test_default_symmetric_nmf_converges_where_the_old_default_stalled(digits):
     assert rel_err(f_new) < rel_err(f_old)
     with pytest.raises(ConfigError, match="polish"):
         symmetric_nmf(G, 4, rng=np.random.default_rng(0), polish=-1)
+
+
+def test_noise_spec_gaussian_is_the_joint_split_of_the_mechanism():
+    """NoiseSpec.gaussian and GaussianMechanism(split="joint") calibrate the same sigma (one calibration)."""
+    from mechanisms import GaussianMechanism
+
+    for blocks in (("counts", "sums"), ("counts", "sums", "second")):
+        for eps in (0.5, 1.0, 8.0):
+            spec = NoiseSpec.gaussian(epsilon=eps, delta=1e-5, clip=2.5, blocks=blocks)
+            mech = GaussianMechanism(epsilon=eps, delta=1e-5, clip=2.5, blocks=blocks, split="joint")
+            for b in blocks:
+                assert spec.sigma[b] == pytest.approx(mech.sigma[b], rel=1e-9)
+    # the default mechanism splits mu^2 equally: with sums and counts (clip 2.5) its sums get
+    # sqrt(2) c / mu against the joint split's sqrt(c^2 + 1) / mu, i.e. 1.313x the noise
+    spec = NoiseSpec.gaussian(epsilon=1.0, delta=1e-5, clip=2.5)
+    default = GaussianMechanism(epsilon=1.0, delta=1e-5, clip=2.5)
+    assert default.sigma["sums"] / spec.sigma["sums"] == pytest.approx(2.5 * math.sqrt(2) / math.sqrt(7.25), rel=1e-9)

@@ -286,7 +286,7 @@ class CentralNoise(Stage):
         out = st.privacy.after_aggregate(st.total, st.method, st.rng)
         booked = st.events_since(n0)
         if out is not st.total and booked:
-            st.trace.received("noisy-sum", stats=out)
+            st.trace.released(out)
             st.trace.record(self.name, "a trusted aggregator added the noise to the sum (central DP)",
                             clients_in=1, clients_out=1, randomness=st.randomness,
                             values={"sigma": _sigma(st.privacy)})

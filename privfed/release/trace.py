@@ -107,6 +107,7 @@ class ReleaseTrace:
         self.plan = plan_name
         self.records: list[StageRecord] = []
         self._received: ServerReceived | None = None
+        self._released: ServerReceived | None = None
 
     def record(self, stage: str, detail: str, **kw: Any) -> StageRecord:
         if kw.get("randomness", "none") not in RANDOMNESS:
@@ -126,11 +127,22 @@ class ReleaseTrace:
         prev = self._received.arrays if self._received is not None and self._received.kind == "secure-sums" else ()
         self._received = ServerReceived("secure-sums", None, (*prev, np.array(array, dtype=np.float64)))
 
+    def released(self, stats: ClientStats) -> None:
+        """Set what leaves a trusted aggregator (its noisy sum), where that differs from what it received."""
+        self._released = ServerReceived("noisy-sum", stats)
+
     def server_view(self) -> ServerReceived:
-        """What the server received (an attack's and the auditor's input)."""
+        """What the server received (an attack's input): with a trusted aggregator, the uploads it noises."""
         if self._received is None:
             return ServerReceived("not-kept")
         return self._received
+
+    def release_view(self) -> ServerReceived:
+        """What anyone outside the server sees: a trusted aggregator's noisy sum, else :meth:`server_view`.
+
+        The auditor's input: a guarantee with central noise protects the release, not the aggregator's inputs.
+        """
+        return self._released if self._released is not None else self.server_view()
 
     def stage(self, name: str) -> StageRecord:
         """The record of the named stage (the last one, if it ran more than once)."""
@@ -157,6 +169,7 @@ class ReleaseTrace:
             "randomness": self.randomness,
             "stages": [r.to_dict() for r in self.records],
             "server_received": view.kind,
+            "released": self.release_view().kind,
         }
 
     def describe(self) -> str:

@@ -70,9 +70,9 @@ CASES = {
     "local-sum (streamed)": ("fedncm", lambda: _gauss(), None, "not-kept"),
     "local-pairs (streamed)": ("fedcof", lambda: _gauss(), None, "not-kept"),
     "central, record level": ("fed3r", lambda: _gauss(blocks=("sums", "counts", "second"),
-                                                      trusted_aggregator=True), None, "noisy-sum"),
+                                                      trusted_aggregator=True), None, "uploads"),
     "central, client level": ("fedncm", lambda: _gauss(level="client", max_records=30, trusted_aggregator=True),
-                              None, "noisy-sum"),
+                              None, "uploads"),
     "distributed under masking": ("fedncm", lambda: _gauss(level="client", max_records=30),
                                   lambda: PairwiseMasking(), "secure-sums"),
     "count noise, per client": ("fedcof", lambda: LaplaceCountNoise(epsilon=1.0), None, "uploads"),
@@ -110,6 +110,9 @@ def test_plan_equals_the_hooks_composed_by_hand(case):
         assert trace.stage("report").values["epsilon"] == head.privacy.epsilon
     if seen == "uploads":
         np.testing.assert_array_equal(trace.server_view().stats.counts, uploaded.counts)
+    central = getattr(mech_a, "trusted_aggregator", False) and sec_a is None
+    # a trusted aggregator receives the uploads; what leaves it is its noisy sum
+    assert trace.release_view().kind == ("noisy-sum" if central else seen)
     if seen == "secure-sums":
         # every output of the protocol, nothing per client
         assert trace.server_view().stats is None and len(trace.server_view().arrays) >= 2
@@ -152,3 +155,23 @@ def test_fit_trace_labels_seeded_and_entropy_randomness():
     plain = privfed.fit("fedncm", F, y, k)
     assert plain.trace.randomness == "none" and plain.trace.server_view().kind == "sum"
     assert fresh.trace.to_dict()["stages"][0]["values"] == {"bound": 3.0}
+
+
+def test_attack_view_is_read_off_the_same_release_as_fit():
+    """The attacks' view under secure aggregation with distributed noise is what fit's trace says the
+    server received, for the same data, mechanism and seed: one release, not a rebuilt copy."""
+    from attacks.view import ServerView
+    from privfed.release.ideal import IdealSecureSum
+
+    F, y, k = _data()
+    mech = _gauss(level="client", max_records=30)
+    head = privfed.fit("fedncm", F, y, k, num_classes=C, num_clients=K, privacy=mech,
+                       secure_agg=IdealSecureSum(), random_state=3)
+    sums = head.trace.server_view().arrays
+    view = ServerView.from_federation("fedncm", F, y, k, num_classes=C, secure_agg=True,
+                                      privacy=_gauss(level="client", max_records=30), rng=3)
+    assert view.secure_agg and view.stats.num_clients == 1
+    np.testing.assert_array_equal(view.stats.counts[0], sums[0])
+    np.testing.assert_array_equal(view.stats.sums[0], sums[1])
+    # and the noise it carries is the mechanism's distributed noise, not a clean sum
+    assert np.abs(view.stats.counts[0] - np.bincount(y, minlength=C)).max() > 0
