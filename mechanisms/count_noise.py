@@ -36,6 +36,7 @@ from mechanisms.backends import NoiseBackend, get_backend
 from mechanisms.calibration import analytic_sigma, check_budget
 from mechanisms.ledger import PrivacyLedger, PrivacyReport, ReleaseEvent
 from privfed.errors import ConfigError
+from privfed.notes import Note
 from privfed.stats import ClientStats
 
 __all__ = [
@@ -200,7 +201,8 @@ class CountNoise:
             guarantee = "nothing released yet"
         else:
             guarantee = self._guarantee(eps, delta)
-        notes = [f"{self.dropped} noisy (client, class) count(s) clipped to 0 and not sent"]
+        notes = [Note(f"{self.dropped} noisy (client, class) count(s) clipped to 0 and not sent", "clipped_counts",
+                      self.dropped)]
         seeded = (
             getattr(self, "_seeded", None) is not False and bool(self.ledger.events) and not self.backend.secure
         )

@@ -12,6 +12,8 @@ from __future__ import annotations
 import numpy as np
 import scipy.linalg
 
+from privfed.notes import Note
+
 __all__ = [
     "SOLVERS",
     "check_choice",
@@ -172,10 +174,10 @@ def solve_head(
     tol = _psd_tolerance(w)
     neg = w < -tol
     if neg.any():
-        notes.append(
+        notes.append(Note(
             f"{name} had {int(neg.sum())} negative eigenvalue(s) (min {w.min():.3g}); "
-            "projected to the PSD cone (negative eigenvalues set to 0)"
-        )
+            "projected to the PSD cone (negative eigenvalues set to 0)", "psd_projection", int(neg.sum()),
+        ))
     w = np.maximum(w, 0.0)
     if w.size == 0 or w.max() <= 0:
         notes.append(f"{name} is zero; the head is zero")
@@ -188,10 +190,10 @@ def solve_head(
                 return scipy.linalg.solve(A, B, assume_a="pos", check_finite=False)
             except (np.linalg.LinAlgError, scipy.linalg.LinAlgError):  # pragma: no cover - guarded above
                 pass
-        notes.append(
+        notes.append(Note(
             f"{name} is singular (smallest eigenvalue {w.min():.3g}, largest {w.max():.3g}); "
-            "solved with the pseudo-inverse instead"
-        )
+            "solved with the pseudo-inverse instead", "pseudo_inverse", 1,
+        ))
     keep = w > w.size * np.finfo(np.float64).eps * w.max()
     inv = np.where(keep, 1.0 / np.where(keep, w, 1.0), 0.0)
     return (V * inv) @ (V.T @ B)

@@ -41,7 +41,6 @@ import csv
 import json
 import math
 import os
-import re
 import sys
 import time
 import tomllib
@@ -76,6 +75,7 @@ from privfed._cli import (
     versions,
 )
 from privfed.errors import ConfigError, InputError
+from privfed.notes import repairs as note_repairs
 from privfed.pipeline import client_statistics, server_head
 from privfed.tradeoff_privacy import COUNT_NOISE_KINDS
 
@@ -494,20 +494,12 @@ def _noise_label(cfg: TradeoffConfig, report: Any, eps: float) -> str:
     return f"sigma {sig.get('sums', float('nan')):.4g} / {sig.get('counts', float('nan')):.4g}"
 
 
-_PAIRS = re.compile(r"(\d+) \(client, class\) pair\(s\)[^;]*dropped")
-_CLIPPED = re.compile(r"(\d+) noisy \(client, class\) count\(s\) clipped to 0")
-
-
 def repair_facts(notes: Sequence[str]) -> tuple[int | None, list[str]]:
-    """What a method (or a count-noise rule) did to noisy statistics: (pairs dropped, other repairs)."""
-    text = "; ".join(notes)
-    m = _PAIRS.search(text) or _CLIPPED.search(text)
-    kinds = []
-    if "PSD cone" in text or "negative eigenvalue" in text:
-        kinds.append("PSD projection")
-    if "pseudo-inverse" in text:
-        kinds.append("pseudo-inverse")
-    return (int(m.group(1)) if m else None), kinds
+    """What a method (or a count-noise rule) did to noisy statistics: (pairs dropped, other repairs).
+
+    Read from the facts the notes carry (:class:`privfed.notes.Note`), never from their text.
+    """
+    return note_repairs(notes)
 
 
 def _repairs_text(pairs: float | None, kinds: Sequence[str]) -> str:
@@ -718,6 +710,7 @@ def _sweep(cfg, ds, clip, records, bar, make_privacy, make_secure_agg, make_part
                     pairs, kinds = repair_facts([*head.notes, *getattr(privacy and head.privacy, "notes", ())])
                     rec["pairs_dropped"] = float("nan") if pairs is None else pairs
                     rec["repairs"] = _repairs_text(pairs, kinds)
+                    rec["repair_kinds"] = "; ".join(kinds)
                     rec["notes"] = "; ".join(head.notes)
                     if attack_ctx is not None:
                         _run_attacks(cfg, ds, attack_ctx, rec, mname, part.clients, seed, eps, privacy, secure)
@@ -747,7 +740,7 @@ def summarise(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
         acc = np.array([r["accuracy"] for r in rs])
         acc0 = np.array([r["nonprivate_accuracy"] for r in rs])
         pairs = [r["pairs_dropped"] for r in rs if np.isfinite(r.get("pairs_dropped", np.nan))]
-        kinds = list(dict.fromkeys(k for r in rs for k in repair_facts([r.get("notes", "") or ""])[1]))
+        kinds = list(dict.fromkeys(k for r in rs for k in str(r.get("repair_kinds", "") or "").split("; ") if k))
         rep = _repairs_text(float(np.mean(pairs)) if pairs else None, kinds)
         out.append(dict(
             method=m, placement=place, protocol=rs[0].get("protocol", rs[0].get("secure_agg", "none")),

@@ -31,6 +31,7 @@ from privfed._linalg import check_choice, check_real, project_psd, symmetrise, t
 from privfed.errors import InputError
 from privfed.head import LinearHead
 from privfed.methods import register
+from privfed.notes import Note
 from privfed.methods.base import Method
 from privfed.stats import ClientStats
 
@@ -136,10 +137,11 @@ class FedCGS(Method):
         tol = 10 * d * np.finfo(np.float64).eps * max(float(np.abs(w_eig).max()), 1e-300)
         if w_eig.min() < -tol:
             Sigma, raised = project_psd(Sigma)
-            notes.append(
+            notes.append(Note(
                 f"covariance had {raised} negative eigenvalue(s); projected to the PSD cone "
-                "(with noisy statistics a larger shrinkage, e.g. 0.1, keeps the inverse stable)"
-            )
+                "(with noisy statistics a larger shrinkage, e.g. 0.1, keeps the inverse stable)",
+                "psd_projection", raised,
+            ))
             w_eig = np.linalg.eigvalsh(Sigma)
         if not np.trace(Sigma) > 0:  # every feature constant: no shrinkage can help
             raise InputError(

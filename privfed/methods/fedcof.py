@@ -47,6 +47,7 @@ import numpy as np
 
 from privfed._linalg import SOLVERS, check_choice, check_flag, check_real, normalise_rows, solve_head
 from privfed.errors import ConfigError
+from privfed.notes import Note
 from privfed.head import LinearHead
 from privfed.methods import register
 from privfed.methods.base import Method, SecureSum
@@ -375,9 +376,10 @@ class FedCOF(Method):
         """Which pairs take part (:func:`valid_pairs`), with the note on those dropped."""
         valid, dropped = valid_pairs(counts)
         if dropped:
-            notes.append(
-                f"{dropped} (client, class) pair(s) with count <= 0 were dropped (App. I.1 drop rule)"
-            )
+            notes.append(Note(
+                f"{dropped} (client, class) pair(s) with count <= 0 were dropped (App. I.1 drop rule)",
+                "dropped_pairs", dropped,
+            ))
         return valid
 
     def _estimate(self, N, S, mu, Kc, spread, inv_sum, notes) -> FedCOFEstimate:
@@ -478,9 +480,10 @@ class FedCOF(Method):
         notes: list[str] = []
         mask, dropped = valid_pairs(stats.counts)
         if dropped:
-            notes.append(
-                f"{dropped} (client, class) pair(s) with count <= 0 were not sent (App. I.1 drop rule)"
-            )
+            notes.append(Note(
+                f"{dropped} (client, class) pair(s) with count <= 0 were not sent (App. I.1 drop rule)",
+                "dropped_pairs", dropped,
+            ))
         owners = np.arange(stats.num_clients) if stats.owners is None else stats.owners
         n_owners = int(owners.max()) + 1
         counts = np.where(mask, stats.counts, 0.0)
