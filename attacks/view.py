@@ -589,8 +589,7 @@ class ServerView:
         F, y, k = F[keep], y[keep], k[keep]
         K = int(k.max()) + 1
         secure = bool(secure_agg)
-        if secure and m.per_client and type(m).secure_aggregate is _methods.Method.secure_aggregate \
-                and m.name != "fedcof":
+        if secure and m.per_client and type(m).secure_aggregate is _methods.Method.secure_aggregate:
             raise ConfigError(f"method {m.name!r} needs individual client statistics and has no secure "
                               "protocol; run it without secure_agg")
         if privacy is None or isinstance(privacy, NoiseSpec):

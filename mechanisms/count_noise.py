@@ -142,12 +142,11 @@ class CountNoise:
                 "GaussianMechanism (noise split across clients) instead"
             )
         requires = set(getattr(method, "requires", ()))
-        means = int(getattr(method, "params", {}).get("means_per_client", 1) or 1)
-        if means > 1:
+        regroups = getattr(method, "regrouping", lambda: None)()
+        if regroups:
             raise ConfigError(
-                f"count noise with means_per_client={means} is refused: one record changes how a class is cut "
-                "into chunks, so it moves several counts at once (the sensitivity of 1 does not hold); use "
-                "means_per_client=1"
+                f"count noise is refused for method {getattr(method, 'name', method)!r}: {regroups}, so one record "
+                "moves several counts at once (the sensitivity of 1 does not hold)"
             )
         extra = requires - {"counts", "sums"}
         if extra:

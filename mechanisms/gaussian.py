@@ -512,12 +512,10 @@ class GaussianMechanism:
                 "the secure_agg protocol carries its own DistributedGaussian noise; with a privacy mechanism "
                 "the clients already split the mechanism's noise: drop noise= from the protocol"
             )
-        means = int(getattr(method, "params", {}).get("means_per_client", 1) or 1)
-        if means > 1:
+        regroups = getattr(method, "regrouping", lambda: None)()
+        if regroups:
             raise ConfigError(
-                f"method {name!r} with means_per_client={means} is refused under DP: it cuts each class into "
-                "min(M, n // 2) chunks, so one record changes how the other records are split (and how many "
-                "rows a client uploads), which no per-record sensitivity bounds; use means_per_client=1"
+                f"method {name!r} is refused under DP: {regroups}, which no per-record sensitivity bounds"
             )
         if "class_second" in requires:
             raise ConfigError(

@@ -100,6 +100,17 @@ class Method(abc.ABC):
         """
         return np.asarray(clients, dtype=np.int64), None
 
+    def regrouping(self) -> str | None:
+        """Why one record can change how the other records are grouped into uploaded rows, or ``None``.
+
+        A per-record sensitivity assumes one record moves one class row of its
+        client's upload.  A method that regroups records (FedCOF's multi-mean
+        sampling cuts each class into chunks whose number depends on the class
+        size) says so here, in words a refusal can quote; privacy mechanisms
+        refuse it rather than read the method's parameters.
+        """
+        return None
+
     # -- server side ---------------------------------------------------------
     @abc.abstractmethod
     def aggregate(self, stats: ClientStats) -> LinearHead:

@@ -328,6 +328,13 @@ class FedCOF(Method):
         p["normalise"] = check_flag(self.name, "normalise", p["normalise"])
         p["noise_var"] = check_real(self.name, "noise_var", p["noise_var"], low=0.0)
 
+    def regrouping(self) -> str | None:
+        m = self.params["means_per_client"]
+        if m == 1:
+            return None
+        return (f"means_per_client={m} cuts each class into min(M, n // 2) chunks, so one record changes how the "
+                "other records are split (and how many rows a client uploads); use means_per_client=1")
+
     # -- client side -------------------------------------------------------------
     def row_groups(self, labels, clients, *, num_classes, num_clients, rng):
         """Pseudo-clients of multi-mean sampling (:func:`multi_mean_ids`) when ``means_per_client > 1``."""
