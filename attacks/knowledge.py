@@ -1,0 +1,103 @@
+"""The attacker's side knowledge and the private truth attacks are scored against.
+
+:class:`PublicData` is what the attacker holds (labelled public records, their
+features, optionally images); :class:`GroundTruth` is the clients' private
+data, read only by the scoring (breaching's split between reconstructing
+and scoring).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from privfed.errors import InputError
+
+__all__ = ["GroundTruth", "PublicData"]
+
+
+@dataclass(frozen=True, eq=False)
+class PublicData:
+    """The attacker's public data: images, labels and their backbone features.
+
+    Parameters
+    ----------
+    images : ndarray, shape (n, H, W), values in [0, 1], optional
+    labels : int ndarray, shape (n,)
+    features : ndarray, shape (n, d)
+    """
+
+    labels: np.ndarray
+    features: np.ndarray
+    images: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        y = np.asarray(self.labels).astype(np.int64)
+        F = np.asarray(self.features, dtype=np.float64)
+        if F.ndim != 2 or y.shape != (F.shape[0],):
+            raise InputError(f"PublicData needs features (n, d) and labels (n,), got {F.shape} and {y.shape}")
+        object.__setattr__(self, "labels", y)
+        object.__setattr__(self, "features", F)
+        if self.images is not None:
+            im = np.asarray(self.images, dtype=np.float32)
+            if im.shape[0] != F.shape[0]:
+                raise InputError(f"PublicData.images has {im.shape[0]} rows but features has {F.shape[0]}")
+            object.__setattr__(self, "images", im)
+
+    def class_means(self, num_classes: int) -> np.ndarray:
+        """Public class-mean features (C, d); the overall mean for a class absent from the public data."""
+        out = np.tile(self.features.mean(axis=0), (num_classes, 1))
+        for c in range(num_classes):
+            m = self.labels == c
+            if m.any():
+                out[c] = self.features[m].mean(axis=0)
+        return out
+
+    def class_mean_images(self, num_classes: int) -> np.ndarray:
+        """Public class-mean images (C, H, W): the prior an inversion must beat."""
+        if self.images is None:
+            raise InputError("PublicData has no images; pass public images to use an image prior")
+        out = np.tile(self.images.mean(axis=0), (num_classes, 1, 1))
+        for c in range(num_classes):
+            m = self.labels == c
+            if m.any():
+                out[c] = self.images[m].mean(axis=0)
+        return out
+
+
+@dataclass(frozen=True, eq=False)
+class GroundTruth:
+    """The private data the attacks are scored against (never read by an attack).
+
+    Parameters
+    ----------
+    features : ndarray (N, d)
+        The clients' raw (unclipped) features.
+    labels, clients : int ndarray (N,)
+        Class and client of every sample (client -1: not uploaded).
+    images : ndarray (N, H, W), optional
+    holdout_features, holdout_labels, holdout_images : optional
+        Non-members from the same distribution (the negatives of membership games).
+    """
+
+    features: np.ndarray
+    labels: np.ndarray
+    clients: np.ndarray
+    images: np.ndarray | None = None
+    holdout_features: np.ndarray | None = None
+    holdout_labels: np.ndarray | None = None
+    holdout_images: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("features", "holdout_features"):
+            v = getattr(self, name)
+            if v is not None:
+                object.__setattr__(self, name, np.asarray(v, dtype=np.float64))
+        for name in ("labels", "clients", "holdout_labels"):
+            v = getattr(self, name)
+            if v is not None:
+                object.__setattr__(self, name, np.asarray(v).astype(np.int64))
+        N = self.features.shape[0]
+        if self.labels.shape != (N,) or self.clients.shape != (N,):
+            raise InputError(f"GroundTruth: labels and clients must have shape ({N},)")

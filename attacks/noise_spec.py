@@ -1,0 +1,268 @@
+"""What noise the released statistics carry, as plain data (:class:`NoiseSpec`), and count noise.
+
+The attacker knows the mechanism (Kerckhoffs): a :class:`NoiseSpec` says
+which Gaussian sigma each statistic block carries, or which count noise,
+and can draw it on statistics for what-if analyses (``ServerView.from_stats``).
+To attack what a mechanism really released, pass the mechanism itself to
+:meth:`attacks.view.ServerView.from_federation`, which runs its release.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import numpy as np
+
+from privfed.errors import ConfigError
+from privfed.stats import STAT_FIELDS, ClientStats
+
+__all__ = ["COUNT_NOISE_KINDS", "NoiseSpec", "count_noise", "gaussian_sigma"]
+
+#: Count-noise variants of FedCOF App. I.1 plus the discrete Laplace (two-sided geometric).
+COUNT_NOISE_KINDS = ("laplace", "geometric", "gaussian", "uniform")
+
+
+#: ``name`` of the count-noise mechanisms of :mod:`mechanisms.count_noise` -> count-noise kind.
+_COUNT_MECHANISMS = {"laplace": "laplace", "geometric": "geometric", "gaussian-counts": "gaussian",
+                     "uniform (no DP guarantee)": "uniform"}
+
+
+def count_noise(
+    counts: np.ndarray,
+    kind: str,
+    *,
+    epsilon: float,
+    rng: np.random.Generator,
+    delta: float | None = None,
+) -> np.ndarray:
+    """Perturb class counts as FedCOF App. I.1: ``max(n + noise, 0)``.
+
+    Parameters
+    ----------
+    counts : ndarray
+        True counts n (any shape).
+    kind : {"laplace", "geometric", "gaussian", "uniform"}
+        ``laplace``: Laplace(0, 1/eps) (eps-DP, sensitivity 1);
+        ``geometric``: two-sided geometric with ratio exp(-eps) (eps-DP, integer);
+        ``gaussian``: N(0, s^2) with s the analytic-Gaussian sigma of (eps, delta)
+        at sensitivity 1 (Balle & Wang 2018, via dp-accounting);
+        ``uniform``: U(-(1 - eps) n, (1 - eps) n), the paper's heuristic: it has
+        *no* DP guarantee (a zero count stays exactly zero at every eps).
+    epsilon : float
+        Privacy parameter (for ``uniform``, the width parameter in (0, 1]).
+    rng : numpy.random.Generator
+    delta : float, optional
+        Required for ``gaussian``.
+
+    Returns
+    -------
+    ndarray
+        Noisy counts, clipped at 0 (float64).
+    """
+    n = np.asarray(counts, dtype=np.float64)
+    if kind not in COUNT_NOISE_KINDS:
+        raise ConfigError(f"unknown count noise {kind!r}; choose from {list(COUNT_NOISE_KINDS)}")
+    if not (isinstance(epsilon, (int, float)) and epsilon > 0 and math.isfinite(epsilon)):
+        raise ConfigError(f"count-noise epsilon must be a finite number > 0, got epsilon={epsilon!r}")
+    if kind == "laplace":
+        noise = rng.laplace(0.0, 1.0 / epsilon, size=n.shape)
+    elif kind == "geometric":
+        p = 1.0 - math.exp(-epsilon)
+        noise = (rng.geometric(p, size=n.shape) - rng.geometric(p, size=n.shape)).astype(np.float64)
+    elif kind == "gaussian":
+        if delta is None or not 0 < delta < 1:
+            raise ConfigError(f"gaussian count noise needs 0 < delta < 1, got delta={delta!r}")
+        noise = rng.normal(0.0, gaussian_sigma(epsilon, delta), size=n.shape)
+    else:
+        if epsilon > 1:
+            raise ConfigError(f"uniform count noise needs 0 < epsilon <= 1 (width (1 - eps) n), got {epsilon}")
+        w = (1.0 - epsilon) * n
+        noise = rng.uniform(-1.0, 1.0, size=n.shape) * w
+    return np.maximum(n + noise, 0.0)
+
+
+def gaussian_sigma(epsilon: float, delta: float) -> float:
+    """Analytic-Gaussian sigma per unit L2 sensitivity for one (eps, delta) release (the mechanisms' calibration)."""
+    from mechanisms.calibration import analytic_sigma
+
+    return analytic_sigma(float(epsilon), float(delta))
+
+
+@dataclass(frozen=True)
+class NoiseSpec:
+    """What noise the released statistics carry, as plain data.
+
+    Parameters
+    ----------
+    sigma : mapping str -> float
+        Standard deviation of the Gaussian noise added to every coordinate of
+        each statistic block (``sums``, ``second``, ``class_second``,
+        ``counts``).  Symmetric blocks get noise on the upper triangle,
+        mirrored (privacy.md).  A block absent from the mapping is released
+        without Gaussian noise.
+    count_kind : str, optional
+        Count noise from :data:`COUNT_NOISE_KINDS` (replaces Gaussian count noise).
+    count_epsilon, count_delta : float, optional
+        Parameters of the count noise.
+    clip : float, optional
+        L2 bound every feature was clipped to before the statistics.
+    level : {"record", "client"}
+        ``record``: each client's upload is noised before it leaves the
+        client; ``client``: noise is added to the all-client sum only.
+    epsilon, delta : float, optional
+        The claimed budget (reporting only; ``inf`` for no noise).
+    guarantee : str
+        A short description of the formal guarantee ("none" for the clean
+        release or the uniform heuristic).
+    """
+
+    sigma: Mapping[str, float] = field(default_factory=dict)
+    count_kind: str | None = None
+    count_epsilon: float | None = None
+    count_delta: float | None = None
+    clip: float | None = None
+    level: str = "record"
+    epsilon: float = math.inf
+    delta: float = 0.0
+    guarantee: str = "none"
+
+    def __post_init__(self) -> None:
+        sig = dict(self.sigma)
+        for k, v in sig.items():
+            if k not in STAT_FIELDS:
+                raise ConfigError(f"NoiseSpec.sigma has unknown block {k!r}; blocks are {list(STAT_FIELDS)}")
+            if not (v >= 0 and math.isfinite(v)):
+                raise ConfigError(f"sigma must be finite and non-negative, got sigma[{k!r}]={v!r}")
+        object.__setattr__(self, "sigma", sig)
+        if self.level not in ("record", "client"):
+            raise ConfigError(f"level must be 'record' or 'client', got {self.level!r}")
+        if self.count_kind is not None and self.count_kind not in COUNT_NOISE_KINDS:
+            raise ConfigError(f"unknown count noise {self.count_kind!r}; choose from {list(COUNT_NOISE_KINDS)}")
+        if self.clip is not None and not (self.clip > 0 and math.isfinite(self.clip)):
+            raise ConfigError(f"clip must be a finite number > 0, got clip={self.clip!r}")
+
+    @classmethod
+    def none(cls) -> "NoiseSpec":
+        """The clean release."""
+        return cls()
+
+    @classmethod
+    def gaussian(
+        cls,
+        *,
+        epsilon: float,
+        delta: float,
+        clip: float,
+        blocks=("counts", "sums"),
+        level: str = "record",
+    ) -> "NoiseSpec":
+        """One Gaussian release of the concatenated blocks, calibrated exactly.
+
+        This is ``GaussianMechanism(..., split="joint")``'s noise (one sigma for
+        every block), not the default mechanism's ``split="equal"``: to attack
+        the release a mechanism makes, pass the mechanism itself to
+        :meth:`ServerView.from_federation`, which runs its release.
+
+        Add/remove-one sensitivity after clipping to ``clip`` (methods.md
+        section 4): sums c, counts 1, second moment c^2 (Frobenius), per-class
+        second moments c^2; jointly sqrt of the sum of squares.  Every block
+        gets the same sigma = Delta * sigma_1(eps, delta) (analytic Gaussian,
+        Balle & Wang 2018), so the release is (eps, delta)-DP with GDP
+        mu = 1 / sigma_1.  ``epsilon = inf`` gives the clean (clipped) release.
+        """
+        if not (clip > 0 and math.isfinite(clip)):
+            raise ConfigError(f"clip must be a finite number > 0, got clip={clip!r}")
+        if math.isinf(epsilon):
+            return cls(clip=clip, level=level, epsilon=math.inf, delta=0.0, guarantee="none")
+        if not epsilon > 0:
+            raise ConfigError(f"epsilon must be > 0 (or inf), got epsilon={epsilon!r}")
+        if not 0 < delta < 1:
+            raise ConfigError(f"delta must be in (0, 1), got delta={delta!r}")
+        sens2 = {"sums": clip**2, "counts": 1.0, "second": clip**4, "class_second": clip**4}
+        unknown = set(blocks) - set(sens2)
+        if unknown:
+            raise ConfigError(f"unknown block(s) {sorted(unknown)}; blocks are {list(sens2)}")
+        Delta = math.sqrt(sum(sens2[b] for b in blocks))
+        s = Delta * gaussian_sigma(epsilon, delta)
+        return cls(sigma={b: s for b in blocks}, clip=clip, level=level, epsilon=float(epsilon),
+                   delta=float(delta), guarantee=f"({epsilon:g}, {delta:g})-DP Gaussian, {level} level")
+
+    @classmethod
+    def from_mechanism(cls, mechanism: Any, method: Any = None, *, num_clients: int = 1,
+                       secure_agg: bool = False) -> "NoiseSpec":
+        """The noise on what the server sees, read off a mechanism object (duck-typed).
+
+        Uses ``mechanism.sigma`` (block -> std of the noise one sum carries),
+        ``clip_bound``, ``level``, ``epsilon``, ``delta`` and, without secure
+        aggregation, ``upload_noise_variance(method, num_clients)`` (the noise
+        on each client's own upload: zero where a trusted aggregator noises
+        only the sum, so the server sees every clean upload).
+        """
+        kind = _COUNT_MECHANISMS.get(getattr(mechanism, "name", None))
+        if kind is not None and hasattr(mechanism, "perturb"):  # a count-noise mechanism
+            eps = float(mechanism.epsilon)
+            return cls(count_kind=kind, count_epsilon=eps, count_delta=getattr(mechanism, "delta", None),
+                       epsilon=eps, delta=float(getattr(mechanism, "delta", 0.0) or 0.0),
+                       guarantee=f"{type(mechanism).__name__}(epsilon={eps:g}): counts only"
+                       + ("" if getattr(mechanism, "dp", True) else ", NO DP GUARANTEE"))
+        sigma = getattr(mechanism, "sigma", None) or {}
+        if not isinstance(sigma, Mapping):
+            raise ConfigError(f"mechanism {mechanism!r} has no per-block sigma mapping; pass a NoiseSpec instead")
+        sigma = {k: float(v) for k, v in sigma.items() if k in STAT_FIELDS}
+        upload = getattr(mechanism, "upload_noise_variance", None)
+        if not secure_agg and upload is not None:
+            sigma = {k: math.sqrt(max(float(v), 0.0)) for k, v in upload(method, num_clients).items()
+                     if k in STAT_FIELDS}
+        clip = getattr(mechanism, "clip_bound", None)
+        clipping = getattr(mechanism, "clipping", None)
+        if clipping is not None and getattr(clipping, "norm", "l2") != "l2":
+            clip = None
+        eps = float(getattr(mechanism, "epsilon", math.inf))
+        return cls(
+            sigma=sigma,
+            clip=None if clip is None else float(clip),
+            level=str(getattr(mechanism, "level", "record")),
+            epsilon=eps,
+            delta=float(getattr(mechanism, "delta", 0.0) or 0.0),
+            guarantee=f"{type(mechanism).__name__}(epsilon={eps:g}, level={getattr(mechanism, 'level', '?')})",
+        )
+
+    @property
+    def is_clean(self) -> bool:
+        return not any(v > 0 for v in self.sigma.values()) and self.count_kind is None
+
+    def add(self, stats: ClientStats, rng: np.random.Generator) -> ClientStats:
+        """Noise every row of ``stats`` as specified (counts clipped at 0)."""
+        new: dict[str, np.ndarray] = {}
+        for name, arr in stats.arrays().items():
+            s = self.sigma.get(name, 0.0)
+            if name == "counts" and self.count_kind is not None:
+                noisy = count_noise(arr, self.count_kind, epsilon=self.count_epsilon, delta=self.count_delta,
+                                    rng=rng)
+                new[name] = noisy
+                # FedCOF App. I.1: the client sends its exact class mean, so the sum becomes n~ * mean
+                # (a cell clipped to 0 is not sent at all).
+                if "sums" in stats.available and self.sigma.get("sums", 0.0) <= 0:
+                    ratio = np.where(arr > 0, noisy / np.where(arr > 0, arr, 1.0), 0.0)
+                    new["sums"] = stats.sums * ratio[..., None]
+                continue
+            if s <= 0:
+                continue
+            if name in ("second", "class_second"):
+                z = rng.normal(0.0, s, size=arr.shape)
+                z = np.triu(z) + np.swapaxes(np.triu(z, 1), -1, -2)
+                new[name] = arr + z
+            elif name == "counts":
+                new[name] = np.maximum(arr + rng.normal(0.0, s, size=arr.shape), 0.0)
+            else:
+                new[name] = arr + rng.normal(0.0, s, size=arr.shape)
+        return stats.with_arrays(**new) if new else stats
+
+    def as_dict(self) -> dict:
+        return {
+            "sigma": dict(self.sigma), "count_kind": self.count_kind, "count_epsilon": self.count_epsilon,
+            "count_delta": self.count_delta, "clip": self.clip, "level": self.level,
+            "epsilon": self.epsilon, "delta": self.delta, "guarantee": self.guarantee,
+        }
