@@ -21,6 +21,8 @@ clients at a time and never holds a (K, C, d) stack.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 import numpy as np
@@ -30,7 +32,24 @@ from privfed.release import stages as S
 from privfed.release.trace import ReleaseTrace
 from privfed.stats import ClientStats
 
-__all__ = ["ReleasePlan"]
+__all__ = ["ReleasePlan", "keeping_uploads"]
+
+_KEEP_UPLOADS: ContextVar[bool] = ContextVar("privfed_keep_uploads", default=False)
+
+
+@contextmanager
+def keeping_uploads():
+    """Within this block every release keeps each client's upload in its trace, streamed or not.
+
+    For audits and attacks on small data that call the public API (``privfed.fit``): the trace's
+    :meth:`~privfed.release.ReleaseTrace.server_view` then holds what the server received even where
+    the release streams (memory K C d).
+    """
+    token = _KEEP_UPLOADS.set(True)
+    try:
+        yield
+    finally:
+        _KEEP_UPLOADS.reset(token)
 
 
 class ReleasePlan:
@@ -142,7 +161,7 @@ class ReleasePlan:
         secure_backend = bool(getattr(getattr(self.privacy, "backend", None), "secure", False))
         state = S.ReleaseState(
             method=self.method, stats=stats, num_clients=num_clients, rng=rng, trace=trace,
-            privacy=self.privacy, secure_agg=self.secure_agg, keep_uploads=keep_uploads,
+            privacy=self.privacy, secure_agg=self.secure_agg, keep_uploads=keep_uploads or _KEEP_UPLOADS.get(),
             randomness="seeded" if seeded and not secure_backend else "os-entropy",
         )
         start = state.ledger_size()

@@ -175,3 +175,18 @@ def test_attack_view_is_read_off_the_same_release_as_fit():
     np.testing.assert_array_equal(view.stats.sums[0], sums[1])
     # and the noise it carries is the mechanism's distributed noise, not a clean sum
     assert np.abs(view.stats.counts[0] - np.bincount(y, minlength=C)).max() > 0
+
+
+def test_keeping_uploads_reaches_a_release_made_through_fit():
+    """privfed.fit streams local-noise uploads; inside keeping_uploads() its trace holds every upload."""
+    from privfed.release import keeping_uploads
+
+    F, y, k = _data()
+    head = privfed.fit("fedncm", F, y, k, num_classes=C, num_clients=K, privacy=_gauss(), random_state=2)
+    assert head.trace.server_view().kind == "not-kept"
+    with keeping_uploads():
+        kept = privfed.fit("fedncm", F, y, k, num_classes=C, num_clients=K, privacy=_gauss(), random_state=2)
+    view = kept.trace.server_view()
+    assert view.kind == "uploads" and view.stats.counts.shape == (K, C)
+    # the same seed draws the same release: the head is unchanged by keeping its uploads
+    np.testing.assert_array_equal(kept.weight, head.weight)
