@@ -60,6 +60,10 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from mechanisms import fixed_point, shamir
+from mechanisms.secagg_crypto import ProtocolAbort
+from mechanisms.secagg_identity import make_roster
+from mechanisms.secagg_node import MaskingNode
+from mechanisms.secagg_server import MaskingServer, run_in_process
 from privfed.errors import ConfigError, InputError, PrivfedError
 
 __all__ = [
@@ -87,10 +91,6 @@ UNMASK_ANSWER_BYTES = ID_BYTES + 1 + shamir.SHARE_BYTES
 _INFO_PAIR = b"privfed secagg pair mask"
 _INFO_SELF = b"privfed secagg self mask"
 _INFO_CHANNEL = b"privfed secagg share channel"
-
-
-class ProtocolAbort(PrivfedError):
-    """The protocol stopped without releasing a sum (too many dropouts, a malformed request)."""
 
 
 # --------------------------------------------------------------------------- randomness
@@ -397,6 +397,189 @@ def _as_sets(values: Iterable[int], K: int, name: str) -> frozenset[int]:
 
 
 def masked_sum(
+    stack: np.ndarray,
+    *,
+    frac_bits: int = 32,
+    integers: str | bool = "auto",
+    threshold: int | None = None,
+    neighbours: int | None = None,
+    dropped_before_upload: Iterable[int] = (),
+    dropped_after_upload: Iterable[int] = (),
+    noise_std: float = 0.0,
+    add_noise: Callable[[np.ndarray, float, np.random.Generator], np.ndarray] | None = None,
+    rng: np.random.Generator | None = None,
+    key_seed: int | bytes | None = None,
+    value_bound: float | None = None,
+    name: str = "statistic",
+    active: bool = False,
+) -> MaskedSumResult:
+    """Sum the rows of ``stack`` (one per client) with pairwise masking; see the module docstring.
+
+    Parameters
+    ----------
+    stack : array, shape (K, ...)
+        Client k's statistic is ``stack[k]``.
+    frac_bits : int
+        Fractional bits f of the fixed-point encoding for real statistics;
+        the sum is within K * 2^-(f+1) of the real sum per coordinate.
+    integers : {"auto", True, False}
+        ``True``: the statistic is integer (f = 0, exact); ``"auto"``: f = 0
+        when every value is a whole number and no noise is added (a public
+        one-bit choice, true for counts and indicators), else ``frac_bits``.
+    threshold : int, optional
+        Shamir threshold t; defaults to a majority of each client's group
+        (itself and its neighbours).
+    neighbours : int, optional
+        Degree k of the SecAgg+ graph (even); ``None`` for the complete graph.
+    dropped_before_upload, dropped_after_upload : iterables of int
+        Clients that drop after sharing their keys but before uploading y_u
+        (their input is not summed; their mask key is rebuilt) and clients
+        that drop after uploading (their input is summed; their self-mask
+        seed is rebuilt from the others' shares).
+    noise_std : float
+        Per-coordinate standard deviation of the Gaussian share each client
+        adds to its input before encoding (distributed noise; 0 for none).
+    add_noise : callable, optional
+        ``add_noise(row, std, rng) -> noisy row`` draws a client's share (a
+        noise backend's ``add_gaussian``); default: numpy normal draws.
+    rng : numpy.random.Generator, optional
+        Drives the graph relabelling and the noise shares.
+    key_seed : int or bytes, optional
+        Reproducible key material (tests only); ``None`` uses the OS CSPRNG.
+    value_bound : float, optional
+        Public bound on |x| per coordinate; defaults to the largest |x| in
+        ``stack`` (what the clients would agree on).
+    name : str
+        What is being summed (error messages).
+    active : bool
+        Run the active-adversary version (signed keys from a roster made
+        here, the consistency round); complete graph only.
+
+    Returns
+    -------
+    MaskedSumResult
+
+    Raises
+    ------
+    InputError
+        If the statistic could overflow the ring.
+    ProtocolAbort
+        If fewer than t share holders of a client survive (no sum released).
+    """
+    t_start = time.perf_counter()
+    rng = rng if rng is not None else np.random.default_rng()
+    X = np.asarray(stack, dtype=np.float64)
+    if X.ndim < 1 or X.shape[0] < 2:
+        raise InputError(
+            f"{name}: secure aggregation needs a (K, ...) stack with K >= 2 clients, got {X.shape}"
+        )
+    K = X.shape[0]
+    shape = X.shape[1:]
+    flat = X.reshape(K, -1)
+    # min and max propagate NaN and reach inf: one pass each, no temporary the size of the stack.
+    lo, hi = (float(flat.min()), float(flat.max())) if flat.size else (0.0, 0.0)
+    if not (np.isfinite(lo) and np.isfinite(hi)):
+        raise InputError(f"{name} contains NaN/inf values; secure aggregation needs finite statistics")
+    if not (np.isfinite(noise_std) and noise_std >= 0):
+        raise ConfigError(f"noise_std must be finite and >= 0, got {noise_std}")
+    if integers not in ("auto", True, False):
+        raise ConfigError(f"integers must be 'auto', True or False, got {integers!r}")
+    if integers is True and not fixed_point.is_integral(flat):
+        raise InputError(f"{name} was declared integer but holds fractional values; pass integers='auto'")
+    integral = integers is True or (integers == "auto" and noise_std == 0 and fixed_point.is_integral(flat))
+    f = 0 if integral else fixed_point.check_frac_bits(frac_bits)
+    if value_bound is None:
+        max_abs = max(-lo, hi)
+    else:
+        max_abs = float(value_bound)
+        if not (max_abs >= 0 and np.isfinite(max_abs)):
+            raise ConfigError(f"value_bound must be finite and >= 0, got {value_bound!r}")
+        over = np.flatnonzero(np.abs(flat).max(axis=1) > max_abs) if flat.size else np.zeros(0, int)
+        if over.size:
+            # Each client checks its own input against the agreed bound before encoding it.
+            raise InputError(
+                f"{name}: client(s) {over[:5].tolist()} hold values outside the agreed bound "
+                f"|x| <= {max_abs:g}; they refuse to encode them (the sum would wrap around the ring)"
+            )
+    # Gaussian shares exceed 40 standard deviations with probability < 1e-340: a safe public bound.
+    fixed_point.check_ring_bound(max_abs, K, f, noise_bound=K * 40.0 * noise_std * 2.0**f, name=name)
+    if active and neighbours is not None:
+        raise ConfigError("the active-adversary version runs on the complete graph: drop neighbours or active")
+
+    keys = KeySource(key_seed)
+    # The SecAgg+ relabelling is key material: from the key source (OS entropy), never from ``rng``.
+    graph = (
+        harary_graph(K, neighbours, np.random.default_rng(int.from_bytes(keys(32), "little")))
+        if neighbours is not None
+        else [frozenset(set(range(K)) - {u}) for u in range(K)]
+    )
+    group_sizes = [len(g) + 1 for g in graph]
+    low = default_threshold(min(group_sizes))
+    t = low if threshold is None else int(threshold)
+    if not low <= t <= min(group_sizes):
+        raise ConfigError(
+            f"threshold must lie in [{low}, {min(group_sizes)}]: more than half of each client's share group "
+            f"(so the server never holds t shares of both kinds for one client) and at most its size; got {threshold}"
+        )
+    before = _as_sets(dropped_before_upload, K, "dropped_before_upload")
+    after = _as_sets(dropped_after_upload, K, "dropped_after_upload")
+    if before & after:
+        raise InputError(f"client(s) {sorted(before & after)} cannot drop both before and after uploading")
+
+    session = keys(16)
+    roster, ids = (None, [None] * K)
+    if active:
+        id_seed = None if key_seed is None else b"identities" + (
+            key_seed if isinstance(key_seed, bytes) else int(key_seed).to_bytes(16, "little"))
+        roster, ids = make_roster(K, t, seed=id_seed)
+    server = MaskingServer(num_nodes=K, threshold=t, length=flat.shape[1], session=session, active=active,
+                           graph=None if active else graph, frac_bits=f, name=name)
+    nodes = {u: MaskingNode(u, num_nodes=K, threshold=t, neighbours=None if active else graph[u], keys=keys,
+                            identity=ids[u], roster=roster) for u in range(K)}
+
+    def encoded(u: int) -> np.ndarray:
+        row = flat[u]
+        if noise_std > 0:
+            row = add_noise(row, noise_std, rng) if add_noise is not None else row + rng.normal(0.0, noise_std, row.shape)
+        return fixed_point.encode(row, f)
+
+    def silent(stage: str, u: int) -> bool:
+        return (stage == "masked" and u in before) or (stage in ("consistency", "unmask") and u in after)
+
+    clock = {"keys": time.perf_counter()}
+    run_in_process(server, nodes, inputs=encoded, silent=silent,
+                   on_stage=lambda s: clock.__setitem__(s, time.perf_counter()))
+    view = server.view
+    result = fixed_point.decode(server.total, f).reshape(shape)
+    view.result = result
+    t3 = time.perf_counter()
+    names = {"keys": "public_keys", "shares": "shares", "masked": "masked_input", "unmask": "unmask"}
+    if active:
+        names["consistency"] = "consistency"
+    up = {u: {v: int(server.bytes_up[u].get(k, 0)) for k, v in names.items()} for u in range(K)}
+    t_setup = clock["keys"]
+    return MaskedSumResult(
+        total=result,
+        view=view,
+        frac_bits=f,
+        threshold=t,
+        uploaded=tuple(server.U3),
+        dropped_before_upload=tuple(sorted(before)),
+        dropped_after_upload=tuple(sorted(after)),
+        upload_bytes=up,
+        download_bytes=dict(server.bytes_down),
+        seconds={
+            "encode_checks": t_setup - t_start,
+            "key_setup": clock["shares"] - t_setup,
+            "masking": clock["masked"] - clock["shares"],
+            "consistency": clock.get("consistency", clock["masked"]) - clock["masked"],
+            "unmasking": t3 - clock.get("consistency", clock["masked"]),
+            "total": t3 - t_start,
+        },
+    )
+
+
+def _legacy_masked_sum(
     stack: np.ndarray,
     *,
     frac_bits: int = 32,
