@@ -62,6 +62,7 @@ from mechanisms.secagg_crypto import (
     public_key,
 )
 from mechanisms.secagg_identity import Identity, Roster, min_threshold, signed_bytes
+from privfed.errors import PrivfedError
 
 __all__ = ["STAGES", "MaskingNode", "SessionLedger"]
 
@@ -183,7 +184,7 @@ class MaskingNode:
             if stage == "consistency":
                 return self._consistency(msg)
             return self._unmask(msg)
-        except ProtocolAbort as exc:
+        except PrivfedError as exc:  # ProtocolAbort, or the node's own refusal of its input
             if self.st.get("stage") != "aborted":
                 self.st = {"stage": "aborted", "why": str(exc)}
             raise
@@ -284,13 +285,9 @@ class MaskingNode:
             got_from.append(v)
             s_sh.append(plain[8:40])
             b_sh.append(plain[40:72])
-        if aggregation is not None:
-            try:
-                self.ledger.claim(aggregation, self.u)
-            except ProtocolAbort as exc:
-                self.st = {"stage": "aborted", "why": str(exc)}
-                raise
         x = np.array(ring_input(), dtype=np.uint64, order="C")
+        if aggregation is not None:
+            self.ledger.claim(aggregation, self.u)
         session = self.st["session"]
         mask_keys, signs = [hkdf(self.st["b"], INFO_SELF + session)], [True]
         s_sk = private_key(int.from_bytes(self.st["s_sk"], "little"))
