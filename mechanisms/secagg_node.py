@@ -20,7 +20,9 @@ and on every Flower node (:mod:`privfed.flower.secagg`), which keeps its
 ``consistency``  (active version) check U3 and sign (U2, U3, the digest of
                  what this node was asked to sum, e.g. FedCOF's broadcast).
 ``unmask``       (active) check that at least t members of U3 signed the very
-                 lists and digest this node signed; then reveal, for every v
+                 lists and digest this node signed, and that every uploader's
+                 signed echo (sent with its masked input) names the same digest
+                 (a split broadcast aborts here); then reveal, for every v
                  of U2, the share of b_v if v is in U3 and of s_v^SK otherwise:
                  one list, so never both kinds for one node.
 
@@ -86,16 +88,16 @@ class SessionLedger:
         key = bytes(aggregation).hex()
         if key in self.used:
             raise ProtocolAbort(
-                f"node {node} refuses a second masked session for aggregation {key[:16]}: it already uploaded "
-                "its masked input (and noise share) for it once; a server that repeats a sum could subtract "
-                "the two", node=node, stage="masked", deviation="second-session")
+                f"node {node} aborts at stage 'masked': it refuses a second masked session for aggregation "
+                f"{key[:16]}: it already uploaded its masked input (and noise share) for it once; a server that "
+                "repeats a sum could subtract the two", node=node, stage="masked", deviation="second-session")
         self.used.append(key)
 
 
 def _ids(values, what: str, node: int, stage: str) -> list[int]:
     out = [int(v) for v in values]
     if len(set(out)) != len(out):
-        raise ProtocolAbort(f"node {node} got a {what} list with repeated entries at stage {stage!r}; aborting",
+        raise ProtocolAbort(f"node {node} aborts at stage {stage!r}: the {what} list repeats entries",
                             node=node, stage=stage, deviation="malformed-list")
     return out
 
@@ -152,6 +154,9 @@ class MaskingNode:
         c_pk = public_key(self.st["c_pk"][self.st["U1"].index(v)])
         secret = private_key(int.from_bytes(self.st["c_sk"], "little")).exchange(c_pk)
         return AESGCM(hkdf(secret, INFO_CHANNEL + self.st["session"]))
+
+    def _echo_bytes(self) -> bytes:
+        return signed_bytes("echo", self.roster.fingerprint, self.st["session"], self.st["digest"])
 
     def _view_digest(self) -> bytes:
         return signed_bytes("consistency", self.roster.fingerprint, self.st["session"], self.st["U2"],
@@ -300,7 +305,10 @@ class MaskingNode:
                        digest=hashlib.sha256(bytes(context)).digest())
         for k in ("c_sk", "own_share"):  # no longer needed: the channel's work is done
             self.st.pop(k, None)
-        return {"y": x}
+        if not self.active:
+            return {"y": x}
+        # The signed echo of what this node summed: every uploader's must match before shares are revealed.
+        return {"y": x, "echo": self.identity.sign(self._echo_bytes())}
 
     def _check_uploaded(self, stage: str, U3: list[int]) -> None:
         if not set(U3) <= set(self.st["U2"]):
@@ -338,6 +346,14 @@ class MaskingNode:
             if len(signers) < self.t:
                 raise self._abort("unmask", "short-list",
                                   f"only {len(signers)} consistency signatures, below the threshold t={self.t}")
+            echoes = [bytes(e) for e in msg["echoes"]]
+            echo = self._echo_bytes()
+            split = [v for v, e in zip(U3, echoes) if not self.roster.verify(v, e, echo)]
+            if len(echoes) != len(U3) or split:
+                raise self._abort("unmask", "split-broadcast",
+                                  f"uploader(s) {split or 'some'} did not sum what this node summed (their signed "
+                                  "echo of the run config, round and broadcast differs): the server sent "
+                                  "different broadcasts to different nodes")
         else:
             self._check_uploaded("unmask", U3)
         up = set(U3)

@@ -73,7 +73,7 @@ def reply_bytes(stage: str, reply: dict) -> int:
     if stage == "shares":
         return sum(ID_BYTES + len(c) for c in reply["ct"])
     if stage == "masked":
-        return int(np.asarray(reply["y"]).nbytes)
+        return int(np.asarray(reply["y"]).nbytes) + (SIGNATURE_BYTES if "echo" in reply else 0)
     if stage == "consistency":
         return SIGNATURE_BYTES
     return len(reply["about"]) * UNMASK_ANSWER_BYTES
@@ -89,7 +89,8 @@ def request_bytes(stage: str, msg: dict, u: int) -> int:
     if stage == "consistency":
         return ID_BYTES * len(msg["uploaded"])
     if stage == "unmask":
-        return ID_BYTES * len(msg["uploaded"]) + (ID_BYTES + SIGNATURE_BYTES) * len(msg.get("signers", []))
+        return (ID_BYTES * len(msg["uploaded"]) + (ID_BYTES + SIGNATURE_BYTES) * len(msg.get("signers", []))
+                + SIGNATURE_BYTES * len(msg.get("echoes", [])))
     return 0
 
 
@@ -130,6 +131,7 @@ class MaskingServer:
         self.U2: list[int] = []
         self.U3: list[int] = []
         self.signers: dict[int, bytes] = {}
+        self.echoes: dict[int, bytes] = {}
         self.total = np.zeros(self.length, dtype=np.uint64)
         self.done = False
         self.bytes_up: dict[int, dict[str, int]] = {u: {} for u in range(self.K)}
@@ -159,6 +161,7 @@ class MaskingServer:
                 msg = {**base, "uploaded": list(self.U3)}
                 if self.active:
                     msg["signers"], msg["sigs"] = list(self.signers), list(self.signers.values())
+                    msg["echoes"] = [self.echoes[v] for v in self.U3]
             out[u] = msg
         for u, msg in out.items():
             self.bytes_down[u] += request_bytes(s, msg, u)
@@ -200,6 +203,8 @@ class MaskingServer:
             self.U2 = sorted(got)
         elif s == "masked":
             for u in sorted(got):
+                if self.active:
+                    self.echoes[u] = bytes(got[u]["echo"])
                 y = np.asarray(got[u]["y"], dtype=np.uint64)
                 self.view.masked_uploads[u] = y
                 np.add(self.total, y, out=self.total)
