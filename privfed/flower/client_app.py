@@ -37,6 +37,8 @@ import numpy as np
 from flwr.app import ConfigRecord, Context, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
 
+from mechanisms.secagg_crypto import ProtocolAbort
+from mechanisms.secagg_node import SessionLedger
 from privfed.errors import PrivfedError
 from mechanisms.ckks import CKKSParams
 from privfed.flower.ckks import SECRET_KEY as CKKS_SECRET
@@ -46,6 +48,7 @@ from privfed.flower.node import load_node_data, node_rng, node_statistics
 from privfed.flower.rounds import node_round_statistics
 from privfed.flower.protocol import fedcof_round_vector, sum_vector
 from privfed.flower.secagg import (
+    LEDGER_KEY,
     SimulatedRoster,
     aggregation_digests,
     encode_for_ring,
@@ -218,9 +221,15 @@ def make_client_app(faults: dict[int, str] | None = None, provision: SimulatedRo
     def ckks_keys(msg: Message, context: Context) -> Message:
         if (failed := _fault("ckks_keys", msg, context, faults)) is not None:
             return failed
-        secret, public = holder_keys(CKKSParams())
-        context.state[CKKS_SECRET] = ConfigRecord({"secret": secret})
-        return Message(RecordDict({"ckks": ConfigRecord({"public": public})}), reply_to=msg)
+        rec = msg.content["ckks"]
+        try:
+            identity, roster = node_identity(context.node_config, context.node_id, provision)
+            secret, public, sig = holder_keys(CKKSParams(), identity, roster, bytes(rec["session"]), int(rec["K"]))
+        except PrivfedError as exc:
+            return _error(msg, exc)
+        context.state[CKKS_SECRET] = ConfigRecord({"secret": secret, "session": bytes(rec["session"])})
+        return Message(RecordDict({"ckks": ConfigRecord({"public": public, "u": identity.index, "sig": sig})}),
+                       reply_to=msg)
 
     @app.query("ckks_encrypt")
     def ckks_encrypt(msg: Message, context: Context) -> Message:
@@ -229,21 +238,51 @@ def make_client_app(faults: dict[int, str] | None = None, provision: SimulatedRo
         rec = msg.content["ckks"]
         try:
             cfg = _config(msg)
+            identity, roster = node_identity(context.node_config, context.node_id, provision)
+            agg, _ = aggregation_digests(dict(msg.content["config"]), _round(msg), _broadcast(msg), cfg.private)
             x = _secure_vector(msg, cfg, context)
-            cts = node_encrypt(bytes(rec["public"]), x, CKKSParams(), int(rec["K"]))
+            cts, sig = node_encrypt(bytes(rec["public"]), x, CKKSParams(), identity=identity, roster=roster,
+                                    holder=int(rec["holder"]), signature=bytes(rec["sig"]),
+                                    session=bytes(rec["session"]), num_nodes=int(rec["K"]))
+            ledger = SessionLedger(list(context.state[LEDGER_KEY]["used"]) if LEDGER_KEY in context.state else [])
+            ledger.claim(agg, identity.index)  # one encrypted upload per aggregation id
+            context.state[LEDGER_KEY] = ConfigRecord({"used": list(ledger.used)})
         except PrivfedError as exc:
             return _error(msg, exc)
-        return Message(RecordDict({"ckks": ConfigRecord({"ct": cts})}), reply_to=msg)
+        return Message(RecordDict({"ckks": ConfigRecord({"ct": cts, "u": identity.index, "sig": sig})}),
+                       reply_to=msg)
 
     @app.query("ckks_decrypt")
     def ckks_decrypt(msg: Message, context: Context) -> Message:
         if (failed := _fault("ckks_decrypt", msg, context, faults)) is not None:
             return failed
         rec = msg.content["ckks"]
-        secret = bytes(context.state[CKKS_SECRET]["secret"])
-        del context.state[CKKS_SECRET]  # one aggregate per key
-        total = holder_decrypt(secret, [bytes(c) for c in rec["aggregate"]], int(rec["size"]), CKKSParams(),
-                               integral=False)
+        try:
+            identity, roster = node_identity(context.node_config, context.node_id, provision)
+            if CKKS_SECRET not in context.state:
+                raise ProtocolAbort(f"node {identity.index} aborts at stage 'ckks_decrypt': it holds no key (each "
+                                    "key decrypts one aggregate)", node=identity.index, stage="ckks_decrypt",
+                                    deviation="second-session")
+            kept = context.state[CKKS_SECRET]
+            del context.state[CKKS_SECRET]  # one aggregate per key, whatever happens next
+            session = bytes(rec["session"])
+            if session != bytes(kept["session"]):
+                raise ProtocolAbort(f"node {identity.index} aborts at stage 'ckks_decrypt': another session's "
+                                    "aggregate", node=identity.index, stage="ckks_decrypt", deviation="replay")
+            size, params = int(rec["size"]), CKKSParams()
+            n = params.num_ciphertexts(size)
+            cts = [bytes(c) for c in rec["ct"]]
+            senders = [int(u) for u in rec["from"]]
+            if len(cts) != n * len(senders):
+                raise ProtocolAbort(f"node {identity.index} aborts at stage 'ckks_decrypt': malformed "
+                                    "contributions", node=identity.index, stage="ckks_decrypt",
+                                    deviation="malformed")
+            contributions = [(u, cts[i * n:(i + 1) * n], bytes(sg)) for i, (u, sg) in
+                             enumerate(zip(senders, rec["sigs"]))]
+            total = holder_decrypt(bytes(kept["secret"]), contributions, size, params, identity=identity,
+                                   roster=roster, session=session, integral=False)
+        except PrivfedError as exc:
+            return _error(msg, exc)
         return Message(sum_reply(total), reply_to=msg)
 
     from flwr.client.mod import secaggplus_mod

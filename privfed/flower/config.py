@@ -131,6 +131,11 @@ class FlowerConfig:
                     f"threshold={self.threshold} is too low for clients={self.clients}: secure aggregation against a "
                     f"deviating server needs t >= 2 and t > K/2 (here t >= {low}), or a server that shows two "
                     "halves of the nodes different survivor lists unmasks a node; raise threshold")
+        if self.secure == "ckks":
+            from mechanisms.ckks import CKKSParams
+            from privfed.flower.ckks import check_num_nodes
+
+            check_num_nodes(CKKSParams(), self.clients)
         if isinstance(self.frac_bits, bool) or not isinstance(self.frac_bits, int):
             raise ConfigError(f"frac-bits must be an integer, got {self.frac_bits!r}")
         from mechanisms import fixed_point

@@ -357,7 +357,7 @@ def _serve_secure(grid, cfg, method, nodes, config_rec, stages, keep_view, recei
             holder = next((n for n in among if holders.get(n)), among[0])
             res = ckks_sum_over_messages(
                 grid, among, key_holder=holder, length=length, params=CKKSParams(), timeout=cfg.timeout,
-                payload=payload, round_name=round_name, keep_view=keep_view,
+                payload=payload, round_name=round_name, keep_view=keep_view, num_nodes=cfg.clients,
             )
         else:
             res = masked_sum_over_messages(

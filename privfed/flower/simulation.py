@@ -79,10 +79,11 @@ def run_simulation(
 
 def _roster(cfgs: list[FlowerConfig], num_supernodes: int | None) -> SimulatedRoster | None:
     """The simulated operator's roster: one per simulation, so every masked config must share K and t."""
-    masked = [c for c in cfgs if c.secure == "mask"]
+    masked = [c for c in cfgs if c.secure in ("mask", "ckks")]
     if not masked:
         return None
-    kt = {(c.clients, c.threshold if c.threshold is not None else min_threshold(c.clients)) for c in masked}
+    kt = {(c.clients, c.threshold if c.threshold is not None and c.secure == "mask" else min_threshold(c.clients))
+          for c in masked}
     if len(kt) > 1:
         raise ConfigError(f"one simulation has one roster: the masked configurations ask for (K, t) in {sorted(kt)}; "
                           "run them in separate simulations")
