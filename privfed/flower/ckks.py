@@ -85,16 +85,20 @@ def holder_keys(params: CKKSParams, identity: Identity, roster: Roster, session:
     return ctx.serialize(save_secret_key=True), public, sig
 
 
-def _contribution_bytes(roster: Roster, session: bytes, u: int, cts: list[bytes]) -> bytes:
+def _contribution_bytes(roster: Roster, session: bytes, u: int, cts: list[bytes], digest: bytes) -> bytes:
     h = hashlib.sha256()
     for c in cts:
         h.update(len(c).to_bytes(8, "little") + bytes(c))
-    return signed_bytes("ckks-contribution", roster.fingerprint, bytes(session), u, h.digest())
+    return signed_bytes("ckks-contribution", roster.fingerprint, bytes(session), u, h.digest(), bytes(digest))
 
 
 def node_encrypt(public: bytes, x: np.ndarray, params: CKKSParams, *, identity: Identity, roster: Roster,
-                 holder: int, signature: bytes, session: bytes, num_nodes: int) -> tuple[list[bytes], bytes]:
+                 holder: int, signature: bytes, session: bytes, num_nodes: int, digest: bytes = b""
+                 ) -> tuple[list[bytes], bytes]:
     """Check the holder's signed context, then encrypt this node's statistic; returns (ciphertexts, signature).
+
+    The signature covers the ciphertexts and ``digest``, the hash of what this node summed (run config,
+    round, broadcast): the key holder checks it against its own, so a split broadcast is refused.
 
     Refused if K (from the roster, not the server) such inputs could exceed the CKKS bound.
     """
@@ -123,13 +127,14 @@ def node_encrypt(public: bytes, x: np.ndarray, params: CKKSParams, *, identity: 
         raise _abort(u, "ckks_encrypt", "substituted-key", "it was sent a context holding the secret key")
     s = params.slots
     cts = [ts.ckks_vector(ctx, x[i : i + s].tolist()).serialize() for i in range(0, x.size, s)]
-    return cts, identity.sign(_contribution_bytes(roster, session, u, cts))
+    return cts, identity.sign(_contribution_bytes(roster, session, u, cts, digest))
 
 
 def holder_decrypt(secret: bytes, contributions: list[tuple[int, list[bytes], bytes]], size: int,
                    params: CKKSParams, *, identity: Identity, roster: Roster, session: bytes,
-                   integral: bool = False) -> np.ndarray:
-    """Check every signed contribution (at least t distinct roster nodes), add them, decrypt once, round."""
+                   integral: bool = False, digest: bytes = b"") -> np.ndarray:
+    """Check every signed contribution (at least t distinct roster nodes, each over the same ``digest`` of
+    what was summed as the key holder's own), add them, decrypt once, round."""
     me = identity.index
     seen = [u for u, _, _ in contributions]
     if len(set(seen)) != len(seen):
@@ -140,9 +145,11 @@ def holder_decrypt(secret: bytes, contributions: list[tuple[int, list[bytes], by
                      f"t={roster.threshold}: it could be one node's input")
     n_ct = params.num_ciphertexts(size)
     for u, cts, sig in contributions:
-        if len(cts) != n_ct or not roster.verify(int(u), bytes(sig), _contribution_bytes(roster, session, u, cts)):
+        if len(cts) != n_ct or not roster.verify(int(u), bytes(sig),
+                                                 _contribution_bytes(roster, session, u, cts, digest)):
             raise _abort(me, "ckks_decrypt", "bad-signature",
-                         f"the contribution said to be node {u}'s is not signed by it for this session")
+                         f"the contribution said to be node {u}'s is not signed by it for this session and for what "
+                         "the key holder summed (a forged or relabelled contribution, or a split broadcast)")
     ts = _tenseal()
     ctx = ts.context_from(secret)
     acc = None

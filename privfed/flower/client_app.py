@@ -239,11 +239,14 @@ def make_client_app(faults: dict[int, str] | None = None, provision: SimulatedRo
         try:
             cfg = _config(msg)
             identity, roster = node_identity(context.node_config, context.node_id, provision)
-            agg, _ = aggregation_digests(dict(msg.content["config"]), _round(msg), _broadcast(msg), cfg.private)
+            agg, digest = aggregation_digests(dict(msg.content["config"]), _round(msg), _broadcast(msg),
+                                              cfg.private)
             x = _secure_vector(msg, cfg, context)
             cts, sig = node_encrypt(bytes(rec["public"]), x, CKKSParams(), identity=identity, roster=roster,
                                     holder=int(rec["holder"]), signature=bytes(rec["sig"]),
-                                    session=bytes(rec["session"]), num_nodes=int(rec["K"]))
+                                    session=bytes(rec["session"]), num_nodes=int(rec["K"]), digest=digest)
+            if CKKS_SECRET in context.state and int(rec["holder"]) == identity.index:
+                context.state[CKKS_SECRET]["digest"] = digest  # the key holder checks every contribution against it
             ledger = SessionLedger(list(context.state[LEDGER_KEY]["used"]) if LEDGER_KEY in context.state else [])
             ledger.claim(agg, identity.index)  # one encrypted upload per aggregation id
             context.state[LEDGER_KEY] = ConfigRecord({"used": list(ledger.used)})
@@ -280,7 +283,8 @@ def make_client_app(faults: dict[int, str] | None = None, provision: SimulatedRo
             contributions = [(u, cts[i * n:(i + 1) * n], bytes(sg)) for i, (u, sg) in
                              enumerate(zip(senders, rec["sigs"]))]
             total = holder_decrypt(bytes(kept["secret"]), contributions, size, params, identity=identity,
-                                   roster=roster, session=session, integral=False)
+                                   roster=roster, session=session, integral=False,
+                                   digest=bytes(kept.get("digest", b"")))
         except PrivfedError as exc:
             return _error(msg, exc)
         return Message(sum_reply(total), reply_to=msg)

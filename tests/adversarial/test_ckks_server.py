@@ -89,3 +89,20 @@ def test_ckks_beyond_the_safe_number_of_nodes_is_refused_before_any_message():
     with pytest.raises(ConfigError, match="CKKS with 257 nodes.*key-dependent"):
         FlowerConfig(method="fedncm", clients=257, secure="ckks")
     FlowerConfig(method="fedncm", clients=256, secure="ckks")
+
+
+def test_a_split_fedcof_broadcast_is_refused_by_the_ckks_key_holder(digits_dataset):
+    import numpy as np
+
+    from privfed.flower.wire import arrays_record
+
+    def split(msg):
+        if msg.metadata.message_type == "query.ckks_encrypt" and "broadcast" in msg.content:
+            b = msg.content["broadcast"]
+            arrays = {k: b[k].numpy() for k in b.keys()}
+            if msg.metadata.dst_node_id == 101:  # the victim (not the key holder)
+                arrays["mu"] = np.zeros_like(arrays["mu"])
+            msg.content["broadcast"] = arrays_record(arrays)
+
+    with pytest.raises(ProtocolAbort, match="stage 'ckks_decrypt'.*split broadcast"):
+        serve(TamperingGrid(_nodes(), split), FlowerConfig(**{**CFG, "method": "fedcof"}))
