@@ -53,7 +53,7 @@ from privfed.flower.protocol import (
     sum_vector_length,
 )
 from mechanisms.ckks import CKKSParams
-from mechanisms.secagg import THREAT_MODEL_CKKS, THREAT_MODEL_MASK
+from mechanisms.secagg import THREAT_MODEL_CKKS_ACTIVE, THREAT_MODEL_MASK_ACTIVE
 from privfed.flower.ckks import ckks_sum_over_messages
 from privfed.flower.secagg import masked_sum_over_messages
 from privfed.flower.transport import Exchange, exchange, wait_for_nodes
@@ -415,7 +415,7 @@ def _serve_secure(grid, cfg, method, nodes, config_rec, stages, keep_view, recei
         "rounds": [r.record() for r in runs],
         "summed_nodes": K,
         "dropped": sorted({n for r in runs for n in r.dropped_before_upload}),
-        "threat_model": {"mask": THREAT_MODEL_MASK, "ckks": THREAT_MODEL_CKKS}.get(cfg.secure, _THREAT_FLWR),
+        "threat_model": {"mask": THREAT_MODEL_MASK_ACTIVE, "ckks": THREAT_MODEL_CKKS_ACTIVE}.get(cfg.secure, _THREAT_FLWR),
     }
     if any(r.dropped_before_upload for r in runs):
         head.notes.append(

@@ -44,6 +44,7 @@ def test_a_repeated_dp_session_is_refused_so_the_reported_epsilon_holds(digits_d
     cfg = FlowerConfig(method="fedncm", clients=K, epsilon=1.0, delta=1e-5, clip=10.0, secure="mask", timeout=30)
     first = serve(grid, cfg)
     assert first.head.privacy.epsilon == pytest.approx(1.0, rel=1e-9)
+    assert first.head.secure_aggregation["threat_model"].startswith("Active-adversary version")
     for again in (cfg, FlowerConfig(**{**cfg.__dict__, "partition_seed": 5})):  # any DP config: one release a run
         with pytest.raises(ProtocolAbort, match="stage 'masked'.*second masked session") as exc:
             serve(grid, again)
