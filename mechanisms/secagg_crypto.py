@@ -36,9 +36,9 @@ __all__ = [
     "ProtocolAbort",
     "add_masks",
     "hkdf",
-    "private_key",
     "prg_buffer",
     "prg_uint64",
+    "private_key",
     "pub_bytes",
     "public_key",
 ]

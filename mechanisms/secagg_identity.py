@@ -113,7 +113,7 @@ class Roster:
                            "public_keys": [k.hex() for k in self.public_keys]}, indent=1)
 
     @classmethod
-    def from_json(cls, text: str, source: str = "roster") -> "Roster":
+    def from_json(cls, text: str, source: str = "roster") -> Roster:
         try:
             raw = json.loads(text)
             return cls(public_keys=tuple(bytes.fromhex(k) for k in raw["public_keys"]),
@@ -124,7 +124,7 @@ class Roster:
             raise ConfigError(f"{source} is not a privfed roster (JSON with public_keys, threshold): {exc}") from None
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> "Roster":
+    def load(cls, path: str | os.PathLike) -> Roster:
         p = pathlib.Path(path).expanduser()
         if not p.is_file():
             raise ConfigError(f"secagg-roster={path}: no such file; the operator writes it with "
@@ -147,7 +147,7 @@ class Identity:
         return Ed25519PrivateKey.from_private_bytes(self.private_key).public_key().public_bytes(
             serialization.Encoding.Raw, serialization.PublicFormat.Raw)
 
-    def check(self, roster: Roster) -> "Identity":
+    def check(self, roster: Roster) -> Identity:
         """This identity, if the roster lists its public key at its index (ConfigError otherwise)."""
         if not 0 <= self.index < roster.size or roster.public_keys[self.index] != self.public_key:
             raise ConfigError(f"this node's identity key (index {self.index}) is not in the roster; the operator "
@@ -158,7 +158,7 @@ class Identity:
         return json.dumps({"index": int(self.index), "private_key": self.private_key.hex()})
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> "Identity":
+    def load(cls, path: str | os.PathLike) -> Identity:
         p = pathlib.Path(path).expanduser()
         if not p.is_file():
             raise ConfigError(f"secagg-identity={path}: no such file")

@@ -35,7 +35,7 @@ from mechanisms.secagg_crypto import (
 )
 from mechanisms.secagg_identity import SIGNATURE_BYTES
 
-__all__ = ["MaskingServer", "ServerView", "request_bytes", "reply_bytes", "run_in_process"]
+__all__ = ["MaskingServer", "ServerView", "reply_bytes", "request_bytes", "run_in_process"]
 
 
 @dataclass

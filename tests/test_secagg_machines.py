@@ -29,3 +29,47 @@ def test_active_version_uploads_the_same_bytes_and_adds_only_the_consistency_rou
 def test_active_version_refuses_a_sparse_graph():
     with pytest.raises(masking.ConfigError, match="complete graph"):
         masking.masked_sum(np.ones((6, 2)), neighbours=2, active=True)
+
+
+def _extra_bytes(K: int, after: int) -> tuple[float, float]:
+    """Bytes the active version adds per client, from the protocol description: up, a signature on the key
+    advertisement, on the echo with the upload and on the uploader list (the S = K - after signers); down,
+    the K - 1 peers' advertisement signatures, the uploader list (4 bytes an id) to consistency, and to each
+    signer S (id, signature) pairs and the K echoes, less the uploader list the honest version sends to all K."""
+    S, sig, idb = K - after, 64, 4
+    up = (K * 2 * sig + S * sig) / K
+    down = (K * (K - 1) * sig + K * idb * K + S * (idb * K + (idb + sig) * S + sig * K) - K * idb * K) / K
+    return up, down
+
+
+def test_consistency_round_bytes_follow_the_protocol_description():
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from experiments.bench_secagg import run_active
+
+    rows, _ = run_active(K=10, D=5, repeats=1, seed=0)
+    for r in rows:
+        up, down = _extra_bytes(10, r["dropped_after_upload"])
+        assert r["extra_upload_bytes_per_client"] == pytest.approx(up, abs=1e-9)
+        assert r["extra_download_bytes_per_client"] == pytest.approx(down, abs=1e-9)
+        assert r["active_max_abs_error"] <= r["error_bound"] and r["honest_max_abs_error"] <= r["error_bound"]
+
+
+def test_recorded_consistency_round_benchmark_is_what_its_rows_say():
+    from experiments import recorded
+
+    try:
+        rec = recorded.load("bench_secagg_active")
+    except recorded.MissingRecord:
+        pytest.skip("no record yet: python experiments/bench_secagg.py --active --record")
+    K = rec["data"]["config"]["clients"]
+    for r in rec["data"]["rows"]:
+        assert r["cpu_ratio"] == pytest.approx(r["active_cpu_s"] / r["honest_cpu_s"], rel=1e-12)
+        assert r["upload_ratio"] == pytest.approx(
+            r["active_upload_bytes_per_client"] / r["honest_upload_bytes_per_client"], rel=1e-12)
+        up, down = _extra_bytes(K, r["dropped_after_upload"])
+        assert r["extra_upload_bytes_per_client"] == pytest.approx(up, abs=1e-6)
+        assert r["extra_download_bytes_per_client"] == pytest.approx(down, abs=1e-6)
+        assert r["active_max_abs_error"] <= r["error_bound"]

@@ -33,20 +33,19 @@ import json
 import os
 
 import numpy as np
-
 from flwr.app import ConfigRecord, Context, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
 
+from mechanisms.ckks import CKKSParams
 from mechanisms.secagg_crypto import ProtocolAbort
 from mechanisms.secagg_node import SessionLedger
 from privfed.errors import PrivfedError
-from mechanisms.ckks import CKKSParams
 from privfed.flower.ckks import SECRET_KEY as CKKS_SECRET
 from privfed.flower.ckks import holder_decrypt, holder_keys, node_encrypt, sum_reply
 from privfed.flower.config import FlowerConfig
 from privfed.flower.node import load_node_data, node_rng, node_statistics
-from privfed.flower.rounds import node_round_statistics
 from privfed.flower.protocol import fedcof_round_vector, sum_vector
+from privfed.flower.rounds import node_round_statistics
 from privfed.flower.secagg import (
     LEDGER_KEY,
     SimulatedRoster,

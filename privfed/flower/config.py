@@ -57,7 +57,7 @@ from typing import Any
 from privfed import methods as _methods
 from privfed.errors import ConfigError
 
-__all__ = ["FlowerConfig", "INSECURE_FLWR", "SECURE_PROTOCOLS"]
+__all__ = ["INSECURE_FLWR", "SECURE_PROTOCOLS", "FlowerConfig"]
 
 #: Secure-aggregation protocols the Flower app runs as message stages.
 SECURE_PROTOCOLS = ("none", "mask", "ckks", "flwr-secaggplus-insecure")
@@ -233,7 +233,7 @@ class FlowerConfig:
         return out
 
     @classmethod
-    def from_wire(cls, values: dict[str, Any]) -> "FlowerConfig":
+    def from_wire(cls, values: dict[str, Any]) -> FlowerConfig:
         known = {f.name for f in fields(cls)}
         kwargs = {k: v for k, v in values.items() if k in known}
         for name in ("method_params", "rounds_params"):
@@ -242,7 +242,7 @@ class FlowerConfig:
         return cls(**kwargs)
 
     @classmethod
-    def from_run_config(cls, run_config: dict[str, Any]) -> "FlowerConfig":
+    def from_run_config(cls, run_config: dict[str, Any]) -> FlowerConfig:
         """Parse Flower's run config (dashed keys; unknown keys are an error naming them)."""
         names = {f.name.replace("_", "-"): f for f in fields(cls)}
         unknown = sorted(set(run_config) - set(names))

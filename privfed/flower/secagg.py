@@ -33,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, RecordDict
+from flwr.app import ConfigRecord, RecordDict
 
 from mechanisms import fixed_point
 from mechanisms.secagg_crypto import ProtocolAbort
@@ -46,8 +46,8 @@ from privfed.flower.wire import arrays_record
 
 __all__ = [
     "LEDGER_KEY",
-    "MaskedSum",
     "STATE_KEY",
+    "MaskedSum",
     "SimulatedRoster",
     "aggregation_digests",
     "encode_for_ring",
@@ -305,7 +305,7 @@ def masked_sum_over_messages(
                         rec[k] = v
                 contents[node_of[u]] = rec
 
-        def on_reply(node, content, stage=stage):
+        def on_reply(node, content, stage=stage, refused=refused):
             why = refusal(content)
             if why is not None:
                 refused[node] = (str(content["error"].get("kind", "")), why)

@@ -110,8 +110,7 @@ def test_inconsistent_uploader_lists_abort_before_any_share_is_revealed():
     assert fed.t == 4
     server = fed.server()
     fed.run_until(server, "consistency")
-    victim = 0
-    everyone = [0, 1, 2, 3, 4, 5]
+    everyone = [0, 1, 2, 3, 4, 5]  # node 0 is the victim
     views = {u: (everyone if u in (1, 2, 3) else [1, 2, 3, 4, 5]) for u in range(1, 6)}
     sigs = {}
     for u in range(1, 6):
