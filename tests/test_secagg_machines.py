@@ -73,3 +73,30 @@ def test_recorded_consistency_round_benchmark_is_what_its_rows_say():
         assert r["extra_upload_bytes_per_client"] == pytest.approx(up, abs=1e-6)
         assert r["extra_download_bytes_per_client"] == pytest.approx(down, abs=1e-6)
         assert r["active_max_abs_error"] <= r["error_bound"]
+
+
+def test_operator_command_writes_a_roster_and_private_identity_files(tmp_path, capsys):
+    import os
+    import stat
+
+    from mechanisms.secagg_identity import Roster, main
+    from privfed.errors import ConfigError
+    from privfed.flower.secagg import node_identity
+
+    assert main([str(tmp_path), "--nodes", "5"]) == 0
+    roster = Roster.load(tmp_path / "roster.json")
+    assert roster.size == 5 and roster.threshold == 3
+    for i in range(5):
+        path = tmp_path / f"node-{i}.json"
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+        ident, r = node_identity({"secagg-identity": str(path), "secagg-roster": str(tmp_path / "roster.json")}, i)
+        assert ident.index == i and r == roster
+    # Node 1's key with node 2's index (or another roster) is refused, as is a node without any identity.
+    bad = tmp_path / "bad.json"
+    bad.write_text((tmp_path / "node-1.json").read_text().replace('"index": 1', '"index": 2'))
+    with pytest.raises(ConfigError, match="not in the roster"):
+        node_identity({"secagg-identity": str(bad), "secagg-roster": str(tmp_path / "roster.json")}, 7)
+    with pytest.raises(ConfigError, match="node 7 has no secure-aggregation identity.*secagg-identity"):
+        node_identity({}, 7)
+    assert main([str(tmp_path / "x"), "--nodes", "6", "--threshold", "3"]) == 2
+    assert "t > n_C + (K - n_C)/2" in capsys.readouterr().err
