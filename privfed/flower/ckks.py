@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from flwr.app import ConfigRecord, RecordDict
 
-from mechanisms.ckks import CKKSParams, _tenseal
+from mechanisms.ckks import CKKSParams, tenseal_module
 from mechanisms.secagg_crypto import ProtocolAbort
 from mechanisms.secagg_identity import Identity, Roster, signed_bytes
 from privfed.errors import ConfigError, InputError
@@ -74,7 +74,7 @@ def holder_keys(params: CKKSParams, identity: Identity, roster: Roster, session:
     if int(num_nodes) != roster.size:
         raise _abort(identity.index, "ckks_keys", "wrong-parameters",
                      f"the server asks for K={num_nodes}, the roster has K={roster.size}")
-    ts = _tenseal()
+    ts = tenseal_module()
     ctx = ts.context(ts.SCHEME_TYPE.CKKS, poly_modulus_degree=params.poly_modulus_degree,
                      coeff_mod_bit_sizes=list(params.coeff_mod_bit_sizes))
     ctx.global_scale = 2.0**params.scale_bits
@@ -112,7 +112,7 @@ def node_encrypt(public: bytes, x: np.ndarray, params: CKKSParams, *, identity: 
                      f"the CKKS public context is not signed by key holder {holder}'s roster key (a substituted "
                      "key, or one from another session): nothing is encrypted")
     check_num_nodes(params, roster.size)
-    ts = _tenseal()
+    ts = tenseal_module()
     x = np.asarray(x, dtype=np.float64).ravel()
     if not np.all(np.isfinite(x)):
         raise InputError("this node's statistic contains NaN/inf; secure aggregation needs finite values")
@@ -150,7 +150,7 @@ def holder_decrypt(secret: bytes, contributions: list[tuple[int, list[bytes], by
             raise _abort(me, "ckks_decrypt", "bad-signature",
                          f"the contribution said to be node {u}'s is not signed by it for this session and for what "
                          "the key holder summed (a forged or relabelled contribution, or a split broadcast)")
-    ts = _tenseal()
+    ts = tenseal_module()
     ctx = ts.context_from(secret)
     acc = None
     for _, cts, _ in contributions:

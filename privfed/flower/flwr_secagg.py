@@ -76,11 +76,11 @@ def check_limits(cfg) -> None:
 
 def field_bounds(method, cfg) -> dict[str, float]:
     """The public bound B of every entry of each statistic: |count| <= n, |sum| <= n b, |second| <= n b^2."""
-    from privfed.flower.protocol import _fields
+    from privfed.flower.protocol import stat_fields
 
     n, b = float(cfg.max_records), float(cfg.clip)
     table = {"counts": n, "sums": n * b, "second": n * b * b, "class_second": n * b * b}
-    return {f: table[f] for f in _fields(method)}
+    return {f: table[f] for f in stat_fields(method)}
 
 
 def quantisation_bound(method, cfg, num_summed: int) -> dict[str, float]:
@@ -89,11 +89,11 @@ def quantisation_bound(method, cfg, num_summed: int) -> dict[str, float]:
 
 
 def _scale_vector(method, cfg, C: int, d: int) -> np.ndarray:
-    from privfed.flower.protocol import _fields, _shape
+    from privfed.flower.protocol import stat_fields, stat_shape
 
     bounds = field_bounds(method, cfg)
-    return np.concatenate([np.full(int(np.prod(_shape(f, C, d))), CLIPPING_RANGE / bounds[f])
-                           for f in _fields(method)])
+    return np.concatenate([np.full(int(np.prod(stat_shape(f, C, d))), CLIPPING_RANGE / bounds[f])
+                           for f in stat_fields(method)])
 
 
 # ------------------------------------------------------------------------------------------ node
