@@ -81,8 +81,9 @@ class SessionLedger:
     refused.  ``used`` is the persisted list (hex ids).
     """
 
-    def __init__(self, used: list[str] | None = None) -> None:
+    def __init__(self, used: list[str] | None = None, also: Callable[[int], None] | None = None) -> None:
         self.used = list(used or [])
+        self.also = also  # a second claim (a ledger kept beyond this run), called after this one's check
 
     def claim(self, aggregation: bytes, node: int) -> None:
         key = bytes(aggregation).hex()
@@ -91,6 +92,8 @@ class SessionLedger:
                 f"node {node} aborts at stage 'masked': it refuses a second masked session for aggregation "
                 f"{key[:16]}: it already uploaded its masked input (and noise share) for it once; a server that "
                 "repeats a sum could subtract the two", node=node, stage="masked", deviation="second-session")
+        if self.also is not None:
+            self.also(node)
         self.used.append(key)
 
 

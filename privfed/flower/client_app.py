@@ -8,7 +8,8 @@ Message types it answers (all ``query``; the server sends the run's
 ``query.keys`` ``query.shares`` ``query.masked`` ``query.consistency`` ``query.unmask``
                      the pairwise-masking stages (:mod:`privfed.flower.secagg`, active-adversary
                      version: the node's identity and roster come from its node config,
-                     ``secagg-identity`` and ``secagg-roster``)
+                     ``secagg-identity`` and ``secagg-roster``; ``secagg-ledger=FILE`` keeps the
+                     aggregations it uploaded for across runs)
 ``query.ckks_keys`` ``query.ckks_encrypt`` ``query.ckks_decrypt``
                      CKKS with this node or another as key holder (:mod:`privfed.flower.ckks`)
 ``query.round``      one round of a multi-round method (:mod:`privfed.flower.rounds`;
@@ -38,7 +39,6 @@ from flwr.clientapp import ClientApp
 
 from mechanisms.ckks import CKKSParams
 from mechanisms.secagg_crypto import ProtocolAbort
-from mechanisms.secagg_node import SessionLedger
 from privfed.errors import PrivfedError
 from privfed.flower.ckks import SECRET_KEY as CKKS_SECRET
 from privfed.flower.ckks import holder_decrypt, holder_keys, node_encrypt, sum_reply
@@ -51,7 +51,9 @@ from privfed.flower.secagg import (
     SimulatedRoster,
     aggregation_digests,
     encode_for_ring,
+    lifetime_id,
     node_identity,
+    node_ledger,
     node_step,
 )
 from privfed.flower.wire import stats_from_record, stats_record
@@ -204,7 +206,8 @@ def make_client_app(faults: dict[int, str] | None = None, provision: SimulatedRo
                     agg, digest = aggregation_digests(dict(msg.content["config"]), _round(msg), _broadcast(msg),
                                                       cfg.private)
                     kw = dict(aggregation=agg, context_digest=digest, ring_input=lambda: encode_for_ring(
-                        _secure_vector(msg, cfg, context), cfg.frac_bits, roster.size))
+                        _secure_vector(msg, cfg, context), cfg.frac_bits, roster.size),
+                        lifetime=lifetime_id(dict(msg.content["config"]), _round(msg)))
                 reply = node_step(msg.content, context, identity, roster, **kw)
             except PrivfedError as exc:  # a refusal (ProtocolAbort included) reaches the server as its message
                 return _error(msg, exc)
@@ -246,7 +249,7 @@ def make_client_app(faults: dict[int, str] | None = None, provision: SimulatedRo
                                     session=bytes(rec["session"]), num_nodes=int(rec["K"]), digest=digest)
             if CKKS_SECRET in context.state and int(rec["holder"]) == identity.index:
                 context.state[CKKS_SECRET]["digest"] = digest  # the key holder checks every contribution against it
-            ledger = SessionLedger(list(context.state[LEDGER_KEY]["used"]) if LEDGER_KEY in context.state else [])
+            ledger = node_ledger(context, lifetime_id(dict(msg.content["config"]), _round(msg)))
             ledger.claim(agg, identity.index)  # one encrypted upload per aggregation id
             context.state[LEDGER_KEY] = ConfigRecord({"used": list(ledger.used)})
         except PrivfedError as exc:

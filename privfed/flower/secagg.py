@@ -18,6 +18,10 @@ signs in the consistency round, so a server that sends different
 broadcasts to different nodes (FedCOF's round 2) is detected before any
 share is revealed.
 
+One upload per aggregation: the node's ledger lives in its run state; with
+``secagg-ledger=FILE`` in its node config it is also kept in that file, so a
+server that starts another run to repeat a sum is refused too.
+
 Identities: a node reads ``secagg-identity`` and ``secagg-roster`` (file
 paths, or inline JSON) from its node config (see
 :mod:`mechanisms.secagg_identity` for the operator's command), or gets them
@@ -29,6 +33,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import pathlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -52,8 +57,10 @@ __all__ = [
     "aggregation_digests",
     "encode_for_ring",
     "from_records",
+    "lifetime_id",
     "masked_sum_over_messages",
     "node_identity",
+    "node_ledger",
     "node_step",
     "refusal",
     "simulated_identities",
@@ -173,12 +180,42 @@ def aggregation_digests(config: dict, round_name: str, broadcast: dict[str, np.n
     return agg, h.digest()
 
 
+def lifetime_id(config: dict, round_name: str) -> bytes:
+    """The id a node's lifetime ledger (``secagg-ledger``) keeps: the run config (less transport keys) and round."""
+    canon = json.dumps({k: v for k, v in sorted(config.items()) if k not in _TRANSPORT_KEYS},
+                       sort_keys=True, default=str)
+    return hashlib.sha256(b"privfed lifetime aggregation\x00" + canon.encode() + b"\x00" + round_name.encode()).digest()
+
+
+def node_ledger(context, lifetime: bytes | None = None) -> SessionLedger:
+    """This node's ledger for this run (``context.state``), chained to the file named by its node config
+    ``secagg-ledger`` when there is one: the same configuration and round is summed once per node, ever,
+    whichever run the server starts."""
+    path = context.node_config.get("secagg-ledger")
+
+    def also(node: int) -> None:
+        p = pathlib.Path(str(path)).expanduser()
+        used = set(p.read_text().split()) if p.exists() else set()
+        if lifetime.hex() in used:
+            raise ProtocolAbort(
+                f"node {node} aborts at stage 'masked': its ledger {p} shows it already uploaded for this "
+                "configuration and round in an earlier run; a server that repeats a sum could subtract the two",
+                node=node, stage="masked", deviation="second-session")
+        with open(p, "a", encoding="utf-8") as fh:
+            fh.write(lifetime.hex() + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+
+    used = list(context.state[LEDGER_KEY]["used"]) if LEDGER_KEY in context.state else []
+    return SessionLedger(used, also if path and lifetime is not None else None)
+
+
 def node_step(content: RecordDict, context, identity: Identity, roster: Roster, *,
               ring_input: Callable[[], np.ndarray] | None = None, context_digest: bytes = b"",
-              aggregation: bytes | None = None) -> RecordDict:
+              aggregation: bytes | None = None, lifetime: bytes | None = None) -> RecordDict:
     """Answer one masking request with this node's state machine; its state stays in ``context.state``."""
     req = from_records(content)
-    ledger = SessionLedger(list(context.state[LEDGER_KEY]["used"]) if LEDGER_KEY in context.state else [])
+    ledger = node_ledger(context, lifetime)
     state = None
     if req.get("stage") != "keys":
         state = dict(context.state[STATE_KEY]) if STATE_KEY in context.state else {"stage": "new"}

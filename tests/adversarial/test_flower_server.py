@@ -141,3 +141,16 @@ def test_the_overflow_check_uses_the_configured_K_not_the_servers(digits_dataset
 def test_a_minority_threshold_is_refused_before_any_message():
     with pytest.raises(ConfigError, match="threshold=3 is too low for clients=6.*t >= 4"):
         FlowerConfig(method="fedncm", clients=6, secure="mask", threshold=3)
+
+
+def test_a_node_ledger_file_refuses_a_sum_repeated_in_another_run(digits_dataset, tmp_path):
+    """A server that starts a new run (fresh node state) to repeat a sum: refused by nodes that keep a ledger
+    file; another configuration is another aggregation and runs."""
+    nodes = simulated_identities({n: {**c, "secagg-ledger": str(tmp_path / f"ledger-{n}.txt")}
+                                  for n, c in _nodes().items()})
+    cfg = FlowerConfig(method="fedncm", clients=K, secure="mask", timeout=30)
+    serve(LocalGrid(nodes), cfg)
+    with pytest.raises(ProtocolAbort, match="stage 'masked'.*its ledger .* already uploaded for this configuration"):
+        serve(LocalGrid(nodes), cfg)  # a new run: new contexts, the same nodes
+    serve(LocalGrid(nodes), FlowerConfig(method="fed3r", clients=K, secure="mask", timeout=30))
+    assert all(len((tmp_path / f"ledger-{n}.txt").read_text().split()) == 2 for n in nodes)
