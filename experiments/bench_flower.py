@@ -75,7 +75,7 @@ def bench_methods(K: int, num_cpus: int) -> dict:
     cfgs += [FlowerConfig(method=m, secure="ckks", **slow) for m in ("fedncm", "fedcof")]
     cfgs += [FlowerConfig(method=m, wire="compact", **slow) for m in ("fedncm", "fed3r")]
     cfgs += [FlowerConfig(method="fedncm", secure="mask", epsilon=1.0, clip=10.0, **slow)]
-    cfgs += [FlowerConfig(method=m, secure="flwr-secaggplus", clip=10.0, max_records=1000, **slow)
+    cfgs += [FlowerConfig(method=m, secure="flwr-secaggplus-insecure", clip=10.0, max_records=1000, **slow)
              for m in ("fedncm", "fed3r")]
     out, wall = _sim(cfgs, num_cpus)
     rows, server = [], 0.0
@@ -152,7 +152,7 @@ _PROTOCOLS = [
     ("mask + distributed DP", {"secure": "mask", "epsilon": 1.0, "clip": 10.0}),
     ("ckks", {"secure": "ckks"}),
     ("ckks + distributed DP", {"secure": "ckks", "epsilon": 1.0, "clip": 10.0}),
-    ("flwr-secaggplus", {"secure": "flwr-secaggplus", "clip": 10.0, "max_records": 1000}),
+    ("flwr-secaggplus-insecure", {"secure": "flwr-secaggplus-insecure", "clip": 10.0, "max_records": 1000}),
 ]
 
 

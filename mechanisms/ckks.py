@@ -47,6 +47,7 @@ from mechanisms import fixed_point
 from privfed.errors import ConfigError, InputError, MissingDependencyError
 
 __all__ = [
+    "tenseal_module",
     "AggregatorView",
     "CKKSAggregator",
     "CKKSKeyHolder",
@@ -65,6 +66,11 @@ def _tenseal():
             "CKKS secure aggregation needs TenSEAL; install it with: pip install 'privfed[he]'"
         ) from None
     return ts
+
+
+def tenseal_module():
+    """The ``tenseal`` module (MissingDependencyError naming the extra when it is not installed)."""
+    return _tenseal()
 
 
 #: Bits by which the release grid must exceed the CKKS decryption error.

@@ -59,7 +59,9 @@ from privfed.errors import ConfigError
 
 __all__ = [
     "THREAT_MODEL_CKKS",
+    "THREAT_MODEL_CKKS_ACTIVE",
     "THREAT_MODEL_MASK",
+    "THREAT_MODEL_MASK_ACTIVE",
     "CKKSAggregation",
     "PairwiseMasking",
     "ProtocolAbort",
@@ -76,11 +78,39 @@ THREAT_MODEL_MASK = (
     "the server with fewer than t clients learns nothing more; t or more colluders can rebuild any "
     "client's seeds and unmask its input. A malicious server could: send different uploader lists to "
     "different clients to collect both kinds of shares for one client (prevented only by the consistency "
-    "round with signatures of the malicious-secure protocol, not implemented), simulate fake clients "
+    "round with signatures of the active-adversary version: masked_sum(active=True), and the Flower app), simulate fake clients "
     "(there is no public-key infrastructure, so with K - 1 Sybils it learns the one real input), declare "
     "honest clients dropped so the sum covers a subset it chose (at least t clients), and return a wrong "
     "sum (no integrity). Secure aggregation is not differential privacy: the sum itself may reveal a "
     "client when K is small; add distributed noise for a DP guarantee."
+)
+
+THREAT_MODEL_MASK_ACTIVE = (
+    "Active-adversary version (Bonawitz et al. 2017), on the Flower app: every node holds an Ed25519 identity "
+    "from a roster the operator distributes, which also fixes K and t (t >= 2 and t > K/2). A server that "
+    "follows the protocol learns only the sum over at least t uploaders and who dropped. A server that deviates "
+    "is detected and the nodes abort before revealing any share, naming the stage: another K or t, keys that "
+    "are not the roster's (substituted keys, Sybils), a survivor list shorter than t or without the node "
+    "itself, different uploader lists or broadcasts for different nodes (each node reveals shares only after "
+    "t signatures on its own lists and every uploader's signed echo of what it summed), replayed or tampered "
+    "messages, a second masked session for the same aggregation (a node uploads once per aggregation id, so "
+    "its noise share is never reused or differenced). Declaring a live node dropped, consistently, gives the "
+    "server that node's pair-mask key but never its self-mask seed: the sum of the others, nothing of the "
+    "node. Collusion: t or more nodes with the server unmask anyone. Not prevented: a wrong sum (no "
+    "integrity), dropping honest nodes so the sum covers a chosen subset of at least t. Secure aggregation is "
+    "not differential privacy."
+)
+
+THREAT_MODEL_CKKS_ACTIVE = (
+    "CKKS on the Flower app against a deviating server: the key holder (a node) signs its public context "
+    "with its roster identity and every node checks it before encrypting (a substituted key is refused); "
+    "each node signs its ciphertexts with the digest of what it summed, and the key holder adds at least t "
+    "signed contributions from distinct roster nodes itself before it decrypts once and rounds to the "
+    "release grid (a single node's ciphertext passed off as the sum, relabelled contributions and split "
+    "broadcasts are refused); one upload per aggregation id; more than 256 nodes refused (the decryption "
+    "error would reach the release grid). The server relays ciphertexts it cannot read and sees the released "
+    "sum. Collusion of server and key holder reveals every node's statistic; a malicious key holder could "
+    "release a wrong value. Secure aggregation is not differential privacy."
 )
 
 THREAT_MODEL_CKKS = (

@@ -109,6 +109,9 @@ def deployment(tmp_path_factory, digits_dataset):
         procs.append(subprocess.Popen(args, env=env, cwd=tmp, stdout=open(tmp / log, "w"),
                                       stderr=subprocess.STDOUT, start_new_session=True))
 
+    # The operator's roster and one identity file per node (what a deployment distributes).
+    assert subprocess.run([sys.executable, "-m", "mechanisms.secagg_identity", str(tmp / "ids"), "--nodes", str(K)],
+                          env=env, capture_output=True).returncode == 0
     try:
         start([BIN / "flower-superlink", "--insecure", "--disable-runtime-dependency-installation",
                "--host", "127.0.0.1", "--port", str(port),
@@ -119,7 +122,9 @@ def deployment(tmp_path_factory, digits_dataset):
             crash = ' fail-at="unmask:exit"' if i == 2 else ""
             start([BIN / "flower-supernode", "--insecure", "--superlink", f"127.0.0.1:{port}",
                    "--host", "127.0.0.1", "--port", str(_free_port()),
-                   "--node-config", f"partition-id={i} num-partitions={K}{crash}"], f"supernode{i}.log")
+                   "--node-config", f"partition-id={i} num-partitions={K}{crash} "
+                   f'secagg-identity="{tmp / "ids" / f"node-{i}.json"}" secagg-roster="{tmp / "ids" / "roster.json"}"'],
+                  f"supernode{i}.log")
         yield env, tmp
     finally:
         _stop(procs)
@@ -158,4 +163,4 @@ def test_superlink_and_three_supernodes_give_fits_heads_despite_a_crash(deployme
     unmask = sa["rounds"][0]["stages"]["unmask"]
     assert unmask["answered"] == 2 and (unmask["silent"] or unmask["failed"])
     stages = masked["report"]["wire"]["stages"]
-    assert {"setup", "sums:keys", "sums:shares", "sums:masked", "sums:unmask"} <= set(stages)
+    assert {"setup", "sums:keys", "sums:shares", "sums:masked", "sums:consistency", "sums:unmask"} <= set(stages)

@@ -47,7 +47,7 @@ def _nodes():
 @pytest.mark.parametrize("method", ["fedncm", "fed3r"])
 def test_secaggplus_sum_is_within_the_quantisation_bound_of_fits_statistics(split, method):
     F, y, k = split
-    cfg = FlowerConfig(method=method, clients=K, secure="flwr-secaggplus", clip=CLIP, max_records=N_MAX, timeout=30)
+    cfg = FlowerConfig(method=method, clients=K, secure="flwr-secaggplus-insecure", clip=CLIP, max_records=N_MAX, timeout=30)
     res = serve(LocalGrid(_nodes()), cfg)
     m = cfg.make_method()
     d = F.shape[1]
@@ -74,19 +74,32 @@ def test_secaggplus_sum_is_within_the_quantisation_bound_of_fits_statistics(spli
 
 
 def test_secaggplus_limits_are_enforced_before_any_message():
-    base = dict(method="fedncm", secure="flwr-secaggplus", clip=CLIP, max_records=N_MAX)
+    base = dict(method="fedncm", secure="flwr-secaggplus-insecure", clip=CLIP, max_records=N_MAX)
     FlowerConfig(clients=1023, **base)  # 1023 * 2^22 < 2^32: fits
     with pytest.raises(ConfigError, match="could overflow.*at most 1023 clients"):
         FlowerConfig(clients=1024, **base)
     with pytest.raises(ConfigError, match="needs public bounds.*clip.*max-records"):
-        FlowerConfig(method="fedncm", clients=K, secure="flwr-secaggplus", clip=CLIP)
+        FlowerConfig(method="fedncm", clients=K, secure="flwr-secaggplus-insecure", clip=CLIP)
     with pytest.raises(ConfigError, match="DP noise is not offered with Flower's SecAgg"):
         FlowerConfig(clients=K, epsilon=1.0, level="client", **base)
     with pytest.raises(ConfigError, match="fedcof.*needs every node's statistics"):
         FlowerConfig(**{**base, "method": "fedcof"}, clients=K)
+    with pytest.raises(ConfigError, match="at least 3 nodes.*clients=2"):  # was a raw ValueError from Flower
+        FlowerConfig(clients=2, **base)
+    # The old name is no secure choice: the error says why and what to use.
+    with pytest.raises(ConfigError, match="recovers|gives up any node's input.*--secure mask"):
+        FlowerConfig(**{**base, "secure": "flwr-secaggplus"}, clients=K)
+
+
+def test_secaggplus_report_says_a_deviating_server_recovers_any_input(split):
+    cfg = FlowerConfig(method="fedncm", clients=K, secure="flwr-secaggplus-insecure", clip=CLIP, max_records=N_MAX,
+                       timeout=30)
+    res = serve(LocalGrid(_nodes()), cfg)
+    threat = res.head.secure_aggregation["threat_model"]
+    assert threat.startswith("NOT SECURE AGAINST A DEVIATING SERVER") and "recovers that node's input" in threat
 
 
 def test_a_node_above_the_public_bound_stops_the_run_with_its_reason(split):
-    cfg = FlowerConfig(method="fedncm", clients=K, secure="flwr-secaggplus", clip=CLIP, max_records=50, timeout=30)
+    cfg = FlowerConfig(method="fedncm", clients=K, secure="flwr-secaggplus-insecure", clip=CLIP, max_records=50, timeout=30)
     with pytest.raises(ProtocolAbort, match="more than max-records=50"):
         serve(LocalGrid(_nodes()), cfg)

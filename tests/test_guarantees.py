@@ -23,7 +23,9 @@ from mechanisms import (
     gdp_mu,
 )
 from mechanisms.ledger import NEIGHBOURING
-from mechanisms.masking import KeySource, ProtocolAbort, _Client, masked_sum
+from mechanisms.masking import KeySource, ProtocolAbort, masked_sum
+from mechanisms.secagg_node import MaskingNode
+from mechanisms.secagg_server import MaskingServer
 from mechanisms.secagg import PairwiseMasking
 from mechanisms.secagg_noise import DistributedGaussian
 from privfed.errors import ConfigError, InputError
@@ -316,37 +318,39 @@ def test_distributed_gaussian_needs_an_enforced_sensitivity():
 
 # -- 8. secure-aggregation edges -------------------------------------------------------------------
 def _clients(K=4, seed=1):
+    """K node state machines and their server, run through key advertisement and share distribution."""
     keys = KeySource(seed)
-    session = keys(16)
-    graph = [frozenset(set(range(K)) - {u}) for u in range(K)]
-    clients = [_Client(u, graph[u], keys, session) for u in range(K)]
-    adv = {c.u: c.advertise() for c in clients}
     t = K // 2 + 1
-    inbox = {u: {} for u in range(K)}
-    for c in clients:
-        for v, ct in c.share_keys({v: adv[v] for v in c.nbrs}, t).items():
-            inbox[v][c.u] = ct
-    for c in clients:
-        c.receive(inbox[c.u])
-    return clients, t
+    server = MaskingServer(num_nodes=K, threshold=t, length=3, session=keys(16), active=False)
+    nodes = [MaskingNode(u, num_nodes=K, threshold=t, keys=keys) for u in range(K)]
+    for _ in ("keys", "shares"):
+        for u, msg in server.requests().items():
+            server.receive(u, nodes[u].handle(msg))
+        server.close()
+    return server, nodes
 
 
 def test_a_client_never_reveals_both_shares_of_a_peer():
-    clients, t = _clients()
-    everyone = frozenset(range(4))
-    first = clients[0].unmask(everyone, everyone, t)
-    assert first[3][0] == "b"
-    with pytest.raises(ProtocolAbort, match="already revealed"):
-        clients[0].unmask(frozenset({0, 1, 2}), everyone, t)  # now "3 dropped": asks for its mask key
+    server, nodes = _clients()
+    for u, msg in server.requests().items():
+        server.receive(u, nodes[u].handle(msg, ring_input=lambda: np.zeros(3, np.uint64)))
+    server.close()
+    first = nodes[0].handle({"stage": "unmask", "session": server.session, "uploaded": [0, 1, 2, 3]})
+    assert first["kind"][first["about"].index(3)] == "b"
+    # Now "3 dropped": a second request would ask for its mask key; the node has answered once and stops.
+    with pytest.raises(ProtocolAbort, match="out-of-order"):
+        nodes[0].handle({"stage": "unmask", "session": server.session, "uploaded": [0, 1, 2]})
 
 
 def test_a_tampered_share_aborts():
-    clients, t = _clients()
-    ct = bytearray(clients[0].received[2])
+    server, nodes = _clients()
+    msg = server.requests()[0]
+    i = msg["from"].index(2)
+    ct = bytearray(msg["ct"][i])
     ct[-1] ^= 1
-    clients[0].received[2] = bytes(ct)
-    with pytest.raises(ProtocolAbort, match="fails authentication"):
-        clients[0].unmask(frozenset(range(4)), frozenset(range(4)), t)
+    msg["ct"][i] = bytes(ct)
+    with pytest.raises(ProtocolAbort, match="from node 2 fails authentication"):
+        nodes[0].handle(msg, ring_input=lambda: np.zeros(3, np.uint64))
 
 
 def test_threshold_and_minimum_inputs():

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from mechanisms import fixed_point, masking, shamir
+from mechanisms import fixed_point, secagg_crypto, shamir
 from mechanisms.masking import KeySource, ProtocolAbort, harary_graph, masked_sum, prg_uint64
 from mechanisms.secagg_noise import DistributedGaussian
 from privfed.errors import ConfigError, InputError
@@ -198,15 +198,15 @@ def test_prg_is_deterministic_per_key_and_differs_across_keys():
 
 def test_masks_added_block_by_block_equal_whole_prg_expansions(monkeypatch):
     # Blocks of 7 values and 2 cipher contexts at a time: every mask is still its key's whole keystream.
-    monkeypatch.setattr(masking, "_MASK_BLOCK", 7)
-    monkeypatch.setattr(masking, "_KEY_GROUP", 2)
+    monkeypatch.setattr(secagg_crypto, "MASK_BLOCK", 7)
+    monkeypatch.setattr(secagg_crypto, "KEY_GROUP", 2)
     keys = [bytes([i]) * 32 for i in range(1, 6)]
     signs = [True, False, True, True, False]
     y = np.arange(30, dtype=np.uint64)
     ref = y.copy()
     for k, plus in zip(keys, signs):
         ref = ref + prg_uint64(k, 30) if plus else ref - prg_uint64(k, 30)  # wraps mod 2^64
-    masking._add_masks(y, keys, signs)
+    secagg_crypto.add_masks(y, keys, signs)
     assert np.array_equal(y, ref)
     # The protocol stays exact, dropouts included (the server removes masks block by block too).
     counts = np.random.default_rng(9).integers(0, 50, size=(12, 30)).astype(np.float64)

@@ -42,9 +42,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--trusted-aggregator", action="store_true", help="the server adds the noise to the sum")
     p.add_argument("--max-records", type=int, default=None,
                    help="client level: records per client bound (also flwr-secaggplus's public scaling bound)")
-    p.add_argument("--secure", choices=("none", "mask", "ckks", "flwr-secaggplus"), default="none",
-                   help="secure aggregation: pairwise masking, CKKS (a node holds the keys) or Flower's SecAgg+ "
-                        "(sum-only methods; needs --clip and --max-records as public scaling bounds)")
+    p.add_argument("--secure", choices=("none", "mask", "ckks", "flwr-secaggplus-insecure"), default="none",
+                   help="secure aggregation: pairwise masking (secure against a deviating server), CKKS (a node holds "
+                        "the keys) or Flower's SecAgg+ for comparison only (a deviating server recovers any node's "
+                        "input; sum-only methods; needs --clip and --max-records as public scaling bounds)")
     p.add_argument("--threshold", type=int, default=None, help="Shamir threshold (default: a majority)")
     p.add_argument("--dropout-tolerance", type=int, default=0,
                    help="DP with --secure: nodes that may drop while the others' noise shares carry sigma^2")

@@ -5,8 +5,11 @@ Message types it answers (all ``query``; the server sends the run's
 
 ``query``            plain release: the node's clipped (and noised) statistics
 ``query.setup``      secure runs: the public shape (d, C) and that the node has data
-``query.keys`` ``query.shares`` ``query.masked`` ``query.unmask``
-                     the pairwise-masking stages (:mod:`privfed.flower.secagg`)
+``query.keys`` ``query.shares`` ``query.masked`` ``query.consistency`` ``query.unmask``
+                     the pairwise-masking stages (:mod:`privfed.flower.secagg`, active-adversary
+                     version: the node's identity and roster come from its node config,
+                     ``secagg-identity`` and ``secagg-roster``; ``secagg-ledger=FILE`` keeps the
+                     aggregations it uploaded for across runs)
 ``query.ckks_keys`` ``query.ckks_encrypt`` ``query.ckks_decrypt``
                      CKKS with this node or another as key holder (:mod:`privfed.flower.ckks`)
 ``query.round``      one round of a multi-round method (:mod:`privfed.flower.rounds`;
@@ -21,7 +24,7 @@ Fault injection for drills and tests: node config ``fail-at=STAGE`` makes
 the node fail that stage, the first time it reaches it (it answers with a Flower error),
 ``fail-at=STAGE:exit`` makes the ClientApp process exit without answering
 (a crash), where STAGE is ``query``, ``setup``, ``keys``, ``shares``,
-``masked`` or ``unmask``.
+``masked``, ``consistency`` or ``unmask``.
 """
 
 from __future__ import annotations
@@ -31,19 +34,28 @@ import json
 import os
 
 import numpy as np
-
 from flwr.app import ConfigRecord, Context, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
 
-from privfed.errors import PrivfedError
 from mechanisms.ckks import CKKSParams
+from mechanisms.secagg_crypto import ProtocolAbort
+from privfed.errors import PrivfedError
 from privfed.flower.ckks import SECRET_KEY as CKKS_SECRET
 from privfed.flower.ckks import holder_decrypt, holder_keys, node_encrypt, sum_reply
 from privfed.flower.config import FlowerConfig
 from privfed.flower.node import load_node_data, node_rng, node_statistics
-from privfed.flower.rounds import node_round_statistics
 from privfed.flower.protocol import fedcof_round_vector, sum_vector
-from privfed.flower.secagg import STATE_KEY, NodeMasking, encode_for_ring, masked_reply
+from privfed.flower.rounds import node_round_statistics
+from privfed.flower.secagg import (
+    LEDGER_KEY,
+    SimulatedRoster,
+    aggregation_digests,
+    encode_for_ring,
+    lifetime_id,
+    node_identity,
+    node_ledger,
+    node_step,
+)
 from privfed.flower.wire import stats_from_record, stats_record
 
 __all__ = ["app", "make_client_app"]
@@ -90,11 +102,12 @@ def _secure_stats(cfg: FlowerConfig, context: Context, msg: Message):
 def _secure_release(cfg: FlowerConfig, context: Context, msg: Message):
     """This node's statistics (with its noise share under DP) and its release events, cached per run config.
 
-    A seeded simulation draws the same share whenever it recomputes; with OS
-    entropy the share is drawn once and reused by every stage of the run (the
-    run's nonce, sent by the server in the config, tells runs apart).
+    The share is drawn once per configuration and run (the server's nonce is
+    left out of the key: a server cannot make a node draw, or reuse, a share
+    by changing it) and enters one masked sum per aggregation id (the node's
+    :class:`~mechanisms.secagg_node.SessionLedger` refuses a second).
     """
-    raw = {k: v for k, v in dict(msg.content["config"]).items()}
+    raw = {k: v for k, v in dict(msg.content["config"]).items() if k != "run-nonce"}
     key = hashlib.sha256(json.dumps(raw, sort_keys=True, default=str).encode()).hexdigest()
     if _STATS in context.state and context.state[_STATS_KEY]["config"] == key:
         return (stats_from_record(context.state[_STATS], "this node's cached statistics"),
@@ -106,23 +119,31 @@ def _secure_release(cfg: FlowerConfig, context: Context, msg: Message):
     return stats, events
 
 
+def _round(msg: Message) -> str:
+    return str(msg.content["round"]["round"])
+
+
+def _broadcast(msg: Message) -> dict | None:
+    b = msg.content["broadcast"] if "broadcast" in msg.content else None
+    return None if b is None else {k: b[k].numpy() for k in b.keys()}
+
+
 def _secure_vector(msg: Message, cfg: FlowerConfig, context: Context):
     """The vector this node contributes to the secure sum named in the message's ``round``."""
     stats = _secure_stats(cfg, context, msg)
-    round_name = str(msg.content["round"]["round"])
+    round_name = _round(msg)
     if round_name == "sums":
         return sum_vector(stats, cfg.make_method())
-    b = msg.content["broadcast"] if "broadcast" in msg.content else None
-    return fedcof_round_vector(stats, cfg.make_method(), round_name,
-                               None if b is None else {k: b[k].numpy() for k in b.keys()})
+    return fedcof_round_vector(stats, cfg.make_method(), round_name, _broadcast(msg))
 
 
 _STATS = "privfed-stats"
 _STATS_KEY = "privfed-stats-config"
 
 
-def make_client_app(faults: dict[int, str] | None = None) -> ClientApp:
-    """A ClientApp; ``faults`` maps partition-id -> ``fail-at`` spec (simulation drills)."""
+def make_client_app(faults: dict[int, str] | None = None, provision: SimulatedRoster | None = None) -> ClientApp:
+    """A ClientApp; ``faults`` maps partition-id -> ``fail-at`` spec (simulation drills); ``provision``
+    gives simulated nodes their secure-aggregation identities (deployments read them from the node config)."""
     app = ClientApp()
 
     @app.query()
@@ -173,51 +194,44 @@ def make_client_app(faults: dict[int, str] | None = None) -> ClientApp:
                              "key-holder": str(context.node_config.get("key-holder", "")).lower() == "true"})
         return Message(RecordDict({"meta": meta}), reply_to=msg)
 
-    @app.query("keys")
-    def keys(msg: Message, context: Context) -> Message:
-        if (failed := _fault("keys", msg, context, faults)) is not None:
-            return failed
-        rec = msg.content["secagg"]
-        node, pub = NodeMasking.advertise(bytes(rec["session"]), int(rec["u"]), int(rec["K"]), int(rec["t"]))
-        context.state[STATE_KEY] = node.st
-        return Message(RecordDict({"keys": ConfigRecord(pub)}), reply_to=msg)
+    def masking_stage(stage: str):
+        def handler(msg: Message, context: Context) -> Message:
+            if (failed := _fault(stage, msg, context, faults)) is not None:
+                return failed
+            try:
+                identity, roster = node_identity(context.node_config, context.node_id, provision)
+                kw = {}
+                if stage == "masked":
+                    cfg = _config(msg)
+                    agg, digest = aggregation_digests(dict(msg.content["config"]), _round(msg), _broadcast(msg),
+                                                      cfg.private)
+                    kw = dict(aggregation=agg, context_digest=digest, ring_input=lambda: encode_for_ring(
+                        _secure_vector(msg, cfg, context), cfg.frac_bits, roster.size),
+                        lifetime=lifetime_id(dict(msg.content["config"]), _round(msg)))
+                reply = node_step(msg.content, context, identity, roster, **kw)
+            except PrivfedError as exc:  # a refusal (ProtocolAbort included) reaches the server as its message
+                return _error(msg, exc)
+            return Message(reply, reply_to=msg)
 
-    @app.query("shares")
-    def shares(msg: Message, context: Context) -> Message:
-        if (failed := _fault("shares", msg, context, faults)) is not None:
-            return failed
-        rec = msg.content["secagg"]
-        node = NodeMasking(context.state[STATE_KEY])
-        out = node.share_keys([int(v) for v in rec["peers"]], list(rec["c_pk"]), list(rec["s_pk"]))
-        context.state[STATE_KEY] = node.st
-        return Message(RecordDict({"shares": ConfigRecord({"to": list(out), "ct": list(out.values())})}),
-                       reply_to=msg)
+        handler.__name__ = f"secagg_{stage}"
+        return handler
 
-    @app.query("masked")
-    def masked(msg: Message, context: Context) -> Message:
-        if (failed := _fault("masked", msg, context, faults)) is not None:
-            return failed
-        rec = msg.content["secagg"]
-        cfg = _config(msg)
-        node = NodeMasking(context.state[STATE_KEY])
-        try:
-            x = _secure_vector(msg, cfg, context)
-            y = node.masked_input(
-                dict(zip([int(v) for v in rec["from"]], [bytes(c) for c in rec["ct"]])),
-                [int(v) for v in rec["alive"]], encode_for_ring(x, cfg.frac_bits, int(node.st["K"])),
-            )
-        except PrivfedError as exc:
-            return _error(msg, exc)
-        context.state[STATE_KEY] = node.st
-        return Message(masked_reply(y), reply_to=msg)
+    for stage in ("keys", "shares", "masked", "consistency", "unmask"):
+        app.query(stage)(masking_stage(stage))
 
     @app.query("ckks_keys")
     def ckks_keys(msg: Message, context: Context) -> Message:
         if (failed := _fault("ckks_keys", msg, context, faults)) is not None:
             return failed
-        secret, public = holder_keys(CKKSParams())
-        context.state[CKKS_SECRET] = ConfigRecord({"secret": secret})
-        return Message(RecordDict({"ckks": ConfigRecord({"public": public})}), reply_to=msg)
+        rec = msg.content["ckks"]
+        try:
+            identity, roster = node_identity(context.node_config, context.node_id, provision)
+            secret, public, sig = holder_keys(CKKSParams(), identity, roster, bytes(rec["session"]), int(rec["K"]))
+        except PrivfedError as exc:
+            return _error(msg, exc)
+        context.state[CKKS_SECRET] = ConfigRecord({"secret": secret, "session": bytes(rec["session"])})
+        return Message(RecordDict({"ckks": ConfigRecord({"public": public, "u": identity.index, "sig": sig})}),
+                       reply_to=msg)
 
     @app.query("ckks_encrypt")
     def ckks_encrypt(msg: Message, context: Context) -> Message:
@@ -226,21 +240,55 @@ def make_client_app(faults: dict[int, str] | None = None) -> ClientApp:
         rec = msg.content["ckks"]
         try:
             cfg = _config(msg)
+            identity, roster = node_identity(context.node_config, context.node_id, provision)
+            agg, digest = aggregation_digests(dict(msg.content["config"]), _round(msg), _broadcast(msg),
+                                              cfg.private)
             x = _secure_vector(msg, cfg, context)
-            cts = node_encrypt(bytes(rec["public"]), x, CKKSParams(), int(rec["K"]))
+            cts, sig = node_encrypt(bytes(rec["public"]), x, CKKSParams(), identity=identity, roster=roster,
+                                    holder=int(rec["holder"]), signature=bytes(rec["sig"]),
+                                    session=bytes(rec["session"]), num_nodes=int(rec["K"]), digest=digest)
+            if CKKS_SECRET in context.state and int(rec["holder"]) == identity.index:
+                context.state[CKKS_SECRET]["digest"] = digest  # the key holder checks every contribution against it
+            ledger = node_ledger(context, lifetime_id(dict(msg.content["config"]), _round(msg)))
+            ledger.claim(agg, identity.index)  # one encrypted upload per aggregation id
+            context.state[LEDGER_KEY] = ConfigRecord({"used": list(ledger.used)})
         except PrivfedError as exc:
             return _error(msg, exc)
-        return Message(RecordDict({"ckks": ConfigRecord({"ct": cts})}), reply_to=msg)
+        return Message(RecordDict({"ckks": ConfigRecord({"ct": cts, "u": identity.index, "sig": sig})}),
+                       reply_to=msg)
 
     @app.query("ckks_decrypt")
     def ckks_decrypt(msg: Message, context: Context) -> Message:
         if (failed := _fault("ckks_decrypt", msg, context, faults)) is not None:
             return failed
         rec = msg.content["ckks"]
-        secret = bytes(context.state[CKKS_SECRET]["secret"])
-        del context.state[CKKS_SECRET]  # one aggregate per key
-        total = holder_decrypt(secret, [bytes(c) for c in rec["aggregate"]], int(rec["size"]), CKKSParams(),
-                               integral=False)
+        try:
+            identity, roster = node_identity(context.node_config, context.node_id, provision)
+            if CKKS_SECRET not in context.state:
+                raise ProtocolAbort(f"node {identity.index} aborts at stage 'ckks_decrypt': it holds no key (each "
+                                    "key decrypts one aggregate)", node=identity.index, stage="ckks_decrypt",
+                                    deviation="second-session")
+            kept = context.state[CKKS_SECRET]
+            del context.state[CKKS_SECRET]  # one aggregate per key, whatever happens next
+            session = bytes(rec["session"])
+            if session != bytes(kept["session"]):
+                raise ProtocolAbort(f"node {identity.index} aborts at stage 'ckks_decrypt': another session's "
+                                    "aggregate", node=identity.index, stage="ckks_decrypt", deviation="replay")
+            size, params = int(rec["size"]), CKKSParams()
+            n = params.num_ciphertexts(size)
+            cts = [bytes(c) for c in rec["ct"]]
+            senders = [int(u) for u in rec["from"]]
+            if len(cts) != n * len(senders):
+                raise ProtocolAbort(f"node {identity.index} aborts at stage 'ckks_decrypt': malformed "
+                                    "contributions", node=identity.index, stage="ckks_decrypt",
+                                    deviation="malformed")
+            contributions = [(u, cts[i * n:(i + 1) * n], bytes(sg)) for i, (u, sg) in
+                             enumerate(zip(senders, rec["sigs"]))]
+            total = holder_decrypt(bytes(kept["secret"]), contributions, size, params, identity=identity,
+                                   roster=roster, session=session, integral=False,
+                                   digest=bytes(kept.get("digest", b"")))
+        except PrivfedError as exc:
+            return _error(msg, exc)
         return Message(sum_reply(total), reply_to=msg)
 
     from flwr.client.mod import secaggplus_mod
@@ -251,19 +299,6 @@ def make_client_app(faults: dict[int, str] | None = None) -> ClientApp:
         from privfed.flower.flwr_secagg import node_train_reply
 
         return node_train_reply(msg, context)
-
-    @app.query("unmask")
-    def unmask(msg: Message, context: Context) -> Message:
-        if (failed := _fault("unmask", msg, context, faults)) is not None:
-            return failed
-        rec = msg.content["secagg"]
-        node = NodeMasking(context.state[STATE_KEY])
-        answers = node.unmask([int(v) for v in rec["uploaded"]])
-        del context.state[STATE_KEY]  # the run's secrets are not kept past unmasking
-        return Message(RecordDict({"unmask": ConfigRecord({
-            "about": list(answers), "kind": [k for k, _ in answers.values()],
-            "share": [s.to_bytes(32, "little") for _, s in answers.values()],
-        })}), reply_to=msg)
 
     return app
 

@@ -21,10 +21,13 @@ Keys (run config / command line):
 ``max-records``             client level: records per client bound
 ``dropout-tolerance``       secure DP runs: t, nodes that may drop while the others'
                             noise shares still carry sigma^2 (each adds sigma^2/(K - t))
-``secure``                  ``none``, ``mask`` (pairwise masking), ``ckks``
-                            (CKKS, a node holding the keys) or ``flwr-secaggplus``
-                            (Flower's SecAgg+ workflow; needs clip and max-records)
-``threshold``               Shamir threshold t (default: a majority)
+``secure``                  ``none``, ``mask`` (pairwise masking, active-adversary
+                            version), ``ckks`` (CKKS, a node holding the keys) or
+                            ``flwr-secaggplus-insecure`` (Flower's SecAgg+ workflow, for
+                            comparison only: a deviating server recovers any node's
+                            input; needs clip and max-records)
+``threshold``               Shamir threshold t (default and minimum: a majority,
+                            t >= 2 and t > K/2; the nodes' roster must say the same)
 ``frac-bits``               fixed-point fractional bits of masked statistics
 ``wire``                    plain uploads: ``float64`` (default: dense, exact) or
                             ``compact`` (float32, and without DP only the held
@@ -54,10 +57,12 @@ from typing import Any
 from privfed import methods as _methods
 from privfed.errors import ConfigError
 
-__all__ = ["FlowerConfig", "SECURE_PROTOCOLS"]
+__all__ = ["INSECURE_FLWR", "SECURE_PROTOCOLS", "FlowerConfig"]
 
 #: Secure-aggregation protocols the Flower app runs as message stages.
-SECURE_PROTOCOLS = ("none", "mask", "ckks", "flwr-secaggplus")
+SECURE_PROTOCOLS = ("none", "mask", "ckks", "flwr-secaggplus-insecure")
+#: Flower's SecAgg+ under the name that says what it is (see :mod:`privfed.flower.flwr_secagg`).
+INSECURE_FLWR = "flwr-secaggplus-insecure"
 
 
 @dataclass(frozen=True)
@@ -104,6 +109,12 @@ class FlowerConfig:
                 raise ConfigError(
                     f"min-clients={self.min_clients} exceeds clients={self.clients}; lower min-clients"
                 )
+        if self.secure == "flwr-secaggplus":
+            raise ConfigError(
+                "secure=flwr-secaggplus is not offered as a secure choice: against a server that deviates, Flower's "
+                "SecAgg+ gives up any node's input (listed both alive and dropped, every node reveals both of its "
+                "shares). Use --secure mask (secure against a deviating server); Flower's implementation runs as "
+                f"secure={INSECURE_FLWR} for comparison only")
         if self.secure not in SECURE_PROTOCOLS:
             raise ConfigError(f"secure must be one of {list(SECURE_PROTOCOLS)}, got {self.secure!r}")
         if self.secure != "none" and self.clients < 2:
@@ -112,6 +123,24 @@ class FlowerConfig:
             _positive_int(self.threshold, "threshold", "e.g. a majority of the clients")
             if self.threshold > self.clients:
                 raise ConfigError(f"threshold={self.threshold} exceeds clients={self.clients}")
+            from mechanisms.secagg_identity import min_threshold
+
+            low = min_threshold(self.clients)
+            if self.secure == "mask" and self.threshold < low:
+                raise ConfigError(
+                    f"threshold={self.threshold} is too low for clients={self.clients}: secure aggregation against a "
+                    f"deviating server needs t >= 2 and t > K/2 (here t >= {low}), or a server that shows two "
+                    "halves of the nodes different survivor lists unmasks a node; raise threshold")
+        if self.secure == "ckks":
+            from mechanisms.ckks import CKKSParams
+            from privfed.flower.ckks import check_num_nodes
+
+            check_num_nodes(CKKSParams(), self.clients)
+        if isinstance(self.frac_bits, bool) or not isinstance(self.frac_bits, int):
+            raise ConfigError(f"frac-bits must be an integer, got {self.frac_bits!r}")
+        from mechanisms import fixed_point
+
+        fixed_point.check_frac_bits(self.frac_bits)
         if self.private:
             if self.clip is None:
                 raise ConfigError(
@@ -153,7 +182,7 @@ class FlowerConfig:
             rounds_config(self)  # bad rounds-params fail here, before any message
         elif self.rounds_params:
             raise ConfigError("rounds-params applies to multi-round FedLog (rounds > 1) only")
-        if self.secure == "flwr-secaggplus":
+        if self.secure == INSECURE_FLWR:
             from privfed.flower.flwr_secagg import check_limits
 
             check_limits(self)
@@ -204,7 +233,7 @@ class FlowerConfig:
         return out
 
     @classmethod
-    def from_wire(cls, values: dict[str, Any]) -> "FlowerConfig":
+    def from_wire(cls, values: dict[str, Any]) -> FlowerConfig:
         known = {f.name for f in fields(cls)}
         kwargs = {k: v for k, v in values.items() if k in known}
         for name in ("method_params", "rounds_params"):
@@ -213,7 +242,7 @@ class FlowerConfig:
         return cls(**kwargs)
 
     @classmethod
-    def from_run_config(cls, run_config: dict[str, Any]) -> "FlowerConfig":
+    def from_run_config(cls, run_config: dict[str, Any]) -> FlowerConfig:
         """Parse Flower's run config (dashed keys; unknown keys are an error naming them)."""
         names = {f.name.replace("_", "-"): f for f in fields(cls)}
         unknown = sorted(set(run_config) - set(names))

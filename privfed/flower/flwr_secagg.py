@@ -1,7 +1,14 @@
-"""Flower's own SecAgg+ (``SecAggPlusWorkflow`` + ``secaggplus_mod``) as an alternative secure sum.
+"""Flower's own SecAgg+ (``SecAggPlusWorkflow`` + ``secaggplus_mod``), for comparison only: NOT secure.
 
-``secure = "flwr-secaggplus"`` runs a sum-only method's statistics through
-Flower's SecAgg+ implementation instead of privfed's pairwise masking.  That
+``secure = "flwr-secaggplus-insecure"`` runs a sum-only method's statistics
+through Flower's SecAgg+ implementation instead of privfed's pairwise
+masking, to compare the two.  It is not a secure choice against a server
+that deviates: listed both alive and dropped in the unmask request, a
+node's self-mask seed shares and pair-mask key shares both come back from
+every other node (Flower's node code checks only the number of active
+nodes), so the server recovers that node's input exactly; a node reported
+lost is left masked only by numpy's MT19937 seeded with a 32-bit fold of
+its seed (a 2^32 search).  The report's threat model says so.  That
 protocol was built for model updates, and its limits are enforced here:
 
 * **a weighted mean of values in [-c, c]**: every node sends weight 1
@@ -48,15 +55,18 @@ MODULUS_RANGE = 2**32
 def check_limits(cfg) -> None:
     """Refuse configurations Flower's SecAgg+ cannot carry (ConfigError naming the limit)."""
     if cfg.make_method().per_client:
-        raise ConfigError(f"secure=flwr-secaggplus sums one vector; method {cfg.method!r} needs every node's "
+        raise ConfigError(f"secure=flwr-secaggplus-insecure sums one vector; method {cfg.method!r} needs every node's "
                           "statistics (its secure protocol runs with --secure mask or ckks)")
     if cfg.private:
         raise ConfigError("DP noise is not offered with Flower's SecAgg+; use --secure mask (its nodes add "
                           "distributed noise shares) or drop --epsilon")
     if cfg.clip is None or cfg.max_records is None:
-        raise ConfigError("secure=flwr-secaggplus needs public bounds to pre-scale the statistics into "
+        raise ConfigError("secure=flwr-secaggplus-insecure needs public bounds to pre-scale the statistics into "
                           f"[-{CLIPPING_RANGE:g}, {CLIPPING_RANGE:g}]: pass clip (the L2 bound of every record) "
                           "and max-records (the most records a node holds)")
+    if cfg.clients < 3:
+        raise ConfigError(f"Flower's SecAgg+ needs at least 3 nodes (its share threshold and graph), got "
+                          f"clients={cfg.clients}; use --secure mask for 2 nodes")
     if cfg.clients * QUANTIZATION_RANGE >= MODULUS_RANGE:
         raise ConfigError(
             f"Flower's SecAgg+ sums {cfg.clients} quantised values of up to 2^22 each in a 2^32 ring: they "
@@ -66,11 +76,11 @@ def check_limits(cfg) -> None:
 
 def field_bounds(method, cfg) -> dict[str, float]:
     """The public bound B of every entry of each statistic: |count| <= n, |sum| <= n b, |second| <= n b^2."""
-    from privfed.flower.protocol import _fields
+    from privfed.flower.protocol import stat_fields
 
     n, b = float(cfg.max_records), float(cfg.clip)
     table = {"counts": n, "sums": n * b, "second": n * b * b, "class_second": n * b * b}
-    return {f: table[f] for f in _fields(method)}
+    return {f: table[f] for f in stat_fields(method)}
 
 
 def quantisation_bound(method, cfg, num_summed: int) -> dict[str, float]:
@@ -79,11 +89,11 @@ def quantisation_bound(method, cfg, num_summed: int) -> dict[str, float]:
 
 
 def _scale_vector(method, cfg, C: int, d: int) -> np.ndarray:
-    from privfed.flower.protocol import _fields, _shape
+    from privfed.flower.protocol import stat_fields, stat_shape
 
     bounds = field_bounds(method, cfg)
-    return np.concatenate([np.full(int(np.prod(_shape(f, C, d))), CLIPPING_RANGE / bounds[f])
-                           for f in _fields(method)])
+    return np.concatenate([np.full(int(np.prod(stat_shape(f, C, d))), CLIPPING_RANGE / bounds[f])
+                           for f in stat_fields(method)])
 
 
 # ------------------------------------------------------------------------------------------ node

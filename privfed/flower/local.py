@@ -21,6 +21,7 @@ from flwr.app import Context, Error, Message, RecordDict
 from flwr.common.serde import message_from_proto, message_to_proto
 
 from privfed.flower.client_app import make_client_app
+from privfed.flower.secagg import simulated_identities
 
 __all__ = ["LocalGrid"]
 
@@ -43,6 +44,9 @@ class LocalGrid:
         if TaskIdentity._run_id is None:  # what a ServerApp process has set before it creates messages
             TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
         self.app = app or make_client_app()
+        # Secure aggregation needs each node's identity and the roster: an in-process simulation makes them
+        # (t the majority threshold) unless the node configs bring their own.
+        node_configs = simulated_identities(node_configs)
         self.contexts = {n: Context(run_id=1, node_id=n, node_config=c, state=RecordDict(), run_config={})
                          for n, c in node_configs.items()}
         self.ids = itertools.count(1)

@@ -23,6 +23,8 @@ from privfed.methods import fedcof as _fedcof
 from privfed.stats import STAT_FIELDS, ClientStats
 
 __all__ = [
+    "stat_fields",
+    "stat_shape",
     "fedcof_head",
     "fedcof_round_vector",
     "fedcof_round1_length",
@@ -32,28 +34,28 @@ __all__ = [
 ]
 
 
-def _fields(method) -> list[str]:
+def stat_fields(method) -> list[str]:
     return [f for f in STAT_FIELDS if f in method.requires]
 
 
-def _shape(name: str, C: int, d: int) -> tuple[int, ...]:
+def stat_shape(name: str, C: int, d: int) -> tuple[int, ...]:
     return {"counts": (C,), "sums": (C, d), "second": (d, d), "class_second": (C, d, d)}[name]
 
 
 def sum_vector(stats: ClientStats, method) -> np.ndarray:
     """A node's statistics (rows summed) as one flat vector, in STAT_FIELDS order."""
-    return np.concatenate([getattr(stats, f).sum(axis=0).ravel() for f in _fields(method)])
+    return np.concatenate([getattr(stats, f).sum(axis=0).ravel() for f in stat_fields(method)])
 
 
 def sum_vector_length(method, C: int, d: int) -> int:
-    return int(sum(np.prod(_shape(f, C, d)) for f in _fields(method)))
+    return int(sum(np.prod(stat_shape(f, C, d)) for f in stat_fields(method)))
 
 
 def split_sum_vector(vec: np.ndarray, method, C: int, d: int) -> ClientStats:
     """The summed vector back as a ClientStats with K = 1."""
     out, i = {}, 0
-    for f in _fields(method):
-        shape = _shape(f, C, d)
+    for f in stat_fields(method):
+        shape = stat_shape(f, C, d)
         n = int(np.prod(shape))
         out[f] = vec[i : i + n].reshape((1,) + shape)
         i += n

@@ -1,198 +1,252 @@
-"""Pairwise masking (Bonawitz et al., CCS 2017) as four Flower message stages.
+"""Pairwise masking over Flower messages: the state machines of :mod:`mechanisms.secagg_node` and
+:mod:`mechanisms.secagg_server`, carried as messages.
 
-The protocol of :mod:`mechanisms.masking`, with its key agreement, PRG,
-Shamir sharing and share channel, run between real nodes: each stage is one
-message to every surviving node and one reply, each node keeps its secrets
-in its own ``context.state`` between stages, and a node that does not answer
-a stage (it crashed, was killed, timed out, or its ClientApp failed) is a
-dropout handled as in the paper.
+This module is plumbing only: a request or reply dict becomes a
+``RecordDict`` (a ConfigRecord ``secagg`` for ids, keys, ciphertexts,
+lists and signatures; an ArrayRecord ``secagg-arrays`` for the masked
+vector) and back.  The protocol, its checks and its threat model are the
+state machines' (active-adversary version of Bonawitz et al. 2017: every
+key advertisement signed with the node's roster identity, a consistency
+round before any share leaves a node, K and t from the node's roster, one
+masked upload per aggregation id).
 
-``query.keys``    (AdvertiseKeys) the server sends the session id, the node's
-                  index u, K and the threshold t; the node draws two X25519
-                  key pairs and a self-mask seed b_u (OS entropy) and replies
-                  its two public keys.  U1 = the nodes that answered.
-``query.shares``  (ShareKeys) the server sends U1's public keys; the node
-                  Shamir-shares s_u^SK and b_u among U1 and replies the shares
-                  encrypted for each holder (AES-256-GCM), which the server
-                  relays without reading.  U2 = the nodes that answered.
-``query.masked``  (MaskedInputCollection) the server sends each node its inbox
-                  of ciphertexts and U2; the node computes its statistic,
-                  encodes it in fixed point and replies
-                  y_u = x_u + PRG(b_u) + sum_{v>u} PRG(s_uv) - sum_{v<u} PRG(s_uv)
-                  (mod 2^64).  The server adds y_u to its running sum and
-                  drops it.  U3 = the nodes that answered.
-``query.unmask``  (Unmasking) the server sends U3; each node answers, for
-                  every other node of U2, the share of b_u if u is in U3 and
-                  the share of s_u^SK otherwise (never both), and refuses
-                  below t.  The server rebuilds the seeds from t shares each,
-                  removes the masks and decodes the sum over U3.
+Message types (one per stage): ``query.keys``, ``query.shares``,
+``query.masked``, ``query.consistency``, ``query.unmask``.  The masked
+stage also carries the run config, the round name and any broadcast the
+node needs to compute its input; the node hashes them into the digest it
+signs in the consistency round, so a server that sends different
+broadcasts to different nodes (FedCOF's round 2) is detected before any
+share is revealed.
 
-If fewer than t nodes answer a stage, or a seed has fewer than t shares, the
-run stops with :class:`mechanisms.masking.ProtocolAbort`: it never releases
-a wrong sum.  Threat model: :data:`mechanisms.secagg.THREAT_MODEL_MASK`.
+One upload per aggregation: the node's ledger lives in its run state; with
+``secagg-ledger=FILE`` in its node config it is also kept in that file, so a
+server that starts another run to repeat a sum is refused too.
+
+Identities: a node reads ``secagg-identity`` and ``secagg-roster`` (file
+paths, or inline JSON) from its node config (see
+:mod:`mechanisms.secagg_identity` for the operator's command), or gets them
+from the app (:class:`SimulatedRoster`, simulations only).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import pathlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PublicKey
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from flwr.app import ConfigRecord, RecordDict
 
-from mechanisms import fixed_point, shamir
-from mechanisms.masking import (
-    _INFO_CHANNEL,
-    _INFO_PAIR,
-    _INFO_SELF,
-    GCM_NONCE_BYTES,
-    ID_BYTES,
-    KeySource,
-    ProtocolAbort,
-    _add_masks,
-    _hkdf,
-    _private_key,
-    _pub_bytes,
-    default_threshold,
-)
-from privfed.errors import InputError
+from mechanisms import fixed_point
+from mechanisms.secagg_crypto import ProtocolAbort
+from mechanisms.secagg_identity import Identity, Roster, make_roster, min_threshold
+from mechanisms.secagg_node import MaskingNode, SessionLedger
+from mechanisms.secagg_server import MaskingServer
+from privfed.errors import ConfigError, InputError
 from privfed.flower.transport import Exchange, exchange
 from privfed.flower.wire import arrays_record
 
-__all__ = ["MaskedSum", "NodeMasking", "STATE_KEY", "masked_sum_over_messages"]
+__all__ = [
+    "LEDGER_KEY",
+    "STATE_KEY",
+    "MaskedSum",
+    "SimulatedRoster",
+    "aggregation_digests",
+    "encode_for_ring",
+    "from_records",
+    "lifetime_id",
+    "masked_sum_over_messages",
+    "node_identity",
+    "node_ledger",
+    "node_step",
+    "refusal",
+    "simulated_identities",
+    "to_records",
+]
 
-#: Name of the node's ConfigRecord in ``context.state`` holding its protocol secrets.
+#: The node's ConfigRecord in ``context.state`` holding its protocol state between messages.
 STATE_KEY = "privfed-secagg"
+#: The node's record of the aggregation ids it uploaded a masked input for (one each, ever).
+LEDGER_KEY = "privfed-secagg-ledger"
+#: Run-config keys that do not change what is summed (left out of the aggregation id).
+_TRANSPORT_KEYS = ("run-nonce", "timeout", "connect_timeout", "output")
+
+
+# ------------------------------------------------------------------------------- records
+def to_records(msg: dict) -> RecordDict:
+    """A protocol message as Flower records (arrays apart, everything else in one ConfigRecord)."""
+    arrays = {k: v for k, v in msg.items() if isinstance(v, np.ndarray)}
+    rec = RecordDict({"secagg": ConfigRecord({k: v for k, v in msg.items() if k not in arrays})})
+    if arrays:
+        rec["secagg-arrays"] = arrays_record(arrays)
+    return rec
+
+
+def from_records(content: RecordDict) -> dict:
+    """The protocol message in ``content`` (inverse of :func:`to_records`)."""
+    out = {k: (list(v) if isinstance(v, list) else v) for k, v in dict(content["secagg"]).items()}
+    if "secagg-arrays" in content:
+        arr = content["secagg-arrays"]
+        out.update({k: arr[k].numpy() for k in arr.keys()})
+    return out
+
+
+# ------------------------------------------------------------------------------- identities
+class SimulatedRoster:
+    """Identities for a simulation: a roster made in this process, node i = partition-id i (or node id).
+
+    Only for simulations, where the operator and the server are one
+    process; a deployment gives each node its files (node config).
+    """
+
+    def __init__(self, num_nodes: int, threshold: int | None = None, node_ids: list[int] | None = None) -> None:
+        roster, ids = make_roster(num_nodes, threshold)
+        self.roster_json = roster.to_json()
+        self.identities = [i.to_json() for i in ids]
+        self.index = None if node_ids is None else {int(n): i for i, n in enumerate(sorted(node_ids))}
+
+    def for_node(self, node_config: dict, node_id: int) -> tuple[Identity, Roster] | None:
+        if self.index is not None:
+            i = self.index.get(int(node_id))
+        else:
+            i = node_config.get("partition-id")
+        if i is None or not 0 <= int(i) < len(self.identities):
+            return None
+        raw = json.loads(self.identities[int(i)])
+        return Identity(int(raw["index"]), bytes.fromhex(raw["private_key"])), Roster.from_json(self.roster_json)
+
+
+def simulated_identities(node_configs: dict[int, dict], threshold: int | None = None) -> dict[int, dict]:
+    """Node configs with a fresh simulated roster added (``secagg-identity`` / ``secagg-roster`` inline).
+
+    Nodes that already have both keys keep them.  For in-process simulations only.
+    """
+    if all("secagg-identity" in c and "secagg-roster" in c for c in node_configs.values()):
+        return dict(node_configs)
+    sim = SimulatedRoster(len(node_configs), threshold, node_ids=list(node_configs))
+    out = {}
+    for n, c in node_configs.items():
+        out[n] = {**c, "secagg-identity": sim.identities[sim.index[int(n)]], "secagg-roster": sim.roster_json}
+    return out
+
+
+def _load(value: str, kind):
+    text = str(value)
+    if text.lstrip().startswith("{"):
+        if kind is Roster:
+            return Roster.from_json(text, "secagg-roster")
+        raw = json.loads(text)
+        return Identity(int(raw["index"]), bytes.fromhex(raw["private_key"]))
+    return kind.load(text)
+
+
+def node_identity(node_config: dict, node_id: int, provision: SimulatedRoster | None = None
+                  ) -> tuple[Identity, Roster]:
+    """This node's identity and roster: from the app (simulation) or its node config (ConfigError if none)."""
+    if provision is not None:
+        got = provision.for_node(node_config, node_id)
+        if got is not None:
+            return got[0].check(got[1]), got[1]
+    if "secagg-identity" not in node_config or "secagg-roster" not in node_config:
+        raise ConfigError(
+            f"node {node_id} has no secure-aggregation identity: start it with --node-config "
+            "'secagg-identity=FILE secagg-roster=FILE' (the operator writes them with "
+            "python -m mechanisms.secagg_identity DIR --nodes K); the roster fixes K and t")
+    roster = _load(node_config["secagg-roster"], Roster)
+    return _load(node_config["secagg-identity"], Identity).check(roster), roster
 
 
 # ------------------------------------------------------------------------------- node side
-class NodeMasking:
-    """One node's side of one masked sum; all state lives in a ConfigRecord (``context.state``)."""
+def aggregation_digests(config: dict, round_name: str, broadcast: dict[str, np.ndarray] | None,
+                        private: bool) -> tuple[bytes, bytes]:
+    """(aggregation id, context digest) of a masked sum, computed by the node from what it was sent.
 
-    def __init__(self, state: ConfigRecord) -> None:
-        self.st = state
+    The aggregation id names what is summed: the run config (transport
+    settings and the server's nonce left out) and the round; under DP any
+    configuration counts as one release of this node's noisy statistics, so
+    the id is the round alone.  The context digest adds the broadcast.
+    """
+    canon = json.dumps({k: v for k, v in sorted(config.items()) if k not in _TRANSPORT_KEYS},
+                       sort_keys=True, default=str)
+    base = ("dp-release" if private else canon) + "\x00" + round_name
+    agg = hashlib.sha256(b"privfed aggregation\x00" + base.encode()).digest()
+    h = hashlib.sha256(b"privfed context\x00" + canon.encode() + b"\x00" + round_name.encode())
+    for k in sorted(broadcast or {}):
+        a = np.ascontiguousarray(broadcast[k], dtype=np.float64)
+        h.update(k.encode() + str(a.shape).encode() + a.tobytes())
+    return agg, h.digest()
 
-    # Stage 1
-    @classmethod
-    def advertise(cls, session: bytes, u: int, K: int, t: int) -> tuple["NodeMasking", dict]:
-        keys = KeySource(None)  # the operating system's CSPRNG
-        c_sk, s_sk, b = keys.field_element(), keys.field_element(), keys.field_element()
-        st = ConfigRecord({
-            "session": session, "u": int(u), "K": int(K), "t": int(t),
-            "c_sk": c_sk.to_bytes(32, "little"), "s_sk": s_sk.to_bytes(32, "little"),
-            "b": b.to_bytes(32, "little"),
-        })
-        node = cls(st)
-        c_pk = _pub_bytes(_private_key(c_sk).public_key())
-        s_pk = _pub_bytes(_private_key(s_sk).public_key())
-        return node, {"c_pk": c_pk, "s_pk": s_pk}
 
-    def _int(self, key: str) -> int:
-        return int.from_bytes(self.st[key], "little")
+def lifetime_id(config: dict, round_name: str) -> bytes:
+    """The id a node's lifetime ledger (``secagg-ledger``) keeps: the run config (less transport keys) and round."""
+    canon = json.dumps({k: v for k, v in sorted(config.items()) if k not in _TRANSPORT_KEYS},
+                       sort_keys=True, default=str)
+    return hashlib.sha256(b"privfed lifetime aggregation\x00" + canon.encode() + b"\x00" + round_name.encode()).digest()
 
-    def _channel(self, v: int) -> AESGCM:
-        peers = list(self.st["peers"])
-        c_pk = X25519PublicKey.from_public_bytes(self.st["peer_c_pk"][peers.index(v)])
-        secret = _private_key(self._int("c_sk")).exchange(c_pk)
-        return AESGCM(_hkdf(secret, _INFO_CHANNEL + self.st["session"]))
 
-    # Stage 2
-    def share_keys(self, peers: list[int], c_pks: list[bytes], s_pks: list[bytes]) -> dict[int, bytes]:
-        u, t = int(self.st["u"]), int(self.st["t"])
-        if u in peers:
-            raise ProtocolAbort(f"node {u} was sent its own key as a peer's; aborting")
-        if len(peers) + 1 < t:
+def node_ledger(context, lifetime: bytes | None = None) -> SessionLedger:
+    """This node's ledger for this run (``context.state``), chained to the file named by its node config
+    ``secagg-ledger`` when there is one: the same configuration and round is summed once per node, ever,
+    whichever run the server starts."""
+    path = context.node_config.get("secagg-ledger")
+
+    def also(node: int) -> None:
+        p = pathlib.Path(str(path)).expanduser()
+        used = set(p.read_text().split()) if p.exists() else set()
+        if lifetime.hex() in used:
             raise ProtocolAbort(
-                f"node {u} refuses to share: {len(peers) + 1} nodes left, below the threshold t={t}"
-            )
-        self.st["peers"] = [int(v) for v in peers]
-        self.st["peer_c_pk"] = list(c_pks)
-        self.st["peer_s_pk"] = list(s_pks)
-        holders = sorted([*peers, u])
-        keys = KeySource(None)
-        s_shares, b_shares = shamir.split_many(
-            [self._int("s_sk"), self._int("b")], [v + 1 for v in holders], t, keys
-        )
-        out = {}
-        for v in holders:
-            msg = (
-                u.to_bytes(ID_BYTES, "little") + v.to_bytes(ID_BYTES, "little")
-                + s_shares[v + 1].to_bytes(32, "little") + b_shares[v + 1].to_bytes(32, "little")
-            )
-            if v == u:
-                self.st["own_share"] = msg
-                continue
-            nonce = keys(GCM_NONCE_BYTES)
-            out[v] = nonce + self._channel(v).encrypt(nonce, msg, self.st["session"])
-        return out
+                f"node {node} aborts at stage 'masked': its ledger {p} shows it already uploaded for this "
+                "configuration and round in an earlier run; a server that repeats a sum could subtract the two",
+                node=node, stage="masked", deviation="second-session")
+        with open(p, "a", encoding="utf-8") as fh:
+            fh.write(lifetime.hex() + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
 
-    # Stage 3
-    def masked_input(self, inbox: dict[int, bytes], alive: list[int], x_ring: np.ndarray) -> np.ndarray:
-        u = int(self.st["u"])
-        self.st["inbox_from"] = [int(v) for v in inbox]
-        self.st["inbox_ct"] = list(inbox.values())
-        self.st["alive"] = [int(v) for v in alive]
-        session = self.st["session"]
-        mask_keys = [_hkdf(self.st["b"], _INFO_SELF + session)]
-        signs = [True]
-        peers = list(self.st["peers"])
-        s_sk = _private_key(self._int("s_sk"))
-        for v in sorted(set(peers) & set(alive)):
-            s_pk = X25519PublicKey.from_public_bytes(self.st["peer_s_pk"][peers.index(v)])
-            mask_keys.append(_hkdf(s_sk.exchange(s_pk), _INFO_PAIR + session))
-            signs.append(v > u)
-        y = np.array(x_ring, dtype=np.uint64, order="C")
-        _add_masks(y, mask_keys, signs)
-        return y
+    used = list(context.state[LEDGER_KEY]["used"]) if LEDGER_KEY in context.state else []
+    return SessionLedger(used, also if path and lifetime is not None else None)
 
-    # Stage 4
-    def unmask(self, uploaded: list[int]) -> dict[int, tuple[str, int]]:
-        u, t = int(self.st["u"]), int(self.st["t"])
-        uploaded_set = set(uploaded)
-        alive = set(self.st["alive"])
-        group = set(self.st["peers"]) | {u}
-        if len(uploaded_set & group) < t:
-            raise ProtocolAbort(
-                f"node {u} refuses to unmask: only {len(uploaded_set & group)} nodes uploaded, below the "
-                f"threshold t={t}; the sum is not released"
-            )
-        inbox = dict(zip(self.st["inbox_from"], self.st["inbox_ct"]))
-        answers = {}
-        for w in sorted(group & alive):
-            if w == u:
-                msg = self.st["own_share"]
-            else:
-                ct = inbox[w]
-                msg = self._channel(w).decrypt(ct[:GCM_NONCE_BYTES], ct[GCM_NONCE_BYTES:], self.st["session"])
-            sender, receiver = int.from_bytes(msg[:4], "little"), int.from_bytes(msg[4:8], "little")
-            if sender != w or receiver != u:
-                raise ProtocolAbort(f"node {u} got a share message with wrong ids; aborting")
-            s_share = int.from_bytes(msg[8:40], "little")
-            b_share = int.from_bytes(msg[40:72], "little")
-            answers[w] = ("b", b_share) if w in uploaded_set else ("s", s_share)
-        return answers
+
+def node_step(content: RecordDict, context, identity: Identity, roster: Roster, *,
+              ring_input: Callable[[], np.ndarray] | None = None, context_digest: bytes = b"",
+              aggregation: bytes | None = None, lifetime: bytes | None = None) -> RecordDict:
+    """Answer one masking request with this node's state machine; its state stays in ``context.state``."""
+    req = from_records(content)
+    ledger = node_ledger(context, lifetime)
+    state = None
+    if req.get("stage") != "keys":
+        state = dict(context.state[STATE_KEY]) if STATE_KEY in context.state else {"stage": "new"}
+    node = MaskingNode(identity.index, num_nodes=roster.size, threshold=roster.threshold, identity=identity,
+                       roster=roster, ledger=ledger, state=state)
+    try:
+        reply = node.handle(req, ring_input=ring_input, context=context_digest, aggregation=aggregation)
+    finally:
+        context.state[STATE_KEY] = ConfigRecord(node.state())
+        context.state[LEDGER_KEY] = ConfigRecord({"used": list(ledger.used)})
+    return to_records(reply)
 
 
 def encode_for_ring(x: np.ndarray, frac_bits: int, num_nodes: int) -> np.ndarray:
     """Fixed-point encoding of a node's statistic, refused if K such inputs could overflow the ring.
 
-    Every node checks its own |x| 2^f + 1/2 < 2^63 / K, a public rule, so the
-    sum of K inputs cannot wrap around; nothing about x is revealed but the
-    refusal itself.
+    Every node checks its own |x| 2^f + 1/2 < 2^63 / K with K from its
+    roster (not from the server), a public rule, so the sum of K inputs
+    cannot wrap around; nothing about x is revealed but the refusal itself.
     """
+    f = fixed_point.check_frac_bits(frac_bits)
     x = np.asarray(x, dtype=np.float64).ravel()
     if not np.all(np.isfinite(x)):
         raise InputError("this node's statistic contains NaN/inf; secure aggregation needs finite values")
     max_abs = float(np.abs(x).max()) if x.size else 0.0
-    if not max_abs * 2.0**frac_bits + 0.5 < 2.0**63 / num_nodes:
+    if not max_abs * 2.0**f + 0.5 < 2.0**63 / num_nodes:
         raise InputError(
             f"this node's statistic (max |x| = {max_abs:.4g}) could overflow the 2^64 ring with "
-            f"{num_nodes} nodes at frac-bits={frac_bits}; lower frac-bits or clip the features"
+            f"{num_nodes} nodes at frac-bits={f}; lower frac-bits or clip the features"
         )
-    return fixed_point.encode(x, frac_bits)
+    return fixed_point.encode(x, f)
 
 
 # ------------------------------------------------------------------------------- server side
@@ -211,7 +265,8 @@ class MaskedSum:
 
     def record(self) -> dict:
         return {
-            "protocol": "pairwise masking (Bonawitz et al. 2017), complete graph",
+            "protocol": "pairwise masking (Bonawitz et al. 2017), active-adversary version: signed keys "
+                        "checked against the roster, consistency round, complete graph",
             "participants": len(self.participants),
             "threshold": self.threshold,
             "uploaded": len(self.uploaded),
@@ -226,14 +281,22 @@ class MaskedSum:
         }
 
 
-def _need(stage: str, have: list[int], t: int, ex: Exchange) -> None:
-    if len(have) < t:
-        why = "; ".join(f"node {n}: {r}" for n, r in list(ex.failed.items())[:3])
-        raise ProtocolAbort(
-            f"secure aggregation aborted at stage {stage!r}: {len(have)} node(s) answered, below the "
-            f"threshold t={t} ({len(ex.silent)} silent, {len(ex.failed)} failed{': ' + why if why else ''}); "
-            "no sum is released"
-        )
+def refusal(content: RecordDict) -> str | None:
+    """A node's own refusal carried in its reply (``error`` record), or None."""
+    if "error" in content:
+        return f"{content['error']['message']}"
+    return None
+
+
+def _raise_refusals(refused: dict[int, tuple[str, str]], stage: str) -> None:
+    if not refused:
+        return
+    n, (kind, text) = sorted(refused.items())[0]
+    more = f" ({len(refused) - 1} more node(s) refused too)" if len(refused) > 1 else ""
+    msg = f"node {n} refused secure aggregation at stage {stage!r}: {text}{more}; no sum is released"
+    if kind == "ProtocolAbort":
+        raise ProtocolAbort(msg, node=n, stage=stage)
+    raise ConfigError(msg)
 
 
 def masked_sum_over_messages(
@@ -247,142 +310,79 @@ def masked_sum_over_messages(
     masked_payload: Callable[[int], dict],
     round_name: str,
     keep_view: bool = False,
+    num_nodes: int | None = None,
 ) -> MaskedSum:
-    """Run the four stages with ``nodes`` and return the decoded sum (see the module docstring).
+    """Run the five stages with ``nodes`` and return the decoded sum over U3.
 
+    ``num_nodes`` is K, the roster size (default ``len(nodes)``);
     ``masked_payload(node)`` gives the extra records (name -> record) the
-    masked stage carries (which statistic, the broadcast of an earlier round);
+    masked stage carries (the run config, the round, a broadcast);
     ``length`` is the public length of every node's statistic vector.
     """
-    K = len(nodes)
-    t = default_threshold(K) if threshold is None else int(threshold)
-    if not 1 <= t <= K:
-        raise ProtocolAbort(f"threshold t={t} must lie in 1..{K} (the number of nodes)")
-    index = {n: i for i, n in enumerate(nodes)}
-    session = os.urandom(16)
+    K = len(nodes) if num_nodes is None else int(num_nodes)
+    t = min_threshold(K) if threshold is None else int(threshold)
+    server = MaskingServer(num_nodes=K, threshold=t, length=length, session=os.urandom(16), active=True,
+                           frac_bits=frac_bits, name=round_name)
     stages: dict[str, Exchange] = {}
+    node_of: dict[int, int] = {}  # u -> Flower node id
+
+    while not server.done:
+        stage = server.stage
+        requests = server.requests()
+        refused: dict[int, tuple[str, str]] = {}
+        if stage == "keys":
+            one = next(iter(requests.values()))
+            contents = {n: to_records(one) for n in nodes}
+        else:
+            contents = {}
+            for u, msg in requests.items():
+                rec = to_records(msg)
+                if stage == "masked":
+                    for k, v in masked_payload(node_of[u]).items():
+                        rec[k] = v
+                contents[node_of[u]] = rec
+
+        def on_reply(node, content, stage=stage, refused=refused):
+            why = refusal(content)
+            if why is not None:
+                refused[node] = (str(content["error"].get("kind", "")), why)
+                return
+            reply = from_records(content)
+            if stage == "keys":
+                u = int(reply["u"])
+                if u in node_of or not 0 <= u < K:
+                    raise ProtocolAbort(f"node {node} claims roster index {u}, taken or outside 0..{K - 1}",
+                                        stage=stage)
+                node_of[u] = node
+            else:
+                u = next(k for k, v in node_of.items() if v == node)
+            server.receive(u, reply)
+
+        ex = stages[stage] = exchange(grid, contents, f"query.{stage}", timeout, on_reply, group_id=round_name)
+        _raise_refusals(refused, stage)
+        why = "; ".join(f"node {n}: {r}" for n, r in list(ex.failed.items())[:3])
+        server.close(f" ({len(ex.silent)} silent, {len(ex.failed)} failed{': ' + why if why else ''})")
+
     view: list = []
-
-    def seen(stage, node, name, value):
-        if keep_view:
-            view.append((stage, node, name, value))
-
-    # Stage 1: advertise keys.
-    pub: dict[int, tuple[bytes, bytes]] = {}
-
-    def on_keys(node, content):
-        rec = content["keys"]
-        pub[index[node]] = (bytes(rec["c_pk"]), bytes(rec["s_pk"]))
-        seen("keys", node, "public_keys", pub[index[node]])
-
-    contents = {n: RecordDict({"secagg": ConfigRecord({"session": session, "u": index[n], "K": K, "t": t,
-                                                         "round": round_name})}) for n in nodes}
-    ex = stages["keys"] = exchange(grid, contents, "query.keys", timeout, on_keys, group_id=round_name)
-    U1 = sorted(pub)
-    _need("keys", U1, t, ex)
-
-    # Stage 2: share keys (the server relays ciphertexts it cannot read).
-    inbox: dict[int, dict[int, bytes]] = {u: {} for u in U1}
-    shared: list[int] = []
-
-    def on_shares(node, content):
-        u = index[node]
-        rec = content["shares"]
-        for v, ct in zip(rec["to"], rec["ct"]):
-            if int(v) in inbox:
-                inbox[int(v)][u] = bytes(ct)
-                seen("shares", node, f"share_for_{int(v)}", bytes(ct))
-        shared.append(u)
-
-    contents = {}
-    for u in U1:
-        peers = [v for v in U1 if v != u]
-        contents[nodes[u]] = RecordDict({"secagg": ConfigRecord({
-            "peers": peers, "c_pk": [pub[v][0] for v in peers], "s_pk": [pub[v][1] for v in peers],
-        })})
-    ex = stages["shares"] = exchange(grid, contents, "query.shares", timeout, on_shares, group_id=round_name)
-    U2 = sorted(shared)
-    _need("shares", U2, t, ex)
-
-    # Stage 3: masked inputs, folded into the running sum as they arrive.
-    total = np.zeros(length, dtype=np.uint64)
-    uploaded: list[int] = []
-
-    def on_masked(node, content):
-        y = content["masked"]["y"].numpy()
-        if y.dtype != np.uint64 or y.shape != (length,):
-            raise InputError(
-                f"node {node} uploaded a masked statistic of shape {y.shape} ({y.dtype}), expected "
-                f"({length},) uint64: the nodes disagree on d or C"
-            )
-        seen("masked", node, "y", y.copy())
-        np.add(total, y, out=total)
-        uploaded.append(index[node])
-
-    contents = {}
-    for u in U2:
-        box = {v: ct for v, ct in inbox[u].items() if v in U2}
-        extra = masked_payload(nodes[u])
-        contents[nodes[u]] = RecordDict({"secagg": ConfigRecord({
-            "from": list(box), "ct": list(box.values()), "alive": U2}), **extra})
-    ex = stages["masked"] = exchange(grid, contents, "query.masked", timeout, on_masked, group_id=round_name)
-    U3 = sorted(uploaded)
-    _need("masked", U3, t, ex)
-
-    # Stage 4: unmasking.
-    b_shares: dict[int, dict[int, int]] = {u: {} for u in U3}
-    s_shares: dict[int, dict[int, int]] = {u: {} for u in set(U2) - set(U3)}
-    answered: list[int] = []
-
-    def on_unmask(node, content):
-        v = index[node]
-        rec = content["unmask"]
-        for w, kind, share in zip(rec["about"], rec["kind"], rec["share"]):
-            w, s = int(w), int.from_bytes(share, "little")
-            if kind == "b" and w in b_shares:
-                b_shares[w][v + 1] = s
-            elif kind == "s" and w in s_shares:
-                s_shares[w][v + 1] = s
-            seen("unmask", node, f"{kind}_share_of_{w}", s)
-        answered.append(v)
-
-    contents = {nodes[u]: RecordDict({"secagg": ConfigRecord({"uploaded": U3})}) for u in U3}
-    ex = stages["unmask"] = exchange(grid, contents, "query.unmask", timeout, on_unmask, group_id=round_name)
-    _need("unmask", sorted(answered), t, ex)
-
-    def recover(shares: dict[int, int], u: int, what: str) -> int:
-        if len(shares) < t:
-            raise ProtocolAbort(
-                f"the {what} of node {nodes[u]} cannot be rebuilt: {len(shares)} shares arrived, below the "
-                f"threshold t={t}; no sum is released"
-            )
-        return shamir.combine(dict(list(shares.items())[:t]), t)
-
-    mask_keys, signs = [], []
-    for u in U3:
-        b = recover(b_shares[u], u, "self-mask seed")
-        mask_keys.append(_hkdf(b.to_bytes(32, "little"), _INFO_SELF + session))
-        signs.append(False)
-    for u in sorted(set(U2) - set(U3)):
-        s_sk = _private_key(recover(s_shares[u], u, "mask key"))
-        for v in U3:
-            peer = X25519PublicKey.from_public_bytes(pub[v][1])
-            mask_keys.append(_hkdf(s_sk.exchange(peer), _INFO_PAIR + session))
-            signs.append(u < v)
-    _add_masks(total, mask_keys, signs)
-    result = fixed_point.decode(total, frac_bits)
-    answered_set = set(answered)
+    if keep_view:
+        v = server.view
+        view += [("keys", node_of[u], "public_keys", pk) for u, pk in v.public_keys.items()]
+        view += [("shares", node_of[u], f"share_for_{w}", ct) for (u, w), ct in v.encrypted_shares.items()]
+        view += [("masked", node_of[u], "y", y.copy()) for u, y in v.masked_uploads.items()]
+        view += [("consistency", node_of[u], "sig", s) for u, s in v.consistency_signatures.items()]
+        for kind, shares in (("b", v.self_seed_shares), ("s", v.key_shares)):
+            view += [("unmask", node_of[x - 1], f"{kind}_share_of_{w}", s)
+                     for w, per in shares.items() for x, s in per.items()]
+    answered = set(server.view.answered)
+    U3 = list(server.U3)
     return MaskedSum(
-        total=result,
+        total=fixed_point.decode(server.total, frac_bits),
         participants=list(nodes),
         threshold=t,
         stages=stages,
-        uploaded=[nodes[u] for u in U3],
-        dropped_before_upload=[nodes[u] for u in sorted(set(range(K)) - set(U3))],
-        dropped_after_upload=[nodes[u] for u in U3 if u not in answered_set],
+        uploaded=[node_of[u] for u in U3],
+        dropped_before_upload=sorted(n for n in nodes if n not in {node_of[u] for u in U3}),
+        dropped_after_upload=[node_of[u] for u in U3 if u not in answered],
         view=view,
     )
 
-
-def masked_reply(y: np.ndarray) -> RecordDict:
-    return RecordDict({"masked": arrays_record({"y": y})})

@@ -53,7 +53,7 @@ from privfed.flower.protocol import (
     sum_vector_length,
 )
 from mechanisms.ckks import CKKSParams
-from mechanisms.secagg import THREAT_MODEL_CKKS, THREAT_MODEL_MASK
+from mechanisms.secagg import THREAT_MODEL_CKKS_ACTIVE, THREAT_MODEL_MASK_ACTIVE
 from privfed.flower.ckks import ckks_sum_over_messages
 from privfed.flower.secagg import masked_sum_over_messages
 from privfed.flower.transport import Exchange, exchange, wait_for_nodes
@@ -294,7 +294,7 @@ def serve(grid: Grid, cfg: FlowerConfig, *, keep_view: bool = False) -> FlowerRe
         "bytes_down_total": int(sum(sum(ex.bytes_down.values()) for ex in stages.values())),
         "encoding": {"none": "float32 arrays (compact)" if cfg.wire == "compact" else "float64 arrays", "mask": f"uint64 ring, frac-bits={cfg.frac_bits}",
                      "ckks": "CKKS ciphertexts (TenSEAL)",
-                     "flwr-secaggplus": "Flower SecAgg+: 2^22 levels in [-8, 8], 2^32 ring"}[cfg.secure],
+                     "flwr-secaggplus-insecure": "Flower SecAgg+: 2^22 levels in [-8, 8], 2^32 ring"}[cfg.secure],
     }
     head.extras["flower"] = wire
     if cfg.secure != "none":
@@ -349,7 +349,7 @@ def _serve_secure(grid, cfg, method, nodes, config_rec, stages, keep_view, recei
 
     def run(round_name, length, payload, among=None):
         among = participants if among is None else among
-        if cfg.secure == "flwr-secaggplus":
+        if cfg.secure == "flwr-secaggplus-insecure":
             from privfed.flower.flwr_secagg import flwr_secaggplus_sum
 
             res = flwr_secaggplus_sum(grid, cfg, among, length=length, C=C, d=d, threshold=cfg.threshold)
@@ -357,12 +357,13 @@ def _serve_secure(grid, cfg, method, nodes, config_rec, stages, keep_view, recei
             holder = next((n for n in among if holders.get(n)), among[0])
             res = ckks_sum_over_messages(
                 grid, among, key_holder=holder, length=length, params=CKKSParams(), timeout=cfg.timeout,
-                payload=payload, round_name=round_name, keep_view=keep_view,
+                payload=payload, round_name=round_name, keep_view=keep_view, num_nodes=cfg.clients,
             )
         else:
             res = masked_sum_over_messages(
                 grid, among, length=length, frac_bits=cfg.frac_bits, threshold=cfg.threshold,
                 timeout=cfg.timeout, masked_payload=payload, round_name=round_name, keep_view=keep_view,
+                num_nodes=cfg.clients,
             )
         for k, v in res.stages.items():
             stages[f"{round_name}:{k}"] = v
@@ -401,7 +402,7 @@ def _serve_secure(grid, cfg, method, nodes, config_rec, stages, keep_view, recei
     else:  # pragma: no cover - every per-client method has a secure protocol or is refused by it
         method.secure_aggregate(None, None)
     K = len(runs[-1].uploaded)
-    if cfg.secure == "flwr-secaggplus":  # the nodes clipped their records to the public bound: test rows too
+    if cfg.secure == "flwr-secaggplus-insecure":  # the nodes clipped their records to the public bound: test rows too
         from mechanisms.clipping import Clipping
 
         head.feature_transform = Clipping(float(cfg.clip), "l2")
@@ -414,7 +415,7 @@ def _serve_secure(grid, cfg, method, nodes, config_rec, stages, keep_view, recei
         "rounds": [r.record() for r in runs],
         "summed_nodes": K,
         "dropped": sorted({n for r in runs for n in r.dropped_before_upload}),
-        "threat_model": {"mask": THREAT_MODEL_MASK, "ckks": THREAT_MODEL_CKKS}.get(cfg.secure, _THREAT_FLWR),
+        "threat_model": {"mask": THREAT_MODEL_MASK_ACTIVE, "ckks": THREAT_MODEL_CKKS_ACTIVE}.get(cfg.secure, _THREAT_FLWR),
     }
     if any(r.dropped_before_upload for r in runs):
         head.notes.append(
@@ -425,10 +426,16 @@ def _serve_secure(grid, cfg, method, nodes, config_rec, stages, keep_view, recei
 
 
 _THREAT_FLWR = (
-    "Honest-but-curious server running Flower's SecAgg+ workflow: it sees public keys, encrypted shares, "
-    "masked quantised uploads uniform over Z_2^32 and the shares needed to unmask the sum over uploaders; "
-    "t or more colluding nodes can unmask a node. The neighbour graph (complete here: num_shares = K) and the "
-    "stochastic rounding come from non-cryptographic generators (Python's random, numpy's global generator)."
+    "NOT SECURE AGAINST A DEVIATING SERVER (for comparison with Flower's implementation only). A server that "
+    "lists a node as both alive and dropped in the unmask request gets both its self-mask seed shares and its "
+    "pair-mask key shares from every node (Flower's node checks only how many nodes are active) and recovers "
+    "that node's input exactly, with no search, while the released sum still looks right; a server that "
+    "reports a node's upload lost gets its pair-mask keys, and the self-mask left is numpy MT19937 seeded by a "
+    "32-bit fold of the seed (a 2^32 search). Against an honest-but-curious server: it sees public keys, "
+    "encrypted shares, masked quantised uploads over Z_2^32 and the shares that unmask the sum over uploaders; "
+    "t or more colluding nodes can unmask a node; no key authentication. The neighbour graph (complete here) "
+    "and the stochastic rounding come from non-cryptographic generators (Python's random, numpy's global "
+    "generator). Use --secure mask."
 )
 
 

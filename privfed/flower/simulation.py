@@ -2,7 +2,9 @@
 
 :func:`run_simulation` starts Flower's simulation runtime (Ray) with
 ``clients`` virtual SuperNodes, each holding ``partition-id`` /
-``num-partitions`` of the embedded data set, runs the ServerApp of
+``num-partitions`` of the embedded data set (and, for ``secure=mask``,
+the identity of roster index ``partition-id`` in a roster made here from OS
+entropy: the simulated operator), runs the ServerApp of
 :mod:`privfed.flower.server_app` in this process and returns its
 :class:`~privfed.flower.server_app.FlowerResult`.
 """
@@ -12,9 +14,11 @@ from __future__ import annotations
 import logging
 import os
 
-from privfed.errors import PrivfedError
+from mechanisms.secagg_identity import min_threshold
+from privfed.errors import ConfigError, PrivfedError
 from privfed.flower.client_app import make_client_app
 from privfed.flower.config import FlowerConfig
+from privfed.flower.secagg import SimulatedRoster
 from privfed.flower.server_app import FlowerResult, make_server_app
 
 __all__ = ["run_simulation"]
@@ -54,7 +58,7 @@ def run_simulation(
     cfgs = cfg if isinstance(cfg, list) else [cfg]
     results: list = []
     server = make_server_app(cfg, keep_view=keep_view, results=results)
-    client = make_client_app(faults)
+    client = make_client_app(faults, provision=_roster(cfgs, num_supernodes))
     if not verbose:
         logging.getLogger("flwr").setLevel(logging.WARNING)
     _flwr_run_simulation(
@@ -71,3 +75,17 @@ def run_simulation(
     if len(results) != len(cfgs):
         raise PrivfedError("the simulation ended without a result from the server; see the log above")
     return results if isinstance(cfg, list) else results[0]
+
+
+def _roster(cfgs: list[FlowerConfig], num_supernodes: int | None) -> SimulatedRoster | None:
+    """The simulated operator's roster: one per simulation, so every masked config must share K and t."""
+    masked = [c for c in cfgs if c.secure in ("mask", "ckks")]
+    if not masked:
+        return None
+    kt = {(c.clients, c.threshold if c.threshold is not None and c.secure == "mask" else min_threshold(c.clients))
+          for c in masked}
+    if len(kt) > 1:
+        raise ConfigError(f"one simulation has one roster: the masked configurations ask for (K, t) in {sorted(kt)}; "
+                          "run them in separate simulations")
+    (K, t), = kt
+    return SimulatedRoster(K, t)

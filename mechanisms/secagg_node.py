@@ -1,0 +1,371 @@
+"""One node's side of pairwise masking (Bonawitz et al., CCS 2017), as a state machine.
+
+:class:`MaskingNode` answers the server's five requests in order; every
+request is a dict with a ``stage`` and the ``session`` id, every reply a
+dict.  The same class runs in one process (:func:`mechanisms.masking.masked_sum`)
+and on every Flower node (:mod:`privfed.flower.secagg`), which keeps its
+:meth:`MaskingNode.state` in the node's ``context.state`` between messages.
+
+``keys``         check K and t against the configuration, draw two X25519 key
+                 pairs and a self-mask seed b_u (OS entropy); reply the public
+                 keys, signed with the node's roster identity (active version).
+``shares``       check the signed advertisements of U1 against the roster;
+                 Shamir-share s_u^SK and b_u among U1 (threshold t) and reply
+                 each share encrypted for its holder (AES-256-GCM under
+                 HKDF(X25519), the session id as associated data).
+``masked``       check U2 and that exactly U2's share messages arrived, decrypt
+                 them (a tampered one aborts here, naming its sender), claim
+                 the aggregation id (one masked upload per aggregation, ever),
+                 and reply y_u = x_u + PRG(b_u) + sum_{v>u} PRG(s_uv) - sum_{v<u} PRG(s_uv).
+``consistency``  (active version) check U3 and sign (U2, U3, the digest of
+                 what this node was asked to sum, e.g. FedCOF's broadcast).
+``unmask``       (active) check that at least t members of U3 signed the very
+                 lists and digest this node signed, and that every uploader's
+                 signed echo (sent with its masked input) names the same digest
+                 (a split broadcast aborts here); then reveal, for every v
+                 of U2, the share of b_v if v is in U3 and of s_v^SK otherwise:
+                 one list, so never both kinds for one node.
+
+Every check that fails raises :class:`mechanisms.secagg_crypto.ProtocolAbort`
+naming this node, the stage and the deviation, and leaves the node in the
+``aborted`` state (it answers nothing more in this session).
+
+Threat model.  Honest-but-curious version (no identity): a server that
+follows the protocol learns the sum over U3 and who dropped.  Active
+version (identity and roster): a server that deviates in any way (other
+K or t, Sybil keys, inconsistent survivor lists or broadcasts, replayed or
+tampered messages, a second session) is detected and the node aborts before
+revealing any share, or the server learns nothing beyond a sum of at least
+t inputs; with up to n_C colluding nodes when t > n_C + (K - n_C)/2.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+
+import numpy as np
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+from mechanisms import shamir
+from mechanisms.secagg_crypto import (
+    GCM_NONCE_BYTES,
+    ID_BYTES,
+    INFO_CHANNEL,
+    INFO_PAIR,
+    INFO_SELF,
+    KeySource,
+    ProtocolAbort,
+    add_masks,
+    hkdf,
+    private_key,
+    pub_bytes,
+    public_key,
+)
+from mechanisms.secagg_identity import Identity, Roster, min_threshold, signed_bytes
+from privfed.errors import PrivfedError
+
+__all__ = ["STAGES", "MaskingNode", "SessionLedger"]
+
+#: The server's requests, in order ("consistency" only in the active version).
+STAGES = ("keys", "shares", "masked", "consistency", "unmask")
+SESSION_BYTES = 16
+
+
+class SessionLedger:
+    """The aggregation ids a node has uploaded a masked input for: one upload per id, ever.
+
+    A node's noise share and input go into one masked sum per aggregation;
+    a server asking again (to subtract two sums, or replaying an old run) is
+    refused.  ``used`` is the persisted list (hex ids).
+    """
+
+    def __init__(self, used: list[str] | None = None, also: Callable[[int], None] | None = None) -> None:
+        self.used = list(used or [])
+        self.also = also  # a second claim (a ledger kept beyond this run), called after this one's check
+
+    def claim(self, aggregation: bytes, node: int) -> None:
+        key = bytes(aggregation).hex()
+        if key in self.used:
+            raise ProtocolAbort(
+                f"node {node} aborts at stage 'masked': it refuses a second masked session for aggregation "
+                f"{key[:16]}: it already uploaded its masked input (and noise share) for it once; a server that "
+                "repeats a sum could subtract the two", node=node, stage="masked", deviation="second-session")
+        if self.also is not None:
+            self.also(node)
+        self.used.append(key)
+
+
+def _ids(values, what: str, node: int, stage: str) -> list[int]:
+    out = [int(v) for v in values]
+    if len(set(out)) != len(out):
+        raise ProtocolAbort(f"node {node} aborts at stage {stage!r}: the {what} list repeats entries",
+                            node=node, stage=stage, deviation="malformed-list")
+    return out
+
+
+class MaskingNode:
+    """One node in one masked sum (see the module docstring).
+
+    Parameters
+    ----------
+    index : int
+        u, this node's index (its roster index in the active version).
+    num_nodes, threshold : int
+        K and t, from this node's configuration (the roster's in the active
+        version); a request with other values is refused.
+    identity, roster : optional
+        The active version: this node's signing key and the operator's roster.
+    neighbours : frozenset, optional
+        SecAgg+ graph neighbours (honest-but-curious version only); default all.
+    keys : KeySource, optional
+        Key material (OS entropy by default; a seeded source for tests only).
+    ledger : SessionLedger, optional
+        Aggregation ids already used (a fresh one by default).
+    """
+
+    def __init__(self, index: int, *, num_nodes: int, threshold: int, identity: Identity | None = None,
+                 roster: Roster | None = None, neighbours: frozenset[int] | None = None,
+                 keys: KeySource | None = None, ledger: SessionLedger | None = None,
+                 state: dict | None = None) -> None:
+        self.u, self.K, self.t = int(index), int(num_nodes), int(threshold)
+        self.identity, self.roster = identity, roster
+        self.active = roster is not None
+        if self.active:
+            if identity is None or identity.index != self.u or roster.size != self.K or roster.threshold != self.t:
+                raise ProtocolAbort(f"node {self.u}: identity, roster, K and t disagree", node=self.u)
+            if neighbours is not None and len(neighbours) + 1 < self.K:
+                raise ProtocolAbort("the active version runs on the complete graph", node=self.u)
+        self.nbrs = frozenset(range(self.K)) - {self.u} if neighbours is None else frozenset(neighbours)
+        self.group = self.nbrs | {self.u}
+        self.keys = keys if keys is not None else KeySource(None)
+        self.ledger = ledger if ledger is not None else SessionLedger()
+        self.st: dict = dict(state) if state is not None else {"stage": "new"}
+
+    # ------------------------------------------------------------------ helpers
+    def state(self) -> dict:
+        """The node's protocol state as flat values (bytes, ints, lists): what it keeps between messages."""
+        return dict(self.st)
+
+    def _abort(self, stage: str, deviation: str, text: str) -> ProtocolAbort:
+        self.st = {"stage": "aborted", "why": text}
+        return ProtocolAbort(f"node {self.u} aborts at stage {stage!r}: {text}", node=self.u, stage=stage,
+                             deviation=deviation)
+
+    def _channel(self, v: int) -> AESGCM:
+        c_pk = public_key(self.st["c_pk"][self.st["U1"].index(v)])
+        secret = private_key(int.from_bytes(self.st["c_sk"], "little")).exchange(c_pk)
+        return AESGCM(hkdf(secret, INFO_CHANNEL + self.st["session"]))
+
+    def _echo_bytes(self) -> bytes:
+        return signed_bytes("echo", self.roster.fingerprint, self.st["session"], self.st["digest"])
+
+    def _view_digest(self) -> bytes:
+        return signed_bytes("consistency", self.roster.fingerprint, self.st["session"], self.st["U2"],
+                            self.st["U3"], self.st["digest"])
+
+    # ------------------------------------------------------------------ dispatch
+    def handle(self, msg: dict, *, ring_input: Callable[[], np.ndarray] | None = None, context: bytes = b"",
+               aggregation: bytes | None = None) -> dict:
+        """Answer one request; ``ring_input()`` gives the encoded input at the masked stage, ``context``
+        the digest of what this node was asked to sum, ``aggregation`` its aggregation id."""
+        stage = str(msg.get("stage", ""))
+        expected = {"keys": "new", "shares": "advertised", "masked": "shared",
+                    "consistency": "masked", "unmask": "signed" if self.active else "masked"}
+        if stage not in expected or (stage == "consistency" and not self.active):
+            raise self._abort(stage, "unknown-stage", f"unknown request {stage!r}")
+        if self.st["stage"] != expected[stage]:
+            raise self._abort(stage, "out-of-order",
+                              f"request {stage!r} in state {self.st['stage']!r} (a replayed, repeated or "
+                              "out-of-order message); no more answers in this session")
+        session = bytes(msg.get("session", b""))
+        if stage != "keys" and session != self.st["session"]:
+            raise self._abort(stage, "replay", "the request names another session (a replayed message)")
+        try:
+            if stage == "keys":
+                return self._keys(msg, session)
+            if stage == "shares":
+                return self._shares(msg)
+            if stage == "masked":
+                return self._masked(msg, ring_input, context, aggregation)
+            if stage == "consistency":
+                return self._consistency(msg)
+            return self._unmask(msg)
+        except PrivfedError as exc:  # ProtocolAbort, or the node's own refusal of its input
+            if self.st.get("stage") != "aborted":
+                self.st = {"stage": "aborted", "why": str(exc)}
+            raise
+        except (KeyError, TypeError, ValueError) as exc:
+            raise self._abort(stage, "malformed", f"malformed request ({type(exc).__name__}: {exc})") from None
+
+    # ------------------------------------------------------------------ stages
+    def _keys(self, msg: dict, session: bytes) -> dict:
+        K, t = int(msg["K"]), int(msg["t"])
+        if K != self.K or t != self.t:
+            raise self._abort("keys", "wrong-parameters",
+                              f"the server asks for K={K}, t={t} but this node is configured with K={self.K}, "
+                              f"t={self.t} (a lower threshold lets a server unmask one node)")
+        low = min_threshold(self.K, self.roster.colluders if self.active else 0)
+        if self.active and t < low:  # the roster checks this too; refuse whatever the roster says
+            raise self._abort("keys", "low-threshold", f"threshold t={t} below {low}")
+        if len(session) != SESSION_BYTES:
+            raise self._abort("keys", "malformed", f"session id of {len(session)} bytes, expected {SESSION_BYTES}")
+        c_sk, s_sk, b = self.keys.field_element(), self.keys.field_element(), self.keys.field_element()
+        self.st = {"stage": "advertised", "session": session, "c_sk": c_sk.to_bytes(32, "little"),
+                   "s_sk": s_sk.to_bytes(32, "little"), "b": b.to_bytes(32, "little")}
+        c_pk = pub_bytes(private_key(c_sk).public_key())
+        s_pk = pub_bytes(private_key(s_sk).public_key())
+        out = {"u": self.u, "c_pk": c_pk, "s_pk": s_pk}
+        if self.active:
+            out["sig"] = self.identity.sign(
+                signed_bytes("keys", self.roster.fingerprint, session, self.u, c_pk, s_pk))
+        return out
+
+    def _shares(self, msg: dict) -> dict:
+        U1 = _ids(msg["peers"], "key-advertisement", self.u, "shares")
+        c_pks, s_pks = [bytes(k) for k in msg["c_pk"]], [bytes(k) for k in msg["s_pk"]]
+        sigs = [bytes(s) for s in msg.get("sig", [])] if self.active else []
+        if len(c_pks) != len(U1) or len(s_pks) != len(U1) or (self.active and len(sigs) != len(U1)):
+            raise self._abort("shares", "malformed", "key advertisements of unequal lengths")
+        if any(not 0 <= v < self.K for v in U1):
+            raise self._abort("shares", "unknown-node", f"advertisements from nodes outside 0..{self.K - 1}")
+        if self.u not in U1:
+            raise self._abort("shares", "short-list", "its own key advertisement is missing")
+        i = U1.index(self.u)
+        own_c = pub_bytes(private_key(int.from_bytes(self.st["c_sk"], "little")).public_key())
+        own_s = pub_bytes(private_key(int.from_bytes(self.st["s_sk"], "little")).public_key())
+        if (c_pks[i], s_pks[i]) != (own_c, own_s):
+            raise self._abort("shares", "substituted-key", "its own advertised keys came back changed")
+        if self.active:
+            for v, c, s, sig in zip(U1, c_pks, s_pks, sigs):
+                if not self.roster.verify(v, sig, signed_bytes("keys", self.roster.fingerprint,
+                                                                self.st["session"], v, c, s)):
+                    raise self._abort("shares", "bad-signature",
+                                      f"node {v}'s key advertisement is not signed by its roster key (a "
+                                      "substituted key, a Sybil, or a replay from another session)")
+        holders = sorted(self.group & set(U1))
+        if len(holders) < self.t:
+            raise self._abort("shares", "short-list",
+                              f"only {len(holders)} share holders, below the threshold t={self.t}")
+        self.st.update(stage="shared", U1=U1, c_pk=c_pks, s_pk=s_pks)
+        s_shares, b_shares = shamir.split_many(
+            [int.from_bytes(self.st["s_sk"], "little"), int.from_bytes(self.st["b"], "little")],
+            [v + 1 for v in holders], self.t, self.keys)
+        to, cts = [], []
+        for v in holders:
+            plain = (self.u.to_bytes(ID_BYTES, "little") + v.to_bytes(ID_BYTES, "little")
+                     + s_shares[v + 1].to_bytes(32, "little") + b_shares[v + 1].to_bytes(32, "little"))
+            if v == self.u:
+                self.st["own_share"] = plain
+                continue
+            nonce = self.keys(GCM_NONCE_BYTES)
+            to.append(v)
+            cts.append(nonce + self._channel(v).encrypt(nonce, plain, self.st["session"]))
+        return {"to": to, "ct": cts}
+
+    def _masked(self, msg: dict, ring_input, context: bytes, aggregation: bytes | None) -> dict:
+        U2 = _ids(msg["alive"], "survivor", self.u, "masked")
+        senders = _ids(msg["from"], "sender", self.u, "masked")
+        cts = [bytes(c) for c in msg["ct"]]
+        unknown = (set(U2) & self.group) - set(self.st["U1"])
+        if unknown or any(not 0 <= v < self.K for v in U2):
+            raise self._abort("masked", "unknown-node", f"survivors {sorted(unknown)} never advertised keys")
+        if self.u not in U2:
+            raise self._abort("masked", "short-list", "the survivor list does not contain this node")
+        if len(set(U2) & self.group) < self.t:
+            raise self._abort("masked", "short-list",
+                              f"survivor list of {len(set(U2) & self.group)} nodes, below the threshold t={self.t}")
+        want = (set(U2) & self.nbrs)
+        if set(senders) != want or len(cts) != len(senders):
+            raise self._abort("masked", "wrong-ids",
+                              f"share messages from {sorted(senders)} but the survivors are {sorted(want)}")
+        got_from, s_sh, b_sh = [self.u], [self.st["own_share"][8:40]], [self.st["own_share"][40:72]]
+        for v, ct in zip(senders, cts):
+            try:
+                plain = self._channel(v).decrypt(ct[:GCM_NONCE_BYTES], ct[GCM_NONCE_BYTES:], self.st["session"])
+            except InvalidTag:
+                raise self._abort("masked", "tampered-share",
+                                  f"the share message from node {v} fails authentication (tampered, corrupted "
+                                  "or from another session); no sum is released") from None
+            if int.from_bytes(plain[:4], "little") != v or int.from_bytes(plain[4:8], "little") != self.u:
+                raise self._abort("masked", "wrong-ids", f"the share message from node {v} names other nodes")
+            got_from.append(v)
+            s_sh.append(plain[8:40])
+            b_sh.append(plain[40:72])
+        x = np.array(ring_input(), dtype=np.uint64, order="C")
+        if aggregation is not None:
+            self.ledger.claim(aggregation, self.u)
+        session = self.st["session"]
+        mask_keys, signs = [hkdf(self.st["b"], INFO_SELF + session)], [True]
+        s_sk = private_key(int.from_bytes(self.st["s_sk"], "little"))
+        for v in sorted(set(U2) & self.nbrs):
+            peer = public_key(self.st["s_pk"][self.st["U1"].index(v)])
+            mask_keys.append(hkdf(s_sk.exchange(peer), INFO_PAIR + session))
+            signs.append(v > self.u)
+        add_masks(x, mask_keys, signs)
+        self.st.update(stage="masked", U2=sorted(U2), share_from=got_from, s_shares=s_sh, b_shares=b_sh,
+                       digest=hashlib.sha256(bytes(context)).digest())
+        for k in ("c_sk", "own_share"):  # no longer needed: the channel's work is done
+            self.st.pop(k, None)
+        if not self.active:
+            return {"y": x}
+        # The signed echo of what this node summed: every uploader's must match before shares are revealed.
+        return {"y": x, "echo": self.identity.sign(self._echo_bytes())}
+
+    def _check_uploaded(self, stage: str, U3: list[int]) -> None:
+        if not set(U3) <= set(self.st["U2"]):
+            raise self._abort(stage, "unknown-node", f"uploaders {sorted(set(U3) - set(self.st['U2']))} are not "
+                                                     "survivors of the masked stage")
+        if self.u not in U3:
+            raise self._abort(stage, "drop-claim", "the server lists this node as dropped, but it uploaded")
+        if len(set(U3) & self.group) < self.t:
+            raise self._abort(stage, "short-list",
+                              f"refuses to unmask: only {len(set(U3) & self.group)} of its group uploaded, "
+                              f"below the threshold t={self.t}; the sum is not released")
+
+    def _consistency(self, msg: dict) -> dict:
+        U3 = sorted(_ids(msg["uploaded"], "uploader", self.u, "consistency"))
+        self._check_uploaded("consistency", U3)
+        self.st.update(stage="signed", U3=U3)
+        return {"sig": self.identity.sign(self._view_digest())}
+
+    def _unmask(self, msg: dict) -> dict:
+        U3 = sorted(_ids(msg["uploaded"], "uploader", self.u, "unmask"))
+        if self.active:
+            if U3 != self.st["U3"]:
+                raise self._abort("unmask", "inconsistent-lists",
+                                  "the uploader list differs from the one this node signed")
+            signers = _ids(msg["signers"], "signer", self.u, "unmask")
+            sigs = [bytes(s) for s in msg["sigs"]]
+            if len(sigs) != len(signers) or not set(signers) <= set(U3):
+                raise self._abort("unmask", "malformed", "consistency signatures from nodes outside U3")
+            view = self._view_digest()
+            bad = [v for v, s in zip(signers, sigs) if not self.roster.verify(v, s, view)]
+            if bad:
+                raise self._abort("unmask", "inconsistent-lists",
+                                  f"node(s) {bad} signed other survivor lists or another broadcast than this "
+                                  "node saw (or a forged signature): the server showed different views")
+            if len(signers) < self.t:
+                raise self._abort("unmask", "short-list",
+                                  f"only {len(signers)} consistency signatures, below the threshold t={self.t}")
+            echoes = [bytes(e) for e in msg["echoes"]]
+            echo = self._echo_bytes()
+            split = [v for v, e in zip(U3, echoes) if not self.roster.verify(v, e, echo)]
+            if len(echoes) != len(U3) or split:
+                raise self._abort("unmask", "split-broadcast",
+                                  f"uploader(s) {split or 'some'} did not sum what this node summed (their signed "
+                                  "echo of the run config, round and broadcast differs): the server sent "
+                                  "different broadcasts to different nodes")
+        else:
+            self._check_uploaded("unmask", U3)
+        up = set(U3)
+        about, kind, share = [], [], []
+        by = dict(zip(self.st["share_from"], zip(self.st["s_shares"], self.st["b_shares"])))
+        for w in sorted(self.group & set(self.st["U2"])):
+            s_share, b_share = by[w]
+            about.append(w)
+            kind.append("b" if w in up else "s")
+            share.append(bytes(b_share if w in up else s_share))
+        self.st = {"stage": "done", "session": self.st["session"]}  # the run's secrets are not kept
+        return {"about": about, "kind": kind, "share": share}

@@ -1,0 +1,285 @@
+"""The server's side of pairwise masking (Bonawitz et al., CCS 2017), as a state machine.
+
+:class:`MaskingServer` walks the stages of :mod:`mechanisms.secagg_node`:
+``requests()`` gives the message for every node still in the run,
+``receive(u, reply)`` takes one node's reply, ``close()`` ends the stage
+(nodes that did not reply are dropouts; fewer than t survivors abort), and
+after ``unmask`` :attr:`MaskingServer.total` is the ring sum over U3 with
+every mask removed.  :func:`run_in_process` is the in-process transport (a
+loop over :class:`~mechanisms.secagg_node.MaskingNode` objects);
+:mod:`privfed.flower.secagg` carries the same messages over Flower.
+
+The server keeps a :class:`ServerView` of everything it received, which the
+tests (and the adversarial suite) inspect.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from mechanisms import shamir
+from mechanisms.secagg_crypto import (
+    ID_BYTES,
+    INFO_PAIR,
+    INFO_SELF,
+    PUBLIC_KEY_BYTES,
+    UNMASK_ANSWER_BYTES,
+    ProtocolAbort,
+    add_masks,
+    hkdf,
+    private_key,
+    public_key,
+)
+from mechanisms.secagg_identity import SIGNATURE_BYTES
+
+__all__ = ["MaskingServer", "ServerView", "reply_bytes", "request_bytes", "run_in_process"]
+
+
+@dataclass
+class ServerView:
+    """Everything the server received during one run, and the sum it output.
+
+    No field holds an individual client's statistic: uploads are masked ring
+    elements, shares arrive encrypted, and the unmasking answers are shares
+    of seeds (self-mask seeds of uploaders, mask keys of dropped clients).
+    """
+
+    num_clients: int
+    frac_bits: int
+    public_keys: dict[int, tuple[bytes, bytes]] = field(default_factory=dict)
+    encrypted_shares: dict[tuple[int, int], bytes] = field(default_factory=dict)
+    masked_uploads: dict[int, np.ndarray] = field(default_factory=dict)
+    uploaded: tuple[int, ...] = ()
+    answered: tuple[int, ...] = ()
+    self_seed_shares: dict[int, dict[int, int]] = field(default_factory=dict)
+    key_shares: dict[int, dict[int, int]] = field(default_factory=dict)
+    consistency_signatures: dict[int, bytes] = field(default_factory=dict)
+    result: np.ndarray | None = None
+
+    def arrays(self) -> Iterator[np.ndarray]:
+        """Every numeric array in the view (masked uploads and the result)."""
+        yield from self.masked_uploads.values()
+        if self.result is not None:
+            yield self.result
+
+
+def reply_bytes(stage: str, reply: dict) -> int:
+    """Bytes of one node's reply on the wire (ids 4 bytes, keys 32, signatures 64, ring values 8)."""
+    if stage == "keys":
+        return 2 * PUBLIC_KEY_BYTES + (SIGNATURE_BYTES if "sig" in reply else 0)
+    if stage == "shares":
+        return sum(ID_BYTES + len(c) for c in reply["ct"])
+    if stage == "masked":
+        return int(np.asarray(reply["y"]).nbytes) + (SIGNATURE_BYTES if "echo" in reply else 0)
+    if stage == "consistency":
+        return SIGNATURE_BYTES
+    return len(reply["about"]) * UNMASK_ANSWER_BYTES
+
+
+def request_bytes(stage: str, msg: dict, u: int) -> int:
+    """Bytes of one request to node u that carry protocol data (peers' keys, shares, lists, signatures)."""
+    if stage == "shares":
+        per = ID_BYTES + 2 * PUBLIC_KEY_BYTES + (SIGNATURE_BYTES if msg.get("sig") else 0)
+        return per * (len(msg["peers"]) - 1)
+    if stage == "masked":
+        return sum(ID_BYTES + len(c) for c in msg["ct"])
+    if stage == "consistency":
+        return ID_BYTES * len(msg["uploaded"])
+    if stage == "unmask":
+        return (ID_BYTES * len(msg["uploaded"]) + (ID_BYTES + SIGNATURE_BYTES) * len(msg.get("signers", []))
+                + SIGNATURE_BYTES * len(msg.get("echoes", [])))
+    return 0
+
+
+class MaskingServer:
+    """The server of one masked sum (see the module docstring).
+
+    Parameters
+    ----------
+    num_nodes, threshold : int
+        K and t (the nodes check both against their configuration).
+    length : int
+        Public length of every node's input vector.
+    session : bytes
+        Fresh 16-byte session id.
+    active : bool
+        Run the consistency round (active-adversary version).
+    graph : list of frozenset, optional
+        SecAgg+ neighbour sets (honest-but-curious version); default complete.
+    frac_bits : int
+        Recorded in the view.
+    name : str
+        What is summed (error messages).
+    """
+
+    def __init__(self, *, num_nodes: int, threshold: int, length: int, session: bytes, active: bool,
+                 graph: list[frozenset[int]] | None = None, frac_bits: int = 0, name: str = "statistic") -> None:
+        self.K, self.t, self.length, self.session = int(num_nodes), int(threshold), int(length), bytes(session)
+        self.active, self.name = bool(active), name
+        self.graph = graph if graph is not None else [frozenset(range(self.K)) - {u} for u in range(self.K)]
+        self.stages = ["keys", "shares", "masked"] + (["consistency"] if active else []) + ["unmask"]
+        self.stage = "keys"
+        self.view = ServerView(num_clients=self.K, frac_bits=frac_bits)
+        self.alive: list[int] = list(range(self.K))
+        self._got: dict[int, dict] = {}
+        self.adverts: dict[int, dict] = {}
+        self.inbox: dict[int, dict[int, bytes]] = {}
+        self.U1: list[int] = []
+        self.U2: list[int] = []
+        self.U3: list[int] = []
+        self.signers: dict[int, bytes] = {}
+        self.echoes: dict[int, bytes] = {}
+        self.total = np.zeros(self.length, dtype=np.uint64)
+        self.done = False
+        self.bytes_up: dict[int, dict[str, int]] = {u: {} for u in range(self.K)}
+        self.bytes_down: dict[int, int] = {u: 0 for u in range(self.K)}
+
+    # ------------------------------------------------------------------ messages
+    def requests(self) -> dict[int, dict]:
+        """This stage's request to every node still in the run."""
+        s = self.stage
+        base = {"stage": s, "session": self.session}
+        if s == "keys":
+            return {u: {**base, "K": self.K, "t": self.t} for u in self.alive}
+        out = {}
+        for u in self.alive:
+            if s == "shares":
+                peers = [v for v in self.U1 if v == u or v in self.graph[u]]
+                msg = {**base, "peers": peers, "c_pk": [self.adverts[v]["c_pk"] for v in peers],
+                       "s_pk": [self.adverts[v]["s_pk"] for v in peers]}
+                if self.active:
+                    msg["sig"] = [self.adverts[v]["sig"] for v in peers]
+            elif s == "masked":
+                box = {v: ct for v, ct in self.inbox[u].items() if v in self.U2}
+                msg = {**base, "alive": list(self.U2), "from": list(box), "ct": list(box.values())}
+            elif s == "consistency":
+                msg = {**base, "uploaded": list(self.U3)}
+            else:
+                msg = {**base, "uploaded": list(self.U3)}
+                if self.active:
+                    msg["signers"], msg["sigs"] = list(self.signers), list(self.signers.values())
+                    msg["echoes"] = [self.echoes[v] for v in self.U3]
+            out[u] = msg
+        for u, msg in out.items():
+            self.bytes_down[u] += request_bytes(s, msg, u)
+        return out
+
+    def receive(self, u: int, reply: dict) -> None:
+        """One node's reply to this stage (the Flower transport maps node ids to u first)."""
+        s = self.stage
+        if u not in self.alive or u in self._got:
+            raise ProtocolAbort(f"{self.name}: unexpected {s!r} reply from node {u}", stage=s)
+        if s == "masked":
+            y = np.asarray(reply["y"])
+            if y.dtype != np.uint64 or y.shape != (self.length,):
+                raise ProtocolAbort(f"node {u} uploaded a masked statistic of shape {y.shape} ({y.dtype}), "
+                                    f"expected ({self.length},) uint64: the nodes disagree on d or C", stage=s)
+        self._got[u] = reply
+        self.bytes_up[u][s] = reply_bytes(s, reply)
+
+    def close(self, detail: str = "") -> None:
+        """End this stage: its repliers go on; below t the run aborts with no sum."""
+        s, got = self.stage, self._got
+        self._got = {}
+        if len(got) < self.t:
+            raise ProtocolAbort(
+                f"secure aggregation aborted at stage {s!r}: {len(got)} node(s) answered, below the threshold "
+                f"t={self.t}{detail}; no sum is released", stage=s, deviation="dropouts")
+        if s == "keys":
+            self.adverts = dict(got)
+            self.U1 = sorted(got)
+            for u, a in got.items():
+                self.view.public_keys[u] = (bytes(a["c_pk"]), bytes(a["s_pk"]))
+            self.inbox = {u: {} for u in self.U1}
+        elif s == "shares":
+            for u, rep in got.items():
+                for v, ct in zip(rep["to"], rep["ct"]):
+                    if int(v) in self.inbox:
+                        self.inbox[int(v)][u] = bytes(ct)
+                        self.view.encrypted_shares[(u, int(v))] = bytes(ct)
+            self.U2 = sorted(got)
+        elif s == "masked":
+            for u in sorted(got):
+                if self.active:
+                    self.echoes[u] = bytes(got[u]["echo"])
+                y = np.asarray(got[u]["y"], dtype=np.uint64)
+                self.view.masked_uploads[u] = y
+                np.add(self.total, y, out=self.total)
+            self.U3 = sorted(got)
+            self.view.uploaded = tuple(self.U3)
+        elif s == "consistency":
+            self.signers = {u: bytes(got[u]["sig"]) for u in sorted(got)}
+            self.view.consistency_signatures = dict(self.signers)
+        else:
+            self._unmask(got)
+        self.alive = sorted(got)
+        i = self.stages.index(s)
+        self.stage = self.stages[i + 1] if i + 1 < len(self.stages) else "done"
+        self.done = self.stage == "done"
+
+    # ------------------------------------------------------------------ unmasking
+    def _unmask(self, got: dict[int, dict]) -> None:
+        self.view.answered = tuple(sorted(got))
+        up = set(self.U3)
+        b_shares: dict[int, dict[int, int]] = {u: {} for u in self.U3}
+        s_shares: dict[int, dict[int, int]] = {u: {} for u in sorted(set(self.U2) - up)}
+        for v in sorted(got):
+            rep = got[v]
+            for w, kind, share in zip(rep["about"], rep["kind"], rep["share"]):
+                w, val = int(w), int.from_bytes(bytes(share), "little")
+                if kind == "b" and w in b_shares:
+                    b_shares[w][v + 1] = val
+                elif kind == "s" and w in s_shares:
+                    s_shares[w][v + 1] = val
+        self.view.self_seed_shares, self.view.key_shares = b_shares, s_shares
+        cache: dict[tuple[int, ...], list[int]] = {}
+
+        def recover(shares: dict[int, int], u: int, what: str) -> int:
+            if len(shares) < self.t:
+                raise ProtocolAbort(
+                    f"{self.name}: the {what} of node {u} cannot be rebuilt: {len(shares)} of its share holders "
+                    f"answered, below the threshold t={self.t} (too many dropouts); no sum is released",
+                    stage="unmask", deviation="dropouts")
+            xs = tuple(list(shares)[: self.t])
+            if xs not in cache:
+                cache[xs] = shamir.lagrange_at_zero(xs)
+            return shamir.combine(shares, self.t, cache[xs])
+
+        keys, signs = [], []
+        for u in self.U3:
+            b = recover(b_shares[u], u, "self-mask seed")
+            keys.append(hkdf(b.to_bytes(32, "little"), INFO_SELF + self.session))
+            signs.append(False)
+        for u in sorted(set(self.U2) - up):
+            s_sk = private_key(recover(s_shares[u], u, "mask key"))
+            for v in sorted(self.graph[u] & up):
+                keys.append(hkdf(s_sk.exchange(public_key(self.adverts[v]["s_pk"])), INFO_PAIR + self.session))
+                signs.append(u < v)  # v added +m if u > v, -m if u < v: undo it
+        add_masks(self.total, keys, signs)
+
+
+def run_in_process(server: MaskingServer, nodes: dict, *, inputs: Callable[[int], np.ndarray],
+                   silent: Callable[[str, int], bool] = lambda stage, u: False,
+                   contexts: Callable[[int], bytes] = lambda u: b"", aggregation: bytes | None = None,
+                   on_stage: Callable[[str], None] | None = None) -> np.ndarray:
+    """Run ``server`` with ``nodes`` (u -> MaskingNode) in this process; returns the ring sum.
+
+    ``inputs(u)`` is node u's encoded input (asked at the masked stage),
+    ``silent(stage, u)`` says that node u does not answer that stage (a
+    dropout), ``contexts(u)`` is the digest of what node u was asked to sum.
+    """
+    while not server.done:
+        stage = server.stage
+        for u, msg in server.requests().items():
+            if silent(stage, u):
+                continue
+            reply = nodes[u].handle(msg, ring_input=lambda u=u: inputs(u), context=contexts(u),
+                                    aggregation=aggregation)
+            server.receive(u, reply)
+        server.close()
+        if on_stage is not None:
+            on_stage(stage)
+    return server.total

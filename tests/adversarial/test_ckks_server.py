@@ -1,0 +1,108 @@
+"""A deviating server against CKKS on Flower (key holder a node): a substituted public context, a single node's
+ciphertext passed off as the sum, a repeated session.  Run with ``python -m pytest tests/adversarial``."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+pytest.importorskip("flwr")
+pytest.importorskip("tenseal")
+os.environ.setdefault("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")
+
+from mechanisms.ckks import CKKSParams  # noqa: E402
+from mechanisms.secagg_crypto import ProtocolAbort  # noqa: E402
+from privfed.errors import ConfigError  # noqa: E402
+from privfed.flower import FlowerConfig, serve  # noqa: E402
+from privfed.flower.ckks import holder_keys  # noqa: E402
+from privfed.flower.local import LocalGrid  # noqa: E402
+
+K = 4
+CFG = dict(method="fedncm", clients=K, secure="ckks", timeout=60)
+
+
+def _nodes():
+    return {100 + i: {"partition-id": i, "num-partitions": K} for i in range(K)}
+
+
+class TamperingGrid(LocalGrid):
+    def __init__(self, nodes, tamper):
+        super().__init__(nodes)
+        self.tamper = tamper
+
+    def push_messages(self, messages):
+        for m in messages:
+            self.tamper(m)
+        return super().push_messages(messages)
+
+
+def test_a_substituted_ckks_key_is_refused_before_anything_is_encrypted(digits_dataset):
+    """The server makes its own keys (it could decrypt every upload) and relays its public context."""
+    from mechanisms.secagg_identity import make_roster
+
+    fake_roster, fake_ids = make_roster(K)  # identities the server controls, not the nodes' roster
+    grid_box = {}
+
+    def tamper(msg):
+        if msg.metadata.message_type == "query.ckks_encrypt":
+            rec = msg.content["ckks"]
+            if "server" not in grid_box:
+                grid_box["server"] = holder_keys(CKKSParams(), fake_ids[0], fake_roster, bytes(rec["session"]), K)
+            _, public, sig = grid_box["server"]
+            rec["public"], rec["sig"] = public, sig
+
+    with pytest.raises(ProtocolAbort, match="stage 'ckks_encrypt'.*not signed by key holder") as exc:
+        serve(TamperingGrid(_nodes(), tamper), FlowerConfig(**CFG))
+    assert exc.value.stage == "ckks_encrypt"
+
+
+def test_one_nodes_ciphertext_passed_off_as_the_sum_is_not_decrypted(digits_dataset):
+    """Forwarding only the victim's contribution (or the victim's twice) to the key holder: refused."""
+    def only_victim(msg):
+        if msg.metadata.message_type == "query.ckks_decrypt":
+            rec = msg.content["ckks"]
+            n = len(rec["ct"]) // len(rec["from"])
+            rec["from"], rec["sigs"], rec["ct"] = rec["from"][:1], rec["sigs"][:1], rec["ct"][:n]
+
+    with pytest.raises(ProtocolAbort, match="stage 'ckks_decrypt'.*sum of 1 contribution.*below the threshold"):
+        serve(TamperingGrid(_nodes(), only_victim), FlowerConfig(**CFG))
+
+    def relabelled(msg):  # the victim's ciphertext under the other nodes' names
+        if msg.metadata.message_type == "query.ckks_decrypt":
+            rec = msg.content["ckks"]
+            n = len(rec["ct"]) // len(rec["from"])
+            rec["ct"] = rec["ct"][:n] * len(rec["from"])
+
+    with pytest.raises(ProtocolAbort, match="stage 'ckks_decrypt'.*not signed by it"):
+        serve(TamperingGrid(_nodes(), relabelled), FlowerConfig(**CFG))
+
+
+def test_a_second_ckks_session_for_the_same_aggregation_is_refused(digits_dataset):
+    grid = LocalGrid(_nodes())
+    serve(grid, FlowerConfig(**CFG))
+    with pytest.raises(ProtocolAbort, match="stage 'ckks_encrypt'.*second masked session"):
+        serve(grid, FlowerConfig(**CFG))
+
+
+def test_ckks_beyond_the_safe_number_of_nodes_is_refused_before_any_message():
+    with pytest.raises(ConfigError, match="CKKS with 257 nodes.*key-dependent"):
+        FlowerConfig(method="fedncm", clients=257, secure="ckks")
+    FlowerConfig(method="fedncm", clients=256, secure="ckks")
+
+
+def test_a_split_fedcof_broadcast_is_refused_by_the_ckks_key_holder(digits_dataset):
+    import numpy as np
+
+    from privfed.flower.wire import arrays_record
+
+    def split(msg):
+        if msg.metadata.message_type == "query.ckks_encrypt" and "broadcast" in msg.content:
+            b = msg.content["broadcast"]
+            arrays = {k: b[k].numpy() for k in b.keys()}
+            if msg.metadata.dst_node_id == 101:  # the victim (not the key holder)
+                arrays["mu"] = np.zeros_like(arrays["mu"])
+            msg.content["broadcast"] = arrays_record(arrays)
+
+    with pytest.raises(ProtocolAbort, match="stage 'ckks_decrypt'.*split broadcast"):
+        serve(TamperingGrid(_nodes(), split), FlowerConfig(**{**CFG, "method": "fedcof"}))

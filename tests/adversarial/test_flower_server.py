@@ -1,0 +1,156 @@
+"""A deviating server on the Flower app: the real ClientApp and ServerApp over the in-process grid, with the
+grid (the server's side of the wire) changing what the server sends.  Run with ``python -m pytest tests/adversarial``."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+pytest.importorskip("flwr")
+os.environ.setdefault("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")
+
+from mechanisms.secagg_crypto import ProtocolAbort  # noqa: E402
+from privfed.errors import ConfigError  # noqa: E402
+from privfed.flower import FlowerConfig, serve  # noqa: E402
+from privfed.flower.local import LocalGrid  # noqa: E402
+from privfed.flower.secagg import masked_sum_over_messages, simulated_identities  # noqa: E402
+
+K = 4
+
+
+def _nodes(n=K):
+    return {100 + i: {"partition-id": i, "num-partitions": n} for i in range(n)}
+
+
+class TamperingGrid(LocalGrid):
+    """A LocalGrid whose server side rewrites messages before they leave (``tamper(msg) -> None``)."""
+
+    def __init__(self, nodes, tamper, **kw):
+        super().__init__(nodes, **kw)
+        self.tamper = tamper
+
+    def push_messages(self, messages):
+        for m in messages:
+            self.tamper(m)
+        return super().push_messages(messages)
+
+
+def test_a_repeated_dp_session_is_refused_so_the_reported_epsilon_holds(digits_dataset):
+    """The issue's differencing attack: run the noisy masked sum twice (the second time without a victim) and
+    subtract.  The nodes remember the aggregation: the second session is refused before any upload."""
+    grid = LocalGrid(_nodes())
+    cfg = FlowerConfig(method="fedncm", clients=K, epsilon=1.0, delta=1e-5, clip=10.0, secure="mask", timeout=30)
+    first = serve(grid, cfg)
+    assert first.head.privacy.epsilon == pytest.approx(1.0, rel=1e-9)
+    assert first.head.secure_aggregation["threat_model"].startswith("Active-adversary version")
+    for again in (cfg, FlowerConfig(**{**cfg.__dict__, "partition_seed": 5})):  # any DP config: one release a run
+        with pytest.raises(ProtocolAbort, match="stage 'masked'.*second masked session") as exc:
+            serve(grid, again)
+        assert exc.value.node is not None and exc.value.stage == "masked"
+
+
+def test_a_split_fedcof_broadcast_is_detected_on_flower(digits_dataset):
+    """Round 2 of FedCOF: the victim gets mu = 0 and the others K_c = 1 (the issue's attack, which released
+    the victim's sum_c w_c n_c mu_c mu_c^T).  The nodes' signed echoes disagree: every node aborts."""
+    victim = 100
+
+    def tamper(msg):
+        if msg.metadata.message_type == "query.masked" and "broadcast" in msg.content:
+            b = msg.content["broadcast"]
+            arrays = {k: b[k].numpy() for k in b.keys()}
+            if msg.metadata.dst_node_id == victim:
+                arrays["mu"] = np.zeros_like(arrays["mu"])
+            else:
+                arrays["Kc"] = np.ones_like(arrays["Kc"])
+            from privfed.flower.wire import arrays_record
+
+            msg.content["broadcast"] = arrays_record(arrays)
+
+    with pytest.raises(ProtocolAbort, match="stage 'unmask'.*(split-broadcast|did not sum what|other survivor)"):
+        serve(TamperingGrid(_nodes(), tamper), FlowerConfig(method="fedcof", clients=K, secure="mask", timeout=30))
+
+
+def test_an_inconsistent_uploader_list_is_detected_on_flower(digits_dataset):
+    """Half the nodes are told the victim uploaded, the other half that it dropped."""
+    def tamper(msg):
+        if msg.metadata.message_type == "query.consistency" and msg.metadata.dst_node_id in (102, 103):
+            rec = msg.content["secagg"]
+            rec["uploaded"] = [u for u in rec["uploaded"] if u != 0]
+
+    with pytest.raises(ProtocolAbort, match="node 10[0-3] refused secure aggregation at stage"):
+        serve(TamperingGrid(_nodes(6), tamper), FlowerConfig(method="fedncm", clients=6, secure="mask", timeout=30))
+
+
+def test_a_server_asking_for_a_lower_threshold_is_refused_by_every_node(digits_dataset):
+    grid = LocalGrid(_nodes())  # roster: K = 4, t = 3
+
+    def payload(node):
+        raise AssertionError("no node gets as far as the masked stage")
+
+    with pytest.raises(ProtocolAbort, match="stage 'keys'.*asks for K=4, t=2.*configured with K=4, t=3"):
+        masked_sum_over_messages(grid, sorted(grid.contexts), length=3, frac_bits=16, threshold=2, timeout=5,
+                                 masked_payload=payload, round_name="sums")
+
+
+def test_a_substituted_key_advertisement_is_refused_on_flower(digits_dataset):
+    def tamper(msg):
+        if msg.metadata.message_type == "query.shares":
+            rec = msg.content["secagg"]
+            c_pk = list(rec["c_pk"])
+            c_pk[0] = bytes(32 * [9])
+            rec["c_pk"] = c_pk
+
+    with pytest.raises(ProtocolAbort, match="stage 'shares'.*(not signed by its roster key|came back changed)"):
+        serve(TamperingGrid(_nodes(), tamper), FlowerConfig(method="fedncm", clients=K, secure="mask", timeout=30))
+
+
+def test_a_tampered_share_on_flower_names_the_node_and_stage_not_a_raw_invalid_tag(digits_dataset):
+    def tamper(msg):
+        if msg.metadata.message_type == "query.masked" and msg.metadata.dst_node_id == 101:
+            rec = msg.content["secagg"]
+            cts = [bytearray(c) for c in rec["ct"]]
+            cts[0][-1] ^= 1
+            rec["ct"] = [bytes(c) for c in cts]
+
+    with pytest.raises(ProtocolAbort, match="node 101 refused secure aggregation at stage 'masked'.*fails "
+                                            "authentication") as exc:
+        serve(TamperingGrid(_nodes(), tamper), FlowerConfig(method="fedncm", clients=K, secure="mask", timeout=30))
+    assert "InvalidTag" not in str(exc.value)
+
+
+def test_a_nodes_own_refusal_at_the_masked_stage_reaches_the_user(digits_dataset):
+    # frac-bits=53 (the most the encoding takes): the digits sums times 2^53 overflow the ring for K = 4.
+    with pytest.raises(ConfigError, match="stage 'masked'.*could overflow the 2\\^64 ring with 4 nodes"):
+        serve(LocalGrid(_nodes()), FlowerConfig(method="fedncm", clients=K, secure="mask", frac_bits=53, timeout=30))
+    with pytest.raises(ConfigError, match="frac_bits must lie in"):
+        FlowerConfig(method="fedncm", clients=K, secure="mask", frac_bits=60)
+
+
+def test_the_overflow_check_uses_the_configured_K_not_the_servers(digits_dataset):
+    """A server claiming K = 2 (to make a node accept a larger input) is refused at the first stage; the node's
+    overflow rule uses the roster's K."""
+    grid = LocalGrid(simulated_identities(_nodes()))
+
+    with pytest.raises(ProtocolAbort, match="asks for K=2"):
+        masked_sum_over_messages(grid, sorted(grid.contexts), length=3, frac_bits=16, threshold=2, timeout=5,
+                                 masked_payload=lambda n: {}, round_name="sums", num_nodes=2)
+
+
+def test_a_minority_threshold_is_refused_before_any_message():
+    with pytest.raises(ConfigError, match="threshold=3 is too low for clients=6.*t >= 4"):
+        FlowerConfig(method="fedncm", clients=6, secure="mask", threshold=3)
+
+
+def test_a_node_ledger_file_refuses_a_sum_repeated_in_another_run(digits_dataset, tmp_path):
+    """A server that starts a new run (fresh node state) to repeat a sum: refused by nodes that keep a ledger
+    file; another configuration is another aggregation and runs."""
+    nodes = simulated_identities({n: {**c, "secagg-ledger": str(tmp_path / f"ledger-{n}.txt")}
+                                  for n, c in _nodes().items()})
+    cfg = FlowerConfig(method="fedncm", clients=K, secure="mask", timeout=30)
+    serve(LocalGrid(nodes), cfg)
+    with pytest.raises(ProtocolAbort, match="stage 'masked'.*its ledger .* already uploaded for this configuration"):
+        serve(LocalGrid(nodes), cfg)  # a new run: new contexts, the same nodes
+    serve(LocalGrid(nodes), FlowerConfig(method="fed3r", clients=K, secure="mask", timeout=30))
+    assert all(len((tmp_path / f"ledger-{n}.txt").read_text().split()) == 2 for n in nodes)
