@@ -425,30 +425,21 @@ class GaussianMechanism:
         return out
 
     def _bound_clients(self, stats: ClientStats) -> ClientStats:
-        """Client level: scale each client's statistics to at most ``max_records`` records' worth."""
-        dense = stats.is_materialised("counts") and stats.is_materialised("sums")
-        if dense:
+        """Client level: scale each client's statistics to at most ``max_records`` records' worth.
+
+        Client k's counts, sums and second moments are all multiplied by
+        min(1, n_max / n_k) before anything is summed, each client kept
+        separate (:meth:`ClientStats.scale_clients`), so secure aggregation and
+        sampling still see one bounded upload per client whatever its size.
+        """
+        if stats.is_materialised("counts"):
             n_k = stats.counts.sum(axis=1)
         else:  # the pair layout: no (K, C, d) view
             n_k = np.bincount(stats.pair_client, weights=stats.pair_counts, minlength=stats.num_clients)
         factor = np.minimum(1.0, self.max_records / np.where(n_k > 0, n_k, 1.0))
         if np.all(factor == 1.0):
             return stats
-        if dense:
-            scaled = {k: v * factor.reshape((-1,) + (1,) * (v.ndim - 1)) for k, v in stats.arrays().items()}
-            return stats.with_arrays(**scaled)
-        f = factor[stats.pair_client]
-        second = gram = None
-        if "second" in stats.available:
-            if stats.is_materialised("second"):
-                second = stats.second * factor[:, None, None]
-            else:  # only the sum of the scaled second moments is released (client level is sum-only)
-                gram = stats.client_weighted_gram(factor)
-        return ClientStats.from_pairs(
-            num_clients=stats.num_clients, num_classes=stats.num_classes, pair_client=stats.pair_client,
-            pair_class=stats.pair_class, pair_counts=stats.pair_counts * f, pair_sums=stats.pair_sums * f[:, None],
-            second=second, gram=gram, owners=stats.owners,
-        )
+        return stats.scale_clients(factor)
 
     # -- direct release ----------------------------------------------------------
     def release(
@@ -594,8 +585,7 @@ class GaussianMechanism:
         self._sampling_seeded = self._sampling_seeded or self._seeded is not False
         keep = gen.random(stats.num_clients) < self.sampling_rate
         self._sampled_pending += 1
-        arrays = {k: v * keep.reshape((-1,) + (1,) * (v.ndim - 1)) for k, v in stats.arrays().items()}
-        return stats.with_arrays(**arrays)
+        return stats.scale_clients(keep.astype(np.float64))
 
     def declare_randomness(self, *, seeded: bool) -> None:
         """Whether the noise of the next release comes from a seed (a replayable simulation).

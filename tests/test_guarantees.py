@@ -467,3 +467,62 @@ def test_sizes_taken_from_the_data_under_dp_are_named_in_the_report():
         (note,) = [n for n in head.privacy.notes if "taken from the data" in n]
         assert "num_classes=" in note and "num_clients=" in note and note in head.notes
     assert not any("taken from the data" in n for n in public.privacy.notes)
+
+
+# -- issue 23: client level bounds every block per client before anything is summed ---------------
+def _big_client_data(n_max=5, seed=3):
+    """Four clients, client 0 holding far more than n_max records (so the bound scales it)."""
+    rng = np.random.default_rng(seed)
+    sizes = [40, 3, 4, 6]
+    k = np.repeat(np.arange(4), sizes)
+    y = np.arange(k.size) % 3
+    F = rng.normal(size=(k.size, 4)) * 0.7
+    return F, y, k
+
+
+def _protection(name):
+    if name == "mask":
+        return dict(secure_agg=PairwiseMasking()), dict(level="client", max_records=5)
+    if name == "ckks":
+        pytest.importorskip("tenseal")
+        from mechanisms.secagg import CKKSAggregation
+        return dict(secure_agg=CKKSAggregation()), dict(level="client", max_records=5)
+    return {}, dict(level="client", max_records=5, trusted_aggregator=True, sampling_rate=0.5)
+
+
+@pytest.mark.parametrize("method", ["fed3r", "fed3r-within", "fedcgs"])
+@pytest.mark.parametrize("protection", ["mask", "ckks", "sampling"])
+def test_client_level_second_moment_methods_run_whatever_a_client_holds(method, protection):
+    F, y, k = _big_client_data()
+    fit_kw, mech_kw = _protection(protection)
+    reports = []
+    for data in ((F, y, k), (F[k != 0], y[k != 0], k[k != 0])):  # zero-out neighbour of the big client
+        mech = _mech(blocks=("sums", "counts", "second"), **mech_kw)
+        head = privfed.fit(method, *data, num_classes=3, num_clients=4, privacy=mech, **fit_kw)
+        assert head.privacy.level == "client" and math.isfinite(head.privacy.epsilon)
+        reports.append((head.privacy.guarantee, head.privacy.notes, np.shape(head.weight), head.upload_bytes))
+    assert reports[0] == reports[1]  # nothing deterministic tells the neighbours apart
+
+
+@pytest.mark.parametrize("protection", ["mask", "sampling"])
+def test_client_bound_scales_each_clients_second_moment_before_the_sum(protection):
+    from privfed.methods import get
+    from privfed.stats import compute_client_stats
+
+    F, y, k = _big_client_data()
+    fit_kw, mech_kw = _protection(protection)
+    mech = _mech(epsilon=float("inf"), blocks=("sums", "counts", "second"),
+                 **{**mech_kw, "sampling_rate": 1.0})
+    method = get("fed3r")
+    mech.check(method, fit_kw.get("secure_agg"))
+    Fc = mech.clip(F)
+    stats = compute_client_stats(Fc, y, k, num_classes=3, fields=("counts", "sums", "second"))
+    up = mech.before_upload(stats, method, np.random.default_rng(0))
+    for c in range(4):  # independent: each client's clipped records, scaled by min(1, n_max / n_k)
+        Fk = Fc[k == c]
+        f = min(1.0, 5 / Fk.shape[0])
+        np.testing.assert_allclose(up.second[c], f * Fk.T @ Fk, rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(up.counts[c].sum(), f * Fk.shape[0], rtol=1e-12)
+        np.testing.assert_allclose(up.sums[c].sum(axis=0), f * Fk.sum(axis=0), rtol=1e-12, atol=1e-12)
+        # The bounded contribution meets the client-level sensitivities (n_max c^2, n_max c, n_max).
+        assert np.linalg.norm(up.second[c]) <= 5 * mech.clip_bound ** 2 * (1 + 1e-12)
