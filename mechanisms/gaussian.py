@@ -64,7 +64,7 @@ from mechanisms.accounting import ACCOUNTANTS, calibrate_round_mu, ledger_epsilo
 from mechanisms.backends import NoiseBackend, get_backend
 from mechanisms.calibration import check_budget
 from mechanisms.clipping import CLIP_NORMS, Clipping, _check_bound
-from mechanisms.ledger import NEIGHBOURING, PrivacyLedger, PrivacyReport, ReleaseEvent
+from mechanisms.ledger import NEIGHBOURING, PrivacyLedger, PrivacyReport, ReleaseEvent, format_up
 from privfed.errors import ConfigError, InputError
 from privfed.stats import ClientStats, compute_client_stats
 
@@ -842,6 +842,16 @@ class GaussianMechanism:
                 "replayed by anyone who knows it; run with random_state=None (fresh OS entropy) or "
                 "backend='opendp' for a release"
             )
+        # A protocol whose key material comes from a seed (PairwiseMasking(key_seed=...)): whoever knows the
+        # seed removes the masks and sees every client's upload with only its own noise share.
+        key_seed = getattr(self._secagg, "key_seed", None)
+        if key_seed is not None and events:
+            simulation = True
+            notes.append(
+                f"SIMULATION, NOT A RELEASE: secure aggregation ran with key_seed={key_seed!r}; its masks are "
+                "replayable from the seed, so against anyone who knows it each upload is seen with its own "
+                "noise share only (the guarantee above does not hold against them); use key_seed=None"
+            )
         if "distributed" in self._placements:
             t = self.dropout_tolerance
             notes.append(
@@ -897,8 +907,8 @@ class GaussianMechanism:
         else:
             releases = len({e.release_id for e in events})
             guarantee = (
-                ("SIMULATION (seeded noise, replayable): " if simulation else "")
-                + f"({eps:.4g}, {self.delta:.3g})-DP at {self.level} level ({lvl}) over {releases} release(s)"
+                ("SIMULATION (seeded simulation, replayable): " if simulation else "")
+                + f"({format_up(eps)}, {format_up(self.delta)})-DP at {self.level} level ({lvl}) over {releases} release(s)"
                 + f"; Gaussian noise ({placement}) on {', '.join(self.blocks)}"
                 + (f"; clients Poisson-sampled at rate {self.sampling_rate:g} (amplification credited)"
                    if sampled else "")

@@ -497,8 +497,8 @@ def test_client_level_second_moment_methods_run_whatever_a_client_holds(method, 
     fit_kw, mech_kw = _protection(protection)
     reports = []
     for data in ((F, y, k), (F[k != 0], y[k != 0], k[k != 0])):  # zero-out neighbour of the big client
-        mech = _mech(blocks=("sums", "counts", "second"), **mech_kw)
-        head = privfed.fit(method, *data, num_classes=3, num_clients=4, privacy=mech, **fit_kw)
+        mech = _mech(epsilon=8.0, blocks=("sums", "counts", "second"), **mech_kw)
+        head = privfed.fit(method, *data, num_classes=3, num_clients=4, privacy=mech, random_state=2, **fit_kw)
         assert head.privacy.level == "client" and math.isfinite(head.privacy.epsilon)
         reports.append((head.privacy.guarantee, head.privacy.notes, np.shape(head.weight), head.upload_bytes))
     assert reports[0] == reports[1]  # nothing deterministic tells the neighbours apart
@@ -526,3 +526,26 @@ def test_client_bound_scales_each_clients_second_moment_before_the_sum(protectio
         np.testing.assert_allclose(up.sums[c].sum(axis=0), f * Fk.sum(axis=0), rtol=1e-12, atol=1e-12)
         # The bounded contribution meets the client-level sensitivities (n_max c^2, n_max c, n_max).
         assert np.linalg.norm(up.second[c]) <= 5 * mech.clip_bound ** 2 * (1 + 1e-12)
+
+
+# -- issue 23: every seed that touches a release labels it a simulation ----------------------------
+def test_seeded_masking_keys_make_the_release_a_labelled_simulation():
+    F, y, k = _data()
+    head = privfed.fit("fedncm", F, y, k, num_classes=3, privacy=_mech(), secure_agg=PairwiseMasking(key_seed=1))
+    rep = head.privacy
+    assert rep.simulation and rep.guarantee.startswith("SIMULATION (seeded simulation")
+    assert any("key_seed=1" in n for n in rep.notes)
+    fresh = privfed.fit("fedncm", F, y, k, num_classes=3, privacy=_mech(), secure_agg=PairwiseMasking())
+    assert not fresh.privacy.simulation and "SIMULATION" not in fresh.privacy.guarantee
+
+
+def test_printed_epsilon_is_never_below_the_computed_one():
+    from decimal import Decimal
+
+    # 10 releases at mu chosen so that eps has many digits: the printed value rounds up.
+    F, y, k = _data()
+    mech = _mech(epsilon=1.23456789, rounds=3)
+    head = privfed.fit("fedncm", F, y, k, num_classes=3, privacy=mech)
+    eps = head.privacy.epsilon
+    printed = head.privacy.guarantee.split("(")[1].split(",")[0]
+    assert Decimal(printed) >= Decimal(repr(eps)) and float(printed) <= eps * 1.001

@@ -412,3 +412,42 @@ def test_noise_aware_helpers_exact():
     np.testing.assert_array_equal(kept.counts, [[0.0, 3.0], [5.0, 0.0]])
     np.testing.assert_array_equal(kept.sums[0, 0], 0.0)
     assert dropped == 1
+
+
+# -- issue 23: printing rounds up; the PLD accountant calibrates without sampling ------------------
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.floats(min_value=1e-300, max_value=1e300, allow_nan=False, allow_infinity=False))
+def test_format_up_never_prints_below_the_value(x):
+    from decimal import Decimal
+
+    from mechanisms.ledger import format_up
+
+    text = format_up(x)
+    printed, exact = Decimal(text), Decimal(repr(x))
+    assert printed >= exact * (1 - Decimal("1e-12"))  # at most the accountants' resolution below
+    assert printed <= exact * Decimal("1.001") + Decimal("1e-320")  # four significant figures
+    assert float(text) == pytest.approx(x, rel=1e-3)
+
+
+def test_format_up_examples():
+    from mechanisms.ledger import format_up
+
+    assert format_up(1.00005) == "1.001"  # "%.4g" prints 1: below the true epsilon
+    assert format_up(3.14159) == "3.142" and format_up(1.23449) == "1.235"
+    assert format_up(1e-5) == "1e-05" and format_up(9.99999) == "10" and format_up(math.inf) == "inf"
+
+
+@pytest.mark.parametrize("eps", [0.1, 1.0, 8.0])
+def test_pld_accountant_calibrates_without_sampling(eps):
+    from mechanisms.calibration import gdp_mu
+
+    mech = GaussianMechanism(epsilon=eps, delta=1e-5, clip=1.0, accountant="pld")
+    # The PLD's pessimistic discretisation asks for slightly more noise than the exact GDP calibration.
+    assert gdp_mu(eps, 1e-5) * 0.995 <= mech.mu <= gdp_mu(eps, 1e-5)
+    rng = np.random.default_rng(0)
+    mech.release(rng.normal(size=(5, 3)), np.arange(5) % 2, rng=rng)
+    assert mech.report().epsilon <= eps * (1 + 1e-9)
