@@ -84,7 +84,12 @@ def ledger_epsilon(events: list[ReleaseEvent], delta: float, accountant: str = "
         return _pld_epsilon(groups, other, delta), "pld (dp-accounting)"
     if other:
         raise ConfigError(f"accountant={accountant!r} handles Gaussian events only; use 'pld'")
-    return _opacus_epsilon(groups, delta, accountant), f"{accountant} (opacus)"
+    eps = _opacus_epsilon(groups, delta, accountant)
+    if not (math.isfinite(eps) and eps >= 0):
+        # Opacus' numerics fail at the edges (PRV returns a negative epsilon for a tiny mu at a large delta):
+        # state dp-accounting's PLD value instead of an invalid one.
+        return _pld_epsilon(groups, [], delta), f"pld (dp-accounting; {accountant} (opacus) returned {eps:.3g})"
+    return eps, f"{accountant} (opacus)"
 
 
 def _pure_eps(e: ReleaseEvent) -> float:
@@ -194,10 +199,17 @@ def calibrate_round_mu(
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            z = get_noise_multiplier(
-                target_epsilon=epsilon, target_delta=delta, sample_rate=sampling_rate,
-                steps=rounds, accountant=name, epsilon_tolerance=0.005,
-            )
+            try:
+                z = get_noise_multiplier(
+                    target_epsilon=epsilon, target_delta=delta, sample_rate=sampling_rate,
+                    steps=rounds, accountant=name, epsilon_tolerance=0.005,
+                )
+            except (ValueError, ArithmeticError, RuntimeError) as exc:
+                raise ConfigError(
+                    f"opacus' {name} accountant found no noise multiplier for epsilon={epsilon}, delta={delta}, "
+                    f"{rounds} round(s), sampling_rate={sampling_rate} ({exc}); use accountant='pld' "
+                    "(dp-accounting) or a larger budget"
+                ) from None
     return 1.0 / float(z), f"{name} accountant"
 
 
@@ -233,5 +245,9 @@ def _calibrate_pld(epsilon: float, delta: float, rounds: int, q: float) -> float
     root = math.exp(brentq(lambda t: eps_of(math.exp(t)) - epsilon, math.log(lo), math.log(hi), xtol=2e-4, rtol=1e-6))
     z = min(root * (1 + 5e-4), hi)
     while eps_of(z) > epsilon:
+        z *= 1.001
+    # The report uses the finer discretisation; where epsilon is comparable to the coarse grid the two
+    # can disagree: step up until the report's own value meets the target too.
+    while _pld_epsilon([(1.0 / z, rounds, q)], [], delta) > epsilon:
         z *= 1.001
     return z

@@ -507,13 +507,13 @@ def _with_coin_note(run, p_small, p_large):
 
 
 def test_random_metadata_with_the_same_law_on_both_sides_is_not_flagged():
-    from privfed.audit import MIN_META_DRAWS, _atoms, _deterministic_differences, _one
+    from privfed.audit import MIN_META_DRAWS, deterministic_differences, output_atoms, run_once
 
     run = _with_coin_note(_release(GaussianMechanism), 0.5, 0.5)
     seed = 763  # its first 4 draws: heads on every draw of one side, tails on every draw of the other
     base = seed * 1_000_003
-    first4 = [[_atoms(_one(run, d, base + i)) for i in range(4)] for d in (CANARY[0].d0, CANARY[0].d1)]
-    assert any("coin" in a for a in _deterministic_differences(first4))  # 4 draws would call it deterministic
+    first4 = [[output_atoms(run_once(run, d, base + i)) for i in range(4)] for d in (CANARY[0].d0, CANARY[0].d1)]
+    assert any("coin" in a for a in deterministic_differences(first4))  # 4 draws would call it deterministic
     res = audit_release(run, CANARY, draws=200, heldout=100, meta_draws=4, seed=seed)  # raised to 16 draws
     assert MIN_META_DRAWS >= 16
     assert res[0].verdict == "statistical" and not res[0].flagged, res[0]

@@ -451,3 +451,55 @@ def test_pld_accountant_calibrates_without_sampling(eps):
     rng = np.random.default_rng(0)
     mech.release(rng.normal(size=(5, 3)), np.arange(5) % 2, rng=rng)
     assert mech.report().epsilon <= eps * (1 + 1e-9)
+
+
+# -- issue 23: no bare exception from a mechanism or accountant for any accepted parameter ---------
+import os  # noqa: E402
+
+from privfed.errors import PrivfedError  # noqa: E402
+
+_budgets = st.tuples(
+    st.one_of(st.floats(min_value=1e-3, max_value=60.0), st.just(math.inf)),
+    st.floats(min_value=1e-12, max_value=0.5),
+)
+
+
+@settings(max_examples=int(os.environ.get("PRIVFED_HYPOTHESIS_EXAMPLES", 15)), deadline=None)
+@given(
+    budget=_budgets,
+    clip=st.floats(min_value=1e-6, max_value=1e6),
+    level=st.sampled_from(["record", "client"]),
+    second=st.booleans(),
+    calibration=st.sampled_from(["analytic", "classic"]),
+    clip_norm=st.sampled_from(["l2", "coordinate"]),
+    rounds=st.integers(min_value=1, max_value=200),
+    q=st.one_of(st.just(1.0), st.floats(min_value=1e-3, max_value=1.0)),
+    split=st.sampled_from(["equal", "joint"]),
+    accountant=st.sampled_from(["auto", "gdp", "pld", "prv", "rdp"]),
+    max_records=st.integers(min_value=1, max_value=10_000),
+)
+def test_mechanism_accepts_or_refuses_clearly(budget, clip, level, second, calibration, clip_norm, rounds, q, split,
+                                              accountant, max_records):
+    import warnings
+
+    eps, delta = budget
+    kw = dict(epsilon=eps, delta=delta, clip=clip, level=level, calibration=calibration, clip_norm=clip_norm,
+              rounds=rounds, sampling_rate=q, split=split, accountant=accountant, dim=4,
+              blocks=("sums", "counts", "second") if second else ("sums", "counts"),
+              trusted_aggregator=level == "client")
+    if level == "client":
+        kw["max_records"] = max_records
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            mech = GaussianMechanism(**kw)
+        except PrivfedError:
+            return  # refused with a named, user-facing error
+        assert all(math.isfinite(s) and s >= 0 for s in mech.sigma.values())
+        rng = np.random.default_rng(0)
+        if q == 1.0 and level == "record":
+            mech.release(rng.normal(size=(6, 4)), np.arange(6) % 2, rng=rng)
+            rep = mech.report()
+            assert rep.epsilon >= 0 and (math.isinf(eps) or rep.epsilon <= eps * (1 + 1e-6) or
+                                         calibration == "classic")
+            assert isinstance(rep.guarantee, str) and rep.guarantee

@@ -102,7 +102,8 @@ def flower_release(
             method=method, method_params=dict(method_params or {}), clients=len(nodes), epsilon=epsilon,
             delta=delta, clip=clip, level=level, max_records=max_records,
             trusted_aggregator=trusted_aggregator, secure=secure, dropout_tolerance=dropout_tolerance,
-            wire=wire, num_classes=int(data["num_classes"]), noise_seed=int(seed), timeout=30.0,
+            wire=wire, num_classes=int(data["num_classes"]), noise_seed=None if seed is None else int(seed),
+            timeout=30.0,
             connect_timeout=5.0,
         )
         res = serve(LocalGrid(nodes, client_app), cfg, keep_view=True)
