@@ -81,7 +81,10 @@ def ledger_epsilon(events: list[ReleaseEvent], delta: float, accountant: str = "
         mu = math.sqrt(sum(r * m**2 for m, r, _ in groups))
         return gdp_epsilon(mu, delta), "gdp (exact)"
     if accountant == "pld":
-        return _pld_epsilon(groups, other, delta), "pld (dp-accounting)"
+        eps = _pld_epsilon(groups, other, delta)
+        if 0 < eps < 1e-2:  # the grid (1e-4) is coarse next to a small epsilon: refine it
+            eps = _pld_epsilon(groups, other, delta, discretization=max(eps / 100, 1e-7))
+        return eps, "pld (dp-accounting)"
     if other:
         raise ConfigError(f"accountant={accountant!r} handles Gaussian events only; use 'pld'")
     eps = _opacus_epsilon(groups, delta, accountant)
@@ -220,8 +223,15 @@ def _calibrate_pld(epsilon: float, delta: float, rounds: int, q: float) -> float
     estimate upper-bounds epsilon at any discretisation, so the result is
     valid (and the finer report then states an epsilon at most the target).
     """
+    coarse = min(1e-3, epsilon / 50)  # a grid step well below the target epsilon
+
     def eps_of(z: float) -> float:
-        return _pld_epsilon([(1.0 / z, rounds, q)], [], delta, discretization=1e-3)
+        return _pld_epsilon([(1.0 / z, rounds, q)], [], delta, discretization=coarse)
+
+    def reported(z: float) -> float:  # what ledger_epsilon will state for this multiplier
+        return ledger_epsilon([ReleaseEvent(mechanism="gaussian", block="all", sensitivity=1.0, scale=z,
+                                            relation="record", rounds=rounds, sampling_rate=q, release_id=1)],
+                              delta, "pld")[0]
 
     from scipy.optimize import brentq
 
@@ -248,6 +258,6 @@ def _calibrate_pld(epsilon: float, delta: float, rounds: int, q: float) -> float
         z *= 1.001
     # The report uses the finer discretisation; where epsilon is comparable to the coarse grid the two
     # can disagree: step up until the report's own value meets the target too.
-    while _pld_epsilon([(1.0 / z, rounds, q)], [], delta) > epsilon:
+    while reported(z) > epsilon:
         z *= 1.001
     return z

@@ -70,6 +70,9 @@ from privfed.stats import ClientStats, compute_client_stats
 
 __all__ = ["BLOCKS", "GaussianMechanism"]
 
+#: Largest clip accepted: N c^2 and its noise stay finite in float64 for any N below 1e100 records.
+MAX_CLIP = 1e100
+
 #: Statistic blocks the mechanism can noise.
 BLOCKS = ("sums", "counts", "second")
 _LEVELS = tuple(NEIGHBOURING)
@@ -179,6 +182,12 @@ class GaussianMechanism:
     ) -> None:
         self.epsilon, self.delta = check_budget(epsilon, delta)
         self.clip_bound = _check_bound(clip)
+        if not self.clip_bound <= MAX_CLIP:
+            raise ConfigError(
+                f"clip={clip!r} is beyond {MAX_CLIP:g}: second moments (c^2 per record) and their noise would "
+                "overflow float64 for some datasets and not others; rescale the features (e.g. divide them by a "
+                "public constant) and pick a clip <= 1e100"
+            )
         if level not in _LEVELS:
             raise ConfigError(f"level must be one of {list(_LEVELS)}, got level={level!r}")
         self.level = level

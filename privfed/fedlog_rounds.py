@@ -300,6 +300,11 @@ class RoundsPrivacyReport:
         return {k: (str(v) if isinstance(v, float) and not math.isfinite(v) else v) for k, v in asdict(self).items()}
 
     @property
+    def is_private(self) -> bool:
+        """Whether the releases carry the stated formal (finite) guarantee."""
+        return bool(self.formal) and math.isfinite(self.epsilon)
+
+    @property
     def auc_bound(self) -> float:
         """The largest AUC of any membership test against mu_total-GDP releases: Phi(mu / sqrt(2))."""
         from scipy.stats import norm
@@ -375,6 +380,11 @@ class RoundsDP:
 
         self.epsilon, self.delta = check_budget(epsilon, delta, allow_inf=False)
         self.clipping = Clipping(clip, clip_norm)
+        from mechanisms.gaussian import MAX_CLIP
+
+        if not float(self.clipping.bound) <= MAX_CLIP:
+            raise ConfigError(f"clip={clip!r} is beyond {MAX_CLIP:g}: the statistic's noise would overflow float64 "
+                              "for some datasets; rescale the features and pick a clip <= 1e100")
         if isinstance(rounds, bool) or not isinstance(rounds, (int, np.integer)) or rounds < 1:
             raise ConfigError(f"rounds must be an integer >= 1, got rounds={rounds!r}")
         self.rounds = int(rounds)

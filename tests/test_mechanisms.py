@@ -459,7 +459,7 @@ import os  # noqa: E402
 from privfed.errors import PrivfedError  # noqa: E402
 
 _budgets = st.tuples(
-    st.one_of(st.floats(min_value=1e-3, max_value=60.0), st.just(math.inf)),
+    st.one_of(st.floats(min_value=1e-3, max_value=20.0), st.just(math.inf)),
     st.floats(min_value=1e-12, max_value=0.5),
 )
 
@@ -472,7 +472,7 @@ _budgets = st.tuples(
     second=st.booleans(),
     calibration=st.sampled_from(["analytic", "classic"]),
     clip_norm=st.sampled_from(["l2", "coordinate"]),
-    rounds=st.integers(min_value=1, max_value=200),
+    rounds=st.integers(min_value=1, max_value=50),
     q=st.one_of(st.just(1.0), st.floats(min_value=1e-3, max_value=1.0)),
     split=st.sampled_from(["equal", "joint"]),
     accountant=st.sampled_from(["auto", "gdp", "pld", "prv", "rdp"]),

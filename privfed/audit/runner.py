@@ -209,7 +209,7 @@ def _scale_failures(meta: list[list[dict]], alpha: float) -> list[str]:
 def _freshness(run, data: dict, seeded_out: dict, seed: int) -> str | None:
     """Why the release's randomness is not what its report says, or None."""
     rep = seeded_out.get("report")
-    if rep is None or not rep.is_private or seeded_out["error"] is not None or not seeded_out["arrays"]:
+    if not _private(rep) or seeded_out["error"] is not None or not seeded_out["arrays"]:
         return None
     a, b = run_once(run, data, None), run_once(run, data, None)
     if a["error"] is None and b["error"] is None and a["arrays"] and np.array_equal(_flat(a), _flat(b)):
