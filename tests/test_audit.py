@@ -713,3 +713,42 @@ def test_rounds_release_with_halved_noise_is_caught(monkeypatch):
     monkeypatch.setattr(NumpyNoise, "add_gaussian", lambda self, x, sigma, rng: inner(self, x, sigma / 2, rng))
     res = audit_release(rounds_release(epsilon=1.0, clip=3.0, rounds=3), CANARY, draws=0)
     assert res[0].verdict == "noise below the reported scale", res[0]
+
+
+# -- privfed.testing: auditing a budget in a user's own tests ---------------------------------------------
+def test_testing_audit_passes_a_true_claim_and_refutes_false_ones():
+    import privfed
+    from privfed.testing import audit as check, fit_release as tap
+
+    mech = dict(epsilon=EPS, delta=1e-5, clip=3.0)
+    pairs = RECORD[:3]
+    res = check(tap("fedncm", lambda: GaussianMechanism(**mech)), epsilon=EPS, delta=1e-5, neighbours=pairs,
+                draws=200, heldout=100)
+    assert [r.verdict for r in res] == ["statistical", "metadata only", "metadata only"]
+    assert res[0].eps_lb <= EPS
+    # A head returned by privfed.fit is audited too (post-processing of the release).
+    head_fn = lambda data, seed: privfed.fit("fedncm", **data, privacy=GaussianMechanism(**mech),  # noqa: E731
+                                             random_state=seed)
+    check(head_fn, epsilon=EPS, delta=1e-5, neighbours=pairs[:1], draws=200, heldout=100)
+    # Claiming less than the report states fails; so does a release with half its noise.
+    with pytest.raises(AssertionError, match="report states epsilon"):
+        check(head_fn, epsilon=1.0, delta=1e-5, neighbours=pairs[:1], draws=200, heldout=100)
+    with pytest.raises(AssertionError, match="noise below the reported scale"):
+        check(tap("fedncm", lambda: HalvedNoise(**mech)), epsilon=EPS, delta=1e-5, neighbours=pairs[:1],
+              draws=0)
+
+
+def test_testing_audit_of_a_plain_function_compares_with_the_callers_claim():
+    from privfed.testing import audit as check
+
+    def gaussian_mean(data, seed, sigma):  # the mean of clipped first coordinates, Gaussian noise
+        x = np.clip(np.asarray(data["features"])[:, 0], -1, 1)
+        return np.array([x.sum() + np.random.default_rng(seed).normal(0, sigma)])
+
+    # Sensitivity 1 and sigma 1: mu = 1, which is (4.38, 1e-5)-DP (analytic Gaussian); claiming 0.2 is false.
+    ok = check(lambda d, s: gaussian_mean(d, s, 1.0), epsilon=4.4, delta=1e-5, neighbours=RECORD[:1],
+               draws=2000, heldout=500)
+    assert ok[0].verdict == "statistical" and ok[0].eps_lb <= 4.4
+    with pytest.raises(AssertionError, match="lower bound"):
+        check(lambda d, s: gaussian_mean(d, s, 1.0), epsilon=0.2, delta=1e-5, neighbours=RECORD[:1],
+              draws=2000, heldout=500)
