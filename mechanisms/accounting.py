@@ -81,10 +81,8 @@ def ledger_epsilon(events: list[ReleaseEvent], delta: float, accountant: str = "
         mu = math.sqrt(sum(r * m**2 for m, r, _ in groups))
         return gdp_epsilon(mu, delta), "gdp (exact)"
     if accountant == "pld":
-        eps = _pld_epsilon(groups, other, delta)
-        if 0 < eps < 1e-2:  # the grid (1e-4) is coarse next to a small epsilon: refine it
-            eps = _pld_epsilon(groups, other, delta, discretization=max(eps / 100, 1e-7))
-        return eps, "pld (dp-accounting)"
+        # dp-accounting's pessimistic PLD: an upper bound on epsilon at any grid step (loose below ~1e-3)
+        return _pld_epsilon(groups, other, delta), "pld (dp-accounting)"
     if other:
         raise ConfigError(f"accountant={accountant!r} handles Gaussian events only; use 'pld'")
     eps = _opacus_epsilon(groups, delta, accountant)
@@ -258,6 +256,11 @@ def _calibrate_pld(epsilon: float, delta: float, rounds: int, q: float) -> float
         z *= 1.001
     # The report uses the finer discretisation; where epsilon is comparable to the coarse grid the two
     # can disagree: step up until the report's own value meets the target too.
-    while reported(z) > epsilon:
+    for _ in range(2000):
+        if reported(z) <= epsilon:
+            return z
         z *= 1.001
-    return z
+    raise ConfigError(
+        f"epsilon={epsilon} is below the resolution of the PLD accountant's report (grid 1e-4) for {rounds} "
+        f"round(s) at sampling_rate={q}; use a larger epsilon, or accountant='gdp' without sampling"
+    )

@@ -549,3 +549,57 @@ def test_printed_epsilon_is_never_below_the_computed_one():
     eps = head.privacy.epsilon
     printed = head.privacy.guarantee.split("(")[1].split(",")[0]
     assert Decimal(printed) >= Decimal(repr(eps)) and float(printed) <= eps * 1.001
+
+
+# -- issue 23: every method x level x protection x sampling the API accepts keeps its printed epsilon ---------
+_GRID_METHODS = {
+    "fedncm": ("sums", "counts"), "fed3r": ("sums", "counts", "second"),
+    "fed3r-within": ("sums", "counts", "second"), "fedcgs": ("sums", "counts", "second"),
+    "fedlog": ("sums", "counts"), "fedcof": ("sums", "counts"), "fedcof-oracle": ("sums", "counts"),
+}
+#: (protection, sampling rate): local noise, a trusted aggregator, masking, CKKS; Poisson sampling by the aggregator.
+_PROTECTIONS = [("local", 1.0), ("central", 1.0), ("mask", 1.0), ("ckks", 1.0), ("central", 0.5)]
+#: Statistical bounds only where a release costs a few ms (the deterministic checks run everywhere).
+_CHEAP = {("fedncm", "central", 1.0), ("fedncm", "local", 1.0), ("fed3r", "central", 1.0)}
+
+
+def _grid():
+    for method in sorted(_GRID_METHODS):
+        for level in ("record", "client"):
+            for protection, q in _PROTECTIONS:
+                marks = [pytest.mark.slow] if protection == "ckks" else []  # ~1 s a release; masking covers the hooks
+                yield pytest.param(method, level, protection, q, marks=marks, id=f"{method}-{level}-{protection}-q{q:g}")
+
+
+@pytest.mark.parametrize("method, level, protection, q", list(_grid()))
+def test_every_accepted_combination_keeps_its_printed_epsilon(method, level, protection, q):
+    from decimal import Decimal
+
+    from privfed.audit import audit_release, fit_release, neighbour_battery
+
+    kw = dict(epsilon=2.0, delta=1e-5, clip=3.0, blocks=_GRID_METHODS[method], level=level, sampling_rate=q,
+              trusted_aggregator=protection == "central")
+    if level == "client":
+        kw["max_records"] = 5
+    proto = None
+    if protection == "mask":
+        proto = PairwiseMasking
+    elif protection == "ckks":
+        from mechanisms.secagg import CKKSAggregation as proto
+    run = fit_release(method, lambda: GaussianMechanism(**kw), proto)
+    # The worst pairs: a canary moving every coordinate (record level); a client over max_records (client level).
+    battery = neighbour_battery(level, max_records=5, oversized=True)
+    pair = battery[4] if level == "record" else battery[2]
+    cheap = (method, protection, q) in _CHEAP
+    res = audit_release(run, [pair], draws=200 if cheap else 0, heldout=100)[0]
+    assert not res.flagged, res
+    if res.verdict == "refused":  # refused from the configuration alone: the same error on both sides
+        with pytest.raises(ConfigError):
+            privfed.fit(method, **pair.d0, privacy=GaussianMechanism(**kw), secure_agg=proto and proto())
+        return
+    assert res.verdict == ("statistical" if cheap else "metadata only"), res
+    out = run(pair.d1, None)
+    rep = out["report"]
+    assert rep.is_private and rep.epsilon <= 2.0 * (1 + 1e-9)
+    printed = rep.guarantee.split("(", 2)[-1].split(",")[0] if rep.simulation else rep.guarantee.split(",")[0][1:]
+    assert Decimal(printed) >= Decimal(repr(rep.epsilon)) * (1 - Decimal("1e-12")), (printed, rep.epsilon)
