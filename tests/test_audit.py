@@ -551,15 +551,10 @@ def test_fit_release_audits_the_streamed_local_path(method, entry, monkeypatch):
 
 
 # ============================================================================ issue 23: what the auditor must flag
-# Each broken variant below is a mis-calibrated or leaky release that the auditor must catch: they are the
-# test of the auditor.  The real mechanism passes the same audits.
-class ScaledNoise08(GaussianMechanism):
-    """Broken: adds 0.8 of the noise it claims (true mu = 1.25 x the claim)."""
-
-    def _add_noise(self, arr, block, sigma, rng):
-        return super()._add_noise(arr, block, 0.8 * sigma, rng)
-
-
+# Each broken variant is a mis-calibrated or leaky release that the auditor must catch: they are the test of
+# the auditor (defined once in experiments.audit_sweep, whose --broken record the docs quote).  The real
+# mechanism passes the same audits.
+from experiments.audit_sweep import ClipAfterSum, CountInNote, ScaledNoise08, seed_zero_without_a_seed  # noqa: E402
 def test_power_formula_draws_catch_noise_scaled_by_0_8_at_eps_1():
     from privfed.audit import draws_for_power
 
@@ -594,59 +589,19 @@ def test_real_mechanism_passes_the_noise_scale_and_freshness_checks_at_eps_1(pla
     assert res[0].verdict == "metadata only" and not res[0].flagged, res[0]
 
 
-def test_seed_zero_when_no_seed_was_given_is_caught(monkeypatch):
-    import types
-
-    import privfed.api
-
+def test_seed_zero_when_no_seed_was_given_is_caught():
     # Broken: the library draws from seed 0 when the caller gives no seed, and reports a fresh-entropy release.
-    fake = types.ModuleType("numpy_seed0")
-    fake.__dict__.update(np.__dict__)
-    fake.random = types.ModuleType("numpy_seed0.random")
-    fake.random.__dict__.update(np.random.__dict__)
-    fake.random.default_rng = lambda seed=None: np.random.default_rng(0 if seed is None else seed)
     run = _release(GaussianMechanism)
     assert not audit_release(run, CANARY, draws=0)[0].flagged  # the real library: fresh noise
-    monkeypatch.setattr(privfed.api, "np", fake)
-    res = audit_release(run, CANARY, draws=0)
+    with seed_zero_without_a_seed():
+        res = audit_release(run, CANARY, draws=0)
     assert res[0].verdict == "noise not fresh" and res[0].flagged, res[0]
-
-
-class CountInNote(GaussianMechanism):
-    """Broken: its report carries the raw number of records (a note computed before the noise)."""
-
-    raw = None
-
-    def after_aggregate(self, total, method, rng):
-        self.raw = int(total.counts.sum())
-        return super().after_aggregate(total, method, rng)
-
-    def report(self):
-        import dataclasses
-
-        rep = super().report()
-        return dataclasses.replace(rep, notes=(*rep.notes, f"aggregate of {self.raw} records"))
 
 
 def test_a_raw_count_in_a_note_is_caught():
     res = audit_release(_release(CountInNote, trusted_aggregator=True), CANARY, draws=0)
     assert res[0].verdict == "deterministic difference" and "aggregate of # records" in res[0].reason, res[0]
     assert not audit_release(_release(GaussianMechanism, trusted_aggregator=True), CANARY, draws=0)[0].flagged
-
-
-class ClipAfterSum(GaussianMechanism):
-    """Broken: records are not clipped; each class sum is clipped to n_c c after the sum."""
-
-    def clip(self, features):
-        super().clip(features)
-        return np.asarray(features, dtype=np.float64)
-
-    def after_aggregate(self, total, method, rng):
-        n = total.counts[..., None]
-        norms = np.linalg.norm(total.sums, axis=-1, keepdims=True)
-        bound = np.maximum(n, 0) * self.clip_bound
-        sums = total.sums * np.minimum(1.0, bound / np.where(norms > 0, norms, 1.0))
-        return super().after_aggregate(total.with_arrays(sums=sums), method, rng)
 
 
 def test_clipping_after_the_sum_is_caught_at_eps_1():
@@ -752,3 +707,20 @@ def test_testing_audit_of_a_plain_function_compares_with_the_callers_claim():
     with pytest.raises(AssertionError, match="lower bound"):
         check(lambda d, s: gaussian_mean(d, s, 1.0), epsilon=0.2, delta=1e-5, neighbours=RECORD[:1],
               draws=2000, heldout=500)
+
+
+def test_broken_variant_record_backs_the_docs():
+    # The committed record of `python -m experiments.audit_sweep --broken` (the docs quote it): every broken
+    # variant flagged and every real release passing, in every seed, and the variants are those of the catalogue.
+    import json
+    from pathlib import Path
+
+    from experiments import audit_sweep as S
+
+    root = Path(__file__).resolve().parents[1]
+    res = json.loads((root / "experiments" / "audit_broken_results.json").read_text())
+    assert res["complete"] and res["seeds"] >= 5
+    names = [name for name, _, _ in S.broken_catalogue(res["eps"], res["clip"])]
+    assert sorted({r["variant"] for r in res["rows"]}) == sorted(names)
+    for r in res["rows"]:
+        assert r["ok"] and r["flagged"] == r["broken"], r
