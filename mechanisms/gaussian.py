@@ -182,7 +182,7 @@ class GaussianMechanism:
     ) -> None:
         self.epsilon, self.delta = check_budget(epsilon, delta)
         self.clip_bound = _check_bound(clip)
-        if not self.clip_bound <= MAX_CLIP:
+        if not (self.clip_bound <= MAX_CLIP or math.isinf(self.epsilon)):  # no noise: nothing to calibrate
             raise ConfigError(
                 f"clip={clip!r} is beyond {MAX_CLIP:g}: second moments (c^2 per record) and their noise would "
                 "overflow float64 for some datasets and not others; rescale the features (e.g. divide them by a "
