@@ -533,7 +533,7 @@ def test_seeded_masking_keys_make_the_release_a_labelled_simulation():
     F, y, k = _data()
     head = privfed.fit("fedncm", F, y, k, num_classes=3, privacy=_mech(), secure_agg=PairwiseMasking(key_seed=1))
     rep = head.privacy
-    assert rep.simulation and rep.guarantee.startswith("SIMULATION (seeded simulation")
+    assert rep.simulation and rep.guarantee.startswith("SIMULATION (seeded noise, replayable)")
     assert any("key_seed=1" in n for n in rep.notes)
     fresh = privfed.fit("fedncm", F, y, k, num_classes=3, privacy=_mech(), secure_agg=PairwiseMasking())
     assert not fresh.privacy.simulation and "SIMULATION" not in fresh.privacy.guarantee
