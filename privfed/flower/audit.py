@@ -115,10 +115,16 @@ def flower_release(
 def _server_view(res, cfg: FlowerConfig) -> dict:
     head, rep = res.head, res.head.privacy
     uploads = [v for stage, _node, v in _plain_uploads(res.received)]
+    sigma = dict(getattr(rep, "sigma", None) or {})
     if cfg.secure != "none" or (rep is not None and rep.placement == "central"):
         arrays = [np.asarray(a, dtype=np.float64) for a in res.sums]
+        # central: the noisy aggregate's blocks in statistic order; secure sums: which is which is not stated
+        names = ([f for f in ("counts", "sums", "second", "class_second") if f in sigma]
+                 if cfg.secure == "none" else [None] * len(arrays))
     else:
         arrays = [np.asarray(a, dtype=np.float64) for up in uploads for a in up.values()]
+        names = [k for up in uploads for k in up]  # every node adds the full sigma to its own upload
+    noise = tuple((i, float(sigma[b])) for i, b in enumerate(names) if b in sigma and i < len(arrays))
     wire = res.report["wire"]
     shapes = tuple(tuple((k, tuple(np.shape(a))) for k, a in sorted(up.items())) for up in uploads)
     stages = tuple(sorted((name, st["answered"], st["bytes_up_total"], st["bytes_down_total"])
@@ -133,7 +139,7 @@ def _server_view(res, cfg: FlowerConfig) -> dict:
         tuple(head.notes),
         ("summed", secure.get("summed_nodes"), tuple(secure.get("dropped", ()))),
     )
-    return {"arrays": arrays, "meta": meta, "report": rep}
+    return {"arrays": arrays, "meta": meta, "report": rep, "noise": noise}
 
 
 def _plain_uploads(received: list) -> list:
