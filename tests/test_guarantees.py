@@ -608,3 +608,17 @@ def test_every_accepted_combination_keeps_its_printed_epsilon(method, level, pro
     assert rep.is_private and rep.epsilon <= 2.0 * (1 + 1e-9)
     printed = rep.guarantee.split("(", 2)[-1].split(",")[0] if rep.simulation else rep.guarantee.split(",")[0][1:]
     assert Decimal(printed) >= Decimal(repr(rep.epsilon)) * (1 - Decimal("1e-12")), (printed, rep.epsilon)
+
+
+def test_tradeoff_command_runs_fed3r_at_client_level_under_masking(tmp_path, digits_cache):
+    # The command of issue 23: a client over --max-records is bounded before masking, not refused.
+    import json
+
+    from privfed.tradeoff import main
+
+    out = tmp_path / "tr"
+    rc = main(["--method", "fed3r", "--level", "client", "--secure-agg", "mask", "--max-records", "5", "--eps", "1",
+               "--seeds", "1", "--clients", "10", "--no-plot", "--quiet", "--out", str(out)])
+    assert rc == 0
+    rows = json.loads((out / "results.json").read_text())["records"]
+    assert rows and all(r["level"] == "client" for r in rows)
