@@ -36,8 +36,8 @@ or the dict of :func:`privfed.audit.audit_release` (``arrays``, ``meta``, ``repo
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import numpy as np
 

@@ -555,6 +555,8 @@ def test_fit_release_audits_the_streamed_local_path(method, entry, monkeypatch):
 # the auditor (defined once in experiments.audit_sweep, whose --broken record the docs quote).  The real
 # mechanism passes the same audits.
 from experiments.audit_sweep import ClipAfterSum, CountInNote, ScaledNoise08, seed_zero_without_a_seed  # noqa: E402
+
+
 def test_power_formula_draws_catch_noise_scaled_by_0_8_at_eps_1():
     from privfed.audit import draws_for_power
 
@@ -673,7 +675,8 @@ def test_rounds_release_with_halved_noise_is_caught(monkeypatch):
 # -- privfed.testing: auditing a budget in a user's own tests ---------------------------------------------
 def test_testing_audit_passes_a_true_claim_and_refutes_false_ones():
     import privfed
-    from privfed.testing import audit as check, fit_release as tap
+    from privfed.testing import audit as check
+    from privfed.testing import fit_release as tap
 
     mech = dict(epsilon=EPS, delta=1e-5, clip=3.0)
     pairs = RECORD[:3]

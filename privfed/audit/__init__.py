@@ -42,10 +42,10 @@ from privfed.audit.runner import (
 )
 
 __all__ = [
-    "AuditResult",
     "DEFAULT_THRESHOLDS",
     "FAILING",
     "MIN_META_DRAWS",
+    "AuditResult",
     "Neighbours",
     "ReleaseAudit",
     "Tap",

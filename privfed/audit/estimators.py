@@ -22,8 +22,8 @@ bound): less noise than claimed is caught in a few dozen draws, whatever epsilon
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 import numpy as np
 from scipy.stats import beta as _beta
@@ -33,8 +33,8 @@ from scipy.stats import norm as _norm
 from privfed.errors import ConfigError
 
 __all__ = [
-    "AuditResult",
     "DEFAULT_THRESHOLDS",
+    "AuditResult",
     "audit",
     "audit_gaussian_blocks",
     "audit_scores",
@@ -188,7 +188,7 @@ def draws_for_power(
     z_a = _norm.ppf(1 - alpha / (2 * int(thresholds) * max(int(comparisons), 1)))
     z_b = _norm.ppf(power)
     num = 2 * z_a * math.sqrt(math.pi / 2) + z_b * math.sqrt(math.pi)
-    return int(math.ceil((num / ((ratio - 1) * claimed_mu)) ** 2))
+    return math.ceil((num / ((ratio - 1) * claimed_mu)) ** 2)
 
 
 def noise_scale_test(samples: Sequence[np.ndarray], claimed_std: float, *, alpha: float = 1e-6) -> dict:

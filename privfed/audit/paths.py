@@ -19,7 +19,7 @@ check).  :class:`Tap` wraps a privacy hook or a protocol to record what the serv
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 

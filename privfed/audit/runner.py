@@ -23,8 +23,8 @@ from __future__ import annotations
 import math
 import re
 import warnings as _warnings
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import numpy as np
 from scipy.stats import norm as _norm
@@ -306,7 +306,7 @@ def audit_release(
                                         f"{'; '.join(only)}"[:800]))
             continue
         if None not in errs[0] and errs[0] == errs[1]:
-            results.append(ReleaseAudit(pair.name, "refused", sorted(e for e in errs[0] if e)[0][:300]))
+            results.append(ReleaseAudit(pair.name, "refused", min(e for e in errs[0] if e)[:300]))
             continue
         reps = [o["report"] for side in (1, 0) for o in meta[side] if o["error"] is None]
         rep = reps[0] if reps else None
@@ -329,7 +329,7 @@ def audit_release(
         random_atoms = _random_atoms(atoms)
         length = max(_flat(o).size for side in (0, 1) for o in meta[side])
 
-        def sample(side, n, off):
+        def sample(side, n, off, pair=pair, base=base, length=length, random_atoms=random_atoms):
             data = pair.d0 if side == 0 else pair.d1
             return _features([run_once(run, data, base + off + i) for i in range(n)], length, random_atoms)
 
