@@ -917,7 +917,8 @@ class GaussianMechanism:
             releases = len({e.release_id for e in events})
             guarantee = (
                 ("SIMULATION (seeded noise, replayable): " if simulation else "")
-                + f"({format_up(eps)}, {format_up(self.delta)})-DP at {self.level} level ({lvl}) over {releases} release(s)"
+                + f"({format_up(eps)}, {format_up(self.delta)})-DP at {self.level} level ({lvl})"
+                + f" over {releases} release(s)"
                 + f"; Gaussian noise ({placement}) on {', '.join(self.blocks)}"
                 + (f"; clients Poisson-sampled at rate {self.sampling_rate:g} (amplification credited)"
                    if sampled else "")
