@@ -235,6 +235,10 @@ def test_tradeoff_command_runs_multi_round_fedlog_beside_the_one_shot(tmp_path, 
     assert multi["epsilon_per_round"] < 1.0
     printed = capsys.readouterr().out
     assert "composed over 2 release(s): epsilon = 1 " in printed and "central" not in printed.split("\n")[0]
+    # The sweep draws its noise from --seeds: the table, the rows (CSV, JSON) and describe() say so.
+    assert "seeded simulation" in printed
+    assert all(r["simulation"] and "seeded simulation" in r["guarantee"] for r in rows if r["rounds"] == 2)
+    assert "seeded simulation" in (out / "results.csv").read_text()
 
 
 def test_tradeoff_multi_round_refuses_other_datasets(tmp_path):
