@@ -105,7 +105,7 @@ def dp(args) -> list[dict]:
                                                         clip_norm="coordinate", **kw)
                 t = time.perf_counter()
                 r = run_rounds(clients=args.clients, rounds=args.rounds, local_epochs=args.local_epochs,
-                               seed=seed, baselines=("oneshot",) if mode == "paper" else (),
+                               seed=seed, noise_seed=seed, baselines=("oneshot",) if mode == "paper" else (),
                                progress=not args.quiet, attack_pairs=PAIRS, **extra)
                 p = r.privacy
                 row = {"mode": mode if p is not None else "non-private", "epsilon": eps, "seed": seed,
@@ -133,7 +133,7 @@ def attack(args) -> list[dict]:
         for seed in range(args.seeds):
             t = time.perf_counter()
             r = run_rounds(clients=args.clients, rounds=args.rounds, local_epochs=0, families=("cnn",),
-                           baselines=(), seed=seed, epsilon=eps, delta=args.delta, clip=args.clip,
+                           baselines=(), seed=seed, noise_seed=seed, epsilon=eps, delta=args.delta, clip=args.clip,
                            calibration=calibration, record_bound="theorem", attack_pairs=PAIRS,
                            progress=not args.quiet)
             a, p = r.attacks, r.privacy

@@ -45,7 +45,13 @@ def clip_l2(features: np.ndarray, c: float) -> np.ndarray:
     F = np.asarray(features, dtype=np.float64)
     if math.isinf(c):
         return F.copy()
-    norms = np.linalg.norm(F, axis=-1, keepdims=True)
+    with np.errstate(over="ignore"):
+        norms = np.linalg.norm(F, axis=-1, keepdims=True)
+    big = ~np.isfinite(norms[..., 0])
+    if big.any():  # ||f||^2 overflows (||f|| > 1.3e154): the norm of the row scaled by its largest entry
+        rows = F[big]
+        peak = np.abs(rows).max(axis=-1, keepdims=True)
+        norms[big] = peak * np.linalg.norm(rows / peak, axis=-1, keepdims=True)
     scale = np.minimum(1.0, c / np.where(norms > 0, norms, 1.0))
     return F * scale
 

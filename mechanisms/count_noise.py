@@ -34,7 +34,7 @@ import numpy as np
 
 from mechanisms.backends import NoiseBackend, get_backend
 from mechanisms.calibration import analytic_sigma, check_budget
-from mechanisms.ledger import PrivacyLedger, PrivacyReport, ReleaseEvent
+from mechanisms.ledger import PrivacyLedger, PrivacyReport, ReleaseEvent, format_up
 from privfed.errors import ConfigError
 from privfed.notes import Note
 from privfed.stats import ClientStats
@@ -182,7 +182,7 @@ class CountNoise:
         # The release as a whole has no guarantee: say so first, then what the counts alone get.
         return (
             "NO DP GUARANTEE for the class means and sums, which are sent without noise (an exact zero sum "
-            f"shows a class is absent); class counts only: ({eps:.4g}, {delta:.3g})-DP at record "
+            f"shows a class is absent); class counts only: ({format_up(eps)}, {format_up(delta)})-DP at record "
             f"level ({self.name})"
         )
 

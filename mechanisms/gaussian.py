@@ -64,11 +64,14 @@ from mechanisms.accounting import ACCOUNTANTS, calibrate_round_mu, ledger_epsilo
 from mechanisms.backends import NoiseBackend, get_backend
 from mechanisms.calibration import check_budget
 from mechanisms.clipping import CLIP_NORMS, Clipping, _check_bound
-from mechanisms.ledger import NEIGHBOURING, PrivacyLedger, PrivacyReport, ReleaseEvent
+from mechanisms.ledger import NEIGHBOURING, PrivacyLedger, PrivacyReport, ReleaseEvent, format_up
 from privfed.errors import ConfigError, InputError
 from privfed.stats import ClientStats, compute_client_stats
 
 __all__ = ["BLOCKS", "GaussianMechanism"]
+
+#: Largest clip accepted: N c^2 and its noise stay finite in float64 for any N below 1e100 records.
+MAX_CLIP = 1e100
 
 #: Statistic blocks the mechanism can noise.
 BLOCKS = ("sums", "counts", "second")
@@ -179,6 +182,12 @@ class GaussianMechanism:
     ) -> None:
         self.epsilon, self.delta = check_budget(epsilon, delta)
         self.clip_bound = _check_bound(clip)
+        if not (self.clip_bound <= MAX_CLIP or math.isinf(self.epsilon)):  # no noise: nothing to calibrate
+            raise ConfigError(
+                f"clip={clip!r} is beyond {MAX_CLIP:g}: second moments (c^2 per record) and their noise would "
+                "overflow float64 for some datasets and not others; rescale the features (e.g. divide them by a "
+                "public constant) and pick a clip <= 1e100"
+            )
         if level not in _LEVELS:
             raise ConfigError(f"level must be one of {list(_LEVELS)}, got level={level!r}")
         self.level = level
@@ -425,30 +434,21 @@ class GaussianMechanism:
         return out
 
     def _bound_clients(self, stats: ClientStats) -> ClientStats:
-        """Client level: scale each client's statistics to at most ``max_records`` records' worth."""
-        dense = stats.is_materialised("counts") and stats.is_materialised("sums")
-        if dense:
+        """Client level: scale each client's statistics to at most ``max_records`` records' worth.
+
+        Client k's counts, sums and second moments are all multiplied by
+        min(1, n_max / n_k) before anything is summed, each client kept
+        separate (:meth:`ClientStats.scale_clients`), so secure aggregation and
+        sampling still see one bounded upload per client whatever its size.
+        """
+        if stats.is_materialised("counts"):
             n_k = stats.counts.sum(axis=1)
         else:  # the pair layout: no (K, C, d) view
             n_k = np.bincount(stats.pair_client, weights=stats.pair_counts, minlength=stats.num_clients)
         factor = np.minimum(1.0, self.max_records / np.where(n_k > 0, n_k, 1.0))
         if np.all(factor == 1.0):
             return stats
-        if dense:
-            scaled = {k: v * factor.reshape((-1,) + (1,) * (v.ndim - 1)) for k, v in stats.arrays().items()}
-            return stats.with_arrays(**scaled)
-        f = factor[stats.pair_client]
-        second = gram = None
-        if "second" in stats.available:
-            if stats.is_materialised("second"):
-                second = stats.second * factor[:, None, None]
-            else:  # only the sum of the scaled second moments is released (client level is sum-only)
-                gram = stats.client_weighted_gram(factor)
-        return ClientStats.from_pairs(
-            num_clients=stats.num_clients, num_classes=stats.num_classes, pair_client=stats.pair_client,
-            pair_class=stats.pair_class, pair_counts=stats.pair_counts * f, pair_sums=stats.pair_sums * f[:, None],
-            second=second, gram=gram, owners=stats.owners,
-        )
+        return stats.scale_clients(factor)
 
     # -- direct release ----------------------------------------------------------
     def release(
@@ -592,8 +592,7 @@ class GaussianMechanism:
         self._sampling_seeded = self._sampling_seeded or self._seeded is not False
         keep = gen.random(stats.num_clients) < self.sampling_rate
         self._sampled_pending += 1
-        arrays = {k: v * keep.reshape((-1,) + (1,) * (v.ndim - 1)) for k, v in stats.arrays().items()}
-        return stats.with_arrays(**arrays)
+        return stats.scale_clients(keep.astype(np.float64))
 
     def declare_randomness(self, *, seeded: bool) -> None:
         """Whether the noise of the next release comes from a seed (a replayable simulation).
@@ -850,6 +849,16 @@ class GaussianMechanism:
                 "replayed by anyone who knows it; run with random_state=None (fresh OS entropy) or "
                 "backend='opendp' for a release"
             )
+        # A protocol whose key material comes from a seed (PairwiseMasking(key_seed=...)): whoever knows the
+        # seed removes the masks and sees every client's upload with only its own noise share.
+        key_seed = getattr(self._secagg, "key_seed", None)
+        if key_seed is not None and events:
+            simulation = True
+            notes.append(
+                f"SIMULATION, NOT A RELEASE: secure aggregation ran with key_seed={key_seed!r}; its masks are "
+                "replayable from the seed, so against anyone who knows it each upload is seen with its own "
+                "noise share only (the guarantee above does not hold against them); use key_seed=None"
+            )
         if "distributed" in self._placements:
             t = self.dropout_tolerance
             notes.append(
@@ -906,7 +915,8 @@ class GaussianMechanism:
             releases = len({e.release_id for e in events})
             guarantee = (
                 ("SIMULATION (seeded noise, replayable): " if simulation else "")
-                + f"({eps:.4g}, {self.delta:.3g})-DP at {self.level} level ({lvl}) over {releases} release(s)"
+                + f"({format_up(eps)}, {format_up(self.delta)})-DP at {self.level} level ({lvl})"
+                + f" over {releases} release(s)"
                 + f"; Gaussian noise ({placement}) on {', '.join(self.blocks)}"
                 + (f"; clients Poisson-sampled at rate {self.sampling_rate:g} (amplification credited)"
                    if sampled else "")

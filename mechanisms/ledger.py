@@ -16,7 +16,41 @@ from typing import Any
 
 from privfed.errors import ConfigError
 
-__all__ = ["NEIGHBOURING", "PrivacyLedger", "PrivacyReport", "ReleaseEvent"]
+__all__ = ["NEIGHBOURING", "PrivacyLedger", "PrivacyReport", "ReleaseEvent", "format_up"]
+
+
+def format_up(x: float, digits: int = 4) -> str:
+    """``x`` printed with ``digits`` significant figures, rounded UP (towards +inf).
+
+    A printed epsilon or delta must never be below the true one: ``f"{x:.4g}"``
+    rounds to nearest (1.00005 prints as 1).  The rounding is done on the
+    shortest decimal that reads back as ``x`` (``repr``), so the printed number
+    is >= ``x`` up to the float's last bit, and a delta given as 1e-05 prints
+    as 1e-05; a value within 1e-12 (relative) of a shorter decimal (the
+    accountants' numerical resolution: 0.10000000000002274) prints as it.  ``inf``
+    and ``nan`` print as ``inf`` / ``nan``; trailing zeros are dropped as
+    ``%g`` does.
+    """
+    from decimal import ROUND_CEILING, ROUND_HALF_EVEN, Decimal
+
+    x = float(x)
+    if not math.isfinite(x) or x == 0:
+        return format(x, "g")
+    d = Decimal(repr(x))
+    q = Decimal(1).scaleb(d.adjusted() - digits + 1)
+    r = d.quantize(q, rounding=ROUND_CEILING)
+    near = d.quantize(q, rounding=ROUND_HALF_EVEN)
+    if abs(d - near) <= abs(d) * Decimal("1e-12"):  # within the accountants' numerical resolution
+        r = near
+    exp = r.adjusted()  # rounding up may carry into the next power of ten (9.9999 -> 10)
+    if -4 <= exp < digits:
+        text = format(r, "f")
+        if "." in text:
+            text = text.rstrip("0").rstrip(".")
+        return text
+    mant = (r.scaleb(-exp)).normalize()
+    text = format(mant, "f")
+    return f"{text}e{'+' if exp >= 0 else '-'}{abs(exp):02d}"
 
 #: Neighbouring relations the ledger understands.
 NEIGHBOURING = {

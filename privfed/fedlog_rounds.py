@@ -76,10 +76,15 @@ Per-round API (for running the protocol in another loop, e.g. Flower)
 released sum).  :class:`RoundRelease` turns the clients' statistics into one
 release (bound, noise, secure sum) and charges it to a :class:`RoundsDP` ledger.
 
-Everything is seeded and bit-reproducible on CPU (deterministic algorithms,
-one thread); noise drawn from a seeded generator is a reproducible
-simulation, not a secret release.  Masking keys are fresh OS entropy, but the
-masks cancel exactly, so the released sums do not depend on them.
+Training, partition and initial heads are seeded and bit-reproducible on
+CPU (deterministic algorithms, one thread).  The noise of every release (and
+the secure sum's dropouts and noise shares) comes from fresh OS entropy
+unless ``noise_seed`` is given; a run with a ``noise_seed`` is a reproducible
+*seeded simulation*, not a secret release, and its guarantee, ``describe()``,
+table, CSV and JSON say so.  ``max_records`` is given by the caller or is the
+public default :data:`DEFAULT_MAX_RECORDS`, never read from the data.
+Masking keys are fresh OS entropy, but the masks cancel exactly, so the
+released sums do not depend on them.
 """
 
 from __future__ import annotations
@@ -96,9 +101,11 @@ import torch
 from torch import nn
 
 from privfed.data.digits import deterministic_torch
+from mechanisms.ledger import format_up
 from privfed.errors import ConfigError
 
 __all__ = [
+    "DEFAULT_MAX_RECORDS",
     "FAMILIES",
     "RoundsConfig",
     "RoundsDP",
@@ -286,9 +293,16 @@ class RoundsPrivacyReport:
     formal: bool
     guarantee: str
     notes: tuple = ()
+    #: True when the noise came from a seed (``noise_seed``) or a caller's Generator: a seeded simulation
+    simulation: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         return {k: (str(v) if isinstance(v, float) and not math.isfinite(v) else v) for k, v in asdict(self).items()}
+
+    @property
+    def is_private(self) -> bool:
+        """Whether the releases carry the stated formal (finite) guarantee."""
+        return bool(self.formal) and math.isfinite(self.epsilon)
 
     @property
     def auc_bound(self) -> float:
@@ -303,10 +317,11 @@ class RoundsPrivacyReport:
         pld_note = f" skipped: mu > {_PLD_MAX_MU:g}" if math.isnan(self.epsilon_pld) else ""
         lines = [
             self.guarantee,
-            f"  per-round epsilon (as calibrated / as the paper states): {self.per_round_epsilon:.4g} "
-            f"(one release alone is exactly {self.per_round_epsilon_exact:.4g}-DP at delta = {self.delta:.3g})",
-            f"  composed over {self.releases} release(s): epsilon = {self.epsilon:.4g} (GDP, exact; "
-            f"PLD {self.epsilon_pld:.4g}{pld_note}), {ratio:.3g} x the per-round epsilon",
+            f"  per-round epsilon (as calibrated / as the paper states): {format_up(self.per_round_epsilon)} "
+            f"(one release alone is exactly {format_up(self.per_round_epsilon_exact)}-DP at delta = "
+            f"{format_up(self.delta)})",
+            f"  composed over {self.releases} release(s): epsilon = {format_up(self.epsilon)} (GDP, exact; "
+            f"PLD {format_up(self.epsilon_pld)}{pld_note}), {ratio:.3g} x the per-round epsilon",
             f"  sigma = {self.sigma:.4g} on a sensitivity of {self.sensitivity:.4g} ({self.record_bound} bound)",
             f"  any membership test on all {self.releases} release(s) has AUC <= {self.auc_bound:.4g} "
             f"(mu-GDP: Phi(mu / sqrt 2), mu = {self.mu_total:.4g})",
@@ -365,6 +380,11 @@ class RoundsDP:
 
         self.epsilon, self.delta = check_budget(epsilon, delta, allow_inf=False)
         self.clipping = Clipping(clip, clip_norm)
+        from mechanisms.gaussian import MAX_CLIP
+
+        if not float(self.clipping.bound) <= MAX_CLIP:
+            raise ConfigError(f"clip={clip!r} is beyond {MAX_CLIP:g}: the statistic's noise would overflow float64 "
+                              "for some datasets; rescale the features and pick a clip <= 1e100")
         if isinstance(rounds, bool) or not isinstance(rounds, (int, np.integer)) or rounds < 1:
             raise ConfigError(f"rounds must be an integer >= 1, got rounds={rounds!r}")
         self.rounds = int(rounds)
@@ -419,6 +439,15 @@ class RoundsDP:
         self.ledger = PrivacyLedger()
         self.accountant_check = bool(accountant_check)
         self.extra_notes: list[str] = []
+        # None: not declared (a caller's Generator drove noisy_sum: taken as a simulation)
+        self.seeded: bool | None = None
+        self.noise_seed: int | None = None
+
+    def declare_randomness(self, *, seeded: bool, noise_seed: int | None = None) -> None:
+        """Whether the noise comes from a seed (a replayable seeded simulation) or from OS entropy."""
+        self.seeded = bool(seeded) if self.seeded is None else (self.seeded or bool(seeded))
+        if noise_seed is not None:
+            self.noise_seed = int(noise_seed)
 
     @property
     def mu_per_release(self) -> float:
@@ -515,22 +544,29 @@ class RoundsDP:
         else:
             notes.append("every client noises its own upload with the full sigma (the sum carries K sigma^2)")
         notes.append("floating-point noise (backend 'numpy'): not hardened against floating-point attacks")
+        simulation = bool(n) and self.seeded is not False
+        if simulation:
+            src = f"noise_seed={self.noise_seed}" if self.noise_seed is not None else "a caller's Generator"
+            notes.insert(0, f"seeded simulation, NOT A RELEASE: the noise was drawn from {src} and can be replayed "
+                            "by anyone who knows it; run without noise_seed (fresh OS entropy) for a release")
         notes.extend(self.extra_notes)
         where = {"central": "trusted server", "distributed": "secure aggregation", "local": "local noise"}
         if formal:
-            guarantee = (f"({eps:.4g}, {self.delta:.3g})-DP at {self.level} level over {n} release(s) "
-                         f"(GDP mu = {mu_total:.4g}); {where[self.placement]}; {self._how}")
+            guarantee = (f"({format_up(eps)}, {format_up(self.delta)})-DP at {self.level} level over {n} release(s) "
+                         f"(GDP mu = {format_up(mu_total)}); {where[self.placement]}; {self._how}")
         else:
             guarantee = (f"NO FORMAL GUARANTEE (bodies trained on the private records): the paper's accounting "
-                         f"gives eps = {per_round:.4g} per round, composing to eps = {eps:.4g} over {n} releases "
-                         f"at delta = {self.delta:.3g}")
+                         f"gives eps = {format_up(per_round)} per round, composing to eps = {format_up(eps)} over "
+                         f"{n} releases at delta = {format_up(self.delta)}")
+        if simulation:
+            guarantee = "SIMULATION (seeded simulation, replayable noise): " + guarantee
         return RoundsPrivacyReport(
             epsilon=float(eps), epsilon_pld=float(eps_pld), per_round_epsilon=float(per_round),
             per_round_epsilon_exact=float(gdp_epsilon(mu1, self.delta)),
             target_epsilon=self.epsilon, delta=self.delta, level=self.level, placement=self.placement,
             calibration=self._how, record_bound=self.record_bound, sensitivity=self.sensitivity, sigma=self.sigma,
             mu_per_release=mu1, mu_total=mu_total, releases=n, formal=formal, guarantee=guarantee,
-            notes=tuple(notes))
+            notes=tuple(notes), simulation=simulation)
 
 
 _SECURE = ("auto", "none", "mask", "ckks")
@@ -681,7 +717,9 @@ class RoundsConfig:
     record_bound: str = "auto"
     clip: float = 2.0
     clip_norm: str = "coordinate"
+    #: n_max of the client bound; None: the public default DEFAULT_MAX_RECORDS (never the data's largest client)
     max_records: int | None = None
+    #: None: every release's noise from fresh OS entropy; an int: a reproducible seeded simulation
     noise_seed: int | None = None
     # secure aggregation of every round's release ("auto": masking when placement is distributed)
     secure_agg: str = "auto"
@@ -701,6 +739,10 @@ class RoundsConfig:
             pos_int(name)
         pos_int("local_epochs", 0)
         pos_int("seed", 0)
+        if self.noise_seed is not None:
+            pos_int("noise_seed", 0)
+        if self.max_records is not None:
+            pos_int("max_records")
         if not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0):
             raise ConfigError(f"lr must be a finite number > 0, got lr={self.lr!r}")
         if self.init not in ("public", "scratch"):
@@ -898,7 +940,6 @@ class _Setup:
         self.y_all = torch.from_numpy(y.copy())
         self.xt_all = torch.from_numpy(np.array(self.splits.test_images, dtype=np.float32))[:, None]
         self.yt_all = yt
-        self.n_max = int(sizes.max())
 
     def client_data(self, k):
         idx = np.flatnonzero(self.clients == k)
@@ -1064,18 +1105,32 @@ def _local_only(cfg: RoundsConfig, setup: _Setup, families, bar=None) -> dict:
 
 
 # ---------------------------------------------------------------- entry point
-def make_dp(cfg: RoundsConfig, setup_n_max: int, *, rounds: int, bodies_trained: bool) -> RoundsDP | None:
+#: Public default of n_max (``max_records``) when the caller gives none: a fixed number, never read from the data
+#: (clients holding more records are scaled down to DEFAULT_MAX_RECORDS records' worth).
+DEFAULT_MAX_RECORDS = 100
+
+
+def make_dp(cfg: RoundsConfig, *, rounds: int, bodies_trained: bool) -> RoundsDP | None:
+    """The run's noise, with its randomness declared: seeded from ``cfg.noise_seed``, or OS entropy."""
     if math.isinf(cfg.epsilon):
         return None
     dp = RoundsDP(epsilon=cfg.epsilon, delta=cfg.delta, clip=cfg.clip, clip_norm=cfg.clip_norm, rounds=rounds,
                   level=cfg.level, placement=cfg.placement, calibration=cfg.calibration,
                   record_bound=cfg.record_bound,
-                  max_records=cfg.max_records if cfg.max_records is not None else setup_n_max,
+                  max_records=cfg.max_records if cfg.max_records is not None else DEFAULT_MAX_RECORDS,
                   dim=FEATURE_DIM, bodies_trained=bodies_trained, tolerate=cfg.tolerate)
     if cfg.max_records is None and dp.record_bound != "theorem":
-        dp.extra_notes.append(f"max_records defaulted to the largest client's size ({setup_n_max}), treated as "
-                              "public (pass max_records to fix it in advance)")
+        dp.extra_notes.append(f"max_records is the public default {DEFAULT_MAX_RECORDS} (not read from the data; "
+                              "pass max_records to choose it)")
+    dp.declare_randomness(seeded=cfg.noise_seed is not None, noise_seed=cfg.noise_seed)
     return dp
+
+
+def noise_generator(noise_seed: int | None, stream: int) -> np.random.Generator:
+    """The generator of a run's noise: fresh OS entropy, or (seeded simulation) derived from ``noise_seed``."""
+    if noise_seed is None:
+        return np.random.default_rng()  # OS entropy
+    return np.random.default_rng([int(noise_seed), stream])
 
 
 def run_rounds(cfg: RoundsConfig | None = None, *, progress: bool = False, **overrides) -> RoundsResult:
@@ -1101,12 +1156,12 @@ def run_rounds(cfg: RoundsConfig | None = None, *, progress: bool = False, **ove
         warnings.filterwarnings("ignore", message="noise backend 'numpy'")
         setup = _Setup(cfg)
         families = setup.families
-        noise_seed = cfg.seed if cfg.noise_seed is None else cfg.noise_seed
-        noise_rng = np.random.default_rng([noise_seed, 0x0153])
+        noise_rng = noise_generator(cfg.noise_seed, 0x0153)
         if not math.isinf(cfg.epsilon):
-            notes.append(f"noise drawn from a generator seeded with {noise_seed}: a reproducible simulation, not a "
-                         "secret release")
-        dp = make_dp(cfg, setup.n_max, rounds=cfg.rounds, bodies_trained=cfg.local_epochs > 0)
+            notes.append(f"noise drawn from a generator seeded with noise_seed={cfg.noise_seed}: a seeded "
+                         "simulation, not a secret release" if cfg.noise_seed is not None
+                         else "noise drawn from fresh OS entropy every run")
+        dp = make_dp(cfg, rounds=cfg.rounds, bodies_trained=cfg.local_epochs > 0)
         steps = cfg.rounds
         if "fedavg" in cfg.baselines:
             steps += cfg.rounds
@@ -1145,9 +1200,9 @@ def run_rounds(cfg: RoundsConfig | None = None, *, progress: bool = False, **ove
         if "oneshot" in cfg.baselines:
             t1 = time.perf_counter()
             ocfg = replace(cfg, init="public")
-            odp = make_dp(ocfg, setup.n_max, rounds=1, bodies_trained=False)
+            odp = make_dp(ocfg, rounds=1, bodies_trained=False)
             one = _fedlog(ocfg, setup, families, rounds=1, epochs=0, dp=odp,
-                          noise_rng=np.random.default_rng([cfg.seed, 0x0E5]), bar=bar, label="one-shot")
+                          noise_rng=noise_generator(cfg.noise_seed, 0x0E5), bar=bar, label="one-shot")
             baselines["oneshot"] = {"personalised": one["personalised"], "common": one["common"],
                                     "upload_bytes_per_round": per_client * cfg.clients,
                                     "upload_bytes_total": per_client * cfg.clients,
@@ -1204,7 +1259,8 @@ def tradeoff_rounds(cfg, *, local_epochs: int | None = None, families: Sequence[
     rows = []
     for eps in cfg.epsilons:
         for seed in cfg.seeds:
-            r = run_rounds(RoundsConfig(**base), seed=seed, epsilon=eps, progress=progress)
+            # the sweep draws every noise from its seeds (a seeded simulation, as its one-shot rows)
+            r = run_rounds(RoundsConfig(**base), seed=seed, noise_seed=seed, epsilon=eps, progress=progress)
             att = attack_summary(r.attacks)
             for name, acc, rep, up in (
                 (f"fedlog x{cfg.rounds} rounds", (r.personalised_accuracy, r.common_accuracy), r.privacy,
@@ -1220,6 +1276,7 @@ def tradeoff_rounds(cfg, *, local_epochs: int | None = None, families: Sequence[
                     "delta": cfg.delta, "sigma": rep.sigma if rep else 0.0,
                     "sensitivity": rep.sensitivity if rep else 0.0, "upload_bytes": up,
                     "formal": bool(rep.formal) if rep else False,
+                    "simulation": bool(rep.simulation) if rep else False,
                     "guarantee": rep.guarantee if rep else "NO DP GUARANTEE: no noise",
                     "describe": rep.describe() if rep else "",
                     **(att if "rounds" in name else {k: math.nan for k in att}),
@@ -1265,6 +1322,7 @@ def _summarise(rows: list[dict]) -> list[dict]:
                     "epsilon_per_round": rs[0]["epsilon_per_round"], "accuracy_mean": float(acc.mean()),
                     "accuracy_sd": float(acc.std()), "common_mean": float(np.mean([r["common_accuracy"] for r in rs])),
                     "seeds": len(rs), "upload_bytes": rs[0]["upload_bytes"], "guarantee": rs[0]["guarantee"],
+                    "simulation": bool(rs[0].get("simulation", False)),
                     "attack_auc": float(np.mean([r.get("attack_auc_sequence", math.nan) for r in rs])),
                     "attack_auc_bound": rs[0].get("attack_auc_bound", math.nan),
                     "describe": rs[0]["describe"]})
@@ -1334,9 +1392,13 @@ def tradeoff_main(cfg, args, argv=()) -> int:
             f"{'attack AUC':>10} {'AUC bound':>9}")
     print(head)
     for s in summary:
-        print(f"{s['method']:<28} {s['epsilon']:>7.3g} {s['epsilon_composed']:>9.4g} {s['epsilon_per_round']:>9.4g} "
+        print(f"{s['method']:<28} {s['epsilon']:>7.3g} {format_up(s['epsilon_composed']):>9} "
+              f"{format_up(s['epsilon_per_round']):>9} "
               f"{s['accuracy_mean']:>8.4f} ± {s['accuracy_sd']:.3f} {s['upload_bytes'] / 1e3:>8.1f}kB "
               f"{s['attack_auc']:>10.3f} {s['attack_auc_bound']:>9.3f}")
+    if any(s.get("simulation") for s in summary):
+        print("seeded simulation: every run's noise was drawn from its --seeds value (replayable), not a release; "
+              "epsilons are printed rounded up")
     print(f"attack AUC: membership attack on all {cfg.rounds} releases of the multi-round run "
           f"({TRADEOFF_ATTACK_PAIRS} member / holdout pairs; attacks.rounds); AUC bound: Phi(mu_total / sqrt 2) of "
           "the composed guarantee (nan: no formal bound)")

@@ -102,26 +102,40 @@ def _as_f64(a, name: str) -> np.ndarray:
 class _Features:
     """Features kept by reference to build per-client second moments on first access."""
 
-    def __init__(self, F: np.ndarray, client: np.ndarray, label: np.ndarray) -> None:
-        self.F, self.client, self.label = F, client, label
+    def __init__(self, F: np.ndarray, client: np.ndarray, label: np.ndarray, weight: np.ndarray | None = None) -> None:
+        # ``weight`` (one per client, >= 0): the second moments are those of sqrt(w_k) f, i.e. w_k G_k.
+        self.F, self.client, self.label, self.weight = F, client, label, weight
+
+    def _rows(self) -> np.ndarray:
+        if self.weight is None:
+            return self.F
+        return np.asarray(self.F, dtype=np.float64) * np.sqrt(self.weight)[self.client, None]
 
     def second(self, K: int) -> np.ndarray:
         _check_dense("second", (K, self.F.shape[1], self.F.shape[1]))
-        return _group_second_moments(self.F, self.client, K)
+        return _group_second_moments(self._rows(), self.client, K)
 
     def class_second(self, K: int, C: int) -> np.ndarray:
         d = self.F.shape[1]
         _check_dense("class_second", (K, C, d, d))
-        return _group_second_moments(self.F, self.client * C + self.label, K * C).reshape(K, C, d, d)
+        return _group_second_moments(self._rows(), self.client * C + self.label, K * C).reshape(K, C, d, d)
+
+    def scaled(self, weights: np.ndarray) -> "_Features":
+        """The same features with client k's second moments multiplied by ``weights[k]``."""
+        w = np.asarray(weights, dtype=np.float64)
+        return _Features(self.F, self.client, self.label, w if self.weight is None else self.weight * w)
 
     def subset(self, rows: np.ndarray) -> "_Features":
         """Features of clients ``rows`` (distinct), renumbered 0..len(rows)-1."""
         new = np.full(int(max(self.client.max(initial=-1), rows.max(initial=-1))) + 1, -1, dtype=np.int64)
         new[rows] = np.arange(rows.size)
         keep = new[self.client] >= 0
-        return _Features(self.F[keep], new[self.client[keep]], self.label[keep])
+        weight = None if self.weight is None else self.weight[rows]
+        return _Features(self.F[keep], new[self.client[keep]], self.label[keep], weight)
 
     def merged(self) -> "_Features":
+        if self.weight is not None:  # one client: fold the weights into the rows
+            return _Features(self._rows(), np.zeros_like(self.client), self.label)
         return _Features(self.F, np.zeros_like(self.client), self.label)
 
 
@@ -476,7 +490,8 @@ class ClientStats:
             elif self._class_second is not None:
                 g = self._class_second.sum(axis=(0, 1))
             elif self._features is not None:
-                g = _gram(self._features.F)
+                g = _gram(self._features.F) if self._features.weight is None else self.client_weighted_gram(
+                    np.ones(self._K))
             else:  # pragma: no cover - every constructor sets one of them
                 raise InputError("ClientStats lost its second moments")
             object.__setattr__(self, "_gram", _readonly(g))
@@ -496,6 +511,8 @@ class ClientStats:
             raise InputError("ClientStats has no second moments; compute them with fields=('second', ...)")
         if self._second is None and self._features is not None:
             F, client = self._features.F, self._features.client
+            if self._features.weight is not None:
+                w = w * self._features.weight
             root = np.sqrt(w)
             d = self._d
             out = np.zeros((d, d))
@@ -505,6 +522,58 @@ class ClientStats:
                 out += B.T @ B
             return out
         return np.einsum("k,kij->ij", w, self.second)
+
+    def scale_clients(self, weights) -> "ClientStats":
+        """Every statistic of client k multiplied by ``weights[k]`` (>= 0), each client kept separate.
+
+        The client-level bound (a client with n_k > n_max records scaled by
+        n_max / n_k) and a trusted aggregator's Poisson sampling (weights 0/1)
+        act per client, *before* anything is summed: per-client second moments
+        stay available (built from the features, rows scaled by sqrt(w_k), on
+        first access), so secure aggregation and sampling can still noise,
+        mask or drop each client's own matrix.  Statistics holding only the
+        summed second moment of K > 1 clients cannot be scaled per client and
+        are refused.
+        """
+        w = np.asarray(weights, dtype=np.float64)
+        if w.shape != (self._K,) or not np.all(np.isfinite(w)) or np.any(w < 0):
+            raise InputError(f"weights must be {self._K} finite values >= 0, got shape {w.shape}")
+        seconds = {"second", "class_second"} & self._fields
+        carry = dict(second=None, class_second=None, gram=None, features=None, fields=set(self._fields))
+        if seconds:
+            if self._features is not None:
+                carry["features"] = self._features.scaled(w)
+            if self._second is not None:
+                carry["second"] = _readonly(self._second * w[:, None, None])
+            if self._class_second is not None:
+                carry["class_second"] = _readonly(self._class_second * w[:, None, None, None])
+            if self._features is None and (("second" in seconds and self._second is None) or (
+                    "class_second" in seconds and self._class_second is None)):
+                if self._K != 1:
+                    raise InputError(
+                        f"these statistics hold only the second moment summed over the {self._K} clients; "
+                        "they cannot be bounded per client (compute them per client, e.g. with "
+                        "compute_client_stats(..., fields=('second', ...)))"
+                    )
+                carry["gram"] = _readonly(self.gram() * w[0])
+                if "second" in seconds:
+                    carry["second"] = carry["gram"][None]
+        if self._counts is not None and self._sums is not None:
+            out = ClientStats._new(self._K, self._C, self._d, counts=_readonly(self._counts * w[:, None]),
+                                   sums=_readonly(self._sums * w[:, None, None]), owners=self._owners, **carry)
+        else:
+            pc, pk, n, S, rows = self._pair_block()
+            if rows is None:
+                S2 = S * w[pc][:, None]
+            else:
+                row_client = np.empty(S.shape[0], dtype=np.int64)
+                row_client[rows[rows >= 0]] = pc[rows >= 0]
+                S2 = S * w[row_client][:, None]
+            pairs = tuple(_readonly(a) for a in (pc, pk, n * w[pc], S2))
+            out = ClientStats._new(self._K, self._C, self._d, pairs=pairs, owners=self._owners, sum_rows=rows,
+                                   **carry)
+        object.__setattr__(out, "folded_pairs", self.folded_pairs)
+        return out
 
     def is_materialised(self, name: str) -> bool:
         """Whether statistic ``name`` is held as an array (given or already built), not derived on demand.

@@ -774,9 +774,11 @@ def _eps_cell(s: dict[str, Any]) -> str:
         return "inf"
     if not s.get("private", True):
         return f"NO DP ({s['epsilon']:g})"
+    from mechanisms.ledger import format_up
+
     rep = s.get("epsilon_reported", s["epsilon"])
-    if isinstance(rep, float) and math.isfinite(rep) and not math.isclose(rep, s["epsilon"], rel_tol=1e-6):
-        return f"{rep:.4g} (asked {s['epsilon']:g})"
+    if isinstance(rep, float) and math.isfinite(rep) and format_up(rep) != f"{s['epsilon']:g}":
+        return f"{format_up(rep)} (asked {s['epsilon']:g})"  # rounded up: never below the ledger's epsilon
     return f"{s['epsilon']:g}"
 
 

@@ -52,12 +52,44 @@ def test_head_is_the_map_fixed_point_of_every_round():
 
 
 def test_seeded_runs_are_bit_reproducible():
-    kw = dict(SMALL, families=("cnn", "cnn-narrow", "mlp"), epsilon=2.0, max_records=200)
+    kw = dict(SMALL, families=("cnn", "cnn-narrow", "mlp"), epsilon=2.0, max_records=200, noise_seed=4)
     a, b = run_rounds(**kw), run_rounds(**kw)
     assert np.array_equal(a.head.weight, b.head.weight) and np.array_equal(a.head.bias, b.head.bias)
     assert [h["personalised"] for h in a.history] == [h["personalised"] for h in b.history]
     c = run_rounds(**dict(kw, seed=1))
     assert not np.array_equal(a.head.weight, c.head.weight)
+
+
+def test_unseeded_noise_is_fresh_and_a_seeded_run_says_it_is_a_simulation():
+    kw = dict(SMALL, rounds=1, local_epochs=0, families=("mlp",), epsilon=2.0, max_records=200)
+    a, b = run_rounds(**kw), run_rounds(**kw)
+    # Same data, bodies and seed: only the noise differs, and it does (not seed 0 twice).
+    assert not np.array_equal(a.history[0]["statistic"], b.history[0]["statistic"])
+    for r in (a, b):
+        rep = r.privacy
+        assert not rep.simulation and "simulation" not in (rep.guarantee + rep.describe()).lower()
+    s = run_rounds(**dict(kw, noise_seed=9)).privacy
+    assert s.simulation and s.guarantee.startswith("SIMULATION (seeded simulation")
+    assert "seeded simulation" in s.describe() and "noise_seed=9" in s.describe()
+    assert s.as_dict()["simulation"] is True
+
+
+def test_max_records_defaults_to_a_public_constant_not_the_largest_client():
+    from privfed.fedlog_rounds import DEFAULT_MAX_RECORDS
+
+    sensitivities = set()
+    for partition in ("shards", "iid", "dirichlet"):  # client sizes differ; n_max does not
+        r = run_rounds(**dict(SMALL, rounds=1, local_epochs=0, families=("mlp",), partition=partition,
+                              level="client", epsilon=1.0))
+        rep = r.privacy
+        sensitivities.add(rep.sensitivity)
+        assert rep.sensitivity == pytest.approx(DEFAULT_MAX_RECORDS * math.sqrt(1 + FEATURE_DIM * 4.0), rel=1e-12)
+        assert any(f"public default {DEFAULT_MAX_RECORDS}" in n for n in rep.notes)
+    assert len(sensitivities) == 1
+    with pytest.raises(ConfigError, match="max_records"):
+        run_rounds(**dict(SMALL, epsilon=1.0, max_records=0))
+    with pytest.raises(ConfigError, match="noise_seed"):
+        run_rounds(**dict(SMALL, epsilon=1.0, noise_seed=-1))
 
 
 def test_families_are_assigned_by_a_seeded_balanced_rule():
@@ -203,6 +235,10 @@ def test_tradeoff_command_runs_multi_round_fedlog_beside_the_one_shot(tmp_path, 
     assert multi["epsilon_per_round"] < 1.0
     printed = capsys.readouterr().out
     assert "composed over 2 release(s): epsilon = 1 " in printed and "central" not in printed.split("\n")[0]
+    # The sweep draws its noise from --seeds: the table, the rows (CSV, JSON) and describe() say so.
+    assert "seeded simulation" in printed
+    assert all(r["simulation"] and "seeded simulation" in r["guarantee"] for r in rows if r["rounds"] == 2)
+    assert "seeded simulation" in (out / "results.csv").read_text()
 
 
 def test_tradeoff_multi_round_refuses_other_datasets(tmp_path):

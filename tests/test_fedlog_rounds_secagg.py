@@ -84,7 +84,8 @@ def test_server_view_holds_only_masked_vectors():
 
 def test_distributed_noise_is_charged_from_the_shares_present():
     eps, delta, K, drop, R = 1.0, 1e-5, 6, 2, 3
-    cfg = dict(SMALL, rounds=R, epsilon=eps, delta=delta, placement="distributed", max_records=200, dropouts=drop)
+    cfg = dict(SMALL, rounds=R, epsilon=eps, delta=delta, placement="distributed", max_records=200, dropouts=drop,
+               noise_seed=0)
     r = run_rounds(**cfg)
     rep = r.privacy
     calls = r.secure_aggregation["calls"]

@@ -471,3 +471,158 @@ def test_sizes_taken_from_the_data_under_dp_are_named_in_the_report():
         (note,) = [n for n in head.privacy.notes if "taken from the data" in n]
         assert "num_classes=" in note and "num_clients=" in note and note in head.notes
     assert not any("taken from the data" in n for n in public.privacy.notes)
+
+
+# -- issue 23: client level bounds every block per client before anything is summed ---------------
+def _big_client_data(n_max=5, seed=3):
+    """Four clients, client 0 holding far more than n_max records (so the bound scales it)."""
+    rng = np.random.default_rng(seed)
+    sizes = [40, 3, 4, 6]
+    k = np.repeat(np.arange(4), sizes)
+    y = np.arange(k.size) % 3
+    F = rng.normal(size=(k.size, 4)) * 0.7
+    return F, y, k
+
+
+def _protection(name):
+    if name == "mask":
+        return dict(secure_agg=PairwiseMasking()), dict(level="client", max_records=5)
+    if name == "ckks":
+        pytest.importorskip("tenseal")
+        from mechanisms.secagg import CKKSAggregation
+        return dict(secure_agg=CKKSAggregation()), dict(level="client", max_records=5)
+    return {}, dict(level="client", max_records=5, trusted_aggregator=True, sampling_rate=0.5)
+
+
+@pytest.mark.parametrize("method", ["fed3r", "fed3r-within", "fedcgs"])
+@pytest.mark.parametrize("protection", ["mask", "ckks", "sampling"])
+def test_client_level_second_moment_methods_run_whatever_a_client_holds(method, protection):
+    F, y, k = _big_client_data()
+    fit_kw, mech_kw = _protection(protection)
+    reports = []
+    for data in ((F, y, k), (F[k != 0], y[k != 0], k[k != 0])):  # zero-out neighbour of the big client
+        mech = _mech(epsilon=8.0, blocks=("sums", "counts", "second"), **mech_kw)
+        head = privfed.fit(method, *data, num_classes=3, num_clients=4, privacy=mech, random_state=2, **fit_kw)
+        assert head.privacy.level == "client" and math.isfinite(head.privacy.epsilon)
+        reports.append((head.privacy.guarantee, head.privacy.notes, np.shape(head.weight), head.upload_bytes))
+    assert reports[0] == reports[1]  # nothing deterministic tells the neighbours apart
+
+
+@pytest.mark.parametrize("protection", ["mask", "sampling"])
+def test_client_bound_scales_each_clients_second_moment_before_the_sum(protection):
+    from privfed.methods import get
+    from privfed.stats import compute_client_stats
+
+    F, y, k = _big_client_data()
+    fit_kw, mech_kw = _protection(protection)
+    mech = _mech(epsilon=float("inf"), blocks=("sums", "counts", "second"),
+                 **{**mech_kw, "sampling_rate": 1.0})
+    method = get("fed3r")
+    mech.check(method, fit_kw.get("secure_agg"))
+    Fc = mech.clip(F)
+    stats = compute_client_stats(Fc, y, k, num_classes=3, fields=("counts", "sums", "second"))
+    up = mech.before_upload(stats, method, np.random.default_rng(0))
+    for c in range(4):  # independent: each client's clipped records, scaled by min(1, n_max / n_k)
+        Fk = Fc[k == c]
+        f = min(1.0, 5 / Fk.shape[0])
+        np.testing.assert_allclose(up.second[c], f * Fk.T @ Fk, rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(up.counts[c].sum(), f * Fk.shape[0], rtol=1e-12)
+        np.testing.assert_allclose(up.sums[c].sum(axis=0), f * Fk.sum(axis=0), rtol=1e-12, atol=1e-12)
+        # The bounded contribution meets the client-level sensitivities (n_max c^2, n_max c, n_max).
+        assert np.linalg.norm(up.second[c]) <= 5 * mech.clip_bound ** 2 * (1 + 1e-12)
+
+
+# -- issue 23: every seed that touches a release labels it a simulation ----------------------------
+def test_seeded_masking_keys_make_the_release_a_labelled_simulation():
+    F, y, k = _data()
+    head = privfed.fit("fedncm", F, y, k, num_classes=3, privacy=_mech(), secure_agg=PairwiseMasking(key_seed=1))
+    rep = head.privacy
+    assert rep.simulation and rep.guarantee.startswith("SIMULATION (seeded noise, replayable)")
+    assert any("key_seed=1" in n for n in rep.notes)
+    fresh = privfed.fit("fedncm", F, y, k, num_classes=3, privacy=_mech(), secure_agg=PairwiseMasking())
+    assert not fresh.privacy.simulation and "SIMULATION" not in fresh.privacy.guarantee
+
+
+def test_printed_epsilon_is_never_below_the_computed_one():
+    from decimal import Decimal
+
+    # 10 releases at mu chosen so that eps has many digits: the printed value rounds up.
+    F, y, k = _data()
+    mech = _mech(epsilon=1.23456789, rounds=3)
+    head = privfed.fit("fedncm", F, y, k, num_classes=3, privacy=mech)
+    eps = head.privacy.epsilon
+    printed = head.privacy.guarantee.split("(")[1].split(",")[0]
+    assert Decimal(printed) >= Decimal(repr(eps)) and float(printed) <= eps * 1.001
+
+
+# -- issue 23: every method x level x protection x sampling the API accepts keeps its printed epsilon ---------
+_GRID_METHODS = {
+    "fedncm": ("sums", "counts"), "fed3r": ("sums", "counts", "second"),
+    "fed3r-within": ("sums", "counts", "second"), "fedcgs": ("sums", "counts", "second"),
+    "fedlog": ("sums", "counts"), "fedcof": ("sums", "counts"), "fedcof-oracle": ("sums", "counts"),
+}
+#: (protection, sampling rate): local noise, a trusted aggregator, masking, CKKS; Poisson sampling by the aggregator.
+_PROTECTIONS = [("local", 1.0), ("central", 1.0), ("mask", 1.0), ("ckks", 1.0), ("central", 0.5)]
+#: Statistical bounds only where a release costs a few ms (the deterministic checks run everywhere).
+_CHEAP = {("fedncm", "central", 1.0), ("fedncm", "local", 1.0), ("fed3r", "central", 1.0)}
+
+
+def _grid():
+    for method in sorted(_GRID_METHODS):
+        for level in ("record", "client"):
+            for protection, q in _PROTECTIONS:
+                marks = [pytest.mark.slow] if protection == "ckks" else []  # ~1 s a release; masking covers the hooks
+                yield pytest.param(method, level, protection, q, marks=marks, id=f"{method}-{level}-{protection}-q{q:g}")
+
+
+@pytest.mark.parametrize("method, level, protection, q", list(_grid()))
+def test_every_accepted_combination_keeps_its_printed_epsilon(method, level, protection, q):
+    from decimal import Decimal
+
+    from privfed.audit import audit_release, fit_release, neighbour_battery
+
+    kw = dict(epsilon=2.0, delta=1e-5, clip=3.0, blocks=_GRID_METHODS[method], level=level, sampling_rate=q,
+              trusted_aggregator=protection == "central")
+    if level == "client":
+        kw["max_records"] = 5
+    proto = None
+    if protection == "mask":
+        proto = PairwiseMasking
+    elif protection == "ckks":
+        from mechanisms.secagg import CKKSAggregation as proto
+    run = fit_release(method, lambda: GaussianMechanism(**kw), proto)
+    # The worst pairs: a canary moving every coordinate (record level); a client over max_records (client level).
+    battery = neighbour_battery(level, max_records=5, oversized=True)
+    pair = battery[4] if level == "record" else battery[2]
+    cheap = (method, protection, q) in _CHEAP
+    res = audit_release(run, [pair], draws=200 if cheap else 0, heldout=100)[0]
+    assert not res.flagged, res
+    if res.verdict == "refused":  # refused from the configuration alone: the same error on both sides
+        with pytest.raises(ConfigError):
+            privfed.fit(method, **pair.d0, privacy=GaussianMechanism(**kw), secure_agg=proto and proto())
+        return
+    assert res.verdict == ("statistical" if cheap else "metadata only"), res
+    from privfed.audit import run_once
+
+    # A method may refuse noisy statistics it cannot use (fedcgs with a sampled, nearly empty sum): that is
+    # post-processing of the release; the printed epsilon is checked on a run that returns a head.
+    outs = [run_once(run, pair.d1, None) for _ in range(5)]
+    out = next(o for o in outs if o["error"] is None)
+    rep = out["report"]
+    assert rep.is_private and rep.epsilon <= 2.0 * (1 + 1e-9)
+    printed = rep.guarantee.split("(", 2)[-1].split(",")[0] if rep.simulation else rep.guarantee.split(",")[0][1:]
+    assert Decimal(printed) >= Decimal(repr(rep.epsilon)) * (1 - Decimal("1e-12")), (printed, rep.epsilon)
+
+
+def test_tradeoff_command_runs_fed3r_at_client_level_under_masking(tmp_path, digits_cache):
+    # The command of issue 23: a client over --max-records is bounded before masking, not refused.
+    import json
+
+    from privfed.tradeoff import main
+
+    out = tmp_path / "tr"
+    rc = main(["--method", "fed3r", "--level", "client", "--secure-agg", "mask", "--max-records", "5", "--eps", "1",
+               "--seeds", "1", "--clients", "10", "--no-plot", "--quiet", "--out", str(out)])
+    assert rc == 0
+    rows = json.loads((out / "results.json").read_text())["records"]
+    assert rows and all(r["level"] == "client" for r in rows)

@@ -412,3 +412,94 @@ def test_noise_aware_helpers_exact():
     np.testing.assert_array_equal(kept.counts, [[0.0, 3.0], [5.0, 0.0]])
     np.testing.assert_array_equal(kept.sums[0, 0], 0.0)
     assert dropped == 1
+
+
+# -- issue 23: printing rounds up; the PLD accountant calibrates without sampling ------------------
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.floats(min_value=1e-300, max_value=1e300, allow_nan=False, allow_infinity=False))
+def test_format_up_never_prints_below_the_value(x):
+    from decimal import Decimal
+
+    from mechanisms.ledger import format_up
+
+    text = format_up(x)
+    printed, exact = Decimal(text), Decimal(repr(x))
+    assert printed >= exact * (1 - Decimal("1e-12"))  # at most the accountants' resolution below
+    assert printed <= exact * Decimal("1.001") + Decimal("1e-320")  # four significant figures
+    assert float(text) == pytest.approx(x, rel=1e-3)
+
+
+def test_format_up_examples():
+    from mechanisms.ledger import format_up
+
+    assert format_up(1.00005) == "1.001"  # "%.4g" prints 1: below the true epsilon
+    assert format_up(3.14159) == "3.142" and format_up(1.23449) == "1.235"
+    assert format_up(1e-5) == "1e-05" and format_up(9.99999) == "10" and format_up(math.inf) == "inf"
+
+
+@pytest.mark.parametrize("eps", [0.1, 1.0, 8.0])
+def test_pld_accountant_calibrates_without_sampling(eps):
+    from mechanisms.calibration import gdp_mu
+
+    mech = GaussianMechanism(epsilon=eps, delta=1e-5, clip=1.0, accountant="pld")
+    # The PLD's pessimistic discretisation asks for slightly more noise than the exact GDP calibration.
+    assert gdp_mu(eps, 1e-5) * 0.995 <= mech.mu <= gdp_mu(eps, 1e-5)
+    rng = np.random.default_rng(0)
+    mech.release(rng.normal(size=(5, 3)), np.arange(5) % 2, rng=rng)
+    assert mech.report().epsilon <= eps * (1 + 1e-9)
+
+
+# -- issue 23: no bare exception from a mechanism or accountant for any accepted parameter ---------
+import os  # noqa: E402
+
+from privfed.errors import PrivfedError  # noqa: E402
+
+_budgets = st.tuples(
+    st.one_of(st.floats(min_value=1e-3, max_value=20.0), st.just(math.inf)),
+    st.floats(min_value=1e-12, max_value=0.5),
+)
+
+
+@settings(max_examples=int(os.environ.get("PRIVFED_HYPOTHESIS_EXAMPLES", 15)), deadline=None)
+@given(
+    budget=_budgets,
+    clip=st.floats(min_value=1e-6, max_value=1e6),
+    level=st.sampled_from(["record", "client"]),
+    second=st.booleans(),
+    calibration=st.sampled_from(["analytic", "classic"]),
+    clip_norm=st.sampled_from(["l2", "coordinate"]),
+    rounds=st.integers(min_value=1, max_value=50),
+    q=st.one_of(st.just(1.0), st.floats(min_value=1e-3, max_value=1.0)),
+    split=st.sampled_from(["equal", "joint"]),
+    accountant=st.sampled_from(["auto", "gdp", "pld", "prv", "rdp"]),
+    max_records=st.integers(min_value=1, max_value=10_000),
+)
+def test_mechanism_accepts_or_refuses_clearly(budget, clip, level, second, calibration, clip_norm, rounds, q, split,
+                                              accountant, max_records):
+    import warnings
+
+    eps, delta = budget
+    kw = dict(epsilon=eps, delta=delta, clip=clip, level=level, calibration=calibration, clip_norm=clip_norm,
+              rounds=rounds, sampling_rate=q, split=split, accountant=accountant, dim=4,
+              blocks=("sums", "counts", "second") if second else ("sums", "counts"),
+              trusted_aggregator=level == "client")
+    if level == "client":
+        kw["max_records"] = max_records
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            mech = GaussianMechanism(**kw)
+        except PrivfedError:
+            return  # refused with a named, user-facing error
+        assert all(math.isfinite(s) and s >= 0 for s in mech.sigma.values())
+        rng = np.random.default_rng(0)
+        if q == 1.0 and level == "record":
+            mech.release(rng.normal(size=(6, 4)), np.arange(6) % 2, rng=rng)
+            rep = mech.report()
+            assert rep.epsilon >= 0 and (math.isinf(eps) or rep.epsilon <= eps * (1 + 1e-6) or
+                                         calibration == "classic")
+            assert isinstance(rep.guarantee, str) and rep.guarantee

@@ -102,7 +102,8 @@ def flower_release(
             method=method, method_params=dict(method_params or {}), clients=len(nodes), epsilon=epsilon,
             delta=delta, clip=clip, level=level, max_records=max_records,
             trusted_aggregator=trusted_aggregator, secure=secure, dropout_tolerance=dropout_tolerance,
-            wire=wire, num_classes=int(data["num_classes"]), noise_seed=int(seed), timeout=30.0,
+            wire=wire, num_classes=int(data["num_classes"]), noise_seed=None if seed is None else int(seed),
+            timeout=30.0,
             connect_timeout=5.0,
         )
         res = serve(LocalGrid(nodes, client_app), cfg, keep_view=True)
@@ -114,10 +115,16 @@ def flower_release(
 def _server_view(res, cfg: FlowerConfig) -> dict:
     head, rep = res.head, res.head.privacy
     uploads = [v for stage, _node, v in _plain_uploads(res.received)]
+    sigma = dict(getattr(rep, "sigma", None) or {})
     if cfg.secure != "none" or (rep is not None and rep.placement == "central"):
         arrays = [np.asarray(a, dtype=np.float64) for a in res.sums]
+        # central: the noisy aggregate's blocks in statistic order; secure sums: which is which is not stated
+        names = ([f for f in ("counts", "sums", "second", "class_second") if f in sigma]
+                 if cfg.secure == "none" else [None] * len(arrays))
     else:
         arrays = [np.asarray(a, dtype=np.float64) for up in uploads for a in up.values()]
+        names = [k for up in uploads for k in up]  # every node adds the full sigma to its own upload
+    noise = tuple((i, float(sigma[b])) for i, b in enumerate(names) if b in sigma and i < len(arrays))
     wire = res.report["wire"]
     shapes = tuple(tuple((k, tuple(np.shape(a))) for k, a in sorted(up.items())) for up in uploads)
     stages = tuple(sorted((name, st["answered"], st["bytes_up_total"], st["bytes_down_total"])
@@ -132,7 +139,7 @@ def _server_view(res, cfg: FlowerConfig) -> dict:
         tuple(head.notes),
         ("summed", secure.get("summed_nodes"), tuple(secure.get("dropped", ()))),
     )
-    return {"arrays": arrays, "meta": meta, "report": rep}
+    return {"arrays": arrays, "meta": meta, "report": rep, "noise": noise}
 
 
 def _plain_uploads(received: list) -> list:
