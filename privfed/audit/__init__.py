@@ -30,7 +30,7 @@ from privfed.audit.estimators import (
     noise_scale_test,
 )
 from privfed.audit.neighbours import Neighbours, edge_battery, neighbour_battery
-from privfed.audit.paths import Tap, fit_release, rounds_release, server_view, tradeoff_release
+from privfed.audit.paths import fit_release, rounds_release, server_view, tradeoff_release
 from privfed.audit.runner import (
     FAILING,
     MIN_META_DRAWS,
@@ -48,7 +48,6 @@ __all__ = [
     "AuditResult",
     "Neighbours",
     "ReleaseAudit",
-    "Tap",
     "audit",
     "audit_gaussian_blocks",
     "audit_release",

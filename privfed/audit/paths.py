@@ -14,7 +14,8 @@ A *run* is a callable ``(dataset kwargs, seed) -> dict`` for :func:`privfed.audi
 Each returns ``arrays`` (the noisy uploads with local noise, the noisy aggregate with a trusted
 aggregator, the secure sums under secure aggregation, the released sums of every round),
 ``meta``, ``report`` and ``noise`` (the std the ledger books for each array, for the noise-scale
-check).  :class:`Tap` wraps a privacy hook or a protocol to record what the server receives.
+check), all read off the release's own trace (:class:`privfed.release.ReleaseTrace`): the auditor
+sees what the release sent, never a copy of it.
 """
 
 from __future__ import annotations
@@ -23,114 +24,44 @@ from collections.abc import Callable
 
 import numpy as np
 
-__all__ = ["Tap", "fit_release", "rounds_release", "server_view", "tradeoff_release"]
+from privfed.release import keeping_uploads
+
+__all__ = ["fit_release", "rounds_release", "server_view", "tradeoff_release"]
 
 
-class Tap:
-    """Wraps a privacy hook or a protocol and keeps what the server receives; delegates everything else."""
-
-    def __init__(self, inner) -> None:
-        self._inner = inner
-        self.uploads = None
-        self.aggregate = None
-        self.sums: list = []
-
-    def __getattr__(self, name):
-        return getattr(self._inner, name)
-
-    @property
-    def stream_target(self):
-        """The hook whose streamed release the pipeline may take (through this tap's recording wrappers)."""
-        return self._inner
-
-    def fold_local_upload(self, stats, method, rng, *, chunk_bytes=None):
-        """The inner streamed release (sum-only methods), recording every client's noisy upload."""
-        parts: dict = {}
-
-        def record(block, k0, k1, values):
-            parts.setdefault(block, []).append(np.array(values))
-
-        out = self._inner.fold_local_upload(stats, method, rng, chunk_bytes=chunk_bytes, observe=record)
-        self.uploads = _uploads(parts, stats)
-        return out
-
-    def local_upload_stream(self, stats, rng, *, chunk_bytes=None):
-        """The inner streamed release (per-client methods), recording every client's noisy upload."""
-        counts, chunks = self._inner.local_upload_stream(stats, rng, chunk_bytes=chunk_bytes)
-        tap = self
-
-        def recording():
-            sums = []
-            for k0, k1, values in chunks:
-                sums.append(np.array(values))
-                yield k0, k1, values
-            tap.uploads = _uploads({"counts": [counts], "sums": sums}, stats)
-
-        return counts, recording()
-
-    def before_upload(self, stats, method, rng):
-        out = self._inner.before_upload(stats, method, rng)
-        self.uploads = out
-        return out
-
-    def after_aggregate(self, total, method, rng):
-        out = self._inner.after_aggregate(total, method, rng)
-        self.aggregate = out
-        return out
-
-    def secure_sum(self, rng):
-        fn = self._inner.secure_sum(rng)
-        tap = self
-
-        def wrapped(stack):
-            total = fn(stack)
-            tap.sums.append(np.array(total, dtype=np.float64))
-            return total
-
-        return wrapped
-
-    def report(self, *args, **kwargs):
-        return self._inner.report(*args, **kwargs)
-
-
-def _uploads(parts: dict, stats):
-    """The clients' recorded uploads (dense, one array per block) as a ClientStats."""
-    from privfed.stats import ClientStats
-
-    arrays = {block: np.concatenate(values) for block, values in parts.items()}
-    return ClientStats(counts=arrays["counts"], sums=arrays["sums"], second=arrays.get("second"),
-                       owners=stats.owners)
-
-
-def _ledger_scales(hook) -> dict:
-    """Block -> the Gaussian noise std the hook's ledger books for its latest release (what the report uses)."""
-    events = list(getattr(getattr(hook, "ledger", None), "events", ()) or ())
+def _ledger_scales(events) -> dict:
+    """Block -> the Gaussian noise std the release's events book (its latest release: what the report uses)."""
+    events = [e for e in events if e.get("mechanism") == "gaussian"]
     if not events:
         return {}
-    last = max(e.release_id for e in events)
-    return {e.block: float(e.scale) for e in events if e.release_id == last and e.mechanism == "gaussian"}
+    last = max(e["release_id"] for e in events)
+    return {e["block"]: float(e["scale"]) for e in events if e["release_id"] == last}
 
 
-def server_view(head, ptap: Tap, stap: "Tap | None") -> dict:
-    """What the server (or the user) receives from one ``fit``: arrays, metadata, report, stated noise."""
+def server_view(head) -> dict:
+    """What the server (or the user) receives from one release, read off its trace: arrays, metadata,
+    report, stated noise.
+
+    With a trusted aggregator that is the noisy sum it releases; otherwise what the server received (each
+    noisy upload with local noise, the outputs of a secure-sum protocol).  The release must have kept its
+    uploads (:func:`privfed.release.keeping_uploads`) where it streams them.
+    """
     rep = head.privacy
+    seen = head.trace.release_view()
     C, d = np.shape(head.weight)
     by_shape = {(C,): "counts", (1, C): "counts", (C, d): "sums", (1, C, d): "sums", (d, d): "second",
                 (1, d, d): "second"}
     if C == d:  # sums and second moment have the same shape: which is which is not stated
         by_shape = {s: b for s, b in by_shape.items() if b == "counts"}
-    if stap is not None and stap.sums:
-        arrays = list(stap.sums)
+    if seen.kind == "secure-sums":
+        arrays = list(seen.arrays)
         names = [by_shape.get(tuple(np.shape(a))) for a in arrays]
-    elif rep is not None and rep.placement == "central" and ptap.aggregate is not None:
-        named = ptap.aggregate.arrays()
-        arrays, names = list(named.values()), list(named)
-    elif ptap.uploads is not None:
-        named = ptap.uploads.arrays()
+    elif seen.stats is not None:
+        named = seen.stats.arrays()
         arrays, names = list(named.values()), list(named)
     else:
         arrays, names = [], []
-    scales = _ledger_scales(ptap.stream_target)
+    scales = _ledger_scales(head.trace.events)
     noise = tuple((i, scales[b]) for i, b in enumerate(names) if b in scales)
     up = head.upload_bytes or {}
     meta = (
@@ -153,10 +84,10 @@ def fit_release(method: str, make_privacy: Callable[[], object], make_secure_agg
     import privfed
 
     def run(data: dict, seed: int) -> dict:
-        ptap = Tap(make_privacy())
-        stap = None if make_secure_agg is None else Tap(make_secure_agg())
-        head = privfed.fit(method, random_state=seed, privacy=ptap, secure_agg=stap, **data, **params)
-        return server_view(head, ptap, stap)
+        secure = None if make_secure_agg is None else make_secure_agg()
+        with keeping_uploads():
+            head = privfed.fit(method, random_state=seed, privacy=make_privacy(), secure_agg=secure, **data, **params)
+        return server_view(head)
 
     return run
 
@@ -171,18 +102,17 @@ def tradeoff_release(cfg, method: str, epsilon: float, clip: float | None, secur
     def run(data: dict, seed: int) -> dict:
         m = _methods.get(method, **params)
         sa = make_secure_agg(secure)
-        stap = None if sa is None else Tap(sa)
-        ptap = Tap(make_privacy(cfg, m, epsilon, clip, secure_agg=stap))
-        declare = getattr(ptap, "declare_randomness", None)
+        privacy = make_privacy(cfg, m, epsilon, clip, secure_agg=sa)
+        declare = getattr(privacy, "declare_randomness", None)
         if declare is not None:
             declare(seeded=True)
         K, C = int(data["num_clients"]), int(data["num_classes"])
         rng = np.random.default_rng(seed)  # None: OS entropy (the sweep still declares a seeded simulation)
         stats = client_statistics(m, np.asarray(data["features"], float), np.asarray(data["labels"]),
                                   np.asarray(data["clients"]), num_classes=C, num_clients=K, rng=rng,
-                                  privacy=ptap, secure_agg=stap)
-        head = server_head(m, stats, num_clients=K, rng=rng, privacy=ptap, secure_agg=stap)
-        return server_view(head, ptap, stap)
+                                  privacy=privacy, secure_agg=sa)
+        head = server_head(m, stats, num_clients=K, rng=rng, privacy=privacy, secure_agg=sa, keep_uploads=True)
+        return server_view(head)
 
     return run
 

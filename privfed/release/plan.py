@@ -182,10 +182,8 @@ def _streams(privacy: Any, method: Method, predicate: str) -> bool:
     ``_noisy``, the stream's own methods), or a per-client method whose
     ``aggregate``/``estimate`` is not the one its ``aggregate_stream`` agrees
     with, keeps the one-call release: the stream would bypass what it changed.
-    An observer that wraps a hook and records the streamed uploads itself names
-    the hook it wraps as ``stream_target``.
     """
-    target = getattr(privacy, "stream_target", None) or privacy
+    target = privacy
     entry = "fold_local_upload" if predicate == "streams_upload" else "local_upload_stream"
     owner = _defining_class(type(target), entry)
     if owner is None:
