@@ -759,12 +759,38 @@ class GaussianMechanism:
     def _distributed(self, stats: ClientStats, rng: np.random.Generator) -> ClientStats:
         """Every client adds its share sigma^2 / (K - t); what reaches the sum is settled in :meth:`report`."""
         K = stats.num_clients
-        share = self._share(K)
-        out = self._noisy(stats, rng, self.level, share=share)
-        run = getattr(self._secagg, "last_run", None)
-        self._pending_secure.append((self.ledger._next_id, K, share, run))
+        out = self._noisy(stats, rng, self.level, share=self._share(K))
+        self._pending_secure.append((self.ledger._next_id, K, self._share(K), getattr(self._secagg, "last_run", None)))
         self._placements.append("distributed")
         return out
+
+    # -- the same release split across processes (a Flower node and its server) ------------------------
+    def node_release(self, stats: ClientStats, num_clients: int, rng: np.random.Generator) -> ClientStats:
+        """One node's upload under secure aggregation, as :meth:`before_upload` makes every client's in ``fit``.
+
+        At client level the node's statistics are first bounded to ``max_records`` records' worth; the node
+        then adds its share sigma^2 / (K - t) of the noise (K = ``num_clients``; ConfigError when K <= t)
+        and the release is booked in this mechanism's ledger.
+        """
+        if self.level == "client":
+            stats = self._bound_clients(stats)
+        return self._noisy(stats, rng, self.level, share=self._share(int(num_clients)))
+
+    def book_distributed(self, events: list[dict], num_clients: int, protocol) -> None:
+        """The server's side of :meth:`node_release`: book the nodes' release once, settled in :meth:`report`.
+
+        ``events`` are one node's release events (every node books the same); ``protocol`` stands for
+        the secure-sum protocol: its ``last_run.calls`` (each with ``uploaded``) say whose shares reached
+        each sum once it ran, as for ``fit``.
+        """
+        rid = self.ledger.new_release()
+        for e in events:
+            self.ledger.record(ReleaseEvent(**{**{k: v for k, v in e.items() if k != "release_id"},
+                                               "release_id": rid}))
+        K = int(num_clients)
+        self._pending_secure.append((rid, K, self._share(K), getattr(protocol, "last_run", None)))
+        self._secagg = protocol
+        self.record_placement("distributed")
 
     def _settle_secure(self) -> None:
         """Rewrite distributed releases with the noise that actually reached the sum.

@@ -19,11 +19,10 @@ On Flower the two halves live in different processes:
   summed -- the same ledger, hence the same report, as ``fit`` with the same
   mechanism, protocol and dropout pattern.
 
-Both halves call the mechanism's own bounding, noising and settlement code;
-they reach into :class:`mechanisms.GaussianMechanism`'s share bookkeeping
-(``_share``, ``_noisy``, ``_bound_clients``, ``_pending_secure``) because its
-public ``before_upload`` takes K from the rows it is given, and a node holds
-one row of K.
+Both halves call the mechanism's own code for the two halves of the release
+it makes in ``fit``: :meth:`GaussianMechanism.node_release` (bound, add the
+share, book the release) on the node and :meth:`GaussianMechanism.book_distributed`
+on the server (its settlement is the one ``report`` makes for ``fit``).
 """
 
 from __future__ import annotations
@@ -32,7 +31,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from mechanisms.ledger import ReleaseEvent
 from privfed.errors import ConfigError
 from privfed.stats import ClientStats
 
@@ -69,10 +67,7 @@ def node_share(privacy, stats: ClientStats, method, num_clients: int, rng: np.ra
     records' worth, as ``before_upload`` does for every client in ``fit``.
     """
     privacy.check(method, _SecureProtocol(protocol))
-    if privacy.level == "client":
-        stats = privacy._bound_clients(stats)
-    share = privacy._share(int(num_clients))  # ConfigError when K <= t
-    out = privacy._noisy(stats, rng, privacy.level, share=share)
+    out = privacy.node_release(stats, num_clients, rng)
     return out, [_event_dict(e) for e in privacy.ledger.events]
 
 
@@ -107,19 +102,11 @@ class SecureNoiseReport:
             raise ConfigError("no node reported its noise share; a DP secure run needs every node's release")
         if any(s != strip[0] for s in strip):
             raise ConfigError("the nodes report different privacy releases; every node must run the same mechanism")
-        ledger = self.privacy.ledger
-        rid = ledger.new_release()
-        for e in strip[0]:
-            ledger.record(ReleaseEvent(**{**e, "release_id": rid}))
-        self._rid = rid
-        share = self.privacy._share(self.num_clients)
-        # As GaussianMechanism._distributed: the release is settled when the protocol's run is known.
-        self.privacy._pending_secure.append((rid, self.num_clients, share, self.protocol.last_run))
-        self.privacy.record_placement("distributed")
+        self.privacy.book_distributed(strip[0], self.num_clients, self.protocol)
+        self._rid = len(self.privacy.ledger.events)
 
     def settle(self, uploaded_per_sum: list[int]) -> None:
         """The secure sums ran: ``uploaded_per_sum[i]`` nodes' inputs (and noise shares) are in sum i."""
         if self._rid is None:
             raise ConfigError("settle() before record(): no distributed release to settle")
         self.protocol.last_run = _Run([{"uploaded": int(u)} for u in uploaded_per_sum])
-        self.privacy._secagg = self.protocol
