@@ -440,10 +440,10 @@ def digits_public_clip(seed: int = 0) -> float:
     The attacker and the clients both know the public split, so a clip bound
     read from it costs no privacy (the private data is never looked at).
     """
-    from privfed.data.digits import digits_splits, extract_features, get_backbone
+    from privfed.data.digits import digits_splits, embed
 
     splits = digits_splits(seed)
-    feats = extract_features(get_backbone(seed=seed), splits.public_images)
+    feats = embed(splits.public_images, seed=seed)
     return float(np.median(np.linalg.norm(feats, axis=1)))
 
 
