@@ -478,8 +478,8 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescript
 
     def _get_help_string(self, action):
         text = action.help or ""
-        if "default" in text.lower() or action.default in (None, False, argparse.SUPPRESS) \
-                or not action.option_strings:
+        if "default" in text.lower() or action.default is None or action.default is False \
+                or action.default == argparse.SUPPRESS or not action.option_strings:
             return text
         return text + " (default: %(default)s)"
 
