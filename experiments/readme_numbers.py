@@ -1,7 +1,7 @@
-"""Regenerate the numbers README.md quotes, and check or rewrite them.
+"""Regenerate the numbers README.md and the docs pages quote, and check or rewrite them.
 
-Every block of numbers in the README that is cheap to compute lives between
-two markers::
+Every block of numbers in the README or a page of ``docs/`` lives between
+two markers (a block may appear on several pages; each copy is checked)::
 
     <!-- readme-numbers:NAME tol=T -->
     ...generated text...
@@ -43,6 +43,12 @@ import numpy as np
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
+DOCS = ROOT / "docs"
+
+
+def doc_files() -> list[pathlib.Path]:
+    """The README and every page of the docs site: where the generated blocks live."""
+    return [README, *sorted(DOCS.glob("*.md"))]
 if str(ROOT) not in sys.path:  # the blocks import experiments.* and the tests' own constants
     sys.path.insert(0, str(ROOT))
 
@@ -131,6 +137,24 @@ def orderings() -> str:
     if broken:
         raise RuntimeError(f"the README's orderings no longer hold: {broken}; rewrite the text")
     return ORDERINGS.format(**values)
+
+
+def protections() -> str:
+    """Which protection each method supports, read from the method registry (no hand-kept marks)."""
+    import privfed
+    from privfed.methods import Method
+
+    lines = [
+        "| method | uploads | DP, noise on each upload | DP, trusted aggregator | secure aggregation (mask, ckks) |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for name in privfed.methods.available():
+        cls = privfed.methods.get_class(name)
+        own = type.__getattribute__(cls, "secure_aggregate") is not Method.secure_aggregate
+        secure = "yes (its own two-round protocol)" if own else ("yes" if not cls.per_client else "no")
+        trusted = "no (needs every client's statistics)" if cls.per_client else "yes"
+        lines.append(f"| {name} | {', '.join(sorted(cls.requires))} | yes | {trusted} | {secure} |")
+    return "\n".join(lines) + "\n"
 
 
 #: The README's first command, as run here (with a temporary --out and no progress bar).
@@ -695,7 +719,7 @@ def _kb(b: float) -> str:
 
 
 FEDLOG_TRAINING = """\
-### What training buys on digits ({clients} clients, 2 classes each, {rounds} rounds, {epochs} local epochs, seed 0)
+## What training buys on digits ({clients} clients, 2 classes each, {rounds} rounds, {epochs} local epochs, seed 0)
 
 Regenerate: `{command}` (the `compare` part; about 25 minutes for every part on a loaded 2-core machine)
 
@@ -1055,6 +1079,7 @@ BLOCKS: dict[str, Block] = {
         volatile=(r"results/tradeoff-[^/\s]*/", r"\(\d+(?:\.\d+)? s\)"),
     ),
     "snippet": Block(snippet, True, "the code snippet, run, with the score its comment quotes"),
+    "protections": Block(protections, True, "the methods x protections table (from the method registry)"),
     "calibration": Block(calibration, True, "the calibration bullet (analytic and classic sigma, the classic sigma's real eps)"),
     "dropouts": Block(dropouts, True, "the report bullet's dropout example (eps from the noise shares present)"),
     "tradeoff-readings": Block(readings, True, "the trade-off readings (from experiments/results/recipes.json)"),
@@ -1263,7 +1288,7 @@ STATED: dict[str, object] = {
     "0.955": ("FedLog on features x 1e-3 with feature_scale='auto'", _fedlog_small_features, "accuracy 0.100, or 0.955"),
     "1%": "a false-positive rate (an input)", "2KB": "a formula (2 K B)", "8×": "the digits' image size",
     "40 dB": "the PSNR cap (an input of the metric)",
-    "3.11": "Python version",
+    "3.11": "Python version", "3.10": "minimum Python (pyproject requires-python)",
     "2.14.1": "pinned torch", "0.29.1": "pinned torchvision", "1.41.0": "pinned flwr", "25.0": "pinned packaging",
     "2.1": "minimum torch",
     "0.05": "an input eps", "0.1": "an input eps / Dirichlet alpha", "0.2": "an input eps", "0.3": "Dirichlet alpha",
@@ -1330,7 +1355,7 @@ def main(argv=None) -> int:
     g.add_argument("--show", metavar="NAME", help="print one regenerated block")
     g.add_argument("--list", action="store_true", help="list the blocks")
     p.add_argument("--only", metavar="LIST", help="comma-separated block names")
-    p.add_argument("--readme", default=str(README), help="the README to check or write")
+    p.add_argument("--readme", default=None, help="one page to check or write (default: README.md and docs/*.md)")
     args = p.parse_args(argv)
     if args.list:
         for name, b in BLOCKS.items():
@@ -1342,17 +1367,25 @@ def main(argv=None) -> int:
         print(BLOCKS[args.show].make(), end="")
         return 0
     names = None if not args.only else args.only.split(",")
-    path = pathlib.Path(args.readme)
-    readme = path.read_text(encoding="utf-8")
-    fresh = regenerate(names)
+    paths = [pathlib.Path(args.readme)] if args.readme else doc_files()
+    texts = {path: path.read_text(encoding="utf-8") for path in paths}
+    present = {n for text in texts.values() for n in find_blocks(text)}
+    fresh = regenerate([n for n in (names or BLOCKS) if n in present])
+    missing = sorted(set(names or BLOCKS) - present)
     if args.write:
-        path.write_text(write(readme, fresh), encoding="utf-8")
-        print(f"rewrote {len(fresh)} block(s) of {path}: {', '.join(fresh)}")
+        for path, text in texts.items():
+            mine = {n: t for n, t in fresh.items() if n in find_blocks(text)}
+            if mine:
+                path.write_text(write(text, mine), encoding="utf-8")
+                print(f"rewrote {len(mine)} block(s) of {path.relative_to(ROOT)}: {', '.join(mine)}")
         return 0
-    problems = check(readme, fresh)
+    problems = [f"{n}: in no page (README.md, docs/*.md)" for n in missing]
+    for path, text in texts.items():
+        mine = {n: t for n, t in fresh.items() if n in find_blocks(text)}
+        problems += [f"{path.relative_to(ROOT)}: {p}" for p in check(text, mine)]
     for line in problems:
         print(line)
-    print(f"{len(fresh) - len({p.split(':')[0] for p in problems})} of {len(fresh)} block(s) agree")
+    print(f"{len(problems)} problem(s) in {len(fresh)} block(s) over {len(texts)} page(s)")
     return 1 if problems else 0
 
 
