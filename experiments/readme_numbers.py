@@ -1280,7 +1280,24 @@ def _fedlog_small_features() -> bool:  # the reliability bullet: FedLog on digit
     return f"{small:.3f}" == "0.100" and f"{auto:.3f}" == "0.955"
 
 
+def _flower_timeout() -> bool:  # the Flower command's default stage timeout: base + per node
+    from privfed.flower.__main__ import TIMEOUT_BASE_S, TIMEOUT_PER_NODE_S
+
+    return TIMEOUT_BASE_S == 120.0 and TIMEOUT_PER_NODE_S == 10.0
+
+
+def _test_fraction() -> bool:  # the held-out share of digits and of a feature file without test arrays
+    from privfed.data import digits, npzfile
+
+    return digits.TEST_FRACTION == npzfile.DEFAULT_TEST_FRACTION == 0.2
+
+
 STATED: dict[str, object] = {
+    "20 %": ("the held-out test fraction", _test_fraction),
+    "20%": ("the held-out test fraction", _test_fraction),
+    "120 s": ("the Flower command's base stage timeout", _flower_timeout, "by default 120 s plus 10 s per"),
+    "10 s": ("the Flower command's stage timeout per node", _flower_timeout, "by default 120 s plus 10 s per"),
+    "1.41": "pinned flwr (1.41.0)",
     "0.925": ("the claimed mu of the audits at eps = 4", _claimed_mu, "μ = 0.925"),
     "3.997": ("the audit sweep's claimed eps with client sampling", _sampled_claim, "claimed ε = 3.997"),
     "0.25": "the audit sweep's sampling rate (an input)",
@@ -1343,7 +1360,7 @@ def unexplained(readme: str, stated: dict[str, str] | None = None) -> list[str]:
             return False
         return not (isinstance(v, tuple) and len(v) > 2 and v[2] not in line)  # a constant only where it is stated
 
-    return [f"README line {i}: {tok!r} in {line.strip()[:100]!r}" for i, tok, line in outside_blocks(readme)
+    return [f"line {i}: {tok!r} in {line.strip()[:100]!r}" for i, tok, line in outside_blocks(readme)
             if not ok(tok, line)]
 
 

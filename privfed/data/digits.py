@@ -18,14 +18,17 @@ weights of seed 0 ship with the package (``digits_cnn_seed0.npz``, its
 SHA-256 recorded here as :data:`SHIPPED_WEIGHTS`), so the default features
 are the same on every torch version up to float rounding and nothing is
 trained at first use.  ``experiments/train_digits_backbone.py`` makes that
-file: training is deterministic (seeded, deterministic algorithms, one
-thread, a few seconds on one CPU thread), and the script retrains and
-compares against the shipped file.  Other seeds (or ``weights="trained"``)
+file: training is deterministic on one machine (seeded, deterministic
+algorithms, one thread, a few seconds), and the script retrains and
+compares against the shipped file; across CPUs and torch versions float32
+kernels differ, so retrained weights differ slightly and the shipped file
+is what fixes the default features.  Without torch, the shipped weights run
+through :func:`extract_features_numpy` (same features up to float32 rounding).  Other seeds (or ``weights="trained"``)
 train the backbone and cache it, keyed by everything that determines it
 (the torch version included, since training is not reproducible across
 versions); extracted features are cached keyed by the weights' digest.
 The attack module uses the same backbone and public split as the
-attacker's knowledge (``spec/attacks.md``).
+attacker's knowledge (see :mod:`attacks.view`).
 """
 
 from __future__ import annotations
