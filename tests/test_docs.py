@@ -72,12 +72,7 @@ def _env(cache: Path) -> dict[str, str]:
 
 
 def _run(block: CodeBlock, tmp_path: Path, cache: Path) -> None:
-    # `python` in a block is this interpreter (the venv's): a shim first on PATH
-    shim = tmp_path / "bin"
-    shim.mkdir()
-    (shim / "python").symlink_to(sys.executable)
-    env = _env(cache)
-    env["PATH"] = f"{shim}{os.pathsep}{env['PATH']}"
+    env = _env(cache)  # `python` in a block is this interpreter's: its bin folder comes first on PATH
     if block.lang == "python":
         script = tmp_path / "block.py"
         script.write_text(block.body)
