@@ -65,10 +65,12 @@ def singleton_exposure() -> str:
     return (
         "* **Singleton exposure.** A client that holds one sample of a class uploads\n"
         "  that sample's raw feature as a \"mean\", and the attack recovers it exactly.\n"
-        f"  With 10 samples per client, the share of exposed samples is {ten[0.1]['exposed_clean']:.1%} at\n"
+        f"  With 10 samples per client ({ten[0.1]['clients']} clients), the share of exposed samples is "
+        f"{ten[0.1]['exposed_clean']:.1%} at\n"
         f"  Dirichlet α = 0.1, {ten[0.3]['exposed_clean']:.1%} at α = 0.3, {ten[1.0]['exposed_clean']:.1%} at α = 1, "
         f"and {iid['exposed_clean']:.0%} under IID\n"
-        f"  ({iid['samples_per_client']} samples per client; `{rec['command']}`, {rec['data']['config']['seeds']} seeds).\n"
+        f"  ({iid['clients']} clients of {iid['samples_per_client']} samples; `{rec['command']}`, "
+        f"{rec['data']['config']['seeds']} seeds).\n"
         f"  Laplace count noise at ε = 1 still leaves {min(lap):.1%}–{max(lap):.1%} exposed, because the\n"
         "  means go in clear.\n"
     )
