@@ -14,6 +14,7 @@ command's ``--help``) is instant.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 
 __all__ = [
     "ClientStats",
@@ -43,6 +44,8 @@ _LAZY = {
 
 def __getattr__(name: str):
     if name not in _LAZY:
+        if not name.startswith("__") and importlib.util.find_spec(f"privfed.{name}") is not None:
+            return importlib.import_module(f"privfed.{name}")  # a submodule, as `import privfed.stats` gives
         raise AttributeError(f"module 'privfed' has no attribute {name!r}")
     module, attr = _LAZY[name]
     value = importlib.import_module(module)
