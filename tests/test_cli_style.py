@@ -74,18 +74,22 @@ def test_flower_eps_list_is_one_clear_line(capsys):
 
 @pytest.mark.parametrize("command", ["privfed.tradeoff", "privfed.attack", "privfed.flower"])
 def test_help_is_fast_and_imports_nothing_heavy(command):
-    """--help in under a second even on a loaded machine: measured against a bare interpreter's start in the
+    """--help in under a second: the best of three runs against a bare interpreter's start measured in the
     same test (the help may cost at most 1 s more), and no numerical or Flower module is imported."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     probe = ("import runpy, sys; sys.argv = [sys.argv[0], '--help']\n"
              "try:\n    runpy.run_module(%r, run_name='__main__')\nexcept SystemExit:\n    pass\n"
              "heavy = sorted(m for m in ('scipy', 'sklearn', 'torch', 'flwr', 'privfed.methods', 'attacks') "
              "if m in sys.modules)\nprint('HEAVY', heavy, file=sys.stderr)\n") % command
-    t = time.perf_counter()
-    subprocess.run([sys.executable, "-c", "pass"], env=env, check=True)
-    bare = time.perf_counter() - t
-    t = time.perf_counter()
-    res = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, cwd=REPO)
-    took = time.perf_counter() - t
+    def best_of_3(argv):  # the fastest of three runs: load spikes on a busy machine only ever add time
+        times, res = [], None
+        for _ in range(3):
+            t = time.perf_counter()
+            res = subprocess.run(argv, env=env, capture_output=True, text=True, cwd=REPO)
+            times.append(time.perf_counter() - t)
+        return min(times), res
+
+    bare, _ = best_of_3([sys.executable, "-c", "pass"])
+    took, res = best_of_3([sys.executable, "-c", probe])
     assert "usage:" in res.stdout and "HEAVY []" in res.stderr, res.stderr
     assert took - bare < 1.0, (took, bare)
