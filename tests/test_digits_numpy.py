@@ -116,3 +116,16 @@ def test_the_main_job_needs_no_torch(tmp_path, digits_dataset):
 
     bound = float32_error_bound(load_shipped_weights(0), digits_splits(0).private_images)
     assert np.all(np.abs(np.load(out) - digits_dataset.train_features) <= 2 * bound)
+
+
+def test_the_core_install_pulls_no_torch():
+    """The first command's install (`pip install -e .`) has no torch, CUDA or opacus; the extras do."""
+    import re
+    import tomllib
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    names = lambda reqs: {re.split(r"[\s<>=!\[;~]", r, maxsplit=1)[0].lower() for r in reqs}  # noqa: E731
+    assert not names(project["dependencies"]) & {"torch", "torchvision", "opacus", "flwr", "tenseal"}
+    extras = project["optional-dependencies"]
+    assert {"torch", "opacus"} <= names(extras["torch"]) and "torch" in names(extras["all"])
+    assert {"mkdocs", "mkdocs-material", "mkdocstrings"} <= names(extras["dev"])
