@@ -59,10 +59,7 @@ import numpy as np
 import attacks
 from privfed import methods as _methods
 from privfed._cli import (
-    HelpFormatter,
     OutputDir,
-    Parser,
-    add_common_arguments,
     as_float,
     as_int,
     check_secure_agg,

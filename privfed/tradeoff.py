@@ -61,10 +61,7 @@ import numpy as np
 from privfed import _scale
 from privfed import methods as _methods
 from privfed._cli import (
-    HelpFormatter,
     OutputDir,
-    Parser,
-    add_common_arguments,
     as_bool,
     as_float,
     as_int,
