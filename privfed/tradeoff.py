@@ -548,6 +548,22 @@ def data_rules(cfg: TradeoffConfig, ds, make_partition) -> dict[str, Any]:
             "used_samples": used, "unused_samples": n - used}
 
 
+def below_chance_line(summary: list[dict[str, Any]], num_classes: int) -> str | None:
+    """A note naming the rows whose mean accuracy is below chance (1/C), with the reason, or None."""
+    chance = 1.0 / max(int(num_classes), 1)
+    below = [s for s in summary if s["accuracy_mean"] < chance]
+    if not below:
+        return None
+    rows = ", ".join(f"{s['method']} {s['placement'] or 'none'} eps={s['epsilon']:g}" for s in below)
+    if all(s["private"] and s["accuracy_mean"] + s["accuracy_std"] >= chance for s in below):
+        why = ("chance lies within the spread over seeds: at these budgets the noise swamps the few records each "
+               "client holds, so the head guesses")
+    else:
+        why = ("below chance beyond the spread over seeds: the head is worse than guessing (a failed fit or noise "
+               "far above the signal); check the data and --param, or try a larger --eps")
+    return f"note: below chance (1/{int(num_classes)} = {chance:.2g}) in {rows}: {why}"
+
+
 def data_line(rules: dict[str, Any]) -> str:
     """One line of the header: what data the run used, and how it was split."""
     unused = f", {rules['unused_samples']} unused" if rules["unused_samples"] else ""
@@ -1048,6 +1064,9 @@ def _body(argv: Sequence[str] | None) -> int:
     print(format_table(summary))
     print(TABLE_LEGEND)
     print(data_line(result["dataset"]["data_rules"]))
+    below = below_chance_line(summary, result["dataset"]["num_classes"])
+    if below:
+        print(below)
     for g in guarantee_lines(summary, cfg.methods):
         print(g)
     if any(math.isfinite(e) for e in cfg.epsilons) and result["config"].clip is not None:

@@ -93,3 +93,14 @@ def test_help_is_fast_and_imports_nothing_heavy(command):
     took, res = best_of_3([sys.executable, "-c", probe])
     assert "usage:" in res.stdout and "HEAVY []" in res.stderr, res.stderr
     assert took - bare < 1.0, (took, bare)
+
+
+def test_below_chance_rows_are_named_with_their_reason():
+    from privfed.tradeoff import below_chance_line
+
+    row = dict(method="fedlog", placement="local", epsilon=0.1, private=True, accuracy_mean=0.09, accuracy_std=0.05)
+    assert below_chance_line([{**row, "accuracy_mean": 0.5}], 10) is None
+    line = below_chance_line([row], 10)
+    assert "fedlog local eps=0.1" in line and "within the spread" in line
+    far = below_chance_line([{**row, "accuracy_std": 0.001}], 10)  # 0.091 < 0.1: beyond the spread
+    assert "worse than guessing" in far
