@@ -92,6 +92,8 @@ def _body(argv: Sequence[str] | None) -> int:
         timeout=timeout, output=args.output, min_clients=args.min_clients,
         **({} if args.connect_timeout is None else {"connect_timeout": args.connect_timeout}),
     )
+    print(f"python -m privfed.flower: starting {cfg.clients} simulated nodes (Ray start-up takes a while); each "
+          f"stage may take up to {timeout:g} s", file=sys.stderr, flush=True)
     res = run_simulation(cfg, num_cpus=args.num_cpus, verbose=args.verbose)
     from privfed.data import load_dataset
 
