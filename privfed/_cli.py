@@ -478,8 +478,8 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescript
 
     def _get_help_string(self, action):
         text = action.help or ""
-        if "default" in text.lower() or action.default in (None, False, argparse.SUPPRESS) \
-                or not action.option_strings:
+        if "default" in text.lower() or action.default is None or action.default is False \
+                or action.default == argparse.SUPPRESS or not action.option_strings:
             return text
         return text + " (default: %(default)s)"
 
@@ -580,7 +580,7 @@ def write_json(path: Path, payload: Any) -> None:
 
 #: import name -> what to install, for optional dependencies the commands may need.
 _PIP_NAMES = {"skimage": "scikit-image", "tenseal": "tenseal", "matplotlib": "matplotlib", "opendp": "opendp",
-              "torchvision": "torchvision", "opacus": "opacus"}
+              "torchvision": "torchvision", "opacus": "opacus", "torch": "torch", "flwr": "flwr[simulation]"}
 
 
 def cli_entry(prog: str, body: Callable[[Sequence[str] | None], int]) -> Callable[[Sequence[str] | None], int]:
@@ -604,8 +604,11 @@ def cli_entry(prog: str, body: Callable[[Sequence[str] | None], int]) -> Callabl
             top = (exc.name or "").split(".")[0]
             if top not in _PIP_NAMES:
                 raise
+            from privfed.optional import EXTRAS
+
+            extra = f' (or the extra: pip install "privfed[{EXTRAS[top]}]")' if top in EXTRAS else ""
             print(f"{prog}: error: this run needs the optional package {_PIP_NAMES[top]!r}, which is not "
-                  f"installed: pip install {_PIP_NAMES[top]}", file=sys.stderr)
+                  f"installed: pip install {_PIP_NAMES[top]}{extra}", file=sys.stderr)
             return 2
         except Terminated:
             print(f"{prog}: terminated (SIGTERM)", file=sys.stderr)

@@ -41,6 +41,11 @@ decoders, minutes once, then cached).
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # --help answers before the imports below, in well under a second
+    from privfed.cli_args import answer_help
+
+    answer_help("attack")
+
 import argparse
 import importlib.util
 import math
@@ -54,10 +59,7 @@ import numpy as np
 import attacks
 from privfed import methods as _methods
 from privfed._cli import (
-    HelpFormatter,
     OutputDir,
-    Parser,
-    add_common_arguments,
     as_float,
     as_int,
     check_secure_agg,
@@ -72,6 +74,8 @@ from privfed._cli import (
     periodic_checkpoint,
     versions,
 )
+from privfed.cli_args import ATTACK_GLOSSARY as GLOSSARY
+from privfed.cli_args import attack_parser as build_parser
 from privfed.errors import ConfigError, MissingDependencyError
 
 __all__ = ["AttackConfig", "build_parser", "main", "resolve_config", "run_attacks"]
@@ -101,54 +105,6 @@ class AttackConfig:
     device: str = "cpu"
     out: str = ""
     strongest: bool = True
-
-
-GLOSSARY = """\
-output columns (printed lines, results.csv, results.json):
-  placement    where the noise is added: local (each client noises its upload) or secure sum (clients add
-               shares of the noise; the server sees only the noisy sum); none for eps = inf
-  protocol     secure aggregation protocol: none, mask or ckks (the server's view is the sum either way)
-  delta        the delta used (0 for pure DP count noise, and for eps = inf)
-  auc          tracing / subspace: area under the ROC curve of the membership test (0.5 = chance);
-               for tracing, auc is the Gaussian likelihood-ratio test and auc_inner the inner-product
-               tracer (Dwork et al. 2015), both on the same targets
-  tpr@0.01     true-positive rate at 1%% false positives
-  psnr, delta_psnr   inversion: reconstruction PSNR (dB) and its gain over the public class-mean prior
-  exposed_fraction   singleton: share of uploaded records alone in their (client, class) cell
-  strongest_attack   tracing / inversion: the strongest attack of the suite on the same challenge (by auc /
-               identification); strongest_auc / strongest_identification its value; <attack>:<metric> each one
-"""
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = Parser(prog=PROG, formatter_class=HelpFormatter,
-               description="Attacks of an honest-but-curious server on shared statistics.",
-               epilog=GLOSSARY + "\nLists are comma-separated. Example: %(prog)s --attack inversion "
-                                 "--method fedcof --eps inf,1,0.1")
-    a = p.add_argument
-    a("--attack", required=True, help=f"one of {', '.join(attacks.available())}")
-    a("--method", default="fedncm", help="method name(s) whose uploads the server sees (comma list)")
-    a("--eps", default="inf", help="privacy budgets (comma list; inf = clean release)")
-    a("--delta", default="1e-05", help="delta of the Gaussian mechanism")
-    a("--clip", default=None, help="L2 clip bound for finite eps (default: the public split's median norm)")
-    a("--n", default="1,4,16", help="samples per client for --partition groups (comma list)")
-    a("--partition", default="groups", help="groups, or a privfed.federation scheme (dirichlet, iid, ...)")
-    a("--clients", default="30", help="number of clients for non-group partitions")
-    a("--alpha", default="0.1", help="Dirichlet concentration")
-    a("--max-groups", default="40", help="at most this many clients in --partition groups")
-    a("--count-noise", default=None, help="noise on the counts only (FedCOF App. I.1) instead of the Gaussian "
-      "mechanism: laplace, geometric, gaussian or uniform (no DP) (default: none)")
-    a("--backend", default=None, help="inversion backend: pixel, decoder or dip (default: the attack's)")
-    a("--source", default=None, help="inversion source: mean or second (two-stage) (default: the attack's)")
-    a("--steps", default=None, help="inversion optimisation steps, pixel or dip backend (default: the attack's)")
-    a("--max-cells", default=None, help="inversion: released cells inverted per run (default: the attack's)")
-    a("--device", default="cpu", help="torch device for the backbone (cpu or cuda)")
-    a("--strongest", action=argparse.BooleanOptionalAction, default=True,
-      help="tracing / inversion: also run the whole attack suite on the same challenge and report the strongest, "
-           "named (default: on)")
-    add_common_arguments(p, prefix="attack", seeds_default="1 (seed 0)")
-    a("--seed", dest="seed_list", help=argparse.SUPPRESS)  # older spelling: a list of seeds ('3' = seed 3)
-    return p
 
 
 def resolve_config(args: argparse.Namespace) -> AttackConfig:

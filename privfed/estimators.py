@@ -15,10 +15,20 @@ in ``_``, labels may be any sortable values (``classes_`` maps them to
 from the ``clients`` parameter (a fixed number of IID clients or a
 partition function) or from the ``clients`` argument of :meth:`fit` (the
 client of every sample).
+
+Privacy and secure aggregation are parameters, as in :func:`privfed.fit`::
+
+    from mechanisms import GaussianMechanism
+    from mechanisms.secagg import PairwiseMasking
+    clf = FederatedHeadClassifier("fedlog", clients=10,
+                                  privacy=GaussianMechanism(epsilon=2.0, delta=1e-5, clip=30.0),
+                                  secure_agg=PairwiseMasking())
+    clf.fit(X, y).head_.privacy.guarantee   # the guarantee, computed from the run's ledger
 """
 
 from __future__ import annotations
 
+import copy
 from typing import Any, Callable
 
 import numpy as np
@@ -59,8 +69,24 @@ class FederatedHeadClassifier(ClassifierMixin, BaseEstimator):
         no ``clients``: ``None`` puts them on one client (centralised), an
         int K splits them IID into K non-empty clients, a callable
         ``clients(y, rng) -> ids`` returns the client of each sample.
+    privacy : mechanism, optional
+        A privacy mechanism from :mod:`mechanisms` (clipping and noise), as
+        ``privacy=`` of :func:`privfed.fit`.  The label set (``classes_``)
+        is read from ``y`` and treated as public, like the number of classes
+        of a release.  Each :meth:`fit` uses a fresh copy (scikit-learn
+        estimators never change their parameters), so ``head_.privacy``
+        covers that fit alone: fitting several times on the same data
+        (cross-validation, a grid search) spends the budget each time, and
+        the total is the composition of the fits.
+    secure_agg : optional
+        A secure-aggregation protocol from :mod:`mechanisms.secagg` (e.g.
+        ``PairwiseMasking()``), as ``secure_agg=`` of :func:`privfed.fit`.
     random_state : None, int or numpy.random.Generator
-        Seeds the partition and the method (multi-mean sampling).
+        Seeds the partition and the method (multi-mean sampling).  With
+        ``privacy`` or ``secure_agg``, ``None`` (the default) draws fresh OS
+        entropy for the noise, the masks and the partition, as ``fit`` does;
+        a seed makes the run a reproducible simulation, and its privacy
+        report says so.  Without either, ``None`` means seed 0.
 
     Attributes
     ----------
@@ -85,11 +111,15 @@ class FederatedHeadClassifier(ClassifierMixin, BaseEstimator):
         method_params: dict[str, Any] | None = None,
         clients: int | Callable | None = None,
         random_state=None,
+        privacy: Any = None,
+        secure_agg: Any = None,
     ) -> None:
         self.method = method
         self.method_params = method_params
         self.clients = clients
         self.random_state = random_state
+        self.privacy = privacy
+        self.secure_agg = secure_agg
 
     def _client_ids(self, y: np.ndarray, clients, rng: np.random.Generator) -> np.ndarray | None:
         if clients is not None:
@@ -125,9 +155,18 @@ class FederatedHeadClassifier(ClassifierMixin, BaseEstimator):
         self.classes_, y_enc = np.unique(y, return_inverse=True)
         params = dict(self.method_params or {})
         method = _methods.get(self.method, **params)
-        rng = as_generator(self.random_state)
+        protected = self.privacy is not None or self.secure_agg is not None
+        if protected and self.random_state is None:
+            # a release: the partition from OS entropy, and fit draws its own noise and masks from it too
+            rng, fit_state = np.random.default_rng(), None
+        else:
+            rng = as_generator(self.random_state)
+            fit_state = rng
         ids = self._client_ids(y_enc, clients, rng)
-        head = _fit(method, X, y_enc, ids, num_classes=len(self.classes_), random_state=rng)
+        privacy = None if self.privacy is None else copy.deepcopy(self.privacy)  # its ledger starts empty
+        secure = None if self.secure_agg is None else copy.deepcopy(self.secure_agg)
+        head = _fit(method, X, y_enc, ids, num_classes=len(self.classes_), privacy=privacy, secure_agg=secure,
+                    random_state=fit_state)
         self.head_: LinearHead = head
         self.coef_ = head.weight
         self.intercept_ = head.bias

@@ -35,6 +35,11 @@ equal the method's non-private accuracy exactly.
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # --help answers before the imports below, in well under a second
+    from privfed.cli_args import answer_help
+
+    answer_help("tradeoff")
+
 import argparse
 import contextlib
 import csv
@@ -55,10 +60,7 @@ import numpy as np
 from privfed import _scale
 from privfed import methods as _methods
 from privfed._cli import (
-    HelpFormatter,
     OutputDir,
-    Parser,
-    add_common_arguments,
     as_bool,
     as_float,
     as_int,
@@ -74,6 +76,8 @@ from privfed._cli import (
     periodic_checkpoint,
     versions,
 )
+from privfed.cli_args import TRADEOFF_GLOSSARY as GLOSSARY
+from privfed.cli_args import tradeoff_parser as build_parser
 from privfed.errors import ConfigError, InputError
 from privfed.notes import repairs as note_repairs
 from privfed.pipeline import client_statistics, server_head
@@ -127,85 +131,8 @@ class TradeoffConfig:
 PLACEMENTS = ("local", "secure-sum", "trusted")
 PLACEMENT_LABEL = {"local": "local", "secure-sum": "secure sum", "trusted": "trusted aggregator"}
 
-GLOSSARY = """\
-output columns (table, results.csv, results.json):
-  placement    where the noise is added: local (each client noises its own upload; nobody is trusted),
-               secure sum (clients add shares of the noise under secure aggregation; the server sees only
-               the noisy sum), trusted aggregator (the server is trusted to add the noise once, to the sum)
-  protocol     secure aggregation protocol: none, mask (pairwise masking) or ckks (TenSEAL)
-  eps          the epsilon the ledger computes for the run (classic calibration: may differ from the asked one);
-               'NO DP' for heuristics without a guarantee (uniform count noise)
-  delta        the delta used: 0 for pure DP (Laplace / geometric count noise)
-  protects     (csv/json) what the guarantee covers: all released statistics, or the class counts only
-               (count noise: the means go in clear and carry no protection)
-  noise        Gaussian sigma on the sums / counts, or the count-noise scale (Laplace b = 1/eps)
-  calibration  analytic (tight Gaussian), classic (the FedLog paper's bound), pure (Laplace / geometric)
-  level        record (add/remove one sample) or client (add/remove one client)
-  repairs      what the method did to noisy statistics: pairs dropped (count <= 0), PSD projection,
-               pseudo-inverse
-  non-private  the same method without clipping or noise (eps = inf)
-"""
-
-
 def _default(name: str) -> Any:
     return getattr(TradeoffConfig(), name)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = Parser(
-        prog=PROG, formatter_class=HelpFormatter,
-        description="Accuracy of federated heads under differential privacy (and attacks), "
-        "over methods x budgets x seeds, with a table, a CSV/JSON and a plot.",
-        epilog=GLOSSARY + "\neps=inf means no protection (no clipping, no noise). Lists are comma-separated.\n"
-        "Example: %(prog)s --method fedcof,fed3r,fedlog --eps 0.05,0.1,0.5,1,4,inf",
-    )
-    a = p.add_argument
-    a("--config", metavar="FILE", help="TOML file (or a previous run's results.json) with the same settings; "
-      "flags override it")
-    a("--method", metavar="LIST", help=f"methods, from: {', '.join(_methods.available())} (default: fedlog)")
-    a("--eps", metavar="LIST", help="privacy budgets epsilon > 0, 'inf' for none (default: 0.1)")
-    a("--placement", metavar="LIST", help="where the noise is added: local, secure-sum, trusted, or all "
-      "(default: all three for a single finite --eps, otherwise local; --secure-agg / --trusted-aggregator "
-      "choose one)")
-    a("--delta", metavar="D", help=f"delta of (eps, delta)-DP, in (0, 1) (default: {_default('delta'):g})")
-    a("--level", choices=("record", "client"), help="neighbouring relation: record (add/remove one sample) or "
-      "client (add/remove one client; noise on the aggregate, needs --secure-agg or a trusted aggregator) "
-      "(default: record)")
-    a("--clip", metavar="C", help="L2 clip bound of each feature (default: for digits the median feature norm of "
-      "the public split, no privacy cost; required for other datasets)")
-    a("--clip-norm", choices=("l2", "coordinate"), help="l2: ||f||_2 <= C; coordinate: every coordinate in "
-      "[-C, C] (FedLog's Theorem 3.1; needs an explicit --clip) (default: l2)")
-    a("--calibration", choices=("analytic", "classic"), help="analytic Gaussian (tight) or the classic bound of "
-      "the FedLog paper (valid only for eps <= 1) (default: analytic)")
-    a("--rounds", metavar="T", help="number of releases composed (default: 1); with --method fedlog alone, "
-      "T > 1 runs multi-round FedLog with local bodies (privfed.fedlog_rounds) beside the one-shot head")
-    a("--local-epochs", metavar="E", help="multi-round fedlog: local epochs per round (default: 5)")
-    a("--families", metavar="LIST", help="multi-round fedlog: body families assigned to clients (default: "
-      "cnn,cnn-narrow,mlp)")
-    a("--init", choices=("public", "scratch"), help="multi-round fedlog: bodies start from networks trained on "
-      "the public split, or from scratch (default: public)")
-    a("--count-noise", metavar="KIND", help="instead of the Gaussian mechanism on sums and counts, noise the class "
-      "counts only, means in clear (FedCOF App. I.1): laplace, geometric, gaussian, or uniform (NO DP GUARANTEE) "
-      "(default: none)")
-    a("--max-records", metavar="N", help="client level: the most records one client contributes (default: none)")
-    a("--trusted-aggregator", action="store_true", default=None,
-      help="same as --placement trusted: the server is trusted to add the noise once, to the sum (sum-only methods)")
-    a("--clients", metavar="K", help=f"number of clients (default: {_default('clients')})")
-    a("--partition", metavar="SCHEME", help="dirichlet, dirichlet-class, shards, iid or natural (default: dirichlet)")
-    a("--alpha", metavar="A", help=f"Dirichlet concentration (default: {_default('alpha'):g})")
-    a("--dataset", metavar="NAME", help="digits (offline), file:PATH.npz, cifar100, cifar10 (default: digits)")
-    a("--backbone", metavar="NAME", help="feature extractor for torchvision datasets (squeezenet1_1, mobilenet_v2, "
-      "vit_b_16) (default: the dataset's)")
-    a("--download", action="store_true", default=None, help="allow downloading a torchvision dataset / weights")
-    a("--attack", metavar="LIST", help="attacks to add as columns and a plot panel (digits only): tracing, "
-      "singleton, inversion, labels, subspace, unmixing, differencing; tracing reports the strongest test of its "
-      "suite, named (default: none)")
-    a("--param", action="append", default=[], metavar="METHOD.KEY=VALUE",
-      help="a method parameter, e.g. fedcof.gamma=0.1 or fed3r.lam=0.1 (repeatable; METHOD must be in --method) "
-      "(default: none)")
-    add_common_arguments(p, prefix="tradeoff", seeds_default="5")
-    a("--no-plot", action="store_true", help="skip the PNG")
-    return p
 
 
 def _parse_value(text: str) -> Any:
@@ -440,10 +367,10 @@ def digits_public_clip(seed: int = 0) -> float:
     The attacker and the clients both know the public split, so a clip bound
     read from it costs no privacy (the private data is never looked at).
     """
-    from privfed.data.digits import digits_splits, extract_features, get_backbone
+    from privfed.data.digits import digits_splits, embed
 
     splits = digits_splits(seed)
-    feats = extract_features(get_backbone(seed=seed), splits.public_images)
+    feats = embed(splits.public_images, seed=seed)
     return float(np.median(np.linalg.norm(feats, axis=1)))
 
 
@@ -578,9 +505,62 @@ def run_tradeoff(cfg: TradeoffConfig, *, progress: bool = True, records: list[di
         "records": records,
         "dataset": {"name": ds.name, "num_train": int(ds.train_features.shape[0]),
                     "num_test": int(ds.test_features.shape[0]), "dim": int(ds.train_features.shape[1]),
-                    "num_classes": ds.num_classes, "meta": ds.meta},
+                    "num_classes": ds.num_classes, "meta": ds.meta,
+                    "data_rules": data_rules(cfg, ds, make_partition)},
         "timing": {"data_s": t_data, "total_s": time.perf_counter() - t0},
     }
+
+
+def data_rules(cfg: TradeoffConfig, ds, make_partition) -> dict[str, Any]:
+    """The run's data defaults in words: the test split, the partition rule and what it leaves unused.
+
+    Printed in the run's header (``data:``) and written to results.json, so no default is silent.
+    """
+    meta = ds.meta or {}
+    n = int(ds.train_features.shape[0])
+    if "test_split" in meta:
+        test = meta["test_split"]
+    elif ds.name == "digits":
+        split = meta.get("split", {})
+        test = (f"{split.get('test', ds.test_features.shape[0])} test images held out (20 % of digits, stratified, "
+                f"seed {meta.get('seed', 0)}); {split.get('public', '?')} public images train the backbone")
+    else:
+        test = "the dataset's own test split"
+    natural = ds.train_clients if cfg.partition == "natural" else None
+    part = make_partition(ds.train_labels, cfg.clients, cfg.partition, alpha=cfg.alpha, rng=cfg.seeds[0],
+                          natural=natural)
+    _, _, k = part.apply(ds.train_features, ds.train_labels)
+    used = int(np.asarray(k).size)
+    rule = {"dirichlet": f"dirichlet alpha {cfg.alpha:g} (FedNCM/FedCOF: each client gets floor(N/K) = "
+                         f"{n // max(cfg.clients, 1)} samples)",
+            "natural": "natural (the file's own clients array)"}.get(cfg.partition, cfg.partition)
+    if ds.train_clients is not None and cfg.partition != "natural":
+        rule += "; the file's clients array is NOT used (pass --partition natural to use it)"
+    return {"test_split": test, "partition": rule, "clients": int(cfg.clients), "train_samples": n,
+            "used_samples": used, "unused_samples": n - used}
+
+
+def below_chance_line(summary: list[dict[str, Any]], num_classes: int) -> str | None:
+    """A note naming the rows whose mean accuracy is below chance (1/C), with the reason, or None."""
+    chance = 1.0 / max(int(num_classes), 1)
+    below = [s for s in summary if s["accuracy_mean"] < chance]
+    if not below:
+        return None
+    rows = ", ".join(f"{s['method']} {s['placement'] or 'none'} eps={s['epsilon']:g}" for s in below)
+    if all(s["private"] and s["accuracy_mean"] + s["accuracy_std"] >= chance for s in below):
+        why = ("chance lies within the spread over seeds: at these budgets the noise swamps the few records each "
+               "client holds, so the head guesses")
+    else:
+        why = ("below chance beyond the spread over seeds: the head is worse than guessing (a failed fit or noise "
+               "far above the signal); check the data and --param, or try a larger --eps")
+    return f"note: below chance (1/{int(num_classes)} = {chance:.2g}) in {rows}: {why}"
+
+
+def data_line(rules: dict[str, Any]) -> str:
+    """One line of the header: what data the run used, and how it was split."""
+    unused = f", {rules['unused_samples']} unused" if rules["unused_samples"] else ""
+    return (f"data: {rules['train_samples']} training samples over {rules['clients']} clients by {rules['partition']}"
+            f" ({rules['used_samples']} used{unused}); {rules['test_split']}")
 
 
 #: The metric of each attack drawn in the plot's attack panel (the CSV has them all).
@@ -1078,6 +1058,10 @@ def _body(argv: Sequence[str] | None) -> int:
         raise
     print(format_table(summary))
     print(TABLE_LEGEND)
+    print(data_line(result["dataset"]["data_rules"]))
+    below = below_chance_line(summary, result["dataset"]["num_classes"])
+    if below:
+        print(below)
     for g in guarantee_lines(summary, cfg.methods):
         print(g)
     if any(math.isfinite(e) for e in cfg.epsilons) and result["config"].clip is not None:

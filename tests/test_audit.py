@@ -424,8 +424,8 @@ def test_audit_sweep_results_cover_every_configuration_and_back_the_readme_table
         assert [r["pair"] for r in by_config[name]] == (pairs[:1] if placement == "ckks" else pairs), name
     # Every verdict the sweep can give is reasoned: refusals are the same error on both sides.
     assert {r["verdict"] for r in res["rows"]} <= {"statistical", "metadata only", "refused", "no claim"}
-    block = _sweep_block((root / "README.md").read_text(encoding="utf-8"))
-    assert block is not None, "README.md has no audit-sweep block; `python -m experiments.readme_numbers --write`"
+    block = _sweep_block((root / "docs" / "privacy.md").read_text(encoding="utf-8"))
+    assert block is not None, "docs/privacy.md has no audit-sweep block; `python -m experiments.readme_numbers --write`"
     assert block == S.readme_table(res).strip()
 
 

@@ -49,10 +49,28 @@ def _check_partial(folder: Path) -> int:
     return len(rows)
 
 
+@pytest.fixture
+def ctrl_c_raises():
+    """Ctrl-C handled as in an interactive shell, whatever the test run inherited.
+
+    A job started in the background of a non-interactive shell (``pytest ... &``, nohup, CI runners)
+    inherits SIGINT *ignored*, and Python then installs no KeyboardInterrupt handler: the commands
+    rightly leave it ignored.  The tests that deliver SIGINT restore the default for their duration.
+    """
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, old)
+
+
+def _default_sigint() -> None:  # in the child, before exec: Python then turns SIGINT into KeyboardInterrupt
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 # ---------------------------------------------------------------- real signals, in a subprocess
 def _start(argv: list[str], tmp_path: Path) -> tuple[subprocess.Popen, list[bytes]]:
     proc = subprocess.Popen([sys.executable, "-m", "privfed.tradeoff", *argv], cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                            stderr=subprocess.PIPE, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                            preexec_fn=_default_sigint)
     err: list[bytes] = []
 
     def pump():
@@ -105,7 +123,7 @@ def _kill_on_call(monkeypatch, target, name, sig, at):
 
 
 @pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
-def test_signal_before_any_run_leaves_no_folder(tmp_path, monkeypatch, digits_cache, sig, code):
+def test_signal_before_any_run_leaves_no_folder(tmp_path, monkeypatch, digits_cache, ctrl_c_raises, sig, code):
     import privfed.tradeoff as tr
 
     _kill_on_call(monkeypatch, tr, "server_head", sig, 1)
@@ -115,7 +133,8 @@ def test_signal_before_any_run_leaves_no_folder(tmp_path, monkeypatch, digits_ca
 
 
 @pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
-def test_signal_inside_the_final_csv_write(tmp_path, monkeypatch, capsys, digits_cache, sig, code):
+def test_signal_inside_the_final_csv_write(tmp_path, monkeypatch, capsys, digits_cache, ctrl_c_raises, sig,
+                                           code):
     """Interrupted while results.csv is written: no truncated CSV, every finished run in results.partial.*."""
     real = _cli.csv.DictWriter
 

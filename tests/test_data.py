@@ -26,7 +26,9 @@ from privfed.data.digits import (
     extract_features,
     get_backbone,
     load_digits_features,
+    load_shipped_weights,
 )
+from privfed.data.digits_numpy import float32_error_bound
 from privfed.data.npzfile import load_feature_file, save_feature_file
 from privfed.errors import ConfigError, InputError, PrivfedError
 
@@ -79,9 +81,13 @@ def test_digits_backbone_frozen_and_shapes(digits_backbone, digits_parts):
     F = extract_features(m, digits_parts.test_images[:5])
     assert F.dtype == np.float64 and F.shape == (5, FEATURE_DIM)
     np.testing.assert_array_equal(F, out.numpy().astype(np.float64))
-    # (N, 1, 8, 8) input and a batch size that splits the data give the same numbers
+    # (N, 1, 8, 8) input and a batch size that splits the data give the same numbers up to float32
+    # rounding: float32 kernels may block a batch differently (or pick other kernels for another thread
+    # count), and each result is within the forward error bound of the exact features, so two differ by
+    # at most twice that bound (privfed.data.digits_numpy.float32_error_bound: gamma_{k+1} per layer)
     F2 = extract_features(m, digits_parts.test_images[:5, None], batch_size=2)
-    np.testing.assert_allclose(F2, F, rtol=1e-6, atol=1e-6)  # float32 kernels may block a batch differently
+    bound = float32_error_bound(load_shipped_weights(0), digits_parts.test_images[:5])
+    assert np.all(np.abs(F2 - F) <= 2 * bound)
 
 
 def test_extract_features_rejects_bad_images(digits_backbone):
@@ -135,11 +141,13 @@ def test_digits_cache_hit_is_fast_and_identical(digits_cache, digits_dataset):
     assert again.meta["cache_key"] == digits_dataset.meta["cache_key"]
 
 
-def test_retraining_reproduces_the_shipped_backbone(tmp_path, digits_dataset):
-    """The training path (how the shipped file is made) gives the shipped weights bit for bit on the
-    torch version recorded in the file; on another version, weights that are as good."""
-    import json as _json
-
+def test_retraining_is_deterministic_and_as_good_as_the_shipped_backbone(tmp_path, digits_dataset):
+    """What retraining guarantees everywhere: the same weights bit for bit on every run on one machine
+    (seeded, deterministic algorithms, one thread), a backbone as good as the shipped one, and the
+    caller's torch state untouched.  Not the shipped bits: float32 convolution kernels differ between
+    CPUs (instruction sets) and torch versions, and 40 epochs of Adam amplify one rounding difference
+    (0.0145 in the largest weight on another CPU); the shipped file is what fixes the default features,
+    and ``python -m experiments.train_digits_backbone`` reports how far a retrained one drifts."""
     from privfed.data import digits as D
 
     threads, det, rng = (
@@ -152,19 +160,20 @@ def test_retraining_reproduces_the_shipped_backbone(tmp_path, digits_dataset):
     assert torch.get_num_threads() == threads and torch.are_deterministic_algorithms_enabled() == det
     assert torch.equal(torch.get_rng_state(), rng)
     assert trained.weights_source == "trained"
-    with np.load(str(D._shipped_path(0))) as z:
-        shipped_torch = _json.loads(bytes(z["__meta__"]).decode())["torch"]
+    # a second training from scratch (no cache) gives the same bits
+    splits = digits_splits(0)
+    again_fresh = D._train_backbone(splits.public_images, splits.public_labels, 0)
+    assert D.weights_digest(again_fresh.state_dict()) == trained.weights_sha256
     ds = load_digits_features(seed=0, cache_dir=tmp_path, weights="trained")
     assert ds.meta["weights"] == "trained" and ds.meta["cache_hit"] is False
-    if shipped_torch == torch.__version__:
-        assert trained.weights_sha256 == D.SHIPPED_WEIGHTS[0][1]
-        # same digest, same key: the trained run reuses nothing but computes the same bits
+    if trained.weights_sha256 == D.SHIPPED_WEIGHTS[0][1]:  # the machine (and torch) the file was made on
         assert ds.meta["cache_key"] == digits_dataset.meta["cache_key"]
         np.testing.assert_array_equal(ds.train_features, digits_dataset.train_features)
-        np.testing.assert_array_equal(ds.test_features, digits_dataset.test_features)
-    else:  # training is not reproducible across torch versions; the shipped file is what fixes it
-        mu = np.stack([ds.train_features[ds.train_labels == c].mean(0) for c in range(10)])
-        assert np.mean((ds.test_features @ mu.T).argmax(1) == ds.test_labels) >= 0.85
+    # as good as the shipped backbone: the nearest-class-mean head reaches the 0.90 the backbone is built
+    # for (test_digits_features_are_good; shipped: 0.955)
+    mu = np.stack([ds.train_features[ds.train_labels == c].mean(0) for c in range(10)])
+    W = mu / np.linalg.norm(mu, axis=1, keepdims=True)
+    assert np.mean((ds.test_features @ W.T).argmax(1) == ds.test_labels) >= 0.90
     # the trained weights are now a cache hit
     again = get_backbone(seed=0, cache_dir=tmp_path, weights="trained")
     for (k0, v0), (k1, v1) in zip(trained.state_dict().items(), again.state_dict().items()):

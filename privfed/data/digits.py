@@ -18,14 +18,17 @@ weights of seed 0 ship with the package (``digits_cnn_seed0.npz``, its
 SHA-256 recorded here as :data:`SHIPPED_WEIGHTS`), so the default features
 are the same on every torch version up to float rounding and nothing is
 trained at first use.  ``experiments/train_digits_backbone.py`` makes that
-file: training is deterministic (seeded, deterministic algorithms, one
-thread, a few seconds on one CPU thread), and the script retrains and
-compares against the shipped file.  Other seeds (or ``weights="trained"``)
+file: training is deterministic on one machine (seeded, deterministic
+algorithms, one thread, a few seconds), and the script retrains and
+compares against the shipped file; across CPUs and torch versions float32
+kernels differ, so retrained weights differ slightly and the shipped file
+is what fixes the default features.  Without torch, the shipped weights run
+through :func:`extract_features_numpy` (same features up to float32 rounding).  Other seeds (or ``weights="trained"``)
 train the backbone and cache it, keyed by everything that determines it
 (the torch version included, since training is not reproducible across
 versions); extracted features are cached keyed by the weights' digest.
 The attack module uses the same backbone and public split as the
-attacker's knowledge (``spec/attacks.md``).
+attacker's knowledge (see :mod:`attacks.view`).
 """
 
 from __future__ import annotations
@@ -39,21 +42,22 @@ import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
-import torch
-from torch import nn
 
 from privfed.data import FeatureDataset
 from privfed.data import cache as _cache
+from privfed.data import digits_numpy
 from privfed.errors import ConfigError, InputError
+from privfed.optional import require
 
 __all__ = [
     "BACKBONE_NAME",
     "SHIPPED_WEIGHTS",
-    "DigitsCNN",
     "DigitsSplits",
     "backbone_description",
     "digits_splits",
     "extract_features",
+    "extract_features_numpy",
+    "embed",
     "get_backbone",
     "load_digits_features",
     "load_shipped_weights",
@@ -161,28 +165,53 @@ def _digits_splits(seed: int) -> DigitsSplits:
     return DigitsSplits(**arrays, indices=parts)
 
 
-class DigitsCNN(nn.Module):
-    """The digits backbone: conv3x3(16)-ReLU-conv3x3(32)-ReLU-maxpool2-linear(64)-ReLU.
+@functools.lru_cache(maxsize=1)
+def _digits_cnn_class():
+    torch = require("torch", "the digits backbone as a torch module (training, gradients)")
+    nn = torch.nn
 
-    Maps (N, 1, 8, 8) float32 images in [0, 1] to (N, 64) non-negative features.
-    """
+    class DigitsCNN(nn.Module):
+        """The digits backbone: conv3x3(16)-ReLU-conv3x3(32)-ReLU-maxpool2-linear(64)-ReLU.
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.conv1 = nn.Conv2d(1, 16, kernel_size=3, padding=1)
-        self.conv2 = nn.Conv2d(16, 32, kernel_size=3, padding=1)
-        self.pool = nn.MaxPool2d(2)
-        self.fc = nn.Linear(32 * 4 * 4, FEATURE_DIM)
-        self.relu = nn.ReLU()
+        Maps (N, 1, 8, 8) float32 images in [0, 1] to (N, 64) non-negative features.
+        Needs torch; :func:`extract_features_numpy` runs the same network without it.
+        """
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.relu(self.conv1(x))
-        x = self.pool(self.relu(self.conv2(x)))
-        return self.relu(self.fc(x.flatten(1)))
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv1 = nn.Conv2d(1, 16, kernel_size=3, padding=1)
+            self.conv2 = nn.Conv2d(16, 32, kernel_size=3, padding=1)
+            self.pool = nn.MaxPool2d(2)
+            self.fc = nn.Linear(32 * 4 * 4, FEATURE_DIM)
+            self.relu = nn.ReLU()
+
+        def forward(self, x):
+            x = self.relu(self.conv1(x))
+            x = self.pool(self.relu(self.conv2(x)))
+            return self.relu(self.fc(x.flatten(1)))
+
+    DigitsCNN.__module__ = __name__
+    return DigitsCNN
+
+
+def __getattr__(name: str):
+    # ``DigitsCNN`` is a torch module, built on first use so that importing this module needs no torch.
+    if name == "DigitsCNN":
+        return _digits_cnn_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _torch_available() -> bool:
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def backbone_description(seed: int = 0) -> dict:
     """Everything that determines the trained backbone (hashed into its cache key)."""
+    torch = require("torch", "training the digits backbone")
     major_minor = ".".join(torch.__version__.split("+")[0].split(".")[:2])
     return {
         "artefact": "digits-backbone",
@@ -203,6 +232,7 @@ def deterministic_torch(threads: int = 1, seed: int | None = None):
 
     Restores the caller's settings and torch's global RNG on exit.
     """
+    torch = require("torch", "training the digits backbone")
     old_threads = torch.get_num_threads()
     det = torch.are_deterministic_algorithms_enabled()
     warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
@@ -220,11 +250,12 @@ def deterministic_torch(threads: int = 1, seed: int | None = None):
 
 def _train_backbone(public_images: np.ndarray, public_labels: np.ndarray, seed: int, progress: bool = False):
     """Train the backbone (and a throw-away linear head) on the public images only."""
+    torch = require("torch", "training the digits backbone")
     F = torch.nn.functional
     cfg = TRAIN_CONFIG
     with deterministic_torch(seed=seed):
         gen = torch.Generator().manual_seed(seed)
-        model = DigitsCNN()
+        model = _digits_cnn_class()()
         head = torch.nn.Linear(FEATURE_DIM, 10)
         params = list(model.parameters()) + list(head.parameters())
         opt = torch.optim.Adam(params, lr=cfg["lr"], weight_decay=cfg["weight_decay"])
@@ -267,7 +298,7 @@ def weights_digest(state) -> str:
     h = hashlib.sha256()
     for name in sorted(state):
         v = state[name]
-        arr = v.detach().cpu().numpy() if isinstance(v, torch.Tensor) else np.asarray(v)
+        arr = v.detach().cpu().numpy() if hasattr(v, "detach") else np.asarray(v)
         arr = np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<"))
         h.update(f"{name}|{arr.dtype.str}|{list(arr.shape)}|".encode("ascii"))
         h.update(arr.tobytes())
@@ -357,8 +388,9 @@ def get_backbone(
     """
     seed = _check_seed(seed)
     source = _resolve_source(seed, weights)
+    torch = require("torch", "the digits backbone as a torch module (extract_features_numpy needs none)")
     with torch.random.fork_rng(devices=[]):  # building the module must not advance the caller's RNG
-        model = DigitsCNN()
+        model = _digits_cnn_class()()
     if source == "shipped":
         arrays = load_shipped_weights(seed)
         model.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in arrays.items()})
@@ -419,6 +451,8 @@ def extract_features(model, images: np.ndarray, batch_size: int = 512) -> np.nda
         raise InputError("images contain NaN/inf values")
     if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
         raise ConfigError(f"batch_size must be a positive int, got {batch_size!r}")
+    import torch
+
     try:
         device = next(model.parameters()).device
     except StopIteration:
@@ -432,6 +466,53 @@ def extract_features(model, images: np.ndarray, batch_size: int = 512) -> np.nda
     if not out:
         return np.zeros((0, FEATURE_DIM))
     return np.concatenate(out, axis=0)
+
+
+def extract_features_numpy(weights, images, batch_size: int = 512) -> np.ndarray:
+    """Features of ``images`` through the digits backbone with ``weights``, computed in numpy (no torch).
+
+    Parameters
+    ----------
+    weights : mapping of str to ndarray
+        The backbone's parameters by torch name, e.g. :func:`load_shipped_weights`.
+    images : ndarray, shape (N, 8, 8) or (N, 1, 8, 8)
+        Pixel values in [0, 1].
+    batch_size : int
+        Images per forward pass (bounds the memory of the convolutions' patches).
+
+    Returns
+    -------
+    ndarray, shape (N, d), float64
+        The torch module's features up to float32 rounding: the two differ by at
+        most twice :func:`privfed.data.digits_numpy.float32_error_bound` per entry.
+    """
+    arr = np.asarray(images)
+    if arr.dtype == object or not np.issubdtype(arr.dtype, np.number):
+        raise InputError(f"images must be a numeric array, got dtype {arr.dtype}")
+    if arr.ndim == 3:
+        arr = arr[:, None]
+    if arr.ndim != 4 or arr.shape[1:] != (1, 8, 8):
+        raise InputError(f"images must have shape (N, 8, 8) or (N, 1, 8, 8), got {np.shape(images)}")
+    if not np.all(np.isfinite(arr)):
+        raise InputError("images contain NaN/inf values")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
+        raise ConfigError(f"batch_size must be a positive int, got {batch_size!r}")
+    out = [digits_numpy.forward(weights, arr[i : i + int(batch_size)]) for i in range(0, arr.shape[0], int(batch_size))]
+    return np.concatenate(out, axis=0) if out else np.zeros((0, FEATURE_DIM))
+
+
+def embed(images, *, seed: int = 0, weights: str = "auto") -> np.ndarray:
+    """Features of ``images`` through the digits backbone of ``seed``, with or without torch.
+
+    With torch installed, the torch module (:func:`get_backbone`); without it,
+    the shipped weights through :func:`extract_features_numpy` (the same
+    features up to float32 rounding).  Weights that are not shipped are
+    trained, which needs torch.
+    """
+    seed = _check_seed(seed)
+    if _resolve_source(seed, weights) == "shipped" and not _torch_available():
+        return extract_features_numpy(load_shipped_weights(seed), images)
+    return extract_features(get_backbone(seed=seed, weights=weights), images)
 
 
 def features_description(seed: int, weights_sha256: str) -> dict:
@@ -487,6 +568,13 @@ def load_digits_features(
     desc = features_description(seed, digest)
 
     def compute():
+        if model is None and not _torch_available():
+            # the light install: the shipped network in numpy (equal to torch's up to float32 rounding)
+            w = load_shipped_weights(seed)
+            return {
+                "train_features": extract_features_numpy(w, splits.private_images),
+                "test_features": extract_features_numpy(w, splits.test_images),
+            }
         m = model if model is not None else get_backbone(seed=seed, weights="shipped")
         return {
             "train_features": extract_features(m, splits.private_images),

@@ -26,17 +26,30 @@ Needs the optional extra: ``pip install privfed[flower]``.
 
 from __future__ import annotations
 
-try:
-    import flwr  # noqa: F401
-except ImportError as exc:  # pragma: no cover - exercised only without the extra
-    from privfed.errors import MissingDependencyError
-
-    raise MissingDependencyError(
-        "privfed.flower needs Flower; install it with: pip install 'privfed[flower]'"
-    ) from exc
-
-from privfed.flower.config import FlowerConfig
-from privfed.flower.server_app import FlowerResult, serve
-from privfed.flower.simulation import run_simulation
+import importlib
 
 __all__ = ["FlowerConfig", "FlowerResult", "run_simulation", "serve"]
+
+#: public name -> module; imported on first use, so ``python -m privfed.flower --help`` needs no Flower import.
+_LAZY = {
+    "FlowerConfig": "privfed.flower.config",
+    "FlowerResult": "privfed.flower.server_app",
+    "serve": "privfed.flower.server_app",
+    "run_simulation": "privfed.flower.simulation",
+}
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module 'privfed.flower' has no attribute {name!r}")
+    try:
+        import flwr  # noqa: F401
+    except ImportError as exc:  # pragma: no cover - exercised only without the extra
+        from privfed.errors import MissingDependencyError
+
+        raise MissingDependencyError(
+            "privfed.flower needs Flower; install it with: pip install 'privfed[flower]'"
+        ) from exc
+    value = getattr(importlib.import_module(_LAZY[name]), name)
+    globals()[name] = value
+    return value

@@ -3,77 +3,79 @@
 Examples
 --------
     python -m privfed.flower --method fedcof --eps 1 --clip 10 --clients 20
-    python -m privfed.flower --method fed3r --secure mask --clients 10 --output results/flower-fed3r
-    python -m privfed.flower --method fedncm --eps 1 --clip 10 --secure mask --clients 10
+    python -m privfed.flower --method fed3r --secure-agg mask --clients 10 --out results/flower-fed3r
+    python -m privfed.flower --method fedncm --eps 1 --clip 10 --secure-agg mask --clients 10
     python -m privfed.flower --method fedlog --rounds 5 --clients 10 --rounds-params '{"local_epochs": 1}'
 
 Every node holds ``partition-id`` of ``--clients`` partitions of the embedded
 digits data set (``privfed.federation.partition`` with ``--partition``,
 ``--alpha``, ``--seed``: the split ``fit`` users make); the head, the privacy
-report and the bytes sent on the wire are printed and, with ``--output``,
+report and the bytes sent on the wire are printed and, with ``--out``,
 written to ``head.npz`` and ``report.json``.  For SuperLink and SuperNodes
 on separate machines use ``flwr run`` (see ``privfed/flower/app``).
 """
 
 from __future__ import annotations
 
-import argparse
+if __name__ == "__main__":  # --help answers before Flower is imported, in well under a second
+    from privfed.cli_args import answer_help
+
+    answer_help("flower")
+
 import json
 import math
 import sys
 from typing import Sequence
 
 from privfed._cli import cli_entry
+from privfed.cli_args import flower_parser
 from privfed.errors import ConfigError
 
-__all__ = ["main"]
+__all__ = ["default_timeout", "main"]
+
+#: Seconds a stage may take by default: a base, a share per node, doubled for the secure protocols'
+#: extra message rounds (a loaded 2-core machine needed ~3x the old flat 120 s for 10 masked nodes).
+TIMEOUT_BASE_S, TIMEOUT_PER_NODE_S = 120.0, 10.0
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m privfed.flower", description=__doc__.split("\n\n")[0])
-    p.add_argument("--method", default="fedncm", help="a method name (privfed.methods.available())")
-    p.add_argument("--method-params", default="{}", help='JSON object, e.g. \'{"gamma": 0.1}\'')
-    p.add_argument("--clients", type=int, default=10, help="number of nodes (simulated SuperNodes)")
-    p.add_argument("--eps", "--epsilon", dest="epsilon", type=float, default=math.inf,
-                   help="DP epsilon (default inf: no noise)")
-    p.add_argument("--delta", type=float, default=1e-5)
-    p.add_argument("--clip", type=float, default=None, help="L2 bound of every record (required for DP)")
-    p.add_argument("--level", choices=("record", "client"), default="record")
-    p.add_argument("--trusted-aggregator", action="store_true", help="the server adds the noise to the sum")
-    p.add_argument("--max-records", type=int, default=None,
-                   help="client level: records per client bound (also flwr-secaggplus's public scaling bound)")
-    p.add_argument("--secure", choices=("none", "mask", "ckks", "flwr-secaggplus-insecure"), default="none",
-                   help="secure aggregation: pairwise masking (secure against a deviating server), CKKS (a node holds "
-                        "the keys) or Flower's SecAgg+ for comparison only (a deviating server recovers any node's "
-                        "input; sum-only methods; needs --clip and --max-records as public scaling bounds)")
-    p.add_argument("--threshold", type=int, default=None, help="Shamir threshold (default: a majority)")
-    p.add_argument("--dropout-tolerance", type=int, default=0,
-                   help="DP with --secure: nodes that may drop while the others' noise shares carry sigma^2")
-    p.add_argument("--frac-bits", type=int, default=32)
-    p.add_argument("--wire", choices=("float64", "compact"), default="float64",
-                   help="plain uploads: float64 dense (exact) or compact (float32, held classes only without DP)")
-    p.add_argument("--rounds", type=int, default=1,
-                   help="multi-round FedLog: rounds of local body training and head solving (fedlog only)")
-    p.add_argument("--rounds-params", default="{}",
-                   help='JSON object of privfed.fedlog_rounds.RoundsConfig settings, e.g. \'{"local_epochs": 1}\'')
-    p.add_argument("--partition", default="dirichlet")
-    p.add_argument("--alpha", type=float, default=0.5)
-    p.add_argument("--seed", type=int, default=0, help="seed of the partition")
-    p.add_argument("--noise-seed", type=int, default=None,
-                   help="reproducible noise (a simulation, not a private release); default OS entropy")
-    p.add_argument("--timeout", type=float, default=120.0, help="seconds any one stage may take")
-    p.add_argument("--num-cpus", type=int, default=1, help="CPUs the simulation may use")
-    p.add_argument("--output", default=None, help="directory for head.npz and report.json")
-    p.add_argument("--verbose", action="store_true", help="Flower's and Ray's logs")
-    return p
+def default_timeout(clients: int, secure: str) -> float:
+    """The default --timeout: 120 s + 10 s per node, doubled under secure aggregation."""
+    t = TIMEOUT_BASE_S + TIMEOUT_PER_NODE_S * max(int(clients), 1)
+    return 2 * t if secure != "none" else t
+
+
+def _epsilon(text: str) -> float:
+    if "," in text:
+        raise ConfigError(f"--eps takes one budget here (a Flower run is one release), got {text!r}; "
+                          "sweep budgets with python -m privfed.tradeoff --eps LIST")
+    try:
+        eps = float(text)
+    except ValueError:
+        raise ConfigError(f"--eps must be a number > 0 or inf, got {text!r}") from None
+    if not eps > 0:
+        raise ConfigError(f"--eps must be > 0 (inf: no noise), got {text!r}")
+    return eps
 
 
 def _body(argv: Sequence[str] | None) -> int:
-    args = _parser().parse_args(argv)
+    args = flower_parser().parse_args(argv)
+    epsilon = _epsilon(args.epsilon)
+    timeout = default_timeout(args.clients, args.secure) if args.timeout is None else args.timeout
     try:
         params = json.loads(args.method_params)
     except json.JSONDecodeError:
         raise ConfigError(f"--method-params must be a JSON object, got {args.method_params!r}") from None
+    if not isinstance(params, dict):
+        raise ConfigError(f"--method-params must be a JSON object, got {args.method_params!r}")
+    for item in args.param:
+        key, sep, value = item.partition("=")
+        method, dot, name = key.rpartition(".")
+        if not sep or not name or (dot and method != args.method):
+            raise ConfigError(f"--param {item!r}: write {args.method}.KEY=VALUE (e.g. fedcof.gamma=0.1)")
+        try:
+            params[name] = json.loads(value)
+        except json.JSONDecodeError:
+            params[name] = value
     try:
         rounds_params = json.loads(args.rounds_params)
     except json.JSONDecodeError:
@@ -81,27 +83,45 @@ def _body(argv: Sequence[str] | None) -> int:
     from privfed.flower import FlowerConfig, run_simulation
 
     cfg = FlowerConfig(
-        method=args.method, method_params=params, clients=args.clients, epsilon=args.epsilon,
+        method=args.method, method_params=params, clients=args.clients, epsilon=epsilon,
         delta=args.delta, clip=args.clip, level=args.level, trusted_aggregator=args.trusted_aggregator,
         max_records=args.max_records, dropout_tolerance=args.dropout_tolerance, secure=args.secure,
         threshold=args.threshold, frac_bits=args.frac_bits, rounds=args.rounds, rounds_params=rounds_params,
         wire=args.wire,
         partition=args.partition, alpha=args.alpha, partition_seed=args.seed, noise_seed=args.noise_seed,
-        timeout=args.timeout, output=args.output,
+        timeout=timeout, output=args.output, min_clients=args.min_clients,
+        **({} if args.connect_timeout is None else {"connect_timeout": args.connect_timeout}),
     )
+    print(f"python -m privfed.flower: starting {cfg.clients} simulated nodes (Ray start-up takes a while); each "
+          f"stage may take up to {timeout:g} s", file=sys.stderr, flush=True)
     res = run_simulation(cfg, num_cpus=args.num_cpus, verbose=args.verbose)
     from privfed.data import load_dataset
 
     ds = load_dataset("digits")
     rep = res.report
     print(f"method        {res.head.method} {res.head.params}")
+    print(f"data          digits: {ds.train_labels.size} private training images over {cfg.clients} nodes "
+          f"({cfg.partition}, alpha {cfg.alpha:g}, seed {cfg.partition_seed}); {ds.test_labels.size} test images "
+          "held out (20 % of digits, stratified, seed 0)")
+    origin = "--timeout" if args.timeout is not None else (
+        f"default: {TIMEOUT_BASE_S:g} s + {TIMEOUT_PER_NODE_S:g} s per node"
+        + (", doubled under secure aggregation" if cfg.secure != "none" else ""))
+    print(f"timeout       {timeout:g} s per stage ({origin})")
     print(f"nodes         {rep['replied']} of {cfg.clients} (secure aggregation: {cfg.secure})")
     if cfg.rounds > 1:
         print(f"rounds        {len(res.heads)}; head norm per round "
               + ", ".join(f"{v:.4g}" for v in rep["rounds"]["head_norm"])
               + " (the bodies stay on the nodes: accuracy is measured there, see privfed.fedlog_rounds)")
     else:
-        print(f"accuracy      {res.head.score(ds.test_features, ds.test_labels):.4f} (digits test set)")
+        acc = res.head.score(ds.test_features, ds.test_labels)
+        chance = 1.0 / ds.num_classes
+        why = ""
+        if acc < chance:
+            why = (f"  BELOW CHANCE ({chance:.2f}): "
+                   + ("the DP noise swamps the statistics at this epsilon (fewer records per node than the noise "
+                      "needs; try a larger --eps, fewer --clients or --secure-agg so the noise is added once)"
+                      if math.isfinite(epsilon) else "the head did not learn from these uploads (check --method-params)"))
+        print(f"accuracy      {acc:.4f} (digits test set){why}")
     print(f"privacy       {rep['privacy']['guarantee'] if rep['privacy'] else 'no DP noise (epsilon = inf)'}")
     print(f"wire          {rep['wire']['bytes_up_per_node']:.0f} bytes up per node, "
           f"{rep['wire']['bytes_down_total']} bytes down in total ({rep['wire']['encoding']})")

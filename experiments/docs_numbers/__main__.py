@@ -1,0 +1,5 @@
+import sys
+
+from experiments.docs_numbers.cli import main
+
+sys.exit(main())

@@ -1,0 +1,57 @@
+"""The scikit-learn estimator takes privacy= and secure_agg= like privfed.fit, with the same results."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from sklearn.base import clone
+
+import privfed
+from mechanisms import GaussianMechanism
+from mechanisms.secagg import PairwiseMasking
+from privfed.estimators import FederatedHeadClassifier, iid_clients
+
+
+@pytest.fixture(scope="module")
+def data(digits_dataset):
+    ds = digits_dataset
+    return ds.train_features, ds.train_labels, ds.test_features, ds.test_labels
+
+
+def test_privacy_parameter_equals_fit_with_the_same_seed(data):
+    X, y, Xt, yt = data
+    mech = GaussianMechanism(epsilon=2.0, delta=1e-5, clip=31.4)
+    clf = FederatedHeadClassifier("fedlog", clients=10, random_state=3, privacy=mech).fit(X, y)
+    rng = np.random.default_rng(3)
+    ids = iid_clients(y.size, 10, rng)
+    head = privfed.fit("fedlog", X, y, ids, num_classes=10,
+                       privacy=GaussianMechanism(epsilon=2.0, delta=1e-5, clip=31.4), random_state=rng)
+    np.testing.assert_array_equal(clf.coef_, head.weight)
+    np.testing.assert_array_equal(clf.intercept_, head.bias)
+    assert clf.head_.privacy.guarantee == head.privacy.guarantee and "SIMULATION" in clf.head_.privacy.guarantee
+    # noise changes the head (a test that could fail if privacy were dropped on the way)
+    clean = FederatedHeadClassifier("fedlog", clients=10, random_state=3).fit(X, y)
+    assert not np.array_equal(clean.coef_, clf.coef_)
+    # each fit is one release with its own report; the estimator's parameter is left untouched
+    again = clf.fit(X, y)
+    assert again.head_.privacy.guarantee == head.privacy.guarantee
+    assert clf.get_params()["privacy"] is mech
+
+
+def test_unseeded_private_estimator_is_a_release_not_a_simulation(data):
+    X, y, _, _ = data
+    mech = GaussianMechanism(epsilon=2.0, delta=1e-5, clip=31.4)
+    a = FederatedHeadClassifier("fedlog", clients=10, privacy=mech).fit(X, y)
+    b = clone(a).fit(X, y)
+    assert "SIMULATION" not in a.head_.privacy.guarantee
+    assert not np.array_equal(a.coef_, b.coef_)  # fresh OS entropy each fit
+
+
+def test_secure_agg_parameter_gives_the_plain_head_up_to_fixed_point(data):
+    X, y, Xt, yt = data
+    plain = FederatedHeadClassifier("fed3r", clients=8, random_state=0).fit(X, y)
+    masked = FederatedHeadClassifier("fed3r", clients=8, random_state=0, secure_agg=PairwiseMasking()).fit(X, y)
+    assert masked.head_.secure_aggregation is not None
+    np.testing.assert_allclose(masked.coef_, plain.coef_, rtol=1e-6, atol=1e-6)
+    assert masked.score(Xt, yt) == plain.score(Xt, yt)
+    assert clone(masked).get_params()["secure_agg"] is not None
