@@ -40,6 +40,7 @@ from experiments.docs_numbers.render_records import (
     readings,
     scale_readings,
     secagg_table,
+    secagg_active_table,
 )
 
 
@@ -68,6 +69,8 @@ BLOCKS: dict[str, Block] = {
     "tradeoff-readings": Block(readings, True, "the trade-off readings (from experiments/results/recipes.json)"),
     "noise-aware": Block(noise_aware, True, "the noise-aware bullet (from experiments/results/noise_aware.json)"),
     "secagg-cost": Block(secagg_table, True, "the secure-aggregation cost table (experiments/results/bench_secagg.json)"),
+    "secagg-active": Block(secagg_active_table, True,
+                           "the consistency round's cost (experiments/results/bench_secagg_active.json)"),
     "bench-tradeoff": Block(bench_tradeoff_table, True, "the sweep's speed table (experiments/results/bench_tradeoff.json)"),
     "flower-bytes": Block(flower_bytes, True, "bytes per protocol on Flower (experiments/results/bench_flower.json)"),
     "flower-audit": Block(flower_audit, True, "audits of the Flower DP paths (experiments/results/bench_flower.json)"),

@@ -67,6 +67,30 @@ def noise_aware() -> str:
     return NOISE_AWARE.format(**v)
 
 
+def secagg_active_table() -> str:
+    """The consistency round's cost against honest-but-curious masking, from bench_secagg.py --active's record."""
+    rec = record("bench_secagg_active")
+    cfg, rows = rec["data"]["config"], rec["data"]["rows"]
+    lines = [
+        f"`{rec['command']}` ({cfg['clients']} clients; CPU seconds of every client and the server in one process, "
+        f"best of {cfg['repeats']}; machine-dependent: {rec['machine']['cpus']} cores, load "
+        f"{rec['machine']['load_average'][0]:.1f} when recorded):",
+        "",
+        "| variant | CPU s, honest-but-curious | CPU s, active | CPU ratio | bytes up / client | bytes down / client |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['variant']} | {r['honest_cpu_s']:.2f} | {r['active_cpu_s']:.2f} | {r['cpu_ratio']:.2f}× | "
+            f"{r['honest_upload_bytes_per_client']:,.0f} → {r['active_upload_bytes_per_client']:,.0f} "
+            f"({r['upload_ratio']:.4f}×) | {r['honest_download_bytes_per_client']:,.0f} → "
+            f"{r['active_download_bytes_per_client']:,.0f} ({r['download_ratio']:.2f}×) |"
+        )
+        if r["active_max_abs_error"] > r["error_bound"]:
+            raise RuntimeError(f"the active protocol's recorded error exceeds its bound: {r}")
+    return "\n".join(lines) + "\n"
+
+
 def secagg_table() -> str:
     """The secure-aggregation cost table, from experiments/bench_secagg.py's record (machine-dependent)."""
     rec = record("bench_secagg")
