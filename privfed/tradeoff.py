@@ -245,6 +245,7 @@ _FILE_KEYS = {
     "method", "methods", "eps", "epsilons", "delta", "level", "clip", "calibration", "rounds", "count_noise",
     "seeds", "clients", "partition", "alpha", "dataset", "backbone", "download", "secure_agg", "attack",
     "attacks", "method_params", "plot", "max_records", "clip_norm", "trusted_aggregator", "placement", "placements",
+    "local_epochs", "families", "init",  # multi-round fedlog (results.json records them)
 }
 
 
@@ -282,6 +283,12 @@ def resolve_config(args: argparse.Namespace) -> TradeoffConfig:
         if unknown:
             raise ConfigError(f"--config: unknown setting(s) {sorted(unknown)}; allowed: {sorted(_FILE_KEYS)}")
         base = dict(raw)
+        # multi-round fedlog settings from a saved run (flags win), so that its config re-runs it
+        for key in ("local_epochs", "families", "init"):
+            if getattr(args, key, None) is None and base.get(key) is not None:
+                v = base[key]
+                setattr(args, key, _as_list(v, "--families") if key == "families" else
+                        (as_int(v, "--local-epochs", minimum=1) if key == "local_epochs" else as_str(v, "--init")))
 
     def pick(flag_value, *keys):
         if flag_value is not None:
@@ -1055,13 +1062,14 @@ def _body(argv: Sequence[str] | None) -> int:
 
         return tradeoff_main(cfg, args, argv)
     command = " ".join([PROG, *argv])
-    out = OutputDir(args.out, "tradeoff", overwrite=args.overwrite, name_parts=_name_parts(cfg))
+    out = OutputDir(args.out, "tradeoff", overwrite=args.overwrite, name_parts=_name_parts(cfg), command=command)
     done: list[dict[str, Any]] = []
 
     def write_partial(records: list[dict[str, Any]]) -> None:
         out.write_csv(PARTIAL[0], records, record_fields(records))
         out.write_json(PARTIAL[1], {"config": asdict(cfg), "versions": versions(), "records": records,
                                     "complete": False, "command": command})
+        out.checkpoint()  # the staging folder describes itself: a killed sweep can be recovered
 
     checkpoint = periodic_checkpoint(write_partial, CHECKPOINT_S)
 
@@ -1090,7 +1098,7 @@ def _body(argv: Sequence[str] | None) -> int:
         print(f"clip: {result['config'].clip:.4g} ({result['config'].clip_norm}; {origin})")
     for w in result["warnings"]:
         print(f"note: {w}")
-    print(f"wrote {out.path}/: {', '.join(out.files())}  ({result['timing']['total_s']:.1f} s)")
+    print(f"wrote {out.published}/: {', '.join(out.files())}  ({result['timing']['total_s']:.1f} s)")
     return 0
 
 

@@ -1,0 +1,459 @@
+"""Result folders written as one atomic unit: the one writer every privfed command uses.
+
+A run never writes into its output folder directly.  It writes into a
+staging folder beside it (``.<name>.<pid>.privfed-staging``, same parent,
+same file system) and, when it ends, the staging folder is renamed into
+place in one step; ``manifest.json`` is written last and lists every file
+with its size and SHA-256, so a reader can check what it reads
+(:func:`verify_folder`).  What an operator can rely on:
+
+* ``<out>`` appears only as a whole: the finished run (``complete: true``),
+  or, after SIGTERM / Ctrl-C, the runs that finished (``results.partial.*``,
+  ``complete: false``).  A run that finished nothing leaves no folder.
+* ``--overwrite`` never mixes two runs: the previous folder stays untouched
+  until the new run is complete, then the two are swapped and the old one
+  removed.  An interrupted ``--overwrite`` keeps the old folder and puts the
+  new run's finished part beside it in ``<out>.partial-<time>``.
+* One run per folder: a lock (:mod:`filelock`) on ``<out>`` refuses a
+  second concurrent run at once, naming the folder and the holder's pid,
+  host, start time and command (``.<name>.privfed-lock`` beside the folder).
+* Before the first computation the location is checked: the parent can be
+  written, every name fits the file system's name and path limits, and at
+  least :data:`MIN_FREE_BYTES` are free.
+* A killed run (SIGKILL, power loss) leaves its staging folder, holding the
+  last checkpoint with a ``complete: false`` manifest; the next run on the
+  same ``<out>`` renames it to ``<out>.interrupted-<pid>`` and says so.
+* A failed write (a full disk, a read-only file system) is one clear error
+  naming the file and the folder that keeps what finished.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import errno
+import hashlib
+import json
+import os
+import shutil
+import socket
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from privfed.errors import ConfigError, InputError, PrivfedError
+
+__all__ = [
+    "MANIFEST",
+    "MIN_FREE_BYTES",
+    "OUTPUT_NAMES",
+    "ResultFolder",
+    "ResultsWriteError",
+    "atomic_write",
+    "check_location",
+    "check_out_path",
+    "leftover_runs",
+    "sha256_file",
+    "verify_folder",
+]
+
+MANIFEST = "manifest.json"
+#: Names privfed writes into a result folder (besides ``grid_*.png``).
+OUTPUT_NAMES = ("results.csv", "results.json", "results.partial.csv", "results.partial.json", "config.json",
+                "tradeoff.png", "manifest.json", "head.npz", "report.json")
+#: Free bytes the output location must have before a run starts.
+MIN_FREE_BYTES = 32 * 2**20
+#: Longest file name a run writes inside its folder (``grid_<method>_eps<e>_n<n>.png`` and temporaries).
+LONGEST_INNER_NAME = 120
+_STAGING = ".privfed-staging"
+_TMP = ".privfed-tmp"
+
+
+class ResultsWriteError(PrivfedError):
+    """A result file could not be written (full disk, read-only or vanished folder)."""
+
+
+# ---------------------------------------------------------------- files
+def sha256_file(path: str | os.PathLike) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _fsync_dir(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def atomic_write(final: str | os.PathLike, write: Callable[[Path], None]) -> Path:
+    """Write one file through ``write(tmp_path)`` into a hidden sibling, fsync it, rename it into place.
+
+    A failure (a full disk: ``OSError`` ENOSPC) leaves the previous file, if
+    any, as it was and raises :class:`ResultsWriteError` naming the file.
+    """
+    final = Path(final)
+    tmp = final.with_name(f".{final.name}.{os.getpid()}{_TMP}")
+    try:
+        write(tmp)
+        with open(tmp, "rb") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, final)
+    except OSError as exc:
+        raise ResultsWriteError(f"could not write {str(final)!r}: {exc.strerror or exc}") from None
+    finally:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+    _fsync_dir(final.parent)
+    return final
+
+
+def verify_folder(folder: str | os.PathLike) -> dict[str, Any]:
+    """Check a result folder against its manifest; returns the manifest.
+
+    Raises :class:`InputError` naming the first file that is missing, was
+    changed (size or SHA-256) or is not listed, or a missing / unreadable manifest.
+    """
+    folder = Path(folder)
+    where = f"result folder {str(folder)!r}"
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text())
+    except FileNotFoundError:
+        raise InputError(f"{where} has no {MANIFEST}; it was not written by a finished privfed run") from None
+    except (OSError, ValueError) as exc:
+        raise InputError(f"{where}: {MANIFEST} cannot be read ({exc})") from None
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    if manifest.get("tool") != "privfed" or not isinstance(files, list) or \
+            not all(isinstance(f, dict) and {"name", "bytes", "sha256"} <= set(f) for f in files):
+        raise InputError(f"{where}: {MANIFEST} is not a privfed manifest with file hashes")
+    for f in files:
+        p = folder / str(f["name"])
+        if not p.is_file():
+            raise InputError(f"{where}: {f['name']!r} is listed in {MANIFEST} but missing")
+        if p.stat().st_size != f["bytes"] or sha256_file(p) != f["sha256"]:
+            raise InputError(f"{where}: {f['name']!r} does not match its SHA-256 in {MANIFEST}; the file was "
+                             "changed or damaged after the run wrote it")
+    listed = {str(f["name"]) for f in files} | {MANIFEST}
+    extra = sorted(e.name for e in folder.iterdir() if e.name not in listed)
+    if extra:
+        raise InputError(f"{where} holds files its {MANIFEST} does not list ({', '.join(extra[:4])})")
+    return manifest
+
+
+def manifest_names(folder: Path) -> set[str] | None:
+    """The file names a privfed manifest in ``folder`` lists (old and new formats), or None."""
+    try:
+        data = json.loads((folder / MANIFEST).read_text())
+    except (ValueError, OSError):
+        return None
+    if not (isinstance(data, dict) and data.get("tool") == "privfed" and isinstance(data.get("files"), list)):
+        return None
+    return {str(f["name"] if isinstance(f, dict) else f) for f in data["files"]} | {MANIFEST}
+
+
+# ---------------------------------------------------------------- where the folder goes
+def _is_ours(name: str) -> bool:
+    return name.startswith(".") and (name.endswith(_TMP) or name.endswith(_STAGING))
+
+
+def _privfed_files(path: Path) -> tuple[set[str], list[str]]:
+    """Split a folder's entries into (files a previous privfed run wrote, everything else)."""
+    listed = manifest_names(path) or set()
+    legacy = False  # a privfed run written before manifests existed: its results.json / config.json say so
+    for marker in ("results.json", "results.partial.json", "config.json", "report.json"):
+        try:
+            data = json.loads((path / marker).read_text())
+        except (ValueError, OSError):
+            continue
+        if isinstance(data, dict) and "versions" in data and ("config" in data or "attack" in data):
+            legacy = True
+    ours, foreign = set(), []
+    for entry in sorted(path.iterdir()):
+        n = entry.name
+        known = n in OUTPUT_NAMES or (n.startswith("grid_") and n.endswith(".png"))
+        if entry.is_file() and not entry.is_symlink() and (n in listed or _is_ours(n) or (legacy and known)):
+            ours.add(n)
+        else:
+            foreign.append(n)
+    return ours, foreign
+
+
+def check_out_path(out: str | os.PathLike, *, overwrite: bool, flag: str = "--out") -> tuple[Path, set[str]]:
+    """Validate an output folder before any work: returns (path, files of a previous run it replaces).
+
+    Refused with one line: a path that is a file, a path under a file, an
+    existing non-empty folder without ``overwrite``, and (with ``overwrite``)
+    a folder holding anything privfed did not write.
+    """
+    path = Path(out)
+    if str(out).strip() == "" or path.name in ("", ".", ".."):
+        raise ConfigError(f"{flag} {str(out)!r} does not name a folder; pass a path such as results/run1")
+    for parent in reversed(path.parents):
+        if parent.exists() and not parent.is_dir():
+            raise ConfigError(f"{flag} {str(path)!r}: {str(parent)!r} is a file, so no folder can be made "
+                              "under it; choose another path")
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"{flag} {str(path)!r} is a file, not a folder; choose a folder path (--overwrite "
+                          "replaces a previous run's folder, never a file)")
+    if not path.exists() or not any(path.iterdir()):
+        return path, set()
+    if not overwrite:
+        raise ConfigError(
+            f"{flag} {str(path)!r} already exists and is not empty; choose a new folder or pass --overwrite")
+    ours, foreign = _privfed_files(path)
+    if foreign:
+        shown = ", ".join(foreign[:4]) + (", ..." if len(foreign) > 4 else "")
+        raise ConfigError(f"{flag} {str(path)!r} holds files privfed did not write ({shown}); --overwrite only "
+                          "replaces a previous privfed run: choose another folder or move them")
+    return path, ours
+
+
+def _existing_ancestor(path: Path) -> Path:
+    p = path.absolute()
+    while not p.exists():
+        p = p.parent
+    return p
+
+
+def check_location(path: str | os.PathLike, *, flag: str = "--out", need_bytes: int = MIN_FREE_BYTES) -> None:
+    """Refuse, before any work, an output location that cannot take the run's files.
+
+    Checks that every name fits the file system (its NAME_MAX and PATH_MAX,
+    with the staging and lock names), that the nearest existing folder can
+    be written (a probe file is created and removed: read-only mounts and
+    missing permissions are caught even for root), and that ``need_bytes``
+    are free there.
+    """
+    path = Path(path).absolute()
+    base = _existing_ancestor(path.parent)
+    try:
+        name_max = os.pathconf(base, "PC_NAME_MAX")
+        path_max = os.pathconf(base, "PC_PATH_MAX")
+    except (OSError, ValueError):
+        name_max, path_max = 255, 4096
+    longest = max([len(p.encode()) for p in path.relative_to(base).parts] + [0])
+    staging = len(f".{path.name}.{os.getpid()}{_STAGING}".encode())
+    if max(longest, staging) > name_max:
+        raise ConfigError(f"{flag} {str(path)!r}: the folder name is {len(path.name.encode())} bytes; with the "
+                          f"staging folder's name it must stay within this file system's {name_max}-byte name "
+                          f"limit (at most {name_max - staging + len(path.name.encode())} bytes): choose a "
+                          "shorter name")
+    full = len(str(path).encode()) + 1 + LONGEST_INNER_NAME + (staging - len(path.name.encode()))
+    if full > path_max:
+        raise ConfigError(f"{flag} {str(path)!r} is {len(str(path).encode())} bytes long; with the files of a run "
+                          f"it exceeds this file system's {path_max}-byte path limit: choose a shorter path")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".privfed-probe-", dir=base)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise ConfigError(f"{flag} {str(path)!r}: cannot write in {str(base)!r} ({exc.strerror or exc}); choose "
+                          "a folder you can write to") from None
+    free = shutil.disk_usage(base).free
+    if free < need_bytes:
+        raise ConfigError(f"{flag} {str(path)!r}: only {free / 2**20:.1f} MiB free on {str(base)!r}, below the "
+                          f"{need_bytes / 2**20:.0f} MiB a run needs; free some space or choose another disk")
+
+
+# ---------------------------------------------------------------- the lock
+def _lock_paths(path: Path) -> tuple[Path, Path]:
+    lock = path.parent / f".{path.name}.privfed-lock"
+    return lock, lock.with_name(lock.name + ".json")
+
+
+def _holder(info: Path) -> str:
+    try:
+        h = json.loads(info.read_text())
+        return (f"pid {h['pid']} on {h['host']}, started {h['started']}: {h['command']}")
+    except (OSError, ValueError, KeyError, TypeError):
+        return "holder unknown (it is starting or its record was removed)"
+
+
+class _Lock:
+    def __init__(self, path: Path, flag: str, command: str) -> None:
+        import filelock
+
+        self.file, self.info = _lock_paths(path)
+        self._lock = filelock.FileLock(str(self.file), timeout=0)
+        try:
+            self._lock.acquire()
+        except filelock.Timeout:
+            raise ConfigError(f"{flag} {str(path)!r} is in use by another privfed run ({_holder(self.info)}); "
+                              "wait for it to finish or choose another folder") from None
+        except OSError as exc:
+            raise ConfigError(f"{flag} {str(path)!r}: cannot lock {str(self.file)!r} "
+                              f"({exc.strerror or exc}); choose a folder you can write to") from None
+        record = {"pid": os.getpid(), "host": socket.gethostname(), "command": command,
+                  "started": _dt.datetime.now().astimezone().isoformat(timespec="seconds")}
+        with contextlib.suppress(PrivfedError):
+            atomic_write(self.info, lambda p: p.write_text(json.dumps(record)))
+
+    def release(self) -> None:
+        if not self._lock.is_locked:
+            return
+        with contextlib.suppress(OSError):
+            self.info.unlink()
+        with contextlib.suppress(OSError):
+            self.file.unlink()  # while held: a contender that opened it sees an unlinked inode and retries
+        self._lock.release()
+
+
+def leftover_runs(out: str | os.PathLike) -> list[Path]:
+    """Staging folders of killed runs on ``out`` (only meaningful while holding its lock)."""
+    out = Path(out)
+    if not out.parent.is_dir():
+        return []
+    prefix = f".{out.name}."
+    return sorted(p for p in out.parent.iterdir()
+                  if p.name.startswith(prefix) and p.name.endswith(_STAGING) and p.is_dir())
+
+
+# ---------------------------------------------------------------- the folder
+class ResultFolder:
+    """The files of one run, published as one unit (see the module docstring).
+
+    Parameters
+    ----------
+    path : path
+        The output folder (validated with :func:`check_out_path`).
+    overwrite : bool
+        ``path`` may hold a previous privfed run, replaced when this one ends.
+    command : str
+        The command line, recorded in the manifest and the lock.
+    flag : str
+        How the folder was named, for messages.
+    need_bytes : int
+        Free space required before the run starts.
+    """
+
+    def __init__(self, path: str | os.PathLike, *, overwrite: bool = False, command: str = "",
+                 flag: str = "--out", need_bytes: int = MIN_FREE_BYTES) -> None:
+        self.path, self._old = check_out_path(path, overwrite=overwrite, flag=flag)
+        self.flag, self.command = flag, command
+        check_location(self.path, flag=flag, need_bytes=need_bytes)
+        self._made: list[Path] = []
+        p = self.path.absolute().parent
+        while not p.exists():
+            self._made.append(p)
+            p = p.parent
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = _Lock(self.path, flag, command)
+        self.notes: list[str] = []
+        try:
+            self.path, self._old = check_out_path(path, overwrite=overwrite, flag=flag)  # again, under the lock
+            self._rescue_leftovers()
+        except BaseException:
+            self._release()
+            raise
+        self.staging = self.path.parent / f".{self.path.name}.{os.getpid()}{_STAGING}"
+        self.written: list[str] = []
+        self.published: Path | None = None
+
+    # -- writing -------------------------------------------------------
+    def _rescue_leftovers(self) -> None:
+        for old in leftover_runs(self.path):
+            names = manifest_names(old)
+            if not names:  # killed before its first checkpoint: nothing finished in it
+                shutil.rmtree(old, ignore_errors=True)
+                continue
+            pid = old.name[len(self.path.name) + 2:-len(_STAGING)]
+            dest = self.path.with_name(f"{self.path.name}.interrupted-{pid}")
+            with contextlib.suppress(OSError):
+                os.rename(old, dest)
+                self.notes.append(f"a killed run on {self.path} had left its finished runs in a staging folder; "
+                                  f"they are now in {dest}")
+                print(f"note: {self.notes[-1]}", file=sys.stderr)
+
+    def write(self, name: str, write: Callable[[Path], None]) -> Path:
+        """Write ``name`` into the run through ``write(tmp_path)`` (atomic within the staging folder)."""
+        if "/" in name or name in ("", ".", "..") or name.startswith("."):
+            raise ValueError(f"not a result file name: {name!r}")  # a programming error, not user input
+        try:
+            self.staging.mkdir(exist_ok=True)
+        except OSError as exc:
+            raise ResultsWriteError(f"could not create {str(self.staging)!r}: {exc.strerror or exc}") from None
+        final = atomic_write(self.staging / name, write)
+        if name not in self.written:
+            self.written.append(name)
+        return final
+
+    def remove(self, names: Iterable[str]) -> None:
+        """Drop files this run wrote earlier (a checkpoint superseded by the final results)."""
+        for name in names:
+            if name in self.written:
+                with contextlib.suppress(FileNotFoundError):
+                    (self.staging / name).unlink()
+                self.written.remove(name)
+
+    def _manifest(self, complete: bool, **extra: Any) -> None:
+        files = [{"name": n, "bytes": (self.staging / n).stat().st_size, "sha256": sha256_file(self.staging / n)}
+                 for n in self.written if n != MANIFEST]
+        payload = {"tool": "privfed", "command": self.command, "complete": complete, "files": files,
+                   "written": _dt.datetime.now().astimezone().isoformat(timespec="seconds"), **extra}
+        atomic_write(self.staging / MANIFEST, lambda p: p.write_text(json.dumps(payload, indent=2) + "\n"))
+        if MANIFEST not in self.written:
+            self.written.append(MANIFEST)
+
+    def checkpoint(self) -> None:
+        """Describe what the staging folder holds now (``complete: false``), so a killed run can be recovered."""
+        self._manifest(False)
+
+    # -- ending --------------------------------------------------------
+    def publish(self, *, complete: bool) -> Path:
+        """Write the manifest last, then move the run into place; returns where it went.
+
+        Complete, or into a new folder: ``path`` (a previous run there is
+        swapped out and removed).  An incomplete run over a previous one:
+        ``<path>.partial-<time>``, the previous run untouched.
+        """
+        self._manifest(complete)
+        _fsync_dir(self.staging)
+        dest = self.path
+        try:
+            if self.path.exists() and not complete and self._old:
+                stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+                dest = self.path.with_name(f"{self.path.name}.partial-{stamp}")
+                os.rename(self.staging, dest)
+            elif self.path.exists():
+                ours, foreign = _privfed_files(self.path) if any(self.path.iterdir()) else (set(), [])
+                if foreign:  # something appeared there since the start: never deleted
+                    raise ResultsWriteError(f"{self.flag} {str(self.path)!r} now holds files privfed did not write "
+                                            f"({', '.join(foreign[:4])}); this run is kept in {str(self.staging)!r}")
+                aside = self.path.with_name(f".{self.path.name}.{os.getpid()}.privfed-old")
+                os.rename(self.path, aside)
+                try:
+                    os.rename(self.staging, self.path)
+                except OSError:
+                    os.rename(aside, self.path)
+                    raise
+                shutil.rmtree(aside, ignore_errors=True)
+            else:
+                os.rename(self.staging, self.path)
+        except OSError as exc:
+            raise ResultsWriteError(f"could not move the run into {str(dest)!r} ({exc.strerror or exc}); its files "
+                                    f"are kept in {str(self.staging)!r}") from None
+        _fsync_dir(self.path.parent)
+        self.published = dest
+        self._release()
+        return dest
+
+    def discard(self) -> None:
+        """A run that finished nothing: remove its staging folder (and the parents this run created)."""
+        shutil.rmtree(self.staging, ignore_errors=True)
+        self._release()
+        for p in self._made:
+            with contextlib.suppress(OSError):
+                p.rmdir()
+
+    def _release(self) -> None:
+        self._lock.release()
+
+    def files(self) -> list[str]:
+        """What this run wrote, in order (the manifest last)."""
+        return [n for n in self.written if n != MANIFEST] + ([MANIFEST] if MANIFEST in self.written else [])
