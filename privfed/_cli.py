@@ -501,6 +501,9 @@ def cli_entry(prog: str, body: Callable[[Sequence[str] | None], int]) -> Callabl
     def main(argv: Sequence[str] | None = None) -> int:
         try:
             with interruptible():
+                from privfed.stats import dense_view_limit
+
+                dense_view_limit()  # a malformed $PRIVFED_DENSE_VIEW_LIMIT: one line at once, not mid-run
                 return body(argv)
         except PrivfedError as exc:
             print(f"{prog}: error: {exc}", file=sys.stderr)

@@ -67,8 +67,26 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _check_numbers(args: argparse.Namespace) -> None:
+    """Values argparse's ``type=float`` lets through but that would silently change the run."""
+    eps = args.epsilon
+    if math.isnan(eps) or eps <= 0:
+        raise ConfigError(f"--eps must be a number > 0 (inf for no noise), got {eps!r}; a NaN or negative budget "
+                          "would run without noise")
+    for flag, v in (("--delta", args.delta), ("--alpha", args.alpha), ("--timeout", args.timeout)):
+        if not (math.isfinite(v) and v > 0):
+            raise ConfigError(f"{flag} must be a finite number > 0, got {v!r}")
+    if args.clip is not None and not (math.isfinite(args.clip) and args.clip > 0):
+        raise ConfigError(f"--clip must be a finite number > 0, got {args.clip!r}")
+
+
 def _body(argv: Sequence[str] | None) -> int:
     args = _parser().parse_args(argv)
+    _check_numbers(args)
+    if args.output is not None:  # refused before any node starts: not a folder, not writable, too long, no space
+        from privfed.results_io import check_location, check_out_path
+
+        check_location(check_out_path(args.output, overwrite=True, flag="--output")[0], flag="--output")
     try:
         params = json.loads(args.method_params)
     except json.JSONDecodeError:
