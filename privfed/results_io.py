@@ -52,8 +52,10 @@ __all__ = [
     "ResultsWriteError",
     "atomic_write",
     "check_location",
+    "check_names",
     "check_out_path",
     "leftover_runs",
+    "manifest_names",
     "sha256_file",
     "verify_folder",
 ]
@@ -67,6 +69,7 @@ MIN_FREE_BYTES = 32 * 2**20
 #: Longest file name a run writes inside its folder (``grid_<method>_eps<e>_n<n>.png`` and temporaries).
 LONGEST_INNER_NAME = 120
 _STAGING = ".privfed-staging"
+_WORK = ".privfed-work"
 _TMP = ".privfed-tmp"
 
 
@@ -159,7 +162,7 @@ def manifest_names(folder: Path) -> set[str] | None:
 
 # ---------------------------------------------------------------- where the folder goes
 def _is_ours(name: str) -> bool:
-    return name.startswith(".") and (name.endswith(_TMP) or name.endswith(_STAGING))
+    return name.startswith(".") and name.endswith((_TMP, _STAGING, _WORK))
 
 
 def _privfed_files(path: Path) -> tuple[set[str], list[str]]:
@@ -194,6 +197,15 @@ def check_out_path(out: str | os.PathLike, *, overwrite: bool, flag: str = "--ou
     path = Path(out)
     if str(out).strip() == "" or path.name in ("", ".", ".."):
         raise ConfigError(f"{flag} {str(out)!r} does not name a folder; pass a path such as results/run1")
+    check_names(path, flag=flag)
+    try:
+        return _check_out_path(path, overwrite, flag)
+    except OSError as exc:
+        raise ConfigError(f"{flag} {str(path)!r} cannot be used ({exc.strerror or exc}); choose another "
+                          "path") from None
+
+
+def _check_out_path(path: Path, overwrite: bool, flag: str) -> tuple[Path, set[str]]:
     for parent in reversed(path.parents):
         if parent.exists() and not parent.is_dir():
             raise ConfigError(f"{flag} {str(path)!r}: {str(parent)!r} is a file, so no folder can be made "
@@ -216,20 +228,17 @@ def check_out_path(out: str | os.PathLike, *, overwrite: bool, flag: str = "--ou
 
 def _existing_ancestor(path: Path) -> Path:
     p = path.absolute()
-    while not p.exists():
+    while True:
+        try:
+            if p.exists():
+                return p
+        except OSError:  # a name too long to even look up
+            pass
         p = p.parent
-    return p
 
 
-def check_location(path: str | os.PathLike, *, flag: str = "--out", need_bytes: int = MIN_FREE_BYTES) -> None:
-    """Refuse, before any work, an output location that cannot take the run's files.
-
-    Checks that every name fits the file system (its NAME_MAX and PATH_MAX,
-    with the staging and lock names), that the nearest existing folder can
-    be written (a probe file is created and removed: read-only mounts and
-    missing permissions are caught even for root), and that ``need_bytes``
-    are free there.
-    """
+def check_names(path: str | os.PathLike, *, flag: str = "--out") -> None:
+    """Refuse a path whose names do not fit the file system (NAME_MAX, PATH_MAX), staging names included."""
     path = Path(path).absolute()
     base = _existing_ancestor(path.parent)
     try:
@@ -237,17 +246,34 @@ def check_location(path: str | os.PathLike, *, flag: str = "--out", need_bytes: 
         path_max = os.pathconf(base, "PC_PATH_MAX")
     except (OSError, ValueError):
         name_max, path_max = 255, 4096
-    longest = max([len(p.encode()) for p in path.relative_to(base).parts] + [0])
-    staging = len(f".{path.name}.{os.getpid()}{_STAGING}".encode())
-    if max(longest, staging) > name_max:
-        raise ConfigError(f"{flag} {str(path)!r}: the folder name is {len(path.name.encode())} bytes; with the "
-                          f"staging folder's name it must stay within this file system's {name_max}-byte name "
-                          f"limit (at most {name_max - staging + len(path.name.encode())} bytes): choose a "
-                          "shorter name")
+    longest = max([len(p.encode()) for p in path.parent.relative_to(base).parts] + [0])
+    n = path.name
+    # the longest sibling name a run makes: staging, lock record, an interrupted --overwrite's partial folder
+    staging = max(len(s.encode()) for s in (f".{n}.4194304{_STAGING}", f".{n}.privfed-lock.json",
+                                            f"{n}.partial-20260101-000000", f"{n}.interrupted-4194304"))
+    if longest > name_max or staging > name_max:
+        what = f"the folder name is {len(path.name.encode())} bytes" if staging > name_max else \
+            f"a folder name in it is {longest} bytes"
+        raise ConfigError(f"{flag} {str(path)!r}: {what}; with the staging folder's name it must stay within this "
+                          f"file system's {name_max}-byte name limit (a folder name of at most "
+                          f"{name_max - staging + len(path.name.encode())} bytes): choose a shorter name")
     full = len(str(path).encode()) + 1 + LONGEST_INNER_NAME + (staging - len(path.name.encode()))
     if full > path_max:
         raise ConfigError(f"{flag} {str(path)!r} is {len(str(path).encode())} bytes long; with the files of a run "
                           f"it exceeds this file system's {path_max}-byte path limit: choose a shorter path")
+
+
+def check_location(path: str | os.PathLike, *, flag: str = "--out", need_bytes: int = MIN_FREE_BYTES) -> None:
+    """Refuse, before any work, an output location that cannot take the run's files.
+
+    Checks that every name fits the file system (:func:`check_names`), that
+    the nearest existing folder can be written (a probe file is created and
+    removed: read-only mounts and missing permissions are caught even for
+    root), and that ``need_bytes`` are free there.
+    """
+    path = Path(path).absolute()
+    check_names(path, flag=flag)
+    base = _existing_ancestor(path.parent)
     try:
         fd, probe = tempfile.mkstemp(prefix=".privfed-probe-", dir=base)
         os.close(fd)
@@ -305,18 +331,61 @@ class _Lock:
 
 
 def leftover_runs(out: str | os.PathLike) -> list[Path]:
-    """Staging folders of killed runs on ``out`` (only meaningful while holding its lock)."""
+    """Staging and work folders of killed runs on ``out`` (only meaningful while holding its lock)."""
     out = Path(out)
     if not out.parent.is_dir():
         return []
     prefix = f".{out.name}."
     return sorted(p for p in out.parent.iterdir()
-                  if p.name.startswith(prefix) and p.name.endswith(_STAGING) and p.is_dir())
+                  if p.name.startswith(prefix) and p.name.endswith((_STAGING, _WORK)) and p.is_dir())
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two existing paths in one step (Linux renameat2 RENAME_EXCHANGE); False where unsupported."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        fn = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    if fn(-100, os.fsencode(a), -100, os.fsencode(b), 2) == 0:  # AT_FDCWD, RENAME_EXCHANGE
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), str(a))
+
+
+def _replace_dir(new: Path, old: Path, aside: Path) -> None:
+    """Put folder ``new`` where folder ``old`` is, in one step where the system allows; the old one is removed.
+
+    Without an atomic exchange, ``old`` is renamed to ``aside`` first, so at
+    every instant one of the two complete folders exists under a known name.
+    """
+    if _exchange(new, old):
+        shutil.rmtree(new, ignore_errors=True)  # now the old one
+        return
+    os.rename(old, aside)
+    try:
+        os.rename(new, old)
+    except OSError:
+        os.rename(aside, old)
+        raise
+    shutil.rmtree(aside, ignore_errors=True)
 
 
 # ---------------------------------------------------------------- the folder
 class ResultFolder:
     """The files of one run, published as one unit (see the module docstring).
+
+    Writes go to a work folder; :meth:`checkpoint` commits it, with its
+    manifest, as the staging folder in one step, and :meth:`publish` commits
+    and moves the staging folder to ``path``.  So the staging folder and the
+    published one only ever hold a manifest that matches every file in them.
 
     Parameters
     ----------
@@ -342,7 +411,11 @@ class ResultFolder:
         while not p.exists():
             self._made.append(p)
             p = p.parent
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(f"{flag} {str(self.path)!r}: cannot create {str(self.path.parent)!r} "
+                              f"({exc.strerror or exc})") from None
         self._lock = _Lock(self.path, flag, command)
         self.notes: list[str] = []
         try:
@@ -351,15 +424,16 @@ class ResultFolder:
         except BaseException:
             self._release()
             raise
-        self.staging = self.path.parent / f".{self.path.name}.{os.getpid()}{_STAGING}"
+        stem = f".{self.path.name}.{os.getpid()}"
+        self.staging = self.path.parent / f"{stem}{_STAGING}"
+        self._work = self.path.parent / f"{stem}{_WORK}"
+        self._aside = self.path.parent / f"{stem}-old{_STAGING}"
         self.written: list[str] = []
         self.published: Path | None = None
 
-    # -- writing -------------------------------------------------------
     def _rescue_leftovers(self) -> None:
         for old in leftover_runs(self.path):
-            names = manifest_names(old)
-            if not names:  # killed before its first checkpoint: nothing finished in it
+            if old.name.endswith(_WORK) or not manifest_names(old):  # never committed: nothing verified in it
                 shutil.rmtree(old, ignore_errors=True)
                 continue
             pid = old.name[len(self.path.name) + 2:-len(_STAGING)]
@@ -370,50 +444,80 @@ class ResultFolder:
                                   f"they are now in {dest}")
                 print(f"note: {self.notes[-1]}", file=sys.stderr)
 
-    def write(self, name: str, write: Callable[[Path], None]) -> Path:
-        """Write ``name`` into the run through ``write(tmp_path)`` (atomic within the staging folder)."""
-        if "/" in name or name in ("", ".", "..") or name.startswith("."):
-            raise ValueError(f"not a result file name: {name!r}")  # a programming error, not user input
+    # -- writing -------------------------------------------------------
+    def _open_work(self) -> None:
+        if self._work.is_dir():
+            return
         try:
-            self.staging.mkdir(exist_ok=True)
+            self._work.mkdir()
+            if self.staging.is_dir():  # the next generation starts from the committed one (hard links)
+                for n in self.written:
+                    if n == MANIFEST:
+                        continue
+                    try:
+                        os.link(self.staging / n, self._work / n)
+                    except OSError:
+                        shutil.copy2(self.staging / n, self._work / n)
         except OSError as exc:
-            raise ResultsWriteError(f"could not create {str(self.staging)!r}: {exc.strerror or exc}") from None
-        final = atomic_write(self.staging / name, write)
+            raise ResultsWriteError(f"could not prepare {str(self._work)!r}: {exc.strerror or exc}") from None
+
+    def write(self, name: str, write: Callable[[Path], None]) -> Path:
+        """Write ``name`` into the run through ``write(tmp_path)``; visible at the next checkpoint / publish."""
+        if "/" in name or name in ("", ".", "..", MANIFEST) or name.startswith("."):
+            raise ValueError(f"not a result file name: {name!r}")  # a programming error, not user input
+        self._open_work()
+        final = atomic_write(self._work / name, write)
         if name not in self.written:
             self.written.append(name)
         return final
 
     def remove(self, names: Iterable[str]) -> None:
         """Drop files this run wrote earlier (a checkpoint superseded by the final results)."""
+        names = [n for n in names if n in self.written]
+        if not names:
+            return
+        self._open_work()
         for name in names:
-            if name in self.written:
-                with contextlib.suppress(FileNotFoundError):
-                    (self.staging / name).unlink()
-                self.written.remove(name)
+            with contextlib.suppress(FileNotFoundError):
+                (self._work / name).unlink()
+            self.written.remove(name)
 
-    def _manifest(self, complete: bool, **extra: Any) -> None:
-        files = [{"name": n, "bytes": (self.staging / n).stat().st_size, "sha256": sha256_file(self.staging / n)}
-                 for n in self.written if n != MANIFEST]
+    def _commit(self, complete: bool) -> None:
+        """Manifest into the work folder, then the work folder becomes the staging folder in one step."""
+        self._open_work()
+        names = [n for n in self.written if n != MANIFEST]
+        try:
+            files = [{"name": n, "bytes": (self._work / n).stat().st_size, "sha256": sha256_file(self._work / n)}
+                     for n in names]
+        except OSError as exc:
+            raise ResultsWriteError(f"could not read back {str(self._work)!r}: {exc.strerror or exc}") from None
         payload = {"tool": "privfed", "command": self.command, "complete": complete, "files": files,
-                   "written": _dt.datetime.now().astimezone().isoformat(timespec="seconds"), **extra}
-        atomic_write(self.staging / MANIFEST, lambda p: p.write_text(json.dumps(payload, indent=2) + "\n"))
-        if MANIFEST not in self.written:
-            self.written.append(MANIFEST)
+                   "written": _dt.datetime.now().astimezone().isoformat(timespec="seconds")}
+        atomic_write(self._work / MANIFEST, lambda p: p.write_text(json.dumps(payload, indent=2) + "\n"))
+        _fsync_dir(self._work)
+        try:
+            if self.staging.is_dir():
+                _replace_dir(self._work, self.staging, self._aside)
+            else:
+                os.rename(self._work, self.staging)
+        except OSError as exc:
+            raise ResultsWriteError(f"could not commit {str(self.staging)!r}: {exc.strerror or exc}") from None
+        _fsync_dir(self.staging.parent)
+        self.written = names + [MANIFEST]
 
     def checkpoint(self) -> None:
-        """Describe what the staging folder holds now (``complete: false``), so a killed run can be recovered."""
-        self._manifest(False)
+        """Commit what was written so far (``complete: false``): a killed run leaves it, verified, behind."""
+        self._commit(False)
 
     # -- ending --------------------------------------------------------
     def publish(self, *, complete: bool) -> Path:
-        """Write the manifest last, then move the run into place; returns where it went.
+        """Commit with the manifest written last, then move the run into place; returns where it went.
 
         Complete, or into a new folder: ``path`` (a previous run there is
-        swapped out and removed).  An incomplete run over a previous one:
-        ``<path>.partial-<time>``, the previous run untouched.
+        swapped out in one step and removed).  An incomplete run over a
+        previous one: ``<path>.partial-<time>``, the previous run untouched.
         """
-        self._manifest(complete)
-        _fsync_dir(self.staging)
+        self._commit(complete)
         dest = self.path
         try:
             if self.path.exists() and not complete and self._old:
@@ -425,14 +529,7 @@ class ResultFolder:
                 if foreign:  # something appeared there since the start: never deleted
                     raise ResultsWriteError(f"{self.flag} {str(self.path)!r} now holds files privfed did not write "
                                             f"({', '.join(foreign[:4])}); this run is kept in {str(self.staging)!r}")
-                aside = self.path.with_name(f".{self.path.name}.{os.getpid()}.privfed-old")
-                os.rename(self.path, aside)
-                try:
-                    os.rename(self.staging, self.path)
-                except OSError:
-                    os.rename(aside, self.path)
-                    raise
-                shutil.rmtree(aside, ignore_errors=True)
+                _replace_dir(self.staging, self.path, self._aside)
             else:
                 os.rename(self.staging, self.path)
         except OSError as exc:
@@ -444,8 +541,9 @@ class ResultFolder:
         return dest
 
     def discard(self) -> None:
-        """A run that finished nothing: remove its staging folder (and the parents this run created)."""
-        shutil.rmtree(self.staging, ignore_errors=True)
+        """A run that finished nothing: remove its folders (and the parents this run created)."""
+        for p in (self._work, self.staging):
+            shutil.rmtree(p, ignore_errors=True)
         self._release()
         for p in self._made:
             with contextlib.suppress(OSError):

@@ -77,6 +77,7 @@ from privfed._cli import (
 )
 from privfed.errors import ConfigError, InputError
 from privfed.pipeline import client_statistics, server_head
+from privfed.results_io import manifest_names, verify_folder
 from privfed.tradeoff_privacy import COUNT_NOISE_KINDS
 
 __all__ = ["TradeoffConfig", "build_parser", "main", "run_tradeoff"]
@@ -234,6 +235,8 @@ def _load_config_file(path: str) -> dict[str, Any]:
                               "results.json") from None
         if not isinstance(data, dict) or not isinstance(data.get("config"), dict):
             raise ConfigError(f"--config {path!r} is JSON but has no 'config' table (is it a privfed results.json?)")
+        if p.name in (manifest_names(p.parent) or ()):  # a saved run: its files must match their hashes
+            verify_folder(p.parent)
         return data["config"]
     try:
         return tomllib.loads(p.read_text())
