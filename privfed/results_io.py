@@ -19,7 +19,7 @@ with its size and SHA-256, so a reader can check what it reads
   host, start time and command (``.<name>.privfed-lock`` beside the folder).
 * Before the first computation the location is checked: the parent can be
   written, every name fits the file system's name and path limits, and at
-  least :data:`MIN_FREE_BYTES` are free.
+  least 32 MiB are free (:mod:`privfed.results_guard`).
 * A killed run (SIGKILL, power loss) leaves its staging folder, holding the
   last checkpoint with a ``complete: false`` manifest; the next run on the
   same ``<out>`` renames it to ``<out>.interrupted-<pid>`` and says so.
@@ -36,13 +36,20 @@ import hashlib
 import json
 import os
 import shutil
-import socket
 import sys
-import tempfile
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from privfed.errors import ConfigError, InputError, PrivfedError
+from privfed.results_guard import (
+    MIN_FREE_BYTES,
+    STAGING_SUFFIX,
+    WORK_SUFFIX,
+    FolderLock,
+    check_location,
+    check_names,
+)
 
 __all__ = [
     "MANIFEST",
@@ -64,12 +71,8 @@ MANIFEST = "manifest.json"
 #: Names privfed writes into a result folder (besides ``grid_*.png``).
 OUTPUT_NAMES = ("results.csv", "results.json", "results.partial.csv", "results.partial.json", "config.json",
                 "tradeoff.png", "manifest.json", "head.npz", "report.json")
-#: Free bytes the output location must have before a run starts.
-MIN_FREE_BYTES = 32 * 2**20
-#: Longest file name a run writes inside its folder (``grid_<method>_eps<e>_n<n>.png`` and temporaries).
-LONGEST_INNER_NAME = 120
-_STAGING = ".privfed-staging"
-_WORK = ".privfed-work"
+_STAGING = STAGING_SUFFIX
+_WORK = WORK_SUFFIX
 _TMP = ".privfed-tmp"
 
 
@@ -226,110 +229,6 @@ def _check_out_path(path: Path, overwrite: bool, flag: str) -> tuple[Path, set[s
     return path, ours
 
 
-def _existing_ancestor(path: Path) -> Path:
-    p = path.absolute()
-    while True:
-        try:
-            if p.exists():
-                return p
-        except OSError:  # a name too long to even look up
-            pass
-        p = p.parent
-
-
-def check_names(path: str | os.PathLike, *, flag: str = "--out") -> None:
-    """Refuse a path whose names do not fit the file system (NAME_MAX, PATH_MAX), staging names included."""
-    path = Path(path).absolute()
-    base = _existing_ancestor(path.parent)
-    try:
-        name_max = os.pathconf(base, "PC_NAME_MAX")
-        path_max = os.pathconf(base, "PC_PATH_MAX")
-    except (OSError, ValueError):
-        name_max, path_max = 255, 4096
-    longest = max([len(p.encode()) for p in path.parent.relative_to(base).parts] + [0])
-    n = path.name
-    # the longest sibling name a run makes: staging, lock record, an interrupted --overwrite's partial folder
-    staging = max(len(s.encode()) for s in (f".{n}.4194304{_STAGING}", f".{n}.privfed-lock.json",
-                                            f"{n}.partial-20260101-000000", f"{n}.interrupted-4194304"))
-    if longest > name_max or staging > name_max:
-        what = f"the folder name is {len(path.name.encode())} bytes" if staging > name_max else \
-            f"a folder name in it is {longest} bytes"
-        raise ConfigError(f"{flag} {str(path)!r}: {what}; with the staging folder's name it must stay within this "
-                          f"file system's {name_max}-byte name limit (a folder name of at most "
-                          f"{name_max - staging + len(path.name.encode())} bytes): choose a shorter name")
-    full = len(str(path).encode()) + 1 + LONGEST_INNER_NAME + (staging - len(path.name.encode()))
-    if full > path_max:
-        raise ConfigError(f"{flag} {str(path)!r} is {len(str(path).encode())} bytes long; with the files of a run "
-                          f"it exceeds this file system's {path_max}-byte path limit: choose a shorter path")
-
-
-def check_location(path: str | os.PathLike, *, flag: str = "--out", need_bytes: int = MIN_FREE_BYTES) -> None:
-    """Refuse, before any work, an output location that cannot take the run's files.
-
-    Checks that every name fits the file system (:func:`check_names`), that
-    the nearest existing folder can be written (a probe file is created and
-    removed: read-only mounts and missing permissions are caught even for
-    root), and that ``need_bytes`` are free there.
-    """
-    path = Path(path).absolute()
-    check_names(path, flag=flag)
-    base = _existing_ancestor(path.parent)
-    try:
-        fd, probe = tempfile.mkstemp(prefix=".privfed-probe-", dir=base)
-        os.close(fd)
-        os.unlink(probe)
-    except OSError as exc:
-        raise ConfigError(f"{flag} {str(path)!r}: cannot write in {str(base)!r} ({exc.strerror or exc}); choose "
-                          "a folder you can write to") from None
-    free = shutil.disk_usage(base).free
-    if free < need_bytes:
-        raise ConfigError(f"{flag} {str(path)!r}: only {free / 2**20:.1f} MiB free on {str(base)!r}, below the "
-                          f"{need_bytes / 2**20:.0f} MiB a run needs; free some space or choose another disk")
-
-
-# ---------------------------------------------------------------- the lock
-def _lock_paths(path: Path) -> tuple[Path, Path]:
-    lock = path.parent / f".{path.name}.privfed-lock"
-    return lock, lock.with_name(lock.name + ".json")
-
-
-def _holder(info: Path) -> str:
-    try:
-        h = json.loads(info.read_text())
-        return (f"pid {h['pid']} on {h['host']}, started {h['started']}: {h['command']}")
-    except (OSError, ValueError, KeyError, TypeError):
-        return "holder unknown (it is starting or its record was removed)"
-
-
-class _Lock:
-    def __init__(self, path: Path, flag: str, command: str) -> None:
-        import filelock
-
-        self.file, self.info = _lock_paths(path)
-        self._lock = filelock.FileLock(str(self.file), timeout=0)
-        try:
-            self._lock.acquire()
-        except filelock.Timeout:
-            raise ConfigError(f"{flag} {str(path)!r} is in use by another privfed run ({_holder(self.info)}); "
-                              "wait for it to finish or choose another folder") from None
-        except OSError as exc:
-            raise ConfigError(f"{flag} {str(path)!r}: cannot lock {str(self.file)!r} "
-                              f"({exc.strerror or exc}); choose a folder you can write to") from None
-        record = {"pid": os.getpid(), "host": socket.gethostname(), "command": command,
-                  "started": _dt.datetime.now().astimezone().isoformat(timespec="seconds")}
-        with contextlib.suppress(PrivfedError):
-            atomic_write(self.info, lambda p: p.write_text(json.dumps(record)))
-
-    def release(self) -> None:
-        if not self._lock.is_locked:
-            return
-        with contextlib.suppress(OSError):
-            self.info.unlink()
-        with contextlib.suppress(OSError):
-            self.file.unlink()  # while held: a contender that opened it sees an unlinked inode and retries
-        self._lock.release()
-
-
 def leftover_runs(out: str | os.PathLike) -> list[Path]:
     """Staging and work folders of killed runs on ``out`` (only meaningful while holding its lock)."""
     out = Path(out)
@@ -416,7 +315,7 @@ class ResultFolder:
         except OSError as exc:
             raise ConfigError(f"{flag} {str(self.path)!r}: cannot create {str(self.path.parent)!r} "
                               f"({exc.strerror or exc})") from None
-        self._lock = _Lock(self.path, flag, command)
+        self._lock = FolderLock(self.path, flag, command)
         self.notes: list[str] = []
         try:
             self.path, self._old = check_out_path(path, overwrite=overwrite, flag=flag)  # again, under the lock
@@ -525,7 +424,7 @@ class ResultFolder:
                 dest = self.path.with_name(f"{self.path.name}.partial-{stamp}")
                 os.rename(self.staging, dest)
             elif self.path.exists():
-                ours, foreign = _privfed_files(self.path) if any(self.path.iterdir()) else (set(), [])
+                _, foreign = _privfed_files(self.path) if any(self.path.iterdir()) else (set(), [])
                 if foreign:  # something appeared there since the start: never deleted
                     raise ResultsWriteError(f"{self.flag} {str(self.path)!r} now holds files privfed did not write "
                                             f"({', '.join(foreign[:4])}); this run is kept in {str(self.staging)!r}")

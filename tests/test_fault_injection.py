@@ -22,7 +22,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from privfed import _cli, results_io
+from privfed import _cli, results_guard, results_io
 from privfed.attack import main as attack_main
 from privfed.errors import ConfigError, InputError
 from privfed.results_io import ResultFolder, verify_folder
@@ -260,7 +260,7 @@ def test_unwritable_location_is_refused_before_the_sweep(tmp_path, monkeypatch, 
     def mkstemp(*a, **k):
         raise OSError(errno_, os.strerror(errno_))
 
-    monkeypatch.setattr(results_io.tempfile, "mkstemp", mkstemp)
+    monkeypatch.setattr(results_guard.tempfile, "mkstemp", mkstemp)
     for main, extra in ((tradeoff_main, [*SMALL, "--eps", "1"]), (attack_main, ["--attack", "tracing", "--quiet"])):
         assert main([*extra, "--out", str(tmp_path / "o")]) == 2
         err = capsys.readouterr().err.strip()
@@ -276,7 +276,7 @@ def test_too_little_space_and_too_long_names_are_refused_before_the_sweep(tmp_pa
     deep = tmp_path.joinpath(*["d" * 200] * 21)
     assert tradeoff_main([*SMALL, "--eps", "1", "--out", str(deep)]) == 2
     assert "byte path limit" in capsys.readouterr().err
-    monkeypatch.setattr(results_io.shutil, "disk_usage", lambda p: SimpleNamespace(free=2**20, total=2**30))
+    monkeypatch.setattr(results_guard.shutil, "disk_usage", lambda p: SimpleNamespace(free=2**20, total=2**30))
     assert tradeoff_main([*SMALL, "--eps", "1", "--out", str(tmp_path / "o")]) == 2
     assert "only 1.0 MiB free" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []

@@ -111,7 +111,7 @@ def test_statsfold_folds_finite_uploads_and_names_a_bad_one(data, keep, layout):
         assert not bad
         expect_counts += counts.sum(axis=0)
     res = fold.result()
-    N, S = res.class_totals()
+    N, _ = res.class_totals()
     assert np.all(np.isfinite(N)) and np.allclose(N, expect_counts, rtol=1e-12, atol=0)
 
 
