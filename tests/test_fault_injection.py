@@ -378,7 +378,10 @@ def test_flower_cli_refuses_bad_numbers_and_output_before_starting(tmp_path, cap
     f.write_text("x")
     for argv, msg in ((["--eps", "nan"], "--eps must be a number > 0"), (["--eps=-inf"], "--eps must be"),
                       (["--eps=-1"], "--eps must be"), (["--delta", "nan"], "--delta must be a finite"),
-                      (["--clip", "inf"], "--clip must be a finite"), (["--output", str(f)], "is a file")):
+                      (["--clip", "inf"], "--clip must be a finite"), (["--output", str(f)], "is a file"),
+                      (["--num-cpus", "0"], "--num-cpus must be an integer >= 1"),
+                      (["--frac-bits", "1000"], "--frac-bits must lie in [0, 53]"),
+                      (["--noise-seed=-1"], "--noise-seed must be an integer >= 0")):
         assert main(argv) == 2
         err = capsys.readouterr().err.strip()
         assert msg in err and len(err.splitlines()) == 1, err

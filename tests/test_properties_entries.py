@@ -183,7 +183,8 @@ def test_tradeoff_options_give_a_config_or_one_error_naming_the_flag(flag, text)
 
 
 @FAST
-@given(flag=st.sampled_from(["--eps", "--delta", "--clip", "--alpha", "--timeout"]), text=_flag_text)
+@given(flag=st.sampled_from(["--eps", "--delta", "--clip", "--alpha", "--timeout", "--num-cpus", "--frac-bits",
+                             "--max-records", "--noise-seed", "--seed"]), text=_flag_text)
 def test_flower_numbers_are_checked_before_anything_starts(flag, text):
     import argparse
 

@@ -78,6 +78,17 @@ def _check_numbers(args: argparse.Namespace) -> None:
             raise ConfigError(f"{flag} must be a finite number > 0, got {v!r}")
     if args.clip is not None and not (math.isfinite(args.clip) and args.clip > 0):
         raise ConfigError(f"--clip must be a finite number > 0, got {args.clip!r}")
+    for flag, v, low in (("--num-cpus", args.num_cpus, 1), ("--max-records", args.max_records, 1),
+                         ("--seed", args.seed, 0), ("--noise-seed", args.noise_seed, 0),
+                         ("--dropout-tolerance", args.dropout_tolerance, 0)):
+        if v is not None and v < low:
+            raise ConfigError(f"{flag} must be an integer >= {low}, got {v}")
+    from mechanisms.fixed_point import check_frac_bits
+
+    try:
+        check_frac_bits(args.frac_bits)
+    except ConfigError as exc:
+        raise ConfigError(f"--{exc}".replace("frac_bits", "frac-bits", 1)) from None
 
 
 def _body(argv: Sequence[str] | None) -> int:
