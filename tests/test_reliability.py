@@ -623,25 +623,45 @@ def test_npz_size_check_cannot_be_bypassed(tmp_path):
 
 @pytest.mark.parametrize("value, ok", [("abc", False), ("nan", False), ("inf", False), ("-1", False), ("0", False),
                                        ("2G", True), ("1073741824", True), ("512M", True)])
-def test_dense_view_limit_variable_is_parsed_with_a_clear_error(tmp_path, value, ok):
+def test_dense_view_limit_variable_is_parsed_with_a_clear_error(monkeypatch, value, ok):
+    from privfed._validation import env_byte_size
+
+    monkeypatch.setenv("PRIVFED_DENSE_VIEW_LIMIT", value)
+    limit, err = env_byte_size("PRIVFED_DENSE_VIEW_LIMIT", 2 * 2**30)
+    if ok:
+        assert err is None and limit == {"2G": 2 * 2**30, "512M": 2**29}.get(value, 2**30)
+    else:  # the default stands in until the limit is used, which raises this error
+        assert limit == 2 * 2**30 and str(err) == (f"$PRIVFED_DENSE_VIEW_LIMIT must be a positive number of bytes "
+                                                   f"(e.g. 2147483648 or 2G), got {value!r}")
+
+
+def test_a_malformed_dense_view_limit_never_breaks_import_and_a_command_says_so_at_once(tmp_path):
     import subprocess
     import sys
 
-    env = {**os.environ, "PRIVFED_DENSE_VIEW_LIMIT": value, "PYTHONPATH": str(pathlib.Path(__file__).parents[1])}
+    env = {**os.environ, "PRIVFED_DENSE_VIEW_LIMIT": "abc", "PYTHONPATH": str(pathlib.Path(__file__).parents[1])}
     code = ("import privfed, privfed.stats as s\n"
-            "try:\n    print('limit', s.dense_view_limit())\nexcept privfed.errors.ConfigError as e:\n"
-            "    print('error', e)\n")
+            "try:\n    s.dense_view_limit()\nexcept privfed.errors.ConfigError as e:\n    print('error', e)\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr  # import privfed never crashes
-    if ok:
-        assert r.stdout.split() == ["limit", str({"2G": 2 * 2**30, "512M": 2**29}.get(value, 2**30))]
-    else:
-        assert r.stdout.startswith(f"error $PRIVFED_DENSE_VIEW_LIMIT must be a positive number of bytes "
-                                   f"(e.g. 2147483648 or 2G), got {value!r}")
-        # a command says so in one line, at once
-        r = subprocess.run([sys.executable, "-m", "privfed.tradeoff", "--eps", "1", "--out", str(tmp_path / "o")],
-                           capture_output=True, text=True, env=env, timeout=120)
-        assert r.returncode == 2 and r.stderr.strip().splitlines() == [
-            f"python -m privfed.tradeoff: error: $PRIVFED_DENSE_VIEW_LIMIT must be a positive number of bytes "
-            f"(e.g. 2147483648 or 2G), got {value!r}"]
-        assert not (tmp_path / "o").exists()
+    assert r.stdout.startswith("error $PRIVFED_DENSE_VIEW_LIMIT must be a positive number of bytes")
+    r = subprocess.run([sys.executable, "-m", "privfed.tradeoff", "--eps", "1", "--out", str(tmp_path / "o")],
+                       capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        "python -m privfed.tradeoff: error: $PRIVFED_DENSE_VIEW_LIMIT must be a positive number of bytes "
+        "(e.g. 2147483648 or 2G), got 'abc'"]
+    assert not (tmp_path / "o").exists()
+
+
+def test_the_dense_view_limit_in_use_is_checked_where_it_is_used(monkeypatch):
+    import privfed.stats as S
+
+    stats = S.compute_client_stats(np.ones((4, 2)), np.array([0, 1, 0, 1]), np.array([0, 0, 1, 1]))
+    monkeypatch.setattr(S, "DENSE_VIEW_LIMIT", -1)  # before: silently refused every dense view
+    with pytest.raises(ConfigError, match=r"DENSE_VIEW_LIMIT must be a positive number of bytes, got -1"):
+        stats.sums
+    monkeypatch.setattr(S, "DENSE_VIEW_LIMIT", 8 * 2 * 2 * 2 - 1)  # one byte short of the (2, 2, 2) float64 sums
+    with pytest.raises(InputError, match=r"ClientStats.sums of shape \(2, 2, 2\) needs"):
+        stats.sums
+    monkeypatch.setattr(S, "DENSE_VIEW_LIMIT", 8 * 2 * 2 * 2)
+    assert stats.sums.shape == (2, 2, 2)
