@@ -10,7 +10,6 @@ from privfed.errors import ConfigError, InputError
 
 __all__ = [
     "as_generator",
-    "check_finite",
     "check_release_size",
     "release_cost_note",
     "env_byte_size",
@@ -72,26 +71,6 @@ def refuse_masked(value, name: str) -> None:
     if isinstance(value, np.ma.MaskedArray):
         raise InputError(f"{name} is a numpy masked array; its mask would be ignored: fill or drop the masked "
                          f"entries first (e.g. {name}.filled(...) or {name}.compressed())")
-
-
-def check_finite(arr: np.ndarray, name: str, *, axis_names: tuple[str, ...] = ()) -> None:
-    """Refuse NaN / inf in ``arr``, naming ``name`` and the index of the first bad entry.
-
-    ``axis_names`` names the leading axes in the message (e.g. ("client", "class")).
-    """
-    a = np.asarray(arr)
-    if a.dtype.kind not in "fc" or a.size == 0:
-        return
-    flat = a.reshape(-1)
-    step = max(1, _CHECK_BLOCK_BYTES // 8)
-    for s in range(0, flat.size, step):
-        bad = ~np.isfinite(flat[s:s + step])
-        if bad.any():
-            i = s + int(np.flatnonzero(bad)[0])
-            idx = np.unravel_index(i, a.shape)
-            where = ", ".join(f"{n} {int(j)}" for n, j in zip(axis_names, idx)) or f"index {tuple(int(j) for j in idx)}"
-            raise InputError(f"{name} holds {flat[i]!r} at {where} (NaN/inf is not a statistic): the upload is "
-                             "corrupt or overflowed; refused instead of folding it into the result")
 
 
 #: Most noise values one private release may draw (K clients x C classes x (d + 1) under local noise):

@@ -12,11 +12,11 @@ from privfed import _scale
 from privfed import methods as _methods
 from privfed._validation import (
     as_generator,
-    check_num_classes,
     as_int_vector,
     check_dataset,
     check_features,
     check_labels,
+    check_num_classes,
     check_release_size,
     release_cost_note,
 )
