@@ -399,3 +399,23 @@ def test_result_folder_refuses_files_that_appeared_during_the_run(tmp_path):
     assert verify_folder(run.staging)["complete"] is True  # the run is kept where the message says
     with pytest.raises(ConfigError):
         results_io.check_out_path(out, overwrite=True)
+
+
+def test_real_rounds_sweep_stopped_by_sigterm_in_a_subprocess_leaves_its_finished_pairs(tmp_path, digits_cache):
+    """Before: SIGTERM left no folder at all."""
+    out = tmp_path / "r"
+    code = ("import sys, privfed.fedlog_rounds as f, privfed.tradeoff as t; f.CHECKPOINT_S = 0.0; "
+            "sys.exit(t.main(sys.argv[1:]))")
+    argv = ["--method", "fedlog", "--eps", "inf", "--rounds", "2", "--seeds", "50", "--clients", "4", "--partition",
+            "iid", "--local-epochs", "1", "--families", "cnn", "--init", "scratch", "--no-plot", "--quiet",
+            "--out", str(out)]
+    proc = subprocess.Popen([sys.executable, "-c", code, *argv], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    _wait_for_checkpoint(tmp_path, proc, 2)  # one (epsilon, seed) pair: two rows
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143 and "Traceback" not in err, err
+    manifest = verify_folder(out)
+    assert manifest["complete"] is False and 2 <= _rows(out / "results.partial.csv") < 100
+    data = json.loads((out / "results.partial.json").read_text())
+    assert data["config"]["local_epochs"] == 1 and data["config"]["families"] == ["cnn"]
