@@ -40,6 +40,7 @@ from privfed.notes import Note
 from privfed.stats import ClientStats
 
 __all__ = [
+    "GEOMETRIC_MIN_EPSILON",
     "CountNoise",
     "GaussianCountNoise",
     "GeometricCountNoise",
@@ -243,10 +244,32 @@ class LaplaceCountNoise(CountNoise):
         return ReleaseEvent("laplace", "counts", 1.0, self.scale, release_id=rid)
 
 
+#: Smallest epsilon :class:`GeometricCountNoise` accepts.  A draw of magnitude 2**53 or more is not an exact
+#: integer in float64 and numpy's geometric sampler saturates at 2**63 - 1 (at eps = 1e-300 it returns
+#: 2**63 - 1 for both draws, so every count came out unchanged); at eps >= 1e-9 the chance of any draw reaching
+#: 2**53 is at most 2 exp(-eps 2**53) < exp(-9e6) per count.  Noise of scale 1e9 destroys every count anyway.
+GEOMETRIC_MIN_EPSILON = 1e-9
+
+
 class GeometricCountNoise(CountNoise):
-    """Two-sided geometric noise P(k) ~ exp(-eps |k|): integer counts, (eps, 0)-DP."""
+    """Two-sided geometric noise P(k) ~ exp(-eps |k|): integer counts, (eps, 0)-DP.
+
+    ``epsilon`` below :data:`GEOMETRIC_MIN_EPSILON` (1e-9) is refused: the
+    sampler cannot draw such noise exactly, and a run would report a
+    guarantee for noise it did not add.
+    """
 
     name = "geometric"
+
+    def __init__(self, *, epsilon: float, backend: "str | NoiseBackend | None" = None) -> None:
+        eps = self._check_eps(epsilon)
+        if eps < GEOMETRIC_MIN_EPSILON:
+            raise ConfigError(
+                f"geometric count noise needs epsilon >= {GEOMETRIC_MIN_EPSILON:g}, got epsilon={epsilon!r}: below "
+                "it the integer noise (scale 1/epsilon) overflows the sampler's 64-bit range and would leave the "
+                "counts unchanged while reporting the guarantee; use a larger epsilon or Laplace count noise"
+            )
+        super().__init__(epsilon=eps, backend=backend)
 
     @property
     def scale(self) -> float:

@@ -1,12 +1,12 @@
 """What every privfed command shares: parsing, typed values, result folders, signals, errors.
 
-Result folders (:class:`OutputDir`) are written atomically: each file goes to
-a hidden temporary name and is renamed into place, a run that fails before
-writing anything leaves no folder, and ``--overwrite`` leaves the folder
-holding only the new run (files a previous privfed run wrote are removed; a
-folder holding anything else is refused).  SIGTERM is handled like Ctrl-C
-(:func:`interruptible`), so ``kill``, ``timeout`` and batch schedulers keep
-the runs that finished.
+Result folders (:class:`OutputDir`) are written as one unit by
+:mod:`privfed.results_io`: a staging folder beside ``--out`` renamed into
+place when the run ends, a manifest with every file's SHA-256 written last,
+a lock refusing a second run on the same folder, and ``--overwrite`` swapping
+the previous run out only once the new one is complete.  SIGTERM is handled
+like Ctrl-C (:func:`interruptible`), so ``kill``, ``timeout`` and batch
+schedulers keep the runs that finished.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 
 from privfed.errors import ConfigError, PrivfedError
+from privfed.results_io import MANIFEST, ResultFolder, ResultsWriteError, atomic_write, check_out_path
 
 __all__ = [
     "HelpFormatter",
@@ -171,10 +172,7 @@ def parse_seeds(value: Any, flag: str = "--seeds") -> tuple[int, ...]:
 
 
 # ---------------------------------------------------------------- result folders
-#: Names privfed writes into a result folder (besides ``grid_*.png``).
-OUTPUT_NAMES = ("results.csv", "results.json", "results.partial.csv", "results.partial.json", "config.json",
-                "tradeoff.png", "manifest.json")
-MANIFEST = "manifest.json"
+# One writer for every command: privfed.results_io (staging folder, manifest with hashes, lock, swap).
 
 
 def _slug(text: str) -> str:
@@ -197,108 +195,25 @@ def default_out_name(prefix: str, *parts: str) -> Path:
     return path
 
 
-def _is_privfed_tmp(name: str) -> bool:
-    return name.startswith(".") and name.endswith(".privfed-tmp")
+class OutputDir(ResultFolder):
+    """A command's result folder: :class:`privfed.results_io.ResultFolder` with the commands' defaults.
 
-
-def _privfed_files(path: Path) -> tuple[set[str], list[str]]:
-    """Split a folder's entries into (files a previous privfed run wrote, everything else)."""
-    listed: set[str] = set()
-    try:
-        data = json.loads((path / MANIFEST).read_text())
-    except (ValueError, OSError):
-        data = None
-    if isinstance(data, dict) and data.get("tool") == "privfed" and isinstance(data.get("files"), list):
-        listed = {str(f) for f in data["files"]} | {MANIFEST}
-    legacy = False  # a privfed run written before manifests existed: its results.json / config.json say so
-    for marker in ("results.json", "results.partial.json", "config.json"):
-        try:
-            data = json.loads((path / marker).read_text())
-        except (ValueError, OSError):
-            continue
-        if isinstance(data, dict) and "config" in data and "versions" in data or \
-                isinstance(data, dict) and "attack" in data and "versions" in data:
-            legacy = True
-    ours, foreign = set(), []
-    for entry in sorted(path.iterdir()):
-        n = entry.name
-        known = n in OUTPUT_NAMES or (n.startswith("grid_") and n.endswith(".png"))
-        if entry.is_file() and not entry.is_symlink() and (n in listed or _is_privfed_tmp(n) or (legacy and known)):
-            ours.add(n)
-        else:
-            foreign.append(n)
-    return ours, foreign
-
-
-def check_out_path(out: str | Path, *, overwrite: bool, flag: str = "--out") -> tuple[Path, set[str]]:
-    """Validate an output folder before any work: returns (path, files of a previous run to replace).
-
-    Refused with one line: a path that is a file, a path under a file, an
-    existing non-empty folder without ``overwrite``, and (with ``overwrite``)
-    a folder holding anything privfed did not write.
-    """
-    path = Path(out)
-    for parent in reversed(path.parents):
-        if parent.exists() and not parent.is_dir():
-            raise ConfigError(f"{flag} {str(path)!r}: {str(parent)!r} is a file, so no folder can be made "
-                              "under it; choose another path")
-    if path.exists() and not path.is_dir():
-        raise ConfigError(f"{flag} {str(path)!r} is a file, not a folder; choose a folder path (--overwrite "
-                          "replaces a previous run's folder, never a file)")
-    if not path.exists() or not any(path.iterdir()):
-        return path, set()
-    if not overwrite:
-        raise ConfigError(
-            f"{flag} {str(path)!r} already exists and is not empty; choose a new folder or pass --overwrite")
-    ours, foreign = _privfed_files(path)
-    if foreign:
-        shown = ", ".join(foreign[:4]) + (", ..." if len(foreign) > 4 else "")
-        raise ConfigError(f"{flag} {str(path)!r} holds files privfed did not write ({shown}); --overwrite only "
-                          "replaces a previous privfed run: choose another folder or move them")
-    return path, ours
-
-
-class OutputDir:
-    """A result folder written atomically, holding only the files of one run.
-
-    Nothing is created until the first file is written, so a run that fails
-    before producing anything leaves no folder behind.  Every file is written
-    to a hidden temporary name and renamed into place (``os.replace``), so a
-    reader never sees a half-written result.  With ``overwrite``, the files of
-    the previous run are removed once this run has written its own
-    (:meth:`finish`), never before: a run that fails early leaves the old
-    results as they were.  ``manifest.json`` lists the files of the run.
+    ``out=None`` is a fresh ``results/<prefix>-<what ran>-<time>``.  Files go
+    to a staging folder beside ``out``; :meth:`finish` writes the manifest
+    last and moves the run into place in one step (swapping out a previous
+    run with ``overwrite``); :meth:`abandon` removes a run that wrote
+    nothing.  The folder is locked against a second run from construction
+    to :meth:`finish` / :meth:`abandon`.
     """
 
     def __init__(self, out: str | Path | None, prefix: str, *, overwrite: bool = False,
-                 name_parts: Sequence[str] = ()) -> None:
-        if out is None:
-            self.path = default_out_name(prefix, *name_parts)
-            self._old: set[str] = set()
-        else:
-            self.path, self._old = check_out_path(out, overwrite=overwrite)
-        self._existed = self.path.exists()
-        self.written: list[str] = []
-
-    def _atomic(self, name: str, write: Callable[[Path], None]) -> Path:
-        self.path.mkdir(parents=True, exist_ok=True)
-        final = self.path / name
-        tmp = self.path / f".{name}.{os.getpid()}.privfed-tmp"
-        try:
-            write(tmp)
-            with open(tmp, "rb") as fh:
-                os.fsync(fh.fileno())
-            os.replace(tmp, final)
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                tmp.unlink()
-        if name not in self.written:
-            self.written.append(name)
-        return final
+                 name_parts: Sequence[str] = (), command: str = "") -> None:
+        path = default_out_name(prefix, *name_parts) if out is None else out
+        super().__init__(path, overwrite=overwrite, command=command or " ".join(sys.argv))
 
     def write_text(self, name: str, text: str) -> Path:
         """Write ``text`` to ``name`` atomically."""
-        return self._atomic(name, lambda p: p.write_text(text))
+        return self.write(name, lambda p: p.write_text(text))
 
     def write_json(self, name: str, payload: Any) -> Path:
         """Write ``payload`` as JSON (inf/NaN as strings) atomically."""
@@ -313,37 +228,22 @@ class OutputDir:
                 for r in rows:
                     w.writerow({k: r.get(k, "") for k in fieldnames})
 
-        return self._atomic(name, write)
+        return self.write(name, write)
 
     def save_figure(self, name: str, fig: Any, **kwargs: Any) -> Path:
         """Save a matplotlib figure atomically (format from the name's suffix)."""
         fmt = name.rsplit(".", 1)[-1]
-        return self._atomic(name, lambda p: fig.savefig(p, format=fmt, **kwargs))
+        return self.write(name, lambda p: fig.savefig(p, format=fmt, **kwargs))
 
-    def finish(self, command: str, *, complete: bool, drop: Sequence[str] = ()) -> None:
-        """Remove ``drop`` and the previous run's files not rewritten, then write the manifest."""
-        for name in ({*drop} | (self._old - set(self.written))) - {MANIFEST}:
-            with contextlib.suppress(FileNotFoundError):
-                (self.path / name).unlink()
-            if name in self.written:
-                self.written.remove(name)
-        self._old = set()
-        self.write_json(MANIFEST, {"tool": "privfed", "command": command, "complete": complete,
-                                   "files": [n for n in self.written if n != MANIFEST]})
+    def finish(self, command: str, *, complete: bool, drop: Sequence[str] = ()) -> Path:
+        """Drop ``drop``, write the manifest last and move the run into place; returns where it went."""
+        self.command = command
+        self.remove(drop)
+        return self.publish(complete=complete)
 
     def abandon(self) -> None:
-        """A run that wrote nothing: remove the folder if this run would have created it."""
-        if not self._existed and self.path.is_dir():
-            for e in self.path.iterdir():
-                if _is_privfed_tmp(e.name):
-                    with contextlib.suppress(FileNotFoundError):
-                        e.unlink()
-            with contextlib.suppress(OSError):
-                self.path.rmdir()
-
-    def files(self) -> list[str]:
-        """What this run wrote, in order (the manifest last)."""
-        return [n for n in self.written if n != MANIFEST] + ([MANIFEST] if MANIFEST in self.written else [])
+        """A run that wrote nothing: no folder is left (a previous run in ``out`` stays as it was)."""
+        self.discard()
 
 
 def prepare_out_dir(out: str | None, prefix: str, *, overwrite: bool = False) -> Path:
@@ -415,7 +315,10 @@ def periodic_checkpoint(write_partial: Callable[[list], None], every: float) -> 
         nonlocal last
         if time.monotonic() - last >= every:
             with signals_deferred():
-                write_partial(records)
+                try:
+                    write_partial(records)
+                except ResultsWriteError as exc:  # a full disk: the sweep goes on; the final write says more
+                    print(f"note: checkpoint not written ({exc})", file=sys.stderr)
             last = time.monotonic()
 
     return checkpoint
@@ -423,18 +326,29 @@ def periodic_checkpoint(write_partial: Callable[[list], None], every: float) -> 
 
 def keep_finished(out: "OutputDir", done: list, write_partial: Callable[[list], None], command: str,
                   prog: str) -> None:
-    """After an interrupt or a failure: what finished goes to results.partial.*, or no folder is left.
+    """After an interrupt or a failure: what finished is published (results.partial.*), or no folder is left.
 
-    A second Ctrl-C / SIGTERM waits until what finished is on disk.
+    A second Ctrl-C / SIGTERM waits until what finished is on disk.  When
+    even that cannot be written (a full disk), the message names the staging
+    folder holding the last checkpoint.
     """
     with signals_deferred():
-        if done:
-            write_partial(done)
-            out.finish(command, complete=False)
-            print(f"{prog}: the sweep stopped after {len(done)} run(s); they are in "
-                  f"{out.path}/results.partial.csv and results.partial.json", file=sys.stderr)
-        else:
+        if not done and not out.written:
             out.abandon()
+            return
+        try:
+            if done:
+                write_partial(done)
+            where = out.finish(command, complete=False)
+        except PrivfedError as exc:
+            kept = out.staging if (out.staging / MANIFEST).exists() else None
+            print(f"{prog}: could not write the {len(done)} finished run(s): {exc}"
+                  + (f"; the last checkpoint is in {kept}" if kept else ""), file=sys.stderr)
+            return
+        if done:
+            print(f"{prog}: the sweep stopped after {len(done)} run(s); they are in "
+                  f"{where}/results.partial.csv and results.partial.json"
+                  + (f" ({out.path} keeps the previous run)" if where != out.path else ""), file=sys.stderr)
 
 
 @contextlib.contextmanager
@@ -567,15 +481,9 @@ def json_text(payload: Any) -> str:
 
 
 def write_json(path: Path, payload: Any) -> None:
-    """Write ``payload`` as JSON to ``path`` atomically (temporary name, then rename)."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.privfed-tmp")
-    try:
-        tmp.write_text(json_text(payload))
-        os.replace(tmp, path)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
+    """Write ``payload`` as JSON to ``path`` atomically (temporary name, fsync, then rename)."""
+    text = json_text(payload)
+    atomic_write(Path(path), lambda p: p.write_text(text))
 
 
 #: import name -> what to install, for optional dependencies the commands may need.
@@ -593,6 +501,9 @@ def cli_entry(prog: str, body: Callable[[Sequence[str] | None], int]) -> Callabl
     def main(argv: Sequence[str] | None = None) -> int:
         try:
             with interruptible():
+                from privfed.stats import dense_view_limit
+
+                dense_view_limit()  # a malformed $PRIVFED_DENSE_VIEW_LIMIT: one line at once, not mid-run
                 return body(argv)
         except PrivfedError as exc:
             print(f"{prog}: error: {exc}", file=sys.stderr)

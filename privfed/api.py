@@ -3,13 +3,23 @@
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from typing import Any
 
 import numpy as np
 
 from privfed import _scale
 from privfed import methods as _methods
-from privfed._validation import as_generator, as_int_vector, check_dataset, check_features, check_labels
+from privfed._validation import (
+    as_generator,
+    as_int_vector,
+    check_dataset,
+    check_features,
+    check_labels,
+    check_num_classes,
+    check_release_size,
+    release_cost_note,
+)
 from privfed.errors import ConfigError, InputError
 from privfed.head import LinearHead
 from privfed.pipeline import run_federation
@@ -103,6 +113,9 @@ def fit(
         # Under DP nothing may be refused or shaped from the raw data: a class or a client without
         # records is handled from the noisy statistics (every client uploads every class).
         F, y, k, C, K = _check_private_dataset(features, labels, clients, num_classes, num_clients)
+        note = release_cost_note(K, C, F.shape[1], local=not getattr(privacy, "trusted_aggregator", False))
+        if note:  # a large run says so before it starts
+            warnings.warn(note, UserWarning, stacklevel=2)
     private_run = privacy is not None or getattr(secure_agg, "noise", None) is not None
     if random_state is None and private_run:
         rng = np.random.default_rng()  # fresh OS entropy: the noise cannot be replayed
@@ -160,8 +173,12 @@ def _check_private_dataset(features, labels, clients, num_classes, num_clients=N
     ``num_classes`` (else ``max(labels) + 1`` is taken as public) and number clients ``0..K-1``.
     """
     F = check_features(features)
+    if num_classes is not None:  # sized before anything is allocated, as without privacy
+        check_release_size(1, check_num_classes(num_classes), F.shape[1], F.shape[0])
     y, C = check_labels(labels, F.shape[0], num_classes)
     K = None if num_clients is None else _check_num_clients(num_clients)
+    if K is not None:
+        check_release_size(K, C, F.shape[1], F.shape[0])
     if clients is None:
         if K not in (None, 1):
             raise InputError(f"num_clients={K} but no clients were given (every sample on one client)")
@@ -173,6 +190,7 @@ def _check_private_dataset(features, labels, clients, num_classes, num_clients=N
         raise InputError(f"clients must be >= 0, found {int(k.min())}; number clients 0..K-1")
     if K is None:
         K = int(k.max()) + 1
+        check_release_size(K, C, F.shape[1], F.shape[0])
     elif k.max() >= K:
         raise InputError(f"clients contains {int(k.max())}, out of range for num_clients={K}")
     return F, y, k, C, K

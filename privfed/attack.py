@@ -414,7 +414,7 @@ def _body(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
     cfg = resolve_config(args)
     command = " ".join([PROG, *argv])
-    out = OutputDir(args.out, "attack", overwrite=args.overwrite, name_parts=_name_parts(cfg))
+    out = OutputDir(args.out, "attack", overwrite=args.overwrite, name_parts=_name_parts(cfg), command=command)
     import torch
 
     torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
@@ -426,6 +426,7 @@ def _body(argv: Sequence[str] | None) -> int:
     def write_partial(records):
         out.write_csv(PARTIAL[0], records, _columns(records))
         out.write_json(PARTIAL[1], {"config": config, "records": records, "complete": False, "command": command})
+        out.checkpoint()  # the staging folder describes itself: a killed sweep can be recovered
 
     checkpoint = periodic_checkpoint(write_partial, CHECKPOINT_S)
 
@@ -457,7 +458,7 @@ def _body(argv: Sequence[str] | None) -> int:
     if cfg.strongest:
         print(f"strongest[name]: the strongest attack of the {cfg.attack} suite on the same challenge "
               "(results.csv: strongest_attack and <attack>:<metric> for every attack of the suite)")
-    print(f"wrote {out.path}/: {', '.join(out.files())}")
+    print(f"wrote {out.published}/: {', '.join(out.files())}")
     return 0
 
 

@@ -1232,9 +1232,13 @@ def run_rounds(cfg: RoundsConfig | None = None, *, progress: bool = False, **ove
 
 # ---------------------------------------------------------------- trade-off command
 def tradeoff_rounds(cfg, *, local_epochs: int | None = None, families: Sequence[str] | None = None,
-                    init: str | None = None, progress: bool = True) -> list[dict]:
+                    init: str | None = None, progress: bool = True, records: list | None = None,
+                    on_record=None) -> list[dict]:
     """Rows of ``python -m privfed.tradeoff --method fedlog --rounds R`` (R > 1): multi-round FedLog
-    and one-shot frozen FedLog for every (epsilon, seed) of a :class:`privfed.tradeoff.TradeoffConfig`."""
+    and one-shot frozen FedLog for every (epsilon, seed) of a :class:`privfed.tradeoff.TradeoffConfig`.
+
+    ``records`` (a list) receives the rows as each (epsilon, seed) finishes, and ``on_record(rows)`` is
+    called then, so an interrupted sweep keeps what finished."""
     if cfg.dataset != "digits":
         raise ConfigError(f"multi-round FedLog (--rounds > 1) trains bodies on images: it runs on the digits "
                           f"default only, got --dataset {cfg.dataset!r}")
@@ -1256,7 +1260,7 @@ def tradeoff_rounds(cfg, *, local_epochs: int | None = None, families: Sequence[
     if init is not None:
         base["init"] = init
     RoundsConfig(**dict(base, epsilon=min(cfg.epsilons))).validate()  # refuse bad settings before any work
-    rows = []
+    rows = [] if records is None else records
     for eps in cfg.epsilons:
         for seed in cfg.seeds:
             # the sweep draws every noise from its seeds (a seeded simulation, as its one-shot rows)
@@ -1281,8 +1285,13 @@ def tradeoff_rounds(cfg, *, local_epochs: int | None = None, families: Sequence[
                     "describe": rep.describe() if rep else "",
                     **(att if "rounds" in name else {k: math.nan for k in att}),
                 })
+            if on_record is not None:
+                on_record(rows)
     return rows
 
+
+#: Seconds between checkpoints of the finished (epsilon, seed) pairs to results.partial.* during a sweep.
+CHECKPOINT_S = 30.0
 
 #: Member / holdout pairs the trade-off command attacks in every multi-round run.
 TRADEOFF_ATTACK_PAIRS = 200
@@ -1355,24 +1364,48 @@ def _plot_tradeoff(summary: list[dict], title: str):
     return fig
 
 
+def rounds_settings(local_epochs: int | None, families: Sequence[str] | None, init: str | None) -> dict:
+    """The multi-round settings a run used (defaults filled in), as results.json's config records them."""
+    d = RoundsConfig()
+    return {"local_epochs": d.local_epochs if local_epochs is None else int(local_epochs),
+            "families": list(d.families if not families else families), "init": d.init if init is None else init}
+
+
 def tradeoff_main(cfg, args, argv=()) -> int:
-    """``python -m privfed.tradeoff --method fedlog --rounds R`` with R > 1: write, plot and print."""
-    from privfed._cli import OutputDir, as_int, versions
+    """``python -m privfed.tradeoff --method fedlog --rounds R`` with R > 1: write, plot and print.
+
+    Written through :class:`privfed._cli.OutputDir` like every command: SIGTERM / Ctrl-C keep the (epsilon,
+    seed) pairs that finished in ``results.partial.*``, checkpointed every ``CHECKPOINT_S`` seconds.
+    """
+    from privfed._cli import OutputDir, as_int, keep_finished, periodic_checkpoint, versions
 
     families = None if getattr(args, "families", None) is None else [
         f.strip() for f in args.families.split(",") if f.strip()]
     epochs = getattr(args, "local_epochs", None)
     epochs = None if epochs is None else as_int(epochs, "--local-epochs", minimum=1)
+    init = getattr(args, "init", None)
     command = " ".join(["python -m privfed.tradeoff", *argv])
+    # every setting that changes a result, so that --config results.json re-runs this run
+    config = {**asdict(cfg), **rounds_settings(epochs, families, init)}
     out = OutputDir(args.out, "tradeoff", overwrite=args.overwrite,
-                    name_parts=("fedlog", f"rounds{cfg.rounds}"))
+                    name_parts=("fedlog", f"rounds{cfg.rounds}"), command=command)
+    done: list[dict] = []
+    partial = ("results.partial.csv", "results.partial.json")
+
+    def write_partial(rows: list[dict]) -> None:
+        keys = [k for k in rows[0] if k != "describe"]
+        out.write_csv(partial[0], rows, keys)
+        out.write_json(partial[1], {"config": config, "versions": versions(), "records": rows, "complete": False,
+                                    "command": command})
+        out.checkpoint()
+
     try:
-        rows = tradeoff_rounds(cfg, local_epochs=epochs, families=families,
-                               init=getattr(args, "init", None), progress=not args.quiet)
+        rows = tradeoff_rounds(cfg, local_epochs=epochs, families=families, init=init, progress=not args.quiet,
+                               records=done, on_record=periodic_checkpoint(write_partial, CHECKPOINT_S))
         summary = _summarise(rows)
         keys = [k for k in rows[0] if k != "describe"]
         out.write_csv("results.csv", rows, keys)
-        out.write_json("results.json", {"config": asdict(cfg), "versions": versions(), "records": rows,
+        out.write_json("results.json", {"config": config, "versions": versions(), "records": rows,
                                         "summary": summary, "command": command})
         if cfg.plot:
             fig = _plot_tradeoff(summary, f"digits: {cfg.clients} clients, {cfg.partition}, FedLog with local "
@@ -1381,12 +1414,9 @@ def tradeoff_main(cfg, args, argv=()) -> int:
             import matplotlib.pyplot as plt
 
             plt.close(fig)
-        out.finish(command, complete=True)
+        out.finish(command, complete=True, drop=partial)
     except BaseException:
-        if out.written:
-            out.finish(command, complete=False)
-        else:
-            out.abandon()  # a run that wrote nothing leaves no folder
+        keep_finished(out, done, write_partial, command, "python -m privfed.tradeoff")
         raise
     head = (f"{'method':<28} {'eps':>7} {'composed':>9} {'per round':>9} {'accuracy':>15} {'upload':>10} "
             f"{'attack AUC':>10} {'AUC bound':>9}")
@@ -1405,5 +1435,5 @@ def tradeoff_main(cfg, args, argv=()) -> int:
     for s in summary:
         if s["describe"]:
             print(f"{s['method']} at eps {s['epsilon']:g}:\n{s['describe']}")
-    print(f"wrote {out.path}/: {', '.join(out.files())}")
+    print(f"wrote {out.published}/: {', '.join(out.files())}")
     return 0

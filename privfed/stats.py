@@ -51,23 +51,35 @@ noisy releases (which may be negative or fractional) use the same type.
 
 from __future__ import annotations
 
-import os
 from typing import Iterable
 
 import numpy as np
 import scipy.sparse as sp
 
-from privfed._validation import check_dataset
-from privfed.errors import InputError
+from privfed._validation import check_dataset, check_num_classes, env_byte_size, refuse_masked
+from privfed.errors import ConfigError, InputError
 
-__all__ = ["DENSE_VIEW_LIMIT", "STAT_FIELDS", "ClientStats", "StatsFold", "compute_client_stats"]
+__all__ = ["DENSE_VIEW_LIMIT", "STAT_FIELDS", "ClientStats", "StatsFold", "compute_client_stats", "dense_view_limit"]
 
 #: Names of every statistic a method may require.
 STAT_FIELDS = ("counts", "sums", "second", "class_second")
 
+_DEFAULT_DENSE_VIEW_LIMIT = 2 * 2**30
 #: Largest dense view (bytes) :class:`ClientStats` builds on demand; bigger ones raise InputError.
-#: Set the environment variable ``PRIVFED_DENSE_VIEW_LIMIT`` (bytes) or assign this attribute to change it.
-DENSE_VIEW_LIMIT = int(float(os.environ.get("PRIVFED_DENSE_VIEW_LIMIT", 2 * 2**30)))
+#: Set the environment variable ``PRIVFED_DENSE_VIEW_LIMIT`` (bytes: ``4294967296``, ``4G``, ``512M``) or
+#: assign this attribute to change it.  A malformed variable (``abc``, ``nan``, ``inf``, ``-1``) does not
+#: break ``import privfed``: the first use of the limit raises a ConfigError naming it.
+DENSE_VIEW_LIMIT, _ENV_LIMIT_ERROR = env_byte_size("PRIVFED_DENSE_VIEW_LIMIT", _DEFAULT_DENSE_VIEW_LIMIT)
+
+
+def dense_view_limit() -> int:
+    """The dense-view limit in bytes; a malformed ``$PRIVFED_DENSE_VIEW_LIMIT`` or attribute is a ConfigError."""
+    limit = DENSE_VIEW_LIMIT
+    if _ENV_LIMIT_ERROR is not None and limit == _DEFAULT_DENSE_VIEW_LIMIT:
+        raise ConfigError(str(_ENV_LIMIT_ERROR))
+    if isinstance(limit, bool) or not isinstance(limit, (int, np.integer)) or limit < 1:
+        raise ConfigError(f"privfed.stats.DENSE_VIEW_LIMIT must be a positive number of bytes, got {limit!r}")
+    return int(limit)
 
 # Memory bound (bytes) of one padded block in the batched d x d products.
 _BLOCK_BYTES = 64 * 2**20
@@ -77,10 +89,11 @@ _ROW_BLOCK_BYTES = 32 * 2**20
 
 def _check_dense(name: str, shape: tuple[int, ...]) -> None:
     nbytes = 8 * int(np.prod(shape, dtype=np.float64))
-    if nbytes > DENSE_VIEW_LIMIT:
+    limit = dense_view_limit()
+    if nbytes > limit:
         raise InputError(
             f"the dense view ClientStats.{name} of shape {shape} needs {nbytes / 2**30:.3g} GiB, over the "
-            f"{DENSE_VIEW_LIMIT / 2**30:.3g} GiB limit; use the pair layout (pair_client, pair_class, "
+            f"{limit / 2**30:.3g} GiB limit; use the pair layout (pair_client, pair_class, "
             "pair_counts, pair_sums, gram()) or raise privfed.stats.DENSE_VIEW_LIMIT"
         )
 
@@ -93,6 +106,7 @@ def _readonly(a: np.ndarray) -> np.ndarray:
 
 
 def _as_f64(a, name: str) -> np.ndarray:
+    refuse_masked(a, name)
     arr = np.asarray(a)
     if arr.dtype != np.float64:
         arr = arr.astype(np.float64)
@@ -277,6 +291,8 @@ class ClientStats:
             pair with a sum, R <= M rows, each used once).  ``None``: row p is
             pair p.
         """
+        refuse_masked(pair_client, "pair_client")
+        refuse_masked(pair_class, "pair_class")
         pc = np.asarray(pair_client, dtype=np.int64)
         pk = np.asarray(pair_class, dtype=np.int64)
         n = _as_f64(pair_counts, "pair_counts")
@@ -798,7 +814,17 @@ class StatsFold:
     def __init__(self, *, num_classes: int, dim: int, keep: str = "total") -> None:
         if keep not in ("total", "pairs"):
             raise InputError(f"keep must be 'total' or 'pairs', got {keep!r}")
-        self.num_classes, self.dim, self.keep = int(num_classes), int(dim), keep
+        num_classes, dim = check_num_classes(num_classes), check_num_classes(dim, "dim")
+        need = 8 * num_classes * (dim + 1 if keep == "total" else 1)
+        if need > dense_view_limit():  # checked before anything is allocated
+            raise InputError(
+                f"StatsFold(num_classes={num_classes}, dim={dim}) would hold {need / 2**30:.3g} GiB of class "
+                f"totals, over the {dense_view_limit() / 2**30:.3g} GiB limit (privfed.stats.DENSE_VIEW_LIMIT, "
+                "$PRIVFED_DENSE_VIEW_LIMIT); pass the number of classes and the feature dimension the uploads have"
+            )
+        self.num_classes, self.dim, self.keep = num_classes, dim, keep
+        self._sources: set = set()
+        self._client_ids: set = set()
         self.num_clients = 0
         self.num_owners = 0
         self.num_pairs = 0
@@ -814,19 +840,35 @@ class StatsFold:
         self._owners: list[np.ndarray] = []
         self._has_owners = False
 
-    def add(self, chunk: ClientStats) -> "StatsFold":
-        """Fold in the statistics of the next clients; returns ``self``."""
+    def add(self, chunk: ClientStats, *, source=None, client_ids=None) -> "StatsFold":
+        """Fold in the statistics of the next clients; returns ``self``.
+
+        Every value is checked before anything is folded: a NaN or inf in an
+        upload is an :class:`~privfed.errors.InputError` naming the sender
+        (``source``, e.g. ``"node 7"``), the client, the statistic and the
+        class, never a silently wrong head.  ``source`` (any hashable) and
+        ``client_ids`` (the ids of the chunk's real clients, one per client)
+        may each appear once across all chunks: a client uploading twice is refused.
+        """
+        where = "chunk" if source is None else str(source)
         if not isinstance(chunk, ClientStats):
-            raise InputError(f"StatsFold.add takes a ClientStats, got {type(chunk).__name__}")
+            raise InputError(f"StatsFold.add takes a ClientStats, got {type(chunk).__name__} from {where}")
         if (chunk.num_classes, chunk.dim) != (self.num_classes, self.dim):
             raise InputError(
-                f"chunk has C={chunk.num_classes}, d={chunk.dim}; this fold takes C={self.num_classes}, d={self.dim}"
+                f"{where} has C={chunk.num_classes}, d={chunk.dim}; this fold takes C={self.num_classes}, "
+                f"d={self.dim}"
             )
+        if self._fields is not None and chunk.available != self._fields:
+            raise InputError(f"{where} has fields {sorted(chunk.available)}, earlier chunks {sorted(self._fields)}")
+        ids = self._check_ids(chunk, source, client_ids, where)
+        _check_upload_finite(chunk, where, ids)
+        if source is not None:
+            self._sources.add(source)
+        if ids is not None:
+            self._client_ids.update(ids)
         if self._fields is None:
             self._fields = chunk.available
             self._has_owners = chunk.owners is not None
-        elif chunk.available != self._fields:
-            raise InputError(f"chunk has fields {sorted(chunk.available)}, earlier chunks {sorted(self._fields)}")
         if {"second", "class_second"} & self._fields:
             g = chunk.gram()
             self._gram = np.array(g) if self._gram is None else self._gram.__iadd__(g)
@@ -858,6 +900,32 @@ class StatsFold:
         self.num_clients += chunk.num_clients
         return self
 
+    def _check_ids(self, chunk: ClientStats, source, client_ids, where: str) -> list | None:
+        if source is not None:
+            try:
+                seen = source in self._sources
+            except TypeError:
+                raise InputError(f"StatsFold.add: source must be hashable (a name or an id), got {source!r}") from None
+            if seen:
+                raise InputError(f"{where} already uploaded statistics to this fold; a second upload from the same "
+                                 "sender is refused (it would count its clients twice)")
+        if client_ids is None:
+            return None
+        refuse_masked(client_ids, "client_ids")
+        ids = np.asarray(client_ids)
+        owners = chunk.num_clients if chunk.owners is None else int(chunk.owners.max(initial=-1)) + 1
+        if ids.ndim != 1 or ids.shape[0] != owners or ids.dtype.kind not in "iuU":
+            raise InputError(f"{where}: client_ids must be {owners} integer or string ids (one per client of the "
+                             f"chunk), got {ids.dtype} of shape {ids.shape}")
+        listed = ids.tolist()
+        dup = sorted({i for i in listed if listed.count(i) > 1}) if len(set(listed)) != len(listed) else []
+        again = [i for i in listed if i in self._client_ids]
+        if dup or again:
+            raise InputError(f"{where}: client id(s) {(dup or again)[:10]} "
+                             + ("appear twice in this chunk" if dup else "were already folded from an earlier chunk")
+                             + "; every client may upload once")
+        return listed
+
     def result(self) -> ClientStats:
         """The folded statistics (see the class docstring); ``folded_pairs`` is M."""
         if self._fields is None:
@@ -883,6 +951,53 @@ class StatsFold:
                                    sum_rows=rows if self._count_only else None)
         object.__setattr__(out, "folded_pairs", self.num_pairs)
         return out
+
+
+def _first_bad(a: np.ndarray) -> tuple[int, ...] | None:
+    """Index of the first NaN / inf of ``a`` (checked block by block), or None."""
+    if a is None or a.size == 0:
+        return None
+    flat = a.reshape(-1)
+    step = 1 << 21
+    for s in range(0, flat.size, step):
+        bad = ~np.isfinite(flat[s:s + step])
+        if bad.any():
+            return tuple(int(j) for j in np.unravel_index(s + int(np.flatnonzero(bad)[0]), a.shape))
+    return None
+
+
+def _check_upload_finite(chunk: ClientStats, where: str, ids: list | None) -> None:
+    """Refuse a chunk holding NaN / inf, naming the sender, the client, the statistic and the class."""
+
+    def who(row: int) -> str:
+        owner = row if chunk._owners is None else int(chunk._owners[row])
+        return f"client {ids[owner]!r}" if ids is not None else f"client {owner} of {where}"
+
+    def refuse(stat: str, row: int | None, cls: int | None, value) -> None:
+        at = (f" from {who(row)}" if row is not None else "") + (f", class {cls}" if cls is not None else "")
+        raise InputError(f"{where}: statistic {stat!r}{at} holds {float(value)!r}; NaN/inf is not a statistic "
+                         "(a corrupt or overflowed upload), so it is refused instead of being folded into the head")
+
+    for stat, arr in (("counts", chunk._counts), ("sums", chunk._sums)):
+        i = _first_bad(arr)
+        if i is not None:
+            refuse(stat, i[0], i[1], arr[i])
+    if chunk._pairs is not None and chunk._counts is None and chunk._sums is None:
+        pc, pk, n, S = chunk._pairs
+        i = _first_bad(n)
+        if i is not None:
+            refuse("counts", int(pc[i[0]]), int(pk[i[0]]), n[i])
+        i = _first_bad(S)
+        if i is not None:
+            p = i[0] if chunk._sum_rows is None else int(np.flatnonzero(chunk._sum_rows == i[0])[0])
+            refuse("sums", int(pc[p]), int(pk[p]), S[i])
+    for stat, arr in (("second", chunk._second), ("class_second", chunk._class_second)):
+        i = _first_bad(arr)
+        if i is not None:
+            refuse(stat, i[0], i[1] if stat == "class_second" else None, arr[i])
+    i = _first_bad(chunk._gram)
+    if i is not None:
+        refuse("second (summed)", None, None, chunk._gram[i])
 
 
 # -- computing statistics from features ---------------------------------------------

@@ -81,6 +81,7 @@ from privfed.cli_args import tradeoff_parser as build_parser
 from privfed.errors import ConfigError, InputError
 from privfed.notes import repairs as note_repairs
 from privfed.pipeline import client_statistics, server_head
+from privfed.results_io import manifest_names, verify_folder
 from privfed.tradeoff_privacy import COUNT_NOISE_KINDS
 
 __all__ = ["TradeoffConfig", "build_parser", "main", "run_tradeoff"]
@@ -161,6 +162,8 @@ def _load_config_file(path: str) -> dict[str, Any]:
                               "results.json") from None
         if not isinstance(data, dict) or not isinstance(data.get("config"), dict):
             raise ConfigError(f"--config {path!r} is JSON but has no 'config' table (is it a privfed results.json?)")
+        if p.name in (manifest_names(p.parent) or ()):  # a saved run: its files must match their hashes
+            verify_folder(p.parent)
         return data["config"]
     try:
         return tomllib.loads(p.read_text())
@@ -172,6 +175,7 @@ _FILE_KEYS = {
     "method", "methods", "eps", "epsilons", "delta", "level", "clip", "calibration", "rounds", "count_noise",
     "seeds", "clients", "partition", "alpha", "dataset", "backbone", "download", "secure_agg", "attack",
     "attacks", "method_params", "plot", "max_records", "clip_norm", "trusted_aggregator", "placement", "placements",
+    "local_epochs", "families", "init",  # multi-round fedlog (results.json records them)
 }
 
 
@@ -209,6 +213,12 @@ def resolve_config(args: argparse.Namespace) -> TradeoffConfig:
         if unknown:
             raise ConfigError(f"--config: unknown setting(s) {sorted(unknown)}; allowed: {sorted(_FILE_KEYS)}")
         base = dict(raw)
+        # multi-round fedlog settings from a saved run (flags win), so that its config re-runs it
+        for key in ("local_epochs", "families", "init"):
+            if getattr(args, key, None) is None and base.get(key) is not None:
+                v = base[key]
+                setattr(args, key, _as_list(v, "--families") if key == "families" else
+                        (as_int(v, "--local-epochs", minimum=1) if key == "local_epochs" else as_str(v, "--init")))
 
     def pick(flag_value, *keys):
         if flag_value is not None:
@@ -434,6 +444,29 @@ def _repairs_text(pairs: float | None, kinds: Sequence[str]) -> str:
     return ", ".join([*parts, *kinds])
 
 
+#: Rough rates for the estimate a large sweep prints before it starts (one core, float64); the fixed cost of
+#: a run (partition, evaluation, bookkeeping) from digits: 200 fedncm runs took 10.7 s on the 2-core dev machine.
+SWEEP_FLOPS_PER_S = 2e9
+SWEEP_NOISE_PER_S = 2e7
+SWEEP_RUN_OVERHEAD_S = 0.04
+
+
+def sweep_cost_note(runs: int, *, n: int, d: int, k: int, c: int, attacks: int = 0,
+                    above_s: float = 300.0) -> str | None:
+    """A one-line estimate when a sweep's predicted time is over ``above_s`` seconds, else None.
+
+    Per run: a fixed cost, the statistics pass (N d^2 flops for second moments), a d x d
+    solve (d^3), and local noise on K x C x (d + 1) values; attacks count as
+    as many runs again.  An order of magnitude, not a promise: the progress bar shows the measured ETA.
+    """
+    per_run = SWEEP_RUN_OVERHEAD_S + (n * d * d + d ** 3) / SWEEP_FLOPS_PER_S + k * c * (d + 1) / SWEEP_NOISE_PER_S
+    seconds = runs * per_run * (1 + attacks)
+    if seconds <= above_s:
+        return None
+    return (f"this sweep is {runs} runs over {n} samples of dimension {d}, {k} clients and {c} classes; expect "
+            f"roughly {seconds / 60:.0f} minute(s) (the progress bar shows the measured ETA)")
+
+
 def run_tradeoff(cfg: TradeoffConfig, *, progress: bool = True, records: list[dict[str, Any]] | None = None,
                  on_record: Callable[[list[dict[str, Any]]], None] | None = None) -> dict[str, Any]:
     """Run the sweep; returns ``{"records": [...], "dataset": {...}, "timing": {...}}``.
@@ -488,6 +521,10 @@ def run_tradeoff(cfg: TradeoffConfig, *, progress: bool = True, records: list[di
     n_var = {m: sum((m, k) not in skipped for k, _ in variants) for m in cfg.methods}
     n_inf = sum(not math.isfinite(e) for e in cfg.epsilons)
     total = len(cfg.seeds) * sum(n * len(finite) + n_inf for n in n_var.values())
+    note = sweep_cost_note(total, n=int(ds.train_features.shape[0]), d=int(ds.dim), k=cfg.clients,
+                           c=int(ds.num_classes), attacks=len(cfg.attacks))
+    if note:  # a large sweep says so before it starts
+        print(f"note: {note}", file=sys.stderr)
     bar = tqdm(total=total, desc="tradeoff", unit="run", disable=not progress, file=sys.stderr, delay=2)
     caught: set[str] = {f"placement {PLACEMENT_LABEL[k]!r} left out for method {m!r}: {why}"
                         for (m, k), why in skipped.items()}
@@ -1030,13 +1067,14 @@ def _body(argv: Sequence[str] | None) -> int:
 
         return tradeoff_main(cfg, args, argv)
     command = " ".join([PROG, *argv])
-    out = OutputDir(args.out, "tradeoff", overwrite=args.overwrite, name_parts=_name_parts(cfg))
+    out = OutputDir(args.out, "tradeoff", overwrite=args.overwrite, name_parts=_name_parts(cfg), command=command)
     done: list[dict[str, Any]] = []
 
     def write_partial(records: list[dict[str, Any]]) -> None:
         out.write_csv(PARTIAL[0], records, record_fields(records))
         out.write_json(PARTIAL[1], {"config": asdict(cfg), "versions": versions(), "records": records,
                                     "complete": False, "command": command})
+        out.checkpoint()  # the staging folder describes itself: a killed sweep can be recovered
 
     checkpoint = periodic_checkpoint(write_partial, CHECKPOINT_S)
 
@@ -1069,7 +1107,7 @@ def _body(argv: Sequence[str] | None) -> int:
         print(f"clip: {result['config'].clip:.4g} ({result['config'].clip_norm}; {origin})")
     for w in result["warnings"]:
         print(f"note: {w}")
-    print(f"wrote {out.path}/: {', '.join(out.files())}  ({result['timing']['total_s']:.1f} s)")
+    print(f"wrote {out.published}/: {', '.join(out.files())}  ({result['timing']['total_s']:.1f} s)")
     return 0
 
 

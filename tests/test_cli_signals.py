@@ -3,7 +3,8 @@
 Whatever stops a run, a result folder holds complete files only: either the
 final results, or the runs that finished in ``results.partial.*`` (kept
 until every final file is complete), never a truncated file, never a
-temporary file, never an empty folder.
+temporary file, never an empty folder, and its manifest's hashes match.
+(tests/test_fault_injection.py: SIGKILL, a full disk, two runs at once, read-only folders.)
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from privfed import _cli
+from privfed.results_io import verify_folder
 from privfed.attack import main as attack_main
 from privfed.tradeoff import main as tradeoff_main
 
@@ -43,8 +45,9 @@ def _check_partial(folder: Path) -> int:
     data = json.loads((folder / "results.partial.json").read_text())
     assert data["complete"] is False and len(data["records"]) == len(rows) >= 1
     assert [r["seed"] for r in rows] == [str(r["seed"]) for r in data["records"]]
-    manifest = json.loads((folder / "manifest.json").read_text())
-    assert manifest["complete"] is False and {"results.partial.csv", "results.partial.json"} <= set(manifest["files"])
+    manifest = verify_folder(folder)  # every file listed, every hash right, nothing else
+    assert manifest["complete"] is False
+    assert {"results.partial.csv", "results.partial.json"} <= {f["name"] for f in manifest["files"]}
     _no_temporaries(folder)
     return len(rows)
 
@@ -190,13 +193,15 @@ def test_attack_sweep_interrupted_keeps_finished_rows(tmp_path, monkeypatch, dig
 
 
 # ---------------------------------------------------------------- overwrite and failed runs
-def test_overwrite_leaves_only_the_new_run(tmp_path, monkeypatch, digits_cache):
+def test_overwrite_never_mixes_runs_and_keeps_the_old_one_until_the_new_is_complete(tmp_path, monkeypatch,
+                                                                                     capsys, digits_cache):
     out = tmp_path / "o"
     # run 1: complete, with a plot
     assert tradeoff_main(["--method", "fedncm", "--placement", "local", "--clients", "20", "--quiet", "--eps", "1,2",
                           "--seeds", "2", "--out", str(out)]) == 0
     assert (out / "tradeoff.png").exists()
-    # run 2: another sweep, interrupted, into the same folder: its partial files sit beside run 1's plot
+    run1 = {p.name: p.read_bytes() for p in out.iterdir()}
+    # run 2: another sweep over the same folder, interrupted: run 1 stays whole, run 2's finished part goes beside it
     import privfed.tradeoff as tr
 
     real = tr.server_head
@@ -209,14 +214,21 @@ def test_overwrite_leaves_only_the_new_run(tmp_path, monkeypatch, digits_cache):
         return real(*a, **k)
 
     monkeypatch.setattr(tr, "server_head", flaky)
+    capsys.readouterr()
     assert tradeoff_main([*SMALL, "--eps", "4,8,16", "--seeds", "3", "--out", str(out), "--overwrite"]) == 130
     monkeypatch.setattr(tr, "server_head", real)
-    assert {p.name for p in out.iterdir()} == {"results.partial.csv", "results.partial.json", "manifest.json"}
-    # run 3: complete, no plot: the folder holds exactly its files
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == run1
+    aside = [p for p in tmp_path.iterdir() if p.name.startswith("o.partial-")]
+    assert len(aside) == 1 and f"{out} keeps the previous run" in capsys.readouterr().err
+    assert {p.name for p in aside[0].iterdir()} == {"results.partial.csv", "results.partial.json", "manifest.json"}
+    _check_partial(aside[0])
+    # run 3: complete, no plot: the folder holds exactly its files (run 1's plot is gone with run 1)
     assert tradeoff_main([*SMALL, "--eps", "0.5", "--seeds", "1", "--out", str(out), "--overwrite"]) == 0
     assert {p.name for p in out.iterdir()} == {"results.csv", "results.json", "manifest.json"}
     assert [r["epsilon"] for r in _rows(out / "results.csv")] == ["0.5"]
-    assert json.loads((out / "manifest.json").read_text())["files"] == ["results.csv", "results.json"]
+    manifest = verify_folder(out)
+    assert manifest["complete"] is True and [f["name"] for f in manifest["files"]] == ["results.csv", "results.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["o", aside[0].name]  # no staging, lock or old folder left
 
 
 def test_overwrite_refuses_a_folder_with_other_files(tmp_path, capsys, digits_cache):
@@ -264,7 +276,7 @@ def test_out_that_cannot_be_a_folder_is_one_clear_line(tmp_path, capsys, command
 
 
 def test_long_sweeps_checkpoint_finished_runs(tmp_path, monkeypatch, digits_cache):
-    """Finished runs reach results.partial.* during the sweep, so even SIGKILL loses little."""
+    """Finished runs reach the staging folder, with a manifest, during the sweep, so even SIGKILL loses little."""
     import privfed.tradeoff as tr
 
     monkeypatch.setattr(tr, "CHECKPOINT_S", 0.0)  # checkpoint after every run
@@ -273,8 +285,11 @@ def test_long_sweeps_checkpoint_finished_runs(tmp_path, monkeypatch, digits_cach
     real = tr.server_head
 
     def spy(*a, **k):
-        if (out / "results.partial.csv").exists():
-            seen.append(len(_rows(out / "results.partial.csv")))
+        staging = [p for p in tmp_path.iterdir() if p.name.endswith(".privfed-staging")]
+        assert not out.exists() and len(staging) <= 1  # nothing is published before the sweep ends
+        if staging and (staging[0] / "manifest.json").exists():
+            assert verify_folder(staging[0])["complete"] is False
+            seen.append(len(_rows(staging[0] / "results.partial.csv")))
         return real(*a, **k)
 
     monkeypatch.setattr(tr, "server_head", spy)
@@ -283,3 +298,4 @@ def test_long_sweeps_checkpoint_finished_runs(tmp_path, monkeypatch, digits_cach
     # every run finished so far was on disk (seed 0: 0, 1, 2 done; seed 1: 3, 3, 4, 5 done)
     assert seen == [1, 2, 3, 3, 4, 5]
     assert {p.name for p in out.iterdir()} == {"results.csv", "results.json", "manifest.json"}  # removed at the end
+    assert verify_folder(out)["complete"] is True

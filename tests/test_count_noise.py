@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -124,3 +125,34 @@ def test_count_noise_refusals():
         privfed.fit("fed3r", F, y, k, privacy=LaplaceCountNoise(epsilon=1.0))
     with pytest.raises(ConfigError, match="whole numbers"):
         LaplaceCountNoise(epsilon=1.0).release(np.array([1.5]), np.random.default_rng(0))
+
+
+@pytest.mark.parametrize("eps", [1e-300, 1e-20, 1e-10, 0.99e-9])
+def test_geometric_count_noise_below_its_floor_is_refused(eps):
+    """numpy's geometric sampler saturates at 2**63 - 1: at 1e-300 every count came out unchanged under a
+    reported (1e-300, 0)-DP guarantee, at 1e-20 84 % of them."""
+    from mechanisms.count_noise import GEOMETRIC_MIN_EPSILON, GeometricCountNoise
+
+    assert GEOMETRIC_MIN_EPSILON == 1e-9
+    with pytest.raises(ConfigError, match=r"geometric count noise needs epsilon >= 1e-09"):
+        GeometricCountNoise(epsilon=eps)
+
+
+def test_geometric_count_noise_at_its_floor_is_drawn_at_the_right_scale():
+    """At eps = 1e-9 the two-sided geometric is Laplace-like with scale 1e9: P(noise = 0) = (1 - a) / (1 + a) with
+    a = e^-eps (5e-10 here), and the median of |noise| is ln 2 / eps up to O(1)."""
+    import math
+
+    from mechanisms.count_noise import GeometricCountNoise
+
+    noise = GeometricCountNoise(epsilon=1e-9, backend="numpy")
+    counts = np.arange(20000, dtype=float) % 7
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = noise.perturb(counts, np.random.default_rng(0))
+    assert np.all(out == np.round(out))  # integers, exactly
+    assert np.count_nonzero(out == counts) == 0  # expected 20000 x 5e-10 = 1e-5 unchanged counts
+    med = np.median(np.abs(out - counts))
+    # |noise| is close to Exponential(rate eps): the sample median's standard error is 1 / (2 f(m) sqrt(n)) with
+    # f(m) = eps / 2 at the median, i.e. (1 / eps) / sqrt(n) (0.7 % of the scale); 5 standard errors
+    assert abs(med - math.log(2) / 1e-9) < 5 / math.sqrt(20000) * 1e9

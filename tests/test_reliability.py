@@ -476,3 +476,191 @@ def test_tradeoff_on_features_beyond_float64_range_rescales_or_says_why(tmp_path
     assert run(1e160, "fedcof", "c") == 2
     err = capsys.readouterr().err
     assert "too large for float64 statistics" in err and "Traceback" not in err
+
+
+# -- round 3: uploads, limits under privacy, archives, environment, count noise ----------------------------------
+def _digits_split(digits_dataset, K=10):
+    ds = digits_dataset
+    return ds, np.arange(ds.train_labels.size) % K
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+@pytest.mark.parametrize("keep", ["total", "pairs"])
+def test_a_non_finite_upload_is_refused_naming_sender_client_statistic_and_class(digits_dataset, bad, keep):
+    """Before: a NaN class sum became an all-zero weight row (fedncm 0.758 -> 0.458), inf a 'this is a bug'."""
+    from privfed.stats import StatsFold, compute_client_stats
+
+    ds, k = _digits_split(digits_dataset)
+    fold = StatsFold(num_classes=ds.num_classes, dim=ds.dim, keep=keep)
+    clean = [compute_client_stats(ds.train_features[k == i], ds.train_labels[k == i], np.zeros((k == i).sum(), int),
+                                  num_classes=ds.num_classes) for i in range(10)]
+    for i in range(3):
+        fold.add(clean[i], source=f"node {i}")
+    sums = np.array(clean[3].sums)
+    c = int(np.flatnonzero(clean[3].counts[0] > 0)[1])
+    sums[0, c, 5] = bad
+    tampered = privfed.stats.ClientStats(counts=clean[3].counts, sums=sums)
+    with pytest.raises(InputError, match=rf"node 3: statistic 'sums' from client 0 of node 3, class {c} holds "
+                                         rf"{'nan' if np.isnan(bad) else repr(float(bad))}"):
+        fold.add(tampered, source="node 3")
+    counts = np.array(clean[3].counts)
+    counts[0, c] = bad
+    with pytest.raises(InputError, match=rf"statistic 'counts' from client 0 of node 3, class {c}"):
+        fold.add(privfed.stats.ClientStats(counts=counts, sums=clean[3].sums), source="node 3")
+    # the fold is unchanged by the refused uploads: the others still give the clean head
+    for i in range(3, 10):
+        fold.add(clean[i], source=f"node {i}")
+    N, S = fold.result().class_totals()
+    assert np.array_equal(N, np.bincount(ds.train_labels, minlength=ds.num_classes).astype(float))
+    want = np.zeros((ds.num_classes, ds.dim))
+    np.add.at(want, ds.train_labels, ds.train_features)
+    np.testing.assert_allclose(S, want, rtol=1e-12, atol=1e-9)
+
+
+def test_a_client_folded_twice_is_refused(digits_dataset):
+    from privfed.stats import StatsFold, compute_client_stats
+
+    ds, k = _digits_split(digits_dataset, K=4)
+    chunk = compute_client_stats(ds.train_features, ds.train_labels, k)
+    fold = StatsFold(num_classes=ds.num_classes, dim=ds.dim).add(chunk, source="batch 1", client_ids=[10, 11, 12, 13])
+    with pytest.raises(InputError, match=r"batch 2: client id\(s\) \[12\] were already folded from an earlier chunk"):
+        fold.add(chunk, source="batch 2", client_ids=[20, 21, 12, 23])
+    with pytest.raises(InputError, match=r"client id\(s\) \[7\] appear twice in this chunk"):
+        fold.add(chunk, source="batch 3", client_ids=[7, 7, 8, 9])
+    with pytest.raises(InputError, match="batch 1 already uploaded statistics to this fold"):
+        fold.add(chunk, source="batch 1")
+    with pytest.raises(InputError, match="client_ids must be 4 integer or string ids"):
+        fold.add(chunk, source="batch 4", client_ids=[1, 2])
+    assert fold.num_clients == 4  # nothing of the refused chunks was folded
+
+
+def test_masked_arrays_are_refused_everywhere(tmp_path, digits_dataset):
+    from privfed.data.npzfile import save_feature_file
+    from privfed.stats import ClientStats
+
+    ds = digits_dataset
+    m = np.ma.masked_array(ds.train_features, mask=ds.train_features > 10)
+    with pytest.raises(InputError, match="features is a numpy masked array"):
+        privfed.fit("fedncm", m, ds.train_labels)
+    with pytest.raises(InputError, match="labels is a numpy masked array"):
+        privfed.fit("fedncm", ds.train_features, np.ma.masked_array(ds.train_labels))
+    with pytest.raises(InputError, match="sums is a numpy masked array"):
+        ClientStats(counts=np.ones((1, 2)), sums=np.ma.masked_array(np.ones((1, 2, 3))))
+    with pytest.raises(InputError, match="features is a numpy masked array"):
+        save_feature_file(tmp_path / "f.npz", m, ds.train_labels)
+
+
+@pytest.mark.parametrize("kw, words", [
+    # 10**12 x (64 + 1) x 8 bytes = 4.84e5 GiB; 10**9 x 10 x 8 bytes = 74.5 GiB; 10**12 x 10 x 8 = 7.45e4 GiB
+    ({"num_classes": 10**12}, "num_classes=1000000000000 would need 4.84e+05 GiB of class statistics"),
+    ({"num_clients": 10**9}, "num_clients=1000000000 x num_classes=10 would need 74.5 GiB"),
+    ({"num_clients": 10**12}, "num_clients=1000000000000 x num_classes=10 would need 7.45e+04 GiB"),
+])
+def test_private_fit_sizes_are_refused_at_once_naming_the_size(digits_dataset, kw, words):
+    import time
+
+    from mechanisms import GaussianMechanism
+
+    ds = digits_dataset
+    k = np.arange(ds.train_labels.size) % 10
+    t0 = time.monotonic()
+    with pytest.raises(InputError, match=words.replace("+", r"\+")):
+        privfed.fit("fedncm", ds.train_features, ds.train_labels, k,
+                    privacy=GaussianMechanism(epsilon=1.0, delta=1e-5, clip=1.0), **kw)
+    assert time.monotonic() - t0 < 2.0
+    # the same fold a server would build refuses the same class count before allocating
+    from privfed.stats import StatsFold
+
+    if "num_classes" in kw:
+        with pytest.raises(InputError, match="StatsFold\\(num_classes=1000000000000, dim=64\\) would hold"):
+            StatsFold(num_classes=kw["num_classes"], dim=ds.dim)
+
+
+def test_a_large_private_release_says_so_before_it_starts(digits_dataset, monkeypatch):
+    from mechanisms import GaussianMechanism
+    from privfed import _validation
+
+    ds = digits_dataset
+    k = np.arange(ds.train_labels.size) % 10
+    mech = GaussianMechanism(epsilon=1.0, delta=1e-5, clip=1.0)
+    assert _validation.release_cost_note(10, 10, 64) is None
+    # 10**8 clients: 10**8 x (10 x 65 + 64**2) = 4.75e11 values at 2e7/s (23730 s) plus 4e-6 s a client (400 s)
+    assert "up to 4.75e+11 noise values; expect about 402 minute(s)" in _validation.release_cost_note(10**8, 10, 64)
+    monkeypatch.setattr(_validation, "SECONDS_PER_CLIENT", 7.0)  # so that 10 clients predict over a minute
+    with pytest.warns(UserWarning, match=r"this private release is large: num_clients=10, num_classes=10, d=64"):
+        privfed.fit("fedncm", ds.train_features, ds.train_labels, k, privacy=mech, random_state=0)
+
+
+def test_npz_size_check_cannot_be_bypassed(tmp_path):
+    """Three bypasses: a member without the .npy suffix, features under another name, a malformed header."""
+    def npy(a):
+        b = io.BytesIO()
+        np.save(b, a)
+        return b.getvalue()
+
+    F, y = np.ones((10, 3)), np.arange(10) % 2
+    bomb = npy(np.zeros((2**20, 8)))  # 8 MiB
+    cases = {
+        "no-suffix": [("features", npy(F)), ("labels.npy", npy(y)), ("blob", bomb)],
+        "other-name": [("features.npy", npy(F)), ("labels.npy", npy(y)), ("feats.npy", bomb)],
+        "bad-header": [("junk.npy", b"\x93NUMPY\x01\x00garbage"), ("features.npy", bomb), ("labels.npy", npy(y))],
+    }
+    for name, members in cases.items():
+        path = tmp_path / f"{name}.npz"
+        with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as z:
+            for m, data in members:
+                z.writestr(m, data)
+        assert path.stat().st_size < 2**17  # a small file that would expand to 8 MiB
+        with pytest.raises(InputError) as info:
+            privfed.data.load_dataset(f"file:{path}", max_file_bytes="4M")
+        msg = str(info.value)
+        if name == "bad-header":
+            assert "member 'junk.npy' is not a readable .npy array" in msg
+        else:
+            assert "over the 4,194,304-byte limit, and is refused before it is expanded" in msg
+
+
+@pytest.mark.parametrize("value, ok", [("abc", False), ("nan", False), ("inf", False), ("-1", False), ("0", False),
+                                       ("2G", True), ("1073741824", True), ("512M", True)])
+def test_dense_view_limit_variable_is_parsed_with_a_clear_error(monkeypatch, value, ok):
+    from privfed._validation import env_byte_size
+
+    monkeypatch.setenv("PRIVFED_DENSE_VIEW_LIMIT", value)
+    limit, err = env_byte_size("PRIVFED_DENSE_VIEW_LIMIT", 2 * 2**30)
+    if ok:
+        assert err is None and limit == {"2G": 2 * 2**30, "512M": 2**29}.get(value, 2**30)
+    else:  # the default stands in until the limit is used, which raises this error
+        assert limit == 2 * 2**30 and str(err) == (f"$PRIVFED_DENSE_VIEW_LIMIT must be a positive number of bytes "
+                                                   f"(e.g. 2147483648 or 2G), got {value!r}")
+
+
+def test_a_malformed_dense_view_limit_never_breaks_import_and_a_command_says_so_at_once(tmp_path):
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PRIVFED_DENSE_VIEW_LIMIT": "abc", "PYTHONPATH": str(pathlib.Path(__file__).parents[1])}
+    code = ("import privfed, privfed.stats as s\n"
+            "try:\n    s.dense_view_limit()\nexcept privfed.errors.ConfigError as e:\n    print('error', e)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr  # import privfed never crashes
+    assert r.stdout.startswith("error $PRIVFED_DENSE_VIEW_LIMIT must be a positive number of bytes")
+    r = subprocess.run([sys.executable, "-m", "privfed.tradeoff", "--eps", "1", "--out", str(tmp_path / "o")],
+                       capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        "python -m privfed.tradeoff: error: $PRIVFED_DENSE_VIEW_LIMIT must be a positive number of bytes "
+        "(e.g. 2147483648 or 2G), got 'abc'"]
+    assert not (tmp_path / "o").exists()
+
+
+def test_the_dense_view_limit_in_use_is_checked_where_it_is_used(monkeypatch):
+    import privfed.stats as S
+
+    stats = S.compute_client_stats(np.ones((4, 2)), np.array([0, 1, 0, 1]), np.array([0, 0, 1, 1]))
+    monkeypatch.setattr(S, "DENSE_VIEW_LIMIT", -1)  # before: silently refused every dense view
+    with pytest.raises(ConfigError, match=r"DENSE_VIEW_LIMIT must be a positive number of bytes, got -1"):
+        stats.sums
+    monkeypatch.setattr(S, "DENSE_VIEW_LIMIT", 8 * 2 * 2 * 2 - 1)  # one byte short of the (2, 2, 2) float64 sums
+    with pytest.raises(InputError, match=r"ClientStats.sums of shape \(2, 2, 2\) needs"):
+        stats.sums
+    monkeypatch.setattr(S, "DENSE_VIEW_LIMIT", 8 * 2 * 2 * 2)
+    assert stats.sums.shape == (2, 2, 2)

@@ -34,6 +34,7 @@ import numpy as np
 
 from privfed.data import FeatureDataset
 from privfed.data.cache import atomic_write_bytes
+from privfed._validation import parse_byte_size, refuse_masked
 from privfed.errors import ConfigError, InputError
 
 __all__ = ["DEFAULT_MAX_BYTES", "FILE_ARRAYS", "MAX_BYTES_ENV", "load_feature_file", "save_feature_file"]
@@ -51,16 +52,7 @@ DEFAULT_TEST_FRACTION = 0.2
 
 
 def _parse_bytes(text: str, source: str) -> int:
-    units = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-    t = str(text).strip().upper().removesuffix("IB").removesuffix("B")
-    unit = t[-1:] if t[-1:] in units else ""
-    try:
-        value = float(t[: len(t) - len(unit)]) * units[unit]
-    except ValueError:
-        value = -1.0
-    if not np.isfinite(value) or value <= 0:
-        raise ConfigError(f"{source} must be a positive number of bytes (e.g. 4G), got {text!r}")
-    return int(value)
+    return parse_byte_size(text, source)
 
 
 def resolve_max_bytes(max_bytes=None) -> int:
@@ -76,25 +68,50 @@ def resolve_max_bytes(max_bytes=None) -> int:
 
 
 def _declared_sizes(path: pathlib.Path, where: str, limit: int) -> None:
-    """Read only the ``.npy`` headers and refuse a file declaring more than ``limit`` bytes."""
+    """Check every member of the archive before anything is expanded; refuse more than ``limit`` bytes.
+
+    Every member counts, whatever its name (``features`` without the ``.npy``
+    suffix is read by numpy all the same): both the uncompressed size the zip
+    directory declares (zipfile never expands a member beyond it) and the
+    size its ``.npy`` header declares.  A member that is not a ``.npy`` array
+    or whose header is malformed is refused here, by name, before any member
+    is expanded.
+    """
     total, biggest = 0, ("", 0, ())
     try:
-        with zipfile.ZipFile(path) as zf:
-            for info in zf.infolist():
-                if not info.filename.endswith(".npy"):
-                    continue
+        zf = zipfile.ZipFile(path)
+    except (OSError, EOFError, zipfile.BadZipFile, ValueError) as exc:
+        raise InputError(f"{where} cannot be read as a .npz archive ({exc}); save it with numpy.savez") from None
+    with zf:
+        infos = zf.infolist()
+        for info in infos:
+            name = info.filename[:-4] if info.filename.endswith(".npy") else info.filename
+            try:
                 with zf.open(info) as fh:
                     version = np.lib.format.read_magic(fh)
                     if version == (1, 0):
                         shape, _, dtype = np.lib.format.read_array_header_1_0(fh)
                     else:
                         shape, _, dtype = np.lib.format.read_array_header_2_0(fh)
-                size = int(np.prod([int(s) for s in shape], dtype=object) if shape else 1) * int(dtype.itemsize)
-                total += size
-                if size > biggest[1]:
-                    biggest = (info.filename[:-4], size, tuple(int(s) for s in shape))
-    except (ValueError, OSError, EOFError, zipfile.BadZipFile, KeyError):
-        return  # a malformed archive: the reader below names the problem
+            except (ValueError, OSError, EOFError, zipfile.BadZipFile, KeyError, SyntaxError,
+                    NotImplementedError, RuntimeError) as exc:
+                raise InputError(
+                    f"{where}: member {info.filename!r} is not a readable .npy array ({exc}); the file is damaged "
+                    "or was not written by numpy.savez"
+                ) from None
+            size = int(np.prod([int(s) for s in shape], dtype=object) if shape else 1) * int(dtype.itemsize)
+            total += size
+            if size > biggest[1]:
+                biggest = (name, size, tuple(int(s) for s in shape))
+        stored = sum(int(i.file_size) for i in infos)
+    if total <= limit < stored:  # the headers understate what the zip directory says the members expand to
+        big = max(infos, key=lambda i: i.file_size)
+        raise InputError(
+            f"{where} declares {stored:,} bytes once expanded ({big.filename!r}: {big.file_size:,}; the file "
+            f"itself is {path.stat().st_size:,} bytes), over the {limit:,}-byte limit, and is refused before it "
+            f"is expanded; if the file is genuine, raise the limit with max_bytes= or ${MAX_BYTES_ENV} "
+            f"(e.g. {MAX_BYTES_ENV}=8G)"
+        )
     if total > limit:
         raise InputError(
             f"{where} declares {total:,} bytes of arrays ({biggest[0]!r} has shape {biggest[2]}; the file "
@@ -370,6 +387,9 @@ def save_feature_file(
     path = pathlib.Path(os.fspath(path)).expanduser()
     if path.suffix != ".npz":
         path = path.with_name(path.name + ".npz")
+    for name, value in (("features", features), ("labels", labels), ("clients", clients),
+                        ("test_features", test_features), ("test_labels", test_labels)):
+        refuse_masked(value, name)
     arrays = {"features": np.asarray(features), "labels": np.asarray(labels)}
     if clients is not None:
         arrays["clients"] = np.asarray(clients)

@@ -22,6 +22,7 @@ if __name__ == "__main__":  # --help answers before Flower is imported, in well 
 
     answer_help("flower")
 
+import argparse
 import json
 import math
 import sys
@@ -57,10 +58,35 @@ def _epsilon(text: str) -> float:
     return eps
 
 
+def _check_numbers(args: argparse.Namespace) -> None:
+    """Values argparse's ``type=float`` lets through but that would silently change the run (--eps: :func:`_epsilon`)."""
+    for flag, v in (("--delta", args.delta), ("--alpha", args.alpha), ("--timeout", args.timeout)):
+        if v is not None and not (math.isfinite(v) and v > 0):
+            raise ConfigError(f"{flag} must be a finite number > 0, got {v!r}")
+    if args.clip is not None and not (math.isfinite(args.clip) and args.clip > 0):
+        raise ConfigError(f"--clip must be a finite number > 0, got {args.clip!r}")
+    for flag, v, low in (("--num-cpus", args.num_cpus, 1), ("--max-records", args.max_records, 1),
+                         ("--seed", args.seed, 0), ("--noise-seed", args.noise_seed, 0),
+                         ("--dropout-tolerance", args.dropout_tolerance, 0)):
+        if v is not None and v < low:
+            raise ConfigError(f"{flag} must be an integer >= {low}, got {v}")
+    from mechanisms.fixed_point import check_frac_bits
+
+    try:
+        check_frac_bits(args.frac_bits)
+    except ConfigError as exc:
+        raise ConfigError(f"--{exc}".replace("frac_bits", "frac-bits", 1)) from None
+
+
 def _body(argv: Sequence[str] | None) -> int:
     args = flower_parser().parse_args(argv)
     epsilon = _epsilon(args.epsilon)
+    _check_numbers(args)
     timeout = default_timeout(args.clients, args.secure) if args.timeout is None else args.timeout
+    if args.output is not None:  # refused before any node starts: not a folder, not writable, too long, no space
+        from privfed.results_io import check_location, check_out_path
+
+        check_location(check_out_path(args.output, overwrite=True, flag="--out")[0], flag="--out")
     try:
         params = json.loads(args.method_params)
     except json.JSONDecodeError:

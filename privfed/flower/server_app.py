@@ -97,7 +97,7 @@ class _Fold:
             )
         self.num_pairs += stats.num_pairs()
         self.count += 1
-        self.fold.add(stats)
+        self.fold.add(stats, source=key)  # NaN/inf refused naming the node; a node folded once
 
     def result(self) -> ClientStats:
         if self.count == 0:
@@ -440,13 +440,26 @@ _THREAT_FLWR = (
 
 
 def write_outputs(result: FlowerResult, directory: str) -> None:
-    """``head.npz`` (weight, bias) and ``report.json`` in ``directory`` (created)."""
-    out = pathlib.Path(directory).expanduser()
-    out.mkdir(parents=True, exist_ok=True)
-    np.savez(out / "head.npz", weight=result.head.weight, bias=result.head.bias)
-    tmp = out / "report.json.tmp"
-    tmp.write_text(json.dumps(result.report, indent=2, sort_keys=True))
-    tmp.replace(out / "report.json")
+    """``head.npz`` (weight, bias) and ``report.json`` in ``directory``, published as one unit.
+
+    Through :class:`privfed.results_io.ResultFolder`: both files and a manifest with their hashes appear
+    together or not at all; a previous privfed output there is swapped out, other files are refused.
+    """
+    from privfed.results_io import ResultFolder
+
+    out = ResultFolder(pathlib.Path(directory).expanduser(), overwrite=True, flag="output",
+                       command="privfed flower server")
+    def head_npz(p: pathlib.Path) -> None:
+        with open(p, "wb") as fh:
+            np.savez(fh, weight=result.head.weight, bias=result.head.bias)
+
+    try:
+        out.write("head.npz", head_npz)
+        out.write("report.json", lambda p: p.write_text(json.dumps(result.report, indent=2, sort_keys=True)))
+        out.publish(complete=True)
+    except BaseException:
+        out.discard()
+        raise
 
 
 def make_server_app(
