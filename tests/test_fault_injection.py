@@ -304,7 +304,7 @@ def _fake_rounds(monkeypatch, stop_at: int | None = None, sig=signal.SIGTERM):
 
     seen = []
 
-    def run_rounds(cfg, *, seed, epsilon, progress):
+    def run_rounds(cfg, *, seed, epsilon, progress, noise_seed=None):
         seen.append(cfg)
         if stop_at is not None and len(seen) == stop_at:
             os.kill(os.getpid(), sig)

@@ -188,18 +188,21 @@ def test_tradeoff_options_give_a_config_or_one_error_naming_the_flag(flag, text)
 def test_flower_numbers_are_checked_before_anything_starts(flag, text):
     import argparse
 
-    from privfed.flower.__main__ import _check_numbers, _parser
+    from privfed.cli_args import flower_parser
+    from privfed.flower.__main__ import _check_numbers, _epsilon
 
     try:
-        args = _parser().parse_args([f"{flag}={text}"])
-    except SystemExit:  # argparse's own one-line usage error for text that is not a number
+        args = flower_parser().parse_args([f"{flag}={text}"])
+    except ConfigError as exc:  # the parser's one-line error for text that is not a number names the flag
+        assert flag in str(exc), str(exc)
         return
     try:
+        eps = _epsilon(args.epsilon)
         _check_numbers(args)
     except ConfigError as exc:
         assert flag in str(exc), str(exc)
     else:
-        assert isinstance(args, argparse.Namespace) and args.epsilon > 0 and args.delta > 0
+        assert isinstance(args, argparse.Namespace) and eps > 0 and args.delta > 0
 
 
 @FAST

@@ -54,7 +54,8 @@ def _epsilon(text: str) -> float:
     except ValueError:
         raise ConfigError(f"--eps must be a number > 0 or inf, got {text!r}") from None
     if not eps > 0:
-        raise ConfigError(f"--eps must be > 0 (inf: no noise), got {text!r}")
+        raise ConfigError(f"--eps must be a number > 0 (inf: no noise), got {text!r}; a NaN or negative budget "
+                          "would run without noise")
     return eps
 
 
