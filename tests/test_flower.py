@@ -29,7 +29,7 @@ from privfed.flower.client_app import make_client_app  # noqa: E402
 from privfed.flower.local import LocalGrid  # noqa: E402
 from privfed.flower.protocol import sum_vector  # noqa: E402
 from privfed.flower.secagg import simulated_identities  # noqa: E402
-from privfed.flower.server_app import _Fold  # noqa: E402
+from privfed.flower.fold import NodeFold  # noqa: E402
 from privfed.stats import ClientStats, compute_client_stats  # noqa: E402
 
 K = 4
@@ -242,7 +242,7 @@ def test_fold_is_a_running_sum_for_sum_only_methods():
     F, y = rng.normal(size=(200, 6)), rng.integers(0, 3, 200)
     k = np.arange(200) % 5
     method = privfed.methods.get("fed3r")
-    fold = _Fold(method)
+    fold = NodeFold(method)
     for i in range(5):
         fold.add(f"node {i}", compute_client_stats(F[k == i], y[k == i], None, num_classes=3,
                                                    fields=method.requires))

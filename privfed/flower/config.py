@@ -177,13 +177,13 @@ class FlowerConfig:
             if self.private or self.secure != "none":
                 raise ConfigError("multi-round FedLog on Flower runs without DP noise and secure aggregation; "
                                   "privfed.fedlog_rounds simulates its noise placements in one process")
-            from privfed.flower.fedlog import rounds_config
+            from privfed.flower.checks import rounds_config
 
             rounds_config(self)  # bad rounds-params fail here, before any message
         elif self.rounds_params:
             raise ConfigError("rounds-params applies to multi-round FedLog (rounds > 1) only")
         if self.secure == INSECURE_FLWR:
-            from privfed.flower.flwr_secagg import check_limits
+            from privfed.flower.checks import check_limits
 
             check_limits(self)
         for name in ("timeout", "connect_timeout"):

@@ -37,11 +37,11 @@ import hashlib
 import io
 import json
 import math
-from dataclasses import fields
 
 import numpy as np
 
 from privfed.errors import ConfigError
+from privfed.flower.checks import rounds_config
 from privfed.stats import ClientStats
 
 __all__ = ["ROUND_NAME", "rounds_config", "serve_fedlog_rounds"]
@@ -49,28 +49,6 @@ __all__ = ["ROUND_NAME", "rounds_config", "serve_fedlog_rounds"]
 #: The name the per-round statistic is registered under (:mod:`privfed.flower.rounds`).
 ROUND_NAME = "fedlog-rounds"
 _STATE = "privfed-fedlog-body"
-#: RoundsConfig fields rounds-params may set (the others come from the run config or are not used here).
-_ALLOWED = ("local_epochs", "batch_size", "lr", "families", "init", "partition", "classes_per_client", "alpha",
-            "seed", "head_init_scale")
-
-
-def rounds_config(cfg):
-    """The :class:`privfed.fedlog_rounds.RoundsConfig` of a Flower run (ConfigError naming a bad key)."""
-    from privfed.fedlog_rounds import RoundsConfig
-
-    params = dict(cfg.rounds_params)
-    bad = sorted(set(params) - set(_ALLOWED))
-    if bad:
-        known = {f.name for f in fields(RoundsConfig)}
-        why = "not settable here" if set(bad) <= known else "unknown"
-        raise ConfigError(f"rounds-params key(s) {bad} {why}; allowed: {list(_ALLOWED)}")
-    extra = sorted(set(cfg.method_params) - {"nu"})
-    if extra:
-        raise ConfigError(f"multi-round FedLog takes method-params 'nu' only, got {extra}")
-    if "families" in params:
-        params["families"] = tuple(params["families"])
-    return RoundsConfig(clients=cfg.clients, rounds=cfg.rounds, nu=float(cfg.method_params.get("nu", 1.0)),
-                        baselines=(), **params).validate()
 
 
 @functools.lru_cache(maxsize=2)

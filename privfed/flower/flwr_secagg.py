@@ -41,37 +41,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from privfed.errors import ConfigError, InputError
+from privfed.errors import InputError
+from privfed.flower.checks import CLIPPING_RANGE, MODULUS_RANGE, QUANTIZATION_RANGE, check_limits
 
 __all__ = ["CLIPPING_RANGE", "MODULUS_RANGE", "QUANTIZATION_RANGE", "FlwrSum", "check_limits", "field_bounds",
            "flwr_secaggplus_sum", "node_train_reply", "quantisation_bound"]
 
 #: Flower's defaults, kept: values in [-8, 8], 2^22 levels, a 2^32 modulus.
-CLIPPING_RANGE = 8.0
-QUANTIZATION_RANGE = 2**22
-MODULUS_RANGE = 2**32
-
-
-def check_limits(cfg) -> None:
-    """Refuse configurations Flower's SecAgg+ cannot carry (ConfigError naming the limit)."""
-    if cfg.make_method().per_client:
-        raise ConfigError(f"secure=flwr-secaggplus-insecure sums one vector; method {cfg.method!r} needs every node's "
-                          "statistics (its secure protocol runs with --secure mask or ckks)")
-    if cfg.private:
-        raise ConfigError("DP noise is not offered with Flower's SecAgg+; use --secure mask (its nodes add "
-                          "distributed noise shares) or drop --epsilon")
-    if cfg.clip is None or cfg.max_records is None:
-        raise ConfigError("secure=flwr-secaggplus-insecure needs public bounds to pre-scale the statistics into "
-                          f"[-{CLIPPING_RANGE:g}, {CLIPPING_RANGE:g}]: pass clip (the L2 bound of every record) "
-                          "and max-records (the most records a node holds)")
-    if cfg.clients < 3:
-        raise ConfigError(f"Flower's SecAgg+ needs at least 3 nodes (its share threshold and graph), got "
-                          f"clients={cfg.clients}; use --secure mask for 2 nodes")
-    if cfg.clients * QUANTIZATION_RANGE >= MODULUS_RANGE:
-        raise ConfigError(
-            f"Flower's SecAgg+ sums {cfg.clients} quantised values of up to 2^22 each in a 2^32 ring: they "
-            f"could overflow (K * 2^22 >= 2^32 from K = {MODULUS_RANGE // QUANTIZATION_RANGE}); use at most "
-            f"{MODULUS_RANGE // QUANTIZATION_RANGE - 1} clients, or --secure mask")
 
 
 def field_bounds(method, cfg) -> dict[str, float]:

@@ -81,12 +81,12 @@ def run_rounds(
     max_rounds: int,
 ) -> list[Exchange]:
     """Broadcast, collect and fold ``max_rounds`` rounds at most (see the module docstring)."""
-    from privfed.flower.server_app import _Fold, _node_errors
+    from privfed.flower.fold import NodeFold, node_errors
 
     broadcast, stages = first, []
     config_rec = ConfigRecord(cfg.to_wire())
     for r in range(max_rounds):
-        fold = _Fold(cfg.make_method())
+        fold = NodeFold(cfg.make_method())
         errors: dict[int, str] = {}
 
         def on_reply(node, content, fold=fold, errors=errors):
@@ -99,7 +99,7 @@ def run_rounds(
                                    "broadcast": arrays_record(broadcast)}) for n in nodes}
         ex = exchange(grid, contents, "query.round", cfg.timeout, on_reply, group_id=f"round-{r}")
         stages.append(ex)
-        _node_errors(errors, ex.failed, f"round {r}")
+        node_errors(errors, ex.failed, f"round {r}")
         if len(ex.answered) < cfg.min_replies:
             raise ConfigError(
                 f"round {r}: only {len(ex.answered)} of {len(nodes)} nodes answered within {cfg.timeout:g} s"

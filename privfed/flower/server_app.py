@@ -4,7 +4,7 @@
 
 1. wait (at most ``connect-timeout`` s) until ``clients`` nodes registered;
 2. plain runs: send every node the run config (``query``), fold each reply
-   into a running sum as it arrives (:class:`_Fold`: memory O(d^2) for
+   into a running sum as it arrives (:class:`privfed.flower.fold.NodeFold`: memory O(d^2) for
    sum-only methods whatever K; per-client methods keep one row a node),
    check every node sent the same d and C and the same privacy release,
    add the central noise when the aggregator is trusted, and build the head
@@ -41,10 +41,14 @@ import numpy as np
 from flwr.app import ConfigRecord, Context, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
+from mechanisms.ckks import CKKSParams
 from mechanisms.ledger import ReleaseEvent
-from privfed.errors import ConfigError, InputError, PrivfedError
+from mechanisms.secagg import THREAT_MODEL_CKKS_ACTIVE, THREAT_MODEL_MASK_ACTIVE
+from privfed.errors import ConfigError, PrivfedError
+from privfed.flower.ckks import ckks_sum_over_messages
 from privfed.flower.config import FlowerConfig
 from privfed.flower.dp import SecureNoiseReport
+from privfed.flower.fold import NodeFold, node_errors
 from privfed.flower.protocol import (
     fedcof_broadcast,
     fedcof_head,
@@ -52,57 +56,12 @@ from privfed.flower.protocol import (
     split_sum_vector,
     sum_vector_length,
 )
-from mechanisms.ckks import CKKSParams
-from mechanisms.secagg import THREAT_MODEL_CKKS_ACTIVE, THREAT_MODEL_MASK_ACTIVE
-from privfed.flower.ckks import ckks_sum_over_messages
 from privfed.flower.secagg import masked_sum_over_messages
 from privfed.flower.transport import Exchange, exchange, wait_for_nodes
 from privfed.flower.wire import arrays_record, payload_bytes, stats_from_record
 from privfed.head import LinearHead
-from privfed.stats import ClientStats, StatsFold
 
 __all__ = ["FlowerResult", "app", "make_server_app", "serve"]
-
-
-class _Fold:
-    """Folds node replies into what the method needs, one reply at a time.
-
-    ``add(node, stats)`` checks the shape against the first reply and hands
-    the reply to :class:`privfed.stats.StatsFold`, the fold ``privfed.fit``
-    uses: a running total for sum-only methods (O(C d + d^2) memory whatever
-    the number of nodes), or the (client, class) pairs for methods that need
-    every client's statistics (O(M d + d^2)).  ``result()`` is the
-    ClientStats the method aggregates.
-    """
-
-    def __init__(self, method) -> None:
-        self.method = method
-        self.keep = "pairs" if method.per_client else "total"
-        self.shape: tuple[int, int] | None = None
-        self.fields: frozenset[str] | None = None
-        self.fold: StatsFold | None = None
-        self.num_pairs = 0
-        self.count = 0
-
-    def add(self, key, stats: ClientStats) -> None:
-        shape = (stats.num_classes, stats.dim)
-        if self.shape is None:
-            self.shape, self.fields = shape, stats.available
-            self.fold = StatsFold(num_classes=shape[0], dim=shape[1], keep=self.keep)
-        elif shape != self.shape or stats.available != self.fields:
-            raise ConfigError(
-                f"{key} sent statistics with C={shape[0]}, d={shape[1]} ({sorted(stats.available)}) but "
-                f"earlier nodes sent C={self.shape[0]}, d={self.shape[1]} ({sorted(self.fields)}): every "
-                "node must use the same backbone (d) and num-classes (C)"
-            )
-        self.num_pairs += stats.num_pairs()
-        self.count += 1
-        self.fold.add(stats, source=key)  # NaN/inf refused naming the node; a node folded once
-
-    def result(self) -> ClientStats:
-        if self.count == 0:
-            raise InputError("no statistics arrived; nothing to aggregate")
-        return self.fold.result()
 
 
 @dataclass
@@ -146,17 +105,6 @@ def _stage_bytes(ex: Exchange) -> dict[str, Any]:
         "bytes_up_total": int(sum(up)), "bytes_up_per_node": float(np.mean(up)) if up else 0.0,
         "bytes_down_total": int(sum(ex.bytes_down.values())),
     }
-
-
-def _node_errors(errors: dict[int, str], failed: dict[int, str], stage: str) -> None:
-    if errors:
-        items = sorted(errors.items())
-        first = "; ".join(f"node {n}: {m}" for n, m in items[:3])
-        raise ConfigError(f"{len(items)} node(s) refused the run at stage {stage!r}: {first}")
-    if failed:
-        items = sorted(failed.items())
-        first = "; ".join(f"node {n}: {m.strip().splitlines()[-1] if m.strip() else m}" for n, m in items[:3])
-        raise ConfigError(f"{len(items)} node(s) failed at stage {stage!r}: {first}")
 
 
 def _record_client_releases(privacy, replies_events: dict[int, list[dict]]) -> None:
@@ -220,7 +168,7 @@ def serve(grid: Grid, cfg: FlowerConfig, *, keep_view: bool = False) -> FlowerRe
         }
         sums = []
     elif cfg.secure == "none":
-        fold = _Fold(method)
+        fold = NodeFold(method)
         errors: dict[int, str] = {}
         events: dict[int, list[dict]] = {}
         payload: dict[str, int] = {}
@@ -243,7 +191,7 @@ def serve(grid: Grid, cfg: FlowerConfig, *, keep_view: bool = False) -> FlowerRe
 
         contents = {n: RecordDict({"config": config_rec}) for n in nodes}
         ex = stages["query"] = exchange(grid, contents, "query", cfg.timeout, on_stats, group_id="stats")
-        _node_errors(errors, ex.failed, "query")
+        node_errors(errors, ex.failed, "query")
         got = len(ex.answered)
         if got < cfg.min_replies:
             raise ConfigError(
@@ -333,7 +281,7 @@ def _serve_secure(grid, cfg, method, nodes, config_rec, stages, keep_view, recei
 
     contents = {n: RecordDict({"config": config_rec}) for n in nodes}
     ex = stages["setup"] = exchange(grid, contents, "query.setup", cfg.timeout, on_setup, group_id="setup")
-    _node_errors(errors, ex.failed, "setup")
+    node_errors(errors, ex.failed, "setup")
     if len(set(shapes.values())) > 1:
         raise ConfigError(
             "the nodes disagree on the shape of their statistics (C, d): "
