@@ -126,10 +126,11 @@ def spread_matrix(
     return X2.T @ X2
 
 
-#: Bytes of each of the two row buffers of :func:`pair_spread`, and the fewest rows a block holds
-#: (2,048 rows at d = 1,280: each GEMM long enough to run at the speed of one X^T X over all rows).
-_SPREAD_BLOCK_BYTES = 8 * 2**20
-_SPREAD_MIN_ROWS = 2048
+#: Bytes of the row buffer :func:`pair_spread` fills before one X^T X (all M rows when they fit: 11,800 rows
+#: at d = 256; 6,553 rows at d = 1,280, where 8 products cost within a few % of one) ...
+_SPREAD_BLOCK_BYTES = 64 * 2**20
+#: ... and of the tiles it is centred in (small enough to stay in cache across the four steps).
+_SPREAD_TILE_BYTES = 256 * 2**10
 #: Bytes of the row buffer :meth:`FedCOF.estimate_pairs` fills before one X^T X (3,276 rows at d = 1,280:
 #: within a few % of one product over all rows, at 6 % of the iNat-120K input).
 _STREAM_BUFFER_BYTES = 32 * 2**20
@@ -144,9 +145,11 @@ def pair_spread(
     ``pair_class`` / ``pair_counts`` describe the pairs with n_p > 0, held in
     ``pair_sums[rows]`` (``rows=None``: all of ``pair_sums``, in order; no
     copy of the M x d block is made either way); rows of classes with
-    w_c = 0 are skipped.  Blocks of rows are centred in two reused buffers
-    and multiplied in one GEMM each, so memory is O(block d + d^2) and the
-    cost that of X^T X over the M rows plus two passes over them.
+    w_c = 0 are skipped.  Rows are centred and scaled a cache-sized tile at
+    a time, (s_p / n_p - mu_c) sqrt(w_c n_p), straight into one row buffer
+    of at most :data:`_SPREAD_BLOCK_BYTES` (all rows when they fit), which
+    enters the spread in one X^T X when full: memory O(buffer + d^2), cost
+    X^T X over the rows plus one pass over them.
     """
     d = mu.shape[1]
     wp = weights[pair_class]
@@ -154,23 +157,29 @@ def pair_spread(
     src = sel if rows is None else np.asarray(rows)[sel]  # rows of pair_sums
     contiguous = src.size == 0 or bool(np.all(np.diff(src) == 1))  # one slice (the usual case)
     out = np.zeros((d, d))
-    step = max(1, min(max(_SPREAD_BLOCK_BYTES // (8 * max(d, 1)), _SPREAD_MIN_ROWS), sel.size))
+    if sel.size == 0:
+        return out
+    root = np.sqrt(pair_counts[sel] * wp[sel])  # sqrt(w_c n_p)
+    scale = root / pair_counts[sel]
+    cls = pair_class[sel]
+    step = max(1, min(_SPREAD_BLOCK_BYTES // (8 * max(d, 1)), sel.size))
+    tile = max(1, min(_SPREAD_TILE_BYTES // (8 * max(d, 1)), step))
     buf = np.empty((step, d))
-    mub = np.empty((step, d))
+    U = np.empty((tile, d))
     for a in range(0, sel.size, step):
-        s = sel[a:a + step]
-        m = s.size
-        X, U = buf[:m], mub[:m]
-        n = pair_counts[s]
-        if contiguous:
-            np.divide(pair_sums[src[0] + a:src[0] + a + m], n[:, None], out=X)
-        else:
-            np.take(pair_sums, src[a:a + step], axis=0, out=X, mode="clip")  # indices in range: unbuffered
-            X /= n[:, None]
-        np.take(mu, pair_class[s], axis=0, out=U, mode="clip")
-        X -= U
-        X *= np.sqrt(n * wp[s])[:, None]
-        out += _gram(X)
+        m = min(step, sel.size - a)
+        for t in range(a, a + m, tile):
+            e = min(t + tile, a + m)
+            X, V = buf[t - a:e - a], U[:e - t]
+            if contiguous:
+                np.multiply(pair_sums[src[0] + t:src[0] + e], scale[t:e, None], out=X)
+            else:
+                np.take(pair_sums, src[t:e], axis=0, out=X, mode="clip")  # indices in range: unbuffered
+                X *= scale[t:e, None]
+            np.take(mu, cls[t:e], axis=0, out=V, mode="clip")
+            V *= root[t:e, None]
+            X -= V
+        out += _gram(buf[:m])
     return out
 
 
@@ -497,7 +506,7 @@ class FedCOF(Method):
         Kc = np.bincount(pc_all[valid], minlength=C)
         w = np.maximum(spread_weights(N, Kc), 0.0)
         root = np.where(valid, np.sqrt(w[pc_all] * np.where(valid, n_all, 0.0)), 0.0)  # sqrt(w_c n_p), 0: skipped
-        S = spread = ref = buf = None
+        S = spread = ref = buf = U = None
         seen = np.zeros(C, dtype=bool)
         fill = done = 0
         for p0, sums in blocks:
@@ -525,14 +534,20 @@ class FedCOF(Method):
                 if fill + rows.size > buf.shape[0]:
                     spread += _gram(buf[:fill])
                     fill = 0
-                X = buf[fill:fill + rows.size]
                 k = rows.size
+                X = buf[fill:fill + k]
+                if U is None or U.shape[0] < k:
+                    U = np.empty((k, d))
+                V = U[:k]
                 if k == m:  # every row of the block: no gather
                     np.multiply(sums, (r / n)[:, None], out=X)
-                    X -= ref[pc] * r[:, None]
+                    np.take(ref, pc, axis=0, out=V, mode="clip")
+                    V *= r[:, None]
                 else:
                     np.multiply(sums[rows], (r[rows] / n[rows])[:, None], out=X)
-                    X -= ref[pc[rows]] * r[rows, None]
+                    np.take(ref, pc[rows], axis=0, out=V, mode="clip")
+                    V *= r[rows, None]
+                X -= V
                 fill += k
         if done != n_all.shape[0]:
             raise ValueError(f"pair blocks covered pairs 0..{done - 1} of {n_all.shape[0]}")
