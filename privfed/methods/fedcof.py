@@ -555,9 +555,12 @@ class FedCOF(Method):
             raise ValueError("no pair sums arrived")
         if fill:
             spread += _gram(buf[:fill])
+        del buf, U  # before the C x d arrays below
         mu = class_means(N, S)
-        Z = (mu - ref) * np.sqrt(w * N)[:, None]
+        Z = np.subtract(mu, ref, out=ref)  # (mu_c - r_c) sqrt(w_c N_c), in the references' array
+        Z *= np.sqrt(w * N)[:, None]
         spread -= _gram(Z)
+        del ref, Z
         inv_sum = np.bincount(pc_all[valid], weights=1.0 / n_all[valid], minlength=C) \
             if self.params["noise_var"] > 0 else None
         return self._estimate(N, S, mu, Kc, spread, inv_sum, notes)
