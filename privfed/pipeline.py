@@ -23,7 +23,9 @@ compute (clipped) client statistics once and release them many times:
 secure aggregation, :func:`run_federation` streams instead: clients are
 processed in chunks of bounded memory and folded into the server's
 aggregate (:func:`fold_statistics`, :class:`privfed.stats.StatsFold`), so no
-(K, C, d) or (K, d, d) array is ever built.
+(K, C, d) or (K, d, d) array is ever built; a per-client method with
+``aggregate_pairs`` (FedCOF) takes its pair sums as they are summed
+(:func:`pair_sum_blocks`), so not even the M x d pairs are held.
 """
 
 from __future__ import annotations
