@@ -76,6 +76,9 @@ SECOND = {"fed3r", "fed3r-within", "fedcgs", "fedcof-oracle"}
 INAT = dict(K=9275, C=1203, d=1280, N=120000, M=54600)
 D256 = dict(K=2000, C=300, d=256, N=26000, M=11800)
 SMALL = dict(K=1000, C=300, d=256, N=13000, M=5900)
+#: Fewest repeats of each bound part (each is one BLAS call or one pass; their least CPU time is the
+#: bound, and a loaded machine's page faults and cache misses only ever add to it).
+BOUND_REPEATS = 5
 #: Memory target: privfed.fit adds at most this fraction of its input.
 MEMORY_TARGET = 0.25
 
@@ -168,7 +171,10 @@ def _spread_rows(groups, y, C: int) -> int:
 
 
 def measure_bound(F32, y, k, repeats: int) -> dict:
-    """The bound's parts, float64, with the BLAS every method uses (see the module docstring)."""
+    """The bound's parts, float64, with the BLAS every method uses (see the module docstring).
+
+    Each is the least CPU time over at least :data:`BOUND_REPEATS` calls.
+    """
     import scipy.linalg
     import scipy.sparse as sp
 
@@ -188,6 +194,7 @@ def measure_bound(F32, y, k, repeats: int) -> dict:
         y, k, num_classes=C, num_clients=K, rng=rng)
     rows = {"M": _spread_rows(k, y, C), "M4": _spread_rows(np.asarray(pseudo), y, C)}
     out, wall = {}, {}
+    repeats = max(repeats, BOUND_REPEATS)
 
     def part(key, fn):
         out[key] = best_of(fn, repeats)
