@@ -747,3 +747,23 @@ def test_fedcgs_with_its_default_shrinkage_equals_the_shrunk_gaussian_classifier
         b = np.log(N / N.sum()) - 0.5 * np.sum(mus * W, axis=1)
         np.testing.assert_allclose(head.weight, W, rtol=1e-9, atol=1e-10)
         np.testing.assert_allclose(head.bias, b, rtol=1e-9, atol=1e-10)
+
+
+def test_the_scale_benchmark_runs_the_public_calls_and_writes_its_record(tmp_path):
+    """experiments/bench_scale.py --small: privfed.fit and the server in fresh processes, a record render() reads."""
+    import json
+
+    from experiments import bench_scale
+
+    rc = bench_scale.main(["--small", "--repeats", "1", "--no-curves", "--no-dp", "--methods", "fedncm,fedcof",
+                           "--loop-rows", "300", "--out", str(tmp_path)])
+    assert rc == 0
+    res = json.loads((tmp_path / "bench_scale.json").read_text())
+    assert (tmp_path / "bench_scale.md").read_text().rstrip("\n") == bench_scale.render(res)
+    rows = {r["method"]: r for r in res["rows"]}
+    assert set(rows) == {"fedncm", "fedcof"} and all("error" not in r for r in rows.values())
+    assert rows["fedcof"]["params"]["gamma"] == 1.0 and rows["fedcof"]["M_uploaded"] == res["shape"]["M"]
+    for r in rows.values():
+        assert r["peak_rss"] >= r["rss_input"] > r["input_bytes"]  # the child held the input, then fit ran
+        assert all(np.isfinite(v) and v > 0 for v in bench_scale.method_ratios(r, res["bound"]).values())
+    assert not list(tmp_path.glob("*.tmp"))  # written atomically
