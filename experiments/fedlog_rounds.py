@@ -2,8 +2,9 @@
 
 Part 1 (``--part compare``): non-private multi-round FedLog with local bodies
 (heterogeneous families, and all ``cnn``) against one-shot frozen FedLog,
-local-only training and FedAvg, personalised and common-test accuracy, bytes
-uploaded.
+local-only training and FedAvg (asked for explicitly: ``run_rounds`` runs no
+baseline by default), personalised and common-test accuracy, bytes uploaded,
+and each method's own seconds (``method_seconds``) beside the whole run's.
 
 Part 2 (``--part dp``): the paper's DP experiment (Sec. 4.5: features clipped
 to b = 2 per coordinate, delta = 0.01, the classic sigma of Theorem 3.1 at the
@@ -45,6 +46,8 @@ from experiments.attacks_common import write_rows  # noqa: E402  (one CSV + JSON
 
 #: Member / holdout pairs attacked in every run.
 PAIRS = 200
+#: The baselines part 1 compares against (run_rounds runs none unless asked; each is timed on its own).
+BASELINES = ("oneshot", "local", "fedavg")
 
 
 def _privacy_cols(p) -> dict:
@@ -73,13 +76,15 @@ def compare(args) -> list[dict]:
     for fams in (FAMILIES, ("cnn",)):
         for seed in range(args.seeds):
             r = run_rounds(clients=args.clients, rounds=args.rounds, local_epochs=args.local_epochs, families=fams,
-                           seed=seed, progress=not args.quiet, attack_pairs=PAIRS)
+                           seed=seed, progress=not args.quiet, attack_pairs=PAIRS, baselines=BASELINES)
             label = "+".join(fams)
             for name, acc in r.summary().items():
                 rows.append({"families": label, "seed": seed, "method": name, "personalised": acc["personalised"],
                              "common": acc["common"], "upload_bytes_per_round": acc["upload_bytes_per_round"],
                              "upload_bytes_total": acc["upload_bytes_total"], "seconds": r.timing["total_s"],
                              "cpu_seconds": r.timing.get("cpu_s"),
+                             # this method's own run (FedLog's without the baselines and the attack)
+                             "method_seconds": r.timing.get(f"{name}_s"),
                              **({f"tracing_{k}_auc": v["auc"] for k, v in r.attacks["tracing"].items()}
                                 if name == "fedlog" else {})})
             print(f"[compare] {label} seed {seed}: " + ", ".join(

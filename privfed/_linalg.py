@@ -32,6 +32,12 @@ __all__ = [
 SOLVERS = ("solve", "pinv")
 
 
+#: Row sums of squares above this are exact to rounding (an entry's square that underflows adds at most
+#: d x 2.2e-308 to them, far below their last bit); zero, underflowing or overflowing rows take the
+#: peak-scaled path.
+_SQUARES_SAFE = 2.0**-900
+
+
 def normalise_rows(W: np.ndarray, *others: np.ndarray, eps: float = 0.0):
     """Divide each row of W (and the same entries of ``others``) by the row's L2 norm.
 
@@ -42,6 +48,14 @@ def normalise_rows(W: np.ndarray, *others: np.ndarray, eps: float = 0.0):
     left at zero.  Returns W (and the rescaled others).
     """
     W = np.asarray(W, dtype=np.float64)
+    if eps == 0.0 and W.size:  # one pass for the norms when no square overflows or underflows
+        sq = np.einsum("ij,ij->i", W, W)
+        if np.all(sq > _SQUARES_SAFE) and np.all(sq < np.inf):
+            norms = np.sqrt(sq)
+            out = W / norms[:, None]
+            if not others:
+                return out
+            return (out, *(np.asarray(o, dtype=np.float64) / norms for o in others))
     if W.shape[1]:
         peak = np.maximum(W.max(axis=1), -W.min(axis=1))  # largest |entry| of each row, no |W| copy
     else:
@@ -100,9 +114,11 @@ def _psd_tolerance(w: np.ndarray) -> float:
     return 10.0 * w.size * np.finfo(np.float64).eps * scale
 
 
-def try_cholesky_solve(G: np.ndarray, B: np.ndarray):
+def try_cholesky_solve(G: np.ndarray, B: np.ndarray, *, overwrite: bool = False):
     """G^-1 B by Cholesky when G is numerically positive definite and well conditioned.
 
+    ``G`` must be symmetric (it is read through its transpose, a column-major view, so LAPACK
+    makes no copy); ``overwrite=True`` lets the factor overwrite it (when it is a private copy).
     Returns the solution, or a string saying why Cholesky was not used.  The
     LAPACK 1-norm condition estimate must clear ``3 d^2 eps``: then the
     2-norm reciprocal condition exceeds ``d eps``, the pseudo-inverse
@@ -111,13 +127,14 @@ def try_cholesky_solve(G: np.ndarray, B: np.ndarray):
     d = G.shape[0]
     if d == 0:
         return "empty matrix"
-    if not np.all(np.isfinite(G)):
+    Gf = G.T  # = G; Fortran-ordered when G is C-ordered
+    anorm = float(scipy.linalg.lapack.dlange("1", Gf))  # the 1-norm (inf or nan with a non-finite entry)
+    if not np.isfinite(anorm):
         return "non-finite entries"
     try:
-        c, lower = scipy.linalg.cho_factor(G, lower=False, check_finite=False)
+        c, lower = scipy.linalg.cho_factor(Gf, lower=False, check_finite=False, overwrite_a=overwrite)
     except (np.linalg.LinAlgError, scipy.linalg.LinAlgError):
         return "not positive definite"
-    anorm = float(scipy.linalg.lapack.dlange("1", G))  # the 1-norm, without an |G| temporary
     rcond, info = scipy.linalg.lapack.dpocon(c, anorm, uplo="U")
     if info != 0 or not rcond > 3.0 * d * d * np.finfo(np.float64).eps:
         return f"ill-conditioned, reciprocal condition number about {float(rcond):.3g}"
@@ -160,15 +177,17 @@ def solve_head(
     if solver not in SOLVERS:  # pragma: no cover - validated by the methods
         raise ValueError(f"solver must be one of {SOLVERS}, got {solver!r}")
     notes = [] if notes is None else notes
-    G = np.array(G, dtype=np.float64)  # one copy, symmetrised in place
-    G += G.T
+    G0 = np.asarray(G, dtype=np.float64)
+    G = np.add(G0, G0.T)  # the one d x d copy, symmetrised
     G *= 0.5
     B = np.asarray(B, dtype=np.float64)
     # Cholesky first: a positive-definite G whose condition number is far from the
     # pseudo-inverse cut-off has pinv(G) = G^-1, so both solvers give G^-1 B.
-    reason = try_cholesky_solve(G, B)
+    reason = try_cholesky_solve(G, B, overwrite=True)
     if isinstance(reason, np.ndarray):
         return reason
+    G = np.add(G0, G0.T)  # the factorisation may have overwritten the copy
+    G *= 0.5
     notes.append(f"Cholesky of {name} failed ({reason}); solved by eigendecomposition instead")
     w, V = np.linalg.eigh(G)
     tol = _psd_tolerance(w)

@@ -90,11 +90,43 @@ class ScaleInfo:
         return features if self.exponent is None else np.ldexp(features, -self.exponent)
 
 
-def prepare(method, features: np.ndarray, privacy: Any = None) -> tuple[np.ndarray, ScaleInfo]:
-    """Features whose statistics are exact in float64, or one clear error (see the module docstring)."""
+#: Bytes of feature rows read at once by :func:`peak_magnitude` and :func:`peak_row_norm` (no N x d temporary).
+_BLOCK_BYTES = 8 * 2**20
+
+
+def _row_blocks(F: np.ndarray):
+    step = max(1, _BLOCK_BYTES // max(F.itemsize * F.shape[1], 1))
+    for a in range(0, F.shape[0], step):
+        yield F[a:a + step]
+
+
+def peak_magnitude(F: np.ndarray) -> float:
+    """max |F|, from each block's max and min: no |F| copy of the input."""
+    hi, lo = -np.inf, np.inf
+    for blk in _row_blocks(F):
+        hi, lo = max(hi, float(blk.max())), min(lo, float(blk.min()))
+    return max(hi, -lo) if F.size else 0.0
+
+
+def peak_row_norm(F: np.ndarray, peak: float) -> float:
+    """Largest row norm, each block divided by ``peak`` first (no overflow), one block at a time."""
+    best = 0.0
+    for blk in _row_blocks(F):
+        x = blk / peak
+        best = max(best, float(np.max(np.einsum("ij,ij->i", x, x))))
+    return math.sqrt(best) * peak
+
+
+def prepare(method, features: np.ndarray, privacy: Any = None, *, owned: bool = False) -> tuple[np.ndarray, ScaleInfo]:
+    """Features whose statistics are exact in float64, or one clear error (see the module docstring).
+
+    No temporary of the input's size is made: the peak magnitude is read block by block, and a
+    rescaling (only for features outside the safe band) is done in place when ``owned`` says the
+    array is a private copy (e.g. converted from another dtype), else into one new array.
+    """
     F = features
     n, d = F.shape
-    peak = float(np.max(np.abs(F))) if F.size else 0.0
+    peak = peak_magnitude(F)
     lo, hi = safe_band(n, d)
     name = getattr(method, "name", "method")
     if privacy is not None:
@@ -108,7 +140,7 @@ def prepare(method, features: np.ndarray, privacy: Any = None) -> tuple[np.ndarr
                 f"clip=inf with epsilon={eps} means infinite noise (sigma is proportional to the clip); "
                 "pass a finite clip, e.g. the median feature norm of public data"
             )
-        row = float(np.max(np.linalg.norm(F / peak, axis=1)) * peak) if peak > 0 else 0.0
+        row = peak_row_norm(F, peak) if peak > 0 else 0.0
         reach = row if bound is None or not math.isfinite(bound) else min(row, bound)
         if reach > hi:
             raise InputError(
@@ -120,7 +152,7 @@ def prepare(method, features: np.ndarray, privacy: Any = None) -> tuple[np.ndarr
         return F, ScaleInfo()
     if _is_invariant(method):
         e = math.frexp(peak)[1]  # peak * 2^-e in [0.5, 1)
-        return np.ldexp(F, -e), ScaleInfo(e, peak)
+        return (np.ldexp(F, -e, out=F) if owned else np.ldexp(F, -e)), ScaleInfo(e, peak)
     side = "large" if peak > hi else "small"
     what = "overflow" if peak > hi else "underflow"
     raise InputError(

@@ -126,12 +126,20 @@ def fit(
         declare = getattr(hook, "declare_randomness", None)
         if declare is not None:
             declare(seeded=seeded)
-    F, scaled = _scale.prepare(m, F, privacy)  # statistics exact in float64, or one clear error
+    # statistics exact in float64, or one clear error; a rescaling is in place only on our own copy
+    F, scaled = _scale.prepare(m, F, privacy, owned=_is_private_copy(F, features))
     head = run_federation(m, F, y, k, num_classes=C, num_clients=K, rng=rng, privacy=privacy, secure_agg=secure_agg,
                           seeded=seeded)
     if private_run:
         _note_public_sizes(head, num_classes, num_clients)
     return _scale.finish(head, scaled)
+
+
+def _is_private_copy(F: np.ndarray, features) -> bool:
+    """Whether validation made ``F`` as a new array (from a list, or another dtype): then nobody else holds it."""
+    if not isinstance(features, (np.ndarray, list, tuple)) or F is features or not F.flags.owndata:
+        return False
+    return not (isinstance(features, np.ndarray) and np.may_share_memory(F, features))
 
 
 def _note_public_sizes(head, num_classes, num_clients) -> None:

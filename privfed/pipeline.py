@@ -24,7 +24,9 @@ times: :func:`client_statistics` and :func:`server_head`.  Without privacy and
 secure aggregation, :func:`run_federation` streams instead: clients are
 processed in chunks of bounded memory and folded into the server's
 aggregate (:func:`fold_statistics`, :class:`privfed.stats.StatsFold`), so no
-(K, C, d) or (K, d, d) array is ever built.
+(K, C, d) or (K, d, d) array is ever built; a per-client method with
+``aggregate_pairs`` (FedCOF) takes its pair sums as they are summed
+(:func:`pair_sum_blocks`), so not even the M x d pairs are held.
 """
 
 from __future__ import annotations
@@ -41,8 +43,8 @@ from privfed.release import UPLOAD_CHUNK_BYTES, ReleasePlan, ReleaseTrace
 from privfed.stats import ClientStats, _readonly, _sorted_segments
 
 __all__ = [
-    "FOLD_CHUNK_BYTES", "FOLD_GRAM_CHUNK_BYTES", "UPLOAD_CHUNK_BYTES", "client_statistics", "fold_statistics", "run_federation",
-    "server_head",
+    "FOLD_CHUNK_BYTES", "FOLD_GRAM_CHUNK_BYTES", "UPLOAD_CHUNK_BYTES", "client_statistics", "fold_statistics",
+    "pair_sum_blocks", "run_federation", "server_head",
 ]
 
 #: Bytes of float64 feature rows gathered (and converted, for float32 input) at once by
@@ -161,6 +163,64 @@ def fold_statistics(
     return out
 
 
+def pair_sum_blocks(
+    method: Method,
+    features: np.ndarray,
+    labels: np.ndarray,
+    clients: np.ndarray,
+    *,
+    num_classes: int,
+    num_clients: int,
+    rng: np.random.Generator,
+    chunk_bytes: int | None = None,
+):
+    """The (pseudo-)client-class pairs of :func:`fold_statistics` without holding their M x d sums.
+
+    Returns ``(pair_class, pair_counts, blocks)``: the class and count of
+    every pair (in the order of :func:`fold_statistics`'s ``"pairs"``), and a
+    generator of ``(p0, sums)``, the float64 sums of whole pairs p0..p0 +
+    len(sums) - 1 (a pair cut by a chunk boundary is finished before it is
+    given out).  Rows are gathered and converted a chunk of ``chunk_bytes``
+    (default :data:`FOLD_CHUNK_BYTES`) at a time into one reused buffer, as
+    in :func:`fold_statistics`; each block lives until the next is made.
+    """
+    F, y, k = features, np.asarray(labels, dtype=np.int64), np.asarray(clients, dtype=np.int64)
+    C, d = int(num_classes), F.shape[1]
+    groups, _ = method.row_groups(y, k, num_classes=C, num_clients=num_clients, rng=rng)
+    order, out_key, indptr = _sorted_segments(np.asarray(groups, dtype=np.int64) * C + y)
+    counts = np.diff(indptr).astype(np.float64)
+    N = order.size
+    step = max(1, int(chunk_bytes or FOLD_CHUNK_BYTES) // (8 * max(d, 1)))
+
+    def blocks():
+        buf = np.empty((min(step, N), d))
+        raw = None if F.dtype == np.float64 else np.empty((min(step, N), d), dtype=F.dtype)
+        carry, done = None, 0  # the partial sum of a pair the previous chunk cut
+        for r0 in range(0, N, step):
+            r1 = min(r0 + step, N)
+            n = r1 - r0
+            X = buf[:n]
+            if raw is None:
+                np.take(F, order[r0:r1], axis=0, out=X)
+            else:
+                np.take(F, order[r0:r1], axis=0, out=raw[:n])
+                X[...] = raw[:n]
+            t0 = int(np.searchsorted(indptr, r0, side="right")) - 1
+            t1 = int(np.searchsorted(indptr, r1, side="left"))
+            local = np.clip(indptr[t0:t1 + 1], r0, r1) - r0
+            part = sp.csr_matrix((np.ones(n), np.arange(n), local), shape=(t1 - t0, n)) @ X
+            if carry is not None:
+                part[0] += carry
+            cut = indptr[t1] > r1  # the last pair goes on in the next chunk
+            carry = part[-1].copy() if cut else None
+            whole = part[:-1] if cut else part
+            if whole.shape[0]:
+                yield done, whole
+                done += whole.shape[0]
+
+    return out_key % C, counts, blocks()
+
+
 def server_head(
     method: Method,
     stats: ClientStats,
@@ -198,20 +258,51 @@ def run_federation(
     seeded: bool = True,
 ) -> LinearHead:
     """Run one federated aggregation on validated inputs and return the head (with ``head.trace``)."""
+    if privacy is None and secure_agg is None and _folds_pairs(method):
+        # the server folds the pairs as they are summed: their M x d sums are never all held
+        pair_class, counts, blocks = pair_sum_blocks(method, features, labels, clients, num_classes=num_classes,
+                                                     num_clients=num_clients, rng=rng)
+        head = method.aggregate_pairs(pair_class, counts, blocks, num_classes)
+        total = method.upload_bytes(M=counts.size, K=num_clients, d=features.shape[1], C=num_classes)
+        head.upload_bytes = {"total": total, "per_client": total / max(num_clients, 1), "M": int(counts.size),
+                             "K": num_clients}
+        head.trace = _plain_trace(method, head, None, "each (client, class) pair's sums folded into the server's "
+                                  "estimate as they are summed (no privacy, no protection)")
+        return head
     if privacy is None and secure_agg is None:
         folded = fold_statistics(method, features, labels, clients, num_classes=num_classes,
                                  num_clients=num_clients, rng=rng)
         head = method.aggregate(folded)
         head.upload_bytes = method.communication(folded, num_clients)
-        trace = ReleaseTrace(method.name)
-        trace.record("statistics", f"{method.name}: clients' statistics folded into the server's aggregate "
-                     "as they arrive (no privacy, no protection)", clients_out=folded.num_clients)
-        trace.received("sum" if not method.per_client else "uploads", stats=folded)
-        trace.record("method", f"{method.name}: head from the folded statistics")
-        trace.record("report", "no privacy mechanism: NO DP GUARANTEE",
-                     values={"bytes": dict(head.upload_bytes)})
-        head.trace = trace
+        head.trace = _plain_trace(method, head, folded, "clients' statistics folded into the server's aggregate "
+                                  "as they arrive (no privacy, no protection)")
         return head
     plan = ReleasePlan(method, privacy, secure_agg)
     return plan.run(features, labels, clients, num_classes=num_classes, num_clients=num_clients, rng=rng,
                     seeded=seeded)
+
+
+def _plain_trace(method: Method, head: LinearHead, folded: ClientStats | None, detail: str) -> ReleaseTrace:
+    """The trace of a release without privacy or protection: the server received every statistic exactly."""
+    trace = ReleaseTrace(method.name)
+    trace.record("statistics", f"{method.name}: {detail}",
+                 clients_out=None if folded is None else folded.num_clients)
+    if folded is not None:
+        trace.received("sum" if not method.per_client else "uploads", stats=folded)
+    trace.record("method", f"{method.name}: head from the folded statistics")
+    trace.record("report", "no privacy mechanism: NO DP GUARANTEE", values={"bytes": dict(head.upload_bytes)})
+    return trace
+
+
+def _folds_pairs(method: Method) -> bool:
+    """Whether ``method`` takes its pairs as a stream (``aggregate_pairs``) that agrees with its ``aggregate``.
+
+    Only when the class defining ``aggregate_pairs`` also defines the ``aggregate``, ``estimate`` and
+    ``row_groups`` in use: a subclass that replaced one of them keeps the one-call path.
+    """
+    cls = type(method)
+    owner = next((c for c in cls.__mro__ if "aggregate_pairs" in c.__dict__), None)
+    if owner is None or not method.per_client:
+        return False
+    return all(getattr(cls, name, None) is getattr(owner, name, None)
+               for name in ("aggregate", "estimate", "row_groups", "aggregate_pairs", "estimate_pairs"))

@@ -213,9 +213,42 @@ def test_bad_settings_raise_config_errors(bad, match):
 
 @pytest.mark.slow
 def test_default_run_is_fast_and_training_beats_the_one_shot_head():
-    r = run_rounds()
+    r = run_rounds(baselines=("oneshot",))
     assert r.timing["cpu_s"] < 120  # CPU time of the one-thread run: what a free 2-core machine needs
     assert r.personalised_accuracy > r.baselines["oneshot"]["personalised"] + 0.01
+
+
+def test_baselines_run_only_when_asked_and_are_timed_apart():
+    """run_rounds runs FedLog alone by default; a baseline asked for is reported and timed on its own."""
+    from privfed.fedlog_rounds import RoundsConfig
+
+    assert RoundsConfig().baselines == ()
+    plain = run_rounds(**{k: v for k, v in SMALL.items() if k != "baselines"})
+    assert plain.baselines == {} and set(plain.timing) == {"fedlog_s", "total_s", "cpu_s"}
+    both = run_rounds(**dict(SMALL, baselines=("oneshot", "local")))
+    assert set(both.baselines) == {"oneshot", "local"} and {"oneshot_s", "local_s"} <= set(both.timing)
+    assert "fedavg_s" not in both.timing and set(both.summary()) == {"fedlog", "oneshot", "local"}
+    # the baselines run after FedLog and do not change it
+    assert both.personalised_accuracy == plain.personalised_accuracy
+    assert both.history[-1]["head_norm"] == plain.history[-1]["head_norm"]
+
+
+@pytest.mark.slow
+def test_a_fresh_default_run_reproduces_the_recorded_compare_row():
+    """The record's 10-round FedLog (heterogeneous bodies, seed 0) is what a fresh run gives, bit for bit.
+
+    The record was made with the membership attack observing every round (attack_pairs=200) and the
+    three baselines; neither may change FedLog's numbers, so the plain default run must match.
+    """
+    import json
+    from pathlib import Path
+
+    rec = json.loads((Path(__file__).resolve().parents[1] / "experiments" / "results" /
+                      "fedlog_rounds.json").read_text())
+    row = next(r for r in rec["compare"] if r["method"] == "fedlog" and "+" in r["families"] and r["seed"] == 0)
+    r = run_rounds(clients=rec["config"]["clients"], rounds=rec["config"]["rounds"],
+                   local_epochs=rec["config"]["local_epochs"])
+    assert r.personalised_accuracy == row["personalised"] and r.common_accuracy == row["common"]
 
 
 def test_tradeoff_command_runs_multi_round_fedlog_beside_the_one_shot(tmp_path, capsys, digits_cache):

@@ -257,55 +257,63 @@ def bench_scale_tables() -> str:
 SCALE_READINGS = template("scale-readings")
 
 
+#: Server targets: at most this many times the bound at the main shape's d and at d = 256.
+SERVER_TARGETS = {"main": 1.2, "d256": 2.0}
+#: Methods whose server factors a d x d matrix (the targets are about them; fedncm and fedlog are read apart).
+_FACTORING = ("fedcof", "fedcof-mm4", "fed3r", "fed3r-within", "fedcgs", "fedcof-oracle")
+
+
+def _server_text(q: dict) -> str:
+    return ", ".join(f"{m} {q[m]['server_bound']:.2f}×" for m in _FACTORING if m in q)
+
+
 def scale_readings() -> str:
     """The readings under the scale tables, from the recorded run; refuses a claim the run contradicts."""
     res, bs = _bench_scale()
-    N, M, d = res["shape"]["N"], res["shape"]["M"], res["d"]
-    K, C = res["shape"]["K"], res["shape"]["C"]
-    budget = 2 * (N * d + M * d + d * d) * 8
     rows = {r["method"]: r for r in res["rows"] if "error" not in r}
-    q = {m: bs.method_ratios(r, res["bound"], budget) for m, r in rows.items()}
+    q = {m: bs.method_ratios(r, res["bound"]) for m, r in rows.items()}
+    low = res["d256"] or {"rows": [], "bound": res["bound"]}
+    q256 = {r["method"]: bs.method_ratios(r, low["bound"]) for r in low["rows"] if "error" not in r}
     sumonly = [m for m in rows if q[m]["loop_fit"] < 20]
     curves = res["curves"]
     mexp = [c["exponent"] for c in curves if c["curve"].startswith("M")]
     kexp = [c["exponent"] for c in curves if c["curve"].startswith("K")]
     dcur = [c for c in curves if c["curve"] == "d"]
     dps = [r for r in res["local_dp"] if "error" not in r]
-    ncm = [r for r in dps if r.get("method", "fedncm") == "fedncm"]
-    cof = [r for r in dps if r.get("method") == "fedcof"]
-    over = [f"{m} ({part} {q[m][key]:.2f}×)" for m in rows for part, key in (("client", "client_bound"),
-                                                                            ("server", "server_bound"))
-            if q[m][key] > 1.5]
-    within = ("every client step and every server is within the 1.5× target" if not over else
-              "within the 1.5× target except " + ", ".join(over))
+    ncm = [r for r in dps if r["method"] == "fedncm"]
+    cof = [r for r in dps if r["method"] == "fedcof"]
+    missed = [f"{m} {q[m]['server_bound']:.2f}× at d = {res['d']:,}" for m in _FACTORING
+              if m in q and q[m]["server_bound"] > SERVER_TARGETS["main"]]
+    missed += [f"{m} {q256[m]['server_bound']:.2f}× at d = 256" for m in _FACTORING
+               if m in q256 and q256[m]["server_bound"] > SERVER_TARGETS["d256"]]
     v = dict(
+        mem_lo=min(x["added_memory"] for x in q.values()), mem_hi=max(x["added_memory"] for x in q.values()),
+        input_mib=res["input_mib"], target=res["memory_target"],
         rss_lo=min(r["peak_rss"] for r in rows.values()) / 2**30, rss_hi=max(r["peak_rss"] for r in rows.values()) / 2**30,
-        bud_lo=min(x["rss_budget"] for x in q.values()), bud_hi=max(x["rss_budget"] for x in q.values()),
-        cli_lo=min(x["client_bound"] for x in q.values()), cli_hi=max(x["client_bound"] for x in q.values()),
-        srv_lo=min(x["server_bound"] for x in q.values()), srv_hi=max(x["server_bound"] for x in q.values()),
         fit_lo=min(x["fit_bound"] for x in q.values()), fit_hi=max(x["fit_bound"] for x in q.values()),
-        within=within, solve_ratio=res["bound"]["solve_C_s"] / res["bound"]["cholesky_s"],
+        d=res["d"], srv_main=_server_text(q), srv_256=_server_text(q256),
+        target_main=SERVER_TARGETS["main"], target_256=SERVER_TARGETS["d256"],
+        targets="every factoring server meets them" if not missed else "missed by " + ", ".join(missed),
+        ncm_pass=q["fedncm"]["server_bound"], log_pass=q["fedlog"]["server_bound"],
+        ncm_ms=1e3 * rows["fedncm"]["server_s"], log_ms=1e3 * rows["fedlog"]["server_s"],
+        ncm_share=rows["fedncm"]["server_s"] / rows["fedncm"]["fit_s"],
+        log_share=rows["fedlog"]["server_s"] / rows["fedlog"]["fit_s"],
         cof_loop=q["fedcof"]["loop_fit"], mm_loop=q["fedcof-mm4"]["loop_fit"], cof_gemm=q["fedcof"]["class_gemm_loop_fit"],
-        orc_loop=q["fedcof-oracle"]["loop_fit"], sumonly=", ".join(sumonly),
-        lb_lo=min(q[m]["loop_bound"] for m in sumonly), lb_hi=max(q[m]["loop_bound"] for m in sumonly),
-        lf_lo=min(q[m]["loop_fit"] for m in sumonly), lf_hi=max(q[m]["loop_fit"] for m in sumonly),
+        orc_loop=q["fedcof-oracle"]["loop_fit"], sumonly=", ".join(sumonly) or "no method",
+        lb_lo=min((q[m]["loop_bound"] for m in sumonly), default=0.0),
+        lb_hi=max((q[m]["loop_bound"] for m in sumonly), default=0.0),
         dp_lo=min(r["run_s"] / r["noise_s"] for r in ncm), dp_hi=max(r["run_s"] / r["noise_s"] for r in ncm),
         cdp_lo=min(r["run_s"] / (r["noise_s"] + r["xtx_s"]) for r in cof),
         cdp_hi=max(r["run_s"] / (r["noise_s"] + r["xtx_s"]) for r in cof),
-        kept=max(cof, key=lambda r: r["clients"])["kept_rows"] / (max(r["clients"] for r in cof) * C),
-        ncm_min=max(ncm, key=lambda r: r["clients"])["run_s"] * K / max(r["clients"] for r in ncm) / 60,
-        cof_min=max(cof, key=lambda r: r["clients"])["run_s"] * K / max(r["clients"] for r in cof) / 60,
         m_lo=min(mexp), m_hi=max(mexp), k_lo=min(kexp), k_hi=max(kexp),
         d_lo=min(c["exponent"] for c in dcur), d_hi=max(c["exponent"] for c in dcur),
         d_first=dcur[0]["x"][0], d_last=dcur[0]["x"][-1],
     )
     claims = {
-        "every method within the memory target": v["bud_hi"] <= 1.0,
+        "every method within the memory target": v["mem_hi"] <= res["memory_target"],
         "FedCOF and the oracle >= 20x the loop": min(v["cof_loop"], v["mm_loop"], v["orc_loop"]) >= 20,
-        "the methods under 20x cannot reach it": bool(sumonly) and v["lb_hi"] < 20,
         "linear in M": 0.6 <= v["m_lo"] and v["m_hi"] <= 1.3,
         "flat in K": v["k_hi"] <= 0.3,
-        "local DP near its bound": v["dp_hi"] <= 1.5 and v["cdp_hi"] <= 1.5,
         "local DP memory flat in K": all(
             (max(g, key=lambda r: r["clients"])["peak_rss"] - max(g, key=lambda r: r["clients"])["rss_input"])
             < 1.5 * (min(g, key=lambda r: r["clients"])["peak_rss"] - min(g, key=lambda r: r["clients"])["rss_input"])

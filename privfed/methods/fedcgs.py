@@ -27,7 +27,7 @@ import numpy as np
 
 import scipy.linalg
 
-from privfed._linalg import check_choice, check_real, project_psd, symmetrise, try_cholesky_solve
+from privfed._linalg import check_choice, check_real, minus_between, project_psd, try_cholesky_solve
 from privfed.errors import InputError
 from privfed.head import LinearHead
 from privfed.methods import register
@@ -52,20 +52,23 @@ def global_covariance(
     Ntot = N[present].sum()
     G = stats.gram()
     if covariance == "total":
-        s = S[present].sum(axis=0)
+        u = S[present].sum(axis=0) / np.sqrt(Ntot) if Ntot > 0 else np.zeros(S.shape[1])
         denom = Ntot - 1.0
-        scatter = G - np.outer(s, s) / Ntot
+        scatter = np.outer(u, u)  # s s^T / N, exactly symmetric; the one d x d array made here
+        np.subtract(G, scatter, out=scatter)
     else:
-        Sp = S[present]
         denom = Ntot - int(present.sum())
-        scatter = G - (Sp.T / Np[present]) @ Sp
+        scatter = minus_between(G, S if present.all() else S[present], Np[present])  # one syrk over C rows
     if denom <= 0:
         raise InputError(
             f"fedcgs: the {covariance} covariance needs more samples than "
             f"{'1' if covariance == 'total' else 'classes'} (got {Ntot:g} sample(s) in "
             f"{int(present.sum())} class(es)); add data"
         )
-    return N, mu, symmetrise(scatter / denom)
+    scatter /= denom
+    Sigma = np.add(scatter, scatter.T)
+    Sigma *= 0.5
+    return N, mu, Sigma
 
 
 @register
@@ -118,16 +121,18 @@ class FedCGS(Method):
     @staticmethod
     def _cholesky(Sigma: np.ndarray, mu: np.ndarray, a: float) -> np.ndarray | None:
         """Sigma^-1 mu_c by Cholesky when Sigma is positive definite (so no PSD repair applies)."""
-        try:
-            scipy.linalg.cholesky(Sigma, lower=False, check_finite=False)
-        except (np.linalg.LinAlgError, scipy.linalg.LinAlgError, ValueError):
-            return None
-        if a > 0:
+        if a > 0:  # is Sigma itself positive definite?  (else the eigen path projects it first)
+            try:
+                scipy.linalg.cholesky(Sigma.T, lower=False, check_finite=False)  # symmetric: no C -> F copy
+            except (np.linalg.LinAlgError, scipy.linalg.LinAlgError, ValueError):
+                return None
             d = Sigma.shape[0]
             t = np.trace(Sigma) / d
             Sigma = (1.0 - a) * Sigma
             Sigma[np.diag_indices(d)] += a * t
-        res = try_cholesky_solve(Sigma, mu.T)
+        else:  # the factorisation below is Sigma's own: one Cholesky
+            Sigma = Sigma.copy()
+        res = try_cholesky_solve(Sigma, mu.T, overwrite=True)
         return res.T if isinstance(res, np.ndarray) else None
 
     def _eigen(self, Sigma, mu, a, N, notes) -> np.ndarray:
