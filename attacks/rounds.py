@@ -274,7 +274,7 @@ class RoundsObserver:
             self._observe(r, clients, A, stats)
 
     def _observe(self, r, clients, A, stats) -> None:
-        from privfed.fedlog_rounds import _augment, _client_features
+        from privfed.fedlog_bodies import augment, client_features
 
         dp, setup = self.dp, self.setup
         clip_fn = dp.clip_tensor if dp is not None else None
@@ -294,7 +294,7 @@ class RoundsObserver:
             {(int(k), int(c)) for k, c in zip(self.owner, self.classes)}
         models, inc_models = {}, {}
         for k in sorted({k for k, _ in need}):
-            Fp = _client_features(clients[k].body, self.x_public, clip_fn)
+            Fp = client_features(clients[k].body, self.x_public, clip_fn)
             prev = self._prev_public.get(k)
             self._prev_public[k] = Fp
             for c in sorted({c for kk, c in need if kk == k}):
@@ -304,7 +304,7 @@ class RoundsObserver:
         for k in np.unique(self.owner):
             idx = np.flatnonzero(self.owner == k)
             x = torch.cat([self.x_targets[idx], self.x_targets[P + idx]])
-            f = _augment(torch.from_numpy(_client_features(clients[int(k)].body, x, clip_fn))).numpy()
+            f = augment(torch.from_numpy(client_features(clients[int(k)].body, x, clip_fn))).numpy()
             phi[idx] = f[: idx.size] * factor[k]
             phi[P + idx] = f[idx.size:] * factor[k]
         total = stats.total()

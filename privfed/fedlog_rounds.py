@@ -103,6 +103,16 @@ from torch import nn
 from privfed.data.digits import deterministic_torch
 from mechanisms.ledger import format_up
 from privfed.errors import ConfigError
+from privfed.fedlog_bodies import (
+    FAMILIES,
+    FEATURE_DIM,
+    augment,
+    client_features,
+    features,
+    make_body,
+    num_parameters,
+    public_body,
+)
 
 __all__ = [
     "DEFAULT_MAX_RECORDS",
@@ -122,10 +132,6 @@ __all__ = [
     "server_step",
 ]
 
-#: Body families (feature width FEATURE_DIM each).
-FAMILIES = ("cnn", "cnn-narrow", "mlp")
-#: Feature width d of every body (the head's input is m = d + 1).
-FEATURE_DIM = 64
 _PLACEMENTS = ("central", "distributed", "local")
 _CALIBRATIONS = ("total", "paper")
 _BOUNDS = ("auto", "upload", "theorem")
@@ -133,101 +139,7 @@ _BOUNDS = ("auto", "upload", "theorem")
 _PLD_MAX_MU = 8.0
 
 
-# ---------------------------------------------------------------- bodies
-class _CNN(nn.Module):
-    """conv3x3(c1)-ReLU-conv3x3(c2)-ReLU-maxpool2-linear(d)-ReLU on (N, 1, 8, 8) images."""
-
-    def __init__(self, c1: int, c2: int, d: int = FEATURE_DIM) -> None:
-        super().__init__()
-        self.conv1 = nn.Conv2d(1, c1, kernel_size=3, padding=1)
-        self.conv2 = nn.Conv2d(c1, c2, kernel_size=3, padding=1)
-        self.pool = nn.MaxPool2d(2)
-        self.fc = nn.Linear(c2 * 4 * 4, d)
-        self.relu = nn.ReLU()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.relu(self.conv1(x))
-        x = self.pool(self.relu(self.conv2(x)))
-        return self.relu(self.fc(x.flatten(1)))
-
-
-class _MLP(nn.Module):
-    """flatten(64)-linear(128)-ReLU-linear(d)-ReLU on raw pixels."""
-
-    def __init__(self, d: int = FEATURE_DIM) -> None:
-        super().__init__()
-        self.net = nn.Sequential(nn.Flatten(), nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, d), nn.ReLU())
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(x)
-
-
-def make_body(family: str) -> nn.Module:
-    """A freshly initialised body of ``family`` (uses torch's global RNG)."""
-    if family == "cnn":
-        from privfed.data.digits import DigitsCNN
-
-        return DigitsCNN()
-    if family == "cnn-narrow":
-        return _CNN(8, 16)
-    if family == "mlp":
-        return _MLP()
-    raise ConfigError(f"unknown body family {family!r}; choose from {list(FAMILIES)}")
-
-
-def num_parameters(module: nn.Module) -> int:
-    return int(sum(p.numel() for p in module.parameters()))
-
-
-_PUBLIC_BODIES: dict[tuple[str, int], dict] = {}
-
-
-def public_body(family: str, seed: int = 0) -> nn.Module:
-    """A body of ``family`` trained on the digits *public* split only (a fresh trainable copy).
-
-    ``cnn`` is the digits backbone itself (:func:`privfed.data.digits.get_backbone`);
-    the other families are trained with the backbone's recipe
-    (``privfed.data.digits.TRAIN_CONFIG``), deterministically, and kept in memory.
-    """
-    from privfed.data.digits import TRAIN_CONFIG, digits_splits, get_backbone
-
-    key = (family, int(seed))
-    if key not in _PUBLIC_BODIES:
-        if family == "cnn":
-            state = get_backbone(seed=seed).state_dict()
-        else:
-            splits = digits_splits(seed)
-            cfg = TRAIN_CONFIG
-            F = torch.nn.functional
-            with deterministic_torch():
-                torch.manual_seed(seed)
-                gen = torch.Generator().manual_seed(seed)
-                body = make_body(family)
-                head = nn.Linear(FEATURE_DIM, 10)
-                opt = torch.optim.Adam(list(body.parameters()) + list(head.parameters()), lr=cfg["lr"],
-                                       weight_decay=cfg["weight_decay"])
-                x = torch.from_numpy(np.array(splits.public_images, dtype=np.float32))[:, None]
-                y = torch.from_numpy(np.array(splits.public_labels, dtype=np.int64))
-                for _ in range(cfg["epochs"]):
-                    perm = torch.randperm(y.shape[0], generator=gen)
-                    for start in range(0, y.shape[0], cfg["batch_size"]):
-                        b = perm[start:start + cfg["batch_size"]]
-                        shift = torch.randint(-1, 2, (2,), generator=gen).tolist()
-                        xb = torch.roll(x[b], shifts=(shift[0], shift[1]), dims=(2, 3))
-                        loss = F.cross_entropy(head(body(xb)), y[b])
-                        opt.zero_grad()
-                        loss.backward()
-                        opt.step()
-            state = body.state_dict()
-        _PUBLIC_BODIES[key] = {k: v.detach().clone() for k, v in state.items()}
-    with torch.random.fork_rng(devices=[]):
-        body = make_body(family)
-    body.load_state_dict(_PUBLIC_BODIES[key])
-    for p in body.parameters():
-        p.requires_grad_(True)
-    return body
-
-
+# ---------------------------------------------------------------- clients and their bodies
 def assign_families(num_clients: int, families: Sequence[str], seed: int) -> list[str]:
     """Seeded balanced assignment: client k gets ``families[perm[k] mod F]``."""
     families = tuple(families)
@@ -824,15 +736,6 @@ class _Client:
         self.gen = torch.Generator().manual_seed(int(np.random.default_rng([seed, 0xB0D7, k]).integers(2**62)))
 
 
-def _features(body, x, clip_fn) -> torch.Tensor:
-    f = body(x)
-    return clip_fn(f) if clip_fn is not None else f
-
-
-def _augment(f: torch.Tensor) -> torch.Tensor:
-    return torch.cat([torch.ones(f.shape[0], 1, dtype=f.dtype), f], dim=1)
-
-
 def _train_body(client: _Client, head_eta: torch.Tensor, epochs: int, batch_size: int, clip_fn) -> None:
     """E epochs of cross-entropy of softmax(eta phi) with the head fixed (Eq. 13)."""
     F = torch.nn.functional
@@ -843,17 +746,11 @@ def _train_body(client: _Client, head_eta: torch.Tensor, epochs: int, batch_size
         perm = torch.randperm(n, generator=client.gen)
         for start in range(0, n, batch_size):
             b = perm[start:start + batch_size]
-            logits = _augment(_features(body, client.x[b], clip_fn)) @ head_eta.T
+            logits = augment(features(body, client.x[b], clip_fn)) @ head_eta.T
             loss = F.cross_entropy(logits, client.y[b])
             client.opt.zero_grad()
             loss.backward()
             client.opt.step()
-
-
-def _client_features(body, x, clip_fn) -> np.ndarray:
-    body.eval()
-    with torch.no_grad():
-        return _features(body, x, clip_fn).numpy().astype(np.float64)
 
 
 def client_statistic(body: nn.Module, x: torch.Tensor, y: torch.Tensor, *, num_classes: int = 10,
@@ -862,7 +759,7 @@ def client_statistic(body: nn.Module, x: torch.Tensor, y: torch.Tensor, *, num_c
 
     ``clip_fn`` is the clipping the mechanism requires (``RoundsDP.clip_tensor``), None without DP.
     """
-    Fk = _client_features(body, x, clip_fn)
+    Fk = client_features(body, x, clip_fn)
     yk = np.asarray(y.numpy() if isinstance(y, torch.Tensor) else y, dtype=np.int64)
     A = np.zeros((num_classes, Fk.shape[1] + 1))
     A[:, 0] = np.bincount(yk, minlength=num_classes)
@@ -1017,8 +914,8 @@ def _evaluate(clients, head, clip_fn, setup) -> tuple[float, float]:
     pers, common = [], []
     for c in clients:
         if c.yt.size:
-            pers.append(_accuracy(head.predict(_client_features(c.body, c.xt, clip_fn)), c.yt))
-        common.append(_accuracy(head.predict(_client_features(c.body, setup.xt_all, clip_fn)), setup.yt_all))
+            pers.append(_accuracy(head.predict(client_features(c.body, c.xt, clip_fn)), c.yt))
+        common.append(_accuracy(head.predict(client_features(c.body, setup.xt_all, clip_fn)), setup.yt_all))
     return float(np.mean(pers)), float(np.mean(common))
 
 

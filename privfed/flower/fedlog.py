@@ -68,14 +68,9 @@ def node_round(context, cfg, broadcast: dict, round_index: int) -> ClientStats:
     import torch
     from flwr.app import ConfigRecord
 
-    from privfed.fedlog_rounds import (
-        FEATURE_DIM,
-        _Client,
-        _client_features,
-        _init_body,
-        _train_body,
-        deterministic_torch,
-    )
+    from privfed.data.digits import deterministic_torch
+    from privfed.fedlog_bodies import FEATURE_DIM, client_features
+    from privfed.fedlog_rounds import _Client, _init_body, _train_body
 
     rc = rounds_config(cfg)
     if "partition-id" not in context.node_config:
@@ -110,7 +105,7 @@ def node_round(context, cfg, broadcast: dict, round_index: int) -> ClientStats:
                 p.requires_grad_(False)
         if rc.local_epochs > 0:
             _train_body(client, torch.from_numpy(eta.astype(np.float32)), rc.local_epochs, rc.batch_size, None)
-        Fk = _client_features(client.body, client.x, None)
+        Fk = client_features(client.body, client.x, None)
         yk = client.y.numpy()
         buf = io.BytesIO()
         torch.save({"body": client.body.state_dict(), "opt": client.opt.state_dict(), "gen": client.gen.get_state()},
