@@ -17,8 +17,11 @@ and on every Flower node (:mod:`privfed.flower.secagg`), which keeps its
                  them (a tampered one aborts here, naming its sender), claim
                  the aggregation id (one masked upload per aggregation, ever),
                  and reply y_u = x_u + PRG(b_u) + sum_{v>u} PRG(s_uv) - sum_{v<u} PRG(s_uv).
-``consistency``  (active version) check U3 and sign (U2, U3, the digest of
-                 what this node was asked to sum, e.g. FedCOF's broadcast).
+``consistency``  (active version) check U3, that it is the uploader set of
+                 any earlier sum this node signed (the ledger's pin: two sums
+                 over different sets subtract to one node's input), and sign
+                 (U2, U3, the digest of what this node was asked to sum, e.g.
+                 FedCOF's broadcast).
 ``unmask``       (active) check that at least t members of U3 signed the very
                  lists and digest this node signed, and that every uploader's
                  signed echo (sent with its masked input) names the same digest
@@ -74,16 +77,27 @@ SESSION_BYTES = 16
 
 
 class SessionLedger:
-    """The aggregation ids a node has uploaded a masked input for: one upload per id, ever.
+    """The aggregation ids a node has uploaded a masked input for, and the uploaders its sums covered.
 
-    A node's noise share and input go into one masked sum per aggregation;
-    a server asking again (to subtract two sums, or replaying an old run) is
-    refused.  ``used`` is the persisted list (hex ids).
+    One upload per id, ever: a node's noise share and input go into one
+    masked sum per aggregation; a server asking again (to subtract two sums,
+    or replaying an old run) is refused.  ``used`` is the persisted list
+    (hex ids).
+
+    One uploader set per node: the first uploader list the node signs
+    (``uploaders``) is the only one it signs again.  A server that gets two
+    sums over different sets (say with and without a victim) subtracts them
+    and holds the victim's input; it needs only two aggregation ids, e.g.
+    two run configs that sum the same statistic, so the id alone cannot stop
+    it.  Equal sets give equal sums of whatever the node summed: nothing new.
     """
 
-    def __init__(self, used: list[str] | None = None, also: Callable[[int], None] | None = None) -> None:
+    def __init__(self, used: list[str] | None = None, also: Callable[[int], None] | None = None,
+                 uploaders: list[int] | None = None, pin_also: Callable[[list[int], int], None] | None = None) -> None:
         self.used = list(used or [])
         self.also = also  # a second claim (a ledger kept beyond this run), called after this one's check
+        self.uploaders = None if uploaders is None else sorted(int(v) for v in uploaders)
+        self.pin_also = pin_also  # keeps the pinned uploader set beyond this run
 
     def claim(self, aggregation: bytes, node: int) -> None:
         key = bytes(aggregation).hex()
@@ -95,6 +109,27 @@ class SessionLedger:
         if self.also is not None:
             self.also(node)
         self.used.append(key)
+
+    def pin(self, uploaders: list[int], node: int, stage: str) -> None:
+        """Accept ``uploaders`` as the set this node's sum covers: the first set, or the same set again."""
+        got = sorted(int(v) for v in uploaders)
+        if self.uploaders is not None and got != self.uploaders:
+            raise ProtocolAbort(
+                f"node {node} aborts at stage {stage!r}: the server asks it to be summed with uploaders {got}, but "
+                f"its earlier sum covered {self.uploaders}; the difference of two sums over different sets is "
+                "one node's input (or the sum of a few), so no share is revealed", node=node, stage=stage,
+                deviation="other-uploaders")
+        if self.uploaders is None:
+            if self.pin_also is not None:
+                self.pin_also(got, node)
+            self.uploaders = got
+
+    def record(self) -> dict:
+        """The ledger as flat values (for a Flower ConfigRecord)."""
+        out: dict = {"used": list(self.used)}
+        if self.uploaders is not None:
+            out["uploaders"] = list(self.uploaders)
+        return out
 
 
 def _ids(values, what: str, node: int, stage: str) -> list[int]:
@@ -327,6 +362,8 @@ class MaskingNode:
     def _consistency(self, msg: dict) -> dict:
         U3 = sorted(_ids(msg["uploaded"], "uploader", self.u, "consistency"))
         self._check_uploaded("consistency", U3)
+        if self.active:
+            self.ledger.pin(U3, self.u, "consistency")
         self.st.update(stage="signed", U3=U3)
         return {"sig": self.identity.sign(self._view_digest())}
 

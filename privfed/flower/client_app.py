@@ -207,7 +207,7 @@ def make_client_app(faults: dict[int, str] | None = None, provision: SimulatedRo
                                                       cfg.private)
                     kw = dict(aggregation=agg, context_digest=digest, ring_input=lambda: encode_for_ring(
                         _secure_vector(msg, cfg, context), cfg.frac_bits, roster.size),
-                        lifetime=lifetime_id(dict(msg.content["config"]), _round(msg)))
+                        lifetime=lifetime_id(dict(msg.content["config"]), _round(msg), cfg.private))
                 reply = node_step(msg.content, context, identity, roster, **kw)
             except PrivfedError as exc:  # a refusal (ProtocolAbort included) reaches the server as its message
                 return _error(msg, exc)
@@ -249,9 +249,9 @@ def make_client_app(faults: dict[int, str] | None = None, provision: SimulatedRo
                                     session=bytes(rec["session"]), num_nodes=int(rec["K"]), digest=digest)
             if CKKS_SECRET in context.state and int(rec["holder"]) == identity.index:
                 context.state[CKKS_SECRET]["digest"] = digest  # the key holder checks every contribution against it
-            ledger = node_ledger(context, lifetime_id(dict(msg.content["config"]), _round(msg)))
+            ledger = node_ledger(context, lifetime_id(dict(msg.content["config"]), _round(msg), cfg.private))
             ledger.claim(agg, identity.index)  # one encrypted upload per aggregation id
-            context.state[LEDGER_KEY] = ConfigRecord({"used": list(ledger.used)})
+            context.state[LEDGER_KEY] = ConfigRecord(ledger.record())
         except PrivfedError as exc:
             return _error(msg, exc)
         return Message(RecordDict({"ckks": ConfigRecord({"ct": cts, "u": identity.index, "sig": sig})}),

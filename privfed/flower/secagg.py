@@ -180,34 +180,56 @@ def aggregation_digests(config: dict, round_name: str, broadcast: dict[str, np.n
     return agg, h.digest()
 
 
-def lifetime_id(config: dict, round_name: str) -> bytes:
-    """The id a node's lifetime ledger (``secagg-ledger``) keeps: the run config (less transport keys) and round."""
+def lifetime_id(config: dict, round_name: str, private: bool = False) -> bytes:
+    """The id a node's lifetime ledger (``secagg-ledger``) keeps: the run config (less transport keys) and round;
+    under DP the round alone (any configuration is another release of the node's noisy statistics, and a server
+    chooses the configuration)."""
     canon = json.dumps({k: v for k, v in sorted(config.items()) if k not in _TRANSPORT_KEYS},
                        sort_keys=True, default=str)
-    return hashlib.sha256(b"privfed lifetime aggregation\x00" + canon.encode() + b"\x00" + round_name.encode()).digest()
+    base = "dp-release" if private else canon
+    return hashlib.sha256(b"privfed lifetime aggregation\x00" + base.encode() + b"\x00" + round_name.encode()).digest()
+
+
+_PIN = "uploaders="
 
 
 def node_ledger(context, lifetime: bytes | None = None) -> SessionLedger:
     """This node's ledger for this run (``context.state``), chained to the file named by its node config
     ``secagg-ledger`` when there is one: the same configuration and round is summed once per node, ever,
-    whichever run the server starts."""
+    whichever run the server starts, and every sum covers the uploader set of the first (a line
+    ``uploaders=...`` in the file), so sums from two runs cannot be subtracted either."""
     path = context.node_config.get("secagg-ledger")
+    p = pathlib.Path(str(path)).expanduser() if path else None
+
+    def lines() -> list[str]:
+        return p.read_text().split() if p is not None and p.exists() else []
+
+    def append(line: str) -> None:
+        with open(p, "a", encoding="utf-8") as fh:
+            fh.write(line + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
 
     def also(node: int) -> None:
-        p = pathlib.Path(str(path)).expanduser()
-        used = set(p.read_text().split()) if p.exists() else set()
-        if lifetime.hex() in used:
+        if lifetime.hex() in set(lines()):
             raise ProtocolAbort(
                 f"node {node} aborts at stage 'masked': its ledger {p} shows it already uploaded for this "
                 "configuration and round in an earlier run; a server that repeats a sum could subtract the two",
                 node=node, stage="masked", deviation="second-session")
-        with open(p, "a", encoding="utf-8") as fh:
-            fh.write(lifetime.hex() + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
+        append(lifetime.hex())
 
-    used = list(context.state[LEDGER_KEY]["used"]) if LEDGER_KEY in context.state else []
-    return SessionLedger(used, also if path and lifetime is not None else None)
+    def pin_also(uploaders: list[int], node: int) -> None:
+        if not any(x.startswith(_PIN) for x in lines()):
+            append(_PIN + ",".join(str(v) for v in uploaders))
+
+    rec = context.state[LEDGER_KEY] if LEDGER_KEY in context.state else {}
+    used = list(rec["used"]) if "used" in rec else []
+    pinned = list(rec["uploaders"]) if "uploaders" in rec else None
+    if pinned is None:
+        kept = [x[len(_PIN):] for x in lines() if x.startswith(_PIN)]
+        pinned = [int(v) for v in kept[0].split(",")] if kept else None
+    return SessionLedger(used, also if p is not None and lifetime is not None else None, pinned,
+                         pin_also if p is not None else None)
 
 
 def node_step(content: RecordDict, context, identity: Identity, roster: Roster, *,
@@ -225,7 +247,7 @@ def node_step(content: RecordDict, context, identity: Identity, roster: Roster, 
         reply = node.handle(req, ring_input=ring_input, context=context_digest, aggregation=aggregation)
     finally:
         context.state[STATE_KEY] = ConfigRecord(node.state())
-        context.state[LEDGER_KEY] = ConfigRecord({"used": list(ledger.used)})
+        context.state[LEDGER_KEY] = ConfigRecord(ledger.record())
     return to_records(reply)
 
 

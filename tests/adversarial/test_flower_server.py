@@ -145,7 +145,7 @@ def test_a_minority_threshold_is_refused_before_any_message():
 
 def test_a_node_ledger_file_refuses_a_sum_repeated_in_another_run(digits_dataset, tmp_path):
     """A server that starts a new run (fresh node state) to repeat a sum: refused by nodes that keep a ledger
-    file; another configuration is another aggregation and runs."""
+    file; another configuration over the same uploaders is another aggregation and runs."""
     nodes = simulated_identities({n: {**c, "secagg-ledger": str(tmp_path / f"ledger-{n}.txt")}
                                   for n, c in _nodes().items()})
     cfg = FlowerConfig(method="fedncm", clients=K, secure="mask", timeout=30)
@@ -153,4 +153,54 @@ def test_a_node_ledger_file_refuses_a_sum_repeated_in_another_run(digits_dataset
     with pytest.raises(ProtocolAbort, match="stage 'masked'.*its ledger .* already uploaded for this configuration"):
         serve(LocalGrid(nodes), cfg)  # a new run: new contexts, the same nodes
     serve(LocalGrid(nodes), FlowerConfig(method="fed3r", clients=K, secure="mask", timeout=30))
-    assert all(len((tmp_path / f"ledger-{n}.txt").read_text().split()) == 2 for n in nodes)
+    for n in nodes:  # two aggregation ids, and the one uploader set both sums covered
+        assert sorted((tmp_path / f"ledger-{n}.txt").read_text().split())[-1] == "uploaders=0,1,2,3"
+        assert len((tmp_path / f"ledger-{n}.txt").read_text().split()) == 3
+
+
+def _sum(grid, cfg, among, round_name="sums"):
+    """One masked sum of the nodes' statistics under ``cfg``, run by the server over ``among`` only."""
+    from flwr.app import ConfigRecord
+
+    from privfed.flower.protocol import sum_vector_length
+
+    rec = ConfigRecord({**cfg.to_wire(), "run-nonce": os.urandom(8).hex()})
+    return masked_sum_over_messages(
+        grid, among, length=sum_vector_length(cfg.make_method(), 10, 64), frac_bits=cfg.frac_bits, threshold=None,
+        timeout=30, masked_payload=lambda n: {"config": rec, "round": ConfigRecord({"round": round_name})},
+        round_name=round_name, num_nodes=K)
+
+
+def test_two_sums_over_different_uploader_sets_are_refused_whatever_the_configuration(digits_dataset):
+    """Differencing without DP: the same statistic summed twice in one run, the second time without the victim,
+    under two run configs that differ only where the sum does not (frac-bits), so the two aggregation ids differ.
+    Before, both sums were released and their difference was the victim's class counts and sums, exactly.
+    A node now signs only the uploader set of its first sum: the second aborts before any share is revealed."""
+    grid = LocalGrid(simulated_identities(_nodes()))
+    nodes = sorted(grid.contexts)
+    first = FlowerConfig(method="fedncm", clients=K, secure="mask", timeout=30)
+    _sum(grid, first, nodes)
+    other = FlowerConfig(method="fedncm", clients=K, secure="mask", timeout=30, frac_bits=first.frac_bits - 1)
+    with pytest.raises(ProtocolAbort, match="stage 'consistency'.*uploaders \\[1, 2, 3\\].*earlier sum covered "
+                                            "\\[0, 1, 2, 3\\]") as exc:
+        _sum(grid, other, nodes[1:])
+    assert exc.value.stage == "consistency" and exc.value.node in nodes[1:]
+    # Another configuration over the same uploaders is fine: it is a sum over the same set.
+    again = _sum(grid, FlowerConfig(method="fed3r", clients=K, secure="mask", timeout=30), nodes)
+    assert again.uploaded == nodes
+
+
+def test_a_ledger_file_keeps_the_uploader_set_and_the_dp_release_across_runs(digits_dataset, tmp_path):
+    """Across runs (fresh node state) the ledger file holds the uploader set and, under DP, the release: a
+    new run that leaves a node out is refused, and so is a second DP release under another configuration
+    (before, any config change gave the file a new id: a second noisy release of the same statistics)."""
+    nodes = simulated_identities({n: {**c, "secagg-ledger": str(tmp_path / f"ledger-{n}.txt")}
+                                  for n, c in _nodes().items()})
+    ids = sorted(nodes)
+    _sum(LocalGrid(nodes), FlowerConfig(method="fedncm", clients=K, secure="mask", timeout=30), ids)
+    with pytest.raises(ProtocolAbort, match="stage 'consistency'.*earlier sum covered \\[0, 1, 2, 3\\]"):
+        _sum(LocalGrid(nodes), FlowerConfig(method="fed3r", clients=K, secure="mask", timeout=30), ids[1:])
+    dp = dict(method="fedncm", clients=K, secure="mask", timeout=30, epsilon=1.0, delta=1e-5, clip=10.0)
+    _sum(LocalGrid(nodes), FlowerConfig(**dp), ids)
+    with pytest.raises(ProtocolAbort, match="stage 'masked'.*its ledger .* already uploaded"):
+        _sum(LocalGrid(nodes), FlowerConfig(**dp, partition_seed=5), ids)
