@@ -61,6 +61,8 @@ from mechanisms.secagg_crypto import (
     KeySource,
     ProtocolAbort,
     add_masks,
+    as_bytes,
+    as_int,
     hkdf,
     private_key,
     pub_bytes,
@@ -133,7 +135,9 @@ class SessionLedger:
 
 
 def _ids(values, what: str, node: int, stage: str) -> list[int]:
-    out = [int(v) for v in values]
+    if not isinstance(values, (list, tuple)):
+        raise TypeError(f"the {what} list is a {type(values).__name__}")
+    out = [as_int(v, f"an entry of the {what} list") for v in values]
     if len(set(out)) != len(out):
         raise ProtocolAbort(f"node {node} aborts at stage {stage!r}: the {what} list repeats entries",
                             node=node, stage=stage, deviation="malformed-list")
@@ -214,7 +218,10 @@ class MaskingNode:
             raise self._abort(stage, "out-of-order",
                               f"request {stage!r} in state {self.st['stage']!r} (a replayed, repeated or "
                               "out-of-order message); no more answers in this session")
-        session = bytes(msg.get("session", b""))
+        try:
+            session = as_bytes(msg.get("session", b""), "the session id")
+        except TypeError as exc:
+            raise self._abort(stage, "malformed", f"malformed request ({exc})") from None
         if stage != "keys" and session != self.st["session"]:
             raise self._abort(stage, "replay", "the request names another session (a replayed message)")
         try:
@@ -231,12 +238,12 @@ class MaskingNode:
             if self.st.get("stage") != "aborted":
                 self.st = {"stage": "aborted", "why": str(exc)}
             raise
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, OverflowError, IndexError) as exc:
             raise self._abort(stage, "malformed", f"malformed request ({type(exc).__name__}: {exc})") from None
 
     # ------------------------------------------------------------------ stages
     def _keys(self, msg: dict, session: bytes) -> dict:
-        K, t = int(msg["K"]), int(msg["t"])
+        K, t = as_int(msg["K"], "K"), as_int(msg["t"], "t")
         if K != self.K or t != self.t:
             raise self._abort("keys", "wrong-parameters",
                               f"the server asks for K={K}, t={t} but this node is configured with K={self.K}, "
@@ -259,8 +266,9 @@ class MaskingNode:
 
     def _shares(self, msg: dict) -> dict:
         U1 = _ids(msg["peers"], "key-advertisement", self.u, "shares")
-        c_pks, s_pks = [bytes(k) for k in msg["c_pk"]], [bytes(k) for k in msg["s_pk"]]
-        sigs = [bytes(s) for s in msg.get("sig", [])] if self.active else []
+        c_pks = [as_bytes(k, "a public key") for k in msg["c_pk"]]
+        s_pks = [as_bytes(k, "a public key") for k in msg["s_pk"]]
+        sigs = [as_bytes(s, "a signature") for s in msg.get("sig", [])] if self.active else []
         if len(c_pks) != len(U1) or len(s_pks) != len(U1) or (self.active and len(sigs) != len(U1)):
             raise self._abort("shares", "malformed", "key advertisements of unequal lengths")
         if any(not 0 <= v < self.K for v in U1):
@@ -302,7 +310,7 @@ class MaskingNode:
     def _masked(self, msg: dict, ring_input, context: bytes, aggregation: bytes | None) -> dict:
         U2 = _ids(msg["alive"], "survivor", self.u, "masked")
         senders = _ids(msg["from"], "sender", self.u, "masked")
-        cts = [bytes(c) for c in msg["ct"]]
+        cts = [as_bytes(c, "a share message") for c in msg["ct"]]
         unknown = (set(U2) & self.group) - set(self.st["U1"])
         if unknown or any(not 0 <= v < self.K for v in U2):
             raise self._abort("masked", "unknown-node", f"survivors {sorted(unknown)} never advertised keys")
@@ -374,7 +382,7 @@ class MaskingNode:
                 raise self._abort("unmask", "inconsistent-lists",
                                   "the uploader list differs from the one this node signed")
             signers = _ids(msg["signers"], "signer", self.u, "unmask")
-            sigs = [bytes(s) for s in msg["sigs"]]
+            sigs = [as_bytes(s, "a signature") for s in msg["sigs"]]
             if len(sigs) != len(signers) or not set(signers) <= set(U3):
                 raise self._abort("unmask", "malformed", "consistency signatures from nodes outside U3")
             view = self._view_digest()
@@ -386,7 +394,7 @@ class MaskingNode:
             if len(signers) < self.t:
                 raise self._abort("unmask", "short-list",
                                   f"only {len(signers)} consistency signatures, below the threshold t={self.t}")
-            echoes = [bytes(e) for e in msg["echoes"]]
+            echoes = [as_bytes(e, "an echo") for e in msg["echoes"]]
             echo = self._echo_bytes()
             split = [v for v, e in zip(U3, echoes) if not self.roster.verify(v, e, echo)]
             if len(echoes) != len(U3) or split:

@@ -38,7 +38,7 @@ from flwr.app import ConfigRecord, Context, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
 
 from mechanisms.ckks import CKKSParams
-from mechanisms.secagg_crypto import ProtocolAbort
+from mechanisms.secagg_crypto import ProtocolAbort, as_bytes, as_int
 from privfed.errors import PrivfedError
 from privfed.flower.ckks import SECRET_KEY as CKKS_SECRET
 from privfed.flower.ckks import holder_decrypt, holder_keys, node_encrypt, sum_reply
@@ -88,6 +88,12 @@ def _config(msg: Message) -> FlowerConfig:
 def _error(msg: Message, exc: Exception) -> Message:
     return Message(RecordDict({"error": ConfigRecord({"message": str(exc), "kind": type(exc).__name__})}),
                    reply_to=msg)
+
+
+def _malformed(msg: Message, context: Context, stage: str, exc: Exception) -> Message:
+    """A clean refusal of a request whose fields have the wrong type or are missing (never a traceback)."""
+    return _error(msg, ProtocolAbort(f"node {context.node_id} aborts at stage {stage!r}: malformed request "
+                                     f"({type(exc).__name__}: {exc})", stage=stage, deviation="malformed"))
 
 
 def _secure_stats(cfg: FlowerConfig, context: Context, msg: Message):
@@ -211,6 +217,8 @@ def make_client_app(faults: dict[int, str] | None = None, provision: SimulatedRo
                 reply = node_step(msg.content, context, identity, roster, **kw)
             except PrivfedError as exc:  # a refusal (ProtocolAbort included) reaches the server as its message
                 return _error(msg, exc)
+            except (KeyError, TypeError, OverflowError) as exc:  # a request without its config or round
+                return _malformed(msg, context, stage, exc)
             return Message(reply, reply_to=msg)
 
         handler.__name__ = f"secagg_{stage}"
@@ -223,12 +231,15 @@ def make_client_app(faults: dict[int, str] | None = None, provision: SimulatedRo
     def ckks_keys(msg: Message, context: Context) -> Message:
         if (failed := _fault("ckks_keys", msg, context, faults)) is not None:
             return failed
-        rec = msg.content["ckks"]
         try:
+            rec = msg.content["ckks"]
             identity, roster = node_identity(context.node_config, context.node_id, provision)
-            secret, public, sig = holder_keys(CKKSParams(), identity, roster, bytes(rec["session"]), int(rec["K"]))
+            secret, public, sig = holder_keys(CKKSParams(), identity, roster, as_bytes(rec["session"], "session"),
+                                              as_int(rec["K"], "K"))
         except PrivfedError as exc:
             return _error(msg, exc)
+        except (KeyError, TypeError, OverflowError) as exc:
+            return _malformed(msg, context, "ckks_keys", exc)
         context.state[CKKS_SECRET] = ConfigRecord({"secret": secret, "session": bytes(rec["session"])})
         return Message(RecordDict({"ckks": ConfigRecord({"public": public, "u": identity.index, "sig": sig})}),
                        reply_to=msg)
@@ -237,16 +248,17 @@ def make_client_app(faults: dict[int, str] | None = None, provision: SimulatedRo
     def ckks_encrypt(msg: Message, context: Context) -> Message:
         if (failed := _fault("ckks_encrypt", msg, context, faults)) is not None:
             return failed
-        rec = msg.content["ckks"]
         try:
+            rec = msg.content["ckks"]
             cfg = _config(msg)
             identity, roster = node_identity(context.node_config, context.node_id, provision)
             agg, digest = aggregation_digests(dict(msg.content["config"]), _round(msg), _broadcast(msg),
                                               cfg.private)
             x = _secure_vector(msg, cfg, context)
-            cts, sig = node_encrypt(bytes(rec["public"]), x, CKKSParams(), identity=identity, roster=roster,
-                                    holder=int(rec["holder"]), signature=bytes(rec["sig"]),
-                                    session=bytes(rec["session"]), num_nodes=int(rec["K"]), digest=digest)
+            cts, sig = node_encrypt(as_bytes(rec["public"], "public"), x, CKKSParams(), identity=identity,
+                                    roster=roster, holder=as_int(rec["holder"], "holder"),
+                                    signature=as_bytes(rec["sig"], "sig"), session=as_bytes(rec["session"], "session"),
+                                    num_nodes=as_int(rec["K"], "K"), digest=digest)
             if CKKS_SECRET in context.state and int(rec["holder"]) == identity.index:
                 context.state[CKKS_SECRET]["digest"] = digest  # the key holder checks every contribution against it
             ledger = node_ledger(context, lifetime_id(dict(msg.content["config"]), _round(msg), cfg.private))
@@ -254,6 +266,8 @@ def make_client_app(faults: dict[int, str] | None = None, provision: SimulatedRo
             context.state[LEDGER_KEY] = ConfigRecord(ledger.record())
         except PrivfedError as exc:
             return _error(msg, exc)
+        except (KeyError, TypeError, OverflowError) as exc:
+            return _malformed(msg, context, "ckks_encrypt", exc)
         return Message(RecordDict({"ckks": ConfigRecord({"ct": cts, "u": identity.index, "sig": sig})}),
                        reply_to=msg)
 
@@ -261,8 +275,8 @@ def make_client_app(faults: dict[int, str] | None = None, provision: SimulatedRo
     def ckks_decrypt(msg: Message, context: Context) -> Message:
         if (failed := _fault("ckks_decrypt", msg, context, faults)) is not None:
             return failed
-        rec = msg.content["ckks"]
         try:
+            rec = msg.content["ckks"]
             identity, roster = node_identity(context.node_config, context.node_id, provision)
             if CKKS_SECRET not in context.state:
                 raise ProtocolAbort(f"node {identity.index} aborts at stage 'ckks_decrypt': it holds no key (each "
@@ -270,25 +284,27 @@ def make_client_app(faults: dict[int, str] | None = None, provision: SimulatedRo
                                     deviation="second-session")
             kept = context.state[CKKS_SECRET]
             del context.state[CKKS_SECRET]  # one aggregate per key, whatever happens next
-            session = bytes(rec["session"])
+            session = as_bytes(rec["session"], "session")
             if session != bytes(kept["session"]):
                 raise ProtocolAbort(f"node {identity.index} aborts at stage 'ckks_decrypt': another session's "
                                     "aggregate", node=identity.index, stage="ckks_decrypt", deviation="replay")
-            size, params = int(rec["size"]), CKKSParams()
+            size, params = as_int(rec["size"], "size"), CKKSParams()
             n = params.num_ciphertexts(size)
-            cts = [bytes(c) for c in rec["ct"]]
-            senders = [int(u) for u in rec["from"]]
+            cts = [as_bytes(c, "a ciphertext") for c in rec["ct"]]
+            senders = [as_int(u, "a sender") for u in rec["from"]]
             if len(cts) != n * len(senders):
                 raise ProtocolAbort(f"node {identity.index} aborts at stage 'ckks_decrypt': malformed "
                                     "contributions", node=identity.index, stage="ckks_decrypt",
                                     deviation="malformed")
-            contributions = [(u, cts[i * n:(i + 1) * n], bytes(sg)) for i, (u, sg) in
+            contributions = [(u, cts[i * n:(i + 1) * n], as_bytes(sg, "a signature")) for i, (u, sg) in
                              enumerate(zip(senders, rec["sigs"]))]
             total = holder_decrypt(bytes(kept["secret"]), contributions, size, params, identity=identity,
                                    roster=roster, session=session, integral=False,
                                    digest=bytes(kept.get("digest", b"")))
         except PrivfedError as exc:
             return _error(msg, exc)
+        except (KeyError, TypeError, OverflowError) as exc:
+            return _malformed(msg, context, "ckks_decrypt", exc)
         return Message(sum_reply(total), reply_to=msg)
 
     from flwr.client.mod import secaggplus_mod

@@ -106,3 +106,16 @@ def test_a_split_fedcof_broadcast_is_refused_by_the_ckks_key_holder(digits_datas
 
     with pytest.raises(ProtocolAbort, match="stage 'ckks_decrypt'.*split broadcast"):
         serve(TamperingGrid(_nodes(), split), FlowerConfig(**{**CFG, "method": "fedcof"}))
+
+
+@pytest.mark.parametrize("stage, field, value", [("ckks_encrypt", "session", -1), ("ckks_encrypt", "holder", "0"),
+                                                 ("ckks_decrypt", "size", 2.5), ("ckks_keys", "K", float("inf"))])
+def test_wrongly_typed_ckks_fields_end_in_a_clean_abort(digits_dataset, stage, field, value):
+    """A CKKS request with a field of the wrong type is refused as malformed, naming the node and stage
+    (before: a raw ValueError or OverflowError from bytes() or int(), or the field silently converted)."""
+    def tamper(msg):
+        if msg.metadata.message_type == f"query.{stage}":
+            msg.content["ckks"][field] = value
+
+    with pytest.raises(ProtocolAbort, match=f"stage '{stage}'.*aborts at stage '{stage}': malformed request"):
+        serve(TamperingGrid(_nodes(), tamper), FlowerConfig(**CFG))

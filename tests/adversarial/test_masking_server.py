@@ -8,7 +8,7 @@ import pytest
 from adversary import FRAC, Federation, only
 
 from mechanisms import fixed_point, shamir
-from mechanisms.secagg_crypto import INFO_PAIR, add_masks, hkdf, private_key, pub_bytes, public_key
+from mechanisms.secagg_crypto import INFO_PAIR, ProtocolAbort, add_masks, hkdf, private_key, pub_bytes, public_key
 from mechanisms.secagg_server import MaskingServer
 
 
@@ -292,3 +292,27 @@ def test_a_node_asked_out_of_order_or_twice_stops():
     with pytest.raises(Exception) as exc:
         fed.send(0, {"stage": "unmask", "session": server.session, "uploaded": [0, 1, 2, 3]})
     assert exc.value.deviation == "out-of-order"
+
+
+@pytest.mark.parametrize("stage, field, value", [
+    ("keys", "K", float("inf")),  # int() of it raised a raw OverflowError
+    ("keys", "session", -1),  # bytes(-1): a raw ValueError, outside the node's checks
+    ("keys", "session", 16),  # bytes(16) is 16 zero bytes: taken as a session id
+    ("shares", "c_pk", [1 << 30] * 4),  # bytes(n) of an int allocates n bytes before any check
+    ("masked", "alive", [False, True, True, True]),  # bools taken as ids 0 and 1
+    ("masked", "ct", [1 << 30] * 3),
+    ("unmask", "sigs", [1 << 30] * 4),
+])
+def test_wrongly_typed_fields_end_in_a_clean_abort_without_allocating_what_the_server_asks(stage, field, value):
+    """A field of the wrong type (a ConfigRecord can carry an int where bytes are expected) is refused as
+    malformed before it is used: never a raw traceback, never bytes(n) of a server's n."""
+    fed = Federation(K=4)
+    server = fed.server()
+    fed.run_until(server, stage)
+    reqs = server.requests()
+    u = 1 if stage == "masked" else 0
+    msg = {**reqs[u], field: value}
+    with pytest.raises(ProtocolAbort) as exc:
+        fed.send(u, msg)
+    assert exc.value.node == u and exc.value.stage == stage and exc.value.deviation == "malformed", str(exc.value)
+    assert f"node {u} aborts at stage {stage!r}: malformed request" in str(exc.value)
