@@ -95,11 +95,13 @@ class SessionLedger:
     """
 
     def __init__(self, used: list[str] | None = None, also: Callable[[int], None] | None = None,
-                 uploaders: list[int] | None = None, pin_also: Callable[[list[int], int], None] | None = None) -> None:
+                 uploaders: list[int] | None = None, holder: int | None = None,
+                 keep: Callable[[str], None] | None = None) -> None:
         self.used = list(used or [])
         self.also = also  # a second claim (a ledger kept beyond this run), called after this one's check
         self.uploaders = None if uploaders is None else sorted(int(v) for v in uploaders)
-        self.pin_also = pin_also  # keeps the pinned uploader set beyond this run
+        self.holder = None if holder is None else int(holder)  # the CKKS key holder this node encrypts for
+        self.keep = keep  # keeps a pin ("uploaders=0,1,2" or "holder=3") beyond this run
 
     def claim(self, aggregation: bytes, node: int) -> None:
         key = bytes(aggregation).hex()
@@ -122,15 +124,33 @@ class SessionLedger:
                 "one node's input (or the sum of a few), so no share is revealed", node=node, stage=stage,
                 deviation="other-uploaders")
         if self.uploaders is None:
-            if self.pin_also is not None:
-                self.pin_also(got, node)
+            if self.keep is not None:
+                self.keep("uploaders=" + ",".join(str(v) for v in got))
             self.uploaders = got
+
+    def bind_holder(self, holder: int, node: int, stage: str) -> None:
+        """Accept ``holder`` as the CKKS key holder this node encrypts for: the first, or the same again.
+
+        A node never sees whose ciphertexts a CKKS sum adds; its key holder does, and pins that set.  One
+        key holder per node keeps every CKKS sum of this node behind that one pin.
+        """
+        if self.holder is not None and int(holder) != self.holder:
+            raise ProtocolAbort(
+                f"node {node} aborts at stage {stage!r}: the server names key holder {holder}, but this node "
+                f"encrypted for key holder {self.holder} before; that holder refuses a sum over another set, "
+                "another holder would not know it", node=node, stage=stage, deviation="other-key-holder")
+        if self.holder is None:
+            if self.keep is not None:
+                self.keep(f"holder={int(holder)}")
+            self.holder = int(holder)
 
     def record(self) -> dict:
         """The ledger as flat values (for a Flower ConfigRecord)."""
         out: dict = {"used": list(self.used)}
         if self.uploaders is not None:
             out["uploaders"] = list(self.uploaders)
+        if self.holder is not None:
+            out["holder"] = self.holder
         return out
 
 
@@ -371,6 +391,11 @@ class MaskingNode:
         U3 = sorted(_ids(msg["uploaded"], "uploader", self.u, "consistency"))
         self._check_uploaded("consistency", U3)
         if self.active:
+            if self.ledger.uploaders is None and self.ledger.holder is not None:
+                raise self._abort("consistency", "after-ckks",
+                                  "this node was summed by CKKS before (key holder "
+                                  f"{self.ledger.holder}) over a set it cannot see; a masked sum over another set "
+                                  "would subtract from it, so it takes part in no masked sum after it")
             self.ledger.pin(U3, self.u, "consistency")
         self.st.update(stage="signed", U3=U3)
         return {"sig": self.identity.sign(self._view_digest())}

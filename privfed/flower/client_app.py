@@ -41,7 +41,7 @@ from mechanisms.ckks import CKKSParams
 from mechanisms.secagg_crypto import ProtocolAbort, as_bytes, as_int
 from privfed.errors import PrivfedError
 from privfed.flower.ckks import SECRET_KEY as CKKS_SECRET
-from privfed.flower.ckks import holder_decrypt, holder_keys, node_encrypt, sum_reply
+from privfed.flower.ckks import holder_decrypt, holder_keys, node_encrypt, pin_bytes, sum_reply
 from privfed.flower.config import FlowerConfig
 from privfed.flower.node import load_node_data, node_rng, node_statistics
 from privfed.flower.protocol import fedcof_round_vector, sum_vector
@@ -255,20 +255,23 @@ def make_client_app(faults: dict[int, str] | None = None, provision: SimulatedRo
             agg, digest = aggregation_digests(dict(msg.content["config"]), _round(msg), _broadcast(msg),
                                               cfg.private)
             x = _secure_vector(msg, cfg, context)
-            cts, sig = node_encrypt(as_bytes(rec["public"], "public"), x, CKKSParams(), identity=identity,
-                                    roster=roster, holder=as_int(rec["holder"], "holder"),
-                                    signature=as_bytes(rec["sig"], "sig"), session=as_bytes(rec["session"], "session"),
-                                    num_nodes=as_int(rec["K"], "K"), digest=digest)
-            if CKKS_SECRET in context.state and int(rec["holder"]) == identity.index:
-                context.state[CKKS_SECRET]["digest"] = digest  # the key holder checks every contribution against it
+            holder = as_int(rec["holder"], "holder")
             ledger = node_ledger(context, lifetime_id(dict(msg.content["config"]), _round(msg), cfg.private))
+            ledger.bind_holder(holder, identity.index, "ckks_encrypt")  # one key holder, which keeps one set
+            pin = pin_bytes(ledger.uploaders)
+            cts, sig = node_encrypt(as_bytes(rec["public"], "public"), x, CKKSParams(), identity=identity,
+                                    roster=roster, holder=holder, signature=as_bytes(rec["sig"], "sig"),
+                                    session=as_bytes(rec["session"], "session"), num_nodes=as_int(rec["K"], "K"),
+                                    digest=digest, pin=pin)
+            if CKKS_SECRET in context.state and holder == identity.index:
+                context.state[CKKS_SECRET]["digest"] = digest  # the key holder checks every contribution against it
             ledger.claim(agg, identity.index)  # one encrypted upload per aggregation id
             context.state[LEDGER_KEY] = ConfigRecord(ledger.record())
         except PrivfedError as exc:
             return _error(msg, exc)
         except (KeyError, TypeError, OverflowError) as exc:
             return _malformed(msg, context, "ckks_encrypt", exc)
-        return Message(RecordDict({"ckks": ConfigRecord({"ct": cts, "u": identity.index, "sig": sig})}),
+        return Message(RecordDict({"ckks": ConfigRecord({"ct": cts, "u": identity.index, "sig": sig, "pin": pin})}),
                        reply_to=msg)
 
     @app.query("ckks_decrypt")
@@ -296,11 +299,15 @@ def make_client_app(faults: dict[int, str] | None = None, provision: SimulatedRo
                 raise ProtocolAbort(f"node {identity.index} aborts at stage 'ckks_decrypt': malformed "
                                     "contributions", node=identity.index, stage="ckks_decrypt",
                                     deviation="malformed")
-            contributions = [(u, cts[i * n:(i + 1) * n], as_bytes(sg, "a signature")) for i, (u, sg) in
-                             enumerate(zip(senders, rec["sigs"]))]
-            total = holder_decrypt(bytes(kept["secret"]), contributions, size, params, identity=identity,
-                                   roster=roster, session=session, integral=False,
-                                   digest=bytes(kept.get("digest", b"")))
+            contributions = [(u, cts[i * n:(i + 1) * n], as_bytes(sg, "a signature"), as_bytes(pn, "a pin"))
+                             for i, (u, sg, pn) in enumerate(zip(senders, rec["sigs"], rec["pins"]))]
+            ledger = node_ledger(context)
+            try:
+                total = holder_decrypt(bytes(kept["secret"]), contributions, size, params, identity=identity,
+                                       roster=roster, session=session, integral=False,
+                                       digest=bytes(kept.get("digest", b"")), ledger=ledger)
+            finally:
+                context.state[LEDGER_KEY] = ConfigRecord(ledger.record())
         except PrivfedError as exc:
             return _error(msg, exc)
         except (KeyError, TypeError, OverflowError) as exc:

@@ -197,7 +197,8 @@ def node_ledger(context, lifetime: bytes | None = None) -> SessionLedger:
     """This node's ledger for this run (``context.state``), chained to the file named by its node config
     ``secagg-ledger`` when there is one: the same configuration and round is summed once per node, ever,
     whichever run the server starts, and every sum covers the uploader set of the first (a line
-    ``uploaders=...`` in the file), so sums from two runs cannot be subtracted either."""
+    ``uploaders=...`` in the file; ``holder=...`` names the one CKKS key holder, which keeps that set for
+    CKKS sums), so sums from two runs cannot be subtracted either."""
     path = context.node_config.get("secagg-ledger")
     p = pathlib.Path(str(path)).expanduser() if path else None
 
@@ -218,18 +219,25 @@ def node_ledger(context, lifetime: bytes | None = None) -> SessionLedger:
                 node=node, stage="masked", deviation="second-session")
         append(lifetime.hex())
 
-    def pin_also(uploaders: list[int], node: int) -> None:
-        if not any(x.startswith(_PIN) for x in lines()):
-            append(_PIN + ",".join(str(v) for v in uploaders))
+    def keep(line: str) -> None:
+        key = line.split("=", 1)[0] + "="
+        if not any(x.startswith(key) for x in lines()):
+            append(line)
 
-    rec = context.state[LEDGER_KEY] if LEDGER_KEY in context.state else {}
+    def kept(key: str) -> str | None:
+        found = [x[len(key):] for x in lines() if x.startswith(key)]
+        return found[0] if found else None
+
+    rec = context.state.get(LEDGER_KEY, {})
     used = list(rec["used"]) if "used" in rec else []
     pinned = list(rec["uploaders"]) if "uploaders" in rec else None
-    if pinned is None:
-        kept = [x[len(_PIN):] for x in lines() if x.startswith(_PIN)]
-        pinned = [int(v) for v in kept[0].split(",")] if kept else None
-    return SessionLedger(used, also if p is not None and lifetime is not None else None, pinned,
-                         pin_also if p is not None else None)
+    holder = int(rec["holder"]) if "holder" in rec else None
+    if pinned is None and (text := kept(_PIN)) is not None:
+        pinned = [int(v) for v in text.split(",")]
+    if holder is None and (text := kept("holder=")) is not None:
+        holder = int(text)
+    return SessionLedger(used, also if p is not None and lifetime is not None else None, pinned, holder,
+                         keep if p is not None else None)
 
 
 def node_step(content: RecordDict, context, identity: Identity, roster: Roster, *,

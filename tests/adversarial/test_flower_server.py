@@ -154,7 +154,7 @@ def test_a_node_ledger_file_refuses_a_sum_repeated_in_another_run(digits_dataset
         serve(LocalGrid(nodes), cfg)  # a new run: new contexts, the same nodes
     serve(LocalGrid(nodes), FlowerConfig(method="fed3r", clients=K, secure="mask", timeout=30))
     for n in nodes:  # two aggregation ids, and the one uploader set both sums covered
-        assert sorted((tmp_path / f"ledger-{n}.txt").read_text().split())[-1] == "uploaders=0,1,2,3"
+        assert "uploaders=0,1,2,3" in (tmp_path / f"ledger-{n}.txt").read_text().split()
         assert len((tmp_path / f"ledger-{n}.txt").read_text().split()) == 3
 
 
@@ -200,7 +200,8 @@ def test_a_ledger_file_keeps_the_uploader_set_and_the_dp_release_across_runs(dig
     _sum(LocalGrid(nodes), FlowerConfig(method="fedncm", clients=K, secure="mask", timeout=30), ids)
     with pytest.raises(ProtocolAbort, match="stage 'consistency'.*earlier sum covered \\[0, 1, 2, 3\\]"):
         _sum(LocalGrid(nodes), FlowerConfig(method="fed3r", clients=K, secure="mask", timeout=30), ids[1:])
-    dp = dict(method="fedncm", clients=K, secure="mask", timeout=30, epsilon=1.0, delta=1e-5, clip=10.0)
+    dp = {"method": "fedncm", "clients": K, "secure": "mask", "timeout": 30, "epsilon": 1.0, "delta": 1e-5,
+          "clip": 10.0}
     _sum(LocalGrid(nodes), FlowerConfig(**dp), ids)
     with pytest.raises(ProtocolAbort, match="stage 'masked'.*its ledger .* already uploaded"):
         _sum(LocalGrid(nodes), FlowerConfig(**dp, partition_seed=5), ids)

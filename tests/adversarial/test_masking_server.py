@@ -6,9 +6,18 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from adversary import FRAC, Federation, only
+from flwr.app import ConfigRecord
 
 from mechanisms import fixed_point, shamir
-from mechanisms.secagg_crypto import INFO_PAIR, ProtocolAbort, add_masks, hkdf, private_key, pub_bytes, public_key
+from mechanisms.secagg_crypto import (
+    INFO_PAIR,
+    ProtocolAbort,
+    add_masks,
+    hkdf,
+    private_key,
+    pub_bytes,
+    public_key,
+)
 from mechanisms.secagg_server import MaskingServer
 
 
@@ -316,3 +325,14 @@ def test_wrongly_typed_fields_end_in_a_clean_abort_without_allocating_what_the_s
         fed.send(u, msg)
     assert exc.value.node == u and exc.value.stage == stage and exc.value.deviation == "malformed", str(exc.value)
     assert f"node {u} aborts at stage {stage!r}: malformed request" in str(exc.value)
+
+
+def test_after_a_ckks_sum_a_node_signs_no_masked_uploader_list():
+    """A node that encrypted for a CKKS key holder (its ledger names the holder, not the set) refuses to sign
+    a masked sum's uploaders: it cannot tell whether they differ from the CKKS sum's."""
+    fed = Federation(K=4)
+    for c in fed.ctx:
+        c.state["privfed-secagg-ledger"] = ConfigRecord({"used": [], "holder": 1})
+    server = fed.server()
+    fed.run_until(server, "consistency")
+    only(fed.stage(server), "after-ckks", "consistency")
