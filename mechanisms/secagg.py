@@ -112,7 +112,8 @@ THREAT_MODEL_CKKS_ACTIVE = (
     "decrypts sums over one contributor set only and refuses contributors whose earlier masked sum covered "
     "another set (two sums over different sets subtract to one node's input); more than 256 nodes refused (the decryption "
     "error would reach the release grid). The server relays ciphertexts it cannot read and sees the released "
-    "sum. Collusion of server and key holder reveals every node's statistic; a malicious key holder could "
+    "sum. Collusion of server and key holder reveals every node's statistic (the server names the holder, so "
+    "a node refuses CKKS when its roster allows colluders); a malicious key holder could "
     "release a wrong value. Secure aggregation is not differential privacy."
 )
 

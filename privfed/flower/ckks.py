@@ -116,6 +116,11 @@ def node_encrypt(public: bytes, x: np.ndarray, params: CKKSParams, *, identity: 
     Refused if K (from the roster, not the server) such inputs could exceed the CKKS bound.
     """
     u = identity.index
+    if roster.colluders > 0:
+        raise _abort(u, "ckks_encrypt", "colluders",
+                     f"its roster allows {roster.colluders} node(s) to collude with the server, and CKKS has one key "
+                     "holder, named by the server: a colluding holder decrypts every upload; nothing is encrypted "
+                     "(use --secure mask, whose threshold covers colluders)")
     if int(num_nodes) != roster.size:
         raise _abort(u, "ckks_encrypt", "wrong-parameters",
                      f"the server asks for K={num_nodes}, the roster has K={roster.size}")

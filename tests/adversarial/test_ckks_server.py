@@ -181,3 +181,20 @@ def test_a_masked_sum_then_a_ckks_sum_over_fewer_nodes_is_refused_and_ckks_then_
     with pytest.raises(ProtocolAbort, match="stage 'consistency'.*earlier sum covered \\[0, 1, 2, 3\\].*2 more "
                                             "node\\(s\\) refused too"):
         _mask_sum(grid, FlowerConfig(**{**CFG, "secure": "mask", "method": "fed3r"}), nodes[1:])
+
+
+def test_ckks_is_refused_when_the_roster_allows_colluders():
+    """The server names the key holder; with colluders allowed it names one of them and decrypts every upload.
+    Before, a node encrypted under a colluding holder's (validly signed) context."""
+    import numpy as np
+
+    from mechanisms.secagg_identity import make_roster
+    from privfed.flower.ckks import node_encrypt
+
+    roster, ids = make_roster(5, colluders=1)
+    session = os.urandom(16)
+    _, public, sig = holder_keys(CKKSParams(), ids[4], roster, session, 5)  # node 4: the colluder as key holder
+    with pytest.raises(ProtocolAbort, match="node 0 aborts at stage 'ckks_encrypt': its roster allows 1 node") as exc:
+        node_encrypt(public, np.ones(3), CKKSParams(), identity=ids[0], roster=roster, holder=4, signature=sig,
+                     session=session, num_nodes=5)
+    assert exc.value.deviation == "colluders"
