@@ -20,6 +20,11 @@ Message types it answers (all ``query``; the server sends the run's
 A bad configuration or a node without data is answered with an ``error``
 record naming the problem, which the server turns into one clear error.
 
+A node whose node config names a roster (``secagg-roster``: deployed for secure
+aggregation against a deviating server) refuses every release the server
+could read (``query``, ``query.round``, Flower's SecAgg+) unless its operator
+adds ``allow-plain-release=true``; in-process simulations allow them.
+
 Fault injection for drills and tests: node config ``fail-at=STAGE`` makes
 the node fail that stage, the first time it reaches it (it answers with a Flower error),
 ``fail-at=STAGE:exit`` makes the ClientApp process exit without answering
@@ -90,6 +95,24 @@ def _error(msg: Message, exc: Exception) -> Message:
                    reply_to=msg)
 
 
+def _plain_refused(msg: Message, context: Context, what: str) -> Message | None:
+    """The refusal of a release the server could read, by a node deployed for secure aggregation.
+
+    A node whose node config names a roster (``secagg-roster``) takes part in secure sums only: a server
+    asking it for its statistics in the clear (a plain ``query`` or ``query.round``) or through Flower's
+    SecAgg+ (which a deviating server unmasks) gets this refusal, unless the node's operator allows plain
+    releases with ``allow-plain-release=true`` (simulations, where the operator is the server, do).
+    """
+    conf = context.node_config
+    if "secagg-roster" not in conf or str(conf.get("allow-plain-release", "")).lower() == "true":
+        return None
+    return _error(msg, ProtocolAbort(
+        f"node {context.node_id} refuses {what}: it is deployed for secure aggregation (its node config names "
+        "secagg-roster), and the server would read its statistics; run with --secure mask or ckks, or let this "
+        "node release in the clear with --node-config 'allow-plain-release=true'", stage=what,
+        deviation="plain-release"))
+
+
 def _malformed(msg: Message, context: Context, stage: str, exc: Exception) -> Message:
     """A clean refusal of a request whose fields have the wrong type or are missing (never a traceback)."""
     return _error(msg, ProtocolAbort(f"node {context.node_id} aborts at stage {stage!r}: malformed request "
@@ -156,6 +179,8 @@ def make_client_app(faults: dict[int, str] | None = None, provision: SimulatedRo
     def query(msg: Message, context: Context) -> Message:
         if (failed := _fault("query", msg, context, faults)) is not None:
             return failed
+        if (refused := _plain_refused(msg, context, "a plain release")) is not None:
+            return refused
         try:
             cfg = _config(msg)
             data = load_node_data(context.node_config, cfg)
@@ -175,6 +200,8 @@ def make_client_app(faults: dict[int, str] | None = None, provision: SimulatedRo
     def round_(msg: Message, context: Context) -> Message:
         if (failed := _fault("round", msg, context, faults)) is not None:
             return failed
+        if (refused := _plain_refused(msg, context, "a plain multi-round release")) is not None:
+            return refused
         try:
             cfg = _config(msg)
             b = msg.content["broadcast"]
@@ -316,7 +343,15 @@ def make_client_app(faults: dict[int, str] | None = None, provision: SimulatedRo
 
     from flwr.client.mod import secaggplus_mod
 
-    @app.train(mods=[secaggplus_mod])
+    def refuse_secaggplus(msg: Message, context: Context, call_next) -> Message:
+        """Before any SecAgg+ stage: a node deployed with a roster takes no part in it (see _plain_refused)."""
+        refused = _plain_refused(msg, context, "Flower's SecAgg+ (a deviating server unmasks it)")
+        if refused is None:
+            return call_next(msg, context)
+        # Flower's SecAgg+ workflow reads a reply's content as its own records: refuse with a Flower error.
+        return Message(Error(code=0, reason=str(refused.content["error"]["message"])), reply_to=msg)
+
+    @app.train(mods=[refuse_secaggplus, secaggplus_mod])
     def flwr_secaggplus(msg: Message, context: Context) -> Message:
         """Flower's SecAgg+ collect stage (``secure=flwr-secaggplus``): the node's pre-scaled statistics."""
         from privfed.flower.flwr_secagg import node_train_reply

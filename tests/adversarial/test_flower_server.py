@@ -205,3 +205,23 @@ def test_a_ledger_file_keeps_the_uploader_set_and_the_dp_release_across_runs(dig
     _sum(LocalGrid(nodes), FlowerConfig(**dp), ids)
     with pytest.raises(ProtocolAbort, match="stage 'masked'.*its ledger .* already uploaded"):
         _sum(LocalGrid(nodes), FlowerConfig(**dp, partition_seed=5), ids)
+
+
+def test_a_node_deployed_with_a_roster_refuses_to_release_in_the_clear(digits_dataset):
+    """The simplest deviation: instead of a secure sum, the server asks each node for its statistics in a plain
+    query (or through Flower's SecAgg+, which it can unmask).  Before, a node with a roster answered either with
+    its raw statistics.  Now it refuses unless its own operator allows plain releases."""
+    from mechanisms.secagg_identity import make_roster
+    from privfed.flower.local import LocalGrid as Grid
+
+    roster, ids = make_roster(K)
+    deployed = {100 + i: {"partition-id": i, "num-partitions": K, "secagg-identity": ids[i].to_json(),
+                          "secagg-roster": roster.to_json()} for i in range(K)}
+    for secure in ("none", "flwr-secaggplus-insecure"):
+        extra = {"clip": 10.0, "max_records": 1000} if secure != "none" else {}
+        with pytest.raises((ConfigError, ProtocolAbort, RuntimeError), match="refuses (a plain release|Flower's SecAgg)"):
+            serve(Grid(deployed), FlowerConfig(method="fedncm", clients=K, secure=secure, timeout=30, **extra))
+    masked = serve(Grid(deployed), FlowerConfig(method="fedncm", clients=K, secure="mask", timeout=30))
+    assert masked.head.secure_aggregation["summed_nodes"] == K
+    allowed = {n: {**c, "allow-plain-release": "true"} for n, c in deployed.items()}
+    assert serve(Grid(allowed), FlowerConfig(method="fedncm", clients=K, timeout=30)).report["replied"] == K
