@@ -113,6 +113,17 @@ def _plain_refused(msg: Message, context: Context, what: str) -> Message | None:
         deviation="plain-release"))
 
 
+def _check_noise_share(cfg: FlowerConfig, roster, node: int, stage: str) -> None:
+    """Refuse a DP configuration whose K is not the roster's: the node's noise share sigma^2 / (K - tolerance)
+    is computed from the configuration, so a server claiming more nodes would make every share too small."""
+    if cfg.private and int(cfg.clients) != roster.size:
+        raise ProtocolAbort(
+            f"node {node} aborts at stage {stage!r}: the run config says clients={cfg.clients} but its roster has "
+            f"K={roster.size}; its noise share sigma^2/(K - tolerance) would be sized for another number of nodes "
+            "(the sum would carry less noise than the reported epsilon needs)", node=node, stage=stage,
+            deviation="wrong-parameters")
+
+
 def _malformed(msg: Message, context: Context, stage: str, exc: Exception) -> Message:
     """A clean refusal of a request whose fields have the wrong type or are missing (never a traceback)."""
     return _error(msg, ProtocolAbort(f"node {context.node_id} aborts at stage {stage!r}: malformed request "
@@ -236,6 +247,7 @@ def make_client_app(faults: dict[int, str] | None = None, provision: SimulatedRo
                 kw = {}
                 if stage == "masked":
                     cfg = _config(msg)
+                    _check_noise_share(cfg, roster, identity.index, stage)
                     agg, digest = aggregation_digests(dict(msg.content["config"]), _round(msg), _broadcast(msg),
                                                       cfg.private)
                     kw = dict(aggregation=agg, context_digest=digest, ring_input=lambda: encode_for_ring(
@@ -279,6 +291,7 @@ def make_client_app(faults: dict[int, str] | None = None, provision: SimulatedRo
             rec = msg.content["ckks"]
             cfg = _config(msg)
             identity, roster = node_identity(context.node_config, context.node_id, provision)
+            _check_noise_share(cfg, roster, identity.index, "ckks_encrypt")
             agg, digest = aggregation_digests(dict(msg.content["config"]), _round(msg), _broadcast(msg),
                                               cfg.private)
             x = _secure_vector(msg, cfg, context)

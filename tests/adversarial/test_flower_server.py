@@ -225,3 +225,18 @@ def test_a_node_deployed_with_a_roster_refuses_to_release_in_the_clear(digits_da
     assert masked.head.secure_aggregation["summed_nodes"] == K
     allowed = {n: {**c, "allow-plain-release": "true"} for n, c in deployed.items()}
     assert serve(Grid(allowed), FlowerConfig(method="fedncm", clients=K, timeout=30)).report["replied"] == K
+
+
+@pytest.mark.parametrize("secure", ["mask", "ckks"])
+def test_a_dp_config_claiming_more_nodes_than_the_roster_is_refused(digits_dataset, secure):
+    """Each node adds sigma^2 / (K - tolerance) with K from the run config.  A server that sends clients=200
+    to K = 4 nodes gets a sum carrying 4/200 of the noise the reported epsilon needs; before, every node
+    uploaded.  Now the node checks K against its roster first."""
+    def tamper(msg):
+        if msg.metadata.message_type in ("query.setup", "query.masked", "query.ckks_encrypt"):
+            msg.content["config"]["clients"] = 200
+
+    cfg = FlowerConfig(method="fedncm", clients=K, epsilon=1.0, delta=1e-5, clip=10.0, secure=secure, timeout=60)
+    stage = "masked" if secure == "mask" else "ckks_encrypt"
+    with pytest.raises(ProtocolAbort, match=f"stage '{stage}'.*clients=200 but its roster has K=4"):
+        serve(TamperingGrid(_nodes(), tamper), cfg)
