@@ -142,11 +142,22 @@ def _secure_stats(cfg: FlowerConfig, context: Context, msg: Message):
 def _secure_release(cfg: FlowerConfig, context: Context, msg: Message):
     """This node's statistics (with its noise share under DP) and its release events, cached per run config.
 
+    A node deployed with a roster refuses a server-chosen ``noise-seed`` (the
+    server would know the share) unless its node config allows seeded noise.
     The share is drawn once per configuration and run (the server's nonce is
     left out of the key: a server cannot make a node draw, or reuse, a share
     by changing it) and enters one masked sum per aggregation id (the node's
     :class:`~mechanisms.secagg_node.SessionLedger` refuses a second).
     """
+    conf = context.node_config
+    if (cfg.private and cfg.noise_seed is not None and "secagg-roster" in conf
+            and str(conf.get("allow-seeded-noise", "")).lower() != "true"):
+        stage = msg.metadata.message_type.removeprefix("query.")
+        raise ProtocolAbort(
+            f"node {context.node_id} aborts at stage {stage!r}: the run config sets noise-seed={cfg.noise_seed}, "
+            "and a noise share drawn from a seed the server knows is one it can subtract (no DP left); seeded "
+            "noise is for simulations (node config allow-seeded-noise=true)", node=context.node_id, stage=stage,
+            deviation="seeded-noise")
     raw = {k: v for k, v in dict(msg.content["config"]).items() if k != "run-nonce"}
     key = hashlib.sha256(json.dumps(raw, sort_keys=True, default=str).encode()).hexdigest()
     if _STATS in context.state and context.state[_STATS_KEY]["config"] == key:

@@ -123,15 +123,16 @@ def simulated_identities(node_configs: dict[int, dict], threshold: int | None = 
     """Node configs with a fresh simulated roster added (``secagg-identity`` / ``secagg-roster`` inline).
 
     Nodes that already have both keys keep them.  For in-process simulations only, where the operator is
-    the server: the nodes also allow plain releases (``allow-plain-release``), which a deployed node with a
-    roster refuses.
+    the server: the nodes also allow plain releases (``allow-plain-release``) and seeded noise
+    (``allow-seeded-noise``), which a deployed node with a roster refuses.
     """
     if all("secagg-identity" in c and "secagg-roster" in c for c in node_configs.values()):
         return dict(node_configs)
     sim = SimulatedRoster(len(node_configs), threshold, node_ids=list(node_configs))
     out = {}
     for n, c in node_configs.items():
-        out[n] = {"allow-plain-release": True, **c, "secagg-identity": sim.identities[sim.index[int(n)]],
+        out[n] = {"allow-plain-release": True, "allow-seeded-noise": True, **c,
+                  "secagg-identity": sim.identities[sim.index[int(n)]],
                   "secagg-roster": sim.roster_json}
     return out
 

@@ -240,3 +240,19 @@ def test_a_dp_config_claiming_more_nodes_than_the_roster_is_refused(digits_datas
     stage = "masked" if secure == "mask" else "ckks_encrypt"
     with pytest.raises(ProtocolAbort, match=f"stage '{stage}'.*clients=200 but its roster has K=4"):
         serve(TamperingGrid(_nodes(), tamper), cfg)
+
+
+def test_a_deployed_node_refuses_a_noise_seed_chosen_by_the_server(digits_dataset):
+    """noise-seed makes a node's noise share a function of (seed, node id), both known to the server, which can
+    then subtract every share from the sum: no DP at all while the report says epsilon = 1.  Before, a node with
+    a roster drew its share from the server's seed; now it refuses unless its operator allows seeded noise."""
+    from mechanisms.secagg_identity import make_roster
+
+    roster, ids = make_roster(K)
+    deployed = {100 + i: {"partition-id": i, "num-partitions": K, "secagg-identity": ids[i].to_json(),
+                          "secagg-roster": roster.to_json()} for i in range(K)}
+    dp = {"method": "fedncm", "clients": K, "epsilon": 1.0, "delta": 1e-5, "clip": 10.0, "timeout": 30}
+    for secure in ("mask", "ckks"):
+        with pytest.raises(ConfigError, match="stage 'setup'.*noise-seed=7, and a noise share drawn from a seed"):
+            serve(LocalGrid(deployed), FlowerConfig(**dp, secure=secure, noise_seed=7))
+    assert serve(LocalGrid(deployed), FlowerConfig(**dp, secure="mask")).head.privacy.epsilon == pytest.approx(1.0)
