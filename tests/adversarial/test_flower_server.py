@@ -256,3 +256,13 @@ def test_a_deployed_node_refuses_a_noise_seed_chosen_by_the_server(digits_datase
         with pytest.raises(ConfigError, match="stage 'setup'.*noise-seed=7, and a noise share drawn from a seed"):
             serve(LocalGrid(deployed), FlowerConfig(**dp, secure=secure, noise_seed=7))
     assert serve(LocalGrid(deployed), FlowerConfig(**dp, secure="mask")).head.privacy.epsilon == pytest.approx(1.0)
+
+
+def test_masking_then_ckks_under_dp_is_one_release(digits_dataset):
+    """The same DP release through the other protocol in the same run (a fresh noise share each time would
+    compose; the same share would subtract): the node's one ledger refuses the second upload."""
+    grid = LocalGrid(_nodes())
+    dp = {"method": "fedncm", "clients": K, "epsilon": 1.0, "delta": 1e-5, "clip": 10.0, "timeout": 60}
+    serve(grid, FlowerConfig(**dp, secure="mask"))
+    with pytest.raises(ProtocolAbort, match="stage 'ckks_encrypt'.*second masked session"):
+        serve(grid, FlowerConfig(**dp, secure="ckks"))
