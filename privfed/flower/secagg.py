@@ -18,9 +18,13 @@ signs in the consistency round, so a server that sends different
 broadcasts to different nodes (FedCOF's round 2) is detected before any
 share is revealed.
 
-One upload per aggregation: the node's ledger lives in its run state; with
-``secagg-ledger=FILE`` in its node config it is also kept in that file, so a
-server that starts another run to repeat a sum is refused too.
+One upload per aggregation, one uploader set per node: the node's ledger lives
+in its run state and records the aggregation ids it uploaded for and the
+uploader set of the first sum it signed (a later sum over another set, under
+any configuration, is refused: two sums over different sets subtract to one
+node's input); with ``secagg-ledger=FILE`` in its node config it is also kept
+in that file, so a server that starts another run to repeat a sum is refused
+too.  Without the file a new run starts a fresh ledger.
 
 Identities: a node reads ``secagg-identity`` and ``secagg-roster`` (file
 paths, or inline JSON) from its node config (see
