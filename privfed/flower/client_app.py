@@ -308,12 +308,13 @@ def make_client_app(faults: dict[int, str] | None = None, provision: SimulatedRo
             x = _secure_vector(msg, cfg, context)
             holder = as_int(rec["holder"], "holder")
             ledger = node_ledger(context, lifetime_id(dict(msg.content["config"]), _round(msg), cfg.private))
-            ledger.bind_holder(holder, identity.index, "ckks_encrypt")  # one key holder, which keeps one set
             pin = pin_bytes(ledger.uploaders)
             cts, sig = node_encrypt(as_bytes(rec["public"], "public"), x, CKKSParams(), identity=identity,
                                     roster=roster, holder=holder, signature=as_bytes(rec["sig"], "sig"),
                                     session=as_bytes(rec["session"], "session"), num_nodes=as_int(rec["K"], "K"),
                                     digest=digest, pin=pin)
+            # One key holder per run (it keeps one set); bound once its signed context checked out.
+            ledger.bind_holder(holder, identity.index, "ckks_encrypt")
             if CKKS_SECRET in context.state and holder == identity.index:
                 context.state[CKKS_SECRET]["digest"] = digest  # the key holder checks every contribution against it
             ledger.claim(agg, identity.index)  # one encrypted upload per aggregation id

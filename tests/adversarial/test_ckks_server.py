@@ -198,3 +198,17 @@ def test_ckks_is_refused_when_the_roster_allows_colluders():
         node_encrypt(public, np.ones(3), CKKSParams(), identity=ids[0], roster=roster, holder=4, signature=sig,
                      session=session, num_nodes=5)
     assert exc.value.deviation == "colluders"
+
+
+def test_a_forged_key_holder_does_not_bind_the_node_to_it(digits_dataset):
+    """A context the named holder never signed is refused, and leaves the node free to encrypt for the real
+    key holder afterwards (a node binds to one holder per run only once its signature checked out)."""
+    def tamper(msg):
+        if msg.metadata.message_type == "query.ckks_encrypt":
+            msg.content["ckks"]["holder"] = 3  # the context is holder 1's, the claim says node 3
+
+    grid = TamperingGrid(_nodes(), tamper)
+    with pytest.raises(ProtocolAbort, match="not signed by key holder 3"):
+        _ckks_sum(grid, FlowerConfig(**CFG), sorted(grid.contexts), holder=101)
+    grid.tamper = lambda msg: None
+    assert _ckks_sum(grid, FlowerConfig(**CFG), sorted(grid.contexts), holder=101).uploaded == sorted(grid.contexts)
