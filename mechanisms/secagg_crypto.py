@@ -35,6 +35,8 @@ __all__ = [
     "KeySource",
     "ProtocolAbort",
     "add_masks",
+    "as_bytes",
+    "as_int",
     "hkdf",
     "prg_buffer",
     "prg_uint64",
@@ -70,6 +72,20 @@ class ProtocolAbort(PrivfedError):
                  deviation: str | None = None) -> None:
         super().__init__(message)
         self.node, self.stage, self.deviation = node, stage, deviation
+
+
+def as_bytes(value, what: str = "field") -> bytes:
+    """``value`` if it is bytes (TypeError otherwise): ``bytes(n)`` of an int a server sent would allocate n bytes."""
+    if not isinstance(value, (bytes, bytearray, memoryview)):
+        raise TypeError(f"{what} must be bytes, got {type(value).__name__}")
+    return bytes(value)
+
+
+def as_int(value, what: str = "field") -> int:
+    """``value`` if it is an integer, not a bool (TypeError otherwise: int() would take 2.7, "3" or True)."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{what} must be an integer, got {type(value).__name__} {value!r:.40}")
+    return int(value)
 
 
 class KeySource:

@@ -17,8 +17,11 @@ and on every Flower node (:mod:`privfed.flower.secagg`), which keeps its
                  them (a tampered one aborts here, naming its sender), claim
                  the aggregation id (one masked upload per aggregation, ever),
                  and reply y_u = x_u + PRG(b_u) + sum_{v>u} PRG(s_uv) - sum_{v<u} PRG(s_uv).
-``consistency``  (active version) check U3 and sign (U2, U3, the digest of
-                 what this node was asked to sum, e.g. FedCOF's broadcast).
+``consistency``  (active version) check U3, that it is the uploader set of
+                 any earlier sum this node signed (the ledger's pin: two sums
+                 over different sets subtract to one node's input), and sign
+                 (U2, U3, the digest of what this node was asked to sum, e.g.
+                 FedCOF's broadcast).
 ``unmask``       (active) check that at least t members of U3 signed the very
                  lists and digest this node signed, and that every uploader's
                  signed echo (sent with its masked input) names the same digest
@@ -58,6 +61,8 @@ from mechanisms.secagg_crypto import (
     KeySource,
     ProtocolAbort,
     add_masks,
+    as_bytes,
+    as_int,
     hkdf,
     private_key,
     pub_bytes,
@@ -74,16 +79,29 @@ SESSION_BYTES = 16
 
 
 class SessionLedger:
-    """The aggregation ids a node has uploaded a masked input for: one upload per id, ever.
+    """The aggregation ids a node has uploaded a masked input for, and the uploaders its sums covered.
 
-    A node's noise share and input go into one masked sum per aggregation;
-    a server asking again (to subtract two sums, or replaying an old run) is
-    refused.  ``used`` is the persisted list (hex ids).
+    One upload per id, ever: a node's noise share and input go into one
+    masked sum per aggregation; a server asking again (to subtract two sums,
+    or replaying an old run) is refused.  ``used`` is the persisted list
+    (hex ids).
+
+    One uploader set per node: the first uploader list the node signs
+    (``uploaders``) is the only one it signs again.  A server that gets two
+    sums over different sets (say with and without a victim) subtracts them
+    and holds the victim's input; it needs only two aggregation ids, e.g.
+    two run configs that sum the same statistic, so the id alone cannot stop
+    it.  Equal sets give equal sums of whatever the node summed: nothing new.
     """
 
-    def __init__(self, used: list[str] | None = None, also: Callable[[int], None] | None = None) -> None:
+    def __init__(self, used: list[str] | None = None, also: Callable[[int], None] | None = None,
+                 uploaders: list[int] | None = None, holder: int | None = None,
+                 keep: Callable[[str], None] | None = None) -> None:
         self.used = list(used or [])
         self.also = also  # a second claim (a ledger kept beyond this run), called after this one's check
+        self.uploaders = None if uploaders is None else sorted(int(v) for v in uploaders)
+        self.holder = None if holder is None else int(holder)  # the CKKS key holder this node encrypts for
+        self.keep = keep  # keeps a pin ("uploaders=0,1,2" or "holder=3") beyond this run
 
     def claim(self, aggregation: bytes, node: int) -> None:
         key = bytes(aggregation).hex()
@@ -96,9 +114,50 @@ class SessionLedger:
             self.also(node)
         self.used.append(key)
 
+    def pin(self, uploaders: list[int], node: int, stage: str) -> None:
+        """Accept ``uploaders`` as the set this node's sum covers: the first set, or the same set again."""
+        got = sorted(int(v) for v in uploaders)
+        if self.uploaders is not None and got != self.uploaders:
+            raise ProtocolAbort(
+                f"node {node} aborts at stage {stage!r}: the server asks it to be summed with uploaders {got}, but "
+                f"its earlier sum covered {self.uploaders}; the difference of two sums over different sets is "
+                "one node's input (or the sum of a few), so no share is revealed", node=node, stage=stage,
+                deviation="other-uploaders")
+        if self.uploaders is None:
+            if self.keep is not None:
+                self.keep("uploaders=" + ",".join(str(v) for v in got))
+            self.uploaders = got
+
+    def bind_holder(self, holder: int, node: int, stage: str) -> None:
+        """Accept ``holder`` as the CKKS key holder this node encrypts for: the first, or the same again.
+
+        A node never sees whose ciphertexts a CKKS sum adds; its key holder does, and pins that set.  One
+        key holder per node keeps every CKKS sum of this node behind that one pin.
+        """
+        if self.holder is not None and int(holder) != self.holder:
+            raise ProtocolAbort(
+                f"node {node} aborts at stage {stage!r}: the server names key holder {holder}, but this node "
+                f"encrypted for key holder {self.holder} before; that holder refuses a sum over another set, "
+                "another holder would not know it", node=node, stage=stage, deviation="other-key-holder")
+        if self.holder is None:
+            if self.keep is not None:
+                self.keep(f"holder={int(holder)}")
+            self.holder = int(holder)
+
+    def record(self) -> dict:
+        """The ledger as flat values (for a Flower ConfigRecord)."""
+        out: dict = {"used": list(self.used)}
+        if self.uploaders is not None:
+            out["uploaders"] = list(self.uploaders)
+        if self.holder is not None:
+            out["holder"] = self.holder
+        return out
+
 
 def _ids(values, what: str, node: int, stage: str) -> list[int]:
-    out = [int(v) for v in values]
+    if not isinstance(values, (list, tuple)):
+        raise TypeError(f"the {what} list is a {type(values).__name__}")
+    out = [as_int(v, f"an entry of the {what} list") for v in values]
     if len(set(out)) != len(out):
         raise ProtocolAbort(f"node {node} aborts at stage {stage!r}: the {what} list repeats entries",
                             node=node, stage=stage, deviation="malformed-list")
@@ -179,7 +238,10 @@ class MaskingNode:
             raise self._abort(stage, "out-of-order",
                               f"request {stage!r} in state {self.st['stage']!r} (a replayed, repeated or "
                               "out-of-order message); no more answers in this session")
-        session = bytes(msg.get("session", b""))
+        try:
+            session = as_bytes(msg.get("session", b""), "the session id")
+        except TypeError as exc:
+            raise self._abort(stage, "malformed", f"malformed request ({exc})") from None
         if stage != "keys" and session != self.st["session"]:
             raise self._abort(stage, "replay", "the request names another session (a replayed message)")
         try:
@@ -196,12 +258,12 @@ class MaskingNode:
             if self.st.get("stage") != "aborted":
                 self.st = {"stage": "aborted", "why": str(exc)}
             raise
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, OverflowError, IndexError) as exc:
             raise self._abort(stage, "malformed", f"malformed request ({type(exc).__name__}: {exc})") from None
 
     # ------------------------------------------------------------------ stages
     def _keys(self, msg: dict, session: bytes) -> dict:
-        K, t = int(msg["K"]), int(msg["t"])
+        K, t = as_int(msg["K"], "K"), as_int(msg["t"], "t")
         if K != self.K or t != self.t:
             raise self._abort("keys", "wrong-parameters",
                               f"the server asks for K={K}, t={t} but this node is configured with K={self.K}, "
@@ -224,8 +286,9 @@ class MaskingNode:
 
     def _shares(self, msg: dict) -> dict:
         U1 = _ids(msg["peers"], "key-advertisement", self.u, "shares")
-        c_pks, s_pks = [bytes(k) for k in msg["c_pk"]], [bytes(k) for k in msg["s_pk"]]
-        sigs = [bytes(s) for s in msg.get("sig", [])] if self.active else []
+        c_pks = [as_bytes(k, "a public key") for k in msg["c_pk"]]
+        s_pks = [as_bytes(k, "a public key") for k in msg["s_pk"]]
+        sigs = [as_bytes(s, "a signature") for s in msg.get("sig", [])] if self.active else []
         if len(c_pks) != len(U1) or len(s_pks) != len(U1) or (self.active and len(sigs) != len(U1)):
             raise self._abort("shares", "malformed", "key advertisements of unequal lengths")
         if any(not 0 <= v < self.K for v in U1):
@@ -267,7 +330,7 @@ class MaskingNode:
     def _masked(self, msg: dict, ring_input, context: bytes, aggregation: bytes | None) -> dict:
         U2 = _ids(msg["alive"], "survivor", self.u, "masked")
         senders = _ids(msg["from"], "sender", self.u, "masked")
-        cts = [bytes(c) for c in msg["ct"]]
+        cts = [as_bytes(c, "a share message") for c in msg["ct"]]
         unknown = (set(U2) & self.group) - set(self.st["U1"])
         if unknown or any(not 0 <= v < self.K for v in U2):
             raise self._abort("masked", "unknown-node", f"survivors {sorted(unknown)} never advertised keys")
@@ -327,6 +390,13 @@ class MaskingNode:
     def _consistency(self, msg: dict) -> dict:
         U3 = sorted(_ids(msg["uploaded"], "uploader", self.u, "consistency"))
         self._check_uploaded("consistency", U3)
+        if self.active:
+            if self.ledger.uploaders is None and self.ledger.holder is not None:
+                raise self._abort("consistency", "after-ckks",
+                                  "this node was summed by CKKS before (key holder "
+                                  f"{self.ledger.holder}) over a set it cannot see; a masked sum over another set "
+                                  "would subtract from it, so it takes part in no masked sum after it")
+            self.ledger.pin(U3, self.u, "consistency")
         self.st.update(stage="signed", U3=U3)
         return {"sig": self.identity.sign(self._view_digest())}
 
@@ -337,7 +407,7 @@ class MaskingNode:
                 raise self._abort("unmask", "inconsistent-lists",
                                   "the uploader list differs from the one this node signed")
             signers = _ids(msg["signers"], "signer", self.u, "unmask")
-            sigs = [bytes(s) for s in msg["sigs"]]
+            sigs = [as_bytes(s, "a signature") for s in msg["sigs"]]
             if len(sigs) != len(signers) or not set(signers) <= set(U3):
                 raise self._abort("unmask", "malformed", "consistency signatures from nodes outside U3")
             view = self._view_digest()
@@ -349,7 +419,7 @@ class MaskingNode:
             if len(signers) < self.t:
                 raise self._abort("unmask", "short-list",
                                   f"only {len(signers)} consistency signatures, below the threshold t={self.t}")
-            echoes = [bytes(e) for e in msg["echoes"]]
+            echoes = [as_bytes(e, "an echo") for e in msg["echoes"]]
             echo = self._echo_bytes()
             split = [v for v, e in zip(U3, echoes) if not self.roster.verify(v, e, echo)]
             if len(echoes) != len(U3) or split:

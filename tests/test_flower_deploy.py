@@ -120,9 +120,10 @@ def deployment(tmp_path_factory, digits_dataset):
         for i in range(K):
             # Node 2's ClientApp process exits (a crash, no reply) when it reaches unmasking.
             crash = ' fail-at="unmask:exit"' if i == 2 else ""
+            # The plain fedncm run below needs it: a node with a roster otherwise refuses plain releases.
             start([BIN / "flower-supernode", "--insecure", "--superlink", f"127.0.0.1:{port}",
                    "--host", "127.0.0.1", "--port", str(_free_port()),
-                   "--node-config", f"partition-id={i} num-partitions={K}{crash} "
+                   "--node-config", f"partition-id={i} num-partitions={K}{crash} allow-plain-release=true "
                    f'secagg-identity="{tmp / "ids" / f"node-{i}.json"}" secagg-roster="{tmp / "ids" / "roster.json"}"'],
                   f"supernode{i}.log")
         yield env, tmp

@@ -13,11 +13,15 @@ operator's roster, :mod:`mechanisms.secagg_identity`):
                         before encrypting (a server that substitutes its own
                         key is refused), checks K against its roster (its
                         bound check uses the configured K), encrypts its
-                        statistic once per aggregation id, and replies the
-                        ciphertexts signed over (session, their hash);
+                        statistic once per aggregation id, for one key holder
+                        per run, and replies the ciphertexts signed over
+                        (session, their hash, the digest of what it summed, its
+                        pinned uploader set);
 ``query.ckks_decrypt``  the server forwards every signed contribution; the key
                         holder checks each signature, that they come from at
-                        least t distinct roster nodes, adds them itself and
+                        least t distinct roster nodes, that the set is the one
+                        of its earlier sums in the run and of every node's
+                        earlier masked sum (its signed pin), adds them itself and
                         decrypts that sum once, rounds it to the release grid,
                         deletes its secret key and replies the sum.  A server
                         that forwards one node's ciphertext as "the sum" (to
@@ -46,7 +50,7 @@ from privfed.flower.transport import Exchange, exchange
 from privfed.flower.wire import arrays_record
 
 __all__ = ["CKKSSum", "check_num_nodes", "ckks_sum_over_messages", "holder_decrypt", "holder_keys",
-           "node_encrypt"]
+           "node_encrypt", "pin_bytes"]
 
 #: The key holder's secret context in its ``context.state``.
 SECRET_KEY = "privfed-ckks-secret"
@@ -85,24 +89,38 @@ def holder_keys(params: CKKSParams, identity: Identity, roster: Roster, session:
     return ctx.serialize(save_secret_key=True), public, sig
 
 
-def _contribution_bytes(roster: Roster, session: bytes, u: int, cts: list[bytes], digest: bytes) -> bytes:
+def pin_bytes(uploaders: list[int] | None) -> bytes:
+    """A node's pinned uploader set as it signs it: ``P`` then 4 bytes per roster index (``P`` alone: none yet)."""
+    return b"P" + b"".join(int(v).to_bytes(4, "little") for v in sorted(uploaders or []))
+
+
+def _contribution_bytes(roster: Roster, session: bytes, u: int, cts: list[bytes], digest: bytes,
+                        pin: bytes = b"P") -> bytes:
     h = hashlib.sha256()
     for c in cts:
         h.update(len(c).to_bytes(8, "little") + bytes(c))
-    return signed_bytes("ckks-contribution", roster.fingerprint, bytes(session), u, h.digest(), bytes(digest))
+    return signed_bytes("ckks-contribution", roster.fingerprint, bytes(session), u, h.digest(), bytes(digest),
+                        bytes(pin))
 
 
 def node_encrypt(public: bytes, x: np.ndarray, params: CKKSParams, *, identity: Identity, roster: Roster,
-                 holder: int, signature: bytes, session: bytes, num_nodes: int, digest: bytes = b""
-                 ) -> tuple[list[bytes], bytes]:
+                 holder: int, signature: bytes, session: bytes, num_nodes: int, digest: bytes = b"",
+                 pin: bytes = b"P") -> tuple[list[bytes], bytes]:
     """Check the holder's signed context, then encrypt this node's statistic; returns (ciphertexts, signature).
 
     The signature covers the ciphertexts and ``digest``, the hash of what this node summed (run config,
-    round, broadcast): the key holder checks it against its own, so a split broadcast is refused.
+    round, broadcast): the key holder checks it against its own, so a split broadcast is refused.  It also
+    covers ``pin`` (:func:`pin_bytes`), the uploader set of this node's earlier sums in the run: the key
+    holder refuses to add it to a sum over another set.
 
     Refused if K (from the roster, not the server) such inputs could exceed the CKKS bound.
     """
     u = identity.index
+    if roster.colluders > 0:
+        raise _abort(u, "ckks_encrypt", "colluders",
+                     f"its roster allows {roster.colluders} node(s) to collude with the server, and CKKS has one key "
+                     "holder, named by the server: a colluding holder decrypts every upload; nothing is encrypted "
+                     "(use --secure mask, whose threshold covers colluders)")
     if int(num_nodes) != roster.size:
         raise _abort(u, "ckks_encrypt", "wrong-parameters",
                      f"the server asks for K={num_nodes}, the roster has K={roster.size}")
@@ -127,16 +145,18 @@ def node_encrypt(public: bytes, x: np.ndarray, params: CKKSParams, *, identity: 
         raise _abort(u, "ckks_encrypt", "substituted-key", "it was sent a context holding the secret key")
     s = params.slots
     cts = [ts.ckks_vector(ctx, x[i : i + s].tolist()).serialize() for i in range(0, x.size, s)]
-    return cts, identity.sign(_contribution_bytes(roster, session, u, cts, digest))
+    return cts, identity.sign(_contribution_bytes(roster, session, u, cts, digest, pin))
 
 
-def holder_decrypt(secret: bytes, contributions: list[tuple[int, list[bytes], bytes]], size: int,
+def holder_decrypt(secret: bytes, contributions: list[tuple[int, list[bytes], bytes, bytes]], size: int,
                    params: CKKSParams, *, identity: Identity, roster: Roster, session: bytes,
-                   integral: bool = False, digest: bytes = b"") -> np.ndarray:
+                   integral: bool = False, digest: bytes = b"", ledger=None) -> np.ndarray:
     """Check every signed contribution (at least t distinct roster nodes, each over the same ``digest`` of
-    what was summed as the key holder's own), add them, decrypt once, round."""
+    what was summed as the key holder's own, each node's pinned uploader set empty or this sum's set; with
+    ``ledger``, the key holder's own pin too), add them, decrypt once, round.  Each contribution is
+    (node, ciphertexts, signature, pin)."""
     me = identity.index
-    seen = [u for u, _, _ in contributions]
+    seen = [u for u, _, _, _ in contributions]
     if len(set(seen)) != len(seen):
         raise _abort(me, "ckks_decrypt", "malformed-list", "a node's contribution appears twice")
     if len(seen) < roster.threshold:
@@ -144,16 +164,24 @@ def holder_decrypt(secret: bytes, contributions: list[tuple[int, list[bytes], by
                      f"asked to decrypt a sum of {len(seen)} contribution(s), below the threshold "
                      f"t={roster.threshold}: it could be one node's input")
     n_ct = params.num_ciphertexts(size)
-    for u, cts, sig in contributions:
+    for u, cts, sig, pin in contributions:
         if len(cts) != n_ct or not roster.verify(int(u), bytes(sig),
-                                                 _contribution_bytes(roster, session, u, cts, digest)):
+                                                 _contribution_bytes(roster, session, u, cts, digest, pin)):
             raise _abort(me, "ckks_decrypt", "bad-signature",
                          f"the contribution said to be node {u}'s is not signed by it for this session and for what "
                          "the key holder summed (a forged or relabelled contribution, or a split broadcast)")
+    members = pin_bytes(seen)
+    other = sorted(u for u, _, _, pin in contributions if bytes(pin) not in (pin_bytes(None), members))
+    if other:
+        raise _abort(me, "ckks_decrypt", "other-uploaders",
+                     f"node(s) {other} were summed over another uploader set earlier in the run than this sum's "
+                     f"{sorted(seen)}; the difference of the two sums would be one node's input")
+    if ledger is not None:
+        ledger.pin(seen, me, "ckks_decrypt")
     ts = tenseal_module()
     ctx = ts.context_from(secret)
     acc = None
-    for _, cts, _ in contributions:
+    for _, cts, _, _ in contributions:
         vecs = [ts.ckks_vector_from(ctx, c) for c in cts]
         if acc is None:
             acc = vecs
@@ -237,7 +265,7 @@ def ckks_sum_over_messages(
     if "public" not in holder_reply:
         raise ProtocolAbort(f"the CKKS key holder (node {key_holder}) did not answer; no sum is released")
     public = holder_reply["public"]
-    contributions: list[tuple[int, list[bytes], bytes]] = []
+    contributions: list[tuple[int, list[bytes], bytes, bytes]] = []
     uploaded: list[int] = []
     n_ct = params.num_ciphertexts(length)
 
@@ -249,7 +277,7 @@ def ckks_sum_over_messages(
             raise InputError(f"node {node} sent {len(cts)} ciphertexts, expected {n_ct}: the nodes disagree on d or C")
         if keep_view:
             view.append(("ckks_encrypt", node, "ciphertexts", cts))
-        contributions.append((int(rec["u"]), cts, bytes(rec["sig"])))
+        contributions.append((int(rec["u"]), cts, bytes(rec["sig"]), bytes(rec.get("pin", b""))))
         uploaded.append(node)
 
     contents = {n: RecordDict({"ckks": ConfigRecord({"public": public, "K": K, "holder": holder_reply["holder"],
@@ -266,9 +294,10 @@ def ckks_sum_over_messages(
         _refused("ckks_decrypt", content, node)
         out["total"] = content["sum"]["total"].numpy()
 
-    request = ConfigRecord({"from": [u for u, _, _ in contributions], "ct": [c for _, cts, _ in contributions
-                                                                            for c in cts],
-                            "sigs": [s for _, _, s in contributions], "size": int(length), "session": session})
+    request = ConfigRecord({"from": [u for u, _, _, _ in contributions],
+                            "ct": [c for _, cts, _, _ in contributions for c in cts],
+                            "sigs": [s for _, _, s, _ in contributions], "pins": [p for _, _, _, p in contributions],
+                            "size": int(length), "session": session})
     stages["ckks_decrypt"] = exchange(grid, {key_holder: RecordDict({"ckks": request})}, "query.ckks_decrypt",
                                       timeout, on_sum, group_id=round_name)
     if "total" not in out:

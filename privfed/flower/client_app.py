@@ -20,6 +20,11 @@ Message types it answers (all ``query``; the server sends the run's
 A bad configuration or a node without data is answered with an ``error``
 record naming the problem, which the server turns into one clear error.
 
+A node whose node config names a roster (``secagg-roster``: deployed for secure
+aggregation against a deviating server) refuses every release the server
+could read (``query``, ``query.round``, Flower's SecAgg+) unless its operator
+adds ``allow-plain-release=true``; in-process simulations allow them.
+
 Fault injection for drills and tests: node config ``fail-at=STAGE`` makes
 the node fail that stage, the first time it reaches it (it answers with a Flower error),
 ``fail-at=STAGE:exit`` makes the ClientApp process exit without answering
@@ -38,10 +43,10 @@ from flwr.app import ConfigRecord, Context, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
 
 from mechanisms.ckks import CKKSParams
-from mechanisms.secagg_crypto import ProtocolAbort
+from mechanisms.secagg_crypto import ProtocolAbort, as_bytes, as_int
 from privfed.errors import PrivfedError
 from privfed.flower.ckks import SECRET_KEY as CKKS_SECRET
-from privfed.flower.ckks import holder_decrypt, holder_keys, node_encrypt, sum_reply
+from privfed.flower.ckks import holder_decrypt, holder_keys, node_encrypt, pin_bytes, sum_reply
 from privfed.flower.config import FlowerConfig
 from privfed.flower.node import load_node_data, node_rng, node_statistics
 from privfed.flower.protocol import fedcof_round_vector, sum_vector
@@ -90,6 +95,41 @@ def _error(msg: Message, exc: Exception) -> Message:
                    reply_to=msg)
 
 
+def _plain_refused(msg: Message, context: Context, what: str) -> Message | None:
+    """The refusal of a release the server could read, by a node deployed for secure aggregation.
+
+    A node whose node config names a roster (``secagg-roster``) takes part in secure sums only: a server
+    asking it for its statistics in the clear (a plain ``query`` or ``query.round``) or through Flower's
+    SecAgg+ (which a deviating server unmasks) gets this refusal, unless the node's operator allows plain
+    releases with ``allow-plain-release=true`` (simulations, where the operator is the server, do).
+    """
+    conf = context.node_config
+    if "secagg-roster" not in conf or str(conf.get("allow-plain-release", "")).lower() == "true":
+        return None
+    return _error(msg, ProtocolAbort(
+        f"node {context.node_id} refuses {what}: it is deployed for secure aggregation (its node config names "
+        "secagg-roster), and the server would read its statistics; run with --secure mask or ckks, or let this "
+        "node release in the clear with --node-config 'allow-plain-release=true'", stage=what,
+        deviation="plain-release"))
+
+
+def _check_noise_share(cfg: FlowerConfig, roster, node: int, stage: str) -> None:
+    """Refuse a DP configuration whose K is not the roster's: the node's noise share sigma^2 / (K - tolerance)
+    is computed from the configuration, so a server claiming more nodes would make every share too small."""
+    if cfg.private and int(cfg.clients) != roster.size:
+        raise ProtocolAbort(
+            f"node {node} aborts at stage {stage!r}: the run config says clients={cfg.clients} but its roster has "
+            f"K={roster.size}; its noise share sigma^2/(K - tolerance) would be sized for another number of nodes "
+            "(the sum would carry less noise than the reported epsilon needs)", node=node, stage=stage,
+            deviation="wrong-parameters")
+
+
+def _malformed(msg: Message, context: Context, stage: str, exc: Exception) -> Message:
+    """A clean refusal of a request whose fields have the wrong type or are missing (never a traceback)."""
+    return _error(msg, ProtocolAbort(f"node {context.node_id} aborts at stage {stage!r}: malformed request "
+                                     f"({type(exc).__name__}: {exc})", stage=stage, deviation="malformed"))
+
+
 def _secure_stats(cfg: FlowerConfig, context: Context, msg: Message):
     """This node's statistics for a secure run, computed once and kept in its own ``context.state``.
 
@@ -102,11 +142,22 @@ def _secure_stats(cfg: FlowerConfig, context: Context, msg: Message):
 def _secure_release(cfg: FlowerConfig, context: Context, msg: Message):
     """This node's statistics (with its noise share under DP) and its release events, cached per run config.
 
+    A node deployed with a roster refuses a server-chosen ``noise-seed`` (the
+    server would know the share) unless its node config allows seeded noise.
     The share is drawn once per configuration and run (the server's nonce is
     left out of the key: a server cannot make a node draw, or reuse, a share
     by changing it) and enters one masked sum per aggregation id (the node's
     :class:`~mechanisms.secagg_node.SessionLedger` refuses a second).
     """
+    conf = context.node_config
+    if (cfg.private and cfg.noise_seed is not None and "secagg-roster" in conf
+            and str(conf.get("allow-seeded-noise", "")).lower() != "true"):
+        stage = msg.metadata.message_type.removeprefix("query.")
+        raise ProtocolAbort(
+            f"node {context.node_id} aborts at stage {stage!r}: the run config sets noise-seed={cfg.noise_seed}, "
+            "and a noise share drawn from a seed the server knows is one it can subtract (no DP left); seeded "
+            "noise is for simulations (node config allow-seeded-noise=true)", node=context.node_id, stage=stage,
+            deviation="seeded-noise")
     raw = {k: v for k, v in dict(msg.content["config"]).items() if k != "run-nonce"}
     key = hashlib.sha256(json.dumps(raw, sort_keys=True, default=str).encode()).hexdigest()
     if _STATS in context.state and context.state[_STATS_KEY]["config"] == key:
@@ -150,6 +201,8 @@ def make_client_app(faults: dict[int, str] | None = None, provision: SimulatedRo
     def query(msg: Message, context: Context) -> Message:
         if (failed := _fault("query", msg, context, faults)) is not None:
             return failed
+        if (refused := _plain_refused(msg, context, "a plain release")) is not None:
+            return refused
         try:
             cfg = _config(msg)
             data = load_node_data(context.node_config, cfg)
@@ -169,6 +222,8 @@ def make_client_app(faults: dict[int, str] | None = None, provision: SimulatedRo
     def round_(msg: Message, context: Context) -> Message:
         if (failed := _fault("round", msg, context, faults)) is not None:
             return failed
+        if (refused := _plain_refused(msg, context, "a plain multi-round release")) is not None:
+            return refused
         try:
             cfg = _config(msg)
             b = msg.content["broadcast"]
@@ -203,14 +258,17 @@ def make_client_app(faults: dict[int, str] | None = None, provision: SimulatedRo
                 kw = {}
                 if stage == "masked":
                     cfg = _config(msg)
+                    _check_noise_share(cfg, roster, identity.index, stage)
                     agg, digest = aggregation_digests(dict(msg.content["config"]), _round(msg), _broadcast(msg),
                                                       cfg.private)
                     kw = dict(aggregation=agg, context_digest=digest, ring_input=lambda: encode_for_ring(
                         _secure_vector(msg, cfg, context), cfg.frac_bits, roster.size),
-                        lifetime=lifetime_id(dict(msg.content["config"]), _round(msg)))
+                        lifetime=lifetime_id(dict(msg.content["config"]), _round(msg), cfg.private))
                 reply = node_step(msg.content, context, identity, roster, **kw)
             except PrivfedError as exc:  # a refusal (ProtocolAbort included) reaches the server as its message
                 return _error(msg, exc)
+            except (KeyError, TypeError, OverflowError) as exc:  # a request without its config or round
+                return _malformed(msg, context, stage, exc)
             return Message(reply, reply_to=msg)
 
         handler.__name__ = f"secagg_{stage}"
@@ -223,12 +281,15 @@ def make_client_app(faults: dict[int, str] | None = None, provision: SimulatedRo
     def ckks_keys(msg: Message, context: Context) -> Message:
         if (failed := _fault("ckks_keys", msg, context, faults)) is not None:
             return failed
-        rec = msg.content["ckks"]
         try:
+            rec = msg.content["ckks"]
             identity, roster = node_identity(context.node_config, context.node_id, provision)
-            secret, public, sig = holder_keys(CKKSParams(), identity, roster, bytes(rec["session"]), int(rec["K"]))
+            secret, public, sig = holder_keys(CKKSParams(), identity, roster, as_bytes(rec["session"], "session"),
+                                              as_int(rec["K"], "K"))
         except PrivfedError as exc:
             return _error(msg, exc)
+        except (KeyError, TypeError, OverflowError) as exc:
+            return _malformed(msg, context, "ckks_keys", exc)
         context.state[CKKS_SECRET] = ConfigRecord({"secret": secret, "session": bytes(rec["session"])})
         return Message(RecordDict({"ckks": ConfigRecord({"public": public, "u": identity.index, "sig": sig})}),
                        reply_to=msg)
@@ -237,32 +298,40 @@ def make_client_app(faults: dict[int, str] | None = None, provision: SimulatedRo
     def ckks_encrypt(msg: Message, context: Context) -> Message:
         if (failed := _fault("ckks_encrypt", msg, context, faults)) is not None:
             return failed
-        rec = msg.content["ckks"]
         try:
+            rec = msg.content["ckks"]
             cfg = _config(msg)
             identity, roster = node_identity(context.node_config, context.node_id, provision)
+            _check_noise_share(cfg, roster, identity.index, "ckks_encrypt")
             agg, digest = aggregation_digests(dict(msg.content["config"]), _round(msg), _broadcast(msg),
                                               cfg.private)
             x = _secure_vector(msg, cfg, context)
-            cts, sig = node_encrypt(bytes(rec["public"]), x, CKKSParams(), identity=identity, roster=roster,
-                                    holder=int(rec["holder"]), signature=bytes(rec["sig"]),
-                                    session=bytes(rec["session"]), num_nodes=int(rec["K"]), digest=digest)
-            if CKKS_SECRET in context.state and int(rec["holder"]) == identity.index:
+            holder = as_int(rec["holder"], "holder")
+            ledger = node_ledger(context, lifetime_id(dict(msg.content["config"]), _round(msg), cfg.private))
+            pin = pin_bytes(ledger.uploaders)
+            cts, sig = node_encrypt(as_bytes(rec["public"], "public"), x, CKKSParams(), identity=identity,
+                                    roster=roster, holder=holder, signature=as_bytes(rec["sig"], "sig"),
+                                    session=as_bytes(rec["session"], "session"), num_nodes=as_int(rec["K"], "K"),
+                                    digest=digest, pin=pin)
+            # One key holder per run (it keeps one set); bound once its signed context checked out.
+            ledger.bind_holder(holder, identity.index, "ckks_encrypt")
+            if CKKS_SECRET in context.state and holder == identity.index:
                 context.state[CKKS_SECRET]["digest"] = digest  # the key holder checks every contribution against it
-            ledger = node_ledger(context, lifetime_id(dict(msg.content["config"]), _round(msg)))
             ledger.claim(agg, identity.index)  # one encrypted upload per aggregation id
-            context.state[LEDGER_KEY] = ConfigRecord({"used": list(ledger.used)})
+            context.state[LEDGER_KEY] = ConfigRecord(ledger.record())
         except PrivfedError as exc:
             return _error(msg, exc)
-        return Message(RecordDict({"ckks": ConfigRecord({"ct": cts, "u": identity.index, "sig": sig})}),
+        except (KeyError, TypeError, OverflowError) as exc:
+            return _malformed(msg, context, "ckks_encrypt", exc)
+        return Message(RecordDict({"ckks": ConfigRecord({"ct": cts, "u": identity.index, "sig": sig, "pin": pin})}),
                        reply_to=msg)
 
     @app.query("ckks_decrypt")
     def ckks_decrypt(msg: Message, context: Context) -> Message:
         if (failed := _fault("ckks_decrypt", msg, context, faults)) is not None:
             return failed
-        rec = msg.content["ckks"]
         try:
+            rec = msg.content["ckks"]
             identity, roster = node_identity(context.node_config, context.node_id, provision)
             if CKKS_SECRET not in context.state:
                 raise ProtocolAbort(f"node {identity.index} aborts at stage 'ckks_decrypt': it holds no key (each "
@@ -270,30 +339,44 @@ def make_client_app(faults: dict[int, str] | None = None, provision: SimulatedRo
                                     deviation="second-session")
             kept = context.state[CKKS_SECRET]
             del context.state[CKKS_SECRET]  # one aggregate per key, whatever happens next
-            session = bytes(rec["session"])
+            session = as_bytes(rec["session"], "session")
             if session != bytes(kept["session"]):
                 raise ProtocolAbort(f"node {identity.index} aborts at stage 'ckks_decrypt': another session's "
                                     "aggregate", node=identity.index, stage="ckks_decrypt", deviation="replay")
-            size, params = int(rec["size"]), CKKSParams()
+            size, params = as_int(rec["size"], "size"), CKKSParams()
             n = params.num_ciphertexts(size)
-            cts = [bytes(c) for c in rec["ct"]]
-            senders = [int(u) for u in rec["from"]]
+            cts = [as_bytes(c, "a ciphertext") for c in rec["ct"]]
+            senders = [as_int(u, "a sender") for u in rec["from"]]
             if len(cts) != n * len(senders):
                 raise ProtocolAbort(f"node {identity.index} aborts at stage 'ckks_decrypt': malformed "
                                     "contributions", node=identity.index, stage="ckks_decrypt",
                                     deviation="malformed")
-            contributions = [(u, cts[i * n:(i + 1) * n], bytes(sg)) for i, (u, sg) in
-                             enumerate(zip(senders, rec["sigs"]))]
-            total = holder_decrypt(bytes(kept["secret"]), contributions, size, params, identity=identity,
-                                   roster=roster, session=session, integral=False,
-                                   digest=bytes(kept.get("digest", b"")))
+            contributions = [(u, cts[i * n:(i + 1) * n], as_bytes(sg, "a signature"), as_bytes(pn, "a pin"))
+                             for i, (u, sg, pn) in enumerate(zip(senders, rec["sigs"], rec["pins"]))]
+            ledger = node_ledger(context)
+            try:
+                total = holder_decrypt(bytes(kept["secret"]), contributions, size, params, identity=identity,
+                                       roster=roster, session=session, integral=False,
+                                       digest=bytes(kept.get("digest", b"")), ledger=ledger)
+            finally:
+                context.state[LEDGER_KEY] = ConfigRecord(ledger.record())
         except PrivfedError as exc:
             return _error(msg, exc)
+        except (KeyError, TypeError, OverflowError) as exc:
+            return _malformed(msg, context, "ckks_decrypt", exc)
         return Message(sum_reply(total), reply_to=msg)
 
     from flwr.client.mod import secaggplus_mod
 
-    @app.train(mods=[secaggplus_mod])
+    def refuse_secaggplus(msg: Message, context: Context, call_next) -> Message:
+        """Before any SecAgg+ stage: a node deployed with a roster takes no part in it (see _plain_refused)."""
+        refused = _plain_refused(msg, context, "Flower's SecAgg+ (a deviating server unmasks it)")
+        if refused is None:
+            return call_next(msg, context)
+        # Flower's SecAgg+ workflow reads a reply's content as its own records: refuse with a Flower error.
+        return Message(Error(code=0, reason=str(refused.content["error"]["message"])), reply_to=msg)
+
+    @app.train(mods=[refuse_secaggplus, secaggplus_mod])
     def flwr_secaggplus(msg: Message, context: Context) -> Message:
         """Flower's SecAgg+ collect stage (``secure=flwr-secaggplus``): the node's pre-scaled statistics."""
         from privfed.flower.flwr_secagg import node_train_reply

@@ -18,9 +18,13 @@ signs in the consistency round, so a server that sends different
 broadcasts to different nodes (FedCOF's round 2) is detected before any
 share is revealed.
 
-One upload per aggregation: the node's ledger lives in its run state; with
-``secagg-ledger=FILE`` in its node config it is also kept in that file, so a
-server that starts another run to repeat a sum is refused too.
+One upload per aggregation, one uploader set per node: the node's ledger lives
+in its run state and records the aggregation ids it uploaded for and the
+uploader set of the first sum it signed (a later sum over another set, under
+any configuration, is refused: two sums over different sets subtract to one
+node's input); with ``secagg-ledger=FILE`` in its node config it is also kept
+in that file, so a server that starts another run to repeat a sum is refused
+too.  Without the file a new run starts a fresh ledger.
 
 Identities: a node reads ``secagg-identity`` and ``secagg-roster`` (file
 paths, or inline JSON) from its node config (see
@@ -122,14 +126,18 @@ class SimulatedRoster:
 def simulated_identities(node_configs: dict[int, dict], threshold: int | None = None) -> dict[int, dict]:
     """Node configs with a fresh simulated roster added (``secagg-identity`` / ``secagg-roster`` inline).
 
-    Nodes that already have both keys keep them.  For in-process simulations only.
+    Nodes that already have both keys keep them.  For in-process simulations only, where the operator is
+    the server: the nodes also allow plain releases (``allow-plain-release``) and seeded noise
+    (``allow-seeded-noise``), which a deployed node with a roster refuses.
     """
     if all("secagg-identity" in c and "secagg-roster" in c for c in node_configs.values()):
         return dict(node_configs)
     sim = SimulatedRoster(len(node_configs), threshold, node_ids=list(node_configs))
     out = {}
     for n, c in node_configs.items():
-        out[n] = {**c, "secagg-identity": sim.identities[sim.index[int(n)]], "secagg-roster": sim.roster_json}
+        out[n] = {"allow-plain-release": True, "allow-seeded-noise": True, **c,
+                  "secagg-identity": sim.identities[sim.index[int(n)]],
+                  "secagg-roster": sim.roster_json}
     return out
 
 
@@ -180,34 +188,64 @@ def aggregation_digests(config: dict, round_name: str, broadcast: dict[str, np.n
     return agg, h.digest()
 
 
-def lifetime_id(config: dict, round_name: str) -> bytes:
-    """The id a node's lifetime ledger (``secagg-ledger``) keeps: the run config (less transport keys) and round."""
+def lifetime_id(config: dict, round_name: str, private: bool = False) -> bytes:
+    """The id a node's lifetime ledger (``secagg-ledger``) keeps: the run config (less transport keys) and round;
+    under DP the round alone (any configuration is another release of the node's noisy statistics, and a server
+    chooses the configuration)."""
     canon = json.dumps({k: v for k, v in sorted(config.items()) if k not in _TRANSPORT_KEYS},
                        sort_keys=True, default=str)
-    return hashlib.sha256(b"privfed lifetime aggregation\x00" + canon.encode() + b"\x00" + round_name.encode()).digest()
+    base = "dp-release" if private else canon
+    return hashlib.sha256(b"privfed lifetime aggregation\x00" + base.encode() + b"\x00" + round_name.encode()).digest()
+
+
+_PIN = "uploaders="
 
 
 def node_ledger(context, lifetime: bytes | None = None) -> SessionLedger:
     """This node's ledger for this run (``context.state``), chained to the file named by its node config
     ``secagg-ledger`` when there is one: the same configuration and round is summed once per node, ever,
-    whichever run the server starts."""
+    whichever run the server starts, and every sum covers the uploader set of the first (a line
+    ``uploaders=...`` in the file; ``holder=...`` names the one CKKS key holder, which keeps that set for
+    CKKS sums), so sums from two runs cannot be subtracted either."""
     path = context.node_config.get("secagg-ledger")
+    p = pathlib.Path(str(path)).expanduser() if path else None
+
+    def lines() -> list[str]:
+        return p.read_text().split() if p is not None and p.exists() else []
+
+    def append(line: str) -> None:
+        with open(p, "a", encoding="utf-8") as fh:
+            fh.write(line + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
 
     def also(node: int) -> None:
-        p = pathlib.Path(str(path)).expanduser()
-        used = set(p.read_text().split()) if p.exists() else set()
-        if lifetime.hex() in used:
+        if lifetime.hex() in set(lines()):
             raise ProtocolAbort(
                 f"node {node} aborts at stage 'masked': its ledger {p} shows it already uploaded for this "
                 "configuration and round in an earlier run; a server that repeats a sum could subtract the two",
                 node=node, stage="masked", deviation="second-session")
-        with open(p, "a", encoding="utf-8") as fh:
-            fh.write(lifetime.hex() + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
+        append(lifetime.hex())
 
-    used = list(context.state[LEDGER_KEY]["used"]) if LEDGER_KEY in context.state else []
-    return SessionLedger(used, also if path and lifetime is not None else None)
+    def keep(line: str) -> None:
+        key = line.split("=", 1)[0] + "="
+        if not any(x.startswith(key) for x in lines()):
+            append(line)
+
+    def kept(key: str) -> str | None:
+        found = [x[len(key):] for x in lines() if x.startswith(key)]
+        return found[0] if found else None
+
+    rec = context.state.get(LEDGER_KEY, {})
+    used = list(rec["used"]) if "used" in rec else []
+    pinned = list(rec["uploaders"]) if "uploaders" in rec else None
+    holder = int(rec["holder"]) if "holder" in rec else None
+    if pinned is None and (text := kept(_PIN)) is not None:
+        pinned = [int(v) for v in text.split(",")]
+    if holder is None and (text := kept("holder=")) is not None:
+        holder = int(text)
+    return SessionLedger(used, also if p is not None and lifetime is not None else None, pinned, holder,
+                         keep if p is not None else None)
 
 
 def node_step(content: RecordDict, context, identity: Identity, roster: Roster, *,
@@ -225,7 +263,7 @@ def node_step(content: RecordDict, context, identity: Identity, roster: Roster, 
         reply = node.handle(req, ring_input=ring_input, context=context_digest, aggregation=aggregation)
     finally:
         context.state[STATE_KEY] = ConfigRecord(node.state())
-        context.state[LEDGER_KEY] = ConfigRecord({"used": list(ledger.used)})
+        context.state[LEDGER_KEY] = ConfigRecord(ledger.record())
     return to_records(reply)
 
 

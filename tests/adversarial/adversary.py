@@ -29,9 +29,9 @@ FRAC = 16
 class Federation:
     """K simulated nodes (real node code) with inputs ``x[u]`` and a roster with threshold t."""
 
-    def __init__(self, K: int = 5, t: int | None = None, length: int = 6, seed: int = 0) -> None:
+    def __init__(self, K: int = 5, t: int | None = None, length: int = 6, seed: int = 0, colluders: int = 0) -> None:
         self.K, self.length = K, length
-        self.roster, self.ids = make_roster(K, t)
+        self.roster, self.ids = make_roster(K, t, colluders)
         self.t = self.roster.threshold
         rng = np.random.default_rng(seed)
         self.x = rng.normal(0, 10, size=(K, length))

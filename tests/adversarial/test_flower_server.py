@@ -145,7 +145,7 @@ def test_a_minority_threshold_is_refused_before_any_message():
 
 def test_a_node_ledger_file_refuses_a_sum_repeated_in_another_run(digits_dataset, tmp_path):
     """A server that starts a new run (fresh node state) to repeat a sum: refused by nodes that keep a ledger
-    file; another configuration is another aggregation and runs."""
+    file; another configuration over the same uploaders is another aggregation and runs."""
     nodes = simulated_identities({n: {**c, "secagg-ledger": str(tmp_path / f"ledger-{n}.txt")}
                                   for n, c in _nodes().items()})
     cfg = FlowerConfig(method="fedncm", clients=K, secure="mask", timeout=30)
@@ -153,4 +153,116 @@ def test_a_node_ledger_file_refuses_a_sum_repeated_in_another_run(digits_dataset
     with pytest.raises(ProtocolAbort, match="stage 'masked'.*its ledger .* already uploaded for this configuration"):
         serve(LocalGrid(nodes), cfg)  # a new run: new contexts, the same nodes
     serve(LocalGrid(nodes), FlowerConfig(method="fed3r", clients=K, secure="mask", timeout=30))
-    assert all(len((tmp_path / f"ledger-{n}.txt").read_text().split()) == 2 for n in nodes)
+    for n in nodes:  # two aggregation ids, and the one uploader set both sums covered
+        assert "uploaders=0,1,2,3" in (tmp_path / f"ledger-{n}.txt").read_text().split()
+        assert len((tmp_path / f"ledger-{n}.txt").read_text().split()) == 3
+
+
+def _sum(grid, cfg, among, round_name="sums"):
+    """One masked sum of the nodes' statistics under ``cfg``, run by the server over ``among`` only."""
+    from flwr.app import ConfigRecord
+
+    from privfed.flower.protocol import sum_vector_length
+
+    rec = ConfigRecord({**cfg.to_wire(), "run-nonce": os.urandom(8).hex()})
+    return masked_sum_over_messages(
+        grid, among, length=sum_vector_length(cfg.make_method(), 10, 64), frac_bits=cfg.frac_bits, threshold=None,
+        timeout=30, masked_payload=lambda n: {"config": rec, "round": ConfigRecord({"round": round_name})},
+        round_name=round_name, num_nodes=K)
+
+
+def test_two_sums_over_different_uploader_sets_are_refused_whatever_the_configuration(digits_dataset):
+    """Differencing without DP: the same statistic summed twice in one run, the second time without the victim,
+    under two run configs that differ only where the sum does not (frac-bits), so the two aggregation ids differ.
+    Before, both sums were released and their difference was the victim's class counts and sums, exactly.
+    A node now signs only the uploader set of its first sum: the second aborts before any share is revealed."""
+    grid = LocalGrid(simulated_identities(_nodes()))
+    nodes = sorted(grid.contexts)
+    first = FlowerConfig(method="fedncm", clients=K, secure="mask", timeout=30)
+    _sum(grid, first, nodes)
+    other = FlowerConfig(method="fedncm", clients=K, secure="mask", timeout=30, frac_bits=first.frac_bits - 1)
+    with pytest.raises(ProtocolAbort, match="stage 'consistency'.*uploaders \\[1, 2, 3\\].*earlier sum covered "
+                                            "\\[0, 1, 2, 3\\]") as exc:
+        _sum(grid, other, nodes[1:])
+    assert exc.value.stage == "consistency" and exc.value.node in nodes[1:]
+    # Another configuration over the same uploaders is fine: it is a sum over the same set.
+    again = _sum(grid, FlowerConfig(method="fed3r", clients=K, secure="mask", timeout=30), nodes)
+    assert again.uploaded == nodes
+
+
+def test_a_ledger_file_keeps_the_uploader_set_and_the_dp_release_across_runs(digits_dataset, tmp_path):
+    """Across runs (fresh node state) the ledger file holds the uploader set and, under DP, the release: a
+    new run that leaves a node out is refused, and so is a second DP release under another configuration
+    (before, any config change gave the file a new id: a second noisy release of the same statistics)."""
+    nodes = simulated_identities({n: {**c, "secagg-ledger": str(tmp_path / f"ledger-{n}.txt")}
+                                  for n, c in _nodes().items()})
+    ids = sorted(nodes)
+    _sum(LocalGrid(nodes), FlowerConfig(method="fedncm", clients=K, secure="mask", timeout=30), ids)
+    with pytest.raises(ProtocolAbort, match="stage 'consistency'.*earlier sum covered \\[0, 1, 2, 3\\]"):
+        _sum(LocalGrid(nodes), FlowerConfig(method="fed3r", clients=K, secure="mask", timeout=30), ids[1:])
+    dp = {"method": "fedncm", "clients": K, "secure": "mask", "timeout": 30, "epsilon": 1.0, "delta": 1e-5,
+          "clip": 10.0}
+    _sum(LocalGrid(nodes), FlowerConfig(**dp), ids)
+    with pytest.raises(ProtocolAbort, match="stage 'masked'.*its ledger .* already uploaded"):
+        _sum(LocalGrid(nodes), FlowerConfig(**dp, partition_seed=5), ids)
+
+
+def test_a_node_deployed_with_a_roster_refuses_to_release_in_the_clear(digits_dataset):
+    """The simplest deviation: instead of a secure sum, the server asks each node for its statistics in a plain
+    query (or through Flower's SecAgg+, which it can unmask).  Before, a node with a roster answered either with
+    its raw statistics.  Now it refuses unless its own operator allows plain releases."""
+    from mechanisms.secagg_identity import make_roster
+    from privfed.flower.local import LocalGrid as Grid
+
+    roster, ids = make_roster(K)
+    deployed = {100 + i: {"partition-id": i, "num-partitions": K, "secagg-identity": ids[i].to_json(),
+                          "secagg-roster": roster.to_json()} for i in range(K)}
+    for secure in ("none", "flwr-secaggplus-insecure"):
+        extra = {"clip": 10.0, "max_records": 1000} if secure != "none" else {}
+        with pytest.raises((ConfigError, ProtocolAbort, RuntimeError), match="refuses (a plain release|Flower's SecAgg)"):
+            serve(Grid(deployed), FlowerConfig(method="fedncm", clients=K, secure=secure, timeout=30, **extra))
+    masked = serve(Grid(deployed), FlowerConfig(method="fedncm", clients=K, secure="mask", timeout=30))
+    assert masked.head.secure_aggregation["summed_nodes"] == K
+    allowed = {n: {**c, "allow-plain-release": "true"} for n, c in deployed.items()}
+    assert serve(Grid(allowed), FlowerConfig(method="fedncm", clients=K, timeout=30)).report["replied"] == K
+
+
+@pytest.mark.parametrize("secure", ["mask", "ckks"])
+def test_a_dp_config_claiming_more_nodes_than_the_roster_is_refused(digits_dataset, secure):
+    """Each node adds sigma^2 / (K - tolerance) with K from the run config.  A server that sends clients=200
+    to K = 4 nodes gets a sum carrying 4/200 of the noise the reported epsilon needs; before, every node
+    uploaded.  Now the node checks K against its roster first."""
+    def tamper(msg):
+        if msg.metadata.message_type in ("query.setup", "query.masked", "query.ckks_encrypt"):
+            msg.content["config"]["clients"] = 200
+
+    cfg = FlowerConfig(method="fedncm", clients=K, epsilon=1.0, delta=1e-5, clip=10.0, secure=secure, timeout=60)
+    stage = "masked" if secure == "mask" else "ckks_encrypt"
+    with pytest.raises(ProtocolAbort, match=f"stage '{stage}'.*clients=200 but its roster has K=4"):
+        serve(TamperingGrid(_nodes(), tamper), cfg)
+
+
+def test_a_deployed_node_refuses_a_noise_seed_chosen_by_the_server(digits_dataset):
+    """noise-seed makes a node's noise share a function of (seed, node id), both known to the server, which can
+    then subtract every share from the sum: no DP at all while the report says epsilon = 1.  Before, a node with
+    a roster drew its share from the server's seed; now it refuses unless its operator allows seeded noise."""
+    from mechanisms.secagg_identity import make_roster
+
+    roster, ids = make_roster(K)
+    deployed = {100 + i: {"partition-id": i, "num-partitions": K, "secagg-identity": ids[i].to_json(),
+                          "secagg-roster": roster.to_json()} for i in range(K)}
+    dp = {"method": "fedncm", "clients": K, "epsilon": 1.0, "delta": 1e-5, "clip": 10.0, "timeout": 30}
+    for secure in ("mask", "ckks"):
+        with pytest.raises(ConfigError, match="stage 'setup'.*noise-seed=7, and a noise share drawn from a seed"):
+            serve(LocalGrid(deployed), FlowerConfig(**dp, secure=secure, noise_seed=7))
+    assert serve(LocalGrid(deployed), FlowerConfig(**dp, secure="mask")).head.privacy.epsilon == pytest.approx(1.0)
+
+
+def test_masking_then_ckks_under_dp_is_one_release(digits_dataset):
+    """The same DP release through the other protocol in the same run (a fresh noise share each time would
+    compose; the same share would subtract): the node's one ledger refuses the second upload."""
+    grid = LocalGrid(_nodes())
+    dp = {"method": "fedncm", "clients": K, "epsilon": 1.0, "delta": 1e-5, "clip": 10.0, "timeout": 60}
+    serve(grid, FlowerConfig(**dp, secure="mask"))
+    with pytest.raises(ProtocolAbort, match="stage 'ckks_encrypt'.*second masked session"):
+        serve(grid, FlowerConfig(**dp, secure="ckks"))

@@ -3,12 +3,24 @@ nothing beyond a sum of at least t inputs.  Run with ``python -m pytest tests/ad
 
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 import pytest
 from adversary import FRAC, Federation, only
+from flwr.app import ConfigRecord
 
 from mechanisms import fixed_point, shamir
-from mechanisms.secagg_crypto import INFO_PAIR, add_masks, hkdf, private_key, pub_bytes, public_key
+from mechanisms.secagg_crypto import (
+    INFO_PAIR,
+    ProtocolAbort,
+    add_masks,
+    hkdf,
+    private_key,
+    pub_bytes,
+    public_key,
+)
+from mechanisms.secagg_identity import signed_bytes
 from mechanisms.secagg_server import MaskingServer
 
 
@@ -292,3 +304,76 @@ def test_a_node_asked_out_of_order_or_twice_stops():
     with pytest.raises(Exception) as exc:
         fed.send(0, {"stage": "unmask", "session": server.session, "uploaded": [0, 1, 2, 3]})
     assert exc.value.deviation == "out-of-order"
+
+
+@pytest.mark.parametrize("stage, field, value", [
+    ("keys", "K", float("inf")),  # int() of it raised a raw OverflowError
+    ("keys", "session", -1),  # bytes(-1): a raw ValueError, outside the node's checks
+    ("keys", "session", 16),  # bytes(16) is 16 zero bytes: taken as a session id
+    ("shares", "c_pk", [1 << 30] * 4),  # bytes(n) of an int allocates n bytes before any check
+    ("masked", "alive", [False, True, True, True]),  # bools taken as ids 0 and 1
+    ("masked", "ct", [1 << 30] * 3),
+    ("unmask", "sigs", [1 << 30] * 4),
+])
+def test_wrongly_typed_fields_end_in_a_clean_abort_without_allocating_what_the_server_asks(stage, field, value):
+    """A field of the wrong type (a ConfigRecord can carry an int where bytes are expected) is refused as
+    malformed before it is used: never a raw traceback, never bytes(n) of a server's n."""
+    fed = Federation(K=4)
+    server = fed.server()
+    fed.run_until(server, stage)
+    reqs = server.requests()
+    u = 1 if stage == "masked" else 0
+    msg = {**reqs[u], field: value}
+    with pytest.raises(ProtocolAbort) as exc:
+        fed.send(u, msg)
+    assert exc.value.node == u and exc.value.stage == stage and exc.value.deviation == "malformed", str(exc.value)
+    assert f"node {u} aborts at stage {stage!r}: malformed request" in str(exc.value)
+
+
+def test_after_a_ckks_sum_a_node_signs_no_masked_uploader_list():
+    """A node that encrypted for a CKKS key holder (its ledger names the holder, not the set) refuses to sign
+    a masked sum's uploaders: it cannot tell whether they differ from the CKKS sum's."""
+    fed = Federation(K=4)
+    for c in fed.ctx:
+        c.state["privfed-secagg-ledger"] = ConfigRecord({"used": [], "holder": 1})
+    server = fed.server()
+    fed.run_until(server, "consistency")
+    only(fed.stage(server), "after-ckks", "consistency")
+
+
+@pytest.mark.parametrize("K, colluders", [(4, 0), (5, 0), (6, 0), (7, 0), (5, 1), (6, 1), (7, 2)])
+def test_split_uploader_lists_at_the_minimum_threshold_never_give_both_kinds_of_share(K, colluders):
+    """Every split of the honest nodes into "victim uploaded" / "victim dropped" views, at t = the roster's
+    minimum for K (odd and even) and n_C colluders that sign both views and hand the server their own shares:
+    each honest node gets every signature that verifies on its view.  The server never holds t shares of the
+    victim's self-mask seed and t of its mask key together."""
+    victim = 0
+    bad = list(range(K - colluders, K))
+    honest = [u for u in range(1, K) if u not in bad]
+    for k in range(len(honest) + 1):
+        fed = Federation(K=K, colluders=colluders)
+        t = fed.t
+        assert 2 * t > K + colluders
+        server = fed.server()
+        fed.run_until(server, "consistency")
+        everyone, without = list(range(K)), [u for u in range(K) if u != victim]
+        view = {u: everyone for u in [victim, *honest[:k]]} | {u: without for u in honest[k:]}
+        sigs = {u: fed.send(u, dict(server.requests()[u], uploaded=view[u]))["sig"] for u in view}
+        digest = hashlib.sha256(fed.digest[victim]).digest()
+        for c in bad:  # a colluder signs both views
+            for U3 in (everyone, without):
+                sigs[(c, tuple(U3))] = fed.ids[c].sign(signed_bytes(
+                    "consistency", fed.roster.fingerprint, server.session, everyone, U3, digest))
+        kinds = {"b": colluders, "s": colluders}  # the colluders' own shares of the victim's secrets
+        for u, U3 in view.items():
+            signers = [v for v in view if view[v] == U3] + bad
+            msg = {"stage": "unmask", "session": server.session, "uploaded": U3, "signers": signers,
+                   "sigs": [sigs[v] if v in view else sigs[(v, tuple(U3))] for v in signers],
+                   "echoes": [server.echoes[v] for v in U3]}
+            try:
+                reply = fed.send(u, msg)
+            except ProtocolAbort as exc:
+                assert exc.node == u and exc.stage == "unmask" and exc.deviation == "short-list", str(exc)
+                continue
+            kinds[reply["kind"][reply["about"].index(victim)]] += 1
+        assert min(kinds.values()) < t, (K, colluders, k, kinds)
