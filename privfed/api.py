@@ -55,11 +55,12 @@ def fit(
     num_classes : int, optional
         C; defaults to ``max(labels) + 1``.  Every class must have data,
         except under ``privacy``, where C is a public parameter of the
-        release and a class without records is handled from the noisy
-        statistics (pass it explicitly so it does not depend on the data).
+        release: it is required (never taken from the data) and a class
+        without records is handled from the noisy statistics.
     num_clients : int, optional
-        K; defaults to ``max(clients) + 1``.  Under ``privacy`` the set of
-        participating clients is public and a client may hold no record.
+        K; defaults to ``max(clients) + 1``.  Under ``privacy`` with
+        ``clients`` given, K is a public parameter of the release: it is
+        required (never taken from the data) and a client may hold no record.
     privacy : mechanism, optional
         A privacy mechanism from :mod:`mechanisms` (clipping and noise).
     secure_agg : optional
