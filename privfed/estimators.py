@@ -142,14 +142,14 @@ class FederatedHeadClassifier(ClassifierMixin, BaseEstimator):
         self.num_clients = num_clients
 
     def _encode_labels(self, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """``classes_`` and the codes of ``y``: from the public ``classes``, or (without privacy) from ``y``."""
+        """``classes_`` and the codes of ``y``: from the public ``classes``, or without privacy from ``y``."""
         spec = self.classes
         if spec is None:
             if self.privacy is not None:
                 raise ConfigError(
-                    "under privacy the label set is a public parameter of the release (a record of a new class "
-                    "would change its shape), never read from y: pass classes= to FederatedHeadClassifier "
-                    "(the labels, or their number C for labels 0..C-1)")
+                    "under privacy the label set is a public parameter of the release (a record of a new "
+                    "class would change its shape), never read from y: pass classes= to "
+                    "FederatedHeadClassifier (the labels, or their number C for labels 0..C-1)")
             return np.unique(y, return_inverse=True)
         if isinstance(spec, (int, np.integer)) and not isinstance(spec, bool):
             if spec < 1:
@@ -158,22 +158,24 @@ class FederatedHeadClassifier(ClassifierMixin, BaseEstimator):
         else:
             classes = np.unique(np.asarray(spec))
             if classes.ndim != 1 or classes.size < 1 or classes.size != len(spec):
-                raise ConfigError(f"classes must be distinct labels (a non-empty 1-D list) or an int C, got {spec!r}")
+                raise ConfigError(f"classes must be distinct labels (a non-empty 1-D list) or an int C, "
+                                  f"got {spec!r}")
         codes = np.searchsorted(classes, y).clip(0, classes.size - 1)
         bad = classes[codes] != y
         if np.any(bad):
-            raise InputError(f"y contains {y[bad][:1].tolist()[0]!r}, not in classes={spec!r}; add it to classes")
+            label = y[bad][:1].tolist()[0]
+            raise InputError(f"y contains {label!r}, not in classes={spec!r}; add it to classes")
         return classes, codes
 
     def _num_clients(self, ids, clients) -> int | None:
-        """The number of clients passed to fit: public under privacy (the int ``clients``, or ``num_clients``)."""
+        """The number of clients for fit: public under privacy (an int ``clients``, or ``num_clients``)."""
         spec, K = self.clients, self.num_clients
         from_int = clients is None and isinstance(spec, (int, np.integer)) and not isinstance(spec, bool)
         if K is not None:
             if isinstance(K, bool) or not isinstance(K, (int, np.integer)) or K < 1:
                 raise ConfigError(f"num_clients must be an int >= 1, got {K!r}")
             if from_int and int(K) != int(spec):
-                raise ConfigError(f"num_clients={K} but clients={spec}; give one of them (or the same number)")
+                raise ConfigError(f"num_clients={K} but clients={spec}; give one of them, or the same number")
             return None if ids is None else int(K)
         if ids is None:
             return None
@@ -182,8 +184,9 @@ class FederatedHeadClassifier(ClassifierMixin, BaseEstimator):
         if from_int:
             return int(spec)
         raise ConfigError(
-            "under privacy the number of clients is a public parameter of the release (a record of a new client "
-            "would change its shape), never counted from the ids: pass num_clients= to FederatedHeadClassifier")
+            "under privacy the number of clients is a public parameter of the release (a record of a new "
+            "client would change its shape), never counted from the ids: pass num_clients= to "
+            "FederatedHeadClassifier")
 
     def _client_ids(self, y: np.ndarray, clients, rng: np.random.Generator) -> np.ndarray | None:
         if clients is not None:

@@ -164,11 +164,14 @@ def test_hook_refusals_in_fit():
     with pytest.raises(ConfigError, match="trusted_aggregator=True"):
         privfed.fit("fedncm", F, y, k, num_classes=3, num_clients=5, privacy=client)
     with pytest.raises(ConfigError, match=r"blocks=\('sums', 'counts', 'second'\)"):
-        privfed.fit("fed3r", F, y, k, num_classes=3, num_clients=5, privacy=GaussianMechanism(epsilon=1.0, delta=1e-5, clip=1.0))
+        privfed.fit("fed3r", F, y, k, num_classes=3, num_clients=5,
+                    privacy=GaussianMechanism(epsilon=1.0, delta=1e-5, clip=1.0))
     with pytest.raises(ConfigError, match="does not use the second moment"):
-        privfed.fit("fedncm", F, y, k, num_classes=3, num_clients=5, privacy=GaussianMechanism(epsilon=1.0, delta=1e-5, clip=1.0, blocks=SECOND))
+        privfed.fit("fedncm", F, y, k, num_classes=3, num_clients=5,
+                    privacy=GaussianMechanism(epsilon=1.0, delta=1e-5, clip=1.0, blocks=SECOND))
     with pytest.raises(ConfigError, match="per-class second moments"):
-        privfed.fit("fedcof-oracle", F, y, k, num_classes=3, num_clients=5, privacy=GaussianMechanism(epsilon=1.0, delta=1e-5, clip=1.0))
+        privfed.fit("fedcof-oracle", F, y, k, num_classes=3, num_clients=5,
+                    privacy=GaussianMechanism(epsilon=1.0, delta=1e-5, clip=1.0))
     trusted_client = GaussianMechanism(
         epsilon=1.0, delta=1e-5, clip=1.0, level="client", max_records=100, trusted_aggregator=True
     )
@@ -308,7 +311,8 @@ def test_report_is_computed_from_ledger_and_serialises():
     json.dumps(rep.as_dict())
     with pytest.raises(Exception):
         rep.epsilon = 1.0  # frozen
-    privfed.fit("fedncm", F, y, k, num_classes=3, num_clients=5, privacy=m)  # a second release of the same data composes
+    privfed.fit("fedncm", F, y, k, num_classes=3, num_clients=5,
+                privacy=m)  # a second release of the same data composes
     assert m.report().epsilon > 2.0
 
 
@@ -381,12 +385,14 @@ def test_with_pairwise_masking(level):
     F, y, k = _data(seed=2)
     m = GaussianMechanism(epsilon=4.0, delta=1e-5, clip=2.0, blocks=SECOND, level=level,
                           max_records=100 if level == "client" else None)
-    head = privfed.fit("fed3r-within", F, y, k, num_classes=3, num_clients=5, privacy=m, secure_agg=make_secure_agg("mask"), random_state=0)
+    head = privfed.fit("fed3r-within", F, y, k, num_classes=3, num_clients=5,
+                       privacy=m, secure_agg=make_secure_agg("mask"), random_state=0)
     assert np.all(np.isfinite(head.weight))
     assert head.privacy.epsilon == pytest.approx(4.0, rel=1e-6)
     assert f"at {level} level" in head.privacy.guarantee
     with pytest.raises(ConfigError, match="secure protocol is not supported"):
-        privfed.fit("fedcof", F, y, k, num_classes=3, num_clients=5, privacy=GaussianMechanism(epsilon=1.0, delta=1e-5, clip=1.0),
+        privfed.fit("fedcof", F, y, k, num_classes=3, num_clients=5,
+                    privacy=GaussianMechanism(epsilon=1.0, delta=1e-5, clip=1.0),
                     secure_agg=make_secure_agg("mask"))
 
 
