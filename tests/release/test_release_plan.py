@@ -201,11 +201,13 @@ def test_attack_view_takes_the_public_number_of_clients():
 
     F, y, k = _data()
     with keeping_uploads():
-        head = privfed.fit("fedncm", F, y, k, num_classes=C, num_clients=K + 2, privacy=_gauss(), random_state=3)
+        head = privfed.fit("fedncm", F, y, k, num_classes=C, num_clients=K + 2, privacy=_gauss(),
+                           random_state=3)
     view = ServerView.from_federation("fedncm", F, y, k, num_classes=C, num_clients=K + 2, privacy=_gauss(),
                                       rng=3)
     assert view.stats.num_clients == K + 2
     np.testing.assert_array_equal(view.stats.counts, head.trace.server_view().stats.counts)
     assert np.abs(view.stats.counts[K:]).max() > 0  # the empty clients upload noise, not nothing
     with pytest.raises(InputError, match=f"out of range for num_clients={K - 1}"):
-        ServerView.from_federation("fedncm", F, y, k, num_classes=C, num_clients=K - 1, privacy=_gauss(), rng=3)
+        ServerView.from_federation("fedncm", F, y, k, num_classes=C, num_clients=K - 1, privacy=_gauss(),
+                                   rng=3)
