@@ -219,6 +219,7 @@ class ServerView:
         public: PublicData | None = None,
         num_classes: int | None = None,
         rng: np.random.Generator | int | None = None,
+        num_clients: int | None = None,
         **method_params: Any,
     ) -> "ServerView":
         """Build the server's view of one federation.
@@ -238,7 +239,9 @@ class ServerView:
             Truthy: the server learns only the all-client sums.
         backbone, public :
             The attacker's side knowledge.
-        num_classes : int, optional
+        num_classes, num_clients : int, optional
+            The public sizes of the release (C and K); ``None`` takes them
+            from the labels and the client ids.
         rng : Generator or int
             Randomness of the method (multi-mean sampling) and of the noise.
         **method_params
@@ -256,7 +259,9 @@ class ServerView:
             raise InputError(f"clients has shape {k.shape} but labels has {y.shape}; they must match")
         keep = k >= 0
         F, y, k = F[keep], y[keep], k[keep]
-        K = int(k.max()) + 1
+        K = int(k.max()) + 1 if num_clients is None else int(num_clients)
+        if k.size and k.max() >= K:
+            raise InputError(f"clients contains {int(k.max())}, out of range for num_clients={K}")
         secure = bool(secure_agg)
         if secure and m.per_client and type(m).secure_aggregate is _methods.Method.secure_aggregate:
             raise ConfigError(f"method {m.name!r} needs individual client statistics and has no secure "

@@ -44,7 +44,8 @@ def naive(cfg: TradeoffConfig) -> float:
             method = privfed.methods.get(m)
             for eps in cfg.epsilons:
                 privacy = None if math.isinf(eps) else make_privacy(cfg, method, eps, clip)
-                head = privfed.fit(m, F, y, k, num_classes=ds.num_classes, privacy=privacy, random_state=seed)
+                head = privfed.fit(m, F, y, k, num_classes=ds.num_classes, num_clients=part.num_clients,
+                                   privacy=privacy, random_state=seed)
                 head.score(ds.test_features, ds.test_labels)
     return time.perf_counter() - t0
 

@@ -56,7 +56,7 @@ def run(clients: int, alpha: float, seeds: int, epsilons: list[float], delta: fl
     for seed in range(seeds):
         part = partition(ds.train_labels, clients, "dirichlet", alpha=alpha, rng=seed)
         F, y, k = part.apply(ds.train_features, ds.train_labels)
-        K = int(k.max()) + 1
+        K = int(part.num_clients)  # public: the configured partition, never counted from the ids
         common = dict(num_classes=ds.num_classes, num_clients=K)
         for eps in epsilons:
             mech = GaussianMechanism(epsilon=eps, delta=delta, clip=clip)

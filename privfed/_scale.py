@@ -74,7 +74,7 @@ def safe_band(n: int, d: int) -> tuple[float, float]:
     Upper: n^2 d peak^2 (FedLog's |a|^2, the largest statistic formed) stays 2^20 below the
     largest float.  Lower: peak^2 stays 2^60 above the smallest normal float.
     """
-    hi = math.sqrt(_FMAX / 2.0**20 / (float(n) ** 2 * max(d, 1)))
+    hi = math.sqrt(_FMAX / 2.0**20 / (float(max(n, 1)) ** 2 * max(d, 1)))
     lo = math.sqrt(_TINY) * 2.0**30
     return lo, hi
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import warnings
 from typing import Any
 
@@ -56,11 +55,12 @@ def fit(
     num_classes : int, optional
         C; defaults to ``max(labels) + 1``.  Every class must have data,
         except under ``privacy``, where C is a public parameter of the
-        release and a class without records is handled from the noisy
-        statistics (pass it explicitly so it does not depend on the data).
+        release: it is required (never taken from the data) and a class
+        without records is handled from the noisy statistics.
     num_clients : int, optional
-        K; defaults to ``max(clients) + 1``.  Under ``privacy`` the set of
-        participating clients is public and a client may hold no record.
+        K; defaults to ``max(clients) + 1``.  Under ``privacy`` with
+        ``clients`` given, K is a public parameter of the release: it is
+        required (never taken from the data) and a client may hold no record.
     privacy : mechanism, optional
         A privacy mechanism from :mod:`mechanisms` (clipping and noise).
     secure_agg : optional
@@ -130,8 +130,6 @@ def fit(
     F, scaled = _scale.prepare(m, F, privacy, owned=_is_private_copy(F, features))
     head = run_federation(m, F, y, k, num_classes=C, num_clients=K, rng=rng, privacy=privacy, secure_agg=secure_agg,
                           seeded=seeded)
-    if private_run:
-        _note_public_sizes(head, num_classes, num_clients)
     return _scale.finish(head, scaled)
 
 
@@ -140,22 +138,6 @@ def _is_private_copy(F: np.ndarray, features) -> bool:
     if not isinstance(features, (np.ndarray, list, tuple)) or F is features or not F.flags.owndata:
         return False
     return not (isinstance(features, np.ndarray) and np.may_share_memory(F, features))
-
-
-def _note_public_sizes(head, num_classes, num_clients) -> None:
-    """Under DP, C and K are public: when the caller did not pass them, say what the guarantee covers."""
-    missing = [n for n, v in (("num_classes", num_classes), ("num_clients", num_clients)) if v is None]
-    if not missing:
-        return
-    note = (
-        f"{' and '.join(missing)} taken from the data: the guarantee covers neighbouring datasets with the same "
-        f"number of classes and clients (a record of a new class or client would change the release's shape); "
-        f"pass {' and '.join(n + '=' for n in missing)} to make them public parameters"
-    )
-    head.notes.append(note)
-    report = getattr(head, "privacy", None)
-    if report is not None and dataclasses.is_dataclass(report) and hasattr(report, "notes"):
-        head.privacy = dataclasses.replace(report, notes=(*report.notes, note))
 
 
 def _refuse_unclipped_noise(secure_agg: Any) -> None:
@@ -174,16 +156,31 @@ def _check_num_clients(value) -> int:
     return int(value)
 
 
-def _check_private_dataset(features, labels, clients, num_classes, num_clients=None):
-    """Validate a dataset for a private run: empty classes and empty clients are allowed.
+def _private_features(features) -> np.ndarray:
+    """Features of a private run: no rows at all is a dataset like any other (the release is noise)."""
+    arr = features
+    if getattr(arr, "ndim", None) == 2 and arr.shape[0] == 0 and arr.shape[1] > 0:
+        return np.zeros((0, arr.shape[1]))
+    return check_features(features)
 
-    The number of classes and the client ids are public parameters of a release: pass
-    ``num_classes`` (else ``max(labels) + 1`` is taken as public) and number clients ``0..K-1``.
+
+def _check_private_dataset(features, labels, clients, num_classes, num_clients=None):
+    """Validate a dataset for a private run: empty classes, empty clients and no records are allowed.
+
+    The number of classes and of clients are public parameters of a release: they must be passed
+    (never taken from the data), and clients are numbered ``0..K-1``.
     """
-    F = check_features(features)
-    if num_classes is not None:  # sized before anything is allocated, as without privacy
-        check_release_size(1, check_num_classes(num_classes), F.shape[1], F.shape[0])
-    y, C = check_labels(labels, F.shape[0], num_classes)
+    missing = [n for n, v in (("num_classes", num_classes),
+                              ("num_clients", num_clients if clients is not None else 1)) if v is None]
+    if missing:
+        raise ConfigError(
+            f"under privacy {' and '.join(missing)} must be given: they are public parameters of the release "
+            "(the shape of what every client sends), and taken from the data a record of a new class or "
+            f"client would change the release's shape; pass {', '.join(n + '=...' for n in missing)} to fit"
+        )
+    F = _private_features(features)
+    check_release_size(1, check_num_classes(num_classes), F.shape[1], F.shape[0])  # before any allocation
+    y, C = check_labels(labels, F.shape[0], num_classes) if F.shape[0] else (np.zeros(0, np.int64), num_classes)
     K = None if num_clients is None else _check_num_clients(num_clients)
     if K is not None:
         check_release_size(K, C, F.shape[1], F.shape[0])
@@ -191,14 +188,11 @@ def _check_private_dataset(features, labels, clients, num_classes, num_clients=N
         if K not in (None, 1):
             raise InputError(f"num_clients={K} but no clients were given (every sample on one client)")
         return F, y, np.zeros(F.shape[0], dtype=np.int64), C, 1
-    k = as_int_vector(clients, "clients")
+    k = as_int_vector(clients, "clients") if F.shape[0] else np.zeros(0, np.int64)
     if k.shape[0] != F.shape[0]:
         raise InputError(f"clients has {k.shape[0]} entries but features has {F.shape[0]} rows; they must match")
-    if k.min() < 0:
+    if k.size and k.min() < 0:
         raise InputError(f"clients must be >= 0, found {int(k.min())}; number clients 0..K-1")
-    if K is None:
-        K = int(k.max()) + 1
-        check_release_size(K, C, F.shape[1], F.shape[0])
-    elif k.max() >= K:
+    if k.size and k.max() >= K:
         raise InputError(f"clients contains {int(k.max())}, out of range for num_clients={K}")
     return F, y, k, C, K

@@ -203,19 +203,23 @@ def _load(cfg: AttackConfig):
     data = {
         "private": (extract_features(bb, sp.private_images), sp.private_labels, sp.private_images),
         "test": (extract_features(bb, sp.test_images), sp.test_labels, sp.test_images),
+        "num_classes": sp.num_classes,
     }
     Fpub = extract_features(bb, sp.public_images)
     public = PublicData(labels=sp.public_labels, features=Fpub, images=sp.public_images)
     return bb, data, public
 
 
-def _clients(cfg: AttackConfig, labels, n: int, rng: np.random.Generator) -> np.ndarray:
+def _clients(cfg: AttackConfig, labels, n: int, rng: np.random.Generator) -> tuple[np.ndarray, int | None]:
+    """Client ids and the public number of clients (the configured partition's; None for class groups,
+    whose count follows from the labels by design of the attack curve)."""
     from attacks.view import class_groups
     from privfed.federation import partition
 
     if cfg.partition == "groups":
-        return class_groups(labels, n, rng, max_groups=cfg.max_groups)
-    return partition(labels, cfg.clients, cfg.partition, alpha=cfg.alpha, rng=rng).clients
+        return class_groups(labels, n, rng, max_groups=cfg.max_groups), None
+    part = partition(labels, cfg.clients, cfg.partition, alpha=cfg.alpha, rng=rng)
+    return part.clients, int(part.num_clients)
 
 
 def _privacy(cfg: AttackConfig, method, eps: float, clip: float):
@@ -265,6 +269,7 @@ def run_attacks(cfg: AttackConfig, *, progress: bool = True, records: list[dict[
     bb, data, public = _load(cfg)
     Fp, yp, imp = data["private"]
     Ft, yt, imt = data["test"]
+    num_classes = int(data["num_classes"])  # public: the data set's, never counted from the labels
     clip = cfg.clip if cfg.clip is not None else float(np.median(np.linalg.norm(public.features, axis=1)))
     t_data = time.perf_counter() - t0
     records = [] if records is None else records
@@ -278,7 +283,7 @@ def run_attacks(cfg: AttackConfig, *, progress: bool = True, records: list[dict[
             method = _methods.get(mname)
             ss = np.random.SeedSequence([seed, cfg.ns.index(n), cfg.epsilons.index(eps), cfg.methods.index(mname)])
             r_part, r_view, r_att, r_strong = (np.random.default_rng(s) for s in ss.spawn(4))
-            clients = _clients(cfg, yp, n, r_part)
+            clients, num_clients = _clients(cfg, yp, n, r_part)
             privacy = _privacy(cfg, method, eps, clip)
             t1 = time.perf_counter()
             with warnings.catch_warnings():
@@ -286,7 +291,7 @@ def run_attacks(cfg: AttackConfig, *, progress: bool = True, records: list[dict[
                 view, truth = attacks.scenario(mname, Fp, yp, clients, images=imp, holdout_features=Ft,
                                                holdout_labels=yt, holdout_images=imt, privacy=privacy,
                                                secure_agg=cfg.secure_agg != "none", backbone=bb, public=public,
-                                               rng=r_view)
+                                               num_classes=num_classes, num_clients=num_clients, rng=r_view)
             att = attacks.get(cfg.attack, **cfg.attack_params)
             extra: dict[str, Any] = {}
             if att.name == "differencing":  # the challenge is a second release, built by evaluate()

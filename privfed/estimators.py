@@ -20,10 +20,15 @@ Privacy and secure aggregation are parameters, as in :func:`privfed.fit`::
 
     from mechanisms import GaussianMechanism
     from mechanisms.secagg import PairwiseMasking
-    clf = FederatedHeadClassifier("fedlog", clients=10,
+    clf = FederatedHeadClassifier("fedlog", clients=10, classes=["no", "yes"],
                                   privacy=GaussianMechanism(epsilon=2.0, delta=1e-5, clip=30.0),
                                   secure_agg=PairwiseMasking())
     clf.fit(X, y).head_.privacy.guarantee   # the guarantee, computed from the run's ledger
+
+Under privacy the label set and the number of clients are public parameters
+of the release, never read from the data: pass ``classes`` (and
+``num_clients`` when the clients come from a callable or from :meth:`fit`'s
+``clients`` argument; an int ``clients`` is the number itself).
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 from privfed import methods as _methods
 from privfed._validation import as_generator
 from privfed.api import fit as _fit
-from privfed.errors import ConfigError
+from privfed.errors import ConfigError, InputError
 from privfed.head import LinearHead
 
 __all__ = ["FederatedHeadClassifier", "iid_clients"]
@@ -71,9 +76,10 @@ class FederatedHeadClassifier(ClassifierMixin, BaseEstimator):
         ``clients(y, rng) -> ids`` returns the client of each sample.
     privacy : mechanism, optional
         A privacy mechanism from :mod:`mechanisms` (clipping and noise), as
-        ``privacy=`` of :func:`privfed.fit`.  The label set (``classes_``)
-        is read from ``y`` and treated as public, like the number of classes
-        of a release.  Each :meth:`fit` uses a fresh copy (scikit-learn
+        ``privacy=`` of :func:`privfed.fit`.  The label set and the number
+        of clients are public parameters of the release: under privacy
+        ``classes`` is required, and so is ``num_clients`` unless
+        ``clients`` is None or an int.  Each :meth:`fit` uses a fresh copy (scikit-learn
         estimators never change their parameters), so ``head_.privacy``
         covers that fit alone: fitting several times on the same data
         (cross-validation, a grid search) spends the budget each time, and
@@ -87,6 +93,16 @@ class FederatedHeadClassifier(ClassifierMixin, BaseEstimator):
         entropy for the noise, the masks and the partition, as ``fit`` does;
         a seed makes the run a reproducible simulation, and its privacy
         report says so.  Without either, ``None`` means seed 0.
+    classes : None, int or array-like, default None
+        The public label set: the labels (any sortable values), or their
+        number C for labels ``0..C-1``.  ``None`` reads the labels from ``y``,
+        which ``privacy`` refuses (a record of a new class would change the
+        release's shape).  A class with no sample is allowed under privacy.
+    num_clients : None or int, default None
+        The public number of clients K (ids ``0..K-1``, empty clients allowed
+        under privacy) when the clients come from a callable or from
+        :meth:`fit`'s ``clients``; ``None`` counts them from the ids, which
+        ``privacy`` refuses.  An int ``clients`` is the number itself.
 
     Attributes
     ----------
@@ -113,6 +129,8 @@ class FederatedHeadClassifier(ClassifierMixin, BaseEstimator):
         random_state=None,
         privacy: Any = None,
         secure_agg: Any = None,
+        classes: Any = None,
+        num_clients: int | None = None,
     ) -> None:
         self.method = method
         self.method_params = method_params
@@ -120,6 +138,55 @@ class FederatedHeadClassifier(ClassifierMixin, BaseEstimator):
         self.random_state = random_state
         self.privacy = privacy
         self.secure_agg = secure_agg
+        self.classes = classes
+        self.num_clients = num_clients
+
+    def _encode_labels(self, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``classes_`` and the codes of ``y``: from the public ``classes``, or without privacy from ``y``."""
+        spec = self.classes
+        if spec is None:
+            if self.privacy is not None:
+                raise ConfigError(
+                    "under privacy the label set is a public parameter of the release (a record of a new "
+                    "class would change its shape), never read from y: pass classes= to "
+                    "FederatedHeadClassifier (the labels, or their number C for labels 0..C-1)")
+            return np.unique(y, return_inverse=True)
+        if isinstance(spec, (int, np.integer)) and not isinstance(spec, bool):
+            if spec < 1:
+                raise ConfigError(f"classes={spec!r}: give the labels or their number C >= 1")
+            classes = np.arange(int(spec))
+        else:
+            classes = np.unique(np.asarray(spec))
+            if classes.ndim != 1 or classes.size < 1 or classes.size != len(spec):
+                raise ConfigError(f"classes must be distinct labels (a non-empty 1-D list) or an int C, "
+                                  f"got {spec!r}")
+        codes = np.searchsorted(classes, y).clip(0, classes.size - 1)
+        bad = classes[codes] != y
+        if np.any(bad):
+            label = y[bad][:1].tolist()[0]
+            raise InputError(f"y contains {label!r}, not in classes={spec!r}; add it to classes")
+        return classes, codes
+
+    def _num_clients(self, ids, clients) -> int | None:
+        """The number of clients for fit: public under privacy (an int ``clients``, or ``num_clients``)."""
+        spec, K = self.clients, self.num_clients
+        from_int = clients is None and isinstance(spec, (int, np.integer)) and not isinstance(spec, bool)
+        if K is not None:
+            if isinstance(K, bool) or not isinstance(K, (int, np.integer)) or K < 1:
+                raise ConfigError(f"num_clients must be an int >= 1, got {K!r}")
+            if from_int and int(K) != int(spec):
+                raise ConfigError(f"num_clients={K} but clients={spec}; give one of them, or the same number")
+            return None if ids is None else int(K)
+        if ids is None:
+            return None
+        if self.privacy is None:
+            return None
+        if from_int:
+            return int(spec)
+        raise ConfigError(
+            "under privacy the number of clients is a public parameter of the release (a record of a new "
+            "client would change its shape), never counted from the ids: pass num_clients= to "
+            "FederatedHeadClassifier")
 
     def _client_ids(self, y: np.ndarray, clients, rng: np.random.Generator) -> np.ndarray | None:
         if clients is not None:
@@ -152,7 +219,7 @@ class FederatedHeadClassifier(ClassifierMixin, BaseEstimator):
         """
         X, y = validate_data(self, X, y, dtype=np.float64, y_numeric=False)
         check_classification_targets(y)
-        self.classes_, y_enc = np.unique(y, return_inverse=True)
+        self.classes_, y_enc = self._encode_labels(y)
         params = dict(self.method_params or {})
         method = _methods.get(self.method, **params)
         protected = self.privacy is not None or self.secure_agg is not None
@@ -163,10 +230,11 @@ class FederatedHeadClassifier(ClassifierMixin, BaseEstimator):
             rng = as_generator(self.random_state)
             fit_state = rng
         ids = self._client_ids(y_enc, clients, rng)
+        num_clients = self._num_clients(ids, clients)
         privacy = None if self.privacy is None else copy.deepcopy(self.privacy)  # its ledger starts empty
         secure = None if self.secure_agg is None else copy.deepcopy(self.secure_agg)
-        head = _fit(method, X, y_enc, ids, num_classes=len(self.classes_), privacy=privacy, secure_agg=secure,
-                    random_state=fit_state)
+        head = _fit(method, X, y_enc, ids, num_classes=len(self.classes_), num_clients=num_clients,
+                    privacy=privacy, secure_agg=secure, random_state=fit_state)
         self.head_: LinearHead = head
         self.coef_ = head.weight
         self.intercept_ = head.bias

@@ -668,7 +668,7 @@ def _sweep(cfg, ds, clip, records, bar, make_privacy, make_secure_agg, make_part
         natural = ds.train_clients if cfg.partition == "natural" else None
         part = make_partition(ds.train_labels, cfg.clients, cfg.partition, alpha=cfg.alpha, rng=seed, natural=natural)
         F, y, k = part.apply(ds.train_features, ds.train_labels)
-        K = int(k.max()) + 1
+        K = int(part.num_clients)  # public: the configured partition's size, never counted from the ids
         for mname in cfg.methods:
             method = _methods.get(mname, **cfg.method_params.get(mname, {}))
             common = dict(num_classes=ds.num_classes, num_clients=K)

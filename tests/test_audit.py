@@ -640,8 +640,6 @@ def test_a_clip_that_would_overflow_is_refused_from_the_configuration():
             GaussianMechanism(epsilon=1.0, delta=1e-5, clip=clip)
 
 
-@pytest.mark.xfail(strict=True, reason="privfed.fit (api.py) refuses an empty dataset and takes C from the data "
-                                       "under DP; the auditor flags both (fix belongs to the api)")
 @pytest.mark.parametrize("pair", ["empty dataset", "data-derived num_classes"])
 def test_empty_data_and_data_derived_classes_show_no_difference(pair):
     from privfed.audit import edge_battery

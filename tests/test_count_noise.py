@@ -93,7 +93,7 @@ def test_released_counts_do_not_reveal_absent_classes():
 )
 def test_dp_count_noise_in_fit_reports_scope(mech):
     F, y, k = _data()
-    head = privfed.fit("fedcof", F, y, k, privacy=mech, random_state=0)
+    head = privfed.fit("fedcof", F, y, k, num_classes=4, num_clients=6, privacy=mech, random_state=0)
     assert np.all(np.isfinite(head.weight))
     rep = head.privacy
     assert "class counts only" in rep.guarantee and "NO DP GUARANTEE for the class means" in rep.guarantee
@@ -105,7 +105,7 @@ def test_uniform_count_noise_says_no_dp_everywhere():
     F, y, k = _data()
     mech = UniformCountNoiseNoDP(epsilon=0.1)
     assert "no DP guarantee" in mech.name
-    head = privfed.fit("fedcof", F, y, k, privacy=mech, random_state=0)
+    head = privfed.fit("fedcof", F, y, k, num_classes=4, num_clients=6, privacy=mech, random_state=0)
     rep = head.privacy
     assert rep.guarantee.startswith("NO DP GUARANTEE")
     assert rep.epsilon == math.inf and not rep.is_private
@@ -122,7 +122,7 @@ def test_count_noise_refusals():
     with pytest.raises(ConfigError, match="delta"):
         GaussianCountNoise(epsilon=1.0, delta=0.0)
     with pytest.raises(ConfigError, match="leaves exact"):
-        privfed.fit("fed3r", F, y, k, privacy=LaplaceCountNoise(epsilon=1.0))
+        privfed.fit("fed3r", F, y, k, num_classes=4, num_clients=6, privacy=LaplaceCountNoise(epsilon=1.0))
     with pytest.raises(ConfigError, match="whole numbers"):
         LaplaceCountNoise(epsilon=1.0).release(np.array([1.5]), np.random.default_rng(0))
 

@@ -156,7 +156,7 @@ def test_dp_report_equals_fit_report(sim, split):
         cfg = _configs()[key]
         blocks = ("sums", "counts", "second") if cfg.method == "fed3r" else ("sums", "counts")
         mech = GaussianMechanism(epsilon=cfg.epsilon, delta=cfg.delta, clip=cfg.clip, blocks=blocks, **kw)
-        ref = _fit(cfg.method, *split, privacy=mech, random_state=0)
+        ref = _fit(cfg.method, *split, num_clients=K, privacy=mech, random_state=0)
         got, want = res.head.privacy, ref.privacy
         assert got.guarantee == want.guarantee
         assert got.epsilon == pytest.approx(want.epsilon, rel=1e-12)

@@ -51,11 +51,13 @@ def _mech(**kw):
 def test_multi_mean_is_refused_under_dp():
     F, y, k = _data()
     with pytest.raises(ConfigError, match="means_per_client=2"):
-        privfed.fit("fedcof", F, y, k, num_classes=3, privacy=_mech(), means_per_client=2)
+        privfed.fit("fedcof", F, y, k, num_classes=3, num_clients=4, privacy=_mech(), means_per_client=2)
     with pytest.raises(ConfigError, match="means_per_client=3"):
-        privfed.fit("fedcof", F, y, k, num_classes=3, privacy=LaplaceCountNoise(epsilon=1.0), means_per_client=3)
+        privfed.fit("fedcof", F, y, k, num_classes=3, num_clients=4,
+                    privacy=LaplaceCountNoise(epsilon=1.0), means_per_client=3)
     # M = 1 is the plain method and runs.
-    assert np.all(np.isfinite(privfed.fit("fedcof", F, y, k, num_classes=3, privacy=_mech()).weight))
+    assert np.all(np.isfinite(privfed.fit("fedcof", F, y, k, num_classes=3, num_clients=4,
+                                          privacy=_mech()).weight))
 
 
 # -- 2. Poisson client sampling: carried out where it amplifies, refused where it does not -------------
@@ -83,7 +85,7 @@ def _independent_epsilon(mech, releases):
 def test_sampled_release_reports_the_dp_accounting_epsilon_of_what_ran():
     F, y, k = _data()
     mech = _sampled()
-    head = privfed.fit("fedncm", F, y, k, num_classes=3, privacy=mech)
+    head = privfed.fit("fedncm", F, y, k, num_classes=3, num_clients=4, privacy=mech)
     rep = head.privacy
     assert rep.epsilon == pytest.approx(_independent_epsilon(mech, 1), abs=1e-9)
     assert rep.epsilon <= 1.0 + 1e-9 and rep.sampling_rate == Q and rep.placement == "central"
@@ -92,7 +94,7 @@ def test_sampled_release_reports_the_dp_accounting_epsilon_of_what_ran():
     # Without amplification the same noise is far weaker: the issue's (6.96, 1e-5).
     assert gdp_epsilon(mech.mu, 1e-5) == pytest.approx(6.96, abs=0.05)
     # A second release composes (two Poisson-sampled events), again exactly as dp-accounting says.
-    privfed.fit("fedncm", F, y, k, num_classes=3, privacy=mech)
+    privfed.fit("fedncm", F, y, k, num_classes=3, num_clients=4, privacy=mech)
     assert mech.report().epsilon == pytest.approx(_independent_epsilon(mech, 2), abs=1e-9)
 
 
@@ -115,7 +117,8 @@ def test_number_of_sampled_clients_is_binomial():
     F, y, k = rng.normal(size=(K, 3)), np.arange(K) % 2, np.arange(K)
     _CountingAggregator.seen = []
     for seed in range(n):
-        privfed.fit("fedncm", F, y, k, num_classes=2, privacy=_sampled(_CountingAggregator, q=q, max_records=1),
+        privfed.fit("fedncm", F, y, k, num_classes=2, num_clients=40,
+                    privacy=_sampled(_CountingAggregator, q=q, max_records=1),
                     random_state=seed)
     x = np.array(_CountingAggregator.seen, dtype=float)
     assert x.size == n
@@ -125,7 +128,8 @@ def test_number_of_sampled_clients_is_binomial():
     stat = float(((x - K * q) ** 2).sum() / (K * q * (1 - q)))
     assert chi2.ppf(1e-4, n) < stat < chi2.ppf(1 - 1e-4, n)
     # Seeded runs are simulations and say so; the sampling itself is seeded then.
-    head = privfed.fit("fedncm", F, y, k, num_classes=2, privacy=_sampled(q=q, max_records=1), random_state=1)
+    head = privfed.fit("fedncm", F, y, k, num_classes=2, num_clients=40,
+                       privacy=_sampled(q=q, max_records=1), random_state=1)
     assert head.privacy.simulation and any("seeded simulation" in n for n in head.privacy.notes)
 
 
@@ -135,7 +139,8 @@ def test_sampled_set_is_hidden_from_what_the_run_returns():
     F, y, k = _data()
     seen = set()
     for s in range(6):
-        head = privfed.fit("fedncm", F, y, k, num_classes=3, privacy=_sampled(q=0.5), random_state=s)
+        head = privfed.fit("fedncm", F, y, k, num_classes=3, num_clients=4,
+                           privacy=_sampled(q=0.5), random_state=s)
         seen.add((head.weight.shape, tuple(sorted(head.upload_bytes.items())), head.privacy.guarantee,
                   head.privacy.notes))
     assert len(seen) == 1
@@ -154,7 +159,7 @@ def test_sampled_set_is_hidden_from_what_the_run_returns():
 def test_sampling_is_refused_where_the_server_sees_who_uploads(kw, secure, method, why):
     F, y, k = _data()
     with pytest.raises(ConfigError, match=why):
-        privfed.fit(method, F, y, k, num_classes=3, privacy=_sampled(**kw),
+        privfed.fit(method, F, y, k, num_classes=3, num_clients=4, privacy=_sampled(**kw),
                     secure_agg=PairwiseMasking() if secure else None)
 
 
@@ -195,7 +200,8 @@ def test_a_record_in_a_class_its_client_lacked_changes_no_metadata(method):
     blocks = ("sums", "counts", "second") if method == "fed3r" else ("sums", "counts")
     out = []
     for Fi, yi, ki in ((F0, y0, k0), (F1, y1, k1)):
-        head = privfed.fit(method, Fi, yi, ki, num_classes=3, privacy=_mech(blocks=blocks), random_state=3)
+        head = privfed.fit(method, Fi, yi, ki, num_classes=3, num_clients=4,
+                           privacy=_mech(blocks=blocks), random_state=3)
         out.append(_outputs(head))
     assert out[0]["bytes"] == out[1]["bytes"]
     assert out[0]["bytes"]["M"] == 4 * 3  # every client sends every class under DP
@@ -215,7 +221,8 @@ def test_an_absent_class_or_an_empty_client_is_not_refused_from_raw_data():
     assert np.bincount(k0, minlength=4)[1] == 0 and np.bincount(k1, minlength=4)[1] == 1
     shapes = []
     for Fi, yi, ki in ((F0, y0, k0), (F1, y1, k1)):
-        head = privfed.fit("fedncm", Fi, yi, ki, num_classes=3, num_clients=4, privacy=_mech(), random_state=1)
+        head = privfed.fit("fedncm", Fi, yi, ki, num_classes=3, num_clients=4,
+                           privacy=_mech(), random_state=1)
         shapes.append((head.weight.shape, head.upload_bytes))
     assert shapes[0] == shapes[1]
     # Without privacy the same inputs are still refused (nothing to hide, and an empty class is a mistake).
@@ -245,7 +252,8 @@ def test_dropouts_beyond_tolerance_lower_the_reported_guarantee():
     k = np.arange(200) % K
     mech = _mech()
     sa = PairwiseMasking(dropouts=4, dropout_phase="before_upload")
-    head = privfed.fit("fedncm", F, y, k, num_classes=2, privacy=mech, secure_agg=sa, random_state=2)
+    head = privfed.fit("fedncm", F, y, k, num_classes=2, num_clients=10,
+                       privacy=mech, secure_agg=sa, random_state=2)
     # 6 of 10 shares of sigma^2 / 10 reached the sums: 0.6 sigma^2 present.
     expected = gdp_epsilon(gdp_mu(1.0, 1e-5) / math.sqrt(0.6), 1e-5)
     assert head.privacy.epsilon == pytest.approx(expected, rel=1e-9)
@@ -270,21 +278,22 @@ def test_client_level_secure_agg_noise_does_not_depend_on_who_holds_data():
     assert variances[0] == variances[1]
     # K = 4 shares of sigma^2 / 3 each: 4/3 sigma^2 present, epsilon computed from it.
     mech = _mech(level="client", max_records=30, dropout_tolerance=1)
-    head = privfed.fit("fedncm", F, y, k, num_classes=3, privacy=mech, secure_agg=PairwiseMasking(), random_state=1)
+    head = privfed.fit("fedncm", F, y, k, num_classes=3, num_clients=4,
+                       privacy=mech, secure_agg=PairwiseMasking(), random_state=1)
     assert head.privacy.epsilon == pytest.approx(gdp_epsilon(mech.mu / math.sqrt(4 / 3), 1e-5), rel=1e-9)
 
 
 # -- 6. randomness --------------------------------------------------------------------------------
 def test_unseeded_noise_is_fresh_and_seeded_runs_say_they_are_simulations():
     F, y, k = _data()
-    a = privfed.fit("fedncm", F, y, k, num_classes=3, privacy=_mech())
-    b = privfed.fit("fedncm", F, y, k, num_classes=3, privacy=_mech())
+    a = privfed.fit("fedncm", F, y, k, num_classes=3, num_clients=4, privacy=_mech())
+    b = privfed.fit("fedncm", F, y, k, num_classes=3, num_clients=4, privacy=_mech())
     assert not np.array_equal(a.weight, b.weight)  # not seed 0 twice
     assert not a.privacy.simulation and not any("SIMULATION" in n for n in a.privacy.notes)
-    s = privfed.fit("fedncm", F, y, k, num_classes=3, privacy=_mech(), random_state=5)
+    s = privfed.fit("fedncm", F, y, k, num_classes=3, num_clients=4, privacy=_mech(), random_state=5)
     assert s.privacy.simulation and s.privacy.guarantee.startswith("SIMULATION")
     assert any("can be replayed" in n for n in s.privacy.notes)
-    t = privfed.fit("fedncm", F, y, k, num_classes=3, privacy=_mech(), random_state=5)
+    t = privfed.fit("fedncm", F, y, k, num_classes=3, num_clients=4, privacy=_mech(), random_state=5)
     assert np.array_equal(s.weight, t.weight)  # a simulation is reproducible
     # Without privacy, None still means seed 0 (multi-mean sampling is reproducible).
     p = [privfed.fit("fedcof", F, y, k, means_per_client=3).weight for _ in range(2)]
@@ -313,7 +322,8 @@ def test_distributed_gaussian_needs_an_enforced_sensitivity():
     with pytest.raises(ConfigError, match="clips the records"):
         privfed.fit("fedncm", F, y, k, secure_agg=PairwiseMasking(noise=noise))
     with pytest.raises(ConfigError, match="drop noise="):
-        privfed.fit("fedncm", F, y, k, privacy=_mech(), secure_agg=PairwiseMasking(noise=noise))
+        privfed.fit("fedncm", F, y, k, num_classes=3, num_clients=4,
+                    privacy=_mech(), secure_agg=PairwiseMasking(noise=noise))
 
 
 # -- 8. secure-aggregation edges -------------------------------------------------------------------
@@ -389,13 +399,15 @@ def test_ckks_release_grid_stays_above_the_decryption_error():
 # -- 9. count noise with the means in clear --------------------------------------------------------
 def test_count_noise_reports_lead_with_the_unprotected_means():
     F, y, k = _data()
-    head = privfed.fit("fedcof", F, y, k, num_classes=3, privacy=LaplaceCountNoise(epsilon=1.0))
+    head = privfed.fit("fedcof", F, y, k, num_classes=3, num_clients=4,
+                       privacy=LaplaceCountNoise(epsilon=1.0))
     rep = head.privacy
     assert rep.guarantee.startswith("NO DP GUARANTEE for the class means")
     assert not rep.is_private
     assert rep.delta == 0.0 and rep.epsilon == pytest.approx(1.0)  # pure DP for the counts alone
     assert rep.protects.startswith("class counts only")
-    uni = privfed.fit("fedcof", F, y, k, num_classes=3, privacy=UniformCountNoiseNoDP(epsilon=0.5)).privacy
+    uni = privfed.fit("fedcof", F, y, k, num_classes=3, num_clients=4,
+                      privacy=UniformCountNoiseNoDP(epsilon=0.5)).privacy
     assert uni.epsilon == math.inf and math.isnan(uni.target_epsilon) and not uni.is_private
 
 
@@ -403,7 +415,8 @@ def test_count_noise_reports_lead_with_the_unprotected_means():
 def test_each_fit_books_one_release_of_a_multi_round_budget():
     F, y, k = _data()
     mech = _mech(rounds=4)
-    eps = [privfed.fit("fedncm", F, y, k, num_classes=3, privacy=mech).privacy.epsilon for _ in range(4)]
+    eps = [privfed.fit("fedncm", F, y, k, num_classes=3, num_clients=4,
+                       privacy=mech).privacy.epsilon for _ in range(4)]
     mu = gdp_mu(1.0, 1e-5)
     for i, e in enumerate(eps, start=1):
         assert e == pytest.approx(gdp_epsilon(mu * math.sqrt(i / 4), 1e-5), rel=1e-9)
@@ -412,17 +425,19 @@ def test_each_fit_books_one_release_of_a_multi_round_budget():
 
 def test_fedcof_with_trusted_aggregator_says_its_noise_is_local():
     F, y, k = _data()
-    head = privfed.fit("fedcof", F, y, k, num_classes=3, privacy=_mech(trusted_aggregator=True))
+    head = privfed.fit("fedcof", F, y, k, num_classes=3, num_clients=4,
+                       privacy=_mech(trusted_aggregator=True))
     assert head.privacy.placement == "local"
     assert not any("trusted aggregator" in n for n in head.privacy.notes)
-    central = privfed.fit("fedncm", F, y, k, num_classes=3, privacy=_mech(trusted_aggregator=True)).privacy
+    central = privfed.fit("fedncm", F, y, k, num_classes=3, num_clients=4,
+                          privacy=_mech(trusted_aggregator=True)).privacy
     assert central.placement == "central" and any("trusted aggregator" in n for n in central.notes)
 
 
 def test_opendp_slack_is_calibrated_on_the_coordinates_that_move():
     F, y, k = _data(n=30, d=4)
     mech = _mech(epsilon=2.0, backend="opendp", trusted_aggregator=True)
-    head = privfed.fit("fedncm", F, y, k, num_classes=3, privacy=mech)
+    head = privfed.fit("fedncm", F, y, k, num_classes=3, num_clients=4, privacy=mech)
     grid = mech.backend.grid
     sens = {e.block: e.sensitivity for e in mech.ledger.events}
     assert sens["sums"] == pytest.approx(1.0 + grid * math.sqrt(4), rel=1e-12)  # d coordinates, not C d
@@ -430,7 +445,7 @@ def test_opendp_slack_is_calibrated_on_the_coordinates_that_move():
     assert head.privacy.epsilon == pytest.approx(2.0, rel=1e-9)  # calibrated for the slack
     # OpenDP draws from the OS CSPRNG: a seed does not make its noise replayable.
     seeded = privfed.fit("fedncm", F, y, k, num_classes=3, random_state=0,
-                         privacy=_mech(epsilon=2.0, backend="opendp", trusted_aggregator=True))
+                         num_clients=4, privacy=_mech(epsilon=2.0, backend="opendp", trusted_aggregator=True))
     assert not seeded.privacy.simulation
 
 
@@ -450,30 +465,32 @@ def test_mechanism_arguments_are_validated(kw, match):
         _mech(**kw)
 
 
-def test_sizes_taken_from_the_data_under_dp_are_named_in_the_report():
-    """Under DP C and K are public; when the caller leaves them to the data, the report says what it covers."""
-    import warnings
-
+def test_sizes_are_public_parameters_under_dp_never_taken_from_the_data():
+    """Under DP C and K are public: a fit that leaves them to the data is refused, naming what is missing."""
     rng = np.random.default_rng(5)
     F = np.abs(rng.normal(size=(40, 4)))
     y, k = np.arange(40) % 3, np.arange(40) % 4
     mech = lambda: GaussianMechanism(epsilon=1.0, delta=1e-5, clip=1.0)  # noqa: E731
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        left = privfed.fit("fedncm", F, y, k, privacy=mech(), random_state=0)
-        # a neighbour with one record of a new class changes C: the note names the condition
-        y2 = y.copy()
-        y2[0] = 3
-        right = privfed.fit("fedncm", F, y2, k, privacy=mech(), random_state=0)
-        public = privfed.fit("fedncm", F, y2, k, num_classes=4, num_clients=4, privacy=mech(), random_state=0)
-    assert left.weight.shape != right.weight.shape
-    for head in (left, right):
-        (note,) = [n for n in head.privacy.notes if "taken from the data" in n]
-        assert "num_classes=" in note and "num_clients=" in note and note in head.notes
-    assert not any("taken from the data" in n for n in public.privacy.notes)
+    with pytest.raises(ConfigError, match=r"num_classes and num_clients must be given.*num_classes=\.\.\., "
+                                          r"num_clients=\.\.\."):
+        privfed.fit("fedncm", F, y, k, privacy=mech(), random_state=0)
+    with pytest.raises(ConfigError, match=r"num_classes must be given.*pass num_classes=\.\.\. to fit"):
+        privfed.fit("fedncm", F, y, k, num_clients=4, privacy=mech(), random_state=0)
+    with pytest.raises(ConfigError, match=r"num_clients must be given.*pass num_clients=\.\.\. to fit"):
+        privfed.fit("fedncm", F, y, k, num_classes=3, privacy=mech(), random_state=0)
+    # without clients every record is on one client: only num_classes is needed
+    assert privfed.fit("fedncm", F, y, num_classes=3, privacy=mech(), random_state=0).weight.shape == (3, 4)
+    # given, they fix the release's shape: a neighbour with one record of a new class keeps it
+    y2 = y.copy()
+    y2[0] = 3
+    shapes = {privfed.fit("fedncm", F, yi, k, num_classes=4, num_clients=4, privacy=mech(),
+                          random_state=0).weight.shape for yi in (y, y2)}
+    assert shapes == {(4, 4)}
+    # nothing in the report says a size came from the data
+    head = privfed.fit("fedncm", F, y2, k, num_classes=4, num_clients=4, privacy=mech(), random_state=0)
+    assert not any("taken from the data" in n for n in (*head.notes, *head.privacy.notes))
 
 
-# -- issue 23: client level bounds every block per client before anything is summed ---------------
 def _big_client_data(n_max=5, seed=3):
     """Four clients, client 0 holding far more than n_max records (so the bound scales it)."""
     rng = np.random.default_rng(seed)
@@ -502,7 +519,8 @@ def test_client_level_second_moment_methods_run_whatever_a_client_holds(method, 
     reports = []
     for data in ((F, y, k), (F[k != 0], y[k != 0], k[k != 0])):  # zero-out neighbour of the big client
         mech = _mech(epsilon=8.0, blocks=("sums", "counts", "second"), **mech_kw)
-        head = privfed.fit(method, *data, num_classes=3, num_clients=4, privacy=mech, random_state=2, **fit_kw)
+        head = privfed.fit(method, *data, num_classes=3, num_clients=4,
+                           privacy=mech, random_state=2, **fit_kw)
         assert head.privacy.level == "client" and math.isfinite(head.privacy.epsilon)
         reports.append((head.privacy.guarantee, head.privacy.notes, np.shape(head.weight), head.upload_bytes))
     assert reports[0] == reports[1]  # nothing deterministic tells the neighbours apart
@@ -535,11 +553,13 @@ def test_client_bound_scales_each_clients_second_moment_before_the_sum(protectio
 # -- issue 23: every seed that touches a release labels it a simulation ----------------------------
 def test_seeded_masking_keys_make_the_release_a_labelled_simulation():
     F, y, k = _data()
-    head = privfed.fit("fedncm", F, y, k, num_classes=3, privacy=_mech(), secure_agg=PairwiseMasking(key_seed=1))
+    head = privfed.fit("fedncm", F, y, k, num_classes=3, num_clients=4,
+                       privacy=_mech(), secure_agg=PairwiseMasking(key_seed=1))
     rep = head.privacy
     assert rep.simulation and rep.guarantee.startswith("SIMULATION (seeded noise, replayable)")
     assert any("key_seed=1" in n for n in rep.notes)
-    fresh = privfed.fit("fedncm", F, y, k, num_classes=3, privacy=_mech(), secure_agg=PairwiseMasking())
+    fresh = privfed.fit("fedncm", F, y, k, num_classes=3, num_clients=4,
+                        privacy=_mech(), secure_agg=PairwiseMasking())
     assert not fresh.privacy.simulation and "SIMULATION" not in fresh.privacy.guarantee
 
 
@@ -549,7 +569,7 @@ def test_printed_epsilon_is_never_below_the_computed_one():
     # 10 releases at mu chosen so that eps has many digits: the printed value rounds up.
     F, y, k = _data()
     mech = _mech(epsilon=1.23456789, rounds=3)
-    head = privfed.fit("fedncm", F, y, k, num_classes=3, privacy=mech)
+    head = privfed.fit("fedncm", F, y, k, num_classes=3, num_clients=4, privacy=mech)
     eps = head.privacy.epsilon
     printed = head.privacy.guarantee.split("(")[1].split(",")[0]
     assert Decimal(printed) >= Decimal(repr(eps)) and float(printed) <= eps * 1.001

@@ -34,7 +34,7 @@ def test_every_release_is_recorded():
     k = np.arange(60) % 4
     m = GaussianMechanism(epsilon=1.0, delta=1e-5, clip=1.0, rounds=5, level="client", max_records=30,
                           trusted_aggregator=True)
-    privfed.fit("fedncm", F, y, k, privacy=m)
+    privfed.fit("fedncm", F, y, k, num_classes=3, num_clients=4, privacy=m)
     assert len(m.ledger) == 2
     for e in m.ledger.events:
         # One fit is one release: sigma is calibrated for 5, the ledger books what happened.
@@ -47,7 +47,7 @@ def test_every_release_is_recorded():
     assert rep.rounds == 5 and rep.epsilon == pytest.approx(gdp_epsilon(gdp_mu(1.0, 1e-5) / math.sqrt(5), 1e-5))
     assert "client level" in rep.guarantee and "1 release(s)" in rep.guarantee
     for _ in range(4):
-        privfed.fit("fedncm", F, y, k, privacy=m)
+        privfed.fit("fedncm", F, y, k, num_classes=3, num_clients=4, privacy=m)
     assert m.report().epsilon == pytest.approx(1.0, rel=1e-6)  # the five releases use the whole budget
     m.ledger.reset()
     assert m.report().guarantee == "nothing released yet"
@@ -99,7 +99,7 @@ def test_secure_backend_end_to_end_records_rounding_slack():
     F = rng.normal(size=(40, 3))
     y = np.arange(40) % 2
     m = GaussianMechanism(epsilon=2.0, delta=1e-5, clip=1.0, backend="opendp", trusted_aggregator=True)
-    head = privfed.fit("fedncm", F, y, np.arange(40) % 3, privacy=m)
+    head = privfed.fit("fedncm", F, y, np.arange(40) % 3, num_classes=2, num_clients=3, privacy=m)
     assert np.all(np.isfinite(head.weight))
     ev = {e.block: e for e in m.ledger.events}
     # Only the d = 3 coordinates of one class row move with one record; the slack is calibrated for.
@@ -147,7 +147,7 @@ def test_mechanism_contract(mech):
     F = rng.normal(size=(80, 4)) * 3
     y = np.arange(80) % 4
     k = np.arange(80) % 5
-    head = privfed.fit("fedncm", F, y, k, privacy=mech, random_state=1)
+    head = privfed.fit("fedncm", F, y, k, num_classes=4, num_clients=5, privacy=mech, random_state=1)
     rep = head.privacy
     assert isinstance(rep, PrivacyReport)
     assert len(mech.ledger) == rep.num_events > 0

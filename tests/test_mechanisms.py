@@ -162,18 +162,21 @@ def test_hook_refusals_in_fit():
     F, y, k = _data()
     client = GaussianMechanism(epsilon=1.0, delta=1e-5, clip=1.0, level="client", max_records=100)
     with pytest.raises(ConfigError, match="trusted_aggregator=True"):
-        privfed.fit("fedncm", F, y, k, privacy=client)
+        privfed.fit("fedncm", F, y, k, num_classes=3, num_clients=5, privacy=client)
     with pytest.raises(ConfigError, match=r"blocks=\('sums', 'counts', 'second'\)"):
-        privfed.fit("fed3r", F, y, k, privacy=GaussianMechanism(epsilon=1.0, delta=1e-5, clip=1.0))
+        privfed.fit("fed3r", F, y, k, num_classes=3, num_clients=5,
+                    privacy=GaussianMechanism(epsilon=1.0, delta=1e-5, clip=1.0))
     with pytest.raises(ConfigError, match="does not use the second moment"):
-        privfed.fit("fedncm", F, y, k, privacy=GaussianMechanism(epsilon=1.0, delta=1e-5, clip=1.0, blocks=SECOND))
+        privfed.fit("fedncm", F, y, k, num_classes=3, num_clients=5,
+                    privacy=GaussianMechanism(epsilon=1.0, delta=1e-5, clip=1.0, blocks=SECOND))
     with pytest.raises(ConfigError, match="per-class second moments"):
-        privfed.fit("fedcof-oracle", F, y, k, privacy=GaussianMechanism(epsilon=1.0, delta=1e-5, clip=1.0))
+        privfed.fit("fedcof-oracle", F, y, k, num_classes=3, num_clients=5,
+                    privacy=GaussianMechanism(epsilon=1.0, delta=1e-5, clip=1.0))
     trusted_client = GaussianMechanism(
         epsilon=1.0, delta=1e-5, clip=1.0, level="client", max_records=100, trusted_aggregator=True
     )
     with pytest.raises(ConfigError, match="individual statistics"):
-        privfed.fit("fedcof", F, y, k, privacy=trusted_client)
+        privfed.fit("fedcof", F, y, k, num_classes=3, num_clients=5, privacy=trusted_client)
 
 
 # -- the no-noise limit is exact ---------------------------------------------------------------
@@ -183,7 +186,7 @@ def test_infinite_epsilon_reproduces_non_private_fit(method):
     norm = "coordinate" if method == "fedlog" else "l2"
     clip = 1.5 if norm == "coordinate" else 2.0
     mech = GaussianMechanism(epsilon=math.inf, delta=1e-5, clip=clip, blocks=METHOD_BLOCKS[method], clip_norm=norm)
-    private = privfed.fit(method, F, y, k, privacy=mech, random_state=4)
+    private = privfed.fit(method, F, y, k, num_classes=3, num_clients=5, privacy=mech, random_state=4)
     Fc = clip_coordinates(F, clip) if norm == "coordinate" else clip_l2(F, clip)
     clear = privfed.fit(method, Fc, y, k, random_state=4)
     np.testing.assert_allclose(private.weight, clear.weight, rtol=0, atol=1e-12)
@@ -194,7 +197,7 @@ def test_infinite_epsilon_reproduces_non_private_fit(method):
     np.testing.assert_array_equal(private.predict(F), clear.predict(Fc))
     # a clip that never binds gives the plain non-private head
     big = GaussianMechanism(epsilon=math.inf, delta=1e-5, clip=1e6, blocks=METHOD_BLOCKS[method], clip_norm=norm)
-    plain = privfed.fit(method, F, y, k, privacy=big, random_state=4)
+    plain = privfed.fit(method, F, y, k, num_classes=3, num_clients=5, privacy=big, random_state=4)
     np.testing.assert_allclose(plain.weight, privfed.fit(method, F, y, k, random_state=4).weight, atol=1e-12)
 
 
@@ -203,7 +206,7 @@ def test_noisy_heads_stay_finite_and_say_what_they_repaired(method):
     F, y, k = _data(seed=5, n=90, K=6)
     norm = "coordinate" if method == "fedlog" else "l2"
     mech = GaussianMechanism(epsilon=0.05, delta=1e-5, clip=2.0, blocks=METHOD_BLOCKS[method], clip_norm=norm)
-    head = privfed.fit(method, F, y, k, privacy=mech, random_state=0)
+    head = privfed.fit(method, F, y, k, num_classes=3, num_clients=6, privacy=mech, random_state=0)
     assert np.all(np.isfinite(head.weight)) and np.all(np.isfinite(head.bias))
     assert head.notes, "strong noise must force a repair that the head reports"
     assert head.privacy.epsilon == pytest.approx(0.05, rel=1e-6)
@@ -276,7 +279,7 @@ def test_client_level_bounds_each_client():
     np.testing.assert_allclose(out.sums[0], 0.5 * np.ones((2, 3)), rtol=1e-15)
     np.testing.assert_array_equal(out.sums[1], stats.sums[1])
     F, y, k = _data()
-    head = privfed.fit("fedncm", F, y, k, privacy=m)
+    head = privfed.fit("fedncm", F, y, k, num_classes=3, num_clients=5, privacy=m)
     assert "client level" in head.privacy.guarantee
 
 
@@ -300,7 +303,7 @@ def test_report_is_computed_from_ledger_and_serialises():
     F, y, k = _data()
     m = GaussianMechanism(epsilon=2.0, delta=1e-6, clip=1.0)
     assert m.report().guarantee == "nothing released yet"
-    head = privfed.fit("fedncm", F, y, k, privacy=m)
+    head = privfed.fit("fedncm", F, y, k, num_classes=3, num_clients=5, privacy=m)
     rep = head.privacy
     assert rep.epsilon == pytest.approx(2.0, rel=1e-6) and rep.delta == 1e-6
     assert rep.guarantee.startswith("(2, 1e-06)-DP at record level")
@@ -308,7 +311,8 @@ def test_report_is_computed_from_ledger_and_serialises():
     json.dumps(rep.as_dict())
     with pytest.raises(Exception):
         rep.epsilon = 1.0  # frozen
-    privfed.fit("fedncm", F, y, k, privacy=m)  # a second release of the same data composes
+    privfed.fit("fedncm", F, y, k, num_classes=3, num_clients=5,
+                privacy=m)  # a second release of the same data composes
     assert m.report().epsilon > 2.0
 
 
@@ -317,7 +321,7 @@ def test_classic_report_states_the_exact_epsilon():
         warnings.simplefilter("ignore")
         m = GaussianMechanism(epsilon=0.5, delta=1e-5, clip=1.0, calibration="classic")
     F, y, k = _data()
-    rep = privfed.fit("fedncm", F, y, k, privacy=m).privacy
+    rep = privfed.fit("fedncm", F, y, k, num_classes=3, num_clients=5, privacy=m).privacy
     assert rep.epsilon < 0.5  # classic is loose below eps = 1: the exact epsilon is smaller
 
 
@@ -381,12 +385,14 @@ def test_with_pairwise_masking(level):
     F, y, k = _data(seed=2)
     m = GaussianMechanism(epsilon=4.0, delta=1e-5, clip=2.0, blocks=SECOND, level=level,
                           max_records=100 if level == "client" else None)
-    head = privfed.fit("fed3r-within", F, y, k, privacy=m, secure_agg=make_secure_agg("mask"), random_state=0)
+    head = privfed.fit("fed3r-within", F, y, k, num_classes=3, num_clients=5,
+                       privacy=m, secure_agg=make_secure_agg("mask"), random_state=0)
     assert np.all(np.isfinite(head.weight))
     assert head.privacy.epsilon == pytest.approx(4.0, rel=1e-6)
     assert f"at {level} level" in head.privacy.guarantee
     with pytest.raises(ConfigError, match="secure protocol is not supported"):
-        privfed.fit("fedcof", F, y, k, privacy=GaussianMechanism(epsilon=1.0, delta=1e-5, clip=1.0),
+        privfed.fit("fedcof", F, y, k, num_classes=3, num_clients=5,
+                    privacy=GaussianMechanism(epsilon=1.0, delta=1e-5, clip=1.0),
                     secure_agg=make_secure_agg("mask"))
 
 

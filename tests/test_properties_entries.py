@@ -75,6 +75,7 @@ def test_masked_arrays_are_refused_naming_the_input(which, mask_any):
     for privacy in (None, GaussianMechanism(epsilon=1.0, delta=1e-5, clip=1.0)):
         with pytest.raises(InputError, match=f"{which} is a numpy masked array"):
             privfed.fit("fedncm", args["features"], args["labels"], args["clients"], privacy=privacy,
+                        num_classes=3, num_clients=5,
                         random_state=0)
 
 

@@ -351,7 +351,7 @@ def test_infinite_clip_with_finite_epsilon_is_refused():
         GaussianMechanism(epsilon=1.0, delta=1e-5, clip=float("inf"), trusted_aggregator=True)
     big = GaussianMechanism(epsilon=float("inf"), delta=1e-5, clip=float("inf"))
     with pytest.raises(InputError, match="overflow"):
-        privfed.fit("fed3r", F * 1e160, y, np.arange(40) % 4, privacy=big)
+        privfed.fit("fed3r", F * 1e160, y, np.arange(40) % 4, num_classes=4, num_clients=4, privacy=big)
 
 
 def test_fedlog_says_when_its_map_is_ill_posed_and_offers_the_fix(digits_dataset):
@@ -566,7 +566,8 @@ def test_private_fit_sizes_are_refused_at_once_naming_the_size(digits_dataset, k
     t0 = time.monotonic()
     with pytest.raises(InputError, match=words.replace("+", r"\+")):
         privfed.fit("fedncm", ds.train_features, ds.train_labels, k,
-                    privacy=GaussianMechanism(epsilon=1.0, delta=1e-5, clip=1.0), **kw)
+                    privacy=GaussianMechanism(epsilon=1.0, delta=1e-5, clip=1.0),
+                    **{"num_classes": 10, "num_clients": 10, **kw})  # the other size the true one
     assert time.monotonic() - t0 < 2.0
     # the same fold a server would build refuses the same class count before allocating
     from privfed.stats import StatsFold
@@ -588,7 +589,8 @@ def test_a_large_private_release_says_so_before_it_starts(digits_dataset, monkey
     assert "up to 4.75e+11 noise values; expect about 402 minute(s)" in _validation.release_cost_note(10**8, 10, 64)
     monkeypatch.setattr(_validation, "SECONDS_PER_CLIENT", 7.0)  # so that 10 clients predict over a minute
     with pytest.warns(UserWarning, match=r"this private release is large: num_clients=10, num_classes=10, d=64"):
-        privfed.fit("fedncm", ds.train_features, ds.train_labels, k, privacy=mech, random_state=0)
+        privfed.fit("fedncm", ds.train_features, ds.train_labels, k, num_classes=10, num_clients=10, privacy=mech,
+                    random_state=0)
 
 
 def test_npz_size_check_cannot_be_bypassed(tmp_path):

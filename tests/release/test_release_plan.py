@@ -17,6 +17,7 @@ from mechanisms import GaussianMechanism, LaplaceCountNoise, PairwiseMasking
 from privfed.methods import get
 from privfed.pipeline import client_statistics, server_head
 from privfed.release import ReleasePlan
+from privfed.errors import InputError
 from privfed.stats import StatsFold
 
 pytestmark = pytest.mark.filterwarnings("ignore:noise backend 'numpy'")
@@ -190,3 +191,23 @@ def test_keeping_uploads_reaches_a_release_made_through_fit():
     assert view.kind == "uploads" and view.stats.counts.shape == (K, C)
     # the same seed draws the same release: the head is unchanged by keeping its uploads
     np.testing.assert_array_equal(kept.weight, head.weight)
+
+
+def test_attack_view_takes_the_public_number_of_clients():
+    """Given num_clients, the attacks' view is the release fit makes with that public K: the uploads of
+    clients without records are there (noise only), and an id out of range is refused by name."""
+    from attacks.view import ServerView
+    from privfed.release import keeping_uploads
+
+    F, y, k = _data()
+    with keeping_uploads():
+        head = privfed.fit("fedncm", F, y, k, num_classes=C, num_clients=K + 2, privacy=_gauss(),
+                           random_state=3)
+    view = ServerView.from_federation("fedncm", F, y, k, num_classes=C, num_clients=K + 2, privacy=_gauss(),
+                                      rng=3)
+    assert view.stats.num_clients == K + 2
+    np.testing.assert_array_equal(view.stats.counts, head.trace.server_view().stats.counts)
+    assert np.abs(view.stats.counts[K:]).max() > 0  # the empty clients upload noise, not nothing
+    with pytest.raises(InputError, match=f"out of range for num_clients={K - 1}"):
+        ServerView.from_federation("fedncm", F, y, k, num_classes=C, num_clients=K - 1, privacy=_gauss(),
+                                   rng=3)
