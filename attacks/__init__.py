@@ -25,8 +25,8 @@ from typing import Any
 import numpy as np
 
 from attacks.base import Attack
-from attacks.view import GroundTruth, NoiseSpec, PublicData, ServerView
 from attacks.strongest import strongest, strongest_flat
+from attacks.view import GroundTruth, NoiseSpec, PublicData, ServerView
 from privfed._registry import Registry
 
 __all__ = [

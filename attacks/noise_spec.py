@@ -10,8 +10,9 @@ To attack what a mechanism really released, pass the mechanism itself to
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -144,7 +145,7 @@ class NoiseSpec:
             raise ConfigError(f"clip must be a finite number > 0, got clip={self.clip!r}")
 
     @classmethod
-    def none(cls) -> "NoiseSpec":
+    def none(cls) -> NoiseSpec:
         """The clean release."""
         return cls()
 
@@ -157,7 +158,7 @@ class NoiseSpec:
         clip: float,
         blocks=("counts", "sums"),
         level: str = "record",
-    ) -> "NoiseSpec":
+    ) -> NoiseSpec:
         """One Gaussian release of the concatenated blocks, calibrated exactly.
 
         This is ``GaussianMechanism(..., split="joint")``'s noise (one sigma for
@@ -191,7 +192,7 @@ class NoiseSpec:
 
     @classmethod
     def from_mechanism(cls, mechanism: Any, method: Any = None, *, num_clients: int = 1,
-                       secure_agg: bool = False) -> "NoiseSpec":
+                       secure_agg: bool = False) -> NoiseSpec:
         """The noise on what the server sees, read off a mechanism object (duck-typed).
 
         Uses ``mechanism.sigma`` (block -> std of the noise one sum carries),

@@ -276,11 +276,10 @@ class RoundsObserver:
     def _observe(self, r, clients, A, stats) -> None:
         from privfed.fedlog_bodies import augment, client_features
 
-        dp, setup = self.dp, self.setup
+        dp = self.dp
         clip_fn = dp.clip_tensor if dp is not None else None
         P = self.members.size
         K, C, m = A.shape
-        d = m - 1
         Ab = dp.bound_uploads(A) if dp is not None else A
         factor = np.ones(K)  # bound_uploads' scaling of each client's upload (1 under the theorem bound)
         nk = A[..., 0].sum(-1)

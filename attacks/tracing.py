@@ -267,7 +267,6 @@ def learned_test(pools: dict, models: dict, counts: dict, *, sigma: float = 0.0,
     import warnings
 
     from sklearn.exceptions import ConvergenceWarning
-
     from threadpoolctl import threadpool_limits
 
     with warnings.catch_warnings(), threadpool_limits(limits=1):  # small matrices: more BLAS threads only contend

@@ -165,7 +165,7 @@ class ServerView:
                 f"(fields {sorted(self.fields)}, secure_agg={self.secure_agg}) does not have"
             )
 
-    def with_(self, **changes) -> "ServerView":
+    def with_(self, **changes) -> ServerView:
         return replace(self, **changes)
 
     @classmethod
@@ -180,7 +180,7 @@ class ServerView:
         rng: np.random.Generator | None = None,
         backbone: Any = None,
         public: PublicData | None = None,
-    ) -> "ServerView":
+    ) -> ServerView:
         """The view of uploads ``stats`` (clean, per client), noised per ``noise``.
 
         ``noise.level == "record"`` noises each client's row before summing;
@@ -221,7 +221,7 @@ class ServerView:
         rng: np.random.Generator | int | None = None,
         num_clients: int | None = None,
         **method_params: Any,
-    ) -> "ServerView":
+    ) -> ServerView:
         """Build the server's view of one federation.
 
         Parameters
@@ -285,7 +285,7 @@ class ServerView:
         return view
 
     @classmethod
-    def _from_release(cls, m, F, y, k, C, K, privacy, secure_agg, rng, *, backbone, public) -> "ServerView":
+    def _from_release(cls, m, F, y, k, C, K, privacy, secure_agg, rng, *, backbone, public) -> ServerView:
         """The view read off the release itself: run the release plan and take what its trace says the
         server received (under ``secure_agg=True``, the ideal functionality of secure aggregation)."""
         import copy
@@ -316,7 +316,7 @@ class ServerView:
                 f"fields={sorted(self.fields)}, noise={self.noise.guarantee!r})")
 
 
-def membership_targets(view: "ServerView", truth: "GroundTruth", max_targets: int, rng: np.random.Generator,
+def membership_targets(view: ServerView, truth: GroundTruth, max_targets: int, rng: np.random.Generator,
                        attack: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The membership game's targets: up to ``max_targets`` uploaded private records (members), each paired
     with a holdout record of the same class (its non-member counterpart), clipped as the clients clipped so a
@@ -361,7 +361,7 @@ def membership_targets(view: "ServerView", truth: "GroundTruth", max_targets: in
     return targets, labels, ids, np.concatenate([mem, mem])
 
 
-def paired_mask(target_ids: np.ndarray, owners: np.ndarray, per_client: bool, truth: "GroundTruth",
+def paired_mask(target_ids: np.ndarray, owners: np.ndarray, per_client: bool, truth: GroundTruth,
                 partners: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
     """``(member, keep)`` for scored (target, row) pairs.
 

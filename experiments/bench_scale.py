@@ -447,7 +447,7 @@ def loop_clients(F32, y, k, name: str, loop_rows: int) -> dict:
             for c, nc, sc in zip(classes, cnt, sums):
                 by_class.setdefault(int(c), []).append(np.sqrt(w[c] * nc) * (sc / nc - mu[c]))
         B2 = np.zeros((d, d))
-        for c, rows in by_class.items():
+        for _c, rows in by_class.items():
             X = np.stack(rows)
             B2 += X.T @ X
         out["server_class_gemm_s"] = time.process_time() - t2

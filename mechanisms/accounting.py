@@ -24,7 +24,7 @@ import functools
 import math
 import warnings
 from collections import defaultdict
-from typing import Iterable
+from collections.abc import Iterable
 
 from mechanisms.calibration import gdp_epsilon, gdp_mu
 from mechanisms.ledger import ReleaseEvent

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -188,7 +188,7 @@ def available_backends() -> list[str]:
     return sorted(_BACKENDS)
 
 
-def get_backend(backend: "str | NoiseBackend | None") -> NoiseBackend:
+def get_backend(backend: str | NoiseBackend | None) -> NoiseBackend:
     """Resolve ``None`` (numpy), a registered name or a backend instance."""
     if backend is None:
         return NumpyNoise()

@@ -102,7 +102,7 @@ class CountNoise:
     #: Whether the counts carry a DP guarantee.
     dp = True
 
-    def __init__(self, *, epsilon: float, backend: "str | NoiseBackend | None" = None) -> None:
+    def __init__(self, *, epsilon: float, backend: str | NoiseBackend | None = None) -> None:
         self.epsilon = self._check_eps(epsilon)
         self.backend = get_backend(backend)
         self.ledger = PrivacyLedger()
@@ -261,7 +261,7 @@ class GeometricCountNoise(CountNoise):
 
     name = "geometric"
 
-    def __init__(self, *, epsilon: float, backend: "str | NoiseBackend | None" = None) -> None:
+    def __init__(self, *, epsilon: float, backend: str | NoiseBackend | None = None) -> None:
         eps = self._check_eps(epsilon)
         if eps < GEOMETRIC_MIN_EPSILON:
             raise ConfigError(

@@ -56,7 +56,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Mapping
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -172,13 +172,13 @@ class GaussianMechanism:
         clip_norm: str = "l2",
         rounds: int = 1,
         sampling_rate: float = 1.0,
-        split: "str | Mapping[str, float]" = "equal",
+        split: str | Mapping[str, float] = "equal",
         trusted_aggregator: bool = False,
         max_records: int | None = None,
         dropout_tolerance: int = 0,
         dim: int | None = None,
         accountant: str = "auto",
-        backend: "str | NoiseBackend | None" = None,
+        backend: str | NoiseBackend | None = None,
     ) -> None:
         self.epsilon, self.delta = check_budget(epsilon, delta)
         self.clip_bound = _check_bound(clip)
@@ -269,7 +269,7 @@ class GaussianMechanism:
             self._resolve(int(dim) if dim is not None else None)
 
     # -- calibration ---------------------------------------------------------
-    def _split_weights(self, split) -> "str | dict[str, float]":
+    def _split_weights(self, split) -> str | dict[str, float]:
         if isinstance(split, str):
             if split not in ("joint", "equal"):
                 raise ConfigError(f"split must be 'joint', 'equal' or a dict of weights, got split={split!r}")

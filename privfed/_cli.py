@@ -17,16 +17,16 @@ import csv
 import datetime as _dt
 import json
 import math
-import os
 import platform
 import signal
 import sys
-import time
 import threading
-from time import monotonic as time_monotonic
+import time
+from collections.abc import Callable, Iterator, Sequence
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from time import monotonic as time_monotonic
+from typing import Any
 
 import numpy as np
 
@@ -324,7 +324,7 @@ def periodic_checkpoint(write_partial: Callable[[list], None], every: float) -> 
     return checkpoint
 
 
-def keep_finished(out: "OutputDir", done: list, write_partial: Callable[[list], None], command: str,
+def keep_finished(out: OutputDir, done: list, write_partial: Callable[[list], None], command: str,
                   prog: str) -> None:
     """After an interrupt or a failure: what finished is published (results.partial.*), or no folder is left.
 

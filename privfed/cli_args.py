@@ -68,7 +68,7 @@ def tradeoff_parser() -> argparse.ArgumentParser:
     a("--placement", metavar="LIST", help="where the noise is added: local, secure-sum, trusted, or all "
       "(default: all three for a single finite --eps, otherwise local; --secure-agg / --trusted-aggregator "
       "choose one)")
-    a("--delta", metavar="D", help=f"delta of (eps, delta)-DP, in (0, 1) (default: 1e-05)")
+    a("--delta", metavar="D", help="delta of (eps, delta)-DP, in (0, 1) (default: 1e-05)")
     a("--level", choices=("record", "client"), help="neighbouring relation: record (add or remove one record of one "
       "client) or client (zero-out: one client's whole data replaced by none; noise on the aggregate, needs "
       "--secure-agg or a trusted aggregator) (default: record)")
@@ -91,11 +91,11 @@ def tradeoff_parser() -> argparse.ArgumentParser:
     a("--max-records", metavar="N", help="client level: the most records one client contributes (default: none)")
     a("--trusted-aggregator", action="store_true", default=None,
       help="same as --placement trusted: the server is trusted to add the noise once, to the sum (sum-only methods)")
-    a("--clients", metavar="K", help=f"number of clients (default: 100)")
+    a("--clients", metavar="K", help="number of clients (default: 100)")
     a("--partition", metavar="SCHEME", help="dirichlet, dirichlet-class, shards, iid or natural; a feature file's "
       "own 'clients' array is used only with natural (dirichlet gives each client floor(N/K) samples, the rest "
       "unused, as in FedNCM/FedCOF) (default: dirichlet)")
-    a("--alpha", metavar="A", help=f"Dirichlet concentration (default: 0.1)")
+    a("--alpha", metavar="A", help="Dirichlet concentration (default: 0.1)")
     a("--dataset", metavar="NAME", help="digits (offline), file:PATH.npz, cifar100, cifar10; a file without "
       "test arrays has 20%% of its samples held out for testing (stratified, seed 0) (default: digits)")
     a("--backbone", metavar="NAME", help="feature extractor for torchvision datasets (squeezenet1_1, mobilenet_v2, "

@@ -34,7 +34,8 @@ of the release, never read from the data: pass ``classes`` (and
 from __future__ import annotations
 
 import copy
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 from sklearn.base import BaseEstimator, ClassifierMixin
@@ -200,7 +201,7 @@ class FederatedHeadClassifier(ClassifierMixin, BaseEstimator):
             return iid_clients(y.shape[0], int(spec), rng)
         raise ConfigError(f"clients must be None, an int >= 1 or a callable (y, rng) -> ids, got {spec!r}")
 
-    def fit(self, X, y, clients=None) -> "FederatedHeadClassifier":
+    def fit(self, X, y, clients=None) -> FederatedHeadClassifier:
         """Fit the head.
 
         Parameters

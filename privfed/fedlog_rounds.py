@@ -93,15 +93,16 @@ import copy
 import math
 import time
 import warnings
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
-from privfed.data.digits import deterministic_torch
 from mechanisms.ledger import format_up
+from privfed.data.digits import deterministic_torch
 from privfed.errors import ConfigError
 from privfed.fedlog_bodies import (
     FAMILIES,
@@ -642,7 +643,7 @@ class RoundsConfig:
     # membership attacks across the rounds (attacks.rounds): member / holdout pairs tested, 0 for none
     attack_pairs: int = 0
 
-    def validate(self) -> "RoundsConfig":
+    def validate(self) -> RoundsConfig:
         def pos_int(name, low=1):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < low:

@@ -27,7 +27,7 @@ class Note(str):
     kind: str = ""
     count: int = 0
 
-    def __new__(cls, text: str, kind: str = "", count: int = 0) -> "Note":
+    def __new__(cls, text: str, kind: str = "", count: int = 0) -> Note:
         if kind and kind not in KINDS:
             raise ValueError(f"note kind must be one of {KINDS}, got {kind!r}")
         out = super().__new__(cls, text)

@@ -51,7 +51,7 @@ noisy releases (which may be negative or fractional) use the same type.
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 import numpy as np
 import scipy.sparse as sp
@@ -134,12 +134,12 @@ class _Features:
         _check_dense("class_second", (K, C, d, d))
         return _group_second_moments(self._rows(), self.client * C + self.label, K * C).reshape(K, C, d, d)
 
-    def scaled(self, weights: np.ndarray) -> "_Features":
+    def scaled(self, weights: np.ndarray) -> _Features:
         """The same features with client k's second moments multiplied by ``weights[k]``."""
         w = np.asarray(weights, dtype=np.float64)
         return _Features(self.F, self.client, self.label, w if self.weight is None else self.weight * w)
 
-    def subset(self, rows: np.ndarray) -> "_Features":
+    def subset(self, rows: np.ndarray) -> _Features:
         """Features of clients ``rows`` (distinct), renumbered 0..len(rows)-1."""
         new = np.full(int(max(self.client.max(initial=-1), rows.max(initial=-1))) + 1, -1, dtype=np.int64)
         new[rows] = np.arange(rows.size)
@@ -147,7 +147,7 @@ class _Features:
         weight = None if self.weight is None else self.weight[rows]
         return _Features(self.F[keep], new[self.client[keep]], self.label[keep], weight)
 
-    def merged(self) -> "_Features":
+    def merged(self) -> _Features:
         if self.weight is not None:  # one client: fold the weights into the rows
             return _Features(self._rows(), np.zeros_like(self.client), self.label)
         return _Features(self.F, np.zeros_like(self.client), self.label)
@@ -240,7 +240,7 @@ class ClientStats:
             object.__setattr__(self, name, state.get(name))
 
     @classmethod
-    def _new(cls, K, C, d, **kw) -> "ClientStats":
+    def _new(cls, K, C, d, **kw) -> ClientStats:
         obj = cls.__new__(cls)
         kw.setdefault("counts", None)
         kw.setdefault("sums", None)
@@ -268,7 +268,7 @@ class ClientStats:
         gram=None,
         owners=None,
         sum_rows=None,
-    ) -> "ClientStats":
+    ) -> ClientStats:
         """Statistics from the pair layout.
 
         Parameters
@@ -539,7 +539,7 @@ class ClientStats:
             return out
         return np.einsum("k,kij->ij", w, self.second)
 
-    def scale_clients(self, weights) -> "ClientStats":
+    def scale_clients(self, weights) -> ClientStats:
         """Every statistic of client k multiplied by ``weights[k]`` (>= 0), each client kept separate.
 
         The client-level bound (a client with n_k > n_max records scaled by
@@ -619,7 +619,7 @@ class ClientStats:
             fields=fields,
         )
 
-    def total(self) -> "ClientStats":
+    def total(self) -> ClientStats:
         """Sum over clients: the aggregate, as a ClientStats with K = 1."""
         N, S = self.class_totals()
         kw = {"fields": set(self._fields)}
@@ -637,7 +637,7 @@ class ClientStats:
                            else self.num_pairs())
         return out
 
-    def __add__(self, other: "ClientStats") -> "ClientStats":
+    def __add__(self, other: ClientStats) -> ClientStats:
         if not isinstance(other, ClientStats):
             return NotImplemented
         if (self.available != other.available or (self._K, self._C) != (other._K, other._C)
@@ -657,7 +657,7 @@ class ClientStats:
                                     sums=_readonly((S1 + S2)[None]), owners=self._owners, **kw)
         return ClientStats(**{k: v + getattr(other, k) for k, v in self.arrays().items()}, owners=self._owners)
 
-    def select(self, names: Iterable[str]) -> "ClientStats":
+    def select(self, names: Iterable[str]) -> ClientStats:
         """Keep only the named statistics (``counts`` and ``sums`` are always kept); nothing is copied."""
         names = set(names) | {"counts", "sums"}
         missing = names - self.available
@@ -668,7 +668,7 @@ class ClientStats:
         object.__setattr__(out, "folded_pairs", self.folded_pairs)
         return out
 
-    def with_arrays(self, **arrays) -> "ClientStats":
+    def with_arrays(self, **arrays) -> ClientStats:
         """A copy with some statistics replaced by dense arrays (used by noise mechanisms)."""
         unknown = set(arrays) - set(STAT_FIELDS)
         if unknown:
@@ -711,7 +711,7 @@ class ClientStats:
                 object.__setattr__(out, "_" + other, getattr(self, other))
         return out
 
-    def clients(self, rows) -> "ClientStats":
+    def clients(self, rows) -> ClientStats:
         """The statistics of a subset of rows (clients)."""
         rows = np.asarray(rows)
         if rows.dtype == bool:
@@ -840,7 +840,7 @@ class StatsFold:
         self._owners: list[np.ndarray] = []
         self._has_owners = False
 
-    def add(self, chunk: ClientStats, *, source=None, client_ids=None) -> "StatsFold":
+    def add(self, chunk: ClientStats, *, source=None, client_ids=None) -> StatsFold:
         """Fold in the statistics of the next clients; returns ``self``.
 
         Every value is checked before anything is folded: a NaN or inf in an

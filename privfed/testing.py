@@ -79,11 +79,11 @@ def _as_output(value, claim: _Claim) -> dict:
 
 
 def audit(
-    release_fn: Callable[[dict, "int | None"], object],
+    release_fn: Callable[[dict, int | None], object],
     *,
     epsilon: float,
     delta: float,
-    neighbours: "Sequence[Neighbours] | None" = None,
+    neighbours: Sequence[Neighbours] | None = None,
     level: str = "record",
     draws: int = 600,
     heldout: int = 300,

@@ -48,14 +48,15 @@ import math
 import os
 import sys
 import time
-import tomllib
 import warnings
 import zlib
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
+import tomllib
 
 from privfed import _scale
 from privfed import methods as _methods
@@ -68,15 +69,14 @@ from privfed._cli import (
     check_secure_agg,
     cli_entry,
     heartbeat,
+    keep_finished,
     parse_float_list,
     parse_seeds,
     parse_str_list,
-    placement_word,
-    keep_finished,
     periodic_checkpoint,
+    placement_word,
     versions,
 )
-from privfed.cli_args import TRADEOFF_GLOSSARY as GLOSSARY
 from privfed.cli_args import tradeoff_parser as build_parser
 from privfed.errors import ConfigError, InputError
 from privfed.notes import repairs as note_repairs
@@ -638,7 +638,6 @@ def _run_attacks(cfg, ds, ctx, rec, mname, clients, seed, eps, privacy, secure) 
     as ``attack_tracing_<test>:<metric>``.
     """
     import attacks
-
     from privfed.errors import InputError
 
     for name in cfg.attacks:
@@ -969,7 +968,7 @@ def plot_tradeoff(path: Path | tuple, summary: list[dict[str, Any]], title: str 
 
     ax = axes[0, 0]
     ticks: set[float] = set()
-    for j, (m, place, private) in enumerate(series):
+    for m, place, private in series:
         c = colors[methods.index(m) % len(colors)]
         rows, x = points(m, place, private, "accuracy_mean")
         if not rows:
@@ -997,7 +996,7 @@ def plot_tradeoff(path: Path | tuple, summary: list[dict[str, Any]], title: str 
     for p, col in enumerate(attack_cols, start=1):
         ax2 = axes[0, p]
         metric = col.split("_", 2)[2]
-        for j, (m, place, private) in enumerate(series):
+        for m, place, private in series:
             c = colors[methods.index(m) % len(colors)]
             rows, x = points(m, place, private, col)
             if rows:

@@ -386,7 +386,7 @@ def test_ckks_configurations_show_no_deterministic_difference(level):
         assert r.verdict == "metadata only" and not r.flagged, r
 
 
-def _sweep_block(readme: str) -> "str | None":
+def _sweep_block(readme: str) -> str | None:
     start, end = "<!-- readme-numbers:audit-sweep tol=0 -->", "<!-- /readme-numbers:audit-sweep -->"
     if start not in readme:
         return None

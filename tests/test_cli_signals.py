@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 
 from privfed import _cli
-from privfed.results_io import verify_folder
 from privfed.attack import main as attack_main
+from privfed.results_io import verify_folder
 from privfed.tradeoff import main as tradeoff_main
 
 REPO = Path(__file__).resolve().parents[1]

@@ -15,7 +15,6 @@ from privfed import methods
 from privfed.errors import ConfigError
 from privfed.estimators import FederatedHeadClassifier, iid_clients
 
-
 ESTIMATORS = [FederatedHeadClassifier(m) for m in methods.available()] + [
     FederatedHeadClassifier("fedcof", clients=3, random_state=0),
     FederatedHeadClassifier("fedcof", {"means_per_client": 2, "gamma": 0.1}, clients=2, random_state=1),

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import math
 import pathlib
-import re
 
 import pytest
 from scipy.optimize import brentq

@@ -13,8 +13,17 @@ from scipy.stats import norm
 
 from mechanisms import fixed_point
 from privfed.errors import ConfigError
-from privfed.fedlog_rounds import (FEATURE_DIM, RoundRelease, RoundsConfig, RoundsDP, _Setup, client_statistic,
-                                   make_body, run_rounds, server_step)
+from privfed.fedlog_rounds import (
+    FEATURE_DIM,
+    RoundRelease,
+    RoundsConfig,
+    RoundsDP,
+    _Setup,
+    client_statistic,
+    make_body,
+    run_rounds,
+    server_step,
+)
 
 pytestmark = pytest.mark.filterwarnings("ignore:noise backend 'numpy'")
 

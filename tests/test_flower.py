@@ -26,10 +26,10 @@ from privfed.errors import ConfigError  # noqa: E402
 from privfed.federation import partition  # noqa: E402
 from privfed.flower import FlowerConfig, run_simulation, serve  # noqa: E402
 from privfed.flower.client_app import make_client_app  # noqa: E402
+from privfed.flower.fold import NodeFold  # noqa: E402
 from privfed.flower.local import LocalGrid  # noqa: E402
 from privfed.flower.protocol import sum_vector  # noqa: E402
 from privfed.flower.secagg import simulated_identities  # noqa: E402
-from privfed.flower.fold import NodeFold  # noqa: E402
 from privfed.stats import ClientStats, compute_client_stats  # noqa: E402
 
 K = 4
@@ -313,8 +313,9 @@ def test_feature_file_per_node_is_a_natural_split(tmp_path):
 
 def test_flwr_app_config_names_every_key_and_the_components():
     import pathlib
-    import tomllib
     from dataclasses import fields
+
+    import tomllib
 
     app = pathlib.Path(privfed.__file__).parent / "flower" / "app" / "pyproject.toml"
     flwr_cfg = tomllib.loads(app.read_text())["tool"]["flwr"]["app"]

@@ -24,10 +24,10 @@ from mechanisms import (
 )
 from mechanisms.ledger import NEIGHBOURING
 from mechanisms.masking import KeySource, ProtocolAbort, masked_sum
-from mechanisms.secagg_node import MaskingNode
-from mechanisms.secagg_server import MaskingServer
 from mechanisms.secagg import PairwiseMasking
+from mechanisms.secagg_node import MaskingNode
 from mechanisms.secagg_noise import DistributedGaussian
+from mechanisms.secagg_server import MaskingServer
 from privfed.errors import ConfigError, InputError
 
 pytestmark = pytest.mark.filterwarnings("ignore:noise backend 'numpy'")
@@ -101,7 +101,7 @@ def test_sampled_release_reports_the_dp_accounting_epsilon_of_what_ran():
 class _CountingAggregator(GaussianMechanism):
     """Test tap: the number of records in the sum before the aggregator's noise (1 per client here)."""
 
-    seen: "list[int]" = []  # noqa: RUF012 (reset by the test before use)
+    seen: list[int] = []  # noqa: RUF012 (reset by the test before use)
 
     def after_aggregate(self, total, method, rng):
         self.seen.append(round(float(total.counts.sum())))

@@ -234,7 +234,6 @@ def _mc_estimates(R, sizes, Sigma, noise_var, rng):
     d = Sigma.shape[0]
     L = np.linalg.cholesky(Sigma)
     mu = np.arange(1.0, d + 1)
-    K = len(sizes)
     plain, aware = np.empty((R, d, d)), np.empty((R, d, d))
     for r in range(R):
         sums = np.stack([(mu + rng.normal(size=(n, d)) @ L.T).sum(0) for n in sizes])
@@ -569,7 +568,7 @@ def test_fedcof_secure_owner_grouping_with_gaps():
         seen = []
         grouped = ClientStats(counts=st.counts, sums=st.sums, owners=owners)
         m = methods.get("fedcof")
-        h = m.secure_aggregate(grouped, lambda a: (seen.append(np.asarray(a)), np.asarray(a).sum(0))[1])
+        h = m.secure_aggregate(grouped, lambda a: (seen.append(np.asarray(a)), np.asarray(a).sum(0))[1])  # noqa: B023
         np.testing.assert_allclose(h.weight, m.aggregate(st).weight, rtol=1e-9, atol=1e-10)
         np.testing.assert_allclose(seen[0][owners[0]], st.counts[owners == owners[0]].sum(0))
 

@@ -10,9 +10,8 @@ underflow.
 from __future__ import annotations
 
 import io
-import pathlib
 import os
-import shutil
+import pathlib
 import warnings
 import zipfile
 
@@ -23,7 +22,7 @@ import torch
 import privfed
 from privfed.data import cache as C
 from privfed.data import digits as D
-from privfed.errors import ConfigError, InputError, PrivfedError
+from privfed.errors import ConfigError, InputError
 
 
 def _flip(path, position: int, bit: int = 6) -> None:

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 import privfed
-import privfed.stats as stats_mod
 import privfed.release.stages as release_stages
+import privfed.stats as stats_mod
 from experiments.bench_scale import inat_like, shape_of
 from mechanisms import GaussianMechanism
 

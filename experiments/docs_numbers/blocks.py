@@ -39,8 +39,8 @@ from experiments.docs_numbers.render_records import (
     noise_aware,
     readings,
     scale_readings,
-    secagg_table,
     secagg_active_table,
+    secagg_table,
 )
 
 

@@ -13,7 +13,7 @@ import numpy as np
 from experiments.docs_numbers.sources import digits_dataset, template
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _accuracies(extra: tuple = ()) -> dict:
     """label -> (accuracies over the 5 seeds, mean upload bytes, method class) on the methods-table setting."""
     import privfed

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-
 import numpy as np
 
 from experiments.docs_numbers.sources import at, committed, fmt, record, sci, template
-
 
 READINGS = template("readings")
 

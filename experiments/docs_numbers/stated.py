@@ -8,7 +8,6 @@ from collections.abc import Callable
 
 from experiments.docs_numbers.sources import ROOT, committed, digits_dataset
 
-
 #: A number that looks measured: a decimal, or a number with a unit of size, time, ratio or share.
 _MEASURED = re.compile(
     r"(?<![\w.^-])\d+(?:,\d{3})*(?:\.\d+)?(?:\s?(?:%|×|x\b|dB\b|ms\b|s\b|min\b|kB\b|KB\b|MB\b|GB\b|GiB\b|MiB\b))"
@@ -70,7 +69,7 @@ def _sampled_claim() -> bool:  # the audit sweep's claimed eps with Poisson samp
     return claims == {"3.997"} and res["sampling"] == 0.25
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _fedlog_small_features() -> bool:  # the reliability bullet: FedLog on digits features x 1e-3
     import privfed
     from privfed.federation import partition

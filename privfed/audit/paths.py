@@ -119,7 +119,7 @@ def tradeoff_release(cfg, method: str, epsilon: float, clip: float | None, secur
 
 def rounds_release(*, epsilon: float, clip: float, rounds: int = 3, delta: float = 1e-5, level: str = "record",
                    placement: str = "central", secure: str = "none", clip_norm: str = "l2",
-                   max_records: int | None = None, tolerate: int = 0) -> Callable[[dict, "int | None"], dict]:
+                   max_records: int | None = None, tolerate: int = 0) -> Callable[[dict, int | None], dict]:
     """The multi-round FedLog release path on frozen features: R rounds of one statistic, one ledger.
 
     Each client's upload is the augmented statistic [n_c, s_c] (C, d + 1) of its clipped features,

@@ -93,7 +93,7 @@ class ReleaseAudit:
         return self.eps_lb > self.claimed_eps
 
 
-def run_once(run: Callable[[dict, "int | None"], dict], data: dict, seed: "int | None") -> dict:
+def run_once(run: Callable[[dict, int | None], dict], data: dict, seed: int | None) -> dict:
     """Run one release; errors and warnings are part of what the user receives."""
     from privfed.errors import PrivfedError
 
@@ -247,7 +247,7 @@ def _private(rep) -> bool:
 
 
 def audit_release(
-    run: Callable[[dict, "int | None"], dict],
+    run: Callable[[dict, int | None], dict],
     pairs: Sequence[Neighbours],
     *,
     draws: int = 600,

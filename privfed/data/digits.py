@@ -43,9 +43,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from privfed.data import FeatureDataset
+from privfed.data import FeatureDataset, digits_numpy
 from privfed.data import cache as _cache
-from privfed.data import digits_numpy
 from privfed.errors import ConfigError, InputError
 from privfed.optional import require
 

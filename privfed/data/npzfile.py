@@ -32,9 +32,9 @@ import zipfile
 
 import numpy as np
 
+from privfed._validation import parse_byte_size, refuse_masked
 from privfed.data import FeatureDataset
 from privfed.data.cache import atomic_write_bytes
-from privfed._validation import parse_byte_size, refuse_masked
 from privfed.errors import ConfigError, InputError
 
 __all__ = ["DEFAULT_MAX_BYTES", "FILE_ARRAYS", "MAX_BYTES_ENV", "load_feature_file", "save_feature_file"]

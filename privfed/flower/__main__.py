@@ -26,7 +26,7 @@ import argparse
 import json
 import math
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 from privfed._cli import cli_entry
 from privfed.cli_args import flower_parser

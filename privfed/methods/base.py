@@ -19,7 +19,8 @@ matrices) and record in ``notes`` what it repaired.
 from __future__ import annotations
 
 import abc
-from typing import Any, Callable, ClassVar
+from collections.abc import Callable
+from typing import Any, ClassVar
 
 import numpy as np
 

@@ -24,15 +24,14 @@ applies as is.  Communication: K ((C + d) d + C) floats (upper bound).
 from __future__ import annotations
 
 import numpy as np
-
 import scipy.linalg
 
 from privfed._linalg import check_choice, check_real, minus_between, project_psd, try_cholesky_solve
 from privfed.errors import InputError
 from privfed.head import LinearHead
 from privfed.methods import register
-from privfed.notes import Note
 from privfed.methods.base import Method
+from privfed.notes import Note
 from privfed.stats import ClientStats
 
 __all__ = ["FedCGS", "global_covariance"]
@@ -99,7 +98,6 @@ class FedCGS(Method):
         notes: list[str] = []
         N, mu, Sigma = global_covariance(stats, self.params["covariance"])
         present = N > 0
-        d = Sigma.shape[0]
         a = self.params["shrinkage"]
         P = self._cholesky(Sigma, mu, a)
         if P is None:

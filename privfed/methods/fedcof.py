@@ -47,10 +47,10 @@ import numpy as np
 
 from privfed._linalg import SOLVERS, check_choice, check_flag, check_real, normalise_rows, solve_head
 from privfed.errors import ConfigError
-from privfed.notes import Note
 from privfed.head import LinearHead
 from privfed.methods import register
 from privfed.methods.base import Method, SecureSum
+from privfed.notes import Note
 from privfed.stats import ClientStats, _gram, _sum_rows_by
 
 __all__ = [

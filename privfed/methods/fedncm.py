@@ -27,7 +27,7 @@ class FedNCM(Method):
     per_client = False
     defaults: dict = {}
 
-    def aggregate(self, stats: ClientStats) -> "LinearHead":  # noqa: F821
+    def aggregate(self, stats: ClientStats) -> LinearHead:  # noqa: F821
         self._check_stats(stats)
         N, S = stats.class_totals()
         counts, dropped = safe_counts(N)

@@ -77,7 +77,7 @@ class ReleasePlan:
         self.stages: tuple[S.Stage, ...] = tuple(self._choose())
 
     @classmethod
-    def build(cls, method: Method, privacy: Any = None, secure_agg: Any = None) -> "ReleasePlan":
+    def build(cls, method: Method, privacy: Any = None, secure_agg: Any = None) -> ReleasePlan:
         """The plan for one (method, privacy, protection); refuses incompatible settings first."""
         if privacy is not None:
             privacy.check(method, secure_agg)

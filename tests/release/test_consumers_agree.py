@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 
-import numpy as np
 import pytest
 
 pytest.importorskip("flwr")

@@ -14,10 +14,10 @@ import pytest
 
 import privfed
 from mechanisms import GaussianMechanism, LaplaceCountNoise, PairwiseMasking
+from privfed.errors import InputError
 from privfed.methods import get
 from privfed.pipeline import client_statistics, server_head
 from privfed.release import ReleasePlan
-from privfed.errors import InputError
 from privfed.stats import StatsFold
 
 pytestmark = pytest.mark.filterwarnings("ignore:noise backend 'numpy'")
