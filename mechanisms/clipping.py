@@ -3,7 +3,7 @@
 * L2 clipping (default): f -> f min(1, c / ||f||_2), so ||f||_2 <= c
   (Abadi et al. 2016).  One record then moves the class sums by at most c,
   its second moment f f^T by at most c^2 in Frobenius norm
-  (``../spec/methods.md`` section 4).
+  (docs: privacy, sensitivities).
 * Per-coordinate clipping to [-b, b] (FedLog, Yu et al., Theorem 3.1):
   ||f||_2 <= b sqrt(d), and FedLog's statistic phi (x) e_y with the constant
   feature phi_1 = 1 moves by at most sqrt(1 + (m - 1) b^2), m = d + 1.

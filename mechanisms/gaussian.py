@@ -7,8 +7,7 @@ rounds exact in GDP, Dong, Roth & Su 2019, or by an accountant with client
 subsampling).  FedLog's Theorem 3.1 (Yu et al.) is the special case
 ``clip_norm="coordinate"``, ``split="joint"``, ``calibration="classic"``.
 
-Neighbouring relation and sensitivities (``../spec/methods.md`` section 4,
-``../spec/privacy.md``), with every record clipped to ||f||_2 <= c (or to
+Neighbouring relation and sensitivities (docs: privacy), with every record clipped to ||f||_2 <= c (or to
 [-b, b] per coordinate, so ||f||_2 <= c := b sqrt(d)):
 
 ============  ==============================  ===============================

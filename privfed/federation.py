@@ -6,7 +6,7 @@ hidden: :meth:`Partition.report` lists empty clients, single-sample clients,
 dropped samples and singleton (client, class) pairs, and
 :meth:`Partition.apply` drops only what the report names.
 
-Schemes (``spec/methods.md`` Sec. 6 says which paper's code uses which):
+Schemes (the methods page of the docs says which paper's code uses which):
 
 ``"dirichlet"``
     FedNCM (Legate et al.) / FedCOF (Goswami et al., Sec. 5): client k draws

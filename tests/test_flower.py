@@ -345,3 +345,12 @@ def test_ckks_with_a_node_as_key_holder_equals_fit(digits_dataset, split, method
     # The server received ciphertexts from every node and, per sum, one released total.
     assert kinds.count(("ckks_encrypt", "ciphertexts")) == K * len(rounds)
     assert [k for k in kinds if k[0] != "ckks_encrypt"] == [("ckks_decrypt", "released sum")] * len(rounds)
+
+
+@pytest.mark.parametrize("eps", [float("nan"), -1.0, float("-inf"), 0.0])
+def test_a_run_config_with_a_budget_that_would_add_no_noise_is_refused(eps):
+    """flwr run passes the run config straight to FlowerConfig, without the command's checks."""
+    from privfed.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="epsilon must be a number > 0"):
+        FlowerConfig(method="fedncm", clients=4, epsilon=eps, clip=10.0)

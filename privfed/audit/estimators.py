@@ -292,7 +292,7 @@ def audit_gaussian_blocks(
     blocks: Sequence[str] | None = None,
     max_draws: int = 400_000,
 ) -> dict[str, AuditResult]:
-    """The canary audit of ``../spec/privacy.md`` for a Gaussian mechanism on clipped statistics.
+    """The canary audit (docs: privacy, "Auditing") for a Gaussian mechanism on clipped statistics.
 
     A per-block unit check of ``release()`` against the mechanism's own sigma, with one canary: it
     cannot see a block noised only in part (the diagonal of the second moment, one class, one

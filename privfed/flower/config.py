@@ -141,6 +141,10 @@ class FlowerConfig:
         from mechanisms import fixed_point
 
         fixed_point.check_frac_bits(self.frac_bits)
+        eps = float(self.epsilon)
+        if math.isnan(eps) or eps <= 0:  # a run config (flwr run) reaches here without the command's checks
+            raise ConfigError(f"epsilon must be a number > 0 (inf for no noise), got {self.epsilon!r}; a NaN or "
+                              "negative budget would run without noise")
         if self.private:
             if self.clip is None:
                 raise ConfigError(
