@@ -312,6 +312,7 @@ class FeatureInversion(Attack):
         "joint_restarts": 24,
         "joint_candidates": 4,
         "joint_steps": 300,
+        "joint_lr": 0.02,
         "polish_steps": 200,
         "max_joint": 16,
     }
@@ -328,10 +329,10 @@ class FeatureInversion(Attack):
                 "set": f"set decoder (mean of n -> n images, n from the counts, up to {self.params['max_set']}) trained "
                        f"on public n-subsets, joint refinement {self.params['refine']!r}",
                 "joint": f"search of the public bank ({self.params['bank_copies']} augmented copies of every public "
-                         f"image) for the n images whose mean feature matches (n from the counts, up to "
-                         f"{self.params['max_joint']}), n latent codes of the feature decoder optimised jointly "
-                         f"against the released mean (and the client's second moment where released), "
-                         f"joint pixel polish"}[b]
+                         f"image) for the n images whose mean feature matches (n from the rounded counts, up to "
+                         f"{self.params['max_joint']}; one image beyond), n latent codes of the feature decoder optimised jointly "
+                         f"(Adam, learning rate {self.params['joint_lr']:g}) against the released mean (and the "
+                         f"client's second moment where released), joint pixel polish"}[b]
         return f"backbone + public images + released {self.params['source']}: {what}"
 
     def _validate_params(self) -> None:
@@ -353,6 +354,8 @@ class FeatureInversion(Attack):
                 continue
             if isinstance(p[k], bool) or not isinstance(p[k], (int, np.integer)) or p[k] < 1:
                 raise ConfigError(f"{k} must be a positive int, got {k}={p[k]!r}")
+        if isinstance(p["joint_lr"], bool) or not isinstance(p["joint_lr"], (int, float)) or not p["joint_lr"] > 0:
+            raise ConfigError(f"joint_lr must be a number > 0, got joint_lr={p['joint_lr']!r}")
         for k in ("joint_steps", "polish_steps"):
             if isinstance(p[k], bool) or not isinstance(p[k], (int, np.integer)) or p[k] < 0:
                 raise ConfigError(f"{k} must be an int >= 0, got {k}={p[k]!r}")
@@ -437,7 +440,7 @@ class FeatureInversion(Attack):
     def _joint(self, view: ServerView, targets, classes, counts, rows, rng) -> tuple[np.ndarray, np.ndarray]:
         """Joint backend: (images (R, H, W), cell index of each image (R,))."""
         from attacks.joint import JointConfig, invert_joint
-        from attacks.learned import feature_decoder, public_bank
+        from attacks.learned import feature_decoder, progress_bar, public_bank
 
         p = self.params
         cfg = self.decoder_config()
@@ -445,6 +448,7 @@ class FeatureInversion(Attack):
         bank = public_bank(view.backbone, view.public, cfg)
         noisy_counts = view.noise.count_kind is not None or view.noise.sigma.get("counts", 0.0) > 0.25
         ns = np.rint(np.maximum(counts, 1.0)).astype(np.int64)
+        ns[ns > int(p["max_joint"])] = 1  # beyond the largest joint search: one image per cell (the mean's)
         seconds = None
         if view.per_client and "second" in view.available and rows is not None:
             # G_k is the client's, over all its classes: matched only where the client holds this class alone
@@ -455,10 +459,13 @@ class FeatureInversion(Attack):
                 if np.all(others < 0.5):
                     seconds[j] = G[k]
         jcfg = JointConfig(restarts=int(p["joint_restarts"]), candidates=int(p["joint_candidates"]),
-                           latent_steps=int(p["joint_steps"]), polish_steps=int(p["polish_steps"]),
+                           latent_steps=int(p["joint_steps"]), latent_lrs=(float(p["joint_lr"]),),
+                           polish_steps=int(p["polish_steps"]),
                            max_n=int(p["max_joint"]))
-        per_cell = invert_joint(view.backbone, dec, bank, targets, classes, ns, rng, jcfg, seconds=seconds,
-                                cosine=noisy_counts)
+        with progress_bar(len(targets), "attacking cells (joint: bank search, then joint decoding and polish)",
+                          unit="cell") as bar:
+            per_cell = invert_joint(view.backbone, dec, bank, targets, classes, ns, rng, jcfg, seconds=seconds,
+                                    cosine=noisy_counts, progress=bar.update)
         cell = np.concatenate([[i] * len(per_cell[i]) for i in range(len(targets))]).astype(np.int64)
         return np.concatenate(per_cell), cell
 

@@ -54,7 +54,7 @@ class JointConfig:
     sweeps: int = 6  # coordinate-descent sweeps over the n slots per start
     candidates: int = 4  # distinct bank subsets per cell carried into the latent optimisation
     latent_steps: int = 300
-    latent_lr: float = 0.02
+    latent_lrs: tuple = (0.02,)  # every candidate is optimised at each; the lowest residual is kept
     polish_steps: int = 200
     polish_lr: float = 0.02
     second_weight: float = 1.0  # weight of the G residual next to the mean residual
@@ -69,7 +69,8 @@ class JointConfig:
             v = getattr(self, k)
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
                 raise ConfigError(f"JointConfig.{k} must be an int >= 0, got {v!r}")
-        if not (self.latent_lr > 0 and self.polish_lr > 0 and self.second_weight >= 0):
+        if not (self.latent_lrs and all(lr > 0 for lr in self.latent_lrs) and self.polish_lr > 0
+                and self.second_weight >= 0):
             raise ConfigError("JointConfig: learning rates must be > 0 and second_weight >= 0")
 
 
@@ -267,11 +268,15 @@ def _run(backbone, decoder, b_F, b_y, means, classes, ns, rng, cfg, seconds, cos
                     sec.append(np.zeros((b_F.shape[1],) * 2) if G is None else G)
                 if progress is not None:
                     progress(1)
-            grp = np.array(grp)
             secs = np.array(sec) if seconds is not None else None
-            ims, res = joint_decode(backbone, decoder, np.array(lat), np.array(cls), np.array(mus),
-                                    seconds=secs, steps=cfg.latent_steps, lr=cfg.latent_lr, cosine=cosine,
-                                    second_weight=cfg.second_weight)
+            runs = [joint_decode(backbone, decoder, np.array(lat), np.array(cls), np.array(mus), seconds=secs,
+                                 steps=cfg.latent_steps, lr=lr, cosine=cosine, second_weight=cfg.second_weight)
+                    for lr in cfg.latent_lrs]
+            ims = np.concatenate([r[0] for r in runs])
+            res = np.concatenate([r[1] for r in runs])
+            grp = np.tile(np.array(grp), len(runs))
+            mus = mus * len(runs)
+            secs = None if secs is None else np.concatenate([secs] * len(runs))
             pick = [np.flatnonzero(grp == i)[np.argmin(res[grp == i])] for i in idx]
             sel_secs = None if secs is None else secs[pick]
             pol, _ = polish(backbone, ims[pick], np.array(mus)[pick], seconds=sel_secs, steps=cfg.polish_steps,

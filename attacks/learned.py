@@ -58,6 +58,7 @@ __all__ = [
     "augment_bank",
     "deterministic",
     "feature_decoder",
+    "progress_bar",
     "progress_bars",
     "public_bank",
     "refine_pixels",
@@ -349,7 +350,7 @@ def _fit(net, X, Y, Xv, Yv, cfg: DecoderConfig) -> tuple[float, int]:
 
     best, best_state, bad, step = val_loss(), [p.detach().clone() for p in net.parameters()], 0, 0
     best_step = 0
-    with _bar(cfg.feature_steps, "training the feature decoder (until validation stops improving)") as bar:
+    with progress_bar(cfg.feature_steps, "training the feature decoder (until validation stops improving)") as bar:
         while step < cfg.feature_steps:
             b = torch.randint(0, X.shape[0], (cfg.batch,), generator=g)
             opt.zero_grad()
@@ -391,10 +392,11 @@ def progress_bars(enabled: bool = True):
         _PROGRESS.reset(token)
 
 
-def _bar(total: int, desc: str):
+def progress_bar(total: int, desc: str, unit: str = "step"):
+    """A tqdm bar on stderr, shown only inside :func:`progress_bars` (ETA from the first updates)."""
     from tqdm.auto import tqdm
 
-    return tqdm(total=int(total), desc=desc, unit="step", file=sys.stderr, leave=False,
+    return tqdm(total=int(total), desc=desc, unit=unit, file=sys.stderr, leave=False,
                 disable=not _PROGRESS.get(), mininterval=1.0)
 
 
@@ -466,7 +468,7 @@ def set_decoder(backbone, public, num_classes: int, n: int, cfg: DecoderConfig =
             half = cfg.batch // 2
             perms = torch.as_tensor(list(itertools.permutations(range(n)))) if n <= 5 else None  # (P, n)
             ar = torch.arange(n)[None, :]
-            bar = _bar(cfg.steps, f"training the set decoder for means of {n}")
+            bar = progress_bar(cfg.steps, f"training the set decoder for means of {n}")
             for _ in range(cfg.steps):
                 bar.update(1)
                 Xs, Ts = [], []

@@ -52,6 +52,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 import attacks
+from attacks.inversion import BACKENDS as _BACKENDS
+from attacks.strongest import SUITES as _SUITES
 from privfed import methods as _methods
 from privfed._cli import (
     HelpFormatter,
@@ -77,6 +79,7 @@ from privfed.errors import ConfigError, MissingDependencyError
 __all__ = ["AttackConfig", "build_parser", "main", "resolve_config", "run_attacks"]
 
 PROG = "python -m privfed.attack"
+_INVERSION_SUITE = tuple(_SUITES["inversion"])
 
 
 @dataclass(frozen=True)
@@ -138,7 +141,8 @@ def build_parser() -> argparse.ArgumentParser:
     a("--max-groups", default="40", help="at most this many clients in --partition groups")
     a("--count-noise", default=None, help="noise on the counts only (FedCOF App. I.1) instead of the Gaussian "
       "mechanism: laplace, geometric, gaussian or uniform (no DP) (default: none)")
-    a("--backend", default=None, help="inversion backend: pixel, decoder or dip (default: the attack's)")
+    a("--backend", default=None, help=f"inversion backend: {', '.join(_BACKENDS)} (default: the attack's, pixel; "
+      "the strongest report runs the whole suite: " + ", ".join(_INVERSION_SUITE) + ")")
     a("--source", default=None, help="inversion source: mean or second (two-stage) (default: the attack's)")
     a("--steps", default=None, help="inversion optimisation steps, pixel or dip backend (default: the attack's)")
     a("--max-cells", default=None, help="inversion: released cells inverted per run (default: the attack's)")
@@ -214,13 +218,13 @@ _SUITE_KINDS = ("tracing", "inversion")
 _MEMBER_PARAMS = ("backend", "source", "test", "reference")
 
 
-def _strongest_columns(cfg: AttackConfig, view, truth, challenge: dict, rng) -> dict[str, Any]:
+def _strongest_columns(cfg: AttackConfig, view, truth, challenge: dict, rng, progress=None) -> dict[str, Any]:
     """The strongest attack of ``cfg.attack``'s suite on ``challenge``: its name, headline metrics, and
     every suite member's headline metrics as ``<name>:<metric>``."""
     from attacks.strongest import HEADLINE, strongest
 
     common = {k: v for k, v in cfg.attack_params.items() if k not in _MEMBER_PARAMS}
-    rep = strongest(cfg.attack, view, truth, rng, challenge=challenge or None, **common)
+    rep = strongest(cfg.attack, view, truth, rng, challenge=challenge or None, progress=progress, **common)
     first, second = HEADLINE[cfg.attack]
     best2 = rep["strongest_by"][second]
     out: dict[str, Any] = {"strongest_attack": rep["strongest"], f"strongest_{first}": rep["value"],
@@ -313,12 +317,25 @@ def run_attacks(cfg: AttackConfig, *, progress: bool = True, records: list[dict[
     t_data = time.perf_counter() - t0
     records = [] if records is None else records
     grids = []
+    from attacks.learned import progress_bars
+    from attacks.strongest import SUITES
+
     combos = [(m, e, n, s) for m in cfg.methods for e in cfg.epsilons for n in cfg.ns for s in cfg.seeds]
-    bar = tqdm(combos, disable=not progress, desc=cfg.attack, unit="run", file=sys.stderr, delay=2)
-    with heartbeat(bar):
-        for mname, eps, n, seed in bar:
-            bar.set_postfix_str(f"{mname} eps={eps:g}" + (f" n={n}" if cfg.partition == "groups" else "")
-                                + f" seed={seed}", refresh=False)
+    # one step per attack run: the attack itself, then each member of the strongest suite
+    per_run = 1 + (len(SUITES[cfg.attack]) if cfg.strongest and cfg.attack in SUITES else 0)
+    bar = tqdm(total=len(combos) * per_run, disable=not progress, desc=f"attacking cells ({cfg.attack})",
+               unit="attack", file=sys.stderr, delay=2)
+    with heartbeat(bar), progress_bars(progress):
+        for mname, eps, n, seed in combos:
+            where = f"{mname} eps={eps:g}" + (f" n={n}" if cfg.partition == "groups" else "") + f" seed={seed}"
+            bar.set_postfix_str(f"{where}: {cfg.attack}", refresh=False)
+
+            def step(name: str, finished: bool, where=where) -> None:
+                if finished:
+                    bar.update(1)
+                else:
+                    bar.set_postfix_str(f"{where}: strongest suite, {name}", refresh=True)
+
             method = _methods.get(mname)
             ss = np.random.SeedSequence([seed, cfg.ns.index(n), cfg.epsilons.index(eps), cfg.methods.index(mname)])
             r_part, r_view, r_att, r_strong = (np.random.default_rng(s) for s in ss.spawn(4))
@@ -353,8 +370,11 @@ def run_attacks(cfg: AttackConfig, *, progress: bool = True, records: list[dict[
                    "noise": view.noise.guarantee, "seconds": round(time.perf_counter() - t1, 3)}
             row.update({k: v for k, v in metrics.items() if not isinstance(v, (list, dict, np.ndarray))})
             row.update(extra)
+            bar.update(1)
             if cfg.strongest and result is not None:
-                row.update(_strongest_columns(cfg, view, truth, challenge, r_strong))
+                row.update(_strongest_columns(cfg, view, truth, challenge, r_strong, step))
+            elif per_run > 1:
+                bar.update(per_run - 1)
             records.append(row)
             if on_record is not None:
                 on_record(records)
