@@ -159,3 +159,38 @@ def test_feature_decoder_is_bit_identical_across_thread_counts_and_keeps_its_bes
     rec = np.concatenate([a(Fb[bh], y[bh]), np.repeat(a(Fp[held], pub.labels[held]), 4, 0)])
     tru = np.concatenate([ims[bh], np.repeat(np.asarray(pub.images, np.float32)[held], 4, 0)])
     assert float(((rec - tru) ** 2).mean()) == pytest.approx(a.val_loss, rel=1e-4)
+
+
+# ----------------------------------------------------------------------------- the README's readings
+def _row(x, se, ch, n=8):
+    return {"identification": x, "identification_se": se, "chance_identification": ch,
+            "baseline_identification": 0.07, "n": n}
+
+
+def test_at_chance_is_written_only_within_two_standard_errors_of_chance():
+    from experiments.readme_numbers import inversion_reading
+
+    assert "4.6 standard errors above chance" in inversion_reading(_row(0.2, 0.0241, 0.089))
+    assert "at chance" not in inversion_reading(_row(0.2, 0.0241, 0.089))
+    assert inversion_reading(_row(0.10, 0.02, 0.089)).endswith("within two standard errors of chance: at chance")
+    assert "below chance" in inversion_reading(_row(0.01, 0.002, 0.089))
+    assert inversion_reading(_row(0.0, 0.0, 0.011, n=1)).endswith("no record identified")
+    assert "(SE 0.024; chance 0.089, 8-guess prior 0.070)" in inversion_reading(_row(0.2, 0.0241, 0.089))
+
+
+def test_recorded_inversion_rows_name_the_suite_maximum_with_its_standard_error():
+    import json
+    from pathlib import Path
+
+    rec = json.loads((Path(__file__).resolve().parents[1] / "docs" / "attacks-inversion.json").read_text())
+    from attacks.strongest import SUITES
+
+    for r in rec["rows"]:
+        ids = {name: r[f"{name}:identification"] for name in SUITES["inversion"]}
+        ok = {k: v for k, v in ids.items() if v == v}  # NaN: not applicable (two-stage without G)
+        assert r["identification"] == max(ok.values()) and ids[r["strongest"]] == r["identification"], r
+        assert r["identification_se"] >= 0 and 0 < r["chance_identification"] < 1
+    clean8 = next(r for r in rec["rows"] if r["setting"] == "clean" and r["n"] == 8)
+    assert "joint" in clean8["strongest"] or clean8["identification"] >= clean8["joint:identification"]
+    assert rec["config"]["feature_decoder"]["steps_trained"] > 0
+    assert rec["config"]["feature_decoder"]["validation_mse"] > 0

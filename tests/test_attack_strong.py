@@ -32,7 +32,8 @@ from attacks.tracing import reference_model, trace_scores, tracing_game
 from attacks.view import GroundTruth, class_groups
 from privfed.errors import ConfigError, InputError
 
-SMALL = {"bank_copies": 20, "train_steps": 600, "hidden": 256, "refine": "plain", "refine_steps": 150}
+SMALL = {"bank_copies": 20, "train_steps": 600, "feature_steps": 600, "hidden": 256, "refine": "plain",
+         "refine_steps": 150, "joint_restarts": 12, "joint_candidates": 3, "joint_steps": 150, "polish_steps": 100}
 
 
 def _view(d, method, n, groups, seed=1, **kw):
