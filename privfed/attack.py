@@ -36,7 +36,12 @@ same challenge (the same targets, the same released cells):
 ``strongest_attack`` names it, ``strongest_auc`` / ``strongest_identification``
 is its headline metric, and ``<attack>:<metric>`` gives every attack of the
 suite (``--no-strongest`` turns this off; the inversion suite trains learned
-decoders, minutes once, then cached).
+decoders, minutes once, then cached).  The inversion suite includes the joint
+set attacker (:mod:`attacks.joint`: bank search, joint decoding of n images,
+joint pixel polish); the printed strongest identification comes with its
+standard error (clustered by cell), chance and the n-guess prior.  Progress
+(stderr) names what runs: decoder training (steps, until validation stops
+improving) and each attack of the suite, with an ETA.
 """
 
 from __future__ import annotations
@@ -65,13 +70,13 @@ from privfed._cli import (
     check_secure_agg,
     cli_entry,
     heartbeat,
+    keep_finished,
     parse_float_list,
     parse_int_list,
     parse_seeds,
     parse_str_list,
-    placement_word,
-    keep_finished,
     periodic_checkpoint,
+    placement_word,
     versions,
 )
 from privfed.errors import ConfigError, MissingDependencyError
@@ -119,7 +124,8 @@ output columns (printed lines, results.csv, results.json):
   psnr, delta_psnr   inversion: reconstruction PSNR (dB) and its gain over the public class-mean prior
   exposed_fraction   singleton: share of uploaded records alone in their (client, class) cell
   strongest_attack   tracing / inversion: the strongest attack of the suite on the same challenge (by auc /
-               identification); strongest_auc / strongest_identification its value; <attack>:<metric> each one
+               identification); strongest_auc / strongest_identification its value (with _se, and for
+               inversion strongest_chance_identification); <attack>:<metric> each one
 """
 
 
@@ -227,9 +233,14 @@ def _strongest_columns(cfg: AttackConfig, view, truth, challenge: dict, rng, pro
     rep = strongest(cfg.attack, view, truth, rng, challenge=challenge or None, progress=progress, **common)
     first, second = HEADLINE[cfg.attack]
     best2 = rep["strongest_by"][second]
+    best = rep["attacks"][rep["strongest"]]
     out: dict[str, Any] = {"strongest_attack": rep["strongest"], f"strongest_{first}": rep["value"],
+                           f"strongest_{first}_se": best.get(f"{first}_se", float("nan")),
                            f"strongest_by_{second}": best2,
                            f"strongest_{second}": rep["attacks"][best2].get(second, float("nan"))}
+    if cfg.attack == "inversion":  # chance and the n-guess prior for the strongest attack's guesses
+        out["strongest_chance_identification"] = best.get("chance_identification", float("nan"))
+        out["strongest_baseline_identification"] = best.get("baseline_identification", float("nan"))
     for name, m in rep["attacks"].items():
         for metric in (first, second):
             out[f"{name}:{metric}"] = m.get(metric, float("nan"))
@@ -450,7 +461,14 @@ def _line(r: dict[str, Any]) -> str:
              if isinstance(r.get(k), (int, float)) and not isinstance(r.get(k), bool)]
     if r.get("strongest_attack"):
         key = "strongest_auc" if "strongest_auc" in r else "strongest_identification"
-        cells.append(f"strongest[{r['strongest_attack']}]: {key[10:]}={r[key]:.3f}")
+        text = f"strongest[{r['strongest_attack']}]: {key[10:]}={r[key]:.3f}"
+        if isinstance(r.get(f"{key}_se"), float) and math.isfinite(r[f"{key}_se"]):
+            text += f" (SE {r[f'{key}_se']:.3f}"
+            if "strongest_chance_identification" in r:
+                text += f", chance {r['strongest_chance_identification']:.3f}, " \
+                        f"{r['n']}-guess prior {r['strongest_baseline_identification']:.3f}"
+            text += ")"
+        cells.append(text)
     where = r["placement"] + (f"/{r['protocol']}" if r["protocol"] != "none" else "")
     return f"{r['method']:>12} eps={r['eps']:<6g} {where:<14} n={r['n']:<3} seed={r['seed']} " + " ".join(cells)
 
