@@ -903,12 +903,15 @@ INVERSION = """\
 
   * A single-record mean is inverted: the strongest attack in privfed ({n1_name}) identifies {n1:.0%} of
     {n1_imgs} images.
-  * Means of 2 and 4 are not safe from a server that knows n: the strongest attack in privfed reaches
-    {n2_reading} at n = 2 ({n2_name}, {n2_imgs} records) and {n4_reading} at n = 4 ({n4_name}, {n4_imgs} records),
+  * Means of 2 and 4 are not safe from a server that knows n: at n = 2 the strongest attack in privfed
+    ({n2_name}, {n2_imgs} records) reaches {n2_reading};
+    at n = 4 ({n4_name}, {n4_imgs} records) {n4_reading};
     {n2_dpsnr:+.1f} / {n4_dpsnr:+.1f} dB over the prior.
-  * At n = 8 the strongest attack in privfed ({n8_name}) reaches {n8_reading}; at n = 16 ({n16_name}) {n16_reading}.
+  * At n = 8 the strongest attack in privfed ({n8_name}) reaches {n8_reading};
+    at n = 16 ({n16_name}) {n16_reading}.
 {dp_lines}{secure_lines}  * Mean plus second moment (FedCGS, {cgs_n} records per client): the strongest attack in privfed
-    ({cgs_name}) reaches {cgs_reading}, {cgs_dpsnr:+.1f} dB over the prior.
+    ({cgs_name}) reaches {cgs_reading}, {cgs_dpsnr:+.1f} dB over the prior
+    (the joint attacker matching G as well: {cgs_joint:.3f}).
 """
 
 
@@ -949,8 +952,8 @@ def inversion() -> str:
     cgs = next(r for r in rows if r["setting"] == "mean + G")
 
     def lines(group, what):
-        return "".join(f"  * {what} ({r['setting']}, n = {r['n']}): the strongest attack in privfed ({r['strongest']}) "
-                       f"reaches {inversion_reading(r)}, {r['delta_psnr']:+.1f} dB over the prior.\n" for r in group)
+        return "".join(f"  * {what(r)}: the strongest attack in privfed ({r['strongest']}) reaches\n"
+                       f"    {inversion_reading(r)}, {r['delta_psnr']:+.1f} dB over the prior.\n" for r in group)
 
     dec = res["config"].get("feature_decoder", {})
     v = dict(
@@ -962,8 +965,11 @@ def inversion() -> str:
         n2_dpsnr=n2["delta_psnr"], n4_dpsnr=n4["delta_psnr"],
         n8_reading=inversion_reading(n8), n8_name=n8["strongest"],
         n16_reading=inversion_reading(n16), n16_name=n16["strongest"],
-        dp_lines=lines(dps, "Record-level DP"), secure_lines=lines(sec, "Secure sum, all clients' class totals"),
+        dp_lines=lines(dps, lambda r: f"Record-level DP at ε = {r['setting'].split('=')[-1]}, means of {r['n']}"),
+        secure_lines=lines(sec, lambda r: f"Secure sum of clients holding {r['n']} record(s) each (the server sees "
+                                          f"only the class totals over all clients)"),
         cgs_n=cgs["n"], cgs_name=cgs["strongest"], cgs_reading=inversion_reading(cgs), cgs_dpsnr=cgs["delta_psnr"],
+        cgs_joint=max(cgs["joint:identification"], cgs["joint-fit:identification"]),
     )
     return INVERSION.format(**v)
 
