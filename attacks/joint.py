@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from attacks.learned import deterministic
 from privfed.errors import ConfigError
 
 __all__ = ["JointConfig", "bank_search", "invert_joint", "joint_decode", "polish"]
@@ -238,7 +239,8 @@ def invert_joint(backbone, decoder, bank: tuple, means: np.ndarray, classes: np.
     for p, _ in frozen:  # gradients flow to the images only
         p.requires_grad_(False)
     try:
-        _run(backbone, decoder, b_F, b_y, means, classes, ns, rng, cfg, seconds, cosine, progress, out)
+        with deterministic(int(rng.integers(2**31))):  # one thread: the same images on any machine
+            _run(backbone, decoder, b_F, b_y, means, classes, ns, rng, cfg, seconds, cosine, progress, out)
     finally:
         for p, flag in frozen:
             p.requires_grad_(flag)
@@ -246,40 +248,37 @@ def invert_joint(backbone, decoder, bank: tuple, means: np.ndarray, classes: np.
 
 
 def _run(backbone, decoder, b_F, b_y, means, classes, ns, rng, cfg, seconds, cosine, progress, out) -> None:
-    torch = _torch()
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(int(rng.integers(2**31)))
-        for n in np.unique(ns):
-            idx = np.flatnonzero(ns == n)
-            lat, grp, cls, mus, sec = [], [], [], [], []
-            for i in idx:
-                pool = np.flatnonzero(b_y == classes[i])
-                if pool.size == 0:
-                    pool = np.arange(len(b_y))
-                G = None if seconds is None or not np.any(seconds[i]) else seconds[i]
-                subsets, _ = bank_search(b_F[pool], means[i], int(n), rng, second=G,
-                                         second_weight=cfg.second_weight, restarts=cfg.restarts,
-                                         sweeps=cfg.sweeps, keep=cfg.candidates)
-                for s in subsets:
-                    lat.append(b_F[pool[s]])
-                    grp.append(i)
-                    cls.append(classes[i])
-                    mus.append(means[i])
-                    sec.append(np.zeros((b_F.shape[1],) * 2) if G is None else G)
-                if progress is not None:
-                    progress(1)
-            secs = np.array(sec) if seconds is not None else None
-            runs = [joint_decode(backbone, decoder, np.array(lat), np.array(cls), np.array(mus), seconds=secs,
-                                 steps=cfg.latent_steps, lr=lr, cosine=cosine, second_weight=cfg.second_weight)
-                    for lr in cfg.latent_lrs]
-            ims = np.concatenate([r[0] for r in runs])
-            res = np.concatenate([r[1] for r in runs])
-            grp = np.tile(np.array(grp), len(runs))
-            mus = mus * len(runs)
-            secs = None if secs is None else np.concatenate([secs] * len(runs))
-            pick = [np.flatnonzero(grp == i)[np.argmin(res[grp == i])] for i in idx]
-            sel_secs = None if secs is None else secs[pick]
-            pol, _ = polish(backbone, ims[pick], np.array(mus)[pick], seconds=sel_secs, steps=cfg.polish_steps,
-                            lr=cfg.polish_lr, cosine=cosine, second_weight=cfg.second_weight)
-            for j, i in enumerate(idx):
-                out[i] = pol[j]
+    for n in np.unique(ns):
+        idx = np.flatnonzero(ns == n)
+        lat, grp, cls, mus, sec = [], [], [], [], []
+        for i in idx:
+            pool = np.flatnonzero(b_y == classes[i])
+            if pool.size == 0:
+                pool = np.arange(len(b_y))
+            G = None if seconds is None or not np.any(seconds[i]) else seconds[i]
+            subsets, _ = bank_search(b_F[pool], means[i], int(n), rng, second=G,
+                                     second_weight=cfg.second_weight, restarts=cfg.restarts,
+                                     sweeps=cfg.sweeps, keep=cfg.candidates)
+            for s in subsets:
+                lat.append(b_F[pool[s]])
+                grp.append(i)
+                cls.append(classes[i])
+                mus.append(means[i])
+                sec.append(np.zeros((b_F.shape[1],) * 2) if G is None else G)
+            if progress is not None:
+                progress(1)
+        secs = np.array(sec) if seconds is not None else None
+        runs = [joint_decode(backbone, decoder, np.array(lat), np.array(cls), np.array(mus), seconds=secs,
+                             steps=cfg.latent_steps, lr=lr, cosine=cosine, second_weight=cfg.second_weight)
+                for lr in cfg.latent_lrs]
+        ims = np.concatenate([r[0] for r in runs])
+        res = np.concatenate([r[1] for r in runs])
+        grp = np.tile(np.array(grp), len(runs))
+        mus = mus * len(runs)
+        secs = None if secs is None else np.concatenate([secs] * len(runs))
+        pick = [np.flatnonzero(grp == i)[np.argmin(res[grp == i])] for i in idx]
+        sel_secs = None if secs is None else secs[pick]
+        pol, _ = polish(backbone, ims[pick], np.array(mus)[pick], seconds=sel_secs, steps=cfg.polish_steps,
+                        lr=cfg.polish_lr, cosine=cosine, second_weight=cfg.second_weight)
+        for j, i in enumerate(idx):
+            out[i] = pol[j]

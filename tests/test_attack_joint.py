@@ -194,3 +194,15 @@ def test_recorded_inversion_rows_name_the_suite_maximum_with_its_standard_error(
     assert "joint" in clean8["strongest"] or clean8["identification"] >= clean8["joint:identification"]
     assert rec["config"]["feature_decoder"]["steps_trained"] > 0
     assert rec["config"]["feature_decoder"]["validation_mse"] > 0
+
+
+def test_decoder_training_says_what_it_does_on_stderr_only_when_asked(digits, tmp_path, capsys):
+    from attacks.learned import progress_bars
+
+    cfg = DecoderConfig(copies=2, hidden=16, feature_steps=20, val_every=10, batch=32)
+    feature_decoder(digits["backbone"], digits["public"], 10, cfg, cache_dir=tmp_path / "quiet")
+    assert "training the feature decoder" not in capsys.readouterr().err
+    with progress_bars(True):
+        feature_decoder(digits["backbone"], digits["public"], 10, cfg, cache_dir=tmp_path / "shown")
+    err = capsys.readouterr().err
+    assert "training the feature decoder" in err and "validation" in err
