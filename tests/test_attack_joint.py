@@ -106,7 +106,7 @@ def test_joint_attacker_beats_the_set_decoder_on_paired_cells(digits):
         hits[b] = _per_cell_identification(att, res, truth)
     d = np.array([hits["joint"][k] - hits["set"][k] for k in hits["set"]])
     # paired over cells (the cell is the independent unit): mean difference above 3 standard errors
-    print("hits joint / set:", sum(hits["joint"].values()), sum(hits["set"].values()), d.mean(), d.std(ddof=1) / math.sqrt(d.size))
+    # measured: 39 against 23 identified records, mean difference 0.40 per cell, SE 0.128
     assert d.mean() > 3 * d.std(ddof=1) / math.sqrt(d.size), (sum(hits["joint"].values()), sum(hits["set"].values()))
 
 
