@@ -8,7 +8,9 @@ the set decoder returning n images for a mean of n plus joint refinement
 mean feature, n latent codes of the feature decoder optimised jointly against
 the released mean and, where uploaded, the client's second moment, joint
 pixel polish; attacks.joint), and, where second moments are uploaded,
-unmixing then the learned inversion (``two-stage``).  Scores (attacks.inversion): Hungarian matching
+unmixing then the learned inversion (``two-stage``); ``per-cell`` keeps, per
+released cell, the member whose reconstructions' mean feature best matches
+the release (chosen without the truth).  Scores (attacks.inversion): Hungarian matching
 per cell, identification per true image among all 899 private images,
 against the n-guess prior (k-means centres of the public class, as many
 guesses as reconstructions) and chance; delta-PSNR over that prior with
@@ -46,7 +48,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from attacks_common import load_digits, markdown, scenario, write_rows  # noqa: E402
 
-SUITE_ORDER = ("pixel", "learned", "set", "joint", "joint-fit", "two-stage")
+SUITE_ORDER = ("pixel", "learned", "set", "joint", "joint-fit", "two-stage", "per-cell")
 
 
 def main(argv=None) -> int:

@@ -183,10 +183,10 @@ def test_recorded_inversion_rows_name_the_suite_maximum_with_its_standard_error(
     from pathlib import Path
 
     rec = json.loads((Path(__file__).resolve().parents[1] / "docs" / "attacks-inversion.json").read_text())
-    from attacks.strongest import SUITES
+    from attacks.strongest import PER_CELL, SUITES
 
     for r in rec["rows"]:
-        ids = {name: r[f"{name}:identification"] for name in SUITES["inversion"]}
+        ids = {name: r[f"{name}:identification"] for name in (*SUITES["inversion"], PER_CELL)}
         ok = {k: v for k, v in ids.items() if not math.isnan(v)}  # NaN: not applicable (two-stage without G)
         assert r["identification"] == max(ok.values()) and ids[r["strongest"]] == r["identification"], r
         assert r["identification_se"] >= 0 and 0 < r["chance_identification"] < 1
@@ -206,3 +206,22 @@ def test_decoder_training_says_what_it_does_on_stderr_only_when_asked(digits, tm
         feature_decoder(digits["backbone"], digits["public"], 10, cfg, cache_dir=tmp_path / "shown")
     err = capsys.readouterr().err
     assert "training the feature decoder" in err and "validation" in err
+
+
+def test_per_cell_report_keeps_the_best_fitting_member_of_each_cell(digits):
+    from attacks.strongest import per_cell_best
+
+    view, truth = _view(digits, "fedncm", 2, 6)
+    cells = challenge_cells(view, truth, np.random.default_rng(0), 6)
+    res = [attacks.get("inversion", backend=b, max_cells=6, **TINY).run(view, np.random.default_rng(0), cells=cells)
+           for b in ("pixel", "joint")]
+    best = per_cell_best(res)
+    assert 6 <= best.images.shape[0] <= 12  # 6 cells: one pixel image or two joint images per cell
+
+    def misfit(r, k, c):
+        i = np.flatnonzero((r.rows == k) & (r.classes == c))
+        f, t = r.recon_features[i].mean(0), r.targets[i[0]]
+        return 1 - f @ t / (np.linalg.norm(f) * np.linalg.norm(t))
+
+    for k, c in zip(*cells):
+        assert misfit(best, k, c) == pytest.approx(min(misfit(r, k, c) for r in res), abs=1e-12)
