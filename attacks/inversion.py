@@ -27,7 +27,14 @@ Backends (``backend=``):
 * ``set``: for a mean of n records (n read off the released count, when
   the counts are released without noise; one image otherwise), a set
   decoder returns n images, refined jointly so that their mean feature
-  matches the target (:mod:`attacks.learned`).
+  matches the target (:mod:`attacks.learned`);
+* ``joint``: the set attacker a server would run (:mod:`attacks.joint`):
+  search the public bank for the n class images whose mean feature best
+  matches the released mean, optimise n latent codes of the feature decoder
+  jointly so that the decoded images' mean feature (and, where the client's
+  second moment G is released, their second moment) matches, keep the
+  candidate with the lowest feature residual and polish its pixels jointly;
+  n is the rounded released count.
 
 Sources (``source=``): ``mean`` inverts every released class mean;
 ``second`` first unmixes each client's second moment G_k (with its class
@@ -67,7 +74,7 @@ __all__ = [
     "train_decoder",
 ]
 
-BACKENDS = ("pixel", "decoder", "dip", "learned", "set")
+BACKENDS = ("pixel", "decoder", "dip", "learned", "set", "joint")
 SOURCES = ("mean", "second")
 
 
@@ -301,6 +308,13 @@ class FeatureInversion(Attack):
         "train_steps": 3000,
         "hidden": 512,
         "refine_steps": None,
+        "feature_steps": 20000,
+        "joint_restarts": 24,
+        "joint_candidates": 4,
+        "joint_steps": 300,
+        "joint_lr": 0.02,
+        "polish_steps": 200,
+        "max_joint": 16,
     }
 
     @property
@@ -313,7 +327,12 @@ class FeatureInversion(Attack):
                 "learned": f"feature decoder trained on {self.params['bank_copies']} augmented copies of every public "
                            f"image, refinement {self.params['refine']!r}",
                 "set": f"set decoder (mean of n -> n images, n from the counts, up to {self.params['max_set']}) trained "
-                       f"on public n-subsets, joint refinement {self.params['refine']!r}"}[b]
+                       f"on public n-subsets, joint refinement {self.params['refine']!r}",
+                "joint": f"search of the public bank ({self.params['bank_copies']} augmented copies of every public "
+                         f"image) for the n images whose mean feature matches (n from the rounded counts, up to "
+                         f"{self.params['max_joint']}; one image beyond), n latent codes of the feature decoder optimised jointly "
+                         f"(Adam, learning rate {self.params['joint_lr']:g}) against the released mean (and the "
+                         f"client's second moment where released), joint pixel polish"}[b]
         return f"backbone + public images + released {self.params['source']}: {what}"
 
     def _validate_params(self) -> None:
@@ -329,11 +348,17 @@ class FeatureInversion(Attack):
         if p["refine"] != "auto" and p["refine"] not in REFINEMENTS:
             raise ConfigError(f"unknown refinement {p['refine']!r}; choose from {['auto', *REFINEMENTS]}")
         for k in ("steps", "max_cells", "max_samples", "decoder_epochs", "dip_steps", "max_set", "bank_copies",
-                  "train_steps", "hidden", "refine_steps"):
+                  "train_steps", "hidden", "refine_steps", "feature_steps", "joint_restarts", "joint_candidates",
+                  "max_joint"):
             if k == "refine_steps" and p[k] is None:
                 continue
             if isinstance(p[k], bool) or not isinstance(p[k], (int, np.integer)) or p[k] < 1:
                 raise ConfigError(f"{k} must be a positive int, got {k}={p[k]!r}")
+        if isinstance(p["joint_lr"], bool) or not isinstance(p["joint_lr"], (int, float)) or not p["joint_lr"] > 0:
+            raise ConfigError(f"joint_lr must be a number > 0, got joint_lr={p['joint_lr']!r}")
+        for k in ("joint_steps", "polish_steps"):
+            if isinstance(p[k], bool) or not isinstance(p[k], (int, np.integer)) or p[k] < 0:
+                raise ConfigError(f"{k} must be an int >= 0, got {k}={p[k]!r}")
 
     def check(self, view: ServerView) -> None:
         super().check(view)
@@ -357,7 +382,8 @@ class FeatureInversion(Attack):
         from attacks.learned import DecoderConfig
 
         p = self.params
-        return DecoderConfig(copies=int(p["bank_copies"]), steps=int(p["train_steps"]), hidden=int(p["hidden"]))
+        return DecoderConfig(copies=int(p["bank_copies"]), steps=int(p["train_steps"]), hidden=int(p["hidden"]),
+                             feature_steps=int(p["feature_steps"]))
 
     def _refinement(self, view: ServerView, decode, n: int, key: str) -> tuple | None:
         """The refinement setting for means of n: the parameter, or the one best on public simulations (cached)."""
@@ -411,13 +437,47 @@ class FeatureInversion(Attack):
         cell = np.concatenate([[i] * len(per_cell[i]) for i in range(len(targets))]).astype(np.int64)
         return np.concatenate(per_cell), cell
 
-    def _invert(self, view: ServerView, targets, classes, counts, rng: np.random.Generator):
+    def _joint(self, view: ServerView, targets, classes, counts, rows, rng) -> tuple[np.ndarray, np.ndarray]:
+        """Joint backend: (images (R, H, W), cell index of each image (R,))."""
+        from attacks.joint import JointConfig, invert_joint
+        from attacks.learned import feature_decoder, progress_bar, public_bank
+
+        p = self.params
+        cfg = self.decoder_config()
+        dec = feature_decoder(view.backbone, view.public, view.num_classes, cfg)
+        bank = public_bank(view.backbone, view.public, cfg)
+        noisy_counts = view.noise.count_kind is not None or view.noise.sigma.get("counts", 0.0) > 0.25
+        ns = np.rint(np.maximum(counts, 1.0)).astype(np.int64)
+        ns[ns > int(p["max_joint"])] = 1  # beyond the largest joint search: one image per cell (the mean's)
+        seconds = None
+        if view.per_client and "second" in view.available and rows is not None:
+            # G_k is the client's, over all its classes: matched only where the client holds this class alone
+            G = view.second_moments()
+            seconds = np.zeros((len(targets), G.shape[-1], G.shape[-1]))
+            for j, (k, c) in enumerate(zip(rows, classes)):
+                others = np.delete(view.stats.counts[k], c)
+                if np.all(others < 0.5):
+                    seconds[j] = G[k]
+        jcfg = JointConfig(restarts=int(p["joint_restarts"]), candidates=int(p["joint_candidates"]),
+                           latent_steps=int(p["joint_steps"]), latent_lrs=(float(p["joint_lr"]),),
+                           polish_steps=int(p["polish_steps"]),
+                           max_n=int(p["max_joint"]))
+        with progress_bar(len(targets), "attacking cells (joint: bank search, then joint decoding and polish)",
+                          unit="cell") as bar:
+            per_cell = invert_joint(view.backbone, dec, bank, targets, classes, ns, rng, jcfg, seconds=seconds,
+                                    cosine=noisy_counts, progress=bar.update)
+        cell = np.concatenate([[i] * len(per_cell[i]) for i in range(len(targets))]).astype(np.int64)
+        return np.concatenate(per_cell), cell
+
+    def _invert(self, view: ServerView, targets, classes, counts, rng: np.random.Generator, rows=None):
         """(images (R, H, W), cell index of each image (R,))."""
         prior = view.public.class_mean_images(view.num_classes)
         init = prior[classes]
         b = self.params["backend"]
         if b in ("learned", "set"):
             return self._learned(view, targets, classes, counts, rng)
+        if b == "joint":
+            return self._joint(view, targets, classes, counts, rows, rng)
         seed = int(rng.integers(2**31))
         one = np.arange(len(targets))
         loss = self.params["loss"]
@@ -477,7 +537,8 @@ class FeatureInversion(Attack):
             counts = np.ones(rows.size)
             group_by_class = False
         targets = np.maximum(targets, 0.0)  # post-ReLU features are non-negative; noise is not
-        images, cell = self._invert(view, targets, classes, counts, rng)
+        images, cell = self._invert(view, targets, classes, counts, rng,
+                                    rows if self.params["source"] == "mean" else None)
         rows, classes, targets = rows[cell], classes[cell], targets[cell]
         rf = _features(view.backbone, images)
         baseline = self._baseline(view, rows, classes, group_by_class)

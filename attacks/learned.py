@@ -28,14 +28,22 @@ private record.
 Trained decoders are cached on disk (:func:`privfed.data.cache.cached_arrays`),
 keyed by the SHA-256 of everything that determines them: the backbone's
 weights, the public images and labels, the hyper-parameters, torch's version.
-Training is seeded; torch runs on at most two threads.
+Training is deterministic on a given torch build: seeded, on one torch
+thread (a matrix product's summation order depends on the thread count, so
+a decoder trained on 2 threads differs from one trained on 4) and with
+torch's deterministic algorithms, all inside a context that restores the
+caller's settings (:func:`deterministic`).  The feature decoder trains until
+its validation loss (held-out public images and their augmented copies)
+stops improving; the loss and the steps taken are stored with it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import hashlib
 import itertools
+import sys
 from dataclasses import dataclass
 
 import numpy as np
@@ -48,7 +56,11 @@ __all__ = [
     "FeatureDecoder",
     "SetDecoder",
     "augment_bank",
+    "deterministic",
     "feature_decoder",
+    "progress_bar",
+    "progress_bars",
+    "public_bank",
     "refine_pixels",
     "refine_set",
     "select_refinement",
@@ -56,7 +68,7 @@ __all__ = [
 ]
 
 #: Bump when the bank, the architectures or the training change (invalidates cached decoders).
-VERSION = 1
+VERSION = 2
 
 
 def _torch():
@@ -66,16 +78,26 @@ def _torch():
 
 
 @contextlib.contextmanager
-def _seeded(seed: int, threads: int = 2):
+def deterministic(seed: int):
+    """Seeded, one-thread, deterministic-algorithm torch inside the block; the caller's settings after it.
+
+    The random state is forked (the caller's generator is left as it was).
+    """
     torch = _torch()
     old = torch.get_num_threads()
+    old_det = torch.are_deterministic_algorithms_enabled()
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(int(seed))
-        torch.set_num_threads(max(1, min(int(threads), old)))
+        torch.set_num_threads(1)
+        torch.use_deterministic_algorithms(True)
         try:
             yield
         finally:
+            torch.use_deterministic_algorithms(old_det)
             torch.set_num_threads(old)
+
+
+_seeded = deterministic
 
 
 @dataclass(frozen=True)
@@ -88,14 +110,17 @@ class DecoderConfig:
 
     copies: int = 60  # augmented copies of every public image
     hidden: int = 512
-    steps: int = 6000  # minibatch Adam steps
+    steps: int = 6000  # minibatch Adam steps of a set decoder
     batch: int = 256
     lr: float = 2e-3
     blend_fraction: float = 0.25
     seed: int = 0
+    feature_steps: int = 20000  # the feature decoder's cap; it stops when validation stops improving
+    val_every: int = 250  # steps between validation losses
+    patience: int = 4  # validations without improvement (each halves the learning rate) before stopping
 
     def __post_init__(self) -> None:
-        for k in ("copies", "hidden", "steps", "batch"):
+        for k in ("copies", "hidden", "steps", "batch", "feature_steps", "val_every", "patience"):
             v = getattr(self, k)
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
                 raise ConfigError(f"DecoderConfig.{k} must be a positive int, got {v!r}")
@@ -105,7 +130,8 @@ class DecoderConfig:
             raise ConfigError(f"DecoderConfig.lr must be > 0, got {self.lr!r}")
 
     def as_dict(self) -> dict:
-        return {k: getattr(self, k) for k in ("copies", "hidden", "steps", "batch", "lr", "blend_fraction", "seed")}
+        return {k: getattr(self, k) for k in ("copies", "hidden", "steps", "batch", "lr", "blend_fraction", "seed",
+                                              "feature_steps", "val_every", "patience")}
 
 
 def _digest_arrays(*arrays) -> str:
@@ -216,6 +242,18 @@ def _bank(backbone, public, cfg: DecoderConfig):
     return ims, y, _features(backbone, ims)
 
 
+def public_bank(backbone, public, cfg: DecoderConfig = DecoderConfig()) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The attacker's image bank: the public images and the augmented copies the decoders train on.
+
+    Returns (images (N, H, W), labels (N,), backbone features (N, d)), the real
+    public images first.
+    """
+    ims, y, F = _bank(backbone, public, cfg)
+    pim = np.asarray(public.images, np.float32)
+    return (np.concatenate([pim, ims]), np.concatenate([np.asarray(public.labels, np.int64), y]),
+            np.vstack([_features(backbone, pim), F]))
+
+
 def _description(kind: str, backbone, public, cfg: DecoderConfig, num_classes: int, **extra) -> dict:
     torch = _torch()
     return {"artefact": kind, "version": VERSION, "backbone": backbone_digest(backbone),
@@ -225,10 +263,17 @@ def _description(kind: str, backbone, public, cfg: DecoderConfig, num_classes: i
 
 
 class FeatureDecoder:
-    """(feature, class) -> image; ``__call__`` returns (r, H, W) float32 in [0, 1]."""
+    """(feature, class) -> image; ``__call__`` returns (r, H, W) float32 in [0, 1].
 
-    def __init__(self, net, shape, num_classes: int, key: str):
+    ``val_loss``: its mean squared pixel error on the held-out public images and
+    their augmented copies; ``steps_trained``: the steps it took until validation
+    stopped improving.
+    """
+
+    def __init__(self, net, shape, num_classes: int, key: str, val_loss: float = float("nan"),
+                 steps_trained: int = 0):
         self.net, self.shape, self.num_classes, self.key = net, tuple(shape), num_classes, key
+        self.val_loss, self.steps_trained = float(val_loss), int(steps_trained)
 
     def __call__(self, features: np.ndarray, classes) -> np.ndarray:
         torch = _torch()
@@ -236,10 +281,30 @@ class FeatureDecoder:
             out = self.net(torch.as_tensor(_inputs(features, classes, self.num_classes)))
         return out.reshape(-1, *self.shape).numpy()
 
+    def decode_latent(self, latent, classes):
+        """Differentiable decoding of latent codes (torch (r, d), any scale) for classes (r,): (r, H, W)."""
+        torch = _torch()
+        u = latent / latent.norm(dim=1, keepdim=True).clamp_min(1e-12)
+        onehot = torch.as_tensor(np.eye(self.num_classes, dtype=np.float32)[np.asarray(classes, np.int64)])
+        return self.net(torch.cat([u, onehot.to(u.device)], 1)).reshape(-1, *self.shape)
+
+
+#: Every VALIDATION_EVERY-th public image (and its augmented copies) is held out to stop the feature decoder.
+VALIDATION_EVERY = 10
+
 
 def feature_decoder(backbone, public, num_classes: int, cfg: DecoderConfig = DecoderConfig(), *,
                     cache_dir=None) -> FeatureDecoder:
-    """The feature decoder for this backbone and public data (trained on a cache miss)."""
+    """The feature decoder for this backbone and public data (trained on a cache miss).
+
+    Training pairs: the augmented bank and the real public images (repeated 4
+    times, so they weigh as much as their copies).  Every
+    :data:`VALIDATION_EVERY`-th public image and its copies are held out; Adam
+    runs in minibatches, the validation loss is measured every
+    ``cfg.val_every`` steps, each validation without improvement halves the
+    learning rate, and ``cfg.patience`` of them in a row stop training (at
+    most ``cfg.feature_steps`` steps); the best validated weights are kept.
+    """
     from privfed.data.cache import cached_arrays
 
     torch = _torch()
@@ -249,37 +314,90 @@ def feature_decoder(backbone, public, num_classes: int, cfg: DecoderConfig = Dec
 
     def compute():
         ims, y, F = _bank(backbone, public, cfg)
-        # the real public images count as much as their augmented copies
-        X = np.vstack([_inputs(F, y, num_classes), np.repeat(_inputs(_features(backbone, public.images),
-                                                                    public.labels, num_classes), 4, 0)])
-        Y = np.vstack([ims.reshape(len(ims), -1), np.repeat(np.asarray(public.images, np.float32).reshape(
-            len(public.images), -1), 4, 0)])
+        pim = np.asarray(public.images, np.float32)
+        N = len(pim)
+        held = np.arange(N) % VALIDATION_EVERY == VALIDATION_EVERY - 1
+        bank_held = held[np.arange(len(ims)) % N]  # augment_bank tiles the public images: copy j is of image j % N
+        Xb, Yb = _inputs(F, y, num_classes), ims.reshape(len(ims), -1)
+        Xp, Yp = _inputs(_features(backbone, pim), public.labels, num_classes), pim.reshape(N, -1)
+        X = np.vstack([Xb[~bank_held], np.repeat(Xp[~held], 4, 0)])
+        Y = np.vstack([Yb[~bank_held], np.repeat(Yp[~held], 4, 0)])
+        Xv = np.vstack([Xb[bank_held], np.repeat(Xp[held], 4, 0)])
+        Yv = np.vstack([Yb[bank_held], np.repeat(Yp[held], 4, 0)])
         with _seeded(cfg.seed):
             net = _mlp(d + num_classes, cfg.hidden, D)
-            _fit(net, torch.as_tensor(X), torch.as_tensor(Y), cfg)
-        return _state_arrays(net)
+            val, steps = _fit(net, *(torch.as_tensor(a) for a in (X, Y, Xv, Yv)), cfg)
+        return {**_state_arrays(net), "val_loss": np.array(val), "steps_trained": np.array(steps)}
 
-    desc = _description("feature-decoder", backbone, public, cfg, num_classes)
+    desc = _description("feature-decoder", backbone, public, cfg, num_classes, validation_every=VALIDATION_EVERY)
     arrays, key, _ = cached_arrays("attack-feature-decoder", desc, compute, cache_dir)
     with _seeded(cfg.seed):
         net = _mlp(d + num_classes, cfg.hidden, D)
     _load_state(net, arrays)
-    return FeatureDecoder(net, shape, num_classes, key)
+    return FeatureDecoder(net, shape, num_classes, key, float(arrays["val_loss"]), int(arrays["steps_trained"]))
 
 
-def _fit(net, X, Y, cfg: DecoderConfig) -> None:
+def _fit(net, X, Y, Xv, Yv, cfg: DecoderConfig) -> tuple[float, int]:
+    """Minibatch Adam until the validation loss stops improving; returns (best validation loss, steps)."""
     torch = _torch()
-    opt = torch.optim.Adam(net.parameters(), lr=cfg.lr)
-    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=cfg.steps)
+    lr = cfg.lr
+    opt = torch.optim.Adam(net.parameters(), lr=lr)
     g = torch.Generator().manual_seed(cfg.seed)
-    for _ in range(cfg.steps):
-        b = torch.randint(0, X.shape[0], (cfg.batch,), generator=g)
-        opt.zero_grad()
-        loss = ((net(X[b]) - Y[b]) ** 2).mean()
-        loss.backward()
-        opt.step()
-        sched.step()
+
+    def val_loss() -> float:
+        with torch.no_grad():
+            return float(((net(Xv) - Yv) ** 2).mean())
+
+    best, best_state, bad, step = val_loss(), [p.detach().clone() for p in net.parameters()], 0, 0
+    best_step = 0
+    with progress_bar(cfg.feature_steps, "training the feature decoder (until validation stops improving)") as bar:
+        while step < cfg.feature_steps:
+            b = torch.randint(0, X.shape[0], (cfg.batch,), generator=g)
+            opt.zero_grad()
+            loss = ((net(X[b]) - Y[b]) ** 2).mean()
+            loss.backward()
+            opt.step()
+            step += 1
+            bar.update(1)
+            if step % cfg.val_every == 0:
+                v = val_loss()
+                if v < best * (1 - 1e-3):
+                    best, best_step, bad = v, step, 0
+                    best_state = [p.detach().clone() for p in net.parameters()]
+                else:
+                    bad += 1
+                    lr /= 2
+                    for group in opt.param_groups:
+                        group["lr"] = lr
+                    if bad >= cfg.patience:
+                        break
+                bar.set_postfix_str(f"validation mse {best:.4f}", refresh=False)
+    with torch.no_grad():
+        for p, q in zip(net.parameters(), best_state):
+            p.copy_(q)
     net.eval()
+    return best, best_step
+
+
+_PROGRESS: contextvars.ContextVar[bool] = contextvars.ContextVar("privfed_attack_progress", default=False)
+
+
+@contextlib.contextmanager
+def progress_bars(enabled: bool = True):
+    """Show progress bars (stderr) for decoder training inside the block."""
+    token = _PROGRESS.set(bool(enabled))
+    try:
+        yield
+    finally:
+        _PROGRESS.reset(token)
+
+
+def progress_bar(total: int, desc: str, unit: str = "step"):
+    """A tqdm bar on stderr, shown only inside :func:`progress_bars` (ETA from the first updates)."""
+    from tqdm.auto import tqdm
+
+    return tqdm(total=int(total), desc=desc, unit=unit, file=sys.stderr, leave=False,
+                disable=not _PROGRESS.get(), mininterval=1.0)
 
 
 class SetDecoder:
@@ -350,7 +468,9 @@ def set_decoder(backbone, public, num_classes: int, n: int, cfg: DecoderConfig =
             half = cfg.batch // 2
             perms = torch.as_tensor(list(itertools.permutations(range(n)))) if n <= 5 else None  # (P, n)
             ar = torch.arange(n)[None, :]
+            bar = progress_bar(cfg.steps, f"training the set decoder for means of {n}")
             for _ in range(cfg.steps):
+                bar.update(1)
                 Xs, Ts = [], []
                 for (im_s, y_s, F_s), bc, size in zip(sources, by_class, (half, cfg.batch - half)):
                     cls, idx = _subsets(rs, y_s, n, size, bc)
@@ -372,6 +492,7 @@ def set_decoder(backbone, public, num_classes: int, n: int, cfg: DecoderConfig =
                 loss.backward()
                 opt.step()
                 sched.step()
+            bar.close()
             net.eval()
         return _state_arrays(net)
 

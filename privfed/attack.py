@@ -36,7 +36,12 @@ same challenge (the same targets, the same released cells):
 ``strongest_attack`` names it, ``strongest_auc`` / ``strongest_identification``
 is its headline metric, and ``<attack>:<metric>`` gives every attack of the
 suite (``--no-strongest`` turns this off; the inversion suite trains learned
-decoders, minutes once, then cached).
+decoders, minutes once, then cached).  The inversion suite includes the joint
+set attacker (:mod:`attacks.joint`: bank search, joint decoding of n images,
+joint pixel polish); the printed strongest identification comes with its
+standard error (clustered by cell), chance and the n-guess prior.  Progress
+(stderr) names what runs: decoder training (steps, until validation stops
+improving) and each attack of the suite, with an ETA.
 """
 
 from __future__ import annotations
@@ -65,16 +70,15 @@ from privfed._cli import (
     check_secure_agg,
     cli_entry,
     heartbeat,
+    keep_finished,
     parse_float_list,
     parse_int_list,
     parse_seeds,
     parse_str_list,
-    placement_word,
-    keep_finished,
     periodic_checkpoint,
+    placement_word,
     versions,
 )
-from privfed.cli_args import ATTACK_GLOSSARY as GLOSSARY
 from privfed.cli_args import attack_parser as build_parser
 from privfed.errors import ConfigError, MissingDependencyError
 
@@ -170,18 +174,23 @@ _SUITE_KINDS = ("tracing", "inversion")
 _MEMBER_PARAMS = ("backend", "source", "test", "reference")
 
 
-def _strongest_columns(cfg: AttackConfig, view, truth, challenge: dict, rng) -> dict[str, Any]:
+def _strongest_columns(cfg: AttackConfig, view, truth, challenge: dict, rng, progress=None) -> dict[str, Any]:
     """The strongest attack of ``cfg.attack``'s suite on ``challenge``: its name, headline metrics, and
     every suite member's headline metrics as ``<name>:<metric>``."""
     from attacks.strongest import HEADLINE, strongest
 
     common = {k: v for k, v in cfg.attack_params.items() if k not in _MEMBER_PARAMS}
-    rep = strongest(cfg.attack, view, truth, rng, challenge=challenge or None, **common)
+    rep = strongest(cfg.attack, view, truth, rng, challenge=challenge or None, progress=progress, **common)
     first, second = HEADLINE[cfg.attack]
     best2 = rep["strongest_by"][second]
+    best = rep["attacks"][rep["strongest"]]
     out: dict[str, Any] = {"strongest_attack": rep["strongest"], f"strongest_{first}": rep["value"],
+                           f"strongest_{first}_se": best.get(f"{first}_se", float("nan")),
                            f"strongest_by_{second}": best2,
                            f"strongest_{second}": rep["attacks"][best2].get(second, float("nan"))}
+    if cfg.attack == "inversion":  # chance and the n-guess prior for the strongest attack's guesses
+        out["strongest_chance_identification"] = best.get("chance_identification", float("nan"))
+        out["strongest_baseline_identification"] = best.get("baseline_identification", float("nan"))
     for name, m in rep["attacks"].items():
         for metric in (first, second):
             out[f"{name}:{metric}"] = m.get(metric, float("nan"))
@@ -274,12 +283,25 @@ def run_attacks(cfg: AttackConfig, *, progress: bool = True, records: list[dict[
     t_data = time.perf_counter() - t0
     records = [] if records is None else records
     grids = []
+    from attacks.learned import progress_bars
+    from attacks.strongest import SUITES
+
     combos = [(m, e, n, s) for m in cfg.methods for e in cfg.epsilons for n in cfg.ns for s in cfg.seeds]
-    bar = tqdm(combos, disable=not progress, desc=cfg.attack, unit="run", file=sys.stderr, delay=2)
-    with heartbeat(bar):
-        for mname, eps, n, seed in bar:
-            bar.set_postfix_str(f"{mname} eps={eps:g}" + (f" n={n}" if cfg.partition == "groups" else "")
-                                + f" seed={seed}", refresh=False)
+    # one step per attack run: the attack itself, then each member of the strongest suite
+    per_run = 1 + (len(SUITES[cfg.attack]) if cfg.strongest and cfg.attack in SUITES else 0)
+    bar = tqdm(total=len(combos) * per_run, disable=not progress, desc=f"attacking cells ({cfg.attack})",
+               unit="attack", file=sys.stderr, delay=2)
+    with heartbeat(bar), progress_bars(progress):
+        for mname, eps, n, seed in combos:
+            where = f"{mname} eps={eps:g}" + (f" n={n}" if cfg.partition == "groups" else "") + f" seed={seed}"
+            bar.set_postfix_str(f"{where}: {cfg.attack}", refresh=False)
+
+            def step(name: str, finished: bool, where=where) -> None:
+                if finished:
+                    bar.update(1)
+                else:
+                    bar.set_postfix_str(f"{where}: strongest suite, {name}", refresh=True)
+
             method = _methods.get(mname)
             ss = np.random.SeedSequence([seed, cfg.ns.index(n), cfg.epsilons.index(eps), cfg.methods.index(mname)])
             r_part, r_view, r_att, r_strong = (np.random.default_rng(s) for s in ss.spawn(4))
@@ -314,8 +336,11 @@ def run_attacks(cfg: AttackConfig, *, progress: bool = True, records: list[dict[
                    "noise": view.noise.guarantee, "seconds": round(time.perf_counter() - t1, 3)}
             row.update({k: v for k, v in metrics.items() if not isinstance(v, (list, dict, np.ndarray))})
             row.update(extra)
+            bar.update(1)
             if cfg.strongest and result is not None:
-                row.update(_strongest_columns(cfg, view, truth, challenge, r_strong))
+                row.update(_strongest_columns(cfg, view, truth, challenge, r_strong, step))
+            elif per_run > 1:
+                bar.update(per_run - 1)
             records.append(row)
             if on_record is not None:
                 on_record(records)
@@ -391,7 +416,14 @@ def _line(r: dict[str, Any]) -> str:
              if isinstance(r.get(k), (int, float)) and not isinstance(r.get(k), bool)]
     if r.get("strongest_attack"):
         key = "strongest_auc" if "strongest_auc" in r else "strongest_identification"
-        cells.append(f"strongest[{r['strongest_attack']}]: {key[10:]}={r[key]:.3f}")
+        text = f"strongest[{r['strongest_attack']}]: {key[10:]}={r[key]:.3f}"
+        if isinstance(r.get(f"{key}_se"), float) and math.isfinite(r[f"{key}_se"]):
+            text += f" (SE {r[f'{key}_se']:.3f}"
+            if "strongest_chance_identification" in r:
+                text += f", chance {r['strongest_chance_identification']:.3f}, " \
+                        f"{r['n']}-guess prior {r['strongest_baseline_identification']:.3f}"
+            text += ")"
+        cells.append(text)
     where = r["placement"] + (f"/{r['protocol']}" if r["protocol"] != "none" else "")
     return f"{r['method']:>12} eps={r['eps']:<6g} {where:<14} n={r['n']:<3} seed={r['seed']} " + " ".join(cells)
 

@@ -125,8 +125,14 @@ output columns (printed lines, results.csv, results.json):
   psnr, delta_psnr   inversion: reconstruction PSNR (dB) and its gain over the public class-mean prior
   exposed_fraction   singleton: share of uploaded records alone in their (client, class) cell
   strongest_attack   tracing / inversion: the strongest attack of the suite on the same challenge (by auc /
-               identification); strongest_auc / strongest_identification its value; <attack>:<metric> each one
+               identification); strongest_auc / strongest_identification its value (with _se, and for
+               inversion strongest_chance_identification); <attack>:<metric> each one
 """
+
+#: attacks.inversion.BACKENDS and the inversion suite of attacks.strongest, named here so that --help needs no
+#: import of the attacks (a test holds them equal).
+INVERSION_BACKENDS = ("pixel", "decoder", "dip", "learned", "set", "joint")
+INVERSION_SUITE = ("pixel", "learned", "set", "joint", "joint-fit", "two-stage", "per-cell")
 
 
 def attack_parser() -> argparse.ArgumentParser:
@@ -147,7 +153,8 @@ def attack_parser() -> argparse.ArgumentParser:
     a("--max-groups", default="40", help="at most this many clients in --partition groups")
     a("--count-noise", default=None, help="noise on the counts only (FedCOF App. I.1) instead of the Gaussian "
       "mechanism: laplace, geometric, gaussian or uniform (no DP) (default: none)")
-    a("--backend", default=None, help="inversion backend: pixel, decoder or dip (default: the attack's)")
+    a("--backend", default=None, help=f"inversion backend: {', '.join(INVERSION_BACKENDS)} (default: the attack's, "
+      "pixel; the strongest report runs the whole suite: " + ", ".join(INVERSION_SUITE) + ")")
     a("--source", default=None, help="inversion source: mean or second (two-stage) (default: the attack's)")
     a("--steps", default=None, help="inversion optimisation steps, pixel or dip backend (default: the attack's)")
     a("--max-cells", default=None, help="inversion: released cells inverted per run (default: the attack's)")

@@ -168,3 +168,15 @@ def test_tradeoff_tracing_column_is_the_strongest_test_named_and_under_the_gdp_b
         assert set(names) <= set(suite)
         assert any(line.split()[:1] == [s["method"]] and line.rstrip().endswith(s["attack_tracing_strongest"])
                    for line in table.splitlines())
+
+
+def test_help_lists_every_inversion_backend_and_the_strongest_suite(capsys):
+    from attacks.inversion import BACKENDS
+    from attacks.strongest import SUITES
+
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for name in (*BACKENDS, *SUITES["inversion"]):
+        assert name in text, name
+    assert "learned" in text and "joint" in text

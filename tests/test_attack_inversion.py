@@ -141,8 +141,10 @@ def _inversion_results():
 
 
 def test_inversion_results_json_names_the_maximum_and_its_command():
+    from attacks.strongest import PER_CELL, SUITES
+
     _, res = _inversion_results()
-    suite = ("pixel", "learned", "set", "two-stage")
+    suite = (*SUITES["inversion"], PER_CELL)
     assert res["config"]["command"].startswith("PYTHONPATH=. python experiments/attacks_inversion.py ")
     settings = {(r["setting"], r["n"]) for r in res["rows"]}
     assert {("clean", n) for n in (1, 2, 4, 8, 16)} | {("dp eps=10", 1), ("dp eps=1", 1), ("mean + G", 4)} <= settings

@@ -32,7 +32,8 @@ from attacks.tracing import reference_model, trace_scores, tracing_game
 from attacks.view import GroundTruth, class_groups
 from privfed.errors import ConfigError, InputError
 
-SMALL = {"bank_copies": 20, "train_steps": 600, "hidden": 256, "refine": "plain", "refine_steps": 150}
+SMALL = {"bank_copies": 20, "train_steps": 600, "feature_steps": 600, "hidden": 256, "refine": "plain",
+         "refine_steps": 150, "joint_restarts": 12, "joint_candidates": 3, "joint_steps": 150, "polish_steps": 100}
 
 
 def _view(d, method, n, groups, seed=1, **kw):
@@ -124,14 +125,14 @@ def test_augmented_bank_is_deterministic_in_range_and_keeps_labels(digits):
 
 
 def test_decoder_is_cached_by_what_determines_it(digits, privfed_cache):
-    cfg = DecoderConfig(copies=2, steps=5, hidden=16)
+    cfg = DecoderConfig(copies=2, steps=5, feature_steps=5, hidden=16)
     d1 = feature_decoder(digits["backbone"], digits["public"], 10, cfg)
     n_files = len(list(privfed_cache.glob("attack-feature-decoder-*")))
     d2 = feature_decoder(digits["backbone"], digits["public"], 10, cfg)
     assert d1.key == d2.key and len(list(privfed_cache.glob("attack-feature-decoder-*"))) == n_files
     x = digits["public"].features[:5]
     assert np.array_equal(d1(x, digits["public"].labels[:5]), d2(x, digits["public"].labels[:5]))
-    d3 = feature_decoder(digits["backbone"], digits["public"], 10, DecoderConfig(copies=2, steps=6, hidden=16))
+    d3 = feature_decoder(digits["backbone"], digits["public"], 10, DecoderConfig(copies=2, steps=5, feature_steps=6, hidden=16))
     assert d3.key != d1.key
     with pytest.raises(ConfigError, match="steps"):
         DecoderConfig(steps=0)
@@ -176,7 +177,8 @@ def test_learned_inversion_beats_pixel_at_n1_on_paired_psnr(digits):
     # be lower (the slow test below decides identification at full strength).
     from attacks.inversion import challenge_cells
 
-    mid = {"bank_copies": 20, "train_steps": 1500, "hidden": 256, "refine": "plain", "refine_steps": 150}
+    mid = {"bank_copies": 20, "train_steps": 1500, "feature_steps": 1500, "hidden": 256, "refine": "plain",
+           "refine_steps": 150}
     view, truth = _view(digits, "fedncm", 1, 200)
     cells = challenge_cells(view, truth, np.random.default_rng(0), 200)
     pool = truth.images.reshape(truth.images.shape[0], -1).astype(np.float64)

@@ -104,3 +104,13 @@ def test_below_chance_rows_are_named_with_their_reason():
     assert "fedlog local eps=0.1" in line and "within the spread" in line
     far = below_chance_line([{**row, "accuracy_std": 0.001}], 10)  # 0.091 < 0.1: beyond the spread
     assert "worse than guessing" in far
+
+
+def test_help_names_every_inversion_backend_without_importing_the_attacks():
+    """--help lists the inversion backends and suite from constants; they are the attacks' own."""
+    from attacks.inversion import BACKENDS
+    from attacks.strongest import PER_CELL, SUITES
+    from privfed.cli_args import INVERSION_BACKENDS, INVERSION_SUITE
+
+    assert INVERSION_BACKENDS == tuple(BACKENDS)
+    assert INVERSION_SUITE == (*SUITES["inversion"], PER_CELL)
