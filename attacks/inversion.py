@@ -625,7 +625,7 @@ class FeatureInversion(Attack):
             idx = np.asarray(idx)
             T = pool[members]
 
-            def matched(ims, nn):
+            def matched(ims, nn, T=T, members=members):
                 R = np.asarray(ims, np.float64).reshape(len(ims), -1)
                 mse = ((R[:, None, :] - T[None]) ** 2).mean(-1)
                 ri, ti = linear_sum_assignment(mse)

@@ -93,7 +93,7 @@ def test_cluster_standard_error_matches_an_independent_computation(digits):
         mem = np.flatnonzero((truth.clients == k) & (truth.labels == c))
         i = int(np.flatnonzero((res.rows == k) & (res.classes == c))[0])
 
-        def best(im):
+        def best(im, mem=mem):
             mse = ((truth.images[mem].astype(np.float64) - im.astype(np.float64)) ** 2).reshape(mem.size, -1).mean(1)
             return min(PSNR_CAP, -10 * math.log10(mse.min()))
 
@@ -221,12 +221,12 @@ def test_strongest_inversion_stays_at_the_prior_under_dp_and_secure_sum(digits):
                         rng=2)
     rep = attacks.strongest("inversion", view, truth, rng=0, max_cells=60, **SMALL)
     assert "not_applicable" in rep["attacks"]["two-stage"]  # fedncm uploads no second moment
-    for name, m in rep["attacks"].items():
+    for m in rep["attacks"].values():
         if "not_applicable" not in m:
             _at_prior(m)
     sec, truth = _view(digits, "fedncm", 1, None, secure_agg=True)
     rep = attacks.strongest("inversion", sec, truth, rng=0, **SMALL)
-    for name, m in rep["attacks"].items():
+    for m in rep["attacks"].values():
         if "not_applicable" not in m:
             assert m["reconstructions"] == 10  # the class totals hold ~90 records: one image per class
             _at_prior(m)
