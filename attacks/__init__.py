@@ -58,8 +58,9 @@ get_class = _REGISTRY.get_class
 get = _REGISTRY.get
 
 
-def evaluate(name: str, view: ServerView, truth: GroundTruth, *, rng: np.random.Generator | int = 0,
-             **params: Any) -> dict:
+def evaluate(
+    name: str, view: ServerView, truth: GroundTruth, *, rng: np.random.Generator | int = 0, **params: Any
+) -> dict:
     """Run attack ``name`` on ``view``, score it against ``truth``: a flat dict of metrics.
 
     Raises :class:`privfed.errors.InputError` naming what the view lacks when
@@ -70,9 +71,21 @@ def evaluate(name: str, view: ServerView, truth: GroundTruth, *, rng: np.random.
     return get(name, **params).evaluate(view, truth, rng)
 
 
-def evaluate_federation(name: str, method: str, features, labels, clients, *, rng: np.random.Generator | int = 0,
-                        attack_params: dict | None = None, images=None, holdout_features=None,
-                        holdout_labels=None, strongest: bool = False, **view_kwargs: Any) -> dict:
+def evaluate_federation(
+    name: str,
+    method: str,
+    features,
+    labels,
+    clients,
+    *,
+    rng: np.random.Generator | int = 0,
+    attack_params: dict | None = None,
+    images=None,
+    holdout_features=None,
+    holdout_labels=None,
+    strongest: bool = False,
+    **view_kwargs: Any,
+) -> dict:
     """One call for result tables: build the server's view of a federation, attack it, score it.
 
     Parameters
@@ -111,24 +124,49 @@ def evaluate_federation(name: str, method: str, features, labels, clients, *, rn
     """
     base = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(int(rng))
     r_view, r_att = base.spawn(2)
-    view, truth = scenario(method, features, labels, clients, images=images, holdout_features=holdout_features,
-                           holdout_labels=holdout_labels, rng=r_view, **view_kwargs)
+    view, truth = scenario(
+        method,
+        features,
+        labels,
+        clients,
+        images=images,
+        holdout_features=holdout_features,
+        holdout_labels=holdout_labels,
+        rng=r_view,
+        **view_kwargs,
+    )
     if strongest:
         return strongest_flat(name, view, truth, r_att, **(attack_params or {}))
     return get(name, **(attack_params or {})).evaluate(view, truth, r_att)
 
 
-def scenario(method: str, features, labels, clients, *, images=None, holdout_features=None,
-             holdout_labels=None, holdout_images=None, **view_kwargs: Any) -> tuple[ServerView, GroundTruth]:
+def scenario(
+    method: str,
+    features,
+    labels,
+    clients,
+    *,
+    images=None,
+    holdout_features=None,
+    holdout_labels=None,
+    holdout_images=None,
+    **view_kwargs: Any,
+) -> tuple[ServerView, GroundTruth]:
     """The server's view of one federation and the truth to score attacks on it.
 
     ``view_kwargs`` go to :meth:`ServerView.from_federation` (``privacy``,
     ``secure_agg``, ``backbone``, ``public``, ``rng``, method parameters).
     """
     view = ServerView.from_federation(method, features, labels, clients, **view_kwargs)
-    truth = GroundTruth(features=features, labels=labels, clients=clients, images=images,
-                        holdout_features=holdout_features, holdout_labels=holdout_labels,
-                        holdout_images=holdout_images)
+    truth = GroundTruth(
+        features=features,
+        labels=labels,
+        clients=clients,
+        images=images,
+        holdout_features=holdout_features,
+        holdout_labels=holdout_labels,
+        holdout_images=holdout_images,
+    )
     return view, truth
 
 
@@ -141,8 +179,15 @@ def _register_builtin() -> None:
     from attacks.tracing import Tracing
     from attacks.unmixing import SecondMomentUnmixing
 
-    for cls in (Differencing, FeatureInversion, LabelInference, SingletonExposure, SubspaceMembership, Tracing,
-                SecondMomentUnmixing):
+    for cls in (
+        Differencing,
+        FeatureInversion,
+        LabelInference,
+        SingletonExposure,
+        SubspaceMembership,
+        Tracing,
+        SecondMomentUnmixing,
+    ):
         register(cls)
 
 

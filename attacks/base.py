@@ -35,7 +35,9 @@ class Attack(abc.ABC):
         unknown = set(params) - set(self.defaults)
         if unknown:
             allowed = ", ".join(sorted(self.defaults)) or "none"
-            raise ConfigError(f"attack {self.name!r} got unknown parameter(s) {sorted(unknown)}; it accepts: {allowed}")
+            raise ConfigError(
+                f"attack {self.name!r} got unknown parameter(s) {sorted(unknown)}; it accepts: {allowed}"
+            )
         self.params: dict[str, Any] = {**self.defaults, **params}
         self._validate_params()
 

@@ -42,7 +42,9 @@ class Differencing(Attack):
     requires = frozenset({"counts", "sums"})
     defaults = {"tolerance": 1e-6, "max_added": 1}
 
-    def run(self, view: ServerView, rng=None, *, earlier: ServerView | None = None, **_) -> DifferencingResult:
+    def run(
+        self, view: ServerView, rng=None, *, earlier: ServerView | None = None, **_
+    ) -> DifferencingResult:
         self.check(view)
         if earlier is None:
             raise InputError("differencing needs earlier=ServerView(...), the release to subtract")
@@ -53,8 +55,9 @@ class Differencing(Attack):
         rows, classes = np.nonzero((dn >= 1) & (dn <= int(self.params["max_added"])))
         diff = view.stats.sums[rows, classes] - earlier.stats.sums[rows, classes]
         m = dn[rows, classes]
-        return DifferencingResult(rows=rows, classes=classes, added=m, features=diff / m[:, None],
-                                  per_client=view.per_client)
+        return DifferencingResult(
+            rows=rows, classes=classes, added=m, features=diff / m[:, None], per_client=view.per_client
+        )
 
     def score(self, result: DifferencingResult, truth: GroundTruth, added: np.ndarray | None = None) -> dict:
         """``added``: indices (into the truth) of the records only the later release holds."""
@@ -77,10 +80,18 @@ class Differencing(Attack):
             rel.append(err / scale)
             cos.append(float(cosine(f, true)[0]))
         if not exact:
-            return {"cells": 0, "exact_fraction": float("nan"), "mean_cosine": float("nan"),
-                    "mean_relative_error": float("nan")}
-        return {"cells": len(exact), "exact_fraction": float(np.mean(exact)), "mean_cosine": float(np.mean(cos)),
-                "mean_relative_error": float(np.mean(rel))}
+            return {
+                "cells": 0,
+                "exact_fraction": float("nan"),
+                "mean_cosine": float("nan"),
+                "mean_relative_error": float("nan"),
+            }
+        return {
+            "cells": len(exact),
+            "exact_fraction": float(np.mean(exact)),
+            "mean_cosine": float(np.mean(cos)),
+            "mean_relative_error": float(np.mean(rel)),
+        }
 
     def evaluate(self, view: ServerView, truth: GroundTruth, rng: np.random.Generator) -> dict:
         """Challenge: an earlier round in which every client lacked one random uploaded record.
@@ -90,12 +101,17 @@ class Differencing(Attack):
         would have seen one round before.
         """
         if view.stats.owners is not None:
-            raise InputError("differencing pseudo-client releases (multi-mean sampling) is not defined: "
-                             "their random subsets change between rounds")
+            raise InputError(
+                "differencing pseudo-client releases (multi-mean sampling) is not defined: "
+                "their random subsets change between rounds"
+            )
         clients = truth.clients.copy()
         added = []
-        groups = [np.flatnonzero(clients >= 0)] if not view.per_client else \
-            [np.flatnonzero(clients == k) for k in np.unique(clients[clients >= 0])]
+        groups = (
+            [np.flatnonzero(clients >= 0)]
+            if not view.per_client
+            else [np.flatnonzero(clients == k) for k in np.unique(clients[clients >= 0])]
+        )
         for idx in groups:  # secure sum: one record in total; per client: one record each
             if idx.size >= 2:
                 j = int(rng.choice(idx))
@@ -103,9 +119,16 @@ class Differencing(Attack):
                 clients[j] = -1
         if not added:
             raise InputError("no client holds two records; nothing to difference")
-        earlier = ServerView.from_federation(view.method, truth.features, truth.labels, clients,
-                                             privacy=view.noise, secure_agg=not view.per_client,
-                                             num_classes=view.num_classes, rng=rng)
+        earlier = ServerView.from_federation(
+            view.method,
+            truth.features,
+            truth.labels,
+            clients,
+            privacy=view.noise,
+            secure_agg=not view.per_client,
+            num_classes=view.num_classes,
+            rng=rng,
+        )
         if earlier.stats.num_clients != view.stats.num_clients:
             raise InputError("the earlier release lost a client; use clients with at least two records")
         res = self.run(view, rng, earlier=earlier)

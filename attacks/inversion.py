@@ -105,8 +105,18 @@ def _feature_loss(backbone, x, t, tn, loss: str = "l2"):
     return ((f - t) ** 2).sum(1) / tn
 
 
-def invert_pixels(backbone, targets: np.ndarray, init: np.ndarray, *, steps: int = 300, lr: float = 0.1,
-                  tv: float = 0.005, anchor: float = 0.0, loss: str = "l2", seed: int = 0) -> np.ndarray:
+def invert_pixels(
+    backbone,
+    targets: np.ndarray,
+    init: np.ndarray,
+    *,
+    steps: int = 300,
+    lr: float = 0.1,
+    tv: float = 0.005,
+    anchor: float = 0.0,
+    loss: str = "l2",
+    seed: int = 0,
+) -> np.ndarray:
     """Pixel optimisation with a TV prior from ``init`` images; returns (r, H, W) float32 in [0, 1].
 
     ``anchor`` adds anchor * mean((x - init)^2), a Gaussian prior centred on the start image;
@@ -150,9 +160,20 @@ def _decoder_input(features, classes, scale: float, num_classes: int) -> np.ndar
     return np.hstack([F, onehot])
 
 
-def train_decoder(features: np.ndarray, images: np.ndarray, labels, *, hidden: int = 256, epochs: int = 400,
-                  lr: float = 3e-3, weight_decay: float = 1e-4, noise: float = 0.0, copies: int = 8,
-                  num_classes: int | None = None, seed: int = 0) -> _Decoder:
+def train_decoder(
+    features: np.ndarray,
+    images: np.ndarray,
+    labels,
+    *,
+    hidden: int = 256,
+    epochs: int = 400,
+    lr: float = 3e-3,
+    weight_decay: float = 1e-4,
+    noise: float = 0.0,
+    copies: int = 8,
+    num_classes: int | None = None,
+    seed: int = 0,
+) -> _Decoder:
     """Train an MLP decoder ((feature, class) -> image, sigmoid output) on public pairs, full batch, Adam.
 
     The class of a released mean is public (it is the cell's class), so the
@@ -173,14 +194,21 @@ def train_decoder(features: np.ndarray, images: np.ndarray, labels, *, hidden: i
     scale = float(np.sqrt((F**2).sum(1).mean())) or 1.0
     if noise > 0:
         rs = np.random.default_rng(seed)
-        F = np.maximum(np.tile(F, (copies, 1)) + rs.normal(0.0, noise, size=(F.shape[0] * copies, F.shape[1])),
-                       0.0).astype(np.float32)
+        F = np.maximum(
+            np.tile(F, (copies, 1)) + rs.normal(0.0, noise, size=(F.shape[0] * copies, F.shape[1])), 0.0
+        ).astype(np.float32)
         im = np.tile(im, (copies, 1, 1))
         y = np.tile(y, copies)
     shape = im.shape[1:]
     g = torch.Generator().manual_seed(seed)
-    net = nn.Sequential(nn.Linear(F.shape[1] + C, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
-                        nn.Linear(hidden, int(np.prod(shape))), nn.Sigmoid())
+    net = nn.Sequential(
+        nn.Linear(F.shape[1] + C, hidden),
+        nn.ReLU(),
+        nn.Linear(hidden, hidden),
+        nn.ReLU(),
+        nn.Linear(hidden, int(np.prod(shape))),
+        nn.Sigmoid(),
+    )
     with torch.no_grad():
         for p in net.parameters():
             if p.ndim == 2:
@@ -200,8 +228,18 @@ def train_decoder(features: np.ndarray, images: np.ndarray, labels, *, hidden: i
     return _Decoder(net, scale, shape, C)
 
 
-def invert_dip(backbone, targets: np.ndarray, shape, *, steps: int = 500, lr: float = 0.01, width: int = 32,
-               tv: float = 0.0, loss: str = "l2", seed: int = 0) -> np.ndarray:
+def invert_dip(
+    backbone,
+    targets: np.ndarray,
+    shape,
+    *,
+    steps: int = 500,
+    lr: float = 0.01,
+    width: int = 32,
+    tv: float = 0.0,
+    loss: str = "l2",
+    seed: int = 0,
+) -> np.ndarray:
     """Deep-image-prior inversion: one small generator per target, optimised jointly (grouped convs)."""
     torch = _torch()
     from torch import nn
@@ -215,9 +253,12 @@ def invert_dip(backbone, targets: np.ndarray, shape, *, steps: int = 500, lr: fl
     z = (torch.rand((1, r * cin, H, W), generator=g) * 0.1).to(dev)
     torch.manual_seed(seed)
     net = nn.Sequential(
-        nn.Conv2d(r * cin, r * width, 3, padding=1, groups=r), nn.LeakyReLU(0.2),
-        nn.Conv2d(r * width, r * width, 3, padding=1, groups=r), nn.LeakyReLU(0.2),
-        nn.Conv2d(r * width, r, 1, groups=r), nn.Sigmoid(),
+        nn.Conv2d(r * cin, r * width, 3, padding=1, groups=r),
+        nn.LeakyReLU(0.2),
+        nn.Conv2d(r * width, r * width, 3, padding=1, groups=r),
+        nn.LeakyReLU(0.2),
+        nn.Conv2d(r * width, r, 1, groups=r),
+        nn.Sigmoid(),
     ).to(dev)
     tn = (t**2).sum(1).clamp_min(1e-12)
     opt = torch.optim.Adam(net.parameters(), lr=lr)
@@ -264,7 +305,9 @@ PSNR_CAP = 40.0
 SSIM_WIN = 3
 
 
-def prior_guesses(public_images: np.ndarray, public_labels: np.ndarray, c: int, k: int, seed: int = 0) -> np.ndarray:
+def prior_guesses(
+    public_images: np.ndarray, public_labels: np.ndarray, c: int, k: int, seed: int = 0
+) -> np.ndarray:
     """The k-guess prior of class c: k-means centres of its public images (k = 1: the class-mean image)."""
     ims = np.asarray(public_images, np.float64)[np.asarray(public_labels) == c]
     if ims.shape[0] == 0:
@@ -321,18 +364,20 @@ class FeatureInversion(Attack):
     def knowledge(self) -> str:
         """What this attacker uses, in words."""
         b = self.params["backend"]
-        what = {"pixel": "pixel optimisation with TV from the public class-mean image",
-                "decoder": "MLP decoder trained on the public (feature, image) pairs",
-                "dip": "deep image prior",
-                "learned": f"feature decoder trained on {self.params['bank_copies']} augmented copies of every public "
-                           f"image, refinement {self.params['refine']!r}",
-                "set": f"set decoder (mean of n -> n images, n from the counts, up to {self.params['max_set']}) trained "
-                       f"on public n-subsets, joint refinement {self.params['refine']!r}",
-                "joint": f"search of the public bank ({self.params['bank_copies']} augmented copies of every public "
-                         f"image) for the n images whose mean feature matches (n from the rounded counts, up to "
-                         f"{self.params['max_joint']}; one image beyond), n latent codes of the feature decoder optimised jointly "
-                         f"(Adam, learning rate {self.params['joint_lr']:g}) against the released mean (and the "
-                         f"client's second moment where released), joint pixel polish"}[b]
+        what = {
+            "pixel": "pixel optimisation with TV from the public class-mean image",
+            "decoder": "MLP decoder trained on the public (feature, image) pairs",
+            "dip": "deep image prior",
+            "learned": f"feature decoder trained on {self.params['bank_copies']} augmented copies of every public "
+            f"image, refinement {self.params['refine']!r}",
+            "set": f"set decoder (mean of n -> n images, n from the counts, up to {self.params['max_set']}) trained "
+            f"on public n-subsets, joint refinement {self.params['refine']!r}",
+            "joint": f"search of the public bank ({self.params['bank_copies']} augmented copies of every public "
+            f"image) for the n images whose mean feature matches (n from the rounded counts, up to "
+            f"{self.params['max_joint']}; one image beyond), n latent codes of the feature decoder optimised jointly "
+            f"(Adam, learning rate {self.params['joint_lr']:g}) against the released mean (and the "
+            f"client's second moment where released), joint pixel polish",
+        }[b]
         return f"backbone + public images + released {self.params['source']}: {what}"
 
     def _validate_params(self) -> None:
@@ -347,14 +392,31 @@ class FeatureInversion(Attack):
 
         if p["refine"] != "auto" and p["refine"] not in REFINEMENTS:
             raise ConfigError(f"unknown refinement {p['refine']!r}; choose from {['auto', *REFINEMENTS]}")
-        for k in ("steps", "max_cells", "max_samples", "decoder_epochs", "dip_steps", "max_set", "bank_copies",
-                  "train_steps", "hidden", "refine_steps", "feature_steps", "joint_restarts", "joint_candidates",
-                  "max_joint"):
+        for k in (
+            "steps",
+            "max_cells",
+            "max_samples",
+            "decoder_epochs",
+            "dip_steps",
+            "max_set",
+            "bank_copies",
+            "train_steps",
+            "hidden",
+            "refine_steps",
+            "feature_steps",
+            "joint_restarts",
+            "joint_candidates",
+            "max_joint",
+        ):
             if k == "refine_steps" and p[k] is None:
                 continue
             if isinstance(p[k], bool) or not isinstance(p[k], (int, np.integer)) or p[k] < 1:
                 raise ConfigError(f"{k} must be a positive int, got {k}={p[k]!r}")
-        if isinstance(p["joint_lr"], bool) or not isinstance(p["joint_lr"], (int, float)) or not p["joint_lr"] > 0:
+        if (
+            isinstance(p["joint_lr"], bool)
+            or not isinstance(p["joint_lr"], (int, float))
+            or not p["joint_lr"] > 0
+        ):
             raise ConfigError(f"joint_lr must be a number > 0, got joint_lr={p['joint_lr']!r}")
         for k in ("joint_steps", "polish_steps"):
             if isinstance(p[k], bool) or not isinstance(p[k], (int, np.integer)) or p[k] < 0:
@@ -382,8 +444,12 @@ class FeatureInversion(Attack):
         from attacks.learned import DecoderConfig
 
         p = self.params
-        return DecoderConfig(copies=int(p["bank_copies"]), steps=int(p["train_steps"]), hidden=int(p["hidden"]),
-                             feature_steps=int(p["feature_steps"]))
+        return DecoderConfig(
+            copies=int(p["bank_copies"]),
+            steps=int(p["train_steps"]),
+            hidden=int(p["hidden"]),
+            feature_steps=int(p["feature_steps"]),
+        )
 
     def _refinement(self, view: ServerView, decode, n: int, key: str) -> tuple | None:
         """The refinement setting for means of n: the parameter, or the one best on public simulations (cached)."""
@@ -398,8 +464,17 @@ class FeatureInversion(Attack):
                 best, scores = select_refinement(view.backbone, view.public, decode, n, options=names)
                 return {"best": np.array(names.index(best)), "psnr": np.array([scores[k] for k in names])}
 
-            got, _, _ = cached_arrays("attack-refinement", {"artefact": "refinement-choice", "decoder": key,
-                                                            "n": int(n), "options": names, "version": 1}, compute)
+            got, _, _ = cached_arrays(
+                "attack-refinement",
+                {
+                    "artefact": "refinement-choice",
+                    "decoder": key,
+                    "n": int(n),
+                    "options": names,
+                    "version": 1,
+                },
+                compute,
+            )
             choice = names[int(got["best"])]
         return REFINEMENTS[choice]
 
@@ -428,10 +503,26 @@ class FeatureInversion(Attack):
                 decode = dec
             init = decode(targets[idx], classes[idx])
             spec = self._refinement(view, decode, int(k), dec.key)
-            steps = None if spec is None else spec[0] if self.params["refine_steps"] is None \
+            steps = (
+                None
+                if spec is None
+                else spec[0]
+                if self.params["refine_steps"] is None
                 else int(self.params["refine_steps"])
-            out = init if spec is None else refine_set(view.backbone, targets[idx], init, steps=steps, tv=spec[1],
-                                                       anchor=spec[2] if k > 1 else 0.0, seed=seed)
+            )
+            out = (
+                init
+                if spec is None
+                else refine_set(
+                    view.backbone,
+                    targets[idx],
+                    init,
+                    steps=steps,
+                    tv=spec[1],
+                    anchor=spec[2] if k > 1 else 0.0,
+                    seed=seed,
+                )
+            )
             for j, i in enumerate(idx):
                 per_cell[i] = out[j]
         cell = np.concatenate([[i] * len(per_cell[i]) for i in range(len(targets))]).astype(np.int64)
@@ -458,14 +549,30 @@ class FeatureInversion(Attack):
                 others = np.delete(view.stats.counts[k], c)
                 if np.all(others < 0.5):
                     seconds[j] = G[k]
-        jcfg = JointConfig(restarts=int(p["joint_restarts"]), candidates=int(p["joint_candidates"]),
-                           latent_steps=int(p["joint_steps"]), latent_lrs=(float(p["joint_lr"]),),
-                           polish_steps=int(p["polish_steps"]),
-                           max_n=int(p["max_joint"]))
-        with progress_bar(len(targets), "attacking cells (joint: bank search, then joint decoding and polish)",
-                          unit="cell") as bar:
-            per_cell = invert_joint(view.backbone, dec, bank, targets, classes, ns, rng, jcfg, seconds=seconds,
-                                    cosine=noisy_counts, progress=bar.update)
+        jcfg = JointConfig(
+            restarts=int(p["joint_restarts"]),
+            candidates=int(p["joint_candidates"]),
+            latent_steps=int(p["joint_steps"]),
+            latent_lrs=(float(p["joint_lr"]),),
+            polish_steps=int(p["polish_steps"]),
+            max_n=int(p["max_joint"]),
+        )
+        with progress_bar(
+            len(targets), "attacking cells (joint: bank search, then joint decoding and polish)", unit="cell"
+        ) as bar:
+            per_cell = invert_joint(
+                view.backbone,
+                dec,
+                bank,
+                targets,
+                classes,
+                ns,
+                rng,
+                jcfg,
+                seconds=seconds,
+                cosine=noisy_counts,
+                progress=bar.update,
+            )
         cell = np.concatenate([[i] * len(per_cell[i]) for i in range(len(targets))]).astype(np.int64)
         return np.concatenate(per_cell), cell
 
@@ -485,17 +592,33 @@ class FeatureInversion(Attack):
             noisy_counts = view.noise.count_kind is not None or view.noise.sigma.get("counts", 0.0) > 0
             loss = "cosine" if noisy_counts else "l2"
         if b == "pixel":
-            return invert_pixels(view.backbone, targets, init, steps=self.params["steps"], lr=self.params["lr"],
-                                 tv=self.params["tv"], anchor=self.params["anchor"], loss=loss, seed=seed), one
+            return invert_pixels(
+                view.backbone,
+                targets,
+                init,
+                steps=self.params["steps"],
+                lr=self.params["lr"],
+                tv=self.params["tv"],
+                anchor=self.params["anchor"],
+                loss=loss,
+                seed=seed,
+            ), one
         if b == "decoder":
             # Noise-aware: the per-coordinate noise std of the released means (sigma_sums / count).
             tau = float(np.median(view.noise.sigma.get("sums", 0.0) / np.maximum(counts, 1.0)))
-            dec = train_decoder(view.public.features, view.public.images, view.public.labels,
-                                epochs=self.params["decoder_epochs"], noise=tau, num_classes=view.num_classes,
-                                seed=seed)
+            dec = train_decoder(
+                view.public.features,
+                view.public.images,
+                view.public.labels,
+                epochs=self.params["decoder_epochs"],
+                noise=tau,
+                num_classes=view.num_classes,
+                seed=seed,
+            )
             return dec(targets, classes), one
-        return invert_dip(view.backbone, targets, prior.shape[1:], steps=self.params["dip_steps"], loss=loss,
-                          seed=seed), one
+        return invert_dip(
+            view.backbone, targets, prior.shape[1:], steps=self.params["dip_steps"], loss=loss, seed=seed
+        ), one
 
     def run(self, view: ServerView, rng: np.random.Generator, *, cells=None, **_) -> InversionResult:
         """Invert released cells.
@@ -537,15 +660,25 @@ class FeatureInversion(Attack):
             counts = np.ones(rows.size)
             group_by_class = False
         targets = np.maximum(targets, 0.0)  # post-ReLU features are non-negative; noise is not
-        images, cell = self._invert(view, targets, classes, counts, rng,
-                                    rows if self.params["source"] == "mean" else None)
+        images, cell = self._invert(
+            view, targets, classes, counts, rng, rows if self.params["source"] == "mean" else None
+        )
         rows, classes, targets = rows[cell], classes[cell], targets[cell]
         rf = _features(view.backbone, images)
         baseline = self._baseline(view, rows, classes, group_by_class)
         owners = rows if st.owners is None else st.owners[rows]
-        return InversionResult(images=np.asarray(images, np.float32), baseline=baseline, targets=targets,
-                               rows=rows, owners=owners, classes=classes, group_by_class=group_by_class,
-                               per_client=view.per_client, recon_features=rf, attacker=self.knowledge)
+        return InversionResult(
+            images=np.asarray(images, np.float32),
+            baseline=baseline,
+            targets=targets,
+            rows=rows,
+            owners=owners,
+            classes=classes,
+            group_by_class=group_by_class,
+            per_client=view.per_client,
+            recon_features=rf,
+            attacker=self.knowledge,
+        )
 
     @staticmethod
     def _baseline(view: ServerView, rows, classes, group_by_class: bool) -> np.ndarray:
@@ -639,15 +772,26 @@ class FeatureInversion(Attack):
             same_class = int(np.count_nonzero(labels == c)) if c >= 0 else N
             fcos_true = cosine(result.recon_features[idx][ri], truth.features[members[ti]])
             fmean = result.recon_features[idx].mean(0)
-            cells.append({
-                "pairs": p.size, "members": members.size, "psnr": p.sum(), "base_psnr": pb.sum(),
-                "ident": h.sum(), "base_ident": hb.sum(), "ssim": s.sum(), "base_ssim": sb.sum(),
-                "chance": min(idx.size, members.size) / same_class * members.size, "fcos": fcos_true.sum(),
-                "fcos_target": float(cosine(fmean[None], result.targets[idx][:1])[0]),
-            })
+            cells.append(
+                {
+                    "pairs": p.size,
+                    "members": members.size,
+                    "psnr": p.sum(),
+                    "base_psnr": pb.sum(),
+                    "ident": h.sum(),
+                    "base_ident": hb.sum(),
+                    "ssim": s.sum(),
+                    "base_ssim": sb.sum(),
+                    "chance": min(idx.size, members.size) / same_class * members.size,
+                    "fcos": fcos_true.sum(),
+                    "fcos_target": float(cosine(fmean[None], result.targets[idx][:1])[0]),
+                }
+            )
         if not cells:
-            raise InputError("no reconstruction matches a client in the truth; "
-                             "check that the view and the truth belong together")
+            raise InputError(
+                "no reconstruction matches a client in the truth; "
+                "check that the view and the truth belong together"
+            )
         a = {k: np.array([c[k] for c in cells], float) for k in cells[0]}
         P, M = a["pairs"].sum(), a["members"].sum()
 
@@ -686,8 +830,9 @@ class FeatureInversion(Attack):
 
     def evaluate(self, view: ServerView, truth: GroundTruth, rng: np.random.Generator) -> dict:
         """Challenge: up to ``max_cells`` released cells that truly hold data (drawn at random)."""
-        return self.score(self.run(view, rng, cells=challenge_cells(view, truth, rng, self.params["max_cells"])),
-                          truth)
+        return self.score(
+            self.run(view, rng, cells=challenge_cells(view, truth, rng, self.params["max_cells"])), truth
+        )
 
 
 def challenge_cells(view: ServerView, truth: GroundTruth, rng: np.random.Generator, max_cells: int):
@@ -698,7 +843,9 @@ def challenge_cells(view: ServerView, truth: GroundTruth, rng: np.random.Generat
         K = view.stats.num_clients
         if view.stats.owners is not None:  # pseudo-clients (multi-mean): rows whose owner holds the class
             Ko = int(max(view.stats.owners.max(), truth.clients.max())) + 1
-            n_owner = np.bincount(truth.clients[keep] * C + truth.labels[keep], minlength=Ko * C).reshape(Ko, C)
+            n_owner = np.bincount(truth.clients[keep] * C + truth.labels[keep], minlength=Ko * C).reshape(
+                Ko, C
+            )
             n = n_owner[view.stats.owners] * (view.stats.counts >= 0.5)
         else:
             n = np.bincount(truth.clients[keep] * C + truth.labels[keep], minlength=K * C).reshape(K, C)

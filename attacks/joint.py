@@ -70,15 +70,28 @@ class JointConfig:
             v = getattr(self, k)
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
                 raise ConfigError(f"JointConfig.{k} must be an int >= 0, got {v!r}")
-        if not (self.latent_lrs and all(lr > 0 for lr in self.latent_lrs) and self.polish_lr > 0
-                and self.second_weight >= 0):
+        if not (
+            self.latent_lrs
+            and all(lr > 0 for lr in self.latent_lrs)
+            and self.polish_lr > 0
+            and self.second_weight >= 0
+        ):
             raise ConfigError("JointConfig: learning rates must be > 0 and second_weight >= 0")
 
 
 # -- 1. bank search ------------------------------------------------------------------------------------------
-def bank_search(pool: np.ndarray, mean: np.ndarray, n: int, rng: np.random.Generator, *, second=None,
-                second_weight: float = 1.0, restarts: int = 24, sweeps: int = 6, keep: int = 4
-                ) -> tuple[np.ndarray, np.ndarray]:
+def bank_search(
+    pool: np.ndarray,
+    mean: np.ndarray,
+    n: int,
+    rng: np.random.Generator,
+    *,
+    second=None,
+    second_weight: float = 1.0,
+    restarts: int = 24,
+    sweeps: int = 6,
+    keep: int = 4,
+) -> tuple[np.ndarray, np.ndarray]:
     """Subsets of ``n`` rows of ``pool`` (M, d) whose mean is closest to ``mean`` (and second moment to ``second``).
 
     Objective J(S) = ||sum_S f - n m||^2 / ||n m||^2 + w ||sum_S f f^T - G||_F^2 / ||G||_F^2;
@@ -118,7 +131,9 @@ def bank_search(pool: np.ndarray, mean: np.ndarray, n: int, rng: np.random.Gener
                 break
         key = tuple(sorted(int(i) for i in S))
         if key not in found:
-            found[key] = _objective(P, key, target, ts, G if use_g else None, gs if use_g else 1.0, second_weight)
+            found[key] = _objective(
+                P, key, target, ts, G if use_g else None, gs if use_g else 1.0, second_weight
+            )
     best = sorted(found, key=found.get)[: int(keep)]
     return np.array(best, np.int64).reshape(len(best), n), np.array([found[k] for k in best])
 
@@ -138,7 +153,9 @@ def _residual(f, means, seconds, n: int, cosine: bool, w: float):
     torch = _torch()
     mu = f.mean(1)
     if cosine:
-        res = 1.0 - (mu * means).sum(1) / (mu.norm(dim=1).clamp_min(1e-12) * means.norm(dim=1).clamp_min(1e-12))
+        res = 1.0 - (mu * means).sum(1) / (
+            mu.norm(dim=1).clamp_min(1e-12) * means.norm(dim=1).clamp_min(1e-12)
+        )
     else:
         res = ((mu - means) ** 2).sum(1) / (means**2).sum(1).clamp_min(1e-12)
     if seconds is not None:
@@ -149,9 +166,19 @@ def _residual(f, means, seconds, n: int, cosine: bool, w: float):
     return res
 
 
-def joint_decode(backbone, decoder, latents: np.ndarray, classes: np.ndarray, means: np.ndarray, *,
-                 seconds: np.ndarray | None = None, steps: int = 300, lr: float = 0.02, cosine: bool = False,
-                 second_weight: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+def joint_decode(
+    backbone,
+    decoder,
+    latents: np.ndarray,
+    classes: np.ndarray,
+    means: np.ndarray,
+    *,
+    seconds: np.ndarray | None = None,
+    steps: int = 300,
+    lr: float = 0.02,
+    cosine: bool = False,
+    second_weight: float = 1.0,
+) -> tuple[np.ndarray, np.ndarray]:
     """Optimise n latent codes per group jointly so the decoded images' mean feature matches.
 
     ``latents`` (g, n, d): starting codes (e.g. bank features); ``classes`` (g,);
@@ -185,8 +212,17 @@ def joint_decode(backbone, decoder, latents: np.ndarray, classes: np.ndarray, me
 
 
 # -- 3. joint pixel polish ---------------------------------------------------------------------------------------
-def polish(backbone, images: np.ndarray, means: np.ndarray, *, seconds: np.ndarray | None = None, steps: int = 200,
-           lr: float = 0.02, cosine: bool = False, second_weight: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+def polish(
+    backbone,
+    images: np.ndarray,
+    means: np.ndarray,
+    *,
+    seconds: np.ndarray | None = None,
+    steps: int = 200,
+    lr: float = 0.02,
+    cosine: bool = False,
+    second_weight: float = 1.0,
+) -> tuple[np.ndarray, np.ndarray]:
     """Refine the pixels of n images per group jointly (logits, Adam) against the same residual.
 
     Returns (images (g, n, H, W), residuals (g,)); a group whose residual
@@ -221,9 +257,20 @@ def polish(backbone, images: np.ndarray, means: np.ndarray, *, seconds: np.ndarr
 
 
 # -- the attack ------------------------------------------------------------------------------------------------
-def invert_joint(backbone, decoder, bank: tuple, means: np.ndarray, classes: np.ndarray, ns: np.ndarray,
-                 rng: np.random.Generator, cfg: JointConfig = JointConfig(), *, seconds: np.ndarray | None = None,
-                 cosine: bool = False, progress=None) -> list[np.ndarray]:
+def invert_joint(
+    backbone,
+    decoder,
+    bank: tuple,
+    means: np.ndarray,
+    classes: np.ndarray,
+    ns: np.ndarray,
+    rng: np.random.Generator,
+    cfg: JointConfig = JointConfig(),
+    *,
+    seconds: np.ndarray | None = None,
+    cosine: bool = False,
+    progress=None,
+) -> list[np.ndarray]:
     """Invert released means: per cell, ``ns[i]`` images (a list of (n_i, H, W) arrays).
 
     ``bank`` = (images, labels, features) of :func:`attacks.learned.public_bank`;
@@ -256,9 +303,17 @@ def _run(backbone, decoder, b_F, b_y, means, classes, ns, rng, cfg, seconds, cos
             if pool.size == 0:
                 pool = np.arange(len(b_y))
             G = None if seconds is None or not np.any(seconds[i]) else seconds[i]
-            subsets, _ = bank_search(b_F[pool], means[i], int(n), rng, second=G,
-                                     second_weight=cfg.second_weight, restarts=cfg.restarts,
-                                     sweeps=cfg.sweeps, keep=cfg.candidates)
+            subsets, _ = bank_search(
+                b_F[pool],
+                means[i],
+                int(n),
+                rng,
+                second=G,
+                second_weight=cfg.second_weight,
+                restarts=cfg.restarts,
+                sweeps=cfg.sweeps,
+                keep=cfg.candidates,
+            )
             for s in subsets:
                 lat.append(b_F[pool[s]])
                 grp.append(i)
@@ -268,9 +323,21 @@ def _run(backbone, decoder, b_F, b_y, means, classes, ns, rng, cfg, seconds, cos
             if progress is not None:
                 progress(1)
         secs = np.array(sec) if seconds is not None else None
-        runs = [joint_decode(backbone, decoder, np.array(lat), np.array(cls), np.array(mus), seconds=secs,
-                             steps=cfg.latent_steps, lr=lr, cosine=cosine, second_weight=cfg.second_weight)
-                for lr in cfg.latent_lrs]
+        runs = [
+            joint_decode(
+                backbone,
+                decoder,
+                np.array(lat),
+                np.array(cls),
+                np.array(mus),
+                seconds=secs,
+                steps=cfg.latent_steps,
+                lr=lr,
+                cosine=cosine,
+                second_weight=cfg.second_weight,
+            )
+            for lr in cfg.latent_lrs
+        ]
         ims = np.concatenate([r[0] for r in runs])
         res = np.concatenate([r[1] for r in runs])
         grp = np.tile(np.array(grp), len(runs))
@@ -278,7 +345,15 @@ def _run(backbone, decoder, b_F, b_y, means, classes, ns, rng, cfg, seconds, cos
         secs = None if secs is None else np.concatenate([secs] * len(runs))
         pick = [np.flatnonzero(grp == i)[np.argmin(res[grp == i])] for i in idx]
         sel_secs = None if secs is None else secs[pick]
-        pol, _ = polish(backbone, ims[pick], np.array(mus)[pick], seconds=sel_secs, steps=cfg.polish_steps,
-                        lr=cfg.polish_lr, cosine=cosine, second_weight=cfg.second_weight)
+        pol, _ = polish(
+            backbone,
+            ims[pick],
+            np.array(mus)[pick],
+            seconds=sel_secs,
+            steps=cfg.polish_steps,
+            lr=cfg.polish_lr,
+            cosine=cosine,
+            second_weight=cfg.second_weight,
+        )
         for j, i in enumerate(idx):
             out[i] = pol[j]

@@ -32,8 +32,11 @@ def true_counts(truth: GroundTruth, num_rows: int, num_classes: int, per_client:
     y, k = truth.labels[keep], truth.clients[keep]
     if not per_client:
         return np.bincount(y, minlength=num_classes)[None].astype(float)
-    return np.bincount(k * num_classes + y, minlength=num_rows * num_classes).reshape(num_rows, num_classes) \
+    return (
+        np.bincount(k * num_classes + y, minlength=num_rows * num_classes)
+        .reshape(num_rows, num_classes)
         .astype(float)
+    )
 
 
 @dataclass(frozen=True, eq=False)
@@ -79,7 +82,10 @@ class LabelInference(Attack):
         present = (n > 0).ravel()
         if present.any() and not present.all():
             a = auc(result.counts.ravel(), present)
-            out["presence_auc"], out["presence_auc_se"] = a, auc_se(a, int(present.sum()), int((~present).sum()))
+            out["presence_auc"], out["presence_auc_se"] = (
+                a,
+                auc_se(a, int(present.sum()), int((~present).sum())),
+            )
         else:
             out["presence_auc"] = out["presence_auc_se"] = float("nan")
         cell = (n <= 1).ravel()

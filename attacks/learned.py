@@ -130,8 +130,21 @@ class DecoderConfig:
             raise ConfigError(f"DecoderConfig.lr must be > 0, got {self.lr!r}")
 
     def as_dict(self) -> dict:
-        return {k: getattr(self, k) for k in ("copies", "hidden", "steps", "batch", "lr", "blend_fraction", "seed",
-                                              "feature_steps", "val_every", "patience")}
+        return {
+            k: getattr(self, k)
+            for k in (
+                "copies",
+                "hidden",
+                "steps",
+                "batch",
+                "lr",
+                "blend_fraction",
+                "seed",
+                "feature_steps",
+                "val_every",
+                "patience",
+            )
+        }
 
 
 def _digest_arrays(*arrays) -> str:
@@ -155,14 +168,15 @@ def _features(backbone, images: np.ndarray, batch: int = 4096) -> np.ndarray:
     out = []
     with torch.no_grad():
         for s in range(0, len(images), batch):
-            x = torch.as_tensor(np.array(images[s:s + batch], np.float32), device=dev)[:, None]
+            x = torch.as_tensor(np.array(images[s : s + batch], np.float32), device=dev)[:, None]
             out.append(backbone(x).cpu().numpy())
     return np.concatenate(out).astype(np.float32)
 
 
 # -- the augmented bank ---------------------------------------------------------------------------------------
-def augment_bank(images: np.ndarray, labels: np.ndarray, copies: int, *, seed: int = 0,
-                 blend_fraction: float = 0.25) -> tuple[np.ndarray, np.ndarray]:
+def augment_bank(
+    images: np.ndarray, labels: np.ndarray, copies: int, *, seed: int = 0, blend_fraction: float = 0.25
+) -> tuple[np.ndarray, np.ndarray]:
     """``copies`` augmented versions of every image: affine + smooth elastic warps, and same-class blends.
 
     Affine: rotation within +-15 degrees, isotropic scale 0.85-1.15, shear
@@ -213,8 +227,16 @@ def augment_bank(images: np.ndarray, labels: np.ndarray, copies: int, *, seed: i
 def _mlp(d_in: int, hidden: int, d_out: int):
     from torch import nn
 
-    return nn.Sequential(nn.Linear(d_in, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
-                         nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, d_out), nn.Sigmoid())
+    return nn.Sequential(
+        nn.Linear(d_in, hidden),
+        nn.ReLU(),
+        nn.Linear(hidden, hidden),
+        nn.ReLU(),
+        nn.Linear(hidden, hidden),
+        nn.ReLU(),
+        nn.Linear(hidden, d_out),
+        nn.Sigmoid(),
+    )
 
 
 def _inputs(features: np.ndarray, classes, num_classes: int) -> np.ndarray:
@@ -238,11 +260,15 @@ def _load_state(net, arrays: dict) -> None:
 def _bank(backbone, public, cfg: DecoderConfig):
     if public.images is None:
         raise InputError("learned inversion needs the attacker's public images (PublicData(images=...))")
-    ims, y = augment_bank(public.images, public.labels, cfg.copies, seed=cfg.seed, blend_fraction=cfg.blend_fraction)
+    ims, y = augment_bank(
+        public.images, public.labels, cfg.copies, seed=cfg.seed, blend_fraction=cfg.blend_fraction
+    )
     return ims, y, _features(backbone, ims)
 
 
-def public_bank(backbone, public, cfg: DecoderConfig = DecoderConfig()) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def public_bank(
+    backbone, public, cfg: DecoderConfig = DecoderConfig()
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The attacker's image bank: the public images and the augmented copies the decoders train on.
 
     Returns (images (N, H, W), labels (N,), backbone features (N, d)), the real
@@ -250,16 +276,25 @@ def public_bank(backbone, public, cfg: DecoderConfig = DecoderConfig()) -> tuple
     """
     ims, y, F = _bank(backbone, public, cfg)
     pim = np.asarray(public.images, np.float32)
-    return (np.concatenate([pim, ims]), np.concatenate([np.asarray(public.labels, np.int64), y]),
-            np.vstack([_features(backbone, pim), F]))
+    return (
+        np.concatenate([pim, ims]),
+        np.concatenate([np.asarray(public.labels, np.int64), y]),
+        np.vstack([_features(backbone, pim), F]),
+    )
 
 
 def _description(kind: str, backbone, public, cfg: DecoderConfig, num_classes: int, **extra) -> dict:
     torch = _torch()
-    return {"artefact": kind, "version": VERSION, "backbone": backbone_digest(backbone),
-            "public": _digest_arrays(np.asarray(public.images, np.float32), np.asarray(public.labels, np.int64)),
-            "config": cfg.as_dict(), "num_classes": int(num_classes),
-            "torch": ".".join(torch.__version__.split("+")[0].split(".")[:2]), **extra}
+    return {
+        "artefact": kind,
+        "version": VERSION,
+        "backbone": backbone_digest(backbone),
+        "public": _digest_arrays(np.asarray(public.images, np.float32), np.asarray(public.labels, np.int64)),
+        "config": cfg.as_dict(),
+        "num_classes": int(num_classes),
+        "torch": ".".join(torch.__version__.split("+")[0].split(".")[:2]),
+        **extra,
+    }
 
 
 class FeatureDecoder:
@@ -270,8 +305,9 @@ class FeatureDecoder:
     stopped improving.
     """
 
-    def __init__(self, net, shape, num_classes: int, key: str, val_loss: float = float("nan"),
-                 steps_trained: int = 0):
+    def __init__(
+        self, net, shape, num_classes: int, key: str, val_loss: float = float("nan"), steps_trained: int = 0
+    ):
         self.net, self.shape, self.num_classes, self.key = net, tuple(shape), num_classes, key
         self.val_loss, self.steps_trained = float(val_loss), int(steps_trained)
 
@@ -293,8 +329,9 @@ class FeatureDecoder:
 VALIDATION_EVERY = 10
 
 
-def feature_decoder(backbone, public, num_classes: int, cfg: DecoderConfig = DecoderConfig(), *,
-                    cache_dir=None) -> FeatureDecoder:
+def feature_decoder(
+    backbone, public, num_classes: int, cfg: DecoderConfig = DecoderConfig(), *, cache_dir=None
+) -> FeatureDecoder:
     """The feature decoder for this backbone and public data (trained on a cache miss).
 
     Training pairs: the augmented bank and the real public images (repeated 4
@@ -317,7 +354,9 @@ def feature_decoder(backbone, public, num_classes: int, cfg: DecoderConfig = Dec
         pim = np.asarray(public.images, np.float32)
         N = len(pim)
         held = np.arange(N) % VALIDATION_EVERY == VALIDATION_EVERY - 1
-        bank_held = held[np.arange(len(ims)) % N]  # augment_bank tiles the public images: copy j is of image j % N
+        bank_held = held[
+            np.arange(len(ims)) % N
+        ]  # augment_bank tiles the public images: copy j is of image j % N
         Xb, Yb = _inputs(F, y, num_classes), ims.reshape(len(ims), -1)
         Xp, Yp = _inputs(_features(backbone, pim), public.labels, num_classes), pim.reshape(N, -1)
         X = np.vstack([Xb[~bank_held], np.repeat(Xp[~held], 4, 0)])
@@ -329,12 +368,16 @@ def feature_decoder(backbone, public, num_classes: int, cfg: DecoderConfig = Dec
             val, steps = _fit(net, *(torch.as_tensor(a) for a in (X, Y, Xv, Yv)), cfg)
         return {**_state_arrays(net), "val_loss": np.array(val), "steps_trained": np.array(steps)}
 
-    desc = _description("feature-decoder", backbone, public, cfg, num_classes, validation_every=VALIDATION_EVERY)
+    desc = _description(
+        "feature-decoder", backbone, public, cfg, num_classes, validation_every=VALIDATION_EVERY
+    )
     arrays, key, _ = cached_arrays("attack-feature-decoder", desc, compute, cache_dir)
     with _seeded(cfg.seed):
         net = _mlp(d + num_classes, cfg.hidden, D)
     _load_state(net, arrays)
-    return FeatureDecoder(net, shape, num_classes, key, float(arrays["val_loss"]), int(arrays["steps_trained"]))
+    return FeatureDecoder(
+        net, shape, num_classes, key, float(arrays["val_loss"]), int(arrays["steps_trained"])
+    )
 
 
 def _fit(net, X, Y, Xv, Yv, cfg: DecoderConfig) -> tuple[float, int]:
@@ -350,7 +393,9 @@ def _fit(net, X, Y, Xv, Yv, cfg: DecoderConfig) -> tuple[float, int]:
 
     best, best_state, bad, step = val_loss(), [p.detach().clone() for p in net.parameters()], 0, 0
     best_step = 0
-    with progress_bar(cfg.feature_steps, "training the feature decoder (until validation stops improving)") as bar:
+    with progress_bar(
+        cfg.feature_steps, "training the feature decoder (until validation stops improving)"
+    ) as bar:
         while step < cfg.feature_steps:
             b = torch.randint(0, X.shape[0], (cfg.batch,), generator=g)
             opt.zero_grad()
@@ -396,8 +441,15 @@ def progress_bar(total: int, desc: str, unit: str = "step"):
     """A tqdm bar on stderr, shown only inside :func:`progress_bars` (ETA from the first updates)."""
     from tqdm.auto import tqdm
 
-    return tqdm(total=int(total), desc=desc, unit=unit, file=sys.stderr, leave=False,
-                disable=not _PROGRESS.get(), mininterval=1.0)
+    return tqdm(
+        total=int(total),
+        desc=desc,
+        unit=unit,
+        file=sys.stderr,
+        leave=False,
+        disable=not _PROGRESS.get(),
+        mininterval=1.0,
+    )
 
 
 class SetDecoder:
@@ -431,8 +483,9 @@ def _subsets(rs, labels: np.ndarray, n: int, size: int, by_class: dict) -> tuple
     return cls, idx
 
 
-def set_decoder(backbone, public, num_classes: int, n: int, cfg: DecoderConfig = DecoderConfig(), *,
-                cache_dir=None) -> SetDecoder:
+def set_decoder(
+    backbone, public, num_classes: int, n: int, cfg: DecoderConfig = DecoderConfig(), *, cache_dir=None
+) -> SetDecoder:
     """The set decoder for means of ``n`` records (trained on a cache miss).
 
     Training pairs: a class c, n distinct records of c drawn either from the
@@ -459,7 +512,9 @@ def set_decoder(backbone, public, num_classes: int, n: int, cfg: DecoderConfig =
         by_class = [{c: np.flatnonzero(l == c) for c in np.unique(l)} for _, l, _ in sources]
         for c, pool in by_class[0].items():
             if pool.size < n:
-                raise InputError(f"public class {c} has {pool.size} images; a set decoder for n={n} needs {n}")
+                raise InputError(
+                    f"public class {c} has {pool.size} images; a set decoder for n={n} needs {n}"
+                )
         rs = np.random.default_rng(cfg.seed + 7919 * n)
         with _seeded(cfg.seed + n):
             net = _mlp(d + num_classes, cfg.hidden, n * D)
@@ -511,14 +566,33 @@ def _tv(x):
     return dh + dw
 
 
-def refine_pixels(backbone, targets: np.ndarray, init: np.ndarray, *, steps: int = 400, lr: float = 0.1,
-                  tv: float = 0.0, seed: int = 0) -> np.ndarray:
+def refine_pixels(
+    backbone,
+    targets: np.ndarray,
+    init: np.ndarray,
+    *,
+    steps: int = 400,
+    lr: float = 0.1,
+    tv: float = 0.0,
+    seed: int = 0,
+) -> np.ndarray:
     """Refine images (r, H, W) so that the direction of f(x) matches each target (scale-free cosine loss)."""
-    return refine_set(backbone, targets, np.asarray(init)[:, None], steps=steps, lr=lr, tv=tv, seed=seed)[:, 0]
+    return refine_set(backbone, targets, np.asarray(init)[:, None], steps=steps, lr=lr, tv=tv, seed=seed)[
+        :, 0
+    ]
 
 
-def refine_set(backbone, targets: np.ndarray, init: np.ndarray, *, steps: int = 400, lr: float = 0.1,
-               tv: float = 0.0, anchor: float = 0.0, seed: int = 0) -> np.ndarray:
+def refine_set(
+    backbone,
+    targets: np.ndarray,
+    init: np.ndarray,
+    *,
+    steps: int = 400,
+    lr: float = 0.1,
+    tv: float = 0.0,
+    anchor: float = 0.0,
+    seed: int = 0,
+) -> np.ndarray:
     """Jointly refine n images per target, (r, n, H, W), so the mean of their features points like the target.
 
     Loss per target: 1 - cos(mean_i f(x_i), m) + tv * mean_i TV(x_i)
@@ -555,8 +629,16 @@ def refine_set(backbone, targets: np.ndarray, init: np.ndarray, *, steps: int = 
 REFINEMENTS = {"none": None, "plain": (400, 0.0, 0.0), "tv": (400, 0.001, 0.0), "anchored": (400, 0.0, 0.5)}
 
 
-def select_refinement(backbone, public, decode, n: int, *, trials: int = 48, seed: int = 0,
-                      options=("none", "plain", "tv", "anchored")) -> tuple[str, dict]:
+def select_refinement(
+    backbone,
+    public,
+    decode,
+    n: int,
+    *,
+    trials: int = 48,
+    seed: int = 0,
+    options=("none", "plain", "tv", "anchored"),
+) -> tuple[str, dict]:
     """Choose the refinement on public simulations (never on the targets).
 
     Simulated targets: means of ``n`` fresh augmentations (a seed the decoder
@@ -578,8 +660,13 @@ def select_refinement(backbone, public, decode, n: int, *, trials: int = 48, see
         if name not in REFINEMENTS:
             raise ConfigError(f"unknown refinement {name!r}; choose from {list(REFINEMENTS)}")
         spec = REFINEMENTS[name]
-        rec = init if spec is None else refine_set(backbone, means, init, steps=spec[0], tv=spec[1],
-                                                   anchor=spec[2] if n > 1 else 0.0, seed=seed)
+        rec = (
+            init
+            if spec is None
+            else refine_set(
+                backbone, means, init, steps=spec[0], tv=spec[1], anchor=spec[2] if n > 1 else 0.0, seed=seed
+            )
+        )
         scores[name] = float(np.mean([_matched_psnr(rec[i], truth[i]) for i in range(trials)]))
     return max(scores, key=scores.get), scores
 

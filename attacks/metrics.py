@@ -84,8 +84,12 @@ def membership_metrics(scores, members, fprs=(0.01, 0.001)) -> dict:
     """AUC (with Hanley-McNeil SE) and TPR at each FPR in ``fprs`` (realised FPR and threshold kept)."""
     s, m = _scores_labels(scores, members)
     a = auc(s, m)
-    out = {"auc": a, "auc_se": auc_se(a, int(m.sum()), int((~m).sum())), "n_pos": int(m.sum()),
-           "n_neg": int((~m).sum())}
+    out = {
+        "auc": a,
+        "auc_se": auc_se(a, int(m.sum()), int((~m).sum())),
+        "n_pos": int(m.sum()),
+        "n_neg": int((~m).sum()),
+    }
     for f in fprs:
         r = tpr_at_fpr(s, m, f)
         tag = f"{f:g}"

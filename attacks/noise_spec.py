@@ -26,8 +26,12 @@ COUNT_NOISE_KINDS = ("laplace", "geometric", "gaussian", "uniform")
 
 
 #: ``name`` of the count-noise mechanisms of :mod:`mechanisms.count_noise` -> count-noise kind.
-_COUNT_MECHANISMS = {"laplace": "laplace", "geometric": "geometric", "gaussian-counts": "gaussian",
-                     "uniform (no DP guarantee)": "uniform"}
+_COUNT_MECHANISMS = {
+    "laplace": "laplace",
+    "geometric": "geometric",
+    "gaussian-counts": "gaussian",
+    "uniform (no DP guarantee)": "uniform",
+}
 
 
 def count_noise(
@@ -78,7 +82,9 @@ def count_noise(
         noise = rng.normal(0.0, gaussian_sigma(epsilon, delta), size=n.shape)
     else:
         if epsilon > 1:
-            raise ConfigError(f"uniform count noise needs 0 < epsilon <= 1 (width (1 - eps) n), got {epsilon}")
+            raise ConfigError(
+                f"uniform count noise needs 0 < epsilon <= 1 (width (1 - eps) n), got {epsilon}"
+            )
         w = (1.0 - epsilon) * n
         noise = rng.uniform(-1.0, 1.0, size=n.shape) * w
     return np.maximum(n + noise, 0.0)
@@ -140,7 +146,9 @@ class NoiseSpec:
         if self.level not in ("record", "client"):
             raise ConfigError(f"level must be 'record' or 'client', got {self.level!r}")
         if self.count_kind is not None and self.count_kind not in COUNT_NOISE_KINDS:
-            raise ConfigError(f"unknown count noise {self.count_kind!r}; choose from {list(COUNT_NOISE_KINDS)}")
+            raise ConfigError(
+                f"unknown count noise {self.count_kind!r}; choose from {list(COUNT_NOISE_KINDS)}"
+            )
         if self.clip is not None and not (self.clip > 0 and math.isfinite(self.clip)):
             raise ConfigError(f"clip must be a finite number > 0, got clip={self.clip!r}")
 
@@ -187,12 +195,19 @@ class NoiseSpec:
             raise ConfigError(f"unknown block(s) {sorted(unknown)}; blocks are {list(sens2)}")
         Delta = math.sqrt(sum(sens2[b] for b in blocks))
         s = Delta * gaussian_sigma(epsilon, delta)
-        return cls(sigma={b: s for b in blocks}, clip=clip, level=level, epsilon=float(epsilon),
-                   delta=float(delta), guarantee=f"({epsilon:g}, {delta:g})-DP Gaussian, {level} level")
+        return cls(
+            sigma={b: s for b in blocks},
+            clip=clip,
+            level=level,
+            epsilon=float(epsilon),
+            delta=float(delta),
+            guarantee=f"({epsilon:g}, {delta:g})-DP Gaussian, {level} level",
+        )
 
     @classmethod
-    def from_mechanism(cls, mechanism: Any, method: Any = None, *, num_clients: int = 1,
-                       secure_agg: bool = False) -> NoiseSpec:
+    def from_mechanism(
+        cls, mechanism: Any, method: Any = None, *, num_clients: int = 1, secure_agg: bool = False
+    ) -> NoiseSpec:
         """The noise on what the server sees, read off a mechanism object (duck-typed).
 
         Uses ``mechanism.sigma`` (block -> std of the noise one sum carries),
@@ -204,18 +219,28 @@ class NoiseSpec:
         kind = _COUNT_MECHANISMS.get(getattr(mechanism, "name", None))
         if kind is not None and hasattr(mechanism, "perturb"):  # a count-noise mechanism
             eps = float(mechanism.epsilon)
-            return cls(count_kind=kind, count_epsilon=eps, count_delta=getattr(mechanism, "delta", None),
-                       epsilon=eps, delta=float(getattr(mechanism, "delta", 0.0) or 0.0),
-                       guarantee=f"{type(mechanism).__name__}(epsilon={eps:g}): counts only"
-                       + ("" if getattr(mechanism, "dp", True) else ", NO DP GUARANTEE"))
+            return cls(
+                count_kind=kind,
+                count_epsilon=eps,
+                count_delta=getattr(mechanism, "delta", None),
+                epsilon=eps,
+                delta=float(getattr(mechanism, "delta", 0.0) or 0.0),
+                guarantee=f"{type(mechanism).__name__}(epsilon={eps:g}): counts only"
+                + ("" if getattr(mechanism, "dp", True) else ", NO DP GUARANTEE"),
+            )
         sigma = getattr(mechanism, "sigma", None) or {}
         if not isinstance(sigma, Mapping):
-            raise ConfigError(f"mechanism {mechanism!r} has no per-block sigma mapping; pass a NoiseSpec instead")
+            raise ConfigError(
+                f"mechanism {mechanism!r} has no per-block sigma mapping; pass a NoiseSpec instead"
+            )
         sigma = {k: float(v) for k, v in sigma.items() if k in STAT_FIELDS}
         upload = getattr(mechanism, "upload_noise_variance", None)
         if not secure_agg and upload is not None:
-            sigma = {k: math.sqrt(max(float(v), 0.0)) for k, v in upload(method, num_clients).items()
-                     if k in STAT_FIELDS}
+            sigma = {
+                k: math.sqrt(max(float(v), 0.0))
+                for k, v in upload(method, num_clients).items()
+                if k in STAT_FIELDS
+            }
         clip = getattr(mechanism, "clip_bound", None)
         clipping = getattr(mechanism, "clipping", None)
         if clipping is not None and getattr(clipping, "norm", "l2") != "l2":
@@ -240,8 +265,9 @@ class NoiseSpec:
         for name, arr in stats.arrays().items():
             s = self.sigma.get(name, 0.0)
             if name == "counts" and self.count_kind is not None:
-                noisy = count_noise(arr, self.count_kind, epsilon=self.count_epsilon, delta=self.count_delta,
-                                    rng=rng)
+                noisy = count_noise(
+                    arr, self.count_kind, epsilon=self.count_epsilon, delta=self.count_delta, rng=rng
+                )
                 new[name] = noisy
                 # FedCOF App. I.1: the client sends its exact class mean, so the sum becomes n~ * mean
                 # (a cell clipped to 0 is not sent at all).
@@ -263,7 +289,13 @@ class NoiseSpec:
 
     def as_dict(self) -> dict:
         return {
-            "sigma": dict(self.sigma), "count_kind": self.count_kind, "count_epsilon": self.count_epsilon,
-            "count_delta": self.count_delta, "clip": self.clip, "level": self.level,
-            "epsilon": self.epsilon, "delta": self.delta, "guarantee": self.guarantee,
+            "sigma": dict(self.sigma),
+            "count_kind": self.count_kind,
+            "count_epsilon": self.count_epsilon,
+            "count_delta": self.count_delta,
+            "clip": self.clip,
+            "level": self.level,
+            "epsilon": self.epsilon,
+            "delta": self.delta,
+            "guarantee": self.guarantee,
         }

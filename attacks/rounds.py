@@ -56,7 +56,13 @@ import numpy as np
 from attacks.metrics import membership_metrics
 from privfed.errors import ConfigError
 
-__all__ = ["RoundsObserver", "RoundsAttackData", "differencing_scores", "tracing_scores", "evaluate_rounds_attacks"]
+__all__ = [
+    "RoundsObserver",
+    "RoundsAttackData",
+    "differencing_scores",
+    "tracing_scores",
+    "evaluate_rounds_attacks",
+]
 
 
 @dataclass
@@ -91,9 +97,23 @@ class RoundsAttackData:
         return int(self.classes.shape[0])
 
     def arrays(self) -> dict[str, np.ndarray]:
-        return {k: np.asarray(getattr(self, k)) for k in ("phi", "released", "clean", "sigma", "one_mean", "one_cov",
-                                                         "rest_mean", "rest_cov", "inc_one_mean", "inc_one_cov",
-                                                         "inc_rest_mean", "inc_rest_cov")}
+        return {
+            k: np.asarray(getattr(self, k))
+            for k in (
+                "phi",
+                "released",
+                "clean",
+                "sigma",
+                "one_mean",
+                "one_cov",
+                "rest_mean",
+                "rest_cov",
+                "inc_one_mean",
+                "inc_one_cov",
+                "inc_rest_mean",
+                "inc_rest_cov",
+            )
+        }
 
 
 def _mean_cov(F: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -102,7 +122,9 @@ def _mean_cov(F: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
     F = np.asarray(F, dtype=np.float64)
     if F.shape[0] < 2:
-        raise ConfigError(f"the attacker's model needs at least 2 public records of a class, got {F.shape[0]}")
+        raise ConfigError(
+            f"the attacker's model needs at least 2 public records of a class, got {F.shape[0]}"
+        )
     return F.mean(axis=0), ledoit_wolf(F)[0]
 
 
@@ -115,8 +137,15 @@ def _gauss_logpdf(x: np.ndarray, mean: np.ndarray, cov: np.ndarray) -> np.ndarra
     return -0.5 * ((z * z).sum(-1) + logdet + d * math.log(2 * math.pi))
 
 
-def tracing_scores(phi: np.ndarray, released: np.ndarray, sigma: np.ndarray, one_mean: np.ndarray,
-                   one_cov: np.ndarray, rest_mean: np.ndarray, rest_cov: np.ndarray) -> np.ndarray:
+def tracing_scores(
+    phi: np.ndarray,
+    released: np.ndarray,
+    sigma: np.ndarray,
+    one_mean: np.ndarray,
+    one_cov: np.ndarray,
+    rest_mean: np.ndarray,
+    rest_cov: np.ndarray,
+) -> np.ndarray:
     """Per-round Gaussian log-likelihood ratios (R, 2P) of each target on its pair's row.
 
     ``phi`` (R, 2P, m) targets (members first); the feature part (columns 1:) is tested.  Row model:
@@ -145,8 +174,9 @@ def tracing_scores(phi: np.ndarray, released: np.ndarray, sigma: np.ndarray, one
     return out
 
 
-def differencing_scores(phi: np.ndarray, released: np.ndarray, clean: np.ndarray, sigma: np.ndarray, *,
-                        paired: bool = True) -> np.ndarray:
+def differencing_scores(
+    phi: np.ndarray, released: np.ndarray, clean: np.ndarray, sigma: np.ndarray, *, paired: bool = True
+) -> np.ndarray:
     """Per-round Neyman-Pearson scores (R, 2P): the attacker subtracts every other record of the row.
 
     Members: z = released - (clean - phi_member); holdouts: z = released - clean (the row holds
@@ -155,8 +185,10 @@ def differencing_scores(phi: np.ndarray, released: np.ndarray, clean: np.ndarray
     """
     sigma = np.asarray(sigma, dtype=np.float64)
     if np.any(sigma <= 0):
-        raise ConfigError("the differencing attack on the sequence needs noise on every release (sigma > 0): on a "
-                          "clean release it is exact (AUC 1)")
+        raise ConfigError(
+            "the differencing attack on the sequence needs noise on every release (sigma > 0): on a "
+            "clean release it is exact (AUC 1)"
+        )
     R, P2, m = phi.shape
     P = P2 // 2
     if paired:
@@ -172,12 +204,21 @@ def _metrics(scores: np.ndarray, P: int) -> dict:
     members = np.zeros(2 * P, dtype=bool)
     members[:P] = True
     out = membership_metrics(scores, members, (0.01,))
-    return {"auc": out["auc"], "auc_se": out["auc_se"], "tpr_at_1pct_fpr": out["tpr@0.01"],
-            "fpr_realised": out["fpr_realised@0.01"]}
+    return {
+        "auc": out["auc"],
+        "auc_se": out["auc_se"],
+        "tpr_at_1pct_fpr": out["tpr@0.01"],
+        "fpr_realised": out["fpr_realised@0.01"],
+    }
 
 
-def evaluate_rounds_attacks(data: RoundsAttackData, rng: np.random.Generator, *, mu_total: float | None = None,
-                            mu_per_release: float | None = None) -> dict:
+def evaluate_rounds_attacks(
+    data: RoundsAttackData,
+    rng: np.random.Generator,
+    *,
+    mu_total: float | None = None,
+    mu_per_release: float | None = None,
+) -> dict:
     """AUC and TPR@1%FPR of tracing and differencing on the first round, the last round and the whole sequence.
 
     With noise, the differencing attack is also replayed with fresh noise per pair (independent trials);
@@ -188,31 +229,54 @@ def evaluate_rounds_attacks(data: RoundsAttackData, rng: np.random.Generator, *,
     a = data.arrays()
     P = data.pairs
     R = a["phi"].shape[0]
-    out: dict = {"view": data.view, "pairs": P, "rounds": R,
-                 "attacker": "white-box on the bodies; tracing models the other records from the public split "
-                             "through each client's body; differencing knows every other record"}
-    tr = tracing_scores(a["phi"], a["released"], a["sigma"], a["one_mean"], a["one_cov"], a["rest_mean"],
-                        a["rest_cov"])
-    out["tracing"] = {"first_round": _metrics(tr[0], P), "last_round": _metrics(tr[-1], P),
-                      "sequence": _metrics(tr.sum(0), P)}
+    out: dict = {
+        "view": data.view,
+        "pairs": P,
+        "rounds": R,
+        "attacker": "white-box on the bodies; tracing models the other records from the public split "
+        "through each client's body; differencing knows every other record",
+    }
+    tr = tracing_scores(
+        a["phi"], a["released"], a["sigma"], a["one_mean"], a["one_cov"], a["rest_mean"], a["rest_cov"]
+    )
+    out["tracing"] = {
+        "first_round": _metrics(tr[0], P),
+        "last_round": _metrics(tr[-1], P),
+        "sequence": _metrics(tr.sum(0), P),
+    }
     if R > 1:
         # the rounds' changes: S_r - S_(r-1) holds the member's own change f_r(x) - f_(r-1)(x); the others'
         # changes are modelled from the public split's changes through the same bodies
         dphi = np.diff(a["phi"], axis=0)
         dS = np.diff(a["released"], axis=0)
         sig = np.sqrt(a["sigma"][1:] ** 2 + a["sigma"][:-1] ** 2)
-        inc = tracing_scores(dphi, dS, sig, a["inc_one_mean"][1:], a["inc_one_cov"][1:], a["inc_rest_mean"][1:],
-                             a["inc_rest_cov"][1:])
+        inc = tracing_scores(
+            dphi,
+            dS,
+            sig,
+            a["inc_one_mean"][1:],
+            a["inc_one_cov"][1:],
+            a["inc_rest_mean"][1:],
+            a["inc_rest_cov"][1:],
+        )
         out["tracing"]["increments"] = _metrics(tr[0] + inc.sum(0), P)
     if np.all(a["sigma"] > 0):
         df = differencing_scores(a["phi"], a["released"], a["clean"], a["sigma"])
-        out["differencing"] = {"first_round": _metrics(df[0], P), "last_round": _metrics(df[-1], P),
-                               "sequence": _metrics(df.sum(0), P)}
+        out["differencing"] = {
+            "first_round": _metrics(df[0], P),
+            "last_round": _metrics(df[-1], P),
+            "sequence": _metrics(df.sum(0), P),
+        }
         # replay: fresh noise of the run's sigma_r for every pair and round, members and holdouts apart
         noise_m = rng.standard_normal(a["released"].shape) * a["sigma"][:, None, None]
         noise_h = rng.standard_normal(a["released"].shape) * a["sigma"][:, None, None]
-        rep = differencing_scores(a["phi"], np.concatenate([a["clean"] + noise_m, a["clean"] + noise_h], axis=1),
-                                  np.concatenate([a["clean"], a["clean"]], axis=1), a["sigma"], paired=False)
+        rep = differencing_scores(
+            a["phi"],
+            np.concatenate([a["clean"] + noise_m, a["clean"] + noise_h], axis=1),
+            np.concatenate([a["clean"], a["clean"]], axis=1),
+            a["sigma"],
+            paired=False,
+        )
         out["differencing_replay"] = {"first_round": _metrics(rep[0], P), "sequence": _metrics(rep.sum(0), P)}
     else:
         out["differencing"] = None
@@ -289,8 +353,11 @@ class RoundsObserver:
         import torch
 
         # every body's public features (for the models) and the targets through their row's body
-        need = {(int(k), int(c)) for k in range(K) for c in range(C) if A[k, c, 0] > 0} if self.view == "sum" else \
-            {(int(k), int(c)) for k, c in zip(self.owner, self.classes)}
+        need = (
+            {(int(k), int(c)) for k in range(K) for c in range(C) if A[k, c, 0] > 0}
+            if self.view == "sum"
+            else {(int(k), int(c)) for k, c in zip(self.owner, self.classes)}
+        )
         models, inc_models = {}, {}
         for k in sorted({k for k, _ in need}):
             Fp = client_features(clients[k].body, self.x_public, clip_fn)
@@ -305,9 +372,11 @@ class RoundsObserver:
             x = torch.cat([self.x_targets[idx], self.x_targets[P + idx]])
             f = augment(torch.from_numpy(client_features(clients[int(k)].body, x, clip_fn))).numpy()
             phi[idx] = f[: idx.size] * factor[k]
-            phi[P + idx] = f[idx.size:] * factor[k]
+            phi[P + idx] = f[idx.size :] * factor[k]
         total = stats.total()
-        rel_all = np.concatenate([total.counts[0][:, None], total.sums[0]], axis=1) if self.view == "sum" else None
+        rel_all = (
+            np.concatenate([total.counts[0][:, None], total.sums[0]], axis=1) if self.view == "sum" else None
+        )
         released = np.empty((P, m))
         clean = np.empty((P, m))
         for p in range(P):
@@ -346,7 +415,7 @@ class RoundsObserver:
             key = (k, c) if self.view == "uploads" else (-1, c)
             if key not in row_total:  # every record of the row, modelled
                 rm, rc = np.zeros(d), np.zeros((d, d))
-                for kk in ([k] if self.view == "uploads" else range(K)):
+                for kk in [k] if self.view == "uploads" else range(K):
                     n = A[kk, c, 0]
                     if n > 0:
                         mm, cc = models[(kk, c)]
@@ -354,7 +423,10 @@ class RoundsObserver:
                         rc += n * cc * factor[kk] ** 2
                 row_total[key] = (rm, rc)
             rm, rc = row_total[key]
-            rest_mean[p], rest_cov[p] = rm - one_mean[p], rc - one_cov[p]  # the row less one record of client k
+            rest_mean[p], rest_cov[p] = (
+                rm - one_mean[p],
+                rc - one_cov[p],
+            )  # the row less one record of client k
         return one_mean, one_cov, rest_mean, rest_cov
 
     def evaluate(self, rng: np.random.Generator) -> dict:
@@ -370,10 +442,14 @@ class RoundsObserver:
         if dp is not None:
             out["bound_formal"] = bool(rep.formal)
             if not rep.formal:
-                out["bound_note"] = ("the releases carry no formal guarantee (Theorem 3.1's sensitivity with trained "
-                                     "bodies): Phi(mu_total / sqrt 2) is what the paper's accounting would imply, "
-                                     "not a bound")
+                out["bound_note"] = (
+                    "the releases carry no formal guarantee (Theorem 3.1's sensitivity with trained "
+                    "bodies): Phi(mu_total / sqrt 2) is what the paper's accounting would imply, "
+                    "not a bound"
+                )
         if dp is not None and dp.placement == "local":
-            out["note"] = ("local placement: the attacks are run on the noisy sum only (each client's noisy upload, "
-                           "which the server also sees, is not attacked)")
+            out["note"] = (
+                "local placement: the attacks are run on the noisy sum only (each client's noisy upload, "
+                "which the server also sees, is not attacked)"
+            )
         return out

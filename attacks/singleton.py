@@ -63,8 +63,9 @@ class SingletonExposure(Attack):
         # The count rounds to one: the released mean sum / count is the feature.  Count noise
         # (FedCOF App. I.1) leaves the mean exact, so a noisy count does not hide it.
         feats = sums[rows, classes] / counts[rows, classes][:, None]
-        return SingletonResult(rows=rows, classes=classes, features=feats, owners=owners,
-                               per_client=view.per_client)
+        return SingletonResult(
+            rows=rows, classes=classes, features=feats, owners=owners, per_client=view.per_client
+        )
 
     def score(self, result: SingletonResult, truth: GroundTruth) -> dict:
         tol = float(self.params["tolerance"])
@@ -86,8 +87,9 @@ class SingletonExposure(Attack):
         return {
             "exposed_fraction": float(exposed.mean()),
             "exposed_samples": int(exposed.sum()),
-            "singleton_fraction": singleton_fraction(y, k) if result.per_client else
-            float(np.mean(np.bincount(y)[y] == 1)),
+            "singleton_fraction": singleton_fraction(y, k)
+            if result.per_client
+            else float(np.mean(np.bincount(y)[y] == 1)),
             "candidates": n_cand,
             "candidate_precision": float(exposed.sum() / n_cand) if n_cand else float("nan"),
             "mean_cosine": float(np.mean(cos)) if cos else float("nan"),

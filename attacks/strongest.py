@@ -76,13 +76,23 @@ def _challenge(kind: str, view, truth, rng: np.random.Generator, common: dict) -
         return {"cells": challenge_cells(view, truth, rng, int(common.get("max_cells", 40)))}
     from attacks.view import membership_targets
 
-    t, lab, ids, partners = membership_targets(view, truth, int(common.get("max_targets", 400)), rng, "tracing")
+    t, lab, ids, partners = membership_targets(
+        view, truth, int(common.get("max_targets", 400)), rng, "tracing"
+    )
     return {"targets": t, "target_labels": lab, "target_ids": ids, "partners": partners}
 
 
-def strongest(kind: str, view, truth, rng: np.random.Generator | int = 0, *, suite: dict | None = None,
-              challenge: dict | None = None, progress: Callable[[str, bool], None] | None = None,
-              **common: Any) -> dict:
+def strongest(
+    kind: str,
+    view,
+    truth,
+    rng: np.random.Generator | int = 0,
+    *,
+    suite: dict | None = None,
+    challenge: dict | None = None,
+    progress: Callable[[str, bool], None] | None = None,
+    **common: Any,
+) -> dict:
     """Run every attack of ``SUITES[kind]`` (or ``suite``) on one challenge; name the strongest.
 
     Parameters
@@ -128,8 +138,10 @@ def strongest(kind: str, view, truth, rng: np.random.Generator | int = 0, *, sui
     results, knowledge, raw = {}, {}, {}
     for (name, (attack, params)), r in zip(suite.items(), r_att):
         # common parameters (sizes, budgets) go to every attack that takes them; the suite's own win
-        att = attacks.get(attack, **{**{k: v for k, v in common.items() if k in attacks.get_class(attack).defaults},
-                                     **params})
+        att = attacks.get(
+            attack,
+            **{**{k: v for k, v in common.items() if k in attacks.get_class(attack).defaults}, **params},
+        )
         knowledge[name] = getattr(att, "knowledge", repr(att))
         if progress is not None:
             progress(name, False)
@@ -147,18 +159,30 @@ def strongest(kind: str, view, truth, rng: np.random.Generator | int = 0, *, sui
     if len(raw) > 1:
         scorer = next(iter(raw.values()))[0]
         results[PER_CELL] = scorer.score(per_cell_best([res for _, res in raw.values()]), truth)
-        knowledge[PER_CELL] = ("per released cell, the reconstructions of the suite member (" + ", ".join(raw)
-                               + ") whose mean feature best matches the release (cosine): measurable by the "
-                                 "server, no private record read")
+        knowledge[PER_CELL] = (
+            "per released cell, the reconstructions of the suite member ("
+            + ", ".join(raw)
+            + ") whose mean feature best matches the release (cosine): measurable by the "
+            "server, no private record read"
+        )
     ok = {k: v for k, v in results.items() if "not_applicable" not in v}
     if not ok:
-        raise InputError(f"no attack of the {kind} suite applies to this view: "
-                         + "; ".join(f"{k}: {v['not_applicable']}" for k, v in results.items()))
+        raise InputError(
+            f"no attack of the {kind} suite applies to this view: "
+            + "; ".join(f"{k}: {v['not_applicable']}" for k, v in results.items())
+        )
     first, second = _HEADLINE[kind]
     best = max(ok, key=lambda k: (ok[k][first], ok[k].get(second, -np.inf)))
     best2 = max(ok, key=lambda k: ok[k].get(second, -np.inf))
-    return {"kind": kind, "strongest": best, "headline": first, "value": ok[best][first],
-            "strongest_by": {first: best, second: best2}, "attacks": results, "knowledge": knowledge}
+    return {
+        "kind": kind,
+        "strongest": best,
+        "headline": first,
+        "value": ok[best][first],
+        "strongest_by": {first: best, second: best2},
+        "attacks": results,
+        "knowledge": knowledge,
+    }
 
 
 #: Name of the derived inversion attacker that picks, per released cell, the suite member that fits best.

@@ -31,8 +31,9 @@ from privfed.errors import InputError
 __all__ = ["SubspaceMembership", "SubspaceResult", "signal_projectors"]
 
 
-def signal_projectors(second: np.ndarray, sigma: float = 0.0, rel_tol: float = 1e-8,
-                      edge: float = 2.0) -> tuple[list[np.ndarray], np.ndarray]:
+def signal_projectors(
+    second: np.ndarray, sigma: float = 0.0, rel_tol: float = 1e-8, edge: float = 2.0
+) -> tuple[list[np.ndarray], np.ndarray]:
     """Orthonormal bases (d, r_k) of the signal subspace of every G_k, and the ranks r_k."""
     G = np.asarray(second, dtype=np.float64)
     d = G.shape[-1]
@@ -64,8 +65,17 @@ class SubspaceMembership(Attack):
     requires = frozenset({"second"})
     defaults = {"rel_tol": 1e-8, "edge": 2.0, "max_targets": 400, "fprs": (0.01, 0.001)}
 
-    def run(self, view: ServerView, rng=None, *, targets=None, target_ids=None, target_labels=None,
-            partners=None, **_) -> SubspaceResult:
+    def run(
+        self,
+        view: ServerView,
+        rng=None,
+        *,
+        targets=None,
+        target_ids=None,
+        target_labels=None,
+        partners=None,
+        **_,
+    ) -> SubspaceResult:
         """Score every (target, client) pair; with ``target_labels``, only clients that released
         the target's class (so members and non-members share the class: record membership, not
         class membership).  ``partners`` is carried to the result for scoring only (the game's pairing,
@@ -78,7 +88,9 @@ class SubspaceMembership(Attack):
             raise InputError(f"targets must have {view.stats.dim} columns, got {Y.shape[1]}")
         ids = np.arange(Y.shape[0]) if target_ids is None else np.asarray(target_ids).astype(np.int64)
         sigma = float(view.noise.sigma.get("second", view.noise.sigma.get("class_second", 0.0)))
-        bases, ranks = signal_projectors(view.second_moments(), sigma, self.params["rel_tol"], self.params["edge"])
+        bases, ranks = signal_projectors(
+            view.second_moments(), sigma, self.params["rel_tol"], self.params["edge"]
+        )
         yn = np.maximum((Y**2).sum(axis=1), 1e-300)
         S = np.stack([((Y @ B) ** 2).sum(axis=1) / yn for B in bases], axis=1)  # (n, K)
         K = len(bases)
@@ -86,7 +98,9 @@ class SubspaceMembership(Attack):
         T, R, S = T.ravel(), R.ravel(), S.ravel()
         part = None if partners is None else np.asarray(partners).astype(np.int64)
         if part is not None and part.shape != (Y.shape[0],):
-            raise InputError(f"partners must have one entry per target ({Y.shape[0]}), got shape {part.shape}")
+            raise InputError(
+                f"partners must have one entry per target ({Y.shape[0]}), got shape {part.shape}"
+            )
         if target_labels is not None:
             yl = np.asarray(target_labels).astype(np.int64)
             if yl.shape != (Y.shape[0],):
@@ -94,11 +108,20 @@ class SubspaceMembership(Attack):
             keep = view.stats.counts[R, yl[T]] >= 0.5
             T, R, S = T[keep], R[keep], S[keep]
         owners = R if view.stats.owners is None else view.stats.owners[R]
-        return SubspaceResult(target_ids=ids[T], rows=R, owners=owners, scores=S, ranks=ranks,
-                              per_client=view.per_client, partners=None if part is None else part[T])
+        return SubspaceResult(
+            target_ids=ids[T],
+            rows=R,
+            owners=owners,
+            scores=S,
+            ranks=ranks,
+            per_client=view.per_client,
+            partners=None if part is None else part[T],
+        )
 
     def score(self, result: SubspaceResult, truth: GroundTruth) -> dict:
-        member, keep = paired_mask(result.target_ids, result.owners, result.per_client, truth, result.partners)
+        member, keep = paired_mask(
+            result.target_ids, result.owners, result.per_client, truth, result.partners
+        )
         if not (member[keep].any() and (~member[keep]).any()):
             raise InputError("the membership game has no member/non-member pair on a released row")
         out = membership_metrics(result.scores[keep], member[keep], self.params["fprs"])
@@ -108,7 +131,10 @@ class SubspaceMembership(Attack):
     def evaluate(self, view: ServerView, truth: GroundTruth, rng: np.random.Generator) -> dict:
         """Members: uploaded private records; non-members: holdout records of the same class, each tested
         on its member counterpart's rows."""
-        targets, labels, ids, partners = membership_targets(view, truth, self.params["max_targets"], rng,
-                                                            "subspace")
-        return self.score(self.run(view, rng, targets=targets, target_ids=ids, target_labels=labels,
-                                   partners=partners), truth)
+        targets, labels, ids, partners = membership_targets(
+            view, truth, self.params["max_targets"], rng, "subspace"
+        )
+        return self.score(
+            self.run(view, rng, targets=targets, target_ids=ids, target_labels=labels, partners=partners),
+            truth,
+        )

@@ -55,8 +55,19 @@ from attacks.metrics import membership_metrics
 from attacks.view import GroundTruth, PublicData, ServerView, membership_targets
 from privfed.errors import ConfigError, InputError
 
-__all__ = ["PAIR_FEATURES", "REFERENCES", "TESTS", "LearnedTest", "Tracing", "TracingResult", "learned_test",
-           "pair_features", "reference_model", "trace_scores", "tracing_game"]
+__all__ = [
+    "PAIR_FEATURES",
+    "REFERENCES",
+    "TESTS",
+    "LearnedTest",
+    "Tracing",
+    "TracingResult",
+    "learned_test",
+    "pair_features",
+    "reference_model",
+    "trace_scores",
+    "tracing_game",
+]
 
 TESTS = ("inner", "lrt", "homer", "sum", "support", "lrt+support", "learned")
 #: Reference means of the Gaussian model: the public class mean, or the other released rows' pooled mean.
@@ -136,8 +147,10 @@ def trace_scores(
             return -viol
         return trace_scores(Y, M, n, model, tau=tau, test="lrt", ref_means=ref_means) - _EXCLUDED * (viol > 0)
     if test == "learned":
-        raise ConfigError("the learned test is trained on public simulations: use Tracing(test='learned').run, "
-                          "or learned_test() then its score()")
+        raise ConfigError(
+            "the learned test is trained on public simulations: use Tracing(test='learned').run, "
+            "or learned_test() then its score()"
+        )
     if test == "inner":
         return ((Y - mu) * (M - mu)).sum(axis=1)
     if test == "sum":
@@ -162,7 +175,9 @@ def trace_scores(
 PAIR_FEATURES = ("lrt", "inner", "cosine", "support_max", "support_frac", "sum", "log_count")
 
 
-def pair_features(targets, means, counts, model: ReferenceModel, *, tau=0.0, support_z: float = 4.0) -> np.ndarray:
+def pair_features(
+    targets, means, counts, model: ReferenceModel, *, tau=0.0, support_z: float = 4.0
+) -> np.ndarray:
     """Features of (target, released mean) pairs for the learned test, one row per pair (:data:`PAIR_FEATURES`).
 
     Scale-free where the raw statistic is not: the inner product over the
@@ -205,9 +220,18 @@ class LearnedTest:
         return np.log(p) - np.log1p(-p)
 
 
-def learned_test(pools: dict, models: dict, counts: dict, *, sigma: float = 0.0, count_sigma: float = 0.0,
-                 sims: int = 600, rng: np.random.Generator, support_z: float = 4.0,
-                 hidden: tuple = (32, 16)) -> LearnedTest:
+def learned_test(
+    pools: dict,
+    models: dict,
+    counts: dict,
+    *,
+    sigma: float = 0.0,
+    count_sigma: float = 0.0,
+    sims: int = 600,
+    rng: np.random.Generator,
+    support_z: float = 4.0,
+    hidden: tuple = (32, 16),
+) -> LearnedTest:
     """Train the learned membership test on simulated releases of public records.
 
     Parameters
@@ -253,23 +277,39 @@ def learned_test(pools: dict, models: dict, counts: dict, *, sigma: float = 0.0,
             S[i] = P[pick].sum(axis=0) + (P[tgt[i]] if member else 0.0)
         if sigma > 0:
             S = S + rng.normal(0.0, sigma, size=S.shape)
-        cnt = true_n.astype(float) + (rng.normal(0.0, count_sigma, size=true_n.shape) if count_sigma > 0 else 0.0)
+        cnt = true_n.astype(float) + (
+            rng.normal(0.0, count_sigma, size=true_n.shape) if count_sigma > 0 else 0.0
+        )
         n_rel = np.maximum(cnt, 1.0)
-        feats.append(pair_features(P[tgt], S / n_rel[:, None], n_rel, models[c], tau=sigma / n_rel,
-                                   support_z=support_z))
+        feats.append(
+            pair_features(
+                P[tgt], S / n_rel[:, None], n_rel, models[c], tau=sigma / n_rel, support_z=support_z
+            )
+        )
         labs.append(np.arange(2 * sims) < sims)
     if not feats:
         raise InputError("the learned test needs at least 2 public records of a released class to simulate")
     X, y = np.concatenate(feats), np.concatenate(labs)
-    clf = make_pipeline(StandardScaler(), MLPClassifier(hidden_layer_sizes=tuple(hidden), alpha=1e-3,
-                                                        max_iter=300, early_stopping=True, n_iter_no_change=10,
-                                                        random_state=int(rng.integers(2**31))))
+    clf = make_pipeline(
+        StandardScaler(),
+        MLPClassifier(
+            hidden_layer_sizes=tuple(hidden),
+            alpha=1e-3,
+            max_iter=300,
+            early_stopping=True,
+            n_iter_no_change=10,
+            random_state=int(rng.integers(2**31)),
+        ),
+    )
     import warnings
 
     from sklearn.exceptions import ConvergenceWarning
     from threadpoolctl import threadpool_limits
 
-    with warnings.catch_warnings(), threadpool_limits(limits=1):  # small matrices: more BLAS threads only contend
+    with (
+        warnings.catch_warnings(),
+        threadpool_limits(limits=1),
+    ):  # small matrices: more BLAS threads only contend
         warnings.simplefilter("ignore", ConvergenceWarning)
         clf.fit(X, y)
     return LearnedTest(classifier=clf, support_z=support_z)
@@ -299,29 +339,47 @@ class Tracing(Attack):
 
     name = "tracing"
     requires = frozenset({"counts", "sums", "public"})
-    defaults = {"test": "lrt", "shrinkage": "ledoit-wolf", "max_targets": 400, "fprs": (0.01, 0.001),
-                "reference": "public", "support_z": 4.0, "sims": 600, "seed": 0}
+    defaults = {
+        "test": "lrt",
+        "shrinkage": "ledoit-wolf",
+        "max_targets": 400,
+        "fprs": (0.01, 0.001),
+        "reference": "public",
+        "support_z": 4.0,
+        "sims": 600,
+        "seed": 0,
+    }
 
     @property
     def knowledge(self) -> str:
         """What this attacker uses, in words."""
-        ref = "the other released rows' pooled class mean" if self.params["reference"] == "aggregate" else \
-            "the public class mean"
+        ref = (
+            "the other released rows' pooled class mean"
+            if self.params["reference"] == "aggregate"
+            else "the public class mean"
+        )
         if self.params["test"] == "learned":
-            return ("released class sums and counts + public features: a classifier trained on simulated "
-                    "releases of public records with the released counts and the view's noise")
-        return f"released class sums and counts + public features (covariance); test {self.params['test']!r}, " \
-               f"reference {ref}"
+            return (
+                "released class sums and counts + public features: a classifier trained on simulated "
+                "releases of public records with the released counts and the view's noise"
+            )
+        return (
+            f"released class sums and counts + public features (covariance); test {self.params['test']!r}, "
+            f"reference {ref}"
+        )
 
     def _validate_params(self) -> None:
         if self.params["test"] not in TESTS:
             raise ConfigError(f"unknown tracing test {self.params['test']!r}; choose from {list(TESTS)}")
         if self.params["reference"] not in REFERENCES:
-            raise ConfigError(f"unknown tracing reference {self.params['reference']!r}; choose from "
-                              f"{list(REFERENCES)}")
+            raise ConfigError(
+                f"unknown tracing reference {self.params['reference']!r}; choose from {list(REFERENCES)}"
+            )
         z = self.params["support_z"]
         if isinstance(z, bool) or not isinstance(z, (int, float)) or not z >= 0:
-            raise ConfigError(f"support_z must be a number >= 0 (inf switches the support test off), got {z!r}")
+            raise ConfigError(
+                f"support_z must be a number >= 0 (inf switches the support test off), got {z!r}"
+            )
         for key, low in (("sims", 10), ("seed", 0)):
             v = self.params[key]
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < low:
@@ -332,12 +390,23 @@ class Tracing(Attack):
         for c in range(num_classes):
             F = public.features[public.labels == c]
             if F.shape[0] < 2:
-                raise InputError(f"public data has {F.shape[0]} record(s) of class {c}; tracing needs at least 2")
+                raise InputError(
+                    f"public data has {F.shape[0]} record(s) of class {c}; tracing needs at least 2"
+                )
             out.append(reference_model(F, self.params["shrinkage"]))
         return out
 
-    def run(self, view: ServerView, rng=None, *, targets=None, target_labels=None, target_ids=None,
-            partners=None, **_) -> TracingResult:
+    def run(
+        self,
+        view: ServerView,
+        rng=None,
+        *,
+        targets=None,
+        target_labels=None,
+        target_ids=None,
+        partners=None,
+        **_,
+    ) -> TracingResult:
         """Score every target against every released row of its class.
 
         ``partners`` (optional, one per target) is carried to the result for
@@ -357,11 +426,15 @@ class Tracing(Attack):
         Y = np.atleast_2d(np.asarray(targets, float))
         yl = np.asarray(target_labels).astype(np.int64)
         if Y.shape[1] != view.stats.dim or yl.shape != (Y.shape[0],):
-            raise InputError(f"targets must be (n, {view.stats.dim}) with n labels, got {Y.shape} and {yl.shape}")
+            raise InputError(
+                f"targets must be (n, {view.stats.dim}) with n labels, got {Y.shape} and {yl.shape}"
+            )
         ids = np.arange(Y.shape[0]) if target_ids is None else np.asarray(target_ids).astype(np.int64)
         part = None if partners is None else np.asarray(partners).astype(np.int64)
         if part is not None and part.shape != (Y.shape[0],):
-            raise InputError(f"partners must have one entry per target ({Y.shape[0]}), got shape {part.shape}")
+            raise InputError(
+                f"partners must have one entry per target ({Y.shape[0]}), got shape {part.shape}"
+            )
         models = self.models(view.public, view.num_classes)
         counts, sums = view.stats.counts, view.stats.sums
         K = counts.shape[0]
@@ -379,11 +452,16 @@ class Tracing(Attack):
                 pools[c] = P if view.noise.clip is None else clip_rows(P, view.noise.clip)
                 cnts[c] = counts[counts[:, c] >= 0.5, c]
             # seeded simulation: the attacker's own randomness, reproducible (it is not a release)
-            learned = learned_test(pools, {c: models[c] for c in pools}, cnts,
-                                   sigma=float(view.noise.sigma.get("sums", 0.0)),
-                                   count_sigma=float(view.noise.sigma.get("counts", 0.0)),
-                                   sims=int(self.params["sims"]), support_z=z if math.isfinite(z) else 4.0,
-                                   rng=np.random.default_rng(int(self.params["seed"])))
+            learned = learned_test(
+                pools,
+                {c: models[c] for c in pools},
+                cnts,
+                sigma=float(view.noise.sigma.get("sums", 0.0)),
+                count_sigma=float(view.noise.sigma.get("counts", 0.0)),
+                sims=int(self.params["sims"]),
+                support_z=z if math.isfinite(z) else 4.0,
+                rng=np.random.default_rng(int(self.params["seed"])),
+            )
         all_t, all_r, all_s = [], [], []
         for c in np.unique(yl):
             tix = np.flatnonzero(yl == c)
@@ -402,8 +480,16 @@ class Tracing(Attack):
             if learned is not None:
                 s = learned.score(Y[T], M, n, models[c], tau=_noise_tau(view, n))
             else:
-                s = trace_scores(Y[T], M, n, models[c], tau=_noise_tau(view, n), test=self.params["test"],
-                                 support_z=z, ref_means=ref)
+                s = trace_scores(
+                    Y[T],
+                    M,
+                    n,
+                    models[c],
+                    tau=_noise_tau(view, n),
+                    test=self.params["test"],
+                    support_z=z,
+                    ref_means=ref,
+                )
             all_t.append(T), all_r.append(R), all_s.append(s)
         if not all_s:
             raise InputError("no released class mean matches any target's class")
@@ -411,9 +497,15 @@ class Tracing(Attack):
         owners = rows if view.stats.owners is None else view.stats.owners[rows]
         tix = np.concatenate(all_t)
         del K
-        return TracingResult(target_ids=ids[tix], rows=rows, owners=owners, scores=np.concatenate(all_s),
-                             test=self.params["test"], per_client=view.per_client,
-                             partners=None if part is None else part[tix])
+        return TracingResult(
+            target_ids=ids[tix],
+            rows=rows,
+            owners=owners,
+            scores=np.concatenate(all_s),
+            test=self.params["test"],
+            per_client=view.per_client,
+            partners=None if part is None else part[tix],
+        )
 
     def score(self, result: TracingResult, truth: GroundTruth) -> dict:
         """AUC / TPR at low FPR over the scored pairs: with the game's pairing, each member on its own rows
@@ -423,20 +515,26 @@ class Tracing(Attack):
     def evaluate(self, view: ServerView, truth: GroundTruth, rng: np.random.Generator) -> dict:
         """Members: uploaded private records; non-members: holdout records of the same class, each tested
         on its member counterpart's rows."""
-        targets, labels, ids, partners = membership_targets(view, truth, self.params["max_targets"], rng,
-                                                            "tracing")
-        return self.score(self.run(view, rng, targets=targets, target_ids=ids, target_labels=labels,
-                                   partners=partners), truth)
+        targets, labels, ids, partners = membership_targets(
+            view, truth, self.params["max_targets"], rng, "tracing"
+        )
+        return self.score(
+            self.run(view, rng, targets=targets, target_ids=ids, target_labels=labels, partners=partners),
+            truth,
+        )
 
 
 def _paired_metrics(result, truth: GroundTruth, fprs, **extra) -> dict:
     from attacks.view import paired_mask
 
-    member, keep = paired_mask(result.target_ids, result.owners, result.per_client, truth,
-                               getattr(result, "partners", None))
+    member, keep = paired_mask(
+        result.target_ids, result.owners, result.per_client, truth, getattr(result, "partners", None)
+    )
     if not (member[keep].any() and (~member[keep]).any()):
-        raise InputError("the membership game has no member/non-member pair on a released row "
-                         "(every member's row was withheld)")
+        raise InputError(
+            "the membership game has no member/non-member pair on a released row "
+            "(every member's row was withheld)"
+        )
     out = membership_metrics(result.scores[keep], member[keep], fprs)
     out.update(empirical_epsilon(result.scores[keep], member[keep], fprs[0]))
     out.update(extra)
@@ -511,7 +609,7 @@ def tracing_game(
     S[:trials] = tgt[:trials] + P[order[:trials, 1:n]].sum(axis=1)
     cnt[:trials] = n
     k = n if design == "replace" else n - 1
-    S[trials:] = P[order[trials:, 1: 1 + k]].sum(axis=1)
+    S[trials:] = P[order[trials:, 1 : 1 + k]].sum(axis=1)
     cnt[trials:] = k
     if sigma > 0:
         S = S + rng.normal(0.0, sigma, size=S.shape)
@@ -519,6 +617,5 @@ def tracing_game(
         cnt = cnt + rng.normal(0.0, count_sigma, size=cnt.shape)
     n_rel = np.maximum(cnt, 1.0)
     M = S / n_rel[:, None]
-    scores = trace_scores(tgt, M, n_rel, model, tau=sigma / n_rel, test=test,
-                          support_z=support_z)
+    scores = trace_scores(tgt, M, n_rel, model, tau=sigma / n_rel, test=test, support_z=support_z)
     return {"scores": scores, "members": member, "counts": cnt}

@@ -46,9 +46,17 @@ def symmetric_nmf(A: np.ndarray, rank: int, *, rng: np.random.Generator, **kw) -
         return _symmetric_nmf(A, rank, rng=rng, **kw)
 
 
-def _symmetric_nmf(A: np.ndarray, rank: int, *, rng: np.random.Generator, n_init: int = NMF_STARTS,
-                  max_iter: int = NMF_MAX_ITER, tol: float = NMF_TOL,
-                  max_seconds: float | None = NMF_MAX_SECONDS, polish: int = NMF_POLISH) -> tuple[np.ndarray, float]:
+def _symmetric_nmf(
+    A: np.ndarray,
+    rank: int,
+    *,
+    rng: np.random.Generator,
+    n_init: int = NMF_STARTS,
+    max_iter: int = NMF_MAX_ITER,
+    tol: float = NMF_TOL,
+    max_seconds: float | None = NMF_MAX_SECONDS,
+    polish: int = NMF_POLISH,
+) -> tuple[np.ndarray, float]:
     """H >= 0 (m, rank) minimising ||A - H H^T||_F, best of ``n_init`` random starts.
 
     Multiplicative update H <- H * (1/2 + (A H) / (2 H H^T H)) (Ding et al. 2005),
@@ -74,7 +82,9 @@ def _symmetric_nmf(A: np.ndarray, rank: int, *, rng: np.random.Generator, n_init
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < low:
             raise ConfigError(f"symmetric NMF {name} must be an integer >= {low}, got {v!r}")
     if not tol >= 0 or (max_seconds is not None and not max_seconds > 0):
-        raise ConfigError(f"symmetric NMF needs tol >= 0 and max_seconds > 0 (or None), got {tol!r}, {max_seconds!r}")
+        raise ConfigError(
+            f"symmetric NMF needs tol >= 0 and max_seconds > 0 (or None), got {tol!r}, {max_seconds!r}"
+        )
     t0 = time.perf_counter()
     w, V = np.linalg.eigh(A)
     Ap = np.maximum((V * np.maximum(w, 0)) @ V.T, 0.0)
@@ -118,13 +128,21 @@ def _polish(Ap: np.ndarray, H: np.ndarray, max_iter: int = 2000) -> np.ndarray:
         E = X @ X.T - Ap
         return float(np.sum(E * E)) / s2, (4.0 * (E @ X)).ravel() / s2
 
-    out = minimize(fg, H.ravel(), jac=True, method="L-BFGS-B", bounds=[(0.0, None)] * (m * r),
-                   options={"maxiter": max_iter, "ftol": 1e-15, "gtol": 1e-12})
+    out = minimize(
+        fg,
+        H.ravel(),
+        jac=True,
+        method="L-BFGS-B",
+        bounds=[(0.0, None)] * (m * r),
+        options={"maxiter": max_iter, "ftol": 1e-15, "gtol": 1e-12},
+    )
     X = out.x.reshape(m, r)
     return X if np.sum((X @ X.T - Ap) ** 2) <= np.sum((H @ H.T - Ap) ** 2) else H
 
 
-def augmented_second_moment(second: np.ndarray, sums: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, float]:
+def augmented_second_moment(
+    second: np.ndarray, sums: np.ndarray, counts: np.ndarray
+) -> tuple[np.ndarray, float]:
     """The (d + C) x (d + C) second moment of (f, a e_y) and the scale a (see the module docstring)."""
     n = np.maximum(np.asarray(counts, float), 0.0)
     N = max(float(n.sum()), 1.0)
@@ -138,9 +156,18 @@ def augmented_second_moment(second: np.ndarray, sums: np.ndarray, counts: np.nda
     return A, a
 
 
-def unmix(second: np.ndarray, rank: int, *, rng: np.random.Generator, sums=None, counts=None,
-          n_init: int = NMF_STARTS, max_iter: int = NMF_MAX_ITER, max_seconds: float | None = NMF_MAX_SECONDS,
-          polish: int = NMF_POLISH) -> tuple[np.ndarray, np.ndarray | None, float]:
+def unmix(
+    second: np.ndarray,
+    rank: int,
+    *,
+    rng: np.random.Generator,
+    sums=None,
+    counts=None,
+    n_init: int = NMF_STARTS,
+    max_iter: int = NMF_MAX_ITER,
+    max_seconds: float | None = NMF_MAX_SECONDS,
+    polish: int = NMF_POLISH,
+) -> tuple[np.ndarray, np.ndarray | None, float]:
     """Recover ``rank`` features from one second moment (and, if given, class sums and counts).
 
     Returns the features (rank, d), their classes (or ``None`` without sums)
@@ -148,12 +175,14 @@ def unmix(second: np.ndarray, rank: int, *, rng: np.random.Generator, sums=None,
     """
     d = second.shape[0]
     if sums is None:
-        H, res = symmetric_nmf(second, rank, rng=rng, n_init=n_init, max_iter=max_iter, max_seconds=max_seconds,
-                               polish=polish)
+        H, res = symmetric_nmf(
+            second, rank, rng=rng, n_init=n_init, max_iter=max_iter, max_seconds=max_seconds, polish=polish
+        )
         return H.T, None, res
     A, a = augmented_second_moment(second, np.asarray(sums, float), np.asarray(counts, float))
-    H, res = symmetric_nmf(A, rank, rng=rng, n_init=n_init, max_iter=max_iter, max_seconds=max_seconds,
-                               polish=polish)
+    H, res = symmetric_nmf(
+        A, rank, rng=rng, n_init=n_init, max_iter=max_iter, max_seconds=max_seconds, polish=polish
+    )
     ind = H[d:].T  # (rank, C)
     labels = ind.argmax(axis=1)
     scale = ind.max(axis=1) / a  # should be 1: the indicator's scale fixes the feature's
@@ -176,8 +205,15 @@ class SecondMomentUnmixing(Attack):
 
     name = "unmixing"
     requires = frozenset({"second", "counts", "per_client"})
-    defaults = {"use_sums": True, "max_samples": 32, "n_init": NMF_STARTS, "max_iter": NMF_MAX_ITER,
-                "max_seconds": NMF_MAX_SECONDS, "polish": NMF_POLISH, "max_clients": 50}
+    defaults = {
+        "use_sums": True,
+        "max_samples": 32,
+        "n_init": NMF_STARTS,
+        "max_iter": NMF_MAX_ITER,
+        "max_seconds": NMF_MAX_SECONDS,
+        "polish": NMF_POLISH,
+        "max_clients": 50,
+    }
 
     def _validate_params(self) -> None:
         if int(self.params["max_samples"]) < 1:
@@ -194,15 +230,27 @@ class SecondMomentUnmixing(Attack):
         feats, labs, res = [], [], []
         G = view.second_moments()
         for k in rows:
-            f, lab, r = unmix(G[k], int(max(n_k[k], 1)), rng=rng,
-                              sums=st.sums[k] if self.params["use_sums"] else None,
-                              counts=st.counts[k] if self.params["use_sums"] else None,
-                              n_init=int(self.params["n_init"]), max_iter=int(self.params["max_iter"]),
-                              max_seconds=self.params["max_seconds"], polish=int(self.params["polish"]))
+            f, lab, r = unmix(
+                G[k],
+                int(max(n_k[k], 1)),
+                rng=rng,
+                sums=st.sums[k] if self.params["use_sums"] else None,
+                counts=st.counts[k] if self.params["use_sums"] else None,
+                n_init=int(self.params["n_init"]),
+                max_iter=int(self.params["max_iter"]),
+                max_seconds=self.params["max_seconds"],
+                polish=int(self.params["polish"]),
+            )
             feats.append(f), labs.append(lab), res.append(r)
         owners = rows if st.owners is None else st.owners[rows]
-        return UnmixingResult(rows=rows, owners=owners, features=feats, labels=labs, residuals=np.array(res),
-                              per_client=view.per_client)
+        return UnmixingResult(
+            rows=rows,
+            owners=owners,
+            features=feats,
+            labels=labs,
+            residuals=np.array(res),
+            per_client=view.per_client,
+        )
 
     def score(self, result: UnmixingResult, truth: GroundTruth) -> dict:
         """Identification (the matched recovered feature's nearest private feature is the true one) and the
@@ -220,15 +268,19 @@ class SecondMomentUnmixing(Attack):
             mc, match = matched_cosine(f, true)
             cos_all.append(mc)
             ok = match >= 0
-            rel_all += list(np.linalg.norm(f[match[ok]] - true[ok], axis=1) /
-                            np.maximum(np.linalg.norm(true[ok], axis=1), 1e-300))
+            rel_all += list(
+                np.linalg.norm(f[match[ok]] - true[ok], axis=1)
+                / np.maximum(np.linalg.norm(true[ok], axis=1), 1e-300)
+            )
             hits = identification(f[match[ok]], [[i] for i in idx[ok]], pool, metric="cosine")
             ident_all.append(hits.sum() / idx.size)
             if lab is not None:
                 lab_all.append(np.mean(lab[match[ok]] == truth.labels[pool_idx][idx[ok]]))
             sizes.append(idx.size)
         if not cos_all:
-            raise InputError("no unmixed client matches the truth; check the view and the truth belong together")
+            raise InputError(
+                "no unmixed client matches the truth; check the view and the truth belong together"
+            )
         return {
             "matched_cosine": float(np.mean(cos_all)),
             "relative_error": float(np.mean(rel_all)),

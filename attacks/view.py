@@ -68,9 +68,14 @@ def class_groups(labels, n: int, rng: np.random.Generator, *, max_groups: int | 
     per_class = []
     for c in np.unique(y):
         idx = rng.permutation(np.flatnonzero(y == c))
-        per_class.append([idx[i * n:(i + 1) * n] for i in range(idx.size // n)])
-    order = [g for tier in range(max((len(p) for p in per_class), default=0)) for p in per_class
-             if tier < len(p) for g in [p[tier]]]
+        per_class.append([idx[i * n : (i + 1) * n] for i in range(idx.size // n)])
+    order = [
+        g
+        for tier in range(max((len(p) for p in per_class), default=0))
+        for p in per_class
+        if tier < len(p)
+        for g in [p[tier]]
+    ]
     if max_groups is not None:
         order = order[: int(max_groups)]
     if not order:
@@ -200,10 +205,20 @@ class ServerView:
             if noise.level == "client" and not noise.is_clean:
                 stats = noise.add(stats, rng)
         elif noise.level == "client" and not noise.is_clean:
-            notes.append("client-level noise lands on the sum only; without secure aggregation the server "
-                         "still sees every clean upload")
-        return cls(method=method, stats=stats, per_client=not secure_agg, secure_agg=secure_agg, noise=noise,
-                   backbone=backbone, public=public, notes=tuple(notes))
+            notes.append(
+                "client-level noise lands on the sum only; without secure aggregation the server "
+                "still sees every clean upload"
+            )
+        return cls(
+            method=method,
+            stats=stats,
+            per_client=not secure_agg,
+            secure_agg=secure_agg,
+            noise=noise,
+            backbone=backbone,
+            public=public,
+            notes=tuple(notes),
+        )
 
     @classmethod
     def from_federation(
@@ -251,7 +266,9 @@ class ServerView:
         from privfed._validation import check_features, check_labels
 
         m = _methods.get(method, **method_params) if isinstance(method, str) else method
-        rng = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(0 if rng is None else rng)
+        rng = (
+            rng if isinstance(rng, np.random.Generator) else np.random.default_rng(0 if rng is None else rng)
+        )
         F = check_features(features)
         y, C = check_labels(labels, F.shape[0], num_classes)
         k = np.asarray(clients).astype(np.int64)
@@ -264,8 +281,10 @@ class ServerView:
             raise InputError(f"clients contains {int(k.max())}, out of range for num_clients={K}")
         secure = bool(secure_agg)
         if secure and m.per_client and type(m).secure_aggregate is _methods.Method.secure_aggregate:
-            raise ConfigError(f"method {m.name!r} needs individual client statistics and has no secure "
-                              "protocol; run it without secure_agg")
+            raise ConfigError(
+                f"method {m.name!r} needs individual client statistics and has no secure "
+                "protocol; run it without secure_agg"
+            )
         if privacy is None or isinstance(privacy, NoiseSpec):
             spec = privacy or NoiseSpec()
             if spec.clip is not None:
@@ -274,14 +293,35 @@ class ServerView:
             exposed = set(m.requires)
             if secure and m.per_client:
                 exposed = {"counts", "sums"}
-            view = cls.from_stats(stats, method=m.name, fields=exposed, secure_agg=secure, noise=spec, rng=rng,
-                                  backbone=backbone, public=public)
+            view = cls.from_stats(
+                stats,
+                method=m.name,
+                fields=exposed,
+                secure_agg=secure,
+                noise=spec,
+                rng=rng,
+                backbone=backbone,
+                public=public,
+            )
         else:
-            view = cls._from_release(m, F, y, k, C, K, privacy, secure_agg if secure else None, rng,
-                                     backbone=backbone, public=public)
+            view = cls._from_release(
+                m,
+                F,
+                y,
+                k,
+                C,
+                K,
+                privacy,
+                secure_agg if secure else None,
+                rng,
+                backbone=backbone,
+                public=public,
+            )
         if secure and m.per_client:
-            view = view.with_(notes=view.notes + ("two-round secure protocol: the summed spread matrix of "
-                                                  "round 2 is not part of this view",))
+            view = view.with_(
+                notes=view.notes
+                + ("two-round secure protocol: the summed spread matrix of round 2 is not part of this view",)
+            )
         return view
 
     @classmethod
@@ -299,7 +339,8 @@ class ServerView:
         if secure_agg is not None:
             protection = IdealSecureSum() if isinstance(secure_agg, bool) else copy.deepcopy(secure_agg)
         head = ReleasePlan.build(m, privacy, protection).run(
-            F, y, k, num_classes=C, num_clients=K, rng=rng, keep_uploads=True)
+            F, y, k, num_classes=C, num_clients=K, rng=rng, keep_uploads=True
+        )
         seen = head.trace.server_view()
         secure = protection is not None
         spec = NoiseSpec.from_mechanism(privacy, m, num_clients=K, secure_agg=secure)
@@ -308,16 +349,26 @@ class ServerView:
             stats = _named_sums(seen.arrays, exposed, C, F.shape[1])
         else:
             stats = seen.stats.select(exposed & seen.stats.available)
-        return cls(method=m.name, stats=stats, per_client=not secure, secure_agg=secure, noise=spec,
-                   backbone=backbone, public=public)
+        return cls(
+            method=m.name,
+            stats=stats,
+            per_client=not secure,
+            secure_agg=secure,
+            noise=spec,
+            backbone=backbone,
+            public=public,
+        )
 
     def __repr__(self) -> str:
-        return (f"ServerView(method={self.method!r}, K={self.stats.num_clients}, per_client={self.per_client}, "
-                f"fields={sorted(self.fields)}, noise={self.noise.guarantee!r})")
+        return (
+            f"ServerView(method={self.method!r}, K={self.stats.num_clients}, per_client={self.per_client}, "
+            f"fields={sorted(self.fields)}, noise={self.noise.guarantee!r})"
+        )
 
 
-def membership_targets(view: ServerView, truth: GroundTruth, max_targets: int, rng: np.random.Generator,
-                       attack: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def membership_targets(
+    view: ServerView, truth: GroundTruth, max_targets: int, rng: np.random.Generator, attack: str
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The membership game's targets: up to ``max_targets`` uploaded private records (members), each paired
     with a holdout record of the same class (its non-member counterpart), clipped as the clients clipped so a
     member matches its upload.
@@ -361,8 +412,13 @@ def membership_targets(view: ServerView, truth: GroundTruth, max_targets: int, r
     return targets, labels, ids, np.concatenate([mem, mem])
 
 
-def paired_mask(target_ids: np.ndarray, owners: np.ndarray, per_client: bool, truth: GroundTruth,
-                partners: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+def paired_mask(
+    target_ids: np.ndarray,
+    owners: np.ndarray,
+    per_client: bool,
+    truth: GroundTruth,
+    partners: np.ndarray | None,
+) -> tuple[np.ndarray, np.ndarray]:
     """``(member, keep)`` for scored (target, row) pairs.
 
     ``member``: the target is a private record uploaded into that row (its

@@ -22,9 +22,12 @@ def load_digits(seed: int = 0) -> dict:
     bb = get_backbone(seed=seed)
     Fpub = extract_features(bb, sp.public_images)
     return {
-        "Fp": extract_features(bb, sp.private_images), "yp": np.asarray(sp.private_labels),
-        "imp": np.asarray(sp.private_images), "Ft": extract_features(bb, sp.test_images),
-        "yt": np.asarray(sp.test_labels), "backbone": bb,
+        "Fp": extract_features(bb, sp.private_images),
+        "yp": np.asarray(sp.private_labels),
+        "imp": np.asarray(sp.private_images),
+        "Ft": extract_features(bb, sp.test_images),
+        "yt": np.asarray(sp.test_labels),
+        "backbone": bb,
         "public": PublicData(labels=sp.public_labels, features=Fpub, images=sp.public_images),
         "clip": float(np.median(np.linalg.norm(Fpub, axis=1))),
     }
@@ -33,8 +36,18 @@ def load_digits(seed: int = 0) -> dict:
 def scenario(d: dict, method: str, clients, **kw):
     import attacks
 
-    return attacks.scenario(method, d["Fp"], d["yp"], clients, images=d["imp"], holdout_features=d["Ft"],
-                            holdout_labels=d["yt"], public=d["public"], backbone=d["backbone"], **kw)
+    return attacks.scenario(
+        method,
+        d["Fp"],
+        d["yp"],
+        clients,
+        images=d["imp"],
+        holdout_features=d["Ft"],
+        holdout_labels=d["yt"],
+        public=d["public"],
+        backbone=d["backbone"],
+        **kw,
+    )
 
 
 def write_rows(out: Path, name: str, rows: list[dict], config: dict) -> None:

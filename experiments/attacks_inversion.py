@@ -58,9 +58,13 @@ def main(argv=None) -> int:
     p.add_argument("--ns", default="1,2,4,8,16", help="clean settings: records per released mean")
     p.add_argument("--eps", default="10,1,0.1", help="record-level DP settings")
     p.add_argument("--dp-ns", default="1", help="records per released mean in the DP settings")
-    p.add_argument("--secure", default="1,4", help="secure-sum settings: records per released mean ('' = none)")
+    p.add_argument(
+        "--secure", default="1,4", help="secure-sum settings: records per released mean ('' = none)"
+    )
     p.add_argument("--cgs", default="2,4", help="FedCGS (mean + G) settings: records per client ('' = none)")
-    p.add_argument("--train-steps", type=int, default=None, help="decoder training steps (default: the attack's)")
+    p.add_argument(
+        "--train-steps", type=int, default=None, help="decoder training steps (default: the attack's)"
+    )
     p.add_argument("--grids", default=None, help="folder for the FedCOF n = 1 grids (clean and eps = 1)")
     p.add_argument("--results-json", default=None, help="also write the results JSON here")
     p.add_argument("--out", default="results/attacks-inversion")
@@ -83,18 +87,33 @@ def main(argv=None) -> int:
         print(f"attacking {tag} n={n}: " + ", ".join(SUITE_ORDER), file=sys.stderr, flush=True)
         rep = attacks.strongest("inversion", view, truth, rng=args.seed, max_cells=args.cells, **extra)
         best = rep["attacks"][rep["strongest"]]
-        row = {"setting": tag, "method": method, "n": n, "strongest": rep["strongest"],
-               "strongest_by_delta_psnr": rep["strongest_by"]["delta_psnr"], **best,
-               "seconds": round(time.perf_counter() - t, 1)}
+        row = {
+            "setting": tag,
+            "method": method,
+            "n": n,
+            "strongest": rep["strongest"],
+            "strongest_by_delta_psnr": rep["strongest_by"]["delta_psnr"],
+            **best,
+            "seconds": round(time.perf_counter() - t, 1),
+        }
         for name in SUITE_ORDER:
             m = rep["attacks"].get(name, {})
             for k in ("identification", "identification_se", "delta_psnr", "delta_psnr_se", "psnr", "ssim"):
                 row[f"{name}:{k}"] = m.get(k, float("nan"))
         rows.append(row)
-        print(tag, n, rep["strongest"], {k: round(best[k], 3) for k in ("identification", "baseline_identification",
-                                                                        "delta_psnr", "delta_psnr_se")},
-              {nm: round(rep["attacks"][nm].get("identification", float("nan")), 3) for nm in rep["attacks"]},
-              row["seconds"], "s", flush=True)
+        print(
+            tag,
+            n,
+            rep["strongest"],
+            {
+                k: round(best[k], 3)
+                for k in ("identification", "baseline_identification", "delta_psnr", "delta_psnr_se")
+            },
+            {nm: round(rep["attacks"][nm].get("identification", float("nan")), 3) for nm in rep["attacks"]},
+            row["seconds"],
+            "s",
+            flush=True,
+        )
 
     from attacks.learned import progress_bars
 
@@ -105,8 +124,13 @@ def main(argv=None) -> int:
     clip = float(np.median(np.linalg.norm(d["public"].features, axis=1)))
     for eps in (float(x) for x in args.eps.split(",") if x.strip()):
         for n in ints(args.dp_ns):
-            run(f"dp eps={eps:g}", "fedncm", n, args.cells,
-                privacy=GaussianMechanism(epsilon=eps, delta=1e-5, clip=clip))
+            run(
+                f"dp eps={eps:g}",
+                "fedncm",
+                n,
+                args.cells,
+                privacy=GaussianMechanism(epsilon=eps, delta=1e-5, clip=clip),
+            )
     for n in ints(args.secure):
         run("secure sum", "fedncm", n, None, secure_agg=True)
     for n in ints(args.cgs):
@@ -115,17 +139,22 @@ def main(argv=None) -> int:
     out = Path(args.out)
     import shlex
 
-    config = {**vars(args), "command": "PYTHONPATH=. python experiments/attacks_inversion.py "
-              + shlex.join(argv if argv is not None else sys.argv[1:]),
-              "seconds_total": round(time.perf_counter() - t_all, 1), "feature_decoder": _decoder_record(d, args)}
+    config = {
+        **vars(args),
+        "command": "PYTHONPATH=. python experiments/attacks_inversion.py "
+        + shlex.join(argv if argv is not None else sys.argv[1:]),
+        "seconds_total": round(time.perf_counter() - t_all, 1),
+        "feature_decoder": _decoder_record(d, args),
+    }
     write_rows(out, "inversion", rows, config)
     json_rows = [dict(r) for r in rows]
     if args.results_json:
         import json
 
         Path(args.results_json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.results_json).write_text(json.dumps({"config": config, "rows": rows}, indent=2, default=str)
-                                           + "\n")
+        Path(args.results_json).write_text(
+            json.dumps({"config": config, "rows": rows}, indent=2, default=str) + "\n"
+        )
     if args.grids:
         _grids(d, args, Path(args.grids), clip)
     for r in rows:
@@ -133,11 +162,29 @@ def main(argv=None) -> int:
         for name in SUITE_ORDER:
             v = r[f"{name}:identification"]
             r[f"{name}"] = "n/a" if v != v else f"{v:.3f} / {r[f'{name}:delta_psnr']:+.2f}"
-    print(f"feature decoder: {config['feature_decoder']['steps_trained']} steps, validation mse "
-          f"{config['feature_decoder']['validation_mse']:.5f}")
-    print(markdown(rows, ["setting", "n", "strongest", "identification", "baseline_identification",
-                          "chance_identification", "psnr", "baseline_psnr", "delta_psnr (se)", "ssim",
-                          "baseline_ssim", *SUITE_ORDER]))
+    print(
+        f"feature decoder: {config['feature_decoder']['steps_trained']} steps, validation mse "
+        f"{config['feature_decoder']['validation_mse']:.5f}"
+    )
+    print(
+        markdown(
+            rows,
+            [
+                "setting",
+                "n",
+                "strongest",
+                "identification",
+                "baseline_identification",
+                "chance_identification",
+                "psnr",
+                "baseline_psnr",
+                "delta_psnr (se)",
+                "ssim",
+                "baseline_ssim",
+                *SUITE_ORDER,
+            ],
+        )
+    )
     print()
     print("\n".join(readme_table(json_rows)))
     print(f"total {time.perf_counter() - t_all:.0f} s; wrote {out}")
@@ -158,7 +205,10 @@ def main(argv=None) -> int:
     ax[1].axhline(0, color="k", lw=0.8)
     for a in ax:
         a.set_xscale("log", base=2), a.set_xlabel("n records in the shared mean"), a.legend(fontsize=7)
-    ax[0].set_ylabel("identification (per true image)"), ax[1].set_ylabel("PSNR gain over the n-guess prior (dB)")
+    (
+        ax[0].set_ylabel("identification (per true image)"),
+        ax[1].set_ylabel("PSNR gain over the n-guess prior (dB)"),
+    )
     fig.tight_layout()
     fig.savefig(out / "inversion.png", dpi=120)
     return 0
@@ -172,23 +222,35 @@ def _decoder_record(d, args) -> dict:
     extra = {} if args.train_steps is None else {"train_steps": args.train_steps}
     cfg = attacks.get("inversion", backend="joint", **extra).decoder_config()
     dec = feature_decoder(d["backbone"], d["public"], 10, cfg)  # cached by hash: the one the attacks used
-    return {"config": cfg.as_dict(), "steps_trained": dec.steps_trained, "validation_mse": dec.val_loss,
-            "cache_key": dec.key}
+    return {
+        "config": cfg.as_dict(),
+        "steps_trained": dec.steps_trained,
+        "validation_mse": dec.val_loss,
+        "cache_key": dec.key,
+    }
 
 
 def readme_table(rows: list[dict]) -> list[str]:
     """The README's inversion table (markdown lines) from the results rows (the JSON's ``rows``)."""
+
     def f(v):
         return "n/a" if v != v else f"{v:.3f}"  # NaN: the attack does not apply
 
-    lines = ["| setting | n | strongest | identification (SE) | n-guess prior | chance | ΔPSNR over the prior (SE) | "
-             + " | ".join(SUITE_ORDER) + " |", "|" + " --- |" * (7 + len(SUITE_ORDER))]
+    lines = [
+        "| setting | n | strongest | identification (SE) | n-guess prior | chance | ΔPSNR over the prior (SE) | "
+        + " | ".join(SUITE_ORDER)
+        + " |",
+        "|" + " --- |" * (7 + len(SUITE_ORDER)),
+    ]
     for r in rows:
-        lines.append(f"| {r['setting']} | {r['n']} | {r['strongest']} | {f(r['identification'])} "
-                     f"({r['identification_se']:.3f}) | "
-                     f"{f(r['baseline_identification'])} | {f(r['chance_identification'])} | "
-                     f"{r['delta_psnr']:+.2f} dB ({r['delta_psnr_se']:.2f}) | "
-                     + " | ".join(f(r[f"{name}:identification"]) for name in SUITE_ORDER) + " |")
+        lines.append(
+            f"| {r['setting']} | {r['n']} | {r['strongest']} | {f(r['identification'])} "
+            f"({r['identification_se']:.3f}) | "
+            f"{f(r['baseline_identification'])} | {f(r['chance_identification'])} | "
+            f"{r['delta_psnr']:+.2f} dB ({r['delta_psnr_se']:.2f}) | "
+            + " | ".join(f(r[f"{name}:identification"]) for name in SUITE_ORDER)
+            + " |"
+        )
     return lines
 
 
@@ -214,7 +276,9 @@ def _grids(d, args, folder: Path, clip: float) -> None:
         view, truth = scenario(d, "fedcof", cl, rng=args.seed, **kw)
         rep = attacks.strongest("inversion", view, truth, rng=args.seed, max_cells=args.cells, **extra)
         # the strongest single attack (the per-cell report mixes members; its best member is drawn)
-        ok = {k: v for k, v in rep["attacks"].items() if k in SUITES["inversion"] and "not_applicable" not in v}
+        ok = {
+            k: v for k, v in rep["attacks"].items() if k in SUITES["inversion"] and "not_applicable" not in v
+        }
         best = max(ok, key=lambda k: (ok[k]["identification"], ok[k]["delta_psnr"]))
         attack, params = SUITES["inversion"][best]
         att = attacks.get(attack, **{**extra, "max_cells": args.cells, **params})
@@ -222,8 +286,12 @@ def _grids(d, args, folder: Path, clip: float) -> None:
         res = att.run(view, np.random.default_rng(args.seed), cells=cells)
         m = att.score(res, truth)
         where = "no noise" if eps is None else f"eps={eps:g} record level, local noise"
-        fig = _grid_figure(res, truth, f"fedcof, n=1, {where}: strongest single attack {best!r}, "
-                                       f"identification {m['identification']:.2f}")
+        fig = _grid_figure(
+            res,
+            truth,
+            f"fedcof, n=1, {where}: strongest single attack {best!r}, "
+            f"identification {m['identification']:.2f}",
+        )
         fig.savefig(folder / name, dpi=120)
         plt.close(fig)
         print("wrote", folder / name, flush=True)

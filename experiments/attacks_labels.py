@@ -65,8 +65,21 @@ def main(argv=None) -> int:
             rows.append(row)
     out = Path(args.out)
     write_rows(out, "labels", rows, vars(args))
-    print(markdown(rows, ["noise", "eps", "total_variation", "count_mae", "exact_support", "presence_auc",
-                          "singleton_auc", "auc_bound"]))
+    print(
+        markdown(
+            rows,
+            [
+                "noise",
+                "eps",
+                "total_variation",
+                "count_mae",
+                "exact_support",
+                "presence_auc",
+                "singleton_auc",
+                "auc_bound",
+            ],
+        )
+    )
     print(f"wrote {out}")
     return 0
 

@@ -26,8 +26,11 @@ from attacks_common import load_digits, markdown, scenario, write_rows  # noqa: 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--clients", type=int, default=12, help="clients unmixed per n")
-    p.add_argument("--record", action="store_true",
-                   help="also write experiments/results/attacks_second_moment.json, the record the README's figures are checked against")
+    p.add_argument(
+        "--record",
+        action="store_true",
+        help="also write experiments/results/attacks_second_moment.json, the record the README's figures are checked against",
+    )
     p.add_argument("--out", default="results/attacks-second-moment")
     args = p.parse_args(argv)
     import attacks
@@ -42,8 +45,16 @@ def main(argv=None) -> int:
             spec = NoiseSpec(sigma={"second": s}, clip=d["clip"]) if s else NoiseSpec(clip=d["clip"])
             view, truth = scenario(d, "fed3r", cl, privacy=spec, rng=0)
             m = attacks.evaluate("subspace", view, truth, rng=0)
-            sub.append({"n": n, "sigma_second": s, "auc": m["auc"], "auc_se": m["auc_se"], "tpr@0.01": m["tpr@0.01"],
-                        "mean_rank": m["mean_rank"]})
+            sub.append(
+                {
+                    "n": n,
+                    "sigma_second": s,
+                    "auc": m["auc"],
+                    "auc_se": m["auc_se"],
+                    "tpr@0.01": m["tpr@0.01"],
+                    "mean_rank": m["mean_rank"],
+                }
+            )
         if n <= 16:
             cl = class_groups(d["yp"], n, np.random.default_rng(100 + n), max_groups=args.clients)
             view, truth = scenario(d, "fedcgs", cl)
@@ -59,7 +70,9 @@ def main(argv=None) -> int:
         from experiments import recorded
 
         cmd = recorded.command("experiments/attacks_second_moment.py", argv)
-        print(f"recorded {recorded.save('attacks_second_moment', dict(config=vars(args), subspace=sub, unmixing=unm), cmd)}")
+        print(
+            f"recorded {recorded.save('attacks_second_moment', dict(config=vars(args), subspace=sub, unmixing=unm), cmd)}"
+        )
     table = []
     for n in sorted({r["n"] for r in sub}):
         row = {"n": n}
@@ -67,7 +80,11 @@ def main(argv=None) -> int:
         table.append(row)
     print(markdown(table, list(table[0])))
     print()
-    print(markdown(unm, ["n", "with_sums", "matched_cosine", "identification", "label_accuracy", "mean_residual"]))
+    print(
+        markdown(
+            unm, ["n", "with_sums", "matched_cosine", "identification", "label_accuracy", "mean_residual"]
+        )
+    )
     print(f"wrote {out}")
     return 0
 

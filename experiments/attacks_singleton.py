@@ -25,8 +25,11 @@ from attacks_common import load_digits, markdown, scenario, write_rows  # noqa: 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", type=int, default=3)
-    p.add_argument("--record", action="store_true",
-                   help="also write experiments/results/attacks_singleton.json, the record the README's figures are checked against")
+    p.add_argument(
+        "--record",
+        action="store_true",
+        help="also write experiments/results/attacks_singleton.json, the record the README's figures are checked against",
+    )
     p.add_argument("--out", default="results/attacks-singleton")
     args = p.parse_args(argv)
     import attacks
@@ -40,8 +43,11 @@ def main(argv=None) -> int:
     for alpha in (0.1, 0.3, 1.0):
         for spc in (10, 20, 50):
             settings.append(("dirichlet", dict(alpha=alpha), N // spc, spc))
-    settings += [("dirichlet-class", dict(alpha=0.5), 30, N // 30), ("shards", {}, 45, N // 45),
-                 ("iid", {}, 90, N // 90)]
+    settings += [
+        ("dirichlet-class", dict(alpha=0.5), 30, N // 30),
+        ("shards", {}, 45, N // 45),
+        ("iid", {}, 90, N // 90),
+    ]
     rows = []
     for scheme, kw, K, spc in settings:
         fr, ex, exn = [], [], []
@@ -50,12 +56,26 @@ def main(argv=None) -> int:
             fr.append(singleton_fraction(d["yp"], part.clients))
             view, truth = scenario(d, "fedncm", part.clients)
             ex.append(attacks.evaluate("singleton", view, truth)["exposed_fraction"])
-            noisy, truth = scenario(d, "fedncm", part.clients, privacy=NoiseSpec(count_kind="laplace",
-                                                                                 count_epsilon=1.0), rng=seed)
+            noisy, truth = scenario(
+                d,
+                "fedncm",
+                part.clients,
+                privacy=NoiseSpec(count_kind="laplace", count_epsilon=1.0),
+                rng=seed,
+            )
             exn.append(attacks.evaluate("singleton", noisy, truth)["exposed_fraction"])
-        rows.append({"scheme": scheme, **kw, "clients": K, "samples_per_client": spc,
-                     "singleton_fraction": float(np.mean(fr)), "exposed_clean": float(np.mean(ex)),
-                     "exposed_laplace_eps1": float(np.mean(exn)), "seeds": args.seeds})
+        rows.append(
+            {
+                "scheme": scheme,
+                **kw,
+                "clients": K,
+                "samples_per_client": spc,
+                "singleton_fraction": float(np.mean(fr)),
+                "exposed_clean": float(np.mean(ex)),
+                "exposed_laplace_eps1": float(np.mean(exn)),
+                "seeds": args.seeds,
+            }
+        )
     out = Path(args.out)
     write_rows(out, "singleton", rows, vars(args))
     if args.record:
@@ -64,8 +84,20 @@ def main(argv=None) -> int:
 
         cmd = recorded.command("experiments/attacks_singleton.py", argv)
         print(f"recorded {recorded.save('attacks_singleton', dict(config=vars(args), rows=rows), cmd)}")
-    print(markdown(rows, ["scheme", "alpha", "clients", "samples_per_client", "singleton_fraction", "exposed_clean",
-                          "exposed_laplace_eps1"]))
+    print(
+        markdown(
+            rows,
+            [
+                "scheme",
+                "alpha",
+                "clients",
+                "samples_per_client",
+                "singleton_fraction",
+                "exposed_clean",
+                "exposed_laplace_eps1",
+            ],
+        )
+    )
     print(f"wrote {out}")
     return 0
 

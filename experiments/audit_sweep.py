@@ -56,8 +56,16 @@ PLACEMENTS = ("local", "central", "mask", "ckks")
 SAMPLING = 0.25
 
 
-def configurations(eps: float, clip: float, methods, placements, backends, levels=("record", "client"),
-                   tradeoff=True, sampling=SAMPLING):
+def configurations(
+    eps: float,
+    clip: float,
+    methods,
+    placements,
+    backends,
+    levels=("record", "client"),
+    tradeoff=True,
+    sampling=SAMPLING,
+):
     """(name, level, placement, run) of every configuration the public API accepts (refusals audited too)."""
     for method in methods:
         for level in levels:
@@ -65,29 +73,54 @@ def configurations(eps: float, clip: float, methods, placements, backends, level
                 if level == "client" and placement == "local":
                     continue  # client level puts the noise on a sum: no local placement exists
                 for backend in backends:
-                    kw = dict(epsilon=eps, delta=1e-5, clip=clip, blocks=METHODS[method], level=level,
-                              backend=backend)
+                    kw = dict(
+                        epsilon=eps,
+                        delta=1e-5,
+                        clip=clip,
+                        blocks=METHODS[method],
+                        level=level,
+                        backend=backend,
+                    )
                     if level == "client":
                         kw["max_records"] = 20
                     if placement == "central":
                         kw["trusted_aggregator"] = True
                     proto = {"mask": PairwiseMasking, "ckks": CKKSAggregation}.get(placement)
                     name = f"fit {method} {level} {placement} {backend}"
-                    yield name, level, placement, fit_release(method, (lambda kw=kw: GaussianMechanism(**kw)),
-                                                              None if proto is None else proto)
+                    yield (
+                        name,
+                        level,
+                        placement,
+                        fit_release(
+                            method, (lambda kw=kw: GaussianMechanism(**kw)), None if proto is None else proto
+                        ),
+                    )
                     if placement == "central" and sampling < 1:
                         skw = dict(kw, sampling_rate=sampling)
-                        yield (f"fit {method} {level} central sampled q={sampling:g} {backend}", level, "sampled",
-                               fit_release(method, (lambda kw=skw: GaussianMechanism(**kw))))
+                        yield (
+                            f"fit {method} {level} central sampled q={sampling:g} {backend}",
+                            level,
+                            "sampled",
+                            fit_release(method, (lambda kw=skw: GaussianMechanism(**kw))),
+                        )
     if not tradeoff:
         return
     # The trade-off command's path (make_privacy), including count noise (no claim for the means).
     for count in (None, "laplace"):
         cfg = TradeoffConfig(level="record", count_noise=count)
-        yield (f"tradeoff fedncm record count_noise={count}", "record", "tradeoff",
-               tradeoff_release(cfg, "fedncm", eps, clip))
+        yield (
+            f"tradeoff fedncm record count_noise={count}",
+            "record",
+            "tradeoff",
+            tradeoff_release(cfg, "fedncm", eps, clip),
+        )
     cfg = TradeoffConfig(level="client", max_records=20)
-    yield "tradeoff fedncm client mask", "client", "tradeoff", tradeoff_release(cfg, "fedncm", eps, clip, secure="mask")
+    yield (
+        "tradeoff fedncm client mask",
+        "client",
+        "tradeoff",
+        tradeoff_release(cfg, "fedncm", eps, clip, secure="mask"),
+    )
 
 
 def _group(row: dict) -> str:
@@ -95,9 +128,13 @@ def _group(row: dict) -> str:
     name, level, placement = row["configuration"], row["level"], row["placement"]
     if name.startswith("tradeoff"):
         return "trade-off path (fedncm; record level, count noise, client level with masking)"
-    what = {"local": "local noise", "central": "trusted aggregator", "mask": "pairwise masking",
-            "ckks": "CKKS (metadata only, first pair)", "sampled": "trusted aggregator, Poisson client sampling"
-            }[placement]
+    what = {
+        "local": "local noise",
+        "central": "trusted aggregator",
+        "mask": "pairwise masking",
+        "ckks": "CKKS (metadata only, first pair)",
+        "sampled": "trusted aggregator, Poisson client sampling",
+    }[placement]
     return f"`fit`, {level} level, {what}"
 
 
@@ -110,13 +147,20 @@ def readme_table(results: dict) -> str:
     def num(x, digits=3):
         return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
 
-    lines = [("| configuration | methods | audits (statistical / metadata only / refused / no claim) | "
-              "claimed ε | largest ε lower bound | largest μ lower bound (claimed μ) | draws per side |"),
-             "| --- | --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        (
+            "| configuration | methods | audits (statistical / metadata only / refused / no claim) | "
+            "claimed ε | largest ε lower bound | largest μ lower bound (claimed μ) | draws per side |"
+        ),
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for g in sorted(groups):
         rows = groups[g]
         stat = [r for r in rows if r["verdict"] == "statistical"]
-        counts = [sum(r["verdict"] == v for r in rows) for v in ("statistical", "metadata only", "refused", "no claim")]
+        counts = [
+            sum(r["verdict"] == v for r in rows)
+            for v in ("statistical", "metadata only", "refused", "no claim")
+        ]
         methods = sorted({r["configuration"].split()[1] for r in rows if r["verdict"] != "refused"})
         claims = sorted({round(r["claimed_eps"], 3) for r in stat})
         mus = sorted({round(r["claimed_mu"], 3) for r in stat if r["claimed_mu"] is not None})
@@ -213,18 +257,34 @@ def broken_catalogue(eps: float = 1.0, clip: float = 3.0):
         def go(seed):
             with ctx():
                 r = audit_release(run, canary, draws=draws, heldout=heldout, seed=seed)[0]
-            return {"verdict": r.verdict, "flagged": bool(r.flagged), "eps_lb": r.eps_lb, "mu_lb": r.mu_lb,
-                    "claimed_eps": r.claimed_eps, "claimed_mu": r.claimed_mu, "draws": r.draws,
-                    "reason": r.reason[:300]}
+            return {
+                "verdict": r.verdict,
+                "flagged": bool(r.flagged),
+                "eps_lb": r.eps_lb,
+                "mu_lb": r.mu_lb,
+                "claimed_eps": r.claimed_eps,
+                "claimed_mu": r.claimed_mu,
+                "draws": r.draws,
+                "reason": r.reason[:300],
+            }
+
         return go
 
     def blocks(cls):
         def go(seed):
             res = audit_gaussian_blocks(lambda: cls(**blocks3), rng=np.random.default_rng(seed))
             worst = max(res.values(), key=lambda r: r.mu_lb / r.claimed_mu)
-            return {"verdict": "statistical (per block)", "flagged": any(r.refutes for r in res.values()),
-                    "mu_lb": worst.mu_lb, "claimed_mu": worst.claimed_mu, "draws": worst.draws,
-                    "eps_lb": None, "claimed_eps": None, "reason": "audit_gaussian_blocks, draws from the power formula"}
+            return {
+                "verdict": "statistical (per block)",
+                "flagged": any(r.refutes for r in res.values()),
+                "mu_lb": worst.mu_lb,
+                "claimed_mu": worst.claimed_mu,
+                "draws": worst.draws,
+                "eps_lb": None,
+                "claimed_eps": None,
+                "reason": "audit_gaussian_blocks, draws from the power formula",
+            }
+
         return go
 
     def rounds(halve):
@@ -238,7 +298,10 @@ def broken_catalogue(eps: float = 1.0, clip: float = 3.0):
             from mechanisms.backends import NumpyNoise
 
             inner = NumpyNoise.add_gaussian
-            return mock.patch.object(NumpyNoise, "add_gaussian", lambda self, x, s, rng: inner(self, x, s / 2, rng))
+            return mock.patch.object(
+                NumpyNoise, "add_gaussian", lambda self, x, s, rng: inner(self, x, s / 2, rng)
+            )
+
         return release(run, ctx=ctx)
 
     central = dict(trusted_aggregator=True)
@@ -247,11 +310,18 @@ def broken_catalogue(eps: float = 1.0, clip: float = 3.0):
         ("gaussian blocks, noise x 0.8", True, blocks(ScaledNoise08)),
         ("fit fedncm local, real", False, release(fit(GaussianMechanism), draws=200)),
         ("fit fedncm local, noise x 0.5", True, release(fit(HalvedNoise))),
-        ("fit fedncm local, seed 0 when no seed is given", True, release(fit(GaussianMechanism),
-                                                                         ctx=seed_zero_without_a_seed)),
+        (
+            "fit fedncm local, seed 0 when no seed is given",
+            True,
+            release(fit(GaussianMechanism), ctx=seed_zero_without_a_seed),
+        ),
         ("fit fedncm central, real", False, release(fit(GaussianMechanism, **central), draws=200)),
         ("fit fedncm central, raw count in a note", True, release(fit(CountInNote, **central))),
-        ("fit fedncm central, clipping after the sum", True, release(fit(ClipAfterSum, **central), draws=200)),
+        (
+            "fit fedncm central, clipping after the sum",
+            True,
+            release(fit(ClipAfterSum, **central), draws=200),
+        ),
         ("rounds (3 releases, central), real", False, rounds(False)),
         ("rounds (3 releases, central), noise x 0.5", True, rounds(True)),
     ]
@@ -266,13 +336,31 @@ def run_broken(a, argv) -> int:
             r = go(seed)
             ok = r["flagged"] == broken
             wrong += not ok
-            records.append({"variant": name, "broken": broken, "seed": seed, "ok": ok,
-                            "seconds": round(time.perf_counter() - t, 2), **{k: _clean(v) for k, v in r.items()}})
-            print(f"{name} seed {seed}: {r['verdict']}{' FLAGGED' if r['flagged'] else ''}"
-                  f"{'' if ok else '  <-- WRONG'}", flush=True)
-    out = {"command": "python -m experiments.audit_sweep " + " ".join(sys.argv[1:] if argv is None else argv),
-           "eps": a.broken_eps, "clip": a.clip, "delta": 1e-5, "seeds": a.seeds, "complete": True,
-           "seconds": round(time.perf_counter() - t0), "rows": records}
+            records.append(
+                {
+                    "variant": name,
+                    "broken": broken,
+                    "seed": seed,
+                    "ok": ok,
+                    "seconds": round(time.perf_counter() - t, 2),
+                    **{k: _clean(v) for k, v in r.items()},
+                }
+            )
+            print(
+                f"{name} seed {seed}: {r['verdict']}{' FLAGGED' if r['flagged'] else ''}"
+                f"{'' if ok else '  <-- WRONG'}",
+                flush=True,
+            )
+    out = {
+        "command": "python -m experiments.audit_sweep " + " ".join(sys.argv[1:] if argv is None else argv),
+        "eps": a.broken_eps,
+        "clip": a.clip,
+        "delta": 1e-5,
+        "seeds": a.seeds,
+        "complete": True,
+        "seconds": round(time.perf_counter() - t0),
+        "rows": records,
+    }
     if a.json:
         _atomic_json(a.json, out)
     print(f"{len(records)} audits, {wrong} wrong")
@@ -280,7 +368,11 @@ def run_broken(a, argv) -> int:
 
 
 def _clean(x):
-    return None if isinstance(x, float) and math.isnan(x) else (str(x) if isinstance(x, float) and math.isinf(x) else x)
+    return (
+        None
+        if isinstance(x, float) and math.isnan(x)
+        else (str(x) if isinstance(x, float) and math.isinf(x) else x)
+    )
 
 
 def main(argv=None) -> int:
@@ -290,20 +382,27 @@ def main(argv=None) -> int:
     p.add_argument("--draws", type=int, default=200, help="fresh draws per side for each bound")
     p.add_argument("--heldout", type=int, default=100, help="held-out draws per side (direction, threshold)")
     p.add_argument("--meta-draws", type=int, default=MIN_META_DRAWS)
-    p.add_argument("--ckks-draws", type=int, default=0, help="fresh draws per side for CKKS (0: metadata only)")
+    p.add_argument(
+        "--ckks-draws", type=int, default=0, help="fresh draws per side for CKKS (0: metadata only)"
+    )
     p.add_argument("--methods", default=",".join(METHODS))
     p.add_argument("--placements", default=",".join(PLACEMENTS))
     p.add_argument("--ckks-methods", default="fedncm,fed3r", help="methods audited under CKKS")
     p.add_argument("--backends", default="numpy")
     p.add_argument("--levels", default="record,client")
-    p.add_argument("--sampling", type=float, default=SAMPLING, help="rate of the sampled configurations (1: none)")
+    p.add_argument(
+        "--sampling", type=float, default=SAMPLING, help="rate of the sampled configurations (1: none)"
+    )
     p.add_argument("--no-tradeoff", action="store_true", help="skip the trade-off path's configurations")
     p.add_argument("--pairs", default="all", help="'all' or comma-separated indices into the battery")
     p.add_argument("--out", default=None, help="also write the table (markdown) here")
     p.add_argument("--json", default=None, help="also write every audit (machine-readable) here")
     p.add_argument("--table", default=None, help="print the README table of a JSON results file and exit")
-    p.add_argument("--broken", action="store_true",
-                   help="run the auditor's own test instead: broken variants it must flag beside the real releases")
+    p.add_argument(
+        "--broken",
+        action="store_true",
+        help="run the auditor's own test instead: broken variants it must flag beside the real releases",
+    )
     p.add_argument("--broken-eps", type=float, default=1.0, help="epsilon of the --broken variants")
     p.add_argument("--seeds", type=int, default=5, help="audit seeds per --broken variant")
     a = p.parse_args(argv)
@@ -315,15 +414,24 @@ def main(argv=None) -> int:
             print(readme_table(json.load(fh)))
         return 0
     warnings.simplefilter("ignore")
-    rows = ["| configuration | pair | verdict | claimed eps | claimed mu | eps lower bound | mu lower bound | draws |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    rows = [
+        "| configuration | pair | verdict | claimed eps | claimed mu | eps lower bound | mu lower bound | draws |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     records = []
     failed = total = 0
     t0 = time.perf_counter()
     ckks_methods = set(a.ckks_methods.split(","))
-    for name, level, placement, run in configurations(a.eps, a.clip, a.methods.split(","), a.placements.split(","),
-                                                      a.backends.split(","), a.levels.split(","),
-                                                      not a.no_tradeoff, a.sampling):
+    for name, level, placement, run in configurations(
+        a.eps,
+        a.clip,
+        a.methods.split(","),
+        a.placements.split(","),
+        a.backends.split(","),
+        a.levels.split(","),
+        not a.no_tradeoff,
+        a.sampling,
+    ):
         pairs = neighbour_battery(level)
         if a.pairs != "all":
             pairs = [pairs[int(i)] for i in a.pairs.split(",") if int(i) < len(pairs)]
@@ -339,18 +447,33 @@ def main(argv=None) -> int:
             def f(x):
                 return "" if isinstance(x, float) and math.isnan(x) else f"{x:.3f}"
 
-            row = (f"| {name} | {r.pair} | {r.verdict}{' FAIL' if r.flagged else ''} | {f(r.claimed_eps)} | "
-                   f"{f(r.claimed_mu)} | {f(r.eps_lb)} | {f(r.mu_lb)} | {r.draws} |")
+            row = (
+                f"| {name} | {r.pair} | {r.verdict}{' FAIL' if r.flagged else ''} | {f(r.claimed_eps)} | "
+                f"{f(r.claimed_mu)} | {f(r.eps_lb)} | {f(r.mu_lb)} | {r.draws} |"
+            )
             rows.append(row)
-            records.append({
-                "configuration": name, "level": level, "placement": placement, "pair": r.pair,
-                "verdict": r.verdict, "flagged": bool(r.flagged), "reason": r.reason,
-                "claimed_eps": _clean(r.claimed_eps), "claimed_mu": _clean(r.claimed_mu),
-                "eps_lb": _clean(r.eps_lb), "mu_lb": _clean(r.mu_lb), "draws": r.draws,
-                "heldout": heldout if r.verdict == "statistical" else 0, "meta_draws": max(a.meta_draws, MIN_META_DRAWS),
-            })
+            records.append(
+                {
+                    "configuration": name,
+                    "level": level,
+                    "placement": placement,
+                    "pair": r.pair,
+                    "verdict": r.verdict,
+                    "flagged": bool(r.flagged),
+                    "reason": r.reason,
+                    "claimed_eps": _clean(r.claimed_eps),
+                    "claimed_mu": _clean(r.claimed_mu),
+                    "eps_lb": _clean(r.eps_lb),
+                    "mu_lb": _clean(r.mu_lb),
+                    "draws": r.draws,
+                    "heldout": heldout if r.verdict == "statistical" else 0,
+                    "meta_draws": max(a.meta_draws, MIN_META_DRAWS),
+                }
+            )
             print(row, flush=True)
-        _write_json(a, argv, records, time.perf_counter() - t0, complete=False)  # partial results survive a stop
+        _write_json(
+            a, argv, records, time.perf_counter() - t0, complete=False
+        )  # partial results survive a stop
     seconds = time.perf_counter() - t0
     summary = f"{total} audits, {failed} failed, {seconds:.0f} s"
     print(summary)
@@ -364,12 +487,23 @@ def main(argv=None) -> int:
 def _write_json(a, argv, records, seconds, *, complete: bool) -> None:
     if a.json:
         try:
-            commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=False).stdout.strip()
+            commit = subprocess.run(
+                ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=False
+            ).stdout.strip()
         except OSError:
             commit = ""
-        out = {"command": "python -m experiments.audit_sweep " + " ".join(sys.argv[1:] if argv is None else argv),
-               "commit": commit, "seconds": round(seconds), "eps": a.eps, "clip": a.clip, "delta": 1e-5,
-               "sampling": a.sampling, "complete": complete, "rows": records}
+        out = {
+            "command": "python -m experiments.audit_sweep "
+            + " ".join(sys.argv[1:] if argv is None else argv),
+            "commit": commit,
+            "seconds": round(seconds),
+            "eps": a.eps,
+            "clip": a.clip,
+            "delta": 1e-5,
+            "sampling": a.sampling,
+            "complete": complete,
+            "rows": records,
+        }
         _atomic_json(a.json, out)
 
 

@@ -75,8 +75,10 @@ def bench_methods(K: int, num_cpus: int) -> dict:
     cfgs += [FlowerConfig(method=m, secure="ckks", **slow) for m in ("fedncm", "fedcof")]
     cfgs += [FlowerConfig(method=m, wire="compact", **slow) for m in ("fedncm", "fed3r")]
     cfgs += [FlowerConfig(method="fedncm", secure="mask", epsilon=1.0, clip=10.0, **slow)]
-    cfgs += [FlowerConfig(method=m, secure="flwr-secaggplus-insecure", clip=10.0, max_records=1000, **slow)
-             for m in ("fedncm", "fed3r")]
+    cfgs += [
+        FlowerConfig(method=m, secure="flwr-secaggplus-insecure", clip=10.0, max_records=1000, **slow)
+        for m in ("fedncm", "fed3r")
+    ]
     out, wall = _sim(cfgs, num_cpus)
     rows, server = [], 0.0
     for cfg, res in zip(cfgs, out):
@@ -85,24 +87,36 @@ def bench_methods(K: int, num_cpus: int) -> dict:
             continue
         server += res.report["seconds"]["total"]
         model = res.report["upload_bytes_model"]
-        rows.append({
-            "method": cfg.method, "secure": cfg.secure, "wire": cfg.wire,
-            "dp": "distributed" if cfg.private and cfg.secure != "none" else ("local" if cfg.private else ""),
-            "wire_bytes_up_per_node": res.report["wire"]["bytes_up_per_node"],
-            "fit_model_bytes_per_client": model.get("per_client") if cfg.secure == "none" else None,
-            "server_seconds": res.report["seconds"]["total"],
-        })
+        rows.append(
+            {
+                "method": cfg.method,
+                "secure": cfg.secure,
+                "wire": cfg.wire,
+                "dp": "distributed"
+                if cfg.private and cfg.secure != "none"
+                else ("local" if cfg.private else ""),
+                "wire_bytes_up_per_node": res.report["wire"]["bytes_up_per_node"],
+                "fit_model_bytes_per_client": model.get("per_client") if cfg.secure == "none" else None,
+                "server_seconds": res.report["seconds"]["total"],
+            }
+        )
     later = sum(r.get("server_seconds", 0.0) for r in rows[1:])
     # Time to the first head: Ray, actors, node imports and data loading, then one run.
-    return {"clients": K, "simulation_wall_s": wall, "server_s": server, "first_head_s": wall - later,
-            "runs": rows}
+    return {
+        "clients": K,
+        "simulation_wall_s": wall,
+        "server_s": server,
+        "first_head_s": wall - later,
+        "runs": rows,
+    }
 
 
 def bench_scale(sizes: list[int], num_cpus: int) -> list[dict]:
     rows = []
     for K in sizes:
-        cfg = FlowerConfig(method="fedncm", clients=K, dataset="synthetic:64:20", timeout=1800.0,
-                           connect_timeout=600.0)
+        cfg = FlowerConfig(
+            method="fedncm", clients=K, dataset="synthetic:64:20", timeout=1800.0, connect_timeout=600.0
+        )
         res, wall = _sim(cfg, num_cpus)
         # The same statistics summed directly: every node's data is reproducible from its id.
         S = np.zeros((10, 64))
@@ -113,18 +127,24 @@ def bench_scale(sizes: list[int], num_cpus: int) -> list[dict]:
             N += np.bincount(nd.labels, minlength=10)
         mu = S / N[:, None]
         ref = mu / np.linalg.norm(mu, axis=1, keepdims=True)
-        rows.append({
-            "clients": K, "simulation_wall_s": wall, "server_s": res.report["seconds"]["total"],
-            "query_stage_s": res.report["wire"]["stages"]["query"]["seconds"],
-            "wire_bytes_up_per_node": res.report["wire"]["bytes_up_per_node"],
-            "max_abs_diff_vs_direct_sum": float(np.abs(res.head.weight - ref).max()),
-        })
+        rows.append(
+            {
+                "clients": K,
+                "simulation_wall_s": wall,
+                "server_s": res.report["seconds"]["total"],
+                "query_stage_s": res.report["wire"]["stages"]["query"]["seconds"],
+                "wire_bytes_up_per_node": res.report["wire"]["bytes_up_per_node"],
+                "max_abs_diff_vs_direct_sum": float(np.abs(res.head.weight - ref).max()),
+            }
+        )
     return rows
 
 
 def bench_memory(dims: list[int], K: int, num_cpus: int) -> list[dict]:
     cfgs = [FlowerConfig(method="fed3r", clients=K, dataset=f"synthetic:{d}:20", timeout=900.0) for d in dims]
-    cfgs.append(FlowerConfig(method="fed3r", clients=2 * K, dataset=f"synthetic:{dims[-1]}:20", timeout=900.0))
+    cfgs.append(
+        FlowerConfig(method="fed3r", clients=2 * K, dataset=f"synthetic:{dims[-1]}:20", timeout=900.0)
+    )
     tracemalloc.start()
     try:
         out, _ = _sim(cfgs, num_cpus)
@@ -137,9 +157,16 @@ def bench_memory(dims: list[int], K: int, num_cpus: int) -> list[dict]:
             rows.append({"d": d, "clients": cfg.clients, "error": str(res)})
             continue
         peak = res.report["server_peak_traced_bytes"]
-        rows.append({"d": d, "clients": cfg.clients, "server_peak_traced_bytes": peak,
-                     "d2_bytes": 8 * d * d, "K_d2_bytes": 8 * cfg.clients * d * d,
-                     "peak_over_d2": peak / (8 * d * d)})
+        rows.append(
+            {
+                "d": d,
+                "clients": cfg.clients,
+                "server_peak_traced_bytes": peak,
+                "d2_bytes": 8 * d * d,
+                "K_d2_bytes": 8 * cfg.clients * d * d,
+                "peak_over_d2": peak / (8 * d * d),
+            }
+        )
     return rows
 
 
@@ -179,13 +206,18 @@ def bench_protocols(K: int, reps: int) -> list[dict]:
             up = res.report["wire"]["bytes_up_per_node"]
             base = up if base is None else base
             pv = res.report.get("payload_vs_model") or {}
-            rows.append({
-                "method": method, "protocol": name, "bytes_up_per_node": up, "vs_plain_float64": up / base,
-                "fit_model_bytes_per_node": pv["model_bytes"] / K if pv else None,
-                "payload_bytes_per_node": pv["payload_bytes"] / K if pv else None,
-                "epsilon": None if res.head.privacy is None else res.head.privacy.epsilon,
-                "server_s_median": float(np.median(times)),
-            })
+            rows.append(
+                {
+                    "method": method,
+                    "protocol": name,
+                    "bytes_up_per_node": up,
+                    "vs_plain_float64": up / base,
+                    "fit_model_bytes_per_node": pv["model_bytes"] / K if pv else None,
+                    "payload_bytes_per_node": pv["payload_bytes"] / K if pv else None,
+                    "epsilon": None if res.head.privacy is None else res.head.privacy.epsilon,
+                    "server_s_median": float(np.median(times)),
+                }
+            )
     return rows
 
 
@@ -201,20 +233,39 @@ def bench_audit(draws: int) -> list[dict]:
         ("local", {}, record[1], False),
         ("trusted aggregator (central)", {"trusted_aggregator": True}, record[1], False),
         ("distributed, masking", {"secure": "mask"}, record[1], False),
-        ("distributed, masking, client level", {"secure": "mask", "level": "client", "max_records": 20},
-         client[1], False),
+        (
+            "distributed, masking, client level",
+            {"secure": "mask", "level": "client", "max_records": 20},
+            client[1],
+            False,
+        ),
         ("BROKEN halved noise, local", {}, record[1], True),
         ("BROKEN halved noise, masking", {"secure": "mask"}, record[1], True),
     ]
     rows = []
     for name, kw, pair, broken in cases:
         t0 = time.perf_counter()
-        with warnings.catch_warnings(), (halved_noise_nodes() if broken else contextlib.nullcontext()):
+        with warnings.catch_warnings(), halved_noise_nodes() if broken else contextlib.nullcontext():
             warnings.simplefilter("ignore")
-            r = audit_release(flower_release("fedncm", epsilon=4.0, clip=3.0, **kw), [pair], draws=draws,
-                              heldout=draws // 2, meta_draws=2)[0]
-        rows.append({"path": name, "pair": r.pair, "claimed_eps": r.claimed_eps, "claimed_mu": r.claimed_mu,
-                     "mu_lb": r.mu_lb, "draws": r.draws, "flagged": r.flagged, "seconds": time.perf_counter() - t0})
+            r = audit_release(
+                flower_release("fedncm", epsilon=4.0, clip=3.0, **kw),
+                [pair],
+                draws=draws,
+                heldout=draws // 2,
+                meta_draws=2,
+            )[0]
+        rows.append(
+            {
+                "path": name,
+                "pair": r.pair,
+                "claimed_eps": r.claimed_eps,
+                "claimed_mu": r.claimed_mu,
+                "mu_lb": r.mu_lb,
+                "draws": r.draws,
+                "flagged": r.flagged,
+                "seconds": time.perf_counter() - t0,
+            }
+        )
     return rows
 
 
@@ -227,48 +278,114 @@ def main(argv=None) -> int:
     p.add_argument("--num-cpus", type=int, default=2)
     p.add_argument("--reps", type=int, default=3, help="protocols part: runs per configuration (median)")
     p.add_argument("--audit-draws", type=int, default=150, help="audit part: fresh draws per side")
-    p.add_argument("--skip", default="",
-                   help="comma-separated parts to skip: methods,scale,memory,protocols,audit")
+    p.add_argument(
+        "--skip", default="", help="comma-separated parts to skip: methods,scale,memory,protocols,audit"
+    )
     p.add_argument("--out", default="results/bench_flower")
-    p.add_argument("--record", action="store_true",
-                   help="also merge the parts that ran into experiments/results/bench_flower.json, "
-                        "the record the README's Flower figures are checked against")
+    p.add_argument(
+        "--record",
+        action="store_true",
+        help="also merge the parts that ran into experiments/results/bench_flower.json, "
+        "the record the README's Flower figures are checked against",
+    )
     args = p.parse_args(argv)
     skip = set(filter(None, args.skip.split(",")))
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    res: dict = {"config": vars(args), "machine": {"python": platform.python_version(),
-                                                     "cpus": os.cpu_count()}}
+    res: dict = {
+        "config": vars(args),
+        "machine": {"python": platform.python_version(), "cpus": os.cpu_count()},
+    }
     if "methods" not in skip:
         res["methods"] = bench_methods(args.clients, args.num_cpus)
         m = res["methods"]
         print(f"\n## Start-up and bytes ({m['clients']} nodes, digits d = 64)\n")
-        print(f"simulation wall {m['simulation_wall_s']:.1f} s, server {m['server_s']:.1f} s, "
-              f"first head after {m['first_head_s']:.1f} s (start-up + one run)\n")
-        print(markdown(m["runs"], ["method", "secure", "wire", "dp", "wire_bytes_up_per_node",
-                                   "fit_model_bytes_per_client", "server_seconds", "error"], ".4g"))
+        print(
+            f"simulation wall {m['simulation_wall_s']:.1f} s, server {m['server_s']:.1f} s, "
+            f"first head after {m['first_head_s']:.1f} s (start-up + one run)\n"
+        )
+        print(
+            markdown(
+                m["runs"],
+                [
+                    "method",
+                    "secure",
+                    "wire",
+                    "dp",
+                    "wire_bytes_up_per_node",
+                    "fit_model_bytes_per_client",
+                    "server_seconds",
+                    "error",
+                ],
+                ".4g",
+            )
+        )
     if "scale" not in skip:
         res["scale"] = bench_scale(parse_int_list(args.scale, "--scale", minimum=1), args.num_cpus)
         print("\n## Scale (fedncm, synthetic d = 64, 20 samples a node)\n")
-        print(markdown(res["scale"], ["clients", "simulation_wall_s", "server_s", "query_stage_s",
-                                      "wire_bytes_up_per_node", "max_abs_diff_vs_direct_sum"], ".4g"))
+        print(
+            markdown(
+                res["scale"],
+                [
+                    "clients",
+                    "simulation_wall_s",
+                    "server_s",
+                    "query_stage_s",
+                    "wire_bytes_up_per_node",
+                    "max_abs_diff_vs_direct_sum",
+                ],
+                ".4g",
+            )
+        )
     if "memory" not in skip:
-        res["memory"] = bench_memory(parse_int_list(args.dims, "--dims", minimum=1), args.memory_clients,
-                                     args.num_cpus)
+        res["memory"] = bench_memory(
+            parse_int_list(args.dims, "--dims", minimum=1), args.memory_clients, args.num_cpus
+        )
         print("\n## Server memory against d^2 (fed3r, synthetic)\n")
-        print(markdown(res["memory"], ["d", "clients", "server_peak_traced_bytes", "d2_bytes", "K_d2_bytes",
-                                       "peak_over_d2", "error"], ".4g"))
+        print(
+            markdown(
+                res["memory"],
+                [
+                    "d",
+                    "clients",
+                    "server_peak_traced_bytes",
+                    "d2_bytes",
+                    "K_d2_bytes",
+                    "peak_over_d2",
+                    "error",
+                ],
+                ".4g",
+            )
+        )
     if "protocols" not in skip:
         res["protocols"] = bench_protocols(args.clients, args.reps)
         print(f"\n## Bytes per protocol ({args.clients} digits nodes, in-process grid)\n")
-        print(markdown(res["protocols"], ["method", "protocol", "bytes_up_per_node", "vs_plain_float64",
-                                          "fit_model_bytes_per_node", "payload_bytes_per_node", "epsilon",
-                                          "server_s_median"], ".4g"))
+        print(
+            markdown(
+                res["protocols"],
+                [
+                    "method",
+                    "protocol",
+                    "bytes_up_per_node",
+                    "vs_plain_float64",
+                    "fit_model_bytes_per_node",
+                    "payload_bytes_per_node",
+                    "epsilon",
+                    "server_s_median",
+                ],
+                ".4g",
+            )
+        )
     if "audit" not in skip:
         res["audit"] = bench_audit(args.audit_draws)
         print("\n## End-to-end audits of the Flower DP paths (fedncm, eps = 4)\n")
-        print(markdown(res["audit"], ["path", "pair", "claimed_eps", "claimed_mu", "mu_lb", "draws", "flagged",
-                                      "seconds"], ".4g"))
+        print(
+            markdown(
+                res["audit"],
+                ["path", "pair", "claimed_eps", "claimed_mu", "mu_lb", "draws", "flagged", "seconds"],
+                ".4g",
+            )
+        )
     (out / "results.json").write_text(json.dumps(res, indent=2, default=str))
     print(f"\nwritten {out / 'results.json'}")
     if args.record:
@@ -287,7 +404,12 @@ def record(res: dict, argv) -> None:
     cmd = recorded.command("-m experiments.bench_flower", argv)
     for part in ("methods", "scale", "memory", "protocols", "audit"):
         if part in res:
-            data[part] = {"command": cmd, "machine": recorded.machine(), "config": res["config"], "rows": res[part]}
+            data[part] = {
+                "command": cmd,
+                "machine": recorded.machine(),
+                "config": res["config"],
+                "rows": res[part],
+            }
     print(f"recorded {recorded.save('bench_flower', data, cmd)}")
 
 

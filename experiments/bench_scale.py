@@ -191,7 +191,8 @@ def measure_bound(F32, y, k, repeats: int) -> dict:
     Nc = np.bincount(y, minlength=C).astype(float)
     rng = np.random.default_rng(0)  # fit's random_state=0: the same pseudo-clients
     pseudo, _ = privfed.methods.get("fedcof", means_per_client=4).row_groups(
-        y, k, num_classes=C, num_clients=K, rng=rng)
+        y, k, num_classes=C, num_clients=K, rng=rng
+    )
     rows = {"M": _spread_rows(k, y, C), "M4": _spread_rows(np.asarray(pseudo), y, C)}
     out, wall = {}, {}
     repeats = max(repeats, BOUND_REPEATS)
@@ -224,10 +225,17 @@ def measure_bound(F32, y, k, repeats: int) -> dict:
 
 
 #: What each method's client and server must do (keys of :func:`measure_bound`), see the module docstring.
-CLIENT_PARTS = {name: ("to_float64_s", "group_sum_M_s" if name.startswith("fedcof") and name != "fedcof-oracle"
-                       else "group_sum_C_s") + (("xtx_N_s",) if name in SECOND else ()) for name in METHODS}
+CLIENT_PARTS = {
+    name: (
+        "to_float64_s",
+        "group_sum_M_s" if name.startswith("fedcof") and name != "fedcof-oracle" else "group_sum_C_s",
+    )
+    + (("xtx_N_s",) if name in SECOND else ())
+    for name in METHODS
+}
 SERVER_PARTS = {
-    "fedncm": ("pass_C_s",), "fedlog": ("pass_C_s",),
+    "fedncm": ("pass_C_s",),
+    "fedlog": ("pass_C_s",),
     "fed3r": ("cholesky_s", "solve_C_s"),
     "fed3r-within": ("xtx_C_s", "cholesky_s", "solve_C_s"),
     "fedcof-oracle": ("xtx_C_s", "cholesky_s", "solve_C_s"),
@@ -278,16 +286,26 @@ def child(data: str, name: str, repeats: int, threads: int) -> dict:
     rss_input = _proc_status("VmRSS")  # interpreter, privfed and the input: what fit adds is above this
     M_up = []
     # best of repeats (CPU seconds, 1 BLAS thread; wall recorded beside): the machine may be shared
-    fit_s = best_of(lambda: M_up.append(int(privfed.fit(mname, F32, y, k, random_state=0,
-                                                        **params).upload_bytes["M"])), repeats)
+    fit_s = best_of(
+        lambda: M_up.append(int(privfed.fit(mname, F32, y, k, random_state=0, **params).upload_bytes["M"])),
+        repeats,
+    )
     fit_wall = LAST_WALL[0]
     peak = _proc_status("VmHWM")  # before the server's statistics are folded below
     C, K = int(y.max()) + 1, int(k.max()) + 1
     folded = fold_statistics(m, F32, y, k, num_classes=C, num_clients=K, rng=np.random.default_rng(0))
     server_s = best_of(lambda: m.aggregate(folded), repeats)
-    return {"method": name, "fit_s": fit_s, "server_s": server_s, "fit_wall_s": fit_wall,
-            "server_wall_s": LAST_WALL[0], "peak_rss": peak, "rss_input": rss_input,
-            "input_bytes": int(F32.nbytes), "M_uploaded": M_up[-1]}
+    return {
+        "method": name,
+        "fit_s": fit_s,
+        "server_s": server_s,
+        "fit_wall_s": fit_wall,
+        "server_wall_s": LAST_WALL[0],
+        "peak_rss": peak,
+        "rss_input": rss_input,
+        "input_bytes": int(F32.nbytes),
+        "M_uploaded": M_up[-1],
+    }
 
 
 def child_curve(shape: dict, name: str, repeats: int, threads: int) -> dict:
@@ -348,10 +366,20 @@ def child_local_dp(data: str, clients: int, repeats: int, threads: int, method: 
             for _ in range(chunks):
                 X.T @ X
             best_xtx = min(best_xtx, time.process_time() - t0)
-    out = {"method": method, "params": stated_params(method), "clients": clients, "C": C, "d": d,
-           "run_s": best_run, "noise_s": best_noise, "peak_rss": _proc_status("VmHWM"), "rss_input": rss_input,
-           "releases": len({e.release_id for e in mech.ledger.events}),
-           "sent_M": head.upload_bytes["M"], "guarantee": head.privacy.guarantee}
+    out = {
+        "method": method,
+        "params": stated_params(method),
+        "clients": clients,
+        "C": C,
+        "d": d,
+        "run_s": best_run,
+        "noise_s": best_noise,
+        "peak_rss": _proc_status("VmHWM"),
+        "rss_input": rss_input,
+        "releases": len({e.release_id for e in mech.ledger.events}),
+        "sent_M": head.upload_bytes["M"],
+        "guarantee": head.privacy.guarantee,
+    }
     if method == "fedcof":
         out.update(xtx_s=best_xtx, kept_rows=int(np.sum(head.extras["Kc"])))
     return out
@@ -391,7 +419,7 @@ def loop_clients(F32, y, k, name: str, loop_rows: int) -> dict:
     uploads = []
     start = 0
     for kk in range(last + 1):
-        idx = order[start:ends[kk]]
+        idx = order[start : ends[kk]]
         start = ends[kk]
         Fk = np.asarray(F32[idx], dtype=np.float64)
         yk = y[idx]
@@ -455,7 +483,9 @@ def loop_clients(F32, y, k, name: str, loop_rows: int) -> dict:
 
 
 # -- one shape: data, bound, every method, the loop ----------------------------------------------
-def measure_point(shape: dict, names, repeats: int, threads: int, loop_rows: int, tmp: str, label: str) -> dict:
+def measure_point(
+    shape: dict, names, repeats: int, threads: int, loop_rows: int, tmp: str, label: str
+) -> dict:
     t0 = time.perf_counter()
     F32, y, k = inat_like(**shape, seed=0)
     real = shape_of(y, k)
@@ -463,8 +493,11 @@ def measure_point(shape: dict, names, repeats: int, threads: int, loop_rows: int
     for name, arr in (("F", F32), ("y", y), ("k", k)):
         np.save(os.path.join(tmp, f"{name}.npy"), arr)
     bound = measure_bound(F32, y, k, repeats)
-    print(f"[{label}] bound parts:", {a: (round(b, 4) if isinstance(b, float) else b) for a, b in bound.items()},
-          flush=True)
+    print(
+        f"[{label}] bound parts:",
+        {a: (round(b, 4) if isinstance(b, float) else b) for a, b in bound.items()},
+        flush=True,
+    )
     rows = []
     for name in names:
         r = run_child(["--child", name, "--data", tmp, "--repeats", str(repeats)], threads)
@@ -477,8 +510,9 @@ def measure_point(shape: dict, names, repeats: int, threads: int, loop_rows: int
             if "server_s" in lp:  # FedCOF: the looped server, scaled by the rows uploaded / rows done
                 r["loop_pairs"] = lp["pairs"]
                 r["loop_server_s"] = lp["server_s"] * r["M_uploaded"] / lp["pairs"] + bound["cholesky_s"]
-                r["loop_server_class_gemm_s"] = (lp["server_class_gemm_s"] * r["M_uploaded"] / lp["pairs"]
-                                                 + bound["cholesky_s"])
+                r["loop_server_class_gemm_s"] = (
+                    lp["server_class_gemm_s"] * r["M_uploaded"] / lp["pairs"] + bound["cholesky_s"]
+                )
             r["bound_s"] = bound_for(name, bound)
             r["client_bound_s"] = client_bound(name, bound)
             r["server_bound_s"] = server_bound(name, bound)
@@ -490,7 +524,9 @@ def measure_point(shape: dict, names, repeats: int, threads: int, loop_rows: int
 def scaling(base: dict, repeats: int, threads: int) -> list[dict]:
     plans = {
         "K (M, N fixed)": [dict(base, K=int(base["K"] * f)) for f in (0.25, 0.5, 1.0)],
-        "M (K fixed, N = 2.2 M)": [dict(base, M=int(base["M"] * f), N=int(base["N"] * f)) for f in (0.25, 0.5, 1.0)],
+        "M (K fixed, N = 2.2 M)": [
+            dict(base, M=int(base["M"] * f), N=int(base["N"] * f)) for f in (0.25, 0.5, 1.0)
+        ],
         # d upwards from the base: the d^2 terms (X^T X) dominate the N d group sum only at larger d
         "d": [dict(base, d=int(base["d"] * f)) for f in (2.0, 4.0, 8.0)],
     }
@@ -499,13 +535,26 @@ def scaling(base: dict, repeats: int, threads: int) -> list[dict]:
         for name in ("fedcof", "fed3r-within"):
             xs, ts = [], []
             for p in plan:
-                r = run_child(["--child", "curve", "--curve-method", name, "--curve-shape", json.dumps(p),
-                               "--repeats", str(repeats)], threads)
+                r = run_child(
+                    [
+                        "--child",
+                        "curve",
+                        "--curve-method",
+                        name,
+                        "--curve-shape",
+                        json.dumps(p),
+                        "--repeats",
+                        str(repeats),
+                    ],
+                    threads,
+                )
                 if "error" in r:
                     raise RuntimeError(f"curve point {p} of {name} failed: {r['error']}")
                 xs.append({"K (M, N fixed)": r["K"], "M (K fixed, N = 2.2 M)": r["M"], "d": p["d"]}[curve])
                 ts.append(r["seconds"])
-            curves.append({"curve": curve, "method": name, "x": xs, "seconds": ts, "exponent": fit_exponent(xs, ts)})
+            curves.append(
+                {"curve": curve, "method": name, "x": xs, "seconds": ts, "exponent": fit_exponent(xs, ts)}
+            )
             print(json.dumps(curves[-1]), flush=True)
     return curves
 
@@ -522,9 +571,15 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--no-curves", action="store_true")
     p.add_argument("--no-d256", action="store_true", help="skip the d = 256 table")
-    p.add_argument("--curve-repeats", type=int, default=None, help="repeats per scaling-curve point (min taken)")
-    p.add_argument("--dp-clients", type=int, default=None,
-                   help="clients the local-DP release is timed on (scaled to K; default 400, 0: all)")
+    p.add_argument(
+        "--curve-repeats", type=int, default=None, help="repeats per scaling-curve point (min taken)"
+    )
+    p.add_argument(
+        "--dp-clients",
+        type=int,
+        default=None,
+        help="clients the local-DP release is timed on (scaled to K; default 400, 0: all)",
+    )
     p.add_argument("--no-dp", action="store_true")
     p.add_argument("--dp-method", default="fedncm", help=argparse.SUPPRESS)
     p.add_argument("--threads", type=int, default=1, help="BLAS threads for everything timed (default 1)")
@@ -535,10 +590,16 @@ def main(argv=None) -> int:
     p.add_argument("--curve-shape", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child == "local-dp":
-        print(json.dumps(child_local_dp(args.data, args.dp_clients, args.repeats, args.threads, args.dp_method)))
+        print(
+            json.dumps(child_local_dp(args.data, args.dp_clients, args.repeats, args.threads, args.dp_method))
+        )
         return 0
     if args.child == "curve":
-        print(json.dumps(child_curve(json.loads(args.curve_shape), args.curve_method, args.repeats, args.threads)))
+        print(
+            json.dumps(
+                child_curve(json.loads(args.curve_shape), args.curve_method, args.repeats, args.threads)
+            )
+        )
         return 0
     if args.child:
         print(json.dumps(child(args.data, args.child, args.repeats, args.threads)))
@@ -561,24 +622,55 @@ def main(argv=None) -> int:
             kdp = K if args.dp_clients == 0 else min(args.dp_clients or 400, K)
             for meth in ("fedncm", "fedcof"):
                 for kk in sorted({max(1, kdp // 2), kdp}):  # two sizes: the peak RSS must not grow with K
-                    r = run_child(["--child", "local-dp", "--data", tmp, "--repeats", "1", "--dp-clients", str(kk),
-                                   "--dp-method", meth], args.threads)
+                    r = run_child(
+                        [
+                            "--child",
+                            "local-dp",
+                            "--data",
+                            tmp,
+                            "--repeats",
+                            "1",
+                            "--dp-clients",
+                            str(kk),
+                            "--dp-method",
+                            meth,
+                        ],
+                        args.threads,
+                    )
                     print(json.dumps(r), flush=True)
                     dp.append(dict(r, method=meth))
         if not args.small and not args.no_d256:
             points["d256"] = measure_point(D256, names, args.repeats, args.threads, 2000, tmp, "d256")
             (out / "bench_scale.partial.json").write_text(json.dumps(points))
-    curves = [] if args.no_curves else scaling(
-        D256 if not args.small else dict(K=500, C=100, d=128, N=6500, M=3000),
-        args.curve_repeats or args.repeats, args.threads)
+    curves = (
+        []
+        if args.no_curves
+        else scaling(
+            D256 if not args.small else dict(K=500, C=100, d=128, N=6500, M=3000),
+            args.curve_repeats or args.repeats,
+            args.threads,
+        )
+    )
     main_point = points["main"]
-    results = {"shape": main_point["shape"], "d": main_point["d"], "bound": main_point["bound"],
-               "rows": main_point["rows"], "input_mib": main_point["input_mib"], "d256": points.get("d256"),
-               "curves": curves, "local_dp": dp, "upload_chunk_mib": _upload_chunk_mib(), "small": args.small,
-               "repeats": args.repeats, "threads": args.threads, "cores": os.cpu_count(),
-               "memory_target": MEMORY_TARGET,
-               "command": "python experiments/bench_scale.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-               "machine_dependent": "every time and RSS (one run on one machine; ratios are within the run)"}
+    results = {
+        "shape": main_point["shape"],
+        "d": main_point["d"],
+        "bound": main_point["bound"],
+        "rows": main_point["rows"],
+        "input_mib": main_point["input_mib"],
+        "d256": points.get("d256"),
+        "curves": curves,
+        "local_dp": dp,
+        "upload_chunk_mib": _upload_chunk_mib(),
+        "small": args.small,
+        "repeats": args.repeats,
+        "threads": args.threads,
+        "cores": os.cpu_count(),
+        "memory_target": MEMORY_TARGET,
+        "command": "python experiments/bench_scale.py "
+        + " ".join(argv if argv is not None else sys.argv[1:]),
+        "machine_dependent": "every time and RSS (one run on one machine; ratios are within the run)",
+    }
     text = render(results)
     print(text)
     _write_atomic(out / "bench_scale.json", json.dumps(results, indent=1) + "\n")
@@ -651,8 +743,13 @@ def _table(point: dict, res: dict, title: str) -> list[str]:
 
 def render(res: dict) -> str:
     """The markdown tables of one run (the docs' scale section is this text)."""
-    main = {"shape": res["shape"], "d": res["d"], "bound": res["bound"], "rows": res["rows"],
-            "input_mib": res["input_mib"]}
+    main = {
+        "shape": res["shape"],
+        "d": res["d"],
+        "bound": res["bound"],
+        "rows": res["rows"],
+        "input_mib": res["input_mib"],
+    }
     done = [r for r in res["rows"] if "error" not in r]
     lines = [
         f"Command: {res['command']}; times and RSS are machine-dependent, ratios are within this run. Times are "
@@ -672,23 +769,40 @@ def render(res: dict) -> str:
         "(one rank-1 update per uploaded row, scaled by rows), the other methods' followed by privfed's server.",
         "",
     ]
-    lines += _table(main, res, "Scaled-down federation (--small)" if res["small"] else
-                    "iNat-120K-shaped synthetic federation")
-    gemm = [(r["method"], method_ratios(r, res["bound"])["class_gemm_loop_fit"]) for r in done
-            if "loop_server_class_gemm_s" in r]
+    lines += _table(
+        main,
+        res,
+        "Scaled-down federation (--small)" if res["small"] else "iNat-120K-shaped synthetic federation",
+    )
+    gemm = [
+        (r["method"], method_ratios(r, res["bound"])["class_gemm_loop_fit"])
+        for r in done
+        if "loop_server_class_gemm_s" in r
+    ]
     if gemm:
-        lines += ["", "FedCOF against a per-class loop (each class's uploaded rows stacked into one GEMM instead of "
-                  "rank-1 updates): " + ", ".join(f"{m} loop / fit {v:.1f}" for m, v in gemm) + "."]
+        lines += [
+            "",
+            "FedCOF against a per-class loop (each class's uploaded rows stacked into one GEMM instead of "
+            "rank-1 updates): " + ", ".join(f"{m} loop / fit {v:.1f}" for m, v in gemm) + ".",
+        ]
     if res.get("d256"):
         lines += [""] + _table(res["d256"], res, "The same at d = 256")
     lines += _dp_lines(res)
     curves = res.get("curves") or []
     if curves:
-        lines += ["", "Scaling curves (privfed.fit, one fresh process per point, min over repeats; fitted log-log "
-                  "exponent):", "", "| curve | method | x | seconds | fitted exponent |", "| --- | --- | --- | --- | --- |"]
+        lines += [
+            "",
+            "Scaling curves (privfed.fit, one fresh process per point, min over repeats; fitted log-log "
+            "exponent):",
+            "",
+            "| curve | method | x | seconds | fitted exponent |",
+            "| --- | --- | --- | --- | --- |",
+        ]
         for c in curves:
-            lines.append(f"| {c['curve']} | {c['method']} | {c['x']} | {[round(t, 3) for t in c['seconds']]} | "
-                         f"{c['exponent']:.2f} |")
+            lines.append(
+                f"| {c['curve']} | {c['method']} | {c['x']} | {[round(t, 3) for t in c['seconds']]} | "
+                f"{c['exponent']:.2f} |"
+            )
     return "\n".join(lines)
 
 
@@ -724,12 +838,19 @@ def _dp_lines(res: dict) -> list[str]:
         mine = [r for r in dp if r["method"] == meth]
         if len(mine) > 1:
             big, small = max(mine, key=lambda r: r["clients"]), min(mine, key=lambda r: r["clients"])
-            lines += ["", (
-                f"{meth}: peak RSS above the input at {big['clients']:,} clients / at {small['clients']:,}: "
-                f"{(big['peak_rss'] - big['rss_input']) / max(small['peak_rss'] - small['rss_input'], 1):.2f} "
-                f"(chunks of {res.get('upload_chunk_mib', 16):g} MiB of uploads"
-                + ("; FedCOF also holds the K C noisy counts)." if meth == "fedcof" else
-                   ": memory independent of K)."))]
+            lines += [
+                "",
+                (
+                    f"{meth}: peak RSS above the input at {big['clients']:,} clients / at {small['clients']:,}: "
+                    f"{(big['peak_rss'] - big['rss_input']) / max(small['peak_rss'] - small['rss_input'], 1):.2f} "
+                    f"(chunks of {res.get('upload_chunk_mib', 16):g} MiB of uploads"
+                    + (
+                        "; FedCOF also holds the K C noisy counts)."
+                        if meth == "fedcof"
+                        else ": memory independent of K)."
+                    )
+                ),
+            ]
     return lines
 
 

@@ -199,30 +199,49 @@ def run_active(K: int, D: int, repeats: int, seed: int) -> tuple[list[dict], dic
         for label, after in (("no dropouts", []), ("10% drop after upload", list(range(0, K, 10)))):
             got = {}
             for mode in ("honest-but-curious", "active"):
-                cpu, wall, res = _best(lambda m=mode, a=after, Xv=Xv: masked_sum(
-                    Xv, dropped_after_upload=a, active=(m == "active"), rng=rng), repeats)
+                cpu, wall, res = _best(
+                    lambda m=mode, a=after, Xv=Xv: masked_sum(
+                        Xv, dropped_after_upload=a, active=(m == "active"), rng=rng
+                    ),
+                    repeats,
+                )
                 ups = [sum(v.values()) for v in res.upload_bytes.values()]
                 got[mode] = {
-                    "cpu_s": cpu, "wall_s": wall,
+                    "cpu_s": cpu,
+                    "wall_s": wall,
                     "consistency_s": res.seconds.get("consistency", 0.0),
                     "upload_bytes_per_client": float(np.mean(ups)),
                     "download_bytes_per_client": float(np.mean(list(res.download_bytes.values()))),
                     "max_abs_error": float(np.abs(res.total - Xv.sum(axis=0)).max()),
                 }
             h, a = got["honest-but-curious"], got["active"]
-            rows.append({
-                "variant": f"D={values}, {label}", "values": values, "dropped_after_upload": len(after),
-                **{f"honest_{k}": v for k, v in h.items()}, **{f"active_{k}": v for k, v in a.items()},
-                "cpu_ratio": a["cpu_s"] / h["cpu_s"],
-                "upload_ratio": a["upload_bytes_per_client"] / h["upload_bytes_per_client"],
-                "download_ratio": a["download_bytes_per_client"] / h["download_bytes_per_client"],
-                "extra_upload_bytes_per_client": a["upload_bytes_per_client"] - h["upload_bytes_per_client"],
-                "extra_download_bytes_per_client": a["download_bytes_per_client"] - h["download_bytes_per_client"],
-                "error_bound": K * 2.0**-33,
-            })
-    config = {"clients": K, "values": D, "repeats": repeats, "seed": seed, "python": sys.version.split()[0],
-              "machine": platform.machine(), "numpy": np.__version__,
-              "measures": "CPU seconds of all clients and the server in one process (best of repeats)"}
+            rows.append(
+                {
+                    "variant": f"D={values}, {label}",
+                    "values": values,
+                    "dropped_after_upload": len(after),
+                    **{f"honest_{k}": v for k, v in h.items()},
+                    **{f"active_{k}": v for k, v in a.items()},
+                    "cpu_ratio": a["cpu_s"] / h["cpu_s"],
+                    "upload_ratio": a["upload_bytes_per_client"] / h["upload_bytes_per_client"],
+                    "download_ratio": a["download_bytes_per_client"] / h["download_bytes_per_client"],
+                    "extra_upload_bytes_per_client": a["upload_bytes_per_client"]
+                    - h["upload_bytes_per_client"],
+                    "extra_download_bytes_per_client": a["download_bytes_per_client"]
+                    - h["download_bytes_per_client"],
+                    "error_bound": K * 2.0**-33,
+                }
+            )
+    config = {
+        "clients": K,
+        "values": D,
+        "repeats": repeats,
+        "seed": seed,
+        "python": sys.version.split()[0],
+        "machine": platform.machine(),
+        "numpy": np.__version__,
+        "measures": "CPU seconds of all clients and the server in one process (best of repeats)",
+    }
     return rows, config
 
 
@@ -256,20 +275,41 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-ckks", action="store_true", help="skip CKKS")
     p.add_argument("--out", default="results/bench_secagg/")
-    p.add_argument("--record", action="store_true",
-                   help="also write experiments/results/bench_secagg.json, the record the README's table is checked against")
-    p.add_argument("--active", action="store_true",
-                   help="compare the active-adversary version with the honest-but-curious one (consistency round)")
+    p.add_argument(
+        "--record",
+        action="store_true",
+        help="also write experiments/results/bench_secagg.json, the record the README's table is checked against",
+    )
+    p.add_argument(
+        "--active",
+        action="store_true",
+        help="compare the active-adversary version with the honest-but-curious one (consistency round)",
+    )
     a = p.parse_args(argv)
     if a.clients < 2 or a.values < 1 or a.repeats < 1:
         p.error("--clients must be >= 2, --values and --repeats >= 1")
     if a.active:
         rows, config = run_active(a.clients, a.values, a.repeats, a.seed)
         print(f"{a.clients} clients x {a.values} values: active-adversary vs honest-but-curious masking\n")
-        print(markdown(rows, ["variant", "honest_cpu_s", "active_cpu_s", "cpu_ratio", "active_consistency_s",
-                              "honest_upload_bytes_per_client", "active_upload_bytes_per_client", "upload_ratio",
-                              "honest_download_bytes_per_client", "active_download_bytes_per_client",
-                              "download_ratio"], ".4g"))
+        print(
+            markdown(
+                rows,
+                [
+                    "variant",
+                    "honest_cpu_s",
+                    "active_cpu_s",
+                    "cpu_ratio",
+                    "active_consistency_s",
+                    "honest_upload_bytes_per_client",
+                    "active_upload_bytes_per_client",
+                    "upload_ratio",
+                    "honest_download_bytes_per_client",
+                    "active_download_bytes_per_client",
+                    "download_ratio",
+                ],
+                ".4g",
+            )
+        )
         if a.record:
             from experiments import recorded
 

@@ -44,8 +44,16 @@ def naive(cfg: TradeoffConfig) -> float:
             method = privfed.methods.get(m)
             for eps in cfg.epsilons:
                 privacy = None if math.isinf(eps) else make_privacy(cfg, method, eps, clip)
-                head = privfed.fit(m, F, y, k, num_classes=ds.num_classes, num_clients=part.num_clients,
-                                   privacy=privacy, random_state=seed)
+                head = privfed.fit(
+                    m,
+                    F,
+                    y,
+                    k,
+                    num_classes=ds.num_classes,
+                    num_clients=part.num_clients,
+                    privacy=privacy,
+                    random_state=seed,
+                )
                 head.score(ds.test_features, ds.test_labels)
     return time.perf_counter() - t0
 
@@ -54,12 +62,17 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default="results/bench_tradeoff")
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--record", action="store_true",
-                   help="also write experiments/results/bench_tradeoff.json, the record the README's table is checked against")
+    p.add_argument(
+        "--record",
+        action="store_true",
+        help="also write experiments/results/bench_tradeoff.json, the record the README's table is checked against",
+    )
     args = p.parse_args(argv)
     cfg = TradeoffConfig(methods=METHODS, epsilons=EPS, seeds=tuple(range(5)), plot=False)
     warnings.simplefilter("ignore")
-    run_tradeoff(TradeoffConfig(methods=("fedncm",), epsilons=(1.0,), seeds=(0,)), progress=False)  # warm caches
+    run_tradeoff(
+        TradeoffConfig(methods=("fedncm",), epsilons=(1.0,), seeds=(0,)), progress=False
+    )  # warm caches
     from threadpoolctl import threadpool_limits
 
     sweep_s, naive_s, naive1_s = [], [], []
@@ -73,18 +86,32 @@ def main(argv=None) -> int:
     runs = len(res["records"])
     med = lambda xs: float(np.median(xs))  # noqa: E731
     row = {
-        "runs": runs, "sweep_s_median": med(sweep_s), "naive_s_median": med(naive_s),
-        "naive_1thread_s_median": med(naive1_s), "speedup": med(naive_s) / med(sweep_s),
-        "speedup_vs_1thread": med(naive1_s) / med(sweep_s), "sweep_s": sweep_s, "naive_s": naive_s,
-        "naive_1thread_s": naive1_s, "repeats": args.repeats,
+        "runs": runs,
+        "sweep_s_median": med(sweep_s),
+        "naive_s_median": med(naive_s),
+        "naive_1thread_s_median": med(naive1_s),
+        "speedup": med(naive_s) / med(sweep_s),
+        "speedup_vs_1thread": med(naive1_s) / med(sweep_s),
+        "sweep_s": sweep_s,
+        "naive_s": naive_s,
+        "naive_1thread_s": naive1_s,
+        "repeats": args.repeats,
     }
-    print("| sweep (250 runs: 5 methods x 10 eps x 5 seeds, digits, 100 clients) | median s | ratio to tradeoff |")
+    print(
+        "| sweep (250 runs: 5 methods x 10 eps x 5 seeds, digits, 100 clients) | median s | ratio to tradeoff |"
+    )
     print("| --- | --- | --- |")
-    print(f"| `privfed.tradeoff` (statistics once per seed and method) | {row['sweep_s_median']:.2f} | 1.00 |")
-    print(f"| baseline: `privfed.fit` per run, default BLAS threads | {row['naive_s_median']:.2f} | "
-          f"{row['speedup']:.2f} |")
-    print(f"| baseline: `privfed.fit` per run, one BLAS thread | {row['naive_1thread_s_median']:.2f} | "
-          f"{row['speedup_vs_1thread']:.2f} |")
+    print(
+        f"| `privfed.tradeoff` (statistics once per seed and method) | {row['sweep_s_median']:.2f} | 1.00 |"
+    )
+    print(
+        f"| baseline: `privfed.fit` per run, default BLAS threads | {row['naive_s_median']:.2f} | "
+        f"{row['speedup']:.2f} |"
+    )
+    print(
+        f"| baseline: `privfed.fit` per run, one BLAS thread | {row['naive_1thread_s_median']:.2f} | "
+        f"{row['speedup_vs_1thread']:.2f} |"
+    )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "bench_tradeoff.json", row)  # atomic: a reader never sees half a file

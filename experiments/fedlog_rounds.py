@@ -57,7 +57,8 @@ def _privacy_cols(p) -> dict:
         "per_round_epsilon_exact": p.per_round_epsilon_exact if p else math.inf,
         "composed_epsilon": p.epsilon if p else math.inf,
         "composed_epsilon_pld": p.epsilon_pld if p else math.inf,
-        "sigma": p.sigma if p else 0.0, "sensitivity": p.sensitivity if p else 0.0,
+        "sigma": p.sigma if p else 0.0,
+        "sensitivity": p.sensitivity if p else 0.0,
         "formal_guarantee": p.formal if p else False,
         "guarantee": p.guarantee if p else "NO DP GUARANTEE: no noise",
     }
@@ -75,21 +76,44 @@ def compare(args) -> list[dict]:
     rows = []
     for fams in (FAMILIES, ("cnn",)):
         for seed in range(args.seeds):
-            r = run_rounds(clients=args.clients, rounds=args.rounds, local_epochs=args.local_epochs, families=fams,
-                           seed=seed, progress=not args.quiet, attack_pairs=PAIRS, baselines=BASELINES)
+            r = run_rounds(
+                clients=args.clients,
+                rounds=args.rounds,
+                local_epochs=args.local_epochs,
+                families=fams,
+                seed=seed,
+                progress=not args.quiet,
+                attack_pairs=PAIRS,
+                baselines=BASELINES,
+            )
             label = "+".join(fams)
             for name, acc in r.summary().items():
-                rows.append({"families": label, "seed": seed, "method": name, "personalised": acc["personalised"],
-                             "common": acc["common"], "upload_bytes_per_round": acc["upload_bytes_per_round"],
-                             "upload_bytes_total": acc["upload_bytes_total"], "seconds": r.timing["total_s"],
-                             "cpu_seconds": r.timing.get("cpu_s"),
-                             # this method's own run (FedLog's without the baselines and the attack)
-                             "method_seconds": r.timing.get(f"{name}_s"),
-                             **({f"tracing_{k}_auc": v["auc"] for k, v in r.attacks["tracing"].items()}
-                                if name == "fedlog" else {})})
-            print(f"[compare] {label} seed {seed}: " + ", ".join(
-                f"{n} {a['personalised']:.3f}/{a['common']:.3f}" for n, a in r.summary().items())
-                + f"  ({r.timing['total_s']:.0f} s)", file=sys.stderr)
+                rows.append(
+                    {
+                        "families": label,
+                        "seed": seed,
+                        "method": name,
+                        "personalised": acc["personalised"],
+                        "common": acc["common"],
+                        "upload_bytes_per_round": acc["upload_bytes_per_round"],
+                        "upload_bytes_total": acc["upload_bytes_total"],
+                        "seconds": r.timing["total_s"],
+                        "cpu_seconds": r.timing.get("cpu_s"),
+                        # this method's own run (FedLog's without the baselines and the attack)
+                        "method_seconds": r.timing.get(f"{name}_s"),
+                        **(
+                            {f"tracing_{k}_auc": v["auc"] for k, v in r.attacks["tracing"].items()}
+                            if name == "fedlog"
+                            else {}
+                        ),
+                    }
+                )
+            print(
+                f"[compare] {label} seed {seed}: "
+                + ", ".join(f"{n} {a['personalised']:.3f}/{a['common']:.3f}" for n, a in r.summary().items())
+                + f"  ({r.timing['total_s']:.0f} s)",
+                file=sys.stderr,
+            )
     return rows
 
 
@@ -106,25 +130,56 @@ def dp(args) -> list[dict]:
             if math.isinf(eps) and mode != "paper":
                 continue
             for seed in range(args.seeds):
-                extra = {} if math.isinf(eps) else dict(epsilon=eps, delta=args.delta, clip=args.clip,
-                                                        clip_norm="coordinate", **kw)
+                extra = (
+                    {}
+                    if math.isinf(eps)
+                    else dict(epsilon=eps, delta=args.delta, clip=args.clip, clip_norm="coordinate", **kw)
+                )
                 t = time.perf_counter()
-                r = run_rounds(clients=args.clients, rounds=args.rounds, local_epochs=args.local_epochs,
-                               seed=seed, noise_seed=seed, baselines=("oneshot",) if mode == "paper" else (),
-                               progress=not args.quiet, attack_pairs=PAIRS, **extra)
+                r = run_rounds(
+                    clients=args.clients,
+                    rounds=args.rounds,
+                    local_epochs=args.local_epochs,
+                    seed=seed,
+                    noise_seed=seed,
+                    baselines=("oneshot",) if mode == "paper" else (),
+                    progress=not args.quiet,
+                    attack_pairs=PAIRS,
+                    **extra,
+                )
                 p = r.privacy
-                row = {"mode": mode if p is not None else "non-private", "epsilon": eps, "seed": seed,
-                       "rounds": args.rounds, "personalised": r.personalised_accuracy, "common": r.common_accuracy,
-                       **_privacy_cols(p), "seconds": time.perf_counter() - t, **_attack_cols(r)}
+                row = {
+                    "mode": mode if p is not None else "non-private",
+                    "epsilon": eps,
+                    "seed": seed,
+                    "rounds": args.rounds,
+                    "personalised": r.personalised_accuracy,
+                    "common": r.common_accuracy,
+                    **_privacy_cols(p),
+                    "seconds": time.perf_counter() - t,
+                    **_attack_cols(r),
+                }
                 rows.append(row)
                 if "oneshot" in r.baselines:
                     o = r.baselines["oneshot"]
-                    rows.append({"mode": "one-shot frozen", "epsilon": eps, "seed": seed, "rounds": 1,
-                                 "personalised": o["personalised"], "common": o["common"],
-                                 **_privacy_cols(o["privacy"]), "seconds": 0.0})
+                    rows.append(
+                        {
+                            "mode": "one-shot frozen",
+                            "epsilon": eps,
+                            "seed": seed,
+                            "rounds": 1,
+                            "personalised": o["personalised"],
+                            "common": o["common"],
+                            **_privacy_cols(o["privacy"]),
+                            "seconds": 0.0,
+                        }
+                    )
                 write_rows(Path(args.out), "dp.partial", rows, {})
-                print(f"[dp] eps {eps:g} {row['mode']} seed {seed}: pers {row['personalised']:.3f} composed eps "
-                      f"{row['composed_epsilon']:.4g} ({row['seconds']:.0f} s)", file=sys.stderr)
+                print(
+                    f"[dp] eps {eps:g} {row['mode']} seed {seed}: pers {row['personalised']:.3f} composed eps "
+                    f"{row['composed_epsilon']:.4g} ({row['seconds']:.0f} s)",
+                    file=sys.stderr,
+                )
     return rows
 
 
@@ -137,26 +192,52 @@ def attack(args) -> list[dict]:
     for calibration, eps in settings:
         for seed in range(args.seeds):
             t = time.perf_counter()
-            r = run_rounds(clients=args.clients, rounds=args.rounds, local_epochs=0, families=("cnn",),
-                           baselines=(), seed=seed, noise_seed=seed, epsilon=eps, delta=args.delta, clip=args.clip,
-                           calibration=calibration, record_bound="theorem", attack_pairs=PAIRS,
-                           progress=not args.quiet)
+            r = run_rounds(
+                clients=args.clients,
+                rounds=args.rounds,
+                local_epochs=0,
+                families=("cnn",),
+                baselines=(),
+                seed=seed,
+                noise_seed=seed,
+                epsilon=eps,
+                delta=args.delta,
+                clip=args.clip,
+                calibration=calibration,
+                record_bound="theorem",
+                attack_pairs=PAIRS,
+                progress=not args.quiet,
+            )
             a, p = r.attacks, r.privacy
-            row = {"bodies": "frozen public cnn", "calibration": calibration, "epsilon": eps, "seed": seed,
-                   "rounds": args.rounds, "personalised": r.personalised_accuracy,
-                   "per_round_epsilon": p.per_round_epsilon, "composed_epsilon": p.epsilon,
-                   "mu_per_release": p.mu_per_release, "mu_total": p.mu_total, "pairs": a["pairs"],
-                   "auc_bound_one_release": a["auc_bound_one_release"], "auc_bound": a["auc_bound"],
-                   "auc_tolerance_3sd": a["auc_tolerance_3sd"], "seconds": time.perf_counter() - t}
+            row = {
+                "bodies": "frozen public cnn",
+                "calibration": calibration,
+                "epsilon": eps,
+                "seed": seed,
+                "rounds": args.rounds,
+                "personalised": r.personalised_accuracy,
+                "per_round_epsilon": p.per_round_epsilon,
+                "composed_epsilon": p.epsilon,
+                "mu_per_release": p.mu_per_release,
+                "mu_total": p.mu_total,
+                "pairs": a["pairs"],
+                "auc_bound_one_release": a["auc_bound_one_release"],
+                "auc_bound": a["auc_bound"],
+                "auc_tolerance_3sd": a["auc_tolerance_3sd"],
+                "seconds": time.perf_counter() - t,
+            }
             for name in ("differencing_replay", "differencing", "tracing"):
                 for k, v in a[name].items():
                     row[f"{name}_{k}_auc"] = v["auc"]
                     row[f"{name}_{k}_tpr_1pct"] = v["tpr_at_1pct_fpr"]
             rows.append(row)
-            print(f"[attack] {calibration} eps {eps:g} seed {seed}: differencing AUC first round "
-                  f"{row['differencing_replay_first_round_auc']:.3f}, {args.rounds} rounds "
-                  f"{row['differencing_replay_sequence_auc']:.3f} (bound {row['auc_bound']:.3f}; one release "
-                  f"{row['auc_bound_one_release']:.3f})", file=sys.stderr)
+            print(
+                f"[attack] {calibration} eps {eps:g} seed {seed}: differencing AUC first round "
+                f"{row['differencing_replay_first_round_auc']:.3f}, {args.rounds} rounds "
+                f"{row['differencing_replay_sequence_auc']:.3f} (bound {row['auc_bound']:.3f}; one release "
+                f"{row['auc_bound_one_release']:.3f})",
+                file=sys.stderr,
+            )
     return rows
 
 
@@ -201,9 +282,13 @@ def plot(out: Path, rows: list[dict], args) -> None:
     a1.set_xscale("log")
     a1.set_xlabel("per-round epsilon, as the paper states (delta = %g)" % delta)
     a1.set_ylabel("personalised accuracy")
-    top = a1.secondary_xaxis("top", functions=(
-        lambda e: np.exp(np.interp(np.log(np.maximum(e, 1e-300)), lg, lc)),
-        lambda c: np.exp(np.interp(np.log(np.maximum(c, 1e-300)), lc, lg))))
+    top = a1.secondary_xaxis(
+        "top",
+        functions=(
+            lambda e: np.exp(np.interp(np.log(np.maximum(e, 1e-300)), lg, lc)),
+            lambda c: np.exp(np.interp(np.log(np.maximum(c, 1e-300)), lc, lg)),
+        ),
+    )
     top.set_xlabel(f"epsilon the {R} releases compose to (GDP, exact)")
     a1.set_title("digits, Fig. 3 (right) setting: b = 2, delta = 0.01", fontsize=9)
     a1.legend(fontsize=7, loc="lower right")
@@ -240,17 +325,25 @@ def main(argv=None) -> int:
     p.add_argument("--clip", type=float, default=2.0)
     p.add_argument("--out", default="results/fedlog-rounds")
     p.add_argument("--quiet", action="store_true")
-    p.add_argument("--json", default="experiments/results/fedlog_rounds.json",
-                   help="machine-readable summary of every part run ('' for none)")
-    p.add_argument("--figure", default="docs/img/fedlog_rounds_fig3_right.png",
-                   help="copy of fig3_right.png ('' for none)")
+    p.add_argument(
+        "--json",
+        default="experiments/results/fedlog_rounds.json",
+        help="machine-readable summary of every part run ('' for none)",
+    )
+    p.add_argument(
+        "--figure",
+        default="docs/img/fedlog_rounds_fig3_right.png",
+        help="copy of fig3_right.png ('' for none)",
+    )
     args = p.parse_args(argv)
     args.eps = [float(e) for e in args.eps.split(",")]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     config = {k: v for k, v in vars(args).items()}
-    summary: dict = {"config": config, "command": "python experiments/fedlog_rounds.py " + " ".join(
-        sys.argv[1:] if argv is None else argv)}
+    summary: dict = {
+        "config": config,
+        "command": "python experiments/fedlog_rounds.py " + " ".join(sys.argv[1:] if argv is None else argv),
+    }
     if args.part in ("compare", "both", "all"):
         summary["compare"] = compare(args)
         write_rows(out, "compare", summary["compare"], config)

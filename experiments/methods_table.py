@@ -57,15 +57,28 @@ def main(argv=None) -> int:
         cls = privfed.methods.get_class(name)
         uploads = ", ".join(sorted(cls.requires))
         needs = "per client" if cls.per_client else "sums only"
-        rows.append(dict(method=label, uploads=uploads, server_needs=needs, accuracy_mean=float(np.mean(accs)), accuracy_std=float(np.std(accs, ddof=1)),
-                         upload_bytes_per_client=float(np.mean(upload)), notes="; ".join(sorted(notes))))
-    print(f"digits, {args.clients} clients, Dirichlet alpha={args.alpha}, {args.seeds} seeds "
-          f"(N_train={ds.train_features.shape[0]}, d={ds.train_features.shape[1]}, test={ds.test_features.shape[0]})\n")
+        rows.append(
+            dict(
+                method=label,
+                uploads=uploads,
+                server_needs=needs,
+                accuracy_mean=float(np.mean(accs)),
+                accuracy_std=float(np.std(accs, ddof=1)),
+                upload_bytes_per_client=float(np.mean(upload)),
+                notes="; ".join(sorted(notes)),
+            )
+        )
+    print(
+        f"digits, {args.clients} clients, Dirichlet alpha={args.alpha}, {args.seeds} seeds "
+        f"(N_train={ds.train_features.shape[0]}, d={ds.train_features.shape[1]}, test={ds.test_features.shape[0]})\n"
+    )
     print("| method | accuracy (mean ± std) | upload bytes / client | uploads | server needs |")
     print("| --- | --- | --- | --- | --- |")
     for r in rows:
-        print(f"| {r['method']} | {r['accuracy_mean']:.4f} ± {r['accuracy_std']:.4f} | "
-              f"{r['upload_bytes_per_client']:,.0f} | {r['uploads']} | {r['server_needs']} |")
+        print(
+            f"| {r['method']} | {r['accuracy_mean']:.4f} ± {r['accuracy_std']:.4f} | "
+            f"{r['upload_bytes_per_client']:,.0f} | {r['uploads']} | {r['server_needs']} |"
+        )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     with (out / "methods_table.csv").open("w", newline="") as fh:

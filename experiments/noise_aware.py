@@ -48,8 +48,9 @@ from privfed.pipeline import client_statistics, server_head
 from privfed.tradeoff import digits_public_clip
 
 
-def run(clients: int, alpha: float, seeds: int, epsilons: list[float], delta: float,
-        threshold: float = 2.0) -> list[dict]:
+def run(
+    clients: int, alpha: float, seeds: int, epsilons: list[float], delta: float, threshold: float = 2.0
+) -> list[dict]:
     ds = load_dataset("digits", progress=False)
     clip = digits_public_clip()  # from the public split: costs no privacy
     rows = []
@@ -68,8 +69,16 @@ def run(clients: int, alpha: float, seeds: int, epsilons: list[float], delta: fl
             s2 = mech.upload_noise_variance(plain)["sums"]
             aware = methods.get("fedcof", noise_var=s2)
             thresholded, dropped = drop_small_counts(noisy, threshold * mech.sigma["counts"])
-            row = dict(epsilon=eps, seed=seed, clip=clip, sigma_sums=mech.sigma["sums"],
-                       sigma_counts=mech.sigma["counts"], clients=K, alpha=alpha, pairs_dropped=dropped)
+            row = dict(
+                epsilon=eps,
+                seed=seed,
+                clip=clip,
+                sigma_sums=mech.sigma["sums"],
+                sigma_counts=mech.sigma["counts"],
+                clients=K,
+                alpha=alpha,
+                pairs_dropped=dropped,
+            )
             variants = (
                 ("plain", plain, 0.0, noisy),
                 ("aware", aware, s2, noisy),
@@ -97,11 +106,18 @@ def main(argv=None) -> int:
     p.add_argument("--seeds", type=int, default=5)
     p.add_argument("--eps", default="1,2,4,8,16")
     p.add_argument("--delta", type=float, default=1e-5)
-    p.add_argument("--threshold", type=float, default=2.0,
-                   help="drop pairs whose noisy count is below this many count-noise sds")
+    p.add_argument(
+        "--threshold",
+        type=float,
+        default=2.0,
+        help="drop pairs whose noisy count is below this many count-noise sds",
+    )
     p.add_argument("--out", default="results/noise_aware")
-    p.add_argument("--record", action="store_true",
-                   help="also write experiments/results/noise_aware.json, the record the README's figures are checked against")
+    p.add_argument(
+        "--record",
+        action="store_true",
+        help="also write experiments/results/noise_aware.json, the record the README's figures are checked against",
+    )
     args = p.parse_args(argv)
     epsilons = [float(e) for e in args.eps.split(",")]
     with warnings.catch_warnings():
@@ -114,12 +130,23 @@ def main(argv=None) -> int:
         w.writeheader()
         w.writerows(rows)
     (out / "config.json").write_text(json.dumps(vars(args), indent=2))
-    print(f"digits, FedCOF, {args.clients} clients, Dirichlet alpha={args.alpha}, {args.seeds} seeds, "
-          f"record-level Gaussian noise on every upload, delta={args.delta}\n")
-    names = [("plain", "plain"), ("aware", "noise-aware"), ("drop", f"drop n~ < {args.threshold:g} sd"),
-             ("drop_aware", "drop + noise-aware")]
-    print("| eps | sigma sums / counts | " + " | ".join(f"acc {n}" for _, n in names)
-          + " | acc clipped, no noise | " + " | ".join(f"cov err {n}" for _, n in names) + " |")
+    print(
+        f"digits, FedCOF, {args.clients} clients, Dirichlet alpha={args.alpha}, {args.seeds} seeds, "
+        f"record-level Gaussian noise on every upload, delta={args.delta}\n"
+    )
+    names = [
+        ("plain", "plain"),
+        ("aware", "noise-aware"),
+        ("drop", f"drop n~ < {args.threshold:g} sd"),
+        ("drop_aware", "drop + noise-aware"),
+    ]
+    print(
+        "| eps | sigma sums / counts | "
+        + " | ".join(f"acc {n}" for _, n in names)
+        + " | acc clipped, no noise | "
+        + " | ".join(f"cov err {n}" for _, n in names)
+        + " |"
+    )
     print("| --- " * (3 + 2 * len(names)) + "|")
     for eps in epsilons:
         r = [x for x in rows if x["epsilon"] == eps]
@@ -128,9 +155,13 @@ def main(argv=None) -> int:
             v = np.array([x[key] for x in r])
             return f"{v.mean():.3f} ± {v.std(ddof=1) if v.size > 1 else math.nan:.3f}"
 
-        print(f"| {eps:g} | {r[0]['sigma_sums']:.1f} / {r[0]['sigma_counts']:.2f} | "
-              + " | ".join(ms(f"acc_{k}") for k, _ in names) + f" | {ms('acc_clipped_no_noise')} | "
-              + " | ".join(ms(f"cov_err_{k}") for k, _ in names) + " |")
+        print(
+            f"| {eps:g} | {r[0]['sigma_sums']:.1f} / {r[0]['sigma_counts']:.2f} | "
+            + " | ".join(ms(f"acc_{k}") for k, _ in names)
+            + f" | {ms('acc_clipped_no_noise')} | "
+            + " | ".join(ms(f"cov_err_{k}") for k, _ in names)
+            + " |"
+        )
     if args.record:
         sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
         from experiments import recorded

@@ -1,9 +1,9 @@
 """Regenerate the numbers README.md and the docs pages quote (see :mod:`experiments.docs_numbers`).
 
-    python -m experiments.readme_numbers --check          # exit 1 when a page disagrees
-    python -m experiments.readme_numbers --write          # rewrite every block in place
-    python -m experiments.readme_numbers --show NAME      # print one regenerated block
-    python -m experiments.readme_numbers --list
+python -m experiments.readme_numbers --check          # exit 1 when a page disagrees
+python -m experiments.readme_numbers --write          # rewrite every block in place
+python -m experiments.readme_numbers --show NAME      # print one regenerated block
+python -m experiments.readme_numbers --list
 """
 
 from __future__ import annotations

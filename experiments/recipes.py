@@ -28,10 +28,15 @@ RECIPES: dict[str, dict] = {
     "fedlog-dp": {
         "title": "FedLog under Gaussian DP (record level, digits, 100 clients)",
         "variants": {
-            "central noise, analytic (trusted aggregator)": replace(BASE, methods=("fedlog",), trusted_aggregator=True),
-            "central noise, classic bound (FedLog paper)": replace(BASE, methods=("fedlog",), trusted_aggregator=True,
-                                                                calibration="classic"),
-            "noise split under secure aggregation (mask)": replace(BASE, methods=("fedlog",), secure_agg="mask"),
+            "central noise, analytic (trusted aggregator)": replace(
+                BASE, methods=("fedlog",), trusted_aggregator=True
+            ),
+            "central noise, classic bound (FedLog paper)": replace(
+                BASE, methods=("fedlog",), trusted_aggregator=True, calibration="classic"
+            ),
+            "noise split under secure aggregation (mask)": replace(
+                BASE, methods=("fedlog",), secure_agg="mask"
+            ),
             "local noise (each client, no trust)": replace(BASE, methods=("fedlog",)),
         },
     },
@@ -43,7 +48,8 @@ RECIPES: dict[str, dict] = {
         "title": "FedCOF with noise on class counts only (App. I.1); means in clear",
         "variants": {
             f"{kind}" + (" (NO DP GUARANTEE)" if kind == "uniform" else ""): replace(
-                BASE, methods=("fedcof",), count_noise=kind, epsilons=(0.05, 0.1, 0.2, 0.5, 0.9, math.inf))
+                BASE, methods=("fedcof",), count_noise=kind, epsilons=(0.05, 0.1, 0.2, 0.5, 0.9, math.inf)
+            )
             for kind in ("laplace", "geometric", "gaussian", "uniform")
         },
     },
@@ -62,7 +68,9 @@ def run_recipe(name: str, out: OutputDir, progress: bool = True) -> list[dict]:
             rows.append({"variant": label, **r})
     keys = list(dict.fromkeys(k for r in rows for k in r))
     out.write_csv(f"{name}.csv", rows, keys)
-    out.write_json(f"{name}.json", {"recipe": name, "configs": configs, "versions": versions(), "records": rows})
+    out.write_json(
+        f"{name}.json", {"recipe": name, "configs": configs, "versions": versions(), "records": rows}
+    )
     plot_recipe((out, f"{name}.png"), rows, recipe["title"], num_classes=num_classes)
     return rows
 
@@ -74,8 +82,11 @@ def _variant_label(label: str, rows: list[dict]) -> str:
         return label
     r = fin[0]
     if not r.get("private", True):
-        return f"{label} (x = nominal parameter)" if "NO DP" in label else \
-            f"{label} — NO DP GUARANTEE (x = nominal parameter)"
+        return (
+            f"{label} (x = nominal parameter)"
+            if "NO DP" in label
+            else f"{label} — NO DP GUARANTEE (x = nominal parameter)"
+        )
     proto = f", {r['protocol']}" if r.get("protocol", "none") != "none" else ""
     return f"{label} [{r['placement']}{proto}; {r['calibration']}; delta={r['delta']:g}]"
 
@@ -106,15 +117,25 @@ def plot_recipe(path, rows: list[dict], title: str, *, num_classes: int | None =
         sd = np.array([s["accuracy_std"] for s in fin])
         seeds = max(seeds, *(s["seeds"] for s in fin))
         c = colors[i % len(colors)]
-        ax.plot(x, mu, marker="o" if private else "x", ms=5 if private else 7, color=c, mfc=c if private else "none",
-                label=_variant_label(label, vrows), ls="-" if private else ":")
+        ax.plot(
+            x,
+            mu,
+            marker="o" if private else "x",
+            ms=5 if private else 7,
+            color=c,
+            mfc=c if private else "none",
+            label=_variant_label(label, vrows),
+            ls="-" if private else ":",
+        )
         ax.fill_between(x, mu - sd, mu + sd, color=c, alpha=0.15, lw=0)
         ax.axhline(summ[0]["nonprivate_mean"], color=c, ls=(0, (6, 3)), lw=0.8)
     handles, labels = ax.get_legend_handles_labels()
     handles.append(plt.Line2D([], [], color="0.3", ls=(0, (6, 3)), lw=0.8))
     labels.append("non-private (same color)")
     accuracy_axis(ax, handles, labels, ticks, band_seeds=seeds, num_classes=num_classes)
-    ax.set_xlabel("epsilon computed by the ledger (log scale; NO-DP variants at their nominal parameter)", fontsize=8)
+    ax.set_xlabel(
+        "epsilon computed by the ledger (log scale; NO-DP variants at their nominal parameter)", fontsize=8
+    )
     ax.set_ylabel("test accuracy")
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3, which="both")
@@ -129,14 +150,23 @@ def plot_recipe(path, rows: list[dict], title: str, *, num_classes: int | None =
 
 
 def _body(argv=None) -> int:
-    p = Parser(prog="python experiments/recipes.py", description=__doc__.splitlines()[0], formatter_class=HelpFormatter)
+    p = Parser(
+        prog="python experiments/recipes.py",
+        description=__doc__.splitlines()[0],
+        formatter_class=HelpFormatter,
+    )
     p.add_argument("recipe", choices=[*RECIPES, "all"], help="which recipe to run")
     p.add_argument("--out", default="results/recipes", help="parent folder; each recipe writes <out>/<name>/")
-    p.add_argument("--overwrite", action="store_true", help="replace a previous run of the recipe in its folder")
+    p.add_argument(
+        "--overwrite", action="store_true", help="replace a previous run of the recipe in its folder"
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.add_argument("--record", action="store_true",
-                   help="also write experiments/results/recipes.json (per variant and eps: mean, std, ledger eps), "
-                        "the record the README's readings are checked against")
+    p.add_argument(
+        "--record",
+        action="store_true",
+        help="also write experiments/results/recipes.json (per variant and eps: mean, std, ledger eps), "
+        "the record the README's readings are checked against",
+    )
     args = p.parse_args(argv)
     import warnings
 
@@ -156,8 +186,20 @@ def _body(argv=None) -> int:
             cells = ", ".join(f"eps={s['epsilon']:g}: {s['accuracy_mean']:.3f}" for s in summ)
             print(f"{name} | {label} | {cells}")
             record.setdefault(name, {})[label] = [
-                {k: s[k] for k in ("epsilon", "epsilon_reported", "accuracy_mean", "accuracy_std", "seeds",
-                                   "nonprivate_mean", "placement", "calibration", "private")}
+                {
+                    k: s[k]
+                    for k in (
+                        "epsilon",
+                        "epsilon_reported",
+                        "accuracy_mean",
+                        "accuracy_std",
+                        "seeds",
+                        "nonprivate_mean",
+                        "placement",
+                        "calibration",
+                        "private",
+                    )
+                }
                 for s in summ
             ]
         print(f"wrote {out.path}/: {', '.join(out.files())}")
@@ -176,8 +218,11 @@ def save_record(record: dict, which: str) -> None:
     except recorded.MissingRecord:
         data = {}
     data.update(record)
-    cmd = "python experiments/recipes.py all --record" if set(data) >= set(RECIPES) else \
-        f"python experiments/recipes.py {which} --record"
+    cmd = (
+        "python experiments/recipes.py all --record"
+        if set(data) >= set(RECIPES)
+        else f"python experiments/recipes.py {which} --record"
+    )
     print(f"recorded {recorded.save('recipes', data, cmd)}")
 
 

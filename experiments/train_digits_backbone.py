@@ -95,7 +95,9 @@ def write(arrays: dict[str, np.ndarray]) -> str:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--write", action="store_true", help="write the shipped file and its digest")
-    p.add_argument("--strict", action="store_true", help="exit 1 unless the retrained weights are bit-identical")
+    p.add_argument(
+        "--strict", action="store_true", help="exit 1 unless the retrained weights are bit-identical"
+    )
     args = p.parse_args(argv)
     new = train(SEED)
     if args.write:

@@ -90,6 +90,7 @@ def __getattr__(name: str):
         raise AttributeError(f"module 'mechanisms' has no attribute {name!r}")
     return getattr(importlib.import_module(f"mechanisms.{module}"), name)
 
+
 # Secure aggregation (imported on first use: TenSEAL and the key-agreement stack are heavy).
 _LAZY.update(
     {

@@ -89,7 +89,9 @@ def ledger_epsilon(events: list[ReleaseEvent], delta: float, accountant: str = "
     if not (math.isfinite(eps) and eps >= 0):
         # Opacus' numerics fail at the edges (PRV returns a negative epsilon for a tiny mu at a large delta):
         # state dp-accounting's PLD value instead of an invalid one.
-        return _pld_epsilon(groups, [], delta), f"pld (dp-accounting; {accountant} (opacus) returned {eps:.3g})"
+        return _pld_epsilon(
+            groups, [], delta
+        ), f"pld (dp-accounting; {accountant} (opacus) returned {eps:.3g})"
     return eps, f"{accountant} (opacus)"
 
 
@@ -124,7 +126,9 @@ def _pld_epsilon_cached(groups, other, delta: float, discretization: float) -> f
     for mu, rounds, q in groups:  # next to pure-DP events: the same PLDs, composed by hand
         if mu == 0:
             continue
-        p = pldlib.from_gaussian_mechanism(1.0 / mu, sampling_prob=q, value_discretization_interval=discretization)
+        p = pldlib.from_gaussian_mechanism(
+            1.0 / mu, sampling_prob=q, value_discretization_interval=discretization
+        )
         plds.append(p.self_compose(rounds) if rounds > 1 else p)
     for e in other:
         if e.mechanism == "laplace" and e.sampling_rate == 1 and e.sensitivity > 0:
@@ -202,8 +206,12 @@ def calibrate_round_mu(
             warnings.simplefilter("ignore")
             try:
                 z = get_noise_multiplier(
-                    target_epsilon=epsilon, target_delta=delta, sample_rate=sampling_rate,
-                    steps=rounds, accountant=name, epsilon_tolerance=0.005,
+                    target_epsilon=epsilon,
+                    target_delta=delta,
+                    sample_rate=sampling_rate,
+                    steps=rounds,
+                    accountant=name,
+                    epsilon_tolerance=0.005,
                 )
             except (ValueError, ArithmeticError, RuntimeError) as exc:
                 raise ConfigError(
@@ -227,9 +235,22 @@ def _calibrate_pld(epsilon: float, delta: float, rounds: int, q: float) -> float
         return _pld_epsilon([(1.0 / z, rounds, q)], [], delta, discretization=coarse)
 
     def reported(z: float) -> float:  # what ledger_epsilon will state for this multiplier
-        return ledger_epsilon([ReleaseEvent(mechanism="gaussian", block="all", sensitivity=1.0, scale=z,
-                                            relation="record", rounds=rounds, sampling_rate=q, release_id=1)],
-                              delta, "pld")[0]
+        return ledger_epsilon(
+            [
+                ReleaseEvent(
+                    mechanism="gaussian",
+                    block="all",
+                    sensitivity=1.0,
+                    scale=z,
+                    relation="record",
+                    rounds=rounds,
+                    sampling_rate=q,
+                    release_id=1,
+                )
+            ],
+            delta,
+            "pld",
+        )[0]
 
     from scipy.optimize import brentq
 
@@ -250,7 +271,9 @@ def _calibrate_pld(epsilon: float, delta: float, rounds: int, q: float) -> float
         hi, lo = lo, lo / 2
     # Brent's method on log z (a few PLDs instead of a dozen bisection steps), then step up to a
     # multiplier whose epsilon is checked to be within the target.
-    root = math.exp(brentq(lambda t: eps_of(math.exp(t)) - epsilon, math.log(lo), math.log(hi), xtol=2e-4, rtol=1e-6))
+    root = math.exp(
+        brentq(lambda t: eps_of(math.exp(t)) - epsilon, math.log(lo), math.log(hi), xtol=2e-4, rtol=1e-6)
+    )
     z = min(root * (1 + 5e-4), hi)
     while eps_of(z) > epsilon:
         z *= 1.001

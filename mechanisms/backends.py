@@ -32,7 +32,14 @@ import numpy as np
 
 from privfed.errors import ConfigError, MissingDependencyError
 
-__all__ = ["NoiseBackend", "NumpyNoise", "OpenDPNoise", "available_backends", "get_backend", "register_backend"]
+__all__ = [
+    "NoiseBackend",
+    "NumpyNoise",
+    "OpenDPNoise",
+    "available_backends",
+    "get_backend",
+    "register_backend",
+]
 
 
 class NoiseBackend:

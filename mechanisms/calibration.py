@@ -50,7 +50,9 @@ def check_budget(epsilon: float, delta: float, *, allow_inf: bool = True) -> tup
         eps = float(epsilon)
         dl = float(delta)
     except (TypeError, ValueError):
-        raise ConfigError(f"epsilon and delta must be numbers, got epsilon={epsilon!r}, delta={delta!r}") from None
+        raise ConfigError(
+            f"epsilon and delta must be numbers, got epsilon={epsilon!r}, delta={delta!r}"
+        ) from None
     if math.isnan(eps) or eps <= 0:
         raise ConfigError(f"epsilon must be > 0, got epsilon={epsilon!r}; use float('inf') for no noise")
     if math.isinf(eps) and not allow_inf:

@@ -87,8 +87,16 @@ def drop_clipped(stats: ClientStats, noisy_counts: np.ndarray) -> tuple[ClientSt
     # a kept class the client lacks is a count-only cell: no row of zeros is stored for it
     rows = np.full(key.size, -1, dtype=np.int64)
     rows[has] = np.arange(int(has.sum()))
-    out = ClientStats.from_pairs(num_clients=K, num_classes=C, pair_client=kk, pair_class=cc, pair_counts=nk,
-                                 pair_sums=kept_sums, owners=stats.owners, sum_rows=rows)
+    out = ClientStats.from_pairs(
+        num_clients=K,
+        num_classes=C,
+        pair_client=kk,
+        pair_class=cc,
+        pair_counts=nk,
+        pair_sums=kept_sums,
+        owners=stats.owners,
+        sum_rows=rows,
+    )
     return out, dropped
 
 
@@ -201,22 +209,39 @@ class CountNoise:
             guarantee = "nothing released yet"
         else:
             guarantee = self._guarantee(eps, delta)
-        notes = [Note(f"{self.dropped} noisy (client, class) count(s) clipped to 0 and not sent", "clipped_counts",
-                      self.dropped)]
+        notes = [
+            Note(
+                f"{self.dropped} noisy (client, class) count(s) clipped to 0 and not sent",
+                "clipped_counts",
+                self.dropped,
+            )
+        ]
         seeded = (
-            getattr(self, "_seeded", None) is not False and bool(self.ledger.events) and not self.backend.secure
+            getattr(self, "_seeded", None) is not False
+            and bool(self.ledger.events)
+            and not self.backend.secure
         )
         if seeded:
             notes.insert(0, "SIMULATION, NOT A RELEASE: the noise was drawn from a seed and can be replayed")
         if not self.dp:
             eps = math.inf  # a heuristic has no epsilon
         return PrivacyReport(
-            epsilon=eps, delta=delta, level="record", mechanism=self.name,
+            epsilon=eps,
+            delta=delta,
+            level="record",
+            mechanism=self.name,
             calibration="direct" if self.dp else "none (heuristic)",
-            sigma={"counts": self.scale}, sensitivity={"counts": 1.0}, rounds=1, sampling_rate=1.0,
-            accountant=acc, guarantee=guarantee, target_epsilon=self.epsilon if self.dp else math.nan,
-            num_events=len(self.ledger), notes=tuple(notes),
-            placement="local" if self.ledger.events else "none", simulation=seeded,
+            sigma={"counts": self.scale},
+            sensitivity={"counts": 1.0},
+            rounds=1,
+            sampling_rate=1.0,
+            accountant=acc,
+            guarantee=guarantee,
+            target_epsilon=self.epsilon if self.dp else math.nan,
+            num_events=len(self.ledger),
+            notes=tuple(notes),
+            placement="local" if self.ledger.events else "none",
+            simulation=seeded,
             protects="class counts only (means sent in clear)" if self.dp else "nothing",
         )
 
@@ -321,7 +346,9 @@ class UniformCountNoiseNoDP(CountNoise):
     def __init__(self, *, epsilon: float, backend=None) -> None:
         super().__init__(epsilon=epsilon, backend=backend)
         if self.epsilon > 1:
-            raise ConfigError(f"uniform count noise needs epsilon in (0, 1] (width (1 - eps) n), got {epsilon!r}")
+            raise ConfigError(
+                f"uniform count noise needs epsilon in (0, 1] (width (1 - eps) n), got {epsilon!r}"
+            )
 
     @property
     def scale(self) -> float:

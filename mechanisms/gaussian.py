@@ -211,7 +211,9 @@ class GaussianMechanism:
         try:
             q = float(sampling_rate)
         except (TypeError, ValueError):
-            raise ConfigError(f"sampling_rate must be a number in (0, 1], got sampling_rate={sampling_rate!r}") from None
+            raise ConfigError(
+                f"sampling_rate must be a number in (0, 1], got sampling_rate={sampling_rate!r}"
+            ) from None
         if not 0 < q <= 1:
             raise ConfigError(f"sampling_rate must lie in (0, 1], got sampling_rate={sampling_rate!r}")
         self.sampling_rate = q
@@ -220,7 +222,9 @@ class GaussianMechanism:
         if accountant not in ACCOUNTANTS:
             raise ConfigError(f"accountant must be one of {list(ACCOUNTANTS)}, got {accountant!r}")
         if accountant == "gdp" and q < 1:
-            raise ConfigError("accountant='gdp' is exact only without subsampling; use 'pld', 'prv' or 'rdp' for q < 1")
+            raise ConfigError(
+                "accountant='gdp' is exact only without subsampling; use 'pld', 'prv' or 'rdp' for q < 1"
+            )
         self.accountant = accountant
         self.split = split
         self.trusted_aggregator = bool(trusted_aggregator)
@@ -230,7 +234,11 @@ class GaussianMechanism:
                 "a client's contribution; e.g. GaussianMechanism(..., level='client', max_records=500)"
             )
         if max_records is not None:
-            if isinstance(max_records, bool) or not isinstance(max_records, (int, np.integer)) or max_records < 1:
+            if (
+                isinstance(max_records, bool)
+                or not isinstance(max_records, (int, np.integer))
+                or max_records < 1
+            ):
                 raise ConfigError(f"max_records must be an integer >= 1, got max_records={max_records!r}")
             if level == "record":
                 raise ConfigError(
@@ -238,8 +246,10 @@ class GaussianMechanism:
                     "level='client' only; at level='record' every record is its own unit: drop max_records"
                 )
         self.max_records = None if max_records is None else int(max_records)
-        if isinstance(dropout_tolerance, bool) or not isinstance(dropout_tolerance, (int, np.integer)) or (
-            dropout_tolerance < 0
+        if (
+            isinstance(dropout_tolerance, bool)
+            or not isinstance(dropout_tolerance, (int, np.integer))
+            or (dropout_tolerance < 0)
         ):
             raise ConfigError(f"dropout_tolerance must be an integer >= 0, got {dropout_tolerance!r}")
         self.dropout_tolerance = int(dropout_tolerance)
@@ -276,7 +286,9 @@ class GaussianMechanism:
         if not isinstance(split, Mapping):
             raise ConfigError(f"split must be 'joint', 'equal' or a dict of weights, got split={split!r}")
         if set(split) != set(self.blocks):
-            raise ConfigError(f"split weights must name exactly the blocks {list(self.blocks)}, got {sorted(split)}")
+            raise ConfigError(
+                f"split weights must name exactly the blocks {list(self.blocks)}, got {sorted(split)}"
+            )
         w = {b: float(split[b]) for b in self.blocks}
         if any(not (v > 0 and math.isfinite(v)) for v in w.values()):
             raise ConfigError(f"split weights must be finite and > 0, got {w}")
@@ -297,7 +309,10 @@ class GaussianMechanism:
             mu = self.epsilon / math.sqrt(2.0 * math.log(1.25 / self.delta))
             return mu / math.sqrt(self.rounds), "classic"
         mu, how = calibrate_round_mu(
-            self.epsilon, self.delta, rounds=self.rounds, sampling_rate=self.sampling_rate,
+            self.epsilon,
+            self.delta,
+            rounds=self.rounds,
+            sampling_rate=self.sampling_rate,
             accountant=self.accountant,
         )
         return mu, f"analytic, {how}"
@@ -398,7 +413,11 @@ class GaussianMechanism:
         credits amplification only for sampling that happened).
         """
         self._ensure(stats.dim)
-        if self.level == "client" and self._num_classes != stats.num_classes and self.backend.sensitivity_slack(1, "l2") > 0:
+        if (
+            self.level == "client"
+            and self._num_classes != stats.num_classes
+            and self.backend.sensitivity_slack(1, "l2") > 0
+        ):
             self._num_classes = stats.num_classes
             self._resolve(stats.dim)
         rid = self.ledger.new_release()
@@ -411,11 +430,18 @@ class GaussianMechanism:
             out[block] = self._add_noise(arr, block, s * math.sqrt(share), rng)
             # The sensitivity includes the backend's rounding slack (calibrated for in _resolve).
             # Each call is ONE release; ``rounds`` is what sigma was calibrated for, not what happened.
-            self.ledger.record(ReleaseEvent(
-                mechanism="gaussian" if s > 0 else "none", block=block,
-                sensitivity=self._sens[block], scale=s, relation=relation,
-                rounds=copies, sampling_rate=sampling_rate, release_id=rid,
-            ))
+            self.ledger.record(
+                ReleaseEvent(
+                    mechanism="gaussian" if s > 0 else "none",
+                    block=block,
+                    sensitivity=self._sens[block],
+                    scale=s,
+                    relation=relation,
+                    rounds=copies,
+                    sampling_rate=sampling_rate,
+                    release_id=rid,
+                )
+            )
         return stats.with_arrays(**out)
 
     def _add_noise(self, arr: np.ndarray, block: str, sigma: float, rng: np.random.Generator) -> np.ndarray:
@@ -570,16 +596,22 @@ class GaussianMechanism:
         if self.sampling_rate == 1:
             return
         if secure_agg is not None:
-            self._refuse_sampling("under secure aggregation the server runs the protocol with the clients "
-                                  "that upload, so it sees who was sampled (amplification does not hold)")
+            self._refuse_sampling(
+                "under secure aggregation the server runs the protocol with the clients "
+                "that upload, so it sees who was sampled (amplification does not hold)"
+            )
         if per_client or not self.trusted_aggregator:
-            self._refuse_sampling(f"with local noise (method {name!r}"
-                                  f"{'' if self.trusted_aggregator else ', no trusted aggregator'}) the server "
-                                  "sees each upload and so who was sampled (amplification does not hold)")
+            self._refuse_sampling(
+                f"with local noise (method {name!r}"
+                f"{'' if self.trusted_aggregator else ', no trusted aggregator'}) the server "
+                "sees each upload and so who was sampled (amplification does not hold)"
+            )
         if self.level != "client":
-            self._refuse_sampling("client sampling amplifies only client-level guarantees: at record level "
-                                  "the rest of a record's client shows in the sum whether it was sampled, so "
-                                  "only delta is amplified")
+            self._refuse_sampling(
+                "client sampling amplifies only client-level guarantees: at record level "
+                "the rest of a record's client shows in the sum whether it was sampled, so "
+                "only delta is amplified"
+            )
 
     def _poisson_sample(self, stats: ClientStats, rng: np.random.Generator) -> ClientStats:
         """The trusted aggregator keeps each client's upload with probability q, independently.
@@ -649,8 +681,12 @@ class GaussianMechanism:
         noised and folded a chunk of clients at a time
         (:meth:`fold_local_upload`), memory independent of K.
         """
-        return (self.level == "record" and not self._secure and not self.trusted_aggregator
-                and not bool(getattr(method, "per_client", False)))
+        return (
+            self.level == "record"
+            and not self._secure
+            and not self.trusted_aggregator
+            and not bool(getattr(method, "per_client", False))
+        )
 
     def streams_pairs(self, method) -> bool:
         """Whether each client noises its own upload and a per-client method folds the noisy uploads.
@@ -660,11 +696,17 @@ class GaussianMechanism:
         the noisy counts of every client come first (K C values), then the
         noisy sums a chunk of clients at a time (:meth:`local_upload_stream`).
         """
-        return (self.level == "record" and not self._secure and not self.trusted_aggregator
-                and bool(getattr(method, "per_client", False))
-                and callable(getattr(method, "aggregate_stream", None)))
+        return (
+            self.level == "record"
+            and not self._secure
+            and not self.trusted_aggregator
+            and bool(getattr(method, "per_client", False))
+            and callable(getattr(method, "aggregate_stream", None))
+        )
 
-    def local_upload_stream(self, stats: ClientStats, rng: np.random.Generator, *, chunk_bytes: int | None = None):
+    def local_upload_stream(
+        self, stats: ClientStats, rng: np.random.Generator, *, chunk_bytes: int | None = None
+    ):
         """(counts, sum chunks): the clients' noisy uploads, for :meth:`streams_pairs` methods.
 
         One release, as :meth:`local_noise_blocks` (``order=("counts", "sums")``):
@@ -688,8 +730,14 @@ class GaussianMechanism:
 
         return counts, sums()
 
-    def local_noise_blocks(self, stats: ClientStats, rng: np.random.Generator, *, chunk_bytes: int | None = None,
-                           order: tuple[str, ...] | None = None):
+    def local_noise_blocks(
+        self,
+        stats: ClientStats,
+        rng: np.random.Generator,
+        *,
+        chunk_bytes: int | None = None,
+        order: tuple[str, ...] | None = None,
+    ):
         """The clients' noisy uploads (record level, local noise), one block and chunk of clients at a time.
 
         Every client noises every class it could hold (zeros included) and its
@@ -716,11 +764,18 @@ class GaussianMechanism:
         rid = self.ledger.new_release()
         for block in booked:  # the ledger lists the blocks as before_upload does, whatever the draw order
             s = self._sigma[block]
-            self.ledger.record(ReleaseEvent(
-                mechanism="gaussian" if s > 0 else "none", block=block,
-                sensitivity=self._sens[block], scale=s, relation="record",
-                rounds=1, sampling_rate=self.sampling_rate, release_id=rid,
-            ))
+            self.ledger.record(
+                ReleaseEvent(
+                    mechanism="gaussian" if s > 0 else "none",
+                    block=block,
+                    sensitivity=self._sens[block],
+                    scale=s,
+                    relation="record",
+                    rounds=1,
+                    sampling_rate=self.sampling_rate,
+                    release_id=rid,
+                )
+            )
         self._placements.append("local")
         per_client = {"sums": C * d, "counts": C, "second": d * d}
         for block in blocks:
@@ -730,8 +785,15 @@ class GaussianMechanism:
                 values = _client_block(stats, block, k0, k1)
                 yield block, k0, k1, self._add_noise(values, block, self._sigma[block], rng)
 
-    def fold_local_upload(self, stats: ClientStats, method, rng: np.random.Generator, *,
-                          chunk_bytes: int | None = None, observe=None) -> ClientStats:
+    def fold_local_upload(
+        self,
+        stats: ClientStats,
+        method,
+        rng: np.random.Generator,
+        *,
+        chunk_bytes: int | None = None,
+        observe=None,
+    ) -> ClientStats:
         """The sum of the clients' noisy uploads, folded chunk by chunk (:meth:`local_noise_blocks`).
 
         Memory O(chunk + C d + d^2), independent of K; no (K, C, d) stack.
@@ -759,7 +821,9 @@ class GaussianMechanism:
         """Every client adds its share sigma^2 / (K - t); what reaches the sum is settled in :meth:`report`."""
         K = stats.num_clients
         out = self._noisy(stats, rng, self.level, share=self._share(K))
-        self._pending_secure.append((self.ledger._next_id, K, self._share(K), getattr(self._secagg, "last_run", None)))
+        self._pending_secure.append(
+            (self.ledger._next_id, K, self._share(K), getattr(self._secagg, "last_run", None))
+        )
         self._placements.append("distributed")
         return out
 
@@ -784,8 +848,9 @@ class GaussianMechanism:
         """
         rid = self.ledger.new_release()
         for e in events:
-            self.ledger.record(ReleaseEvent(**{**{k: v for k, v in e.items() if k != "release_id"},
-                                               "release_id": rid}))
+            self.ledger.record(
+                ReleaseEvent(**{**{k: v for k, v in e.items() if k != "release_id"}, "release_id": rid})
+            )
         K = int(num_clients)
         self._pending_secure.append((rid, K, self._share(K), getattr(protocol, "last_run", None)))
         self._secagg = protocol
@@ -809,9 +874,17 @@ class GaussianMechanism:
             present = min(int(c.get("uploaded", K)) for c in calls)
             factor = math.sqrt(present * share)
             self.ledger.events = [
-                e if e.release_id != rid else ReleaseEvent(
-                    mechanism=e.mechanism, block=e.block, sensitivity=e.sensitivity, scale=e.scale * factor,
-                    relation=e.relation, rounds=e.rounds, sampling_rate=e.sampling_rate, release_id=rid,
+                e
+                if e.release_id != rid
+                else ReleaseEvent(
+                    mechanism=e.mechanism,
+                    block=e.block,
+                    sensitivity=e.sensitivity,
+                    scale=e.scale * factor,
+                    relation=e.relation,
+                    rounds=e.rounds,
+                    sampling_rate=e.sampling_rate,
+                    release_id=rid,
                 )
                 for e in self.ledger.events
             ]
@@ -853,7 +926,9 @@ class GaussianMechanism:
 
     def _require_sigma(self) -> None:
         if self._sigma is None:
-            raise ConfigError("pass dim= to GaussianMechanism (clip_norm='coordinate') before asking for sigma")
+            raise ConfigError(
+                "pass dim= to GaussianMechanism (clip_norm='coordinate') before asking for sigma"
+            )
 
     # -- report --------------------------------------------------------------------
     def report(self) -> PrivacyReport:
@@ -862,8 +937,14 @@ class GaussianMechanism:
         events = self.ledger.events
         eps, acc = ledger_epsilon(events, self.delta, self.accountant)
         notes = []
-        placement = "none" if not self._placements else (
-            self._placements[0] if len(set(self._placements)) == 1 else "mixed: " + ", ".join(sorted(set(self._placements)))
+        placement = (
+            "none"
+            if not self._placements
+            else (
+                self._placements[0]
+                if len(set(self._placements)) == 1
+                else "mixed: " + ", ".join(sorted(set(self._placements)))
+            )
         )
         # OpenDP draws from the OS CSPRNG whatever the seed: only a seeded numpy backend is replayable.
         sampled = any(e.sampling_rate < 1 for e in events)
@@ -907,7 +988,9 @@ class GaussianMechanism:
                 "subsampling"
             )
         if self.level == "client":
-            notes.append(f"each client's contribution is bounded to max_records={self.max_records} records' worth")
+            notes.append(
+                f"each client's contribution is bounded to max_records={self.max_records} records' worth"
+            )
             notes.append("neighbouring clients: " + NEIGHBOURING["client"])
         if "central" in self._placements:
             notes.append("noise on the aggregate is added by a trusted aggregator (it sees exact statistics)")
@@ -925,7 +1008,9 @@ class GaussianMechanism:
                 f"{self.backend.name!r} over the coordinates that move (calibrated for)"
             )
         if not self.backend.secure and math.isfinite(self.epsilon):
-            notes.append("floating-point noise (backend 'numpy'): not hardened against floating-point attacks")
+            notes.append(
+                "floating-point noise (backend 'numpy'): not hardened against floating-point attacks"
+            )
         if self.calibration == "classic" and self.epsilon > 1:
             notes.append("classic calibration outside its proven range (epsilon > 1)")
         lvl = NEIGHBOURING[self.level]
@@ -943,8 +1028,11 @@ class GaussianMechanism:
                 + f"({format_up(eps)}, {format_up(self.delta)})-DP at {self.level} level ({lvl})"
                 + f" over {releases} release(s)"
                 + f"; Gaussian noise ({placement}) on {', '.join(self.blocks)}"
-                + (f"; clients Poisson-sampled at rate {self.sampling_rate:g} (amplification credited)"
-                   if sampled else "")
+                + (
+                    f"; clients Poisson-sampled at rate {self.sampling_rate:g} (amplification credited)"
+                    if sampled
+                    else ""
+                )
                 + f"; accountant: {acc}"
             )
         return PrivacyReport(

@@ -52,6 +52,7 @@ def format_up(x: float, digits: int = 4) -> str:
     text = format(mant, "f")
     return f"{text}e{'+' if exp >= 0 else '-'}{abs(exp):02d}"
 
+
 #: Neighbouring relations the ledger understands.
 NEIGHBOURING = {
     "record": "add or remove one record (sample) of one client",
@@ -235,6 +236,7 @@ class PrivacyReport:
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready dict (inf/nan as strings)."""
+
         def clean(v):
             if isinstance(v, float) and not math.isfinite(v):
                 return str(v)

@@ -90,6 +90,7 @@ __all__ = [
     "prg_uint64",
 ]
 
+
 # --------------------------------------------------------------------------- graph
 def harary_graph(num_clients: int, k: int, rng: np.random.Generator) -> list[frozenset[int]]:
     """Neighbour sets of a k-regular Harary graph on randomly relabelled clients (SecAgg+).
@@ -254,7 +255,9 @@ def masked_sum(
     # Gaussian shares exceed 40 standard deviations with probability < 1e-340: a safe public bound.
     fixed_point.check_ring_bound(max_abs, K, f, noise_bound=K * 40.0 * noise_std * 2.0**f, name=name)
     if active and neighbours is not None:
-        raise ConfigError("the active-adversary version runs on the complete graph: drop neighbours or active")
+        raise ConfigError(
+            "the active-adversary version runs on the complete graph: drop neighbours or active"
+        )
 
     keys = KeySource(key_seed)
     # The SecAgg+ relabelling is key material: from the key source (OS entropy), never from ``rng``.
@@ -279,26 +282,57 @@ def masked_sum(
     session = keys(16)
     roster, ids = (None, [None] * K)
     if active:
-        id_seed = None if key_seed is None else b"identities" + (
-            key_seed if isinstance(key_seed, bytes) else int(key_seed).to_bytes(16, "little"))
+        id_seed = (
+            None
+            if key_seed is None
+            else b"identities"
+            + (key_seed if isinstance(key_seed, bytes) else int(key_seed).to_bytes(16, "little"))
+        )
         roster, ids = make_roster(K, t, seed=id_seed)
-    server = MaskingServer(num_nodes=K, threshold=t, length=flat.shape[1], session=session, active=active,
-                           graph=None if active else graph, frac_bits=f, name=name)
-    nodes = {u: MaskingNode(u, num_nodes=K, threshold=t, neighbours=None if active else graph[u], keys=keys,
-                            identity=ids[u], roster=roster) for u in range(K)}
+    server = MaskingServer(
+        num_nodes=K,
+        threshold=t,
+        length=flat.shape[1],
+        session=session,
+        active=active,
+        graph=None if active else graph,
+        frac_bits=f,
+        name=name,
+    )
+    nodes = {
+        u: MaskingNode(
+            u,
+            num_nodes=K,
+            threshold=t,
+            neighbours=None if active else graph[u],
+            keys=keys,
+            identity=ids[u],
+            roster=roster,
+        )
+        for u in range(K)
+    }
 
     def encoded(u: int) -> np.ndarray:
         row = flat[u]
         if noise_std > 0:
-            row = add_noise(row, noise_std, rng) if add_noise is not None else row + rng.normal(0.0, noise_std, row.shape)
+            row = (
+                add_noise(row, noise_std, rng)
+                if add_noise is not None
+                else row + rng.normal(0.0, noise_std, row.shape)
+            )
         return fixed_point.encode(row, f)
 
     def silent(stage: str, u: int) -> bool:
         return (stage == "masked" and u in before) or (stage in ("consistency", "unmask") and u in after)
 
     clock = {"keys": time.perf_counter()}
-    run_in_process(server, nodes, inputs=encoded, silent=silent,
-                   on_stage=lambda s: clock.__setitem__(s, time.perf_counter()))
+    run_in_process(
+        server,
+        nodes,
+        inputs=encoded,
+        silent=silent,
+        on_stage=lambda s: clock.__setitem__(s, time.perf_counter()),
+    )
     view = server.view
     result = fixed_point.decode(server.total, f).reshape(shape)
     view.result = result

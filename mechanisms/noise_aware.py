@@ -28,7 +28,13 @@ import numpy as np
 from privfed._linalg import project_psd
 from privfed.errors import InputError
 
-__all__ = ["debias_covariances", "drop_small_counts", "fedcof_spread_bias", "outer_product_bias", "repair_psd"]
+__all__ = [
+    "debias_covariances",
+    "drop_small_counts",
+    "fedcof_spread_bias",
+    "outer_product_bias",
+    "repair_psd",
+]
 
 
 def fedcof_spread_bias(counts: np.ndarray, noise_var: float) -> np.ndarray:

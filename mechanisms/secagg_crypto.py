@@ -68,8 +68,9 @@ class ProtocolAbort(PrivfedError):
     (``"low-threshold"``, ``"inconsistent-lists"``, ``"tampered-share"``, ...).
     """
 
-    def __init__(self, message: str, *, node: int | None = None, stage: str | None = None,
-                 deviation: str | None = None) -> None:
+    def __init__(
+        self, message: str, *, node: int | None = None, stage: str | None = None, deviation: str | None = None
+    ) -> None:
         super().__init__(message)
         self.node, self.stage, self.deviation = node, stage, deviation
 

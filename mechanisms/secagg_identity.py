@@ -96,7 +96,9 @@ class Roster:
     @property
     def fingerprint(self) -> bytes:
         """SHA-256 of the roster (keys, t, n_C): every signed message names the roster it belongs to."""
-        return hashlib.sha256(signed_bytes("roster", self.threshold, self.colluders, *self.public_keys)).digest()
+        return hashlib.sha256(
+            signed_bytes("roster", self.threshold, self.colluders, *self.public_keys)
+        ).digest()
 
     def verify(self, index: int, signature: bytes, message: bytes) -> bool:
         """Whether ``signature`` on ``message`` verifies under node ``index``'s roster key."""
@@ -109,26 +111,40 @@ class Roster:
         return True
 
     def to_json(self) -> str:
-        return json.dumps({"version": 1, "threshold": int(self.threshold), "colluders": int(self.colluders),
-                           "public_keys": [k.hex() for k in self.public_keys]}, indent=1)
+        return json.dumps(
+            {
+                "version": 1,
+                "threshold": int(self.threshold),
+                "colluders": int(self.colluders),
+                "public_keys": [k.hex() for k in self.public_keys],
+            },
+            indent=1,
+        )
 
     @classmethod
     def from_json(cls, text: str, source: str = "roster") -> Roster:
         try:
             raw = json.loads(text)
-            return cls(public_keys=tuple(bytes.fromhex(k) for k in raw["public_keys"]),
-                       threshold=int(raw["threshold"]), colluders=int(raw.get("colluders", 0)))
+            return cls(
+                public_keys=tuple(bytes.fromhex(k) for k in raw["public_keys"]),
+                threshold=int(raw["threshold"]),
+                colluders=int(raw.get("colluders", 0)),
+            )
         except (KeyError, TypeError, ValueError) as exc:
             if isinstance(exc, ConfigError):
                 raise
-            raise ConfigError(f"{source} is not a privfed roster (JSON with public_keys, threshold): {exc}") from None
+            raise ConfigError(
+                f"{source} is not a privfed roster (JSON with public_keys, threshold): {exc}"
+            ) from None
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> Roster:
         p = pathlib.Path(path).expanduser()
         if not p.is_file():
-            raise ConfigError(f"secagg-roster={path}: no such file; the operator writes it with "
-                              "python -m mechanisms.secagg_identity")
+            raise ConfigError(
+                f"secagg-roster={path}: no such file; the operator writes it with "
+                "python -m mechanisms.secagg_identity"
+            )
         return cls.from_json(p.read_text(), f"secagg-roster={path}")
 
 
@@ -144,14 +160,19 @@ class Identity:
 
     @property
     def public_key(self) -> bytes:
-        return Ed25519PrivateKey.from_private_bytes(self.private_key).public_key().public_bytes(
-            serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+        return (
+            Ed25519PrivateKey.from_private_bytes(self.private_key)
+            .public_key()
+            .public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+        )
 
     def check(self, roster: Roster) -> Identity:
         """This identity, if the roster lists its public key at its index (ConfigError otherwise)."""
         if not 0 <= self.index < roster.size or roster.public_keys[self.index] != self.public_key:
-            raise ConfigError(f"this node's identity key (index {self.index}) is not in the roster; the operator "
-                              "must distribute the roster that lists it")
+            raise ConfigError(
+                f"this node's identity key (index {self.index}) is not in the roster; the operator "
+                "must distribute the roster that lists it"
+            )
         return self
 
     def to_json(self) -> str:
@@ -169,22 +190,31 @@ class Identity:
             raise ConfigError(f"secagg-identity={path} is not a privfed identity file: {exc}") from None
 
 
-def make_roster(num_nodes: int, threshold: int | None = None, colluders: int = 0,
-                seed: int | bytes | None = None) -> tuple[Roster, list[Identity]]:
+def make_roster(
+    num_nodes: int, threshold: int | None = None, colluders: int = 0, seed: int | bytes | None = None
+) -> tuple[Roster, list[Identity]]:
     """Fresh identities for ``num_nodes`` nodes and their roster (OS entropy; ``seed`` for tests only)."""
     keys = KeySource(seed)
     ids = []
     for i in range(int(num_nodes)):
         sk = Ed25519PrivateKey.from_private_bytes(keys(32))
-        ids.append(Identity(i, sk.private_bytes(serialization.Encoding.Raw, serialization.PrivateFormat.Raw,
-                                                serialization.NoEncryption())))
+        ids.append(
+            Identity(
+                i,
+                sk.private_bytes(
+                    serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption()
+                ),
+            )
+        )
     t = min_threshold(num_nodes, colluders) if threshold is None else int(threshold)
     return Roster(tuple(i.public_key for i in ids), t, int(colluders)), ids
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m mechanisms.secagg_identity",
-                                description="Write a secure-aggregation roster and one identity file per node.")
+    p = argparse.ArgumentParser(
+        prog="python -m mechanisms.secagg_identity",
+        description="Write a secure-aggregation roster and one identity file per node.",
+    )
     p.add_argument("directory")
     p.add_argument("--nodes", type=int, required=True)
     p.add_argument("--threshold", type=int, default=None)
@@ -203,7 +233,9 @@ def main(argv: list[str] | None = None) -> int:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as fh:
             fh.write(ident.to_json())
-    print(f"wrote {out / 'roster.json'} (K={roster.size}, t={roster.threshold}) and {len(ids)} identity files")
+    print(
+        f"wrote {out / 'roster.json'} (K={roster.size}, t={roster.threshold}) and {len(ids)} identity files"
+    )
     return 0
 
 

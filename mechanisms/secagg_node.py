@@ -94,9 +94,14 @@ class SessionLedger:
     it.  Equal sets give equal sums of whatever the node summed: nothing new.
     """
 
-    def __init__(self, used: list[str] | None = None, also: Callable[[int], None] | None = None,
-                 uploaders: list[int] | None = None, holder: int | None = None,
-                 keep: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        used: list[str] | None = None,
+        also: Callable[[int], None] | None = None,
+        uploaders: list[int] | None = None,
+        holder: int | None = None,
+        keep: Callable[[str], None] | None = None,
+    ) -> None:
         self.used = list(used or [])
         self.also = also  # a second claim (a ledger kept beyond this run), called after this one's check
         self.uploaders = None if uploaders is None else sorted(int(v) for v in uploaders)
@@ -109,7 +114,11 @@ class SessionLedger:
             raise ProtocolAbort(
                 f"node {node} aborts at stage 'masked': it refuses a second masked session for aggregation "
                 f"{key[:16]}: it already uploaded its masked input (and noise share) for it once; a server that "
-                "repeats a sum could subtract the two", node=node, stage="masked", deviation="second-session")
+                "repeats a sum could subtract the two",
+                node=node,
+                stage="masked",
+                deviation="second-session",
+            )
         if self.also is not None:
             self.also(node)
         self.used.append(key)
@@ -121,8 +130,11 @@ class SessionLedger:
             raise ProtocolAbort(
                 f"node {node} aborts at stage {stage!r}: the server asks it to be summed with uploaders {got}, but "
                 f"its earlier sum covered {self.uploaders}; the difference of two sums over different sets is "
-                "one node's input (or the sum of a few), so no share is revealed", node=node, stage=stage,
-                deviation="other-uploaders")
+                "one node's input (or the sum of a few), so no share is revealed",
+                node=node,
+                stage=stage,
+                deviation="other-uploaders",
+            )
         if self.uploaders is None:
             if self.keep is not None:
                 self.keep("uploaders=" + ",".join(str(v) for v in got))
@@ -138,7 +150,11 @@ class SessionLedger:
             raise ProtocolAbort(
                 f"node {node} aborts at stage {stage!r}: the server names key holder {holder}, but this node "
                 f"encrypted for key holder {self.holder} before; that holder refuses a sum over another set, "
-                "another holder would not know it", node=node, stage=stage, deviation="other-key-holder")
+                "another holder would not know it",
+                node=node,
+                stage=stage,
+                deviation="other-key-holder",
+            )
         if self.holder is None:
             if self.keep is not None:
                 self.keep(f"holder={int(holder)}")
@@ -159,8 +175,12 @@ def _ids(values, what: str, node: int, stage: str) -> list[int]:
         raise TypeError(f"the {what} list is a {type(values).__name__}")
     out = [as_int(v, f"an entry of the {what} list") for v in values]
     if len(set(out)) != len(out):
-        raise ProtocolAbort(f"node {node} aborts at stage {stage!r}: the {what} list repeats entries",
-                            node=node, stage=stage, deviation="malformed-list")
+        raise ProtocolAbort(
+            f"node {node} aborts at stage {stage!r}: the {what} list repeats entries",
+            node=node,
+            stage=stage,
+            deviation="malformed-list",
+        )
     return out
 
 
@@ -184,15 +204,29 @@ class MaskingNode:
         Aggregation ids already used (a fresh one by default).
     """
 
-    def __init__(self, index: int, *, num_nodes: int, threshold: int, identity: Identity | None = None,
-                 roster: Roster | None = None, neighbours: frozenset[int] | None = None,
-                 keys: KeySource | None = None, ledger: SessionLedger | None = None,
-                 state: dict | None = None) -> None:
+    def __init__(
+        self,
+        index: int,
+        *,
+        num_nodes: int,
+        threshold: int,
+        identity: Identity | None = None,
+        roster: Roster | None = None,
+        neighbours: frozenset[int] | None = None,
+        keys: KeySource | None = None,
+        ledger: SessionLedger | None = None,
+        state: dict | None = None,
+    ) -> None:
         self.u, self.K, self.t = int(index), int(num_nodes), int(threshold)
         self.identity, self.roster = identity, roster
         self.active = roster is not None
         if self.active:
-            if identity is None or identity.index != self.u or roster.size != self.K or roster.threshold != self.t:
+            if (
+                identity is None
+                or identity.index != self.u
+                or roster.size != self.K
+                or roster.threshold != self.t
+            ):
                 raise ProtocolAbort(f"node {self.u}: identity, roster, K and t disagree", node=self.u)
             if neighbours is not None and len(neighbours) + 1 < self.K:
                 raise ProtocolAbort("the active version runs on the complete graph", node=self.u)
@@ -209,8 +243,9 @@ class MaskingNode:
 
     def _abort(self, stage: str, deviation: str, text: str) -> ProtocolAbort:
         self.st = {"stage": "aborted", "why": text}
-        return ProtocolAbort(f"node {self.u} aborts at stage {stage!r}: {text}", node=self.u, stage=stage,
-                             deviation=deviation)
+        return ProtocolAbort(
+            f"node {self.u} aborts at stage {stage!r}: {text}", node=self.u, stage=stage, deviation=deviation
+        )
 
     def _channel(self, v: int) -> AESGCM:
         c_pk = public_key(self.st["c_pk"][self.st["U1"].index(v)])
@@ -221,23 +256,43 @@ class MaskingNode:
         return signed_bytes("echo", self.roster.fingerprint, self.st["session"], self.st["digest"])
 
     def _view_digest(self) -> bytes:
-        return signed_bytes("consistency", self.roster.fingerprint, self.st["session"], self.st["U2"],
-                            self.st["U3"], self.st["digest"])
+        return signed_bytes(
+            "consistency",
+            self.roster.fingerprint,
+            self.st["session"],
+            self.st["U2"],
+            self.st["U3"],
+            self.st["digest"],
+        )
 
     # ------------------------------------------------------------------ dispatch
-    def handle(self, msg: dict, *, ring_input: Callable[[], np.ndarray] | None = None, context: bytes = b"",
-               aggregation: bytes | None = None) -> dict:
+    def handle(
+        self,
+        msg: dict,
+        *,
+        ring_input: Callable[[], np.ndarray] | None = None,
+        context: bytes = b"",
+        aggregation: bytes | None = None,
+    ) -> dict:
         """Answer one request; ``ring_input()`` gives the encoded input at the masked stage, ``context``
         the digest of what this node was asked to sum, ``aggregation`` its aggregation id."""
         stage = str(msg.get("stage", ""))
-        expected = {"keys": "new", "shares": "advertised", "masked": "shared",
-                    "consistency": "masked", "unmask": "signed" if self.active else "masked"}
+        expected = {
+            "keys": "new",
+            "shares": "advertised",
+            "masked": "shared",
+            "consistency": "masked",
+            "unmask": "signed" if self.active else "masked",
+        }
         if stage not in expected or (stage == "consistency" and not self.active):
             raise self._abort(stage, "unknown-stage", f"unknown request {stage!r}")
         if self.st["stage"] != expected[stage]:
-            raise self._abort(stage, "out-of-order",
-                              f"request {stage!r} in state {self.st['stage']!r} (a replayed, repeated or "
-                              "out-of-order message); no more answers in this session")
+            raise self._abort(
+                stage,
+                "out-of-order",
+                f"request {stage!r} in state {self.st['stage']!r} (a replayed, repeated or "
+                "out-of-order message); no more answers in this session",
+            )
         try:
             session = as_bytes(msg.get("session", b""), "the session id")
         except TypeError as exc:
@@ -259,29 +314,42 @@ class MaskingNode:
                 self.st = {"stage": "aborted", "why": str(exc)}
             raise
         except (KeyError, TypeError, ValueError, OverflowError, IndexError) as exc:
-            raise self._abort(stage, "malformed", f"malformed request ({type(exc).__name__}: {exc})") from None
+            raise self._abort(
+                stage, "malformed", f"malformed request ({type(exc).__name__}: {exc})"
+            ) from None
 
     # ------------------------------------------------------------------ stages
     def _keys(self, msg: dict, session: bytes) -> dict:
         K, t = as_int(msg["K"], "K"), as_int(msg["t"], "t")
         if K != self.K or t != self.t:
-            raise self._abort("keys", "wrong-parameters",
-                              f"the server asks for K={K}, t={t} but this node is configured with K={self.K}, "
-                              f"t={self.t} (a lower threshold lets a server unmask one node)")
+            raise self._abort(
+                "keys",
+                "wrong-parameters",
+                f"the server asks for K={K}, t={t} but this node is configured with K={self.K}, "
+                f"t={self.t} (a lower threshold lets a server unmask one node)",
+            )
         low = min_threshold(self.K, self.roster.colluders if self.active else 0)
         if self.active and t < low:  # the roster checks this too; refuse whatever the roster says
             raise self._abort("keys", "low-threshold", f"threshold t={t} below {low}")
         if len(session) != SESSION_BYTES:
-            raise self._abort("keys", "malformed", f"session id of {len(session)} bytes, expected {SESSION_BYTES}")
+            raise self._abort(
+                "keys", "malformed", f"session id of {len(session)} bytes, expected {SESSION_BYTES}"
+            )
         c_sk, s_sk, b = self.keys.field_element(), self.keys.field_element(), self.keys.field_element()
-        self.st = {"stage": "advertised", "session": session, "c_sk": c_sk.to_bytes(32, "little"),
-                   "s_sk": s_sk.to_bytes(32, "little"), "b": b.to_bytes(32, "little")}
+        self.st = {
+            "stage": "advertised",
+            "session": session,
+            "c_sk": c_sk.to_bytes(32, "little"),
+            "s_sk": s_sk.to_bytes(32, "little"),
+            "b": b.to_bytes(32, "little"),
+        }
         c_pk = pub_bytes(private_key(c_sk).public_key())
         s_pk = pub_bytes(private_key(s_sk).public_key())
         out = {"u": self.u, "c_pk": c_pk, "s_pk": s_pk}
         if self.active:
             out["sig"] = self.identity.sign(
-                signed_bytes("keys", self.roster.fingerprint, session, self.u, c_pk, s_pk))
+                signed_bytes("keys", self.roster.fingerprint, session, self.u, c_pk, s_pk)
+            )
         return out
 
     def _shares(self, msg: dict) -> dict:
@@ -302,23 +370,35 @@ class MaskingNode:
             raise self._abort("shares", "substituted-key", "its own advertised keys came back changed")
         if self.active:
             for v, c, s, sig in zip(U1, c_pks, s_pks, sigs):
-                if not self.roster.verify(v, sig, signed_bytes("keys", self.roster.fingerprint,
-                                                                self.st["session"], v, c, s)):
-                    raise self._abort("shares", "bad-signature",
-                                      f"node {v}'s key advertisement is not signed by its roster key (a "
-                                      "substituted key, a Sybil, or a replay from another session)")
+                if not self.roster.verify(
+                    v, sig, signed_bytes("keys", self.roster.fingerprint, self.st["session"], v, c, s)
+                ):
+                    raise self._abort(
+                        "shares",
+                        "bad-signature",
+                        f"node {v}'s key advertisement is not signed by its roster key (a "
+                        "substituted key, a Sybil, or a replay from another session)",
+                    )
         holders = sorted(self.group & set(U1))
         if len(holders) < self.t:
-            raise self._abort("shares", "short-list",
-                              f"only {len(holders)} share holders, below the threshold t={self.t}")
+            raise self._abort(
+                "shares", "short-list", f"only {len(holders)} share holders, below the threshold t={self.t}"
+            )
         self.st.update(stage="shared", U1=U1, c_pk=c_pks, s_pk=s_pks)
         s_shares, b_shares = shamir.split_many(
             [int.from_bytes(self.st["s_sk"], "little"), int.from_bytes(self.st["b"], "little")],
-            [v + 1 for v in holders], self.t, self.keys)
+            [v + 1 for v in holders],
+            self.t,
+            self.keys,
+        )
         to, cts = [], []
         for v in holders:
-            plain = (self.u.to_bytes(ID_BYTES, "little") + v.to_bytes(ID_BYTES, "little")
-                     + s_shares[v + 1].to_bytes(32, "little") + b_shares[v + 1].to_bytes(32, "little"))
+            plain = (
+                self.u.to_bytes(ID_BYTES, "little")
+                + v.to_bytes(ID_BYTES, "little")
+                + s_shares[v + 1].to_bytes(32, "little")
+                + b_shares[v + 1].to_bytes(32, "little")
+            )
             if v == self.u:
                 self.st["own_share"] = plain
                 continue
@@ -337,20 +417,31 @@ class MaskingNode:
         if self.u not in U2:
             raise self._abort("masked", "short-list", "the survivor list does not contain this node")
         if len(set(U2) & self.group) < self.t:
-            raise self._abort("masked", "short-list",
-                              f"survivor list of {len(set(U2) & self.group)} nodes, below the threshold t={self.t}")
-        want = (set(U2) & self.nbrs)
+            raise self._abort(
+                "masked",
+                "short-list",
+                f"survivor list of {len(set(U2) & self.group)} nodes, below the threshold t={self.t}",
+            )
+        want = set(U2) & self.nbrs
         if set(senders) != want or len(cts) != len(senders):
-            raise self._abort("masked", "wrong-ids",
-                              f"share messages from {sorted(senders)} but the survivors are {sorted(want)}")
+            raise self._abort(
+                "masked",
+                "wrong-ids",
+                f"share messages from {sorted(senders)} but the survivors are {sorted(want)}",
+            )
         got_from, s_sh, b_sh = [self.u], [self.st["own_share"][8:40]], [self.st["own_share"][40:72]]
         for v, ct in zip(senders, cts):
             try:
-                plain = self._channel(v).decrypt(ct[:GCM_NONCE_BYTES], ct[GCM_NONCE_BYTES:], self.st["session"])
+                plain = self._channel(v).decrypt(
+                    ct[:GCM_NONCE_BYTES], ct[GCM_NONCE_BYTES:], self.st["session"]
+                )
             except InvalidTag:
-                raise self._abort("masked", "tampered-share",
-                                  f"the share message from node {v} fails authentication (tampered, corrupted "
-                                  "or from another session); no sum is released") from None
+                raise self._abort(
+                    "masked",
+                    "tampered-share",
+                    f"the share message from node {v} fails authentication (tampered, corrupted "
+                    "or from another session); no sum is released",
+                ) from None
             if int.from_bytes(plain[:4], "little") != v or int.from_bytes(plain[4:8], "little") != self.u:
                 raise self._abort("masked", "wrong-ids", f"the share message from node {v} names other nodes")
             got_from.append(v)
@@ -367,8 +458,14 @@ class MaskingNode:
             mask_keys.append(hkdf(s_sk.exchange(peer), INFO_PAIR + session))
             signs.append(v > self.u)
         add_masks(x, mask_keys, signs)
-        self.st.update(stage="masked", U2=sorted(U2), share_from=got_from, s_shares=s_sh, b_shares=b_sh,
-                       digest=hashlib.sha256(bytes(context)).digest())
+        self.st.update(
+            stage="masked",
+            U2=sorted(U2),
+            share_from=got_from,
+            s_shares=s_sh,
+            b_shares=b_sh,
+            digest=hashlib.sha256(bytes(context)).digest(),
+        )
         for k in ("c_sk", "own_share"):  # no longer needed: the channel's work is done
             self.st.pop(k, None)
         if not self.active:
@@ -378,24 +475,33 @@ class MaskingNode:
 
     def _check_uploaded(self, stage: str, U3: list[int]) -> None:
         if not set(U3) <= set(self.st["U2"]):
-            raise self._abort(stage, "unknown-node", f"uploaders {sorted(set(U3) - set(self.st['U2']))} are not "
-                                                     "survivors of the masked stage")
+            raise self._abort(
+                stage,
+                "unknown-node",
+                f"uploaders {sorted(set(U3) - set(self.st['U2']))} are not survivors of the masked stage",
+            )
         if self.u not in U3:
             raise self._abort(stage, "drop-claim", "the server lists this node as dropped, but it uploaded")
         if len(set(U3) & self.group) < self.t:
-            raise self._abort(stage, "short-list",
-                              f"refuses to unmask: only {len(set(U3) & self.group)} of its group uploaded, "
-                              f"below the threshold t={self.t}; the sum is not released")
+            raise self._abort(
+                stage,
+                "short-list",
+                f"refuses to unmask: only {len(set(U3) & self.group)} of its group uploaded, "
+                f"below the threshold t={self.t}; the sum is not released",
+            )
 
     def _consistency(self, msg: dict) -> dict:
         U3 = sorted(_ids(msg["uploaded"], "uploader", self.u, "consistency"))
         self._check_uploaded("consistency", U3)
         if self.active:
             if self.ledger.uploaders is None and self.ledger.holder is not None:
-                raise self._abort("consistency", "after-ckks",
-                                  "this node was summed by CKKS before (key holder "
-                                  f"{self.ledger.holder}) over a set it cannot see; a masked sum over another set "
-                                  "would subtract from it, so it takes part in no masked sum after it")
+                raise self._abort(
+                    "consistency",
+                    "after-ckks",
+                    "this node was summed by CKKS before (key holder "
+                    f"{self.ledger.holder}) over a set it cannot see; a masked sum over another set "
+                    "would subtract from it, so it takes part in no masked sum after it",
+                )
             self.ledger.pin(U3, self.u, "consistency")
         self.st.update(stage="signed", U3=U3)
         return {"sig": self.identity.sign(self._view_digest())}
@@ -404,8 +510,9 @@ class MaskingNode:
         U3 = sorted(_ids(msg["uploaded"], "uploader", self.u, "unmask"))
         if self.active:
             if U3 != self.st["U3"]:
-                raise self._abort("unmask", "inconsistent-lists",
-                                  "the uploader list differs from the one this node signed")
+                raise self._abort(
+                    "unmask", "inconsistent-lists", "the uploader list differs from the one this node signed"
+                )
             signers = _ids(msg["signers"], "signer", self.u, "unmask")
             sigs = [as_bytes(s, "a signature") for s in msg["sigs"]]
             if len(sigs) != len(signers) or not set(signers) <= set(U3):
@@ -413,20 +520,29 @@ class MaskingNode:
             view = self._view_digest()
             bad = [v for v, s in zip(signers, sigs) if not self.roster.verify(v, s, view)]
             if bad:
-                raise self._abort("unmask", "inconsistent-lists",
-                                  f"node(s) {bad} signed other survivor lists or another broadcast than this "
-                                  "node saw (or a forged signature): the server showed different views")
+                raise self._abort(
+                    "unmask",
+                    "inconsistent-lists",
+                    f"node(s) {bad} signed other survivor lists or another broadcast than this "
+                    "node saw (or a forged signature): the server showed different views",
+                )
             if len(signers) < self.t:
-                raise self._abort("unmask", "short-list",
-                                  f"only {len(signers)} consistency signatures, below the threshold t={self.t}")
+                raise self._abort(
+                    "unmask",
+                    "short-list",
+                    f"only {len(signers)} consistency signatures, below the threshold t={self.t}",
+                )
             echoes = [as_bytes(e, "an echo") for e in msg["echoes"]]
             echo = self._echo_bytes()
             split = [v for v, e in zip(U3, echoes) if not self.roster.verify(v, e, echo)]
             if len(echoes) != len(U3) or split:
-                raise self._abort("unmask", "split-broadcast",
-                                  f"uploader(s) {split or 'some'} did not sum what this node summed (their signed "
-                                  "echo of the run config, round and broadcast differs): the server sent "
-                                  "different broadcasts to different nodes")
+                raise self._abort(
+                    "unmask",
+                    "split-broadcast",
+                    f"uploader(s) {split or 'some'} did not sum what this node summed (their signed "
+                    "echo of the run config, round and broadcast differs): the server sent "
+                    "different broadcasts to different nodes",
+                )
         else:
             self._check_uploaded("unmask", U3)
         up = set(U3)

@@ -89,8 +89,11 @@ def request_bytes(stage: str, msg: dict, u: int) -> int:
     if stage == "consistency":
         return ID_BYTES * len(msg["uploaded"])
     if stage == "unmask":
-        return (ID_BYTES * len(msg["uploaded"]) + (ID_BYTES + SIGNATURE_BYTES) * len(msg.get("signers", []))
-                + SIGNATURE_BYTES * len(msg.get("echoes", [])))
+        return (
+            ID_BYTES * len(msg["uploaded"])
+            + (ID_BYTES + SIGNATURE_BYTES) * len(msg.get("signers", []))
+            + SIGNATURE_BYTES * len(msg.get("echoes", []))
+        )
     return 0
 
 
@@ -115,9 +118,24 @@ class MaskingServer:
         What is summed (error messages).
     """
 
-    def __init__(self, *, num_nodes: int, threshold: int, length: int, session: bytes, active: bool,
-                 graph: list[frozenset[int]] | None = None, frac_bits: int = 0, name: str = "statistic") -> None:
-        self.K, self.t, self.length, self.session = int(num_nodes), int(threshold), int(length), bytes(session)
+    def __init__(
+        self,
+        *,
+        num_nodes: int,
+        threshold: int,
+        length: int,
+        session: bytes,
+        active: bool,
+        graph: list[frozenset[int]] | None = None,
+        frac_bits: int = 0,
+        name: str = "statistic",
+    ) -> None:
+        self.K, self.t, self.length, self.session = (
+            int(num_nodes),
+            int(threshold),
+            int(length),
+            bytes(session),
+        )
         self.active, self.name = bool(active), name
         self.graph = graph if graph is not None else [frozenset(range(self.K)) - {u} for u in range(self.K)]
         self.stages = ["keys", "shares", "masked"] + (["consistency"] if active else []) + ["unmask"]
@@ -148,8 +166,12 @@ class MaskingServer:
         for u in self.alive:
             if s == "shares":
                 peers = [v for v in self.U1 if v == u or v in self.graph[u]]
-                msg = {**base, "peers": peers, "c_pk": [self.adverts[v]["c_pk"] for v in peers],
-                       "s_pk": [self.adverts[v]["s_pk"] for v in peers]}
+                msg = {
+                    **base,
+                    "peers": peers,
+                    "c_pk": [self.adverts[v]["c_pk"] for v in peers],
+                    "s_pk": [self.adverts[v]["s_pk"] for v in peers],
+                }
                 if self.active:
                     msg["sig"] = [self.adverts[v]["sig"] for v in peers]
             elif s == "masked":
@@ -175,8 +197,11 @@ class MaskingServer:
         if s == "masked":
             y = np.asarray(reply["y"])
             if y.dtype != np.uint64 or y.shape != (self.length,):
-                raise ProtocolAbort(f"node {u} uploaded a masked statistic of shape {y.shape} ({y.dtype}), "
-                                    f"expected ({self.length},) uint64: the nodes disagree on d or C", stage=s)
+                raise ProtocolAbort(
+                    f"node {u} uploaded a masked statistic of shape {y.shape} ({y.dtype}), "
+                    f"expected ({self.length},) uint64: the nodes disagree on d or C",
+                    stage=s,
+                )
         self._got[u] = reply
         self.bytes_up[u][s] = reply_bytes(s, reply)
 
@@ -187,7 +212,10 @@ class MaskingServer:
         if len(got) < self.t:
             raise ProtocolAbort(
                 f"secure aggregation aborted at stage {s!r}: {len(got)} node(s) answered, below the threshold "
-                f"t={self.t}{detail}; no sum is released", stage=s, deviation="dropouts")
+                f"t={self.t}{detail}; no sum is released",
+                stage=s,
+                deviation="dropouts",
+            )
         if s == "keys":
             self.adverts = dict(got)
             self.U1 = sorted(got)
@@ -242,7 +270,9 @@ class MaskingServer:
                 raise ProtocolAbort(
                     f"{self.name}: the {what} of node {u} cannot be rebuilt: {len(shares)} of its share holders "
                     f"answered, below the threshold t={self.t} (too many dropouts); no sum is released",
-                    stage="unmask", deviation="dropouts")
+                    stage="unmask",
+                    deviation="dropouts",
+                )
             xs = tuple(list(shares)[: self.t])
             if xs not in cache:
                 cache[xs] = shamir.lagrange_at_zero(xs)
@@ -256,15 +286,23 @@ class MaskingServer:
         for u in sorted(set(self.U2) - up):
             s_sk = private_key(recover(s_shares[u], u, "mask key"))
             for v in sorted(self.graph[u] & up):
-                keys.append(hkdf(s_sk.exchange(public_key(self.adverts[v]["s_pk"])), INFO_PAIR + self.session))
+                keys.append(
+                    hkdf(s_sk.exchange(public_key(self.adverts[v]["s_pk"])), INFO_PAIR + self.session)
+                )
                 signs.append(u < v)  # v added +m if u > v, -m if u < v: undo it
         add_masks(self.total, keys, signs)
 
 
-def run_in_process(server: MaskingServer, nodes: dict, *, inputs: Callable[[int], np.ndarray],
-                   silent: Callable[[str, int], bool] = lambda stage, u: False,
-                   contexts: Callable[[int], bytes] = lambda u: b"", aggregation: bytes | None = None,
-                   on_stage: Callable[[str], None] | None = None) -> np.ndarray:
+def run_in_process(
+    server: MaskingServer,
+    nodes: dict,
+    *,
+    inputs: Callable[[int], np.ndarray],
+    silent: Callable[[str, int], bool] = lambda stage, u: False,
+    contexts: Callable[[int], bytes] = lambda u: b"",
+    aggregation: bytes | None = None,
+    on_stage: Callable[[str], None] | None = None,
+) -> np.ndarray:
     """Run ``server`` with ``nodes`` (u -> MaskingNode) in this process; returns the ring sum.
 
     ``inputs(u)`` is node u's encoded input (asked at the masked stage),
@@ -276,8 +314,9 @@ def run_in_process(server: MaskingServer, nodes: dict, *, inputs: Callable[[int]
         for u, msg in server.requests().items():
             if silent(stage, u):
                 continue
-            reply = nodes[u].handle(msg, ring_input=lambda u=u: inputs(u), context=contexts(u),
-                                    aggregation=aggregation)
+            reply = nodes[u].handle(
+                msg, ring_input=lambda u=u: inputs(u), context=contexts(u), aggregation=aggregation
+            )
             server.receive(u, reply)
         server.close()
         if on_stage is not None:

@@ -206,8 +206,15 @@ class OutputDir(ResultFolder):
     to :meth:`finish` / :meth:`abandon`.
     """
 
-    def __init__(self, out: str | Path | None, prefix: str, *, overwrite: bool = False,
-                 name_parts: Sequence[str] = (), command: str = "") -> None:
+    def __init__(
+        self,
+        out: str | Path | None,
+        prefix: str,
+        *,
+        overwrite: bool = False,
+        name_parts: Sequence[str] = (),
+        command: str = "",
+    ) -> None:
         path = default_out_name(prefix, *name_parts) if out is None else out
         super().__init__(path, overwrite=overwrite, command=command or " ".join(sys.argv))
 
@@ -221,6 +228,7 @@ class OutputDir(ResultFolder):
 
     def write_csv(self, name: str, rows: Sequence[dict[str, Any]], fieldnames: Sequence[str]) -> Path:
         """Write ``rows`` as a CSV with the columns ``fieldnames`` atomically."""
+
         def write(p: Path) -> None:
             with p.open("w", newline="") as fh:
                 w = csv.DictWriter(fh, fieldnames=list(fieldnames))
@@ -324,8 +332,9 @@ def periodic_checkpoint(write_partial: Callable[[list], None], every: float) -> 
     return checkpoint
 
 
-def keep_finished(out: OutputDir, done: list, write_partial: Callable[[list], None], command: str,
-                  prog: str) -> None:
+def keep_finished(
+    out: OutputDir, done: list, write_partial: Callable[[list], None], command: str, prog: str
+) -> None:
     """After an interrupt or a failure: what finished is published (results.partial.*), or no folder is left.
 
     A second Ctrl-C / SIGTERM waits until what finished is on disk.  When
@@ -342,13 +351,19 @@ def keep_finished(out: OutputDir, done: list, write_partial: Callable[[list], No
             where = out.finish(command, complete=False)
         except PrivfedError as exc:
             kept = out.staging if (out.staging / MANIFEST).exists() else None
-            print(f"{prog}: could not write the {len(done)} finished run(s): {exc}"
-                  + (f"; the last checkpoint is in {kept}" if kept else ""), file=sys.stderr)
+            print(
+                f"{prog}: could not write the {len(done)} finished run(s): {exc}"
+                + (f"; the last checkpoint is in {kept}" if kept else ""),
+                file=sys.stderr,
+            )
             return
         if done:
-            print(f"{prog}: the sweep stopped after {len(done)} run(s); they are in "
-                  f"{where}/results.partial.csv and results.partial.json"
-                  + (f" ({out.path} keeps the previous run)" if where != out.path else ""), file=sys.stderr)
+            print(
+                f"{prog}: the sweep stopped after {len(done)} run(s); they are in "
+                f"{where}/results.partial.csv and results.partial.json"
+                + (f" ({out.path} keeps the previous run)" if where != out.path else ""),
+                file=sys.stderr,
+            )
 
 
 @contextlib.contextmanager
@@ -392,8 +407,13 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescript
 
     def _get_help_string(self, action):
         text = action.help or ""
-        if "default" in text.lower() or action.default is None or action.default is False \
-                or action.default == argparse.SUPPRESS or not action.option_strings:
+        if (
+            "default" in text.lower()
+            or action.default is None
+            or action.default is False
+            or action.default == argparse.SUPPRESS
+            or not action.option_strings
+        ):
             return text
         return text + " (default: %(default)s)"
 
@@ -401,13 +421,30 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescript
 def add_common_arguments(p: argparse.ArgumentParser, *, prefix: str, seeds_default: str) -> None:
     """The options every privfed command shares, with the same names, meanings and defaults."""
     a = p.add_argument
-    a("--secure-agg", metavar="{none,mask,ckks}", nargs="?", const="mask",
-      help="secure aggregation: none, mask (pairwise masking) or ckks (TenSEAL); the server then sees only "
-           "the sum of the uploads; a bare --secure-agg means mask (default: none)")
-    a("--seeds", metavar="N|LIST", help=f"number of seeds (0..N-1) or a list like 3,7 (default: {seeds_default})")
-    a("--out", metavar="DIR", help=f"output folder, new or empty (default: a fresh results/{prefix}-<what ran>-<time>)")
-    a("--overwrite", action="store_true", help="--out may be a previous privfed run's folder: its files are "
-      "replaced so the folder holds only this run (a folder holding other files is refused)")
+    a(
+        "--secure-agg",
+        metavar="{none,mask,ckks}",
+        nargs="?",
+        const="mask",
+        help="secure aggregation: none, mask (pairwise masking) or ckks (TenSEAL); the server then sees only "
+        "the sum of the uploads; a bare --secure-agg means mask (default: none)",
+    )
+    a(
+        "--seeds",
+        metavar="N|LIST",
+        help=f"number of seeds (0..N-1) or a list like 3,7 (default: {seeds_default})",
+    )
+    a(
+        "--out",
+        metavar="DIR",
+        help=f"output folder, new or empty (default: a fresh results/{prefix}-<what ran>-<time>)",
+    )
+    a(
+        "--overwrite",
+        action="store_true",
+        help="--out may be a previous privfed run's folder: its files are "
+        "replaced so the folder holds only this run (a folder holding other files is refused)",
+    )
     a("--quiet", action="store_true", help="no progress bar")
 
 
@@ -425,8 +462,11 @@ def placement_word(stated: Any, fallback: str) -> str:
     if not isinstance(stated, str) or not stated.strip():
         return fallback
     low = stated.lower().replace("_", " ").replace("-", " ")
-    for word, keys in (("secure sum", ("secure", "distributed")), ("trusted aggregator", ("trusted", "server", "central")),
-                       ("local", ("local", "client"))):
+    for word, keys in (
+        ("secure sum", ("secure", "distributed")),
+        ("trusted aggregator", ("trusted", "server", "central")),
+        ("local", ("local", "client")),
+    ):
         if low.startswith(word) or any(low.startswith(k) for k in keys):
             return word
     return stated
@@ -443,8 +483,19 @@ def check_secure_agg(value: Any) -> str:
 def versions() -> dict[str, str]:
     """Versions of Python and of the packages that determine results."""
     out = {"python": platform.python_version(), "platform": platform.platform()}
-    for pkg in ("privfed", "numpy", "scipy", "scikit-learn", "torch", "torchvision", "dp-accounting",
-                "opacus", "opendp", "tenseal", "cryptography"):
+    for pkg in (
+        "privfed",
+        "numpy",
+        "scipy",
+        "scikit-learn",
+        "torch",
+        "torchvision",
+        "dp-accounting",
+        "opacus",
+        "opendp",
+        "tenseal",
+        "cryptography",
+    ):
         with contextlib.suppress(metadata.PackageNotFoundError):
             out[pkg] = metadata.version(pkg)
     return out
@@ -487,11 +538,21 @@ def write_json(path: Path, payload: Any) -> None:
 
 
 #: import name -> what to install, for optional dependencies the commands may need.
-_PIP_NAMES = {"skimage": "scikit-image", "tenseal": "tenseal", "matplotlib": "matplotlib", "opendp": "opendp",
-              "torchvision": "torchvision", "opacus": "opacus", "torch": "torch", "flwr": "flwr[simulation]"}
+_PIP_NAMES = {
+    "skimage": "scikit-image",
+    "tenseal": "tenseal",
+    "matplotlib": "matplotlib",
+    "opendp": "opendp",
+    "torchvision": "torchvision",
+    "opacus": "opacus",
+    "torch": "torch",
+    "flwr": "flwr[simulation]",
+}
 
 
-def cli_entry(prog: str, body: Callable[[Sequence[str] | None], int]) -> Callable[[Sequence[str] | None], int]:
+def cli_entry(
+    prog: str, body: Callable[[Sequence[str] | None], int]
+) -> Callable[[Sequence[str] | None], int]:
     """Wrap a CLI body: user mistakes print one line on stderr and exit 2, no traceback.
 
     Ctrl-C exits 130 and SIGTERM 143 (128 + the signal number), after the
@@ -518,8 +579,11 @@ def cli_entry(prog: str, body: Callable[[Sequence[str] | None], int]) -> Callabl
             from privfed.optional import EXTRAS
 
             extra = f' (or the extra: pip install "privfed[{EXTRAS[top]}]")' if top in EXTRAS else ""
-            print(f"{prog}: error: this run needs the optional package {_PIP_NAMES[top]!r}, which is not "
-                  f"installed: pip install {_PIP_NAMES[top]}{extra}", file=sys.stderr)
+            print(
+                f"{prog}: error: this run needs the optional package {_PIP_NAMES[top]!r}, which is not "
+                f"installed: pip install {_PIP_NAMES[top]}{extra}",
+                file=sys.stderr,
+            )
             return 2
         except Terminated:
             print(f"{prog}: terminated (SIGTERM)", file=sys.stderr)

@@ -69,7 +69,10 @@ def normalise_rows(W: np.ndarray, *others: np.ndarray, eps: float = 0.0):
     out[~keep] = 0.0
     if not others:
         return out
-    return (out, *(np.where(keep, (np.asarray(o, dtype=np.float64) / safe_peak) / safe_norm, 0.0) for o in others))
+    return (
+        out,
+        *(np.where(keep, (np.asarray(o, dtype=np.float64) / safe_peak) / safe_norm, 0.0) for o in others),
+    )
 
 
 def minus_between(gram: np.ndarray, sums: np.ndarray, counts: np.ndarray) -> np.ndarray:
@@ -193,10 +196,14 @@ def solve_head(
     tol = _psd_tolerance(w)
     neg = w < -tol
     if neg.any():
-        notes.append(Note(
-            f"{name} had {int(neg.sum())} negative eigenvalue(s) (min {w.min():.3g}); "
-            "projected to the PSD cone (negative eigenvalues set to 0)", "psd_projection", int(neg.sum()),
-        ))
+        notes.append(
+            Note(
+                f"{name} had {int(neg.sum())} negative eigenvalue(s) (min {w.min():.3g}); "
+                "projected to the PSD cone (negative eigenvalues set to 0)",
+                "psd_projection",
+                int(neg.sum()),
+            )
+        )
     w = np.maximum(w, 0.0)
     if w.size == 0 or w.max() <= 0:
         notes.append(f"{name} is zero; the head is zero")
@@ -209,18 +216,29 @@ def solve_head(
                 return scipy.linalg.solve(A, B, assume_a="pos", check_finite=False)
             except (np.linalg.LinAlgError, scipy.linalg.LinAlgError):  # pragma: no cover - guarded above
                 pass
-        notes.append(Note(
-            f"{name} is singular (smallest eigenvalue {w.min():.3g}, largest {w.max():.3g}); "
-            "solved with the pseudo-inverse instead", "pseudo_inverse", 1,
-        ))
+        notes.append(
+            Note(
+                f"{name} is singular (smallest eigenvalue {w.min():.3g}, largest {w.max():.3g}); "
+                "solved with the pseudo-inverse instead",
+                "pseudo_inverse",
+                1,
+            )
+        )
     keep = w > w.size * np.finfo(np.float64).eps * w.max()
     inv = np.where(keep, 1.0 / np.where(keep, w, 1.0), 0.0)
     return (V * inv) @ (V.T @ B)
 
 
 # -- parameter checks shared by the methods -------------------------------------
-def check_real(method: str, name: str, value, *, low: float | None = None, high: float | None = None,
-               low_open: bool = False) -> float:
+def check_real(
+    method: str,
+    name: str,
+    value,
+    *,
+    low: float | None = None,
+    high: float | None = None,
+    low_open: bool = False,
+) -> float:
     """``value`` as a finite float in the given range, else ConfigError naming ``method`` and ``name``."""
     from privfed.errors import ConfigError
 

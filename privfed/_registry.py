@@ -43,7 +43,9 @@ class Registry(Generic[T]):
         try:
             return self._items[name]
         except (KeyError, TypeError):
-            raise ConfigError(f"unknown {self.kind} {name!r}; available: {', '.join(self.available())}") from None
+            raise ConfigError(
+                f"unknown {self.kind} {name!r}; available: {', '.join(self.available())}"
+            ) from None
 
     def get(self, name: str, **params: Any) -> T:
         """An instance of ``name`` with ``params``."""

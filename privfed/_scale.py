@@ -97,7 +97,7 @@ _BLOCK_BYTES = 8 * 2**20
 def _row_blocks(F: np.ndarray):
     step = max(1, _BLOCK_BYTES // max(F.itemsize * F.shape[1], 1))
     for a in range(0, F.shape[0], step):
-        yield F[a:a + step]
+        yield F[a : a + step]
 
 
 def peak_magnitude(F: np.ndarray) -> float:
@@ -117,7 +117,9 @@ def peak_row_norm(F: np.ndarray, peak: float) -> float:
     return math.sqrt(best) * peak
 
 
-def prepare(method, features: np.ndarray, privacy: Any = None, *, owned: bool = False) -> tuple[np.ndarray, ScaleInfo]:
+def prepare(
+    method, features: np.ndarray, privacy: Any = None, *, owned: bool = False
+) -> tuple[np.ndarray, ScaleInfo]:
     """Features whose statistics are exact in float64, or one clear error (see the module docstring).
 
     No temporary of the input's size is made: the peak magnitude is read block by block, and a
@@ -193,10 +195,14 @@ def check_feature_scale(value) -> float | str:
     """FedLog's ``feature_scale``: a finite float > 0 or ``"auto"``."""
     if isinstance(value, str):
         if value != "auto":
-            raise ConfigError(f"method 'fedlog': feature_scale must be a positive number or 'auto', got {value!r}")
+            raise ConfigError(
+                f"method 'fedlog': feature_scale must be a positive number or 'auto', got {value!r}"
+            )
         return value
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise ConfigError(f"method 'fedlog': feature_scale must be a positive number or 'auto', got {value!r}")
+        raise ConfigError(
+            f"method 'fedlog': feature_scale must be a positive number or 'auto', got {value!r}"
+        )
     v = float(value)
     if not (math.isfinite(v) and v > 0):
         raise ConfigError(f"method 'fedlog': feature_scale must be a finite number > 0, got {value!r}")

@@ -47,7 +47,9 @@ def parse_byte_size(text, source: str) -> int:
     except ValueError:
         value = float("nan")
     if not (np.isfinite(value) and value >= 1):
-        raise ConfigError(f"{source} must be a positive number of bytes (e.g. 2147483648 or 2G), got {text!r}")
+        raise ConfigError(
+            f"{source} must be a positive number of bytes (e.g. 2147483648 or 2G), got {text!r}"
+        )
     return int(value)
 
 
@@ -69,8 +71,10 @@ def env_byte_size(name: str, default: int) -> tuple[int, ConfigError | None]:
 def refuse_masked(value, name: str) -> None:
     """numpy masked arrays are refused: their masks would be silently ignored by the arithmetic."""
     if isinstance(value, np.ma.MaskedArray):
-        raise InputError(f"{name} is a numpy masked array; its mask would be ignored: fill or drop the masked "
-                         f"entries first (e.g. {name}.filled(...) or {name}.compressed())")
+        raise InputError(
+            f"{name} is a numpy masked array; its mask would be ignored: fill or drop the masked "
+            f"entries first (e.g. {name}.filled(...) or {name}.compressed())"
+        )
 
 
 #: Most noise values one private release may draw (K clients x C classes x (d + 1) under local noise):
@@ -88,18 +92,24 @@ def check_release_size(K: int, C: int, d: int, N: int, *, local: bool = True) ->
     """
     need = C * (d + 1) * 8
     if need > max(_MIN_STATS_LIMIT, 64 * N * d * 8):
-        raise InputError(f"num_classes={C} would need {need / 2**30:.3g} GiB of class statistics for {N} samples "
-                         f"of dimension {d}; pass the number of classes the labels use")
+        raise InputError(
+            f"num_classes={C} would need {need / 2**30:.3g} GiB of class statistics for {N} samples "
+            f"of dimension {d}; pass the number of classes the labels use"
+        )
     cells = K * C * 8  # a (K, C) float64 table of counts
     if cells > max(_MIN_STATS_LIMIT, 64 * N * d * 8):
-        raise InputError(f"num_clients={K} x num_classes={C} would need {cells / 2**30:.3g} GiB for the clients' "
-                         f"class counts alone ({N} samples of dimension {d}); pass the number of clients and "
-                         "classes the release really has")
+        raise InputError(
+            f"num_clients={K} x num_classes={C} would need {cells / 2**30:.3g} GiB for the clients' "
+            f"class counts alone ({N} samples of dimension {d}); pass the number of clients and "
+            "classes the release really has"
+        )
     values = (K if local else 1) * C * (d + 1)
     if values > MAX_RELEASE_VALUES:
-        raise InputError(f"num_clients={K} x num_classes={C} x (d + 1)={d + 1} is {values:.3g} noise values to "
-                         f"draw (limit {MAX_RELEASE_VALUES:.3g}: hours of work, {values * 8 / 2**30:.3g} GiB if "
-                         "materialised); pass the number of clients and classes the release really has")
+        raise InputError(
+            f"num_clients={K} x num_classes={C} x (d + 1)={d + 1} is {values:.3g} noise values to "
+            f"draw (limit {MAX_RELEASE_VALUES:.3g}: hours of work, {values * 8 / 2**30:.3g} GiB if "
+            "materialised); pass the number of clients and classes the release really has"
+        )
 
 
 #: Noise values a private release draws per second, and the fixed cost per client, for the estimate fit prints
@@ -119,9 +129,11 @@ def release_cost_note(K: int, C: int, d: int, *, local: bool = True, above_s: fl
     seconds = values / NOISE_VALUES_PER_S + K * SECONDS_PER_CLIENT
     if seconds <= above_s:
         return None
-    return (f"this private release is large: num_clients={K}, num_classes={C}, d={d}, up to {values:.3g} noise "
-            f"values{'' if local else ' (once, on the sum)'}; expect about {seconds / 60:.0f} minute(s) before "
-            "it finishes")
+    return (
+        f"this private release is large: num_clients={K}, num_classes={C}, d={d}, up to {values:.3g} noise "
+        f"values{'' if local else ' (once, on the sum)'}; expect about {seconds / 60:.0f} minute(s) before "
+        "it finishes"
+    )
 
 
 def as_generator(value, name: str = "random_state") -> np.random.Generator:
@@ -142,8 +154,9 @@ def as_generator(value, name: str = "random_state") -> np.random.Generator:
 _CHECK_BLOCK_BYTES = 16 * 2**20
 
 
-def check_features(features, name: str = "features", dim: int | None = None, *,
-                   keep_float32: bool = False) -> np.ndarray:
+def check_features(
+    features, name: str = "features", dim: int | None = None, *, keep_float32: bool = False
+) -> np.ndarray:
     """Return ``features`` as a finite 2-D float64 array or raise :class:`InputError`.
 
     ``keep_float32=True`` returns float32 input as it is (no N x d float64
@@ -169,7 +182,7 @@ def check_features(features, name: str = "features", dim: int | None = None, *,
     step = max(1, _CHECK_BLOCK_BYTES // max(arr.shape[1], 1))
     first, count = None, 0
     for a in range(0, arr.shape[0], step):
-        bad = ~np.isfinite(arr[a:a + step])
+        bad = ~np.isfinite(arr[a : a + step])
         if bad.any():
             count += int(bad.sum())
             if first is None:
@@ -222,7 +235,9 @@ def check_num_classes(value, name: str = "num_classes") -> int:
     return int(value)
 
 
-def check_labels(labels, n: int, num_classes: int | None = None, name: str = "labels") -> tuple[np.ndarray, int]:
+def check_labels(
+    labels, n: int, num_classes: int | None = None, name: str = "labels"
+) -> tuple[np.ndarray, int]:
     """Return (labels as int64, num_classes); labels must lie in [0, num_classes).
 
     Without ``num_classes`` the classes are ``0..max(labels)``: a largest
@@ -281,8 +296,9 @@ def check_clients(clients, n: int, name: str = "clients") -> tuple[np.ndarray, i
     return k, num_clients
 
 
-def check_dataset(features, labels, clients=None, num_classes=None, *, every_class: bool = False,
-                  keep_float32: bool = False):
+def check_dataset(
+    features, labels, clients=None, num_classes=None, *, every_class: bool = False, keep_float32: bool = False
+):
     """Validate a federated dataset; returns (F, y, k, C, K).
 
     ``every_class=True`` (fitting a head) requires a sample of every class,

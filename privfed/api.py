@@ -97,7 +97,9 @@ def fit(
     if privacy is None:
         _refuse_unclipped_noise(secure_agg)
         # float32 stays float32: the statistics convert it a chunk at a time (float64 sums, no N x d copy)
-        F, y, k, C, K = check_dataset(features, labels, clients, num_classes, every_class=True, keep_float32=True)
+        F, y, k, C, K = check_dataset(
+            features, labels, clients, num_classes, every_class=True, keep_float32=True
+        )
         if num_clients is not None and _check_num_clients(num_clients) != K:
             raise InputError(
                 f"num_clients={num_clients} but clients numbers {K} clients 0..{K - 1}; without privacy every "
@@ -128,8 +130,18 @@ def fit(
             declare(seeded=seeded)
     # statistics exact in float64, or one clear error; a rescaling is in place only on our own copy
     F, scaled = _scale.prepare(m, F, privacy, owned=_is_private_copy(F, features))
-    head = run_federation(m, F, y, k, num_classes=C, num_clients=K, rng=rng, privacy=privacy, secure_agg=secure_agg,
-                          seeded=seeded)
+    head = run_federation(
+        m,
+        F,
+        y,
+        k,
+        num_classes=C,
+        num_clients=K,
+        rng=rng,
+        privacy=privacy,
+        secure_agg=secure_agg,
+        seeded=seeded,
+    )
     return _scale.finish(head, scaled)
 
 
@@ -170,8 +182,11 @@ def _check_private_dataset(features, labels, clients, num_classes, num_clients=N
     The number of classes and of clients are public parameters of a release: they must be passed
     (never taken from the data), and clients are numbered ``0..K-1``.
     """
-    missing = [n for n, v in (("num_classes", num_classes),
-                              ("num_clients", num_clients if clients is not None else 1)) if v is None]
+    missing = [
+        n
+        for n, v in (("num_classes", num_classes), ("num_clients", num_clients if clients is not None else 1))
+        if v is None
+    ]
     if missing:
         raise ConfigError(
             f"under privacy {' and '.join(missing)} must be given: they are public parameters of the release "
@@ -180,7 +195,9 @@ def _check_private_dataset(features, labels, clients, num_classes, num_clients=N
         )
     F = _private_features(features)
     check_release_size(1, check_num_classes(num_classes), F.shape[1], F.shape[0])  # before any allocation
-    y, C = check_labels(labels, F.shape[0], num_classes) if F.shape[0] else (np.zeros(0, np.int64), num_classes)
+    y, C = (
+        check_labels(labels, F.shape[0], num_classes) if F.shape[0] else (np.zeros(0, np.int64), num_classes)
+    )
     K = None if num_clients is None else _check_num_clients(num_clients)
     if K is not None:
         check_release_size(K, C, F.shape[1], F.shape[0])
@@ -190,7 +207,9 @@ def _check_private_dataset(features, labels, clients, num_classes, num_clients=N
         return F, y, np.zeros(F.shape[0], dtype=np.int64), C, 1
     k = as_int_vector(clients, "clients") if F.shape[0] else np.zeros(0, np.int64)
     if k.shape[0] != F.shape[0]:
-        raise InputError(f"clients has {k.shape[0]} entries but features has {F.shape[0]} rows; they must match")
+        raise InputError(
+            f"clients has {k.shape[0]} entries but features has {F.shape[0]} rows; they must match"
+        )
     if k.size and k.min() < 0:
         raise InputError(f"clients must be >= 0, found {int(k.min())}; number clients 0..K-1")
     if k.size and k.max() >= K:

@@ -129,7 +129,9 @@ def resolve_config(args: argparse.Namespace) -> AttackConfig:
         raise ConfigError(f"--clip must be a finite number > 0, got {clip:g}")
     ns = tuple(parse_int_list(args.n, "--n", minimum=1))
     if args.partition != "groups" and args.partition not in available_schemes():
-        raise ConfigError(f"--partition {args.partition!r} unknown; use groups or one of {available_schemes()}")
+        raise ConfigError(
+            f"--partition {args.partition!r} unknown; use groups or one of {available_schemes()}"
+        )
     if args.count_noise is not None and args.count_noise not in COUNT_NOISE_KINDS:
         raise ConfigError(f"--count-noise must be one of {list(COUNT_NOISE_KINDS)}, got {args.count_noise!r}")
     clients = as_int(args.clients, "--clients", minimum=1)
@@ -151,22 +153,38 @@ def resolve_config(args: argparse.Namespace) -> AttackConfig:
         if v is not None:
             if args.attack != "inversion":
                 raise ConfigError(f"--{flag.replace('_', '-')} applies to --attack inversion only")
-            params[flag] = as_int(v, f"--{flag.replace('_', '-')}", minimum=1) if flag in ("steps", "max_cells") \
-                else v
+            params[flag] = (
+                as_int(v, f"--{flag.replace('_', '-')}", minimum=1) if flag in ("steps", "max_cells") else v
+            )
     if params.get("backend") == "dip" and "steps" in params:
         params["dip_steps"] = params.pop("steps")
     attacks.get(args.attack, **params)  # validate the parameters now
     if args.device not in ("cpu", "cuda") and not args.device.startswith("cuda:"):
         raise ConfigError(f"--device must be cpu or cuda[:i], got {args.device!r}")
     if args.attack == "inversion" and importlib.util.find_spec("skimage") is None:
-        raise MissingDependencyError("--attack inversion scores reconstructions with SSIM from scikit-image, "
-                                     "which is not installed: pip install scikit-image")
-    return AttackConfig(attack=args.attack, methods=methods, epsilons=eps, delta=delta,
-                        clip=clip, ns=ns if args.partition == "groups" else (0,), partition=args.partition,
-                        clients=clients, alpha=alpha, secure_agg=secure,
-                        count_noise=args.count_noise, seeds=seeds, max_groups=max_groups,
-                        attack_params=params, device=args.device, out="" if args.out is None else str(args.out),
-                        strongest=bool(args.strongest) and args.attack in _SUITE_KINDS)
+        raise MissingDependencyError(
+            "--attack inversion scores reconstructions with SSIM from scikit-image, "
+            "which is not installed: pip install scikit-image"
+        )
+    return AttackConfig(
+        attack=args.attack,
+        methods=methods,
+        epsilons=eps,
+        delta=delta,
+        clip=clip,
+        ns=ns if args.partition == "groups" else (0,),
+        partition=args.partition,
+        clients=clients,
+        alpha=alpha,
+        secure_agg=secure,
+        count_noise=args.count_noise,
+        seeds=seeds,
+        max_groups=max_groups,
+        attack_params=params,
+        device=args.device,
+        out="" if args.out is None else str(args.out),
+        strongest=bool(args.strongest) and args.attack in _SUITE_KINDS,
+    )
 
 
 #: Attacks with a suite whose strongest member is reported next to the individual attack.
@@ -185,10 +203,13 @@ def _strongest_columns(cfg: AttackConfig, view, truth, challenge: dict, rng, pro
     first, second = HEADLINE[cfg.attack]
     best2 = rep["strongest_by"][second]
     best = rep["attacks"][rep["strongest"]]
-    out: dict[str, Any] = {"strongest_attack": rep["strongest"], f"strongest_{first}": rep["value"],
-                           f"strongest_{first}_se": best.get(f"{first}_se", float("nan")),
-                           f"strongest_by_{second}": best2,
-                           f"strongest_{second}": rep["attacks"][best2].get(second, float("nan"))}
+    out: dict[str, Any] = {
+        "strongest_attack": rep["strongest"],
+        f"strongest_{first}": rep["value"],
+        f"strongest_{first}_se": best.get(f"{first}_se", float("nan")),
+        f"strongest_by_{second}": best2,
+        f"strongest_{second}": rep["attacks"][best2].get(second, float("nan")),
+    }
     if cfg.attack == "inversion":  # chance and the n-guess prior for the strongest attack's guesses
         out["strongest_chance_identification"] = best.get("chance_identification", float("nan"))
         out["strongest_baseline_identification"] = best.get("baseline_identification", float("nan"))
@@ -208,7 +229,9 @@ def _load(cfg: AttackConfig):
     bb = get_backbone(seed=cfg.data_seed)
     if cfg.device != "cpu":
         if not torch.cuda.is_available():
-            raise ConfigError(f"--device {cfg.device} requested but torch sees no CUDA device; use --device cpu")
+            raise ConfigError(
+                f"--device {cfg.device} requested but torch sees no CUDA device; use --device cpu"
+            )
         bb = bb.to(cfg.device)
     data = {
         "private": (extract_features(bb, sp.private_images), sp.private_labels, sp.private_images),
@@ -240,8 +263,11 @@ def _privacy(cfg: AttackConfig, method, eps: float, clip: float):
     if cfg.count_noise is not None:
         if cfg.count_noise == "gaussian":
             return mechanisms.GaussianCountNoise(epsilon=eps, delta=cfg.delta)
-        cls = {"laplace": mechanisms.LaplaceCountNoise, "geometric": mechanisms.GeometricCountNoise,
-               "uniform": mechanisms.UniformCountNoiseNoDP}[cfg.count_noise]
+        cls = {
+            "laplace": mechanisms.LaplaceCountNoise,
+            "geometric": mechanisms.GeometricCountNoise,
+            "uniform": mechanisms.UniformCountNoiseNoDP,
+        }[cfg.count_noise]
         return cls(epsilon=eps)
     blocks = ("sums", "counts", "second") if "second" in method.requires else ("sums", "counts")
     return mechanisms.GaussianMechanism(epsilon=eps, delta=cfg.delta, clip=clip, blocks=blocks)
@@ -250,22 +276,41 @@ def _privacy(cfg: AttackConfig, method, eps: float, clip: float):
 def _trust_columns(cfg: AttackConfig, eps: float, view) -> dict[str, Any]:
     """Where the noise was added and the guarantee, for one row (from the run's settings and view)."""
     if math.isinf(eps):
-        return {"placement": "none", "protocol": cfg.secure_agg, "level": "-", "delta": 0.0, "calibration": "-",
-                "private": False}
+        return {
+            "placement": "none",
+            "protocol": cfg.secure_agg,
+            "level": "-",
+            "delta": 0.0,
+            "calibration": "-",
+            "private": False,
+        }
     count = cfg.count_noise
     secure = cfg.secure_agg != "none"
-    placement = placement_word(getattr(view.noise, "placement", None),
-                               "secure sum" if secure and count is None else "local")
+    placement = placement_word(
+        getattr(view.noise, "placement", None), "secure sum" if secure and count is None else "local"
+    )
     private = count != "uniform"
     delta = 0.0 if count in ("laplace", "geometric") else (cfg.delta if private else float("nan"))
     cal = {"laplace": "pure", "geometric": "pure", "gaussian": "analytic", "uniform": "none (no DP)"}.get(
-        count or "", "analytic")
-    return {"placement": placement, "protocol": cfg.secure_agg, "level": "record", "delta": delta,
-            "calibration": cal, "private": private}
+        count or "", "analytic"
+    )
+    return {
+        "placement": placement,
+        "protocol": cfg.secure_agg,
+        "level": "record",
+        "delta": delta,
+        "calibration": cal,
+        "private": private,
+    }
 
 
-def run_attacks(cfg: AttackConfig, *, progress: bool = True, records: list[dict[str, Any]] | None = None,
-                on_record: Callable[[list[dict[str, Any]]], None] | None = None) -> dict[str, Any]:
+def run_attacks(
+    cfg: AttackConfig,
+    *,
+    progress: bool = True,
+    records: list[dict[str, Any]] | None = None,
+    on_record: Callable[[list[dict[str, Any]]], None] | None = None,
+) -> dict[str, Any]:
     """Run the sweep; returns ``{"records": [...], "grids": [...], "clip": float, "timing": {...}}``.
 
     Rows are appended to ``records`` as each run finishes (a caller keeps them
@@ -290,11 +335,19 @@ def run_attacks(cfg: AttackConfig, *, progress: bool = True, records: list[dict[
     combos = [(m, e, n, s) for m in cfg.methods for e in cfg.epsilons for n in cfg.ns for s in cfg.seeds]
     # one step per attack run: the attack itself, then each member of the strongest suite
     per_run = 1 + (len(SUITES[cfg.attack]) if cfg.strongest and cfg.attack in SUITES else 0)
-    bar = tqdm(total=len(combos) * per_run, disable=not progress, desc=f"attacking cells ({cfg.attack})",
-               unit="attack", file=sys.stderr, delay=2)
+    bar = tqdm(
+        total=len(combos) * per_run,
+        disable=not progress,
+        desc=f"attacking cells ({cfg.attack})",
+        unit="attack",
+        file=sys.stderr,
+        delay=2,
+    )
     with heartbeat(bar), progress_bars(progress):
         for mname, eps, n, seed in combos:
-            where = f"{mname} eps={eps:g}" + (f" n={n}" if cfg.partition == "groups" else "") + f" seed={seed}"
+            where = (
+                f"{mname} eps={eps:g}" + (f" n={n}" if cfg.partition == "groups" else "") + f" seed={seed}"
+            )
             bar.set_postfix_str(f"{where}: {cfg.attack}", refresh=False)
 
             def step(name: str, finished: bool, where=where) -> None:
@@ -304,17 +357,32 @@ def run_attacks(cfg: AttackConfig, *, progress: bool = True, records: list[dict[
                     bar.set_postfix_str(f"{where}: strongest suite, {name}", refresh=True)
 
             method = _methods.get(mname)
-            ss = np.random.SeedSequence([seed, cfg.ns.index(n), cfg.epsilons.index(eps), cfg.methods.index(mname)])
+            ss = np.random.SeedSequence(
+                [seed, cfg.ns.index(n), cfg.epsilons.index(eps), cfg.methods.index(mname)]
+            )
             r_part, r_view, r_att, r_strong = (np.random.default_rng(s) for s in ss.spawn(4))
             clients, num_clients = _clients(cfg, yp, n, r_part)
             privacy = _privacy(cfg, method, eps, clip)
             t1 = time.perf_counter()
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", UserWarning)  # the fast noise backend's reminder
-                view, truth = attacks.scenario(mname, Fp, yp, clients, images=imp, holdout_features=Ft,
-                                               holdout_labels=yt, holdout_images=imt, privacy=privacy,
-                                               secure_agg=cfg.secure_agg != "none", backbone=bb, public=public,
-                                               num_classes=num_classes, num_clients=num_clients, rng=r_view)
+                view, truth = attacks.scenario(
+                    mname,
+                    Fp,
+                    yp,
+                    clients,
+                    images=imp,
+                    holdout_features=Ft,
+                    holdout_labels=yt,
+                    holdout_images=imt,
+                    privacy=privacy,
+                    secure_agg=cfg.secure_agg != "none",
+                    backbone=bb,
+                    public=public,
+                    num_classes=num_classes,
+                    num_clients=num_clients,
+                    rng=r_view,
+                )
             att = attacks.get(cfg.attack, **cfg.attack_params)
             extra: dict[str, Any] = {}
             if att.name == "differencing":  # the challenge is a second release, built by evaluate()
@@ -328,13 +396,26 @@ def run_attacks(cfg: AttackConfig, *, progress: bool = True, records: list[dict[
                     other = "inner" if att.params["test"] != "inner" else "lrt"
                     att2 = attacks.get("tracing", test=other)
                     m2 = att2.score(att2.run(view, np.random.default_rng(0), **challenge), truth)
-                    extra = {f"{k}_{other}": v for k, v in m2.items()
-                             if k in ("auc", "auc_se", "tpr@0.01", "tpr@0.001", "eps_lower_bound")}
-            row = {"attack": cfg.attack, "method": mname, "eps": eps, **_trust_columns(cfg, eps, view),
-                   "clip": clip if (math.isfinite(eps) and cfg.count_noise is None) else None, "n": n,
-                   "partition": cfg.partition, "secure_agg": cfg.secure_agg, "count_noise": cfg.count_noise,
-                   "seed": seed, "clients": int(view.stats.num_clients) if view.per_client else int(clients.max() + 1),
-                   "noise": view.noise.guarantee, "seconds": round(time.perf_counter() - t1, 3)}
+                    extra = {
+                        f"{k}_{other}": v
+                        for k, v in m2.items()
+                        if k in ("auc", "auc_se", "tpr@0.01", "tpr@0.001", "eps_lower_bound")
+                    }
+            row = {
+                "attack": cfg.attack,
+                "method": mname,
+                "eps": eps,
+                **_trust_columns(cfg, eps, view),
+                "clip": clip if (math.isfinite(eps) and cfg.count_noise is None) else None,
+                "n": n,
+                "partition": cfg.partition,
+                "secure_agg": cfg.secure_agg,
+                "count_noise": cfg.count_noise,
+                "seed": seed,
+                "clients": int(view.stats.num_clients) if view.per_client else int(clients.max() + 1),
+                "noise": view.noise.guarantee,
+                "seconds": round(time.perf_counter() - t1, 3),
+            }
             row.update({k: v for k, v in metrics.items() if not isinstance(v, (list, dict, np.ndarray))})
             row.update(extra)
             bar.update(1)
@@ -348,8 +429,12 @@ def run_attacks(cfg: AttackConfig, *, progress: bool = True, records: list[dict[
             if cfg.attack == "inversion" and seed == cfg.seeds[0]:
                 grids.append((mname, eps, n, result, truth))
     bar.close()
-    return {"records": records, "grids": grids, "clip": clip,
-            "timing": {"data_s": t_data, "total_s": time.perf_counter() - t0}}
+    return {
+        "records": records,
+        "grids": grids,
+        "clip": clip,
+        "timing": {"data_s": t_data, "total_s": time.perf_counter() - t0},
+    }
 
 
 def _challenge(att, truth, view, rng) -> dict:
@@ -379,10 +464,13 @@ def _grid_figure(result, truth, title: str, columns: int = 8):
     r = min(columns, result.images.shape[0])
     true_im = []
     for i in range(r):
-        mem = np.flatnonzero((truth.clients == result.owners[i]) & (truth.labels == result.classes[i])) \
-            if result.per_client and result.group_by_class else \
-            np.flatnonzero(truth.clients == result.owners[i]) if result.per_client else \
-            np.flatnonzero((truth.clients >= 0) & (truth.labels == result.classes[i]))
+        mem = (
+            np.flatnonzero((truth.clients == result.owners[i]) & (truth.labels == result.classes[i]))
+            if result.per_client and result.group_by_class
+            else np.flatnonzero(truth.clients == result.owners[i])
+            if result.per_client
+            else np.flatnonzero((truth.clients >= 0) & (truth.labels == result.classes[i]))
+        )
         if mem.size == 0:
             true_im.append(np.zeros(result.images.shape[1:]))
             continue
@@ -390,8 +478,9 @@ def _grid_figure(result, truth, title: str, columns: int = 8):
         true_im.append(truth.images[mem[d.argmin()]])
     fig, ax = plt.subplots(3, r, figsize=(1.2 * r, 3.9), squeeze=False)
     for i in range(r):
-        for j, (im, lab) in enumerate(((true_im[i], "true"), (result.images[i], "reconstructed"),
-                                       (result.baseline[i], "public prior"))):
+        for j, (im, lab) in enumerate(
+            ((true_im[i], "true"), (result.images[i], "reconstructed"), (result.baseline[i], "public prior"))
+        ):
             ax[j, i].imshow(im, cmap="gray", vmin=0, vmax=1)
             ax[j, i].set_xticks([]), ax[j, i].set_yticks([])
             if i == 0:
@@ -403,36 +492,54 @@ def _grid_figure(result, truth, title: str, columns: int = 8):
 
 #: Metrics printed per row, with the words that say what they measure.
 PRINTED = (
-    ("auc", "auc[{test}]"), ("auc_inner", "auc[inner product]"), ("auc_lrt", "auc[likelihood ratio]"),
-    ("tpr@0.01", "tpr@0.01[{test}]"), ("identification", "identification"), ("delta_psnr", "delta_psnr"),
-    ("psnr", "psnr"), ("exposed_fraction", "exposed_fraction"), ("exact_fraction", "exact_fraction"),
-    ("matched_cosine", "matched_cosine"), ("total_variation", "total_variation"), ("singleton_auc", "singleton_auc"),
+    ("auc", "auc[{test}]"),
+    ("auc_inner", "auc[inner product]"),
+    ("auc_lrt", "auc[likelihood ratio]"),
+    ("tpr@0.01", "tpr@0.01[{test}]"),
+    ("identification", "identification"),
+    ("delta_psnr", "delta_psnr"),
+    ("psnr", "psnr"),
+    ("exposed_fraction", "exposed_fraction"),
+    ("exact_fraction", "exact_fraction"),
+    ("matched_cosine", "matched_cosine"),
+    ("total_variation", "total_variation"),
+    ("singleton_auc", "singleton_auc"),
 )
 TEST_WORDS = {"lrt": "likelihood ratio", "inner": "inner product", "homer": "Homer", "sum": "sum"}
 
 
 def _line(r: dict[str, Any]) -> str:
     test = TEST_WORDS.get(str(r.get("test", "")), str(r.get("test", ""))) or "test"
-    cells = [f"{label.format(test=test)}={r[k]:.3f}" for k, label in PRINTED
-             if isinstance(r.get(k), (int, float)) and not isinstance(r.get(k), bool)]
+    cells = [
+        f"{label.format(test=test)}={r[k]:.3f}"
+        for k, label in PRINTED
+        if isinstance(r.get(k), (int, float)) and not isinstance(r.get(k), bool)
+    ]
     if r.get("strongest_attack"):
         key = "strongest_auc" if "strongest_auc" in r else "strongest_identification"
         text = f"strongest[{r['strongest_attack']}]: {key[10:]}={r[key]:.3f}"
         if isinstance(r.get(f"{key}_se"), float) and math.isfinite(r[f"{key}_se"]):
             text += f" (SE {r[f'{key}_se']:.3f}"
             if "strongest_chance_identification" in r:
-                text += f", chance {r['strongest_chance_identification']:.3f}, " \
-                        f"{r['n']}-guess prior {r['strongest_baseline_identification']:.3f}"
+                text += (
+                    f", chance {r['strongest_chance_identification']:.3f}, "
+                    f"{r['n']}-guess prior {r['strongest_baseline_identification']:.3f}"
+                )
             text += ")"
         cells.append(text)
     where = r["placement"] + (f"/{r['protocol']}" if r["protocol"] != "none" else "")
-    return f"{r['method']:>12} eps={r['eps']:<6g} {where:<14} n={r['n']:<3} seed={r['seed']} " + " ".join(cells)
+    return f"{r['method']:>12} eps={r['eps']:<6g} {where:<14} n={r['n']:<3} seed={r['seed']} " + " ".join(
+        cells
+    )
 
 
 def _name_parts(cfg: AttackConfig) -> list[str]:
     eps = sorted(cfg.epsilons)
-    return [cfg.attack, "+".join(cfg.methods) if len(cfg.methods) <= 3 else f"{len(cfg.methods)}methods",
-            f"eps{eps[0]:g}" + (f"-{eps[-1]:g}" if len(eps) > 1 else "")]
+    return [
+        cfg.attack,
+        "+".join(cfg.methods) if len(cfg.methods) <= 3 else f"{len(cfg.methods)}methods",
+        f"eps{eps[0]:g}" + (f"-{eps[-1]:g}" if len(eps) > 1 else ""),
+    ]
 
 
 PARTIAL = ("results.partial.csv", "results.partial.json")
@@ -452,18 +559,26 @@ def _body(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
     cfg = resolve_config(args)
     command = " ".join([PROG, *argv])
-    out = OutputDir(args.out, "attack", overwrite=args.overwrite, name_parts=_name_parts(cfg), command=command)
+    out = OutputDir(
+        args.out, "attack", overwrite=args.overwrite, name_parts=_name_parts(cfg), command=command
+    )
     import torch
 
     torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
-    config: dict[str, Any] = {**asdict(cfg), "out": str(out.path), "versions": versions(),
-                              "seeding": "numpy SeedSequence([seed, n index, eps index, method index]) spawned "
-                                         "into partition / view noise / attack generators"}
+    config: dict[str, Any] = {
+        **asdict(cfg),
+        "out": str(out.path),
+        "versions": versions(),
+        "seeding": "numpy SeedSequence([seed, n index, eps index, method index]) spawned "
+        "into partition / view noise / attack generators",
+    }
     done: list[dict[str, Any]] = []
 
     def write_partial(records):
         out.write_csv(PARTIAL[0], records, _columns(records))
-        out.write_json(PARTIAL[1], {"config": config, "records": records, "complete": False, "command": command})
+        out.write_json(
+            PARTIAL[1], {"config": config, "records": records, "complete": False, "command": command}
+        )
         out.checkpoint()  # the staging folder describes itself: a killed sweep can be recovered
 
     checkpoint = periodic_checkpoint(write_partial, CHECKPOINT_S)
@@ -474,11 +589,16 @@ def _body(argv: Sequence[str] | None) -> int:
         config["clip_used"] = res["clip"]
         out.write_csv("results.csv", records, _columns(records))
         out.write_json("config.json", config)
-        out.write_json("results.json", {"config": config, "records": records, "timing": res["timing"],
-                                        "command": command})
+        out.write_json(
+            "results.json",
+            {"config": config, "records": records, "timing": res["timing"], "command": command},
+        )
         for mname, eps, n, result, truth in res["grids"]:
-            where = "secure sum" if cfg.secure_agg != "none" and math.isfinite(eps) else \
-                ("local noise" if math.isfinite(eps) else "no noise")
+            where = (
+                "secure sum"
+                if cfg.secure_agg != "none" and math.isfinite(eps)
+                else ("local noise" if math.isfinite(eps) else "no noise")
+            )
             fig = _grid_figure(result, truth, f"{mname}, eps={eps:g}, n={n}, {where}")
             out.save_figure(f"grid_{mname}_eps{eps:g}_n{n}.png", fig, dpi=120)
             import matplotlib.pyplot as plt
@@ -491,11 +611,15 @@ def _body(argv: Sequence[str] | None) -> int:
     for r in records:
         print(_line(r))
     if cfg.attack == "tracing":
-        print("tracing: auc = the Gaussian likelihood-ratio test, auc_inner = the inner-product tracer "
-              "(same targets); 0.5 = chance")
+        print(
+            "tracing: auc = the Gaussian likelihood-ratio test, auc_inner = the inner-product tracer "
+            "(same targets); 0.5 = chance"
+        )
     if cfg.strongest:
-        print(f"strongest[name]: the strongest attack of the {cfg.attack} suite on the same challenge "
-              "(results.csv: strongest_attack and <attack>:<metric> for every attack of the suite)")
+        print(
+            f"strongest[name]: the strongest attack of the {cfg.attack} suite on the same challenge "
+            "(results.csv: strongest_attack and <attack>:<metric> for every attack of the suite)"
+        )
     print(f"wrote {out.published}/: {', '.join(out.files())}")
     return 0
 

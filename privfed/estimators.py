@@ -150,7 +150,8 @@ class FederatedHeadClassifier(ClassifierMixin, BaseEstimator):
                 raise ConfigError(
                     "under privacy the label set is a public parameter of the release (a record of a new "
                     "class would change its shape), never read from y: pass classes= to "
-                    "FederatedHeadClassifier (the labels, or their number C for labels 0..C-1)")
+                    "FederatedHeadClassifier (the labels, or their number C for labels 0..C-1)"
+                )
             return np.unique(y, return_inverse=True)
         if isinstance(spec, (int, np.integer)) and not isinstance(spec, bool):
             if spec < 1:
@@ -159,8 +160,9 @@ class FederatedHeadClassifier(ClassifierMixin, BaseEstimator):
         else:
             classes = np.unique(np.asarray(spec))
             if classes.ndim != 1 or classes.size < 1 or classes.size != len(spec):
-                raise ConfigError(f"classes must be distinct labels (a non-empty 1-D list) or an int C, "
-                                  f"got {spec!r}")
+                raise ConfigError(
+                    f"classes must be distinct labels (a non-empty 1-D list) or an int C, got {spec!r}"
+                )
         codes = np.searchsorted(classes, y).clip(0, classes.size - 1)
         bad = classes[codes] != y
         if np.any(bad):
@@ -187,7 +189,8 @@ class FederatedHeadClassifier(ClassifierMixin, BaseEstimator):
         raise ConfigError(
             "under privacy the number of clients is a public parameter of the release (a record of a new "
             "client would change its shape), never counted from the ids: pass num_clients= to "
-            "FederatedHeadClassifier")
+            "FederatedHeadClassifier"
+        )
 
     def _client_ids(self, y: np.ndarray, clients, rng: np.random.Generator) -> np.ndarray | None:
         if clients is not None:
@@ -234,8 +237,17 @@ class FederatedHeadClassifier(ClassifierMixin, BaseEstimator):
         num_clients = self._num_clients(ids, clients)
         privacy = None if self.privacy is None else copy.deepcopy(self.privacy)  # its ledger starts empty
         secure = None if self.secure_agg is None else copy.deepcopy(self.secure_agg)
-        head = _fit(method, X, y_enc, ids, num_classes=len(self.classes_), num_clients=num_clients,
-                    privacy=privacy, secure_agg=secure, random_state=fit_state)
+        head = _fit(
+            method,
+            X,
+            y_enc,
+            ids,
+            num_classes=len(self.classes_),
+            num_clients=num_clients,
+            privacy=privacy,
+            secure_agg=secure,
+            random_state=fit_state,
+        )
         self.head_: LinearHead = head
         self.coef_ = head.weight
         self.intercept_ = head.bias

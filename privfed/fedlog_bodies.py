@@ -16,8 +16,16 @@ from torch import nn
 from privfed.data.digits import deterministic_torch
 from privfed.errors import ConfigError
 
-__all__ = ["FAMILIES", "FEATURE_DIM", "augment", "client_features", "features", "make_body", "num_parameters",
-           "public_body"]
+__all__ = [
+    "FAMILIES",
+    "FEATURE_DIM",
+    "augment",
+    "client_features",
+    "features",
+    "make_body",
+    "num_parameters",
+    "public_body",
+]
 
 #: Body families (feature width FEATURE_DIM each).
 FAMILIES = ("cnn", "cnn-narrow", "mlp")
@@ -95,14 +103,17 @@ def public_body(family: str, seed: int = 0) -> nn.Module:
                 gen = torch.Generator().manual_seed(seed)
                 body = make_body(family)
                 head = nn.Linear(FEATURE_DIM, 10)
-                opt = torch.optim.Adam(list(body.parameters()) + list(head.parameters()), lr=cfg["lr"],
-                                       weight_decay=cfg["weight_decay"])
+                opt = torch.optim.Adam(
+                    list(body.parameters()) + list(head.parameters()),
+                    lr=cfg["lr"],
+                    weight_decay=cfg["weight_decay"],
+                )
                 x = torch.from_numpy(np.array(splits.public_images, dtype=np.float32))[:, None]
                 y = torch.from_numpy(np.array(splits.public_labels, dtype=np.int64))
                 for _ in range(cfg["epochs"]):
                     perm = torch.randperm(y.shape[0], generator=gen)
                     for start in range(0, y.shape[0], cfg["batch_size"]):
-                        b = perm[start:start + cfg["batch_size"]]
+                        b = perm[start : start + cfg["batch_size"]]
                         shift = torch.randint(-1, 2, (2,), generator=gen).tolist()
                         xb = torch.roll(x[b], shifts=(shift[0], shift[1]), dims=(2, 3))
                         loss = F.cross_entropy(head(body(xb)), y[b])

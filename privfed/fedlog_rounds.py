@@ -154,7 +154,9 @@ def assign_families(num_clients: int, families: Sequence[str], seed: int) -> lis
 
 
 # ---------------------------------------------------------------- data
-def personal_test_split(train_counts: np.ndarray, test_labels: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+def personal_test_split(
+    train_counts: np.ndarray, test_labels: np.ndarray, rng: np.random.Generator
+) -> np.ndarray:
     """Client of every test sample, distributed like the training data (the paper's personalised test).
 
     For each class c the test samples of class c are shuffled and cut over the
@@ -171,7 +173,7 @@ def personal_test_split(train_counts: np.ndarray, test_labels: np.ndarray, rng: 
         cuts = np.rint(np.cumsum(w) / w.sum() * idx.size).astype(np.int64)
         start = 0
         for k in range(K):
-            out[idx[start:cuts[k]]] = k
+            out[idx[start : cuts[k]]] = k
             start = cuts[k]
     return out
 
@@ -210,7 +212,10 @@ class RoundsPrivacyReport:
     simulation: bool = False
 
     def as_dict(self) -> dict[str, Any]:
-        return {k: (str(v) if isinstance(v, float) and not math.isfinite(v) else v) for k, v in asdict(self).items()}
+        return {
+            k: (str(v) if isinstance(v, float) and not math.isfinite(v) else v)
+            for k, v in asdict(self).items()
+        }
 
     @property
     def is_private(self) -> bool:
@@ -282,10 +287,24 @@ class RoundsDP:
         colluders); each client adds sigma^2/(K - t) so K - t shares carry sigma^2.
     """
 
-    def __init__(self, *, epsilon: float, delta: float, clip: float, clip_norm: str = "coordinate",
-                 rounds: int = 1, level: str = "record", placement: str = "central", calibration: str = "total",
-                 record_bound: str = "auto", max_records: int | None = None, dim: int = FEATURE_DIM,
-                 bodies_trained: bool = True, accountant_check: bool = True, tolerate: int = 0) -> None:
+    def __init__(
+        self,
+        *,
+        epsilon: float,
+        delta: float,
+        clip: float,
+        clip_norm: str = "coordinate",
+        rounds: int = 1,
+        level: str = "record",
+        placement: str = "central",
+        calibration: str = "total",
+        record_bound: str = "auto",
+        max_records: int | None = None,
+        dim: int = FEATURE_DIM,
+        bodies_trained: bool = True,
+        accountant_check: bool = True,
+        tolerate: int = 0,
+    ) -> None:
         from mechanisms.accounting import calibrate_round_mu
         from mechanisms.calibration import check_budget, classic_sigma
         from mechanisms.clipping import Clipping
@@ -296,8 +315,10 @@ class RoundsDP:
         from mechanisms.gaussian import MAX_CLIP
 
         if not float(self.clipping.bound) <= MAX_CLIP:
-            raise ConfigError(f"clip={clip!r} is beyond {MAX_CLIP:g}: the statistic's noise would overflow float64 "
-                              "for some datasets; rescale the features and pick a clip <= 1e100")
+            raise ConfigError(
+                f"clip={clip!r} is beyond {MAX_CLIP:g}: the statistic's noise would overflow float64 "
+                "for some datasets; rescale the features and pick a clip <= 1e100"
+            )
         if isinstance(rounds, bool) or not isinstance(rounds, (int, np.integer)) or rounds < 1:
             raise ConfigError(f"rounds must be an integer >= 1, got rounds={rounds!r}")
         self.rounds = int(rounds)
@@ -306,32 +327,47 @@ class RoundsDP:
         if placement not in _PLACEMENTS:
             raise ConfigError(f"placement must be one of {list(_PLACEMENTS)}, got placement={placement!r}")
         if level == "client" and placement == "local":
-            raise ConfigError("level='client' needs noise on the aggregate: use placement='central' (trusted "
-                              "server) or 'distributed' (secure aggregation)")
+            raise ConfigError(
+                "level='client' needs noise on the aggregate: use placement='central' (trusted "
+                "server) or 'distributed' (secure aggregation)"
+            )
         if calibration not in _CALIBRATIONS:
-            raise ConfigError(f"calibration must be one of {list(_CALIBRATIONS)}, got calibration={calibration!r}")
+            raise ConfigError(
+                f"calibration must be one of {list(_CALIBRATIONS)}, got calibration={calibration!r}"
+            )
         if record_bound not in _BOUNDS:
-            raise ConfigError(f"record_bound must be one of {list(_BOUNDS)}, got record_bound={record_bound!r}")
+            raise ConfigError(
+                f"record_bound must be one of {list(_BOUNDS)}, got record_bound={record_bound!r}"
+            )
         if record_bound == "auto":
             record_bound = "upload" if bodies_trained else "theorem"
         self.level, self.placement, self.calibration = level, placement, calibration
         self.record_bound = record_bound if level == "record" else "client"
         if isinstance(tolerate, bool) or not isinstance(tolerate, (int, np.integer)) or tolerate < 0:
-            raise ConfigError(f"tolerate must be an integer >= 0 (clients whose noise share may be missing), got "
-                              f"tolerate={tolerate!r}")
+            raise ConfigError(
+                f"tolerate must be an integer >= 0 (clients whose noise share may be missing), got "
+                f"tolerate={tolerate!r}"
+            )
         self.tolerate = int(tolerate)
         self.secure_notes: list[str] = []
         self.bodies_trained = bool(bodies_trained)
         self.dim = int(dim)
         c = self.clipping.l2_bound(self.dim)
-        self.record_sensitivity = math.sqrt(1.0 + c * c)  # one phi (x) e_y: counts coordinate 1, features <= c
+        self.record_sensitivity = math.sqrt(
+            1.0 + c * c
+        )  # one phi (x) e_y: counts coordinate 1, features <= c
         needs_n = self.record_bound != "theorem"
         if needs_n:
-            if isinstance(max_records, bool) or not isinstance(max_records, (int, np.integer)) or max_records < 1:
+            if (
+                isinstance(max_records, bool)
+                or not isinstance(max_records, (int, np.integer))
+                or max_records < 1
+            ):
                 raise ConfigError(
                     f"max_records must be an integer >= 1 (the most records one client contributes), got "
                     f"max_records={max_records!r}; it bounds a client's upload when bodies are trained or at "
-                    "client level")
+                    "client level"
+                )
         self.max_records = None if max_records is None else int(max_records)
         if self.record_bound == "theorem":
             self.sensitivity = self.record_sensitivity
@@ -404,9 +440,17 @@ class RoundsDP:
         """Append one release whose sum carried Gaussian noise of standard deviation ``scale`` to the ledger."""
         from mechanisms.ledger import ReleaseEvent
 
-        self.ledger.record(ReleaseEvent(
-            mechanism="gaussian", block="fedlog-statistic", sensitivity=self.sensitivity, scale=float(scale),
-            relation=self.level, rounds=1, release_id=self.ledger.new_release()))
+        self.ledger.record(
+            ReleaseEvent(
+                mechanism="gaussian",
+                block="fedlog-statistic",
+                sensitivity=self.sensitivity,
+                scale=float(scale),
+                relation=self.level,
+                rounds=1,
+                release_id=self.ledger.new_release(),
+            )
+        )
 
     def composed_epsilon(self) -> float:
         """Epsilon of the releases recorded so far, GDP only (cheap: for per-round curves)."""
@@ -437,21 +481,30 @@ class RoundsDP:
             notes.append(
                 "Theorem 3.1's sensitivity assumes a body independent of the private records; these bodies were "
                 "trained on them, so one record can move every feature of its client: the epsilons below are "
-                "what the paper's accounting gives, NOT a formal guarantee (use record_bound='upload')")
+                "what the paper's accounting gives, NOT a formal guarantee (use record_bound='upload')"
+            )
         if self.record_bound == "upload":
-            notes.append(f"trained bodies: each client's upload bounded to max_records={self.max_records} records' "
-                         "worth; sensitivity = its diameter 2 n_max Delta (valid under adaptive composition)")
+            notes.append(
+                f"trained bodies: each client's upload bounded to max_records={self.max_records} records' "
+                "worth; sensitivity = its diameter 2 n_max Delta (valid under adaptive composition)"
+            )
         if self.level == "client":
-            notes.append(f"client level: each client's upload bounded to max_records={self.max_records} records' "
-                         "worth; sensitivity n_max Delta")
+            notes.append(
+                f"client level: each client's upload bounded to max_records={self.max_records} records' "
+                "worth; sensitivity n_max Delta"
+            )
         if self.calibration == "paper" and self.epsilon > 1:
-            notes.append("classic sigma outside its proven range (epsilon > 1): the per-round epsilon is not proven")
+            notes.append(
+                "classic sigma outside its proven range (epsilon > 1): the per-round epsilon is not proven"
+            )
         if self.placement == "distributed":
             if self.secure_notes:
                 notes.extend(self.secure_notes)
             else:
-                notes.append("each client adds N(0, sigma^2/K); holds while secure aggregation hides the individual "
-                             "uploads and no client drops out or colludes (simulated as a plain sum here)")
+                notes.append(
+                    "each client adds N(0, sigma^2/K); holds while secure aggregation hides the individual "
+                    "uploads and no client drops out or colludes (simulated as a plain sum here)"
+                )
         elif self.placement == "central":
             notes.append("noise on the sum added by a trusted server")
         else:
@@ -460,26 +513,47 @@ class RoundsDP:
         simulation = bool(n) and self.seeded is not False
         if simulation:
             src = f"noise_seed={self.noise_seed}" if self.noise_seed is not None else "a caller's Generator"
-            notes.insert(0, f"seeded simulation, NOT A RELEASE: the noise was drawn from {src} and can be replayed "
-                            "by anyone who knows it; run without noise_seed (fresh OS entropy) for a release")
+            notes.insert(
+                0,
+                f"seeded simulation, NOT A RELEASE: the noise was drawn from {src} and can be replayed "
+                "by anyone who knows it; run without noise_seed (fresh OS entropy) for a release",
+            )
         notes.extend(self.extra_notes)
         where = {"central": "trusted server", "distributed": "secure aggregation", "local": "local noise"}
         if formal:
-            guarantee = (f"({format_up(eps)}, {format_up(self.delta)})-DP at {self.level} level over {n} release(s) "
-                         f"(GDP mu = {format_up(mu_total)}); {where[self.placement]}; {self._how}")
+            guarantee = (
+                f"({format_up(eps)}, {format_up(self.delta)})-DP at {self.level} level over {n} release(s) "
+                f"(GDP mu = {format_up(mu_total)}); {where[self.placement]}; {self._how}"
+            )
         else:
-            guarantee = (f"NO FORMAL GUARANTEE (bodies trained on the private records): the paper's accounting "
-                         f"gives eps = {format_up(per_round)} per round, composing to eps = {format_up(eps)} over "
-                         f"{n} releases at delta = {format_up(self.delta)}")
+            guarantee = (
+                f"NO FORMAL GUARANTEE (bodies trained on the private records): the paper's accounting "
+                f"gives eps = {format_up(per_round)} per round, composing to eps = {format_up(eps)} over "
+                f"{n} releases at delta = {format_up(self.delta)}"
+            )
         if simulation:
             guarantee = "SIMULATION (seeded simulation, replayable noise): " + guarantee
         return RoundsPrivacyReport(
-            epsilon=float(eps), epsilon_pld=float(eps_pld), per_round_epsilon=float(per_round),
+            epsilon=float(eps),
+            epsilon_pld=float(eps_pld),
+            per_round_epsilon=float(per_round),
             per_round_epsilon_exact=float(gdp_epsilon(mu1, self.delta)),
-            target_epsilon=self.epsilon, delta=self.delta, level=self.level, placement=self.placement,
-            calibration=self._how, record_bound=self.record_bound, sensitivity=self.sensitivity, sigma=self.sigma,
-            mu_per_release=mu1, mu_total=mu_total, releases=n, formal=formal, guarantee=guarantee,
-            notes=tuple(notes), simulation=simulation)
+            target_epsilon=self.epsilon,
+            delta=self.delta,
+            level=self.level,
+            placement=self.placement,
+            calibration=self._how,
+            record_bound=self.record_bound,
+            sensitivity=self.sensitivity,
+            sigma=self.sigma,
+            mu_per_release=mu1,
+            mu_total=mu_total,
+            releases=n,
+            formal=formal,
+            guarantee=guarantee,
+            notes=tuple(notes),
+            simulation=simulation,
+        )
 
 
 _SECURE = ("auto", "none", "mask", "ckks")
@@ -513,8 +587,16 @@ class RoundRelease:
     noise present in the sum (only the shares of clients whose upload entered it).
     """
 
-    def __init__(self, dp: RoundsDP | None, secure_agg: str = "none", *, num_clients: int, dropouts: int = 0,
-                 dropout_phase: str = "before_upload", frac_bits: int = 32) -> None:
+    def __init__(
+        self,
+        dp: RoundsDP | None,
+        secure_agg: str = "none",
+        *,
+        num_clients: int,
+        dropouts: int = 0,
+        dropout_phase: str = "before_upload",
+        frac_bits: int = 32,
+    ) -> None:
         from mechanisms.secagg import CKKSAggregation, PairwiseMasking
         from mechanisms.secagg_noise import DistributedGaussian
 
@@ -524,22 +606,32 @@ class RoundRelease:
         self.dp, self.kind, self.num_clients = dp, secure_agg, K
         distributed = dp is not None and dp.placement == "distributed"
         if distributed and secure_agg == "none":
-            raise ConfigError("placement='distributed' splits the noise across clients and needs secure aggregation "
-                              "to hide each client's upload: use secure_agg='mask' or 'ckks'")
+            raise ConfigError(
+                "placement='distributed' splits the noise across clients and needs secure aggregation "
+                "to hide each client's upload: use secure_agg='mask' or 'ckks'"
+            )
         if dropouts and secure_agg != "mask":
-            raise ConfigError(f"dropouts={dropouts} are simulated by the masking protocol only: use secure_agg='mask'")
+            raise ConfigError(
+                f"dropouts={dropouts} are simulated by the masking protocol only: use secure_agg='mask'"
+            )
         noise = None
         if distributed:
             t = dp.tolerate
             if not 0 <= t < K:
                 raise ConfigError(f"tolerate must lie in [0, num_clients - 1 = {K - 1}], got tolerate={t}")
             # share std sigma / sqrt(K - t): DistributedGaussian's share is sigma_total / sqrt(K)
-            noise = DistributedGaussian(sigma=dp.sigma * math.sqrt(K / (K - t)), sensitivity=dp.sensitivity,
-                                        delta=dp.delta, tolerate=t, backend=dp.backend)
+            noise = DistributedGaussian(
+                sigma=dp.sigma * math.sqrt(K / (K - t)),
+                sensitivity=dp.sensitivity,
+                delta=dp.delta,
+                tolerate=t,
+                backend=dp.backend,
+            )
         self.protocol = None
         if secure_agg == "mask":
-            self.protocol = PairwiseMasking(frac_bits=frac_bits, dropouts=dropouts, dropout_phase=dropout_phase,
-                                            noise=noise)
+            self.protocol = PairwiseMasking(
+                frac_bits=frac_bits, dropouts=dropouts, dropout_phase=dropout_phase, noise=noise
+            )
         elif secure_agg == "ckks":
             self.protocol = CKKSAggregation(noise=noise)
         self.calls: list[dict] = []
@@ -550,13 +642,19 @@ class RoundRelease:
     def _note(self) -> None:
         dp, K = self.dp, self.num_clients
         present = [c["uploaded"] for c in self.calls]
-        text = (f"each client adds N(0, sigma^2/(K - {dp.tolerate})) to its upload before "
-                f"{'pairwise masking' if self.kind == 'mask' else 'CKKS encryption'}; the server sees only the "
-                "masked uploads and their sum; epsilon is computed from the shares that reached each sum")
+        text = (
+            f"each client adds N(0, sigma^2/(K - {dp.tolerate})) to its upload before "
+            f"{'pairwise masking' if self.kind == 'mask' else 'CKKS encryption'}; the server sees only the "
+            "masked uploads and their sum; epsilon is computed from the shares that reached each sum"
+        )
         if present and min(present) < K:
-            text += (f" (as few as {min(present)} of {K} shares present in a round: "
-                     f"{min(present)}/{K - dp.tolerate} of sigma^2)")
-        text += "; against the server plus c colluding clients (who know their own shares) only the others count"
+            text += (
+                f" (as few as {min(present)} of {K} shares present in a round: "
+                f"{min(present)}/{K - dp.tolerate} of sigma^2)"
+            )
+        text += (
+            "; against the server plus c colluding clients (who know their own shares) only the others count"
+        )
         dp.secure_notes[:] = [text]
 
     def __call__(self, A: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -595,10 +693,14 @@ class RoundRelease:
         if self.protocol is None:
             return None
         up = [c["upload_bytes_mean"] for c in self.calls]
-        return {"protocol": self.kind, "parameters": self.protocol.parameters(), "rounds": len(self.calls),
-                "calls": [{k: v for k, v in c.items() if k != "seconds"} for c in self.calls],
-                "upload_bytes_per_client_round": float(np.mean(up)) if up else 0.0,
-                "threat_model": self.protocol.threat_model}
+        return {
+            "protocol": self.kind,
+            "parameters": self.protocol.parameters(),
+            "rounds": len(self.calls),
+            "calls": [{k: v for k, v in c.items() if k != "seconds"} for c in self.calls],
+            "upload_bytes_per_client_round": float(np.mean(up)) if up else 0.0,
+            "threat_model": self.protocol.threat_model,
+        }
 
 
 # ---------------------------------------------------------------- config / result
@@ -660,7 +762,9 @@ class RoundsConfig:
         if not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0):
             raise ConfigError(f"lr must be a finite number > 0, got lr={self.lr!r}")
         if self.init not in ("public", "scratch"):
-            raise ConfigError(f"init must be 'public' (trained on the public split) or 'scratch', got {self.init!r}")
+            raise ConfigError(
+                f"init must be 'public' (trained on the public split) or 'scratch', got {self.init!r}"
+            )
         fams = tuple(self.families)
         if not fams or any(f not in FAMILIES for f in fams):
             raise ConfigError(f"families must be a non-empty list from {list(FAMILIES)}, got {list(fams)}")
@@ -672,12 +776,16 @@ class RoundsConfig:
         if not (self.nu >= 0):
             raise ConfigError(f"nu must be >= 0, got nu={self.nu!r}")
         if self.secure_agg not in _SECURE:
-            raise ConfigError(f"secure_agg must be one of {list(_SECURE)}, got secure_agg={self.secure_agg!r}")
+            raise ConfigError(
+                f"secure_agg must be one of {list(_SECURE)}, got secure_agg={self.secure_agg!r}"
+            )
         pos_int("dropouts", 0)
         pos_int("tolerate", 0)
         pos_int("attack_pairs", 0)
         if self.dropout_phase not in ("before_upload", "after_upload"):
-            raise ConfigError(f"dropout_phase must be 'before_upload' or 'after_upload', got {self.dropout_phase!r}")
+            raise ConfigError(
+                f"dropout_phase must be 'before_upload' or 'after_upload', got {self.dropout_phase!r}"
+            )
         if self.dropouts >= self.clients:
             raise ConfigError(f"dropouts={self.dropouts} must be fewer than clients={self.clients}")
         return replace(self, families=fams, baselines=tuple(self.baselines))
@@ -687,8 +795,11 @@ class RoundsConfig:
         """The secure aggregation protocol run each round ("auto" resolved)."""
         if self.secure_agg != "auto":
             return self.secure_agg
-        return "mask" if (self.placement == "distributed" and not math.isinf(self.epsilon)) or self.dropouts \
+        return (
+            "mask"
+            if (self.placement == "distributed" and not math.isinf(self.epsilon)) or self.dropouts
             else "none"
+        )
 
 
 @dataclass
@@ -715,13 +826,19 @@ class RoundsResult:
 
     def summary(self) -> dict:
         out = {
-            "fedlog": {"personalised": self.personalised_accuracy, "common": self.common_accuracy,
-                       "upload_bytes_per_round": self.bytes["upload_per_round"],
-                       "upload_bytes_total": self.bytes["upload_total"]},
+            "fedlog": {
+                "personalised": self.personalised_accuracy,
+                "common": self.common_accuracy,
+                "upload_bytes_per_round": self.bytes["upload_per_round"],
+                "upload_bytes_total": self.bytes["upload_total"],
+            },
         }
         for name, b in self.baselines.items():
-            out[name] = {k: b[k] for k in ("personalised", "common", "upload_bytes_per_round", "upload_bytes_total")
-                         if k in b}
+            out[name] = {
+                k: b[k]
+                for k in ("personalised", "common", "upload_bytes_per_round", "upload_bytes_total")
+                if k in b
+            }
         return out
 
 
@@ -734,7 +851,9 @@ class _Client:
         self.x, self.y, self.xt, self.yt = x, y, xt, yt
         self.body = body
         self.opt = torch.optim.Adam(body.parameters(), lr=lr)
-        self.gen = torch.Generator().manual_seed(int(np.random.default_rng([seed, 0xB0D7, k]).integers(2**62)))
+        self.gen = torch.Generator().manual_seed(
+            int(np.random.default_rng([seed, 0xB0D7, k]).integers(2**62))
+        )
 
 
 def _train_body(client: _Client, head_eta: torch.Tensor, epochs: int, batch_size: int, clip_fn) -> None:
@@ -746,7 +865,7 @@ def _train_body(client: _Client, head_eta: torch.Tensor, epochs: int, batch_size
     for _ in range(epochs):
         perm = torch.randperm(n, generator=client.gen)
         for start in range(0, n, batch_size):
-            b = perm[start:start + batch_size]
+            b = perm[start : start + batch_size]
             logits = augment(features(body, client.x[b], clip_fn)) @ head_eta.T
             loss = F.cross_entropy(logits, client.y[b])
             client.opt.zero_grad()
@@ -754,8 +873,9 @@ def _train_body(client: _Client, head_eta: torch.Tensor, epochs: int, batch_size
             client.opt.step()
 
 
-def client_statistic(body: nn.Module, x: torch.Tensor, y: torch.Tensor, *, num_classes: int = 10,
-                     clip_fn=None) -> np.ndarray:
+def client_statistic(
+    body: nn.Module, x: torch.Tensor, y: torch.Tensor, *, num_classes: int = 10, clip_fn=None
+) -> np.ndarray:
     """One client's upload: the per-class sums of its augmented features [1, f] (C, m), counts in column 0.
 
     ``clip_fn`` is the clipping the mechanism requires (``RoundsDP.clip_tensor``), None without DP.
@@ -769,9 +889,19 @@ def client_statistic(body: nn.Module, x: torch.Tensor, y: torch.Tensor, *, num_c
     return A
 
 
-def client_update(body: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
-                  head_eta: np.ndarray, *, epochs: int, batch_size: int, generator: torch.Generator,
-                  num_classes: int = 10, clip_fn=None) -> np.ndarray:
+def client_update(
+    body: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    head_eta: np.ndarray,
+    *,
+    epochs: int,
+    batch_size: int,
+    generator: torch.Generator,
+    num_classes: int = 10,
+    clip_fn=None,
+) -> np.ndarray:
     """One client's round: train ``body`` for ``epochs`` against the broadcast head, then its statistic.
 
     ``head_eta`` (C, m) is the head [bias, weight] the server broadcast; ``body``,
@@ -781,7 +911,9 @@ def client_update(body: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Te
     client = _Client.__new__(_Client)
     client.body, client.opt, client.gen, client.x, client.y = body, optimizer, generator, x, y
     if epochs > 0:
-        _train_body(client, torch.from_numpy(np.asarray(head_eta, dtype=np.float32)), epochs, batch_size, clip_fn)
+        _train_body(
+            client, torch.from_numpy(np.asarray(head_eta, dtype=np.float32)), epochs, batch_size, clip_fn
+        )
     return client_statistic(body, x, y, num_classes=num_classes, clip_fn=clip_fn)
 
 
@@ -798,7 +930,9 @@ def server_step(total: np.ndarray, *, nu: float = 1.0):
     return head, _head_eta(head)
 
 
-def initial_head(num_classes: int, seed: int, *, dim: int = FEATURE_DIM, scale: float | None = None) -> np.ndarray:
+def initial_head(
+    num_classes: int, seed: int, *, dim: int = FEATURE_DIM, scale: float | None = None
+) -> np.ndarray:
     """The server's seeded random initial head (C, d + 1), uniform in [-scale, scale] (1/sqrt(m) by default)."""
     m = dim + 1
     s = scale if scale is not None else 1.0 / math.sqrt(m)
@@ -823,17 +957,27 @@ class _Setup:
         self.splits = digits_splits(cfg.seed)
         y = np.asarray(self.splits.private_labels)
         self.C = 10
-        part = partition(y, cfg.clients, cfg.partition, alpha=cfg.alpha, rng=cfg.seed,
-                         classes_per_client=cfg.classes_per_client)
+        part = partition(
+            y,
+            cfg.clients,
+            cfg.partition,
+            alpha=cfg.alpha,
+            rng=cfg.seed,
+            classes_per_client=cfg.classes_per_client,
+        )
         self.part = part
         self.clients = np.asarray(part.clients)
         sizes = part.sizes()
         if (sizes == 0).any():
-            raise ConfigError(f"partition {cfg.partition!r} left client(s) {np.flatnonzero(sizes == 0).tolist()} "
-                              "empty; use fewer clients or another scheme")
+            raise ConfigError(
+                f"partition {cfg.partition!r} left client(s) {np.flatnonzero(sizes == 0).tolist()} "
+                "empty; use fewer clients or another scheme"
+            )
         self.train_counts = part.class_counts(y, self.C)
         yt = np.asarray(self.splits.test_labels)
-        self.test_clients = personal_test_split(self.train_counts, yt, np.random.default_rng([cfg.seed, 0x7E57]))
+        self.test_clients = personal_test_split(
+            self.train_counts, yt, np.random.default_rng([cfg.seed, 0x7E57])
+        )
         self.families = assign_families(cfg.clients, cfg.families, cfg.seed)
         self.x_all = torch.from_numpy(np.array(self.splits.private_images, dtype=np.float32))[:, None]
         self.y_all = torch.from_numpy(y.copy())
@@ -854,9 +998,20 @@ def _init_body(family: str, init: str, seed: int, k: int) -> nn.Module:
 
 
 # ---------------------------------------------------------------- FedLog rounds
-def _fedlog(cfg: RoundsConfig, setup: _Setup, families: list[str], *, rounds: int, epochs: int,
-            dp: RoundsDP | None, noise_rng, bar=None, label="fedlog", release: RoundRelease | None = None,
-            observer=None) -> dict:
+def _fedlog(
+    cfg: RoundsConfig,
+    setup: _Setup,
+    families: list[str],
+    *,
+    rounds: int,
+    epochs: int,
+    dp: RoundsDP | None,
+    noise_rng,
+    bar=None,
+    label="fedlog",
+    release: RoundRelease | None = None,
+    observer=None,
+) -> dict:
     """The multi-round protocol; returns accuracies, the last head and the per-round history."""
     from privfed.methods.fedlog import FedLog, fedlog_gradient
     from privfed.stats import ClientStats
@@ -868,7 +1023,9 @@ def _fedlog(cfg: RoundsConfig, setup: _Setup, families: list[str], *, rounds: in
     clients = []
     for k in range(K):
         x, y, xt, yt = setup.client_data(k)
-        clients.append(_Client(k, x, y, xt, yt, _init_body(families[k], cfg.init, cfg.seed, k), cfg.lr, cfg.seed))
+        clients.append(
+            _Client(k, x, y, xt, yt, _init_body(families[k], cfg.init, cfg.seed, k), cfg.lr, cfg.seed)
+        )
     if epochs == 0:
         for c in clients:
             for p in c.body.parameters():
@@ -900,15 +1057,29 @@ def _fedlog(cfg: RoundsConfig, setup: _Setup, families: list[str], *, rounds: in
         nu_n = float(head.extras["nu_plus_n"])
         grad = fedlog_gradient(eta, Phi + method.params["chi"], nu_n)
         pers, common = _evaluate(clients, head, clip_fn, setup)
-        history.append({"round": r + 1, "personalised": pers, "common": common,
-                        "gradient_norm": float(np.linalg.norm(grad)),
-                        "head_norm": float(np.linalg.norm(eta)), "eta": eta, "statistic": Phi, "nu_plus_n": nu_n,
-                        "epsilon": (dp.composed_epsilon() if dp is not None else math.inf)})
+        history.append(
+            {
+                "round": r + 1,
+                "personalised": pers,
+                "common": common,
+                "gradient_norm": float(np.linalg.norm(grad)),
+                "head_norm": float(np.linalg.norm(eta)),
+                "eta": eta,
+                "statistic": Phi,
+                "nu_plus_n": nu_n,
+                "epsilon": (dp.composed_epsilon() if dp is not None else math.inf),
+            }
+        )
         if bar is not None:
             bar.set_postfix_str(f"{label} r{r + 1} pers {pers:.3f}")
             bar.update(1)
-    return {"history": history, "head": head, "personalised": history[-1]["personalised"],
-            "common": history[-1]["common"], "clients": clients}
+    return {
+        "history": history,
+        "head": head,
+        "personalised": history[-1]["personalised"],
+        "common": history[-1]["common"],
+        "clients": clients,
+    }
 
 
 def _evaluate(clients, head, clip_fn, setup) -> tuple[float, float]:
@@ -938,7 +1109,7 @@ def _train_classifier(model, opt, x, y, epochs, batch_size, gen) -> None:
     for _ in range(epochs):
         perm = torch.randperm(n, generator=gen)
         for start in range(0, n, batch_size):
-            b = perm[start:start + batch_size]
+            b = perm[start : start + batch_size]
             loss = F.cross_entropy(model(x[b]), y[b])
             opt.zero_grad()
             loss.backward()
@@ -958,8 +1129,10 @@ def _fedavg(cfg: RoundsConfig, setup: _Setup, bar=None) -> dict:
     torch.manual_seed(int(np.random.default_rng([cfg.seed, 0xFEDA]).integers(2**62)))
     glob = _Classifier(_init_body(fam, cfg.init, cfg.seed, 0))
     data = [setup.client_data(k) for k in range(K)]
-    gens = [torch.Generator().manual_seed(int(np.random.default_rng([cfg.seed, 0xB0D7, k]).integers(2**62)))
-            for k in range(K)]
+    gens = [
+        torch.Generator().manual_seed(int(np.random.default_rng([cfg.seed, 0xB0D7, k]).integers(2**62)))
+        for k in range(K)
+    ]
     n = np.array([d[1].shape[0] for d in data], dtype=np.float64)
     w = n / n.sum()
     history = []
@@ -979,9 +1152,16 @@ def _fedavg(cfg: RoundsConfig, setup: _Setup, bar=None) -> dict:
             bar.set_postfix_str(f"fedavg r{r + 1} pers {pers:.3f}")
             bar.update(1)
     P = num_parameters(glob)
-    return {"history": history, "personalised": history[-1]["personalised"], "common": history[-1]["common"],
-            "family": fam, "parameters": P, "upload_bytes_per_round": 4 * P * K,
-            "upload_bytes_total": 4 * P * K * cfg.rounds, "download_bytes_per_round": 4 * P * K}
+    return {
+        "history": history,
+        "personalised": history[-1]["personalised"],
+        "common": history[-1]["common"],
+        "family": fam,
+        "parameters": P,
+        "upload_bytes_per_round": 4 * P * K,
+        "upload_bytes_total": 4 * P * K * cfg.rounds,
+        "download_bytes_per_round": 4 * P * K,
+    }
 
 
 def _local_only(cfg: RoundsConfig, setup: _Setup, families, bar=None) -> dict:
@@ -999,8 +1179,12 @@ def _local_only(cfg: RoundsConfig, setup: _Setup, families, bar=None) -> dict:
         common.append(_accuracy(_predict(model, setup.xt_all), setup.yt_all))
         if bar is not None:
             bar.update(1)
-    return {"personalised": float(np.mean(pers)), "common": float(np.mean(common)),
-            "upload_bytes_per_round": 0, "upload_bytes_total": 0}
+    return {
+        "personalised": float(np.mean(pers)),
+        "common": float(np.mean(common)),
+        "upload_bytes_per_round": 0,
+        "upload_bytes_total": 0,
+    }
 
 
 # ---------------------------------------------------------------- entry point
@@ -1013,14 +1197,26 @@ def make_dp(cfg: RoundsConfig, *, rounds: int, bodies_trained: bool) -> RoundsDP
     """The run's noise, with its randomness declared: seeded from ``cfg.noise_seed``, or OS entropy."""
     if math.isinf(cfg.epsilon):
         return None
-    dp = RoundsDP(epsilon=cfg.epsilon, delta=cfg.delta, clip=cfg.clip, clip_norm=cfg.clip_norm, rounds=rounds,
-                  level=cfg.level, placement=cfg.placement, calibration=cfg.calibration,
-                  record_bound=cfg.record_bound,
-                  max_records=cfg.max_records if cfg.max_records is not None else DEFAULT_MAX_RECORDS,
-                  dim=FEATURE_DIM, bodies_trained=bodies_trained, tolerate=cfg.tolerate)
+    dp = RoundsDP(
+        epsilon=cfg.epsilon,
+        delta=cfg.delta,
+        clip=cfg.clip,
+        clip_norm=cfg.clip_norm,
+        rounds=rounds,
+        level=cfg.level,
+        placement=cfg.placement,
+        calibration=cfg.calibration,
+        record_bound=cfg.record_bound,
+        max_records=cfg.max_records if cfg.max_records is not None else DEFAULT_MAX_RECORDS,
+        dim=FEATURE_DIM,
+        bodies_trained=bodies_trained,
+        tolerate=cfg.tolerate,
+    )
     if cfg.max_records is None and dp.record_bound != "theorem":
-        dp.extra_notes.append(f"max_records is the public default {DEFAULT_MAX_RECORDS} (not read from the data; "
-                              "pass max_records to choose it)")
+        dp.extra_notes.append(
+            f"max_records is the public default {DEFAULT_MAX_RECORDS} (not read from the data; "
+            "pass max_records to choose it)"
+        )
     dp.declare_randomness(seeded=cfg.noise_seed is not None, noise_seed=cfg.noise_seed)
     return dp
 
@@ -1061,9 +1257,12 @@ def run_rounds(cfg: RoundsConfig | None = None, *, progress: bool = False, **ove
         families = setup.families
         noise_rng = noise_generator(cfg.noise_seed, 0x0153)
         if not math.isinf(cfg.epsilon):
-            notes.append(f"noise drawn from a generator seeded with noise_seed={cfg.noise_seed}: a seeded "
-                         "simulation, not a secret release" if cfg.noise_seed is not None
-                         else "noise drawn from fresh OS entropy every run")
+            notes.append(
+                f"noise drawn from a generator seeded with noise_seed={cfg.noise_seed}: a seeded "
+                "simulation, not a secret release"
+                if cfg.noise_seed is not None
+                else "noise drawn from fresh OS entropy every run"
+            )
         dp = make_dp(cfg, rounds=cfg.rounds, bodies_trained=cfg.local_epochs > 0)
         steps = cfg.rounds
         if "fedavg" in cfg.baselines:
@@ -1074,15 +1273,30 @@ def run_rounds(cfg: RoundsConfig | None = None, *, progress: bool = False, **ove
             steps += 1
         bar = tqdm(total=steps, desc="fedlog rounds", unit="step", disable=not progress, leave=False)
         t1 = time.perf_counter()
-        release = RoundRelease(dp, cfg.secure_kind, num_clients=cfg.clients, dropouts=cfg.dropouts,
-                               dropout_phase=cfg.dropout_phase)
+        release = RoundRelease(
+            dp,
+            cfg.secure_kind,
+            num_clients=cfg.clients,
+            dropouts=cfg.dropouts,
+            dropout_phase=cfg.dropout_phase,
+        )
         observer = None
         if cfg.attack_pairs:
             from attacks.rounds import RoundsObserver
 
             observer = RoundsObserver(setup, cfg, dp, release)
-        main = _fedlog(cfg, setup, families, rounds=cfg.rounds, epochs=cfg.local_epochs, dp=dp,
-                       noise_rng=noise_rng, bar=bar, release=release, observer=observer)
+        main = _fedlog(
+            cfg,
+            setup,
+            families,
+            rounds=cfg.rounds,
+            epochs=cfg.local_epochs,
+            dp=dp,
+            noise_rng=noise_rng,
+            bar=bar,
+            release=release,
+            observer=observer,
+        )
         timing = {"fedlog_s": time.perf_counter() - t1}
         attacks = None
         if observer is not None:
@@ -1091,9 +1305,12 @@ def run_rounds(cfg: RoundsConfig | None = None, *, progress: bool = False, **ove
             timing["attacks_s"] = time.perf_counter() - t1
         m = FEATURE_DIM + 1
         per_client = 4 * (m * setup.C + 1)
-        bytes_ = {"upload_per_client_round": per_client, "upload_per_round": per_client * cfg.clients,
-                  "upload_total": per_client * cfg.clients * cfg.rounds,
-                  "download_per_round": 4 * m * setup.C * cfg.clients}
+        bytes_ = {
+            "upload_per_client_round": per_client,
+            "upload_per_round": per_client * cfg.clients,
+            "upload_total": per_client * cfg.clients * cfg.rounds,
+            "download_per_round": 4 * m * setup.C * cfg.clients,
+        }
         secure = release.report()
         if secure is not None:
             # what a client really uploads per round under the protocol (keys, shares, masked ring elements)
@@ -1104,12 +1321,24 @@ def run_rounds(cfg: RoundsConfig | None = None, *, progress: bool = False, **ove
             t1 = time.perf_counter()
             ocfg = replace(cfg, init="public")
             odp = make_dp(ocfg, rounds=1, bodies_trained=False)
-            one = _fedlog(ocfg, setup, families, rounds=1, epochs=0, dp=odp,
-                          noise_rng=noise_generator(cfg.noise_seed, 0x0E5), bar=bar, label="one-shot")
-            baselines["oneshot"] = {"personalised": one["personalised"], "common": one["common"],
-                                    "upload_bytes_per_round": per_client * cfg.clients,
-                                    "upload_bytes_total": per_client * cfg.clients,
-                                    "privacy": None if odp is None else odp.report()}
+            one = _fedlog(
+                ocfg,
+                setup,
+                families,
+                rounds=1,
+                epochs=0,
+                dp=odp,
+                noise_rng=noise_generator(cfg.noise_seed, 0x0E5),
+                bar=bar,
+                label="one-shot",
+            )
+            baselines["oneshot"] = {
+                "personalised": one["personalised"],
+                "common": one["common"],
+                "upload_bytes_per_round": per_client * cfg.clients,
+                "upload_bytes_total": per_client * cfg.clients,
+                "privacy": None if odp is None else odp.report(),
+            }
             timing["oneshot_s"] = time.perf_counter() - t1
         if "local" in cfg.baselines:
             t1 = time.perf_counter()
@@ -1119,43 +1348,81 @@ def run_rounds(cfg: RoundsConfig | None = None, *, progress: bool = False, **ove
             t1 = time.perf_counter()
             baselines["fedavg"] = _fedavg(cfg, setup, bar=bar)
             if len(set(families)) > 1:
-                notes.append(f"FedAvg needs one architecture: it ran with family {cfg.fedavg_family!r} on every "
-                             "client (FedLog's clients are heterogeneous)")
+                notes.append(
+                    f"FedAvg needs one architecture: it ran with family {cfg.fedavg_family!r} on every "
+                    "client (FedLog's clients are heterogeneous)"
+                )
             if dp is not None:
                 notes.append("FedAvg and local-only baselines are not private (no noise)")
             timing["fedavg_s"] = time.perf_counter() - t1
         bar.close()
     timing["total_s"] = time.perf_counter() - t0
-    timing["cpu_s"] = time.process_time() - c0  # CPU time of this process (one torch thread): load-independent
-    return RoundsResult(config=cfg, history=main["history"], personalised_accuracy=main["personalised"],
-                        common_accuracy=main["common"], head=main["head"], families=families, bytes=bytes_,
-                        privacy=None if dp is None else dp.report(), baselines=baselines, timing=timing,
-                        notes=notes, secure_aggregation=secure, server_views=release.views, attacks=attacks)
+    timing["cpu_s"] = (
+        time.process_time() - c0
+    )  # CPU time of this process (one torch thread): load-independent
+    return RoundsResult(
+        config=cfg,
+        history=main["history"],
+        personalised_accuracy=main["personalised"],
+        common_accuracy=main["common"],
+        head=main["head"],
+        families=families,
+        bytes=bytes_,
+        privacy=None if dp is None else dp.report(),
+        baselines=baselines,
+        timing=timing,
+        notes=notes,
+        secure_aggregation=secure,
+        server_views=release.views,
+        attacks=attacks,
+    )
 
 
 # ---------------------------------------------------------------- trade-off command
-def tradeoff_rounds(cfg, *, local_epochs: int | None = None, families: Sequence[str] | None = None,
-                    init: str | None = None, progress: bool = True, records: list | None = None,
-                    on_record=None) -> list[dict]:
+def tradeoff_rounds(
+    cfg,
+    *,
+    local_epochs: int | None = None,
+    families: Sequence[str] | None = None,
+    init: str | None = None,
+    progress: bool = True,
+    records: list | None = None,
+    on_record=None,
+) -> list[dict]:
     """Rows of ``python -m privfed.tradeoff --method fedlog --rounds R`` (R > 1): multi-round FedLog
     and one-shot frozen FedLog for every (epsilon, seed) of a :class:`privfed.tradeoff.TradeoffConfig`.
 
     ``records`` (a list) receives the rows as each (epsilon, seed) finishes, and ``on_record(rows)`` is
     called then, so an interrupted sweep keeps what finished."""
     if cfg.dataset != "digits":
-        raise ConfigError(f"multi-round FedLog (--rounds > 1) trains bodies on images: it runs on the digits "
-                          f"default only, got --dataset {cfg.dataset!r}")
+        raise ConfigError(
+            f"multi-round FedLog (--rounds > 1) trains bodies on images: it runs on the digits "
+            f"default only, got --dataset {cfg.dataset!r}"
+        )
     if cfg.count_noise is not None:
-        raise ConfigError("--count-noise does not apply to multi-round FedLog (the counts ride in the statistic)")
-    placement = "distributed" if cfg.secure_agg != "none" else ("central" if cfg.trusted_aggregator else "local")
-    base = dict(clients=cfg.clients, rounds=cfg.rounds, partition=cfg.partition, alpha=cfg.alpha, baselines=("oneshot",),
-                delta=cfg.delta, level=cfg.level, placement=placement,
-                calibration="paper" if cfg.calibration == "classic" else "total",
-                record_bound="theorem" if cfg.calibration == "classic" else "auto",
-                clip=cfg.clip if cfg.clip is not None else 2.0,
-                clip_norm=cfg.clip_norm if cfg.clip is not None else "coordinate", max_records=cfg.max_records,
-                secure_agg=cfg.secure_agg if cfg.secure_agg in ("mask", "ckks") else "none",
-                attack_pairs=TRADEOFF_ATTACK_PAIRS)
+        raise ConfigError(
+            "--count-noise does not apply to multi-round FedLog (the counts ride in the statistic)"
+        )
+    placement = (
+        "distributed" if cfg.secure_agg != "none" else ("central" if cfg.trusted_aggregator else "local")
+    )
+    base = dict(
+        clients=cfg.clients,
+        rounds=cfg.rounds,
+        partition=cfg.partition,
+        alpha=cfg.alpha,
+        baselines=("oneshot",),
+        delta=cfg.delta,
+        level=cfg.level,
+        placement=placement,
+        calibration="paper" if cfg.calibration == "classic" else "total",
+        record_bound="theorem" if cfg.calibration == "classic" else "auto",
+        clip=cfg.clip if cfg.clip is not None else 2.0,
+        clip_norm=cfg.clip_norm if cfg.clip is not None else "coordinate",
+        max_records=cfg.max_records,
+        secure_agg=cfg.secure_agg if cfg.secure_agg in ("mask", "ckks") else "none",
+        attack_pairs=TRADEOFF_ATTACK_PAIRS,
+    )
     if local_epochs is not None:
         base["local_epochs"] = local_epochs
     if families:
@@ -1170,24 +1437,40 @@ def tradeoff_rounds(cfg, *, local_epochs: int | None = None, families: Sequence[
             r = run_rounds(RoundsConfig(**base), seed=seed, noise_seed=seed, epsilon=eps, progress=progress)
             att = attack_summary(r.attacks)
             for name, acc, rep, up in (
-                (f"fedlog x{cfg.rounds} rounds", (r.personalised_accuracy, r.common_accuracy), r.privacy,
-                 r.bytes["upload_total"]),
-                ("fedlog one-shot (frozen)", (r.baselines["oneshot"]["personalised"], r.baselines["oneshot"]["common"]),
-                 r.baselines["oneshot"]["privacy"], r.baselines["oneshot"]["upload_bytes_total"]),
+                (
+                    f"fedlog x{cfg.rounds} rounds",
+                    (r.personalised_accuracy, r.common_accuracy),
+                    r.privacy,
+                    r.bytes["upload_total"],
+                ),
+                (
+                    "fedlog one-shot (frozen)",
+                    (r.baselines["oneshot"]["personalised"], r.baselines["oneshot"]["common"]),
+                    r.baselines["oneshot"]["privacy"],
+                    r.baselines["oneshot"]["upload_bytes_total"],
+                ),
             ):
-                rows.append({
-                    "method": name, "epsilon": eps, "seed": seed, "rounds": cfg.rounds if "rounds" in name else 1,
-                    "accuracy": acc[0], "common_accuracy": acc[1],
-                    "epsilon_composed": rep.epsilon if rep else math.inf,
-                    "epsilon_per_round": rep.per_round_epsilon if rep else math.inf,
-                    "delta": cfg.delta, "sigma": rep.sigma if rep else 0.0,
-                    "sensitivity": rep.sensitivity if rep else 0.0, "upload_bytes": up,
-                    "formal": bool(rep.formal) if rep else False,
-                    "simulation": bool(rep.simulation) if rep else False,
-                    "guarantee": rep.guarantee if rep else "NO DP GUARANTEE: no noise",
-                    "describe": rep.describe() if rep else "",
-                    **(att if "rounds" in name else {k: math.nan for k in att}),
-                })
+                rows.append(
+                    {
+                        "method": name,
+                        "epsilon": eps,
+                        "seed": seed,
+                        "rounds": cfg.rounds if "rounds" in name else 1,
+                        "accuracy": acc[0],
+                        "common_accuracy": acc[1],
+                        "epsilon_composed": rep.epsilon if rep else math.inf,
+                        "epsilon_per_round": rep.per_round_epsilon if rep else math.inf,
+                        "delta": cfg.delta,
+                        "sigma": rep.sigma if rep else 0.0,
+                        "sensitivity": rep.sensitivity if rep else 0.0,
+                        "upload_bytes": up,
+                        "formal": bool(rep.formal) if rep else False,
+                        "simulation": bool(rep.simulation) if rep else False,
+                        "guarantee": rep.guarantee if rep else "NO DP GUARANTEE: no noise",
+                        "describe": rep.describe() if rep else "",
+                        **(att if "rounds" in name else {k: math.nan for k in att}),
+                    }
+                )
             if on_record is not None:
                 on_record(rows)
     return rows
@@ -1207,8 +1490,14 @@ def attack_summary(attacks: dict | None) -> dict:
     tracing likelihood ratio over the rounds' changes.  ``attack_auc_bound`` is Phi(mu_total / sqrt 2)
     (NaN without DP).
     """
-    keys = ("attack", "attack_auc_sequence", "attack_auc_first_round", "attack_tpr_1pct_sequence",
-            "attack_auc_bound", "attack_pairs")
+    keys = (
+        "attack",
+        "attack_auc_sequence",
+        "attack_auc_first_round",
+        "attack_tpr_1pct_sequence",
+        "attack_auc_bound",
+        "attack_pairs",
+    )
     if not attacks:
         return {k: math.nan for k in keys}
     if attacks.get("differencing_replay"):
@@ -1217,10 +1506,14 @@ def attack_summary(attacks: dict | None) -> dict:
     else:
         name, res = "tracing", attacks["tracing"]
         seq = res.get("increments", res["sequence"])
-    return {"attack": name, "attack_auc_sequence": seq["auc"], "attack_auc_first_round": res["first_round"]["auc"],
-            "attack_tpr_1pct_sequence": seq["tpr_at_1pct_fpr"],
-            "attack_auc_bound": attacks.get("auc_bound", math.nan) if attacks.get("bound_formal") else math.nan,
-            "attack_pairs": attacks["pairs"]}
+    return {
+        "attack": name,
+        "attack_auc_sequence": seq["auc"],
+        "attack_auc_first_round": res["first_round"]["auc"],
+        "attack_tpr_1pct_sequence": seq["tpr_at_1pct_fpr"],
+        "attack_auc_bound": attacks.get("auc_bound", math.nan) if attacks.get("bound_formal") else math.nan,
+        "attack_pairs": attacks["pairs"],
+    }
 
 
 def _summarise(rows: list[dict]) -> list[dict]:
@@ -1230,14 +1523,24 @@ def _summarise(rows: list[dict]) -> list[dict]:
     out = []
     for (method, eps), rs in groups.items():
         acc = np.array([r["accuracy"] for r in rs])
-        out.append({"method": method, "epsilon": eps, "epsilon_composed": rs[0]["epsilon_composed"],
-                    "epsilon_per_round": rs[0]["epsilon_per_round"], "accuracy_mean": float(acc.mean()),
-                    "accuracy_sd": float(acc.std()), "common_mean": float(np.mean([r["common_accuracy"] for r in rs])),
-                    "seeds": len(rs), "upload_bytes": rs[0]["upload_bytes"], "guarantee": rs[0]["guarantee"],
-                    "simulation": bool(rs[0].get("simulation", False)),
-                    "attack_auc": float(np.mean([r.get("attack_auc_sequence", math.nan) for r in rs])),
-                    "attack_auc_bound": rs[0].get("attack_auc_bound", math.nan),
-                    "describe": rs[0]["describe"]})
+        out.append(
+            {
+                "method": method,
+                "epsilon": eps,
+                "epsilon_composed": rs[0]["epsilon_composed"],
+                "epsilon_per_round": rs[0]["epsilon_per_round"],
+                "accuracy_mean": float(acc.mean()),
+                "accuracy_sd": float(acc.std()),
+                "common_mean": float(np.mean([r["common_accuracy"] for r in rs])),
+                "seeds": len(rs),
+                "upload_bytes": rs[0]["upload_bytes"],
+                "guarantee": rs[0]["guarantee"],
+                "simulation": bool(rs[0].get("simulation", False)),
+                "attack_auc": float(np.mean([r.get("attack_auc_sequence", math.nan) for r in rs])),
+                "attack_auc_bound": rs[0].get("attack_auc_bound", math.nan),
+                "describe": rs[0]["describe"],
+            }
+        )
     return out
 
 
@@ -1249,9 +1552,14 @@ def _plot_tradeoff(summary: list[dict], title: str):
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for i, method in enumerate(sorted({s["method"] for s in summary})):
-        pts = sorted((s["epsilon_composed"], s["accuracy_mean"], s["accuracy_sd"]) for s in summary
-                     if s["method"] == method and math.isfinite(s["epsilon_composed"]))
-        inf = [s["accuracy_mean"] for s in summary if s["method"] == method and not math.isfinite(s["epsilon"])]
+        pts = sorted(
+            (s["epsilon_composed"], s["accuracy_mean"], s["accuracy_sd"])
+            for s in summary
+            if s["method"] == method and math.isfinite(s["epsilon_composed"])
+        )
+        inf = [
+            s["accuracy_mean"] for s in summary if s["method"] == method and not math.isfinite(s["epsilon"])
+        ]
         if pts:
             x, y, e = (np.array(v) for v in zip(*pts))
             ax.errorbar(x, y, yerr=e, marker="o", capsize=3, color=f"C{i}", label=method)
@@ -1270,8 +1578,11 @@ def _plot_tradeoff(summary: list[dict], title: str):
 def rounds_settings(local_epochs: int | None, families: Sequence[str] | None, init: str | None) -> dict:
     """The multi-round settings a run used (defaults filled in), as results.json's config records them."""
     d = RoundsConfig()
-    return {"local_epochs": d.local_epochs if local_epochs is None else int(local_epochs),
-            "families": list(d.families if not families else families), "init": d.init if init is None else init}
+    return {
+        "local_epochs": d.local_epochs if local_epochs is None else int(local_epochs),
+        "families": list(d.families if not families else families),
+        "init": d.init if init is None else init,
+    }
 
 
 def tradeoff_main(cfg, args, argv=()) -> int:
@@ -1282,37 +1593,71 @@ def tradeoff_main(cfg, args, argv=()) -> int:
     """
     from privfed._cli import OutputDir, as_int, keep_finished, periodic_checkpoint, versions
 
-    families = None if getattr(args, "families", None) is None else [
-        f.strip() for f in args.families.split(",") if f.strip()]
+    families = (
+        None
+        if getattr(args, "families", None) is None
+        else [f.strip() for f in args.families.split(",") if f.strip()]
+    )
     epochs = getattr(args, "local_epochs", None)
     epochs = None if epochs is None else as_int(epochs, "--local-epochs", minimum=1)
     init = getattr(args, "init", None)
     command = " ".join(["python -m privfed.tradeoff", *argv])
     # every setting that changes a result, so that --config results.json re-runs this run
     config = {**asdict(cfg), **rounds_settings(epochs, families, init)}
-    out = OutputDir(args.out, "tradeoff", overwrite=args.overwrite,
-                    name_parts=("fedlog", f"rounds{cfg.rounds}"), command=command)
+    out = OutputDir(
+        args.out,
+        "tradeoff",
+        overwrite=args.overwrite,
+        name_parts=("fedlog", f"rounds{cfg.rounds}"),
+        command=command,
+    )
     done: list[dict] = []
     partial = ("results.partial.csv", "results.partial.json")
 
     def write_partial(rows: list[dict]) -> None:
         keys = [k for k in rows[0] if k != "describe"]
         out.write_csv(partial[0], rows, keys)
-        out.write_json(partial[1], {"config": config, "versions": versions(), "records": rows, "complete": False,
-                                    "command": command})
+        out.write_json(
+            partial[1],
+            {
+                "config": config,
+                "versions": versions(),
+                "records": rows,
+                "complete": False,
+                "command": command,
+            },
+        )
         out.checkpoint()
 
     try:
-        rows = tradeoff_rounds(cfg, local_epochs=epochs, families=families, init=init, progress=not args.quiet,
-                               records=done, on_record=periodic_checkpoint(write_partial, CHECKPOINT_S))
+        rows = tradeoff_rounds(
+            cfg,
+            local_epochs=epochs,
+            families=families,
+            init=init,
+            progress=not args.quiet,
+            records=done,
+            on_record=periodic_checkpoint(write_partial, CHECKPOINT_S),
+        )
         summary = _summarise(rows)
         keys = [k for k in rows[0] if k != "describe"]
         out.write_csv("results.csv", rows, keys)
-        out.write_json("results.json", {"config": config, "versions": versions(), "records": rows,
-                                        "summary": summary, "command": command})
+        out.write_json(
+            "results.json",
+            {
+                "config": config,
+                "versions": versions(),
+                "records": rows,
+                "summary": summary,
+                "command": command,
+            },
+        )
         if cfg.plot:
-            fig = _plot_tradeoff(summary, f"digits: {cfg.clients} clients, {cfg.partition}, FedLog with local "
-                                 f"bodies over {cfg.rounds} rounds vs one-shot frozen, {cfg.level} level")
+            fig = _plot_tradeoff(
+                summary,
+                f"digits: {cfg.clients} clients, {cfg.partition}, FedLog with local "
+                f"bodies over {cfg.rounds} rounds vs one-shot frozen, {cfg.level} level",
+            )
             out.save_figure("tradeoff.png", fig, dpi=130)
             import matplotlib.pyplot as plt
 
@@ -1321,20 +1666,28 @@ def tradeoff_main(cfg, args, argv=()) -> int:
     except BaseException:
         keep_finished(out, done, write_partial, command, "python -m privfed.tradeoff")
         raise
-    head = (f"{'method':<28} {'eps':>7} {'composed':>9} {'per round':>9} {'accuracy':>15} {'upload':>10} "
-            f"{'attack AUC':>10} {'AUC bound':>9}")
+    head = (
+        f"{'method':<28} {'eps':>7} {'composed':>9} {'per round':>9} {'accuracy':>15} {'upload':>10} "
+        f"{'attack AUC':>10} {'AUC bound':>9}"
+    )
     print(head)
     for s in summary:
-        print(f"{s['method']:<28} {s['epsilon']:>7.3g} {format_up(s['epsilon_composed']):>9} "
-              f"{format_up(s['epsilon_per_round']):>9} "
-              f"{s['accuracy_mean']:>8.4f} ± {s['accuracy_sd']:.3f} {s['upload_bytes'] / 1e3:>8.1f}kB "
-              f"{s['attack_auc']:>10.3f} {s['attack_auc_bound']:>9.3f}")
+        print(
+            f"{s['method']:<28} {s['epsilon']:>7.3g} {format_up(s['epsilon_composed']):>9} "
+            f"{format_up(s['epsilon_per_round']):>9} "
+            f"{s['accuracy_mean']:>8.4f} ± {s['accuracy_sd']:.3f} {s['upload_bytes'] / 1e3:>8.1f}kB "
+            f"{s['attack_auc']:>10.3f} {s['attack_auc_bound']:>9.3f}"
+        )
     if any(s.get("simulation") for s in summary):
-        print("seeded simulation: every run's noise was drawn from its --seeds value (replayable), not a release; "
-              "epsilons are printed rounded up")
-    print(f"attack AUC: membership attack on all {cfg.rounds} releases of the multi-round run "
-          f"({TRADEOFF_ATTACK_PAIRS} member / holdout pairs; attacks.rounds); AUC bound: Phi(mu_total / sqrt 2) of "
-          "the composed guarantee (nan: no formal bound)")
+        print(
+            "seeded simulation: every run's noise was drawn from its --seeds value (replayable), not a release; "
+            "epsilons are printed rounded up"
+        )
+    print(
+        f"attack AUC: membership attack on all {cfg.rounds} releases of the multi-round run "
+        f"({TRADEOFF_ATTACK_PAIRS} member / holdout pairs; attacks.rounds); AUC bound: Phi(mu_total / sqrt 2) of "
+        "the composed guarantee (nan: no formal bound)"
+    )
     for s in summary:
         if s["describe"]:
             print(f"{s['method']} at eps {s['epsilon']:g}:\n{s['describe']}")

@@ -60,7 +60,9 @@ class LinearHead:
         self.weight = np.asarray(self.weight, dtype=np.float64)
         self.bias = np.asarray(self.bias, dtype=np.float64)
         if self.weight.ndim != 2 or self.bias.shape != (self.weight.shape[0],):
-            raise ValueError(f"weight must be (C, d) and bias (C,), got {self.weight.shape} and {self.bias.shape}")
+            raise ValueError(
+                f"weight must be (C, d) and bias (C,), got {self.weight.shape} and {self.bias.shape}"
+            )
         if not (np.all(np.isfinite(self.weight)) and np.all(np.isfinite(self.bias))):
             raise FloatingPointError(
                 f"method {self.method!r} produced a non-finite head; this is a bug, please report it with the inputs"

@@ -46,5 +46,5 @@ def require(module: str, feature: str) -> ModuleType:
             raise
         extra = EXTRAS.get(module.split(".")[0], "all")
         raise MissingDependencyError(
-            f"{feature} needs {module}, which is not installed: pip install \"privfed[{extra}]\""
+            f'{feature} needs {module}, which is not installed: pip install "privfed[{extra}]"'
         ) from None

@@ -43,8 +43,14 @@ from privfed.release import UPLOAD_CHUNK_BYTES, ReleasePlan, ReleaseTrace
 from privfed.stats import ClientStats, _readonly, _sorted_segments
 
 __all__ = [
-    "FOLD_CHUNK_BYTES", "FOLD_GRAM_CHUNK_BYTES", "UPLOAD_CHUNK_BYTES", "client_statistics", "fold_statistics",
-    "pair_sum_blocks", "run_federation", "server_head",
+    "FOLD_CHUNK_BYTES",
+    "FOLD_GRAM_CHUNK_BYTES",
+    "UPLOAD_CHUNK_BYTES",
+    "client_statistics",
+    "fold_statistics",
+    "pair_sum_blocks",
+    "run_federation",
+    "server_head",
 ]
 
 #: Bytes of float64 feature rows gathered (and converted, for float32 input) at once by
@@ -54,8 +60,6 @@ FOLD_CHUNK_BYTES = 4 * 2**20
 #: ... and when X^T X is accumulated too, large enough for each chunk's product to run at GEMM speed
 #: (16 MiB: 4.6 s for Fed3R at iNat-120K, against 6.0 s with 4 MiB).
 FOLD_GRAM_CHUNK_BYTES = 16 * 2**20
-
-
 
 
 def client_statistics(
@@ -72,7 +76,8 @@ def client_statistics(
 ) -> ClientStats:
     """What the clients compute before any noise: (clipped) statistics, per client."""
     return ReleasePlan(method, privacy, secure_agg).client_statistics(
-        features, labels, clients, num_classes=num_classes, num_clients=num_clients, rng=rng)
+        features, labels, clients, num_classes=num_classes, num_clients=num_clients, rng=rng
+    )
 
 
 def fold_statistics(
@@ -108,7 +113,9 @@ def fold_statistics(
     F, y, k = features, np.asarray(labels, dtype=np.int64), np.asarray(clients, dtype=np.int64)
     C, d = int(num_classes), F.shape[1]
     if y.size and (y.min() < 0 or y.max() >= C):
-        raise InputError(f"labels must lie in 0..{C - 1} (num_classes={C}); got {int(y.min())}..{int(y.max())}")
+        raise InputError(
+            f"labels must lie in 0..{C - 1} (num_classes={C}); got {int(y.min())}..{int(y.max())}"
+        )
     groups, owners = method.row_groups(y, k, num_classes=C, num_clients=num_clients, rng=rng)
     groups = np.asarray(groups, dtype=np.int64)
     G = num_clients if owners is None else owners.size
@@ -136,12 +143,12 @@ def fold_statistics(
             X[...] = raw[:n]
         t0 = int(np.searchsorted(indptr, r0, side="right")) - 1
         t1 = int(np.searchsorted(indptr, r1, side="left"))
-        local = np.clip(indptr[t0:t1 + 1], r0, r1) - r0
+        local = np.clip(indptr[t0 : t1 + 1], r0, r1) - r0
         onehot = sp.csr_matrix((np.ones(n), np.arange(n), local), shape=(t1 - t0, n))
         part = onehot @ X
         if indptr[t0] < r0:  # the row the previous chunk began
             S[t0] += part[0]
-            S[t0 + 1:t1] = part[1:]
+            S[t0 + 1 : t1] = part[1:]
         else:
             S[t0:t1] = part
         if second:
@@ -157,8 +164,9 @@ def fold_statistics(
     Nc, Sc = np.zeros(C), np.zeros((C, d))
     Nc[out_key], Sc[out_key] = counts, S
     kw = {"second": gram[None]} if "second" in fields else {}
-    out = ClientStats._new(1, C, d, counts=_readonly(Nc[None]), sums=_readonly(Sc[None]), gram=gram,
-                           fields=fields, **kw)
+    out = ClientStats._new(
+        1, C, d, counts=_readonly(Nc[None]), sums=_readonly(Sc[None]), gram=gram, fields=fields, **kw
+    )
     object.__setattr__(out, "folded_pairs", int(np.unique(pair_key).size))
     return out
 
@@ -207,7 +215,7 @@ def pair_sum_blocks(
                 X[...] = raw[:n]
             t0 = int(np.searchsorted(indptr, r0, side="right")) - 1
             t1 = int(np.searchsorted(indptr, r1, side="left"))
-            local = np.clip(indptr[t0:t1 + 1], r0, r1) - r0
+            local = np.clip(indptr[t0 : t1 + 1], r0, r1) - r0
             part = sp.csr_matrix((np.ones(n), np.arange(n), local), shape=(t1 - t0, n)) @ X
             if carry is not None:
                 part[0] += carry
@@ -260,33 +268,51 @@ def run_federation(
     """Run one federated aggregation on validated inputs and return the head (with ``head.trace``)."""
     if privacy is None and secure_agg is None and _folds_pairs(method):
         # the server folds the pairs as they are summed: their M x d sums are never all held
-        pair_class, counts, blocks = pair_sum_blocks(method, features, labels, clients, num_classes=num_classes,
-                                                     num_clients=num_clients, rng=rng)
+        pair_class, counts, blocks = pair_sum_blocks(
+            method, features, labels, clients, num_classes=num_classes, num_clients=num_clients, rng=rng
+        )
         head = method.aggregate_pairs(pair_class, counts, blocks, num_classes)
         total = method.upload_bytes(M=counts.size, K=num_clients, d=features.shape[1], C=num_classes)
-        head.upload_bytes = {"total": total, "per_client": total / max(num_clients, 1), "M": int(counts.size),
-                             "K": num_clients}
-        head.trace = _plain_trace(method, head, None, "each (client, class) pair's sums folded into the server's "
-                                  "estimate as they are summed (no privacy, no protection)")
+        head.upload_bytes = {
+            "total": total,
+            "per_client": total / max(num_clients, 1),
+            "M": int(counts.size),
+            "K": num_clients,
+        }
+        head.trace = _plain_trace(
+            method,
+            head,
+            None,
+            "each (client, class) pair's sums folded into the server's "
+            "estimate as they are summed (no privacy, no protection)",
+        )
         return head
     if privacy is None and secure_agg is None:
-        folded = fold_statistics(method, features, labels, clients, num_classes=num_classes,
-                                 num_clients=num_clients, rng=rng)
+        folded = fold_statistics(
+            method, features, labels, clients, num_classes=num_classes, num_clients=num_clients, rng=rng
+        )
         head = method.aggregate(folded)
         head.upload_bytes = method.communication(folded, num_clients)
-        head.trace = _plain_trace(method, head, folded, "clients' statistics folded into the server's aggregate "
-                                  "as they arrive (no privacy, no protection)")
+        head.trace = _plain_trace(
+            method,
+            head,
+            folded,
+            "clients' statistics folded into the server's aggregate "
+            "as they arrive (no privacy, no protection)",
+        )
         return head
     plan = ReleasePlan(method, privacy, secure_agg)
-    return plan.run(features, labels, clients, num_classes=num_classes, num_clients=num_clients, rng=rng,
-                    seeded=seeded)
+    return plan.run(
+        features, labels, clients, num_classes=num_classes, num_clients=num_clients, rng=rng, seeded=seeded
+    )
 
 
 def _plain_trace(method: Method, head: LinearHead, folded: ClientStats | None, detail: str) -> ReleaseTrace:
     """The trace of a release without privacy or protection: the server received every statistic exactly."""
     trace = ReleaseTrace(method.name)
-    trace.record("statistics", f"{method.name}: {detail}",
-                 clients_out=None if folded is None else folded.num_clients)
+    trace.record(
+        "statistics", f"{method.name}: {detail}", clients_out=None if folded is None else folded.num_clients
+    )
     if folded is not None:
         trace.received("sum" if not method.per_client else "uploads", stats=folded)
     trace.record("method", f"{method.name}: head from the folded statistics")
@@ -304,5 +330,7 @@ def _folds_pairs(method: Method) -> bool:
     owner = next((c for c in cls.__mro__ if "aggregate_pairs" in c.__dict__), None)
     if owner is None or not method.per_client:
         return False
-    return all(getattr(cls, name, None) is getattr(owner, name, None)
-               for name in ("aggregate", "estimate", "row_groups", "aggregate_pairs", "estimate_pairs"))
+    return all(
+        getattr(cls, name, None) is getattr(owner, name, None)
+        for name in ("aggregate", "estimate", "row_groups", "aggregate_pairs", "estimate_pairs")
+    )

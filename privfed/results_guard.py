@@ -22,8 +22,15 @@ from pathlib import Path
 
 from privfed.errors import ConfigError
 
-__all__ = ["LONGEST_INNER_NAME", "MIN_FREE_BYTES", "STAGING_SUFFIX", "WORK_SUFFIX", "FolderLock", "check_location",
-           "check_names"]
+__all__ = [
+    "LONGEST_INNER_NAME",
+    "MIN_FREE_BYTES",
+    "STAGING_SUFFIX",
+    "WORK_SUFFIX",
+    "FolderLock",
+    "check_location",
+    "check_names",
+]
 
 #: Free bytes the output location must have before a run starts.
 MIN_FREE_BYTES = 32 * 2**20
@@ -58,18 +65,32 @@ def check_names(path: str | os.PathLike, *, flag: str = "--out") -> None:
     longest = max([len(p.encode()) for p in path.parent.relative_to(base).parts] + [0])
     n = path.name
     # the longest sibling name a run makes: staging, lock record, an interrupted --overwrite's partial folder
-    staging = max(len(s.encode()) for s in (f".{n}.4194304{_STAGING}", f".{n}.privfed-lock.json",
-                                            f"{n}.partial-20260101-000000", f"{n}.interrupted-4194304"))
+    staging = max(
+        len(s.encode())
+        for s in (
+            f".{n}.4194304{_STAGING}",
+            f".{n}.privfed-lock.json",
+            f"{n}.partial-20260101-000000",
+            f"{n}.interrupted-4194304",
+        )
+    )
     if longest > name_max or staging > name_max:
-        what = f"the folder name is {len(path.name.encode())} bytes" if staging > name_max else \
-            f"a folder name in it is {longest} bytes"
-        raise ConfigError(f"{flag} {str(path)!r}: {what}; with the staging folder's name it must stay within this "
-                          f"file system's {name_max}-byte name limit (a folder name of at most "
-                          f"{name_max - staging + len(path.name.encode())} bytes): choose a shorter name")
+        what = (
+            f"the folder name is {len(path.name.encode())} bytes"
+            if staging > name_max
+            else f"a folder name in it is {longest} bytes"
+        )
+        raise ConfigError(
+            f"{flag} {str(path)!r}: {what}; with the staging folder's name it must stay within this "
+            f"file system's {name_max}-byte name limit (a folder name of at most "
+            f"{name_max - staging + len(path.name.encode())} bytes): choose a shorter name"
+        )
     full = len(str(path).encode()) + 1 + LONGEST_INNER_NAME + (staging - len(path.name.encode()))
     if full > path_max:
-        raise ConfigError(f"{flag} {str(path)!r} is {len(str(path).encode())} bytes long; with the files of a run "
-                          f"it exceeds this file system's {path_max}-byte path limit: choose a shorter path")
+        raise ConfigError(
+            f"{flag} {str(path)!r} is {len(str(path).encode())} bytes long; with the files of a run "
+            f"it exceeds this file system's {path_max}-byte path limit: choose a shorter path"
+        )
 
 
 def check_location(path: str | os.PathLike, *, flag: str = "--out", need_bytes: int = MIN_FREE_BYTES) -> None:
@@ -88,12 +109,16 @@ def check_location(path: str | os.PathLike, *, flag: str = "--out", need_bytes: 
         os.close(fd)
         os.unlink(probe)
     except OSError as exc:
-        raise ConfigError(f"{flag} {str(path)!r}: cannot write in {str(base)!r} ({exc.strerror or exc}); choose "
-                          "a folder you can write to") from None
+        raise ConfigError(
+            f"{flag} {str(path)!r}: cannot write in {str(base)!r} ({exc.strerror or exc}); choose "
+            "a folder you can write to"
+        ) from None
     free = shutil.disk_usage(base).free
     if free < need_bytes:
-        raise ConfigError(f"{flag} {str(path)!r}: only {free / 2**20:.1f} MiB free on {str(base)!r}, below the "
-                          f"{need_bytes / 2**20:.0f} MiB a run needs; free some space or choose another disk")
+        raise ConfigError(
+            f"{flag} {str(path)!r}: only {free / 2**20:.1f} MiB free on {str(base)!r}, below the "
+            f"{need_bytes / 2**20:.0f} MiB a run needs; free some space or choose another disk"
+        )
 
 
 # ---------------------------------------------------------------- the lock
@@ -105,7 +130,7 @@ def _lock_paths(path: Path) -> tuple[Path, Path]:
 def _holder(info: Path) -> str:
     try:
         h = json.loads(info.read_text())
-        return (f"pid {h['pid']} on {h['host']}, started {h['started']}: {h['command']}")
+        return f"pid {h['pid']} on {h['host']}, started {h['started']}: {h['command']}"
     except (OSError, ValueError, KeyError, TypeError):
         return "holder unknown (it is starting or its record was removed)"
 
@@ -127,13 +152,21 @@ class FolderLock:
         try:
             self._lock.acquire()
         except filelock.Timeout:
-            raise ConfigError(f"{flag} {str(path)!r} is in use by another privfed run ({_holder(self.info)}); "
-                              "wait for it to finish or choose another folder") from None
+            raise ConfigError(
+                f"{flag} {str(path)!r} is in use by another privfed run ({_holder(self.info)}); "
+                "wait for it to finish or choose another folder"
+            ) from None
         except OSError as exc:
-            raise ConfigError(f"{flag} {str(path)!r}: cannot lock {str(self.file)!r} "
-                              f"({exc.strerror or exc}); choose a folder you can write to") from None
-        record = {"pid": os.getpid(), "host": socket.gethostname(), "command": command,
-                  "started": _dt.datetime.now().astimezone().isoformat(timespec="seconds")}
+            raise ConfigError(
+                f"{flag} {str(path)!r}: cannot lock {str(self.file)!r} "
+                f"({exc.strerror or exc}); choose a folder you can write to"
+            ) from None
+        record = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "command": command,
+            "started": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
+        }
         with contextlib.suppress(OSError):
             tmp = self.info.with_name(self.info.name + f".{os.getpid()}.privfed-tmp")
             tmp.write_text(json.dumps(record))

@@ -69,8 +69,17 @@ __all__ = [
 
 MANIFEST = "manifest.json"
 #: Names privfed writes into a result folder (besides ``grid_*.png``).
-OUTPUT_NAMES = ("results.csv", "results.json", "results.partial.csv", "results.partial.json", "config.json",
-                "tradeoff.png", "manifest.json", "head.npz", "report.json")
+OUTPUT_NAMES = (
+    "results.csv",
+    "results.json",
+    "results.partial.csv",
+    "results.partial.json",
+    "config.json",
+    "tradeoff.png",
+    "manifest.json",
+    "head.npz",
+    "report.json",
+)
 _STAGING = STAGING_SUFFIX
 _WORK = WORK_SUFFIX
 _TMP = ".privfed-tmp"
@@ -135,16 +144,21 @@ def verify_folder(folder: str | os.PathLike) -> dict[str, Any]:
     except (OSError, ValueError) as exc:
         raise InputError(f"{where}: {MANIFEST} cannot be read ({exc})") from None
     files = manifest.get("files") if isinstance(manifest, dict) else None
-    if manifest.get("tool") != "privfed" or not isinstance(files, list) or \
-            not all(isinstance(f, dict) and {"name", "bytes", "sha256"} <= set(f) for f in files):
+    if (
+        manifest.get("tool") != "privfed"
+        or not isinstance(files, list)
+        or not all(isinstance(f, dict) and {"name", "bytes", "sha256"} <= set(f) for f in files)
+    ):
         raise InputError(f"{where}: {MANIFEST} is not a privfed manifest with file hashes")
     for f in files:
         p = folder / str(f["name"])
         if not p.is_file():
             raise InputError(f"{where}: {f['name']!r} is listed in {MANIFEST} but missing")
         if p.stat().st_size != f["bytes"] or sha256_file(p) != f["sha256"]:
-            raise InputError(f"{where}: {f['name']!r} does not match its SHA-256 in {MANIFEST}; the file was "
-                             "changed or damaged after the run wrote it")
+            raise InputError(
+                f"{where}: {f['name']!r} does not match its SHA-256 in {MANIFEST}; the file was "
+                "changed or damaged after the run wrote it"
+            )
     listed = {str(f["name"]) for f in files} | {MANIFEST}
     extra = sorted(e.name for e in folder.iterdir() if e.name not in listed)
     if extra:
@@ -204,28 +218,36 @@ def check_out_path(out: str | os.PathLike, *, overwrite: bool, flag: str = "--ou
     try:
         return _check_out_path(path, overwrite, flag)
     except OSError as exc:
-        raise ConfigError(f"{flag} {str(path)!r} cannot be used ({exc.strerror or exc}); choose another "
-                          "path") from None
+        raise ConfigError(
+            f"{flag} {str(path)!r} cannot be used ({exc.strerror or exc}); choose another path"
+        ) from None
 
 
 def _check_out_path(path: Path, overwrite: bool, flag: str) -> tuple[Path, set[str]]:
     for parent in reversed(path.parents):
         if parent.exists() and not parent.is_dir():
-            raise ConfigError(f"{flag} {str(path)!r}: {str(parent)!r} is a file, so no folder can be made "
-                              "under it; choose another path")
+            raise ConfigError(
+                f"{flag} {str(path)!r}: {str(parent)!r} is a file, so no folder can be made "
+                "under it; choose another path"
+            )
     if path.exists() and not path.is_dir():
-        raise ConfigError(f"{flag} {str(path)!r} is a file, not a folder; choose a folder path (--overwrite "
-                          "replaces a previous run's folder, never a file)")
+        raise ConfigError(
+            f"{flag} {str(path)!r} is a file, not a folder; choose a folder path (--overwrite "
+            "replaces a previous run's folder, never a file)"
+        )
     if not path.exists() or not any(path.iterdir()):
         return path, set()
     if not overwrite:
         raise ConfigError(
-            f"{flag} {str(path)!r} already exists and is not empty; choose a new folder or pass --overwrite")
+            f"{flag} {str(path)!r} already exists and is not empty; choose a new folder or pass --overwrite"
+        )
     ours, foreign = _privfed_files(path)
     if foreign:
         shown = ", ".join(foreign[:4]) + (", ..." if len(foreign) > 4 else "")
-        raise ConfigError(f"{flag} {str(path)!r} holds files privfed did not write ({shown}); --overwrite only "
-                          "replaces a previous privfed run: choose another folder or move them")
+        raise ConfigError(
+            f"{flag} {str(path)!r} holds files privfed did not write ({shown}); --overwrite only "
+            "replaces a previous privfed run: choose another folder or move them"
+        )
     return path, ours
 
 
@@ -235,8 +257,11 @@ def leftover_runs(out: str | os.PathLike) -> list[Path]:
     if not out.parent.is_dir():
         return []
     prefix = f".{out.name}."
-    return sorted(p for p in out.parent.iterdir()
-                  if p.name.startswith(prefix) and p.name.endswith((_STAGING, _WORK)) and p.is_dir())
+    return sorted(
+        p
+        for p in out.parent.iterdir()
+        if p.name.startswith(prefix) and p.name.endswith((_STAGING, _WORK)) and p.is_dir()
+    )
 
 
 def _exchange(a: Path, b: Path) -> bool:
@@ -300,8 +325,15 @@ class ResultFolder:
         Free space required before the run starts.
     """
 
-    def __init__(self, path: str | os.PathLike, *, overwrite: bool = False, command: str = "",
-                 flag: str = "--out", need_bytes: int = MIN_FREE_BYTES) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        *,
+        overwrite: bool = False,
+        command: str = "",
+        flag: str = "--out",
+        need_bytes: int = MIN_FREE_BYTES,
+    ) -> None:
         self.path, self._old = check_out_path(path, overwrite=overwrite, flag=flag)
         self.flag, self.command = flag, command
         check_location(self.path, flag=flag, need_bytes=need_bytes)
@@ -313,12 +345,15 @@ class ResultFolder:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise ConfigError(f"{flag} {str(self.path)!r}: cannot create {str(self.path.parent)!r} "
-                              f"({exc.strerror or exc})") from None
+            raise ConfigError(
+                f"{flag} {str(self.path)!r}: cannot create {str(self.path.parent)!r} ({exc.strerror or exc})"
+            ) from None
         self._lock = FolderLock(self.path, flag, command)
         self.notes: list[str] = []
         try:
-            self.path, self._old = check_out_path(path, overwrite=overwrite, flag=flag)  # again, under the lock
+            self.path, self._old = check_out_path(
+                path, overwrite=overwrite, flag=flag
+            )  # again, under the lock
             self._rescue_leftovers()
         except BaseException:
             self._release()
@@ -335,12 +370,14 @@ class ResultFolder:
             if old.name.endswith(_WORK) or not manifest_names(old):  # never committed: nothing verified in it
                 shutil.rmtree(old, ignore_errors=True)
                 continue
-            pid = old.name[len(self.path.name) + 2:-len(_STAGING)]
+            pid = old.name[len(self.path.name) + 2 : -len(_STAGING)]
             dest = self.path.with_name(f"{self.path.name}.interrupted-{pid}")
             with contextlib.suppress(OSError):
                 os.rename(old, dest)
-                self.notes.append(f"a killed run on {self.path} had left its finished runs in a staging folder; "
-                                  f"they are now in {dest}")
+                self.notes.append(
+                    f"a killed run on {self.path} had left its finished runs in a staging folder; "
+                    f"they are now in {dest}"
+                )
                 print(f"note: {self.notes[-1]}", file=sys.stderr)
 
     # -- writing -------------------------------------------------------
@@ -386,12 +423,21 @@ class ResultFolder:
         self._open_work()
         names = [n for n in self.written if n != MANIFEST]
         try:
-            files = [{"name": n, "bytes": (self._work / n).stat().st_size, "sha256": sha256_file(self._work / n)}
-                     for n in names]
+            files = [
+                {"name": n, "bytes": (self._work / n).stat().st_size, "sha256": sha256_file(self._work / n)}
+                for n in names
+            ]
         except OSError as exc:
-            raise ResultsWriteError(f"could not read back {str(self._work)!r}: {exc.strerror or exc}") from None
-        payload = {"tool": "privfed", "command": self.command, "complete": complete, "files": files,
-                   "written": _dt.datetime.now().astimezone().isoformat(timespec="seconds")}
+            raise ResultsWriteError(
+                f"could not read back {str(self._work)!r}: {exc.strerror or exc}"
+            ) from None
+        payload = {
+            "tool": "privfed",
+            "command": self.command,
+            "complete": complete,
+            "files": files,
+            "written": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
+        }
         atomic_write(self._work / MANIFEST, lambda p: p.write_text(json.dumps(payload, indent=2) + "\n"))
         _fsync_dir(self._work)
         try:
@@ -400,7 +446,9 @@ class ResultFolder:
             else:
                 os.rename(self._work, self.staging)
         except OSError as exc:
-            raise ResultsWriteError(f"could not commit {str(self.staging)!r}: {exc.strerror or exc}") from None
+            raise ResultsWriteError(
+                f"could not commit {str(self.staging)!r}: {exc.strerror or exc}"
+            ) from None
         _fsync_dir(self.staging.parent)
         self.written = names + [MANIFEST]
 
@@ -426,14 +474,18 @@ class ResultFolder:
             elif self.path.exists():
                 _, foreign = _privfed_files(self.path) if any(self.path.iterdir()) else (set(), [])
                 if foreign:  # something appeared there since the start: never deleted
-                    raise ResultsWriteError(f"{self.flag} {str(self.path)!r} now holds files privfed did not write "
-                                            f"({', '.join(foreign[:4])}); this run is kept in {str(self.staging)!r}")
+                    raise ResultsWriteError(
+                        f"{self.flag} {str(self.path)!r} now holds files privfed did not write "
+                        f"({', '.join(foreign[:4])}); this run is kept in {str(self.staging)!r}"
+                    )
                 _replace_dir(self.staging, self.path, self._aside)
             else:
                 os.rename(self.staging, self.path)
         except OSError as exc:
-            raise ResultsWriteError(f"could not move the run into {str(dest)!r} ({exc.strerror or exc}); its files "
-                                    f"are kept in {str(self.staging)!r}") from None
+            raise ResultsWriteError(
+                f"could not move the run into {str(dest)!r} ({exc.strerror or exc}); its files "
+                f"are kept in {str(self.staging)!r}"
+            ) from None
         _fsync_dir(self.path.parent)
         self.published = dest
         self._release()

@@ -59,7 +59,14 @@ import scipy.sparse as sp
 from privfed._validation import check_dataset, check_num_classes, env_byte_size, refuse_masked
 from privfed.errors import ConfigError, InputError
 
-__all__ = ["DENSE_VIEW_LIMIT", "STAT_FIELDS", "ClientStats", "StatsFold", "compute_client_stats", "dense_view_limit"]
+__all__ = [
+    "DENSE_VIEW_LIMIT",
+    "STAT_FIELDS",
+    "ClientStats",
+    "StatsFold",
+    "compute_client_stats",
+    "dense_view_limit",
+]
 
 #: Names of every statistic a method may require.
 STAT_FIELDS = ("counts", "sums", "second", "class_second")
@@ -80,6 +87,7 @@ def dense_view_limit() -> int:
     if isinstance(limit, bool) or not isinstance(limit, (int, np.integer)) or limit < 1:
         raise ConfigError(f"privfed.stats.DENSE_VIEW_LIMIT must be a positive number of bytes, got {limit!r}")
     return int(limit)
+
 
 # Memory bound (bytes) of one padded block in the batched d x d products.
 _BLOCK_BYTES = 64 * 2**20
@@ -116,7 +124,9 @@ def _as_f64(a, name: str) -> np.ndarray:
 class _Features:
     """Features kept by reference to build per-client second moments on first access."""
 
-    def __init__(self, F: np.ndarray, client: np.ndarray, label: np.ndarray, weight: np.ndarray | None = None) -> None:
+    def __init__(
+        self, F: np.ndarray, client: np.ndarray, label: np.ndarray, weight: np.ndarray | None = None
+    ) -> None:
         # ``weight`` (one per client, >= 0): the second moments are those of sqrt(w_k) f, i.e. w_k G_k.
         self.F, self.client, self.label, self.weight = F, client, label, weight
 
@@ -176,8 +186,22 @@ class ClientStats:
         (multi-mean sampling).  ``None`` means row k is client k.
     """
 
-    __slots__ = ("_K", "_C", "_d", "_counts", "_sums", "_pairs", "_second", "_class_second", "_gram",
-                 "_features", "_fields", "_owners", "folded_pairs", "_sum_rows")
+    __slots__ = (
+        "_K",
+        "_C",
+        "_d",
+        "_counts",
+        "_sums",
+        "_pairs",
+        "_second",
+        "_class_second",
+        "_gram",
+        "_features",
+        "_fields",
+        "_owners",
+        "folded_pairs",
+        "_sum_rows",
+    )
 
     def __init__(self, counts, sums, second=None, class_second=None, owners=None) -> None:
         counts = _as_f64(counts, "counts")
@@ -203,11 +227,39 @@ class ClientStats:
                 )
             class_second = _readonly(class_second)
             fields.add("class_second")
-        self._init(K, C, d, counts=_readonly(counts), sums=_readonly(sums), pairs=None, second=second,
-                   class_second=class_second, gram=None, features=None, fields=fields, owners=owners)
+        self._init(
+            K,
+            C,
+            d,
+            counts=_readonly(counts),
+            sums=_readonly(sums),
+            pairs=None,
+            second=second,
+            class_second=class_second,
+            gram=None,
+            features=None,
+            fields=fields,
+            owners=owners,
+        )
 
-    def _init(self, K, C, d, *, counts, sums, pairs, second, class_second, gram, features, fields, owners,
-              folded_pairs=None, sum_rows=None) -> None:
+    def _init(
+        self,
+        K,
+        C,
+        d,
+        *,
+        counts,
+        sums,
+        pairs,
+        second,
+        class_second,
+        gram,
+        features,
+        fields,
+        owners,
+        folded_pairs=None,
+        sum_rows=None,
+    ) -> None:
         if owners is not None:
             owners = np.array(owners, dtype=np.int64)
             if owners.shape != (K,):
@@ -302,16 +354,21 @@ class ClientStats:
         if pk.shape != (M,) or n.shape != (M,) or S.ndim != 2 or S.shape[0] != R:
             raise InputError(
                 f"pair arrays must have shapes (M,), (M,), (M,), (M, d); got {pc.shape}, {pk.shape}, "
-                f"{n.shape}, {S.shape}" + ("" if sum_rows is None else f" (pair_sums: one row per sum_rows >= 0, {R})")
+                f"{n.shape}, {S.shape}"
+                + ("" if sum_rows is None else f" (pair_sums: one row per sum_rows >= 0, {R})")
             )
         if sum_rows is not None:
             sum_rows = np.asarray(sum_rows)
             if sum_rows.shape != (M,) or sum_rows.dtype.kind not in "iu":
-                raise InputError(f"sum_rows must be an integer array of shape ({M},), got {sum_rows.dtype} {sum_rows.shape}")
+                raise InputError(
+                    f"sum_rows must be an integer array of shape ({M},), got {sum_rows.dtype} {sum_rows.shape}"
+                )
             sum_rows = sum_rows.astype(np.int64)
             used = np.sort(sum_rows[sum_rows >= 0])
             if np.any(sum_rows < -1) or not np.array_equal(used, np.arange(R)):
-                raise InputError("sum_rows must hold -1 (a count-only cell) or each row of pair_sums exactly once")
+                raise InputError(
+                    "sum_rows must hold -1 (a count-only cell) or each row of pair_sums exactly once"
+                )
         K, C, d = int(num_clients), int(num_classes), S.shape[1]
         if M and (pc.min() < 0 or pc.max() >= K or pk.min() < 0 or pk.max() >= C):
             raise InputError(f"pair_client must lie in 0..{K - 1} and pair_class in 0..{C - 1}")
@@ -342,8 +399,17 @@ class ClientStats:
                 raise InputError(f"gram must have shape ({d}, {d}), got {gram.shape}")
             fields.add("second")
         pairs = tuple(_readonly(a) for a in (pc, pk, n, S))
-        return cls._new(K, C, d, pairs=pairs, second=second, gram=gram, fields=fields, owners=owners,
-                        sum_rows=None if sum_rows is None else _readonly(sum_rows))
+        return cls._new(
+            K,
+            C,
+            d,
+            pairs=pairs,
+            second=second,
+            gram=gram,
+            fields=fields,
+            owners=owners,
+            sum_rows=None if sum_rows is None else _readonly(sum_rows),
+        )
 
     # -- shape ---------------------------------------------------------------
     @property
@@ -398,8 +464,9 @@ class ClientStats:
             counts, sums = self._counts, self._sums
             nz = (counts != 0) | np.any(sums != 0, axis=2)
             kk, cc = np.nonzero(nz)
-            pairs = tuple(_readonly(a) for a in (kk.astype(np.int64), cc.astype(np.int64), counts[kk, cc],
-                                                 sums[kk, cc]))
+            pairs = tuple(
+                _readonly(a) for a in (kk.astype(np.int64), cc.astype(np.int64), counts[kk, cc], sums[kk, cc])
+            )
             object.__setattr__(self, "_pairs", pairs)
         return self._pairs
 
@@ -500,14 +567,19 @@ class ClientStats:
         """sum_k G_k = sum over every sample of f f^T, shape (d, d) (needs ``second`` or ``class_second``)."""
         if self._gram is None:
             if not ({"second", "class_second"} & self._fields):
-                raise InputError("ClientStats has no second moments; compute them with fields=('second', ...)")
+                raise InputError(
+                    "ClientStats has no second moments; compute them with fields=('second', ...)"
+                )
             if self._second is not None:
                 g = self._second.sum(axis=0)
             elif self._class_second is not None:
                 g = self._class_second.sum(axis=(0, 1))
             elif self._features is not None:
-                g = _gram(self._features.F) if self._features.weight is None else self.client_weighted_gram(
-                    np.ones(self._K))
+                g = (
+                    _gram(self._features.F)
+                    if self._features.weight is None
+                    else self.client_weighted_gram(np.ones(self._K))
+                )
             else:  # pragma: no cover - every constructor sets one of them
                 raise InputError("ClientStats lost its second moments")
             object.__setattr__(self, "_gram", _readonly(g))
@@ -534,7 +606,7 @@ class ClientStats:
             out = np.zeros((d, d))
             step = max(1, _ROW_BLOCK_BYTES // (8 * max(d, 1)))
             for a in range(0, F.shape[0], step):
-                B = np.asarray(F[a:a + step], dtype=np.float64) * root[client[a:a + step], None]
+                B = np.asarray(F[a : a + step], dtype=np.float64) * root[client[a : a + step], None]
                 out += B.T @ B
             return out
         return np.einsum("k,kij->ij", w, self.second)
@@ -563,8 +635,10 @@ class ClientStats:
                 carry["second"] = _readonly(self._second * w[:, None, None])
             if self._class_second is not None:
                 carry["class_second"] = _readonly(self._class_second * w[:, None, None, None])
-            if self._features is None and (("second" in seconds and self._second is None) or (
-                    "class_second" in seconds and self._class_second is None)):
+            if self._features is None and (
+                ("second" in seconds and self._second is None)
+                or ("class_second" in seconds and self._class_second is None)
+            ):
                 if self._K != 1:
                     raise InputError(
                         f"these statistics hold only the second moment summed over the {self._K} clients; "
@@ -575,8 +649,15 @@ class ClientStats:
                 if "second" in seconds:
                     carry["second"] = carry["gram"][None]
         if self._counts is not None and self._sums is not None:
-            out = ClientStats._new(self._K, self._C, self._d, counts=_readonly(self._counts * w[:, None]),
-                                   sums=_readonly(self._sums * w[:, None, None]), owners=self._owners, **carry)
+            out = ClientStats._new(
+                self._K,
+                self._C,
+                self._d,
+                counts=_readonly(self._counts * w[:, None]),
+                sums=_readonly(self._sums * w[:, None, None]),
+                owners=self._owners,
+                **carry,
+            )
         else:
             pc, pk, n, S, rows = self._pair_block()
             if rows is None:
@@ -586,8 +667,9 @@ class ClientStats:
                 row_client[rows[rows >= 0]] = pc[rows >= 0]
                 S2 = S * w[row_client][:, None]
             pairs = tuple(_readonly(a) for a in (pc, pk, n * w[pc], S2))
-            out = ClientStats._new(self._K, self._C, self._d, pairs=pairs, owners=self._owners, sum_rows=rows,
-                                   **carry)
+            out = ClientStats._new(
+                self._K, self._C, self._d, pairs=pairs, owners=self._owners, sum_rows=rows, **carry
+            )
         object.__setattr__(out, "folded_pairs", self.folded_pairs)
         return out
 
@@ -597,8 +679,12 @@ class ClientStats:
         Per-class second moments computed from features are not materialised
         until asked for; a server that needs only their sum reads :meth:`gram`.
         """
-        return {"counts": self._counts, "sums": self._sums, "second": self._second,
-                "class_second": self._class_second}[name] is not None
+        return {
+            "counts": self._counts,
+            "sums": self._sums,
+            "second": self._second,
+            "class_second": self._class_second,
+        }[name] is not None
 
     def arrays(self) -> dict[str, np.ndarray]:
         """The present statistics by name (each with leading axis K), as dense views."""
@@ -610,7 +696,9 @@ class ClientStats:
         names = self._fields if names is None else names
         keep2 = "second" in names
         keepc = "class_second" in names
-        fields = {"counts", "sums"} | ({"second"} if keep2 else set()) | ({"class_second"} if keepc else set())
+        fields = (
+            {"counts", "sums"} | ({"second"} if keep2 else set()) | ({"class_second"} if keepc else set())
+        )
         return dict(
             second=self._second if keep2 else None,
             class_second=self._class_second if keepc else None,
@@ -633,15 +721,19 @@ class ClientStats:
             elif self._features is not None:
                 kw["features"] = self._features.merged()
         out = ClientStats._new(1, self._C, self._d, counts=_readonly(N[None]), sums=_readonly(S[None]), **kw)
-        object.__setattr__(out, "folded_pairs", self.folded_pairs if self.folded_pairs is not None
-                           else self.num_pairs())
+        object.__setattr__(
+            out, "folded_pairs", self.folded_pairs if self.folded_pairs is not None else self.num_pairs()
+        )
         return out
 
     def __add__(self, other: ClientStats) -> ClientStats:
         if not isinstance(other, ClientStats):
             return NotImplemented
-        if (self.available != other.available or (self._K, self._C) != (other._K, other._C)
-                or self.dim != other.dim):
+        if (
+            self.available != other.available
+            or (self._K, self._C) != (other._K, other._C)
+            or self.dim != other.dim
+        ):
             raise InputError("cannot add ClientStats with different fields or shapes")
         if self._K == 1:
             N1, S1 = self.class_totals()
@@ -653,18 +745,38 @@ class ClientStats:
                 kw["second"] = kw["gram"][None]
             if "class_second" in self._fields:
                 kw["class_second"] = _readonly(self.class_second + other.class_second)
-            return ClientStats._new(1, self._C, self._d, counts=_readonly((N1 + N2)[None]),
-                                    sums=_readonly((S1 + S2)[None]), owners=self._owners, **kw)
-        return ClientStats(**{k: v + getattr(other, k) for k, v in self.arrays().items()}, owners=self._owners)
+            return ClientStats._new(
+                1,
+                self._C,
+                self._d,
+                counts=_readonly((N1 + N2)[None]),
+                sums=_readonly((S1 + S2)[None]),
+                owners=self._owners,
+                **kw,
+            )
+        return ClientStats(
+            **{k: v + getattr(other, k) for k, v in self.arrays().items()}, owners=self._owners
+        )
 
     def select(self, names: Iterable[str]) -> ClientStats:
         """Keep only the named statistics (``counts`` and ``sums`` are always kept); nothing is copied."""
         names = set(names) | {"counts", "sums"}
         missing = names - self.available
         if missing:
-            raise InputError(f"ClientStats lacks {sorted(missing)}; compute them with compute_client_stats(fields=...)")
-        out = ClientStats._new(self._K, self._C, self._d, counts=self._counts, sums=self._sums, pairs=self._pairs,
-                               owners=self._owners, sum_rows=self._sum_rows, **self._carry(names))
+            raise InputError(
+                f"ClientStats lacks {sorted(missing)}; compute them with compute_client_stats(fields=...)"
+            )
+        out = ClientStats._new(
+            self._K,
+            self._C,
+            self._d,
+            counts=self._counts,
+            sums=self._sums,
+            pairs=self._pairs,
+            owners=self._owners,
+            sum_rows=self._sum_rows,
+            **self._carry(names),
+        )
         object.__setattr__(out, "folded_pairs", self.folded_pairs)
         return out
 
@@ -680,8 +792,15 @@ class ClientStats:
         if "sums" in arrays and "counts" not in arrays:
             counts = self.counts
         if counts is None and sums is None:  # only second moments replaced: keep the pairs
-            out = ClientStats._new(self._K, self._C, self._d, pairs=self._pairs, owners=self._owners,
-                                   sum_rows=self._sum_rows, **self._carry())
+            out = ClientStats._new(
+                self._K,
+                self._C,
+                self._d,
+                pairs=self._pairs,
+                owners=self._owners,
+                sum_rows=self._sum_rows,
+                **self._carry(),
+            )
         else:
             out = ClientStats(counts=counts, sums=sums, owners=self._owners)
             object.__setattr__(out, "_second", self._second)
@@ -696,7 +815,11 @@ class ClientStats:
                     object.__setattr__(out, "_fields", out._fields - {name})
                     object.__setattr__(out, "_" + name, None)
                 else:
-                    shape = (self._K, self._d, self._d) if name == "second" else (self._K, self._C, self._d, self._d)
+                    shape = (
+                        (self._K, self._d, self._d)
+                        if name == "second"
+                        else (self._K, self._C, self._d, self._d)
+                    )
                     v = _as_f64(v, name)
                     if v.shape != shape:
                         raise InputError(f"ClientStats.{name} must have shape {shape}, got {v.shape}")
@@ -738,14 +861,23 @@ class ClientStats:
             pairs = tuple(_readonly(a) for a in (pc2[order], pk[keep][order], n[keep][order], S2))
             carry = self._carry()
             carry["second"] = None if self._second is None else _readonly(self._second[rows])
-            carry["class_second"] = None if self._class_second is None else _readonly(self._class_second[rows])
+            carry["class_second"] = (
+                None if self._class_second is None else _readonly(self._class_second[rows])
+            )
             carry["gram"] = None
             if self._features is not None:
                 carry["features"] = self._features.subset(rows)
-            elif carry["second"] is None and carry["class_second"] is None and carry["fields"] - {"counts", "sums"}:
-                raise InputError("per-client second moments were folded; a subset of clients is not available")
-            return ClientStats._new(rows.size, self._C, self._d, pairs=pairs, owners=owners, sum_rows=sum_rows,
-                                    **carry)
+            elif (
+                carry["second"] is None
+                and carry["class_second"] is None
+                and carry["fields"] - {"counts", "sums"}
+            ):
+                raise InputError(
+                    "per-client second moments were folded; a subset of clients is not available"
+                )
+            return ClientStats._new(
+                rows.size, self._C, self._d, pairs=pairs, owners=owners, sum_rows=sum_rows, **carry
+            )
         return ClientStats(**{k: v[rows] for k, v in self.arrays().items()}, owners=owners)
 
     def means(self) -> np.ndarray:
@@ -767,7 +899,11 @@ class ClientStats:
         return 4 * sum(size[f] for f in self._fields)
 
     def __repr__(self) -> str:
-        layout = "dense" if self._counts is not None and self._sums is not None else f"pairs M={len(self._pairs[0])}"
+        layout = (
+            "dense"
+            if self._counts is not None and self._sums is not None
+            else f"pairs M={len(self._pairs[0])}"
+        )
         return (
             f"ClientStats(K={self.num_clients}, C={self.num_classes}, d={self.dim}, "
             f"fields={sorted(self.available)}, {layout})"
@@ -859,7 +995,9 @@ class StatsFold:
                 f"d={self.dim}"
             )
         if self._fields is not None and chunk.available != self._fields:
-            raise InputError(f"{where} has fields {sorted(chunk.available)}, earlier chunks {sorted(self._fields)}")
+            raise InputError(
+                f"{where} has fields {sorted(chunk.available)}, earlier chunks {sorted(self._fields)}"
+            )
         ids = self._check_ids(chunk, source, client_ids, where)
         _check_upload_finite(chunk, where, ids)
         if source is not None:
@@ -905,25 +1043,33 @@ class StatsFold:
             try:
                 seen = source in self._sources
             except TypeError:
-                raise InputError(f"StatsFold.add: source must be hashable (a name or an id), got {source!r}") from None
+                raise InputError(
+                    f"StatsFold.add: source must be hashable (a name or an id), got {source!r}"
+                ) from None
             if seen:
-                raise InputError(f"{where} already uploaded statistics to this fold; a second upload from the same "
-                                 "sender is refused (it would count its clients twice)")
+                raise InputError(
+                    f"{where} already uploaded statistics to this fold; a second upload from the same "
+                    "sender is refused (it would count its clients twice)"
+                )
         if client_ids is None:
             return None
         refuse_masked(client_ids, "client_ids")
         ids = np.asarray(client_ids)
         owners = chunk.num_clients if chunk.owners is None else int(chunk.owners.max(initial=-1)) + 1
         if ids.ndim != 1 or ids.shape[0] != owners or ids.dtype.kind not in "iuU":
-            raise InputError(f"{where}: client_ids must be {owners} integer or string ids (one per client of the "
-                             f"chunk), got {ids.dtype} of shape {ids.shape}")
+            raise InputError(
+                f"{where}: client_ids must be {owners} integer or string ids (one per client of the "
+                f"chunk), got {ids.dtype} of shape {ids.shape}"
+            )
         listed = ids.tolist()
         dup = sorted({i for i in listed if listed.count(i) > 1}) if len(set(listed)) != len(listed) else []
         again = [i for i in listed if i in self._client_ids]
         if dup or again:
-            raise InputError(f"{where}: client id(s) {(dup or again)[:10]} "
-                             + ("appear twice in this chunk" if dup else "were already folded from an earlier chunk")
-                             + "; every client may upload once")
+            raise InputError(
+                f"{where}: client id(s) {(dup or again)[:10]} "
+                + ("appear twice in this chunk" if dup else "were already folded from an earlier chunk")
+                + "; every client may upload once"
+            )
         return listed
 
     def result(self) -> ClientStats:
@@ -939,16 +1085,35 @@ class StatsFold:
                 kw["second"] = gram[None]
             if "class_second" in fields and self._cs_values and self._cs is not None:
                 kw["class_second"] = _readonly(self._cs[None])
-            out = ClientStats._new(1, C, d, counts=_readonly(self._N[None].copy()),
-                                   sums=_readonly(self._S[None].copy()), gram=gram, fields=fields, **kw)
+            out = ClientStats._new(
+                1,
+                C,
+                d,
+                counts=_readonly(self._N[None].copy()),
+                sums=_readonly(self._S[None].copy()),
+                gram=gram,
+                fields=fields,
+                **kw,
+            )
         else:
             if self._pairs:
                 *pairs, rows = (_readonly(np.concatenate(parts)) for parts in zip(*self._pairs))
             else:  # pragma: no cover - guarded above
-                pairs, rows = [np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0), np.zeros((0, d))], None
+                pairs, rows = (
+                    [np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0), np.zeros((0, d))],
+                    None,
+                )
             owners = np.concatenate(self._owners) if self._has_owners else None
-            out = ClientStats._new(self.num_clients, C, d, pairs=tuple(pairs), gram=gram, fields=fields, owners=owners,
-                                   sum_rows=rows if self._count_only else None)
+            out = ClientStats._new(
+                self.num_clients,
+                C,
+                d,
+                pairs=tuple(pairs),
+                gram=gram,
+                fields=fields,
+                owners=owners,
+                sum_rows=rows if self._count_only else None,
+            )
         object.__setattr__(out, "folded_pairs", self.num_pairs)
         return out
 
@@ -960,7 +1125,7 @@ def _first_bad(a: np.ndarray) -> tuple[int, ...] | None:
     flat = a.reshape(-1)
     step = 1 << 21
     for s in range(0, flat.size, step):
-        bad = ~np.isfinite(flat[s:s + step])
+        bad = ~np.isfinite(flat[s : s + step])
         if bad.any():
             return tuple(int(j) for j in np.unravel_index(s + int(np.flatnonzero(bad)[0]), a.shape))
     return None
@@ -975,8 +1140,10 @@ def _check_upload_finite(chunk: ClientStats, where: str, ids: list | None) -> No
 
     def refuse(stat: str, row: int | None, cls: int | None, value) -> None:
         at = (f" from {who(row)}" if row is not None else "") + (f", class {cls}" if cls is not None else "")
-        raise InputError(f"{where}: statistic {stat!r}{at} holds {float(value)!r}; NaN/inf is not a statistic "
-                         "(a corrupt or overflowed upload), so it is refused instead of being folded into the head")
+        raise InputError(
+            f"{where}: statistic {stat!r}{at} holds {float(value)!r}; NaN/inf is not a statistic "
+            "(a corrupt or overflowed upload), so it is refused instead of being folded into the head"
+        )
 
     for stat, arr in (("counts", chunk._counts), ("sums", chunk._sums)):
         i = _first_bad(arr)
@@ -1079,7 +1246,9 @@ def _stats_from_rows(
     if out_fields - {"counts", "sums"}:
         features = _Features(F, k, y)
         gram = _readonly(_gram(F))
-    return ClientStats._new(K, C, d, pairs=pairs, gram=gram, features=features, fields=out_fields, owners=owners)
+    return ClientStats._new(
+        K, C, d, pairs=pairs, gram=gram, features=features, fields=out_fields, owners=owners
+    )
 
 
 def compute_client_stats(
@@ -1126,7 +1295,9 @@ def compute_client_stats(
         y, C = check_labels(labels, F.shape[0], num_classes)
         k = as_int_vector(clients, "clients")
         if k.shape[0] != F.shape[0]:
-            raise InputError(f"clients has {k.shape[0]} entries but features has {F.shape[0]} rows; they must match")
+            raise InputError(
+                f"clients has {k.shape[0]} entries but features has {F.shape[0]} rows; they must match"
+            )
         if k.size and k.min() < 0:
             raise InputError("clients must be >= 0")
         K = int(k.max()) + 1

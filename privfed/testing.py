@@ -71,10 +71,16 @@ def _as_output(value, claim: _Claim) -> dict:
     if hasattr(value, "weight") and hasattr(value, "bias"):  # a LinearHead
         rep = getattr(value, "privacy", None)
         up = getattr(value, "upload_bytes", None) or {}
-        meta = (np.shape(value.weight), tuple(sorted((str(k), v) for k, v in up.items())),
-                tuple(getattr(value, "notes", ())))
-        return {"arrays": [np.asarray(value.weight), np.asarray(value.bias)], "meta": meta,
-                "report": claim if rep is None else rep}
+        meta = (
+            np.shape(value.weight),
+            tuple(sorted((str(k), v) for k, v in up.items())),
+            tuple(getattr(value, "notes", ())),
+        )
+        return {
+            "arrays": [np.asarray(value.weight), np.asarray(value.bias)],
+            "meta": meta,
+            "report": claim if rep is None else rep,
+        }
     return {"arrays": [np.asarray(value, dtype=np.float64)], "meta": (), "report": claim}
 
 
@@ -141,11 +147,15 @@ def audit(
             failures.append(f"{r.pair}: {r.verdict}: {r.reason}")
         if r.verdict == "statistical":
             if r.eps_lb > epsilon:
-                failures.append(f"{r.pair}: empirical epsilon lower bound {r.eps_lb:.4g} > claimed {epsilon:g}")
+                failures.append(
+                    f"{r.pair}: empirical epsilon lower bound {r.eps_lb:.4g} > claimed {epsilon:g}"
+                )
             if r.claimed_eps > epsilon * (1 + 1e-12) and math.isfinite(r.claimed_eps):
-                failures.append(f"{r.pair}: the release's report states epsilon {r.claimed_eps:.6g} > claimed "
-                                f"{epsilon:g}")
+                failures.append(
+                    f"{r.pair}: the release's report states epsilon {r.claimed_eps:.6g} > claimed {epsilon:g}"
+                )
     if failures:
-        raise AssertionError("privacy audit refutes the claim (" f"{epsilon:g}, {delta:g}):\n  "
-                             + "\n  ".join(failures))
+        raise AssertionError(
+            f"privacy audit refutes the claim ({epsilon:g}, {delta:g}):\n  " + "\n  ".join(failures)
+        )
     return results

@@ -90,9 +90,32 @@ PROG = "python -m privfed.tradeoff"
 
 #: CSV / JSON record keys, in order.
 RECORD_KEYS = (
-    "method", "placement", "protocol", "mechanism", "level", "epsilon", "epsilon_reported", "delta", "calibration",
-    "private", "protects", "seed", "accuracy", "nonprivate_accuracy", "sigma", "sigma_counts", "noise", "rounds", "clip",
-    "count_noise", "secure_agg", "upload_bytes", "guarantee", "pairs_dropped", "repairs", "notes",
+    "method",
+    "placement",
+    "protocol",
+    "mechanism",
+    "level",
+    "epsilon",
+    "epsilon_reported",
+    "delta",
+    "calibration",
+    "private",
+    "protects",
+    "seed",
+    "accuracy",
+    "nonprivate_accuracy",
+    "sigma",
+    "sigma_counts",
+    "noise",
+    "rounds",
+    "clip",
+    "count_noise",
+    "secure_agg",
+    "upload_bytes",
+    "guarantee",
+    "pairs_dropped",
+    "repairs",
+    "notes",
 )
 
 
@@ -132,6 +155,7 @@ class TradeoffConfig:
 PLACEMENTS = ("local", "secure-sum", "trusted")
 PLACEMENT_LABEL = {"local": "local", "secure-sum": "secure sum", "trusted": "trusted aggregator"}
 
+
 def _default(name: str) -> Any:
     return getattr(TradeoffConfig(), name)
 
@@ -158,10 +182,13 @@ def _load_config_file(path: str) -> dict[str, Any]:
         try:
             data = json.loads(p.read_text())
         except (ValueError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"--config {path!r} is not valid JSON ({exc}); pass a TOML file or a privfed "
-                              "results.json") from None
+            raise ConfigError(
+                f"--config {path!r} is not valid JSON ({exc}); pass a TOML file or a privfed results.json"
+            ) from None
         if not isinstance(data, dict) or not isinstance(data.get("config"), dict):
-            raise ConfigError(f"--config {path!r} is JSON but has no 'config' table (is it a privfed results.json?)")
+            raise ConfigError(
+                f"--config {path!r} is JSON but has no 'config' table (is it a privfed results.json?)"
+            )
         if p.name in (manifest_names(p.parent) or ()):  # a saved run: its files must match their hashes
             verify_folder(p.parent)
         return data["config"]
@@ -172,10 +199,36 @@ def _load_config_file(path: str) -> dict[str, Any]:
 
 
 _FILE_KEYS = {
-    "method", "methods", "eps", "epsilons", "delta", "level", "clip", "calibration", "rounds", "count_noise",
-    "seeds", "clients", "partition", "alpha", "dataset", "backbone", "download", "secure_agg", "attack",
-    "attacks", "method_params", "plot", "max_records", "clip_norm", "trusted_aggregator", "placement", "placements",
-    "local_epochs", "families", "init",  # multi-round fedlog (results.json records them)
+    "method",
+    "methods",
+    "eps",
+    "epsilons",
+    "delta",
+    "level",
+    "clip",
+    "calibration",
+    "rounds",
+    "count_noise",
+    "seeds",
+    "clients",
+    "partition",
+    "alpha",
+    "dataset",
+    "backbone",
+    "download",
+    "secure_agg",
+    "attack",
+    "attacks",
+    "method_params",
+    "plot",
+    "max_records",
+    "clip_norm",
+    "trusted_aggregator",
+    "placement",
+    "placements",
+    "local_epochs",
+    "families",
+    "init",  # multi-round fedlog (results.json records them)
 }
 
 
@@ -211,14 +264,25 @@ def resolve_config(args: argparse.Namespace) -> TradeoffConfig:
         raw = _load_config_file(args.config)
         unknown = set(raw) - _FILE_KEYS
         if unknown:
-            raise ConfigError(f"--config: unknown setting(s) {sorted(unknown)}; allowed: {sorted(_FILE_KEYS)}")
+            raise ConfigError(
+                f"--config: unknown setting(s) {sorted(unknown)}; allowed: {sorted(_FILE_KEYS)}"
+            )
         base = dict(raw)
         # multi-round fedlog settings from a saved run (flags win), so that its config re-runs it
         for key in ("local_epochs", "families", "init"):
             if getattr(args, key, None) is None and base.get(key) is not None:
                 v = base[key]
-                setattr(args, key, _as_list(v, "--families") if key == "families" else
-                        (as_int(v, "--local-epochs", minimum=1) if key == "local_epochs" else as_str(v, "--init")))
+                setattr(
+                    args,
+                    key,
+                    _as_list(v, "--families")
+                    if key == "families"
+                    else (
+                        as_int(v, "--local-epochs", minimum=1)
+                        if key == "local_epochs"
+                        else as_str(v, "--init")
+                    ),
+                )
 
     def pick(flag_value, *keys):
         if flag_value is not None:
@@ -230,12 +294,19 @@ def resolve_config(args: argparse.Namespace) -> TradeoffConfig:
 
     d = TradeoffConfig()
     method_v = pick(args.method, "method", "methods")
-    methods = tuple(parse_str_list(_as_list(method_v, "--method"), "--method")) if method_v is not None else d.methods
+    methods = (
+        tuple(parse_str_list(_as_list(method_v, "--method"), "--method"))
+        if method_v is not None
+        else d.methods
+    )
     for m in methods:
         _methods.get_class(m)  # ConfigError listing the available ones
     eps_v = pick(args.eps, "eps", "epsilons")
-    epsilons = tuple(parse_float_list(_as_list(eps_v, "--eps"), "--eps", positive=True)) if eps_v is not None \
+    epsilons = (
+        tuple(parse_float_list(_as_list(eps_v, "--eps"), "--eps", positive=True))
+        if eps_v is not None
         else d.epsilons
+    )
     delta = pick(args.delta, "delta")
     delta = d.delta if delta is None else as_float(delta, "--delta")
     if not 0 < delta < 1:
@@ -269,8 +340,9 @@ def resolve_config(args: argparse.Namespace) -> TradeoffConfig:
     attacks = tuple(parse_str_list(_as_list(attack_v, "--attack"), "--attack")) if attack_v else ()
     mp = base.get("method_params") or {}
     if not isinstance(mp, dict) or not all(isinstance(v, dict) for v in mp.values()):
-        raise ConfigError("method_params must be a table of tables like {fedcof = {gamma = 0.1}}, "
-                          f"got {mp!r}")
+        raise ConfigError(
+            f"method_params must be a table of tables like {{fedcof = {{gamma = 0.1}}}}, got {mp!r}"
+        )
     params: dict[str, dict[str, Any]] = {k: dict(v) for k, v in mp.items()}
     for item in args.param:
         if "=" not in item or "." not in item.split("=", 1)[0]:
@@ -282,13 +354,16 @@ def resolve_config(args: argparse.Namespace) -> TradeoffConfig:
     for mname, p in params.items():
         _methods.get_class(mname)
         if mname not in methods:
-            raise ConfigError(f"--param {mname}.{next(iter(p), 'KEY')}=...: method {mname!r} is not in --method "
-                              f"({','.join(methods)}), so the parameter would be ignored; add {mname} to --method "
-                              "or drop the parameter")
+            raise ConfigError(
+                f"--param {mname}.{next(iter(p), 'KEY')}=...: method {mname!r} is not in --method "
+                f"({','.join(methods)}), so the parameter would be ignored; add {mname} to --method "
+                "or drop the parameter"
+            )
         _methods.get(mname, **p)  # validates names and values now, not mid-sweep
     level = _choice(pick(args.level, "level") or d.level, "--level", ("record", "client"))
-    calibration = _choice(pick(args.calibration, "calibration") or d.calibration, "--calibration",
-                          ("analytic", "classic"))
+    calibration = _choice(
+        pick(args.calibration, "calibration") or d.calibration, "--calibration", ("analytic", "classic")
+    )
     clip_norm = _choice(pick(args.clip_norm, "clip_norm") or d.clip_norm, "--clip-norm", ("l2", "coordinate"))
     plot_v = base.get("plot", True)
     plot = not args.no_plot and as_bool(plot_v, "plot")
@@ -296,15 +371,37 @@ def resolve_config(args: argparse.Namespace) -> TradeoffConfig:
     download = False if download_v is None else as_bool(download_v, "--download")
     backbone = pick(args.backbone, "backbone")
     backbone = None if backbone is None else as_str(backbone, "--backbone")
-    placements = _resolve_placements(pick(args.placement, "placement", "placements"), epsilons=epsilons,
-                                     level=level, count_noise=count_noise, secure=secure, trusted=trusted)
+    placements = _resolve_placements(
+        pick(args.placement, "placement", "placements"),
+        epsilons=epsilons,
+        level=level,
+        count_noise=count_noise,
+        secure=secure,
+        trusted=trusted,
+    )
     return TradeoffConfig(
-        methods=methods, epsilons=epsilons, delta=delta, level=level, clip=clip, clip_norm=clip_norm,
-        calibration=calibration, rounds=rounds, count_noise=count_noise, max_records=max_records,
-        trusted_aggregator=trusted, seeds=seeds, clients=clients,
-        partition=as_str(pick(args.partition, "partition") or d.partition, "--partition"), alpha=alpha,
-        dataset=as_str(pick(args.dataset, "dataset") or d.dataset, "--dataset"), backbone=backbone,
-        download=download, secure_agg=secure, attacks=attacks, method_params=params, plot=plot,
+        methods=methods,
+        epsilons=epsilons,
+        delta=delta,
+        level=level,
+        clip=clip,
+        clip_norm=clip_norm,
+        calibration=calibration,
+        rounds=rounds,
+        count_noise=count_noise,
+        max_records=max_records,
+        trusted_aggregator=trusted,
+        seeds=seeds,
+        clients=clients,
+        partition=as_str(pick(args.partition, "partition") or d.partition, "--partition"),
+        alpha=alpha,
+        dataset=as_str(pick(args.dataset, "dataset") or d.dataset, "--dataset"),
+        backbone=backbone,
+        download=download,
+        secure_agg=secure,
+        attacks=attacks,
+        method_params=params,
+        plot=plot,
         placements=placements,
     )
 
@@ -394,8 +491,16 @@ def placement_variants(cfg: TradeoffConfig) -> list[tuple[str, TradeoffConfig]]:
         if p == "local":
             out.append((p, replace(cfg, secure_agg="none", trusted_aggregator=False)))
         elif p == "secure-sum":
-            out.append((p, replace(cfg, secure_agg=cfg.secure_agg if cfg.secure_agg != "none" else "mask",
-                                   trusted_aggregator=False)))
+            out.append(
+                (
+                    p,
+                    replace(
+                        cfg,
+                        secure_agg=cfg.secure_agg if cfg.secure_agg != "none" else "mask",
+                        trusted_aggregator=False,
+                    ),
+                )
+            )
         else:
             out.append((p, replace(cfg, secure_agg="none", trusted_aggregator=True)))
     return out
@@ -451,24 +556,34 @@ SWEEP_NOISE_PER_S = 2e7
 SWEEP_RUN_OVERHEAD_S = 0.04
 
 
-def sweep_cost_note(runs: int, *, n: int, d: int, k: int, c: int, attacks: int = 0,
-                    above_s: float = 300.0) -> str | None:
+def sweep_cost_note(
+    runs: int, *, n: int, d: int, k: int, c: int, attacks: int = 0, above_s: float = 300.0
+) -> str | None:
     """A one-line estimate when a sweep's predicted time is over ``above_s`` seconds, else None.
 
     Per run: a fixed cost, the statistics pass (N d^2 flops for second moments), a d x d
     solve (d^3), and local noise on K x C x (d + 1) values; attacks count as
     as many runs again.  An order of magnitude, not a promise: the progress bar shows the measured ETA.
     """
-    per_run = SWEEP_RUN_OVERHEAD_S + (n * d * d + d ** 3) / SWEEP_FLOPS_PER_S + k * c * (d + 1) / SWEEP_NOISE_PER_S
+    per_run = (
+        SWEEP_RUN_OVERHEAD_S + (n * d * d + d**3) / SWEEP_FLOPS_PER_S + k * c * (d + 1) / SWEEP_NOISE_PER_S
+    )
     seconds = runs * per_run * (1 + attacks)
     if seconds <= above_s:
         return None
-    return (f"this sweep is {runs} runs over {n} samples of dimension {d}, {k} clients and {c} classes; expect "
-            f"roughly {seconds / 60:.0f} minute(s) (the progress bar shows the measured ETA)")
+    return (
+        f"this sweep is {runs} runs over {n} samples of dimension {d}, {k} clients and {c} classes; expect "
+        f"roughly {seconds / 60:.0f} minute(s) (the progress bar shows the measured ETA)"
+    )
 
 
-def run_tradeoff(cfg: TradeoffConfig, *, progress: bool = True, records: list[dict[str, Any]] | None = None,
-                 on_record: Callable[[list[dict[str, Any]]], None] | None = None) -> dict[str, Any]:
+def run_tradeoff(
+    cfg: TradeoffConfig,
+    *,
+    progress: bool = True,
+    records: list[dict[str, Any]] | None = None,
+    on_record: Callable[[list[dict[str, Any]]], None] | None = None,
+) -> dict[str, Any]:
     """Run the sweep; returns ``{"records": [...], "dataset": {...}, "timing": {...}}``.
 
     Records are appended to ``records`` (a new list by default) as each run
@@ -488,7 +603,8 @@ def run_tradeoff(cfg: TradeoffConfig, *, progress: bool = True, records: list[di
     if classes.size < 2 or np.unique(np.asarray(ds.test_labels)).size < 2:
         raise InputError(
             f"dataset {cfg.dataset!r} has a single class in its {'training' if classes.size < 2 else 'test'} "
-            "labels: every head predicts it and accuracy is 1 whatever the privacy; use data with >= 2 classes")
+            "labels: every head predicts it and accuracy is 1 whatever the privacy; use data with >= 2 classes"
+        )
     finite = [e for e in cfg.epsilons if math.isfinite(e)]
     clip = _default_clip(cfg, ds) if finite and cfg.count_noise is None else cfg.clip
     cfg = replace(cfg, clip=clip)
@@ -502,13 +618,20 @@ def run_tradeoff(cfg: TradeoffConfig, *, progress: bool = True, records: list[di
         for key, v in variants:
             try:
                 secure = make_secure_agg(v.secure_agg)
-                if secure is not None and method.per_client and \
-                        type(method).secure_aggregate is _methods.Method.secure_aggregate:
-                    raise ConfigError(f"method {mname!r} needs every client's statistics and has no secure "
-                                      "protocol; drop it from --method or use --secure-agg none")
+                if (
+                    secure is not None
+                    and method.per_client
+                    and type(method).secure_aggregate is _methods.Method.secure_aggregate
+                ):
+                    raise ConfigError(
+                        f"method {mname!r} needs every client's statistics and has no secure "
+                        "protocol; drop it from --method or use --secure-agg none"
+                    )
                 if key == "trusted" and method.per_client and finite:
-                    raise ConfigError(f"method {mname!r} needs every client's statistics, so a trusted aggregator "
-                                      "cannot add its noise to the sum; use --placement local")
+                    raise ConfigError(
+                        f"method {mname!r} needs every client's statistics, so a trusted aggregator "
+                        "cannot add its noise to the sum; use --placement local"
+                    )
                 for eps in finite[:1]:
                     make_privacy(v, method, eps, clip, secure_agg=secure)
             except ConfigError as exc:
@@ -521,17 +644,37 @@ def run_tradeoff(cfg: TradeoffConfig, *, progress: bool = True, records: list[di
     n_var = {m: sum((m, k) not in skipped for k, _ in variants) for m in cfg.methods}
     n_inf = sum(not math.isfinite(e) for e in cfg.epsilons)
     total = len(cfg.seeds) * sum(n * len(finite) + n_inf for n in n_var.values())
-    note = sweep_cost_note(total, n=int(ds.train_features.shape[0]), d=int(ds.dim), k=cfg.clients,
-                           c=int(ds.num_classes), attacks=len(cfg.attacks))
+    note = sweep_cost_note(
+        total,
+        n=int(ds.train_features.shape[0]),
+        d=int(ds.dim),
+        k=cfg.clients,
+        c=int(ds.num_classes),
+        attacks=len(cfg.attacks),
+    )
     if note:  # a large sweep says so before it starts
         print(f"note: {note}", file=sys.stderr)
     bar = tqdm(total=total, desc="tradeoff", unit="run", disable=not progress, file=sys.stderr, delay=2)
-    caught: set[str] = {f"placement {PLACEMENT_LABEL[k]!r} left out for method {m!r}: {why}"
-                        for (m, k), why in skipped.items()}
+    caught: set[str] = {
+        f"placement {PLACEMENT_LABEL[k]!r} left out for method {m!r}: {why}"
+        for (m, k), why in skipped.items()
+    }
     with warnings.catch_warnings(record=True) as wlist, _blas_threads(ds.dim), heartbeat(bar):
         warnings.simplefilter("always")
-        _sweep(cfg, ds, clip, records, bar, make_privacy, make_secure_agg, make_partition, attack_ctx,
-               variants=variants, skipped=skipped, on_record=on_record)
+        _sweep(
+            cfg,
+            ds,
+            clip,
+            records,
+            bar,
+            make_privacy,
+            make_secure_agg,
+            make_partition,
+            attack_ctx,
+            variants=variants,
+            skipped=skipped,
+            on_record=on_record,
+        )
     caught.update(str(w.message) for w in wlist)
     if attack_ctx is not None:
         caught.update(attack_ctx["skipped"])
@@ -540,10 +683,15 @@ def run_tradeoff(cfg: TradeoffConfig, *, progress: bool = True, records: list[di
         "config": cfg,
         "warnings": sorted(caught),
         "records": records,
-        "dataset": {"name": ds.name, "num_train": int(ds.train_features.shape[0]),
-                    "num_test": int(ds.test_features.shape[0]), "dim": int(ds.train_features.shape[1]),
-                    "num_classes": ds.num_classes, "meta": ds.meta,
-                    "data_rules": data_rules(cfg, ds, make_partition)},
+        "dataset": {
+            "name": ds.name,
+            "num_train": int(ds.train_features.shape[0]),
+            "num_test": int(ds.test_features.shape[0]),
+            "dim": int(ds.train_features.shape[1]),
+            "num_classes": ds.num_classes,
+            "meta": ds.meta,
+            "data_rules": data_rules(cfg, ds, make_partition),
+        },
         "timing": {"data_s": t_data, "total_s": time.perf_counter() - t0},
     }
 
@@ -559,22 +707,33 @@ def data_rules(cfg: TradeoffConfig, ds, make_partition) -> dict[str, Any]:
         test = meta["test_split"]
     elif ds.name == "digits":
         split = meta.get("split", {})
-        test = (f"{split.get('test', ds.test_features.shape[0])} test images held out (20 % of digits, stratified, "
-                f"seed {meta.get('seed', 0)}); {split.get('public', '?')} public images train the backbone")
+        test = (
+            f"{split.get('test', ds.test_features.shape[0])} test images held out (20 % of digits, stratified, "
+            f"seed {meta.get('seed', 0)}); {split.get('public', '?')} public images train the backbone"
+        )
     else:
         test = "the dataset's own test split"
     natural = ds.train_clients if cfg.partition == "natural" else None
-    part = make_partition(ds.train_labels, cfg.clients, cfg.partition, alpha=cfg.alpha, rng=cfg.seeds[0],
-                          natural=natural)
+    part = make_partition(
+        ds.train_labels, cfg.clients, cfg.partition, alpha=cfg.alpha, rng=cfg.seeds[0], natural=natural
+    )
     _, _, k = part.apply(ds.train_features, ds.train_labels)
     used = int(np.asarray(k).size)
-    rule = {"dirichlet": f"dirichlet alpha {cfg.alpha:g} (FedNCM/FedCOF: each client gets floor(N/K) = "
-                         f"{n // max(cfg.clients, 1)} samples)",
-            "natural": "natural (the file's own clients array)"}.get(cfg.partition, cfg.partition)
+    rule = {
+        "dirichlet": f"dirichlet alpha {cfg.alpha:g} (FedNCM/FedCOF: each client gets floor(N/K) = "
+        f"{n // max(cfg.clients, 1)} samples)",
+        "natural": "natural (the file's own clients array)",
+    }.get(cfg.partition, cfg.partition)
     if ds.train_clients is not None and cfg.partition != "natural":
         rule += "; the file's clients array is NOT used (pass --partition natural to use it)"
-    return {"test_split": test, "partition": rule, "clients": int(cfg.clients), "train_samples": n,
-            "used_samples": used, "unused_samples": n - used}
+    return {
+        "test_split": test,
+        "partition": rule,
+        "clients": int(cfg.clients),
+        "train_samples": n,
+        "used_samples": used,
+        "unused_samples": n - used,
+    }
 
 
 def below_chance_line(summary: list[dict[str, Any]], num_classes: int) -> str | None:
@@ -585,25 +744,36 @@ def below_chance_line(summary: list[dict[str, Any]], num_classes: int) -> str | 
         return None
     rows = ", ".join(f"{s['method']} {s['placement'] or 'none'} eps={s['epsilon']:g}" for s in below)
     if all(s["private"] and s["accuracy_mean"] + s["accuracy_std"] >= chance for s in below):
-        why = ("chance lies within the spread over seeds: at these budgets the noise swamps the few records each "
-               "client holds, so the head guesses")
+        why = (
+            "chance lies within the spread over seeds: at these budgets the noise swamps the few records each "
+            "client holds, so the head guesses"
+        )
     else:
-        why = ("below chance beyond the spread over seeds: the head is worse than guessing (a failed fit or noise "
-               "far above the signal); check the data and --param, or try a larger --eps")
+        why = (
+            "below chance beyond the spread over seeds: the head is worse than guessing (a failed fit or noise "
+            "far above the signal); check the data and --param, or try a larger --eps"
+        )
     return f"note: below chance (1/{int(num_classes)} = {chance:.2g}) in {rows}: {why}"
 
 
 def data_line(rules: dict[str, Any]) -> str:
     """One line of the header: what data the run used, and how it was split."""
     unused = f", {rules['unused_samples']} unused" if rules["unused_samples"] else ""
-    return (f"data: {rules['train_samples']} training samples over {rules['clients']} clients by {rules['partition']}"
-            f" ({rules['used_samples']} used{unused}); {rules['test_split']}")
+    return (
+        f"data: {rules['train_samples']} training samples over {rules['clients']} clients by {rules['partition']}"
+        f" ({rules['used_samples']} used{unused}); {rules['test_split']}"
+    )
 
 
 #: The metric of each attack drawn in the plot's attack panel (the CSV has them all).
 ATTACK_HEADLINE = {
-    "tracing": "auc", "singleton": "exposed_fraction", "inversion": "delta_psnr", "labels": "presence_auc",
-    "subspace": "auc", "unmixing": "matched_cosine", "differencing": "exact_fraction",
+    "tracing": "auc",
+    "singleton": "exposed_fraction",
+    "inversion": "delta_psnr",
+    "labels": "presence_auc",
+    "subspace": "auc",
+    "unmixing": "matched_cosine",
+    "differencing": "exact_fraction",
 }
 
 
@@ -618,15 +788,20 @@ def _attack_context(cfg: TradeoffConfig, ds) -> dict[str, Any]:
     for name in cfg.attacks:
         attacks.get_class(name)  # ConfigError listing the available ones
     if ds.name != "digits":
-        raise ConfigError("--attack needs the digits default (its backbone and public split are the attacker's "
-                          f"knowledge); dataset {ds.name!r} has none")
+        raise ConfigError(
+            "--attack needs the digits default (its backbone and public split are the attacker's "
+            f"knowledge); dataset {ds.name!r} has none"
+        )
     from attacks.view import PublicData
     from privfed.data.digits import digits_splits, extract_features, get_backbone
 
     splits = digits_splits(0)
     backbone = get_backbone(seed=0)
-    public = PublicData(labels=splits.public_labels, features=extract_features(backbone, splits.public_images),
-                        images=splits.public_images)
+    public = PublicData(
+        labels=splits.public_labels,
+        features=extract_features(backbone, splits.public_images),
+        images=splits.public_images,
+    )
     return {"backbone": backbone, "public": public, "images": splits.private_images, "skipped": set()}
 
 
@@ -643,10 +818,22 @@ def _run_attacks(cfg, ds, ctx, rec, mname, clients, seed, eps, privacy, secure) 
     for name in cfg.attacks:
         try:
             metrics = attacks.evaluate_federation(
-                name, mname, ds.train_features, ds.train_labels, clients, rng=_seed_for(seed, mname, eps, name),
-                images=ctx["images"], holdout_features=ds.test_features, holdout_labels=ds.test_labels,
-                privacy=privacy, secure_agg=secure, backbone=ctx["backbone"], public=ctx["public"],
-                num_classes=ds.num_classes, strongest=name in STRONGEST_ATTACKS, **cfg.method_params.get(mname, {}),
+                name,
+                mname,
+                ds.train_features,
+                ds.train_labels,
+                clients,
+                rng=_seed_for(seed, mname, eps, name),
+                images=ctx["images"],
+                holdout_features=ds.test_features,
+                holdout_labels=ds.test_labels,
+                privacy=privacy,
+                secure_agg=secure,
+                backbone=ctx["backbone"],
+                public=ctx["public"],
+                num_classes=ds.num_classes,
+                strongest=name in STRONGEST_ATTACKS,
+                **cfg.method_params.get(mname, {}),
             )
         except InputError as exc:
             ctx["skipped"].add(f"attack {name!r} skipped for method {mname!r}: {exc}")
@@ -658,14 +845,29 @@ def _run_attacks(cfg, ds, ctx, rec, mname, clients, seed, eps, privacy, secure) 
             rec[f"attack_{name}_strongest"] = str(metrics.get("strongest_attack", "-"))
 
 
-def _sweep(cfg, ds, clip, records, bar, make_privacy, make_secure_agg, make_partition, attack_ctx=None, *,
-           variants=None, skipped=None, on_record=None) -> None:
+def _sweep(
+    cfg,
+    ds,
+    clip,
+    records,
+    bar,
+    make_privacy,
+    make_secure_agg,
+    make_partition,
+    attack_ctx=None,
+    *,
+    variants=None,
+    skipped=None,
+    on_record=None,
+) -> None:
     """The seeds x methods x placements x budgets loop; statistics computed once per (seed, method, placement)."""
     variants = placement_variants(cfg) if variants is None else variants
     skipped = skipped or {}
     for seed in cfg.seeds:
         natural = ds.train_clients if cfg.partition == "natural" else None
-        part = make_partition(ds.train_labels, cfg.clients, cfg.partition, alpha=cfg.alpha, rng=seed, natural=natural)
+        part = make_partition(
+            ds.train_labels, cfg.clients, cfg.partition, alpha=cfg.alpha, rng=seed, natural=natural
+        )
         F, y, k = part.apply(ds.train_features, ds.train_labels)
         K = int(part.num_clients)  # public: the configured partition's size, never counted from the ids
         for mname in cfg.methods:
@@ -673,8 +875,9 @@ def _sweep(cfg, ds, clip, records, bar, make_privacy, make_secure_agg, make_part
             common = dict(num_classes=ds.num_classes, num_clients=K)
             Fs, scale_info = _scale.prepare(method, F)  # statistics exact in float64, or one clear error
             stats0 = client_statistics(method, Fs, y, k, rng=_seed_for(seed, mname, "stats"), **common)
-            head0 = _scale.finish(server_head(method, stats0, num_clients=K, rng=_seed_for(seed, mname, "server")),
-                                  scale_info)
+            head0 = _scale.finish(
+                server_head(method, stats0, num_clients=K, rng=_seed_for(seed, mname, "server")), scale_info
+            )
             acc0 = head0.score(ds.test_features, ds.test_labels)
             inf_done = False
             for key, v in variants:
@@ -687,49 +890,102 @@ def _sweep(cfg, ds, clip, records, bar, make_privacy, make_secure_agg, make_part
                             continue
                         inf_done = True
                     rec: dict[str, Any] = dict(
-                        method=mname, placement="none", protocol=v.secure_agg, level=cfg.level, epsilon=eps,
-                        delta=0.0, seed=seed, nonprivate_accuracy=acc0, calibration="-", rounds=cfg.rounds,
-                        count_noise=cfg.count_noise, secure_agg=v.secure_agg, clip=clip,
+                        method=mname,
+                        placement="none",
+                        protocol=v.secure_agg,
+                        level=cfg.level,
+                        epsilon=eps,
+                        delta=0.0,
+                        seed=seed,
+                        nonprivate_accuracy=acc0,
+                        calibration="-",
+                        rounds=cfg.rounds,
+                        count_noise=cfg.count_noise,
+                        secure_agg=v.secure_agg,
+                        clip=clip,
                     )
                     secure = make_secure_agg(v.secure_agg)
                     privacy = None
                     if not math.isfinite(eps):
-                        head = head0 if secure is None else server_head(
-                            method, stats0, num_clients=K, rng=_seed_for(seed, mname, "secure"), secure_agg=secure)
-                        rec.update(mechanism="none", accuracy=head.score(ds.test_features, ds.test_labels),
-                                   sigma=0.0, sigma_counts=0.0, clip=None, guarantee="no protection (eps=inf)",
-                                   epsilon_reported=math.inf, noise="none", private=False)
+                        head = (
+                            head0
+                            if secure is None
+                            else server_head(
+                                method,
+                                stats0,
+                                num_clients=K,
+                                rng=_seed_for(seed, mname, "secure"),
+                                secure_agg=secure,
+                            )
+                        )
+                        rec.update(
+                            mechanism="none",
+                            accuracy=head.score(ds.test_features, ds.test_labels),
+                            sigma=0.0,
+                            sigma_counts=0.0,
+                            clip=None,
+                            guarantee="no protection (eps=inf)",
+                            epsilon_reported=math.inf,
+                            noise="none",
+                            private=False,
+                        )
                     else:
                         privacy = make_privacy(v, method, eps, clip, secure_agg=secure)
                         if clipped is None:
-                            _scale.prepare(method, F, privacy)  # a range the clip cannot bring back: one error
-                            clipped = client_statistics(method, F, y, k, rng=_seed_for(seed, mname, "stats"),
-                                                        privacy=privacy, secure_agg=secure, **common)
-                        head = server_head(method, clipped, num_clients=K, rng=_seed_for(seed, mname, eps, "noise"),
-                                           privacy=privacy, secure_agg=secure)
+                            _scale.prepare(
+                                method, F, privacy
+                            )  # a range the clip cannot bring back: one error
+                            clipped = client_statistics(
+                                method,
+                                F,
+                                y,
+                                k,
+                                rng=_seed_for(seed, mname, "stats"),
+                                privacy=privacy,
+                                secure_agg=secure,
+                                **common,
+                            )
+                        head = server_head(
+                            method,
+                            clipped,
+                            num_clients=K,
+                            rng=_seed_for(seed, mname, eps, "noise"),
+                            privacy=privacy,
+                            secure_agg=secure,
+                        )
                         rep = head.privacy
                         # A finite guarantee on what it covers (count noise: the counts only, said in
                         # ``protects`` and in the guarantee text); the uniform heuristic reports no epsilon.
                         private = math.isfinite(rep.epsilon)
-                        rec.update(mechanism=rep.mechanism, accuracy=head.score(ds.test_features, ds.test_labels),
-                                   sigma=rep.sigma.get("sums", float("nan")),
-                                   sigma_counts=rep.sigma.get("counts", float("nan")),
-                                   guarantee=rep.guarantee, epsilon_reported=rep.epsilon if private else math.inf,
-                                   placement=_placement_label(key, method, rep),
-                                   delta=float(rep.delta) if private else float("nan"),
-                                   calibration=_calibration_label(v, rep), noise=_noise_label(v, rep, eps),
-                                   private=private, protects=getattr(rep, "protects", "all released statistics"))
+                        rec.update(
+                            mechanism=rep.mechanism,
+                            accuracy=head.score(ds.test_features, ds.test_labels),
+                            sigma=rep.sigma.get("sums", float("nan")),
+                            sigma_counts=rep.sigma.get("counts", float("nan")),
+                            guarantee=rep.guarantee,
+                            epsilon_reported=rep.epsilon if private else math.inf,
+                            placement=_placement_label(key, method, rep),
+                            delta=float(rep.delta) if private else float("nan"),
+                            calibration=_calibration_label(v, rep),
+                            noise=_noise_label(v, rep, eps),
+                            private=private,
+                            protects=getattr(rep, "protects", "all released statistics"),
+                        )
                     upload = head.upload_bytes.get("per_client")
                     if head.secure_aggregation is not None:
                         upload = getattr(head.secure_aggregation, "bytes_per_client", upload)
                     rec["upload_bytes"] = upload
-                    pairs, kinds = repair_facts([*head.notes, *getattr(privacy and head.privacy, "notes", ())])
+                    pairs, kinds = repair_facts(
+                        [*head.notes, *getattr(privacy and head.privacy, "notes", ())]
+                    )
                     rec["pairs_dropped"] = float("nan") if pairs is None else pairs
                     rec["repairs"] = _repairs_text(pairs, kinds)
                     rec["repair_kinds"] = "; ".join(kinds)
                     rec["notes"] = "; ".join(head.notes)
                     if attack_ctx is not None:
-                        _run_attacks(cfg, ds, attack_ctx, rec, mname, part.clients, seed, eps, privacy, secure)
+                        _run_attacks(
+                            cfg, ds, attack_ctx, rec, mname, part.clients, seed, eps, privacy, secure
+                        )
                     records.append(rec)
                     bar.update(1)
                     if on_record is not None:
@@ -739,8 +995,11 @@ def _sweep(cfg, ds, clip, records, bar, make_privacy, make_secure_agg, make_part
 # ---------------------------------------------------------------- outputs
 def _mean(values) -> float:
     a = np.array([float(v) for v in values], dtype=float)
-    return float(a.mean()) if a.size and np.isfinite(a).all() else (float(np.nanmean(a)) if np.isfinite(a).any()
-                                                                     else float("nan"))
+    return (
+        float(a.mean())
+        if a.size and np.isfinite(a).all()
+        else (float(np.nanmean(a)) if np.isfinite(a).any() else float("nan"))
+    )
 
 
 def summarise(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -751,32 +1010,63 @@ def summarise(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     morder = {m: i for i, m in enumerate(dict.fromkeys(r["method"] for r in records))}
     porder = {label: i for i, label in enumerate(["none", *PLACEMENT_LABEL.values()])}
-    for (m, place, eps), rs in sorted(groups.items(), key=lambda kv: (morder[kv[0][0]], not math.isfinite(kv[0][2]),
-                                                                       porder.get(kv[0][1], 9), float(kv[0][2]))):
+    for (m, place, eps), rs in sorted(
+        groups.items(),
+        key=lambda kv: (
+            morder[kv[0][0]],
+            not math.isfinite(kv[0][2]),
+            porder.get(kv[0][1], 9),
+            float(kv[0][2]),
+        ),
+    ):
         acc = np.array([r["accuracy"] for r in rs])
         acc0 = np.array([r["nonprivate_accuracy"] for r in rs])
         pairs = [r["pairs_dropped"] for r in rs if np.isfinite(r.get("pairs_dropped", np.nan))]
-        kinds = list(dict.fromkeys(k for r in rs for k in str(r.get("repair_kinds", "") or "").split("; ") if k))
+        kinds = list(
+            dict.fromkeys(k for r in rs for k in str(r.get("repair_kinds", "") or "").split("; ") if k)
+        )
         rep = _repairs_text(float(np.mean(pairs)) if pairs else None, kinds)
-        out.append(dict(
-            method=m, placement=place, protocol=rs[0].get("protocol", rs[0].get("secure_agg", "none")),
-            epsilon=eps, epsilon_reported=_mean(r.get("epsilon_reported", eps) for r in rs),
-            private=bool(rs[0].get("private", math.isfinite(eps))),
-            seeds=len(rs), accuracy_mean=float(acc.mean()),
-            accuracy_std=float(acc.std(ddof=1)) if len(rs) > 1 else 0.0,
-            nonprivate_mean=float(acc0.mean()),
-            nonprivate_std=float(acc0.std(ddof=1)) if len(rs) > 1 else 0.0,
-            delta=rs[0]["delta"], sigma=rs[0]["sigma"], sigma_counts=rs[0]["sigma_counts"],
-            noise=rs[0].get("noise", ""), calibration=rs[0]["calibration"], level=rs[0]["level"],
-            rounds=rs[0]["rounds"], mechanism=rs[0]["mechanism"], count_noise=rs[0].get("count_noise"),
-            upload_bytes=float(np.mean([r["upload_bytes"] for r in rs])), guarantee=rs[0]["guarantee"],
-            repairs=rep, pairs_dropped=float(np.mean(pairs)) if pairs else float("nan"),
-            **{k: float(np.nanmean([r.get(k, np.nan) for r in rs])) if not all(
-                np.isnan(r.get(k, np.nan)) for r in rs) else float("nan")
-               for k in _headline_keys(rs)},
-            **{f"attack_{a}_strongest": "/".join(dict.fromkeys(str(r[f"attack_{a}_strongest"]) for r in rs))
-               for a in STRONGEST_ATTACKS if any(f"attack_{a}_strongest" in r for r in rs)},
-        ))
+        out.append(
+            dict(
+                method=m,
+                placement=place,
+                protocol=rs[0].get("protocol", rs[0].get("secure_agg", "none")),
+                epsilon=eps,
+                epsilon_reported=_mean(r.get("epsilon_reported", eps) for r in rs),
+                private=bool(rs[0].get("private", math.isfinite(eps))),
+                seeds=len(rs),
+                accuracy_mean=float(acc.mean()),
+                accuracy_std=float(acc.std(ddof=1)) if len(rs) > 1 else 0.0,
+                nonprivate_mean=float(acc0.mean()),
+                nonprivate_std=float(acc0.std(ddof=1)) if len(rs) > 1 else 0.0,
+                delta=rs[0]["delta"],
+                sigma=rs[0]["sigma"],
+                sigma_counts=rs[0]["sigma_counts"],
+                noise=rs[0].get("noise", ""),
+                calibration=rs[0]["calibration"],
+                level=rs[0]["level"],
+                rounds=rs[0]["rounds"],
+                mechanism=rs[0]["mechanism"],
+                count_noise=rs[0].get("count_noise"),
+                upload_bytes=float(np.mean([r["upload_bytes"] for r in rs])),
+                guarantee=rs[0]["guarantee"],
+                repairs=rep,
+                pairs_dropped=float(np.mean(pairs)) if pairs else float("nan"),
+                **{
+                    k: float(np.nanmean([r.get(k, np.nan) for r in rs]))
+                    if not all(np.isnan(r.get(k, np.nan)) for r in rs)
+                    else float("nan")
+                    for k in _headline_keys(rs)
+                },
+                **{
+                    f"attack_{a}_strongest": "/".join(
+                        dict.fromkeys(str(r[f"attack_{a}_strongest"]) for r in rs)
+                    )
+                    for a in STRONGEST_ATTACKS
+                    if any(f"attack_{a}_strongest" in r for r in rs)
+                },
+            )
+        )
     return out
 
 
@@ -811,28 +1101,51 @@ TABLE_LEGEND = (
 def format_table(summary: list[dict[str, Any]]) -> str:
     """The console table: one row per method x placement x eps (mean ± std over seeds)."""
     show_rounds = any(s["rounds"] != 1 for s in summary)
-    head = ["method", "placement", "protocol", "eps", "accuracy", "non-private", "delta", "noise", "calibration",
-            "level", *(["rounds"] if show_rounds else []), "repairs", "bytes/client"]
+    head = [
+        "method",
+        "placement",
+        "protocol",
+        "eps",
+        "accuracy",
+        "non-private",
+        "delta",
+        "noise",
+        "calibration",
+        "level",
+        *(["rounds"] if show_rounds else []),
+        "repairs",
+        "bytes/client",
+    ]
     rows = []
     for s in summary:
         private = math.isfinite(s["epsilon"]) and s.get("private", True)
         noised = math.isfinite(s["epsilon"])
-        rows.append([
-            s["method"], s.get("placement", ""), s.get("protocol", ""), _eps_cell(s),
-            f"{s['accuracy_mean']:.4f} ± {s['accuracy_std']:.4f}",
-            f"{s['nonprivate_mean']:.4f} ± {s['nonprivate_std']:.4f}",
-            f"{s['delta']:g}" if private else "-",
-            (s.get("noise") or "-") if noised else "none", s["calibration"] if noised else "-",
-            s["level"] if noised else "-", *([str(s["rounds"]) if noised else "-"] if show_rounds else []),
-            s.get("repairs") or "-", f"{s['upload_bytes']:,.0f}",
-        ])
+        rows.append(
+            [
+                s["method"],
+                s.get("placement", ""),
+                s.get("protocol", ""),
+                _eps_cell(s),
+                f"{s['accuracy_mean']:.4f} ± {s['accuracy_std']:.4f}",
+                f"{s['nonprivate_mean']:.4f} ± {s['nonprivate_std']:.4f}",
+                f"{s['delta']:g}" if private else "-",
+                (s.get("noise") or "-") if noised else "none",
+                s["calibration"] if noised else "-",
+                s["level"] if noised else "-",
+                *([str(s["rounds"]) if noised else "-"] if show_rounds else []),
+                s.get("repairs") or "-",
+                f"{s['upload_bytes']:,.0f}",
+            ]
+        )
     att = [k for k in ATTACK_HEADLINE.items() if any(f"attack_{k[0]}_{k[1]}" in s for s in summary)]
     if att:
         head = [*head, *(f"{a} {m}" + (" (strongest)" if a in STRONGEST_ATTACKS else "") for a, m in att)]
         fmt = lambda v: "-" if not np.isfinite(v) else f"{v:.3f}"  # noqa: E731
         name = lambda s, a: f" {s[f'attack_{a}_strongest']}" if s.get(f"attack_{a}_strongest") else ""  # noqa: E731
-        rows = [[*r, *(fmt(s.get(f"attack_{a}_{m}", float("nan"))) + name(s, a) for a, m in att)]
-                for r, s in zip(rows, summary)]
+        rows = [
+            [*r, *(fmt(s.get(f"attack_{a}_{m}", float("nan"))) + name(s, a) for a, m in att)]
+            for r, s in zip(rows, summary)
+        ]
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
     line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
     return "\n".join([line(head), line(["-" * w for w in widths]), *map(line, rows)])
@@ -842,10 +1155,14 @@ def guarantee_lines(summary: list[dict[str, Any]], methods: Sequence[str]) -> li
     """One line per method x placement x eps with the report's guarantee, in method order and numeric eps."""
     order = {m: i for i, m in enumerate(methods)}
     porder = {label: i for i, label in enumerate(PLACEMENT_LABEL.values())}
-    rows = sorted((s for s in summary if math.isfinite(s["epsilon"])),
-                  key=lambda s: (order.get(s["method"], 99), porder.get(s.get("placement"), 9), s["epsilon"]))
-    return [f"guarantee [{s['method']}, {s.get('placement', '')}, eps={s['epsilon']:g}]: {s['guarantee']}"
-            for s in rows]
+    rows = sorted(
+        (s for s in summary if math.isfinite(s["epsilon"])),
+        key=lambda s: (order.get(s["method"], 99), porder.get(s.get("placement"), 9), s["epsilon"]),
+    )
+    return [
+        f"guarantee [{s['method']}, {s.get('placement', '')}, eps={s['epsilon']:g}]: {s['guarantee']}"
+        for s in rows
+    ]
 
 
 def record_fields(records: list[dict[str, Any]]) -> list[str]:
@@ -870,8 +1187,9 @@ def write_csv(path: Path, records: list[dict[str, Any]]) -> None:
             tmp.unlink()
 
 
-def accuracy_axis(ax, handles: list, labels: list, ticks, *, band_seeds: int | None,
-                  num_classes: int | None) -> None:
+def accuracy_axis(
+    ax, handles: list, labels: list, ticks, *, band_seeds: int | None, num_classes: int | None
+) -> None:
     """Finish an accuracy-against-epsilon axis the way every privfed plot does.
 
     Adds the legend entries for the ± 1 std band (when ``band_seeds``) and
@@ -934,8 +1252,9 @@ def _series_label(s: dict[str, Any], multi_placement: bool) -> str:
     return label
 
 
-def plot_tradeoff(path: Path | tuple, summary: list[dict[str, Any]], title: str = "", *,
-                  num_classes: int | None = None) -> None:
+def plot_tradeoff(
+    path: Path | tuple, summary: list[dict[str, Any]], title: str = "", *, num_classes: int | None = None
+) -> None:
     """Accuracy against the ledger's epsilon (one curve per method x placement), one panel per attack metric.
 
     ``path`` is a file path, or ``(OutputDir, name)`` to write through the
@@ -950,8 +1269,13 @@ def plot_tradeoff(path: Path | tuple, summary: list[dict[str, Any]], title: str 
     n = 1 + len(attack_cols)
     fig, axes = plt.subplots(1, n, figsize=(5.0 * n + 2.8, 4.6), squeeze=False)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    series = list(dict.fromkeys((s["method"], s.get("placement", ""), bool(s.get("private", True)))
-                                for s in summary if math.isfinite(s["epsilon"])))
+    series = list(
+        dict.fromkeys(
+            (s["method"], s.get("placement", ""), bool(s.get("private", True)))
+            for s in summary
+            if math.isfinite(s["epsilon"])
+        )
+    )
     multi_placement = len({p for _, p, _ in series}) > 1
     methods = list(dict.fromkeys(s["method"] for s in summary))
     styles = {label: st for label, st in zip(PLACEMENT_LABEL.values(), ("-", "--", "-."))}
@@ -959,9 +1283,15 @@ def plot_tradeoff(path: Path | tuple, summary: list[dict[str, Any]], title: str 
     seeds = max((s["seeds"] for s in summary), default=1)
 
     def points(m, place, private, col):
-        rows = [s for s in summary if s["method"] == m and s.get("placement", "") == place
-                and bool(s.get("private", True)) == private and math.isfinite(s["epsilon"])
-                and np.isfinite(s.get(col, np.nan))]
+        rows = [
+            s
+            for s in summary
+            if s["method"] == m
+            and s.get("placement", "") == place
+            and bool(s.get("private", True)) == private
+            and math.isfinite(s["epsilon"])
+            and np.isfinite(s.get(col, np.nan))
+        ]
         x = [s["epsilon_reported"] if private else s["epsilon"] for s in rows]
         order = np.argsort(x)
         return [rows[i] for i in order], np.asarray(x, float)[order]
@@ -977,18 +1307,29 @@ def plot_tradeoff(path: Path | tuple, summary: list[dict[str, Any]], title: str 
         mu = np.array([s["accuracy_mean"] for s in rows])
         sd = np.array([s["accuracy_std"] for s in rows])
         ls = styles.get(place, "-") if private else ":"
-        ax.plot(x, mu, marker=markers.get(place, "o") if private else "x", ls=ls, color=c, ms=6 if private else 7,
-                mfc=c if private else "none", label=_series_label(rows[0], multi_placement))
+        ax.plot(
+            x,
+            mu,
+            marker=markers.get(place, "o") if private else "x",
+            ls=ls,
+            color=c,
+            ms=6 if private else 7,
+            mfc=c if private else "none",
+            label=_series_label(rows[0], multi_placement),
+        )
         if len(x) > 1:
             ax.fill_between(x, mu - sd, mu + sd, color=c, alpha=0.15, lw=0)
         else:  # a single budget: the band is an error bar
             ax.errorbar(x, mu, yerr=sd, color=c, capsize=3, lw=1, ls="none")
     for i, m in enumerate(methods):
         base = [s["nonprivate_mean"] for s in summary if s["method"] == m]
-        ax.axhline(base[0], color=colors[i % len(colors)], ls=(0, (6, 3)), lw=1, alpha=0.8,
-                   label=f"{m} non-private")
+        ax.axhline(
+            base[0], color=colors[i % len(colors)], ls=(0, (6, 3)), lw=1, alpha=0.8, label=f"{m} non-private"
+        )
     handles, labels = ax.get_legend_handles_labels()
-    accuracy_axis(ax, handles, labels, ticks, band_seeds=seeds if seeds > 1 else None, num_classes=num_classes)
+    accuracy_axis(
+        ax, handles, labels, ticks, band_seeds=seeds if seeds > 1 else None, num_classes=num_classes
+    )
     ax.set_xlabel("epsilon computed by the ledger (log scale)")
     ax.set_ylabel("test accuracy")
     ax.set_title("accuracy", fontsize=10)
@@ -1000,10 +1341,19 @@ def plot_tradeoff(path: Path | tuple, summary: list[dict[str, Any]], title: str 
             c = colors[methods.index(m) % len(colors)]
             rows, x = points(m, place, private, col)
             if rows:
-                ax2.plot(x, [s[col] for s in rows], marker=markers.get(place, "o") if private else "x",
-                         ls=styles.get(place, "-") if private else ":", color=c, ms=4)
-            clean = [s[col] for s in summary if s["method"] == m and not math.isfinite(s["epsilon"])
-                     and np.isfinite(s.get(col, np.nan))]
+                ax2.plot(
+                    x,
+                    [s[col] for s in rows],
+                    marker=markers.get(place, "o") if private else "x",
+                    ls=styles.get(place, "-") if private else ":",
+                    color=c,
+                    ms=4,
+                )
+            clean = [
+                s[col]
+                for s in summary
+                if s["method"] == m and not math.isfinite(s["epsilon"]) and np.isfinite(s.get(col, np.nan))
+            ]
             if clean:
                 ax2.axhline(clean[0], color=c, ls=(0, (6, 3)), lw=0.8, alpha=0.7)
         if metric in CHANCE:
@@ -1015,10 +1365,18 @@ def plot_tradeoff(path: Path | tuple, summary: list[dict[str, Any]], title: str 
         ax2.set_xlabel("epsilon computed by the ledger (log scale)")
         ax2.set_ylabel(metric)
         chance = f"; dotted: chance ({CHANCE[metric]:g})" if metric in CHANCE else ""
-        ax2.set_title(f"{col[7:].split('_', 1)[0]} attack: {metric}\n(dashed: no protection{chance})", fontsize=9)
+        ax2.set_title(
+            f"{col[7:].split('_', 1)[0]} attack: {metric}\n(dashed: no protection{chance})", fontsize=9
+        )
         ax2.grid(alpha=0.3, which="both")
-    fig.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.0 - 2.6 / (5.0 * n + 2.8), 0.9), fontsize=8,
-               frameon=False)
+    fig.legend(
+        handles,
+        labels,
+        loc="upper left",
+        bbox_to_anchor=(1.0 - 2.6 / (5.0 * n + 2.8), 0.9),
+        fontsize=8,
+        frameon=False,
+    )
     fig.suptitle(title or "privacy-utility trade-off", fontsize=9)
     fig.tight_layout(rect=(0, 0, 1.0 - 2.8 / (5.0 * n + 2.8), 0.93))
     if isinstance(path, tuple):
@@ -1035,12 +1393,22 @@ def plot_title(cfg: TradeoffConfig, dataset: dict[str, Any], summary: list[dict[
     protocols = list(dict.fromkeys(s.get("protocol", "none") for s in summary if math.isfinite(s["epsilon"])))
     cals = list(dict.fromkeys(s["calibration"] for s in summary if math.isfinite(s["epsilon"])))
     deltas = sorted({s["delta"] for s in summary if math.isfinite(s["epsilon"]) and s.get("private", True)})
-    noise = f"count noise ({cfg.count_noise}) on class counts only, means in clear" if cfg.count_noise \
-        else f"Gaussian noise on the uploaded statistics, clip {cfg.clip:.4g}" if cfg.clip else "no noise"
-    line1 = (f"{dataset['name']}: {cfg.clients} clients, {cfg.partition}"
-             + (f" alpha={cfg.alpha:g}" if cfg.partition.startswith("dirichlet") else "") + f"; {noise}")
-    line2 = (f"{cfg.level} level, delta={'/'.join(f'{d:g}' for d in deltas) or '-'}, calibration: "
-             f"{', '.join(cals) or '-'}; placement: {', '.join(places) or '-'}; protocol: {', '.join(protocols)}")
+    noise = (
+        f"count noise ({cfg.count_noise}) on class counts only, means in clear"
+        if cfg.count_noise
+        else f"Gaussian noise on the uploaded statistics, clip {cfg.clip:.4g}"
+        if cfg.clip
+        else "no noise"
+    )
+    line1 = (
+        f"{dataset['name']}: {cfg.clients} clients, {cfg.partition}"
+        + (f" alpha={cfg.alpha:g}" if cfg.partition.startswith("dirichlet") else "")
+        + f"; {noise}"
+    )
+    line2 = (
+        f"{cfg.level} level, delta={'/'.join(f'{d:g}' for d in deltas) or '-'}, calibration: "
+        f"{', '.join(cals) or '-'}; placement: {', '.join(places) or '-'}; protocol: {', '.join(protocols)}"
+    )
     return line1 + "\n" + line2
 
 
@@ -1048,8 +1416,11 @@ def _name_parts(cfg: TradeoffConfig) -> list[str]:
     """Words for the default result folder name: methods and budget range."""
     eps = sorted(cfg.epsilons)
     rng = f"eps{eps[0]:g}" + (f"-{eps[-1]:g}" if len(eps) > 1 else "")
-    return ["+".join(cfg.methods) if len(cfg.methods) <= 3 else f"{len(cfg.methods)}methods", rng,
-            *(["count-" + cfg.count_noise] if cfg.count_noise else [])]
+    return [
+        "+".join(cfg.methods) if len(cfg.methods) <= 3 else f"{len(cfg.methods)}methods",
+        rng,
+        *(["count-" + cfg.count_noise] if cfg.count_noise else []),
+    ]
 
 
 PARTIAL = ("results.partial.csv", "results.partial.json")
@@ -1066,13 +1437,23 @@ def _body(argv: Sequence[str] | None) -> int:
 
         return tradeoff_main(cfg, args, argv)
     command = " ".join([PROG, *argv])
-    out = OutputDir(args.out, "tradeoff", overwrite=args.overwrite, name_parts=_name_parts(cfg), command=command)
+    out = OutputDir(
+        args.out, "tradeoff", overwrite=args.overwrite, name_parts=_name_parts(cfg), command=command
+    )
     done: list[dict[str, Any]] = []
 
     def write_partial(records: list[dict[str, Any]]) -> None:
         out.write_csv(PARTIAL[0], records, record_fields(records))
-        out.write_json(PARTIAL[1], {"config": asdict(cfg), "versions": versions(), "records": records,
-                                    "complete": False, "command": command})
+        out.write_json(
+            PARTIAL[1],
+            {
+                "config": asdict(cfg),
+                "versions": versions(),
+                "records": records,
+                "complete": False,
+                "command": command,
+            },
+        )
         out.checkpoint()  # the staging folder describes itself: a killed sweep can be recovered
 
     checkpoint = periodic_checkpoint(write_partial, CHECKPOINT_S)
@@ -1081,14 +1462,24 @@ def _body(argv: Sequence[str] | None) -> int:
         result = run_tradeoff(cfg, progress=not args.quiet, records=done, on_record=checkpoint)
         records, summary = result["records"], summarise(result["records"])
         out.write_csv("results.csv", records, record_fields(records))
-        out.write_json("results.json", {
-            "config": asdict(result["config"]), "versions": versions(), "warnings": result["warnings"],
-            "dataset": result["dataset"], "timing": result["timing"], "records": records, "summary": summary,
-            "command": command,
-        })
+        out.write_json(
+            "results.json",
+            {
+                "config": asdict(result["config"]),
+                "versions": versions(),
+                "warnings": result["warnings"],
+                "dataset": result["dataset"],
+                "timing": result["timing"],
+                "records": records,
+                "summary": summary,
+                "command": command,
+            },
+        )
         if cfg.plot:
             title = plot_title(result["config"], result["dataset"], summary)
-            plot_tradeoff((out, "tradeoff.png"), summary, title=title, num_classes=result["dataset"]["num_classes"])
+            plot_tradeoff(
+                (out, "tradeoff.png"), summary, title=title, num_classes=result["dataset"]["num_classes"]
+            )
         out.finish(command, complete=True, drop=PARTIAL)  # the partial files go only now
     except BaseException:
         keep_finished(out, done, write_partial, command, PROG)
@@ -1102,7 +1493,9 @@ def _body(argv: Sequence[str] | None) -> int:
     for g in guarantee_lines(summary, cfg.methods):
         print(g)
     if any(math.isfinite(e) for e in cfg.epsilons) and result["config"].clip is not None:
-        origin = "--clip" if cfg.clip is not None else "median feature norm of the public split (no privacy cost)"
+        origin = (
+            "--clip" if cfg.clip is not None else "median feature norm of the public split (no privacy cost)"
+        )
         print(f"clip: {result['config'].clip:.4g} ({result['config'].clip_norm}; {origin})")
     for w in result["warnings"]:
         print(f"note: {w}")

@@ -45,7 +45,9 @@ def make_privacy(cfg: Any, method: Any, epsilon: float, clip: float | None, *, s
             "uniform": lambda: UniformCountNoiseNoDP(epsilon=epsilon),
         }
         if cfg.count_noise not in kinds:
-            raise ConfigError(f"--count-noise must be one of {', '.join(COUNT_NOISE_KINDS)}, got {cfg.count_noise!r}")
+            raise ConfigError(
+                f"--count-noise must be one of {', '.join(COUNT_NOISE_KINDS)}, got {cfg.count_noise!r}"
+            )
         mech = kinds[cfg.count_noise]()
     else:
         if clip is None:
@@ -62,8 +64,14 @@ def make_privacy(cfg: Any, method: Any, epsilon: float, clip: float | None, *, s
                 "noise) or --trusted-aggregator (the server is trusted to add it)"
             )
         mech = GaussianMechanism(
-            epsilon=epsilon, delta=cfg.delta, clip=clip, level=cfg.level, blocks=blocks,
-            calibration=cfg.calibration, rounds=cfg.rounds, clip_norm=cfg.clip_norm,
+            epsilon=epsilon,
+            delta=cfg.delta,
+            clip=clip,
+            level=cfg.level,
+            blocks=blocks,
+            calibration=cfg.calibration,
+            rounds=cfg.rounds,
+            clip_norm=cfg.clip_norm,
             trusted_aggregator=bool(cfg.trusted_aggregator and secure_agg is None),
             max_records=cfg.max_records if cfg.level == "client" else None,
         )

@@ -87,8 +87,11 @@ def digits(digits_backbone, digits_parts):
         "imp": np.asarray(sp.private_images),
         "Ft": extract_features(digits_backbone, sp.test_images),
         "yt": np.asarray(sp.test_labels),
-        "public": PublicData(labels=sp.public_labels, features=extract_features(digits_backbone, sp.public_images),
-                             images=sp.public_images),
+        "public": PublicData(
+            labels=sp.public_labels,
+            features=extract_features(digits_backbone, sp.public_images),
+            images=sp.public_images,
+        ),
         "backbone": digits_backbone,
     }
 

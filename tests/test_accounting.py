@@ -43,7 +43,9 @@ def test_analytic_sigma_never_overshoots_target(eps, log_delta, sens):
 @given(eps=st.floats(0.1, 8.0), log_delta=st.floats(-9.0, -2.0), rounds=st.integers(1, 50))
 def test_mechanism_never_overshoots_target(eps, log_delta, rounds):
     delta = 10.0**log_delta
-    m = GaussianMechanism(epsilon=eps, delta=delta, clip=1.7, rounds=rounds, blocks=("sums", "counts", "second"))
+    m = GaussianMechanism(
+        epsilon=eps, delta=delta, clip=1.7, rounds=rounds, blocks=("sums", "counts", "second")
+    )
     mu = math.sqrt(rounds * sum((m.sensitivity[b] / m.sigma[b]) ** 2 for b in m.blocks))
     # mu-GDP at (eps, delta): the Gaussian with sensitivity mu and sigma 1
     assert exact_delta(eps, 1.0, mu) <= delta * (1 + 1e-6)
@@ -67,7 +69,10 @@ def test_accountants_agree_at_one_release():
 
 @pytest.mark.parametrize("T", [4, 25])
 def test_pld_matches_exact_gdp_composition(T):
-    ev = [ReleaseEvent("gaussian", "sums", 2.0, 7.0, rounds=T), ReleaseEvent("gaussian", "counts", 1.0, 3.0, rounds=T)]
+    ev = [
+        ReleaseEvent("gaussian", "sums", 2.0, 7.0, rounds=T),
+        ReleaseEvent("gaussian", "counts", 1.0, 3.0, rounds=T),
+    ]
     mu = math.sqrt(T * ((2 / 7) ** 2 + (1 / 3) ** 2))
     gdp, name = ledger_epsilon(ev, 1e-6)
     assert name.startswith("gdp") and gdp == pytest.approx(gdp_epsilon(mu, 1e-6), rel=1e-12)
@@ -98,7 +103,9 @@ def test_subsampled_calibration_meets_target_and_accountants_agree():
     # The calibration is for an accountant only: no release path subsamples, so none may use it.
     with pytest.raises(ConfigError, match="sampling_rate"):
         m.release(np.ones((3, 2)), np.array([0, 1, 0]), rng=np.random.default_rng(0), num_classes=2)
-    eps = ledger_epsilon([ReleaseEvent("gaussian", "sums", 1.0, 1.0 / m.mu, rounds=20, sampling_rate=0.1)], 1e-5)[0]
+    eps = ledger_epsilon(
+        [ReleaseEvent("gaussian", "sums", 1.0, 1.0 / m.mu, rounds=20, sampling_rate=0.1)], 1e-5
+    )[0]
     assert eps <= 1.0 + 1e-9
     assert eps > 0.98  # calibrated to 0.1% in sigma
     # without subsampling the same budget needs much more noise

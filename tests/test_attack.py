@@ -34,14 +34,31 @@ from privfed.stats import compute_client_stats
 
 # ----------------------------------------------------------------------------- helpers (fixtures: conftest.py)
 def _scenario(d, method, clients, **kw):
-    return attacks.scenario(method, d["Fp"], d["yp"], clients, images=d["imp"], holdout_features=d["Ft"],
-                            holdout_labels=d["yt"], public=d["public"], backbone=d["backbone"], **kw)
+    return attacks.scenario(
+        method,
+        d["Fp"],
+        d["yp"],
+        clients,
+        images=d["imp"],
+        holdout_features=d["Ft"],
+        holdout_labels=d["yt"],
+        public=d["public"],
+        backbone=d["backbone"],
+        **kw,
+    )
 
 
 # ----------------------------------------------------------------------------- registry and view
 def test_registry_lists_every_attack_and_refuses_unknown_names():
-    assert attacks.available() == ["differencing", "inversion", "labels", "singleton", "subspace", "tracing",
-                                   "unmixing"]
+    assert attacks.available() == [
+        "differencing",
+        "inversion",
+        "labels",
+        "singleton",
+        "subspace",
+        "tracing",
+        "unmixing",
+    ]
     with pytest.raises(ConfigError, match="unknown attack 'nope'; available: differencing, inversion"):
         attacks.get("nope")
     with pytest.raises(ConfigError, match="unknown parameter"):
@@ -58,8 +75,9 @@ def test_secure_view_is_exactly_the_sum_of_the_per_client_view(digits):
     assert plain.per_client and not secure.per_client and secure.stats.num_clients == 1
     assert plain.fields == secure.fields == {"counts", "sums", "second"}
     for name in ("counts", "sums", "second"):
-        np.testing.assert_allclose(getattr(secure.stats, name)[0], getattr(plain.stats, name).sum(0), rtol=1e-12,
-                                   atol=1e-9)
+        np.testing.assert_allclose(
+            getattr(secure.stats, name)[0], getattr(plain.stats, name).sum(0), rtol=1e-12, atol=1e-9
+        )
     # independent oracle: loop over samples
     keep = cl >= 0
     G = sum(np.outer(f, f) for f in digits["Fp"][keep])
@@ -194,7 +212,8 @@ def test_theory_formulas_exact():
     assert tracing_auc(S, 4) == pytest.approx(norm.cdf(2 / math.sqrt(2)))
     dlt = np.full(16, 0.5)  # delta^T Sigma delta = ||delta||^2 = 4 for Sigma = I
     assert tracing_snr(S, 4, tau=0.5, offset=dlt) == pytest.approx(
-        4 / math.sqrt(4 + 0.25 * 16 + 4 * (1 + 1 / 4) + 0.25 * 4))
+        4 / math.sqrt(4 + 0.25 * 16 + 4 * (1 + 1 / 4) + 0.25 * 4)
+    )
     assert tracing_tpr(S, 4, 0.01) == pytest.approx(norm.cdf(2 + norm.ppf(0.01)))
     assert gdp_auc_bound(1.0) == pytest.approx(norm.cdf(1 / math.sqrt(2)))
     assert gdp_tpr_bound(1.0, 0.05) == pytest.approx(norm.cdf(norm.ppf(0.05) + 1))
@@ -252,8 +271,18 @@ def test_tracing_under_gaussian_dp_stays_under_the_gdp_bound(clipped_tracing, z)
     trials = 2000
     rng = np.random.default_rng(7)
     for test in ("sum", "lrt", "inner"):
-        g = tracing_game(pool, model, n=1, trials=trials, rng=rng, test=test, sigma=sigma, count_sigma=sigma,
-                         clip=clip, design="add-remove")
+        g = tracing_game(
+            pool,
+            model,
+            n=1,
+            trials=trials,
+            rng=rng,
+            test=test,
+            sigma=sigma,
+            count_sigma=sigma,
+            clip=clip,
+            design="add-remove",
+        )
         a = auc(g["scores"], g["members"])
         # AUC <= Phi(mu / sqrt 2) + 3 SE (Hanley-McNeil at the bound, one-sided).
         bound = gdp_auc_bound(1 / z)
@@ -268,8 +297,18 @@ def test_tracing_under_gaussian_dp_stays_under_the_gdp_bound(clipped_tracing, z)
             # The sum test is Neyman-Pearson at n = 1 (||y|| = c for the clipped majority), so it gets
             # close to the bound: the check above has power.  With half the noise it would fail.
             assert a >= bound - 0.05
-            g2 = tracing_game(pool, model, n=1, trials=trials, rng=rng, test="sum", sigma=sigma / 2,
-                              count_sigma=sigma / 2, clip=clip, design="add-remove")
+            g2 = tracing_game(
+                pool,
+                model,
+                n=1,
+                trials=trials,
+                rng=rng,
+                test="sum",
+                sigma=sigma / 2,
+                count_sigma=sigma / 2,
+                clip=clip,
+                design="add-remove",
+            )
             assert auc(g2["scores"], g2["members"]) > bound + 3 * auc_se(bound, trials, trials)
 
 
@@ -421,7 +460,9 @@ def test_count_noise_spec_mirrors_the_mechanisms():
 # ----------------------------------------------------------------------------- determinism, LPIPS
 def test_same_seed_same_metrics(digits):
     cl = class_groups(digits["yp"], 2, np.random.default_rng(0), max_groups=12)
-    view, truth = _scenario(digits, "fedcgs", cl, privacy=NoiseSpec(sigma={"sums": 1.0, "second": 5.0}), rng=4)
+    view, truth = _scenario(
+        digits, "fedcgs", cl, privacy=NoiseSpec(sigma={"sums": 1.0, "second": 5.0}), rng=4
+    )
     view2, _ = _scenario(digits, "fedcgs", cl, privacy=NoiseSpec(sigma={"sums": 1.0, "second": 5.0}), rng=4)
     np.testing.assert_array_equal(view.stats.sums, view2.stats.sums)
     for name in ("tracing", "subspace", "unmixing", "labels", "singleton"):
@@ -451,7 +492,9 @@ def test_evaluate_federation_for_tables_leaves_the_mechanism_ledger_alone(digits
 
     cl = class_groups(digits["yp"], 1, np.random.default_rng(0), max_groups=60)
     mech = GaussianMechanism(epsilon=1.0, delta=1e-5, clip=30.0)
-    kw = dict(privacy=mech, public=digits["public"], holdout_features=digits["Ft"], holdout_labels=digits["yt"])
+    kw = dict(
+        privacy=mech, public=digits["public"], holdout_features=digits["Ft"], holdout_labels=digits["yt"]
+    )
     a = attacks.evaluate_federation("tracing", "fedncm", digits["Fp"], digits["yp"], cl, rng=4, **kw)
     b = attacks.evaluate_federation("tracing", "fedncm", digits["Fp"], digits["yp"], cl, rng=4, **kw)
     assert a == b and 0 <= a["auc"] <= 1
@@ -540,4 +583,6 @@ def test_noise_spec_gaussian_is_the_joint_split_of_the_mechanism():
     # sqrt(2) c / mu against the joint split's sqrt(c^2 + 1) / mu, i.e. 1.313x the noise
     spec = NoiseSpec.gaussian(epsilon=1.0, delta=1e-5, clip=2.5)
     default = GaussianMechanism(epsilon=1.0, delta=1e-5, clip=2.5)
-    assert default.sigma["sums"] / spec.sigma["sums"] == pytest.approx(2.5 * math.sqrt(2) / math.sqrt(7.25), rel=1e-9)
+    assert default.sigma["sums"] / spec.sigma["sums"] == pytest.approx(
+        2.5 * math.sqrt(2) / math.sqrt(7.25), rel=1e-9
+    )

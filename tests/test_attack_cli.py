@@ -21,8 +21,25 @@ def _read(out):
 
 def test_inversion_sweep_writes_csv_json_and_grids(tmp_path, digits_cache, capsys):
     out = tmp_path / "inv"
-    rc = main(["--attack", "inversion", "--method", "fedncm", "--eps", "inf,1", "--n", "1", "--max-groups", "6",
-               "--steps", "20", "--no-strongest", "--out", str(out)])
+    rc = main(
+        [
+            "--attack",
+            "inversion",
+            "--method",
+            "fedncm",
+            "--eps",
+            "inf,1",
+            "--n",
+            "1",
+            "--max-groups",
+            "6",
+            "--steps",
+            "20",
+            "--no-strongest",
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 0
     rows, res, cfg = _read(out)
     assert [(r["eps"], r["n"]) for r in rows] == [("inf", "1"), ("1.0", "1")]
@@ -36,15 +53,31 @@ def test_inversion_sweep_writes_csv_json_and_grids(tmp_path, digits_cache, capsy
     assert "wrote" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("attack,extra", [
-    ("tracing", ["--method", "fedncm", "--n", "1,8"]),
-    ("subspace", ["--method", "fed3r", "--n", "2"]),
-    ("unmixing", ["--method", "fedcgs", "--n", "2", "--max-groups", "4"]),
-    ("singleton", ["--method", "fedcof", "--partition", "dirichlet", "--clients", "20"]),
-    ("labels", ["--method", "fedncm", "--partition", "dirichlet", "--clients", "20", "--count-noise", "laplace",
-                "--eps", "1,inf"]),
-    ("differencing", ["--method", "fed3r", "--n", "3", "--max-groups", "10"]),
-])
+@pytest.mark.parametrize(
+    "attack,extra",
+    [
+        ("tracing", ["--method", "fedncm", "--n", "1,8"]),
+        ("subspace", ["--method", "fed3r", "--n", "2"]),
+        ("unmixing", ["--method", "fedcgs", "--n", "2", "--max-groups", "4"]),
+        ("singleton", ["--method", "fedcof", "--partition", "dirichlet", "--clients", "20"]),
+        (
+            "labels",
+            [
+                "--method",
+                "fedncm",
+                "--partition",
+                "dirichlet",
+                "--clients",
+                "20",
+                "--count-noise",
+                "laplace",
+                "--eps",
+                "1,inf",
+            ],
+        ),
+        ("differencing", ["--method", "fed3r", "--n", "3", "--max-groups", "10"]),
+    ],
+)
 def test_statistics_attacks_run_from_the_command_line(tmp_path, digits_cache, attack, extra):
     out = tmp_path / attack
     assert main(["--attack", attack, "--out", str(out), "--seed", "0,1", *extra]) == 0
@@ -59,34 +92,53 @@ def test_same_seed_same_csv(tmp_path, digits_cache):
     main([*args, "--out", str(tmp_path / "b")])
     drop = ("seconds",)
     a, b = (_read(tmp_path / x)[0] for x in "ab")
-    assert [{k: v for k, v in r.items() if k not in drop} for r in a] == \
-        [{k: v for k, v in r.items() if k not in drop} for r in b]
+    assert [{k: v for k, v in r.items() if k not in drop} for r in a] == [
+        {k: v for k, v in r.items() if k not in drop} for r in b
+    ]
 
 
-@pytest.mark.parametrize("argv,needle", [
-    (["--attack", "nope", "--out", "X"], "unknown attack 'nope'"),
-    (["--attack", "tracing", "--eps", "-1", "--out", "X"], "--eps must be > 0"),
-    (["--attack", "tracing", "--eps", "abc", "--out", "X"], "is not a number"),
-    (["--attack", "tracing", "--secure-agg", "paillier", "--out", "X"], "--secure-agg must be none, mask or ckks"),
-    (["--attack", "tracing", "--clients", "2.5", "--out", "X"], "--clients must be an integer, got '2.5'"),
-    (["--attack", "tracing", "--method", "fedx", "--out", "X"], "unknown method 'fedx'"),
-    (["--attack", "subspace", "--method", "fedncm", "--n", "2", "--out", "X"], "needs the statistic 'second'"),
-    (["--attack", "tracing", "--backend", "pixel", "--out", "X"], "applies to --attack inversion only"),
-    (["--attack", "inversion", "--backend", "gan", "--out", "X"], "unknown inversion backend"),
-    (["--attack", "labels", "--count-noise", "poisson", "--out", "X"], "--count-noise must be one of"),
-    (["--attack", "labels", "--partition", "stripes", "--out", "X"], "--partition 'stripes' unknown"),
-    (["--attack", "tracing", "--n", "0", "--out", "X"], "--n must be >= 1"),
-])
+@pytest.mark.parametrize(
+    "argv,needle",
+    [
+        (["--attack", "nope", "--out", "X"], "unknown attack 'nope'"),
+        (["--attack", "tracing", "--eps", "-1", "--out", "X"], "--eps must be > 0"),
+        (["--attack", "tracing", "--eps", "abc", "--out", "X"], "is not a number"),
+        (
+            ["--attack", "tracing", "--secure-agg", "paillier", "--out", "X"],
+            "--secure-agg must be none, mask or ckks",
+        ),
+        (
+            ["--attack", "tracing", "--clients", "2.5", "--out", "X"],
+            "--clients must be an integer, got '2.5'",
+        ),
+        (["--attack", "tracing", "--method", "fedx", "--out", "X"], "unknown method 'fedx'"),
+        (
+            ["--attack", "subspace", "--method", "fedncm", "--n", "2", "--out", "X"],
+            "needs the statistic 'second'",
+        ),
+        (["--attack", "tracing", "--backend", "pixel", "--out", "X"], "applies to --attack inversion only"),
+        (["--attack", "inversion", "--backend", "gan", "--out", "X"], "unknown inversion backend"),
+        (["--attack", "labels", "--count-noise", "poisson", "--out", "X"], "--count-noise must be one of"),
+        (["--attack", "labels", "--partition", "stripes", "--out", "X"], "--partition 'stripes' unknown"),
+        (["--attack", "tracing", "--n", "0", "--out", "X"], "--n must be >= 1"),
+    ],
+)
 def test_bad_invocations_print_one_line_and_exit_non_zero(tmp_path, digits_cache, capsys, argv, needle):
     argv = [a.replace("X", str(tmp_path / "o")) for a in argv]
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and err.startswith("python -m privfed.attack: error:") and needle in err, err
+    assert (
+        len(err.splitlines()) == 1 and err.startswith("python -m privfed.attack: error:") and needle in err
+    ), err
 
 
 def test_module_entry_point_exits_non_zero_without_traceback(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "privfed.attack", "--attack", "nope", "--out", str(tmp_path / "o")],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "privfed.attack", "--attack", "nope", "--out", str(tmp_path / "o")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
 
@@ -107,15 +159,34 @@ def _gdp_auc_tolerance(bound: float, n_pos, n_neg) -> float:
     return 3 * auc_se(bound, int(n_pos), int(n_neg))
 
 
-def test_attack_cli_reports_the_strongest_tracing_test_and_it_stays_under_the_gdp_bound(tmp_path, digits_cache,
-                                                                                         capsys):
+def test_attack_cli_reports_the_strongest_tracing_test_and_it_stays_under_the_gdp_bound(
+    tmp_path, digits_cache, capsys
+):
     from attacks.strongest import SUITES
     from attacks.theory import gdp_auc_bound
     from attacks.view import gaussian_sigma
 
     out = tmp_path / "tr"
-    assert main(["--attack", "tracing", "--method", "fedncm", "--partition", "dirichlet", "--clients", "20",
-                 "--eps", "inf,1", "--out", str(out), "--quiet"]) == 0
+    assert (
+        main(
+            [
+                "--attack",
+                "tracing",
+                "--method",
+                "fedncm",
+                "--partition",
+                "dirichlet",
+                "--clients",
+                "20",
+                "--eps",
+                "inf,1",
+                "--out",
+                str(out),
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     rows, _, _ = _read(out)
     suite = list(SUITES["tracing"])
     printed = capsys.readouterr().out
@@ -134,20 +205,57 @@ def test_attack_cli_reports_the_strongest_tracing_test_and_it_stays_under_the_gd
     assert {r["eps"] for r in rows} == {"inf", "1.0"}
     # --no-strongest keeps the individual attack only
     out2 = tmp_path / "tr2"
-    assert main(["--attack", "tracing", "--method", "fedncm", "--n", "2", "--eps", "inf", "--no-strongest",
-                 "--out", str(out2), "--quiet"]) == 0
+    assert (
+        main(
+            [
+                "--attack",
+                "tracing",
+                "--method",
+                "fedncm",
+                "--n",
+                "2",
+                "--eps",
+                "inf",
+                "--no-strongest",
+                "--out",
+                str(out2),
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     assert "strongest_attack" not in _read(out2)[0][0]
 
 
-def test_tradeoff_tracing_column_is_the_strongest_test_named_and_under_the_gdp_bound(tmp_path, digits_cache,
-                                                                                     capsys):
+def test_tradeoff_tracing_column_is_the_strongest_test_named_and_under_the_gdp_bound(
+    tmp_path, digits_cache, capsys
+):
     from attacks.strongest import SUITES
     from attacks.theory import gdp_auc_bound
     from privfed.tradeoff import main as tradeoff_main
 
     out = tmp_path / "to"
-    assert tradeoff_main(["--method", "fedncm", "--eps", "1,inf", "--seeds", "2", "--clients", "20",
-                          "--attack", "tracing", "--out", str(out), "--quiet", "--no-plot"]) == 0
+    assert (
+        tradeoff_main(
+            [
+                "--method",
+                "fedncm",
+                "--eps",
+                "1,inf",
+                "--seeds",
+                "2",
+                "--clients",
+                "20",
+                "--attack",
+                "tracing",
+                "--out",
+                str(out),
+                "--quiet",
+                "--no-plot",
+            ]
+        )
+        == 0
+    )
     table = capsys.readouterr().out
     data = json.loads((out / "results.json").read_text())
     suite = list(SUITES["tracing"])
@@ -166,8 +274,10 @@ def test_tradeoff_tracing_column_is_the_strongest_test_named_and_under_the_gdp_b
     for s in data["summary"]:
         names = s["attack_tracing_strongest"].split("/")
         assert set(names) <= set(suite)
-        assert any(line.split()[:1] == [s["method"]] and line.rstrip().endswith(s["attack_tracing_strongest"])
-                   for line in table.splitlines())
+        assert any(
+            line.split()[:1] == [s["method"]] and line.rstrip().endswith(s["attack_tracing_strongest"])
+            for line in table.splitlines()
+        )
 
 
 def test_help_lists_every_inversion_backend_and_the_strongest_suite(capsys):

@@ -26,8 +26,9 @@ from privfed.errors import ConfigError, InputError
 
 def _view(d, method, n, groups, seed=1, **kw):
     cl = class_groups(d["yp"], n, np.random.default_rng(seed), max_groups=groups)
-    return attacks.scenario(method, d["Fp"], d["yp"], cl, images=d["imp"], public=d["public"],
-                            backbone=d["backbone"], **kw)
+    return attacks.scenario(
+        method, d["Fp"], d["yp"], cl, images=d["imp"], public=d["public"], backbone=d["backbone"], **kw
+    )
 
 
 def _chance_margin(m: dict, n: int, groups: int) -> float:
@@ -97,7 +98,9 @@ def test_decoder_backend_inverts_single_samples(digits):
 
 def test_deep_image_prior_smoke(digits):
     view, truth = _view(digits, "fedncm", 1, 2)
-    res = attacks.get("inversion", backend="dip", dip_steps=5, max_cells=2).run(view, np.random.default_rng(0))
+    res = attacks.get("inversion", backend="dip", dip_steps=5, max_cells=2).run(
+        view, np.random.default_rng(0)
+    )
     assert res.images.shape == (2, 8, 8) and np.all((res.images >= 0) & (res.images <= 1))
     assert np.isfinite(res.recon_features).all()
 
@@ -127,8 +130,11 @@ def test_inversion_refuses_bad_settings(digits):
     with pytest.raises(InputError, match="GroundTruth.images"):
         attacks.get("inversion").score(res, no_images)
     with pytest.raises(InputError, match="public images"):
-        attacks.evaluate("inversion", view.with_(public=PublicData(labels=view.public.labels,
-                                                                   features=view.public.features)), truth)
+        attacks.evaluate(
+            "inversion",
+            view.with_(public=PublicData(labels=view.public.labels, features=view.public.features)),
+            truth,
+        )
 
 
 # ----------------------------------------------------------------------------- the committed inversion results
@@ -147,9 +153,15 @@ def test_inversion_results_json_names_the_maximum_and_its_command():
     suite = (*SUITES["inversion"], PER_CELL)
     assert res["config"]["command"].startswith("PYTHONPATH=. python experiments/attacks_inversion.py ")
     settings = {(r["setting"], r["n"]) for r in res["rows"]}
-    assert {("clean", n) for n in (1, 2, 4, 8, 16)} | {("dp eps=10", 1), ("dp eps=1", 1), ("mean + G", 4)} <= settings
+    assert {("clean", n) for n in (1, 2, 4, 8, 16)} | {
+        ("dp eps=10", 1),
+        ("dp eps=1", 1),
+        ("mean + G", 4),
+    } <= settings
     for r in res["rows"]:
-        ident = {a: r[f"{a}:identification"] for a in suite if r[f"{a}:identification"] == r[f"{a}:identification"]}
+        ident = {
+            a: r[f"{a}:identification"] for a in suite if r[f"{a}:identification"] == r[f"{a}:identification"]
+        }
         # the strongest is the suite's maximum identification (ties broken by delta-PSNR), and its row is its own
         top = max(ident.values())
         assert r["identification"] == ident[r["strongest"]] == top, r
@@ -162,7 +174,9 @@ def test_readme_inversion_table_is_the_committed_results():
     import importlib.util
 
     root, res = _inversion_results()
-    spec = importlib.util.spec_from_file_location("attacks_inversion", root / "experiments" / "attacks_inversion.py")
+    spec = importlib.util.spec_from_file_location(
+        "attacks_inversion", root / "experiments" / "attacks_inversion.py"
+    )
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     table = mod.readme_table(res["rows"])

@@ -29,14 +29,25 @@ from attacks.learned import VALIDATION_EVERY, DecoderConfig, augment_bank, featu
 from attacks.view import class_groups
 from privfed.errors import ConfigError
 
-TINY = {"bank_copies": 20, "train_steps": 600, "feature_steps": 3000, "hidden": 256, "refine": "plain",
-        "refine_steps": 150, "joint_restarts": 12, "joint_candidates": 3, "joint_steps": 150, "polish_steps": 100}
+TINY = {
+    "bank_copies": 20,
+    "train_steps": 600,
+    "feature_steps": 3000,
+    "hidden": 256,
+    "refine": "plain",
+    "refine_steps": 150,
+    "joint_restarts": 12,
+    "joint_candidates": 3,
+    "joint_steps": 150,
+    "polish_steps": 100,
+}
 
 
 def _view(d, method, n, groups, seed=1, **kw):
     cl = class_groups(d["yp"], n, np.random.default_rng(seed), max_groups=groups)
-    return attacks.scenario(method, d["Fp"], d["yp"], cl, images=d["imp"], public=d["public"],
-                            backbone=d["backbone"], **kw)
+    return attacks.scenario(
+        method, d["Fp"], d["yp"], cl, images=d["imp"], public=d["public"], backbone=d["backbone"], **kw
+    )
 
 
 # ----------------------------------------------------------------------------- bank search
@@ -46,7 +57,9 @@ def _brute_force(P, target, n, G=None, w=1.0):
     for S in itertools.combinations_with_replacement(range(len(P)), n):
         X = P[list(S)]
         r = X.sum(0) - target
-        val = float(r @ r) / ts + (0.0 if G is None else w * float(((X.T @ X - G) ** 2).sum()) / float((G**2).sum()))
+        val = float(r @ r) / ts + (
+            0.0 if G is None else w * float(((X.T @ X - G) ** 2).sum()) / float((G**2).sum())
+        )
         if val < best:
             best, arg = val, S
     return best, arg
@@ -57,7 +70,9 @@ def test_bank_search_finds_the_brute_force_optimum(with_g):
     rs = np.random.default_rng(0)
     P = np.maximum(rs.normal(size=(18, 5)), 0)
     truth = [2, 7, 11]
-    mean = P[truth].mean(0) + rs.normal(0, 0.05, 5)  # not exactly attainable: the optimum is not a planted zero
+    mean = P[truth].mean(0) + rs.normal(
+        0, 0.05, 5
+    )  # not exactly attainable: the optimum is not a planted zero
     G = P[truth].T @ P[truth] if with_g else None
     best, arg = _brute_force(P, 3 * mean, 3, G)
     subsets, obj = bank_search(P, mean, 3, np.random.default_rng(1), second=G, restarts=40, sweeps=10, keep=3)
@@ -88,8 +103,14 @@ def _per_cell_identification(att, res, truth):
     out = {}
     for key in np.unique(keys):
         i = np.flatnonzero(keys == key)
-        sub = dataclasses.replace(res, **{f.name: getattr(res, f.name)[i] for f in dataclasses.fields(res)
-                                          if isinstance(getattr(res, f.name), np.ndarray)})
+        sub = dataclasses.replace(
+            res,
+            **{
+                f.name: getattr(res, f.name)[i]
+                for f in dataclasses.fields(res)
+                if isinstance(getattr(res, f.name), np.ndarray)
+            },
+        )
         m = att.score(sub, truth)
         out[int(key)] = m["identification"] * m["images_scored"]
     return out
@@ -107,7 +128,10 @@ def test_joint_attacker_beats_the_set_decoder_on_paired_cells(digits):
     d = np.array([hits["joint"][k] - hits["set"][k] for k in hits["set"]])
     # paired over cells (the cell is the independent unit): mean difference above 3 standard errors
     # measured: 39 against 23 identified records, mean difference 0.40 per cell, SE 0.128
-    assert d.mean() > 3 * d.std(ddof=1) / math.sqrt(d.size), (sum(hits["joint"].values()), sum(hits["set"].values()))
+    assert d.mean() > 3 * d.std(ddof=1) / math.sqrt(d.size), (
+        sum(hits["joint"].values()),
+        sum(hits["set"].values()),
+    )
 
 
 def test_strongest_report_includes_joint_and_takes_the_maximum(digits):
@@ -128,7 +152,9 @@ def test_joint_attacker_uses_the_second_moment_where_released(digits):
 
 
 # ----------------------------------------------------------------------------- deterministic decoder
-def test_feature_decoder_is_bit_identical_across_thread_counts_and_keeps_its_best_validation(digits, tmp_path):
+def test_feature_decoder_is_bit_identical_across_thread_counts_and_keeps_its_best_validation(
+    digits, tmp_path
+):
     import torch
 
     from attacks.learned import public_bank
@@ -139,7 +165,9 @@ def test_feature_decoder_is_bit_identical_across_thread_counts_and_keeps_its_bes
     try:
         for threads, where in ((1, "a"), (2, "b")):
             torch.set_num_threads(threads)
-            decs.append(feature_decoder(digits["backbone"], digits["public"], 10, cfg, cache_dir=tmp_path / where))
+            decs.append(
+                feature_decoder(digits["backbone"], digits["public"], 10, cfg, cache_dir=tmp_path / where)
+            )
             assert torch.get_num_threads() == threads  # the caller's setting is restored
     finally:
         torch.set_num_threads(old)
@@ -152,7 +180,9 @@ def test_feature_decoder_is_bit_identical_across_thread_counts_and_keeps_its_bes
     pub = digits["public"]
     N = len(pub.images)
     held = np.arange(N) % VALIDATION_EVERY == VALIDATION_EVERY - 1
-    ims, y = augment_bank(pub.images, pub.labels, cfg.copies, seed=cfg.seed, blend_fraction=cfg.blend_fraction)
+    ims, y = augment_bank(
+        pub.images, pub.labels, cfg.copies, seed=cfg.seed, blend_fraction=cfg.blend_fraction
+    )
     bh = held[np.arange(len(ims)) % N]
     bank_F = public_bank(digits["backbone"], pub, cfg)[2]
     Fb, Fp = bank_F[N:], bank_F[:N]
@@ -163,8 +193,13 @@ def test_feature_decoder_is_bit_identical_across_thread_counts_and_keeps_its_bes
 
 # ----------------------------------------------------------------------------- the README's readings
 def _row(x, se, ch, n=8):
-    return {"identification": x, "identification_se": se, "chance_identification": ch,
-            "baseline_identification": 0.07, "n": n}
+    return {
+        "identification": x,
+        "identification_se": se,
+        "chance_identification": ch,
+        "baseline_identification": 0.07,
+        "n": n,
+    }
 
 
 def test_at_chance_is_written_only_within_two_standard_errors_of_chance():
@@ -172,7 +207,9 @@ def test_at_chance_is_written_only_within_two_standard_errors_of_chance():
 
     assert "4.6 standard errors above chance" in inversion_reading(_row(0.2, 0.0241, 0.089))
     assert "at chance" not in inversion_reading(_row(0.2, 0.0241, 0.089))
-    assert inversion_reading(_row(0.10, 0.02, 0.089)).endswith("within two standard errors of chance: at chance")
+    assert inversion_reading(_row(0.10, 0.02, 0.089)).endswith(
+        "within two standard errors of chance: at chance"
+    )
     assert "below chance" in inversion_reading(_row(0.01, 0.002, 0.089))
     assert inversion_reading(_row(0.0, 0.0, 0.011, n=1)).endswith("no record identified")
     assert "(SE 0.024; chance 0.089, 8-guess prior 0.070)" in inversion_reading(_row(0.2, 0.0241, 0.089))
@@ -213,8 +250,12 @@ def test_per_cell_report_keeps_the_best_fitting_member_of_each_cell(digits):
 
     view, truth = _view(digits, "fedncm", 2, 6)
     cells = challenge_cells(view, truth, np.random.default_rng(0), 6)
-    res = [attacks.get("inversion", backend=b, max_cells=6, **TINY).run(view, np.random.default_rng(0), cells=cells)
-           for b in ("pixel", "joint")]
+    res = [
+        attacks.get("inversion", backend=b, max_cells=6, **TINY).run(
+            view, np.random.default_rng(0), cells=cells
+        )
+        for b in ("pixel", "joint")
+    ]
     best = per_cell_best(res)
     assert 6 <= best.images.shape[0] <= 12  # 6 cells: one pixel image or two joint images per cell
 

@@ -32,21 +32,43 @@ from attacks.tracing import reference_model, trace_scores, tracing_game
 from attacks.view import GroundTruth, class_groups
 from privfed.errors import ConfigError, InputError
 
-SMALL = {"bank_copies": 20, "train_steps": 600, "feature_steps": 600, "hidden": 256, "refine": "plain",
-         "refine_steps": 150, "joint_restarts": 12, "joint_candidates": 3, "joint_steps": 150, "polish_steps": 100}
+SMALL = {
+    "bank_copies": 20,
+    "train_steps": 600,
+    "feature_steps": 600,
+    "hidden": 256,
+    "refine": "plain",
+    "refine_steps": 150,
+    "joint_restarts": 12,
+    "joint_candidates": 3,
+    "joint_steps": 150,
+    "polish_steps": 100,
+}
 
 
 def _view(d, method, n, groups, seed=1, **kw):
     cl = class_groups(d["yp"], n, np.random.default_rng(seed), max_groups=groups)
-    return attacks.scenario(method, d["Fp"], d["yp"], cl, images=d["imp"], public=d["public"],
-                            backbone=d["backbone"], holdout_features=d["Ft"], holdout_labels=d["yt"], **kw)
+    return attacks.scenario(
+        method,
+        d["Fp"],
+        d["yp"],
+        cl,
+        images=d["imp"],
+        public=d["public"],
+        backbone=d["backbone"],
+        holdout_features=d["Ft"],
+        holdout_labels=d["yt"],
+        **kw,
+    )
 
 
 def _at_prior(m: dict) -> None:
     M = m["images_scored"]
     p = m["chance_identification"]
     assert m["delta_psnr"] <= 3 * m["delta_psnr_se"], m
-    assert m["identification"] <= max(p, m["baseline_identification"]) + 3 * math.sqrt(p * (1 - p) / M) + 1e-12, m
+    assert (
+        m["identification"] <= max(p, m["baseline_identification"]) + 3 * math.sqrt(p * (1 - p) / M) + 1e-12
+    ), m
 
 
 # ----------------------------------------------------------------------------- metrics
@@ -62,8 +84,17 @@ def _oracle_result(truth, view, rows, classes):
     r_rows, r_cls = np.array(r_rows), np.array(r_cls)
     prior = view.public.class_mean_images(view.num_classes)[r_cls]
     F = np.zeros((ims.shape[0], truth.features.shape[1]))
-    return InversionResult(images=ims, baseline=prior, targets=F + 1, rows=r_rows, owners=r_rows, classes=r_cls,
-                           group_by_class=True, per_client=True, recon_features=F + 1)
+    return InversionResult(
+        images=ims,
+        baseline=prior,
+        targets=F + 1,
+        rows=r_rows,
+        owners=r_rows,
+        classes=r_cls,
+        group_by_class=True,
+        per_client=True,
+        recon_features=F + 1,
+    )
 
 
 def test_exact_copies_score_the_cap_and_identification_is_not_capped_at_one_over_n(digits):
@@ -76,9 +107,15 @@ def test_exact_copies_score_the_cap_and_identification_is_not_capped_at_one_over
     # one reconstruction per cell (the first member) identifies exactly 1 / 4 of the images
     res = _oracle_result(truth, view, rows, classes)
     first = np.r_[0, np.flatnonzero(np.diff(res.rows) != 0) + 1]
-    one = InversionResult(**{**res.__dict__, **{k: getattr(res, k)[first] for k in
-                                               ("images", "baseline", "targets", "rows", "owners", "classes",
-                                                "recon_features")}})
+    one = InversionResult(
+        **{
+            **res.__dict__,
+            **{
+                k: getattr(res, k)[first]
+                for k in ("images", "baseline", "targets", "rows", "owners", "classes", "recon_features")
+            },
+        }
+    )
     m1 = attacks.get("inversion").score(one, truth)
     assert m1["identification"] == 0.25 and m1["pairs_matched"] == 12
 
@@ -94,7 +131,11 @@ def test_cluster_standard_error_matches_an_independent_computation(digits):
         i = int(np.flatnonzero((res.rows == k) & (res.classes == c))[0])
 
         def best(im, mem=mem):
-            mse = ((truth.images[mem].astype(np.float64) - im.astype(np.float64)) ** 2).reshape(mem.size, -1).mean(1)
+            mse = (
+                ((truth.images[mem].astype(np.float64) - im.astype(np.float64)) ** 2)
+                .reshape(mem.size, -1)
+                .mean(1)
+            )
             return min(PSNR_CAP, -10 * math.log10(mse.min()))
 
         d_cell.append(best(res.images[i]) - best(res.baseline[i]))
@@ -120,7 +161,12 @@ def test_augmented_bank_is_deterministic_in_range_and_keeps_labels(digits):
     a, ya = augment_bank(pub.images[:50], pub.labels[:50], 3, seed=1)
     b, yb = augment_bank(pub.images[:50], pub.labels[:50], 3, seed=1)
     c, _ = augment_bank(pub.images[:50], pub.labels[:50], 3, seed=2)
-    assert a.shape == (150, 8, 8) and np.array_equal(a, b) and np.array_equal(ya, yb) and not np.array_equal(a, c)
+    assert (
+        a.shape == (150, 8, 8)
+        and np.array_equal(a, b)
+        and np.array_equal(ya, yb)
+        and not np.array_equal(a, c)
+    )
     assert a.min() >= 0 and a.max() <= 1 and np.array_equal(ya, np.tile(pub.labels[:50], 3))
 
 
@@ -132,7 +178,9 @@ def test_decoder_is_cached_by_what_determines_it(digits, privfed_cache):
     assert d1.key == d2.key and len(list(privfed_cache.glob("attack-feature-decoder-*"))) == n_files
     x = digits["public"].features[:5]
     assert np.array_equal(d1(x, digits["public"].labels[:5]), d2(x, digits["public"].labels[:5]))
-    d3 = feature_decoder(digits["backbone"], digits["public"], 10, DecoderConfig(copies=2, steps=5, feature_steps=6, hidden=16))
+    d3 = feature_decoder(
+        digits["backbone"], digits["public"], 10, DecoderConfig(copies=2, steps=5, feature_steps=6, hidden=16)
+    )
     assert d3.key != d1.key
     with pytest.raises(ConfigError, match="steps"):
         DecoderConfig(steps=0)
@@ -147,14 +195,17 @@ def test_learned_inversion_beats_pixel_at_n1(digits):
 
     view, truth = _view(digits, "fedncm", 1, 60)
     cells = challenge_cells(view, truth, np.random.default_rng(0), 60)
-    res = {b: attacks.get("inversion", backend=b).run(
-        view, np.random.default_rng(0), cells=cells) for b in ("pixel", "learned")}
+    res = {
+        b: attacks.get("inversion", backend=b).run(view, np.random.default_rng(0), cells=cells)
+        for b in ("pixel", "learned")
+    }
     # independent per-cell scoring (n = 1: one true image, one reconstruction per cell)
     pool = truth.images.reshape(truth.images.shape[0], -1).astype(np.float64)
     out = {}
     for b, r in res.items():
-        true = np.array([np.flatnonzero((truth.clients == k) & (truth.labels == c))[0]
-                         for k, c in zip(r.rows, r.classes)])
+        true = np.array(
+            [np.flatnonzero((truth.clients == k) & (truth.labels == c))[0] for k, c in zip(r.rows, r.classes)]
+        )
         R = r.images.reshape(len(r.images), -1).astype(np.float64)
         hit = ((R[:, None] - pool[None]) ** 2).sum(-1).argmin(1) == true
         p = -10 * np.log10(((R - pool[true]) ** 2).mean(1))
@@ -177,19 +228,29 @@ def test_learned_inversion_beats_pixel_at_n1_on_paired_psnr(digits):
     # be lower (the slow test below decides identification at full strength).
     from attacks.inversion import challenge_cells
 
-    mid = {"bank_copies": 20, "train_steps": 1500, "feature_steps": 1500, "hidden": 256, "refine": "plain",
-           "refine_steps": 150}
+    mid = {
+        "bank_copies": 20,
+        "train_steps": 1500,
+        "feature_steps": 1500,
+        "hidden": 256,
+        "refine": "plain",
+        "refine_steps": 150,
+    }
     view, truth = _view(digits, "fedncm", 1, 200)
     cells = challenge_cells(view, truth, np.random.default_rng(0), 200)
     pool = truth.images.reshape(truth.images.shape[0], -1).astype(np.float64)
     out = {}
     for b, kw in (("pixel", {}), ("learned", mid)):
         r = attacks.get("inversion", backend=b, **kw).run(view, np.random.default_rng(0), cells=cells)
-        true = np.array([np.flatnonzero((truth.clients == k) & (truth.labels == c))[0]
-                         for k, c in zip(r.rows, r.classes)])
+        true = np.array(
+            [np.flatnonzero((truth.clients == k) & (truth.labels == c))[0] for k, c in zip(r.rows, r.classes)]
+        )
         R = r.images.reshape(len(r.images), -1).astype(np.float64)
-        out[b] = (((R[:, None] - pool[None]) ** 2).sum(-1).argmin(1) == true,
-                  -10 * np.log10(((R - pool[true]) ** 2).mean(1)), true)
+        out[b] = (
+            ((R[:, None] - pool[None]) ** 2).sum(-1).argmin(1) == true,
+            -10 * np.log10(((R - pool[true]) ** 2).mean(1)),
+            true,
+        )
     (hp, pp, tp), (hl, pl, tl) = out["pixel"], out["learned"]
     assert np.array_equal(tp, tl) and tp.size == 200  # the same cells, paired
     d = pl - pp
@@ -217,8 +278,9 @@ def test_strongest_inversion_stays_at_the_prior_under_dp_and_secure_sum(digits):
     from mechanisms import GaussianMechanism
 
     clip = float(np.median(np.linalg.norm(digits["public"].features, axis=1)))
-    view, truth = _view(digits, "fedncm", 1, 60, privacy=GaussianMechanism(epsilon=1.0, delta=1e-5, clip=clip),
-                        rng=2)
+    view, truth = _view(
+        digits, "fedncm", 1, 60, privacy=GaussianMechanism(epsilon=1.0, delta=1e-5, clip=clip), rng=2
+    )
     rep = attacks.strongest("inversion", view, truth, rng=0, max_cells=60, **SMALL)
     assert "not_applicable" in rep["attacks"]["two-stage"]  # fedncm uploads no second moment
     for m in rep["attacks"].values():
@@ -246,8 +308,9 @@ def test_strongest_report_names_the_maximum_and_refuses_unknown_kinds(digits):
 def test_support_test_never_excludes_a_member_of_a_clean_mean(digits):
     view, truth = _view(digits, "fedncm", 4, None)
     members = np.flatnonzero(truth.clients >= 0)
-    res = attacks.get("tracing", test="support").run(view, None, targets=digits["Fp"][members],
-                                                     target_labels=digits["yp"][members], target_ids=members)
+    res = attacks.get("tracing", test="support").run(
+        view, None, targets=digits["Fp"][members], target_labels=digits["yp"][members], target_ids=members
+    )
     own = truth.clients[res.target_ids] == res.owners
     assert own.sum() == members.size and np.all(res.scores[own] == 0.0)  # exact: S - y >= 0 for every member
     # and it has power: most non-member pairs are excluded
@@ -262,16 +325,32 @@ def test_support_tests_stay_under_the_gdp_bound(clipped_tracing, z):
     rng = np.random.default_rng(11)
     bound = gdp_auc_bound(1 / z)
     for test in ("support", "lrt+support"):
-        g = tracing_game(pool, model, n=1, trials=trials, rng=rng, test=test, sigma=sigma, count_sigma=sigma,
-                         clip=clip, design="add-remove")
+        g = tracing_game(
+            pool,
+            model,
+            n=1,
+            trials=trials,
+            rng=rng,
+            test=test,
+            sigma=sigma,
+            count_sigma=sigma,
+            clip=clip,
+            design="add-remove",
+        )
         assert auc(g["scores"], g["members"]) <= bound + 3 * auc_se(bound, trials, trials), test
     # the clean game: the support test excludes no member, and makes the LRT stronger at n = 4
     g0 = tracing_game(pool, model, n=4, trials=trials, rng=np.random.default_rng(3), test="support")
     assert np.all(g0["scores"][g0["members"]] == 0.0)
-    a_l = auc(*(lambda g: (g["scores"], g["members"]))(
-        tracing_game(pool, model, n=4, trials=trials, rng=np.random.default_rng(3), test="lrt")))
-    a_s = auc(*(lambda g: (g["scores"], g["members"]))(
-        tracing_game(pool, model, n=4, trials=trials, rng=np.random.default_rng(3), test="lrt+support")))
+    a_l = auc(
+        *(lambda g: (g["scores"], g["members"]))(
+            tracing_game(pool, model, n=4, trials=trials, rng=np.random.default_rng(3), test="lrt")
+        )
+    )
+    a_s = auc(
+        *(lambda g: (g["scores"], g["members"]))(
+            tracing_game(pool, model, n=4, trials=trials, rng=np.random.default_rng(3), test="lrt+support")
+        )
+    )
     assert a_s > a_l + 3 * auc_se(a_l, trials, trials)
 
 
@@ -301,8 +380,9 @@ def test_ground_truth_is_needed_only_to_score(digits):
     res = attacks.get("inversion", backend="learned", **SMALL).run(view, np.random.default_rng(0))
     assert res.images.shape[0] == 4 and "public images" in res.attacker
     with pytest.raises(InputError, match="GroundTruth.images"):
-        attacks.get("inversion").score(res, GroundTruth(features=truth.features, labels=truth.labels,
-                                                        clients=truth.clients))
+        attacks.get("inversion").score(
+            res, GroundTruth(features=truth.features, labels=truth.labels, clients=truth.clients)
+        )
 
 
 # ----------------------------------------------------------------------------- the membership game's pairing
@@ -313,9 +393,22 @@ def _local_dp_federation(digits, eps):
     clip = float(np.median(np.linalg.norm(digits["public"].features, axis=1)))
     clients = partition(digits["yp"], 20, "dirichlet", alpha=0.1, rng=0).clients
     spec = NoiseSpec.gaussian(epsilon=eps, delta=1e-5, clip=clip, level="record")
-    return (*attacks.scenario("fedncm", digits["Fp"], digits["yp"], clients, images=digits["imp"],
-                              public=digits["public"], backbone=digits["backbone"], holdout_features=digits["Ft"],
-                              holdout_labels=digits["yt"], privacy=spec, rng=np.random.default_rng(1)), spec)
+    return (
+        *attacks.scenario(
+            "fedncm",
+            digits["Fp"],
+            digits["yp"],
+            clients,
+            images=digits["imp"],
+            public=digits["public"],
+            backbone=digits["backbone"],
+            holdout_features=digits["Ft"],
+            holdout_labels=digits["yt"],
+            privacy=spec,
+            rng=np.random.default_rng(1),
+        ),
+        spec,
+    )
 
 
 def test_non_members_are_tested_on_exactly_their_member_counterparts_rows(digits):
@@ -350,11 +443,16 @@ def test_tracing_under_local_dp_stays_under_the_gdp_bound_for_every_test(digits)
     view, truth, _ = _local_dp_federation(digits, 1.0)
     bound = gdp_auc_bound(1.0 / gaussian_sigma(1.0, 1e-5))
     rep = attacks.strongest("tracing", view, truth, 0)
-    over = {name: m["auc"] for name, m in rep["attacks"].items()
-            if m["auc"] > bound + 3 * auc_se(bound, m["n_pos"], m["n_neg"])}
+    over = {
+        name: m["auc"]
+        for name, m in rep["attacks"].items()
+        if m["auc"] > bound + 3 * auc_se(bound, m["n_pos"], m["n_neg"])
+    }
     assert not over, (over, bound)
     assert all(m["n_pos"] == m["n_neg"] >= 200 for m in rep["attacks"].values())
-    assert "learned" in rep["attacks"]  # the classifier trained on public simulations is held to the bound too
+    assert (
+        "learned" in rep["attacks"]
+    )  # the classifier trained on public simulations is held to the bound too
     assert rep["value"] == max(m["auc"] for m in rep["attacks"].values())
 
 

@@ -77,8 +77,12 @@ def test_audit_has_power_on_the_real_mechanism():
 
 
 def test_fedlog_coordinate_clipped_statistic_passes():
-    params = dict(epsilon=2.0, delta=0.01, clip=2.0, clip_norm="coordinate", calibration="classic", split="joint")
-    res = audit_gaussian_blocks(lambda: GaussianMechanism(**params), rng=np.random.default_rng(8), draws=DRAWS)
+    params = dict(
+        epsilon=2.0, delta=0.01, clip=2.0, clip_norm="coordinate", calibration="classic", split="joint"
+    )
+    res = audit_gaussian_blocks(
+        lambda: GaussianMechanism(**params), rng=np.random.default_rng(8), draws=DRAWS
+    )
     for r in res.values():
         assert not r.refutes
     broken = audit_gaussian_blocks(lambda: HalvedNoise(**params), rng=np.random.default_rng(9), draws=DRAWS)
@@ -123,11 +127,25 @@ def test_generic_audit_of_a_user_mechanism():
     def release(side, n, rng):
         return rng.normal(size=(n, 3)) * sigma + np.array([shift * side, 0.0, 0.0])
 
-    r = audit(release, reference=np.zeros(3), direction=[1, 0, 0], scale=sigma, draws=DRAWS,
-              rng=np.random.default_rng(1), claimed_mu=shift / sigma)
+    r = audit(
+        release,
+        reference=np.zeros(3),
+        direction=[1, 0, 0],
+        scale=sigma,
+        draws=DRAWS,
+        rng=np.random.default_rng(1),
+        claimed_mu=shift / sigma,
+    )
     assert not r.refutes and r.mu_lb > 0.3
-    lie = audit(release, reference=np.zeros(3), direction=[1, 0, 0], scale=sigma, draws=DRAWS,
-                rng=np.random.default_rng(2), claimed_mu=0.5 * shift / sigma)
+    lie = audit(
+        release,
+        reference=np.zeros(3),
+        direction=[1, 0, 0],
+        scale=sigma,
+        draws=DRAWS,
+        rng=np.random.default_rng(2),
+        claimed_mu=0.5 * shift / sigma,
+    )
     assert lie.refutes
 
 
@@ -144,8 +162,15 @@ def _count_audit(mech_factory, eps, seed, halve=False, clear=False):
         noisy = m.perturb(base, rng)
         return base + (noisy - base) / 2 if halve else noisy
 
-    return audit(release, reference=counts0, direction=[1, 0, 0], scale=claimed_scale, draws=DRAWS,
-                 rng=np.random.default_rng(seed), claimed_eps=eps)
+    return audit(
+        release,
+        reference=counts0,
+        direction=[1, 0, 0],
+        scale=claimed_scale,
+        draws=DRAWS,
+        rng=np.random.default_rng(seed),
+        claimed_eps=eps,
+    )
 
 
 @pytest.mark.parametrize("cls", [LaplaceCountNoise, GeometricCountNoise])
@@ -168,8 +193,13 @@ def test_audit_input_errors():
     with pytest.raises(ConfigError, match="same positive number"):
         audit_scores(np.zeros(3), np.zeros(4))
     with pytest.raises(ConfigError, match="scale must be > 0"):
-        audit(lambda s, n, r: np.zeros((n, 1)), reference=[0.0], direction=[1.0], scale=0.0,
-              rng=np.random.default_rng(0))
+        audit(
+            lambda s, n, r: np.zeros((n, 1)),
+            reference=[0.0],
+            direction=[1.0],
+            scale=0.0,
+            rng=np.random.default_rng(0),
+        )
     assert math.isfinite(audit_scores(np.zeros(10), np.ones(10)).mu_lb)
 
 
@@ -185,11 +215,25 @@ def test_gaussian_count_noise_audited():
         return base + (g.perturb(base, rng) - base) * scale
 
     claim = 1.0 / g.sigma
-    r = audit(release, reference=counts0, direction=[1, 0, 0], scale=g.sigma, draws=DRAWS,
-              rng=np.random.default_rng(31), claimed_mu=claim)
+    r = audit(
+        release,
+        reference=counts0,
+        direction=[1, 0, 0],
+        scale=g.sigma,
+        draws=DRAWS,
+        rng=np.random.default_rng(31),
+        claimed_mu=claim,
+    )
     assert not r.refutes
-    half = audit(lambda s, n, rng: release(s, n, rng, 0.5), reference=counts0, direction=[1, 0, 0],
-                 scale=g.sigma, draws=DRAWS, rng=np.random.default_rng(32), claimed_mu=claim)
+    half = audit(
+        lambda s, n, rng: release(s, n, rng, 0.5),
+        reference=counts0,
+        direction=[1, 0, 0],
+        scale=g.sigma,
+        draws=DRAWS,
+        rng=np.random.default_rng(32),
+        claimed_mu=claim,
+    )
     assert half.refutes
 
 
@@ -213,7 +257,11 @@ def _client_level_audit(cls, seed):
     k0 = np.arange(60) % 3
     canary = np.zeros((2 * n_max, d))
     canary[:, 0] = 100 * c
-    F1, y1, k1 = np.vstack([F0, canary]), np.append(y0, np.zeros(2 * n_max, int)), np.append(k0, np.full(2 * n_max, 3))
+    F1, y1, k1 = (
+        np.vstack([F0, canary]),
+        np.append(y0, np.zeros(2 * n_max, int)),
+        np.append(k0, np.full(2 * n_max, 3)),
+    )
     method = get("fedncm")
     ref_mech = cls(**params)
 
@@ -229,9 +277,15 @@ def _client_level_audit(cls, seed):
     ref_sums = compute_client_stats(ref_mech.clip(F0), y0, k0, num_classes=2).total().sums.ravel()
     direction = np.zeros_like(ref_sums)
     direction[0] = 1.0  # class 0, coordinate e1
-    return audit(release, reference=ref_sums, direction=direction, scale=ref_mech.sigma["sums"], draws=DRAWS,
-                 rng=np.random.default_rng(seed),
-                 claimed_mu=ref_mech.sensitivity["sums"] / ref_mech.sigma["sums"])
+    return audit(
+        release,
+        reference=ref_sums,
+        direction=direction,
+        scale=ref_mech.sigma["sums"],
+        draws=DRAWS,
+        rng=np.random.default_rng(seed),
+        claimed_mu=ref_mech.sensitivity["sums"] / ref_mech.sigma["sums"],
+    )
 
 
 def test_client_level_bounding_audited():
@@ -327,8 +381,9 @@ def test_release_audit_flags_metadata_from_raw_data():
     import privfed
 
     def leaky(data, seed):
-        head = privfed.fit("fedncm", random_state=seed, privacy=GaussianMechanism(epsilon=EPS, delta=1e-5, clip=3.0),
-                           **data)
+        head = privfed.fit(
+            "fedncm", random_state=seed, privacy=GaussianMechanism(epsilon=EPS, delta=1e-5, clip=3.0), **data
+        )
         raw = int(np.count_nonzero(np.bincount(data["clients"] * 3 + data["labels"], minlength=12)))
         return {"arrays": [head.weight], "meta": (raw,), "report": head.privacy}
 
@@ -337,16 +392,25 @@ def test_release_audit_flags_metadata_from_raw_data():
 
 
 _METHODS = {
-    "fedncm": ("sums", "counts"), "fed3r": SECOND, "fed3r-within": SECOND, "fedcgs": SECOND,
-    "fedlog": ("sums", "counts"), "fedcof": ("sums", "counts"), "fedcof-oracle": ("sums", "counts"),
+    "fedncm": ("sums", "counts"),
+    "fed3r": SECOND,
+    "fed3r-within": SECOND,
+    "fedcgs": SECOND,
+    "fedlog": ("sums", "counts"),
+    "fedcof": ("sums", "counts"),
+    "fedcof-oracle": ("sums", "counts"),
 }
 
 
 #: Client level has no local placement (its noise goes on a sum), so that pair is not a configuration;
 #: Poisson client sampling ("sampled") runs at client level with a trusted aggregator and is refused
 #: elsewhere (record level is audited to show the refusal is the same on both sides).
-_CONFIGURATIONS = [(p, lv) for lv in ("record", "client") for p in ("local", "central", "mask", "sampled")
-                   if (p, lv) != ("local", "client")]
+_CONFIGURATIONS = [
+    (p, lv)
+    for lv in ("record", "client")
+    for p in ("local", "central", "mask", "sampled")
+    if (p, lv) != ("local", "client")
+]
 
 
 @pytest.mark.parametrize("method", sorted(_METHODS))
@@ -361,8 +425,9 @@ def test_every_public_configuration_shows_no_deterministic_difference(method, pl
         kw["trusted_aggregator"] = True
     if placement == "sampled":
         kw["sampling_rate"] = 0.5
-    run = fit_release(method, lambda: GaussianMechanism(**kw),
-                      (lambda: PairwiseMasking()) if placement == "mask" else None)
+    run = fit_release(
+        method, lambda: GaussianMechanism(**kw), (lambda: PairwiseMasking()) if placement == "mask" else None
+    )
     pairs = CLIENT if level == "client" else RECORD
     for r in audit_release(run, pairs, draws=0):
         assert not r.flagged, r
@@ -370,7 +435,8 @@ def test_every_public_configuration_shows_no_deterministic_difference(method, pl
             # record level: only client-level guarantees are amplified (FedCOF: its noise is local;
             # fedcof-oracle is refused under this mechanism whatever the sampling)
             why = {"fedcof": "amplification does not hold", "fedcof-oracle": "per-class second moments"}.get(
-                method, "only client-level")
+                method, "only client-level"
+            )
             assert r.verdict == "refused" and why in r.reason, r
 
 
@@ -380,7 +446,9 @@ def test_ckks_configurations_show_no_deterministic_difference(level):
     # CKKS costs about a second per release; the masking configurations above cover the same hooks.
     from mechanisms.secagg import CKKSAggregation
 
-    kw = dict(epsilon=EPS, delta=1e-5, clip=3.0, level=level, **({"max_records": 20} if level == "client" else {}))
+    kw = dict(
+        epsilon=EPS, delta=1e-5, clip=3.0, level=level, **({"max_records": 20} if level == "client" else {})
+    )
     run = fit_release("fedncm", lambda: GaussianMechanism(**kw), CKKSAggregation)
     for r in audit_release(run, (CLIENT if level == "client" else RECORD)[:1], draws=0):
         assert r.verdict == "metadata only" and not r.flagged, r
@@ -415,9 +483,13 @@ def test_audit_sweep_results_cover_every_configuration_and_back_the_readme_table
             else:
                 assert r["eps_lb"] <= r["claimed_eps"], r
     ckks = set(S.METHODS) & {"fedncm", "fed3r"}
-    expected = [(name, level, placement) for name, level, placement, _ in S.configurations(
-        res["eps"], res["clip"], S.METHODS, S.PLACEMENTS, ["numpy"], sampling=res["sampling"])
-        if placement != "ckks" or name.split()[1] in ckks]
+    expected = [
+        (name, level, placement)
+        for name, level, placement, _ in S.configurations(
+            res["eps"], res["clip"], S.METHODS, S.PLACEMENTS, ["numpy"], sampling=res["sampling"]
+        )
+        if placement != "ckks" or name.split()[1] in ckks
+    ]
     assert {n for n, _, _ in expected} == set(by_config)
     for name, level, placement in expected:
         pairs = [p.name for p in neighbour_battery(level)]
@@ -425,7 +497,9 @@ def test_audit_sweep_results_cover_every_configuration_and_back_the_readme_table
     # Every verdict the sweep can give is reasoned: refusals are the same error on both sides.
     assert {r["verdict"] for r in res["rows"]} <= {"statistical", "metadata only", "refused", "no claim"}
     block = _sweep_block((root / "docs" / "privacy.md").read_text(encoding="utf-8"))
-    assert block is not None, "docs/privacy.md has no audit-sweep block; `python -m experiments.readme_numbers --write`"
+    assert block is not None, (
+        "docs/privacy.md has no audit-sweep block; `python -m experiments.readme_numbers --write`"
+    )
     assert block == S.readme_table(res).strip()
 
 
@@ -433,12 +507,15 @@ def test_tradeoff_path_is_audited_too():
     from privfed.audit import tradeoff_release
     from privfed.tradeoff import TradeoffConfig
 
-    res = audit_release(tradeoff_release(TradeoffConfig(level="record"), "fedncm", EPS, 3.0), CANARY,
-                        draws=200, heldout=100)
+    res = audit_release(
+        tradeoff_release(TradeoffConfig(level="record"), "fedncm", EPS, 3.0), CANARY, draws=200, heldout=100
+    )
     assert res[0].verdict == "statistical" and not res[0].flagged, res[0]
     # Count noise leaves the means in clear: its report claims nothing for the release, and says so.
     cnt = TradeoffConfig(level="record", count_noise="laplace")
-    res = audit_release(tradeoff_release(cnt, "fedcof", EPS, None), [RECORD[0]], draws=20, heldout=10, meta_draws=4)
+    res = audit_release(
+        tradeoff_release(cnt, "fedcof", EPS, None), [RECORD[0]], draws=20, heldout=10, meta_draws=4
+    )
     assert res[0].verdict == "no claim" and "NO DP GUARANTEE" in res[0].reason
 
 
@@ -463,7 +540,9 @@ def test_client_level_release_audit():
 
 def test_a_refused_configuration_audits_as_refused():
     # FedCOF multi-mean under DP is refused on both neighbours with the same error: nothing is released.
-    run = fit_release("fedcof", lambda: GaussianMechanism(epsilon=EPS, delta=1e-5, clip=3.0), means_per_client=2)
+    run = fit_release(
+        "fedcof", lambda: GaussianMechanism(epsilon=EPS, delta=1e-5, clip=3.0), means_per_client=2
+    )
     chunking = [p for p in RECORD if p.name == "a record that changes chunking"]
     res = audit_release(run, chunking, draws=10, heldout=5)
     assert res[0].pair == "a record that changes chunking"
@@ -481,13 +560,21 @@ class AmplificationWithoutSampling(GaussianMechanism):
 def test_sampled_release_audit_against_the_amplified_claim():
     # q = 0.01 at eps = 1: the noise alone gives mu = 1.48 (eps 6.96), so only real sampling meets the claim.
     pairs = [neighbour_battery("client", max_records=20)[1]]
-    kw = dict(epsilon=1.0, delta=1e-5, clip=3.0, level="client", max_records=20, trusted_aggregator=True,
-              sampling_rate=0.01)
+    kw = dict(
+        epsilon=1.0,
+        delta=1e-5,
+        clip=3.0,
+        level="client",
+        max_records=20,
+        trusted_aggregator=True,
+        sampling_rate=0.01,
+    )
     res = audit_release(fit_release("fedncm", lambda: GaussianMechanism(**kw)), pairs, draws=600, heldout=300)
     assert res[0].verdict == "statistical" and not res[0].flagged, res[0]
     assert res[0].claimed_eps <= 1.0 and math.isnan(res[0].claimed_mu)  # the PLD claim, compared in epsilon
-    res = audit_release(fit_release("fedncm", lambda: AmplificationWithoutSampling(**kw)), pairs, draws=600,
-                        heldout=300)
+    res = audit_release(
+        fit_release("fedncm", lambda: AmplificationWithoutSampling(**kw)), pairs, draws=600, heldout=300
+    )
     assert res[0].flagged, res[0]
 
 
@@ -512,7 +599,9 @@ def test_random_metadata_with_the_same_law_on_both_sides_is_not_flagged():
     run = _with_coin_note(_release(GaussianMechanism), 0.5, 0.5)
     seed = 763  # its first 4 draws: heads on every draw of one side, tails on every draw of the other
     base = seed * 1_000_003
-    first4 = [[output_atoms(run_once(run, d, base + i)) for i in range(4)] for d in (CANARY[0].d0, CANARY[0].d1)]
+    first4 = [
+        [output_atoms(run_once(run, d, base + i)) for i in range(4)] for d in (CANARY[0].d0, CANARY[0].d1)
+    ]
     assert any("coin" in a for a in deterministic_differences(first4))  # 4 draws would call it deterministic
     res = audit_release(run, CANARY, draws=200, heldout=100, meta_draws=4, seed=seed)  # raised to 16 draws
     assert MIN_META_DRAWS >= 16
@@ -528,7 +617,9 @@ def test_random_metadata_with_different_laws_is_caught_by_the_statistical_test()
     assert res[0].verdict == "statistical" and res[0].flagged, res[0]
 
 
-@pytest.mark.parametrize("method, entry", [("fedncm", "fold_local_upload"), ("fedcof", "local_upload_stream")])
+@pytest.mark.parametrize(
+    "method, entry", [("fedncm", "fold_local_upload"), ("fedcof", "local_upload_stream")]
+)
 def test_fit_release_audits_the_streamed_local_path(method, entry, monkeypatch):
     """With local noise privfed.fit streams the uploads; the audit's tap takes that same path and
     records each client's noisy upload (counts (K, C), sums (K, C, d)), not a one-call substitute."""
@@ -540,7 +631,9 @@ def test_fit_release_audits_the_streamed_local_path(method, entry, monkeypatch):
         return inner(self, *args, **kwargs)
 
     monkeypatch.setattr(GaussianMechanism, entry, counting)
-    monkeypatch.setattr(GaussianMechanism, "before_upload", lambda *a, **k: pytest.fail("one-call path taken"))
+    monkeypatch.setattr(
+        GaussianMechanism, "before_upload", lambda *a, **k: pytest.fail("one-call path taken")
+    )
     data = RECORD[0].d0
     out = _release(GaussianMechanism, method)(data, 3)
     K, C = int(data["num_clients"]), int(data["num_classes"])
@@ -586,7 +679,9 @@ def test_real_mechanism_passes_the_noise_scale_and_freshness_checks_at_eps_1(pla
     from mechanisms.secagg import PairwiseMasking
 
     kw = dict(epsilon=1.0, delta=1e-5, clip=3.0, trusted_aggregator=placement == "central")
-    run = fit_release("fedncm", lambda: GaussianMechanism(**kw), PairwiseMasking if placement == "mask" else None)
+    run = fit_release(
+        "fedncm", lambda: GaussianMechanism(**kw), PairwiseMasking if placement == "mask" else None
+    )
     res = audit_release(run, CANARY, draws=0, seed=3)
     assert res[0].verdict == "metadata only" and not res[0].flagged, res[0]
 
@@ -665,7 +760,9 @@ def test_rounds_release_with_halved_noise_is_caught(monkeypatch):
     from privfed.audit import rounds_release
 
     inner = NumpyNoise.add_gaussian
-    monkeypatch.setattr(NumpyNoise, "add_gaussian", lambda self, x, sigma, rng: inner(self, x, sigma / 2, rng))
+    monkeypatch.setattr(
+        NumpyNoise, "add_gaussian", lambda self, x, sigma, rng: inner(self, x, sigma / 2, rng)
+    )
     res = audit_release(rounds_release(epsilon=1.0, clip=3.0, rounds=3), CANARY, draws=0)
     assert res[0].verdict == "noise below the reported scale", res[0]
 
@@ -678,20 +775,29 @@ def test_testing_audit_passes_a_true_claim_and_refutes_false_ones():
 
     mech = dict(epsilon=EPS, delta=1e-5, clip=3.0)
     pairs = RECORD[:3]
-    res = check(tap("fedncm", lambda: GaussianMechanism(**mech)), epsilon=EPS, delta=1e-5, neighbours=pairs,
-                draws=200, heldout=100)
+    res = check(
+        tap("fedncm", lambda: GaussianMechanism(**mech)),
+        epsilon=EPS,
+        delta=1e-5,
+        neighbours=pairs,
+        draws=200,
+        heldout=100,
+    )
     assert [r.verdict for r in res] == ["statistical", "metadata only", "metadata only"]
     assert res[0].eps_lb <= EPS
+
     # A head returned by privfed.fit is audited too (post-processing of the release).
-    head_fn = lambda data, seed: privfed.fit("fedncm", **data, privacy=GaussianMechanism(**mech),  # noqa: E731
-                                             random_state=seed)
+    def head_fn(data, seed):
+        return privfed.fit("fedncm", **data, privacy=GaussianMechanism(**mech), random_state=seed)
+
     check(head_fn, epsilon=EPS, delta=1e-5, neighbours=pairs[:1], draws=200, heldout=100)
     # Claiming less than the report states fails; so does a release with half its noise.
     with pytest.raises(AssertionError, match="report states epsilon"):
         check(head_fn, epsilon=1.0, delta=1e-5, neighbours=pairs[:1], draws=200, heldout=100)
     with pytest.raises(AssertionError, match="noise below the reported scale"):
-        check(tap("fedncm", lambda: HalvedNoise(**mech)), epsilon=EPS, delta=1e-5, neighbours=pairs[:1],
-              draws=0)
+        check(
+            tap("fedncm", lambda: HalvedNoise(**mech)), epsilon=EPS, delta=1e-5, neighbours=pairs[:1], draws=0
+        )
 
 
 def test_testing_audit_of_a_plain_function_compares_with_the_callers_claim():
@@ -702,12 +808,24 @@ def test_testing_audit_of_a_plain_function_compares_with_the_callers_claim():
         return np.array([x.sum() + np.random.default_rng(seed).normal(0, sigma)])
 
     # Sensitivity 1 and sigma 1: mu = 1, which is (4.38, 1e-5)-DP (analytic Gaussian); claiming 0.2 is false.
-    ok = check(lambda d, s: gaussian_mean(d, s, 1.0), epsilon=4.4, delta=1e-5, neighbours=RECORD[:1],
-               draws=2000, heldout=500)
+    ok = check(
+        lambda d, s: gaussian_mean(d, s, 1.0),
+        epsilon=4.4,
+        delta=1e-5,
+        neighbours=RECORD[:1],
+        draws=2000,
+        heldout=500,
+    )
     assert ok[0].verdict == "statistical" and ok[0].eps_lb <= 4.4
     with pytest.raises(AssertionError, match="lower bound"):
-        check(lambda d, s: gaussian_mean(d, s, 1.0), epsilon=0.2, delta=1e-5, neighbours=RECORD[:1],
-              draws=2000, heldout=500)
+        check(
+            lambda d, s: gaussian_mean(d, s, 1.0),
+            epsilon=0.2,
+            delta=1e-5,
+            neighbours=RECORD[:1],
+            draws=2000,
+            heldout=500,
+        )
 
 
 def test_broken_variant_record_backs_the_docs():

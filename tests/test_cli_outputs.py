@@ -34,12 +34,32 @@ def _csv(out: Path) -> list[dict]:
 # ---------------------------------------------------------------- the headline command
 def test_single_budget_compares_the_three_placements(tmp_path, capsys, digits_cache):
     out = tmp_path / "o"
-    assert tradeoff_main(["--method", "fedlog", "--eps", "0.1", "--seeds", "2", "--clients", "20", "--no-plot",
-                          "--out", str(out), "--quiet"]) == 0
+    assert (
+        tradeoff_main(
+            [
+                "--method",
+                "fedlog",
+                "--eps",
+                "0.1",
+                "--seeds",
+                "2",
+                "--clients",
+                "20",
+                "--no-plot",
+                "--out",
+                str(out),
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     stdout = capsys.readouterr().out
     recs = _records(out)
     assert [(r["placement"], r["protocol"]) for r in recs if r["seed"] == 0] == [
-        ("local", "none"), ("secure sum", "mask"), ("trusted aggregator", "none")]
+        ("local", "none"),
+        ("secure sum", "mask"),
+        ("trusted aggregator", "none"),
+    ]
     # the non-private accuracy sits beside every placement, equal for one seed
     for seed in (0, 1):
         assert len({r["nonprivate_accuracy"] for r in recs if r["seed"] == seed}) == 1
@@ -47,26 +67,84 @@ def test_single_budget_compares_the_three_placements(tmp_path, capsys, digits_ca
     assert [r.split("  ")[1].strip() for r in rows] == ["local", "secure sum", "trusted aggregator"]
     assert {r["placement"] for r in _csv(out)} == {"local", "secure sum", "trusted aggregator"}
     tags = [line.split("]")[0] for line in stdout.splitlines() if line.startswith("guarantee [")]
-    assert tags == ["guarantee [fedlog, local, eps=0.1", "guarantee [fedlog, secure sum, eps=0.1",
-                    "guarantee [fedlog, trusted aggregator, eps=0.1"]
+    assert tags == [
+        "guarantee [fedlog, local, eps=0.1",
+        "guarantee [fedlog, secure sum, eps=0.1",
+        "guarantee [fedlog, trusted aggregator, eps=0.1",
+    ]
 
 
 def test_chosen_placement_runs_only_that_one(tmp_path, digits_cache):
     out = tmp_path / "o"
-    assert tradeoff_main(["--method", "fedncm", "--eps", "1", "--seeds", "1", "--clients", "20", "--no-plot",
-                          "--placement", "trusted", "--out", str(out), "--quiet"]) == 0
+    assert (
+        tradeoff_main(
+            [
+                "--method",
+                "fedncm",
+                "--eps",
+                "1",
+                "--seeds",
+                "1",
+                "--clients",
+                "20",
+                "--no-plot",
+                "--placement",
+                "trusted",
+                "--out",
+                str(out),
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     assert [r["placement"] for r in _records(out)] == ["trusted aggregator"]
     out2 = tmp_path / "p"
-    assert tradeoff_main(["--method", "fedncm", "--eps", "1", "--seeds", "1", "--clients", "20", "--no-plot",
-                          "--secure-agg", "ckks", "--out", str(out2), "--quiet"]) == 0
+    assert (
+        tradeoff_main(
+            [
+                "--method",
+                "fedncm",
+                "--eps",
+                "1",
+                "--seeds",
+                "1",
+                "--clients",
+                "20",
+                "--no-plot",
+                "--secure-agg",
+                "ckks",
+                "--out",
+                str(out2),
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     assert [(r["placement"], r["protocol"]) for r in _records(out2)] == [("secure sum", "ckks")]
 
 
 def test_per_client_method_leaves_out_placements_it_cannot_use(tmp_path, digits_cache):
     """FedCOF needs every client's statistics: no trusted sum, no secure sum with noise; said in a note."""
     out = tmp_path / "o"
-    assert tradeoff_main(["--method", "fedcof", "--eps", "1", "--seeds", "1", "--clients", "20", "--no-plot",
-                          "--out", str(out), "--quiet"]) == 0
+    assert (
+        tradeoff_main(
+            [
+                "--method",
+                "fedcof",
+                "--eps",
+                "1",
+                "--seeds",
+                "1",
+                "--clients",
+                "20",
+                "--no-plot",
+                "--out",
+                str(out),
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     data = json.loads((out / "results.json").read_text())
     assert [r["placement"] for r in data["records"]] == ["local"]
     assert any("placement 'trusted aggregator' left out for method 'fedcof'" in w for w in data["warnings"])
@@ -75,8 +153,27 @@ def test_per_client_method_leaves_out_placements_it_cannot_use(tmp_path, digits_
 # ---------------------------------------------------------------- count noise, no-DP heuristics, classic calibration
 def test_count_noise_rows_state_pure_dp_and_no_dp(tmp_path, capsys, digits_cache):
     out = tmp_path / "lap"
-    assert tradeoff_main(["--method", "fedcof", "--count-noise", "laplace", "--eps", "0.5", "--seeds", "2",
-                          "--clients", "20", "--out", str(out), "--quiet", "--no-plot"]) == 0
+    assert (
+        tradeoff_main(
+            [
+                "--method",
+                "fedcof",
+                "--count-noise",
+                "laplace",
+                "--eps",
+                "0.5",
+                "--seeds",
+                "2",
+                "--clients",
+                "20",
+                "--out",
+                str(out),
+                "--quiet",
+                "--no-plot",
+            ]
+        )
+        == 0
+    )
     table = capsys.readouterr().out
     for r in _records(out):
         assert r["delta"] == 0.0 and r["calibration"] == "pure" and r["sigma"] == "nan"
@@ -86,8 +183,27 @@ def test_count_noise_rows_state_pure_dp_and_no_dp(tmp_path, capsys, digits_cache
     cells = [c.strip() for c in row.split("  ") if c.strip()]
     assert cells[6] == "0" and "nan" not in row and "analytic" not in row
     out = tmp_path / "uni"
-    assert tradeoff_main(["--method", "fedcof", "--count-noise", "uniform", "--eps", "0.5", "--seeds", "1",
-                          "--clients", "20", "--out", str(out), "--quiet", "--no-plot"]) == 0
+    assert (
+        tradeoff_main(
+            [
+                "--method",
+                "fedcof",
+                "--count-noise",
+                "uniform",
+                "--eps",
+                "0.5",
+                "--seeds",
+                "1",
+                "--clients",
+                "20",
+                "--out",
+                str(out),
+                "--quiet",
+                "--no-plot",
+            ]
+        )
+        == 0
+    )
     table = capsys.readouterr().out
     (r,) = _records(out)
     assert r["private"] is False and r["epsilon_reported"] == "inf" and r["delta"] == "nan"
@@ -100,8 +216,28 @@ def test_classic_calibration_is_placed_at_the_ledger_epsilon(tmp_path, monkeypat
     figs = []
     monkeypatch.setattr(_cli.OutputDir, "save_figure", lambda self, name, fig, **k: figs.append(fig))
     out = tmp_path / "o"
-    assert tradeoff_main(["--method", "fedncm", "--eps", "0.5,2", "--calibration", "classic", "--placement", "trusted",
-                          "--seeds", "1", "--clients", "20", "--out", str(out), "--quiet"]) == 0
+    assert (
+        tradeoff_main(
+            [
+                "--method",
+                "fedncm",
+                "--eps",
+                "0.5,2",
+                "--calibration",
+                "classic",
+                "--placement",
+                "trusted",
+                "--seeds",
+                "1",
+                "--clients",
+                "20",
+                "--out",
+                str(out),
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     recs = _records(out)
     ledger = sorted(r["epsilon_reported"] for r in recs)
     assert all(not math.isclose(r["epsilon_reported"], r["epsilon"]) for r in recs)  # classic is not tight
@@ -113,10 +249,33 @@ def test_classic_calibration_is_placed_at_the_ledger_epsilon(tmp_path, monkeypat
 
 def test_guarantee_lines_are_tagged_and_in_numeric_order(tmp_path, capsys, digits_cache):
     out = tmp_path / "o"
-    assert tradeoff_main(["--method", "fedncm,fed3r", "--eps", "10,2,0.5", "--placement", "local", "--seeds", "1",
-                          "--clients", "20", "--out", str(out), "--quiet", "--no-plot"]) == 0
+    assert (
+        tradeoff_main(
+            [
+                "--method",
+                "fedncm,fed3r",
+                "--eps",
+                "10,2,0.5",
+                "--placement",
+                "local",
+                "--seeds",
+                "1",
+                "--clients",
+                "20",
+                "--out",
+                str(out),
+                "--quiet",
+                "--no-plot",
+            ]
+        )
+        == 0
+    )
     stdout = capsys.readouterr().out
-    tags = [line.split("]")[0][len("guarantee ["):] for line in stdout.splitlines() if line.startswith("guarantee [")]
+    tags = [
+        line.split("]")[0][len("guarantee [") :]
+        for line in stdout.splitlines()
+        if line.startswith("guarantee [")
+    ]
     assert tags == [f"{m}, local, eps={e}" for m in ("fedncm", "fed3r") for e in ("0.5", "2", "10")]
     table = [line for line in stdout.splitlines() if line.startswith(("fedncm", "fed3r"))]
     assert [line.split()[3] for line in table] == ["0.5", "2", "10"] * 2
@@ -133,26 +292,32 @@ def _one_line(capsys) -> str:
 
 
 def test_param_for_a_method_not_run_is_refused(tmp_path, capsys):
-    assert tradeoff_main(["--method", "fedlog", "--param", "fedcof.gamma=0.1", "--out", str(tmp_path / "o")]) == 2
+    assert (
+        tradeoff_main(["--method", "fedlog", "--param", "fedcof.gamma=0.1", "--out", str(tmp_path / "o")])
+        == 2
+    )
     err = _one_line(capsys)
     assert "method 'fedcof' is not in --method (fedlog)" in err and "ignored" in err
 
 
-@pytest.mark.parametrize("name, text, needle", [
-    ("c.toml", 'clients = "x"', "--clients must be an integer, got 'x'"),
-    ("c.toml", 'delta = "x"', "--delta must be a number, got 'x'"),
-    ("c.toml", 'clip = "abc"', "--clip must be a number, got 'abc'"),
-    ("c.toml", 'max_records = "abc"', "--max-records must be an integer, got 'abc'"),
-    ("c.toml", "method_params = 5", "method_params must be a table of tables"),
-    ("c.toml", "rounds = 2.5", "--rounds must be an integer, got 2.5"),
-    ("c.toml", "seeds = true", "--seeds must be a count or a list of integers"),
-    ("c.toml", 'secure_agg = "paillier"', "--secure-agg must be none, mask or ckks"),
-    ("c.toml", "plot = 3", "plot must be true or false"),
-    ("c.toml", "eps = [0.1, true]", "--eps: True is not allowed"),
-    ("c.json", "{not json", "is not valid JSON"),
-    ("c.json", "[1, 2]", "has no 'config' table"),
-    ("c.toml", "rounds = = 2", "is not valid TOML"),
-])
+@pytest.mark.parametrize(
+    "name, text, needle",
+    [
+        ("c.toml", 'clients = "x"', "--clients must be an integer, got 'x'"),
+        ("c.toml", 'delta = "x"', "--delta must be a number, got 'x'"),
+        ("c.toml", 'clip = "abc"', "--clip must be a number, got 'abc'"),
+        ("c.toml", 'max_records = "abc"', "--max-records must be an integer, got 'abc'"),
+        ("c.toml", "method_params = 5", "method_params must be a table of tables"),
+        ("c.toml", "rounds = 2.5", "--rounds must be an integer, got 2.5"),
+        ("c.toml", "seeds = true", "--seeds must be a count or a list of integers"),
+        ("c.toml", 'secure_agg = "paillier"', "--secure-agg must be none, mask or ckks"),
+        ("c.toml", "plot = 3", "plot must be true or false"),
+        ("c.toml", "eps = [0.1, true]", "--eps: True is not allowed"),
+        ("c.json", "{not json", "is not valid JSON"),
+        ("c.json", "[1, 2]", "has no 'config' table"),
+        ("c.toml", "rounds = = 2", "is not valid TOML"),
+    ],
+)
 def test_config_files_are_checked_like_flags(tmp_path, capsys, name, text, needle):
     cfg = tmp_path / name
     cfg.write_text(text + "\n")
@@ -161,12 +326,15 @@ def test_config_files_are_checked_like_flags(tmp_path, capsys, name, text, needl
     assert not (tmp_path / "o").exists()
 
 
-@pytest.mark.parametrize("flag, value, needle", [
-    ("--rounds", "2.5", "--rounds must be an integer, got '2.5'"),
-    ("--clients", "x", "--clients must be an integer, got 'x'"),
-    ("--clip", "abc", "--clip must be a number, got 'abc'"),
-    ("--placement", "server", "--placement must be all or a list of local, secure-sum, trusted"),
-])
+@pytest.mark.parametrize(
+    "flag, value, needle",
+    [
+        ("--rounds", "2.5", "--rounds must be an integer, got '2.5'"),
+        ("--clients", "x", "--clients must be an integer, got 'x'"),
+        ("--clip", "abc", "--clip must be a number, got 'abc'"),
+        ("--placement", "server", "--placement must be all or a list of local, secure-sum, trusted"),
+    ],
+)
 def test_flags_give_the_same_messages(tmp_path, capsys, flag, value, needle):
     assert tradeoff_main([flag, value, "--out", str(tmp_path / "o"), "--quiet"]) == 2
     assert needle in _one_line(capsys)
@@ -176,16 +344,34 @@ def test_single_class_dataset_is_refused(tmp_path, capsys):
     rng = np.random.default_rng(0)
     path = tmp_path / "one.npz"
     np.savez(path, features=rng.normal(size=(200, 6)), labels=np.zeros(200, dtype=int))
-    assert tradeoff_main(["--dataset", f"file:{path}", "--method", "fedncm", "--eps", "inf", "--seeds", "1",
-                          "--out", str(tmp_path / "o"), "--quiet"]) == 2
+    assert (
+        tradeoff_main(
+            [
+                "--dataset",
+                f"file:{path}",
+                "--method",
+                "fedncm",
+                "--eps",
+                "inf",
+                "--seeds",
+                "1",
+                "--out",
+                str(tmp_path / "o"),
+                "--quiet",
+            ]
+        )
+        == 2
+    )
     err = _one_line(capsys)
     assert "single class" in err
     assert not (tmp_path / "o").exists()
 
 
 def test_missing_scikit_image_is_one_line(tmp_path):
-    code = ("import sys; sys.modules['skimage'] = None; from privfed.attack import main; "
-            f"sys.exit(main(['--attack', 'inversion', '--out', {str(tmp_path / 'o')!r}]))")
+    code = (
+        "import sys; sys.modules['skimage'] = None; from privfed.attack import main; "
+        f"sys.exit(main(['--attack', 'inversion', '--out', {str(tmp_path / 'o')!r}]))"
+    )
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2, proc.stderr
     err = proc.stderr.strip()
@@ -194,12 +380,32 @@ def test_missing_scikit_image_is_one_line(tmp_path):
 
 
 # ---------------------------------------------------------------- help, folder names, the final message
-@pytest.mark.parametrize("parser, defaults", [
-    (tradeoff_parser, ["(default: fedlog)", "(default: 0.1)", "(default: 5)", "(default: none)",
-                       "(default: a fresh results/tradeoff-<what ran>-<time>)"]),
-    (attack_parser, ["(default: fedncm)", "(default: inf)", "(default: 1 (seed 0))", "(default: none)",
-                     "(default: a fresh results/attack-<what ran>-<time>)", "(default: 1,4,16)"]),
-])
+@pytest.mark.parametrize(
+    "parser, defaults",
+    [
+        (
+            tradeoff_parser,
+            [
+                "(default: fedlog)",
+                "(default: 0.1)",
+                "(default: 5)",
+                "(default: none)",
+                "(default: a fresh results/tradeoff-<what ran>-<time>)",
+            ],
+        ),
+        (
+            attack_parser,
+            [
+                "(default: fedncm)",
+                "(default: inf)",
+                "(default: 1 (seed 0))",
+                "(default: none)",
+                "(default: a fresh results/attack-<what ran>-<time>)",
+                "(default: 1,4,16)",
+            ],
+        ),
+    ],
+)
 def test_help_shows_defaults_and_a_glossary(parser, defaults):
     text = " ".join(parser().format_help().split())
     for d in defaults:
@@ -210,17 +416,26 @@ def test_help_shows_defaults_and_a_glossary(parser, defaults):
         assert flag in text
 
 
-def test_default_folder_names_what_ran_and_the_final_message_lists_every_file(tmp_path, monkeypatch, capsys,
-                                                                               digits_cache):
+def test_default_folder_names_what_ran_and_the_final_message_lists_every_file(
+    tmp_path, monkeypatch, capsys, digits_cache
+):
     monkeypatch.chdir(tmp_path)
-    assert tradeoff_main(["--method", "fedncm", "--eps", "1,4", "--seeds", "1", "--clients", "20", "--quiet"]) == 0
+    assert (
+        tradeoff_main(["--method", "fedncm", "--eps", "1,4", "--seeds", "1", "--clients", "20", "--quiet"])
+        == 0
+    )
     (folder,) = (tmp_path / "results").iterdir()
     assert folder.name.startswith("tradeoff-fedncm-eps1-4-")
     last = capsys.readouterr().out.strip().splitlines()[-1]
     listed = last.split(": ", 1)[1].split("  (")[0].split(", ")
-    assert sorted(listed) == sorted(p.name for p in folder.iterdir()) == sorted(
-        ["results.csv", "results.json", "tradeoff.png", "manifest.json"])
-    assert attack_main(["--attack", "tracing", "--method", "fedncm", "--n", "2", "--eps", "inf", "--quiet"]) == 0
+    assert (
+        sorted(listed)
+        == sorted(p.name for p in folder.iterdir())
+        == sorted(["results.csv", "results.json", "tradeoff.png", "manifest.json"])
+    )
+    assert (
+        attack_main(["--attack", "tracing", "--method", "fedncm", "--n", "2", "--eps", "inf", "--quiet"]) == 0
+    )
     (folder,) = [p for p in (tmp_path / "results").iterdir() if p.name.startswith("attack-")]
     assert folder.name.startswith("attack-tracing-fedncm-epsinf-")
     last = capsys.readouterr().out.strip().splitlines()[-1]
@@ -230,8 +445,26 @@ def test_default_folder_names_what_ran_and_the_final_message_lists_every_file(tm
 # ---------------------------------------------------------------- the attack command
 def test_tracing_reports_both_tests_by_name(tmp_path, capsys, digits_cache):
     out = tmp_path / "o"
-    assert attack_main(["--attack", "tracing", "--method", "fedncm", "--n", "1", "--eps", "inf,1",
-                        "--secure-agg", "mask", "--out", str(out), "--quiet"]) == 0
+    assert (
+        attack_main(
+            [
+                "--attack",
+                "tracing",
+                "--method",
+                "fedncm",
+                "--n",
+                "1",
+                "--eps",
+                "inf,1",
+                "--secure-agg",
+                "mask",
+                "--out",
+                str(out),
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     rows = _csv(out)
     assert [(r["placement"], r["protocol"]) for r in rows] == [("none", "mask"), ("secure sum", "mask")]
     for r in rows:
@@ -243,19 +476,55 @@ def test_tracing_reports_both_tests_by_name(tmp_path, capsys, digits_cache):
 
 def test_attack_count_noise_rows_state_pure_dp(tmp_path, digits_cache):
     out = tmp_path / "o"
-    assert attack_main(["--attack", "labels", "--method", "fedncm", "--partition", "dirichlet", "--clients", "20",
-                        "--count-noise", "laplace", "--eps", "1", "--out", str(out), "--quiet"]) == 0
+    assert (
+        attack_main(
+            [
+                "--attack",
+                "labels",
+                "--method",
+                "fedncm",
+                "--partition",
+                "dirichlet",
+                "--clients",
+                "20",
+                "--count-noise",
+                "laplace",
+                "--eps",
+                "1",
+                "--out",
+                str(out),
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     (r,) = _csv(out)
     assert (r["placement"], r["delta"], r["calibration"]) == ("local", "0.0", "pure")
 
 
 # ---------------------------------------------------------------- the plot
 def _summary_row(method, eps, acc, *, placement="local", private=True, reported=None, **extra):
-    return dict(method=method, placement=placement, protocol="none", epsilon=eps,
-                epsilon_reported=eps if reported is None else reported, private=private, seeds=3,
-                accuracy_mean=acc, accuracy_std=0.02, nonprivate_mean=0.95, nonprivate_std=0.0, delta=1e-5,
-                calibration="analytic", level="record", rounds=1, mechanism="m", upload_bytes=1.0,
-                guarantee="g", **extra)
+    return dict(
+        method=method,
+        placement=placement,
+        protocol="none",
+        epsilon=eps,
+        epsilon_reported=eps if reported is None else reported,
+        private=private,
+        seeds=3,
+        accuracy_mean=acc,
+        accuracy_std=0.02,
+        nonprivate_mean=0.95,
+        nonprivate_std=0.0,
+        delta=1e-5,
+        calibration="analytic",
+        level="record",
+        rounds=1,
+        mechanism="m",
+        upload_bytes=1.0,
+        guarantee="g",
+        **extra,
+    )
 
 
 def test_plot_has_chance_band_legend_outside_and_one_axis_per_attack_metric(tmp_path, monkeypatch):
@@ -263,15 +532,26 @@ def test_plot_has_chance_band_legend_outside_and_one_axis_per_attack_metric(tmp_
     monkeypatch.setattr(_cli.OutputDir, "save_figure", lambda self, name, fig, **k: figs.append(fig))
     att = {"attack_tracing_auc": 0.7, "attack_singleton_exposed_fraction": 0.2}
     summary = [
-        _summary_row("fedncm", 1.0, 0.8, **att), _summary_row("fedncm", 4.0, 0.9, **att),
-        _summary_row("fedncm", math.inf, 0.95, placement="none", private=False,
-                     **{"attack_tracing_auc": 0.9, "attack_singleton_exposed_fraction": 0.5}),
+        _summary_row("fedncm", 1.0, 0.8, **att),
+        _summary_row("fedncm", 4.0, 0.9, **att),
+        _summary_row(
+            "fedncm",
+            math.inf,
+            0.95,
+            placement="none",
+            private=False,
+            **{"attack_tracing_auc": 0.9, "attack_singleton_exposed_fraction": 0.5},
+        ),
         _summary_row("fedcof", 0.5, 0.97, private=False, reported=math.inf, **att),
         _summary_row("fedcof", 0.9, 0.96, private=False, reported=math.inf, **att),
     ]
     out = _cli.OutputDir(tmp_path / "p", "tradeoff")
-    plot_tradeoff((out, "tradeoff.png"), summary, title="digits\nrecord level, delta=1e-05; placement: local; "
-                  "protocol: none", num_classes=10)
+    plot_tradeoff(
+        (out, "tradeoff.png"),
+        summary,
+        title="digits\nrecord level, delta=1e-05; placement: local; protocol: none",
+        num_classes=10,
+    )
     fig = figs[0]
     axes = fig.axes
     assert len(axes) == 3  # accuracy, tracing auc, singleton exposed fraction: one metric per axis
@@ -308,10 +588,19 @@ def test_heartbeat_redraws_a_bar_during_one_long_run():
     assert Bar.refreshed == n  # stopped with the block
 
 
-@pytest.mark.parametrize("stated, expected", [
-    (None, "local"), ("", "local"), ("trusted_aggregator", "trusted aggregator"), ("secure-sum", "secure sum"),
-    ("Secure sum (noise shares)", "secure sum"), ("distributed", "secure sum"), ("local", "local"),
-    ("client-side", "local"), ("something else", "something else"),
-])
+@pytest.mark.parametrize(
+    "stated, expected",
+    [
+        (None, "local"),
+        ("", "local"),
+        ("trusted_aggregator", "trusted aggregator"),
+        ("secure-sum", "secure sum"),
+        ("Secure sum (noise shares)", "secure sum"),
+        ("distributed", "secure sum"),
+        ("local", "local"),
+        ("client-side", "local"),
+        ("something else", "something else"),
+    ],
+)
 def test_report_placements_are_printed_in_one_vocabulary(stated, expected):
     assert _cli.placement_word(stated, "local") == expected

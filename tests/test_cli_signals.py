@@ -71,9 +71,14 @@ def _default_sigint() -> None:  # in the child, before exec: Python then turns S
 
 # ---------------------------------------------------------------- real signals, in a subprocess
 def _start(argv: list[str], tmp_path: Path) -> tuple[subprocess.Popen, list[bytes]]:
-    proc = subprocess.Popen([sys.executable, "-m", "privfed.tradeoff", *argv], cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-                            preexec_fn=_default_sigint)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "privfed.tradeoff", *argv],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        preexec_fn=_default_sigint,
+    )
     err: list[bytes] = []
 
     def pump():
@@ -84,17 +89,33 @@ def _start(argv: list[str], tmp_path: Path) -> tuple[subprocess.Popen, list[byte
     return proc, err
 
 
-@pytest.mark.parametrize("sig, code, delay", [
-    (signal.SIGTERM, 143, 0.0),
-    # the in-process tests below deliver both signals at chosen points of the same code, in a second each
-    pytest.param(signal.SIGTERM, 143, 2.0, marks=pytest.mark.slow),
-    pytest.param(signal.SIGINT, 130, 1.0, marks=pytest.mark.slow),
-])
+@pytest.mark.parametrize(
+    "sig, code, delay",
+    [
+        (signal.SIGTERM, 143, 0.0),
+        # the in-process tests below deliver both signals at chosen points of the same code, in a second each
+        pytest.param(signal.SIGTERM, 143, 2.0, marks=pytest.mark.slow),
+        pytest.param(signal.SIGINT, 130, 1.0, marks=pytest.mark.slow),
+    ],
+)
 def test_signal_mid_sweep_keeps_finished_runs(tmp_path, digits_cache, sig, code, delay):
     """SIGTERM (kill, timeout, schedulers) is handled like Ctrl-C: what finished is written, exit 128 + signal."""
     out = tmp_path / "o"
-    argv = ["--method", "fedncm", "--placement", "local", "--eps", "0.5,1,2,4,8", "--seeds", "4000", "--clients",
-            "20", "--no-plot", "--out", str(out)]
+    argv = [
+        "--method",
+        "fedncm",
+        "--placement",
+        "local",
+        "--eps",
+        "0.5,1,2,4,8",
+        "--seeds",
+        "4000",
+        "--clients",
+        "20",
+        "--no-plot",
+        "--out",
+        str(out),
+    ]
     proc, err = _start(argv, tmp_path)
     t0 = time.monotonic()
     while b"tradeoff:" not in b"".join(err):  # the progress bar shows once the sweep has run 2 s
@@ -126,7 +147,9 @@ def _kill_on_call(monkeypatch, target, name, sig, at):
 
 
 @pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
-def test_signal_before_any_run_leaves_no_folder(tmp_path, monkeypatch, digits_cache, ctrl_c_raises, sig, code):
+def test_signal_before_any_run_leaves_no_folder(
+    tmp_path, monkeypatch, digits_cache, ctrl_c_raises, sig, code
+):
     import privfed.tradeoff as tr
 
     _kill_on_call(monkeypatch, tr, "server_head", sig, 1)
@@ -136,8 +159,9 @@ def test_signal_before_any_run_leaves_no_folder(tmp_path, monkeypatch, digits_ca
 
 
 @pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
-def test_signal_inside_the_final_csv_write(tmp_path, monkeypatch, capsys, digits_cache, ctrl_c_raises, sig,
-                                           code):
+def test_signal_inside_the_final_csv_write(
+    tmp_path, monkeypatch, capsys, digits_cache, ctrl_c_raises, sig, code
+):
     """Interrupted while results.csv is written: no truncated CSV, every finished run in results.partial.*."""
     real = _cli.csv.DictWriter
 
@@ -174,10 +198,26 @@ def test_interrupt_after_some_final_files_keeps_partial_ones(tmp_path, monkeypat
 
     monkeypatch.setattr(matplotlib.figure.Figure, "savefig", boom)
     out = tmp_path / "o"
-    argv = ["--method", "fedncm", "--placement", "local", "--clients", "20", "--quiet", "--eps", "1,2",
-            "--seeds", "2", "--out", str(out)]
+    argv = [
+        "--method",
+        "fedncm",
+        "--placement",
+        "local",
+        "--clients",
+        "20",
+        "--quiet",
+        "--eps",
+        "1,2",
+        "--seeds",
+        "2",
+        "--out",
+        str(out),
+    ]
     assert tradeoff_main(argv) == 130
-    assert len(_rows(out / "results.csv")) == 4 and len(json.loads((out / "results.json").read_text())["records"]) == 4
+    assert (
+        len(_rows(out / "results.csv")) == 4
+        and len(json.loads((out / "results.json").read_text())["records"]) == 4
+    )
     assert _check_partial(out) == 4
     assert not (out / "tradeoff.png").exists()
 
@@ -187,18 +227,49 @@ def test_attack_sweep_interrupted_keeps_finished_rows(tmp_path, monkeypatch, dig
 
     _kill_on_call(monkeypatch, attacks, "scenario", signal.SIGTERM, 3)
     out = tmp_path / "a"
-    argv = ["--attack", "tracing", "--method", "fedncm", "--n", "2", "--eps", "inf,1,2", "--quiet", "--out", str(out)]
+    argv = [
+        "--attack",
+        "tracing",
+        "--method",
+        "fedncm",
+        "--n",
+        "2",
+        "--eps",
+        "inf,1,2",
+        "--quiet",
+        "--out",
+        str(out),
+    ]
     assert attack_main(argv) == 143
     assert _check_partial(out) == 2
 
 
 # ---------------------------------------------------------------- overwrite and failed runs
-def test_overwrite_never_mixes_runs_and_keeps_the_old_one_until_the_new_is_complete(tmp_path, monkeypatch,
-                                                                                     capsys, digits_cache):
+def test_overwrite_never_mixes_runs_and_keeps_the_old_one_until_the_new_is_complete(
+    tmp_path, monkeypatch, capsys, digits_cache
+):
     out = tmp_path / "o"
     # run 1: complete, with a plot
-    assert tradeoff_main(["--method", "fedncm", "--placement", "local", "--clients", "20", "--quiet", "--eps", "1,2",
-                          "--seeds", "2", "--out", str(out)]) == 0
+    assert (
+        tradeoff_main(
+            [
+                "--method",
+                "fedncm",
+                "--placement",
+                "local",
+                "--clients",
+                "20",
+                "--quiet",
+                "--eps",
+                "1,2",
+                "--seeds",
+                "2",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     assert (out / "tradeoff.png").exists()
     run1 = {p.name: p.read_bytes() for p in out.iterdir()}
     # run 2: another sweep over the same folder, interrupted: run 1 stays whole, run 2's finished part goes beside it
@@ -220,15 +291,25 @@ def test_overwrite_never_mixes_runs_and_keeps_the_old_one_until_the_new_is_compl
     assert {p.name: p.read_bytes() for p in out.iterdir()} == run1
     aside = [p for p in tmp_path.iterdir() if p.name.startswith("o.partial-")]
     assert len(aside) == 1 and f"{out} keeps the previous run" in capsys.readouterr().err
-    assert {p.name for p in aside[0].iterdir()} == {"results.partial.csv", "results.partial.json", "manifest.json"}
+    assert {p.name for p in aside[0].iterdir()} == {
+        "results.partial.csv",
+        "results.partial.json",
+        "manifest.json",
+    }
     _check_partial(aside[0])
     # run 3: complete, no plot: the folder holds exactly its files (run 1's plot is gone with run 1)
     assert tradeoff_main([*SMALL, "--eps", "0.5", "--seeds", "1", "--out", str(out), "--overwrite"]) == 0
     assert {p.name for p in out.iterdir()} == {"results.csv", "results.json", "manifest.json"}
     assert [r["epsilon"] for r in _rows(out / "results.csv")] == ["0.5"]
     manifest = verify_folder(out)
-    assert manifest["complete"] is True and [f["name"] for f in manifest["files"]] == ["results.csv", "results.json"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["o", aside[0].name]  # no staging, lock or old folder left
+    assert manifest["complete"] is True and [f["name"] for f in manifest["files"]] == [
+        "results.csv",
+        "results.json",
+    ]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "o",
+        aside[0].name,
+    ]  # no staging, lock or old folder left
 
 
 def test_overwrite_refuses_a_folder_with_other_files(tmp_path, capsys, digits_cache):
@@ -237,24 +318,45 @@ def test_overwrite_refuses_a_folder_with_other_files(tmp_path, capsys, digits_ca
     (out / "my_notes.txt").write_text("mine")
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     for main in (tradeoff_main, attack_main):
-        extra = ["--attack", "tracing", "--n", "2", "--quiet"] if main is attack_main else [*SMALL, "--eps", "2"]
+        extra = (
+            ["--attack", "tracing", "--n", "2", "--quiet"] if main is attack_main else [*SMALL, "--eps", "2"]
+        )
         assert main([*extra, "--out", str(out), "--overwrite"]) == 2
         err = capsys.readouterr().err
-        assert "holds files privfed did not write (my_notes.txt)" in err and len(err.strip().splitlines()) == 1
+        assert (
+            "holds files privfed did not write (my_notes.txt)" in err and len(err.strip().splitlines()) == 1
+        )
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
 
 
 def test_failed_run_leaves_no_folder_and_keeps_an_old_run(tmp_path, monkeypatch, capsys, digits_cache):
     monkeypatch.chdir(tmp_path)
     # default --out (a fresh results/ folder): a run that fails writes nothing, creates nothing
-    assert tradeoff_main(["--dataset", "file:/nonexistent/f.npz", "--eps", "1", "--clip", "1", "--quiet"]) == 2
+    assert (
+        tradeoff_main(["--dataset", "file:/nonexistent/f.npz", "--eps", "1", "--clip", "1", "--quiet"]) == 2
+    )
     assert not (tmp_path / "results").exists()
     # an old run overwritten by a run that fails before producing anything is left as it was
     out = tmp_path / "o"
     assert tradeoff_main([*SMALL, "--eps", "1", "--seeds", "1", "--out", str(out)]) == 0
     before = {p.name: p.read_bytes() for p in out.iterdir()}
-    assert tradeoff_main(["--dataset", "file:/nonexistent/f.npz", "--eps", "1", "--clip", "1", "--quiet",
-                          "--out", str(out), "--overwrite"]) == 2
+    assert (
+        tradeoff_main(
+            [
+                "--dataset",
+                "file:/nonexistent/f.npz",
+                "--eps",
+                "1",
+                "--clip",
+                "1",
+                "--quiet",
+                "--out",
+                str(out),
+                "--overwrite",
+            ]
+        )
+        == 2
+    )
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
 
 
@@ -271,7 +373,9 @@ def test_out_that_cannot_be_a_folder_is_one_clear_line(tmp_path, capsys, command
         code = attack_main([*argv, "--attack", "tracing", "--quiet"])
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, err
-    assert ("is a file, not a folder" if case != "under-file" else "is a file, so no folder can be made") in err
+    assert (
+        "is a file, not a folder" if case != "under-file" else "is a file, so no folder can be made"
+    ) in err
     assert f.read_text() == "x"
 
 
@@ -297,5 +401,9 @@ def test_long_sweeps_checkpoint_finished_runs(tmp_path, monkeypatch, digits_cach
     # server_head is called per seed for the non-private head, then per budget; before each call,
     # every run finished so far was on disk (seed 0: 0, 1, 2 done; seed 1: 3, 3, 4, 5 done)
     assert seen == [1, 2, 3, 3, 4, 5]
-    assert {p.name for p in out.iterdir()} == {"results.csv", "results.json", "manifest.json"}  # removed at the end
+    assert {p.name for p in out.iterdir()} == {
+        "results.csv",
+        "results.json",
+        "manifest.json",
+    }  # removed at the end
     assert verify_folder(out)["complete"] is True

@@ -14,7 +14,11 @@ import pytest
 from privfed import cli_args
 
 REPO = Path(__file__).resolve().parents[1]
-PARSERS = {"tradeoff": cli_args.tradeoff_parser, "attack": cli_args.attack_parser, "flower": cli_args.flower_parser}
+PARSERS = {
+    "tradeoff": cli_args.tradeoff_parser,
+    "attack": cli_args.attack_parser,
+    "flower": cli_args.flower_parser,
+}
 
 
 def _flags(parser) -> set[str]:
@@ -31,8 +35,17 @@ def test_listed_names_are_the_registries():
 
 def test_shared_concepts_have_one_flag_name():
     flags = {name: _flags(make()) for name, make in PARSERS.items()}
-    for flag in ("--method", "--eps", "--delta", "--clip", "--clients", "--partition", "--alpha", "--secure-agg",
-                 "--out"):
+    for flag in (
+        "--method",
+        "--eps",
+        "--delta",
+        "--clip",
+        "--clients",
+        "--partition",
+        "--alpha",
+        "--secure-agg",
+        "--out",
+    ):
         assert all(flag in f for f in flags.values()), flag
     for old in ("--secure", "--output", "--epsilon"):  # older spellings: hidden, not shown in --help
         assert not any(old in f for f in flags.values()), old
@@ -56,7 +69,12 @@ def test_help_shows_every_default_and_one_neighbouring_relation():
         assert "add/remove one client" not in text
         fmt = cli_args.HelpFormatter("x")
         for action in make()._actions:
-            if not action.option_strings or action.help == "==SUPPRESS==" or action.nargs == 0 or action.required:
+            if (
+                not action.option_strings
+                or action.help == "==SUPPRESS=="
+                or action.nargs == 0
+                or action.required
+            ):
                 continue  # positional, hidden, required, or a switch (off unless given)
             assert "default" in fmt._get_help_string(action).lower(), (name, action.dest)
     tradeoff = " ".join(cli_args.tradeoff_parser().format_help().split())
@@ -77,10 +95,13 @@ def test_help_is_fast_and_imports_nothing_heavy(command):
     """--help in under a second: the best of three runs against a bare interpreter's start measured in the
     same test (the help may cost at most 1 s more), and no numerical or Flower module is imported."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    probe = ("import runpy, sys; sys.argv = [sys.argv[0], '--help']\n"
-             "try:\n    runpy.run_module(%r, run_name='__main__')\nexcept SystemExit:\n    pass\n"
-             "heavy = sorted(m for m in ('scipy', 'sklearn', 'torch', 'flwr', 'privfed.methods', 'attacks') "
-             "if m in sys.modules)\nprint('HEAVY', heavy, file=sys.stderr)\n") % command
+    probe = (
+        "import runpy, sys; sys.argv = [sys.argv[0], '--help']\n"
+        "try:\n    runpy.run_module(%r, run_name='__main__')\nexcept SystemExit:\n    pass\n"
+        "heavy = sorted(m for m in ('scipy', 'sklearn', 'torch', 'flwr', 'privfed.methods', 'attacks') "
+        "if m in sys.modules)\nprint('HEAVY', heavy, file=sys.stderr)\n"
+    ) % command
+
     def best_of_3(argv):  # the fastest of three runs: load spikes on a busy machine only ever add time
         times, res = [], None
         for _ in range(3):
@@ -98,7 +119,9 @@ def test_help_is_fast_and_imports_nothing_heavy(command):
 def test_below_chance_rows_are_named_with_their_reason():
     from privfed.tradeoff import below_chance_line
 
-    row = dict(method="fedlog", placement="local", epsilon=0.1, private=True, accuracy_mean=0.09, accuracy_std=0.05)
+    row = dict(
+        method="fedlog", placement="local", epsilon=0.1, private=True, accuracy_mean=0.09, accuracy_std=0.05
+    )
     assert below_chance_line([{**row, "accuracy_mean": 0.5}], 10) is None
     line = below_chance_line([row], 10)
     assert "fedlog local eps=0.1" in line and "within the spread" in line

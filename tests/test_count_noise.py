@@ -62,7 +62,9 @@ def test_noise_laws():
 
 
 def test_clip_at_zero_and_drop_keeps_exact_means():
-    stats = ClientStats(counts=np.array([[4.0, 2.0, 0.0]]), sums=np.array([[[4.0, 8.0], [2.0, -2.0], [0.0, 0.0]]]))
+    stats = ClientStats(
+        counts=np.array([[4.0, 2.0, 0.0]]), sums=np.array([[[4.0, 8.0], [2.0, -2.0], [0.0, 0.0]]])
+    )
     out, dropped = drop_clipped(stats, np.array([[6.0, -1.0, 3.0]]))
     # the class without data keeps its positive noisy count: survival depends on the noise only
     np.testing.assert_array_equal(out.counts, [[6.0, 0.0, 3.0]])
@@ -89,7 +91,11 @@ def test_released_counts_do_not_reveal_absent_classes():
 
 @pytest.mark.parametrize(
     "mech",
-    [LaplaceCountNoise(epsilon=0.5), GeometricCountNoise(epsilon=0.5), GaussianCountNoise(epsilon=1.0, delta=1e-5)],
+    [
+        LaplaceCountNoise(epsilon=0.5),
+        GeometricCountNoise(epsilon=0.5),
+        GaussianCountNoise(epsilon=1.0, delta=1e-5),
+    ],
 )
 def test_dp_count_noise_in_fit_reports_scope(mech):
     F, y, k = _data()

@@ -55,17 +55,21 @@ def test_numpy_forward_is_a_real_forward(all_images):
     for o in range(16):
         for i in range(8):
             for j in range(8):
-                h1[o, i, j] = np.sum(w["conv1.weight"][o, 0] * pad[i:i + 3, j:j + 3]) + w["conv1.bias"][o]
+                h1[o, i, j] = np.sum(w["conv1.weight"][o, 0] * pad[i : i + 3, j : j + 3]) + w["conv1.bias"][o]
     h1 = np.maximum(h1, 0)
     p1 = np.pad(h1, ((0, 0), (1, 1), (1, 1)))
     h2 = np.zeros((32, 8, 8))
     for o in range(32):
         for i in range(8):
             for j in range(8):
-                h2[o, i, j] = np.sum(w["conv2.weight"][o] * p1[:, i:i + 3, j:j + 3]) + w["conv2.bias"][o]
+                h2[o, i, j] = np.sum(w["conv2.weight"][o] * p1[:, i : i + 3, j : j + 3]) + w["conv2.bias"][o]
     h2 = np.maximum(h2, 0)
-    pooled = np.array([[[h2[c, 2 * i:2 * i + 2, 2 * j:2 * j + 2].max() for j in range(4)] for i in range(4)]
-                       for c in range(32)])
+    pooled = np.array(
+        [
+            [[h2[c, 2 * i : 2 * i + 2, 2 * j : 2 * j + 2].max() for j in range(4)] for i in range(4)]
+            for c in range(32)
+        ]
+    )
     ref = np.maximum(w["fc.weight"].astype(np.float64) @ pooled.ravel() + w["fc.bias"], 0)
     np.testing.assert_allclose(forward(w, x[None], dtype=np.float64)[0], ref, rtol=1e-12, atol=1e-12)
 
@@ -108,8 +112,14 @@ def test_the_main_job_needs_no_torch(tmp_path, digits_dataset):
     """)
     out = tmp_path / "f.npy"
     env = {**os.environ, "PRIVFED_CACHE": str(tmp_path / "cache"), "PYTHONPATH": str(REPO)}
-    res = subprocess.run([sys.executable, "-c", script, str(out)], cwd=REPO, env=env, capture_output=True,
-                         text=True, timeout=120)
+    res = subprocess.run(
+        [sys.executable, "-c", script, str(out)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 0, res.stderr
     assert 'pip install "privfed[torch]"' in res.stdout
     from privfed.data.digits import digits_splits

@@ -56,8 +56,16 @@ def code_blocks(pages=PAGES) -> list[CodeBlock]:
             before = text[: m.start()].rstrip("\n").rsplit("\n", 1)[-1]
             mark = _MARK.search(before)
             kind, note = (mark.group("kind"), mark.group("rest").strip()) if mark else ("run", "")
-            out.append(CodeBlock(page.relative_to(REPO).as_posix(), text[: m.start()].count("\n") + 1,
-                                 m.group("lang"), m.group("body"), kind, note))
+            out.append(
+                CodeBlock(
+                    page.relative_to(REPO).as_posix(),
+                    text[: m.start()].count("\n") + 1,
+                    m.group("lang"),
+                    m.group("body"),
+                    kind,
+                    note,
+                )
+            )
     return out
 
 
@@ -66,9 +74,15 @@ BLOCKS = code_blocks()
 
 def _env(cache: Path) -> dict[str, str]:
     bindir = str(Path(sys.executable).parent)
-    return {**os.environ, "PATH": f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}", "PYTHONPATH": str(REPO),
-            "PRIVFED_CACHE": str(cache), "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg",
-            "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1"}
+    return {
+        **os.environ,
+        "PATH": f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}",
+        "PYTHONPATH": str(REPO),
+        "PRIVFED_CACHE": str(cache),
+        "OMP_NUM_THREADS": "1",
+        "MPLBACKEND": "Agg",
+        "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+    }
 
 
 def _run(block: CodeBlock, tmp_path: Path, cache: Path) -> None:
@@ -80,7 +94,9 @@ def _run(block: CodeBlock, tmp_path: Path, cache: Path) -> None:
     else:
         cmd = ["bash", "-euo", "pipefail", "-c", block.body]
     res = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1800)
-    assert res.returncode == 0, f"{block.id} failed ({res.returncode}):\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}"
+    assert res.returncode == 0, (
+        f"{block.id} failed ({res.returncode}):\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}"
+    )
     assert "Traceback" not in res.stderr, f"{block.id}:\n{res.stderr[-3000:]}"
 
 
@@ -113,12 +129,19 @@ def test_mkdocs_build_strict(tmp_path):
     pytest.importorskip("mkdocs")
     pytest.importorskip("mkdocstrings")
     mkdocs = shutil.which("mkdocs", path=str(Path(sys.executable).parent)) or "mkdocs"
-    res = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(tmp_path / "site")],
-                         cwd=REPO, env={**_env(tmp_path / "cache"), "NO_MKDOCS_2_WARNING": "1"},
-                         capture_output=True, text=True, timeout=600)
+    res = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(tmp_path / "site")],
+        cwd=REPO,
+        env={**_env(tmp_path / "cache"), "NO_MKDOCS_2_WARNING": "1"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert res.returncode == 0, (mkdocs, res.stderr[-4000:])
     for page in PAGES[1:]:
-        assert (tmp_path / "site" / (page.stem if page.stem != "index" else "") / "index.html").is_file(), page
+        assert (tmp_path / "site" / (page.stem if page.stem != "index" else "") / "index.html").is_file(), (
+            page
+        )
 
 
 def test_readme_is_a_short_page_that_links_every_docs_page():

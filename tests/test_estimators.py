@@ -85,8 +85,9 @@ def test_clients_parameter_forms():
     assert not any("one client" in n for n in a.head_.notes)
     one = FederatedHeadClassifier("fedcof").fit(X, y)  # centralised: each class one mean
     assert any("seen by one client" in n for n in one.head_.notes)
-    by_label = FederatedHeadClassifier("fedcof", clients=lambda yy, rng: rng.integers(0, 4, yy.size),
-                                       random_state=0).fit(X, y)
+    by_label = FederatedHeadClassifier(
+        "fedcof", clients=lambda yy, rng: rng.integers(0, 4, yy.size), random_state=0
+    ).fit(X, y)
     assert by_label.head_.upload_bytes["K"] == 4
     with pytest.raises(ConfigError, match="clients must be None, an int"):
         FederatedHeadClassifier("fedcof", clients="iid").fit(X, y)
@@ -96,8 +97,9 @@ def test_clients_parameter_forms():
 
 def test_works_in_pipelines_and_cross_validation():
     X, y = _data(4)
-    pipe = make_pipeline(StandardScaler(), FederatedHeadClassifier("fedcof", {"gamma": 0.1}, clients=6,
-                                                                   random_state=0))
+    pipe = make_pipeline(
+        StandardScaler(), FederatedHeadClassifier("fedcof", {"gamma": 0.1}, clients=6, random_state=0)
+    )
     scores = cross_val_score(pipe, X, y, cv=3)
     assert scores.min() > 0.9
     c = clone(FederatedHeadClassifier("fedlog", {"nu": 2.0}, clients=3))

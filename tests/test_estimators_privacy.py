@@ -24,11 +24,21 @@ def test_privacy_parameter_equals_fit_with_the_same_seed(data):
     clf = FederatedHeadClassifier("fedlog", clients=10, random_state=3, privacy=mech, classes=10).fit(X, y)
     rng = np.random.default_rng(3)
     ids = iid_clients(y.size, 10, rng)
-    head = privfed.fit("fedlog", X, y, ids, num_classes=10, num_clients=10,
-                       privacy=GaussianMechanism(epsilon=2.0, delta=1e-5, clip=31.4), random_state=rng)
+    head = privfed.fit(
+        "fedlog",
+        X,
+        y,
+        ids,
+        num_classes=10,
+        num_clients=10,
+        privacy=GaussianMechanism(epsilon=2.0, delta=1e-5, clip=31.4),
+        random_state=rng,
+    )
     np.testing.assert_array_equal(clf.coef_, head.weight)
     np.testing.assert_array_equal(clf.intercept_, head.bias)
-    assert clf.head_.privacy.guarantee == head.privacy.guarantee and "SIMULATION" in clf.head_.privacy.guarantee
+    assert (
+        clf.head_.privacy.guarantee == head.privacy.guarantee and "SIMULATION" in clf.head_.privacy.guarantee
+    )
     # noise changes the head (a test that could fail if privacy were dropped on the way)
     clean = FederatedHeadClassifier("fedlog", clients=10, random_state=3).fit(X, y)
     assert not np.array_equal(clean.coef_, clf.coef_)
@@ -50,7 +60,9 @@ def test_unseeded_private_estimator_is_a_release_not_a_simulation(data):
 def test_secure_agg_parameter_gives_the_plain_head_up_to_fixed_point(data):
     X, y, Xt, yt = data
     plain = FederatedHeadClassifier("fed3r", clients=8, random_state=0).fit(X, y)
-    masked = FederatedHeadClassifier("fed3r", clients=8, random_state=0, secure_agg=PairwiseMasking()).fit(X, y)
+    masked = FederatedHeadClassifier("fed3r", clients=8, random_state=0, secure_agg=PairwiseMasking()).fit(
+        X, y
+    )
     assert masked.head_.secure_aggregation is not None
     np.testing.assert_allclose(masked.coef_, plain.coef_, rtol=1e-6, atol=1e-6)
     assert masked.score(Xt, yt) == plain.score(Xt, yt)
@@ -62,8 +74,9 @@ def test_under_privacy_the_label_set_and_the_number_of_clients_are_public_parame
     mech = GaussianMechanism(epsilon=2.0, delta=1e-5, clip=31.4)
     with pytest.raises(privfed.ConfigError, match="classes="):
         FederatedHeadClassifier("fedncm", clients=4, random_state=0, privacy=mech).fit(X, y)
-    by_label = FederatedHeadClassifier("fedncm", clients=lambda y, rng: y % 4, random_state=0, privacy=mech,
-                                       classes=10)
+    by_label = FederatedHeadClassifier(
+        "fedncm", clients=lambda y, rng: y % 4, random_state=0, privacy=mech, classes=10
+    )
     with pytest.raises(privfed.ConfigError, match="num_clients="):
         by_label.fit(X, y)
     with pytest.raises(privfed.ConfigError, match="num_clients="):
@@ -72,12 +85,23 @@ def test_under_privacy_the_label_set_and_the_number_of_clients_are_public_parame
         FederatedHeadClassifier("fedncm", clients=4, num_clients=5, privacy=mech, classes=10).fit(X, y)
     # given, they shape the release whatever the data holds: a class and a client with no sample
     keep = y < 9
-    clf = FederatedHeadClassifier("fedncm", clients=lambda y, rng: y % 4, num_clients=6, random_state=0,
-                                  privacy=mech, classes=10).fit(X[keep], y[keep])
+    clf = FederatedHeadClassifier(
+        "fedncm", clients=lambda y, rng: y % 4, num_clients=6, random_state=0, privacy=mech, classes=10
+    ).fit(X[keep], y[keep])
     assert clf.classes_.tolist() == list(range(10)) and clf.coef_.shape == (10, X.shape[1])
-    assert clf.head_.privacy.guarantee == privfed.fit(
-        "fedncm", X[keep], y[keep], y[keep] % 4, num_classes=10, num_clients=6, privacy=mech,
-        random_state=0).privacy.guarantee
+    assert (
+        clf.head_.privacy.guarantee
+        == privfed.fit(
+            "fedncm",
+            X[keep],
+            y[keep],
+            y[keep] % 4,
+            num_classes=10,
+            num_clients=6,
+            privacy=mech,
+            random_state=0,
+        ).privacy.guarantee
+    )
 
 
 def test_public_labels_map_any_sortable_values_and_refuse_a_label_outside_them():
@@ -85,8 +109,9 @@ def test_public_labels_map_any_sortable_values_and_refuse_a_label_outside_them()
     X = rng.normal(size=(60, 3))
     y = np.where(X[:, 0] > 0, "yes", "no")
     mech = GaussianMechanism(epsilon=2.0, delta=1e-5, clip=10.0)
-    clf = FederatedHeadClassifier("fedncm", clients=3, random_state=0, privacy=mech,
-                                  classes=["yes", "no", "maybe"]).fit(X, y)
+    clf = FederatedHeadClassifier(
+        "fedncm", clients=3, random_state=0, privacy=mech, classes=["yes", "no", "maybe"]
+    ).fit(X, y)
     assert clf.classes_.tolist() == ["maybe", "no", "yes"] and clf.coef_.shape == (3, 3)
     assert set(clf.predict(X)) <= {"maybe", "no", "yes"}
     with pytest.raises(privfed.InputError, match="'yes', not in classes"):

@@ -46,13 +46,17 @@ def _all_runs(parent: Path) -> list[Path]:
 
 
 # ---------------------------------------------------------------- SIGKILL at chosen points
-_SWEEP = ("import sys, privfed.tradeoff as t; t.CHECKPOINT_S = 0.0; "
-          "sys.exit(t.main(sys.argv[1:]))")
+_SWEEP = "import sys, privfed.tradeoff as t; t.CHECKPOINT_S = 0.0; sys.exit(t.main(sys.argv[1:]))"
 
 
 def _spawn(argv: list[str]) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", _SWEEP, *argv], cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    return subprocess.Popen(
+        [sys.executable, "-c", _SWEEP, *argv],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
 
 
 def _wait_for_checkpoint(tmp_path: Path, proc: subprocess.Popen, rows: int) -> Path:
@@ -71,17 +75,22 @@ def _wait_for_checkpoint(tmp_path: Path, proc: subprocess.Popen, rows: int) -> P
         time.sleep(0.02)
 
 
-@pytest.mark.parametrize("after_rows, seed", [(1, 0), pytest.param(3, 1, marks=pytest.mark.slow),
-                                              pytest.param(5, 2, marks=pytest.mark.slow)])
-def test_sigkill_mid_sweep_loses_no_checkpointed_run_and_the_next_run_recovers_it(tmp_path, capsys, digits_cache,
-                                                                                    after_rows, seed):
+@pytest.mark.parametrize(
+    "after_rows, seed",
+    [(1, 0), pytest.param(3, 1, marks=pytest.mark.slow), pytest.param(5, 2, marks=pytest.mark.slow)],
+)
+def test_sigkill_mid_sweep_loses_no_checkpointed_run_and_the_next_run_recovers_it(
+    tmp_path, capsys, digits_cache, after_rows, seed
+):
     """SIGKILL (no handler runs) at a point drawn from a fixed seed after a checkpoint holds ``after_rows`` runs."""
     out = tmp_path / "o"
     argv = [*SMALL, "--eps", "0.5,1,2,4", "--seeds", "400", "--out", str(out)]
     proc = _spawn(argv)
     staging = _wait_for_checkpoint(tmp_path, proc, after_rows)
     seen = _rows(staging / "results.partial.csv")
-    time.sleep(float(np.random.default_rng(seed).uniform(0.0, 0.05)))  # mid-write of a later checkpoint, or not
+    time.sleep(
+        float(np.random.default_rng(seed).uniform(0.0, 0.05))
+    )  # mid-write of a later checkpoint, or not
     proc.send_signal(signal.SIGKILL)
     assert proc.wait(timeout=30) == -signal.SIGKILL
     assert not out.exists()  # nothing was published: a killed run never looks finished
@@ -99,7 +108,10 @@ def test_sigkill_mid_sweep_loses_no_checkpointed_run_and_the_next_run_recovers_i
     assert f"they are now in {aside}" in capsys.readouterr().err
     assert {p.name: p.read_bytes() for p in aside.iterdir()} == before
     assert verify_folder(out)["complete"] is True and not _staging(tmp_path)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["o", aside.name]  # no work folder, lock or record left
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "o",
+        aside.name,
+    ]  # no work folder, lock or record left
 
 
 # ---------------------------------------------------------------- a full disk
@@ -125,7 +137,7 @@ class _Disk:
         def write_text(path, *a, **k):
             if disk.full and path.name.endswith(".privfed-tmp"):
                 disk.hits += 1
-                path.open("w").write("{\"trunc")  # a half-written temporary, as a real full disk leaves
+                path.open("w").write('{"trunc')  # a half-written temporary, as a real full disk leaves
                 raise OSError(errno.ENOSPC, "No space left on device")
             return real_text(path, *a, **k)
 
@@ -145,8 +157,9 @@ def _fill_at_final_write(monkeypatch, disk: _Disk) -> None:
     monkeypatch.setattr(tr, "summarise", summarise)
 
 
-def test_full_disk_at_the_final_write_keeps_the_last_checkpoint_and_publishes_nothing(tmp_path, monkeypatch,
-                                                                                      capsys, digits_cache):
+def test_full_disk_at_the_final_write_keeps_the_last_checkpoint_and_publishes_nothing(
+    tmp_path, monkeypatch, capsys, digits_cache
+):
     import privfed.tradeoff as tr
 
     monkeypatch.setattr(tr, "CHECKPOINT_S", 0.0)
@@ -159,12 +172,16 @@ def test_full_disk_at_the_final_write_keeps_the_last_checkpoint_and_publishes_no
     assert "No space left on device" in err and "the last checkpoint is in" in err
     assert not out.exists()
     (staging,) = _staging(tmp_path)
-    manifest = verify_folder(staging)  # the checkpoint's manifest matches the files: no half-written file listed
+    manifest = verify_folder(
+        staging
+    )  # the checkpoint's manifest matches the files: no half-written file listed
     assert manifest["complete"] is False and _rows(staging / "results.partial.csv") == 6
     assert not [p for p in staging.iterdir() if p.name.endswith(".privfed-tmp")]
 
 
-def test_full_disk_during_overwrite_leaves_the_previous_run_whole(tmp_path, monkeypatch, capsys, digits_cache):
+def test_full_disk_during_overwrite_leaves_the_previous_run_whole(
+    tmp_path, monkeypatch, capsys, digits_cache
+):
     out = tmp_path / "o"
     assert tradeoff_main([*SMALL, "--eps", "1", "--seeds", "2", "--out", str(out)]) == 0
     before = {p.name: p.read_bytes() for p in out.iterdir()}
@@ -200,7 +217,10 @@ def test_disk_full_at_a_checkpoint_does_not_stop_the_sweep(tmp_path, monkeypatch
 def test_a_second_run_on_a_locked_folder_is_refused_at_once_naming_the_holder(tmp_path, capsys, digits_cache):
     out = tmp_path / "o"
     holder = ResultFolder(out, command="python -m privfed.tradeoff --eps 1 (the first run)")
-    for main, extra in ((tradeoff_main, [*SMALL, "--eps", "1"]), (attack_main, ["--attack", "tracing", "--quiet"])):
+    for main, extra in (
+        (tradeoff_main, [*SMALL, "--eps", "1"]),
+        (attack_main, ["--attack", "tracing", "--quiet"]),
+    ):
         t0 = time.monotonic()
         assert main([*extra, "--out", str(out)]) == 2
         err = capsys.readouterr().err.strip()
@@ -215,8 +235,16 @@ def test_a_second_run_on_a_locked_folder_is_refused_at_once_naming_the_holder(tm
 def test_two_sweeps_started_together_on_one_out_one_runs_one_is_refused(tmp_path, digits_cache):
     out = tmp_path / "o"
     argv = [*SMALL, "--eps", "1,2", "--seeds", "30", "--out", str(out)]
-    procs = [subprocess.Popen([sys.executable, "-m", "privfed.tradeoff", *argv], cwd=REPO, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "privfed.tradeoff", *argv],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
     codes, errs = [], []
     for p in procs:
         _, e = p.communicate(timeout=300)
@@ -224,7 +252,9 @@ def test_two_sweeps_started_together_on_one_out_one_runs_one_is_refused(tmp_path
         errs.append(e)
     assert sorted(codes) == [0, 2], errs
     refused = errs[codes.index(2)]
-    assert ("is in use by another privfed run" in refused or "already exists and is not empty" in refused), refused
+    assert "is in use by another privfed run" in refused or "already exists and is not empty" in refused, (
+        refused
+    )
     manifest = verify_folder(out)
     assert manifest["complete"] is True and _rows(out / "results.csv") == 60
     assert [p.name for p in tmp_path.iterdir()] == ["o"]
@@ -240,7 +270,9 @@ def _no_work(monkeypatch):
     monkeypatch.setattr(tr, "run_tradeoff", boom)
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders; the patched probe covers it")
+@pytest.mark.skipif(
+    os.geteuid() == 0, reason="root writes into read-only folders; the patched probe covers it"
+)
 def test_read_only_parent_is_refused_before_the_sweep(tmp_path, monkeypatch, capsys):
     _no_work(monkeypatch)
     ro = tmp_path / "ro"
@@ -253,7 +285,9 @@ def test_read_only_parent_is_refused_before_the_sweep(tmp_path, monkeypatch, cap
     assert "cannot write in" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("errno_, word", [(errno.EROFS, "Read-only file system"), (errno.EACCES, "Permission denied")])
+@pytest.mark.parametrize(
+    "errno_, word", [(errno.EROFS, "Read-only file system"), (errno.EACCES, "Permission denied")]
+)
 def test_unwritable_location_is_refused_before_the_sweep(tmp_path, monkeypatch, capsys, errno_, word):
     _no_work(monkeypatch)
 
@@ -261,7 +295,10 @@ def test_unwritable_location_is_refused_before_the_sweep(tmp_path, monkeypatch, 
         raise OSError(errno_, os.strerror(errno_))
 
     monkeypatch.setattr(results_guard.tempfile, "mkstemp", mkstemp)
-    for main, extra in ((tradeoff_main, [*SMALL, "--eps", "1"]), (attack_main, ["--attack", "tracing", "--quiet"])):
+    for main, extra in (
+        (tradeoff_main, [*SMALL, "--eps", "1"]),
+        (attack_main, ["--attack", "tracing", "--quiet"]),
+    ):
         assert main([*extra, "--out", str(tmp_path / "o")]) == 2
         err = capsys.readouterr().err.strip()
         assert f"cannot write in {str(tmp_path)!r} ({word})" in err and len(err.splitlines()) == 1
@@ -276,7 +313,9 @@ def test_too_little_space_and_too_long_names_are_refused_before_the_sweep(tmp_pa
     deep = tmp_path.joinpath(*["d" * 200] * 21)
     assert tradeoff_main([*SMALL, "--eps", "1", "--out", str(deep)]) == 2
     assert "byte path limit" in capsys.readouterr().err
-    monkeypatch.setattr(results_guard.shutil, "disk_usage", lambda p: SimpleNamespace(free=2**20, total=2**30))
+    monkeypatch.setattr(
+        results_guard.shutil, "disk_usage", lambda p: SimpleNamespace(free=2**20, total=2**30)
+    )
     assert tradeoff_main([*SMALL, "--eps", "1", "--out", str(tmp_path / "o")]) == 2
     assert "only 1.0 MiB free" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
@@ -290,7 +329,10 @@ def test_a_tampered_result_folder_is_refused_when_read_back(tmp_path, capsys, di
     (out / "results.csv").write_text((out / "results.csv").read_text().replace("fedncm", "fedcof"))
     with pytest.raises(InputError, match="'results.csv' does not match its SHA-256"):
         verify_folder(out)
-    assert tradeoff_main(["--config", str(out / "results.json"), "--out", str(tmp_path / "again"), "--quiet"]) == 2
+    assert (
+        tradeoff_main(["--config", str(out / "results.json"), "--out", str(tmp_path / "again"), "--quiet"])
+        == 2
+    )
     assert "does not match its SHA-256" in capsys.readouterr().err
     (out / "results.csv").unlink()
     with pytest.raises(InputError, match="'results.csv' is listed in manifest.json but missing"):
@@ -310,8 +352,14 @@ def _fake_rounds(monkeypatch, stop_at: int | None = None, sig=signal.SIGTERM):
             os.kill(os.getpid(), sig)
             time.sleep(0.5)
         oneshot = {"personalised": 0.5, "common": 0.4, "privacy": None, "upload_bytes_total": 10}
-        return SimpleNamespace(personalised_accuracy=0.6 + seed / 100, common_accuracy=0.5, privacy=None,
-                               bytes={"upload_total": 20}, baselines={"oneshot": oneshot}, attacks=None)
+        return SimpleNamespace(
+            personalised_accuracy=0.6 + seed / 100,
+            common_accuracy=0.5,
+            privacy=None,
+            bytes={"upload_total": 20},
+            baselines={"oneshot": oneshot},
+            attacks=None,
+        )
 
     monkeypatch.setattr(fr, "run_rounds", run_rounds)
     return seen
@@ -333,15 +381,26 @@ def test_rounds_sweep_stopped_by_sigterm_keeps_the_finished_pairs(tmp_path, monk
 def test_rounds_results_record_every_setting_and_their_config_reruns_the_run(tmp_path, monkeypatch):
     seen = _fake_rounds(monkeypatch)
     out = tmp_path / "r"
-    assert tradeoff_main([*ROUNDS, "--seeds", "1", "--local-epochs", "3", "--init", "scratch", "--out", str(out)]) == 0
+    assert (
+        tradeoff_main(
+            [*ROUNDS, "--seeds", "1", "--local-epochs", "3", "--init", "scratch", "--out", str(out)]
+        )
+        == 0
+    )
     config = json.loads((out / "results.json").read_text())["config"]
     assert (config["local_epochs"], config["init"]) == (3, "scratch") and config["families"]
     assert verify_folder(out)["complete"] is True
     first = seen[-1]
-    assert tradeoff_main(["--config", str(out / "results.json"), "--out", str(tmp_path / "again"), "--quiet"]) == 0
+    assert (
+        tradeoff_main(["--config", str(out / "results.json"), "--out", str(tmp_path / "again"), "--quiet"])
+        == 0
+    )
     again = seen[-1]
-    assert (again.local_epochs, again.init, again.families) == (first.local_epochs, first.init, first.families) \
+    assert (
+        (again.local_epochs, again.init, again.families)
+        == (first.local_epochs, first.init, first.families)
         == (3, "scratch", first.families)
+    )
     assert json.loads((tmp_path / "again" / "results.json").read_text())["config"] == config
 
 
@@ -354,7 +413,10 @@ def test_flower_output_is_published_as_one_unit(tmp_path, monkeypatch):
     out = tmp_path / "f"
     server_app.write_outputs(result, str(out))
     manifest = verify_folder(out)
-    assert manifest["complete"] is True and {f["name"] for f in manifest["files"]} == {"head.npz", "report.json"}
+    assert manifest["complete"] is True and {f["name"] for f in manifest["files"]} == {
+        "head.npz",
+        "report.json",
+    }
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     # a second run that fails half-way (the disk fills at report.json) leaves the first one whole
     real = Path.write_text
@@ -376,12 +438,17 @@ def test_flower_cli_refuses_bad_numbers_and_output_before_starting(tmp_path, cap
 
     f = tmp_path / "file"
     f.write_text("x")
-    for argv, msg in ((["--eps", "nan"], "--eps must be a number > 0"), (["--eps=-inf"], "--eps must be"),
-                      (["--eps=-1"], "--eps must be"), (["--delta", "nan"], "--delta must be a finite"),
-                      (["--clip", "inf"], "--clip must be a finite"), (["--output", str(f)], "is a file"),
-                      (["--num-cpus", "0"], "--num-cpus must be an integer >= 1"),
-                      (["--frac-bits", "1000"], "--frac-bits must lie in [0, 53]"),
-                      (["--noise-seed=-1"], "--noise-seed must be an integer >= 0")):
+    for argv, msg in (
+        (["--eps", "nan"], "--eps must be a number > 0"),
+        (["--eps=-inf"], "--eps must be"),
+        (["--eps=-1"], "--eps must be"),
+        (["--delta", "nan"], "--delta must be a finite"),
+        (["--clip", "inf"], "--clip must be a finite"),
+        (["--output", str(f)], "is a file"),
+        (["--num-cpus", "0"], "--num-cpus must be an integer >= 1"),
+        (["--frac-bits", "1000"], "--frac-bits must lie in [0, 53]"),
+        (["--noise-seed=-1"], "--noise-seed must be an integer >= 0"),
+    ):
         assert main(argv) == 2
         err = capsys.readouterr().err.strip()
         assert msg in err and len(err.splitlines()) == 1, err
@@ -401,16 +468,46 @@ def test_result_folder_refuses_files_that_appeared_during_the_run(tmp_path):
         results_io.check_out_path(out, overwrite=True)
 
 
-def test_real_rounds_sweep_stopped_by_sigterm_in_a_subprocess_leaves_its_finished_pairs(tmp_path, digits_cache):
+def test_real_rounds_sweep_stopped_by_sigterm_in_a_subprocess_leaves_its_finished_pairs(
+    tmp_path, digits_cache
+):
     """Before: SIGTERM left no folder at all."""
     out = tmp_path / "r"
-    code = ("import sys, privfed.fedlog_rounds as f, privfed.tradeoff as t; f.CHECKPOINT_S = 0.0; "
-            "sys.exit(t.main(sys.argv[1:]))")
-    argv = ["--method", "fedlog", "--eps", "inf", "--rounds", "2", "--seeds", "50", "--clients", "4", "--partition",
-            "iid", "--local-epochs", "1", "--families", "cnn", "--init", "scratch", "--no-plot", "--quiet",
-            "--out", str(out)]
-    proc = subprocess.Popen([sys.executable, "-c", code, *argv], cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    code = (
+        "import sys, privfed.fedlog_rounds as f, privfed.tradeoff as t; f.CHECKPOINT_S = 0.0; "
+        "sys.exit(t.main(sys.argv[1:]))"
+    )
+    argv = [
+        "--method",
+        "fedlog",
+        "--eps",
+        "inf",
+        "--rounds",
+        "2",
+        "--seeds",
+        "50",
+        "--clients",
+        "4",
+        "--partition",
+        "iid",
+        "--local-epochs",
+        "1",
+        "--families",
+        "cnn",
+        "--init",
+        "scratch",
+        "--no-plot",
+        "--quiet",
+        "--out",
+        str(out),
+    ]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, *argv],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     _wait_for_checkpoint(tmp_path, proc, 2)  # one (epsilon, seed) pair: two rows
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)

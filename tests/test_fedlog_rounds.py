@@ -31,7 +31,9 @@ def _gdp_eps_closed_form(mu: float, delta: float) -> float:
 def test_one_round_with_frozen_bodies_is_the_one_shot_head(digits_dataset):
     r = run_rounds(rounds=1, local_epochs=0, families=("cnn",), baselines=())
     clients = _Setup(RoundsConfig(families=("cnn",)).validate()).clients
-    ref = privfed.fit("fedlog", digits_dataset.train_features, digits_dataset.train_labels, clients, num_classes=10)
+    ref = privfed.fit(
+        "fedlog", digits_dataset.train_features, digits_dataset.train_labels, clients, num_classes=10
+    )
     np.testing.assert_allclose(r.head.weight, ref.weight, rtol=0, atol=1e-9)
     np.testing.assert_allclose(r.head.bias, ref.bias, rtol=0, atol=1e-9)
 
@@ -41,7 +43,9 @@ def test_head_is_the_map_fixed_point_of_every_round():
     assert len(r.history) == 2
     for h in r.history:
         eta, a, nu_n = h["eta"], h["statistic"], h["nu_plus_n"]
-        assert nu_n == pytest.approx(1.0 + a[:, 0].sum(), rel=0, abs=1e-9)  # nu = 1 plus the counts coordinate
+        assert nu_n == pytest.approx(
+            1.0 + a[:, 0].sum(), rel=0, abs=1e-9
+        )  # nu = 1 plus the counts coordinate
         q = np.sum(eta * eta, axis=1) / 4
         p = np.exp(q - q.max())
         p /= p.sum()
@@ -79,11 +83,22 @@ def test_max_records_defaults_to_a_public_constant_not_the_largest_client():
 
     sensitivities = set()
     for partition in ("shards", "iid", "dirichlet"):  # client sizes differ; n_max does not
-        r = run_rounds(**dict(SMALL, rounds=1, local_epochs=0, families=("mlp",), partition=partition,
-                              level="client", epsilon=1.0))
+        r = run_rounds(
+            **dict(
+                SMALL,
+                rounds=1,
+                local_epochs=0,
+                families=("mlp",),
+                partition=partition,
+                level="client",
+                epsilon=1.0,
+            )
+        )
         rep = r.privacy
         sensitivities.add(rep.sensitivity)
-        assert rep.sensitivity == pytest.approx(DEFAULT_MAX_RECORDS * math.sqrt(1 + FEATURE_DIM * 4.0), rel=1e-12)
+        assert rep.sensitivity == pytest.approx(
+            DEFAULT_MAX_RECORDS * math.sqrt(1 + FEATURE_DIM * 4.0), rel=1e-12
+        )
         assert any(f"public default {DEFAULT_MAX_RECORDS}" in n for n in rep.notes)
     assert len(sensitivities) == 1
     with pytest.raises(ConfigError, match="max_records"):
@@ -104,8 +119,9 @@ def test_total_calibration_composes_to_the_budget_in_gdp(R):
     eps, delta, b = 1.0, 1e-5, 2.0
     dp = RoundsDP(epsilon=eps, delta=delta, clip=b, clip_norm="coordinate", rounds=R, bodies_trained=False)
     # the same sigma as the mechanisms' Gaussian on the joint statistic of Theorem 3.1
-    mech = GaussianMechanism(epsilon=eps, delta=delta, clip=b, clip_norm="coordinate", split="joint", rounds=R,
-                             dim=FEATURE_DIM)
+    mech = GaussianMechanism(
+        epsilon=eps, delta=delta, clip=b, clip_norm="coordinate", split="joint", rounds=R, dim=FEATURE_DIM
+    )
     assert dp.sigma == pytest.approx(mech.sigma["sums"], rel=1e-12)
     assert dp.sensitivity == pytest.approx(math.sqrt(1 + FEATURE_DIM * b * b), rel=1e-15)
     rng = np.random.default_rng(0)
@@ -122,10 +138,20 @@ def test_total_calibration_composes_to_the_budget_in_gdp(R):
 
 def test_paper_mode_reports_per_round_and_composed_epsilon():
     eps, delta, b, R = 1.0, 0.01, 2.0, 10
-    dp = RoundsDP(epsilon=eps, delta=delta, clip=b, clip_norm="coordinate", rounds=R, calibration="paper",
-                  record_bound="theorem", bodies_trained=False)
+    dp = RoundsDP(
+        epsilon=eps,
+        delta=delta,
+        clip=b,
+        clip_norm="coordinate",
+        rounds=R,
+        calibration="paper",
+        record_bound="theorem",
+        bodies_trained=False,
+    )
     m = FEATURE_DIM + 1
-    assert dp.sigma == pytest.approx(math.sqrt(2 * (1 + (m - 1) * b * b) * math.log(1.25 / delta)) / eps, rel=1e-12)
+    assert dp.sigma == pytest.approx(
+        math.sqrt(2 * (1 + (m - 1) * b * b) * math.log(1.25 / delta)) / eps, rel=1e-12
+    )
     rng = np.random.default_rng(1)
     for _ in range(R):
         dp.noisy_sum(np.zeros((2, 10, m)), rng)
@@ -141,7 +167,9 @@ def test_paper_mode_reports_per_round_and_composed_epsilon():
 
 
 def test_paper_mode_with_trained_bodies_says_no_formal_guarantee():
-    r = run_rounds(**SMALL, families=("mlp",), epsilon=1.0, delta=0.01, calibration="paper", record_bound="theorem")
+    r = run_rounds(
+        **SMALL, families=("mlp",), epsilon=1.0, delta=0.01, calibration="paper", record_bound="theorem"
+    )
     assert not r.privacy.formal
     assert r.privacy.guarantee.startswith("NO FORMAL GUARANTEE")
     assert r.privacy.releases == SMALL["rounds"]
@@ -171,7 +199,9 @@ def test_three_round_release_passes_the_audit(placement):
     D1[0] += canary
 
     def run(cls_sigma_factor):
-        dp = RoundsDP(epsilon=eps, delta=delta, clip=b, rounds=R, placement=placement, bodies_trained=False, dim=d)
+        dp = RoundsDP(
+            epsilon=eps, delta=delta, clip=b, rounds=R, placement=placement, bodies_trained=False, dim=d
+        )
         dp.sigma *= cls_sigma_factor
 
         def release(side, n, g):
@@ -180,8 +210,15 @@ def test_three_round_release_passes_the_audit(placement):
 
         scale = dp.sigma
         claimed = math.sqrt(R) * dp.sensitivity / (dp.sigma / cls_sigma_factor)
-        return audit(release, reference=np.tile(D0.sum(0).ravel(), R), direction=np.tile(canary.ravel(), R),
-                     scale=scale, draws=20000, rng=np.random.default_rng(6), claimed_mu=claimed)
+        return audit(
+            release,
+            reference=np.tile(D0.sum(0).ravel(), R),
+            direction=np.tile(canary.ravel(), R),
+            scale=scale,
+            draws=20000,
+            rng=np.random.default_rng(6),
+            claimed_mu=claimed,
+        )
 
     ok = run(1.0)
     assert ok.mu_lb <= ok.claimed_mu
@@ -197,15 +234,18 @@ def test_upload_bytes_count_what_is_sent():
     assert r.bytes["upload_total"] == per_client * SMALL["clients"] * SMALL["rounds"]
 
 
-@pytest.mark.parametrize("bad, match", [
-    (dict(clients=0), "clients"),
-    (dict(families=("resnet",)), "families"),
-    (dict(init="imagenet"), "init"),
-    (dict(baselines=("fedprox",)), "baseline"),
-    (dict(epsilon=1.0, placement="everywhere"), "placement"),
-    (dict(epsilon=1.0, level="client", placement="local"), "client"),
-    (dict(epsilon=-1.0), "epsilon"),
-])
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        (dict(clients=0), "clients"),
+        (dict(families=("resnet",)), "families"),
+        (dict(init="imagenet"), "init"),
+        (dict(baselines=("fedprox",)), "baseline"),
+        (dict(epsilon=1.0, placement="everywhere"), "placement"),
+        (dict(epsilon=1.0, level="client", placement="local"), "client"),
+        (dict(epsilon=-1.0), "epsilon"),
+    ],
+)
 def test_bad_settings_raise_config_errors(bad, match):
     with pytest.raises(ConfigError, match=match):
         run_rounds(**dict(SMALL, rounds=1, **bad))
@@ -243,11 +283,17 @@ def test_a_fresh_default_run_reproduces_the_recorded_compare_row():
     import json
     from pathlib import Path
 
-    rec = json.loads((Path(__file__).resolve().parents[1] / "experiments" / "results" /
-                      "fedlog_rounds.json").read_text())
-    row = next(r for r in rec["compare"] if r["method"] == "fedlog" and "+" in r["families"] and r["seed"] == 0)
-    r = run_rounds(clients=rec["config"]["clients"], rounds=rec["config"]["rounds"],
-                   local_epochs=rec["config"]["local_epochs"])
+    rec = json.loads(
+        (Path(__file__).resolve().parents[1] / "experiments" / "results" / "fedlog_rounds.json").read_text()
+    )
+    row = next(
+        r for r in rec["compare"] if r["method"] == "fedlog" and "+" in r["families"] and r["seed"] == 0
+    )
+    r = run_rounds(
+        clients=rec["config"]["clients"],
+        rounds=rec["config"]["rounds"],
+        local_epochs=rec["config"]["local_epochs"],
+    )
     assert r.personalised_accuracy == row["personalised"] and r.common_accuracy == row["common"]
 
 
@@ -257,9 +303,33 @@ def test_tradeoff_command_runs_multi_round_fedlog_beside_the_one_shot(tmp_path, 
     from privfed.tradeoff import main
 
     out = tmp_path / "tr"
-    rc = main(["--method", "fedlog", "--eps", "1", "--rounds", "2", "--seeds", "1", "--clients", "4",
-               "--partition", "iid", "--local-epochs", "1", "--families", "cnn", "--init", "scratch",
-               "--trusted-aggregator", "--no-plot", "--quiet", "--out", str(out)])
+    rc = main(
+        [
+            "--method",
+            "fedlog",
+            "--eps",
+            "1",
+            "--rounds",
+            "2",
+            "--seeds",
+            "1",
+            "--clients",
+            "4",
+            "--partition",
+            "iid",
+            "--local-epochs",
+            "1",
+            "--families",
+            "cnn",
+            "--init",
+            "scratch",
+            "--trusted-aggregator",
+            "--no-plot",
+            "--quiet",
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 0
     rows = json.loads((out / "results.json").read_text())["records"]
     assert {r["method"] for r in rows} == {"fedlog x2 rounds", "fedlog one-shot (frozen)"}
@@ -277,8 +347,21 @@ def test_tradeoff_command_runs_multi_round_fedlog_beside_the_one_shot(tmp_path, 
 def test_tradeoff_multi_round_refuses_other_datasets(tmp_path):
     from privfed.tradeoff import main
 
-    rc = main(["--method", "fedlog", "--eps", "1", "--rounds", "2", "--dataset", "file:/nonexistent.npz",
-               "--quiet", "--out", str(tmp_path / "x")])
+    rc = main(
+        [
+            "--method",
+            "fedlog",
+            "--eps",
+            "1",
+            "--rounds",
+            "2",
+            "--dataset",
+            "file:/nonexistent.npz",
+            "--quiet",
+            "--out",
+            str(tmp_path / "x"),
+        ]
+    )
     assert rc != 0
 
 

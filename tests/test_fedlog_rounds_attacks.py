@@ -52,7 +52,9 @@ def _data(rng, *, P, R, d, n, sigma=0.0, corner=None) -> RoundsAttackData:
 
 def test_clean_sequence_tracing_beats_single_round_tracing():
     P = 400
-    out = evaluate_rounds_attacks(_data(np.random.default_rng(0), P=P, R=8, d=6, n=5), np.random.default_rng(1))
+    out = evaluate_rounds_attacks(
+        _data(np.random.default_rng(0), P=P, R=8, d=6, n=5), np.random.default_rng(1)
+    )
     t = out["tracing"]
     assert out["differencing"] is None  # exact on a clean release: not a test
     # two AUCs on the same pairs: the difference has sd <= 2 * sd(P); 3 sd
@@ -65,17 +67,29 @@ def test_differencing_sequence_meets_the_composed_gdp_bound(calibration):
     """Targets at the clip corner attain the sensitivity: the replayed sequence test reaches Phi(mu_total/sqrt 2)
     and no more; one round alone reaches only the one-release bound."""
     P, R, d, b, eps, delta = 2000, 6, 4, 2.0, 4.0, 1e-5
-    dp = RoundsDP(epsilon=eps, delta=delta, clip=b, rounds=R, bodies_trained=False, dim=d, calibration=calibration,
-                  record_bound="theorem")
+    dp = RoundsDP(
+        epsilon=eps,
+        delta=delta,
+        clip=b,
+        rounds=R,
+        bodies_trained=False,
+        dim=d,
+        calibration=calibration,
+        record_bound="theorem",
+    )
     for _ in range(R):
         dp.record_release(dp.sigma)
     rep = dp.report()
     D = _data(np.random.default_rng(2), P=P, R=R, d=d, n=5, sigma=dp.sigma, corner=b)
-    out = evaluate_rounds_attacks(D, np.random.default_rng(3), mu_total=rep.mu_total,
-                                  mu_per_release=rep.mu_per_release)
+    out = evaluate_rounds_attacks(
+        D, np.random.default_rng(3), mu_total=rep.mu_total, mu_per_release=rep.mu_per_release
+    )
     bound = norm.cdf(rep.mu_total / math.sqrt(2))
     assert out["auc_bound"] == pytest.approx(bound, rel=1e-12)
-    seq, first = out["differencing_replay"]["sequence"]["auc"], out["differencing_replay"]["first_round"]["auc"]
+    seq, first = (
+        out["differencing_replay"]["sequence"]["auc"],
+        out["differencing_replay"]["first_round"]["auc"],
+    )
     tol = 3 * _sd(P)
     assert abs(seq - bound) <= tol  # the corner record is the worst case: the bound is attained
     assert abs(first - out["auc_bound_one_release"]) <= tol
@@ -102,7 +116,9 @@ def test_differencing_scores_are_the_neyman_pearson_statistic():
             assert s[r, p] == pytest.approx(ref, rel=1e-12, abs=1e-12)
 
 
-SMALL = dict(clients=6, rounds=2, local_epochs=1, init="scratch", baselines=(), batch_size=16, families=("mlp",))
+SMALL = dict(
+    clients=6, rounds=2, local_epochs=1, init="scratch", baselines=(), batch_size=16, families=("mlp",)
+)
 
 
 def test_rounds_run_reports_the_attacks_against_the_composed_bound():
@@ -129,15 +145,28 @@ def test_holdouts_are_paired_with_their_member_on_its_row(split):
     obs = RoundsObserver(setup, cfg, None, RoundRelease(None, "none", num_clients=cfg.clients))
     y, yt = setup.y_all.numpy(), np.asarray(setup.yt_all)
     assert np.array_equal(y[obs.members], yt[obs.holdouts])  # same class
-    assert np.array_equal(obs.owner, np.asarray(setup.clients)[obs.members])  # tested on the member's client row
+    assert np.array_equal(
+        obs.owner, np.asarray(setup.clients)[obs.members]
+    )  # tested on the member's client row
     assert (obs.owner >= 0).all()  # members are uploaded records (a partition may leave some unassigned)
-    assert len(set(obs.holdouts.tolist())) == obs.holdouts.size and len(set(obs.members.tolist())) == obs.members.size
+    assert (
+        len(set(obs.holdouts.tolist())) == obs.holdouts.size
+        and len(set(obs.members.tolist())) == obs.members.size
+    )
 
 
 @pytest.mark.slow
 def test_frozen_digits_release_sequence_stays_within_the_composed_bound():
-    r = run_rounds(clients=6, rounds=9, local_epochs=0, families=("cnn",), baselines=(), attack_pairs=300,
-                   epsilon=20.0, delta=1e-5)
+    r = run_rounds(
+        clients=6,
+        rounds=9,
+        local_epochs=0,
+        families=("cnn",),
+        baselines=(),
+        attack_pairs=300,
+        epsilon=20.0,
+        delta=1e-5,
+    )
     a = r.attacks
     P = a["pairs"]
     rep = a["differencing_replay"]

@@ -15,8 +15,11 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "experiments" / "results" / "fedlog_rounds.json"
 FIX = "rerun `python experiments/fedlog_rounds.py --part all --seeds 1 --eps 0.1,1,10,100,inf` and update the README"
 
-BODIES = {"cnn + cnn-narrow + mlp": "cnn+cnn-narrow+mlp", "(cnn on every client)": "cnn+cnn-narrow+mlp",
-          "cnn only": "cnn"}
+BODIES = {
+    "cnn + cnn-narrow + mlp": "cnn+cnn-narrow+mlp",
+    "(cnn on every client)": "cnn+cnn-narrow+mlp",
+    "cnn only": "cnn",
+}
 METHODS = {"one-shot frozen fedlog": "oneshot", "local only": "local", "fedavg": "fedavg"}
 
 
@@ -33,14 +36,19 @@ def section() -> str:
 def _close(printed: str, value: float) -> bool:
     """A printed number agrees with the value when it is the value rounded to the printed digits."""
     decimals = len(printed.split(".")[1]) if "." in printed else 0
-    return abs(float(printed) - value) <= 0.5 * 10 ** -decimals + 1e-12
+    return abs(float(printed) - value) <= 0.5 * 10**-decimals + 1e-12
 
 
 def _rows(section: str, header_word: str) -> list[list[str]]:
     """Body rows of every markdown table in the section whose header contains ``header_word``."""
     out, lines = [], section.splitlines()
     for i, line in enumerate(lines):
-        if line.startswith("|") and header_word in line and i + 1 < len(lines) and lines[i + 1].startswith("|---"):
+        if (
+            line.startswith("|")
+            and header_word in line
+            and i + 1 < len(lines)
+            and lines[i + 1].startswith("|---")
+        ):
             j = i + 2
             while j < len(lines) and lines[j].startswith("|"):
                 out.append([c.strip() for c in lines[j].strip().strip("|").split("|")])

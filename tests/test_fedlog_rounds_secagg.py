@@ -27,7 +27,9 @@ from privfed.fedlog_rounds import (
 
 pytestmark = pytest.mark.filterwarnings("ignore:noise backend 'numpy'")
 
-SMALL = dict(clients=6, rounds=2, local_epochs=1, init="scratch", baselines=(), batch_size=16, families=("mlp",))
+SMALL = dict(
+    clients=6, rounds=2, local_epochs=1, init="scratch", baselines=(), batch_size=16, families=("mlp",)
+)
 F_BITS = 32
 
 
@@ -93,8 +95,16 @@ def test_server_view_holds_only_masked_vectors():
 
 def test_distributed_noise_is_charged_from_the_shares_present():
     eps, delta, K, drop, R = 1.0, 1e-5, 6, 2, 3
-    cfg = dict(SMALL, rounds=R, epsilon=eps, delta=delta, placement="distributed", max_records=200, dropouts=drop,
-               noise_seed=0)
+    cfg = dict(
+        SMALL,
+        rounds=R,
+        epsilon=eps,
+        delta=delta,
+        placement="distributed",
+        max_records=200,
+        dropouts=drop,
+        noise_seed=0,
+    )
     r = run_rounds(**cfg)
     rep = r.privacy
     calls = r.secure_aggregation["calls"]
@@ -117,8 +127,16 @@ def test_distributed_noise_is_charged_from_the_shares_present():
 
 def test_noise_in_the_masked_sum_has_the_variance_of_the_shares_present():
     K, t, drop = 6, 1, 2
-    dp = RoundsDP(epsilon=1.0, delta=1e-5, clip=2.0, rounds=1, placement="distributed", bodies_trained=False,
-                  tolerate=t, dim=999)
+    dp = RoundsDP(
+        epsilon=1.0,
+        delta=1e-5,
+        clip=2.0,
+        rounds=1,
+        placement="distributed",
+        bodies_trained=False,
+        tolerate=t,
+        dim=999,
+    )
     release = RoundRelease(dp, "mask", num_clients=K, dropouts=drop)
     total = release(np.zeros((K, 10, 1000)), np.random.default_rng(7))
     N = total.size
@@ -141,13 +159,16 @@ def test_ckks_rounds_release_the_sum_on_its_grid():
     assert ck.secure_aggregation["protocol"] == "ckks"
 
 
-@pytest.mark.parametrize("bad, match", [
-    (dict(epsilon=1.0, placement="distributed", secure_agg="none", max_records=50), "secure aggregation"),
-    (dict(secure_agg="paillier"), "secure_agg"),
-    (dict(dropouts=1, secure_agg="ckks"), "masking"),
-    (dict(dropouts=6), "dropouts"),
-    (dict(dropout_phase="never"), "dropout_phase"),
-])
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        (dict(epsilon=1.0, placement="distributed", secure_agg="none", max_records=50), "secure aggregation"),
+        (dict(secure_agg="paillier"), "secure_agg"),
+        (dict(dropouts=1, secure_agg="ckks"), "masking"),
+        (dict(dropouts=6), "dropouts"),
+        (dict(dropout_phase="never"), "dropout_phase"),
+    ],
+)
 def test_bad_secure_settings_raise_config_errors(bad, match):
     with pytest.raises(ConfigError, match=match):
         run_rounds(**dict(SMALL, rounds=1, **bad))

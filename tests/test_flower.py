@@ -46,11 +46,18 @@ def _configs():
     plain = [FlowerConfig(method=m, **w) for m in [*SUM_ONLY, "fedcof"]]
     secure = [FlowerConfig(method=m, secure="mask", **w) for m in ("fedcof", "fedncm", "fedcgs")]
     dp = FlowerConfig(method="fedncm", epsilon=1.0, delta=1e-5, clip=10.0, noise_seed=7, **w)
-    dp_central = FlowerConfig(method="fed3r", epsilon=2.0, delta=1e-5, clip=10.0, noise_seed=3,
-                              trusted_aggregator=True, **w)
+    dp_central = FlowerConfig(
+        method="fed3r", epsilon=2.0, delta=1e-5, clip=10.0, noise_seed=3, trusted_aggregator=True, **w
+    )
     too_many = FlowerConfig(method="fedncm", clients=K + 1, connect_timeout=1.0)
-    return {"warm": warm, **{f"plain:{c.method}": c for c in plain},
-            **{f"mask:{c.method}": c for c in secure}, "dp": dp, "dp_central": dp_central, "too_many": too_many}
+    return {
+        "warm": warm,
+        **{f"plain:{c.method}": c for c in plain},
+        **{f"mask:{c.method}": c for c in secure},
+        "dp": dp,
+        "dp_central": dp_central,
+        "too_many": too_many,
+    }
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +73,8 @@ def sim(digits_dataset):
 def split(digits_dataset):
     ds = digits_dataset
     F, y, k = partition(ds.train_labels, K, "dirichlet", alpha=0.5, rng=0).apply(
-        ds.train_features, ds.train_labels)
+        ds.train_features, ds.train_labels
+    )
     return F, y, k
 
 
@@ -115,8 +123,9 @@ def test_server_never_holds_a_clients_statistics_under_masking(sim, split):
     plain = _ok(sim[0], "plain:fedncm")
     F, y, k = split
     method = privfed.methods.get("fedncm")
-    truths = [sum_vector(compute_client_stats(F[k == i], y[k == i], None, num_classes=10), method)
-              for i in range(K)]
+    truths = [
+        sum_vector(compute_client_stats(F[k == i], y[k == i], None, num_classes=10), method) for i in range(K)
+    ]
     kinds = {type(v).__name__ for (_, _, _, v) in res.received}
     assert kinds <= {"tuple", "bytes", "ndarray", "int"}
     uploads = [v for (stage, _, _, v) in res.received if isinstance(v, np.ndarray)]
@@ -134,9 +143,13 @@ def test_server_never_holds_a_clients_statistics_under_masking(sim, split):
 def test_dropouts_before_and_after_upload_give_the_survivors_sum(digits_dataset):
     n = 5  # t = 3: node 4 drops before uploading, node 3 after; 3 of the 4 uploaders unmask
     app = make_client_app(faults={4: "masked", 3: "unmask"})
-    res = serve(_LocalGrid(_digits_nodes(n), app), FlowerConfig(method="fed3r", clients=n, secure="mask", timeout=30))
+    res = serve(
+        _LocalGrid(_digits_nodes(n), app), FlowerConfig(method="fed3r", clients=n, secure="mask", timeout=30)
+    )
     ds = digits_dataset
-    F, y, k = partition(ds.train_labels, n, "dirichlet", alpha=0.5, rng=0).apply(ds.train_features, ds.train_labels)
+    F, y, k = partition(ds.train_labels, n, "dirichlet", alpha=0.5, rng=0).apply(
+        ds.train_features, ds.train_labels
+    )
     keep = k < 4  # partition 4 dropped before uploading; partition 3 uploaded, then dropped
     ref = _fit("fed3r", F[keep], y[keep], k[keep])
     assert np.abs(res.head.weight - ref.weight).max() < 1e3 * n * 2.0**-33
@@ -171,7 +184,6 @@ def test_too_few_nodes_is_a_clear_error_within_the_timeout(sim):
     assert f"only {K} of the {K + 1} expected nodes" in str(err)
 
 
-
 # -------------------------------------------------------------------- in-process grid
 _LocalGrid = LocalGrid
 
@@ -192,8 +204,10 @@ def test_node_without_data_is_a_clear_server_error(digits_dataset, tmp_path):
     nodes.pop(101)
     for secure in ("none", "mask"):
         with pytest.raises(ConfigError, match="node 7.*is empty"):
-            serve(_LocalGrid(nodes), FlowerConfig(method="fedncm", clients=2, secure=secure, timeout=5,
-                                                  num_classes=10))
+            serve(
+                _LocalGrid(nodes),
+                FlowerConfig(method="fedncm", clients=2, secure=secure, timeout=5, num_classes=10),
+            )
     bare = {**_digits_nodes(2), 9: {}}
     bare.pop(101)
     with pytest.raises(ConfigError, match="node 9.*has no data"):
@@ -208,8 +222,10 @@ def test_mismatched_dimension_is_a_clear_server_error(digits_dataset, tmp_path):
     nodes.pop(101)
     for secure, says in (("none", "same backbone"), ("mask", "disagree on the shape")):
         with pytest.raises(ConfigError, match=says):
-            serve(_LocalGrid(nodes), FlowerConfig(method="fedncm", clients=2, secure=secure, timeout=5,
-                                                  num_classes=10))
+            serve(
+                _LocalGrid(nodes),
+                FlowerConfig(method="fedncm", clients=2, secure=secure, timeout=5, num_classes=10),
+            )
 
 
 def test_silent_node_times_out_and_secure_run_aborts_below_threshold(digits_dataset):
@@ -217,8 +233,10 @@ def test_silent_node_times_out_and_secure_run_aborts_below_threshold(digits_data
     app = make_client_app(faults={2: "masked"})
     t0 = time.monotonic()
     with pytest.raises(ProtocolAbort, match="stage 'masked'.*below the threshold t=3"):
-        serve(_LocalGrid(simulated_identities(_digits_nodes(3), threshold=3), app),
-              FlowerConfig(method="fedncm", clients=3, secure="mask", threshold=3, timeout=1.0))
+        serve(
+            _LocalGrid(simulated_identities(_digits_nodes(3), threshold=3), app),
+            FlowerConfig(method="fedncm", clients=3, secure="mask", threshold=3, timeout=1.0),
+        )
     assert time.monotonic() - t0 < 10
 
 
@@ -231,8 +249,15 @@ def test_bad_run_config_is_refused_before_any_message():
         FlowerConfig.from_run_config({"method": "fedncm", "epsilon": 1.0})
     with pytest.raises(ConfigError, match="gamma"):
         FlowerConfig.from_run_config({"method": "fedcof", "method-params": '{"gamma": -1}'})
-    cfg = FlowerConfig.from_run_config({"method": "fed3r", "clients": 5, "epsilon": "inf",
-                                        "method-params": '{"lam": 0.5}', "noise-seed": "none"})
+    cfg = FlowerConfig.from_run_config(
+        {
+            "method": "fed3r",
+            "clients": 5,
+            "epsilon": "inf",
+            "method-params": '{"lam": 0.5}',
+            "noise-seed": "none",
+        }
+    )
     assert cfg.clients == 5 and math.isinf(cfg.epsilon) and cfg.method_params == {"lam": 0.5}
     assert FlowerConfig.from_wire(cfg.to_wire()) == cfg
 
@@ -244,16 +269,21 @@ def test_fold_is_a_running_sum_for_sum_only_methods():
     method = privfed.methods.get("fed3r")
     fold = NodeFold(method)
     for i in range(5):
-        fold.add(f"node {i}", compute_client_stats(F[k == i], y[k == i], None, num_classes=3,
-                                                   fields=method.requires))
+        fold.add(
+            f"node {i}",
+            compute_client_stats(F[k == i], y[k == i], None, num_classes=3, fields=method.requires),
+        )
     total = fold.result()
     ref = compute_client_stats(F, y, k, num_classes=3, fields=method.requires).total()
-    assert total.num_clients == 1 and fold.fold.keep == "total" and not fold.fold._pairs  # nothing kept per node
+    assert (
+        total.num_clients == 1 and fold.fold.keep == "total" and not fold.fold._pairs
+    )  # nothing kept per node
     for name, arr in ref.arrays().items():
         np.testing.assert_allclose(getattr(total, name), arr, rtol=0, atol=1e-10)
     with pytest.raises(ConfigError, match="same backbone"):
-        fold.add("node 9", ClientStats(counts=np.ones((1, 3)), sums=np.ones((1, 3, 4)),
-                                       second=np.ones((1, 4, 4))))
+        fold.add(
+            "node 9", ClientStats(counts=np.ones((1, 3)), sums=np.ones((1, 3, 4)), second=np.ones((1, 4, 4)))
+        )
 
 
 def test_round_loop_folds_each_round_and_feeds_the_next(digits_dataset, split):
@@ -275,8 +305,15 @@ def test_round_loop_folds_each_round_and_feeds_the_next(digits_dataset, split):
     try:
         grid = _LocalGrid(_digits_nodes(K))
         cfg = FlowerConfig(method="fedlog", clients=K, timeout=5)
-        stages = run_rounds(grid, cfg, sorted(grid.contexts), name="test-scaled-sums",
-                            first={"scale": np.array([1.0])}, step=step, max_rounds=10)
+        stages = run_rounds(
+            grid,
+            cfg,
+            sorted(grid.contexts),
+            name="test-scaled-sums",
+            first={"scale": np.array([1.0])},
+            step=step,
+            max_rounds=10,
+        )
     finally:
         ROUND_STATISTICS.pop("test-scaled-sums", None)
     F, y, k = split
@@ -323,8 +360,10 @@ def test_flwr_app_config_names_every_key_and_the_components():
     # flwr run --run-config can override only keys the app declares: every key is declared.
     assert set(run_config) == {f.name.replace("_", "-") for f in fields(FlowerConfig)}
     assert FlowerConfig.from_run_config(run_config) == FlowerConfig(clients=3)
-    assert flwr_cfg["components"] == {"serverapp": "privfed.flower.server_app:app",
-                                      "clientapp": "privfed.flower.client_app:app"}
+    assert flwr_cfg["components"] == {
+        "serverapp": "privfed.flower.server_app:app",
+        "clientapp": "privfed.flower.client_app:app",
+    }
 
 
 @pytest.mark.parametrize("method", ["fedncm", "fedcof"])
@@ -333,8 +372,9 @@ def test_ckks_with_a_node_as_key_holder_equals_fit(digits_dataset, split, method
     pytest.importorskip("tenseal")
     nodes = _digits_nodes(K)
     nodes[101] = {**nodes[101], "key-holder": "true"}
-    res = serve(_LocalGrid(nodes), FlowerConfig(method=method, clients=K, secure="ckks", timeout=30),
-                keep_view=True)
+    res = serve(
+        _LocalGrid(nodes), FlowerConfig(method=method, clients=K, secure="ckks", timeout=30), keep_view=True
+    )
     ref = _fit(method, *split)
     # Released on the 2^-20 grid: sums within 2^-21 per coordinate.
     assert np.abs(res.head.weight - ref.weight).max() < 1e3 * 2.0**-21

@@ -39,7 +39,11 @@ LACKED = [RECORD[3]]  # a canary in a class its client lacked
         ("local", {}, CANARY),
         ("central", {"trusted_aggregator": True}, CANARY),
         ("distributed, masking", {"secure": "mask"}, CANARY),
-        ("distributed, masking, client level", {"secure": "mask", "level": "client", "max_records": 20}, [CLIENT[1]]),
+        (
+            "distributed, masking, client level",
+            {"secure": "mask", "level": "client", "max_records": 20},
+            [CLIENT[1]],
+        ),
     ],
 )
 def test_flower_dp_paths_pass_the_auditor(placement, kw, pairs):
@@ -62,7 +66,7 @@ def test_auditor_flags_halved_noise_on_the_nodes(kw):
     # Local noise: each upload's spread is checked against the report's sigma; secure sums (whose blocks the
     # view does not name) by the statistical bound.
     assert res[0].flagged, res[0]
-    assert (res[0].verdict == "noise below the reported scale" if not kw else res[0].mu_lb > res[0].claimed_mu)
+    assert res[0].verdict == "noise below the reported scale" if not kw else res[0].mu_lb > res[0].claimed_mu
 
 
 def test_auditor_flags_halved_noise_on_the_nodes_at_eps_1():
@@ -80,11 +84,14 @@ def test_auditor_flags_a_reply_whose_bytes_depend_on_the_raw_data():
         reply = app(msg, context)
         if msg.metadata.message_type == "query" and "meta" in reply.content:
             labels = np.load(context.node_config["features"])["labels"]
-            reply.content["meta"] = ConfigRecord({**dict(reply.content["meta"]),
-                                                  "held": ",".join(map(str, np.unique(labels)))})
+            reply.content["meta"] = ConfigRecord(
+                {**dict(reply.content["meta"]), "held": ",".join(map(str, np.unique(labels)))}
+            )
         return reply
 
-    res = audit_release(flower_release("fedncm", epsilon=EPS, clip=3.0, app=leaky), LACKED, draws=0, meta_draws=4)
+    res = audit_release(
+        flower_release("fedncm", epsilon=EPS, clip=3.0, app=leaky), LACKED, draws=0, meta_draws=4
+    )
     assert res[0].verdict == "deterministic difference" and res[0].flagged, res[0]
 
 

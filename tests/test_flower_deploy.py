@@ -101,31 +101,72 @@ def deployment(tmp_path_factory, digits_dataset):
     (home / "config.toml").write_text(
         f'[superlink]\ndefault = "local"\n\n[superlink.local]\naddress = "127.0.0.1:{port}"\ninsecure = true\n'
     )
-    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "FLWR_HOME": str(home),
-           "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1", "PYTHONPATH": str(APP.parents[2])}
+    env = {
+        **os.environ,
+        "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+        "FLWR_HOME": str(home),
+        "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+        "PYTHONPATH": str(APP.parents[2]),
+    }
     procs: list[subprocess.Popen] = []
 
     def start(args, log):
-        procs.append(subprocess.Popen(args, env=env, cwd=tmp, stdout=open(tmp / log, "w"),
-                                      stderr=subprocess.STDOUT, start_new_session=True))
+        procs.append(
+            subprocess.Popen(
+                args,
+                env=env,
+                cwd=tmp,
+                stdout=open(tmp / log, "w"),
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        )
 
     # The operator's roster and one identity file per node (what a deployment distributes).
-    assert subprocess.run([sys.executable, "-m", "mechanisms.secagg_identity", str(tmp / "ids"), "--nodes", str(K)],
-                          env=env, capture_output=True).returncode == 0
+    assert (
+        subprocess.run(
+            [sys.executable, "-m", "mechanisms.secagg_identity", str(tmp / "ids"), "--nodes", str(K)],
+            env=env,
+            capture_output=True,
+        ).returncode
+        == 0
+    )
     try:
-        start([BIN / "flower-superlink", "--insecure", "--disable-runtime-dependency-installation",
-               "--host", "127.0.0.1", "--port", str(port),
-               "--health-server-address", f"127.0.0.1:{_free_port()}"], "superlink.log")
+        start(
+            [
+                BIN / "flower-superlink",
+                "--insecure",
+                "--disable-runtime-dependency-installation",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--health-server-address",
+                f"127.0.0.1:{_free_port()}",
+            ],
+            "superlink.log",
+        )
         _wait_port(port, 60, procs)
         for i in range(K):
             # Node 2's ClientApp process exits (a crash, no reply) when it reaches unmasking.
             crash = ' fail-at="unmask:exit"' if i == 2 else ""
             # The plain fedncm run below needs it: a node with a roster otherwise refuses plain releases.
-            start([BIN / "flower-supernode", "--insecure", "--superlink", f"127.0.0.1:{port}",
-                   "--host", "127.0.0.1", "--port", str(_free_port()),
-                   "--node-config", f"partition-id={i} num-partitions={K}{crash} allow-plain-release=true "
-                   f'secagg-identity="{tmp / "ids" / f"node-{i}.json"}" secagg-roster="{tmp / "ids" / "roster.json"}"'],
-                  f"supernode{i}.log")
+            start(
+                [
+                    BIN / "flower-supernode",
+                    "--insecure",
+                    "--superlink",
+                    f"127.0.0.1:{port}",
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(_free_port()),
+                    "--node-config",
+                    f"partition-id={i} num-partitions={K}{crash} allow-plain-release=true "
+                    f'secagg-identity="{tmp / "ids" / f"node-{i}.json"}" secagg-roster="{tmp / "ids" / "roster.json"}"',
+                ],
+                f"supernode{i}.log",
+            )
         yield env, tmp
     finally:
         _stop(procs)
@@ -136,8 +177,14 @@ def _run(env, tmp, name, **config) -> dict:
     out = tmp / name
     pairs = {"clients": K, "output": str(out), "connect-timeout": 90.0, "timeout": 90.0, **config}
     rc = " ".join(f"{k}={json.dumps(v)}" for k, v in pairs.items())
-    proc = subprocess.run([BIN / "flwr", "run", str(APP), "local", "--stream", "--run-config", rc],
-                          env=env, cwd=tmp, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [BIN / "flwr", "run", str(APP), "local", "--stream", "--run-config", rc],
+        env=env,
+        cwd=tmp,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert (out / "report.json").exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
     head = np.load(out / "head.npz")
     return {"weight": head["weight"], "report": json.loads((out / "report.json").read_text())}
@@ -147,7 +194,8 @@ def test_superlink_and_three_supernodes_give_fits_heads_despite_a_crash(deployme
     env, tmp = deployment
     ds = digits_dataset
     F, y, k = partition(ds.train_labels, K, "dirichlet", alpha=0.5, rng=0).apply(
-        ds.train_features, ds.train_labels)
+        ds.train_features, ds.train_labels
+    )
     plain = _run(env, tmp, "fedncm", method="fedncm")
     ref = privfed.fit("fedncm", F, y, k, num_classes=10)
     assert np.abs(plain["weight"] - ref.weight).max() < 1e-9
@@ -164,4 +212,6 @@ def test_superlink_and_three_supernodes_give_fits_heads_despite_a_crash(deployme
     unmask = sa["rounds"][0]["stages"]["unmask"]
     assert unmask["answered"] == 2 and (unmask["silent"] or unmask["failed"])
     stages = masked["report"]["wire"]["stages"]
-    assert {"setup", "sums:keys", "sums:shares", "sums:masked", "sums:consistency", "sums:unmask"} <= set(stages)
+    assert {"setup", "sums:keys", "sums:shares", "sums:masked", "sums:consistency", "sums:unmask"} <= set(
+        stages
+    )

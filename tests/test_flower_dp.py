@@ -33,7 +33,9 @@ DROPPED = 3  # partition 3 fails its masked stage: it drops before uploading, it
 @pytest.fixture(scope="module")
 def split(digits_dataset):
     ds = digits_dataset
-    return partition(ds.train_labels, K, "dirichlet", alpha=0.5, rng=0).apply(ds.train_features, ds.train_labels)
+    return partition(ds.train_labels, K, "dirichlet", alpha=0.5, rng=0).apply(
+        ds.train_features, ds.train_labels
+    )
 
 
 def _nodes():
@@ -62,14 +64,30 @@ def _blocks(method):
 @pytest.mark.parametrize("case", list(CASES))
 def test_distributed_noise_report_equals_fit(split, case):
     secure, method, lvl, tol, drop = CASES[case]
-    cfg = FlowerConfig(method=method, clients=K, epsilon=1.0, delta=1e-5, clip=10.0, secure=secure,
-                       dropout_tolerance=tol, noise_seed=11, timeout=30, **lvl)
+    cfg = FlowerConfig(
+        method=method,
+        clients=K,
+        epsilon=1.0,
+        delta=1e-5,
+        clip=10.0,
+        secure=secure,
+        dropout_tolerance=tol,
+        noise_seed=11,
+        timeout=30,
+        **lvl,
+    )
     res = _flower(cfg, drop)
-    mech = GaussianMechanism(epsilon=1.0, delta=1e-5, clip=10.0, blocks=_blocks(method), dropout_tolerance=tol,
-                             **lvl)
-    proto = (PairwiseMasking(dropouts=1 if drop else 0, dropout_phase="before_upload") if secure == "mask"
-             else CKKSAggregation())
-    ref = privfed.fit(method, *split, num_classes=10, num_clients=K, privacy=mech, secure_agg=proto, random_state=0)
+    mech = GaussianMechanism(
+        epsilon=1.0, delta=1e-5, clip=10.0, blocks=_blocks(method), dropout_tolerance=tol, **lvl
+    )
+    proto = (
+        PairwiseMasking(dropouts=1 if drop else 0, dropout_phase="before_upload")
+        if secure == "mask"
+        else CKKSAggregation()
+    )
+    ref = privfed.fit(
+        method, *split, num_classes=10, num_clients=K, privacy=mech, secure_agg=proto, random_state=0
+    )
     got, want = res.head.privacy, ref.privacy
     assert got.guarantee == want.guarantee
     assert got.epsilon == pytest.approx(want.epsilon, rel=1e-12)
@@ -93,8 +111,16 @@ def _clean_sum(split, keep, method="fedncm"):
 
 
 def test_masked_sum_is_fits_statistics_plus_the_shares_present(split):
-    cfg = FlowerConfig(method="fedncm", clients=K, epsilon=1.0, delta=1e-5, clip=10.0, secure="mask",
-                       noise_seed=5, timeout=30)
+    cfg = FlowerConfig(
+        method="fedncm",
+        clients=K,
+        epsilon=1.0,
+        delta=1e-5,
+        clip=10.0,
+        secure="mask",
+        noise_seed=5,
+        timeout=30,
+    )
     res = _flower(cfg, drop=True)
     C, d = 10, split[0].shape[1]
     got = split_sum_vector(res.sums[0], cfg.make_method(), C, d)
@@ -115,8 +141,12 @@ def test_masked_sum_is_fits_statistics_plus_the_shares_present(split):
     clean = _clean_sum(split, keep)
     sigma = res.head.privacy.sigma
     frac = len(keep) / K
-    z = np.concatenate([(got.sums[0] - clean.sums.sum(axis=0)).ravel() / (sigma["sums"] * math.sqrt(frac)),
-                        (got.counts[0] - clean.counts.sum(axis=0)) / (sigma["counts"] * math.sqrt(frac))])
+    z = np.concatenate(
+        [
+            (got.sums[0] - clean.sums.sum(axis=0)).ravel() / (sigma["sums"] * math.sqrt(frac)),
+            (got.counts[0] - clean.counts.sum(axis=0)) / (sigma["counts"] * math.sqrt(frac)),
+        ]
+    )
     # Sample variance of n standard normals: sd sqrt(2 / n); five of them.
     assert abs(np.mean(z**2) - 1.0) < 5 * math.sqrt(2.0 / z.size)
     # The head is the method's head of that sum (what fit's aggregate gives on it).
@@ -125,7 +155,9 @@ def test_masked_sum_is_fits_statistics_plus_the_shares_present(split):
 
 
 def test_os_entropy_run_is_a_release_and_draws_fresh_shares(split):
-    cfg = FlowerConfig(method="fedncm", clients=K, epsilon=1.0, delta=1e-5, clip=10.0, secure="mask", timeout=30)
+    cfg = FlowerConfig(
+        method="fedncm", clients=K, epsilon=1.0, delta=1e-5, clip=10.0, secure="mask", timeout=30
+    )
     a, b = _flower(cfg), _flower(cfg)
     assert not a.head.privacy.simulation and "SIMULATION" not in a.head.privacy.guarantee
     assert a.report["noise_randomness"] == "OS entropy"
@@ -137,14 +169,26 @@ def test_a_node_without_records_still_uploads_its_share_under_dp(split, tmp_path
     empty = tmp_path / "empty.npz"
     np.savez(empty, features=np.zeros((0, 64)), labels=np.zeros(0, dtype=np.int64))
     nodes = {**_nodes(), 103: {"features": str(empty)}}
-    cfg = FlowerConfig(method="fedncm", clients=K, epsilon=1.0, delta=1e-5, clip=10.0, secure="mask",
-                       num_classes=10, noise_seed=3, timeout=30)
+    cfg = FlowerConfig(
+        method="fedncm",
+        clients=K,
+        epsilon=1.0,
+        delta=1e-5,
+        clip=10.0,
+        secure="mask",
+        num_classes=10,
+        noise_seed=3,
+        timeout=30,
+    )
     res = serve(LocalGrid(nodes), cfg)
     assert res.head.secure_aggregation["summed_nodes"] == K
     assert res.head.privacy.epsilon == pytest.approx(1.0, rel=1e-9)
     # Without DP the same node is refused, with its name.
     with pytest.raises(ConfigError, match="node 103.*empty"):
-        serve(LocalGrid(nodes), FlowerConfig(method="fedncm", clients=K, secure="mask", num_classes=10, timeout=5))
+        serve(
+            LocalGrid(nodes),
+            FlowerConfig(method="fedncm", clients=K, secure="mask", num_classes=10, timeout=5),
+        )
 
 
 def test_secure_dp_configurations_fit_refuses_are_refused_before_any_message():
@@ -153,6 +197,8 @@ def test_secure_dp_configurations_fit_refuses_are_refused_before_any_message():
     with pytest.raises(ConfigError, match="dropout-tolerance=4 must lie in 0..clients-1=3"):
         FlowerConfig(method="fedncm", clients=K, epsilon=1.0, clip=10.0, secure="mask", dropout_tolerance=4)
     with pytest.raises(ConfigError, match="trusted-aggregator and secure aggregation"):
-        FlowerConfig(method="fedncm", clients=K, epsilon=1.0, clip=10.0, secure="ckks", trusted_aggregator=True)
+        FlowerConfig(
+            method="fedncm", clients=K, epsilon=1.0, clip=10.0, secure="ckks", trusted_aggregator=True
+        )
     with pytest.raises(ConfigError, match="max_records"):
         FlowerConfig(method="fedncm", clients=K, epsilon=1.0, clip=10.0, secure="mask", level="client")

@@ -79,6 +79,21 @@ def test_command_line_takes_rounds_and_refuses_bad_ones_in_one_line(capsys):
     assert len(err) == 1 and "only fedlog runs several rounds" in err[0]
     assert main(["--method", "fedlog", "--rounds", "3", "--rounds-params", "{bad"]) == 2
     assert "--rounds-params must be a JSON object" in capsys.readouterr().err
-    assert main(["--method", "fedncm", "--secure", "flwr-secaggplus-insecure", "--clients", "1024", "--clip", "1",
-                 "--max-records", "10"]) == 2
+    assert (
+        main(
+            [
+                "--method",
+                "fedncm",
+                "--secure",
+                "flwr-secaggplus-insecure",
+                "--clients",
+                "1024",
+                "--clip",
+                "1",
+                "--max-records",
+                "10",
+            ]
+        )
+        == 2
+    )
     assert "at most 1023 clients" in capsys.readouterr().err

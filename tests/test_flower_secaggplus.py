@@ -32,7 +32,9 @@ K, C, CLIP, N_MAX = 4, 10, 10.0, 1000
 @pytest.fixture(scope="module")
 def split(digits_dataset):
     ds = digits_dataset
-    return partition(ds.train_labels, K, "dirichlet", alpha=0.5, rng=0).apply(ds.train_features, ds.train_labels)
+    return partition(ds.train_labels, K, "dirichlet", alpha=0.5, rng=0).apply(
+        ds.train_features, ds.train_labels
+    )
 
 
 @pytest.fixture(autouse=True)
@@ -47,7 +49,9 @@ def _nodes():
 @pytest.mark.parametrize("method", ["fedncm", "fed3r"])
 def test_secaggplus_sum_is_within_the_quantisation_bound_of_fits_statistics(split, method):
     F, y, k = split
-    cfg = FlowerConfig(method=method, clients=K, secure="flwr-secaggplus-insecure", clip=CLIP, max_records=N_MAX, timeout=30)
+    cfg = FlowerConfig(
+        method=method, clients=K, secure="flwr-secaggplus-insecure", clip=CLIP, max_records=N_MAX, timeout=30
+    )
     res = serve(LocalGrid(_nodes()), cfg)
     m = cfg.make_method()
     d = F.shape[1]
@@ -92,14 +96,24 @@ def test_secaggplus_limits_are_enforced_before_any_message():
 
 
 def test_secaggplus_report_says_a_deviating_server_recovers_any_input(split):
-    cfg = FlowerConfig(method="fedncm", clients=K, secure="flwr-secaggplus-insecure", clip=CLIP, max_records=N_MAX,
-                       timeout=30)
+    cfg = FlowerConfig(
+        method="fedncm",
+        clients=K,
+        secure="flwr-secaggplus-insecure",
+        clip=CLIP,
+        max_records=N_MAX,
+        timeout=30,
+    )
     res = serve(LocalGrid(_nodes()), cfg)
     threat = res.head.secure_aggregation["threat_model"]
-    assert threat.startswith("NOT SECURE AGAINST A DEVIATING SERVER") and "recovers that node's input" in threat
+    assert (
+        threat.startswith("NOT SECURE AGAINST A DEVIATING SERVER") and "recovers that node's input" in threat
+    )
 
 
 def test_a_node_above_the_public_bound_stops_the_run_with_its_reason(split):
-    cfg = FlowerConfig(method="fedncm", clients=K, secure="flwr-secaggplus-insecure", clip=CLIP, max_records=50, timeout=30)
+    cfg = FlowerConfig(
+        method="fedncm", clients=K, secure="flwr-secaggplus-insecure", clip=CLIP, max_records=50, timeout=30
+    )
     with pytest.raises(ProtocolAbort, match="more than max-records=50"):
         serve(LocalGrid(_nodes()), cfg)

@@ -31,7 +31,9 @@ DP = {"epsilon": 1.0, "clip": 10.0, "noise_seed": 1}
 @pytest.fixture(scope="module")
 def split(digits_dataset):
     ds = digits_dataset
-    return partition(ds.train_labels, K, "dirichlet", alpha=0.5, rng=0).apply(ds.train_features, ds.train_labels)
+    return partition(ds.train_labels, K, "dirichlet", alpha=0.5, rng=0).apply(
+        ds.train_features, ds.train_labels
+    )
 
 
 def _run(method, **kw):
@@ -57,7 +59,8 @@ def test_compact_payload_is_fits_byte_model_plus_counts_and_class_indices(split,
     dense = _run(method, **(DP if dp else {}))
     # The default float64 dense layout: 8 bytes a value over every class of every node.
     assert sum(dense.report["payload_vs_model"]["payload_bytes_by_array"][a] for a in counted) == 8 * sum(
-        {"sums": K * C * d, "second": K * d * d}[a] for a in counted)
+        {"sums": K * C * d, "second": K * d * d}[a] for a in counted
+    )
 
 
 def test_compact_sum_is_the_sum_of_float32_rounded_uploads(split):

@@ -53,11 +53,20 @@ def test_multi_mean_is_refused_under_dp():
     with pytest.raises(ConfigError, match="means_per_client=2"):
         privfed.fit("fedcof", F, y, k, num_classes=3, num_clients=4, privacy=_mech(), means_per_client=2)
     with pytest.raises(ConfigError, match="means_per_client=3"):
-        privfed.fit("fedcof", F, y, k, num_classes=3, num_clients=4,
-                    privacy=LaplaceCountNoise(epsilon=1.0), means_per_client=3)
+        privfed.fit(
+            "fedcof",
+            F,
+            y,
+            k,
+            num_classes=3,
+            num_clients=4,
+            privacy=LaplaceCountNoise(epsilon=1.0),
+            means_per_client=3,
+        )
     # M = 1 is the plain method and runs.
-    assert np.all(np.isfinite(privfed.fit("fedcof", F, y, k, num_classes=3, num_clients=4,
-                                          privacy=_mech()).weight))
+    assert np.all(
+        np.isfinite(privfed.fit("fedcof", F, y, k, num_classes=3, num_clients=4, privacy=_mech()).weight)
+    )
 
 
 # -- 2. Poisson client sampling: carried out where it amplifies, refused where it does not -------------
@@ -65,8 +74,15 @@ Q = 0.01  # the rate of the finding: q = 0.01 at epsilon = 1
 
 
 def _sampled(cls=GaussianMechanism, q=Q, **kw):
-    params = dict(epsilon=1.0, delta=1e-5, clip=1.0, level="client", max_records=20, trusted_aggregator=True,
-                  sampling_rate=q)
+    params = dict(
+        epsilon=1.0,
+        delta=1e-5,
+        clip=1.0,
+        level="client",
+        max_records=20,
+        trusted_aggregator=True,
+        sampling_rate=q,
+    )
     params.update(kw)
     return cls(**params)
 
@@ -117,9 +133,16 @@ def test_number_of_sampled_clients_is_binomial():
     F, y, k = rng.normal(size=(K, 3)), np.arange(K) % 2, np.arange(K)
     _CountingAggregator.seen = []
     for seed in range(n):
-        privfed.fit("fedncm", F, y, k, num_classes=2, num_clients=40,
-                    privacy=_sampled(_CountingAggregator, q=q, max_records=1),
-                    random_state=seed)
+        privfed.fit(
+            "fedncm",
+            F,
+            y,
+            k,
+            num_classes=2,
+            num_clients=40,
+            privacy=_sampled(_CountingAggregator, q=q, max_records=1),
+            random_state=seed,
+        )
     x = np.array(_CountingAggregator.seen, dtype=float)
     assert x.size == n
     # The mean of n Binomial(K, q): within 4 standard errors of Kq.
@@ -128,8 +151,9 @@ def test_number_of_sampled_clients_is_binomial():
     stat = float(((x - K * q) ** 2).sum() / (K * q * (1 - q)))
     assert chi2.ppf(1e-4, n) < stat < chi2.ppf(1 - 1e-4, n)
     # Seeded runs are simulations and say so; the sampling itself is seeded then.
-    head = privfed.fit("fedncm", F, y, k, num_classes=2, num_clients=40,
-                       privacy=_sampled(q=q, max_records=1), random_state=1)
+    head = privfed.fit(
+        "fedncm", F, y, k, num_classes=2, num_clients=40, privacy=_sampled(q=q, max_records=1), random_state=1
+    )
     assert head.privacy.simulation and any("seeded simulation" in n for n in head.privacy.notes)
 
 
@@ -139,10 +163,17 @@ def test_sampled_set_is_hidden_from_what_the_run_returns():
     F, y, k = _data()
     seen = set()
     for s in range(6):
-        head = privfed.fit("fedncm", F, y, k, num_classes=3, num_clients=4,
-                           privacy=_sampled(q=0.5), random_state=s)
-        seen.add((head.weight.shape, tuple(sorted(head.upload_bytes.items())), head.privacy.guarantee,
-                  head.privacy.notes))
+        head = privfed.fit(
+            "fedncm", F, y, k, num_classes=3, num_clients=4, privacy=_sampled(q=0.5), random_state=s
+        )
+        seen.add(
+            (
+                head.weight.shape,
+                tuple(sorted(head.upload_bytes.items())),
+                head.privacy.guarantee,
+                head.privacy.notes,
+            )
+        )
     assert len(seen) == 1
     assert dict(next(iter(seen))[1])["M"] == 4 * 3
 
@@ -159,8 +190,16 @@ def test_sampled_set_is_hidden_from_what_the_run_returns():
 def test_sampling_is_refused_where_the_server_sees_who_uploads(kw, secure, method, why):
     F, y, k = _data()
     with pytest.raises(ConfigError, match=why):
-        privfed.fit(method, F, y, k, num_classes=3, num_clients=4, privacy=_sampled(**kw),
-                    secure_agg=PairwiseMasking() if secure else None)
+        privfed.fit(
+            method,
+            F,
+            y,
+            k,
+            num_classes=3,
+            num_clients=4,
+            privacy=_sampled(**kw),
+            secure_agg=PairwiseMasking() if secure else None,
+        )
 
 
 def test_sampling_rate_is_refused_where_no_sampling_happens():
@@ -200,8 +239,9 @@ def test_a_record_in_a_class_its_client_lacked_changes_no_metadata(method):
     blocks = ("sums", "counts", "second") if method == "fed3r" else ("sums", "counts")
     out = []
     for Fi, yi, ki in ((F0, y0, k0), (F1, y1, k1)):
-        head = privfed.fit(method, Fi, yi, ki, num_classes=3, num_clients=4,
-                           privacy=_mech(blocks=blocks), random_state=3)
+        head = privfed.fit(
+            method, Fi, yi, ki, num_classes=3, num_clients=4, privacy=_mech(blocks=blocks), random_state=3
+        )
         out.append(_outputs(head))
     assert out[0]["bytes"] == out[1]["bytes"]
     assert out[0]["bytes"]["M"] == 4 * 3  # every client sends every class under DP
@@ -221,8 +261,9 @@ def test_an_absent_class_or_an_empty_client_is_not_refused_from_raw_data():
     assert np.bincount(k0, minlength=4)[1] == 0 and np.bincount(k1, minlength=4)[1] == 1
     shapes = []
     for Fi, yi, ki in ((F0, y0, k0), (F1, y1, k1)):
-        head = privfed.fit("fedncm", Fi, yi, ki, num_classes=3, num_clients=4,
-                           privacy=_mech(), random_state=1)
+        head = privfed.fit(
+            "fedncm", Fi, yi, ki, num_classes=3, num_clients=4, privacy=_mech(), random_state=1
+        )
         shapes.append((head.weight.shape, head.upload_bytes))
     assert shapes[0] == shapes[1]
     # Without privacy the same inputs are still refused (nothing to hide, and an empty class is a mistake).
@@ -252,8 +293,9 @@ def test_dropouts_beyond_tolerance_lower_the_reported_guarantee():
     k = np.arange(200) % K
     mech = _mech()
     sa = PairwiseMasking(dropouts=4, dropout_phase="before_upload")
-    head = privfed.fit("fedncm", F, y, k, num_classes=2, num_clients=10,
-                       privacy=mech, secure_agg=sa, random_state=2)
+    head = privfed.fit(
+        "fedncm", F, y, k, num_classes=2, num_clients=10, privacy=mech, secure_agg=sa, random_state=2
+    )
     # 6 of 10 shares of sigma^2 / 10 reached the sums: 0.6 sigma^2 present.
     expected = gdp_epsilon(gdp_mu(1.0, 1e-5) / math.sqrt(0.6), 1e-5)
     assert head.privacy.epsilon == pytest.approx(expected, rel=1e-9)
@@ -269,8 +311,17 @@ def test_client_level_secure_agg_noise_does_not_depend_on_who_holds_data():
     variances = []
     for Fi, yi, ki in ((F, y, k), (F[k != 3], y[k != 3], k[k != 3])):
         mech = _mech(level="client", max_records=30, dropout_tolerance=1)
-        head = privfed.fit("fedncm", Fi, yi, ki, num_classes=3, num_clients=4, privacy=mech,
-                           secure_agg=PairwiseMasking(), random_state=1)
+        head = privfed.fit(
+            "fedncm",
+            Fi,
+            yi,
+            ki,
+            num_classes=3,
+            num_clients=4,
+            privacy=mech,
+            secure_agg=PairwiseMasking(),
+            random_state=1,
+        )
         variances.append([e.scale for e in mech.ledger.events])
         assert head.privacy.placement == "distributed"
         assert any("zero-out" in n for n in head.privacy.notes)
@@ -278,8 +329,17 @@ def test_client_level_secure_agg_noise_does_not_depend_on_who_holds_data():
     assert variances[0] == variances[1]
     # K = 4 shares of sigma^2 / 3 each: 4/3 sigma^2 present, epsilon computed from it.
     mech = _mech(level="client", max_records=30, dropout_tolerance=1)
-    head = privfed.fit("fedncm", F, y, k, num_classes=3, num_clients=4,
-                       privacy=mech, secure_agg=PairwiseMasking(), random_state=1)
+    head = privfed.fit(
+        "fedncm",
+        F,
+        y,
+        k,
+        num_classes=3,
+        num_clients=4,
+        privacy=mech,
+        secure_agg=PairwiseMasking(),
+        random_state=1,
+    )
     assert head.privacy.epsilon == pytest.approx(gdp_epsilon(mech.mu / math.sqrt(4 / 3), 1e-5), rel=1e-9)
 
 
@@ -322,8 +382,16 @@ def test_distributed_gaussian_needs_an_enforced_sensitivity():
     with pytest.raises(ConfigError, match="clips the records"):
         privfed.fit("fedncm", F, y, k, secure_agg=PairwiseMasking(noise=noise))
     with pytest.raises(ConfigError, match="drop noise="):
-        privfed.fit("fedncm", F, y, k, num_classes=3, num_clients=4,
-                    privacy=_mech(), secure_agg=PairwiseMasking(noise=noise))
+        privfed.fit(
+            "fedncm",
+            F,
+            y,
+            k,
+            num_classes=3,
+            num_clients=4,
+            privacy=_mech(),
+            secure_agg=PairwiseMasking(noise=noise),
+        )
 
 
 # -- 8. secure-aggregation edges -------------------------------------------------------------------
@@ -399,15 +467,17 @@ def test_ckks_release_grid_stays_above_the_decryption_error():
 # -- 9. count noise with the means in clear --------------------------------------------------------
 def test_count_noise_reports_lead_with_the_unprotected_means():
     F, y, k = _data()
-    head = privfed.fit("fedcof", F, y, k, num_classes=3, num_clients=4,
-                       privacy=LaplaceCountNoise(epsilon=1.0))
+    head = privfed.fit(
+        "fedcof", F, y, k, num_classes=3, num_clients=4, privacy=LaplaceCountNoise(epsilon=1.0)
+    )
     rep = head.privacy
     assert rep.guarantee.startswith("NO DP GUARANTEE for the class means")
     assert not rep.is_private
     assert rep.delta == 0.0 and rep.epsilon == pytest.approx(1.0)  # pure DP for the counts alone
     assert rep.protects.startswith("class counts only")
-    uni = privfed.fit("fedcof", F, y, k, num_classes=3, num_clients=4,
-                      privacy=UniformCountNoiseNoDP(epsilon=0.5)).privacy
+    uni = privfed.fit(
+        "fedcof", F, y, k, num_classes=3, num_clients=4, privacy=UniformCountNoiseNoDP(epsilon=0.5)
+    ).privacy
     assert uni.epsilon == math.inf and math.isnan(uni.target_epsilon) and not uni.is_private
 
 
@@ -415,8 +485,10 @@ def test_count_noise_reports_lead_with_the_unprotected_means():
 def test_each_fit_books_one_release_of_a_multi_round_budget():
     F, y, k = _data()
     mech = _mech(rounds=4)
-    eps = [privfed.fit("fedncm", F, y, k, num_classes=3, num_clients=4,
-                       privacy=mech).privacy.epsilon for _ in range(4)]
+    eps = [
+        privfed.fit("fedncm", F, y, k, num_classes=3, num_clients=4, privacy=mech).privacy.epsilon
+        for _ in range(4)
+    ]
     mu = gdp_mu(1.0, 1e-5)
     for i, e in enumerate(eps, start=1):
         assert e == pytest.approx(gdp_epsilon(mu * math.sqrt(i / 4), 1e-5), rel=1e-9)
@@ -425,12 +497,14 @@ def test_each_fit_books_one_release_of_a_multi_round_budget():
 
 def test_fedcof_with_trusted_aggregator_says_its_noise_is_local():
     F, y, k = _data()
-    head = privfed.fit("fedcof", F, y, k, num_classes=3, num_clients=4,
-                       privacy=_mech(trusted_aggregator=True))
+    head = privfed.fit(
+        "fedcof", F, y, k, num_classes=3, num_clients=4, privacy=_mech(trusted_aggregator=True)
+    )
     assert head.privacy.placement == "local"
     assert not any("trusted aggregator" in n for n in head.privacy.notes)
-    central = privfed.fit("fedncm", F, y, k, num_classes=3, num_clients=4,
-                          privacy=_mech(trusted_aggregator=True)).privacy
+    central = privfed.fit(
+        "fedncm", F, y, k, num_classes=3, num_clients=4, privacy=_mech(trusted_aggregator=True)
+    ).privacy
     assert central.placement == "central" and any("trusted aggregator" in n for n in central.notes)
 
 
@@ -444,8 +518,16 @@ def test_opendp_slack_is_calibrated_on_the_coordinates_that_move():
     assert sens["counts"] == pytest.approx(1.0 + grid, rel=1e-12)
     assert head.privacy.epsilon == pytest.approx(2.0, rel=1e-9)  # calibrated for the slack
     # OpenDP draws from the OS CSPRNG: a seed does not make its noise replayable.
-    seeded = privfed.fit("fedncm", F, y, k, num_classes=3, random_state=0,
-                         num_clients=4, privacy=_mech(epsilon=2.0, backend="opendp", trusted_aggregator=True))
+    seeded = privfed.fit(
+        "fedncm",
+        F,
+        y,
+        k,
+        num_classes=3,
+        random_state=0,
+        num_clients=4,
+        privacy=_mech(epsilon=2.0, backend="opendp", trusted_aggregator=True),
+    )
     assert not seeded.privacy.simulation
 
 
@@ -471,8 +553,11 @@ def test_sizes_are_public_parameters_under_dp_never_taken_from_the_data():
     F = np.abs(rng.normal(size=(40, 4)))
     y, k = np.arange(40) % 3, np.arange(40) % 4
     mech = lambda: GaussianMechanism(epsilon=1.0, delta=1e-5, clip=1.0)  # noqa: E731
-    with pytest.raises(ConfigError, match=r"num_classes and num_clients must be given.*num_classes=\.\.\., "
-                                          r"num_clients=\.\.\."):
+    with pytest.raises(
+        ConfigError,
+        match=r"num_classes and num_clients must be given.*num_classes=\.\.\., "
+        r"num_clients=\.\.\.",
+    ):
         privfed.fit("fedncm", F, y, k, privacy=mech(), random_state=0)
     with pytest.raises(ConfigError, match=r"num_classes must be given.*pass num_classes=\.\.\. to fit"):
         privfed.fit("fedncm", F, y, k, num_clients=4, privacy=mech(), random_state=0)
@@ -483,8 +568,12 @@ def test_sizes_are_public_parameters_under_dp_never_taken_from_the_data():
     # given, they fix the release's shape: a neighbour with one record of a new class keeps it
     y2 = y.copy()
     y2[0] = 3
-    shapes = {privfed.fit("fedncm", F, yi, k, num_classes=4, num_clients=4, privacy=mech(),
-                          random_state=0).weight.shape for yi in (y, y2)}
+    shapes = {
+        privfed.fit(
+            "fedncm", F, yi, k, num_classes=4, num_clients=4, privacy=mech(), random_state=0
+        ).weight.shape
+        for yi in (y, y2)
+    }
     assert shapes == {(4, 4)}
     # nothing in the report says a size came from the data
     head = privfed.fit("fedncm", F, y2, k, num_classes=4, num_clients=4, privacy=mech(), random_state=0)
@@ -507,6 +596,7 @@ def _protection(name):
     if name == "ckks":
         pytest.importorskip("tenseal")
         from mechanisms.secagg import CKKSAggregation
+
         return dict(secure_agg=CKKSAggregation()), dict(level="client", max_records=5)
     return {}, dict(level="client", max_records=5, trusted_aggregator=True, sampling_rate=0.5)
 
@@ -519,8 +609,9 @@ def test_client_level_second_moment_methods_run_whatever_a_client_holds(method, 
     reports = []
     for data in ((F, y, k), (F[k != 0], y[k != 0], k[k != 0])):  # zero-out neighbour of the big client
         mech = _mech(epsilon=8.0, blocks=("sums", "counts", "second"), **mech_kw)
-        head = privfed.fit(method, *data, num_classes=3, num_clients=4,
-                           privacy=mech, random_state=2, **fit_kw)
+        head = privfed.fit(
+            method, *data, num_classes=3, num_clients=4, privacy=mech, random_state=2, **fit_kw
+        )
         assert head.privacy.level == "client" and math.isfinite(head.privacy.epsilon)
         reports.append((head.privacy.guarantee, head.privacy.notes, np.shape(head.weight), head.upload_bytes))
     assert reports[0] == reports[1]  # nothing deterministic tells the neighbours apart
@@ -533,8 +624,9 @@ def test_client_bound_scales_each_clients_second_moment_before_the_sum(protectio
 
     F, y, k = _big_client_data()
     fit_kw, mech_kw = _protection(protection)
-    mech = _mech(epsilon=float("inf"), blocks=("sums", "counts", "second"),
-                 **{**mech_kw, "sampling_rate": 1.0})
+    mech = _mech(
+        epsilon=float("inf"), blocks=("sums", "counts", "second"), **{**mech_kw, "sampling_rate": 1.0}
+    )
     method = get("fed3r")
     mech.check(method, fit_kw.get("secure_agg"))
     Fc = mech.clip(F)
@@ -547,19 +639,28 @@ def test_client_bound_scales_each_clients_second_moment_before_the_sum(protectio
         np.testing.assert_allclose(up.counts[c].sum(), f * Fk.shape[0], rtol=1e-12)
         np.testing.assert_allclose(up.sums[c].sum(axis=0), f * Fk.sum(axis=0), rtol=1e-12, atol=1e-12)
         # The bounded contribution meets the client-level sensitivities (n_max c^2, n_max c, n_max).
-        assert np.linalg.norm(up.second[c]) <= 5 * mech.clip_bound ** 2 * (1 + 1e-12)
+        assert np.linalg.norm(up.second[c]) <= 5 * mech.clip_bound**2 * (1 + 1e-12)
 
 
 # -- issue 23: every seed that touches a release labels it a simulation ----------------------------
 def test_seeded_masking_keys_make_the_release_a_labelled_simulation():
     F, y, k = _data()
-    head = privfed.fit("fedncm", F, y, k, num_classes=3, num_clients=4,
-                       privacy=_mech(), secure_agg=PairwiseMasking(key_seed=1))
+    head = privfed.fit(
+        "fedncm",
+        F,
+        y,
+        k,
+        num_classes=3,
+        num_clients=4,
+        privacy=_mech(),
+        secure_agg=PairwiseMasking(key_seed=1),
+    )
     rep = head.privacy
     assert rep.simulation and rep.guarantee.startswith("SIMULATION (seeded noise, replayable)")
     assert any("key_seed=1" in n for n in rep.notes)
-    fresh = privfed.fit("fedncm", F, y, k, num_classes=3, num_clients=4,
-                        privacy=_mech(), secure_agg=PairwiseMasking())
+    fresh = privfed.fit(
+        "fedncm", F, y, k, num_classes=3, num_clients=4, privacy=_mech(), secure_agg=PairwiseMasking()
+    )
     assert not fresh.privacy.simulation and "SIMULATION" not in fresh.privacy.guarantee
 
 
@@ -577,9 +678,13 @@ def test_printed_epsilon_is_never_below_the_computed_one():
 
 # -- issue 23: every method x level x protection x sampling the API accepts keeps its printed epsilon ---------
 _GRID_METHODS = {
-    "fedncm": ("sums", "counts"), "fed3r": ("sums", "counts", "second"),
-    "fed3r-within": ("sums", "counts", "second"), "fedcgs": ("sums", "counts", "second"),
-    "fedlog": ("sums", "counts"), "fedcof": ("sums", "counts"), "fedcof-oracle": ("sums", "counts"),
+    "fedncm": ("sums", "counts"),
+    "fed3r": ("sums", "counts", "second"),
+    "fed3r-within": ("sums", "counts", "second"),
+    "fedcgs": ("sums", "counts", "second"),
+    "fedlog": ("sums", "counts"),
+    "fedcof": ("sums", "counts"),
+    "fedcof-oracle": ("sums", "counts"),
 }
 #: (protection, sampling rate): local noise, a trusted aggregator, masking, CKKS; Poisson sampling by the aggregator.
 _PROTECTIONS = [("local", 1.0), ("central", 1.0), ("mask", 1.0), ("ckks", 1.0), ("central", 0.5)]
@@ -591,8 +696,12 @@ def _grid():
     for method in sorted(_GRID_METHODS):
         for level in ("record", "client"):
             for protection, q in _PROTECTIONS:
-                marks = [pytest.mark.slow] if protection == "ckks" else []  # ~1 s a release; masking covers the hooks
-                yield pytest.param(method, level, protection, q, marks=marks, id=f"{method}-{level}-{protection}-q{q:g}")
+                marks = (
+                    [pytest.mark.slow] if protection == "ckks" else []
+                )  # ~1 s a release; masking covers the hooks
+                yield pytest.param(
+                    method, level, protection, q, marks=marks, id=f"{method}-{level}-{protection}-q{q:g}"
+                )
 
 
 @pytest.mark.parametrize("method, level, protection, q", list(_grid()))
@@ -601,8 +710,15 @@ def test_every_accepted_combination_keeps_its_printed_epsilon(method, level, pro
 
     from privfed.audit import audit_release, fit_release, neighbour_battery
 
-    kw = dict(epsilon=2.0, delta=1e-5, clip=3.0, blocks=_GRID_METHODS[method], level=level, sampling_rate=q,
-              trusted_aggregator=protection == "central")
+    kw = dict(
+        epsilon=2.0,
+        delta=1e-5,
+        clip=3.0,
+        blocks=_GRID_METHODS[method],
+        level=level,
+        sampling_rate=q,
+        trusted_aggregator=protection == "central",
+    )
     if level == "client":
         kw["max_records"] = 5
     proto = None
@@ -630,7 +746,9 @@ def test_every_accepted_combination_keeps_its_printed_epsilon(method, level, pro
     out = next(o for o in outs if o["error"] is None)
     rep = out["report"]
     assert rep.is_private and rep.epsilon <= 2.0 * (1 + 1e-9)
-    printed = rep.guarantee.split("(", 2)[-1].split(",")[0] if rep.simulation else rep.guarantee.split(",")[0][1:]
+    printed = (
+        rep.guarantee.split("(", 2)[-1].split(",")[0] if rep.simulation else rep.guarantee.split(",")[0][1:]
+    )
     assert Decimal(printed) >= Decimal(repr(rep.epsilon)) * (1 - Decimal("1e-12")), (printed, rep.epsilon)
 
 
@@ -641,8 +759,28 @@ def test_tradeoff_command_runs_fed3r_at_client_level_under_masking(tmp_path, dig
     from privfed.tradeoff import main
 
     out = tmp_path / "tr"
-    rc = main(["--method", "fed3r", "--level", "client", "--secure-agg", "mask", "--max-records", "5", "--eps", "1",
-               "--seeds", "1", "--clients", "10", "--no-plot", "--quiet", "--out", str(out)])
+    rc = main(
+        [
+            "--method",
+            "fed3r",
+            "--level",
+            "client",
+            "--secure-agg",
+            "mask",
+            "--max-records",
+            "5",
+            "--eps",
+            "1",
+            "--seeds",
+            "1",
+            "--clients",
+            "10",
+            "--no-plot",
+            "--quiet",
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 0
     rows = json.loads((out / "results.json").read_text())["records"]
     assert rows and all(r["level"] == "client" for r in rows)

@@ -32,8 +32,9 @@ def test_every_release_is_recorded():
     F = rng.normal(size=(60, 4))
     y = np.arange(60) % 3
     k = np.arange(60) % 4
-    m = GaussianMechanism(epsilon=1.0, delta=1e-5, clip=1.0, rounds=5, level="client", max_records=30,
-                          trusted_aggregator=True)
+    m = GaussianMechanism(
+        epsilon=1.0, delta=1e-5, clip=1.0, rounds=5, level="client", max_records=30, trusted_aggregator=True
+    )
     privfed.fit("fedncm", F, y, k, num_classes=3, num_clients=4, privacy=m)
     assert len(m.ledger) == 2
     for e in m.ledger.events:
@@ -44,7 +45,9 @@ def test_every_release_is_recorded():
     rep = m.report()
     from mechanisms import gdp_epsilon, gdp_mu
 
-    assert rep.rounds == 5 and rep.epsilon == pytest.approx(gdp_epsilon(gdp_mu(1.0, 1e-5) / math.sqrt(5), 1e-5))
+    assert rep.rounds == 5 and rep.epsilon == pytest.approx(
+        gdp_epsilon(gdp_mu(1.0, 1e-5) / math.sqrt(5), 1e-5)
+    )
     assert "client level" in rep.guarantee and "1 release(s)" in rep.guarantee
     for _ in range(4):
         privfed.fit("fedncm", F, y, k, num_classes=3, num_clients=4, privacy=m)
@@ -122,7 +125,9 @@ def _all_mechanisms():
         GaussianMechanism(epsilon=1.0, delta=1e-5, clip=2.0),
         GaussianMechanism(epsilon=1.0, delta=1e-5, clip=2.0, trusted_aggregator=True, rounds=3),
         GaussianMechanism(epsilon=1.0, delta=1e-5, clip=1.0, clip_norm="coordinate", split="joint"),
-        GaussianMechanism(epsilon=1.0, delta=1e-5, clip=2.0, level="client", max_records=50, trusted_aggregator=True),
+        GaussianMechanism(
+            epsilon=1.0, delta=1e-5, clip=2.0, level="client", max_records=50, trusted_aggregator=True
+        ),
         LaplaceCountNoise(epsilon=1.0),
         GeometricCountNoise(epsilon=1.0),
         GaussianCountNoise(epsilon=1.0, delta=1e-5),

@@ -50,7 +50,9 @@ def test_analytic_and_classic_pinned():
     # privacy.md: eps = 0.1 -> 48.4 classic vs 30.7 exact.
     assert classic_sigma(0.1, 1e-5) == pytest.approx(48.45, abs=0.05)
     assert analytic_sigma(0.1, 1e-5) == pytest.approx(30.7, abs=0.05)
-    assert analytic_sigma(1.0, 1e-5, sensitivity=3.0) == pytest.approx(3 * analytic_sigma(1.0, 1e-5), rel=1e-12)
+    assert analytic_sigma(1.0, 1e-5, sensitivity=3.0) == pytest.approx(
+        3 * analytic_sigma(1.0, 1e-5), rel=1e-12
+    )
 
 
 def test_gdp_mu_inverts_dp_accounting_and_exact_delta():
@@ -68,9 +70,13 @@ def test_mechanism_sigma_joint_equal_and_weights():
     assert m.sigma["counts"] == pytest.approx(m.sigma["sums"], rel=1e-12)
     m3 = GaussianMechanism(epsilon=1.0, delta=1e-5, clip=c, blocks=SECOND, split="joint")
     assert m3.sensitivity == {"sums": c, "counts": 1.0, "second": c * c}
-    assert m3.sigma["second"] == pytest.approx(math.sqrt(c**2 + 1 + c**4) * analytic_sigma(1.0, 1e-5), rel=1e-9)
+    assert m3.sigma["second"] == pytest.approx(
+        math.sqrt(c**2 + 1 + c**4) * analytic_sigma(1.0, 1e-5), rel=1e-9
+    )
     # weights: mu^2 split, sum_b (Delta_b / sigma_b)^2 = mu^2 exactly
-    w = GaussianMechanism(epsilon=2.0, delta=1e-6, clip=c, blocks=SECOND, split={"sums": 2, "counts": 1, "second": 1})
+    w = GaussianMechanism(
+        epsilon=2.0, delta=1e-6, clip=c, blocks=SECOND, split={"sums": 2, "counts": 1, "second": 1}
+    )
     mu2 = sum((w.sensitivity[b] / w.sigma[b]) ** 2 for b in SECOND)
     assert math.sqrt(mu2) == pytest.approx(gdp_mu(2.0, 1e-6), rel=1e-9)
     assert (w.sensitivity["sums"] / w.sigma["sums"]) ** 2 == pytest.approx(mu2 / 2, rel=1e-9)
@@ -91,7 +97,13 @@ def test_fedlog_classic_reproduces_theorem_3_1():
     b, d, delta = 2.0, 100, 0.01
     with pytest.warns(UserWarning, match="classic"):
         m = GaussianMechanism(
-            epsilon=2.0, delta=delta, clip=b, clip_norm="coordinate", calibration="classic", dim=d, split="joint"
+            epsilon=2.0,
+            delta=delta,
+            clip=b,
+            clip_norm="coordinate",
+            calibration="classic",
+            dim=d,
+            split="joint",
         )
     paper = math.sqrt(2 * (1 + d * b * b) * math.log(1.25 / delta)) / 2.0
     assert m.sigma["sums"] == pytest.approx(paper, rel=1e-12)
@@ -164,14 +176,35 @@ def test_hook_refusals_in_fit():
     with pytest.raises(ConfigError, match="trusted_aggregator=True"):
         privfed.fit("fedncm", F, y, k, num_classes=3, num_clients=5, privacy=client)
     with pytest.raises(ConfigError, match=r"blocks=\('sums', 'counts', 'second'\)"):
-        privfed.fit("fed3r", F, y, k, num_classes=3, num_clients=5,
-                    privacy=GaussianMechanism(epsilon=1.0, delta=1e-5, clip=1.0))
+        privfed.fit(
+            "fed3r",
+            F,
+            y,
+            k,
+            num_classes=3,
+            num_clients=5,
+            privacy=GaussianMechanism(epsilon=1.0, delta=1e-5, clip=1.0),
+        )
     with pytest.raises(ConfigError, match="does not use the second moment"):
-        privfed.fit("fedncm", F, y, k, num_classes=3, num_clients=5,
-                    privacy=GaussianMechanism(epsilon=1.0, delta=1e-5, clip=1.0, blocks=SECOND))
+        privfed.fit(
+            "fedncm",
+            F,
+            y,
+            k,
+            num_classes=3,
+            num_clients=5,
+            privacy=GaussianMechanism(epsilon=1.0, delta=1e-5, clip=1.0, blocks=SECOND),
+        )
     with pytest.raises(ConfigError, match="per-class second moments"):
-        privfed.fit("fedcof-oracle", F, y, k, num_classes=3, num_clients=5,
-                    privacy=GaussianMechanism(epsilon=1.0, delta=1e-5, clip=1.0))
+        privfed.fit(
+            "fedcof-oracle",
+            F,
+            y,
+            k,
+            num_classes=3,
+            num_clients=5,
+            privacy=GaussianMechanism(epsilon=1.0, delta=1e-5, clip=1.0),
+        )
     trusted_client = GaussianMechanism(
         epsilon=1.0, delta=1e-5, clip=1.0, level="client", max_records=100, trusted_aggregator=True
     )
@@ -185,7 +218,9 @@ def test_infinite_epsilon_reproduces_non_private_fit(method):
     F, y, k = _data(seed=3)
     norm = "coordinate" if method == "fedlog" else "l2"
     clip = 1.5 if norm == "coordinate" else 2.0
-    mech = GaussianMechanism(epsilon=math.inf, delta=1e-5, clip=clip, blocks=METHOD_BLOCKS[method], clip_norm=norm)
+    mech = GaussianMechanism(
+        epsilon=math.inf, delta=1e-5, clip=clip, blocks=METHOD_BLOCKS[method], clip_norm=norm
+    )
     private = privfed.fit(method, F, y, k, num_classes=3, num_clients=5, privacy=mech, random_state=4)
     Fc = clip_coordinates(F, clip) if norm == "coordinate" else clip_l2(F, clip)
     clear = privfed.fit(method, Fc, y, k, random_state=4)
@@ -196,7 +231,9 @@ def test_infinite_epsilon_reproduces_non_private_fit(method):
     # test features go through the same clipping
     np.testing.assert_array_equal(private.predict(F), clear.predict(Fc))
     # a clip that never binds gives the plain non-private head
-    big = GaussianMechanism(epsilon=math.inf, delta=1e-5, clip=1e6, blocks=METHOD_BLOCKS[method], clip_norm=norm)
+    big = GaussianMechanism(
+        epsilon=math.inf, delta=1e-5, clip=1e6, blocks=METHOD_BLOCKS[method], clip_norm=norm
+    )
     plain = privfed.fit(method, F, y, k, num_classes=3, num_clients=5, privacy=big, random_state=4)
     np.testing.assert_allclose(plain.weight, privfed.fit(method, F, y, k, random_state=4).weight, atol=1e-12)
 
@@ -270,7 +307,9 @@ def test_client_level_bounds_each_client():
     from privfed.methods import get
     from privfed.stats import ClientStats
 
-    m = GaussianMechanism(epsilon=1.0, delta=1e-5, clip=1.0, level="client", max_records=10, trusted_aggregator=True)
+    m = GaussianMechanism(
+        epsilon=1.0, delta=1e-5, clip=1.0, level="client", max_records=10, trusted_aggregator=True
+    )
     assert m.sensitivity == {"sums": 10.0, "counts": 10.0}
     m.check(get("fedncm"), None)
     stats = ClientStats(counts=np.array([[4.0, 16.0], [3.0, 2.0]]), sums=np.ones((2, 2, 3)))
@@ -311,8 +350,9 @@ def test_report_is_computed_from_ledger_and_serialises():
     json.dumps(rep.as_dict())
     with pytest.raises(Exception):
         rep.epsilon = 1.0  # frozen
-    privfed.fit("fedncm", F, y, k, num_classes=3, num_clients=5,
-                privacy=m)  # a second release of the same data composes
+    privfed.fit(
+        "fedncm", F, y, k, num_classes=3, num_clients=5, privacy=m
+    )  # a second release of the same data composes
     assert m.report().epsilon > 2.0
 
 
@@ -383,17 +423,39 @@ def test_with_pairwise_masking(level):
     from mechanisms import make_secure_agg
 
     F, y, k = _data(seed=2)
-    m = GaussianMechanism(epsilon=4.0, delta=1e-5, clip=2.0, blocks=SECOND, level=level,
-                          max_records=100 if level == "client" else None)
-    head = privfed.fit("fed3r-within", F, y, k, num_classes=3, num_clients=5,
-                       privacy=m, secure_agg=make_secure_agg("mask"), random_state=0)
+    m = GaussianMechanism(
+        epsilon=4.0,
+        delta=1e-5,
+        clip=2.0,
+        blocks=SECOND,
+        level=level,
+        max_records=100 if level == "client" else None,
+    )
+    head = privfed.fit(
+        "fed3r-within",
+        F,
+        y,
+        k,
+        num_classes=3,
+        num_clients=5,
+        privacy=m,
+        secure_agg=make_secure_agg("mask"),
+        random_state=0,
+    )
     assert np.all(np.isfinite(head.weight))
     assert head.privacy.epsilon == pytest.approx(4.0, rel=1e-6)
     assert f"at {level} level" in head.privacy.guarantee
     with pytest.raises(ConfigError, match="secure protocol is not supported"):
-        privfed.fit("fedcof", F, y, k, num_classes=3, num_clients=5,
-                    privacy=GaussianMechanism(epsilon=1.0, delta=1e-5, clip=1.0),
-                    secure_agg=make_secure_agg("mask"))
+        privfed.fit(
+            "fedcof",
+            F,
+            y,
+            k,
+            num_classes=3,
+            num_clients=5,
+            privacy=GaussianMechanism(epsilon=1.0, delta=1e-5, clip=1.0),
+            secure_agg=make_secure_agg("mask"),
+        )
 
 
 def test_noise_aware_helpers_exact():
@@ -484,15 +546,27 @@ _budgets = st.tuples(
     accountant=st.sampled_from(["auto", "gdp", "pld", "prv", "rdp"]),
     max_records=st.integers(min_value=1, max_value=10_000),
 )
-def test_mechanism_accepts_or_refuses_clearly(budget, clip, level, second, calibration, clip_norm, rounds, q, split,
-                                              accountant, max_records):
+def test_mechanism_accepts_or_refuses_clearly(
+    budget, clip, level, second, calibration, clip_norm, rounds, q, split, accountant, max_records
+):
     import warnings
 
     eps, delta = budget
-    kw = dict(epsilon=eps, delta=delta, clip=clip, level=level, calibration=calibration, clip_norm=clip_norm,
-              rounds=rounds, sampling_rate=q, split=split, accountant=accountant, dim=4,
-              blocks=("sums", "counts", "second") if second else ("sums", "counts"),
-              trusted_aggregator=level == "client")
+    kw = dict(
+        epsilon=eps,
+        delta=delta,
+        clip=clip,
+        level=level,
+        calibration=calibration,
+        clip_norm=clip_norm,
+        rounds=rounds,
+        sampling_rate=q,
+        split=split,
+        accountant=accountant,
+        dim=4,
+        blocks=("sums", "counts", "second") if second else ("sums", "counts"),
+        trusted_aggregator=level == "client",
+    )
     if level == "client":
         kw["max_records"] = max_records
     with warnings.catch_warnings():
@@ -506,6 +580,7 @@ def test_mechanism_accepts_or_refuses_clearly(budget, clip, level, second, calib
         if q == 1.0 and level == "record":
             mech.release(rng.normal(size=(6, 4)), np.arange(6) % 2, rng=rng)
             rep = mech.report()
-            assert rep.epsilon >= 0 and (math.isinf(eps) or rep.epsilon <= eps * (1 + 1e-6) or
-                                         calibration == "classic")
+            assert rep.epsilon >= 0 and (
+                math.isinf(eps) or rep.epsilon <= eps * (1 + 1e-6) or calibration == "classic"
+            )
             assert isinstance(rep.guarantee, str) and rep.guarantee

@@ -326,8 +326,16 @@ def plain_sum(a):
     return np.asarray(a).sum(axis=0)
 
 
-@pytest.mark.parametrize("params", [{}, {"gamma": 0.0, "solver": "solve"}, {"means_per_client": 3},
-                                    {"noise_var": 0.5}, {"gamma": 0.1, "solver": "solve"}])
+@pytest.mark.parametrize(
+    "params",
+    [
+        {},
+        {"gamma": 0.0, "solver": "solve"},
+        {"means_per_client": 3},
+        {"noise_var": 0.5},
+        {"gamma": 0.1, "solver": "solve"},
+    ],
+)
 def test_fedcof_two_round_secure_protocol_equals_aggregate(params):
     X, y, k = blobs(14)
     m = methods.get("fedcof", **params)
@@ -350,11 +358,14 @@ def test_fedcof_secure_with_noisy_counts_matches_aggregate():
     X, y, k = blobs(15)
     st = compute_client_stats(X, y, k, num_classes=4)
     rng = np.random.default_rng(3)
-    noisy = st.with_arrays(counts=st.counts + rng.normal(0, 2.0, st.counts.shape),
-                           sums=st.sums + rng.normal(0, 1.0, st.sums.shape))
+    noisy = st.with_arrays(
+        counts=st.counts + rng.normal(0, 2.0, st.counts.shape),
+        sums=st.sums + rng.normal(0, 1.0, st.sums.shape),
+    )
     m = methods.get("fedcof")
-    np.testing.assert_allclose(m.secure_aggregate(noisy, plain_sum).weight, m.aggregate(noisy).weight,
-                               rtol=1e-9, atol=1e-10)
+    np.testing.assert_allclose(
+        m.secure_aggregate(noisy, plain_sum).weight, m.aggregate(noisy).weight, rtol=1e-9, atol=1e-10
+    )
 
 
 # -- contract: every registered method -----------------------------------------------------
@@ -416,25 +427,28 @@ def test_bad_inputs_raise_clear_errors():
         privfed.fit("fedxyz", X, y, k)
 
 
-@pytest.mark.parametrize("name,params,msg", [
-    ("fedcof", {"gamma": -1.0}, "gamma must be >= 0"),
-    ("fedcof", {"gamma": float("nan")}, "gamma must be finite"),
-    ("fedcof", {"means_per_client": 0}, "means_per_client must be an integer >= 1"),
-    ("fedcof", {"means_per_client": 2.5}, "means_per_client must be an integer >= 1"),
-    ("fedcof", {"solver": "qr"}, "solver must be one of"),
-    ("fedcof", {"noise_var": -0.1}, "noise_var must be >= 0"),
-    ("fedcof-oracle", {"gamma": -0.5}, "gamma must be >= 0"),
-    ("fed3r", {"lam": -0.01}, "lam must be >= 0"),
-    ("fed3r", {"bias": "yes"}, "bias must be True or False"),
-    ("fed3r-within", {"lam": -1}, "lam must be >= 0"),
-    ("fed3r-within", {"gamma": -1}, "gamma must be >= 0"),
-    ("fedcgs", {"shrinkage": 1.5}, "shrinkage must be <= 1"),
-    ("fedcgs", {"covariance": "diag"}, "covariance must be one of"),
-    ("fedlog", {"nu": -1.0}, "nu must be >= 0"),
-    ("fedlog", {"nu": float("inf")}, "nu must be finite"),
-    ("fedlog", {"nu": "one"}, "nu must be a real number"),
-    ("fedlog", {"chi": [np.nan]}, "chi must be finite"),
-])
+@pytest.mark.parametrize(
+    "name,params,msg",
+    [
+        ("fedcof", {"gamma": -1.0}, "gamma must be >= 0"),
+        ("fedcof", {"gamma": float("nan")}, "gamma must be finite"),
+        ("fedcof", {"means_per_client": 0}, "means_per_client must be an integer >= 1"),
+        ("fedcof", {"means_per_client": 2.5}, "means_per_client must be an integer >= 1"),
+        ("fedcof", {"solver": "qr"}, "solver must be one of"),
+        ("fedcof", {"noise_var": -0.1}, "noise_var must be >= 0"),
+        ("fedcof-oracle", {"gamma": -0.5}, "gamma must be >= 0"),
+        ("fed3r", {"lam": -0.01}, "lam must be >= 0"),
+        ("fed3r", {"bias": "yes"}, "bias must be True or False"),
+        ("fed3r-within", {"lam": -1}, "lam must be >= 0"),
+        ("fed3r-within", {"gamma": -1}, "gamma must be >= 0"),
+        ("fedcgs", {"shrinkage": 1.5}, "shrinkage must be <= 1"),
+        ("fedcgs", {"covariance": "diag"}, "covariance must be one of"),
+        ("fedlog", {"nu": -1.0}, "nu must be >= 0"),
+        ("fedlog", {"nu": float("inf")}, "nu must be finite"),
+        ("fedlog", {"nu": "one"}, "nu must be a real number"),
+        ("fedlog", {"chi": [np.nan]}, "chi must be finite"),
+    ],
+)
 def test_invalid_parameter_values(name, params, msg):
     with pytest.raises(ConfigError, match=msg):
         methods.get(name, **params)
@@ -478,8 +492,10 @@ def test_missing_statistics_named():
 
 # -- noisy statistics: finite heads, repairs reported -------------------------------------
 def _noisy(st, rng, count_sd, sum_sd, second_sd=0.0):
-    arrays = {"counts": st.counts + rng.normal(0, count_sd, st.counts.shape),
-              "sums": st.sums + rng.normal(0, sum_sd, st.sums.shape)}
+    arrays = {
+        "counts": st.counts + rng.normal(0, count_sd, st.counts.shape),
+        "sums": st.sums + rng.normal(0, sum_sd, st.sums.shape),
+    }
     if st.second is not None:
         E = rng.normal(0, second_sd, st.second.shape)
         arrays["second"] = st.second + 0.5 * (E + np.swapaxes(E, 1, 2))
@@ -564,7 +580,10 @@ def test_fedcof_secure_owner_grouping_with_gaps():
     """Pseudo-client rows are summed per owner before the secure sum, whatever the owner ids."""
     X, y, k = blobs(28)
     st = compute_client_stats(X, y, k, num_classes=4)
-    for owners in (np.array([0, 0, 1, 1, 2, 2]), np.array([3, 0, 3, 0, 5, 5])):  # second: owners 1, 2, 4 empty
+    for owners in (
+        np.array([0, 0, 1, 1, 2, 2]),
+        np.array([3, 0, 3, 0, 5, 5]),
+    ):  # second: owners 1, 2, 4 empty
         seen = []
         grouped = ClientStats(counts=st.counts, sums=st.sums, owners=owners)
         m = methods.get("fedcof")
@@ -586,10 +605,21 @@ def _ragged(seed, N=240, d=5, C=5, K=10):
     return X, y, k, C, K
 
 
-PAIRED = [("fedncm", {}), ("fed3r", {}), ("fed3r", {"bias": False}), ("fed3r-within", {}),
-          ("fedcgs", {}), ("fedcgs", {"covariance": "within"}), ("fedlog", {}), ("fedcof", {}),
-          ("fedcof", {"gamma": 0.0, "solver": "solve"}), ("fedcof", {"noise_var": 0.3}),
-          ("fedcof", {"means_per_client": 3}), ("fedcof-oracle", {}), ("fedcof-oracle", {"gamma": 0.0})]
+PAIRED = [
+    ("fedncm", {}),
+    ("fed3r", {}),
+    ("fed3r", {"bias": False}),
+    ("fed3r-within", {}),
+    ("fedcgs", {}),
+    ("fedcgs", {"covariance": "within"}),
+    ("fedlog", {}),
+    ("fedcof", {}),
+    ("fedcof", {"gamma": 0.0, "solver": "solve"}),
+    ("fedcof", {"noise_var": 0.3}),
+    ("fedcof", {"means_per_client": 3}),
+    ("fedcof-oracle", {}),
+    ("fedcof-oracle", {"gamma": 0.0}),
+]
 
 
 @pytest.mark.parametrize("name,params", PAIRED)
@@ -598,14 +628,19 @@ def test_pair_and_dense_layouts_give_the_same_head(name, params, seed):
     X, y, k, C, K = _ragged(seed)
     m = methods.get(name, **params)
     st = m.client_stats(X, y, k, num_classes=C, num_clients=K, rng=np.random.default_rng(seed))
-    dense = ClientStats(counts=np.array(st.counts), sums=np.array(st.sums),
-                        second=None if st.second is None else np.array(st.second),
-                        class_second=None if st.class_second is None else np.array(st.class_second),
-                        owners=st.owners)
+    dense = ClientStats(
+        counts=np.array(st.counts),
+        sums=np.array(st.sums),
+        second=None if st.second is None else np.array(st.second),
+        class_second=None if st.class_second is None else np.array(st.class_second),
+        owners=st.owners,
+    )
     ref = m.aggregate(dense)
-    for got in (m.aggregate(st),
-                privfed.fit(name, X, y, k, num_classes=C, random_state=seed, **params) if K == k.max() + 1 else None,
-                privfed.pipeline.server_head(m, st, num_clients=K, rng=np.random.default_rng(0))):
+    for got in (
+        m.aggregate(st),
+        privfed.fit(name, X, y, k, num_classes=C, random_state=seed, **params) if K == k.max() + 1 else None,
+        privfed.pipeline.server_head(m, st, num_clients=K, rng=np.random.default_rng(0)),
+    ):
         if got is None:
             continue
         np.testing.assert_allclose(got.weight, ref.weight, rtol=1e-9, atol=1e-10)
@@ -621,8 +656,9 @@ def test_streaming_fold_in_small_chunks_equals_one_pass(name, params, chunk_byte
     K = int(k.max()) + 1
     m = methods.get(name, **params)
     st = m.client_stats(X, y, k, num_classes=C, num_clients=K, rng=np.random.default_rng(4))
-    folded = privfed.pipeline.fold_statistics(m, X, y, k, num_classes=C, num_clients=K,
-                                              rng=np.random.default_rng(4), chunk_bytes=chunk_bytes)
+    folded = privfed.pipeline.fold_statistics(
+        m, X, y, k, num_classes=C, num_clients=K, rng=np.random.default_rng(4), chunk_bytes=chunk_bytes
+    )
     assert folded.folded_pairs == st.num_pairs()
     if m.per_client:
         np.testing.assert_array_equal(folded.pair_client, st.pair_client)
@@ -641,14 +677,20 @@ def test_oracle_from_the_total_second_moment_equals_per_class_pooling(gamma):
     m = methods.get("fedcof-oracle", gamma=gamma, solver="solve")
     lazy = m.aggregate(st)
     assert not st.is_materialised("class_second")  # the server never built (K, C, d, d)
-    per_class = m.aggregate(ClientStats(counts=st.counts, sums=st.sums, class_second=np.array(st.class_second)))
+    per_class = m.aggregate(
+        ClientStats(counts=st.counts, sums=st.sums, class_second=np.array(st.class_second))
+    )
     np.testing.assert_allclose(lazy.weight, per_class.weight, rtol=1e-9, atol=1e-10)
     within = methods.get("fed3r-within", gamma=gamma).aggregate(st)
     np.testing.assert_allclose(lazy.weight, within.weight, rtol=1e-9, atol=1e-10)
     # independent: sum_c scatter of class c by explicit loops, + gamma sum_c (N_c - 1) I + N mu_g mu_g^T
     d = X.shape[1]
     G = sum(((X[y == c] - X[y == c].mean(0)).T @ (X[y == c] - X[y == c].mean(0))) for c in range(C))
-    G = G + gamma * sum(np.sum(y == c) - 1 for c in range(C)) * np.eye(d) + np.outer(X.sum(0), X.sum(0)) / len(y)
+    G = (
+        G
+        + gamma * sum(np.sum(y == c) - 1 for c in range(C)) * np.eye(d)
+        + np.outer(X.sum(0), X.sum(0)) / len(y)
+    )
     B = np.stack([X[y == c].sum(0) for c in range(C)], axis=1)
     np.testing.assert_allclose(lazy.weight, unit_rows(np.linalg.solve(G, B).T), rtol=1e-9, atol=1e-10)
 
@@ -675,14 +717,16 @@ def test_cholesky_first_and_fallback_named_in_notes():
     G, B = A.T @ A + np.eye(5), rng.normal(size=(5, 3))
     for solver in ("solve", "pinv"):
         notes = []
-        np.testing.assert_allclose(solve_head(G, B, solver=solver, notes=notes), np.linalg.solve(G, B),
-                                   rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(
+            solve_head(G, B, solver=solver, notes=notes), np.linalg.solve(G, B), rtol=1e-12, atol=1e-12
+        )
         assert notes == []
     singular = A[:3].T @ A[:3]  # rank 3 of 5
     notes = []
     X = solve_head(singular, B, solver="pinv", notes=notes)
-    np.testing.assert_allclose(X, np.linalg.pinv(singular, rcond=5 * np.finfo(float).eps, hermitian=True) @ B,
-                               rtol=1e-8, atol=1e-8)
+    np.testing.assert_allclose(
+        X, np.linalg.pinv(singular, rcond=5 * np.finfo(float).eps, hermitian=True) @ B, rtol=1e-8, atol=1e-8
+    )
     assert any("Cholesky of G failed" in n for n in notes)
 
 
@@ -696,8 +740,9 @@ def test_fold_statistics_equal_an_independent_loop(name, params, chunk_bytes, dt
     X, y, k, C, K = _ragged(3)
     X = X.astype(dtype)
     m = methods.get(name, **params)
-    folded = privfed.pipeline.fold_statistics(m, X, y, k, num_classes=C, num_clients=K,
-                                              rng=np.random.default_rng(4), chunk_bytes=chunk_bytes)
+    folded = privfed.pipeline.fold_statistics(
+        m, X, y, k, num_classes=C, num_clients=K, rng=np.random.default_rng(4), chunk_bytes=chunk_bytes
+    )
     groups, owners = m.row_groups(y, k, num_classes=C, num_clients=K, rng=np.random.default_rng(4))
     X64 = X.astype(np.float64)
     cells = sorted({(int(g), int(c)) for g, c in zip(groups, y)})
@@ -715,5 +760,7 @@ def test_fold_statistics_equal_an_independent_loop(name, params, chunk_bytes, dt
     else:
         N, S = folded.class_totals()
         np.testing.assert_array_equal(N, np.bincount(y, minlength=C))
-        np.testing.assert_allclose(S, np.stack([X64[y == c].sum(axis=0) for c in range(C)]), rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(
+            S, np.stack([X64[y == c].sum(axis=0) for c in range(C)]), rtol=1e-12, atol=1e-12
+        )
         np.testing.assert_allclose(folded.gram(), X64.T @ X64, rtol=1e-12, atol=1e-10)

@@ -27,17 +27,33 @@ from privfed.errors import PrivfedError  # noqa: E402
 SCALES = [1e-300, 1e-170, 1e-20, 1e-3, 1.0, 31.0, 1e3, 1e20, 1e160, 1e300]
 GOOD_PARAMS = {
     "fedncm": st.just({}),
-    "fed3r": st.fixed_dictionaries({}, optional={"lam": st.sampled_from([0.0, 1e-9, 1.0, 1e6]),
-                                                 "bias": st.booleans()}),
+    "fed3r": st.fixed_dictionaries(
+        {}, optional={"lam": st.sampled_from([0.0, 1e-9, 1.0, 1e6]), "bias": st.booleans()}
+    ),
     "fed3r-within": st.fixed_dictionaries({}, optional={"gamma": st.sampled_from([0.0, 1.0, 1e3])}),
-    "fedcof": st.fixed_dictionaries({}, optional={"gamma": st.sampled_from([0.0, 0.1, 1.0, 1e9]),
-                                                  "means_per_client": st.sampled_from([1, 2])}),
+    "fedcof": st.fixed_dictionaries(
+        {},
+        optional={
+            "gamma": st.sampled_from([0.0, 0.1, 1.0, 1e9]),
+            "means_per_client": st.sampled_from([1, 2]),
+        },
+    ),
     "fedcof-oracle": st.fixed_dictionaries({}, optional={"gamma": st.sampled_from([0.0, 1.0])}),
-    "fedcgs": st.fixed_dictionaries({}, optional={"shrinkage": st.sampled_from([0.0, 1e-4, 0.5, 1.0]),
-                                                  "covariance": st.sampled_from(["total", "within"])}),
-    "fedlog": st.fixed_dictionaries({}, optional={"nu": st.sampled_from([0.0, 1.0, 1e6]),
-                                                  "feature_scale": st.sampled_from([1.0, "auto", 1e-3]),
-                                                  "solver": st.sampled_from(["exact", "lbfgs"])}),
+    "fedcgs": st.fixed_dictionaries(
+        {},
+        optional={
+            "shrinkage": st.sampled_from([0.0, 1e-4, 0.5, 1.0]),
+            "covariance": st.sampled_from(["total", "within"]),
+        },
+    ),
+    "fedlog": st.fixed_dictionaries(
+        {},
+        optional={
+            "nu": st.sampled_from([0.0, 1.0, 1e6]),
+            "feature_scale": st.sampled_from([1.0, "auto", 1e-3]),
+            "solver": st.sampled_from(["exact", "lbfgs"]),
+        },
+    ),
 }
 BAD_PARAMS = {
     "fedncm": {"gamma": 1.0},
@@ -50,8 +66,19 @@ BAD_PARAMS = {
 }
 #: At most one fault per example, so that most examples are valid and reach a fitted head.
 FAULTS = ["none"] * 8 + [
-    "nan", "inf", "labels-negative", "labels-1e20", "labels-fractional", "labels-1e12", "num_classes-3.7",
-    "num_classes-str", "num_classes-1e12", "clients-gap", "clients-1e12", "param", "clip-0",
+    "nan",
+    "inf",
+    "labels-negative",
+    "labels-1e20",
+    "labels-fractional",
+    "labels-1e12",
+    "num_classes-3.7",
+    "num_classes-str",
+    "num_classes-1e12",
+    "clients-gap",
+    "clients-1e12",
+    "param",
+    "clip-0",
 ]
 
 
@@ -105,13 +132,20 @@ def problems(draw):
             delta=1e-5,
             clip=0.0 if fault == "clip-0" else draw(st.sampled_from([1.0, 30.0, 1e200])),
             trusted_aggregator=draw(st.booleans()),
-            blocks=("sums", "counts", "second") if method in ("fed3r", "fed3r-within", "fedcgs") else ("sums", "counts"),
+            blocks=("sums", "counts", "second")
+            if method in ("fed3r", "fed3r-within", "fedcgs")
+            else ("sums", "counts"),
         )
     return method, params, F, y, k, num_classes, mech_args, seed, fault
 
 
-@settings(max_examples=200, deadline=None, derandomize=True, database=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@settings(
+    max_examples=200,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
 @given(problems())
 def test_fit_returns_a_finite_head_or_one_privfed_error(problem):
     method, params, F, y, k, num_classes, mech_args, seed, fault = problem
@@ -123,8 +157,9 @@ def test_fit_returns_a_finite_head_or_one_privfed_error(problem):
                 from mechanisms import GaussianMechanism
 
                 privacy = GaussianMechanism(**mech_args)
-            head = privfed.fit(method, F, y, k, num_classes=num_classes, privacy=privacy, random_state=seed,
-                               **params)
+            head = privfed.fit(
+                method, F, y, k, num_classes=num_classes, privacy=privacy, random_state=seed, **params
+            )
     except PrivfedError as exc:
         msg = str(exc)
         assert msg and "\n" not in msg.strip(), msg  # one line

@@ -31,8 +31,13 @@ from privfed.data.npzfile import load_feature_file  # noqa: E402
 from privfed.errors import ConfigError, InputError, PrivfedError  # noqa: E402
 from privfed.stats import ClientStats, StatsFold, compute_client_stats  # noqa: E402
 
-FAST = settings(max_examples=40, deadline=5000, derandomize=True, database=None,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+FAST = settings(
+    max_examples=40,
+    deadline=5000,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 rng0 = np.random.default_rng(0)
 F0 = rng0.normal(size=(30, 4))
 Y0 = np.arange(30) % 3
@@ -42,19 +47,34 @@ BLOCKS = {"fedncm": ("sums", "counts"), "fed3r": ("sums", "counts", "second"), "
 
 # ---------------------------------------------------------------- sizes under privacy
 @FAST
-@given(num_classes=st.one_of(st.none(), st.integers(3, 10**4), st.integers(10**8, 10**13),
-                             st.sampled_from([10**9, 10**12, 3.5, "10"])),
-       num_clients=st.one_of(st.none(), st.integers(5, 10**4), st.integers(10**9, 10**13),
-                             st.sampled_from([10**9, 10**12, 0, -1])),
-       method=st.sampled_from(["fedncm", "fed3r", "fedcof"]))
+@given(
+    num_classes=st.one_of(
+        st.none(),
+        st.integers(3, 10**4),
+        st.integers(10**8, 10**13),
+        st.sampled_from([10**9, 10**12, 3.5, "10"]),
+    ),
+    num_clients=st.one_of(
+        st.none(), st.integers(5, 10**4), st.integers(10**9, 10**13), st.sampled_from([10**9, 10**12, 0, -1])
+    ),
+    method=st.sampled_from(["fedncm", "fed3r", "fedcof"]),
+)
 def test_private_fit_sizes_are_refused_at_once_or_fit(num_classes, num_clients, method):
     t0 = time.monotonic()
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             mech = GaussianMechanism(epsilon=1.0, delta=1e-5, clip=1.0, blocks=BLOCKS[method])
-            head = privfed.fit(method, F0, Y0, K0, num_classes=num_classes, num_clients=num_clients,
-                               privacy=mech, random_state=0)
+            head = privfed.fit(
+                method,
+                F0,
+                Y0,
+                K0,
+                num_classes=num_classes,
+                num_clients=num_clients,
+                privacy=mech,
+                random_state=0,
+            )
     except PrivfedError as exc:
         msg = str(exc)
         assert "num_classes" in msg or "num_clients" in msg, msg
@@ -74,9 +94,16 @@ def test_masked_arrays_are_refused_naming_the_input(which, mask_any):
     args[which] = np.ma.masked_array(a, mask=np.zeros(a.shape, bool) | mask_any)
     for privacy in (None, GaussianMechanism(epsilon=1.0, delta=1e-5, clip=1.0)):
         with pytest.raises(InputError, match=f"{which} is a numpy masked array"):
-            privfed.fit("fedncm", args["features"], args["labels"], args["clients"], privacy=privacy,
-                        num_classes=3, num_clients=5,
-                        random_state=0)
+            privfed.fit(
+                "fedncm",
+                args["features"],
+                args["labels"],
+                args["clients"],
+                privacy=privacy,
+                num_classes=3,
+                num_clients=5,
+                random_state=0,
+            )
 
 
 # ---------------------------------------------------------------- uploads arriving at a server
@@ -84,7 +111,9 @@ _values = st.one_of(st.floats(-1e6, 1e6), st.sampled_from([np.nan, np.inf, -np.i
 
 
 @FAST
-@given(data=st.data(), keep=st.sampled_from(["total", "pairs"]), layout=st.sampled_from(["dense", "features"]))
+@given(
+    data=st.data(), keep=st.sampled_from(["total", "pairs"]), layout=st.sampled_from(["dense", "features"])
+)
 def test_statsfold_folds_finite_uploads_and_names_a_bad_one(data, keep, layout):
     K, C, d = data.draw(st.integers(1, 4)), 3, 2
     fold = StatsFold(num_classes=C, dim=d, keep=keep)
@@ -92,7 +121,9 @@ def test_statsfold_folds_finite_uploads_and_names_a_bad_one(data, keep, layout):
     for chunk_no in range(data.draw(st.integers(1, 3))):
         if layout == "dense":
             counts = np.array(data.draw(st.lists(_values, min_size=K * C, max_size=K * C))).reshape(K, C)
-            sums = np.array(data.draw(st.lists(_values, min_size=K * C * d, max_size=K * C * d))).reshape(K, C, d)
+            sums = np.array(data.draw(st.lists(_values, min_size=K * C * d, max_size=K * C * d))).reshape(
+                K, C, d
+            )
             chunk = ClientStats(counts=counts, sums=sums)
         else:
             y = np.array(data.draw(st.lists(st.integers(0, C - 1), min_size=K, max_size=K)))
@@ -117,8 +148,10 @@ def test_statsfold_folds_finite_uploads_and_names_a_bad_one(data, keep, layout):
 
 
 @FAST
-@given(num_classes=st.one_of(st.integers(-3, 10**13), st.floats(allow_nan=True), st.text(max_size=3)),
-       dim=st.one_of(st.integers(-3, 10**7), st.just(2.5)))
+@given(
+    num_classes=st.one_of(st.integers(-3, 10**13), st.floats(allow_nan=True), st.text(max_size=3)),
+    dim=st.one_of(st.integers(-3, 10**7), st.just(2.5)),
+)
 def test_statsfold_sizes_are_checked_before_allocation(num_classes, dim):
     try:
         StatsFold(num_classes=num_classes, dim=dim)
@@ -136,20 +169,43 @@ def _npy(arr) -> bytes:
 BOMB = _npy(np.zeros((2**17, 8)))  # 8 MiB of zeros: a few KiB compressed, over the 4 MiB limit below
 
 
-@settings(max_examples=40, deadline=5000, derandomize=True, database=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
-@given(members=st.lists(st.tuples(
-    st.sampled_from(["features.npy", "features", "labels.npy", "labels", "clients.npy", "x.npy", "readme.txt"]),
-    st.sampled_from(["good-f", "good-y", "nan-f", "bytes", "truncated", "huge-header", "bomb"])),
-    min_size=0, max_size=4), compress=st.booleans())
+@settings(
+    max_examples=40,
+    deadline=5000,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(
+    members=st.lists(
+        st.tuples(
+            st.sampled_from(
+                ["features.npy", "features", "labels.npy", "labels", "clients.npy", "x.npy", "readme.txt"]
+            ),
+            st.sampled_from(["good-f", "good-y", "nan-f", "bytes", "truncated", "huge-header", "bomb"]),
+        ),
+        min_size=0,
+        max_size=4,
+    ),
+    compress=st.booleans(),
+)
 def test_npz_loader_gives_a_dataset_or_an_error_naming_the_file(tmp_path, members, compress):
     path = tmp_path / "f.npz"
-    payload = {"good-f": _npy(F0), "good-y": _npy(Y0), "nan-f": _npy(np.where(F0 > 1, np.nan, F0)),
-               "bytes": b"hello world", "truncated": _npy(F0)[:90],
-               "huge-header": b"\x93NUMPY\x01\x00" + b"v\x00" + b"{'descr': '<f8', 'fortran_order': False, "
-                              b"'shape': (1000000000, 1000000000), }".ljust(116) + b"\n",
-               "bomb": BOMB}
-    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED if compress else zipfile.ZIP_STORED) as z:
+    payload = {
+        "good-f": _npy(F0),
+        "good-y": _npy(Y0),
+        "nan-f": _npy(np.where(F0 > 1, np.nan, F0)),
+        "bytes": b"hello world",
+        "truncated": _npy(F0)[:90],
+        "huge-header": b"\x93NUMPY\x01\x00"
+        + b"v\x00"
+        + b"{'descr': '<f8', 'fortran_order': False, 'shape': (1000000000, 1000000000), }".ljust(116)
+        + b"\n",
+        "bomb": BOMB,
+    }
+    with zipfile.ZipFile(
+        path, "w", compression=zipfile.ZIP_DEFLATED if compress else zipfile.ZIP_STORED
+    ) as z:
         for name, kind in members:
             if name not in z.namelist():
                 z.writestr(name, payload[kind])
@@ -164,14 +220,34 @@ def test_npz_loader_gives_a_dataset_or_an_error_naming_the_file(tmp_path, member
 
 
 # ---------------------------------------------------------------- options and environment variables
-_flag_text = st.one_of(st.text(max_size=6), st.sampled_from(["nan", "inf", "-inf", "-1", "0", "1e400", "2.5", "1,2",
-                                                             "1,,2", " ", "0x10", "1e-300", "10**9"]))
+_flag_text = st.one_of(
+    st.text(max_size=6),
+    st.sampled_from(
+        ["nan", "inf", "-inf", "-1", "0", "1e400", "2.5", "1,2", "1,,2", " ", "0x10", "1e-300", "10**9"]
+    ),
+)
 
 
 @FAST
-@given(flag=st.sampled_from(["--eps", "--seeds", "--clients", "--delta", "--clip", "--alpha", "--rounds",
-                             "--max-records", "--placement", "--secure-agg", "--count-noise", "--level"]),
-       text=_flag_text)
+@given(
+    flag=st.sampled_from(
+        [
+            "--eps",
+            "--seeds",
+            "--clients",
+            "--delta",
+            "--clip",
+            "--alpha",
+            "--rounds",
+            "--max-records",
+            "--placement",
+            "--secure-agg",
+            "--count-noise",
+            "--level",
+        ]
+    ),
+    text=_flag_text,
+)
 def test_tradeoff_options_give_a_config_or_one_error_naming_the_flag(flag, text):
     from privfed.tradeoff import build_parser, resolve_config
 
@@ -184,8 +260,23 @@ def test_tradeoff_options_give_a_config_or_one_error_naming_the_flag(flag, text)
 
 
 @FAST
-@given(flag=st.sampled_from(["--eps", "--delta", "--clip", "--alpha", "--timeout", "--num-cpus", "--frac-bits",
-                             "--max-records", "--noise-seed", "--seed"]), text=_flag_text)
+@given(
+    flag=st.sampled_from(
+        [
+            "--eps",
+            "--delta",
+            "--clip",
+            "--alpha",
+            "--timeout",
+            "--num-cpus",
+            "--frac-bits",
+            "--max-records",
+            "--noise-seed",
+            "--seed",
+        ]
+    ),
+    text=_flag_text,
+)
 def test_flower_numbers_are_checked_before_anything_starts(flag, text):
     import argparse
 

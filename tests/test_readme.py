@@ -36,8 +36,10 @@ def test_readme_block_matches_what_the_code_computes(name, readme_blocks, digits
     fresh = R.BLOCKS[name].make()
     problems = []
     for path, found in readme_blocks[name]:
-        problems += [f"{path.name}: {p}" for p in R.compare(name, found.text, fresh, found.tol,
-                                                           R.BLOCKS[name].volatile)]
+        problems += [
+            f"{path.name}: {p}"
+            for p in R.compare(name, found.text, fresh, found.tol, R.BLOCKS[name].volatile)
+        ]
     assert not problems, "\n".join(problems) + f"\n{FIX}"
 
 
@@ -70,7 +72,9 @@ def test_compare_finds_every_changed_number_and_masks_machine_dependent_spans():
 
 def test_write_then_check_round_trip_keeps_machine_dependent_spans(monkeypatch):
     fresh_text = "| a | 0.9565 ± 0.0015 | 16,993 |\nwrote results/tradeoff-<time>/results.csv  (0.7 s)\n"
-    block = R.Block(lambda: fresh_text, True, "test", volatile=(r"results/tradeoff-[^/\s]*/", r"\(\d+(?:\.\d+)? s\)"))
+    block = R.Block(
+        lambda: fresh_text, True, "test", volatile=(r"results/tradeoff-[^/\s]*/", r"\(\d+(?:\.\d+)? s\)")
+    )
     monkeypatch.setitem(R.BLOCKS, "t", block)
     assert R.check(_DOC, {"t": fresh_text})
     written = R.write(_DOC, {"t": fresh_text})
@@ -114,7 +118,9 @@ def test_every_record_names_a_command_that_writes_it():
 def test_record_round_trip_and_clear_error(tmp_path):
     from experiments import recorded
 
-    path = recorded.save("x", {"a": [1.5, float("inf")]}, "python experiments/x.py --record", directory=tmp_path)
+    path = recorded.save(
+        "x", {"a": [1.5, float("inf")]}, "python experiments/x.py --record", directory=tmp_path
+    )
     rec = recorded.load("x", directory=tmp_path)
     assert path.name == "x.json" and rec["data"] == {"a": [1.5, "inf"]}
     assert not list(tmp_path.glob(".*"))  # no temporary file left behind
@@ -126,7 +132,10 @@ def test_record_command_drops_where_outputs_go():
     from experiments import recorded
 
     argv = ["all", "--out", "/tmp/x", "--record", "--overwrite", "--quiet", "--out=/y", "--seeds", "3"]
-    assert recorded.command("experiments/recipes.py", argv) == "python experiments/recipes.py all --record --seeds 3"
+    assert (
+        recorded.command("experiments/recipes.py", argv)
+        == "python experiments/recipes.py all --record --seeds 3"
+    )
 
 
 @pytest.mark.parametrize("page", R.doc_files(), ids=lambda p: p.name)
@@ -151,10 +160,12 @@ def test_constants_the_readme_states_are_the_codes(token):
 def test_docs_list_every_key_of_the_flower_app():
     import tomllib
 
-    app = tomllib.loads((R.ROOT / "privfed" / "flower" / "app" / "pyproject.toml").read_text(encoding="utf-8"))
+    app = tomllib.loads(
+        (R.ROOT / "privfed" / "flower" / "app" / "pyproject.toml").read_text(encoding="utf-8")
+    )
     keys = set(app["tool"]["flwr"]["app"]["config"])
     text = (R.DOCS / "flower.md").read_text(encoding="utf-8")
     start = text.index("lists every run-config key")
-    listed = text[start:text.index("see `privfed/flower/config.py`", start)]
+    listed = text[start : text.index("see `privfed/flower/config.py`", start)]
     missing = sorted(k for k in keys if k not in listed)
     assert not missing, f"docs/flower.md does not list {missing}"

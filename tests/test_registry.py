@@ -32,7 +32,15 @@ def test_register_get_and_errors():
 
 
 def test_methods_and_attacks_use_it():
-    assert methods.available() == ["fed3r", "fed3r-within", "fedcgs", "fedcof", "fedcof-oracle", "fedlog", "fedncm"]
+    assert methods.available() == [
+        "fed3r",
+        "fed3r-within",
+        "fedcgs",
+        "fedcof",
+        "fedcof-oracle",
+        "fedlog",
+        "fedncm",
+    ]
     assert "tracing" in attacks.available() and "inversion" in attacks.available()
     with pytest.raises(ConfigError, match="unknown method 'x'; available: fed3r, "):
         methods.get("x")

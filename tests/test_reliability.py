@@ -91,7 +91,9 @@ def test_bit_flips_in_a_cached_backbone_are_detected_and_rebuilt(tmp_path, fast_
         with pytest.warns(C.CacheIntegrityWarning, match=pt.name):
             ds = D.load_digits_features(seed=0, cache_dir=tmp_path, weights="trained")
         np.testing.assert_array_equal(ds.train_features, clean.train_features)
-        assert pt.read_bytes()[len(C.MAGIC):] != b"" and C.load_torch(pt, D.backbone_description(0)) is not None
+        assert (
+            pt.read_bytes()[len(C.MAGIC) :] != b"" and C.load_torch(pt, D.backbone_description(0)) is not None
+        )
     assert len(fast_training) == 1 + len(_positions(pt))  # retrained once per damaged file
 
 
@@ -105,7 +107,7 @@ def test_an_exponent_bit_flip_inside_a_tensor_is_caught(tmp_path, fast_training)
     data[at] ^= 0x40
     pt.write_bytes(bytes(data))
     head_len = C._LEN.unpack_from(bytes(data), len(C.MAGIC))[0]
-    payload = bytes(data)[len(C.MAGIC) + C._LEN.size + head_len:]
+    payload = bytes(data)[len(C.MAGIC) + C._LEN.size + head_len :]
     bad = torch.load(io.BytesIO(payload), weights_only=True)  # still loads, with a wrong weight
     assert not torch.equal(bad["fc.weight"], m.state_dict()["fc.weight"])
     with pytest.warns(C.CacheIntegrityWarning, match="SHA-256"):
@@ -126,8 +128,8 @@ def test_generic_cached_arrays_truncation_old_format_and_collision(tmp_path):
     good = path.read_bytes()
     cases = {
         "truncated": good[:-7],
-        "no integrity record": good[len(C.MAGIC) + C._LEN.size + C._LEN.unpack_from(good, len(C.MAGIC))[0]:],
-        "damaged header": good[: len(C.MAGIC)] + b"\xff" * 8 + good[len(C.MAGIC) + 8:],
+        "no integrity record": good[len(C.MAGIC) + C._LEN.size + C._LEN.unpack_from(good, len(C.MAGIC))[0] :],
+        "damaged header": good[: len(C.MAGIC)] + b"\xff" * 8 + good[len(C.MAGIC) + 8 :],
         "empty": b"",
     }
     for why, blob in cases.items():
@@ -240,7 +242,10 @@ def test_compute_client_stats_refuses_a_class_count_the_data_cannot_hold():
     F, y = _small()
     with pytest.raises(InputError, match="GiB"):
         compute_client_stats(F, y, None, num_classes=_HUGE)
-    assert compute_client_stats(F, y, None, num_classes=6).counts.shape == (1, 6)  # absent classes are fine here
+    assert compute_client_stats(F, y, None, num_classes=6).counts.shape == (
+        1,
+        6,
+    )  # absent classes are fine here
 
 
 @pytest.mark.parametrize("field", ["labels", "clients"])
@@ -270,7 +275,9 @@ def _npz_with_header(path, shape, body: bytes = b"", compress: bool = False):
 def test_npz_header_declaring_a_huge_shape_is_refused_before_allocating(tmp_path):
     path = tmp_path / "huge.npz"
     _npz_with_header(path, (10**6, 10**6), body=b"\0" * 64)
-    with pytest.raises(InputError, match=r"declares 8,000,000,000,016 bytes.*\(1000000, 1000000\).*PRIVFED_MAX_FILE_BYTES"):
+    with pytest.raises(
+        InputError, match=r"declares 8,000,000,000,016 bytes.*\(1000000, 1000000\).*PRIVFED_MAX_FILE_BYTES"
+    ):
         privfed.data.load_dataset(f"file:{path}")
 
 
@@ -280,7 +287,10 @@ def test_deflate_bomb_is_refused_before_expanding_with_a_limit_the_user_can_rais
     _npz_with_header(path, (n // 4, 4), body=b"\0" * (8 * n), compress=True)
     assert path.stat().st_size < 2**20
     monkeypatch.setenv("PRIVFED_MAX_FILE_BYTES", "16M")
-    with pytest.raises(InputError, match=r"declares 67,108,\d\d\d bytes.*the file itself is \d\d,\d\d\d bytes.*refused before it is expanded"):
+    with pytest.raises(
+        InputError,
+        match=r"declares 67,108,\d\d\d bytes.*the file itself is \d\d,\d\d\d bytes.*refused before it is expanded",
+    ):
         privfed.data.load_dataset(f"file:{path}")
     # the limit is the user's: raised by argument, the file is read (and then checked as usual)
     with pytest.raises(InputError, match="'labels' has 2 entries"):
@@ -316,7 +326,9 @@ def test_normalise_rows_is_overflow_and_underflow_safe():
     np.testing.assert_allclose(normalise_rows(tiny), [[0.6, -0.8]], rtol=1e-3)
 
 
-@pytest.mark.parametrize("method, params", [("fedncm", {}), ("fedcgs", {}), ("fedlog", {"feature_scale": "auto"})])
+@pytest.mark.parametrize(
+    "method, params", [("fedncm", {}), ("fedcgs", {}), ("fedlog", {"feature_scale": "auto"})]
+)
 def test_scale_invariant_methods_stay_scale_invariant(method, params, digits_dataset):
     ds = digits_dataset
     k = np.arange(ds.num_train) % 20
@@ -336,7 +348,9 @@ def test_scale_invariant_methods_stay_scale_invariant(method, params, digits_dat
 @pytest.mark.parametrize("scale", [1e160, 1e-170, 1e300])
 def test_scale_dependent_methods_give_one_clear_error_out_of_range(method, scale):
     F, y = _small(60, 3, 3)
-    with pytest.raises(InputError, match=r"features reach magnitude .*too (large|small).*divide the features"):
+    with pytest.raises(
+        InputError, match=r"features reach magnitude .*too (large|small).*divide the features"
+    ):
         privfed.fit(method, F * scale, y, np.arange(60) % 4)
     head = privfed.fit(method, F * 1e-3, y, np.arange(60) % 4)  # inside the range: fitted as before
     assert np.all(np.isfinite(head.weight))
@@ -394,8 +408,13 @@ def test_bit_flip_in_cached_vision_features_is_detected_and_rebuilt(tmp_path, mo
     from torchvision.datasets import FakeData
 
     def fake_open(name, root, *, train, download=False, transform=None):
-        return FakeData(size=6 if train else 4, image_size=(3, 32, 32), num_classes=10, transform=transform,
-                        random_offset=0 if train else 1000)
+        return FakeData(
+            size=6 if train else 4,
+            image_size=(3, 32, 32),
+            num_classes=10,
+            transform=transform,
+            random_offset=0 if train else 1000,
+        )
 
     real_build = vision.build_backbone
 
@@ -460,10 +479,31 @@ def test_tradeoff_on_features_beyond_float64_range_rescales_or_says_why(tmp_path
 
     def run(scale, method, out):
         path = tmp_path / f"f{scale:g}.npz"
-        save_feature_file(path, ds.train_features * scale, ds.train_labels,
-                          test_features=ds.test_features * scale, test_labels=ds.test_labels)
-        return main(["--method", method, "--eps", "inf", "--dataset", f"file:{path}", "--seeds", "1",
-                     "--clients", "20", "--no-plot", "--quiet", "--out", str(tmp_path / out)])
+        save_feature_file(
+            path,
+            ds.train_features * scale,
+            ds.train_labels,
+            test_features=ds.test_features * scale,
+            test_labels=ds.test_labels,
+        )
+        return main(
+            [
+                "--method",
+                method,
+                "--eps",
+                "inf",
+                "--dataset",
+                f"file:{path}",
+                "--seeds",
+                "1",
+                "--clients",
+                "20",
+                "--no-plot",
+                "--quiet",
+                "--out",
+                str(tmp_path / out),
+            ]
+        )
 
     accs = []
     for scale, out in ((1.0, "a"), (1e160, "b")):
@@ -491,16 +531,26 @@ def test_a_non_finite_upload_is_refused_naming_sender_client_statistic_and_class
 
     ds, k = _digits_split(digits_dataset)
     fold = StatsFold(num_classes=ds.num_classes, dim=ds.dim, keep=keep)
-    clean = [compute_client_stats(ds.train_features[k == i], ds.train_labels[k == i], np.zeros((k == i).sum(), int),
-                                  num_classes=ds.num_classes) for i in range(10)]
+    clean = [
+        compute_client_stats(
+            ds.train_features[k == i],
+            ds.train_labels[k == i],
+            np.zeros((k == i).sum(), int),
+            num_classes=ds.num_classes,
+        )
+        for i in range(10)
+    ]
     for i in range(3):
         fold.add(clean[i], source=f"node {i}")
     sums = np.array(clean[3].sums)
     c = int(np.flatnonzero(clean[3].counts[0] > 0)[1])
     sums[0, c, 5] = bad
     tampered = privfed.stats.ClientStats(counts=clean[3].counts, sums=sums)
-    with pytest.raises(InputError, match=rf"node 3: statistic 'sums' from client 0 of node 3, class {c} holds "
-                                         rf"{'nan' if np.isnan(bad) else repr(float(bad))}"):
+    with pytest.raises(
+        InputError,
+        match=rf"node 3: statistic 'sums' from client 0 of node 3, class {c} holds "
+        rf"{'nan' if np.isnan(bad) else repr(float(bad))}",
+    ):
         fold.add(tampered, source="node 3")
     counts = np.array(clean[3].counts)
     counts[0, c] = bad
@@ -521,8 +571,12 @@ def test_a_client_folded_twice_is_refused(digits_dataset):
 
     ds, k = _digits_split(digits_dataset, K=4)
     chunk = compute_client_stats(ds.train_features, ds.train_labels, k)
-    fold = StatsFold(num_classes=ds.num_classes, dim=ds.dim).add(chunk, source="batch 1", client_ids=[10, 11, 12, 13])
-    with pytest.raises(InputError, match=r"batch 2: client id\(s\) \[12\] were already folded from an earlier chunk"):
+    fold = StatsFold(num_classes=ds.num_classes, dim=ds.dim).add(
+        chunk, source="batch 1", client_ids=[10, 11, 12, 13]
+    )
+    with pytest.raises(
+        InputError, match=r"batch 2: client id\(s\) \[12\] were already folded from an earlier chunk"
+    ):
         fold.add(chunk, source="batch 2", client_ids=[20, 21, 12, 23])
     with pytest.raises(InputError, match=r"client id\(s\) \[7\] appear twice in this chunk"):
         fold.add(chunk, source="batch 3", client_ids=[7, 7, 8, 9])
@@ -549,12 +603,15 @@ def test_masked_arrays_are_refused_everywhere(tmp_path, digits_dataset):
         save_feature_file(tmp_path / "f.npz", m, ds.train_labels)
 
 
-@pytest.mark.parametrize("kw, words", [
-    # 10**12 x (64 + 1) x 8 bytes = 4.84e5 GiB; 10**9 x 10 x 8 bytes = 74.5 GiB; 10**12 x 10 x 8 = 7.45e4 GiB
-    ({"num_classes": 10**12}, "num_classes=1000000000000 would need 4.84e+05 GiB of class statistics"),
-    ({"num_clients": 10**9}, "num_clients=1000000000 x num_classes=10 would need 74.5 GiB"),
-    ({"num_clients": 10**12}, "num_clients=1000000000000 x num_classes=10 would need 7.45e+04 GiB"),
-])
+@pytest.mark.parametrize(
+    "kw, words",
+    [
+        # 10**12 x (64 + 1) x 8 bytes = 4.84e5 GiB; 10**9 x 10 x 8 bytes = 74.5 GiB; 10**12 x 10 x 8 = 7.45e4 GiB
+        ({"num_classes": 10**12}, "num_classes=1000000000000 would need 4.84e+05 GiB of class statistics"),
+        ({"num_clients": 10**9}, "num_clients=1000000000 x num_classes=10 would need 74.5 GiB"),
+        ({"num_clients": 10**12}, "num_clients=1000000000000 x num_classes=10 would need 7.45e+04 GiB"),
+    ],
+)
 def test_private_fit_sizes_are_refused_at_once_naming_the_size(digits_dataset, kw, words):
     import time
 
@@ -564,9 +621,14 @@ def test_private_fit_sizes_are_refused_at_once_naming_the_size(digits_dataset, k
     k = np.arange(ds.train_labels.size) % 10
     t0 = time.monotonic()
     with pytest.raises(InputError, match=words.replace("+", r"\+")):
-        privfed.fit("fedncm", ds.train_features, ds.train_labels, k,
-                    privacy=GaussianMechanism(epsilon=1.0, delta=1e-5, clip=1.0),
-                    **{"num_classes": 10, "num_clients": 10, **kw})  # the other size the true one
+        privfed.fit(
+            "fedncm",
+            ds.train_features,
+            ds.train_labels,
+            k,
+            privacy=GaussianMechanism(epsilon=1.0, delta=1e-5, clip=1.0),
+            **{"num_classes": 10, "num_clients": 10, **kw},
+        )  # the other size the true one
     assert time.monotonic() - t0 < 2.0
     # the same fold a server would build refuses the same class count before allocating
     from privfed.stats import StatsFold
@@ -585,15 +647,28 @@ def test_a_large_private_release_says_so_before_it_starts(digits_dataset, monkey
     mech = GaussianMechanism(epsilon=1.0, delta=1e-5, clip=1.0)
     assert _validation.release_cost_note(10, 10, 64) is None
     # 10**8 clients: 10**8 x (10 x 65 + 64**2) = 4.75e11 values at 2e7/s (23730 s) plus 4e-6 s a client (400 s)
-    assert "up to 4.75e+11 noise values; expect about 402 minute(s)" in _validation.release_cost_note(10**8, 10, 64)
+    assert "up to 4.75e+11 noise values; expect about 402 minute(s)" in _validation.release_cost_note(
+        10**8, 10, 64
+    )
     monkeypatch.setattr(_validation, "SECONDS_PER_CLIENT", 7.0)  # so that 10 clients predict over a minute
-    with pytest.warns(UserWarning, match=r"this private release is large: num_clients=10, num_classes=10, d=64"):
-        privfed.fit("fedncm", ds.train_features, ds.train_labels, k, num_classes=10, num_clients=10, privacy=mech,
-                    random_state=0)
+    with pytest.warns(
+        UserWarning, match=r"this private release is large: num_clients=10, num_classes=10, d=64"
+    ):
+        privfed.fit(
+            "fedncm",
+            ds.train_features,
+            ds.train_labels,
+            k,
+            num_classes=10,
+            num_clients=10,
+            privacy=mech,
+            random_state=0,
+        )
 
 
 def test_npz_size_check_cannot_be_bypassed(tmp_path):
     """Three bypasses: a member without the .npy suffix, features under another name, a malformed header."""
+
     def npy(a):
         b = io.BytesIO()
         np.save(b, a)
@@ -604,7 +679,11 @@ def test_npz_size_check_cannot_be_bypassed(tmp_path):
     cases = {
         "no-suffix": [("features", npy(F)), ("labels.npy", npy(y)), ("blob", bomb)],
         "other-name": [("features.npy", npy(F)), ("labels.npy", npy(y)), ("feats.npy", bomb)],
-        "bad-header": [("junk.npy", b"\x93NUMPY\x01\x00garbage"), ("features.npy", bomb), ("labels.npy", npy(y))],
+        "bad-header": [
+            ("junk.npy", b"\x93NUMPY\x01\x00garbage"),
+            ("features.npy", bomb),
+            ("labels.npy", npy(y)),
+        ],
     }
     for name, members in cases.items():
         path = tmp_path / f"{name}.npz"
@@ -621,8 +700,19 @@ def test_npz_size_check_cannot_be_bypassed(tmp_path):
             assert "over the 4,194,304-byte limit, and is refused before it is expanded" in msg
 
 
-@pytest.mark.parametrize("value, ok", [("abc", False), ("nan", False), ("inf", False), ("-1", False), ("0", False),
-                                       ("2G", True), ("1073741824", True), ("512M", True)])
+@pytest.mark.parametrize(
+    "value, ok",
+    [
+        ("abc", False),
+        ("nan", False),
+        ("inf", False),
+        ("-1", False),
+        ("0", False),
+        ("2G", True),
+        ("1073741824", True),
+        ("512M", True),
+    ],
+)
 def test_dense_view_limit_variable_is_parsed_with_a_clear_error(monkeypatch, value, ok):
     from privfed._validation import env_byte_size
 
@@ -631,25 +721,39 @@ def test_dense_view_limit_variable_is_parsed_with_a_clear_error(monkeypatch, val
     if ok:
         assert err is None and limit == {"2G": 2 * 2**30, "512M": 2**29}.get(value, 2**30)
     else:  # the default stands in until the limit is used, which raises this error
-        assert limit == 2 * 2**30 and str(err) == (f"$PRIVFED_DENSE_VIEW_LIMIT must be a positive number of bytes "
-                                                   f"(e.g. 2147483648 or 2G), got {value!r}")
+        assert limit == 2 * 2**30 and str(err) == (
+            f"$PRIVFED_DENSE_VIEW_LIMIT must be a positive number of bytes "
+            f"(e.g. 2147483648 or 2G), got {value!r}"
+        )
 
 
 def test_a_malformed_dense_view_limit_never_breaks_import_and_a_command_says_so_at_once(tmp_path):
     import subprocess
     import sys
 
-    env = {**os.environ, "PRIVFED_DENSE_VIEW_LIMIT": "abc", "PYTHONPATH": str(pathlib.Path(__file__).parents[1])}
-    code = ("import privfed, privfed.stats as s\n"
-            "try:\n    s.dense_view_limit()\nexcept privfed.errors.ConfigError as e:\n    print('error', e)\n")
+    env = {
+        **os.environ,
+        "PRIVFED_DENSE_VIEW_LIMIT": "abc",
+        "PYTHONPATH": str(pathlib.Path(__file__).parents[1]),
+    }
+    code = (
+        "import privfed, privfed.stats as s\n"
+        "try:\n    s.dense_view_limit()\nexcept privfed.errors.ConfigError as e:\n    print('error', e)\n"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr  # import privfed never crashes
     assert r.stdout.startswith("error $PRIVFED_DENSE_VIEW_LIMIT must be a positive number of bytes")
-    r = subprocess.run([sys.executable, "-m", "privfed.tradeoff", "--eps", "1", "--out", str(tmp_path / "o")],
-                       capture_output=True, text=True, env=env, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "privfed.tradeoff", "--eps", "1", "--out", str(tmp_path / "o")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert r.returncode == 2 and r.stderr.strip().splitlines() == [
         "python -m privfed.tradeoff: error: $PRIVFED_DENSE_VIEW_LIMIT must be a positive number of bytes "
-        "(e.g. 2147483648 or 2G), got 'abc'"]
+        "(e.g. 2147483648 or 2G), got 'abc'"
+    ]
     assert not (tmp_path / "o").exists()
 
 
@@ -660,7 +764,9 @@ def test_the_dense_view_limit_in_use_is_checked_where_it_is_used(monkeypatch):
     monkeypatch.setattr(S, "DENSE_VIEW_LIMIT", -1)  # before: silently refused every dense view
     with pytest.raises(ConfigError, match=r"DENSE_VIEW_LIMIT must be a positive number of bytes, got -1"):
         stats.sums
-    monkeypatch.setattr(S, "DENSE_VIEW_LIMIT", 8 * 2 * 2 * 2 - 1)  # one byte short of the (2, 2, 2) float64 sums
+    monkeypatch.setattr(
+        S, "DENSE_VIEW_LIMIT", 8 * 2 * 2 * 2 - 1
+    )  # one byte short of the (2, 2, 2) float64 sums
     with pytest.raises(InputError, match=r"ClientStats.sums of shape \(2, 2, 2\) needs"):
         stats.sums
     monkeypatch.setattr(S, "DENSE_VIEW_LIMIT", 8 * 2 * 2 * 2)

@@ -42,9 +42,17 @@ def test_federation_has_the_inat_shape(federation):
     assert 8 * K * C * D > 7 * CAP and 8 * K * D * D > 6 * CAP
 
 
-@pytest.mark.parametrize("name,params", [("fedcof", {"gamma": 0.1}), ("fedcof", {"means_per_client": 4}),
-                                         ("fed3r", {}), ("fedcof-oracle", {"solver": "solve"}),
-                                         ("fedcgs", {}), ("fedncm", {})])
+@pytest.mark.parametrize(
+    "name,params",
+    [
+        ("fedcof", {"gamma": 0.1}),
+        ("fedcof", {"means_per_client": 4}),
+        ("fed3r", {}),
+        ("fedcof-oracle", {"solver": "solve"}),
+        ("fedcgs", {}),
+        ("fedncm", {}),
+    ],
+)
 def test_fit_at_scale_stays_under_the_memory_cap(federation, monkeypatch, name, params):
     F, y, k = federation
     monkeypatch.setattr(stats_mod, "DENSE_VIEW_LIMIT", 64 * 2**20)
@@ -111,8 +119,9 @@ def _small_federation(seed=0, K=23, C=7, d=5):
     return rng.standard_normal((400, d)), y, k
 
 
-@pytest.mark.parametrize("name,blocks", [("fedncm", ("sums", "counts")),
-                                         ("fed3r", ("sums", "counts", "second"))])
+@pytest.mark.parametrize(
+    "name,blocks", [("fedncm", ("sums", "counts")), ("fed3r", ("sums", "counts", "second"))]
+)
 @pytest.mark.parametrize("chunk_bytes", [1, 700, 4000, None])
 def test_streamed_local_noise_draws_the_uploads_before_upload_draws(name, blocks, chunk_bytes):
     """Chunk by chunk, the noisy uploads are before_upload's values bit for bit (same seed)."""
@@ -122,14 +131,18 @@ def test_streamed_local_noise_draws_the_uploads_before_upload_draws(name, blocks
     F, y, k = _small_federation()
     method = get(name)
     a, b = _local_dp(blocks), _local_dp(blocks)
-    stats_a = client_statistics(method, F, y, k, num_classes=7, num_clients=23, rng=np.random.default_rng(1),
-                                privacy=a)
-    stats_b = client_statistics(method, F, y, k, num_classes=7, num_clients=23, rng=np.random.default_rng(1),
-                                privacy=b)
+    stats_a = client_statistics(
+        method, F, y, k, num_classes=7, num_clients=23, rng=np.random.default_rng(1), privacy=a
+    )
+    stats_b = client_statistics(
+        method, F, y, k, num_classes=7, num_clients=23, rng=np.random.default_rng(1), privacy=b
+    )
     whole = a.before_upload(stats_a, method, np.random.default_rng(9))
     parts: dict[str, list] = {}
     ends: dict[str, int] = {}
-    for block, k0, k1, values in b.local_noise_blocks(stats_b, np.random.default_rng(9), chunk_bytes=chunk_bytes):
+    for block, k0, k1, values in b.local_noise_blocks(
+        stats_b, np.random.default_rng(9), chunk_bytes=chunk_bytes
+    ):
         assert k0 == ends.get(block, 0) and k1 > k0 and values.shape[0] == k1 - k0  # clients in order
         ends[block] = k1
         parts.setdefault(block, []).append(values)
@@ -141,9 +154,15 @@ def test_streamed_local_noise_draws_the_uploads_before_upload_draws(name, blocks
     assert a.ledger.events == b.ledger.events  # one release, the same events
 
 
-@pytest.mark.parametrize("name,blocks", [("fedncm", ("sums", "counts")), ("fedlog", ("sums", "counts")),
-                                         ("fed3r", ("sums", "counts", "second")),
-                                         ("fedcgs", ("sums", "counts", "second"))])
+@pytest.mark.parametrize(
+    "name,blocks",
+    [
+        ("fedncm", ("sums", "counts")),
+        ("fedlog", ("sums", "counts")),
+        ("fed3r", ("sums", "counts", "second")),
+        ("fedcgs", ("sums", "counts", "second")),
+    ],
+)
 def test_streamed_local_noise_head_and_report_equal_the_one_call_path(name, blocks, monkeypatch):
     """server_head's streamed path equals before_upload + one fold: head, report and bytes."""
     from privfed import pipeline
@@ -155,8 +174,9 @@ def test_streamed_local_noise_head_and_report_equal_the_one_call_path(name, bloc
     monkeypatch.setattr(release_stages, "UPLOAD_CHUNK_BYTES", 600)  # several chunks
     a, b = _local_dp(blocks), _local_dp(blocks)
     assert a.streams_upload(method)
-    stats = pipeline.client_statistics(method, F, y, k, num_classes=7, num_clients=23,
-                                       rng=np.random.default_rng(1), privacy=a)
+    stats = pipeline.client_statistics(
+        method, F, y, k, num_classes=7, num_clients=23, rng=np.random.default_rng(1), privacy=a
+    )
     b.check(method, None)
     streamed = pipeline.server_head(method, stats, num_clients=23, rng=np.random.default_rng(5), privacy=a)
     up = b.before_upload(stats, method, np.random.default_rng(5))
@@ -177,15 +197,23 @@ def test_per_client_methods_stream_their_own_way():
     m = _local_dp()
     m.check(get("fedcof"), None)
     assert not m.streams_upload(get("fedcof"))  # the server needs every client's noisy means ...
-    assert m.streams_pairs(get("fedcof")) and not m.streams_pairs(get("fedncm"))  # ... counts first, then sums
+    assert m.streams_pairs(get("fedcof")) and not m.streams_pairs(
+        get("fedncm")
+    )  # ... counts first, then sums
     central = _local_dp()
     central.trusted_aggregator = True
     assert not central.streams_upload(get("fedncm")) and not central.streams_pairs(get("fedcof"))
 
 
-@pytest.mark.parametrize("params,offset,eps", [({"gamma": 0.3}, 0.0, 2.0), ({"gamma": 0.0}, 0.0, 2.0),
-                                               ({"noise_var": 0.5, "solver": "solve"}, 0.0, 2.0),
-                                               ({"gamma": 0.3}, 1e4, np.inf)])
+@pytest.mark.parametrize(
+    "params,offset,eps",
+    [
+        ({"gamma": 0.3}, 0.0, 2.0),
+        ({"gamma": 0.0}, 0.0, 2.0),
+        ({"noise_var": 0.5, "solver": "solve"}, 0.0, 2.0),
+        ({"gamma": 0.3}, 1e4, np.inf),
+    ],
+)
 def test_streamed_local_noise_fedcof_equals_the_per_pair_estimator(params, offset, eps, monkeypatch):
     """server_head streams FedCOF's noisy uploads (counts first, then sums a few clients at a time) and
     gives the head the per-pair estimator (Eq. 6 as written) gives on the same noisy values; one release,
@@ -204,8 +232,9 @@ def test_streamed_local_noise_fedcof_equals_the_per_pair_estimator(params, offse
         return GaussianMechanism(epsilon=eps, delta=1e-5, clip=3.0 + 10 * offset)
 
     a, b, c = _local_dp(), _local_dp(), _local_dp()
-    stats = pipeline.client_statistics(method, F, y, k, num_classes=7, num_clients=23,
-                                       rng=np.random.default_rng(1), privacy=a)
+    stats = pipeline.client_statistics(
+        method, F, y, k, num_classes=7, num_clients=23, rng=np.random.default_rng(1), privacy=a
+    )
     b.check(method, None)
     streamed = pipeline.server_head(method, stats, num_clients=23, rng=np.random.default_rng(5), privacy=a)
     counts, chunks = b.local_upload_stream(stats, np.random.default_rng(5))  # the same draws, in one chunk
@@ -214,7 +243,8 @@ def test_streamed_local_noise_fedcof_equals_the_per_pair_estimator(params, offse
         assert np.any(counts <= 0) and np.all(sums != 0)  # noisy: dropped cells, and no zero left
 
     def b_stream(st):  # the same values, three clients a chunk
-        return st.counts, ((k0, min(k0 + 3, 23), st.sums[k0:k0 + 3]) for k0 in range(0, 23, 3))
+        return st.counts, ((k0, min(k0 + 3, 23), st.sums[k0 : k0 + 3]) for k0 in range(0, 23, 3))
+
     dense = ClientStats(counts=counts, sums=sums, owners=stats.owners)
     ref = method.aggregate(dense)
     # the spread (Eq. 6) to 1e-9 of its norm, even with class means 1e4 times longer than the spread
@@ -275,8 +305,15 @@ def test_count_only_pairs_given_out_of_order_and_old_pickles():
     n = np.array([3.0, 2.0, 4.0, 0.7, 5.0, 1.0])
     rows = np.array([0, 1, 2, 3, -1, 4])
     block = rng.normal(size=(5, 4)) + 5.0
-    st = ClientStats.from_pairs(num_clients=3, num_classes=2, pair_client=pc, pair_class=pk, pair_counts=n,
-                                pair_sums=block, sum_rows=rows)
+    st = ClientStats.from_pairs(
+        num_clients=3,
+        num_classes=2,
+        pair_client=pc,
+        pair_class=pk,
+        pair_counts=n,
+        pair_sums=block,
+        sum_rows=rows,
+    )
     dense_sums = np.zeros((3, 2, 4))
     dense_counts = np.zeros((3, 2))
     for i in range(6):
@@ -306,12 +343,15 @@ def _local_release_peaks(method, monkeypatch) -> dict:
         F, y, k = inat_like(KK, C, 128, NN, MM, seed=4)
         mech = _local_dp()
         Ck = int(y.max()) + 1
-        stats = pipeline.client_statistics(method, F, y, k, num_classes=Ck, num_clients=KK,
-                                           rng=np.random.default_rng(0), privacy=mech)
+        stats = pipeline.client_statistics(
+            method, F, y, k, num_classes=Ck, num_clients=KK, rng=np.random.default_rng(0), privacy=mech
+        )
         del F
         tracemalloc.start()
         try:
-            head = pipeline.server_head(method, stats, num_clients=KK, rng=np.random.default_rng(1), privacy=mech)
+            head = pipeline.server_head(
+                method, stats, num_clients=KK, rng=np.random.default_rng(1), privacy=mech
+            )
             _, peak = tracemalloc.get_traced_memory()
         finally:
             tracemalloc.stop()
@@ -392,8 +432,14 @@ def test_count_only_cells_fold_and_subset_like_zero_rows():
     noisy = dense.counts + np.random.default_rng(5).normal(0.0, 2.0, dense.counts.shape)
     a, _ = drop_clipped(pairs, noisy)
     assert not a.summed_pairs().all()
-    full = ClientStats.from_pairs(num_clients=a.num_clients, num_classes=a.num_classes, pair_client=a.pair_client,
-                                  pair_class=a.pair_class, pair_counts=a.pair_counts, pair_sums=a.pair_sums)
+    full = ClientStats.from_pairs(
+        num_clients=a.num_clients,
+        num_classes=a.num_classes,
+        pair_client=a.pair_client,
+        pair_class=a.pair_class,
+        pair_counts=a.pair_counts,
+        pair_sums=a.pair_sums,
+    )
     fold = StatsFold(num_classes=a.num_classes, dim=a.dim, keep="pairs")
     for rows in (np.arange(0, 9), np.arange(9, 15), np.arange(15, a.num_clients)):
         fold.add(a.clients(rows))
@@ -405,8 +451,15 @@ def test_count_only_cells_fold_and_subset_like_zero_rows():
     m = __import__("privfed").methods.get("fedcof", gamma=0.2)
     np.testing.assert_allclose(m.aggregate(folded).weight, m.aggregate(full).weight, rtol=1e-9, atol=1e-12)
     with pytest.raises(__import__("privfed").errors.InputError, match="sum_rows"):
-        ClientStats.from_pairs(num_clients=2, num_classes=2, pair_client=[0, 1], pair_class=[0, 0],
-                               pair_counts=[1.0, 2.0], pair_sums=np.ones((1, 3)), sum_rows=[0, 0])
+        ClientStats.from_pairs(
+            num_clients=2,
+            num_classes=2,
+            pair_client=[0, 1],
+            pair_class=[0, 0],
+            pair_counts=[1.0, 2.0],
+            pair_sums=np.ones((1, 3)),
+            sum_rows=[0, 0],
+        )
 
 
 def test_count_noise_fedcof_head_is_the_same_from_pairs_and_dense():
@@ -429,8 +482,15 @@ def test_client_bound_on_pairs_equals_the_dense_bound(fields):
     from mechanisms import GaussianMechanism
 
     pairs, dense = _pairs_and_dense(seed=2, fields=fields)
-    m = GaussianMechanism(epsilon=1.0, delta=1e-5, clip=1.0, level="client", max_records=17,
-                          trusted_aggregator=True, blocks=fields)
+    m = GaussianMechanism(
+        epsilon=1.0,
+        delta=1e-5,
+        clip=1.0,
+        level="client",
+        max_records=17,
+        trusted_aggregator=True,
+        blocks=fields,
+    )
     n_k = dense.counts.sum(axis=1)
     assert (n_k > 17).any() and (n_k <= 17).any()
     a, b = m._bound_clients(pairs), m._bound_clients(dense)
@@ -444,8 +504,10 @@ def test_client_bound_on_pairs_equals_the_dense_bound(fields):
         np.testing.assert_allclose(a.gram(), np.einsum("k,kij->ij", f, dense.second), rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("name,privacy", [
-    ("fedcof", "geometric"), ("fedcof", "laplace"), ("fed3r", "client"), ("fedncm", "client")])
+@pytest.mark.parametrize(
+    "name,privacy",
+    [("fedcof", "geometric"), ("fedcof", "laplace"), ("fed3r", "client"), ("fedncm", "client")],
+)
 def test_count_noise_and_client_bound_at_scale_stay_under_the_cap(federation, monkeypatch, name, privacy):
     """Both read the pair layout: no (K, C, d) view (1.23 GB here; refused above 64 MB)."""
     from mechanisms import GaussianMechanism
@@ -459,8 +521,15 @@ def test_count_noise_and_client_bound_at_scale_stay_under_the_cap(federation, mo
         mech = LaplaceCountNoise(epsilon=1.0)
     else:
         blocks = ("sums", "counts", "second") if name == "fed3r" else ("sums", "counts")
-        mech = GaussianMechanism(epsilon=1.0, delta=1e-5, clip=30.0, level="client", max_records=20,
-                                 trusted_aggregator=True, blocks=blocks)
+        mech = GaussianMechanism(
+            epsilon=1.0,
+            delta=1e-5,
+            clip=30.0,
+            level="client",
+            max_records=20,
+            trusted_aggregator=True,
+            blocks=blocks,
+        )
     tracemalloc.start()
     try:
         head = privfed.fit(name, F, y, k, random_state=0, privacy=mech, num_classes=C, num_clients=K)
@@ -539,16 +608,22 @@ def test_recorded_benchmark_table_is_what_its_json_says():
     assert res["shape"]["K"] == 9275 and res["shape"]["C"] == 1203 and res["d"] == 1280 and not res["small"]
     assert res["d256"]["d"] == 256 and res["memory_target"] == MEMORY_TARGET == 0.25
     for point in (res, res["d256"]):
-        assert [r["method"] for r in point["rows"]] == list(METHODS) and all("error" not in r for r in point["rows"])
+        assert [r["method"] for r in point["rows"]] == list(METHODS) and all(
+            "error" not in r for r in point["rows"]
+        )
         for r in point["rows"]:
             q = method_ratios(r, point["bound"])
             assert all(np.isfinite(v) and v > 0 for v in q.values())
-            name, params = ("fedcof", {"means_per_client": 4}) if r["method"] == "fedcof-mm4" else (r["method"], {})
+            name, params = (
+                ("fedcof", {"means_per_client": 4}) if r["method"] == "fedcof-mm4" else (r["method"], {})
+            )
             assert r["params"] == get(name, **params).params  # every parameter stated, defaults resolved
     assert {r["method"]: r["params"].get("gamma") for r in res["rows"]}["fedcof"] == 1.0
     assert all("cholesky_s" not in SERVER_PARTS[m] for m in ("fedncm", "fedlog"))
     assert max(method_ratios(r, res["bound"])["added_memory"] for r in res["rows"]) <= MEMORY_TARGET
-    assert all(r["releases"] == 1 and r["sent_M"] == r["clients"] * res["shape"]["C"] for r in res["local_dp"])
+    assert all(
+        r["releases"] == 1 and r["sent_M"] == r["clients"] * res["shape"]["C"] for r in res["local_dp"]
+    )
     assert {c["curve"] for c in res["curves"]} == {"K (M, N fixed)", "M (K fixed, N = 2.2 M)", "d"}
 
 
@@ -571,8 +646,9 @@ def test_a_subclass_replacing_before_upload_keeps_the_one_call_path():
     from privfed.release import ReleasePlan
 
     assert ReleasePlan(m, plain).streamed and not ReleasePlan(m, rec).streamed
-    stats = pipeline.client_statistics(m, F, y, k, num_classes=7, num_clients=23, rng=np.random.default_rng(1),
-                                       privacy=rec)
+    stats = pipeline.client_statistics(
+        m, F, y, k, num_classes=7, num_clients=23, rng=np.random.default_rng(1), privacy=rec
+    )
     pipeline.server_head(m, stats, num_clients=23, rng=np.random.default_rng(2), privacy=rec)
     assert Recording.calls == 1
 
@@ -586,7 +662,9 @@ def test_secure_aggregation_too_large_for_one_process_says_what_to_do(federation
 
     F, y, k = federation
     monkeypatch.setattr(stats_mod, "DENSE_VIEW_LIMIT", 64 * 2**20)
-    with pytest.raises(InputError, match=r"secure aggregation in one process .* 2,000 clients x .*privfed\.flower"):
+    with pytest.raises(
+        InputError, match=r"secure aggregation in one process .* 2,000 clients x .*privfed\.flower"
+    ):
         privfed.fit(name, F, y, k, secure_agg=PairwiseMasking(neighbours=8))
 
 
@@ -595,9 +673,19 @@ def test_secure_aggregation_too_large_for_one_process_says_what_to_do(federation
 INAT_INPUT_BYTES = 119_965 * 1280 * 4
 
 
-@pytest.mark.parametrize("name,params", [("fedncm", {}), ("fedlog", {}), ("fedcof", {}),
-                                         ("fedcof", {"means_per_client": 4}), ("fed3r", {}),
-                                         ("fed3r-within", {}), ("fedcgs", {}), ("fedcof-oracle", {})])
+@pytest.mark.parametrize(
+    "name,params",
+    [
+        ("fedncm", {}),
+        ("fedlog", {}),
+        ("fedcof", {}),
+        ("fedcof", {"means_per_client": 4}),
+        ("fed3r", {}),
+        ("fed3r-within", {}),
+        ("fedcgs", {}),
+        ("fedcof-oracle", {}),
+    ],
+)
 def test_fit_allocates_at_most_a_quarter_of_its_input(federation, monkeypatch, name, params):
     """Peak traced allocation of privfed.fit <= 25 % of the float32 input's bytes (the issue's input + 25 %).
 
@@ -611,9 +699,13 @@ def test_fit_allocates_at_most_a_quarter_of_its_input(federation, monkeypatch, n
 
     F, y, k = federation
     f = F.nbytes / INAT_INPUT_BYTES
-    for mod, attr in ((pipeline, "FOLD_CHUNK_BYTES"), (pipeline, "FOLD_GRAM_CHUNK_BYTES"),
-                      (fedcof, "_STREAM_BUFFER_BYTES"), (_scale, "_BLOCK_BYTES"),
-                      (_validation, "_CHECK_BLOCK_BYTES")):
+    for mod, attr in (
+        (pipeline, "FOLD_CHUNK_BYTES"),
+        (pipeline, "FOLD_GRAM_CHUNK_BYTES"),
+        (fedcof, "_STREAM_BUFFER_BYTES"),
+        (_scale, "_BLOCK_BYTES"),
+        (_validation, "_CHECK_BLOCK_BYTES"),
+    ):
         monkeypatch.setattr(mod, attr, int(getattr(mod, attr) * f))
     tracemalloc.start()
     try:
@@ -676,8 +768,9 @@ def test_fit_folds_fedcof_pairs_as_they_are_summed_and_gets_eq8(monkeypatch, off
     F = F + offset * np.random.default_rng(7).standard_normal((7, 5))[y]
     estimates = []
     real = fedcof.FedCOF.estimate_pairs
-    monkeypatch.setattr(fedcof.FedCOF, "estimate_pairs", lambda self, *a: estimates.append(real(self, *a))
-                        or estimates[-1])
+    monkeypatch.setattr(
+        fedcof.FedCOF, "estimate_pairs", lambda self, *a: estimates.append(real(self, *a)) or estimates[-1]
+    )
     head = privfed.fit("fedcof", F, y, k, gamma=0.3)
     assert len(estimates) == 1  # the streamed path, not fold_statistics' pairs
     ref = _eq6_spread(F, y, k, 7)
@@ -689,7 +782,9 @@ def test_fit_folds_fedcof_pairs_as_they_are_summed_and_gets_eq8(monkeypatch, off
     assert any("[6]" in n and "one client" in n for n in head.notes)
 
 
-@pytest.mark.parametrize("params", [{"gamma": 0.1}, {"means_per_client": 4}, {"noise_var": 0.4, "solver": "solve"}])
+@pytest.mark.parametrize(
+    "params", [{"gamma": 0.1}, {"means_per_client": 4}, {"noise_var": 0.4, "solver": "solve"}]
+)
 def test_fit_fedcof_stream_equals_the_folded_pairs_server(federation, params):
     """At scale, the streamed fit and the server on fold_statistics' pairs give the same head (1e-9)."""
     from privfed._validation import check_dataset
@@ -700,7 +795,9 @@ def test_fit_fedcof_stream_equals_the_folded_pairs_server(federation, params):
     head = privfed.fit("fedcof", F, y, k, random_state=0, **params)
     m = get("fedcof", **params)
     F2, y2, k2, C, K = check_dataset(F, y, k, keep_float32=True)
-    ref = m.aggregate(fold_statistics(m, F2, y2, k2, num_classes=C, num_clients=K, rng=np.random.default_rng(0)))
+    ref = m.aggregate(
+        fold_statistics(m, F2, y2, k2, num_classes=C, num_clients=K, rng=np.random.default_rng(0))
+    )
     np.testing.assert_allclose(head.weight, ref.weight, rtol=1e-9, atol=1e-9 * np.abs(ref.weight).max())
     assert head.notes == ref.notes
 
@@ -731,7 +828,9 @@ def test_rescaling_never_writes_into_the_callers_array():
     np.testing.assert_array_equal(big, before)
     from_list = privfed.fit("fedncm", big.tolist(), y, k)  # converted, so ours: scaled in place
     np.testing.assert_array_equal(from_list.weight, head.weight)
-    assert head.feature_transform is not None and head.score(big, y) == privfed.fit("fedncm", F, y, k).score(F, y)
+    assert head.feature_transform is not None and head.score(big, y) == privfed.fit("fedncm", F, y, k).score(
+        F, y
+    )
 
 
 def test_fedcgs_with_its_default_shrinkage_equals_the_shrunk_gaussian_classifier():
@@ -761,8 +860,21 @@ def test_the_scale_benchmark_runs_the_public_calls_and_writes_its_record(tmp_pat
 
     from experiments import bench_scale
 
-    rc = bench_scale.main(["--small", "--repeats", "1", "--no-curves", "--no-dp", "--methods", "fedncm,fedcof",
-                           "--loop-rows", "300", "--out", str(tmp_path)])
+    rc = bench_scale.main(
+        [
+            "--small",
+            "--repeats",
+            "1",
+            "--no-curves",
+            "--no-dp",
+            "--methods",
+            "fedncm,fedcof",
+            "--loop-rows",
+            "300",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     assert rc == 0
     res = json.loads((tmp_path / "bench_scale.json").read_text())
     assert (tmp_path / "bench_scale.md").read_text().rstrip("\n") == bench_scale.render(res)

@@ -149,8 +149,17 @@ def test_distributed_noise_through_fit_needs_an_enforced_clip(data):
     from mechanisms import GaussianMechanism
 
     mech = GaussianMechanism(epsilon=1.0, delta=1e-5, clip=1.0, dropout_tolerance=2)
-    head = privfed.fit("fedncm", F, y, k, num_classes=4, num_clients=6,
-                       privacy=mech, secure_agg=PairwiseMasking(), random_state=1)
+    head = privfed.fit(
+        "fedncm",
+        F,
+        y,
+        k,
+        num_classes=4,
+        num_clients=6,
+        privacy=mech,
+        secure_agg=PairwiseMasking(),
+        random_state=1,
+    )
     rep = head.secure_aggregation
     assert all(c["frac_bits"] == 32 for c in rep.calls)  # noisy counts are not integers
     assert head.privacy.placement == "distributed"

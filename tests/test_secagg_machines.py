@@ -14,12 +14,18 @@ def test_active_version_uploads_the_same_bytes_and_adds_only_the_consistency_rou
     a = masking.masked_sum(X, key_seed=9, active=True, **kw)
     h = masking.masked_sum(X, key_seed=9, **kw)
     assert np.array_equal(a.total, h.total)
-    assert np.abs(a.total - X[[u for u in range(7) if u not in kw.get("dropped_before_upload", [])]].sum(0)).max() \
+    assert (
+        np.abs(
+            a.total - X[[u for u in range(7) if u not in kw.get("dropped_before_upload", [])]].sum(0)
+        ).max()
         <= 7 * 2.0**-33
+    )
     for u in h.view.masked_uploads:  # same key material: the same masked uploads and encrypted shares
         assert a.view.masked_uploads[u].tobytes() == h.view.masked_uploads[u].tobytes()
     assert a.view.encrypted_shares == h.view.encrypted_shares
-    signers = set(range(7)) - set(kw.get("dropped_before_upload", [])) - set(kw.get("dropped_after_upload", []))
+    signers = (
+        set(range(7)) - set(kw.get("dropped_before_upload", [])) - set(kw.get("dropped_after_upload", []))
+    )
     assert set(a.view.consistency_signatures) == signers and not h.view.consistency_signatures
     for u in range(7):
         extra = a.upload_bytes[u]["public_keys"] - h.upload_bytes[u]["public_keys"]
@@ -68,7 +74,8 @@ def test_recorded_consistency_round_benchmark_is_what_its_rows_say():
     for r in rec["data"]["rows"]:
         assert r["cpu_ratio"] == pytest.approx(r["active_cpu_s"] / r["honest_cpu_s"], rel=1e-12)
         assert r["upload_ratio"] == pytest.approx(
-            r["active_upload_bytes_per_client"] / r["honest_upload_bytes_per_client"], rel=1e-12)
+            r["active_upload_bytes_per_client"] / r["honest_upload_bytes_per_client"], rel=1e-12
+        )
         up, down = _extra_bytes(K, r["dropped_after_upload"])
         assert r["extra_upload_bytes_per_client"] == pytest.approx(up, abs=1e-6)
         assert r["extra_download_bytes_per_client"] == pytest.approx(down, abs=1e-6)
@@ -89,7 +96,9 @@ def test_operator_command_writes_a_roster_and_private_identity_files(tmp_path, c
     for i in range(5):
         path = tmp_path / f"node-{i}.json"
         assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
-        ident, r = node_identity({"secagg-identity": str(path), "secagg-roster": str(tmp_path / "roster.json")}, i)
+        ident, r = node_identity(
+            {"secagg-identity": str(path), "secagg-roster": str(tmp_path / "roster.json")}, i
+        )
         assert ident.index == i and r == roster
     # Node 1's key with node 2's index (or another roster) is refused, as is a node without any identity.
     bad = tmp_path / "bad.json"

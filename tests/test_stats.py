@@ -122,10 +122,19 @@ def test_aggregation_is_a_sum():
         np.testing.assert_allclose(getattr(a, f), getattr(union, f), rtol=1e-12, atol=1e-10)
 
 
-@pytest.mark.parametrize("method,params", [("fedcgs", {}), ("fedcgs", {"covariance": "within"}),
-                                           ("fed3r", {}), ("fed3r", {"bias": False}),
-                                           ("fed3r-within", {}), ("fedncm", {}), ("fedlog", {}),
-                                           ("fedcof-oracle", {})])
+@pytest.mark.parametrize(
+    "method,params",
+    [
+        ("fedcgs", {}),
+        ("fedcgs", {"covariance": "within"}),
+        ("fed3r", {}),
+        ("fed3r", {"bias": False}),
+        ("fed3r-within", {}),
+        ("fedncm", {}),
+        ("fedlog", {}),
+        ("fedcof-oracle", {}),
+    ],
+)
 def test_sum_methods_partition_invariant(method, params):
     """Heads from summed statistics do not depend on how samples are split across clients."""
     X, y, rng = _data(4, N=400)
@@ -172,10 +181,13 @@ def _federation(seed, N=300, d=5, C=6, K=12):
 
 def _dense(st):
     """The same statistics through the dense constructor (the layout before pairs)."""
-    return ClientStats(counts=np.array(st.counts), sums=np.array(st.sums),
-                       second=None if st.second is None else np.array(st.second),
-                       class_second=None if st.class_second is None else np.array(st.class_second),
-                       owners=st.owners)
+    return ClientStats(
+        counts=np.array(st.counts),
+        sums=np.array(st.sums),
+        second=None if st.second is None else np.array(st.second),
+        class_second=None if st.class_second is None else np.array(st.class_second),
+        owners=st.owners,
+    )
 
 
 def test_pair_layout_matches_loops_and_dense_views():
@@ -203,10 +215,15 @@ def test_algebra_agrees_between_layouts():
     st = compute_client_stats(X, y, k, num_classes=C, num_clients=K, fields=ALL)
     dn = _dense(st)
     rows = [5, 0, 3, K - 1]
-    for a, b in ((st.total(), dn.total()), (st.clients(rows), dn.clients(rows)),
-                 (st.select(["second"]), dn.select(["second"])),
-                 (st.clients(rows[:2]).total() + st.clients(rows[2:]).total(),
-                  dn.clients(rows[:2]).total() + dn.clients(rows[2:]).total())):
+    for a, b in (
+        (st.total(), dn.total()),
+        (st.clients(rows), dn.clients(rows)),
+        (st.select(["second"]), dn.select(["second"])),
+        (
+            st.clients(rows[:2]).total() + st.clients(rows[2:]).total(),
+            dn.clients(rows[:2]).total() + dn.clients(rows[2:]).total(),
+        ),
+    ):
         assert a.available == b.available and a.num_clients == b.num_clients
         for f in a.available:
             np.testing.assert_allclose(getattr(a, f), getattr(b, f), rtol=1e-12, atol=1e-10, err_msg=f)
@@ -248,9 +265,15 @@ def test_fold_renumbers_pseudo_client_owners():
     st = m.client_stats(X, y, k, num_classes=C, num_clients=K, rng=np.random.default_rng(0))
     half = int(np.searchsorted(st.owners, K // 2))
     a, b = st.clients(np.arange(half)), st.clients(np.arange(half, st.num_clients))
-    b = ClientStats.from_pairs(num_clients=b.num_clients, num_classes=C, pair_client=b.pair_client,
-                               pair_class=b.pair_class, pair_counts=b.pair_counts, pair_sums=b.pair_sums,
-                               owners=b.owners - b.owners.min())
+    b = ClientStats.from_pairs(
+        num_clients=b.num_clients,
+        num_classes=C,
+        pair_client=b.pair_client,
+        pair_class=b.pair_class,
+        pair_counts=b.pair_counts,
+        pair_sums=b.pair_sums,
+        owners=b.owners - b.owners.min(),
+    )
     out = stats_mod.StatsFold(num_classes=C, dim=X.shape[1], keep="pairs").add(a).add(b).result()
     np.testing.assert_array_equal(out.owners, st.owners)
 
@@ -278,8 +301,14 @@ def test_fold_errors():
     with pytest.raises(privfed.InputError, match="C=3"):
         stats_mod.StatsFold(num_classes=3, dim=5).add(st)
     with pytest.raises(privfed.InputError, match="only once"):
-        ClientStats.from_pairs(num_clients=2, num_classes=2, pair_client=[0, 0], pair_class=[1, 1],
-                               pair_counts=[1, 1], pair_sums=np.ones((2, 3)))
+        ClientStats.from_pairs(
+            num_clients=2,
+            num_classes=2,
+            pair_client=[0, 0],
+            pair_class=[1, 1],
+            pair_counts=[1, 1],
+            pair_sums=np.ones((2, 3)),
+        )
 
 
 def test_copy_and_pickle_keep_every_field():

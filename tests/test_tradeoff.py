@@ -21,8 +21,19 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory, digits_cache):
     out = tmp_path_factory.mktemp("tradeoff") / "run"
-    argv = ["--method", "fedncm,fedcof", "--eps", "0.05,1,inf", "--seeds", "3", "--clients", "20",
-            "--out", str(out), "--quiet"]
+    argv = [
+        "--method",
+        "fedncm,fedcof",
+        "--eps",
+        "0.05,1,inf",
+        "--seeds",
+        "3",
+        "--clients",
+        "20",
+        "--out",
+        str(out),
+        "--quiet",
+    ]
     assert main(argv) == 0
     return out
 
@@ -33,7 +44,16 @@ def test_outputs_parse_with_documented_schema(sweep):
     assert len(rows) == 2 * 3 * 3  # methods x eps x seeds
     assert list(rows[0])[: len(RECORD_KEYS)] == list(RECORD_KEYS)
     data = json.loads((sweep / "results.json").read_text())
-    for key in ("method", "epsilon", "delta", "seed", "accuracy", "nonprivate_accuracy", "sigma", "upload_bytes"):
+    for key in (
+        "method",
+        "epsilon",
+        "delta",
+        "seed",
+        "accuracy",
+        "nonprivate_accuracy",
+        "sigma",
+        "upload_bytes",
+    ):
         assert all(key in r for r in data["records"]), key
     cfg = data["config"]
     assert cfg["methods"] == ["fedncm", "fedcof"] and cfg["seeds"] == [0, 1, 2] and cfg["clients"] == 20
@@ -54,8 +74,12 @@ def test_eps_inf_rows_equal_nonprivate_exactly(sweep):
 def test_accuracy_falls_with_budget(sweep):
     data = json.loads((sweep / "results.json").read_text())
     for m in ("fedncm", "fedcof"):
-        acc = {e: np.mean([r["accuracy"] for r in data["records"] if r["method"] == m and str(r["epsilon"]) == e])
-               for e in ("0.05", "inf")}
+        acc = {
+            e: np.mean(
+                [r["accuracy"] for r in data["records"] if r["method"] == m and str(r["epsilon"]) == e]
+            )
+            for e in ("0.05", "inf")
+        }
         # With 3 seeds on 359 test samples one accuracy's standard error is at most
         # sqrt(0.25/359) ~ 0.026; the mean of 3 has <= 0.015.  Allow 3 SE of the difference.
         assert acc["0.05"] <= acc["inf"] + 3 * math.sqrt(2) * 0.015, (m, acc)
@@ -112,8 +136,21 @@ def test_offline_download_is_refused_clearly(tmp_path):
     """cifar100 is not on disk and downloads are not allowed: one line, no traceback, no network."""
     env = {**os.environ, "PRIVFED_CACHE": str(tmp_path / "cache"), "PRIVFED_DATA": str(tmp_path / "data")}
     proc = subprocess.run(
-        [sys.executable, "-m", "privfed.tradeoff", "--dataset", "cifar100", "--out", str(tmp_path / "o"), "--quiet"],
-        capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "privfed.tradeoff",
+            "--dataset",
+            "cifar100",
+            "--out",
+            str(tmp_path / "o"),
+            "--quiet",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=120,
     )
     assert proc.returncode != 0
     assert "Traceback" not in proc.stderr
@@ -125,8 +162,21 @@ def test_attack_columns_and_panel(tmp_path, digits_dataset):
     from privfed.federation import partition
 
     out = tmp_path / "att"
-    argv = ["--method", "fedncm,fed3r", "--eps", "1,inf", "--seeds", "1", "--clients", "100",
-            "--attack", "singleton,tracing,subspace", "--out", str(out), "--quiet"]
+    argv = [
+        "--method",
+        "fedncm,fed3r",
+        "--eps",
+        "1,inf",
+        "--seeds",
+        "1",
+        "--clients",
+        "100",
+        "--attack",
+        "singleton,tracing,subspace",
+        "--out",
+        str(out),
+        "--quiet",
+    ]
     assert main(argv) == 0
     data = json.loads((out / "results.json").read_text())
     recs = {(r["method"], str(r["epsilon"])): r for r in data["records"]}
@@ -136,8 +186,12 @@ def test_attack_columns_and_panel(tmp_path, digits_dataset):
     kept = part.clients >= 0
     pair = part.clients[kept] * 10 + digits_dataset.train_labels[kept]
     alone = np.bincount(pair)[pair] == 1
-    assert recs[("fedncm", "inf")]["attack_singleton_exposed_fraction"] == pytest.approx(alone.mean(), abs=1e-12)
-    assert recs[("fedncm", "1.0")]["attack_singleton_exposed_fraction"] == 0.0  # noisy counts are never exactly 1
+    assert recs[("fedncm", "inf")]["attack_singleton_exposed_fraction"] == pytest.approx(
+        alone.mean(), abs=1e-12
+    )
+    assert (
+        recs[("fedncm", "1.0")]["attack_singleton_exposed_fraction"] == 0.0
+    )  # noisy counts are never exactly 1
     for r in data["records"]:
         assert 0.0 <= r["attack_tracing_auc"] <= 1.0
     # subspace needs the second moment: fed3r has it, fedncm does not (NaN and a note, not a crash).
@@ -162,16 +216,43 @@ def test_feature_file_with_natural_split(tmp_path, capsys):
     path = tmp_path / "feats.npz"
     np.savez(path, features=feats, labels=y, clients=clients)
     out = tmp_path / "o"
-    argv = ["--dataset", f"file:{path}", "--partition", "natural", "--method", "fedncm", "--eps", "2,inf",
-            "--clip", "10", "--seeds", "1", "--out", str(out), "--quiet", "--no-plot"]
+    argv = [
+        "--dataset",
+        f"file:{path}",
+        "--partition",
+        "natural",
+        "--method",
+        "fedncm",
+        "--eps",
+        "2,inf",
+        "--clip",
+        "10",
+        "--seeds",
+        "1",
+        "--out",
+        str(out),
+        "--quiet",
+        "--no-plot",
+    ]
     assert main(argv) == 0
     data = json.loads((out / "results.json").read_text())
     assert data["dataset"]["name"].startswith("file:") and data["dataset"]["dim"] == 8
     # every (client, class) pair has data: M = 6 * 4 = 24; FedNCM sends M d floats of 4 bytes over K = 6 clients
     assert {r["upload_bytes"] for r in data["records"]} == {4 * (24 * 8) / 6}
     # no public split: a finite eps without --clip is refused, naming the fix
-    code = main(["--dataset", f"file:{path}", "--method", "fedncm", "--eps", "1", "--out", str(tmp_path / "p"),
-                 "--quiet"])
+    code = main(
+        [
+            "--dataset",
+            f"file:{path}",
+            "--method",
+            "fedncm",
+            "--eps",
+            "1",
+            "--out",
+            str(tmp_path / "p"),
+            "--quiet",
+        ]
+    )
     assert code != 0 and "pass --clip C" in capsys.readouterr().err
 
 
@@ -190,7 +271,9 @@ def test_interrupted_sweep_keeps_finished_runs(tmp_path, monkeypatch, capsys, di
 
     monkeypatch.setattr(tr, "server_head", flaky)
     out = tmp_path / "o"
-    code = main(["--method", "fedncm", "--eps", "1,2,4,8", "--seeds", "1", "--out", str(out), "--quiet", "--no-plot"])
+    code = main(
+        ["--method", "fedncm", "--eps", "1,2,4,8", "--seeds", "1", "--out", str(out), "--quiet", "--no-plot"]
+    )
     assert code == 130
     with (out / "results.partial.csv").open() as fh:
         rows = list(csv.DictReader(fh))

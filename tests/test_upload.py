@@ -23,15 +23,18 @@ def test_paper_figures_inat120k():
     assert mb("fedcof", **INAT) == mb("fedncm", **INAT)
 
 
-@pytest.mark.parametrize("name,formula", [
-    ("fedncm", lambda M, K, d, C: M * d),
-    ("fedcof", lambda M, K, d, C: M * d),
-    ("fed3r", lambda M, K, d, C: M * d + K * d * d),
-    ("fed3r-within", lambda M, K, d, C: M * d + K * d * d + M),
-    ("fedcof-oracle", lambda M, K, d, C: M * (d + d * d)),
-    ("fedcgs", lambda M, K, d, C: K * ((C + d) * d + C)),
-    ("fedlog", lambda M, K, d, C: K * ((d + 1) * C + 1)),
-])
+@pytest.mark.parametrize(
+    "name,formula",
+    [
+        ("fedncm", lambda M, K, d, C: M * d),
+        ("fedcof", lambda M, K, d, C: M * d),
+        ("fed3r", lambda M, K, d, C: M * d + K * d * d),
+        ("fed3r-within", lambda M, K, d, C: M * d + K * d * d + M),
+        ("fedcof-oracle", lambda M, K, d, C: M * (d + d * d)),
+        ("fedcgs", lambda M, K, d, C: K * ((C + d) * d + C)),
+        ("fedlog", lambda M, K, d, C: K * ((d + 1) * C + 1)),
+    ],
+)
 def test_formulas(name, formula):
     for kw in (INAT, {"d": 512, "M": 2870, "K": 100, "C": 100}, {"d": 3, "M": 7, "K": 2, "C": 4}):
         assert methods.get_class(name).upload_floats(**kw) == formula(**kw)

@@ -45,7 +45,24 @@ from experiments.docs_numbers.sources import ROOT, template
 from experiments.docs_numbers.stated import STATED, outside_blocks, stated_checks, unexplained
 
 __all__ = [
-    "BLOCKS", "DOCS", "README", "ROOT", "STATED", "Block", "Found", "check", "compare", "doc_files", "find_blocks",
-    "keep_volatile", "main", "numbers", "outside_blocks", "regenerate", "stated_checks", "template", "unexplained",
+    "BLOCKS",
+    "DOCS",
+    "README",
+    "ROOT",
+    "STATED",
+    "Block",
+    "Found",
+    "check",
+    "compare",
+    "doc_files",
+    "find_blocks",
+    "keep_volatile",
+    "main",
+    "numbers",
+    "outside_blocks",
+    "regenerate",
+    "stated_checks",
+    "template",
+    "unexplained",
     "write",
 ]

@@ -64,31 +64,75 @@ BLOCKS: dict[str, Block] = {
     ),
     "snippet": Block(snippet, True, "the code snippet, run, with the score its comment quotes"),
     "protections": Block(protections, True, "the methods x protections table (from the method registry)"),
-    "calibration": Block(calibration, True, "the calibration bullet (analytic and classic sigma, the classic sigma's real eps)"),
-    "dropouts": Block(dropouts, True, "the report bullet's dropout example (eps from the noise shares present)"),
-    "tradeoff-readings": Block(readings, True, "the trade-off readings (from experiments/results/recipes.json)"),
-    "noise-aware": Block(noise_aware, True, "the noise-aware bullet (from experiments/results/noise_aware.json)"),
-    "secagg-cost": Block(secagg_table, True, "the secure-aggregation cost table (experiments/results/bench_secagg.json)"),
-    "secagg-active": Block(secagg_active_table, True,
-                           "the consistency round's cost (experiments/results/bench_secagg_active.json)"),
-    "bench-tradeoff": Block(bench_tradeoff_table, True, "the sweep's speed table (experiments/results/bench_tradeoff.json)"),
-    "flower-bytes": Block(flower_bytes, True, "bytes per protocol on Flower (experiments/results/bench_flower.json)"),
-    "flower-audit": Block(flower_audit, True, "audits of the Flower DP paths (experiments/results/bench_flower.json)"),
-    "flower-cost": Block(flower_cost, True, "start-up, scale and memory on Flower (experiments/results/bench_flower.json)"),
-    "audit-sweep": Block(audit_sweep_table, True, "the audit sweep's table (experiments/audit_sweep_results.json)"),
+    "calibration": Block(
+        calibration, True, "the calibration bullet (analytic and classic sigma, the classic sigma's real eps)"
+    ),
+    "dropouts": Block(
+        dropouts, True, "the report bullet's dropout example (eps from the noise shares present)"
+    ),
+    "tradeoff-readings": Block(
+        readings, True, "the trade-off readings (from experiments/results/recipes.json)"
+    ),
+    "noise-aware": Block(
+        noise_aware, True, "the noise-aware bullet (from experiments/results/noise_aware.json)"
+    ),
+    "secagg-cost": Block(
+        secagg_table, True, "the secure-aggregation cost table (experiments/results/bench_secagg.json)"
+    ),
+    "secagg-active": Block(
+        secagg_active_table,
+        True,
+        "the consistency round's cost (experiments/results/bench_secagg_active.json)",
+    ),
+    "bench-tradeoff": Block(
+        bench_tradeoff_table, True, "the sweep's speed table (experiments/results/bench_tradeoff.json)"
+    ),
+    "flower-bytes": Block(
+        flower_bytes, True, "bytes per protocol on Flower (experiments/results/bench_flower.json)"
+    ),
+    "flower-audit": Block(
+        flower_audit, True, "audits of the Flower DP paths (experiments/results/bench_flower.json)"
+    ),
+    "flower-cost": Block(
+        flower_cost, True, "start-up, scale and memory on Flower (experiments/results/bench_flower.json)"
+    ),
+    "audit-sweep": Block(
+        audit_sweep_table, True, "the audit sweep's table (experiments/audit_sweep_results.json)"
+    ),
     "sampling": Block(sampling, True, "the client-sampling bullet (one sampled release through privfed.fit)"),
-    "bench-scale": Block(bench_scale_tables, True, "the scale benchmark's tables (experiments/bench_scale.json)"),
-    "scale-readings": Block(scale_readings, True, "the readings under the scale tables (experiments/bench_scale.json)"),
-    "fedlog-training": Block(fedlog_training, True, "FedLog over rounds: training (experiments/results/fedlog_rounds.json)"),
-    "fedlog-composition": Block(fedlog_composition, True, "the paper's per-round eps composed exactly (computed)"),
-    "fedlog-dp": Block(fedlog_dp, True, "FedLog over rounds under DP (experiments/results/fedlog_rounds.json)"),
-    "fedlog-attacks": Block(fedlog_attacks, True, "FedLog attacks across rounds (experiments/results/fedlog_rounds.json)"),
+    "bench-scale": Block(
+        bench_scale_tables, True, "the scale benchmark's tables (experiments/bench_scale.json)"
+    ),
+    "scale-readings": Block(
+        scale_readings, True, "the readings under the scale tables (experiments/bench_scale.json)"
+    ),
+    "fedlog-training": Block(
+        fedlog_training, True, "FedLog over rounds: training (experiments/results/fedlog_rounds.json)"
+    ),
+    "fedlog-composition": Block(
+        fedlog_composition, True, "the paper's per-round eps composed exactly (computed)"
+    ),
+    "fedlog-dp": Block(
+        fedlog_dp, True, "FedLog over rounds under DP (experiments/results/fedlog_rounds.json)"
+    ),
+    "fedlog-attacks": Block(
+        fedlog_attacks, True, "FedLog attacks across rounds (experiments/results/fedlog_rounds.json)"
+    ),
     "inversion": Block(inversion, True, "the inversion table and readings (docs/attacks-inversion.json)"),
-    "singleton": Block(singleton_exposure, True, "the singleton bullet (experiments/results/attacks_singleton.json)"),
-    "tracing": Block(tracing_tables, True, "the membership tables (experiments/results/attacks_tracing.json)"),
-    "second-moments": Block(second_moments, True, "the second-moment bullet (experiments/results/attacks_second_moment.json)"),
+    "singleton": Block(
+        singleton_exposure, True, "the singleton bullet (experiments/results/attacks_singleton.json)"
+    ),
+    "tracing": Block(
+        tracing_tables, True, "the membership tables (experiments/results/attacks_tracing.json)"
+    ),
+    "second-moments": Block(
+        second_moments, True, "the second-moment bullet (experiments/results/attacks_second_moment.json)"
+    ),
     "audit": Block(
-        audit_figures, True, "the DP audit figures (the suite's audits, rerun)", volatile=(r"about \d+(?:\.\d+)? s\.",)
+        audit_figures,
+        True,
+        "the DP audit figures (the suite's audits, rerun)",
+        volatile=(r"about \d+(?:\.\d+)? s\.",),
     ),
 }
 

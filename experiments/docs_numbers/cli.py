@@ -13,12 +13,18 @@ from experiments.docs_numbers.sources import ROOT
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     g = p.add_mutually_exclusive_group(required=True)
-    g.add_argument("--check", action="store_true", help="compare the blocks of README.md and docs/*.md with regenerated ones")
+    g.add_argument(
+        "--check",
+        action="store_true",
+        help="compare the blocks of README.md and docs/*.md with regenerated ones",
+    )
     g.add_argument("--write", action="store_true", help="rewrite the blocks of README.md and docs/*.md")
     g.add_argument("--show", metavar="NAME", help="print one regenerated block")
     g.add_argument("--list", action="store_true", help="list the blocks")
     p.add_argument("--only", metavar="LIST", help="comma-separated block names")
-    p.add_argument("--readme", default=None, help="one page to check or write (default: README.md and docs/*.md)")
+    p.add_argument(
+        "--readme", default=None, help="one page to check or write (default: README.md and docs/*.md)"
+    )
     args = p.parse_args(argv)
     if args.list:
         for name, b in BLOCKS.items():

@@ -74,15 +74,22 @@ def compare(name: str, readme_text: str, new_text: str, tol: float = 0.0, volati
         except ValueError:  # pragma: no cover - the regex only matches numbers
             dx = float("inf")
         if not dx <= tol:
-            problems.append(f"{name}: number {i + 1} is {x} in the README, {y} regenerated (tolerance {tol:g})")
+            problems.append(
+                f"{name}: number {i + 1} is {x} in the README, {y} regenerated (tolerance {tol:g})"
+            )
     if not problems and re.sub(_NUMBER, "#", old) != re.sub(_NUMBER, "#", new):
         import difflib
 
         diff = [
-            line for line in difflib.unified_diff(old.splitlines(), new.splitlines(), "README", "regenerated", n=0, lineterm="")
+            line
+            for line in difflib.unified_diff(
+                old.splitlines(), new.splitlines(), "README", "regenerated", n=0, lineterm=""
+            )
             if line[:1] in "+-" and line[:3] not in ("+++", "---")
         ]
-        problems.append(f"{name}: the text around the numbers differs from the regenerated text: " + " | ".join(diff[:6]))
+        problems.append(
+            f"{name}: the text around the numbers differs from the regenerated text: " + " | ".join(diff[:6])
+        )
     return problems
 
 

@@ -9,8 +9,11 @@ from experiments.docs_numbers.sources import ROOT, committed, record, template
 
 def _inversion() -> tuple[dict, object]:
     import importlib.util
+
     res = committed("docs", "attacks-inversion.json")
-    spec = importlib.util.spec_from_file_location("attacks_inversion", ROOT / "experiments" / "attacks_inversion.py")
+    spec = importlib.util.spec_from_file_location(
+        "attacks_inversion", ROOT / "experiments" / "attacks_inversion.py"
+    )
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return res, mod
@@ -24,16 +27,19 @@ def inversion_reading(r: dict) -> str:
 
     "at chance" is written only when X is within two standard errors of chance.
     """
-    x, se, ch, pr = (r[k] for k in ("identification", "identification_se", "chance_identification",
-                                    "baseline_identification"))
+    x, se, ch, pr = (
+        r[k]
+        for k in ("identification", "identification_se", "chance_identification", "baseline_identification")
+    )
     text = f"{x:.3f} (SE {se:.3f}; chance {ch:.3f}, {r['n']}-guess prior {pr:.3f})"
     if x == 0:
         return text + ": no record identified"
     z = (x - ch) / se if se > 0 else (math.inf if x > ch else -math.inf if x < ch else 0.0)
     if abs(z) <= 2:
         return text + ", within two standard errors of chance: at chance"
-    return text + (f", {z:.1f} standard errors above chance" if z > 0 else
-                   f", {-z:.1f} standard errors below chance")
+    return text + (
+        f", {z:.1f} standard errors above chance" if z > 0 else f", {-z:.1f} standard errors below chance"
+    )
 
 
 def inversion() -> str:
@@ -44,10 +50,15 @@ def inversion() -> str:
     table = "\n".join("  " + line for line in mod.readme_table(rows))
     broken = []
     for r in rows:  # the strongest is the maximum over every attack of the suite that applies
-        ids = [r[f"{name}:identification"] for name in mod.SUITE_ORDER if r.get(f"{name}:identification") ==
-               r.get(f"{name}:identification")]
+        ids = [
+            r[f"{name}:identification"]
+            for name in mod.SUITE_ORDER
+            if r.get(f"{name}:identification") == r.get(f"{name}:identification")
+        ]
         if not ids or abs(r["identification"] - max(ids)) > 1e-12:
-            broken.append(f"{r['setting']} n={r['n']}: strongest {r['identification']} is not the suite's maximum")
+            broken.append(
+                f"{r['setting']} n={r['n']}: strongest {r['identification']} is not the suite's maximum"
+            )
     if broken:
         raise RuntimeError(f"the README's inversion readings no longer hold: {broken}; rewrite the text")
     n1, n2, n4, n8, n16 = (by[("clean", n)] for n in (1, 2, 4, 8, 16))
@@ -56,23 +67,48 @@ def inversion() -> str:
     cgs = next(r for r in rows if r["setting"] == "mean + G")
 
     def lines(group, what):
-        return "".join(f"  * {what(r)}: the strongest attack in privfed ({r['strongest']}) reaches\n"
-                       f"    {inversion_reading(r)}, {r['delta_psnr']:+.1f} dB over the prior.\n" for r in group)
+        return "".join(
+            f"  * {what(r)}: the strongest attack in privfed ({r['strongest']}) reaches\n"
+            f"    {inversion_reading(r)}, {r['delta_psnr']:+.1f} dB over the prior.\n"
+            for r in group
+        )
 
     dec = res["config"].get("feature_decoder", {})
     v = dict(
-        cells=res["config"]["cells"], command=res["config"]["command"], table=table,
-        dec_steps=dec.get("steps_trained", "?"), dec_val=dec.get("validation_mse", float("nan")),
-        n1=n1["identification"], n1_name=n1["strongest"], n1_imgs=n1["images_scored"],
-        n2_reading=inversion_reading(n2), n2_name=n2["strongest"], n2_imgs=n2["images_scored"],
-        n4_reading=inversion_reading(n4), n4_name=n4["strongest"], n4_imgs=n4["images_scored"],
-        n2_dpsnr=n2["delta_psnr"], n4_dpsnr=n4["delta_psnr"],
-        n8_reading=inversion_reading(n8), n8_name=n8["strongest"],
-        n16_reading=inversion_reading(n16), n16_name=n16["strongest"],
-        dp_lines=lines(dps, lambda r: f"Record-level DP at ε = {r['setting'].split('=')[-1]}, means of {r['n']}"),
-        secure_lines=lines(sec, lambda r: f"Secure sum of clients holding {r['n']} record(s) each (the server sees "
-                                          f"only the class totals over all clients)"),
-        cgs_n=cgs["n"], cgs_name=cgs["strongest"], cgs_reading=inversion_reading(cgs), cgs_dpsnr=cgs["delta_psnr"],
+        cells=res["config"]["cells"],
+        command=res["config"]["command"],
+        table=table,
+        dec_steps=dec.get("steps_trained", "?"),
+        dec_val=dec.get("validation_mse", float("nan")),
+        n1=n1["identification"],
+        n1_name=n1["strongest"],
+        n1_imgs=n1["images_scored"],
+        n2_reading=inversion_reading(n2),
+        n2_name=n2["strongest"],
+        n2_imgs=n2["images_scored"],
+        n4_reading=inversion_reading(n4),
+        n4_name=n4["strongest"],
+        n4_imgs=n4["images_scored"],
+        n2_dpsnr=n2["delta_psnr"],
+        n4_dpsnr=n4["delta_psnr"],
+        n8_reading=inversion_reading(n8),
+        n8_name=n8["strongest"],
+        n16_reading=inversion_reading(n16),
+        n16_name=n16["strongest"],
+        dp_lines=lines(
+            dps, lambda r: f"Record-level DP at ε = {r['setting'].split('=')[-1]}, means of {r['n']}"
+        ),
+        secure_lines=lines(
+            sec,
+            lambda r: (
+                f"Secure sum of clients holding {r['n']} record(s) each (the server sees "
+                f"only the class totals over all clients)"
+            ),
+        ),
+        cgs_n=cgs["n"],
+        cgs_name=cgs["strongest"],
+        cgs_reading=inversion_reading(cgs),
+        cgs_dpsnr=cgs["delta_psnr"],
         cgs_joint=max(cgs["joint:identification"], cgs["joint-fit:identification"]),
     )
     return INVERSION.format(**v)
@@ -87,7 +123,7 @@ def singleton_exposure() -> str:
     lap = [r["exposed_laplace_eps1"] for r in rows if r["exposed_clean"] > 0]
     return (
         "* **Singleton exposure.** A client that holds one sample of a class uploads\n"
-        "  that sample's raw feature as a \"mean\", and the attack recovers it exactly.\n"
+        '  that sample\'s raw feature as a "mean", and the attack recovers it exactly.\n'
         f"  With 10 samples per client ({ten[0.1]['clients']} clients), the share of exposed samples is "
         f"{ten[0.1]['exposed_clean']:.1%} at\n"
         f"  Dirichlet α = 0.1, {ten[0.3]['exposed_clean']:.1%} at α = 0.3, {ten[1.0]['exposed_clean']:.1%} at α = 1, "
@@ -112,8 +148,10 @@ def tracing_tables() -> str:
         "  | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in d["views"]:
-        out.append(f"  | {r['n']} | {r['strongest_attack']} | {r['auc']:.3f} | {r['tpr@0.01']:.3f} | {r['tpr@0.001']:.3f} | "
-                   f"{r['inner:auc']:.3f} | {r['lrt:auc']:.3f} | {r['lrt+support-aggregate:auc']:.3f} | {r['learned:auc']:.3f} |")
+        out.append(
+            f"  | {r['n']} | {r['strongest_attack']} | {r['auc']:.3f} | {r['tpr@0.01']:.3f} | {r['tpr@0.001']:.3f} | "
+            f"{r['inner:auc']:.3f} | {r['lrt:auc']:.3f} | {r['lrt+support-aggregate:auc']:.3f} | {r['learned:auc']:.3f} |"
+        )
     out += [
         "",
         "  FedNCM on 20 Dirichlet(0.1) clients, record-level local Gaussian DP (δ = 1e-5), the strongest of",
@@ -125,8 +163,10 @@ def tracing_tables() -> str:
     for r in d["local"]:
         eps = "∞" if not math.isfinite(float(r["eps"])) else f"{float(r['eps']):g}"
         bound = "1" if not math.isfinite(float(r["eps"])) else f"{r['auc_bound']:.3f}"
-        out.append(f"  | {eps} | {r['strongest_attack']} | {r['auc']:.3f} | {r['tpr@0.01']:.3f} | {bound} | "
-                   f"{r['learned:auc']:.3f} |")
+        out.append(
+            f"  | {eps} | {r['strongest_attack']} | {r['auc']:.3f} | {r['tpr@0.01']:.3f} | {bound} | "
+            f"{r['learned:auc']:.3f} |"
+        )
     z = {r["z"]: r for r in d["dp"]}
     out += [
         "",
@@ -136,7 +176,11 @@ def tracing_tables() -> str:
         f"{z[1.0]['strongest_auc']:.3f} ≤ {z[1.0]['auc_bound']:.3f} at z = 1.",
         "",
     ]
-    bad = [r for r in d["local"] if math.isfinite(float(r["eps"])) and r["auc"] > r["auc_bound"] + 3 * r["auc_se"]]
+    bad = [
+        r
+        for r in d["local"]
+        if math.isfinite(float(r["eps"])) and r["auc"] > r["auc_bound"] + 3 * r["auc_se"]
+    ]
     bad += [r for r in d["dp"] if r["strongest_auc"] > r["auc_bound"] + 3 * r[f"{r['strongest']}_auc_se"]]
     if bad:
         raise RuntimeError(f"a recorded tracing AUC is above its GDP bound: {bad}")
@@ -161,7 +205,9 @@ def second_moments() -> str:
         "even at n = 1.\n"
         "  Symmetric NMF (16 starts, the best finished by bounded L-BFGS-B) unmixes G_k into the individual\n"
         "  post-ReLU features of FedCGS clients: identification "
-        + " / ".join(f"{unm[n]['identification']:.2f}" for n in ns) + " and relative error "
-        + " / ".join(f"{unm[n]['relative_error']:.2f}" for n in ns) + f" at n = {' / '.join(map(str, ns))}\n"
+        + " / ".join(f"{unm[n]['identification']:.2f}" for n in ns)
+        + " and relative error "
+        + " / ".join(f"{unm[n]['relative_error']:.2f}" for n in ns)
+        + f" at n = {' / '.join(map(str, ns))}\n"
         f"  ({unm[ns[0]]['clients']} clients per n; `{rec['command']}`).\n"
     )

@@ -58,8 +58,12 @@ def orderings() -> str:
     m = {label: float(np.mean(a)) for label, (a, _, _) in acc.items()}
     ds = digits_dataset()
     values = dict(
-        fedcof=m["fedcof"], fedncm=m["fedncm"], fed3r=m["fed3r"], within=m["fed3r-within"],
-        within0=m["fed3r-within (gamma=0.0)"], dead=int(np.sum(~np.any(ds.train_features != 0, axis=0))),
+        fedcof=m["fedcof"],
+        fedncm=m["fedncm"],
+        fed3r=m["fed3r"],
+        within=m["fed3r-within"],
+        within0=m["fed3r-within (gamma=0.0)"],
+        dead=int(np.sum(~np.any(ds.train_features != 0, axis=0))),
         d=ds.dim,
     )
     claims = {
@@ -127,7 +131,9 @@ SNIPPET = template("snippet")
 def snippet() -> str:
     """The README's code snippet, run: the value its comment quotes is the one it computes."""
     code = SNIPPET.split("```python\n", 1)[1].rsplit("```", 1)[0]
-    code = code.replace("head.score(ds.test_features, ds.test_labels)", "score = head.score(ds.test_features, ds.test_labels)")
+    code = code.replace(
+        "head.score(ds.test_features, ds.test_labels)", "score = head.score(ds.test_features, ds.test_labels)"
+    )
     code = code.replace("print(private.privacy.guarantee)", "guarantee = private.privacy.guarantee")
     ns: dict = {}
     exec(compile(code.replace("{score}", ""), "<README snippet>", "exec"), ns)  # noqa: S102 - our own text
@@ -157,10 +163,14 @@ def audit_figures() -> str:
     return AUDIT.format(
         draws=DRAWS,
         seconds=seconds,
-        lo1=min(lb(real1)), hi1=max(lb(real1)), claim1=real1["sums"].claimed_mu,
+        lo1=min(lb(real1)),
+        hi1=max(lb(real1)),
+        claim1=real1["sums"].claimed_mu,
         halved1=float(np.mean(lb(halved1))),
         noclip1=float(np.mean([noclip1["sums"].mu_lb, noclip1["second"].mu_lb])),
-        lo4=min(lb(real4)), hi4=max(lb(real4)), claim4=real4["sums"].claimed_mu,
+        lo4=min(lb(real4)),
+        hi4=max(lb(real4)),
+        claim4=real4["sums"].claimed_mu,
         c4=c4["second"].mu_lb,
     )
 
@@ -173,7 +183,8 @@ def calibration() -> str:
     from mechanisms.calibration import analytic_sigma, classic_sigma, gdp_epsilon
 
     return CALIBRATION.format(
-        analytic=analytic_sigma(1.0, 1e-5), classic=classic_sigma(1.0, 1e-5),
+        analytic=analytic_sigma(1.0, 1e-5),
+        classic=classic_sigma(1.0, 1e-5),
         classic2=gdp_epsilon(1.0 / classic_sigma(2.0, 1e-5, warn=False), 1e-5),
     )
 
@@ -203,8 +214,15 @@ def sampling() -> str:
     from mechanisms.calibration import gdp_epsilon
 
     q = 0.01
-    mech = GaussianMechanism(epsilon=1.0, delta=1e-5, clip=1.0, level="client", max_records=20,
-                             trusted_aggregator=True, sampling_rate=q)
+    mech = GaussianMechanism(
+        epsilon=1.0,
+        delta=1e-5,
+        clip=1.0,
+        level="client",
+        max_records=20,
+        trusted_aggregator=True,
+        sampling_rate=q,
+    )
     rng = np.random.default_rng(0)
     F = np.abs(rng.normal(size=(60, 4)))
     y, k = np.arange(60) % 3, np.arange(60) % 6

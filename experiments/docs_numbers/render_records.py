@@ -22,13 +22,23 @@ def readings() -> str:
     local = fl["local noise (each client, no trust)"]
     acc = lambda rows, e: float(at(rows, e)["accuracy_mean"])  # noqa: E731
     v = dict(
-        seeds=int(central[0]["seeds"]), command=rec["command"],
-        c2=acc(central, 2.0), m2=acc(mask, 2.0), c4=acc(central, 4.0), np_=acc(central, float("inf")),
-        c1=acc(central, 1.0), c05=acc(central, 0.5), k1=acc(classic, 1.0),
-        k1eps=float(at(classic, 1.0)["epsilon_reported"]), l16=acc(local, 16.0),
-        cof16=acc(rd["fedcof"], 16.0), cof_np=acc(rd["fedcof"], float("inf")),
-        w16=acc(rd["fed3r-within"], 16.0), r16=acc(rd["fed3r"], 16.0),
-        lap01=acc(cn["laplace"], 0.1), cn_np=acc(cn["laplace"], float("inf")),
+        seeds=int(central[0]["seeds"]),
+        command=rec["command"],
+        c2=acc(central, 2.0),
+        m2=acc(mask, 2.0),
+        c4=acc(central, 4.0),
+        np_=acc(central, float("inf")),
+        c1=acc(central, 1.0),
+        c05=acc(central, 0.5),
+        k1=acc(classic, 1.0),
+        k1eps=float(at(classic, 1.0)["epsilon_reported"]),
+        l16=acc(local, 16.0),
+        cof16=acc(rd["fedcof"], 16.0),
+        cof_np=acc(rd["fedcof"], float("inf")),
+        w16=acc(rd["fed3r-within"], 16.0),
+        r16=acc(rd["fed3r"], 16.0),
+        lap01=acc(cn["laplace"], 0.1),
+        cn_np=acc(cn["laplace"], float("inf")),
         clip=digits_public_clip(),
     )
     v["clip2"] = v["clip"] ** 2
@@ -56,9 +66,18 @@ def noise_aware() -> str:
     cut = [100 * (1 - mean("cov_err_aware", e) / mean("cov_err_plain", e)) for e in eps]
     drop = [mean("cov_err_plain", e) / mean("cov_err_drop", e) for e in eps]
     v = dict(
-        command=rec["command"], clients=cfg["clients"], seeds=cfg["seeds"], thr=cfg["threshold"],
-        cut_lo=min(cut), cut_hi=max(cut), drop_lo=min(drop), drop_hi=max(drop),
-        p8=mean("acc_plain", 8.0), a8=mean("acc_aware", 8.0), d16=mean("acc_drop", 16.0), p16=mean("acc_plain", 16.0),
+        command=rec["command"],
+        clients=cfg["clients"],
+        seeds=cfg["seeds"],
+        thr=cfg["threshold"],
+        cut_lo=min(cut),
+        cut_hi=max(cut),
+        drop_lo=min(drop),
+        drop_hi=max(drop),
+        p8=mean("acc_plain", 8.0),
+        a8=mean("acc_aware", 8.0),
+        d16=mean("acc_drop", 16.0),
+        p16=mean("acc_plain", 16.0),
     )
     if not (v["a8"] < v["p8"] and v["d16"] > v["p16"] and max(cut) < 10):
         raise RuntimeError("the README's noise-aware reading no longer holds; rewrite the text")
@@ -128,9 +147,12 @@ def secagg_table() -> str:
         f"({full['x25519_only_cpu_s']:.2f} s): every client needs a mask key and a channel key with every other",
         "client. The work that grows with vector size alone (masking and unmasking)",
         f"is {full['ratio_without_fixed']:.1f}× the PRG cost."
-        + ("" if ckks is None else
-           f" CKKS costs {ckks['upload_bytes_per_client'] / plain['upload_bytes_per_client']:.0f}× the bytes of a "
-           "plain float32 upload."),
+        + (
+            ""
+            if ckks is None
+            else f" CKKS costs {ckks['upload_bytes_per_client'] / plain['upload_bytes_per_client']:.0f}× the bytes of a "
+            "plain float32 upload."
+        ),
         "",
     ]
     return "\n".join(lines)
@@ -194,8 +216,10 @@ def flower_audit() -> str:
     broken = [r for r in rows if r["path"].startswith("BROKEN")]
     real = [r for r in rows if not r["path"].startswith("BROKEN")]
     if not (all(r["flagged"] for r in broken) and not any(r["flagged"] for r in real)):
-        raise RuntimeError("the Flower audit record no longer says what the README says: every real path passes, "
-                           "every broken one is flagged")
+        raise RuntimeError(
+            "the Flower audit record no longer says what the README says: every real path passes, "
+            "every broken one is flagged"
+        )
     return "\n".join(out) + "\n"
 
 
@@ -218,8 +242,11 @@ def flower_cost() -> str:
         "| | " + " | ".join(f"{r['clients']:,} nodes" for r in sc["rows"]) + " |",
         "|---|" + "---|" * len(sc["rows"]),
         "| fedncm wall time, whole simulation (synthetic d = 64, 20 samples a node) | "
-        + " | ".join(f"{r['simulation_wall_s']:.1f} s" for r in sc["rows"]) + " |",
-        "| largest difference from a direct sum | " + " | ".join(f"{r['max_abs_diff_vs_direct_sum']:.1e}" for r in sc["rows"]) + " |",
+        + " | ".join(f"{r['simulation_wall_s']:.1f} s" for r in sc["rows"])
+        + " |",
+        "| largest difference from a direct sum | "
+        + " | ".join(f"{r['max_abs_diff_vs_direct_sum']:.1e}" for r in sc["rows"])
+        + " |",
         "",
         f"Start-up dominates: on {mr['clients']} digits nodes (every method plain, then masked, CKKS, compact, DP and",
         f"Flower SecAgg+ runs, {len(runs)} in one simulation) the first head came {mr['first_head_s']:.1f} s after launch;",
@@ -280,32 +307,56 @@ def scale_readings() -> str:
     dps = [r for r in res["local_dp"] if "error" not in r]
     ncm = [r for r in dps if r["method"] == "fedncm"]
     cof = [r for r in dps if r["method"] == "fedcof"]
-    missed = [f"{m} {q[m]['server_bound']:.2f}× at d = {res['d']:,}" for m in _FACTORING
-              if m in q and q[m]["server_bound"] > SERVER_TARGETS["main"]]
-    missed += [f"{m} {q256[m]['server_bound']:.2f}× at d = 256" for m in _FACTORING
-               if m in q256 and q256[m]["server_bound"] > SERVER_TARGETS["d256"]]
+    missed = [
+        f"{m} {q[m]['server_bound']:.2f}× at d = {res['d']:,}"
+        for m in _FACTORING
+        if m in q and q[m]["server_bound"] > SERVER_TARGETS["main"]
+    ]
+    missed += [
+        f"{m} {q256[m]['server_bound']:.2f}× at d = 256"
+        for m in _FACTORING
+        if m in q256 and q256[m]["server_bound"] > SERVER_TARGETS["d256"]
+    ]
     v = dict(
-        mem_lo=min(x["added_memory"] for x in q.values()), mem_hi=max(x["added_memory"] for x in q.values()),
-        input_mib=res["input_mib"], target=res["memory_target"],
-        rss_lo=min(r["peak_rss"] for r in rows.values()) / 2**30, rss_hi=max(r["peak_rss"] for r in rows.values()) / 2**30,
-        fit_lo=min(x["fit_bound"] for x in q.values()), fit_hi=max(x["fit_bound"] for x in q.values()),
-        d=res["d"], srv_main=_server_text(q), srv_256=_server_text(q256),
-        target_main=SERVER_TARGETS["main"], target_256=SERVER_TARGETS["d256"],
+        mem_lo=min(x["added_memory"] for x in q.values()),
+        mem_hi=max(x["added_memory"] for x in q.values()),
+        input_mib=res["input_mib"],
+        target=res["memory_target"],
+        rss_lo=min(r["peak_rss"] for r in rows.values()) / 2**30,
+        rss_hi=max(r["peak_rss"] for r in rows.values()) / 2**30,
+        fit_lo=min(x["fit_bound"] for x in q.values()),
+        fit_hi=max(x["fit_bound"] for x in q.values()),
+        d=res["d"],
+        srv_main=_server_text(q),
+        srv_256=_server_text(q256),
+        target_main=SERVER_TARGETS["main"],
+        target_256=SERVER_TARGETS["d256"],
         targets="every factoring server meets them" if not missed else "missed by " + ", ".join(missed),
-        ncm_pass=q["fedncm"]["server_bound"], log_pass=q["fedlog"]["server_bound"],
-        ncm_ms=1e3 * rows["fedncm"]["server_s"], log_ms=1e3 * rows["fedlog"]["server_s"],
+        ncm_pass=q["fedncm"]["server_bound"],
+        log_pass=q["fedlog"]["server_bound"],
+        ncm_ms=1e3 * rows["fedncm"]["server_s"],
+        log_ms=1e3 * rows["fedlog"]["server_s"],
         ncm_share=rows["fedncm"]["server_s"] / rows["fedncm"]["fit_s"],
         log_share=rows["fedlog"]["server_s"] / rows["fedlog"]["fit_s"],
-        cof_loop=q["fedcof"]["loop_fit"], mm_loop=q["fedcof-mm4"]["loop_fit"], cof_gemm=q["fedcof"]["class_gemm_loop_fit"],
-        orc_loop=q["fedcof-oracle"]["loop_fit"], sumonly=", ".join(sumonly) or "no method",
+        cof_loop=q["fedcof"]["loop_fit"],
+        mm_loop=q["fedcof-mm4"]["loop_fit"],
+        cof_gemm=q["fedcof"]["class_gemm_loop_fit"],
+        orc_loop=q["fedcof-oracle"]["loop_fit"],
+        sumonly=", ".join(sumonly) or "no method",
         lb_lo=min((q[m]["loop_bound"] for m in sumonly), default=0.0),
         lb_hi=max((q[m]["loop_bound"] for m in sumonly), default=0.0),
-        dp_lo=min(r["run_s"] / r["noise_s"] for r in ncm), dp_hi=max(r["run_s"] / r["noise_s"] for r in ncm),
+        dp_lo=min(r["run_s"] / r["noise_s"] for r in ncm),
+        dp_hi=max(r["run_s"] / r["noise_s"] for r in ncm),
         cdp_lo=min(r["run_s"] / (r["noise_s"] + r["xtx_s"]) for r in cof),
         cdp_hi=max(r["run_s"] / (r["noise_s"] + r["xtx_s"]) for r in cof),
-        m_lo=min(mexp), m_hi=max(mexp), k_lo=min(kexp), k_hi=max(kexp),
-        d_lo=min(c["exponent"] for c in dcur), d_hi=max(c["exponent"] for c in dcur),
-        d_first=dcur[0]["x"][0], d_last=dcur[0]["x"][-1],
+        m_lo=min(mexp),
+        m_hi=max(mexp),
+        k_lo=min(kexp),
+        k_hi=max(kexp),
+        d_lo=min(c["exponent"] for c in dcur),
+        d_hi=max(c["exponent"] for c in dcur),
+        d_first=dcur[0]["x"][0],
+        d_last=dcur[0]["x"][-1],
     )
     claims = {
         "every method within the memory target": v["mem_hi"] <= res["memory_target"],
@@ -314,8 +365,13 @@ def scale_readings() -> str:
         "flat in K": v["k_hi"] <= 0.3,
         "local DP memory flat in K": all(
             (max(g, key=lambda r: r["clients"])["peak_rss"] - max(g, key=lambda r: r["clients"])["rss_input"])
-            < 1.5 * (min(g, key=lambda r: r["clients"])["peak_rss"] - min(g, key=lambda r: r["clients"])["rss_input"])
-            for g in (ncm, cof)),
+            < 1.5
+            * (
+                min(g, key=lambda r: r["clients"])["peak_rss"]
+                - min(g, key=lambda r: r["clients"])["rss_input"]
+            )
+            for g in (ncm, cof)
+        ),
     }
     broken = [c for c, ok in claims.items() if not ok]
     if broken:

@@ -25,7 +25,9 @@ def _weights_kb() -> bool:
 def _dense_limit() -> bool:
     import privfed.stats
 
-    return "PRIVFED_DENSE_VIEW_LIMIT" in __import__("os").environ or privfed.stats.DENSE_VIEW_LIMIT == 2 * 2**30
+    return (
+        "PRIVFED_DENSE_VIEW_LIMIT" in __import__("os").environ or privfed.stats.DENSE_VIEW_LIMIT == 2 * 2**30
+    )
 
 
 def _npz_limit() -> bool:
@@ -53,7 +55,10 @@ def _paper_upload() -> bool:  # the FedCOF paper's App. H figures, reproduced by
 def _scale_cap() -> bool:
     from tests import test_scale
 
-    return test_scale.CAP == 160 * 2**20 and round(8 * test_scale.K * test_scale.C * test_scale.D / 1e9, 2) == 1.23
+    return (
+        test_scale.CAP == 160 * 2**20
+        and round(8 * test_scale.K * test_scale.C * test_scale.D / 1e9, 2) == 1.23
+    )
 
 
 def _claimed_mu() -> bool:  # the audits' claim at eps = 4, delta = 1e-5
@@ -64,8 +69,13 @@ def _claimed_mu() -> bool:  # the audits' claim at eps = 4, delta = 1e-5
 
 def _sampled_claim() -> bool:  # the audit sweep's claimed eps with Poisson sampling at q = 0.25
     res = committed("experiments", "audit_sweep_results.json")
-    claims = {f"{r['claimed_eps']:.3f}" for r in res["rows"] if "sampled" in r["configuration"]
-              and r.get("claimed_eps") is not None and r["verdict"] == "statistical"}
+    claims = {
+        f"{r['claimed_eps']:.3f}"
+        for r in res["rows"]
+        if "sampled" in r["configuration"]
+        and r.get("claimed_eps") is not None
+        and r["verdict"] == "statistical"
+    }
     return claims == {"3.997"} and res["sampling"] == 0.25
 
 
@@ -75,9 +85,13 @@ def _fedlog_small_features() -> bool:  # the reliability bullet: FedLog on digit
     from privfed.federation import partition
 
     ds = digits_dataset()
-    F, y, k = partition(ds.train_labels, 100, "dirichlet", alpha=0.1, rng=0).apply(ds.train_features, ds.train_labels)
+    F, y, k = partition(ds.train_labels, 100, "dirichlet", alpha=0.1, rng=0).apply(
+        ds.train_features, ds.train_labels
+    )
     small = privfed.fit("fedlog", F * 1e-3, y, k).score(ds.test_features * 1e-3, ds.test_labels)
-    auto = privfed.fit("fedlog", F * 1e-3, y, k, feature_scale="auto").score(ds.test_features * 1e-3, ds.test_labels)
+    auto = privfed.fit("fedlog", F * 1e-3, y, k, feature_scale="auto").score(
+        ds.test_features * 1e-3, ds.test_labels
+    )
     return f"{small:.3f}" == "0.100" and f"{auto:.3f}" == "0.955"
 
 
@@ -97,22 +111,45 @@ STATED: dict[str, object] = {
     "20 %": ("the held-out test fraction", _test_fraction),
     "20%": ("the held-out test fraction", _test_fraction),
     "120 s": ("the Flower command's base stage timeout", _flower_timeout, "by default 120 s plus 10 s per"),
-    "10 s": ("the Flower command's stage timeout per node", _flower_timeout, "by default 120 s plus 10 s per"),
+    "10 s": (
+        "the Flower command's stage timeout per node",
+        _flower_timeout,
+        "by default 120 s plus 10 s per",
+    ),
     "1.41": "pinned flwr (1.41.0)",
     "0.925": ("the claimed mu of the audits at eps = 4", _claimed_mu, "μ = 0.925"),
     "3.997": ("the audit sweep's claimed eps with client sampling", _sampled_claim, "claimed ε = 3.997"),
     "0.25": "the audit sweep's sampling rate (an input)",
     "0.100": ("FedLog on features x 1e-3", _fedlog_small_features, "accuracy 0.100, or 0.955"),
-    "0.955": ("FedLog on features x 1e-3 with feature_scale='auto'", _fedlog_small_features, "accuracy 0.100, or 0.955"),
-    "1%": "a false-positive rate (an input)", "2KB": "a formula (2 K B)", "8×": "the digits' image size",
+    "0.955": (
+        "FedLog on features x 1e-3 with feature_scale='auto'",
+        _fedlog_small_features,
+        "accuracy 0.100, or 0.955",
+    ),
+    "1%": "a false-positive rate (an input)",
+    "2KB": "a formula (2 K B)",
+    "8×": "the digits' image size",
     "40 dB": "the PSNR cap (an input of the metric)",
-    "3.11": "Python version", "3.10": "minimum Python (pyproject requires-python)",
-    "2.14.1": "pinned torch", "0.29.1": "pinned torchvision", "1.41.0": "pinned flwr", "25.0": "pinned packaging",
+    "3.11": "Python version",
+    "3.10": "minimum Python (pyproject requires-python)",
+    "2.14.1": "pinned torch",
+    "0.29.1": "pinned torchvision",
+    "1.41.0": "pinned flwr",
+    "25.0": "pinned packaging",
     "2.1": "minimum torch",
-    "0.05": "an input eps", "0.1": "an input eps / Dirichlet alpha", "0.2": "an input eps", "0.3": "Dirichlet alpha",
-    "0.5": "an input eps / alpha / chance level", "0.9": "an input eps", "1.0": "an input eps", "2.0": "an input eps",
-    "0.01": "the FedLog paper's delta", "2.5": "an invalid input in an example", "3.7": "an invalid input in an example",
-    "4.5": "a section number of the FedLog paper", "3.1": "a theorem number of the FedLog paper",
+    "0.05": "an input eps",
+    "0.1": "an input eps / Dirichlet alpha",
+    "0.2": "an input eps",
+    "0.3": "Dirichlet alpha",
+    "0.5": "an input eps / alpha / chance level",
+    "0.9": "an input eps",
+    "1.0": "an input eps",
+    "2.0": "an input eps",
+    "0.01": "the FedLog paper's delta",
+    "2.5": "an invalid input in an example",
+    "3.7": "an invalid input in an example",
+    "4.5": "a section number of the FedLog paper",
+    "3.1": "a theorem number of the FedLog paper",
     "152 KB": ("the shipped weights' size", _weights_kb),
     "2 GiB": ("privfed.stats.DENSE_VIEW_LIMIT", _dense_limit),
     "1 GiB": ("privfed.data.npzfile.DEFAULT_MAX_BYTES", _npz_limit),
@@ -122,7 +159,8 @@ STATED: dict[str, object] = {
     "61,064.1 MB": ("the FedCOF paper's figure, reproduced", _paper_upload),
     "160 MB": ("tests/test_scale.py's memory cap", _scale_cap),
     "1.23 GB": ("tests/test_scale.py's dense class sums", _scale_cap),
-    "64 ×": "digits' feature width (d × d)", "2 ×": "the memory target's factor",
+    "64 ×": "digits' feature width (d × d)",
+    "2 ×": "the memory target's factor",
 }
 
 
@@ -155,11 +193,17 @@ def outside_blocks(readme: str) -> list[tuple[int, str, str]]:
 def unexplained(readme: str, stated: dict[str, str] | None = None) -> list[str]:
     """Numbers outside the blocks that are neither generated nor stated inputs/constants."""
     stated = STATED if stated is None else stated
+
     def ok(tok: str, line: str) -> bool:
         v = stated.get(tok)
         if v is None:
             return False
-        return not (isinstance(v, tuple) and len(v) > 2 and v[2] not in line)  # a constant only where it is stated
+        return not (
+            isinstance(v, tuple) and len(v) > 2 and v[2] not in line
+        )  # a constant only where it is stated
 
-    return [f"line {i}: {tok!r} in {line.strip()[:100]!r}" for i, tok, line in outside_blocks(readme)
-            if not ok(tok, line)]
+    return [
+        f"line {i}: {tok!r} in {line.strip()[:100]!r}"
+        for i, tok, line in outside_blocks(readme)
+        if not ok(tok, line)
+    ]

@@ -209,11 +209,22 @@ def noise_scale_test(samples: Sequence[np.ndarray], claimed_std: float, *, alpha
         ss += float(((a - a.mean(axis=0)) ** 2).sum())
         dof += (a.shape[0] - 1) * a.shape[1]
     if dof == 0:
-        return {"dof": 0, "std": math.nan, "sigma_ub": math.inf, "claimed": float(claimed_std), "below": False}
+        return {
+            "dof": 0,
+            "std": math.nan,
+            "sigma_ub": math.inf,
+            "claimed": float(claimed_std),
+            "below": False,
+        }
     s2 = ss / dof
     sigma_ub = math.sqrt(ss / _chi2.ppf(alpha, dof)) if ss > 0 else 0.0
-    return {"dof": dof, "std": math.sqrt(s2), "sigma_ub": sigma_ub, "claimed": float(claimed_std),
-            "below": bool(sigma_ub < claimed_std)}
+    return {
+        "dof": dof,
+        "std": math.sqrt(s2),
+        "sigma_ub": sigma_ub,
+        "claimed": float(claimed_std),
+        "below": bool(sigma_ub < claimed_std),
+    }
 
 
 def audit(
@@ -265,8 +276,14 @@ def audit(
             raise ConfigError(f"release returned {out.shape[1]} values per draw, reference has {ref.size}")
         scores.append((out - ref) @ u / scale)
     return audit_scores(
-        scores[0], scores[1], delta=delta, thresholds=thresholds, alpha=alpha, comparisons=comparisons,
-        claimed_mu=claimed_mu, claimed_eps=claimed_eps,
+        scores[0],
+        scores[1],
+        delta=delta,
+        thresholds=thresholds,
+        alpha=alpha,
+        comparisons=comparisons,
+        claimed_mu=claimed_mu,
+        claimed_eps=claimed_eps,
     )
 
 
@@ -335,8 +352,14 @@ def audit_gaussian_blocks(
     claims = {b: (math.inf if sigma[b] == 0 else sens[b] / sigma[b]) for b in blocks}
     if draws is None:
         finite = [c for c in claims.values() if math.isfinite(c) and c > 0]
-        draws = 2000 if not finite else min(int(max_draws), draws_for_power(
-            min(finite), ratio=ratio, power=power, alpha=alpha, comparisons=len(blocks)))
+        draws = (
+            2000
+            if not finite
+            else min(
+                int(max_draws),
+                draws_for_power(min(finite), ratio=ratio, power=power, alpha=alpha, comparisons=len(blocks)),
+            )
+        )
     from privfed.stats import compute_client_stats
 
     fields = ("counts", "sums", "second") if "second" in mech.blocks else ("counts", "sums")

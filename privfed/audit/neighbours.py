@@ -85,17 +85,26 @@ def neighbour_battery(
         canary_client = Neighbours(
             f"client of {m} canaries (zero-out)",
             ds(F[keep], y[keep], k[keep]),
-            ds(np.vstack([F[keep], cans]), np.append(y[keep], np.zeros(m, int)), np.append(k[keep], np.full(m, K - 1))),
+            ds(
+                np.vstack([F[keep], cans]),
+                np.append(y[keep], np.zeros(m, int)),
+                np.append(k[keep], np.full(m, K - 1)),
+            ),
         )
         out = [whole, canary_client]
         if oversized:
             big = np.tile(e(0), (3 * m, 1))
-            out.append(Neighbours(
-                f"client of {3 * m} canaries, over max_records (zero-out)",
-                ds(F[keep], y[keep], k[keep]),
-                ds(np.vstack([F[keep], big]), np.append(y[keep], np.zeros(3 * m, int)),
-                   np.append(k[keep], np.full(3 * m, K - 1))),
-            ))
+            out.append(
+                Neighbours(
+                    f"client of {3 * m} canaries, over max_records (zero-out)",
+                    ds(F[keep], y[keep], k[keep]),
+                    ds(
+                        np.vstack([F[keep], big]),
+                        np.append(y[keep], np.zeros(3 * m, int)),
+                        np.append(k[keep], np.full(3 * m, K - 1)),
+                    ),
+                )
+            )
         return out
     pairs = [
         Neighbours("canary class 0 along e1", base, add(e(0), 0, 1)),
@@ -106,18 +115,22 @@ def neighbour_battery(
     ]
     # A client's only record: client K-2 holds one record in D1 and none in D0.
     solo = k != K - 2
-    pairs.append(Neighbours(
-        "a client's only record",
-        ds(F[solo], y[solo], k[solo]),
-        ds(np.vstack([F[solo], e(2)]), np.append(y[solo], 0), np.append(k[solo], K - 2)),
-    ))
+    pairs.append(
+        Neighbours(
+            "a client's only record",
+            ds(F[solo], y[solo], k[solo]),
+            ds(np.vstack([F[solo], e(2)]), np.append(y[solo], 0), np.append(k[solo], K - 2)),
+        )
+    )
     # A class's only record: class C-1 absent in D0.
     nolast = y != C - 1
-    pairs.append(Neighbours(
-        "a class's only record",
-        ds(F[nolast], y[nolast], k[nolast]),
-        ds(np.vstack([F[nolast], e(0)]), np.append(y[nolast], C - 1), np.append(k[nolast], 1)),
-    ))
+    pairs.append(
+        Neighbours(
+            "a class's only record",
+            ds(F[nolast], y[nolast], k[nolast]),
+            ds(np.vstack([F[nolast], e(0)]), np.append(y[nolast], C - 1), np.append(k[nolast], 1)),
+        )
+    )
     # A record that changes chunking: client 1's class 0 goes from 3 to 4 records (min(M, n // 2) chunks).
     sel = np.flatnonzero((k == 1) & (y == 0))
     keep = np.ones(y.size, bool)
@@ -128,8 +141,14 @@ def neighbour_battery(
     return pairs
 
 
-def edge_battery(*, dim: int = 4, num_classes: int = 3, num_clients: int = 2, huge: float = 1e155,
-                 public_sizes: bool = True) -> list[Neighbours]:
+def edge_battery(
+    *,
+    dim: int = 4,
+    num_classes: int = 3,
+    num_clients: int = 2,
+    huge: float = 1e155,
+    public_sizes: bool = True,
+) -> list[Neighbours]:
     """Rare neighbour pairs where a release could differ deterministically between neighbours.
 
     * an empty dataset against one record;
@@ -156,15 +175,36 @@ def edge_battery(*, dim: int = 4, num_classes: int = 3, num_clients: int = 2, hu
     big[0] = huge
     low = y < C - 1  # labels 0..C-2 only: a data-derived C is C - 1 without the record of class C - 1
     return [
-        Neighbours("empty dataset against one record",
-                   {"features": np.zeros((0, d)), "labels": np.zeros(0, int), "clients": np.zeros(0, int),
-                    "num_classes": C, "num_clients": K},
-                   {"features": one, "labels": np.zeros(1, int), "clients": np.zeros(1, int),
-                    "num_classes": C, "num_clients": K}),
-        Neighbours("a label beyond the others with a data-derived num_classes",
-                   {"features": F[low], "labels": y[low], "clients": k[low], "num_clients": K},
-                   {"features": np.vstack([F[low], one]), "labels": np.append(y[low], C - 1),
-                    "clients": np.append(k[low], 0), "num_clients": K}),
-        Neighbours(f"a record of norm {huge:g} (its squared norm overflows)",
-                   ds(F, y, k), ds(np.vstack([F, big]), np.append(y, 0), np.append(k, 0))),
+        Neighbours(
+            "empty dataset against one record",
+            {
+                "features": np.zeros((0, d)),
+                "labels": np.zeros(0, int),
+                "clients": np.zeros(0, int),
+                "num_classes": C,
+                "num_clients": K,
+            },
+            {
+                "features": one,
+                "labels": np.zeros(1, int),
+                "clients": np.zeros(1, int),
+                "num_classes": C,
+                "num_clients": K,
+            },
+        ),
+        Neighbours(
+            "a label beyond the others with a data-derived num_classes",
+            {"features": F[low], "labels": y[low], "clients": k[low], "num_clients": K},
+            {
+                "features": np.vstack([F[low], one]),
+                "labels": np.append(y[low], C - 1),
+                "clients": np.append(k[low], 0),
+                "num_clients": K,
+            },
+        ),
+        Neighbours(
+            f"a record of norm {huge:g} (its squared norm overflows)",
+            ds(F, y, k),
+            ds(np.vstack([F, big]), np.append(y, 0), np.append(k, 0)),
+        ),
     ]

@@ -49,8 +49,14 @@ def server_view(head) -> dict:
     rep = head.privacy
     seen = head.trace.release_view()
     C, d = np.shape(head.weight)
-    by_shape = {(C,): "counts", (1, C): "counts", (C, d): "sums", (1, C, d): "sums", (d, d): "second",
-                (1, d, d): "second"}
+    by_shape = {
+        (C,): "counts",
+        (1, C): "counts",
+        (C, d): "sums",
+        (1, C, d): "sums",
+        (d, d): "second",
+        (1, d, d): "second",
+    }
     if C == d:  # sums and second moment have the same shape: which is which is not stated
         by_shape = {s: b for s, b in by_shape.items() if b == "counts"}
     if seen.kind == "secure-sums":
@@ -72,8 +78,12 @@ def server_view(head) -> dict:
     return {"arrays": arrays, "meta": meta, "report": rep, "noise": noise}
 
 
-def fit_release(method: str, make_privacy: Callable[[], object], make_secure_agg: Callable[[], object] | None = None,
-                **params) -> Callable[[dict, int], dict]:
+def fit_release(
+    method: str,
+    make_privacy: Callable[[], object],
+    make_secure_agg: Callable[[], object] | None = None,
+    **params,
+) -> Callable[[dict, int], dict]:
     """A release through :func:`privfed.fit`, as a user runs it, for :func:`audit_release`.
 
     ``make_privacy`` / ``make_secure_agg`` build fresh objects per draw; the
@@ -86,14 +96,17 @@ def fit_release(method: str, make_privacy: Callable[[], object], make_secure_agg
     def run(data: dict, seed: int) -> dict:
         secure = None if make_secure_agg is None else make_secure_agg()
         with keeping_uploads():
-            head = privfed.fit(method, random_state=seed, privacy=make_privacy(), secure_agg=secure, **data, **params)
+            head = privfed.fit(
+                method, random_state=seed, privacy=make_privacy(), secure_agg=secure, **data, **params
+            )
         return server_view(head)
 
     return run
 
 
-def tradeoff_release(cfg, method: str, epsilon: float, clip: float | None, secure: str = "none",
-                     **params) -> Callable[[dict, int], dict]:
+def tradeoff_release(
+    cfg, method: str, epsilon: float, clip: float | None, secure: str = "none", **params
+) -> Callable[[dict, int], dict]:
     """The trade-off sweep's path (``tradeoff_privacy.make_privacy`` + the pipeline's two stages)."""
     from privfed import methods as _methods
     from privfed.pipeline import client_statistics, server_head
@@ -108,18 +121,38 @@ def tradeoff_release(cfg, method: str, epsilon: float, clip: float | None, secur
             declare(seeded=True)
         K, C = int(data["num_clients"]), int(data["num_classes"])
         rng = np.random.default_rng(seed)  # None: OS entropy (the sweep still declares a seeded simulation)
-        stats = client_statistics(m, np.asarray(data["features"], float), np.asarray(data["labels"]),
-                                  np.asarray(data["clients"]), num_classes=C, num_clients=K, rng=rng,
-                                  privacy=privacy, secure_agg=sa)
-        head = server_head(m, stats, num_clients=K, rng=rng, privacy=privacy, secure_agg=sa, keep_uploads=True)
+        stats = client_statistics(
+            m,
+            np.asarray(data["features"], float),
+            np.asarray(data["labels"]),
+            np.asarray(data["clients"]),
+            num_classes=C,
+            num_clients=K,
+            rng=rng,
+            privacy=privacy,
+            secure_agg=sa,
+        )
+        head = server_head(
+            m, stats, num_clients=K, rng=rng, privacy=privacy, secure_agg=sa, keep_uploads=True
+        )
         return server_view(head)
 
     return run
 
 
-def rounds_release(*, epsilon: float, clip: float, rounds: int = 3, delta: float = 1e-5, level: str = "record",
-                   placement: str = "central", secure: str = "none", clip_norm: str = "l2",
-                   max_records: int | None = None, tolerate: int = 0) -> Callable[[dict, int | None], dict]:
+def rounds_release(
+    *,
+    epsilon: float,
+    clip: float,
+    rounds: int = 3,
+    delta: float = 1e-5,
+    level: str = "record",
+    placement: str = "central",
+    secure: str = "none",
+    clip_norm: str = "l2",
+    max_records: int | None = None,
+    tolerate: int = 0,
+) -> Callable[[dict, int | None], dict]:
     """The multi-round FedLog release path on frozen features: R rounds of one statistic, one ledger.
 
     Each client's upload is the augmented statistic [n_c, s_c] (C, d + 1) of its clipped features,
@@ -136,9 +169,20 @@ def rounds_release(*, epsilon: float, clip: float, rounds: int = 3, delta: float
         k = np.asarray(data["clients"], dtype=np.int64)
         K, C = int(data["num_clients"]), int(data["num_classes"])
         d = F.shape[1]
-        dp = RoundsDP(epsilon=epsilon, delta=delta, clip=clip, clip_norm=clip_norm, rounds=rounds, level=level,
-                      placement=placement, record_bound="theorem" if level == "record" else "auto",
-                      max_records=max_records, dim=d, bodies_trained=False, tolerate=tolerate)
+        dp = RoundsDP(
+            epsilon=epsilon,
+            delta=delta,
+            clip=clip,
+            clip_norm=clip_norm,
+            rounds=rounds,
+            level=level,
+            placement=placement,
+            record_bound="theorem" if level == "record" else "auto",
+            max_records=max_records,
+            dim=d,
+            bodies_trained=False,
+            tolerate=tolerate,
+        )
         dp.declare_randomness(seeded=seed is not None, noise_seed=seed)
         Fc = dp.clipping(F) if F.size else F
         A = np.zeros((K, C, d + 1))

@@ -105,10 +105,16 @@ def run_once(run: Callable[[dict, int | None], dict], data: dict, seed: int | No
         except PrivfedError as exc:
             out = {"arrays": [], "meta": (), "report": None, "error": f"{type(exc).__name__}: {exc}"}
         except Exception as exc:  # noqa: BLE001 - a bare exception is an output, and a failure
-            out = {"arrays": [], "meta": (), "report": None, "error": f"BARE {type(exc).__name__}: {exc}",
-                   "bare": True}
-    out["warnings"] = tuple(sorted({str(w.message) for w in caught
-                                    if "noise backend 'numpy'" not in str(w.message)}))
+            out = {
+                "arrays": [],
+                "meta": (),
+                "report": None,
+                "error": f"BARE {type(exc).__name__}: {exc}",
+                "bare": True,
+            }
+    out["warnings"] = tuple(
+        sorted({str(w.message) for w in caught if "noise backend 'numpy'" not in str(w.message)})
+    )
     return out
 
 
@@ -128,7 +134,11 @@ def output_atoms(out: dict) -> set:
     rep = out.get("report")
     if rep is not None:
         atoms |= _text_atoms("guarantee", rep.guarantee)
-        atoms |= {("epsilon", rep.epsilon), ("delta", rep.delta), ("placement", getattr(rep, "placement", None))}
+        atoms |= {
+            ("epsilon", rep.epsilon),
+            ("delta", rep.delta),
+            ("placement", getattr(rep, "placement", None)),
+        }
         for n in rep.notes:
             atoms |= _text_atoms("report note", n)
     for w in out["warnings"]:
@@ -137,8 +147,11 @@ def output_atoms(out: dict) -> set:
 
 
 def _flat(out: dict) -> np.ndarray:
-    return np.concatenate([np.asarray(a, dtype=np.float64).ravel() for a in out["arrays"]]) if out["arrays"] \
+    return (
+        np.concatenate([np.asarray(a, dtype=np.float64).ravel() for a in out["arrays"]])
+        if out["arrays"]
         else np.zeros(0)
+    )
 
 
 def deterministic_differences(atoms: list[list[set]]) -> list[str]:
@@ -146,8 +159,11 @@ def deterministic_differences(atoms: list[list[set]]) -> list[str]:
     n0, n1 = len(atoms[0]), len(atoms[1])
     seen = set().union(*atoms[0], *atoms[1])
     count = [{a: sum(a in d for d in atoms[side]) for a in seen} for side in (0, 1)]
-    return sorted(str(a) for a in seen
-                  if (count[0][a] == n0 and count[1][a] == 0) or (count[0][a] == 0 and count[1][a] == n1))
+    return sorted(
+        str(a)
+        for a in seen
+        if (count[0][a] == n0 and count[1][a] == 0) or (count[0][a] == 0 and count[1][a] == n1)
+    )
 
 
 def _random_atoms(atoms: list[list[set]]) -> list:
@@ -167,11 +183,11 @@ def _features(outs: list[dict], length: int, random_atoms: list) -> np.ndarray:
     rows = np.zeros((len(outs), length + 1 + len(random_atoms)))
     for i, o in enumerate(outs):
         v = _flat(o)[:length]
-        rows[i, :v.size] = v
+        rows[i, : v.size] = v
         rows[i, length] = _flat(o).size
         if random_atoms:
             have = output_atoms(o)
-            rows[i, length + 1:] = [a in have for a in random_atoms]
+            rows[i, length + 1 :] = [a in have for a in random_atoms]
     return rows
 
 
@@ -196,13 +212,17 @@ def _scale_failures(meta: list[list[dict]], alpha: float) -> list[str]:
         claimed = min(scales)
         samples = []
         for side in meta:
-            rows = [_noise_values(o["arrays"][i]) for o in side if o["error"] is None and i < len(o["arrays"])]
+            rows = [
+                _noise_values(o["arrays"][i]) for o in side if o["error"] is None and i < len(o["arrays"])
+            ]
             if len(rows) >= 2 and len({r.size for r in rows}) == 1:
                 samples.append(np.stack(rows))
         test = noise_scale_test(samples, claimed, alpha=alpha / max(len(stated), 1))
         if test["below"]:
-            out.append(f"array {i}: noise std {test['std']:.4g} (upper bound {test['sigma_ub']:.4g}, "
-                       f"{test['dof']} dof) below the stated {claimed:.4g}")
+            out.append(
+                f"array {i}: noise std {test['std']:.4g} (upper bound {test['sigma_ub']:.4g}, "
+                f"{test['dof']} dof) below the stated {claimed:.4g}"
+            )
     return out
 
 
@@ -219,8 +239,10 @@ def _freshness(run, data: dict, seeded_out: dict, seed: int) -> str | None:
     again = run_once(run, data, seed)
     if again["error"] is None and np.array_equal(_flat(again), _flat(seeded_out)):
         if not getattr(rep, "simulation", False):
-            return ("a run replayed from its seed released identical values but its report does not say it is "
-                    "a simulation")
+            return (
+                "a run replayed from its seed released identical values but its report does not say it is "
+                "a simulation"
+            )
     return None
 
 
@@ -291,8 +313,10 @@ def audit_release(
     results = []
     for p_i, pair in enumerate(pairs):
         base = seed * 1_000_003 + p_i * 100_003
-        meta = [[run_once(run, pair.d0 if side == 0 else pair.d1, base + i) for i in range(meta_draws)]
-                for side in (0, 1)]
+        meta = [
+            [run_once(run, pair.d0 if side == 0 else pair.d1, base + i) for i in range(meta_draws)]
+            for side in (0, 1)
+        ]
         bare = sorted({o["error"] for side in meta for o in side if o.get("bare")})
         if bare:
             results.append(ReleaseAudit(pair.name, "bare exception", "; ".join(bare)[:800]))
@@ -301,9 +325,13 @@ def audit_release(
         only = deterministic_differences(atoms)
         errs = [{o["error"] for o in meta[side]} for side in (0, 1)]
         if only:
-            results.append(ReleaseAudit(pair.name, "deterministic difference",
-                                        f"constant over {meta_draws} draws of each side and different: "
-                                        f"{'; '.join(only)}"[:800]))
+            results.append(
+                ReleaseAudit(
+                    pair.name,
+                    "deterministic difference",
+                    f"constant over {meta_draws} draws of each side and different: {'; '.join(only)}"[:800],
+                )
+            )
             continue
         if None not in errs[0] and errs[0] == errs[1]:
             results.append(ReleaseAudit(pair.name, "refused", min(e for e in errs[0] if e)[:300]))
@@ -319,8 +347,14 @@ def audit_release(
             results.append(ReleaseAudit(pair.name, "noise not fresh", stale))
             continue
         if draws == 0:
-            results.append(ReleaseAudit(pair.name, "metadata only", "no deterministic difference in "
-                                        f"{meta_draws} draws per side; no statistical test asked for"))
+            results.append(
+                ReleaseAudit(
+                    pair.name,
+                    "metadata only",
+                    "no deterministic difference in "
+                    f"{meta_draws} draws per side; no statistical test asked for",
+                )
+            )
             continue
         if not _private(rep):
             results.append(ReleaseAudit(pair.name, "no claim", "" if rep is None else rep.guarantee[:300]))
@@ -339,14 +373,28 @@ def audit_release(
         exact = (v0 == 0) & (v1 == 0) & (m0 != m1)
         if exact.any():
             j = int(np.flatnonzero(exact)[0])
-            what = f"released value {j}" if j < length else ("the number of released values" if j == length
-                                                             else f"metadata {random_atoms[j - length - 1]}")
-            results.append(ReleaseAudit(
-                pair.name, "deterministic difference",
-                f"{int(exact.sum())} output(s) constant over {heldout} draws of each side and different "
-                f"(first: {what}, {m0[j]:.6g} vs {m1[j]:.6g})",
-                claimed_eps=claimed_eps, claimed_mu=claimed_mu, eps_lb=math.inf, mu_lb=math.inf, draws=heldout,
-            ))
+            what = (
+                f"released value {j}"
+                if j < length
+                else (
+                    "the number of released values"
+                    if j == length
+                    else f"metadata {random_atoms[j - length - 1]}"
+                )
+            )
+            results.append(
+                ReleaseAudit(
+                    pair.name,
+                    "deterministic difference",
+                    f"{int(exact.sum())} output(s) constant over {heldout} draws of each side and different "
+                    f"(first: {what}, {m0[j]:.6g} vs {m1[j]:.6g})",
+                    claimed_eps=claimed_eps,
+                    claimed_mu=claimed_mu,
+                    eps_lb=math.inf,
+                    mu_lb=math.inf,
+                    draws=heldout,
+                )
+            )
             continue
         var = np.maximum((v0 + v1) / 2, 1e-300)
         diff = m1 - m0
@@ -365,12 +413,30 @@ def audit_release(
             crit = np.maximum(np.log((1 - fpr) / fnr), np.log((1 - fnr) / fpr))
         thr = float(cands[int(np.argmax(crit))])
         T0, T1 = sample(0, draws, 50_000), sample(1, draws, 50_000)
-        res = audit_scores((T0 - m0) @ w, (T1 - m0) @ w, delta=float(rep.delta), thresholds=[thr],
-                           alpha=alpha, claimed_mu=claimed_mu if math.isfinite(claimed_mu) else None,
-                           claimed_eps=None if math.isfinite(claimed_mu) else claimed_eps)
-        results.append(ReleaseAudit(
-            pair.name, "statistical", f"threshold {thr:.4g} chosen on {heldout} held-out draws per side"
-            + (f"; {len(random_atoms)} random metadata atom(s) tested with the values" if random_atoms else ""),
-            claimed_eps=claimed_eps, claimed_mu=claimed_mu, eps_lb=res.eps_lb, mu_lb=res.mu_lb, draws=draws,
-        ))
+        res = audit_scores(
+            (T0 - m0) @ w,
+            (T1 - m0) @ w,
+            delta=float(rep.delta),
+            thresholds=[thr],
+            alpha=alpha,
+            claimed_mu=claimed_mu if math.isfinite(claimed_mu) else None,
+            claimed_eps=None if math.isfinite(claimed_mu) else claimed_eps,
+        )
+        results.append(
+            ReleaseAudit(
+                pair.name,
+                "statistical",
+                f"threshold {thr:.4g} chosen on {heldout} held-out draws per side"
+                + (
+                    f"; {len(random_atoms)} random metadata atom(s) tested with the values"
+                    if random_atoms
+                    else ""
+                ),
+                claimed_eps=claimed_eps,
+                claimed_mu=claimed_mu,
+                eps_lb=res.eps_lb,
+                mu_lb=res.mu_lb,
+                draws=draws,
+            )
+        )
     return results

@@ -172,14 +172,10 @@ def _envelope(payload: bytes, fmt: str, description: Mapping[str, Any]) -> bytes
 
 
 def _notice(path: pathlib.Path, why: str) -> None:
-    warnings.warn(
-        f"privfed cache: {path.name} {why}; rebuilding it", CacheIntegrityWarning, stacklevel=4
-    )
+    warnings.warn(f"privfed cache: {path.name} {why}; rebuilding it", CacheIntegrityWarning, stacklevel=4)
 
 
-def _open_envelope(
-    path: pathlib.Path, fmt: str, description: Mapping[str, Any] | None
-) -> bytes | None:
+def _open_envelope(path: pathlib.Path, fmt: str, description: Mapping[str, Any] | None) -> bytes | None:
     """The verified payload of a cache file; ``None`` (with a notice unless absent) otherwise."""
     try:
         data = path.read_bytes()
@@ -264,7 +260,9 @@ def load_arrays(
         return None
 
 
-def save_torch(path: pathlib.Path, state: Mapping[str, Any], description: Mapping[str, Any] | None = None) -> bool:
+def save_torch(
+    path: pathlib.Path, state: Mapping[str, Any], description: Mapping[str, Any] | None = None
+) -> bool:
     """Store a ``state_dict``-like mapping (:func:`torch.save` payload) with its SHA-256, atomically."""
     import torch
 

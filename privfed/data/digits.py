@@ -496,7 +496,10 @@ def extract_features_numpy(weights, images, batch_size: int = 512) -> np.ndarray
         raise InputError("images contain NaN/inf values")
     if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
         raise ConfigError(f"batch_size must be a positive int, got {batch_size!r}")
-    out = [digits_numpy.forward(weights, arr[i : i + int(batch_size)]) for i in range(0, arr.shape[0], int(batch_size))]
+    out = [
+        digits_numpy.forward(weights, arr[i : i + int(batch_size)])
+        for i in range(0, arr.shape[0], int(batch_size))
+    ]
     return np.concatenate(out, axis=0) if out else np.zeros((0, FEATURE_DIM))
 
 

@@ -81,7 +81,9 @@ def _declared_sizes(path: pathlib.Path, where: str, limit: int) -> None:
     try:
         zf = zipfile.ZipFile(path)
     except (OSError, EOFError, zipfile.BadZipFile, ValueError) as exc:
-        raise InputError(f"{where} cannot be read as a .npz archive ({exc}); save it with numpy.savez") from None
+        raise InputError(
+            f"{where} cannot be read as a .npz archive ({exc}); save it with numpy.savez"
+        ) from None
     with zf:
         infos = zf.infolist()
         for info in infos:
@@ -93,8 +95,16 @@ def _declared_sizes(path: pathlib.Path, where: str, limit: int) -> None:
                         shape, _, dtype = np.lib.format.read_array_header_1_0(fh)
                     else:
                         shape, _, dtype = np.lib.format.read_array_header_2_0(fh)
-            except (ValueError, OSError, EOFError, zipfile.BadZipFile, KeyError, SyntaxError,
-                    NotImplementedError, RuntimeError) as exc:
+            except (
+                ValueError,
+                OSError,
+                EOFError,
+                zipfile.BadZipFile,
+                KeyError,
+                SyntaxError,
+                NotImplementedError,
+                RuntimeError,
+            ) as exc:
                 raise InputError(
                     f"{where}: member {info.filename!r} is not a readable .npy array ({exc}); the file is damaged "
                     "or was not written by numpy.savez"
@@ -295,7 +305,9 @@ def load_feature_file(
     if has_tf != has_tl:
         present, absent = ("test_features", "test_labels") if has_tf else ("test_labels", "test_features")
         raise InputError(f"{where} has {present!r} but no {absent!r}; give both or neither")
-    n_all = F.shape[0] + (int(np.shape(arrays["test_labels"])[0]) if has_tl and np.ndim(arrays["test_labels"]) else 0)
+    n_all = F.shape[0] + (
+        int(np.shape(arrays["test_labels"])[0]) if has_tl and np.ndim(arrays["test_labels"]) else 0
+    )
     if int(y.max()) >= n_all:  # classes without any sample: refused before anything is sized by them
         raise InputError(
             f"{where}: labels go up to {int(y.max())} but the file has only {n_all} samples, so most "
@@ -387,8 +399,13 @@ def save_feature_file(
     path = pathlib.Path(os.fspath(path)).expanduser()
     if path.suffix != ".npz":
         path = path.with_name(path.name + ".npz")
-    for name, value in (("features", features), ("labels", labels), ("clients", clients),
-                        ("test_features", test_features), ("test_labels", test_labels)):
+    for name, value in (
+        ("features", features),
+        ("labels", labels),
+        ("clients", clients),
+        ("test_features", test_features),
+        ("test_labels", test_labels),
+    ):
         refuse_masked(value, name)
     arrays = {"features": np.asarray(features), "labels": np.asarray(labels)}
     if clients is not None:

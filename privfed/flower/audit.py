@@ -90,8 +90,11 @@ def flower_release(
     from privfed.flower.server_app import serve
 
     files = _NodeFiles()
-    client_app = app if app is not None else make_client_app(
-        None if faults is None else {int(c): s for c, s in faults.items()})
+    client_app = (
+        app
+        if app is not None
+        else make_client_app(None if faults is None else {int(c): s for c, s in faults.items()})
+    )
 
     def run(data: dict, seed: int) -> dict:
         nodes = files.nodes(data)
@@ -99,10 +102,20 @@ def flower_release(
             for c, node_cfg in enumerate(nodes.values()):
                 node_cfg["partition-id"] = c  # how make_client_app(faults) finds the node
         cfg = FlowerConfig(
-            method=method, method_params=dict(method_params or {}), clients=len(nodes), epsilon=epsilon,
-            delta=delta, clip=clip, level=level, max_records=max_records,
-            trusted_aggregator=trusted_aggregator, secure=secure, dropout_tolerance=dropout_tolerance,
-            wire=wire, num_classes=int(data["num_classes"]), noise_seed=None if seed is None else int(seed),
+            method=method,
+            method_params=dict(method_params or {}),
+            clients=len(nodes),
+            epsilon=epsilon,
+            delta=delta,
+            clip=clip,
+            level=level,
+            max_records=max_records,
+            trusted_aggregator=trusted_aggregator,
+            secure=secure,
+            dropout_tolerance=dropout_tolerance,
+            wire=wire,
+            num_classes=int(data["num_classes"]),
+            noise_seed=None if seed is None else int(seed),
             timeout=30.0,
             connect_timeout=5.0,
         )
@@ -119,16 +132,23 @@ def _server_view(res, cfg: FlowerConfig) -> dict:
     if cfg.secure != "none" or (rep is not None and rep.placement == "central"):
         arrays = [np.asarray(a, dtype=np.float64) for a in res.sums]
         # central: the noisy aggregate's blocks in statistic order; secure sums: which is which is not stated
-        names = ([f for f in ("counts", "sums", "second", "class_second") if f in sigma]
-                 if cfg.secure == "none" else [None] * len(arrays))
+        names = (
+            [f for f in ("counts", "sums", "second", "class_second") if f in sigma]
+            if cfg.secure == "none"
+            else [None] * len(arrays)
+        )
     else:
         arrays = [np.asarray(a, dtype=np.float64) for up in uploads for a in up.values()]
         names = [k for up in uploads for k in up]  # every node adds the full sigma to its own upload
     noise = tuple((i, float(sigma[b])) for i, b in enumerate(names) if b in sigma and i < len(arrays))
     wire = res.report["wire"]
     shapes = tuple(tuple((k, tuple(np.shape(a))) for k, a in sorted(up.items())) for up in uploads)
-    stages = tuple(sorted((name, st["answered"], st["bytes_up_total"], st["bytes_down_total"])
-                          for name, st in wire["stages"].items()))
+    stages = tuple(
+        sorted(
+            (name, st["answered"], st["bytes_up_total"], st["bytes_down_total"])
+            for name, st in wire["stages"].items()
+        )
+    )
     model = tuple(sorted((str(k), str(v)) for k, v in (head.upload_bytes or {}).items()))
     secure = head.secure_aggregation or {}
     meta = (

@@ -20,8 +20,18 @@ QUANTIZATION_RANGE = 2**22
 MODULUS_RANGE = 2**32
 
 #: rounds-params keys a Flower multi-round FedLog run may set.
-_ALLOWED = ("local_epochs", "batch_size", "lr", "families", "init", "partition", "classes_per_client", "alpha",
-            "seed", "head_init_scale")
+_ALLOWED = (
+    "local_epochs",
+    "batch_size",
+    "lr",
+    "families",
+    "init",
+    "partition",
+    "classes_per_client",
+    "alpha",
+    "seed",
+    "head_init_scale",
+)
 
 
 def rounds_config(cfg):
@@ -39,27 +49,41 @@ def rounds_config(cfg):
         raise ConfigError(f"multi-round FedLog takes method-params 'nu' only, got {extra}")
     if "families" in params:
         params["families"] = tuple(params["families"])
-    return RoundsConfig(clients=cfg.clients, rounds=cfg.rounds, nu=float(cfg.method_params.get("nu", 1.0)),
-                        baselines=(), **params).validate()
+    return RoundsConfig(
+        clients=cfg.clients,
+        rounds=cfg.rounds,
+        nu=float(cfg.method_params.get("nu", 1.0)),
+        baselines=(),
+        **params,
+    ).validate()
 
 
 def check_limits(cfg) -> None:
     """Refuse configurations Flower's SecAgg+ cannot carry (ConfigError naming the limit)."""
     if cfg.make_method().per_client:
-        raise ConfigError(f"secure=flwr-secaggplus-insecure sums one vector; method {cfg.method!r} needs every node's "
-                          "statistics (its secure protocol runs with --secure mask or ckks)")
+        raise ConfigError(
+            f"secure=flwr-secaggplus-insecure sums one vector; method {cfg.method!r} needs every node's "
+            "statistics (its secure protocol runs with --secure mask or ckks)"
+        )
     if cfg.private:
-        raise ConfigError("DP noise is not offered with Flower's SecAgg+; use --secure mask (its nodes add "
-                          "distributed noise shares) or drop --epsilon")
+        raise ConfigError(
+            "DP noise is not offered with Flower's SecAgg+; use --secure mask (its nodes add "
+            "distributed noise shares) or drop --epsilon"
+        )
     if cfg.clip is None or cfg.max_records is None:
-        raise ConfigError("secure=flwr-secaggplus-insecure needs public bounds to pre-scale the statistics into "
-                          f"[-{CLIPPING_RANGE:g}, {CLIPPING_RANGE:g}]: pass clip (the L2 bound of every record) "
-                          "and max-records (the most records a node holds)")
+        raise ConfigError(
+            "secure=flwr-secaggplus-insecure needs public bounds to pre-scale the statistics into "
+            f"[-{CLIPPING_RANGE:g}, {CLIPPING_RANGE:g}]: pass clip (the L2 bound of every record) "
+            "and max-records (the most records a node holds)"
+        )
     if cfg.clients < 3:
-        raise ConfigError(f"Flower's SecAgg+ needs at least 3 nodes (its share threshold and graph), got "
-                          f"clients={cfg.clients}; use --secure mask for 2 nodes")
+        raise ConfigError(
+            f"Flower's SecAgg+ needs at least 3 nodes (its share threshold and graph), got "
+            f"clients={cfg.clients}; use --secure mask for 2 nodes"
+        )
     if cfg.clients * QUANTIZATION_RANGE >= MODULUS_RANGE:
         raise ConfigError(
             f"Flower's SecAgg+ sums {cfg.clients} quantised values of up to 2^22 each in a 2^32 ring: they "
             f"could overflow (K * 2^22 >= 2^32 from K = {MODULUS_RANGE // QUANTIZATION_RANGE}); use at most "
-            f"{MODULUS_RANGE // QUANTIZATION_RANGE - 1} clients, or --secure mask")
+            f"{MODULUS_RANGE // QUANTIZATION_RANGE - 1} clients, or --secure mask"
+        )

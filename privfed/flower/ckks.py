@@ -49,8 +49,15 @@ from privfed.errors import ConfigError, InputError
 from privfed.flower.transport import Exchange, exchange
 from privfed.flower.wire import arrays_record
 
-__all__ = ["CKKSSum", "check_num_nodes", "ckks_sum_over_messages", "holder_decrypt", "holder_keys",
-           "node_encrypt", "pin_bytes"]
+__all__ = [
+    "CKKSSum",
+    "check_num_nodes",
+    "ckks_sum_over_messages",
+    "holder_decrypt",
+    "holder_keys",
+    "node_encrypt",
+    "pin_bytes",
+]
 
 #: The key holder's secret context in its ``context.state``.
 SECRET_KEY = "privfed-ckks-secret"
@@ -63,29 +70,47 @@ def check_num_nodes(params: CKKSParams, num_nodes: int) -> None:
         raise ConfigError(
             f"CKKS with {num_nodes} nodes: the decryption error of the sum reaches the release grid "
             f"2^-{params.precision_bits} (finest safe grid 2^-{top}), so the released bits would be key-dependent; "
-            "use at most 256 nodes with CKKS, or --secure mask")
+            "use at most 256 nodes with CKKS, or --secure mask"
+        )
 
 
 def _abort(node: int, stage: str, deviation: str, text: str) -> ProtocolAbort:
-    return ProtocolAbort(f"node {node} aborts at stage {stage!r}: {text}", node=node, stage=stage,
-                         deviation=deviation)
+    return ProtocolAbort(
+        f"node {node} aborts at stage {stage!r}: {text}", node=node, stage=stage, deviation=deviation
+    )
 
 
 # ------------------------------------------------------------------------------- node side
-def holder_keys(params: CKKSParams, identity: Identity, roster: Roster, session: bytes, num_nodes: int
-                ) -> tuple[bytes, bytes, bytes]:
+def holder_keys(
+    params: CKKSParams, identity: Identity, roster: Roster, session: bytes, num_nodes: int
+) -> tuple[bytes, bytes, bytes]:
     """Fresh keys: (secret context to keep, public context to send, signature on it)."""
     if int(num_nodes) != roster.size:
-        raise _abort(identity.index, "ckks_keys", "wrong-parameters",
-                     f"the server asks for K={num_nodes}, the roster has K={roster.size}")
+        raise _abort(
+            identity.index,
+            "ckks_keys",
+            "wrong-parameters",
+            f"the server asks for K={num_nodes}, the roster has K={roster.size}",
+        )
     ts = tenseal_module()
-    ctx = ts.context(ts.SCHEME_TYPE.CKKS, poly_modulus_degree=params.poly_modulus_degree,
-                     coeff_mod_bit_sizes=list(params.coeff_mod_bit_sizes))
+    ctx = ts.context(
+        ts.SCHEME_TYPE.CKKS,
+        poly_modulus_degree=params.poly_modulus_degree,
+        coeff_mod_bit_sizes=list(params.coeff_mod_bit_sizes),
+    )
     ctx.global_scale = 2.0**params.scale_bits
-    public = ctx.serialize(save_public_key=True, save_secret_key=False, save_galois_keys=False,
-                           save_relin_keys=False)
-    sig = identity.sign(signed_bytes("ckks-context", roster.fingerprint, bytes(session), identity.index,
-                                     hashlib.sha256(public).digest()))
+    public = ctx.serialize(
+        save_public_key=True, save_secret_key=False, save_galois_keys=False, save_relin_keys=False
+    )
+    sig = identity.sign(
+        signed_bytes(
+            "ckks-context",
+            roster.fingerprint,
+            bytes(session),
+            identity.index,
+            hashlib.sha256(public).digest(),
+        )
+    )
     return ctx.serialize(save_secret_key=True), public, sig
 
 
@@ -94,18 +119,31 @@ def pin_bytes(uploaders: list[int] | None) -> bytes:
     return b"P" + b"".join(int(v).to_bytes(4, "little") for v in sorted(uploaders or []))
 
 
-def _contribution_bytes(roster: Roster, session: bytes, u: int, cts: list[bytes], digest: bytes,
-                        pin: bytes = b"P") -> bytes:
+def _contribution_bytes(
+    roster: Roster, session: bytes, u: int, cts: list[bytes], digest: bytes, pin: bytes = b"P"
+) -> bytes:
     h = hashlib.sha256()
     for c in cts:
         h.update(len(c).to_bytes(8, "little") + bytes(c))
-    return signed_bytes("ckks-contribution", roster.fingerprint, bytes(session), u, h.digest(), bytes(digest),
-                        bytes(pin))
+    return signed_bytes(
+        "ckks-contribution", roster.fingerprint, bytes(session), u, h.digest(), bytes(digest), bytes(pin)
+    )
 
 
-def node_encrypt(public: bytes, x: np.ndarray, params: CKKSParams, *, identity: Identity, roster: Roster,
-                 holder: int, signature: bytes, session: bytes, num_nodes: int, digest: bytes = b"",
-                 pin: bytes = b"P") -> tuple[list[bytes], bytes]:
+def node_encrypt(
+    public: bytes,
+    x: np.ndarray,
+    params: CKKSParams,
+    *,
+    identity: Identity,
+    roster: Roster,
+    holder: int,
+    signature: bytes,
+    session: bytes,
+    num_nodes: int,
+    digest: bytes = b"",
+    pin: bytes = b"P",
+) -> tuple[list[bytes], bytes]:
     """Check the holder's signed context, then encrypt this node's statistic; returns (ciphertexts, signature).
 
     The signature covers the ciphertexts and ``digest``, the hash of what this node summed (run config,
@@ -117,18 +155,35 @@ def node_encrypt(public: bytes, x: np.ndarray, params: CKKSParams, *, identity: 
     """
     u = identity.index
     if roster.colluders > 0:
-        raise _abort(u, "ckks_encrypt", "colluders",
-                     f"its roster allows {roster.colluders} node(s) to collude with the server, and CKKS has one key "
-                     "holder, named by the server: a colluding holder decrypts every upload; nothing is encrypted "
-                     "(use --secure mask, whose threshold covers colluders)")
+        raise _abort(
+            u,
+            "ckks_encrypt",
+            "colluders",
+            f"its roster allows {roster.colluders} node(s) to collude with the server, and CKKS has one key "
+            "holder, named by the server: a colluding holder decrypts every upload; nothing is encrypted "
+            "(use --secure mask, whose threshold covers colluders)",
+        )
     if int(num_nodes) != roster.size:
-        raise _abort(u, "ckks_encrypt", "wrong-parameters",
-                     f"the server asks for K={num_nodes}, the roster has K={roster.size}")
-    if not roster.verify(int(holder), bytes(signature), signed_bytes(
-            "ckks-context", roster.fingerprint, bytes(session), int(holder), hashlib.sha256(public).digest())):
-        raise _abort(u, "ckks_encrypt", "substituted-key",
-                     f"the CKKS public context is not signed by key holder {holder}'s roster key (a substituted "
-                     "key, or one from another session): nothing is encrypted")
+        raise _abort(
+            u,
+            "ckks_encrypt",
+            "wrong-parameters",
+            f"the server asks for K={num_nodes}, the roster has K={roster.size}",
+        )
+    if not roster.verify(
+        int(holder),
+        bytes(signature),
+        signed_bytes(
+            "ckks-context", roster.fingerprint, bytes(session), int(holder), hashlib.sha256(public).digest()
+        ),
+    ):
+        raise _abort(
+            u,
+            "ckks_encrypt",
+            "substituted-key",
+            f"the CKKS public context is not signed by key holder {holder}'s roster key (a substituted "
+            "key, or one from another session): nothing is encrypted",
+        )
     check_num_nodes(params, roster.size)
     ts = tenseal_module()
     x = np.asarray(x, dtype=np.float64).ravel()
@@ -148,9 +203,19 @@ def node_encrypt(public: bytes, x: np.ndarray, params: CKKSParams, *, identity: 
     return cts, identity.sign(_contribution_bytes(roster, session, u, cts, digest, pin))
 
 
-def holder_decrypt(secret: bytes, contributions: list[tuple[int, list[bytes], bytes, bytes]], size: int,
-                   params: CKKSParams, *, identity: Identity, roster: Roster, session: bytes,
-                   integral: bool = False, digest: bytes = b"", ledger=None) -> np.ndarray:
+def holder_decrypt(
+    secret: bytes,
+    contributions: list[tuple[int, list[bytes], bytes, bytes]],
+    size: int,
+    params: CKKSParams,
+    *,
+    identity: Identity,
+    roster: Roster,
+    session: bytes,
+    integral: bool = False,
+    digest: bytes = b"",
+    ledger=None,
+) -> np.ndarray:
     """Check every signed contribution (at least t distinct roster nodes, each over the same ``digest`` of
     what was summed as the key holder's own, each node's pinned uploader set empty or this sum's set; with
     ``ledger``, the key holder's own pin too), add them, decrypt once, round.  Each contribution is
@@ -160,22 +225,35 @@ def holder_decrypt(secret: bytes, contributions: list[tuple[int, list[bytes], by
     if len(set(seen)) != len(seen):
         raise _abort(me, "ckks_decrypt", "malformed-list", "a node's contribution appears twice")
     if len(seen) < roster.threshold:
-        raise _abort(me, "ckks_decrypt", "short-list",
-                     f"asked to decrypt a sum of {len(seen)} contribution(s), below the threshold "
-                     f"t={roster.threshold}: it could be one node's input")
+        raise _abort(
+            me,
+            "ckks_decrypt",
+            "short-list",
+            f"asked to decrypt a sum of {len(seen)} contribution(s), below the threshold "
+            f"t={roster.threshold}: it could be one node's input",
+        )
     n_ct = params.num_ciphertexts(size)
     for u, cts, sig, pin in contributions:
-        if len(cts) != n_ct or not roster.verify(int(u), bytes(sig),
-                                                 _contribution_bytes(roster, session, u, cts, digest, pin)):
-            raise _abort(me, "ckks_decrypt", "bad-signature",
-                         f"the contribution said to be node {u}'s is not signed by it for this session and for what "
-                         "the key holder summed (a forged or relabelled contribution, or a split broadcast)")
+        if len(cts) != n_ct or not roster.verify(
+            int(u), bytes(sig), _contribution_bytes(roster, session, u, cts, digest, pin)
+        ):
+            raise _abort(
+                me,
+                "ckks_decrypt",
+                "bad-signature",
+                f"the contribution said to be node {u}'s is not signed by it for this session and for what "
+                "the key holder summed (a forged or relabelled contribution, or a split broadcast)",
+            )
     members = pin_bytes(seen)
     other = sorted(u for u, _, _, pin in contributions if bytes(pin) not in (pin_bytes(None), members))
     if other:
-        raise _abort(me, "ckks_decrypt", "other-uploaders",
-                     f"node(s) {other} were summed over another uploader set earlier in the run than this sum's "
-                     f"{sorted(seen)}; the difference of the two sums would be one node's input")
+        raise _abort(
+            me,
+            "ckks_decrypt",
+            "other-uploaders",
+            f"node(s) {other} were summed over another uploader set earlier in the run than this sum's "
+            f"{sorted(seen)}; the difference of the two sums would be one node's input",
+        )
     if ledger is not None:
         ledger.pin(seen, me, "ckks_decrypt")
     ts = tenseal_module()
@@ -213,14 +291,21 @@ class CKKSSum:
     def record(self) -> dict:
         return {
             "protocol": "CKKS (TenSEAL), key holder a separate node; public context and contributions signed "
-                        "with roster identities, the key holder adds the signed contributions itself",
+            "with roster identities, the key holder adds the signed contributions itself",
             "key_holder": self.key_holder,
             "participants": len(self.participants),
             "uploaded": len(self.uploaded),
             "dropped_before_upload": list(self.dropped_before_upload),
-            "stages": {k: {"answered": len(v.answered), "failed": v.failed, "silent": v.silent,
-                           "seconds": round(v.seconds, 3), "bytes_up": int(sum(v.bytes_up.values()))}
-                       for k, v in self.stages.items()},
+            "stages": {
+                k: {
+                    "answered": len(v.answered),
+                    "failed": v.failed,
+                    "silent": v.silent,
+                    "seconds": round(v.seconds, 3),
+                    "bytes_up": int(sum(v.bytes_up.values())),
+                }
+                for k, v in self.stages.items()
+            },
         }
 
 
@@ -260,8 +345,14 @@ def ckks_sum_over_messages(
         holder_reply.update(public=bytes(rec["public"]), holder=int(rec["u"]), sig=bytes(rec["sig"]))
 
     prm = ConfigRecord({"round": round_name, "K": K, "session": session})
-    stages["ckks_keys"] = exchange(grid, {key_holder: RecordDict({"ckks": prm})}, "query.ckks_keys", timeout,
-                                   on_keys, group_id=round_name)
+    stages["ckks_keys"] = exchange(
+        grid,
+        {key_holder: RecordDict({"ckks": prm})},
+        "query.ckks_keys",
+        timeout,
+        on_keys,
+        group_id=round_name,
+    )
     if "public" not in holder_reply:
         raise ProtocolAbort(f"the CKKS key holder (node {key_holder}) did not answer; no sum is released")
     public = holder_reply["public"]
@@ -274,39 +365,76 @@ def ckks_sum_over_messages(
         rec = content["ckks"]
         cts = [bytes(c) for c in rec["ct"]]
         if len(cts) != n_ct:
-            raise InputError(f"node {node} sent {len(cts)} ciphertexts, expected {n_ct}: the nodes disagree on d or C")
+            raise InputError(
+                f"node {node} sent {len(cts)} ciphertexts, expected {n_ct}: the nodes disagree on d or C"
+            )
         if keep_view:
             view.append(("ckks_encrypt", node, "ciphertexts", cts))
         contributions.append((int(rec["u"]), cts, bytes(rec["sig"]), bytes(rec.get("pin", b""))))
         uploaded.append(node)
 
-    contents = {n: RecordDict({"ckks": ConfigRecord({"public": public, "K": K, "holder": holder_reply["holder"],
-                                                     "sig": holder_reply["sig"], "session": session}),
-                               **payload(n)}) for n in nodes}
-    ex = stages["ckks_encrypt"] = exchange(grid, contents, "query.ckks_encrypt", timeout, on_ct,
-                                           group_id=round_name)
+    contents = {
+        n: RecordDict(
+            {
+                "ckks": ConfigRecord(
+                    {
+                        "public": public,
+                        "K": K,
+                        "holder": holder_reply["holder"],
+                        "sig": holder_reply["sig"],
+                        "session": session,
+                    }
+                ),
+                **payload(n),
+            }
+        )
+        for n in nodes
+    }
+    ex = stages["ckks_encrypt"] = exchange(
+        grid, contents, "query.ckks_encrypt", timeout, on_ct, group_id=round_name
+    )
     if len(uploaded) < 2:
-        raise ProtocolAbort(f"CKKS: {len(uploaded)} node(s) uploaded ({ex.failed or ex.silent}); a sum of fewer "
-                            "than 2 inputs is an input, so none is released")
+        raise ProtocolAbort(
+            f"CKKS: {len(uploaded)} node(s) uploaded ({ex.failed or ex.silent}); a sum of fewer "
+            "than 2 inputs is an input, so none is released"
+        )
     out: dict = {}
 
     def on_sum(node, content):
         _refused("ckks_decrypt", content, node)
         out["total"] = content["sum"]["total"].numpy()
 
-    request = ConfigRecord({"from": [u for u, _, _, _ in contributions],
-                            "ct": [c for _, cts, _, _ in contributions for c in cts],
-                            "sigs": [s for _, _, s, _ in contributions], "pins": [p for _, _, _, p in contributions],
-                            "size": int(length), "session": session})
-    stages["ckks_decrypt"] = exchange(grid, {key_holder: RecordDict({"ckks": request})}, "query.ckks_decrypt",
-                                      timeout, on_sum, group_id=round_name)
+    request = ConfigRecord(
+        {
+            "from": [u for u, _, _, _ in contributions],
+            "ct": [c for _, cts, _, _ in contributions for c in cts],
+            "sigs": [s for _, _, s, _ in contributions],
+            "pins": [p for _, _, _, p in contributions],
+            "size": int(length),
+            "session": session,
+        }
+    )
+    stages["ckks_decrypt"] = exchange(
+        grid,
+        {key_holder: RecordDict({"ckks": request})},
+        "query.ckks_decrypt",
+        timeout,
+        on_sum,
+        group_id=round_name,
+    )
     if "total" not in out:
         raise ProtocolAbort(f"the CKKS key holder (node {key_holder}) did not decrypt; no sum is released")
     if keep_view:
         view.append(("ckks_decrypt", key_holder, "released sum", out["total"]))
-    return CKKSSum(total=np.asarray(out["total"], dtype=np.float64), participants=list(nodes),
-                   key_holder=key_holder, stages=stages, uploaded=sorted(uploaded),
-                   dropped_before_upload=sorted(set(nodes) - set(uploaded)), view=view)
+    return CKKSSum(
+        total=np.asarray(out["total"], dtype=np.float64),
+        participants=list(nodes),
+        key_holder=key_holder,
+        stages=stages,
+        uploaded=sorted(uploaded),
+        dropped_before_upload=sorted(set(nodes) - set(uploaded)),
+        view=view,
+    )
 
 
 def sum_reply(total: np.ndarray) -> RecordDict:

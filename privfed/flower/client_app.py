@@ -91,8 +91,9 @@ def _config(msg: Message) -> FlowerConfig:
 
 
 def _error(msg: Message, exc: Exception) -> Message:
-    return Message(RecordDict({"error": ConfigRecord({"message": str(exc), "kind": type(exc).__name__})}),
-                   reply_to=msg)
+    return Message(
+        RecordDict({"error": ConfigRecord({"message": str(exc), "kind": type(exc).__name__})}), reply_to=msg
+    )
 
 
 def _plain_refused(msg: Message, context: Context, what: str) -> Message | None:
@@ -106,11 +107,16 @@ def _plain_refused(msg: Message, context: Context, what: str) -> Message | None:
     conf = context.node_config
     if "secagg-roster" not in conf or str(conf.get("allow-plain-release", "")).lower() == "true":
         return None
-    return _error(msg, ProtocolAbort(
-        f"node {context.node_id} refuses {what}: it is deployed for secure aggregation (its node config names "
-        "secagg-roster), and the server would read its statistics; run with --secure mask or ckks, or let this "
-        "node release in the clear with --node-config 'allow-plain-release=true'", stage=what,
-        deviation="plain-release"))
+    return _error(
+        msg,
+        ProtocolAbort(
+            f"node {context.node_id} refuses {what}: it is deployed for secure aggregation (its node config names "
+            "secagg-roster), and the server would read its statistics; run with --secure mask or ckks, or let this "
+            "node release in the clear with --node-config 'allow-plain-release=true'",
+            stage=what,
+            deviation="plain-release",
+        ),
+    )
 
 
 def _check_noise_share(cfg: FlowerConfig, roster, node: int, stage: str) -> None:
@@ -120,14 +126,24 @@ def _check_noise_share(cfg: FlowerConfig, roster, node: int, stage: str) -> None
         raise ProtocolAbort(
             f"node {node} aborts at stage {stage!r}: the run config says clients={cfg.clients} but its roster has "
             f"K={roster.size}; its noise share sigma^2/(K - tolerance) would be sized for another number of nodes "
-            "(the sum would carry less noise than the reported epsilon needs)", node=node, stage=stage,
-            deviation="wrong-parameters")
+            "(the sum would carry less noise than the reported epsilon needs)",
+            node=node,
+            stage=stage,
+            deviation="wrong-parameters",
+        )
 
 
 def _malformed(msg: Message, context: Context, stage: str, exc: Exception) -> Message:
     """A clean refusal of a request whose fields have the wrong type or are missing (never a traceback)."""
-    return _error(msg, ProtocolAbort(f"node {context.node_id} aborts at stage {stage!r}: malformed request "
-                                     f"({type(exc).__name__}: {exc})", stage=stage, deviation="malformed"))
+    return _error(
+        msg,
+        ProtocolAbort(
+            f"node {context.node_id} aborts at stage {stage!r}: malformed request "
+            f"({type(exc).__name__}: {exc})",
+            stage=stage,
+            deviation="malformed",
+        ),
+    )
 
 
 def _secure_stats(cfg: FlowerConfig, context: Context, msg: Message):
@@ -150,19 +166,28 @@ def _secure_release(cfg: FlowerConfig, context: Context, msg: Message):
     :class:`~mechanisms.secagg_node.SessionLedger` refuses a second).
     """
     conf = context.node_config
-    if (cfg.private and cfg.noise_seed is not None and "secagg-roster" in conf
-            and str(conf.get("allow-seeded-noise", "")).lower() != "true"):
+    if (
+        cfg.private
+        and cfg.noise_seed is not None
+        and "secagg-roster" in conf
+        and str(conf.get("allow-seeded-noise", "")).lower() != "true"
+    ):
         stage = msg.metadata.message_type.removeprefix("query.")
         raise ProtocolAbort(
             f"node {context.node_id} aborts at stage {stage!r}: the run config sets noise-seed={cfg.noise_seed}, "
             "and a noise share drawn from a seed the server knows is one it can subtract (no DP left); seeded "
-            "noise is for simulations (node config allow-seeded-noise=true)", node=context.node_id, stage=stage,
-            deviation="seeded-noise")
+            "noise is for simulations (node config allow-seeded-noise=true)",
+            node=context.node_id,
+            stage=stage,
+            deviation="seeded-noise",
+        )
     raw = {k: v for k, v in dict(msg.content["config"]).items() if k != "run-nonce"}
     key = hashlib.sha256(json.dumps(raw, sort_keys=True, default=str).encode()).hexdigest()
     if _STATS in context.state and context.state[_STATS_KEY]["config"] == key:
-        return (stats_from_record(context.state[_STATS], "this node's cached statistics"),
-                json.loads(str(context.state[_STATS_KEY]["events"])))
+        return (
+            stats_from_record(context.state[_STATS], "this node's cached statistics"),
+            json.loads(str(context.state[_STATS_KEY]["events"])),
+        )
     data = load_node_data(context.node_config, cfg)
     stats, events = node_statistics(data, cfg, node_rng(cfg, context.node_id, "noise"), secure=True)
     context.state[_STATS] = stats_record(stats)
@@ -192,7 +217,9 @@ _STATS = "privfed-stats"
 _STATS_KEY = "privfed-stats-config"
 
 
-def make_client_app(faults: dict[int, str] | None = None, provision: SimulatedRoster | None = None) -> ClientApp:
+def make_client_app(
+    faults: dict[int, str] | None = None, provision: SimulatedRoster | None = None
+) -> ClientApp:
     """A ClientApp; ``faults`` maps partition-id -> ``fail-at`` spec (simulation drills); ``provision``
     gives simulated nodes their secure-aggregation identities (deployments read them from the node config)."""
     app = ClientApp()
@@ -209,13 +236,18 @@ def make_client_app(faults: dict[int, str] | None = None, provision: SimulatedRo
             stats, events = node_statistics(data, cfg, node_rng(cfg, context.node_id, "noise"))
         except PrivfedError as exc:
             return _error(msg, exc)
-        meta = ConfigRecord({
-            "d": int(stats.dim), "C": int(stats.num_classes), "events": json.dumps(events),
-            "partition-id": -1 if data.partition_id is None else int(data.partition_id),
-        })
+        meta = ConfigRecord(
+            {
+                "d": int(stats.dim),
+                "C": int(stats.num_classes),
+                "events": json.dumps(events),
+                "partition-id": -1 if data.partition_id is None else int(data.partition_id),
+            }
+        )
         compact = cfg.wire == "compact"
-        record = stats_record(stats, held_only=compact and not cfg.private,
-                              dtype=np.float32 if compact else np.float64)
+        record = stats_record(
+            stats, held_only=compact and not cfg.private, dtype=np.float32 if compact else np.float64
+        )
         return Message(RecordDict({"stats": record, "meta": meta}), reply_to=msg)
 
     @app.query("round")
@@ -230,8 +262,9 @@ def make_client_app(faults: dict[int, str] | None = None, provision: SimulatedRo
             info = msg.content["round"]
             if str(info["name"]) == "fedlog-rounds":
                 import privfed.flower.fedlog  # noqa: F401 - registers the multi-round FedLog statistic
-            stats = node_round_statistics(str(info["name"]), context, cfg, {k: b[k].numpy() for k in b.keys()},
-                                          int(info["index"]))
+            stats = node_round_statistics(
+                str(info["name"]), context, cfg, {k: b[k].numpy() for k in b.keys()}, int(info["index"])
+            )
         except PrivfedError as exc:
             return _error(msg, exc)
         return Message(RecordDict({"stats": stats_record(stats)}), reply_to=msg)
@@ -245,8 +278,14 @@ def make_client_app(faults: dict[int, str] | None = None, provision: SimulatedRo
             stats, events = _secure_release(cfg, context, msg)
         except PrivfedError as exc:
             return _error(msg, exc)
-        meta = ConfigRecord({"d": int(stats.dim), "C": int(stats.num_classes), "events": json.dumps(events),
-                             "key-holder": str(context.node_config.get("key-holder", "")).lower() == "true"})
+        meta = ConfigRecord(
+            {
+                "d": int(stats.dim),
+                "C": int(stats.num_classes),
+                "events": json.dumps(events),
+                "key-holder": str(context.node_config.get("key-holder", "")).lower() == "true",
+            }
+        )
         return Message(RecordDict({"meta": meta}), reply_to=msg)
 
     def masking_stage(stage: str):
@@ -259,13 +298,21 @@ def make_client_app(faults: dict[int, str] | None = None, provision: SimulatedRo
                 if stage == "masked":
                     cfg = _config(msg)
                     _check_noise_share(cfg, roster, identity.index, stage)
-                    agg, digest = aggregation_digests(dict(msg.content["config"]), _round(msg), _broadcast(msg),
-                                                      cfg.private)
-                    kw = dict(aggregation=agg, context_digest=digest, ring_input=lambda: encode_for_ring(
-                        _secure_vector(msg, cfg, context), cfg.frac_bits, roster.size),
-                        lifetime=lifetime_id(dict(msg.content["config"]), _round(msg), cfg.private))
+                    agg, digest = aggregation_digests(
+                        dict(msg.content["config"]), _round(msg), _broadcast(msg), cfg.private
+                    )
+                    kw = dict(
+                        aggregation=agg,
+                        context_digest=digest,
+                        ring_input=lambda: encode_for_ring(
+                            _secure_vector(msg, cfg, context), cfg.frac_bits, roster.size
+                        ),
+                        lifetime=lifetime_id(dict(msg.content["config"]), _round(msg), cfg.private),
+                    )
                 reply = node_step(msg.content, context, identity, roster, **kw)
-            except PrivfedError as exc:  # a refusal (ProtocolAbort included) reaches the server as its message
+            except (
+                PrivfedError
+            ) as exc:  # a refusal (ProtocolAbort included) reaches the server as its message
                 return _error(msg, exc)
             except (KeyError, TypeError, OverflowError) as exc:  # a request without its config or round
                 return _malformed(msg, context, stage, exc)
@@ -284,15 +331,18 @@ def make_client_app(faults: dict[int, str] | None = None, provision: SimulatedRo
         try:
             rec = msg.content["ckks"]
             identity, roster = node_identity(context.node_config, context.node_id, provision)
-            secret, public, sig = holder_keys(CKKSParams(), identity, roster, as_bytes(rec["session"], "session"),
-                                              as_int(rec["K"], "K"))
+            secret, public, sig = holder_keys(
+                CKKSParams(), identity, roster, as_bytes(rec["session"], "session"), as_int(rec["K"], "K")
+            )
         except PrivfedError as exc:
             return _error(msg, exc)
         except (KeyError, TypeError, OverflowError) as exc:
             return _malformed(msg, context, "ckks_keys", exc)
         context.state[CKKS_SECRET] = ConfigRecord({"secret": secret, "session": bytes(rec["session"])})
-        return Message(RecordDict({"ckks": ConfigRecord({"public": public, "u": identity.index, "sig": sig})}),
-                       reply_to=msg)
+        return Message(
+            RecordDict({"ckks": ConfigRecord({"public": public, "u": identity.index, "sig": sig})}),
+            reply_to=msg,
+        )
 
     @app.query("ckks_encrypt")
     def ckks_encrypt(msg: Message, context: Context) -> Message:
@@ -303,28 +353,42 @@ def make_client_app(faults: dict[int, str] | None = None, provision: SimulatedRo
             cfg = _config(msg)
             identity, roster = node_identity(context.node_config, context.node_id, provision)
             _check_noise_share(cfg, roster, identity.index, "ckks_encrypt")
-            agg, digest = aggregation_digests(dict(msg.content["config"]), _round(msg), _broadcast(msg),
-                                              cfg.private)
+            agg, digest = aggregation_digests(
+                dict(msg.content["config"]), _round(msg), _broadcast(msg), cfg.private
+            )
             x = _secure_vector(msg, cfg, context)
             holder = as_int(rec["holder"], "holder")
             ledger = node_ledger(context, lifetime_id(dict(msg.content["config"]), _round(msg), cfg.private))
             pin = pin_bytes(ledger.uploaders)
-            cts, sig = node_encrypt(as_bytes(rec["public"], "public"), x, CKKSParams(), identity=identity,
-                                    roster=roster, holder=holder, signature=as_bytes(rec["sig"], "sig"),
-                                    session=as_bytes(rec["session"], "session"), num_nodes=as_int(rec["K"], "K"),
-                                    digest=digest, pin=pin)
+            cts, sig = node_encrypt(
+                as_bytes(rec["public"], "public"),
+                x,
+                CKKSParams(),
+                identity=identity,
+                roster=roster,
+                holder=holder,
+                signature=as_bytes(rec["sig"], "sig"),
+                session=as_bytes(rec["session"], "session"),
+                num_nodes=as_int(rec["K"], "K"),
+                digest=digest,
+                pin=pin,
+            )
             # One key holder per run (it keeps one set); bound once its signed context checked out.
             ledger.bind_holder(holder, identity.index, "ckks_encrypt")
             if CKKS_SECRET in context.state and holder == identity.index:
-                context.state[CKKS_SECRET]["digest"] = digest  # the key holder checks every contribution against it
+                context.state[CKKS_SECRET]["digest"] = (
+                    digest  # the key holder checks every contribution against it
+                )
             ledger.claim(agg, identity.index)  # one encrypted upload per aggregation id
             context.state[LEDGER_KEY] = ConfigRecord(ledger.record())
         except PrivfedError as exc:
             return _error(msg, exc)
         except (KeyError, TypeError, OverflowError) as exc:
             return _malformed(msg, context, "ckks_encrypt", exc)
-        return Message(RecordDict({"ckks": ConfigRecord({"ct": cts, "u": identity.index, "sig": sig, "pin": pin})}),
-                       reply_to=msg)
+        return Message(
+            RecordDict({"ckks": ConfigRecord({"ct": cts, "u": identity.index, "sig": sig, "pin": pin})}),
+            reply_to=msg,
+        )
 
     @app.query("ckks_decrypt")
     def ckks_decrypt(msg: Message, context: Context) -> Message:
@@ -334,30 +398,52 @@ def make_client_app(faults: dict[int, str] | None = None, provision: SimulatedRo
             rec = msg.content["ckks"]
             identity, roster = node_identity(context.node_config, context.node_id, provision)
             if CKKS_SECRET not in context.state:
-                raise ProtocolAbort(f"node {identity.index} aborts at stage 'ckks_decrypt': it holds no key (each "
-                                    "key decrypts one aggregate)", node=identity.index, stage="ckks_decrypt",
-                                    deviation="second-session")
+                raise ProtocolAbort(
+                    f"node {identity.index} aborts at stage 'ckks_decrypt': it holds no key (each "
+                    "key decrypts one aggregate)",
+                    node=identity.index,
+                    stage="ckks_decrypt",
+                    deviation="second-session",
+                )
             kept = context.state[CKKS_SECRET]
             del context.state[CKKS_SECRET]  # one aggregate per key, whatever happens next
             session = as_bytes(rec["session"], "session")
             if session != bytes(kept["session"]):
-                raise ProtocolAbort(f"node {identity.index} aborts at stage 'ckks_decrypt': another session's "
-                                    "aggregate", node=identity.index, stage="ckks_decrypt", deviation="replay")
+                raise ProtocolAbort(
+                    f"node {identity.index} aborts at stage 'ckks_decrypt': another session's aggregate",
+                    node=identity.index,
+                    stage="ckks_decrypt",
+                    deviation="replay",
+                )
             size, params = as_int(rec["size"], "size"), CKKSParams()
             n = params.num_ciphertexts(size)
             cts = [as_bytes(c, "a ciphertext") for c in rec["ct"]]
             senders = [as_int(u, "a sender") for u in rec["from"]]
             if len(cts) != n * len(senders):
-                raise ProtocolAbort(f"node {identity.index} aborts at stage 'ckks_decrypt': malformed "
-                                    "contributions", node=identity.index, stage="ckks_decrypt",
-                                    deviation="malformed")
-            contributions = [(u, cts[i * n:(i + 1) * n], as_bytes(sg, "a signature"), as_bytes(pn, "a pin"))
-                             for i, (u, sg, pn) in enumerate(zip(senders, rec["sigs"], rec["pins"]))]
+                raise ProtocolAbort(
+                    f"node {identity.index} aborts at stage 'ckks_decrypt': malformed contributions",
+                    node=identity.index,
+                    stage="ckks_decrypt",
+                    deviation="malformed",
+                )
+            contributions = [
+                (u, cts[i * n : (i + 1) * n], as_bytes(sg, "a signature"), as_bytes(pn, "a pin"))
+                for i, (u, sg, pn) in enumerate(zip(senders, rec["sigs"], rec["pins"]))
+            ]
             ledger = node_ledger(context)
             try:
-                total = holder_decrypt(bytes(kept["secret"]), contributions, size, params, identity=identity,
-                                       roster=roster, session=session, integral=False,
-                                       digest=bytes(kept.get("digest", b"")), ledger=ledger)
+                total = holder_decrypt(
+                    bytes(kept["secret"]),
+                    contributions,
+                    size,
+                    params,
+                    identity=identity,
+                    roster=roster,
+                    session=session,
+                    integral=False,
+                    digest=bytes(kept.get("digest", b"")),
+                    ledger=ledger,
+                )
             finally:
                 context.state[LEDGER_KEY] = ConfigRecord(ledger.record())
         except PrivfedError as exc:

@@ -114,7 +114,8 @@ class FlowerConfig:
                 "secure=flwr-secaggplus is not offered as a secure choice: against a server that deviates, Flower's "
                 "SecAgg+ gives up any node's input (listed both alive and dropped, every node reveals both of its "
                 "shares). Use --secure mask (secure against a deviating server); Flower's implementation runs as "
-                f"secure={INSECURE_FLWR} for comparison only")
+                f"secure={INSECURE_FLWR} for comparison only"
+            )
         if self.secure not in SECURE_PROTOCOLS:
             raise ConfigError(f"secure must be one of {list(SECURE_PROTOCOLS)}, got {self.secure!r}")
         if self.secure != "none" and self.clients < 2:
@@ -130,7 +131,8 @@ class FlowerConfig:
                 raise ConfigError(
                     f"threshold={self.threshold} is too low for clients={self.clients}: secure aggregation against a "
                     f"deviating server needs t >= 2 and t > K/2 (here t >= {low}), or a server that shows two "
-                    "halves of the nodes different survivor lists unmasks a node; raise threshold")
+                    "halves of the nodes different survivor lists unmasks a node; raise threshold"
+                )
         if self.secure == "ckks":
             from mechanisms.ckks import CKKSParams
             from privfed.flower.ckks import check_num_nodes
@@ -143,8 +145,10 @@ class FlowerConfig:
         fixed_point.check_frac_bits(self.frac_bits)
         eps = float(self.epsilon)
         if math.isnan(eps) or eps <= 0:  # a run config (flwr run) reaches here without the command's checks
-            raise ConfigError(f"epsilon must be a number > 0 (inf for no noise), got {self.epsilon!r}; a NaN or "
-                              "negative budget would run without noise")
+            raise ConfigError(
+                f"epsilon must be a number > 0 (inf for no noise), got {self.epsilon!r}; a NaN or "
+                "negative budget would run without noise"
+            )
         if self.private:
             if self.clip is None:
                 raise ConfigError(
@@ -169,18 +173,24 @@ class FlowerConfig:
         if self.wire not in ("float64", "compact"):
             raise ConfigError(f"wire must be 'float64' or 'compact', got {self.wire!r}")
         if self.wire != "float64" and self.secure != "none":
-            raise ConfigError("wire=compact applies to plain uploads; secure aggregation has its own encoding "
-                              "(fixed point for masking, CKKS ciphertexts): drop --wire or --secure")
+            raise ConfigError(
+                "wire=compact applies to plain uploads; secure aggregation has its own encoding "
+                "(fixed point for masking, CKKS ciphertexts): drop --wire or --secure"
+            )
         _positive_int(self.rounds, "rounds", "e.g. --rounds 10 for multi-round FedLog")
         if not isinstance(self.rounds_params, dict):
             raise ConfigError(f"rounds-params must be a JSON object, got {self.rounds_params!r}")
         if self.rounds > 1:
             if self.method != "fedlog":
-                raise ConfigError(f"rounds={self.rounds}: only fedlog runs several rounds (local bodies); "
-                                  f"{self.method!r} is one-shot: drop --rounds")
+                raise ConfigError(
+                    f"rounds={self.rounds}: only fedlog runs several rounds (local bodies); "
+                    f"{self.method!r} is one-shot: drop --rounds"
+                )
             if self.private or self.secure != "none":
-                raise ConfigError("multi-round FedLog on Flower runs without DP noise and secure aggregation; "
-                                  "privfed.fedlog_rounds simulates its noise placements in one process")
+                raise ConfigError(
+                    "multi-round FedLog on Flower runs without DP noise and secure aggregation; "
+                    "privfed.fedlog_rounds simulates its noise placements in one process"
+                )
             from privfed.flower.checks import rounds_config
 
             rounds_config(self)  # bad rounds-params fail here, before any message
@@ -194,9 +204,13 @@ class FlowerConfig:
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
                 raise ConfigError(f"{name.replace('_', '-')} must be a positive number of seconds, got {v!r}")
-        if not (isinstance(self.dataset, str)
-                and (self.dataset == "digits" or self.dataset.startswith(("file:", "synthetic:")))):
-            raise ConfigError(f"dataset must be 'digits', 'file:PATH' or 'synthetic:D:N', got {self.dataset!r}")
+        if not (
+            isinstance(self.dataset, str)
+            and (self.dataset == "digits" or self.dataset.startswith(("file:", "synthetic:")))
+        ):
+            raise ConfigError(
+                f"dataset must be 'digits', 'file:PATH' or 'synthetic:D:N', got {self.dataset!r}"
+            )
 
     # -- derived ---------------------------------------------------------------
     @property
@@ -221,8 +235,13 @@ class FlowerConfig:
         method = self.make_method()
         blocks = ("sums", "counts", "second") if "second" in method.requires else ("sums", "counts")
         return GaussianMechanism(
-            epsilon=float(self.epsilon), delta=float(self.delta), clip=float(self.clip), level=self.level,
-            blocks=blocks, trusted_aggregator=bool(self.trusted_aggregator), max_records=self.max_records,
+            epsilon=float(self.epsilon),
+            delta=float(self.delta),
+            clip=float(self.clip),
+            level=self.level,
+            blocks=blocks,
+            trusted_aggregator=bool(self.trusted_aggregator),
+            max_records=self.max_records,
             dropout_tolerance=int(self.dropout_tolerance),
         )
 
@@ -262,8 +281,18 @@ class FlowerConfig:
 
 
 def _coerce(name: str, value: Any) -> Any:
-    ints = {"clients", "min_clients", "max_records", "dropout_tolerance", "threshold", "rounds", "frac_bits", "num_classes",
-            "partition_seed", "noise_seed"}
+    ints = {
+        "clients",
+        "min_clients",
+        "max_records",
+        "dropout_tolerance",
+        "threshold",
+        "rounds",
+        "frac_bits",
+        "num_classes",
+        "partition_seed",
+        "noise_seed",
+    }
     floats = {"epsilon", "delta", "clip", "alpha", "timeout", "connect_timeout"}
     key = name.replace("_", "-")
     try:

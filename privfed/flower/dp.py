@@ -58,8 +58,9 @@ class _SecureProtocol:
         self.last_run: _Run | None = None
 
 
-def node_share(privacy, stats: ClientStats, method, num_clients: int, rng: np.random.Generator,
-               protocol: str) -> tuple[ClientStats, list[dict]]:
+def node_share(
+    privacy, stats: ClientStats, method, num_clients: int, rng: np.random.Generator, protocol: str
+) -> tuple[ClientStats, list[dict]]:
     """A node's statistics with its noise share sigma^2 / (K - t), and the release events recorded.
 
     ``privacy`` has clipped the records already (``client_statistics``); at
@@ -101,7 +102,9 @@ class SecureNoiseReport:
         if not strip or not strip[0]:
             raise ConfigError("no node reported its noise share; a DP secure run needs every node's release")
         if any(s != strip[0] for s in strip):
-            raise ConfigError("the nodes report different privacy releases; every node must run the same mechanism")
+            raise ConfigError(
+                "the nodes report different privacy releases; every node must run the same mechanism"
+            )
         self.privacy.book_distributed(strip[0], self.num_clients, self.protocol)
         self._rid = len(self.privacy.ledger.events)
 

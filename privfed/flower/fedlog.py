@@ -74,8 +74,10 @@ def node_round(context, cfg, broadcast: dict, round_index: int) -> ClientStats:
 
     rc = rounds_config(cfg)
     if "partition-id" not in context.node_config:
-        raise ConfigError("multi-round FedLog needs node config 'partition-id=i num-partitions=n' (the node's "
-                          "client of the digits partition the rounds use)")
+        raise ConfigError(
+            "multi-round FedLog needs node config 'partition-id=i num-partitions=n' (the node's "
+            "client of the digits partition the rounds use)"
+        )
     k = int(context.node_config["partition-id"])
     if not 0 <= k < rc.clients:
         raise ConfigError(f"partition-id={k} must lie in 0..clients-1={rc.clients - 1}")
@@ -90,12 +92,16 @@ def node_round(context, cfg, broadcast: dict, round_index: int) -> ClientStats:
         client = _Client(k, x, y, xt, yt, _init_body(setup.families[k], rc.init, rc.seed, k), rc.lr, rc.seed)
         if round_index > 0:
             if _STATE not in context.state:
-                raise ConfigError(f"node {k} has no body from round {round_index - 1} (it restarted without its "
-                                  "state or missed a round); multi-round FedLog cannot continue on it")
+                raise ConfigError(
+                    f"node {k} has no body from round {round_index - 1} (it restarted without its "
+                    "state or missed a round); multi-round FedLog cannot continue on it"
+                )
             st = context.state[_STATE]
             if str(st["run"]) != key or int(st["round"]) != round_index - 1:
-                raise ConfigError(f"node {k} holds the body of round {int(st['round'])} of another run or round; "
-                                  f"expected round {round_index - 1} of this run")
+                raise ConfigError(
+                    f"node {k} holds the body of round {int(st['round'])} of another run or round; "
+                    f"expected round {round_index - 1} of this run"
+                )
             saved = torch.load(io.BytesIO(bytes(st["blob"])), weights_only=True)
             client.body.load_state_dict(saved["body"])
             client.opt.load_state_dict(saved["opt"])
@@ -104,12 +110,16 @@ def node_round(context, cfg, broadcast: dict, round_index: int) -> ClientStats:
             for p in client.body.parameters():
                 p.requires_grad_(False)
         if rc.local_epochs > 0:
-            _train_body(client, torch.from_numpy(eta.astype(np.float32)), rc.local_epochs, rc.batch_size, None)
+            _train_body(
+                client, torch.from_numpy(eta.astype(np.float32)), rc.local_epochs, rc.batch_size, None
+            )
         Fk = client_features(client.body, client.x, None)
         yk = client.y.numpy()
         buf = io.BytesIO()
-        torch.save({"body": client.body.state_dict(), "opt": client.opt.state_dict(), "gen": client.gen.get_state()},
-                   buf)
+        torch.save(
+            {"body": client.body.state_dict(), "opt": client.opt.state_dict(), "gen": client.gen.get_state()},
+            buf,
+        )
     context.state[_STATE] = ConfigRecord({"blob": buf.getvalue(), "round": int(round_index), "run": key})
     counts = np.bincount(yk, minlength=C).astype(np.float64)
     sums = np.zeros((C, m - 1))
@@ -137,7 +147,9 @@ def serve_fedlog_rounds(grid, cfg, nodes: list[int]):
         heads.append(head)
         return {"eta": _head_eta(head)} if r + 1 < rc.rounds else None
 
-    stages = run_rounds(grid, cfg, nodes, name=ROUND_NAME, first={"eta": eta0}, step=step, max_rounds=rc.rounds)
+    stages = run_rounds(
+        grid, cfg, nodes, name=ROUND_NAME, first={"eta": eta0}, step=step, max_rounds=rc.rounds
+    )
     return heads, stages, rc
 
 

@@ -44,8 +44,17 @@ import numpy as np
 from privfed.errors import InputError
 from privfed.flower.checks import CLIPPING_RANGE, MODULUS_RANGE, QUANTIZATION_RANGE, check_limits
 
-__all__ = ["CLIPPING_RANGE", "MODULUS_RANGE", "QUANTIZATION_RANGE", "FlwrSum", "check_limits", "field_bounds",
-           "flwr_secaggplus_sum", "node_train_reply", "quantisation_bound"]
+__all__ = [
+    "CLIPPING_RANGE",
+    "MODULUS_RANGE",
+    "QUANTIZATION_RANGE",
+    "FlwrSum",
+    "check_limits",
+    "field_bounds",
+    "flwr_secaggplus_sum",
+    "node_train_reply",
+    "quantisation_bound",
+]
 
 #: Flower's defaults, kept: values in [-8, 8], 2^22 levels, a 2^32 modulus.
 
@@ -68,8 +77,9 @@ def _scale_vector(method, cfg, C: int, d: int) -> np.ndarray:
     from privfed.flower.protocol import stat_fields, stat_shape
 
     bounds = field_bounds(method, cfg)
-    return np.concatenate([np.full(int(np.prod(stat_shape(f, C, d))), CLIPPING_RANGE / bounds[f])
-                           for f in stat_fields(method)])
+    return np.concatenate(
+        [np.full(int(np.prod(stat_shape(f, C, d))), CLIPPING_RANGE / bounds[f]) for f in stat_fields(method)]
+    )
 
 
 # ------------------------------------------------------------------------------------------ node
@@ -93,16 +103,29 @@ def node_train_reply(msg, context):
     if n == 0:
         raise InputError(f"this node ({data.source}) holds no sample")
     if n > cfg.max_records:
-        raise InputError(f"this node holds {n} records, more than max-records={cfg.max_records}, the public bound "
-                         "its statistics are scaled by; raise max-records")
+        raise InputError(
+            f"this node holds {n} records, more than max-records={cfg.max_records}, the public bound "
+            "its statistics are scaled by; raise max-records"
+        )
     from mechanisms.clipping import Clipping
 
     F = Clipping(float(cfg.clip), "l2")(np.asarray(data.features, dtype=np.float64))
-    stats = client_statistics(method, F, data.labels, np.zeros(n, dtype=np.int64), num_classes=data.num_classes,
-                              num_clients=1, rng=np.random.default_rng(0))
+    stats = client_statistics(
+        method,
+        F,
+        data.labels,
+        np.zeros(n, dtype=np.int64),
+        num_classes=data.num_classes,
+        num_clients=1,
+        rng=np.random.default_rng(0),
+    )
     x = sum_vector(stats, method) * _scale_vector(method, cfg, stats.num_classes, stats.dim)
-    res = FitRes(status=Status(code=Code.OK, message=""), parameters=ndarrays_to_parameters([x]), num_examples=1,
-                 metrics={"C": int(stats.num_classes), "d": int(stats.dim)})
+    res = FitRes(
+        status=Status(code=Code.OK, message=""),
+        parameters=ndarrays_to_parameters([x]),
+        num_examples=1,
+        metrics={"C": int(stats.num_classes), "d": int(stats.dim)},
+    )
     return Message(recorddict_compat.fitres_to_recorddict(res, keep_input=False), reply_to=msg)
 
 
@@ -130,7 +153,11 @@ class _CountingGrid:
             return int(recorddict_to_proto(content).ByteSize())
 
         messages = list(messages)
-        name = self._NAMES[len(self.stages)] if len(self.stages) < len(self._NAMES) else f"stage{len(self.stages)}"
+        name = (
+            self._NAMES[len(self.stages)]
+            if len(self.stages) < len(self._NAMES)
+            else f"stage{len(self.stages)}"
+        )
         ex = Exchange(stage=name)
         for m in messages:
             ex.bytes_down[m.metadata.dst_node_id] = record_bytes(m.content)
@@ -167,11 +194,22 @@ class FlwrSum:
         self.dropped_after_upload = sorted(set(self.uploaded) - set(unmask.answered if unmask else []))
 
     def record(self) -> dict:
-        return {**self._record, "dropped_before_upload": self.dropped_before_upload,
-                "dropped_after_upload": self.dropped_after_upload,
-                "stages": {k: {"answered": len(v.answered), "failed": v.failed, "silent": v.silent,
-                               "seconds": round(v.seconds, 3), "bytes_up": int(sum(v.bytes_up.values())),
-                               "bytes_down": int(sum(v.bytes_down.values()))} for k, v in self.stages.items()}}
+        return {
+            **self._record,
+            "dropped_before_upload": self.dropped_before_upload,
+            "dropped_after_upload": self.dropped_after_upload,
+            "stages": {
+                k: {
+                    "answered": len(v.answered),
+                    "failed": v.failed,
+                    "silent": v.silent,
+                    "seconds": round(v.seconds, 3),
+                    "bytes_up": int(sum(v.bytes_up.values())),
+                    "bytes_down": int(sum(v.bytes_down.values())),
+                }
+                for k, v in self.stages.items()
+            },
+        }
 
 
 def flwr_secaggplus_sum(grid, cfg, nodes: list[int], *, length: int, C: int, d: int, threshold: int | None):
@@ -200,40 +238,69 @@ def flwr_secaggplus_sum(grid, cfg, nodes: list[int], *, length: int, C: int, d: 
             summed.append(len(results))
             return super().aggregate_fit(server_round, results, failures)
 
-    strategy = _Sum(fraction_fit=1.0, fraction_evaluate=0.0, min_fit_clients=K, min_available_clients=K,
-                    on_fit_config_fn=lambda _r: dict(wire), fit_metrics_aggregation_fn=lambda _m: {})
+    strategy = _Sum(
+        fraction_fit=1.0,
+        fraction_evaluate=0.0,
+        min_fit_clients=K,
+        min_available_clients=K,
+        on_fit_config_fn=lambda _r: dict(wire),
+        fit_metrics_aggregation_fn=lambda _m: {},
+    )
     manager = SimpleClientManager()
     for n in nodes:
         manager.register(GridClientProxy(n, grid, 0))
-    ctx = LegacyContext(Context(run_id=0, node_id=0, node_config={}, state=RecordDict(), run_config={}),
-                        config=ServerConfig(num_rounds=1), strategy=strategy, client_manager=manager)
+    ctx = LegacyContext(
+        Context(run_id=0, node_id=0, node_config={}, state=RecordDict(), run_config={}),
+        config=ServerConfig(num_rounds=1),
+        strategy=strategy,
+        client_manager=manager,
+    )
     ctx.state.array_records[MAIN_PARAMS_RECORD] = recorddict_compat.parameters_to_arrayrecord(
-        ndarrays_to_parameters([np.zeros(length)]), keep_input=True)
+        ndarrays_to_parameters([np.zeros(length)]), keep_input=True
+    )
     ctx.state.config_records[MAIN_CONFIGS_RECORD] = ConfigRecord({Key.CURRENT_ROUND: 1})
     t = default_threshold(K) if threshold is None else int(threshold)
-    workflow = SecAggPlusWorkflow(num_shares=K, reconstruction_threshold=t, max_weight=1.0,
-                                  clipping_range=CLIPPING_RANGE, quantization_range=QUANTIZATION_RANGE,
-                                  modulus_range=MODULUS_RANGE, timeout=cfg.timeout)
+    workflow = SecAggPlusWorkflow(
+        num_shares=K,
+        reconstruction_threshold=t,
+        max_weight=1.0,
+        clipping_range=CLIPPING_RANGE,
+        quantization_range=QUANTIZATION_RANGE,
+        modulus_range=MODULUS_RANGE,
+        timeout=cfg.timeout,
+    )
     t0 = time.monotonic()
     counting = _CountingGrid(grid)
     workflow(counting, ctx)
     if not summed:
-        why = "; ".join(f"stage {name}: node {n}: {r.strip().splitlines()[-1] if r.strip() else r}"
-                        for name, ex in counting.stages.items() for n, r in list(ex.failed.items())[:2])
-        raise ProtocolAbort(f"Flower's SecAgg+ halted without a sum (fewer than t={t} of {K} nodes answered a "
-                            f"stage{': ' + why if why else ''}); no sum is released")
-    mean = parameters_to_ndarrays(recorddict_compat.arrayrecord_to_parameters(
-        ctx.state.array_records[MAIN_PARAMS_RECORD], keep_input=True))[0]
+        why = "; ".join(
+            f"stage {name}: node {n}: {r.strip().splitlines()[-1] if r.strip() else r}"
+            for name, ex in counting.stages.items()
+            for n, r in list(ex.failed.items())[:2]
+        )
+        raise ProtocolAbort(
+            f"Flower's SecAgg+ halted without a sum (fewer than t={t} of {K} nodes answered a "
+            f"stage{': ' + why if why else ''}); no sum is released"
+        )
+    mean = parameters_to_ndarrays(
+        recorddict_compat.arrayrecord_to_parameters(
+            ctx.state.array_records[MAIN_PARAMS_RECORD], keep_input=True
+        )
+    )[0]
     total = np.asarray(mean, dtype=np.float64) * summed[0] / _scale_vector(method, cfg, C, d)
     record = {
         "protocol": "Flower SecAgg+ (SecAggPlusWorkflow + secaggplus_mod, flwr legacy workflow)",
-        "participants": K, "threshold": t, "uploaded": summed[0],
-        "clipping_range": CLIPPING_RANGE, "quantization_range": QUANTIZATION_RANGE, "modulus_range": MODULUS_RANGE,
+        "participants": K,
+        "threshold": t,
+        "uploaded": summed[0],
+        "clipping_range": CLIPPING_RANGE,
+        "quantization_range": QUANTIZATION_RANGE,
+        "modulus_range": MODULUS_RANGE,
         "prescale_bounds": field_bounds(method, cfg),
         "quantisation_bound_per_entry": quantisation_bound(method, cfg, summed[0]),
         "max_clients_without_overflow": MODULUS_RANGE // QUANTIZATION_RANGE - 1,
         "seconds": round(time.monotonic() - t0, 3),
         "randomness": "keys and masks from Flower's key agreement; the neighbour graph from Python's random and "
-                      "the stochastic rounding from numpy's global generator (not CSPRNGs)",
+        "the stochastic rounding from numpy's global generator (not CSPRNGs)",
     }
     return FlwrSum(total, nodes, summed[0], counting.stages, record)

@@ -47,8 +47,10 @@ class LocalGrid:
         # Secure aggregation needs each node's identity and the roster: an in-process simulation makes them
         # (t the majority threshold) unless the node configs bring their own.
         node_configs = simulated_identities(node_configs)
-        self.contexts = {n: Context(run_id=1, node_id=n, node_config=c, state=RecordDict(), run_config={})
-                         for n, c in node_configs.items()}
+        self.contexts = {
+            n: Context(run_id=1, node_id=n, node_config=c, state=RecordDict(), run_config={})
+            for n, c in node_configs.items()
+        }
         self.ids = itertools.count(1)
         self.replies: dict[str, object] = {}
 
@@ -66,7 +68,9 @@ class LocalGrid:
                 delivered.metadata.__dict__["_message_id"] = mid
                 reply = self.app(delivered, self.contexts[msg.metadata.dst_node_id])
             except Exception as exc:  # noqa: BLE001 - as Flower's runtime: an error reply with the reason
-                reply = Message(Error(code=0, reason=f"ClientApp raised {type(exc).__name__}: {exc}"), reply_to=msg)
+                reply = Message(
+                    Error(code=0, reason=f"ClientApp raised {type(exc).__name__}: {exc}"), reply_to=msg
+                )
             if reply is not None:
                 self.replies[mid] = reply
             out.append(mid)

@@ -102,8 +102,10 @@ def _node_file(path: str, cfg: FlowerConfig) -> NodeData:
         arrays = _read(file)  # a missing / unreadable file: _read names it
     for required in ("features", "labels"):
         if required not in arrays:
-            raise InputError(f"{where} has no {required!r} array (it has {sorted(arrays)}); "
-                             "save it with numpy.savez(path, features=..., labels=...)")
+            raise InputError(
+                f"{where} has no {required!r} array (it has {sorted(arrays)}); "
+                "save it with numpy.savez(path, features=..., labels=...)"
+            )
     raw = arrays["features"]
     if cfg.private and raw.ndim == 2 and raw.shape[0] == 0 and raw.shape[1] > 0 and raw.dtype.kind in "biuf":
         # Under DP a site without records still uploads (noised zeros): see node_statistics.
@@ -114,7 +116,9 @@ def _node_file(path: str, cfg: FlowerConfig) -> NodeData:
     if cfg.num_classes is None:
         raise ConfigError(f"nodes with their own feature files need num-classes in the run config ({where})")
     if y.size and (y.min() < 0 or y.max() >= cfg.num_classes):
-        raise InputError(f"{where} has labels outside 0..{cfg.num_classes - 1} (num-classes={cfg.num_classes})")
+        raise InputError(
+            f"{where} has labels outside 0..{cfg.num_classes - 1} (num-classes={cfg.num_classes})"
+        )
     return NodeData(F, y, int(cfg.num_classes), f"file:{path}")
 
 
@@ -141,7 +145,9 @@ def _synthetic(node_config: dict, cfg: FlowerConfig) -> NodeData:
         _, dim, n = cfg.dataset.split(":")
         dim, n = int(dim), int(n)
     except ValueError:
-        raise ConfigError(f"dataset {cfg.dataset!r} must read synthetic:D:N, e.g. synthetic:1280:50") from None
+        raise ConfigError(
+            f"dataset {cfg.dataset!r} must read synthetic:D:N, e.g. synthetic:1280:50"
+        ) from None
     C = 10 if cfg.num_classes is None else int(cfg.num_classes)
     pid = int(node_config.get("partition-id", 0))
     rng = np.random.default_rng([int(cfg.partition_seed), pid, 0x5F])
@@ -179,11 +185,20 @@ def node_statistics(
     privacy = cfg.make_privacy()
     n = data.features.shape[0]
     if n == 0 and privacy is None:
-        raise InputError(f"this node ({data.source}) holds no sample; give it data or leave it out of the run")
+        raise InputError(
+            f"this node ({data.source}) holds no sample; give it data or leave it out of the run"
+        )
     zeros = np.zeros(n, dtype=np.int64)
     stats = client_statistics(
-        method, data.features, data.labels, zeros, num_classes=data.num_classes, num_clients=1,
-        rng=rng, privacy=privacy, secure_agg=True if secure else None,
+        method,
+        data.features,
+        data.labels,
+        zeros,
+        num_classes=data.num_classes,
+        num_clients=1,
+        rng=rng,
+        privacy=privacy,
+        secure_agg=True if secure else None,
     )
     events: list[dict] = []
     if privacy is not None and secure:

@@ -61,7 +61,9 @@ def register_round_statistics(name: str, *, context: bool = False):
 def node_round_statistics(name: str, context, cfg, broadcast, round_index) -> ClientStats:
     """The registered per-round statistics (ConfigError listing the registered names otherwise)."""
     if name not in ROUND_STATISTICS:
-        raise ConfigError(f"no per-round statistics registered for {name!r}; registered: {sorted(ROUND_STATISTICS)}")
+        raise ConfigError(
+            f"no per-round statistics registered for {name!r}; registered: {sorted(ROUND_STATISTICS)}"
+        )
     if name in _WANTS_CONTEXT:
         return ROUND_STATISTICS[name](context, cfg, broadcast, round_index)
     from privfed.flower.node import load_node_data
@@ -95,8 +97,16 @@ def run_rounds(
                 return
             fold.add(f"node {node}", stats_from_record(content["stats"], f"node {node}"))
 
-        contents = {n: RecordDict({"config": config_rec, "round": ConfigRecord({"name": name, "index": r}),
-                                   "broadcast": arrays_record(broadcast)}) for n in nodes}
+        contents = {
+            n: RecordDict(
+                {
+                    "config": config_rec,
+                    "round": ConfigRecord({"name": name, "index": r}),
+                    "broadcast": arrays_record(broadcast),
+                }
+            )
+            for n in nodes
+        }
         ex = exchange(grid, contents, "query.round", cfg.timeout, on_reply, group_id=f"round-{r}")
         stages.append(ex)
         node_errors(errors, ex.failed, f"round {r}")

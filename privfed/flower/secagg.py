@@ -106,7 +106,9 @@ class SimulatedRoster:
     process; a deployment gives each node its files (node config).
     """
 
-    def __init__(self, num_nodes: int, threshold: int | None = None, node_ids: list[int] | None = None) -> None:
+    def __init__(
+        self, num_nodes: int, threshold: int | None = None, node_ids: list[int] | None = None
+    ) -> None:
         roster, ids = make_roster(num_nodes, threshold)
         self.roster_json = roster.to_json()
         self.identities = [i.to_json() for i in ids]
@@ -120,7 +122,9 @@ class SimulatedRoster:
         if i is None or not 0 <= int(i) < len(self.identities):
             return None
         raw = json.loads(self.identities[int(i)])
-        return Identity(int(raw["index"]), bytes.fromhex(raw["private_key"])), Roster.from_json(self.roster_json)
+        return Identity(int(raw["index"]), bytes.fromhex(raw["private_key"])), Roster.from_json(
+            self.roster_json
+        )
 
 
 def simulated_identities(node_configs: dict[int, dict], threshold: int | None = None) -> dict[int, dict]:
@@ -135,9 +139,13 @@ def simulated_identities(node_configs: dict[int, dict], threshold: int | None = 
     sim = SimulatedRoster(len(node_configs), threshold, node_ids=list(node_configs))
     out = {}
     for n, c in node_configs.items():
-        out[n] = {"allow-plain-release": True, "allow-seeded-noise": True, **c,
-                  "secagg-identity": sim.identities[sim.index[int(n)]],
-                  "secagg-roster": sim.roster_json}
+        out[n] = {
+            "allow-plain-release": True,
+            "allow-seeded-noise": True,
+            **c,
+            "secagg-identity": sim.identities[sim.index[int(n)]],
+            "secagg-roster": sim.roster_json,
+        }
     return out
 
 
@@ -151,8 +159,9 @@ def _load(value: str, kind):
     return kind.load(text)
 
 
-def node_identity(node_config: dict, node_id: int, provision: SimulatedRoster | None = None
-                  ) -> tuple[Identity, Roster]:
+def node_identity(
+    node_config: dict, node_id: int, provision: SimulatedRoster | None = None
+) -> tuple[Identity, Roster]:
     """This node's identity and roster: from the app (simulation) or its node config (ConfigError if none)."""
     if provision is not None:
         got = provision.for_node(node_config, node_id)
@@ -162,14 +171,16 @@ def node_identity(node_config: dict, node_id: int, provision: SimulatedRoster | 
         raise ConfigError(
             f"node {node_id} has no secure-aggregation identity: start it with --node-config "
             "'secagg-identity=FILE secagg-roster=FILE' (the operator writes them with "
-            "python -m mechanisms.secagg_identity DIR --nodes K); the roster fixes K and t")
+            "python -m mechanisms.secagg_identity DIR --nodes K); the roster fixes K and t"
+        )
     roster = _load(node_config["secagg-roster"], Roster)
     return _load(node_config["secagg-identity"], Identity).check(roster), roster
 
 
 # ------------------------------------------------------------------------------- node side
-def aggregation_digests(config: dict, round_name: str, broadcast: dict[str, np.ndarray] | None,
-                        private: bool) -> tuple[bytes, bytes]:
+def aggregation_digests(
+    config: dict, round_name: str, broadcast: dict[str, np.ndarray] | None, private: bool
+) -> tuple[bytes, bytes]:
     """(aggregation id, context digest) of a masked sum, computed by the node from what it was sent.
 
     The aggregation id names what is summed: the run config (transport
@@ -177,8 +188,9 @@ def aggregation_digests(config: dict, round_name: str, broadcast: dict[str, np.n
     configuration counts as one release of this node's noisy statistics, so
     the id is the round alone.  The context digest adds the broadcast.
     """
-    canon = json.dumps({k: v for k, v in sorted(config.items()) if k not in _TRANSPORT_KEYS},
-                       sort_keys=True, default=str)
+    canon = json.dumps(
+        {k: v for k, v in sorted(config.items()) if k not in _TRANSPORT_KEYS}, sort_keys=True, default=str
+    )
     base = ("dp-release" if private else canon) + "\x00" + round_name
     agg = hashlib.sha256(b"privfed aggregation\x00" + base.encode()).digest()
     h = hashlib.sha256(b"privfed context\x00" + canon.encode() + b"\x00" + round_name.encode())
@@ -192,10 +204,13 @@ def lifetime_id(config: dict, round_name: str, private: bool = False) -> bytes:
     """The id a node's lifetime ledger (``secagg-ledger``) keeps: the run config (less transport keys) and round;
     under DP the round alone (any configuration is another release of the node's noisy statistics, and a server
     chooses the configuration)."""
-    canon = json.dumps({k: v for k, v in sorted(config.items()) if k not in _TRANSPORT_KEYS},
-                       sort_keys=True, default=str)
+    canon = json.dumps(
+        {k: v for k, v in sorted(config.items()) if k not in _TRANSPORT_KEYS}, sort_keys=True, default=str
+    )
     base = "dp-release" if private else canon
-    return hashlib.sha256(b"privfed lifetime aggregation\x00" + base.encode() + b"\x00" + round_name.encode()).digest()
+    return hashlib.sha256(
+        b"privfed lifetime aggregation\x00" + base.encode() + b"\x00" + round_name.encode()
+    ).digest()
 
 
 _PIN = "uploaders="
@@ -224,7 +239,10 @@ def node_ledger(context, lifetime: bytes | None = None) -> SessionLedger:
             raise ProtocolAbort(
                 f"node {node} aborts at stage 'masked': its ledger {p} shows it already uploaded for this "
                 "configuration and round in an earlier run; a server that repeats a sum could subtract the two",
-                node=node, stage="masked", deviation="second-session")
+                node=node,
+                stage="masked",
+                deviation="second-session",
+            )
         append(lifetime.hex())
 
     def keep(line: str) -> None:
@@ -233,7 +251,7 @@ def node_ledger(context, lifetime: bytes | None = None) -> SessionLedger:
             append(line)
 
     def kept(key: str) -> str | None:
-        found = [x[len(key):] for x in lines() if x.startswith(key)]
+        found = [x[len(key) :] for x in lines() if x.startswith(key)]
         return found[0] if found else None
 
     rec = context.state.get(LEDGER_KEY, {})
@@ -244,21 +262,41 @@ def node_ledger(context, lifetime: bytes | None = None) -> SessionLedger:
         pinned = [int(v) for v in text.split(",")]
     if holder is None and (text := kept("holder=")) is not None:
         holder = int(text)
-    return SessionLedger(used, also if p is not None and lifetime is not None else None, pinned, holder,
-                         keep if p is not None else None)
+    return SessionLedger(
+        used,
+        also if p is not None and lifetime is not None else None,
+        pinned,
+        holder,
+        keep if p is not None else None,
+    )
 
 
-def node_step(content: RecordDict, context, identity: Identity, roster: Roster, *,
-              ring_input: Callable[[], np.ndarray] | None = None, context_digest: bytes = b"",
-              aggregation: bytes | None = None, lifetime: bytes | None = None) -> RecordDict:
+def node_step(
+    content: RecordDict,
+    context,
+    identity: Identity,
+    roster: Roster,
+    *,
+    ring_input: Callable[[], np.ndarray] | None = None,
+    context_digest: bytes = b"",
+    aggregation: bytes | None = None,
+    lifetime: bytes | None = None,
+) -> RecordDict:
     """Answer one masking request with this node's state machine; its state stays in ``context.state``."""
     req = from_records(content)
     ledger = node_ledger(context, lifetime)
     state = None
     if req.get("stage") != "keys":
         state = dict(context.state[STATE_KEY]) if STATE_KEY in context.state else {"stage": "new"}
-    node = MaskingNode(identity.index, num_nodes=roster.size, threshold=roster.threshold, identity=identity,
-                       roster=roster, ledger=ledger, state=state)
+    node = MaskingNode(
+        identity.index,
+        num_nodes=roster.size,
+        threshold=roster.threshold,
+        identity=identity,
+        roster=roster,
+        ledger=ledger,
+        state=state,
+    )
     try:
         reply = node.handle(req, ring_input=ring_input, context=context_digest, aggregation=aggregation)
     finally:
@@ -304,16 +342,21 @@ class MaskedSum:
     def record(self) -> dict:
         return {
             "protocol": "pairwise masking (Bonawitz et al. 2017), active-adversary version: signed keys "
-                        "checked against the roster, consistency round, complete graph",
+            "checked against the roster, consistency round, complete graph",
             "participants": len(self.participants),
             "threshold": self.threshold,
             "uploaded": len(self.uploaded),
             "dropped_before_upload": list(self.dropped_before_upload),
             "dropped_after_upload": list(self.dropped_after_upload),
             "stages": {
-                k: {"answered": len(v.answered), "failed": v.failed, "silent": v.silent,
-                    "seconds": round(v.seconds, 3), "bytes_up": int(sum(v.bytes_up.values())),
-                    "bytes_down": int(sum(v.bytes_down.values()))}
+                k: {
+                    "answered": len(v.answered),
+                    "failed": v.failed,
+                    "silent": v.silent,
+                    "seconds": round(v.seconds, 3),
+                    "bytes_up": int(sum(v.bytes_up.values())),
+                    "bytes_down": int(sum(v.bytes_down.values())),
+                }
                 for k, v in self.stages.items()
             },
         }
@@ -359,8 +402,15 @@ def masked_sum_over_messages(
     """
     K = len(nodes) if num_nodes is None else int(num_nodes)
     t = min_threshold(K) if threshold is None else int(threshold)
-    server = MaskingServer(num_nodes=K, threshold=t, length=length, session=os.urandom(16), active=True,
-                           frac_bits=frac_bits, name=round_name)
+    server = MaskingServer(
+        num_nodes=K,
+        threshold=t,
+        length=length,
+        session=os.urandom(16),
+        active=True,
+        frac_bits=frac_bits,
+        name=round_name,
+    )
     stages: dict[str, Exchange] = {}
     node_of: dict[int, int] = {}  # u -> Flower node id
 
@@ -389,14 +439,17 @@ def masked_sum_over_messages(
             if stage == "keys":
                 u = int(reply["u"])
                 if u in node_of or not 0 <= u < K:
-                    raise ProtocolAbort(f"node {node} claims roster index {u}, taken or outside 0..{K - 1}",
-                                        stage=stage)
+                    raise ProtocolAbort(
+                        f"node {node} claims roster index {u}, taken or outside 0..{K - 1}", stage=stage
+                    )
                 node_of[u] = node
             else:
                 u = next(k for k, v in node_of.items() if v == node)
             server.receive(u, reply)
 
-        ex = stages[stage] = exchange(grid, contents, f"query.{stage}", timeout, on_reply, group_id=round_name)
+        ex = stages[stage] = exchange(
+            grid, contents, f"query.{stage}", timeout, on_reply, group_id=round_name
+        )
         _raise_refusals(refused, stage)
         why = "; ".join(f"node {n}: {r}" for n, r in list(ex.failed.items())[:3])
         server.close(f" ({len(ex.silent)} silent, {len(ex.failed)} failed{': ' + why if why else ''})")
@@ -409,8 +462,11 @@ def masked_sum_over_messages(
         view += [("masked", node_of[u], "y", y.copy()) for u, y in v.masked_uploads.items()]
         view += [("consistency", node_of[u], "sig", s) for u, s in v.consistency_signatures.items()]
         for kind, shares in (("b", v.self_seed_shares), ("s", v.key_shares)):
-            view += [("unmask", node_of[x - 1], f"{kind}_share_of_{w}", s)
-                     for w, per in shares.items() for x, s in per.items()]
+            view += [
+                ("unmask", node_of[x - 1], f"{kind}_share_of_{w}", s)
+                for w, per in shares.items()
+                for x, s in per.items()
+            ]
     answered = set(server.view.answered)
     U3 = list(server.U3)
     return MaskedSum(
@@ -423,4 +479,3 @@ def masked_sum_over_messages(
         dropped_after_upload=[node_of[u] for u in U3 if u not in answered],
         view=view,
     )
-

@@ -100,20 +100,27 @@ def _jsonable(obj):
 def _stage_bytes(ex: Exchange) -> dict[str, Any]:
     up = list(ex.bytes_up.values())
     return {
-        "answered": len(ex.answered), "failed": dict(ex.failed), "silent": list(ex.silent),
+        "answered": len(ex.answered),
+        "failed": dict(ex.failed),
+        "silent": list(ex.silent),
         "seconds": round(ex.seconds, 3),
-        "bytes_up_total": int(sum(up)), "bytes_up_per_node": float(np.mean(up)) if up else 0.0,
+        "bytes_up_total": int(sum(up)),
+        "bytes_up_per_node": float(np.mean(up)) if up else 0.0,
         "bytes_down_total": int(sum(ex.bytes_down.values())),
     }
 
 
 def _record_client_releases(privacy, replies_events: dict[int, list[dict]]) -> None:
     """Check that every node made the same release, and record it once (as ``fit`` does)."""
-    strip = [[{k: v for k, v in e.items() if k != "release_id"} for e in ev] for ev in replies_events.values()]
+    strip = [
+        [{k: v for k, v in e.items() if k != "release_id"} for e in ev] for ev in replies_events.values()
+    ]
     if not strip or not strip[0]:
         return
     if any(s != strip[0] for s in strip):
-        raise ConfigError("the nodes report different privacy releases; every node must run the same mechanism")
+        raise ConfigError(
+            "the nodes report different privacy releases; every node must run the same mechanism"
+        )
     rid = privacy.ledger.new_release()
     for e in strip[0]:
         privacy.ledger.record(ReleaseEvent(**{**e, "release_id": rid}))
@@ -145,8 +152,12 @@ def serve(grid: Grid, cfg: FlowerConfig, *, keep_view: bool = False) -> FlowerRe
     t_connected = time.monotonic()
     # The nonce tells this run from an identical earlier one (a node reuses its noise share within a run only).
     config_rec = ConfigRecord({**cfg.to_wire(), "run-nonce": os.urandom(8).hex()})
-    report: dict[str, Any] = {"method": method.name, "params": dict(method.params), "config": cfg.to_wire(),
-                              "nodes": len(nodes)}
+    report: dict[str, Any] = {
+        "method": method.name,
+        "params": dict(method.params),
+        "config": cfg.to_wire(),
+        "nodes": len(nodes),
+    }
     received: list = []
     stages: dict[str, Exchange] = {}
 
@@ -163,8 +174,9 @@ def serve(grid: Grid, cfg: FlowerConfig, *, keep_view: bool = False) -> FlowerRe
         report["replied"] = K
         report["rounds"] = {
             "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(rc).items()},
-            "head_norm": [float(np.linalg.norm(np.concatenate([h.bias[:, None], h.weight], axis=1)))
-                          for h in heads],
+            "head_norm": [
+                float(np.linalg.norm(np.concatenate([h.bias[:, None], h.weight], axis=1))) for h in heads
+            ],
         }
         sums = []
     elif cfg.secure == "none":
@@ -183,7 +195,9 @@ def serve(grid: Grid, cfg: FlowerConfig, *, keep_view: bool = False) -> FlowerRe
             for k, v in payload_bytes(content["stats"]).items():
                 payload[k] = payload.get(k, 0) + v
             # fit's byte model counts the pairs sent: under DP every class of every row (zeros noised too).
-            sent_pairs[0] += stats.num_clients * stats.num_classes if privacy is not None else stats.num_pairs()
+            sent_pairs[0] += (
+                stats.num_clients * stats.num_classes if privacy is not None else stats.num_pairs()
+            )
             if keep_view:
                 received.append(("query", node, {k: v.copy() for k, v in stats.arrays().items()}))
             fold.add(f"node {node}", stats)
@@ -215,14 +229,18 @@ def serve(grid: Grid, cfg: FlowerConfig, *, keep_view: bool = False) -> FlowerRe
             "model_bytes": int(model),
             "payload_bytes": int(sum(payload.values())),
             "payload_bytes_by_array": dict(sorted(payload.items())),
-            "layout": "float64, every class" if cfg.wire != "compact"
-            else "float32, every class (DP)" if cfg.private else "float32, held classes only",
+            "layout": "float64, every class"
+            if cfg.wire != "compact"
+            else "float32, every class (DP)"
+            if cfg.private
+            else "float32, held classes only",
             "note": "model: fit's 4 bytes a float over the statistics it counts; payload: the arrays' buffers "
-                    "sent (the reply adds Flower's framing and the metadata, see wire)",
+            "sent (the reply adds Flower's framing and the metadata, see wire)",
         }
     else:
-        head, K, extra = _serve_secure(grid, cfg, method, nodes, config_rec, stages, keep_view, received,
-                                       noise_report)
+        head, K, extra = _serve_secure(
+            grid, cfg, method, nodes, config_rec, stages, keep_view, received, noise_report
+        )
         sums = extra.pop("sums")
         report.update(extra)
         report["replied"] = K
@@ -240,23 +258,29 @@ def serve(grid: Grid, cfg: FlowerConfig, *, keep_view: bool = False) -> FlowerRe
         "bytes_up_total": int(up_total),
         "bytes_up_per_node": up_total / max(len(nodes_up), 1),
         "bytes_down_total": int(sum(sum(ex.bytes_down.values()) for ex in stages.values())),
-        "encoding": {"none": "float32 arrays (compact)" if cfg.wire == "compact" else "float64 arrays", "mask": f"uint64 ring, frac-bits={cfg.frac_bits}",
-                     "ckks": "CKKS ciphertexts (TenSEAL)",
-                     "flwr-secaggplus-insecure": "Flower SecAgg+: 2^22 levels in [-8, 8], 2^32 ring"}[cfg.secure],
+        "encoding": {
+            "none": "float32 arrays (compact)" if cfg.wire == "compact" else "float64 arrays",
+            "mask": f"uint64 ring, frac-bits={cfg.frac_bits}",
+            "ckks": "CKKS ciphertexts (TenSEAL)",
+            "flwr-secaggplus-insecure": "Flower SecAgg+: 2^22 levels in [-8, 8], 2^32 ring",
+        }[cfg.secure],
     }
     head.extras["flower"] = wire
     if cfg.secure != "none":
         head.upload_bytes.update(total=int(up_total), per_client=wire["bytes_up_per_node"])
-    report.update({
-        "notes": list(head.notes),
-        "upload_bytes_model": head.upload_bytes,
-        "wire": wire,
-        "privacy": None if head.privacy is None else _jsonable(head.privacy),
-        "secure_aggregation": head.secure_aggregation,
-        "seconds": {"connect": round(t_connected - t0, 3), "total": round(time.monotonic() - t0, 3)},
-        "noise_randomness": "OS entropy" if cfg.noise_seed is None
-        else f"seeded (noise-seed={cfg.noise_seed}): a reproducible simulation, not a private release",
-    })
+    report.update(
+        {
+            "notes": list(head.notes),
+            "upload_bytes_model": head.upload_bytes,
+            "wire": wire,
+            "privacy": None if head.privacy is None else _jsonable(head.privacy),
+            "secure_aggregation": head.secure_aggregation,
+            "seconds": {"connect": round(t_connected - t0, 3), "total": round(time.monotonic() - t0, 3)},
+            "noise_randomness": "OS entropy"
+            if cfg.noise_seed is None
+            else f"seeded (noise-seed={cfg.noise_seed}): a reproducible simulation, not a private release",
+        }
+    )
     if tracemalloc.is_tracing():
         report["server_peak_traced_bytes"] = tracemalloc.get_traced_memory()[1]
     result = FlowerResult(head=head, report=_jsonable(report), received=received, sums=sums, heads=heads)
@@ -304,13 +328,28 @@ def _serve_secure(grid, cfg, method, nodes, config_rec, stages, keep_view, recei
         elif cfg.secure == "ckks":
             holder = next((n for n in among if holders.get(n)), among[0])
             res = ckks_sum_over_messages(
-                grid, among, key_holder=holder, length=length, params=CKKSParams(), timeout=cfg.timeout,
-                payload=payload, round_name=round_name, keep_view=keep_view, num_nodes=cfg.clients,
+                grid,
+                among,
+                key_holder=holder,
+                length=length,
+                params=CKKSParams(),
+                timeout=cfg.timeout,
+                payload=payload,
+                round_name=round_name,
+                keep_view=keep_view,
+                num_nodes=cfg.clients,
             )
         else:
             res = masked_sum_over_messages(
-                grid, among, length=length, frac_bits=cfg.frac_bits, threshold=cfg.threshold,
-                timeout=cfg.timeout, masked_payload=payload, round_name=round_name, keep_view=keep_view,
+                grid,
+                among,
+                length=length,
+                frac_bits=cfg.frac_bits,
+                threshold=cfg.threshold,
+                timeout=cfg.timeout,
+                masked_payload=payload,
+                round_name=round_name,
+                keep_view=keep_view,
                 num_nodes=cfg.clients,
             )
         for k, v in res.stages.items():
@@ -324,6 +363,7 @@ def _serve_secure(grid, cfg, method, nodes, config_rec, stages, keep_view, recei
             if broadcast is not None:
                 out["broadcast"] = arrays_record(broadcast)
             return out
+
         return f
 
     if not method.per_client:
@@ -336,8 +376,12 @@ def _serve_secure(grid, cfg, method, nodes, config_rec, stages, keep_view, recei
         r1 = run("fedcof-1", fedcof_round1_length(method, C, d), payload("fedcof-1"))
         b = fedcof_broadcast(r1.total, method, C, d)
         # Round 2 runs among the nodes whose round-1 inputs were summed: N_c, mu_c, K_c describe them.
-        r2 = run("fedcof-2", d * d, payload("fedcof-2", {"N": b["N"], "mu": b["mu"], "Kc": b["Kc"]}),
-                 among=sorted(r1.uploaded))
+        r2 = run(
+            "fedcof-2",
+            d * d,
+            payload("fedcof-2", {"N": b["N"], "mu": b["mu"], "Kc": b["Kc"]}),
+            among=sorted(r1.uploaded),
+        )
         if set(r2.uploaded) != set(r1.uploaded):
             raise ConfigError(
                 "FedCOF's second secure round lost node(s) "
@@ -350,7 +394,9 @@ def _serve_secure(grid, cfg, method, nodes, config_rec, stages, keep_view, recei
     else:  # pragma: no cover - every per-client method has a secure protocol or is refused by it
         method.secure_aggregate(None, None)
     K = len(runs[-1].uploaded)
-    if cfg.secure == "flwr-secaggplus-insecure":  # the nodes clipped their records to the public bound: test rows too
+    if (
+        cfg.secure == "flwr-secaggplus-insecure"
+    ):  # the nodes clipped their records to the public bound: test rows too
         from mechanisms.clipping import Clipping
 
         head.feature_transform = Clipping(float(cfg.clip), "l2")
@@ -363,7 +409,9 @@ def _serve_secure(grid, cfg, method, nodes, config_rec, stages, keep_view, recei
         "rounds": [r.record() for r in runs],
         "summed_nodes": K,
         "dropped": sorted({n for r in runs for n in r.dropped_before_upload}),
-        "threat_model": {"mask": THREAT_MODEL_MASK_ACTIVE, "ckks": THREAT_MODEL_CKKS_ACTIVE}.get(cfg.secure, _THREAT_FLWR),
+        "threat_model": {"mask": THREAT_MODEL_MASK_ACTIVE, "ckks": THREAT_MODEL_CKKS_ACTIVE}.get(
+            cfg.secure, _THREAT_FLWR
+        ),
     }
     if any(r.dropped_before_upload for r in runs):
         head.notes.append(
@@ -395,8 +443,10 @@ def write_outputs(result: FlowerResult, directory: str) -> None:
     """
     from privfed.results_io import ResultFolder
 
-    out = ResultFolder(pathlib.Path(directory).expanduser(), overwrite=True, flag="output",
-                       command="privfed flower server")
+    out = ResultFolder(
+        pathlib.Path(directory).expanduser(), overwrite=True, flag="output", command="privfed flower server"
+    )
+
     def head_npz(p: pathlib.Path) -> None:
         with open(p, "wb") as fh:
             np.savez(fh, weight=result.head.weight, bias=result.head.bias)
@@ -411,7 +461,10 @@ def write_outputs(result: FlowerResult, directory: str) -> None:
 
 
 def make_server_app(
-    cfg: FlowerConfig | list[FlowerConfig] | None = None, *, keep_view: bool = False, results: list | None = None
+    cfg: FlowerConfig | list[FlowerConfig] | None = None,
+    *,
+    keep_view: bool = False,
+    results: list | None = None,
 ) -> ServerApp:
     """A ServerApp running :func:`serve`; ``cfg=None`` reads Flower's run config.
 
@@ -443,9 +496,12 @@ def _serve_one(grid, run_cfg: FlowerConfig, keep_view: bool, results: list | Non
     res = serve(grid, run_cfg, keep_view=keep_view)
     if results is not None:
         results.append(res)
-    print(f"privfed: {res.head.method} head {res.head.weight.shape} from {res.report['replied']} nodes; "
-          f"{res.report['wire']['bytes_up_per_node']:.0f} bytes up per node"
-          + (f"; written to {run_cfg.output}" if run_cfg.output else ""), flush=True)
+    print(
+        f"privfed: {res.head.method} head {res.head.weight.shape} from {res.report['replied']} nodes; "
+        f"{res.report['wire']['bytes_up_per_node']:.0f} bytes up per node"
+        + (f"; written to {run_cfg.output}" if run_cfg.output else ""),
+        flush=True,
+    )
 
 
 #: The ServerApp ``flwr run`` loads (``privfed.flower.server_app:app``); config from the run config.

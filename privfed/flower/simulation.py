@@ -64,8 +64,7 @@ def run_simulation(
     _flwr_run_simulation(
         server_app=server,
         client_app=client,
-        num_supernodes=int(num_supernodes if num_supernodes is not None
-                           else max(c.clients for c in cfgs)),
+        num_supernodes=int(num_supernodes if num_supernodes is not None else max(c.clients for c in cfgs)),
         backend_config={
             "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
             "init_args": {"num_cpus": int(num_cpus), "num_gpus": 0, "include_dashboard": False},
@@ -82,10 +81,17 @@ def _roster(cfgs: list[FlowerConfig], num_supernodes: int | None) -> SimulatedRo
     masked = [c for c in cfgs if c.secure in ("mask", "ckks")]
     if not masked:
         return None
-    kt = {(c.clients, c.threshold if c.threshold is not None and c.secure == "mask" else min_threshold(c.clients))
-          for c in masked}
+    kt = {
+        (
+            c.clients,
+            c.threshold if c.threshold is not None and c.secure == "mask" else min_threshold(c.clients),
+        )
+        for c in masked
+    }
     if len(kt) > 1:
-        raise ConfigError(f"one simulation has one roster: the masked configurations ask for (K, t) in {sorted(kt)}; "
-                          "run them in separate simulations")
-    (K, t), = kt
+        raise ConfigError(
+            f"one simulation has one roster: the masked configurations ask for (K, t) in {sorted(kt)}; "
+            "run them in separate simulations"
+        )
+    ((K, t),) = kt
     return SimulatedRoster(K, t)

@@ -73,9 +73,16 @@ def stats_from_record(record: ArrayRecord, where: str, num_classes: int | None =
     if classes is not None:
         C = num_classes
         M = arrays["counts"].shape[0] if arrays["counts"].ndim == 1 else -1
-        if (C is None or classes.ndim != 1 or classes.size != M or (M and (classes.min() < 0 or classes.max() >= C))
-                or np.unique(classes).size != classes.size):
-            raise InputError(f"{where}: malformed held-classes statistics (classes {classes.tolist()[:10]}, C={C})")
+        if (
+            C is None
+            or classes.ndim != 1
+            or classes.size != M
+            or (M and (classes.min() < 0 or classes.max() >= C))
+            or np.unique(classes).size != classes.size
+        ):
+            raise InputError(
+                f"{where}: malformed held-classes statistics (classes {classes.tolist()[:10]}, C={C})"
+            )
         dense = {}
         for k, v in arrays.items():
             if k in _PER_CLASS:

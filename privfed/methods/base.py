@@ -78,19 +78,27 @@ class Method(abc.ABC):
 
         Rows are grouped by :meth:`row_groups` (clients, or pseudo-clients).
         """
-        groups, owners = self.row_groups(labels, clients, num_classes=num_classes, num_clients=num_clients,
-                                         rng=rng)
+        groups, owners = self.row_groups(
+            labels, clients, num_classes=num_classes, num_clients=num_clients, rng=rng
+        )
         K = num_clients if owners is None else owners.size
         F = features
         if not (isinstance(F, np.ndarray) and F.dtype == np.float64 and F.ndim == 2):
-            return compute_client_stats(F, labels, groups, num_classes=num_classes, num_clients=K,
-                                        fields=self.requires)
+            return compute_client_stats(
+                F, labels, groups, num_classes=num_classes, num_clients=K, fields=self.requires
+            )
         y = np.asarray(labels, dtype=np.int64)
-        return _stats_from_rows(F, y, np.asarray(groups, dtype=np.int64), num_classes, K, self.requires,
-                                owners=owners)
+        return _stats_from_rows(
+            F, y, np.asarray(groups, dtype=np.int64), num_classes, K, self.requires, owners=owners
+        )
 
     def row_groups(
-        self, labels: np.ndarray, clients: np.ndarray, *, num_classes: int, num_clients: int,
+        self,
+        labels: np.ndarray,
+        clients: np.ndarray,
+        *,
+        num_classes: int,
+        num_clients: int,
         rng: np.random.Generator,
     ) -> tuple[np.ndarray, np.ndarray | None]:
         """The row (client or pseudo-client) of every sample, and each row's real client.
@@ -129,7 +137,9 @@ class Method(abc.ABC):
                 "aggregation hides; use a sum-only method (fedncm, fed3r, fed3r-within, fedcgs, fedlog) "
                 "or one with a secure protocol (fedcof)"
             )
-        total = ClientStats(**{k: secure_sum(v)[None] for k, v in stats.select(self.requires).arrays().items()})
+        total = ClientStats(
+            **{k: secure_sum(v)[None] for k, v in stats.select(self.requires).arrays().items()}
+        )
         return self.aggregate(total)
 
     # -- communication -------------------------------------------------------
@@ -165,8 +175,14 @@ class Method(abc.ABC):
             )
 
     def _head(self, weight, bias, notes=(), **extras) -> LinearHead:
-        return LinearHead(weight=weight, bias=bias, method=self.name, params=dict(self.params),
-                          notes=list(notes), extras=extras)
+        return LinearHead(
+            weight=weight,
+            bias=bias,
+            method=self.name,
+            params=dict(self.params),
+            notes=list(notes),
+            extras=extras,
+        )
 
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in self.params.items())

@@ -101,7 +101,9 @@ class FedCGS(Method):
         a = self.params["shrinkage"]
         P = self._cholesky(Sigma, mu, a)
         if P is None:
-            notes.append("Cholesky of the covariance failed; checked and solved by eigendecomposition instead")
+            notes.append(
+                "Cholesky of the covariance failed; checked and solved by eigendecomposition instead"
+            )
             P = self._eigen(Sigma, mu, a, N, notes)
         Ntot = N[present].sum()
         b = np.full(N.shape, 0.0)
@@ -140,11 +142,14 @@ class FedCGS(Method):
         tol = 10 * d * np.finfo(np.float64).eps * max(float(np.abs(w_eig).max()), 1e-300)
         if w_eig.min() < -tol:
             Sigma, raised = project_psd(Sigma)
-            notes.append(Note(
-                f"covariance had {raised} negative eigenvalue(s); projected to the PSD cone "
-                "(with noisy statistics a larger shrinkage, e.g. 0.1, keeps the inverse stable)",
-                "psd_projection", raised,
-            ))
+            notes.append(
+                Note(
+                    f"covariance had {raised} negative eigenvalue(s); projected to the PSD cone "
+                    "(with noisy statistics a larger shrinkage, e.g. 0.1, keeps the inverse stable)",
+                    "psd_projection",
+                    raised,
+                )
+            )
             w_eig = np.linalg.eigvalsh(Sigma)
         if not np.trace(Sigma) > 0:  # every feature constant: no shrinkage can help
             raise InputError(

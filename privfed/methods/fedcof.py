@@ -107,8 +107,13 @@ def spread_weights(N: np.ndarray, Kc: np.ndarray) -> np.ndarray:
 
 
 def spread_matrix(
-    counts: np.ndarray, sums: np.ndarray, mu: np.ndarray, weights: np.ndarray, mask: np.ndarray,
-    *, per_client: bool = False,
+    counts: np.ndarray,
+    sums: np.ndarray,
+    mu: np.ndarray,
+    weights: np.ndarray,
+    mask: np.ndarray,
+    *,
+    per_client: bool = False,
 ) -> np.ndarray:
     """sum_{k,c valid} w_c n_kc (mu_kc - mu_c)(mu_kc - mu_c)^T.
 
@@ -139,7 +144,11 @@ _STREAM_BUFFER_BYTES = 32 * 2**20
 
 
 def pair_spread(
-    pair_class: np.ndarray, pair_counts: np.ndarray, pair_sums: np.ndarray, mu: np.ndarray, weights: np.ndarray,
+    pair_class: np.ndarray,
+    pair_counts: np.ndarray,
+    pair_sums: np.ndarray,
+    mu: np.ndarray,
+    weights: np.ndarray,
     rows: np.ndarray | None = None,
 ) -> np.ndarray:
     """:func:`spread_matrix` (summed) over the valid pair rows only: sum_p w_c n_p (m_p - mu_c)(m_p - mu_c)^T.
@@ -172,9 +181,9 @@ def pair_spread(
         m = min(step, sel.size - a)
         for t in range(a, a + m, tile):
             e = min(t + tile, a + m)
-            X, V = buf[t - a:e - a], U[:e - t]
+            X, V = buf[t - a : e - a], U[: e - t]
             if contiguous:
-                np.multiply(pair_sums[src[0] + t:src[0] + e], scale[t:e, None], out=X)
+                np.multiply(pair_sums[src[0] + t : src[0] + e], scale[t:e, None], out=X)
             else:
                 np.take(pair_sums, src[t:e], axis=0, out=X, mode="clip")  # indices in range: unbuffered
                 X *= scale[t:e, None]
@@ -209,13 +218,15 @@ def noise_bias(counts: np.ndarray, mask: np.ndarray, noise_var: float) -> np.nda
 
 def _bias_from_sums(inv_sum: np.ndarray, N: np.ndarray, Kc: np.ndarray, noise_var: float) -> np.ndarray:
     ok = (Kc >= 2) & (N > 0)
-    return np.where(
-        ok, noise_var * (inv_sum - Kc / np.where(N > 0, N, 1.0)) / np.maximum(Kc - 1.0, 1.0), 0.0
-    )
+    return np.where(ok, noise_var * (inv_sum - Kc / np.where(N > 0, N, 1.0)) / np.maximum(Kc - 1.0, 1.0), 0.0)
 
 
 def within_matrix(
-    N: np.ndarray, S: np.ndarray, Kc: np.ndarray, spread: np.ndarray, gamma: float,
+    N: np.ndarray,
+    S: np.ndarray,
+    Kc: np.ndarray,
+    spread: np.ndarray,
+    gamma: float,
     bias: np.ndarray | None = None,
 ) -> np.ndarray:
     """G_hat = spread + sum_c (N_c - 1)(gamma - beta_c [K_c >= 2]) I + N mu_g mu_g^T  (Eq. 8).
@@ -258,7 +269,11 @@ def class_covariances(stats: ClientStats, gamma: float = 0.0, noise_var: float =
 
 
 def multi_mean_ids(
-    labels: np.ndarray, clients: np.ndarray, num_classes: int, num_clients: int, means: int,
+    labels: np.ndarray,
+    clients: np.ndarray,
+    num_classes: int,
+    num_clients: int,
+    means: int,
     rng: np.random.Generator,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Pseudo-client id of every sample for multi-mean sampling (App. E).
@@ -347,15 +362,19 @@ class FedCOF(Method):
         m = self.params["means_per_client"]
         if m == 1:
             return None
-        return (f"means_per_client={m} cuts each class into min(M, n // 2) chunks, so one record changes how the "
-                "other records are split (and how many rows a client uploads); use means_per_client=1")
+        return (
+            f"means_per_client={m} cuts each class into min(M, n // 2) chunks, so one record changes how the "
+            "other records are split (and how many rows a client uploads); use means_per_client=1"
+        )
 
     # -- client side -------------------------------------------------------------
     def row_groups(self, labels, clients, *, num_classes, num_clients, rng):
         """Pseudo-clients of multi-mean sampling (:func:`multi_mean_ids`) when ``means_per_client > 1``."""
         M = self.params["means_per_client"]
         if M == 1:
-            return super().row_groups(labels, clients, num_classes=num_classes, num_clients=num_clients, rng=rng)
+            return super().row_groups(
+                labels, clients, num_classes=num_classes, num_clients=num_clients, rng=rng
+            )
         labels = np.asarray(labels, dtype=np.int64)
         clients = np.asarray(clients, dtype=np.int64)
         return multi_mean_ids(labels, clients, num_classes, num_clients, M, rng)
@@ -388,7 +407,9 @@ class FedCOF(Method):
         w = spread_weights(N, Kc)
         spread = pair_spread(pk_s, n_s, sums, mu, w, rows=rows_s)
         if count_only.any():  # sum over those cells of w_c n (0 - mu_c)(0 - mu_c)^T: one C-row product
-            Z = mu * np.sqrt(np.where(w > 0, w, 0.0) * count_only)[:, None]  # w_c <= 0: skipped, as pair_spread
+            Z = (
+                mu * np.sqrt(np.where(w > 0, w, 0.0) * count_only)[:, None]
+            )  # w_c <= 0: skipped, as pair_spread
             spread += Z.T @ Z
         inv_sum = np.bincount(pk, weights=1.0 / n, minlength=C) if self.params["noise_var"] > 0 else None
         return self._estimate(N, S, mu, Kc, spread, inv_sum, notes)
@@ -398,10 +419,13 @@ class FedCOF(Method):
         """Which pairs take part (:func:`valid_pairs`), with the note on those dropped."""
         valid, dropped = valid_pairs(counts)
         if dropped:
-            notes.append(Note(
-                f"{dropped} (client, class) pair(s) with count <= 0 were dropped (App. I.1 drop rule)",
-                "dropped_pairs", dropped,
-            ))
+            notes.append(
+                Note(
+                    f"{dropped} (client, class) pair(s) with count <= 0 were dropped (App. I.1 drop rule)",
+                    "dropped_pairs",
+                    dropped,
+                )
+            )
         return valid
 
     def _estimate(self, N, S, mu, Kc, spread, inv_sum, notes) -> FedCOFEstimate:
@@ -480,20 +504,26 @@ class FedCOF(Method):
         mu = class_means(N, S)
         Z = (mu - ref) * np.sqrt(w * N)[:, None]
         spread -= Z.T @ Z
-        inv_sum = np.where(valid, 1.0 / np.where(valid, n_all, 1.0), 0.0).sum(axis=0) \
-            if self.params["noise_var"] > 0 else None
+        inv_sum = (
+            np.where(valid, 1.0 / np.where(valid, n_all, 1.0), 0.0).sum(axis=0)
+            if self.params["noise_var"] > 0
+            else None
+        )
         return self._estimate(N, S, mu, Kc, spread, inv_sum, notes)
 
     def aggregate(self, stats: ClientStats) -> LinearHead:
         est = self.estimate(stats)
         return self._finish(est)
 
-    def aggregate_pairs(self, pair_class: np.ndarray, pair_counts: np.ndarray, blocks, num_classes: int) -> LinearHead:
+    def aggregate_pairs(
+        self, pair_class: np.ndarray, pair_counts: np.ndarray, blocks, num_classes: int
+    ) -> LinearHead:
         """The head from pair sums that arrive a block of whole pairs at a time (:meth:`estimate_pairs`)."""
         return self._finish(self.estimate_pairs(pair_class, pair_counts, blocks, num_classes))
 
-    def estimate_pairs(self, pair_class: np.ndarray, pair_counts: np.ndarray, blocks,
-                       num_classes: int) -> FedCOFEstimate:
+    def estimate_pairs(
+        self, pair_class: np.ndarray, pair_counts: np.ndarray, blocks, num_classes: int
+    ) -> FedCOFEstimate:
         """Eq. 5, 6 and 8 in one pass over the pair sums, which are never all held (``privfed.fit``'s path).
 
         ``pair_class`` / ``pair_counts`` (M,): the class and count of every
@@ -515,7 +545,9 @@ class FedCOF(Method):
         N = np.bincount(pc_all[valid], weights=n_all[valid], minlength=C)
         Kc = np.bincount(pc_all[valid], minlength=C)
         w = np.maximum(spread_weights(N, Kc), 0.0)
-        root = np.where(valid, np.sqrt(w[pc_all] * np.where(valid, n_all, 0.0)), 0.0)  # sqrt(w_c n_p), 0: skipped
+        root = np.where(
+            valid, np.sqrt(w[pc_all] * np.where(valid, n_all, 0.0)), 0.0
+        )  # sqrt(w_c n_p), 0: skipped
         S = spread = ref = buf = U = None
         seen = np.zeros(C, dtype=bool)
         fill = done = 0
@@ -540,12 +572,12 @@ class FedCOF(Method):
             seen[classes[fresh]] = True
             use = np.flatnonzero(r > 0)
             for a in range(0, use.size, buf.shape[0]):
-                rows = use[a:a + buf.shape[0]]
+                rows = use[a : a + buf.shape[0]]
                 if fill + rows.size > buf.shape[0]:
                     spread += _gram(buf[:fill])
                     fill = 0
                 k = rows.size
-                X = buf[fill:fill + k]
+                X = buf[fill : fill + k]
                 if U is None or U.shape[0] < k:
                     U = np.empty((k, d))
                 V = U[:k]
@@ -571,8 +603,11 @@ class FedCOF(Method):
         Z *= np.sqrt(w * N)[:, None]
         spread -= _gram(Z)
         del ref, Z
-        inv_sum = np.bincount(pc_all[valid], weights=1.0 / n_all[valid], minlength=C) \
-            if self.params["noise_var"] > 0 else None
+        inv_sum = (
+            np.bincount(pc_all[valid], weights=1.0 / n_all[valid], minlength=C)
+            if self.params["noise_var"] > 0
+            else None
+        )
         return self._estimate(N, S, mu, Kc, spread, inv_sum, notes)
 
     def secure_aggregate(self, stats: ClientStats, secure_sum: SecureSum) -> LinearHead:
@@ -589,10 +624,13 @@ class FedCOF(Method):
         notes: list[str] = []
         mask, dropped = valid_pairs(stats.counts)
         if dropped:
-            notes.append(Note(
-                f"{dropped} (client, class) pair(s) with count <= 0 were not sent (App. I.1 drop rule)",
-                "dropped_pairs", dropped,
-            ))
+            notes.append(
+                Note(
+                    f"{dropped} (client, class) pair(s) with count <= 0 were not sent (App. I.1 drop rule)",
+                    "dropped_pairs",
+                    dropped,
+                )
+            )
         owners = np.arange(stats.num_clients) if stats.owners is None else stats.owners
         n_owners = int(owners.max()) + 1
         counts = np.where(mask, stats.counts, 0.0)

@@ -85,7 +85,10 @@ def solve_map(a: np.ndarray, nu_n: float, solver: str = "exact") -> np.ndarray:
             return -fedlog_objective(eta, a, nu_n), -fedlog_gradient(eta, a, nu_n).ravel()
 
         res = scipy.optimize.minimize(
-            f, np.zeros(a.size), jac=True, method="L-BFGS-B",
+            f,
+            np.zeros(a.size),
+            jac=True,
+            method="L-BFGS-B",
             options={"maxiter": 100000, "maxcor": 50, "gtol": 1e-13, "ftol": 1e-16},
         )
         return res.x.reshape(shape)
@@ -180,8 +183,14 @@ class FedLog(Method):
         grad = fedlog_gradient(eta, a, nu_n)
         if ill_posed:
             notes.append(ill_posed)
-        return self._head(eta[:, 1:] / scale, eta[:, 0], notes, nu_plus_n=nu_n, feature_scale=scale,
-                          gradient_norm=float(np.linalg.norm(grad)))
+        return self._head(
+            eta[:, 1:] / scale,
+            eta[:, 0],
+            notes,
+            nu_plus_n=nu_n,
+            feature_scale=scale,
+            gradient_norm=float(np.linalg.norm(grad)),
+        )
 
     @classmethod
     def upload_floats(cls, *, M: int, K: int, d: int, C: int) -> int:

@@ -22,7 +22,9 @@ class FedNCM(Method):
     """Nearest class mean with unit-norm class means as the linear head."""
 
     name = "fedncm"
-    paper = "Legate et al., Guiding the last layer in federated learning with pre-trained models, NeurIPS 2023"
+    paper = (
+        "Legate et al., Guiding the last layer in federated learning with pre-trained models, NeurIPS 2023"
+    )
     requires = frozenset({"counts", "sums"})
     per_client = False
     defaults: dict = {}

@@ -12,5 +12,12 @@ from privfed.release.plan import ReleasePlan, keeping_uploads
 from privfed.release.stages import UPLOAD_CHUNK_BYTES, check_secure_size
 from privfed.release.trace import ReleaseTrace, ServerReceived, StageRecord
 
-__all__ = ["UPLOAD_CHUNK_BYTES", "ReleasePlan", "ReleaseTrace", "ServerReceived", "StageRecord",
-           "check_secure_size", "keeping_uploads"]
+__all__ = [
+    "UPLOAD_CHUNK_BYTES",
+    "ReleasePlan",
+    "ReleaseTrace",
+    "ServerReceived",
+    "StageRecord",
+    "check_secure_size",
+    "keeping_uploads",
+]

@@ -25,8 +25,16 @@ class _Run:
     def __call__(self, stack: np.ndarray) -> np.ndarray:
         stack = np.asarray(stack, dtype=np.float64)
         K = int(stack.shape[0])
-        self.calls.append({"call": len(self.calls), "shape": tuple(stack.shape[1:]), "clients": K, "uploaded": K,
-                           "dropped_before_upload": [], "dropped_after_upload": []})
+        self.calls.append(
+            {
+                "call": len(self.calls),
+                "shape": tuple(stack.shape[1:]),
+                "clients": K,
+                "uploaded": K,
+                "dropped_before_upload": [],
+                "dropped_after_upload": [],
+            }
+        )
         return stack.sum(axis=0)
 
 

@@ -120,36 +120,71 @@ class ReleasePlan:
         return " + ".join(parts)
 
     # -- running ---------------------------------------------------------------------------
-    def client_statistics(self, features: np.ndarray, labels: np.ndarray, clients: np.ndarray, *,
-                          num_classes: int, num_clients: int, rng: np.random.Generator,
-                          trace: ReleaseTrace | None = None) -> ClientStats:
+    def client_statistics(
+        self,
+        features: np.ndarray,
+        labels: np.ndarray,
+        clients: np.ndarray,
+        *,
+        num_classes: int,
+        num_clients: int,
+        rng: np.random.Generator,
+        trace: ReleaseTrace | None = None,
+    ) -> ClientStats:
         """What the clients compute before any noise: (clipped) statistics, per client."""
         if self.privacy is not None:
             self.privacy.check(self.method, self.secure_agg)
             features = self.privacy.clip(features)
             if trace is not None:
                 bound = getattr(self.privacy, "clip_bound", None)
-                trace.record("clip", f"every record clipped by {type(self.privacy).__name__}"
-                             + ("" if bound is None else f" (bound {bound:g})"),
-                             values={} if bound is None else {"bound": float(bound)})
-        stats = self.method.client_stats(features, labels, clients, num_classes=num_classes,
-                                         num_clients=num_clients, rng=rng)
+                trace.record(
+                    "clip",
+                    f"every record clipped by {type(self.privacy).__name__}"
+                    + ("" if bound is None else f" (bound {bound:g})"),
+                    values={} if bound is None else {"bound": float(bound)},
+                )
+        stats = self.method.client_stats(
+            features, labels, clients, num_classes=num_classes, num_clients=num_clients, rng=rng
+        )
         if trace is not None:
-            trace.record("statistics", f"{self.method.name}: each client's {', '.join(sorted(stats.available))}",
-                         clients_out=stats.num_clients)
+            trace.record(
+                "statistics",
+                f"{self.method.name}: each client's {', '.join(sorted(stats.available))}",
+                clients_out=stats.num_clients,
+            )
         return stats
 
-    def run(self, features: np.ndarray, labels: np.ndarray, clients: np.ndarray, *, num_classes: int,
-            num_clients: int, rng: np.random.Generator, seeded: bool = True, keep_uploads: bool = False):
+    def run(
+        self,
+        features: np.ndarray,
+        labels: np.ndarray,
+        clients: np.ndarray,
+        *,
+        num_classes: int,
+        num_clients: int,
+        rng: np.random.Generator,
+        seeded: bool = True,
+        keep_uploads: bool = False,
+    ):
         """The release from validated raw data: the head, with ``head.trace``."""
         trace = ReleaseTrace(self.name)
-        stats = self.client_statistics(features, labels, clients, num_classes=num_classes,
-                                       num_clients=num_clients, rng=rng, trace=trace)
-        return self.release(stats, num_clients=num_clients, rng=rng, seeded=seeded, keep_uploads=keep_uploads,
-                            trace=trace)
+        stats = self.client_statistics(
+            features, labels, clients, num_classes=num_classes, num_clients=num_clients, rng=rng, trace=trace
+        )
+        return self.release(
+            stats, num_clients=num_clients, rng=rng, seeded=seeded, keep_uploads=keep_uploads, trace=trace
+        )
 
-    def release(self, stats: ClientStats, *, num_clients: int, rng: np.random.Generator, seeded: bool = True,
-                keep_uploads: bool = False, trace: ReleaseTrace | None = None):
+    def release(
+        self,
+        stats: ClientStats,
+        *,
+        num_clients: int,
+        rng: np.random.Generator,
+        seeded: bool = True,
+        keep_uploads: bool = False,
+        trace: ReleaseTrace | None = None,
+    ):
         """Everything after the clients computed ``stats``: the head, with ``head.trace``.
 
         ``seeded`` says whether ``rng`` comes from a seed (the trace labels the
@@ -160,8 +195,14 @@ class ReleasePlan:
         trace = trace if trace is not None else ReleaseTrace(self.name)
         secure_backend = bool(getattr(getattr(self.privacy, "backend", None), "secure", False))
         state = S.ReleaseState(
-            method=self.method, stats=stats, num_clients=num_clients, rng=rng, trace=trace,
-            privacy=self.privacy, secure_agg=self.secure_agg, keep_uploads=keep_uploads or _KEEP_UPLOADS.get(),
+            method=self.method,
+            stats=stats,
+            num_clients=num_clients,
+            rng=rng,
+            trace=trace,
+            privacy=self.privacy,
+            secure_agg=self.secure_agg,
+            keep_uploads=keep_uploads or _KEEP_UPLOADS.get(),
             randomness="seeded" if seeded and not secure_backend else "os-entropy",
         )
         start = state.ledger_size()
@@ -193,8 +234,9 @@ def _streams(privacy: Any, method: Method, predicate: str) -> bool:
         return False
     if predicate == "streams_pairs":
         mowner = _defining_class(type(method), "aggregate_stream")
-        if mowner is None or any(getattr(type(method), n, None) is not getattr(mowner, n, None)
-                                 for n in ("aggregate", "estimate")):
+        if mowner is None or any(
+            getattr(type(method), n, None) is not getattr(mowner, n, None) for n in ("aggregate", "estimate")
+        ):
             return False
     check = getattr(target, predicate, None)
     return bool(check(method)) if check is not None else False

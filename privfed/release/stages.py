@@ -115,10 +115,13 @@ class ClientRelease(Stage):
         st.trace.record(
             self.name,
             f"{type(st.privacy).__name__}.before_upload: each client's upload bounded and noised as the "
-            "mechanism's level and placement say" if booked else
-            f"{type(st.privacy).__name__}.before_upload: uploads bounded (noise, if any, is added after the sum)",
-            clients_in=st.stats.num_clients, clients_out=st.uploaded.num_clients,
-            randomness=st.randomness if booked else "none", values={"sigma": _sigma(st.privacy)},
+            "mechanism's level and placement say"
+            if booked
+            else f"{type(st.privacy).__name__}.before_upload: uploads bounded (noise, if any, is added after the sum)",
+            clients_in=st.stats.num_clients,
+            clients_out=st.uploaded.num_clients,
+            randomness=st.randomness if booked else "none",
+            values={"sigma": _sigma(st.privacy)},
         )
 
 
@@ -132,18 +135,25 @@ class StreamedLocalSum(Stage):
         parts: dict[str, list[np.ndarray]] = {}
         kw = {}
         if st.keep_uploads:
+
             def observe(block, k0, k1, values):
                 parts.setdefault(block, []).append(np.array(values))
+
             kw["observe"] = observe
-        st.total = st.privacy.fold_local_upload(st.stats, st.method, st.rng, chunk_bytes=UPLOAD_CHUNK_BYTES, **kw)
+        st.total = st.privacy.fold_local_upload(
+            st.stats, st.method, st.rng, chunk_bytes=UPLOAD_CHUNK_BYTES, **kw
+        )
         if st.keep_uploads:
             st.trace.received("uploads", stats=_dense_uploads(parts, st.stats))
         else:
             st.trace.received("not-kept")
         st.trace.record(
-            self.name, "each client noised its own upload (local DP); uploads folded into their sum "
+            self.name,
+            "each client noised its own upload (local DP); uploads folded into their sum "
             f"{UPLOAD_CHUNK_BYTES // 2**20} MiB of clients at a time (streamed)",
-            clients_in=st.stats.num_clients, clients_out=1, randomness=st.randomness,
+            clients_in=st.stats.num_clients,
+            clients_out=1,
+            randomness=st.randomness,
             values={"sigma": _sigma(st.privacy), "streamed": True},
         )
 
@@ -170,19 +180,24 @@ class StreamedLocalPairs(Stage):
             st.head = st.method.aggregate_stream(counts, chunks)
             st.trace.received("not-kept")
         st.trace.record(
-            self.name, "each client noised its own upload (local DP); the server took every noisy count, then "
+            self.name,
+            "each client noised its own upload (local DP); the server took every noisy count, then "
             "folded the noisy sums a chunk of clients at a time (streamed)",
-            clients_in=st.stats.num_clients, clients_out=st.stats.num_clients, randomness=st.randomness,
+            clients_in=st.stats.num_clients,
+            clients_out=st.stats.num_clients,
+            randomness=st.randomness,
             values={"sigma": _sigma(st.privacy), "streamed": True},
         )
-        st.trace.record("method", f"{st.method.name}: head from the streamed uploads",
-                        clients_in=st.stats.num_clients)
+        st.trace.record(
+            "method", f"{st.method.name}: head from the streamed uploads", clients_in=st.stats.num_clients
+        )
 
 
 def _dense_uploads(parts: dict, stats: ClientStats) -> ClientStats:
     arrays = {block: np.concatenate(values) for block, values in parts.items()}
-    return ClientStats(counts=arrays["counts"], sums=arrays["sums"], second=arrays.get("second"),
-                       owners=stats.owners)
+    return ClientStats(
+        counts=arrays["counts"], sums=arrays["sums"], second=arrays.get("second"), owners=stats.owners
+    )
 
 
 def check_secure_size(method: Method, stats: ClientStats) -> None:
@@ -234,19 +249,27 @@ class SecureSum(Stage):
             trace.received("secure-sums")
         calls = getattr(run, "calls", [])
         keyed = getattr(st.secure_agg, "key_seed", None) is not None or getattr(
-            getattr(st.secure_agg, "keys", None), "seeded", False)
+            getattr(st.secure_agg, "keys", None), "seeded", False
+        )
         trace.record(
             self.name,
             f"{getattr(st.secure_agg, 'name', type(st.secure_agg).__name__)}: {len(calls)} secure sum(s); "
             "the server saw only their outputs",
             clients_in=uploaded.num_clients,
-            clients_out=min((int(c.get("uploaded", uploaded.num_clients)) for c in calls),
-                            default=uploaded.num_clients),
+            clients_out=min(
+                (int(c.get("uploaded", uploaded.num_clients)) for c in calls), default=uploaded.num_clients
+            ),
             randomness="seeded" if keyed or st.randomness == "seeded" else "os-entropy",
-            values={"calls": len(calls), "dropped_before_upload": sorted(
-                {int(u) for c in calls for u in c.get("dropped_before_upload", ())})},
+            values={
+                "calls": len(calls),
+                "dropped_before_upload": sorted(
+                    {int(u) for c in calls for u in c.get("dropped_before_upload", ())}
+                ),
+            },
         )
-        trace.record("method", f"{st.method.name}: head from the secure sums", clients_in=uploaded.num_clients)
+        trace.record(
+            "method", f"{st.method.name}: head from the secure sums", clients_in=uploaded.num_clients
+        )
 
 
 class PerClientAggregate(Stage):
@@ -258,8 +281,9 @@ class PerClientAggregate(Stage):
         uploaded = st.uploaded if st.uploaded is not None else st.stats
         st.trace.received("uploads", stats=uploaded)
         st.head = st.method.aggregate(uploaded)
-        st.trace.record(self.name, f"{st.method.name}: head from every client's upload",
-                        clients_in=uploaded.num_clients)
+        st.trace.record(
+            self.name, f"{st.method.name}: head from every client's upload", clients_in=uploaded.num_clients
+        )
 
 
 class PlainSum(Stage):
@@ -270,10 +294,17 @@ class PlainSum(Stage):
     def apply(self, st: ReleaseState) -> None:
         uploaded = st.uploaded if st.uploaded is not None else st.stats
         st.trace.received("uploads", stats=uploaded)
-        st.total = StatsFold(num_classes=uploaded.num_classes, dim=uploaded.dim).add(
-            uploaded.select(st.method.requires)).result()
-        st.trace.record(self.name, f"the server summed {uploaded.num_clients} uploads",
-                        clients_in=uploaded.num_clients, clients_out=1)
+        st.total = (
+            StatsFold(num_classes=uploaded.num_classes, dim=uploaded.dim)
+            .add(uploaded.select(st.method.requires))
+            .result()
+        )
+        st.trace.record(
+            self.name,
+            f"the server summed {uploaded.num_clients} uploads",
+            clients_in=uploaded.num_clients,
+            clients_out=1,
+        )
 
 
 class CentralNoise(Stage):
@@ -287,9 +318,14 @@ class CentralNoise(Stage):
         booked = st.events_since(n0)
         if out is not st.total and booked:
             st.trace.released(out)
-            st.trace.record(self.name, "a trusted aggregator added the noise to the sum (central DP)",
-                            clients_in=1, clients_out=1, randomness=st.randomness,
-                            values={"sigma": _sigma(st.privacy)})
+            st.trace.record(
+                self.name,
+                "a trusted aggregator added the noise to the sum (central DP)",
+                clients_in=1,
+                clients_out=1,
+                randomness=st.randomness,
+                values={"sigma": _sigma(st.privacy)},
+            )
         st.total = out
 
 
@@ -324,16 +360,21 @@ class Finish(Stage):
             head.notes.extend(whose_data(head.secure_aggregation))
         rep = head.privacy
         st.trace.record(
-            self.name, getattr(rep, "guarantee", "no privacy mechanism: NO DP GUARANTEE"),
-            values={"bytes": {k: v for k, v in head.upload_bytes.items()},
-                    "epsilon": getattr(rep, "epsilon", None), "delta": getattr(rep, "delta", None)},
+            self.name,
+            getattr(rep, "guarantee", "no privacy mechanism: NO DP GUARANTEE"),
+            values={
+                "bytes": {k: v for k, v in head.upload_bytes.items()},
+                "epsilon": getattr(rep, "epsilon", None),
+                "delta": getattr(rep, "delta", None),
+            },
             events=st.events_since(self.ledger_start),  # after report(): settled with the shares present
         )
         head.trace = st.trace
 
 
-def sent_communication(method: Method, privacy: Any, stats: ClientStats, uploaded: ClientStats | None,
-                       num_clients: int) -> dict:
+def sent_communication(
+    method: Method, privacy: Any, stats: ClientStats, uploaded: ClientStats | None, num_clients: int
+) -> dict:
     """Upload accounting under privacy: from what is sent, never from the raw statistics.
 
     The mechanism says how many (client, class) pairs go out (under DP every client sends every class,

@@ -124,7 +124,11 @@ class ReleaseTrace:
 
     def add_sum_output(self, array: np.ndarray) -> None:
         """Append one secure-sum output to what the server received."""
-        prev = self._received.arrays if self._received is not None and self._received.kind == "secure-sums" else ()
+        prev = (
+            self._received.arrays
+            if self._received is not None and self._received.kind == "secure-sums"
+            else ()
+        )
         self._received = ServerReceived("secure-sums", None, (*prev, np.array(array, dtype=np.float64)))
 
     def released(self, stats: ClientStats) -> None:

@@ -29,31 +29,51 @@ FRAC = 16
 class Federation:
     """K simulated nodes (real node code) with inputs ``x[u]`` and a roster with threshold t."""
 
-    def __init__(self, K: int = 5, t: int | None = None, length: int = 6, seed: int = 0, colluders: int = 0) -> None:
+    def __init__(
+        self, K: int = 5, t: int | None = None, length: int = 6, seed: int = 0, colluders: int = 0
+    ) -> None:
         self.K, self.length = K, length
         self.roster, self.ids = make_roster(K, t, colluders)
         self.t = self.roster.threshold
         rng = np.random.default_rng(seed)
         self.x = rng.normal(0, 10, size=(K, length))
-        self.ctx = [Context(run_id=1, node_id=100 + u, node_config={}, state=RecordDict(), run_config={})
-                    for u in range(K)]
+        self.ctx = [
+            Context(run_id=1, node_id=100 + u, node_config={}, state=RecordDict(), run_config={})
+            for u in range(K)
+        ]
         self.aggregation = hashlib.sha256(b"adversarial test run").digest()
         self.digest = {u: b"the same broadcast" for u in range(K)}
 
     def server(self, session: bytes | None = None) -> MaskingServer:
-        return MaskingServer(num_nodes=self.K, threshold=self.t, length=self.length,
-                             session=session or os.urandom(16), active=True, frac_bits=FRAC)
+        return MaskingServer(
+            num_nodes=self.K,
+            threshold=self.t,
+            length=self.length,
+            session=session or os.urandom(16),
+            active=True,
+            frac_bits=FRAC,
+        )
 
     def send(self, u: int, msg: dict) -> dict:
         """Deliver one request to node u as Flower would (records both ways); ProtocolAbort on refusal."""
-        reply = node_step(to_records(msg), self.ctx[u], self.ids[u], self.roster,
-                          ring_input=lambda: fixed_point.encode(self.x[u], FRAC),
-                          context_digest=self.digest[u], aggregation=self.aggregation)
+        reply = node_step(
+            to_records(msg),
+            self.ctx[u],
+            self.ids[u],
+            self.roster,
+            ring_input=lambda: fixed_point.encode(self.x[u], FRAC),
+            context_digest=self.digest[u],
+            aggregation=self.aggregation,
+        )
         assert isinstance(reply, RecordDict)
         return from_records(reply)
 
-    def stage(self, server: MaskingServer, requests: dict[int, dict] | None = None,
-              skip: frozenset[int] = frozenset()) -> dict[int, ProtocolAbort]:
+    def stage(
+        self,
+        server: MaskingServer,
+        requests: dict[int, dict] | None = None,
+        skip: frozenset[int] = frozenset(),
+    ) -> dict[int, ProtocolAbort]:
         """One stage: deliver ``requests`` (default: the honest server's), feed replies back, close it.
 
         Returns the nodes' aborts (node -> exception); the stage is closed only if none aborted.
@@ -84,5 +104,9 @@ def only(aborts: dict, deviation: str, stage: str) -> None:
     """Every abort names this deviation and stage, and at least one node aborted."""
     assert aborts, "no node noticed the deviation"
     for u, exc in aborts.items():
-        assert exc.node == u and exc.stage == stage and exc.deviation == deviation, (u, exc.deviation, str(exc))
+        assert exc.node == u and exc.stage == stage and exc.deviation == deviation, (
+            u,
+            exc.deviation,
+            str(exc),
+        )
         assert f"node {u} aborts at stage {stage!r}" in str(exc)

@@ -48,7 +48,9 @@ def test_a_substituted_ckks_key_is_refused_before_anything_is_encrypted(digits_d
         if msg.metadata.message_type == "query.ckks_encrypt":
             rec = msg.content["ckks"]
             if "server" not in grid_box:
-                grid_box["server"] = holder_keys(CKKSParams(), fake_ids[0], fake_roster, bytes(rec["session"]), K)
+                grid_box["server"] = holder_keys(
+                    CKKSParams(), fake_ids[0], fake_roster, bytes(rec["session"]), K
+                )
             _, public, sig = grid_box["server"]
             rec["public"], rec["sig"] = public, sig
 
@@ -59,13 +61,16 @@ def test_a_substituted_ckks_key_is_refused_before_anything_is_encrypted(digits_d
 
 def test_one_nodes_ciphertext_passed_off_as_the_sum_is_not_decrypted(digits_dataset):
     """Forwarding only the victim's contribution (or the victim's twice) to the key holder: refused."""
+
     def only_victim(msg):
         if msg.metadata.message_type == "query.ckks_decrypt":
             rec = msg.content["ckks"]
             n = len(rec["ct"]) // len(rec["from"])
             rec["from"], rec["sigs"], rec["ct"] = rec["from"][:1], rec["sigs"][:1], rec["ct"][:n]
 
-    with pytest.raises(ProtocolAbort, match="stage 'ckks_decrypt'.*sum of 1 contribution.*below the threshold"):
+    with pytest.raises(
+        ProtocolAbort, match="stage 'ckks_decrypt'.*sum of 1 contribution.*below the threshold"
+    ):
         serve(TamperingGrid(_nodes(), only_victim), FlowerConfig(**CFG))
 
     def relabelled(msg):  # the victim's ciphertext under the other nodes' names
@@ -108,11 +113,19 @@ def test_a_split_fedcof_broadcast_is_refused_by_the_ckks_key_holder(digits_datas
         serve(TamperingGrid(_nodes(), split), FlowerConfig(**{**CFG, "method": "fedcof"}))
 
 
-@pytest.mark.parametrize("stage, field, value", [("ckks_encrypt", "session", -1), ("ckks_encrypt", "holder", "0"),
-                                                 ("ckks_decrypt", "size", 2.5), ("ckks_keys", "K", float("inf"))])
+@pytest.mark.parametrize(
+    "stage, field, value",
+    [
+        ("ckks_encrypt", "session", -1),
+        ("ckks_encrypt", "holder", "0"),
+        ("ckks_decrypt", "size", 2.5),
+        ("ckks_keys", "K", float("inf")),
+    ],
+)
 def test_wrongly_typed_ckks_fields_end_in_a_clean_abort(digits_dataset, stage, field, value):
     """A CKKS request with a field of the wrong type is refused as malformed, naming the node and stage
     (before: a raw ValueError or OverflowError from bytes() or int(), or the field silently converted)."""
+
     def tamper(msg):
         if msg.metadata.message_type == f"query.{stage}":
             msg.content["ckks"][field] = value
@@ -129,9 +142,16 @@ def _ckks_sum(grid, cfg, among, holder):
 
     rec = ConfigRecord({**cfg.to_wire(), "run-nonce": os.urandom(8).hex()})
     return ckks_sum_over_messages(
-        grid, among, key_holder=holder, length=sum_vector_length(cfg.make_method(), 10, 64), params=CKKSParams(),
-        timeout=60, payload=lambda n: {"config": rec, "round": ConfigRecord({"round": "sums"})}, round_name="sums",
-        num_nodes=K)
+        grid,
+        among,
+        key_holder=holder,
+        length=sum_vector_length(cfg.make_method(), 10, 64),
+        params=CKKSParams(),
+        timeout=60,
+        payload=lambda n: {"config": rec, "round": ConfigRecord({"round": "sums"})},
+        round_name="sums",
+        num_nodes=K,
+    )
 
 
 def _mask_sum(grid, cfg, among):
@@ -142,9 +162,16 @@ def _mask_sum(grid, cfg, among):
 
     rec = ConfigRecord({**cfg.to_wire(), "run-nonce": os.urandom(8).hex()})
     return masked_sum_over_messages(
-        grid, among, length=sum_vector_length(cfg.make_method(), 10, 64), frac_bits=cfg.frac_bits, threshold=None,
-        timeout=30, masked_payload=lambda n: {"config": rec, "round": ConfigRecord({"round": "sums"})},
-        round_name="sums", num_nodes=K)
+        grid,
+        among,
+        length=sum_vector_length(cfg.make_method(), 10, 64),
+        frac_bits=cfg.frac_bits,
+        threshold=None,
+        timeout=30,
+        masked_payload=lambda n: {"config": rec, "round": ConfigRecord({"round": "sums"})},
+        round_name="sums",
+        num_nodes=K,
+    )
 
 
 def test_two_ckks_sums_over_different_sets_are_refused_whichever_key_holder(digits_dataset):
@@ -157,10 +184,14 @@ def test_two_ckks_sums_over_different_sets_are_refused_whichever_key_holder(digi
     a = FlowerConfig(**CFG)
     b = FlowerConfig(**{**CFG, "frac_bits": a.frac_bits - 1})
     _ckks_sum(grid, a, nodes, holder=101)
-    with pytest.raises(ProtocolAbort, match="stage 'ckks_decrypt'.*(summed over another uploader set|earlier sum "
-                                            "covered \\[0, 1, 2, 3\\])"):
+    with pytest.raises(
+        ProtocolAbort,
+        match="stage 'ckks_decrypt'.*(summed over another uploader set|earlier sum covered \\[0, 1, 2, 3\\])",
+    ):
         _ckks_sum(grid, b, nodes[1:], holder=101)  # the same key holder: it keeps the first set
-    with pytest.raises(ProtocolAbort, match="stage 'ckks_encrypt'.*names key holder 2.*encrypted for key holder 1"):
+    with pytest.raises(
+        ProtocolAbort, match="stage 'ckks_encrypt'.*names key holder 2.*encrypted for key holder 1"
+    ):
         _ckks_sum(grid, b, nodes[1:], holder=102)  # another key holder: the nodes refuse to encrypt for it
     assert _ckks_sum(grid, FlowerConfig(**{**CFG, "method": "fed3r"}), nodes, holder=101).uploaded == nodes
 
@@ -172,14 +203,18 @@ def test_a_masked_sum_then_a_ckks_sum_over_fewer_nodes_is_refused_and_ckks_then_
     grid = LocalGrid(_nodes())
     nodes = sorted(grid.contexts)
     _mask_sum(grid, FlowerConfig(**{**CFG, "secure": "mask"}), nodes)
-    with pytest.raises(ProtocolAbort, match="stage 'ckks_decrypt'.*node\\(s\\) \\[1, 2, 3\\] were summed over "
-                                            "another uploader set"):
+    with pytest.raises(
+        ProtocolAbort,
+        match="stage 'ckks_decrypt'.*node\\(s\\) \\[1, 2, 3\\] were summed over another uploader set",
+    ):
         _ckks_sum(grid, FlowerConfig(**CFG), nodes[1:], holder=101)
     grid = LocalGrid(_nodes())
     _ckks_sum(grid, FlowerConfig(**CFG), nodes, holder=101)
     # The key holder knows the CKKS set and refuses another; the other nodes refuse any masked sum after CKKS.
-    with pytest.raises(ProtocolAbort, match="stage 'consistency'.*earlier sum covered \\[0, 1, 2, 3\\].*2 more "
-                                            "node\\(s\\) refused too"):
+    with pytest.raises(
+        ProtocolAbort,
+        match="stage 'consistency'.*earlier sum covered \\[0, 1, 2, 3\\].*2 more node\\(s\\) refused too",
+    ):
         _mask_sum(grid, FlowerConfig(**{**CFG, "secure": "mask", "method": "fed3r"}), nodes[1:])
 
 
@@ -193,16 +228,30 @@ def test_ckks_is_refused_when_the_roster_allows_colluders():
 
     roster, ids = make_roster(5, colluders=1)
     session = os.urandom(16)
-    _, public, sig = holder_keys(CKKSParams(), ids[4], roster, session, 5)  # node 4: the colluder as key holder
-    with pytest.raises(ProtocolAbort, match="node 0 aborts at stage 'ckks_encrypt': its roster allows 1 node") as exc:
-        node_encrypt(public, np.ones(3), CKKSParams(), identity=ids[0], roster=roster, holder=4, signature=sig,
-                     session=session, num_nodes=5)
+    _, public, sig = holder_keys(
+        CKKSParams(), ids[4], roster, session, 5
+    )  # node 4: the colluder as key holder
+    with pytest.raises(
+        ProtocolAbort, match="node 0 aborts at stage 'ckks_encrypt': its roster allows 1 node"
+    ) as exc:
+        node_encrypt(
+            public,
+            np.ones(3),
+            CKKSParams(),
+            identity=ids[0],
+            roster=roster,
+            holder=4,
+            signature=sig,
+            session=session,
+            num_nodes=5,
+        )
     assert exc.value.deviation == "colluders"
 
 
 def test_a_forged_key_holder_does_not_bind_the_node_to_it(digits_dataset):
     """A context the named holder never signed is refused, and leaves the node free to encrypt for the real
     key holder afterwards (a node binds to one holder per run only once its signature checked out)."""
+
     def tamper(msg):
         if msg.metadata.message_type == "query.ckks_encrypt":
             msg.content["ckks"]["holder"] = 3  # the context is holder 1's, the claim says node 3
@@ -211,4 +260,6 @@ def test_a_forged_key_holder_does_not_bind_the_node_to_it(digits_dataset):
     with pytest.raises(ProtocolAbort, match="not signed by key holder 3"):
         _ckks_sum(grid, FlowerConfig(**CFG), sorted(grid.contexts), holder=101)
     grid.tamper = lambda msg: None
-    assert _ckks_sum(grid, FlowerConfig(**CFG), sorted(grid.contexts), holder=101).uploaded == sorted(grid.contexts)
+    assert _ckks_sum(grid, FlowerConfig(**CFG), sorted(grid.contexts), holder=101).uploaded == sorted(
+        grid.contexts
+    )

@@ -41,11 +41,16 @@ def test_a_repeated_dp_session_is_refused_so_the_reported_epsilon_holds(digits_d
     """The issue's differencing attack: run the noisy masked sum twice (the second time without a victim) and
     subtract.  The nodes remember the aggregation: the second session is refused before any upload."""
     grid = LocalGrid(_nodes())
-    cfg = FlowerConfig(method="fedncm", clients=K, epsilon=1.0, delta=1e-5, clip=10.0, secure="mask", timeout=30)
+    cfg = FlowerConfig(
+        method="fedncm", clients=K, epsilon=1.0, delta=1e-5, clip=10.0, secure="mask", timeout=30
+    )
     first = serve(grid, cfg)
     assert first.head.privacy.epsilon == pytest.approx(1.0, rel=1e-9)
     assert first.head.secure_aggregation["threat_model"].startswith("Active-adversary version")
-    for again in (cfg, FlowerConfig(**{**cfg.__dict__, "partition_seed": 5})):  # any DP config: one release a run
+    for again in (
+        cfg,
+        FlowerConfig(**{**cfg.__dict__, "partition_seed": 5}),
+    ):  # any DP config: one release a run
         with pytest.raises(ProtocolAbort, match="stage 'masked'.*second masked session") as exc:
             serve(grid, again)
         assert exc.value.node is not None and exc.value.stage == "masked"
@@ -68,19 +73,28 @@ def test_a_split_fedcof_broadcast_is_detected_on_flower(digits_dataset):
 
             msg.content["broadcast"] = arrays_record(arrays)
 
-    with pytest.raises(ProtocolAbort, match="stage 'unmask'.*(split-broadcast|did not sum what|other survivor)"):
-        serve(TamperingGrid(_nodes(), tamper), FlowerConfig(method="fedcof", clients=K, secure="mask", timeout=30))
+    with pytest.raises(
+        ProtocolAbort, match="stage 'unmask'.*(split-broadcast|did not sum what|other survivor)"
+    ):
+        serve(
+            TamperingGrid(_nodes(), tamper),
+            FlowerConfig(method="fedcof", clients=K, secure="mask", timeout=30),
+        )
 
 
 def test_an_inconsistent_uploader_list_is_detected_on_flower(digits_dataset):
     """Half the nodes are told the victim uploaded, the other half that it dropped."""
+
     def tamper(msg):
         if msg.metadata.message_type == "query.consistency" and msg.metadata.dst_node_id in (102, 103):
             rec = msg.content["secagg"]
             rec["uploaded"] = [u for u in rec["uploaded"] if u != 0]
 
     with pytest.raises(ProtocolAbort, match="node 10[0-3] refused secure aggregation at stage"):
-        serve(TamperingGrid(_nodes(6), tamper), FlowerConfig(method="fedncm", clients=6, secure="mask", timeout=30))
+        serve(
+            TamperingGrid(_nodes(6), tamper),
+            FlowerConfig(method="fedncm", clients=6, secure="mask", timeout=30),
+        )
 
 
 def test_a_server_asking_for_a_lower_threshold_is_refused_by_every_node(digits_dataset):
@@ -90,8 +104,16 @@ def test_a_server_asking_for_a_lower_threshold_is_refused_by_every_node(digits_d
         raise AssertionError("no node gets as far as the masked stage")
 
     with pytest.raises(ProtocolAbort, match="stage 'keys'.*asks for K=4, t=2.*configured with K=4, t=3"):
-        masked_sum_over_messages(grid, sorted(grid.contexts), length=3, frac_bits=16, threshold=2, timeout=5,
-                                 masked_payload=payload, round_name="sums")
+        masked_sum_over_messages(
+            grid,
+            sorted(grid.contexts),
+            length=3,
+            frac_bits=16,
+            threshold=2,
+            timeout=5,
+            masked_payload=payload,
+            round_name="sums",
+        )
 
 
 def test_a_substituted_key_advertisement_is_refused_on_flower(digits_dataset):
@@ -102,8 +124,13 @@ def test_a_substituted_key_advertisement_is_refused_on_flower(digits_dataset):
             c_pk[0] = bytes(32 * [9])
             rec["c_pk"] = c_pk
 
-    with pytest.raises(ProtocolAbort, match="stage 'shares'.*(not signed by its roster key|came back changed)"):
-        serve(TamperingGrid(_nodes(), tamper), FlowerConfig(method="fedncm", clients=K, secure="mask", timeout=30))
+    with pytest.raises(
+        ProtocolAbort, match="stage 'shares'.*(not signed by its roster key|came back changed)"
+    ):
+        serve(
+            TamperingGrid(_nodes(), tamper),
+            FlowerConfig(method="fedncm", clients=K, secure="mask", timeout=30),
+        )
 
 
 def test_a_tampered_share_on_flower_names_the_node_and_stage_not_a_raw_invalid_tag(digits_dataset):
@@ -114,16 +141,23 @@ def test_a_tampered_share_on_flower_names_the_node_and_stage_not_a_raw_invalid_t
             cts[0][-1] ^= 1
             rec["ct"] = [bytes(c) for c in cts]
 
-    with pytest.raises(ProtocolAbort, match="node 101 refused secure aggregation at stage 'masked'.*fails "
-                                            "authentication") as exc:
-        serve(TamperingGrid(_nodes(), tamper), FlowerConfig(method="fedncm", clients=K, secure="mask", timeout=30))
+    with pytest.raises(
+        ProtocolAbort, match="node 101 refused secure aggregation at stage 'masked'.*fails authentication"
+    ) as exc:
+        serve(
+            TamperingGrid(_nodes(), tamper),
+            FlowerConfig(method="fedncm", clients=K, secure="mask", timeout=30),
+        )
     assert "InvalidTag" not in str(exc.value)
 
 
 def test_a_nodes_own_refusal_at_the_masked_stage_reaches_the_user(digits_dataset):
     # frac-bits=53 (the most the encoding takes): the digits sums times 2^53 overflow the ring for K = 4.
     with pytest.raises(ConfigError, match="stage 'masked'.*could overflow the 2\\^64 ring with 4 nodes"):
-        serve(LocalGrid(_nodes()), FlowerConfig(method="fedncm", clients=K, secure="mask", frac_bits=53, timeout=30))
+        serve(
+            LocalGrid(_nodes()),
+            FlowerConfig(method="fedncm", clients=K, secure="mask", frac_bits=53, timeout=30),
+        )
     with pytest.raises(ConfigError, match="frac_bits must lie in"):
         FlowerConfig(method="fedncm", clients=K, secure="mask", frac_bits=60)
 
@@ -134,8 +168,17 @@ def test_the_overflow_check_uses_the_configured_K_not_the_servers(digits_dataset
     grid = LocalGrid(simulated_identities(_nodes()))
 
     with pytest.raises(ProtocolAbort, match="asks for K=2"):
-        masked_sum_over_messages(grid, sorted(grid.contexts), length=3, frac_bits=16, threshold=2, timeout=5,
-                                 masked_payload=lambda n: {}, round_name="sums", num_nodes=2)
+        masked_sum_over_messages(
+            grid,
+            sorted(grid.contexts),
+            length=3,
+            frac_bits=16,
+            threshold=2,
+            timeout=5,
+            masked_payload=lambda n: {},
+            round_name="sums",
+            num_nodes=2,
+        )
 
 
 def test_a_minority_threshold_is_refused_before_any_message():
@@ -146,11 +189,14 @@ def test_a_minority_threshold_is_refused_before_any_message():
 def test_a_node_ledger_file_refuses_a_sum_repeated_in_another_run(digits_dataset, tmp_path):
     """A server that starts a new run (fresh node state) to repeat a sum: refused by nodes that keep a ledger
     file; another configuration over the same uploaders is another aggregation and runs."""
-    nodes = simulated_identities({n: {**c, "secagg-ledger": str(tmp_path / f"ledger-{n}.txt")}
-                                  for n, c in _nodes().items()})
+    nodes = simulated_identities(
+        {n: {**c, "secagg-ledger": str(tmp_path / f"ledger-{n}.txt")} for n, c in _nodes().items()}
+    )
     cfg = FlowerConfig(method="fedncm", clients=K, secure="mask", timeout=30)
     serve(LocalGrid(nodes), cfg)
-    with pytest.raises(ProtocolAbort, match="stage 'masked'.*its ledger .* already uploaded for this configuration"):
+    with pytest.raises(
+        ProtocolAbort, match="stage 'masked'.*its ledger .* already uploaded for this configuration"
+    ):
         serve(LocalGrid(nodes), cfg)  # a new run: new contexts, the same nodes
     serve(LocalGrid(nodes), FlowerConfig(method="fed3r", clients=K, secure="mask", timeout=30))
     for n in nodes:  # two aggregation ids, and the one uploader set both sums covered
@@ -166,9 +212,16 @@ def _sum(grid, cfg, among, round_name="sums"):
 
     rec = ConfigRecord({**cfg.to_wire(), "run-nonce": os.urandom(8).hex()})
     return masked_sum_over_messages(
-        grid, among, length=sum_vector_length(cfg.make_method(), 10, 64), frac_bits=cfg.frac_bits, threshold=None,
-        timeout=30, masked_payload=lambda n: {"config": rec, "round": ConfigRecord({"round": round_name})},
-        round_name=round_name, num_nodes=K)
+        grid,
+        among,
+        length=sum_vector_length(cfg.make_method(), 10, 64),
+        frac_bits=cfg.frac_bits,
+        threshold=None,
+        timeout=30,
+        masked_payload=lambda n: {"config": rec, "round": ConfigRecord({"round": round_name})},
+        round_name=round_name,
+        num_nodes=K,
+    )
 
 
 def test_two_sums_over_different_uploader_sets_are_refused_whatever_the_configuration(digits_dataset):
@@ -181,8 +234,10 @@ def test_two_sums_over_different_uploader_sets_are_refused_whatever_the_configur
     first = FlowerConfig(method="fedncm", clients=K, secure="mask", timeout=30)
     _sum(grid, first, nodes)
     other = FlowerConfig(method="fedncm", clients=K, secure="mask", timeout=30, frac_bits=first.frac_bits - 1)
-    with pytest.raises(ProtocolAbort, match="stage 'consistency'.*uploaders \\[1, 2, 3\\].*earlier sum covered "
-                                            "\\[0, 1, 2, 3\\]") as exc:
+    with pytest.raises(
+        ProtocolAbort,
+        match="stage 'consistency'.*uploaders \\[1, 2, 3\\].*earlier sum covered \\[0, 1, 2, 3\\]",
+    ) as exc:
         _sum(grid, other, nodes[1:])
     assert exc.value.stage == "consistency" and exc.value.node in nodes[1:]
     # Another configuration over the same uploaders is fine: it is a sum over the same set.
@@ -194,14 +249,22 @@ def test_a_ledger_file_keeps_the_uploader_set_and_the_dp_release_across_runs(dig
     """Across runs (fresh node state) the ledger file holds the uploader set and, under DP, the release: a
     new run that leaves a node out is refused, and so is a second DP release under another configuration
     (before, any config change gave the file a new id: a second noisy release of the same statistics)."""
-    nodes = simulated_identities({n: {**c, "secagg-ledger": str(tmp_path / f"ledger-{n}.txt")}
-                                  for n, c in _nodes().items()})
+    nodes = simulated_identities(
+        {n: {**c, "secagg-ledger": str(tmp_path / f"ledger-{n}.txt")} for n, c in _nodes().items()}
+    )
     ids = sorted(nodes)
     _sum(LocalGrid(nodes), FlowerConfig(method="fedncm", clients=K, secure="mask", timeout=30), ids)
     with pytest.raises(ProtocolAbort, match="stage 'consistency'.*earlier sum covered \\[0, 1, 2, 3\\]"):
         _sum(LocalGrid(nodes), FlowerConfig(method="fed3r", clients=K, secure="mask", timeout=30), ids[1:])
-    dp = {"method": "fedncm", "clients": K, "secure": "mask", "timeout": 30, "epsilon": 1.0, "delta": 1e-5,
-          "clip": 10.0}
+    dp = {
+        "method": "fedncm",
+        "clients": K,
+        "secure": "mask",
+        "timeout": 30,
+        "epsilon": 1.0,
+        "delta": 1e-5,
+        "clip": 10.0,
+    }
     _sum(LocalGrid(nodes), FlowerConfig(**dp), ids)
     with pytest.raises(ProtocolAbort, match="stage 'masked'.*its ledger .* already uploaded"):
         _sum(LocalGrid(nodes), FlowerConfig(**dp, partition_seed=5), ids)
@@ -215,12 +278,23 @@ def test_a_node_deployed_with_a_roster_refuses_to_release_in_the_clear(digits_da
     from privfed.flower.local import LocalGrid as Grid
 
     roster, ids = make_roster(K)
-    deployed = {100 + i: {"partition-id": i, "num-partitions": K, "secagg-identity": ids[i].to_json(),
-                          "secagg-roster": roster.to_json()} for i in range(K)}
+    deployed = {
+        100 + i: {
+            "partition-id": i,
+            "num-partitions": K,
+            "secagg-identity": ids[i].to_json(),
+            "secagg-roster": roster.to_json(),
+        }
+        for i in range(K)
+    }
     for secure in ("none", "flwr-secaggplus-insecure"):
         extra = {"clip": 10.0, "max_records": 1000} if secure != "none" else {}
-        with pytest.raises((ConfigError, ProtocolAbort, RuntimeError), match="refuses (a plain release|Flower's SecAgg)"):
-            serve(Grid(deployed), FlowerConfig(method="fedncm", clients=K, secure=secure, timeout=30, **extra))
+        with pytest.raises(
+            (ConfigError, ProtocolAbort, RuntimeError), match="refuses (a plain release|Flower's SecAgg)"
+        ):
+            serve(
+                Grid(deployed), FlowerConfig(method="fedncm", clients=K, secure=secure, timeout=30, **extra)
+            )
     masked = serve(Grid(deployed), FlowerConfig(method="fedncm", clients=K, secure="mask", timeout=30))
     assert masked.head.secure_aggregation["summed_nodes"] == K
     allowed = {n: {**c, "allow-plain-release": "true"} for n, c in deployed.items()}
@@ -232,11 +306,14 @@ def test_a_dp_config_claiming_more_nodes_than_the_roster_is_refused(digits_datas
     """Each node adds sigma^2 / (K - tolerance) with K from the run config.  A server that sends clients=200
     to K = 4 nodes gets a sum carrying 4/200 of the noise the reported epsilon needs; before, every node
     uploaded.  Now the node checks K against its roster first."""
+
     def tamper(msg):
         if msg.metadata.message_type in ("query.setup", "query.masked", "query.ckks_encrypt"):
             msg.content["config"]["clients"] = 200
 
-    cfg = FlowerConfig(method="fedncm", clients=K, epsilon=1.0, delta=1e-5, clip=10.0, secure=secure, timeout=60)
+    cfg = FlowerConfig(
+        method="fedncm", clients=K, epsilon=1.0, delta=1e-5, clip=10.0, secure=secure, timeout=60
+    )
     stage = "masked" if secure == "mask" else "ckks_encrypt"
     with pytest.raises(ProtocolAbort, match=f"stage '{stage}'.*clients=200 but its roster has K=4"):
         serve(TamperingGrid(_nodes(), tamper), cfg)
@@ -249,13 +326,24 @@ def test_a_deployed_node_refuses_a_noise_seed_chosen_by_the_server(digits_datase
     from mechanisms.secagg_identity import make_roster
 
     roster, ids = make_roster(K)
-    deployed = {100 + i: {"partition-id": i, "num-partitions": K, "secagg-identity": ids[i].to_json(),
-                          "secagg-roster": roster.to_json()} for i in range(K)}
+    deployed = {
+        100 + i: {
+            "partition-id": i,
+            "num-partitions": K,
+            "secagg-identity": ids[i].to_json(),
+            "secagg-roster": roster.to_json(),
+        }
+        for i in range(K)
+    }
     dp = {"method": "fedncm", "clients": K, "epsilon": 1.0, "delta": 1e-5, "clip": 10.0, "timeout": 30}
     for secure in ("mask", "ckks"):
-        with pytest.raises(ConfigError, match="stage 'setup'.*noise-seed=7, and a noise share drawn from a seed"):
+        with pytest.raises(
+            ConfigError, match="stage 'setup'.*noise-seed=7, and a noise share drawn from a seed"
+        ):
             serve(LocalGrid(deployed), FlowerConfig(**dp, secure=secure, noise_seed=7))
-    assert serve(LocalGrid(deployed), FlowerConfig(**dp, secure="mask")).head.privacy.epsilon == pytest.approx(1.0)
+    assert serve(
+        LocalGrid(deployed), FlowerConfig(**dp, secure="mask")
+    ).head.privacy.epsilon == pytest.approx(1.0)
 
 
 def test_masking_then_ckks_under_dp_is_one_release(digits_dataset):

@@ -38,8 +38,13 @@ def test_server_asking_for_a_lower_threshold_or_another_K_is_refused():
     fed = Federation(K=5)  # roster: t = 3
     for change in ({"t": 2}, {"t": 1}, {"K": 4}, {"K": 6, "t": 4}):
         fed = Federation(K=5)
-        server = MaskingServer(num_nodes=change.get("K", 5), threshold=change.get("t", 3), length=fed.length,
-                               session=b"s" * 16, active=True)
+        server = MaskingServer(
+            num_nodes=change.get("K", 5),
+            threshold=change.get("t", 3),
+            length=fed.length,
+            session=b"s" * 16,
+            active=True,
+        )
         reqs = {u: m for u, m in server.requests().items() if u < 5}
         only(fed.stage(server, reqs), "wrong-parameters", "keys")
 
@@ -131,8 +136,13 @@ def test_inconsistent_uploader_lists_abort_before_any_share_is_revealed():
     aborts = {}
     for u in range(1, 6):
         signers = [v for v in range(1, 6)]  # the server forwards every signature it has
-        msg = {"stage": "unmask", "session": server.session, "uploaded": views[u], "signers": signers,
-               "sigs": [sigs[v] for v in signers]}
+        msg = {
+            "stage": "unmask",
+            "session": server.session,
+            "uploaded": views[u],
+            "signers": signers,
+            "sigs": [sigs[v] for v in signers],
+        }
         try:
             revealed[u] = fed.send(u, msg)
         except Exception as exc:  # noqa: BLE001 - collected and checked below
@@ -147,8 +157,16 @@ def test_inconsistent_uploader_lists_abort_before_any_share_is_revealed():
     for u in range(1, 6):
         same = [v for v in range(1, 6) if views[v] == views[u]]
         with pytest.raises(Exception) as exc:
-            fed2.send(u, {"stage": "unmask", "session": server.session, "uploaded": views[u], "signers": same,
-                          "sigs": [sigs[v] for v in same]})
+            fed2.send(
+                u,
+                {
+                    "stage": "unmask",
+                    "session": server.session,
+                    "uploaded": views[u],
+                    "signers": same,
+                    "sigs": [sigs[v] for v in same],
+                },
+            )
         assert exc.value.deviation == "short-list" and exc.value.node == u
 
 
@@ -173,7 +191,10 @@ def test_a_consistent_drop_claim_gives_the_server_only_the_sum_of_the_others():
     # Its best use of them: remove every pair mask from the victim's upload.  PRG(b_victim) remains.
     s_sk = private_key(shamir.combine(server.view.key_shares[victim], fed.t))
     y = y_victim.copy()
-    keys = [hkdf(s_sk.exchange(public_key(server.adverts[v]["s_pk"])), INFO_PAIR + server.session) for v in (1, 2, 3, 4)]
+    keys = [
+        hkdf(s_sk.exchange(public_key(server.adverts[v]["s_pk"])), INFO_PAIR + server.session)
+        for v in (1, 2, 3, 4)
+    ]
     add_masks(y, keys, [v < victim for v in (1, 2, 3, 4)])  # undo the victim's +/- masks
     assert np.abs(fixed_point.decode(y, FRAC) - fed.x[victim]).max() > 1e3
 
@@ -306,16 +327,21 @@ def test_a_node_asked_out_of_order_or_twice_stops():
     assert exc.value.deviation == "out-of-order"
 
 
-@pytest.mark.parametrize("stage, field, value", [
-    ("keys", "K", float("inf")),  # int() of it raised a raw OverflowError
-    ("keys", "session", -1),  # bytes(-1): a raw ValueError, outside the node's checks
-    ("keys", "session", 16),  # bytes(16) is 16 zero bytes: taken as a session id
-    ("shares", "c_pk", [1 << 30] * 4),  # bytes(n) of an int allocates n bytes before any check
-    ("masked", "alive", [False, True, True, True]),  # bools taken as ids 0 and 1
-    ("masked", "ct", [1 << 30] * 3),
-    ("unmask", "sigs", [1 << 30] * 4),
-])
-def test_wrongly_typed_fields_end_in_a_clean_abort_without_allocating_what_the_server_asks(stage, field, value):
+@pytest.mark.parametrize(
+    "stage, field, value",
+    [
+        ("keys", "K", float("inf")),  # int() of it raised a raw OverflowError
+        ("keys", "session", -1),  # bytes(-1): a raw ValueError, outside the node's checks
+        ("keys", "session", 16),  # bytes(16) is 16 zero bytes: taken as a session id
+        ("shares", "c_pk", [1 << 30] * 4),  # bytes(n) of an int allocates n bytes before any check
+        ("masked", "alive", [False, True, True, True]),  # bools taken as ids 0 and 1
+        ("masked", "ct", [1 << 30] * 3),
+        ("unmask", "sigs", [1 << 30] * 4),
+    ],
+)
+def test_wrongly_typed_fields_end_in_a_clean_abort_without_allocating_what_the_server_asks(
+    stage, field, value
+):
     """A field of the wrong type (a ConfigRecord can carry an int where bytes are expected) is refused as
     malformed before it is used: never a raw traceback, never bytes(n) of a server's n."""
     fed = Federation(K=4)
@@ -326,7 +352,9 @@ def test_wrongly_typed_fields_end_in_a_clean_abort_without_allocating_what_the_s
     msg = {**reqs[u], field: value}
     with pytest.raises(ProtocolAbort) as exc:
         fed.send(u, msg)
-    assert exc.value.node == u and exc.value.stage == stage and exc.value.deviation == "malformed", str(exc.value)
+    assert exc.value.node == u and exc.value.stage == stage and exc.value.deviation == "malformed", str(
+        exc.value
+    )
     assert f"node {u} aborts at stage {stage!r}: malformed request" in str(exc.value)
 
 
@@ -362,14 +390,20 @@ def test_split_uploader_lists_at_the_minimum_threshold_never_give_both_kinds_of_
         digest = hashlib.sha256(fed.digest[victim]).digest()
         for c in bad:  # a colluder signs both views
             for U3 in (everyone, without):
-                sigs[(c, tuple(U3))] = fed.ids[c].sign(signed_bytes(
-                    "consistency", fed.roster.fingerprint, server.session, everyone, U3, digest))
+                sigs[(c, tuple(U3))] = fed.ids[c].sign(
+                    signed_bytes("consistency", fed.roster.fingerprint, server.session, everyone, U3, digest)
+                )
         kinds = {"b": colluders, "s": colluders}  # the colluders' own shares of the victim's secrets
         for u, U3 in view.items():
             signers = [v for v in view if view[v] == U3] + bad
-            msg = {"stage": "unmask", "session": server.session, "uploaded": U3, "signers": signers,
-                   "sigs": [sigs[v] if v in view else sigs[(v, tuple(U3))] for v in signers],
-                   "echoes": [server.echoes[v] for v in U3]}
+            msg = {
+                "stage": "unmask",
+                "session": server.session,
+                "uploaded": U3,
+                "signers": signers,
+                "sigs": [sigs[v] if v in view else sigs[(v, tuple(U3))] for v in signers],
+                "echoes": [server.echoes[v] for v in U3],
+            }
             try:
                 reply = fed.send(u, msg)
             except ProtocolAbort as exc:

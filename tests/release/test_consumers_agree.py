@@ -42,24 +42,35 @@ GRID = [
 @pytest.fixture(scope="module")
 def split(digits_dataset):
     ds = digits_dataset
-    return partition(ds.train_labels, K, "dirichlet", alpha=0.5, rng=0).apply(ds.train_features, ds.train_labels)
+    return partition(ds.train_labels, K, "dirichlet", alpha=0.5, rng=0).apply(
+        ds.train_features, ds.train_labels
+    )
 
 
 def _mechanism(method, protection, lvl):
-    blocks = ("sums", "counts", "second") if method in ("fed3r", "fed3r-within", "fedcgs") else ("sums", "counts")
-    return GaussianMechanism(epsilon=EPS, delta=DELTA, clip=CLIP, blocks=blocks,
-                             trusted_aggregator=protection == "central", **lvl)
+    blocks = (
+        ("sums", "counts", "second") if method in ("fed3r", "fed3r-within", "fedcgs") else ("sums", "counts")
+    )
+    return GaussianMechanism(
+        epsilon=EPS, delta=DELTA, clip=CLIP, blocks=blocks, trusted_aggregator=protection == "central", **lvl
+    )
 
 
-@pytest.mark.parametrize("method, protection, lvl", GRID, ids=[f"{m}-{p}-{lv.get('level', 'record')}"
-                                                              for m, p, lv in GRID])
+@pytest.mark.parametrize(
+    "method, protection, lvl", GRID, ids=[f"{m}-{p}-{lv.get('level', 'record')}" for m, p, lv in GRID]
+)
 def test_every_consumer_reports_the_same_release(split, method, protection, lvl):
     F, y, k = split
     secure = (lambda: PairwiseMasking()) if protection == "mask" else None
     data = {"features": F, "labels": y, "clients": k, "num_classes": C, "num_clients": K}
 
-    head = privfed.fit(method, **data, privacy=_mechanism(method, protection, lvl),
-                       secure_agg=None if secure is None else secure(), random_state=0)
+    head = privfed.fit(
+        method,
+        **data,
+        privacy=_mechanism(method, protection, lvl),
+        secure_agg=None if secure is None else secure(),
+        random_state=0,
+    )
     rep = head.privacy
     assert head.trace.stage("report").values["bytes"] == head.upload_bytes
     assert head.trace.stage("report").values["epsilon"] == rep.epsilon
@@ -68,19 +79,40 @@ def test_every_consumer_reports_the_same_release(split, method, protection, lvl)
     assert audited["report"].guarantee == rep.guarantee and audited["report"].sigma == rep.sigma
     assert dict(audited["meta"][1]) == head.upload_bytes
 
-    view = ServerView.from_federation(method, F, y, k, num_classes=C, rng=0,
-                                      privacy=_mechanism(method, protection, lvl), secure_agg=secure is not None)
+    view = ServerView.from_federation(
+        method,
+        F,
+        y,
+        k,
+        num_classes=C,
+        rng=0,
+        privacy=_mechanism(method, protection, lvl),
+        secure_agg=secure is not None,
+    )
     assert view.noise.epsilon == EPS and view.noise.level == rep.level
     if protection == "local":  # every upload carries the full sigma the report states
         assert view.noise.sigma == pytest.approx(rep.sigma, rel=1e-12)
 
-    cfg = FlowerConfig(method=method, clients=K, epsilon=EPS, delta=DELTA, clip=CLIP, num_classes=C,
-                       secure="mask" if protection == "mask" else "none",
-                       trusted_aggregator=protection == "central", noise_seed=0, timeout=30, **lvl)
+    cfg = FlowerConfig(
+        method=method,
+        clients=K,
+        epsilon=EPS,
+        delta=DELTA,
+        clip=CLIP,
+        num_classes=C,
+        secure="mask" if protection == "mask" else "none",
+        trusted_aggregator=protection == "central",
+        noise_seed=0,
+        timeout=30,
+        **lvl,
+    )
     nodes = {100 + i: {"partition-id": i, "num-partitions": K} for i in range(K)}
     flower = serve(LocalGrid(nodes), cfg).head.privacy
     assert flower.sigma == rep.sigma
     assert flower.epsilon == pytest.approx(rep.epsilon, rel=1e-12)
     assert flower.level == rep.level and flower.placement == rep.placement
     # the guarantee sentence names the same budget, level, placement and accountant
-    assert flower.guarantee.split("; accountant")[0].split(")-DP")[1] == rep.guarantee.split("; accountant")[0].split(")-DP")[1]
+    assert (
+        flower.guarantee.split("; accountant")[0].split(")-DP")[1]
+        == rep.guarantee.split("; accountant")[0].split(")-DP")[1]
+    )

@@ -35,8 +35,17 @@ def _data(seed=0, n=120):
 
 def _stats(m, mech, secure=None, seed=1):
     F, y, k = _data()
-    return client_statistics(m, F, y, k, num_classes=C, num_clients=K, rng=np.random.default_rng(seed),
-                             privacy=mech, secure_agg=secure)
+    return client_statistics(
+        m,
+        F,
+        y,
+        k,
+        num_classes=C,
+        num_clients=K,
+        rng=np.random.default_rng(seed),
+        privacy=mech,
+        secure_agg=secure,
+    )
 
 
 def _by_hand(m, stats, mech, rng, secure=None):
@@ -70,12 +79,24 @@ def _gauss(**kw):
 CASES = {
     "local-sum (streamed)": ("fedncm", lambda: _gauss(), None, "not-kept"),
     "local-pairs (streamed)": ("fedcof", lambda: _gauss(), None, "not-kept"),
-    "central, record level": ("fed3r", lambda: _gauss(blocks=("sums", "counts", "second"),
-                                                      trusted_aggregator=True), None, "uploads"),
-    "central, client level": ("fedncm", lambda: _gauss(level="client", max_records=30, trusted_aggregator=True),
-                              None, "uploads"),
-    "distributed under masking": ("fedncm", lambda: _gauss(level="client", max_records=30),
-                                  lambda: PairwiseMasking(), "secure-sums"),
+    "central, record level": (
+        "fed3r",
+        lambda: _gauss(blocks=("sums", "counts", "second"), trusted_aggregator=True),
+        None,
+        "uploads",
+    ),
+    "central, client level": (
+        "fedncm",
+        lambda: _gauss(level="client", max_records=30, trusted_aggregator=True),
+        None,
+        "uploads",
+    ),
+    "distributed under masking": (
+        "fedncm",
+        lambda: _gauss(level="client", max_records=30),
+        lambda: PairwiseMasking(),
+        "secure-sums",
+    ),
     "count noise, per client": ("fedcof", lambda: LaplaceCountNoise(epsilon=1.0), None, "uploads"),
     "masking, no noise": ("fedcof", lambda: None, lambda: PairwiseMasking(), "secure-sums"),
 }
@@ -90,7 +111,9 @@ def test_plan_equals_the_hooks_composed_by_hand(case):
     sec_b = None if make_secure is None else make_secure()
     stats_a = _stats(m, mech_a, sec_a)
     stats_b = _stats(m, mech_b, sec_b)
-    head = server_head(m, stats_a, num_clients=K, rng=np.random.default_rng(7), privacy=mech_a, secure_agg=sec_a)
+    head = server_head(
+        m, stats_a, num_clients=K, rng=np.random.default_rng(7), privacy=mech_a, secure_agg=sec_a
+    )
     ref, report, uploaded = _by_hand(m, stats_b, mech_b, np.random.default_rng(7), sec_b)
 
     exact = sec_a is None  # masking decodes a fixed-point sum: equal to its resolution, not bit for bit
@@ -98,7 +121,9 @@ def test_plan_equals_the_hooks_composed_by_hand(case):
         np.testing.assert_array_equal(head.weight, ref.weight)
         np.testing.assert_array_equal(head.bias, ref.bias)
     else:
-        np.testing.assert_allclose(head.weight, ref.weight, rtol=0, atol=1e-6 * max(1.0, np.abs(ref.weight).max()))
+        np.testing.assert_allclose(
+            head.weight, ref.weight, rtol=0, atol=1e-6 * max(1.0, np.abs(ref.weight).max())
+        )
     assert head.notes[: len(ref.notes)] == ref.notes
     if report is not None:
         assert head.privacy.epsilon == report.epsilon and head.privacy.sigma == report.sigma
@@ -126,9 +151,12 @@ def test_streaming_is_a_property_of_the_plan():
     assert ReleasePlan(get("fedcof"), local).streamed
     assert not ReleasePlan(get("fedncm"), _gauss(trusted_aggregator=True)).streamed
     assert not ReleasePlan(get("fedncm"), _gauss(level="client", max_records=3), PairwiseMasking()).streamed
-    assert [s.name for s in ReleasePlan(get("fed3r"), _gauss(blocks=("sums", "counts", "second"),
-                                                                trusted_aggregator=True)).stages] == \
-        ["client-release", "sum", "central-noise", "method"]
+    assert [
+        s.name
+        for s in ReleasePlan(
+            get("fed3r"), _gauss(blocks=("sums", "counts", "second"), trusted_aggregator=True)
+        ).stages
+    ] == ["client-release", "sum", "central-noise", "method"]
 
 
 def test_keep_uploads_shows_the_streamed_uploads_the_server_received():
@@ -152,7 +180,13 @@ def test_fit_trace_labels_seeded_and_entropy_randomness():
     fresh = privfed.fit("fedncm", F, y, k, num_classes=C, num_clients=K, privacy=_gauss())
     assert seeded.trace.randomness == "seeded" and seeded.trace.stage("client-release").randomness == "seeded"
     assert fresh.trace.randomness == "os-entropy"
-    assert [r.stage for r in fresh.trace.records] == ["clip", "statistics", "client-release", "method", "report"]
+    assert [r.stage for r in fresh.trace.records] == [
+        "clip",
+        "statistics",
+        "client-release",
+        "method",
+        "report",
+    ]
     plain = privfed.fit("fedncm", F, y, k)
     assert plain.trace.randomness == "none" and plain.trace.server_view().kind == "sum"
     assert fresh.trace.to_dict()["stages"][0]["values"] == {"bound": 3.0}
@@ -166,11 +200,28 @@ def test_attack_view_is_read_off_the_same_release_as_fit():
 
     F, y, k = _data()
     mech = _gauss(level="client", max_records=30)
-    head = privfed.fit("fedncm", F, y, k, num_classes=C, num_clients=K, privacy=mech,
-                       secure_agg=IdealSecureSum(), random_state=3)
+    head = privfed.fit(
+        "fedncm",
+        F,
+        y,
+        k,
+        num_classes=C,
+        num_clients=K,
+        privacy=mech,
+        secure_agg=IdealSecureSum(),
+        random_state=3,
+    )
     sums = head.trace.server_view().arrays
-    view = ServerView.from_federation("fedncm", F, y, k, num_classes=C, secure_agg=True,
-                                      privacy=_gauss(level="client", max_records=30), rng=3)
+    view = ServerView.from_federation(
+        "fedncm",
+        F,
+        y,
+        k,
+        num_classes=C,
+        secure_agg=True,
+        privacy=_gauss(level="client", max_records=30),
+        rng=3,
+    )
     assert view.secure_agg and view.stats.num_clients == 1
     np.testing.assert_array_equal(view.stats.counts[0], sums[0])
     np.testing.assert_array_equal(view.stats.sums[0], sums[1])
@@ -201,13 +252,16 @@ def test_attack_view_takes_the_public_number_of_clients():
 
     F, y, k = _data()
     with keeping_uploads():
-        head = privfed.fit("fedncm", F, y, k, num_classes=C, num_clients=K + 2, privacy=_gauss(),
-                           random_state=3)
-    view = ServerView.from_federation("fedncm", F, y, k, num_classes=C, num_clients=K + 2, privacy=_gauss(),
-                                      rng=3)
+        head = privfed.fit(
+            "fedncm", F, y, k, num_classes=C, num_clients=K + 2, privacy=_gauss(), random_state=3
+        )
+    view = ServerView.from_federation(
+        "fedncm", F, y, k, num_classes=C, num_clients=K + 2, privacy=_gauss(), rng=3
+    )
     assert view.stats.num_clients == K + 2
     np.testing.assert_array_equal(view.stats.counts, head.trace.server_view().stats.counts)
     assert np.abs(view.stats.counts[K:]).max() > 0  # the empty clients upload noise, not nothing
     with pytest.raises(InputError, match=f"out of range for num_clients={K - 1}"):
-        ServerView.from_federation("fedncm", F, y, k, num_classes=C, num_clients=K - 1, privacy=_gauss(),
-                                   rng=3)
+        ServerView.from_federation(
+            "fedncm", F, y, k, num_classes=C, num_clients=K - 1, privacy=_gauss(), rng=3
+        )
