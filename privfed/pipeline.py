@@ -124,28 +124,12 @@ def fold_statistics(
     pair_key = groups * C + y
     key = pair_key if keep == "pairs" else y
     order, out_key, indptr = _sorted_segments(key)
-    N = key.size
     S = np.empty((out_key.size, d))  # every row is written below
     gram = np.zeros((d, d)) if second else None
     default = FOLD_GRAM_CHUNK_BYTES if second else FOLD_CHUNK_BYTES
     step = max(1, int(chunk_bytes or default) // (8 * max(d, 1)))
-    buf = np.empty((min(step, N), d))
-    raw = None if F.dtype == np.float64 else np.empty((min(step, N), d), dtype=F.dtype)
     tmp = np.empty((d, d)) if second else None
-    for r0 in range(0, N, step):
-        r1 = min(r0 + step, N)
-        n = r1 - r0
-        X = buf[:n]
-        if raw is None:
-            np.take(F, order[r0:r1], axis=0, out=X)
-        else:
-            np.take(F, order[r0:r1], axis=0, out=raw[:n])
-            X[...] = raw[:n]
-        t0 = int(np.searchsorted(indptr, r0, side="right")) - 1
-        t1 = int(np.searchsorted(indptr, r1, side="left"))
-        local = np.clip(indptr[t0 : t1 + 1], r0, r1) - r0
-        onehot = sp.csr_matrix((np.ones(n), np.arange(n), local), shape=(t1 - t0, n))
-        part = onehot @ X
+    for r0, X, t0, t1, part in _segment_chunks(F, order, indptr, step):
         if indptr[t0] < r0:  # the row the previous chunk began
             S[t0] += part[0]
             S[t0 + 1 : t1] = part[1:]
@@ -169,6 +153,32 @@ def fold_statistics(
     )
     object.__setattr__(out, "folded_pairs", int(np.unique(pair_key).size))
     return out
+
+
+def _segment_chunks(F: np.ndarray, order: np.ndarray, indptr: np.ndarray, step: int):
+    """The rows of ``F`` in ``order``, ``step`` at a time, summed by the segments ``indptr`` cuts them into.
+
+    Yields ``(r0, X, t0, t1, part)``: the chunk's first sorted row r0, its rows gathered (and converted
+    to float64) into one reused buffer ``X``, and the sums ``part`` of segments t0..t1-1 over the
+    chunk's rows (a segment cut by a chunk boundary is summed in parts, one per chunk).  ``X`` and
+    ``part`` are valid until the next chunk.
+    """
+    N, d = order.size, F.shape[1]
+    buf = np.empty((min(step, N), d))
+    raw = None if F.dtype == np.float64 else np.empty((min(step, N), d), dtype=F.dtype)
+    for r0 in range(0, N, step):
+        r1 = min(r0 + step, N)
+        n = r1 - r0
+        X = buf[:n]
+        if raw is None:
+            np.take(F, order[r0:r1], axis=0, out=X)
+        else:
+            np.take(F, order[r0:r1], axis=0, out=raw[:n])
+            X[...] = raw[:n]
+        t0 = int(np.searchsorted(indptr, r0, side="right")) - 1
+        t1 = int(np.searchsorted(indptr, r1, side="left"))
+        local = np.clip(indptr[t0 : t1 + 1], r0, r1) - r0
+        yield r0, X, t0, t1, sp.csr_matrix((np.ones(n), np.arange(n), local), shape=(t1 - t0, n)) @ X
 
 
 def pair_sum_blocks(
@@ -197,26 +207,12 @@ def pair_sum_blocks(
     groups, _ = method.row_groups(y, k, num_classes=C, num_clients=num_clients, rng=rng)
     order, out_key, indptr = _sorted_segments(np.asarray(groups, dtype=np.int64) * C + y)
     counts = np.diff(indptr).astype(np.float64)
-    N = order.size
     step = max(1, int(chunk_bytes or FOLD_CHUNK_BYTES) // (8 * max(d, 1)))
 
     def blocks():
-        buf = np.empty((min(step, N), d))
-        raw = None if F.dtype == np.float64 else np.empty((min(step, N), d), dtype=F.dtype)
         carry, done = None, 0  # the partial sum of a pair the previous chunk cut
-        for r0 in range(0, N, step):
-            r1 = min(r0 + step, N)
-            n = r1 - r0
-            X = buf[:n]
-            if raw is None:
-                np.take(F, order[r0:r1], axis=0, out=X)
-            else:
-                np.take(F, order[r0:r1], axis=0, out=raw[:n])
-                X[...] = raw[:n]
-            t0 = int(np.searchsorted(indptr, r0, side="right")) - 1
-            t1 = int(np.searchsorted(indptr, r1, side="left"))
-            local = np.clip(indptr[t0 : t1 + 1], r0, r1) - r0
-            part = sp.csr_matrix((np.ones(n), np.arange(n), local), shape=(t1 - t0, n)) @ X
+        for r0, X, _t0, t1, part in _segment_chunks(F, order, indptr, step):
+            r1 = r0 + X.shape[0]
             if carry is not None:
                 part[0] += carry
             cut = indptr[t1] > r1  # the last pair goes on in the next chunk
