@@ -266,7 +266,7 @@ def _grids(d, args, folder: Path, clip: float) -> None:
     from attacks.strongest import SUITES
     from attacks.view import class_groups
     from mechanisms import GaussianMechanism
-    from privfed.attack import _grid_figure
+    from privfed.attack import grid_figure
 
     folder.mkdir(parents=True, exist_ok=True)
     extra = {} if args.train_steps is None else {"train_steps": args.train_steps}
@@ -286,7 +286,7 @@ def _grids(d, args, folder: Path, clip: float) -> None:
         res = att.run(view, np.random.default_rng(args.seed), cells=cells)
         m = att.score(res, truth)
         where = "no noise" if eps is None else f"eps={eps:g} record level, local noise"
-        fig = _grid_figure(
+        fig = grid_figure(
             res,
             truth,
             f"fedcof, n=1, {where}: strongest single attack {best!r}, "

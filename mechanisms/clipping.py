@@ -26,7 +26,7 @@ __all__ = ["Clipping", "clip_coordinates", "clip_l2"]
 CLIP_NORMS = ("l2", "coordinate")
 
 
-def _check_bound(bound: float, name: str = "clip") -> float:
+def check_bound(bound: float, name: str = "clip") -> float:
     try:
         b = float(bound)
     except (TypeError, ValueError):
@@ -41,7 +41,7 @@ def _check_bound(bound: float, name: str = "clip") -> float:
 
 def clip_l2(features: np.ndarray, c: float) -> np.ndarray:
     """Scale each row to L2 norm at most ``c`` (rows already inside are unchanged)."""
-    c = _check_bound(c)
+    c = check_bound(c)
     F = np.asarray(features, dtype=np.float64)
     if math.isinf(c):
         return F.copy()
@@ -58,7 +58,7 @@ def clip_l2(features: np.ndarray, c: float) -> np.ndarray:
 
 def clip_coordinates(features: np.ndarray, b: float) -> np.ndarray:
     """Clip every coordinate to [-b, b]."""
-    b = _check_bound(b)
+    b = check_bound(b)
     return np.clip(np.asarray(features, dtype=np.float64), -b, b)
 
 
@@ -77,7 +77,7 @@ class Clipping:
     norm: str = "l2"
 
     def __post_init__(self) -> None:
-        _check_bound(self.bound)
+        check_bound(self.bound)
         if self.norm not in CLIP_NORMS:
             raise ConfigError(f"clip_norm must be one of {list(CLIP_NORMS)}, got {self.norm!r}")
 

@@ -62,7 +62,7 @@ import numpy as np
 from mechanisms.accounting import ACCOUNTANTS, calibrate_round_mu, ledger_epsilon
 from mechanisms.backends import NoiseBackend, get_backend
 from mechanisms.calibration import check_budget
-from mechanisms.clipping import CLIP_NORMS, Clipping, _check_bound
+from mechanisms.clipping import CLIP_NORMS, Clipping, check_bound
 from mechanisms.ledger import NEIGHBOURING, PrivacyLedger, PrivacyReport, ReleaseEvent, format_up
 from privfed.errors import ConfigError, InputError
 from privfed.stats import ClientStats, compute_client_stats
@@ -180,7 +180,7 @@ class GaussianMechanism:
         backend: str | NoiseBackend | None = None,
     ) -> None:
         self.epsilon, self.delta = check_budget(epsilon, delta)
-        self.clip_bound = _check_bound(clip)
+        self.clip_bound = check_bound(clip)
         if not (self.clip_bound <= MAX_CLIP or math.isinf(self.epsilon)):  # no noise: nothing to calibrate
             raise ConfigError(
                 f"clip={clip!r} is beyond {MAX_CLIP:g}: second moments (c^2 per record) and their noise would "

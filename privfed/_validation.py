@@ -197,7 +197,7 @@ def check_features(
     return arr
 
 
-def _int64_range(arr: np.ndarray, name: str) -> None:
+def int64_range(arr: np.ndarray, name: str) -> None:
     """Refuse values a cast to int64 would wrap (reporting the value as given)."""
     if arr.size == 0:
         return
@@ -222,7 +222,7 @@ def as_int_vector(values, name: str) -> np.ndarray:
     if not np.issubdtype(arr.dtype, np.integer):
         if not np.all(np.isfinite(arr)) or np.any(arr != np.round(arr)):
             raise InputError(f"{name} must hold whole numbers; found non-integer or non-finite values")
-    _int64_range(arr, name)
+    int64_range(arr, name)
     return arr.astype(np.int64, copy=False)
 
 

@@ -454,7 +454,7 @@ def _challenge(att, truth, view, rng) -> dict:
     return {"targets": targets, "target_ids": ids, "target_labels": labels, "partners": partners}
 
 
-def _grid_figure(result, truth, title: str, columns: int = 8):
+def grid_figure(result, truth, title: str, columns: int = 8):
     """True images, reconstructions and the public prior, one column per released cell."""
     import matplotlib
 
@@ -599,7 +599,7 @@ def _body(argv: Sequence[str] | None) -> int:
                 if cfg.secure_agg != "none" and math.isfinite(eps)
                 else ("local noise" if math.isfinite(eps) else "no noise")
             )
-            fig = _grid_figure(result, truth, f"{mname}, eps={eps:g}, n={n}, {where}")
+            fig = grid_figure(result, truth, f"{mname}, eps={eps:g}, n={n}, {where}")
             out.save_figure(f"grid_{mname}_eps{eps:g}_n{n}.png", fig, dpi=120)
             import matplotlib.pyplot as plt
 

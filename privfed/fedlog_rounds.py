@@ -843,7 +843,7 @@ class RoundsResult:
 
 
 # ---------------------------------------------------------------- training pieces
-class _Client:
+class RoundsClient:
     """One client's private state: images, labels, body, optimiser, data-order generator."""
 
     def __init__(self, k, x, y, xt, yt, body, lr, seed):
@@ -856,7 +856,7 @@ class _Client:
         )
 
 
-def _train_body(client: _Client, head_eta: torch.Tensor, epochs: int, batch_size: int, clip_fn) -> None:
+def train_body(client: RoundsClient, head_eta: torch.Tensor, epochs: int, batch_size: int, clip_fn) -> None:
     """E epochs of cross-entropy of softmax(eta phi) with the head fixed (Eq. 13)."""
     F = torch.nn.functional
     body = client.body
@@ -908,10 +908,10 @@ def client_update(
     ``optimizer`` and ``generator`` (the data order) are the client's private state and
     are updated in place.  Returns :func:`client_statistic` of the trained body.
     """
-    client = _Client.__new__(_Client)
+    client = RoundsClient.__new__(RoundsClient)
     client.body, client.opt, client.gen, client.x, client.y = body, optimizer, generator, x, y
     if epochs > 0:
-        _train_body(
+        train_body(
             client, torch.from_numpy(np.asarray(head_eta, dtype=np.float32)), epochs, batch_size, clip_fn
         )
     return client_statistic(body, x, y, num_classes=num_classes, clip_fn=clip_fn)
@@ -927,7 +927,7 @@ def server_step(total: np.ndarray, *, nu: float = 1.0):
 
     total = np.asarray(total, dtype=np.float64)
     head = FedLog(nu=nu).aggregate(ClientStats(counts=total[None, :, 0], sums=total[None, :, 1:]))
-    return head, _head_eta(head)
+    return head, head_eta(head)
 
 
 def initial_head(
@@ -943,11 +943,11 @@ def _accuracy(pred: np.ndarray, y: np.ndarray) -> float:
     return float(np.mean(pred == y)) if y.size else math.nan
 
 
-def _head_eta(head) -> np.ndarray:
+def head_eta(head) -> np.ndarray:
     return np.concatenate([head.bias[:, None], head.weight], axis=1)
 
 
-class _Setup:
+class RoundsSetup:
     """Data, partition, personalised test split and client families of one seeded run."""
 
     def __init__(self, cfg: RoundsConfig):
@@ -990,7 +990,7 @@ class _Setup:
         return (self.x_all[idx], self.y_all[idx], self.xt_all[tidx], self.yt_all[tidx])
 
 
-def _init_body(family: str, init: str, seed: int, k: int) -> nn.Module:
+def init_body(family: str, init: str, seed: int, k: int) -> nn.Module:
     if init == "public":
         return public_body(family, seed)
     torch.manual_seed(int(np.random.default_rng([seed, 0x1417, k]).integers(2**62)))
@@ -1000,7 +1000,7 @@ def _init_body(family: str, init: str, seed: int, k: int) -> nn.Module:
 # ---------------------------------------------------------------- FedLog rounds
 def _fedlog(
     cfg: RoundsConfig,
-    setup: _Setup,
+    setup: RoundsSetup,
     families: list[str],
     *,
     rounds: int,
@@ -1024,7 +1024,7 @@ def _fedlog(
     for k in range(K):
         x, y, xt, yt = setup.client_data(k)
         clients.append(
-            _Client(k, x, y, xt, yt, _init_body(families[k], cfg.init, cfg.seed, k), cfg.lr, cfg.seed)
+            RoundsClient(k, x, y, xt, yt, init_body(families[k], cfg.init, cfg.seed, k), cfg.lr, cfg.seed)
         )
     if epochs == 0:
         for c in clients:
@@ -1039,7 +1039,7 @@ def _fedlog(
         A = np.zeros((K, C, m))
         for c in clients:
             if epochs > 0:
-                _train_body(c, eta_t, epochs, cfg.batch_size, clip_fn)
+                train_body(c, eta_t, epochs, cfg.batch_size, clip_fn)
             A[c.k] = client_statistic(c.body, c.x, c.y, num_classes=C, clip_fn=clip_fn)
         if release is None:
             release = RoundRelease(dp, "none", num_clients=K)
@@ -1051,7 +1051,7 @@ def _fedlog(
         if observer is not None:
             observer(r, clients, A, stats)
         head = method.aggregate(stats)
-        eta = _head_eta(head)
+        eta = head_eta(head)
         tot = stats.total()
         Phi = np.concatenate([tot.counts[0][:, None], tot.sums[0]], axis=1)
         nu_n = float(head.extras["nu_plus_n"])
@@ -1122,12 +1122,12 @@ def _predict(model, x) -> np.ndarray:
         return model(x).argmax(dim=1).numpy()
 
 
-def _fedavg(cfg: RoundsConfig, setup: _Setup, bar=None) -> dict:
+def _fedavg(cfg: RoundsConfig, setup: RoundsSetup, bar=None) -> dict:
     """FedAvg of the whole model (body + linear head), every client the same family."""
     K = cfg.clients
     fam = cfg.fedavg_family
     torch.manual_seed(int(np.random.default_rng([cfg.seed, 0xFEDA]).integers(2**62)))
-    glob = _Classifier(_init_body(fam, cfg.init, cfg.seed, 0))
+    glob = _Classifier(init_body(fam, cfg.init, cfg.seed, 0))
     data = [setup.client_data(k) for k in range(K)]
     gens = [
         torch.Generator().manual_seed(int(np.random.default_rng([cfg.seed, 0xB0D7, k]).integers(2**62)))
@@ -1164,13 +1164,13 @@ def _fedavg(cfg: RoundsConfig, setup: _Setup, bar=None) -> dict:
     }
 
 
-def _local_only(cfg: RoundsConfig, setup: _Setup, families, bar=None) -> dict:
+def _local_only(cfg: RoundsConfig, setup: RoundsSetup, families, bar=None) -> dict:
     """Each client trains body + its own linear head for R x E epochs; nothing is shared."""
     pers, common = [], []
     for k in range(cfg.clients):
         x, y, xt, yt = setup.client_data(k)
         torch.manual_seed(int(np.random.default_rng([cfg.seed, 0x10CA, k]).integers(2**62)))
-        model = _Classifier(_init_body(families[k], cfg.init, cfg.seed, k))
+        model = _Classifier(init_body(families[k], cfg.init, cfg.seed, k))
         opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
         gen = torch.Generator().manual_seed(int(np.random.default_rng([cfg.seed, 0xB0D7, k]).integers(2**62)))
         _train_classifier(model, opt, x, y, cfg.rounds * cfg.local_epochs, cfg.batch_size, gen)
@@ -1253,7 +1253,7 @@ def run_rounds(cfg: RoundsConfig | None = None, *, progress: bool = False, **ove
     notes: list[str] = []
     with deterministic_torch(), warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="noise backend 'numpy'")
-        setup = _Setup(cfg)
+        setup = RoundsSetup(cfg)
         families = setup.families
         noise_rng = noise_generator(cfg.noise_seed, 0x0153)
         if not math.isinf(cfg.epsilon):

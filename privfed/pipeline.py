@@ -40,7 +40,7 @@ from privfed.errors import InputError
 from privfed.head import LinearHead
 from privfed.methods.base import Method
 from privfed.release import UPLOAD_CHUNK_BYTES, ReleasePlan, ReleaseTrace
-from privfed.stats import ClientStats, _readonly, _sorted_segments
+from privfed.stats import ClientStats, readonly, sorted_segments
 
 __all__ = [
     "FOLD_CHUNK_BYTES",
@@ -123,7 +123,7 @@ def fold_statistics(
     fields = {"counts", "sums"} | (set(method.requires) & {"second", "class_second"})
     pair_key = groups * C + y
     key = pair_key if keep == "pairs" else y
-    order, out_key, indptr = _sorted_segments(key)
+    order, out_key, indptr = sorted_segments(key)
     S = np.empty((out_key.size, d))  # every row is written below
     gram = np.zeros((d, d)) if second else None
     default = FOLD_GRAM_CHUNK_BYTES if second else FOLD_CHUNK_BYTES
@@ -139,9 +139,9 @@ def fold_statistics(
             np.matmul(X.T, X, out=tmp)
             gram += tmp
     counts = np.diff(indptr).astype(np.float64)
-    gram = None if gram is None else _readonly(gram)
+    gram = None if gram is None else readonly(gram)
     if keep == "pairs":
-        pairs = tuple(_readonly(a) for a in (out_key // C, out_key % C, counts, S))
+        pairs = tuple(readonly(a) for a in (out_key // C, out_key % C, counts, S))
         out = ClientStats._new(G, C, d, pairs=pairs, gram=gram, fields=fields, owners=owners)
         object.__setattr__(out, "folded_pairs", int(out_key.size))
         return out
@@ -149,7 +149,7 @@ def fold_statistics(
     Nc[out_key], Sc[out_key] = counts, S
     kw = {"second": gram[None]} if "second" in fields else {}
     out = ClientStats._new(
-        1, C, d, counts=_readonly(Nc[None]), sums=_readonly(Sc[None]), gram=gram, fields=fields, **kw
+        1, C, d, counts=readonly(Nc[None]), sums=readonly(Sc[None]), gram=gram, fields=fields, **kw
     )
     object.__setattr__(out, "folded_pairs", int(np.unique(pair_key).size))
     return out
@@ -205,7 +205,7 @@ def pair_sum_blocks(
     F, y, k = features, np.asarray(labels, dtype=np.int64), np.asarray(clients, dtype=np.int64)
     C, d = int(num_classes), F.shape[1]
     groups, _ = method.row_groups(y, k, num_classes=C, num_clients=num_clients, rng=rng)
-    order, out_key, indptr = _sorted_segments(np.asarray(groups, dtype=np.int64) * C + y)
+    order, out_key, indptr = sorted_segments(np.asarray(groups, dtype=np.int64) * C + y)
     counts = np.diff(indptr).astype(np.float64)
     step = max(1, int(chunk_bytes or FOLD_CHUNK_BYTES) // (8 * max(d, 1)))
 

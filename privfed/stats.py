@@ -106,7 +106,7 @@ def _check_dense(name: str, shape: tuple[int, ...]) -> None:
         )
 
 
-def _readonly(a: np.ndarray) -> np.ndarray:
+def readonly(a: np.ndarray) -> np.ndarray:
     """A read-only view (the caller's array keeps its flags; nothing is copied)."""
     v = a.view()
     v.setflags(write=False)
@@ -217,7 +217,7 @@ class ClientStats:
             second = _as_f64(second, "second")
             if second.shape != (K, d, d):
                 raise InputError(f"ClientStats.second must have shape ({K}, {d}, {d}), got {second.shape}")
-            second = _readonly(second)
+            second = readonly(second)
             fields.add("second")
         if class_second is not None:
             class_second = _as_f64(class_second, "class_second")
@@ -225,14 +225,14 @@ class ClientStats:
                 raise InputError(
                     f"ClientStats.class_second must have shape ({K}, {C}, {d}, {d}), got {class_second.shape}"
                 )
-            class_second = _readonly(class_second)
+            class_second = readonly(class_second)
             fields.add("class_second")
         self._init(
             K,
             C,
             d,
-            counts=_readonly(counts),
-            sums=_readonly(sums),
+            counts=readonly(counts),
+            sums=readonly(sums),
             pairs=None,
             second=second,
             class_second=class_second,
@@ -389,16 +389,16 @@ class ClientStats:
             sum_rows = np.where(has, np.cumsum(has) - 1, -1)
         fields = {"counts", "sums"}
         if second is not None:
-            second = _readonly(_as_f64(second, "second"))
+            second = readonly(_as_f64(second, "second"))
             if second.shape != (K, d, d):
                 raise InputError(f"second must have shape ({K}, {d}, {d}), got {second.shape}")
             fields.add("second")
         if gram is not None:
-            gram = _readonly(_as_f64(gram, "gram"))
+            gram = readonly(_as_f64(gram, "gram"))
             if gram.shape != (d, d):
                 raise InputError(f"gram must have shape ({d}, {d}), got {gram.shape}")
             fields.add("second")
-        pairs = tuple(_readonly(a) for a in (pc, pk, n, S))
+        pairs = tuple(readonly(a) for a in (pc, pk, n, S))
         return cls._new(
             K,
             C,
@@ -408,7 +408,7 @@ class ClientStats:
             gram=gram,
             fields=fields,
             owners=owners,
-            sum_rows=None if sum_rows is None else _readonly(sum_rows),
+            sum_rows=None if sum_rows is None else readonly(sum_rows),
         )
 
     # -- shape ---------------------------------------------------------------
@@ -459,13 +459,13 @@ class ClientStats:
             S = np.zeros((pc.size, self._d))
             has = self._sum_rows >= 0
             S[has] = block[self._sum_rows[has]]
-            return pc, pk, n, _readonly(S)
+            return pc, pk, n, readonly(S)
         if self._pairs is None:
             counts, sums = self._counts, self._sums
             nz = (counts != 0) | np.any(sums != 0, axis=2)
             kk, cc = np.nonzero(nz)
             pairs = tuple(
-                _readonly(a) for a in (kk.astype(np.int64), cc.astype(np.int64), counts[kk, cc], sums[kk, cc])
+                readonly(a) for a in (kk.astype(np.int64), cc.astype(np.int64), counts[kk, cc], sums[kk, cc])
             )
             object.__setattr__(self, "_pairs", pairs)
         return self._pairs
@@ -497,10 +497,10 @@ class ClientStats:
         _, pk, n, S, rows = self._pair_block()
         N = np.bincount(pk, weights=n, minlength=self._C)
         if rows is None:
-            return N, _sum_rows_by(S, pk, self._C)
+            return N, sum_rows_by(S, pk, self._C)
         row_class = np.empty(S.shape[0], dtype=np.int64)
         row_class[rows[rows >= 0]] = pk[rows >= 0]
-        return N, _sum_rows_by(S, row_class, self._C)
+        return N, sum_rows_by(S, row_class, self._C)
 
     # -- dense views -----------------------------------------------------------
     @property
@@ -511,7 +511,7 @@ class ClientStats:
             pc, pk, n, _ = self._pairs
             out = np.zeros((self._K, self._C))
             out[pc, pk] = n
-            object.__setattr__(self, "_counts", _readonly(out))
+            object.__setattr__(self, "_counts", readonly(out))
         return self._counts
 
     @property
@@ -525,7 +525,7 @@ class ClientStats:
                 out[pc, pk] = S
             else:
                 out[pc[rows >= 0], pk[rows >= 0]] = S[rows[rows >= 0]]
-            object.__setattr__(self, "_sums", _readonly(out))
+            object.__setattr__(self, "_sums", readonly(out))
         return self._sums
 
     @property
@@ -545,7 +545,7 @@ class ClientStats:
                     f"these statistics hold only the second moment summed over the {self._K} clients "
                     "(they were folded); per-client second moments are not available"
                 )
-            object.__setattr__(self, "_second", _readonly(out))
+            object.__setattr__(self, "_second", readonly(out))
         return self._second
 
     @property
@@ -560,7 +560,7 @@ class ClientStats:
                     "folded into it); per-class second moments are not available"
                 )
             out = self._features.class_second(self._K, self._C)
-            object.__setattr__(self, "_class_second", _readonly(out))
+            object.__setattr__(self, "_class_second", readonly(out))
         return self._class_second
 
     def gram(self) -> np.ndarray:
@@ -576,13 +576,13 @@ class ClientStats:
                 g = self._class_second.sum(axis=(0, 1))
             elif self._features is not None:
                 g = (
-                    _gram(self._features.F)
+                    gram_of(self._features.F)
                     if self._features.weight is None
                     else self.client_weighted_gram(np.ones(self._K))
                 )
             else:  # pragma: no cover - every constructor sets one of them
                 raise InputError("ClientStats lost its second moments")
-            object.__setattr__(self, "_gram", _readonly(g))
+            object.__setattr__(self, "_gram", readonly(g))
         return self._gram
 
     def client_weighted_gram(self, weights) -> np.ndarray:
@@ -632,9 +632,9 @@ class ClientStats:
             if self._features is not None:
                 carry["features"] = self._features.scaled(w)
             if self._second is not None:
-                carry["second"] = _readonly(self._second * w[:, None, None])
+                carry["second"] = readonly(self._second * w[:, None, None])
             if self._class_second is not None:
-                carry["class_second"] = _readonly(self._class_second * w[:, None, None, None])
+                carry["class_second"] = readonly(self._class_second * w[:, None, None, None])
             if self._features is None and (
                 ("second" in seconds and self._second is None)
                 or ("class_second" in seconds and self._class_second is None)
@@ -645,7 +645,7 @@ class ClientStats:
                         "they cannot be bounded per client (compute them per client, e.g. with "
                         "compute_client_stats(..., fields=('second', ...)))"
                     )
-                carry["gram"] = _readonly(self.gram() * w[0])
+                carry["gram"] = readonly(self.gram() * w[0])
                 if "second" in seconds:
                     carry["second"] = carry["gram"][None]
         if self._counts is not None and self._sums is not None:
@@ -653,8 +653,8 @@ class ClientStats:
                 self._K,
                 self._C,
                 self._d,
-                counts=_readonly(self._counts * w[:, None]),
-                sums=_readonly(self._sums * w[:, None, None]),
+                counts=readonly(self._counts * w[:, None]),
+                sums=readonly(self._sums * w[:, None, None]),
                 owners=self._owners,
                 **carry,
             )
@@ -666,7 +666,7 @@ class ClientStats:
                 row_client = np.empty(S.shape[0], dtype=np.int64)
                 row_client[rows[rows >= 0]] = pc[rows >= 0]
                 S2 = S * w[row_client][:, None]
-            pairs = tuple(_readonly(a) for a in (pc, pk, n * w[pc], S2))
+            pairs = tuple(readonly(a) for a in (pc, pk, n * w[pc], S2))
             out = ClientStats._new(
                 self._K, self._C, self._d, pairs=pairs, owners=self._owners, sum_rows=rows, **carry
             )
@@ -712,15 +712,15 @@ class ClientStats:
         N, S = self.class_totals()
         kw = {"fields": set(self._fields)}
         if "second" in self._fields or "class_second" in self._fields:
-            kw["gram"] = _readonly(np.array(self.gram()))
+            kw["gram"] = readonly(np.array(self.gram()))
         if "second" in self._fields:
             kw["second"] = kw["gram"][None]
         if "class_second" in self._fields:
             if self._class_second is not None:
-                kw["class_second"] = _readonly(self._class_second.sum(axis=0, keepdims=True))
+                kw["class_second"] = readonly(self._class_second.sum(axis=0, keepdims=True))
             elif self._features is not None:
                 kw["features"] = self._features.merged()
-        out = ClientStats._new(1, self._C, self._d, counts=_readonly(N[None]), sums=_readonly(S[None]), **kw)
+        out = ClientStats._new(1, self._C, self._d, counts=readonly(N[None]), sums=readonly(S[None]), **kw)
         object.__setattr__(
             out, "folded_pairs", self.folded_pairs if self.folded_pairs is not None else self.num_pairs()
         )
@@ -740,17 +740,17 @@ class ClientStats:
             N2, S2 = other.class_totals()
             kw = {"fields": set(self._fields)}
             if {"second", "class_second"} & self._fields:
-                kw["gram"] = _readonly(self.gram() + other.gram())
+                kw["gram"] = readonly(self.gram() + other.gram())
             if "second" in self._fields:
                 kw["second"] = kw["gram"][None]
             if "class_second" in self._fields:
-                kw["class_second"] = _readonly(self.class_second + other.class_second)
+                kw["class_second"] = readonly(self.class_second + other.class_second)
             return ClientStats._new(
                 1,
                 self._C,
                 self._d,
-                counts=_readonly((N1 + N2)[None]),
-                sums=_readonly((S1 + S2)[None]),
+                counts=readonly((N1 + N2)[None]),
+                sums=readonly((S1 + S2)[None]),
                 owners=self._owners,
                 **kw,
             )
@@ -823,7 +823,7 @@ class ClientStats:
                     v = _as_f64(v, name)
                     if v.shape != shape:
                         raise InputError(f"ClientStats.{name} must have shape {shape}, got {v.shape}")
-                    object.__setattr__(out, "_" + name, _readonly(v))
+                    object.__setattr__(out, "_" + name, readonly(v))
                     object.__setattr__(out, "_fields", out._fields | {name})
                 object.__setattr__(out, "_gram", None)
                 object.__setattr__(out, "_features", None)
@@ -858,12 +858,10 @@ class ClientStats:
                 S2 = S[r[has]]
                 sum_rows = np.full(r.size, -1, dtype=np.int64)
                 sum_rows[has] = np.arange(int(has.sum()))
-            pairs = tuple(_readonly(a) for a in (pc2[order], pk[keep][order], n[keep][order], S2))
+            pairs = tuple(readonly(a) for a in (pc2[order], pk[keep][order], n[keep][order], S2))
             carry = self._carry()
-            carry["second"] = None if self._second is None else _readonly(self._second[rows])
-            carry["class_second"] = (
-                None if self._class_second is None else _readonly(self._class_second[rows])
-            )
+            carry["second"] = None if self._second is None else readonly(self._second[rows])
+            carry["class_second"] = None if self._class_second is None else readonly(self._class_second[rows])
             carry["gram"] = None
             if self._features is not None:
                 carry["features"] = self._features.subset(rows)
@@ -1078,26 +1076,26 @@ class StatsFold:
             raise InputError("nothing was folded; add at least one chunk of client statistics")
         C, d = self.num_classes, self.dim
         fields = set(self._fields)
-        gram = None if self._gram is None else _readonly(self._gram)
+        gram = None if self._gram is None else readonly(self._gram)
         if self.keep == "total":
             kw = {}
             if "second" in fields:
                 kw["second"] = gram[None]
             if "class_second" in fields and self._cs_values and self._cs is not None:
-                kw["class_second"] = _readonly(self._cs[None])
+                kw["class_second"] = readonly(self._cs[None])
             out = ClientStats._new(
                 1,
                 C,
                 d,
-                counts=_readonly(self._N[None].copy()),
-                sums=_readonly(self._S[None].copy()),
+                counts=readonly(self._N[None].copy()),
+                sums=readonly(self._S[None].copy()),
                 gram=gram,
                 fields=fields,
                 **kw,
             )
         else:
             if self._pairs:
-                *pairs, rows = (_readonly(np.concatenate(parts)) for parts in zip(*self._pairs))
+                *pairs, rows = (readonly(np.concatenate(parts)) for parts in zip(*self._pairs))
             else:  # pragma: no cover - guarded above
                 pairs, rows = (
                     [np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0), np.zeros((0, d))],
@@ -1168,7 +1166,7 @@ def _check_upload_finite(chunk: ClientStats, where: str, ids: list | None) -> No
 
 
 # -- computing statistics from features ---------------------------------------------
-def _gram(F: np.ndarray) -> np.ndarray:
+def gram_of(F: np.ndarray) -> np.ndarray:
     """F^T F with one BLAS GEMM.
 
     numpy's GEMM, not scipy's ``dsyrk``: scipy ships its own OpenBLAS whose
@@ -1179,14 +1177,14 @@ def _gram(F: np.ndarray) -> np.ndarray:
     return F.T @ F
 
 
-def _sum_rows_by(F: np.ndarray, group: np.ndarray, num_groups: int) -> np.ndarray:
+def sum_rows_by(F: np.ndarray, group: np.ndarray, num_groups: int) -> np.ndarray:
     """Sum rows of F by group id with one sparse-dense product (no sample loop)."""
     n = F.shape[0]
     onehot = sp.csr_matrix((np.ones(n), (group, np.arange(n))), shape=(num_groups, n))
     return np.asarray(onehot @ F)
 
 
-_group_sums = _sum_rows_by
+_group_sums = sum_rows_by
 
 
 def _group_second_moments(F: np.ndarray, group: np.ndarray, num_groups: int) -> np.ndarray:
@@ -1217,7 +1215,7 @@ def _group_second_moments(F: np.ndarray, group: np.ndarray, num_groups: int) -> 
     return out
 
 
-def _sorted_segments(key: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def sorted_segments(key: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """One stable sort of integer keys: (order, the distinct keys, CSR row pointer of their runs).
 
     ``key[order[indptr[j]:indptr[j + 1]]]`` all equal the j-th distinct key.
@@ -1228,24 +1226,24 @@ def _sorted_segments(key: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarra
     return order, ks[starts], np.concatenate((starts, [ks.size])).astype(np.int64)
 
 
-def _stats_from_rows(
+def stats_from_rows(
     F: np.ndarray, y: np.ndarray, k: np.ndarray, C: int, K: int, fields, owners=None
 ) -> ClientStats:
     """Pair-layout statistics of validated rows (F float64, y and k int64 in range)."""
     d = F.shape[1]
     key = k * C + y if K > 1 else y
     # One sort: the CSR one-hot of samples into pairs, then one sparse-dense product.
-    order, uniq, indptr = _sorted_segments(key)
+    order, uniq, indptr = sorted_segments(key)
     counts = np.diff(indptr).astype(np.float64)
     onehot = sp.csr_matrix((np.ones(key.size), order, indptr), shape=(uniq.size, key.size))
     S = np.asarray(onehot @ F) if uniq.size else np.zeros((0, d))
     pcl = uniq // C if K > 1 else np.zeros(uniq.size, dtype=np.int64)
-    pairs = tuple(_readonly(a) for a in (pcl, uniq % C, counts, S))
+    pairs = tuple(readonly(a) for a in (pcl, uniq % C, counts, S))
     out_fields = {"counts", "sums"} | (set(fields) & {"second", "class_second"})
     features = gram = None
     if out_fields - {"counts", "sums"}:
         features = _Features(F, k, y)
-        gram = _readonly(_gram(F))
+        gram = readonly(gram_of(F))
     return ClientStats._new(
         K, C, d, pairs=pairs, gram=gram, features=features, fields=out_fields, owners=owners
     )
@@ -1305,4 +1303,4 @@ def compute_client_stats(
         if num_clients < K:
             raise InputError(f"num_clients={num_clients} but client ids go up to {K - 1}")
         K = int(num_clients)
-    return _stats_from_rows(F, y, k, C, K, fields)
+    return stats_from_rows(F, y, k, C, K, fields)

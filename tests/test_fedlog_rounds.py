@@ -14,7 +14,14 @@ import privfed
 from mechanisms import GaussianMechanism
 from privfed.audit import audit
 from privfed.errors import ConfigError
-from privfed.fedlog_rounds import FEATURE_DIM, RoundsConfig, RoundsDP, _Setup, assign_families, run_rounds
+from privfed.fedlog_rounds import (
+    FEATURE_DIM,
+    RoundsConfig,
+    RoundsDP,
+    RoundsSetup,
+    assign_families,
+    run_rounds,
+)
 
 pytestmark = pytest.mark.filterwarnings("ignore:noise backend 'numpy'")
 
@@ -30,7 +37,7 @@ def _gdp_eps_closed_form(mu: float, delta: float) -> float:
 
 def test_one_round_with_frozen_bodies_is_the_one_shot_head(digits_dataset):
     r = run_rounds(rounds=1, local_epochs=0, families=("cnn",), baselines=())
-    clients = _Setup(RoundsConfig(families=("cnn",)).validate()).clients
+    clients = RoundsSetup(RoundsConfig(families=("cnn",)).validate()).clients
     ref = privfed.fit(
         "fedlog", digits_dataset.train_features, digits_dataset.train_labels, clients, num_classes=10
     )

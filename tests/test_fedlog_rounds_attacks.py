@@ -138,10 +138,10 @@ def test_rounds_run_reports_the_attacks_against_the_composed_bound():
 @pytest.mark.parametrize("split", [dict(), dict(clients=100, partition="dirichlet")])
 def test_holdouts_are_paired_with_their_member_on_its_row(split):
     from attacks.rounds import RoundsObserver
-    from privfed.fedlog_rounds import RoundRelease, _Setup
+    from privfed.fedlog_rounds import RoundRelease, RoundsSetup
 
     cfg = RoundsConfig(**dict(SMALL, **split), attack_pairs=150).validate()
-    setup = _Setup(cfg)
+    setup = RoundsSetup(cfg)
     obs = RoundsObserver(setup, cfg, None, RoundRelease(None, "none", num_clients=cfg.clients))
     y, yt = setup.y_all.numpy(), np.asarray(setup.yt_all)
     assert np.array_equal(y[obs.members], yt[obs.holdouts])  # same class

@@ -18,7 +18,7 @@ from privfed.fedlog_rounds import (
     RoundRelease,
     RoundsConfig,
     RoundsDP,
-    _Setup,
+    RoundsSetup,
     client_statistic,
     make_body,
     run_rounds,
@@ -40,7 +40,7 @@ def _gdp_eps(mu: float, delta: float) -> float:
 
 def _client_stack(K: int = 5, seed: int = 0) -> np.ndarray:
     """Real per-client FedLog statistics (K, C, m): digits clients through a fresh mlp body."""
-    setup = _Setup(RoundsConfig(clients=K, families=("mlp",)).validate())
+    setup = RoundsSetup(RoundsConfig(clients=K, families=("mlp",)).validate())
     torch.manual_seed(seed)
     body = make_body("mlp")
     return np.stack([client_statistic(body, *setup.client_data(k)[:2]) for k in range(K)])

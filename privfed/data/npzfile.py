@@ -131,7 +131,7 @@ def _declared_sizes(path: pathlib.Path, where: str, limit: int) -> None:
         )
 
 
-def _read(path: pathlib.Path, max_bytes: int = DEFAULT_MAX_BYTES) -> dict[str, np.ndarray]:
+def read_npz(path: pathlib.Path, max_bytes: int = DEFAULT_MAX_BYTES) -> dict[str, np.ndarray]:
     where = f"feature file {str(path)!r}"
     if not path.exists():
         raise InputError(
@@ -192,7 +192,7 @@ def _read(path: pathlib.Path, max_bytes: int = DEFAULT_MAX_BYTES) -> dict[str, n
     return out
 
 
-def _features(arr: np.ndarray, name: str, where: str) -> np.ndarray:
+def checked_features(arr: np.ndarray, name: str, where: str) -> np.ndarray:
     if arr.dtype == object or arr.dtype.kind not in "biuf":
         raise InputError(f"{where}: {name!r} must hold real numbers, got dtype {arr.dtype}")
     if arr.ndim != 2:
@@ -210,7 +210,7 @@ def _features(arr: np.ndarray, name: str, where: str) -> np.ndarray:
     return out
 
 
-def _ints(arr: np.ndarray, name: str, n: int, rows_of: str, where: str) -> np.ndarray:
+def checked_ints(arr: np.ndarray, name: str, n: int, rows_of: str, where: str) -> np.ndarray:
     if arr.dtype == object or arr.dtype.kind not in "biuf":
         raise InputError(f"{where}: {name!r} must hold integers, got dtype {arr.dtype}")
     if arr.ndim != 1:
@@ -224,9 +224,9 @@ def _ints(arr: np.ndarray, name: str, n: int, rows_of: str, where: str) -> np.nd
             raise InputError(
                 f"{where}: {name!r} must hold whole numbers; found non-integer or non-finite values"
             )
-    from privfed._validation import _int64_range
+    from privfed._validation import int64_range
 
-    _int64_range(arr, f"{where}: {name!r}")
+    int64_range(arr, f"{where}: {name!r}")
     out = arr.astype(np.int64)
     if out.size and out.min() < 0:
         raise InputError(f"{where}: {name!r} must be >= 0, found {int(out.min())}")
@@ -289,18 +289,18 @@ def load_feature_file(
         raise ConfigError(f"test_fraction must lie in (0, 1), got {test_fraction}")
     path = pathlib.Path(os.fspath(path)).expanduser()
     where = f"feature file {str(path)!r}"
-    arrays = _read(path, resolve_max_bytes(max_bytes))
+    arrays = read_npz(path, resolve_max_bytes(max_bytes))
     for required in ("features", "labels"):
         if required not in arrays:
             raise InputError(
                 f"{where} has no {required!r} array (it has {sorted(arrays)}); "
                 "save it with numpy.savez(path, features=..., labels=...)"
             )
-    F = _features(arrays["features"], "features", where)
-    y = _ints(arrays["labels"], "labels", F.shape[0], "features", where)
+    F = checked_features(arrays["features"], "features", where)
+    y = checked_ints(arrays["labels"], "labels", F.shape[0], "features", where)
     clients = None
     if "clients" in arrays:
-        clients = _ints(arrays["clients"], "clients", F.shape[0], "features", where)
+        clients = checked_ints(arrays["clients"], "clients", F.shape[0], "features", where)
     has_tf, has_tl = "test_features" in arrays, "test_labels" in arrays
     if has_tf != has_tl:
         present, absent = ("test_features", "test_labels") if has_tf else ("test_labels", "test_features")
@@ -318,13 +318,13 @@ def load_feature_file(
     if ignored:
         meta["ignored_arrays"] = ignored
     if has_tf:
-        Ft = _features(arrays["test_features"], "test_features", where)
+        Ft = checked_features(arrays["test_features"], "test_features", where)
         if Ft.shape[1] != F.shape[1]:
             raise InputError(
                 f"{where}: 'test_features' has {Ft.shape[1]} columns but 'features' has {F.shape[1]}; "
                 "they must match"
             )
-        yt = _ints(arrays["test_labels"], "test_labels", Ft.shape[0], "test_features", where)
+        yt = checked_ints(arrays["test_labels"], "test_labels", Ft.shape[0], "test_features", where)
         meta["test_split"] = "from the file"
     else:
         train, test, stratified = _stratified_split(y, float(test_fraction), int(seed))

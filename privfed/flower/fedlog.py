@@ -53,9 +53,9 @@ _STATE = "privfed-fedlog-body"
 
 @functools.lru_cache(maxsize=2)
 def _setup(rc):
-    from privfed.fedlog_rounds import _Setup
+    from privfed.fedlog_rounds import RoundsSetup
 
-    return _Setup(rc)
+    return RoundsSetup(rc)
 
 
 def _key(cfg) -> str:
@@ -70,7 +70,7 @@ def node_round(context, cfg, broadcast: dict, round_index: int) -> ClientStats:
 
     from privfed.data.digits import deterministic_torch
     from privfed.fedlog_bodies import FEATURE_DIM, client_features
-    from privfed.fedlog_rounds import _Client, _init_body, _train_body
+    from privfed.fedlog_rounds import RoundsClient, init_body, train_body
 
     rc = rounds_config(cfg)
     if "partition-id" not in context.node_config:
@@ -89,7 +89,9 @@ def node_round(context, cfg, broadcast: dict, round_index: int) -> ClientStats:
     key = _key(cfg)
     with deterministic_torch():
         x, y, xt, yt = setup.client_data(k)
-        client = _Client(k, x, y, xt, yt, _init_body(setup.families[k], rc.init, rc.seed, k), rc.lr, rc.seed)
+        client = RoundsClient(
+            k, x, y, xt, yt, init_body(setup.families[k], rc.init, rc.seed, k), rc.lr, rc.seed
+        )
         if round_index > 0:
             if _STATE not in context.state:
                 raise ConfigError(
@@ -110,9 +112,7 @@ def node_round(context, cfg, broadcast: dict, round_index: int) -> ClientStats:
             for p in client.body.parameters():
                 p.requires_grad_(False)
         if rc.local_epochs > 0:
-            _train_body(
-                client, torch.from_numpy(eta.astype(np.float32)), rc.local_epochs, rc.batch_size, None
-            )
+            train_body(client, torch.from_numpy(eta.astype(np.float32)), rc.local_epochs, rc.batch_size, None)
         Fk = client_features(client.body, client.x, None)
         yk = client.y.numpy()
         buf = io.BytesIO()
@@ -131,7 +131,7 @@ def node_round(context, cfg, broadcast: dict, round_index: int) -> ClientStats:
 # ------------------------------------------------------------------------------------------ server
 def serve_fedlog_rounds(grid, cfg, nodes: list[int]):
     """The server's loop; returns (last head, per-round heads' eta, per-round exchanges, the rounds config)."""
-    from privfed.fedlog_rounds import FEATURE_DIM, _head_eta
+    from privfed.fedlog_rounds import FEATURE_DIM, head_eta
     from privfed.flower.rounds import run_rounds
     from privfed.methods.fedlog import FedLog
 
@@ -145,7 +145,7 @@ def serve_fedlog_rounds(grid, cfg, nodes: list[int]):
     def step(r, total):
         head = method.aggregate(total)
         heads.append(head)
-        return {"eta": _head_eta(head)} if r + 1 < rc.rounds else None
+        return {"eta": head_eta(head)} if r + 1 < rc.rounds else None
 
     stages = run_rounds(
         grid, cfg, nodes, name=ROUND_NAME, first={"eta": eta0}, step=step, max_rounds=rc.rounds

@@ -91,7 +91,7 @@ def _node_file(path: str, cfg: FlowerConfig) -> NodeData:
     """
     import pathlib
 
-    from privfed.data.npzfile import _features, _ints, _read
+    from privfed.data.npzfile import checked_features, checked_ints, read_npz
 
     where = f"node feature file {path!r}"
     file = pathlib.Path(path).expanduser()
@@ -99,7 +99,7 @@ def _node_file(path: str, cfg: FlowerConfig) -> NodeData:
         st = file.stat()
         arrays = _read_cached(str(file), st.st_mtime_ns, st.st_size)
     except OSError:
-        arrays = _read(file)  # a missing / unreadable file: _read names it
+        arrays = read_npz(file)  # a missing / unreadable file: read_npz names it
     for required in ("features", "labels"):
         if required not in arrays:
             raise InputError(
@@ -111,8 +111,8 @@ def _node_file(path: str, cfg: FlowerConfig) -> NodeData:
         # Under DP a site without records still uploads (noised zeros): see node_statistics.
         F = np.zeros((0, raw.shape[1]))
     else:
-        F = _features(raw, "features", where)
-    y = _ints(arrays["labels"], "labels", F.shape[0], "features", where)
+        F = checked_features(raw, "features", where)
+    y = checked_ints(arrays["labels"], "labels", F.shape[0], "features", where)
     if cfg.num_classes is None:
         raise ConfigError(f"nodes with their own feature files need num-classes in the run config ({where})")
     if y.size and (y.min() < 0 or y.max() >= cfg.num_classes):
@@ -127,9 +127,9 @@ def _read_cached(path: str, mtime_ns: int, size: int) -> dict:
     """A node's feature file, read once while it is unchanged (the stages of a run reread it)."""
     import pathlib
 
-    from privfed.data.npzfile import _read
+    from privfed.data.npzfile import read_npz
 
-    arrays = _read(pathlib.Path(path))
+    arrays = read_npz(pathlib.Path(path))
     for a in arrays.values():
         a.setflags(write=False)
     return arrays

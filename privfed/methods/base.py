@@ -26,7 +26,7 @@ import numpy as np
 
 from privfed.errors import ConfigError, InputError
 from privfed.head import LinearHead
-from privfed.stats import ClientStats, _stats_from_rows, compute_client_stats
+from privfed.stats import ClientStats, compute_client_stats, stats_from_rows
 
 __all__ = ["Method", "SecureSum"]
 
@@ -88,7 +88,7 @@ class Method(abc.ABC):
                 F, labels, groups, num_classes=num_classes, num_clients=K, fields=self.requires
             )
         y = np.asarray(labels, dtype=np.int64)
-        return _stats_from_rows(
+        return stats_from_rows(
             F, y, np.asarray(groups, dtype=np.int64), num_classes, K, self.requires, owners=owners
         )
 

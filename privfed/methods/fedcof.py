@@ -51,7 +51,7 @@ from privfed.head import LinearHead
 from privfed.methods import register
 from privfed.methods.base import Method, SecureSum
 from privfed.notes import Note
-from privfed.stats import ClientStats, _gram, _sum_rows_by
+from privfed.stats import ClientStats, gram_of, sum_rows_by
 
 __all__ = [
     "FedCOF",
@@ -190,7 +190,7 @@ def pair_spread(
             np.take(mu, cls[t:e], axis=0, out=V, mode="clip")
             V *= root[t:e, None]
             X -= V
-        out += _gram(buf[:m])
+        out += gram_of(buf[:m])
     return out
 
 
@@ -401,7 +401,7 @@ class FedCOF(Method):
             zero = valid & ~has
             count_only = np.bincount(pk_all[zero], weights=n_all[zero], minlength=C)
         N = np.bincount(pk, weights=n, minlength=C)
-        S = _sum_rows_by(sums, pk_s, C) if rows_s is None else _sum_rows_by_index(sums, rows_s, pk_s, C)
+        S = sum_rows_by(sums, pk_s, C) if rows_s is None else _sum_rows_by_index(sums, rows_s, pk_s, C)
         mu = class_means(N, S)
         Kc = np.bincount(pk, minlength=C)
         w = spread_weights(N, Kc)
@@ -487,7 +487,7 @@ class FedCOF(Method):
             kk, cc = np.nonzero(valid[k0:k1])
             rows = sums[kk, cc]  # the valid rows of this chunk
             n = n_all[k0:k1][kk, cc]
-            S += _sum_rows_by(rows, cc, C)
+            S += sum_rows_by(rows, cc, C)
             # Each class is centred on the mean of its first valid row (a reference r_c fixed before
             # that row is folded), so the spread is accumulated as sum w n (m - r)(m - r)^T and
             # corrected by sum_c w_c N_c (mu_c - r_c)(mu_c - r_c)^T at the end: no cancellation when
@@ -566,7 +566,7 @@ class FedCOF(Method):
             if not ok.all():
                 sums, pc, n, r = sums[ok], pc[ok], n[ok], r[ok]
             classes, first, inv = np.unique(pc, return_index=True, return_inverse=True)
-            S[classes] += _sum_rows_by(sums, inv.reshape(-1), classes.size)
+            S[classes] += sum_rows_by(sums, inv.reshape(-1), classes.size)
             fresh = ~seen[classes]
             ref[classes[fresh]] = sums[first[fresh]] / n[first[fresh], None]
             seen[classes[fresh]] = True
@@ -574,7 +574,7 @@ class FedCOF(Method):
             for a in range(0, use.size, buf.shape[0]):
                 rows = use[a : a + buf.shape[0]]
                 if fill + rows.size > buf.shape[0]:
-                    spread += _gram(buf[:fill])
+                    spread += gram_of(buf[:fill])
                     fill = 0
                 k = rows.size
                 X = buf[fill : fill + k]
@@ -596,12 +596,12 @@ class FedCOF(Method):
         if spread is None:
             raise ValueError("no pair sums arrived")
         if fill:
-            spread += _gram(buf[:fill])
+            spread += gram_of(buf[:fill])
         del buf, U  # before the C x d arrays below
         mu = class_means(N, S)
         Z = np.subtract(mu, ref, out=ref)  # (mu_c - r_c) sqrt(w_c N_c), in the references' array
         Z *= np.sqrt(w * N)[:, None]
-        spread -= _gram(Z)
+        spread -= gram_of(Z)
         del ref, Z
         inv_sum = (
             np.bincount(pc_all[valid], weights=1.0 / n_all[valid], minlength=C)
