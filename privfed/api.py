@@ -7,8 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from privfed import _scale
 from privfed import methods as _methods
+from privfed import scaling
 from privfed._validation import (
     as_generator,
     as_int_vector,
@@ -129,7 +129,7 @@ def fit(
         if declare is not None:
             declare(seeded=seeded)
     # statistics exact in float64, or one clear error; a rescaling is in place only on our own copy
-    F, scaled = _scale.prepare(m, F, privacy, owned=_is_private_copy(F, features))
+    F, scaled = scaling.prepare(m, F, privacy, owned=_is_private_copy(F, features))
     head = run_federation(
         m,
         F,
@@ -142,7 +142,7 @@ def fit(
         secure_agg=secure_agg,
         seeded=seeded,
     )
-    return _scale.finish(head, scaled)
+    return scaling.finish(head, scaled)
 
 
 def _is_private_copy(F: np.ndarray, features) -> bool:

@@ -58,8 +58,8 @@ from typing import Any
 import numpy as np
 import tomllib
 
-from privfed import _scale
 from privfed import methods as _methods
+from privfed import scaling
 from privfed._cli import (
     OutputDir,
     as_bool,
@@ -873,9 +873,9 @@ def _sweep(
         for mname in cfg.methods:
             method = _methods.get(mname, **cfg.method_params.get(mname, {}))
             common = dict(num_classes=ds.num_classes, num_clients=K)
-            Fs, scale_info = _scale.prepare(method, F)  # statistics exact in float64, or one clear error
+            Fs, scale_info = scaling.prepare(method, F)  # statistics exact in float64, or one clear error
             stats0 = client_statistics(method, Fs, y, k, rng=_seed_for(seed, mname, "stats"), **common)
-            head0 = _scale.finish(
+            head0 = scaling.finish(
                 server_head(method, stats0, num_clients=K, rng=_seed_for(seed, mname, "server")), scale_info
             )
             acc0 = head0.score(ds.test_features, ds.test_labels)
@@ -932,7 +932,7 @@ def _sweep(
                     else:
                         privacy = make_privacy(v, method, eps, clip, secure_agg=secure)
                         if clipped is None:
-                            _scale.prepare(
+                            scaling.prepare(
                                 method, F, privacy
                             )  # a range the clip cannot bring back: one error
                             clipped = client_statistics(

@@ -339,7 +339,7 @@ def test_scale_invariant_methods_stay_scale_invariant(method, params, digits_dat
         head = privfed.fit(method, ds.train_features * s, ds.train_labels, k, **params)
         assert np.all(np.isfinite(head.weight)) and np.any(head.weight != 0)
         np.testing.assert_array_equal(head.predict(ds.test_features * s), ref_pred, err_msg=f"scale {s:g}")
-        lo, hi = privfed._scale.safe_band(ds.num_train, ds.dim)
+        lo, hi = privfed.scaling.safe_band(ds.num_train, ds.dim)
         rescaled = not (lo <= np.max(np.abs(ds.train_features * s)) <= hi)
         assert any("multiplied by 2^" in n for n in head.notes) == rescaled
 

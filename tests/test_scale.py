@@ -694,7 +694,7 @@ def test_fit_allocates_at_most_a_quarter_of_its_input(federation, monkeypatch, n
     the bound is the one the full shape must meet.  No N x d temporary (|F|, a float64 copy, the
     M x d pair sums) fits under it: each alone is 50-200 % of the input.
     """
-    from privfed import _scale, _validation, pipeline
+    from privfed import _validation, pipeline, scaling
     from privfed.methods import fedcof
 
     F, y, k = federation
@@ -703,7 +703,7 @@ def test_fit_allocates_at_most_a_quarter_of_its_input(federation, monkeypatch, n
         (pipeline, "FOLD_CHUNK_BYTES"),
         (pipeline, "FOLD_GRAM_CHUNK_BYTES"),
         (fedcof, "_STREAM_BUFFER_BYTES"),
-        (_scale, "_BLOCK_BYTES"),
+        (scaling, "_BLOCK_BYTES"),
         (_validation, "_CHECK_BLOCK_BYTES"),
     ):
         monkeypatch.setattr(mod, attr, int(getattr(mod, attr) * f))
@@ -817,11 +817,11 @@ def test_a_fedcof_subclass_with_its_own_server_keeps_the_folded_pairs():
 
 def test_rescaling_never_writes_into_the_callers_array():
     """Out-of-band features are rescaled into a new array when they are the caller's, in place on our copy."""
-    from privfed import _scale
+    from privfed import scaling
 
     F, y, k = _small_federation(seed=5)
     F[3, 2] = -7.0  # the largest magnitude is a negative entry
-    assert _scale.peak_magnitude(F) == np.max(np.abs(F))
+    assert scaling.peak_magnitude(F) == np.max(np.abs(F))
     big = F * 1e200
     before = big.copy()
     head = privfed.fit("fedncm", big, y, k)

@@ -109,6 +109,14 @@ class Method(abc.ABC):
         """
         return np.asarray(clients, dtype=np.int64), None
 
+    def scale_invariant(self) -> bool:
+        """Whether the head's predictions do not depend on a common scale of the features.
+
+        :mod:`privfed.scaling` rescales the features of a scale-invariant method by a power of two when its
+        statistics would not be exact in float64; any other method gets one clear error instead.
+        """
+        return False
+
     def regrouping(self) -> str | None:
         """Why one record can change how the other records are grouped into uploaded rows, or ``None``.
 

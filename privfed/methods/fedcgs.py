@@ -88,6 +88,9 @@ class FedCGS(Method):
     per_client = False
     defaults: dict = {"covariance": "total", "shrinkage": 1e-4}
 
+    def scale_invariant(self) -> bool:
+        return True
+
     def _validate_params(self) -> None:
         p = self.params
         check_choice(self.name, "covariance", p["covariance"], ("total", "within"))

@@ -31,11 +31,11 @@ import scipy.optimize
 from scipy.special import logsumexp
 
 from privfed._linalg import check_choice, check_real
-from privfed._scale import check_feature_scale, fedlog_scale, fedlog_scale_note
 from privfed.errors import ConfigError
 from privfed.head import LinearHead
 from privfed.methods import register
 from privfed.methods.base import Method
+from privfed.scaling import check_feature_scale, fedlog_scale, fedlog_scale_note
 from privfed.stats import ClientStats
 
 __all__ = ["FedLog", "fedlog_gradient", "fedlog_objective", "fedlog_statistic", "solve_map"]
@@ -127,7 +127,7 @@ class FedLog(Method):
     feature_scale : float > 0 or "auto", default 1.0
         The model's feature is [1, f / feature_scale]; the head returned is
         for f.  ``"auto"`` makes the median class mean of norm 30 (see
-        :mod:`privfed._scale`); ``notes`` say when the default is ill-posed.
+        :mod:`privfed.scaling`); ``notes`` say when the default is ill-posed.
     """
 
     name = "fedlog"
@@ -135,6 +135,10 @@ class FedLog(Method):
     requires = frozenset({"counts", "sums"})
     per_client = False
     defaults: dict = {"chi": 0.0, "nu": 1.0, "solver": "exact", "feature_scale": 1.0}
+
+    def scale_invariant(self) -> bool:
+        """With ``feature_scale="auto"`` the features are normalised first: any common scale cancels."""
+        return self.params.get("feature_scale") == "auto"
 
     def _validate_params(self) -> None:
         p = self.params

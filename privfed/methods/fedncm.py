@@ -29,6 +29,9 @@ class FedNCM(Method):
     per_client = False
     defaults: dict = {}
 
+    def scale_invariant(self) -> bool:
+        return True
+
     def aggregate(self, stats: ClientStats) -> LinearHead:  # noqa: F821
         self._check_stats(stats)
         N, S = stats.class_totals()

@@ -46,8 +46,6 @@ __all__ = ["FEDLOG_TARGET_NORM", "ScaleInfo", "fedlog_scale", "fedlog_scale_note
 
 _FMAX = np.finfo(np.float64).max
 _TINY = np.finfo(np.float64).tiny
-#: Scale-invariant methods (their predictions do not depend on a common feature scale).
-_INVARIANT = frozenset({"fedncm", "fedcgs"})
 
 #: Median class-mean norm FedLog's ``feature_scale="auto"`` aims at (the digits default's, where the
 #: MAP equals the normalised class-mean classifier).
@@ -58,14 +56,9 @@ FEDLOG_MIN_NORM = 10.0
 
 
 def _is_invariant(method) -> bool:
+    """The method says whether a common feature scale changes its predictions (``Method.scale_invariant``)."""
     flag = getattr(method, "scale_invariant", None)
-    if callable(flag):
-        return bool(flag())
-    if flag is not None:
-        return bool(flag)
-    if getattr(method, "name", "") == "fedlog":
-        return getattr(method, "params", {}).get("feature_scale") == "auto"
-    return getattr(method, "name", "") in _INVARIANT
+    return bool(flag()) if callable(flag) else bool(flag)
 
 
 def safe_band(n: int, d: int) -> tuple[float, float]:
