@@ -85,7 +85,7 @@ def secure_arrays(method: Any, *, d: int, C: int) -> list[tuple[str, int]]:
     """
     cls = _method_class(method)
     if has_secure_protocol(cls):
-        if cls.name == "fedcof":
+        if getattr(cls, "secure_protocol", None) == "fedcof-two-round":
             return [("counts", C), ("sums", C * d), ("indicators", C), ("spread", d * d)]
         raise ConfigError(f"no communication model for the secure protocol of {cls.name!r}")
     if cls.per_client:

@@ -372,7 +372,7 @@ def _serve_secure(grid, cfg, method, nodes, config_rec, stages, keep_view, recei
         head = method.aggregate(total)
         runs = [res]
         variant = "sums"
-    elif method.name == "fedcof":
+    elif method.secure_protocol == "fedcof-two-round":
         r1 = run("fedcof-1", fedcof_round1_length(method, C, d), payload("fedcof-1"))
         b = fedcof_broadcast(r1.total, method, C, d)
         # Round 2 runs among the nodes whose round-1 inputs were summed: N_c, mu_c, K_c describe them.

@@ -48,6 +48,9 @@ class Method(abc.ABC):
     paper: ClassVar[str] = ""
     requires: ClassVar[frozenset[str]] = frozenset({"counts", "sums"})
     per_client: ClassVar[bool] = False
+    #: The secure-aggregation protocol a per-client method runs when the server may only learn sums
+    #: (``"fedcof-two-round"``: FedCOF App. I.2); ``None`` for a sum-only method or one without such a protocol.
+    secure_protocol: ClassVar[str | None] = None
     defaults: ClassVar[dict[str, Any]] = {}
 
     def __init__(self, **params: Any) -> None:

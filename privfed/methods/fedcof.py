@@ -339,6 +339,7 @@ class FedCOF(Method):
     paper = "Goswami et al., FedCOF: covariances from first-order statistics (Alg. 1, Eq. 6, 8; App. E, I.2)"
     requires = frozenset({"counts", "sums"})
     per_client = True
+    secure_protocol = "fedcof-two-round"
     defaults: dict = {
         "gamma": 1.0,
         "means_per_client": 1,
