@@ -198,17 +198,7 @@ class FlwrSum:
             **self._record,
             "dropped_before_upload": self.dropped_before_upload,
             "dropped_after_upload": self.dropped_after_upload,
-            "stages": {
-                k: {
-                    "answered": len(v.answered),
-                    "failed": v.failed,
-                    "silent": v.silent,
-                    "seconds": round(v.seconds, 3),
-                    "bytes_up": int(sum(v.bytes_up.values())),
-                    "bytes_down": int(sum(v.bytes_down.values())),
-                }
-                for k, v in self.stages.items()
-            },
+            "stages": {k: v.summary() for k, v in self.stages.items()},
         }
 
 

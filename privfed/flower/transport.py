@@ -51,6 +51,17 @@ class Exchange:
     bytes_up: dict[int, int] = field(default_factory=dict)
     seconds: float = 0.0
 
+    def summary(self) -> dict:
+        """The stage as a report entry: how many answered, who failed or was silent, seconds, bytes each way."""
+        return {
+            "answered": len(self.answered),
+            "failed": self.failed,
+            "silent": self.silent,
+            "seconds": round(self.seconds, 3),
+            "bytes_up": int(sum(self.bytes_up.values())),
+            "bytes_down": int(sum(self.bytes_down.values())),
+        }
+
 
 def exchange(
     grid,
