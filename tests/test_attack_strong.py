@@ -30,6 +30,7 @@ from attacks.metrics import auc, auc_se
 from attacks.theory import gdp_auc_bound
 from attacks.tracing import reference_model, trace_scores, tracing_game
 from attacks.view import GroundTruth, class_groups
+from experiments.attacks_common import scenario
 from privfed.errors import ConfigError, InputError
 
 SMALL = {
@@ -48,18 +49,7 @@ SMALL = {
 
 def _view(d, method, n, groups, seed=1, **kw):
     cl = class_groups(d["yp"], n, np.random.default_rng(seed), max_groups=groups)
-    return attacks.scenario(
-        method,
-        d["Fp"],
-        d["yp"],
-        cl,
-        images=d["imp"],
-        public=d["public"],
-        backbone=d["backbone"],
-        holdout_features=d["Ft"],
-        holdout_labels=d["yt"],
-        **kw,
-    )
+    return scenario(d, method, cl, **kw)
 
 
 def _at_prior(m: dict) -> None:
