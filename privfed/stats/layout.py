@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Self
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -10,6 +10,9 @@ from privfed._validation import refuse_masked
 from privfed.errors import InputError
 from privfed.stats.algebra import gram_of, sum_rows_by
 from privfed.stats.arrays import as_f64, check_dense, readonly
+
+if TYPE_CHECKING:  # typing.Self is Python 3.11+
+    from typing import Self
 
 __all__ = ["STAT_FIELDS", "StatsLayout"]
 
