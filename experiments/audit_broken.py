@@ -1,4 +1,6 @@
-"""The auditor's own test: mis-calibrated or leaky releases it must flag, each beside the real release it breaks.
+"""The auditor's own test: broken releases it must flag, each beside the real release it breaks.
+
+Each variant is mis-calibrated or leaky.
 
 Run by ``python -m experiments.audit_sweep --broken`` (:func:`experiments.audit_sweep.run_broken`).
 """

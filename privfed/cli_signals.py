@@ -1,4 +1,4 @@
-"""Long runs and signals: SIGTERM handled like Ctrl-C, periodic checkpoints, keeping the runs that finished, a heartbeat."""
+"""Long runs and signals: SIGTERM as Ctrl-C, checkpoints, keeping the runs that finished, a heartbeat."""
 
 from __future__ import annotations
 

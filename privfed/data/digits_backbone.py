@@ -1,4 +1,4 @@
-"""The digits backbone: a small CNN trained on the public split only, shipped for seed 0 and verified by its SHA-256."""
+"""The digits backbone: a small CNN trained on the public split only; seed 0's weights ship, checked."""
 
 from __future__ import annotations
 

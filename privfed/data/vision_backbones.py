@@ -1,4 +1,4 @@
-"""The frozen torchvision backbones of the real-image data sets (FedCOF's), with their classifiers stripped."""
+"""The frozen torchvision backbones of the real-image data sets, with their classifiers stripped."""
 
 from __future__ import annotations
 

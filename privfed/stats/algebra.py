@@ -1,4 +1,4 @@
-"""The sums over samples every statistic is made of: the Gram matrix, row sums and second moments by group, sorted segments."""
+"""The sums over samples statistics are made of: Gram matrix, row sums and second moments by group."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The array rules every statistic keeps: float64, read-only, and no dense view over :data:`DENSE_VIEW_LIMIT`."""
+"""The array rules of every statistic: float64, read-only, no dense view over DENSE_VIEW_LIMIT."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Validation at the door: an upload holding NaN or inf is refused, naming the sender, client, statistic and class."""
+"""Validation at the door: an upload holding NaN or inf is refused, naming who sent it and where."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""How :class:`~privfed.stats.ClientStats` is stored and viewed: construction, the pair layout, dense views and the Gram matrix."""
+"""How :class:`~privfed.stats.ClientStats` is built, stored and viewed: pairs, dense views, Gram."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``python -m privfed.tradeoff``: resolve the flags, run the sweep, write the result folder and print the table."""
+"""``python -m privfed.tradeoff``: resolve the flags, run the sweep, write the folder, print the table."""
 
 from __future__ import annotations
 

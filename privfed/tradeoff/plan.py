@@ -1,4 +1,4 @@
-"""What a sweep is made of before it runs: placements, the clip bound, per-run seeds, the cost estimate and the data rules."""
+"""A sweep before it runs: its placements, clip bound, per-run seeds, cost estimate and data rules."""
 
 from __future__ import annotations
 
@@ -25,7 +25,6 @@ __all__ = [
 ]
 
 
-# ---------------------------------------------------------------- running
 def seed_for(*parts: Any) -> np.random.Generator:
     """A Generator derived from stable parts (ints and strings), reproducible across runs."""
     words = [p if isinstance(p, int) else zlib.crc32(str(p).encode()) for p in parts]

@@ -1,4 +1,4 @@
-"""The sweep: seeds x methods x placements x budgets, statistics computed once per (seed, method, placement)."""
+"""The sweep: seeds x methods x placements x budgets, statistics once per (seed, method, placement)."""
 
 from __future__ import annotations
 
