@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from privfed.data import digits as D
+from privfed.data import digits_backbone as DB
 from privfed.data.cache import atomic_write_bytes
 
 SEED = 0
@@ -39,14 +40,14 @@ SHIPPED_FILE = ROOT / D.SHIPPED_WEIGHTS[SEED][0]
 def train(seed: int = SEED) -> dict[str, np.ndarray]:
     """Freshly trained weights (never read from any cache), as float32 arrays."""
     splits = D.digits_splits(seed)
-    model = D._train_backbone(splits.public_images, splits.public_labels, seed)
+    model = DB.train_backbone(splits.public_images, splits.public_labels, seed)
     return {k: v.detach().cpu().numpy().astype(np.float32) for k, v in model.state_dict().items()}
 
 
 def _model(arrays: dict[str, np.ndarray]):
     m = D.DigitsCNN()
     m.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in arrays.items()})
-    return D._freeze(m)
+    return DB.freeze(m)
 
 
 def _ncm_accuracy(model, seed: int = SEED) -> float:
@@ -76,13 +77,13 @@ def compare(new: dict[str, np.ndarray], shipped: dict[str, np.ndarray], seed: in
 
 
 def write(arrays: dict[str, np.ndarray]) -> str:
-    """Write the shipped file and record its digest in privfed/data/digits.py."""
+    """Write the shipped file and record its digest in privfed/data/digits_backbone.py."""
     meta = {"seed": SEED, "torch": torch.__version__, "train": D.TRAIN_CONFIG, "arch_version": D.ARCH_VERSION}
     buf = io.BytesIO()
     np.savez(buf, **arrays, __meta__=np.frombuffer(json.dumps(meta, sort_keys=True).encode(), dtype=np.uint8))
     atomic_write_bytes(SHIPPED_FILE, buf.getvalue())
     digest = D.weights_digest(arrays)
-    src = pathlib.Path(D.__file__)
+    src = pathlib.Path(DB.__file__)
     text = src.read_text()
     pattern = r'(0: \("digits_cnn_seed0\.npz", ")[^"]*("\))'
     new_text, n = re.subn(pattern, rf"\g<1>{digest}\g<2>", text)

@@ -1,4 +1,7 @@
-"""What every privfed command shares: parsing, typed values, result folders, signals, errors.
+"""What every privfed command shares: parsers, result folders, run records, one-line errors.
+
+Typed values live in :mod:`privfed.cli_values` and signal handling in :mod:`privfed.cli_signals`;
+both are re-exported here.
 
 Result folders (:class:`OutputDir`) are written as one unit by
 :mod:`privfed.results_io`: a staging folder beside ``--out`` renamed into
@@ -18,20 +21,34 @@ import datetime as _dt
 import json
 import math
 import platform
-import signal
 import sys
-import threading
-import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from importlib import metadata
 from pathlib import Path
-from time import monotonic as time_monotonic
 from typing import Any
 
 import numpy as np
 
+from privfed.cli_signals import (
+    Terminated,
+    heartbeat,
+    interruptible,
+    keep_finished,
+    periodic_checkpoint,
+    signals_deferred,
+)
+from privfed.cli_values import (
+    as_bool,
+    as_float,
+    as_int,
+    as_str,
+    parse_float_list,
+    parse_int_list,
+    parse_seeds,
+    parse_str_list,
+)
 from privfed.errors import ConfigError, PrivfedError
-from privfed.results_io import MANIFEST, ResultFolder, ResultsWriteError, atomic_write, check_out_path
+from privfed.results_io import ResultFolder, atomic_write, check_out_path
 
 __all__ = [
     "HelpFormatter",
@@ -63,112 +80,6 @@ __all__ = [
     "versions",
     "write_json",
 ]
-
-
-def parse_str_list(text: str, name: str) -> list[str]:
-    """'a,b, c' -> ['a', 'b', 'c']; empty items are an error naming the flag."""
-    items = [t.strip() for t in str(text).split(",")]
-    if not items or any(not t for t in items):
-        raise ConfigError(f"{name}: malformed list {text!r}; use comma-separated values like 'a,b,c'")
-    return items
-
-
-def parse_float_list(text: str, name: str, *, positive: bool = False, allow_inf: bool = True) -> list[float]:
-    """'0.1,1,inf' -> [0.1, 1.0, inf] with clear errors."""
-    out = []
-    for item in parse_str_list(text, name):
-        try:
-            v = float(item)
-        except ValueError:
-            raise ConfigError(f"{name}: {item!r} is not a number (in {text!r})") from None
-        if math.isnan(v):
-            raise ConfigError(f"{name}: NaN is not allowed")
-        if math.isinf(v) and (v < 0 or not allow_inf):
-            raise ConfigError(f"{name}: {item!r} is not allowed here")
-        if positive and v <= 0:
-            raise ConfigError(f"{name} must be > 0, got {item}")
-        out.append(v)
-    return out
-
-
-def parse_int_list(text: str, name: str, *, minimum: int = 0) -> list[int]:
-    out = []
-    for item in parse_str_list(text, name):
-        try:
-            v = int(item)
-        except ValueError:
-            raise ConfigError(f"{name}: {item!r} is not an integer (in {text!r})") from None
-        if v < minimum:
-            raise ConfigError(f"{name} must be >= {minimum}, got {v}")
-        out.append(v)
-    return out
-
-
-# ---------------------------------------------------------------- typed values (flags and config files alike)
-def as_int(value: Any, flag: str, *, minimum: int | None = None) -> int:
-    """An integer from a flag's text or a config value; 2.5, 'x' and true are refused, naming ``flag``."""
-    if isinstance(value, bool):
-        raise ConfigError(f"{flag} must be an integer, got {value!r}")
-    if isinstance(value, float):
-        if not (math.isfinite(value) and value.is_integer()):
-            raise ConfigError(f"{flag} must be an integer, got {value!r}")
-        value = int(value)
-    if isinstance(value, str):
-        try:
-            value = int(value.strip())
-        except ValueError:
-            raise ConfigError(f"{flag} must be an integer, got {value!r}") from None
-    if not isinstance(value, int):
-        raise ConfigError(f"{flag} must be an integer, got {value!r}")
-    if minimum is not None and value < minimum:
-        raise ConfigError(f"{flag} must be >= {minimum}, got {value}")
-    return value
-
-
-def as_float(value: Any, flag: str) -> float:
-    """A number (inf allowed) from a flag's text or a config value; 'abc', NaN and true are refused."""
-    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        raise ConfigError(f"{flag} must be a number, got {value!r}")
-    try:
-        v = float(value)
-    except ValueError:
-        raise ConfigError(f"{flag} must be a number, got {value!r}") from None
-    if math.isnan(v):
-        raise ConfigError(f"{flag} must be a number, got NaN")
-    return v
-
-
-def as_str(value: Any, flag: str) -> str:
-    """A string setting (a config file's number or list is refused, naming ``flag``)."""
-    if not isinstance(value, str):
-        raise ConfigError(f"{flag} must be a string, got {value!r}")
-    return value
-
-
-def as_bool(value: Any, flag: str) -> bool:
-    """A true/false setting from a config file."""
-    if not isinstance(value, bool):
-        raise ConfigError(f"{flag} must be true or false, got {value!r}")
-    return value
-
-
-def parse_seeds(value: Any, flag: str = "--seeds") -> tuple[int, ...]:
-    """'5' or 5 -> (0..4); '3,7' or [3, 7] -> (3, 7); clear errors otherwise."""
-    if isinstance(value, bool):
-        raise ConfigError(f"{flag} must be a count or a list of integers, got {value!r}")
-    if isinstance(value, int):
-        if value < 1:
-            raise ConfigError(f"{flag} must be >= 1, got {value}")
-        return tuple(range(value))
-    if isinstance(value, (list, tuple)):
-        if not value:
-            raise ConfigError(f"{flag} must not be empty")
-        return tuple(as_int(v, flag, minimum=0) for v in value)
-    if not isinstance(value, str):
-        raise ConfigError(f"{flag} must be a count or a list of integers, got {value!r}")
-    if "," not in value:
-        return tuple(range(parse_int_list(value, flag, minimum=1)[0]))
-    return tuple(parse_int_list(value, flag, minimum=0))
 
 
 # ---------------------------------------------------------------- result folders
@@ -263,135 +174,6 @@ def prepare_out_dir(out: str | None, prefix: str, *, overwrite: bool = False) ->
     path = default_out_name(prefix) if out is None else check_out_path(out, overwrite=overwrite)[0]
     path.mkdir(parents=True, exist_ok=True)
     return path
-
-
-# ---------------------------------------------------------------- signals
-class Terminated(KeyboardInterrupt):
-    """SIGTERM (``kill``, ``timeout``, batch schedulers), handled like Ctrl-C."""
-
-
-@contextlib.contextmanager
-def interruptible() -> Iterator[None]:
-    """Turn SIGTERM into :class:`Terminated` (a KeyboardInterrupt) while the block runs.
-
-    Only in the main thread (where Python delivers signals); the previous
-    handler is restored afterwards.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum, frame):
-        raise Terminated()
-
-    old = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, old)
-
-
-@contextlib.contextmanager
-def signals_deferred() -> Iterator[None]:
-    """Hold SIGINT / SIGTERM while the block runs (writing what finished); raise them afterwards."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    got: list[int] = []
-
-    def hold(signum, frame):
-        got.append(signum)
-
-    old = {s: signal.signal(s, hold) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
-    if got:
-        raise Terminated() if got[0] == signal.SIGTERM else KeyboardInterrupt()
-
-
-def periodic_checkpoint(write_partial: Callable[[list], None], every: float) -> Callable[[list], None]:
-    """A callback for a long sweep: every ``every`` seconds, what finished goes to disk.
-
-    Signals wait while the partial files are written, so a killed sweep keeps them.
-    """
-    last = time.monotonic()
-
-    def checkpoint(records: list) -> None:
-        nonlocal last
-        if time.monotonic() - last >= every:
-            with signals_deferred():
-                try:
-                    write_partial(records)
-                except ResultsWriteError as exc:  # a full disk: the sweep goes on; the final write says more
-                    print(f"note: checkpoint not written ({exc})", file=sys.stderr)
-            last = time.monotonic()
-
-    return checkpoint
-
-
-def keep_finished(
-    out: OutputDir, done: list, write_partial: Callable[[list], None], command: str, prog: str
-) -> None:
-    """After an interrupt or a failure: what finished is published (results.partial.*), or no folder is left.
-
-    A second Ctrl-C / SIGTERM waits until what finished is on disk.  When
-    even that cannot be written (a full disk), the message names the staging
-    folder holding the last checkpoint.
-    """
-    with signals_deferred():
-        if not done and not out.written:
-            out.abandon()
-            return
-        try:
-            if done:
-                write_partial(done)
-            where = out.finish(command, complete=False)
-        except PrivfedError as exc:
-            kept = out.staging if (out.staging / MANIFEST).exists() else None
-            print(
-                f"{prog}: could not write the {len(done)} finished run(s): {exc}"
-                + (f"; the last checkpoint is in {kept}" if kept else ""),
-                file=sys.stderr,
-            )
-            return
-        if done:
-            print(
-                f"{prog}: the sweep stopped after {len(done)} run(s); they are in "
-                f"{where}/results.partial.csv and results.partial.json"
-                + (f" ({out.path} keeps the previous run)" if where != out.path else ""),
-                file=sys.stderr,
-            )
-
-
-@contextlib.contextmanager
-def heartbeat(bar: Any, *, after: float = 2.0, every: float = 1.0) -> Iterator[None]:
-    """Redraw a progress bar every ``every`` seconds once ``after`` seconds have passed.
-
-    A single run that takes minutes (a model inversion) then still shows its
-    elapsed time instead of a frozen or absent bar.
-    """
-    if getattr(bar, "disable", True):
-        yield
-        return
-    stop = threading.Event()
-    t0 = time_monotonic()
-
-    def beat() -> None:
-        while not stop.wait(every):
-            if time_monotonic() - t0 >= after:
-                with contextlib.suppress(Exception):
-                    bar.refresh()
-
-    thread = threading.Thread(target=beat, daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join()
 
 
 # ---------------------------------------------------------------- parsers

@@ -40,6 +40,7 @@ from privfed.errors import InputError
 from privfed.head import LinearHead
 from privfed.methods.base import Method
 from privfed.release import UPLOAD_CHUNK_BYTES, ReleasePlan, ReleaseTrace
+from privfed.release.streaming import stream_stands_for
 from privfed.stats import ClientStats, readonly, sorted_segments
 
 __all__ = [
@@ -316,17 +317,14 @@ def _plain_trace(method: Method, head: LinearHead, folded: ClientStats | None, d
     return trace
 
 
+#: The method hooks its pair stream (``aggregate_pairs``) stands for.
+PAIR_STREAM_HOOKS = ("aggregate", "estimate", "row_groups", "aggregate_pairs", "estimate_pairs")
+
+
 def _folds_pairs(method: Method) -> bool:
     """Whether ``method`` takes its pairs as a stream (``aggregate_pairs``) that agrees with its ``aggregate``.
 
     Only when the class defining ``aggregate_pairs`` also defines the ``aggregate``, ``estimate`` and
     ``row_groups`` in use: a subclass that replaced one of them keeps the one-call path.
     """
-    cls = type(method)
-    owner = next((c for c in cls.__mro__ if "aggregate_pairs" in c.__dict__), None)
-    if owner is None or not method.per_client:
-        return False
-    return all(
-        getattr(cls, name, None) is getattr(owner, name, None)
-        for name in ("aggregate", "estimate", "row_groups", "aggregate_pairs", "estimate_pairs")
-    )
+    return bool(method.per_client) and stream_stands_for(method, "aggregate_pairs", PAIR_STREAM_HOOKS)

@@ -25,6 +25,9 @@ with its size and SHA-256, so a reader can check what it reads
   same ``<out>`` renames it to ``<out>.interrupted-<pid>`` and says so.
 * A failed write (a full disk, a read-only file system) is one clear error
   naming the file and the folder that keeps what finished.
+
+One file's atomic write and the manifest check live in :mod:`privfed.results_files`
+(re-exported here); this module places, locks and publishes the folder.
 """
 
 from __future__ import annotations
@@ -32,16 +35,25 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import errno
-import hashlib
 import json
 import os
 import shutil
 import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
 
-from privfed.errors import ConfigError, InputError, PrivfedError
+from privfed.errors import ConfigError
+from privfed.results_files import (
+    MANIFEST,
+    OUTPUT_NAMES,
+    TMP_SUFFIX,
+    ResultsWriteError,
+    atomic_write,
+    fsync_dir,
+    manifest_names,
+    sha256_file,
+    verify_folder,
+)
 from privfed.results_guard import (
     MIN_FREE_BYTES,
     STAGING_SUFFIX,
@@ -67,119 +79,13 @@ __all__ = [
     "verify_folder",
 ]
 
-MANIFEST = "manifest.json"
-#: Names privfed writes into a result folder (besides ``grid_*.png``).
-OUTPUT_NAMES = (
-    "results.csv",
-    "results.json",
-    "results.partial.csv",
-    "results.partial.json",
-    "config.json",
-    "tradeoff.png",
-    "manifest.json",
-    "head.npz",
-    "report.json",
-)
 _STAGING = STAGING_SUFFIX
 _WORK = WORK_SUFFIX
-_TMP = ".privfed-tmp"
-
-
-class ResultsWriteError(PrivfedError):
-    """A result file could not be written (full disk, read-only or vanished folder)."""
-
-
-# ---------------------------------------------------------------- files
-def sha256_file(path: str | os.PathLike) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def _fsync_dir(path: Path) -> None:
-    with contextlib.suppress(OSError):
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-def atomic_write(final: str | os.PathLike, write: Callable[[Path], None]) -> Path:
-    """Write one file through ``write(tmp_path)`` into a hidden sibling, fsync it, rename it into place.
-
-    A failure (a full disk: ``OSError`` ENOSPC) leaves the previous file, if
-    any, as it was and raises :class:`ResultsWriteError` naming the file.
-    """
-    final = Path(final)
-    tmp = final.with_name(f".{final.name}.{os.getpid()}{_TMP}")
-    try:
-        write(tmp)
-        with open(tmp, "rb") as fh:
-            os.fsync(fh.fileno())
-        os.replace(tmp, final)
-    except OSError as exc:
-        raise ResultsWriteError(f"could not write {str(final)!r}: {exc.strerror or exc}") from None
-    finally:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-    _fsync_dir(final.parent)
-    return final
-
-
-def verify_folder(folder: str | os.PathLike) -> dict[str, Any]:
-    """Check a result folder against its manifest; returns the manifest.
-
-    Raises :class:`InputError` naming the first file that is missing, was
-    changed (size or SHA-256) or is not listed, or a missing / unreadable manifest.
-    """
-    folder = Path(folder)
-    where = f"result folder {str(folder)!r}"
-    try:
-        manifest = json.loads((folder / MANIFEST).read_text())
-    except FileNotFoundError:
-        raise InputError(f"{where} has no {MANIFEST}; it was not written by a finished privfed run") from None
-    except (OSError, ValueError) as exc:
-        raise InputError(f"{where}: {MANIFEST} cannot be read ({exc})") from None
-    files = manifest.get("files") if isinstance(manifest, dict) else None
-    if (
-        manifest.get("tool") != "privfed"
-        or not isinstance(files, list)
-        or not all(isinstance(f, dict) and {"name", "bytes", "sha256"} <= set(f) for f in files)
-    ):
-        raise InputError(f"{where}: {MANIFEST} is not a privfed manifest with file hashes")
-    for f in files:
-        p = folder / str(f["name"])
-        if not p.is_file():
-            raise InputError(f"{where}: {f['name']!r} is listed in {MANIFEST} but missing")
-        if p.stat().st_size != f["bytes"] or sha256_file(p) != f["sha256"]:
-            raise InputError(
-                f"{where}: {f['name']!r} does not match its SHA-256 in {MANIFEST}; the file was "
-                "changed or damaged after the run wrote it"
-            )
-    listed = {str(f["name"]) for f in files} | {MANIFEST}
-    extra = sorted(e.name for e in folder.iterdir() if e.name not in listed)
-    if extra:
-        raise InputError(f"{where} holds files its {MANIFEST} does not list ({', '.join(extra[:4])})")
-    return manifest
-
-
-def manifest_names(folder: Path) -> set[str] | None:
-    """The file names a privfed manifest in ``folder`` lists (old and new formats), or None."""
-    try:
-        data = json.loads((folder / MANIFEST).read_text())
-    except (ValueError, OSError):
-        return None
-    if not (isinstance(data, dict) and data.get("tool") == "privfed" and isinstance(data.get("files"), list)):
-        return None
-    return {str(f["name"] if isinstance(f, dict) else f) for f in data["files"]} | {MANIFEST}
 
 
 # ---------------------------------------------------------------- where the folder goes
 def _is_ours(name: str) -> bool:
-    return name.startswith(".") and name.endswith((_TMP, _STAGING, _WORK))
+    return name.startswith(".") and name.endswith((TMP_SUFFIX, _STAGING, _WORK))
 
 
 def _privfed_files(path: Path) -> tuple[set[str], list[str]]:
@@ -439,7 +345,7 @@ class ResultFolder:
             "written": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
         }
         atomic_write(self._work / MANIFEST, lambda p: p.write_text(json.dumps(payload, indent=2) + "\n"))
-        _fsync_dir(self._work)
+        fsync_dir(self._work)
         try:
             if self.staging.is_dir():
                 _replace_dir(self._work, self.staging, self._aside)
@@ -449,7 +355,7 @@ class ResultFolder:
             raise ResultsWriteError(
                 f"could not commit {str(self.staging)!r}: {exc.strerror or exc}"
             ) from None
-        _fsync_dir(self.staging.parent)
+        fsync_dir(self.staging.parent)
         self.written = names + [MANIFEST]
 
     def checkpoint(self) -> None:
@@ -486,7 +392,7 @@ class ResultFolder:
                 f"could not move the run into {str(dest)!r} ({exc.strerror or exc}); its files "
                 f"are kept in {str(self.staging)!r}"
             ) from None
-        _fsync_dir(self.path.parent)
+        fsync_dir(self.path.parent)
         self.published = dest
         self._release()
         return dest

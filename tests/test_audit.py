@@ -645,9 +645,9 @@ def test_fit_release_audits_the_streamed_local_path(method, entry, monkeypatch):
 
 # ============================================================================ issue 23: what the auditor must flag
 # Each broken variant is a mis-calibrated or leaky release that the auditor must catch: they are the test of
-# the auditor (defined once in experiments.audit_sweep, whose --broken record the docs quote).  The real
+# the auditor (defined once in experiments.audit_broken, whose --broken record the docs quote).  The real
 # mechanism passes the same audits.
-from experiments.audit_sweep import ClipAfterSum, CountInNote, ScaledNoise08, seed_zero_without_a_seed  # noqa: E402
+from experiments.audit_broken import ClipAfterSum, CountInNote, ScaledNoise08, seed_zero_without_a_seed  # noqa: E402
 
 
 def test_power_formula_draws_catch_noise_scaled_by_0_8_at_eps_1():

@@ -150,7 +150,7 @@ def _kill_on_call(monkeypatch, target, name, sig, at):
 def test_signal_before_any_run_leaves_no_folder(
     tmp_path, monkeypatch, digits_cache, ctrl_c_raises, sig, code
 ):
-    import privfed.tradeoff as tr
+    import privfed.tradeoff.sweep as tr
 
     _kill_on_call(monkeypatch, tr, "server_head", sig, 1)
     out = tmp_path / "o"
@@ -273,7 +273,7 @@ def test_overwrite_never_mixes_runs_and_keeps_the_old_one_until_the_new_is_compl
     assert (out / "tradeoff.png").exists()
     run1 = {p.name: p.read_bytes() for p in out.iterdir()}
     # run 2: another sweep over the same folder, interrupted: run 1 stays whole, run 2's finished part goes beside it
-    import privfed.tradeoff as tr
+    import privfed.tradeoff.sweep as tr
 
     real = tr.server_head
     calls = {"n": 0}
@@ -381,9 +381,10 @@ def test_out_that_cannot_be_a_folder_is_one_clear_line(tmp_path, capsys, command
 
 def test_long_sweeps_checkpoint_finished_runs(tmp_path, monkeypatch, digits_cache):
     """Finished runs reach the staging folder, with a manifest, during the sweep, so even SIGKILL loses little."""
-    import privfed.tradeoff as tr
+    import privfed.tradeoff.cli as cli
+    import privfed.tradeoff.sweep as tr
 
-    monkeypatch.setattr(tr, "CHECKPOINT_S", 0.0)  # checkpoint after every run
+    monkeypatch.setattr(cli, "CHECKPOINT_S", 0.0)  # checkpoint after every run
     out = tmp_path / "o"
     seen = []
     real = tr.server_head

@@ -149,6 +149,7 @@ def test_retraining_is_deterministic_and_as_good_as_the_shipped_backbone(tmp_pat
     (0.0145 in the largest weight on another CPU); the shipped file is what fixes the default features,
     and ``python -m experiments.train_digits_backbone`` reports how far a retrained one drifts."""
     from privfed.data import digits as D
+    from privfed.data import digits_backbone as DB
 
     threads, det, rng = (
         torch.get_num_threads(),
@@ -162,7 +163,7 @@ def test_retraining_is_deterministic_and_as_good_as_the_shipped_backbone(tmp_pat
     assert trained.weights_source == "trained"
     # a second training from scratch (no cache) gives the same bits
     splits = digits_splits(0)
-    again_fresh = D._train_backbone(splits.public_images, splits.public_labels, 0)
+    again_fresh = DB.train_backbone(splits.public_images, splits.public_labels, 0)
     assert D.weights_digest(again_fresh.state_dict()) == trained.weights_sha256
     ds = load_digits_features(seed=0, cache_dir=tmp_path, weights="trained")
     assert ds.meta["weights"] == "trained" and ds.meta["cache_hit"] is False

@@ -46,7 +46,7 @@ def _all_runs(parent: Path) -> list[Path]:
 
 
 # ---------------------------------------------------------------- SIGKILL at chosen points
-_SWEEP = "import sys, privfed.tradeoff as t; t.CHECKPOINT_S = 0.0; sys.exit(t.main(sys.argv[1:]))"
+_SWEEP = "import sys, privfed.tradeoff.cli as t; t.CHECKPOINT_S = 0.0; sys.exit(t.main(sys.argv[1:]))"
 
 
 def _spawn(argv: list[str]) -> subprocess.Popen:
@@ -146,7 +146,7 @@ class _Disk:
 
 
 def _fill_at_final_write(monkeypatch, disk: _Disk) -> None:
-    import privfed.tradeoff as tr
+    import privfed.tradeoff.cli as tr
 
     real = tr.summarise
 
@@ -160,7 +160,7 @@ def _fill_at_final_write(monkeypatch, disk: _Disk) -> None:
 def test_full_disk_at_the_final_write_keeps_the_last_checkpoint_and_publishes_nothing(
     tmp_path, monkeypatch, capsys, digits_cache
 ):
-    import privfed.tradeoff as tr
+    import privfed.tradeoff.cli as tr
 
     monkeypatch.setattr(tr, "CHECKPOINT_S", 0.0)
     disk = _Disk(monkeypatch)
@@ -194,9 +194,10 @@ def test_full_disk_during_overwrite_leaves_the_previous_run_whole(
 
 
 def test_disk_full_at_a_checkpoint_does_not_stop_the_sweep(tmp_path, monkeypatch, capsys, digits_cache):
-    import privfed.tradeoff as tr
+    import privfed.tradeoff.cli as cli
+    import privfed.tradeoff.sweep as tr
 
-    monkeypatch.setattr(tr, "CHECKPOINT_S", 0.0)
+    monkeypatch.setattr(cli, "CHECKPOINT_S", 0.0)
     disk = _Disk(monkeypatch, rows=0)
     real = tr.server_head
     calls = {"n": 0}
@@ -262,7 +263,7 @@ def test_two_sweeps_started_together_on_one_out_one_runs_one_is_refused(tmp_path
 
 # ---------------------------------------------------------------- where the folder goes: checked before any work
 def _no_work(monkeypatch):
-    import privfed.tradeoff as tr
+    import privfed.tradeoff.cli as tr
 
     def boom(*a, **k):
         raise AssertionError("the sweep started although --out was unusable")
@@ -474,7 +475,7 @@ def test_real_rounds_sweep_stopped_by_sigterm_in_a_subprocess_leaves_its_finishe
     """Before: SIGTERM left no folder at all."""
     out = tmp_path / "r"
     code = (
-        "import sys, privfed.fedlog_rounds as f, privfed.tradeoff as t; f.CHECKPOINT_S = 0.0; "
+        "import sys, privfed.fedlog_rounds as f, privfed.tradeoff.cli as t; f.CHECKPOINT_S = 0.0; "
         "sys.exit(t.main(sys.argv[1:]))"
     )
     argv = [

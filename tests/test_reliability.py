@@ -22,6 +22,7 @@ import torch
 import privfed
 from privfed.data import cache as C
 from privfed.data import digits as D
+from privfed.data import digits_backbone as DB
 from privfed.errors import ConfigError, InputError
 
 
@@ -48,7 +49,7 @@ def fast_training(monkeypatch):
         m.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in D.load_shipped_weights(0).items()})
         return m
 
-    monkeypatch.setattr(D, "_train_backbone", train)
+    monkeypatch.setattr(DB, "train_backbone", train)
     return calls
 
 
@@ -146,10 +147,10 @@ def test_generic_cached_arrays_truncation_old_format_and_collision(tmp_path):
 
 
 def test_shipped_weights_are_verified(tmp_path, monkeypatch):
-    src = D._shipped_path(0)
+    src = DB.shipped_path(0)
     copy = tmp_path / "digits_cnn_seed0.npz"
     copy.write_bytes(src.read_bytes())
-    monkeypatch.setattr(D, "_shipped_path", lambda seed: copy)
+    monkeypatch.setattr(DB, "shipped_path", lambda seed: copy)
     D.load_shipped_weights(0)
     with np.load(copy) as z:
         arrays = {k: z[k].copy() for k in z.files}
@@ -449,7 +450,7 @@ def test_train_script_reports_identity_and_drift():
     # --write records the digest in exactly one place of the source
     import re
 
-    src = pathlib.Path(D.__file__).read_text()
+    src = pathlib.Path(DB.__file__).read_text()  # the module that defines SHIPPED_WEIGHTS
     assert len(re.findall(r'0: \("digits_cnn_seed0\.npz", "[0-9a-f]{64}"\)', src)) == 1
 
 

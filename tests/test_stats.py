@@ -7,6 +7,7 @@ import pytest
 
 import privfed
 import privfed.stats as stats_mod
+import privfed.stats.algebra as stats_algebra
 from privfed.stats import ClientStats, compute_client_stats
 
 ALL = ("counts", "sums", "second", "class_second")
@@ -100,7 +101,7 @@ def test_batched_blocks_unequal_clients(monkeypatch):
     X = rng.normal(size=(N, d))
     y = rng.integers(0, C, N)
     # a block then holds only a few samples' worth of rows
-    monkeypatch.setattr(stats_mod, "_BLOCK_BYTES", 3 * 8 * d * 8)
+    monkeypatch.setattr(stats_algebra, "_BLOCK_BYTES", 3 * 8 * d * 8)
     st = compute_client_stats(X, y, k, num_classes=C, fields=ALL)
     oracle = loop_stats(X, y, k, sizes.size, C)
     for got, want in zip((st.counts, st.sums, st.second, st.class_second), oracle):

@@ -29,10 +29,23 @@ import numpy as np
 
 from privfed.methods.base import Method
 from privfed.release import stages as S
+from privfed.release.streaming import stream_stands_for
 from privfed.release.trace import ReleaseTrace
 from privfed.stats import ClientStats
 
 __all__ = ["ReleasePlan", "keeping_uploads"]
+
+#: The mechanism hooks a streamed local release stands for (its entry points among them).
+UPLOAD_STREAM_HOOKS = (
+    "before_upload",
+    "_noisy",
+    "local_noise_blocks",
+    "fold_local_upload",
+    "local_upload_stream",
+)
+
+#: The per-client method hooks its streamed server (``aggregate_stream``) stands for.
+SERVER_STREAM_HOOKS = ("aggregate", "estimate")
 
 _KEEP_UPLOADS: ContextVar[bool] = ContextVar("privfed_keep_uploads", default=False)
 
@@ -226,24 +239,11 @@ def _streams(privacy: Any, method: Method, predicate: str) -> bool:
     """
     target = privacy
     entry = "fold_local_upload" if predicate == "streams_upload" else "local_upload_stream"
-    owner = _defining_class(type(target), entry)
-    if owner is None:
+    if not stream_stands_for(target, entry, UPLOAD_STREAM_HOOKS):
         return False
-    names = ("before_upload", "_noisy", "local_noise_blocks", "fold_local_upload", "local_upload_stream")
-    if any(getattr(type(target), n, None) is not getattr(owner, n, None) for n in names):
+    if predicate == "streams_pairs" and not stream_stands_for(
+        method, "aggregate_stream", SERVER_STREAM_HOOKS
+    ):
         return False
-    if predicate == "streams_pairs":
-        mowner = _defining_class(type(method), "aggregate_stream")
-        if mowner is None or any(
-            getattr(type(method), n, None) is not getattr(mowner, n, None) for n in ("aggregate", "estimate")
-        ):
-            return False
     check = getattr(target, predicate, None)
     return bool(check(method)) if check is not None else False
-
-
-def _defining_class(cls: type, name: str) -> type | None:
-    for c in cls.__mro__:
-        if name in c.__dict__:
-            return c
-    return None

@@ -265,3 +265,66 @@ def test_attack_view_takes_the_public_number_of_clients():
         ServerView.from_federation(
             "fedncm", F, y, k, num_classes=C, num_clients=K - 1, privacy=_gauss(), rng=3
         )
+
+
+def test_a_subclass_replacing_a_hook_is_not_streamed():
+    """One check for every streamed path (the plan's local upload stream, a per-client method's streamed
+    server, the plain pair fold): a subclass that replaced a hook the stream stands for keeps the
+    one-call path, one that replaced nothing (or the stream together with its hooks) keeps the stream."""
+    from privfed.methods.fedcof import FedCOF
+    from privfed.pipeline import run_federation
+    from privfed.release.streaming import stream_stands_for
+
+    class Base:
+        def stream(self):
+            return "stream"
+
+        def hook(self):
+            return "hook"
+
+    class Same(Base):
+        pass
+
+    class NewHook(Base):
+        def hook(self):
+            return "other"
+
+    class NewStreamAndHook(Base):
+        def stream(self):
+            return "own stream"
+
+        def hook(self):
+            return "own hook"
+
+    hooks = ("stream", "hook")
+    assert stream_stands_for(Base(), "stream", hooks) and stream_stands_for(Same(), "stream", hooks)
+    assert not stream_stands_for(NewHook(), "stream", hooks)
+    assert stream_stands_for(NewStreamAndHook(), "stream", hooks)
+    assert not stream_stands_for(object(), "stream", hooks)  # no stream at all
+
+    class NoisyOwn(GaussianMechanism):
+        def _noisy(self, *args, **kwargs):
+            return super()._noisy(*args, **kwargs)
+
+    class EstimateOwn(FedCOF):
+        def estimate(self, *args, **kwargs):
+            return super().estimate(*args, **kwargs)
+
+    kw = {"epsilon": 2.0, "delta": 1e-5, "clip": 3.0}
+    assert ReleasePlan(get("fedncm"), GaussianMechanism(**kw)).streamed
+    assert not ReleasePlan(get("fedncm"), NoisyOwn(**kw)).streamed
+    assert ReleasePlan(FedCOF(), GaussianMechanism(**kw)).streamed
+    assert not ReleasePlan(EstimateOwn(), GaussianMechanism(**kw)).streamed
+
+    F, y, k = _data()
+
+    def first_detail(method):
+        rng = np.random.default_rng(0)
+        head = run_federation(method, F, y, k, num_classes=C, num_clients=K, rng=rng)
+        return head, head.trace.records[0].detail
+
+    ref, ref_detail = first_detail(FedCOF())
+    own, own_detail = first_detail(EstimateOwn())
+    assert "pair's sums folded" in ref_detail  # the pair stream
+    assert "pair's sums folded" not in own_detail and "statistics folded" in own_detail  # the one-call path
+    np.testing.assert_allclose(own.weight, ref.weight, rtol=1e-9, atol=1e-10)  # the same head either way

@@ -1,0 +1,131 @@
+"""One result file written atomically, and a finished folder checked against its manifest."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from privfed.errors import InputError, PrivfedError
+
+__all__ = [
+    "MANIFEST",
+    "OUTPUT_NAMES",
+    "ResultsWriteError",
+    "atomic_write",
+    "fsync_dir",
+    "manifest_names",
+    "sha256_file",
+    "verify_folder",
+]
+
+MANIFEST = "manifest.json"
+#: Names privfed writes into a result folder (besides ``grid_*.png``).
+OUTPUT_NAMES = (
+    "results.csv",
+    "results.json",
+    "results.partial.csv",
+    "results.partial.json",
+    "config.json",
+    "tradeoff.png",
+    "manifest.json",
+    "head.npz",
+    "report.json",
+)
+TMP_SUFFIX = ".privfed-tmp"
+
+
+class ResultsWriteError(PrivfedError):
+    """A result file could not be written (full disk, read-only or vanished folder)."""
+
+
+# ---------------------------------------------------------------- files
+def sha256_file(path: str | os.PathLike) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def fsync_dir(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def atomic_write(final: str | os.PathLike, write: Callable[[Path], None]) -> Path:
+    """Write one file through ``write(tmp_path)`` into a hidden sibling, fsync it, rename it into place.
+
+    A failure (a full disk: ``OSError`` ENOSPC) leaves the previous file, if
+    any, as it was and raises :class:`ResultsWriteError` naming the file.
+    """
+    final = Path(final)
+    tmp = final.with_name(f".{final.name}.{os.getpid()}{TMP_SUFFIX}")
+    try:
+        write(tmp)
+        with open(tmp, "rb") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, final)
+    except OSError as exc:
+        raise ResultsWriteError(f"could not write {str(final)!r}: {exc.strerror or exc}") from None
+    finally:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+    fsync_dir(final.parent)
+    return final
+
+
+def verify_folder(folder: str | os.PathLike) -> dict[str, Any]:
+    """Check a result folder against its manifest; returns the manifest.
+
+    Raises :class:`InputError` naming the first file that is missing, was
+    changed (size or SHA-256) or is not listed, or a missing / unreadable manifest.
+    """
+    folder = Path(folder)
+    where = f"result folder {str(folder)!r}"
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text())
+    except FileNotFoundError:
+        raise InputError(f"{where} has no {MANIFEST}; it was not written by a finished privfed run") from None
+    except (OSError, ValueError) as exc:
+        raise InputError(f"{where}: {MANIFEST} cannot be read ({exc})") from None
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    if (
+        manifest.get("tool") != "privfed"
+        or not isinstance(files, list)
+        or not all(isinstance(f, dict) and {"name", "bytes", "sha256"} <= set(f) for f in files)
+    ):
+        raise InputError(f"{where}: {MANIFEST} is not a privfed manifest with file hashes")
+    for f in files:
+        p = folder / str(f["name"])
+        if not p.is_file():
+            raise InputError(f"{where}: {f['name']!r} is listed in {MANIFEST} but missing")
+        if p.stat().st_size != f["bytes"] or sha256_file(p) != f["sha256"]:
+            raise InputError(
+                f"{where}: {f['name']!r} does not match its SHA-256 in {MANIFEST}; the file was "
+                "changed or damaged after the run wrote it"
+            )
+    listed = {str(f["name"]) for f in files} | {MANIFEST}
+    extra = sorted(e.name for e in folder.iterdir() if e.name not in listed)
+    if extra:
+        raise InputError(f"{where} holds files its {MANIFEST} does not list ({', '.join(extra[:4])})")
+    return manifest
+
+
+def manifest_names(folder: Path) -> set[str] | None:
+    """The file names a privfed manifest in ``folder`` lists (old and new formats), or None."""
+    try:
+        data = json.loads((folder / MANIFEST).read_text())
+    except (ValueError, OSError):
+        return None
+    if not (isinstance(data, dict) and data.get("tool") == "privfed" and isinstance(data.get("files"), list)):
+        return None
+    return {str(f["name"] if isinstance(f, dict) else f) for f in data["files"]} | {MANIFEST}
