@@ -69,7 +69,7 @@ def payload(name: str, data: Any, command: str) -> dict[str, Any]:
     return {
         "name": name,
         "command": command,
-        "recorded_utc": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "recorded_utc": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "machine": machine(),
         "software": _software(),
         "data": json.loads(json_text(data)),

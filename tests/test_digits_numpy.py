@@ -131,7 +131,6 @@ def test_the_main_job_needs_no_torch(tmp_path, digits_dataset):
 def test_the_core_install_pulls_no_torch():
     """The first command's install (`pip install -e .`) has no torch, CUDA or opacus; the extras do."""
     import re
-
     import tomllib
 
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]

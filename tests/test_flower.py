@@ -350,9 +350,8 @@ def test_feature_file_per_node_is_a_natural_split(tmp_path):
 
 def test_flwr_app_config_names_every_key_and_the_components():
     import pathlib
-    from dataclasses import fields
-
     import tomllib
+    from dataclasses import fields
 
     app = pathlib.Path(privfed.__file__).parent / "flower" / "app" / "pyproject.toml"
     flwr_cfg = tomllib.loads(app.read_text())["tool"]["flwr"]["app"]

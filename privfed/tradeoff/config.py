@@ -5,12 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import tomllib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import tomllib
 
 from privfed import methods as _methods
 from privfed._cli import (
