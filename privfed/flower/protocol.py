@@ -108,9 +108,9 @@ def fedcof_head(method, round1: dict[str, np.ndarray], spread: np.ndarray) -> Li
     notes: list[str] = []
     beta = None
     if method.params["noise_var"] > 0:
-        beta = _fedcof._bias_from_sums(round1["inv"], N, Kc, method.params["noise_var"])
+        beta = _fedcof.bias_from_sums(round1["inv"], N, Kc, method.params["noise_var"])
         notes.append(f"noise-aware: subtracted the noise bias (sigma^2={method.params['noise_var']:g})")
-    notes += method._class_notes(N, Kc)
+    notes += method.class_notes(N, Kc)
     G_hat = _fedcof.within_matrix(N, S, Kc, spread, method.params["gamma"], beta)
     est = _fedcof.FedCOFEstimate(N=N, mu=mu, Kc=Kc, G_hat=G_hat, notes=notes)
-    return method._finish(est, rounds=2)
+    return method.finish(est, rounds=2)
