@@ -23,10 +23,12 @@ subsets of near-equal size (so each has at least 2 samples; a class with one
 sample gives its one mean) and shares each subset's mean as a pseudo-client.
 
 Secure aggregation (App. I.2): :meth:`FedCOF.secure_aggregate` runs the
-two-round protocol - round 1 secure-sums counts, sums and the presence
-indicators [n_kc > 0], round 2 secure-sums each client's d x d spread matrix
+two-round protocol of :mod:`privfed.methods.fedcof_protocol` - round 1
+secure-sums one vector of counts, sums and presence indicators [n_kc > 0],
+round 2 secure-sums each client's d x d spread matrix
 sum_c (N_c - 1)/(K_c - 1) n_kc (mu_kc - mu_c)(mu_kc - mu_c)^T - and gives the
-same head as :meth:`FedCOF.aggregate`.
+same head as :meth:`FedCOF.aggregate`; the Flower apps run the same node and
+server over messages.
 
 Noisy statistics: pairs with n_kc <= 0 are dropped (the rule of App. I.1,
 Eq. 23: a clipped class is not sent), fractional counts are used as they
@@ -62,6 +64,7 @@ from privfed.methods.fedcof_estimator import (
     valid_pairs,
     within_matrix,
 )
+from privfed.methods.fedcof_protocol import run_in_process
 from privfed.notes import Note
 from privfed.stats import ClientStats, gram_of, sum_rows_by
 
@@ -383,64 +386,19 @@ class FedCOF(Method):
         return self._estimate(N, S, mu, Kc, spread, inv_sum, notes)
 
     def secure_aggregate(self, stats: ClientStats, secure_sum: SecureSum) -> LinearHead:
-        """Two-round secure protocol of App. I.2 (same head as :meth:`aggregate`).
+        """Two-round secure protocol of App. I.2 (same head as :meth:`aggregate`), every node in this process.
 
-        Round 1 secure-sums, per real client (pseudo-client rows are combined
-        by their owner first): counts, class sums and presence counts
-        [n_kc > 0] (plus sum_k 1/n_kc when ``noise_var > 0``).  The server
-        derives N_c, mu_c, K_c and broadcasts them.  Round 2 secure-sums each
-        client's d x d matrix sum_c (N_c - 1)/(K_c - 1) n_kc (mu_kc - mu_c)(mu_kc - mu_c)^T.
-        The server adds the shrinkage and N mu_g mu_g^T terms.
+        The node and server of :mod:`privfed.methods.fedcof_protocol` (the
+        code the Flower apps run): round 1 secure-sums one vector per real
+        client (pseudo-client rows are combined by their owner first) of
+        counts, class sums and presence counts [n_kc > 0] (plus sum_k 1/n_kc
+        when ``noise_var > 0``); the server derives N_c, mu_c, K_c and
+        broadcasts them; round 2 secure-sums each client's d x d matrix
+        sum_c (N_c - 1)/(K_c - 1) n_kc (mu_kc - mu_c)(mu_kc - mu_c)^T; the
+        server adds the shrinkage and N mu_g mu_g^T terms.
         """
         self._check_stats(stats)
-        notes: list[str] = []
-        mask, dropped = valid_pairs(stats.counts)
-        if dropped:
-            notes.append(
-                Note(
-                    f"{dropped} (client, class) pair(s) with count <= 0 were not sent (App. I.1 drop rule)",
-                    "dropped_pairs",
-                    dropped,
-                )
-            )
-        owners = np.arange(stats.num_clients) if stats.owners is None else stats.owners
-        n_owners = int(owners.max()) + 1
-        counts = np.where(mask, stats.counts, 0.0)
-        sums = np.where(mask[..., None], stats.sums, 0.0)
-
-        order = np.argsort(owners, kind="stable")
-        starts = np.searchsorted(owners[order], np.arange(n_owners))
-        gaps = bool(np.any(np.bincount(owners, minlength=n_owners) == 0))
-
-        def by_owner(a: np.ndarray) -> np.ndarray:
-            """Each real client adds up its pseudo-clients' rows before uploading."""
-            if stats.owners is None:
-                return a
-            if gaps:
-                out = np.zeros((n_owners,) + a.shape[1:])
-                np.add.at(out, owners, a)
-                return out
-            return np.add.reduceat(a[order], starts, axis=0)
-
-        # Round 1
-        N = np.asarray(secure_sum(by_owner(counts)), dtype=np.float64)
-        S = np.asarray(secure_sum(by_owner(sums)), dtype=np.float64)
-        Kc = np.rint(np.asarray(secure_sum(by_owner(mask.astype(np.float64))), dtype=np.float64))
-        mu = class_means(N, S)
-        beta = None
-        if self.params["noise_var"] > 0:
-            inv = np.where(mask, 1.0 / np.where(mask, stats.counts, 1.0), 0.0)
-            inv_sum = np.asarray(secure_sum(by_owner(inv)), dtype=np.float64)
-            beta = bias_from_sums(inv_sum, N, Kc, self.params["noise_var"])
-            notes.append(f"noise-aware: subtracted the noise bias (sigma^2={self.params['noise_var']:g})")
-        # Round 2
-        w = spread_weights(N, Kc)
-        per_client = spread_matrix(stats.counts, stats.sums, mu, w, mask, per_client=True)
-        spread = np.asarray(secure_sum(by_owner(per_client)), dtype=np.float64)
-        notes += self.class_notes(N, Kc)
-        G_hat = within_matrix(N, S, Kc, spread, self.params["gamma"], beta)
-        est = FedCOFEstimate(N=N, mu=mu, Kc=Kc, G_hat=G_hat, notes=notes)
-        return self.finish(est, rounds=2)
+        return run_in_process(self, stats, secure_sum)
 
     def class_notes(self, N: np.ndarray, Kc: np.ndarray) -> list[str]:
         """The head's notes on classes with no data left, one mean (gamma I alone) or N_c < 1."""
