@@ -60,10 +60,12 @@ from privfed.notes import Note
 
 __all__ = [
     "BROADCAST_FIELDS",
+    "COUNT_SLACK",
     "ROUNDS",
     "BroadcastRefused",
     "FedCOFNode",
     "FedCOFServer",
+    "node_rows",
     "round_lengths",
     "run_in_process",
 ]
