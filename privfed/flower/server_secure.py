@@ -28,6 +28,7 @@ from privfed.flower.protocol import secure_rounds, split_sum_vector, sum_vector_
 from privfed.flower.secagg import masked_sum_over_messages
 from privfed.flower.transport import exchange
 from privfed.flower.wire import arrays_record
+from privfed.methods.fedcof_protocol import THREAT_MODEL as FEDCOF_THREAT_MODEL
 from privfed.methods.fedcof_protocol import FedCOFServer
 
 __all__ = ["THREAT_FLWR", "serve_secure"]
@@ -152,9 +153,7 @@ def serve_secure(grid, cfg, method, nodes, config_rec, stages, keep_view, receiv
         runs = [r1, r2]
         variant = "two-round protocol (App. I.2)"
     K = len(runs[-1].uploaded)
-    if (
-        cfg.secure == "flwr-secaggplus-insecure"
-    ):  # the nodes clipped their records to the public bound: test rows too
+    if cfg.secure == "flwr-secaggplus-insecure":  # the nodes clipped their records to the public bound
         from mechanisms.clipping import Clipping
 
         head.feature_transform = Clipping(float(cfg.clip), "l2")
@@ -171,6 +170,8 @@ def serve_secure(grid, cfg, method, nodes, config_rec, stages, keep_view, receiv
             cfg.secure, THREAT_FLWR
         ),
     }
+    if variant != "sums":
+        head.secure_aggregation["protocol_threat_model"] = FEDCOF_THREAT_MODEL
     if any(r.dropped_before_upload for r in runs):
         head.notes.append(
             f"secure aggregation: {len(head.secure_aggregation['dropped'])} node(s) dropped before uploading; "

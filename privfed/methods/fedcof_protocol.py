@@ -23,20 +23,8 @@ Head                the server adds sum_c (N_c - 1)(gamma - beta_c) I + N mu_g m
                     and solves (:meth:`FedCOFServer.head`): the head of
                     :meth:`~privfed.methods.fedcof.FedCOF.aggregate`.
 
-Threat model.  The server learns the round-1 sum (N_c, S_c, K_c: how many means
-each class has) and the round-2 sum, each over at least t nodes under masking.
-It could lie in the broadcast.  A broadcast split between nodes (the victim sent
-mu = 0, which would release its own sum_c w_c n_c mu_c mu_c^T) is caught by the
-transport: each node signs the digest of what it summed and reveals no share
-unless every uploader's echo matches (:mod:`mechanisms.secagg_node`; the CKKS key
-holder checks the same).  A broadcast that is malformed or contradicts the node's
-own data (wrong shapes, non-finite values, fractional or negative K_c, K_c below
-the node's own means of a class, N_c below its own count, a class with no mean
-but a count) is refused here before the node computes anything.  Not prevented:
-a broadcast that is consistent, sent to all and plausible but false (masking has
-no integrity, so no node can check round 1's sum); it changes the weights and
-centres of the round-2 sum, which is still a sum over at least t nodes, never
-one node's term.
+Threat model: :data:`THREAT_MODEL` (the Flower report states it with every
+two-round run).
 """
 
 from __future__ import annotations
@@ -62,6 +50,7 @@ __all__ = [
     "BROADCAST_FIELDS",
     "COUNT_SLACK",
     "ROUNDS",
+    "THREAT_MODEL",
     "BroadcastRefused",
     "FedCOFNode",
     "FedCOFServer",
@@ -70,6 +59,20 @@ __all__ = [
     "run_in_process",
 ]
 
+#: What the protocol protects, on top of the secure sums' own threat model.
+THREAT_MODEL = (
+    "FedCOF two-round protocol (App. I.2): the server learns the round-1 sum (N_c, S_c and K_c, how many "
+    "means each class has) and the round-2 sum of the nodes' spreads, each over at least t nodes under "
+    "masking. A broadcast split between nodes (say mu = 0 for a victim, which would release its own "
+    "sum_c w_c n_c mu_c mu_c^T) is caught by the transport: every node signs the digest of what it summed and "
+    "reveals no share unless every uploader's echo matches (the CKKS key holder checks the same digests). "
+    "A broadcast that is malformed or contradicts a node's own round-1 input (wrong shapes, non-finite "
+    "values, fractional or negative K_c, K_c below the node's own means of a class, N_c below its own count, a "
+    "class with no mean but a count) is refused before the node computes anything; so is a round the method "
+    "does not run. Not prevented: a false but plausible broadcast sent to every node (masking has no "
+    "integrity, so no node can check round 1's sum); it changes the weights and centres of the round-2 sum, "
+    "which is still a sum over at least t nodes, never one node's term."
+)
 #: The protocol's secure sums, in order.
 ROUNDS = ("fedcof-1", "fedcof-2")
 #: What the server broadcasts between the rounds.

@@ -421,6 +421,18 @@ def test_a_round_the_method_does_not_run_is_refused(digits_dataset, method, rewr
         )
 
 
+def test_an_honest_two_round_run_states_the_protocol_threat_model(digits_dataset):
+    from privfed.methods.fedcof_protocol import THREAT_MODEL
+
+    res = serve(LocalGrid(_nodes()), FlowerConfig(method="fedcof", clients=K, secure="mask", timeout=30))
+    sa = res.head.secure_aggregation
+    assert sa["protocol_threat_model"] == THREAT_MODEL and "Not prevented" in THREAT_MODEL
+    assert [len(s) for s in res.sums] == [
+        2 * res.report["C"] + res.report["C"] * res.report["d"],
+        res.report["d"] ** 2,
+    ]
+
+
 def test_a_lying_fedcof_broadcast_is_refused_under_ckks_too(digits_dataset):
     pytest.importorskip("tenseal")
 
