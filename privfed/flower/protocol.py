@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from mechanisms.secagg_crypto import ProtocolAbort
-from privfed.errors import InputError
+from privfed.errors import ConfigError, InputError
 from privfed.methods.fedcof_protocol import ROUNDS as FEDCOF_ROUNDS
 from privfed.methods.fedcof_protocol import BroadcastRefused, FedCOFNode
 from privfed.stats import STAT_FIELDS, ClientStats
@@ -68,7 +68,10 @@ def secure_rounds(method) -> tuple[str, ...]:
         return ("sums",)
     if method.secure_protocol == "fedcof-two-round":
         return FEDCOF_ROUNDS
-    raise InputError(f"method {method.name!r} has no secure protocol on Flower")
+    raise ConfigError(
+        f"method {method.name!r} needs every node's statistics and has no secure protocol; "
+        "use a sum-only method or fedcof under secure aggregation"
+    )
 
 
 def node_vector(
