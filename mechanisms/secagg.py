@@ -14,8 +14,8 @@ Two protocols implement the ``secure_agg`` hook of :mod:`privfed.pipeline`
 Each call of the returned :class:`SecureSumRun` is one full protocol run on
 a (K, ...) stack, with fresh keys: ``Method.secure_aggregate`` calls it once
 per summed statistic (counts, sums, second moments, ...); FedCOF's two-round
-protocol (FedCOF paper, App. I.2) calls it for counts, sums and presence
-indicators, then for the per-client d x d spread matrices.
+protocol (FedCOF paper, App. I.2) calls it twice: one vector of counts, sums
+and presence indicators, then the per-client d x d spread matrices.
 
 Encoding.  Real statistics use ``frac_bits`` fractional bits (default 32:
 the sum of K clients is within K 2^-33 of the real sum per coordinate,

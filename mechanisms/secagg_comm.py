@@ -30,8 +30,8 @@ fed3r-within       counts C, sums C d, second d^2                        mask, c
 fedcgs             counts C, sums C d, second d^2                        mask, ckks
 fedlog             counts C, sums C d                                    mask, ckks
 fedcof-oracle      counts C, sums C d, class second C d^2                mask, ckks
-fedcof             round 1: counts C, sums C d, indicators C;            mask, ckks (App. I.2)
-                   round 2: spread d^2
+fedcof             round 1: counts C, sums C d, presence C (one sum;     mask, ckks (App. I.2)
+                   + C with noise_var); round 2: spread d^2
 =================  ====================================================  =======================
 
 Methods with ``per_client = True`` and no secure protocol are refused.
@@ -86,7 +86,12 @@ def secure_arrays(method: Any, *, d: int, C: int) -> list[tuple[str, int]]:
     cls = _method_class(method)
     if has_secure_protocol(cls):
         if getattr(cls, "secure_protocol", None) == "fedcof-two-round":
-            return [("counts", C), ("sums", C * d), ("indicators", C), ("spread", d * d)]
+            from privfed.methods.fedcof_protocol import round_lengths
+
+            params = getattr(method, "params", None)
+            noise_aware = isinstance(params, dict) and float(params.get("noise_var", 0.0)) > 0
+            n = round_lengths(C, d, noise_aware)
+            return [("counts, sums, presence", n["fedcof-1"]), ("spread", n["fedcof-2"])]
         raise ConfigError(f"no communication model for the secure protocol of {cls.name!r}")
     if cls.per_client:
         raise ConfigError(
@@ -170,7 +175,7 @@ def secagg_upload_bytes(
             "plain": plain,
             "expansion": 1.0,
         }
-    arrays = secure_arrays(cls, d=d, C=C)
+    arrays = secure_arrays(method, d=d, C=C)
     calls = len(arrays)
     values = sum(n for _, n in arrays)
     out: dict[str, Any] = {

@@ -71,8 +71,8 @@ class DistributedGaussian:
         Standard deviation of the noise in each summed statistic (one per
         secure-sum call, in call order; a single value serves every call).
         Methods sum counts, sums, then second moments (see
-        ``ClientStats.arrays``); FedCOF sums counts, sums, presence
-        indicators, then its spread matrix.
+        ``ClientStats.arrays``); FedCOF sums one vector of counts, sums
+        and presence indicators, then its spread matrix.
     sensitivity : float or sequence of float
         Client-level L2 sensitivity of each summed statistic (the bound on
         one client's contribution, which the caller enforces by clipping).

@@ -589,7 +589,8 @@ def test_fedcof_secure_owner_grouping_with_gaps():
         m = methods.get("fedcof")
         h = m.secure_aggregate(grouped, lambda a: (seen.append(np.asarray(a)), np.asarray(a).sum(0))[1])  # noqa: B023
         np.testing.assert_allclose(h.weight, m.aggregate(st).weight, rtol=1e-9, atol=1e-10)
-        np.testing.assert_allclose(seen[0][owners[0]], st.counts[owners == owners[0]].sum(0))
+        # round 1's vector starts with the owner's counts
+        np.testing.assert_allclose(seen[0][owners[0]][:4], st.counts[owners == owners[0]].sum(0))
 
 
 # -- pair layout, streaming fold and servers at the bound -------------------------------

@@ -52,7 +52,9 @@ def test_masking_reproduces_the_plain_head(data, method):
     assert isinstance(rep, SecureAggReport)
     # Masking bytes are deterministic: the formula equals what the run sent.
     assert rep.bytes_per_client == pytest.approx(rep.measured_bytes_per_client, rel=1e-12)
-    assert rep.calls[0]["frac_bits"] == 0  # counts are integers: exact
+    # Counts are integers: exact (f = 0); FedCOF's round 1 sends them with its sums at f = 32, where whole
+    # numbers are exact too (tests/test_fedcof_protocol.py).
+    assert rep.calls[0]["frac_bits"] == (32 if method == "fedcof" else 0)
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -73,8 +75,9 @@ def test_fedcof_two_round_protocol_with_multi_mean_sampling(data):
     _close(head, plain, 1e-7)
     rep = head.secure_aggregation
     assert rep.secure_variant.startswith("two-round")
-    assert [c["clients"] for c in rep.calls] == [6, 6, 6, 6]  # per real client, not per pseudo-client
-    assert [c["shape"] for c in rep.calls] == [(4,), (4, 8), (4,), (8, 8)]
+    assert [c["clients"] for c in rep.calls] == [6, 6]  # per real client, not per pseudo-client
+    # round 1: counts, sums and presence in one vector (2 C + C d); round 2: the d x d spread
+    assert [c["shape"] for c in rep.calls] == [(2 * 4 + 4 * 8,), (8, 8)]
 
 
 def test_report_states_parameters_threat_model_and_dropouts(data):
@@ -186,7 +189,8 @@ def test_upload_bytes_formula_by_hand():
     ck = secagg_upload_bytes("fed3r", M, K, 100, C, "ckks")
     assert ck["num_ciphertexts"] == 1 + 1 + 3  # counts, 500 sums, 10,000 second-moment values
     assert 300_000 < ck["ciphertext_bytes"] < 400_000  # measured TenSEAL size at N = 8192
-    assert secagg_upload_bytes("fedcof", M, K, d, C, "mask")["calls"] == 4
+    cof = secagg_upload_bytes("fedcof", M, K, d, C, "mask")
+    assert cof["calls"] == 2 and cof["payload"] == 8 * (2 * C + C * d + d * d)
     with pytest.raises(ConfigError, match="protocol"):
         secagg_upload_bytes("fedncm", M, K, d, C, "paillier")
 

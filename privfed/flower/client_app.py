@@ -49,7 +49,7 @@ from privfed.flower.ckks import SECRET_KEY as CKKS_SECRET
 from privfed.flower.ckks import holder_decrypt, holder_keys, node_encrypt, pin_bytes, sum_reply
 from privfed.flower.config import FlowerConfig
 from privfed.flower.node import load_node_data, node_rng, node_statistics
-from privfed.flower.protocol import fedcof_round_vector, sum_vector
+from privfed.flower.protocol import node_vector
 from privfed.flower.rounds import node_round_statistics
 from privfed.flower.secagg import (
     LEDGER_KEY,
@@ -204,13 +204,11 @@ def _broadcast(msg: Message) -> dict | None:
     return None if b is None else {k: b[k].numpy() for k in b.keys()}
 
 
-def _secure_vector(msg: Message, cfg: FlowerConfig, context: Context):
-    """The vector this node contributes to the secure sum named in the message's ``round``."""
+def _secure_vector(msg: Message, cfg: FlowerConfig, context: Context, node: int, stage: str):
+    """The vector this node contributes to the secure sum named in the message's ``round``
+    (:func:`privfed.flower.protocol.node_vector`: FedCOF's rounds are its node's)."""
     stats = _secure_stats(cfg, context, msg)
-    round_name = _round(msg)
-    if round_name == "sums":
-        return sum_vector(stats, cfg.make_method())
-    return fedcof_round_vector(stats, cfg.make_method(), round_name, _broadcast(msg))
+    return node_vector(stats, cfg.make_method(), _round(msg), _broadcast(msg), node=node, stage=stage)
 
 
 _STATS = "privfed-stats"
@@ -305,7 +303,9 @@ def make_client_app(
                         aggregation=agg,
                         context_digest=digest,
                         ring_input=lambda: encode_for_ring(
-                            _secure_vector(msg, cfg, context), cfg.frac_bits, roster.size
+                            _secure_vector(msg, cfg, context, identity.index, stage),
+                            cfg.frac_bits,
+                            roster.size,
                         ),
                         lifetime=lifetime_id(dict(msg.content["config"]), _round(msg), cfg.private),
                     )
@@ -356,7 +356,7 @@ def make_client_app(
             agg, digest = aggregation_digests(
                 dict(msg.content["config"]), _round(msg), _broadcast(msg), cfg.private
             )
-            x = _secure_vector(msg, cfg, context)
+            x = _secure_vector(msg, cfg, context, identity.index, "ckks_encrypt")
             holder = as_int(rec["holder"], "holder")
             ledger = node_ledger(context, lifetime_id(dict(msg.content["config"]), _round(msg), cfg.private))
             pin = pin_bytes(ledger.uploaders)

@@ -1,34 +1,32 @@
-"""What a secure sum carries for each method, and how the server reads the sum.
+"""What a secure sum carries for each method on Flower, and how the server reads the sum.
 
-Sum-only methods (``per_client = False``) securely sum one vector: every
-statistic the method requires, flattened in :data:`privfed.stats.STAT_FIELDS`
-order.  FedCOF runs its two-round protocol (FedCOF paper, App. I.2, as
-:meth:`privfed.methods.fedcof.FedCOF.secure_aggregate`):
-
-round ``fedcof-1``  counts n_kc, class sums s_kc and presence [n_kc > 0]
-                    (plus 1/n_kc when ``noise_var > 0``), summed over the
-                    node's pseudo-clients;
-round ``fedcof-2``  the node's d x d spread
-                    sum_c (N_c - 1)/(K_c - 1) n_kc (mu_kc - mu_c)(mu_kc - mu_c)^T
-                    from the broadcast N_c, mu_c, K_c of round 1.
+Sum-only methods (``per_client = False``) securely sum one vector, round
+``sums``: every statistic the method requires, flattened in
+:data:`privfed.stats.STAT_FIELDS` order.  FedCOF runs its two-round protocol
+(FedCOF paper, App. I.2), rounds ``fedcof-1`` and ``fedcof-2``: the node and
+server of :mod:`privfed.methods.fedcof_protocol`, the same code
+:meth:`privfed.methods.fedcof.FedCOF.secure_aggregate` runs in one process.
+:func:`node_vector` is the node's side of every round (a round the method
+does not run, or a broadcast the node refuses, aborts it);
+:func:`secure_rounds` names the rounds the server runs.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from privfed.errors import InputError
-from privfed.head import LinearHead
-from privfed.methods import fedcof as _fedcof
+from mechanisms.secagg_crypto import ProtocolAbort
+from privfed.errors import ConfigError, InputError
+from privfed.methods.fedcof_protocol import ROUNDS as FEDCOF_ROUNDS
+from privfed.methods.fedcof_protocol import BroadcastRefused, FedCOFNode
 from privfed.stats import STAT_FIELDS, ClientStats
 
 __all__ = [
+    "node_vector",
+    "secure_rounds",
+    "split_sum_vector",
     "stat_fields",
     "stat_shape",
-    "fedcof_head",
-    "fedcof_round_vector",
-    "fedcof_round1_length",
-    "split_sum_vector",
     "sum_vector",
     "sum_vector_length",
 ]
@@ -64,53 +62,51 @@ def split_sum_vector(vec: np.ndarray, method, C: int, d: int) -> ClientStats:
     return ClientStats(**out)
 
 
-def fedcof_round1_length(method, C: int, d: int) -> int:
-    return 2 * C + C * d + (C if method.params["noise_var"] > 0 else 0)
+def secure_rounds(method) -> tuple[str, ...]:
+    """The secure sums ``method`` runs, in order: ``("sums",)`` or its protocol's rounds."""
+    if not method.per_client:
+        return ("sums",)
+    if method.secure_protocol == "fedcof-two-round":
+        return FEDCOF_ROUNDS
+    raise ConfigError(
+        f"method {method.name!r} needs every node's statistics and has no secure protocol; "
+        "use a sum-only method or fedcof under secure aggregation"
+    )
 
 
-def fedcof_round_vector(stats: ClientStats, method, round_name: str, broadcast: dict | None) -> np.ndarray:
-    """This node's input to FedCOF's secure round 1 or 2 (see the module docstring)."""
-    mask, _ = _fedcof.valid_pairs(stats.counts)
-    counts = np.where(mask, stats.counts, 0.0)
-    if round_name == "fedcof-1":
-        sums = np.where(mask[..., None], stats.sums, 0.0)
-        parts = [counts.sum(axis=0), sums.sum(axis=0).ravel(), mask.astype(np.float64).sum(axis=0)]
-        if method.params["noise_var"] > 0:
-            parts.append(np.where(mask, 1.0 / np.where(mask, stats.counts, 1.0), 0.0).sum(axis=0))
-        return np.concatenate(parts)
-    if round_name == "fedcof-2":
-        if broadcast is None:
-            raise InputError("FedCOF round 2 needs the broadcast N_c, mu_c, K_c of round 1")
-        N, mu, Kc = broadcast["N"], broadcast["mu"], broadcast["Kc"]
-        if mu.shape != (stats.num_classes, stats.dim):
-            raise InputError(f"broadcast mu has shape {mu.shape}, expected {(stats.num_classes, stats.dim)}")
-        w = _fedcof.spread_weights(N, Kc)
-        spread = _fedcof.spread_matrix(stats.counts, stats.sums, mu, w, mask, per_client=True)
-        return spread.sum(axis=0).ravel()
-    raise InputError(f"unknown secure round {round_name!r}")
+def node_vector(
+    stats: ClientStats, method, round_name: str, broadcast: dict | None, *, node: int, stage: str
+) -> np.ndarray:
+    """This node's input to the secure sum ``round_name`` (flat), or a :class:`ProtocolAbort` naming it.
 
+    A node answers only the rounds its method runs (a server asking a FedCOF node for a plain
+    ``sums`` vector, or a sum-only method's node for a FedCOF round, is refused), a broadcast only in
+    FedCOF's round 2, and refuses a broadcast that fails :meth:`FedCOFNode.check_broadcast`.
+    """
 
-def fedcof_broadcast(vec1: np.ndarray, method, C: int, d: int) -> dict[str, np.ndarray]:
-    """N_c, S_c, mu_c, K_c (and sum_k 1/n_kc) from round 1's sum."""
-    N = vec1[:C]
-    S = vec1[C : C + C * d].reshape(C, d)
-    Kc = np.rint(vec1[C + C * d : 2 * C + C * d])
-    mu = np.where(N[:, None] > 0, S / np.where(N > 0, N, 1.0)[:, None], 0.0)
-    out = {"N": N, "S": S, "mu": mu, "Kc": Kc}
-    if method.params["noise_var"] > 0:
-        out["inv"] = vec1[2 * C + C * d :]
-    return out
+    def abort(deviation: str, text: str) -> ProtocolAbort:
+        return ProtocolAbort(
+            f"node {node} aborts at stage {stage!r}: {text}", node=node, stage=stage, deviation=deviation
+        )
 
-
-def fedcof_head(method, round1: dict[str, np.ndarray], spread: np.ndarray) -> LinearHead:
-    """The head of FedCOF's secure protocol from the two sums (as ``FedCOF.secure_aggregate``)."""
-    N, S, mu, Kc = round1["N"], round1["S"], round1["mu"], round1["Kc"]
-    notes: list[str] = []
-    beta = None
-    if method.params["noise_var"] > 0:
-        beta = _fedcof._bias_from_sums(round1["inv"], N, Kc, method.params["noise_var"])
-        notes.append(f"noise-aware: subtracted the noise bias (sigma^2={method.params['noise_var']:g})")
-    notes += method._class_notes(N, Kc)
-    G_hat = _fedcof.within_matrix(N, S, Kc, spread, method.params["gamma"], beta)
-    est = _fedcof.FedCOFEstimate(N=N, mu=mu, Kc=Kc, G_hat=G_hat, notes=notes)
-    return method._finish(est, rounds=2)
+    rounds = secure_rounds(method)
+    if round_name not in rounds:
+        raise abort(
+            "unknown-round",
+            f"the server asks for secure round {round_name!r}, but method {method.name!r} runs {list(rounds)}",
+        )
+    if round_name == "sums":
+        if broadcast is not None:
+            raise abort("unexpected-broadcast", "a plain secure sum takes no broadcast")
+        return sum_vector(stats, method)
+    fed = FedCOFNode.from_stats(stats, method)
+    if round_name == FEDCOF_ROUNDS[0]:
+        if broadcast is not None:
+            raise abort("unexpected-broadcast", "FedCOF's round 1 takes no broadcast")
+        return fed.round1()
+    if broadcast is None:
+        raise abort("malformed", "FedCOF's round 2 needs the broadcast N_c, mu_c, K_c of round 1")
+    try:
+        return fed.round2(broadcast).ravel()
+    except BroadcastRefused as exc:
+        raise abort(exc.deviation, f"it refuses FedCOF's round-2 broadcast: {exc}") from None

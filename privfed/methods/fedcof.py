@@ -23,10 +23,12 @@ subsets of near-equal size (so each has at least 2 samples; a class with one
 sample gives its one mean) and shares each subset's mean as a pseudo-client.
 
 Secure aggregation (App. I.2): :meth:`FedCOF.secure_aggregate` runs the
-two-round protocol - round 1 secure-sums counts, sums and the presence
-indicators [n_kc > 0], round 2 secure-sums each client's d x d spread matrix
+two-round protocol of :mod:`privfed.methods.fedcof_protocol` - round 1
+secure-sums one vector of counts, sums and presence indicators [n_kc > 0],
+round 2 secure-sums each client's d x d spread matrix
 sum_c (N_c - 1)/(K_c - 1) n_kc (mu_kc - mu_c)(mu_kc - mu_c)^T - and gives the
-same head as :meth:`FedCOF.aggregate`.
+same head as :meth:`FedCOF.aggregate`; the Flower apps run the same node and
+server over messages.
 
 Noisy statistics: pairs with n_kc <= 0 are dropped (the rule of App. I.1,
 Eq. 23: a clipped class is not sent), fractional counts are used as they
@@ -41,8 +43,6 @@ Communication: M d floats (App. H), the same as FedNCM.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import numpy as np
 
 from privfed._linalg import SOLVERS, check_choice, check_flag, check_real, normalise_rows, solve_head
@@ -50,6 +50,21 @@ from privfed.errors import ConfigError
 from privfed.head import LinearHead
 from privfed.methods import register
 from privfed.methods.base import Method, SecureSum
+from privfed.methods.fedcof_estimator import (
+    FedCOFEstimate,
+    bias_from_sums,
+    class_covariances,
+    class_means,
+    class_totals,
+    multi_mean_ids,
+    noise_bias,
+    pair_spread,
+    spread_matrix,
+    spread_weights,
+    valid_pairs,
+    within_matrix,
+)
+from privfed.methods.fedcof_protocol import run_in_process
 from privfed.notes import Note
 from privfed.stats import ClientStats, gram_of, sum_rows_by
 
@@ -69,250 +84,9 @@ __all__ = [
 ]
 
 
-# -- estimator components (pure functions of the shared statistics) -------------
-def valid_pairs(counts: np.ndarray) -> tuple[np.ndarray, int]:
-    """Mask of (client, class) pairs that take part: n_kc > 0 (the drop rule).
-
-    Returns the mask (K, C) and the number of pairs with a non-zero count <= 0
-    that were dropped (noisy counts).
-    """
-    counts = np.asarray(counts, dtype=np.float64)
-    mask = counts > 0
-    return mask, int(np.count_nonzero(~mask & (counts != 0)))
-
-
-def class_means(N: np.ndarray, S: np.ndarray) -> np.ndarray:
-    """mu_c = S_c / N_c, 0 where N_c <= 0 (shape (C, d))."""
-    return np.where(N[:, None] > 0, S / np.where(N > 0, N, 1.0)[:, None], 0.0)
-
-
-def class_totals(
-    counts: np.ndarray, sums: np.ndarray, mask: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """N_c, S_c = N_c mu_c, mu_c (0 where N_c <= 0) and K_c from the valid pairs.
-
-    Shapes: (C,), (C, d), (C, d), (C,).
-    """
-    n = np.where(mask, counts, 0.0)
-    N = n.sum(axis=0)
-    S = np.einsum("kc,kcd->cd", mask.astype(np.float64), sums)
-    mu = class_means(N, S)
-    Kc = mask.sum(axis=0)
-    return N, S, mu, Kc
-
-
-def spread_weights(N: np.ndarray, Kc: np.ndarray) -> np.ndarray:
-    """w_c = (N_c - 1)/(K_c - 1) for classes with K_c >= 2 (N_c - 1 clamped at 0), else 0."""
-    return np.where(Kc >= 2, np.maximum(N - 1.0, 0.0) / np.maximum(Kc - 1.0, 1.0), 0.0)
-
-
-def spread_matrix(
-    counts: np.ndarray,
-    sums: np.ndarray,
-    mu: np.ndarray,
-    weights: np.ndarray,
-    mask: np.ndarray,
-    *,
-    per_client: bool = False,
-) -> np.ndarray:
-    """sum_{k,c valid} w_c n_kc (mu_kc - mu_c)(mu_kc - mu_c)^T.
-
-    With ``weights = spread_weights(N, K_c)`` this is sum_c (N_c - 1) Sigma_c
-    without shrinkage.  ``per_client=True`` returns each client's term,
-    shape (K, d, d) (round 2 of the secure protocol); else the sum (d, d).
-    """
-    n = np.where(mask, counts, 0.0)
-    safe = np.where(mask, counts, 1.0)
-    dev = np.where(mask[..., None], sums / safe[..., None] - mu[None], 0.0)  # (K, C, d)
-    scale = np.sqrt(n * weights[None, :])  # (K, C), >= 0
-    X = dev * scale[..., None]
-    if per_client:
-        return np.matmul(np.swapaxes(X, 1, 2), X)  # batched BLAS, (K, d, d)
-    X2 = X.reshape(-1, X.shape[-1])
-    return X2.T @ X2
-
-
-#: Bytes of the row buffer :func:`pair_spread` fills before one X^T X (all M rows when they fit: 11,800 rows
-#: at d = 256; 13,107 rows at d = 1,280, where 4 products cost within 2 % of one) ...
-_SPREAD_BLOCK_BYTES = 128 * 2**20
-#: ... and of the tiles it is centred in (small enough to stay in cache across the four steps; 1 MiB:
-#: 1.68 s for the spread at iNat-120K against 1.72 s with 256 KiB, X^T X alone 1.52 s).
-_SPREAD_TILE_BYTES = 2**20
 #: Bytes of the row buffer :meth:`FedCOF.estimate_pairs` fills before one X^T X (3,276 rows at d = 1,280:
 #: within a few % of one product over all rows, at 6 % of the iNat-120K input).
 _STREAM_BUFFER_BYTES = 32 * 2**20
-
-
-def pair_spread(
-    pair_class: np.ndarray,
-    pair_counts: np.ndarray,
-    pair_sums: np.ndarray,
-    mu: np.ndarray,
-    weights: np.ndarray,
-    rows: np.ndarray | None = None,
-) -> np.ndarray:
-    """:func:`spread_matrix` (summed) over the valid pair rows only: sum_p w_c n_p (m_p - mu_c)(m_p - mu_c)^T.
-
-    ``pair_class`` / ``pair_counts`` describe the pairs with n_p > 0, held in
-    ``pair_sums[rows]`` (``rows=None``: all of ``pair_sums``, in order; no
-    copy of the M x d block is made either way); rows of classes with
-    w_c = 0 are skipped.  Rows are centred and scaled a cache-sized tile at
-    a time, (s_p / n_p - mu_c) sqrt(w_c n_p), straight into one row buffer
-    of at most :data:`_SPREAD_BLOCK_BYTES` (all rows when they fit), which
-    enters the spread in one X^T X when full: memory O(buffer + d^2), cost
-    X^T X over the rows plus one pass over them.
-    """
-    d = mu.shape[1]
-    wp = weights[pair_class]
-    sel = np.flatnonzero(wp > 0)
-    src = sel if rows is None else np.asarray(rows)[sel]  # rows of pair_sums
-    contiguous = src.size == 0 or bool(np.all(np.diff(src) == 1))  # one slice (the usual case)
-    out = np.zeros((d, d))
-    if sel.size == 0:
-        return out
-    root = np.sqrt(pair_counts[sel] * wp[sel])  # sqrt(w_c n_p)
-    scale = root / pair_counts[sel]
-    cls = pair_class[sel]
-    step = max(1, min(_SPREAD_BLOCK_BYTES // (8 * max(d, 1)), sel.size))
-    tile = max(1, min(_SPREAD_TILE_BYTES // (8 * max(d, 1)), step))
-    buf = np.empty((step, d))
-    U = np.empty((tile, d))
-    for a in range(0, sel.size, step):
-        m = min(step, sel.size - a)
-        for t in range(a, a + m, tile):
-            e = min(t + tile, a + m)
-            X, V = buf[t - a : e - a], U[: e - t]
-            if contiguous:
-                np.multiply(pair_sums[src[0] + t : src[0] + e], scale[t:e, None], out=X)
-            else:
-                np.take(pair_sums, src[t:e], axis=0, out=X, mode="clip")  # indices in range: unbuffered
-                X *= scale[t:e, None]
-            np.take(mu, cls[t:e], axis=0, out=V, mode="clip")
-            V *= root[t:e, None]
-            X -= V
-        out += gram_of(buf[:m])
-    return out
-
-
-def noise_bias(counts: np.ndarray, mask: np.ndarray, noise_var: float) -> np.ndarray:
-    """Per-class bias of Eq. 6 when each class sum carries iid noise of variance ``noise_var``.
-
-    A noisy sum s_kc + e_kc, e_kc ~ (0, sigma^2 I), moves the shared mean by
-    e_kc / n_kc and the global mean by sum_k e_kc / N_c; the expected extra
-    spread is sigma^2 * (sum_k 1/n_kc - K_c/N_c) I, so Sigma_c is inflated by
-    beta_c I with
-
-        beta_c = sigma^2 / (K_c - 1) * (sum_k 1/n_kc - K_c / N_c)
-
-    (methods.md section 4 states the leading term sigma^2/(K_c - 1) sum_k 1/n_kc).
-    Returns beta (C,), 0 for classes with K_c < 2.
-    """
-    if noise_var == 0:
-        return np.zeros(counts.shape[1])
-    n = np.where(mask, counts, 0.0)
-    inv = np.where(mask, 1.0 / np.where(mask, counts, 1.0), 0.0).sum(axis=0)
-    N = n.sum(axis=0)
-    Kc = mask.sum(axis=0)
-    return _bias_from_sums(inv, N, Kc, noise_var)
-
-
-def _bias_from_sums(inv_sum: np.ndarray, N: np.ndarray, Kc: np.ndarray, noise_var: float) -> np.ndarray:
-    ok = (Kc >= 2) & (N > 0)
-    return np.where(ok, noise_var * (inv_sum - Kc / np.where(N > 0, N, 1.0)) / np.maximum(Kc - 1.0, 1.0), 0.0)
-
-
-def within_matrix(
-    N: np.ndarray,
-    S: np.ndarray,
-    Kc: np.ndarray,
-    spread: np.ndarray,
-    gamma: float,
-    bias: np.ndarray | None = None,
-) -> np.ndarray:
-    """G_hat = spread + sum_c (N_c - 1)(gamma - beta_c [K_c >= 2]) I + N mu_g mu_g^T  (Eq. 8).
-
-    ``spread`` is :func:`spread_matrix` with :func:`spread_weights`; classes
-    with N_c <= 0 are absent; (N_c - 1) is clamped at 0.
-    """
-    d = S.shape[1]
-    present = N > 0
-    w = np.where(present, np.maximum(N - 1.0, 0.0), 0.0)
-    diag = gamma * w.sum()
-    if bias is not None:
-        diag -= float(np.sum(w * np.where(Kc >= 2, bias, 0.0)))
-    Ntot = N[present].sum()
-    s = S[present].sum(axis=0)
-    out = np.outer(s, s / Ntot) if Ntot > 0 else np.zeros((d, d))  # the one d x d array made here
-    out += spread
-    out[np.diag_indices(d)] += diag
-    return out
-
-
-def class_covariances(stats: ClientStats, gamma: float = 0.0, noise_var: float = 0.0) -> np.ndarray:
-    """Every class's Sigma_c of Eq. 6 (shape (C, d, d)), for analysis and tests.
-
-    Classes with K_c < 2 get gamma I; absent classes gamma I too.
-    """
-    mask, _ = valid_pairs(stats.counts)
-    N, S, mu, Kc = class_totals(stats.counts, stats.sums, mask)
-    beta = noise_bias(stats.counts, mask, noise_var)
-    C, d = mu.shape
-    out = np.empty((C, d, d))
-    for c in range(C):
-        m = mask[:, c]
-        if Kc[c] >= 2:
-            dev = stats.sums[m, c] / stats.counts[m, c][:, None] - mu[c]
-            out[c] = (dev.T * stats.counts[m, c]) @ dev / (Kc[c] - 1) + (gamma - beta[c]) * np.eye(d)
-        else:
-            out[c] = gamma * np.eye(d)
-    return out
-
-
-def multi_mean_ids(
-    labels: np.ndarray,
-    clients: np.ndarray,
-    num_classes: int,
-    num_clients: int,
-    means: int,
-    rng: np.random.Generator,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Pseudo-client id of every sample for multi-mean sampling (App. E).
-
-    Client k's class-c samples (n of them) are permuted at random and cut
-    into g = max(1, min(means, n // 2)) contiguous near-equal chunks (each of
-    at least 2 samples when n >= 2); chunk j of every class of client k goes
-    to pseudo-client ``offset_k + j``.
-
-    Returns (pseudo id per sample, owners: real client of each pseudo-client).
-    """
-    C = num_classes
-    # Over the (client, class) cells that hold samples only: O(N log N), never a K x C array.
-    cell, inv, sizes = np.unique(clients * C + labels, return_inverse=True, return_counts=True)
-    inv = inv.reshape(-1)
-    order = np.lexsort((rng.random(labels.shape[0]), inv))
-    starts = np.concatenate(([0], np.cumsum(sizes)[:-1]))
-    rank = np.empty(labels.shape[0], dtype=np.int64)
-    rank[order] = np.arange(labels.shape[0]) - starts[inv[order]]
-    g = np.maximum(1, np.minimum(means, sizes // 2))
-    chunk = (rank * g[inv]) // sizes[inv]
-    per_client = np.ones(num_clients, dtype=np.int64)  # a client without samples keeps one (empty) row
-    np.maximum.at(per_client, cell // C, g)
-    offset = np.concatenate(([0], np.cumsum(per_client)[:-1]))
-    pseudo = offset[clients] + chunk
-    owners = np.repeat(np.arange(num_clients), per_client)
-    return pseudo, owners
-
-
-@dataclass
-class FedCOFEstimate:
-    """The server's intermediate quantities (returned in the head's ``extras``)."""
-
-    N: np.ndarray  # (C,) class counts used
-    mu: np.ndarray  # (C, d) global class means
-    Kc: np.ndarray  # (C,) number of means per class
-    G_hat: np.ndarray  # (d, d)
-    notes: list[str] = field(default_factory=list)
-    spread: np.ndarray | None = None  # (d, d) Eq. 6's sum_c (N_c - 1) Sigma_c before shrinkage
 
 
 @register
@@ -433,10 +207,10 @@ class FedCOF(Method):
         """Eq. 8 from the class totals and means, the spread and (noise-aware) sum_k 1/n_kc per class."""
         C = N.shape[0]
         if self.params["noise_var"] > 0:
-            beta = _bias_from_sums(inv_sum, N, Kc, self.params["noise_var"])
+            beta = bias_from_sums(inv_sum, N, Kc, self.params["noise_var"])
         else:
             beta = np.zeros(C)
-        notes += self._class_notes(N, Kc)
+        notes += self.class_notes(N, Kc)
         if self.params["noise_var"] > 0:
             mean_bias = float(beta[Kc >= 2].mean()) if (Kc >= 2).any() else 0.0
             notes.append(
@@ -448,7 +222,7 @@ class FedCOF(Method):
 
     def aggregate_stream(self, counts: np.ndarray, sum_chunks) -> LinearHead:
         """The head from noisy uploads that arrive a chunk of clients at a time (:meth:`estimate_stream`)."""
-        return self._finish(self.estimate_stream(counts, sum_chunks))
+        return self.finish(self.estimate_stream(counts, sum_chunks))
 
     def estimate_stream(self, counts: np.ndarray, sum_chunks) -> FedCOFEstimate:
         """Eq. 5, 6 and 8 from uploads that arrive a chunk of clients at a time (local noise, streamed).
@@ -514,13 +288,13 @@ class FedCOF(Method):
 
     def aggregate(self, stats: ClientStats) -> LinearHead:
         est = self.estimate(stats)
-        return self._finish(est)
+        return self.finish(est)
 
     def aggregate_pairs(
         self, pair_class: np.ndarray, pair_counts: np.ndarray, blocks, num_classes: int
     ) -> LinearHead:
         """The head from pair sums that arrive a block of whole pairs at a time (:meth:`estimate_pairs`)."""
-        return self._finish(self.estimate_pairs(pair_class, pair_counts, blocks, num_classes))
+        return self.finish(self.estimate_pairs(pair_class, pair_counts, blocks, num_classes))
 
     def estimate_pairs(
         self, pair_class: np.ndarray, pair_counts: np.ndarray, blocks, num_classes: int
@@ -612,66 +386,22 @@ class FedCOF(Method):
         return self._estimate(N, S, mu, Kc, spread, inv_sum, notes)
 
     def secure_aggregate(self, stats: ClientStats, secure_sum: SecureSum) -> LinearHead:
-        """Two-round secure protocol of App. I.2 (same head as :meth:`aggregate`).
+        """Two-round secure protocol of App. I.2 (same head as :meth:`aggregate`), every node in this process.
 
-        Round 1 secure-sums, per real client (pseudo-client rows are combined
-        by their owner first): counts, class sums and presence counts
-        [n_kc > 0] (plus sum_k 1/n_kc when ``noise_var > 0``).  The server
-        derives N_c, mu_c, K_c and broadcasts them.  Round 2 secure-sums each
-        client's d x d matrix sum_c (N_c - 1)/(K_c - 1) n_kc (mu_kc - mu_c)(mu_kc - mu_c)^T.
-        The server adds the shrinkage and N mu_g mu_g^T terms.
+        The node and server of :mod:`privfed.methods.fedcof_protocol` (the
+        code the Flower apps run): round 1 secure-sums one vector per real
+        client (pseudo-client rows are combined by their owner first) of
+        counts, class sums and presence counts [n_kc > 0] (plus sum_k 1/n_kc
+        when ``noise_var > 0``); the server derives N_c, mu_c, K_c and
+        broadcasts them; round 2 secure-sums each client's d x d matrix
+        sum_c (N_c - 1)/(K_c - 1) n_kc (mu_kc - mu_c)(mu_kc - mu_c)^T; the
+        server adds the shrinkage and N mu_g mu_g^T terms.
         """
         self._check_stats(stats)
-        notes: list[str] = []
-        mask, dropped = valid_pairs(stats.counts)
-        if dropped:
-            notes.append(
-                Note(
-                    f"{dropped} (client, class) pair(s) with count <= 0 were not sent (App. I.1 drop rule)",
-                    "dropped_pairs",
-                    dropped,
-                )
-            )
-        owners = np.arange(stats.num_clients) if stats.owners is None else stats.owners
-        n_owners = int(owners.max()) + 1
-        counts = np.where(mask, stats.counts, 0.0)
-        sums = np.where(mask[..., None], stats.sums, 0.0)
+        return run_in_process(self, stats, secure_sum)
 
-        order = np.argsort(owners, kind="stable")
-        starts = np.searchsorted(owners[order], np.arange(n_owners))
-        gaps = bool(np.any(np.bincount(owners, minlength=n_owners) == 0))
-
-        def by_owner(a: np.ndarray) -> np.ndarray:
-            """Each real client adds up its pseudo-clients' rows before uploading."""
-            if stats.owners is None:
-                return a
-            if gaps:
-                out = np.zeros((n_owners,) + a.shape[1:])
-                np.add.at(out, owners, a)
-                return out
-            return np.add.reduceat(a[order], starts, axis=0)
-
-        # Round 1
-        N = np.asarray(secure_sum(by_owner(counts)), dtype=np.float64)
-        S = np.asarray(secure_sum(by_owner(sums)), dtype=np.float64)
-        Kc = np.rint(np.asarray(secure_sum(by_owner(mask.astype(np.float64))), dtype=np.float64))
-        mu = class_means(N, S)
-        beta = None
-        if self.params["noise_var"] > 0:
-            inv = np.where(mask, 1.0 / np.where(mask, stats.counts, 1.0), 0.0)
-            inv_sum = np.asarray(secure_sum(by_owner(inv)), dtype=np.float64)
-            beta = _bias_from_sums(inv_sum, N, Kc, self.params["noise_var"])
-            notes.append(f"noise-aware: subtracted the noise bias (sigma^2={self.params['noise_var']:g})")
-        # Round 2
-        w = spread_weights(N, Kc)
-        per_client = spread_matrix(stats.counts, stats.sums, mu, w, mask, per_client=True)
-        spread = np.asarray(secure_sum(by_owner(per_client)), dtype=np.float64)
-        notes += self._class_notes(N, Kc)
-        G_hat = within_matrix(N, S, Kc, spread, self.params["gamma"], beta)
-        est = FedCOFEstimate(N=N, mu=mu, Kc=Kc, G_hat=G_hat, notes=notes)
-        return self._finish(est, rounds=2)
-
-    def _class_notes(self, N: np.ndarray, Kc: np.ndarray) -> list[str]:
+    def class_notes(self, N: np.ndarray, Kc: np.ndarray) -> list[str]:
+        """The head's notes on classes with no data left, one mean (gamma I alone) or N_c < 1."""
         notes = []
         absent = np.flatnonzero(N <= 0)
         if absent.size:
@@ -689,7 +419,8 @@ class FedCOF(Method):
             )
         return notes
 
-    def _finish(self, est: FedCOFEstimate, **extras) -> LinearHead:
+    def finish(self, est: FedCOFEstimate, **extras) -> LinearHead:
+        """The head W = G_hat^-1 B (columns normalised) from an estimate; ``extras`` go to the head."""
         notes = list(est.notes)
         B = (est.mu * est.N[:, None]).T
         W = solve_head(est.G_hat, B, solver=self.params["solver"], name="G_hat", notes=notes).T

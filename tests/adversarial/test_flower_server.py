@@ -354,3 +354,94 @@ def test_masking_then_ckks_under_dp_is_one_release(digits_dataset):
     serve(grid, FlowerConfig(**dp, secure="mask"))
     with pytest.raises(ProtocolAbort, match="stage 'ckks_encrypt'.*second masked session"):
         serve(grid, FlowerConfig(**dp, secure="ckks"))
+
+
+def _rewrite_broadcast(msg, change):
+    from privfed.flower.wire import arrays_record
+
+    b = msg.content["broadcast"]
+    arrays = {k: b[k].numpy() for k in b.keys()}
+    change(arrays)
+    msg.content["broadcast"] = arrays_record(arrays)
+
+
+@pytest.mark.parametrize(
+    "change, text",
+    [
+        (lambda a: a.update(Kc=a["Kc"] + 0.5), "whole numbers"),
+        (lambda a: a.update(Kc=np.zeros_like(a["Kc"])), "this node alone sent"),
+        (lambda a: a.update(N=np.ones_like(a["N"])), "below this node's own count"),
+        (lambda a: a.update(mu=np.full_like(a["mu"], np.inf)), "NaN or inf"),
+        (lambda a: a.pop("Kc"), "expected exactly"),
+    ],
+)
+def test_a_lying_fedcof_broadcast_sent_to_every_node_is_refused_before_it_uploads(
+    digits_dataset, change, text
+):
+    """The same false broadcast for all (no split for the echo to catch): each node checks it against its own
+    round-1 input and aborts at the masked stage, before computing or uploading its round-2 spread."""
+
+    def tamper(msg):
+        if msg.metadata.message_type == "query.masked" and "broadcast" in msg.content:
+            _rewrite_broadcast(msg, change)
+
+    with pytest.raises(
+        ProtocolAbort, match=f"stage 'masked'.*refuses FedCOF's round-2 broadcast.*{text}"
+    ) as exc:
+        serve(
+            TamperingGrid(_nodes(), tamper),
+            FlowerConfig(method="fedcof", clients=K, secure="mask", timeout=30),
+        )
+    assert exc.value.node in _nodes() and exc.value.stage == "masked"
+
+
+@pytest.mark.parametrize(
+    "method, rewrite, text",
+    [
+        ("fedcof", {"fedcof-1": "sums"}, "asks for secure round 'sums'.*runs \\['fedcof-1', 'fedcof-2'\\]"),
+        ("fedncm", {"sums": "fedcof-2"}, "asks for secure round 'fedcof-2'.*runs \\['sums'\\]"),
+        ("fedcof", {"fedcof-2": "fedcof-1"}, "round 1 takes no broadcast"),
+    ],
+)
+def test_a_round_the_method_does_not_run_is_refused(digits_dataset, method, rewrite, text):
+    """A server asking a FedCOF node for its plain class totals (or a sum-only node for a FedCOF round, or
+    round 1 with a broadcast) gets a refusal, not a vector."""
+    from flwr.app import ConfigRecord
+
+    def tamper(msg):
+        if msg.metadata.message_type == "query.masked":
+            name = str(msg.content["round"]["round"])
+            if name in rewrite:
+                msg.content["round"] = ConfigRecord({"round": rewrite[name]})
+
+    with pytest.raises(ProtocolAbort, match=f"stage 'masked'.*{text}"):
+        serve(
+            TamperingGrid(_nodes(), tamper),
+            FlowerConfig(method=method, clients=K, secure="mask", timeout=30),
+        )
+
+
+def test_an_honest_two_round_run_states_the_protocol_threat_model(digits_dataset):
+    from privfed.methods.fedcof_protocol import THREAT_MODEL
+
+    res = serve(LocalGrid(_nodes()), FlowerConfig(method="fedcof", clients=K, secure="mask", timeout=30))
+    sa = res.head.secure_aggregation
+    assert sa["protocol_threat_model"] == THREAT_MODEL and "Not prevented" in THREAT_MODEL
+    assert [len(s) for s in res.sums] == [
+        2 * res.report["C"] + res.report["C"] * res.report["d"],
+        res.report["d"] ** 2,
+    ]
+
+
+def test_a_lying_fedcof_broadcast_is_refused_under_ckks_too(digits_dataset):
+    pytest.importorskip("tenseal")
+
+    def tamper(msg):
+        if msg.metadata.message_type == "query.ckks_encrypt" and "broadcast" in msg.content:
+            _rewrite_broadcast(msg, lambda a: a.update(N=np.ones_like(a["N"])))
+
+    with pytest.raises(ProtocolAbort, match="stage 'ckks_encrypt'.*below this node's own count"):
+        serve(
+            TamperingGrid(_nodes(), tamper),
+            FlowerConfig(method="fedcof", clients=K, secure="ckks", timeout=60),
+        )

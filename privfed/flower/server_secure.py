@@ -1,0 +1,181 @@
+"""The server of a secure run on Flower: setup, the secure sums the method runs, the head.
+
+:func:`serve_secure` sends ``query.setup`` (each node's shape, whether it is a
+CKKS key holder, and under DP its record of its noise share), then runs every
+secure sum the method needs (:func:`privfed.flower.protocol.secure_rounds`)
+with pairwise masking (:mod:`privfed.flower.secagg`), CKKS
+(:mod:`privfed.flower.ckks`) or Flower's own SecAgg+
+(:mod:`privfed.flower.flwr_secagg`): one ``sums`` round for a sum-only
+method; FedCOF's two rounds with the server of
+:mod:`privfed.methods.fedcof_protocol` (the code ``FedCOF.secure_aggregate``
+runs in one process), the round-2 broadcast sent with the masked stage and
+signed back by every node.  The server only ever holds masked uploads,
+encrypted shares, seed shares and sums.
+"""
+
+from __future__ import annotations
+
+import json
+
+from flwr.app import ConfigRecord, RecordDict
+
+from mechanisms.ckks import CKKSParams
+from mechanisms.secagg import THREAT_MODEL_CKKS_ACTIVE, THREAT_MODEL_MASK_ACTIVE
+from privfed.errors import ConfigError
+from privfed.flower.ckks import ckks_sum_over_messages
+from privfed.flower.fold import node_errors
+from privfed.flower.protocol import secure_rounds, split_sum_vector, sum_vector_length
+from privfed.flower.secagg import masked_sum_over_messages
+from privfed.flower.transport import exchange
+from privfed.flower.wire import arrays_record
+from privfed.methods.fedcof_protocol import THREAT_MODEL as FEDCOF_THREAT_MODEL
+from privfed.methods.fedcof_protocol import FedCOFServer
+
+__all__ = ["THREAT_FLWR", "serve_secure"]
+
+
+#: What Flower's own SecAgg+ does not protect against (reported with its runs).
+THREAT_FLWR = (
+    "NOT SECURE AGAINST A DEVIATING SERVER (for comparison with Flower's implementation only). A server that "
+    "lists a node as both alive and dropped in the unmask request gets both its self-mask seed shares and its "
+    "pair-mask key shares from every node (Flower's node checks only how many nodes are active) and recovers "
+    "that node's input exactly, with no search, while the released sum still looks right; a server that "
+    "reports a node's upload lost gets its pair-mask keys, and the self-mask left is numpy MT19937 seeded by a "
+    "32-bit fold of the seed (a 2^32 search). Against an honest-but-curious server: it sees public keys, "
+    "encrypted shares, masked quantised uploads over Z_2^32 and the shares that unmask the sum over uploaders; "
+    "t or more colluding nodes can unmask a node; no key authentication. The neighbour graph (complete here) "
+    "and the stochastic rounding come from non-cryptographic generators (Python's random, numpy's global "
+    "generator). Use --secure mask."
+)
+
+
+def serve_secure(grid, cfg, method, nodes, config_rec, stages, keep_view, received, noise_report=None):
+    """Run the secure sums of one aggregation; returns (head, nodes summed, report entries, the decoded sums).
+
+    ``stages`` (name -> Exchange) and ``received`` (the server's view when ``keep_view``) are filled in.
+    """
+    errors: dict[int, str] = {}
+    shapes: dict[int, tuple[int, int]] = {}
+    holders: dict[int, bool] = {}
+    events: dict[int, list[dict]] = {}
+
+    def on_setup(node, content):
+        if "error" in content:
+            errors[node] = str(content["error"]["message"])
+            return
+        shapes[node] = (int(content["meta"]["C"]), int(content["meta"]["d"]))
+        holders[node] = bool(content["meta"].get("key-holder", False))
+        events[node] = json.loads(str(content["meta"].get("events", "[]")))
+
+    contents = {n: RecordDict({"config": config_rec}) for n in nodes}
+    ex = stages["setup"] = exchange(grid, contents, "query.setup", cfg.timeout, on_setup, group_id="setup")
+    node_errors(errors, ex.failed, "setup")
+    if len(set(shapes.values())) > 1:
+        raise ConfigError(
+            "the nodes disagree on the shape of their statistics (C, d): "
+            + ", ".join(f"node {n}: {s}" for n, s in sorted(shapes.items())[:5])
+            + "; every node must use the same backbone (d) and num-classes (C)"
+        )
+    participants = sorted(shapes)
+    if len(participants) < 2:
+        raise ConfigError(f"secure aggregation needs at least 2 nodes with data, got {len(participants)}")
+    C, d = next(iter(shapes.values()))
+    if noise_report is not None:
+        noise_report.record(events)
+
+    def run(round_name, length, payload, among=None):
+        among = participants if among is None else among
+        if cfg.secure == "flwr-secaggplus-insecure":
+            from privfed.flower.flwr_secagg import flwr_secaggplus_sum
+
+            res = flwr_secaggplus_sum(grid, cfg, among, length=length, C=C, d=d, threshold=cfg.threshold)
+        elif cfg.secure == "ckks":
+            holder = next((n for n in among if holders.get(n)), among[0])
+            res = ckks_sum_over_messages(
+                grid,
+                among,
+                key_holder=holder,
+                length=length,
+                params=CKKSParams(),
+                timeout=cfg.timeout,
+                payload=payload,
+                round_name=round_name,
+                keep_view=keep_view,
+                num_nodes=cfg.clients,
+            )
+        else:
+            res = masked_sum_over_messages(
+                grid,
+                among,
+                length=length,
+                frac_bits=cfg.frac_bits,
+                threshold=cfg.threshold,
+                timeout=cfg.timeout,
+                masked_payload=payload,
+                round_name=round_name,
+                keep_view=keep_view,
+                num_nodes=cfg.clients,
+            )
+        for k, v in res.stages.items():
+            stages[f"{round_name}:{k}"] = v
+        received.extend(res.view)
+        return res
+
+    def payload(round_name, broadcast=None):
+        def f(node):
+            out = {"config": config_rec, "round": ConfigRecord({"round": round_name})}
+            if broadcast is not None:
+                out["broadcast"] = arrays_record(broadcast)
+            return out
+
+        return f
+
+    rounds = secure_rounds(method)
+    if rounds == ("sums",):
+        res = run("sums", sum_vector_length(method, C, d), payload("sums"))
+        head = method.aggregate(split_sum_vector(res.total, method, C, d))
+        runs = [res]
+        variant = "sums"
+    else:  # FedCOF's two rounds (App. I.2): the protocol's server folds round 1 and decodes the head
+        server = FedCOFServer(method, C, d)
+        first, second = rounds
+        r1 = run(first, server.lengths[first], payload(first))
+        broadcast = server.fold_round1(r1.total)
+        # Round 2 runs among the nodes whose round-1 inputs were summed: N_c, mu_c, K_c describe them.
+        r2 = run(second, server.lengths[second], payload(second, broadcast), among=sorted(r1.uploaded))
+        if set(r2.uploaded) != set(r1.uploaded):
+            raise ConfigError(
+                "FedCOF's second secure round lost node(s) "
+                f"{sorted(set(r1.uploaded) - set(r2.uploaded))} before they uploaded; the spread would "
+                "cover fewer nodes than the means, so no head is released; rerun"
+            )
+        head = server.head(r2.total)
+        runs = [r1, r2]
+        variant = "two-round protocol (App. I.2)"
+    K = len(runs[-1].uploaded)
+    if cfg.secure == "flwr-secaggplus-insecure":  # the nodes clipped their records to the public bound
+        from mechanisms.clipping import Clipping
+
+        head.feature_transform = Clipping(float(cfg.clip), "l2")
+    if noise_report is not None:
+        noise_report.settle([len(r.uploaded) for r in runs])
+    head.upload_bytes = {"K": K, "measured": "on the wire, every stage (see wire)"}
+    head.secure_aggregation = {
+        "protocol": cfg.secure,
+        "secure_variant": variant,
+        "rounds": [r.record() for r in runs],
+        "summed_nodes": K,
+        "dropped": sorted({n for r in runs for n in r.dropped_before_upload}),
+        "threat_model": {"mask": THREAT_MODEL_MASK_ACTIVE, "ckks": THREAT_MODEL_CKKS_ACTIVE}.get(
+            cfg.secure, THREAT_FLWR
+        ),
+    }
+    if variant != "sums":
+        head.secure_aggregation["protocol_threat_model"] = FEDCOF_THREAT_MODEL
+    if any(r.dropped_before_upload for r in runs):
+        head.notes.append(
+            f"secure aggregation: {len(head.secure_aggregation['dropped'])} node(s) dropped before uploading; "
+            f"the head is built from the {K} nodes whose inputs were summed"
+        )
+    report = {"C": C, "d": d, "participants": len(participants), "replied": K}
+    return head, K, report, [r.total for r in runs]
