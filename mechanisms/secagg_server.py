@@ -116,6 +116,11 @@ class MaskingServer:
         Recorded in the view.
     name : str
         What is summed (error messages).
+    keep_uploads : bool
+        Keep every masked upload in :attr:`view` (for tests and audits).
+        Without, each upload is added to the running total as it arrives
+        and dropped: the server holds one vector of d ring elements
+        whatever the number of nodes.
     """
 
     def __init__(
@@ -129,7 +134,9 @@ class MaskingServer:
         graph: list[frozenset[int]] | None = None,
         frac_bits: int = 0,
         name: str = "statistic",
+        keep_uploads: bool = True,
     ) -> None:
+        self.keep_uploads = bool(keep_uploads)
         self.K, self.t, self.length, self.session = (
             int(num_nodes),
             int(threshold),
@@ -202,6 +209,13 @@ class MaskingServer:
                     f"expected ({self.length},) uint64: the nodes disagree on d or C",
                     stage=s,
                 )
+            self.bytes_up[u][s] = reply_bytes(s, reply)
+            # Folded as it arrives: the server never holds more uploads than it keeps in its view.
+            np.add(self.total, y, out=self.total)
+            if self.keep_uploads:
+                self.view.masked_uploads[u] = y
+            self._got[u] = {k: v for k, v in reply.items() if k != "y"}
+            return
         self._got[u] = reply
         self.bytes_up[u][s] = reply_bytes(s, reply)
 
@@ -233,9 +247,6 @@ class MaskingServer:
             for u in sorted(got):
                 if self.active:
                     self.echoes[u] = bytes(got[u]["echo"])
-                y = np.asarray(got[u]["y"], dtype=np.uint64)
-                self.view.masked_uploads[u] = y
-                np.add(self.total, y, out=self.total)
             self.U3 = sorted(got)
             self.view.uploaded = tuple(self.U3)
         elif s == "consistency":
