@@ -314,7 +314,8 @@ def flower_rows(nodes: int, D: int, degree: int, memory_nodes: list[int], seed: 
     out["ratios"] = {
         "wall": m["wall_s"] / p["wall_s"],
         "bytes_up": m["bytes_up_per_node"] / p["bytes_up_per_node"],
-        "bytes_down": m["bytes_down_per_node"] / p["bytes_down_per_node"],
+        "bytes_total": (m["bytes_up_per_node"] + m["bytes_down_per_node"])
+        / (p["bytes_up_per_node"] + p["bytes_down_per_node"]),
     }
     slopes = {}
     for kind in ("plain", "masked"):

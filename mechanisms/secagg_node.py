@@ -286,7 +286,8 @@ class MaskingNode:
         context: bytes = b"",
         aggregation: bytes | None = None,
     ) -> dict:
-        """Answer one request; ``ring_input()`` gives the encoded input at the masked stage, ``context``
+        """Answer one request; ``ring_input()`` gives the encoded input at the masked stage (a fresh array:
+        it is masked in place and becomes the reply), ``context``
         the digest of what this node was asked to sum, ``aggregation`` its aggregation id."""
         stage = str(msg.get("stage", ""))
         expected = {
@@ -464,7 +465,9 @@ class MaskingNode:
             got_from.append(v)
             s_sh.append(plain[8:40])
             b_sh.append(plain[40:72])
-        x = np.array(ring_input(), dtype=np.uint64, order="C")
+        # Masked in place: ring_input() hands over a fresh encoded vector (a copy only if it is of another
+        # dtype, layout or read-only), so no second vector is allocated per node.
+        x = np.require(ring_input(), dtype=np.uint64, requirements=["C", "W"])
         if aggregation is not None:
             self.ledger.claim(aggregation, self.u)
         session = self.st["session"]
