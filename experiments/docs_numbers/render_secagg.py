@@ -37,7 +37,8 @@ def secagg_scale() -> str:
         "",
         f"SecAgg+ (degree {s['neighbours']}, t = {s['threshold']}) at {s['nodes']:,} nodes of "
         f"{s['values']:,} floats over Flower messages (every request and reply a serialised RecordDict; "
-        "the nodes run the node code in a second process, one message at a time), against a plain run of "
+        "the nodes run `MaskingNode`, the state machine the Flower app runs, in a second process, one message at "
+        "a time), against a plain run of "
         "the same statistics in the same benchmark:",
         "",
         "| run | wall s | bytes up / node | bytes down / node | server peak MiB at "
@@ -60,7 +61,7 @@ def secagg_scale() -> str:
         f"the bytes. The server adds each upload to its total as it arrives: its peak grows by "
         f"{slope['masked']:,.0f} bytes a node (keys, relayed share messages, unmasking shares: O(k), whatever "
         f"the vector length), {share['masked']:.1%} of the {fl['upload_bytes']:,} bytes a node that holding "
-        f"the uploads would cost (plain: {slope['plain']:,.0f} bytes a node). With {g['removed_fraction']:.0%} "
+        f"the uploads would cost (plain: flat, {slope['plain']:+,.0f} bytes a node). With {g['removed_fraction']:.0%} "
         "of the nodes colluding or dropped before upload, the chance that the others' graph splits (the "
         f"server would learn each part's sum) is at most {g['split_bound']:.1e}.",
         "",
