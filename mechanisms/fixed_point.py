@@ -121,14 +121,23 @@ def encode(values: np.ndarray, frac_bits: int) -> np.ndarray:
     The caller must have checked the range with :func:`check_ring_bound`;
     values whose encoding leaves int64 raise :class:`InputError`.
     """
-    v = np.asarray(values, dtype=np.float64) * 2.0**frac_bits
-    r = np.rint(v)
-    if r.size and not np.all(np.abs(r) < _HALF_RING):
-        raise InputError(
-            f"a value of magnitude {np.abs(v).max() / 2.0**frac_bits:.4g} does not fit the 64-bit ring at "
-            f"frac_bits={frac_bits}; lower frac_bits or clip the features"
-        )
-    return r.astype(np.int64).view(np.uint64)
+    # Chunk by chunk through one cache-sized scratch buffer (no temporary the size of the vector): scaled,
+    # rounded in place, range-checked (min and max propagate NaN), written into the output.
+    v = np.asarray(values, dtype=np.float64).reshape(-1)
+    out = np.empty(v.size, dtype=np.int64)
+    scratch = np.empty(min(v.size, _CHUNK))
+    scale = 2.0**frac_bits
+    for start in range(0, v.size, _CHUNK):
+        c = scratch[: min(_CHUNK, v.size - start)]
+        np.multiply(v[start : start + _CHUNK], scale, out=c)
+        np.rint(c, out=c)
+        if not (-_HALF_RING < c.min() and c.max() < _HALF_RING):
+            raise InputError(
+                f"a value of magnitude {np.abs(c).max() / scale:.4g} does not fit the 64-bit ring at "
+                f"frac_bits={frac_bits}; lower frac_bits or clip the features"
+            )
+        out[start : start + c.size] = c
+    return out.reshape(np.shape(values)).view(np.uint64)
 
 
 def decode(ring_values: np.ndarray, frac_bits: int) -> np.ndarray:

@@ -85,6 +85,7 @@ __all__ = [
     "ServerView",
     "default_threshold",
     "harary_graph",
+    "harary_split_bound",
     "masked_sum",
     "prg_buffer",
     "prg_uint64",
@@ -114,6 +115,41 @@ def harary_graph(num_clients: int, k: int, rng: np.random.Generator) -> list[fro
         p = pos[u]
         out.append(frozenset(int(perm[(p + j) % K]) for j in range(-(k // 2), k // 2 + 1) if j != 0))
     return out
+
+
+def harary_split_bound(num_clients: int, k: int, removed_fraction: float) -> float:
+    """Upper bound on the chance that the nodes left in a relabelled Harary graph fall apart (SecAgg+'s condition).
+
+    Remove r = floor(removed_fraction * K) nodes (colluding with the server
+    or dropped before uploading) chosen without regard to the relabelling,
+    which is uniform and secret.  The others sit on the ring with their
+    k/2 nearest on each side as neighbours, so they stay connected unless
+    two disjoint runs of k/2 consecutive ring positions are both removed
+    (one run leaves a path).  With K (K - 1) / 2 pairs of windows and
+    k positions removed in both with probability
+    prod_{i<k} (r - i) / (K - i):
+
+        P(split) <= K (K - 1) / 2 * prod_{i<k} (r - i) / (K - i)   (capped at 1).
+
+    While they stay connected, the server learns only the sum over every
+    honest uploader (with colluders: minus nothing it could not compute);
+    a split would give it the sum of each part separately.  Complete
+    graphs (k >= K - 1) never split: 0.
+    """
+    K, k = int(num_clients), int(k)
+    if not 0 <= removed_fraction < 1:
+        raise ConfigError(f"removed_fraction must lie in [0, 1), got {removed_fraction!r}")
+    if k < 2 or k % 2:
+        raise ConfigError(f"k must be an even integer >= 2 (the degree of the SecAgg+ graph), got {k!r}")
+    if k >= K - 1:
+        return 0.0
+    r = int(np.floor(removed_fraction * K))
+    if r < k:
+        return 0.0
+    p = 1.0
+    for i in range(k):
+        p *= (r - i) / (K - i)
+    return min(1.0, K * (K - 1) / 2 * p)
 
 
 def default_threshold(group_size: int) -> int:

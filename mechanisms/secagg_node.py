@@ -235,6 +235,7 @@ class MaskingNode:
         self.keys = keys if keys is not None else KeySource(None)
         self.ledger = ledger if ledger is not None else SessionLedger()
         self.st: dict = dict(state) if state is not None else {"stage": "new"}
+        self._parsed: dict[str, tuple[bytes, object]] = {}  # parsed private keys (see _private)
 
     # ------------------------------------------------------------------ helpers
     def state(self) -> dict:
@@ -247,10 +248,21 @@ class MaskingNode:
             f"node {self.u} aborts at stage {stage!r}: {text}", node=self.u, stage=stage, deviation=deviation
         )
 
-    def _channel(self, v: int) -> AESGCM:
-        c_pk = public_key(self.st["c_pk"][self.st["U1"].index(v)])
-        secret = private_key(int.from_bytes(self.st["c_sk"], "little")).exchange(c_pk)
-        return AESGCM(hkdf(secret, INFO_CHANNEL + self.st["session"]))
+    def _private(self, name: str):
+        """The X25519 private key object of ``st[name]``, built once (parsing one costs an exchange's time)."""
+        raw = self.st[name]
+        if self._parsed.get(name, (None,))[0] != raw:
+            self._parsed[name] = (raw, private_key(int.from_bytes(raw, "little")))
+        return self._parsed[name][1]
+
+    def _channel_keys(self, holders: list[int]) -> list[bytes]:
+        """The share-channel key with every other holder: one X25519 agreement each, kept for both directions."""
+        c_sk, info = self._private("c_sk"), INFO_CHANNEL + self.st["session"]
+        U1 = {v: i for i, v in enumerate(self.st["U1"])}
+        return [
+            b"" if v == self.u else hkdf(c_sk.exchange(public_key(self.st["c_pk"][U1[v]])), info)
+            for v in holders
+        ]
 
     def _echo_bytes(self) -> bytes:
         return signed_bytes("echo", self.roster.fingerprint, self.st["session"], self.st["digest"])
@@ -274,7 +286,8 @@ class MaskingNode:
         context: bytes = b"",
         aggregation: bytes | None = None,
     ) -> dict:
-        """Answer one request; ``ring_input()`` gives the encoded input at the masked stage, ``context``
+        """Answer one request; ``ring_input()`` gives the encoded input at the masked stage (a fresh array:
+        it is masked in place and becomes the reply), ``context``
         the digest of what this node was asked to sum, ``aggregation`` its aggregation id."""
         stage = str(msg.get("stage", ""))
         expected = {
@@ -343,8 +356,8 @@ class MaskingNode:
             "s_sk": s_sk.to_bytes(32, "little"),
             "b": b.to_bytes(32, "little"),
         }
-        c_pk = pub_bytes(private_key(c_sk).public_key())
-        s_pk = pub_bytes(private_key(s_sk).public_key())
+        c_pk = pub_bytes(self._private("c_sk").public_key())
+        s_pk = pub_bytes(self._private("s_sk").public_key())
         out = {"u": self.u, "c_pk": c_pk, "s_pk": s_pk}
         if self.active:
             out["sig"] = self.identity.sign(
@@ -364,8 +377,8 @@ class MaskingNode:
         if self.u not in U1:
             raise self._abort("shares", "short-list", "its own key advertisement is missing")
         i = U1.index(self.u)
-        own_c = pub_bytes(private_key(int.from_bytes(self.st["c_sk"], "little")).public_key())
-        own_s = pub_bytes(private_key(int.from_bytes(self.st["s_sk"], "little")).public_key())
+        own_c = pub_bytes(self._private("c_sk").public_key())
+        own_s = pub_bytes(self._private("s_sk").public_key())
         if (c_pks[i], s_pks[i]) != (own_c, own_s):
             raise self._abort("shares", "substituted-key", "its own advertised keys came back changed")
         if self.active:
@@ -391,8 +404,12 @@ class MaskingNode:
             self.t,
             self.keys,
         )
+        channels = self._channel_keys(holders)
+        # Kept for decrypting the shares sent to this node (the masked stage): one agreement per pair.
+        by_holder = dict(zip(holders, channels))
+        self.st["channels"] = [by_holder.get(v, b"") for v in U1]
         to, cts = [], []
-        for v in holders:
+        for v, channel in zip(holders, channels):
             plain = (
                 self.u.to_bytes(ID_BYTES, "little")
                 + v.to_bytes(ID_BYTES, "little")
@@ -404,7 +421,7 @@ class MaskingNode:
                 continue
             nonce = self.keys(GCM_NONCE_BYTES)
             to.append(v)
-            cts.append(nonce + self._channel(v).encrypt(nonce, plain, self.st["session"]))
+            cts.append(nonce + AESGCM(channel).encrypt(nonce, plain, self.st["session"]))
         return {"to": to, "ct": cts}
 
     def _masked(self, msg: dict, ring_input, context: bytes, aggregation: bytes | None) -> dict:
@@ -430,9 +447,10 @@ class MaskingNode:
                 f"share messages from {sorted(senders)} but the survivors are {sorted(want)}",
             )
         got_from, s_sh, b_sh = [self.u], [self.st["own_share"][8:40]], [self.st["own_share"][40:72]]
+        U1 = {v: i for i, v in enumerate(self.st["U1"])}
         for v, ct in zip(senders, cts):
             try:
-                plain = self._channel(v).decrypt(
+                plain = AESGCM(self.st["channels"][U1[v]]).decrypt(
                     ct[:GCM_NONCE_BYTES], ct[GCM_NONCE_BYTES:], self.st["session"]
                 )
             except InvalidTag:
@@ -447,14 +465,16 @@ class MaskingNode:
             got_from.append(v)
             s_sh.append(plain[8:40])
             b_sh.append(plain[40:72])
-        x = np.array(ring_input(), dtype=np.uint64, order="C")
+        # Masked in place: ring_input() hands over a fresh encoded vector (a copy only if it is of another
+        # dtype, layout or read-only), so no second vector is allocated per node.
+        x = np.require(ring_input(), dtype=np.uint64, requirements=["C", "W"])
         if aggregation is not None:
             self.ledger.claim(aggregation, self.u)
         session = self.st["session"]
         mask_keys, signs = [hkdf(self.st["b"], INFO_SELF + session)], [True]
-        s_sk = private_key(int.from_bytes(self.st["s_sk"], "little"))
+        s_sk = self._private("s_sk")
         for v in sorted(set(U2) & self.nbrs):
-            peer = public_key(self.st["s_pk"][self.st["U1"].index(v)])
+            peer = public_key(self.st["s_pk"][U1[v]])
             mask_keys.append(hkdf(s_sk.exchange(peer), INFO_PAIR + session))
             signs.append(v > self.u)
         add_masks(x, mask_keys, signs)
@@ -466,7 +486,7 @@ class MaskingNode:
             b_shares=b_sh,
             digest=hashlib.sha256(bytes(context)).digest(),
         )
-        for k in ("c_sk", "own_share"):  # no longer needed: the channel's work is done
+        for k in ("c_sk", "channels", "own_share"):  # no longer needed: the channel's work is done
             self.st.pop(k, None)
         if not self.active:
             return {"y": x}

@@ -116,6 +116,12 @@ class MaskingServer:
         Recorded in the view.
     name : str
         What is summed (error messages).
+    keep_view : bool
+        Keep every masked upload and relayed share message in :attr:`view`
+        (for tests and audits).  Without, each upload is added to the
+        running total as it arrives and dropped: the server holds one
+        vector of d ring elements whatever the number of nodes, and the
+        share messages only until it relays them.
     """
 
     def __init__(
@@ -129,7 +135,9 @@ class MaskingServer:
         graph: list[frozenset[int]] | None = None,
         frac_bits: int = 0,
         name: str = "statistic",
+        keep_view: bool = True,
     ) -> None:
+        self.keep_view = bool(keep_view)
         self.K, self.t, self.length, self.session = (
             int(num_nodes),
             int(threshold),
@@ -163,9 +171,14 @@ class MaskingServer:
         if s == "keys":
             return {u: {**base, "K": self.K, "t": self.t} for u in self.alive}
         out = {}
+        # Each node hears only about its own group (itself and its neighbours; everyone on the complete
+        # graph): what it checks and answers depends on nothing else, and its messages stay O(k) on a
+        # SecAgg+ graph.
+        mine = lambda u, members: sorted((self.graph[u] | {u}) & members)  # noqa: E731
+        U1, U2, U3 = set(self.U1), set(self.U2), set(self.U3)
         for u in self.alive:
             if s == "shares":
-                peers = [v for v in self.U1 if v == u or v in self.graph[u]]
+                peers = mine(u, U1)
                 msg = {
                     **base,
                     "peers": peers,
@@ -175,12 +188,12 @@ class MaskingServer:
                 if self.active:
                     msg["sig"] = [self.adverts[v]["sig"] for v in peers]
             elif s == "masked":
-                box = {v: ct for v, ct in self.inbox[u].items() if v in self.U2}
-                msg = {**base, "alive": list(self.U2), "from": list(box), "ct": list(box.values())}
+                box = {v: ct for v, ct in self.inbox[u].items() if v in U2}
+                msg = {**base, "alive": mine(u, U2), "from": list(box), "ct": list(box.values())}
             elif s == "consistency":
-                msg = {**base, "uploaded": list(self.U3)}
+                msg = {**base, "uploaded": mine(u, U3)}
             else:
-                msg = {**base, "uploaded": list(self.U3)}
+                msg = {**base, "uploaded": mine(u, U3)}
                 if self.active:
                     msg["signers"], msg["sigs"] = list(self.signers), list(self.signers.values())
                     msg["echoes"] = [self.echoes[v] for v in self.U3]
@@ -202,6 +215,13 @@ class MaskingServer:
                     f"expected ({self.length},) uint64: the nodes disagree on d or C",
                     stage=s,
                 )
+            self.bytes_up[u][s] = reply_bytes(s, reply)
+            # Folded as it arrives: the server never holds more uploads than it keeps in its view.
+            np.add(self.total, y, out=self.total)
+            if self.keep_view:
+                self.view.masked_uploads[u] = y
+            self._got[u] = {k: v for k, v in reply.items() if k != "y"}
+            return
         self._got[u] = reply
         self.bytes_up[u][s] = reply_bytes(s, reply)
 
@@ -227,17 +247,16 @@ class MaskingServer:
                 for v, ct in zip(rep["to"], rep["ct"]):
                     if int(v) in self.inbox:
                         self.inbox[int(v)][u] = bytes(ct)
-                        self.view.encrypted_shares[(u, int(v))] = bytes(ct)
+                        if self.keep_view:
+                            self.view.encrypted_shares[(u, int(v))] = self.inbox[int(v)][u]
             self.U2 = sorted(got)
         elif s == "masked":
             for u in sorted(got):
                 if self.active:
                     self.echoes[u] = bytes(got[u]["echo"])
-                y = np.asarray(got[u]["y"], dtype=np.uint64)
-                self.view.masked_uploads[u] = y
-                np.add(self.total, y, out=self.total)
             self.U3 = sorted(got)
             self.view.uploaded = tuple(self.U3)
+            self.inbox = {}  # relayed: the share messages are no longer the server's to hold
         elif s == "consistency":
             self.signers = {u: bytes(got[u]["sig"]) for u in sorted(got)}
             self.view.consistency_signatures = dict(self.signers)

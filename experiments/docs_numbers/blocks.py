@@ -42,6 +42,7 @@ from experiments.docs_numbers.render_records import (
     secagg_active_table,
     secagg_table,
 )
+from experiments.docs_numbers.render_secagg import secagg_scale
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,6 +84,9 @@ BLOCKS: dict[str, Block] = {
         secagg_active_table,
         True,
         "the consistency round's cost (experiments/results/bench_secagg_active.json)",
+    ),
+    "secagg-scale": Block(
+        secagg_scale, True, "masking at scale (experiments/results/bench_secagg_scale.json)"
     ),
     "bench-tradeoff": Block(
         bench_tradeoff_table, True, "the sweep's speed table (experiments/results/bench_tradeoff.json)"

@@ -400,6 +400,7 @@ def masked_sum_over_messages(
         active=True,
         frac_bits=frac_bits,
         name=round_name,
+        keep_view=keep_view,
     )
     stages: dict[str, Exchange] = {}
     node_of: dict[int, int] = {}  # u -> Flower node id

@@ -42,7 +42,9 @@ class FedNCM(Method):
         missing = np.flatnonzero(counts == 0)
         if missing.size:
             notes.append(f"class(es) {missing.tolist()} have no data; their weight row is zero")
-        means = np.where(counts[:, None] > 0, S / np.where(counts > 0, counts, 1.0)[:, None], 0.0)
+        present = counts > 0
+        means = S / np.where(present, counts, 1.0)[:, None]  # one (C, d) array, absent rows zeroed in it
+        means[~present] = 0.0
         W = normalise_rows(means)
         return self._head(W, np.zeros(W.shape[0]), notes)
 

@@ -1,0 +1,179 @@
+"""Masking at scale: the SecAgg+ graph's condition, the server's memory, and the recorded benchmark's claims."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import sys
+import tracemalloc
+from pathlib import Path
+
+import networkx as nx
+import numpy as np
+import pytest
+
+from mechanisms import fixed_point
+from mechanisms.masking import harary_graph, harary_split_bound
+from mechanisms.secagg_crypto import KeySource
+from mechanisms.secagg_node import MaskingNode
+from mechanisms.secagg_server import MaskingServer
+from privfed.errors import ConfigError
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def _ring(K: int, k: int) -> list[set[int]]:
+    """The Harary graph H(k, K) in ring positions, built here independently of harary_graph."""
+    return [{(p + j) % K for j in range(-(k // 2), k // 2 + 1) if j} for p in range(K)]
+
+
+def _connected(graph, keep: set[int]) -> bool:
+    g = nx.Graph()
+    g.add_nodes_from(keep)
+    g.add_edges_from((u, v) for u in keep for v in graph[u] if v in keep)
+    return len(keep) <= 1 or nx.is_connected(g)
+
+
+def test_harary_graph_is_a_relabelled_ring():
+    for K, k in ((10, 4), (13, 6), (9, 2)):
+        got = harary_graph(K, k, np.random.default_rng(K))
+        a = nx.Graph([(u, v) for u in range(K) for v in got[u]])
+        b = nx.Graph([(u, v) for u in range(K) for v in _ring(K, k)[u]])
+        assert nx.is_isomorphic(a, b)
+
+
+@pytest.mark.parametrize("K, k", [(10, 2), (11, 4), (12, 4), (12, 6)])
+def test_survivors_stay_connected_unless_two_disjoint_windows_are_removed(K, k):
+    """Every removal set (all 2^K): no two disjoint fully removed windows of k/2 ring positions => the rest is
+    connected; and the exact chance of a split under a uniform relabelling is within harary_split_bound."""
+    ring, h = _ring(K, k), k // 2
+    windows = [frozenset((p + j) % K for j in range(h)) for p in range(K)]
+    splits = [0] * (K + 1)
+    for r in range(K + 1):
+        for removed in itertools.combinations(range(K), r):
+            gone = set(removed)
+            full = [w for w in windows if w <= gone]
+            two = any(not (a & b) for a, b in itertools.combinations(full, 2))
+            ok = _connected(ring, set(range(K)) - gone)
+            assert ok or two, (removed, full)
+            splits[r] += not ok
+    for r in range(K):
+        exact = splits[r] / math.comb(K, r)
+        assert exact <= harary_split_bound(K, k, (r + 1e-9) / K) + 1e-12, (r, exact)
+
+
+def test_split_bound_by_hand_and_bad_input():
+    # K = 1000, k = 20, r = 100: C(1000, 2) prod_{i<20} (100 - i) / (1000 - i).
+    want = 1000 * 999 / 2 * math.prod((100 - i) / (1000 - i) for i in range(20))
+    assert harary_split_bound(1000, 20, 0.1) == pytest.approx(want, rel=1e-12)
+    assert harary_split_bound(10, 10, 0.5) == 0.0  # complete graph
+    assert harary_split_bound(100, 10, 0.05) == 0.0  # fewer removed than k: no two windows
+    with pytest.raises(ConfigError, match="removed_fraction"):
+        harary_split_bound(100, 10, 1.0)
+    with pytest.raises(ConfigError, match="even"):
+        harary_split_bound(100, 5, 0.1)
+
+
+def _masked_stage_peak(K: int, D: int, k: int, keep_view: bool) -> tuple[int, np.ndarray, np.ndarray]:
+    """Traced peak of the masked stage run one node at a time (each node's reply made, received, dropped)."""
+    graph = harary_graph(K, k, np.random.default_rng(0))
+    t = k // 2 + 1
+    keys = KeySource(K)
+    X = np.random.default_rng(K).integers(-50, 50, size=(K, D)).astype(float)
+    nodes = {u: MaskingNode(u, num_nodes=K, threshold=t, neighbours=graph[u], keys=keys) for u in range(K)}
+    server = MaskingServer(
+        num_nodes=K, threshold=t, length=D, session=keys(16), active=False, graph=graph, keep_view=keep_view
+    )
+    peak = 0
+    while not server.done:
+        masked = server.stage == "masked"
+        if masked:
+            tracemalloc.start()
+        for u, msg in server.requests().items():
+            server.receive(u, nodes[u].handle(msg, ring_input=lambda u=u: fixed_point.encode(X[u], 0)))
+        if masked:
+            peak = tracemalloc.get_traced_memory()[1]
+            tracemalloc.stop()
+        server.close()
+    return peak, fixed_point.decode(server.total, 0), X.sum(axis=0)
+
+
+def test_the_server_folds_uploads_as_they_arrive():
+    """Without a view the masked stage's peak does not grow with the number of nodes (each upload is added
+    and dropped); keeping the view holds every upload (K vectors)."""
+    D, peaks = 20_000, {}
+    for keep in (False, True):
+        for K in (8, 24):
+            peaks[keep, K], total, want = _masked_stage_peak(K, D, 4, keep_view=keep)
+            assert np.array_equal(total, want)
+    assert peaks[False, 24] - peaks[False, 8] < 8 * D  # less than one more vector for 16 more nodes
+    assert peaks[True, 24] - peaks[True, 8] >= 16 * 8 * D  # every upload kept
+
+
+# ----------------------------------------------------------------------------------- the record
+def _record():
+    from experiments import recorded
+
+    try:
+        return recorded.load("bench_secagg_scale")
+    except recorded.MissingRecord:
+        pytest.skip("no record yet: python experiments/bench_secagg_scale.py --record")
+
+
+def test_recorded_masked_sum_is_within_its_target_of_the_floor():
+    from experiments.bench_secagg_scale import TARGET_RATIO
+
+    data = _record()["data"]
+    rows = data["floor"]
+    assert data["config"]["target_ratio"] == TARGET_RATIO
+    assert {r["values"] for r in rows} == set(data["config"]["values"]) and len(data["config"]["values"]) >= 2
+    for r in rows:
+        floor = r["plain_cpu_s"] + r["prg_cpu_s"] + r["x25519_cpu_s"]
+        assert r["ratio_to_floor"] == pytest.approx(r["masked_cpu_s"] / floor, rel=1e-12)
+        assert r["vector_ratio"] == pytest.approx(
+            (r["masked_cpu_s"] - r["masked_d1_cpu_s"]) / (r["plain_cpu_s"] + r["prg_cpu_s"]), rel=1e-12
+        )
+        assert r["ratio_to_floor"] <= TARGET_RATIO, r
+        assert r["vector_ratio"] <= TARGET_RATIO, r
+        K, deg = r["clients"], r["neighbours"]
+        assert r["prg_expansions"] == K * (deg + 1) + K and r["x25519_agreements"] == 2 * K * deg
+        assert r["max_abs_error"] <= r["error_bound"]
+
+
+def test_recorded_secaggplus_run_has_flat_server_memory_and_the_stated_ratios():
+    from experiments.bench_secagg_scale import TARGET_SLOPE_SHARE
+
+    data = _record()["data"]
+    fl, cfg = data["flower"], data["config"]
+    by = {r["protocol"]: r for r in fl["timed"]}
+    p, m = by["plain"], by["masked"]
+    assert p["nodes"] == m["nodes"] == cfg["nodes"] >= 1000
+    assert m["neighbours"] == cfg["degree"] and 2 * m["threshold"] > cfg["degree"] + 1
+    assert fl["ratios"]["wall"] == pytest.approx(m["wall_s"] / p["wall_s"], rel=1e-12)
+    assert fl["ratios"]["bytes_up"] == pytest.approx(
+        m["bytes_up_per_node"] / p["bytes_up_per_node"], rel=1e-12
+    )
+    for r in (p, m):
+        assert r["max_abs_error"] <= r["error_bound"]
+    # Memory: measured at >= 3 sizes up to the timed one; the masked server grows per node by a small share
+    # of one upload (holding the uploads would grow by 8 D bytes a node).
+    ks = sorted({r["nodes"] for r in fl["memory"] if r["protocol"] == "masked"})
+    assert len(ks) >= 3 and ks[-1] == cfg["nodes"]
+    pts = sorted((r["nodes"], r["peak_bytes"]) for r in fl["memory"] if r["protocol"] == "masked")
+    slope = np.polyfit([k for k, _ in pts], [b for _, b in pts], 1)[0]
+    assert fl["peak_slope_bytes_per_node"]["masked"] == pytest.approx(slope, rel=1e-9)
+    assert fl["upload_bytes"] == 8 * cfg["node_values"]
+    assert slope / fl["upload_bytes"] <= TARGET_SLOPE_SHARE
+    biggest = max(b for _, b in pts)
+    assert biggest < cfg["nodes"] * fl["upload_bytes"] / 10  # far below holding every upload
+    assert fl["graph"]["split_bound"] == pytest.approx(
+        harary_split_bound(cfg["nodes"], cfg["degree"], fl["graph"]["removed_fraction"]), rel=1e-12
+    )
+
+
+def test_docs_quote_the_scale_record():
+    _record()
+    from experiments.docs_numbers.render_secagg import secagg_scale
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "secure-aggregation.md").read_text()
+    assert secagg_scale().strip() in text
