@@ -64,6 +64,7 @@ from mechanisms.backends import NoiseBackend, get_backend
 from mechanisms.calibration import check_budget
 from mechanisms.clipping import CLIP_NORMS, Clipping, check_bound
 from mechanisms.ledger import NEIGHBOURING, PrivacyLedger, PrivacyReport, ReleaseEvent, format_up
+from mechanisms.sensitivity import RECORD_BOUNDS, StatisticSensitivity, block_sigmas
 from privfed.errors import ConfigError, InputError
 from privfed.stats import ClientStats, compute_client_stats
 
@@ -178,6 +179,7 @@ class GaussianMechanism:
         dim: int | None = None,
         accountant: str = "auto",
         backend: str | NoiseBackend | None = None,
+        record_bound: str = "theorem",
     ) -> None:
         self.epsilon, self.delta = check_budget(epsilon, delta)
         self.clip_bound = check_bound(clip)
@@ -228,6 +230,21 @@ class GaussianMechanism:
         self.accountant = accountant
         self.split = split
         self.trusted_aggregator = bool(trusted_aggregator)
+        if record_bound not in RECORD_BOUNDS:
+            raise ConfigError(
+                f"record_bound must be one of {list(RECORD_BOUNDS)}, got record_bound={record_bound!r}"
+            )
+        if record_bound == "upload" and level != "record":
+            raise ConfigError(
+                "record_bound='upload' is a record-level bound (bodies trained on the records); at "
+                "level='client' the bound is max_records records' worth already: drop record_bound"
+            )
+        self.record_bound = record_bound
+        if record_bound == "upload" and max_records is None:
+            raise ConfigError(
+                "record_bound='upload' needs max_records (every client's upload is bounded to that many "
+                "records' worth, sensitivity 2 max_records Delta); e.g. max_records=100"
+            )
         if level == "client" and max_records is None:
             raise ConfigError(
                 "level='client' needs max_records (the most records one client contributes) to bound "
@@ -240,7 +257,7 @@ class GaussianMechanism:
                 or max_records < 1
             ):
                 raise ConfigError(f"max_records must be an integer >= 1, got max_records={max_records!r}")
-            if level == "record":
+            if level == "record" and record_bound != "upload":
                 raise ConfigError(
                     f"max_records={max_records!r} bounds a whole client's contribution and applies at "
                     "level='client' only; at level='record' every record is its own unit: drop max_records"
@@ -280,8 +297,15 @@ class GaussianMechanism:
     # -- calibration ---------------------------------------------------------
     def _split_weights(self, split) -> str | dict[str, float]:
         if isinstance(split, str):
-            if split not in ("joint", "equal"):
-                raise ConfigError(f"split must be 'joint', 'equal' or a dict of weights, got split={split!r}")
+            if split not in ("joint", "equal", "augmented"):
+                raise ConfigError(
+                    f"split must be 'joint', 'equal', 'augmented' or a dict of weights, got split={split!r}"
+                )
+            if split == "augmented" and self.blocks != ("sums", "counts"):
+                raise ConfigError(
+                    f"split='augmented' noises FedLog's augmented statistic [counts, sums]; it needs "
+                    f"blocks=('sums', 'counts'), got blocks={self.blocks!r}"
+                )
             return split
         if not isinstance(split, Mapping):
             raise ConfigError(f"split must be 'joint', 'equal' or a dict of weights, got split={split!r}")
@@ -320,25 +344,30 @@ class GaussianMechanism:
     def _resolve(self, dim: int | None) -> None:
         """Sensitivities and sigmas once the feature dimension is known (coordinate clipping)."""
         c = self.clipping.l2_bound(dim) if dim is not None else float(self.clip_bound)
-        n = 1 if self.level == "record" else self.max_records
-        sens = {"sums": n * c, "counts": float(n), "second": n * c * c}
-        sens = {b: sens[b] for b in self.blocks}
+        bound = self.statistic_sensitivity(c)
+        sens = bound.per_block(self.blocks)
         self._base_sens = dict(sens)
-        if dim is not None:
+        joint = bound.joint()
+        if dim is not None and any(self._slack(b, dim) for b in self.blocks):
             # Rounding to the backend's grid moves each coordinate that differs between neighbours by
             # at most grid/2 on each side: calibrate for Delta + slack over the coordinates that move.
             sens = {b: sens[b] + self._slack(b, dim) for b in self.blocks}
-        if self._weights == "joint":
-            total = sum(v * v for v in sens.values())
-            w = {b: sens[b] ** 2 / total for b in self.blocks}
-        elif self._weights == "equal":
-            w = {b: 1.0 / len(self.blocks) for b in self.blocks}
-        else:
-            w = self._weights
-        mu = self._mu_round
+            joint = math.sqrt(sum(v * v for v in sens.values()))
         self._sens = sens
-        self._sigma = {b: (0.0 if math.isinf(mu) else sens[b] / (mu * math.sqrt(w[b]))) for b in self.blocks}
+        self._joint_sens = joint
+        self._sigma = block_sigmas(sens, self._mu_round, self._weights, joint=joint)
         self._dim = dim
+
+    def statistic_sensitivity(self, clip_l2: float) -> StatisticSensitivity:
+        """The sensitivity object of this mechanism's statistic for records of L2 norm <= ``clip_l2``."""
+        return StatisticSensitivity(
+            clip_l2=clip_l2, level=self.level, record_bound=self.record_bound, max_records=self.max_records
+        )
+
+    @property
+    def bounds_uploads(self) -> bool:
+        """Whether each client's upload is scaled to at most ``max_records`` records' worth before release."""
+        return self.level == "client" or self.record_bound == "upload"
 
     def _moving(self, block: str, dim: int, num_classes: int | None = None) -> int:
         """Coordinates of one upload's block that can differ between neighbours."""
@@ -389,6 +418,18 @@ class GaussianMechanism:
         return dict(self._sens)
 
     @property
+    def joint_sensitivity(self) -> float:
+        """L2 sensitivity of all blocks together (FedLog's augmented statistic for sums and counts)."""
+        if self._sens is None:
+            raise ConfigError("sensitivity depends on the feature dimension; pass dim= to GaussianMechanism")
+        return self._joint_sens
+
+    @property
+    def calibration_method(self) -> str:
+        """How sigma was calibrated (``"analytic, gdp (exact)"``, ``"classic"``, ...)."""
+        return self._calibrated_by
+
+    @property
     def mu(self) -> float:
         """GDP mu of one round over all blocks together."""
         return self._mu_round
@@ -421,6 +462,8 @@ class GaussianMechanism:
             self._num_classes = stats.num_classes
             self._resolve(stats.dim)
         rid = self.ledger.new_release()
+        if self._weights == "augmented":
+            return self._noisy_augmented(stats, rng, relation, share, copies, sampling_rate, rid)
         out: dict[str, np.ndarray] = {}
         for block in self.blocks:
             arr = getattr(stats, block)
@@ -443,6 +486,25 @@ class GaussianMechanism:
                 )
             )
         return stats.with_arrays(**out)
+
+    def _noisy_augmented(self, stats, rng, relation, share, copies, sampling_rate, rid) -> ClientStats:
+        """One draw on FedLog's augmented statistic [counts, sums] (K, C, d + 1), one event of its sensitivity."""
+        s = self._sigma["sums"]
+        A = np.concatenate([stats.counts[..., None], stats.sums], axis=-1)
+        A = self._add_noise(A, "augmented", s * math.sqrt(share), rng)
+        self.ledger.record(
+            ReleaseEvent(
+                mechanism="gaussian" if s > 0 else "none",
+                block="augmented",
+                sensitivity=self._joint_sens,
+                scale=s,
+                relation=relation,
+                rounds=copies,
+                sampling_rate=sampling_rate,
+                release_id=rid,
+            )
+        )
+        return stats.with_arrays(counts=A[..., 0].copy(), sums=A[..., 1:].copy())
 
     def _add_noise(self, arr: np.ndarray, block: str, sigma: float, rng: np.random.Generator) -> np.ndarray:
         if sigma == 0:
@@ -658,6 +720,8 @@ class GaussianMechanism:
     def before_upload(self, stats: ClientStats, method, rng: np.random.Generator) -> ClientStats:
         """Client side: bound (client level) and noise each upload where clients add the noise."""
         per_client = bool(getattr(method, "per_client", False))
+        if self.record_bound == "upload":
+            stats = self._bound_clients(stats)
         if self.level == "client":
             stats = self._bound_clients(stats)
             if self._secure:
@@ -683,6 +747,8 @@ class GaussianMechanism:
         """
         return (
             self.level == "record"
+            and self.record_bound == "theorem"
+            and self._weights != "augmented"
             and not self._secure
             and not self.trusted_aggregator
             and not bool(getattr(method, "per_client", False))
@@ -698,6 +764,8 @@ class GaussianMechanism:
         """
         return (
             self.level == "record"
+            and self.record_bound == "theorem"
+            and self._weights != "augmented"
             and not self._secure
             and not self.trusted_aggregator
             and bool(getattr(method, "per_client", False))
@@ -835,7 +903,7 @@ class GaussianMechanism:
         then adds its share sigma^2 / (K - t) of the noise (K = ``num_clients``; ConfigError when K <= t)
         and the release is booked in this mechanism's ledger.
         """
-        if self.level == "client":
+        if self.bounds_uploads:
             stats = self._bound_clients(stats)
         return self._noisy(stats, rng, self.level, share=self._share(int(num_clients)))
 
@@ -987,6 +1055,11 @@ class GaussianMechanism:
                 "which clients, and how many, is not released; epsilon credits amplification by Poisson "
                 "subsampling"
             )
+        if self.record_bound == "upload":
+            notes.append(
+                f"each client's upload bounded to max_records={self.max_records} records' worth; sensitivity "
+                "= its diameter 2 n_max Delta (valid when the features come from bodies trained on the records)"
+            )
         if self.level == "client":
             notes.append(
                 f"each client's contribution is bounded to max_records={self.max_records} records' worth"
@@ -1058,7 +1131,9 @@ class GaussianMechanism:
         return (
             f"GaussianMechanism(epsilon={self.epsilon}, delta={self.delta}, clip={self.clip_bound}, "
             f"level={self.level!r}, blocks={self.blocks}, calibration={self.calibration!r}, "
-            f"clip_norm={self.clipping.norm!r}, rounds={self.rounds})"
+            f"clip_norm={self.clipping.norm!r}, rounds={self.rounds}"
+            + (f", record_bound={self.record_bound!r}" if self.record_bound != "theorem" else "")
+            + ")"
         )
 
 

@@ -120,6 +120,7 @@ from privfed.fedlog_release import (
     RoundsDP,
     RoundsPrivacyReport,
     noise_generator,
+    released_statistic,
 )
 
 __all__ = [
@@ -489,12 +490,10 @@ def _fedlog(
     observer=None,
 ) -> dict:
     """The multi-round protocol; returns accuracies, the last head and the per-round history."""
-    from privfed.methods.fedlog import FedLog, fedlog_gradient
-    from privfed.stats import ClientStats
+    from privfed.methods.fedlog import fedlog_gradient
 
     K, C, d = cfg.clients, setup.C, FEATURE_DIM
     m = d + 1
-    method = FedLog(nu=cfg.nu)
     clip_fn = dp.clip_tensor if dp is not None else None
     clients = []
     for k in range(K):
@@ -518,20 +517,14 @@ def _fedlog(
                 train_body(c, eta_t, epochs, cfg.batch_size, clip_fn)
             A[c.k] = client_statistic(c.body, c.x, c.y, num_classes=C, clip_fn=clip_fn)
         if release is None:
-            release = RoundRelease(dp, "none", num_clients=K)
-        if dp is None and release.protocol is None:
-            stats = ClientStats(counts=A[:, :, 0], sums=A[:, :, 1:])
-        else:
-            total = release(A, noise_rng)
-            stats = ClientStats(counts=total[None, :, 0], sums=total[None, :, 1:])
+            release = RoundRelease(dp, "none", num_clients=K, nu=cfg.nu)
+        head = release.release(A, noise_rng)  # the round's plan: bound, noise, (secure) sum, MAP head
+        Phi = released_statistic(head.trace)
         if observer is not None:
-            observer(r, clients, A, stats)
-        head = method.aggregate(stats)
+            observer(r, clients, A, head.trace)
         eta = head_eta(head)
-        tot = stats.total()
-        Phi = np.concatenate([tot.counts[0][:, None], tot.sums[0]], axis=1)
         nu_n = float(head.extras["nu_plus_n"])
-        grad = fedlog_gradient(eta, Phi + method.params["chi"], nu_n)
+        grad = fedlog_gradient(eta, Phi + release.method.params["chi"], nu_n)
         pers, common = _evaluate(clients, head, clip_fn, setup)
         history.append(
             {
@@ -748,6 +741,7 @@ def run_rounds(cfg: RoundsConfig | None = None, *, progress: bool = False, **ove
             num_clients=cfg.clients,
             dropouts=cfg.dropouts,
             dropout_phase=cfg.dropout_phase,
+            nu=cfg.nu,
         )
         observer = None
         if cfg.attack_pairs:

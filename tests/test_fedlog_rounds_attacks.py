@@ -12,7 +12,7 @@ import pytest
 from scipy.stats import norm
 
 from attacks.rounds import RoundsAttackData, differencing_scores, evaluate_rounds_attacks
-from privfed.fedlog_rounds import RoundsConfig, RoundsDP, run_rounds
+from privfed.fedlog_rounds import RoundRelease, RoundsConfig, RoundsDP, run_rounds
 
 pytestmark = pytest.mark.filterwarnings("ignore:noise backend 'numpy'")
 
@@ -77,8 +77,9 @@ def test_differencing_sequence_meets_the_composed_gdp_bound(calibration):
         calibration=calibration,
         record_bound="theorem",
     )
+    release = RoundRelease(dp, "none", num_clients=1)
     for _ in range(R):
-        dp.record_release(dp.sigma)
+        release(np.zeros((1, 2, d + 1)), np.random.default_rng(0))
     rep = dp.report()
     D = _data(np.random.default_rng(2), P=P, R=R, d=d, n=5, sigma=dp.sigma, corner=b)
     out = evaluate_rounds_attacks(
