@@ -109,7 +109,7 @@ from mechanisms.ledger import format_up
 from privfed.errors import ConfigError
 from privfed.fedlog_bodies import FAMILIES, FEATURE_DIM, make_body
 from privfed.fedlog_config import DEFAULT_MAX_RECORDS, RoundsConfig, RoundsResult
-from privfed.fedlog_release import RoundRelease, RoundsDP, RoundsPrivacyReport
+from privfed.fedlog_release import RoundRelease, RoundsDP, RoundsPrivacyReport, noise_generator
 from privfed.fedlog_run import make_dp, run_rounds
 from privfed.fedlog_training import (
     RoundsClient,
@@ -146,6 +146,7 @@ __all__ = [
     "initial_head",
     "make_body",
     "make_dp",
+    "noise_generator",
     "personal_test_split",
     "run_rounds",
     "server_step",
