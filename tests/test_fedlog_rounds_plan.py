@@ -146,4 +146,3 @@ def test_distributed_shares_under_masking_are_charged_from_the_shares_present():
     assert rep.mu_total == pytest.approx(
         math.sqrt(2) * dp.sensitivity / (dp.sigma * math.sqrt((K6 - drop) / (K6 - 1))), rel=1e-12
     )
-
