@@ -101,6 +101,13 @@ class RoundsConfig:
             raise ConfigError(
                 f"dropout_phase must be 'before_upload' or 'after_upload', got {self.dropout_phase!r}"
             )
+        if not math.isinf(self.epsilon) and self.placement != "distributed" and self.secure_kind != "none":
+            raise ConfigError(
+                f"placement={self.placement!r} with secure aggregation (secure_agg={self.secure_agg!r}"
+                f"{', chosen for dropouts' if self.secure_agg == 'auto' else ''}): under secure aggregation "
+                "the clients split the noise of the sum; use placement='distributed', or no secure "
+                "aggregation (secure_agg='none', dropouts=0)"
+            )
         if self.dropouts >= self.clients:
             raise ConfigError(f"dropouts={self.dropouts} must be fewer than clients={self.clients}")
         return replace(self, families=fams, baselines=tuple(self.baselines))
