@@ -340,7 +340,8 @@ class RoundsObserver:
         with threadpool_limits(limits=1, user_api="blas"):
             self._observe(r, clients, A, trace)
 
-    def _seen(self, trace) -> tuple[str, np.ndarray, float]:
+    @staticmethod
+    def server_saw(trace) -> tuple[str, np.ndarray, float]:
         """From the round's trace: the view attacked, the released rows and the noise sd on each row.
 
         The server saw every client's upload in clear ("uploads": attacked row by row) or only a sum
@@ -349,20 +350,22 @@ class RoundsObserver:
         """
         from privfed.fedlog_release import augmented, released_statistic
 
-        received = trace.server_view()
+        received, released = trace.server_view(), trace.release_view()
         noise = [e for e in trace.events if e["mechanism"] == "gaussian"]
         sigma = float(noise[-1]["scale"]) if noise else 0.0
         if received.kind == "uploads" and not noise:
             return "uploads", augmented(received.stats), 0.0
-        if received.kind == "uploads":  # every upload carries its own sigma into the sum
-            sigma *= math.sqrt(received.stats.num_clients)
+        if (
+            released.kind == "uploads"
+        ):  # no aggregator's noise: every upload carries its own sigma into the sum
+            sigma *= math.sqrt(released.stats.num_clients)
         return "sum", released_statistic(trace), sigma
 
     def _observe(self, r, clients, A, trace) -> None:
         from privfed.fedlog_bodies import augment, client_features
 
         dp = self.dp
-        view, seen, sigma = self._seen(trace)
+        view, seen, sigma = self.server_saw(trace)
         if self.view is None:
             self.view = self.data.view = view
         elif view != self.view:

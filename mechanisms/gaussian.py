@@ -127,7 +127,10 @@ class GaussianMechanism(GaussianCalibration, GaussianNoise, ClientBounding, Gaus
         (default) the same share per block; ``"joint"`` one sigma for all
         blocks (the Gaussian on the concatenated statistic, FedLog's
         Theorem 3.1; with a large clip c it buries the counts under noise of
-        order c / mu); a dict of positive weights otherwise.
+        order c / mu); ``"augmented"`` the same one sigma, drawn as FedLog's
+        augmented statistic [counts, sums] (C, d + 1) in one draw and booked as
+        one event of its joint sensitivity (multi-round FedLog's release; no
+        streamed local release); a dict of positive weights otherwise.
     trusted_aggregator : bool
         Whether the server may add the noise to the sum (central DP).
     max_records : int, optional
@@ -144,6 +147,14 @@ class GaussianMechanism(GaussianCalibration, GaussianNoise, ClientBounding, Gaus
         Accountant for calibration with q < 1 and for the report.
     backend : str or NoiseBackend, optional
         ``"numpy"`` (default, fast, warns) or ``"opendp"`` (exact samplers).
+    record_bound : {"theorem", "upload"}
+        Record level: ``"theorem"`` (default) bounds one record's move by its
+        clipped norm, valid when the features do not depend on the private
+        records; ``"upload"`` is for features from bodies trained on them (one
+        record moves its client's whole upload): every client's upload is
+        scaled to at most ``max_records`` records' worth (required) and the
+        sensitivity is its diameter, 2 ``max_records`` times the record's
+        (:class:`mechanisms.sensitivity.StatisticSensitivity`).
 
     Attributes
     ----------

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from mechanisms.calibration import gdp_mu
-from privfed.fedlog_release import RoundRelease, RoundsDP, augmented, noise_generator
+from privfed.fedlog_release import AugmentedFedLog, RoundRelease, RoundsDP, augmented, noise_generator
 from privfed.release import ReleaseTrace
 
 pytestmark = pytest.mark.filterwarnings("ignore:noise backend 'numpy'")
@@ -146,3 +146,60 @@ def test_distributed_shares_under_masking_are_charged_from_the_shares_present():
     assert rep.mu_total == pytest.approx(
         math.sqrt(2) * dp.sensitivity / (dp.sigma * math.sqrt((K6 - drop) / (K6 - 1))), rel=1e-12
     )
+
+
+# ---------------------------------------------------------------- the mechanism's model of the bound
+def test_the_sensitivity_object_gives_each_bound_its_factor():
+    from mechanisms import StatisticSensitivity
+
+    c = 3.0
+    blocks = ("sums", "counts", "second")
+    for kw, f in (
+        (dict(level="record"), 1.0),
+        (dict(level="client", max_records=7), 7.0),
+        (dict(level="record", record_bound="upload", max_records=7), 14.0),
+    ):
+        s = StatisticSensitivity(clip_l2=c, **kw)
+        assert s.per_block(blocks) == {"sums": f * c, "counts": f, "second": f * c * c}
+        assert s.joint() == pytest.approx(f * math.hypot(1.0, c), rel=1e-15)
+        assert s.bounds_uploads == (f != 1.0)
+    with pytest.raises(Exception, match="max_records"):
+        StatisticSensitivity(clip_l2=c, record_bound="upload")
+
+
+def test_the_upload_bound_scales_each_client_and_books_twice_n_max():
+    from mechanisms import GaussianMechanism
+    from privfed.errors import ConfigError
+    from privfed.stats import ClientStats
+
+    mech = GaussianMechanism(
+        epsilon=1.0, delta=1e-5, clip=B, clip_norm="coordinate", dim=d, record_bound="upload", max_records=20
+    )
+    assert mech.sensitivity == {"sums": 40.0 * B * math.sqrt(d), "counts": 40.0}
+    A = _stack(5)
+    n_k = A[..., 0].sum(-1)
+    assert (n_k > 20).any()
+    stats = ClientStats(counts=A[..., 0], sums=A[..., 1:])
+    # the bound before the noise: with an infinite budget the upload is the bounded statistic itself
+    free = GaussianMechanism(
+        epsilon=math.inf,
+        delta=1e-5,
+        clip=B,
+        clip_norm="coordinate",
+        dim=d,
+        record_bound="upload",
+        max_records=20,
+    )
+    free.check(AugmentedFedLog(), None)
+    out = free.before_upload(stats, AugmentedFedLog(), np.random.default_rng(0))
+    np.testing.assert_allclose(augmented(out), A * np.minimum(1.0, 20 / n_k)[:, None, None], rtol=1e-15)
+    with pytest.raises(ConfigError, match="max_records"):
+        GaussianMechanism(epsilon=1.0, delta=1e-5, clip=B, record_bound="upload")
+    with pytest.raises(ConfigError, match="record-level"):
+        GaussianMechanism(
+            epsilon=1.0, delta=1e-5, clip=B, level="client", max_records=5, record_bound="upload"
+        )
+    with pytest.raises(ConfigError, match="augmented"):
+        GaussianMechanism(
+            epsilon=1.0, delta=1e-5, clip=B, blocks=("sums", "counts", "second"), split="augmented"
+        )
