@@ -295,15 +295,18 @@ def evaluate_rounds_attacks(
 class RoundsObserver:
     """Collects each round's attack data inside :func:`privfed.fedlog_rounds.run_rounds` (``attack_pairs`` > 0).
 
-    Called by the protocol after every release with ``(round, clients, A, stats)``: the clients' private
-    state (bodies), the per-client statistics A (K, C, m) and the released statistic.
+    Called by the protocol after every release with ``(round, clients, A, trace)``: the clients' private
+    state (bodies), the per-client statistics A (K, C, m) and the round's
+    :class:`~privfed.release.ReleaseTrace`.  What the server saw (every upload, or only a sum) and the
+    noise on it are read from the trace (:meth:`~privfed.release.ReleaseTrace.server_view`, its events),
+    never rebuilt.
     """
 
     def __init__(self, setup, cfg, dp, release) -> None:
         import torch
 
         self.setup, self.cfg, self.dp, self.release = setup, cfg, dp, release
-        self.view = "uploads" if dp is None and release.protocol is None else "sum"
+        self.view: str | None = None  # "uploads" or "sum": read from the first round's trace
         rng = np.random.default_rng([cfg.seed, 0xA77A])
         y = setup.y_all.numpy()
         yt = np.asarray(setup.yt_all)
@@ -327,28 +330,52 @@ class RoundsObserver:
         splits = setup.splits
         self.x_public = torch.from_numpy(np.array(splits.public_images, dtype=np.float32))[:, None]
         self.y_public = np.asarray(splits.public_labels)
-        self.data = RoundsAttackData(view=self.view, classes=self.classes, clients=self.owner)
+        self.data = RoundsAttackData(view="", classes=self.classes, clients=self.owner)
         self._prev_public: dict[int, np.ndarray] = {}
 
-    def __call__(self, r, clients, A, stats) -> None:
+    def __call__(self, r, clients, A, trace) -> None:
         from threadpoolctl import threadpool_limits
 
         # many small d x d decompositions: BLAS threads only spin on them
         with threadpool_limits(limits=1, user_api="blas"):
-            self._observe(r, clients, A, stats)
+            self._observe(r, clients, A, trace)
 
-    def _observe(self, r, clients, A, stats) -> None:
+    @staticmethod
+    def server_saw(trace) -> tuple[str, np.ndarray, float]:
+        """From the round's trace: the view attacked, the released rows and the noise sd on each row.
+
+        The server saw every client's upload in clear ("uploads": attacked row by row) or only a sum
+        (a trusted aggregator's noisy sum, a secure sum, or the sum of uploads each carrying its own
+        noise: attacked on the sum, whose noise is then sqrt(K) times each upload's).
+        """
+        from privfed.fedlog_release import augmented, released_statistic
+
+        received, released = trace.server_view(), trace.release_view()
+        noise = [e for e in trace.events if e["mechanism"] == "gaussian"]
+        sigma = float(noise[-1]["scale"]) if noise else 0.0
+        if received.kind == "uploads" and not noise:
+            return "uploads", augmented(received.stats), 0.0
+        if (
+            released.kind == "uploads"
+        ):  # no aggregator's noise: every upload carries its own sigma into the sum
+            sigma *= math.sqrt(released.stats.num_clients)
+        return "sum", released_statistic(trace), sigma
+
+    def _observe(self, r, clients, A, trace) -> None:
         from privfed.fedlog_bodies import augment, client_features
 
         dp = self.dp
+        view, seen, sigma = self.server_saw(trace)
+        if self.view is None:
+            self.view = self.data.view = view
+        elif view != self.view:
+            raise ConfigError(f"round {r + 1}'s server saw {view!r}, earlier rounds {self.view!r}")
         clip_fn = dp.clip_tensor if dp is not None else None
         P = self.members.size
         K, C, m = A.shape
-        Ab = dp.bound_uploads(A) if dp is not None else A
-        factor = np.ones(K)  # bound_uploads' scaling of each client's upload (1 under the theorem bound)
-        nk = A[..., 0].sum(-1)
-        if dp is not None and dp.max_records is not None and dp.record_bound != "theorem":
-            factor = np.minimum(1.0, dp.max_records / np.maximum(nk, 1.0))
+        # the mechanism's scaling of each client's upload (1 under the theorem bound or without DP)
+        factor = dp.upload_factors(A) if dp is not None else np.ones(K)
+        Ab = A * factor[:, None, None]
         phi = np.empty((2 * P, m))
         import torch
 
@@ -373,23 +400,14 @@ class RoundsObserver:
             f = augment(torch.from_numpy(client_features(clients[int(k)].body, x, clip_fn))).numpy()
             phi[idx] = f[: idx.size] * factor[k]
             phi[P + idx] = f[idx.size :] * factor[k]
-        total = stats.total()
-        rel_all = (
-            np.concatenate([total.counts[0][:, None], total.sums[0]], axis=1) if self.view == "sum" else None
-        )
         released = np.empty((P, m))
         clean = np.empty((P, m))
         for p in range(P):
             k, c = int(self.owner[p]), int(self.classes[p])
-            released[p] = A[k, c] if self.view == "uploads" else rel_all[c]
+            released[p] = seen[k, c] if self.view == "uploads" else seen[c]
             clean[p] = A[k, c] if self.view == "uploads" else Ab[:, c].sum(0)
         level = self._row_models(models, A, factor)
         inc = self._row_models(inc_models, A, factor)
-        sigma = 0.0
-        if dp is not None and dp.ledger.events:
-            sigma = float(dp.ledger.events[-1].scale)
-            if dp.placement == "local" and self.view == "sum":
-                sigma *= math.sqrt(K)  # every client's upload carries its own sigma into the sum
         D = self.data
         D.phi.append(phi)
         D.released.append(released)

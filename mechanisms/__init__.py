@@ -44,6 +44,7 @@ from mechanisms.noise_aware import (
     outer_product_bias,
     repair_psd,
 )
+from mechanisms.sensitivity import StatisticSensitivity
 
 __all__ = [
     "ACCOUNTANTS",
@@ -60,6 +61,7 @@ __all__ = [
     "PrivacyLedger",
     "PrivacyReport",
     "ReleaseEvent",
+    "StatisticSensitivity",
     "UniformCountNoiseNoDP",
     "analytic_sigma",
     "available_backends",

@@ -1,110 +1,84 @@
-"""Multi-round FedLog's release: the Gaussian noise over R releases and how each round's sum reaches the server.
+"""Multi-round FedLog's release: each round one run of the release plan, the rounds composed from its traces.
 
-:class:`RoundsDP` calibrates the noise on the augmented FedLog statistic (the class sums of [1, f])
-over the run's R releases and books each in its ledger; :class:`RoundRelease` carries one round's
-per-client statistics to the server (bounded, noised where the placement says, summed plainly or
-through pairwise masking or CKKS with distributed shares); :class:`RoundsPrivacyReport` is the
-guarantee of what was released.  :func:`noise_generator` gives a run's noise source: OS entropy,
-or a seeded simulation that says so.
+:class:`RoundsDP` holds the privacy settings of a run of R releases and builds the one
+:class:`~mechanisms.gaussian.GaussianMechanism` that noises every round: FedLog's augmented statistic
+(the class sums of [1, f], ``split="augmented"``: one sigma, one draw), calibrated by the mechanism
+over the R releases for the sensitivity the bound implies (:class:`mechanisms.sensitivity.StatisticSensitivity`:
+Theorem 3.1's Delta for frozen bodies, 2 n_max Delta for bodies trained on the records, n_max Delta at
+client level).  :class:`RoundRelease` runs one round's per-client statistics through the
+:class:`~privfed.release.ReleasePlan` of (FedLog, that mechanism, the round's secure aggregation):
+the same stages ``privfed.fit`` runs, each round leaving its :class:`~privfed.release.ReleaseTrace`.
+:func:`privfed.fedlog_report.rounds_report` composes the traces' events into the guarantee.
+:func:`noise_generator` gives a run's noise source: OS entropy, or a seeded simulation that says so.
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import asdict, dataclass
+import warnings
 from typing import Any
 
 import numpy as np
 import torch
 
-from mechanisms.ledger import format_up
 from privfed.errors import ConfigError
 from privfed.fedlog_bodies import FEATURE_DIM
+from privfed.fedlog_report import RoundsPrivacyReport, rounds_report, trace_events
+from privfed.methods.fedlog import FedLog
+from privfed.stats import ClientStats
 
-__all__ = ["SECURE_CHOICES", "RoundRelease", "RoundsDP", "RoundsPrivacyReport", "noise_generator"]
+__all__ = [
+    "SECURE_CHOICES",
+    "AugmentedFedLog",
+    "RoundRelease",
+    "RoundsDP",
+    "RoundsPrivacyReport",
+    "augmented",
+    "noise_generator",
+    "released_statistic",
+]
 
-_PLACEMENTS = ("central", "distributed", "local")
-_CALIBRATIONS = ("total", "paper")
-_BOUNDS = ("auto", "upload", "theorem")
-#: Largest composed GDP mu for which the report cross-checks epsilon with a PLD accountant.
-_PLD_MAX_MU = 8.0
+PLACEMENTS = ("central", "distributed", "local")
+CALIBRATIONS = ("total", "paper")
+BOUNDS = ("auto", "upload", "theorem")
+SECURE_CHOICES = ("auto", "none", "mask", "ckks")
 
 
-# ---------------------------------------------------------------- privacy
-@dataclass(frozen=True)
-class RoundsPrivacyReport:
-    """What R releases of the FedLog statistic guarantee, computed from the run's ledger.
+def augmented(stats: ClientStats) -> np.ndarray:
+    """FedLog's augmented statistic [n_c, s_c] of every row of ``stats``: (K, C, d + 1), counts in column 0."""
+    return np.concatenate([stats.counts[..., None], stats.sums], axis=-1)
 
-    ``per_round_epsilon`` is the eps each release is calibrated for (what the
-    paper states per round); ``per_round_epsilon_exact`` what one release
-    alone satisfies exactly (the classic sigma is loose); ``epsilon`` is what
-    the releases made compose to (GDP, exact); ``epsilon_pld`` cross-checks
-    it with dp-accounting's PLD.
+
+class AugmentedFedLog(FedLog):
+    """FedLog whose clients upload the augmented statistic [n_c, s_c] (C, d + 1) as one vector.
+
+    Under secure aggregation the server learns one secure sum of the (K, C, d + 1) uploads (one
+    protocol call a round: its masked vectors are the clients' whole uploads).
     """
 
-    epsilon: float
-    epsilon_pld: float
-    per_round_epsilon: float
-    per_round_epsilon_exact: float
-    target_epsilon: float
-    delta: float
-    level: str
-    placement: str
-    calibration: str
-    record_bound: str
-    sensitivity: float
-    sigma: float
-    mu_per_release: float
-    mu_total: float
-    releases: int
-    formal: bool
-    guarantee: str
-    notes: tuple = ()
-    #: True when the noise came from a seed (``noise_seed``) or a caller's Generator: a seeded simulation
-    simulation: bool = False
+    def secure_aggregate(self, stats: ClientStats, secure_sum):
+        total = np.asarray(secure_sum(augmented(stats)), dtype=np.float64)
+        return self.aggregate(ClientStats(counts=total[None, :, 0], sums=total[None, :, 1:]))
 
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            k: (str(v) if isinstance(v, float) and not math.isfinite(v) else v)
-            for k, v in asdict(self).items()
-        }
 
-    @property
-    def is_private(self) -> bool:
-        """Whether the releases carry the stated formal (finite) guarantee."""
-        return bool(self.formal) and math.isfinite(self.epsilon)
+def released_statistic(trace) -> np.ndarray:
+    """The (C, d + 1) statistic a round released, read from its trace (what the head was fit on)."""
+    view = trace.release_view()
+    if view.kind == "secure-sums":
+        return np.asarray(view.arrays[0], dtype=np.float64)
+    if view.stats is None:
+        raise ConfigError(f"the round's trace kept no released statistic (server received {view.kind!r})")
+    total = view.stats if view.stats.num_clients == 1 else view.stats.total()
+    return augmented(total)[0]
 
-    @property
-    def auc_bound(self) -> float:
-        """The largest AUC of any membership test against mu_total-GDP releases: Phi(mu / sqrt(2))."""
-        from scipy.stats import norm
 
-        return float(norm.cdf(self.mu_total / math.sqrt(2.0)))
-
-    def describe(self) -> str:
-        """Several lines: the guarantee, both epsilons (per round and composed) and the notes."""
-        ratio = self.epsilon / self.per_round_epsilon if self.per_round_epsilon > 0 else math.inf
-        pld_note = f" skipped: mu > {_PLD_MAX_MU:g}" if math.isnan(self.epsilon_pld) else ""
-        lines = [
-            self.guarantee,
-            f"  per-round epsilon (as calibrated / as the paper states): {format_up(self.per_round_epsilon)} "
-            f"(one release alone is exactly {format_up(self.per_round_epsilon_exact)}-DP at delta = "
-            f"{format_up(self.delta)})",
-            f"  composed over {self.releases} release(s): epsilon = {format_up(self.epsilon)} (GDP, exact; "
-            f"PLD {format_up(self.epsilon_pld)}{pld_note}), {ratio:.3g} x the per-round epsilon",
-            f"  sigma = {self.sigma:.4g} on a sensitivity of {self.sensitivity:.4g} ({self.record_bound} bound)",
-            f"  any membership test on all {self.releases} release(s) has AUC <= {self.auc_bound:.4g} "
-            f"(mu-GDP: Phi(mu / sqrt 2), mu = {self.mu_total:.4g})",
-        ]
-        lines += [f"  note: {n}" for n in self.notes]
-        return "\n".join(lines)
-
-    def __str__(self) -> str:
-        return self.guarantee
+def _positive_int(name: str, value, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+        raise ConfigError(f"{name} must be an integer >= {low}, got {name}={value!r}")
+    return int(value)
 
 
 class RoundsDP:
-    """Gaussian noise on the augmented FedLog statistic, calibrated over ``rounds`` releases.
+    """The privacy settings of R releases of the augmented FedLog statistic, and the mechanism they build.
 
     Parameters
     ----------
@@ -119,9 +93,10 @@ class RoundsDP:
     level : {"record", "client"}
     placement : {"central", "distributed", "local"}
         Who adds the noise: a trusted server (to the sum), every client a share
-        sigma^2/(K - t) under secure aggregation (:class:`RoundRelease`; :meth:`noisy_sum`
-        simulates it with sigma^2/K as a plain sum), or every client the full sigma.
+        sigma^2/(K - t) under secure aggregation, or every client the full sigma.
     calibration : {"total", "paper"}
+        ``total``: the mechanism's analytic calibration over R releases (exact in GDP); ``paper``: its
+        classic calibration for one release (Theorem 3.1), the same epsilon every round.
     record_bound : {"auto", "upload", "theorem"}
         Record level only: ``upload`` calibrates for 2 n_max Delta (valid when
         bodies are trained on the private records), ``theorem`` for Delta
@@ -135,8 +110,14 @@ class RoundsDP:
     bodies_trained : bool
         Whether the released features come from bodies trained on the private records.
     tolerate : int
-        t: clients whose distributed noise share may be missing (dropouts,
-        colluders); each client adds sigma^2/(K - t) so K - t shares carry sigma^2.
+        t: clients whose distributed noise share may be missing (dropouts, colluders).
+
+    Attributes
+    ----------
+    mechanism : GaussianMechanism
+        The mechanism every round's plan runs (its ledger books each release).
+    traces : list of ReleaseTrace
+        Every round's trace, appended by :class:`RoundRelease`; :meth:`report` composes their events.
     """
 
     def __init__(
@@ -157,59 +138,36 @@ class RoundsDP:
         accountant_check: bool = True,
         tolerate: int = 0,
     ) -> None:
-        from mechanisms.accounting import calibrate_round_mu
-        from mechanisms.calibration import check_budget, classic_sigma
-        from mechanisms.clipping import Clipping
-        from mechanisms.ledger import PrivacyLedger
+        from mechanisms.calibration import check_budget
+        from mechanisms.gaussian import GaussianMechanism
 
         self.epsilon, self.delta = check_budget(epsilon, delta, allow_inf=False)
-        self.clipping = Clipping(clip, clip_norm)
-        from mechanisms.gaussian import MAX_CLIP
-
-        if not float(self.clipping.bound) <= MAX_CLIP:
-            raise ConfigError(
-                f"clip={clip!r} is beyond {MAX_CLIP:g}: the statistic's noise would overflow float64 "
-                "for some datasets; rescale the features and pick a clip <= 1e100"
-            )
-        if isinstance(rounds, bool) or not isinstance(rounds, (int, np.integer)) or rounds < 1:
-            raise ConfigError(f"rounds must be an integer >= 1, got rounds={rounds!r}")
-        self.rounds = int(rounds)
+        self.rounds = _positive_int("rounds", rounds, 1)
         if level not in ("record", "client"):
             raise ConfigError(f"level must be 'record' or 'client', got level={level!r}")
-        if placement not in _PLACEMENTS:
-            raise ConfigError(f"placement must be one of {list(_PLACEMENTS)}, got placement={placement!r}")
+        if placement not in PLACEMENTS:
+            raise ConfigError(f"placement must be one of {list(PLACEMENTS)}, got placement={placement!r}")
         if level == "client" and placement == "local":
             raise ConfigError(
                 "level='client' needs noise on the aggregate: use placement='central' (trusted "
                 "server) or 'distributed' (secure aggregation)"
             )
-        if calibration not in _CALIBRATIONS:
+        if calibration not in CALIBRATIONS:
             raise ConfigError(
-                f"calibration must be one of {list(_CALIBRATIONS)}, got calibration={calibration!r}"
+                f"calibration must be one of {list(CALIBRATIONS)}, got calibration={calibration!r}"
             )
-        if record_bound not in _BOUNDS:
+        if record_bound not in BOUNDS:
             raise ConfigError(
-                f"record_bound must be one of {list(_BOUNDS)}, got record_bound={record_bound!r}"
+                f"record_bound must be one of {list(BOUNDS)}, got record_bound={record_bound!r}"
             )
         if record_bound == "auto":
             record_bound = "upload" if bodies_trained else "theorem"
         self.level, self.placement, self.calibration = level, placement, calibration
         self.record_bound = record_bound if level == "record" else "client"
-        if isinstance(tolerate, bool) or not isinstance(tolerate, (int, np.integer)) or tolerate < 0:
-            raise ConfigError(
-                f"tolerate must be an integer >= 0 (clients whose noise share may be missing), got "
-                f"tolerate={tolerate!r}"
-            )
-        self.tolerate = int(tolerate)
-        self.secure_notes: list[str] = []
+        self.tolerate = _positive_int("tolerate", tolerate, 0)
         self.bodies_trained = bool(bodies_trained)
         self.dim = int(dim)
-        c = self.clipping.l2_bound(self.dim)
-        self.record_sensitivity = math.sqrt(
-            1.0 + c * c
-        )  # one phi (x) e_y: counts coordinate 1, features <= c
-        needs_n = self.record_bound != "theorem"
-        if needs_n:
+        if self.record_bound != "theorem":
             if (
                 isinstance(max_records, bool)
                 or not isinstance(max_records, (int, np.integer))
@@ -221,34 +179,53 @@ class RoundsDP:
                     "client level"
                 )
         self.max_records = None if max_records is None else int(max_records)
-        if self.record_bound == "theorem":
-            self.sensitivity = self.record_sensitivity
-        elif self.record_bound == "upload":
-            self.sensitivity = 2.0 * self.max_records * self.record_sensitivity
-        else:
-            self.sensitivity = self.max_records * self.record_sensitivity
-        if calibration == "total":
-            mu, how = calibrate_round_mu(self.epsilon, self.delta, rounds=self.rounds)
-            self.sigma = self.sensitivity / mu
-            self._how = f"analytic, total budget over {self.rounds} release(s), {how}"
-        else:
-            self.sigma = classic_sigma(self.epsilon, self.delta, self.sensitivity, warn=False)
-            self._how = "classic sigma per release (Theorem 3.1), the same epsilon every round"
-        from mechanisms.backends import get_backend
-
-        self.backend = get_backend(None)
-        self.ledger = PrivacyLedger()
+        with warnings.catch_warnings():  # the report notes a classic sigma outside its proven range
+            warnings.filterwarnings("ignore", message="calibration='classic' is only proven")
+            self.mechanism = GaussianMechanism(
+                epsilon=self.epsilon,
+                delta=self.delta,
+                clip=clip,
+                level=level,
+                blocks=("sums", "counts"),
+                calibration="analytic" if calibration == "total" else "classic",
+                clip_norm=clip_norm,
+                rounds=self.rounds if calibration == "total" else 1,
+                split="augmented",
+                trusted_aggregator=placement == "central",
+                max_records=None if self.record_bound == "theorem" else self.max_records,
+                record_bound="upload" if self.record_bound == "upload" else "theorem",
+                dropout_tolerance=self.tolerate,
+                dim=self.dim,
+            )
+        self.clipping = self.mechanism.clipping
+        self.backend = self.mechanism.backend
+        self.sensitivity = self.mechanism.joint_sensitivity
+        self.sigma = self.mechanism.sigma["sums"]
+        how = self.mechanism.calibration_method
+        self.calibration_text = (
+            f"{how.split(', ', 1)[0]}, total budget over {self.rounds} release(s), {how.split(', ', 1)[-1]}"
+            if calibration == "total"
+            else "classic sigma per release (Theorem 3.1), the same epsilon every round"
+        )
         self.accountant_check = bool(accountant_check)
+        self.traces: list[Any] = []
+        self.secure_notes: list[str] = []
         self.extra_notes: list[str] = []
-        # None: not declared (a caller's Generator drove noisy_sum: taken as a simulation)
+        # None: not declared (a caller's Generator drove the noise: taken as a simulation)
         self.seeded: bool | None = None
         self.noise_seed: int | None = None
 
     def declare_randomness(self, *, seeded: bool, noise_seed: int | None = None) -> None:
         """Whether the noise comes from a seed (a replayable seeded simulation) or from OS entropy."""
         self.seeded = bool(seeded) if self.seeded is None else (self.seeded or bool(seeded))
+        self.mechanism.declare_randomness(seeded=bool(seeded))
         if noise_seed is not None:
             self.noise_seed = int(noise_seed)
+
+    @property
+    def ledger(self):
+        """The mechanism's ledger: every release booked so far."""
+        return self.mechanism.ledger
 
     @property
     def mu_per_release(self) -> float:
@@ -262,157 +239,32 @@ class RoundsDP:
         norms = f.norm(dim=1, keepdim=True)
         return f * torch.clamp(b / torch.clamp(norms, min=1e-30), max=1.0)
 
+    def upload_factors(self, A: np.ndarray) -> np.ndarray:
+        """min(1, n_max / n_k): the mechanism's scaling of client k's upload (ones under the theorem bound)."""
+        n_k = np.asarray(A)[..., 0].sum(axis=-1)
+        if not self.mechanism.bounds_uploads:
+            return np.ones_like(n_k)
+        return np.minimum(1.0, self.max_records / np.where(n_k > 0, n_k, 1.0))
+
     def bound_uploads(self, A: np.ndarray) -> np.ndarray:
-        """Scale client k's augmented statistic A_k (C, m) to at most n_max records' worth."""
-        if self.max_records is None or self.record_bound == "theorem":
-            return A
-        n_k = A[..., 0].sum(axis=-1)
-        factor = np.minimum(1.0, self.max_records / np.where(n_k > 0, n_k, 1.0))
-        return A * factor[..., None, None]
-
-    def noisy_sum(self, A: np.ndarray, rng: np.random.Generator, *, record: bool = True) -> np.ndarray:
-        """The sum over clients (axis -3) of the per-client augmented statistics, noised once.
-
-        ``A`` has shape (..., K, C, m) (leading axes: independent draws, for audits).
-        One call is one release; it is appended to the ledger when ``record``.
-        """
-        A = self.bound_uploads(np.asarray(A, dtype=np.float64))
-        K = A.shape[-3]
-        if self.placement == "central":
-            total = self.backend.add_gaussian(A.sum(axis=-3), self.sigma, rng)
-        elif self.placement == "distributed":
-            total = self.backend.add_gaussian(A, self.sigma / math.sqrt(K), rng).sum(axis=-3)
-        else:
-            total = self.backend.add_gaussian(A, self.sigma, rng).sum(axis=-3)
-        if record:
-            self.record_release(self.sigma)
-        return total
-
-    def record_release(self, scale: float) -> None:
-        """Append one release whose sum carried Gaussian noise of standard deviation ``scale`` to the ledger."""
-        from mechanisms.ledger import ReleaseEvent
-
-        self.ledger.record(
-            ReleaseEvent(
-                mechanism="gaussian",
-                block="fedlog-statistic",
-                sensitivity=self.sensitivity,
-                scale=float(scale),
-                relation=self.level,
-                rounds=1,
-                release_id=self.ledger.new_release(),
-            )
-        )
+        """Client k's augmented statistic A_k (C, m) scaled as the mechanism bounds it before release."""
+        A = np.asarray(A, dtype=np.float64)
+        return A * self.upload_factors(A)[..., None, None]
 
     def composed_epsilon(self) -> float:
-        """Epsilon of the releases recorded so far, GDP only (cheap: for per-round curves)."""
+        """Epsilon of the releases traced so far, GDP only (cheap: for per-round curves)."""
         from mechanisms.accounting import ledger_epsilon
 
-        return ledger_epsilon(self.ledger.events, self.delta, "gdp")[0] if self.ledger.events else 0.0
+        events = trace_events(self.traces)
+        return ledger_epsilon(events, self.delta, "gdp")[0] if events else 0.0
 
     def report(self) -> RoundsPrivacyReport:
-        """The guarantee of the releases recorded so far (GDP exact; PLD cross-check for mu <= 8)."""
-        from mechanisms.accounting import ledger_epsilon
-        from mechanisms.calibration import gdp_epsilon
-
-        events = self.ledger.events
-        n = len(events)
-        eps, _ = ledger_epsilon(events, self.delta, "gdp") if n else (0.0, "")
-        eps_pld = math.nan
-        # from the noise each release really carried (distributed shares: only those that reached the sum)
-        mu_total = math.sqrt(sum((e.sensitivity / e.scale) ** 2 for e in events)) if n else 0.0
-        # dp-accounting's PLD grid grows with the privacy-loss range (~ mu^2): cross-check moderate mu only
-        if n and self.accountant_check and mu_total <= _PLD_MAX_MU:
-            eps_pld, _ = ledger_epsilon(events, self.delta, "pld")
-        mu1 = self.mu_per_release
-        per_round = self.epsilon if self.calibration == "paper" else gdp_epsilon(mu1, self.delta)
-        notes = []
-        formal = True
-        if self.level == "record" and self.record_bound == "theorem" and self.bodies_trained:
-            formal = False
-            notes.append(
-                "Theorem 3.1's sensitivity assumes a body independent of the private records; these bodies were "
-                "trained on them, so one record can move every feature of its client: the epsilons below are "
-                "what the paper's accounting gives, NOT a formal guarantee (use record_bound='upload')"
-            )
-        if self.record_bound == "upload":
-            notes.append(
-                f"trained bodies: each client's upload bounded to max_records={self.max_records} records' "
-                "worth; sensitivity = its diameter 2 n_max Delta (valid under adaptive composition)"
-            )
-        if self.level == "client":
-            notes.append(
-                f"client level: each client's upload bounded to max_records={self.max_records} records' "
-                "worth; sensitivity n_max Delta"
-            )
-        if self.calibration == "paper" and self.epsilon > 1:
-            notes.append(
-                "classic sigma outside its proven range (epsilon > 1): the per-round epsilon is not proven"
-            )
-        if self.placement == "distributed":
-            if self.secure_notes:
-                notes.extend(self.secure_notes)
-            else:
-                notes.append(
-                    "each client adds N(0, sigma^2/K); holds while secure aggregation hides the individual "
-                    "uploads and no client drops out or colludes (simulated as a plain sum here)"
-                )
-        elif self.placement == "central":
-            notes.append("noise on the sum added by a trusted server")
-        else:
-            notes.append("every client noises its own upload with the full sigma (the sum carries K sigma^2)")
-        notes.append("floating-point noise (backend 'numpy'): not hardened against floating-point attacks")
-        simulation = bool(n) and self.seeded is not False
-        if simulation:
-            src = f"noise_seed={self.noise_seed}" if self.noise_seed is not None else "a caller's Generator"
-            notes.insert(
-                0,
-                f"seeded simulation, NOT A RELEASE: the noise was drawn from {src} and can be replayed "
-                "by anyone who knows it; run without noise_seed (fresh OS entropy) for a release",
-            )
-        notes.extend(self.extra_notes)
-        where = {"central": "trusted server", "distributed": "secure aggregation", "local": "local noise"}
-        if formal:
-            guarantee = (
-                f"({format_up(eps)}, {format_up(self.delta)})-DP at {self.level} level over {n} release(s) "
-                f"(GDP mu = {format_up(mu_total)}); {where[self.placement]}; {self._how}"
-            )
-        else:
-            guarantee = (
-                f"NO FORMAL GUARANTEE (bodies trained on the private records): the paper's accounting "
-                f"gives eps = {format_up(per_round)} per round, composing to eps = {format_up(eps)} over "
-                f"{n} releases at delta = {format_up(self.delta)}"
-            )
-        if simulation:
-            guarantee = "SIMULATION (seeded simulation, replayable noise): " + guarantee
-        return RoundsPrivacyReport(
-            epsilon=float(eps),
-            epsilon_pld=float(eps_pld),
-            per_round_epsilon=float(per_round),
-            per_round_epsilon_exact=float(gdp_epsilon(mu1, self.delta)),
-            target_epsilon=self.epsilon,
-            delta=self.delta,
-            level=self.level,
-            placement=self.placement,
-            calibration=self._how,
-            record_bound=self.record_bound,
-            sensitivity=self.sensitivity,
-            sigma=self.sigma,
-            mu_per_release=mu1,
-            mu_total=mu_total,
-            releases=n,
-            formal=formal,
-            guarantee=guarantee,
-            notes=tuple(notes),
-            simulation=simulation,
-        )
-
-
-SECURE_CHOICES = ("auto", "none", "mask", "ckks")
+        """The guarantee of the releases traced so far (GDP exact; PLD cross-check for mu <= 8)."""
+        return rounds_report(self, self.traces)
 
 
 class RoundRelease:
-    """How one round's statistic reaches the server: clipping bound, noise and (secure) summation.
+    """One round's release: the per-client statistics through the release plan, one trace a round.
 
     Parameters
     ----------
@@ -431,12 +283,14 @@ class RoundRelease:
         Clients that drop out of every round's secure sum (masking only), drawn
         per round from the release generator, in ``dropout_phase``.
     dropout_phase : {"before_upload", "after_upload"}
-        Before uploading (input and noise share missing from the sum) or after.
     frac_bits : int
         Fixed-point fractional bits of the masking protocol.
+    nu : float
+        FedLog's prior pseudo-count (the server's head).
 
-    Each call is one release: the epsilon it is charged is computed from the
-    noise present in the sum (only the shares of clients whose upload entered it).
+    Each call is one release: the plan's stages bound, noise and sum the uploads, the mechanism books
+    the noise present in the sum (only the shares of clients whose upload entered it), and the round's
+    :class:`~privfed.release.ReleaseTrace` is kept in :attr:`traces` (and ``dp.traces``).
     """
 
     def __init__(
@@ -448,9 +302,10 @@ class RoundRelease:
         dropouts: int = 0,
         dropout_phase: str = "before_upload",
         frac_bits: int = 32,
+        nu: float = 1.0,
     ) -> None:
         from mechanisms.secagg import CKKSAggregation, PairwiseMasking
-        from mechanisms.secagg_noise import DistributedGaussian
+        from privfed.release import ReleasePlan
 
         if secure_agg not in SECURE_CHOICES[1:]:
             raise ConfigError(
@@ -464,30 +319,29 @@ class RoundRelease:
                 "placement='distributed' splits the noise across clients and needs secure aggregation "
                 "to hide each client's upload: use secure_agg='mask' or 'ckks'"
             )
+        if dp is not None and not distributed and secure_agg != "none":
+            raise ConfigError(
+                f"placement={dp.placement!r} with secure_agg={secure_agg!r}: under secure aggregation the "
+                "clients split the noise of the sum; use placement='distributed' (or secure_agg='none')"
+            )
         if dropouts and secure_agg != "mask":
             raise ConfigError(
                 f"dropouts={dropouts} are simulated by the masking protocol only: use secure_agg='mask'"
             )
-        noise = None
-        if distributed:
-            t = dp.tolerate
-            if not 0 <= t < K:
-                raise ConfigError(f"tolerate must lie in [0, num_clients - 1 = {K - 1}], got tolerate={t}")
-            # share std sigma / sqrt(K - t): DistributedGaussian's share is sigma_total / sqrt(K)
-            noise = DistributedGaussian(
-                sigma=dp.sigma * math.sqrt(K / (K - t)),
-                sensitivity=dp.sensitivity,
-                delta=dp.delta,
-                tolerate=t,
-                backend=dp.backend,
+        if distributed and not 0 <= dp.tolerate < K:
+            raise ConfigError(
+                f"tolerate must lie in [0, num_clients - 1 = {K - 1}], got tolerate={dp.tolerate}"
             )
         self.protocol = None
         if secure_agg == "mask":
             self.protocol = PairwiseMasking(
-                frac_bits=frac_bits, dropouts=dropouts, dropout_phase=dropout_phase, noise=noise
+                frac_bits=frac_bits, dropouts=dropouts, dropout_phase=dropout_phase
             )
         elif secure_agg == "ckks":
-            self.protocol = CKKSAggregation(noise=noise)
+            self.protocol = CKKSAggregation()
+        self.method = AugmentedFedLog(nu=nu)
+        self.plan = ReleasePlan.build(self.method, None if dp is None else dp.mechanism, self.protocol)
+        self.traces: list[Any] = []
         self.calls: list[dict] = []
         self.views: list[Any] = []
         if distributed:
@@ -511,36 +365,31 @@ class RoundRelease:
         )
         dp.secure_notes[:] = [text]
 
+    def release(self, A: np.ndarray, rng: np.random.Generator):
+        """Run the round's plan on the per-client statistics ``A`` (K, C, m): the head, with ``head.trace``."""
+        A = np.asarray(A, dtype=np.float64)
+        if A.ndim != 3 or A.shape[0] != self.num_clients:
+            raise ConfigError(
+                f"a round's statistics must be (num_clients={self.num_clients}, C, d + 1), got shape {A.shape}"
+            )
+        stats = ClientStats(counts=A[:, :, 0].copy(), sums=A[:, :, 1:].copy())
+        dp = self.dp
+        seeded = dp is None or dp.seeded is not False
+        head = self.plan.release(stats, num_clients=self.num_clients, rng=rng, seeded=seeded)
+        self.traces.append(head.trace)
+        if dp is not None:
+            dp.traces.append(head.trace)
+        if self.protocol is not None:
+            run = self.protocol.last_run
+            self.calls.append(dict(run.calls[0]))
+            self.views.append(run.views[0])
+            if dp is not None and dp.placement == "distributed":
+                self._note()
+        return head
+
     def __call__(self, A: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """The released sum (C, m) of the per-client augmented statistics ``A`` (K, C, m)."""
-        dp = self.dp
-        A = np.asarray(A, dtype=np.float64)
-        if dp is not None:
-            A = dp.bound_uploads(A)
-            if dp.placement == "local":
-                A = dp.backend.add_gaussian(A, dp.sigma, rng)
-        K = A.shape[0]
-        present = K
-        if self.protocol is None:
-            total = A.sum(axis=0)
-        else:
-            run = self.protocol.secure_sum(rng)
-            total = run(A)
-            call = dict(run.calls[0])
-            present = int(call.get("uploaded", K))
-            self.calls.append(call)
-            self.views.append(run.views[0])
-        if dp is not None:
-            if dp.placement == "central":
-                total = dp.backend.add_gaussian(total, dp.sigma, rng)
-                scale = dp.sigma
-            elif dp.placement == "distributed":
-                scale = dp.sigma * math.sqrt(present / (K - dp.tolerate))
-                self._note()
-            else:
-                scale = dp.sigma  # every uploaded row carries its own full sigma
-            dp.record_release(scale)
-        return total
+        return released_statistic(self.release(A, rng).trace)
 
     def report(self) -> dict | None:
         """Protocol, parameters, per-round calls (uploaders, dropouts, bytes) and threat model; None without one."""

@@ -27,7 +27,11 @@ raw pixels).  They start from scratch or from a network trained on the
 
 Differential privacy over rounds
 --------------------------------
-Every round releases a new statistic, so R rounds are R releases.  Noise is
+Every round releases a new statistic, so R rounds are R releases.  Each is one run of the release
+plan ``privfed.fit`` runs (:class:`privfed.release.ReleasePlan`, FedLog's augmented statistic under
+one :class:`mechanisms.GaussianMechanism`), leaving its :class:`privfed.release.ReleaseTrace`
+(``RoundsResult.traces``); the guarantee is composed from the traces' events
+(:mod:`privfed.fedlog_report`).  Noise is
 added to the augmented statistic (counts and sums together, one sigma: the
 Gaussian mechanism on phi (x) e_y of Theorem 3.1), centrally (a trusted
 server noises the sum), distributed (each client adds N(0, sigma^2/(K - t)) and
@@ -64,8 +68,9 @@ or CKKS (:class:`mechanisms.secagg.CKKSAggregation`).  ``placement=
 "distributed"`` needs one (masking by default): every client adds its share
 N(0, sigma^2/(K - t)) before masking, and the release is charged the noise
 its sum really carries (U present shares: U sigma^2/(K - t)); ``dropouts``
-simulates clients leaving each round.  The server's view of every round
-(masked ring elements only) is kept in ``RoundsResult.server_views``.
+simulates clients leaving each round; a trusted server (``placement="central"``) or clients noising
+their own uploads (``"local"``) sum in clear.  The protocol's view of every round (masked ring
+elements only) is kept in ``RoundsResult.server_views``.
 
 Per-round API (for running the protocol in another loop, e.g. Flower)
 --------------------------------------------------------------------
@@ -74,7 +79,12 @@ Per-round API (for running the protocol in another loop, e.g. Flower)
 (C, m) statistic), :func:`client_statistic` (the statistic alone) and
 :func:`server_step` (the MAP head and the array to broadcast from the
 released sum).  :class:`RoundRelease` turns the clients' statistics into one
-release (bound, noise, secure sum) and charges it to a :class:`RoundsDP` ledger.
+release (the plan's stages: bound, noise, secure sum, head) and keeps its trace.
+
+Modules: :mod:`privfed.fedlog_training` (the protocol), :mod:`privfed.fedlog_baselines`,
+:mod:`privfed.fedlog_run` (:func:`run_rounds`), :mod:`privfed.fedlog_release` and
+:mod:`privfed.fedlog_report` (the release and its guarantee); this module holds the trade-off
+command and re-exports the rest.
 
 Training, partition and initial heads are seeded and bit-reproducible on
 CPU (deterministic algorithms, one thread).  The noise of every release (and
@@ -89,762 +99,61 @@ released sums do not depend on them.
 
 from __future__ import annotations
 
-import copy
 import math
-import time
-import warnings
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from dataclasses import asdict
 
 import numpy as np
-import torch
-from torch import nn
 
 from mechanisms.ledger import format_up
-from privfed.data.digits import deterministic_torch
 from privfed.errors import ConfigError
-from privfed.fedlog_bodies import (
-    FAMILIES,
-    FEATURE_DIM,
-    augment,
-    client_features,
-    features,
-    make_body,
-    num_parameters,
-    public_body,
-)
-from privfed.fedlog_release import (
-    SECURE_CHOICES,
-    RoundRelease,
-    RoundsDP,
-    RoundsPrivacyReport,
-    noise_generator,
+from privfed.fedlog_bodies import FAMILIES, FEATURE_DIM, make_body
+from privfed.fedlog_config import DEFAULT_MAX_RECORDS, RoundsConfig, RoundsResult
+from privfed.fedlog_release import RoundRelease, RoundsDP, RoundsPrivacyReport, noise_generator
+from privfed.fedlog_run import make_dp, run_rounds
+from privfed.fedlog_training import (
+    RoundsClient,
+    RoundsSetup,
+    assign_families,
+    client_statistic,
+    client_update,
+    head_eta,
+    init_body,
+    initial_head,
+    personal_test_split,
+    server_step,
+    train_body,
 )
 
 __all__ = [
+    "CHECKPOINT_S",
     "DEFAULT_MAX_RECORDS",
     "FAMILIES",
+    "FEATURE_DIM",
+    "RoundRelease",
+    "RoundsClient",
     "RoundsConfig",
     "RoundsDP",
     "RoundsPrivacyReport",
-    "RoundRelease",
     "RoundsResult",
+    "RoundsSetup",
     "assign_families",
+    "attack_summary",
     "client_statistic",
     "client_update",
+    "head_eta",
+    "init_body",
     "initial_head",
     "make_body",
+    "make_dp",
+    "noise_generator",
     "personal_test_split",
     "run_rounds",
     "server_step",
+    "tradeoff_main",
+    "tradeoff_rounds",
+    "train_body",
 ]
-
-
-# ---------------------------------------------------------------- clients and their bodies
-def assign_families(num_clients: int, families: Sequence[str], seed: int) -> list[str]:
-    """Seeded balanced assignment: client k gets ``families[perm[k] mod F]``."""
-    families = tuple(families)
-    for f in families:
-        if f not in FAMILIES:
-            raise ConfigError(f"unknown body family {f!r}; choose from {list(FAMILIES)}")
-    if not families:
-        raise ConfigError("families must name at least one body family")
-    perm = np.random.default_rng([int(seed), 0xA5]).permutation(num_clients)
-    return [families[int(p) % len(families)] for p in perm]
-
-
-# ---------------------------------------------------------------- data
-def personal_test_split(
-    train_counts: np.ndarray, test_labels: np.ndarray, rng: np.random.Generator
-) -> np.ndarray:
-    """Client of every test sample, distributed like the training data (the paper's personalised test).
-
-    For each class c the test samples of class c are shuffled and cut over the
-    clients holding class c, in proportion to their training counts n_kc.
-    Returns an int array (N_test,), -1 for a class no client holds.
-    """
-    K, C = train_counts.shape
-    out = np.full(test_labels.shape[0], -1, dtype=np.int64)
-    for c in range(C):
-        idx = rng.permutation(np.flatnonzero(test_labels == c))
-        w = train_counts[:, c].astype(np.float64)
-        if w.sum() <= 0 or idx.size == 0:
-            continue
-        cuts = np.rint(np.cumsum(w) / w.sum() * idx.size).astype(np.int64)
-        start = 0
-        for k in range(K):
-            out[idx[start : cuts[k]]] = k
-            start = cuts[k]
-    return out
-
-
-# ---------------------------------------------------------------- config / result
-@dataclass(frozen=True)
-class RoundsConfig:
-    """Every setting of a multi-round FedLog run (defaults: the paper's MNIST recipe on digits)."""
-
-    clients: int = 20
-    rounds: int = 10
-    local_epochs: int = 5
-    batch_size: int = 10
-    lr: float = 1e-3
-    families: tuple[str, ...] = FAMILIES
-    init: str = "public"
-    partition: str = "shards"
-    classes_per_client: int = 2
-    alpha: float = 0.1
-    seed: int = 0
-    nu: float = 1.0
-    head_init_scale: float | None = None
-    #: baselines run beside FedLog only when asked (each costs a run of its own: timing["<name>_s"])
-    baselines: tuple[str, ...] = ()
-    fedavg_family: str = "cnn"
-    # privacy (epsilon = inf: none)
-    epsilon: float = math.inf
-    delta: float = 1e-5
-    level: str = "record"
-    placement: str = "central"
-    calibration: str = "total"
-    record_bound: str = "auto"
-    clip: float = 2.0
-    clip_norm: str = "coordinate"
-    #: n_max of the client bound; None: the public default DEFAULT_MAX_RECORDS (never the data's largest client)
-    max_records: int | None = None
-    #: None: every release's noise from fresh OS entropy; an int: a reproducible seeded simulation
-    noise_seed: int | None = None
-    # secure aggregation of every round's release ("auto": masking when placement is distributed)
-    secure_agg: str = "auto"
-    dropouts: int = 0
-    dropout_phase: str = "before_upload"
-    tolerate: int = 0
-    # membership attacks across the rounds (attacks.rounds): member / holdout pairs tested, 0 for none
-    attack_pairs: int = 0
-
-    def validate(self) -> RoundsConfig:
-        def pos_int(name, low=1):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < low:
-                raise ConfigError(f"{name} must be an integer >= {low}, got {name}={v!r}")
-
-        for name in ("clients", "rounds", "batch_size", "classes_per_client"):
-            pos_int(name)
-        pos_int("local_epochs", 0)
-        pos_int("seed", 0)
-        if self.noise_seed is not None:
-            pos_int("noise_seed", 0)
-        if self.max_records is not None:
-            pos_int("max_records")
-        if not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0):
-            raise ConfigError(f"lr must be a finite number > 0, got lr={self.lr!r}")
-        if self.init not in ("public", "scratch"):
-            raise ConfigError(
-                f"init must be 'public' (trained on the public split) or 'scratch', got {self.init!r}"
-            )
-        fams = tuple(self.families)
-        if not fams or any(f not in FAMILIES for f in fams):
-            raise ConfigError(f"families must be a non-empty list from {list(FAMILIES)}, got {list(fams)}")
-        if self.fedavg_family not in FAMILIES:
-            raise ConfigError(f"fedavg_family must be one of {list(FAMILIES)}, got {self.fedavg_family!r}")
-        bad = [b for b in self.baselines if b not in ("oneshot", "local", "fedavg")]
-        if bad:
-            raise ConfigError(f"unknown baseline(s) {bad}; choose from ['oneshot', 'local', 'fedavg']")
-        if not (self.nu >= 0):
-            raise ConfigError(f"nu must be >= 0, got nu={self.nu!r}")
-        if self.secure_agg not in SECURE_CHOICES:
-            raise ConfigError(
-                f"secure_agg must be one of {list(SECURE_CHOICES)}, got secure_agg={self.secure_agg!r}"
-            )
-        pos_int("dropouts", 0)
-        pos_int("tolerate", 0)
-        pos_int("attack_pairs", 0)
-        if self.dropout_phase not in ("before_upload", "after_upload"):
-            raise ConfigError(
-                f"dropout_phase must be 'before_upload' or 'after_upload', got {self.dropout_phase!r}"
-            )
-        if self.dropouts >= self.clients:
-            raise ConfigError(f"dropouts={self.dropouts} must be fewer than clients={self.clients}")
-        return replace(self, families=fams, baselines=tuple(self.baselines))
-
-    @property
-    def secure_kind(self) -> str:
-        """The secure aggregation protocol run each round ("auto" resolved)."""
-        if self.secure_agg != "auto":
-            return self.secure_agg
-        return (
-            "mask"
-            if (self.placement == "distributed" and not math.isinf(self.epsilon)) or self.dropouts
-            else "none"
-        )
-
-
-@dataclass
-class RoundsResult:
-    """Outcome of :func:`run_rounds`."""
-
-    config: RoundsConfig
-    history: list[dict]
-    personalised_accuracy: float
-    common_accuracy: float
-    head: Any
-    families: list[str]
-    bytes: dict
-    privacy: RoundsPrivacyReport | None
-    baselines: dict = field(default_factory=dict)
-    timing: dict = field(default_factory=dict)
-    notes: list = field(default_factory=list)
-    #: the secure aggregation protocol's report (None when the server summed plain uploads)
-    secure_aggregation: dict | None = None
-    #: what the server received each round under the protocol (mechanisms.masking.ServerView per round)
-    server_views: list = field(default_factory=list, repr=False)
-    #: membership attacks across the rounds (attacks.rounds), when ``attack_pairs`` > 0
-    attacks: dict | None = None
-
-    def summary(self) -> dict:
-        out = {
-            "fedlog": {
-                "personalised": self.personalised_accuracy,
-                "common": self.common_accuracy,
-                "upload_bytes_per_round": self.bytes["upload_per_round"],
-                "upload_bytes_total": self.bytes["upload_total"],
-            },
-        }
-        for name, b in self.baselines.items():
-            out[name] = {
-                k: b[k]
-                for k in ("personalised", "common", "upload_bytes_per_round", "upload_bytes_total")
-                if k in b
-            }
-        return out
-
-
-# ---------------------------------------------------------------- training pieces
-class RoundsClient:
-    """One client's private state: images, labels, body, optimiser, data-order generator."""
-
-    def __init__(self, k, x, y, xt, yt, body, lr, seed):
-        self.k = k
-        self.x, self.y, self.xt, self.yt = x, y, xt, yt
-        self.body = body
-        self.opt = torch.optim.Adam(body.parameters(), lr=lr)
-        self.gen = torch.Generator().manual_seed(
-            int(np.random.default_rng([seed, 0xB0D7, k]).integers(2**62))
-        )
-
-
-def train_body(client: RoundsClient, head_eta: torch.Tensor, epochs: int, batch_size: int, clip_fn) -> None:
-    """E epochs of cross-entropy of softmax(eta phi) with the head fixed (Eq. 13)."""
-    F = torch.nn.functional
-    body = client.body
-    body.train()
-    n = client.y.shape[0]
-    for _ in range(epochs):
-        perm = torch.randperm(n, generator=client.gen)
-        for start in range(0, n, batch_size):
-            b = perm[start : start + batch_size]
-            logits = augment(features(body, client.x[b], clip_fn)) @ head_eta.T
-            loss = F.cross_entropy(logits, client.y[b])
-            client.opt.zero_grad()
-            loss.backward()
-            client.opt.step()
-
-
-def client_statistic(
-    body: nn.Module, x: torch.Tensor, y: torch.Tensor, *, num_classes: int = 10, clip_fn=None
-) -> np.ndarray:
-    """One client's upload: the per-class sums of its augmented features [1, f] (C, m), counts in column 0.
-
-    ``clip_fn`` is the clipping the mechanism requires (``RoundsDP.clip_tensor``), None without DP.
-    """
-    Fk = client_features(body, x, clip_fn)
-    yk = np.asarray(y.numpy() if isinstance(y, torch.Tensor) else y, dtype=np.int64)
-    A = np.zeros((num_classes, Fk.shape[1] + 1))
-    A[:, 0] = np.bincount(yk, minlength=num_classes)
-    for cls in np.unique(yk):
-        A[cls, 1:] = Fk[yk == cls].sum(axis=0)
-    return A
-
-
-def client_update(
-    body: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    x: torch.Tensor,
-    y: torch.Tensor,
-    head_eta: np.ndarray,
-    *,
-    epochs: int,
-    batch_size: int,
-    generator: torch.Generator,
-    num_classes: int = 10,
-    clip_fn=None,
-) -> np.ndarray:
-    """One client's round: train ``body`` for ``epochs`` against the broadcast head, then its statistic.
-
-    ``head_eta`` (C, m) is the head [bias, weight] the server broadcast; ``body``,
-    ``optimizer`` and ``generator`` (the data order) are the client's private state and
-    are updated in place.  Returns :func:`client_statistic` of the trained body.
-    """
-    client = RoundsClient.__new__(RoundsClient)
-    client.body, client.opt, client.gen, client.x, client.y = body, optimizer, generator, x, y
-    if epochs > 0:
-        train_body(
-            client, torch.from_numpy(np.asarray(head_eta, dtype=np.float32)), epochs, batch_size, clip_fn
-        )
-    return client_statistic(body, x, y, num_classes=num_classes, clip_fn=clip_fn)
-
-
-def server_step(total: np.ndarray, *, nu: float = 1.0):
-    """The server's step: the MAP head of Eq. 15 from the released sum (C, m) of the clients' statistics.
-
-    Returns ``(head, eta)``: the :class:`privfed.head.LinearHead` and the (C, m) array to broadcast.
-    """
-    from privfed.methods.fedlog import FedLog
-    from privfed.stats import ClientStats
-
-    total = np.asarray(total, dtype=np.float64)
-    head = FedLog(nu=nu).aggregate(ClientStats(counts=total[None, :, 0], sums=total[None, :, 1:]))
-    return head, head_eta(head)
-
-
-def initial_head(
-    num_classes: int, seed: int, *, dim: int = FEATURE_DIM, scale: float | None = None
-) -> np.ndarray:
-    """The server's seeded random initial head (C, d + 1), uniform in [-scale, scale] (1/sqrt(m) by default)."""
-    m = dim + 1
-    s = scale if scale is not None else 1.0 / math.sqrt(m)
-    return np.random.default_rng([seed, 0x4EAD]).uniform(-s, s, size=(num_classes, m))
-
-
-def _accuracy(pred: np.ndarray, y: np.ndarray) -> float:
-    return float(np.mean(pred == y)) if y.size else math.nan
-
-
-def head_eta(head) -> np.ndarray:
-    return np.concatenate([head.bias[:, None], head.weight], axis=1)
-
-
-class RoundsSetup:
-    """Data, partition, personalised test split and client families of one seeded run."""
-
-    def __init__(self, cfg: RoundsConfig):
-        from privfed.data.digits import digits_splits
-        from privfed.federation import partition
-
-        self.splits = digits_splits(cfg.seed)
-        y = np.asarray(self.splits.private_labels)
-        self.C = 10
-        part = partition(
-            y,
-            cfg.clients,
-            cfg.partition,
-            alpha=cfg.alpha,
-            rng=cfg.seed,
-            classes_per_client=cfg.classes_per_client,
-        )
-        self.part = part
-        self.clients = np.asarray(part.clients)
-        sizes = part.sizes()
-        if (sizes == 0).any():
-            raise ConfigError(
-                f"partition {cfg.partition!r} left client(s) {np.flatnonzero(sizes == 0).tolist()} "
-                "empty; use fewer clients or another scheme"
-            )
-        self.train_counts = part.class_counts(y, self.C)
-        yt = np.asarray(self.splits.test_labels)
-        self.test_clients = personal_test_split(
-            self.train_counts, yt, np.random.default_rng([cfg.seed, 0x7E57])
-        )
-        self.families = assign_families(cfg.clients, cfg.families, cfg.seed)
-        self.x_all = torch.from_numpy(np.array(self.splits.private_images, dtype=np.float32))[:, None]
-        self.y_all = torch.from_numpy(y.copy())
-        self.xt_all = torch.from_numpy(np.array(self.splits.test_images, dtype=np.float32))[:, None]
-        self.yt_all = yt
-
-    def client_data(self, k):
-        idx = np.flatnonzero(self.clients == k)
-        tidx = np.flatnonzero(self.test_clients == k)
-        return (self.x_all[idx], self.y_all[idx], self.xt_all[tidx], self.yt_all[tidx])
-
-
-def init_body(family: str, init: str, seed: int, k: int) -> nn.Module:
-    if init == "public":
-        return public_body(family, seed)
-    torch.manual_seed(int(np.random.default_rng([seed, 0x1417, k]).integers(2**62)))
-    return make_body(family)
-
-
-# ---------------------------------------------------------------- FedLog rounds
-def _fedlog(
-    cfg: RoundsConfig,
-    setup: RoundsSetup,
-    families: list[str],
-    *,
-    rounds: int,
-    epochs: int,
-    dp: RoundsDP | None,
-    noise_rng,
-    bar=None,
-    label="fedlog",
-    release: RoundRelease | None = None,
-    observer=None,
-) -> dict:
-    """The multi-round protocol; returns accuracies, the last head and the per-round history."""
-    from privfed.methods.fedlog import FedLog, fedlog_gradient
-    from privfed.stats import ClientStats
-
-    K, C, d = cfg.clients, setup.C, FEATURE_DIM
-    m = d + 1
-    method = FedLog(nu=cfg.nu)
-    clip_fn = dp.clip_tensor if dp is not None else None
-    clients = []
-    for k in range(K):
-        x, y, xt, yt = setup.client_data(k)
-        clients.append(
-            RoundsClient(k, x, y, xt, yt, init_body(families[k], cfg.init, cfg.seed, k), cfg.lr, cfg.seed)
-        )
-    if epochs == 0:
-        for c in clients:
-            for p in c.body.parameters():
-                p.requires_grad_(False)
-    # Server: random initial head (Algorithm 1), seeded.
-    eta = initial_head(C, cfg.seed, dim=d, scale=cfg.head_init_scale)
-    history = []
-    head = None
-    for r in range(rounds):
-        eta_t = torch.from_numpy(eta.astype(np.float32))
-        A = np.zeros((K, C, m))
-        for c in clients:
-            if epochs > 0:
-                train_body(c, eta_t, epochs, cfg.batch_size, clip_fn)
-            A[c.k] = client_statistic(c.body, c.x, c.y, num_classes=C, clip_fn=clip_fn)
-        if release is None:
-            release = RoundRelease(dp, "none", num_clients=K)
-        if dp is None and release.protocol is None:
-            stats = ClientStats(counts=A[:, :, 0], sums=A[:, :, 1:])
-        else:
-            total = release(A, noise_rng)
-            stats = ClientStats(counts=total[None, :, 0], sums=total[None, :, 1:])
-        if observer is not None:
-            observer(r, clients, A, stats)
-        head = method.aggregate(stats)
-        eta = head_eta(head)
-        tot = stats.total()
-        Phi = np.concatenate([tot.counts[0][:, None], tot.sums[0]], axis=1)
-        nu_n = float(head.extras["nu_plus_n"])
-        grad = fedlog_gradient(eta, Phi + method.params["chi"], nu_n)
-        pers, common = _evaluate(clients, head, clip_fn, setup)
-        history.append(
-            {
-                "round": r + 1,
-                "personalised": pers,
-                "common": common,
-                "gradient_norm": float(np.linalg.norm(grad)),
-                "head_norm": float(np.linalg.norm(eta)),
-                "eta": eta,
-                "statistic": Phi,
-                "nu_plus_n": nu_n,
-                "epsilon": (dp.composed_epsilon() if dp is not None else math.inf),
-            }
-        )
-        if bar is not None:
-            bar.set_postfix_str(f"{label} r{r + 1} pers {pers:.3f}")
-            bar.update(1)
-    return {
-        "history": history,
-        "head": head,
-        "personalised": history[-1]["personalised"],
-        "common": history[-1]["common"],
-        "clients": clients,
-    }
-
-
-def _evaluate(clients, head, clip_fn, setup) -> tuple[float, float]:
-    pers, common = [], []
-    for c in clients:
-        if c.yt.size:
-            pers.append(_accuracy(head.predict(client_features(c.body, c.xt, clip_fn)), c.yt))
-        common.append(_accuracy(head.predict(client_features(c.body, setup.xt_all, clip_fn)), setup.yt_all))
-    return float(np.mean(pers)), float(np.mean(common))
-
-
-# ---------------------------------------------------------------- baselines
-class _Classifier(nn.Module):
-    def __init__(self, body: nn.Module, C: int = 10):
-        super().__init__()
-        self.body = body
-        self.head = nn.Linear(FEATURE_DIM, C)
-
-    def forward(self, x):
-        return self.head(self.body(x))
-
-
-def _train_classifier(model, opt, x, y, epochs, batch_size, gen) -> None:
-    F = torch.nn.functional
-    model.train()
-    n = y.shape[0]
-    for _ in range(epochs):
-        perm = torch.randperm(n, generator=gen)
-        for start in range(0, n, batch_size):
-            b = perm[start : start + batch_size]
-            loss = F.cross_entropy(model(x[b]), y[b])
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-
-
-def _predict(model, x) -> np.ndarray:
-    model.eval()
-    with torch.no_grad():
-        return model(x).argmax(dim=1).numpy()
-
-
-def _fedavg(cfg: RoundsConfig, setup: RoundsSetup, bar=None) -> dict:
-    """FedAvg of the whole model (body + linear head), every client the same family."""
-    K = cfg.clients
-    fam = cfg.fedavg_family
-    torch.manual_seed(int(np.random.default_rng([cfg.seed, 0xFEDA]).integers(2**62)))
-    glob = _Classifier(init_body(fam, cfg.init, cfg.seed, 0))
-    data = [setup.client_data(k) for k in range(K)]
-    gens = [
-        torch.Generator().manual_seed(int(np.random.default_rng([cfg.seed, 0xB0D7, k]).integers(2**62)))
-        for k in range(K)
-    ]
-    n = np.array([d[1].shape[0] for d in data], dtype=np.float64)
-    w = n / n.sum()
-    history = []
-    for r in range(cfg.rounds):
-        states = []
-        for k in range(K):
-            local = copy.deepcopy(glob)
-            opt = torch.optim.Adam(local.parameters(), lr=cfg.lr)
-            _train_classifier(local, opt, data[k][0], data[k][1], cfg.local_epochs, cfg.batch_size, gens[k])
-            states.append(local.state_dict())
-        avg = {key: sum(float(w[k]) * states[k][key] for k in range(K)) for key in states[0]}
-        glob.load_state_dict(avg)
-        pers = float(np.mean([_accuracy(_predict(glob, d[2]), d[3]) for d in data if d[3].size]))
-        common = _accuracy(_predict(glob, setup.xt_all), setup.yt_all)
-        history.append({"round": r + 1, "personalised": pers, "common": common})
-        if bar is not None:
-            bar.set_postfix_str(f"fedavg r{r + 1} pers {pers:.3f}")
-            bar.update(1)
-    P = num_parameters(glob)
-    return {
-        "history": history,
-        "personalised": history[-1]["personalised"],
-        "common": history[-1]["common"],
-        "family": fam,
-        "parameters": P,
-        "upload_bytes_per_round": 4 * P * K,
-        "upload_bytes_total": 4 * P * K * cfg.rounds,
-        "download_bytes_per_round": 4 * P * K,
-    }
-
-
-def _local_only(cfg: RoundsConfig, setup: RoundsSetup, families, bar=None) -> dict:
-    """Each client trains body + its own linear head for R x E epochs; nothing is shared."""
-    pers, common = [], []
-    for k in range(cfg.clients):
-        x, y, xt, yt = setup.client_data(k)
-        torch.manual_seed(int(np.random.default_rng([cfg.seed, 0x10CA, k]).integers(2**62)))
-        model = _Classifier(init_body(families[k], cfg.init, cfg.seed, k))
-        opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
-        gen = torch.Generator().manual_seed(int(np.random.default_rng([cfg.seed, 0xB0D7, k]).integers(2**62)))
-        _train_classifier(model, opt, x, y, cfg.rounds * cfg.local_epochs, cfg.batch_size, gen)
-        if yt.size:
-            pers.append(_accuracy(_predict(model, xt), yt))
-        common.append(_accuracy(_predict(model, setup.xt_all), setup.yt_all))
-        if bar is not None:
-            bar.update(1)
-    return {
-        "personalised": float(np.mean(pers)),
-        "common": float(np.mean(common)),
-        "upload_bytes_per_round": 0,
-        "upload_bytes_total": 0,
-    }
-
-
-# ---------------------------------------------------------------- entry point
-#: Public default of n_max (``max_records``) when the caller gives none: a fixed number, never read from the data
-#: (clients holding more records are scaled down to DEFAULT_MAX_RECORDS records' worth).
-DEFAULT_MAX_RECORDS = 100
-
-
-def make_dp(cfg: RoundsConfig, *, rounds: int, bodies_trained: bool) -> RoundsDP | None:
-    """The run's noise, with its randomness declared: seeded from ``cfg.noise_seed``, or OS entropy."""
-    if math.isinf(cfg.epsilon):
-        return None
-    dp = RoundsDP(
-        epsilon=cfg.epsilon,
-        delta=cfg.delta,
-        clip=cfg.clip,
-        clip_norm=cfg.clip_norm,
-        rounds=rounds,
-        level=cfg.level,
-        placement=cfg.placement,
-        calibration=cfg.calibration,
-        record_bound=cfg.record_bound,
-        max_records=cfg.max_records if cfg.max_records is not None else DEFAULT_MAX_RECORDS,
-        dim=FEATURE_DIM,
-        bodies_trained=bodies_trained,
-        tolerate=cfg.tolerate,
-    )
-    if cfg.max_records is None and dp.record_bound != "theorem":
-        dp.extra_notes.append(
-            f"max_records is the public default {DEFAULT_MAX_RECORDS} (not read from the data; "
-            "pass max_records to choose it)"
-        )
-    dp.declare_randomness(seeded=cfg.noise_seed is not None, noise_seed=cfg.noise_seed)
-    return dp
-
-
-def run_rounds(cfg: RoundsConfig | None = None, *, progress: bool = False, **overrides) -> RoundsResult:
-    """Run multi-round FedLog (and only the baselines named in ``cfg.baselines``) on the digits default.
-
-    Baselines are opt-in (``baselines=("oneshot", "local", "fedavg")`` runs all three): each is a run
-    of its own, timed apart from FedLog in ``timing`` (``fedlog_s``, ``oneshot_s``, ``local_s``,
-    ``fedavg_s``).
-
-    Parameters
-    ----------
-    cfg : RoundsConfig, optional
-        Settings; keyword ``overrides`` replace single fields.
-    progress : bool
-        Show a tqdm bar over rounds (FedLog, FedAvg) and clients (local-only).
-
-    Returns
-    -------
-    RoundsResult
-    """
-    cfg = replace(cfg or RoundsConfig(), **overrides).validate()
-    t0, c0 = time.perf_counter(), time.process_time()
-    from tqdm.auto import tqdm
-
-    notes: list[str] = []
-    with deterministic_torch(), warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="noise backend 'numpy'")
-        setup = RoundsSetup(cfg)
-        families = setup.families
-        noise_rng = noise_generator(cfg.noise_seed, 0x0153)
-        if not math.isinf(cfg.epsilon):
-            notes.append(
-                f"noise drawn from a generator seeded with noise_seed={cfg.noise_seed}: a seeded "
-                "simulation, not a secret release"
-                if cfg.noise_seed is not None
-                else "noise drawn from fresh OS entropy every run"
-            )
-        dp = make_dp(cfg, rounds=cfg.rounds, bodies_trained=cfg.local_epochs > 0)
-        steps = cfg.rounds
-        if "fedavg" in cfg.baselines:
-            steps += cfg.rounds
-        if "local" in cfg.baselines:
-            steps += cfg.clients
-        if "oneshot" in cfg.baselines:
-            steps += 1
-        bar = tqdm(total=steps, desc="fedlog rounds", unit="step", disable=not progress, leave=False)
-        t1 = time.perf_counter()
-        release = RoundRelease(
-            dp,
-            cfg.secure_kind,
-            num_clients=cfg.clients,
-            dropouts=cfg.dropouts,
-            dropout_phase=cfg.dropout_phase,
-        )
-        observer = None
-        if cfg.attack_pairs:
-            from attacks.rounds import RoundsObserver
-
-            observer = RoundsObserver(setup, cfg, dp, release)
-        main = _fedlog(
-            cfg,
-            setup,
-            families,
-            rounds=cfg.rounds,
-            epochs=cfg.local_epochs,
-            dp=dp,
-            noise_rng=noise_rng,
-            bar=bar,
-            release=release,
-            observer=observer,
-        )
-        timing = {"fedlog_s": time.perf_counter() - t1}
-        attacks = None
-        if observer is not None:
-            t1 = time.perf_counter()
-            attacks = observer.evaluate(np.random.default_rng([cfg.seed, 0xA77C]))
-            timing["attacks_s"] = time.perf_counter() - t1
-        m = FEATURE_DIM + 1
-        per_client = 4 * (m * setup.C + 1)
-        bytes_ = {
-            "upload_per_client_round": per_client,
-            "upload_per_round": per_client * cfg.clients,
-            "upload_total": per_client * cfg.clients * cfg.rounds,
-            "download_per_round": 4 * m * setup.C * cfg.clients,
-        }
-        secure = release.report()
-        if secure is not None:
-            # what a client really uploads per round under the protocol (keys, shares, masked ring elements)
-            bytes_["secure_upload_per_client_round"] = secure["upload_bytes_per_client_round"]
-            bytes_["secure_upload_total"] = secure["upload_bytes_per_client_round"] * cfg.clients * cfg.rounds
-        baselines: dict[str, dict] = {}
-        if "oneshot" in cfg.baselines:
-            t1 = time.perf_counter()
-            ocfg = replace(cfg, init="public")
-            odp = make_dp(ocfg, rounds=1, bodies_trained=False)
-            one = _fedlog(
-                ocfg,
-                setup,
-                families,
-                rounds=1,
-                epochs=0,
-                dp=odp,
-                noise_rng=noise_generator(cfg.noise_seed, 0x0E5),
-                bar=bar,
-                label="one-shot",
-            )
-            baselines["oneshot"] = {
-                "personalised": one["personalised"],
-                "common": one["common"],
-                "upload_bytes_per_round": per_client * cfg.clients,
-                "upload_bytes_total": per_client * cfg.clients,
-                "privacy": None if odp is None else odp.report(),
-            }
-            timing["oneshot_s"] = time.perf_counter() - t1
-        if "local" in cfg.baselines:
-            t1 = time.perf_counter()
-            baselines["local"] = _local_only(cfg, setup, families, bar=bar)
-            timing["local_s"] = time.perf_counter() - t1
-        if "fedavg" in cfg.baselines:
-            t1 = time.perf_counter()
-            baselines["fedavg"] = _fedavg(cfg, setup, bar=bar)
-            if len(set(families)) > 1:
-                notes.append(
-                    f"FedAvg needs one architecture: it ran with family {cfg.fedavg_family!r} on every "
-                    "client (FedLog's clients are heterogeneous)"
-                )
-            if dp is not None:
-                notes.append("FedAvg and local-only baselines are not private (no noise)")
-            timing["fedavg_s"] = time.perf_counter() - t1
-        bar.close()
-    timing["total_s"] = time.perf_counter() - t0
-    timing["cpu_s"] = (
-        time.process_time() - c0
-    )  # CPU time of this process (one torch thread): load-independent
-    return RoundsResult(
-        config=cfg,
-        history=main["history"],
-        personalised_accuracy=main["personalised"],
-        common_accuracy=main["common"],
-        head=main["head"],
-        families=families,
-        bytes=bytes_,
-        privacy=None if dp is None else dp.report(),
-        baselines=baselines,
-        timing=timing,
-        notes=notes,
-        secure_aggregation=secure,
-        server_views=release.views,
-        attacks=attacks,
-    )
 
 
 # ---------------------------------------------------------------- trade-off command

@@ -14,14 +14,17 @@ import privfed
 from mechanisms import GaussianMechanism
 from privfed.audit import audit
 from privfed.errors import ConfigError
+from privfed.fedlog_release import AugmentedFedLog, augmented
 from privfed.fedlog_rounds import (
     FEATURE_DIM,
+    RoundRelease,
     RoundsConfig,
     RoundsDP,
     RoundsSetup,
     assign_families,
     run_rounds,
 )
+from privfed.stats import ClientStats
 
 pytestmark = pytest.mark.filterwarnings("ignore:noise backend 'numpy'")
 
@@ -132,8 +135,9 @@ def test_total_calibration_composes_to_the_budget_in_gdp(R):
     assert dp.sigma == pytest.approx(mech.sigma["sums"], rel=1e-12)
     assert dp.sensitivity == pytest.approx(math.sqrt(1 + FEATURE_DIM * b * b), rel=1e-15)
     rng = np.random.default_rng(0)
+    release = RoundRelease(dp, "none", num_clients=3)
     for _ in range(R):
-        dp.noisy_sum(np.zeros((3, 10, FEATURE_DIM + 1)), rng)
+        release(np.zeros((3, 10, FEATURE_DIM + 1)), rng)
     rep = dp.report()
     mu_total = math.sqrt(R) * dp.sensitivity / dp.sigma
     assert rep.mu_total == pytest.approx(mu_total, rel=1e-12)
@@ -160,8 +164,9 @@ def test_paper_mode_reports_per_round_and_composed_epsilon():
         math.sqrt(2 * (1 + (m - 1) * b * b) * math.log(1.25 / delta)) / eps, rel=1e-12
     )
     rng = np.random.default_rng(1)
+    release = RoundRelease(dp, "none", num_clients=2)
     for _ in range(R):
-        dp.noisy_sum(np.zeros((2, 10, m)), rng)
+        release(np.zeros((2, 10, m)), rng)
     rep = dp.report()
     mu = eps / math.sqrt(2 * math.log(1.25 / delta))  # the classic sigma's GDP mu per release
     composed = _gdp_eps_closed_form(math.sqrt(R) * mu, delta)
@@ -205,23 +210,33 @@ def test_three_round_release_passes_the_audit(placement):
     D0, D1 = base, base.copy()
     D1[0] += canary
 
-    def run(cls_sigma_factor):
+    def run(claimed_sigma_factor):
+        """The release through the mechanism's hooks (every draw a row); the claim made for sigma x factor."""
         dp = RoundsDP(
             epsilon=eps, delta=delta, clip=b, rounds=R, placement=placement, bodies_trained=False, dim=d
         )
-        dp.sigma *= cls_sigma_factor
+        mech, method = dp.mechanism, AugmentedFedLog()
+
+        def rows(A):
+            return ClientStats(counts=A[..., 0].reshape(-1, C), sums=A[..., 1:].reshape(-1, C, d))
+
+        def one(A, n, g):
+            if placement == "central":  # the trusted aggregator's noise on each draw's sum
+                return augmented(mech.after_aggregate(rows(A.sum(1)), method, g))
+            if placement == "local":  # every client's upload noised in full, then summed
+                return augmented(mech.before_upload(rows(A), method, g)).reshape(n, K, C, m).sum(1)
+            return augmented(mech.node_release(rows(A), K, g)).reshape(n, K, C, m).sum(1)  # shares of sigma^2
 
         def release(side, n, g):
             A = np.broadcast_to((D0, D1)[side], (n,) + D0.shape)
-            return np.concatenate([dp.noisy_sum(A, g, record=False).reshape(n, -1) for _ in range(R)], axis=1)
+            return np.concatenate([one(A, n, g).reshape(n, -1) for _ in range(R)], axis=1)
 
-        scale = dp.sigma
-        claimed = math.sqrt(R) * dp.sensitivity / (dp.sigma / cls_sigma_factor)
+        claimed = math.sqrt(R) * dp.sensitivity / (dp.sigma * claimed_sigma_factor)
         return audit(
             release,
             reference=np.tile(D0.sum(0).ravel(), R),
             direction=np.tile(canary.ravel(), R),
-            scale=scale,
+            scale=dp.sigma,
             draws=20000,
             rng=np.random.default_rng(6),
             claimed_mu=claimed,
@@ -230,7 +245,7 @@ def test_three_round_release_passes_the_audit(placement):
     ok = run(1.0)
     assert ok.mu_lb <= ok.claimed_mu
     assert ok.mu_lb > 0.6 * ok.claimed_mu  # power: the canary attains the sensitivity
-    broken = run(0.5)  # noise halved: the claim is refuted
+    broken = run(2.0)  # a claim made for twice the noise: refuted
     assert broken.mu_lb > broken.claimed_mu
 
 
@@ -375,8 +390,9 @@ def test_tradeoff_multi_round_refuses_other_datasets(tmp_path):
 def test_auc_bound_is_the_gdp_trade_off_curve_area():
     # AUC of the optimal test between N(0, 1) and N(mu, 1): P(X1 > X0) = Phi(mu / sqrt 2), integrated independently
     dp = RoundsDP(epsilon=2.0, delta=1e-5, clip=2.0, rounds=4, bodies_trained=False)
+    release = RoundRelease(dp, "none", num_clients=1)
     for _ in range(4):
-        dp.noisy_sum(np.zeros((1, 2, FEATURE_DIM + 1)), np.random.default_rng(0))
+        release(np.zeros((1, 2, FEATURE_DIM + 1)), np.random.default_rng(0))
     rep = dp.report()
     t = np.linspace(-12, 12, 200001)
     auc = np.trapezoid(norm.pdf(t - rep.mu_total) * norm.cdf(t), t)
@@ -386,8 +402,9 @@ def test_auc_bound_is_the_gdp_trade_off_curve_area():
 def test_large_mu_skips_the_pld_cross_check_but_keeps_the_exact_gdp_epsilon():
     # classic sigma at eps = 20 per release: mu ~ 6.4 per release, 11 over 3 releases (a PLD grid grows as mu^2)
     dp = RoundsDP(epsilon=20.0, delta=0.01, clip=2.0, rounds=3, calibration="paper", bodies_trained=False)
+    release = RoundRelease(dp, "none", num_clients=1)
     for _ in range(3):
-        dp.noisy_sum(np.zeros((1, 2, FEATURE_DIM + 1)), np.random.default_rng(0))
+        release(np.zeros((1, 2, FEATURE_DIM + 1)), np.random.default_rng(0))
     rep = dp.report()
     assert math.isnan(rep.epsilon_pld) and "skipped" in rep.describe()
     assert rep.epsilon == pytest.approx(_gdp_eps_closed_form(rep.mu_total, 0.01), rel=1e-9)

@@ -12,7 +12,7 @@ import pytest
 from scipy.stats import norm
 
 from attacks.rounds import RoundsAttackData, differencing_scores, evaluate_rounds_attacks
-from privfed.fedlog_rounds import RoundsConfig, RoundsDP, run_rounds
+from privfed.fedlog_rounds import RoundRelease, RoundsConfig, RoundsDP, run_rounds
 
 pytestmark = pytest.mark.filterwarnings("ignore:noise backend 'numpy'")
 
@@ -77,8 +77,9 @@ def test_differencing_sequence_meets_the_composed_gdp_bound(calibration):
         calibration=calibration,
         record_bound="theorem",
     )
+    release = RoundRelease(dp, "none", num_clients=1)
     for _ in range(R):
-        dp.record_release(dp.sigma)
+        release(np.zeros((1, 2, d + 1)), np.random.default_rng(0))
     rep = dp.report()
     D = _data(np.random.default_rng(2), P=P, R=R, d=d, n=5, sigma=dp.sigma, corner=b)
     out = evaluate_rounds_attacks(
@@ -172,3 +173,29 @@ def test_frozen_digits_release_sequence_stays_within_the_composed_bound():
     rep = a["differencing_replay"]
     assert rep["sequence"]["auc"] <= a["auc_bound"] + 3 * _sd(P)
     assert rep["sequence"]["auc"] > rep["first_round"]["auc"] + 3 * 2 * _sd(P)
+
+
+@pytest.mark.parametrize("placement", ["central", "local", None])
+def test_the_observer_reads_the_view_and_its_noise_from_the_round_trace(placement):
+    """A trusted aggregator's sum carries sigma; a sum of uploads each noised in full carries sqrt(K) sigma;
+    without noise the server saw every upload."""
+    from attacks.rounds import RoundsObserver
+    from privfed.fedlog_release import RoundRelease
+
+    K, d = 4, 3
+    dp = (
+        None
+        if placement is None
+        else RoundsDP(
+            epsilon=2.0, delta=1e-5, clip=1.0, rounds=2, placement=placement, bodies_trained=False, dim=d
+        )
+    )
+    A = np.random.default_rng(0).uniform(0, 1, size=(K, 2, d + 1))
+    head = RoundRelease(dp, "none", num_clients=K).release(A, np.random.default_rng(1))
+    view, seen, sigma = RoundsObserver.server_saw(head.trace)
+    if dp is None:
+        assert view == "uploads" and sigma == 0.0
+        np.testing.assert_array_equal(seen, A)
+    else:
+        assert view == "sum" and seen.shape == (2, d + 1)
+        assert sigma == pytest.approx(dp.sigma * (math.sqrt(K) if placement == "local" else 1.0), rel=1e-15)

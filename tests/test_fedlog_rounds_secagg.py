@@ -167,6 +167,8 @@ def test_ckks_rounds_release_the_sum_on_its_grid():
         (dict(dropouts=1, secure_agg="ckks"), "masking"),
         (dict(dropouts=6), "dropouts"),
         (dict(dropout_phase="never"), "dropout_phase"),
+        (dict(epsilon=1.0, placement="central", max_records=50, dropouts=1), "placement='distributed'"),
+        (dict(epsilon=1.0, placement="local", max_records=50, secure_agg="mask"), "split the noise"),
     ],
 )
 def test_bad_secure_settings_raise_config_errors(bad, match):
