@@ -47,6 +47,18 @@ def make_dp(cfg: RoundsConfig, *, rounds: int, bodies_trained: bool) -> RoundsDP
     return dp
 
 
+def round_release(cfg: RoundsConfig, dp: RoundsDP | None) -> RoundRelease:
+    """The release every round of a run uses: its mechanism, its protection, its dropouts."""
+    return RoundRelease(
+        dp,
+        cfg.secure_kind,
+        num_clients=cfg.clients,
+        dropouts=cfg.dropouts,
+        dropout_phase=cfg.dropout_phase,
+        nu=cfg.nu,
+    )
+
+
 def run_rounds(cfg: RoundsConfig | None = None, *, progress: bool = False, **overrides) -> RoundsResult:
     """Run multi-round FedLog (and only the baselines named in ``cfg.baselines``) on the digits default.
 
@@ -92,14 +104,7 @@ def run_rounds(cfg: RoundsConfig | None = None, *, progress: bool = False, **ove
             steps += 1
         bar = tqdm(total=steps, desc="fedlog rounds", unit="step", disable=not progress, leave=False)
         t1 = time.perf_counter()
-        release = RoundRelease(
-            dp,
-            cfg.secure_kind,
-            num_clients=cfg.clients,
-            dropouts=cfg.dropouts,
-            dropout_phase=cfg.dropout_phase,
-            nu=cfg.nu,
-        )
+        release = round_release(cfg, dp)
         observer = None
         if cfg.attack_pairs:
             from attacks.rounds import RoundsObserver
@@ -153,6 +158,7 @@ def run_rounds(cfg: RoundsConfig | None = None, *, progress: bool = False, **ove
                 noise_rng=noise_generator(cfg.noise_seed, 0x0E5),
                 bar=bar,
                 label="one-shot",
+                release=round_release(ocfg, odp),  # the same protection as FedLog's rounds
             )
             baselines["oneshot"] = {
                 "personalised": one["personalised"],

@@ -182,3 +182,18 @@ def test_server_step_is_the_one_shot_solver():
     assert eta.shape == (10, FEATURE_DIM + 1)
     np.testing.assert_array_equal(eta[:, 0], head.bias)
     np.testing.assert_array_equal(eta[:, 1:], head.weight)
+
+
+def test_the_one_shot_baseline_runs_under_the_rounds_protection():
+    # distributed noise needs a secure sum: the baseline is released the way FedLog's rounds are,
+    # not through a plain sum that would refuse the placement (or expose every noise share)
+    r = run_rounds(
+        **dict(SMALL, rounds=1, baselines=("oneshot",)),
+        epsilon=4.0,
+        placement="distributed",
+        secure_agg="mask",
+    )
+    one = r.baselines["oneshot"]["privacy"]
+    assert one.placement == "distributed" and "secure aggregation" in one.guarantee
+    assert one.releases == 1 and one.epsilon == pytest.approx(4.0, abs=1e-9)
+    assert 0.0 < r.baselines["oneshot"]["personalised"] <= 1.0
