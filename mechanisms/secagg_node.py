@@ -29,6 +29,10 @@ and on every Flower node (:mod:`privfed.flower.secagg`), which keeps its
                  of U2, the share of b_v if v is in U3 and of s_v^SK otherwise:
                  one list, so never both kinds for one node.
 
+The request format (stage names, session id size, id lists) is in
+:mod:`mechanisms.secagg_messages`; the ids and uploader sets a node has
+already answered for are in :mod:`mechanisms.secagg_ledger`.
+
 Every check that fails raises :class:`mechanisms.secagg_crypto.ProtocolAbort`
 naming this node, the stage and the deviation, and leaves the node in the
 ``aborted`` state (it answers nothing more in this session).
@@ -69,119 +73,12 @@ from mechanisms.secagg_crypto import (
     public_key,
 )
 from mechanisms.secagg_identity import Identity, Roster, min_threshold, signed_bytes
+from mechanisms.secagg_ledger import SessionLedger
+from mechanisms.secagg_messages import SESSION_BYTES, STAGES, parse_ids
 from privfed.errors import PrivfedError
 
+# STAGES and SessionLedger live in their own modules and are re-exported here (their old import path).
 __all__ = ["STAGES", "MaskingNode", "SessionLedger"]
-
-#: The server's requests, in order ("consistency" only in the active version).
-STAGES = ("keys", "shares", "masked", "consistency", "unmask")
-SESSION_BYTES = 16
-
-
-class SessionLedger:
-    """The aggregation ids a node has uploaded a masked input for, and the uploaders its sums covered.
-
-    One upload per id, ever: a node's noise share and input go into one
-    masked sum per aggregation; a server asking again (to subtract two sums,
-    or replaying an old run) is refused.  ``used`` is the persisted list
-    (hex ids).
-
-    One uploader set per node: the first uploader list the node signs
-    (``uploaders``) is the only one it signs again.  A server that gets two
-    sums over different sets (say with and without a victim) subtracts them
-    and holds the victim's input; it needs only two aggregation ids, e.g.
-    two run configs that sum the same statistic, so the id alone cannot stop
-    it.  Equal sets give equal sums of whatever the node summed: nothing new.
-    """
-
-    def __init__(
-        self,
-        used: list[str] | None = None,
-        also: Callable[[int], None] | None = None,
-        uploaders: list[int] | None = None,
-        holder: int | None = None,
-        keep: Callable[[str], None] | None = None,
-    ) -> None:
-        self.used = list(used or [])
-        self.also = also  # a second claim (a ledger kept beyond this run), called after this one's check
-        self.uploaders = None if uploaders is None else sorted(int(v) for v in uploaders)
-        self.holder = None if holder is None else int(holder)  # the CKKS key holder this node encrypts for
-        self.keep = keep  # keeps a pin ("uploaders=0,1,2" or "holder=3") beyond this run
-
-    def claim(self, aggregation: bytes, node: int) -> None:
-        key = bytes(aggregation).hex()
-        if key in self.used:
-            raise ProtocolAbort(
-                f"node {node} aborts at stage 'masked': it refuses a second masked session for aggregation "
-                f"{key[:16]}: it already uploaded its masked input (and noise share) for it once; a server that "
-                "repeats a sum could subtract the two",
-                node=node,
-                stage="masked",
-                deviation="second-session",
-            )
-        if self.also is not None:
-            self.also(node)
-        self.used.append(key)
-
-    def pin(self, uploaders: list[int], node: int, stage: str) -> None:
-        """Accept ``uploaders`` as the set this node's sum covers: the first set, or the same set again."""
-        got = sorted(int(v) for v in uploaders)
-        if self.uploaders is not None and got != self.uploaders:
-            raise ProtocolAbort(
-                f"node {node} aborts at stage {stage!r}: the server asks it to be summed with uploaders {got}, but "
-                f"its earlier sum covered {self.uploaders}; the difference of two sums over different sets is "
-                "one node's input (or the sum of a few), so no share is revealed",
-                node=node,
-                stage=stage,
-                deviation="other-uploaders",
-            )
-        if self.uploaders is None:
-            if self.keep is not None:
-                self.keep("uploaders=" + ",".join(str(v) for v in got))
-            self.uploaders = got
-
-    def bind_holder(self, holder: int, node: int, stage: str) -> None:
-        """Accept ``holder`` as the CKKS key holder this node encrypts for: the first, or the same again.
-
-        A node never sees whose ciphertexts a CKKS sum adds; its key holder does, and pins that set.  One
-        key holder per node keeps every CKKS sum of this node behind that one pin.
-        """
-        if self.holder is not None and int(holder) != self.holder:
-            raise ProtocolAbort(
-                f"node {node} aborts at stage {stage!r}: the server names key holder {holder}, but this node "
-                f"encrypted for key holder {self.holder} before; that holder refuses a sum over another set, "
-                "another holder would not know it",
-                node=node,
-                stage=stage,
-                deviation="other-key-holder",
-            )
-        if self.holder is None:
-            if self.keep is not None:
-                self.keep(f"holder={int(holder)}")
-            self.holder = int(holder)
-
-    def record(self) -> dict:
-        """The ledger as flat values (for a Flower ConfigRecord)."""
-        out: dict = {"used": list(self.used)}
-        if self.uploaders is not None:
-            out["uploaders"] = list(self.uploaders)
-        if self.holder is not None:
-            out["holder"] = self.holder
-        return out
-
-
-def _ids(values, what: str, node: int, stage: str) -> list[int]:
-    if not isinstance(values, (list, tuple)):
-        raise TypeError(f"the {what} list is a {type(values).__name__}")
-    out = [as_int(v, f"an entry of the {what} list") for v in values]
-    if len(set(out)) != len(out):
-        raise ProtocolAbort(
-            f"node {node} aborts at stage {stage!r}: the {what} list repeats entries",
-            node=node,
-            stage=stage,
-            deviation="malformed-list",
-        )
-    return out
 
 
 class MaskingNode:
@@ -366,7 +263,7 @@ class MaskingNode:
         return out
 
     def _shares(self, msg: dict) -> dict:
-        U1 = _ids(msg["peers"], "key-advertisement", self.u, "shares")
+        U1 = parse_ids(msg["peers"], "key-advertisement", self.u, "shares")
         c_pks = [as_bytes(k, "a public key") for k in msg["c_pk"]]
         s_pks = [as_bytes(k, "a public key") for k in msg["s_pk"]]
         sigs = [as_bytes(s, "a signature") for s in msg.get("sig", [])] if self.active else []
@@ -425,8 +322,8 @@ class MaskingNode:
         return {"to": to, "ct": cts}
 
     def _masked(self, msg: dict, ring_input, context: bytes, aggregation: bytes | None) -> dict:
-        U2 = _ids(msg["alive"], "survivor", self.u, "masked")
-        senders = _ids(msg["from"], "sender", self.u, "masked")
+        U2 = parse_ids(msg["alive"], "survivor", self.u, "masked")
+        senders = parse_ids(msg["from"], "sender", self.u, "masked")
         cts = [as_bytes(c, "a share message") for c in msg["ct"]]
         unknown = (set(U2) & self.group) - set(self.st["U1"])
         if unknown or any(not 0 <= v < self.K for v in U2):
@@ -511,7 +408,7 @@ class MaskingNode:
             )
 
     def _consistency(self, msg: dict) -> dict:
-        U3 = sorted(_ids(msg["uploaded"], "uploader", self.u, "consistency"))
+        U3 = sorted(parse_ids(msg["uploaded"], "uploader", self.u, "consistency"))
         self._check_uploaded("consistency", U3)
         if self.active:
             if self.ledger.uploaders is None and self.ledger.holder is not None:
@@ -527,13 +424,13 @@ class MaskingNode:
         return {"sig": self.identity.sign(self._view_digest())}
 
     def _unmask(self, msg: dict) -> dict:
-        U3 = sorted(_ids(msg["uploaded"], "uploader", self.u, "unmask"))
+        U3 = sorted(parse_ids(msg["uploaded"], "uploader", self.u, "unmask"))
         if self.active:
             if U3 != self.st["U3"]:
                 raise self._abort(
                     "unmask", "inconsistent-lists", "the uploader list differs from the one this node signed"
                 )
-            signers = _ids(msg["signers"], "signer", self.u, "unmask")
+            signers = parse_ids(msg["signers"], "signer", self.u, "unmask")
             sigs = [as_bytes(s, "a signature") for s in msg["sigs"]]
             if len(sigs) != len(signers) or not set(signers) <= set(U3):
                 raise self._abort("unmask", "malformed", "consistency signatures from nodes outside U3")

@@ -47,7 +47,8 @@ from flwr.app import ConfigRecord, RecordDict
 from mechanisms import fixed_point
 from mechanisms.secagg_crypto import ProtocolAbort
 from mechanisms.secagg_identity import Identity, Roster, make_roster, min_threshold
-from mechanisms.secagg_node import MaskingNode, SessionLedger
+from mechanisms.secagg_ledger import SessionLedger
+from mechanisms.secagg_node import MaskingNode
 from mechanisms.secagg_server import MaskingServer
 from privfed.errors import ConfigError, InputError
 from privfed.flower.transport import Exchange, exchange

@@ -1,0 +1,240 @@
+"""The scale benchmark's baselines: each method's bound and the seeds' per-client loop.
+
+:func:`measure_bound` times the work each method must do with the same BLAS
+(least CPU seconds of at least :data:`BOUND_REPEATS` calls, :func:`best_of`);
+:data:`CLIENT_PARTS` and :data:`SERVER_PARTS` say which parts make each
+method's bound.  :func:`loop_clients` times the naive per-client Python loop
+computing the same uploads (FedCOF's server looped as Eq. 6 is written).
+See :mod:`experiments.bench_scale` for what each part is.
+"""
+
+# The bound's lambdas time arrays deleted right after (ruff reads those as undefined names or late
+# binding), as in the experiments/bench_*.py scripts.
+# ruff: noqa: B023, F821
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from experiments.scale_federation import METHODS, SECOND, method_spec
+
+__all__ = [
+    "BOUND_REPEATS",
+    "CLIENT_PARTS",
+    "LAST_WALL",
+    "SERVER_PARTS",
+    "best_of",
+    "bound_for",
+    "client_bound",
+    "loop_clients",
+    "measure_bound",
+    "server_bound",
+]
+
+#: Fewest repeats of each bound part (each is one BLAS call or one pass; their least CPU time is the
+#: bound, and a loaded machine's page faults and cache misses only ever add to it).
+BOUND_REPEATS = 5
+
+
+# -- the bound -------------------------------------------------------------------------
+#: Wall seconds of the last :func:`best_of` (best of its repeats), recorded beside the CPU seconds.
+LAST_WALL = [0.0]
+
+
+def best_of(fn, repeats: int) -> float:
+    """Least CPU seconds of this process over ``repeats`` calls of ``fn`` (wall seconds in ``LAST_WALL``).
+
+    With one BLAS thread and nothing else running in the process, CPU time is the work done and does
+    not grow when other programs share the cores (the recording machine is shared); wall time does.
+    """
+    best, wall = np.inf, np.inf
+    for _ in range(repeats):
+        c0, t0 = time.process_time(), time.perf_counter()
+        fn()
+        best, wall = min(best, time.process_time() - c0), min(wall, time.perf_counter() - t0)
+    LAST_WALL[0] = wall
+    return best
+
+
+def _spread_rows(groups, y, C: int) -> int:
+    """Pair rows FedCOF's spread multiplies: those of classes held by two or more (pseudo-)clients."""
+    key = np.unique(groups * C + y)
+    Kc = np.bincount(key % C, minlength=C)
+    return int(np.sum(Kc[key % C] >= 2))
+
+
+def measure_bound(F32, y, k, repeats: int) -> dict:
+    """The bound's parts, float64, with the BLAS every method uses (see the module docstring).
+
+    Each is the least CPU time over at least :data:`BOUND_REPEATS` calls.
+    """
+    import scipy.linalg
+    import scipy.sparse as sp
+
+    import privfed
+
+    N, d = F32.shape
+    C, K = int(y.max()) + 1, int(k.max()) + 1
+    F = np.asarray(F32, dtype=np.float64)
+    _, pair = np.unique(k * C + y, return_inverse=True)
+    M = int(pair.max()) + 1
+    onehot_M = sp.csr_matrix((np.ones(N), (pair, np.arange(N))), shape=(M, N))
+    onehot_C = sp.csr_matrix((np.ones(N), (y, np.arange(N))), shape=(C, N))
+    Sc = np.asarray(onehot_C @ F)
+    Nc = np.bincount(y, minlength=C).astype(float)
+    rng = np.random.default_rng(0)  # fit's random_state=0: the same pseudo-clients
+    pseudo, _ = privfed.methods.get("fedcof", means_per_client=4).row_groups(
+        y, k, num_classes=C, num_clients=K, rng=rng
+    )
+    rows = {"M": _spread_rows(k, y, C), "M4": _spread_rows(np.asarray(pseudo), y, C)}
+    out, wall = {}, {}
+    repeats = max(repeats, BOUND_REPEATS)
+
+    def part(key, fn):
+        out[key] = best_of(fn, repeats)
+        wall[key] = LAST_WALL[0]
+
+    part("to_float64_s", lambda: np.asarray(F32, dtype=np.float64))
+    part("group_sum_C_s", lambda: onehot_C @ F)
+    part("group_sum_M_s", lambda: onehot_M @ F)
+    part("xtx_N_s", lambda: F.T @ F)
+    part("xtx_C_s", lambda: Sc.T @ Sc)
+    del F, onehot_M, onehot_C
+    buf = np.empty_like(Sc)
+    part("pass_C_s", lambda: np.multiply(Sc, (1.0 / Nc)[:, None], out=buf))
+    for key, m in rows.items():  # X^T X over the spread's rows (their values do not change the cost)
+        X = np.random.default_rng(1).standard_normal((m, d))
+        part(f"xtx_{key}_s", lambda: X.T @ X)
+        del X
+    A = np.random.default_rng(2).standard_normal((2 * d, d))
+    G = A.T @ A + np.eye(d)
+    part("cholesky_s", lambda: scipy.linalg.cho_factor(G, check_finite=False))
+    factor = scipy.linalg.cho_factor(G, check_finite=False)
+    B = np.ascontiguousarray(Sc.T)
+    part("solve_C_s", lambda: scipy.linalg.cho_solve(factor, B, check_finite=False))
+    out["spread_rows"] = rows
+    out["wall"] = wall
+    return out
+
+
+#: What each method's client and server must do (keys of :func:`measure_bound`), see the module docstring.
+CLIENT_PARTS = {
+    name: (
+        "to_float64_s",
+        "group_sum_M_s" if name.startswith("fedcof") and name != "fedcof-oracle" else "group_sum_C_s",
+    )
+    + (("xtx_N_s",) if name in SECOND else ())
+    for name in METHODS
+}
+SERVER_PARTS = {
+    "fedncm": ("pass_C_s",),
+    "fedlog": ("pass_C_s",),
+    "fed3r": ("cholesky_s", "solve_C_s"),
+    "fed3r-within": ("xtx_C_s", "cholesky_s", "solve_C_s"),
+    "fedcof-oracle": ("xtx_C_s", "cholesky_s", "solve_C_s"),
+    "fedcgs": ("cholesky_s", "cholesky_s", "solve_C_s"),
+    "fedcof": ("xtx_M_s", "cholesky_s", "solve_C_s"),
+    "fedcof-mm4": ("xtx_M4_s", "cholesky_s", "solve_C_s"),
+}
+
+
+def client_bound(name: str, b: dict) -> float:
+    return sum(b[p] for p in CLIENT_PARTS[name])
+
+
+def server_bound(name: str, b: dict) -> float:
+    return sum(b[p] for p in SERVER_PARTS[name])
+
+
+def bound_for(name: str, b: dict) -> float:
+    return client_bound(name, b) + server_bound(name, b)
+
+
+# -- the per-client loop baseline --------------------------------------------------------------
+def loop_clients(F32, y, k, name: str, loop_rows: int) -> dict:
+    """The seeds' per-client loop on the clients of the first ``loop_rows`` samples.
+
+    Per client, per class Python work: each client's class sums and counts
+    (and F_k^T F_k for the second-moment methods).  For FedCOF the server is
+    looped too, as Eq. 5-6 are written: class totals, then one rank-1 update
+    n_kc (mu_kc - mu_c)(mu_kc - mu_c)^T per (client, class) row; a per-class
+    variant (each class's rows stacked into one GEMM) is timed beside it.
+    Returns CPU seconds and the samples / rows done (the caller scales).
+    """
+    C = int(y.max()) + 1
+    d = F32.shape[1]
+    order = np.argsort(k, kind="stable")
+    ends = np.cumsum(np.bincount(k))
+    last = int(np.searchsorted(ends, loop_rows))
+    rows_done = int(ends[last])
+    mname, params = method_spec(name)
+    t0 = time.process_time()
+    G = np.zeros((d, d))
+    S = np.zeros((C, d))
+    n = np.zeros(C)
+    uploads = []
+    start = 0
+    for kk in range(last + 1):
+        idx = order[start : ends[kk]]
+        start = ends[kk]
+        Fk = np.asarray(F32[idx], dtype=np.float64)
+        yk = y[idx]
+        classes = np.unique(yk)
+        sums = np.stack([Fk[yk == c].sum(axis=0) for c in classes])
+        cnt = np.array([np.sum(yk == c) for c in classes], dtype=float)
+        if name == "fedcof-mm4":  # up to 4 means a class
+            parts, pcls, pcnt = [], [], []
+            for c in classes:
+                rows = Fk[yk == c]
+                g = max(1, min(4, rows.shape[0] // 2))
+                for p in np.array_split(rows, g):
+                    parts.append(p.sum(axis=0))
+                    pcls.append(c)
+                    pcnt.append(float(p.shape[0]))
+            sums, classes, cnt = np.stack(parts), np.array(pcls), np.array(pcnt)
+        if name in SECOND:
+            if name == "fedcof-oracle":
+                for c in classes:
+                    Fc = Fk[yk == c]
+                    G += Fc.T @ Fc
+            else:
+                G += Fk.T @ Fk
+        if mname == "fedcof":
+            uploads.append((classes, cnt, sums))
+        else:
+            S[classes] += sums
+            n[classes] += cnt
+    out = {"client_s": time.process_time() - t0, "rows": rows_done}
+    if mname == "fedcof":
+        from privfed.methods.fedcof import spread_weights
+
+        t1 = time.process_time()
+        Kc = np.zeros(C)
+        for classes, cnt, sums in uploads:
+            np.add.at(n, classes, cnt)
+            np.add.at(S, classes, sums)
+            np.add.at(Kc, classes, 1.0)
+        mu = S / np.maximum(n, 1.0)[:, None]
+        w = spread_weights(n, Kc)
+        B = np.zeros((d, d))
+        pairs = 0
+        for classes, cnt, sums in uploads:
+            for c, nc, sc in zip(classes, cnt, sums):
+                diff = sc / nc - mu[c]
+                B += (w[c] * nc) * np.outer(diff, diff)
+                pairs += 1
+        out["server_s"] = time.process_time() - t1
+        out["pairs"] = pairs
+        t2 = time.process_time()  # per class: the class's rows stacked, one GEMM each
+        by_class: dict[int, list] = {}
+        for classes, cnt, sums in uploads:
+            for c, nc, sc in zip(classes, cnt, sums):
+                by_class.setdefault(int(c), []).append(np.sqrt(w[c] * nc) * (sc / nc - mu[c]))
+        B2 = np.zeros((d, d))
+        for _c, rows in by_class.items():
+            X = np.stack(rows)
+            B2 += X.T @ X
+        out["server_class_gemm_s"] = time.process_time() - t2
+    return out

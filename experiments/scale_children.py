@@ -1,0 +1,165 @@
+"""The scale benchmark's fresh-process runs: one public call per process, its time and peak RSS.
+
+:func:`run_child` starts ``experiments/bench_scale.py --child ...`` in a new
+interpreter (so its time and VmHWM are that call's and nothing else's) and
+reads the JSON line it prints; :func:`child` (``privfed.fit`` and the server),
+:func:`child_curve` (one scaling-curve point) and :func:`child_local_dp`
+(record-level DP with local noise) are what such a child runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from experiments.scale_baselines import LAST_WALL, best_of
+from experiments.scale_federation import inat_like, method_spec, shape_of, stated_params
+
+__all__ = ["SCRIPT", "child", "child_curve", "child_local_dp", "run_child"]
+
+#: The script a child runs: its ``--child`` flags dispatch to the functions here.
+SCRIPT = str(Path(__file__).with_name("bench_scale.py"))
+
+
+# -- one public call in a fresh process ---------------------------------------------------
+def _proc_status(key: str) -> int:
+    """VmRSS / VmHWM of this process in bytes (VmHWM, unlike ru_maxrss, restarts at exec)."""
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # pragma: no cover - not Linux
+
+
+def child(data: str, name: str, repeats: int, threads: int) -> dict:
+    """``privfed.fit`` (time, peak RSS), then the server on the folded statistics (time)."""
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(threads)
+    import privfed
+    from privfed.pipeline import fold_statistics
+
+    F32 = np.load(os.path.join(data, "F.npy"))
+    y = np.load(os.path.join(data, "y.npy"))
+    k = np.load(os.path.join(data, "k.npy"))
+    mname, params = method_spec(name)
+    m = privfed.methods.get(mname, **params)
+    # a tiny fit first loads what fit imports lazily and starts the BLAS (its buffers are per process)
+    warm = np.random.default_rng(0).random((60, F32.shape[1]), dtype=np.float32)
+    privfed.fit(mname, warm, np.arange(60) % 3, np.arange(60) % 6, random_state=0, **params)
+    rss_input = _proc_status("VmRSS")  # interpreter, privfed and the input: what fit adds is above this
+    M_up = []
+    # best of repeats (CPU seconds, 1 BLAS thread; wall recorded beside): the machine may be shared
+    fit_s = best_of(
+        lambda: M_up.append(int(privfed.fit(mname, F32, y, k, random_state=0, **params).upload_bytes["M"])),
+        repeats,
+    )
+    fit_wall = LAST_WALL[0]
+    peak = _proc_status("VmHWM")  # before the server's statistics are folded below
+    C, K = int(y.max()) + 1, int(k.max()) + 1
+    folded = fold_statistics(m, F32, y, k, num_classes=C, num_clients=K, rng=np.random.default_rng(0))
+    server_s = best_of(lambda: m.aggregate(folded), repeats)
+    return {
+        "method": name,
+        "fit_s": fit_s,
+        "server_s": server_s,
+        "fit_wall_s": fit_wall,
+        "server_wall_s": LAST_WALL[0],
+        "peak_rss": peak,
+        "rss_input": rss_input,
+        "input_bytes": int(F32.nbytes),
+        "M_uploaded": M_up[-1],
+    }
+
+
+def child_curve(shape: dict, name: str, repeats: int, threads: int) -> dict:
+    """``privfed.fit`` on a federation of ``shape`` (built here, seed 1), best of ``repeats``."""
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(threads)
+    import privfed
+
+    F32, y, k = inat_like(**shape, seed=1)
+    mname, params = method_spec(name)
+    t = best_of(lambda: privfed.fit(mname, F32, y, k, random_state=0, **params), repeats)
+    return {"method": name, "seconds": t, **shape_of(y, k)}
+
+
+def child_local_dp(data: str, clients: int, repeats: int, threads: int, method: str = "fedncm") -> dict:
+    """Record-level DP with local noise through ``privfed.fit``, on the first ``clients`` clients.
+
+    Every client noises all C classes; fedncm's server folds the noisy uploads chunk by chunk,
+    FedCOF's takes every noisy count first, then folds the noisy sums chunk by chunk into its
+    spread: one release either way.  Bound: drawing the same noise alone in the same chunks, and
+    for FedCOF also X^T X over the rows its spread takes (the kept cells, in blocks of one chunk's).
+    """
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(threads)
+    import privfed
+    from mechanisms import GaussianMechanism
+    from privfed.pipeline import UPLOAD_CHUNK_BYTES
+
+    F32 = np.load(os.path.join(data, "F.npy"), mmap_mode="r")
+    y = np.load(os.path.join(data, "y.npy"))
+    k = np.load(os.path.join(data, "k.npy"))
+    C, d = int(y.max()) + 1, F32.shape[1]
+    rows = np.flatnonzero(k < clients)
+    F, y, k = np.asarray(F32[rows]), y[rows], k[rows]
+    rss_input = _proc_status("VmRSS")
+    best_run, best_noise, best_xtx, head, mech = np.inf, np.inf, np.inf, None, None
+    for _ in range(repeats):
+        mech = GaussianMechanism(epsilon=1.0, delta=1e-5, clip=float(np.sqrt(d)))
+        t0 = time.process_time()
+        head = privfed.fit(method, F, y, k, num_classes=C, num_clients=clients, privacy=mech, random_state=0)
+        best_run = min(best_run, time.process_time() - t0)
+        sig = mech.sigma
+        t0 = time.process_time()  # the noise alone: the same values drawn in the same chunks, nothing else
+        g = np.random.default_rng(1)
+        for block, per in (("sums", C * d), ("counts", C)):
+            step = max(1, UPLOAD_CHUNK_BYTES // (8 * per))
+            for a in range(0, clients, step):
+                shape = (min(step, clients - a), C, d) if block == "sums" else (min(step, clients - a), C)
+                g.normal(0.0, sig[block], size=shape)
+        best_noise = min(best_noise, time.process_time() - t0)
+        if method == "fedcof":  # X^T X over the kept rows, in blocks of one chunk's kept rows
+            kept = int(np.sum(head.extras["Kc"]))
+            chunks = -(-clients // max(1, UPLOAD_CHUNK_BYTES // (8 * C * d)))
+            X = np.random.default_rng(2).standard_normal((-(-kept // chunks), d))
+            t0 = time.process_time()
+            for _ in range(chunks):
+                X.T @ X
+            best_xtx = min(best_xtx, time.process_time() - t0)
+    out = {
+        "method": method,
+        "params": stated_params(method),
+        "clients": clients,
+        "C": C,
+        "d": d,
+        "run_s": best_run,
+        "noise_s": best_noise,
+        "peak_rss": _proc_status("VmHWM"),
+        "rss_input": rss_input,
+        "releases": len({e.release_id for e in mech.ledger.events}),
+        "sent_M": head.upload_bytes["M"],
+        "guarantee": head.privacy.guarantee,
+    }
+    if method == "fedcof":
+        out.update(xtx_s=best_xtx, kept_rows=int(np.sum(head.extras["Kc"])))
+    return out
+
+
+def run_child(args: list[str], threads: int) -> dict:
+    cmd = [sys.executable, SCRIPT, "--threads", str(threads)] + args
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+    if out.returncode != 0:
+        return {"error": (out.stderr or out.stdout).strip().splitlines()[-1:]}
+    return json.loads(out.stdout.strip().splitlines()[-1])
