@@ -41,7 +41,7 @@ the graph drawn by the operator (here: this process, from OS entropy); the
 Flower app's active-adversary version runs on the complete graph.
 
 ``--record`` writes ``experiments/results/bench_secagg_scale.json``;
-``tests/test_secagg_scale.py`` checks its claims and that the docs quote it.
+``tests/mechanisms/test_secagg_scale.py`` checks its claims and that the docs quote it.
 
 Run: ``python experiments/bench_secagg_scale.py [--clients 100] [--values 51200,204800] [--nodes 1000]
 [--node-values 51200] [--degree 20] [--memory-nodes 250,500,1000] [--repeats 3] [--record]``
@@ -75,7 +75,7 @@ from mechanisms.masking import (  # noqa: E402
 )
 from privfed._cli import parse_int_list  # noqa: E402
 
-#: Targets the record is checked against (tests/test_secagg_scale.py).
+#: Targets the record is checked against (tests/mechanisms/test_secagg_scale.py).
 TARGET_RATIO = 1.5
 #: The server's peak may grow per added node by at most this share of one upload (8 D bytes).
 TARGET_SLOPE_SHARE = 0.05

@@ -5,7 +5,7 @@ audit sweeps, the recipes).  Their scripts, given ``--record``, write what
 they measured to ``experiments/results/<name>.json`` through :func:`save`,
 with the command that produced it, when, and on what machine and software.
 ``experiments/readme_numbers.py`` renders README blocks from these files, and
-``tests/test_readme.py`` checks that the README says what the records hold;
+``tests/docs/test_readme.py`` checks that the README says what the records hold;
 rerunning the command (and ``python -m experiments.readme_numbers --write``)
 is how a number changes.  Machine-dependent values (seconds, ratios of
 seconds) are recorded with the machine and labelled so in the README.

@@ -144,11 +144,11 @@ AUDIT = template("audit")
 
 
 def audit_figures() -> str:
-    """The audit bullet: the suite's audits (tests/test_audit.py's mechanisms and seeds), rerun."""
+    """The audit bullet: the suite's audits (tests/audit/test_audit.py's mechanisms and seeds), rerun."""
     import time
     import warnings
 
-    from tests.test_audit import DRAWS, GaussianMechanism, HalvedNoise, NoClipping, SecondWithC, _run
+    from tests.audit.test_audit import DRAWS, GaussianMechanism, HalvedNoise, NoClipping, SecondWithC, _run
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -17,7 +17,7 @@ _MEASURED = re.compile(
 
 #: Numbers the README may state outside the blocks: inputs, versions and constants, never results.
 #: Each maps to why it is not a measurement; a constant maps to (why, a check against the code), and
-#: tests/test_readme.py runs every check.
+#: tests/docs/test_readme.py runs every check.
 def _weights_kb() -> bool:
     return round((ROOT / "privfed" / "data" / "digits_cnn_seed0.npz").stat().st_size / 1000) == 152
 
@@ -47,13 +47,13 @@ def _inat_dense_gib() -> bool:  # (K, C, d) float64 class sums at the iNat-120K 
 
 
 def _paper_upload() -> bool:  # the FedCOF paper's App. H figures, reproduced by the byte model
-    from tests.test_upload import INAT, mb
+    from tests.methods.test_upload import INAT, mb
 
     return round(mb("fedncm", **INAT), 1) == 279.5 and round(mb("fed3r", **INAT), 1) == 61064.1
 
 
 def _scale_cap() -> bool:
-    from tests import test_scale
+    from tests.pipeline import test_scale
 
     return (
         test_scale.CAP == 160 * 2**20
@@ -157,8 +157,8 @@ STATED: dict[str, object] = {
     "106 GiB": ("(K, C, d) float64 at the iNat-120K shape", _inat_dense_gib),
     "279.5 MB": ("the FedCOF paper's figure, reproduced", _paper_upload),
     "61,064.1 MB": ("the FedCOF paper's figure, reproduced", _paper_upload),
-    "160 MB": ("tests/test_scale.py's memory cap", _scale_cap),
-    "1.23 GB": ("tests/test_scale.py's dense class sums", _scale_cap),
+    "160 MB": ("tests/pipeline/test_scale.py's memory cap", _scale_cap),
+    "1.23 GB": ("tests/pipeline/test_scale.py's dense class sums", _scale_cap),
     "64 ×": "digits' feature width (d × d)",
     "2 ×": "the memory target's factor",
 }

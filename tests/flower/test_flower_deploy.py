@@ -25,7 +25,7 @@ import privfed  # noqa: E402
 from privfed.federation import partition  # noqa: E402
 
 BIN = pathlib.Path(sys.executable).parent
-APP = pathlib.Path(__file__).resolve().parents[1] / "privfed" / "flower" / "app"
+APP = pathlib.Path(__file__).resolve().parents[2] / "privfed" / "flower" / "app"
 K = 3
 pytestmark = [
     pytest.mark.skipif(not (BIN / "flower-superlink").exists(), reason="Flower's executables absent"),

@@ -19,7 +19,7 @@ from mechanisms.secagg_node import MaskingNode
 from mechanisms.secagg_server import MaskingServer
 from privfed.errors import ConfigError
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 
 def _ring(K: int, k: int) -> list[set[int]]:
@@ -175,5 +175,5 @@ def test_docs_quote_the_scale_record():
     _record()
     from experiments.docs_numbers.render_secagg import secagg_scale
 
-    text = (Path(__file__).resolve().parents[1] / "docs" / "secure-aggregation.md").read_text()
+    text = (Path(__file__).resolve().parents[2] / "docs" / "secure-aggregation.md").read_text()
     assert secagg_scale().strip() in text

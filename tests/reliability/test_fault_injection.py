@@ -28,7 +28,7 @@ from privfed.errors import ConfigError, InputError
 from privfed.results_io import ResultFolder, verify_folder
 from privfed.tradeoff import main as tradeoff_main
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SMALL = ["--method", "fedncm", "--placement", "local", "--clients", "20", "--no-plot", "--quiet"]
 
 

@@ -4,7 +4,7 @@ Whatever stops a run, a result folder holds complete files only: either the
 final results, or the runs that finished in ``results.partial.*`` (kept
 until every final file is complete), never a truncated file, never a
 temporary file, never an empty folder, and its manifest's hashes match.
-(tests/test_fault_injection.py: SIGKILL, a full disk, two runs at once, read-only folders.)
+(tests/reliability/test_fault_injection.py: SIGKILL, a full disk, two runs at once, read-only folders.)
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from privfed.attack import main as attack_main
 from privfed.results_io import verify_folder
 from privfed.tradeoff import main as tradeoff_main
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SMALL = ["--method", "fedncm", "--placement", "local", "--clients", "20", "--no-plot", "--quiet"]
 
 

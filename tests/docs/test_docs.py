@@ -5,13 +5,13 @@ written (bash blocks with ``python`` meaning this interpreter, in a temporary
 folder; python blocks as a script).  A block may carry a marker on the line
 before its fence:
 
-* ``<!-- docs-test: slow REASON -->``: run by ``pytest -m slow tests/test_docs.py``
+* ``<!-- docs-test: slow REASON -->``: run by ``pytest -m slow tests/docs/test_docs.py``
   (CI runs it: ``.ci/run``);
 * ``<!-- docs-test: equivalent TEST_FILE ... -->``: needs several hosts or a
   fresh install; the named test runs its single-host equivalent (checked to exist);
 * ``<!-- docs-test: skip REASON -->``: an install or the test command itself.
 
-Output blocks (no language) are generated and checked by tests/test_readme.py.
+Output blocks (no language) are generated and checked by tests/docs/test_readme.py.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 _FENCE = re.compile(r"^```(?P<lang>\w*)\n(?P<body>.*?)^```\s*$", re.S | re.M)
 _MARK = re.compile(r"<!-- docs-test: (?P<kind>slow|equivalent|skip)\b(?P<rest>[^>]*)-->\s*$")
@@ -121,7 +121,7 @@ def test_slow_code_block_runs(block, tmp_path, digits_cache):
 def test_blocks_not_run_say_why_and_name_a_real_test(block):
     assert block.note, f"{block.id}: a docs-test marker needs its reason"
     if block.kind == "equivalent":
-        tests = re.findall(r"tests/test_\w+\.py", block.note)
+        tests = re.findall(r"tests/(?:\w+/)*test_\w+\.py", block.note)
         assert tests and all((REPO / t).is_file() for t in tests), block.note
 
 

@@ -19,7 +19,7 @@ from privfed.tradeoff import build_parser as tradeoff_parser
 from privfed.tradeoff import main as tradeoff_main
 from privfed.tradeoff import plot_tradeoff
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _records(out: Path) -> list[dict]:

@@ -21,7 +21,7 @@ from privfed.data.digits import extract_features, extract_features_numpy, load_s
 from privfed.data.digits_numpy import float32_error_bound, forward
 from privfed.errors import InputError
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

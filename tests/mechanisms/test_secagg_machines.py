@@ -52,7 +52,7 @@ def test_consistency_round_bytes_follow_the_protocol_description():
     import sys
     from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     from experiments.bench_secagg import run_active
 
     rows, _ = run_active(K=10, D=5, repeats=1, seed=0)

@@ -1,4 +1,4 @@
-"""Property-based checks of the entries besides ``fit``'s data (tests/test_properties.py covers that).
+"""Property-based checks of the entries besides ``fit``'s data (tests/reliability/test_properties.py covers that).
 
 Generated inputs at every entry: the public sizes of a private fit (up to
 10**12 classes or clients), masked arrays, uploads folded by a server

@@ -470,7 +470,7 @@ def test_audit_sweep_results_cover_every_configuration_and_back_the_readme_table
 
     from experiments import audit_sweep as S
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     res = json.loads((root / "experiments" / "audit_sweep_results.json").read_text())
     assert res["complete"] and res["rows"]
     by_config: dict = {}
@@ -836,7 +836,7 @@ def test_broken_variant_record_backs_the_docs():
 
     from experiments import audit_sweep as S
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     res = json.loads((root / "experiments" / "audit_broken_results.json").read_text())
     assert res["complete"] and res["seeds"] >= 5
     names = [name for name, _, _ in S.broken_catalogue(res["eps"], res["clip"])]

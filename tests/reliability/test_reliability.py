@@ -735,7 +735,7 @@ def test_a_malformed_dense_view_limit_never_breaks_import_and_a_command_says_so_
     env = {
         **os.environ,
         "PRIVFED_DENSE_VIEW_LIMIT": "abc",
-        "PYTHONPATH": str(pathlib.Path(__file__).parents[1]),
+        "PYTHONPATH": str(pathlib.Path(__file__).parents[2]),
     }
     code = (
         "import privfed, privfed.stats as s\n"

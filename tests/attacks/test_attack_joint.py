@@ -219,7 +219,7 @@ def test_recorded_inversion_rows_name_the_suite_maximum_with_its_standard_error(
     import json
     from pathlib import Path
 
-    rec = json.loads((Path(__file__).resolve().parents[1] / "docs" / "attacks-inversion.json").read_text())
+    rec = json.loads((Path(__file__).resolve().parents[2] / "docs" / "attacks-inversion.json").read_text())
     from attacks.strongest import PER_CELL, SUITES
 
     for r in rec["rows"]:

@@ -15,7 +15,7 @@ import pytest
 
 from privfed.tradeoff import RECORD_KEYS, main
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

@@ -602,7 +602,7 @@ def test_recorded_benchmark_table_is_what_its_json_says():
     from experiments.bench_scale import MEMORY_TARGET, METHODS, SERVER_PARTS, method_ratios, render
     from privfed.methods import get
 
-    root = Path(__file__).resolve().parents[1] / "experiments"
+    root = Path(__file__).resolve().parents[2] / "experiments"
     res = json.loads((root / "bench_scale.json").read_text())
     assert (root / "bench_scale.md").read_text().rstrip("\n") == render(res)
     assert res["shape"]["K"] == 9275 and res["shape"]["C"] == 1203 and res["d"] == 1280 and not res["small"]

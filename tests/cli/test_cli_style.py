@@ -13,7 +13,7 @@ import pytest
 
 from privfed import cli_args
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PARSERS = {
     "tradeoff": cli_args.tradeoff_parser,
     "attack": cli_args.attack_parser,

@@ -306,7 +306,7 @@ def test_a_fresh_default_run_reproduces_the_recorded_compare_row():
     from pathlib import Path
 
     rec = json.loads(
-        (Path(__file__).resolve().parents[1] / "experiments" / "results" / "fedlog_rounds.json").read_text()
+        (Path(__file__).resolve().parents[2] / "experiments" / "results" / "fedlog_rounds.json").read_text()
     )
     row = next(
         r for r in rec["compare"] if r["method"] == "fedlog" and "+" in r["families"] and r["seed"] == 0

@@ -53,7 +53,7 @@ def test_masking_reproduces_the_plain_head(data, method):
     # Masking bytes are deterministic: the formula equals what the run sent.
     assert rep.bytes_per_client == pytest.approx(rep.measured_bytes_per_client, rel=1e-12)
     # Counts are integers: exact (f = 0); FedCOF's round 1 sends them with its sums at f = 32, where whole
-    # numbers are exact too (tests/test_fedcof_protocol.py).
+    # numbers are exact too (tests/methods/test_fedcof_protocol.py).
     assert rep.calls[0]["frac_bits"] == (32 if method == "fedcof" else 0)
 
 

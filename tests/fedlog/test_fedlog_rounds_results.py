@@ -11,7 +11,7 @@ import pytest
 from scipy.optimize import brentq
 from scipy.stats import norm
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "experiments" / "results" / "fedlog_rounds.json"
 FIX = "rerun `python experiments/fedlog_rounds.py --part all --seeds 1 --eps 0.1,1,10,100,inf` and update the README"
 

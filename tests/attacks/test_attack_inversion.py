@@ -142,7 +142,7 @@ def _inversion_results():
     import json
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     return root, json.loads((root / "docs" / "attacks-inversion.json").read_text())
 
 

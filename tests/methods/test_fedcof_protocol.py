@@ -4,7 +4,7 @@ check a node makes on the round-2 broadcast (a lying server's broadcast is refus
 
 Tolerances.  The node's vectors are sums of the same float64 terms in another order (1e-12 relative).
 Masking at f = 32 rounds each real value by at most 2^-33 and leaves whole numbers exact, so the decoded
-counts and presence equal the plain ones exactly; heads agree to 1e-9 (as tests/test_methods.py).
+counts and presence equal the plain ones exactly; heads agree to 1e-9 (as tests/methods/test_methods.py).
 """
 
 from __future__ import annotations
