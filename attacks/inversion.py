@@ -59,6 +59,7 @@ import numpy as np
 from scipy.optimize import linear_sum_assignment
 
 from attacks.base import Attack
+from attacks.learned import deterministic
 from attacks.metrics import cosine, ssim
 from attacks.unmixing import unmix
 from attacks.view import GroundTruth, ServerView
@@ -124,21 +125,21 @@ def invert_pixels(
     """
     torch = _torch()
     dev = _device(backbone)
-    torch.manual_seed(seed)
-    t = torch.as_tensor(np.asarray(targets, np.float32), device=dev)
-    tn = (t**2).sum(1).clamp_min(1e-12)
-    x0 = torch.as_tensor(np.clip(np.asarray(init, np.float32), 0.02, 0.98), device=dev)[:, None]
-    z = torch.logit(x0).clone().requires_grad_(True)
-    opt = torch.optim.Adam([z], lr=lr)
-    for _ in range(int(steps)):
-        opt.zero_grad()
-        x = torch.sigmoid(z)
-        obj = _feature_loss(backbone, x, t, tn, loss) + tv * total_variation(x)
-        if anchor > 0:
-            obj = obj + anchor * ((x - x0) ** 2).flatten(1).mean(1)
-        obj.sum().backward()
-        opt.step()
-    return torch.sigmoid(z).detach()[:, 0].cpu().numpy()
+    with deterministic(seed):
+        t = torch.as_tensor(np.asarray(targets, np.float32), device=dev)
+        tn = (t**2).sum(1).clamp_min(1e-12)
+        x0 = torch.as_tensor(np.clip(np.asarray(init, np.float32), 0.02, 0.98), device=dev)[:, None]
+        z = torch.logit(x0).clone().requires_grad_(True)
+        opt = torch.optim.Adam([z], lr=lr)
+        for _ in range(int(steps)):
+            opt.zero_grad()
+            x = torch.sigmoid(z)
+            obj = _feature_loss(backbone, x, t, tn, loss) + tv * total_variation(x)
+            if anchor > 0:
+                obj = obj + anchor * ((x - x0) ** 2).flatten(1).mean(1)
+            obj.sum().backward()
+            opt.step()
+        return torch.sigmoid(z).detach()[:, 0].cpu().numpy()
 
 
 class _Decoder:
@@ -200,31 +201,32 @@ def train_decoder(
         im = np.tile(im, (copies, 1, 1))
         y = np.tile(y, copies)
     shape = im.shape[1:]
-    g = torch.Generator().manual_seed(seed)
-    net = nn.Sequential(
-        nn.Linear(F.shape[1] + C, hidden),
-        nn.ReLU(),
-        nn.Linear(hidden, hidden),
-        nn.ReLU(),
-        nn.Linear(hidden, int(np.prod(shape))),
-        nn.Sigmoid(),
-    )
-    with torch.no_grad():
-        for p in net.parameters():
-            if p.ndim == 2:
-                bound = 1.0 / np.sqrt(p.shape[1])
-                p.copy_(torch.rand(p.shape, generator=g) * 2 * bound - bound)
-            else:
-                p.zero_()
-    X = torch.as_tensor(_decoder_input(F, y, scale, C))
-    Y = torch.as_tensor(np.array(im.reshape(im.shape[0], -1)))
-    opt = torch.optim.Adam(net.parameters(), lr=lr, weight_decay=weight_decay)
-    for _ in range(int(epochs)):
-        opt.zero_grad()
-        loss = ((net(X) - Y) ** 2).mean()
-        loss.backward()
-        opt.step()
-    net.eval()
+    with deterministic(seed):
+        g = torch.Generator().manual_seed(seed)
+        net = nn.Sequential(
+            nn.Linear(F.shape[1] + C, hidden),
+            nn.ReLU(),
+            nn.Linear(hidden, hidden),
+            nn.ReLU(),
+            nn.Linear(hidden, int(np.prod(shape))),
+            nn.Sigmoid(),
+        )
+        with torch.no_grad():
+            for p in net.parameters():
+                if p.ndim == 2:
+                    bound = 1.0 / np.sqrt(p.shape[1])
+                    p.copy_(torch.rand(p.shape, generator=g) * 2 * bound - bound)
+                else:
+                    p.zero_()
+        X = torch.as_tensor(_decoder_input(F, y, scale, C))
+        Y = torch.as_tensor(np.array(im.reshape(im.shape[0], -1)))
+        opt = torch.optim.Adam(net.parameters(), lr=lr, weight_decay=weight_decay)
+        for _ in range(int(epochs)):
+            opt.zero_grad()
+            loss = ((net(X) - Y) ** 2).mean()
+            loss.backward()
+            opt.step()
+        net.eval()
     return _Decoder(net, scale, shape, C)
 
 
@@ -245,33 +247,34 @@ def invert_dip(
     from torch import nn
 
     dev = _device(backbone)
-    g = torch.Generator().manual_seed(seed)
-    t = torch.as_tensor(np.asarray(targets, np.float32), device=dev)
-    r = t.shape[0]
-    H, W = shape
-    cin = 8
-    z = (torch.rand((1, r * cin, H, W), generator=g) * 0.1).to(dev)
-    torch.manual_seed(seed)
-    net = nn.Sequential(
-        nn.Conv2d(r * cin, r * width, 3, padding=1, groups=r),
-        nn.LeakyReLU(0.2),
-        nn.Conv2d(r * width, r * width, 3, padding=1, groups=r),
-        nn.LeakyReLU(0.2),
-        nn.Conv2d(r * width, r, 1, groups=r),
-        nn.Sigmoid(),
-    ).to(dev)
-    tn = (t**2).sum(1).clamp_min(1e-12)
-    opt = torch.optim.Adam(net.parameters(), lr=lr)
-    for _ in range(int(steps)):
-        opt.zero_grad()
-        x = net(z).reshape(r, 1, H, W)
-        obj = _feature_loss(backbone, x, t, tn, loss)
-        if tv > 0:
-            obj = obj + tv * total_variation(x)
-        obj.sum().backward()
-        opt.step()
-    with torch.no_grad():
-        return net(z).reshape(r, H, W).cpu().numpy()
+    with deterministic(seed):
+        g = torch.Generator().manual_seed(seed)
+        t = torch.as_tensor(np.asarray(targets, np.float32), device=dev)
+        r = t.shape[0]
+        H, W = shape
+        cin = 8
+        z = (torch.rand((1, r * cin, H, W), generator=g) * 0.1).to(dev)
+        torch.manual_seed(seed)
+        net = nn.Sequential(
+            nn.Conv2d(r * cin, r * width, 3, padding=1, groups=r),
+            nn.LeakyReLU(0.2),
+            nn.Conv2d(r * width, r * width, 3, padding=1, groups=r),
+            nn.LeakyReLU(0.2),
+            nn.Conv2d(r * width, r, 1, groups=r),
+            nn.Sigmoid(),
+        ).to(dev)
+        tn = (t**2).sum(1).clamp_min(1e-12)
+        opt = torch.optim.Adam(net.parameters(), lr=lr)
+        for _ in range(int(steps)):
+            opt.zero_grad()
+            x = net(z).reshape(r, 1, H, W)
+            obj = _feature_loss(backbone, x, t, tn, loss)
+            if tv > 0:
+                obj = obj + tv * total_variation(x)
+            obj.sum().backward()
+            opt.step()
+        with torch.no_grad():
+            return net(z).reshape(r, H, W).cpu().numpy()
 
 
 @dataclass(frozen=True, eq=False)
@@ -348,7 +351,7 @@ class FeatureInversion(Attack):
         "refine": "auto",
         "max_set": 8,
         "bank_copies": 60,
-        "train_steps": 3000,
+        "train_steps": 12000,
         "hidden": 512,
         "refine_steps": None,
         "feature_steps": 20000,
@@ -591,6 +594,12 @@ class FeatureInversion(Attack):
         if loss == "auto":  # noisy counts scale the released means at random: match directions only
             noisy_counts = view.noise.count_kind is not None or view.noise.sigma.get("counts", 0.0) > 0
             loss = "cosine" if noisy_counts else "l2"
+        with deterministic(seed):  # one seeded torch thread: the same images on any machine
+            return self._optimise(view, targets, classes, counts, init, prior, loss, seed), one
+
+    def _optimise(self, view: ServerView, targets, classes, counts, init, prior, loss: str, seed: int):
+        """The pixel, decoder and deep-image-prior backends: images (R, H, W), one per target."""
+        b = self.params["backend"]
         if b == "pixel":
             return invert_pixels(
                 view.backbone,
@@ -602,7 +611,7 @@ class FeatureInversion(Attack):
                 anchor=self.params["anchor"],
                 loss=loss,
                 seed=seed,
-            ), one
+            )
         if b == "decoder":
             # Noise-aware: the per-coordinate noise std of the released means (sigma_sums / count).
             tau = float(np.median(view.noise.sigma.get("sums", 0.0) / np.maximum(counts, 1.0)))
@@ -615,10 +624,10 @@ class FeatureInversion(Attack):
                 num_classes=view.num_classes,
                 seed=seed,
             )
-            return dec(targets, classes), one
+            return dec(targets, classes)
         return invert_dip(
             view.backbone, targets, prior.shape[1:], steps=self.params["dip_steps"], loss=loss, seed=seed
-        ), one
+        )
 
     def run(self, view: ServerView, rng: np.random.Generator, *, cells=None, **_) -> InversionResult:
         """Invert released cells.
@@ -861,6 +870,6 @@ def challenge_cells(view: ServerView, truth: GroundTruth, rng: np.random.Generat
 def _features(backbone, images: np.ndarray) -> np.ndarray:
     torch = _torch()
     dev = _device(backbone)
-    with torch.no_grad():
+    with torch.no_grad(), deterministic(0):
         x = torch.as_tensor(np.asarray(images, np.float32), device=dev)[:, None]
         return backbone(x).cpu().numpy().astype(np.float64)
