@@ -65,6 +65,7 @@ __all__ = [
     "refine_set",
     "select_refinement",
     "set_decoder",
+    "set_validation",
 ]
 
 #: Bump when the bank, the architectures or the training change (invalidates cached decoders).
@@ -110,7 +111,7 @@ class DecoderConfig:
 
     copies: int = 60  # augmented copies of every public image
     hidden: int = 512
-    steps: int = 6000  # minibatch Adam steps of a set decoder
+    steps: int = 12000  # a set decoder's cap; it stops when validation stops improving
     batch: int = 256
     lr: float = 2e-3
     blend_fraction: float = 0.25
@@ -383,29 +384,55 @@ def feature_decoder(
 def _fit(net, X, Y, Xv, Yv, cfg: DecoderConfig) -> tuple[float, int]:
     """Minibatch Adam until the validation loss stops improving; returns (best validation loss, steps)."""
     torch = _torch()
-    lr = cfg.lr
-    opt = torch.optim.Adam(net.parameters(), lr=lr)
     g = torch.Generator().manual_seed(cfg.seed)
 
-    def val_loss() -> float:
-        with torch.no_grad():
-            return float(((net(Xv) - Yv) ** 2).mean())
+    def batch_loss():
+        b = torch.randint(0, X.shape[0], (cfg.batch,), generator=g)
+        return ((net(X[b]) - Y[b]) ** 2).mean()
 
-    best, best_state, bad, step = val_loss(), [p.detach().clone() for p in net.parameters()], 0, 0
-    best_step = 0
-    with progress_bar(
-        cfg.feature_steps, "training the feature decoder (until validation stops improving)"
-    ) as bar:
-        while step < cfg.feature_steps:
-            b = torch.randint(0, X.shape[0], (cfg.batch,), generator=g)
+    def val_loss() -> float:
+        return float(((net(Xv) - Yv) ** 2).mean())
+
+    return train_until_stopped(
+        net,
+        batch_loss,
+        val_loss,
+        cfg,
+        cfg.feature_steps,
+        "training the feature decoder (until validation stops improving)",
+    )
+
+
+def train_until_stopped(
+    net, batch_loss, val_loss, cfg: DecoderConfig, cap: int, desc: str
+) -> tuple[float, int]:
+    """Adam on ``batch_loss()`` until ``val_loss()`` (measured every ``cfg.val_every`` steps) stops improving.
+
+    Each validation without a relative improvement of 1e-3 halves the
+    learning rate; ``cfg.patience`` of them in a row stop training (at most
+    ``cap`` steps).  The best validated weights are loaded back into ``net``
+    (left in eval mode).  Returns (best validation loss, the step it was
+    measured at).
+    """
+    torch = _torch()
+    lr = cfg.lr
+    opt = torch.optim.Adam(net.parameters(), lr=lr)
+
+    def validate() -> float:
+        with torch.no_grad():
+            return float(val_loss())
+
+    best, best_step, bad, step = validate(), 0, 0, 0
+    best_state = [p.detach().clone() for p in net.parameters()]
+    with progress_bar(cap, desc) as bar:
+        while step < cap:
             opt.zero_grad()
-            loss = ((net(X[b]) - Y[b]) ** 2).mean()
-            loss.backward()
+            batch_loss().backward()
             opt.step()
             step += 1
             bar.update(1)
             if step % cfg.val_every == 0:
-                v = val_loss()
+                v = validate()
                 if v < best * (1 - 1e-3):
                     best, best_step, bad = v, step, 0
                     best_state = [p.detach().clone() for p in net.parameters()]
@@ -453,10 +480,25 @@ def progress_bar(total: int, desc: str, unit: str = "step"):
 
 
 class SetDecoder:
-    """(mean feature of n records, class) -> n images; ``__call__`` returns (r, n, H, W)."""
+    """(mean feature of n records, class) -> n images; ``__call__`` returns (r, n, H, W).
 
-    def __init__(self, net, n: int, shape, num_classes: int, key: str):
+    ``val_loss``: its Hungarian-matched mean squared pixel error on validation
+    subsets of held-out public images (and their augmented copies);
+    ``steps_trained``: the steps it took until validation stopped improving.
+    """
+
+    def __init__(
+        self,
+        net,
+        n: int,
+        shape,
+        num_classes: int,
+        key: str,
+        val_loss: float = float("nan"),
+        steps_trained: int = 0,
+    ):
         self.net, self.n, self.shape, self.num_classes, self.key = net, n, tuple(shape), num_classes, key
+        self.val_loss, self.steps_trained = float(val_loss), int(steps_trained)
 
     def __call__(self, means: np.ndarray, classes) -> np.ndarray:
         torch = _torch()
@@ -466,14 +508,14 @@ class SetDecoder:
 
 
 def _subsets(rs, labels: np.ndarray, n: int, size: int, by_class: dict) -> tuple[np.ndarray, np.ndarray]:
-    cls = rs.choice(np.unique(labels), size=size)
+    cls = rs.choice(np.array(sorted(by_class)), size=size)
     idx = np.empty((size, n), np.int64)
     for c in np.unique(cls):
         rows = np.flatnonzero(cls == c)
         pool = by_class[c]
         # n distinct records of the class per subset: draw with replacement, redraw subsets with a repeat
         j = rs.integers(0, pool.size, (rows.size, n))
-        while n > 1:
+        while n > 1 and pool.size >= n:
             s = np.sort(j, axis=1)
             bad = np.flatnonzero((np.diff(s, axis=1) == 0).any(axis=1))
             if bad.size == 0:
@@ -481,6 +523,69 @@ def _subsets(rs, labels: np.ndarray, n: int, size: int, by_class: dict) -> tuple
             j[bad] = rs.integers(0, pool.size, (bad.size, n))
         idx[rows] = pool[j]
     return cls, idx
+
+
+def _matched_loss(out, T, n: int, perms):
+    """Hungarian-matched mean squared error of outputs (B, n, D) against true sets (B, n, D)."""
+    torch = _torch()
+    cost = ((out[:, :, None, :] - T[:, None, :, :]) ** 2).mean(-1)  # (B, n out, n true)
+    if n == 1:
+        return cost.mean()
+    if perms is not None:  # every assignment enumerated: exact and vectorised
+        return cost[:, torch.arange(n)[None, :], perms].sum(-1).min(1).values.mean() / n
+    cn = cost.detach().numpy()
+    perm = np.stack([linear_sum_assignment(cn[i])[1] for i in range(cn.shape[0])])
+    return torch.gather(cost, 2, torch.as_tensor(perm)[:, :, None]).mean()
+
+
+#: Validation subsets of held-out public images per set decoder (drawn once, seeded).
+SET_VALIDATION_SUBSETS = 1024
+
+
+def _set_sources(backbone, public, cfg: DecoderConfig, n: int):
+    """The real public images and the bank as (images, labels, features), with their train / held-out pools."""
+    ims, y, F = _bank(backbone, public, cfg)
+    pim = np.asarray(public.images, np.float32)
+    N = len(pim)
+    held = np.arange(N) % VALIDATION_EVERY == VALIDATION_EVERY - 1
+    bank_held = held[np.arange(len(ims)) % N]  # copy j is of public image j % N
+    sources = [(pim, np.asarray(public.labels, np.int64), _features(backbone, pim)), (ims, y, F)]
+    train_by, val_by = [], []
+    for (_, lab, _), h in zip(sources, (held, bank_held)):
+        train_by.append({c: np.flatnonzero((lab == c) & ~h) for c in np.unique(lab)})
+        val_by.append({c: np.flatnonzero((lab == c) & h) for c in np.unique(lab)})
+    for c, pool in train_by[0].items():
+        if pool.size < n:
+            raise InputError(
+                f"public class {c} has {pool.size} training images; a set decoder for n={n} needs {n}"
+            )
+    return sources, train_by, val_by
+
+
+def _validation_subsets(sources, val_by, n: int, cfg: DecoderConfig):
+    rs = np.random.default_rng(cfg.seed + 7919 * n + 1)
+    half = SET_VALIDATION_SUBSETS // 2
+    means, classes, truth = [], [], []
+    for (im_s, y_s, F_s), bc, size in zip(sources, val_by, (half, SET_VALIDATION_SUBSETS - half)):
+        cls, idx = _subsets(rs, y_s, n, size, bc)
+        means.append(F_s[idx].mean(1))
+        classes.append(cls)
+        truth.append(im_s[idx])
+    return np.vstack(means), np.concatenate(classes), np.concatenate(truth)
+
+
+def set_validation(
+    backbone, public, n: int, cfg: DecoderConfig = DecoderConfig()
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The validation set that stops a set decoder for means of ``n``: held-out public images only.
+
+    :data:`SET_VALIDATION_SUBSETS` same-class n-subsets (half of real held-out
+    public images, half of their augmented copies; distinct records where the
+    class holds n of them), drawn once from ``cfg.seed``.  Returns (mean
+    features (S, d), classes (S,), true images (S, n, H, W)).
+    """
+    sources, _, val_by = _set_sources(backbone, public, cfg, int(n))
+    return _validation_subsets(sources, val_by, int(n), cfg)
 
 
 def set_decoder(
@@ -492,6 +597,15 @@ def set_decoder(
     real public images or from the augmented bank (probability 1/2 each),
     the mean of their features -> the n images; loss: mean squared error
     after the Hungarian matching of outputs to images (order is free).
+
+    Every :data:`VALIDATION_EVERY`-th public image and its augmented copies
+    are held out (as for :func:`feature_decoder`); :data:`SET_VALIDATION_SUBSETS`
+    n-subsets of them (half real, half augmented, drawn once) are the
+    validation set.  Adam runs in minibatches of fresh training subsets; the
+    validation loss is measured every ``cfg.val_every`` steps, each
+    validation without improvement halves the learning rate, ``cfg.patience``
+    of them in a row stop training (at most ``cfg.steps`` steps) and the best
+    validated weights are kept.  Seeded, on one torch thread, deterministic.
     """
     from privfed.data.cache import cached_arrays
 
@@ -504,59 +618,57 @@ def set_decoder(
     D = int(np.prod(shape))
 
     def compute():
-        ims, y, F = _bank(backbone, public, cfg)
-        pim = np.asarray(public.images, np.float32)
-        py = np.asarray(public.labels, np.int64)
-        pF = _features(backbone, pim)
-        sources = [(pim.reshape(len(pim), -1), py, pF), (ims.reshape(len(ims), -1), y, F)]
-        by_class = [{c: np.flatnonzero(l == c) for c in np.unique(l)} for _, l, _ in sources]
-        for c, pool in by_class[0].items():
-            if pool.size < n:
-                raise InputError(
-                    f"public class {c} has {pool.size} images; a set decoder for n={n} needs {n}"
-                )
+        sources, train_by, val_by = _set_sources(backbone, public, cfg, n)
         rs = np.random.default_rng(cfg.seed + 7919 * n)
+        half = cfg.batch // 2
+
+        def draw(rs, by, sizes):
+            Xs, Ts = [], []
+            for (im_s, y_s, F_s), bc, size in zip(sources, by, sizes):
+                cls, idx = _subsets(rs, y_s, n, size, bc)
+                Xs.append(_inputs(F_s[idx].mean(1), cls, num_classes))
+                Ts.append(im_s[idx].reshape(size, n, -1))
+            return torch.as_tensor(np.vstack(Xs)), torch.as_tensor(np.concatenate(Ts))
+
+        means, cls, truth = _validation_subsets(sources, val_by, n, cfg)
+        Xv = torch.as_tensor(_inputs(means, cls, num_classes))
+        Tv = torch.as_tensor(truth.reshape(len(truth), n, -1))
+        perms = torch.as_tensor(list(itertools.permutations(range(n)))) if 1 < n <= 5 else None  # (P, n)
         with _seeded(cfg.seed + n):
             net = _mlp(d + num_classes, cfg.hidden, n * D)
-            opt = torch.optim.Adam(net.parameters(), lr=cfg.lr)
-            sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=cfg.steps)
-            half = cfg.batch // 2
-            perms = torch.as_tensor(list(itertools.permutations(range(n)))) if n <= 5 else None  # (P, n)
-            ar = torch.arange(n)[None, :]
-            bar = progress_bar(cfg.steps, f"training the set decoder for means of {n}")
-            for _ in range(cfg.steps):
-                bar.update(1)
-                Xs, Ts = [], []
-                for (im_s, y_s, F_s), bc, size in zip(sources, by_class, (half, cfg.batch - half)):
-                    cls, idx = _subsets(rs, y_s, n, size, bc)
-                    Xs.append(_inputs(F_s[idx].mean(1), cls, num_classes))
-                    Ts.append(im_s[idx])
-                X = torch.as_tensor(np.vstack(Xs))
-                T = torch.as_tensor(np.concatenate(Ts))  # (B, n, D)
-                out = net(X).reshape(-1, n, D)
-                cost = ((out[:, :, None, :] - T[:, None, :, :]) ** 2).mean(-1)  # (B, n out, n true)
-                if 1 < n <= 5:  # every assignment enumerated: exact and vectorised
-                    loss = cost[:, ar, perms].sum(-1).min(1).values.mean() / n
-                elif n > 5:
-                    cn = cost.detach().numpy()
-                    perm = np.stack([linear_sum_assignment(cn[i])[1] for i in range(cn.shape[0])])
-                    loss = torch.gather(cost, 2, torch.as_tensor(perm)[:, :, None]).mean()
-                else:
-                    loss = cost.mean()
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
-                sched.step()
-            bar.close()
-            net.eval()
-        return _state_arrays(net)
 
-    desc = _description("set-decoder", backbone, public, cfg, num_classes, n=n, sampler=2)
+            def batch_loss():
+                X, T = draw(rs, train_by, (half, cfg.batch - half))
+                return _matched_loss(net(X).reshape(-1, n, D), T, n, perms)
+
+            best, best_step = train_until_stopped(
+                net,
+                batch_loss,
+                lambda: _matched_loss(net(Xv).reshape(-1, n, D), Tv, n, perms),
+                cfg,
+                cfg.steps,
+                f"training the set decoder for means of {n} (until validation stops improving)",
+            )
+        return {**_state_arrays(net), "val_loss": np.array(best), "steps_trained": np.array(best_step)}
+
+    desc = _description(
+        "set-decoder",
+        backbone,
+        public,
+        cfg,
+        num_classes,
+        n=n,
+        sampler=3,
+        validation_every=VALIDATION_EVERY,
+        validation_subsets=SET_VALIDATION_SUBSETS,
+    )
     arrays, key, _ = cached_arrays("attack-set-decoder", desc, compute, cache_dir)
     with _seeded(cfg.seed + n):
         net = _mlp(d + num_classes, cfg.hidden, n * D)
     _load_state(net, arrays)
-    return SetDecoder(net, n, shape, num_classes, key)
+    return SetDecoder(
+        net, n, shape, num_classes, key, float(arrays["val_loss"]), int(arrays["steps_trained"])
+    )
 
 
 # -- refinement -------------------------------------------------------------------------------------------------
