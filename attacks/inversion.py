@@ -59,7 +59,7 @@ import numpy as np
 from scipy.optimize import linear_sum_assignment
 
 from attacks.base import Attack
-from attacks.learned import deterministic
+from attacks.determinism import deterministic
 from attacks.metrics import cosine, ssim
 from attacks.unmixing import unmix
 from attacks.view import GroundTruth, ServerView
