@@ -134,6 +134,7 @@ class FeatureInversion(Attack):
         "joint_candidates": 4,
         "joint_steps": 300,
         "joint_lr": 0.02,
+        "joint_lrs": None,  # several latent learning rates, the lowest residual kept per cell (joint_lr otherwise)
         "polish_steps": 200,
         "max_joint": 16,
     }
@@ -153,7 +154,9 @@ class FeatureInversion(Attack):
             "joint": f"search of the public bank ({self.params['bank_copies']} augmented copies of every public "
             f"image) for the n images whose mean feature matches (n from the rounded counts, up to "
             f"{self.params['max_joint']}; one image beyond), n latent codes of the feature decoder optimised jointly "
-            f"(Adam, learning rate {self.params['joint_lr']:g}) against the released mean (and the "
+            f"(Adam, learning rate {'/'.join(f'{lr:g}' for lr in self._joint_lrs())}; {self.params['joint_restarts']} "
+            f"search starts, {self.params['joint_candidates']} candidates, the lowest residual kept) against the "
+            "released mean (and the "
             f"client's second moment where released), joint pixel polish",
         }[b]
         return f"backbone + public images + released {self.params['source']}: {what}"
@@ -190,15 +193,19 @@ class FeatureInversion(Attack):
                 continue
             if isinstance(p[k], bool) or not isinstance(p[k], (int, np.integer)) or p[k] < 1:
                 raise ConfigError(f"{k} must be a positive int, got {k}={p[k]!r}")
-        if (
-            isinstance(p["joint_lr"], bool)
-            or not isinstance(p["joint_lr"], (int, float))
-            or not p["joint_lr"] > 0
-        ):
-            raise ConfigError(f"joint_lr must be a number > 0, got joint_lr={p['joint_lr']!r}")
+        lrs = [p["joint_lr"]] + ([] if p["joint_lrs"] is None else list(p["joint_lrs"]))
+        if p["joint_lrs"] is not None and not p["joint_lrs"]:
+            raise ConfigError("joint_lrs must list at least one learning rate (or be None: joint_lr alone)")
+        for lr in lrs:
+            if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr > 0:
+                raise ConfigError(f"joint_lr / joint_lrs must be numbers > 0, got {lr!r}")
         for k in ("joint_steps", "polish_steps"):
             if isinstance(p[k], bool) or not isinstance(p[k], (int, np.integer)) or p[k] < 0:
                 raise ConfigError(f"{k} must be an int >= 0, got {k}={p[k]!r}")
+
+    def _joint_lrs(self) -> tuple:
+        p = self.params
+        return tuple(float(x) for x in (p["joint_lrs"] or (p["joint_lr"],)))
 
     def check(self, view: ServerView) -> None:
         super().check(view)
@@ -331,7 +338,7 @@ class FeatureInversion(Attack):
             restarts=int(p["joint_restarts"]),
             candidates=int(p["joint_candidates"]),
             latent_steps=int(p["joint_steps"]),
-            latent_lrs=(float(p["joint_lr"]),),
+            latent_lrs=self._joint_lrs(),
             polish_steps=int(p["polish_steps"]),
             max_n=int(p["max_joint"]),
         )
