@@ -285,6 +285,9 @@ class SetDecoder:
 
 
 def class_subsets(rs, labels: np.ndarray, n: int, size: int, by_class: dict) -> tuple[np.ndarray, np.ndarray]:
+    """``size`` same-class n-subsets: a class drawn uniformly from ``by_class`` (class -> record indices), then n
+    distinct records of it (with repeats only where the class holds fewer than n).  Returns (classes, indices
+    (size, n)); ``labels`` is the records' labels (kept for the callers' symmetry)."""
     cls = rs.choice(np.array(sorted(by_class)), size=size)
     idx = np.empty((size, n), np.int64)
     for c in np.unique(cls):
