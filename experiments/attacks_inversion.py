@@ -21,9 +21,11 @@ standard errors clustered by cell.
 * secure aggregation (the server sees only the all-client class sums);
 * FedCGS (mean + second moment) at n = 2, 4.
 
-The decoders train once (minutes on 2 cores) and are cached by the hash of
-what determines them (PRIVFED_CACHE).  ``--train-steps`` sets the decoders'
-training steps (the attack's default otherwise); the row records it.
+The decoders train once (minutes on 2 cores), each until its validation loss
+stops improving, and are cached by the hash of what determines them
+(PRIVFED_CACHE); the record's ``config.feature_decoder`` holds the steps each
+took and its validation loss (``set_decoders``: per n).  ``--train-steps``
+caps the set decoders' steps (the attack's default cap otherwise).
 
 Outputs: ``inversion.csv`` / ``inversion.json`` under ``--out`` (every
 metric of every attack per setting, the configuration and the command),
@@ -63,7 +65,10 @@ def main(argv=None) -> int:
     )
     p.add_argument("--cgs", default="2,4", help="FedCGS (mean + G) settings: records per client ('' = none)")
     p.add_argument(
-        "--train-steps", type=int, default=None, help="decoder training steps (default: the attack's)"
+        "--train-steps",
+        type=int,
+        default=None,
+        help="cap on the set decoders' training steps (default: the attack's)",
     )
     p.add_argument("--grids", default=None, help="folder for the FedCOF n = 1 grids (clean and eps = 1)")
     p.add_argument("--results-json", default=None, help="also write the results JSON here")
