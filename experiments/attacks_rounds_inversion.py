@@ -21,9 +21,9 @@ when the clients keep the public body frozen (``local_epochs = 0``, family
    FedLog) and, once, its all-client sum (secure aggregation: the class
    totals, the same for any number of clients).
 
-Settings: ``--clients`` federations: the recipe's 20 clients (2 classes each,
-22-23 records per released cell) and 300 clients (1-2 records per cell; the
-set decoders for means of 1 and 2 are those of the main inversion record).  Trained bodies (``local_epochs`` > 0) pass every
+Settings: ``--clients`` federations of the recipe's shards (2 classes per
+client): 20 clients (the recipe's; 22-23 records per released cell), 100
+(4-5) and 300 (1-2).  Trained bodies (``local_epochs`` > 0) pass every
 round's records through each client's private body, which FedLog does not
 send: not measured here.
 

@@ -262,8 +262,8 @@ def rounds_inversion() -> str:
             f"{r['delta_psnr']:+.2f} dB ({r['delta_psnr_se']:.2f}) |"
         )
         where = (
-            f"{r['clients']} clients, each client's upload (median {r['median_records_per_cell']:g} records "
-            "per released cell)"
+            f"{r['clients']} clients, each client's upload (median {r['median_records_per_cell']:g} "
+            f"record{'' if r['median_records_per_cell'] == 1 else 's'} per released cell)"
             if r["setting"] == "uploads"
             else f"{r['clients']} clients, secure sum (the class totals only)"
         )
@@ -273,7 +273,11 @@ def rounds_inversion() -> str:
         )
     return ROUNDS_INVERSION.format(
         rounds=checks[0]["rounds"],
-        rel=max(c["max_rel_error"] for c in checks) or 0.0,
+        rel=(
+            "exactly"
+            if max(c["max_rel_error"] for c in checks) == 0
+            else f"to a relative {max(c['max_rel_error'] for c in checks):.0e}"
+        ),
         rel_f=max(c["max_rel_error_vs_features"] for c in checks),
         cells=cfg["cells"],
         command=cfg["command"],
