@@ -49,25 +49,47 @@ the public class, as many guesses as reconstructions); PSNR is capped at
 reconstruction's nearest private image is that image), so n reconstructions
 of a mean of n can identify every record; SSIM uses 3x3 windows; standard
 errors treat the cell, not the image, as the independent unit.
+
+The optimising backends live in :mod:`attacks.inversion_backends`, the
+result and its scoring in :mod:`attacks.inversion_scoring` (their public
+names are re-exported here).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
-from scipy.optimize import linear_sum_assignment
 
 from attacks.base import Attack
-from attacks.metrics import cosine, ssim
+from attacks.determinism import deterministic
+from attacks.inversion_backends import (
+    invert_dip,
+    invert_pixels,
+    reconstruction_features,
+    total_variation,
+    train_decoder,
+)
+from attacks.inversion_scoring import (
+    PSNR_CAP,
+    SSIM_WIN,
+    InversionResult,
+    challenge_cells,
+    prior_guesses,
+    score_inversion,
+)
 from attacks.unmixing import unmix
 from attacks.view import GroundTruth, ServerView
 from privfed.errors import ConfigError, InputError
 
 __all__ = [
     "BACKENDS",
+    "PSNR_CAP",
+    "SSIM_WIN",
+    "SOURCES",
     "FeatureInversion",
     "InversionResult",
+    "challenge_cells",
+    "prior_guesses",
+    "score_inversion",
     "invert_dip",
     "invert_pixels",
     "total_variation",
@@ -76,250 +98,6 @@ __all__ = [
 
 BACKENDS = ("pixel", "decoder", "dip", "learned", "set", "joint")
 SOURCES = ("mean", "second")
-
-
-def _torch():
-    import torch
-
-    return torch
-
-
-def total_variation(x):
-    """Anisotropic TV (mean absolute difference of neighbours) per image of a (r, 1, H, W) tensor."""
-    dh = (x[..., 1:, :] - x[..., :-1, :]).abs().flatten(1).mean(1)
-    dw = (x[..., :, 1:] - x[..., :, :-1]).abs().flatten(1).mean(1)
-    return dh + dw
-
-
-def _device(backbone):
-    try:
-        return next(backbone.parameters()).device
-    except StopIteration:
-        return _torch().device("cpu")
-
-
-def _feature_loss(backbone, x, t, tn, loss: str = "l2"):
-    f = backbone(x)
-    if loss == "cosine":  # scale-free: for means whose count (hence scale) is noisy
-        return 1.0 - (f * t).sum(1) / (f.norm(dim=1).clamp_min(1e-12) * tn.sqrt())
-    return ((f - t) ** 2).sum(1) / tn
-
-
-def invert_pixels(
-    backbone,
-    targets: np.ndarray,
-    init: np.ndarray,
-    *,
-    steps: int = 300,
-    lr: float = 0.1,
-    tv: float = 0.005,
-    anchor: float = 0.0,
-    loss: str = "l2",
-    seed: int = 0,
-) -> np.ndarray:
-    """Pixel optimisation with a TV prior from ``init`` images; returns (r, H, W) float32 in [0, 1].
-
-    ``anchor`` adds anchor * mean((x - init)^2), a Gaussian prior centred on the start image;
-    ``loss="cosine"`` matches the feature's direction only.
-    """
-    torch = _torch()
-    dev = _device(backbone)
-    torch.manual_seed(seed)
-    t = torch.as_tensor(np.asarray(targets, np.float32), device=dev)
-    tn = (t**2).sum(1).clamp_min(1e-12)
-    x0 = torch.as_tensor(np.clip(np.asarray(init, np.float32), 0.02, 0.98), device=dev)[:, None]
-    z = torch.logit(x0).clone().requires_grad_(True)
-    opt = torch.optim.Adam([z], lr=lr)
-    for _ in range(int(steps)):
-        opt.zero_grad()
-        x = torch.sigmoid(z)
-        obj = _feature_loss(backbone, x, t, tn, loss) + tv * total_variation(x)
-        if anchor > 0:
-            obj = obj + anchor * ((x - x0) ** 2).flatten(1).mean(1)
-        obj.sum().backward()
-        opt.step()
-    return torch.sigmoid(z).detach()[:, 0].cpu().numpy()
-
-
-class _Decoder:
-    """MLP (feature, class) -> image trained on public pairs (kept with its input scale)."""
-
-    def __init__(self, net, scale: float, shape, num_classes: int):
-        self.net, self.scale, self.shape, self.num_classes = net, scale, shape, num_classes
-
-    def __call__(self, features: np.ndarray, classes) -> np.ndarray:
-        torch = _torch()
-        with torch.no_grad():
-            x = _decoder_input(features, classes, self.scale, self.num_classes)
-            return self.net(torch.as_tensor(x)).reshape(-1, *self.shape).numpy()
-
-
-def _decoder_input(features, classes, scale: float, num_classes: int) -> np.ndarray:
-    F = np.asarray(features, np.float32) / scale
-    onehot = np.eye(num_classes, dtype=np.float32)[np.asarray(classes, dtype=np.int64)]
-    return np.hstack([F, onehot])
-
-
-def train_decoder(
-    features: np.ndarray,
-    images: np.ndarray,
-    labels,
-    *,
-    hidden: int = 256,
-    epochs: int = 400,
-    lr: float = 3e-3,
-    weight_decay: float = 1e-4,
-    noise: float = 0.0,
-    copies: int = 8,
-    num_classes: int | None = None,
-    seed: int = 0,
-) -> _Decoder:
-    """Train an MLP decoder ((feature, class) -> image, sigmoid output) on public pairs, full batch, Adam.
-
-    The class of a released mean is public (it is the cell's class), so the
-    decoder takes it as a one-hot input next to the feature.
-
-    ``noise`` > 0 trains it noise-aware: ``copies`` copies of every public
-    feature get N(0, noise^2) per coordinate (then the ReLU floor at 0, as
-    the attacked targets), so it learns the posterior-mean image of a noisy
-    released mean, which falls back to the class prior as the noise grows.
-    """
-    torch = _torch()
-    from torch import nn
-
-    F = np.asarray(features, np.float32)
-    im = np.asarray(images, np.float32)
-    y = np.asarray(labels, dtype=np.int64)
-    C = int(num_classes if num_classes is not None else y.max() + 1)
-    scale = float(np.sqrt((F**2).sum(1).mean())) or 1.0
-    if noise > 0:
-        rs = np.random.default_rng(seed)
-        F = np.maximum(
-            np.tile(F, (copies, 1)) + rs.normal(0.0, noise, size=(F.shape[0] * copies, F.shape[1])), 0.0
-        ).astype(np.float32)
-        im = np.tile(im, (copies, 1, 1))
-        y = np.tile(y, copies)
-    shape = im.shape[1:]
-    g = torch.Generator().manual_seed(seed)
-    net = nn.Sequential(
-        nn.Linear(F.shape[1] + C, hidden),
-        nn.ReLU(),
-        nn.Linear(hidden, hidden),
-        nn.ReLU(),
-        nn.Linear(hidden, int(np.prod(shape))),
-        nn.Sigmoid(),
-    )
-    with torch.no_grad():
-        for p in net.parameters():
-            if p.ndim == 2:
-                bound = 1.0 / np.sqrt(p.shape[1])
-                p.copy_(torch.rand(p.shape, generator=g) * 2 * bound - bound)
-            else:
-                p.zero_()
-    X = torch.as_tensor(_decoder_input(F, y, scale, C))
-    Y = torch.as_tensor(np.array(im.reshape(im.shape[0], -1)))
-    opt = torch.optim.Adam(net.parameters(), lr=lr, weight_decay=weight_decay)
-    for _ in range(int(epochs)):
-        opt.zero_grad()
-        loss = ((net(X) - Y) ** 2).mean()
-        loss.backward()
-        opt.step()
-    net.eval()
-    return _Decoder(net, scale, shape, C)
-
-
-def invert_dip(
-    backbone,
-    targets: np.ndarray,
-    shape,
-    *,
-    steps: int = 500,
-    lr: float = 0.01,
-    width: int = 32,
-    tv: float = 0.0,
-    loss: str = "l2",
-    seed: int = 0,
-) -> np.ndarray:
-    """Deep-image-prior inversion: one small generator per target, optimised jointly (grouped convs)."""
-    torch = _torch()
-    from torch import nn
-
-    dev = _device(backbone)
-    g = torch.Generator().manual_seed(seed)
-    t = torch.as_tensor(np.asarray(targets, np.float32), device=dev)
-    r = t.shape[0]
-    H, W = shape
-    cin = 8
-    z = (torch.rand((1, r * cin, H, W), generator=g) * 0.1).to(dev)
-    torch.manual_seed(seed)
-    net = nn.Sequential(
-        nn.Conv2d(r * cin, r * width, 3, padding=1, groups=r),
-        nn.LeakyReLU(0.2),
-        nn.Conv2d(r * width, r * width, 3, padding=1, groups=r),
-        nn.LeakyReLU(0.2),
-        nn.Conv2d(r * width, r, 1, groups=r),
-        nn.Sigmoid(),
-    ).to(dev)
-    tn = (t**2).sum(1).clamp_min(1e-12)
-    opt = torch.optim.Adam(net.parameters(), lr=lr)
-    for _ in range(int(steps)):
-        opt.zero_grad()
-        x = net(z).reshape(r, 1, H, W)
-        obj = _feature_loss(backbone, x, t, tn, loss)
-        if tv > 0:
-            obj = obj + tv * total_variation(x)
-        obj.sum().backward()
-        opt.step()
-    with torch.no_grad():
-        return net(z).reshape(r, H, W).cpu().numpy()
-
-
-@dataclass(frozen=True, eq=False)
-class InversionResult:
-    """Reconstructions, the prior baseline, and which released cell each came from.
-
-    A released cell may get several reconstructions (the set backend returns
-    n images for a mean of n); every row of ``images`` has its ``baseline``
-    (the n-guess prior: k-means centres of the public class, as many as the
-    cell's reconstructions), its cell's ``rows`` / ``classes`` and the
-    ``targets`` it aimed at.
-    """
-
-    images: np.ndarray  # (r, H, W)
-    baseline: np.ndarray  # (r, H, W): the prior guess of the same cell (k-means centres of the public class)
-    targets: np.ndarray  # (r, d): the feature (or mean feature) each reconstruction's cell aimed at
-    rows: np.ndarray  # (r,) released row (client, or 0 for a secure sum)
-    owners: np.ndarray  # (r,) real client of the row
-    classes: np.ndarray  # (r,) class of the cell (source "mean") or the recovered class ("second")
-    group_by_class: bool  # score against the cell's class (mean) or the whole client (second)
-    per_client: bool
-    recon_features: np.ndarray  # (r, d): backbone features of the reconstructions
-    attacker: str = ""  # what the attacker used (knowledge and method), for the report
-
-
-#: PSNR of an exact copy is infinite; scores cap it here (an 8x8 image quantised to 17 grey levels is
-#: within 30 dB of its copy after any sub-level error), so a perfect reconstruction counts, and counts finitely.
-PSNR_CAP = 40.0
-#: SSIM window on 8x8 images: win_size=7 leaves 2x2 window positions, a nearly global statistic (the
-#: public prior alone scores ~0.8); 3x3 windows (36 positions) measure local structure.
-SSIM_WIN = 3
-
-
-def prior_guesses(
-    public_images: np.ndarray, public_labels: np.ndarray, c: int, k: int, seed: int = 0
-) -> np.ndarray:
-    """The k-guess prior of class c: k-means centres of its public images (k = 1: the class-mean image)."""
-    ims = np.asarray(public_images, np.float64)[np.asarray(public_labels) == c]
-    if ims.shape[0] == 0:
-        ims = np.asarray(public_images, np.float64)
-    flat = ims.reshape(ims.shape[0], -1)
-    k = int(min(k, flat.shape[0]))
-    if k == 1:
-        return flat.mean(0).reshape(1, *ims.shape[1:]).astype(np.float32)
-    from sklearn.cluster import KMeans
-
-    km = KMeans(n_clusters=k, n_init=4, random_state=seed).fit(flat)
-    return km.cluster_centers_.reshape(k, *ims.shape[1:]).astype(np.float32)
 
 
 class FeatureInversion(Attack):
@@ -348,7 +126,7 @@ class FeatureInversion(Attack):
         "refine": "auto",
         "max_set": 8,
         "bank_copies": 60,
-        "train_steps": 3000,
+        "train_steps": 12000,
         "hidden": 512,
         "refine_steps": None,
         "feature_steps": 20000,
@@ -356,6 +134,7 @@ class FeatureInversion(Attack):
         "joint_candidates": 4,
         "joint_steps": 300,
         "joint_lr": 0.02,
+        "joint_lrs": None,  # several latent learning rates, the lowest residual kept per cell (joint_lr otherwise)
         "polish_steps": 200,
         "max_joint": 16,
     }
@@ -375,7 +154,9 @@ class FeatureInversion(Attack):
             "joint": f"search of the public bank ({self.params['bank_copies']} augmented copies of every public "
             f"image) for the n images whose mean feature matches (n from the rounded counts, up to "
             f"{self.params['max_joint']}; one image beyond), n latent codes of the feature decoder optimised jointly "
-            f"(Adam, learning rate {self.params['joint_lr']:g}) against the released mean (and the "
+            f"(Adam, learning rate {'/'.join(f'{lr:g}' for lr in self._joint_lrs())}; {self.params['joint_restarts']} "
+            f"search starts, {self.params['joint_candidates']} candidates, the lowest residual kept) against the "
+            "released mean (and the "
             f"client's second moment where released), joint pixel polish",
         }[b]
         return f"backbone + public images + released {self.params['source']}: {what}"
@@ -412,15 +193,19 @@ class FeatureInversion(Attack):
                 continue
             if isinstance(p[k], bool) or not isinstance(p[k], (int, np.integer)) or p[k] < 1:
                 raise ConfigError(f"{k} must be a positive int, got {k}={p[k]!r}")
-        if (
-            isinstance(p["joint_lr"], bool)
-            or not isinstance(p["joint_lr"], (int, float))
-            or not p["joint_lr"] > 0
-        ):
-            raise ConfigError(f"joint_lr must be a number > 0, got joint_lr={p['joint_lr']!r}")
+        lrs = [p["joint_lr"]] + ([] if p["joint_lrs"] is None else list(p["joint_lrs"]))
+        if p["joint_lrs"] is not None and not p["joint_lrs"]:
+            raise ConfigError("joint_lrs must list at least one learning rate (or be None: joint_lr alone)")
+        for lr in lrs:
+            if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr > 0:
+                raise ConfigError(f"joint_lr / joint_lrs must be numbers > 0, got {lr!r}")
         for k in ("joint_steps", "polish_steps"):
             if isinstance(p[k], bool) or not isinstance(p[k], (int, np.integer)) or p[k] < 0:
                 raise ConfigError(f"{k} must be an int >= 0, got {k}={p[k]!r}")
+
+    def _joint_lrs(self) -> tuple:
+        p = self.params
+        return tuple(float(x) for x in (p["joint_lrs"] or (p["joint_lr"],)))
 
     def check(self, view: ServerView) -> None:
         super().check(view)
@@ -553,7 +338,7 @@ class FeatureInversion(Attack):
             restarts=int(p["joint_restarts"]),
             candidates=int(p["joint_candidates"]),
             latent_steps=int(p["joint_steps"]),
-            latent_lrs=(float(p["joint_lr"]),),
+            latent_lrs=self._joint_lrs(),
             polish_steps=int(p["polish_steps"]),
             max_n=int(p["max_joint"]),
         )
@@ -591,6 +376,12 @@ class FeatureInversion(Attack):
         if loss == "auto":  # noisy counts scale the released means at random: match directions only
             noisy_counts = view.noise.count_kind is not None or view.noise.sigma.get("counts", 0.0) > 0
             loss = "cosine" if noisy_counts else "l2"
+        with deterministic(seed):  # one seeded torch thread: the same images on any machine
+            return self._optimise(view, targets, classes, counts, init, prior, loss, seed), one
+
+    def _optimise(self, view: ServerView, targets, classes, counts, init, prior, loss: str, seed: int):
+        """The pixel, decoder and deep-image-prior backends: images (R, H, W), one per target."""
+        b = self.params["backend"]
         if b == "pixel":
             return invert_pixels(
                 view.backbone,
@@ -602,7 +393,7 @@ class FeatureInversion(Attack):
                 anchor=self.params["anchor"],
                 loss=loss,
                 seed=seed,
-            ), one
+            )
         if b == "decoder":
             # Noise-aware: the per-coordinate noise std of the released means (sigma_sums / count).
             tau = float(np.median(view.noise.sigma.get("sums", 0.0) / np.maximum(counts, 1.0)))
@@ -615,10 +406,10 @@ class FeatureInversion(Attack):
                 num_classes=view.num_classes,
                 seed=seed,
             )
-            return dec(targets, classes), one
+            return dec(targets, classes)
         return invert_dip(
             view.backbone, targets, prior.shape[1:], steps=self.params["dip_steps"], loss=loss, seed=seed
-        ), one
+        )
 
     def run(self, view: ServerView, rng: np.random.Generator, *, cells=None, **_) -> InversionResult:
         """Invert released cells.
@@ -664,7 +455,7 @@ class FeatureInversion(Attack):
             view, targets, classes, counts, rng, rows if self.params["source"] == "mean" else None
         )
         rows, classes, targets = rows[cell], classes[cell], targets[cell]
-        rf = _features(view.backbone, images)
+        rf = reconstruction_features(view.backbone, images)
         baseline = self._baseline(view, rows, classes, group_by_class)
         owners = rows if st.owners is None else st.owners[rows]
         return InversionResult(
@@ -707,160 +498,11 @@ class FeatureInversion(Attack):
 
     # -- scoring -----------------------------------------------------------------
     def score(self, result: InversionResult, truth: GroundTruth) -> dict:
-        """Hungarian-matched scores per cell, cluster standard errors over cells.
-
-        For every cell (the client's class, or the whole client for the
-        two-stage source) with m true images and r reconstructions, the
-        reconstructions are matched one-to-one to true images by the
-        Hungarian algorithm on the squared error (min(r, m) pairs); the prior's
-        guesses (as many as the reconstructions) are matched the same way.
-
-        * ``psnr`` / ``baseline_psnr``: mean over matched pairs, capped at
-          :data:`PSNR_CAP` (an exact copy scores the cap, it is not dropped);
-        * ``delta_psnr``: attack minus prior, pair-averaged per cell;
-        * ``identification``: the share of true images whose matched
-          reconstruction's nearest private image (among all private images)
-          is that image; an unmatched true image counts as missed, so a cell
-          with one reconstruction caps at 1/m;
-        * ``chance_identification``: min(r, m) / (private images of the class)
-          per cell, averaged over true images;
-        * ``ssim``: SSIM with 3x3 windows (:data:`SSIM_WIN`) on matched pairs;
-        * ``*_se``: cluster-robust standard errors with the cell as the cluster
-          (the images of one cell share one release and are not independent).
-        """
-        if truth.images is None:
-            raise InputError("scoring an inversion needs GroundTruth.images (the clients' true images)")
-        N = truth.labels.size
-        pool = np.asarray(truth.images, np.float64).reshape(N, -1)
-        pool_sq = (pool**2).sum(1)
-        labels, clients = truth.labels, truth.clients
-        shape = result.images.shape[1:]
-
-        def nearest(ims):
-            R = np.asarray(ims, np.float64).reshape(len(ims), -1)
-            return ((R**2).sum(1)[:, None] - 2 * R @ pool.T + pool_sq[None]).argmin(1)
-
-        nn_rec, nn_base = nearest(result.images), nearest(result.baseline)
-        groups: dict = {}
-        for i, (own, c) in enumerate(zip(result.owners, result.classes)):
-            key = (own if result.per_client else -1, c if result.group_by_class else -1)
-            groups.setdefault(key, []).append(i)
-        cells = []
-        for (own, c), idx in groups.items():
-            mem = clients >= 0
-            if own >= 0:
-                mem &= clients == own
-            if c >= 0:
-                mem &= labels == c
-            members = np.flatnonzero(mem)
-            if members.size == 0:
-                continue
-            idx = np.asarray(idx)
-            T = pool[members]
-
-            def matched(ims, nn, T=T, members=members):
-                R = np.asarray(ims, np.float64).reshape(len(ims), -1)
-                mse = ((R[:, None, :] - T[None]) ** 2).mean(-1)
-                ri, ti = linear_sum_assignment(mse)
-                p = np.minimum(-10 * np.log10(np.maximum(mse[ri, ti], 1e-300)), PSNR_CAP)
-                hits = nn[ri] == members[ti]
-                s = ssim(np.asarray(ims)[ri], T[ti].reshape(-1, *shape), win_size=SSIM_WIN)
-                return p, hits, s, ri, ti
-
-            p, h, s, ri, ti = matched(result.images[idx], nn_rec[idx])
-            pb, hb, sb, _, _ = matched(result.baseline[idx], nn_base[idx])
-            same_class = int(np.count_nonzero(labels == c)) if c >= 0 else N
-            fcos_true = cosine(result.recon_features[idx][ri], truth.features[members[ti]])
-            fmean = result.recon_features[idx].mean(0)
-            cells.append(
-                {
-                    "pairs": p.size,
-                    "members": members.size,
-                    "psnr": p.sum(),
-                    "base_psnr": pb.sum(),
-                    "ident": h.sum(),
-                    "base_ident": hb.sum(),
-                    "ssim": s.sum(),
-                    "base_ssim": sb.sum(),
-                    "chance": min(idx.size, members.size) / same_class * members.size,
-                    "fcos": fcos_true.sum(),
-                    "fcos_target": float(cosine(fmean[None], result.targets[idx][:1])[0]),
-                }
-            )
-        if not cells:
-            raise InputError(
-                "no reconstruction matches a client in the truth; "
-                "check that the view and the truth belong together"
-            )
-        a = {k: np.array([c[k] for c in cells], float) for k in cells[0]}
-        P, M = a["pairs"].sum(), a["members"].sum()
-
-        def ratio(num, den):
-            return float(num.sum() / den.sum())
-
-        def cluster_se(num, den):
-            G = num.size
-            if G < 2:
-                return float("nan")
-            r = num.sum() / den.sum()
-            return float(np.sqrt(G / (G - 1) * ((num - r * den) ** 2).sum()) / den.sum())
-
-        dpsnr = a["psnr"] - a["base_psnr"]
-        dident = a["ident"] - a["base_ident"]
-        return {
-            "psnr": ratio(a["psnr"], a["pairs"]),
-            "ssim": ratio(a["ssim"], a["pairs"]),
-            "identification": ratio(a["ident"], a["members"]),
-            "identification_se": cluster_se(a["ident"], a["members"]),
-            "baseline_psnr": ratio(a["base_psnr"], a["pairs"]),
-            "baseline_ssim": ratio(a["base_ssim"], a["pairs"]),
-            "baseline_identification": ratio(a["base_ident"], a["members"]),
-            "chance_identification": ratio(a["chance"], a["members"]),
-            "delta_psnr": ratio(dpsnr, a["pairs"]),
-            "delta_psnr_se": cluster_se(dpsnr, a["pairs"]),
-            "delta_identification": ratio(dident, a["members"]),
-            "delta_identification_se": cluster_se(dident, a["members"]),
-            "feature_cosine_true": ratio(a["fcos"], a["pairs"]),
-            "feature_cosine_target": float(a["fcos_target"].mean()),
-            "images_scored": int(M),
-            "pairs_matched": int(P),
-            "cells": len(cells),
-            "reconstructions": int(result.images.shape[0]),
-        }
+        """Hungarian-matched scores per cell, cluster standard errors over cells (:func:`score_inversion`)."""
+        return score_inversion(result, truth)
 
     def evaluate(self, view: ServerView, truth: GroundTruth, rng: np.random.Generator) -> dict:
         """Challenge: up to ``max_cells`` released cells that truly hold data (drawn at random)."""
         return self.score(
             self.run(view, rng, cells=challenge_cells(view, truth, rng, self.params["max_cells"])), truth
         )
-
-
-def challenge_cells(view: ServerView, truth: GroundTruth, rng: np.random.Generator, max_cells: int):
-    """The (row, class) cells of ``view`` that hold private data, at most ``max_cells`` of them."""
-    keep = truth.clients >= 0
-    C = view.num_classes
-    if view.per_client:
-        K = view.stats.num_clients
-        if view.stats.owners is not None:  # pseudo-clients (multi-mean): rows whose owner holds the class
-            Ko = int(max(view.stats.owners.max(), truth.clients.max())) + 1
-            n_owner = np.bincount(truth.clients[keep] * C + truth.labels[keep], minlength=Ko * C).reshape(
-                Ko, C
-            )
-            n = n_owner[view.stats.owners] * (view.stats.counts >= 0.5)
-        else:
-            n = np.bincount(truth.clients[keep] * C + truth.labels[keep], minlength=K * C).reshape(K, C)
-    else:
-        n = np.bincount(truth.labels[keep], minlength=C)[None]
-    rows, classes = np.nonzero(n > 0)
-    if rows.size > max_cells:
-        pick = np.sort(rng.choice(rows.size, size=max_cells, replace=False))
-        rows, classes = rows[pick], classes[pick]
-    return rows, classes
-
-
-def _features(backbone, images: np.ndarray) -> np.ndarray:
-    torch = _torch()
-    dev = _device(backbone)
-    with torch.no_grad():
-        x = torch.as_tensor(np.asarray(images, np.float32), device=dev)[:, None]
-        return backbone(x).cpu().numpy().astype(np.float64)

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from attacks.learned import deterministic
+from attacks.determinism import deterministic
 from privfed.errors import ConfigError
 
 __all__ = ["JointConfig", "bank_search", "invert_joint", "joint_decode", "polish"]

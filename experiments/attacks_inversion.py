@@ -4,7 +4,7 @@ Each setting runs the inversion suite of :func:`attacks.strongest` on the
 same released cells: pixel optimisation with TV (``pixel``), the feature
 decoder trained on the augmented public bank plus refinement (``learned``),
 the set decoder returning n images for a mean of n plus joint refinement
-(``set``), the joint set attacker (``joint`` / ``joint-fit``: bank search by
+(``set``), the joint set attacker (``joint`` / ``joint-fit`` / ``joint-wide``: bank search by
 mean feature, n latent codes of the feature decoder optimised jointly against
 the released mean and, where uploaded, the client's second moment, joint
 pixel polish; attacks.joint), and, where second moments are uploaded,
@@ -21,9 +21,11 @@ standard errors clustered by cell.
 * secure aggregation (the server sees only the all-client class sums);
 * FedCGS (mean + second moment) at n = 2, 4.
 
-The decoders train once (minutes on 2 cores) and are cached by the hash of
-what determines them (PRIVFED_CACHE).  ``--train-steps`` sets the decoders'
-training steps (the attack's default otherwise); the row records it.
+The decoders train once (minutes on 2 cores), each until its validation loss
+stops improving, and are cached by the hash of what determines them
+(PRIVFED_CACHE); the record's ``config.feature_decoder`` holds the steps each
+took and its validation loss (``set_decoders``: per n).  ``--train-steps``
+caps the set decoders' steps (the attack's default cap otherwise).
 
 Outputs: ``inversion.csv`` / ``inversion.json`` under ``--out`` (every
 metric of every attack per setting, the configuration and the command),
@@ -48,7 +50,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from attacks_common import load_digits, markdown, scenario, write_rows  # noqa: E402
 
-SUITE_ORDER = ("pixel", "learned", "set", "joint", "joint-fit", "two-stage", "per-cell")
+SUITE_ORDER = ("pixel", "learned", "set", "joint", "joint-fit", "joint-wide", "two-stage", "per-cell")
 
 
 def main(argv=None) -> int:
@@ -63,7 +65,10 @@ def main(argv=None) -> int:
     )
     p.add_argument("--cgs", default="2,4", help="FedCGS (mean + G) settings: records per client ('' = none)")
     p.add_argument(
-        "--train-steps", type=int, default=None, help="decoder training steps (default: the attack's)"
+        "--train-steps",
+        type=int,
+        default=None,
+        help="cap on the set decoders' training steps (default: the attack's)",
     )
     p.add_argument("--grids", default=None, help="folder for the FedCOF n = 1 grids (clean and eps = 1)")
     p.add_argument("--results-json", default=None, help="also write the results JSON here")
@@ -151,10 +156,11 @@ def main(argv=None) -> int:
     if args.results_json:
         import json
 
+        from privfed.results_io import atomic_write
+
         Path(args.results_json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.results_json).write_text(
-            json.dumps({"config": config, "rows": rows}, indent=2, default=str) + "\n"
-        )
+        text = json.dumps({"config": config, "rows": rows}, indent=2, default=str) + "\n"
+        atomic_write(args.results_json, lambda tmp: tmp.write_text(text))
     if args.grids:
         _grids(d, args, Path(args.grids), clip)
     for r in rows:
@@ -215,18 +221,32 @@ def main(argv=None) -> int:
 
 
 def _decoder_record(d, args) -> dict:
-    """The feature decoder the learned and joint attacks used: its training length and validation loss."""
+    """The decoders the learned, set and joint attacks used: training length and validation loss of each."""
     import attacks
-    from attacks.learned import feature_decoder
+    from attacks.learned import feature_decoder, set_decoder
 
     extra = {} if args.train_steps is None else {"train_steps": args.train_steps}
-    cfg = attacks.get("inversion", backend="joint", **extra).decoder_config()
+    att = attacks.get("inversion", backend="set", **extra)
+    cfg = att.decoder_config()
     dec = feature_decoder(d["backbone"], d["public"], 10, cfg)  # cached by hash: the one the attacks used
+    sets = {}
+    for n in sorted(
+        {int(x) for x in args.ns.split(",") if x.strip()}
+        | {int(x) for x in args.dp_ns.split(",") if x.strip()}
+    ):
+        if 1 < n <= int(att.params["max_set"]):  # the set decoders the clean and DP settings trained
+            s = set_decoder(d["backbone"], d["public"], 10, n, cfg)
+            sets[str(n)] = {
+                "steps_trained": s.steps_trained,
+                "validation_mse": s.val_loss,
+                "cache_key": s.key,
+            }
     return {
         "config": cfg.as_dict(),
         "steps_trained": dec.steps_trained,
         "validation_mse": dec.val_loss,
         "cache_key": dec.key,
+        "set_decoders": sets,
     }
 
 

@@ -209,7 +209,7 @@ output columns (printed lines, results.csv, results.json):
 #: attacks.inversion.BACKENDS and the inversion suite of attacks.strongest, named here so that --help needs no
 #: import of the attacks (a test holds them equal).
 INVERSION_BACKENDS = ("pixel", "decoder", "dip", "learned", "set", "joint")
-INVERSION_SUITE = ("pixel", "learned", "set", "joint", "joint-fit", "two-stage", "per-cell")
+INVERSION_SUITE = ("pixel", "learned", "set", "joint", "joint-fit", "two-stage", "joint-wide", "per-cell")
 
 
 def attack_parser() -> argparse.ArgumentParser:

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from experiments.docs_numbers.machinery import compare, find_blocks, keep_volatile
 from experiments.docs_numbers.render_attacks import (
     inversion,
+    rounds_inversion,
     second_moments,
     singleton_exposure,
     tracing_tables,
@@ -123,6 +124,11 @@ BLOCKS: dict[str, Block] = {
         fedlog_attacks, True, "FedLog attacks across rounds (experiments/results/fedlog_rounds.json)"
     ),
     "inversion": Block(inversion, True, "the inversion table and readings (docs/attacks-inversion.json)"),
+    "rounds-inversion": Block(
+        rounds_inversion,
+        True,
+        "inversion against the multi-round FedLog release (docs/attacks-rounds-inversion.json)",
+    ),
     "singleton": Block(
         singleton_exposure, True, "the singleton bullet (experiments/results/attacks_singleton.json)"
     ),

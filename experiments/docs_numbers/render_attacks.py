@@ -74,12 +74,21 @@ def inversion() -> str:
         )
 
     dec = res["config"].get("feature_decoder", {})
+    sets = dec.get("set_decoders")
+    if not sets:
+        raise RuntimeError(
+            "docs/attacks-inversion.json records no set decoder (steps, validation loss); regenerate it with "
+            "experiments/attacks_inversion.py"
+        )
     v = dict(
         cells=res["config"]["cells"],
         command=res["config"]["command"],
         table=table,
         dec_steps=dec.get("steps_trained", "?"),
         dec_val=dec.get("validation_mse", float("nan")),
+        set_ns=" / ".join(sets),
+        set_steps=" / ".join(str(sets[n]["steps_trained"]) for n in sets),
+        set_val=" / ".join(f"{sets[n]['validation_mse']:.4f}" for n in sets),
         n1=n1["identification"],
         n1_name=n1["strongest"],
         n1_imgs=n1["images_scored"],
@@ -109,7 +118,7 @@ def inversion() -> str:
         cgs_name=cgs["strongest"],
         cgs_reading=inversion_reading(cgs),
         cgs_dpsnr=cgs["delta_psnr"],
-        cgs_joint=max(cgs["joint:identification"], cgs["joint-fit:identification"]),
+        cgs_joint=max(cgs[f"{k}:identification"] for k in ("joint", "joint-fit", "joint-wide")),
     )
     return INVERSION.format(**v)
 
@@ -210,4 +219,68 @@ def second_moments() -> str:
         + " / ".join(f"{unm[n]['relative_error']:.2f}" for n in ns)
         + f" at n = {' / '.join(map(str, ns))}\n"
         f"  ({unm[ns[0]]['clients']} clients per n; `{rec['command']}`).\n"
+    )
+
+
+ROUNDS_INVERSION = template("rounds-inversion")
+
+
+def rounds_inversion() -> str:
+    """Inversion against the multi-round FedLog release, from docs/attacks-rounds-inversion.json."""
+    res = committed("docs", "attacks-rounds-inversion.json")
+    rows, cfg = res["rows"], res["config"]
+    checks = cfg["checks"]
+    bad = [
+        c
+        for c in checks
+        if not c["rounds_identical"] or c["max_rel_error"] > 1e-9 or c["max_rel_error_vs_features"] > 1e-5
+    ]
+    if bad:
+        raise RuntimeError(f"the recorded uploads are not the multi-round release: {bad}; rerun the script")
+    suite = ("pixel", "learned", "set", "joint", "joint-fit", "joint-wide", "per-cell")
+    for r in rows:
+        ids = [
+            r[f"{k}:identification"] for k in suite if r[f"{k}:identification"] == r[f"{k}:identification"]
+        ]
+        if abs(r["identification"] - max(ids)) > 1e-12:
+            raise RuntimeError(
+                f"{r['setting']} ({r['clients']} clients): strongest is not the suite's maximum"
+            )
+    table = [
+        "  | clients | release | records per cell (median) | strongest | identification (SE) | guesses | "
+        "prior | chance | ΔPSNR over the prior (SE) |",
+        "  | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    lines = []
+    for r in rows:
+        guesses = round(r["reconstructions"] / r["cells"])
+        release = "each client's upload" if r["setting"] == "uploads" else "secure sum"
+        table.append(
+            f"  | {r['clients']} | {release} | {r['median_records_per_cell']:g} | {r['strongest']} | "
+            f"{r['identification']:.3f} ({r['identification_se']:.3f}) | {guesses} | "
+            f"{r['baseline_identification']:.3f} | {r['chance_identification']:.3f} | "
+            f"{r['delta_psnr']:+.2f} dB ({r['delta_psnr_se']:.2f}) |"
+        )
+        where = (
+            f"{r['clients']} clients, each client's upload (median {r['median_records_per_cell']:g} "
+            f"record{'' if r['median_records_per_cell'] == 1 else 's'} per released cell)"
+            if r["setting"] == "uploads"
+            else f"{r['clients']} clients, secure sum (the class totals only)"
+        )
+        lines.append(
+            f"  * Multi-round FedLog, {where}: the strongest attack in privfed ({r['strongest']}) reaches\n"
+            f"    {inversion_reading({**r, 'n': guesses})}.\n"
+        )
+    return ROUNDS_INVERSION.format(
+        rounds=checks[0]["rounds"],
+        rel=(
+            "exactly"
+            if max(c["max_rel_error"] for c in checks) == 0
+            else f"to a relative {max(c['max_rel_error'] for c in checks):.0e}"
+        ),
+        rel_f=max(c["max_rel_error_vs_features"] for c in checks),
+        cells=cfg["cells"],
+        command=cfg["command"],
+        table="\n".join(table),
+        lines="".join(lines),
     )

@@ -186,3 +186,30 @@ def test_readme_inversion_table_is_the_committed_results():
         pytest.skip("docs/attacks.md's inversion table does not cite docs/attacks-inversion.json")
     missing = [line for line in table[2:] if line not in readme]
     assert not missing, missing
+
+
+@pytest.mark.filterwarnings("ignore:noise backend:UserWarning")
+@pytest.mark.parametrize(
+    "backend, params",
+    [("pixel", {"steps": 15}), ("dip", {"dip_steps": 8}), ("decoder", {"decoder_epochs": 15})],
+)
+def test_optimising_backends_are_bit_identical_on_one_and_two_threads(digits, backend, params):
+    """pixel, dip and decoder run on one seeded torch thread: the caller's thread count changes nothing."""
+    import torch
+
+    view, _ = _view(digits, "fedncm", 2, 3)
+    att = attacks.get("inversion", backend=backend, max_cells=3, **params)
+    old = torch.get_num_threads()
+    out = {}
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            out[threads] = att.run(view, np.random.default_rng(5))
+            assert torch.get_num_threads() == threads  # the caller's setting is restored
+    finally:
+        torch.set_num_threads(old)
+    a, b = out[1], out[2]
+    assert a.images.tobytes() == b.images.tobytes()
+    assert a.recon_features.tobytes() == b.recon_features.tobytes()
+    # and the images are the optimiser's output, not the start: the run did something
+    assert not np.array_equal(a.images, a.baseline)

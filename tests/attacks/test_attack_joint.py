@@ -266,3 +266,44 @@ def test_per_cell_report_keeps_the_best_fitting_member_of_each_cell(digits):
 
     for k, c in zip(*cells):
         assert misfit(best, k, c) == pytest.approx(min(misfit(r, k, c) for r in res), abs=1e-12)
+
+
+def test_set_decoder_trains_until_validation_stops_and_is_bit_identical_across_thread_counts(
+    digits, tmp_path
+):
+    import torch
+    from scipy.optimize import linear_sum_assignment
+
+    from attacks.learned import set_decoder, set_validation
+
+    n = 2
+    cfg = DecoderConfig(copies=4, hidden=64, steps=4000, val_every=50, patience=2, batch=64)
+    old = torch.get_num_threads()
+    decs = []
+    try:
+        for threads, where in ((1, "a"), (2, "b")):
+            torch.set_num_threads(threads)
+            decs.append(
+                set_decoder(digits["backbone"], digits["public"], 10, n, cfg, cache_dir=tmp_path / where)
+            )
+            assert torch.get_num_threads() == threads
+    finally:
+        torch.set_num_threads(old)
+    a, b = decs
+    for p, q in zip(a.net.parameters(), b.net.parameters()):
+        assert torch.equal(p, q)
+    assert a.val_loss == b.val_loss and a.steps_trained == b.steps_trained
+    # it stopped on validation, well before the cap, at a validation step
+    assert 0 < a.steps_trained < cfg.steps and a.steps_trained % cfg.val_every == 0
+    # the stored loss is the kept weights' Hungarian-matched error on held-out public subsets
+    means, classes, truth = set_validation(digits["backbone"], digits["public"], n, cfg)
+    pub_held = np.asarray(digits["public"].images)[np.arange(len(digits["public"].images)) % 10 == 9]
+    assert any(np.array_equal(truth[0, 0], im) for im in pub_held)  # real subsets are of held-out images
+    rec = a(means, classes).reshape(len(means), n, -1).astype(np.float64)
+    tru = truth.reshape(len(truth), n, -1).astype(np.float64)
+    per = []
+    for r, t in zip(rec, tru):
+        cost = ((r[:, None] - t[None]) ** 2).mean(-1)
+        i, j = linear_sum_assignment(cost)
+        per.append(cost[i, j].mean())
+    assert float(np.mean(per)) == pytest.approx(a.val_loss, rel=1e-5)
