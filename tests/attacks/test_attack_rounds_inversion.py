@@ -18,7 +18,7 @@ import pytest
 
 from experiments.attacks_rounds_inversion import SUITE_ORDER, rounds_release, views
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
