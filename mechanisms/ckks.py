@@ -55,6 +55,10 @@ __all__ = [
     "CKKSSumResult",
     "ckks_encrypt",
     "ckks_sum",
+    "add_ciphertexts",
+    "decrypt_rounded",
+    "new_context",
+    "public_bytes",
 ]
 
 
@@ -152,6 +156,61 @@ class CKKSParams:
         }
 
 
+def new_context(params: CKKSParams):
+    """A fresh TenSEAL CKKS context (fresh secret key) for ``params``."""
+    ts = _tenseal()
+    ctx = ts.context(
+        ts.SCHEME_TYPE.CKKS,
+        poly_modulus_degree=params.poly_modulus_degree,
+        coeff_mod_bit_sizes=list(params.coeff_mod_bit_sizes),
+    )
+    ctx.global_scale = 2.0**params.scale_bits
+    return ctx
+
+
+def public_bytes(ctx) -> bytes:
+    """``ctx`` serialized with the public key only (no secret, relinearisation or Galois keys)."""
+    return ctx.serialize(
+        save_public_key=True, save_secret_key=False, save_galois_keys=False, save_relin_keys=False
+    )
+
+
+def ckks_encrypt(public_context: Any, values: np.ndarray, slots: int) -> list[bytes]:
+    """Encrypt a flat vector under a (public) TenSEAL context, ``slots`` values per ciphertext."""
+    ts = _tenseal()
+    v = np.asarray(values, dtype=np.float64).ravel()
+    return [
+        ts.ckks_vector(public_context, v[i : i + slots].tolist()).serialize() for i in range(0, v.size, slots)
+    ]
+
+
+def add_ciphertexts(ctx, uploads: list[list[bytes]]) -> list:
+    """Slot-wise sum of every upload's ciphertext list (same length each), as TenSEAL vectors under ``ctx``."""
+    ts = _tenseal()
+    acc: list = []
+    for cts in uploads:
+        vecs = [ts.ckks_vector_from(ctx, c) for c in cts]
+        if not acc:
+            acc = vecs
+        else:
+            for j, v in enumerate(vecs):
+                acc[j] += v
+    return acc
+
+
+def decrypt_rounded(vectors: list, size: int, params: CKKSParams, *, integral: bool) -> np.ndarray:
+    """Decrypt ``vectors`` (under a secret context), keep ``size`` values, round to the release grid.
+
+    Whole numbers when ``integral``, else multiples of 2^-precision_bits (see the module docstring).
+    """
+    parts = [np.asarray(v.decrypt(), dtype=np.float64) for v in vectors]
+    out = np.concatenate(parts)[:size] if parts else np.zeros(0)
+    if integral:
+        return np.rint(out)
+    grid = 2.0**params.precision_bits
+    return np.rint(out * grid) / grid
+
+
 class CKKSKeyHolder:
     """Owns the secret key of one aggregation; releases only rounded aggregates."""
 
@@ -192,15 +251,6 @@ class CKKSKeyHolder:
             return np.rint(out)
         grid = 2.0**self.params.precision_bits
         return np.rint(out * grid) / grid
-
-
-def ckks_encrypt(public_context: Any, values: np.ndarray, slots: int) -> list[bytes]:
-    """Encrypt a flat vector under a (public) TenSEAL context, ``slots`` values per ciphertext."""
-    ts = _tenseal()
-    v = np.asarray(values, dtype=np.float64).ravel()
-    return [
-        ts.ckks_vector(public_context, v[i : i + slots].tolist()).serialize() for i in range(0, v.size, slots)
-    ]
 
 
 class CKKSAggregator:
