@@ -145,6 +145,13 @@ class CKKSKeyHolder:
         contributions = [
             (u, cts[i * n : (i + 1) * n], sg, pn) for i, (u, sg, pn) in enumerate(zip(senders, sigs, pins))
         ]
+        if not integral and self.params.max_precision_bits(len(senders)) < self.params.precision_bits:
+            raise self._abort(
+                stage,
+                "fine-grid",
+                f"asked to release a sum of {len(senders)} contributions on the 2^-{self.params.precision_bits} "
+                "grid, within their decryption error: the released bits would depend on the secret key",
+            )
         self._check(contributions, session, bytes(kept.get("digest", b"")))
         t1 = time.perf_counter()
         ts = tenseal_module()

@@ -300,6 +300,31 @@ def test_wrongly_typed_decrypt_fields_are_refused_as_malformed(field, value):
     _aborts("aborts at stage 'ckks_decrypt': malformed", "malformed", "ckks_decrypt", run.holder.decrypt, req)
 
 
+def test_a_real_valued_release_of_a_sum_whose_error_reaches_the_grid_is_refused():
+    """With 300 contributions the decryption error reaches the 2^-20 grid (Li-Micciancio): a server that
+    asks for a real-valued release of an integer sum is refused; whole numbers stay far above the error."""
+    roster, ids = make_roster(300)
+    holder = CKKSKeyHolder(P, identity=ids[0], roster=roster)
+    session = os.urandom(16)
+    keys = holder.keys({"session": session, "K": 300})
+    msg = {"public": keys["public"], "K": 300, "holder": 0, "sig": keys["sig"], "session": session}
+    contexts: dict = {}
+    replies = []
+    for u in range(300):
+        node = CKKSNode(P, identity=ids[u], roster=roster, release_grid=False, contexts=contexts)
+        replies.append(node.encrypt(msg, np.ones(2)))
+    req = {
+        "from": [r["u"] for r in replies],
+        "ct": [c for r in replies for c in r["ct"]],
+        "sigs": [r["sig"] for r in replies],
+        "pins": [r["pin"] for r in replies],
+        "size": 2,
+        "session": session,
+    }
+    _aborts("within their decryption error", "fine-grid", "ckks_decrypt", holder.decrypt, dict(req))
+    assert holder.state() == {}  # and the key is gone
+
+
 # -- the in-process loop -------------------------------------------------------------------------
 class ForwardOne(CKKSServer):
     """A server that forwards one node's ciphertext as the sum."""
