@@ -13,7 +13,9 @@
                   key), check the session, that every contribution is signed
                   by its roster node over this session and the key holder's own
                   digest of what was summed, that at least t distinct roster
-                  nodes contributed, that every node's pinned uploader set is
+                  nodes contributed, that a real-valued release grid lies
+                  above the decryption error of that many (``"integral": True``
+                  rounds to whole numbers), that every node's pinned uploader set is
                   empty or this sum's and (with a ledger) that the set is the
                   one of its earlier sums; then add them itself, decrypt once,
                   round to the release grid and reply ``{"total": array}``.
