@@ -26,7 +26,7 @@ X25519 agreements, Shamir sharing, share encryption).  The ratio the
 table leads with is against the floor the protocol cannot go below: plain
 summation plus the PRG expansions plus the X25519 agreements (no mask
 without its key, no key without its agreement).  CKKS per-phase
-times are wall seconds from :func:`mechanisms.ckks.ckks_sum`.
+times are wall seconds from :func:`mechanisms.ckks_run.ckks_sum`.
 
 Prints a markdown table and writes ``results.csv`` and ``results.json``
 (rows plus the resolved configuration) under ``--out``.
@@ -62,7 +62,8 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from experiments.attacks_common import markdown  # noqa: E402  (the experiments' one table writer)
-from mechanisms.ckks import CKKSParams, ckks_sum  # noqa: E402
+from mechanisms.ckks import CKKSParams  # noqa: E402
+from mechanisms.ckks_run import ckks_sum  # noqa: E402
 from mechanisms.masking import masked_sum, prg_buffer, prg_uint64  # noqa: E402
 
 

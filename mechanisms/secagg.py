@@ -51,7 +51,8 @@ from typing import Any
 import numpy as np
 
 from mechanisms import fixed_point
-from mechanisms.ckks import CKKSParams, ckks_sum
+from mechanisms.ckks import CKKSParams
+from mechanisms.ckks_run import ckks_sum
 from mechanisms.masking import ProtocolAbort, masked_sum
 from mechanisms.secagg_comm import has_secure_protocol, secagg_upload_bytes
 from mechanisms.secagg_noise import DistributedGaussian
@@ -118,13 +119,15 @@ THREAT_MODEL_CKKS_ACTIVE = (
 )
 
 THREAT_MODEL_CKKS = (
-    "Honest-but-curious aggregator holding only the public context (public key; decryption raises): it "
-    "sees IND-CPA ciphertexts (RLWE) and the released sum. A separate key holder makes fresh keys per "
-    "aggregation and decrypts only the aggregate, rounded to a declared grid before release so exact "
-    "decryptions cannot leak the secret key (Li-Micciancio). Collusion of aggregator and key holder "
-    "reveals every client's statistic. A malicious aggregator could forward one client's ciphertext as the "
-    "'sum' and have it decrypted (the key holder cannot verify how many inputs went in), drop clients, or "
-    "return a wrong sum; a malicious key holder could release a wrong value. Secure aggregation is not "
+    "Aggregator holding only the public context (public key; decryption raises): it sees IND-CPA "
+    "ciphertexts (RLWE) and the released sum. The key holder (client 0, with identities made for the run) "
+    "makes fresh keys per aggregation and signs its public context, which every client checks before "
+    "encrypting; clients sign their ciphertexts, and the key holder adds at least t signed contributions "
+    "itself and decrypts that sum once, rounded to a declared grid so exact decryptions cannot leak the "
+    "secret key (Li-Micciancio): a substituted key, one client's ciphertext passed off as the sum, "
+    "relabelled contributions and a second decryption are refused (the same node and key-holder code as the "
+    "Flower app). Collusion of aggregator and key holder reveals every client's statistic; the aggregator "
+    "could drop clients; a malicious key holder could release a wrong value. Secure aggregation is not "
     "differential privacy; add distributed noise for a DP guarantee."
 )
 

@@ -113,10 +113,9 @@ def _ckks_sizes(params: CKKSParams) -> dict[str, int]:
     import numpy as np
     import tenseal as ts
 
-    from mechanisms.ckks import CKKSKeyHolder, ckks_encrypt
+    from mechanisms.ckks import ckks_encrypt, new_context, public_bytes
 
-    holder = CKKSKeyHolder(params)
-    pub = holder.public_context()
+    pub = public_bytes(new_context(params))
     ctx = ts.context_from(pub)
     rng = np.random.default_rng(0)
     ct = ckks_encrypt(ctx, rng.uniform(-1, 1, size=params.slots), params.slots)[0]

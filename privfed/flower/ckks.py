@@ -1,8 +1,13 @@
-"""CKKS secure summation over Flower messages, with the key holder a separate node.
+"""CKKS secure summation over Flower messages, with the key holder a separate node: the transport only.
 
-The protocol of :mod:`mechanisms.ckks` between real parties, hardened
-against a server that deviates (every signature checked against the
-operator's roster, :mod:`mechanisms.secagg_identity`):
+The protocol is :mod:`mechanisms.ckks_node` (a node),
+:mod:`mechanisms.ckks_holder` (the key holder) and
+:mod:`mechanisms.ckks_server` (the server); this module carries their
+requests and replies as Flower records (the ``ckks`` ConfigRecord; the
+released sum as an ArrayRecord), keeps the key holder's state in its
+``context.state`` and runs the server's stages over the grid.  The stages,
+hardened against a server that deviates (every signature checked against
+the operator's roster, :mod:`mechanisms.secagg_identity`):
 
 ``query.ckks_keys``     the key holder (a node, never the server) makes fresh
                         CKKS keys for this sum, keeps the secret key in its own
@@ -34,7 +39,6 @@ The server sums nothing itself: it relays ciphertexts it cannot read.
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -42,236 +46,97 @@ from dataclasses import dataclass, field
 import numpy as np
 from flwr.app import ConfigRecord, RecordDict
 
-from mechanisms.ckks import CKKSParams, tenseal_module
+from mechanisms.ckks import CKKSParams
+from mechanisms.ckks_holder import CKKSKeyHolder
+from mechanisms.ckks_node import CKKSNode, check_num_nodes, pin_bytes
+from mechanisms.ckks_server import STAGES, CKKSServer
 from mechanisms.secagg_crypto import ProtocolAbort
-from mechanisms.secagg_identity import Identity, Roster, signed_bytes
-from privfed.errors import ConfigError, InputError
+from mechanisms.secagg_identity import Identity, Roster
+from mechanisms.secagg_ledger import SessionLedger
+from privfed.errors import ConfigError
 from privfed.flower.transport import Exchange, exchange
 from privfed.flower.wire import arrays_record
 
 __all__ = [
+    "SECRET_KEY",
     "CKKSSum",
     "check_num_nodes",
     "ckks_sum_over_messages",
-    "holder_decrypt",
-    "holder_keys",
-    "node_encrypt",
+    "holder_decrypt_step",
+    "holder_keys_step",
+    "node_encrypt_step",
     "pin_bytes",
+    "sum_reply",
 ]
 
 #: The key holder's secret context in its ``context.state``.
 SECRET_KEY = "privfed-ckks-secret"
 
 
-def check_num_nodes(params: CKKSParams, num_nodes: int) -> None:
-    """Refuse K for which the release grid would fall within the decryption error (ConfigError)."""
-    top = params.max_precision_bits(num_nodes)
-    if top < params.precision_bits:
-        raise ConfigError(
-            f"CKKS with {num_nodes} nodes: the decryption error of the sum reaches the release grid "
-            f"2^-{params.precision_bits} (finest safe grid 2^-{top}), so the released bits would be key-dependent; "
-            "use at most 256 nodes with CKKS, or --secure mask"
-        )
-
-
-def _abort(node: int, stage: str, deviation: str, text: str) -> ProtocolAbort:
-    return ProtocolAbort(
-        f"node {node} aborts at stage {stage!r}: {text}", node=node, stage=stage, deviation=deviation
-    )
-
-
 # ------------------------------------------------------------------------------- node side
-def holder_keys(
-    params: CKKSParams, identity: Identity, roster: Roster, session: bytes, num_nodes: int
-) -> tuple[bytes, bytes, bytes]:
-    """Fresh keys: (secret context to keep, public context to send, signature on it)."""
-    if int(num_nodes) != roster.size:
-        raise _abort(
-            identity.index,
-            "ckks_keys",
-            "wrong-parameters",
-            f"the server asks for K={num_nodes}, the roster has K={roster.size}",
-        )
-    ts = tenseal_module()
-    ctx = ts.context(
-        ts.SCHEME_TYPE.CKKS,
-        poly_modulus_degree=params.poly_modulus_degree,
-        coeff_mod_bit_sizes=list(params.coeff_mod_bit_sizes),
-    )
-    ctx.global_scale = 2.0**params.scale_bits
-    public = ctx.serialize(
-        save_public_key=True, save_secret_key=False, save_galois_keys=False, save_relin_keys=False
-    )
-    sig = identity.sign(
-        signed_bytes(
-            "ckks-context",
-            roster.fingerprint,
-            bytes(session),
-            identity.index,
-            hashlib.sha256(public).digest(),
-        )
-    )
-    return ctx.serialize(save_secret_key=True), public, sig
+def _request(stage: str, content: RecordDict) -> dict:
+    return {**dict(content["ckks"]), "stage": stage}
 
 
-def pin_bytes(uploaders: list[int] | None) -> bytes:
-    """A node's pinned uploader set as it signs it: ``P`` then 4 bytes per roster index (``P`` alone: none yet)."""
-    return b"P" + b"".join(int(v).to_bytes(4, "little") for v in sorted(uploaders or []))
+def _holder(params: CKKSParams, identity: Identity, roster: Roster, state, ledger=None) -> CKKSKeyHolder:
+    kept = dict(state[SECRET_KEY]) if SECRET_KEY in state else None
+    return CKKSKeyHolder(params, identity=identity, roster=roster, ledger=ledger, state=kept)
 
 
-def _contribution_bytes(
-    roster: Roster, session: bytes, u: int, cts: list[bytes], digest: bytes, pin: bytes = b"P"
-) -> bytes:
-    h = hashlib.sha256()
-    for c in cts:
-        h.update(len(c).to_bytes(8, "little") + bytes(c))
-    return signed_bytes(
-        "ckks-contribution", roster.fingerprint, bytes(session), u, h.digest(), bytes(digest), bytes(pin)
-    )
+def holder_keys_step(
+    content: RecordDict, state, identity: Identity, roster: Roster, params: CKKSParams | None = None
+) -> RecordDict:
+    """``query.ckks_keys``: fresh keys, the secret kept in ``state`` (a node's ``context.state``)."""
+    holder = CKKSKeyHolder(CKKSParams() if params is None else params, identity=identity, roster=roster)
+    reply = holder.keys(_request("ckks_keys", content))
+    state[SECRET_KEY] = ConfigRecord(holder.state())
+    return RecordDict({"ckks": ConfigRecord(reply)})
 
 
-def node_encrypt(
-    public: bytes,
-    x: np.ndarray,
-    params: CKKSParams,
-    *,
+def node_encrypt_step(
+    content: RecordDict,
+    state,
     identity: Identity,
     roster: Roster,
-    holder: int,
-    signature: bytes,
-    session: bytes,
-    num_nodes: int,
-    digest: bytes = b"",
-    pin: bytes = b"P",
-) -> tuple[list[bytes], bytes]:
-    """Check the holder's signed context, then encrypt this node's statistic; returns (ciphertexts, signature).
-
-    The signature covers the ciphertexts and ``digest``, the hash of what this node summed (run config,
-    round, broadcast): the key holder checks it against its own, so a split broadcast is refused.  It also
-    covers ``pin`` (:func:`pin_bytes`), the uploader set of this node's earlier sums in the run: the key
-    holder refuses to add it to a sum over another set.
-
-    Refused if K (from the roster, not the server) such inputs could exceed the CKKS bound.
-    """
-    u = identity.index
-    if roster.colluders > 0:
-        raise _abort(
-            u,
-            "ckks_encrypt",
-            "colluders",
-            f"its roster allows {roster.colluders} node(s) to collude with the server, and CKKS has one key "
-            "holder, named by the server: a colluding holder decrypts every upload; nothing is encrypted "
-            "(use --secure mask, whose threshold covers colluders)",
-        )
-    if int(num_nodes) != roster.size:
-        raise _abort(
-            u,
-            "ckks_encrypt",
-            "wrong-parameters",
-            f"the server asks for K={num_nodes}, the roster has K={roster.size}",
-        )
-    if not roster.verify(
-        int(holder),
-        bytes(signature),
-        signed_bytes(
-            "ckks-context", roster.fingerprint, bytes(session), int(holder), hashlib.sha256(public).digest()
-        ),
-    ):
-        raise _abort(
-            u,
-            "ckks_encrypt",
-            "substituted-key",
-            f"the CKKS public context is not signed by key holder {holder}'s roster key (a substituted "
-            "key, or one from another session): nothing is encrypted",
-        )
-    check_num_nodes(params, roster.size)
-    ts = tenseal_module()
-    x = np.asarray(x, dtype=np.float64).ravel()
-    if not np.all(np.isfinite(x)):
-        raise InputError("this node's statistic contains NaN/inf; secure aggregation needs finite values")
-    max_abs = float(np.abs(x).max()) if x.size else 0.0
-    if not roster.size * max_abs < 2.0**params.bound_bits:
-        raise InputError(
-            f"this node's statistic (max |x| = {max_abs:.4g}) could exceed the CKKS bound "
-            f"2^{params.bound_bits} summed over {roster.size} nodes; clip the features"
-        )
-    ctx = ts.context_from(public)
-    if ctx.is_private():
-        raise _abort(u, "ckks_encrypt", "substituted-key", "it was sent a context holding the secret key")
-    s = params.slots
-    cts = [ts.ckks_vector(ctx, x[i : i + s].tolist()).serialize() for i in range(0, x.size, s)]
-    return cts, identity.sign(_contribution_bytes(roster, session, u, cts, digest, pin))
-
-
-def holder_decrypt(
-    secret: bytes,
-    contributions: list[tuple[int, list[bytes], bytes, bytes]],
-    size: int,
-    params: CKKSParams,
     *,
+    values: Callable[[], np.ndarray],
+    ledger: SessionLedger,
+    digest: bytes = b"",
+    aggregation: bytes | None = None,
+    params: CKKSParams | None = None,
+) -> RecordDict:
+    """``query.ckks_encrypt``: :meth:`mechanisms.ckks_node.CKKSNode.encrypt`; a node that is also the key
+    holder notes its digest, which every contribution must carry."""
+    params = CKKSParams() if params is None else params
+    node = CKKSNode(params, identity=identity, roster=roster, ledger=ledger)
+    req = _request("ckks_encrypt", content)
+    reply = node.encrypt(req, values, digest=digest, aggregation=aggregation)
+    if SECRET_KEY in state and req["holder"] == identity.index:
+        holder = _holder(params, identity, roster, state)
+        holder.note_digest(digest)
+        state[SECRET_KEY] = ConfigRecord(holder.state())
+    return RecordDict({"ckks": ConfigRecord(reply)})
+
+
+def holder_decrypt_step(
+    content: RecordDict,
+    state,
     identity: Identity,
     roster: Roster,
-    session: bytes,
-    integral: bool = False,
-    digest: bytes = b"",
-    ledger=None,
-) -> np.ndarray:
-    """Check every signed contribution (at least t distinct roster nodes, each over the same ``digest`` of
-    what was summed as the key holder's own, each node's pinned uploader set empty or this sum's set; with
-    ``ledger``, the key holder's own pin too), add them, decrypt once, round.  Each contribution is
-    (node, ciphertexts, signature, pin)."""
-    me = identity.index
-    seen = [u for u, _, _, _ in contributions]
-    if len(set(seen)) != len(seen):
-        raise _abort(me, "ckks_decrypt", "malformed-list", "a node's contribution appears twice")
-    if len(seen) < roster.threshold:
-        raise _abort(
-            me,
-            "ckks_decrypt",
-            "short-list",
-            f"asked to decrypt a sum of {len(seen)} contribution(s), below the threshold "
-            f"t={roster.threshold}: it could be one node's input",
-        )
-    n_ct = params.num_ciphertexts(size)
-    for u, cts, sig, pin in contributions:
-        if len(cts) != n_ct or not roster.verify(
-            int(u), bytes(sig), _contribution_bytes(roster, session, u, cts, digest, pin)
-        ):
-            raise _abort(
-                me,
-                "ckks_decrypt",
-                "bad-signature",
-                f"the contribution said to be node {u}'s is not signed by it for this session and for what "
-                "the key holder summed (a forged or relabelled contribution, or a split broadcast)",
-            )
-    members = pin_bytes(seen)
-    other = sorted(u for u, _, _, pin in contributions if bytes(pin) not in (pin_bytes(None), members))
-    if other:
-        raise _abort(
-            me,
-            "ckks_decrypt",
-            "other-uploaders",
-            f"node(s) {other} were summed over another uploader set earlier in the run than this sum's "
-            f"{sorted(seen)}; the difference of the two sums would be one node's input",
-        )
-    if ledger is not None:
-        ledger.pin(seen, me, "ckks_decrypt")
-    ts = tenseal_module()
-    ctx = ts.context_from(secret)
-    acc = None
-    for _, cts, _, _ in contributions:
-        vecs = [ts.ckks_vector_from(ctx, c) for c in cts]
-        if acc is None:
-            acc = vecs
-        else:
-            for j, v in enumerate(vecs):
-                acc[j] += v
-    parts = [np.asarray(v.decrypt(), dtype=np.float64) for v in acc or []]
-    out = np.concatenate(parts)[:size] if parts else np.zeros(0)
-    if integral:
-        return np.rint(out)
-    grid = 2.0**params.precision_bits
-    return np.rint(out * grid) / grid
+    *,
+    ledger: SessionLedger,
+    params: CKKSParams | None = None,
+) -> RecordDict:
+    """``query.ckks_decrypt``: :meth:`mechanisms.ckks_holder.CKKSKeyHolder.decrypt`; the key leaves
+    ``state`` whatever happens."""
+    holder = _holder(CKKSParams() if params is None else params, identity, roster, state, ledger)
+    if SECRET_KEY in state:
+        del state[SECRET_KEY]  # one aggregate per key, whatever happens next
+    return sum_reply(holder.decrypt(_request("ckks_decrypt", content))["total"])
+
+
+def sum_reply(total: np.ndarray) -> RecordDict:
+    return RecordDict({"sum": arrays_record({"total": np.asarray(total, dtype=np.float64)})})
 
 
 # ------------------------------------------------------------------------------- server side
@@ -318,6 +183,12 @@ def _refused(stage: str, content, node) -> None:
         raise ConfigError(msg)
 
 
+def _reply(stage: str, content) -> dict:
+    if stage == "ckks_decrypt":
+        return {"total": content["sum"]["total"].numpy()}
+    return dict(content["ckks"])
+
+
 def ckks_sum_over_messages(
     grid,
     nodes: list[int],
@@ -331,111 +202,43 @@ def ckks_sum_over_messages(
     keep_view: bool = False,
     num_nodes: int | None = None,
 ) -> CKKSSum:
-    """Run the three stages (see the module docstring) and return the released sum."""
-    K = len(nodes) if num_nodes is None else int(num_nodes)
-    check_num_nodes(params, K)
+    """Run :class:`mechanisms.ckks_server.CKKSServer` over the grid (see the module docstring)."""
+    server = CKKSServer(
+        nodes,
+        key_holder=key_holder,
+        length=length,
+        params=params,
+        session=os.urandom(16),
+        num_nodes=num_nodes,
+    )
     stages: dict[str, Exchange] = {}
+    for stage in STAGES:
+
+        def on_reply(node, content, stage=stage):
+            _refused(stage, content, node)
+            server.receive(node, _reply(stage, content))
+
+        contents = {}
+        for n, req in server.requests().items():
+            rec = {k: v for k, v in req.items() if k != "stage"}
+            if stage == "ckks_keys":
+                rec["round"] = round_name
+            extra = payload(n) if stage == "ckks_encrypt" else {}
+            contents[n] = RecordDict({"ckks": ConfigRecord(rec), **extra})
+        ex = stages[stage] = exchange(
+            grid, contents, f"query.{stage}", timeout, on_reply, group_id=round_name
+        )
+        server.close(detail=str(ex.failed or ex.silent))
     view: list = []
-    session = os.urandom(16)
-    holder_reply: dict = {}
-
-    def on_keys(node, content):
-        _refused("ckks_keys", content, node)
-        rec = content["ckks"]
-        holder_reply.update(public=bytes(rec["public"]), holder=int(rec["u"]), sig=bytes(rec["sig"]))
-
-    prm = ConfigRecord({"round": round_name, "K": K, "session": session})
-    stages["ckks_keys"] = exchange(
-        grid,
-        {key_holder: RecordDict({"ckks": prm})},
-        "query.ckks_keys",
-        timeout,
-        on_keys,
-        group_id=round_name,
-    )
-    if "public" not in holder_reply:
-        raise ProtocolAbort(f"the CKKS key holder (node {key_holder}) did not answer; no sum is released")
-    public = holder_reply["public"]
-    contributions: list[tuple[int, list[bytes], bytes, bytes]] = []
-    uploaded: list[int] = []
-    n_ct = params.num_ciphertexts(length)
-
-    def on_ct(node, content):
-        _refused("ckks_encrypt", content, node)
-        rec = content["ckks"]
-        cts = [bytes(c) for c in rec["ct"]]
-        if len(cts) != n_ct:
-            raise InputError(
-                f"node {node} sent {len(cts)} ciphertexts, expected {n_ct}: the nodes disagree on d or C"
-            )
-        if keep_view:
-            view.append(("ckks_encrypt", node, "ciphertexts", cts))
-        contributions.append((int(rec["u"]), cts, bytes(rec["sig"]), bytes(rec.get("pin", b""))))
-        uploaded.append(node)
-
-    contents = {
-        n: RecordDict(
-            {
-                "ckks": ConfigRecord(
-                    {
-                        "public": public,
-                        "K": K,
-                        "holder": holder_reply["holder"],
-                        "sig": holder_reply["sig"],
-                        "session": session,
-                    }
-                ),
-                **payload(n),
-            }
-        )
-        for n in nodes
-    }
-    ex = stages["ckks_encrypt"] = exchange(
-        grid, contents, "query.ckks_encrypt", timeout, on_ct, group_id=round_name
-    )
-    if len(uploaded) < 2:
-        raise ProtocolAbort(
-            f"CKKS: {len(uploaded)} node(s) uploaded ({ex.failed or ex.silent}); a sum of fewer "
-            "than 2 inputs is an input, so none is released"
-        )
-    out: dict = {}
-
-    def on_sum(node, content):
-        _refused("ckks_decrypt", content, node)
-        out["total"] = content["sum"]["total"].numpy()
-
-    request = ConfigRecord(
-        {
-            "from": [u for u, _, _, _ in contributions],
-            "ct": [c for _, cts, _, _ in contributions for c in cts],
-            "sigs": [s for _, _, s, _ in contributions],
-            "pins": [p for _, _, _, p in contributions],
-            "size": int(length),
-            "session": session,
-        }
-    )
-    stages["ckks_decrypt"] = exchange(
-        grid,
-        {key_holder: RecordDict({"ckks": request})},
-        "query.ckks_decrypt",
-        timeout,
-        on_sum,
-        group_id=round_name,
-    )
-    if "total" not in out:
-        raise ProtocolAbort(f"the CKKS key holder (node {key_holder}) did not decrypt; no sum is released")
     if keep_view:
-        view.append(("ckks_decrypt", key_holder, "released sum", out["total"]))
+        view = [("ckks_encrypt", n, "ciphertexts", cts) for n, cts in server.view.ciphertexts.items()]
+        view.append(("ckks_decrypt", key_holder, "released sum", server.total))
     return CKKSSum(
-        total=np.asarray(out["total"], dtype=np.float64),
+        total=np.asarray(server.total, dtype=np.float64),
         participants=list(nodes),
         key_holder=key_holder,
         stages=stages,
-        uploaded=sorted(uploaded),
-        dropped_before_upload=sorted(set(nodes) - set(uploaded)),
+        uploaded=sorted(server.uploaded),
+        dropped_before_upload=server.dropped_before_upload,
         view=view,
     )
-
-
-def sum_reply(total: np.ndarray) -> RecordDict:
-    return RecordDict({"sum": arrays_record({"total": np.asarray(total, dtype=np.float64)})})

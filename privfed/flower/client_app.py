@@ -42,11 +42,9 @@ import numpy as np
 from flwr.app import ConfigRecord, Context, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
 
-from mechanisms.ckks import CKKSParams
-from mechanisms.secagg_crypto import ProtocolAbort, as_bytes, as_int
+from mechanisms.secagg_crypto import ProtocolAbort
 from privfed.errors import PrivfedError
-from privfed.flower.ckks import SECRET_KEY as CKKS_SECRET
-from privfed.flower.ckks import holder_decrypt, holder_keys, node_encrypt, pin_bytes, sum_reply
+from privfed.flower.ckks import holder_decrypt_step, holder_keys_step, node_encrypt_step
 from privfed.flower.config import FlowerConfig
 from privfed.flower.node import load_node_data, node_rng, node_statistics
 from privfed.flower.protocol import node_vector
@@ -329,27 +327,19 @@ def make_client_app(
         if (failed := _fault("ckks_keys", msg, context, faults)) is not None:
             return failed
         try:
-            rec = msg.content["ckks"]
             identity, roster = node_identity(context.node_config, context.node_id, provision)
-            secret, public, sig = holder_keys(
-                CKKSParams(), identity, roster, as_bytes(rec["session"], "session"), as_int(rec["K"], "K")
-            )
+            reply = holder_keys_step(msg.content, context.state, identity, roster)
         except PrivfedError as exc:
             return _error(msg, exc)
         except (KeyError, TypeError, OverflowError) as exc:
             return _malformed(msg, context, "ckks_keys", exc)
-        context.state[CKKS_SECRET] = ConfigRecord({"secret": secret, "session": bytes(rec["session"])})
-        return Message(
-            RecordDict({"ckks": ConfigRecord({"public": public, "u": identity.index, "sig": sig})}),
-            reply_to=msg,
-        )
+        return Message(reply, reply_to=msg)
 
     @app.query("ckks_encrypt")
     def ckks_encrypt(msg: Message, context: Context) -> Message:
         if (failed := _fault("ckks_encrypt", msg, context, faults)) is not None:
             return failed
         try:
-            rec = msg.content["ckks"]
             cfg = _config(msg)
             identity, roster = node_identity(context.node_config, context.node_id, provision)
             _check_noise_share(cfg, roster, identity.index, "ckks_encrypt")
@@ -357,100 +347,40 @@ def make_client_app(
                 dict(msg.content["config"]), _round(msg), _broadcast(msg), cfg.private
             )
             x = _secure_vector(msg, cfg, context, identity.index, "ckks_encrypt")
-            holder = as_int(rec["holder"], "holder")
             ledger = node_ledger(context, lifetime_id(dict(msg.content["config"]), _round(msg), cfg.private))
-            pin = pin_bytes(ledger.uploaders)
-            cts, sig = node_encrypt(
-                as_bytes(rec["public"], "public"),
-                x,
-                CKKSParams(),
-                identity=identity,
-                roster=roster,
-                holder=holder,
-                signature=as_bytes(rec["sig"], "sig"),
-                session=as_bytes(rec["session"], "session"),
-                num_nodes=as_int(rec["K"], "K"),
+            reply = node_encrypt_step(
+                msg.content,
+                context.state,
+                identity,
+                roster,
+                values=lambda: x,
+                ledger=ledger,
                 digest=digest,
-                pin=pin,
+                aggregation=agg,
             )
-            # One key holder per run (it keeps one set); bound once its signed context checked out.
-            ledger.bind_holder(holder, identity.index, "ckks_encrypt")
-            if CKKS_SECRET in context.state and holder == identity.index:
-                context.state[CKKS_SECRET]["digest"] = (
-                    digest  # the key holder checks every contribution against it
-                )
-            ledger.claim(agg, identity.index)  # one encrypted upload per aggregation id
             context.state[LEDGER_KEY] = ConfigRecord(ledger.record())
         except PrivfedError as exc:
             return _error(msg, exc)
         except (KeyError, TypeError, OverflowError) as exc:
             return _malformed(msg, context, "ckks_encrypt", exc)
-        return Message(
-            RecordDict({"ckks": ConfigRecord({"ct": cts, "u": identity.index, "sig": sig, "pin": pin})}),
-            reply_to=msg,
-        )
+        return Message(reply, reply_to=msg)
 
     @app.query("ckks_decrypt")
     def ckks_decrypt(msg: Message, context: Context) -> Message:
         if (failed := _fault("ckks_decrypt", msg, context, faults)) is not None:
             return failed
         try:
-            rec = msg.content["ckks"]
             identity, roster = node_identity(context.node_config, context.node_id, provision)
-            if CKKS_SECRET not in context.state:
-                raise ProtocolAbort(
-                    f"node {identity.index} aborts at stage 'ckks_decrypt': it holds no key (each "
-                    "key decrypts one aggregate)",
-                    node=identity.index,
-                    stage="ckks_decrypt",
-                    deviation="second-session",
-                )
-            kept = context.state[CKKS_SECRET]
-            del context.state[CKKS_SECRET]  # one aggregate per key, whatever happens next
-            session = as_bytes(rec["session"], "session")
-            if session != bytes(kept["session"]):
-                raise ProtocolAbort(
-                    f"node {identity.index} aborts at stage 'ckks_decrypt': another session's aggregate",
-                    node=identity.index,
-                    stage="ckks_decrypt",
-                    deviation="replay",
-                )
-            size, params = as_int(rec["size"], "size"), CKKSParams()
-            n = params.num_ciphertexts(size)
-            cts = [as_bytes(c, "a ciphertext") for c in rec["ct"]]
-            senders = [as_int(u, "a sender") for u in rec["from"]]
-            if len(cts) != n * len(senders):
-                raise ProtocolAbort(
-                    f"node {identity.index} aborts at stage 'ckks_decrypt': malformed contributions",
-                    node=identity.index,
-                    stage="ckks_decrypt",
-                    deviation="malformed",
-                )
-            contributions = [
-                (u, cts[i * n : (i + 1) * n], as_bytes(sg, "a signature"), as_bytes(pn, "a pin"))
-                for i, (u, sg, pn) in enumerate(zip(senders, rec["sigs"], rec["pins"]))
-            ]
             ledger = node_ledger(context)
             try:
-                total = holder_decrypt(
-                    bytes(kept["secret"]),
-                    contributions,
-                    size,
-                    params,
-                    identity=identity,
-                    roster=roster,
-                    session=session,
-                    integral=False,
-                    digest=bytes(kept.get("digest", b"")),
-                    ledger=ledger,
-                )
+                reply = holder_decrypt_step(msg.content, context.state, identity, roster, ledger=ledger)
             finally:
                 context.state[LEDGER_KEY] = ConfigRecord(ledger.record())
         except PrivfedError as exc:
             return _error(msg, exc)
         except (KeyError, TypeError, OverflowError) as exc:
             return _malformed(msg, context, "ckks_decrypt", exc)
-        return Message(sum_reply(total), reply_to=msg)
+        return Message(reply, reply_to=msg)
 
     from flwr.client.mod import secaggplus_mod
 

@@ -12,10 +12,11 @@ pytest.importorskip("tenseal")
 os.environ.setdefault("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")
 
 from mechanisms.ckks import CKKSParams  # noqa: E402
+from mechanisms.ckks_holder import CKKSKeyHolder  # noqa: E402
+from mechanisms.ckks_node import CKKSNode  # noqa: E402
 from mechanisms.secagg_crypto import ProtocolAbort  # noqa: E402
 from privfed.errors import ConfigError  # noqa: E402
 from privfed.flower import FlowerConfig, serve  # noqa: E402
-from privfed.flower.ckks import holder_keys  # noqa: E402
 from privfed.flower.local import LocalGrid  # noqa: E402
 
 K = 4
@@ -48,11 +49,10 @@ def test_a_substituted_ckks_key_is_refused_before_anything_is_encrypted(digits_d
         if msg.metadata.message_type == "query.ckks_encrypt":
             rec = msg.content["ckks"]
             if "server" not in grid_box:
-                grid_box["server"] = holder_keys(
-                    CKKSParams(), fake_ids[0], fake_roster, bytes(rec["session"]), K
-                )
-            _, public, sig = grid_box["server"]
-            rec["public"], rec["sig"] = public, sig
+                grid_box["server"] = CKKSKeyHolder(
+                    CKKSParams(), identity=fake_ids[0], roster=fake_roster
+                ).keys({"session": bytes(rec["session"]), "K": K})
+            rec["public"], rec["sig"] = grid_box["server"]["public"], grid_box["server"]["sig"]
 
     with pytest.raises(ProtocolAbort, match="stage 'ckks_encrypt'.*not signed by key holder") as exc:
         serve(TamperingGrid(_nodes(), tamper), FlowerConfig(**CFG))
@@ -224,26 +224,18 @@ def test_ckks_is_refused_when_the_roster_allows_colluders():
     import numpy as np
 
     from mechanisms.secagg_identity import make_roster
-    from privfed.flower.ckks import node_encrypt
 
     roster, ids = make_roster(5, colluders=1)
     session = os.urandom(16)
-    _, public, sig = holder_keys(
-        CKKSParams(), ids[4], roster, session, 5
+    keys = CKKSKeyHolder(CKKSParams(), identity=ids[4], roster=roster).keys(
+        {"session": session, "K": 5}
     )  # node 4: the colluder as key holder
     with pytest.raises(
         ProtocolAbort, match="node 0 aborts at stage 'ckks_encrypt': its roster allows 1 node"
     ) as exc:
-        node_encrypt(
-            public,
+        CKKSNode(CKKSParams(), identity=ids[0], roster=roster).encrypt(
+            {"public": keys["public"], "K": 5, "holder": 4, "sig": keys["sig"], "session": session},
             np.ones(3),
-            CKKSParams(),
-            identity=ids[0],
-            roster=roster,
-            holder=4,
-            signature=sig,
-            session=session,
-            num_nodes=5,
         )
     assert exc.value.deviation == "colluders"
 

@@ -7,8 +7,22 @@ import pytest
 
 ts = pytest.importorskip("tenseal")
 
-from mechanisms.ckks import CKKSAggregator, CKKSKeyHolder, CKKSParams, ckks_encrypt, ckks_sum
-from privfed.errors import ConfigError, InputError
+import os  # noqa: E402
+
+from mechanisms.ckks import (  # noqa: E402
+    CKKSParams,
+    add_ciphertexts,
+    ckks_encrypt,
+    decrypt_rounded,
+    new_context,
+    public_bytes,
+)
+from mechanisms.ckks_holder import CKKSKeyHolder  # noqa: E402
+from mechanisms.ckks_node import CKKSNode  # noqa: E402
+from mechanisms.ckks_run import ckks_sum  # noqa: E402
+from mechanisms.secagg_crypto import ProtocolAbort  # noqa: E402
+from mechanisms.secagg_identity import make_roster  # noqa: E402
+from privfed.errors import ConfigError, InputError  # noqa: E402
 
 
 def test_ckks_sum_matches_plain_sum_across_ciphertexts():
@@ -34,20 +48,34 @@ def test_ckks_counts_come_out_exact():
 
 
 def test_aggregator_holds_a_public_context_that_cannot_decrypt():
-    holder = CKKSKeyHolder(CKKSParams())
-    pub = holder.public_context()
-    agg = CKKSAggregator(pub)
-    assert not agg.context.is_private()
-    cts = [ckks_encrypt(agg.context, np.arange(10.0) + k, holder.params.slots) for k in range(3)]
-    summed = agg.add(cts)
+    roster, ids = make_roster(3)
+    holder = CKKSKeyHolder(CKKSParams(), identity=ids[0], roster=roster)
+    session = os.urandom(16)
+    keys = holder.keys({"session": session, "K": 3})
+    server_ctx = ts.context_from(keys["public"])  # all the server holds
+    assert not server_ctx.is_private()
+    request = {"public": keys["public"], "K": 3, "holder": 0, "sig": keys["sig"], "session": session}
+    replies = [
+        CKKSNode(CKKSParams(), identity=ids[k], roster=roster).encrypt(request, np.arange(10.0) + k)
+        for k in range(3)
+    ]
+    summed = add_ciphertexts(server_ctx, [r["ct"] for r in replies])
     with pytest.raises(ValueError, match="secret"):
-        ts.ckks_vector_from(agg.context, summed[0]).decrypt()
+        summed[0].decrypt()
     with pytest.raises(ValueError, match="secret"):
-        ts.ckks_vector(agg.context, [1.0, 2.0]).decrypt()
-    out = holder.decrypt_sum(summed, 10, integral=False)
+        ts.ckks_vector(server_ctx, [1.0, 2.0]).decrypt()
+    decrypt = {
+        "from": [r["u"] for r in replies],
+        "ct": [c for r in replies for c in r["ct"]],
+        "sigs": [r["sig"] for r in replies],
+        "pins": [r["pin"] for r in replies],
+        "size": 10,
+        "session": session,
+    }
+    out = holder.decrypt(decrypt)["total"]
     assert np.abs(out - (3 * np.arange(10.0) + 3)).max() <= 2.0**-20
-    with pytest.raises(ConfigError, match="fresh keys"):
-        holder.decrypt_sum(summed, 10, integral=False)
+    with pytest.raises(ProtocolAbort, match="fresh keys"):
+        holder.decrypt(decrypt)
 
 
 def test_aggregate_beyond_the_parameter_bound_is_refused():
@@ -61,12 +89,16 @@ def test_aggregate_beyond_the_parameter_bound_is_refused():
     res = ckks_sum(ok)
     assert np.abs(res.total / ok.sum(axis=0) - 1).max() < 1e-9
     # The refusal is needed: a 2^100 aggregate wraps silently in TenSEAL.
-    holder = CKKSKeyHolder(p)
-    agg = CKKSAggregator(holder.public_context())
+    secret = new_context(p)
+    public = ts.context_from(public_bytes(secret))
     x = np.full(4, 2.0**97)
-    summed = agg.add([ckks_encrypt(agg.context, x, p.slots) for _ in range(8)])
-    wrapped = holder.decrypt_sum(summed, 4, integral=False)
+    summed = add_ciphertexts(secret, [ckks_encrypt(public, x, p.slots) for _ in range(8)])
+    wrapped = decrypt_rounded(summed, 4, p, integral=False)
     assert np.abs(wrapped / (8 * x) - 1).max() > 0.5
+    # and a node refuses such an input before encrypting it
+    roster, ids = make_roster(8)
+    with pytest.raises(InputError, match="CKKS bound"):
+        CKKSNode(p, identity=ids[1], roster=roster).encrypt(_request(roster, ids[0]), x)
 
 
 def test_bad_parameters_are_refused():
@@ -76,3 +108,50 @@ def test_bad_parameters_are_refused():
         CKKSParams(precision_bits=39)
     with pytest.raises(InputError, match="K >= 2"):
         ckks_sum(np.ones((1, 3)))
+
+
+def _request(roster, holder_id):
+    session = os.urandom(16)
+    keys = CKKSKeyHolder(CKKSParams(), identity=holder_id, roster=roster).keys(
+        {"session": session, "K": roster.size}
+    )
+    return {
+        "public": keys["public"],
+        "K": roster.size,
+        "holder": holder_id.index,
+        "sig": keys["sig"],
+        "session": session,
+    }
+
+
+GRID = 2.0**-20
+
+
+@pytest.mark.parametrize("noise_std", [0.0, 0.5])
+def test_ckks_sum_is_the_plain_sum_on_the_release_grid(noise_std):
+    """Against the sum numpy computes of the same rows and the same noise draws: within half a grid step plus
+    the decryption error N sqrt(K) 2^-scale_bits (module docstring), and on the grid."""
+    p = CKKSParams()
+    X = np.random.default_rng(3).normal(size=(5, 4100))  # two ciphertexts per client
+    res = ckks_sum(X, noise_std=noise_std, rng=np.random.default_rng(9))
+    draw = np.random.default_rng(9)
+    ref = sum(X[k] + draw.normal(0.0, noise_std, X.shape[1]) if noise_std else X[k] for k in range(5))
+    assert np.array_equal(np.rint(res.total / GRID) * GRID, res.total)
+    err = p.poly_modulus_degree * np.sqrt(5) * 2.0**-p.scale_bits
+    assert np.abs(res.total - ref).max() <= GRID / 2 + err
+    assert not res.integral and res.num_ciphertexts == 2
+    # sizes: every client uploads two full ciphertexts, downloads the public context (measured per key pair)
+    assert sorted(res.upload_bytes) == list(range(5))
+    assert res.download_bytes == len(res.view.public_context) > 0
+    for k, cts in res.view.ciphertexts.items():
+        assert res.upload_bytes[k] == sum(map(len, cts))
+    assert set(res.seconds) == {"keygen", "encrypt", "sum", "decrypt", "total"}
+
+
+def test_the_in_process_sum_runs_the_signed_protocol():
+    """In process too the key holder checks signed contributions: the server's view holds one signature per
+    client, and a sum over them verifies under the run's roster."""
+    res = ckks_sum(np.ones((4, 3)) * np.arange(4)[:, None])
+    assert res.integral and np.array_equal(res.total, [6.0, 6.0, 6.0])
+    assert sorted(res.view.signatures) == [0, 1, 2, 3]
+    assert all(len(s) == 64 for s in res.view.signatures.values())
