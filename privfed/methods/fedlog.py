@@ -109,12 +109,54 @@ def solve_map(a: np.ndarray, nu_n: float, solver: str = "exact") -> np.ndarray:
     return map_multipliers(A, nu_n)[:, None] * a
 
 
+def _newton_u(u: np.ndarray, L: np.ndarray) -> np.ndarray | None:
+    """The root of e^u + u = L by Newton from ``u`` right of it (monotone there); ``None`` if it stalls."""
+    for _ in range(100):
+        e = np.exp(u)
+        step = (e + u - L) / (e + 1.0)
+        u = u - step
+        if np.all(np.abs(step) <= 1e-15 * np.maximum(1.0, np.abs(u))):
+            return u
+    return None
+
+
+def _newton_lambda(lam: float, logA2: np.ndarray, zero: np.ndarray, target: float) -> float | None:
+    """The root of g(lambda) = sum_y 1 / t_y(lambda) - target by Newton from ``lam`` (g(lam) > 0).
+
+    1 / t_y(lambda) is decreasing and convex in lambda (its inverse lambda = -log v + A v^-2 is), so
+    g is too and Newton from the left of the root climbs to it without overshooting.  Each t_y is
+    followed by Newton on u = log(2 A_y t_y^2) (e^u + u = 2 lambda + log 2 A_y) from the tangent
+    prediction, which lies right of the new root (u is concave in lambda): a step or two each.
+    Returns ``None`` (the caller falls back to Brent's method) on anything non-finite or a stall.
+    """
+    L = 2.0 * lam + logA2
+    u = _newton_u(np.where(L <= 1.0, L, np.log(np.maximum(L, 1.0))), L)
+    for _ in range(200):
+        if u is None:
+            return None
+        e = np.exp(u)
+        v = np.where(zero, np.exp(-lam), np.exp(-0.5 * (u - logA2)))  # 1 / t_y
+        g = float(np.sum(v)) - target
+        dg = -float(np.sum(np.where(zero, v, v / (1.0 + e))))
+        if not (np.isfinite(g) and np.isfinite(dg) and dg < 0):
+            return None
+        step = -g / dg
+        if not step > 4 * np.finfo(float).eps * max(abs(lam), 1e-300):
+            return lam
+        lam += step
+        L_new = 2.0 * lam + logA2
+        u = _newton_u(u + (L_new - L) / (e + 1.0), L_new)
+        L = L_new
+    return None
+
+
 def map_multipliers(A: np.ndarray, nu_n: float) -> np.ndarray:
     """t (C,) with eta_y = t_y a_y the maximiser of Eq. 15, from A_y = |a_y|^2 / 4 and nu + n > 0.
 
-    The exact solver: lambda is the root of sum_y 1 / t_y(lambda) = (nu + n) / 2 (Brent's method,
-    each evaluation O(C)), and t_y solves log t + A_y t^2 = lambda.  Where A_y = 0, t_y is returned
-    as 0: eta_y = 0 there whatever t_y (e^lambda, which can overflow) is.
+    The exact solver: lambda is the root of sum_y 1 / t_y(lambda) = (nu + n) / 2 (Newton's method
+    from the left, see :func:`_newton_lambda`, Brent's method where it cannot go on; each step O(C)),
+    and t_y solves log t + A_y t^2 = lambda.  Where A_y = 0, t_y is returned as 0: eta_y = 0 there
+    whatever t_y (e^lambda, which can overflow) is.
     """
     if nu_n <= 0:
         raise ValueError("nu + n must be > 0")
@@ -125,15 +167,19 @@ def map_multipliers(A: np.ndarray, nu_n: float) -> np.ndarray:
     def h(lam: float) -> float:
         return float(np.sum(_inv_t(lam, logA2, zero)) - target)
 
-    lo, hi, step = -1.0, 1.0, 1.0
-    while h(lo) <= 0:
-        step *= 2.0
-        lo -= step
-    step = 1.0
-    while h(hi) >= 0:
-        step *= 2.0
-        hi += step
-    lam = scipy.optimize.brentq(h, lo, hi, xtol=1e-300, rtol=4 * np.finfo(float).eps, maxiter=500)
+    # left of the root: with t0 = C / target, lambda_0 = min_y log t0 + A_y t0^2 gives every t_y <= t0
+    t0 = A.size / target
+    lam = _newton_lambda(float(np.log(t0) + np.min(A) * t0 * t0), logA2, zero, target)
+    if lam is None:
+        lo, step = -1.0, 1.0
+        while h(lo) <= 0:
+            step *= 2.0
+            lo -= step
+        hi, step = 1.0, 1.0
+        while h(hi) >= 0:
+            step *= 2.0
+            hi += step
+        lam = scipy.optimize.brentq(h, lo, hi, xtol=1e-300, rtol=4 * np.finfo(float).eps, maxiter=500)
     inv = _inv_t(lam, logA2, zero)
     # a_y = 0 (an absent class): eta_y = t_y a_y = 0 whatever t_y = e^lambda, which may overflow
     return np.divide(1.0, inv, out=np.zeros_like(inv), where=~zero)

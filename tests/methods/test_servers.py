@@ -173,3 +173,37 @@ def test_map_gradient_norm_is_the_norm_of_the_gradient_array():
     for tt in (t * (1 + 1e-3 * rng.standard_normal(8)), t * 1.5):
         g = np.linalg.norm(fedlog_gradient(tt[:, None] * a, a, nu_n))
         assert map_gradient_norm(tt, A, nu_n) == pytest.approx(g, rel=1e-10)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_map_multipliers_solve_the_stationarity_equations(seed):
+    """log t_y + A_y t_y^2 is one lambda for every class with a_y != 0 and sum_y 1 / t_y = (nu + n) / 2
+    (A_y = 0: 1 / t_y = e^-lambda in the sum, t_y returned as 0), across A spanning 1e-6 to 1e10."""
+    rng = np.random.default_rng(seed)
+    A = 10.0 ** rng.uniform(-6, 10, size=40)
+    A[[3, 17]] = 0.0
+    nu_n = float(10.0 ** rng.uniform(0, 6))
+    t = map_multipliers(A, nu_n)
+    live = A > 0
+    lam = np.log(t[live]) + A[live] * t[live] ** 2
+    np.testing.assert_allclose(lam, lam[0], rtol=1e-13, atol=1e-13)
+    total = math.fsum(1.0 / t[live]) + (~live).sum() * math.exp(-lam[0])
+    assert total == pytest.approx(nu_n / 2.0, rel=1e-13)
+    assert np.all(t[~live] == 0.0)
+
+
+def test_newton_root_equals_brents(monkeypatch):
+    """The Newton iteration and the Brent fallback find the same t to 1e-13 (and Newton is the one used)."""
+    import privfed.methods.fedlog as fedlog_mod
+
+    rng = np.random.default_rng(11)
+    A = 10.0 ** rng.uniform(-3, 9, size=300)
+    A[5] = 0.0
+    calls = []
+    real = fedlog_mod._newton_lambda
+    monkeypatch.setattr(fedlog_mod, "_newton_lambda", lambda *a: calls.append(1) or real(*a))
+    newton = map_multipliers(A, 5e4)
+    monkeypatch.setattr(fedlog_mod, "_newton_lambda", lambda *a: None)
+    brent = map_multipliers(A, 5e4)
+    assert calls and np.all(np.isfinite(newton))
+    np.testing.assert_allclose(newton, brent, rtol=1e-13)
