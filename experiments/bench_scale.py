@@ -22,8 +22,9 @@ the method must do, with the same BLAS (:func:`measure_bound`):
   to float64 (the statistics are float64) and group-summed into the C class
   rows (the M pair rows for FedCOF); plus X^T X over the N samples for the
   second-moment methods (fed3r, fed3r-within, fedcgs, fedcof-oracle);
-* server side: fedncm and fedlog one pass over the C x d class sums (they
-  factor nothing); fed3r one d x d Cholesky and the triangular solves of its
+* server side: fedncm the C row norms of the class sums (one BLAS dot per
+  row) and one pass scaling them; fedlog the same plus its one-dimensional
+  root (Newton's method on C numbers; they factor nothing); fed3r one d x d Cholesky and the triangular solves of its
   d x C right-hand side; fed3r-within and the oracle X^T X over the C class
   rows (the between-class scatter) + Cholesky + solves; fedcgs (shrinkage > 0)
   two Cholesky factorisations (its covariance's own, which decides whether
@@ -41,6 +42,8 @@ noise is timed through ``privfed.fit`` on the first ``--dp-clients`` clients.
 
     python experiments/bench_scale.py            # full iNat-120K shape (minutes)
     python experiments/bench_scale.py --small    # K=1,000, C=300, d=256: seconds
+    python experiments/bench_scale.py --methods fedncm,fedlog --rerecord experiments/bench_scale.json
+                                                 # only those rows (both points) re-measured in place
 
 Each run writes ``bench_scale.json`` (raw seconds and bytes) and
 ``bench_scale.md`` (:func:`render` of it) under ``--out``; the recorded run
@@ -81,6 +84,7 @@ from experiments.scale_baselines import (  # noqa: E402
     SERVER_PARTS,
     best_of,
     bound_for,
+    bound_parts,
     client_bound,
     loop_clients,
     measure_bound,
@@ -114,6 +118,7 @@ __all__ = [
     "SMALL",
     "best_of",
     "bound_for",
+    "bound_parts",
     "child",
     "child_curve",
     "child_local_dp",
@@ -137,7 +142,7 @@ __all__ = [
 
 # -- one shape: data, bound, every method, the loop ----------------------------------------------
 def measure_point(
-    shape: dict, names, repeats: int, threads: int, loop_rows: int, tmp: str, label: str
+    shape: dict, names, repeats: int, threads: int, loop_rows: int, tmp: str, label: str, parts=None
 ) -> dict:
     t0 = time.perf_counter()
     F32, y, k = inat_like(**shape, seed=0)
@@ -145,7 +150,7 @@ def measure_point(
     print(f"[{label}] federation {real} d={shape['d']} built in {time.perf_counter() - t0:.1f} s", flush=True)
     for name, arr in (("F", F32), ("y", y), ("k", k)):
         np.save(os.path.join(tmp, f"{name}.npy"), arr)
-    bound = measure_bound(F32, y, k, repeats)
+    bound = measure_bound(F32, y, k, repeats, parts)
     print(
         f"[{label}] bound parts:",
         {a: (round(b, 4) if isinstance(b, float) else b) for a, b in bound.items()},
@@ -237,6 +242,12 @@ def main(argv=None) -> int:
     p.add_argument("--dp-method", default="fedncm", help=argparse.SUPPRESS)
     p.add_argument("--threads", type=int, default=1, help="BLAS threads for everything timed (default 1)")
     p.add_argument("--out", default="results/bench_scale")
+    p.add_argument(
+        "--rerecord",
+        default=None,
+        help="a record (JSON): re-measure only --methods (rows, their bound parts) at both points and "
+        "replace their rows in it",
+    )
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     p.add_argument("--data", default=None, help=argparse.SUPPRESS)
     p.add_argument("--curve-method", default=None, help=argparse.SUPPRESS)
@@ -262,6 +273,8 @@ def main(argv=None) -> int:
     threadpool_limits(args.threads)
     shape = SMALL if args.small else INAT
     names = [m for m in args.methods.split(",") if m]
+    if args.rerecord:
+        return rerecord(Path(args.rerecord), names, args, argv)
     loop_rows = args.loop_rows or (2000 if args.small else 6000)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -328,6 +341,43 @@ def main(argv=None) -> int:
     print(text)
     _write_atomic(out / "bench_scale.json", json.dumps(results, indent=1) + "\n")
     _write_atomic(out / "bench_scale.md", text + "\n")
+    return 0
+
+
+def rerecord(path: Path, names, args, argv) -> int:
+    """Re-measure ``names`` at the record's points in one run and replace their rows (see ``--rerecord``).
+
+    Each replaced row keeps its own bound (``bound_s``, ``client_bound_s``, ``server_bound_s``) and the
+    parts it sums (``bound_parts``), measured in this run beside it; the point's ``bound`` takes this
+    run's value of every part only these methods' bounds use; ``rerecorded`` says what was re-measured.
+    """
+    res = json.loads(path.read_text())
+    parts = bound_parts(names)
+    shared = {p for name in METHODS if name not in names for p in CLIENT_PARTS[name] + SERVER_PARTS[name]}
+    small = res.get("small", False)
+    points = [("main", SMALL if small else INAT, res, 2000 if small else 6000)]
+    if res.get("d256"):
+        points.append(("d256", D256, res["d256"], 2000))
+    with tempfile.TemporaryDirectory(prefix="bench-scale-") as tmp:
+        for label, shape, point, loop_rows in points:
+            fresh = measure_point(shape, names, args.repeats, args.threads, loop_rows, tmp, label, parts)
+            by = {r["method"]: r for r in fresh["rows"]}
+            for r in by.values():
+                r["bound_parts"] = {
+                    q: fresh["bound"][q] for q in CLIENT_PARTS[r["method"]] + SERVER_PARTS[r["method"]]
+                }
+            point["rows"] = [by.get(r["method"], r) for r in point["rows"]]
+            point["bound"].update({q: fresh["bound"][q] for q in parts - shared})
+    res["rerecorded"] = {
+        "methods": names,
+        "command": "python experiments/bench_scale.py "
+        + " ".join(argv if argv is not None else sys.argv[1:]),
+        "parts": sorted(parts),
+        "note": "these methods' rows (both points) and the bound parts only their bounds use were re-measured "
+        "in one later run; each such row carries the bound parts it was measured against (bound_parts)",
+    }
+    _write_atomic(path, json.dumps(res, indent=1) + "\n")
+    _write_atomic(path.with_suffix(".md"), render(res) + "\n")
     return 0
 
 

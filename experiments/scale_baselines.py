@@ -27,6 +27,7 @@ __all__ = [
     "SERVER_PARTS",
     "best_of",
     "bound_for",
+    "bound_parts",
     "client_bound",
     "loop_clients",
     "measure_bound",
@@ -65,15 +66,28 @@ def _spread_rows(groups, y, C: int) -> int:
     return int(np.sum(Kc[key % C] >= 2))
 
 
-def measure_bound(F32, y, k, repeats: int) -> dict:
+def measure_bound(F32, y, k, repeats: int, parts=None) -> dict:
     """The bound's parts, float64, with the BLAS every method uses (see the module docstring).
 
-    Each is the least CPU time over at least :data:`BOUND_REPEATS` calls.
+    Each is the least CPU time over at least :data:`BOUND_REPEATS` calls; ``parts`` (optional) names the
+    ones to measure (e.g. those of the methods re-recorded), the default all.  The server parts of
+    fedncm and fedlog: ``norms_C_s`` the C row sums of squares of the class sums (one BLAS dot per row:
+    a row is scaled by its own norm, so it is read for that norm before it is written), ``pass_C_s``
+    one pass scaling the C x d class sums into an output, and ``root_C_s`` FedLog's one-dimensional
+    root (:func:`privfed.methods.fedlog.map_multipliers`: Newton's method on C numbers, each
+    evaluation O(C), to machine precision), which the MAP of Eq. 15 needs and no pass replaces.
     """
     import scipy.linalg
     import scipy.sparse as sp
 
     import privfed
+    from privfed._linalg import row_squares
+    from privfed.methods.fedlog import map_multipliers
+
+    want = set(parts) if parts is not None else None
+
+    def wanted(key: str) -> bool:
+        return want is None or key in want
 
     N, d = F32.shape
     C, K = int(y.max()) + 1, int(k.max()) + 1
@@ -84,17 +98,20 @@ def measure_bound(F32, y, k, repeats: int) -> dict:
     onehot_C = sp.csr_matrix((np.ones(N), (y, np.arange(N))), shape=(C, N))
     Sc = np.asarray(onehot_C @ F)
     Nc = np.bincount(y, minlength=C).astype(float)
-    rng = np.random.default_rng(0)  # fit's random_state=0: the same pseudo-clients
-    pseudo, _ = privfed.methods.get("fedcof", means_per_client=4).row_groups(
-        y, k, num_classes=C, num_clients=K, rng=rng
-    )
-    rows = {"M": _spread_rows(k, y, C), "M4": _spread_rows(np.asarray(pseudo), y, C)}
+    rows = {}
+    if wanted("xtx_M_s") or wanted("xtx_M4_s"):
+        rng = np.random.default_rng(0)  # fit's random_state=0: the same pseudo-clients
+        pseudo, _ = privfed.methods.get("fedcof", means_per_client=4).row_groups(
+            y, k, num_classes=C, num_clients=K, rng=rng
+        )
+        rows = {"M": _spread_rows(k, y, C), "M4": _spread_rows(np.asarray(pseudo), y, C)}
     out, wall = {}, {}
     repeats = max(repeats, BOUND_REPEATS)
 
     def part(key, fn):
-        out[key] = best_of(fn, repeats)
-        wall[key] = LAST_WALL[0]
+        if wanted(key):
+            out[key] = best_of(fn, repeats)
+            wall[key] = LAST_WALL[0]
 
     part("to_float64_s", lambda: np.asarray(F32, dtype=np.float64))
     part("group_sum_C_s", lambda: onehot_C @ F)
@@ -104,17 +121,23 @@ def measure_bound(F32, y, k, repeats: int) -> dict:
     del F, onehot_M, onehot_C
     buf = np.empty_like(Sc)
     part("pass_C_s", lambda: np.multiply(Sc, (1.0 / Nc)[:, None], out=buf))
+    part("norms_C_s", lambda: row_squares(Sc))
+    A = (Nc * Nc + row_squares(Sc)) / 4.0  # FedLog's |a_y|^2 / 4 with its defaults (chi = 0, scale 1)
+    part("root_C_s", lambda: map_multipliers(A, 1.0 + float(Nc.sum())))
     for key, m in rows.items():  # X^T X over the spread's rows (their values do not change the cost)
-        X = np.random.default_rng(1).standard_normal((m, d))
-        part(f"xtx_{key}_s", lambda: X.T @ X)
-        del X
-    A = np.random.default_rng(2).standard_normal((2 * d, d))
-    G = A.T @ A + np.eye(d)
-    part("cholesky_s", lambda: scipy.linalg.cho_factor(G, check_finite=False))
-    factor = scipy.linalg.cho_factor(G, check_finite=False)
-    B = np.ascontiguousarray(Sc.T)
-    part("solve_C_s", lambda: scipy.linalg.cho_solve(factor, B, check_finite=False))
-    out["spread_rows"] = rows
+        if wanted(f"xtx_{key}_s"):
+            X = np.random.default_rng(1).standard_normal((m, d))
+            part(f"xtx_{key}_s", lambda: X.T @ X)
+            del X
+    if wanted("cholesky_s") or wanted("solve_C_s"):
+        R = np.random.default_rng(2).standard_normal((2 * d, d))
+        G = R.T @ R + np.eye(d)
+        part("cholesky_s", lambda: scipy.linalg.cho_factor(G, check_finite=False))
+        factor = scipy.linalg.cho_factor(G, check_finite=False)
+        B = np.ascontiguousarray(Sc.T)
+        part("solve_C_s", lambda: scipy.linalg.cho_solve(factor, B, check_finite=False))
+    if rows:
+        out["spread_rows"] = rows
     out["wall"] = wall
     return out
 
@@ -129,8 +152,8 @@ CLIENT_PARTS = {
     for name in METHODS
 }
 SERVER_PARTS = {
-    "fedncm": ("pass_C_s",),
-    "fedlog": ("pass_C_s",),
+    "fedncm": ("norms_C_s", "pass_C_s"),
+    "fedlog": ("norms_C_s", "root_C_s", "pass_C_s"),
     "fed3r": ("cholesky_s", "solve_C_s"),
     "fed3r-within": ("xtx_C_s", "cholesky_s", "solve_C_s"),
     "fedcof-oracle": ("xtx_C_s", "cholesky_s", "solve_C_s"),
@@ -150,6 +173,11 @@ def server_bound(name: str, b: dict) -> float:
 
 def bound_for(name: str, b: dict) -> float:
     return client_bound(name, b) + server_bound(name, b)
+
+
+def bound_parts(names) -> set[str]:
+    """The parts of :func:`measure_bound` the bounds of ``names`` sum (what a re-record of them measures)."""
+    return {p for name in names for p in CLIENT_PARTS[name] + SERVER_PARTS[name]}
 
 
 # -- the per-client loop baseline --------------------------------------------------------------

@@ -44,7 +44,12 @@ def _table(point: dict, res: dict, title: str) -> list[str]:
         f"{b['xtx_N_s']:.3f}, over the {b['spread_rows']['M']:,} pair rows FedCOF's spread takes {b['xtx_M_s']:.3f} "
         f"({b['spread_rows']['M4']:,} with 4 means: {b['xtx_M4_s']:.3f}), over the C class rows {b['xtx_C_s']:.3f}, "
         f"d x d Cholesky {b['cholesky_s']:.3f}, solves of the d x C right-hand side {b['solve_C_s']:.3f}, one pass "
-        f"over the C x d class sums {b['pass_C_s']:.4f}.",
+        f"over the C x d class sums {b['pass_C_s']:.4f}"
+        + (
+            f", their C row norms {b['norms_C_s']:.4f}, FedLog's one-dimensional root {b['root_C_s']:.4f}."
+            if "norms_C_s" in b
+            else "."
+        ),
         "",
         "| method | parameters | fit s | fit wall s | fit / bound | server s | server / its bound | loop / fit "
         "| loop / bound | peak RSS GiB | fit's memory / input |",
@@ -81,12 +86,19 @@ def render(res: dict) -> str:
         "fresh process: fit = privfed.fit on the float32 input; server = "
         "Method.aggregate on the statistics folded as the Flower server and the sweep fold them.",
         "Bound = the work the method must do (client: one pass converting and group-summing the input, plus "
-        "X^T X over the N samples for fed3r, fed3r-within, fedcgs and the oracle; server: fedncm and fedlog one "
-        "pass over the C x d class sums, fed3r Cholesky + solves, fed3r-within and the oracle X^T X over the C "
+        "X^T X over the N samples for fed3r, fed3r-within, fedcgs and the oracle; server: fedncm the C row norms "
+        "of the class sums and one pass scaling them, fedlog the same plus its one-dimensional root (Newton's "
+        "method on C numbers, each step O(C): the MAP of Eq. 15 needs it), fed3r Cholesky + solves, fed3r-within and the oracle X^T X over the C "
         "class rows + Cholesky + solves, fedcgs two Cholesky (its covariance's own, deciding the PSD repair, and "
         "the shrunk one) + solves, FedCOF X^T X over the pair rows its spread takes + Cholesky + solves). "
         f"fit's memory = peak RSS minus the RSS with the input loaded, over the input's bytes (target "
-        f"{res.get('memory_target', MEMORY_TARGET):g}).",
+        f"{res.get('memory_target', MEMORY_TARGET):g})."
+        + (
+            f" Rows of {', '.join(res['rerecorded']['methods'])} (both points) re-measured in one later run "
+            f"({res['rerecorded']['command']}), each against the bound parts measured beside it."
+            if res.get("rerecorded")
+            else ""
+        ),
         f"loop = the seeds' per-client loop (per client, per class Python work), timed on the clients of the first "
         f"{done[0]['loop_rows'] if done else 0:,} samples and scaled by N / samples; FedCOF's server looped too "
         "(one rank-1 update per uploaded row, scaled by rows), the other methods' followed by privfed's server.",

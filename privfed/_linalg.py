@@ -22,6 +22,7 @@ __all__ = [
     "minus_between",
     "normalise_rows",
     "project_psd",
+    "row_squares",
     "safe_counts",
     "solve_head",
     "try_cholesky_solve",
@@ -37,25 +38,19 @@ SOLVERS = ("solve", "pinv")
 #: peak-scaled path.
 _SQUARES_SAFE = 2.0**-900
 
+_vecdot = getattr(np, "vecdot", None)  # numpy >= 2
 
-def normalise_rows(W: np.ndarray, *others: np.ndarray, eps: float = 0.0):
-    """Divide each row of W (and the same entries of ``others``) by the row's L2 norm.
 
-    Overflow- and underflow-safe: each row is first divided by its largest
-    absolute entry, so rows of 1e160 or 1e-170 are normalised as exactly as
-    rows of 1 (squaring them directly would overflow to inf or underflow to
-    0).  Rows that are zero (or whose largest entry is at most ``eps``) are
-    left at zero.  Returns W (and the rescaled others).
-    """
-    W = np.asarray(W, dtype=np.float64)
-    if eps == 0.0 and W.size:  # one pass for the norms when no square overflows or underflows
-        sq = np.einsum("ij,ij->i", W, W)
-        if np.all(sq > _SQUARES_SAFE) and np.all(sq < np.inf):
-            norms = np.sqrt(sq)
-            out = W / norms[:, None]
-            if not others:
-                return out
-            return (out, *(np.asarray(o, dtype=np.float64) / norms for o in others))
+def row_squares(W: np.ndarray) -> np.ndarray:
+    """sum_j W_ij^2 for each row: one BLAS dot per row (``np.vecdot``; ``einsum`` on numpy < 2), no temporary."""
+    with np.errstate(over="ignore", under="ignore"):  # such rows are the callers' to redo, scaled
+        if _vecdot is not None and W.shape[1]:
+            return _vecdot(W, W)
+        return np.einsum("ij,ij->i", W, W)
+
+
+def _peak_scaled(W: np.ndarray, eps: float):
+    """(W's rows each divided by its largest |entry| then by its norm, peak, norm, kept): the safe path."""
     if W.shape[1]:
         peak = np.maximum(W.max(axis=1), -W.min(axis=1))  # largest |entry| of each row, no |W| copy
     else:
@@ -63,16 +58,52 @@ def normalise_rows(W: np.ndarray, *others: np.ndarray, eps: float = 0.0):
     keep = peak > eps
     safe_peak = np.where(keep, peak, 1.0)
     out = W / safe_peak[:, None]
-    norms = np.sqrt(np.einsum("ij,ij->i", out, out))  # in [1, sqrt(d)] for kept rows
+    norms = np.sqrt(row_squares(out))  # in [1, sqrt(d)] for kept rows
     safe_norm = np.where(keep, norms, 1.0)
     out /= safe_norm[:, None]
     out[~keep] = 0.0
+    return out, safe_peak, safe_norm, keep
+
+
+def normalise_rows(W: np.ndarray, *others: np.ndarray, eps: float = 0.0):
+    """Divide each row of W (and the same entries of ``others``) by the row's L2 norm.
+
+    Overflow- and underflow-safe: a row whose sum of squares overflows or
+    underflows (entries of 1e160 or 1e-170) is first divided by its largest
+    absolute entry, so it is normalised as exactly as a row of 1; every other
+    row is divided by the square root of its sum of squares (one BLAS dot per
+    row, then one division pass writing the output: W is read about once and
+    a half, no (C, d) temporary).  Each row's result depends on that row alone.
+    Rows that are zero (or whose largest entry is at most ``eps``) are left at
+    zero.  Returns a new W (and the rescaled others).
+    """
+    W = np.asarray(W, dtype=np.float64)
+    if eps != 0.0 or not W.size:
+        out, peak, norm, keep = _peak_scaled(W, eps)
+        if not others:
+            return out
+        return (out, *(np.where(keep, (np.asarray(o, dtype=np.float64) / peak) / norm, 0.0) for o in others))
+    sq = row_squares(W)
+    fast = (sq > _SQUARES_SAFE) & (sq < np.inf)
+    norms = np.sqrt(sq)
+    if fast.all():
+        out = W / norms[:, None]
+        if not others:
+            return out
+        return (out, *(np.asarray(o, dtype=np.float64) / norms for o in others))
+    slow = np.flatnonzero(~fast)
+    norms[slow] = 1.0
+    out = W / norms[:, None]
+    sub, peak, norm, keep = _peak_scaled(W[slow], eps)
+    out[slow] = sub
     if not others:
         return out
-    return (
-        out,
-        *(np.where(keep, (np.asarray(o, dtype=np.float64) / safe_peak) / safe_norm, 0.0) for o in others),
-    )
+    rest = []
+    for o in others:
+        o = np.asarray(o, dtype=np.float64) / norms
+        o[slow] = np.where(keep, (o[slow] / peak) / norm, 0.0)
+        rest.append(o)
+    return (out, *rest)
 
 
 def minus_between(gram: np.ndarray, sums: np.ndarray, counts: np.ndarray) -> np.ndarray:

@@ -42,7 +42,17 @@ import numpy as np
 
 from privfed.errors import ConfigError, InputError
 
-__all__ = ["FEDLOG_TARGET_NORM", "ScaleInfo", "fedlog_scale", "fedlog_scale_note", "finish", "prepare"]
+__all__ = [
+    "FEDLOG_TARGET_NORM",
+    "ScaleInfo",
+    "fedlog_scale",
+    "fedlog_scale_from",
+    "fedlog_scale_note",
+    "fedlog_scale_note_from",
+    "finish",
+    "median_mean_norm",
+    "prepare",
+]
 
 _FMAX = np.finfo(np.float64).max
 _TINY = np.finfo(np.float64).tiny
@@ -202,33 +212,58 @@ def check_feature_scale(value) -> float | str:
     return v
 
 
-def _median_mean_norm(Phi: np.ndarray) -> float:
-    N = Phi[:, 0]
-    ok = N > 0
-    if not ok.any():
+def median_mean_norm(counts: np.ndarray, sums: np.ndarray, squares: np.ndarray | None = None) -> float:
+    """Median over the classes with count > 0 of the class-mean norm ||s_c|| / N_c (0.0 when none).
+
+    ``squares`` (optional) are the rows' sums of squares ||s_c||^2 when the caller has them (one BLAS
+    dot per row, :func:`privfed._linalg.row_squares`): then no (C, d) array is read or formed here.
+    Rows whose square overflows or underflows are measured divided by their largest |entry| first.
+    """
+    rows = np.flatnonzero(counts > 0)
+    if not rows.size:
         return 0.0
-    means = Phi[ok, 1:] / N[ok, None]
-    peak = np.max(np.abs(means), axis=1)
-    good = peak > 0
-    norms = np.zeros(means.shape[0])
-    norms[good] = peak[good] * np.linalg.norm(means[good] / peak[good, None], axis=1)
+    N = counts[rows]
+    sq = (np.einsum("ij,ij->i", sums, sums) if squares is None else squares)[rows]  # no copy of sums
+    norms = np.sqrt(sq) / N
+    bad = np.flatnonzero(~((sq > 2.0**-900) & (sq < np.inf)))
+    if bad.size:  # overflow- and underflow-safe: each such row divided by its largest |entry| first
+        means = sums[rows[bad]] / N[bad, None]
+        peak = np.max(np.abs(means), axis=1) if means.shape[1] else np.zeros(bad.size)
+        good = peak > 0
+        norms[bad] = 0.0
+        norms[bad[good]] = peak[good] * np.linalg.norm(means[good] / peak[good, None], axis=1)
     return float(np.median(norms))
+
+
+def _median_mean_norm(Phi: np.ndarray) -> float:
+    return median_mean_norm(Phi[:, 0], Phi[:, 1:])
+
+
+def fedlog_scale_from(median: float, feature_scale) -> float:
+    """The divisor s of the features inside FedLog's model ([1, f / s]) from the median class-mean norm."""
+    if feature_scale != "auto":
+        return float(feature_scale)
+    return median / FEDLOG_TARGET_NORM if median > 0 and math.isfinite(median) else 1.0
 
 
 def fedlog_scale(Phi: np.ndarray, feature_scale) -> float:
     """The divisor s of the features inside FedLog's model ([1, f / s])."""
     if feature_scale != "auto":
         return float(feature_scale)
-    m = _median_mean_norm(Phi)
-    return m / FEDLOG_TARGET_NORM if m > 0 and math.isfinite(m) else 1.0
+    return fedlog_scale_from(_median_mean_norm(Phi), feature_scale)
 
 
 def fedlog_scale_note(Phi: np.ndarray, scale: float, feature_scale) -> str | None:
     """A note when FedLog's MAP is dominated by its constant feature (short class means), else ``None``."""
-    m = _median_mean_norm(Phi) / scale
+    return fedlog_scale_note_from(_median_mean_norm(Phi), scale)
+
+
+def fedlog_scale_note_from(median: float, scale: float) -> str | None:
+    """:func:`fedlog_scale_note` from the median class-mean norm (in the features' units)."""
+    m = median / scale
     if not (m < FEDLOG_MIN_NORM):
         return None
-    target = _median_mean_norm(Phi) / FEDLOG_TARGET_NORM
+    target = median / FEDLOG_TARGET_NORM
     return (
         f"the class means are short against FedLog's constant feature (median norm {m:.3g} in units of "
         f"feature_scale={scale:.3g}, below {FEDLOG_MIN_NORM:g}): the MAP of Eq. 15 is then dominated by the "

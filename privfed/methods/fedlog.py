@@ -30,15 +30,24 @@ import numpy as np
 import scipy.optimize
 from scipy.special import logsumexp
 
-from privfed._linalg import check_choice, check_real
+from privfed._linalg import check_choice, check_real, row_squares
 from privfed.errors import ConfigError
 from privfed.head import LinearHead
 from privfed.methods import register
 from privfed.methods.base import Method
-from privfed.scaling import check_feature_scale, fedlog_scale, fedlog_scale_note
+from privfed.methods.fedncm import class_totals_view
+from privfed.scaling import check_feature_scale, fedlog_scale_from, fedlog_scale_note_from, median_mean_norm
 from privfed.stats import ClientStats
 
-__all__ = ["FedLog", "fedlog_gradient", "fedlog_objective", "fedlog_statistic", "solve_map"]
+__all__ = [
+    "FedLog",
+    "fedlog_gradient",
+    "fedlog_objective",
+    "fedlog_statistic",
+    "map_gradient_norm",
+    "map_multipliers",
+    "solve_map",
+]
 
 
 def fedlog_statistic(stats: ClientStats) -> tuple[np.ndarray, float]:
@@ -97,6 +106,60 @@ def solve_map(a: np.ndarray, nu_n: float, solver: str = "exact") -> np.ndarray:
         )
         return res.x.reshape(shape)
     A = np.sum(a * a, axis=1) / 4.0  # as written: einsum sums in another order (the MAP moves by ~1e-13)
+    return map_multipliers(A, nu_n)[:, None] * a
+
+
+def _newton_u(u: np.ndarray, L: np.ndarray) -> np.ndarray | None:
+    """The root of e^u + u = L by Newton from ``u`` right of it (monotone there); ``None`` if it stalls."""
+    for _ in range(100):
+        e = np.exp(u)
+        step = (e + u - L) / (e + 1.0)
+        u = u - step
+        if np.all(np.abs(step) <= 1e-15 * np.maximum(1.0, np.abs(u))):
+            return u
+    return None
+
+
+def _newton_lambda(lam: float, logA2: np.ndarray, zero: np.ndarray, target: float) -> float | None:
+    """The root of g(lambda) = sum_y 1 / t_y(lambda) - target by Newton from ``lam`` (g(lam) > 0).
+
+    1 / t_y(lambda) is decreasing and convex in lambda (its inverse lambda = -log v + A v^-2 is), so
+    g is too and Newton from the left of the root climbs to it without overshooting.  Each t_y is
+    followed by Newton on u = log(2 A_y t_y^2) (e^u + u = 2 lambda + log 2 A_y) from the tangent
+    prediction, which lies right of the new root (u is concave in lambda): a step or two each.
+    Returns ``None`` (the caller falls back to Brent's method) on anything non-finite or a stall.
+    """
+    L = 2.0 * lam + logA2
+    u = _newton_u(np.where(L <= 1.0, L, np.log(np.maximum(L, 1.0))), L)
+    for _ in range(200):
+        if u is None:
+            return None
+        e = np.exp(u)
+        v = np.where(zero, np.exp(-lam), np.exp(-0.5 * (u - logA2)))  # 1 / t_y
+        g = float(np.sum(v)) - target
+        dg = -float(np.sum(np.where(zero, v, v / (1.0 + e))))
+        if not (np.isfinite(g) and np.isfinite(dg) and dg < 0):
+            return None
+        step = -g / dg
+        if not step > 4 * np.finfo(float).eps * max(abs(lam), 1e-300):
+            return lam
+        lam += step
+        L_new = 2.0 * lam + logA2
+        u = _newton_u(u + (L_new - L) / (e + 1.0), L_new)
+        L = L_new
+    return None
+
+
+def map_multipliers(A: np.ndarray, nu_n: float) -> np.ndarray:
+    """t (C,) with eta_y = t_y a_y the maximiser of Eq. 15, from A_y = |a_y|^2 / 4 and nu + n > 0.
+
+    The exact solver: lambda is the root of sum_y 1 / t_y(lambda) = (nu + n) / 2 (Newton's method
+    from the left, see :func:`_newton_lambda`, Brent's method where it cannot go on; each step O(C)),
+    and t_y solves log t + A_y t^2 = lambda.  Where A_y = 0, t_y is returned as 0: eta_y = 0 there
+    whatever t_y (e^lambda, which can overflow) is.
+    """
+    if nu_n <= 0:
+        raise ValueError("nu + n must be > 0")
     zero = A <= 0
     logA2 = np.log(np.where(zero, 1.0, 2.0 * A))
     target = nu_n / 2.0
@@ -104,17 +167,34 @@ def solve_map(a: np.ndarray, nu_n: float, solver: str = "exact") -> np.ndarray:
     def h(lam: float) -> float:
         return float(np.sum(_inv_t(lam, logA2, zero)) - target)
 
-    lo, hi, step = -1.0, 1.0, 1.0
-    while h(lo) <= 0:
-        step *= 2.0
-        lo -= step
-    step = 1.0
-    while h(hi) >= 0:
-        step *= 2.0
-        hi += step
-    lam = scipy.optimize.brentq(h, lo, hi, xtol=1e-300, rtol=4 * np.finfo(float).eps, maxiter=500)
-    t = 1.0 / _inv_t(lam, logA2, zero)
-    return t[:, None] * a
+    # left of the root: with t0 = C / target, lambda_0 = min_y log t0 + A_y t0^2 gives every t_y <= t0
+    t0 = A.size / target
+    lam = _newton_lambda(float(np.log(t0) + np.min(A) * t0 * t0), logA2, zero, target)
+    if lam is None:
+        lo, step = -1.0, 1.0
+        while h(lo) <= 0:
+            step *= 2.0
+            lo -= step
+        hi, step = 1.0, 1.0
+        while h(hi) >= 0:
+            step *= 2.0
+            hi += step
+        lam = scipy.optimize.brentq(h, lo, hi, xtol=1e-300, rtol=4 * np.finfo(float).eps, maxiter=500)
+    inv = _inv_t(lam, logA2, zero)
+    # a_y = 0 (an absent class): eta_y = t_y a_y = 0 whatever t_y = e^lambda, which may overflow
+    return np.divide(1.0, inv, out=np.zeros_like(inv), where=~zero)
+
+
+def map_gradient_norm(t: np.ndarray, A: np.ndarray, nu_n: float) -> float:
+    """||grad of Eq. 15|| at eta = t a, from t and A = |a|^2 / 4 alone (no (C, m) array).
+
+    The gradient a_y - (nu + n) p_y eta_y / 2 is a_y (1 - (nu + n) p_y t_y / 2) there, with
+    p = softmax_y(t_y^2 A_y): its norm is sqrt(sum_y c_y^2 |a_y|^2), c_y that factor.
+    """
+    r = t * t * A
+    p = np.exp(r - logsumexp(r))
+    c = 1.0 - nu_n * p * t / 2.0
+    return float(np.sqrt(np.sum(c * c * (4.0 * A))))
 
 
 @register
@@ -160,46 +240,54 @@ class FedLog(Method):
 
     def aggregate(self, stats: ClientStats) -> LinearHead:
         self._check_stats(stats)
-        notes: list[str] = []
-        Phi, n = fedlog_statistic(stats)
-        scale = fedlog_scale(Phi, self.params["feature_scale"])
-        ill_posed = fedlog_scale_note(Phi, scale, self.params["feature_scale"])
-        Phi[:, 1:] /= scale  # Phi is this call's own array: scaled and shifted in place, no copies
+        N, S = class_totals_view(stats)
+        sq = row_squares(S)  # ||s_y||^2: the one read of S before the solve
+        median = median_mean_norm(N, S, sq)
+        scale = fedlog_scale_from(median, self.params["feature_scale"])
+        ill_posed = fedlog_scale_note_from(median, scale)
         chi = np.asarray(self.params["chi"], dtype=np.float64)
+        shape = (S.shape[0], S.shape[1] + 1)
         try:
-            chi_b = np.broadcast_to(chi, Phi.shape)
+            fits = np.broadcast_shapes(chi.shape, shape) == shape
         except ValueError:
+            fits = False
+        if not fits:
             raise ConfigError(
                 f"method {self.name!r}: chi has shape {chi.shape}, which does not broadcast to "
-                f"(C, d + 1) = {Phi.shape}"
-            ) from None
-        if (Phi[:, 0] <= 0).any():
+                f"(C, d + 1) = {shape}"
+            )
+        notes: list[str] = []
+        if (N <= 0).any():
             notes.append(
-                f"class(es) {np.flatnonzero(Phi[:, 0] <= 0).tolist()} have count <= 0 (noise); "
+                f"class(es) {np.flatnonzero(N <= 0).tolist()} have count <= 0 (noise); "
                 "used as they are in the sufficient statistic"
             )
-        nu_n = self.params["nu"] + n
+        nu_n = self.params["nu"] + float(N.sum())
         if nu_n <= 0:
-            repaired = self.params["nu"] + float(np.clip(Phi[:, 0], 0.0, None).sum())
+            repaired = self.params["nu"] + float(np.clip(N, 0.0, None).sum())
             repaired = repaired if repaired > 0 else 1.0
             notes.append(
                 f"nu + n = {nu_n:.4g} <= 0 (noisy counts) makes Eq. 15 unbounded; "
                 f"used nu + n = {repaired:.4g} (nu plus the positive counts, at least 1)"
             )
             nu_n = repaired
-        a = np.add(chi_b, Phi, out=Phi)  # a = chi + Phi
-        eta = solve_map(a, nu_n, self.params["solver"])
-        grad = fedlog_gradient(eta, a, nu_n)
+        A = (N * N + sq / scale / scale) / 4.0  # |a_y|^2 / 4 with a_y = [N_y, s_y / scale]
+        tiny = np.flatnonzero(sq <= 2.0**-900)  # zero rows, or squares that underflowed
+        exact_sq = np.all(sq < np.inf) and not (tiny.size and S[tiny].any())
+        if self.params["solver"] == "exact" and not chi.any() and exact_sq:
+            # chi = 0: eta_y = t_y a_y, so the weight is t_y s_y / scale^2, written in one pass over S
+            t = map_multipliers(A, nu_n)
+            weight = np.multiply(S, (t if scale == 1.0 else t / scale / scale)[:, None])
+            bias, grad_norm = t * N, map_gradient_norm(t, A, nu_n)
+        else:  # a prior, the L-BFGS cross-check or squares out of float range: eta over the (C, m) statistic
+            a = np.concatenate([N[:, None], S / scale], axis=1)
+            a += chi
+            eta = solve_map(a, nu_n, self.params["solver"])
+            weight, bias = eta[:, 1:] / scale, eta[:, 0]
+            grad_norm = float(np.linalg.norm(fedlog_gradient(eta, a, nu_n)))
         if ill_posed:
             notes.append(ill_posed)
-        return self._head(
-            eta[:, 1:] / scale,
-            eta[:, 0],
-            notes,
-            nu_plus_n=nu_n,
-            feature_scale=scale,
-            gradient_norm=float(np.linalg.norm(grad)),
-        )
+        return self._head(weight, bias, notes, nu_plus_n=nu_n, feature_scale=scale, gradient_norm=grad_norm)
 
     @classmethod
     def upload_floats(cls, *, M: int, K: int, d: int, C: int) -> int:

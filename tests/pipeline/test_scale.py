@@ -620,6 +620,16 @@ def test_recorded_benchmark_table_is_what_its_json_says():
             assert r["params"] == get(name, **params).params  # every parameter stated, defaults resolved
     assert {r["method"]: r["params"].get("gamma") for r in res["rows"]}["fedcof"] == 1.0
     assert all("cholesky_s" not in SERVER_PARTS[m] for m in ("fedncm", "fedlog"))
+    # fedncm's and fedlog's bound: the row norms and one scaling pass (+ fedlog's 1-D root), nothing looser
+    assert SERVER_PARTS["fedncm"] == ("norms_C_s", "pass_C_s")
+    assert SERVER_PARTS["fedlog"] == ("norms_C_s", "root_C_s", "pass_C_s")
+    for point in (res, res["d256"]):  # a re-measured row carries the parts its bound sums, from its own run
+        for r in point["rows"]:
+            if "bound_parts" in r:
+                assert r["method"] in res["rerecorded"]["methods"]
+                srv = sum(r["bound_parts"][q] for q in SERVER_PARTS[r["method"]])
+                assert r["server_bound_s"] == pytest.approx(srv, rel=1e-12)
+                assert r["bound_s"] == pytest.approx(sum(r["bound_parts"].values()), rel=1e-12)
     assert max(method_ratios(r, res["bound"])["added_memory"] for r in res["rows"]) <= MEMORY_TARGET
     assert all(
         r["releases"] == 1 and r["sent_M"] == r["clients"] * res["shape"]["C"] for r in res["local_dp"]
@@ -885,3 +895,21 @@ def test_the_scale_benchmark_runs_the_public_calls_and_writes_its_record(tmp_pat
         assert r["peak_rss"] >= r["rss_input"] > r["input_bytes"]  # the child held the input, then fit ran
         assert all(np.isfinite(v) and v > 0 for v in bench_scale.method_ratios(r, res["bound"]).values())
     assert not list(tmp_path.glob("*.tmp"))  # written atomically
+    # --rerecord: only the named methods' rows are re-measured (with their bound parts), the rest kept
+    before = json.loads((tmp_path / "bench_scale.json").read_text())
+    path = tmp_path / "bench_scale.json"
+    argv = ["--repeats", "1", "--methods", "fedncm", "--rerecord", str(path)]
+    assert bench_scale.main(argv) == 0
+    after = json.loads(path.read_text())
+    assert (tmp_path / "bench_scale.md").read_text().rstrip("\n") == bench_scale.render(after)
+    old_rows = {r["method"]: r for r in before["rows"]}
+    new_rows = {r["method"]: r for r in after["rows"]}
+    assert new_rows["fedcof"] == old_rows["fedcof"] and "bound_parts" not in new_rows["fedcof"]
+    assert set(new_rows["fedncm"]["bound_parts"]) == {
+        "to_float64_s",
+        "group_sum_C_s",
+        "norms_C_s",
+        "pass_C_s",
+    }
+    assert after["rerecorded"]["methods"] == ["fedncm"]
+    assert after["bound"]["cholesky_s"] == before["bound"]["cholesky_s"]  # parts other methods use: kept
