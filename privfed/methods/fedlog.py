@@ -35,7 +35,6 @@ from privfed.errors import ConfigError
 from privfed.head import LinearHead
 from privfed.methods import register
 from privfed.methods.base import Method
-from privfed.methods.fedncm import class_totals_view
 from privfed.scaling import check_feature_scale, fedlog_scale_from, fedlog_scale_note_from, median_mean_norm
 from privfed.stats import ClientStats
 
@@ -240,7 +239,7 @@ class FedLog(Method):
 
     def aggregate(self, stats: ClientStats) -> LinearHead:
         self._check_stats(stats)
-        N, S = class_totals_view(stats)
+        N, S = stats.class_totals()
         sq = row_squares(S)  # ||s_y||^2: the one read of S before the solve
         median = median_mean_norm(N, S, sq)
         scale = fedlog_scale_from(median, self.params["feature_scale"])

@@ -16,19 +16,7 @@ from privfed.methods import register
 from privfed.methods.base import Method
 from privfed.stats import ClientStats
 
-__all__ = ["FedNCM", "class_totals_view"]
-
-
-def class_totals_view(stats: ClientStats) -> tuple[np.ndarray, np.ndarray]:
-    """(N_c, S_c) as :meth:`ClientStats.class_totals` gives them, without a copy when already totals.
-
-    Folded statistics (one row of dense totals, what the pipeline and the Flower server hold) are
-    returned as read-only views of that row (a sum over one client is that client's row, exactly);
-    anything else is summed by ``class_totals``.
-    """
-    if stats.num_clients == 1 and stats.is_materialised("counts") and stats.is_materialised("sums"):
-        return stats.counts[0], stats.sums[0]
-    return stats.class_totals()
+__all__ = ["FedNCM"]
 
 
 @register
@@ -48,7 +36,7 @@ class FedNCM(Method):
 
     def aggregate(self, stats: ClientStats) -> LinearHead:  # noqa: F821
         self._check_stats(stats)
-        N, S = class_totals_view(stats)
+        N, S = stats.class_totals()
         counts, dropped = safe_counts(N)
         notes = []
         if dropped:

@@ -333,6 +333,8 @@ class StatsLayout:
     def class_totals(self) -> tuple[np.ndarray, np.ndarray]:
         """(N_c, S_c): counts (C,) and sums (C, d) summed over clients, from the stored pairs."""
         if self._counts is not None and self._sums is not None:
+            if self._K == 1:  # folded totals: the sum over one client is its row (read-only views, no copy)
+                return self._counts[0], self._sums[0]
             return self._counts.sum(axis=0), self._sums.sum(axis=0)
         _, pk, n, S, rows = self._pair_block()
         N = np.bincount(pk, weights=n, minlength=self._C)

@@ -324,3 +324,19 @@ def test_copy_and_pickle_keep_every_field():
             np.testing.assert_array_equal(getattr(other, f), getattr(st, f))
     with pytest.raises(AttributeError, match="immutable"):
         st.counts = None
+
+
+def test_class_totals_of_folded_totals_are_read_only_views_of_the_one_row():
+    rng = np.random.default_rng(3)
+    F, y, k = rng.normal(size=(60, 5)), rng.integers(0, 4, 60), rng.integers(0, 6, 60)
+    many = compute_client_stats(F, y, k, num_classes=4, num_clients=6, fields=("counts", "sums"))
+    N, S = many.class_totals()
+    folded = ClientStats(counts=N[None], sums=S[None])
+    N1, S1 = folded.class_totals()
+    np.testing.assert_array_equal(N1, N)
+    np.testing.assert_array_equal(S1, S)
+    assert np.shares_memory(S1, folded.sums) and not S1.flags.writeable
+    with pytest.raises(ValueError):
+        S1[0, 0] = 1.0
+    # an independent total: the per-class sums of the raw rows
+    np.testing.assert_allclose(S1, np.stack([F[y == c].sum(axis=0) for c in range(4)]), atol=1e-12)
