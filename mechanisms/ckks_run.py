@@ -28,6 +28,7 @@ from mechanisms.ckks_node import CKKSNode
 from mechanisms.ckks_server import CKKSServer, CKKSServerView, run_in_process
 from mechanisms.secagg_identity import make_roster, min_threshold
 from mechanisms.secagg_ledger import SessionLedger
+from mechanisms.secagg_noise import noise_share
 from privfed.errors import ConfigError, InputError
 
 __all__ = ["KEY_HOLDER", "CKKSSumResult", "ckks_sum"]
@@ -163,14 +164,7 @@ def ckks_sum(
     )
 
     def noisy(u: int) -> np.ndarray:
-        row = flat[u]
-        if noise_std > 0:
-            row = (
-                add_noise(row, noise_std, rng)
-                if add_noise is not None
-                else row + rng.normal(0.0, noise_std, row.shape)
-            )
-        return row
+        return noise_share(flat[u], noise_std, rng, add_noise)
 
     clock: dict[str, float] = {}
     total = run_in_process(

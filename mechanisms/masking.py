@@ -71,6 +71,7 @@ from mechanisms.secagg_crypto import (  # re-exported: the public names of this 
 )
 from mechanisms.secagg_identity import make_roster
 from mechanisms.secagg_node import MaskingNode
+from mechanisms.secagg_noise import noise_share
 from mechanisms.secagg_server import MaskingServer, ServerView, run_in_process
 from privfed.errors import ConfigError, InputError
 
@@ -349,14 +350,7 @@ def masked_sum(
     }
 
     def encoded(u: int) -> np.ndarray:
-        row = flat[u]
-        if noise_std > 0:
-            row = (
-                add_noise(row, noise_std, rng)
-                if add_noise is not None
-                else row + rng.normal(0.0, noise_std, row.shape)
-            )
-        return fixed_point.encode(row, f)
+        return fixed_point.encode(noise_share(flat[u], noise_std, rng, add_noise), f)
 
     def silent(stage: str, u: int) -> bool:
         return (stage == "masked" and u in before) or (stage in ("consistency", "unmask") and u in after)

@@ -48,7 +48,17 @@ import numpy as np
 
 from privfed.errors import ConfigError
 
-__all__ = ["DistributedGaussian"]
+__all__ = ["DistributedGaussian", "noise_share"]
+
+
+def noise_share(row: np.ndarray, std: float, rng: np.random.Generator, add_noise=None) -> np.ndarray:
+    """A client's input to a secure sum with its Gaussian noise share N(0, std^2) added (``std`` 0: the row).
+
+    ``add_noise(row, std, rng)`` draws it (a noise backend's ``add_gaussian``); default numpy normal draws.
+    """
+    if std > 0:
+        return add_noise(row, std, rng) if add_noise is not None else row + rng.normal(0.0, std, row.shape)
+    return row
 
 
 def _as_tuple(value: float | Sequence[float], name: str) -> tuple[float, ...]:
