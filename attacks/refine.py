@@ -16,6 +16,7 @@ from scipy.optimize import linear_sum_assignment
 from attacks.bank import augment_bank, image_features
 from attacks.decoders import class_subsets
 from attacks.determinism import deterministic
+from attacks.inversion_backends import total_variation
 from privfed.errors import ConfigError
 
 __all__ = ["REFINEMENTS", "refine_pixels", "refine_set", "select_refinement"]
@@ -25,12 +26,6 @@ def _torch():
     import torch
 
     return torch
-
-
-def _tv(x):
-    dh = (x[..., 1:, :] - x[..., :-1, :]).abs().flatten(1).mean(1)
-    dw = (x[..., :, 1:] - x[..., :, :-1]).abs().flatten(1).mean(1)
-    return dh + dw
 
 
 def refine_pixels(
@@ -83,7 +78,7 @@ def refine_set(
             f = backbone(x.reshape(r * n, 1, *shape)).reshape(r, n, -1).mean(1)
             obj = 1.0 - (f * t).sum(1) / (f.norm(dim=1).clamp_min(1e-12) * tn)
             if tv > 0:
-                obj = obj + tv * _tv(x.reshape(r * n, *shape)).reshape(r, n).mean(1)
+                obj = obj + tv * total_variation(x.reshape(r * n, *shape)).reshape(r, n).mean(1)
             if anchor > 0:
                 obj = obj + anchor * ((x - X0) ** 2).flatten(1).mean(1)
             obj.sum().backward()
