@@ -69,17 +69,31 @@ THREAT_MODEL = (
     "A broadcast that is malformed or contradicts a node's own round-1 input (wrong shapes, non-finite "
     "values, fractional or negative K_c, K_c below the node's own means of a class, N_c below its own count, a "
     "class with no mean but a count) is refused before the node computes anything; so is a round the method "
-    "does not run. Not prevented: a false but plausible broadcast sent to every node (masking has no "
-    "integrity, so no node can check round 1's sum); it changes the weights and centres of the round-2 sum, "
-    "which is still a sum over at least t nodes, never one node's term."
+    "does not run. A node told it sent every mean of a class it holds (K_c equal to its own means, which "
+    "gives the class weight 0 when that is one) requires N_c and N_c mu_c to be its own count and sum (the "
+    "pairs other nodes drop send nothing, so this holds exactly in an honest run, noisy counts included, up "
+    "to the secure sum's encoding): the same broadcast cannot zero a class held by two or more nodes to "
+    "isolate another class's scatter (the rank-one n_a n_b / N (mu_a - mu_b)(mu_a - mu_b)^T of a class "
+    "held by two, which gives both means), since one of its holders refuses. Where a public bound is "
+    "configured, K_c above it (the run's number of rows, in process) or N_c above it is refused. Refusal "
+    "texts name the rule broken, never a value of the node. Not prevented: a false but plausible broadcast "
+    "sent to every node (masking has no integrity, so no node can check round 1's sum). A false mu_c is a "
+    "shift the server can undo from N_c and S_c, so it learns nothing more; a false N_c or K_c reweights "
+    "the classes: w_c = (N_c - 1)/(K_c - 1) rises without limit with N_c (no public bound on counts unless "
+    "one is configured, e.g. under DP) and falls with K_c up to the public bound on means, so one class's "
+    "scatter can be weighted far above the others' and read approximately, to within the ratio of the "
+    "weights. Every class's term is still a sum over all its holders that upload, and the round-2 sum one "
+    "over at least t nodes, never one node's term."
 )
 #: The protocol's secure sums, in order.
 ROUNDS = ("fedcof-1", "fedcof-2")
 #: What the server broadcasts between the rounds.
 BROADCAST_FIELDS = ("N", "mu", "Kc")
-#: Relative slack of the node's check N_c >= its own count: the ring encoding rounds each summed value
-#: by at most 2^-(f+1) (whole counts are exact at any f), so K 2^-(f+1) stays far below it for K up to
-#: 10^5 nodes at f = 32; a lie that moves a weight (N_c below a node's own count) is far above it.
+#: Relative slack (of max(|own value|, 1)) of the node's checks N_c >= its own count and, when it is a
+#: class's only contributor, N_c == its count and N_c mu_c == its sum: the ring encoding rounds each summed
+#: value by at most 2^-(f+1) (whole counts are exact at any f), so K 2^-(f+1) stays far below it for K up
+#: to 10^5 nodes at f = 32, and CKKS releases on the 2^-20 grid (2^-21 < 1e-6); a lie that moves a weight
+#: (N_c below a node's own count, another node's count or sum in a sole holder's class) is far above it.
 COUNT_SLACK = 1e-6
 
 
@@ -107,9 +121,23 @@ class FedCOFNode:
         The matching class sums n_kc mu_kc.
     noise_aware : bool
         Send sum_k 1/n_kc too (``noise_var > 0``).
+    max_means : int, optional
+        A public bound on any K_c (the number of (pseudo-)client rows of the whole run); a broadcast above
+        it is refused.  None: unchecked.
+    max_count : float, optional
+        A public bound on any N_c (e.g. the number of nodes times ``max_records`` under DP, plus the
+        noise's reach); a broadcast above it is refused.  None: unchecked.
     """
 
-    def __init__(self, counts: np.ndarray, sums: np.ndarray, *, noise_aware: bool = False) -> None:
+    def __init__(
+        self,
+        counts: np.ndarray,
+        sums: np.ndarray,
+        *,
+        noise_aware: bool = False,
+        max_means: int | None = None,
+        max_count: float | None = None,
+    ) -> None:
         counts = np.asarray(counts, dtype=np.float64)
         sums = np.asarray(sums, dtype=np.float64)
         if counts.ndim != 2 or sums.ndim != 3 or sums.shape[:2] != counts.shape:
@@ -118,6 +146,12 @@ class FedCOFNode:
             )
         self.counts, self.sums = counts, sums
         self.noise_aware = bool(noise_aware)
+        for name, bound in (("max_means", max_means), ("max_count", max_count)):
+            if bound is not None and not (np.isfinite(bound) and bound >= 1):
+                raise InputError(
+                    f"a FedCOF node's {name} must be a finite number >= 1 or None, got {bound!r}"
+                )
+        self.max_means, self.max_count = max_means, max_count
         self.valid, self.dropped = valid_pairs(counts)  # the drop rule: pairs with n_kc <= 0 are not sent
         self.C, self.d = counts.shape[1], sums.shape[2]
 
@@ -171,34 +205,45 @@ class FedCOFNode:
                 raise BroadcastRefused(f"broadcast {k} holds NaN or inf values", deviation="non-finite")
             got[k] = a
         N, mu, Kc = got["N"], got["mu"], got["Kc"]
+
+        def refuse(rule: str):
+            raise BroadcastRefused(
+                f"the round-2 broadcast breaks a rule ({rule}): it is not round 1's sum, and the node aborts",
+                deviation="implausible-broadcast",
+            )
+
         if np.any(Kc < 0) or np.any(Kc != np.round(Kc)):
             raise BroadcastRefused(
                 "broadcast K_c must be whole numbers >= 0 (the number of means of each class)",
                 deviation="implausible-broadcast",
             )
+        # From here every check compares the broadcast with this node's own input: a refusal names the
+        # rule only (no class, count or mean), since its text goes back to the server.
         own_n = np.where(self.valid, self.counts, 0.0).sum(axis=0)
+        own_s = np.where(self.valid[..., None], self.sums, 0.0).sum(axis=0)
         own_k = self.valid.sum(axis=0)
-        few = np.flatnonzero(Kc < own_k)
-        if few.size:
-            c = int(few[0])
-            raise BroadcastRefused(
-                f"broadcast K_{c} = {Kc[c]:g}, but this node alone sent {own_k[c]} mean(s) of class {c}: "
-                "the broadcast is not round 1's sum",
-                deviation="implausible-broadcast",
-            )
-        low = np.flatnonzero(N < own_n - COUNT_SLACK * np.maximum(own_n, 1.0))
-        if low.size:
-            c = int(low[0])
-            raise BroadcastRefused(
-                f"broadcast N_{c} = {N[c]:g}, below this node's own count {own_n[c]:g} of class {c}: "
-                "the broadcast is not round 1's sum",
-                deviation="implausible-broadcast",
-            )
+        if np.any(Kc < own_k):
+            refuse("a K_c is below the number of means this node alone sent of that class")
+        if np.any(N < own_n - COUNT_SLACK * np.maximum(np.abs(own_n), 1.0)):
+            refuse("an N_c is below this node's own count of that class")
+        sole = (own_k > 0) & (Kc == own_k)
+        if sole.any():
+            n_off = np.abs(N - own_n) > COUNT_SLACK * np.maximum(np.abs(own_n), 1.0)
+            s_off = np.abs(N[:, None] * mu - own_s) > COUNT_SLACK * np.maximum(np.abs(own_s), 1.0)
+            if np.any(sole & (n_off | s_off.any(axis=1))):
+                refuse(
+                    "a K_c says this node sent every mean of a class it holds, but N_c and N_c mu_c are "
+                    "not its own count and sum of that class"
+                )
+        if self.max_means is not None and np.any(Kc > self.max_means):
+            refuse(f"a K_c is above {self.max_means:g}, the public bound on a class's means")
+        if self.max_count is not None and np.any(N > self.max_count):
+            refuse(f"an N_c is above {self.max_count:g}, the public bound on a class's count")
         empty = np.flatnonzero((Kc == 0) & ((N != 0) | np.any(mu != 0, axis=1)))
-        if empty.size:
+        if empty.size:  # the broadcast alone, nothing of this node's: the class may be named
             c = int(empty[0])
             raise BroadcastRefused(
-                f"broadcast class {c} has K_c = 0 (no mean) but N_c = {N[c]:g} or a non-zero mu_c",
+                f"broadcast class {c} has K_c = 0 (no mean) but a non-zero N_c or mu_c; the node aborts",
                 deviation="implausible-broadcast",
             )
         return N, mu, Kc
@@ -287,7 +332,12 @@ def run_in_process(method, stats, secure_sum: Callable[[np.ndarray], np.ndarray]
     ``secure_sum`` sums a (K, ...) stack (pairwise masking, CKKS or a plain sum); round 1's stack is
     (K, 2C + C d [+ C]), round 2's (K, d, d).  The note on dropped pairs counts what the nodes held back.
     """
-    nodes = [FedCOFNode(c, s, noise_aware=method.params["noise_var"] > 0) for c, s in node_rows(stats)]
+    rows = node_rows(stats)
+    # every node knows the run's number of (pseudo-)client rows: no class has more means than that
+    nodes = [
+        FedCOFNode(c, s, noise_aware=method.params["noise_var"] > 0, max_means=stats.num_clients)
+        for c, s in rows
+    ]
     server = FedCOFServer(method, stats.num_classes, stats.dim)
     broadcast = server.fold_round1(secure_sum(np.stack([n.round1() for n in nodes])))
     spread = secure_sum(np.stack([n.round2(broadcast) for n in nodes]))

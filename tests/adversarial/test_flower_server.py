@@ -57,18 +57,21 @@ def test_a_repeated_dp_session_is_refused_so_the_reported_epsilon_holds(digits_d
 
 
 def test_a_split_fedcof_broadcast_is_detected_on_flower(digits_dataset):
-    """Round 2 of FedCOF: the victim gets mu = 0 and the others K_c = 1 (the issue's attack, which released
-    the victim's sum_c w_c n_c mu_c mu_c^T).  The nodes' signed echoes disagree: every node aborts."""
+    """Round 2 of FedCOF: the victim gets mu_c = 0 and the others N_c + 1 for every class of two or more
+    nodes, lies each node's own checks pass (with K_c = 1 for the others, the issue's attack, which
+    released the victim's sum_c w_c n_c mu_c mu_c^T, the other nodes already refuse the broadcast).
+    The nodes' signed echoes disagree: every node aborts."""
     victim = 100
 
     def tamper(msg):
         if msg.metadata.message_type == "query.masked" and "broadcast" in msg.content:
             b = msg.content["broadcast"]
             arrays = {k: b[k].numpy() for k in b.keys()}
+            shared = arrays["Kc"] >= 2  # classes of two or more nodes: a sole holder checks its own
             if msg.metadata.dst_node_id == victim:
-                arrays["mu"] = np.zeros_like(arrays["mu"])
+                arrays["mu"] = np.where(shared[:, None], 0.0, arrays["mu"])
             else:
-                arrays["Kc"] = np.ones_like(arrays["Kc"])
+                arrays["N"] = np.where(shared, arrays["N"] + 1.0, arrays["N"])
             from privfed.flower.wire import arrays_record
 
             msg.content["broadcast"] = arrays_record(arrays)
