@@ -174,3 +174,24 @@ def test_contributions_made_under_one_key_are_not_decrypted_under_another():
     # the honest path under the first key still decrypts the exact sum
     total = run.holder.decrypt(run.decrypt_request(under_key_1))["total"]
     assert np.abs(total - X.sum(axis=0)).max() <= 2.0**-P.precision_bits
+
+
+def test_the_refusal_a_flower_node_sends_back_holds_no_measured_value(digits_dataset):
+    """End to end: the digits sums at frac-bits 53 overflow the ring; the error the server reads (each
+    node's reply) names the rule and the public K and frac-bits, no magnitude of the node's statistic."""
+    pytest.importorskip("flwr")
+    from privfed.errors import ConfigError  # noqa: PLC0415
+    from privfed.flower import FlowerConfig, serve  # noqa: PLC0415
+    from privfed.flower.local import LocalGrid  # noqa: PLC0415
+
+    nodes = {100 + i: {"partition-id": i, "num-partitions": 4} for i in range(4)}
+    with pytest.raises(
+        ConfigError, match="could overflow the 2\\^64 ring with 4 nodes at frac-bits=53"
+    ) as exc:
+        serve(
+            LocalGrid(nodes),
+            FlowerConfig(method="fedncm", clients=4, secure="mask", frac_bits=53, timeout=30),
+        )
+    text = str(exc.value)
+    assert "max" not in text and re.search(r"\d\.\d|\de[+-]?\d", text) is None  # no measured (real) number
+    assert _numbers(text) <= {"2", "64", "4", "53", "3"} | {str(u) for u in nodes}  # K, f, node ids, count
