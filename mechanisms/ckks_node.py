@@ -19,13 +19,14 @@ Checks, in order: the roster allows no colluders (CKKS has one key holder,
 named by the server); K is the roster's; the public context is signed by the
 named key holder's roster key for this session (a substituted key, or one
 from another session, is refused before anything is encrypted); K keeps the
-release grid above the decryption error; the context holds no secret key.  Then it binds its ledger to this key holder
-(one per run) and claims the aggregation id (one encrypted upload per id,
-ever), before its input is computed or checked, so a refusal of the input
-(non-finite, or beyond the CKKS bound) uses the id up as well; the refusal
-names the rule broken, never a value of the input.  Then it encrypts and
-signs (session, hash of the public context, hash of the ciphertexts, the
-digest of what it summed, its pinned uploader set).
+release grid above the decryption error; the context holds no secret key.
+Then it binds its ledger to this key holder (one per run) and claims the
+aggregation id (one encrypted upload per id, ever), before its input is
+computed or checked, so a refusal of the input (non-finite, or beyond the
+CKKS bound) uses the id up as well; the refusal names the rule broken, never
+a value of the input.  Then it encrypts and signs (session, hash of the
+public context, hash of the ciphertexts, the digest of what it summed, its
+pinned uploader set).
 
 Threat model: a server that deviates in any of these ways is refused with a
 :class:`~mechanisms.secagg_crypto.ProtocolAbort` naming this node, the stage
