@@ -3,7 +3,10 @@
 :class:`CKKSKeyHolder` answers two requests (dicts with a ``stage``):
 
 ``ckks_keys``     ``{"K": int, "session": bytes}``: check K against the
-                  roster, make fresh CKKS keys for this sum, keep the secret
+                  roster and that it never made keys for this session id
+                  (one key per session: a second would let contributions
+                  made under the first be decrypted under the second), make
+                  fresh CKKS keys for this sum, keep the secret
                   key in its state and reply ``{"public", "u", "sig"}``: the
                   public context signed with its roster identity over
                   (session, hash of the context).
@@ -11,8 +14,9 @@
                   "pins": [bytes], "size": int, "session": bytes}``: forget
                   the secret key whatever happens next (one aggregate per
                   key), check the session, that every contribution is signed
-                  by its roster node over this session and the key holder's own
-                  digest of what was summed, that at least t distinct roster
+                  by its roster node over this session, the hash of the key
+                  holder's own public context and its own digest of what was
+                  summed, that at least t distinct roster
                   nodes contributed, that a real-valued release grid lies
                   above the decryption error of that many (``"integral": True``
                   rounds to whole numbers), that every node's pinned uploader set is
@@ -34,6 +38,7 @@ every upload (nodes refuse CKKS when the roster allows colluders).
 
 from __future__ import annotations
 
+import hashlib
 import time
 
 from mechanisms.ckks import (
@@ -79,6 +84,9 @@ class CKKSKeyHolder:
         self.u = identity.index
         self.ledger = ledger
         self.st: dict = dict(state) if state else {}
+        self.key_sessions: set[bytes] = (
+            set()
+        )  # sessions this object made keys for (its ledger keeps them too)
         self.seconds: dict[str, float] = {}  # the last decryption's check / sum / decrypt times
 
     def state(self) -> dict:
@@ -110,10 +118,25 @@ class CKKSKeyHolder:
                 "wrong-parameters",
                 f"the server asks for K={K}, the roster has K={self.roster.size}",
             )
+        if session in self.key_sessions or (self.ledger is not None and self.ledger.has_key_session(session)):
+            raise self._abort(
+                "ckks_keys",
+                "second-session",
+                "it already made keys for this session id; a second key for one session would let "
+                "contributions made under one key be decrypted under another (use a fresh session id)",
+            )
+        if self.ledger is not None:
+            self.ledger.claim_key_session(session)
+        self.key_sessions.add(session)
         ctx = new_context(self.params)
         public = public_bytes(ctx)
         sig = self.identity.sign(context_bytes(self.roster, session, self.u, public))
-        self.st = {"secret": ctx.serialize(save_secret_key=True), "session": session, "digest": b""}
+        self.st = {
+            "secret": ctx.serialize(save_secret_key=True),
+            "session": session,
+            "digest": b"",
+            "public": hashlib.sha256(public).digest(),
+        }
         return {"public": public, "u": self.u, "sig": sig}
 
     # ------------------------------------------------------------------ decrypt
@@ -154,7 +177,7 @@ class CKKSKeyHolder:
                 f"asked to release a sum of {len(senders)} contributions on the 2^-{self.params.precision_bits} "
                 "grid, within their decryption error: the released bits would depend on the secret key",
             )
-        self._check(contributions, session, bytes(kept.get("digest", b"")))
+        self._check(contributions, session, bytes(kept.get("digest", b"")), bytes(kept.get("public", b"")))
         t1 = time.perf_counter()
         ts = tenseal_module()
         ctx = ts.context_from(bytes(kept["secret"]))
@@ -165,7 +188,11 @@ class CKKSKeyHolder:
         return {"total": total}
 
     def _check(
-        self, contributions: list[tuple[int, list[bytes], bytes, bytes]], session: bytes, digest: bytes
+        self,
+        contributions: list[tuple[int, list[bytes], bytes, bytes]],
+        session: bytes,
+        digest: bytes,
+        public: bytes,
     ):
         stage, roster = "ckks_decrypt", self.roster
         seen = [u for u, _, _, _ in contributions]
@@ -179,12 +206,15 @@ class CKKSKeyHolder:
                 f"t={roster.threshold}: it could be one node's input",
             )
         for u, cts, sig, pin in contributions:
-            if not roster.verify(u, sig, contribution_bytes(roster, session, u, cts, digest, pin)):
+            if not roster.verify(
+                u, sig, contribution_bytes(roster, session, u, cts, digest, pin, context=public)
+            ):
                 raise self._abort(
                     stage,
                     "bad-signature",
-                    f"the contribution said to be node {u}'s is not signed by it for this session and for what "
-                    "the key holder summed (a forged or relabelled contribution, or a split broadcast)",
+                    f"the contribution said to be node {u}'s is not signed by it for this session, this key "
+                    "holder's public context and what the key holder summed (a forged or relabelled "
+                    "contribution, one encrypted under another key, or a split broadcast)",
                 )
         members = pin_bytes(seen)
         other = sorted(u for u, _, _, pin in contributions if pin not in (pin_bytes(None), members))

@@ -19,11 +19,14 @@ Checks, in order: the roster allows no colluders (CKKS has one key holder,
 named by the server); K is the roster's; the public context is signed by the
 named key holder's roster key for this session (a substituted key, or one
 from another session, is refused before anything is encrypted); K keeps the
-release grid above the decryption error; the node's own input is finite and
-within the CKKS bound; the context holds no secret key.  Then it encrypts,
-signs (session, hash of the ciphertexts, the digest of what it summed, its
-pinned uploader set), binds its ledger to this key holder (one per run) and
-claims the aggregation id (one encrypted upload per id, ever).
+release grid above the decryption error; the context holds no secret key.
+Then it binds its ledger to this key holder (one per run) and claims the
+aggregation id (one encrypted upload per id, ever), before its input is
+computed or checked, so a refusal of the input (non-finite, or beyond the
+CKKS bound) uses the id up as well; the refusal names the rule broken, never
+a value of the input.  Then it encrypts and signs (session, hash of the
+public context, hash of the ciphertexts, the digest of what it summed, its
+pinned uploader set).
 
 Threat model: a server that deviates in any of these ways is refused with a
 :class:`~mechanisms.secagg_crypto.ProtocolAbort` naming this node, the stage
@@ -74,14 +77,29 @@ def context_bytes(roster: Roster, session: bytes, holder: int, public: bytes) ->
 
 
 def contribution_bytes(
-    roster: Roster, session: bytes, u: int, cts: list[bytes], digest: bytes, pin: bytes = b"P"
+    roster: Roster,
+    session: bytes,
+    u: int,
+    cts: list[bytes],
+    digest: bytes,
+    pin: bytes = b"P",
+    *,
+    context: bytes,
 ) -> bytes:
-    """What node ``u`` signs for its ciphertexts."""
+    """What node ``u`` signs for its ciphertexts; ``context`` is the sha256 of the public context it encrypted
+    under (the key holder checks it against its own, so ciphertexts made under another key are refused)."""
     h = hashlib.sha256()
     for c in cts:
         h.update(len(c).to_bytes(8, "little") + bytes(c))
     return signed_bytes(
-        "ckks-contribution", roster.fingerprint, bytes(session), int(u), h.digest(), bytes(digest), bytes(pin)
+        "ckks-contribution",
+        roster.fingerprint,
+        bytes(session),
+        int(u),
+        bytes(context),
+        h.digest(),
+        bytes(digest),
+        bytes(pin),
     )
 
 
@@ -165,26 +183,28 @@ class CKKSNode:
             )
         if self.release_grid:
             check_num_nodes(self.params, roster.size)
-        x = np.asarray(values() if callable(values) else values, dtype=np.float64).ravel()
-        if not np.all(np.isfinite(x)):
-            raise InputError("this node's statistic contains NaN/inf; secure aggregation needs finite values")
-        max_abs = float(np.abs(x).max()) if x.size else 0.0
-        if not roster.size * max_abs < 2.0**self.params.bound_bits:
-            raise InputError(
-                f"this node's statistic (max |x| = {max_abs:.4g}) could exceed the CKKS bound "
-                f"2^{self.params.bound_bits} summed over {roster.size} nodes; clip the features"
-            )
         key = hashlib.sha256(public).digest()
         if key not in self.contexts:
             self.contexts[key] = tenseal_module().context_from(public)
         ctx = self.contexts[key]
         if ctx.is_private():
             raise self._abort("substituted-key", "it was sent a context holding the secret key")
-        pin = pin_bytes(self.ledger.uploaders)
-        cts = ckks_encrypt(ctx, x, self.params.slots)
-        sig = self.identity.sign(contribution_bytes(roster, session, self.u, cts, digest, pin))
         # One key holder per run (it keeps one set); bound once its signed context checked out.
         self.ledger.bind_holder(holder, self.u, STAGE)
         if aggregation is not None:
+            # Claimed before the input is computed or checked: a refusal uses the id up too, so a server
+            # cannot ask again and again for one aggregation, learning one bit of the input each time.
             self.ledger.claim(aggregation, self.u)  # one encrypted upload per aggregation id
+        x = np.asarray(values() if callable(values) else values, dtype=np.float64).ravel()
+        # The refusals name the rule, never a value measured from this node's data.
+        if not np.all(np.isfinite(x)):
+            raise InputError("this node's statistic contains NaN/inf; secure aggregation needs finite values")
+        if not (roster.size * float(np.abs(x).max()) if x.size else 0.0) < 2.0**self.params.bound_bits:
+            raise InputError(
+                f"this node's statistic could exceed the CKKS bound 2^{self.params.bound_bits} summed over "
+                f"{roster.size} nodes; clip the features"
+            )
+        pin = pin_bytes(self.ledger.uploaders)
+        cts = ckks_encrypt(ctx, x, self.params.slots)
+        sig = self.identity.sign(contribution_bytes(roster, session, self.u, cts, digest, pin, context=key))
         return {"ct": cts, "u": self.u, "sig": sig, "pin": pin}

@@ -18,6 +18,8 @@ from mechanisms.secagg_crypto import ProtocolAbort
 
 __all__ = ["SessionLedger"]
 
+_KEYS = "keys:"  # prefix of a CKKS session id this node made keys for, in ``used``
+
 
 class SessionLedger:
     """The aggregation ids a node has uploaded a masked input for, and the uploaders its sums covered.
@@ -25,7 +27,8 @@ class SessionLedger:
     One upload per id, ever: a node's noise share and input go into one
     masked sum per aggregation; a server asking again (to subtract two sums,
     or replaying an old run) is refused.  ``used`` is the persisted list
-    (hex ids).
+    (hex ids; ``keys:`` then a hex session id for a CKKS session this node
+    made keys for, one key per session).
 
     One uploader set per node: the first uploader list the node signs
     (``uploaders``) is the only one it signs again.  A server that gets two
@@ -63,6 +66,14 @@ class SessionLedger:
         if self.also is not None:
             self.also(node)
         self.used.append(key)
+
+    def has_key_session(self, session: bytes) -> bool:
+        """Whether this node (as CKKS key holder) already made keys for ``session``."""
+        return _KEYS + bytes(session).hex() in self.used
+
+    def claim_key_session(self, session: bytes) -> None:
+        """Note that this node made CKKS keys for ``session`` (one key per session id, ever)."""
+        self.used.append(_KEYS + bytes(session).hex())
 
     def pin(self, uploaders: list[int], node: int, stage: str) -> None:
         """Accept ``uploaders`` as the set this node's sum covers: the first set, or the same set again."""

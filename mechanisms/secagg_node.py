@@ -15,7 +15,8 @@ and on every Flower node (:mod:`privfed.flower.secagg`), which keeps its
                  HKDF(X25519), the session id as associated data).
 ``masked``       check U2 and that exactly U2's share messages arrived, decrypt
                  them (a tampered one aborts here, naming its sender), claim
-                 the aggregation id (one masked upload per aggregation, ever),
+                 the aggregation id (one masked upload per aggregation, ever;
+                 before the input is computed, so a refused input uses it up),
                  and reply y_u = x_u + PRG(b_u) + sum_{v>u} PRG(s_uv) - sum_{v<u} PRG(s_uv).
 ``consistency``  (active version) check U3, that it is the uploader set of
                  any earlier sum this node signed (the ledger's pin: two sums
@@ -362,11 +363,13 @@ class MaskingNode:
             got_from.append(v)
             s_sh.append(plain[8:40])
             b_sh.append(plain[40:72])
+        # Claimed before the input is computed or checked: a refusal of the input (say it would overflow
+        # the ring) uses the id up too, so a server cannot ask again and again, learning a bit each time.
+        if aggregation is not None:
+            self.ledger.claim(aggregation, self.u)
         # Masked in place: ring_input() hands over a fresh encoded vector (a copy only if it is of another
         # dtype, layout or read-only), so no second vector is allocated per node.
         x = np.require(ring_input(), dtype=np.uint64, requirements=["C", "W"])
-        if aggregation is not None:
-            self.ledger.claim(aggregation, self.u)
         session = self.st["session"]
         mask_keys, signs = [hkdf(self.st["b"], INFO_SELF + session)], [True]
         s_sk = self._private("s_sk")

@@ -10,7 +10,7 @@ hardened against a server that deviates (every signature checked against
 the operator's roster, :mod:`mechanisms.secagg_identity`):
 
 ``query.ckks_keys``     the key holder (a node, never the server) makes fresh
-                        CKKS keys for this sum, keeps the secret key in its own
+                        CKKS keys for this sum (once per session id), keeps the secret key in its own
                         ``context.state`` and replies the public context,
                         signed with its roster identity over (session, hash of
                         the context);
@@ -21,7 +21,9 @@ the operator's roster, :mod:`mechanisms.secagg_identity`):
                         statistic once per aggregation id, for one key holder
                         per run, and replies the ciphertexts signed over
                         (session, their hash, the digest of what it summed, its
-                        pinned uploader set);
+                        pinned uploader set and the hash of the public
+                        context), having claimed the aggregation id before
+                        computing its input (a refusal uses the id up);
 ``query.ckks_decrypt``  the server forwards every signed contribution; the key
                         holder checks each signature, that they come from at
                         least t distinct roster nodes, that the set is the one
@@ -84,10 +86,19 @@ def _holder(params: CKKSParams, identity: Identity, roster: Roster, state, ledge
 
 
 def holder_keys_step(
-    content: RecordDict, state, identity: Identity, roster: Roster, params: CKKSParams | None = None
+    content: RecordDict,
+    state,
+    identity: Identity,
+    roster: Roster,
+    params: CKKSParams | None = None,
+    *,
+    ledger: SessionLedger | None = None,
 ) -> RecordDict:
-    """``query.ckks_keys``: fresh keys, the secret kept in ``state`` (a node's ``context.state``)."""
-    holder = CKKSKeyHolder(CKKSParams() if params is None else params, identity=identity, roster=roster)
+    """``query.ckks_keys``: fresh keys, the secret kept in ``state`` (a node's ``context.state``); ``ledger``
+    keeps the session ids it made keys for (one key per session id)."""
+    holder = CKKSKeyHolder(
+        CKKSParams() if params is None else params, identity=identity, roster=roster, ledger=ledger
+    )
     reply = holder.keys(_request("ckks_keys", content))
     state[SECRET_KEY] = ConfigRecord(holder.state())
     return RecordDict({"ckks": ConfigRecord(reply)})

@@ -47,7 +47,7 @@ from privfed.errors import PrivfedError
 from privfed.flower.ckks import holder_decrypt_step, holder_keys_step, node_encrypt_step
 from privfed.flower.config import FlowerConfig
 from privfed.flower.node import load_node_data, node_rng, node_statistics
-from privfed.flower.protocol import node_vector
+from privfed.flower.protocol import check_round, node_vector
 from privfed.flower.rounds import node_round_statistics
 from privfed.flower.secagg import (
     LEDGER_KEY,
@@ -294,6 +294,9 @@ def make_client_app(
                 if stage == "masked":
                     cfg = _config(msg)
                     _check_noise_share(cfg, roster, identity.index, stage)
+                    check_round(
+                        cfg.make_method(), _round(msg), _broadcast(msg), node=identity.index, stage=stage
+                    )
                     agg, digest = aggregation_digests(
                         dict(msg.content["config"]), _round(msg), _broadcast(msg), cfg.private
                     )
@@ -328,7 +331,11 @@ def make_client_app(
             return failed
         try:
             identity, roster = node_identity(context.node_config, context.node_id, provision)
-            reply = holder_keys_step(msg.content, context.state, identity, roster)
+            ledger = node_ledger(context)
+            try:
+                reply = holder_keys_step(msg.content, context.state, identity, roster, ledger=ledger)
+            finally:
+                context.state[LEDGER_KEY] = ConfigRecord(ledger.record())
         except PrivfedError as exc:
             return _error(msg, exc)
         except (KeyError, TypeError, OverflowError) as exc:
@@ -343,22 +350,26 @@ def make_client_app(
             cfg = _config(msg)
             identity, roster = node_identity(context.node_config, context.node_id, provision)
             _check_noise_share(cfg, roster, identity.index, "ckks_encrypt")
+            check_round(
+                cfg.make_method(), _round(msg), _broadcast(msg), node=identity.index, stage="ckks_encrypt"
+            )
             agg, digest = aggregation_digests(
                 dict(msg.content["config"]), _round(msg), _broadcast(msg), cfg.private
             )
-            x = _secure_vector(msg, cfg, context, identity.index, "ckks_encrypt")
             ledger = node_ledger(context, lifetime_id(dict(msg.content["config"]), _round(msg), cfg.private))
-            reply = node_encrypt_step(
-                msg.content,
-                context.state,
-                identity,
-                roster,
-                values=lambda: x,
-                ledger=ledger,
-                digest=digest,
-                aggregation=agg,
-            )
-            context.state[LEDGER_KEY] = ConfigRecord(ledger.record())
+            try:  # the vector is computed only once the request checked out and the id is claimed
+                reply = node_encrypt_step(
+                    msg.content,
+                    context.state,
+                    identity,
+                    roster,
+                    values=lambda: _secure_vector(msg, cfg, context, identity.index, "ckks_encrypt"),
+                    ledger=ledger,
+                    digest=digest,
+                    aggregation=agg,
+                )
+            finally:
+                context.state[LEDGER_KEY] = ConfigRecord(ledger.record())
         except PrivfedError as exc:
             return _error(msg, exc)
         except (KeyError, TypeError, OverflowError) as exc:

@@ -22,6 +22,7 @@ from privfed.methods.fedcof_protocol import BroadcastRefused, FedCOFNode
 from privfed.stats import STAT_FIELDS, ClientStats
 
 __all__ = [
+    "check_round",
     "node_vector",
     "secure_rounds",
     "split_sum_vector",
@@ -74,15 +75,10 @@ def secure_rounds(method) -> tuple[str, ...]:
     )
 
 
-def node_vector(
-    stats: ClientStats, method, round_name: str, broadcast: dict | None, *, node: int, stage: str
-) -> np.ndarray:
-    """This node's input to the secure sum ``round_name`` (flat), or a :class:`ProtocolAbort` naming it.
-
-    A node answers only the rounds its method runs (a server asking a FedCOF node for a plain
-    ``sums`` vector, or a sum-only method's node for a FedCOF round, is refused), a broadcast only in
-    FedCOF's round 2, and refuses a broadcast that fails :meth:`FedCOFNode.check_broadcast`.
-    """
+def check_round(method, round_name: str, broadcast: dict | None, *, node: int, stage: str) -> None:
+    """Refuse (:class:`ProtocolAbort`) a secure round ``method`` does not run, or a broadcast where the round
+    takes none (or none where it needs one): checks on the request alone, made before the node claims the
+    aggregation id and computes its input."""
 
     def abort(deviation: str, text: str) -> ProtocolAbort:
         return ProtocolAbort(
@@ -98,15 +94,35 @@ def node_vector(
     if round_name == "sums":
         if broadcast is not None:
             raise abort("unexpected-broadcast", "a plain secure sum takes no broadcast")
+    elif round_name == FEDCOF_ROUNDS[0]:
+        if broadcast is not None:
+            raise abort("unexpected-broadcast", "FedCOF's round 1 takes no broadcast")
+    elif broadcast is None:
+        raise abort("malformed", "FedCOF's round 2 needs the broadcast N_c, mu_c, K_c of round 1")
+
+
+def node_vector(
+    stats: ClientStats, method, round_name: str, broadcast: dict | None, *, node: int, stage: str
+) -> np.ndarray:
+    """This node's input to the secure sum ``round_name`` (flat), or a :class:`ProtocolAbort` naming it.
+
+    A node answers only the rounds its method runs (a server asking a FedCOF node for a plain
+    ``sums`` vector, or a sum-only method's node for a FedCOF round, is refused), a broadcast only in
+    FedCOF's round 2 (:func:`check_round`), and refuses a broadcast that fails
+    :meth:`FedCOFNode.check_broadcast`.
+    """
+    check_round(method, round_name, broadcast, node=node, stage=stage)
+    if round_name == "sums":
         return sum_vector(stats, method)
     fed = FedCOFNode.from_stats(stats, method)
     if round_name == FEDCOF_ROUNDS[0]:
-        if broadcast is not None:
-            raise abort("unexpected-broadcast", "FedCOF's round 1 takes no broadcast")
         return fed.round1()
-    if broadcast is None:
-        raise abort("malformed", "FedCOF's round 2 needs the broadcast N_c, mu_c, K_c of round 1")
     try:
         return fed.round2(broadcast).ravel()
     except BroadcastRefused as exc:
-        raise abort(exc.deviation, f"it refuses FedCOF's round-2 broadcast: {exc}") from None
+        raise ProtocolAbort(
+            f"node {node} aborts at stage {stage!r}: it refuses FedCOF's round-2 broadcast: {exc}",
+            node=node,
+            stage=stage,
+            deviation=exc.deviation,
+        ) from None

@@ -311,17 +311,20 @@ def encode_for_ring(x: np.ndarray, frac_bits: int, num_nodes: int) -> np.ndarray
 
     Every node checks its own |x| 2^f + 1/2 < 2^63 / K with K from its
     roster (not from the server), a public rule, so the sum of K inputs
-    cannot wrap around; nothing about x is revealed but the refusal itself.
+    cannot wrap around; nothing about x is revealed but the refusal itself
+    (its text holds no value measured from x, and the masked stage claims
+    the aggregation id before asking for the input, so it cannot be asked
+    twice).
     """
     f = fixed_point.check_frac_bits(frac_bits)
     x = np.asarray(x, dtype=np.float64).ravel()
     if not np.all(np.isfinite(x)):
         raise InputError("this node's statistic contains NaN/inf; secure aggregation needs finite values")
     max_abs = float(np.abs(x).max()) if x.size else 0.0
-    if not max_abs * 2.0**f + 0.5 < 2.0**63 / num_nodes:
+    if not max_abs * 2.0**f + 0.5 < 2.0**63 / num_nodes:  # the refusal names the rule, never max_abs
         raise InputError(
-            f"this node's statistic (max |x| = {max_abs:.4g}) could overflow the 2^64 ring with "
-            f"{num_nodes} nodes at frac-bits={f}; lower frac-bits or clip the features"
+            f"this node's statistic could overflow the 2^64 ring with {num_nodes} nodes at "
+            f"frac-bits={f}; lower frac-bits or clip the features"
         )
     return fixed_point.encode(x, f)
 
