@@ -43,7 +43,8 @@ def _victim_vector():
     nodes = [FedCOFNode(counts[k : k + 1], (counts[k, :, None] * means[k])[None]) for k in range(K)]
     server = FedCOFServer(FedCOF(), C, D)
     honest = server.fold_round1(np.sum([n.round1() for n in nodes], axis=0))
-    b = {"N": server.N.copy(), "mu": honest["mu"].copy(), "Kc": np.where(np.arange(C) == 2, server.Kc, 1.0)}
+    # counts and K_c as summed (a broadcast isolating a class is refused on its own: test_fedcof_isolation)
+    b = {"N": server.N.copy(), "mu": honest["mu"].copy(), "Kc": server.Kc.copy()}
     b["mu"][2, 0] += 5.0
     return nodes[0].round2(b).ravel(), counts[0], means[0]
 
