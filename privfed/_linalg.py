@@ -50,7 +50,8 @@ def row_squares(W: np.ndarray) -> np.ndarray:
 
 
 def _peak_scaled(W: np.ndarray, eps: float):
-    """(W's rows each divided by its largest |entry| then by its norm, peak, norm, kept): the safe path."""
+    """(W's rows each divided by its largest |entry| then by its norm, peak, norm, kept, every peak finite):
+    the safe path.  A row holding NaN or inf has a NaN or inf peak (max and min propagate both)."""
     if W.shape[1]:
         peak = np.maximum(W.max(axis=1), -W.min(axis=1))  # largest |entry| of each row, no |W| copy
     else:
@@ -62,10 +63,10 @@ def _peak_scaled(W: np.ndarray, eps: float):
     safe_norm = np.where(keep, norms, 1.0)
     out /= safe_norm[:, None]
     out[~keep] = 0.0
-    return out, safe_peak, safe_norm, keep
+    return out, safe_peak, safe_norm, keep, bool(np.isfinite(peak).all())
 
 
-def normalise_rows(W: np.ndarray, *others: np.ndarray, eps: float = 0.0):
+def normalise_rows(W: np.ndarray, *others: np.ndarray, eps: float = 0.0, certify: bool = False):
     """Divide each row of W (and the same entries of ``others``) by the row's L2 norm.
 
     Overflow- and underflow-safe: a row whose sum of squares overflows or
@@ -76,34 +77,41 @@ def normalise_rows(W: np.ndarray, *others: np.ndarray, eps: float = 0.0):
     a half, no (C, d) temporary).  Each row's result depends on that row alone.
     Rows that are zero (or whose largest entry is at most ``eps``) are left at
     zero.  Returns a new W (and the rescaled others).
+
+    With ``certify=True`` it returns ``(result, finite)``: ``finite`` is True
+    when the computation itself proves every entry of the new W finite, read
+    from the C per-row numbers it already has (no pass over W).  A row divided
+    by a finite norm (or peak) with squares in range has entries of magnitude
+    at most 1 (|w_ij| <= ||w_i||), and a finite sum of squares (or peak) means
+    the row held no NaN or inf.  ``False`` proves nothing: check the result.
     """
-    W = np.asarray(W, dtype=np.float64)
+    out, rest, finite = _normalise(np.asarray(W, dtype=np.float64), others, eps)
+    result = out if not others else (out, *rest)
+    return (result, finite) if certify else result
+
+
+def _normalise(W: np.ndarray, others, eps: float):
+    """normalise_rows' work: (new W, rescaled others, whether every entry of the new W is proved finite)."""
     if eps != 0.0 or not W.size:
-        out, peak, norm, keep = _peak_scaled(W, eps)
-        if not others:
-            return out
-        return (out, *(np.where(keep, (np.asarray(o, dtype=np.float64) / peak) / norm, 0.0) for o in others))
+        out, peak, norm, keep, finite = _peak_scaled(W, eps)
+        rest = [np.where(keep, (np.asarray(o, dtype=np.float64) / peak) / norm, 0.0) for o in others]
+        return out, rest, finite
     sq = row_squares(W)
-    fast = (sq > _SQUARES_SAFE) & (sq < np.inf)
+    fast = (sq > _SQUARES_SAFE) & (sq < np.inf)  # False for NaN: such a row takes the peak-scaled path
     norms = np.sqrt(sq)
     if fast.all():
-        out = W / norms[:, None]
-        if not others:
-            return out
-        return (out, *(np.asarray(o, dtype=np.float64) / norms for o in others))
+        return W / norms[:, None], [np.asarray(o, dtype=np.float64) / norms for o in others], True
     slow = np.flatnonzero(~fast)
     norms[slow] = 1.0
     out = W / norms[:, None]
-    sub, peak, norm, keep = _peak_scaled(W[slow], eps)
+    sub, peak, norm, keep, finite = _peak_scaled(W[slow], eps)
     out[slow] = sub
-    if not others:
-        return out
     rest = []
     for o in others:
         o = np.asarray(o, dtype=np.float64) / norms
         o[slow] = np.where(keep, (o[slow] / peak) / norm, 0.0)
         rest.append(o)
-    return (out, *rest)
+    return out, rest, finite
 
 
 def minus_between(gram: np.ndarray, sums: np.ndarray, counts: np.ndarray) -> np.ndarray:

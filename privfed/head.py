@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -42,6 +42,12 @@ class LinearHead:
     trace : ReleaseTrace or None
         What the release did, stage by stage, and what the server received
         (:class:`privfed.release.ReleaseTrace`); set by :func:`privfed.fit`.
+
+    Every head is checked finite when it is made.  A method's server whose
+    construction already proves every weight finite (e.g. rows divided by
+    their own norm, see :func:`privfed._linalg.normalise_rows`) passes
+    ``weight_proved_finite=True`` (init-only) to skip the one extra read of
+    the (C, d) weight; the bias is always checked.
     """
 
     weight: np.ndarray
@@ -55,15 +61,17 @@ class LinearHead:
     feature_transform: Callable[[np.ndarray], np.ndarray] | None = None
     extras: dict[str, Any] = field(default_factory=dict)
     trace: Any = field(default=None, repr=False)
+    weight_proved_finite: InitVar[bool] = False
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, weight_proved_finite: bool = False) -> None:
         self.weight = np.asarray(self.weight, dtype=np.float64)
         self.bias = np.asarray(self.bias, dtype=np.float64)
         if self.weight.ndim != 2 or self.bias.shape != (self.weight.shape[0],):
             raise ValueError(
                 f"weight must be (C, d) and bias (C,), got {self.weight.shape} and {self.bias.shape}"
             )
-        if not (np.all(np.isfinite(self.weight)) and np.all(np.isfinite(self.bias))):
+        finite_weight = weight_proved_finite is True or bool(np.isfinite(self.weight).all())
+        if not (finite_weight and np.isfinite(self.bias).all()):
             raise FloatingPointError(
                 f"method {self.method!r} produced a non-finite head; this is a bug, please report it with the inputs"
             )

@@ -185,7 +185,8 @@ class Method(abc.ABC):
                 f"compute them with compute_client_stats(fields={sorted(self.requires)})"
             )
 
-    def _head(self, weight, bias, notes=(), **extras) -> LinearHead:
+    def _head(self, weight, bias, notes=(), *, weight_proved_finite: bool = False, **extras) -> LinearHead:
+        """The head; ``weight_proved_finite`` when the server's construction proves every weight finite."""
         return LinearHead(
             weight=weight,
             bias=bias,
@@ -193,6 +194,7 @@ class Method(abc.ABC):
             params=dict(self.params),
             notes=list(notes),
             extras=extras,
+            weight_proved_finite=weight_proved_finite,
         )
 
     def __repr__(self) -> str:

@@ -31,7 +31,7 @@ import scipy.optimize
 from scipy.special import logsumexp
 
 from privfed._linalg import check_choice, check_real, row_squares
-from privfed.errors import ConfigError
+from privfed.errors import ConfigError, InputError
 from privfed.head import LinearHead
 from privfed.methods import register
 from privfed.methods.base import Method
@@ -104,7 +104,14 @@ def solve_map(a: np.ndarray, nu_n: float, solver: str = "exact") -> np.ndarray:
             options={"maxiter": 100000, "maxcor": 50, "gtol": 1e-13, "ftol": 1e-16},
         )
         return res.x.reshape(shape)
-    A = np.sum(a * a, axis=1) / 4.0  # as written: einsum sums in another order (the MAP moves by ~1e-13)
+    with np.errstate(over="ignore", invalid="ignore"):
+        A = np.sum(a * a, axis=1) / 4.0  # as written: einsum sums in another order (the MAP moves by ~1e-13)
+    if not np.isfinite(A).all():
+        raise InputError(
+            "FedLog's statistic [N_y, s_y / feature_scale] has squared norms beyond the float range "
+            f"(largest |entry| {float(np.max(np.abs(a))):.3g}); pass feature_scale='auto' (it rescales "
+            "the features to a median class-mean norm of 30) or a feature_scale near the features' norm"
+        )
     return map_multipliers(A, nu_n)[:, None] * a
 
 
@@ -276,17 +283,31 @@ class FedLog(Method):
         if self.params["solver"] == "exact" and not chi.any() and exact_sq:
             # chi = 0: eta_y = t_y a_y, so the weight is t_y s_y / scale^2, written in one pass over S
             t = map_multipliers(A, nu_n)
-            weight = np.multiply(S, (t if scale == 1.0 else t / scale / scale)[:, None])
+            factor = t if scale == 1.0 else t / scale / scale
+            weight = np.multiply(S, factor[:, None])
             bias, grad_norm = t * N, map_gradient_norm(t, A, nu_n)
+            # |w_yj| = |factor_y| |s_yj| <= |factor_y| ||s_y||, and every ||s_y||^2 is finite here (so is S):
+            # a bound far below the largest float proves the weight finite without reading it again
+            with np.errstate(over="ignore", invalid="ignore"):
+                proved = bool((np.abs(factor) * np.sqrt(sq) < 2.0**1000).all())
         else:  # a prior, the L-BFGS cross-check or squares out of float range: eta over the (C, m) statistic
             a = np.concatenate([N[:, None], S / scale], axis=1)
             a += chi
             eta = solve_map(a, nu_n, self.params["solver"])
             weight, bias = eta[:, 1:] / scale, eta[:, 0]
+            proved = False
             grad_norm = float(np.linalg.norm(fedlog_gradient(eta, a, nu_n)))
         if ill_posed:
             notes.append(ill_posed)
-        return self._head(weight, bias, notes, nu_plus_n=nu_n, feature_scale=scale, gradient_norm=grad_norm)
+        return self._head(
+            weight,
+            bias,
+            notes,
+            weight_proved_finite=proved,
+            nu_plus_n=nu_n,
+            feature_scale=scale,
+            gradient_norm=grad_norm,
+        )
 
     @classmethod
     def upload_floats(cls, *, M: int, K: int, d: int, C: int) -> int:

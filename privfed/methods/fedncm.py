@@ -46,9 +46,9 @@ class FedNCM(Method):
             notes.append(f"class(es) {missing.tolist()} have no data; their weight row is zero")
         # mu_c / ||mu_c|| = s_c / ||s_c|| for N_c > 0: the means are never formed (one pass over S
         # instead of three; within a few ulps of normalising S / N_c, see tests/methods/test_servers.py)
-        W = normalise_rows(S)
+        W, finite = normalise_rows(S, certify=True)
         W[missing] = 0.0
-        return self._head(W, np.zeros(W.shape[0]), notes)
+        return self._head(W, np.zeros(W.shape[0]), notes, weight_proved_finite=finite)
 
     @classmethod
     def upload_floats(cls, *, M: int, K: int, d: int, C: int) -> int:
