@@ -93,8 +93,10 @@ def _stage_bytes(ex: Exchange) -> dict[str, Any]:
 def serve(grid: Grid, cfg: FlowerConfig, *, keep_view: bool = False) -> FlowerResult:
     """Run one privfed aggregation over ``grid`` (see the module docstring)."""
     t0 = time.monotonic()
-    if tracemalloc.is_tracing():  # benchmarks: the peak of this run only
+    traced_at_start = None
+    if tracemalloc.is_tracing():  # benchmarks: the peak of this run only, and where it started from
         tracemalloc.reset_peak()
+        traced_at_start = tracemalloc.get_traced_memory()[0]
     method = cfg.make_method()
     privacy = cfg.make_privacy()
     noise_report = None
@@ -184,6 +186,7 @@ def serve(grid: Grid, cfg: FlowerConfig, *, keep_view: bool = False) -> FlowerRe
     )
     if tracemalloc.is_tracing():
         report["server_peak_traced_bytes"] = tracemalloc.get_traced_memory()[1]
+        report["server_traced_at_start_bytes"] = traced_at_start
     result = FlowerResult(head=head, report=_jsonable(report), received=received, sums=sums, heads=heads)
     if cfg.output:
         write_outputs(result, cfg.output)
