@@ -16,9 +16,10 @@ from collections.abc import Callable
 
 from mechanisms.secagg_crypto import ProtocolAbort
 
-__all__ = ["SessionLedger"]
+__all__ = ["KEY_SESSION_PREFIX", "SessionLedger"]
 
-_KEYS = "keys:"  # prefix of a CKKS session id this node made keys for, in ``used``
+#: Prefix of a CKKS session id this node made keys for, in ``used`` (and in a ledger file).
+KEY_SESSION_PREFIX = "keys:"
 
 
 class SessionLedger:
@@ -50,7 +51,9 @@ class SessionLedger:
         self.also = also  # a second claim (a ledger kept beyond this run), called after this one's check
         self.uploaders = None if uploaders is None else sorted(int(v) for v in uploaders)
         self.holder = None if holder is None else int(holder)  # the CKKS key holder this node encrypts for
-        self.keep = keep  # keeps a pin ("uploaders=0,1,2" or "holder=3") beyond this run
+        self.keep = (
+            keep  # keeps a pin ("uploaders=0,1,2", "holder=3") or a key session ("keys:...") beyond this run
+        )
 
     def claim(self, aggregation: bytes, node: int) -> None:
         key = bytes(aggregation).hex()
@@ -69,11 +72,16 @@ class SessionLedger:
 
     def has_key_session(self, session: bytes) -> bool:
         """Whether this node (as CKKS key holder) already made keys for ``session``."""
-        return _KEYS + bytes(session).hex() in self.used
+        return KEY_SESSION_PREFIX + bytes(session).hex() in self.used
 
     def claim_key_session(self, session: bytes) -> None:
-        """Note that this node made CKKS keys for ``session`` (one key per session id, ever)."""
-        self.used.append(_KEYS + bytes(session).hex())
+        """Note that this node made CKKS keys for ``session`` (one key per session id, ever): in this
+        ledger and, when it is kept beyond the run (``keep``), there too, so a server that starts another
+        run cannot have the holder make a second key for the session."""
+        line = KEY_SESSION_PREFIX + bytes(session).hex()
+        self.used.append(line)
+        if self.keep is not None:
+            self.keep(line)
 
     def pin(self, uploaders: list[int], node: int, stage: str) -> None:
         """Accept ``uploaders`` as the set this node's sum covers: the first set, or the same set again."""

@@ -47,7 +47,7 @@ from flwr.app import ConfigRecord, RecordDict
 from mechanisms import fixed_point
 from mechanisms.secagg_crypto import ProtocolAbort
 from mechanisms.secagg_identity import Identity, Roster, make_roster, min_threshold
-from mechanisms.secagg_ledger import SessionLedger
+from mechanisms.secagg_ledger import KEY_SESSION_PREFIX, SessionLedger
 from mechanisms.secagg_node import MaskingNode
 from mechanisms.secagg_server import MaskingServer
 from privfed.errors import ConfigError, InputError
@@ -257,6 +257,9 @@ def node_ledger(context, lifetime: bytes | None = None) -> SessionLedger:
 
     rec = context.state.get(LEDGER_KEY, {})
     used = list(rec["used"]) if "used" in rec else []
+    used += [
+        x for x in lines() if x.startswith(KEY_SESSION_PREFIX) and x not in used
+    ]  # CKKS keys made before
     pinned = list(rec["uploaders"]) if "uploaders" in rec else None
     holder = int(rec["holder"]) if "holder" in rec else None
     if pinned is None and (text := kept(_PIN)) is not None:

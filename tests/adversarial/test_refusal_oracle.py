@@ -196,3 +196,21 @@ def test_the_refusal_a_flower_node_sends_back_holds_no_measured_value(digits_dat
     text = str(exc.value)
     assert "max" not in text and re.search(r"\d\.\d|\de[+-]?\d", text) is None  # no measured (real) number
     assert _numbers(text) <= {"2", "64", "4", "53", "3"} | {str(u) for u in nodes}  # K, f, node ids, count
+
+
+def test_a_key_session_outlives_the_run_in_the_node_ledger_file(tmp_path):
+    """A server that starts a new run (a fresh context.state) to have the key holder make a second key for a
+    session: a node that keeps a ledger file refuses, because the session is written there too."""
+    from types import SimpleNamespace  # noqa: PLC0415
+
+    from privfed.flower.secagg import node_ledger  # noqa: PLC0415
+
+    path = tmp_path / "ledger.txt"
+    session = os.urandom(16)
+    first = node_ledger(SimpleNamespace(node_config={"secagg-ledger": str(path)}, state={}))
+    assert not first.has_key_session(session)
+    first.claim_key_session(session)
+    fresh = node_ledger(SimpleNamespace(node_config={"secagg-ledger": str(path)}, state={}))  # another run
+    assert fresh.has_key_session(session) and not fresh.has_key_session(os.urandom(16))
+    # without a file the ledger lives in the run only (documented): a fresh run starts empty
+    assert not node_ledger(SimpleNamespace(node_config={}, state={})).has_key_session(session)
