@@ -202,11 +202,14 @@ def _broadcast(msg: Message) -> dict | None:
     return None if b is None else {k: b[k].numpy() for k in b.keys()}
 
 
-def _secure_vector(msg: Message, cfg: FlowerConfig, context: Context, node: int, stage: str):
+def _secure_vector(msg: Message, cfg: FlowerConfig, context: Context, node: int, stage: str, num_nodes: int):
     """The vector this node contributes to the secure sum named in the message's ``round``
-    (:func:`privfed.flower.protocol.node_vector`: FedCOF's rounds are its node's)."""
+    (:func:`privfed.flower.protocol.node_vector`: FedCOF's rounds are its node's; ``num_nodes`` is the
+    roster's K, which bounds a broadcast's K_c)."""
     stats = _secure_stats(cfg, context, msg)
-    return node_vector(stats, cfg.make_method(), _round(msg), _broadcast(msg), node=node, stage=stage)
+    return node_vector(
+        stats, cfg.make_method(), _round(msg), _broadcast(msg), node=node, stage=stage, num_nodes=num_nodes
+    )
 
 
 _STATS = "privfed-stats"
@@ -304,7 +307,7 @@ def make_client_app(
                         aggregation=agg,
                         context_digest=digest,
                         ring_input=lambda: encode_for_ring(
-                            _secure_vector(msg, cfg, context, identity.index, stage),
+                            _secure_vector(msg, cfg, context, identity.index, stage, roster.size),
                             cfg.frac_bits,
                             roster.size,
                         ),
@@ -363,7 +366,9 @@ def make_client_app(
                     context.state,
                     identity,
                     roster,
-                    values=lambda: _secure_vector(msg, cfg, context, identity.index, "ckks_encrypt"),
+                    values=lambda: _secure_vector(
+                        msg, cfg, context, identity.index, "ckks_encrypt", roster.size
+                    ),
                     ledger=ledger,
                     digest=digest,
                     aggregation=agg,

@@ -102,19 +102,28 @@ def check_round(method, round_name: str, broadcast: dict | None, *, node: int, s
 
 
 def node_vector(
-    stats: ClientStats, method, round_name: str, broadcast: dict | None, *, node: int, stage: str
+    stats: ClientStats,
+    method,
+    round_name: str,
+    broadcast: dict | None,
+    *,
+    node: int,
+    stage: str,
+    num_nodes: int | None = None,
 ) -> np.ndarray:
     """This node's input to the secure sum ``round_name`` (flat), or a :class:`ProtocolAbort` naming it.
 
     A node answers only the rounds its method runs (a server asking a FedCOF node for a plain
     ``sums`` vector, or a sum-only method's node for a FedCOF round, is refused), a broadcast only in
     FedCOF's round 2 (:func:`check_round`), and refuses a broadcast that fails
-    :meth:`FedCOFNode.check_broadcast`.
+    :meth:`FedCOFNode.check_broadcast`.  ``num_nodes`` (the roster's K, which the server cannot change)
+    bounds every K_c of the broadcast by K times the method's means per node.
     """
     check_round(method, round_name, broadcast, node=node, stage=stage)
     if round_name == "sums":
         return sum_vector(stats, method)
-    fed = FedCOFNode.from_stats(stats, method)
+    per_node = int(method.params.get("means_per_client") or 1)
+    fed = FedCOFNode.from_stats(stats, method, max_means=None if num_nodes is None else num_nodes * per_node)
     if round_name == FEDCOF_ROUNDS[0]:
         return fed.round1()
     try:

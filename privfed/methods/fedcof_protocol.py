@@ -75,7 +75,8 @@ THREAT_MODEL = (
     "to the secure sum's encoding): the same broadcast cannot zero a class held by two or more nodes to "
     "isolate another class's scatter (the rank-one n_a n_b / N (mu_a - mu_b)(mu_a - mu_b)^T of a class "
     "held by two, which gives both means), since one of its holders refuses. Where a public bound is "
-    "configured, K_c above it (the run's number of rows, in process) or N_c above it is refused. Refusal "
+    "configured, K_c above it (the run's number of rows in process; on Flower the roster's K times the "
+    "means per node) or N_c above it is refused. Refusal "
     "texts name the rule broken, never a value of the node. Not prevented: a false but plausible broadcast "
     "sent to every node (masking has no integrity, so no node can check round 1's sum). A false mu_c is a "
     "shift the server can undo from N_c and S_c, so it learns nothing more; a false N_c or K_c reweights "
@@ -156,9 +157,9 @@ class FedCOFNode:
         self.C, self.d = counts.shape[1], sums.shape[2]
 
     @classmethod
-    def from_stats(cls, stats, method) -> FedCOFNode:
-        """The node holding ``stats`` (its ClientStats) for ``method`` (a FedCOF)."""
-        return cls(stats.counts, stats.sums, noise_aware=method.params["noise_var"] > 0)
+    def from_stats(cls, stats, method, *, max_means: int | None = None) -> FedCOFNode:
+        """The node holding ``stats`` (its ClientStats) for ``method`` (a FedCOF); ``max_means`` as above."""
+        return cls(stats.counts, stats.sums, noise_aware=method.params["noise_var"] > 0, max_means=max_means)
 
     # -- round 1 -------------------------------------------------------------------
     def round1(self) -> np.ndarray:

@@ -376,6 +376,8 @@ def _rewrite_broadcast(msg, change):
         (lambda a: a.update(N=np.ones_like(a["N"])), "below this node's own count"),
         (lambda a: a.update(mu=np.full_like(a["mu"], np.inf)), "NaN or inf"),
         (lambda a: a.pop("Kc"), "expected exactly"),
+        # inflated K_c (the reweighting lie) beyond K means of K roster nodes with one mean each
+        (lambda a: a.update(Kc=a["Kc"] + K), f"a K_c is above {K}, the public bound"),
     ],
 )
 def test_a_lying_fedcof_broadcast_sent_to_every_node_is_refused_before_it_uploads(
