@@ -185,6 +185,18 @@ class Method(abc.ABC):
                 f"compute them with compute_client_stats(fields={sorted(self.requires)})"
             )
 
+    def _refuse_non_finite_totals(self, counts: np.ndarray, sums: np.ndarray) -> None:
+        """Refuse class totals holding NaN or inf (statistics made by hand; uploads are checked as they are
+        folded), naming the statistic and the class, instead of a head with a silently zeroed row."""
+        for stat, arr in (("counts", counts), ("sums", sums)):
+            bad = ~np.isfinite(arr)
+            if bad.any():
+                cls = int(np.flatnonzero(bad.reshape(arr.shape[0], -1).any(axis=1))[0])
+                raise InputError(
+                    f"method {self.name!r}: the class {stat} hold NaN or inf (class {cls} first); NaN/inf is not a "
+                    "statistic (a corrupt or overflowed upload): recompute the statistics from finite features"
+                )
+
     def _head(self, weight, bias, notes=(), *, weight_proved_finite: bool = False, **extras) -> LinearHead:
         """The head; ``weight_proved_finite`` when the server's construction proves every weight finite."""
         return LinearHead(

@@ -248,6 +248,10 @@ class FedLog(Method):
     def aggregate(self, stats: ClientStats) -> LinearHead:
         self._check_stats(stats)
         N, S = stats.class_totals()
+        if not np.isfinite(
+            N
+        ).all():  # C numbers: checked always (the sums only where the server cannot vouch)
+            self._refuse_non_finite_totals(N, S)
         sq = row_squares(S)  # ||s_y||^2: the one read of S before the solve
         median = median_mean_norm(N, S, sq)
         scale = fedlog_scale_from(median, self.params["feature_scale"])
@@ -292,6 +296,8 @@ class FedLog(Method):
             with np.errstate(over="ignore", invalid="ignore"):
                 proved = bool((np.abs(factor) * np.sqrt(sq) < 2.0**1000).all())
         else:  # a prior, the L-BFGS cross-check or squares out of float range: eta over the (C, m) statistic
+            if not exact_sq:
+                self._refuse_non_finite_totals(N, S)
             a = np.concatenate([N[:, None], S / scale], axis=1)
             a += chi
             eta = solve_map(a, nu_n, self.params["solver"])

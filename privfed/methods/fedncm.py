@@ -37,6 +37,10 @@ class FedNCM(Method):
     def aggregate(self, stats: ClientStats) -> LinearHead:  # noqa: F821
         self._check_stats(stats)
         N, S = stats.class_totals()
+        if not np.isfinite(
+            N
+        ).all():  # C numbers: checked always (the sums only where the server cannot vouch)
+            self._refuse_non_finite_totals(N, S)
         counts, dropped = safe_counts(N)
         notes = []
         if dropped:
@@ -47,6 +51,8 @@ class FedNCM(Method):
         # mu_c / ||mu_c|| = s_c / ||s_c|| for N_c > 0: the means are never formed (one pass over S
         # instead of three; within a few ulps of normalising S / N_c, see tests/methods/test_servers.py)
         W, finite = normalise_rows(S, certify=True)
+        if not finite:  # a NaN or inf row would be zeroed by the normalisation: refuse it instead
+            self._refuse_non_finite_totals(N, S)
         W[missing] = 0.0
         return self._head(W, np.zeros(W.shape[0]), notes, weight_proved_finite=finite)
 

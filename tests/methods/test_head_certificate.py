@@ -110,3 +110,15 @@ def test_fedlog_names_the_fix_when_its_statistic_overflows():
         privfed.methods.get("fedlog").aggregate(stats)
     head = privfed.methods.get("fedlog", feature_scale="auto").aggregate(stats)
     assert np.isfinite(head.weight).all()
+
+
+@pytest.mark.parametrize("method", ["fedncm", "fedlog"])
+@pytest.mark.parametrize("stat", ["counts", "sums"])
+@pytest.mark.parametrize("value", [np.nan, np.inf])
+def test_hand_made_statistics_holding_nan_or_inf_are_refused_not_zeroed(method, stat, value):
+    """Uploads are checked as they are folded; a ClientStats made by hand reaches the server directly.  A
+    NaN row used to be normalised to a zero row without a word; now it is refused, naming the class."""
+    counts, sums = np.ones((2, 3)), np.ones((2, 3, 4))
+    (counts if stat == "counts" else sums)[0, 1, ...] = value
+    with pytest.raises(privfed.InputError, match=f"class {stat} hold NaN or inf \\(class 1 first\\)"):
+        privfed.methods.get(method).aggregate(ClientStats(counts=counts, sums=sums))
