@@ -271,6 +271,14 @@ class MaskingNode:
     # ------------------------------------------------------------------ stages
     def _keys(self, msg: dict, session: bytes) -> dict:
         K, t = as_int(msg["K"], "K"), as_int(msg["t"], "t")
+        degree = None if msg.get("degree") is None else as_int(msg["degree"], "degree")
+        if self.active and degree != self.roster.degree:  # first: another graph also means another t
+            raise self._abort(
+                "keys",
+                "wrong-graph",
+                f"the server runs degree {degree or 'complete'} but this node's roster graph is "
+                f"{self.roster.degree or 'complete'}; the graph is the operator's, never the server's",
+            )
         if K != self.K or t != self.t:
             raise self._abort(
                 "keys",
@@ -279,15 +287,6 @@ class MaskingNode:
                 f"t={self.t} (a lower threshold lets a server unmask one node)",
             )
         if self.active:
-            degree = msg.get("degree")
-            degree = None if degree is None else as_int(degree, "degree")
-            if degree != self.roster.degree:
-                raise self._abort(
-                    "keys",
-                    "wrong-graph",
-                    f"the server runs degree {degree or 'complete'} but this node's roster graph is "
-                    f"{self.roster.degree or 'complete'}; the graph is the operator's, never the server's",
-                )
             low = min_threshold(self.roster.group_size, self.roster.colluders)
             if t < low:  # the roster checks this too; refuse whatever the roster says
                 raise self._abort("keys", "low-threshold", f"threshold t={t} below {low}")
