@@ -32,11 +32,12 @@ An honest holder reveals one kind for v, chosen from its own view; the c_v
 colluders of G_v reveal both.  t of each needs b + c_v >= t and
 s + c_v >= t with b + s <= k + 1 - c_v honest holders, so
 k + 1 + c_v >= 2t: excluded.  (b) A node that answers the unmask stage is
-not also "dropped": each signer w counts is a member of G_w, so its group
-holds w too and its view, agreeing with w's, lists w as an uploader.  If
+not also "dropped": each signer u that w counts lies in G_w, so G_u holds
+w too, and u's view, agreeing with w's on w, lists w as an uploader.  If
 honest w reveals, at least t - c_w honest members of G_w signed such views,
 and none of them reveals a share of s_w (an honest node signs one view per
-session and reveals by it); at most k + 1 - t + c_w < t holders can.  So
+session and reveals by it); at most (k + 1 - c_w) - (t - c_w) honest
+holders and the c_w colluders can, k + 1 - t + c_w < t in all.  So
 the server never removes the pair masks of w while w's shares help unmask
 a neighbour, and it cannot strip the pair mask between an honest uploader
 v it unmasks and an honest neighbour w that answered except by summing w
