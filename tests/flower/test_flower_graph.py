@@ -56,7 +56,6 @@ def test_bytes_per_node_grow_with_the_degree_not_the_number_of_nodes(digits_data
         cfg = FlowerConfig(method="fedncm", clients=n, secure="mask", degree=k, timeout=60)
         res = serve(LocalGrid(_nodes(n), degree=k), cfg)
         got[n, k] = _masking_bytes(res, n)
-    print({f"K={n} k={k}": round(b) for (n, k), b in got.items()})
     assert abs(got[24, 4] - got[12, 4]) < 0.01 * got[12, 4]
     assert got[24, 8] > got[24, 4] and got[24, None] > got[24, 8]
     assert got[24, None] - got[12, None] > 100 * abs(got[24, 4] - got[12, 4]) + 1000
