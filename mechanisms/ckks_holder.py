@@ -198,12 +198,12 @@ class CKKSKeyHolder:
         seen = [u for u, _, _, _ in contributions]
         if len(set(seen)) != len(seen):
             raise self._abort(stage, "malformed-list", "a node's contribution appears twice")
-        if len(seen) < roster.threshold:
+        if len(seen) < roster.sum_threshold:  # a SecAgg+ roster's t is per group: a majority of K here
             raise self._abort(
                 stage,
                 "short-list",
                 f"asked to decrypt a sum of {len(seen)} contribution(s), below the threshold "
-                f"t={roster.threshold}: it could be one node's input",
+                f"t={roster.sum_threshold}: it could be one node's input",
             )
         for u, cts, sig, pin in contributions:
             if not roster.verify(

@@ -69,6 +69,7 @@ from mechanisms.secagg_crypto import (  # re-exported: the public names of this 
     prg_buffer,
     prg_uint64,
 )
+from mechanisms.secagg_graph import ring_neighbours
 from mechanisms.secagg_identity import make_roster
 from mechanisms.secagg_node import MaskingNode
 from mechanisms.secagg_noise import noise_share
@@ -108,14 +109,7 @@ def harary_graph(num_clients: int, k: int, rng: np.random.Generator) -> list[fro
         )
     if k >= K - 1:
         return [frozenset(set(range(K)) - {u}) for u in range(K)]
-    perm = rng.permutation(K)
-    pos = np.empty(K, dtype=np.int64)
-    pos[perm] = np.arange(K)
-    out = []
-    for u in range(K):
-        p = pos[u]
-        out.append(frozenset(int(perm[(p + j) % K]) for j in range(-(k // 2), k // 2 + 1) if j != 0))
-    return out
+    return ring_neighbours([int(v) for v in rng.permutation(K)], k)
 
 
 def harary_split_bound(num_clients: int, k: int, removed_fraction: float) -> float:
@@ -241,7 +235,8 @@ def masked_sum(
         What is being summed (error messages).
     active : bool
         Run the active-adversary version (signed keys from a roster made
-        here, the consistency round); complete graph only.
+        here, the consistency round); with ``neighbours`` the roster draws
+        the SecAgg+ graph.
 
     Returns
     -------
@@ -291,19 +286,19 @@ def masked_sum(
             )
     # Gaussian shares exceed 40 standard deviations with probability < 1e-340: a safe public bound.
     fixed_point.check_ring_bound(max_abs, K, f, noise_bound=K * 40.0 * noise_std * 2.0**f, name=name)
-    if active and neighbours is not None:
-        raise ConfigError(
-            "the active-adversary version runs on the complete graph: drop neighbours or active"
-        )
-
     keys = KeySource(key_seed)
-    # The SecAgg+ relabelling is key material: from the key source (OS entropy), never from ``rng``.
-    graph = (
-        harary_graph(K, neighbours, np.random.default_rng(int.from_bytes(keys(32), "little")))
-        if neighbours is not None
-        else [frozenset(set(range(K)) - {u}) for u in range(K)]
-    )
-    group_sizes = [len(g) + 1 for g in graph]
+    if active and neighbours is not None:
+        # The operator's roster draws the graph (make_roster below); here the degree is checked and sized.
+        harary_graph(K, neighbours, np.random.default_rng(0))
+        group_sizes = [min(K, int(neighbours) + 1)]
+    else:
+        # The SecAgg+ relabelling is key material: from the key source (OS entropy), never from ``rng``.
+        graph = (
+            harary_graph(K, neighbours, np.random.default_rng(int.from_bytes(keys(32), "little")))
+            if neighbours is not None
+            else [frozenset(set(range(K)) - {u}) for u in range(K)]
+        )
+        group_sizes = [len(g) + 1 for g in graph]
     low = default_threshold(min(group_sizes))
     t = low if threshold is None else int(threshold)
     if not low <= t <= min(group_sizes):
@@ -325,14 +320,17 @@ def masked_sum(
             else b"identities"
             + (key_seed if isinstance(key_seed, bytes) else int(key_seed).to_bytes(16, "little"))
         )
-        roster, ids = make_roster(K, t, seed=id_seed)
+        degree = None if neighbours is None or int(neighbours) >= K - 1 else int(neighbours)
+        roster, ids = make_roster(K, t, seed=id_seed, degree=degree)
+        graph = roster.graph
     server = MaskingServer(
         num_nodes=K,
         threshold=t,
         length=flat.shape[1],
         session=session,
         active=active,
-        graph=None if active else graph,
+        graph=graph,
+        degree=roster.degree if active else None,
         frac_bits=f,
         name=name,
     )
@@ -341,7 +339,7 @@ def masked_sum(
             u,
             num_nodes=K,
             threshold=t,
-            neighbours=None if active else graph[u],
+            neighbours=graph[u],
             keys=keys,
             identity=ids[u],
             roster=roster,

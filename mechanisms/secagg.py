@@ -88,7 +88,11 @@ THREAT_MODEL_MASK = (
 
 THREAT_MODEL_MASK_ACTIVE = (
     "Active-adversary version (Bonawitz et al. 2017), on the Flower app: every node holds an Ed25519 identity "
-    "from a roster the operator distributes, which also fixes K and t (t >= 2 and t > K/2). A server that "
+    "from a roster the operator distributes, which also fixes K and t (t >= 2 and t > K/2) and, with a degree k, "
+    "the SecAgg+ graph (Bell et al. 2020), drawn by the operator from OS entropy, never by the server: each "
+    "node then masks with and shares among its k neighbours, refuses any list naming a node outside its group "
+    "of k + 1, unmasks only after t signatures from its group on views that agree with its own, and t is a "
+    "threshold of every group (t >= 2, 2t > k + 1 + n_C). A server that "
     "follows the protocol learns only the sum over at least t uploaders and who dropped. A server that deviates "
     "is detected and the nodes abort before revealing any share, naming the stage: another K or t, keys that "
     "are not the roster's (substituted keys, Sybils), a survivor list shorter than t or without the node "
@@ -98,9 +102,11 @@ THREAT_MODEL_MASK_ACTIVE = (
     "its noise share is never reused or differenced), a sum over another uploader set than the node's earlier "
     "sums in the run (or in its ledger file), which would subtract to one node's input. Declaring a live node dropped, consistently, gives the "
     "server that node's pair-mask key but never its self-mask seed: the sum of the others, nothing of the "
-    "node. Collusion: t or more nodes with the server unmask anyone. Not prevented: a wrong sum (no "
-    "integrity), dropping honest nodes so the sum covers a chosen subset of at least t. Secure aggregation is "
-    "not differential privacy."
+    "node. Collusion: t or more nodes with the server unmask anyone (on the graph: t of one group unmask its "
+    "members). Not prevented: a wrong sum (no integrity), dropping honest nodes so the sum covers a chosen "
+    "subset of at least t (on the graph: the sum of each part the graph falls into once those nodes are "
+    "removed, each part holding at least t - n_C honest inputs; the roster's graph is public, so the server "
+    "may aim). Secure aggregation is not differential privacy."
 )
 
 THREAT_MODEL_CKKS_ACTIVE = (

@@ -13,9 +13,18 @@ n_C nodes may collude with the server (``colluders``; Bonawitz et al.,
 Sec. 6), so two different survivor lists can never both collect t
 signatures from honest nodes.
 
+SecAgg+ (Bell et al., CCS 2020): with ``degree=k`` the roster also carries
+the graph, a uniform ring order of the nodes drawn here from OS entropy
+(:mod:`mechanisms.secagg_graph`), so the server cannot choose it; each
+node masks with and shares among its k neighbours only, and t is then a
+threshold of every group of k + 1 (itself and its neighbours): at least 2,
+2t > k + 1 + n_C and t <= k + 1 (the argument is in
+:mod:`mechanisms.secagg_node`).  A roster without a degree is the complete
+graph (k + 1 = K), and its fingerprint is what it always was.
+
 Deployment: the operator runs once ::
 
-    python -m mechanisms.secagg_identity DIR --nodes K [--threshold T] [--colluders C]
+    python -m mechanisms.secagg_identity DIR --nodes K [--threshold T] [--colluders C] [--degree k]
 
 which writes ``DIR/roster.json`` (public: give it to every node) and
 ``DIR/node-<i>.json`` (node i's private key, mode 0600: give it to node i
@@ -34,12 +43,14 @@ import os
 import pathlib
 import sys
 from dataclasses import dataclass
+from functools import cached_property
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from mechanisms.secagg_crypto import KeySource
+from mechanisms.secagg_graph import check_degree, draw_ring, ring_neighbours
 from privfed.errors import ConfigError
 
 __all__ = ["Identity", "Roster", "make_roster", "min_threshold", "signed_bytes"]
@@ -48,7 +59,9 @@ SIGNATURE_BYTES = 64
 
 
 def min_threshold(num_nodes: int, colluders: int = 0) -> int:
-    """Smallest t with t >= 2 and t > n_C + (K - n_C)/2 (Bonawitz et al. 2017, Sec. 6)."""
+    """Smallest t with t >= 2 and t > n_C + (K - n_C)/2 (Bonawitz et al. 2017, Sec. 6).
+
+    On a SecAgg+ graph pass the group size k + 1 for ``num_nodes``: 2t > k + 1 + n_C."""
     K, c = int(num_nodes), int(colluders)
     return max(2, (K + c) // 2 + 1)
 
@@ -67,11 +80,18 @@ def signed_bytes(label: str, *parts: bytes | int | list[int]) -> bytes:
 
 @dataclass(frozen=True)
 class Roster:
-    """The operator's list of node identity public keys, with the protocol's K and t."""
+    """The operator's list of node identity public keys, with the protocol's K and t.
+
+    ``degree`` and ``ring`` (both or neither): the SecAgg+ graph, k-regular
+    Harary on the ring order ``ring`` (see :mod:`mechanisms.secagg_graph`);
+    without them the complete graph.
+    """
 
     public_keys: tuple[bytes, ...]
     threshold: int
     colluders: int = 0
+    degree: int | None = None
+    ring: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         K = len(self.public_keys)
@@ -81,12 +101,29 @@ class Roster:
             raise ConfigError("the roster's public keys must be distinct 32-byte Ed25519 keys")
         if isinstance(self.colluders, bool) or not 0 <= int(self.colluders) < K:
             raise ConfigError(f"roster colluders={self.colluders!r} must lie in 0..{K - 1}")
-        low = min_threshold(K, self.colluders)
-        if isinstance(self.threshold, bool) or not low <= int(self.threshold) <= K:
+        if (self.degree is None) != (self.ring is None):
             raise ConfigError(
-                f"roster threshold t={self.threshold!r} must lie in [{low}, {K}] for K={K} nodes and "
-                f"{self.colluders} colluder(s): t >= 2 and t > n_C + (K - n_C)/2, so that a server cannot "
-                "collect t signatures on two different survivor lists; raise the threshold"
+                "a roster's SecAgg+ graph needs both its degree and its ring order (make it with "
+                "make_roster(..., degree=k)); give both or neither (complete graph)"
+            )
+        if self.degree is not None:
+            check_degree(self.degree, K, "roster degree")
+            if sorted(self.ring) != list(range(K)) or any(isinstance(v, bool) for v in self.ring):
+                raise ConfigError(f"the roster's ring must order the nodes 0..{K - 1}, each once")
+        n = self.group_size
+        low = min_threshold(n, self.colluders)
+        if isinstance(self.threshold, bool) or not low <= int(self.threshold) <= n:
+            if self.degree is None:
+                raise ConfigError(
+                    f"roster threshold t={self.threshold!r} must lie in [{low}, {K}] for K={K} nodes and "
+                    f"{self.colluders} colluder(s): t >= 2 and t > n_C + (K - n_C)/2, so that a server "
+                    "cannot collect t signatures on two different survivor lists; raise the threshold"
+                )
+            raise ConfigError(
+                f"roster threshold t={self.threshold!r} must lie in [{low}, {n}] for degree k={self.degree} "
+                f"(groups of k + 1 = {n}) and {self.colluders} colluder(s): t >= 2 and 2t > k + 1 + n_C, so "
+                "that a server never collects t shares of both seeds of a node in its group, and t <= k + 1"
+                + ("; raise the degree" if low > n else "; choose t in that range")
             )
 
     @property
@@ -94,11 +131,37 @@ class Roster:
         return len(self.public_keys)
 
     @property
+    def group_size(self) -> int:
+        """Share holders of each node: itself and its neighbours (K on the complete graph, else k + 1)."""
+        return self.size if self.degree is None else min(self.size, int(self.degree) + 1)
+
+    @cached_property
+    def graph(self) -> list[frozenset[int]]:
+        """Every node's neighbours (all others on the complete graph)."""
+        if self.degree is None:
+            return [frozenset(range(self.size)) - {u} for u in range(self.size)]
+        return ring_neighbours(self.ring, self.degree)
+
+    @property
+    def sum_threshold(self) -> int:
+        """Fewest inputs a protocol that sums all nodes at once (CKKS) may release: a majority of K."""
+        return max(int(self.threshold), min_threshold(self.size, self.colluders))
+
+    @property
     def fingerprint(self) -> bytes:
-        """SHA-256 of the roster (keys, t, n_C): every signed message names the roster it belongs to."""
-        return hashlib.sha256(
-            signed_bytes("roster", self.threshold, self.colluders, *self.public_keys)
-        ).digest()
+        """SHA-256 of the roster (keys, t, n_C, the graph): every signed message names the roster it belongs to."""
+        if self.degree is None:  # the complete graph: the fingerprint of rosters made before graphs
+            parts = signed_bytes("roster", self.threshold, self.colluders, *self.public_keys)
+        else:
+            parts = signed_bytes(
+                "roster-graph",
+                self.threshold,
+                self.colluders,
+                int(self.degree),
+                list(self.ring),
+                *self.public_keys,
+            )
+        return hashlib.sha256(parts).digest()
 
     def verify(self, index: int, signature: bytes, message: bytes) -> bool:
         """Whether ``signature`` on ``message`` verifies under node ``index``'s roster key."""
@@ -111,24 +174,31 @@ class Roster:
         return True
 
     def to_json(self) -> str:
-        return json.dumps(
-            {
-                "version": 1,
-                "threshold": int(self.threshold),
-                "colluders": int(self.colluders),
-                "public_keys": [k.hex() for k in self.public_keys],
-            },
-            indent=1,
-        )
+        out = {
+            "version": 1 if self.degree is None else 2,
+            "threshold": int(self.threshold),
+            "colluders": int(self.colluders),
+            "public_keys": [k.hex() for k in self.public_keys],
+        }
+        if self.degree is not None:
+            out.update(degree=int(self.degree), ring=[int(v) for v in self.ring])
+        return json.dumps(out, indent=1)
 
     @classmethod
     def from_json(cls, text: str, source: str = "roster") -> Roster:
         try:
             raw = json.loads(text)
+            degree, ring = raw.get("degree"), raw.get("ring")
+            if (degree is not None and not isinstance(degree, int)) or not isinstance(
+                ring, (list, type(None))
+            ):
+                raise ValueError("degree must be an integer and ring a list of node indices")
             return cls(
                 public_keys=tuple(bytes.fromhex(k) for k in raw["public_keys"]),
                 threshold=int(raw["threshold"]),
                 colluders=int(raw.get("colluders", 0)),
+                degree=degree,
+                ring=None if ring is None else tuple(int(v) for v in ring),
             )
         except (KeyError, TypeError, ValueError) as exc:
             if isinstance(exc, ConfigError):
@@ -191,9 +261,19 @@ class Identity:
 
 
 def make_roster(
-    num_nodes: int, threshold: int | None = None, colluders: int = 0, seed: int | bytes | None = None
+    num_nodes: int,
+    threshold: int | None = None,
+    colluders: int = 0,
+    seed: int | bytes | None = None,
+    degree: int | None = None,
 ) -> tuple[Roster, list[Identity]]:
-    """Fresh identities for ``num_nodes`` nodes and their roster (OS entropy; ``seed`` for tests only)."""
+    """Fresh identities for ``num_nodes`` nodes and their roster (OS entropy; ``seed`` for tests only).
+
+    ``degree=k`` draws a SecAgg+ graph (a uniform ring order, from the same key source) into the roster;
+    the default threshold is then the smallest for groups of k + 1.
+    """
+    if degree is not None:
+        check_degree(degree, int(num_nodes))
     keys = KeySource(seed)
     ids = []
     for i in range(int(num_nodes)):
@@ -206,8 +286,10 @@ def make_roster(
                 ),
             )
         )
-    t = min_threshold(num_nodes, colluders) if threshold is None else int(threshold)
-    return Roster(tuple(i.public_key for i in ids), t, int(colluders)), ids
+    ring = None if degree is None else tuple(draw_ring(int(num_nodes), keys))
+    n = int(num_nodes) if degree is None else min(int(num_nodes), int(degree) + 1)
+    t = min_threshold(n, colluders) if threshold is None else int(threshold)
+    return Roster(tuple(i.public_key for i in ids), t, int(colluders), degree, ring), ids
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -219,9 +301,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--nodes", type=int, required=True)
     p.add_argument("--threshold", type=int, default=None)
     p.add_argument("--colluders", type=int, default=0)
+    p.add_argument(
+        "--degree",
+        type=int,
+        default=None,
+        help="SecAgg+ degree k (even): a random k-regular graph drawn into the roster; default complete",
+    )
     a = p.parse_args(argv)
     try:
-        roster, ids = make_roster(a.nodes, a.threshold, a.colluders)
+        roster, ids = make_roster(a.nodes, a.threshold, a.colluders, degree=a.degree)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -234,7 +322,8 @@ def main(argv: list[str] | None = None) -> int:
         with os.fdopen(fd, "w") as fh:
             fh.write(ident.to_json())
     print(
-        f"wrote {out / 'roster.json'} (K={roster.size}, t={roster.threshold}) and {len(ids)} identity files"
+        f"wrote {out / 'roster.json'} (K={roster.size}, t={roster.threshold}, "
+        f"graph={'complete' if roster.degree is None else f'{roster.degree}-regular'}) and {len(ids)} identity files"
     )
     return 0
 

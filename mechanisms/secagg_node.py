@@ -45,6 +45,13 @@ K or t, Sybil keys, inconsistent survivor lists or broadcasts, replayed or
 tampered messages, a second session) is detected and the node aborts before
 revealing any share, or the server learns nothing beyond a sum of at least
 t inputs; with up to n_C colluding nodes when t > n_C + (K - n_C)/2.
+
+Active version on a SecAgg+ graph (a roster with a degree k): every list
+the server sends must lie within the node's group in the roster's graph,
+the node signs its view of its group, and it unmasks only after t
+signatures from uploaders of its group on views that agree with its own on
+every node both groups hold; t >= 2, 2t > k + 1 + n_C and t <= k + 1.  The
+argument is in :mod:`mechanisms.secagg_graph`.
 """
 
 from __future__ import annotations
@@ -75,7 +82,7 @@ from mechanisms.secagg_crypto import (
 )
 from mechanisms.secagg_identity import Identity, Roster, min_threshold, signed_bytes
 from mechanisms.secagg_ledger import SessionLedger
-from mechanisms.secagg_messages import SESSION_BYTES, STAGES, parse_ids
+from mechanisms.secagg_messages import SESSION_BYTES, STAGES, parse_ids, unpack_view
 from privfed.errors import PrivfedError
 
 # STAGES and SessionLedger live in their own modules and are re-exported here (their old import path).
@@ -95,7 +102,8 @@ class MaskingNode:
     identity, roster : optional
         The active version: this node's signing key and the operator's roster.
     neighbours : frozenset, optional
-        SecAgg+ graph neighbours (honest-but-curious version only); default all.
+        SecAgg+ graph neighbours (honest-but-curious version); default all.  The
+        active version takes them from its roster (a different set is refused).
     keys : KeySource, optional
         Key material (OS entropy by default; a seeded source for tests only).
     ledger : SessionLedger, optional
@@ -126,8 +134,14 @@ class MaskingNode:
                 or roster.threshold != self.t
             ):
                 raise ProtocolAbort(f"node {self.u}: identity, roster, K and t disagree", node=self.u)
-            if neighbours is not None and len(neighbours) + 1 < self.K:
-                raise ProtocolAbort("the active version runs on the complete graph", node=self.u)
+            if neighbours is not None and frozenset(neighbours) != roster.graph[self.u]:
+                raise ProtocolAbort(
+                    f"node {self.u}: the active version takes its neighbours from the roster's graph; "
+                    "other neighbours were given",
+                    node=self.u,
+                )
+            neighbours = roster.graph[self.u]
+        self.sparse = self.active and roster.degree is not None
         self.nbrs = frozenset(range(self.K)) - {self.u} if neighbours is None else frozenset(neighbours)
         self.group = self.nbrs | {self.u}
         self.keys = keys if keys is not None else KeySource(None)
@@ -165,15 +179,40 @@ class MaskingNode:
     def _echo_bytes(self) -> bytes:
         return signed_bytes("echo", self.roster.fingerprint, self.st["session"], self.st["digest"])
 
-    def _view_digest(self) -> bytes:
+    def _view_digest(self, U2: list[int] | None = None, U3: list[int] | None = None) -> bytes:
+        """The bytes a consistency signature covers: a view (U2, U3) of the signer's group (this node's
+        own by default) and the digest of what it summed."""
         return signed_bytes(
             "consistency",
             self.roster.fingerprint,
             self.st["session"],
-            self.st["U2"],
-            self.st["U3"],
+            self.st["U2"] if U2 is None else U2,
+            self.st["U3"] if U3 is None else U3,
             self.st["digest"],
         )
+
+    def _agrees(self, v: int, U2: list[int], U3: list[int]) -> bool:
+        """Whether signer v's view of its group is well formed and says what this node's view says about
+        every node both groups hold (on the complete graph: the same lists)."""
+        mine = self.roster.graph[v] | {v}
+        both = mine & self.group
+        return (
+            set(U2) <= mine
+            and set(U3) <= set(U2)
+            and v in U3
+            and set(U2) & both == set(self.st["U2"]) & both
+            and set(U3) & both == set(self.st["U3"]) & both
+        )
+
+    def _outside(self, stage: str, ids: list[int], what: str) -> None:
+        """Active version: refuse a list naming nodes outside this node's group (the roster's graph)."""
+        if self.active and not set(ids) <= self.group:
+            raise self._abort(
+                stage,
+                "outside-group",
+                f"the {what} list names node(s) {sorted(set(ids) - self.group)[:5]} outside this node's "
+                "group in the roster's graph (the server routes by another graph)",
+            )
 
     # ------------------------------------------------------------------ dispatch
     def handle(
@@ -232,6 +271,14 @@ class MaskingNode:
     # ------------------------------------------------------------------ stages
     def _keys(self, msg: dict, session: bytes) -> dict:
         K, t = as_int(msg["K"], "K"), as_int(msg["t"], "t")
+        degree = None if msg.get("degree") is None else as_int(msg["degree"], "degree")
+        if self.active and degree != self.roster.degree:  # first: another graph also means another t
+            raise self._abort(
+                "keys",
+                "wrong-graph",
+                f"the server runs degree {degree or 'complete'} but this node's roster graph is "
+                f"{self.roster.degree or 'complete'}; the graph is the operator's, never the server's",
+            )
         if K != self.K or t != self.t:
             raise self._abort(
                 "keys",
@@ -239,9 +286,10 @@ class MaskingNode:
                 f"the server asks for K={K}, t={t} but this node is configured with K={self.K}, "
                 f"t={self.t} (a lower threshold lets a server unmask one node)",
             )
-        low = min_threshold(self.K, self.roster.colluders if self.active else 0)
-        if self.active and t < low:  # the roster checks this too; refuse whatever the roster says
-            raise self._abort("keys", "low-threshold", f"threshold t={t} below {low}")
+        if self.active:
+            low = min_threshold(self.roster.group_size, self.roster.colluders)
+            if t < low:  # the roster checks this too; refuse whatever the roster says
+                raise self._abort("keys", "low-threshold", f"threshold t={t} below {low}")
         if len(session) != SESSION_BYTES:
             raise self._abort(
                 "keys", "malformed", f"session id of {len(session)} bytes, expected {SESSION_BYTES}"
@@ -261,6 +309,8 @@ class MaskingNode:
             out["sig"] = self.identity.sign(
                 signed_bytes("keys", self.roster.fingerprint, session, self.u, c_pk, s_pk)
             )
+        if self.sparse:  # the server routes by these (the roster's; a node checks every list against them)
+            out["nbrs"] = sorted(self.nbrs)
         return out
 
     def _shares(self, msg: dict) -> dict:
@@ -272,6 +322,7 @@ class MaskingNode:
             raise self._abort("shares", "malformed", "key advertisements of unequal lengths")
         if any(not 0 <= v < self.K for v in U1):
             raise self._abort("shares", "unknown-node", f"advertisements from nodes outside 0..{self.K - 1}")
+        self._outside("shares", U1, "key-advertisement")
         if self.u not in U1:
             raise self._abort("shares", "short-list", "its own key advertisement is missing")
         i = U1.index(self.u)
@@ -329,6 +380,7 @@ class MaskingNode:
         unknown = (set(U2) & self.group) - set(self.st["U1"])
         if unknown or any(not 0 <= v < self.K for v in U2):
             raise self._abort("masked", "unknown-node", f"survivors {sorted(unknown)} never advertised keys")
+        self._outside("masked", U2, "survivor")
         if self.u not in U2:
             raise self._abort("masked", "short-list", "the survivor list does not contain this node")
         if len(set(U2) & self.group) < self.t:
@@ -437,8 +489,17 @@ class MaskingNode:
             sigs = [as_bytes(s, "a signature") for s in msg["sigs"]]
             if len(sigs) != len(signers) or not set(signers) <= set(U3):
                 raise self._abort("unmask", "malformed", "consistency signatures from nodes outside U3")
-            view = self._view_digest()
-            bad = [v for v, s in zip(signers, sigs) if not self.roster.verify(v, s, view)]
+            # Each signer's view of its own group (sent on a SecAgg+ graph; on the complete graph this node's).
+            own = (self.st["U2"], self.st["U3"])
+            raw = msg.get("views")
+            views = [own] * len(signers) if raw is None else [unpack_view(as_bytes(b, "a view")) for b in raw]
+            if len(views) != len(signers):
+                raise self._abort("unmask", "malformed", "consistency views and signers of unequal lengths")
+            bad = [
+                v
+                for v, s, view in zip(signers, sigs, views)
+                if not (self._agrees(v, *view) and self.roster.verify(v, s, self._view_digest(*view)))
+            ]
             if bad:
                 raise self._abort(
                     "unmask",

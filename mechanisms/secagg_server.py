@@ -11,6 +11,13 @@ loop over :class:`~mechanisms.secagg_node.MaskingNode` objects);
 
 The server keeps a :class:`ServerView` of everything it received, which the
 tests (and the adversarial suite) inspect.
+
+On a SecAgg+ graph the server routes every list by the graph: each node
+hears only about its group (itself and its neighbours), so its messages
+are O(k).  In the active version the graph is the roster's: the server is
+given it (in process) or takes it from the nodes' key advertisements, each
+of which names the node's neighbours from its roster (``degree``, checked
+symmetric); the nodes check every list against their own roster anyway.
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ from mechanisms.secagg_crypto import (
     public_key,
 )
 from mechanisms.secagg_identity import SIGNATURE_BYTES
+from mechanisms.secagg_messages import pack_view
 
 __all__ = ["MaskingServer", "ServerView", "reply_bytes", "request_bytes", "run_in_process"]
 
@@ -69,7 +77,11 @@ class ServerView:
 def reply_bytes(stage: str, reply: dict) -> int:
     """Bytes of one node's reply on the wire (ids 4 bytes, keys 32, signatures 64, ring values 8)."""
     if stage == "keys":
-        return 2 * PUBLIC_KEY_BYTES + (SIGNATURE_BYTES if "sig" in reply else 0)
+        return (
+            2 * PUBLIC_KEY_BYTES
+            + (SIGNATURE_BYTES if "sig" in reply else 0)
+            + ID_BYTES * len(reply.get("nbrs", ()))
+        )
     if stage == "shares":
         return sum(ID_BYTES + len(c) for c in reply["ct"])
     if stage == "masked":
@@ -93,6 +105,7 @@ def request_bytes(stage: str, msg: dict, u: int) -> int:
             ID_BYTES * len(msg["uploaded"])
             + (ID_BYTES + SIGNATURE_BYTES) * len(msg.get("signers", []))
             + SIGNATURE_BYTES * len(msg.get("echoes", []))
+            + sum(len(v) for v in msg.get("views", []))
         )
     return 0
 
@@ -111,7 +124,11 @@ class MaskingServer:
     active : bool
         Run the consistency round (active-adversary version).
     graph : list of frozenset, optional
-        SecAgg+ neighbour sets (honest-but-curious version); default complete.
+        SecAgg+ neighbour sets; default complete (or, with ``degree`` in the
+        active version, the sets the nodes name from their roster).
+    degree : int, optional
+        Active version on a SecAgg+ graph: the roster's degree k, sent with
+        the keys request (a node whose roster says otherwise refuses).
     frac_bits : int
         Recorded in the view.
     name : str
@@ -133,6 +150,7 @@ class MaskingServer:
         session: bytes,
         active: bool,
         graph: list[frozenset[int]] | None = None,
+        degree: int | None = None,
         frac_bits: int = 0,
         name: str = "statistic",
         keep_view: bool = True,
@@ -145,6 +163,8 @@ class MaskingServer:
             bytes(session),
         )
         self.active, self.name = bool(active), name
+        self.degree = None if degree is None else int(degree)
+        self.learn_graph = graph is None and self.degree is not None
         self.graph = graph if graph is not None else [frozenset(range(self.K)) - {u} for u in range(self.K)]
         self.stages = ["keys", "shares", "masked"] + (["consistency"] if active else []) + ["unmask"]
         self.stage = "keys"
@@ -169,7 +189,8 @@ class MaskingServer:
         s = self.stage
         base = {"stage": s, "session": self.session}
         if s == "keys":
-            return {u: {**base, "K": self.K, "t": self.t} for u in self.alive}
+            deg = {} if self.degree is None else {"degree": self.degree}
+            return {u: {**base, "K": self.K, "t": self.t, **deg} for u in self.alive}
         out = {}
         # Each node hears only about its own group (itself and its neighbours; everyone on the complete
         # graph): what it checks and answers depends on nothing else, and its messages stay O(k) on a
@@ -195,8 +216,11 @@ class MaskingServer:
             else:
                 msg = {**base, "uploaded": mine(u, U3)}
                 if self.active:
-                    msg["signers"], msg["sigs"] = list(self.signers), list(self.signers.values())
-                    msg["echoes"] = [self.echoes[v] for v in self.U3]
+                    signers = mine(u, set(self.signers))
+                    msg["signers"], msg["sigs"] = signers, [self.signers[v] for v in signers]
+                    msg["echoes"] = [self.echoes[v] for v in msg["uploaded"]]
+                    if self.degree is not None:  # each signer's view of its own group, as it signed it
+                        msg["views"] = [pack_view(mine(v, U2), mine(v, U3)) for v in signers]
             out[u] = msg
         for u, msg in out.items():
             self.bytes_down[u] += request_bytes(s, msg, u)
@@ -239,6 +263,8 @@ class MaskingServer:
         if s == "keys":
             self.adverts = dict(got)
             self.U1 = sorted(got)
+            if self.learn_graph:
+                self._graph_from(got)
             for u, a in got.items():
                 self.view.public_keys[u] = (bytes(a["c_pk"]), bytes(a["s_pk"]))
             self.inbox = {u: {} for u in self.U1}
@@ -266,6 +292,21 @@ class MaskingServer:
         i = self.stages.index(s)
         self.stage = self.stages[i + 1] if i + 1 < len(self.stages) else "done"
         self.done = self.stage == "done"
+
+    def _graph_from(self, got: dict[int, dict]) -> None:
+        """The roster graph as the advertising nodes name it: k neighbours each, symmetric."""
+        nbrs = {u: frozenset(int(v) for v in rep.get("nbrs", ())) for u, rep in got.items()}
+        for u, mine in nbrs.items():
+            odd = [v for v in mine if v in nbrs and u not in nbrs[v]]
+            if len(mine) != min(self.degree, self.K - 1) or odd or not all(0 <= v < self.K for v in mine):
+                raise ProtocolAbort(
+                    f"{self.name}: node {u} names neighbours {sorted(mine)[:8]} that do not form the "
+                    f"{self.degree}-regular graph of one roster (asymmetric with {odd[:3]} or the wrong "
+                    "count): the nodes hold different rosters",
+                    stage="keys",
+                    deviation="wrong-graph",
+                )
+        self.graph = [nbrs.get(u, frozenset()) for u in range(self.K)]
 
     # ------------------------------------------------------------------ unmasking
     def _unmask(self, got: dict[int, dict]) -> None:

@@ -336,6 +336,13 @@ def flower_parser() -> argparse.ArgumentParser:
     a("--secure", dest="secure", choices=choices, help=argparse.SUPPRESS)
     a("--threshold", type=int, default=None, help="Shamir threshold (default: a majority)")
     a(
+        "--degree",
+        type=int,
+        default=None,
+        help="--secure-agg mask: the SecAgg+ degree k (even) of the graph in the nodes' roster (default: "
+        "the complete graph)",
+    )
+    a(
         "--dropout-tolerance",
         type=int,
         default=0,

@@ -132,6 +132,7 @@ def _body(argv: Sequence[str] | None) -> int:
         dropout_tolerance=args.dropout_tolerance,
         secure=args.secure,
         threshold=args.threshold,
+        degree=args.degree,
         frac_bits=args.frac_bits,
         rounds=args.rounds,
         rounds_params=rounds_params,

@@ -131,6 +131,19 @@ def _check_noise_share(cfg: FlowerConfig, roster, node: int, stage: str) -> None
         )
 
 
+def _check_graph(cfg: FlowerConfig, roster, node: int, stage: str) -> None:
+    """Refuse a run config whose SecAgg+ degree is not the roster's: the graph is the operator's."""
+    if cfg.degree != roster.degree:
+        raise ProtocolAbort(
+            f"node {node} aborts at stage {stage!r}: the run config says degree={cfg.degree} but its roster's "
+            f"graph is {'complete' if roster.degree is None else f'{roster.degree}-regular'}; the operator "
+            "draws the graph with the roster, so run with the roster's degree",
+            node=node,
+            stage=stage,
+            deviation="wrong-graph",
+        )
+
+
 def _malformed(msg: Message, context: Context, stage: str, exc: Exception) -> Message:
     """A clean refusal of a request whose fields have the wrong type or are missing (never a traceback)."""
     return _error(
@@ -297,6 +310,7 @@ def make_client_app(
                 if stage == "masked":
                     cfg = _config(msg)
                     _check_noise_share(cfg, roster, identity.index, stage)
+                    _check_graph(cfg, roster, identity.index, stage)
                     check_round(
                         cfg.make_method(), _round(msg), _broadcast(msg), node=identity.index, stage=stage
                     )

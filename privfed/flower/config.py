@@ -27,7 +27,12 @@ Keys (run config / command line):
                             comparison only: a deviating server recovers any node's
                             input; needs clip and max-records)
 ``threshold``               Shamir threshold t (default and minimum: a majority,
-                            t >= 2 and t > K/2; the nodes' roster must say the same)
+                            t >= 2 and t > K/2; with ``degree`` k a majority of each
+                            group of k + 1; the nodes' roster must say the same)
+``degree``                  ``secure=mask``: the SecAgg+ degree k (even, 2 <= k < K) of
+                            the graph the operator drew into the nodes' roster; each
+                            node masks with and shares among k neighbours (bytes per
+                            node grow with k, not K); default: the complete graph
 ``frac-bits``               fixed-point fractional bits of masked statistics
 ``wire``                    plain uploads: ``float64`` (default: dense, exact) or
                             ``compact`` (float32, and without DP only the held
@@ -82,6 +87,7 @@ class FlowerConfig:
     dropout_tolerance: int = 0
     secure: str = "none"
     threshold: int | None = None
+    degree: int | None = None
     frac_bits: int = 32
     wire: str = "float64"
     rounds: int = 1
@@ -120,14 +126,34 @@ class FlowerConfig:
             raise ConfigError(f"secure must be one of {list(SECURE_PROTOCOLS)}, got {self.secure!r}")
         if self.secure != "none" and self.clients < 2:
             raise ConfigError("secure aggregation needs clients >= 2 (a sum of one input is that input)")
+        if self.degree is not None:
+            if self.secure != "mask":
+                raise ConfigError(
+                    f"degree={self.degree!r} is the SecAgg+ graph of pairwise masking: use it with "
+                    "--secure mask, or drop it"
+                )
+            from mechanisms.secagg_graph import check_degree
+
+            check_degree(self.degree, self.clients)
         if self.threshold is not None:
             _positive_int(self.threshold, "threshold", "e.g. a majority of the clients")
             if self.threshold > self.clients:
                 raise ConfigError(f"threshold={self.threshold} exceeds clients={self.clients}")
             from mechanisms.secagg_identity import min_threshold
 
+            if self.degree is not None and self.threshold > self.degree + 1:
+                raise ConfigError(
+                    f"threshold={self.threshold} exceeds the group size degree + 1 = {self.degree + 1}: "
+                    "a node's seeds are shared among itself and its neighbours only; lower threshold"
+                )
+            if self.degree is not None and self.threshold < min_threshold(self.degree + 1):
+                raise ConfigError(
+                    f"threshold={self.threshold} is too low for degree={self.degree}: secure aggregation "
+                    f"against a deviating server needs t >= 2 and 2t > k + 1 (here t >= "
+                    f"{min_threshold(self.degree + 1)}); raise threshold"
+                )
             low = min_threshold(self.clients)
-            if self.secure == "mask" and self.threshold < low:
+            if self.secure == "mask" and self.degree is None and self.threshold < low:
                 raise ConfigError(
                     f"threshold={self.threshold} is too low for clients={self.clients}: secure aggregation against a "
                     f"deviating server needs t >= 2 and t > K/2 (here t >= {low}), or a server that shows two "
@@ -219,6 +245,15 @@ class FlowerConfig:
         return math.isfinite(float(self.epsilon))
 
     @property
+    def secagg_threshold(self) -> int:
+        """The masking threshold t: the configured one, or the smallest for K nodes (or groups of k + 1)."""
+        from mechanisms.secagg_identity import min_threshold
+
+        if self.threshold is not None:
+            return int(self.threshold)
+        return min_threshold(self.clients if self.degree is None else self.degree + 1)
+
+    @property
     def min_replies(self) -> int:
         return self.clients if self.min_clients is None else int(self.min_clients)
 
@@ -287,6 +322,7 @@ def _coerce(name: str, value: Any) -> Any:
         "max_records",
         "dropout_tolerance",
         "threshold",
+        "degree",
         "rounds",
         "frac_bits",
         "num_classes",

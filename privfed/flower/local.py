@@ -36,9 +36,11 @@ class LocalGrid:
         or ``features=PATH``).
     app : ClientApp, optional
         Defaults to :func:`privfed.flower.client_app.make_client_app` ().
+    degree : int, optional
+        The SecAgg+ degree of the simulated roster's graph (``secure=mask`` with ``degree``).
     """
 
-    def __init__(self, node_configs: dict[int, dict], app=None) -> None:
+    def __init__(self, node_configs: dict[int, dict], app=None, degree: int | None = None) -> None:
         from flwr.supercore.task_identity import TaskIdentity
 
         if TaskIdentity._run_id is None:  # what a ServerApp process has set before it creates messages
@@ -46,7 +48,7 @@ class LocalGrid:
         self.app = app or make_client_app()
         # Secure aggregation needs each node's identity and the roster: an in-process simulation makes them
         # (t the majority threshold) unless the node configs bring their own.
-        node_configs = simulated_identities(node_configs)
+        node_configs = simulated_identities(node_configs, degree=degree)
         self.contexts = {
             n: Context(run_id=1, node_id=n, node_config=c, state=RecordDict(), run_config={})
             for n, c in node_configs.items()

@@ -8,7 +8,11 @@ vector) and back.  The protocol, its checks and its threat model are the
 state machines' (active-adversary version of Bonawitz et al. 2017: every
 key advertisement signed with the node's roster identity, a consistency
 round before any share leaves a node, K and t from the node's roster, one
-masked upload per aggregation id).
+masked upload per aggregation id), on the complete graph or on the SecAgg+
+graph the operator drew into the roster (``degree``: each node masks with and
+shares among its k neighbours, names them in its key advertisement so the
+server can route, and refuses any list outside its group; messages are O(k)
+per node).
 
 Message types (one per stage): ``query.keys``, ``query.shares``,
 ``query.masked``, ``query.consistency``, ``query.unmask``.  The masked
@@ -108,9 +112,13 @@ class SimulatedRoster:
     """
 
     def __init__(
-        self, num_nodes: int, threshold: int | None = None, node_ids: list[int] | None = None
+        self,
+        num_nodes: int,
+        threshold: int | None = None,
+        node_ids: list[int] | None = None,
+        degree: int | None = None,
     ) -> None:
-        roster, ids = make_roster(num_nodes, threshold)
+        roster, ids = make_roster(num_nodes, threshold, degree=degree)
         self.roster_json = roster.to_json()
         self.identities = [i.to_json() for i in ids]
         self.index = None if node_ids is None else {int(n): i for i, n in enumerate(sorted(node_ids))}
@@ -128,8 +136,11 @@ class SimulatedRoster:
         )
 
 
-def simulated_identities(node_configs: dict[int, dict], threshold: int | None = None) -> dict[int, dict]:
-    """Node configs with a fresh simulated roster added (``secagg-identity`` / ``secagg-roster`` inline).
+def simulated_identities(
+    node_configs: dict[int, dict], threshold: int | None = None, degree: int | None = None
+) -> dict[int, dict]:
+    """Node configs with a fresh simulated roster added (``secagg-identity`` / ``secagg-roster`` inline;
+    with ``degree`` its SecAgg+ graph).
 
     Nodes that already have both keys keep them.  For in-process simulations only, where the operator is
     the server: the nodes also allow plain releases (``allow-plain-release``) and seeded noise
@@ -137,7 +148,7 @@ def simulated_identities(node_configs: dict[int, dict], threshold: int | None = 
     """
     if all("secagg-identity" in c and "secagg-roster" in c for c in node_configs.values()):
         return dict(node_configs)
-    sim = SimulatedRoster(len(node_configs), threshold, node_ids=list(node_configs))
+    sim = SimulatedRoster(len(node_configs), threshold, node_ids=list(node_configs), degree=degree)
     out = {}
     for n, c in node_configs.items():
         out[n] = {
@@ -341,6 +352,7 @@ class MaskedSum:
     participants: list[int]
     threshold: int
     stages: dict[str, Exchange]
+    degree: int | None
     uploaded: list[int]
     dropped_before_upload: list[int]
     dropped_after_upload: list[int]
@@ -349,7 +361,12 @@ class MaskedSum:
     def record(self) -> dict:
         return {
             "protocol": "pairwise masking (Bonawitz et al. 2017), active-adversary version: signed keys "
-            "checked against the roster, consistency round, complete graph",
+            "checked against the roster, consistency round, "
+            + (
+                "complete graph"
+                if self.degree is None
+                else f"the roster's {self.degree}-regular SecAgg+ graph (Bell et al. 2020)"
+            ),
             "participants": len(self.participants),
             "threshold": self.threshold,
             "uploaded": len(self.uploaded),
@@ -389,22 +406,27 @@ def masked_sum_over_messages(
     round_name: str,
     keep_view: bool = False,
     num_nodes: int | None = None,
+    degree: int | None = None,
 ) -> MaskedSum:
     """Run the five stages with ``nodes`` and return the decoded sum over U3.
 
     ``num_nodes`` is K, the roster size (default ``len(nodes)``);
     ``masked_payload(node)`` gives the extra records (name -> record) the
     masked stage carries (the run config, the round, a broadcast);
-    ``length`` is the public length of every node's statistic vector.
+    ``length`` is the public length of every node's statistic vector;
+    ``degree`` the roster's SecAgg+ degree (the server routes by the
+    neighbours each node names from its roster; None: the complete graph).
     """
     K = len(nodes) if num_nodes is None else int(num_nodes)
-    t = min_threshold(K) if threshold is None else int(threshold)
+    group = K if degree is None else min(K, int(degree) + 1)
+    t = min_threshold(group) if threshold is None else int(threshold)
     server = MaskingServer(
         num_nodes=K,
         threshold=t,
         length=length,
         session=os.urandom(16),
         active=True,
+        degree=degree,
         frac_bits=frac_bits,
         name=round_name,
         keep_view=keep_view,
@@ -472,6 +494,7 @@ def masked_sum_over_messages(
         participants=list(nodes),
         threshold=t,
         stages=stages,
+        degree=degree,
         uploaded=[node_of[u] for u in U3],
         dropped_before_upload=sorted(n for n in nodes if n not in {node_of[u] for u in U3}),
         dropped_after_upload=[node_of[u] for u in U3 if u not in answered],

@@ -115,6 +115,7 @@ def serve_secure(grid, cfg, method, nodes, config_rec, stages, keep_view, receiv
                 round_name=round_name,
                 keep_view=keep_view,
                 num_nodes=cfg.clients,
+                degree=cfg.degree,
             )
         for k, v in res.stages.items():
             stages[f"{round_name}:{k}"] = v

@@ -77,21 +77,19 @@ def run_simulation(
 
 
 def _roster(cfgs: list[FlowerConfig], num_supernodes: int | None) -> SimulatedRoster | None:
-    """The simulated operator's roster: one per simulation, so every masked config must share K and t."""
+    """The simulated operator's roster: one per simulation, so every masked config must share K, t and the
+    SecAgg+ degree (the graph is drawn here, from OS entropy, with the roster)."""
     masked = [c for c in cfgs if c.secure in ("mask", "ckks")]
     if not masked:
         return None
-    kt = {
-        (
-            c.clients,
-            c.threshold if c.threshold is not None and c.secure == "mask" else min_threshold(c.clients),
-        )
+    ktk = {
+        (c.clients, c.secagg_threshold if c.secure == "mask" else min_threshold(c.clients), c.degree)
         for c in masked
     }
-    if len(kt) > 1:
+    if len(ktk) > 1:
         raise ConfigError(
-            f"one simulation has one roster: the masked configurations ask for (K, t) in {sorted(kt)}; "
-            "run them in separate simulations"
+            "one simulation has one roster: the masked configurations ask for (K, t, degree) in "
+            f"{sorted(ktk, key=str)}; run them in separate simulations"
         )
-    ((K, t),) = kt
-    return SimulatedRoster(K, t)
+    ((K, t, degree),) = ktk
+    return SimulatedRoster(K, t, degree=degree)

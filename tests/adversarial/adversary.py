@@ -27,13 +27,20 @@ FRAC = 16
 
 
 class Federation:
-    """K simulated nodes (real node code) with inputs ``x[u]`` and a roster with threshold t."""
+    """K simulated nodes (real node code) with inputs ``x[u]`` and a roster with threshold t
+    (and with ``degree``, the roster's SecAgg+ graph)."""
 
     def __init__(
-        self, K: int = 5, t: int | None = None, length: int = 6, seed: int = 0, colluders: int = 0
+        self,
+        K: int = 5,
+        t: int | None = None,
+        length: int = 6,
+        seed: int = 0,
+        colluders: int = 0,
+        degree: int | None = None,
     ) -> None:
         self.K, self.length = K, length
-        self.roster, self.ids = make_roster(K, t, colluders)
+        self.roster, self.ids = make_roster(K, t, colluders, degree=degree)
         self.t = self.roster.threshold
         rng = np.random.default_rng(seed)
         self.x = rng.normal(0, 10, size=(K, length))
@@ -51,6 +58,7 @@ class Federation:
             length=self.length,
             session=session or os.urandom(16),
             active=True,
+            degree=self.roster.degree,
             frac_bits=FRAC,
         )
 

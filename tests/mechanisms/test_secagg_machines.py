@@ -32,9 +32,27 @@ def test_active_version_uploads_the_same_bytes_and_adds_only_the_consistency_rou
         assert extra == 64 and a.upload_bytes[u]["consistency"] == (64 if u in signers else 0)
 
 
-def test_active_version_refuses_a_sparse_graph():
-    with pytest.raises(masking.ConfigError, match="complete graph"):
-        masking.masked_sum(np.ones((6, 2)), neighbours=2, active=True)
+@pytest.mark.parametrize("kw", [{}, {"dropped_before_upload": [2], "dropped_after_upload": [5]}])
+def test_active_version_on_a_sparse_graph_sums_exactly_and_costs_the_same_at_any_K(kw):
+    """On the roster's k-regular graph every node's traffic depends on k alone: the same bytes up and down for
+    K = 9 and K = 17 (no dropouts), more for a larger k; the sum is the uploaders' sum."""
+    per_node = {}
+    for K, k in ((9, 4), (17, 4), (17, 6)):
+        X = np.random.default_rng(K).normal(size=(K, 7))
+        r = masking.masked_sum(X, active=True, neighbours=k, **kw)
+        assert r.view.consistency_signatures and r.threshold == (k + 1) // 2 + 1
+        assert np.abs(r.total - X[list(r.uploaded)].sum(0)).max() <= K * 2.0**-33
+        assert set(r.uploaded) == set(range(K)) - set(kw.get("dropped_before_upload", []))
+        per_node[K, k] = (sum(r.upload_bytes[0].values()), r.download_bytes[0])
+    if not kw:
+        assert per_node[9, 4] == per_node[17, 4]
+    assert per_node[17, 6][0] > per_node[17, 4][0] and per_node[17, 6][1] > per_node[17, 4][1]
+
+
+def test_active_version_refuses_an_odd_degree():
+    for k in (3, 1, 0):
+        with pytest.raises(masking.ConfigError, match="even integer"):
+            masking.masked_sum(np.ones((6, 2)), neighbours=k, active=True)
 
 
 def _extra_bytes(K: int, after: int) -> tuple[float, float]:
