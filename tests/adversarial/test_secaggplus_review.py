@@ -10,6 +10,7 @@ Run with ``python -m pytest tests/adversarial``.
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from adversary import FRAC, Federation
 
 from mechanisms import fixed_point, shamir
@@ -65,17 +66,13 @@ def unmasked_alone(fed, server, revealed: dict[int, dict], victim: int, masked_w
     return fixed_point.decode(y, FRAC)
 
 
-def test_a_victim_masking_with_a_few_neighbours_told_dropped_keeps_its_input():
-    """The victim (ring position 0) is told at the masked stage that only its neighbours at positions +-2
-    survive, so it masks with those two alone; its neighbours at +-1 are told it is alive, and everyone else
-    is told that +-2 dropped after uploading.  The nodes at +-2 sign a view agreeing with the victim's
-    (they never unmask); every other node signs its own view and gets t signatures on agreeing views from
-    its group (the victim's own signature is not one of them: it disagrees with +-1 about whether they
-    survived, and the server does not forward it).  Then +-1 and the victim reveal the victim's self-mask
-    seed and +-1, +-3, +-4 the mask keys of +-2: the victim's upload alone would open."""
-    fed = Federation(K=K, degree=DEGREE)
-    assert fed.t == 3
-    victim, near, far = at(fed, 0), {at(fed, 1), at(fed, -1)}, [at(fed, 2), at(fed, -2)]
+def few_survivors(fed: Federation, victim: int, far: list[int]):
+    """The attack: the victim is told at the masked stage that only ``far`` (t - 1 of its neighbours) survive,
+    so it masks with those alone; its other neighbours are told it is alive, and everyone but the victim is
+    told that ``far`` dropped after uploading.  ``far`` sign views agreeing with the victim's (they never
+    unmask); every other node signs its own view and is sent the signatures of its group on views agreeing
+    with its own (the most a lying server can forward).  Returns (server, revealed, aborts)."""
+    near = set(fed.roster.graph[victim]) - set(far)
     server = fed.server()
     fed.run_until(server, "masked")
     reqs = server.requests()
@@ -89,12 +86,12 @@ def test_a_victim_masking_with_a_few_neighbours_told_dropped_keeps_its_input():
         reqs[w] = dict(reqs[w], alive=keep, **{"from": [v for v in keep if v != w]})
         reqs[w]["ct"] = [box[v] for v in reqs[w]["from"]]
     assert not fed.stage(server, reqs)
-    alive = {u: sorted(reqs[u]["alive"]) for u in range(K)}  # what each node masked with (and signed)
-    uploaded = {u: sorted(set(alive[u]) - set(far)) for u in range(K)}
+    alive = {u: sorted(reqs[u]["alive"]) for u in range(fed.K)}  # what each node masked with (and signed)
+    uploaded = {u: sorted(set(alive[u]) - set(far)) for u in range(fed.K)}
     for u in (victim, *far):
         uploaded[u] = alive[u]
     sigs = {}
-    for u in range(K):
+    for u in range(fed.K):
         msg = {"stage": "consistency", "session": server.session, "uploaded": uploaded[u]}
         sigs[u] = fed.send(u, msg)["sig"]
 
@@ -103,7 +100,7 @@ def test_a_victim_masking_with_a_few_neighbours_told_dropped_keeps_its_input():
         return all(set(a[u]) & both == set(a[w]) & both for a in (alive, uploaded))
 
     revealed, aborts = {}, {}
-    for u in sorted(set(range(K)) - set(far)):
+    for u in sorted(set(range(fed.K)) - set(far)):
         signers = [w for w in uploaded[u] if agree(u, w)]
         msg = {
             "stage": "unmask",
@@ -111,15 +108,42 @@ def test_a_victim_masking_with_a_few_neighbours_told_dropped_keeps_its_input():
             "uploaded": uploaded[u],
             "signers": signers,
             "sigs": [sigs[w] for w in signers],
-            "views": [pack_view(alive[w], uploaded[w]) for w in signers],
             "echoes": [server.echoes[w] for w in uploaded[u]],
-            "alive_lists": [pack_view(alive[w], []) for w in uploaded[u]],
         }
+        if fed.roster.degree is not None:
+            msg["views"] = [pack_view(alive[w], uploaded[w]) for w in signers]
+            msg["alive_lists"] = [pack_view(alive[w], []) for w in uploaded[u]]
         try:
             revealed[u] = fed.send(u, msg)
         except ProtocolAbort as exc:
             aborts[u] = exc
+    return server, revealed, aborts
+
+
+def test_a_victim_masking_with_a_few_neighbours_told_dropped_keeps_its_input():
+    """On the 4-regular graph of 12 nodes (t = 3) the victim at ring position 0 masks with +-2 alone.  Each
+    node but +-2 gets t agreeing signatures from its group (the victim's own is not among +-1's: it
+    disagrees with them about whether they survived), so +-1 and the victim would reveal the victim's
+    self-mask seed and +-1, +-3, +-4 the mask keys of +-2: the victim's upload alone would open.  Its
+    signed echo names the survivors it masked with, and +-1 refuse."""
+    fed = Federation(K=K, degree=DEGREE)
+    assert fed.t == 3
+    victim, near, far = at(fed, 0), {at(fed, 1), at(fed, -1)}, [at(fed, 2), at(fed, -2)]
+    server, revealed, aborts = few_survivors(fed, victim, far)
     got = unmasked_alone(fed, server, revealed, victim, far)
     assert got is None or np.abs(got - fed.x[victim]).max() > 1e3, "the victim's input, alone"
-    # The neighbours it did not mask with refuse: its signed echo names the survivors it masked with.
     assert near <= set(aborts) and {aborts[u].deviation for u in near} == {"split-survivors"}
+
+
+@pytest.mark.parametrize("K_, degree", [(5, None), (5, 4), (7, None), (7, 6)])
+def test_on_the_complete_graph_or_degree_K_minus_1_the_same_attack_finds_too_few_signers(K_, degree):
+    """There every view must agree in full: the nodes told the victim lives sign one view, too few for t (the
+    victim and ``far`` sign the other, and the victim reveals only self-mask seed shares by it)."""
+    fed = Federation(K=K_, degree=degree)
+    victim = 0
+    far = sorted(fed.roster.graph[victim])[: fed.t - 1]
+    server, revealed, aborts = few_survivors(fed, victim, far)
+    assert unmasked_alone(fed, server, revealed, victim, far) is None
+    assert set(revealed) == {victim} and set(revealed[victim]["kind"]) == {"b"}
+    assert set(aborts) == set(range(K_)) - {victim, *far}
+    assert {e.deviation for e in aborts.values()} == {"short-list"}
