@@ -22,8 +22,10 @@ server may always claim).  In the consistency round u signs its own view
 of its group, (U2 & G_u, U3 & G_u, digest); before unmasking, u needs t
 signatures from uploaders of its group, each on a view that agrees with
 u's on every node both groups hold (the server sends each signer's lists;
-a signature that does not verify, or a view that disagrees, aborts).
-With c colluders (n_C) the condition is
+a signature that does not verify, or a view that disagrees, aborts), and
+every uploader v of its view must have signed, with its upload, an echo
+of the survivors of G_v it masked with that agrees with u's U2 on
+G_u & G_v (so v masked with u).  With c colluders (n_C) the condition is
 
     t >= 2,   2t > k + 1 + c   and   t <= k + 1.
 
@@ -39,11 +41,16 @@ and none of them reveals a share of s_w (an honest node signs one view per
 session and reveals by it); at most (k + 1 - c_w) - (t - c_w) honest
 holders and the c_w colluders can, k + 1 - t + c_w < t in all.  So
 the server never removes the pair masks of w while w's shares help unmask
-a neighbour, and it cannot strip the pair mask between an honest uploader
-v it unmasks and an honest neighbour w that answered except by summing w
-too: every sum it decodes covers, with each honest v in it, the honest
-members of G_v that answered (at least t - 1 - c of them besides v; at
-least t - c honest inputs in all).  Not prevented, as on the complete
+a neighbour.  To open v's upload it needs t shares of b_v, at least t - c_v
+from honest members w of G_v that answered with v in their U3; each such w
+checked v's echo, so v masked with w (and w with v), and that pair mask
+goes only with w's upload in the sum (neither s_w nor s_v is rebuilt):
+every sum it decodes covers, with each honest v in it, at least t - c_v
+honest members of G_v (v among them) -- at least t - c honest inputs in
+all.  Without the echo's survivor list a server could tell v that only a
+few neighbours survive (v masks with those alone), tell the others that v
+is alive, have them reveal b_v and the key shares of the few, and open v's
+upload alone (tests/adversarial/test_secaggplus_review.py).  Not prevented, as on the complete
 graph: declaring honest nodes dropped so that the graph left falls apart
 and the sum of each part is released (each part holding at least t - c
 honest inputs; the graph is in the roster, so the server may aim), a wrong

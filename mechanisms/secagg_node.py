@@ -26,7 +26,9 @@ and on every Flower node (:mod:`privfed.flower.secagg`), which keeps its
 ``unmask``       (active) check that at least t members of U3 signed the very
                  lists and digest this node signed, and that every uploader's
                  signed echo (sent with its masked input) names the same digest
-                 (a split broadcast aborts here); then reveal, for every v
+                 (a split broadcast aborts here) and the same survivors U2
+                 where the groups meet (so it masked with this node); then
+                 reveal, for every v
                  of U2, the share of b_v if v is in U3 and of s_v^SK otherwise:
                  one list, so never both kinds for one node.
 
@@ -50,7 +52,9 @@ Active version on a SecAgg+ graph (a roster with a degree k): every list
 the server sends must lie within the node's group in the roster's graph,
 the node signs its view of its group, and it unmasks only after t
 signatures from uploaders of its group on views that agree with its own on
-every node both groups hold; t >= 2, 2t > k + 1 + n_C and t <= k + 1.  The
+every node both groups hold, and after every uploader's echo of the survivors
+it masked with, which must agree with its own likewise; t >= 2,
+2t > k + 1 + n_C and t <= k + 1.  The
 argument is in :mod:`mechanisms.secagg_graph`.
 """
 
@@ -176,8 +180,61 @@ class MaskingNode:
             for v in holders
         ]
 
-    def _echo_bytes(self) -> bytes:
-        return signed_bytes("echo", self.roster.fingerprint, self.st["session"], self.st["digest"])
+    def _echo_bytes(self, U2: list[int] | None = None) -> bytes:
+        """The bytes an echo covers: the digest of what the uploader summed and the survivors of its group it
+        masked with (this node's own by default)."""
+        return signed_bytes(
+            "echo",
+            self.roster.fingerprint,
+            self.st["session"],
+            self.st["digest"],
+            self.st["U2"] if U2 is None else U2,
+        )
+
+    def _check_echoes(self, msg: dict, U3: list[int]) -> None:
+        """Every uploader v of this node's view signed, with its upload, the digest this node summed and a
+        survivor list of v's group that agrees with this node's own wherever the two groups meet.
+
+        So v masked with this node: a server that told v fewer survivors (leaving out nodes that will
+        reveal v's self-mask seed) would need no upload but v's to open it (mechanisms.secagg_graph)."""
+        echoes = [as_bytes(e, "an echo") for e in msg["echoes"]]
+        if self.sparse:  # each uploader's survivor list, as it signed it (on the complete graph: this node's)
+            lists = [unpack_view(as_bytes(b, "a survivor list")) for b in msg["alive_lists"]]
+            if any(rest for _, rest in lists):
+                raise ValueError("a survivor list carries an uploader list")
+            lists = [alive for alive, _ in lists]
+        else:
+            lists = [self.st["U2"]] * len(U3)
+        if len(echoes) != len(U3) or len(lists) != len(U3):
+            raise self._abort(
+                "unmask", "malformed", "echoes, survivor lists and uploaders of unequal lengths"
+            )
+        split = [
+            v for v, e, U2 in zip(U3, echoes, lists) if not self.roster.verify(v, e, self._echo_bytes(U2))
+        ]
+        if split:
+            raise self._abort(
+                "unmask",
+                "split-broadcast",
+                f"uploader(s) {split} did not sum what this node summed (their signed echo of the run "
+                "config, round, broadcast and survivors differs): the server sent different broadcasts "
+                "to different nodes",
+            )
+        mine = set(self.st["U2"])
+        other = []
+        for v, U2 in zip(U3, lists):
+            group = self.roster.graph[v] | {v}
+            both = group & self.group
+            if not (set(U2) <= group and set(U2) & both == mine & both):
+                other.append(v)
+        if other:
+            raise self._abort(
+                "unmask",
+                "split-survivors",
+                f"uploader(s) {other} masked with other survivors than this node saw (their signed echo "
+                "names another survivor list where the groups meet): the server told nodes different "
+                "survivors, so one upload could be opened without the others that cancel its masks",
+            )
 
     def _view_digest(self, U2: list[int] | None = None, U3: list[int] | None = None) -> bytes:
         """The bytes a consistency signature covers: a view (U2, U3) of the signer's group (this node's
@@ -513,17 +570,7 @@ class MaskingNode:
                     "short-list",
                     f"only {len(signers)} consistency signatures, below the threshold t={self.t}",
                 )
-            echoes = [as_bytes(e, "an echo") for e in msg["echoes"]]
-            echo = self._echo_bytes()
-            split = [v for v, e in zip(U3, echoes) if not self.roster.verify(v, e, echo)]
-            if len(echoes) != len(U3) or split:
-                raise self._abort(
-                    "unmask",
-                    "split-broadcast",
-                    f"uploader(s) {split or 'some'} did not sum what this node summed (their signed "
-                    "echo of the run config, round and broadcast differs): the server sent "
-                    "different broadcasts to different nodes",
-                )
+            self._check_echoes(msg, U3)
         else:
             self._check_uploaded("unmask", U3)
         up = set(U3)

@@ -106,6 +106,7 @@ def request_bytes(stage: str, msg: dict, u: int) -> int:
             + (ID_BYTES + SIGNATURE_BYTES) * len(msg.get("signers", []))
             + SIGNATURE_BYTES * len(msg.get("echoes", []))
             + sum(len(v) for v in msg.get("views", []))
+            + sum(len(v) for v in msg.get("alive_lists", []))
         )
     return 0
 
@@ -221,6 +222,8 @@ class MaskingServer:
                     msg["echoes"] = [self.echoes[v] for v in msg["uploaded"]]
                     if self.degree is not None:  # each signer's view of its own group, as it signed it
                         msg["views"] = [pack_view(mine(v, U2), mine(v, U3)) for v in signers]
+                        # and each uploader's survivors, as its echo names them
+                        msg["alive_lists"] = [pack_view(mine(v, U2), []) for v in msg["uploaded"]]
             out[u] = msg
         for u, msg in out.items():
             self.bytes_down[u] += request_bytes(s, msg, u)

@@ -73,6 +73,7 @@ def split_run(fed, server, uploaded: dict[int, list[int]], alive=None, forward: 
             "sigs": [sigs[u] for u in signers],
             "echoes": [server.echoes[u] for u in uploaded[w]],
             "views": [pack_view(alive[u], uploaded[u]) for u in signers],
+            "alive_lists": [pack_view(alive[u], []) for u in uploaded[w]],
         }
         try:
             revealed[w] = fed.send(w, msg)
