@@ -86,7 +86,8 @@ from mechanisms.secagg_crypto import (
 )
 from mechanisms.secagg_identity import Identity, Roster, min_threshold, signed_bytes
 from mechanisms.secagg_ledger import SessionLedger
-from mechanisms.secagg_messages import SESSION_BYTES, STAGES, parse_ids, unpack_view
+from mechanisms.secagg_messages import SESSION_BYTES, STAGES, parse_ids
+from mechanisms.secagg_views import check_echoes, check_views, echo_bytes, view_digest
 from privfed.errors import PrivfedError
 
 # STAGES and SessionLedger live in their own modules and are re-exported here (their old import path).
@@ -181,84 +182,34 @@ class MaskingNode:
         ]
 
     def _echo_bytes(self, U2: list[int] | None = None) -> bytes:
-        """The bytes an echo covers: the digest of what the uploader summed and the survivors of its group it
-        masked with (this node's own by default)."""
-        return signed_bytes(
-            "echo",
-            self.roster.fingerprint,
-            self.st["session"],
-            self.st["digest"],
-            self.st["U2"] if U2 is None else U2,
+        """The bytes an echo covers (:func:`mechanisms.secagg_views.echo_bytes`), this node's survivors by
+        default."""
+        return echo_bytes(
+            self.roster, self.st["session"], self.st["digest"], self.st["U2"] if U2 is None else U2
         )
 
     def _check_echoes(self, msg: dict, U3: list[int]) -> None:
-        """Every uploader v of this node's view signed, with its upload, the digest this node summed and a
-        survivor list of v's group that agrees with this node's own wherever the two groups meet.
-
-        So v masked with this node: a server that told v fewer survivors (leaving out nodes that will
-        reveal v's self-mask seed) would need no upload but v's to open it (mechanisms.secagg_graph)."""
-        echoes = [as_bytes(e, "an echo") for e in msg["echoes"]]
-        if self.sparse:  # each uploader's survivor list, as it signed it (on the complete graph: this node's)
-            lists = [unpack_view(as_bytes(b, "a survivor list")) for b in msg["alive_lists"]]
-            if any(rest for _, rest in lists):
-                raise ValueError("a survivor list carries an uploader list")
-            lists = [alive for alive, _ in lists]
-        else:
-            lists = [self.st["U2"]] * len(U3)
-        if len(echoes) != len(U3) or len(lists) != len(U3):
-            raise self._abort(
-                "unmask", "malformed", "echoes, survivor lists and uploaders of unequal lengths"
-            )
-        split = [
-            v for v, e, U2 in zip(U3, echoes, lists) if not self.roster.verify(v, e, self._echo_bytes(U2))
-        ]
-        if split:
-            raise self._abort(
-                "unmask",
-                "split-broadcast",
-                f"uploader(s) {split} did not sum what this node summed (their signed echo of the run "
-                "config, round, broadcast and survivors differs): the server sent different broadcasts "
-                "to different nodes",
-            )
-        mine = set(self.st["U2"])
-        other = []
-        for v, U2 in zip(U3, lists):
-            group = self.roster.graph[v] | {v}
-            both = group & self.group
-            if not (set(U2) <= group and set(U2) & both == mine & both):
-                other.append(v)
-        if other:
-            raise self._abort(
-                "unmask",
-                "split-survivors",
-                f"uploader(s) {other} masked with other survivors than this node saw (their signed echo "
-                "names another survivor list where the groups meet): the server told nodes different "
-                "survivors, so one upload could be opened without the others that cancel its masks",
-            )
+        """:func:`mechanisms.secagg_views.check_echoes` for this node, aborting it on a failure."""
+        check_echoes(
+            self.roster,
+            self.group,
+            self.st["U2"],
+            U3,
+            msg,
+            sparse=self.sparse,
+            echo=self._echo_bytes,
+            abort=lambda deviation, text: self._abort("unmask", deviation, text),
+        )
 
     def _view_digest(self, U2: list[int] | None = None, U3: list[int] | None = None) -> bytes:
-        """The bytes a consistency signature covers: a view (U2, U3) of the signer's group (this node's
-        own by default) and the digest of what it summed."""
-        return signed_bytes(
-            "consistency",
-            self.roster.fingerprint,
+        """The bytes a consistency signature covers (:func:`mechanisms.secagg_views.view_digest`), this
+        node's own view by default."""
+        return view_digest(
+            self.roster,
             self.st["session"],
             self.st["U2"] if U2 is None else U2,
             self.st["U3"] if U3 is None else U3,
             self.st["digest"],
-        )
-
-    def _agrees(self, v: int, U2: list[int], U3: list[int]) -> bool:
-        """Whether signer v's view of its group is well formed and says what this node's view says about
-        every node both groups hold (on the complete graph: the same lists)."""
-        mine = self.roster.graph[v] | {v}
-        both = mine & self.group
-        return (
-            set(U2) <= mine
-            and set(U3) <= set(U2)
-            and v in U3
-            and set(U2) & both == set(self.st["U2"]) & both
-            and set(U3) & both == set(self.st["U3"]) & both
         )
 
     def _outside(self, stage: str, ids: list[int], what: str) -> None:
@@ -542,34 +493,16 @@ class MaskingNode:
                 raise self._abort(
                     "unmask", "inconsistent-lists", "the uploader list differs from the one this node signed"
                 )
-            signers = parse_ids(msg["signers"], "signer", self.u, "unmask")
-            sigs = [as_bytes(s, "a signature") for s in msg["sigs"]]
-            if len(sigs) != len(signers) or not set(signers) <= set(U3):
-                raise self._abort("unmask", "malformed", "consistency signatures from nodes outside U3")
-            # Each signer's view of its own group (sent on a SecAgg+ graph; on the complete graph this node's).
-            own = (self.st["U2"], self.st["U3"])
-            raw = msg.get("views")
-            views = [own] * len(signers) if raw is None else [unpack_view(as_bytes(b, "a view")) for b in raw]
-            if len(views) != len(signers):
-                raise self._abort("unmask", "malformed", "consistency views and signers of unequal lengths")
-            bad = [
-                v
-                for v, s, view in zip(signers, sigs, views)
-                if not (self._agrees(v, *view) and self.roster.verify(v, s, self._view_digest(*view)))
-            ]
-            if bad:
-                raise self._abort(
-                    "unmask",
-                    "inconsistent-lists",
-                    f"node(s) {bad} signed other survivor lists or another broadcast than this "
-                    "node saw (or a forged signature): the server showed different views",
-                )
-            if len(signers) < self.t:
-                raise self._abort(
-                    "unmask",
-                    "short-list",
-                    f"only {len(signers)} consistency signatures, below the threshold t={self.t}",
-                )
+            check_views(
+                self.roster,
+                self.group,
+                (self.st["U2"], U3),
+                self.t,
+                msg,
+                node=self.u,
+                digest=self._view_digest,
+                abort=lambda deviation, text: self._abort("unmask", deviation, text),
+            )
             self._check_echoes(msg, U3)
         else:
             self._check_uploaded("unmask", U3)
