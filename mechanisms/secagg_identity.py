@@ -189,16 +189,25 @@ class Roster:
         try:
             raw = json.loads(text)
             degree, ring = raw.get("degree"), raw.get("ring")
-            if (degree is not None and not isinstance(degree, int)) or not isinstance(
-                ring, (list, type(None))
+            threshold, colluders = raw["threshold"], raw.get("colluders", 0)
+
+            def whole(v) -> bool:  # a JSON integer: not a bool, not a float that int() would truncate
+                return isinstance(v, int) and not isinstance(v, bool)
+
+            if not (whole(threshold) and whole(colluders)):
+                raise ValueError(
+                    f"threshold and colluders must be integers, got {threshold!r}, {colluders!r}"
+                )
+            if (degree is not None and not whole(degree)) or not (
+                ring is None or (isinstance(ring, list) and all(whole(v) for v in ring))
             ):
                 raise ValueError("degree must be an integer and ring a list of node indices")
             return cls(
                 public_keys=tuple(bytes.fromhex(k) for k in raw["public_keys"]),
-                threshold=int(raw["threshold"]),
-                colluders=int(raw.get("colluders", 0)),
+                threshold=threshold,
+                colluders=colluders,
                 degree=degree,
-                ring=None if ring is None else tuple(int(v) for v in ring),
+                ring=None if ring is None else tuple(ring),
             )
         except (KeyError, TypeError, ValueError) as exc:
             if isinstance(exc, ConfigError):

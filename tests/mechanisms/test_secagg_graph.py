@@ -84,6 +84,25 @@ def test_a_ring_that_is_not_an_order_of_the_nodes_or_a_lone_degree_is_refused():
         Roster.from_json(json.dumps(raw))
 
 
+@pytest.mark.parametrize(
+    "field, value",
+    [("threshold", 2.9), ("threshold", True), ("colluders", 0.5), ("ring", "bools"), ("ring", "floats")],
+)
+def test_a_roster_file_with_non_integer_numbers_is_refused_not_truncated(field, value):
+    """int() would read threshold 2.9 as 2, and ring entries true/false as 1/0; the file is refused instead."""
+    roster, _ = make_roster(8, degree=2, seed=3)
+    raw = json.loads(roster.to_json())
+    if value == "bools":
+        raw["ring"] = [bool(v) if v in (0, 1) else v for v in raw["ring"]]
+    elif value == "floats":
+        raw["ring"] = [float(v) for v in raw["ring"]]
+    else:
+        raw[field] = value
+    with pytest.raises(ConfigError, match="not a privfed roster.*integer"):
+        Roster.from_json(json.dumps(raw))
+    assert Roster.from_json(roster.to_json()) == roster
+
+
 def test_the_ring_is_a_uniform_order():
     """All 3! = 6 orders of 3 nodes, 6000 draws from a seeded key source: each count is Binomial(6000, 1/6),
     mean 1000 and standard deviation sqrt(6000 * 5/36) = 28.9; 5 standard deviations is 144."""
