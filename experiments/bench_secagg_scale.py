@@ -36,9 +36,12 @@ process each), bytes up and down per node (Flower's ``count_bytes`` of the
 records), the traced peak of the server process (tracemalloc: Python and
 numpy allocations) at every N in ``--memory-nodes``, and the slope of that
 peak per added node, against 8 D bytes (what holding each upload would
-cost).  This is the honest-but-curious protocol on a SecAgg+ graph with
-the graph drawn by the operator (here: this process, from OS entropy); the
-Flower app's active-adversary version runs on the complete graph.
+cost).  This is the protocol the Flower app runs: the active-adversary
+version (signed keys, consistency round, echoes) on the SecAgg+ graph the
+operator draws into the roster (here: this process, from OS entropy), with
+the roster's threshold.  The server has its own process here, so its peak
+is its own; on Flower's simulation runtime (:mod:`experiments.bench_flower_masked`)
+the server shares its process with every virtual node.
 
 ``--record`` writes ``experiments/results/bench_secagg_scale.json``;
 ``tests/mechanisms/test_secagg_scale.py`` checks its claims and that the docs quote it.
@@ -66,13 +69,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from experiments.attacks_common import markdown  # noqa: E402  (the experiments' one table writer)
 from mechanisms import fixed_point  # noqa: E402
 from mechanisms.masking import (  # noqa: E402
-    default_threshold,
-    harary_graph,
     harary_split_bound,
     masked_sum,
     prg_buffer,
     prg_uint64,
 )
+from mechanisms.secagg_identity import make_roster  # noqa: E402
 from privfed._cli import parse_int_list  # noqa: E402
 
 #: Targets the record is checked against (tests/mechanisms/test_secagg_scale.py).
@@ -160,15 +162,22 @@ def _unpack(raw: bytes):
     return recorddict_from_proto(ProtoRecordDict.FromString(raw))
 
 
-def _nodes(conn, K: int, t: int, graph: list[list[int]], D: int, seed: int) -> None:
-    """The N nodes, one message at a time: each node's state lives in a ConfigRecord between messages."""
+def _nodes(conn, K: int, t: int, roster_json: str, secrets: list[bytes], D: int, seed: int) -> None:
+    """The N nodes, one message at a time: each node's state lives in a ConfigRecord between messages.
+
+    Each node runs the active version with its roster identity, on the roster's graph (what a Flower
+    node deployed with ``secagg-identity`` and ``secagg-roster`` runs)."""
     from flwr.app import ConfigRecord, RecordDict
 
     from mechanisms.secagg_crypto import KeySource
+    from mechanisms.secagg_identity import Identity, Roster
     from mechanisms.secagg_node import MaskingNode
     from privfed.flower.secagg import from_records, to_records
     from privfed.flower.wire import arrays_record
 
+    roster = Roster.from_json(roster_json)
+    ids = [Identity(i, sk) for i, sk in enumerate(secrets)]
+    aggregation = os.urandom(32)  # the one aggregation this benchmark's nodes take part in
     states: dict[int, ConfigRecord] = {}
     keys = KeySource(None)
     while True:
@@ -184,17 +193,23 @@ def _nodes(conn, K: int, t: int, graph: list[list[int]], D: int, seed: int) -> N
                 u,
                 num_nodes=K,
                 threshold=t,
-                neighbours=frozenset(graph[u]),
+                neighbours=roster.graph[u],
+                identity=ids[u],
+                roster=roster,
                 keys=keys,
                 state=None if req["stage"] == "keys" else dict(states[u]),
             )
-            reply = node.handle(req, ring_input=lambda u=u: fixed_point.encode(_row(seed, u, D), FRAC_BITS))
+            reply = node.handle(
+                req,
+                ring_input=lambda u=u: fixed_point.encode(_row(seed, u, D), FRAC_BITS),
+                aggregation=aggregation,
+            )
             states[u] = ConfigRecord(node.state())
             out = to_records(reply)
         conn.send_bytes(_pack(out))
 
 
-def _run(conn, kind: str, K: int, t: int, graph, D: int, trace: bool) -> dict:
+def _run(conn, kind: str, K: int, t: int, roster, D: int, trace: bool) -> dict:
     """One plain or masked run, the server in this process; wall seconds, bytes per node, traced peak."""
     from flwr.app import ConfigRecord, RecordDict
 
@@ -223,8 +238,9 @@ def _run(conn, kind: str, K: int, t: int, graph, D: int, trace: bool) -> dict:
             threshold=t,
             length=D,
             session=os.urandom(16),
-            active=False,
-            graph=[frozenset(g) for g in graph],
+            active=True,
+            graph=roster.graph,
+            degree=roster.degree,
             frac_bits=FRAC_BITS,
             keep_view=False,
         )
@@ -262,16 +278,17 @@ def flower_rows(nodes: int, D: int, degree: int, memory_nodes: list[int], seed: 
     ctx = mp.get_context("spawn")
     out: dict = {"timed": [], "memory": []}
     for K in sorted({nodes, *memory_nodes}):
-        graph = [
-            sorted(g) for g in harary_graph(K, degree, np.random.default_rng(int.from_bytes(os.urandom(8))))
-        ]
-        t = default_threshold(min(len(g) for g in graph) + 1)
+        # the operator's roster: identities and the SecAgg+ graph drawn from OS entropy, the smallest
+        # threshold its groups allow
+        roster, ids = make_roster(K, degree=degree)
+        t = roster.threshold
+        secrets = [i.private_key for i in ids]
         here, there = ctx.Pipe()
-        proc = ctx.Process(target=_nodes, args=(there, K, t, graph, D, seed), daemon=True)
+        proc = ctx.Process(target=_nodes, args=(there, K, t, roster.to_json(), secrets, D, seed), daemon=True)
         proc.start()
         try:
             # Warm up: the node process has imported everything and answered once before any clock starts.
-            _run(here, "plain", 2, t, graph, D, False)
+            _run(here, "plain", 2, t, roster, D, False)
             direct = abs_sum = None
             if K == nodes:
                 direct, abs_sum = np.zeros(D), np.zeros(D)
@@ -281,7 +298,7 @@ def flower_rows(nodes: int, D: int, degree: int, memory_nodes: list[int], seed: 
                     abs_sum += np.abs(row)
             for kind in ("plain", "masked"):
                 for trace in [False, True] if K == nodes else [True]:
-                    r = _run(here, kind, K, t, graph, D, trace)
+                    r = _run(here, kind, K, t, roster, D, trace)
                     total = r.pop("total")
                     if trace:
                         out["memory"].append({"protocol": kind, "nodes": K, "peak_bytes": r["peak_bytes"]})
