@@ -147,7 +147,7 @@ class Roster:
         """Fewest inputs a protocol that sums all nodes at once (CKKS) may release: a majority of K."""
         return max(int(self.threshold), min_threshold(self.size, self.colluders))
 
-    @property
+    @cached_property
     def fingerprint(self) -> bytes:
         """SHA-256 of the roster (keys, t, n_C, the graph): every signed message names the roster it belongs to."""
         if self.degree is None:  # the complete graph: the fingerprint of rosters made before graphs
