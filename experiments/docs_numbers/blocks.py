@@ -43,7 +43,7 @@ from experiments.docs_numbers.render_records import (
     secagg_active_table,
     secagg_table,
 )
-from experiments.docs_numbers.render_secagg import secagg_scale
+from experiments.docs_numbers.render_secagg import flower_masked_scale, secagg_scale
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,6 +88,11 @@ BLOCKS: dict[str, Block] = {
     ),
     "secagg-scale": Block(
         secagg_scale, True, "masking at scale (experiments/results/bench_secagg_scale.json)"
+    ),
+    "flower-masked-scale": Block(
+        flower_masked_scale,
+        True,
+        "masking on Flower's runtime at 1,000 nodes (experiments/results/bench_flower_masked.json)",
     ),
     "bench-tradeoff": Block(
         bench_tradeoff_table, True, "the sweep's speed table (experiments/results/bench_tradeoff.json)"
