@@ -29,7 +29,8 @@ Deployment: the operator runs once ::
 which writes ``DIR/roster.json`` (public: give it to every node) and
 ``DIR/node-<i>.json`` (node i's private key, mode 0600: give it to node i
 only), and starts each SuperNode with
-``--node-config "secagg-identity=DIR/node-<i>.json secagg-roster=DIR/roster.json ..."``.
+``--node-config "secagg-identity=DIR/node-<i>.json secagg-roster=DIR/roster.json secagg-ledger=FILE ..."``
+(the ledger file, kept on the node across runs, is required: see :mod:`privfed.flower.secagg`).
 Simulations (:func:`privfed.flower.simulation.run_simulation`, the
 in-process grid) generate the roster in the app from OS entropy.
 """
@@ -332,7 +333,9 @@ def main(argv: list[str] | None = None) -> int:
             fh.write(ident.to_json())
     print(
         f"wrote {out / 'roster.json'} (K={roster.size}, t={roster.threshold}, "
-        f"graph={'complete' if roster.degree is None else f'{roster.degree}-regular'}) and {len(ids)} identity files"
+        f"graph={'complete' if roster.degree is None else f'{roster.degree}-regular'}) and {len(ids)} identity files; "
+        "start node i with --node-config 'secagg-identity=.../node-i.json secagg-roster=.../roster.json "
+        "secagg-ledger=FILE' (FILE on the node, kept across runs)"
     )
     return 0
 

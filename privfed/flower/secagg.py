@@ -28,7 +28,10 @@ uploader set of the first sum it signed (a later sum over another set, under
 any configuration, is refused: two sums over different sets subtract to one
 node's input); with ``secagg-ledger=FILE`` in its node config it is also kept
 in that file, so a server that starts another run to repeat a sum is refused
-too.  Without the file a new run starts a fresh ledger.
+too.  A node deployed with a roster needs the file (:func:`node_identity`
+refuses otherwise, unless ``allow-ephemeral-ledger=true``): without it a
+new run starts a fresh ledger, and a server running one session id again
+and again could replay one run's consistency signatures in another.
 
 Identities: a node reads ``secagg-identity`` and ``secagg-roster`` (file
 paths, or inline JSON) from its node config (see
@@ -143,8 +146,9 @@ def simulated_identities(
     with ``degree`` its SecAgg+ graph).
 
     Nodes that already have both keys keep them.  For in-process simulations only, where the operator is
-    the server: the nodes also allow plain releases (``allow-plain-release``) and seeded noise
-    (``allow-seeded-noise``), which a deployed node with a roster refuses.
+    the server: the nodes also allow plain releases (``allow-plain-release``), seeded noise
+    (``allow-seeded-noise``) and a ledger that lives in the run only (``allow-ephemeral-ledger``), which a
+    deployed node with a roster refuses.
     """
     if all("secagg-identity" in c and "secagg-roster" in c for c in node_configs.values()):
         return dict(node_configs)
@@ -154,6 +158,7 @@ def simulated_identities(
         out[n] = {
             "allow-plain-release": True,
             "allow-seeded-noise": True,
+            "allow-ephemeral-ledger": True,
             **c,
             "secagg-identity": sim.identities[sim.index[int(n)]],
             "secagg-roster": sim.roster_json,
@@ -182,8 +187,21 @@ def node_identity(
     if "secagg-identity" not in node_config or "secagg-roster" not in node_config:
         raise ConfigError(
             f"node {node_id} has no secure-aggregation identity: start it with --node-config "
-            "'secagg-identity=FILE secagg-roster=FILE' (the operator writes them with "
+            "'secagg-identity=FILE secagg-roster=FILE secagg-ledger=FILE' (the operator writes the first two with "
             "python -m mechanisms.secagg_identity DIR --nodes K); the roster fixes K and t"
+        )
+    if (
+        "secagg-ledger" not in node_config
+        and str(node_config.get("allow-ephemeral-ledger", "")).lower() != "true"
+    ):
+        # see the module docstring: a ledger that outlives the run, or no part in secure aggregation
+        raise ProtocolAbort(
+            f"node {node_id} refuses to take part in secure aggregation without a ledger file: start it with "
+            "--node-config 'secagg-ledger=FILE' (kept across runs: the aggregations it took part in), or set "
+            "allow-ephemeral-ledger=true for a test deployment",
+            node=node_id,
+            stage="setup",
+            deviation="no-ledger",
         )
     roster = _load(node_config["secagg-roster"], Roster)
     return _load(node_config["secagg-identity"], Identity).check(roster), roster

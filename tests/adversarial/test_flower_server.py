@@ -273,7 +273,7 @@ def test_a_ledger_file_keeps_the_uploader_set_and_the_dp_release_across_runs(dig
         _sum(LocalGrid(nodes), FlowerConfig(**dp, partition_seed=5), ids)
 
 
-def test_a_node_deployed_with_a_roster_refuses_to_release_in_the_clear(digits_dataset):
+def test_a_node_deployed_with_a_roster_refuses_to_release_in_the_clear(digits_dataset, tmp_path):
     """The simplest deviation: instead of a secure sum, the server asks each node for its statistics in a plain
     query (or through Flower's SecAgg+, which it can unmask).  Before, a node with a roster answered either with
     its raw statistics.  Now it refuses unless its own operator allows plain releases."""
@@ -287,6 +287,7 @@ def test_a_node_deployed_with_a_roster_refuses_to_release_in_the_clear(digits_da
             "num-partitions": K,
             "secagg-identity": ids[i].to_json(),
             "secagg-roster": roster.to_json(),
+            "secagg-ledger": str(tmp_path / f"ledger-{i}.txt"),
         }
         for i in range(K)
     }
@@ -322,7 +323,7 @@ def test_a_dp_config_claiming_more_nodes_than_the_roster_is_refused(digits_datas
         serve(TamperingGrid(_nodes(), tamper), cfg)
 
 
-def test_a_deployed_node_refuses_a_noise_seed_chosen_by_the_server(digits_dataset):
+def test_a_deployed_node_refuses_a_noise_seed_chosen_by_the_server(digits_dataset, tmp_path):
     """noise-seed makes a node's noise share a function of (seed, node id), both known to the server, which can
     then subtract every share from the sum: no DP at all while the report says epsilon = 1.  Before, a node with
     a roster drew its share from the server's seed; now it refuses unless its operator allows seeded noise."""
@@ -335,6 +336,7 @@ def test_a_deployed_node_refuses_a_noise_seed_chosen_by_the_server(digits_datase
             "num-partitions": K,
             "secagg-identity": ids[i].to_json(),
             "secagg-roster": roster.to_json(),
+            "secagg-ledger": str(tmp_path / f"ledger-{i}.txt"),
         }
         for i in range(K)
     }
@@ -450,3 +452,29 @@ def test_a_lying_fedcof_broadcast_is_refused_under_ckks_too(digits_dataset):
             TamperingGrid(_nodes(), tamper),
             FlowerConfig(method="fedcof", clients=K, secure="ckks", timeout=60),
         )
+
+
+@pytest.mark.parametrize("secure", ["mask", "ckks"])
+def test_a_deployed_node_without_a_ledger_file_refuses_before_any_key(digits_dataset, secure):
+    """Without a ledger that outlives the run, a server that starts run after run under one session id collects
+    the same nodes' consistency signatures on different survivor views and replays them in a later run, so
+    that a victim's neighbours reveal both kinds of its shares.  A node deployed with a roster therefore needs
+    secagg-ledger (or its operator's allow-ephemeral-ledger=true for a test deployment)."""
+    from mechanisms.secagg_identity import make_roster
+
+    roster, ids = make_roster(K)
+    deployed = {
+        100 + i: {
+            "partition-id": i,
+            "num-partitions": K,
+            "secagg-identity": ids[i].to_json(),
+            "secagg-roster": roster.to_json(),
+        }
+        for i in range(K)
+    }
+    cfg = FlowerConfig(method="fedncm", clients=K, secure=secure, timeout=30)
+    first = "keys" if secure == "mask" else "ckks_keys"  # the first message of the protocol: before any key
+    with pytest.raises(ProtocolAbort, match=f"stage '{first}'.*without a ledger file.*secagg-ledger=FILE"):
+        serve(LocalGrid(deployed), cfg)
+    allowed = {n: {**c, "allow-ephemeral-ledger": "true"} for n, c in deployed.items()}
+    assert serve(LocalGrid(allowed), cfg).head.secure_aggregation["summed_nodes"] == K

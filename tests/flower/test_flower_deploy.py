@@ -163,7 +163,8 @@ def deployment(tmp_path_factory, digits_dataset):
                     str(_free_port()),
                     "--node-config",
                     f"partition-id={i} num-partitions={K}{crash} allow-plain-release=true "
-                    f'secagg-identity="{tmp / "ids" / f"node-{i}.json"}" secagg-roster="{tmp / "ids" / "roster.json"}"',
+                    f'secagg-identity="{tmp / "ids" / f"node-{i}.json"}" secagg-roster="{tmp / "ids" / "roster.json"}" '
+                    f'secagg-ledger="{tmp / f"ledger-{i}.txt"}"',
                 ],
                 f"supernode{i}.log",
             )

@@ -115,14 +115,26 @@ def test_operator_command_writes_a_roster_and_private_identity_files(tmp_path, c
         path = tmp_path / f"node-{i}.json"
         assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
         ident, r = node_identity(
-            {"secagg-identity": str(path), "secagg-roster": str(tmp_path / "roster.json")}, i
+            {
+                "secagg-identity": str(path),
+                "secagg-roster": str(tmp_path / "roster.json"),
+                "secagg-ledger": str(tmp_path / f"ledger-{i}.txt"),
+            },
+            i,
         )
         assert ident.index == i and r == roster
     # Node 1's key with node 2's index (or another roster) is refused, as is a node without any identity.
     bad = tmp_path / "bad.json"
     bad.write_text((tmp_path / "node-1.json").read_text().replace('"index": 1', '"index": 2'))
     with pytest.raises(ConfigError, match="not in the roster"):
-        node_identity({"secagg-identity": str(bad), "secagg-roster": str(tmp_path / "roster.json")}, 7)
+        node_identity(
+            {
+                "secagg-identity": str(bad),
+                "secagg-roster": str(tmp_path / "roster.json"),
+                "secagg-ledger": str(tmp_path / "ledger.txt"),
+            },
+            7,
+        )
     with pytest.raises(ConfigError, match="node 7 has no secure-aggregation identity.*secagg-identity"):
         node_identity({}, 7)
     assert main([str(tmp_path / "x"), "--nodes", "6", "--threshold", "3"]) == 2
