@@ -90,18 +90,21 @@ def few_survivors(fed: Federation, victim: int, far: list[int]):
     uploaded = {u: sorted(set(alive[u]) - set(far)) for u in range(fed.K)}
     for u in (victim, *far):
         uploaded[u] = alive[u]
-    sigs = {}
+    sigs, aborts = {}, {}
     for u in range(fed.K):
         msg = {"stage": "consistency", "session": server.session, "uploaded": uploaded[u]}
-        sigs[u] = fed.send(u, msg)["sig"]
+        try:
+            sigs[u] = fed.send(u, msg)["sig"]
+        except ProtocolAbort as exc:  # e.g. too few of its group listed as uploaders for its threshold
+            aborts[u] = exc
 
     def agree(u: int, w: int) -> bool:
         both = group(fed, u) & group(fed, w)
         return all(set(a[u]) & both == set(a[w]) & both for a in (alive, uploaded))
 
-    revealed, aborts = {}, {}
-    for u in sorted(set(range(fed.K)) - set(far)):
-        signers = [w for w in uploaded[u] if agree(u, w)]
+    revealed = {}
+    for u in sorted(set(range(fed.K)) - set(far) - set(aborts)):
+        signers = [w for w in uploaded[u] if w in sigs and agree(u, w)]
         msg = {
             "stage": "unmask",
             "session": server.session,
@@ -147,3 +150,47 @@ def test_on_the_complete_graph_or_degree_K_minus_1_the_same_attack_finds_too_few
     assert set(revealed) == {victim} and set(revealed[victim]["kind"]) == {"b"}
     assert set(aborts) == set(range(K_)) - {victim, *far}
     assert {e.deviation for e in aborts.values()} == {"short-list"}
+
+
+def _leaked(fed: Federation, c: int) -> dict:
+    """What a colluding node hands the server once it holds its shares (after the masked stage): the share of
+    both secrets of every member of its group, in the form the unmask replies take."""
+    from privfed.flower.secagg import STATE_KEY
+
+    st = dict(fed.ctx[c].state[STATE_KEY])
+    who = [int(w) for w in st["share_from"]]
+    return {
+        "about": who + who,
+        "kind": ["b"] * len(who) + ["s"] * len(who),
+        "share": [bytes(s) for s in st["b_shares"]] + [bytes(s) for s in st["s_shares"]],
+    }
+
+
+@pytest.mark.parametrize("position", [1, -1, 2, -2])
+def test_with_a_colluding_neighbour_the_victim_still_keeps_its_input(position):
+    """A roster for one colluder (n_C = 1: t = 4 on the 4-regular graph of 12 nodes).  The same attack, the
+    victim masking with t - 1 neighbours told dropped, while one of its neighbours colludes and hands over
+    both kinds of its shares of every member of its group.  The server adds those to whatever the honest
+    nodes reveal; the victim's upload alone still does not open.  By counting: the victim and the neighbours
+    told it lives are k + 1 - (t - 1) = 2 < t (2t > k + 1 + n_C), so even with the colluder's share the
+    victim's self-mask seed cannot be rebuilt."""
+    fed = Federation(K=K, degree=DEGREE, colluders=1)
+    assert fed.t == 4
+    victim = at(fed, 0)
+    colluder = at(fed, position)
+    nbrs = [at(fed, p) for p in (1, -1, 2, -2)]
+    far = [w for w in nbrs if w != colluder][: fed.t - 1]  # the victim masks with these alone
+    leaked = {}
+    original = fed.send
+
+    def send(u, msg):  # the colluder's shares, taken once it holds them (after the masked stage)
+        if msg["stage"] == "consistency" and colluder not in leaked:
+            leaked[colluder] = _leaked(fed, colluder)
+        return original(u, msg)
+
+    fed.send = send
+    server, revealed, aborts = few_survivors(fed, victim, far)
+    assert victim in leaked[colluder]["about"]  # the colluder holds both kinds of the victim's shares
+    assert seed({**revealed, **leaked}, "b", victim, fed.t) is None
+    got = unmasked_alone(fed, server, {**revealed, **leaked}, victim, far)
+    assert got is None or np.abs(got - fed.x[victim]).max() > 1e3, "the victim's input, alone"
