@@ -44,7 +44,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import pathlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -53,11 +52,12 @@ from flwr.app import ConfigRecord, RecordDict
 
 from mechanisms import fixed_point
 from mechanisms.secagg_crypto import ProtocolAbort
+from mechanisms.secagg_graph import group_size
 from mechanisms.secagg_identity import Identity, Roster, make_roster, min_threshold
-from mechanisms.secagg_ledger import KEY_SESSION_PREFIX, SessionLedger
 from mechanisms.secagg_node import MaskingNode
 from mechanisms.secagg_server import MaskingServer
 from privfed.errors import ConfigError, InputError
+from privfed.flower.ledger import LEDGER_KEY, canonical_config, lifetime_id, node_ledger
 from privfed.flower.transport import Exchange, exchange
 from privfed.flower.wire import arrays_record
 
@@ -81,10 +81,6 @@ __all__ = [
 
 #: The node's ConfigRecord in ``context.state`` holding its protocol state between messages.
 STATE_KEY = "privfed-secagg"
-#: The node's record of the aggregation ids it uploaded a masked input for (one each, ever).
-LEDGER_KEY = "privfed-secagg-ledger"
-#: Run-config keys that do not change what is summed (left out of the aggregation id).
-_TRANSPORT_KEYS = ("run-nonce", "timeout", "connect_timeout", "output")
 
 
 # ------------------------------------------------------------------------------- records
@@ -218,9 +214,7 @@ def aggregation_digests(
     configuration counts as one release of this node's noisy statistics, so
     the id is the round alone.  The context digest adds the broadcast.
     """
-    canon = json.dumps(
-        {k: v for k, v in sorted(config.items()) if k not in _TRANSPORT_KEYS}, sort_keys=True, default=str
-    )
+    canon = canonical_config(config)
     base = ("dp-release" if private else canon) + "\x00" + round_name
     agg = hashlib.sha256(b"privfed aggregation\x00" + base.encode()).digest()
     h = hashlib.sha256(b"privfed context\x00" + canon.encode() + b"\x00" + round_name.encode())
@@ -228,80 +222,6 @@ def aggregation_digests(
         a = np.ascontiguousarray(broadcast[k], dtype=np.float64)
         h.update(k.encode() + str(a.shape).encode() + a.tobytes())
     return agg, h.digest()
-
-
-def lifetime_id(config: dict, round_name: str, private: bool = False) -> bytes:
-    """The id a node's lifetime ledger (``secagg-ledger``) keeps: the run config (less transport keys) and round;
-    under DP the round alone (any configuration is another release of the node's noisy statistics, and a server
-    chooses the configuration)."""
-    canon = json.dumps(
-        {k: v for k, v in sorted(config.items()) if k not in _TRANSPORT_KEYS}, sort_keys=True, default=str
-    )
-    base = "dp-release" if private else canon
-    return hashlib.sha256(
-        b"privfed lifetime aggregation\x00" + base.encode() + b"\x00" + round_name.encode()
-    ).digest()
-
-
-_PIN = "uploaders="
-
-
-def node_ledger(context, lifetime: bytes | None = None) -> SessionLedger:
-    """This node's ledger for this run (``context.state``), chained to the file named by its node config
-    ``secagg-ledger`` when there is one: the same configuration and round is summed once per node, ever,
-    whichever run the server starts, and every sum covers the uploader set of the first (a line
-    ``uploaders=...`` in the file; ``holder=...`` names the one CKKS key holder, which keeps that set for
-    CKKS sums), so sums from two runs cannot be subtracted either."""
-    path = context.node_config.get("secagg-ledger")
-    p = pathlib.Path(str(path)).expanduser() if path else None
-
-    def lines() -> list[str]:
-        return p.read_text().split() if p is not None and p.exists() else []
-
-    def append(line: str) -> None:
-        with open(p, "a", encoding="utf-8") as fh:
-            fh.write(line + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-
-    def also(node: int) -> None:
-        if lifetime.hex() in set(lines()):
-            raise ProtocolAbort(
-                f"node {node} aborts at stage 'masked': its ledger {p} shows it already uploaded for this "
-                "configuration and round in an earlier run; a server that repeats a sum could subtract the two",
-                node=node,
-                stage="masked",
-                deviation="second-session",
-            )
-        append(lifetime.hex())
-
-    def keep(line: str) -> None:
-        key = line.split("=", 1)[0] + "="
-        if not any(x.startswith(key) for x in lines()):
-            append(line)
-
-    def kept(key: str) -> str | None:
-        found = [x[len(key) :] for x in lines() if x.startswith(key)]
-        return found[0] if found else None
-
-    rec = context.state.get(LEDGER_KEY, {})
-    used = list(rec["used"]) if "used" in rec else []
-    used += [
-        x for x in lines() if x.startswith(KEY_SESSION_PREFIX) and x not in used
-    ]  # CKKS keys made before
-    pinned = list(rec["uploaders"]) if "uploaders" in rec else None
-    holder = int(rec["holder"]) if "holder" in rec else None
-    if pinned is None and (text := kept(_PIN)) is not None:
-        pinned = [int(v) for v in text.split(",")]
-    if holder is None and (text := kept("holder=")) is not None:
-        holder = int(text)
-    return SessionLedger(
-        used,
-        also if p is not None and lifetime is not None else None,
-        pinned,
-        holder,
-        keep if p is not None else None,
-    )
 
 
 def node_step(
@@ -436,8 +356,7 @@ def masked_sum_over_messages(
     neighbours each node names from its roster; None: the complete graph).
     """
     K = len(nodes) if num_nodes is None else int(num_nodes)
-    group = K if degree is None else min(K, int(degree) + 1)
-    t = min_threshold(group) if threshold is None else int(threshold)
+    t = min_threshold(group_size(K, degree)) if threshold is None else int(threshold)
     server = MaskingServer(
         num_nodes=K,
         threshold=t,
