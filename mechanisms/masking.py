@@ -69,7 +69,7 @@ from mechanisms.secagg_crypto import (  # re-exported: the public names of this 
     prg_buffer,
     prg_uint64,
 )
-from mechanisms.secagg_graph import ring_neighbours
+from mechanisms.secagg_graph import group_size, ring_neighbours
 from mechanisms.secagg_identity import make_roster
 from mechanisms.secagg_node import MaskingNode
 from mechanisms.secagg_noise import noise_share
@@ -290,7 +290,7 @@ def masked_sum(
     if active and neighbours is not None:
         # The operator's roster draws the graph (make_roster below); here the degree is checked and sized.
         harary_graph(K, neighbours, np.random.default_rng(0))
-        group_sizes = [min(K, int(neighbours) + 1)]
+        group_sizes = [group_size(K, neighbours)]
     else:
         # The SecAgg+ relabelling is key material: from the key source (OS entropy), never from ``rng``.
         graph = (

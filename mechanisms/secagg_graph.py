@@ -67,7 +67,13 @@ from collections.abc import Sequence
 from mechanisms.secagg_crypto import KeySource
 from privfed.errors import ConfigError
 
-__all__ = ["check_degree", "draw_ring", "ring_neighbours"]
+__all__ = ["check_degree", "draw_ring", "group_size", "ring_neighbours"]
+
+
+def group_size(num_nodes: int, degree: int | None) -> int:
+    """Share holders of each node: itself and its neighbours (K on the complete graph, ``degree=None``;
+    else k + 1, at most K)."""
+    return int(num_nodes) if degree is None else min(int(num_nodes), int(degree) + 1)
 
 
 def check_degree(degree: object, num_nodes: int, what: str = "degree") -> int:

@@ -51,7 +51,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from mechanisms.secagg_crypto import KeySource
-from mechanisms.secagg_graph import check_degree, draw_ring, ring_neighbours
+from mechanisms.secagg_graph import check_degree, draw_ring, group_size, ring_neighbours
 from privfed.errors import ConfigError
 
 __all__ = ["Identity", "Roster", "make_roster", "min_threshold", "signed_bytes"]
@@ -134,7 +134,7 @@ class Roster:
     @property
     def group_size(self) -> int:
         """Share holders of each node: itself and its neighbours (K on the complete graph, else k + 1)."""
-        return self.size if self.degree is None else min(self.size, int(self.degree) + 1)
+        return group_size(self.size, self.degree)
 
     @cached_property
     def graph(self) -> list[frozenset[int]]:

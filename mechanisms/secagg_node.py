@@ -48,14 +48,12 @@ tampered messages, a second session) is detected and the node aborts before
 revealing any share, or the server learns nothing beyond a sum of at least
 t inputs; with up to n_C colluding nodes when t > n_C + (K - n_C)/2.
 
-Active version on a SecAgg+ graph (a roster with a degree k): every list
-the server sends must lie within the node's group in the roster's graph,
-the node signs its view of its group, and it unmasks only after t
-signatures from uploaders of its group on views that agree with its own on
-every node both groups hold, and after every uploader's echo of the survivors
-it masked with, which must agree with its own likewise; t >= 2,
-2t > k + 1 + n_C and t <= k + 1.  The
-argument is in :mod:`mechanisms.secagg_graph`.
+Active version on a SecAgg+ graph (a roster with a degree k): every list the server sends must lie
+within the node's group in the roster's graph, the node signs its view of its group, and it unmasks
+only after t signatures from uploaders of its group on views that agree with its own on every node
+both groups hold, and after every uploader's echo of the survivors it masked with, which must agree
+likewise; t >= 2, 2t > k + 1 + n_C, t <= k + 1 (the argument: :mod:`mechanisms.secagg_graph`; the
+checks: :mod:`mechanisms.secagg_views`).
 """
 
 from __future__ import annotations
@@ -78,16 +76,22 @@ from mechanisms.secagg_crypto import (
     ProtocolAbort,
     add_masks,
     as_bytes,
-    as_int,
     hkdf,
     private_key,
     pub_bytes,
     public_key,
 )
-from mechanisms.secagg_identity import Identity, Roster, min_threshold, signed_bytes
+from mechanisms.secagg_identity import Identity, Roster, signed_bytes
 from mechanisms.secagg_ledger import SessionLedger
-from mechanisms.secagg_messages import SESSION_BYTES, STAGES, parse_ids
-from mechanisms.secagg_views import check_echoes, check_views, echo_bytes, view_digest
+from mechanisms.secagg_messages import STAGES, parse_ids
+from mechanisms.secagg_views import (
+    check_echoes,
+    check_keys_request,
+    check_uploaded,
+    check_views,
+    echo_bytes,
+    view_digest,
+)
 from privfed.errors import PrivfedError
 
 # STAGES and SessionLedger live in their own modules and are re-exported here (their old import path).
@@ -278,30 +282,14 @@ class MaskingNode:
 
     # ------------------------------------------------------------------ stages
     def _keys(self, msg: dict, session: bytes) -> dict:
-        K, t = as_int(msg["K"], "K"), as_int(msg["t"], "t")
-        degree = None if msg.get("degree") is None else as_int(msg["degree"], "degree")
-        if self.active and degree != self.roster.degree:  # first: another graph also means another t
-            raise self._abort(
-                "keys",
-                "wrong-graph",
-                f"the server runs degree {degree or 'complete'} but this node's roster graph is "
-                f"{self.roster.degree or 'complete'}; the graph is the operator's, never the server's",
-            )
-        if K != self.K or t != self.t:
-            raise self._abort(
-                "keys",
-                "wrong-parameters",
-                f"the server asks for K={K}, t={t} but this node is configured with K={self.K}, "
-                f"t={self.t} (a lower threshold lets a server unmask one node)",
-            )
-        if self.active:
-            low = min_threshold(self.roster.group_size, self.roster.colluders)
-            if t < low:  # the roster checks this too; refuse whatever the roster says
-                raise self._abort("keys", "low-threshold", f"threshold t={t} below {low}")
-        if len(session) != SESSION_BYTES:
-            raise self._abort(
-                "keys", "malformed", f"session id of {len(session)} bytes, expected {SESSION_BYTES}"
-            )
+        check_keys_request(
+            msg,
+            session,
+            K=self.K,
+            t=self.t,
+            roster=self.roster if self.active else None,
+            abort=lambda deviation, text: self._abort("keys", deviation, text),
+        )
         c_sk, s_sk, b = self.keys.field_element(), self.keys.field_element(), self.keys.field_element()
         self.st = {
             "stage": "advertised",
@@ -454,21 +442,15 @@ class MaskingNode:
         return {"y": x, "echo": self.identity.sign(self._echo_bytes())}
 
     def _check_uploaded(self, stage: str, U3: list[int]) -> None:
-        if not set(U3) <= set(self.st["U2"]):
-            raise self._abort(
-                stage,
-                "unknown-node",
-                f"uploaders {sorted(set(U3) - set(self.st['U2']))} are not survivors of the masked stage",
-            )
-        if self.u not in U3:
-            raise self._abort(stage, "drop-claim", "the server lists this node as dropped, but it uploaded")
-        if len(set(U3) & self.group) < self.t:
-            raise self._abort(
-                stage,
-                "short-list",
-                f"refuses to unmask: only {len(set(U3) & self.group)} of its group uploaded, "
-                f"below the threshold t={self.t}; the sum is not released",
-            )
+        """:func:`mechanisms.secagg_views.check_uploaded` for this node, aborting it on a failure."""
+        check_uploaded(
+            U3,
+            self.st["U2"],
+            node=self.u,
+            group=self.group,
+            t=self.t,
+            abort=lambda deviation, text: self._abort(stage, deviation, text),
+        )
 
     def _consistency(self, msg: dict) -> dict:
         U3 = sorted(parse_ids(msg["uploaded"], "uploader", self.u, "consistency"))

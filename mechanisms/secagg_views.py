@@ -13,11 +13,19 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from mechanisms.secagg_crypto import ProtocolAbort, as_bytes
-from mechanisms.secagg_identity import Roster, signed_bytes
-from mechanisms.secagg_messages import parse_ids, unpack_view
+from mechanisms.secagg_crypto import ProtocolAbort, as_bytes, as_int
+from mechanisms.secagg_identity import Roster, min_threshold, signed_bytes
+from mechanisms.secagg_messages import SESSION_BYTES, parse_ids, unpack_view
 
-__all__ = ["agrees", "check_echoes", "check_views", "echo_bytes", "view_digest"]
+__all__ = [
+    "agrees",
+    "check_echoes",
+    "check_keys_request",
+    "check_uploaded",
+    "check_views",
+    "echo_bytes",
+    "view_digest",
+]
 
 
 def echo_bytes(roster: Roster, session: bytes, digest: bytes, U2: list[int]) -> bytes:
@@ -135,3 +143,62 @@ def check_views(
         )
     if len(signers) < t:
         raise abort("short-list", f"only {len(signers)} consistency signatures, below the threshold t={t}")
+
+
+def check_uploaded(
+    U3: list[int],
+    U2: list[int],
+    *,
+    node: int,
+    group: frozenset,
+    t: int,
+    abort: Callable[[str, str], ProtocolAbort],
+) -> None:
+    """The uploader list U3 a node is shown: survivors of the masked stage (its U2), the node itself among
+    them (it uploaded), and at least t of its group; otherwise ``abort(deviation, text)``."""
+    if not set(U3) <= set(U2):
+        raise abort(
+            "unknown-node", f"uploaders {sorted(set(U3) - set(U2))} are not survivors of the masked stage"
+        )
+    if node not in U3:
+        raise abort("drop-claim", "the server lists this node as dropped, but it uploaded")
+    if len(set(U3) & group) < t:
+        raise abort(
+            "short-list",
+            f"refuses to unmask: only {len(set(U3) & group)} of its group uploaded, "
+            f"below the threshold t={t}; the sum is not released",
+        )
+
+
+def check_keys_request(
+    msg: dict,
+    session: bytes,
+    *,
+    K: int,
+    t: int,
+    roster: Roster | None,
+    abort: Callable[[str, str], ProtocolAbort],
+) -> None:
+    """The first request of a session: the graph (active version: the roster's, checked first, since another
+    graph also means another t), K and t as the node is configured, t not below the roster's minimum, and a
+    session id of the protocol's length; otherwise ``abort(deviation, text)``."""
+    K_, t_ = as_int(msg["K"], "K"), as_int(msg["t"], "t")
+    degree = None if msg.get("degree") is None else as_int(msg["degree"], "degree")
+    if roster is not None and degree != roster.degree:
+        raise abort(
+            "wrong-graph",
+            f"the server runs degree {degree or 'complete'} but this node's roster graph is "
+            f"{roster.degree or 'complete'}; the graph is the operator's, never the server's",
+        )
+    if K_ != K or t_ != t:
+        raise abort(
+            "wrong-parameters",
+            f"the server asks for K={K_}, t={t_} but this node is configured with K={K}, "
+            f"t={t} (a lower threshold lets a server unmask one node)",
+        )
+    if roster is not None:
+        low = min_threshold(roster.group_size, roster.colluders)
+        if t_ < low:  # the roster checks this too; refuse whatever the roster says
+            raise abort("low-threshold", f"threshold t={t_} below {low}")
+    if len(session) != SESSION_BYTES:
+        raise abort("malformed", f"session id of {len(session)} bytes, expected {SESSION_BYTES}")
