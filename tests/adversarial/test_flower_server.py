@@ -273,6 +273,22 @@ def test_a_ledger_file_keeps_the_uploader_set_and_the_dp_release_across_runs(dig
         _sum(LocalGrid(nodes), FlowerConfig(**dp, partition_seed=5), ids)
 
 
+def _deployed(roster, ids, ledgers=None) -> dict[int, dict]:
+    """Node configs of K deployed nodes: each its identity and the roster, and a ledger file in ``ledgers``
+    (a folder) unless None."""
+    out = {}
+    for i in range(K):
+        out[100 + i] = {
+            "partition-id": i,
+            "num-partitions": K,
+            "secagg-identity": ids[i].to_json(),
+            "secagg-roster": roster.to_json(),
+        }
+        if ledgers is not None:
+            out[100 + i]["secagg-ledger"] = str(ledgers / f"ledger-{i}.txt")
+    return out
+
+
 def test_a_node_deployed_with_a_roster_refuses_to_release_in_the_clear(digits_dataset, tmp_path):
     """The simplest deviation: instead of a secure sum, the server asks each node for its statistics in a plain
     query (or through Flower's SecAgg+, which it can unmask).  Before, a node with a roster answered either with
@@ -281,16 +297,7 @@ def test_a_node_deployed_with_a_roster_refuses_to_release_in_the_clear(digits_da
     from privfed.flower.local import LocalGrid as Grid
 
     roster, ids = make_roster(K)
-    deployed = {
-        100 + i: {
-            "partition-id": i,
-            "num-partitions": K,
-            "secagg-identity": ids[i].to_json(),
-            "secagg-roster": roster.to_json(),
-            "secagg-ledger": str(tmp_path / f"ledger-{i}.txt"),
-        }
-        for i in range(K)
-    }
+    deployed = _deployed(roster, ids, tmp_path)
     for secure in ("none", "flwr-secaggplus-insecure"):
         extra = {"clip": 10.0, "max_records": 1000} if secure != "none" else {}
         with pytest.raises(
@@ -330,16 +337,7 @@ def test_a_deployed_node_refuses_a_noise_seed_chosen_by_the_server(digits_datase
     from mechanisms.secagg_identity import make_roster
 
     roster, ids = make_roster(K)
-    deployed = {
-        100 + i: {
-            "partition-id": i,
-            "num-partitions": K,
-            "secagg-identity": ids[i].to_json(),
-            "secagg-roster": roster.to_json(),
-            "secagg-ledger": str(tmp_path / f"ledger-{i}.txt"),
-        }
-        for i in range(K)
-    }
+    deployed = _deployed(roster, ids, tmp_path)
     dp = {"method": "fedncm", "clients": K, "epsilon": 1.0, "delta": 1e-5, "clip": 10.0, "timeout": 30}
     for secure in ("mask", "ckks"):
         with pytest.raises(
@@ -463,15 +461,7 @@ def test_a_deployed_node_without_a_ledger_file_refuses_before_any_key(digits_dat
     from mechanisms.secagg_identity import make_roster
 
     roster, ids = make_roster(K)
-    deployed = {
-        100 + i: {
-            "partition-id": i,
-            "num-partitions": K,
-            "secagg-identity": ids[i].to_json(),
-            "secagg-roster": roster.to_json(),
-        }
-        for i in range(K)
-    }
+    deployed = _deployed(roster, ids)
     cfg = FlowerConfig(method="fedncm", clients=K, secure=secure, timeout=30)
     first = "keys" if secure == "mask" else "ckks_keys"  # the first message of the protocol: before any key
     with pytest.raises(ProtocolAbort, match=f"stage '{first}'.*without a ledger file.*secagg-ledger=FILE"):
