@@ -392,3 +392,31 @@ def test_a_split_broadcast_within_a_neighbourhood_is_refused_before_any_share():
     hit = group(fed, victim)
     assert set(aborts) == hit  # every node of its group notices, each before revealing anything
     assert {e.deviation for e in aborts.values()} <= {"inconsistent-lists", "split-broadcast"}
+
+
+@pytest.mark.parametrize(
+    "tamper, deviation",
+    [
+        (lambda m: dict(m, alive_lists=m["alive_lists"][:-1]), "malformed"),  # one uploader's list missing
+        (lambda m: {k: v for k, v in m.items() if k != "alive_lists"}, "malformed"),  # the field left out
+        # a survivor list that carries an uploader list too (the packed view format, misused)
+        (
+            lambda m: dict(m, alive_lists=[pack_view([0], [0])] + m["alive_lists"][1:]),
+            "malformed",
+        ),
+        # another survivor list for one uploader than it signed in its echo
+        (
+            lambda m: dict(m, alive_lists=[pack_view(m["uploaded"][:1], [])] + m["alive_lists"][1:]),
+            "split-broadcast",
+        ),
+    ],
+)
+def test_a_lying_survivor_list_at_unmasking_is_refused(tamper, deviation):
+    """Every uploader's survivor list (``alive_lists``, sent on the SecAgg+ graph) is checked against the echo
+    it signed: a short, missing, malformed or substituted list aborts the node before it reveals a share."""
+    fed = sparse()
+    server = fed.server()
+    fed.run_until(server, "unmask")
+    msg = server.requests()[0]
+    assert len(msg["alive_lists"]) == len(msg["uploaded"])
+    only(fed.stage(server, {0: tamper(msg)}), deviation, "unmask")
