@@ -172,12 +172,12 @@ def scenario(
 
 def _register_builtin() -> None:
     from attacks.differencing import Differencing
-    from attacks.inversion import FeatureInversion
+    from attacks.inversion.attack import FeatureInversion
     from attacks.labels import LabelInference
+    from attacks.second_moments.subspace import SubspaceMembership
+    from attacks.second_moments.unmixing import SecondMomentUnmixing
     from attacks.singleton import SingletonExposure
-    from attacks.subspace import SubspaceMembership
-    from attacks.tracing import Tracing
-    from attacks.unmixing import SecondMomentUnmixing
+    from attacks.tracing.attack import Tracing
 
     for cls in (
         Differencing,

@@ -25,7 +25,7 @@ __all__ = ["COUNT_NOISE_KINDS", "NoiseSpec", "count_noise", "gaussian_sigma"]
 COUNT_NOISE_KINDS = ("laplace", "geometric", "gaussian", "uniform")
 
 
-#: ``name`` of the count-noise mechanisms of :mod:`mechanisms.count_noise` -> count-noise kind.
+#: ``name`` of the count-noise mechanisms of :mod:`mechanisms.dp.count_noise` -> count-noise kind.
 _COUNT_MECHANISMS = {
     "laplace": "laplace",
     "geometric": "geometric",
@@ -92,7 +92,7 @@ def count_noise(
 
 def gaussian_sigma(epsilon: float, delta: float) -> float:
     """Analytic-Gaussian sigma per unit L2 sensitivity for one (eps, delta) release (the mechanisms' calibration)."""
-    from mechanisms.calibration import analytic_sigma
+    from mechanisms.dp.calibration import analytic_sigma
 
     return analytic_sigma(float(epsilon), float(delta))
 

@@ -12,7 +12,7 @@ The maximum over a suite is chosen on the scored targets, so it is biased
 upwards by the selection (the maximum of a few noisy estimates): it errs on
 the attacker's side, which is the safe side for a privacy claim.
 
-The inversion suite's ``joint`` members (:mod:`attacks.joint`) differ in how
+The inversion suite's ``joint`` members (:mod:`attacks.inversion.joint`) differ in how
 far the joint latent optimisation may move from the bank images: ``joint``
 (learning rate 0.02) stays near them, ``joint-fit`` (0.1) fits the released
 mean more tightly; which one wins depends on n (measured: ``joint-fit`` at
@@ -78,7 +78,7 @@ _HEADLINE = HEADLINE
 
 def _challenge(kind: str, view, truth, rng: np.random.Generator, common: dict) -> dict:
     if kind == "inversion":
-        from attacks.inversion import challenge_cells
+        from attacks.inversion.attack import challenge_cells
 
         if view.stats.owners is not None:
             return {}
@@ -201,7 +201,7 @@ PER_CELL = "per-cell"
 def per_cell_best(results: list):
     """Per released cell, the reconstructions of the result whose mean feature best matches the cell's target.
 
-    ``results``: :class:`attacks.inversion.InversionResult` of attacks on the
+    ``results``: :class:`attacks.inversion.attack.InversionResult` of attacks on the
     same cells (source ``mean``).  The criterion, 1 - cos(mean of the
     reconstructions' features, released mean), is what the server can
     measure: no private record is read.  Returns one InversionResult.

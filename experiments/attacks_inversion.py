@@ -7,10 +7,10 @@ the set decoder returning n images for a mean of n plus joint refinement
 (``set``), the joint set attacker (``joint`` / ``joint-fit`` / ``joint-wide``: bank search by
 mean feature, n latent codes of the feature decoder optimised jointly against
 the released mean and, where uploaded, the client's second moment, joint
-pixel polish; attacks.joint), and, where second moments are uploaded,
+pixel polish; attacks.inversion.joint), and, where second moments are uploaded,
 unmixing then the learned inversion (``two-stage``); ``per-cell`` keeps, per
 released cell, the member whose reconstructions' mean feature best matches
-the release (chosen without the truth).  Scores (attacks.inversion): Hungarian matching
+the release (chosen without the truth).  Scores (attacks.inversion.attack): Hungarian matching
 per cell, identification per true image among all 899 private images,
 against the n-guess prior (k-means centres of the public class, as many
 guesses as reconstructions) and chance; delta-PSNR over that prior with
@@ -120,7 +120,7 @@ def main(argv=None) -> int:
             flush=True,
         )
 
-    from attacks.learned import progress_bars
+    from attacks.inversion.learned import progress_bars
 
     bars = progress_bars(True)  # decoder training and the joint attack's cells, with ETAs, on stderr
     bars.__enter__()
@@ -156,7 +156,7 @@ def main(argv=None) -> int:
     if args.results_json:
         import json
 
-        from privfed.results_io import atomic_write
+        from privfed.results.writer import atomic_write
 
         Path(args.results_json).parent.mkdir(parents=True, exist_ok=True)
         text = json.dumps({"config": config, "rows": rows}, indent=2, default=str) + "\n"
@@ -223,7 +223,7 @@ def main(argv=None) -> int:
 def _decoder_record(d, args) -> dict:
     """The decoders the learned, set and joint attacks used: training length and validation loss of each."""
     import attacks
-    from attacks.learned import feature_decoder, set_decoder
+    from attacks.inversion.learned import feature_decoder, set_decoder
 
     extra = {} if args.train_steps is None else {"train_steps": args.train_steps}
     att = attacks.get("inversion", backend="set", **extra)
@@ -282,7 +282,7 @@ def _grids(d, args, folder: Path, clip: float) -> None:
     import matplotlib.pyplot as plt
 
     import attacks
-    from attacks.inversion import challenge_cells
+    from attacks.inversion.attack import challenge_cells
     from attacks.strongest import SUITES
     from attacks.view import class_groups
     from mechanisms import GaussianMechanism

@@ -1,6 +1,6 @@
 """Feature inversion against the multi-round FedLog release, with the strongest attack of privfed.
 
-Multi-round FedLog (:mod:`privfed.fedlog_rounds`) releases, every round r,
+Multi-round FedLog (:mod:`privfed.rounds`) releases, every round r,
 each client's per-class sums of the augmented features [1, f_r(x)] of its
 records (plain FedLog: every client's upload; under secure aggregation only
 their sum).  The inversion suite (:func:`attacks.strongest`, the same
@@ -58,10 +58,10 @@ def rounds_release(d: dict, clients: int, rounds: int, seed: int = 0) -> dict:
     uploads' sums and the digits backbone's features of the same records
     summed per client and class (``max_rel_error_vs_features``).
     """
-    from attacks.learned import backbone_digest
+    from attacks.inversion.learned import backbone_digest
     from privfed.errors import InputError
-    from privfed.fedlog_bodies import public_body
-    from privfed.fedlog_rounds import RoundsSetup, client_statistic, run_rounds
+    from privfed.rounds import RoundsSetup, client_statistic, run_rounds
+    from privfed.rounds.bodies import public_body
 
     cfg = dict(clients=clients, rounds=rounds, families=("cnn",), local_epochs=0, seed=seed)
     result = run_rounds(**cfg)
@@ -177,7 +177,7 @@ def main(argv=None) -> int:
         "seconds_total": round(time.perf_counter() - t_all, 1),
     }
     if args.results_json:
-        from privfed.results_io import atomic_write
+        from privfed.results.writer import atomic_write
 
         text = json.dumps({"config": config, "rows": rows}, indent=2, default=str) + "\n"
         atomic_write(args.results_json, lambda tmp: tmp.write_text(text))

@@ -63,7 +63,7 @@ def main(argv=None) -> int:
 
     from attacks.metrics import auc, auc_se, tpr_at_fpr
     from attacks.theory import effective_dimension, gdp_auc_bound, gdp_tpr_bound, tracing_auc, tracing_tpr
-    from attacks.tracing import reference_model, tracing_game
+    from attacks.tracing.attack import reference_model, tracing_game
     from attacks.view import clip_rows
 
     t_all = time.perf_counter()

@@ -129,7 +129,7 @@ def broken_catalogue(eps: float = 1.0, clip: float = 3.0):
         def ctx():
             from unittest import mock
 
-            from mechanisms.backends import NumpyNoise
+            from mechanisms.dp.backends import NumpyNoise
 
             inner = NumpyNoise.add_gaussian
             return mock.patch.object(

@@ -38,7 +38,7 @@ import numpy as np
 
 from experiments.audit_broken import broken_catalogue
 from mechanisms import GaussianMechanism
-from mechanisms.secagg import CKKSAggregation, PairwiseMasking
+from mechanisms.secagg.protection import CKKSAggregation, PairwiseMasking
 from privfed.audit import MIN_META_DRAWS, audit_release, fit_release, neighbour_battery, tradeoff_release
 from privfed.tradeoff import TradeoffConfig
 

@@ -55,7 +55,7 @@ os.environ.setdefault("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from experiments.attacks_common import markdown  # noqa: E402  (the experiments' one table writer)
-from privfed._cli import parse_int_list  # noqa: E402
+from privfed.commands.common import parse_int_list  # noqa: E402
 from privfed.flower import FlowerConfig, run_simulation  # noqa: E402
 from privfed.flower.node import load_node_data  # noqa: E402
 from privfed.methods import available  # noqa: E402

@@ -51,7 +51,7 @@ import numpy as np  # noqa: E402
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from experiments.attacks_common import markdown  # noqa: E402
-from privfed._cli import parse_int_list  # noqa: E402
+from privfed.commands.common import parse_int_list  # noqa: E402
 from privfed.flower import FlowerConfig, run_simulation  # noqa: E402
 
 CLASSES = 10

@@ -388,7 +388,7 @@ def _write_atomic(path: Path, text: str) -> None:
 
 
 def _upload_chunk_mib() -> float:
-    from privfed.pipeline import UPLOAD_CHUNK_BYTES
+    from privfed.release.pipeline import UPLOAD_CHUNK_BYTES
 
     return UPLOAD_CHUNK_BYTES / 2**20
 

@@ -10,7 +10,7 @@ For K clients each holding D floats (default 100 x 51,200) it measures
   share channel and one for the mask with every neighbour, the server one
   per pair of a client dropped before upload and an uploading neighbour):
   the floor of the D-independent part;
-* pairwise masking end to end (:func:`mechanisms.masking.masked_sum`:
+* pairwise masking end to end (:func:`mechanisms.secagg.masking.masked_sum`:
   key agreement, Shamir sharing, masking, unmasking), on the complete graph
   and on a SecAgg+ graph, with no dropouts and with 10% dropping before
   upload (the server rebuilds their mask keys);
@@ -26,14 +26,14 @@ X25519 agreements, Shamir sharing, share encryption).  The ratio the
 table leads with is against the floor the protocol cannot go below: plain
 summation plus the PRG expansions plus the X25519 agreements (no mask
 without its key, no key without its agreement).  CKKS per-phase
-times are wall seconds from :func:`mechanisms.ckks_run.ckks_sum`.
+times are wall seconds from :func:`mechanisms.secagg.ckks.ckks_sum`.
 
 Prints a markdown table and writes ``results.csv`` and ``results.json``
 (rows plus the resolved configuration) under ``--out``.
 
 ``--active`` measures instead what the active-adversary version costs over
 the honest-but-curious one, in the same run on the same inputs
-(:func:`mechanisms.masking.masked_sum` with ``active=True``: signed key
+(:func:`mechanisms.secagg.masking.masked_sum` with ``active=True``: signed key
 advertisements checked against the roster, the signed echo with every
 upload, the consistency round): CPU seconds of all K clients and the
 server, and bytes up and down per client, on the full vector and on D = 1
@@ -62,9 +62,9 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from experiments.attacks_common import markdown  # noqa: E402  (the experiments' one table writer)
-from mechanisms.ckks import CKKSParams  # noqa: E402
-from mechanisms.ckks_run import ckks_sum  # noqa: E402
-from mechanisms.masking import masked_sum, prg_buffer, prg_uint64  # noqa: E402
+from mechanisms.secagg.ckks import ckks_sum  # noqa: E402
+from mechanisms.secagg.ckks.scheme import CKKSParams  # noqa: E402
+from mechanisms.secagg.masking import masked_sum, prg_buffer, prg_uint64  # noqa: E402
 
 
 def _best(fn, repeats: int) -> tuple[float, float, object]:

@@ -9,7 +9,7 @@ Part 1, **the masked sum against its floor** (``--clients`` K x each D in ``--va
   per uploader);
 * X25519: the key agreements it needs, alone (each client one channel key
   and one mask key per neighbour);
-* masked: :func:`mechanisms.masking.masked_sum` end to end (key agreement,
+* masked: :func:`mechanisms.secagg.masking.masked_sum` end to end (key agreement,
   Shamir sharing, share encryption, masking, unmasking), and the same on
   D = 1 (its part that does not grow with the vector).
 
@@ -23,8 +23,8 @@ targeted: at small D the agreements alone exceed it.  Times are the least
 CPU seconds of ``--repeats`` runs (one thread; robust on a shared machine).
 
 Part 2, **SecAgg+ over Flower messages** (``--nodes`` N, ``--node-values`` D,
-degree ``--degree`` k): the server is :class:`mechanisms.secagg_server.MaskingServer`
-in this process; the N nodes are :class:`mechanisms.secagg_node.MaskingNode`
+degree ``--degree`` k): the server is :class:`mechanisms.secagg.masking.server.MaskingServer`
+in this process; the N nodes are :class:`mechanisms.secagg.masking.node.MaskingNode`
 in one second process, each rebuilt from its state record for every
 message as the Flower app does (:func:`privfed.flower.secagg.node_step`),
 every request and reply a Flower ``RecordDict`` serialised to its protobuf
@@ -67,15 +67,15 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from experiments.attacks_common import markdown  # noqa: E402  (the experiments' one table writer)
-from mechanisms import fixed_point  # noqa: E402
-from mechanisms.masking import (  # noqa: E402
+from mechanisms.secagg import fixed_point
+from mechanisms.secagg.identity import make_roster  # noqa: E402
+from mechanisms.secagg.masking import (  # noqa: E402
     harary_split_bound,
     masked_sum,
     prg_buffer,
     prg_uint64,
 )
-from mechanisms.secagg_identity import make_roster  # noqa: E402
-from privfed._cli import parse_int_list  # noqa: E402
+from privfed.commands.common import parse_int_list  # noqa: E402
 
 #: Targets the record is checked against (tests/mechanisms/test_secagg_scale.py).
 TARGET_RATIO = 1.5
@@ -169,9 +169,9 @@ def _nodes(conn, K: int, t: int, roster_json: str, secrets: list[bytes], D: int,
     node deployed with ``secagg-identity`` and ``secagg-roster`` runs)."""
     from flwr.app import ConfigRecord, RecordDict
 
-    from mechanisms.secagg_crypto import KeySource
-    from mechanisms.secagg_identity import Identity, Roster
-    from mechanisms.secagg_node import MaskingNode
+    from mechanisms.secagg.crypto import KeySource
+    from mechanisms.secagg.identity import Identity, Roster
+    from mechanisms.secagg.masking.node import MaskingNode
     from privfed.flower.secagg import from_records, to_records
     from privfed.flower.wire import arrays_record
 
@@ -213,7 +213,7 @@ def _run(conn, kind: str, K: int, t: int, roster, D: int, trace: bool) -> dict:
     """One plain or masked run, the server in this process; wall seconds, bytes per node, traced peak."""
     from flwr.app import ConfigRecord, RecordDict
 
-    from mechanisms.secagg_server import MaskingServer
+    from mechanisms.secagg.masking.server import MaskingServer
     from privfed.flower.secagg import from_records, to_records
     from privfed.flower.wire import record_bytes
 

@@ -22,11 +22,11 @@ from pathlib import Path
 import numpy as np
 
 import privfed
-from privfed._cli import write_json
+from privfed.commands.common import write_json
 from privfed.data import load_dataset
 from privfed.federation import partition
+from privfed.release.settings import make_privacy
 from privfed.tradeoff import TradeoffConfig, digits_public_clip, run_tradeoff
-from privfed.tradeoff_privacy import make_privacy
 
 METHODS = ("fedncm", "fed3r", "fedcof", "fedcgs", "fedlog")
 EPS = (0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, math.inf)

@@ -65,13 +65,13 @@ def _privacy_cols(p) -> dict:
 
 
 def _attack_cols(r) -> dict:
-    from privfed.fedlog_rounds import attack_summary
+    from privfed.commands.tradeoff.rounds import attack_summary
 
     return attack_summary(r.attacks)
 
 
 def compare(args) -> list[dict]:
-    from privfed.fedlog_rounds import FAMILIES, run_rounds
+    from privfed.rounds import FAMILIES, run_rounds
 
     rows = []
     for fams in (FAMILIES, ("cnn",)):
@@ -118,7 +118,7 @@ def compare(args) -> list[dict]:
 
 
 def dp(args) -> list[dict]:
-    from privfed.fedlog_rounds import run_rounds
+    from privfed.rounds import run_rounds
 
     rows = []
     modes = {
@@ -185,7 +185,7 @@ def dp(args) -> list[dict]:
 
 def attack(args) -> list[dict]:
     """Frozen public cnn bodies (Theorem 3.1's sensitivity holds): the sequence attack against the composed bound."""
-    from privfed.fedlog_rounds import run_rounds
+    from privfed.rounds import run_rounds
 
     rows = []
     settings = [("total", 1.0), ("total", 4.0), ("paper", 1.0)]
@@ -247,7 +247,7 @@ def plot(out: Path, rows: list[dict], args) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from mechanisms.calibration import gdp_epsilon
+    from mechanisms.dp.calibration import gdp_epsilon
 
     def curve(mode, key):
         pts = {}
@@ -363,7 +363,7 @@ def main(argv=None) -> int:
     if args.json:
         import json
 
-        from privfed._cli import versions
+        from privfed.commands.common import versions
 
         summary["versions"] = versions()
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)

@@ -39,12 +39,12 @@ from pathlib import Path
 import numpy as np
 
 from mechanisms import GaussianMechanism
-from mechanisms.noise_aware import drop_small_counts
+from mechanisms.dp.noise_aware import drop_small_counts
 from privfed import methods
 from privfed.data import load_dataset
 from privfed.federation import partition
 from privfed.methods.fedcof import class_covariances
-from privfed.pipeline import client_statistics, server_head
+from privfed.release.pipeline import client_statistics, server_head
 from privfed.tradeoff import digits_public_clip
 
 

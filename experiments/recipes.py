@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from privfed._cli import HelpFormatter, OutputDir, Parser, cli_entry, versions
+from privfed.commands.common import HelpFormatter, OutputDir, Parser, cli_entry, versions
 from privfed.tradeoff import TradeoffConfig, run_tradeoff, summarise
 
 EPS = (0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, math.inf)

@@ -21,7 +21,7 @@ import platform
 import sys
 from typing import Any
 
-from privfed._cli import json_text, write_json
+from privfed.commands.common import json_text, write_json
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 

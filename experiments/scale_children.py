@@ -44,7 +44,7 @@ def child(data: str, name: str, repeats: int, threads: int) -> dict:
 
     threadpool_limits(threads)
     import privfed
-    from privfed.pipeline import fold_statistics
+    from privfed.release.pipeline import fold_statistics
 
     F32 = np.load(os.path.join(data, "F.npy"))
     y = np.load(os.path.join(data, "y.npy"))
@@ -106,7 +106,7 @@ def child_local_dp(data: str, clients: int, repeats: int, threads: int, method: 
     threadpool_limits(threads)
     import privfed
     from mechanisms import GaussianMechanism
-    from privfed.pipeline import UPLOAD_CHUNK_BYTES
+    from privfed.release.pipeline import UPLOAD_CHUNK_BYTES
 
     F32 = np.load(os.path.join(data, "F.npy"), mmap_mode="r")
     y = np.load(os.path.join(data, "y.npy"))

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import importlib
 
-from mechanisms.accounting import ACCOUNTANTS, calibrate_round_mu, ledger_epsilon
-from mechanisms.backends import (
+from mechanisms.dp.accounting import ACCOUNTANTS, calibrate_round_mu, ledger_epsilon
+from mechanisms.dp.backends import (
     NoiseBackend,
     NumpyNoise,
     OpenDPNoise,
@@ -26,25 +26,25 @@ from mechanisms.backends import (
     get_backend,
     register_backend,
 )
-from mechanisms.calibration import analytic_sigma, classic_sigma, gaussian_delta, gdp_epsilon, gdp_mu
-from mechanisms.clipping import Clipping, clip_coordinates, clip_l2
-from mechanisms.count_noise import (
+from mechanisms.dp.calibration import analytic_sigma, classic_sigma, gaussian_delta, gdp_epsilon, gdp_mu
+from mechanisms.dp.clipping import Clipping, clip_coordinates, clip_l2
+from mechanisms.dp.count_noise import (
     CountNoise,
     GaussianCountNoise,
     GeometricCountNoise,
     LaplaceCountNoise,
     UniformCountNoiseNoDP,
 )
-from mechanisms.gaussian import BLOCKS, GaussianMechanism
-from mechanisms.ledger import PrivacyLedger, PrivacyReport, ReleaseEvent
-from mechanisms.noise_aware import (
+from mechanisms.dp.gaussian.mechanism import BLOCKS, GaussianMechanism
+from mechanisms.dp.ledger import PrivacyLedger, PrivacyReport, ReleaseEvent
+from mechanisms.dp.noise_aware import (
     debias_covariances,
     drop_small_counts,
     fedcof_spread_bias,
     outer_product_bias,
     repair_psd,
 )
-from mechanisms.sensitivity import StatisticSensitivity
+from mechanisms.dp.sensitivity import StatisticSensitivity
 
 __all__ = [
     "ACCOUNTANTS",
@@ -82,27 +82,21 @@ __all__ = [
     "repair_psd",
 ]
 
-# Names defined in sibling modules that are imported on first use: name -> module.
-_LAZY: dict[str, str] = {}
+# Secure aggregation, imported on first use (TenSEAL and the key-agreement stack are heavy): these names
+# are :mod:`mechanisms.secagg`'s own.
+_SECAGG = (
+    "CKKSAggregation",
+    "CKKSParams",
+    "DistributedGaussian",
+    "PairwiseMasking",
+    "ProtocolAbort",
+    "SecureAggReport",
+    "make_secure_agg",
+    "secagg_upload_bytes",
+)
 
 
 def __getattr__(name: str):
-    module = _LAZY.get(name)
-    if module is None:
+    if name not in _SECAGG:
         raise AttributeError(f"module 'mechanisms' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"mechanisms.{module}"), name)
-
-
-# Secure aggregation (imported on first use: TenSEAL and the key-agreement stack are heavy).
-_LAZY.update(
-    {
-        "CKKSAggregation": "secagg",
-        "CKKSParams": "ckks",
-        "DistributedGaussian": "secagg_noise",
-        "PairwiseMasking": "secagg",
-        "ProtocolAbort": "masking",
-        "SecureAggReport": "secagg",
-        "make_secure_agg": "secagg",
-        "secagg_upload_bytes": "secagg_comm",
-    }
-)
+    return getattr(importlib.import_module("mechanisms.secagg"), name)

@@ -161,7 +161,7 @@ def check_features(
 
     ``keep_float32=True`` returns float32 input as it is (no N x d float64
     copy) for callers that convert block by block and accumulate in float64
-    (:func:`privfed.pipeline.fold_statistics`); other dtypes become float64.
+    (:func:`privfed.release.pipeline.fold_statistics`); other dtypes become float64.
     Finiteness is checked in blocks of rows either way.
     """
     refuse_masked(features, name)

@@ -21,7 +21,7 @@ from privfed._validation import (
 )
 from privfed.errors import ConfigError, InputError
 from privfed.head import LinearHead
-from privfed.pipeline import run_federation
+from privfed.release.pipeline import run_federation
 
 __all__ = ["fit"]
 

@@ -19,7 +19,7 @@ client of every sample).
 Privacy and secure aggregation are parameters, as in :func:`privfed.fit`::
 
     from mechanisms import GaussianMechanism
-    from mechanisms.secagg import PairwiseMasking
+    from mechanisms.secagg.protection import PairwiseMasking
     clf = FederatedHeadClassifier("fedlog", clients=10, classes=["no", "yes"],
                                   privacy=GaussianMechanism(epsilon=2.0, delta=1e-5, clip=30.0),
                                   secure_agg=PairwiseMasking())
@@ -86,7 +86,7 @@ class FederatedHeadClassifier(ClassifierMixin, BaseEstimator):
         (cross-validation, a grid search) spends the budget each time, and
         the total is the composition of the fits.
     secure_agg : optional
-        A secure-aggregation protocol from :mod:`mechanisms.secagg` (e.g.
+        A secure-aggregation protocol from :mod:`mechanisms.secagg.protection` (e.g.
         ``PairwiseMasking()``), as ``secure_agg=`` of :func:`privfed.fit`.
     random_state : None, int or numpy.random.Generator
         Seeds the partition and the method (multi-mean sampling).  With

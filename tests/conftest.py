@@ -102,7 +102,7 @@ def clipped_tracing(digits):
     feature norm, and the attacker's reference model from that class's clipped public features."""
     import numpy as np
 
-    from attacks.tracing import reference_model
+    from attacks.tracing.attack import reference_model
     from attacks.view import clip_rows
 
     c = int(np.bincount(digits["yp"]).argmax())

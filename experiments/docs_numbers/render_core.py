@@ -103,8 +103,8 @@ COMMAND_1 = ["--method", "fedlog", "--eps", "0.1"]
 
 def command_1() -> str:
     """What ``python -m privfed.tradeoff --method fedlog --eps 0.1`` prints."""
-    from mechanisms.backends import NumpyNoise
-    from privfed import tradeoff
+    from mechanisms.dp.backends import NumpyNoise
+    from privfed.commands import tradeoff
 
     warned, NumpyNoise._warned = NumpyNoise._warned, False  # print what a fresh process prints
     try:
@@ -180,7 +180,7 @@ CALIBRATION = template("calibration")
 
 def calibration() -> str:
     """The calibration bullet: analytic and classic σ, and the ε the classic σ really gives."""
-    from mechanisms.calibration import analytic_sigma, classic_sigma, gdp_epsilon
+    from mechanisms.dp.calibration import analytic_sigma, classic_sigma, gdp_epsilon
 
     return CALIBRATION.format(
         analytic=analytic_sigma(1.0, 1e-5),
@@ -194,7 +194,7 @@ DROPOUTS = template("dropouts")
 
 def dropouts() -> str:
     """The report bullet's dropout example, computed by the pipeline's own secure-sum accounting."""
-    from mechanisms.calibration import gdp_epsilon, gdp_mu
+    from mechanisms.dp.calibration import gdp_epsilon, gdp_mu
 
     clients, present, delta = 10, 6, 1e-5
     share = present / clients
@@ -211,7 +211,7 @@ def sampling() -> str:
 
     import privfed
     from mechanisms import GaussianMechanism
-    from mechanisms.calibration import gdp_epsilon
+    from mechanisms.dp.calibration import gdp_epsilon
 
     q = 0.01
     mech = GaussianMechanism(

@@ -81,7 +81,7 @@ def fedlog_training() -> str:
 
 def fedlog_composition() -> str:
     """The paper's per-round eps composed exactly (GDP of the classic sigma), computed here."""
-    from mechanisms.calibration import classic_sigma, gdp_epsilon
+    from mechanisms.dp.calibration import classic_sigma, gdp_epsilon
 
     delta = 0.01
     lines = [

@@ -37,7 +37,7 @@ def _npz_limit() -> bool:
 
 
 def _checkpoint() -> bool:
-    from privfed import attack, tradeoff
+    from privfed.commands import attack, tradeoff
 
     return tradeoff.CHECKPOINT_S == attack.CHECKPOINT_S == 30.0
 
@@ -53,7 +53,7 @@ def _paper_upload() -> bool:  # the FedCOF paper's App. H figures, reproduced by
 
 
 def _scale_cap() -> bool:
-    from tests.pipeline import test_scale
+    from tests.release import test_scale
 
     return (
         test_scale.CAP == 160 * 2**20
@@ -62,7 +62,7 @@ def _scale_cap() -> bool:
 
 
 def _claimed_mu() -> bool:  # the audits' claim at eps = 4, delta = 1e-5
-    from mechanisms.calibration import gdp_mu
+    from mechanisms.dp.calibration import gdp_mu
 
     return f"{gdp_mu(4.0, 1e-5):.3f}" == "0.925"
 
@@ -96,7 +96,7 @@ def _fedlog_small_features() -> bool:  # the reliability bullet: FedLog on digit
 
 
 def _flower_timeout() -> bool:  # the Flower command's default stage timeout: base + per node
-    from privfed.flower.__main__ import TIMEOUT_BASE_S, TIMEOUT_PER_NODE_S
+    from privfed.commands.flower import TIMEOUT_BASE_S, TIMEOUT_PER_NODE_S
 
     return TIMEOUT_BASE_S == 120.0 and TIMEOUT_PER_NODE_S == 10.0
 
@@ -157,8 +157,8 @@ STATED: dict[str, object] = {
     "106 GiB": ("(K, C, d) float64 at the iNat-120K shape", _inat_dense_gib),
     "279.5 MB": ("the FedCOF paper's figure, reproduced", _paper_upload),
     "61,064.1 MB": ("the FedCOF paper's figure, reproduced", _paper_upload),
-    "160 MB": ("tests/pipeline/test_scale.py's memory cap", _scale_cap),
-    "1.23 GB": ("tests/pipeline/test_scale.py's dense class sums", _scale_cap),
+    "160 MB": ("tests/release/test_scale.py's memory cap", _scale_cap),
+    "1.23 GB": ("tests/release/test_scale.py's dense class sums", _scale_cap),
     "64 ×": "digits' feature width (d × d)",
     "2 ×": "the memory target's factor",
 }

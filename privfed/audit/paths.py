@@ -4,10 +4,10 @@ A *run* is a callable ``(dataset kwargs, seed) -> dict`` for :func:`privfed.audi
 (``seed=None``: as a user who gives no seed):
 
 * :func:`fit_release`: :func:`privfed.fit` with a mechanism and a secure-aggregation protocol;
-* :func:`tradeoff_release`: the trade-off sweep's path (``tradeoff_privacy.make_privacy`` and the
+* :func:`tradeoff_release`: the trade-off sweep's path (``settings.make_privacy`` and the
   pipeline's two stages);
-* :func:`rounds_release`: the multi-round FedLog release (:class:`privfed.fedlog_rounds.RoundsDP`
-  and :class:`~privfed.fedlog_rounds.RoundRelease`, as ``run_rounds`` uses them) over R rounds
+* :func:`rounds_release`: the multi-round FedLog release (:class:`privfed.rounds.RoundsDP`
+  and :class:`~privfed.rounds.RoundRelease`, as ``run_rounds`` uses them) over R rounds
   of frozen features;
 * the Flower app: :func:`privfed.flower.audit.flower_release`.
 
@@ -107,10 +107,10 @@ def fit_release(
 def tradeoff_release(
     cfg, method: str, epsilon: float, clip: float | None, secure: str = "none", **params
 ) -> Callable[[dict, int], dict]:
-    """The trade-off sweep's path (``tradeoff_privacy.make_privacy`` + the pipeline's two stages)."""
+    """The trade-off sweep's path (``settings.make_privacy`` + the pipeline's two stages)."""
     from privfed import methods as _methods
-    from privfed.pipeline import client_statistics, server_head
-    from privfed.tradeoff_privacy import make_privacy, make_secure_agg
+    from privfed.release.pipeline import client_statistics, server_head
+    from privfed.release.settings import make_privacy, make_secure_agg
 
     def run(data: dict, seed: int) -> dict:
         m = _methods.get(method, **params)
@@ -158,10 +158,10 @@ def rounds_release(
     Each client's upload is the augmented statistic [n_c, s_c] (C, d + 1) of its clipped features,
     bounded at client level to ``max_records`` records' worth (:meth:`RoundsDP.bound_uploads`); every
     round is one :class:`RoundRelease` call with the run's noise generator
-    (:func:`privfed.fedlog_rounds.noise_generator`: OS entropy for ``seed=None``, else a seeded
+    (:func:`privfed.rounds.noise_generator`: OS entropy for ``seed=None``, else a seeded
     simulation, declared so).  The arrays are the R released sums.
     """
-    from privfed.fedlog_rounds import RoundRelease, RoundsDP, noise_generator
+    from privfed.rounds import RoundRelease, RoundsDP, noise_generator
 
     def run(data: dict, seed) -> dict:
         F = np.asarray(data["features"], dtype=np.float64)

@@ -253,7 +253,7 @@ def _claims(rep) -> tuple[float, float]:
     if mu is not None and math.isfinite(mu):
         return claimed_eps, float(mu)
     if str(getattr(rep, "accountant", "")).startswith("gdp"):
-        from mechanisms.calibration import gdp_mu
+        from mechanisms.dp.calibration import gdp_mu
 
         return claimed_eps, float(gdp_mu(claimed_eps, rep.delta))
     return claimed_eps, math.nan

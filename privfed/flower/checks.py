@@ -35,8 +35,8 @@ _ALLOWED = (
 
 
 def rounds_config(cfg):
-    """The :class:`privfed.fedlog_rounds.RoundsConfig` of a Flower run (ConfigError naming a bad key)."""
-    from privfed.fedlog_rounds import RoundsConfig
+    """The :class:`privfed.rounds.RoundsConfig` of a Flower run (ConfigError naming a bad key)."""
+    from privfed.rounds import RoundsConfig
 
     params = dict(cfg.rounds_params)
     bad = sorted(set(params) - set(_ALLOWED))

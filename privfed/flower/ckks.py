@@ -1,13 +1,13 @@
 """CKKS secure summation over Flower messages, with the key holder a separate node: the transport only.
 
-The protocol is :mod:`mechanisms.ckks_node` (a node),
-:mod:`mechanisms.ckks_holder` (the key holder) and
-:mod:`mechanisms.ckks_server` (the server); this module carries their
+The protocol is :mod:`mechanisms.secagg.ckks.node` (a node),
+:mod:`mechanisms.secagg.ckks.holder` (the key holder) and
+:mod:`mechanisms.secagg.ckks.server` (the server); this module carries their
 requests and replies as Flower records (the ``ckks`` ConfigRecord; the
 released sum as an ArrayRecord), keeps the key holder's state in its
 ``context.state`` and runs the server's stages over the grid.  The stages,
 hardened against a server that deviates (every signature checked against
-the operator's roster, :mod:`mechanisms.secagg_identity`):
+the operator's roster, :mod:`mechanisms.secagg.identity`):
 
 ``query.ckks_keys``     the key holder (a node, never the server) makes fresh
                         CKKS keys for this sum (once per session id), keeps the secret key in its own
@@ -48,13 +48,13 @@ from dataclasses import dataclass, field
 import numpy as np
 from flwr.app import ConfigRecord, RecordDict
 
-from mechanisms.ckks import CKKSParams
-from mechanisms.ckks_holder import CKKSKeyHolder
-from mechanisms.ckks_node import CKKSNode, check_num_nodes, pin_bytes
-from mechanisms.ckks_server import STAGES, CKKSServer
-from mechanisms.secagg_crypto import ProtocolAbort
-from mechanisms.secagg_identity import Identity, Roster
-from mechanisms.secagg_ledger import SessionLedger
+from mechanisms.secagg.ckks.holder import CKKSKeyHolder
+from mechanisms.secagg.ckks.node import CKKSNode, check_num_nodes, pin_bytes
+from mechanisms.secagg.ckks.scheme import CKKSParams
+from mechanisms.secagg.ckks.server import STAGES, CKKSServer
+from mechanisms.secagg.crypto import ProtocolAbort
+from mechanisms.secagg.identity import Identity, Roster
+from mechanisms.secagg.ledger import SessionLedger
 from privfed.errors import ConfigError
 from privfed.flower.transport import Exchange, exchange
 from privfed.flower.wire import arrays_record
@@ -116,7 +116,7 @@ def node_encrypt_step(
     aggregation: bytes | None = None,
     params: CKKSParams | None = None,
 ) -> RecordDict:
-    """``query.ckks_encrypt``: :meth:`mechanisms.ckks_node.CKKSNode.encrypt`; a node that is also the key
+    """``query.ckks_encrypt``: :meth:`mechanisms.secagg.ckks.node.CKKSNode.encrypt`; a node that is also the key
     holder notes its digest, which every contribution must carry."""
     params = CKKSParams() if params is None else params
     node = CKKSNode(params, identity=identity, roster=roster, ledger=ledger)
@@ -138,7 +138,7 @@ def holder_decrypt_step(
     ledger: SessionLedger,
     params: CKKSParams | None = None,
 ) -> RecordDict:
-    """``query.ckks_decrypt``: :meth:`mechanisms.ckks_holder.CKKSKeyHolder.decrypt`; the key leaves
+    """``query.ckks_decrypt``: :meth:`mechanisms.secagg.ckks.holder.CKKSKeyHolder.decrypt`; the key leaves
     ``state`` whatever happens."""
     holder = _holder(CKKSParams() if params is None else params, identity, roster, state, ledger)
     if SECRET_KEY in state:
@@ -213,7 +213,7 @@ def ckks_sum_over_messages(
     keep_view: bool = False,
     num_nodes: int | None = None,
 ) -> CKKSSum:
-    """Run :class:`mechanisms.ckks_server.CKKSServer` over the grid (see the module docstring)."""
+    """Run :class:`mechanisms.secagg.ckks.server.CKKSServer` over the grid (see the module docstring)."""
     server = CKKSServer(
         nodes,
         key_holder=key_holder,

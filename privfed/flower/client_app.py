@@ -42,7 +42,7 @@ import numpy as np
 from flwr.app import ConfigRecord, Context, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
 
-from mechanisms.secagg_crypto import ProtocolAbort
+from mechanisms.secagg.crypto import ProtocolAbort
 from privfed.errors import PrivfedError
 from privfed.flower.ckks import holder_decrypt_step, holder_keys_step, node_encrypt_step
 from privfed.flower.config import FlowerConfig
@@ -174,7 +174,7 @@ def _secure_release(cfg: FlowerConfig, context: Context, msg: Message):
     The share is drawn once per configuration and run (the server's nonce is
     left out of the key: a server cannot make a node draw, or reuse, a share
     by changing it) and enters one masked sum per aggregation id (the node's
-    :class:`~mechanisms.secagg_node.SessionLedger` refuses a second).
+    :class:`~mechanisms.secagg.masking.node.SessionLedger` refuses a second).
     """
     conf = context.node_config
     if (

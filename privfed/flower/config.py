@@ -38,7 +38,7 @@ Keys (run config / command line):
                             ``compact`` (float32, and without DP only the held
                             classes' rows: the layout fit's byte model counts)
 ``rounds``                  rounds of a multi-round method (``fedlog`` with local bodies, R > 1)
-``rounds-params``           JSON object of :class:`privfed.fedlog_rounds.RoundsConfig` settings
+``rounds-params``           JSON object of :class:`privfed.rounds.RoundsConfig` settings
                             (local_epochs, batch_size, lr, families, init, partition, ...)
 ``dataset``                 ``digits`` (embedded, default), ``file:PATH`` or
                             ``synthetic:D:N`` (N random D-dim samples a node)
@@ -132,14 +132,14 @@ class FlowerConfig:
                     f"degree={self.degree!r} is the SecAgg+ graph of pairwise masking: use it with "
                     "--secure mask, or drop it"
                 )
-            from mechanisms.secagg_graph import check_degree
+            from mechanisms.secagg.graph import check_degree
 
             check_degree(self.degree, self.clients)
         if self.threshold is not None:
             _positive_int(self.threshold, "threshold", "e.g. a majority of the clients")
             if self.threshold > self.clients:
                 raise ConfigError(f"threshold={self.threshold} exceeds clients={self.clients}")
-            from mechanisms.secagg_identity import min_threshold
+            from mechanisms.secagg.identity import min_threshold
 
             if self.degree is not None and self.threshold > self.degree + 1:
                 raise ConfigError(
@@ -160,13 +160,13 @@ class FlowerConfig:
                     "halves of the nodes different survivor lists unmasks a node; raise threshold"
                 )
         if self.secure == "ckks":
-            from mechanisms.ckks import CKKSParams
+            from mechanisms.secagg.ckks.scheme import CKKSParams
             from privfed.flower.ckks import check_num_nodes
 
             check_num_nodes(CKKSParams(), self.clients)
         if isinstance(self.frac_bits, bool) or not isinstance(self.frac_bits, int):
             raise ConfigError(f"frac-bits must be an integer, got {self.frac_bits!r}")
-        from mechanisms import fixed_point
+        from mechanisms.secagg import fixed_point
 
         fixed_point.check_frac_bits(self.frac_bits)
         eps = float(self.epsilon)
@@ -215,7 +215,7 @@ class FlowerConfig:
             if self.private or self.secure != "none":
                 raise ConfigError(
                     "multi-round FedLog on Flower runs without DP noise and secure aggregation; "
-                    "privfed.fedlog_rounds simulates its noise placements in one process"
+                    "privfed.rounds simulates its noise placements in one process"
                 )
             from privfed.flower.checks import rounds_config
 
@@ -247,7 +247,7 @@ class FlowerConfig:
     @property
     def secagg_threshold(self) -> int:
         """The masking threshold t: the configured one, or the smallest for K nodes (or groups of k + 1)."""
-        from mechanisms.secagg_identity import min_threshold
+        from mechanisms.secagg.identity import min_threshold
 
         if self.threshold is not None:
             return int(self.threshold)

@@ -1,13 +1,13 @@
-"""Multi-round FedLog with local bodies as a Flower loop (the algorithm of :mod:`privfed.fedlog_rounds`).
+"""Multi-round FedLog with local bodies as a Flower loop (the algorithm of :mod:`privfed.rounds`).
 
 Run with ``method = "fedlog"`` and ``rounds = R > 1`` (``python -m
 privfed.flower --method fedlog --rounds R``).  The server draws the initial
-head eta (C, d + 1) exactly as :func:`privfed.fedlog_rounds.run_rounds`
+head eta (C, d + 1) exactly as :func:`privfed.rounds.run_rounds`
 does, and every round
 
 1. broadcasts eta in ``query.round`` (:func:`privfed.flower.rounds.run_rounds`);
 2. each node (client ``partition-id`` of the run's partition, built by
-   :mod:`privfed.fedlog_rounds`' own set-up from its seed) trains its own
+   :mod:`privfed.rounds`' own set-up from its seed) trains its own
    body for E local epochs against eta and replies with its augmented
    statistic (class counts and per-class feature sums, d + 1 floats a class);
    the body, its optimiser state and its data-order generator never leave
@@ -18,15 +18,15 @@ does, and every round
    Eq. 15 with :class:`privfed.methods.fedlog.FedLog`, the solver
    ``run_rounds`` uses.
 
-The node and server code reuse ``privfed.fedlog_rounds``' body set-up,
+The node and server code reuse ``privfed.rounds``' body set-up,
 training step and feature extraction, under its deterministic torch
 settings, so the heads of every round equal ``run_rounds``' for the same
 seed and partition.  The rounds' settings other than ``clients`` and
 ``rounds`` (``local_epochs``, ``batch_size``, ``lr``, ``families``,
 ``init``, ``partition``, ``classes_per_client``, ``alpha``, ``seed``) come
 from the run config's ``rounds-params`` (a JSON object of
-:class:`privfed.fedlog_rounds.RoundsConfig` fields).  DP noise over rounds
-is not offered on Flower yet (the run is refused); ``privfed.fedlog_rounds``
+:class:`privfed.rounds.RoundsConfig` fields).  DP noise over rounds
+is not offered on Flower yet (the run is refused); ``privfed.rounds``
 simulates its placements in one process.
 """
 
@@ -53,7 +53,7 @@ _STATE = "privfed-fedlog-body"
 
 @functools.lru_cache(maxsize=2)
 def _setup(rc):
-    from privfed.fedlog_rounds import RoundsSetup
+    from privfed.rounds import RoundsSetup
 
     return RoundsSetup(rc)
 
@@ -69,8 +69,8 @@ def node_round(context, cfg, broadcast: dict, round_index: int) -> ClientStats:
     from flwr.app import ConfigRecord
 
     from privfed.data.digits import deterministic_torch
-    from privfed.fedlog_bodies import FEATURE_DIM, client_features
-    from privfed.fedlog_rounds import RoundsClient, init_body, train_body
+    from privfed.rounds import RoundsClient, init_body, train_body
+    from privfed.rounds.bodies import FEATURE_DIM, client_features
 
     rc = rounds_config(cfg)
     if "partition-id" not in context.node_config:
@@ -131,9 +131,9 @@ def node_round(context, cfg, broadcast: dict, round_index: int) -> ClientStats:
 # ------------------------------------------------------------------------------------------ server
 def serve_fedlog_rounds(grid, cfg, nodes: list[int]):
     """The server's loop; returns (last head, per-round heads' eta, per-round exchanges, the rounds config)."""
-    from privfed.fedlog_rounds import FEATURE_DIM, head_eta
     from privfed.flower.rounds import run_rounds
     from privfed.methods.fedlog import FedLog
+    from privfed.rounds import FEATURE_DIM, head_eta
 
     rc = rounds_config(cfg)
     method = FedLog(nu=rc.nu)

@@ -33,7 +33,7 @@ are: the neighbour graph is drawn with Python's ``random`` module and the
 stochastic rounding with numpy's global generator (neither is a CSPRNG; the
 masks and keys are); a stage that loses nodes below the threshold halts
 the workflow without a result, which this module turns into
-:class:`mechanisms.masking.ProtocolAbort`.  DP noise is not offered on this
+:class:`mechanisms.secagg.masking.ProtocolAbort`.  DP noise is not offered on this
 protocol (privfed's masking carries distributed noise).
 """
 
@@ -92,7 +92,7 @@ def node_train_reply(msg, context):
     from privfed.flower.config import FlowerConfig
     from privfed.flower.node import load_node_data
     from privfed.flower.protocol import sum_vector
-    from privfed.pipeline import client_statistics
+    from privfed.release.pipeline import client_statistics
 
     fitins = recorddict_compat.recorddict_to_fitins(msg.content, keep_input=True)
     cfg = FlowerConfig.from_wire(dict(fitins.config))
@@ -107,7 +107,7 @@ def node_train_reply(msg, context):
             f"this node holds {n} records, more than max-records={cfg.max_records}, the public bound "
             "its statistics are scaled by; raise max-records"
         )
-    from mechanisms.clipping import Clipping
+    from mechanisms.dp.clipping import Clipping
 
     F = Clipping(float(cfg.clip), "l2")(np.asarray(data.features, dtype=np.float64))
     stats = client_statistics(
@@ -216,7 +216,7 @@ def flwr_secaggplus_sum(grid, cfg, nodes: list[int], *, length: int, C: int, d: 
     from flwr.server.workflow import SecAggPlusWorkflow
     from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECORD, Key
 
-    from mechanisms.masking import ProtocolAbort, default_threshold
+    from mechanisms.secagg.masking import ProtocolAbort, default_threshold
 
     K = len(nodes)
     method = cfg.make_method()

@@ -1,7 +1,7 @@
 """A Flower node's ledger of the secure aggregations it took part in: in its ``context.state`` for the run,
 and in the file its node config names (``secagg-ledger``) across runs.
 
-The protocol's rules live in :class:`mechanisms.secagg_ledger.SessionLedger` (one upload per aggregation id,
+The protocol's rules live in :class:`mechanisms.secagg.ledger.SessionLedger` (one upload per aggregation id,
 one uploader set, one CKKS key holder, one key per CKKS session); this module keeps them beyond a run: the
 file holds the lifetime ids of the configurations and rounds the node uploaded for, its ``uploaders=`` and
 ``holder=`` pins and the CKKS sessions it made keys for.  :mod:`privfed.flower.secagg` explains why a node
@@ -15,8 +15,8 @@ import json
 import os
 import pathlib
 
-from mechanisms.secagg_crypto import ProtocolAbort
-from mechanisms.secagg_ledger import KEY_SESSION_PREFIX, SessionLedger
+from mechanisms.secagg.crypto import ProtocolAbort
+from mechanisms.secagg.ledger import KEY_SESSION_PREFIX, SessionLedger
 
 __all__ = ["LEDGER_KEY", "canonical_config", "lifetime_id", "node_ledger"]
 

@@ -11,7 +11,7 @@ A node's data is either
   ``features`` and ``labels``, see :mod:`privfed.data.npzfile`): a natural
   split, one file per site.
 
-Statistics are computed by :func:`privfed.pipeline.client_statistics`, the
+Statistics are computed by :func:`privfed.release.pipeline.client_statistics`, the
 code ``fit`` runs, on this node's rows only (one client, ``K = 1``), then
 bounded and noised by the privacy mechanism's ``before_upload`` with
 randomness from the operating system unless the run is a seeded simulation.
@@ -28,7 +28,7 @@ import numpy as np
 
 from privfed.errors import ConfigError, InputError
 from privfed.flower.config import FlowerConfig
-from privfed.pipeline import client_statistics
+from privfed.release.pipeline import client_statistics
 from privfed.stats import ClientStats
 
 __all__ = ["NodeData", "load_node_data", "node_rng", "node_statistics"]

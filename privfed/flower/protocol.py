@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mechanisms.secagg_crypto import ProtocolAbort
+from mechanisms.secagg.crypto import ProtocolAbort
 from privfed.errors import ConfigError, InputError
 from privfed.methods.fedcof_protocol import ROUNDS as FEDCOF_ROUNDS
 from privfed.methods.fedcof_protocol import BroadcastRefused, FedCOFNode

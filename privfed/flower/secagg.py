@@ -1,5 +1,5 @@
-"""Pairwise masking over Flower messages: the state machines of :mod:`mechanisms.secagg_node` and
-:mod:`mechanisms.secagg_server`, carried as messages.
+"""Pairwise masking over Flower messages: the state machines of :mod:`mechanisms.secagg.masking.node` and
+:mod:`mechanisms.secagg.masking.server`, carried as messages.
 
 This module is plumbing only: a request or reply dict becomes a
 ``RecordDict`` (a ConfigRecord ``secagg`` for ids, keys, ciphertexts,
@@ -35,7 +35,7 @@ and again could replay one run's consistency signatures in another.
 
 Identities: a node reads ``secagg-identity`` and ``secagg-roster`` (file
 paths, or inline JSON) from its node config (see
-:mod:`mechanisms.secagg_identity` for the operator's command), or gets them
+:mod:`mechanisms.secagg.identity` for the operator's command), or gets them
 from the app (:class:`SimulatedRoster`, simulations only).
 """
 
@@ -50,12 +50,12 @@ from dataclasses import dataclass, field
 import numpy as np
 from flwr.app import ConfigRecord, RecordDict
 
-from mechanisms import fixed_point
-from mechanisms.secagg_crypto import ProtocolAbort
-from mechanisms.secagg_graph import group_size
-from mechanisms.secagg_identity import Identity, Roster, make_roster, min_threshold
-from mechanisms.secagg_node import MaskingNode
-from mechanisms.secagg_server import MaskingServer
+from mechanisms.secagg import fixed_point
+from mechanisms.secagg.crypto import ProtocolAbort
+from mechanisms.secagg.graph import group_size
+from mechanisms.secagg.identity import Identity, Roster, make_roster, min_threshold
+from mechanisms.secagg.masking.node import MaskingNode
+from mechanisms.secagg.masking.server import MaskingServer
 from privfed.errors import ConfigError, InputError
 from privfed.flower.ledger import LEDGER_KEY, canonical_config, lifetime_id, node_ledger
 from privfed.flower.transport import Exchange, exchange
@@ -184,7 +184,7 @@ def node_identity(
         raise ConfigError(
             f"node {node_id} has no secure-aggregation identity: start it with --node-config "
             "'secagg-identity=FILE secagg-roster=FILE secagg-ledger=FILE' (the operator writes the first two with "
-            "python -m mechanisms.secagg_identity DIR --nodes K); the roster fixes K and t"
+            "python -m mechanisms.secagg.identity DIR --nodes K); the roster fixes K and t"
         )
     if (
         "secagg-ledger" not in node_config

@@ -196,10 +196,10 @@ def serve(grid: Grid, cfg: FlowerConfig, *, keep_view: bool = False) -> FlowerRe
 def write_outputs(result: FlowerResult, directory: str) -> None:
     """``head.npz`` (weight, bias) and ``report.json`` in ``directory``, published as one unit.
 
-    Through :class:`privfed.results_io.ResultFolder`: both files and a manifest with their hashes appear
+    Through :class:`privfed.results.writer.ResultFolder`: both files and a manifest with their hashes appear
     together or not at all; a previous privfed output there is swapped out, other files are refused.
     """
-    from privfed.results_io import ResultFolder
+    from privfed.results.writer import ResultFolder
 
     out = ResultFolder(
         pathlib.Path(directory).expanduser(), overwrite=True, flag="output", command="privfed flower server"

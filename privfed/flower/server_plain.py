@@ -16,7 +16,7 @@ import os
 import numpy as np
 from flwr.app import RecordDict
 
-from mechanisms.ledger import ReleaseEvent
+from mechanisms.dp.ledger import ReleaseEvent
 from privfed.errors import ConfigError
 from privfed.flower.config import FlowerConfig
 from privfed.flower.fold import NodeFold, node_errors

@@ -19,8 +19,8 @@ import json
 
 from flwr.app import ConfigRecord, RecordDict
 
-from mechanisms.ckks import CKKSParams
-from mechanisms.secagg import THREAT_MODEL_CKKS_ACTIVE, THREAT_MODEL_MASK_ACTIVE
+from mechanisms.secagg.ckks.scheme import CKKSParams
+from mechanisms.secagg.protection import THREAT_MODEL_CKKS_ACTIVE, THREAT_MODEL_MASK_ACTIVE
 from privfed.errors import ConfigError
 from privfed.flower.ckks import ckks_sum_over_messages
 from privfed.flower.fold import node_errors
@@ -155,7 +155,7 @@ def serve_secure(grid, cfg, method, nodes, config_rec, stages, keep_view, receiv
         variant = "two-round protocol (App. I.2)"
     K = len(runs[-1].uploaded)
     if cfg.secure == "flwr-secaggplus-insecure":  # the nodes clipped their records to the public bound
-        from mechanisms.clipping import Clipping
+        from mechanisms.dp.clipping import Clipping
 
         head.feature_transform = Clipping(float(cfg.clip), "l2")
     if noise_report is not None:

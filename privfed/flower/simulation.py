@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import os
 
-from mechanisms.secagg_identity import min_threshold
+from mechanisms.secagg.identity import min_threshold
 from privfed.errors import ConfigError, PrivfedError
 from privfed.flower.client_app import make_client_app
 from privfed.flower.config import FlowerConfig

@@ -108,7 +108,7 @@ class Method(abc.ABC):
 
         Default: one row per client (``(clients, None)``).  Pseudo-client rows
         of one real client must be numbered contiguously, so that client
-        chunks can be folded independently (:func:`privfed.pipeline.fold_statistics`).
+        chunks can be folded independently (:func:`privfed.release.pipeline.fold_statistics`).
         """
         return np.asarray(clients, dtype=np.int64), None
 

@@ -7,7 +7,7 @@ one of those hooks changes the one-call release but not the inherited
 stream, which would then bypass the change: such an object keeps the
 one-call path.  :func:`stream_stands_for` is that one check, used by the
 release plan (:mod:`privfed.release.plan`) and by the plain fold of
-:func:`privfed.pipeline.server_head`.
+:func:`privfed.release.pipeline.server_head`.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ and the results writers (:meth:`ReleaseTrace.to_dict`).
 Each :class:`StageRecord` says what a stage did: the clients that went in
 and came out, the bound or sigma it applied, where its randomness came from
 (``"none"``, ``"os-entropy"``, ``"seeded"``), and the privacy events it
-booked (the accountant composes those, see :mod:`mechanisms.accounting`).
+booked (the accountant composes those, see :mod:`mechanisms.dp.accounting`).
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ class StageRecord:
         The numbers the stage applied (bound, sigma per block, bytes, ...),
         plain JSON-able values.
     events : tuple of dict
-        The privacy events the stage booked (as :class:`mechanisms.ledger.ReleaseEvent` dicts).
+        The privacy events the stage booked (as :class:`mechanisms.dp.ledger.ReleaseEvent` dicts).
     """
 
     stage: str

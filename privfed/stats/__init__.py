@@ -43,7 +43,7 @@ count or sum is non-zero.
 O(C d + d^2) for the total, O(M d + d^2) when the pairs are kept): the
 aggregation step of the trade-off sweep and of a server receiving client
 updates.  :func:`privfed.fit`, which holds every sample, folds them in one
-sorted pass into the same result (:func:`privfed.pipeline.fold_statistics`).
+sorted pass into the same result (:func:`privfed.release.pipeline.fold_statistics`).
 
 Optional fields are ``None`` when not computed.  Counts are floats so that
 noisy releases (which may be negative or fractional) use the same type.

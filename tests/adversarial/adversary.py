@@ -4,7 +4,7 @@
 ``flwr.app.Context``; every request reaches a node through
 :func:`privfed.flower.secagg.node_step` (the ClientApp's handler: records in,
 state machine, records out).  A test plays the server: it builds the
-requests an honest :class:`~mechanisms.secagg_server.MaskingServer` would
+requests an honest :class:`~mechanisms.secagg.masking.server.MaskingServer` would
 send, changes them the way a deviating server would, delivers them, and
 either sees the nodes abort or inspects what it holds.
 """
@@ -17,10 +17,10 @@ import os
 import numpy as np
 from flwr.app import Context, RecordDict
 
-from mechanisms import fixed_point
-from mechanisms.secagg_crypto import ProtocolAbort
-from mechanisms.secagg_identity import make_roster
-from mechanisms.secagg_server import MaskingServer
+from mechanisms.secagg import fixed_point
+from mechanisms.secagg.crypto import ProtocolAbort
+from mechanisms.secagg.identity import make_roster
+from mechanisms.secagg.masking.server import MaskingServer
 from privfed.flower.secagg import from_records, node_step, to_records
 
 FRAC = 16

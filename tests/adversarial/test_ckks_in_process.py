@@ -13,14 +13,14 @@ import pytest
 
 pytest.importorskip("tenseal")
 
-from mechanisms.ckks import CKKSParams  # noqa: E402
-from mechanisms.ckks_holder import CKKSKeyHolder  # noqa: E402
-from mechanisms.ckks_node import CKKSNode  # noqa: E402
-from mechanisms.ckks_run import ckks_sum  # noqa: E402
-from mechanisms.ckks_server import CKKSServer, run_in_process  # noqa: E402
-from mechanisms.secagg_crypto import ProtocolAbort  # noqa: E402
-from mechanisms.secagg_identity import make_roster  # noqa: E402
-from mechanisms.secagg_ledger import SessionLedger  # noqa: E402
+from mechanisms.secagg.ckks import ckks_sum  # noqa: E402
+from mechanisms.secagg.ckks.holder import CKKSKeyHolder  # noqa: E402
+from mechanisms.secagg.ckks.node import CKKSNode  # noqa: E402
+from mechanisms.secagg.ckks.scheme import CKKSParams  # noqa: E402
+from mechanisms.secagg.ckks.server import CKKSServer, run_in_process  # noqa: E402
+from mechanisms.secagg.crypto import ProtocolAbort  # noqa: E402
+from mechanisms.secagg.identity import make_roster  # noqa: E402
+from mechanisms.secagg.ledger import SessionLedger  # noqa: E402
 
 K = 4
 P = CKKSParams()
@@ -117,8 +117,8 @@ def test_a_context_relabelled_as_another_holders_is_refused():
 
 def test_a_signed_context_holding_the_secret_key_is_refused():
     """A key holder that ships its secret (so the server could decrypt every upload) is refused too."""
-    from mechanisms.ckks import new_context
-    from mechanisms.ckks_node import context_bytes
+    from mechanisms.secagg.ckks.node import context_bytes
+    from mechanisms.secagg.ckks.scheme import new_context
 
     run = Run()
     private = new_context(P).serialize(save_secret_key=True)

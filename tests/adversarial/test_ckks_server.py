@@ -11,10 +11,10 @@ pytest.importorskip("flwr")
 pytest.importorskip("tenseal")
 os.environ.setdefault("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")
 
-from mechanisms.ckks import CKKSParams  # noqa: E402
-from mechanisms.ckks_holder import CKKSKeyHolder  # noqa: E402
-from mechanisms.ckks_node import CKKSNode  # noqa: E402
-from mechanisms.secagg_crypto import ProtocolAbort  # noqa: E402
+from mechanisms.secagg.ckks.holder import CKKSKeyHolder  # noqa: E402
+from mechanisms.secagg.ckks.node import CKKSNode  # noqa: E402
+from mechanisms.secagg.ckks.scheme import CKKSParams  # noqa: E402
+from mechanisms.secagg.crypto import ProtocolAbort  # noqa: E402
 from privfed.errors import ConfigError  # noqa: E402
 from privfed.flower import FlowerConfig, serve  # noqa: E402
 from privfed.flower.local import LocalGrid  # noqa: E402
@@ -40,7 +40,7 @@ class TamperingGrid(LocalGrid):
 
 def test_a_substituted_ckks_key_is_refused_before_anything_is_encrypted(digits_dataset):
     """The server makes its own keys (it could decrypt every upload) and relays its public context."""
-    from mechanisms.secagg_identity import make_roster
+    from mechanisms.secagg.identity import make_roster
 
     fake_roster, fake_ids = make_roster(K)  # identities the server controls, not the nodes' roster
     grid_box = {}
@@ -223,7 +223,7 @@ def test_ckks_is_refused_when_the_roster_allows_colluders():
     Before, a node encrypted under a colluding holder's (validly signed) context."""
     import numpy as np
 
-    from mechanisms.secagg_identity import make_roster
+    from mechanisms.secagg.identity import make_roster
 
     roster, ids = make_roster(5, colluders=1)
     session = os.urandom(16)

@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("flwr")
 os.environ.setdefault("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")
 
-from mechanisms.secagg_crypto import ProtocolAbort  # noqa: E402
+from mechanisms.secagg.crypto import ProtocolAbort  # noqa: E402
 from privfed.errors import ConfigError  # noqa: E402
 from privfed.flower import FlowerConfig, serve  # noqa: E402
 from privfed.flower.local import LocalGrid  # noqa: E402
@@ -293,7 +293,7 @@ def test_a_node_deployed_with_a_roster_refuses_to_release_in_the_clear(digits_da
     """The simplest deviation: instead of a secure sum, the server asks each node for its statistics in a plain
     query (or through Flower's SecAgg+, which it can unmask).  Before, a node with a roster answered either with
     its raw statistics.  Now it refuses unless its own operator allows plain releases."""
-    from mechanisms.secagg_identity import make_roster
+    from mechanisms.secagg.identity import make_roster
     from privfed.flower.local import LocalGrid as Grid
 
     roster, ids = make_roster(K)
@@ -334,7 +334,7 @@ def test_a_deployed_node_refuses_a_noise_seed_chosen_by_the_server(digits_datase
     """noise-seed makes a node's noise share a function of (seed, node id), both known to the server, which can
     then subtract every share from the sum: no DP at all while the report says epsilon = 1.  Before, a node with
     a roster drew its share from the server's seed; now it refuses unless its operator allows seeded noise."""
-    from mechanisms.secagg_identity import make_roster
+    from mechanisms.secagg.identity import make_roster
 
     roster, ids = make_roster(K)
     deployed = _deployed(roster, ids, tmp_path)
@@ -458,7 +458,7 @@ def test_a_deployed_node_without_a_ledger_file_refuses_before_any_key(digits_dat
     the same nodes' consistency signatures on different survivor views and replays them in a later run, so
     that a victim's neighbours reveal both kinds of its shares.  A node deployed with a roster therefore needs
     secagg-ledger (or its operator's allow-ephemeral-ledger=true for a test deployment)."""
-    from mechanisms.secagg_identity import make_roster
+    from mechanisms.secagg.identity import make_roster
 
     roster, ids = make_roster(K)
     deployed = _deployed(roster, ids)

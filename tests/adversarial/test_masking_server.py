@@ -10,8 +10,8 @@ import pytest
 from adversary import FRAC, Federation, only
 from flwr.app import ConfigRecord
 
-from mechanisms import fixed_point, shamir
-from mechanisms.secagg_crypto import (
+from mechanisms.secagg import fixed_point, shamir
+from mechanisms.secagg.crypto import (
     INFO_PAIR,
     ProtocolAbort,
     add_masks,
@@ -20,8 +20,8 @@ from mechanisms.secagg_crypto import (
     pub_bytes,
     public_key,
 )
-from mechanisms.secagg_identity import signed_bytes
-from mechanisms.secagg_server import MaskingServer
+from mechanisms.secagg.identity import signed_bytes
+from mechanisms.secagg.masking.server import MaskingServer
 
 
 def test_honest_server_gets_exactly_the_sum_and_nothing_per_node():

@@ -17,11 +17,11 @@ import re
 import numpy as np
 import pytest
 
-from mechanisms.secagg_crypto import ProtocolAbort
-from mechanisms.secagg_identity import make_roster
-from mechanisms.secagg_ledger import SessionLedger
-from mechanisms.secagg_node import MaskingNode
-from mechanisms.secagg_server import MaskingServer, run_in_process
+from mechanisms.secagg.crypto import ProtocolAbort
+from mechanisms.secagg.identity import make_roster
+from mechanisms.secagg.ledger import SessionLedger
+from mechanisms.secagg.masking.node import MaskingNode
+from mechanisms.secagg.masking.server import MaskingServer, run_in_process
 from privfed.errors import InputError
 from privfed.flower.secagg import encode_for_ring
 from privfed.methods.fedcof import FedCOF
@@ -143,7 +143,7 @@ def test_the_key_holder_refuses_to_make_keys_twice_for_one_session():
     from test_ckks_in_process import K as CK  # noqa: PLC0415
     from test_ckks_in_process import P, Run
 
-    from mechanisms.ckks_holder import CKKSKeyHolder  # noqa: PLC0415
+    from mechanisms.secagg.ckks.holder import CKKSKeyHolder  # noqa: PLC0415
 
     run = Run()
     with pytest.raises(ProtocolAbort) as exc:
@@ -161,7 +161,7 @@ def test_contributions_made_under_one_key_are_not_decrypted_under_another():
     from test_ckks_in_process import K as CK  # noqa: PLC0415
     from test_ckks_in_process import P, Run, X
 
-    from mechanisms.ckks_holder import CKKSKeyHolder  # noqa: PLC0415
+    from mechanisms.secagg.ckks.holder import CKKSKeyHolder  # noqa: PLC0415
 
     run = Run()
     under_key_1 = run.contributions()

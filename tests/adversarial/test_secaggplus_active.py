@@ -1,6 +1,6 @@
 """A lying server against the active-adversary version on the roster's SecAgg+ graph.
 
-Threat model (:mod:`mechanisms.secagg_graph`): the operator draws a k-regular graph into the roster; each
+Threat model (:mod:`mechanisms.secagg.graph`): the operator draws a k-regular graph into the roster; each
 node checks every list against its own group (itself and its k neighbours), signs its view of its group,
 and unmasks only after t signatures from uploaders of its group on views that agree with its own where the
 groups overlap; t >= 2, 2t > k + 1 + n_C.  For every message a node receives the server lies in each way
@@ -17,11 +17,11 @@ import numpy as np
 import pytest
 from adversary import FRAC, Federation, only
 
-from mechanisms import fixed_point, shamir
-from mechanisms.masking import harary_graph
-from mechanisms.secagg_crypto import INFO_PAIR, ProtocolAbort, add_masks, hkdf, private_key, public_key
-from mechanisms.secagg_messages import pack_view
-from mechanisms.secagg_server import MaskingServer
+from mechanisms.secagg import fixed_point, shamir
+from mechanisms.secagg.crypto import INFO_PAIR, ProtocolAbort, add_masks, hkdf, private_key, public_key
+from mechanisms.secagg.masking import harary_graph
+from mechanisms.secagg.masking.messages import pack_view
+from mechanisms.secagg.masking.server import MaskingServer
 
 K, DEGREE = 12, 4
 

@@ -1,6 +1,6 @@
 """A lying server against the active version on the roster's SecAgg+ graph: attacks on one honest node's input.
 
-The protection asserted here is the threat model's (:mod:`mechanisms.secagg_graph`): whatever the server
+The protection asserted here is the threat model's (:mod:`mechanisms.secagg.graph`): whatever the server
 sends, every sum it can decode holds at least t - n_C honest inputs; in particular it never recovers one
 honest node's input from that node's masked upload.  Each test plays the server through the real node code
 Flower runs (:class:`adversary.Federation`) and then does the best it can with what the nodes revealed.
@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from adversary import FRAC, Federation
 
-from mechanisms import fixed_point, shamir
-from mechanisms.secagg_crypto import (
+from mechanisms.secagg import fixed_point, shamir
+from mechanisms.secagg.crypto import (
     INFO_PAIR,
     INFO_SELF,
     ProtocolAbort,
@@ -23,7 +23,7 @@ from mechanisms.secagg_crypto import (
     private_key,
     public_key,
 )
-from mechanisms.secagg_messages import pack_view
+from mechanisms.secagg.masking.messages import pack_view
 
 K, DEGREE = 12, 4
 

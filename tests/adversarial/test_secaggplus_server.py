@@ -14,9 +14,8 @@ import itertools
 import numpy as np
 import pytest
 
-from mechanisms import fixed_point, shamir
-from mechanisms.masking import default_threshold, harary_graph, masked_sum
-from mechanisms.secagg_crypto import (
+from mechanisms.secagg import fixed_point, shamir
+from mechanisms.secagg.crypto import (
     INFO_PAIR,
     KeySource,
     ProtocolAbort,
@@ -25,8 +24,9 @@ from mechanisms.secagg_crypto import (
     private_key,
     public_key,
 )
-from mechanisms.secagg_node import MaskingNode
-from mechanisms.secagg_server import MaskingServer
+from mechanisms.secagg.masking import default_threshold, harary_graph, masked_sum
+from mechanisms.secagg.masking.node import MaskingNode
+from mechanisms.secagg.masking.server import MaskingServer
 
 FRAC = 16
 K, DEGREE, LENGTH = 12, 4, 5

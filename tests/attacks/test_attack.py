@@ -15,6 +15,7 @@ from scipy.stats import norm
 
 import attacks
 from attacks.metrics import auc, auc_se, lpips_distance, matched_cosine, membership_metrics, tpr_at_fpr
+from attacks.second_moments.unmixing import augmented_second_moment, symmetric_nmf, unmix
 from attacks.singleton import singleton_fraction
 from attacks.theory import (
     effective_dimension,
@@ -25,8 +26,7 @@ from attacks.theory import (
     tracing_snr,
     tracing_tpr,
 )
-from attacks.tracing import reference_model, tracing_game
-from attacks.unmixing import augmented_second_moment, symmetric_nmf, unmix
+from attacks.tracing.attack import reference_model, tracing_game
 from attacks.view import GroundTruth, NoiseSpec, ServerView, class_groups, clip_rows, count_noise
 from privfed.errors import ConfigError, InputError, MissingDependencyError
 from privfed.stats import compute_client_stats
@@ -229,7 +229,7 @@ def test_inner_product_tracing_matches_closed_form_on_gaussian_features(n):
     rng = np.random.default_rng(n)
     mu = rng.normal(size=d)
     pool = mu + rng.normal(size=(3000, d)) * np.sqrt(lam)
-    model = attacks.tracing.ReferenceModel(mean=mu, eigvals=lam, eigvecs=np.eye(d))
+    model = attacks.tracing.attack.ReferenceModel(mean=mu, eigvals=lam, eigvecs=np.eye(d))
     trials = 2000
     g = tracing_game(pool, model, n=n, trials=trials, rng=rng, test="inner")
     a = auc(g["scores"], g["members"])

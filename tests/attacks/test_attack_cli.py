@@ -281,7 +281,7 @@ def test_tradeoff_tracing_column_is_the_strongest_test_named_and_under_the_gdp_b
 
 
 def test_help_lists_every_inversion_backend_and_the_strongest_suite(capsys):
-    from attacks.inversion import BACKENDS
+    from attacks.inversion.attack import BACKENDS
     from attacks.strongest import SUITES
 
     with pytest.raises(SystemExit):

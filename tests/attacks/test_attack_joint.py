@@ -1,4 +1,4 @@
-"""The joint set attacker (attacks.joint) and the deterministic feature decoder (attacks.learned).
+"""The joint set attacker (attacks.inversion.joint) and the deterministic feature decoder (attacks.inversion.learned).
 
 * bank search: its best subset is the brute-force optimum on a small pool,
   and its objective is recomputed independently (mean and second-moment
@@ -23,9 +23,9 @@ import numpy as np
 import pytest
 
 import attacks
-from attacks.inversion import challenge_cells
-from attacks.joint import JointConfig, bank_search
-from attacks.learned import VALIDATION_EVERY, DecoderConfig, augment_bank, feature_decoder
+from attacks.inversion.attack import challenge_cells
+from attacks.inversion.joint import JointConfig, bank_search
+from attacks.inversion.learned import VALIDATION_EVERY, DecoderConfig, augment_bank, feature_decoder
 from attacks.view import class_groups
 from privfed.errors import ConfigError
 
@@ -157,7 +157,7 @@ def test_feature_decoder_is_bit_identical_across_thread_counts_and_keeps_its_bes
 ):
     import torch
 
-    from attacks.learned import public_bank
+    from attacks.inversion.learned import public_bank
 
     cfg = DecoderConfig(copies=4, hidden=64, feature_steps=400, val_every=50, patience=2, batch=64)
     old = torch.get_num_threads()
@@ -234,7 +234,7 @@ def test_recorded_inversion_rows_name_the_suite_maximum_with_its_standard_error(
 
 
 def test_decoder_training_says_what_it_does_on_stderr_only_when_asked(digits, tmp_path, capsys):
-    from attacks.learned import progress_bars
+    from attacks.inversion.learned import progress_bars
 
     cfg = DecoderConfig(copies=2, hidden=16, feature_steps=20, val_every=10, batch=32)
     feature_decoder(digits["backbone"], digits["public"], 10, cfg, cache_dir=tmp_path / "quiet")
@@ -274,7 +274,7 @@ def test_set_decoder_trains_until_validation_stops_and_is_bit_identical_across_t
     import torch
     from scipy.optimize import linear_sum_assignment
 
-    from attacks.learned import set_decoder, set_validation
+    from attacks.inversion.learned import set_decoder, set_validation
 
     n = 2
     cfg = DecoderConfig(copies=4, hidden=64, steps=4000, val_every=50, patience=2, batch=64)

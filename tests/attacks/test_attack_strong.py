@@ -24,11 +24,11 @@ import pytest
 from scipy.stats import binom
 
 import attacks
-from attacks.inversion import PSNR_CAP, InversionResult, prior_guesses
-from attacks.learned import DecoderConfig, augment_bank, feature_decoder
+from attacks.inversion.attack import PSNR_CAP, InversionResult, prior_guesses
+from attacks.inversion.learned import DecoderConfig, augment_bank, feature_decoder
 from attacks.metrics import auc, auc_se
 from attacks.theory import gdp_auc_bound
-from attacks.tracing import reference_model, trace_scores, tracing_game
+from attacks.tracing.attack import reference_model, trace_scores, tracing_game
 from attacks.view import GroundTruth, class_groups
 from experiments.attacks_common import scenario
 from privfed.errors import ConfigError, InputError
@@ -181,7 +181,7 @@ def test_learned_inversion_beats_pixel_at_n1(digits):
     # Full-strength decoder (about a minute of CPU to train, then cached), identification by McNemar on 60
     # cells.  The default suite decides the same claim on paired PSNR over 200 cells with a mid-size decoder
     # (test_learned_inversion_beats_pixel_at_n1_on_paired_psnr).
-    from attacks.inversion import challenge_cells
+    from attacks.inversion.attack import challenge_cells
 
     view, truth = _view(digits, "fedncm", 1, 60)
     cells = challenge_cells(view, truth, np.random.default_rng(0), 60)
@@ -216,7 +216,7 @@ def test_learned_inversion_beats_pixel_at_n1_on_paired_psnr(digits):
     # targets: the exact one-sided sign test on the per-cell PSNR differences, P <= 0.001 under
     # Binomial(200, 1/2), and the mean difference above 3 paired standard errors; identification must not
     # be lower (the slow test below decides identification at full strength).
-    from attacks.inversion import challenge_cells
+    from attacks.inversion.attack import challenge_cells
 
     mid = {
         "bank_copies": 20,

@@ -416,7 +416,7 @@ _CONFIGURATIONS = [
 @pytest.mark.parametrize("method", sorted(_METHODS))
 @pytest.mark.parametrize("placement, level", _CONFIGURATIONS)
 def test_every_public_configuration_shows_no_deterministic_difference(method, placement, level):
-    from mechanisms.secagg import PairwiseMasking
+    from mechanisms.secagg.protection import PairwiseMasking
 
     kw = dict(epsilon=EPS, delta=1e-5, clip=3.0, blocks=_METHODS[method], level=level)
     if level == "client":
@@ -444,7 +444,7 @@ def test_every_public_configuration_shows_no_deterministic_difference(method, pl
 @pytest.mark.parametrize("level", ["record", "client"])
 def test_ckks_configurations_show_no_deterministic_difference(level):
     # CKKS costs about a second per release; the masking configurations above cover the same hooks.
-    from mechanisms.secagg import CKKSAggregation
+    from mechanisms.secagg.protection import CKKSAggregation
 
     kw = dict(
         epsilon=EPS, delta=1e-5, clip=3.0, level=level, **({"max_records": 20} if level == "client" else {})
@@ -676,7 +676,7 @@ def test_release_audit_catches_halved_noise_at_eps_1(seed):
 
 @pytest.mark.parametrize("placement", ["local", "central", "mask"])
 def test_real_mechanism_passes_the_noise_scale_and_freshness_checks_at_eps_1(placement):
-    from mechanisms.secagg import PairwiseMasking
+    from mechanisms.secagg.protection import PairwiseMasking
 
     kw = dict(epsilon=1.0, delta=1e-5, clip=3.0, trusted_aggregator=placement == "central")
     run = fit_release(
@@ -756,7 +756,7 @@ def test_rounds_release_is_audited(placement, secure):
 
 
 def test_rounds_release_with_halved_noise_is_caught(monkeypatch):
-    from mechanisms.backends import NumpyNoise
+    from mechanisms.dp.backends import NumpyNoise
     from privfed.audit import rounds_release
 
     inner = NumpyNoise.add_gaussian

@@ -22,12 +22,12 @@ from mechanisms import (
     gdp_epsilon,
     gdp_mu,
 )
-from mechanisms.ledger import NEIGHBOURING
-from mechanisms.masking import KeySource, ProtocolAbort, masked_sum
-from mechanisms.secagg import PairwiseMasking
-from mechanisms.secagg_node import MaskingNode
-from mechanisms.secagg_noise import DistributedGaussian
-from mechanisms.secagg_server import MaskingServer
+from mechanisms.dp.ledger import NEIGHBOURING
+from mechanisms.secagg.masking import KeySource, ProtocolAbort, masked_sum
+from mechanisms.secagg.masking.node import MaskingNode
+from mechanisms.secagg.masking.server import MaskingServer
+from mechanisms.secagg.noise import DistributedGaussian
+from mechanisms.secagg.protection import PairwiseMasking
 from privfed.errors import ConfigError, InputError
 
 pytestmark = pytest.mark.filterwarnings("ignore:noise backend 'numpy'")
@@ -451,8 +451,8 @@ def test_value_bound_is_enforced_by_the_clients():
 
 
 def test_ckks_release_grid_stays_above_the_decryption_error():
-    from mechanisms.ckks import CKKSParams
-    from mechanisms.ckks_run import ckks_sum
+    from mechanisms.secagg.ckks import ckks_sum
+    from mechanisms.secagg.ckks.scheme import CKKSParams
 
     # Measured: a sum of 20 fresh encryptions at N = 8192, scale 2^40 errs by up to 2^-24.8, so a
     # 2^-30 grid would release key-dependent bits; the default 2^-20 keeps a margin up to 256 clients.
@@ -596,7 +596,7 @@ def _protection(name):
         return dict(secure_agg=PairwiseMasking()), dict(level="client", max_records=5)
     if name == "ckks":
         pytest.importorskip("tenseal")
-        from mechanisms.secagg import CKKSAggregation
+        from mechanisms.secagg.protection import CKKSAggregation
 
         return dict(secure_agg=CKKSAggregation()), dict(level="client", max_records=5)
     return {}, dict(level="client", max_records=5, trusted_aggregator=True, sampling_rate=0.5)
@@ -726,7 +726,7 @@ def test_every_accepted_combination_keeps_its_printed_epsilon(method, level, pro
     if protection == "mask":
         proto = PairwiseMasking
     elif protection == "ckks":
-        from mechanisms.secagg import CKKSAggregation as proto
+        from mechanisms.secagg.protection import CKKSAggregation as proto
     run = fit_release(method, lambda: GaussianMechanism(**kw), proto)
     # The worst pairs: a canary moving every coordinate (record level); a client over max_records (client level).
     battery = neighbour_battery(level, max_records=5, oversized=True)

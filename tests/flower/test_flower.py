@@ -20,8 +20,9 @@ os.environ.setdefault("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")
 
 
 import privfed  # noqa: E402
-from mechanisms import GaussianMechanism, fixed_point  # noqa: E402
-from mechanisms.masking import ProtocolAbort  # noqa: E402
+from mechanisms import GaussianMechanism  # noqa: E402
+from mechanisms.secagg import fixed_point
+from mechanisms.secagg.masking import ProtocolAbort  # noqa: E402
 from privfed.errors import ConfigError  # noqa: E402
 from privfed.federation import partition  # noqa: E402
 from privfed.flower import FlowerConfig, run_simulation, serve  # noqa: E402
@@ -324,7 +325,7 @@ def test_round_loop_folds_each_round_and_feeds_the_next(digits_dataset, split):
 
 
 def test_command_line_errors_are_one_line(capsys):
-    from privfed.flower.__main__ import main
+    from privfed.commands.flower import main
 
     assert main(["--method", "fednope"]) == 2
     err = capsys.readouterr().err.strip().splitlines()

@@ -125,7 +125,7 @@ def deployment(tmp_path_factory, digits_dataset):
     # The operator's roster and one identity file per node (what a deployment distributes).
     assert (
         subprocess.run(
-            [sys.executable, "-m", "mechanisms.secagg_identity", str(tmp / "ids"), "--nodes", str(K)],
+            [sys.executable, "-m", "mechanisms.secagg.identity", str(tmp / "ids"), "--nodes", str(K)],
             env=env,
             capture_output=True,
         ).returncode

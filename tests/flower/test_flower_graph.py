@@ -13,7 +13,7 @@ os.environ.setdefault("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")
 
 from flwr.app import ConfigRecord  # noqa: E402
 
-from mechanisms.secagg_crypto import ProtocolAbort  # noqa: E402
+from mechanisms.secagg.crypto import ProtocolAbort  # noqa: E402
 from privfed.errors import ConfigError  # noqa: E402
 from privfed.flower import FlowerConfig, run_simulation, serve  # noqa: E402
 from privfed.flower.local import LocalGrid  # noqa: E402

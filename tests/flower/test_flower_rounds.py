@@ -1,4 +1,4 @@
-"""Multi-round FedLog with local bodies as a Flower loop: the heads of privfed.fedlog_rounds.run_rounds.
+"""Multi-round FedLog with local bodies as a Flower loop: the heads of privfed.rounds.run_rounds.
 
 The real ClientApp (each node trains its own body, kept in its context.state
 between rounds) and the server's loop run over the in-process grid.
@@ -15,10 +15,10 @@ pytest.importorskip("flwr")
 os.environ.setdefault("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")
 
 from privfed.errors import ConfigError  # noqa: E402
-from privfed.fedlog_rounds import run_rounds  # noqa: E402
 from privfed.flower import FlowerConfig, serve  # noqa: E402
 from privfed.flower.client_app import make_client_app  # noqa: E402
 from privfed.flower.local import LocalGrid  # noqa: E402
+from privfed.rounds import run_rounds  # noqa: E402
 
 K, R = 3, 3
 PARAMS = {"local_epochs": 1, "families": ["mlp", "cnn-narrow"], "init": "scratch"}
@@ -72,7 +72,7 @@ def test_bad_multi_round_configurations_are_refused_before_any_message():
 
 
 def test_command_line_takes_rounds_and_refuses_bad_ones_in_one_line(capsys):
-    from privfed.flower.__main__ import main
+    from privfed.commands.flower import main
 
     assert main(["--method", "fedncm", "--rounds", "3"]) == 2
     err = capsys.readouterr().err.strip().splitlines()

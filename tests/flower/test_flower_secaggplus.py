@@ -16,8 +16,8 @@ pytest.importorskip("flwr")
 os.environ.setdefault("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")
 
 import privfed  # noqa: E402
-from mechanisms.clipping import Clipping  # noqa: E402
-from mechanisms.masking import ProtocolAbort  # noqa: E402
+from mechanisms.dp.clipping import Clipping  # noqa: E402
+from mechanisms.secagg.masking import ProtocolAbort  # noqa: E402
 from privfed.errors import ConfigError  # noqa: E402
 from privfed.federation import partition  # noqa: E402
 from privfed.flower import FlowerConfig, serve  # noqa: E402

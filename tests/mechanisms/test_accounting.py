@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mechanisms import GaussianMechanism, analytic_sigma, calibrate_round_mu, gdp_epsilon, ledger_epsilon
-from mechanisms.ledger import ReleaseEvent
+from mechanisms.dp.ledger import ReleaseEvent
 from privfed.errors import ConfigError
 
 pytestmark = pytest.mark.filterwarnings("ignore:noise backend 'numpy'")

@@ -17,7 +17,7 @@ from mechanisms import (
     UniformCountNoiseNoDP,
     analytic_sigma,
 )
-from mechanisms.count_noise import drop_clipped
+from mechanisms.dp.count_noise import drop_clipped
 from privfed.errors import ConfigError
 from privfed.stats import ClientStats
 
@@ -137,7 +137,7 @@ def test_count_noise_refusals():
 def test_geometric_count_noise_below_its_floor_is_refused(eps):
     """numpy's geometric sampler saturates at 2**63 - 1: at 1e-300 every count came out unchanged under a
     reported (1e-300, 0)-DP guarantee, at 1e-20 84 % of them."""
-    from mechanisms.count_noise import GEOMETRIC_MIN_EPSILON, GeometricCountNoise
+    from mechanisms.dp.count_noise import GEOMETRIC_MIN_EPSILON, GeometricCountNoise
 
     assert GEOMETRIC_MIN_EPSILON == 1e-9
     with pytest.raises(ConfigError, match=r"geometric count noise needs epsilon >= 1e-09"):
@@ -149,7 +149,7 @@ def test_geometric_count_noise_at_its_floor_is_drawn_at_the_right_scale():
     a = e^-eps (5e-10 here), and the median of |noise| is ln 2 / eps up to O(1)."""
     import math
 
-    from mechanisms.count_noise import GeometricCountNoise
+    from mechanisms.dp.count_noise import GeometricCountNoise
 
     noise = GeometricCountNoise(epsilon=1e-9, backend="numpy")
     counts = np.arange(20000, dtype=float) % 7

@@ -460,7 +460,7 @@ def test_with_pairwise_masking(level):
 
 def test_noise_aware_helpers_exact():
     from mechanisms import debias_covariances, outer_product_bias, repair_psd
-    from mechanisms.noise_aware import drop_small_counts
+    from mechanisms.dp.noise_aware import drop_small_counts
     from privfed.stats import ClientStats
 
     rng = np.random.default_rng(11)
@@ -492,7 +492,7 @@ from hypothesis import strategies as st  # noqa: E402
 def test_format_up_never_prints_below_the_value(x):
     from decimal import Decimal
 
-    from mechanisms.ledger import format_up
+    from mechanisms.dp.ledger import format_up
 
     text = format_up(x)
     printed, exact = Decimal(text), Decimal(repr(x))
@@ -502,7 +502,7 @@ def test_format_up_never_prints_below_the_value(x):
 
 
 def test_format_up_examples():
-    from mechanisms.ledger import format_up
+    from mechanisms.dp.ledger import format_up
 
     assert format_up(1.00005) == "1.001"  # "%.4g" prints 1: below the true epsilon
     assert format_up(3.14159) == "3.142" and format_up(1.23449) == "1.235"
@@ -511,7 +511,7 @@ def test_format_up_examples():
 
 @pytest.mark.parametrize("eps", [0.1, 1.0, 8.0])
 def test_pld_accountant_calibrates_without_sampling(eps):
-    from mechanisms.calibration import gdp_mu
+    from mechanisms.dp.calibration import gdp_mu
 
     mech = GaussianMechanism(epsilon=eps, delta=1e-5, clip=1.0, accountant="pld")
     # The PLD's pessimistic discretisation asks for slightly more noise than the exact GDP calibration.

@@ -15,9 +15,10 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from mechanisms import fixed_point, secagg_crypto, shamir
-from mechanisms.masking import KeySource, ProtocolAbort, harary_graph, masked_sum, prg_uint64
-from mechanisms.secagg_noise import DistributedGaussian
+from mechanisms.secagg import crypto as secagg_crypto
+from mechanisms.secagg import fixed_point, shamir
+from mechanisms.secagg.masking import KeySource, ProtocolAbort, harary_graph, masked_sum, prg_uint64
+from mechanisms.secagg.noise import DistributedGaussian
 from privfed.errors import ConfigError, InputError
 
 
@@ -376,7 +377,7 @@ def test_distributed_noise_calibration_survives_t_missing_shares():
 
 def test_distributed_noise_with_exact_discrete_gaussian_shares():
     pytest.importorskip("opendp")
-    from mechanisms.backends import OpenDPNoise
+    from mechanisms.dp.backends import OpenDPNoise
 
     # Each client rounds to the 2^-10 grid and adds discrete-Gaussian integers: the sum lies on
     # the grid, its noise variance is K s^2 (5-sigma band as above), and the report adds the

@@ -9,7 +9,10 @@ ts = pytest.importorskip("tenseal")
 
 import os  # noqa: E402
 
-from mechanisms.ckks import (  # noqa: E402
+from mechanisms.secagg.ckks import ckks_sum  # noqa: E402
+from mechanisms.secagg.ckks.holder import CKKSKeyHolder  # noqa: E402
+from mechanisms.secagg.ckks.node import CKKSNode  # noqa: E402
+from mechanisms.secagg.ckks.scheme import (  # noqa: E402
     CKKSParams,
     add_ciphertexts,
     ckks_encrypt,
@@ -17,11 +20,8 @@ from mechanisms.ckks import (  # noqa: E402
     new_context,
     public_bytes,
 )
-from mechanisms.ckks_holder import CKKSKeyHolder  # noqa: E402
-from mechanisms.ckks_node import CKKSNode  # noqa: E402
-from mechanisms.ckks_run import ckks_sum  # noqa: E402
-from mechanisms.secagg_crypto import ProtocolAbort  # noqa: E402
-from mechanisms.secagg_identity import make_roster  # noqa: E402
+from mechanisms.secagg.crypto import ProtocolAbort  # noqa: E402
+from mechanisms.secagg.identity import make_roster  # noqa: E402
 from privfed.errors import ConfigError, InputError  # noqa: E402
 
 

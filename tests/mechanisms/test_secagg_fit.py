@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 
 import privfed
-from mechanisms.masking import ProtocolAbort
-from mechanisms.secagg import CKKSAggregation, PairwiseMasking, SecureAggReport, make_secure_agg
-from mechanisms.secagg_comm import secagg_upload_bytes
-from mechanisms.secagg_noise import DistributedGaussian
+from mechanisms.secagg.comm import secagg_upload_bytes
+from mechanisms.secagg.masking import ProtocolAbort
+from mechanisms.secagg.noise import DistributedGaussian
+from mechanisms.secagg.protection import CKKSAggregation, PairwiseMasking, SecureAggReport, make_secure_agg
 from privfed.errors import ConfigError, InputError
 from privfed.methods.base import Method
 

@@ -8,9 +8,9 @@ from collections import Counter
 
 import pytest
 
-from mechanisms.secagg_crypto import KeySource
-from mechanisms.secagg_graph import draw_ring, ring_neighbours
-from mechanisms.secagg_identity import Roster, main, make_roster, signed_bytes
+from mechanisms.secagg.crypto import KeySource
+from mechanisms.secagg.graph import draw_ring, ring_neighbours
+from mechanisms.secagg.identity import Roster, main, make_roster, signed_bytes
 from privfed.errors import ConfigError
 
 

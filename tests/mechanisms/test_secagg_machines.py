@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mechanisms import masking
+from mechanisms.secagg import masking
 
 
 @pytest.mark.parametrize("kw", [{}, {"dropped_before_upload": [1], "dropped_after_upload": [4]}])
@@ -104,7 +104,7 @@ def test_operator_command_writes_a_roster_and_private_identity_files(tmp_path, c
     import os
     import stat
 
-    from mechanisms.secagg_identity import Roster, main
+    from mechanisms.secagg.identity import Roster, main
     from privfed.errors import ConfigError
     from privfed.flower.secagg import node_identity
 

@@ -12,11 +12,11 @@ import networkx as nx
 import numpy as np
 import pytest
 
-from mechanisms import fixed_point
-from mechanisms.masking import harary_graph, harary_split_bound
-from mechanisms.secagg_crypto import KeySource
-from mechanisms.secagg_node import MaskingNode
-from mechanisms.secagg_server import MaskingServer
+from mechanisms.secagg import fixed_point
+from mechanisms.secagg.crypto import KeySource
+from mechanisms.secagg.masking import harary_graph, harary_split_bound
+from mechanisms.secagg.masking.node import MaskingNode
+from mechanisms.secagg.masking.server import MaskingServer
 from privfed.errors import ConfigError
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))

@@ -8,7 +8,7 @@ from sklearn.base import clone
 
 import privfed
 from mechanisms import GaussianMechanism
-from mechanisms.secagg import PairwiseMasking
+from mechanisms.secagg.protection import PairwiseMasking
 from privfed.estimators import FederatedHeadClassifier, iid_clients
 
 

@@ -18,8 +18,8 @@ import re
 import numpy as np
 import pytest
 
-from mechanisms.secagg import CKKSAggregation, PairwiseMasking
-from mechanisms.secagg_crypto import ProtocolAbort
+from mechanisms.secagg.crypto import ProtocolAbort
+from mechanisms.secagg.protection import CKKSAggregation, PairwiseMasking
 from privfed import methods
 from privfed.errors import InputError
 from privfed.flower.protocol import node_vector

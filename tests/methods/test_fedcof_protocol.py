@@ -12,8 +12,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mechanisms.secagg import CKKSAggregation, PairwiseMasking
-from mechanisms.secagg_comm import secagg_upload_bytes
+from mechanisms.secagg.comm import secagg_upload_bytes
+from mechanisms.secagg.protection import CKKSAggregation, PairwiseMasking
 from privfed import methods
 from privfed.errors import InputError
 from privfed.methods.fedcof_protocol import (

@@ -640,7 +640,7 @@ def test_pair_and_dense_layouts_give_the_same_head(name, params, seed):
     for got in (
         m.aggregate(st),
         privfed.fit(name, X, y, k, num_classes=C, random_state=seed, **params) if K == k.max() + 1 else None,
-        privfed.pipeline.server_head(m, st, num_clients=K, rng=np.random.default_rng(0)),
+        privfed.release.pipeline.server_head(m, st, num_clients=K, rng=np.random.default_rng(0)),
     ):
         if got is None:
             continue
@@ -657,7 +657,7 @@ def test_streaming_fold_in_small_chunks_equals_one_pass(name, params, chunk_byte
     K = int(k.max()) + 1
     m = methods.get(name, **params)
     st = m.client_stats(X, y, k, num_classes=C, num_clients=K, rng=np.random.default_rng(4))
-    folded = privfed.pipeline.fold_statistics(
+    folded = privfed.release.pipeline.fold_statistics(
         m, X, y, k, num_classes=C, num_clients=K, rng=np.random.default_rng(4), chunk_bytes=chunk_bytes
     )
     assert folded.folded_pairs == st.num_pairs()
@@ -741,7 +741,7 @@ def test_fold_statistics_equal_an_independent_loop(name, params, chunk_bytes, dt
     X, y, k, C, K = _ragged(3)
     X = X.astype(dtype)
     m = methods.get(name, **params)
-    folded = privfed.pipeline.fold_statistics(
+    folded = privfed.release.pipeline.fold_statistics(
         m, X, y, k, num_classes=C, num_clients=K, rng=np.random.default_rng(4), chunk_bytes=chunk_bytes
     )
     groups, owners = m.row_groups(y, k, num_classes=C, num_clients=K, rng=np.random.default_rng(4))

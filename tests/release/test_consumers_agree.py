@@ -4,7 +4,7 @@ For each method x protection x level, the same configuration run through ``privf
 auditor's ``fit_release`` path, the attacks' ``ServerView.from_federation`` and the Flower app
 (in-process grid, the real ClientApp and ServerApp) states the same sigma, epsilon and guarantee;
 fit's bytes are those its trace records, and the auditor's path sees the same bytes.  For FedLog's
-augmented statistic, one round of multi-round FedLog (``privfed.fedlog_release.RoundRelease``, and
+augmented statistic, one round of multi-round FedLog (``privfed.rounds.release.RoundRelease``, and
 the auditor's ``rounds_release`` path) on the same clients states what ``privfed.fit`` states.  Each
 reads the one release plan, so a drift between copies shows here.
 """
@@ -137,7 +137,7 @@ def test_one_round_of_multi_round_fedlog_reports_what_fit_reports(split, protect
     """The rounds path is a consumer too: one round on the same clients states fit's sigma, bytes, guarantee."""
     import numpy as np
 
-    from privfed.fedlog_release import RoundRelease, RoundsDP, augmented
+    from privfed.rounds.release import RoundRelease, RoundsDP, augmented
 
     F, y, k = split
     d = F.shape[1]

@@ -16,8 +16,8 @@ import privfed
 from mechanisms import GaussianMechanism, LaplaceCountNoise, PairwiseMasking
 from privfed.errors import InputError
 from privfed.methods import get
-from privfed.pipeline import client_statistics, server_head
 from privfed.release import ReleasePlan
+from privfed.release.pipeline import client_statistics, server_head
 from privfed.stats import StatsFold
 
 pytestmark = pytest.mark.filterwarnings("ignore:noise backend 'numpy'")
@@ -272,7 +272,7 @@ def test_a_subclass_replacing_a_hook_is_not_streamed():
     server, the plain pair fold): a subclass that replaced a hook the stream stands for keeps the
     one-call path, one that replaced nothing (or the stream together with its hooks) keeps the stream."""
     from privfed.methods.fedcof import FedCOF
-    from privfed.pipeline import run_federation
+    from privfed.release.pipeline import run_federation
     from privfed.release.streaming import stream_stands_for
 
     class Base:

@@ -22,10 +22,12 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from privfed import _cli, results_guard, results_io
 from privfed.attack import main as attack_main
+from privfed.commands import common as _cli
 from privfed.errors import ConfigError, InputError
-from privfed.results_io import ResultFolder, verify_folder
+from privfed.results import guard as results_guard
+from privfed.results import writer as results_io
+from privfed.results.writer import ResultFolder, verify_folder
 from privfed.tradeoff import main as tradeoff_main
 
 REPO = Path(__file__).resolve().parents[2]
@@ -46,7 +48,9 @@ def _all_runs(parent: Path) -> list[Path]:
 
 
 # ---------------------------------------------------------------- SIGKILL at chosen points
-_SWEEP = "import sys, privfed.tradeoff.cli as t; t.CHECKPOINT_S = 0.0; sys.exit(t.main(sys.argv[1:]))"
+_SWEEP = (
+    "import sys, privfed.commands.tradeoff.cli as t; t.CHECKPOINT_S = 0.0; sys.exit(t.main(sys.argv[1:]))"
+)
 
 
 def _spawn(argv: list[str]) -> subprocess.Popen:
@@ -146,7 +150,7 @@ class _Disk:
 
 
 def _fill_at_final_write(monkeypatch, disk: _Disk) -> None:
-    import privfed.tradeoff.cli as tr
+    import privfed.commands.tradeoff.cli as tr
 
     real = tr.summarise
 
@@ -160,7 +164,7 @@ def _fill_at_final_write(monkeypatch, disk: _Disk) -> None:
 def test_full_disk_at_the_final_write_keeps_the_last_checkpoint_and_publishes_nothing(
     tmp_path, monkeypatch, capsys, digits_cache
 ):
-    import privfed.tradeoff.cli as tr
+    import privfed.commands.tradeoff.cli as tr
 
     monkeypatch.setattr(tr, "CHECKPOINT_S", 0.0)
     disk = _Disk(monkeypatch)
@@ -194,8 +198,8 @@ def test_full_disk_during_overwrite_leaves_the_previous_run_whole(
 
 
 def test_disk_full_at_a_checkpoint_does_not_stop_the_sweep(tmp_path, monkeypatch, capsys, digits_cache):
-    import privfed.tradeoff.cli as cli
-    import privfed.tradeoff.sweep as tr
+    import privfed.commands.tradeoff.cli as cli
+    import privfed.commands.tradeoff.sweep as tr
 
     monkeypatch.setattr(cli, "CHECKPOINT_S", 0.0)
     disk = _Disk(monkeypatch, rows=0)
@@ -263,7 +267,7 @@ def test_two_sweeps_started_together_on_one_out_one_runs_one_is_refused(tmp_path
 
 # ---------------------------------------------------------------- where the folder goes: checked before any work
 def _no_work(monkeypatch):
-    import privfed.tradeoff.cli as tr
+    import privfed.commands.tradeoff.cli as tr
 
     def boom(*a, **k):
         raise AssertionError("the sweep started although --out was unusable")
@@ -343,7 +347,7 @@ def test_a_tampered_result_folder_is_refused_when_read_back(tmp_path, capsys, di
 # ---------------------------------------------------------------- the multi-round command
 def _fake_rounds(monkeypatch, stop_at: int | None = None, sig=signal.SIGTERM):
     """run_rounds replaced by a stand-in result (the writer is under test, not the training)."""
-    import privfed.fedlog_rounds as fr
+    import privfed.rounds as fr
 
     seen = []
 
@@ -435,7 +439,7 @@ def test_flower_output_is_published_as_one_unit(tmp_path, monkeypatch):
 
 
 def test_flower_cli_refuses_bad_numbers_and_output_before_starting(tmp_path, capsys):
-    from privfed.flower.__main__ import main
+    from privfed.commands.flower import main
 
     f = tmp_path / "file"
     f.write_text("x")
@@ -475,7 +479,7 @@ def test_real_rounds_sweep_stopped_by_sigterm_in_a_subprocess_leaves_its_finishe
     """Before: SIGTERM left no folder at all."""
     out = tmp_path / "r"
     code = (
-        "import sys, privfed.fedlog_rounds as f, privfed.tradeoff.cli as t; f.CHECKPOINT_S = 0.0; "
+        "import sys, privfed.commands.tradeoff.rounds as f, privfed.commands.tradeoff.cli as t; f.CHECKPOINT_S = 0.0; "
         "sys.exit(t.main(sys.argv[1:]))"
     )
     argv = [

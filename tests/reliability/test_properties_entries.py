@@ -280,8 +280,8 @@ def test_tradeoff_options_give_a_config_or_one_error_naming_the_flag(flag, text)
 def test_flower_numbers_are_checked_before_anything_starts(flag, text):
     import argparse
 
-    from privfed.cli_args import flower_parser
-    from privfed.flower.__main__ import _check_numbers, _epsilon
+    from privfed.commands.flower import _check_numbers, _epsilon
+    from privfed.commands.options import flower_parser
 
     try:
         args = flower_parser().parse_args([f"{flag}={text}"])

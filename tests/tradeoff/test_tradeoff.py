@@ -258,7 +258,7 @@ def test_feature_file_with_natural_split(tmp_path, capsys):
 
 def test_interrupted_sweep_keeps_finished_runs(tmp_path, monkeypatch, capsys, digits_cache):
     """A sweep stopped mid-way (Ctrl-C) writes the runs that finished, then exits 130."""
-    import privfed.tradeoff.sweep as tr  # the module whose run calls server_head
+    import privfed.commands.tradeoff.sweep as tr  # the module whose run calls server_head
 
     real = tr.server_head
     calls = {"n": 0}

@@ -1,0 +1,275 @@
+"""The membership tests' scores: Gaussian reference models, the closed-form tests and the learned test.
+
+:func:`trace_scores` scores (target, released mean) pairs by one of the
+closed-form tests of :mod:`attacks.tracing.attack` (inner product, likelihood
+ratio, Homer, sum, support, likelihood ratio with support exclusion) under
+the attacker's Gaussian model of a class (:func:`reference_model`, from its
+public records).  :func:`learned_test` trains the classifier of the
+``learned`` test on simulated releases of public records, scoring
+:func:`pair_features` of each pair.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from privfed.errors import ConfigError, InputError
+
+__all__ = [
+    "PAIR_FEATURES",
+    "REFERENCES",
+    "TESTS",
+    "LearnedTest",
+    "ReferenceModel",
+    "learned_test",
+    "pair_features",
+    "reference_model",
+    "trace_scores",
+]
+
+TESTS = ("inner", "lrt", "homer", "sum", "support", "lrt+support", "learned")
+#: Reference means of the Gaussian model: the public class mean, or the other released rows' pooled mean.
+REFERENCES = ("public", "aggregate")
+#: What an excluded target loses in the ``lrt+support`` score (below every kept target).
+_EXCLUDED = 1e12
+
+
+@dataclass(frozen=True)
+class ReferenceModel:
+    """Attacker's Gaussian model of one class: mean and eigendecomposed covariance."""
+
+    mean: np.ndarray
+    eigvals: np.ndarray
+    eigvecs: np.ndarray
+
+
+def reference_model(features: np.ndarray, shrinkage: str = "ledoit-wolf") -> ReferenceModel:
+    """Mean and covariance of ``features`` (Ledoit-Wolf shrinkage or the plain sample covariance)."""
+    F = np.asarray(features, dtype=np.float64)
+    if F.ndim != 2 or F.shape[0] < 2:
+        raise InputError(f"a reference model needs at least 2 public records, got shape {F.shape}")
+    mu = F.mean(axis=0)
+    if shrinkage == "ledoit-wolf":
+        from sklearn.covariance import LedoitWolf
+
+        S = LedoitWolf().fit(F).covariance_
+    elif shrinkage == "none":
+        S = np.cov(F, rowvar=False)
+    else:
+        raise ConfigError(f"shrinkage must be 'ledoit-wolf' or 'none', got {shrinkage!r}")
+    w, V = np.linalg.eigh(0.5 * (S + S.T))
+    return ReferenceModel(mean=mu, eigvals=np.maximum(w, 0.0), eigvecs=V)
+
+
+def trace_scores(
+    targets: np.ndarray,
+    means: np.ndarray,
+    counts: np.ndarray,
+    model: ReferenceModel,
+    *,
+    tau=0.0,
+    test: str = "lrt",
+    support_z: float = 4.0,
+    ref_means: np.ndarray | None = None,
+) -> np.ndarray:
+    """Membership score of each (target, released mean) pair, aligned row by row.
+
+    Parameters
+    ----------
+    targets, means : ndarray (P, d)
+    counts : ndarray (P,)
+        The (released) number of records in each mean (values < 1 are read as 1).
+    model : ReferenceModel
+        The attacker's model of the class.
+    tau : float or ndarray (P,)
+        Noise standard deviation per coordinate of each released mean.
+    test : {"inner", "lrt", "homer", "sum", "support", "lrt+support"}
+    support_z : float
+        Tolerance of the support test in noise standard deviations of the
+        released sum (sigma = tau * n); ``inf`` switches it off.
+    ref_means : ndarray (P, d), optional
+        Reference mean per pair instead of ``model.mean`` (e.g. the pooled
+        mean of the other released rows).
+    """
+    Y = np.atleast_2d(np.asarray(targets, float))
+    M = np.atleast_2d(np.asarray(means, float))
+    n = np.maximum(np.asarray(counts, float).reshape(-1), 1.0)
+    tau = np.broadcast_to(np.asarray(tau, float), n.shape)
+    mu = model.mean if ref_means is None else np.asarray(ref_means, float)
+    if test in ("support", "lrt+support"):
+        S = M * n[:, None]
+        slack = 1e-9 * np.maximum(1.0, np.abs(S).max(axis=1))  # float rounding of S = n * (S / n)
+        tol = float(support_z) * tau * n + slack
+        viol = np.maximum((Y - S).max(axis=1) - tol, 0.0)
+        if test == "support":
+            return -viol
+        return trace_scores(Y, M, n, model, tau=tau, test="lrt", ref_means=ref_means) - _EXCLUDED * (viol > 0)
+    if test == "learned":
+        raise ConfigError(
+            "the learned test is trained on public simulations: use Tracing(test='learned').run, "
+            "or learned_test() then its score()"
+        )
+    if test == "inner":
+        return ((Y - mu) * (M - mu)).sum(axis=1)
+    if test == "sum":
+        return (Y * (M * n[:, None])).sum(axis=1)
+    if test == "homer":
+        return (np.abs(Y - mu) - np.abs(Y - M)).sum(axis=1)
+    if test != "lrt":
+        raise ConfigError(f"unknown tracing test {test!r}; choose from {list(TESTS)}")
+    lam = model.eigvals
+    floor = 1e-9 * max(float(lam.mean()), 1e-300)
+    U = model.eigvecs
+    zy = (Y - mu) @ U  # rotated
+    zm = (M - mu) @ U
+    t2 = (tau**2)[:, None]
+    v1 = np.maximum((n - 1)[:, None] / n[:, None] ** 2 * lam[None, :] + t2, floor)
+    v0 = np.maximum(lam[None, :] / n[:, None] + t2, floor)
+    r1 = zm - zy / n[:, None]  # m - (y/n + (n-1) mu / n), rotated
+    return -0.5 * ((r1**2 / v1 + np.log(v1)) - (zm**2 / v0 + np.log(v0))).sum(axis=1)
+
+
+#: Names of the columns of :func:`pair_features`.
+PAIR_FEATURES = ("lrt", "inner", "cosine", "support_max", "support_frac", "sum", "log_count")
+
+
+def pair_features(
+    targets, means, counts, model: ReferenceModel, *, tau=0.0, support_z: float = 4.0
+) -> np.ndarray:
+    """Features of (target, released mean) pairs for the learned test, one row per pair (:data:`PAIR_FEATURES`).
+
+    Scale-free where the raw statistic is not: the inner product over the
+    public class's total variance, the support violation in noise standard
+    deviations of the sum (or in units of the target's norm on a clean sum),
+    the sum statistic over ||y||^2.
+    """
+    Y = np.atleast_2d(np.asarray(targets, float))
+    M = np.atleast_2d(np.asarray(means, float))
+    n = np.maximum(np.asarray(counts, float).reshape(-1), 1.0)
+    tau = np.broadcast_to(np.asarray(tau, float), n.shape)
+    lrt = trace_scores(Y, M, n, model, tau=tau, test="lrt")
+    tr = max(float(model.eigvals.sum()), 1e-300)
+    inner = trace_scores(Y, M, n, model, test="inner") / tr
+    ny = np.maximum(np.linalg.norm(Y, axis=1), 1e-300)
+    cos = (Y * M).sum(axis=1) / (ny * np.maximum(np.linalg.norm(M, axis=1), 1e-300))
+    S = M * n[:, None]
+    unit = np.where(tau * n > 0, tau * n, ny)
+    over = (Y - S) / unit[:, None]
+    sup_max = np.clip(over.max(axis=1), -10.0, 10.0)
+    sup_frac = (over > (support_z if np.any(tau > 0) else 0.0)).mean(axis=1)
+    ssum = (Y * S).sum(axis=1) / (ny**2 * n)
+    return np.column_stack([lrt / Y.shape[1], inner, cos, sup_max, sup_frac, ssum, np.log(n)])
+
+
+@dataclass(frozen=True, eq=False)
+class LearnedTest:
+    """A membership classifier trained on public simulations (:func:`learned_test`)."""
+
+    classifier: object
+    support_z: float
+
+    def score(self, targets, means, counts, model: ReferenceModel, *, tau=0.0) -> np.ndarray:
+        """Log-odds of membership of each (target, mean) pair."""
+        F = pair_features(targets, means, counts, model, tau=tau, support_z=self.support_z)
+        from threadpoolctl import threadpool_limits
+
+        with threadpool_limits(limits=1):
+            p = np.clip(self.classifier.predict_proba(F)[:, 1], 1e-12, 1 - 1e-12)
+        return np.log(p) - np.log1p(-p)
+
+
+def learned_test(
+    pools: dict,
+    models: dict,
+    counts: dict,
+    *,
+    sigma: float = 0.0,
+    count_sigma: float = 0.0,
+    sims: int = 600,
+    rng: np.random.Generator,
+    support_z: float = 4.0,
+    hidden: tuple = (32, 16),
+) -> LearnedTest:
+    """Train the learned membership test on simulated releases of public records.
+
+    Parameters
+    ----------
+    pools : mapping class -> (N_c, d) public features (clipped as the clients clip)
+    models : mapping class -> ReferenceModel
+    counts : mapping class -> released counts of that class's rows (the
+        simulated releases draw their sizes from these)
+    sigma, count_sigma : float
+        Gaussian noise std on each released sum coordinate and on the count.
+    sims : int
+        Simulated releases per class and side (member / non-member).
+    rng : Generator
+        Drives the simulations and the classifier's initialisation.
+
+    Each simulation draws a released row's count n~, a true size
+    n = max(1, round(n~)), a target and n - 1 others for a member (the
+    target plus them), or n others for a non-member (the replace game the
+    evaluation plays), noise on the sum and the count, and scores the pair
+    as the attacker would score a real one.  Records are drawn with
+    replacement when n exceeds the class's public pool.
+    """
+    from sklearn.neural_network import MLPClassifier
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    feats, labs = [], []
+    for c, P in pools.items():
+        P = np.asarray(P, float)
+        cn = np.asarray(counts[c], float)
+        if P.shape[0] < 2 or cn.size == 0:
+            continue
+        N = P.shape[0]
+        rel = rng.choice(cn, size=2 * sims)
+        true_n = np.maximum(np.rint(rel), 1).astype(np.int64)
+        tgt = rng.integers(0, N, size=2 * sims)
+        S = np.empty((2 * sims, P.shape[1]))
+        for i in range(2 * sims):
+            member = i < sims
+            k = int(true_n[i]) - (1 if member else 0)
+            others = np.delete(np.arange(N), tgt[i])
+            pick = rng.choice(others, size=k, replace=k > others.size) if k > 0 else np.empty(0, np.int64)
+            S[i] = P[pick].sum(axis=0) + (P[tgt[i]] if member else 0.0)
+        if sigma > 0:
+            S = S + rng.normal(0.0, sigma, size=S.shape)
+        cnt = true_n.astype(float) + (
+            rng.normal(0.0, count_sigma, size=true_n.shape) if count_sigma > 0 else 0.0
+        )
+        n_rel = np.maximum(cnt, 1.0)
+        feats.append(
+            pair_features(
+                P[tgt], S / n_rel[:, None], n_rel, models[c], tau=sigma / n_rel, support_z=support_z
+            )
+        )
+        labs.append(np.arange(2 * sims) < sims)
+    if not feats:
+        raise InputError("the learned test needs at least 2 public records of a released class to simulate")
+    X, y = np.concatenate(feats), np.concatenate(labs)
+    clf = make_pipeline(
+        StandardScaler(),
+        MLPClassifier(
+            hidden_layer_sizes=tuple(hidden),
+            alpha=1e-3,
+            max_iter=300,
+            early_stopping=True,
+            n_iter_no_change=10,
+            random_state=int(rng.integers(2**31)),
+        ),
+    )
+    import warnings
+
+    from sklearn.exceptions import ConvergenceWarning
+    from threadpoolctl import threadpool_limits
+
+    with (
+        warnings.catch_warnings(),
+        threadpool_limits(limits=1),
+    ):  # small matrices: more BLAS threads only contend
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        clf.fit(X, y)
+    return LearnedTest(classifier=clf, support_z=support_z)

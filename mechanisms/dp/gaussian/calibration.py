@@ -1,0 +1,180 @@
+"""Calibration of :class:`~mechanisms.dp.gaussian.mechanism.GaussianMechanism`: from the budget to each block's sigma.
+
+The budget (eps, delta) becomes one GDP mu over all rounds (:func:`mechanisms.dp.accounting.calibrate_round_mu`,
+exact without subsampling), each round's mu is shared across blocks, and the sensitivity of every
+block comes from :class:`mechanisms.dp.sensitivity.StatisticSensitivity` (record, client or upload
+bound); :func:`mechanisms.dp.sensitivity.block_sigmas` turns them into sigmas.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Mapping
+
+from mechanisms.dp.accounting import calibrate_round_mu
+from mechanisms.dp.sensitivity import StatisticSensitivity, block_sigmas
+from privfed.errors import ConfigError, InputError
+
+__all__ = ["GaussianCalibration"]
+
+
+class GaussianCalibration:
+    """The mechanism's calibration: sensitivities, the per-round mu and every block's sigma (a mixin)."""
+
+    def _split_weights(self, split) -> str | dict[str, float]:
+        if isinstance(split, str):
+            if split not in ("joint", "equal", "augmented"):
+                raise ConfigError(
+                    f"split must be 'joint', 'equal', 'augmented' or a dict of weights, got split={split!r}"
+                )
+            if split == "augmented" and self.blocks != ("sums", "counts"):
+                raise ConfigError(
+                    f"split='augmented' noises FedLog's augmented statistic [counts, sums]; it needs "
+                    f"blocks=('sums', 'counts'), got blocks={self.blocks!r}"
+                )
+            return split
+        if not isinstance(split, Mapping):
+            raise ConfigError(f"split must be 'joint', 'equal' or a dict of weights, got split={split!r}")
+        if set(split) != set(self.blocks):
+            raise ConfigError(
+                f"split weights must name exactly the blocks {list(self.blocks)}, got {sorted(split)}"
+            )
+        w = {b: float(split[b]) for b in self.blocks}
+        if any(not (v > 0 and math.isfinite(v)) for v in w.values()):
+            raise ConfigError(f"split weights must be finite and > 0, got {w}")
+        s = sum(w.values())
+        return {b: v / s for b, v in w.items()}
+
+    def _round_mu(self) -> tuple[float, str]:
+        if math.isinf(self.epsilon):
+            return math.inf, "none (epsilon = inf)"
+        if self.calibration == "classic":
+            if self.epsilon > 1:
+                warnings.warn(
+                    f"calibration='classic' is only proven for epsilon < 1 (got epsilon={self.epsilon}); the "
+                    "report recomputes epsilon exactly from sigma; prefer calibration='analytic'",
+                    UserWarning,
+                    stacklevel=3,
+                )
+            mu = self.epsilon / math.sqrt(2.0 * math.log(1.25 / self.delta))
+            return mu / math.sqrt(self.rounds), "classic"
+        mu, how = calibrate_round_mu(
+            self.epsilon,
+            self.delta,
+            rounds=self.rounds,
+            sampling_rate=self.sampling_rate,
+            accountant=self.accountant,
+        )
+        return mu, f"analytic, {how}"
+
+    def _resolve(self, dim: int | None) -> None:
+        """Sensitivities and sigmas once the feature dimension is known (coordinate clipping)."""
+        c = self.clipping.l2_bound(dim) if dim is not None else float(self.clip_bound)
+        bound = self.statistic_sensitivity(c)
+        sens = bound.per_block(self.blocks)
+        self._base_sens = dict(sens)
+        joint = bound.joint()
+        if dim is not None and any(self._slack(b, dim) for b in self.blocks):
+            # Rounding to the backend's grid moves each coordinate that differs between neighbours by
+            # at most grid/2 on each side: calibrate for Delta + slack over the coordinates that move.
+            sens = {b: sens[b] + self._slack(b, dim) for b in self.blocks}
+            joint = math.sqrt(sum(v * v for v in sens.values()))
+        self._sens = sens
+        self._joint_sens = joint
+        self._sigma = block_sigmas(sens, self._mu_round, self._weights, joint=joint)
+        self._dim = dim
+
+    def statistic_sensitivity(self, clip_l2: float) -> StatisticSensitivity:
+        """The sensitivity object of this mechanism's statistic for records of L2 norm <= ``clip_l2``."""
+        return StatisticSensitivity(
+            clip_l2=clip_l2, level=self.level, record_bound=self.record_bound, max_records=self.max_records
+        )
+
+    @property
+    def bounds_uploads(self) -> bool:
+        """Whether each client's upload is scaled to at most ``max_records`` records' worth before release."""
+        return self.level == "client" or self.record_bound == "upload"
+
+    def _moving(self, block: str, dim: int, num_classes: int | None = None) -> int:
+        """Coordinates of one upload's block that can differ between neighbours."""
+        if block == "second":
+            return dim * (dim + 1) // 2
+        per_class = dim if block == "sums" else 1
+        if self.level == "record":
+            return per_class  # one record moves one class row
+        if num_classes is None:
+            raise ConfigError("client-level rounding slack needs the number of classes; release once first")
+        return per_class * num_classes
+
+    def _slack(self, block: str, dim: int, num_classes: int | None = None) -> float:
+        if self.backend.sensitivity_slack(1, "l2") == 0:
+            return 0.0
+        if self.level == "client" and num_classes is None and block != "second":
+            num_classes = self._num_classes
+            if num_classes is None:
+                return 0.0  # resolved again at the first release, when C is known
+        return self.backend.sensitivity_slack(self._moving(block, dim, num_classes), "l2")
+
+    _num_classes: int | None = None
+
+    def _ensure(self, dim: int) -> None:
+        if self._sigma is None:
+            self._resolve(dim)
+        elif self.clipping.norm == "coordinate" and self._dim != dim:
+            raise InputError(
+                f"features have d={dim} but the mechanism was calibrated for d={self._dim} "
+                "(coordinate clipping's sensitivity b sqrt(d) depends on d)"
+            )
+
+    @property
+    def sigma(self) -> dict[str, float]:
+        """Noise standard deviation per block (full noise of one upload)."""
+        if self._sigma is None:
+            raise ConfigError(
+                "sigma depends on the feature dimension (clip_norm='coordinate', or a rounding backend such as "
+                "'opendp' whose slack grows with d); pass dim= to GaussianMechanism or release once"
+            )
+        return dict(self._sigma)
+
+    @property
+    def sensitivity(self) -> dict[str, float]:
+        """L2 sensitivity per block under the neighbouring relation."""
+        if self._sens is None:
+            raise ConfigError("sensitivity depends on the feature dimension; pass dim= to GaussianMechanism")
+        return dict(self._sens)
+
+    @property
+    def joint_sensitivity(self) -> float:
+        """L2 sensitivity of all blocks together (FedLog's augmented statistic for sums and counts)."""
+        if self._sens is None:
+            raise ConfigError("sensitivity depends on the feature dimension; pass dim= to GaussianMechanism")
+        return self._joint_sens
+
+    @property
+    def calibration_method(self) -> str:
+        """How sigma was calibrated (``"analytic, gdp (exact)"``, ``"classic"``, ...)."""
+        return self._calibrated_by
+
+    @property
+    def mu(self) -> float:
+        """GDP mu of one round over all blocks together."""
+        return self._mu_round
+
+    def upload_noise_variance(self, method=None, num_clients: int = 1) -> dict[str, float]:
+        """Per-coordinate noise variance on each client's uploaded block (for noise-aware estimation).
+
+        Zero where the noise is added to the sum instead (trusted aggregator).
+        """
+        self._require_sigma()
+        per_client = bool(getattr(method, "per_client", False))
+        if self.level == "client" or (self.trusted_aggregator and not per_client and not self._secure):
+            return {b: 0.0 for b in self.blocks}
+        share = 1.0 / max(num_clients - self.dropout_tolerance, 1) if self._secure else 1.0
+        return {b: self._sigma[b] ** 2 * share for b in self.blocks}
+
+    def _require_sigma(self) -> None:
+        if self._sigma is None:
+            raise ConfigError(
+                "pass dim= to GaussianMechanism (clip_norm='coordinate') before asking for sigma"
+            )

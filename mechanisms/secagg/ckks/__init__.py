@@ -1,0 +1,197 @@
+"""CKKS secure summation of a (K, ...) stack in one process: the protocol's own objects over a loop.
+
+:func:`ckks_sum` checks the stack (finite, within the agreed bound and the
+CKKS bound, a release grid above the decryption error), makes roster
+identities for this run (OS entropy), and runs
+:func:`mechanisms.secagg.ckks.server.run_in_process` over one
+:class:`~mechanisms.secagg.ckks.node.CKKSNode` per client and a
+:class:`~mechanisms.secagg.ckks.holder.CKKSKeyHolder` (client 0, as a Flower node
+the server names): the same checks as over Flower, so a deviating server
+is refused here too.  See :mod:`mechanisms.secagg.ckks.scheme` for the scheme, the bound
+and the release grid.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from mechanisms.secagg import fixed_point
+from mechanisms.secagg.ckks.holder import CKKSKeyHolder
+from mechanisms.secagg.ckks.node import CKKSNode
+from mechanisms.secagg.ckks.scheme import CKKSParams
+from mechanisms.secagg.ckks.server import CKKSServer, CKKSServerView, run_in_process
+from mechanisms.secagg.identity import make_roster, min_threshold
+from mechanisms.secagg.ledger import SessionLedger
+from mechanisms.secagg.noise import noise_share
+from privfed.errors import ConfigError, InputError
+
+__all__ = ["KEY_HOLDER", "CKKSSumResult", "ckks_sum"]
+
+#: The client that holds the keys in process.
+KEY_HOLDER = 0
+
+
+@dataclass
+class CKKSSumResult:
+    """Output of :func:`ckks_sum`.
+
+    ``upload_bytes`` are each client's ciphertext bytes, ``download_bytes`` the public context's,
+    ``aggregate_bytes`` the ciphertexts and signatures the server forwards to the key holder.
+    """
+
+    total: np.ndarray
+    view: CKKSServerView
+    integral: bool
+    num_ciphertexts: int
+    upload_bytes: dict[int, int]
+    download_bytes: int
+    aggregate_bytes: int
+    seconds: dict[str, float]
+
+
+def _check_stack(stack, params, integers, noise_std, value_bound, name):
+    X = np.asarray(stack, dtype=np.float64)
+    if X.ndim < 1 or X.shape[0] < 2:
+        raise InputError(
+            f"{name}: secure aggregation needs a (K, ...) stack with K >= 2 clients, got {X.shape}"
+        )
+    K, shape = X.shape[0], X.shape[1:]
+    flat = X.reshape(K, -1)
+    if not np.all(np.isfinite(flat)):
+        raise InputError(f"{name} contains NaN/inf values; secure aggregation needs finite statistics")
+    if not (np.isfinite(noise_std) and noise_std >= 0):
+        raise ConfigError(f"noise_std must be finite and >= 0, got {noise_std}")
+    if integers not in ("auto", True, False):
+        raise ConfigError(f"integers must be 'auto', True or False, got {integers!r}")
+    integral = integers is True or (integers == "auto" and noise_std == 0 and fixed_point.is_integral(flat))
+    max_abs = float(np.abs(flat).max()) if value_bound is None else float(value_bound)
+    if value_bound is not None and flat.size and float(np.abs(flat).max()) > max_abs:
+        over = np.flatnonzero(np.abs(flat).max(axis=1) > max_abs)
+        raise InputError(
+            f"{name}: client(s) {over[:5].tolist()} hold values outside the agreed bound |x| <= {max_abs:g}; "
+            "they refuse to encrypt them"
+        )
+    if not integral and params.precision_bits > params.max_precision_bits(K):
+        err_bits = int(params.scale_bits) - math.log2(params.poly_modulus_degree) - 0.5 * math.log2(K)
+        raise ConfigError(
+            f"{name}: with K={K} clients the decryption error reaches about 2^-{err_bits:.1f}; "
+            f"precision_bits={params.precision_bits} would release key-dependent error bits; use "
+            f"precision_bits <= {params.max_precision_bits(K)} or a larger scale_bits"
+        )
+    bound = K * (max_abs + 40.0 * noise_std)
+    if not bound < 2.0**params.bound_bits:
+        raise InputError(
+            f"{name} could exceed the CKKS bound: {K} clients x max|x| = {max_abs:.4g} gives |sum| up to "
+            f"2^{np.log2(bound):.1f} >= 2^{params.bound_bits} (coeff_mod_bit_sizes={list(params.coeff_mod_bit_sizes)}, "
+            f"scale 2^{params.scale_bits}); the sum would wrap silently. Lower scale_bits, add a modulus prime, "
+            "or clip the features"
+        )
+    return flat, shape, integral
+
+
+def ckks_sum(
+    stack: np.ndarray,
+    *,
+    params: CKKSParams | None = None,
+    integers: str | bool = "auto",
+    noise_std: float = 0.0,
+    add_noise: Callable[[np.ndarray, float, np.random.Generator], np.ndarray] | None = None,
+    rng: np.random.Generator | None = None,
+    value_bound: float | None = None,
+    name: str = "statistic",
+) -> CKKSSumResult:
+    """Sum the rows of ``stack`` through CKKS with client 0 as the key holder (see the module docstring).
+
+    Parameters
+    ----------
+    stack : array, shape (K, ...)
+    params : CKKSParams, optional
+        Default ``CKKSParams()``.
+    integers : {"auto", True, False}
+        Integer statistics are rounded to whole numbers on release (exact
+        counts); ``"auto"`` detects whole-number stacks without noise.
+    noise_std : float
+        Standard deviation of each client's Gaussian noise share (0: none).
+    add_noise : callable, optional
+        ``add_noise(row, std, rng) -> noisy row`` draws a client's share (a
+        noise backend's ``add_gaussian``); default: numpy normal draws.
+    rng : numpy.random.Generator, optional
+        Draws the noise shares (keys, identities and session ids come from OS entropy).
+    value_bound : float, optional
+        Public bound on |x| per coordinate (defaults to the stack's largest).
+    name : str
+        What is being summed (error messages).
+
+    Raises
+    ------
+    InputError
+        If K * bound could exceed the CKKS bound 2^bound_bits.
+    ProtocolAbort
+        If a node or the key holder refuses a request (see :mod:`mechanisms.secagg.ckks.node`).
+    """
+    t_start = time.perf_counter()
+    params = CKKSParams() if params is None else params
+    rng = rng if rng is not None else np.random.default_rng()
+    flat, shape, integral = _check_stack(stack, params, integers, noise_std, value_bound, name)
+    K = flat.shape[0]
+    roster, ids = make_roster(K, min_threshold(K))
+    contexts: dict = {}  # the public context, parsed once for every node in this process
+    nodes = {
+        u: CKKSNode(
+            params,
+            identity=ids[u],
+            roster=roster,
+            ledger=SessionLedger(),
+            release_grid=not integral,
+            contexts=contexts,
+        )
+        for u in range(K)
+    }
+    holder = CKKSKeyHolder(params, identity=ids[KEY_HOLDER], roster=roster, ledger=nodes[KEY_HOLDER].ledger)
+    server = CKKSServer(
+        list(range(K)),
+        key_holder=KEY_HOLDER,
+        length=flat.shape[1],
+        params=params,
+        session=os.urandom(16),
+        integral=integral,
+    )
+
+    def noisy(u: int) -> np.ndarray:
+        return noise_share(flat[u], noise_std, rng, add_noise)
+
+    clock: dict[str, float] = {}
+    total = run_in_process(
+        server,
+        nodes,
+        holder,
+        inputs=noisy,
+        aggregation=os.urandom(16),
+        on_stage=lambda s: clock.__setitem__(s, time.perf_counter()),
+    )
+    total = total.reshape(shape)
+    server.view.result = total
+    add_s = holder.seconds.get("sum", 0.0)
+    return CKKSSumResult(
+        total=total,
+        view=server.view,
+        integral=integral,
+        num_ciphertexts=params.num_ciphertexts(flat.shape[1]),
+        upload_bytes=dict(server.bytes_up["ckks_encrypt"]),
+        download_bytes=len(server.view.public_context),
+        aggregate_bytes=sum(server.bytes_up["ckks_encrypt"].values())
+        + sum(map(len, server.view.signatures.values())),
+        seconds={
+            "keygen": clock["ckks_keys"] - t_start,
+            "encrypt": clock["ckks_encrypt"] - clock["ckks_keys"],
+            "sum": add_s,
+            "decrypt": clock["ckks_decrypt"] - clock["ckks_encrypt"] - add_s,
+            "total": clock["ckks_decrypt"] - t_start,
+        },
+    )

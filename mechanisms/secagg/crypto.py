@@ -1,0 +1,206 @@
+"""Cryptographic building blocks of pairwise masking, shared by its node and server state machines.
+
+Key material (:class:`KeySource`: OS entropy, or a seeded ChaCha20 stream
+for reproducible tests), the mask PRG (AES-256-CTR keystream read as
+uint64), HKDF-SHA256 key derivation, X25519 key handling, and
+:class:`ProtocolAbort`, the error every participant raises when the
+protocol stops without releasing a sum.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+import numpy as np
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+from mechanisms.secagg import shamir
+from privfed.errors import PrivfedError
+
+__all__ = [
+    "GCM_NONCE_BYTES",
+    "GCM_TAG_BYTES",
+    "ID_BYTES",
+    "INFO_CHANNEL",
+    "INFO_PAIR",
+    "INFO_SELF",
+    "PUBLIC_KEY_BYTES",
+    "SHARE_CIPHERTEXT_BYTES",
+    "SHARE_PLAINTEXT_BYTES",
+    "UNMASK_ANSWER_BYTES",
+    "KeySource",
+    "ProtocolAbort",
+    "add_masks",
+    "as_bytes",
+    "as_int",
+    "hkdf",
+    "prg_buffer",
+    "prg_uint64",
+    "private_key",
+    "pub_bytes",
+    "public_key",
+]
+
+PUBLIC_KEY_BYTES = 32
+ID_BYTES = 4
+GCM_NONCE_BYTES = 12
+GCM_TAG_BYTES = 16
+#: Plaintext of one encrypted share message: sender id, receiver id, share of s^SK, share of b.
+SHARE_PLAINTEXT_BYTES = 2 * ID_BYTES + 2 * shamir.SHARE_BYTES
+SHARE_CIPHERTEXT_BYTES = GCM_NONCE_BYTES + SHARE_PLAINTEXT_BYTES + GCM_TAG_BYTES
+#: One unmasking answer: the client id it is about, a one-byte kind, the share.
+UNMASK_ANSWER_BYTES = ID_BYTES + 1 + shamir.SHARE_BYTES
+
+INFO_PAIR = b"privfed secagg pair mask"
+INFO_SELF = b"privfed secagg self mask"
+INFO_CHANNEL = b"privfed secagg share channel"
+
+
+class ProtocolAbort(PrivfedError):
+    """The protocol stopped without releasing a sum (dropouts, a malformed or deviating request).
+
+    ``node`` is the participant that stopped (``None`` for the server),
+    ``stage`` the protocol stage, ``deviation`` a short tag of what was seen
+    (``"low-threshold"``, ``"inconsistent-lists"``, ``"tampered-share"``, ...).
+    """
+
+    def __init__(
+        self, message: str, *, node: int | None = None, stage: str | None = None, deviation: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.node, self.stage, self.deviation = node, stage, deviation
+
+
+def as_bytes(value, what: str = "field") -> bytes:
+    """``value`` if it is bytes (TypeError otherwise): ``bytes(n)`` of an int a server sent would allocate n bytes."""
+    if not isinstance(value, (bytes, bytearray, memoryview)):
+        raise TypeError(f"{what} must be bytes, got {type(value).__name__}")
+    return bytes(value)
+
+
+def as_int(value, what: str = "field") -> int:
+    """``value`` if it is an integer, not a bool (TypeError otherwise: int() would take 2.7, "3" or True)."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{what} must be an integer, got {type(value).__name__} {value!r:.40}")
+    return int(value)
+
+
+class KeySource:
+    """Cryptographic random bytes for key material.
+
+    ``seed=None`` (the default) reads the operating system's CSPRNG.  A seed
+    gives a ChaCha20 keystream keyed by SHA-256(seed): reproducible runs for
+    tests only; never deploy with a seed.
+    """
+
+    def __init__(self, seed: int | bytes | None = None) -> None:
+        self.seeded = seed is not None
+        if seed is None:
+            self._enc = None
+        else:
+            raw = seed if isinstance(seed, bytes) else int(seed).to_bytes(16, "little", signed=False)
+            key = hashlib.sha256(b"privfed key source" + raw).digest()
+            self._enc = Cipher(algorithms.ChaCha20(key, b"\x00" * 16), mode=None).encryptor()
+
+    def __call__(self, n: int) -> bytes:
+        if self._enc is None:
+            return os.urandom(n)
+        return self._enc.update(b"\x00" * n)
+
+    def field_element(self) -> int:
+        """A uniform 32-byte integer below :data:`shamir.PRIME` (rejection sampling)."""
+        while True:
+            v = int.from_bytes(self(32), "little")
+            if v < shamir.PRIME:
+                return v
+
+
+def prg_uint64(key: bytes, n: int, buffer: bytearray | None = None) -> np.ndarray:
+    """n pseudorandom uint64 from the AES-256-CTR keystream under ``key`` (32 bytes), zero IV.
+
+    Each key is used for one expansion only (fresh per pair and run).  With
+    ``buffer`` (from :func:`prg_buffer`) the keystream is written there and
+    the returned array is a view of it, valid until the next call.
+    """
+    if n == 0:
+        return np.zeros(0, np.uint64)
+    enc = Cipher(algorithms.AES(key), modes.CTR(b"\x00" * 16)).encryptor()
+    buf = prg_buffer(n) if buffer is None else buffer
+    enc.update_into(_zeros(8 * n), buf)
+    return np.frombuffer(buf, dtype=np.uint64, count=n)
+
+
+def prg_buffer(n: int) -> bytearray:
+    """A reusable output buffer for :func:`prg_uint64` of ``n`` values (one AES block of slack)."""
+    return bytearray(8 * n + 16)
+
+
+_ZEROS = bytes(0)
+
+
+def _zeros(nbytes: int) -> memoryview:
+    """A shared read-only buffer of ``nbytes`` zero bytes (the CTR plaintext)."""
+    global _ZEROS
+    if len(_ZEROS) < nbytes:
+        _ZEROS = bytes(nbytes)
+    return memoryview(_ZEROS)[:nbytes]
+
+
+#: Values per keystream block in :func:`add_masks` (256 KiB of scratch whatever the vector length).
+MASK_BLOCK = 32_768
+#: Cipher contexts held at once by :func:`add_masks`.
+KEY_GROUP = 256
+
+
+def add_masks(y: np.ndarray, keys: list[bytes], signs: list[bool]) -> None:
+    """In place, y += PRG(key) where the sign is True and y -= PRG(key) where False (mod 2^64).
+
+    PRG(key) is :func:`prg_uint64`'s keystream (AES-256-CTR, zero IV), produced
+    block by block from one cipher context per key (CTR continues across
+    blocks), so the scratch buffer stays small for long vectors.  ``y`` is a
+    contiguous uint64 vector.
+    """
+    n = y.size
+    if n == 0 or not keys:
+        return
+    block = min(n, MASK_BLOCK)
+    buf = prg_buffer(block)
+    stream = np.frombuffer(buf, dtype=np.uint64, count=block)
+    zeros = _zeros(8 * block)
+    iv = b"\x00" * 16
+    for g in range(0, len(keys), KEY_GROUP):
+        contexts = []
+        for k, plus in zip(keys[g : g + KEY_GROUP], signs[g : g + KEY_GROUP]):
+            update = Cipher(algorithms.AES(k), modes.CTR(iv)).encryptor().update_into
+            contexts.append((update, np.add if plus else np.subtract))
+        for start in range(0, n, block):
+            part = y[start : start + block]
+            m = part.size
+            plain, mask = (zeros, stream) if m == block else (zeros[: 8 * m], stream[:m])
+            for update, op in contexts:
+                update(plain, buf)
+                op(part, mask, out=part)
+
+
+def hkdf(secret: bytes, info: bytes) -> bytes:
+    """32 bytes of HKDF-SHA256 of ``secret`` under ``info`` (no salt)."""
+    return HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=info).derive(secret)
+
+
+def pub_bytes(key: X25519PublicKey) -> bytes:
+    """The raw 32-byte encoding of an X25519 public key."""
+    return key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+
+
+def private_key(k: int) -> X25519PrivateKey:
+    """The X25519 private key whose raw bytes are ``k`` (little endian)."""
+    return X25519PrivateKey.from_private_bytes(k.to_bytes(32, "little"))
+
+
+def public_key(raw: bytes) -> X25519PublicKey:
+    """An X25519 public key from its 32 raw bytes."""
+    return X25519PublicKey.from_public_bytes(bytes(raw))

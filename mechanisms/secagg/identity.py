@@ -1,0 +1,344 @@
+"""Node identities for secure aggregation against a deviating server: Ed25519 keys and the roster.
+
+Bonawitz et al. (CCS 2017), active-adversary version: every node holds a
+long-term signing key, and the list of the nodes' public keys (the
+*roster*) comes from the operator, never from the server.  A node checks
+every key advertisement, consistency signature and CKKS public context
+against the roster, and takes the protocol's size K and threshold t from it:
+a server that asks for another K or t, or slips in a key of its own
+(a Sybil), is refused.
+
+The roster also fixes t: at least 2 and above n_C + (K - n_C)/2, where up to
+n_C nodes may collude with the server (``colluders``; Bonawitz et al.,
+Sec. 6), so two different survivor lists can never both collect t
+signatures from honest nodes.
+
+SecAgg+ (Bell et al., CCS 2020): with ``degree=k`` the roster also carries
+the graph, a uniform ring order of the nodes drawn here from OS entropy
+(:mod:`mechanisms.secagg.graph`), so the server cannot choose it; each
+node masks with and shares among its k neighbours only, and t is then a
+threshold of every group of k + 1 (itself and its neighbours): at least 2,
+2t > k + 1 + n_C and t <= k + 1 (the argument is in
+:mod:`mechanisms.secagg.masking.node`).  A roster without a degree is the complete
+graph (k + 1 = K), and its fingerprint is what it always was.
+
+Deployment: the operator runs once ::
+
+    python -m mechanisms.secagg.identity DIR --nodes K [--threshold T] [--colluders C] [--degree k]
+
+which writes ``DIR/roster.json`` (public: give it to every node) and
+``DIR/node-<i>.json`` (node i's private key, mode 0600: give it to node i
+only), and starts each SuperNode with
+``--node-config "secagg-identity=DIR/node-<i>.json secagg-roster=DIR/roster.json secagg-ledger=FILE ..."``
+(the ledger file, kept on the node across runs, is required: see :mod:`privfed.flower.secagg`).
+Simulations (:func:`privfed.flower.simulation.run_simulation`, the
+in-process grid) generate the roster in the app from OS entropy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import pathlib
+import sys
+from dataclasses import dataclass
+from functools import cached_property
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+from mechanisms.secagg.crypto import KeySource
+from mechanisms.secagg.graph import check_degree, draw_ring, group_size, ring_neighbours
+from privfed.errors import ConfigError
+
+__all__ = ["Identity", "Roster", "make_roster", "min_threshold", "signed_bytes"]
+
+SIGNATURE_BYTES = 64
+
+
+def min_threshold(num_nodes: int, colluders: int = 0) -> int:
+    """Smallest t with t >= 2 and t > n_C + (K - n_C)/2 (Bonawitz et al. 2017, Sec. 6).
+
+    On a SecAgg+ graph pass the group size k + 1 for ``num_nodes``: 2t > k + 1 + n_C."""
+    K, c = int(num_nodes), int(colluders)
+    return max(2, (K + c) // 2 + 1)
+
+
+def signed_bytes(label: str, *parts: bytes | int | list[int]) -> bytes:
+    """The exact bytes a signature covers: a label, then each part length-prefixed (no ambiguity)."""
+    out = [b"privfed secagg v1\x00", label.encode(), b"\x00"]
+    for p in parts:
+        if isinstance(p, int):
+            p = p.to_bytes(8, "little", signed=True)
+        elif isinstance(p, list):
+            p = b"".join(int(v).to_bytes(4, "little") for v in p)
+        out += [len(p).to_bytes(8, "little"), bytes(p)]
+    return b"".join(out)
+
+
+@dataclass(frozen=True)
+class Roster:
+    """The operator's list of node identity public keys, with the protocol's K and t.
+
+    ``degree`` and ``ring`` (both or neither): the SecAgg+ graph, k-regular
+    Harary on the ring order ``ring`` (see :mod:`mechanisms.secagg.graph`);
+    without them the complete graph.
+    """
+
+    public_keys: tuple[bytes, ...]
+    threshold: int
+    colluders: int = 0
+    degree: int | None = None
+    ring: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        K = len(self.public_keys)
+        if K < 2:
+            raise ConfigError(f"a secure-aggregation roster needs at least 2 nodes, got {K}")
+        if len(set(self.public_keys)) != K or any(len(k) != 32 for k in self.public_keys):
+            raise ConfigError("the roster's public keys must be distinct 32-byte Ed25519 keys")
+        if isinstance(self.colluders, bool) or not 0 <= int(self.colluders) < K:
+            raise ConfigError(f"roster colluders={self.colluders!r} must lie in 0..{K - 1}")
+        if (self.degree is None) != (self.ring is None):
+            raise ConfigError(
+                "a roster's SecAgg+ graph needs both its degree and its ring order (make it with "
+                "make_roster(..., degree=k)); give both or neither (complete graph)"
+            )
+        if self.degree is not None:
+            check_degree(self.degree, K, "roster degree")
+            if sorted(self.ring) != list(range(K)) or any(isinstance(v, bool) for v in self.ring):
+                raise ConfigError(f"the roster's ring must order the nodes 0..{K - 1}, each once")
+        n = self.group_size
+        low = min_threshold(n, self.colluders)
+        if isinstance(self.threshold, bool) or not low <= int(self.threshold) <= n:
+            if self.degree is None:
+                raise ConfigError(
+                    f"roster threshold t={self.threshold!r} must lie in [{low}, {K}] for K={K} nodes and "
+                    f"{self.colluders} colluder(s): t >= 2 and t > n_C + (K - n_C)/2, so that a server "
+                    "cannot collect t signatures on two different survivor lists; raise the threshold"
+                )
+            raise ConfigError(
+                f"roster threshold t={self.threshold!r} must lie in [{low}, {n}] for degree k={self.degree} "
+                f"(groups of k + 1 = {n}) and {self.colluders} colluder(s): t >= 2 and 2t > k + 1 + n_C, so "
+                "that a server never collects t shares of both seeds of a node in its group, and t <= k + 1"
+                + ("; raise the degree" if low > n else "; choose t in that range")
+            )
+
+    @property
+    def size(self) -> int:
+        return len(self.public_keys)
+
+    @property
+    def group_size(self) -> int:
+        """Share holders of each node: itself and its neighbours (K on the complete graph, else k + 1)."""
+        return group_size(self.size, self.degree)
+
+    @cached_property
+    def graph(self) -> list[frozenset[int]]:
+        """Every node's neighbours (all others on the complete graph)."""
+        if self.degree is None:
+            return [frozenset(range(self.size)) - {u} for u in range(self.size)]
+        return ring_neighbours(self.ring, self.degree)
+
+    @property
+    def sum_threshold(self) -> int:
+        """Fewest inputs a protocol that sums all nodes at once (CKKS) may release: a majority of K."""
+        return max(int(self.threshold), min_threshold(self.size, self.colluders))
+
+    @cached_property
+    def fingerprint(self) -> bytes:
+        """SHA-256 of the roster (keys, t, n_C, the graph): every signed message names the roster it belongs to."""
+        if self.degree is None:  # the complete graph: the fingerprint of rosters made before graphs
+            parts = signed_bytes("roster", self.threshold, self.colluders, *self.public_keys)
+        else:
+            parts = signed_bytes(
+                "roster-graph",
+                self.threshold,
+                self.colluders,
+                int(self.degree),
+                list(self.ring),
+                *self.public_keys,
+            )
+        return hashlib.sha256(parts).digest()
+
+    def verify(self, index: int, signature: bytes, message: bytes) -> bool:
+        """Whether ``signature`` on ``message`` verifies under node ``index``'s roster key."""
+        if not (isinstance(index, int) and 0 <= index < self.size) or len(signature) != SIGNATURE_BYTES:
+            return False
+        try:
+            Ed25519PublicKey.from_public_bytes(self.public_keys[index]).verify(bytes(signature), message)
+        except InvalidSignature:
+            return False
+        return True
+
+    def to_json(self) -> str:
+        out = {
+            "version": 1 if self.degree is None else 2,
+            "threshold": int(self.threshold),
+            "colluders": int(self.colluders),
+            "public_keys": [k.hex() for k in self.public_keys],
+        }
+        if self.degree is not None:
+            out.update(degree=int(self.degree), ring=[int(v) for v in self.ring])
+        return json.dumps(out, indent=1)
+
+    @classmethod
+    def from_json(cls, text: str, source: str = "roster") -> Roster:
+        try:
+            raw = json.loads(text)
+            degree, ring = raw.get("degree"), raw.get("ring")
+            threshold, colluders = raw["threshold"], raw.get("colluders", 0)
+
+            def whole(v) -> bool:  # a JSON integer: not a bool, not a float that int() would truncate
+                return isinstance(v, int) and not isinstance(v, bool)
+
+            if not (whole(threshold) and whole(colluders)):
+                raise ValueError(
+                    f"threshold and colluders must be integers, got {threshold!r}, {colluders!r}"
+                )
+            if (degree is not None and not whole(degree)) or not (
+                ring is None or (isinstance(ring, list) and all(whole(v) for v in ring))
+            ):
+                raise ValueError("degree must be an integer and ring a list of node indices")
+            return cls(
+                public_keys=tuple(bytes.fromhex(k) for k in raw["public_keys"]),
+                threshold=threshold,
+                colluders=colluders,
+                degree=degree,
+                ring=None if ring is None else tuple(ring),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            if isinstance(exc, ConfigError):
+                raise
+            raise ConfigError(
+                f"{source} is not a privfed roster (JSON with public_keys, threshold): {exc}"
+            ) from None
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> Roster:
+        p = pathlib.Path(path).expanduser()
+        if not p.is_file():
+            raise ConfigError(
+                f"secagg-roster={path}: no such file; the operator writes it with "
+                "python -m mechanisms.secagg.identity"
+            )
+        return cls.from_json(p.read_text(), f"secagg-roster={path}")
+
+
+@dataclass(frozen=True)
+class Identity:
+    """One node's long-term signing key and its index in the roster."""
+
+    index: int
+    private_key: bytes  # raw 32-byte Ed25519 private key
+
+    def sign(self, message: bytes) -> bytes:
+        return Ed25519PrivateKey.from_private_bytes(self.private_key).sign(message)
+
+    @property
+    def public_key(self) -> bytes:
+        return (
+            Ed25519PrivateKey.from_private_bytes(self.private_key)
+            .public_key()
+            .public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+        )
+
+    def check(self, roster: Roster) -> Identity:
+        """This identity, if the roster lists its public key at its index (ConfigError otherwise)."""
+        if not 0 <= self.index < roster.size or roster.public_keys[self.index] != self.public_key:
+            raise ConfigError(
+                f"this node's identity key (index {self.index}) is not in the roster; the operator "
+                "must distribute the roster that lists it"
+            )
+        return self
+
+    def to_json(self) -> str:
+        return json.dumps({"index": int(self.index), "private_key": self.private_key.hex()})
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> Identity:
+        p = pathlib.Path(path).expanduser()
+        if not p.is_file():
+            raise ConfigError(f"secagg-identity={path}: no such file")
+        try:
+            raw = json.loads(p.read_text())
+            return cls(index=int(raw["index"]), private_key=bytes.fromhex(raw["private_key"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ConfigError(f"secagg-identity={path} is not a privfed identity file: {exc}") from None
+
+
+def make_roster(
+    num_nodes: int,
+    threshold: int | None = None,
+    colluders: int = 0,
+    seed: int | bytes | None = None,
+    degree: int | None = None,
+) -> tuple[Roster, list[Identity]]:
+    """Fresh identities for ``num_nodes`` nodes and their roster (OS entropy; ``seed`` for tests only).
+
+    ``degree=k`` draws a SecAgg+ graph (a uniform ring order, from the same key source) into the roster;
+    the default threshold is then the smallest for groups of k + 1.
+    """
+    if degree is not None:
+        check_degree(degree, int(num_nodes))
+    keys = KeySource(seed)
+    ids = []
+    for i in range(int(num_nodes)):
+        sk = Ed25519PrivateKey.from_private_bytes(keys(32))
+        ids.append(
+            Identity(
+                i,
+                sk.private_bytes(
+                    serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption()
+                ),
+            )
+        )
+    ring = None if degree is None else tuple(draw_ring(int(num_nodes), keys))
+    n = int(num_nodes) if degree is None else min(int(num_nodes), int(degree) + 1)
+    t = min_threshold(n, colluders) if threshold is None else int(threshold)
+    return Roster(tuple(i.public_key for i in ids), t, int(colluders), degree, ring), ids
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m mechanisms.secagg.identity",
+        description="Write a secure-aggregation roster and one identity file per node.",
+    )
+    p.add_argument("directory")
+    p.add_argument("--nodes", type=int, required=True)
+    p.add_argument("--threshold", type=int, default=None)
+    p.add_argument("--colluders", type=int, default=0)
+    p.add_argument(
+        "--degree",
+        type=int,
+        default=None,
+        help="SecAgg+ degree k (even): a random k-regular graph drawn into the roster; default complete",
+    )
+    a = p.parse_args(argv)
+    try:
+        roster, ids = make_roster(a.nodes, a.threshold, a.colluders, degree=a.degree)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    out = pathlib.Path(a.directory)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "roster.json").write_text(roster.to_json())
+    for ident in ids:
+        path = out / f"node-{ident.index}.json"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(ident.to_json())
+    print(
+        f"wrote {out / 'roster.json'} (K={roster.size}, t={roster.threshold}, "
+        f"graph={'complete' if roster.degree is None else f'{roster.degree}-regular'}) and {len(ids)} identity files; "
+        "start node i with --node-config 'secagg-identity=.../node-i.json secagg-roster=.../roster.json "
+        "secagg-ledger=FILE' (FILE on the node, kept across runs)"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,495 @@
+"""Secure aggregation for :func:`privfed.fit`: pairwise masking and CKKS, with distributed noise.
+
+Two protocols implement the ``secure_agg`` hook of :mod:`privfed.release.pipeline`
+(``secure_sum(rng) -> SecureSum`` and ``report(method, stats)``):
+
+* :class:`PairwiseMasking` -- Bonawitz et al., "Practical Secure Aggregation
+  for Privacy-Preserving Machine Learning", CCS 2017 (X25519 + HKDF key
+  agreement, AES-CTR masks in Z_{2^64}, Shamir-shared seeds for dropouts;
+  :mod:`mechanisms.secagg.masking`), optionally with the sparse graph of SecAgg+
+  (Bell et al., CCS 2020);
+* :class:`CKKSAggregation` -- CKKS homomorphic encryption through TenSEAL with
+  a key holder separate from the aggregator (:mod:`mechanisms.secagg.ckks.scheme`).
+
+Each call of the returned :class:`SecureSumRun` is one full protocol run on
+a (K, ...) stack, with fresh keys: ``Method.secure_aggregate`` calls it once
+per summed statistic (counts, sums, second moments, ...); FedCOF's two-round
+protocol (FedCOF paper, App. I.2) calls it twice: one vector of counts, sums
+and presence indicators, then the per-client d x d spread matrices.
+
+Encoding.  Real statistics use ``frac_bits`` fractional bits (default 32:
+the sum of K clients is within K 2^-33 of the real sum per coordinate,
+2.3e-8 for K = 100, so heads agree with plain aggregation to ~1e-7 or
+better).  Integer statistics (counts, indicators) are encoded with f = 0
+and come out exact: with ``integers="auto"`` a stack whose values are all
+whole numbers (and that gets no noise) is treated as integer -- a public
+one-bit choice that for counts and indicators reveals nothing.  CKKS
+releases integer statistics rounded to whole numbers (exact) and real ones
+rounded to 2^-precision_bits.
+
+Which methods run (see :mod:`mechanisms.secagg.comm` for bytes):
+
+* sums only (``per_client = False``): fedncm, fed3r, fed3r-within, fedcgs,
+  fedlog, fedcof-oracle -- under both protocols, identical heads up to the
+  encoding resolution;
+* fedcof -- under both protocols through its two-round secure protocol
+  (App. I.2), identical head; the server additionally learns K_c and
+  broadcasts mu_c, N_c;
+* any per-client method without a secure protocol is refused by the method.
+
+Distributed noise: pass ``noise=DistributedGaussian(...)``
+(:mod:`mechanisms.secagg.noise`); every uploading client adds its
+N(0, sigma^2/K) share before masking or encryption.  Do not also add noise
+on the aggregate through a privacy mechanism unless that is intended.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from mechanisms.secagg import fixed_point
+from mechanisms.secagg.ckks import ckks_sum
+from mechanisms.secagg.ckks.scheme import CKKSParams
+from mechanisms.secagg.comm import has_secure_protocol, secagg_upload_bytes
+from mechanisms.secagg.masking import ProtocolAbort, masked_sum
+from mechanisms.secagg.noise import DistributedGaussian
+from privfed.errors import ConfigError
+
+__all__ = [
+    "THREAT_MODEL_CKKS",
+    "THREAT_MODEL_CKKS_ACTIVE",
+    "THREAT_MODEL_MASK",
+    "THREAT_MODEL_MASK_ACTIVE",
+    "CKKSAggregation",
+    "PairwiseMasking",
+    "ProtocolAbort",
+    "SecureAggReport",
+    "SecureSumRun",
+    "make_secure_agg",
+]
+
+THREAT_MODEL_MASK = (
+    "Honest-but-curious server: it follows the protocol and sees two X25519 public keys per client, "
+    "AES-GCM encrypted Shamir shares it cannot read, masked uploads uniform over Z_2^64, shares of the "
+    "self-mask seeds of uploaders and of the mask keys of clients that dropped before uploading (never "
+    "both for one client), and the sum; it learns only the sum over uploaders and who dropped. Collusion: "
+    "the server with fewer than t clients learns nothing more; t or more colluders can rebuild any "
+    "client's seeds and unmask its input. A malicious server could: send different uploader lists to "
+    "different clients to collect both kinds of shares for one client (prevented only by the consistency "
+    "round with signatures of the active-adversary version: masked_sum(active=True), and the Flower app), simulate fake clients "
+    "(there is no public-key infrastructure, so with K - 1 Sybils it learns the one real input), declare "
+    "honest clients dropped so the sum covers a subset it chose (at least t clients), and return a wrong "
+    "sum (no integrity). Secure aggregation is not differential privacy: the sum itself may reveal a "
+    "client when K is small; add distributed noise for a DP guarantee."
+)
+
+THREAT_MODEL_MASK_ACTIVE = (
+    "Active-adversary version (Bonawitz et al. 2017), on the Flower app: every node holds an Ed25519 identity "
+    "from a roster the operator distributes, which also fixes K and t (t >= 2 and t > K/2) and, with a degree k, "
+    "the SecAgg+ graph (Bell et al. 2020), drawn by the operator from OS entropy, never by the server: each "
+    "node then masks with and shares among its k neighbours, refuses any list naming a node outside its group "
+    "of k + 1, unmasks only after t signatures from its group on views that agree with its own, and t is a "
+    "threshold of every group (t >= 2, 2t > k + 1 + n_C). A server that "
+    "follows the protocol learns only the sum over at least t uploaders and who dropped. A server that deviates "
+    "is detected and the nodes abort before revealing any share, naming the stage: another K or t, keys that "
+    "are not the roster's (substituted keys, Sybils), a survivor list shorter than t or without the node "
+    "itself, different uploader lists or broadcasts for different nodes (each node reveals shares only after "
+    "t signatures on its own lists and every uploader's signed echo of what it summed), replayed or tampered "
+    "messages, a second masked session for the same aggregation (a node uploads once per aggregation id, so "
+    "its noise share is never reused or differenced), a sum over another uploader set than the node's earlier "
+    "sums in the run (or in its ledger file), which would subtract to one node's input. Declaring a live node dropped, consistently, gives the "
+    "server that node's pair-mask key but never its self-mask seed: the sum of the others, nothing of the "
+    "node. Collusion: t or more nodes with the server unmask anyone (on the graph: t of one group unmask its "
+    "members). Not prevented: a wrong sum (no integrity), dropping honest nodes so the sum covers a chosen "
+    "subset of at least t (on the graph: the sum of each part the graph falls into once those nodes are "
+    "removed, each part holding at least t - n_C honest inputs; the roster's graph is public, so the server "
+    "may aim). Secure aggregation is not differential privacy."
+)
+
+THREAT_MODEL_CKKS_ACTIVE = (
+    "CKKS on the Flower app against a deviating server: the key holder (a node) signs its public context "
+    "with its roster identity and every node checks it before encrypting (a substituted key is refused); "
+    "each node signs its ciphertexts with the digest of what it summed, and the key holder adds at least t "
+    "signed contributions from distinct roster nodes itself before it decrypts once and rounds to the "
+    "release grid (a single node's ciphertext passed off as the sum, relabelled contributions and split "
+    "broadcasts are refused); one upload per aggregation id; a node encrypts for one key holder per run, which "
+    "decrypts sums over one contributor set only and refuses contributors whose earlier masked sum covered "
+    "another set (two sums over different sets subtract to one node's input); more than 256 nodes refused (the decryption "
+    "error would reach the release grid). The server relays ciphertexts it cannot read and sees the released "
+    "sum. Collusion of server and key holder reveals every node's statistic (the server names the holder, so "
+    "a node refuses CKKS when its roster allows colluders); a malicious key holder could "
+    "release a wrong value. Secure aggregation is not differential privacy."
+)
+
+THREAT_MODEL_CKKS = (
+    "Aggregator holding only the public context (public key; decryption raises): it sees IND-CPA "
+    "ciphertexts (RLWE) and the released sum. The key holder (client 0, with identities made for the run) "
+    "makes fresh keys per aggregation and signs its public context, which every client checks before "
+    "encrypting; clients sign their ciphertexts, and the key holder adds at least t signed contributions "
+    "itself and decrypts that sum once, rounded to a declared grid so exact decryptions cannot leak the "
+    "secret key (Li-Micciancio): a substituted key, one client's ciphertext passed off as the sum, "
+    "relabelled contributions and a second decryption are refused (the same node and key-holder code as the "
+    "Flower app). Collusion of aggregator and key holder reveals every client's statistic; the aggregator "
+    "could drop clients; a malicious key holder could release a wrong value. Secure aggregation is not "
+    "differential privacy; add distributed noise for a DP guarantee."
+)
+
+
+@dataclass(eq=False)
+class SecureAggReport:
+    """What a secure aggregation cost and guaranteed.
+
+    Attributes
+    ----------
+    protocol : str
+        ``"mask"`` or ``"ckks"``.
+    method : str
+        The method aggregated.
+    bytes_per_client : float
+        Bytes one client uploads for the whole aggregation (protocol
+        overhead and expansion included; :func:`secagg_upload_bytes`).
+    bytes : dict
+        The breakdown (payload, keys, shares, unmasking / ciphertexts,
+        context, download, plain upload and expansion).
+    measured_bytes_per_client : float
+        Mean bytes a client actually uploaded in this run.
+    parameters : dict
+        Protocol parameters (ring, fractional bits, threshold, graph; or CKKS
+        N, moduli, scale, release grid).
+    calls : list of dict
+        One entry per secure sum: shape, encoding, uploaders, dropouts, seconds.
+    dropouts : dict
+        Clients dropped before / after upload over all calls.
+    noise : dict or None
+        The distributed-noise guarantee (full, with t missing, this run).
+    threat_model : str
+    secure_variant : str
+        How the method ran: ``"sums"`` or ``"two-round protocol (App. I.2)"``.
+    """
+
+    protocol: str
+    method: str
+    bytes_per_client: float
+    bytes: dict[str, Any]
+    measured_bytes_per_client: float
+    parameters: dict[str, Any]
+    calls: list[dict[str, Any]]
+    dropouts: dict[str, Any]
+    noise: dict[str, Any] | None
+    threat_model: str
+    secure_variant: str
+    views: list[Any] = field(default_factory=list, repr=False)
+
+
+class SecureSumRun:
+    """The ``SecureSum`` callable of one aggregation: each call runs the protocol on one (K, ...) stack."""
+
+    def __init__(self, protocol: _Protocol, rng: np.random.Generator) -> None:
+        self.protocol = protocol
+        self.rng = rng
+        self.results: list[Any] = []
+        self.calls: list[dict[str, Any]] = []
+        self.state: dict[str, Any] = {}
+
+    def __call__(self, stack: np.ndarray) -> np.ndarray:
+        i = len(self.results)
+        stack = np.asarray(stack, dtype=np.float64)
+        res, record = self.protocol._run(stack, i, self)
+        record = {"call": i, "shape": tuple(stack.shape[1:]), "clients": int(stack.shape[0]), **record}
+        self.results.append(res)
+        self.calls.append(record)
+        return res.total
+
+    @property
+    def views(self) -> list[Any]:
+        """What the server (masking) or aggregator (CKKS) saw, per call."""
+        return [r.view for r in self.results]
+
+
+class _Protocol:
+    name = ""
+    threat_model = ""
+
+    def __init__(self, *, integers: str | bool, noise: DistributedGaussian | None) -> None:
+        if integers not in ("auto", True, False):
+            raise ConfigError(f"integers must be 'auto', True or False, got {integers!r}")
+        if noise is not None and not isinstance(noise, DistributedGaussian):
+            raise ConfigError(f"noise must be a DistributedGaussian or None, got {type(noise).__name__}")
+        self.integers = integers
+        self.noise = noise
+        self.last_run: SecureSumRun | None = None
+
+    def secure_sum(self, rng: np.random.Generator) -> SecureSumRun:
+        """A fresh :class:`SecureSumRun` (one aggregation) drawing simulation randomness from ``rng``."""
+        if not isinstance(rng, np.random.Generator):
+            raise ConfigError(f"rng must be a numpy.random.Generator, got {type(rng).__name__}")
+        self.last_run = SecureSumRun(self, rng)
+        return self.last_run
+
+    def _noise_std(self, call: int, K: int) -> float:
+        return 0.0 if self.noise is None else self.noise.share_std(call, K)
+
+    def _run(self, stack: np.ndarray, call: int, run: SecureSumRun):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def parameters(self) -> dict[str, Any]:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _bytes(self, method, M: int, K: int, d: int, C: int) -> dict[str, Any]:  # pragma: no cover
+        raise NotImplementedError
+
+    def report(self, method: Any, stats: Any) -> SecureAggReport:
+        """Cost, parameters, dropouts, noise guarantee and threat model of the last aggregation."""
+        run = self.last_run
+        calls = [] if run is None else list(run.calls)
+        K = stats.num_clients if getattr(stats, "owners", None) is None else int(np.max(stats.owners)) + 1
+        try:
+            # Secure sums carry every (client, class) pair, zeros included: count what is sent.
+            b = self._bytes(method, K * stats.num_classes, K, stats.dim, stats.num_classes)
+        except ConfigError as exc:
+            b = {"upload": float("nan"), "error": str(exc)}
+        measured = float(np.mean([c["upload_bytes_mean"] for c in calls])) * len(calls) if calls else 0.0
+        before = sorted({u for c in calls for u in c.get("dropped_before_upload", ())})
+        after = sorted({u for c in calls for u in c.get("dropped_after_upload", ())})
+        noise = None
+        if self.noise is not None and calls:
+            noise = self.noise.guarantee(
+                K,
+                len(calls),
+                present=min(c["uploaded"] for c in calls),
+                sizes=[int(np.prod(c["shape"])) for c in calls],
+            )
+        return SecureAggReport(
+            protocol=self.name,
+            method=getattr(method, "name", str(method)),
+            bytes_per_client=float(b["upload"]),
+            bytes=b,
+            measured_bytes_per_client=measured,
+            parameters=self.parameters(),
+            calls=calls,
+            dropouts={"before_upload": before, "after_upload": after},
+            noise=noise,
+            threat_model=self.threat_model,
+            secure_variant="two-round protocol (App. I.2)" if has_secure_protocol(type(method)) else "sums",
+            views=[] if run is None else run.views,
+        )
+
+
+class PairwiseMasking(_Protocol):
+    """Pairwise masking with dropout recovery (Bonawitz et al. 2017; SecAgg+ with ``neighbours``).
+
+    Parameters
+    ----------
+    frac_bits : int
+        Fractional bits of the fixed-point encoding of real statistics
+        (default 32: per-coordinate error <= K 2^-33 in the sum).
+    integers : {"auto", True, False}
+        Encoding of integer statistics with f = 0 (exact); see the module docstring.
+    threshold : int, optional
+        Shamir threshold t (default: a majority of each client's group).
+    neighbours : int, optional
+        Even degree k of the SecAgg+ graph; ``None`` for the complete graph.
+    dropouts : int
+        Clients that drop out of the aggregation, drawn once per aggregation
+        with its rng; they drop in every secure sum, in ``dropout_phase``.
+    dropout_phase : {"after_upload", "before_upload"}
+        After uploading (the input still counts; its self-mask seed is
+        rebuilt) or before (the input is left out; its mask key is rebuilt).
+    noise : DistributedGaussian, optional
+        Distributed Gaussian noise shares.
+    key_seed : int, optional
+        Reproducible key material for tests; ``None`` (default) uses the OS CSPRNG.
+
+    Examples
+    --------
+    >>> import numpy as np, privfed
+    >>> from mechanisms.secagg import PairwiseMasking
+    >>> rng = np.random.default_rng(0)
+    >>> F, y, k = rng.normal(size=(60, 4)), np.arange(60) % 3, np.arange(60) % 4
+    >>> head = privfed.fit("fedncm", F, y, k, secure_agg=PairwiseMasking())
+    >>> plain = privfed.fit("fedncm", F, y, k)
+    >>> bool(np.abs(head.weight - plain.weight).max() < 1e-7)
+    True
+    """
+
+    name = "mask"
+    threat_model = THREAT_MODEL_MASK
+
+    def __init__(
+        self,
+        *,
+        frac_bits: int = 32,
+        integers: str | bool = "auto",
+        threshold: int | None = None,
+        neighbours: int | None = None,
+        dropouts: int = 0,
+        dropout_phase: str = "after_upload",
+        noise: DistributedGaussian | None = None,
+        key_seed: int | None = None,
+    ) -> None:
+        super().__init__(integers=integers, noise=noise)
+        self.frac_bits = fixed_point.check_frac_bits(frac_bits)
+        if threshold is not None and (
+            isinstance(threshold, bool) or int(threshold) != threshold or threshold < 1
+        ):
+            raise ConfigError(f"threshold must be a positive integer or None, got {threshold!r}")
+        if neighbours is not None and (
+            isinstance(neighbours, bool)
+            or not isinstance(neighbours, (int, np.integer))
+            or neighbours < 2
+            or neighbours % 2
+        ):
+            raise ConfigError(f"neighbours must be an even integer >= 2 or None, got {neighbours!r}")
+        if isinstance(dropouts, bool) or not isinstance(dropouts, (int, np.integer)) or dropouts < 0:
+            raise ConfigError(f"dropouts must be an integer >= 0, got {dropouts!r}")
+        if dropout_phase not in ("after_upload", "before_upload"):
+            raise ConfigError(
+                f"dropout_phase must be 'after_upload' or 'before_upload', got {dropout_phase!r}"
+            )
+        self.threshold = threshold
+        self.neighbours = neighbours
+        self.dropouts = int(dropouts)
+        self.dropout_phase = dropout_phase
+        self.key_seed = key_seed
+
+    def parameters(self) -> dict[str, Any]:
+        return {
+            "ring": "Z_2^64",
+            "frac_bits": self.frac_bits,
+            "resolution": 2.0**-self.frac_bits,
+            "integers": self.integers,
+            "threshold": self.threshold if self.threshold is not None else "majority of each group",
+            "graph": "complete" if self.neighbours is None else f"{self.neighbours}-regular Harary (SecAgg+)",
+            "key_agreement": "X25519 + HKDF-SHA256",
+            "prg": "AES-256-CTR",
+            "share_channel": "AES-256-GCM",
+            "shamir_field": "GF(2^256 - 189)",
+            "dropouts_per_sum": self.dropouts,
+            "dropout_phase": self.dropout_phase,
+            "key_material": "operating-system CSPRNG (keys, masks, SecAgg+ graph)"
+            if self.key_seed is None
+            else f"SEEDED (key_seed={self.key_seed}): replayable, for tests only, not a secure run",
+        }
+
+    def _run(self, stack: np.ndarray, call: int, run: SecureSumRun):
+        K, rng = stack.shape[0], run.rng
+        if "dropped" not in run.state:
+            # The same clients drop in every secure sum of one aggregation.
+            run.state["dropped"] = (
+                sorted(rng.choice(K, size=min(self.dropouts, K), replace=False).tolist())
+                if self.dropouts
+                else []
+            )
+        drop = run.state["dropped"]
+        before = drop if self.dropout_phase == "before_upload" else []
+        after = drop if self.dropout_phase == "after_upload" else []
+        res = masked_sum(
+            stack,
+            frac_bits=self.frac_bits,
+            integers=self.integers,
+            threshold=self.threshold,
+            neighbours=self.neighbours,
+            dropped_before_upload=before,
+            dropped_after_upload=after,
+            noise_std=self._noise_std(call, K),
+            add_noise=None if self.noise is None else self.noise.add_share,
+            rng=rng,
+            key_seed=None if self.key_seed is None else f"{self.key_seed}:{call}".encode(),
+            name=f"secure sum {call + 1} (shape {stack.shape[1:]})",
+        )
+        ups = [sum(v.values()) for v in res.upload_bytes.values()]
+        record = {
+            "encoding": f"fixed point, f={res.frac_bits}"
+            + (" (integer, exact)" if res.frac_bits == 0 else ""),
+            "frac_bits": res.frac_bits,
+            "threshold": res.threshold,
+            "uploaded": len(res.uploaded),
+            "dropped_before_upload": res.dropped_before_upload,
+            "dropped_after_upload": res.dropped_after_upload,
+            "upload_bytes_mean": float(np.mean(ups)),
+            "download_bytes_mean": float(np.mean(list(res.download_bytes.values()))),
+            "seconds": res.seconds,
+        }
+        return res, record
+
+    def _bytes(self, method, M, K, d, C):
+        return secagg_upload_bytes(method, M, K, d, C, "mask", neighbours=self.neighbours)
+
+
+class CKKSAggregation(_Protocol):
+    """CKKS secure summation through TenSEAL with a separate key holder (fresh keys per sum).
+
+    Parameters
+    ----------
+    params : CKKSParams
+        N = 8192, moduli [60, 40, 40, 60], scale 2^40, release grid 2^-20 by default.
+    integers : {"auto", True, False}
+        Integer statistics are released rounded to whole numbers (exact).
+    noise : DistributedGaussian, optional
+        Distributed Gaussian noise shares.
+    """
+
+    name = "ckks"
+    threat_model = THREAT_MODEL_CKKS
+
+    def __init__(
+        self,
+        *,
+        params: CKKSParams | None = None,
+        integers: str | bool = "auto",
+        noise: DistributedGaussian | None = None,
+    ) -> None:
+        super().__init__(integers=integers, noise=noise)
+        self.params = CKKSParams() if params is None else params
+        if not isinstance(self.params, CKKSParams):
+            raise ConfigError(f"params must be a CKKSParams, got {type(params).__name__}")
+
+    def parameters(self) -> dict[str, Any]:
+        return {
+            **self.params.as_dict(),
+            "integers": self.integers,
+            "keys": "fresh per secure sum",
+            "key_holder": "separate from the aggregator (public context only)",
+        }
+
+    def _run(self, stack: np.ndarray, call: int, run: SecureSumRun):
+        K, rng = stack.shape[0], run.rng
+        res = ckks_sum(
+            stack,
+            params=self.params,
+            integers=self.integers,
+            noise_std=self._noise_std(call, K),
+            add_noise=None if self.noise is None else self.noise.add_share,
+            rng=rng,
+            name=f"secure sum {call + 1} (shape {stack.shape[1:]})",
+        )
+        record = {
+            "encoding": "CKKS, released as integers"
+            if res.integral
+            else f"CKKS, released on the 2^-{self.params.precision_bits} grid",
+            "ciphertexts": res.num_ciphertexts,
+            "uploaded": K,
+            "upload_bytes_mean": float(np.mean(list(res.upload_bytes.values()))),
+            "download_bytes_mean": float(res.download_bytes),
+            "seconds": res.seconds,
+        }
+        return res, record
+
+    def _bytes(self, method, M, K, d, C):
+        return secagg_upload_bytes(method, M, K, d, C, "ckks", ckks_params=self.params)
+
+
+def make_secure_agg(kind: str, **options: Any) -> PairwiseMasking | CKKSAggregation | None:
+    """The protocol named ``kind`` ("none", "mask" or "ckks") with ``options``."""
+    if kind in (None, "none"):
+        if options:
+            raise ConfigError(f"secure aggregation 'none' takes no options, got {sorted(options)}")
+        return None
+    if kind == "mask":
+        return PairwiseMasking(**options)
+    if kind == "ckks":
+        return CKKSAggregation(**options)
+    raise ConfigError(f"secure aggregation must be none, mask or ckks, got {kind!r}")

@@ -1,0 +1,162 @@
+"""``python -m privfed.attack``: what a curious server recovers, next to the formal budget.
+
+Runs one attack (see :func:`attacks.available`) on the server's view of a
+federation of the digits data set (scikit-learn digits through the
+public-trained CNN backbone; the public split is the attacker's knowledge),
+over methods x epsilons x group sizes x seeds, and writes
+
+* ``results.csv``: one row per method x eps x n x seed with every metric, the
+  trust model (placement, protocol, level, delta as used, calibration) and
+  the guarantee;
+* ``results.json``: the same rows plus the resolved configuration, seeds and
+  package versions (``config.json`` holds the configuration alone);
+* for ``--attack inversion``, ``grid_<method>_eps<eps>_n<n>.png``: true
+  images, reconstructions and the public class-mean prior, one column each;
+* ``manifest.json``: the list of files of the run.
+
+Example::
+
+    python -m privfed.attack --attack inversion --method fedcof --eps inf,1,0.1 --n 1,4,16
+
+``eps=inf`` is the clean release (no clipping, no noise).  A finite eps uses
+:class:`mechanisms.GaussianMechanism` (record level, analytic calibration)
+with the clip bound ``--clip`` (default: the median feature norm on the
+public split, which costs no privacy): each client noises its upload
+(placement local), or, with ``--secure-agg``, the clients add shares of the
+noise and the server sees only the sum (placement secure sum).
+``--partition groups`` puts exactly ``n`` samples of one class on each
+client (the controlled curves); ``dirichlet`` / ``iid`` / ... use
+:func:`privfed.federation.partition`.  The tracing attack reports two tests
+side by side: the Gaussian likelihood ratio (``auc``) and the inner-product
+tracer (``auc_inner``).
+
+For ``--attack tracing`` and ``--attack inversion`` every row also reports
+the strongest attack of the suite (:data:`attacks.strongest.SUITES`) on the
+same challenge (the same targets, the same released cells):
+``strongest_attack`` names it, ``strongest_auc`` / ``strongest_identification``
+is its headline metric, and ``<attack>:<metric>`` gives every attack of the
+suite (``--no-strongest`` turns this off; the inversion suite trains learned
+decoders, minutes once, then cached).  The inversion suite includes the joint
+set attacker (:mod:`attacks.inversion.joint`: bank search, joint decoding of n images,
+joint pixel polish); the printed strongest identification comes with its
+standard error (clustered by cell), chance and the n-guess prior.  Progress
+(stderr) names what runs: decoder training (steps, until validation stops
+improving) and each attack of the suite, with an ETA.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict
+from typing import Any
+
+from privfed.commands.attack.report import grid_figure, summary_line
+from privfed.commands.attack.run import AttackConfig, resolve_config, run_attacks
+from privfed.commands.common import (
+    OutputDir,
+    cli_entry,
+    keep_finished,
+    periodic_checkpoint,
+    versions,
+)
+from privfed.commands.options import attack_parser as build_parser
+
+__all__ = ["AttackConfig", "build_parser", "grid_figure", "main", "resolve_config", "run_attacks"]
+
+PROG = "python -m privfed.attack"
+
+
+def _name_parts(cfg: AttackConfig) -> list[str]:
+    eps = sorted(cfg.epsilons)
+    return [
+        cfg.attack,
+        "+".join(cfg.methods) if len(cfg.methods) <= 3 else f"{len(cfg.methods)}methods",
+        f"eps{eps[0]:g}" + (f"-{eps[-1]:g}" if len(eps) > 1 else ""),
+    ]
+
+
+PARTIAL = ("results.partial.csv", "results.partial.json")
+#: Seconds between checkpoints of the finished runs to results.partial.* during a sweep.
+CHECKPOINT_S = 30.0
+
+
+def _columns(records: list[dict[str, Any]]) -> list[str]:
+    cols: list[str] = []
+    for r in records:
+        cols += [k for k in r if k not in cols]
+    return cols
+
+
+def _body(argv: Sequence[str] | None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    cfg = resolve_config(args)
+    command = " ".join([PROG, *argv])
+    out = OutputDir(
+        args.out, "attack", overwrite=args.overwrite, name_parts=_name_parts(cfg), command=command
+    )
+    import torch
+
+    torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+    config: dict[str, Any] = {
+        **asdict(cfg),
+        "out": str(out.path),
+        "versions": versions(),
+        "seeding": "numpy SeedSequence([seed, n index, eps index, method index]) spawned "
+        "into partition / view noise / attack generators",
+    }
+    done: list[dict[str, Any]] = []
+
+    def write_partial(records):
+        out.write_csv(PARTIAL[0], records, _columns(records))
+        out.write_json(
+            PARTIAL[1], {"config": config, "records": records, "complete": False, "command": command}
+        )
+        out.checkpoint()  # the staging folder describes itself: a killed sweep can be recovered
+
+    checkpoint = periodic_checkpoint(write_partial, CHECKPOINT_S)
+
+    try:
+        res = run_attacks(cfg, progress=not args.quiet, records=done, on_record=checkpoint)
+        records = res["records"]
+        config["clip_used"] = res["clip"]
+        out.write_csv("results.csv", records, _columns(records))
+        out.write_json("config.json", config)
+        out.write_json(
+            "results.json",
+            {"config": config, "records": records, "timing": res["timing"], "command": command},
+        )
+        for mname, eps, n, result, truth in res["grids"]:
+            where = (
+                "secure sum"
+                if cfg.secure_agg != "none" and math.isfinite(eps)
+                else ("local noise" if math.isfinite(eps) else "no noise")
+            )
+            fig = grid_figure(result, truth, f"{mname}, eps={eps:g}, n={n}, {where}")
+            out.save_figure(f"grid_{mname}_eps{eps:g}_n{n}.png", fig, dpi=120)
+            import matplotlib.pyplot as plt
+
+            plt.close(fig)
+        out.finish(command, complete=True, drop=PARTIAL)
+    except BaseException:
+        keep_finished(out, done, write_partial, command, PROG)
+        raise
+    for r in records:
+        print(summary_line(r))
+    if cfg.attack == "tracing":
+        print(
+            "tracing: auc = the Gaussian likelihood-ratio test, auc_inner = the inner-product tracer "
+            "(same targets); 0.5 = chance"
+        )
+    if cfg.strongest:
+        print(
+            f"strongest[name]: the strongest attack of the {cfg.attack} suite on the same challenge "
+            "(results.csv: strongest_attack and <attack>:<metric> for every attack of the suite)"
+        )
+    print(f"wrote {out.published}/: {', '.join(out.files())}")
+    return 0
+
+
+main = cli_entry(PROG, _body)

@@ -1,0 +1,153 @@
+"""Long runs and signals: SIGTERM as Ctrl-C, checkpoints, keeping the runs that finished, a heartbeat."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from time import monotonic as time_monotonic
+from typing import Any
+
+from privfed.errors import PrivfedError
+from privfed.results.writer import MANIFEST, ResultFolder, ResultsWriteError
+
+__all__ = [
+    "Terminated",
+    "heartbeat",
+    "interruptible",
+    "keep_finished",
+    "periodic_checkpoint",
+    "signals_deferred",
+]
+
+
+# ---------------------------------------------------------------- signals
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (``kill``, ``timeout``, batch schedulers), handled like Ctrl-C."""
+
+
+@contextlib.contextmanager
+def interruptible() -> Iterator[None]:
+    """Turn SIGTERM into :class:`Terminated` (a KeyboardInterrupt) while the block runs.
+
+    Only in the main thread (where Python delivers signals); the previous
+    handler is restored afterwards.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        raise Terminated()
+
+    old = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+@contextlib.contextmanager
+def signals_deferred() -> Iterator[None]:
+    """Hold SIGINT / SIGTERM while the block runs (writing what finished); raise them afterwards."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    got: list[int] = []
+
+    def hold(signum, frame):
+        got.append(signum)
+
+    old = {s: signal.signal(s, hold) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+    if got:
+        raise Terminated() if got[0] == signal.SIGTERM else KeyboardInterrupt()
+
+
+def periodic_checkpoint(write_partial: Callable[[list], None], every: float) -> Callable[[list], None]:
+    """A callback for a long sweep: every ``every`` seconds, what finished goes to disk.
+
+    Signals wait while the partial files are written, so a killed sweep keeps them.
+    """
+    last = time.monotonic()
+
+    def checkpoint(records: list) -> None:
+        nonlocal last
+        if time.monotonic() - last >= every:
+            with signals_deferred():
+                try:
+                    write_partial(records)
+                except ResultsWriteError as exc:  # a full disk: the sweep goes on; the final write says more
+                    print(f"note: checkpoint not written ({exc})", file=sys.stderr)
+            last = time.monotonic()
+
+    return checkpoint
+
+
+def keep_finished(
+    out: ResultFolder, done: list, write_partial: Callable[[list], None], command: str, prog: str
+) -> None:
+    """After an interrupt or a failure: what finished is published (results.partial.*), or no folder is left.
+
+    A second Ctrl-C / SIGTERM waits until what finished is on disk.  When
+    even that cannot be written (a full disk), the message names the staging
+    folder holding the last checkpoint.
+    """
+    with signals_deferred():
+        if not done and not out.written:
+            out.abandon()
+            return
+        try:
+            if done:
+                write_partial(done)
+            where = out.finish(command, complete=False)
+        except PrivfedError as exc:
+            kept = out.staging if (out.staging / MANIFEST).exists() else None
+            print(
+                f"{prog}: could not write the {len(done)} finished run(s): {exc}"
+                + (f"; the last checkpoint is in {kept}" if kept else ""),
+                file=sys.stderr,
+            )
+            return
+        if done:
+            print(
+                f"{prog}: the sweep stopped after {len(done)} run(s); they are in "
+                f"{where}/results.partial.csv and results.partial.json"
+                + (f" ({out.path} keeps the previous run)" if where != out.path else ""),
+                file=sys.stderr,
+            )
+
+
+@contextlib.contextmanager
+def heartbeat(bar: Any, *, after: float = 2.0, every: float = 1.0) -> Iterator[None]:
+    """Redraw a progress bar every ``every`` seconds once ``after`` seconds have passed.
+
+    A single run that takes minutes (a model inversion) then still shows its
+    elapsed time instead of a frozen or absent bar.
+    """
+    if getattr(bar, "disable", True):
+        yield
+        return
+    stop = threading.Event()
+    t0 = time_monotonic()
+
+    def beat() -> None:
+        while not stop.wait(every):
+            if time_monotonic() - t0 >= after:
+                with contextlib.suppress(Exception):
+                    bar.refresh()
+
+    thread = threading.Thread(target=beat, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()

@@ -1,0 +1,302 @@
+"""The sweep: seeds x methods x placements x budgets, statistics once per (seed, method, placement)."""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from privfed import methods as _methods
+from privfed import scaling
+from privfed.commands.common import heartbeat
+from privfed.commands.tradeoff.attack_columns import attack_context, run_attacks
+from privfed.commands.tradeoff.config import PLACEMENT_LABEL, TradeoffConfig
+from privfed.commands.tradeoff.labels import (
+    calibration_label,
+    noise_label,
+    placement_label,
+    repair_facts,
+    repairs_text,
+)
+from privfed.commands.tradeoff.plan import (
+    blas_threads,
+    data_rules,
+    default_clip,
+    placement_variants,
+    seed_for,
+    sweep_cost_note,
+)
+from privfed.errors import ConfigError, InputError
+from privfed.release.pipeline import client_statistics, server_head
+
+__all__ = ["run_tradeoff"]
+
+
+def run_tradeoff(
+    cfg: TradeoffConfig,
+    *,
+    progress: bool = True,
+    records: list[dict[str, Any]] | None = None,
+    on_record: Callable[[list[dict[str, Any]]], None] | None = None,
+) -> dict[str, Any]:
+    """Run the sweep; returns ``{"records": [...], "dataset": {...}, "timing": {...}}``.
+
+    Records are appended to ``records`` (a new list by default) as each run
+    finishes, so a caller keeps what was done if the sweep is interrupted;
+    ``on_record(records)`` is called after each (e.g. to checkpoint them).
+    """
+    from tqdm.auto import tqdm
+
+    from privfed.data import load_dataset
+    from privfed.federation import partition as make_partition
+    from privfed.release.settings import make_privacy, make_secure_agg
+
+    t0 = time.perf_counter()
+    ds = load_dataset(cfg.dataset, backbone=cfg.backbone, download=cfg.download, progress=progress)
+    t_data = time.perf_counter() - t0
+    classes = np.unique(np.asarray(ds.train_labels))
+    if classes.size < 2 or np.unique(np.asarray(ds.test_labels)).size < 2:
+        raise InputError(
+            f"dataset {cfg.dataset!r} has a single class in its {'training' if classes.size < 2 else 'test'} "
+            "labels: every head predicts it and accuracy is 1 whatever the privacy; use data with >= 2 classes"
+        )
+    finite = [e for e in cfg.epsilons if math.isfinite(e)]
+    clip = default_clip(cfg, ds) if finite and cfg.count_noise is None else cfg.clip
+    cfg = replace(cfg, clip=clip)
+    variants = placement_variants(cfg)
+    skipped: dict[tuple[str, str], str] = {}
+    # Pre-flight: refuse an incompatible method / protection pair before any work (when several
+    # placements are compared, one that does not apply to a method is left out with a note).
+    for mname in cfg.methods:
+        method = _methods.get(mname, **cfg.method_params.get(mname, {}))
+        errors = []
+        for key, v in variants:
+            try:
+                secure = make_secure_agg(v.secure_agg)
+                if (
+                    secure is not None
+                    and method.per_client
+                    and type(method).secure_aggregate is _methods.Method.secure_aggregate
+                ):
+                    raise ConfigError(
+                        f"method {mname!r} needs every client's statistics and has no secure "
+                        "protocol; drop it from --method or use --secure-agg none"
+                    )
+                if key == "trusted" and method.per_client and finite:
+                    raise ConfigError(
+                        f"method {mname!r} needs every client's statistics, so a trusted aggregator "
+                        "cannot add its noise to the sum; use --placement local"
+                    )
+                for eps in finite[:1]:
+                    make_privacy(v, method, eps, clip, secure_agg=secure)
+            except ConfigError as exc:
+                errors.append(exc)
+                skipped[(mname, key)] = str(exc)
+        if len(errors) == len(variants):
+            raise errors[0]
+    attack_ctx = attack_context(cfg, ds) if cfg.attacks else None
+    records = [] if records is None else records
+    n_var = {m: sum((m, k) not in skipped for k, _ in variants) for m in cfg.methods}
+    n_inf = sum(not math.isfinite(e) for e in cfg.epsilons)
+    total = len(cfg.seeds) * sum(n * len(finite) + n_inf for n in n_var.values())
+    note = sweep_cost_note(
+        total,
+        n=int(ds.train_features.shape[0]),
+        d=int(ds.dim),
+        k=cfg.clients,
+        c=int(ds.num_classes),
+        attacks=len(cfg.attacks),
+    )
+    if note:  # a large sweep says so before it starts
+        print(f"note: {note}", file=sys.stderr)
+    bar = tqdm(total=total, desc="tradeoff", unit="run", disable=not progress, file=sys.stderr, delay=2)
+    caught: set[str] = {
+        f"placement {PLACEMENT_LABEL[k]!r} left out for method {m!r}: {why}"
+        for (m, k), why in skipped.items()
+    }
+    with warnings.catch_warnings(record=True) as wlist, blas_threads(ds.dim), heartbeat(bar):
+        warnings.simplefilter("always")
+        _sweep(
+            cfg,
+            ds,
+            clip,
+            records,
+            bar,
+            make_privacy,
+            make_secure_agg,
+            make_partition,
+            attack_ctx,
+            variants=variants,
+            skipped=skipped,
+            on_record=on_record,
+        )
+    caught.update(str(w.message) for w in wlist)
+    if attack_ctx is not None:
+        caught.update(attack_ctx["skipped"])
+    bar.close()
+    return {
+        "config": cfg,
+        "warnings": sorted(caught),
+        "records": records,
+        "dataset": {
+            "name": ds.name,
+            "num_train": int(ds.train_features.shape[0]),
+            "num_test": int(ds.test_features.shape[0]),
+            "dim": int(ds.train_features.shape[1]),
+            "num_classes": ds.num_classes,
+            "meta": ds.meta,
+            "data_rules": data_rules(cfg, ds, make_partition),
+        },
+        "timing": {"data_s": t_data, "total_s": time.perf_counter() - t0},
+    }
+
+
+def _sweep(
+    cfg,
+    ds,
+    clip,
+    records,
+    bar,
+    make_privacy,
+    make_secure_agg,
+    make_partition,
+    attack_ctx=None,
+    *,
+    variants=None,
+    skipped=None,
+    on_record=None,
+) -> None:
+    """The seeds x methods x placements x budgets loop; statistics computed once per (seed, method, placement)."""
+    variants = placement_variants(cfg) if variants is None else variants
+    skipped = skipped or {}
+    for seed in cfg.seeds:
+        natural = ds.train_clients if cfg.partition == "natural" else None
+        part = make_partition(
+            ds.train_labels, cfg.clients, cfg.partition, alpha=cfg.alpha, rng=seed, natural=natural
+        )
+        F, y, k = part.apply(ds.train_features, ds.train_labels)
+        K = int(part.num_clients)  # public: the configured partition's size, never counted from the ids
+        for mname in cfg.methods:
+            method = _methods.get(mname, **cfg.method_params.get(mname, {}))
+            common = dict(num_classes=ds.num_classes, num_clients=K)
+            Fs, scale_info = scaling.prepare(method, F)  # statistics exact in float64, or one clear error
+            stats0 = client_statistics(method, Fs, y, k, rng=seed_for(seed, mname, "stats"), **common)
+            head0 = scaling.finish(
+                server_head(method, stats0, num_clients=K, rng=seed_for(seed, mname, "server")), scale_info
+            )
+            acc0 = head0.score(ds.test_features, ds.test_labels)
+            inf_done = False
+            for key, v in variants:
+                if (mname, key) in skipped:
+                    continue
+                clipped = None
+                for eps in cfg.epsilons:
+                    if not math.isfinite(eps):
+                        if inf_done:  # no noise: one row, whatever the placement
+                            continue
+                        inf_done = True
+                    rec: dict[str, Any] = dict(
+                        method=mname,
+                        placement="none",
+                        protocol=v.secure_agg,
+                        level=cfg.level,
+                        epsilon=eps,
+                        delta=0.0,
+                        seed=seed,
+                        nonprivate_accuracy=acc0,
+                        calibration="-",
+                        rounds=cfg.rounds,
+                        count_noise=cfg.count_noise,
+                        secure_agg=v.secure_agg,
+                        clip=clip,
+                    )
+                    secure = make_secure_agg(v.secure_agg)
+                    privacy = None
+                    if not math.isfinite(eps):
+                        head = (
+                            head0
+                            if secure is None
+                            else server_head(
+                                method,
+                                stats0,
+                                num_clients=K,
+                                rng=seed_for(seed, mname, "secure"),
+                                secure_agg=secure,
+                            )
+                        )
+                        rec.update(
+                            mechanism="none",
+                            accuracy=head.score(ds.test_features, ds.test_labels),
+                            sigma=0.0,
+                            sigma_counts=0.0,
+                            clip=None,
+                            guarantee="no protection (eps=inf)",
+                            epsilon_reported=math.inf,
+                            noise="none",
+                            private=False,
+                        )
+                    else:
+                        privacy = make_privacy(v, method, eps, clip, secure_agg=secure)
+                        if clipped is None:
+                            scaling.prepare(
+                                method, F, privacy
+                            )  # a range the clip cannot bring back: one error
+                            clipped = client_statistics(
+                                method,
+                                F,
+                                y,
+                                k,
+                                rng=seed_for(seed, mname, "stats"),
+                                privacy=privacy,
+                                secure_agg=secure,
+                                **common,
+                            )
+                        head = server_head(
+                            method,
+                            clipped,
+                            num_clients=K,
+                            rng=seed_for(seed, mname, eps, "noise"),
+                            privacy=privacy,
+                            secure_agg=secure,
+                        )
+                        rep = head.privacy
+                        # A finite guarantee on what it covers (count noise: the counts only, said in
+                        # ``protects`` and in the guarantee text); the uniform heuristic reports no epsilon.
+                        private = math.isfinite(rep.epsilon)
+                        rec.update(
+                            mechanism=rep.mechanism,
+                            accuracy=head.score(ds.test_features, ds.test_labels),
+                            sigma=rep.sigma.get("sums", float("nan")),
+                            sigma_counts=rep.sigma.get("counts", float("nan")),
+                            guarantee=rep.guarantee,
+                            epsilon_reported=rep.epsilon if private else math.inf,
+                            placement=placement_label(key, method, rep),
+                            delta=float(rep.delta) if private else float("nan"),
+                            calibration=calibration_label(v, rep),
+                            noise=noise_label(v, rep, eps),
+                            private=private,
+                            protects=getattr(rep, "protects", "all released statistics"),
+                        )
+                    upload = head.upload_bytes.get("per_client")
+                    if head.secure_aggregation is not None:
+                        upload = getattr(head.secure_aggregation, "bytes_per_client", upload)
+                    rec["upload_bytes"] = upload
+                    pairs, kinds = repair_facts(
+                        [*head.notes, *getattr(privacy and head.privacy, "notes", ())]
+                    )
+                    rec["pairs_dropped"] = float("nan") if pairs is None else pairs
+                    rec["repairs"] = repairs_text(pairs, kinds)
+                    rec["repair_kinds"] = "; ".join(kinds)
+                    rec["notes"] = "; ".join(head.notes)
+                    if attack_ctx is not None:
+                        run_attacks(cfg, ds, attack_ctx, rec, mname, part.clients, seed, eps, privacy, secure)
+                    records.append(rec)
+                    bar.update(1)
+                    if on_record is not None:
+                        on_record(records)

@@ -1,0 +1,284 @@
+"""A sweep's records as data and text: the CSV columns, the summary over seeds and the console table."""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import math
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from privfed.commands.tradeoff.attack_columns import ATTACK_HEADLINE, STRONGEST_ATTACKS
+from privfed.commands.tradeoff.config import PLACEMENT_LABEL
+from privfed.commands.tradeoff.labels import repairs_text
+
+__all__ = [
+    "RECORD_KEYS",
+    "TABLE_LEGEND",
+    "below_chance_line",
+    "data_line",
+    "format_table",
+    "guarantee_lines",
+    "headline_keys",
+    "record_fields",
+    "summarise",
+    "write_csv",
+]
+
+#: CSV / JSON record keys, in order.
+RECORD_KEYS = (
+    "method",
+    "placement",
+    "protocol",
+    "mechanism",
+    "level",
+    "epsilon",
+    "epsilon_reported",
+    "delta",
+    "calibration",
+    "private",
+    "protects",
+    "seed",
+    "accuracy",
+    "nonprivate_accuracy",
+    "sigma",
+    "sigma_counts",
+    "noise",
+    "rounds",
+    "clip",
+    "count_noise",
+    "secure_agg",
+    "upload_bytes",
+    "guarantee",
+    "pairs_dropped",
+    "repairs",
+    "notes",
+)
+
+
+# ---------------------------------------------------------------- outputs
+def _mean(values) -> float:
+    a = np.array([float(v) for v in values], dtype=float)
+    return (
+        float(a.mean())
+        if a.size and np.isfinite(a).all()
+        else (float(np.nanmean(a)) if np.isfinite(a).any() else float("nan"))
+    )
+
+
+def summarise(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Mean and std over seeds per (method, placement, epsilon)."""
+    groups: dict[tuple, list[dict[str, Any]]] = {}
+    for r in records:
+        groups.setdefault((r["method"], r.get("placement", ""), r["epsilon"]), []).append(r)
+    out = []
+    morder = {m: i for i, m in enumerate(dict.fromkeys(r["method"] for r in records))}
+    porder = {label: i for i, label in enumerate(["none", *PLACEMENT_LABEL.values()])}
+    for (m, place, eps), rs in sorted(
+        groups.items(),
+        key=lambda kv: (
+            morder[kv[0][0]],
+            not math.isfinite(kv[0][2]),
+            porder.get(kv[0][1], 9),
+            float(kv[0][2]),
+        ),
+    ):
+        acc = np.array([r["accuracy"] for r in rs])
+        acc0 = np.array([r["nonprivate_accuracy"] for r in rs])
+        pairs = [r["pairs_dropped"] for r in rs if np.isfinite(r.get("pairs_dropped", np.nan))]
+        kinds = list(
+            dict.fromkeys(k for r in rs for k in str(r.get("repair_kinds", "") or "").split("; ") if k)
+        )
+        rep = repairs_text(float(np.mean(pairs)) if pairs else None, kinds)
+        out.append(
+            dict(
+                method=m,
+                placement=place,
+                protocol=rs[0].get("protocol", rs[0].get("secure_agg", "none")),
+                epsilon=eps,
+                epsilon_reported=_mean(r.get("epsilon_reported", eps) for r in rs),
+                private=bool(rs[0].get("private", math.isfinite(eps))),
+                seeds=len(rs),
+                accuracy_mean=float(acc.mean()),
+                accuracy_std=float(acc.std(ddof=1)) if len(rs) > 1 else 0.0,
+                nonprivate_mean=float(acc0.mean()),
+                nonprivate_std=float(acc0.std(ddof=1)) if len(rs) > 1 else 0.0,
+                delta=rs[0]["delta"],
+                sigma=rs[0]["sigma"],
+                sigma_counts=rs[0]["sigma_counts"],
+                noise=rs[0].get("noise", ""),
+                calibration=rs[0]["calibration"],
+                level=rs[0]["level"],
+                rounds=rs[0]["rounds"],
+                mechanism=rs[0]["mechanism"],
+                count_noise=rs[0].get("count_noise"),
+                upload_bytes=float(np.mean([r["upload_bytes"] for r in rs])),
+                guarantee=rs[0]["guarantee"],
+                repairs=rep,
+                pairs_dropped=float(np.mean(pairs)) if pairs else float("nan"),
+                **{
+                    k: float(np.nanmean([r.get(k, np.nan) for r in rs]))
+                    if not all(np.isnan(r.get(k, np.nan)) for r in rs)
+                    else float("nan")
+                    for k in headline_keys(rs)
+                },
+                **{
+                    f"attack_{a}_strongest": "/".join(
+                        dict.fromkeys(str(r[f"attack_{a}_strongest"]) for r in rs)
+                    )
+                    for a in STRONGEST_ATTACKS
+                    if any(f"attack_{a}_strongest" in r for r in rs)
+                },
+            )
+        )
+    return out
+
+
+def headline_keys(rows: list[dict[str, Any]]) -> list[str]:
+    keys = {k for r in rows for k in r}
+    return [f"attack_{a}_{m}" for a, m in ATTACK_HEADLINE.items() if f"attack_{a}_{m}" in keys]
+
+
+def _eps_cell(s: dict[str, Any]) -> str:
+    if not math.isfinite(s["epsilon"]):
+        return "inf"
+    if not s.get("private", True):
+        return f"NO DP ({s['epsilon']:g})"
+    from mechanisms.dp.ledger import format_up
+
+    rep = s.get("epsilon_reported", s["epsilon"])
+    if isinstance(rep, float) and math.isfinite(rep) and format_up(rep) != f"{s['epsilon']:g}":
+        return f"{format_up(rep)} (asked {s['epsilon']:g})"  # rounded up: never below the ledger's epsilon
+    return f"{s['epsilon']:g}"
+
+
+TABLE_LEGEND = (
+    "placement: where the noise is added (local = each client; secure sum = shares under secure aggregation; "
+    "trusted aggregator = the server, once)\n"
+    "eps: computed by the ledger ('asked' when the calibration gives another); delta 0 = pure DP; "
+    "NO DP = a heuristic without a guarantee (its nominal parameter in brackets)\n"
+    "noise: Gaussian sigma on sums / counts, or the count-noise law; repairs: what the method did to noisy "
+    "statistics; --help lists every column"
+)
+
+
+def format_table(summary: list[dict[str, Any]]) -> str:
+    """The console table: one row per method x placement x eps (mean ± std over seeds)."""
+    show_rounds = any(s["rounds"] != 1 for s in summary)
+    head = [
+        "method",
+        "placement",
+        "protocol",
+        "eps",
+        "accuracy",
+        "non-private",
+        "delta",
+        "noise",
+        "calibration",
+        "level",
+        *(["rounds"] if show_rounds else []),
+        "repairs",
+        "bytes/client",
+    ]
+    rows = []
+    for s in summary:
+        private = math.isfinite(s["epsilon"]) and s.get("private", True)
+        noised = math.isfinite(s["epsilon"])
+        rows.append(
+            [
+                s["method"],
+                s.get("placement", ""),
+                s.get("protocol", ""),
+                _eps_cell(s),
+                f"{s['accuracy_mean']:.4f} ± {s['accuracy_std']:.4f}",
+                f"{s['nonprivate_mean']:.4f} ± {s['nonprivate_std']:.4f}",
+                f"{s['delta']:g}" if private else "-",
+                (s.get("noise") or "-") if noised else "none",
+                s["calibration"] if noised else "-",
+                s["level"] if noised else "-",
+                *([str(s["rounds"]) if noised else "-"] if show_rounds else []),
+                s.get("repairs") or "-",
+                f"{s['upload_bytes']:,.0f}",
+            ]
+        )
+    att = [k for k in ATTACK_HEADLINE.items() if any(f"attack_{k[0]}_{k[1]}" in s for s in summary)]
+    if att:
+        head = [*head, *(f"{a} {m}" + (" (strongest)" if a in STRONGEST_ATTACKS else "") for a, m in att)]
+        fmt = lambda v: "-" if not np.isfinite(v) else f"{v:.3f}"  # noqa: E731
+        name = lambda s, a: f" {s[f'attack_{a}_strongest']}" if s.get(f"attack_{a}_strongest") else ""  # noqa: E731
+        rows = [
+            [*r, *(fmt(s.get(f"attack_{a}_{m}", float("nan"))) + name(s, a) for a, m in att)]
+            for r, s in zip(rows, summary)
+        ]
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
+    line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
+    return "\n".join([line(head), line(["-" * w for w in widths]), *map(line, rows)])
+
+
+def guarantee_lines(summary: list[dict[str, Any]], methods: Sequence[str]) -> list[str]:
+    """One line per method x placement x eps with the report's guarantee, in method order and numeric eps."""
+    order = {m: i for i, m in enumerate(methods)}
+    porder = {label: i for i, label in enumerate(PLACEMENT_LABEL.values())}
+    rows = sorted(
+        (s for s in summary if math.isfinite(s["epsilon"])),
+        key=lambda s: (order.get(s["method"], 99), porder.get(s.get("placement"), 9), s["epsilon"]),
+    )
+    return [
+        f"guarantee [{s['method']}, {s.get('placement', '')}, eps={s['epsilon']:g}]: {s['guarantee']}"
+        for s in rows
+    ]
+
+
+def record_fields(records: list[dict[str, Any]]) -> list[str]:
+    """CSV columns: the documented ones first, then any extra (attack metrics) sorted."""
+    return [*RECORD_KEYS, *sorted({k for r in records for k in r} - set(RECORD_KEYS))]
+
+
+def write_csv(path: Path, records: list[dict[str, Any]]) -> None:
+    """Write ``records`` as a CSV to ``path`` atomically."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.privfed-tmp")
+    fields = record_fields(records)
+    try:
+        with tmp.open("w", newline="") as fh:
+            w = csv.DictWriter(fh, fieldnames=fields)
+            w.writeheader()
+            for r in records:
+                w.writerow({k: r.get(k, "") for k in fields})
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+
+
+def below_chance_line(summary: list[dict[str, Any]], num_classes: int) -> str | None:
+    """A note naming the rows whose mean accuracy is below chance (1/C), with the reason, or None."""
+    chance = 1.0 / max(int(num_classes), 1)
+    below = [s for s in summary if s["accuracy_mean"] < chance]
+    if not below:
+        return None
+    rows = ", ".join(f"{s['method']} {s['placement'] or 'none'} eps={s['epsilon']:g}" for s in below)
+    if all(s["private"] and s["accuracy_mean"] + s["accuracy_std"] >= chance for s in below):
+        why = (
+            "chance lies within the spread over seeds: at these budgets the noise swamps the few records each "
+            "client holds, so the head guesses"
+        )
+    else:
+        why = (
+            "below chance beyond the spread over seeds: the head is worse than guessing (a failed fit or noise "
+            "far above the signal); check the data and --param, or try a larger --eps"
+        )
+    return f"note: below chance (1/{int(num_classes)} = {chance:.2g}) in {rows}: {why}"
+
+
+def data_line(rules: dict[str, Any]) -> str:
+    """One line of the header: what data the run used, and how it was split."""
+    unused = f", {rules['unused_samples']} unused" if rules["unused_samples"] else ""
+    return (
+        f"data: {rules['train_samples']} training samples over {rules['clients']} clients by {rules['partition']}"
+        f" ({rules['used_samples']} used{unused}); {rules['test_split']}"
+    )

@@ -1,0 +1,166 @@
+"""The settings and the outcome of a multi-round FedLog run (:func:`privfed.rounds.run_rounds`)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from privfed.errors import ConfigError
+from privfed.rounds.bodies import FAMILIES
+from privfed.rounds.release import SECURE_CHOICES, RoundsPrivacyReport
+
+__all__ = ["DEFAULT_MAX_RECORDS", "RoundsConfig", "RoundsResult"]
+
+#: Public default of n_max (``max_records``) when the caller gives none: a fixed number, never read from the data
+#: (clients holding more records are scaled down to DEFAULT_MAX_RECORDS records' worth).
+DEFAULT_MAX_RECORDS = 100
+
+
+@dataclass(frozen=True)
+class RoundsConfig:
+    """Every setting of a multi-round FedLog run (defaults: the paper's MNIST recipe on digits)."""
+
+    clients: int = 20
+    rounds: int = 10
+    local_epochs: int = 5
+    batch_size: int = 10
+    lr: float = 1e-3
+    families: tuple[str, ...] = FAMILIES
+    init: str = "public"
+    partition: str = "shards"
+    classes_per_client: int = 2
+    alpha: float = 0.1
+    seed: int = 0
+    nu: float = 1.0
+    head_init_scale: float | None = None
+    #: baselines run beside FedLog only when asked (each costs a run of its own: timing["<name>_s"])
+    baselines: tuple[str, ...] = ()
+    fedavg_family: str = "cnn"
+    # privacy (epsilon = inf: none)
+    epsilon: float = math.inf
+    delta: float = 1e-5
+    level: str = "record"
+    placement: str = "central"
+    calibration: str = "total"
+    record_bound: str = "auto"
+    clip: float = 2.0
+    clip_norm: str = "coordinate"
+    #: n_max of the client bound; None: the public default DEFAULT_MAX_RECORDS (never the data's largest client)
+    max_records: int | None = None
+    #: None: every release's noise from fresh OS entropy; an int: a reproducible seeded simulation
+    noise_seed: int | None = None
+    # secure aggregation of every round's release ("auto": masking when placement is distributed)
+    secure_agg: str = "auto"
+    dropouts: int = 0
+    dropout_phase: str = "before_upload"
+    tolerate: int = 0
+    # membership attacks across the rounds (attacks.rounds): member / holdout pairs tested, 0 for none
+    attack_pairs: int = 0
+
+    def validate(self) -> RoundsConfig:
+        def pos_int(name, low=1):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < low:
+                raise ConfigError(f"{name} must be an integer >= {low}, got {name}={v!r}")
+
+        for name in ("clients", "rounds", "batch_size", "classes_per_client"):
+            pos_int(name)
+        pos_int("local_epochs", 0)
+        pos_int("seed", 0)
+        if self.noise_seed is not None:
+            pos_int("noise_seed", 0)
+        if self.max_records is not None:
+            pos_int("max_records")
+        if not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0):
+            raise ConfigError(f"lr must be a finite number > 0, got lr={self.lr!r}")
+        if self.init not in ("public", "scratch"):
+            raise ConfigError(
+                f"init must be 'public' (trained on the public split) or 'scratch', got {self.init!r}"
+            )
+        fams = tuple(self.families)
+        if not fams or any(f not in FAMILIES for f in fams):
+            raise ConfigError(f"families must be a non-empty list from {list(FAMILIES)}, got {list(fams)}")
+        if self.fedavg_family not in FAMILIES:
+            raise ConfigError(f"fedavg_family must be one of {list(FAMILIES)}, got {self.fedavg_family!r}")
+        bad = [b for b in self.baselines if b not in ("oneshot", "local", "fedavg")]
+        if bad:
+            raise ConfigError(f"unknown baseline(s) {bad}; choose from ['oneshot', 'local', 'fedavg']")
+        if not (self.nu >= 0):
+            raise ConfigError(f"nu must be >= 0, got nu={self.nu!r}")
+        if self.secure_agg not in SECURE_CHOICES:
+            raise ConfigError(
+                f"secure_agg must be one of {list(SECURE_CHOICES)}, got secure_agg={self.secure_agg!r}"
+            )
+        pos_int("dropouts", 0)
+        pos_int("tolerate", 0)
+        pos_int("attack_pairs", 0)
+        if self.dropout_phase not in ("before_upload", "after_upload"):
+            raise ConfigError(
+                f"dropout_phase must be 'before_upload' or 'after_upload', got {self.dropout_phase!r}"
+            )
+        if not math.isinf(self.epsilon) and self.placement != "distributed" and self.secure_kind != "none":
+            raise ConfigError(
+                f"placement={self.placement!r} with secure aggregation (secure_agg={self.secure_agg!r}"
+                f"{', chosen for dropouts' if self.secure_agg == 'auto' else ''}): under secure aggregation "
+                "the clients split the noise of the sum; use placement='distributed', or no secure "
+                "aggregation (secure_agg='none', dropouts=0)"
+            )
+        if self.dropouts >= self.clients:
+            raise ConfigError(f"dropouts={self.dropouts} must be fewer than clients={self.clients}")
+        return replace(self, families=fams, baselines=tuple(self.baselines))
+
+    @property
+    def secure_kind(self) -> str:
+        """The secure aggregation protocol run each round ("auto" resolved)."""
+        if self.secure_agg != "auto":
+            return self.secure_agg
+        return (
+            "mask"
+            if (self.placement == "distributed" and not math.isinf(self.epsilon)) or self.dropouts
+            else "none"
+        )
+
+
+@dataclass
+class RoundsResult:
+    """Outcome of :func:`run_rounds`."""
+
+    config: RoundsConfig
+    history: list[dict]
+    personalised_accuracy: float
+    common_accuracy: float
+    head: Any
+    families: list[str]
+    bytes: dict
+    privacy: RoundsPrivacyReport | None
+    baselines: dict = field(default_factory=dict)
+    timing: dict = field(default_factory=dict)
+    notes: list = field(default_factory=list)
+    #: the secure aggregation protocol's report (None when the server summed plain uploads)
+    secure_aggregation: dict | None = None
+    #: what the server received each round under the protocol (mechanisms.secagg.masking.ServerView per round)
+    server_views: list = field(default_factory=list, repr=False)
+    #: membership attacks across the rounds (attacks.rounds), when ``attack_pairs`` > 0
+    attacks: dict | None = None
+    #: every round's privfed.release.ReleaseTrace (stages, randomness, what the server received, events)
+    traces: list = field(default_factory=list, repr=False)
+
+    def summary(self) -> dict:
+        out = {
+            "fedlog": {
+                "personalised": self.personalised_accuracy,
+                "common": self.common_accuracy,
+                "upload_bytes_per_round": self.bytes["upload_per_round"],
+                "upload_bytes_total": self.bytes["upload_total"],
+            },
+        }
+        for name, b in self.baselines.items():
+            out[name] = {
+                k: b[k]
+                for k in ("personalised", "common", "upload_bytes_per_round", "upload_bytes_total")
+                if k in b
+            }
+        return out
