@@ -154,3 +154,10 @@ def test_the_command_prints_one_line_and_exits_2_on_bad_input(tmp_path):
     )
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
     assert bad.stderr.startswith("error: ") and bad.stderr.count("\n") == 1
+
+
+def test_an_unwritable_folder_is_one_line_too(tmp_path, capsys):
+    (tmp_path / "a-file").write_text("")
+    assert certs.main([str(tmp_path / "a-file" / "certs"), "--host", "10.1.2.3"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "Not a directory" in err and err.count("\n") == 1

@@ -51,7 +51,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from mechanisms.secagg.identity import Identity, Roster, signed_bytes
-from privfed.errors import ConfigError
+from privfed.errors import ConfigError, PrivfedError
 from privfed.flower.deploy.certs import write_file
 
 __all__ = [
@@ -369,8 +369,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"flwr supernode register {out}/node-<i>.pub <superlink>, and run the app with "
                 f'node-keys="{out / LIST_FILE}" on the SuperLink machine'
             )
-    except ConfigError as exc:
+    except PrivfedError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # a folder that cannot be made or read
+        print(
+            f"error: {exc.filename}: {exc.strerror or exc}; give a folder this user can write",
+            file=sys.stderr,
+        )
         return 2
     return 0
 

@@ -38,7 +38,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from privfed.errors import ConfigError
+from privfed.errors import ConfigError, PrivfedError
 from privfed.results.files import atomic_write
 
 __all__ = [
@@ -263,8 +263,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     a = p.parse_args(argv)
     try:
         written = write_certificates(a.directory, a.host, days=a.days, renew=a.renew)
-    except ConfigError as exc:
+    except PrivfedError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # a folder that cannot be made or read
+        print(
+            f"error: {exc.filename}: {exc.strerror or exc}; give a folder this user can write",
+            file=sys.stderr,
+        )
         return 2
     cert = x509.load_pem_x509_certificate(written[SERVER_CERT].read_bytes())
     names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
