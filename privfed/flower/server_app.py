@@ -262,5 +262,6 @@ def _serve_one(grid, run_cfg: FlowerConfig, keep_view: bool, results: list | Non
     )
 
 
-#: The ServerApp ``flwr run`` loads (``privfed.flower.server_app:app``); config from the run config.
+#: A ServerApp reading Flower's run config.  ``privfed/flower/app`` (``flwr run``) names the deployed one,
+#: :mod:`privfed.flower.deploy.server`, which runs :func:`serve` only with nodes bound to the roster.
 app = make_server_app()

@@ -357,11 +357,14 @@ def test_flwr_app_config_names_every_key_and_the_components():
     app = pathlib.Path(privfed.__file__).parent / "flower" / "app" / "pyproject.toml"
     flwr_cfg = tomllib.loads(app.read_text())["tool"]["flwr"]["app"]
     run_config = flwr_cfg["config"]
-    # flwr run --run-config can override only keys the app declares: every key is declared.
-    assert set(run_config) == {f.name.replace("_", "-") for f in fields(FlowerConfig)}
-    assert FlowerConfig.from_run_config(run_config) == FlowerConfig(clients=3)
+    # flwr run --run-config can override only keys the app declares: every key is declared, and the
+    # deployed ServerApp's own node-keys (privfed.flower.deploy.server), which it takes out first.
+    assert set(run_config) == {f.name.replace("_", "-") for f in fields(FlowerConfig)} | {"node-keys"}
+    assert FlowerConfig.from_run_config(
+        {k: v for k, v in run_config.items() if k != "node-keys"}
+    ) == FlowerConfig(clients=3)
     assert flwr_cfg["components"] == {
-        "serverapp": "privfed.flower.server_app:app",
+        "serverapp": "privfed.flower.deploy.server:app",
         "clientapp": "privfed.flower.client_app:app",
     }
 
