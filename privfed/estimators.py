@@ -43,7 +43,7 @@ from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from privfed import methods as _methods
-from privfed._validation import as_generator
+from privfed._validation import as_generator, check_real_dtype
 from privfed.api import fit as _fit
 from privfed.errors import ConfigError, InputError
 from privfed.head import LinearHead
@@ -58,6 +58,22 @@ def iid_clients(n_samples: int, n_clients: int, rng: np.random.Generator) -> np.
     for k, part in enumerate(np.array_split(rng.permutation(n_samples), K)):
         ids[part] = k
     return ids
+
+
+def _check_types(X, y=None) -> None:
+    """Features must be real numbers (no complex, object, text or boolean array cast behind the user's
+    back); labels may be any sortable values but not complex."""
+    import scipy.sparse as sp
+
+    if not sp.issparse(X):
+        try:
+            check_real_dtype(np.asarray(X), "X")
+        except (TypeError, ValueError) as exc:
+            if isinstance(exc, InputError):
+                raise
+            raise InputError(f"X is not an array of numbers ({exc})") from None
+    if y is not None and np.asarray(y).dtype.kind == "c":
+        raise InputError(f"y is complex ({np.asarray(y).dtype}); pass the labels as integers or strings")
 
 
 class FederatedHeadClassifier(ClassifierMixin, BaseEstimator):
@@ -221,8 +237,12 @@ class FederatedHeadClassifier(ClassifierMixin, BaseEstimator):
         -------
         self
         """
-        X, y = validate_data(self, X, y, dtype=np.float64, y_numeric=False)
-        check_classification_targets(y)
+        _check_types(X, y)
+        try:
+            X, y = validate_data(self, X, y, dtype=np.float64, y_numeric=False)
+            check_classification_targets(y)
+        except ValueError as exc:  # scikit-learn's own checks, as one line naming the input
+            raise InputError(f"X or y: {str(exc).splitlines()[0]}") from None
         self.classes_, y_enc = self._encode_labels(y)
         params = dict(self.method_params or {})
         method = _methods.get(self.method, **params)
@@ -255,6 +275,7 @@ class FederatedHeadClassifier(ClassifierMixin, BaseEstimator):
 
     def _scores(self, X) -> np.ndarray:
         check_is_fitted(self, "head_")
+        _check_types(X)
         X = validate_data(self, X, dtype=np.float64, reset=False)
         return self.head_.decision_function(X)
 
