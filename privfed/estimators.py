@@ -61,19 +61,25 @@ def iid_clients(n_samples: int, n_clients: int, rng: np.random.Generator) -> np.
 
 
 def _check_types(X, y=None) -> None:
-    """Features must be real numbers (no complex, object, text or boolean array cast behind the user's
-    back); labels may be any sortable values but not complex."""
+    """What scikit-learn's float64 conversion would change is refused: complex features or labels (the
+    imaginary part), extended precision and integers beyond 2**53 (rounded).  Object, boolean and text
+    arrays of numbers convert exactly and follow scikit-learn's rules."""
     import scipy.sparse as sp
 
-    if not sp.issparse(X):
+    for name, a in (("X", X), ("y", y)):
+        if a is None or sp.issparse(a):
+            continue
         try:
-            check_real_dtype(np.asarray(X), "X")
-        except (TypeError, ValueError) as exc:
-            if isinstance(exc, InputError):
-                raise
-            raise InputError(f"X is not an array of numbers ({exc})") from None
-    if y is not None and np.asarray(y).dtype.kind == "c":
-        raise InputError(f"y is complex ({np.asarray(y).dtype}); pass the labels as integers or strings")
+            arr = np.asarray(a)
+        except (TypeError, ValueError):
+            continue  # ragged input: scikit-learn's own check names it
+        if arr.dtype.kind == "c":
+            raise InputError(
+                f"{name} is complex ({arr.dtype}): Complex data not supported, the imaginary part would be lost; "
+                "pass real values"
+            )
+        if name == "X" and arr.dtype.kind in "iuf":
+            check_real_dtype(arr, "X")
 
 
 class FederatedHeadClassifier(ClassifierMixin, BaseEstimator):
