@@ -15,6 +15,7 @@ from privfed._validation import (
     check_dataset,
     check_features,
     check_labels,
+    check_memory,
     check_num_classes,
     check_release_size,
     release_cost_note,
@@ -22,6 +23,7 @@ from privfed._validation import (
 from privfed.errors import ConfigError, InputError
 from privfed.head import LinearHead
 from privfed.release.pipeline import run_federation
+from privfed.stats import dense_view_limit
 
 __all__ = ["fit"]
 
@@ -94,6 +96,7 @@ def fit(
     m = _methods.get(method, **params) if isinstance(method, str) else method
     if not isinstance(m, _methods.Method):
         raise ConfigError(f"method must be a name from {_methods.available()} or a Method, got {method!r}")
+    dense_view_limit()  # a malformed $PRIVFED_DENSE_VIEW_LIMIT is refused before any work, as the commands do
     if privacy is None:
         _refuse_unclipped_noise(secure_agg)
         # float32 stays float32: the statistics convert it a chunk at a time (float64 sums, no N x d copy)
@@ -118,6 +121,7 @@ def fit(
         note = release_cost_note(K, C, F.shape[1], local=not getattr(privacy, "trusted_aggregator", False))
         if note:  # a large run says so before it starts
             warnings.warn(note, UserWarning, stacklevel=2)
+    _check_sizes(m, F.shape[0], F.shape[1], C, K, privacy, secure_agg)
     private_run = privacy is not None or getattr(secure_agg, "noise", None) is not None
     if random_state is None and private_run:
         rng = np.random.default_rng()  # fresh OS entropy: the noise cannot be replayed
@@ -143,6 +147,47 @@ def fit(
         seeded=seeded,
     )
     return scaling.finish(head, scaled)
+
+
+#: d x d matrices a second-moment method's server holds at once (the sum, its regularised copy, a
+#: factor and a solver's workspace): the estimate :func:`_check_sizes` makes for d x d statistics.
+SQUARE_COPIES = 4
+
+
+def _check_sizes(m, N: int, d: int, C: int, K: int, privacy: Any, secure_agg: Any) -> None:
+    """Refuse, before any work, a release whose largest arrays cannot fit in the memory available.
+
+    The estimate counts what grows fastest: the d x d matrices the method's server holds at once
+    (its ``server_squares``, else :data:`SQUARE_COPIES` for a method that sums second moments, and
+    C more for per-class ones), and, where every client uploads every class
+    at once (under privacy, unless the uploads are folded a chunk of clients at a time, and under
+    secure aggregation), the (K, C, d + 1) uploads and their noisy copy.
+    """
+    squares = getattr(m, "server_squares", None)
+    if squares is None:
+        squares = SQUARE_COPIES if {"second", "class_second"} & m.requires else 0
+    squares += C if "class_second" in m.requires else 0  # the per-class totals besides
+    if squares:
+        check_memory(
+            8.0 * d * d * squares,
+            f"method {m.name!r} with d={d:,} features ({squares} d x d matrices of {8.0 * d * d / 2**30:.3g} "
+            "GiB at once)",
+            "reduce the feature dimension (e.g. PCA to a few thousand) or use a method without d x d "
+            "statistics (fedncm, fedlog)",
+        )
+    if privacy is None and secure_agg is None:
+        return
+    from privfed.release import ReleasePlan
+
+    if ReleasePlan(m, privacy, secure_agg).streamed:
+        return
+    check_memory(
+        2 * 8.0 * K * C * (d + 1),
+        f"num_clients={K:,} x num_classes={C:,} x (d + 1)={d + 1:,} uploads held at once (every client "
+        "sends every class) and their noisy copy",
+        "pass the number of clients and classes the release really has, or add the noise locally at "
+        "record level (the uploads are then folded a chunk of clients at a time)",
+    )
 
 
 def _is_private_copy(F: np.ndarray, features) -> bool:

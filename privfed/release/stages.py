@@ -25,7 +25,7 @@ from privfed.errors import InputError
 from privfed.head import LinearHead
 from privfed.methods.base import Method
 from privfed.release.trace import ReleaseTrace
-from privfed.stats import ClientStats, StatsFold
+from privfed.stats import ClientStats, StatsFold, dense_view_limit
 
 __all__ = [
     "UPLOAD_CHUNK_BYTES",
@@ -207,13 +207,11 @@ def check_secure_size(method: Method, stats: ClientStats) -> None:
     the masks hide which classes it holds), and a d x d matrix where the method sums one per client
     (second moments; FedCOF's second round).  In one process those are (K, ...) stacks.
     """
-    import privfed.stats as stats_module
-
     K, C, d = stats.num_clients, stats.num_classes, stats.dim
     square = "second" in method.requires or method.per_client
     per_client = C * d + 2 * C + (d * d if square else 0)
     need = 8 * K * per_client
-    limit = stats_module.DENSE_VIEW_LIMIT
+    limit = dense_view_limit()  # a malformed $PRIVFED_DENSE_VIEW_LIMIT is refused here as everywhere
     if need > limit:
         raise InputError(
             f"secure aggregation in one process masks every client's whole upload: {K:,} clients x "
