@@ -118,10 +118,11 @@ def fit(
         # Under DP nothing may be refused or shaped from the raw data: a class or a client without
         # records is handled from the noisy statistics (every client uploads every class).
         F, y, k, C, K = _check_private_dataset(features, labels, clients, num_classes, num_clients)
+    _check_sizes(m, F.shape[0], F.shape[1], C, K, privacy, secure_agg)
+    if privacy is not None:
         note = release_cost_note(K, C, F.shape[1], local=not getattr(privacy, "trusted_aggregator", False))
         if note:  # a large run says so before it starts
             warnings.warn(note, UserWarning, stacklevel=2)
-    _check_sizes(m, F.shape[0], F.shape[1], C, K, privacy, secure_agg)
     private_run = privacy is not None or getattr(secure_agg, "noise", None) is not None
     if random_state is None and private_run:
         rng = np.random.default_rng()  # fresh OS entropy: the noise cannot be replayed
