@@ -127,6 +127,7 @@ class FedCGS(Method):
                 ],
             )
         N, mu, Sigma = global_covariance(stats, self.params["covariance"], notes)
+        self._refuse_rounding_only(stats, N, Sigma)
         present = N > 0
         a = self.params["shrinkage"]
         P = self._cholesky(Sigma, mu, a)
@@ -147,6 +148,23 @@ class FedCGS(Method):
                 "bias below every other class"
             )
         return self._head(P, b, notes)
+
+    def _refuse_rounding_only(self, stats: ClientStats, N: np.ndarray, Sigma: np.ndarray) -> None:
+        """Exact counts whose covariance is within rounding of zero (constant features): refused, not fitted.
+
+        G - s s^T / N sums N products per entry, so its trace is off by up to about 2 N eps tr(G); a
+        covariance below twice that cannot be told from zero, and a head fitted on it is rounding noise.
+        """
+        if not _whole_counts(N):
+            return
+        n = float(N.sum())
+        scale = 4.0 * n * np.finfo(np.float64).eps * float(np.trace(stats.gram()))
+        if float(np.trace(Sigma)) * max(n - 1.0, 1.0) <= scale:
+            raise InputError(
+                f"fedcgs: the {self.params['covariance']} covariance is zero (every feature is constant "
+                "across the samples, e.g. all-zero features, or their spread is below float64's precision "
+                "relative to their mean), so no shrinkage makes it invertible; check the features"
+            )
 
     @staticmethod
     def _cholesky(Sigma: np.ndarray, mu: np.ndarray, a: float) -> np.ndarray | None:
