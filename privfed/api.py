@@ -15,14 +15,15 @@ from privfed._validation import (
     check_dataset,
     check_features,
     check_labels,
-    check_memory,
     check_num_classes,
     check_release_size,
     release_cost_note,
 )
 from privfed.errors import ConfigError, InputError
 from privfed.head import LinearHead
+from privfed.release import ReleasePlan
 from privfed.release.pipeline import run_federation
+from privfed.release.stages import check_release_memory
 from privfed.stats import dense_view_limit
 
 __all__ = ["fit"]
@@ -118,7 +119,9 @@ def fit(
         # Under DP nothing may be refused or shaped from the raw data: a class or a client without
         # records is handled from the noisy statistics (every client uploads every class).
         F, y, k, C, K = _check_private_dataset(features, labels, clients, num_classes, num_clients)
-    _check_sizes(m, F.shape[0], F.shape[1], C, K, privacy, secure_agg)
+    protected = privacy is not None or secure_agg is not None
+    dense = protected and not ReleasePlan(m, privacy, secure_agg).streamed
+    check_release_memory(m, F.shape[1], C, K, dense_uploads=dense)  # before any allocation
     if privacy is not None:
         note = release_cost_note(K, C, F.shape[1], local=not getattr(privacy, "trusted_aggregator", False))
         if note:  # a large run says so before it starts
@@ -148,47 +151,6 @@ def fit(
         seeded=seeded,
     )
     return scaling.finish(head, scaled)
-
-
-#: d x d matrices a second-moment method's server holds at once (the sum, its regularised copy, a
-#: factor and a solver's workspace): the estimate :func:`_check_sizes` makes for d x d statistics.
-SQUARE_COPIES = 4
-
-
-def _check_sizes(m, N: int, d: int, C: int, K: int, privacy: Any, secure_agg: Any) -> None:
-    """Refuse, before any work, a release whose largest arrays cannot fit in the memory available.
-
-    The estimate counts what grows fastest: the d x d matrices the method's server holds at once
-    (its ``server_squares``, else :data:`SQUARE_COPIES` for a method that sums second moments, and
-    C more for per-class ones), and, where every client uploads every class
-    at once (under privacy, unless the uploads are folded a chunk of clients at a time, and under
-    secure aggregation), the (K, C, d + 1) uploads and their noisy copy.
-    """
-    squares = getattr(m, "server_squares", None)
-    if squares is None:
-        squares = SQUARE_COPIES if {"second", "class_second"} & m.requires else 0
-    squares += C if "class_second" in m.requires else 0  # the per-class totals besides
-    if squares:
-        check_memory(
-            8.0 * d * d * squares,
-            f"method {m.name!r} with d={d:,} features ({squares} d x d matrices of {8.0 * d * d / 2**30:.3g} "
-            "GiB at once)",
-            "reduce the feature dimension (e.g. PCA to a few thousand) or use a method without d x d "
-            "statistics (fedncm, fedlog)",
-        )
-    if privacy is None and secure_agg is None:
-        return
-    from privfed.release import ReleasePlan
-
-    if ReleasePlan(m, privacy, secure_agg).streamed:
-        return
-    check_memory(
-        2 * 8.0 * K * C * (d + 1),
-        f"num_clients={K:,} x num_classes={C:,} x (d + 1)={d + 1:,} uploads held at once (every client "
-        "sends every class) and their noisy copy",
-        "pass the number of clients and classes the release really has, or add the noise locally at "
-        "record level (the uploads are then folded a chunk of clients at a time)",
-    )
 
 
 def _is_private_copy(F: np.ndarray, features) -> bool:

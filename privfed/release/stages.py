@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from privfed._validation import check_memory
 from privfed.errors import InputError
 from privfed.head import LinearHead
 from privfed.methods.base import Method
@@ -40,6 +41,8 @@ __all__ = [
     "Stage",
     "StreamedLocalPairs",
     "StreamedLocalSum",
+    "SQUARE_COPIES",
+    "check_release_memory",
     "check_secure_size",
 ]
 
@@ -220,6 +223,42 @@ def check_secure_size(method: Method, stats: ClientStats) -> None:
             f"privfed.stats.DENSE_VIEW_LIMIT ({limit / 2**30:.3g} GiB); run it across "
             "processes with the Flower app (python -m privfed.flower), where each node masks only its own "
             "upload, or raise privfed.stats.DENSE_VIEW_LIMIT"
+        )
+
+
+#: d x d matrices a second-moment method's server holds at once (the sum, its regularised copy, a
+#: factor and a solver's workspace): the estimate :func:`check_release_memory` makes for d x d statistics.
+SQUARE_COPIES = 4
+
+
+def check_release_memory(m: Method, d: int, C: int, K: int, *, dense_uploads: bool = False) -> None:
+    """Refuse, before any work, a release whose largest arrays cannot fit in the memory available.
+
+    The estimate counts what grows fastest: the d x d matrices the method's server holds at once
+    (its ``server_squares``, else :data:`SQUARE_COPIES` for a method that sums second moments, and
+    C more for per-class ones), and with ``dense_uploads`` (every client's upload of every class
+    held at once: under privacy unless the release is streamed, and under secure aggregation) the
+    (K, C, d + 1) uploads and their noisy copy.  The limit is :func:`privfed._validation.check_memory`'s.
+    """
+    squares = getattr(m, "server_squares", None)
+    if squares is None:
+        squares = SQUARE_COPIES if {"second", "class_second"} & m.requires else 0
+    squares += C if "class_second" in m.requires else 0  # the per-class totals besides
+    if squares:
+        check_memory(
+            8.0 * d * d * squares,
+            f"method {m.name!r} with d={d:,} features ({squares} d x d matrices of {8.0 * d * d / 2**30:.3g} "
+            "GiB at once)",
+            "reduce the feature dimension (e.g. PCA to a few thousand) or use a method without d x d "
+            "statistics (fedncm, fedlog)",
+        )
+    if dense_uploads:
+        check_memory(
+            2 * 8.0 * K * C * (d + 1),
+            f"num_clients={K:,} x num_classes={C:,} x (d + 1)={d + 1:,} uploads held at once (every client "
+            "sends every class) and their noisy copy",
+            "pass the number of clients and classes the release really has, or add the noise locally at "
+            "record level (the uploads are then folded a chunk of clients at a time)",
         )
 
 
