@@ -16,7 +16,9 @@ from privfed._validation import (
     check_features,
     check_labels,
     check_num_classes,
+    check_real_dtype,
     check_release_size,
+    refuse_masked,
     release_cost_note,
 )
 from privfed.errors import ConfigError, InputError
@@ -180,6 +182,8 @@ def _private_features(features) -> np.ndarray:
     """Features of a private run: no rows at all is a dataset like any other (the release is noise)."""
     arr = features
     if getattr(arr, "ndim", None) == 2 and arr.shape[0] == 0 and arr.shape[1] > 0:
+        refuse_masked(arr, "features")
+        check_real_dtype(np.asarray(arr), "features")  # no rows, but still no complex or text features
         return np.zeros((0, arr.shape[1]))
     return check_features(features)
 
