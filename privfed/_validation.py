@@ -1,15 +1,32 @@
-"""Input validation shared by every entry point (features, labels, clients)."""
+"""Input validation shared by every entry point: features, labels, clients, seeds, input files and sizes.
+
+Seeds are integers in 0..2**64 - 1, the range every random source of the library accepts
+(:func:`check_seed`); an input file is opened only if it is a regular file, so a FIFO, a device
+or a socket is refused at once, never waited on (:func:`open_regular`); work whose estimated
+memory exceeds :data:`MEMORY_MARGIN` of what the machine has available is refused before any
+allocation (:func:`check_memory`, :func:`available_memory`).
+"""
 
 from __future__ import annotations
 
+import io
 import os
+import stat
 
 import numpy as np
 
 from privfed.errors import ConfigError, InputError
 
 __all__ = [
+    "MAX_SEED",
+    "MEMORY_MARGIN",
     "as_generator",
+    "available_memory",
+    "check_memory",
+    "check_real_dtype",
+    "check_seed",
+    "open_regular",
+    "sklearn_seed",
     "check_release_size",
     "release_cost_note",
     "env_byte_size",
@@ -75,6 +92,163 @@ def refuse_masked(value, name: str) -> None:
             f"{name} is a numpy masked array; its mask would be ignored: fill or drop the masked "
             f"entries first (e.g. {name}.filled(...) or {name}.compressed())"
         )
+
+
+# ---------------------------------------------------------------- input files
+_NOT_REGULAR = (
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISDIR, "a directory"),
+)
+
+
+def _not_regular(what: str, mode: int, fix: str) -> InputError:
+    kind = next((name for test, name in _NOT_REGULAR if test(mode)), "not a plain file")
+    return InputError(f"{what} is {kind}, not a regular file, and is not read; {fix}")
+
+
+def open_regular(path, what: str, fix: str = "pass the path of a regular file") -> io.BufferedReader:
+    """``path`` opened for binary reading if it is a regular file (symbolic links are followed).
+
+    A FIFO, a device, a socket or a directory is refused with an :class:`InputError`
+    naming ``what`` and the kind of file, before a byte is read: the file is opened
+    without blocking (a FIFO with no writer would otherwise wait forever) and checked
+    on the descriptor itself, so it cannot be swapped between the check and the read.
+    """
+    p = os.fspath(path)
+    try:
+        mode = os.stat(p).st_mode  # a socket cannot be opened at all: named from its metadata
+    except FileNotFoundError:
+        raise InputError(f"{what} does not exist; check the path ({fix})") from None
+    except OSError as exc:
+        raise InputError(
+            f"{what} cannot be read ({exc.strerror or exc}); check the path and its permissions"
+        ) from None
+    if not stat.S_ISREG(mode):
+        raise _not_regular(what, mode, fix)
+    nonblock = getattr(os, "O_NONBLOCK", 0)
+    try:
+        fd = os.open(p, os.O_RDONLY | nonblock | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0))
+    except OSError as exc:
+        raise InputError(f"{what} cannot be opened ({exc.strerror or exc}); check its permissions") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):  # replaced between the two looks
+            raise _not_regular(what, mode, fix)
+        if nonblock:  # reads of a regular file never block; cleared for the file object's sake
+            import fcntl
+
+            fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~nonblock)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+# ---------------------------------------------------------------- seeds
+#: Largest seed accepted: every random source of the library (numpy, scikit-learn, torch) takes 0..2**64 - 1.
+MAX_SEED = 2**64 - 1
+
+
+def check_seed(value, name: str = "seed") -> int:
+    """``value`` as an int seed in ``0..2**64 - 1``, or a :class:`ConfigError` naming ``name`` and the range."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= value <= MAX_SEED:
+        raise ConfigError(f"{name} must be an integer seed in 0..2**64 - 1, got {value!r}")
+    return int(value)
+
+
+def sklearn_seed(seed: int):
+    """A scikit-learn ``random_state`` for a seed of :func:`check_seed` (an int below 2**32 as it is)."""
+    seed = check_seed(seed)
+    if seed < 2**32:
+        return seed
+    return np.random.RandomState([seed & 0xFFFFFFFF, seed >> 32])  # the seed's two 32-bit words
+
+
+# ---------------------------------------------------------------- memory
+#: Fraction of the available memory (:func:`available_memory`) one estimated piece of work may plan to use.
+MEMORY_MARGIN = 0.8
+#: Environment variable that sets the memory a run may use (bytes: ``8G``, ``512M``), instead of measuring it.
+MEMORY_ENV = "PRIVFED_MEMORY_LIMIT"
+
+
+def _system_available() -> list[int]:
+    """Free memory as /proc/meminfo (else sysconf) says, and the room left under a cgroup v2 limit."""
+    found = []
+    try:
+        with open("/proc/meminfo", "rb") as fh:
+            found += [int(ln.split()[1]) * 1024 for ln in fh if ln.startswith(b"MemAvailable:")]
+    except (OSError, ValueError, IndexError):
+        pass
+    if not found and hasattr(os, "sysconf"):
+        try:
+            found.append(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+        except (ValueError, OSError):
+            pass
+    try:  # a container's limit: /proc/meminfo shows the host's memory
+        with (
+            open("/sys/fs/cgroup/memory.max", "rb") as top,
+            open("/sys/fs/cgroup/memory.current", "rb") as cur,
+        ):
+            limit = top.read().strip()
+            if limit != b"max":
+                found.append(max(0, int(limit) - int(cur.read().strip())))
+    except (OSError, ValueError):
+        pass
+    return found
+
+
+def available_memory() -> int | None:
+    """Bytes a run may use: ``$PRIVFED_MEMORY_LIMIT`` if set, else what the system and its cgroup have free
+    (``None`` when the platform does not say: then nothing is refused for memory)."""
+    raw = os.environ.get(MEMORY_ENV)
+    if raw is not None and raw.strip():
+        return parse_byte_size(raw, f"${MEMORY_ENV}")
+    found = _system_available()
+    return min(found) if found else None
+
+
+def _size(n: float) -> str:
+    units = (("TiB", 40), ("GiB", 30), ("MiB", 20))
+    return next((f"{n / 2.0**p:.3g} {u}" for u, p in units if n >= 2**p), f"{n / 1024:.3g} KiB")
+
+
+def check_memory(need: float, what: str, fix: str) -> None:
+    """Refuse, before any allocation, work estimated to need ``need`` bytes when the machine cannot spare them.
+
+    The limit is :data:`MEMORY_MARGIN` of :func:`available_memory`; the :class:`InputError` names
+    ``what`` needs the size, the limit and ``fix`` (the option that lowers the size).
+    """
+    avail = available_memory()
+    if avail is None or need <= MEMORY_MARGIN * avail:
+        return
+    raise InputError(
+        f"{what} needs about {_size(need)} of memory, over the {_size(MEMORY_MARGIN * avail)} this run may use "
+        f"({MEMORY_MARGIN:.0%} of the {_size(avail)} available; ${MEMORY_ENV} sets it); {fix}"
+    )
+
+
+# ---------------------------------------------------------------- dtypes
+def check_real_dtype(arr: np.ndarray, name: str) -> None:
+    """Refuse a dtype whose conversion to float64 would change or invent values, naming ``name``.
+
+    Accepted: float16/32/64, and integers of at most 2**53 in magnitude (float64 holds them exactly).
+    Refused: complex (the imaginary part would be dropped), object, bool, text, dates and times,
+    extended precision (rounded to float64) and larger integers.
+    """
+    dt, why = arr.dtype, None
+    if dt.kind == "c":
+        why = f"is complex ({dt}); the imaginary part would be lost: pass real values (e.g. its .real part)"
+    elif dt.kind == "f" and dt.itemsize > 8:
+        why = f"has dtype {dt}, which float64 would round; convert it to float64 first if that is acceptable"
+    elif dt.kind in "iu" and arr.size and max(abs(int(arr.min())), abs(int(arr.max()))) > 2**53:
+        why = "holds integers beyond 2**53, which float64 would round; scale or convert them first"
+    elif dt.kind not in "iuf":
+        why = f"must hold real numbers, got dtype {dt}" + (" (Python objects)" if dt.kind == "O" else "")
+    if why:
+        raise InputError(f"{name} {why}")
 
 
 #: Most noise values one private release may draw (K clients x C classes x (d + 1) under local noise):
@@ -145,9 +319,11 @@ def as_generator(value, name: str = "random_state") -> np.random.Generator:
         return value
     if value is None:
         return np.random.default_rng(0)
-    if isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= 0:
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool) and 0 <= value <= MAX_SEED:
         return np.random.default_rng(int(value))
-    raise ConfigError(f"{name} must be None, a non-negative int seed or a numpy Generator, got {value!r}")
+    raise ConfigError(
+        f"{name} must be None, an integer seed in 0..2**64 - 1 or a numpy Generator, got {value!r}"
+    )
 
 
 #: Rows checked for finiteness at once (no N x d mask of the whole input).
@@ -169,14 +345,11 @@ def check_features(
         arr = np.asarray(features)
     except Exception as exc:  # pragma: no cover - exotic inputs
         raise InputError(f"{name} could not be converted to an array: {exc}") from None
-    if arr.dtype == object:
-        raise InputError(f"{name} has dtype object; pass a numeric (N, d) array")
     if arr.ndim != 2:
         raise InputError(f"{name} must be a 2-D (N, d) array, got shape {arr.shape}")
     if arr.shape[0] == 0 or arr.shape[1] == 0:
         raise InputError(f"{name} is empty (shape {arr.shape}); pass at least one sample and one feature")
-    if not np.issubdtype(arr.dtype, np.number) or np.iscomplexobj(arr):
-        raise InputError(f"{name} must be real numbers, got dtype {arr.dtype}")
+    check_real_dtype(arr, name)
     if not (keep_float32 and arr.dtype == np.float32):
         arr = arr.astype(np.float64, copy=False)
     step = max(1, _CHECK_BLOCK_BYTES // max(arr.shape[1], 1))
@@ -217,9 +390,9 @@ def as_int_vector(values, name: str) -> np.ndarray:
     arr = np.asarray(values)
     if arr.ndim != 1:
         raise InputError(f"{name} must be a 1-D array, got shape {arr.shape}")
-    if arr.dtype == object or not np.issubdtype(arr.dtype, np.number) or np.iscomplexobj(arr):
+    if arr.dtype.kind not in "iuf":  # no object, complex, bool, string, date or time: nothing cast silently
         raise InputError(f"{name} must be integers, got dtype {arr.dtype}")
-    if not np.issubdtype(arr.dtype, np.integer):
+    if arr.dtype.kind == "f":
         if not np.all(np.isfinite(arr)) or np.any(arr != np.round(arr)):
             raise InputError(f"{name} must hold whole numbers; found non-integer or non-finite values")
     int64_range(arr, name)

@@ -16,12 +16,17 @@ from privfed._validation import (
     check_features,
     check_labels,
     check_num_classes,
+    check_real_dtype,
     check_release_size,
+    refuse_masked,
     release_cost_note,
 )
 from privfed.errors import ConfigError, InputError
 from privfed.head import LinearHead
+from privfed.release import ReleasePlan
 from privfed.release.pipeline import run_federation
+from privfed.release.stages import check_release_memory
+from privfed.stats import dense_view_limit
 
 __all__ = ["fit"]
 
@@ -94,6 +99,7 @@ def fit(
     m = _methods.get(method, **params) if isinstance(method, str) else method
     if not isinstance(m, _methods.Method):
         raise ConfigError(f"method must be a name from {_methods.available()} or a Method, got {method!r}")
+    dense_view_limit()  # a malformed $PRIVFED_DENSE_VIEW_LIMIT is refused before any work, as the commands do
     if privacy is None:
         _refuse_unclipped_noise(secure_agg)
         # float32 stays float32: the statistics convert it a chunk at a time (float64 sums, no N x d copy)
@@ -115,6 +121,10 @@ def fit(
         # Under DP nothing may be refused or shaped from the raw data: a class or a client without
         # records is handled from the noisy statistics (every client uploads every class).
         F, y, k, C, K = _check_private_dataset(features, labels, clients, num_classes, num_clients)
+    protected = privacy is not None or secure_agg is not None
+    dense = protected and not ReleasePlan(m, privacy, secure_agg).streamed
+    check_release_memory(m, F.shape[1], C, K, dense_uploads=dense)  # before any allocation
+    if privacy is not None:
         note = release_cost_note(K, C, F.shape[1], local=not getattr(privacy, "trusted_aggregator", False))
         if note:  # a large run says so before it starts
             warnings.warn(note, UserWarning, stacklevel=2)
@@ -172,6 +182,8 @@ def _private_features(features) -> np.ndarray:
     """Features of a private run: no rows at all is a dataset like any other (the release is noise)."""
     arr = features
     if getattr(arr, "ndim", None) == 2 and arr.shape[0] == 0 and arr.shape[1] > 0:
+        refuse_masked(arr, "features")
+        check_real_dtype(np.asarray(arr), "features")  # no rows, but still no complex or text features
         return np.zeros((0, arr.shape[1]))
     return check_features(features)
 

@@ -43,7 +43,7 @@ from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from privfed import methods as _methods
-from privfed._validation import as_generator
+from privfed._validation import as_generator, check_real_dtype
 from privfed.api import fit as _fit
 from privfed.errors import ConfigError, InputError
 from privfed.head import LinearHead
@@ -58,6 +58,28 @@ def iid_clients(n_samples: int, n_clients: int, rng: np.random.Generator) -> np.
     for k, part in enumerate(np.array_split(rng.permutation(n_samples), K)):
         ids[part] = k
     return ids
+
+
+def _check_types(X, y=None) -> None:
+    """What scikit-learn's float64 conversion would change is refused: complex features or labels (the
+    imaginary part), extended precision and integers beyond 2**53 (rounded).  Object, boolean and text
+    arrays of numbers convert exactly and follow scikit-learn's rules."""
+    import scipy.sparse as sp
+
+    for name, a in (("X", X), ("y", y)):
+        if a is None or sp.issparse(a):
+            continue
+        try:
+            arr = np.asarray(a)
+        except (TypeError, ValueError):
+            continue  # ragged input: scikit-learn's own check names it
+        if arr.dtype.kind == "c":
+            raise InputError(
+                f"{name} is complex ({arr.dtype}): Complex data not supported, the imaginary part would be lost; "
+                "pass real values"
+            )
+        if name == "X" and arr.dtype.kind in "iuf":
+            check_real_dtype(arr, "X")
 
 
 class FederatedHeadClassifier(ClassifierMixin, BaseEstimator):
@@ -221,8 +243,12 @@ class FederatedHeadClassifier(ClassifierMixin, BaseEstimator):
         -------
         self
         """
-        X, y = validate_data(self, X, y, dtype=np.float64, y_numeric=False)
-        check_classification_targets(y)
+        _check_types(X, y)
+        try:
+            X, y = validate_data(self, X, y, dtype=np.float64, y_numeric=False)
+            check_classification_targets(y)
+        except ValueError as exc:  # scikit-learn's own checks, as one line naming the input
+            raise InputError(f"X or y: {str(exc).splitlines()[0]}") from None
         self.classes_, y_enc = self._encode_labels(y)
         params = dict(self.method_params or {})
         method = _methods.get(self.method, **params)
@@ -255,6 +281,7 @@ class FederatedHeadClassifier(ClassifierMixin, BaseEstimator):
 
     def _scores(self, X) -> np.ndarray:
         check_is_fitted(self, "head_")
+        _check_types(X)
         X = validate_data(self, X, dtype=np.float64, reset=False)
         return self.head_.decision_function(X)
 

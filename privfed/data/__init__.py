@@ -179,8 +179,9 @@ def load_dataset(
     """
     if not isinstance(spec, str) or not spec:
         raise ConfigError(f"dataset must be a name from {available_datasets()}, got {spec!r}")
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ConfigError(f"seed must be a non-negative int, got {seed!r}")
+    from privfed._validation import check_seed
+
+    seed = check_seed(seed)
     if spec.startswith("file:"):
         from privfed.data.npzfile import load_feature_file
 

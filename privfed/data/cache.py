@@ -45,7 +45,8 @@ from typing import Any
 
 import numpy as np
 
-from privfed.errors import ConfigError
+from privfed._validation import open_regular
+from privfed.errors import ConfigError, InputError
 
 __all__ = [
     "CacheIntegrityWarning",
@@ -177,9 +178,13 @@ def _notice(path: pathlib.Path, why: str) -> None:
 
 def _open_envelope(path: pathlib.Path, fmt: str, description: Mapping[str, Any] | None) -> bytes | None:
     """The verified payload of a cache file; ``None`` (with a notice unless absent) otherwise."""
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
+    if not os.path.lexists(path):
+        return None
+    try:  # a FIFO or a device under an artefact's name is refused, never read (or waited on)
+        with open_regular(path, path.name) as fh:
+            data = fh.read()
+    except InputError as exc:
+        _notice(path, str(exc).removeprefix(path.name + " ").split(";")[0])
         return None
     except OSError as exc:
         _notice(path, f"cannot be read ({exc.strerror or exc})")

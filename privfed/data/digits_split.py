@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from privfed.errors import ConfigError
+from privfed._validation import check_seed as _check_seed
+from privfed._validation import sklearn_seed
 
 __all__ = ["DigitsSplits", "PUBLIC_FRACTION", "SPLIT_VERSION", "TEST_FRACTION", "check_seed", "digits_splits"]
 
@@ -41,9 +42,8 @@ class DigitsSplits:
 
 
 def check_seed(seed) -> int:
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ConfigError(f"seed must be a non-negative int, got {seed!r}")
-    return int(seed)
+    """``seed`` as an int in 0..2**64 - 1 (:func:`privfed._validation.check_seed`)."""
+    return _check_seed(seed, "seed")
 
 
 def digits_splits(seed: int = 0) -> DigitsSplits:
@@ -74,8 +74,10 @@ def _digits_splits(seed: int) -> DigitsSplits:
     idx = np.arange(labels.size)
     n_test = int(round(TEST_FRACTION * labels.size))
     n_public = int(round(PUBLIC_FRACTION * labels.size))
-    rest, test = train_test_split(idx, test_size=n_test, stratify=labels, random_state=seed)
-    public, private = train_test_split(rest, train_size=n_public, stratify=labels[rest], random_state=seed)
+    rest, test = train_test_split(idx, test_size=n_test, stratify=labels, random_state=sklearn_seed(seed))
+    public, private = train_test_split(
+        rest, train_size=n_public, stratify=labels[rest], random_state=sklearn_seed(seed)
+    )
     parts = {"public": np.sort(public), "private": np.sort(private), "test": np.sort(test)}
     arrays = {}
     for name, ix in parts.items():

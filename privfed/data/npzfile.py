@@ -32,7 +32,14 @@ import zipfile
 
 import numpy as np
 
-from privfed._validation import parse_byte_size, refuse_masked
+from privfed._validation import (
+    check_real_dtype,
+    check_seed,
+    open_regular,
+    parse_byte_size,
+    refuse_masked,
+    sklearn_seed,
+)
 from privfed.data import FeatureDataset
 from privfed.data.cache import atomic_write_bytes
 from privfed.errors import ConfigError, InputError
@@ -67,7 +74,7 @@ def resolve_max_bytes(max_bytes=None) -> int:
     return _parse_bytes(env, f"${MAX_BYTES_ENV}") if env else DEFAULT_MAX_BYTES
 
 
-def _declared_sizes(path: pathlib.Path, where: str, limit: int) -> None:
+def _declared_sizes(fh, where: str, limit: int, file_size: int) -> None:
     """Check every member of the archive before anything is expanded; refuse more than ``limit`` bytes.
 
     Every member counts, whatever its name (``features`` without the ``.npy``
@@ -79,15 +86,25 @@ def _declared_sizes(path: pathlib.Path, where: str, limit: int) -> None:
     """
     total, biggest = 0, ("", 0, ())
     try:
-        zf = zipfile.ZipFile(path)
+        zf = zipfile.ZipFile(fh)
     except (OSError, EOFError, zipfile.BadZipFile, ValueError) as exc:
         raise InputError(
             f"{where} cannot be read as a .npz archive ({exc}); save it with numpy.savez"
         ) from None
     with zf:
         infos = zf.infolist()
+        names: dict[str, list[str]] = {}
+        for info in infos:  # numpy names a member by its file name less ".npy"
+            names.setdefault(info.filename.removesuffix(".npy"), []).append(info.filename)
+        twice = {k: v for k, v in names.items() if len(v) > 1}
+        if twice:
+            name, members = next(iter(twice.items()))
+            raise InputError(
+                f"{where} holds {len(members)} members named {name!r} ({members}); numpy would read only one "
+                "of them without a word, so the file is refused: write it again with one array per name"
+            )
         for info in infos:
-            name = info.filename[:-4] if info.filename.endswith(".npy") else info.filename
+            name = info.filename.removesuffix(".npy")
             try:
                 with zf.open(info) as fh:
                     version = np.lib.format.read_magic(fh)
@@ -118,45 +135,47 @@ def _declared_sizes(path: pathlib.Path, where: str, limit: int) -> None:
         big = max(infos, key=lambda i: i.file_size)
         raise InputError(
             f"{where} declares {stored:,} bytes once expanded ({big.filename!r}: {big.file_size:,}; the file "
-            f"itself is {path.stat().st_size:,} bytes), over the {limit:,}-byte limit, and is refused before it "
+            f"itself is {file_size:,} bytes), over the {limit:,}-byte limit, and is refused before it "
             f"is expanded; if the file is genuine, raise the limit with max_bytes= or ${MAX_BYTES_ENV} "
             f"(e.g. {MAX_BYTES_ENV}=8G)"
         )
     if total > limit:
         raise InputError(
             f"{where} declares {total:,} bytes of arrays ({biggest[0]!r} has shape {biggest[2]}; the file "
-            f"itself is {path.stat().st_size:,} bytes), over "
+            f"itself is {file_size:,} bytes), over "
             f"the {limit:,}-byte limit, and is refused before it is expanded; if the file is genuine, raise the "
             f"limit with max_bytes= or ${MAX_BYTES_ENV} (e.g. {MAX_BYTES_ENV}=8G)"
         )
 
 
 def read_npz(path: pathlib.Path, max_bytes: int = DEFAULT_MAX_BYTES) -> dict[str, np.ndarray]:
+    """The arrays of a ``.npz`` file, every check made on one open descriptor of a regular file."""
     where = f"feature file {str(path)!r}"
-    if not path.exists():
-        raise InputError(
-            f"{where} does not exist; check the path (pass file:PATH with an existing .npz file)"
-        )
-    if path.is_dir():
-        raise InputError(f"{where} is a directory; pass the path of a .npz file")
+    with open_regular(path, where, "pass file:PATH with the path of a .npz file") as fh:
+        return _read_open_npz(fh, where, max_bytes)
+
+
+def _read_open_npz(fh, where: str, max_bytes: int) -> dict[str, np.ndarray]:
     try:
-        with open(path, "rb") as fh:
-            magic = fh.read(6)
+        magic = fh.read(6)
+        size = os.fstat(fh.fileno()).st_size
+        fh.seek(0)
     except OSError as exc:
-        raise InputError(f"{where} cannot be opened ({exc.strerror or exc}); check its permissions") from None
+        raise InputError(f"{where} cannot be read ({exc.strerror or exc}); check the file") from None
     if not (magic.startswith(b"PK") or magic == b"\x93NUMPY"):
         raise InputError(
             f"{where} cannot be read as a .npz archive (it is not a zip file); "
             "save it with numpy.savez(path, features=..., labels=...)"
         )
     if magic.startswith(b"PK"):
-        _declared_sizes(path, where, max_bytes)
-    elif path.stat().st_size > max_bytes:
+        _declared_sizes(fh, where, max_bytes, size)
+        fh.seek(0)
+    elif size > max_bytes:
         raise InputError(
             f"{where} is over the {max_bytes:,}-byte limit; raise it with max_bytes= or ${MAX_BYTES_ENV}"
         )
     try:
-        archive = np.load(path, allow_pickle=False)
+        archive = np.load(fh, allow_pickle=False)
     except ValueError as exc:
         if "pickle" in str(exc).lower():
             raise InputError(
@@ -193,8 +212,9 @@ def read_npz(path: pathlib.Path, max_bytes: int = DEFAULT_MAX_BYTES) -> dict[str
 
 
 def checked_features(arr: np.ndarray, name: str, where: str) -> np.ndarray:
-    if arr.dtype == object or arr.dtype.kind not in "biuf":
-        raise InputError(f"{where}: {name!r} must hold real numbers, got dtype {arr.dtype}")
+    check_real_dtype(
+        arr, f"{where}: {name!r}"
+    )  # no complex, boolean or extended-precision array cast silently
     if arr.ndim != 2:
         raise InputError(f"{where}: {name!r} must be a 2-D (N, d) array, got shape {arr.shape}")
     if arr.shape[0] == 0 or arr.shape[1] == 0:
@@ -211,7 +231,7 @@ def checked_features(arr: np.ndarray, name: str, where: str) -> np.ndarray:
 
 
 def checked_ints(arr: np.ndarray, name: str, n: int, rows_of: str, where: str) -> np.ndarray:
-    if arr.dtype == object or arr.dtype.kind not in "biuf":
+    if arr.dtype.kind not in "iuf":
         raise InputError(f"{where}: {name!r} must hold integers, got dtype {arr.dtype}")
     if arr.ndim != 1:
         raise InputError(f"{where}: {name!r} must be a 1-D array, got shape {arr.shape}")
@@ -245,7 +265,9 @@ def _stratified_split(y: np.ndarray, fraction: float, seed: int) -> tuple[np.nda
         )
     counts = np.bincount(y)
     stratify = counts[counts > 0].min() >= 2 and n_test >= np.count_nonzero(counts)
-    train, test = train_test_split(idx, test_size=n_test, stratify=y if stratify else None, random_state=seed)
+    train, test = train_test_split(
+        idx, test_size=n_test, stratify=y if stratify else None, random_state=sklearn_seed(seed)
+    )
     return np.sort(train), np.sort(test), bool(stratify)
 
 
@@ -285,6 +307,7 @@ def load_feature_file(
         labels or client ids beyond what the file's samples can hold, a file
         declaring more than ``max_bytes``.
     """
+    seed = check_seed(seed)
     if not (0.0 < float(test_fraction) < 1.0):
         raise ConfigError(f"test_fraction must lie in (0, 1), got {test_fraction}")
     path = pathlib.Path(os.fspath(path)).expanduser()

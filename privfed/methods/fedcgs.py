@@ -37,12 +37,20 @@ from privfed.stats import ClientStats
 __all__ = ["FedCGS", "global_covariance"]
 
 
+def _whole_counts(N: np.ndarray) -> bool:
+    """Whether the class counts are positive whole numbers, as exact (noise-free, unscaled) counts are."""
+    return bool(np.all(N > 0) and np.all(N == np.round(N)))
+
+
 def global_covariance(
-    stats: ClientStats, covariance: str = "total"
+    stats: ClientStats, covariance: str = "total", notes: list | None = None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(N_c, mu_c, Sigma) from summed statistics; classes with N_c <= 0 are left out.
 
-    Returns shapes (C,), (C, d) (zero rows for absent classes) and (d, d).
+    Returns shapes (C,), (C, d) (zero rows for absent classes) and (d, d).  The divisor N - 1
+    (N - C for ``"within"``) of noisy counts may fall to 0 or below although the data hold many
+    samples: with ``notes`` it is then raised to 1 and a note says so (exact counts that leave no
+    divisor mean too little data and are refused).
     """
     N, S = stats.class_totals()
     present = N > 0
@@ -58,12 +66,18 @@ def global_covariance(
     else:
         denom = Ntot - int(present.sum())
         scatter = minus_between(G, S if present.all() else S[present], Np[present])  # one syrk over C rows
-    if denom <= 0:
+    if denom <= 0 and (notes is None or _whole_counts(N)):
         raise InputError(
             f"fedcgs: the {covariance} covariance needs more samples than "
             f"{'1' if covariance == 'total' else 'classes'} (got {Ntot:g} sample(s) in "
             f"{int(present.sum())} class(es)); add data"
         )
+    if denom <= 0:
+        notes.append(
+            f"the noisy class counts sum to {Ntot:.3g} over {int(present.sum())} class(es), leaving the "
+            f"{covariance} covariance's divisor at {denom:.3g}; it was raised to 1"
+        )
+        denom = 1.0
     scatter /= denom
     Sigma = np.add(scatter, scatter.T)
     Sigma *= 0.5
@@ -99,7 +113,21 @@ class FedCGS(Method):
     def aggregate(self, stats: ClientStats) -> LinearHead:
         self._check_stats(stats)
         notes: list[str] = []
-        N, mu, Sigma = global_covariance(stats, self.params["covariance"])
+        N, S = stats.class_totals()
+        if not (np.isfinite(N).all() and np.isfinite(S).all()):
+            self._refuse_non_finite_totals(N, S)
+        if not np.any(N > 0):  # noise took every count to 0 or below: no class to estimate
+            dropped = int(np.count_nonzero(N != 0))
+            return self._head(
+                np.zeros((N.size, stats.dim)),
+                np.zeros(N.size),
+                [
+                    f"{dropped} class count(s) <= 0 after noise were treated as absent",
+                    f"class(es) {list(range(N.size))} have no data; their weight row is zero",
+                ],
+            )
+        N, mu, Sigma = global_covariance(stats, self.params["covariance"], notes)
+        self._refuse_rounding_only(stats, N, Sigma)
         present = N > 0
         a = self.params["shrinkage"]
         P = self._cholesky(Sigma, mu, a)
@@ -120,6 +148,23 @@ class FedCGS(Method):
                 "bias below every other class"
             )
         return self._head(P, b, notes)
+
+    def _refuse_rounding_only(self, stats: ClientStats, N: np.ndarray, Sigma: np.ndarray) -> None:
+        """Exact counts whose covariance is within rounding of zero (constant features): refused, not fitted.
+
+        G - s s^T / N sums N products per entry, so its trace is off by up to about 2 N eps tr(G); a
+        covariance below twice that cannot be told from zero, and a head fitted on it is rounding noise.
+        """
+        if not _whole_counts(N):
+            return
+        n = float(N.sum())
+        scale = 4.0 * n * np.finfo(np.float64).eps * float(np.trace(stats.gram()))
+        if float(np.trace(Sigma)) * max(n - 1.0, 1.0) <= scale:
+            raise InputError(
+                f"fedcgs: the {self.params['covariance']} covariance is zero (every feature is constant "
+                "across the samples, e.g. all-zero features, or their spread is below float64's precision "
+                "relative to their mean), so no shrinkage makes it invertible; check the features"
+            )
 
     @staticmethod
     def _cholesky(Sigma: np.ndarray, mu: np.ndarray, a: float) -> np.ndarray | None:
@@ -154,6 +199,13 @@ class FedCGS(Method):
                 )
             )
             w_eig = np.linalg.eigvalsh(Sigma)
+        noisy = not _whole_counts(N)  # counts that are not positive whole numbers were noised or scaled
+        if not np.trace(Sigma) > 0 and noisy:  # the noise left no positive variance: a nearest-mean head
+            notes.append(
+                "the noisy covariance had no positive variance left after the PSD projection; the identity "
+                "was used instead (nearest class mean, with the class priors)"
+            )
+            return mu.copy()
         if not np.trace(Sigma) > 0:  # every feature constant: no shrinkage can help
             raise InputError(
                 f"fedcgs: the {self.params['covariance']} covariance is zero (every feature is constant "
@@ -163,7 +215,18 @@ class FedCGS(Method):
         if a > 0:
             Sigma = (1.0 - a) * Sigma + a * (np.trace(Sigma) / d) * np.eye(d)
         w_eig = np.linalg.eigvalsh(Sigma)
-        if w_eig.max() <= 0 or w_eig.min() <= d * np.finfo(np.float64).eps * w_eig.max():
+        singular = w_eig.max() <= 0 or w_eig.min() <= d * np.finfo(np.float64).eps * w_eig.max()
+        if singular and noisy:  # noise projected away some directions: solve in the others
+            notes.append(
+                Note(
+                    "the noisy covariance is singular after the PSD projection; solved with the pseudo-inverse "
+                    f"(a shrinkage > 0, e.g. {max(1e-3, 10 * a):.3g}, keeps it invertible)",
+                    "pseudo_inverse",
+                    1,
+                )
+            )
+            return (np.linalg.pinv(Sigma, hermitian=True) @ mu.T).T
+        if singular:
             Ntot = N[present].sum()
             raise InputError(
                 f"fedcgs: the {self.params['covariance']} covariance is singular (d = {d}, N = {Ntot:g}, "

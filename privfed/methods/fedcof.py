@@ -114,6 +114,9 @@ class FedCOF(Method):
     requires = frozenset({"counts", "sums"})
     per_client = True
     secure_protocol = "fedcof-two-round"
+    #: d x d matrices its server holds at once (the spread of Eq. 6, G_hat, and the solver's two), which
+    #: privfed.fit checks against the memory available before any work
+    server_squares = 4
     defaults: dict = {
         "gamma": 1.0,
         "means_per_client": 1,

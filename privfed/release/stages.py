@@ -21,11 +21,12 @@ from typing import Any
 
 import numpy as np
 
+from privfed._validation import check_memory
 from privfed.errors import InputError
 from privfed.head import LinearHead
 from privfed.methods.base import Method
 from privfed.release.trace import ReleaseTrace
-from privfed.stats import ClientStats, StatsFold
+from privfed.stats import ClientStats, StatsFold, dense_view_limit
 
 __all__ = [
     "UPLOAD_CHUNK_BYTES",
@@ -40,6 +41,8 @@ __all__ = [
     "Stage",
     "StreamedLocalPairs",
     "StreamedLocalSum",
+    "SQUARE_COPIES",
+    "check_release_memory",
     "check_secure_size",
 ]
 
@@ -207,13 +210,11 @@ def check_secure_size(method: Method, stats: ClientStats) -> None:
     the masks hide which classes it holds), and a d x d matrix where the method sums one per client
     (second moments; FedCOF's second round).  In one process those are (K, ...) stacks.
     """
-    import privfed.stats as stats_module
-
     K, C, d = stats.num_clients, stats.num_classes, stats.dim
     square = "second" in method.requires or method.per_client
     per_client = C * d + 2 * C + (d * d if square else 0)
     need = 8 * K * per_client
-    limit = stats_module.DENSE_VIEW_LIMIT
+    limit = dense_view_limit()  # a malformed $PRIVFED_DENSE_VIEW_LIMIT is refused here as everywhere
     if need > limit:
         raise InputError(
             f"secure aggregation in one process masks every client's whole upload: {K:,} clients x "
@@ -222,6 +223,42 @@ def check_secure_size(method: Method, stats: ClientStats) -> None:
             f"privfed.stats.DENSE_VIEW_LIMIT ({limit / 2**30:.3g} GiB); run it across "
             "processes with the Flower app (python -m privfed.flower), where each node masks only its own "
             "upload, or raise privfed.stats.DENSE_VIEW_LIMIT"
+        )
+
+
+#: d x d matrices a second-moment method's server holds at once (the sum, its regularised copy, a
+#: factor and a solver's workspace): the estimate :func:`check_release_memory` makes for d x d statistics.
+SQUARE_COPIES = 4
+
+
+def check_release_memory(m: Method, d: int, C: int, K: int, *, dense_uploads: bool = False) -> None:
+    """Refuse, before any work, a release whose largest arrays cannot fit in the memory available.
+
+    The estimate counts what grows fastest: the d x d matrices the method's server holds at once
+    (its ``server_squares``, else :data:`SQUARE_COPIES` for a method that sums second moments, and
+    C more for per-class ones), and with ``dense_uploads`` (every client's upload of every class
+    held at once: under privacy unless the release is streamed, and under secure aggregation) the
+    (K, C, d + 1) uploads and their noisy copy.  The limit is :func:`privfed._validation.check_memory`'s.
+    """
+    squares = getattr(m, "server_squares", None)
+    if squares is None:
+        squares = SQUARE_COPIES if {"second", "class_second"} & m.requires else 0
+    squares += C if "class_second" in m.requires else 0  # the per-class totals besides
+    if squares:
+        check_memory(
+            8.0 * d * d * squares,
+            f"method {m.name!r} with d={d:,} features ({squares} d x d matrices of {8.0 * d * d / 2**30:.3g} "
+            "GiB at once)",
+            "reduce the feature dimension (e.g. PCA to a few thousand) or use a method without d x d "
+            "statistics (fedncm, fedlog)",
+        )
+    if dense_uploads:
+        check_memory(
+            2 * 8.0 * K * C * (d + 1),
+            f"num_clients={K:,} x num_classes={C:,} x (d + 1)={d + 1:,} uploads held at once (every client "
+            "sends every class) and their noisy copy",
+            "pass the number of clients and classes the release really has, or add the noise locally at "
+            "record level (the uploads are then folded a chunk of clients at a time)",
         )
 
 

@@ -20,6 +20,7 @@ import socket
 import tempfile
 from pathlib import Path
 
+from privfed._validation import open_regular
 from privfed.errors import ConfigError
 
 __all__ = [
@@ -128,8 +129,9 @@ def _lock_paths(path: Path) -> tuple[Path, Path]:
 
 
 def _holder(info: Path) -> str:
-    try:
-        h = json.loads(info.read_text())
+    try:  # a FIFO or a device in the record's place is not read (a refusal must not hang)
+        with open_regular(info, "the lock record") as fh:
+            h = json.loads(fh.read(1 << 16))
         return f"pid {h['pid']} on {h['host']}, started {h['started']}: {h['command']}"
     except (OSError, ValueError, KeyError, TypeError):
         return "holder unknown (it is starting or its record was removed)"

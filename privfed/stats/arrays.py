@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from privfed._validation import env_byte_size, refuse_masked
+from privfed._validation import check_real_dtype, env_byte_size, refuse_masked
 from privfed.errors import ConfigError, InputError
 
 __all__ = ["DENSE_VIEW_LIMIT", "as_f64", "check_dense", "dense_view_limit", "readonly"]
@@ -46,8 +46,13 @@ def readonly(a: np.ndarray) -> np.ndarray:
 
 
 def as_f64(a, name: str) -> np.ndarray:
+    """``a`` as float64, if that changes no value: complex, object, bool and text arrays are refused."""
     refuse_masked(a, name)
-    arr = np.asarray(a)
+    try:
+        arr = np.asarray(a)
+    except (TypeError, ValueError) as exc:  # ragged nested lists and the like
+        raise InputError(f"ClientStats.{name} is not an array of numbers ({exc})") from None
     if arr.dtype != np.float64:
+        check_real_dtype(arr, f"ClientStats.{name}")
         arr = arr.astype(np.float64)
     return arr

@@ -50,7 +50,7 @@ class ClientStats(StatsLayout):
         summed second moment of K > 1 clients cannot be scaled per client and
         are refused.
         """
-        w = np.asarray(weights, dtype=np.float64)
+        w = as_f64(weights, "weights")
         if w.shape != (self._K,) or not np.all(np.isfinite(w)) or np.any(w < 0):
             raise InputError(f"weights must be {self._K} finite values >= 0, got shape {w.shape}")
         seconds = {"second", "class_second"} & self._fields

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 import numpy as np
 import scipy.sparse as sp
 
-from privfed._validation import check_dataset
+from privfed._validation import check_dataset, check_memory
 from privfed.errors import InputError
 from privfed.stats.algebra import gram_of, sorted_segments
 from privfed.stats.arrays import readonly
@@ -34,6 +34,11 @@ def stats_from_rows(
     out_fields = {"counts", "sums"} | (set(fields) & {"second", "class_second"})
     features = gram = None
     if out_fields - {"counts", "sums"}:
+        check_memory(
+            8.0 * d * d,
+            f"the summed second moment of d={d:,} features (a d x d matrix)",
+            "compute fields=('counts', 'sums') only, or reduce the feature dimension",
+        )
         features = FeatureRows(F, k, y)
         gram = readonly(gram_of(F))
     return ClientStats._new(

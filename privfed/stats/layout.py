@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from privfed._validation import refuse_masked
+from privfed._validation import as_int_vector
 from privfed.errors import InputError
 from privfed.stats.algebra import gram_of, sum_rows_by
 from privfed.stats.arrays import as_f64, check_dense, readonly
@@ -101,7 +101,7 @@ class StatsLayout:
         sum_rows=None,
     ) -> None:
         if owners is not None:
-            owners = np.array(owners, dtype=np.int64)
+            owners = np.array(as_int_vector(owners, "ClientStats.owners"))
             if owners.shape != (K,):
                 raise InputError(f"ClientStats.owners must have shape ({K},), got {owners.shape}")
             owners.setflags(write=False)
@@ -183,10 +183,8 @@ class StatsLayout:
             pair with a sum, R <= M rows, each used once).  ``None``: row p is
             pair p.
         """
-        refuse_masked(pair_client, "pair_client")
-        refuse_masked(pair_class, "pair_class")
-        pc = np.asarray(pair_client, dtype=np.int64)
-        pk = np.asarray(pair_class, dtype=np.int64)
+        pc = as_int_vector(pair_client, "pair_client")  # 1.7 is refused, not read as client 1
+        pk = as_int_vector(pair_class, "pair_class")
         n = as_f64(pair_counts, "pair_counts")
         S = as_f64(pair_sums, "pair_sums")
         M = pc.shape[0]
@@ -434,7 +432,7 @@ class StatsLayout:
         scaled by sqrt(w_k), in blocks of rows), else from per-client second
         moments held as values.
         """
-        w = np.asarray(weights, dtype=np.float64)
+        w = as_f64(weights, "weights")
         if w.shape != (self._K,):
             raise InputError(f"weights must have shape ({self._K},), got {w.shape}")
         if "second" not in self._fields:

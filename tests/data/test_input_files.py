@@ -1,0 +1,175 @@
+"""Inputs that are not plain files: refused at the door, never read and never waited on.
+
+A FIFO given as a feature file used to hang the loader (``open`` blocks until a writer comes).  Every
+file the library reads as input (feature files, cache files, a lock's record) is now opened without
+blocking and checked on its descriptor: FIFOs, devices, sockets and directories are refused with one
+line naming the file and its kind.  An archive holding two members of one name is refused too (numpy
+would read one of them without a word).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import socket
+import stat
+import tempfile
+import threading
+import warnings
+import zipfile
+
+import numpy as np
+import pytest
+
+from privfed._validation import open_regular
+from privfed.data import cache as C
+from privfed.data import load_dataset
+from privfed.data.npzfile import load_feature_file, save_feature_file
+from privfed.errors import ConfigError, InputError
+
+posix = pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="FIFOs are a POSIX feature")
+
+
+def _within(seconds: float, fn, release=None):
+    """Run ``fn`` in a thread; a call still blocked after ``seconds`` fails the test (after ``release()``)."""
+    out: dict = {}
+
+    def run():
+        try:
+            out["value"] = fn()
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            out["error"] = exc
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(seconds)
+    if t.is_alive():
+        if release is not None:
+            release()
+        t.join(5)
+        pytest.fail(f"the call was still blocked after {seconds} s")
+    if "error" in out:
+        raise out["error"]
+    return out.get("value")
+
+
+def _unblock(fifo):
+    """Open the FIFO's writing end once, so a reader blocked in open() returns."""
+
+    def release():
+        fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+        os.close(fd)
+
+    return release
+
+
+@posix
+def test_a_fifo_given_as_a_feature_file_is_refused_at_once(tmp_path):
+    fifo = tmp_path / "features.npz"
+    os.mkfifo(fifo)
+    with pytest.raises(
+        InputError, match=r"feature file .*features\.npz' is a FIFO \(named pipe\), not a regular file"
+    ):
+        _within(10, lambda: load_dataset(f"file:{fifo}"), _unblock(fifo))
+
+
+@posix
+def test_a_symlink_is_followed_to_a_plain_file_and_refused_to_a_fifo(tmp_path):
+    good = save_feature_file(tmp_path / "good.npz", np.eye(6, 3), np.arange(6) % 2)
+    (tmp_path / "to-good.npz").symlink_to(good)
+    assert load_feature_file(tmp_path / "to-good.npz").train_features.shape[1] == 3
+    os.mkfifo(tmp_path / "pipe")
+    (tmp_path / "to-pipe.npz").symlink_to(tmp_path / "pipe")
+    with pytest.raises(InputError, match="is a FIFO"):
+        _within(10, lambda: load_feature_file(tmp_path / "to-pipe.npz"), _unblock(tmp_path / "pipe"))
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/zero"), reason="no /dev/zero")
+def test_a_device_is_refused_not_read_forever():
+    with pytest.raises(InputError, match="'/dev/zero' is a character device"):
+        _within(10, lambda: load_feature_file("/dev/zero"))
+
+
+@pytest.mark.skipif(not hasattr(socket, "AF_UNIX"), reason="no Unix sockets")
+def test_a_socket_and_a_directory_are_refused_naming_their_kind(tmp_path):
+    short = tempfile.mkdtemp(prefix="pf")  # a socket path must stay under 108 bytes
+    try:
+        path = os.path.join(short, "s.npz")
+        with socket.socket(socket.AF_UNIX) as s:
+            s.bind(path)
+            assert stat.S_ISSOCK(os.stat(path).st_mode)
+            with pytest.raises(InputError, match="is a socket, not a regular file"):
+                load_feature_file(path)
+    finally:
+        for name in os.listdir(short):
+            os.unlink(os.path.join(short, name))
+        os.rmdir(short)
+    with pytest.raises(InputError, match="is a directory, not a regular file"):
+        load_feature_file(tmp_path)
+    with pytest.raises(InputError, match="does not exist"):
+        load_feature_file(tmp_path / "missing.npz")
+
+
+@posix
+def test_open_regular_checks_the_descriptor_it_reads(tmp_path):
+    plain = tmp_path / "plain"
+    plain.write_bytes(b"abc")
+    with open_regular(plain, "the input") as fh:
+        assert fh.read() == b"abc"
+        assert os.get_blocking(fh.fileno())  # the non-blocking flag is cleared: reads block as usual
+    os.mkfifo(tmp_path / "fifo")
+    with pytest.raises(InputError, match=r"^the input is a FIFO \(named pipe\), not a regular file.*; pass"):
+        _within(10, lambda: open_regular(tmp_path / "fifo", "the input"), _unblock(tmp_path / "fifo"))
+
+
+@posix
+def test_a_fifo_in_the_cache_is_a_miss_that_is_rebuilt(tmp_path):
+    desc = {"artefact": "t", "v": 1}
+    path = C.artefact_path("t", desc, ".npz", cache_dir=tmp_path)[0]
+    os.mkfifo(path)
+    with pytest.warns(C.CacheIntegrityWarning, match=r"is a FIFO \(named pipe\), not a regular file"):
+        arrays, _, hit = _within(
+            10,
+            lambda: C.cached_arrays("t", desc, lambda: {"x": np.arange(3)}, cache_dir=tmp_path),
+            _unblock(path),
+        )
+    assert not hit and np.array_equal(arrays["x"], np.arange(3))
+    assert stat.S_ISREG(os.stat(path).st_mode)  # the FIFO was replaced by the rebuilt artefact
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert C.cached_arrays("t", desc, lambda: {"x": np.zeros(1)}, cache_dir=tmp_path)[2]  # a hit now
+
+
+@posix
+def test_a_fifo_as_the_lock_record_does_not_hang_the_refusal(tmp_path):
+    from privfed.results.guard import FolderLock
+
+    out = tmp_path / "run"
+    first = FolderLock(out, command="first")
+    try:
+        record = first.info
+        record.unlink()
+        os.mkfifo(record)
+        with pytest.raises(ConfigError, match="in use by another privfed run .holder unknown"):
+            _within(10, lambda: FolderLock(out, command="second"), _unblock(record))
+    finally:
+        first.release()
+
+
+def _npy(arr) -> bytes:
+    b = io.BytesIO()
+    np.save(b, arr)
+    return b.getvalue()
+
+
+@pytest.mark.parametrize("second", ["features.npy", "features"])
+def test_an_archive_with_two_members_of_one_name_is_refused(tmp_path, second):
+    path = tmp_path / "dup.npz"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # zipfile warns about the duplicate name it writes
+        with zipfile.ZipFile(path, "w") as z:
+            z.writestr("features.npy", _npy(np.zeros((10, 3))))
+            z.writestr(second, _npy(np.ones((10, 3))))
+            z.writestr("labels.npy", _npy(np.arange(10) % 2))
+    with pytest.raises(InputError, match=r"holds 2 members named 'features' \(\['features.npy', '" + second):
+        load_feature_file(path)
