@@ -53,8 +53,21 @@ def require_dp(context, cfg, what: str, stage: str) -> NodeBudget | None:
             stage,
             "no-dp",
         )
+    if cfg.noise_seed is not None and not _allows(context, "allow-seeded-noise"):
+        raise budget.refuse(
+            what,
+            f"the run config sets noise-seed={cfg.noise_seed}, and noise drawn from a seed the server knows is noise "
+            "it can subtract: no release its budget could charge; seeded noise is for simulations (node config "
+            "allow-seeded-noise=true)",
+            stage,
+            "seeded-noise",
+        )
     budget.ready()
     return budget
+
+
+def _allows(context, key: str) -> bool:
+    return str(context.node_config.get(key, "")).lower() == "true"
 
 
 def session_ids(context, cfg, config: dict, round_name: str, broadcast) -> tuple[bytes, bytes, bytes]:
@@ -160,7 +173,16 @@ def charge_plain(
     budget = node_budget(context)
     if budget is None:
         return
-    if not events:  # a trusted aggregator adds the noise: charge what it declares
+    if not events:  # a trusted aggregator adds the noise: charge what it declares, if the operator trusts it
+        if not _allows(context, "dp-trust-server"):
+            raise budget.refuse(
+                what,
+                "the run asks for its statistics in the clear, for a server trusted to add the noise, and its "
+                "operator has not said it trusts the server (node config dp-trust-server=true): the budget "
+                "cannot charge noise the node does not add or see",
+                stage,
+                "untrusted-server",
+            )
         import numpy as np
 
         privacy = cfg.make_privacy() if privacy is None else privacy

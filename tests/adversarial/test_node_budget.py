@@ -35,7 +35,7 @@ def budget_for(releases: float) -> float:
     return gdp_epsilon(MU1 * math.sqrt(releases), DELTA)
 
 
-def _nodes(tmp_path, epsilon, n=K, partition_seed_dir="a"):
+def _nodes(tmp_path, epsilon, n=K, partition_seed_dir="a", **allow):
     out = {}
     for i in range(n):
         path = tmp_path / partition_seed_dir / f"budget-{i}.json"
@@ -48,6 +48,8 @@ def _nodes(tmp_path, epsilon, n=K, partition_seed_dir="a"):
             "dp-budget-epsilon": epsilon,
             "dp-budget-delta": DELTA,
             "dp-budget-ledger": str(path),
+            "allow-seeded-noise": False,  # a deployed node's default (the in-process grid's simulated one allows it)
+            **allow,
         }
     return out
 
@@ -96,13 +98,50 @@ def test_one_release_more_than_the_budget_allows_is_refused_by_every_node_whatev
         assert weakest["remaining_epsilon"] == pytest.approx(
             gdp_epsilon(MU1 * math.sqrt(3.5 - (i + 1)), DELTA), rel=1e-9
         )
-    for again in (_plain(), _plain(method="fedcgs"), _plain(partition_seed=9), _plain(noise_seed=3)):
+    for again in (_plain(), _plain(method="fedcgs"), _plain(partition_seed=9)):
         grid = RecordingGrid(nodes)
         with pytest.raises(ConfigError, match="refuses a plain .* release .*lifetime privacy budget") as exc:
             serve(grid, again)
         assert "4 node(s) refused the run at stage 'query'" in str(exc.value)
         assert not any(m.has_content() and "stats" in m.content for m in grid.seen)
     assert all(len(FileBudgetStore(c["dp-budget-ledger"]).load()) == 3 for c in nodes.values())
+
+
+@pytest.mark.parametrize(
+    "kw, text",
+    [
+        ({"noise_seed": 3}, "noise-seed=3, and noise drawn from a seed the server knows"),
+        ({"trusted_aggregator": True}, "operator has not said it trusts the server"),
+        (
+            {
+                "rounds": 2,
+                "method": "fedlog",
+                "clip": 2.0,
+                "rounds_params": {"local_epochs": 0},
+                "noise_seed": 1,
+            },
+            "noise-seed=1",
+        ),
+    ],
+    ids=["seeded", "trusted", "seeded-rounds"],
+)
+def test_noise_the_server_could_remove_or_skip_is_not_charged_but_refused(tmp_path, kw, text):
+    """A server that picks the noise seed (then subtracts the noise) or asks for clean statistics for its own
+    noise gets a refusal from a budgeted node, unless the node's operator allows it (simulations, a server
+    the operator trusts)."""
+    nodes = _nodes(tmp_path, budget_for(3))
+    with pytest.raises(ConfigError, match=text):
+        serve(LocalGrid(nodes), _plain(**kw))
+    allowed = _nodes(
+        tmp_path,
+        budget_for(3),
+        partition_seed_dir="b",
+        **{"allow-seeded-noise": True, "dp-trust-server": True},
+    )
+    serve(LocalGrid(allowed), _plain(**kw))
+    assert all(
+        len(FileBudgetStore(c["dp-budget-ledger"]).load()) == kw.get("rounds", 1) for c in allowed.values()
+    )
 
 
 def test_a_refusal_depends_on_the_budget_and_the_releases_not_on_the_data(tmp_path):
@@ -254,7 +293,7 @@ def test_a_lying_server_asking_for_budgets_learns_only_the_budgets(tmp_path):
     ids=["local", "trusted", "ckks"],
 )
 def test_each_placement_charges_the_noise_its_release_declares(tmp_path, kw, factor, settled):
-    nodes = _nodes(tmp_path, budget_for(3))
+    nodes = _nodes(tmp_path, budget_for(3), **{"dp-trust-server": True})
     serve(LocalGrid(nodes), _plain(**kw))
     for c in nodes.values():
         (charged,) = FileBudgetStore(c["dp-budget-ledger"]).load()
