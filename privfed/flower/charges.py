@@ -14,6 +14,7 @@ import math
 import os
 from dataclasses import asdict
 
+from privfed.errors import PrivfedError
 from privfed.flower.budget import NodeBudget, node_budget
 
 __all__ = [
@@ -22,6 +23,7 @@ __all__ = [
     "budget_reply",
     "charge_plain",
     "charge_share",
+    "no_dp_refusal",
     "require_dp",
     "run_of",
     "session_ids",
@@ -64,6 +66,22 @@ def require_dp(context, cfg, what: str, stage: str) -> NodeBudget | None:
         )
     budget.ready()
     return budget
+
+
+def no_dp_refusal(context, what: str, stage: str) -> PrivfedError | None:
+    """The refusal of a release that cannot carry DP noise (Flower's SecAgg+) by a node with a budget, or None."""
+    try:
+        budget = node_budget(context)
+    except PrivfedError as exc:  # a node config with part of a budget: refused as it is
+        return exc
+    if budget is None:
+        return None
+    return budget.refuse(
+        what,
+        "it keeps a lifetime privacy budget, and this release carries no DP noise it could charge",
+        stage,
+        "no-dp",
+    )
 
 
 def _allows(context, key: str) -> bool:

@@ -54,6 +54,7 @@ from privfed.flower.charges import (
     budget_reply,
     charge_plain,
     charge_share,
+    no_dp_refusal,
     require_dp,
     session_ids,
     settle_share,
@@ -470,16 +471,8 @@ def make_client_app(
     def refuse_secaggplus(msg: Message, context: Context, call_next) -> Message:
         """Before any SecAgg+ stage: a node deployed with a roster takes no part in it (see _plain_refused)."""
         refused = _plain_refused(msg, context, "Flower's SecAgg+ (a deviating server unmasks it)")
-        if refused is None and "dp-budget-ledger" in context.node_config:
-            refused = _error(
-                msg,
-                ProtocolAbort(
-                    f"node {context.node_id} refuses Flower's SecAgg+: it keeps a lifetime privacy budget and "
-                    "SecAgg+ carries no DP noise the budget could charge",
-                    stage="train",
-                    deviation="no-dp",
-                ),
-            )
+        if refused is None and (why := no_dp_refusal(context, "Flower's SecAgg+", "train")) is not None:
+            refused = _error(msg, why)
         if refused is None:
             return call_next(msg, context)
         # Flower's SecAgg+ workflow reads a reply's content as its own records: refuse with a Flower error.

@@ -246,6 +246,18 @@ def test_a_node_with_a_budget_refuses_releases_without_dp_noise(tmp_path):
     ):
         with pytest.raises(PrivfedError, match="keeps a lifetime privacy budget .* without DP noise"):
             serve(LocalGrid(nodes), cfg)
+    secaggplus = FlowerConfig(
+        method="fedncm", clients=K, secure="flwr-secaggplus-insecure", clip=10.0, max_records=500, timeout=30
+    )
+    with pytest.raises(PrivfedError, match="refuses a secure fedncm sum: it keeps a lifetime privacy budget"):
+        serve(LocalGrid(nodes), secaggplus)
+    # a server that skips the setup and asks for Flower's SecAgg+ stages directly
+    grid = LocalGrid(nodes)
+    (reply,) = grid.send_and_receive([Message(RecordDict({}), dst_node_id=100, message_type="train")])
+    assert (
+        reply.has_error()
+        and "refuses Flower's SecAgg+: it keeps a lifetime privacy budget" in reply.error.reason
+    )
 
 
 def _budget_query(grid, node, content):
