@@ -76,6 +76,12 @@ def test_a_restarted_node_continues_its_count_and_refuses_the_release_past_its_b
     assert st["spent_epsilon_run"] == pytest.approx(
         ledger_epsilon([ReleaseEvent(**e) for e in events[2:]], DELTA, "gdp")[0], rel=1e-12
     )
+    # and an independent accountant agrees: dp-accounting's closed-form privacy loss of the one Gaussian the
+    # four releases compose to (mu = 2 * one) reaches the budget's delta at the stated epsilon
+    from dp_accounting.pld import privacy_loss_mechanism as plm
+
+    loss = plm.GaussianPrivacyLoss(standard_deviation=1.0 / (2 * one), sensitivity=1.0)
+    assert loss.get_delta_for_epsilon(st["spent_epsilon"]) == pytest.approx(DELTA, rel=1e-9)
     # the refused release left no trace; a smaller one still fits
     assert len(FileBudgetStore(path).load()) == 4
     _charge(restarted, restarted.filter.remaining_mu([one] * 4) * 0.999, 5)
