@@ -224,6 +224,10 @@ def test_rounds_are_releases_and_a_second_run_past_the_budget_stops_at_its_first
         ConfigError, match="round 0.*refuses round 0 of multi-round FedLog.*would be exceeded"
     ):
         serve(LocalGrid(nodes), cfg)
+    # Theorem 3.1's bound on bodies trained on the records: no formal guarantee, nothing the budget can charge
+    paper = FlowerConfig(**{**cfg.__dict__, "rounds_params": {**params, "record_bound": "theorem"}})
+    with pytest.raises(ConfigError, match="Theorem 3.1's bound gives no formal guarantee"):
+        serve(LocalGrid(nodes), paper)
 
 
 def test_a_missing_ledger_stops_the_node_before_any_release(tmp_path):
