@@ -6,7 +6,8 @@
   itself (:mod:`mechanisms.dp.gaussian`: its calibration, client side, noise and report);
 * noise on class counts only (:mod:`~mechanisms.dp.count_noise`);
 * what each release did (:mod:`~mechanisms.dp.ledger`) and the accountants that turn those events
-  into (epsilon, delta) (:mod:`~mechanisms.dp.accounting`);
+  into (epsilon, delta) (:mod:`~mechanisms.dp.accounting`), and the filter that keeps a lifetime budget
+  valid when each release is chosen after the earlier ones (:mod:`~mechanisms.dp.filter`);
 * where the random numbers come from (:mod:`~mechanisms.dp.backends`: numpy for simulations,
   OpenDP for releases) and removing the known effect of the noise afterwards
   (:mod:`~mechanisms.dp.noise_aware`).

@@ -187,6 +187,17 @@ def _body(argv: Sequence[str] | None) -> int:
             )
         print(f"accuracy      {acc:.4f} (digits test set){why}")
     print(f"privacy       {rep['privacy']['guarantee'] if rep['privacy'] else 'no DP noise (epsilon = inf)'}")
+    if rep.get("budgets"):
+        weakest = rep["budgets"]["weakest"]
+        print(
+            "budgets       "
+            + (
+                f"the weakest node ({weakest['node']}) has epsilon={weakest['remaining_epsilon']:.4g} left of its "
+                f"{weakest['epsilon']:.4g} (delta {weakest['delta']:.3g})"
+                if weakest
+                else "no node keeps a lifetime privacy budget (node config dp-budget-*)"
+            )
+        )
     print(
         f"wire          {rep['wire']['bytes_up_per_node']:.0f} bytes up per node, "
         f"{rep['wire']['bytes_down_total']} bytes down in total ({rep['wire']['encoding']})"

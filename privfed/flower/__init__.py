@@ -10,8 +10,10 @@ Secure aggregation runs privfed's pairwise masking as message stages
 (:mod:`privfed.flower.secagg`), CKKS with a node as the key holder
 (:mod:`privfed.flower.ckks`) or Flower's own SecAgg+ workflow
 (:mod:`privfed.flower.flwr_secagg`); with DP the nodes add distributed noise
-shares (:mod:`privfed.flower.dp`).  Multi-round FedLog runs as a Flower loop
-(:mod:`privfed.flower.fedlog`); :mod:`privfed.flower.audit` lets
+shares (:mod:`privfed.flower.dp`).  Multi-round FedLog runs as a Flower loop, under DP too
+(:mod:`privfed.flower.fedlog`, :mod:`privfed.flower.rounds`); a node can keep a lifetime privacy
+budget that every release it makes is charged to (:mod:`privfed.flower.budget`,
+:mod:`privfed.flower.charges`); :mod:`privfed.flower.audit` lets
 :func:`privfed.audit.audit_release` drive the app over the in-process grid
 (:mod:`privfed.flower.local`).
 

@@ -11,7 +11,14 @@ from dataclasses import fields
 
 from privfed.errors import ConfigError
 
-__all__ = ["CLIPPING_RANGE", "MODULUS_RANGE", "QUANTIZATION_RANGE", "check_limits", "rounds_config"]
+__all__ = [
+    "CLIPPING_RANGE",
+    "MODULUS_RANGE",
+    "QUANTIZATION_RANGE",
+    "check_limits",
+    "rounds_config",
+    "rounds_placement",
+]
 
 #: Flower's SecAgg+ pre-scales every entry into [-CLIPPING_RANGE, CLIPPING_RANGE], quantises it to
 #: QUANTIZATION_RANGE levels and sums in a ring of MODULUS_RANGE.
@@ -31,11 +38,19 @@ _ALLOWED = (
     "alpha",
     "seed",
     "head_init_scale",
+    "clip_norm",
+    "calibration",
+    "record_bound",
 )
 
 
 def rounds_config(cfg):
-    """The :class:`privfed.rounds.RoundsConfig` of a Flower run (ConfigError naming a bad key)."""
+    """The :class:`privfed.rounds.RoundsConfig` of a Flower run (ConfigError naming a bad key).
+
+    The budget, level, clip, ``max-records``, ``dropout-tolerance`` and ``noise-seed`` come from the run
+    config; the placement from it too: ``trusted-aggregator`` is central noise, ``secure=mask`` distributed
+    noise under pairwise masking, neither the nodes' own (local) noise.
+    """
     from privfed.rounds import RoundsConfig
 
     params = dict(cfg.rounds_params)
@@ -49,13 +64,36 @@ def rounds_config(cfg):
         raise ConfigError(f"multi-round FedLog takes method-params 'nu' only, got {extra}")
     if "families" in params:
         params["families"] = tuple(params["families"])
+    dp = {}
+    if cfg.private:
+        dp = {
+            "epsilon": float(cfg.epsilon),
+            "delta": float(cfg.delta),
+            "level": cfg.level,
+            "placement": rounds_placement(cfg),
+            "clip": float(cfg.clip),
+            "max_records": cfg.max_records,
+            "tolerate": int(cfg.dropout_tolerance),
+        }
     return RoundsConfig(
         clients=cfg.clients,
         rounds=cfg.rounds,
         nu=float(cfg.method_params.get("nu", 1.0)),
         baselines=(),
+        noise_seed=cfg.noise_seed,
+        secure_agg="mask" if cfg.secure == "mask" else "none",
+        **dp,
         **params,
     ).validate()
+
+
+def rounds_placement(cfg) -> str:
+    """Who noises multi-round FedLog's releases on Flower: ``none``, ``central``, ``distributed`` or ``local``."""
+    if not cfg.private:
+        return "none"
+    if cfg.trusted_aggregator:
+        return "central"
+    return "distributed" if cfg.secure == "mask" else "local"
 
 
 def check_limits(cfg) -> None:

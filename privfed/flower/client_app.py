@@ -13,12 +13,18 @@ Message types it answers (all ``query``; the server sends the run's
 ``query.ckks_keys`` ``query.ckks_encrypt`` ``query.ckks_decrypt``
                      CKKS with this node or another as key holder (:mod:`privfed.flower.ckks`)
 ``query.round``      one round of a multi-round method (:mod:`privfed.flower.rounds`;
-                     multi-round FedLog: :mod:`privfed.flower.fedlog`)
+                     multi-round FedLog: :mod:`privfed.flower.fedlog`, under DP too)
+``query.budget``     what this node spent of its lifetime privacy budget, in the run and in
+                     total, and what it has left (:mod:`privfed.flower.budget`)
 ``train``            Flower's SecAgg+ stages (``secaggplus_mod``), whose collect stage
                      asks for the node's pre-scaled statistics (:mod:`privfed.flower.flwr_secagg`)
 
 A bad configuration or a node without data is answered with an ``error``
 record naming the problem, which the server turns into one clear error.
+
+A node whose node config sets a lifetime budget (``dp-budget-epsilon``, ``dp-budget-delta``,
+``dp-budget-ledger``) charges every DP release to it before any value of its data leaves, and
+refuses a release that would exceed it, or that carries no DP noise (:mod:`privfed.flower.charges`).
 
 A node whose node config names a roster (``secagg-roster``: deployed for secure
 aggregation against a deviating server) refuses every release the server
@@ -44,6 +50,15 @@ from flwr.clientapp import ClientApp
 
 from mechanisms.secagg.crypto import ProtocolAbort
 from privfed.errors import PrivfedError
+from privfed.flower.charges import (
+    budget_reply,
+    charge_plain,
+    charge_share,
+    no_dp_refusal,
+    require_dp,
+    session_ids,
+    settle_share,
+)
 from privfed.flower.ckks import holder_decrypt_step, holder_keys_step, node_encrypt_step
 from privfed.flower.config import FlowerConfig
 from privfed.flower.node import load_node_data, node_rng, node_statistics
@@ -52,9 +67,7 @@ from privfed.flower.rounds import node_round_statistics
 from privfed.flower.secagg import (
     LEDGER_KEY,
     SimulatedRoster,
-    aggregation_digests,
     encode_for_ring,
-    lifetime_id,
     node_identity,
     node_ledger,
     node_step,
@@ -157,15 +170,6 @@ def _malformed(msg: Message, context: Context, stage: str, exc: Exception) -> Me
     )
 
 
-def _secure_stats(cfg: FlowerConfig, context: Context, msg: Message):
-    """This node's statistics for a secure run, computed once and kept in its own ``context.state``.
-
-    The node's later stages (and FedCOF's second round) reuse them instead of
-    loading the data again; they never leave the node unmasked.
-    """
-    return _secure_release(cfg, context, msg)[0]
-
-
 def _secure_release(cfg: FlowerConfig, context: Context, msg: Message):
     """This node's statistics (with its noise share under DP) and its release events, cached per run config.
 
@@ -192,7 +196,9 @@ def _secure_release(cfg: FlowerConfig, context: Context, msg: Message):
             stage=stage,
             deviation="seeded-noise",
         )
-    raw = {k: v for k, v in dict(msg.content["config"]).items() if k != "run-nonce"}
+    # A node with a lifetime budget charges each run's release, so it draws a fresh share per run (nonce kept).
+    budgeted = require_dp(context, cfg, f"a secure {cfg.method} sum", "setup") is not None
+    raw = {k: v for k, v in dict(msg.content["config"]).items() if k != "run-nonce" or budgeted}
     key = hashlib.sha256(json.dumps(raw, sort_keys=True, default=str).encode()).hexdigest()
     if _STATS in context.state and context.state[_STATS_KEY]["config"] == key:
         return (
@@ -215,14 +221,33 @@ def _broadcast(msg: Message) -> dict | None:
     return None if b is None else {k: b[k].numpy() for k in b.keys()}
 
 
-def _secure_vector(msg: Message, cfg: FlowerConfig, context: Context, node: int, stage: str, num_nodes: int):
+def _secure_vector(
+    msg: Message, cfg: FlowerConfig, context: Context, node: int, stage: str, roster, ckks=False
+):
     """The vector this node contributes to the secure sum named in the message's ``round``
-    (:func:`privfed.flower.protocol.node_vector`: FedCOF's rounds are its node's; ``num_nodes`` is the
-    roster's K, which bounds a broadcast's K_c)."""
-    stats = _secure_stats(cfg, context, msg)
+    (:func:`privfed.flower.protocol.node_vector`: FedCOF's rounds are its node's; the roster's K bounds a
+    broadcast's K_c), under DP charged to the node's budget first (at the fewest shares the sum can carry)."""
+    stats, events = _secure_release(cfg, context, msg)
+    if cfg.private:
+        what = f"a secure {cfg.method} sum ({cfg.secure}, distributed noise)"
+        config = dict(msg.content["config"])
+        charge_share(context, cfg, config, events, roster=roster, what=what, stage=stage, ckks=ckks)
     return node_vector(
-        stats, cfg.make_method(), _round(msg), _broadcast(msg), node=node, stage=stage, num_nodes=num_nodes
+        stats, cfg.make_method(), _round(msg), _broadcast(msg), node=node, stage=stage, num_nodes=roster.size
     )
+
+
+def _masked_input(
+    msg: Message, cfg: FlowerConfig, config: dict, context: Context, node: int, stage: str, roster
+):
+    """This node's input to a masked sum: a multi-round FedLog round's statistic, or the method's vector."""
+    if cfg.rounds > 1:
+        from privfed.flower.fedlog import masked_round_input
+
+        return masked_round_input(
+            context, cfg, config, _round(msg), _broadcast(msg), node=node, stage=stage, roster=roster
+        )
+    return _secure_vector(msg, cfg, context, node, stage, roster)
 
 
 _STATS = "privfed-stats"
@@ -244,8 +269,11 @@ def make_client_app(
             return refused
         try:
             cfg = _config(msg)
+            require_dp(context, cfg, f"a plain {cfg.method} release", "query")
             data = load_node_data(context.node_config, cfg)
             stats, events = node_statistics(data, cfg, node_rng(cfg, context.node_id, "noise"))
+            what = f"a plain {cfg.method} release ({'trusted server' if not events else 'local noise'})"
+            charge_plain(context, cfg, dict(msg.content["config"]), stats, events, what=what)
         except PrivfedError as exc:
             return _error(msg, exc)
         meta = ConfigRecord(
@@ -272,11 +300,17 @@ def make_client_app(
             cfg = _config(msg)
             b = msg.content["broadcast"]
             info = msg.content["round"]
+            broadcast = {k: b[k].numpy() for k in b.keys()}
             if str(info["name"]) == "fedlog-rounds":
-                import privfed.flower.fedlog  # noqa: F401 - registers the multi-round FedLog statistic
-            stats = node_round_statistics(
-                str(info["name"]), context, cfg, {k: b[k].numpy() for k in b.keys()}, int(info["index"])
-            )
+                from privfed.flower.fedlog import node_round
+
+                config = dict(msg.content["config"])
+                stats, events = node_round(context, cfg, config, broadcast, int(info["index"]))
+                out = RecordDict({"meta": ConfigRecord({"events": json.dumps(events)})})
+                if stats is not None:
+                    out["stats"] = stats_record(stats)
+                return Message(out, reply_to=msg)
+            stats = node_round_statistics(str(info["name"]), context, cfg, broadcast, int(info["index"]))
         except PrivfedError as exc:
             return _error(msg, exc)
         return Message(RecordDict({"stats": stats_record(stats)}), reply_to=msg)
@@ -311,23 +345,32 @@ def make_client_app(
                     cfg = _config(msg)
                     _check_noise_share(cfg, roster, identity.index, stage)
                     _check_graph(cfg, roster, identity.index, stage)
-                    check_round(
-                        cfg.make_method(), _round(msg), _broadcast(msg), node=identity.index, stage=stage
-                    )
-                    agg, digest = aggregation_digests(
-                        dict(msg.content["config"]), _round(msg), _broadcast(msg), cfg.private
-                    )
+                    config = dict(msg.content["config"])
+                    if cfg.rounds > 1:
+                        from privfed.flower.fedlog import check_masked_round
+
+                        check_masked_round(
+                            cfg, _round(msg), _broadcast(msg), node=identity.index, stage=stage
+                        )
+                    else:
+                        check_round(
+                            cfg.make_method(), _round(msg), _broadcast(msg), node=identity.index, stage=stage
+                        )
+                    agg, digest, lifetime = session_ids(context, cfg, config, _round(msg), _broadcast(msg))
                     kw = dict(
                         aggregation=agg,
                         context_digest=digest,
                         ring_input=lambda: encode_for_ring(
-                            _secure_vector(msg, cfg, context, identity.index, stage, roster.size),
+                            _masked_input(msg, cfg, config, context, identity.index, stage, roster),
                             cfg.frac_bits,
                             roster.size,
                         ),
-                        lifetime=lifetime_id(dict(msg.content["config"]), _round(msg), cfg.private),
+                        lifetime=lifetime,
                     )
                 reply = node_step(msg.content, context, identity, roster, **kw)
+                settle_share(
+                    context, stage, roster, identity.index, msg.content
+                )  # a charge: to the survivors
             except (
                 PrivfedError
             ) as exc:  # a refusal (ProtocolAbort included) reaches the server as its message
@@ -370,10 +413,9 @@ def make_client_app(
             check_round(
                 cfg.make_method(), _round(msg), _broadcast(msg), node=identity.index, stage="ckks_encrypt"
             )
-            agg, digest = aggregation_digests(
-                dict(msg.content["config"]), _round(msg), _broadcast(msg), cfg.private
-            )
-            ledger = node_ledger(context, lifetime_id(dict(msg.content["config"]), _round(msg), cfg.private))
+            config = dict(msg.content["config"])
+            agg, digest, lifetime = session_ids(context, cfg, config, _round(msg), _broadcast(msg))
+            ledger = node_ledger(context, lifetime)
             try:  # the vector is computed only once the request checked out and the id is claimed
                 reply = node_encrypt_step(
                     msg.content,
@@ -381,7 +423,7 @@ def make_client_app(
                     identity,
                     roster,
                     values=lambda: _secure_vector(
-                        msg, cfg, context, identity.index, "ckks_encrypt", roster.size
+                        msg, cfg, context, identity.index, "ckks_encrypt", roster, ckks=True
                     ),
                     ledger=ledger,
                     digest=digest,
@@ -412,11 +454,25 @@ def make_client_app(
             return _malformed(msg, context, "ckks_decrypt", exc)
         return Message(reply, reply_to=msg)
 
+    @app.query("budget")
+    def budget(msg: Message, context: Context) -> Message:
+        """What this node spent of its lifetime budget (in the run the config names, and in total), what it
+        has left; nothing else: the numbers its releases' declared parameters fix."""
+        try:
+            reply = budget_reply(context, dict(msg.content["config"]))
+        except PrivfedError as exc:
+            return _error(msg, exc)
+        except (KeyError, TypeError) as exc:
+            return _malformed(msg, context, "budget", exc)
+        return Message(RecordDict({"budget": ConfigRecord(reply)}), reply_to=msg)
+
     from flwr.client.mod import secaggplus_mod
 
     def refuse_secaggplus(msg: Message, context: Context, call_next) -> Message:
         """Before any SecAgg+ stage: a node deployed with a roster takes no part in it (see _plain_refused)."""
         refused = _plain_refused(msg, context, "Flower's SecAgg+ (a deviating server unmasks it)")
+        if refused is None and (why := no_dp_refusal(context, "Flower's SecAgg+", "train")) is not None:
+            refused = _error(msg, why)
         if refused is None:
             return call_next(msg, context)
         # Flower's SecAgg+ workflow reads a reply's content as its own records: refuse with a Flower error.

@@ -37,9 +37,11 @@ Keys (run config / command line):
 ``wire``                    plain uploads: ``float64`` (default: dense, exact) or
                             ``compact`` (float32, and without DP only the held
                             classes' rows: the layout fit's byte model counts)
-``rounds``                  rounds of a multi-round method (``fedlog`` with local bodies, R > 1)
+``rounds``                  rounds of a multi-round method (``fedlog`` with local bodies, R > 1;
+                            under DP with local, trusted (central) or masked (distributed) noise)
 ``rounds-params``           JSON object of :class:`privfed.rounds.RoundsConfig` settings
-                            (local_epochs, batch_size, lr, families, init, partition, ...)
+                            (local_epochs, batch_size, lr, families, init, partition, ...,
+                            clip_norm, calibration, record_bound)
 ``dataset``                 ``digits`` (embedded, default), ``file:PATH`` or
                             ``synthetic:D:N`` (N random D-dim samples a node)
 ``num-classes``             C; defaults to the data set's
@@ -191,7 +193,8 @@ class FlowerConfig:
                     "trusted-aggregator and secure aggregation contradict each other (a trusted aggregator "
                     "sees the exact sum); drop one of them"
                 )
-            self.make_privacy()  # bad budget / level / max-records fail here, before any message
+            if self.rounds == 1:  # multi-round FedLog's mechanism is checked with its rounds below
+                self.make_privacy()  # bad budget / level / max-records fail here, before any message
             if self.secure != "none" and not 0 <= self.dropout_tolerance < self.clients:
                 raise ConfigError(
                     f"dropout-tolerance={self.dropout_tolerance} must lie in 0..clients-1={self.clients - 1}"
@@ -212,14 +215,18 @@ class FlowerConfig:
                     f"rounds={self.rounds}: only fedlog runs several rounds (local bodies); "
                     f"{self.method!r} is one-shot: drop --rounds"
                 )
-            if self.private or self.secure != "none":
+            if self.secure not in ("none", "mask"):
                 raise ConfigError(
-                    "multi-round FedLog on Flower runs without DP noise and secure aggregation; "
-                    "privfed.rounds simulates its noise placements in one process"
+                    f"multi-round FedLog on Flower sums each round in clear or under pairwise masking; "
+                    f"secure={self.secure!r} is not offered over rounds: use --secure mask"
                 )
             from privfed.flower.checks import rounds_config
 
-            rounds_config(self)  # bad rounds-params fail here, before any message
+            rc = rounds_config(self)  # bad rounds-params fail here, before any message
+            if self.private:
+                from privfed.rounds import make_dp
+
+                make_dp(rc, rounds=rc.rounds, bodies_trained=rc.local_epochs > 0)  # bad DP settings too
         elif self.rounds_params:
             raise ConfigError("rounds-params applies to multi-round FedLog (rounds > 1) only")
         if self.secure == INSECURE_FLWR:

@@ -98,7 +98,7 @@ def serve(grid: Grid, cfg: FlowerConfig, *, keep_view: bool = False) -> FlowerRe
         tracemalloc.reset_peak()
         traced_at_start = tracemalloc.get_traced_memory()[0]
     method = cfg.make_method()
-    privacy = cfg.make_privacy()
+    privacy = cfg.make_privacy() if cfg.rounds == 1 else None  # multi-round FedLog: its RoundsDP, below
     noise_report = None
     if privacy is not None:
         privacy.declare_randomness(seeded=cfg.noise_seed is not None)
@@ -121,22 +121,18 @@ def serve(grid: Grid, cfg: FlowerConfig, *, keep_view: bool = False) -> FlowerRe
 
     heads: list = []
     if cfg.rounds > 1:
-        from privfed.flower.fedlog import serve_fedlog_rounds
+        from privfed.flower.rounds import serve_fedlog_rounds
 
-        heads, round_stages, rc = serve_fedlog_rounds(grid, cfg, nodes)
-        for r, ex in enumerate(round_stages):
-            stages[f"round-{r}"] = ex
+        heads, rounds_dp, extra, sums = serve_fedlog_rounds(
+            grid, cfg, nodes, config_rec, stages, keep_view, received
+        )
         head = heads[-1]
-        K = min(len(ex.answered) for ex in round_stages)
+        K = min(extra["summed"])
         head.upload_bytes = {"K": K, "rounds": len(heads), "measured": "on the wire, every round (see wire)"}
+        if rounds_dp is not None:
+            head.privacy = rounds_dp.report()  # composed from every round's events, as privfed.rounds does
         report["replied"] = K
-        report["rounds"] = {
-            "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(rc).items()},
-            "head_norm": [
-                float(np.linalg.norm(np.concatenate([h.bias[:, None], h.weight], axis=1))) for h in heads
-            ],
-        }
-        sums = []
+        report["rounds"] = extra
     else:
         if cfg.secure == "none":
             head, K, extra, sums = serve_plain(
@@ -154,6 +150,10 @@ def serve(grid: Grid, cfg: FlowerConfig, *, keep_view: bool = False) -> FlowerRe
             record("local")  # the nodes noised their own uploads before replying
         head.privacy = privacy.report()
         head.feature_transform = privacy.feature_transform
+    if cfg.private:  # what every node spent, in this run and in total, and what the weakest has left
+        from privfed.flower.charges import ask_budgets
+
+        report["budgets"] = ask_budgets(grid, cfg, nodes, config_rec, stages)
     up_total = sum(sum(ex.bytes_up.values()) for ex in stages.values())
     nodes_up = {n for ex in stages.values() for n in ex.bytes_up}
     wire = {

@@ -33,6 +33,7 @@ __all__ = [
     "RoundsDP",
     "RoundsPrivacyReport",
     "augmented",
+    "distributed_note",
     "noise_generator",
     "released_statistic",
 ]
@@ -348,22 +349,9 @@ class RoundRelease:
             self._note()
 
     def _note(self) -> None:
-        dp, K = self.dp, self.num_clients
-        present = [c["uploaded"] for c in self.calls]
-        text = (
-            f"each client adds N(0, sigma^2/(K - {dp.tolerate})) to its upload before "
-            f"{'pairwise masking' if self.kind == 'mask' else 'CKKS encryption'}; the server sees only the "
-            "masked uploads and their sum; epsilon is computed from the shares that reached each sum"
-        )
-        if present and min(present) < K:
-            text += (
-                f" (as few as {min(present)} of {K} shares present in a round: "
-                f"{min(present)}/{K - dp.tolerate} of sigma^2)"
-            )
-        text += (
-            "; against the server plus c colluding clients (who know their own shares) only the others count"
-        )
-        dp.secure_notes[:] = [text]
+        self.dp.secure_notes[:] = [
+            distributed_note(self.dp, self.kind, self.num_clients, [c["uploaded"] for c in self.calls])
+        ]
 
     def release(self, A: np.ndarray, rng: np.random.Generator):
         """Run the round's plan on the per-client statistics ``A`` (K, C, m): the head, with ``head.trace``."""
@@ -404,6 +392,28 @@ class RoundRelease:
             "upload_bytes_per_client_round": float(np.mean(up)) if up else 0.0,
             "threat_model": self.protocol.threat_model,
         }
+
+
+def distributed_note(dp: RoundsDP, kind: str, num_clients: int, present: list[int]) -> str:
+    """The note of distributed noise under ``kind`` (mask, ckks): the shares, and how few reached a sum.
+
+    ``present[r]`` is the number of noise shares in round r's sum; the Flower server states the same note
+    from the uploaders of its masked sums.
+    """
+    K = int(num_clients)
+    text = (
+        f"each client adds N(0, sigma^2/(K - {dp.tolerate})) to its upload before "
+        f"{'pairwise masking' if kind == 'mask' else 'CKKS encryption'}; the server sees only the "
+        "masked uploads and their sum; epsilon is computed from the shares that reached each sum"
+    )
+    if present and min(present) < K:
+        text += (
+            f" (as few as {min(present)} of {K} shares present in a round: "
+            f"{min(present)}/{K - dp.tolerate} of sigma^2)"
+        )
+    return text + (
+        "; against the server plus c colluding clients (who know their own shares) only the others count"
+    )
 
 
 def noise_generator(noise_seed: int | None, stream: int) -> np.random.Generator:

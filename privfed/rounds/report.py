@@ -16,7 +16,7 @@ from typing import Any
 
 from mechanisms.dp.ledger import ReleaseEvent, format_up
 
-__all__ = ["PLD_MAX_MU", "RoundsPrivacyReport", "rounds_report", "trace_events"]
+__all__ = ["PLD_MAX_MU", "EventTrace", "RoundsPrivacyReport", "rounds_report", "trace_events"]
 
 #: Largest composed GDP mu for which the report cross-checks epsilon with a PLD accountant.
 PLD_MAX_MU = 8.0
@@ -92,6 +92,18 @@ class RoundsPrivacyReport:
 
     def __str__(self) -> str:
         return self.guarantee
+
+
+@dataclass(frozen=True)
+class EventTrace:
+    """What :func:`rounds_report` reads of one round's trace: its privacy events (dicts) and its randomness.
+
+    A release made in one process leaves a full :class:`~privfed.release.ReleaseTrace`; a round whose
+    stages ran on other machines (the Flower server's) states its events and randomness in this.
+    """
+
+    events: tuple
+    randomness: str = "none"
 
 
 def trace_events(traces) -> list[ReleaseEvent]:

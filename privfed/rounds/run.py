@@ -16,7 +16,12 @@ from privfed.rounds.config import DEFAULT_MAX_RECORDS, RoundsConfig, RoundsResul
 from privfed.rounds.release import RoundRelease, RoundsDP, noise_generator
 from privfed.rounds.training import RoundsSetup, run_fedlog
 
-__all__ = ["make_dp", "run_rounds"]
+__all__ = ["NOISE_STREAM", "make_dp", "run_rounds"]
+
+#: The stream of :func:`noise_generator` every release of a seeded run draws its noise from, in order: each
+#: round the clients' noise (K rows of (C, d + 1) under local or distributed noise) or the server's (central).
+#: A seeded Flower run draws the same stream (:mod:`privfed.flower.fedlog`), so its heads are these.
+NOISE_STREAM = 0x0153
 
 
 def make_dp(cfg: RoundsConfig, *, rounds: int, bodies_trained: bool) -> RoundsDP | None:
@@ -86,7 +91,7 @@ def run_rounds(cfg: RoundsConfig | None = None, *, progress: bool = False, **ove
         warnings.filterwarnings("ignore", message="noise backend 'numpy'")
         setup = RoundsSetup(cfg)
         families = setup.families
-        noise_rng = noise_generator(cfg.noise_seed, 0x0153)
+        noise_rng = noise_generator(cfg.noise_seed, NOISE_STREAM)
         if not math.isinf(cfg.epsilon):
             notes.append(
                 f"noise drawn from a generator seeded with noise_seed={cfg.noise_seed}: a seeded "

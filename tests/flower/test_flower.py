@@ -37,6 +37,7 @@ K = 4
 SUM_ONLY = ["fedncm", "fed3r", "fed3r-within", "fedcgs", "fedlog", "fedcof-oracle"]
 #: Fixed-point bound of a masked sum: K inputs each rounded to 2^-(f+1), f = 32 bits.
 MASK_BOUND = K * 2.0**-33
+ROUNDS_PARAMS = {"local_epochs": 1, "families": ["mlp"], "init": "scratch"}
 
 
 def _configs():
@@ -50,6 +51,18 @@ def _configs():
     dp_central = FlowerConfig(
         method="fed3r", epsilon=2.0, delta=1e-5, clip=10.0, noise_seed=3, trusted_aggregator=True, **w
     )
+    # multi-round FedLog under DP, masked: the real simulation engine against privfed.rounds (below)
+    rounds_dp = FlowerConfig(
+        method="fedlog",
+        rounds=2,
+        rounds_params=ROUNDS_PARAMS,
+        epsilon=4.0,
+        delta=1e-5,
+        clip=2.0,
+        noise_seed=5,
+        secure="mask",
+        **w,
+    )
     too_many = FlowerConfig(method="fedncm", clients=K + 1, connect_timeout=1.0)
     return {
         "warm": warm,
@@ -57,6 +70,7 @@ def _configs():
         **{f"mask:{c.method}": c for c in secure},
         "dp": dp,
         "dp_central": dp_central,
+        "rounds_dp": rounds_dp,
         "too_many": too_many,
     }
 
@@ -87,6 +101,30 @@ def _ok(results, key):
     res = results[key]
     assert not isinstance(res, Exception), f"{key} raised {res!r}"
     return res
+
+
+def test_simulation_of_multi_round_fedlog_under_masked_dp_is_run_rounds(sim):
+    """On Flower's simulation engine (Ray), multi-round FedLog with distributed noise under masking gives
+    privfed.rounds.run_rounds' heads (masked sums are exact in the ring) and its composed guarantee."""
+    from privfed.rounds import run_rounds
+
+    res = _ok(sim[0], "rounds_dp")
+    ref = run_rounds(
+        clients=K,
+        rounds=2,
+        baselines=(),
+        epsilon=4.0,
+        delta=1e-5,
+        clip=2.0,
+        noise_seed=5,
+        placement="distributed",
+        **{**ROUNDS_PARAMS, "families": ("mlp",)},
+    )
+    for r in range(2):
+        eta = np.concatenate([res.heads[r].bias[:, None], res.heads[r].weight], axis=1)
+        np.testing.assert_array_equal(eta, ref.history[r]["eta"])
+    assert res.head.privacy.guarantee == ref.privacy.guarantee
+    assert res.head.privacy.epsilon == ref.privacy.epsilon
 
 
 @pytest.mark.parametrize("method", [*SUM_ONLY, "fedcof"])

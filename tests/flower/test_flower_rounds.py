@@ -63,8 +63,16 @@ def test_a_node_that_lost_its_body_stops_the_run_with_a_clear_error():
 def test_bad_multi_round_configurations_are_refused_before_any_message():
     with pytest.raises(ConfigError, match="only fedlog runs several rounds"):
         FlowerConfig(method="fedncm", clients=K, rounds=3)
-    with pytest.raises(ConfigError, match="without DP noise"):
-        FlowerConfig(method="fedlog", clients=K, rounds=3, epsilon=1.0, clip=1.0)
+    with pytest.raises(ConfigError, match="secure='ckks' is not offered over rounds"):
+        FlowerConfig(method="fedlog", clients=K, rounds=3, epsilon=1.0, clip=1.0, secure="ckks")
+    with pytest.raises(ConfigError, match="level='client' needs noise on the aggregate"):
+        FlowerConfig(
+            method="fedlog", clients=K, rounds=3, epsilon=1.0, clip=1.0, level="client", max_records=9
+        )
+    with pytest.raises(ConfigError, match="calibration must be one of"):
+        FlowerConfig(
+            method="fedlog", clients=K, rounds=3, epsilon=1.0, clip=1.0, rounds_params={"calibration": "x"}
+        )
     with pytest.raises(ConfigError, match=r"rounds-params key\(s\) \['epochs'\] unknown"):
         FlowerConfig(method="fedlog", clients=K, rounds=3, rounds_params={"epochs": 1})
     with pytest.raises(ConfigError, match="rounds-params applies to multi-round FedLog"):

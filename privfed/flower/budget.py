@@ -1,0 +1,392 @@
+"""A Flower node's lifetime privacy budget: its operator sets it, the node charges every release it makes
+to it, keeps what it spent in a ledger file that survives restarts, and refuses a release that would go
+beyond it.
+
+Node config (``flower-supernode --node-config``; all three or none)::
+
+    dp-budget-epsilon=4 dp-budget-delta=1e-5 dp-budget-ledger="/var/lib/privfed/budget.json"
+
+The ledger is made once by the operator (``python -m privfed.flower.budget init FILE``), never by the
+node: a node whose configured ledger is missing, unreadable or corrupt refuses every DP release, because
+a fresh ledger would forget what it spent.  ``python -m privfed.flower.budget show FILE --epsilon E
+--delta D`` prints what a ledger holds.
+
+What is charged.  Every DP release the node takes part in -- a plain upload with its own noise, its
+clipped statistics for a trusted server that noises the sum, its noise share in a masked or CKKS sum,
+each round of multi-round FedLog, in any run, for any method -- is charged the GDP mu of the release's
+declared parameters (sensitivity and noise, :func:`mechanisms.dp.filter.release_mu`, at record level:
+the budget protects each record the node holds), before any value computed from the node's data leaves
+it.  The charge is written to the ledger (atomically, under a file lock) before the reply is sent, so a
+crash never loses it.  Under secure aggregation the noise of the sum comes from every node's share: the
+node charges the fewest shares a sum it is part of can carry (the roster's threshold t, less the
+roster's declared colluders), and, on masking, settles the charge at the consistency stage to the shares
+of the survivors it signs for (its part of the survivor graph).
+
+Why the composition holds although the server picks every release after seeing the last:
+:mod:`mechanisms.dp.filter` (the GDP filter of Smith & Thakurta 2022).  A refusal depends only on public
+values -- the release's declared parameters and what the node has spent, itself a function of earlier
+declared parameters -- never on the node's data, so a server learns nothing from it that it did not
+choose.  A release without DP noise has no guarantee the budget could charge: a node with a budget
+refuses it.
+
+Persistence sits behind :class:`BudgetStore` (``load`` / ``commit`` of the charged releases, atomic,
+failing closed), so the ledger can live in its own file (:class:`FileBudgetStore`) or in a section of
+another file kept by the node.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import json
+import math
+import os
+import pathlib
+import sys
+from collections.abc import Iterator
+
+from mechanisms.dp.filter import GaussianFilter, release_mu
+from mechanisms.dp.ledger import ReleaseEvent, format_up
+from mechanisms.secagg.crypto import ProtocolAbort
+from privfed.errors import ConfigError, PrivfedError
+
+__all__ = [
+    "FORMAT",
+    "NODE_KEYS",
+    "BudgetRefusal",
+    "BudgetStore",
+    "FileBudgetStore",
+    "MemoryBudgetStore",
+    "NodeBudget",
+    "init_ledger",
+    "main",
+    "node_budget",
+]
+
+#: The node-config keys of a budget (all three or none).
+NODE_KEYS = ("dp-budget-epsilon", "dp-budget-delta", "dp-budget-ledger")
+FORMAT = "privfed node privacy budget"
+VERSION = 1
+
+
+class BudgetRefusal(ProtocolAbort):
+    """A node refuses a release its lifetime budget cannot charge (one line, public values only)."""
+
+
+# ------------------------------------------------------------------------------------------- storage
+class BudgetStore:
+    """Where a node's charged releases live.
+
+    ``load()`` returns the list of releases charged so far (dicts, see :meth:`NodeBudget.charge`) or
+    raises :class:`~privfed.errors.ConfigError` when the store is missing, unreadable or corrupt (never an
+    empty list in its place); ``commit(releases)`` replaces them atomically; ``locked()`` holds the store
+    for one load-check-commit.  ``where`` names it in messages.
+    """
+
+    where = "the budget store"
+
+    def load(self) -> list[dict]:
+        raise NotImplementedError
+
+    def commit(self, releases: list[dict]) -> None:
+        raise NotImplementedError
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        yield
+
+
+class MemoryBudgetStore(BudgetStore):
+    """A store in memory (tests, and callers that keep the list elsewhere)."""
+
+    where = "the in-memory budget store"
+
+    def __init__(self, releases: list[dict] | None = None) -> None:
+        self.releases = [dict(r) for r in (releases or [])]
+
+    def load(self) -> list[dict]:
+        return [dict(r) for r in self.releases]
+
+    def commit(self, releases: list[dict]) -> None:
+        self.releases = [dict(r) for r in releases]
+
+
+def _digest(releases: list[dict]) -> str:
+    body = json.dumps({"format": FORMAT, "version": VERSION, "releases": releases}, sort_keys=True)
+    return hashlib.sha256(body.encode()).hexdigest()
+
+
+def _check_release(r, i: int, where: str) -> dict:
+    def bad(why: str) -> ConfigError:
+        return ConfigError(
+            f"{where} is corrupt (release {i}: {why}); restore it from a backup: a node never starts over"
+        )
+
+    if not isinstance(r, dict):
+        raise bad("not an object")
+    for key, kind in (("id", str), ("run", str), ("what", str), ("events", list)):
+        if not isinstance(r.get(key), kind):
+            raise bad(f"{key!r} missing or of the wrong type")
+    for key in ("mu", "declared_mu"):
+        v = r.get(key)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and v >= 0):
+            raise bad(f"{key!r} must be a finite number >= 0")
+    try:
+        [ReleaseEvent(**e) for e in r["events"]]
+    except (TypeError, PrivfedError) as exc:
+        raise bad(f"an event does not read back: {exc}") from None
+    return r
+
+
+class FileBudgetStore(BudgetStore):
+    """The ledger as its own JSON file: ``{"format", "version", "releases", "digest"}``.
+
+    The digest (SHA-256 of the rest) catches a truncated or hand-edited file; writes go through a hidden
+    sibling that is fsynced and renamed into place (:func:`privfed.results.files.atomic_write`), under an
+    exclusive lock on ``FILE.lock``.
+    """
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = pathlib.Path(path).expanduser()
+        self.where = f"the budget ledger {str(self.path)!r}"
+
+    def load(self) -> list[dict]:
+        if not self.path.exists():
+            raise ConfigError(
+                f"{self.where} does not exist; its operator creates it once with `python -m "
+                f"privfed.flower.budget init {self.path}` (a node never starts a fresh ledger: it would forget "
+                "what it spent)"
+            )
+        try:
+            text = self.path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{self.where} cannot be read ({exc}); no DP release without it") from None
+        try:
+            doc = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(
+                f"{self.where} is corrupt (not JSON: {exc.msg} at line {exc.lineno}); restore it from a backup: "
+                "a node never starts over"
+            ) from None
+        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+            raise ConfigError(f"{self.where} is not a privfed budget ledger (format {FORMAT!r} expected)")
+        if doc.get("version") != VERSION:
+            raise ConfigError(
+                f"{self.where} has version {doc.get('version')!r}; this privfed reads {VERSION}"
+            )
+        releases = doc.get("releases")
+        if not isinstance(releases, list) or doc.get("digest") != _digest(releases):
+            raise ConfigError(
+                f"{self.where} is corrupt (its digest does not match its releases); restore it from a backup: "
+                "a node never starts over"
+            )
+        return [_check_release(r, i, self.where) for i, r in enumerate(releases)]
+
+    def commit(self, releases: list[dict]) -> None:
+        from privfed.results.files import atomic_write
+
+        doc = {"format": FORMAT, "version": VERSION, "releases": releases, "digest": _digest(releases)}
+        atomic_write(self.path, lambda p: p.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n"))
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        import fcntl
+
+        fd = os.open(str(self.path) + ".lock", os.O_CREAT | os.O_RDWR, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # closing releases the lock
+
+
+def init_ledger(path: str | os.PathLike) -> pathlib.Path:
+    """The operator's step: create an empty ledger at ``path`` (refused if a file is there already)."""
+    p = pathlib.Path(path).expanduser()
+    if p.exists():
+        raise ConfigError(
+            f"{str(p)!r} exists already; a node's ledger is created once (removing it would forget what the node "
+            "spent)"
+        )
+    if not p.parent.is_dir():
+        raise ConfigError(f"the folder {str(p.parent)!r} does not exist; create it first")
+    FileBudgetStore(p).commit([])
+    return p
+
+
+# ------------------------------------------------------------------------------------------- the budget
+class NodeBudget:
+    """One node's lifetime budget: the filter, the store, and the node's name in its refusals.
+
+    Every release is charged through :meth:`charge` (which refuses, or writes the charge before it
+    returns); :meth:`settle` lowers a charge once the noise actually present is known; :meth:`status`
+    is what the node tells a server about its budget.
+    """
+
+    def __init__(self, filt: GaussianFilter, store: BudgetStore, node) -> None:
+        self.filter, self.store, self.node = filt, store, node
+
+    @classmethod
+    def from_node_config(cls, node_config, node) -> NodeBudget | None:
+        """The budget its node config sets (None when it sets none; ConfigError when it sets only part)."""
+        given = [k for k in NODE_KEYS if k in node_config]
+        if not given:
+            return None
+        if len(given) < len(NODE_KEYS):
+            missing = [k for k in NODE_KEYS if k not in node_config]
+            raise ConfigError(
+                f"node {node}'s node config sets {given} but not {missing}: a budget needs its epsilon, delta and "
+                "ledger file (dp-budget-epsilon=E dp-budget-delta=D dp-budget-ledger=FILE)"
+            )
+        try:
+            eps, delta = float(node_config[NODE_KEYS[0]]), float(node_config[NODE_KEYS[1]])
+        except (TypeError, ValueError):
+            raise ConfigError(
+                f"node {node}'s dp-budget-epsilon and dp-budget-delta must be numbers, got "
+                f"{node_config[NODE_KEYS[0]]!r} and {node_config[NODE_KEYS[1]]!r}"
+            ) from None
+        return cls(GaussianFilter(eps, delta), FileBudgetStore(str(node_config[NODE_KEYS[2]])), node)
+
+    def _mus(self, releases: list[dict]) -> list[float]:
+        return [float(r["mu"]) for r in releases]
+
+    def ready(self) -> None:
+        """Refuse now (ConfigError naming the ledger) if the store cannot be read."""
+        self.store.load()
+
+    def refuse(self, what: str, why: str, stage: str, deviation: str) -> BudgetRefusal:
+        return BudgetRefusal(
+            f"node {self.node} refuses {what}: {why}", node=self.node, stage=stage, deviation=deviation
+        )
+
+    def charge(
+        self,
+        *,
+        release: str,
+        run: str,
+        what: str,
+        events: list[dict],
+        stage: str,
+        factor: float = 1.0,
+        simulation: bool = False,
+    ) -> float:
+        """Charge one release (its ``events``, mu times ``factor``) or raise :class:`BudgetRefusal`.
+
+        ``factor`` scales the declared mu to the least noise the release can carry (a secure sum with
+        fewer shares than calibrated).  The charge is committed to the store before this returns.
+        Returns the mu charged.
+        """
+        try:
+            declared = release_mu(events, self.filter.unit)
+        except ConfigError as exc:
+            raise self.refuse(
+                what, f"its lifetime budget cannot charge it ({exc})", stage, "uncharged"
+            ) from None
+        mu = declared * float(factor)
+        with self.store.locked():
+            releases = self.store.load()
+            spent = self._mus(releases)
+            if any(r["id"] == release for r in releases):
+                raise self.refuse(what, "it charged this release once already", stage, "repeated-release")
+            if not self.filter.admits(spent, mu):
+                f = self.filter
+                raise self.refuse(
+                    what,
+                    f"its lifetime privacy budget (epsilon={format_up(f.epsilon)}, delta={format_up(f.delta)}, "
+                    f"record level) would be exceeded: epsilon={format_up(f.spent_epsilon(spent))} is spent over "
+                    f"{len(spent)} release(s), this release alone is epsilon={format_up(f.release_epsilon(mu))} "
+                    f"(GDP mu={format_up(mu)}), and the largest release it still admits is epsilon="
+                    f"{format_up(f.remaining_epsilon(spent))}; its operator sets the budget "
+                    "(node config dp-budget-epsilon)",
+                    stage,
+                    "over-budget",
+                )
+            releases.append(
+                {
+                    "id": release,
+                    "run": run,
+                    "what": what,
+                    "events": [dict(e) for e in events],
+                    "declared_mu": declared,
+                    "mu": mu,
+                    "settled": factor == 1.0,
+                    "simulation": bool(simulation),
+                }
+            )
+            self.store.commit(releases)
+        return mu
+
+    def settle(self, release: str, factor: float) -> float:
+        """Set a charged release to ``factor`` times its declared mu (the noise its sum really carried)."""
+        with self.store.locked():
+            releases = self.store.load()
+            for r in releases:
+                if r["id"] == release:
+                    r["mu"] = float(r["declared_mu"]) * float(factor)
+                    r["settled"] = True
+                    self.store.commit(releases)
+                    return r["mu"]
+        raise ConfigError(
+            f"node {self.node} has no charged release {release!r} to settle in {self.store.where}"
+        )
+
+    def status(self, run: str | None = None) -> dict:
+        """What the node spent (in total and in ``run``) and has left: numbers its releases' parameters fix."""
+        releases = self.store.load()
+        spent = self._mus(releases)
+        mine = [float(r["mu"]) for r in releases if run is not None and r["run"] == run]
+        f = self.filter
+        return {
+            "budgeted": True,
+            "unit": f.unit,
+            "epsilon": f.epsilon,
+            "delta": f.delta,
+            "releases": len(spent),
+            "spent_epsilon": f.spent_epsilon(spent),
+            "releases_run": len(mine),
+            "spent_epsilon_run": f.spent_epsilon(mine),
+            "remaining_epsilon": f.remaining_epsilon(spent),
+        }
+
+
+def node_budget(context) -> NodeBudget | None:
+    """The budget of the node whose Flower ``context`` this is (None when its node config sets none)."""
+    return NodeBudget.from_node_config(context.node_config, context.node_id)
+
+
+# ------------------------------------------------------------------------------------------- command
+def main(argv: list[str] | None = None) -> int:
+    """``python -m privfed.flower.budget init FILE`` / ``show FILE --epsilon E --delta D``."""
+    ap = argparse.ArgumentParser(
+        prog="python -m privfed.flower.budget",
+        description="A Flower node's lifetime privacy budget ledger: create it once, read it any time.",
+    )
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("init", help="create an empty ledger (refused if FILE exists)").add_argument("file")
+    show = sub.add_parser("show", help="print what a ledger holds against a budget")
+    show.add_argument("file")
+    show.add_argument("--epsilon", type=float, required=True)
+    show.add_argument("--delta", type=float, required=True)
+    args = ap.parse_args(argv)
+    try:
+        if args.cmd == "init":
+            print(f"created {init_ledger(args.file)}: set dp-budget-ledger to it in the node config")
+            return 0
+        budget = NodeBudget(GaussianFilter(args.epsilon, args.delta), FileBudgetStore(args.file), "-")
+        st = budget.status()
+        print(
+            f"{st['releases']} release(s) charged: epsilon={format_up(st['spent_epsilon'])} spent of "
+            f"{format_up(st['epsilon'])} at delta={format_up(st['delta'])} (record level); the largest release "
+            f"still admitted is epsilon={format_up(st['remaining_epsilon'])}"
+        )
+        for r in budget.store.load():
+            print(f"  {r['run'][:16] or '-':16}  mu={r['mu']:.6g}  {r['what']}")
+    except PrivfedError as exc:
+        print(f"python -m privfed.flower.budget: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover - the command's entry point
+    sys.exit(main())

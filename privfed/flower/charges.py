@@ -1,0 +1,274 @@
+"""What a Flower node charges to its lifetime budget for each kind of release, and the ids of its secure sums.
+
+:mod:`privfed.flower.budget` keeps the budget; this module is the ClientApp's side of it: a node with a
+budget refuses a release without DP noise (:func:`require_dp`), charges a plain upload its own noise or
+the trusted server's declared noise on the sum (:func:`charge_plain`), charges its noise share in a
+secure sum at the fewest shares the sum can carry (:func:`charge_share`) and, on masking, settles it to
+its part of the survivors it signs for (:func:`settle_share`); :func:`session_ids` names each of its
+secure releases by run, so that a budgeted node can take part in more than one.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import asdict
+
+from privfed.errors import PrivfedError
+from privfed.flower.budget import NodeBudget, node_budget
+
+__all__ = [
+    "PENDING_KEY",
+    "ask_budgets",
+    "budget_reply",
+    "charge_plain",
+    "charge_share",
+    "no_dp_refusal",
+    "require_dp",
+    "run_of",
+    "session_ids",
+    "settle_share",
+    "share_factor",
+]
+
+
+#: ``context.state`` record of a masked release charged at the fewest shares, awaiting its survivors.
+PENDING_KEY = "privfed-budget-pending"
+
+
+def run_of(config: dict) -> str:
+    """The run a release belongs to: the server's nonce in the run config (the same for every message of a run)."""
+    return str(config.get("run-nonce", ""))
+
+
+def require_dp(context, cfg, what: str, stage: str) -> NodeBudget | None:
+    """This node's budget (None without one); a node with a budget refuses a release without DP noise, and
+    refuses now if its ledger cannot be read."""
+    budget = node_budget(context)
+    if budget is None:
+        return None
+    if not cfg.private:
+        raise budget.refuse(
+            what,
+            "it keeps a lifetime privacy budget (node config dp-budget-*), and a release without DP noise "
+            "(epsilon = inf) carries no guarantee the budget can charge; run with a finite epsilon",
+            stage,
+            "no-dp",
+        )
+    if cfg.noise_seed is not None and not _allows(context, "allow-seeded-noise"):
+        raise budget.refuse(
+            what,
+            f"the run config sets noise-seed={cfg.noise_seed}, and noise drawn from a seed the server knows is noise "
+            "it can subtract: no release its budget could charge; seeded noise is for simulations (node config "
+            "allow-seeded-noise=true)",
+            stage,
+            "seeded-noise",
+        )
+    budget.ready()
+    return budget
+
+
+def no_dp_refusal(context, what: str, stage: str) -> PrivfedError | None:
+    """The refusal of a release that cannot carry DP noise (Flower's SecAgg+) by a node with a budget, or None."""
+    try:
+        budget = node_budget(context)
+    except PrivfedError as exc:  # a node config with part of a budget: refused as it is
+        return exc
+    if budget is None:
+        return None
+    return budget.refuse(
+        what,
+        "it keeps a lifetime privacy budget, and this release carries no DP noise it could charge",
+        stage,
+        "no-dp",
+    )
+
+
+def _allows(context, key: str) -> bool:
+    return str(context.node_config.get(key, "")).lower() == "true"
+
+
+def session_ids(context, cfg, config: dict, round_name: str, broadcast) -> tuple[bytes, bytes, bytes]:
+    """(aggregation id, context digest, lifetime id) of a secure sum this node is asked to join.
+
+    Without a budget a DP node keeps one release per round for life (the ids name the round alone).  A node
+    with a budget charges every release instead, so its ids name the run too: each run is a new release
+    with fresh noise, charged, and within a run the aggregation id still admits one upload.  The context
+    digest, which every node signs, is the same for both.
+    """
+    from privfed.flower.secagg import aggregation_digests, lifetime_id
+
+    agg, digest = aggregation_digests(config, round_name, broadcast, cfg.private)
+    lifetime = lifetime_id(config, round_name, cfg.private)
+    if cfg.private and node_budget(context) is not None:
+        named = f"{round_name}\x00release of run {run_of(config)}"
+        agg = aggregation_digests(config, named, None, False)[0]
+        lifetime = lifetime_id(config, named, False)
+    return agg, digest, lifetime
+
+
+def share_factor(cfg, roster, present: int) -> float:
+    """How much larger than declared the mu of a distributed release is when ``present`` shares reached its
+    sum: sqrt((K - t_drop) / (present - n_C)), n_C the roster's declared colluders (their shares do not count)."""
+    honest = int(present) - int(roster.colluders)
+    if honest < 1:
+        return math.inf
+    return math.sqrt((int(cfg.clients) - int(cfg.dropout_tolerance)) / honest)
+
+
+def charge_share(
+    context, cfg, config: dict, events, *, roster, what: str, stage: str, ckks: bool = False
+) -> None:
+    """Charge this node's noise share in a secure sum (no-op without a budget), before its input is computed.
+
+    Masking releases a sum over at least t survivors (the roster's threshold), CKKS over at least
+    ``roster.sum_threshold`` contributions: the charge assumes that many shares, less the declared
+    colluders'.  A masking node settles it at the consistency stage (:func:`settle_share`).
+    """
+    budget = node_budget(context)
+    if budget is None:
+        return
+    from flwr.app import ConfigRecord
+
+    least = roster.sum_threshold if ckks else roster.threshold
+    release = os.urandom(12).hex()
+    budget.charge(
+        release=release,
+        run=run_of(config),
+        what=what,
+        events=list(events),
+        stage=stage,
+        factor=share_factor(cfg, roster, least),
+        simulation=cfg.noise_seed is not None,
+    )
+    if not ckks:
+        context.state[PENDING_KEY] = ConfigRecord(
+            {"release": release, "K": int(cfg.clients), "tolerance": int(cfg.dropout_tolerance)}
+        )
+
+
+def settle_share(context, stage: str, roster, node: int, content) -> None:
+    """After a masking stage succeeded: bind a pending masked charge to its session (``masked``), then at
+    ``consistency`` settle it to the shares of this node's part of the survivor graph (the survivors it
+    signs for that are connected to it in the roster's graph: what one decodable sum can cover), less
+    the declared colluders.  A charge whose session never reached consistency keeps its fewest-shares
+    charge."""
+    if PENDING_KEY not in context.state:
+        return
+    from flwr.app import ConfigRecord
+
+    from privfed.flower.secagg import STATE_KEY
+
+    pending = dict(context.state[PENDING_KEY])
+    session = bytes(context.state[STATE_KEY]["session"]) if STATE_KEY in context.state else b""
+    if stage == "masked" and "session" not in pending:
+        context.state[PENDING_KEY] = ConfigRecord({**pending, "session": session})
+        return
+    if stage != "consistency" or bytes(pending.get("session", b"-")) != session:
+        return
+    survivors = {int(v) for v in content["secagg"]["uploaded"]}
+    part, todo = {int(node)}, [int(node)]
+    while todo:
+        u = todo.pop()
+        for v in roster.graph[u]:
+            if v in survivors and v not in part:
+                part.add(v)
+                todo.append(v)
+    honest = len(part) - int(roster.colluders)
+    factor = math.inf if honest < 1 else math.sqrt((int(pending["K"]) - int(pending["tolerance"])) / honest)
+    budget = node_budget(context)
+    if budget is not None:
+        budget.settle(str(pending["release"]), factor)
+    del context.state[PENDING_KEY]
+
+
+def charge_plain(
+    context, cfg, config: dict, stats, events, *, what: str, stage: str = "query", privacy=None, method=None
+) -> None:
+    """Charge a plain upload: the node's own noise (``events``), or for a trusted server the central
+    release it declares (the event the server's noise on the sum books, from ``privacy``: the run's
+    mechanism, by default ``cfg.make_privacy()``)."""
+    budget = node_budget(context)
+    if budget is None:
+        return
+    if not events:  # a trusted aggregator adds the noise: charge what it declares, if the operator trusts it
+        if not _allows(context, "dp-trust-server"):
+            raise budget.refuse(
+                what,
+                "the run asks for its statistics in the clear, for a server trusted to add the noise, and its "
+                "operator has not said it trusts the server (node config dp-trust-server=true): the budget "
+                "cannot charge noise the node does not add or see",
+                stage,
+                "untrusted-server",
+            )
+        import numpy as np
+
+        privacy = cfg.make_privacy() if privacy is None else privacy
+        method = cfg.make_method() if method is None else method
+        privacy.check(method, None)
+        before = len(privacy.ledger.events)
+        # the noise drawn here is discarded: only the event the mechanism books for the sum is read
+        privacy.after_aggregate(stats, method, np.random.default_rng())
+        events = [asdict(e) for e in privacy.ledger.events[before:]]
+    budget.charge(
+        release=os.urandom(12).hex(),
+        run=run_of(config),
+        what=what,
+        events=list(events),
+        stage=stage,
+        simulation=cfg.noise_seed is not None,
+    )
+
+
+# ------------------------------------------------------------------------------------------- the report
+def budget_reply(context, config: dict) -> dict:
+    """A node's answer to ``query.budget``: its budget, what it spent in the run ``config`` names and in
+    total, and what it has left -- numbers fixed by the releases' declared parameters, never by its data."""
+    if not isinstance(config, dict):
+        raise TypeError("query.budget carries the run config")
+    budget = node_budget(context)
+    if budget is None:
+        return {"budgeted": False}
+    return budget.status(run_of(config))
+
+
+def ask_budgets(grid, cfg, nodes: list[int], config_rec, stages: dict) -> dict:
+    """The server's ``query.budget`` after a DP run: every node's answer, and the weakest node's.
+
+    A node that keeps no budget says so; one that cannot answer (its ledger unreadable) is listed with its
+    reason: the run's release has happened either way, so nothing is raised.
+    """
+    from flwr.app import RecordDict
+
+    from privfed.flower.transport import exchange
+
+    answers: dict[str, dict] = {}
+
+    def on_reply(node, content):
+        if "error" in content:
+            answers[str(node)] = {"error": str(content["error"]["message"])}
+        else:
+            answers[str(node)] = dict(content["budget"])
+
+    contents = {n: RecordDict({"config": config_rec}) for n in nodes}
+    ex = stages["budget"] = exchange(grid, contents, "query.budget", cfg.timeout, on_reply, group_id="budget")
+    for n, why in ex.failed.items():
+        answers[str(n)] = {"error": why}
+    kept = {n: a for n, a in answers.items() if a.get("budgeted")}
+    out: dict = {"nodes": dict(sorted(answers.items())), "weakest": None}
+    if kept:
+        n, a = min(kept.items(), key=lambda item: float(item[1]["remaining_epsilon"]))
+        out["weakest"] = {
+            "node": n,
+            "remaining_epsilon": float(a["remaining_epsilon"]),
+            "delta": float(a["delta"]),
+            "spent_epsilon": float(a["spent_epsilon"]),
+            "epsilon": float(a["epsilon"]),
+        }
+    unbudgeted = sorted(n for n, a in answers.items() if a.get("budgeted") is False)
+    if unbudgeted:
+        out["note"] = (
+            f"{len(unbudgeted)} node(s) keep no lifetime budget (node config dp-budget-*): nothing bounds what "
+            "they release over runs but one DP release per round each"
+        )
+    return out

@@ -1,0 +1,161 @@
+"""A node's lifetime budget (privfed.flower.budget): its ledger file fails closed, survives restarts, and the
+filter refuses the release that would exceed the budget; the epsilon it states is the shared accountant's."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from mechanisms.dp.accounting import ledger_epsilon
+from mechanisms.dp.calibration import gdp_mu
+from mechanisms.dp.filter import GaussianFilter
+from privfed.errors import ConfigError
+from privfed.flower.budget import (
+    BudgetRefusal,
+    FileBudgetStore,
+    MemoryBudgetStore,
+    NodeBudget,
+    init_ledger,
+    main,
+)
+
+EPS, DELTA = 2.0, 1e-5
+
+
+def _event(mu, rid=1, relation="record"):
+    return {
+        "mechanism": "gaussian",
+        "block": "augmented",
+        "sensitivity": mu,
+        "scale": 1.0,
+        "relation": relation,
+        "rounds": 1,
+        "sampling_rate": 1.0,
+        "release_id": rid,
+    }
+
+
+def _budget(path, node=7):
+    return NodeBudget(GaussianFilter(EPS, DELTA), FileBudgetStore(path), node)
+
+
+def _charge(budget, mu, rid, run="run-a"):
+    return budget.charge(
+        release=f"r{rid}", run=run, what=f"release {rid}", events=[_event(mu, rid)], stage="query"
+    )
+
+
+def test_a_restarted_node_continues_its_count_and_refuses_the_release_past_its_budget(tmp_path):
+    path = init_ledger(tmp_path / "budget.json")
+    one = gdp_mu(EPS, DELTA) / 2.1  # four of these fit, a fifth does not
+    first = _budget(path)
+    for i in range(2):
+        _charge(first, one, i)
+    restarted = _budget(path)  # a new process: everything it knows comes from the file
+    assert restarted.status()["releases"] == 2
+    for i in range(2, 4):
+        _charge(restarted, one, i, run="run-b")
+    with pytest.raises(BudgetRefusal) as exc:
+        _charge(_budget(path), one, 4, run="run-b")
+    text = str(exc.value)
+    assert "\n" not in text and text.startswith("node 7 refuses release 4: its lifetime privacy budget")
+    assert exc.value.deviation == "over-budget" and exc.value.node == 7
+    # the refusal names only public numbers: the budget, what was spent, this release, what is left
+    st = restarted.status("run-b")
+    assert f"epsilon={EPS:g}" in text and "over 4 release(s)" in text
+    assert st["releases"] == 4 and st["releases_run"] == 2
+    # the stated epsilons are the shared accountant's on the same events
+    events = [_event(one, i) for i in range(4)]
+    from mechanisms.dp.ledger import ReleaseEvent
+
+    assert st["spent_epsilon"] == pytest.approx(
+        ledger_epsilon([ReleaseEvent(**e) for e in events], DELTA, "gdp")[0], rel=1e-12
+    )
+    assert st["spent_epsilon_run"] == pytest.approx(
+        ledger_epsilon([ReleaseEvent(**e) for e in events[2:]], DELTA, "gdp")[0], rel=1e-12
+    )
+    # and an independent accountant agrees: dp-accounting's closed-form privacy loss of the one Gaussian the
+    # four releases compose to (mu = 2 * one) reaches the budget's delta at the stated epsilon
+    from dp_accounting.pld import privacy_loss_mechanism as plm
+
+    loss = plm.GaussianPrivacyLoss(standard_deviation=1.0 / (2 * one), sensitivity=1.0)
+    assert loss.get_delta_for_epsilon(st["spent_epsilon"]) == pytest.approx(DELTA, rel=1e-9)
+    # the refused release left no trace; a smaller one still fits
+    assert len(FileBudgetStore(path).load()) == 4
+    _charge(restarted, restarted.filter.remaining_mu([one] * 4) * 0.999, 5)
+
+
+@pytest.mark.parametrize(
+    "spoil, text",
+    [
+        (lambda p: p.unlink(), "does not exist; its operator creates it once"),
+        (lambda p: p.write_text("{not json"), "is corrupt \\(not JSON"),
+        (lambda p: p.write_text(p.read_text()[:-40]), "is corrupt"),
+        (lambda p: p.write_text(p.read_text().replace('"mu": 0.5', '"mu": 0.1')), "digest does not match"),
+        (lambda p: p.write_text(json.dumps({"format": "x"})), "is not a privfed budget ledger"),
+        (lambda p: (p.unlink(), p.mkdir()), "cannot be read"),
+    ],
+)
+def test_a_missing_unreadable_or_corrupt_ledger_stops_the_node(tmp_path, spoil, text):
+    path = init_ledger(tmp_path / "budget.json")
+    _charge(_budget(path), 0.5, 1)
+    spoil(path)
+    with pytest.raises(ConfigError, match=text):
+        _charge(_budget(path), 0.1, 2)
+    with pytest.raises(ConfigError, match=text):
+        _budget(path).status()
+
+
+def test_the_operator_creates_a_ledger_once_and_reads_it(tmp_path, capsys):
+    path = tmp_path / "b.json"
+    assert main(["init", str(path)]) == 0
+    assert main(["init", str(path)]) == 2  # never twice: it would forget what was spent
+    assert "exists already" in capsys.readouterr().err
+    _charge(_budget(path), 0.5, 1)
+    assert main(["show", str(path), "--epsilon", str(EPS), "--delta", str(DELTA)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("1 release(s) charged: epsilon=") and "release 1" in out
+    assert main(["show", str(tmp_path / "none.json"), "--epsilon", "1", "--delta", "1e-5"]) == 2
+    with pytest.raises(ConfigError, match="does not exist"):
+        init_ledger(tmp_path / "no" / "such" / "dir.json")
+
+
+def test_a_settled_release_is_charged_the_noise_it_carried_and_a_release_is_charged_once():
+    budget = NodeBudget(GaussianFilter(EPS, DELTA), MemoryBudgetStore(), 3)
+    mu = budget.charge(release="x", run="r", what="a sum", events=[_event(0.2)], stage="masked", factor=1.5)
+    assert mu == pytest.approx(0.3, rel=1e-15)
+    assert budget.settle("x", 1.0) == pytest.approx(0.2, rel=1e-15)
+    assert budget.store.load()[0]["settled"] is True
+    with pytest.raises(BudgetRefusal, match="charged this release once already"):
+        budget.charge(release="x", run="r", what="a sum", events=[_event(0.2)], stage="masked")
+    with pytest.raises(ConfigError, match="no charged release 'y'"):
+        budget.settle("y", 1.0)
+    # client-level releases count twice at record level (mechanisms.dp.filter)
+    budget.charge(
+        release="c", run="r", what="a client-level sum", events=[_event(0.1, 2, "client")], stage="q"
+    )
+    assert budget.store.load()[-1]["mu"] == pytest.approx(0.2, rel=1e-15)
+    # what the filter cannot charge is refused, not skipped
+    bad = dict(_event(0.3, 3), sampling_rate=0.5)
+    with pytest.raises(BudgetRefusal, match="cannot charge it"):
+        budget.charge(release="s", run="r", what="a sampled release", events=[bad], stage="q")
+
+
+def test_a_node_config_sets_all_of_a_budget_or_none(tmp_path):
+    assert NodeBudget.from_node_config({"partition-id": 0}, 1) is None
+    with pytest.raises(ConfigError, match="but not \\['dp-budget-ledger'\\]"):
+        NodeBudget.from_node_config({"dp-budget-epsilon": 1.0, "dp-budget-delta": 1e-5}, 1)
+    with pytest.raises(ConfigError, match="must be numbers"):
+        NodeBudget.from_node_config(
+            {"dp-budget-epsilon": "lots", "dp-budget-delta": 1e-5, "dp-budget-ledger": "x"}, 1
+        )
+    with pytest.raises(ConfigError, match="epsilon must be finite"):
+        NodeBudget.from_node_config(
+            {"dp-budget-epsilon": math.inf, "dp-budget-delta": 1e-5, "dp-budget-ledger": "x"}, 1
+        )
+    b = NodeBudget.from_node_config(
+        {"dp-budget-epsilon": 3, "dp-budget-delta": 1e-6, "dp-budget-ledger": str(tmp_path / "f.json")}, 1
+    )
+    assert (b.filter.epsilon, b.filter.delta) == (3.0, 1e-6)

@@ -1,0 +1,141 @@
+"""Multi-round FedLog under DP on Flower is privfed.rounds.run_rounds: the same heads and the same guarantee.
+
+Each placement (local noise, a trusted server's central noise, distributed noise shares under pairwise
+masking) at record and client level, over the in-process grid (the real ClientApp and ServerApp): a
+seeded simulation draws each node's noise from the in-process run's one seeded stream, so every round's
+head equals run_rounds' and the composed report (epsilon, sigma, mu, releases, guarantee, notes) is the
+one run_rounds prints.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+pytest.importorskip("flwr")
+os.environ.setdefault("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")
+
+from privfed.errors import ConfigError  # noqa: E402
+from privfed.flower import FlowerConfig, serve  # noqa: E402
+from privfed.flower.local import LocalGrid  # noqa: E402
+from privfed.rounds import run_rounds  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore:noise backend 'numpy'")
+
+K, R, EPS, DELTA, CLIP, SEED = 3, 2, 4.0, 1e-5, 2.0, 5
+PARAMS = {"local_epochs": 1, "families": ["mlp", "cnn-narrow"], "init": "scratch"}
+
+CASES = {
+    # name: (placement, level kwargs)
+    "local-record": ("local", {}),
+    "central-record": ("central", {}),
+    "distributed-record": ("distributed", {}),
+    "central-client": ("central", {"level": "client", "max_records": 150}),
+    "distributed-client": ("distributed", {"level": "client", "max_records": 150}),
+}
+
+
+def _nodes():
+    return {10 + i: {"partition-id": i, "num-partitions": K} for i in range(K)}
+
+
+def _eta(head):
+    return np.concatenate([head.bias[:, None], head.weight], axis=1)
+
+
+def flower_config(placement, lvl, **kw):
+    base = {
+        "method": "fedlog",
+        "clients": K,
+        "rounds": R,
+        "rounds_params": PARAMS,
+        "epsilon": EPS,
+        "delta": DELTA,
+        "clip": CLIP,
+        "noise_seed": SEED,
+        "trusted_aggregator": placement == "central",
+        "secure": "mask" if placement == "distributed" else "none",
+        "timeout": 120,
+    }
+    return FlowerConfig(**{**base, **lvl, **kw})
+
+
+def in_process(placement, lvl):
+    return run_rounds(
+        clients=K,
+        rounds=R,
+        baselines=(),
+        epsilon=EPS,
+        delta=DELTA,
+        clip=CLIP,
+        noise_seed=SEED,
+        placement=placement,
+        **{**PARAMS, "families": tuple(PARAMS["families"])},
+        **lvl,
+    )
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_flower_rounds_under_dp_give_run_rounds_heads_and_guarantee(case):
+    placement, lvl = CASES[case]
+    res = serve(LocalGrid(_nodes()), flower_config(placement, lvl))
+    ref = in_process(placement, lvl)
+    assert len(res.heads) == R
+    diffs = [float(np.abs(_eta(res.heads[r]) - ref.history[r]["eta"]).max()) for r in range(R)]
+    # the same noise draws, sums and solver: equal to the last bit but for the order of floating-point sums
+    assert max(diffs) <= 1e-12, diffs
+    # the noise was there: the heads are not the non-private ones
+    assert np.abs(_eta(res.heads[-1])).max() > 0
+    got, want = res.head.privacy, ref.privacy
+    assert got.epsilon == pytest.approx(want.epsilon, rel=1e-12)
+    assert got.mu_total == pytest.approx(want.mu_total, rel=1e-12)
+    assert (got.sigma, got.sensitivity, got.releases) == (want.sigma, want.sensitivity, want.releases)
+    assert got.guarantee == want.guarantee and got.notes == want.notes
+    assert got.simulation and got.guarantee.startswith("SIMULATION")
+    assert res.report["privacy"]["guarantee"] == want.guarantee
+    assert res.report["rounds"]["epsilon"] == pytest.approx([h["epsilon"] for h in ref.history], rel=1e-12)
+    if placement == "distributed":
+        assert res.head.secure_aggregation["summed_nodes"] == K
+        assert sorted(k for k in res.report["wire"]["stages"] if k.startswith("round-0:")) == [
+            f"round-0:{s}" for s in sorted(("keys", "shares", "masked", "consistency", "unmask"))
+        ]
+    # nodes without a lifetime budget say so in the report
+    assert res.report["budgets"]["weakest"] is None
+    assert all(v == {"budgeted": False} for v in res.report["budgets"]["nodes"].values())
+
+
+def test_an_os_entropy_run_is_a_release_and_its_noise_is_fresh():
+    """Without noise-seed every node draws from OS entropy: two runs differ, and the guarantee is a release."""
+    cfg = flower_config("local", {}, noise_seed=None)
+    a = serve(LocalGrid(_nodes()), cfg)
+    b = serve(LocalGrid(_nodes()), cfg)
+    assert np.abs(_eta(a.heads[0]) - _eta(b.heads[0])).max() > 1e-6
+    assert not a.head.privacy.simulation and not a.head.privacy.guarantee.startswith("SIMULATION")
+    assert a.head.privacy.epsilon == pytest.approx(EPS, rel=1e-9)
+
+
+def test_a_split_head_in_a_masked_round_is_refused_before_the_node_uploads():
+    """The server trains one node against another head than it then asks that node to sum under: the node
+    compares the head in the masked stage with the one it trained against and aborts."""
+    from mechanisms.secagg.crypto import ProtocolAbort
+    from privfed.flower.wire import arrays_record
+
+    class Tampering(LocalGrid):
+        def push_messages(self, messages):
+            for m in messages:
+                if m.metadata.message_type == "query.masked" and m.metadata.dst_node_id == 10:
+                    b = m.content["broadcast"]
+                    m.content["broadcast"] = arrays_record({"eta": b["eta"].numpy() + 1.0})
+            return super().push_messages(messages)
+
+    with pytest.raises(ProtocolAbort, match="not the head it trained against"):
+        serve(Tampering(_nodes()), flower_config("distributed", {}))
+
+
+def test_rounds_dp_settings_are_refused_before_any_message():
+    with pytest.raises(ConfigError, match="record_bound must be one of"):
+        flower_config("local", {}, rounds_params={**PARAMS, "record_bound": "exact"})
+    with pytest.raises(ConfigError, match="level='client' needs noise on the aggregate"):
+        flower_config("local", {"level": "client", "max_records": 10})
