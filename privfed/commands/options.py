@@ -334,7 +334,14 @@ def flower_parser() -> argparse.ArgumentParser:
         "means mask",
     )
     a("--secure", dest="secure", choices=choices, help=argparse.SUPPRESS)
-    a("--threshold", type=int, default=None, help="Shamir threshold (default: a majority)")
+    from mechanisms.secagg.threat import threshold_rule
+
+    a(
+        "--threshold",
+        type=int,
+        default=None,
+        help=f"Shamir threshold (default: {threshold_rule()}; each run prints its threat model, computed)",
+    )
     a(
         "--degree",
         type=int,

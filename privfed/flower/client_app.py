@@ -44,7 +44,7 @@ from flwr.clientapp import ClientApp
 
 from mechanisms.secagg.crypto import ProtocolAbort
 from privfed.errors import PrivfedError
-from privfed.flower.ckks import holder_decrypt_step, holder_keys_step, node_encrypt_step
+from privfed.flower.ckks import ckks_limit, holder_decrypt_step, holder_keys_step, node_encrypt_step
 from privfed.flower.config import FlowerConfig
 from privfed.flower.node import load_node_data, node_rng, node_statistics
 from privfed.flower.protocol import check_round, node_vector
@@ -58,6 +58,8 @@ from privfed.flower.secagg import (
     node_identity,
     node_ledger,
     node_step,
+    pin_num_classes,
+    ring_limit,
 )
 from privfed.flower.wire import stats_from_record, stats_record
 
@@ -144,6 +146,19 @@ def _check_graph(cfg: FlowerConfig, roster, node: int, stage: str) -> None:
         )
 
 
+def _check_frac_bits(cfg: FlowerConfig, roster, node: int, stage: str) -> None:
+    """Refuse a run config whose frac-bits are not the roster's: a server varying them would turn the node's
+    ring-overflow rule into a dial on its data."""
+    if cfg.frac_bits != roster.bounds.frac_bits:
+        raise ProtocolAbort(
+            f"node {node} aborts at stage {stage!r}: the run config says frac-bits={cfg.frac_bits} but its "
+            f"roster fixes frac-bits={roster.bounds.frac_bits}; the operator sets them with the roster",
+            node=node,
+            stage=stage,
+            deviation="wrong-parameters",
+        )
+
+
 def _malformed(msg: Message, context: Context, stage: str, exc: Exception) -> Message:
     """A clean refusal of a request whose fields have the wrong type or are missing (never a traceback)."""
     return _error(
@@ -157,16 +172,16 @@ def _malformed(msg: Message, context: Context, stage: str, exc: Exception) -> Me
     )
 
 
-def _secure_stats(cfg: FlowerConfig, context: Context, msg: Message):
+def _secure_stats(cfg: FlowerConfig, context: Context, msg: Message, roster=None):
     """This node's statistics for a secure run, computed once and kept in its own ``context.state``.
 
     The node's later stages (and FedCOF's second round) reuse them instead of
     loading the data again; they never leave the node unmasked.
     """
-    return _secure_release(cfg, context, msg)[0]
+    return _secure_release(cfg, context, msg, roster)[0]
 
 
-def _secure_release(cfg: FlowerConfig, context: Context, msg: Message):
+def _secure_release(cfg: FlowerConfig, context: Context, msg: Message, roster=None):
     """This node's statistics (with its noise share under DP) and its release events, cached per run config.
 
     A node deployed with a roster refuses a server-chosen ``noise-seed`` (the
@@ -175,8 +190,13 @@ def _secure_release(cfg: FlowerConfig, context: Context, msg: Message):
     left out of the key: a server cannot make a node draw, or reuse, a share
     by changing it) and enters one masked sum per aggregation id (the node's
     :class:`~mechanisms.secagg.masking.node.SessionLedger` refuses a second).
+    A node with its own feature file checks its labels against ``num-classes``, a
+    value the server chooses: with ``roster`` it answers for one num-classes,
+    ever (:func:`privfed.flower.ledger.pin_num_classes`), so the check is no dial.
     """
     conf = context.node_config
+    if roster is not None and conf.get("features"):
+        pin_num_classes(context, roster, cfg.num_classes)
     if (
         cfg.private
         and cfg.noise_seed is not None
@@ -215,13 +235,22 @@ def _broadcast(msg: Message) -> dict | None:
     return None if b is None else {k: b[k].numpy() for k in b.keys()}
 
 
-def _secure_vector(msg: Message, cfg: FlowerConfig, context: Context, node: int, stage: str, num_nodes: int):
+def _secure_vector(msg: Message, cfg: FlowerConfig, context: Context, node: int, stage: str, roster, limit):
     """The vector this node contributes to the secure sum named in the message's ``round``
-    (:func:`privfed.flower.protocol.node_vector`: FedCOF's rounds are its node's; ``num_nodes`` is the
-    roster's K, which bounds a broadcast's K_c)."""
-    stats = _secure_stats(cfg, context, msg)
+    (:func:`privfed.flower.protocol.node_vector`: FedCOF's rounds are its node's; the roster's K and public
+    bounds bound a broadcast's K_c and N_c; ``limit`` is the largest value the transport encodes)."""
+    stats = _secure_stats(cfg, context, msg, roster)
     return node_vector(
-        stats, cfg.make_method(), _round(msg), _broadcast(msg), node=node, stage=stage, num_nodes=num_nodes
+        stats,
+        cfg.make_method(),
+        _round(msg),
+        _broadcast(msg),
+        node=node,
+        stage=stage,
+        num_nodes=roster.size,
+        bounds=roster.bounds,
+        exact=not cfg.private,
+        limit=limit,
     )
 
 
@@ -287,7 +316,11 @@ def make_client_app(
             return failed
         try:
             cfg = _config(msg)
-            stats, events = _secure_release(cfg, context, msg)
+            roster = None
+            if cfg.secure in ("mask", "ckks"):  # the identity, roster and ledger file are checked first
+                roster = node_identity(context.node_config, context.node_id, provision)[1]
+                node_ledger(context, roster)
+            stats, events = _secure_release(cfg, context, msg, roster)
         except PrivfedError as exc:
             return _error(msg, exc)
         meta = ConfigRecord(
@@ -296,6 +329,7 @@ def make_client_app(
                 "C": int(stats.num_classes),
                 "events": json.dumps(events),
                 "key-holder": str(context.node_config.get("key-holder", "")).lower() == "true",
+                **({} if roster is None else {"bounds": json.dumps(roster.bounds.as_dict())}),
             }
         )
         return Message(RecordDict({"meta": meta}), reply_to=msg)
@@ -311,6 +345,7 @@ def make_client_app(
                     cfg = _config(msg)
                     _check_noise_share(cfg, roster, identity.index, stage)
                     _check_graph(cfg, roster, identity.index, stage)
+                    _check_frac_bits(cfg, roster, identity.index, stage)
                     check_round(
                         cfg.make_method(), _round(msg), _broadcast(msg), node=identity.index, stage=stage
                     )
@@ -321,7 +356,15 @@ def make_client_app(
                         aggregation=agg,
                         context_digest=digest,
                         ring_input=lambda: encode_for_ring(
-                            _secure_vector(msg, cfg, context, identity.index, stage, roster.size),
+                            _secure_vector(
+                                msg,
+                                cfg,
+                                context,
+                                identity.index,
+                                stage,
+                                roster,
+                                ring_limit(cfg.frac_bits, roster.size),
+                            ),
                             cfg.frac_bits,
                             roster.size,
                         ),
@@ -348,7 +391,7 @@ def make_client_app(
             return failed
         try:
             identity, roster = node_identity(context.node_config, context.node_id, provision)
-            ledger = node_ledger(context)
+            ledger = node_ledger(context, roster)
             try:
                 reply = holder_keys_step(msg.content, context.state, identity, roster, ledger=ledger)
             finally:
@@ -373,7 +416,9 @@ def make_client_app(
             agg, digest = aggregation_digests(
                 dict(msg.content["config"]), _round(msg), _broadcast(msg), cfg.private
             )
-            ledger = node_ledger(context, lifetime_id(dict(msg.content["config"]), _round(msg), cfg.private))
+            ledger = node_ledger(
+                context, roster, lifetime_id(dict(msg.content["config"]), _round(msg), cfg.private)
+            )
             try:  # the vector is computed only once the request checked out and the id is claimed
                 reply = node_encrypt_step(
                     msg.content,
@@ -381,7 +426,7 @@ def make_client_app(
                     identity,
                     roster,
                     values=lambda: _secure_vector(
-                        msg, cfg, context, identity.index, "ckks_encrypt", roster.size
+                        msg, cfg, context, identity.index, "ckks_encrypt", roster, ckks_limit(roster.size)
                     ),
                     ledger=ledger,
                     digest=digest,
@@ -401,7 +446,7 @@ def make_client_app(
             return failed
         try:
             identity, roster = node_identity(context.node_config, context.node_id, provision)
-            ledger = node_ledger(context)
+            ledger = node_ledger(context, roster)
             try:
                 reply = holder_decrypt_step(msg.content, context.state, identity, roster, ledger=ledger)
             finally:

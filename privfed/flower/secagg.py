@@ -51,13 +51,15 @@ import numpy as np
 from flwr.app import ConfigRecord, RecordDict
 
 from mechanisms.secagg import fixed_point
+from mechanisms.secagg.bounds import PublicBounds
 from mechanisms.secagg.crypto import ProtocolAbort
 from mechanisms.secagg.graph import group_size
-from mechanisms.secagg.identity import Identity, Roster, make_roster, min_threshold
+from mechanisms.secagg.identity import Identity, Roster, make_roster
 from mechanisms.secagg.masking.node import MaskingNode
 from mechanisms.secagg.masking.server import MaskingServer
+from mechanisms.secagg.threat import default_threshold, survivor_parts
 from privfed.errors import ConfigError, InputError
-from privfed.flower.ledger import LEDGER_KEY, canonical_config, lifetime_id, node_ledger
+from privfed.flower.ledger import LEDGER_KEY, canonical_config, lifetime_id, node_ledger, pin_num_classes
 from privfed.flower.transport import Exchange, exchange
 from privfed.flower.wire import arrays_record
 
@@ -74,7 +76,9 @@ __all__ = [
     "node_identity",
     "node_ledger",
     "node_step",
+    "pin_num_classes",
     "refusal",
+    "ring_limit",
     "simulated_identities",
     "to_records",
 ]
@@ -106,8 +110,9 @@ def from_records(content: RecordDict) -> dict:
 class SimulatedRoster:
     """Identities for a simulation: a roster made in this process, node i = partition-id i (or node id).
 
-    Only for simulations, where the operator and the server are one
-    process; a deployment gives each node its files (node config).
+    Only for simulations, where the operator and the server are one process; a deployment gives each node
+    its files (node config).  The simulated operator declares no colluders (so CKKS runs too) and takes the
+    default threshold, which tolerates at least one (:func:`mechanisms.secagg.threat.default_threshold`).
     """
 
     def __init__(
@@ -116,8 +121,11 @@ class SimulatedRoster:
         threshold: int | None = None,
         node_ids: list[int] | None = None,
         degree: int | None = None,
+        bounds: PublicBounds | None = None,
     ) -> None:
-        roster, ids = make_roster(num_nodes, threshold, degree=degree)
+        if threshold is None:
+            threshold = default_threshold(group_size(int(num_nodes), degree))
+        roster, ids = make_roster(num_nodes, threshold, 0, degree=degree, bounds=bounds)
         self.roster_json = roster.to_json()
         self.identities = [i.to_json() for i in ids]
         self.index = None if node_ids is None else {int(n): i for i, n in enumerate(sorted(node_ids))}
@@ -136,10 +144,13 @@ class SimulatedRoster:
 
 
 def simulated_identities(
-    node_configs: dict[int, dict], threshold: int | None = None, degree: int | None = None
+    node_configs: dict[int, dict],
+    threshold: int | None = None,
+    degree: int | None = None,
+    bounds: PublicBounds | None = None,
 ) -> dict[int, dict]:
     """Node configs with a fresh simulated roster added (``secagg-identity`` / ``secagg-roster`` inline;
-    with ``degree`` its SecAgg+ graph).
+    with ``degree`` its SecAgg+ graph; with ``bounds`` its public bounds, e.g. another frac-bits).
 
     Nodes that already have both keys keep them.  For in-process simulations only, where the operator is
     the server: the nodes also allow plain releases (``allow-plain-release``), seeded noise
@@ -148,7 +159,9 @@ def simulated_identities(
     """
     if all("secagg-identity" in c and "secagg-roster" in c for c in node_configs.values()):
         return dict(node_configs)
-    sim = SimulatedRoster(len(node_configs), threshold, node_ids=list(node_configs), degree=degree)
+    sim = SimulatedRoster(
+        len(node_configs), threshold, node_ids=list(node_configs), degree=degree, bounds=bounds
+    )
     out = {}
     for n, c in node_configs.items():
         out[n] = {
@@ -237,7 +250,7 @@ def node_step(
 ) -> RecordDict:
     """Answer one masking request with this node's state machine; its state stays in ``context.state``."""
     req = from_records(content)
-    ledger = node_ledger(context, lifetime)
+    ledger = node_ledger(context, roster, lifetime)
     state = None
     if req.get("stage") != "keys":
         state = dict(context.state[STATE_KEY]) if STATE_KEY in context.state else {"stage": "new"}
@@ -256,6 +269,12 @@ def node_step(
         context.state[STATE_KEY] = ConfigRecord(node.state())
         context.state[LEDGER_KEY] = ConfigRecord(ledger.record())
     return to_records(reply)
+
+
+def ring_limit(frac_bits: int, num_nodes: int) -> float:
+    """The largest |x| a node may encode so that K such inputs cannot wrap the ring (public: f and the roster's
+    K), with a margin below :func:`encode_for_ring`'s strict rule."""
+    return (2.0**63 / int(num_nodes) - 1.0) * 2.0 ** -int(frac_bits) * (1.0 - 2.0**-20)
 
 
 def encode_for_ring(x: np.ndarray, frac_bits: int, num_nodes: int) -> np.ndarray:
@@ -295,6 +314,15 @@ class MaskedSum:
     dropped_before_upload: list[int]
     dropped_after_upload: list[int]
     view: list[tuple[str, int, str, object]] = field(default_factory=list)
+    #: The parts the uploaders' graph falls into (Flower node ids): the server decodes each part's sum alone.
+    parts: list[list[int]] = field(default_factory=list)
+    #: Every roster index's neighbours, as the nodes named them (the roster's graph), and roster index -> node.
+    graph: list[frozenset[int]] = field(default_factory=list, repr=False)
+    roster_index: dict[int, int] = field(default_factory=dict, repr=False)
+
+    @property
+    def smallest_part(self) -> int:
+        return min((len(p) for p in self.parts), default=len(self.uploaded))
 
     def record(self) -> dict:
         return {
@@ -310,6 +338,8 @@ class MaskedSum:
             "uploaded": len(self.uploaded),
             "dropped_before_upload": list(self.dropped_before_upload),
             "dropped_after_upload": list(self.dropped_after_upload),
+            "parts": [len(p) for p in self.parts],
+            "smallest_part": self.smallest_part,
             "stages": {k: v.summary() for k, v in self.stages.items()},
         }
 
@@ -356,7 +386,7 @@ def masked_sum_over_messages(
     neighbours each node names from its roster; None: the complete graph).
     """
     K = len(nodes) if num_nodes is None else int(num_nodes)
-    t = min_threshold(group_size(K, degree)) if threshold is None else int(threshold)
+    t = default_threshold(group_size(K, degree)) if threshold is None else int(threshold)
     server = MaskingServer(
         num_nodes=K,
         threshold=t,
@@ -426,6 +456,7 @@ def masked_sum_over_messages(
             ]
     answered = set(server.view.answered)
     U3 = list(server.U3)
+    parts = [[node_of[u] for u in p] for p in survivor_parts(server.graph, U3)]
     return MaskedSum(
         total=fixed_point.decode(server.total, frac_bits),
         participants=list(nodes),
@@ -436,4 +467,7 @@ def masked_sum_over_messages(
         dropped_before_upload=sorted(n for n in nodes if n not in {node_of[u] for u in U3}),
         dropped_after_upload=[node_of[u] for u in U3 if u not in answered],
         view=view,
+        parts=parts,
+        graph=list(server.graph),
+        roster_index={u: n for u, n in node_of.items()},
     )
