@@ -139,3 +139,7 @@ def test_the_defaults_table_and_the_rule_text():
     }
     assert all(r["tolerated"] >= 1 and r["colluding"] == r["threshold"] - r["tolerated"] for r in rows)
     assert "tolerates 1 colluding node" in threshold_rule()
+    # the commands' --help quotes the rule (written out there, so that --help imports nothing heavy)
+    from privfed.commands.options import THRESHOLD_RULE
+
+    assert THRESHOLD_RULE == threshold_rule()
