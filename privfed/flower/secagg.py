@@ -27,11 +27,20 @@ in its run state and records the aggregation ids it uploaded for and the
 uploader set of the first sum it signed (a later sum over another set, under
 any configuration, is refused: two sums over different sets subtract to one
 node's input); with ``secagg-ledger=FILE`` in its node config it is also kept
-in that file, so a server that starts another run to repeat a sum is refused
-too.  A node deployed with a roster needs the file (:func:`node_identity`
-refuses otherwise, unless ``allow-ephemeral-ledger=true``): without it a
-new run starts a fresh ledger, and a server running one session id again
-and again could replay one run's consistency signatures in another.
+in that file (:class:`privfed.results.ledger.NodeLedger`, created once by the
+operator's ``python -m mechanisms.secagg.identity --init-ledger FILE --roster
+ROSTER``), so a server that starts another run to repeat a sum is refused too.
+A node deployed with a roster needs the file (:func:`node_identity` refuses
+otherwise, unless ``allow-ephemeral-ledger=true``), and refuses a file that is
+missing, unreadable, damaged or made for another roster: a fresh ledger would
+let a server running one session id again and again replay one run's
+consistency signatures in another.
+
+The run config a node receives is read whole (an unknown key is refused,
+:meth:`privfed.flower.config.FlowerConfig.from_wire`), its frac-bits must be
+the roster's, and every check that reads the node's data takes nothing else
+the server may vary: what a server can learn is computed for each run
+(:mod:`mechanisms.secagg.threat`) and reported by the server.
 
 Identities: a node reads ``secagg-identity`` and ``secagg-roster`` (file
 paths, or inline JSON) from its node config (see
