@@ -399,3 +399,25 @@ def test_an_unknown_run_config_key_is_refused_before_any_key_or_input(digits_dat
     for secure in ("mask", "none"):
         with pytest.raises(ConfigError, match="run config carries key\\(s\\) \\['probe-id'\\]"):
             serve(Probing(nodes), FlowerConfig(method="fedncm", clients=3, secure=secure, timeout=30))
+
+
+def test_num_classes_is_no_dial_a_node_with_its_own_file_answers_for_one(tmp_path):
+    """A node with its own feature file checks its labels against num-classes, which the server names: a server
+    varying it (10, 9, 8, ...) would learn the node's largest label a bit at a time, each run refused or not.
+    The node answers for the num-classes of its first run, ever: another is refused whatever its labels."""
+    from privfed.errors import PrivfedError  # noqa: PLC0415
+    from privfed.flower import FlowerConfig, serve  # noqa: PLC0415
+    from privfed.flower.local import LocalGrid  # noqa: PLC0415
+
+    rng = np.random.default_rng(0)
+    nodes = {}
+    for i in range(3):
+        path = tmp_path / f"site-{i}.npz"
+        np.savez(path, features=rng.normal(size=(30, 8)), labels=np.arange(30) % (4 if i == 0 else 6))
+        nodes[100 + i] = {"features": str(path)}
+    grid = LocalGrid(nodes)
+    first = serve(grid, FlowerConfig(method="fedncm", clients=3, secure="mask", num_classes=6, timeout=30))
+    assert first.report["C"] == 6
+    for C in (5, 4, 7):  # node 100's labels are 0..3: 5 and 4 would pass its label check, 7 too
+        with pytest.raises(PrivfedError, match="refuses num-classes=%d: it answers for num-classes=6" % C):
+            serve(grid, FlowerConfig(method="fedncm", clients=3, secure="mask", num_classes=C, timeout=30))
