@@ -122,15 +122,15 @@ def deployment(tmp_path_factory, digits_dataset):
             )
         )
 
-    # The operator's roster and one identity file per node (what a deployment distributes).
-    assert (
-        subprocess.run(
-            [sys.executable, "-m", "mechanisms.secagg.identity", str(tmp / "ids"), "--nodes", str(K)],
-            env=env,
-            capture_output=True,
-        ).returncode
-        == 0
-    )
+    # The operator's roster and one identity file per node (what a deployment distributes): t = 2 of 3, so
+    # that a crashed node is survived, which tolerates no colluder and is declared so (--colluders 0); then
+    # each node's ledger file, created once (the documented step).
+    ids = ["-m", "mechanisms.secagg.identity"]
+    roster_cmd = [str(tmp / "ids"), "--nodes", str(K), "--threshold", "2", "--colluders", "0"]
+    assert subprocess.run([sys.executable, *ids, *roster_cmd], env=env, capture_output=True).returncode == 0
+    for i in range(K):
+        init = ["--init-ledger", str(tmp / f"ledger-{i}.json"), "--roster", str(tmp / "ids" / "roster.json")]
+        assert subprocess.run([sys.executable, *ids, *init], env=env, capture_output=True).returncode == 0
     try:
         start(
             [
@@ -164,7 +164,7 @@ def deployment(tmp_path_factory, digits_dataset):
                     "--node-config",
                     f"partition-id={i} num-partitions={K}{crash} allow-plain-release=true "
                     f'secagg-identity="{tmp / "ids" / f"node-{i}.json"}" secagg-roster="{tmp / "ids" / "roster.json"}" '
-                    f'secagg-ledger="{tmp / f"ledger-{i}.txt"}"',
+                    f'secagg-ledger="{tmp / f"ledger-{i}.json"}"',
                 ],
                 f"supernode{i}.log",
             )
@@ -204,7 +204,7 @@ def test_superlink_and_three_supernodes_give_fits_heads_despite_a_crash(deployme
 
     # Node 2 uploads its masked input, then its process dies at unmasking: the other two
     # (t = 2 of 3) rebuild its self-mask seed, so the sum still covers all three inputs.
-    masked = _run(env, tmp, "fed3r-mask", method="fed3r", secure="mask", timeout=60.0)
+    masked = _run(env, tmp, "fed3r-mask", method="fed3r", secure="mask", threshold=2, timeout=60.0)
     ref = privfed.fit("fed3r", F, y, k, num_classes=10)
     assert np.abs(masked["weight"] - ref.weight).max() < 1e3 * K * 2.0**-33
     sa = masked["report"]["secure_aggregation"]

@@ -211,3 +211,38 @@ def test_make_secure_agg_by_name():
         make_secure_agg("garbled")
     with pytest.raises(ConfigError, match="neighbours"):
         PairwiseMasking(neighbours=3)
+
+
+def test_a_split_graph_in_process_settles_epsilon_on_the_least_noised_part():
+    """K = 12, degree 4, t = 3, four clients dropped before uploading (drawn by random_state 55, the graph's
+    relabelling by key_seed 55): the uploaders' graph of the first secure sum splits into parts of 3 and 5.  Noise is calibrated for
+    (1, 1e-5) with all 12 shares; the 3-client part carries 3/12 of sigma^2: epsilon is the analytic Gaussian's
+    at sqrt(12/3) times the full multiplier (computed here with scipy), not the 8 uploaders' 1.25."""
+    import math
+    import warnings
+
+    from scipy.optimize import brentq
+    from scipy.stats import norm
+
+    from mechanisms import GaussianMechanism
+
+    def delta(eps, mu):
+        return norm.cdf(-eps / mu + mu / 2) - math.exp(eps) * norm.cdf(-eps / mu - mu / 2)
+
+    mu0 = brentq(lambda mu: delta(1.0, mu) - 1e-5, 0.01, 20.0, xtol=1e-13)
+    want = brentq(lambda e: delta(e, 2 * mu0) - 1e-5, 0.0, 100.0, xtol=1e-13)
+    rng = np.random.default_rng(0)
+    F, y, k = rng.normal(size=(240, 4)), np.arange(240) % 3, np.arange(240) % 12
+    sa = PairwiseMasking(threshold=3, neighbours=4, dropouts=4, dropout_phase="before_upload", key_seed=55)
+    mech = GaussianMechanism(epsilon=1.0, delta=1e-5, clip=10.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        head = privfed.fit(
+            "fedncm", F, y, k, num_classes=3, num_clients=12, privacy=mech, secure_agg=sa, random_state=55
+        )
+    rep = head.secure_aggregation
+    # in one process each secure sum draws its own relabelling: the counts' sum splits, the sums' does not;
+    # the release is settled on the least-noised part of any sum
+    assert [c["parts"] for c in rep.calls] == [[3, 5], [8]] and rep.threat.parts == (3, 5)
+    assert head.privacy.epsilon == pytest.approx(want, rel=1e-6) and want == pytest.approx(2.155, abs=5e-4)
+    assert any("split into parts of 3, 5" in n for n in head.privacy.notes)
