@@ -230,9 +230,9 @@ class ThreatModel:
                     else ""
                 )
                 + f"; with {more}, a node's input may be unmasked). Smallest set of honest inputs any sum "
-                f"the server can decode covers: {self.smallest_sum_alone} with no node colluding (at least t)"
-                f"{self._eps('server_alone')}, {self.smallest_sum_colluding} with {tol} colluder(s) "
-                f"(n + 1 - t){self._eps('with_colluders')}. "
+                f"the server can decode covers: {self.smallest_sum_alone}{self._eps('server_alone')} with no "
+                f"node colluding (t, at least), {self.smallest_sum_colluding}{self._eps('with_colluders')} with "
+                f"{tol} colluder(s) (n + 1 - t). "
             )
         refusals = (
             ""
