@@ -215,9 +215,10 @@ def test_make_secure_agg_by_name():
 
 def test_a_split_graph_in_process_settles_epsilon_on_the_least_noised_part():
     """K = 12, degree 4, t = 3, four clients dropped before uploading (drawn by random_state 55, the graph's
-    relabelling by key_seed 55): the uploaders' graph of the first secure sum splits into parts of 3 and 5.  Noise is calibrated for
-    (1, 1e-5) with all 12 shares; the 3-client part carries 3/12 of sigma^2: epsilon is the analytic Gaussian's
-    at sqrt(12/3) times the full multiplier (computed here with scipy), not the 8 uploaders' 1.25."""
+    relabelling by key_seed 55): the uploaders' graph of the first secure sum splits into parts of 3 and 5.
+    Noise is calibrated for (1, 1e-5) with all 12 shares; the 3-client part carries 3/12 of sigma^2: epsilon
+    is the analytic Gaussian's at sqrt(12/3) times the full multiplier (computed here with scipy), not the 8
+    uploaders' 1.25."""
     import math
     import warnings
 
