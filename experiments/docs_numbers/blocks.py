@@ -43,7 +43,7 @@ from experiments.docs_numbers.render_records import (
     secagg_active_table,
     secagg_table,
 )
-from experiments.docs_numbers.render_secagg import flower_masked_scale, secagg_scale
+from experiments.docs_numbers.render_secagg import flower_masked_scale, secagg_scale, secagg_threat
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,6 +85,9 @@ BLOCKS: dict[str, Block] = {
         secagg_active_table,
         True,
         "the consistency round's cost (experiments/results/bench_secagg_active.json)",
+    ),
+    "secagg-threat": Block(
+        secagg_threat, True, "the threat model's numbers per roster and a split run's epsilon (computed)"
     ),
     "secagg-scale": Block(
         secagg_scale, True, "masking at scale (experiments/results/bench_secagg_scale.json)"

@@ -13,10 +13,11 @@ in one process (a loop) and on Flower:
 What both share sits beside them: the cryptographic building blocks (:mod:`~mechanisms.secagg.crypto`,
 :mod:`~mechanisms.secagg.shamir`, :mod:`~mechanisms.secagg.fixed_point`), the nodes' identities and
 roster (:mod:`~mechanisms.secagg.identity`) with its SecAgg+ graph (:mod:`~mechanisms.secagg.graph`),
-what a node has already answered for (:mod:`~mechanisms.secagg.ledger`), distributed noise and what
-survives dropouts (:mod:`~mechanisms.secagg.noise`), the bytes each protocol sends
-(:mod:`~mechanisms.secagg.comm`) and the protections :func:`privfed.fit` takes
-(:mod:`~mechanisms.secagg.protection`).
+what a node has already answered for (:mod:`~mechanisms.secagg.ledger`), the public bounds a node checks
+the server against (:mod:`~mechanisms.secagg.bounds`), distributed noise and what survives dropouts
+(:mod:`~mechanisms.secagg.noise`), what a server can learn, computed for each configuration and run
+(:mod:`~mechanisms.secagg.threat`), the bytes each protocol sends (:mod:`~mechanisms.secagg.comm`) and
+the protections :func:`privfed.fit` takes (:mod:`~mechanisms.secagg.protection`).
 
 The names below are imported on first use (the key-agreement stack and TenSEAL are heavy)::
 
@@ -34,10 +35,9 @@ _HOME = {
     "SecureAggReport": "protection",
     "SecureSumRun": "protection",
     "make_secure_agg": "protection",
-    "THREAT_MODEL_CKKS": "protection",
-    "THREAT_MODEL_CKKS_ACTIVE": "protection",
-    "THREAT_MODEL_MASK": "protection",
-    "THREAT_MODEL_MASK_ACTIVE": "protection",
+    "ThreatModel": "threat",
+    "masking_threat": "threat",
+    "ckks_threat": "threat",
     "ProtocolAbort": "crypto",
     "DistributedGaussian": "noise",
     "CKKSParams": "ckks.scheme",

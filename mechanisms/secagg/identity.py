@@ -11,7 +11,14 @@ a server that asks for another K or t, or slips in a key of its own
 The roster also fixes t: at least 2 and above n_C + (K - n_C)/2, where up to
 n_C nodes may collude with the server (``colluders``; Bonawitz et al.,
 Sec. 6), so two different survivor lists can never both collect t
-signatures from honest nodes.
+signatures from honest nodes.  The default declares one colluder and takes
+the smallest threshold that tolerates it
+(:func:`mechanisms.secagg.threat.default_threshold`); a roster whose threshold
+tolerates no colluder is made only when the operator declares
+``colluders=0`` (``--colluders 0``), and a roster file written before rosters
+recorded that choice (version 1 or 2) is refused when its threshold tolerates
+none.  The roster also carries the public bounds a node checks the server's
+messages against (:mod:`mechanisms.secagg.bounds`).
 
 SecAgg+ (Bell et al., CCS 2020): with ``degree=k`` the roster also carries
 the graph, a uniform ring order of the nodes drawn here from OS entropy
@@ -25,12 +32,19 @@ graph (k + 1 = K), and its fingerprint is what it always was.
 Deployment: the operator runs once ::
 
     python -m mechanisms.secagg.identity DIR --nodes K [--threshold T] [--colluders C] [--degree k]
+        [--max-records N] [--means-per-node M] [--frac-bits F]
 
 which writes ``DIR/roster.json`` (public: give it to every node) and
 ``DIR/node-<i>.json`` (node i's private key, mode 0600: give it to node i
-only), and starts each SuperNode with
+only); on each node, once, ::
+
+    python -m mechanisms.secagg.identity --init-ledger FILE --roster DIR/roster.json
+
+creates its ledger file bound to the roster's fingerprint (:mod:`privfed.results.ledger`); then it starts
+each SuperNode with
 ``--node-config "secagg-identity=DIR/node-<i>.json secagg-roster=DIR/roster.json secagg-ledger=FILE ..."``
-(the ledger file, kept on the node across runs, is required: see :mod:`privfed.flower.secagg`).
+(the ledger file, kept on the node across runs, is required, and a missing one is refused: see
+:mod:`privfed.flower.secagg`).
 Simulations (:func:`privfed.flower.simulation.run_simulation`, the
 in-process grid) generate the roster in the app from OS entropy.
 """
@@ -50,21 +64,23 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from mechanisms.secagg.bounds import DEFAULTS, PublicBounds
 from mechanisms.secagg.crypto import KeySource
 from mechanisms.secagg.graph import check_degree, draw_ring, group_size, ring_neighbours
+from mechanisms.secagg.threat import (
+    DEFAULT_COLLUDERS,
+    colluders_tolerated,
+    default_threshold,
+    min_threshold,
+    threshold_rule,
+)
 from privfed.errors import ConfigError
 
-__all__ = ["Identity", "Roster", "make_roster", "min_threshold", "signed_bytes"]
+__all__ = ["ROSTER_VERSION", "Identity", "Roster", "make_roster", "min_threshold", "signed_bytes"]
 
 SIGNATURE_BYTES = 64
-
-
-def min_threshold(num_nodes: int, colluders: int = 0) -> int:
-    """Smallest t with t >= 2 and t > n_C + (K - n_C)/2 (Bonawitz et al. 2017, Sec. 6).
-
-    On a SecAgg+ graph pass the group size k + 1 for ``num_nodes``: 2t > k + 1 + n_C."""
-    K, c = int(num_nodes), int(colluders)
-    return max(2, (K + c) // 2 + 1)
+#: The roster file format: 3 records the declared colluders as the operator's choice, and the public bounds.
+ROSTER_VERSION = 3
 
 
 def signed_bytes(label: str, *parts: bytes | int | list[int]) -> bytes:
@@ -93,8 +109,11 @@ class Roster:
     colluders: int = 0
     degree: int | None = None
     ring: tuple[int, ...] | None = None
+    bounds: PublicBounds = DEFAULTS
 
     def __post_init__(self) -> None:
+        if not isinstance(self.bounds, PublicBounds):
+            raise ConfigError(f"a roster's bounds must be PublicBounds, got {type(self.bounds).__name__}")
         K = len(self.public_keys)
         if K < 2:
             raise ConfigError(f"a secure-aggregation roster needs at least 2 nodes, got {K}")
@@ -144,13 +163,19 @@ class Roster:
         return ring_neighbours(self.ring, self.degree)
 
     @property
+    def tolerated(self) -> int:
+        """Colluders the threshold tolerates (2t - n - 1, :func:`mechanisms.secagg.threat.colluders_tolerated`)."""
+        return colluders_tolerated(self.group_size, self.threshold)
+
+    @property
     def sum_threshold(self) -> int:
         """Fewest inputs a protocol that sums all nodes at once (CKKS) may release: a majority of K."""
         return max(int(self.threshold), min_threshold(self.size, self.colluders))
 
     @cached_property
     def fingerprint(self) -> bytes:
-        """SHA-256 of the roster (keys, t, n_C, the graph): every signed message names the roster it belongs to."""
+        """SHA-256 of the roster (keys, t, n_C, the graph, the public bounds): every signed message names the
+        roster it belongs to.  Rosters with default bounds keep the fingerprint they had before bounds."""
         if self.degree is None:  # the complete graph: the fingerprint of rosters made before graphs
             parts = signed_bytes("roster", self.threshold, self.colluders, *self.public_keys)
         else:
@@ -162,6 +187,9 @@ class Roster:
                 list(self.ring),
                 *self.public_keys,
             )
+        if not self.bounds.is_default:
+            b = self.bounds
+            parts += signed_bytes("roster-bounds", b.max_records, b.means_per_node, b.frac_bits)
         return hashlib.sha256(parts).digest()
 
     def verify(self, index: int, signature: bytes, message: bytes) -> bool:
@@ -176,10 +204,11 @@ class Roster:
 
     def to_json(self) -> str:
         out = {
-            "version": 1 if self.degree is None else 2,
+            "version": ROSTER_VERSION,
             "threshold": int(self.threshold),
             "colluders": int(self.colluders),
             "public_keys": [k.hex() for k in self.public_keys],
+            "bounds": self.bounds.as_dict(),
         }
         if self.degree is not None:
             out.update(degree=int(self.degree), ring=[int(v) for v in self.ring])
@@ -203,12 +232,13 @@ class Roster:
                 ring is None or (isinstance(ring, list) and all(whole(v) for v in ring))
             ):
                 raise ValueError("degree must be an integer and ring a list of node indices")
-            return cls(
+            roster = cls(
                 public_keys=tuple(bytes.fromhex(k) for k in raw["public_keys"]),
                 threshold=threshold,
                 colluders=colluders,
                 degree=degree,
                 ring=None if ring is None else tuple(ring),
+                bounds=PublicBounds.from_dict(raw.get("bounds"), source),
             )
         except (KeyError, TypeError, ValueError) as exc:
             if isinstance(exc, ConfigError):
@@ -216,6 +246,14 @@ class Roster:
             raise ConfigError(
                 f"{source} is not a privfed roster (JSON with public_keys, threshold): {exc}"
             ) from None
+        if raw.get("version", 1) < ROSTER_VERSION and roster.tolerated == 0:
+            raise ConfigError(
+                f"{source} was written before rosters recorded their colluders, and its threshold "
+                f"t={roster.threshold} tolerates no colluding node (a node colluding with the server can unmask "
+                "a neighbour); write a new roster with python -m mechanisms.secagg.identity (default: "
+                f"{threshold_rule()}), or --colluders 0 to accept that"
+            )
+        return roster
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> Roster:
@@ -273,15 +311,21 @@ class Identity:
 def make_roster(
     num_nodes: int,
     threshold: int | None = None,
-    colluders: int = 0,
+    colluders: int | None = None,
     seed: int | bytes | None = None,
     degree: int | None = None,
+    bounds: PublicBounds | None = None,
 ) -> tuple[Roster, list[Identity]]:
     """Fresh identities for ``num_nodes`` nodes and their roster (OS entropy; ``seed`` for tests only).
 
-    ``degree=k`` draws a SecAgg+ graph (a uniform ring order, from the same key source) into the roster;
-    the default threshold is then the smallest for groups of k + 1.
+    ``colluders`` (default :data:`~mechanisms.secagg.threat.DEFAULT_COLLUDERS`) is the number of nodes the
+    operator declares may collude with the server: the threshold must tolerate them.  The default threshold
+    is the larger of :func:`~mechanisms.secagg.threat.default_threshold` (which tolerates at least one
+    colluder) and the smallest that tolerates the declared ones.  ``degree=k`` draws a SecAgg+ graph (a
+    uniform ring order, from the same key source) into the roster; thresholds are then per group of k + 1.
     """
+    if colluders is None:
+        colluders = DEFAULT_COLLUDERS
     if degree is not None:
         check_degree(degree, int(num_nodes))
     keys = KeySource(seed)
@@ -298,28 +342,71 @@ def make_roster(
         )
     ring = None if degree is None else tuple(draw_ring(int(num_nodes), keys))
     n = int(num_nodes) if degree is None else min(int(num_nodes), int(degree) + 1)
-    t = min_threshold(n, colluders) if threshold is None else int(threshold)
-    return Roster(tuple(i.public_key for i in ids), t, int(colluders), degree, ring), ids
+    if threshold is None:
+        t = max(default_threshold(n), min_threshold(n, colluders))
+    else:
+        t = int(threshold)
+    return (
+        Roster(
+            tuple(i.public_key for i in ids),
+            t,
+            int(colluders),
+            degree,
+            ring,
+            DEFAULTS if bounds is None else bounds,
+        ),
+        ids,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m mechanisms.secagg.identity",
-        description="Write a secure-aggregation roster and one identity file per node.",
+        description="Write a secure-aggregation roster and one identity file per node; or, on a node, create "
+        "its ledger file (--init-ledger FILE --roster ROSTER).",
     )
-    p.add_argument("directory")
-    p.add_argument("--nodes", type=int, required=True)
-    p.add_argument("--threshold", type=int, default=None)
-    p.add_argument("--colluders", type=int, default=0)
+    p.add_argument("directory", nargs="?")
+    p.add_argument("--nodes", type=int, default=None)
+    p.add_argument(
+        "--threshold", type=int, default=None, help=f"Shamir threshold t (default: {threshold_rule()})"
+    )
+    p.add_argument(
+        "--colluders",
+        type=int,
+        default=None,
+        help=f"nodes that may collude with the server (default {DEFAULT_COLLUDERS}); 0 accepts a threshold "
+        "that tolerates none (CKKS needs 0: its key holder decrypts every input)",
+    )
     p.add_argument(
         "--degree",
         type=int,
         default=None,
         help="SecAgg+ degree k (even): a random k-regular graph drawn into the roster; default complete",
     )
+    p.add_argument(
+        "--max-records", type=int, default=DEFAULTS.max_records, help="public bound: records a node holds"
+    )
+    p.add_argument(
+        "--means-per-node",
+        type=int,
+        default=DEFAULTS.means_per_node,
+        help="public bound: FedCOF means per node",
+    )
+    p.add_argument(
+        "--frac-bits", type=int, default=DEFAULTS.frac_bits, help="fixed-point fractional bits of masked sums"
+    )
+    p.add_argument("--init-ledger", metavar="FILE", default=None, help="on a node: create its ledger file")
+    p.add_argument("--roster", metavar="ROSTER", default=None, help="with --init-ledger: the roster file")
     a = p.parse_args(argv)
     try:
-        roster, ids = make_roster(a.nodes, a.threshold, a.colluders, degree=a.degree)
+        if a.init_ledger is not None:
+            return _init_ledger(a.init_ledger, a.roster)
+        if a.directory is None or a.nodes is None:
+            raise ConfigError(
+                "give DIR and --nodes K to write a roster (or --init-ledger FILE --roster ROSTER)"
+            )
+        bounds = PublicBounds(a.max_records, a.means_per_node, a.frac_bits)
+        roster, ids = make_roster(a.nodes, a.threshold, a.colluders, degree=a.degree, bounds=bounds)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -333,10 +420,24 @@ def main(argv: list[str] | None = None) -> int:
             fh.write(ident.to_json())
     print(
         f"wrote {out / 'roster.json'} (K={roster.size}, t={roster.threshold}, "
-        f"graph={'complete' if roster.degree is None else f'{roster.degree}-regular'}) and {len(ids)} identity files; "
-        "start node i with --node-config 'secagg-identity=.../node-i.json secagg-roster=.../roster.json "
-        "secagg-ledger=FILE' (FILE on the node, kept across runs)"
+        f"graph={'complete' if roster.degree is None else f'{roster.degree}-regular'}, colluders declared "
+        f"{roster.colluders}, tolerated {roster.tolerated}) and {len(ids)} identity files; on node i, once: "
+        f"python -m mechanisms.secagg.identity --init-ledger FILE --roster .../roster.json; then start it "
+        "with --node-config 'secagg-identity=.../node-i.json secagg-roster=.../roster.json secagg-ledger=FILE' "
+        "(FILE on the node, kept across runs)"
     )
+    return 0
+
+
+def _init_ledger(path: str, roster_path: str | None) -> int:
+    """Create a node's ledger file bound to the roster (or convert a ledger of the older line format)."""
+    from mechanisms.secagg.ledger import init_ledger_file
+
+    if roster_path is None:
+        raise ConfigError("--init-ledger FILE needs --roster ROSTER (the roster.json the node runs with)")
+    roster = Roster.load(roster_path)
+    what = init_ledger_file(path, roster.fingerprint)
+    print(f"{what} {path} (bound to the roster {roster.fingerprint.hex()[:16]}...)")
     return 0
 
 

@@ -6,20 +6,128 @@ signed, and another CKKS key holder than the first it encrypted for: a
 server holding two sums that differ by one node subtracts them.
 :class:`mechanisms.secagg.masking.node.MaskingNode` consults it at the masked and
 consistency stages, the Flower CKKS node at encryption and decryption; a
-Flower node keeps it in ``context.state`` and optionally in a file
+Flower node keeps it in ``context.state`` and in its ledger file
 (:func:`privfed.flower.secagg.node_ledger`).
+
+The ledger file (:class:`privfed.results.ledger.NodeLedger`) holds these records as its ``secagg``
+section (:data:`SECTION`): ``aggregations`` (hex lifetime ids of the configurations and rounds the node
+uploaded for), ``uploaders`` (its pinned uploader set), ``holder`` (its CKKS key holder) and
+``key_sessions`` (the CKKS sessions it made keys for).  :class:`FileRecords` reads and updates them, one
+locked, atomic update at a time; :func:`init_ledger_file` creates a node's file (converting one of the
+older one-record-a-line format).
 """
 
 from __future__ import annotations
 
+import json
+import os
+import pathlib
+import string
 from collections.abc import Callable
 
 from mechanisms.secagg.crypto import ProtocolAbort
+from privfed.results.ledger import LedgerError, NodeLedger
 
-__all__ = ["KEY_SESSION_PREFIX", "SessionLedger"]
+__all__ = ["KEY_SESSION_PREFIX", "SECTION", "FileRecords", "SessionLedger", "init_ledger_file"]
 
-#: Prefix of a CKKS session id this node made keys for, in ``used`` (and in a ledger file).
+#: Prefix of a CKKS session id this node made keys for, in ``used``.
 KEY_SESSION_PREFIX = "keys:"
+#: The kind of the ledger file's section this module keeps, and its version.
+SECTION, SECTION_VERSION = "secagg", 1
+
+
+def _empty() -> dict:
+    return {"aggregations": [], "key_sessions": []}
+
+
+def _from_lines(lines: list[str]) -> dict:
+    """The records of a ledger file in the older format (one record a line)."""
+    out = _empty()
+    for line in lines:
+        if line.startswith("uploaders="):
+            out.setdefault("uploaders", [int(v) for v in line[len("uploaders=") :].split(",") if v])
+        elif line.startswith("holder="):
+            out.setdefault("holder", int(line[len("holder=") :]))
+        elif line.startswith(KEY_SESSION_PREFIX):
+            out["key_sessions"].append(line[len(KEY_SESSION_PREFIX) :])
+        elif line and all(ch in string.hexdigits for ch in line):
+            out["aggregations"].append(line.lower())
+        else:
+            raise ValueError(f"an unknown record {line[:20]!r}")
+    return out
+
+
+def init_ledger_file(path: str | os.PathLike, fingerprint: bytes) -> str:
+    """Create a node's ledger file for the roster ``fingerprint``: "created", or "converted" when ``path``
+    held a ledger of the older line format (kept beside it as ``<path>.old``); an existing ledger is refused."""
+    p = pathlib.Path(path).expanduser()
+    records = _empty()
+    what = "created"
+    if p.exists():
+        try:
+            text = p.read_text(encoding="utf-8")
+        except (OSError, ValueError) as exc:
+            raise LedgerError(f"--init-ledger {p}: the file exists and cannot be read ({exc})") from None
+        try:
+            json.loads(text)
+        except ValueError:  # not JSON: the older format, one record a line
+            try:
+                records = _from_lines(text.split())
+            except ValueError as exc:
+                raise LedgerError(f"--init-ledger {p}: the file exists and is not a ledger ({exc})") from None
+            p.replace(p.with_name(p.name + ".old"))
+            what = "converted the older ledger"
+    NodeLedger.create(p, fingerprint, sections={SECTION: (SECTION_VERSION, records)})
+    return what
+
+
+class FileRecords:
+    """The ``secagg`` section of a node's ledger file, as :class:`SessionLedger` uses it."""
+
+    def __init__(self, ledger: NodeLedger) -> None:
+        self.ledger = ledger
+
+    def records(self) -> dict:
+        return {**_empty(), **self.ledger.read(SECTION, SECTION_VERSION)}
+
+    def claim(self, lifetime: bytes, node: int) -> None:
+        """Add a lifetime id, refusing one already there (check and write in one locked update)."""
+        key = bytes(lifetime).hex()
+
+        def change(rec: dict) -> dict:
+            rec = {**_empty(), **rec}
+            if key in rec["aggregations"]:
+                raise ProtocolAbort(
+                    f"node {node} aborts at stage 'masked': its ledger {self.ledger.path} shows it already uploaded "
+                    "for this configuration and round in an earlier run; a server that repeats a sum could "
+                    "subtract the two",
+                    node=node,
+                    stage="masked",
+                    deviation="second-session",
+                )
+            rec["aggregations"].append(key)
+            return rec
+
+        self.ledger.update(SECTION, change, version=SECTION_VERSION)
+
+    def keep(self, line: str) -> None:
+        """Keep a pin (``uploaders=0,1,2``, ``holder=3``: the first only) or a CKKS key session (``keys:...``)."""
+
+        def change(rec: dict) -> dict | None:
+            rec = {**_empty(), **rec}
+            if line.startswith(KEY_SESSION_PREFIX):
+                hexid = line[len(KEY_SESSION_PREFIX) :]
+                if hexid in rec["key_sessions"]:
+                    return None
+                rec["key_sessions"].append(hexid)
+                return rec
+            key, _, value = line.partition("=")
+            if key in rec:
+                return None
+            rec[key] = [int(v) for v in value.split(",") if v] if key == "uploaders" else int(value)
+            return rec
+
+        self.ledger.update(SECTION, change, version=SECTION_VERSION)
 
 
 class SessionLedger:

@@ -41,6 +41,10 @@ Distributed noise: pass ``noise=DistributedGaussian(...)``
 (:mod:`mechanisms.secagg.noise`); every uploading client adds its
 N(0, sigma^2/K) share before masking or encryption.  Do not also add noise
 on the aggregate through a privacy mechanism unless that is intended.
+
+Threat model: computed for each run (:mod:`mechanisms.secagg.threat`) from K,
+the threshold, the graph, the uploaders and the noise, never typed: the
+report's ``threat_model`` is its text, ``threat`` its numbers.
 """
 
 from __future__ import annotations
@@ -56,13 +60,10 @@ from mechanisms.secagg.ckks.scheme import CKKSParams
 from mechanisms.secagg.comm import has_secure_protocol, secagg_upload_bytes
 from mechanisms.secagg.masking import ProtocolAbort, masked_sum
 from mechanisms.secagg.noise import DistributedGaussian
+from mechanisms.secagg.threat import ThreatModel, ckks_threat, masking_threat, threshold_rule
 from privfed.errors import ConfigError
 
 __all__ = [
-    "THREAT_MODEL_CKKS",
-    "THREAT_MODEL_CKKS_ACTIVE",
-    "THREAT_MODEL_MASK",
-    "THREAT_MODEL_MASK_ACTIVE",
     "CKKSAggregation",
     "PairwiseMasking",
     "ProtocolAbort",
@@ -70,72 +71,6 @@ __all__ = [
     "SecureSumRun",
     "make_secure_agg",
 ]
-
-THREAT_MODEL_MASK = (
-    "Honest-but-curious server: it follows the protocol and sees two X25519 public keys per client, "
-    "AES-GCM encrypted Shamir shares it cannot read, masked uploads uniform over Z_2^64, shares of the "
-    "self-mask seeds of uploaders and of the mask keys of clients that dropped before uploading (never "
-    "both for one client), and the sum; it learns only the sum over uploaders and who dropped. Collusion: "
-    "the server with fewer than t clients learns nothing more; t or more colluders can rebuild any "
-    "client's seeds and unmask its input. A malicious server could: send different uploader lists to "
-    "different clients to collect both kinds of shares for one client (prevented only by the consistency "
-    "round with signatures of the active-adversary version: masked_sum(active=True), and the Flower app), simulate fake clients "
-    "(there is no public-key infrastructure, so with K - 1 Sybils it learns the one real input), declare "
-    "honest clients dropped so the sum covers a subset it chose (at least t clients), and return a wrong "
-    "sum (no integrity). Secure aggregation is not differential privacy: the sum itself may reveal a "
-    "client when K is small; add distributed noise for a DP guarantee."
-)
-
-THREAT_MODEL_MASK_ACTIVE = (
-    "Active-adversary version (Bonawitz et al. 2017), on the Flower app: every node holds an Ed25519 identity "
-    "from a roster the operator distributes, which also fixes K and t (t >= 2 and t > K/2) and, with a degree k, "
-    "the SecAgg+ graph (Bell et al. 2020), drawn by the operator from OS entropy, never by the server: each "
-    "node then masks with and shares among its k neighbours, refuses any list naming a node outside its group "
-    "of k + 1, unmasks only after t signatures from its group on views that agree with its own, and t is a "
-    "threshold of every group (t >= 2, 2t > k + 1 + n_C). A server that "
-    "follows the protocol learns only the sum over at least t uploaders and who dropped. A server that deviates "
-    "is detected and the nodes abort before revealing any share, naming the stage: another K or t, keys that "
-    "are not the roster's (substituted keys, Sybils), a survivor list shorter than t or without the node "
-    "itself, different uploader lists or broadcasts for different nodes (each node reveals shares only after "
-    "t signatures on its own lists and every uploader's signed echo of what it summed), replayed or tampered "
-    "messages, a second masked session for the same aggregation (a node uploads once per aggregation id, so "
-    "its noise share is never reused or differenced), a sum over another uploader set than the node's earlier "
-    "sums in the run (or in its ledger file), which would subtract to one node's input. Declaring a live node dropped, consistently, gives the "
-    "server that node's pair-mask key but never its self-mask seed: the sum of the others, nothing of the "
-    "node. Collusion: t or more nodes with the server unmask anyone (on the graph: t of one group unmask its "
-    "members). Not prevented: a wrong sum (no integrity), dropping honest nodes so the sum covers a chosen "
-    "subset of at least t (on the graph: the sum of each part the graph falls into once those nodes are "
-    "removed, each part holding at least t - n_C honest inputs; the roster's graph is public, so the server "
-    "may aim). Secure aggregation is not differential privacy."
-)
-
-THREAT_MODEL_CKKS_ACTIVE = (
-    "CKKS on the Flower app against a deviating server: the key holder (a node) signs its public context "
-    "with its roster identity and every node checks it before encrypting (a substituted key is refused); "
-    "each node signs its ciphertexts with the digest of what it summed, and the key holder adds at least t "
-    "signed contributions from distinct roster nodes itself before it decrypts once and rounds to the "
-    "release grid (a single node's ciphertext passed off as the sum, relabelled contributions and split "
-    "broadcasts are refused); one upload per aggregation id; a node encrypts for one key holder per run, which "
-    "decrypts sums over one contributor set only and refuses contributors whose earlier masked sum covered "
-    "another set (two sums over different sets subtract to one node's input); more than 256 nodes refused (the decryption "
-    "error would reach the release grid). The server relays ciphertexts it cannot read and sees the released "
-    "sum. Collusion of server and key holder reveals every node's statistic (the server names the holder, so "
-    "a node refuses CKKS when its roster allows colluders); a malicious key holder could "
-    "release a wrong value. Secure aggregation is not differential privacy."
-)
-
-THREAT_MODEL_CKKS = (
-    "Aggregator holding only the public context (public key; decryption raises): it sees IND-CPA "
-    "ciphertexts (RLWE) and the released sum. The key holder (client 0, with identities made for the run) "
-    "makes fresh keys per aggregation and signs its public context, which every client checks before "
-    "encrypting; clients sign their ciphertexts, and the key holder adds at least t signed contributions "
-    "itself and decrypts that sum once, rounded to a declared grid so exact decryptions cannot leak the "
-    "secret key (Li-Micciancio): a substituted key, one client's ciphertext passed off as the sum, "
-    "relabelled contributions and a second decryption are refused (the same node and key-holder code as the "
-    "Flower app). Collusion of aggregator and key holder reveals every client's statistic; the aggregator "
-    "could drop clients; a malicious key holder could release a wrong value. Secure aggregation is not "
-    "differential privacy; add distributed noise for a DP guarantee."
-)
 
 
 @dataclass(eq=False)
@@ -166,6 +101,7 @@ class SecureAggReport:
     noise : dict or None
         The distributed-noise guarantee (full, with t missing, this run).
     threat_model : str
+        :attr:`threat`'s text.
     secure_variant : str
         How the method ran: ``"sums"`` or ``"two-round protocol (App. I.2)"``.
     """
@@ -182,6 +118,8 @@ class SecureAggReport:
     threat_model: str
     secure_variant: str
     views: list[Any] = field(default_factory=list, repr=False)
+    #: The computed threat model (:class:`mechanisms.secagg.threat.ThreatModel`) of the last aggregation.
+    threat: Any = None
 
 
 class SecureSumRun:
@@ -211,7 +149,6 @@ class SecureSumRun:
 
 class _Protocol:
     name = ""
-    threat_model = ""
 
     def __init__(self, *, integers: str | bool, noise: DistributedGaussian | None) -> None:
         if integers not in ("auto", True, False):
@@ -241,6 +178,26 @@ class _Protocol:
     def _bytes(self, method, M: int, K: int, d: int, C: int) -> dict[str, Any]:  # pragma: no cover
         raise NotImplementedError
 
+    def threat(self) -> ThreatModel | None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    @property
+    def threat_model(self) -> str:
+        """The computed threat model of the last aggregation (:meth:`threat`), as text."""
+        threat = self.threat()
+        return (
+            "no aggregation has run yet: the threat model is computed from a run"
+            if threat is None
+            else threat.text()
+        )
+
+    def _epsilon_of(self, K: int, calls: list[dict]):
+        """epsilon of a sum carrying m of the K noise shares (None without distributed noise)."""
+        if self.noise is None or not calls:
+            return None
+        sizes = [int(np.prod(c["shape"])) for c in calls]
+        return lambda m: self.noise.guarantee(K, len(calls), present=m, sizes=sizes)["this_run"]["epsilon"]
+
     def report(self, method: Any, stats: Any) -> SecureAggReport:
         """Cost, parameters, dropouts, noise guarantee and threat model of the last aggregation."""
         run = self.last_run
@@ -259,9 +216,10 @@ class _Protocol:
             noise = self.noise.guarantee(
                 K,
                 len(calls),
-                present=min(c["uploaded"] for c in calls),
+                present=min(c.get("smallest_part", c["uploaded"]) for c in calls),
                 sizes=[int(np.prod(c["shape"])) for c in calls],
             )
+        threat = self.threat()
         return SecureAggReport(
             protocol=self.name,
             method=getattr(method, "name", str(method)),
@@ -275,6 +233,7 @@ class _Protocol:
             threat_model=self.threat_model,
             secure_variant="two-round protocol (App. I.2)" if has_secure_protocol(type(method)) else "sums",
             views=[] if run is None else run.views,
+            threat=threat,
         )
 
 
@@ -289,7 +248,8 @@ class PairwiseMasking(_Protocol):
     integers : {"auto", True, False}
         Encoding of integer statistics with f = 0 (exact); see the module docstring.
     threshold : int, optional
-        Shamir threshold t (default: a majority of each client's group).
+        Shamir threshold t (default: the smallest that tolerates a colluding node,
+        :func:`mechanisms.secagg.threat.default_threshold` of each client's group; at least a majority).
     neighbours : int, optional
         Even degree k of the SecAgg+ graph; ``None`` for the complete graph.
     dropouts : int
@@ -316,7 +276,6 @@ class PairwiseMasking(_Protocol):
     """
 
     name = "mask"
-    threat_model = THREAT_MODEL_MASK
 
     def __init__(
         self,
@@ -361,7 +320,7 @@ class PairwiseMasking(_Protocol):
             "frac_bits": self.frac_bits,
             "resolution": 2.0**-self.frac_bits,
             "integers": self.integers,
-            "threshold": self.threshold if self.threshold is not None else "majority of each group",
+            "threshold": self.threshold if self.threshold is not None else "default: " + threshold_rule(),
             "graph": "complete" if self.neighbours is None else f"{self.neighbours}-regular Harary (SecAgg+)",
             "key_agreement": "X25519 + HKDF-SHA256",
             "prg": "AES-256-CTR",
@@ -401,6 +360,7 @@ class PairwiseMasking(_Protocol):
             name=f"secure sum {call + 1} (shape {stack.shape[1:]})",
         )
         ups = [sum(v.values()) for v in res.upload_bytes.values()]
+        run.state["last"] = res
         record = {
             "encoding": f"fixed point, f={res.frac_bits}"
             + (" (integer, exact)" if res.frac_bits == 0 else ""),
@@ -412,11 +372,37 @@ class PairwiseMasking(_Protocol):
             "upload_bytes_mean": float(np.mean(ups)),
             "download_bytes_mean": float(np.mean(list(res.download_bytes.values()))),
             "seconds": res.seconds,
+            # the parts the uploaders' graph falls into: the server decodes each part's sum alone
+            "parts": [len(p) for p in res.parts],
+            "smallest_part": min((len(p) for p in res.parts), default=0),
         }
         return res, record
 
     def _bytes(self, method, M, K, d, C):
         return secagg_upload_bytes(method, M, K, d, C, "mask", neighbours=self.neighbours)
+
+    def threat(self) -> ThreatModel | None:
+        """The threat model of the last aggregation, computed (:func:`mechanisms.secagg.threat.masking_threat`):
+        the honest-but-curious version, its threshold and graph, the uploaders of its smallest sum."""
+        run = self.last_run
+        if run is None or not run.calls:
+            return None
+        res = run.state["last"]
+        K = run.calls[0]["clients"]
+        worst = min(run.results, key=lambda r: min((len(p) for p in r.parts), default=0))
+        degree = None if self.neighbours is None or self.neighbours >= K - 1 else int(self.neighbours)
+        return masking_threat(
+            K,
+            res.threshold,
+            degree,
+            active=False,
+            graph=list(worst.graph),
+            uploaded=worst.uploaded,
+            epsilon_of=self._epsilon_of(K, run.calls),
+            key_material="operating-system CSPRNG"
+            if self.key_seed is None
+            else f"SEEDED (key_seed={self.key_seed}): replayable, a simulation, not a secure run",
+        )
 
 
 class CKKSAggregation(_Protocol):
@@ -433,7 +419,6 @@ class CKKSAggregation(_Protocol):
     """
 
     name = "ckks"
-    threat_model = THREAT_MODEL_CKKS
 
     def __init__(
         self,
@@ -480,6 +465,20 @@ class CKKSAggregation(_Protocol):
 
     def _bytes(self, method, M, K, d, C):
         return secagg_upload_bytes(method, M, K, d, C, "ckks", ckks_params=self.params)
+
+    def threat(self) -> ThreatModel | None:
+        """The threat model of the last aggregation, computed (:func:`mechanisms.secagg.threat.ckks_threat`)."""
+        run = self.last_run
+        if run is None or not run.calls:
+            return None
+        K = run.calls[0]["clients"]
+        uploaded = min(c["uploaded"] for c in run.calls)
+        return ckks_threat(
+            K,
+            run.results[-1].threshold,
+            uploaded=range(uploaded),
+            epsilon_of=self._epsilon_of(K, run.calls),
+        )
 
 
 def make_secure_agg(kind: str, **options: Any) -> PairwiseMasking | CKKSAggregation | None:

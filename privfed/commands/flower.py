@@ -208,6 +208,7 @@ def _body(argv: Sequence[str] | None) -> int:
             f"secure        {res.head.secure_aggregation['summed_nodes']} nodes summed, dropped: "
             f"{res.head.secure_aggregation['dropped'] or 'none'}"
         )
+        print(f"threat model  {res.head.secure_aggregation['threat_model']}")
     for note in res.head.notes:
         print(f"note          {note}")
     return 0

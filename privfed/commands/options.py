@@ -20,7 +20,21 @@ import sys
 
 from privfed.commands.common import HelpFormatter, Parser, add_common_arguments
 
-__all__ = ["ATTACK_NAMES", "METHOD_NAMES", "answer_help", "attack_parser", "flower_parser", "tradeoff_parser"]
+#: mechanisms.secagg.threat.threshold_rule(), written out: --help imports nothing heavy (a test checks the two).
+THRESHOLD_RULE = (
+    "t = max(2, floor((n + 1)/2) + 1) with n = K (or k + 1 with a SecAgg+ degree k): the smallest "
+    "threshold that tolerates 1 colluding node (2 when n is odd; tolerated: 2t - n - 1)"
+)
+
+__all__ = [
+    "ATTACK_NAMES",
+    "METHOD_NAMES",
+    "THRESHOLD_RULE",
+    "answer_help",
+    "attack_parser",
+    "flower_parser",
+    "tradeoff_parser",
+]
 
 #: privfed.methods.available(), listed here so that --help imports no method.
 METHOD_NAMES = ("fed3r", "fed3r-within", "fedcgs", "fedcof", "fedcof-oracle", "fedlog", "fedncm")
@@ -334,7 +348,12 @@ def flower_parser() -> argparse.ArgumentParser:
         "means mask",
     )
     a("--secure", dest="secure", choices=choices, help=argparse.SUPPRESS)
-    a("--threshold", type=int, default=None, help="Shamir threshold (default: a majority)")
+    a(
+        "--threshold",
+        type=int,
+        default=None,
+        help=f"Shamir threshold (default: {THRESHOLD_RULE}; each run prints its threat model, computed)",
+    )
     a(
         "--degree",
         type=int,

@@ -63,6 +63,7 @@ __all__ = [
     "SECRET_KEY",
     "CKKSSum",
     "check_num_nodes",
+    "ckks_limit",
     "ckks_sum_over_messages",
     "holder_decrypt_step",
     "holder_keys_step",
@@ -76,6 +77,13 @@ SECRET_KEY = "privfed-ckks-secret"
 
 
 # ------------------------------------------------------------------------------- node side
+def ckks_limit(num_nodes: int, params: CKKSParams | None = None) -> float:
+    """The largest |x| a node may encrypt so that the sum of K stays within the CKKS bound (public), with a
+    margin below the node's strict rule."""
+    p = CKKSParams() if params is None else params
+    return 2.0**p.bound_bits / int(num_nodes) * (1.0 - 2.0**-20)
+
+
 def _request(stage: str, content: RecordDict) -> dict:
     return {**dict(content["ckks"]), "stage": stage}
 

@@ -59,10 +59,11 @@ from privfed.flower.charges import (
     session_ids,
     settle_share,
 )
-from privfed.flower.ckks import holder_decrypt_step, holder_keys_step, node_encrypt_step
+from privfed.flower.ckks import ckks_limit, holder_decrypt_step, holder_keys_step, node_encrypt_step
 from privfed.flower.config import FlowerConfig
 from privfed.flower.node import load_node_data, node_rng, node_statistics
 from privfed.flower.protocol import check_round, node_vector
+from privfed.flower.roster_checks import check_masking_config, check_noise_share
 from privfed.flower.rounds import node_round_statistics
 from privfed.flower.secagg import (
     LEDGER_KEY,
@@ -71,6 +72,8 @@ from privfed.flower.secagg import (
     node_identity,
     node_ledger,
     node_step,
+    pin_num_classes,
+    ring_limit,
 )
 from privfed.flower.wire import stats_from_record, stats_record
 
@@ -130,33 +133,6 @@ def _plain_refused(msg: Message, context: Context, what: str) -> Message | None:
     )
 
 
-def _check_noise_share(cfg: FlowerConfig, roster, node: int, stage: str) -> None:
-    """Refuse a DP configuration whose K is not the roster's: the node's noise share sigma^2 / (K - tolerance)
-    is computed from the configuration, so a server claiming more nodes would make every share too small."""
-    if cfg.private and int(cfg.clients) != roster.size:
-        raise ProtocolAbort(
-            f"node {node} aborts at stage {stage!r}: the run config says clients={cfg.clients} but its roster has "
-            f"K={roster.size}; its noise share sigma^2/(K - tolerance) would be sized for another number of nodes "
-            "(the sum would carry less noise than the reported epsilon needs)",
-            node=node,
-            stage=stage,
-            deviation="wrong-parameters",
-        )
-
-
-def _check_graph(cfg: FlowerConfig, roster, node: int, stage: str) -> None:
-    """Refuse a run config whose SecAgg+ degree is not the roster's: the graph is the operator's."""
-    if cfg.degree != roster.degree:
-        raise ProtocolAbort(
-            f"node {node} aborts at stage {stage!r}: the run config says degree={cfg.degree} but its roster's "
-            f"graph is {'complete' if roster.degree is None else f'{roster.degree}-regular'}; the operator "
-            "draws the graph with the roster, so run with the roster's degree",
-            node=node,
-            stage=stage,
-            deviation="wrong-graph",
-        )
-
-
 def _malformed(msg: Message, context: Context, stage: str, exc: Exception) -> Message:
     """A clean refusal of a request whose fields have the wrong type or are missing (never a traceback)."""
     return _error(
@@ -170,7 +146,7 @@ def _malformed(msg: Message, context: Context, stage: str, exc: Exception) -> Me
     )
 
 
-def _secure_release(cfg: FlowerConfig, context: Context, msg: Message):
+def _secure_release(cfg: FlowerConfig, context: Context, msg: Message, roster=None):
     """This node's statistics (with its noise share under DP) and its release events, cached per run config.
 
     A node deployed with a roster refuses a server-chosen ``noise-seed`` (the
@@ -179,8 +155,13 @@ def _secure_release(cfg: FlowerConfig, context: Context, msg: Message):
     left out of the key: a server cannot make a node draw, or reuse, a share
     by changing it) and enters one masked sum per aggregation id (the node's
     :class:`~mechanisms.secagg.masking.node.SessionLedger` refuses a second).
+    A node with its own feature file checks its labels against ``num-classes``, a
+    value the server chooses: with ``roster`` it answers for one num-classes,
+    ever (:func:`privfed.flower.ledger.pin_num_classes`), so the check is no dial.
     """
     conf = context.node_config
+    if roster is not None and conf.get("features"):
+        pin_num_classes(context, roster, cfg.num_classes)
     if (
         cfg.private
         and cfg.noise_seed is not None
@@ -222,18 +203,28 @@ def _broadcast(msg: Message) -> dict | None:
 
 
 def _secure_vector(
-    msg: Message, cfg: FlowerConfig, context: Context, node: int, stage: str, roster, ckks=False
+    msg: Message, cfg: FlowerConfig, context: Context, node: int, stage: str, roster, limit, ckks=False
 ):
     """The vector this node contributes to the secure sum named in the message's ``round``
-    (:func:`privfed.flower.protocol.node_vector`: FedCOF's rounds are its node's; the roster's K bounds a
-    broadcast's K_c), under DP charged to the node's budget first (at the fewest shares the sum can carry)."""
-    stats, events = _secure_release(cfg, context, msg)
+    (:func:`privfed.flower.protocol.node_vector`: FedCOF's rounds are its node's; the roster's K and public
+    bounds bound a broadcast's K_c and N_c; ``limit`` is the largest value the transport encodes), under DP
+    charged to the node's budget first (at the fewest shares the sum can carry)."""
+    stats, events = _secure_release(cfg, context, msg, roster)
     if cfg.private:
         what = f"a secure {cfg.method} sum ({cfg.secure}, distributed noise)"
         config = dict(msg.content["config"])
         charge_share(context, cfg, config, events, roster=roster, what=what, stage=stage, ckks=ckks)
     return node_vector(
-        stats, cfg.make_method(), _round(msg), _broadcast(msg), node=node, stage=stage, num_nodes=roster.size
+        stats,
+        cfg.make_method(),
+        _round(msg),
+        _broadcast(msg),
+        node=node,
+        stage=stage,
+        num_nodes=roster.size,
+        bounds=roster.bounds,
+        exact=not cfg.private,
+        limit=limit,
     )
 
 
@@ -247,7 +238,7 @@ def _masked_input(
         return masked_round_input(
             context, cfg, config, _round(msg), _broadcast(msg), node=node, stage=stage, roster=roster
         )
-    return _secure_vector(msg, cfg, context, node, stage, roster)
+    return _secure_vector(msg, cfg, context, node, stage, roster, ring_limit(cfg.frac_bits, roster.size))
 
 
 _STATS = "privfed-stats"
@@ -321,7 +312,11 @@ def make_client_app(
             return failed
         try:
             cfg = _config(msg)
-            stats, events = _secure_release(cfg, context, msg)
+            roster = None
+            if cfg.secure in ("mask", "ckks"):  # the identity, roster and ledger file are checked first
+                roster = node_identity(context.node_config, context.node_id, provision)[1]
+                node_ledger(context, roster)
+            stats, events = _secure_release(cfg, context, msg, roster)
         except PrivfedError as exc:
             return _error(msg, exc)
         meta = ConfigRecord(
@@ -330,6 +325,7 @@ def make_client_app(
                 "C": int(stats.num_classes),
                 "events": json.dumps(events),
                 "key-holder": str(context.node_config.get("key-holder", "")).lower() == "true",
+                **({} if roster is None else {"bounds": json.dumps(roster.bounds.as_dict())}),
             }
         )
         return Message(RecordDict({"meta": meta}), reply_to=msg)
@@ -343,8 +339,7 @@ def make_client_app(
                 kw = {}
                 if stage == "masked":
                     cfg = _config(msg)
-                    _check_noise_share(cfg, roster, identity.index, stage)
-                    _check_graph(cfg, roster, identity.index, stage)
+                    check_masking_config(cfg, roster, identity.index, stage)
                     config = dict(msg.content["config"])
                     if cfg.rounds > 1:
                         from privfed.flower.fedlog import check_masked_round
@@ -391,7 +386,7 @@ def make_client_app(
             return failed
         try:
             identity, roster = node_identity(context.node_config, context.node_id, provision)
-            ledger = node_ledger(context)
+            ledger = node_ledger(context, roster)
             try:
                 reply = holder_keys_step(msg.content, context.state, identity, roster, ledger=ledger)
             finally:
@@ -409,13 +404,13 @@ def make_client_app(
         try:
             cfg = _config(msg)
             identity, roster = node_identity(context.node_config, context.node_id, provision)
-            _check_noise_share(cfg, roster, identity.index, "ckks_encrypt")
+            check_noise_share(cfg, roster, identity.index, "ckks_encrypt")
             check_round(
                 cfg.make_method(), _round(msg), _broadcast(msg), node=identity.index, stage="ckks_encrypt"
             )
             config = dict(msg.content["config"])
             agg, digest, lifetime = session_ids(context, cfg, config, _round(msg), _broadcast(msg))
-            ledger = node_ledger(context, lifetime)
+            ledger = node_ledger(context, roster, lifetime)
             try:  # the vector is computed only once the request checked out and the id is claimed
                 reply = node_encrypt_step(
                     msg.content,
@@ -423,7 +418,14 @@ def make_client_app(
                     identity,
                     roster,
                     values=lambda: _secure_vector(
-                        msg, cfg, context, identity.index, "ckks_encrypt", roster, ckks=True
+                        msg,
+                        cfg,
+                        context,
+                        identity.index,
+                        "ckks_encrypt",
+                        roster,
+                        ckks_limit(roster.size),
+                        ckks=True,
                     ),
                     ledger=ledger,
                     digest=digest,
@@ -443,7 +445,7 @@ def make_client_app(
             return failed
         try:
             identity, roster = node_identity(context.node_config, context.node_id, provision)
-            ledger = node_ledger(context)
+            ledger = node_ledger(context, roster)
             try:
                 reply = holder_decrypt_step(msg.content, context.state, identity, roster, ledger=ledger)
             finally:

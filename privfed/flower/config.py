@@ -26,14 +26,16 @@ Keys (run config / command line):
                             ``flwr-secaggplus-insecure`` (Flower's SecAgg+ workflow, for
                             comparison only: a deviating server recovers any node's
                             input; needs clip and max-records)
-``threshold``               Shamir threshold t (default and minimum: a majority,
-                            t >= 2 and t > K/2; with ``degree`` k a majority of each
+``threshold``               Shamir threshold t (default: the smallest that tolerates a
+                            colluding node, :func:`mechanisms.secagg.threat.threshold_rule`;
+                            minimum: a majority, t >= 2 and t > K/2; with ``degree`` k per
                             group of k + 1; the nodes' roster must say the same)
 ``degree``                  ``secure=mask``: the SecAgg+ degree k (even, 2 <= k < K) of
                             the graph the operator drew into the nodes' roster; each
                             node masks with and shares among k neighbours (bytes per
                             node grow with k, not K); default: the complete graph
-``frac-bits``               fixed-point fractional bits of masked statistics
+``frac-bits``               fixed-point fractional bits of masked statistics (the nodes'
+                            roster fixes them: a node refuses others)
 ``wire``                    plain uploads: ``float64`` (default: dense, exact) or
                             ``compact`` (float32, and without DP only the held
                             classes' rows: the layout fit's byte model counts)
@@ -64,7 +66,10 @@ from typing import Any
 from privfed import methods as _methods
 from privfed.errors import ConfigError
 
-__all__ = ["INSECURE_FLWR", "SECURE_PROTOCOLS", "FlowerConfig"]
+__all__ = ["INSECURE_FLWR", "SECURE_PROTOCOLS", "WIRE_EXTRA", "FlowerConfig"]
+
+#: Keys the server adds to the config it sends (beside the fields): its nonce, telling runs apart.
+WIRE_EXTRA = ("run-nonce",)
 
 #: Secure-aggregation protocols the Flower app runs as message stages.
 SECURE_PROTOCOLS = ("none", "mask", "ckks", "flwr-secaggplus-insecure")
@@ -253,12 +258,13 @@ class FlowerConfig:
 
     @property
     def secagg_threshold(self) -> int:
-        """The masking threshold t: the configured one, or the smallest for K nodes (or groups of k + 1)."""
-        from mechanisms.secagg.identity import min_threshold
+        """The masking threshold t: the configured one, or the default for K nodes (or groups of k + 1), the
+        smallest that tolerates a colluding node (:func:`mechanisms.secagg.threat.default_threshold`)."""
+        from mechanisms.secagg.threat import default_threshold
 
         if self.threshold is not None:
             return int(self.threshold)
-        return min_threshold(self.clients if self.degree is None else self.degree + 1)
+        return default_threshold(self.clients if self.degree is None else self.degree + 1)
 
     @property
     def min_replies(self) -> int:
@@ -299,7 +305,19 @@ class FlowerConfig:
 
     @classmethod
     def from_wire(cls, values: dict[str, Any]) -> FlowerConfig:
+        """The config a node receives (:meth:`to_wire` plus the server's ``run-nonce``); unknown keys are refused.
+
+        A key the node does not know changes nothing it computes but would change the aggregation id that
+        hashes the config: a server could get a fresh id per question and ask a node again and again.
+        """
         known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known - set(WIRE_EXTRA))
+        if unknown:
+            raise ConfigError(
+                f"the run config carries key(s) {unknown[:5]} this node does not know; it refuses the run "
+                "(an unknown key would name a new aggregation for the same statistics). Run server and nodes "
+                "with the same privfed version"
+            )
         kwargs = {k: v for k, v in values.items() if k in known}
         for name in ("method_params", "rounds_params"):
             if isinstance(kwargs.get(name), str):

@@ -108,8 +108,15 @@ class SecureNoiseReport:
         self.privacy.book_distributed(strip[0], self.num_clients, self.protocol)
         self._rid = len(self.privacy.ledger.events)
 
-    def settle(self, uploaded_per_sum: list[int]) -> None:
-        """The secure sums ran: ``uploaded_per_sum[i]`` nodes' inputs (and noise shares) are in sum i."""
+    def settle(self, uploaded_per_sum: list[int], parts_per_sum: list[list[int]] | None = None) -> None:
+        """The secure sums ran: ``uploaded_per_sum[i]`` nodes' inputs (and noise shares) are in sum i, which
+        the server decodes in parts of ``parts_per_sum[i]`` nodes (a split SecAgg+ graph; default one part)."""
         if self._rid is None:
             raise ConfigError("settle() before record(): no distributed release to settle")
-        self.protocol.last_run = _Run([{"uploaded": int(u)} for u in uploaded_per_sum])
+        parts = parts_per_sum or [[int(u)] for u in uploaded_per_sum]
+        self.protocol.last_run = _Run(
+            [
+                {"uploaded": int(u), "parts": [int(x) for x in p], "smallest_part": min(int(x) for x in p)}
+                for u, p in zip(uploaded_per_sum, parts)
+            ]
+        )

@@ -216,7 +216,7 @@ def flwr_secaggplus_sum(grid, cfg, nodes: list[int], *, length: int, C: int, d: 
     from flwr.server.workflow import SecAggPlusWorkflow
     from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECORD, Key
 
-    from mechanisms.secagg.masking import ProtocolAbort, default_threshold
+    from mechanisms.secagg.masking import ProtocolAbort, majority_threshold
 
     K = len(nodes)
     method = cfg.make_method()
@@ -249,7 +249,7 @@ def flwr_secaggplus_sum(grid, cfg, nodes: list[int], *, length: int, C: int, d: 
         ndarrays_to_parameters([np.zeros(length)]), keep_input=True
     )
     ctx.state.config_records[MAIN_CONFIGS_RECORD] = ConfigRecord({Key.CURRENT_ROUND: 1})
-    t = default_threshold(K) if threshold is None else int(threshold)
+    t = majority_threshold(K) if threshold is None else int(threshold)
     workflow = SecAggPlusWorkflow(
         num_shares=K,
         reconstruction_threshold=t,

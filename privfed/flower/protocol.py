@@ -24,6 +24,7 @@ from privfed.stats import STAT_FIELDS, ClientStats
 __all__ = [
     "check_round",
     "node_vector",
+    "refusal_bits",
     "secure_rounds",
     "split_sum_vector",
     "stat_fields",
@@ -61,6 +62,26 @@ def split_sum_vector(vec: np.ndarray, method, C: int, d: int) -> ClientStats:
     if i != vec.size:
         raise InputError(f"a summed vector of length {vec.size} does not match C={C}, d={d}")
     return ClientStats(**out)
+
+
+def refusal_bits() -> int:
+    """What a node's refusals can reveal of its data, in bits, ever (per version of its data).
+
+    The checks that read a node's data take no value the server may vary (K, t, the graph, frac-bits and
+    the public bounds are the roster's; num-classes is pinned in the node's ledger at its first run; the
+    FedCOF broadcast is checked against public values only, and a round-2 spread beyond the encodable
+    range is clipped and counted in the sum, never refused), so asking again gets the same answer: one
+    bit for whether the node's data loads (finite features, labels below num-classes, records at all
+    without DP), one per statistic the node can be asked to encode for each of the two encodings (the
+    2^64 ring at the roster's frac-bits, the CKKS bound): every sum-only method's vector and FedCOF's
+    round 1 with and without its noise-aware values, and one for its single DP release (the aggregation
+    id under DP is the round alone, claimed before the input is computed).
+    """
+    from privfed import methods as _methods
+
+    sum_only = [m for m in _methods.available() if not _methods.get(m).per_client]
+    kinds = len(sum_only) + 2  # + FedCOF's round 1, plain and noise-aware
+    return 1 + 2 * kinds + 1
 
 
 def secure_rounds(method) -> tuple[str, ...]:
@@ -110,20 +131,33 @@ def node_vector(
     node: int,
     stage: str,
     num_nodes: int | None = None,
+    bounds=None,
+    exact: bool | None = None,
+    limit: float | None = None,
 ) -> np.ndarray:
     """This node's input to the secure sum ``round_name`` (flat), or a :class:`ProtocolAbort` naming it.
 
     A node answers only the rounds its method runs (a server asking a FedCOF node for a plain
     ``sums`` vector, or a sum-only method's node for a FedCOF round, is refused), a broadcast only in
     FedCOF's round 2 (:func:`check_round`), and refuses a broadcast that fails
-    :meth:`FedCOFNode.check_broadcast`.  ``num_nodes`` (the roster's K, which the server cannot change)
-    bounds every K_c of the broadcast by K times the method's means per node.
+    :meth:`FedCOFNode.check_broadcast`, whose rules read the broadcast and public values only:
+    ``bounds`` (the roster's :class:`mechanisms.secagg.bounds.PublicBounds`) with ``num_nodes`` (the
+    roster's K) bound K_c by K times the means per node and N_c by K times the records per node, never
+    values the server sends; ``exact`` says the run's counts carry no DP noise; ``limit`` is the largest
+    round-2 value the transport encodes (values beyond are clipped and counted, never refused).
     """
     check_round(method, round_name, broadcast, node=node, stage=stage)
     if round_name == "sums":
         return sum_vector(stats, method)
-    per_node = int(method.params.get("means_per_client") or 1)
-    fed = FedCOFNode.from_stats(stats, method, max_means=None if num_nodes is None else num_nodes * per_node)
+    K = num_nodes
+    fed = FedCOFNode.from_stats(
+        stats,
+        method,
+        max_means=None if K is None or bounds is None else bounds.max_means(K),
+        max_count=None if K is None or bounds is None else bounds.max_count(K),
+        exact=exact,
+        limit=limit,
+    )
     if round_name == FEDCOF_ROUNDS[0]:
         return fed.round1()
     try:

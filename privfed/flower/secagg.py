@@ -27,11 +27,20 @@ in its run state and records the aggregation ids it uploaded for and the
 uploader set of the first sum it signed (a later sum over another set, under
 any configuration, is refused: two sums over different sets subtract to one
 node's input); with ``secagg-ledger=FILE`` in its node config it is also kept
-in that file, so a server that starts another run to repeat a sum is refused
-too.  A node deployed with a roster needs the file (:func:`node_identity`
-refuses otherwise, unless ``allow-ephemeral-ledger=true``): without it a
-new run starts a fresh ledger, and a server running one session id again
-and again could replay one run's consistency signatures in another.
+in that file (:class:`privfed.results.ledger.NodeLedger`, created once by the
+operator's ``python -m mechanisms.secagg.identity --init-ledger FILE --roster
+ROSTER``), so a server that starts another run to repeat a sum is refused too.
+A node deployed with a roster needs the file (:func:`node_identity` refuses
+otherwise, unless ``allow-ephemeral-ledger=true``), and refuses a file that is
+missing, unreadable, damaged or made for another roster: a fresh ledger would
+let a server running one session id again and again replay one run's
+consistency signatures in another.
+
+The run config a node receives is read whole (an unknown key is refused,
+:meth:`privfed.flower.config.FlowerConfig.from_wire`), its frac-bits must be
+the roster's, and every check that reads the node's data takes nothing else
+the server may vary: what a server can learn is computed for each run
+(:mod:`mechanisms.secagg.threat`) and reported by the server.
 
 Identities: a node reads ``secagg-identity`` and ``secagg-roster`` (file
 paths, or inline JSON) from its node config (see
@@ -51,13 +60,15 @@ import numpy as np
 from flwr.app import ConfigRecord, RecordDict
 
 from mechanisms.secagg import fixed_point
+from mechanisms.secagg.bounds import PublicBounds
 from mechanisms.secagg.crypto import ProtocolAbort
 from mechanisms.secagg.graph import group_size
-from mechanisms.secagg.identity import Identity, Roster, make_roster, min_threshold
+from mechanisms.secagg.identity import Identity, Roster, make_roster
 from mechanisms.secagg.masking.node import MaskingNode
 from mechanisms.secagg.masking.server import MaskingServer
+from mechanisms.secagg.threat import default_threshold, survivor_parts
 from privfed.errors import ConfigError, InputError
-from privfed.flower.ledger import LEDGER_KEY, canonical_config, lifetime_id, node_ledger
+from privfed.flower.ledger import LEDGER_KEY, canonical_config, lifetime_id, node_ledger, pin_num_classes
 from privfed.flower.transport import Exchange, exchange
 from privfed.flower.wire import arrays_record
 
@@ -74,7 +85,9 @@ __all__ = [
     "node_identity",
     "node_ledger",
     "node_step",
+    "pin_num_classes",
     "refusal",
+    "ring_limit",
     "simulated_identities",
     "to_records",
 ]
@@ -106,8 +119,9 @@ def from_records(content: RecordDict) -> dict:
 class SimulatedRoster:
     """Identities for a simulation: a roster made in this process, node i = partition-id i (or node id).
 
-    Only for simulations, where the operator and the server are one
-    process; a deployment gives each node its files (node config).
+    Only for simulations, where the operator and the server are one process; a deployment gives each node
+    its files (node config).  The simulated operator declares no colluders (so CKKS runs too) and takes the
+    default threshold, which tolerates at least one (:func:`mechanisms.secagg.threat.default_threshold`).
     """
 
     def __init__(
@@ -116,8 +130,11 @@ class SimulatedRoster:
         threshold: int | None = None,
         node_ids: list[int] | None = None,
         degree: int | None = None,
+        bounds: PublicBounds | None = None,
     ) -> None:
-        roster, ids = make_roster(num_nodes, threshold, degree=degree)
+        if threshold is None:
+            threshold = default_threshold(group_size(int(num_nodes), degree))
+        roster, ids = make_roster(num_nodes, threshold, 0, degree=degree, bounds=bounds)
         self.roster_json = roster.to_json()
         self.identities = [i.to_json() for i in ids]
         self.index = None if node_ids is None else {int(n): i for i, n in enumerate(sorted(node_ids))}
@@ -136,10 +153,13 @@ class SimulatedRoster:
 
 
 def simulated_identities(
-    node_configs: dict[int, dict], threshold: int | None = None, degree: int | None = None
+    node_configs: dict[int, dict],
+    threshold: int | None = None,
+    degree: int | None = None,
+    bounds: PublicBounds | None = None,
 ) -> dict[int, dict]:
     """Node configs with a fresh simulated roster added (``secagg-identity`` / ``secagg-roster`` inline;
-    with ``degree`` its SecAgg+ graph).
+    with ``degree`` its SecAgg+ graph; with ``bounds`` its public bounds, e.g. another frac-bits).
 
     Nodes that already have both keys keep them.  For in-process simulations only, where the operator is
     the server: the nodes also allow plain releases (``allow-plain-release``), seeded noise
@@ -148,7 +168,9 @@ def simulated_identities(
     """
     if all("secagg-identity" in c and "secagg-roster" in c for c in node_configs.values()):
         return dict(node_configs)
-    sim = SimulatedRoster(len(node_configs), threshold, node_ids=list(node_configs), degree=degree)
+    sim = SimulatedRoster(
+        len(node_configs), threshold, node_ids=list(node_configs), degree=degree, bounds=bounds
+    )
     out = {}
     for n, c in node_configs.items():
         out[n] = {
@@ -237,7 +259,7 @@ def node_step(
 ) -> RecordDict:
     """Answer one masking request with this node's state machine; its state stays in ``context.state``."""
     req = from_records(content)
-    ledger = node_ledger(context, lifetime)
+    ledger = node_ledger(context, roster, lifetime)
     state = None
     if req.get("stage") != "keys":
         state = dict(context.state[STATE_KEY]) if STATE_KEY in context.state else {"stage": "new"}
@@ -256,6 +278,12 @@ def node_step(
         context.state[STATE_KEY] = ConfigRecord(node.state())
         context.state[LEDGER_KEY] = ConfigRecord(ledger.record())
     return to_records(reply)
+
+
+def ring_limit(frac_bits: int, num_nodes: int) -> float:
+    """The largest |x| a node may encode so that K such inputs cannot wrap the ring (public: f and the roster's
+    K), with a margin below :func:`encode_for_ring`'s strict rule."""
+    return (2.0**63 / int(num_nodes) - 1.0) * 2.0 ** -int(frac_bits) * (1.0 - 2.0**-20)
 
 
 def encode_for_ring(x: np.ndarray, frac_bits: int, num_nodes: int) -> np.ndarray:
@@ -295,6 +323,15 @@ class MaskedSum:
     dropped_before_upload: list[int]
     dropped_after_upload: list[int]
     view: list[tuple[str, int, str, object]] = field(default_factory=list)
+    #: The parts the uploaders' graph falls into (Flower node ids): the server decodes each part's sum alone.
+    parts: list[list[int]] = field(default_factory=list)
+    #: Every roster index's neighbours, as the nodes named them (the roster's graph), and roster index -> node.
+    graph: list[frozenset[int]] = field(default_factory=list, repr=False)
+    roster_index: dict[int, int] = field(default_factory=dict, repr=False)
+
+    @property
+    def smallest_part(self) -> int:
+        return min((len(p) for p in self.parts), default=len(self.uploaded))
 
     def record(self) -> dict:
         return {
@@ -310,6 +347,8 @@ class MaskedSum:
             "uploaded": len(self.uploaded),
             "dropped_before_upload": list(self.dropped_before_upload),
             "dropped_after_upload": list(self.dropped_after_upload),
+            "parts": [len(p) for p in self.parts],
+            "smallest_part": self.smallest_part,
             "stages": {k: v.summary() for k, v in self.stages.items()},
         }
 
@@ -356,7 +395,7 @@ def masked_sum_over_messages(
     neighbours each node names from its roster; None: the complete graph).
     """
     K = len(nodes) if num_nodes is None else int(num_nodes)
-    t = min_threshold(group_size(K, degree)) if threshold is None else int(threshold)
+    t = default_threshold(group_size(K, degree)) if threshold is None else int(threshold)
     server = MaskingServer(
         num_nodes=K,
         threshold=t,
@@ -426,6 +465,7 @@ def masked_sum_over_messages(
             ]
     answered = set(server.view.answered)
     U3 = list(server.U3)
+    parts = [[node_of[u] for u in p] for p in survivor_parts(server.graph, U3)]
     return MaskedSum(
         total=fixed_point.decode(server.total, frac_bits),
         participants=list(nodes),
@@ -436,4 +476,7 @@ def masked_sum_over_messages(
         dropped_before_upload=sorted(n for n in nodes if n not in {node_of[u] for u in U3}),
         dropped_after_upload=[node_of[u] for u in U3 if u not in answered],
         view=view,
+        parts=parts,
+        graph=list(server.graph),
+        roster_index={u: n for u, n in node_of.items()},
     )

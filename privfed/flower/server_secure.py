@@ -15,21 +15,25 @@ encrypted shares, seed shares and sums.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 
 from flwr.app import ConfigRecord, RecordDict
 
+from mechanisms.dp.accounting import ledger_epsilon
+from mechanisms.secagg.bounds import DEFAULTS, PublicBounds
 from mechanisms.secagg.ckks.scheme import CKKSParams
-from mechanisms.secagg.protection import THREAT_MODEL_CKKS_ACTIVE, THREAT_MODEL_MASK_ACTIVE
+from mechanisms.secagg.threat import ckks_threat, masking_threat, min_threshold
 from privfed.errors import ConfigError
 from privfed.flower.ckks import ckks_sum_over_messages
 from privfed.flower.fold import node_errors
-from privfed.flower.protocol import secure_rounds, split_sum_vector, sum_vector_length
+from privfed.flower.protocol import refusal_bits, secure_rounds, split_sum_vector, sum_vector_length
 from privfed.flower.secagg import masked_sum_over_messages
 from privfed.flower.transport import exchange
 from privfed.flower.wire import arrays_record
-from privfed.methods.fedcof_protocol import THREAT_MODEL as FEDCOF_THREAT_MODEL
 from privfed.methods.fedcof_protocol import FedCOFServer
+from privfed.methods.fedcof_protocol import threat_model as fedcof_threat
 
 __all__ = ["THREAT_FLWR", "serve_secure"]
 
@@ -49,6 +53,47 @@ THREAT_FLWR = (
 )
 
 
+def _epsilon_of(noise_report, present: int):
+    """epsilon of a sum carrying m noise shares, from the settled release (which carries ``present``)."""
+    if noise_report is None or present < 1:
+        return None
+    privacy = noise_report.privacy
+    privacy.report()  # settles the release with the shares of the least-noised part
+    events = list(privacy.ledger.events)
+
+    def eps(m: int) -> float:
+        scaled = [dataclasses.replace(e, scale=e.scale * math.sqrt(m / present)) for e in events]
+        return ledger_epsilon(scaled, privacy.delta, privacy.accountant)[0]
+
+    return eps
+
+
+def _threat(cfg, runs, noise_report):
+    """The computed threat model of this run (:mod:`mechanisms.secagg.threat`), None for Flower's SecAgg+."""
+    if cfg.secure == "mask":
+        worst = min(runs, key=lambda r: r.smallest_part)
+        inv = {n: u for u, n in worst.roster_index.items()}
+        return masking_threat(
+            cfg.clients,
+            cfg.secagg_threshold,
+            cfg.degree,
+            graph=worst.graph,
+            uploaded=[inv[n] for n in worst.uploaded],
+            epsilon_of=_epsilon_of(noise_report, worst.smallest_part),
+            refusal_bits=refusal_bits(),
+        )
+    if cfg.secure == "ckks":
+        worst = min(runs, key=lambda r: len(r.uploaded))
+        return ckks_threat(
+            cfg.clients,
+            max(cfg.secagg_threshold, min_threshold(cfg.clients)),
+            uploaded=worst.uploaded,
+            epsilon_of=_epsilon_of(noise_report, len(worst.uploaded)),
+            refusal_bits=refusal_bits(),
+        )
+    return None
+
+
 def serve_secure(grid, cfg, method, nodes, config_rec, stages, keep_view, received, noise_report=None):
     """Run the secure sums of one aggregation; returns (head, nodes summed, report entries, the decoded sums).
 
@@ -58,6 +103,7 @@ def serve_secure(grid, cfg, method, nodes, config_rec, stages, keep_view, receiv
     shapes: dict[int, tuple[int, int]] = {}
     holders: dict[int, bool] = {}
     events: dict[int, list[dict]] = {}
+    bounds: dict[int, str] = {}
 
     def on_setup(node, content):
         if "error" in content:
@@ -66,6 +112,7 @@ def serve_secure(grid, cfg, method, nodes, config_rec, stages, keep_view, receiv
         shapes[node] = (int(content["meta"]["C"]), int(content["meta"]["d"]))
         holders[node] = bool(content["meta"].get("key-holder", False))
         events[node] = json.loads(str(content["meta"].get("events", "[]")))
+        bounds[node] = str(content["meta"].get("bounds", ""))
 
     contents = {n: RecordDict({"config": config_rec}) for n in nodes}
     ex = stages["setup"] = exchange(grid, contents, "query.setup", cfg.timeout, on_setup, group_id="setup")
@@ -80,6 +127,12 @@ def serve_secure(grid, cfg, method, nodes, config_rec, stages, keep_view, receiv
     if len(participants) < 2:
         raise ConfigError(f"secure aggregation needs at least 2 nodes with data, got {len(participants)}")
     C, d = next(iter(shapes.values()))
+    if len(set(bounds.values())) > 1:
+        raise ConfigError(
+            "the nodes' rosters disagree on the public bounds (records per node, means per node, frac-bits); "
+            "every node must run with the operator's one roster"
+        )
+    public = PublicBounds.from_dict(json.loads(b)) if (b := next(iter(bounds.values()), "")) else DEFAULTS
     if noise_report is not None:
         noise_report.record(events)
 
@@ -159,7 +212,10 @@ def serve_secure(grid, cfg, method, nodes, config_rec, stages, keep_view, receiv
 
         head.feature_transform = Clipping(float(cfg.clip), "l2")
     if noise_report is not None:
-        noise_report.settle([len(r.uploaded) for r in runs])
+        noise_report.settle(
+            [len(r.uploaded) for r in runs],
+            [[len(p) for p in getattr(r, "parts", [])] or [len(r.uploaded)] for r in runs],
+        )
     head.upload_bytes = {"K": K, "measured": "on the wire, every stage (see wire)"}
     head.secure_aggregation = {
         "protocol": cfg.secure,
@@ -167,12 +223,22 @@ def serve_secure(grid, cfg, method, nodes, config_rec, stages, keep_view, receiv
         "rounds": [r.record() for r in runs],
         "summed_nodes": K,
         "dropped": sorted({n for r in runs for n in r.dropped_before_upload}),
-        "threat_model": {"mask": THREAT_MODEL_MASK_ACTIVE, "ckks": THREAT_MODEL_CKKS_ACTIVE}.get(
-            cfg.secure, THREAT_FLWR
-        ),
     }
-    if variant != "sums":
-        head.secure_aggregation["protocol_threat_model"] = FEDCOF_THREAT_MODEL
+    threat = _threat(cfg, runs, noise_report)
+    if threat is None:
+        head.secure_aggregation["threat_model"] = THREAT_FLWR
+    else:
+        head.secure_aggregation["threat_model"] = threat.text()
+        head.secure_aggregation["threat"] = threat.as_dict()
+        if threat.parts and len(threat.parts) > 1:
+            head.notes.append(
+                f"secure aggregation: the uploaders' graph split into parts of "
+                f"{', '.join(map(str, sorted(threat.parts)))} nodes; the server decodes each part's sum alone"
+            )
+    if variant != "sums":  # the bounds the nodes check, as their setup replies named them (their roster's)
+        head.secure_aggregation["protocol_threat_model"] = fedcof_threat(
+            public.max_means(cfg.clients), public.max_count(cfg.clients), exact=not cfg.private
+        )
     if any(r.dropped_before_upload for r in runs):
         head.notes.append(
             f"secure aggregation: {len(head.secure_aggregation['dropped'])} node(s) dropped before uploading; "

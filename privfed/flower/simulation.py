@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import os
 
-from mechanisms.secagg.identity import min_threshold
+from mechanisms.secagg.bounds import PublicBounds
 from privfed.errors import ConfigError, PrivfedError
 from privfed.flower.client_app import make_client_app
 from privfed.flower.config import FlowerConfig
@@ -83,13 +83,14 @@ def _roster(cfgs: list[FlowerConfig], num_supernodes: int | None) -> SimulatedRo
     if not masked:
         return None
     ktk = {
-        (c.clients, c.secagg_threshold if c.secure == "mask" else min_threshold(c.clients), c.degree)
-        for c in masked
+        (c.clients, c.secagg_threshold, c.degree, c.frac_bits if c.secure == "mask" else None) for c in masked
     }
-    if len(ktk) > 1:
+    fixed = {k[3] for k in ktk if k[3] is not None}
+    ktk = {k[:3] + (max(fixed) if fixed else None,) for k in ktk}
+    if len(ktk) > 1 or len(fixed) > 1:
         raise ConfigError(
-            "one simulation has one roster: the masked configurations ask for (K, t, degree) in "
+            "one simulation has one roster: the masked configurations ask for (K, t, degree, frac-bits) in "
             f"{sorted(ktk, key=str)}; run them in separate simulations"
         )
-    ((K, t, degree),) = ktk
-    return SimulatedRoster(K, t, degree=degree)
+    ((K, t, degree, f),) = ktk
+    return SimulatedRoster(K, t, degree=degree, bounds=None if f is None else PublicBounds(frac_bits=f))

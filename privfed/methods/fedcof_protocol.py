@@ -16,15 +16,17 @@ Round ``fedcof-1``  every node sends one vector of 2C + C d values (3C + C d wit
                     the decoded sums, and the head, are the same as three separate sums.
 Broadcast           the server (:meth:`FedCOFServer.fold_round1`) reads N_c, S_c, K_c
                     (rounded) and mu_c = S_c / N_c from the sum and sends N_c, mu_c, K_c.
-Round ``fedcof-2``  every node checks the broadcast (:meth:`FedCOFNode.check_broadcast`)
-                    and sends its d x d spread
-                    sum_c (N_c - 1)/(K_c - 1) n_kc (mu_kc - mu_c)(mu_kc - mu_c)^T.
+Round ``fedcof-2``  every node checks the broadcast against public values only
+                    (:meth:`FedCOFNode.check_broadcast`) and sends its d x d spread
+                    sum_c w_c n_kc (mu_kc - mu_c)(mu_kc - mu_c)^T, w_c = (N_c - 1)/(K_c - 1)
+                    (floored at 1 with exact counts), then one value: 1 if the node had to
+                    clip its spread to the encodable range, else 0 (d^2 + 1 values).
 Head                the server adds sum_c (N_c - 1)(gamma - beta_c) I + N mu_g mu_g^T (Eq. 8)
                     and solves (:meth:`FedCOFServer.head`): the head of
                     :meth:`~privfed.methods.fedcof.FedCOF.aggregate`.
 
-Threat model: :data:`THREAT_MODEL` (the Flower report states it with every
-two-round run).
+Threat model: :func:`threat_model`, computed with the bounds the nodes check (the Flower report
+states it with every two-round run).
 """
 
 from __future__ import annotations
@@ -50,51 +52,82 @@ __all__ = [
     "BROADCAST_FIELDS",
     "COUNT_SLACK",
     "ROUNDS",
-    "THREAT_MODEL",
     "BroadcastRefused",
     "FedCOFNode",
     "FedCOFServer",
     "node_rows",
     "round_lengths",
     "run_in_process",
+    "threat_model",
 ]
 
-#: What the protocol protects, on top of the secure sums' own threat model.
-THREAT_MODEL = (
-    "FedCOF two-round protocol (App. I.2): the server learns the round-1 sum (N_c, S_c and K_c, how many "
-    "means each class has) and the round-2 sum of the nodes' spreads, each over at least t nodes under "
-    "masking. A broadcast split between nodes (say mu = 0 for a victim, which would release its own "
-    "sum_c w_c n_c mu_c mu_c^T) is caught by the transport: every node signs the digest of what it summed and "
-    "reveals no share unless every uploader's echo matches (the CKKS key holder checks the same digests). "
-    "A broadcast that is malformed or contradicts a node's own round-1 input (wrong shapes, non-finite "
-    "values, fractional or negative K_c, K_c below the node's own means of a class, N_c below its own count, a "
-    "class with no mean but a count) is refused before the node computes anything; so is a round the method "
-    "does not run. A node told it sent every mean of a class it holds (K_c equal to its own means, which "
-    "gives the class weight 0 when that is one) requires N_c and N_c mu_c to be its own count and sum (the "
-    "pairs other nodes drop send nothing, so this holds exactly in an honest run, noisy counts included, up "
-    "to the secure sum's encoding): the same broadcast cannot zero a class held by two or more nodes to "
-    "isolate another class's scatter (the rank-one n_a n_b / N (mu_a - mu_b)(mu_a - mu_b)^T of a class "
-    "held by two, which gives both means), since one of its holders refuses. Where a public bound is "
-    "configured, K_c above it (the run's number of rows in process; on Flower the roster's K times the "
-    "means per node) or N_c above it is refused. Refusal "
-    "texts name the rule broken, never a value of the node. Not prevented: a false but plausible broadcast "
-    "sent to every node (masking has no integrity, so no node can check round 1's sum). A false mu_c is a "
-    "shift the server can undo from N_c and S_c, so it learns nothing more; a false N_c or K_c reweights "
-    "the classes: w_c = (N_c - 1)/(K_c - 1) rises without limit with N_c (no public bound on counts unless "
-    "one is configured, e.g. under DP) and falls with K_c up to the public bound on means, so one class's "
-    "scatter can be weighted far above the others' and read approximately, to within the ratio of the "
-    "weights. Every class's term is still a sum over all its holders that upload, and the round-2 sum one "
-    "over at least t nodes, never one node's term."
-)
+
+def threat_model(max_means: int | None = None, max_count: float | None = None, *, exact: bool = True) -> str:
+    """What the two-round protocol protects, on top of the secure sums' own threat model, with the public
+    bounds the nodes check (``max_means`` on K_c, ``max_count`` on N_c; None: unchecked) and whether counts
+    are exact (no DP noise: the nodes then floor every class weight at 1)."""
+    if exact and max_count is not None:
+        reweight = (
+            f"every class weight the nodes compute lies in [1, {max(float(max_count) - 1, 1):.6g}] (N_c <= "
+            f"{float(max_count):.6g}, the roster's bound; weights floored at 1, which changes no honest sum: "
+            "with exact counts N_c >= K_c, and a class of one mean adds nothing), so one class's scatter can "
+            f"be weighted at most {max(float(max_count) - 1, 1):.6g} times above another's and read only to "
+            "within that ratio, never alone"
+        )
+    elif exact:
+        reweight = (
+            "every class weight is floored at 1 but not bounded above (no public bound on counts): a class's "
+            "scatter can be weighted far above the others and read approximately"
+        )
+    else:
+        reweight = (
+            "with noisy counts (DP) the weights cannot be checked: K_c = 1 gives a class weight 0, so a broadcast "
+            "can leave one class's scatter alone in the sum (each node's noisy statistics protect it; the Flower "
+            "app refuses DP on this protocol)"
+        )
+    bound = (
+        ""
+        if max_means is None and max_count is None
+        else " Public bounds: "
+        + ", ".join(
+            x
+            for x in (
+                None if max_means is None else f"K_c <= {int(max_means)}",
+                None if max_count is None else f"N_c <= {float(max_count):.6g}",
+            )
+            if x
+        )
+        + " (the operator's roster, never the server's)."
+    )
+    return (
+        "FedCOF two-round protocol (App. I.2): the server learns the round-1 sum (N_c, S_c and K_c, how many "
+        "means each class has) and the round-2 sum of the nodes' spreads, each over the secure sum's uploaders. "
+        "A broadcast split between nodes is caught by the transport: every node signs the digest of what it "
+        "summed and reveals no share unless every uploader's echo matches (the CKKS key holder checks the same "
+        "digests). Every check a node makes on the broadcast reads the broadcast and public values only, never "
+        "the node's own statistics, so a refusal says nothing about its data: wrong shapes, non-finite values, "
+        "fractional or negative K_c, a class with no mean but a count, values above the public bounds, and "
+        "with exact counts fractional N_c or N_c below K_c (each mean counts a record) are refused before the "
+        "node computes anything; a round-2 input that would leave the encodable range is clipped to it and "
+        "counted in one extra summed value, so the server learns only how many nodes of the sum were clipped "
+        "(it then releases no head)."
+        + bound
+        + " Not prevented: a false but plausible broadcast sent to every "
+        "node (masking has no integrity, so no node can check round 1's sum). A false mu_c is a shift the "
+        "server can undo from N_c and S_c; a false N_c or K_c reweights the classes: "
+        + reweight
+        + ". Every class's term is still a sum over all its holders that upload, never one node's term; a "
+        "server that runs the protocol again under other configurations with other weights gets other "
+        "weighted sums of the classes' scatters (without DP nothing bounds what several runs reveal together)."
+    )
+
+
 #: The protocol's secure sums, in order.
 ROUNDS = ("fedcof-1", "fedcof-2")
 #: What the server broadcasts between the rounds.
 BROADCAST_FIELDS = ("N", "mu", "Kc")
-#: Relative slack (of max(|own value|, 1)) of the node's checks N_c >= its own count and, when it is a
-#: class's only contributor, N_c == its count and N_c mu_c == its sum: the ring encoding rounds each summed
-#: value by at most 2^-(f+1) (whole counts are exact at any f), so K 2^-(f+1) stays far below it for K up
-#: to 10^5 nodes at f = 32, and CKKS releases on the 2^-20 grid (2^-21 < 1e-6); a lie that moves a weight
-#: (N_c below a node's own count, another node's count or sum in a sole holder's class) is far above it.
+#: Slack of the whole-number checks on a broadcast's N_c with exact counts: the ring encoding of whole
+#: counts is exact at any f, CKKS releases integer statistics rounded to whole numbers.
 COUNT_SLACK = 1e-6
 
 
@@ -107,12 +140,17 @@ class BroadcastRefused(InputError):
 
 
 def round_lengths(C: int, d: int, noise_aware: bool) -> dict[str, int]:
-    """Values each node sends in each round: 2C + C d (+ C when noise-aware), then d^2."""
-    return {"fedcof-1": 2 * C + C * d + (C if noise_aware else 0), "fedcof-2": d * d}
+    """Values each node sends in each round: 2C + C d (+ C when noise-aware), then d^2 + 1 (the spread and
+    whether it was clipped)."""
+    return {"fedcof-1": 2 * C + C * d + (C if noise_aware else 0), "fedcof-2": d * d + 1}
 
 
 class FedCOFNode:
     """One node of the protocol: its own rows (one per pseudo-client of multi-mean sampling).
+
+    Every check the node makes on the server's broadcast reads the broadcast and the public values given
+    here, never the node's own statistics: a server asking again with another broadcast learns nothing
+    from a refusal.
 
     Parameters
     ----------
@@ -123,11 +161,19 @@ class FedCOFNode:
     noise_aware : bool
         Send sum_k 1/n_kc too (``noise_var > 0``).
     max_means : int, optional
-        A public bound on any K_c (the number of (pseudo-)client rows of the whole run); a broadcast above
-        it is refused.  None: unchecked.
+        A public bound on any K_c (the number of (pseudo-)client rows of the whole run: on Flower the
+        roster's K times its means per node); a broadcast above it is refused.  None: unchecked.
     max_count : float, optional
-        A public bound on any N_c (e.g. the number of nodes times ``max_records`` under DP, plus the
-        noise's reach); a broadcast above it is refused.  None: unchecked.
+        A public bound on any N_c (on Flower the roster's K times its records per node); a broadcast
+        above it is refused.  None: unchecked.
+    exact : bool, optional
+        Whether the run's counts are exact whole numbers (no DP noise): a broadcast's N_c must then be
+        whole and at least K_c, and every class weight is floored at 1 (no honest weight is below it), so
+        no broadcast can give a class weight 0.  Deployments say it from their configuration; None (in
+        one process) reads it from the counts.
+    limit : float, optional
+        The largest magnitude of a round-2 value the transport encodes (the ring's or CKKS's, from public
+        K and frac-bits): larger values are clipped to it and the extra value says so.  None: no clipping.
     """
 
     def __init__(
@@ -138,6 +184,8 @@ class FedCOFNode:
         noise_aware: bool = False,
         max_means: int | None = None,
         max_count: float | None = None,
+        exact: bool | None = None,
+        limit: float | None = None,
     ) -> None:
         counts = np.asarray(counts, dtype=np.float64)
         sums = np.asarray(sums, dtype=np.float64)
@@ -152,14 +200,34 @@ class FedCOFNode:
                 raise InputError(
                     f"a FedCOF node's {name} must be a finite number >= 1 or None, got {bound!r}"
                 )
-        self.max_means, self.max_count = max_means, max_count
+        if limit is not None and not (np.isfinite(limit) and limit > 0):
+            raise InputError(f"a FedCOF node's limit must be a finite number > 0 or None, got {limit!r}")
+        self.max_means, self.max_count, self.limit = max_means, max_count, limit
+        self.exact = bool(np.all(counts == np.round(counts))) if exact is None else bool(exact)
         self.valid, self.dropped = valid_pairs(counts)  # the drop rule: pairs with n_kc <= 0 are not sent
         self.C, self.d = counts.shape[1], sums.shape[2]
 
     @classmethod
-    def from_stats(cls, stats, method, *, max_means: int | None = None) -> FedCOFNode:
-        """The node holding ``stats`` (its ClientStats) for ``method`` (a FedCOF); ``max_means`` as above."""
-        return cls(stats.counts, stats.sums, noise_aware=method.params["noise_var"] > 0, max_means=max_means)
+    def from_stats(
+        cls,
+        stats,
+        method,
+        *,
+        max_means: int | None = None,
+        max_count: float | None = None,
+        exact: bool | None = None,
+        limit: float | None = None,
+    ) -> FedCOFNode:
+        """The node holding ``stats`` (its ClientStats) for ``method`` (a FedCOF); the bounds as above."""
+        return cls(
+            stats.counts,
+            stats.sums,
+            noise_aware=method.params["noise_var"] > 0,
+            max_means=max_means,
+            max_count=max_count,
+            exact=exact,
+            limit=limit,
+        )
 
     # -- round 1 -------------------------------------------------------------------
     def round1(self) -> np.ndarray:
@@ -176,7 +244,10 @@ class FedCOFNode:
 
     # -- round 2 -------------------------------------------------------------------
     def check_broadcast(self, broadcast: Mapping) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(N, mu, Kc) from the server's broadcast, or :class:`BroadcastRefused` naming the deviation."""
+        """(N, mu, Kc) from the server's broadcast, or :class:`BroadcastRefused` naming the rule broken.
+
+        Every rule reads the broadcast and the public values of the constructor only.
+        """
         if not isinstance(broadcast, Mapping):
             raise BroadcastRefused(
                 f"the round-2 broadcast is a {type(broadcast).__name__}, not N, mu and Kc",
@@ -218,28 +289,14 @@ class FedCOFNode:
                 "broadcast K_c must be whole numbers >= 0 (the number of means of each class)",
                 deviation="implausible-broadcast",
             )
-        # From here every check compares the broadcast with this node's own input: a refusal names the
-        # rule only (no class, count or mean), since its text goes back to the server.
-        own_n = np.where(self.valid, self.counts, 0.0).sum(axis=0)
-        own_s = np.where(self.valid[..., None], self.sums, 0.0).sum(axis=0)
-        own_k = self.valid.sum(axis=0)
-        if np.any(Kc < own_k):
-            refuse("a K_c is below the number of means this node alone sent of that class")
-        if np.any(N < own_n - COUNT_SLACK * np.maximum(np.abs(own_n), 1.0)):
-            refuse("an N_c is below this node's own count of that class")
-        sole = (own_k > 0) & (Kc == own_k)
-        if sole.any():
-            n_off = np.abs(N - own_n) > COUNT_SLACK * np.maximum(np.abs(own_n), 1.0)
-            s_off = np.abs(N[:, None] * mu - own_s) > COUNT_SLACK * np.maximum(np.abs(own_s), 1.0)
-            if np.any(sole & (n_off | s_off.any(axis=1))):
-                refuse(
-                    "a K_c says this node sent every mean of a class it holds, but N_c and N_c mu_c are "
-                    "not its own count and sum of that class"
-                )
         if self.max_means is not None and np.any(Kc > self.max_means):
             refuse(f"a K_c is above {self.max_means:g}, the public bound on a class's means")
         if self.max_count is not None and np.any(N > self.max_count):
             refuse(f"an N_c is above {self.max_count:g}, the public bound on a class's count")
+        if self.exact:
+            whole = np.abs(N - np.round(N)) <= COUNT_SLACK * np.maximum(np.abs(N), 1.0)
+            if not np.all(whole) or np.any(N < Kc - COUNT_SLACK):
+                refuse("with exact counts every N_c is a whole number and at least K_c, one record per mean")
         empty = np.flatnonzero((Kc == 0) & ((N != 0) | np.any(mu != 0, axis=1)))
         if empty.size:  # the broadcast alone, nothing of this node's: the class may be named
             c = int(empty[0])
@@ -249,13 +306,32 @@ class FedCOFNode:
             )
         return N, mu, Kc
 
+    def weights(self, N: np.ndarray, Kc: np.ndarray) -> np.ndarray:
+        """The class weights of round 2: w_c = (N_c - 1)/(K_c - 1), floored at 1 with exact counts.
+
+        With exact counts an honest N_c >= K_c gives w_c >= 1 when K_c >= 2, and a class of one mean adds
+        nothing (its mean is mu_c), so the floor changes no honest sum; it keeps a broadcast from giving a
+        class weight 0 (K_c = 1 or N_c = 1 told of a class many nodes hold) to leave another's scatter alone.
+        """
+        if not self.exact:
+            return spread_weights(N, Kc)
+        return np.maximum(np.maximum(N - 1.0, 0.0) / np.maximum(Kc - 1.0, 1.0), 1.0)
+
     def round2(self, broadcast: Mapping) -> np.ndarray:
-        """This node's d x d spread sum_c w_c n_kc (mu_kc - mu_c)(mu_kc - mu_c)^T from the checked broadcast."""
+        """This node's d x d spread sum_c w_c n_kc (mu_kc - mu_c)(mu_kc - mu_c)^T from the checked broadcast,
+        flattened, then 1.0 if it was clipped to ``limit`` (else 0.0): d^2 + 1 values."""
         N, mu, Kc = self.check_broadcast(broadcast)
-        w = spread_weights(N, Kc)
+        w = self.weights(N, Kc)
         if self.counts.shape[0] == 0:
-            return np.zeros((self.d, self.d))
-        return spread_matrix(self.counts, self.sums, mu, w, self.valid, per_client=True).sum(axis=0)
+            return np.zeros(self.d * self.d + 1)
+        spread = spread_matrix(self.counts, self.sums, mu, w, self.valid, per_client=True).sum(axis=0).ravel()
+        clipped = 0.0
+        if self.limit is not None and not np.all(np.abs(spread) <= self.limit):
+            # Clipped, never refused: a refusal would tell the server whether this node's spread, under a
+            # broadcast it chose, exceeds the bound; the count reaches it only summed over the uploaders.
+            spread = np.clip(np.nan_to_num(spread, nan=0.0), -self.limit, self.limit)
+            clipped = 1.0
+        return np.concatenate([spread, [clipped]])
 
 
 class FedCOFServer:
@@ -293,14 +369,21 @@ class FedCOFServer:
         return {"N": self.N.copy(), "mu": self.mu.copy(), "Kc": self.Kc.copy()}
 
     def head(self, spread: np.ndarray, notes: list | None = None) -> LinearHead:
-        """Eq. 8 from round 1's sums and round 2's summed spread (d x d or d^2 values)."""
+        """Eq. 8 from round 1's sums and round 2's sum (d^2 spread values and the count of clipped nodes)."""
         if self.N is None:
             raise InputError("FedCOF's head needs round 1's sum first (fold_round1)")
         d = self.d
-        G = np.asarray(spread, dtype=np.float64)
-        if G.size != d * d:
-            raise InputError(f"FedCOF's round-2 sum has {G.size} values, expected d^2 = {d * d}")
-        G = G.reshape(d, d)
+        v = np.asarray(spread, dtype=np.float64).ravel()
+        if v.size != d * d + 1:
+            raise InputError(f"FedCOF's round-2 sum has {v.size} values, expected d^2 + 1 = {d * d + 1}")
+        clipped = int(np.rint(v[-1]))
+        if clipped:
+            raise InputError(
+                f"{clipped} node(s) clipped their FedCOF round-2 spread to the encodable range (the broadcast "
+                "weights, or frac-bits, are too large for their statistics); no head is released: lower "
+                "frac-bits in the roster"
+            )
+        G = v[:-1].reshape(d, d)
         p = self.method.params
         notes = list(notes or [])
         beta = None
@@ -331,12 +414,14 @@ def run_in_process(method, stats, secure_sum: Callable[[np.ndarray], np.ndarray]
     """The protocol with every node in this process: two ``secure_sum`` calls over the nodes' stack.
 
     ``secure_sum`` sums a (K, ...) stack (pairwise masking, CKKS or a plain sum); round 1's stack is
-    (K, 2C + C d [+ C]), round 2's (K, d, d).  The note on dropped pairs counts what the nodes held back.
+    (K, 2C + C d [+ C]), round 2's (K, d^2 + 1).  The note on dropped pairs counts what the nodes held back.
     """
     rows = node_rows(stats)
-    # every node knows the run's number of (pseudo-)client rows: no class has more means than that
+    # every node knows the run's number of (pseudo-)client rows: no class has more means than that; the
+    # counts are exact unless DP noised them (read here from the whole run: one process, no server to ask)
+    exact = bool(np.all(stats.counts == np.round(stats.counts)))
     nodes = [
-        FedCOFNode(c, s, noise_aware=method.params["noise_var"] > 0, max_means=stats.num_clients)
+        FedCOFNode(c, s, noise_aware=method.params["noise_var"] > 0, max_means=stats.num_clients, exact=exact)
         for c, s in rows
     ]
     server = FedCOFServer(method, stats.num_classes, stats.dim)

@@ -5,5 +5,7 @@
 * :mod:`~privfed.results.files` -- one file written atomically, and a finished folder checked
   against its manifest;
 * :mod:`~privfed.results.writer` -- the one writer every privfed command uses: a staging folder
-  published whole, partial results kept when a run is interrupted.
+  published whole, partial results kept when a run is interrupted;
+* :mod:`~privfed.results.ledger` -- a node's lifetime ledger file: typed, versioned sections, bound
+  to its roster, checked by a digest, written atomically, refused when missing or damaged.
 """

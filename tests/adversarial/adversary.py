@@ -19,7 +19,8 @@ from flwr.app import Context, RecordDict
 
 from mechanisms.secagg import fixed_point
 from mechanisms.secagg.crypto import ProtocolAbort
-from mechanisms.secagg.identity import make_roster
+from mechanisms.secagg.graph import group_size
+from mechanisms.secagg.identity import make_roster, min_threshold
 from mechanisms.secagg.masking.server import MaskingServer
 from privfed.flower.secagg import from_records, node_step, to_records
 
@@ -28,7 +29,8 @@ FRAC = 16
 
 class Federation:
     """K simulated nodes (real node code) with inputs ``x[u]`` and a roster with threshold t
-    (and with ``degree``, the roster's SecAgg+ graph)."""
+    (and with ``degree``, the roster's SecAgg+ graph); ``roster=(roster, identities)`` takes one made by
+    the caller."""
 
     def __init__(
         self,
@@ -38,9 +40,16 @@ class Federation:
         seed: int = 0,
         colluders: int = 0,
         degree: int | None = None,
+        roster=None,
     ) -> None:
         self.K, self.length = K, length
-        self.roster, self.ids = make_roster(K, t, colluders, degree=degree)
+        if roster is not None:  # (roster, identities) made by the caller, e.g. make_roster's defaults
+            self.roster, self.ids = roster
+        else:
+            # t defaults to the smallest the declared colluders allow (below the default one: declared)
+            n = group_size(K, degree)
+            t = min_threshold(n, colluders) if t is None else t
+            self.roster, self.ids = make_roster(K, t, colluders, degree=degree)
         self.t = self.roster.threshold
         rng = np.random.default_rng(seed)
         self.x = rng.normal(0, 10, size=(K, length))

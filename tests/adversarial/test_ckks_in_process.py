@@ -31,7 +31,7 @@ class Run:
     """One honest run's parties: roster, nodes (0 also the key holder), the keys request and reply."""
 
     def __init__(self, roster=None, ids=None):
-        self.roster, self.ids = (roster, ids) if roster is not None else make_roster(K)
+        self.roster, self.ids = (roster, ids) if roster is not None else make_roster(K, colluders=0)
         self.ledgers = [SessionLedger() for _ in range(K)]
         self.nodes = [
             CKKSNode(P, identity=self.ids[u], roster=self.roster, ledger=self.ledgers[u]) for u in range(K)
@@ -75,7 +75,7 @@ def _aborts(match, deviation, stage, fn, *args, **kw):
 # -- ckks_encrypt: what a node receives -----------------------------------------------------------
 def test_a_context_the_server_made_itself_is_refused_before_anything_is_encrypted():
     run = Run()
-    fake_roster, fake_ids = make_roster(K)
+    fake_roster, fake_ids = make_roster(K, colluders=0)
     own = CKKSKeyHolder(P, identity=fake_ids[0], roster=fake_roster).keys({"session": run.session, "K": K})
     asked = []
     msg = run.encrypt_request(public=own["public"], sig=own["sig"])
@@ -303,7 +303,7 @@ def test_wrongly_typed_decrypt_fields_are_refused_as_malformed(field, value):
 def test_a_real_valued_release_of_a_sum_whose_error_reaches_the_grid_is_refused():
     """With 300 contributions the decryption error reaches the 2^-20 grid (Li-Micciancio): a server that
     asks for a real-valued release of an integer sum is refused; whole numbers stay far above the error."""
-    roster, ids = make_roster(300)
+    roster, ids = make_roster(300, colluders=0)
     holder = CKKSKeyHolder(P, identity=ids[0], roster=roster)
     session = os.urandom(16)
     keys = holder.keys({"session": session, "K": 300})

@@ -42,7 +42,9 @@ def test_a_substituted_ckks_key_is_refused_before_anything_is_encrypted(digits_d
     """The server makes its own keys (it could decrypt every upload) and relays its public context."""
     from mechanisms.secagg.identity import make_roster
 
-    fake_roster, fake_ids = make_roster(K)  # identities the server controls, not the nodes' roster
+    fake_roster, fake_ids = make_roster(
+        K, colluders=0
+    )  # identities the server controls, not the nodes' roster
     grid_box = {}
 
     def tamper(msg):

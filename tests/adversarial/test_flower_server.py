@@ -46,7 +46,12 @@ def test_a_repeated_dp_session_is_refused_so_the_reported_epsilon_holds(digits_d
     )
     first = serve(grid, cfg)
     assert first.head.privacy.epsilon == pytest.approx(1.0, rel=1e-9)
-    assert first.head.secure_aggregation["threat_model"].startswith("Active-adversary version")
+    threat = first.head.secure_aggregation["threat"]  # computed: K = 4, t = 3 tolerates 2t - 4 - 1 = 1
+    assert (threat["num_nodes"], threat["threshold"], threat["colluders_tolerated"]) == (4, 3, 1)
+    assert threat["epsilon"]["this_run"] == pytest.approx(1.0, rel=1e-9)
+    assert first.head.secure_aggregation["threat_model"].startswith(
+        "Pairwise masking, active-adversary version"
+    )
     for again in (
         cfg,
         FlowerConfig(**{**cfg.__dict__, "partition_seed": 5}),
@@ -155,8 +160,17 @@ def test_a_tampered_share_on_flower_names_the_node_and_stage_not_a_raw_invalid_t
 
 
 def test_a_nodes_own_refusal_at_the_masked_stage_reaches_the_user(digits_dataset):
-    # frac-bits=53 (the most the encoding takes): the digits sums times 2^53 overflow the ring for K = 4.
+    # frac-bits=53 (the most the encoding takes, fixed by the operator's roster): the digits sums times 2^53
+    # overflow the ring for K = 4.
+    from mechanisms.secagg.bounds import PublicBounds
+
     with pytest.raises(ConfigError, match="stage 'masked'.*could overflow the 2\\^64 ring with 4 nodes"):
+        serve(
+            LocalGrid(simulated_identities(_nodes(), bounds=PublicBounds(frac_bits=53))),
+            FlowerConfig(method="fedncm", clients=K, secure="mask", frac_bits=53, timeout=30),
+        )
+    # a server asking for other frac-bits than the roster's (the default 32) is refused before any input
+    with pytest.raises(ProtocolAbort, match="stage 'masked'.*frac-bits=53 but its roster fixes frac-bits=32"):
         serve(
             LocalGrid(_nodes()),
             FlowerConfig(method="fedncm", clients=K, secure="mask", frac_bits=53, timeout=30),
@@ -192,8 +206,10 @@ def test_a_minority_threshold_is_refused_before_any_message():
 def test_a_node_ledger_file_refuses_a_sum_repeated_in_another_run(digits_dataset, tmp_path):
     """A server that starts a new run (fresh node state) to repeat a sum: refused by nodes that keep a ledger
     file; another configuration over the same uploaders is another aggregation and runs."""
-    nodes = simulated_identities(
-        {n: {**c, "secagg-ledger": str(tmp_path / f"ledger-{n}.txt")} for n, c in _nodes().items()}
+    nodes = _with_ledgers(
+        simulated_identities(
+            {n: {**c, "secagg-ledger": str(tmp_path / f"ledger-{n}.json")} for n, c in _nodes().items()}
+        )
     )
     cfg = FlowerConfig(method="fedncm", clients=K, secure="mask", timeout=30)
     serve(LocalGrid(nodes), cfg)
@@ -203,8 +219,8 @@ def test_a_node_ledger_file_refuses_a_sum_repeated_in_another_run(digits_dataset
         serve(LocalGrid(nodes), cfg)  # a new run: new contexts, the same nodes
     serve(LocalGrid(nodes), FlowerConfig(method="fed3r", clients=K, secure="mask", timeout=30))
     for n in nodes:  # two aggregation ids, and the one uploader set both sums covered
-        assert "uploaders=0,1,2,3" in (tmp_path / f"ledger-{n}.txt").read_text().split()
-        assert len((tmp_path / f"ledger-{n}.txt").read_text().split()) == 3
+        rec = _records(nodes[n])
+        assert rec["uploaders"] == [0, 1, 2, 3] and len(rec["aggregations"]) == 2
 
 
 def _sum(grid, cfg, among, round_name="sums"):
@@ -229,14 +245,15 @@ def _sum(grid, cfg, among, round_name="sums"):
 
 def test_two_sums_over_different_uploader_sets_are_refused_whatever_the_configuration(digits_dataset):
     """Differencing without DP: the same statistic summed twice in one run, the second time without the victim,
-    under two run configs that differ only where the sum does not (frac-bits), so the two aggregation ids differ.
+    under two run configs that differ only where the sum does not (delta, without DP), so the two aggregation ids
+    differ.
     Before, both sums were released and their difference was the victim's class counts and sums, exactly.
     A node now signs only the uploader set of its first sum: the second aborts before any share is revealed."""
     grid = LocalGrid(simulated_identities(_nodes()))
     nodes = sorted(grid.contexts)
     first = FlowerConfig(method="fedncm", clients=K, secure="mask", timeout=30)
     _sum(grid, first, nodes)
-    other = FlowerConfig(method="fedncm", clients=K, secure="mask", timeout=30, frac_bits=first.frac_bits - 1)
+    other = FlowerConfig(method="fedncm", clients=K, secure="mask", timeout=30, delta=first.delta / 10)
     with pytest.raises(
         ProtocolAbort,
         match="stage 'consistency'.*uploaders \\[1, 2, 3\\].*earlier sum covered \\[0, 1, 2, 3\\]",
@@ -252,8 +269,10 @@ def test_a_ledger_file_keeps_the_uploader_set_and_the_dp_release_across_runs(dig
     """Across runs (fresh node state) the ledger file holds the uploader set and, under DP, the release: a
     new run that leaves a node out is refused, and so is a second DP release under another configuration
     (before, any config change gave the file a new id: a second noisy release of the same statistics)."""
-    nodes = simulated_identities(
-        {n: {**c, "secagg-ledger": str(tmp_path / f"ledger-{n}.txt")} for n, c in _nodes().items()}
+    nodes = _with_ledgers(
+        simulated_identities(
+            {n: {**c, "secagg-ledger": str(tmp_path / f"ledger-{n}.json")} for n, c in _nodes().items()}
+        )
     )
     ids = sorted(nodes)
     _sum(LocalGrid(nodes), FlowerConfig(method="fedncm", clients=K, secure="mask", timeout=30), ids)
@@ -273,9 +292,30 @@ def test_a_ledger_file_keeps_the_uploader_set_and_the_dp_release_across_runs(dig
         _sum(LocalGrid(nodes), FlowerConfig(**dp, partition_seed=5), ids)
 
 
+def _with_ledgers(nodes: dict[int, dict]) -> dict[int, dict]:
+    """Each node's ledger file created by the documented step (the operator's --init-ledger, bound to the
+    roster the node runs with)."""
+    from mechanisms.secagg.identity import Roster
+    from mechanisms.secagg.ledger import init_ledger_file
+
+    for c in nodes.values():
+        init_ledger_file(c["secagg-ledger"], Roster.from_json(c["secagg-roster"]).fingerprint)
+    return nodes
+
+
+def _records(node_config: dict) -> dict:
+    """The secagg section of a node's ledger file."""
+    from mechanisms.secagg.identity import Roster
+    from mechanisms.secagg.ledger import SECTION
+    from privfed.results.ledger import NodeLedger
+
+    fp = Roster.from_json(node_config["secagg-roster"]).fingerprint
+    return NodeLedger.open(node_config["secagg-ledger"], fp).read(SECTION)
+
+
 def _deployed(roster, ids, ledgers=None) -> dict[int, dict]:
     """Node configs of K deployed nodes: each its identity and the roster, and a ledger file in ``ledgers``
-    (a folder) unless None."""
+    (a folder, each file created by the operator's step) unless None."""
     out = {}
     for i in range(K):
         out[100 + i] = {
@@ -285,8 +325,8 @@ def _deployed(roster, ids, ledgers=None) -> dict[int, dict]:
             "secagg-roster": roster.to_json(),
         }
         if ledgers is not None:
-            out[100 + i]["secagg-ledger"] = str(ledgers / f"ledger-{i}.txt")
-    return out
+            out[100 + i]["secagg-ledger"] = str(ledgers / f"ledger-{i}.json")
+    return out if ledgers is None else _with_ledgers(out)
 
 
 def test_a_node_deployed_with_a_roster_refuses_to_release_in_the_clear(digits_dataset, tmp_path):
@@ -296,7 +336,7 @@ def test_a_node_deployed_with_a_roster_refuses_to_release_in_the_clear(digits_da
     from mechanisms.secagg.identity import make_roster
     from privfed.flower.local import LocalGrid as Grid
 
-    roster, ids = make_roster(K)
+    roster, ids = make_roster(K, colluders=0)  # CKKS needs a roster that declares no colluder
     deployed = _deployed(roster, ids, tmp_path)
     for secure in ("none", "flwr-secaggplus-insecure"):
         extra = {"clip": 10.0, "max_records": 1000} if secure != "none" else {}
@@ -336,7 +376,7 @@ def test_a_deployed_node_refuses_a_noise_seed_chosen_by_the_server(digits_datase
     a roster drew its share from the server's seed; now it refuses unless its operator allows seeded noise."""
     from mechanisms.secagg.identity import make_roster
 
-    roster, ids = make_roster(K)
+    roster, ids = make_roster(K, colluders=0)  # CKKS needs a roster that declares no colluder
     deployed = _deployed(roster, ids, tmp_path)
     dp = {"method": "fedncm", "clients": K, "epsilon": 1.0, "delta": 1e-5, "clip": 10.0, "timeout": 30}
     for secure in ("mask", "ckks"):
@@ -372,19 +412,25 @@ def _rewrite_broadcast(msg, change):
     "change, text",
     [
         (lambda a: a.update(Kc=a["Kc"] + 0.5), "whole numbers"),
-        (lambda a: a.update(Kc=np.zeros_like(a["Kc"])), "this node alone sent"),
-        (lambda a: a.update(N=np.ones_like(a["N"])), "below this node's own count"),
+        (lambda a: a.update(Kc=np.zeros_like(a["Kc"])), "K_c = 0 \\(no mean\\)"),
+        (lambda a: a.update(N=np.ones_like(a["N"])), "at least K_c, one record per mean"),
         (lambda a: a.update(mu=np.full_like(a["mu"], np.inf)), "NaN or inf"),
         (lambda a: a.pop("Kc"), "expected exactly"),
         # inflated K_c (the reweighting lie) beyond K means of K roster nodes with one mean each
         (lambda a: a.update(Kc=a["Kc"] + K), f"a K_c is above {K}, the public bound"),
+        # inflated N_c (the issue's exact reweighting: N_0 = 1e15) beyond K times the roster's records per node
+        (
+            lambda a: a.update(N=np.where(np.arange(a["N"].size) == 0, 1e15, a["N"])),
+            "an N_c is above 4.1943e\\+06",
+        ),
     ],
 )
 def test_a_lying_fedcof_broadcast_sent_to_every_node_is_refused_before_it_uploads(
     digits_dataset, change, text
 ):
-    """The same false broadcast for all (no split for the echo to catch): each node checks it against its own
-    round-1 input and aborts at the masked stage, before computing or uploading its round-2 spread."""
+    """The same false broadcast for all (no split for the echo to catch): each node checks it against the public
+    rules and bounds (its roster's: K means and K * 2^20 records a class, by default) and aborts at the masked
+    stage, before computing or uploading its round-2 spread."""
 
     def tamper(msg):
         if msg.metadata.message_type == "query.masked" and "broadcast" in msg.content:
@@ -427,14 +473,17 @@ def test_a_round_the_method_does_not_run_is_refused(digits_dataset, method, rewr
 
 
 def test_an_honest_two_round_run_states_the_protocol_threat_model(digits_dataset):
-    from privfed.methods.fedcof_protocol import THREAT_MODEL
+    from mechanisms.secagg.bounds import DEFAULTS
+    from privfed.methods.fedcof_protocol import threat_model
 
     res = serve(LocalGrid(_nodes()), FlowerConfig(method="fedcof", clients=K, secure="mask", timeout=30))
     sa = res.head.secure_aggregation
-    assert sa["protocol_threat_model"] == THREAT_MODEL and "Not prevented" in THREAT_MODEL
+    # computed with the bounds the nodes check: the roster's (default) K * means and K * records per node
+    want = threat_model(DEFAULTS.max_means(K), DEFAULTS.max_count(K), exact=True)
+    assert sa["protocol_threat_model"] == want and "Not prevented" in want and f"K_c <= {K}" in want
     assert [len(s) for s in res.sums] == [
         2 * res.report["C"] + res.report["C"] * res.report["d"],
-        res.report["d"] ** 2,
+        res.report["d"] ** 2 + 1,
     ]
 
 
@@ -445,7 +494,7 @@ def test_a_lying_fedcof_broadcast_is_refused_under_ckks_too(digits_dataset):
         if msg.metadata.message_type == "query.ckks_encrypt" and "broadcast" in msg.content:
             _rewrite_broadcast(msg, lambda a: a.update(N=np.ones_like(a["N"])))
 
-    with pytest.raises(ProtocolAbort, match="stage 'ckks_encrypt'.*below this node's own count"):
+    with pytest.raises(ProtocolAbort, match="stage 'ckks_encrypt'.*at least K_c, one record per mean"):
         serve(
             TamperingGrid(_nodes(), tamper),
             FlowerConfig(method="fedcof", clients=K, secure="ckks", timeout=60),
@@ -460,11 +509,34 @@ def test_a_deployed_node_without_a_ledger_file_refuses_before_any_key(digits_dat
     secagg-ledger (or its operator's allow-ephemeral-ledger=true for a test deployment)."""
     from mechanisms.secagg.identity import make_roster
 
-    roster, ids = make_roster(K)
+    roster, ids = make_roster(K, colluders=0)  # CKKS needs a roster that declares no colluder
     deployed = _deployed(roster, ids)
     cfg = FlowerConfig(method="fedncm", clients=K, secure=secure, timeout=30)
-    first = "keys" if secure == "mask" else "ckks_keys"  # the first message of the protocol: before any key
-    with pytest.raises(ProtocolAbort, match=f"stage '{first}'.*without a ledger file.*secagg-ledger=FILE"):
+    # the first message of a secure run, before any key: the setup
+    with pytest.raises(ConfigError, match="stage 'setup'.*without a ledger file.*secagg-ledger=FILE"):
         serve(LocalGrid(deployed), cfg)
     allowed = {n: {**c, "allow-ephemeral-ledger": "true"} for n, c in deployed.items()}
     assert serve(LocalGrid(allowed), cfg).head.secure_aggregation["summed_nodes"] == K
+
+
+def test_the_bound_on_counts_comes_from_the_roster_never_from_the_server(digits_dataset):
+    """N_c is checked against K times the roster's records per node: a roster saying 1,000 refuses
+    N_c = 4,001 whatever the run config claims (max-records is the server's), and the honest run passes."""
+    from mechanisms.secagg.bounds import PublicBounds
+
+    nodes = simulated_identities(_nodes(), bounds=PublicBounds(max_records=1000))
+
+    def tamper(msg):
+        if msg.metadata.message_type == "query.masked" and "broadcast" in msg.content:
+            _rewrite_broadcast(
+                msg, lambda a: a.update(N=np.where(np.arange(a["N"].size) == 0, 4001.0, a["N"]))
+            )
+        if "config" in msg.content:
+            msg.content["config"]["max_records"] = 10**9
+
+    honest = serve(LocalGrid(nodes), FlowerConfig(method="fedcof", clients=K, secure="mask", timeout=30))
+    assert "N_c <= 4000" in honest.head.secure_aggregation["protocol_threat_model"]
+    with pytest.raises(ProtocolAbort, match="an N_c is above 4000, the public bound on a class's count"):
+        serve(
+            TamperingGrid(nodes, tamper), FlowerConfig(method="fedcof", clients=K, secure="mask", timeout=30)
+        )

@@ -24,7 +24,7 @@ from mechanisms.secagg.crypto import (
     private_key,
     public_key,
 )
-from mechanisms.secagg.masking import default_threshold, harary_graph, masked_sum
+from mechanisms.secagg.masking import harary_graph, majority_threshold, masked_sum
 from mechanisms.secagg.masking.node import MaskingNode
 from mechanisms.secagg.masking.server import MaskingServer
 
@@ -37,7 +37,7 @@ class SparseFederation:
 
     def __init__(self, seed: int = 0) -> None:
         self.graph = harary_graph(K, DEGREE, np.random.default_rng(seed))
-        self.t = default_threshold(DEGREE + 1)
+        self.t = majority_threshold(DEGREE + 1)
         self.x = np.random.default_rng(seed).normal(0, 10, size=(K, LENGTH))
         keys = KeySource(seed)
         self.nodes = {

@@ -52,8 +52,12 @@ class Material:
         return (
             f"partition-id={i} num-partitions={len(self.keys)}{extra} allow-plain-release=true "
             f'secagg-identity="{ids / f"node-{i}.json"}" secagg-roster="{ids / "roster.json"}" '
-            f'secagg-ledger="{self.root / f"ledger-{i}.txt"}"'
+            f'secagg-ledger="{self.ledger(i)}"'
         )
+
+    def ledger(self, i: int) -> pathlib.Path:
+        """Node ``i``'s ledger file (made by the operator's --init-ledger step)."""
+        return self.root / f"ledger-{i}.json"
 
 
 def operator_material(root: pathlib.Path, superlink_hosts: list[str], nodes: int) -> Material:
@@ -67,7 +71,13 @@ def operator_material(root: pathlib.Path, superlink_hosts: list[str], nodes: int
     )
     hosts = [a for h in superlink_hosts for a in ("--host", h)]
     assert certs.main([str(m.certs), *hosts]) == 0
-    assert identity_cli.main([str(m.ids), "--nodes", str(nodes)]) == 0
+    # t = 2 of 3, so that a node that dies mid-run is survived: that tolerates no colluder, and the operator
+    # says so explicitly (--colluders 0); then each node's ledger file, made once (the documented step).
+    roster = ["--nodes", str(nodes), "--threshold", "2", "--colluders", "0"]
+    assert identity_cli.main([str(m.ids), *roster]) == 0
+    for i in range(nodes):
+        init = ["--init-ledger", str(m.ledger(i)), "--roster", str(m.ids / "roster.json")]
+        assert identity_cli.main(init) == 0
     for i, d in enumerate(m.keys):
         argv = [
             "node-key",

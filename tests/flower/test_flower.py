@@ -180,8 +180,9 @@ def test_server_never_holds_a_clients_statistics_under_masking(sim, split):
 
 
 def test_dropouts_before_and_after_upload_give_the_survivors_sum(digits_dataset):
-    n = 5  # t = 3: node 4 drops before uploading, node 3 after; 3 of the 4 uploaders unmask
-    app = make_client_app(faults={4: "masked", 3: "unmask"})
+    n = 6  # t = 4 (the default tolerates a colluder): node 5 drops before uploading, node 4 after; 4 of the
+    # 5 uploaders unmask
+    app = make_client_app(faults={5: "masked", 4: "unmask"})
     res = serve(
         _LocalGrid(_digits_nodes(n), app), FlowerConfig(method="fed3r", clients=n, secure="mask", timeout=30)
     )
@@ -189,16 +190,16 @@ def test_dropouts_before_and_after_upload_give_the_survivors_sum(digits_dataset)
     F, y, k = partition(ds.train_labels, n, "dirichlet", alpha=0.5, rng=0).apply(
         ds.train_features, ds.train_labels
     )
-    keep = k < 4  # partition 4 dropped before uploading; partition 3 uploaded, then dropped
+    keep = k < 5  # partition 5 dropped before uploading; partition 4 uploaded, then dropped
     ref = _fit("fed3r", F[keep], y[keep], k[keep])
     assert np.abs(res.head.weight - ref.weight).max() < 1e3 * n * 2.0**-33
     full = _fit("fed3r", F, y, k)
     assert np.abs(res.head.weight - full.weight).max() > 1e-3  # not the full federation's head
     rnd = res.head.secure_aggregation["rounds"][0]
-    assert rnd["uploaded"] == 4 and len(rnd["dropped_before_upload"]) == 1
+    assert rnd["uploaded"] == 5 and len(rnd["dropped_before_upload"]) == 1
     assert len(rnd["dropped_after_upload"]) == 1
     assert rnd["stages"]["masked"]["failed"] and rnd["stages"]["unmask"]["failed"]
-    assert rnd["stages"]["consistency"]["answered"] == 4 and rnd["stages"]["unmask"]["answered"] == 3
+    assert rnd["stages"]["consistency"]["answered"] == 5 and rnd["stages"]["unmask"]["answered"] == 4
     assert any("dropped before uploading" in n for n in res.head.notes)
 
 

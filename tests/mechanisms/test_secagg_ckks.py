@@ -48,7 +48,7 @@ def test_ckks_counts_come_out_exact():
 
 
 def test_aggregator_holds_a_public_context_that_cannot_decrypt():
-    roster, ids = make_roster(3)
+    roster, ids = make_roster(3, colluders=0)  # CKKS: the roster declares no colluder
     holder = CKKSKeyHolder(CKKSParams(), identity=ids[0], roster=roster)
     session = os.urandom(16)
     keys = holder.keys({"session": session, "K": 3})
@@ -96,7 +96,7 @@ def test_aggregate_beyond_the_parameter_bound_is_refused():
     wrapped = decrypt_rounded(summed, 4, p, integral=False)
     assert np.abs(wrapped / (8 * x) - 1).max() > 0.5
     # and a node refuses such an input before encrypting it
-    roster, ids = make_roster(8)
+    roster, ids = make_roster(8, colluders=0)
     with pytest.raises(InputError, match="CKKS bound"):
         CKKSNode(p, identity=ids[1], roster=roster).encrypt(_request(roster, ids[0]), x)
 

@@ -76,8 +76,9 @@ def test_fedcof_two_round_protocol_with_multi_mean_sampling(data):
     rep = head.secure_aggregation
     assert rep.secure_variant.startswith("two-round")
     assert [c["clients"] for c in rep.calls] == [6, 6]  # per real client, not per pseudo-client
-    # round 1: counts, sums and presence in one vector (2 C + C d); round 2: the d x d spread
-    assert [c["shape"] for c in rep.calls] == [(2 * 4 + 4 * 8,), (8, 8)]
+    # round 1: counts, sums and presence in one vector (2 C + C d); round 2: the d x d spread and the count
+    # of nodes that clipped it
+    assert [c["shape"] for c in rep.calls] == [(2 * 4 + 4 * 8,), (8 * 8 + 1,)]
 
 
 def test_report_states_parameters_threat_model_and_dropouts(data):
@@ -86,13 +87,20 @@ def test_report_states_parameters_threat_model_and_dropouts(data):
     plain = privfed.fit("fed3r", F, y, k)
     _close(head, plain, 1e-7)  # inputs uploaded before dropping still count
     rep = head.secure_aggregation
-    assert "honest-but-curious" in rep.threat_model.lower() and "malicious" in rep.threat_model.lower()
+    # the threat model is computed from this run: K = 6, the default t = 4 (2t > 6 + 1), honest-but-curious
+    # (t - 1 colluders tolerated), every uploader in one part
+    th = rep.threat
+    assert (th.version, th.num_nodes, th.threshold, th.colluders_tolerated) == ("honest-but-curious", 6, 4, 3)
+    assert th.parts == (6,) and th.smallest_sum_alone == 4 and th.smallest_sum_colluding == 1
+    assert rep.threat_model == th.text() and "colluders tolerated: 3" in rep.threat_model
+    assert "a server that deviates" in rep.threat_model.lower()
     assert rep.parameters["frac_bits"] == 32 and rep.parameters["ring"] == "Z_2^64"
     assert len(rep.dropouts["after_upload"]) == 2 and rep.dropouts["before_upload"] == []
     assert len(rep.calls) == 3 and all(c["uploaded"] == 6 for c in rep.calls)
     assert len(rep.views) == 3 and all(len(v.masked_uploads) == 6 for v in rep.views)
     ck = privfed.fit("fed3r", F, y, k, secure_agg=CKKSAggregation()).secure_aggregation
-    assert "public context" in ck.threat_model and ck.parameters["poly_modulus_degree"] == 8192
+    assert ck.threat.colluders_tolerated == 0 and ck.threat.threshold == 4 and ck.threat.parts == (6,)
+    assert "Colluders tolerated: 0" in ck.threat_model and ck.parameters["poly_modulus_degree"] == 8192
 
 
 @pytest.mark.parametrize("method", ["fed3r", "fedcof"])
@@ -190,7 +198,7 @@ def test_upload_bytes_formula_by_hand():
     assert ck["num_ciphertexts"] == 1 + 1 + 3  # counts, 500 sums, 10,000 second-moment values
     assert 300_000 < ck["ciphertext_bytes"] < 400_000  # measured TenSEAL size at N = 8192
     cof = secagg_upload_bytes("fedcof", M, K, d, C, "mask")
-    assert cof["calls"] == 2 and cof["payload"] == 8 * (2 * C + C * d + d * d)
+    assert cof["calls"] == 2 and cof["payload"] == 8 * (2 * C + C * d + d * d + 1)
     with pytest.raises(ConfigError, match="protocol"):
         secagg_upload_bytes("fedncm", M, K, d, C, "paillier")
 
@@ -203,3 +211,39 @@ def test_make_secure_agg_by_name():
         make_secure_agg("garbled")
     with pytest.raises(ConfigError, match="neighbours"):
         PairwiseMasking(neighbours=3)
+
+
+def test_a_split_graph_in_process_settles_epsilon_on_the_least_noised_part():
+    """K = 12, degree 4, t = 3, four clients dropped before uploading (drawn by random_state 55, the graph's
+    relabelling by key_seed 55): the uploaders' graph of the first secure sum splits into parts of 3 and 5.
+    Noise is calibrated for (1, 1e-5) with all 12 shares; the 3-client part carries 3/12 of sigma^2: epsilon
+    is the analytic Gaussian's at sqrt(12/3) times the full multiplier (computed here with scipy), not the 8
+    uploaders' 1.25."""
+    import math
+    import warnings
+
+    from scipy.optimize import brentq
+    from scipy.stats import norm
+
+    from mechanisms import GaussianMechanism
+
+    def delta(eps, mu):
+        return norm.cdf(-eps / mu + mu / 2) - math.exp(eps) * norm.cdf(-eps / mu - mu / 2)
+
+    mu0 = brentq(lambda mu: delta(1.0, mu) - 1e-5, 0.01, 20.0, xtol=1e-13)
+    want = brentq(lambda e: delta(e, 2 * mu0) - 1e-5, 0.0, 100.0, xtol=1e-13)
+    rng = np.random.default_rng(0)
+    F, y, k = rng.normal(size=(240, 4)), np.arange(240) % 3, np.arange(240) % 12
+    sa = PairwiseMasking(threshold=3, neighbours=4, dropouts=4, dropout_phase="before_upload", key_seed=55)
+    mech = GaussianMechanism(epsilon=1.0, delta=1e-5, clip=10.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        head = privfed.fit(
+            "fedncm", F, y, k, num_classes=3, num_clients=12, privacy=mech, secure_agg=sa, random_state=55
+        )
+    rep = head.secure_aggregation
+    # in one process each secure sum draws its own relabelling: the counts' sum splits, the sums' does not;
+    # the release is settled on the least-noised part of any sum
+    assert [c["parts"] for c in rep.calls] == [[3, 5], [8]] and rep.threat.parts == (3, 5)
+    assert head.privacy.epsilon == pytest.approx(want, rel=1e-6) and want == pytest.approx(2.155, abs=5e-4)
+    assert any("split into parts of 3, 5" in n for n in head.privacy.notes)

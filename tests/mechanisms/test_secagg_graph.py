@@ -25,7 +25,8 @@ def _neighbours_on_ring(ring, k, u):
 def test_a_sparse_roster_carries_a_k_regular_graph_that_every_node_derives_alike():
     roster, _ = make_roster(12, degree=4, seed=1)
     assert roster.degree == 4 and sorted(roster.ring) == list(range(12))
-    assert roster.threshold == 3 and roster.group_size == 5  # 2t > k + 1: t = 3
+    # the default declares one colluder: 2t > k + 1 + 1, t = 4, which tolerates 2t - (k + 1) - 1 = 2
+    assert roster.threshold == 4 and roster.group_size == 5 and roster.tolerated == 2
     for u in range(12):
         assert roster.graph[u] == _neighbours_on_ring(list(roster.ring), 4, u)
         assert all(u in roster.graph[v] for v in roster.graph[u]) and u not in roster.graph[u]
@@ -118,7 +119,7 @@ def test_ring_neighbours_of_a_degree_of_K_minus_1_is_the_complete_graph():
 def test_operator_command_draws_the_graph_into_the_roster(tmp_path, capsys):
     assert main([str(tmp_path), "--nodes", "9", "--degree", "4"]) == 0
     roster = Roster.load(tmp_path / "roster.json")
-    assert roster.degree == 4 and roster.threshold == 3 and len(roster.graph[0]) == 4
+    assert roster.degree == 4 and roster.threshold == 4 and len(roster.graph[0]) == 4
     assert "graph=4-regular" in capsys.readouterr().out
     assert main([str(tmp_path / "x"), "--nodes", "9", "--degree", "5"]) == 2
     assert "even integer" in capsys.readouterr().err

@@ -32,7 +32,7 @@ def test_active_version_uploads_the_same_bytes_and_adds_only_the_consistency_rou
         assert extra == 64 and a.upload_bytes[u]["consistency"] == (64 if u in signers else 0)
 
 
-@pytest.mark.parametrize("kw", [{}, {"dropped_before_upload": [2], "dropped_after_upload": [5]}])
+@pytest.mark.parametrize("kw", [{}, {"dropped_before_upload": [2]}, {"dropped_after_upload": [5]}])
 def test_active_version_on_a_sparse_graph_sums_exactly_and_costs_the_same_at_any_K(kw):
     """On the roster's k-regular graph every node's traffic depends on k alone: the same bytes up and down for
     K = 9 and K = 17 (no dropouts), more for a larger k; the sum is the uploaders' sum."""
@@ -40,7 +40,8 @@ def test_active_version_on_a_sparse_graph_sums_exactly_and_costs_the_same_at_any
     for K, k in ((9, 4), (17, 4), (17, 6)):
         X = np.random.default_rng(K).normal(size=(K, 7))
         r = masking.masked_sum(X, active=True, neighbours=k, **kw)
-        assert r.view.consistency_signatures and r.threshold == (k + 1) // 2 + 1
+        # the default threshold tolerates a colluder: 2t > (k + 1) + 1, so one dropout per group of k + 1 = 5
+        assert r.view.consistency_signatures and r.threshold == (k + 2) // 2 + 1
         assert np.abs(r.total - X[list(r.uploaded)].sum(0)).max() <= K * 2.0**-33
         assert set(r.uploaded) == set(range(K)) - set(kw.get("dropped_before_upload", []))
         per_node[K, k] = (sum(r.upload_bytes[0].values()), r.download_bytes[0])
@@ -110,7 +111,8 @@ def test_operator_command_writes_a_roster_and_private_identity_files(tmp_path, c
 
     assert main([str(tmp_path), "--nodes", "5"]) == 0
     roster = Roster.load(tmp_path / "roster.json")
-    assert roster.size == 5 and roster.threshold == 3
+    # the default declares one colluder: 2t > 5 + 1, t = 4, which tolerates 2t - 5 - 1 = 2
+    assert roster.size == 5 and roster.threshold == 4 and roster.colluders == 1 and roster.tolerated == 2
     for i in range(5):
         path = tmp_path / f"node-{i}.json"
         assert stat.S_IMODE(os.stat(path).st_mode) == 0o600

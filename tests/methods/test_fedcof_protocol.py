@@ -87,7 +87,10 @@ def test_node_vectors_equal_a_loop_over_rows_and_classes(params):
     for counts, sums in rows:
         got = FedCOFNode(counts, sums, noise_aware=noise_aware).round2(b)
         want = _loop_round2(counts, sums, b["N"], b["mu"], b["Kc"])
-        np.testing.assert_allclose(got, want, rtol=0, atol=1e-12 * max(np.abs(want).max(), 1.0))
+        assert got.shape == (D * D + 1,) and got[-1] == 0.0  # the spread, then "not clipped"
+        np.testing.assert_allclose(
+            got[:-1].reshape(D, D), want, rtol=0, atol=1e-12 * max(np.abs(want).max(), 1.0)
+        )
     # the in-process run is these two sums, and its head is plain FedCOF's
     head = run_in_process(m, st, _plain_sum)
     ref = m.aggregate(st)
@@ -107,15 +110,15 @@ def test_round_one_is_one_masked_sum_with_exact_counts_and_the_bytes_of_the_mode
     head = run_in_process(m, st, sa.secure_sum(np.random.default_rng(0)))
     calls = sa.last_run.calls
     n1 = round_lengths(C, D, noise_var > 0)["fedcof-1"]
-    assert [c["shape"] for c in calls] == [(n1,), (D, D)]
+    assert [c["shape"] for c in calls] == [(n1,), (D * D + 1,)]
     assert n1 == 2 * C + C * D + (C if noise_var else 0)
     measured = sum(c["upload_bytes_mean"] for c in calls)
     overhead = 2 * 32 + (K - 1) * 104 + K * 37
-    assert measured == 8 * (n1 + D * D) + 2 * overhead
+    assert measured == 8 * (n1 + D * D + 1) + 2 * overhead
     model = secagg_upload_bytes(m, K * C, K, D, C, "mask")
     assert model["upload"] == measured and model["calls"] == 2
     # the three-sum round 1 it replaces paid the overhead twice more for the same values
-    assert 8 * (n1 + D * D) + 4 * overhead - measured == 2 * overhead
+    assert 8 * (n1 + D * D + 1) + 4 * overhead - measured == 2 * overhead
     np.testing.assert_array_equal(head.extras["N"], st.counts.sum(axis=0))  # whole counts: exact
     np.testing.assert_array_equal(head.extras["Kc"], (st.counts > 0).sum(axis=0))
     np.testing.assert_allclose(head.weight, m.aggregate(st).weight, rtol=0, atol=1e-9)
@@ -127,7 +130,7 @@ def test_ckks_runs_the_same_two_sums():
     st = compute_client_stats(X, y, k, num_classes=C)
     sa = CKKSAggregation()
     head = run_in_process(m, st, sa.secure_sum(np.random.default_rng(0)))
-    assert [c["shape"] for c in sa.last_run.calls] == [(2 * C + C * D,), (D, D)]
+    assert [c["shape"] for c in sa.last_run.calls] == [(2 * C + C * D,), (D * D + 1,)]
     np.testing.assert_array_equal(head.extras["N"], st.counts.sum(axis=0))
     scale = max(np.abs(head.weight).max(), 1.0)
     assert np.abs(head.weight - m.aggregate(st).weight).max() <= 1e-6 * scale
@@ -180,8 +183,9 @@ def test_an_honest_broadcast_is_accepted_with_noisy_and_dropped_counts():
         (lambda b, C: _lie(b, mu=np.full((C, D), np.nan)), "non-finite", "NaN or inf"),
         (lambda b, C: _lie(b, Kc=b["Kc"] + 0.5), "implausible-broadcast", "whole numbers"),
         (lambda b, C: _lie(b, Kc=-b["Kc"]), "implausible-broadcast", "whole numbers"),
-        (lambda b, C: _lie(b, Kc=np.zeros(C)), "implausible-broadcast", "this node alone sent"),
-        (lambda b, C: _lie(b, N=np.ones(C)), "implausible-broadcast", "below this node's own count"),
+        (lambda b, C: _lie(b, Kc=np.zeros(C)), "implausible-broadcast", "K_c = 0 \\(no mean\\)"),
+        (lambda b, C: _lie(b, N=np.ones(C)), "implausible-broadcast", "at least K_c, one record per mean"),
+        (lambda b, C: _lie(b, N=b["N"] + 0.5), "implausible-broadcast", "every N_c is a whole number"),
     ],
 )
 def test_a_lying_broadcast_is_refused_before_the_node_computes(lie, deviation, text):

@@ -349,9 +349,10 @@ def test_fedcof_two_round_secure_protocol_equals_aggregate(params):
     h1 = m.aggregate(st)
     h2 = m.secure_aggregate(st, recording_sum)
     np.testing.assert_allclose(h2.weight, h1.weight, rtol=1e-9, atol=1e-10)
-    # one row per real client in every secure sum, last one the (K, d, d) round-2 matrices
+    # one row per real client in every secure sum, last one the (K, d^2 + 1) round-2 spreads (and whether
+    # each was clipped)
     assert all(s[0] == 6 for s in seen)
-    assert seen[-1] == (6, X.shape[1], X.shape[1])
+    assert seen[-1] == (6, X.shape[1] ** 2 + 1)
 
 
 def test_fedcof_secure_with_noisy_counts_matches_aggregate():

@@ -134,7 +134,10 @@ class ClientBounding:
             if not calls:
                 still.append((rid, K, share, run))
                 continue
-            present = min(int(c.get("uploaded", K)) for c in calls)
+            # The server decodes each part of the uploaders' graph alone (a split SecAgg+ graph): the
+            # least-noised sum it holds carries the smallest part's shares.
+            present = min(int(c.get("smallest_part", c.get("uploaded", K))) for c in calls)
+            parts = max((c.get("parts") or [] for c in calls), key=len, default=[])
             factor = math.sqrt(present * share)
             self.ledger.events = [
                 e
@@ -152,6 +155,8 @@ class ClientBounding:
                 for e in self.ledger.events
             ]
             self._settled.append((present, K))
+            if len(parts) > 1:
+                self._split.append(sorted(int(p) for p in parts))
         self._pending_secure = still
 
     def _share(self, K: int) -> float:

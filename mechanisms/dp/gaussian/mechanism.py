@@ -296,6 +296,7 @@ class GaussianMechanism(GaussianCalibration, GaussianNoise, ClientBounding, Gaus
         self._sampled_pending = 0
         self._sampling_seeded = False
         self._settled: list[tuple[int, int]] = []
+        self._split: list[list[int]] = []  # part sizes of a secure sum whose uploaders' graph split
         self._notes: list[str] = []
         self._weights = self._split_weights(split)
         self._mu_round, self._calibrated_by = self._round_mu()

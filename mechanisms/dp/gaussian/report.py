@@ -55,11 +55,18 @@ class GaussianReport:
                 "against the server plus c colluding clients (who know their own "
                 "shares) only the other shares count"
             )
+            for parts in self._split:
+                notes.append(
+                    f"the uploaders' graph split into parts of {', '.join(map(str, parts))} clients: the server "
+                    f"decodes each part's sum alone, so epsilon is that of the least-noised part ({min(parts)} "
+                    "noise shares)"
+                )
             for present, K in self._settled:
                 if present < K - t:
+                    where = "are in the least-noised part's sum" if self._split else "reached the sum"
                     notes.append(
-                        f"only {present} of {K} clients' noise shares reached the sum (more than the tolerated "
-                        f"{t} dropped): the noise present is {present}/{K - t} of sigma^2 and epsilon is "
+                        f"only {present} of {K} clients' noise shares {where} (more than the tolerated "
+                        f"{t} missing): the noise present is {present}/{K - t} of sigma^2 and epsilon is "
                         "recomputed from it"
                     )
         if sampled:

@@ -26,7 +26,7 @@ from mechanisms.secagg.ckks.holder import CKKSKeyHolder
 from mechanisms.secagg.ckks.node import CKKSNode
 from mechanisms.secagg.ckks.scheme import CKKSParams
 from mechanisms.secagg.ckks.server import CKKSServer, CKKSServerView, run_in_process
-from mechanisms.secagg.identity import make_roster, min_threshold
+from mechanisms.secagg.identity import make_roster
 from mechanisms.secagg.ledger import SessionLedger
 from mechanisms.secagg.noise import noise_share
 from privfed.errors import ConfigError, InputError
@@ -53,6 +53,8 @@ class CKKSSumResult:
     download_bytes: int
     aggregate_bytes: int
     seconds: dict[str, float]
+    #: Fewest signed contributions the key holder decrypts a sum of (the roster's sum threshold).
+    threshold: int = 0
 
 
 def _check_stack(stack, params, integers, noise_std, value_bound, name):
@@ -140,7 +142,8 @@ def ckks_sum(
     rng = rng if rng is not None else np.random.default_rng()
     flat, shape, integral = _check_stack(stack, params, integers, noise_std, value_bound, name)
     K = flat.shape[0]
-    roster, ids = make_roster(K, min_threshold(K))
+    # CKKS tolerates no colluder (the key holder decrypts everything): the roster declares none.
+    roster, ids = make_roster(K, None, 0)
     contexts: dict = {}  # the public context, parsed once for every node in this process
     nodes = {
         u: CKKSNode(
@@ -194,4 +197,5 @@ def ckks_sum(
             "decrypt": clock["ckks_decrypt"] - clock["ckks_encrypt"] - add_s,
             "total": clock["ckks_decrypt"] - t_start,
         },
+        threshold=roster.sum_threshold,
     )

@@ -74,6 +74,7 @@ from mechanisms.secagg.identity import make_roster
 from mechanisms.secagg.masking.node import MaskingNode
 from mechanisms.secagg.masking.server import MaskingServer, ServerView, run_in_process
 from mechanisms.secagg.noise import noise_share
+from mechanisms.secagg.threat import DEFAULT_COLLUDERS, colluders_tolerated, default_threshold, survivor_parts
 from privfed._validation import check_memory
 from privfed.errors import ConfigError, InputError
 
@@ -88,9 +89,9 @@ __all__ = [
     "ProtocolAbort",
     "ServerView",
     "check_masking_size",
-    "default_threshold",
     "harary_graph",
     "harary_split_bound",
+    "majority_threshold",
     "masked_sum",
     "prg_buffer",
     "prg_uint64",
@@ -172,8 +173,9 @@ def check_masking_size(num_clients: int, neighbours: int | None, name: str = "st
     )
 
 
-def default_threshold(group_size: int) -> int:
-    """Majority threshold floor(n/2) + 1 of a group of n share holders."""
+def majority_threshold(group_size: int) -> int:
+    """Majority threshold floor(n/2) + 1 of a group of n share holders: the smallest :func:`masked_sum` takes
+    (the default is :func:`mechanisms.secagg.threat.default_threshold`, which tolerates a colluding node)."""
     return int(group_size) // 2 + 1
 
 
@@ -192,6 +194,10 @@ class MaskedSumResult:
     upload_bytes: dict[int, dict[str, int]]
     download_bytes: dict[int, int]
     seconds: dict[str, float]
+    #: The parts the uploaders' graph falls into (each part's sum is decodable alone), smallest first.
+    parts: tuple[tuple[int, ...], ...] = ()
+    #: Every client's neighbours (the SecAgg+ graph, or everyone).
+    graph: tuple[frozenset[int], ...] = ()
 
 
 # --------------------------------------------------------------------------- the run
@@ -234,8 +240,9 @@ def masked_sum(
         when every value is a whole number and no noise is added (a public
         one-bit choice, true for counts and indicators), else ``frac_bits``.
     threshold : int, optional
-        Shamir threshold t; defaults to a majority of each client's group
-        (itself and its neighbours).
+        Shamir threshold t; defaults to :func:`mechanisms.secagg.threat.default_threshold` of each
+        client's group (itself and its neighbours): the smallest that tolerates a colluding node; at
+        least a majority.
     neighbours : int, optional
         Degree k of the SecAgg+ graph (even); ``None`` for the complete graph.
     dropped_before_upload, dropped_after_upload : iterables of int
@@ -329,8 +336,8 @@ def masked_sum(
             else [frozenset(set(range(K)) - {u}) for u in range(K)]
         )
         group_sizes = [len(g) + 1 for g in graph]
-    low = default_threshold(min(group_sizes))
-    t = low if threshold is None else int(threshold)
+    low = majority_threshold(min(group_sizes))
+    t = default_threshold(min(group_sizes)) if threshold is None else int(threshold)
     if not low <= t <= min(group_sizes):
         raise ConfigError(
             f"threshold must lie in [{low}, {min(group_sizes)}]: more than half of each client's share group "
@@ -351,7 +358,11 @@ def masked_sum(
             + (key_seed if isinstance(key_seed, bytes) else int(key_seed).to_bytes(16, "little"))
         )
         degree = None if neighbours is None or int(neighbours) >= K - 1 else int(neighbours)
-        roster, ids = make_roster(K, t, seed=id_seed, degree=degree)
+        # The caller's threshold declares the colluders it tolerates (an explicit choice; the report says it).
+        n = group_size(K, degree)
+        roster, ids = make_roster(
+            K, t, min(DEFAULT_COLLUDERS, colluders_tolerated(n, t)), seed=id_seed, degree=degree
+        )
         graph = roster.graph
     server = MaskingServer(
         num_nodes=K,
@@ -410,6 +421,8 @@ def masked_sum(
         dropped_after_upload=tuple(sorted(after)),
         upload_bytes=up,
         download_bytes=dict(server.bytes_down),
+        parts=tuple(survivor_parts(graph, server.U3)),
+        graph=tuple(frozenset(g) for g in graph),
         seconds={
             "encode_checks": t_setup - t_start,
             "key_setup": clock["shares"] - t_setup,

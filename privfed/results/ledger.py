@@ -1,0 +1,205 @@
+"""A node's lifetime ledger file: what it has answered for, kept across runs, and refused when it is not sound.
+
+One JSON file per node, written only by :class:`NodeLedger`::
+
+    {
+      "format": "privfed node ledger",
+      "version": 1,
+      "roster": "<hex SHA-256 fingerprint of the roster the node runs with>",
+      "sections": {"<kind>": {"version": <int>, "records": {...}}, ...},
+      "sha256": "<hex SHA-256 of the canonical JSON of everything above>"
+    }
+
+* **Typed, versioned sections.**  Each module that keeps lifetime records owns one section, named by its
+  kind (``"secagg"``: the aggregations a node uploaded for, its uploader set, its CKKS key holder; other
+  kinds, e.g. a node's lifetime privacy budget, are added the same way).  A section carries its own
+  version; :meth:`NodeLedger.read` refuses a section written by a newer version of its module, and every
+  update leaves the other sections as they were.
+* **Bound to the roster.**  The file names the fingerprint of the roster it was created for; opening it
+  with another roster is refused (a new roster means new identities and a new ledger).
+* **Integrity.**  The ``sha256`` field covers the rest of the file: a truncated or hand-edited file is
+  refused.  (It detects damage, not an attacker who can write the node's disk: such an attacker owns the
+  node.)
+* **Atomic.**  Every update runs under an exclusive lock of a sibling ``.lock`` file, reads and checks the
+  file, applies the change, and writes a temporary sibling, fsyncs it and renames it into place
+  (:func:`privfed.results.files.atomic_write`): a crash leaves the old file or the new one.
+* **Created by an explicit step.**  :meth:`NodeLedger.create` (the operator's
+  ``python -m mechanisms.secagg.identity --init-ledger FILE --roster ROSTER``) refuses an existing file;
+  :meth:`NodeLedger.open` refuses a missing, unreadable or corrupt one with a one-line
+  :class:`LedgerError` -- never a fresh, empty ledger, which would let a server repeat what the node
+  already answered.
+
+Public API: :class:`NodeLedger` (``create``, ``open``, ``read``, ``update``, ``kinds``), :class:`LedgerError`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from privfed.errors import ConfigError
+from privfed.results.files import atomic_write
+
+__all__ = ["FORMAT", "VERSION", "LedgerError", "NodeLedger"]
+
+FORMAT = "privfed node ledger"
+VERSION = 1
+
+
+class LedgerError(ConfigError):
+    """A node's ledger file is missing, unreadable, corrupt, of another roster, or already exists."""
+
+
+def _digest(body: dict) -> str:
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+class NodeLedger:
+    """One node's ledger file (see the module docstring); ``setting`` names it in errors."""
+
+    def __init__(self, path: str | os.PathLike, roster: bytes, *, setting: str = "secagg-ledger") -> None:
+        self.path = Path(path).expanduser()
+        self.roster = bytes(roster).hex()
+        self.setting = setting
+
+    # -- creation ------------------------------------------------------------------------------------
+    @classmethod
+    def create(
+        cls,
+        path: str | os.PathLike,
+        roster: bytes,
+        *,
+        sections: dict[str, tuple[int, dict]] | None = None,
+        setting: str = "secagg-ledger",
+    ) -> NodeLedger:
+        """A new ledger file for the roster with fingerprint ``roster`` (LedgerError if the file exists).
+
+        ``sections`` maps a kind to (its version, its records), e.g. to carry records over from an older file.
+        """
+        led = cls(path, roster, setting=setting)
+        with led._locked():
+            if led.path.exists():
+                raise LedgerError(
+                    f"{setting}={led.path}: the file exists; a node's ledger is created once (it holds what the "
+                    "node answered for: keep it, or move it away deliberately)"
+                )
+            body = {
+                "format": FORMAT,
+                "version": VERSION,
+                "roster": led.roster,
+                "sections": {
+                    str(k): {"version": int(v), "records": dict(r)} for k, (v, r) in (sections or {}).items()
+                },
+            }
+            led._write(body)
+        return led
+
+    @classmethod
+    def open(cls, path: str | os.PathLike, roster: bytes, *, setting: str = "secagg-ledger") -> NodeLedger:
+        """The ledger file at ``path``, checked now (LedgerError: missing, unreadable, corrupt, other roster)."""
+        led = cls(path, roster, setting=setting)
+        led._load()
+        return led
+
+    # -- reading and updating -------------------------------------------------------------------------
+    def kinds(self) -> list[str]:
+        """The kinds of section the file holds."""
+        return sorted(self._load()["sections"])
+
+    def read(self, kind: str, version: int = 1) -> dict:
+        """A copy of section ``kind``'s records ({} if absent); refused if written by a newer version."""
+        return self._section(self._load(), kind, version)
+
+    def update(self, kind: str, change: Callable[[dict], dict | None], *, version: int = 1) -> dict:
+        """Apply ``change(records) -> new records`` to section ``kind`` atomically, under the file's lock.
+
+        ``change`` sees the records as they are on disk now (another process may have written since this
+        object last read them) and may raise to refuse (the file is then left as it was); returning None
+        leaves the section unchanged.  Returns the records as written.  Other sections are kept as they are.
+        """
+        with self._locked():
+            body = self._load()
+            records = self._section(body, kind, version)
+            new = change(records)
+            if new is None:
+                return records
+            body["sections"][kind] = {"version": int(version), "records": dict(new)}
+            self._write(body)
+            return dict(new)
+
+    # -- the file ------------------------------------------------------------------------------------
+    def _section(self, body: dict, kind: str, version: int) -> dict:
+        sec = body["sections"].get(kind)
+        if sec is None:
+            return {}
+        if not isinstance(sec, dict) or not isinstance(sec.get("records"), dict):
+            raise self._error(f"its section {kind!r} is malformed")
+        if int(sec.get("version", 0)) > int(version):
+            raise self._error(
+                f"its section {kind!r} was written by a newer privfed (version {sec.get('version')}, this one "
+                f"reads {version}); run the node with that version"
+            )
+        return json.loads(json.dumps(sec["records"]))
+
+    def _error(self, why: str) -> LedgerError:
+        return LedgerError(
+            f"{self.setting}={self.path}: {why}; the node refuses to run without a sound ledger (restore the file "
+            "from a backup, or create a new node's with python -m mechanisms.secagg.identity --init-ledger FILE "
+            "--roster ROSTER)"
+        )
+
+    def _load(self) -> dict:
+        try:
+            text = self.path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise self._error("no such file (a new node creates it once, explicitly)") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise self._error(f"it cannot be read ({getattr(exc, 'strerror', None) or exc})") from None
+        try:
+            raw = json.loads(text)
+        except ValueError:
+            raise self._error("it is not JSON (damaged, truncated, or a ledger of an older format)") from None
+        if not isinstance(raw, dict) or raw.get("format") != FORMAT:
+            raise self._error("it is not a privfed node ledger")
+        if raw.get("version") != VERSION:
+            raise self._error(
+                f"it is a ledger of format version {raw.get('version')!r}, this privfed reads {VERSION}"
+            )
+        body = {k: v for k, v in raw.items() if k != "sha256"}
+        if raw.get("sha256") != _digest(body):
+            raise self._error("its SHA-256 does not match its contents (damaged or edited)")
+        if not isinstance(body.get("sections"), dict):
+            raise self._error("it has no sections")
+        if body.get("roster") != self.roster:
+            raise self._error(
+                f"it was created for another roster ({str(body.get('roster'))[:16]}..., this node runs "
+                f"{self.roster[:16]}...)"
+            )
+        return body
+
+    def _write(self, body: dict) -> None:
+        out = dict(body, sha256=_digest(body))
+        atomic_write(self.path, lambda p: p.write_text(json.dumps(out, indent=1, sort_keys=True) + "\n"))
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        lock = self.path.with_name(self.path.name + ".lock")
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:
+            raise self._error(f"its lock file cannot be opened ({exc.strerror or exc})") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            with contextlib.suppress(OSError):
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+
+    def __repr__(self) -> str:  # pragma: no cover - debugging aid
+        return f"NodeLedger({str(self.path)!r}, roster={self.roster[:16]}...)"

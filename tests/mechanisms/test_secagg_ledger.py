@@ -1,0 +1,165 @@
+"""A node's ledger file (privfed.results.ledger.NodeLedger and its secagg section): created once by an explicit
+step, bound to the roster, checked by its digest, every update atomic and under a lock, other sections kept."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+
+import pytest
+
+from mechanisms.secagg.crypto import ProtocolAbort
+from mechanisms.secagg.identity import Roster, main, make_roster
+from mechanisms.secagg.ledger import SECTION, FileRecords, init_ledger_file
+from privfed.results.ledger import LedgerError, NodeLedger
+
+FP = bytes(range(32))
+
+
+def test_create_then_open_read_and_update(tmp_path):
+    path = tmp_path / "ledger.json"
+    NodeLedger.create(path, FP, sections={"secagg": (1, {"aggregations": []})})
+    led = NodeLedger.open(path, FP)
+    assert led.kinds() == ["secagg"] and led.read("secagg") == {"aggregations": []}
+    led.update("secagg", lambda r: {**r, "aggregations": ["ab"]})
+    led.update("dp-budget", lambda r: {"spent": 0.5}, version=2)  # another module's section
+    assert NodeLedger.open(path, FP).read("secagg") == {"aggregations": ["ab"]}
+    assert led.read("dp-budget", version=2) == {"spent": 0.5}
+    led.update("secagg", lambda r: {**r, "uploaders": [0, 1]})
+    assert led.read("dp-budget", version=2) == {"spent": 0.5}  # left as it was
+    raw = json.loads(path.read_text())
+    assert raw["format"] == "privfed node ledger" and raw["version"] == 1 and raw["roster"] == FP.hex()
+    assert raw["sections"]["dp-budget"]["version"] == 2
+    # a refusal inside the change leaves the file as it was
+    before = path.read_bytes()
+
+    def refuse(_):
+        raise ProtocolAbort("no")
+
+    with pytest.raises(ProtocolAbort):
+        led.update("secagg", refuse)
+    assert path.read_bytes() == before
+    with pytest.raises(LedgerError, match="written by a newer privfed"):
+        led.read("dp-budget", version=1)
+
+
+def test_missing_damaged_and_foreign_files_are_refused_in_one_line(tmp_path):
+    path = tmp_path / "ledger.json"
+    with pytest.raises(LedgerError, match="no such file") as exc:
+        NodeLedger.open(path, FP)
+    assert "\n" not in str(exc.value) and "--init-ledger" in str(exc.value)
+    NodeLedger.create(path, FP)
+    with pytest.raises(LedgerError, match="the file exists"):
+        NodeLedger.create(path, FP)
+    with pytest.raises(LedgerError, match="another roster"):
+        NodeLedger.open(path, bytes(32))
+    good = path.read_text()
+    for bad, why in (
+        (good[: len(good) // 2], "not JSON"),
+        (good.replace('"sections": {}', '"sections": {"x": {"version": 1, "records": {}}}'), "SHA-256"),
+        (json.dumps({"format": "something else"}), "not a privfed node ledger"),
+        ("", "not JSON"),
+        (good.replace('"version": 1', '"version": 9'), "format version 9"),
+    ):
+        path.write_text(bad)
+        with pytest.raises(LedgerError, match=why):
+            NodeLedger.open(path, FP)
+    path.write_bytes(b"\xff\xfe\x00")
+    with pytest.raises(LedgerError, match="cannot be read"):
+        NodeLedger.open(path, FP)
+
+
+def test_a_failed_write_leaves_the_previous_file(tmp_path, monkeypatch):
+    path = tmp_path / "ledger.json"
+    led = NodeLedger.create(path, FP)
+    before = path.read_bytes()
+
+    def broken(*a, **k):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", broken)
+    with pytest.raises(Exception, match="No space left"):
+        led.update("secagg", lambda r: {"aggregations": ["cd"]})
+    assert path.read_bytes() == before and not [p for p in tmp_path.iterdir() if "tmp" in p.name]
+
+
+def _claim_many(path: str, start: int) -> None:
+    rec = FileRecords(NodeLedger.open(path, FP))
+    for i in range(start, start + 25):
+        rec.claim(i.to_bytes(4, "big"), node=0)
+
+
+def test_updates_from_several_processes_are_never_lost(tmp_path):
+    """Stages of a deployed node run in separate processes: four append 25 ids each, concurrently."""
+    path = tmp_path / "ledger.json"
+    init_ledger_file(path, FP)
+    ctx = multiprocessing.get_context("fork")
+    procs = [ctx.Process(target=_claim_many, args=(str(path), 100 * i)) for i in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+    assert all(p.exitcode == 0 for p in procs)
+    ids = NodeLedger.open(path, FP).read(SECTION)["aggregations"]
+    assert len(ids) == 100 and len(set(ids)) == 100
+
+
+def test_the_secagg_records_refuse_a_repeated_id_and_keep_the_first_pin(tmp_path):
+    path = tmp_path / "ledger.json"
+    init_ledger_file(path, FP)
+    rec = FileRecords(NodeLedger.open(path, FP))
+    rec.claim(b"\x01" * 32, node=3)
+    with pytest.raises(ProtocolAbort, match="node 3 aborts at stage 'masked'.*already uploaded") as exc:
+        rec.claim(b"\x01" * 32, node=3)
+    assert exc.value.deviation == "second-session"
+    rec.keep("uploaders=0,1,2")
+    rec.keep("uploaders=0,1")  # a later pin does not replace the first
+    rec.keep("holder=2")
+    rec.keep("keys:abcd")
+    rec.keep("keys:abcd")
+    got = rec.records()
+    assert got["uploaders"] == [0, 1, 2] and got["holder"] == 2 and got["key_sessions"] == ["abcd"]
+
+
+def test_the_operator_command_creates_a_ledger_bound_to_the_roster_and_converts_an_old_one(tmp_path, capsys):
+    assert main([str(tmp_path / "r"), "--nodes", "4"]) == 0
+    roster_file = tmp_path / "r" / "roster.json"
+    fp = Roster.load(roster_file).fingerprint
+    assert main(["--init-ledger", str(tmp_path / "node.json"), "--roster", str(roster_file)]) == 0
+    assert "created" in capsys.readouterr().out
+    assert NodeLedger.open(tmp_path / "node.json", fp).read(SECTION) == {
+        "aggregations": [],
+        "key_sessions": [],
+    }
+    assert main(["--init-ledger", str(tmp_path / "node.json"), "--roster", str(roster_file)]) == 2
+    assert "the file exists" in capsys.readouterr().err
+    old = tmp_path / "old.txt"  # the one-record-a-line format of earlier versions
+    old.write_text("aa" * 32 + "\nuploaders=0,1,2,3\nholder=1\nkeys:0f0f\n")
+    assert main(["--init-ledger", str(old), "--roster", str(roster_file)]) == 0
+    got = NodeLedger.open(old, fp).read(SECTION)
+    assert got == {
+        "aggregations": ["aa" * 32],
+        "uploaders": [0, 1, 2, 3],
+        "holder": 1,
+        "key_sessions": ["0f0f"],
+    }
+    assert (tmp_path / "old.txt.old").exists()
+    assert main(["--init-ledger", str(tmp_path / "x.json")]) == 2  # the roster is required
+    assert "needs --roster" in capsys.readouterr().err
+
+
+def test_a_roster_written_before_rosters_recorded_their_colluders_is_refused_when_it_tolerates_none():
+    roster, _ = make_roster(5, 3, 0)
+    old = json.loads(roster.to_json())
+    old["version"] = 1
+    old.pop("bounds")
+    with pytest.raises(Exception, match="tolerates no colluding node"):
+        Roster.from_json(json.dumps(old))
+    even, _ = make_roster(4, 3, 0)  # t = 3 of 4 tolerates one: an old file still loads
+    raw = json.loads(even.to_json())
+    raw["version"] = 1
+    raw.pop("bounds")
+    assert Roster.from_json(json.dumps(raw)).fingerprint == even.fingerprint
+    # written now, the operator's explicit colluders=0 is kept
+    assert Roster.from_json(roster.to_json()) == roster
