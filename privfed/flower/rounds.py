@@ -165,7 +165,7 @@ def serve_fedlog_rounds(
     central_rng = server_noise_rng(cfg) if place == "central" else None
     randomness = "seeded" if cfg.noise_seed is not None else "os-entropy"
     received = [] if received is None else received
-    heads, sums, runs, epsilon, summed = [], [], [], [], []
+    heads, sums, runs, epsilon, summed, spans = [], [], [], [], [], []
     for r in range(rc.rounds):
         fold = NodeFold(method)
         errors: dict[int, str] = {}
@@ -232,10 +232,11 @@ def serve_fedlog_rounds(
             received.extend(res.view)
             runs.append(res)
             if report is not None:
-                report.settle([len(res.uploaded)])
-                mech.report()  # settles the release with the noise shares that reached the sum
+                report.settle([len(res.uploaded)], [[len(p) for p in res.parts] or [len(res.uploaded)]])
+                mech.report()  # settles the release with the noise shares of its least-noised part
+                spans.append((booked, len(mech.ledger.events), res.smallest_part))
                 dp.secure_notes[:] = [
-                    distributed_note(dp, "mask", cfg.clients, [len(x.uploaded) for x in runs])
+                    distributed_note(dp, "mask", cfg.clients, [x.smallest_part for x in runs])
                 ]
             total = np.asarray(res.total, dtype=np.float64).reshape(C, m)
             summed.append(len(res.uploaded))
@@ -265,14 +266,18 @@ def serve_fedlog_rounds(
         "head_norm": [float(np.linalg.norm(head_eta(h))) for h in heads],
     }
     if masked:
-        from mechanisms.secagg.protection import THREAT_MODEL_MASK_ACTIVE
+        from privfed.flower.server_secure import run_threat, scaled_epsilon
 
+        # the worst round: the smallest part of a survivor graph, under the rounds' composed epsilon were every
+        # round's sum that small
+        threat = run_threat(cfg, runs, scaled_epsilon(mech, spans))
         heads[-1].secure_aggregation = {
             "protocol": "mask",
             "secure_variant": "one masked sum a round",
             "rounds": [x.record() for x in runs],
             "summed_nodes": min(summed),
             "dropped": sorted({n for x in runs for n in x.dropped_before_upload}),
-            "threat_model": THREAT_MODEL_MASK_ACTIVE,
+            "threat_model": threat.text(),
+            "threat": threat.as_dict(),
         }
     return heads, dp, extra, sums

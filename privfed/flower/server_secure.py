@@ -53,23 +53,36 @@ THREAT_FLWR = (
 )
 
 
-def _epsilon_of(noise_report, present: int):
-    """epsilon of a sum carrying m noise shares, from the settled release (which carries ``present``)."""
-    if noise_report is None or present < 1:
+def scaled_epsilon(privacy, spans):
+    """``present -> (m -> epsilon)``: the epsilon of ``privacy``'s settled releases were each sum to carry m
+    noise shares; ``spans`` lists (first event, end, shares the settled sum carries) for each sum, None: one
+    sum over every event."""
+    if privacy is None:
         return None
-    privacy = noise_report.privacy
-    privacy.report()  # settles the release with the shares of the least-noised part
+    privacy.report()  # settles each release with the shares of its least-noised part
     events = list(privacy.ledger.events)
 
-    def eps(m: int) -> float:
-        scaled = [dataclasses.replace(e, scale=e.scale * math.sqrt(m / present)) for e in events]
-        return ledger_epsilon(scaled, privacy.delta, privacy.accountant)[0]
+    def at(present: int):
+        if present < 1:
+            return None
+        found = spans if spans is not None else [(0, len(events), present)]
 
-    return eps
+        def eps(m: int) -> float:
+            scaled = list(events)
+            for a, b, carried in found:
+                for i in range(a, b):
+                    scaled[i] = dataclasses.replace(events[i], scale=events[i].scale * math.sqrt(m / carried))
+            return ledger_epsilon(scaled, privacy.delta, privacy.accountant)[0]
+
+        return eps
+
+    return at
 
 
-def _threat(cfg, runs, noise_report):
-    """The computed threat model of this run (:mod:`mechanisms.secagg.threat`), None for Flower's SecAgg+."""
+def run_threat(cfg, runs, epsilon_of=None):
+    """The computed threat model of a Flower run's secure sums (:mod:`mechanisms.secagg.threat`), None for
+    Flower's SecAgg+: its worst sum (the smallest part a split graph leaves, or the fewest uploaders under
+    CKKS), and ``epsilon_of(m)``, the release's epsilon were that sum's part to carry m noise shares."""
     if cfg.secure == "mask":
         worst = min(runs, key=lambda r: r.smallest_part)
         inv = {n: u for u, n in worst.roster_index.items()}
@@ -79,7 +92,7 @@ def _threat(cfg, runs, noise_report):
             cfg.degree,
             graph=worst.graph,
             uploaded=[inv[n] for n in worst.uploaded],
-            epsilon_of=_epsilon_of(noise_report, worst.smallest_part),
+            epsilon_of=None if epsilon_of is None else epsilon_of(worst.smallest_part),
             refusal_bits=refusal_bits(),
         )
     if cfg.secure == "ckks":
@@ -88,7 +101,7 @@ def _threat(cfg, runs, noise_report):
             cfg.clients,
             max(cfg.secagg_threshold, min_threshold(cfg.clients)),
             uploaded=worst.uploaded,
-            epsilon_of=_epsilon_of(noise_report, len(worst.uploaded)),
+            epsilon_of=None if epsilon_of is None else epsilon_of(len(worst.uploaded)),
             refusal_bits=refusal_bits(),
         )
     return None
@@ -224,7 +237,9 @@ def serve_secure(grid, cfg, method, nodes, config_rec, stages, keep_view, receiv
         "summed_nodes": K,
         "dropped": sorted({n for r in runs for n in r.dropped_before_upload}),
     }
-    threat = _threat(cfg, runs, noise_report)
+    threat = run_threat(
+        cfg, runs, scaled_epsilon(None if noise_report is None else noise_report.privacy, None)
+    )
     if threat is None:
         head.secure_aggregation["threat_model"] = THREAT_FLWR
     else:

@@ -16,9 +16,9 @@ import pytest
 from mechanisms.secagg import fixed_point
 from mechanisms.secagg.crypto import KeySource, ProtocolAbort
 from mechanisms.secagg.identity import make_roster, min_threshold
-from mechanisms.secagg.masking import default_threshold
 from mechanisms.secagg.masking.node import MaskingNode
 from mechanisms.secagg.masking.server import MaskingServer
+from mechanisms.secagg.threat import default_threshold
 
 LENGTH = 3
 CASES = [(K, t) for K in (3, 5, 8) for t in sorted({min_threshold(K), K})]
@@ -29,7 +29,8 @@ class Run:
 
     def __init__(self, K: int, t: int, active: bool) -> None:
         self.K, self.t, self.active = K, t, active
-        roster, ids = make_roster(K, t, seed=b"thresholds") if active else (None, [None] * K)
+        # the lowest threshold the checks allow is the one that tolerates no colluder, declared so explicitly
+        roster, ids = make_roster(K, t, colluders=0, seed=b"thresholds") if active else (None, [None] * K)
         self.server = MaskingServer(
             num_nodes=K, threshold=t, length=LENGTH, session=b"s" * 16, active=active, frac_bits=0
         )
