@@ -29,31 +29,32 @@ declared parameters -- never on the node's data, so a server learns nothing from
 choose.  A release without DP noise has no guarantee the budget could charge: a node with a budget
 refuses it.
 
-Persistence sits behind :class:`BudgetStore` (``load`` / ``commit`` of the charged releases, atomic,
-failing closed), so the ledger can live in its own file (:class:`FileBudgetStore`) or in a section of
-another file kept by the node.
+Persistence sits behind :class:`BudgetStore` (``load``, and ``transact``: one atomic read-check-write of
+the charged releases, failing closed).  :class:`FileBudgetStore` keeps them in the ``dp-budget`` section of
+a node ledger file (:class:`privfed.results.ledger.NodeLedger`: the same file layer, integrity check,
+lock and atomic write as the secure-aggregation ledger).  The budget's file is bound to no roster: a
+budget protects the node's data, which outlives any one federation, so a new roster does not reset it.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import hashlib
-import json
 import math
 import os
 import pathlib
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable
 
 from mechanisms.dp.filter import GaussianFilter, release_mu
 from mechanisms.dp.ledger import ReleaseEvent, format_up
 from mechanisms.secagg.crypto import ProtocolAbort
 from privfed.errors import ConfigError, PrivfedError
+from privfed.results.ledger import NodeLedger
 
 __all__ = [
-    "FORMAT",
     "NODE_KEYS",
+    "SECTION",
     "BudgetRefusal",
     "BudgetStore",
     "FileBudgetStore",
@@ -66,8 +67,13 @@ __all__ = [
 
 #: The node-config keys of a budget (all three or none).
 NODE_KEYS = ("dp-budget-epsilon", "dp-budget-delta", "dp-budget-ledger")
-FORMAT = "privfed node privacy budget"
+#: The budget's section of its node ledger file, and that section's version.
+SECTION = "dp-budget"
 VERSION = 1
+#: What a budget's ledger file is bound to in place of a roster's fingerprint: the node's data, not a federation.
+UNBOUND = hashlib.sha256(b"privfed node privacy budget: bound to the node's data, not to a roster").digest()
+#: How the operator creates a budget's ledger file (named in every error).
+CREATE = "python -m privfed.flower.budget init FILE"
 
 
 class BudgetRefusal(ProtocolAbort):
@@ -80,8 +86,9 @@ class BudgetStore:
 
     ``load()`` returns the list of releases charged so far (dicts, see :meth:`NodeBudget.charge`) or
     raises :class:`~privfed.errors.ConfigError` when the store is missing, unreadable or corrupt (never an
-    empty list in its place); ``commit(releases)`` replaces them atomically; ``locked()`` holds the store
-    for one load-check-commit.  ``where`` names it in messages.
+    empty list in its place); ``transact(change)`` applies ``change(releases) -> new releases`` (None: left
+    as they are; it may raise to refuse, leaving the store as it was) as one atomic read-check-write, and
+    returns the releases as stored.  ``where`` names the store in messages.
     """
 
     where = "the budget store"
@@ -89,12 +96,8 @@ class BudgetStore:
     def load(self) -> list[dict]:
         raise NotImplementedError
 
-    def commit(self, releases: list[dict]) -> None:
+    def transact(self, change: Callable[[list[dict]], list[dict] | None]) -> list[dict]:
         raise NotImplementedError
-
-    @contextlib.contextmanager
-    def locked(self) -> Iterator[None]:
-        yield
 
 
 class MemoryBudgetStore(BudgetStore):
@@ -108,13 +111,11 @@ class MemoryBudgetStore(BudgetStore):
     def load(self) -> list[dict]:
         return [dict(r) for r in self.releases]
 
-    def commit(self, releases: list[dict]) -> None:
-        self.releases = [dict(r) for r in releases]
-
-
-def _digest(releases: list[dict]) -> str:
-    body = json.dumps({"format": FORMAT, "version": VERSION, "releases": releases}, sort_keys=True)
-    return hashlib.sha256(body.encode()).hexdigest()
+    def transact(self, change: Callable[[list[dict]], list[dict] | None]) -> list[dict]:
+        new = change(self.load())
+        if new is not None:
+            self.releases = [dict(r) for r in new]
+        return self.load()
 
 
 def _check_release(r, i: int, where: str) -> dict:
@@ -140,78 +141,44 @@ def _check_release(r, i: int, where: str) -> dict:
 
 
 class FileBudgetStore(BudgetStore):
-    """The ledger as its own JSON file: ``{"format", "version", "releases", "digest"}``.
+    """The releases in the ``dp-budget`` section of a node ledger file (:class:`~privfed.results.ledger.NodeLedger`).
 
-    The digest (SHA-256 of the rest) catches a truncated or hand-edited file; writes go through a hidden
-    sibling that is fsynced and renamed into place (:func:`privfed.results.files.atomic_write`), under an
-    exclusive lock on ``FILE.lock``.
+    The file layer refuses a missing, unreadable, damaged or edited file (its SHA-256) and writes under an
+    exclusive lock through a fsynced temporary sibling renamed into place; this store refuses a ledger
+    without a budget section and a release that does not read back.
     """
 
     def __init__(self, path: str | os.PathLike) -> None:
-        self.path = pathlib.Path(path).expanduser()
+        self.ledger = NodeLedger(path, UNBOUND, setting="dp-budget-ledger", create=CREATE)
+        self.path = self.ledger.path
         self.where = f"the budget ledger {str(self.path)!r}"
 
-    def load(self) -> list[dict]:
-        if not self.path.exists():
+    def _releases(self, records: dict) -> list[dict]:
+        releases = records.get("releases")
+        if not isinstance(releases, list):
             raise ConfigError(
-                f"{self.where} does not exist; its operator creates it once with `python -m "
-                f"privfed.flower.budget init {self.path}` (a node never starts a fresh ledger: it would forget "
-                "what it spent)"
-            )
-        try:
-            text = self.path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"{self.where} cannot be read ({exc}); no DP release without it") from None
-        try:
-            doc = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(
-                f"{self.where} is corrupt (not JSON: {exc.msg} at line {exc.lineno}); restore it from a backup: "
-                "a node never starts over"
-            ) from None
-        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-            raise ConfigError(f"{self.where} is not a privfed budget ledger (format {FORMAT!r} expected)")
-        if doc.get("version") != VERSION:
-            raise ConfigError(
-                f"{self.where} has version {doc.get('version')!r}; this privfed reads {VERSION}"
-            )
-        releases = doc.get("releases")
-        if not isinstance(releases, list) or doc.get("digest") != _digest(releases):
-            raise ConfigError(
-                f"{self.where} is corrupt (its digest does not match its releases); restore it from a backup: "
-                "a node never starts over"
+                f"{self.where} holds no budget (no {SECTION!r} section: not a budget ledger); its operator "
+                f"creates one with {CREATE}"
             )
         return [_check_release(r, i, self.where) for i, r in enumerate(releases)]
 
-    def commit(self, releases: list[dict]) -> None:
-        from privfed.results.files import atomic_write
+    def load(self) -> list[dict]:
+        return self._releases(self.ledger.read(SECTION, VERSION))
 
-        doc = {"format": FORMAT, "version": VERSION, "releases": releases, "digest": _digest(releases)}
-        atomic_write(self.path, lambda p: p.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n"))
+    def transact(self, change: Callable[[list[dict]], list[dict] | None]) -> list[dict]:
+        def on_disk(records: dict) -> dict | None:
+            new = change(self._releases(records))
+            return None if new is None else {"releases": list(new)}
 
-    @contextlib.contextmanager
-    def locked(self) -> Iterator[None]:
-        import fcntl
-
-        fd = os.open(str(self.path) + ".lock", os.O_CREAT | os.O_RDWR, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(fd)  # closing releases the lock
+        return self._releases(self.ledger.update(SECTION, on_disk, version=VERSION))
 
 
 def init_ledger(path: str | os.PathLike) -> pathlib.Path:
     """The operator's step: create an empty ledger at ``path`` (refused if a file is there already)."""
     p = pathlib.Path(path).expanduser()
-    if p.exists():
-        raise ConfigError(
-            f"{str(p)!r} exists already; a node's ledger is created once (removing it would forget what the node "
-            "spent)"
-        )
     if not p.parent.is_dir():
         raise ConfigError(f"the folder {str(p.parent)!r} does not exist; create it first")
-    FileBudgetStore(p).commit([])
+    NodeLedger.create(p, UNBOUND, sections={SECTION: (VERSION, {"releases": []})}, setting="dp-budget-ledger")
     return p
 
 
@@ -284,8 +251,8 @@ class NodeBudget:
                 what, f"its lifetime budget cannot charge it ({exc})", stage, "uncharged"
             ) from None
         mu = declared * float(factor)
-        with self.store.locked():
-            releases = self.store.load()
+
+        def add(releases: list[dict]) -> list[dict]:
             spent = self._mus(releases)
             if any(r["id"] == release for r in releases):
                 raise self.refuse(what, "it charged this release once already", stage, "repeated-release")
@@ -302,7 +269,8 @@ class NodeBudget:
                     stage,
                     "over-budget",
                 )
-            releases.append(
+            return [
+                *releases,
                 {
                     "id": release,
                     "run": run,
@@ -312,24 +280,27 @@ class NodeBudget:
                     "mu": mu,
                     "settled": factor == 1.0,
                     "simulation": bool(simulation),
-                }
-            )
-            self.store.commit(releases)
+                },
+            ]
+
+        self.store.transact(add)
         return mu
 
     def settle(self, release: str, factor: float) -> float:
         """Set a charged release to ``factor`` times its declared mu (the noise its sum really carried)."""
-        with self.store.locked():
-            releases = self.store.load()
+        mu = float(factor)
+
+        def lower(releases: list[dict]) -> list[dict]:
             for r in releases:
                 if r["id"] == release:
-                    r["mu"] = float(r["declared_mu"]) * float(factor)
+                    r["mu"] = float(r["declared_mu"]) * mu
                     r["settled"] = True
-                    self.store.commit(releases)
-                    return r["mu"]
-        raise ConfigError(
-            f"node {self.node} has no charged release {release!r} to settle in {self.store.where}"
-        )
+                    return releases
+            raise ConfigError(
+                f"node {self.node} has no charged release {release!r} to settle in {self.store.where}"
+            )
+
+        return next(float(r["mu"]) for r in self.store.transact(lower) if r["id"] == release)
 
     def status(self, run: str | None = None) -> dict:
         """What the node spent (in total and in ``run``) and has left: numbers its releases' parameters fix."""

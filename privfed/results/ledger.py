@@ -45,7 +45,7 @@ from pathlib import Path
 from privfed.errors import ConfigError
 from privfed.results.files import atomic_write
 
-__all__ = ["FORMAT", "VERSION", "LedgerError", "NodeLedger"]
+__all__ = ["FORMAT", "SECAGG_CREATE", "VERSION", "LedgerError", "NodeLedger"]
 
 FORMAT = "privfed node ledger"
 VERSION = 1
@@ -59,13 +59,26 @@ def _digest(body: dict) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
-class NodeLedger:
-    """One node's ledger file (see the module docstring); ``setting`` names it in errors."""
+#: How the operator creates a secure-aggregation node's ledger (named in every error).
+SECAGG_CREATE = "python -m mechanisms.secagg.identity --init-ledger FILE --roster ROSTER"
 
-    def __init__(self, path: str | os.PathLike, roster: bytes, *, setting: str = "secagg-ledger") -> None:
+
+class NodeLedger:
+    """One node's ledger file (see the module docstring); ``setting`` names it in errors and ``create`` says
+    how its operator makes a new one."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        roster: bytes,
+        *,
+        setting: str = "secagg-ledger",
+        create: str = SECAGG_CREATE,
+    ) -> None:
         self.path = Path(path).expanduser()
         self.roster = bytes(roster).hex()
         self.setting = setting
+        self.create_hint = create
 
     # -- creation ------------------------------------------------------------------------------------
     @classmethod
@@ -76,12 +89,13 @@ class NodeLedger:
         *,
         sections: dict[str, tuple[int, dict]] | None = None,
         setting: str = "secagg-ledger",
+        create: str = SECAGG_CREATE,
     ) -> NodeLedger:
         """A new ledger file for the roster with fingerprint ``roster`` (LedgerError if the file exists).
 
         ``sections`` maps a kind to (its version, its records), e.g. to carry records over from an older file.
         """
-        led = cls(path, roster, setting=setting)
+        led = cls(path, roster, setting=setting, create=create)
         with led._locked():
             if led.path.exists():
                 raise LedgerError(
@@ -100,9 +114,16 @@ class NodeLedger:
         return led
 
     @classmethod
-    def open(cls, path: str | os.PathLike, roster: bytes, *, setting: str = "secagg-ledger") -> NodeLedger:
+    def open(
+        cls,
+        path: str | os.PathLike,
+        roster: bytes,
+        *,
+        setting: str = "secagg-ledger",
+        create: str = SECAGG_CREATE,
+    ) -> NodeLedger:
         """The ledger file at ``path``, checked now (LedgerError: missing, unreadable, corrupt, other roster)."""
-        led = cls(path, roster, setting=setting)
+        led = cls(path, roster, setting=setting, create=create)
         led._load()
         return led
 
@@ -149,8 +170,7 @@ class NodeLedger:
     def _error(self, why: str) -> LedgerError:
         return LedgerError(
             f"{self.setting}={self.path}: {why}; the node refuses to run without a sound ledger (restore the file "
-            "from a backup, or create a new node's with python -m mechanisms.secagg.identity --init-ledger FILE "
-            "--roster ROSTER)"
+            f"from a backup, or create a new node's with {self.create_hint})"
         )
 
     def _load(self) -> dict:

@@ -235,7 +235,7 @@ def test_a_missing_ledger_stops_the_node_before_any_release(tmp_path):
     os.unlink(nodes[102]["dp-budget-ledger"])
     for cfg, stage in ((_plain(), "query"), (_plain(secure="mask"), "setup")):
         grid = RecordingGrid(nodes)
-        with pytest.raises(ConfigError, match=f"stage '{stage}'.*node 102: .*budget-2.json' does not exist"):
+        with pytest.raises(ConfigError, match=f"stage '{stage}'.*node 102: .*budget-2.json: no such file"):
             serve(grid, cfg)
         mine = [m for m in grid.seen if m.metadata.src_node_id == 102]
         assert mine and not any(m.has_content() and "stats" in m.content for m in mine)
