@@ -83,7 +83,9 @@ class LyingServer:
 
     def __init__(self, grid: LocalGrid, cfg, nonce: str | None = None, extra: dict | None = None) -> None:
         self.grid, self.cfg = grid, cfg
-        self.config = ConfigRecord({**cfg.to_wire(), "run-nonce": nonce or os.urandom(8).hex(), **(extra or {})})
+        self.config = ConfigRecord(
+            {**cfg.to_wire(), "run-nonce": nonce or os.urandom(8).hex(), **(extra or {})}
+        )
         self.refusals: dict[tuple[str, int], str] = {}
 
     def send(self, node: int, message_type: str, content: RecordDict):

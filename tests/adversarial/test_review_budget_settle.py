@@ -18,13 +18,13 @@ import pytest
 pytest.importorskip("flwr")
 os.environ.setdefault("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")
 
+from lying_server import FIRST, LyingServer, charges, deployed_nodes  # noqa: E402
+
 from mechanisms.dp.calibration import gdp_epsilon, gdp_mu  # noqa: E402
 from privfed.flower import FlowerConfig  # noqa: E402
 from privfed.flower.local import LocalGrid  # noqa: E402
 from privfed.flower.protocol import sum_vector_length  # noqa: E402
 from privfed.flower.wire import stats_from_record  # noqa: E402
-
-from lying_server import FIRST, LyingServer, charges, deployed_nodes  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:noise backend 'numpy'")
 
@@ -63,7 +63,11 @@ def _run(tmp_path, *, lie: bool):
             if u == victim:
                 return None
             keep = [i for i, v in enumerate(msg["signers"]) if v != victim]
-            return {**msg, "signers": [msg["signers"][i] for i in keep], "sigs": [msg["sigs"][i] for i in keep]}
+            return {
+                **msg,
+                "signers": [msg["signers"][i] for i in keep],
+                "sigs": [msg["sigs"][i] for i in keep],
+            }
         return msg
 
     server, total = srv.masked_sum(sorted(nodes), length, tamper=tamper)

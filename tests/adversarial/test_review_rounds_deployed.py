@@ -17,14 +17,13 @@ pytest.importorskip("flwr")
 os.environ.setdefault("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")
 
 from flwr.app import ConfigRecord, RecordDict  # noqa: E402
+from lying_server import FIRST, LyingServer, deployed_nodes  # noqa: E402
 
 from privfed.flower import FlowerConfig, serve  # noqa: E402
 from privfed.flower.fedlog import C_DIGITS  # noqa: E402
 from privfed.flower.local import LocalGrid  # noqa: E402
 from privfed.flower.wire import arrays_record  # noqa: E402
 from privfed.rounds.bodies import FEATURE_DIM  # noqa: E402
-
-from lying_server import FIRST, LyingServer, deployed_nodes  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:noise backend 'numpy'")
 
