@@ -92,7 +92,7 @@ def test_a_budget_ledger_that_disappears_after_the_upload_withholds_the_consiste
 
     server, _ = srv.masked_sum(sorted(nodes), _length(srv, nodes), tamper=drop_ledger)
     why = srv.refusals[("consistency", FIRST)]
-    assert "does not exist" in why and "budget" in why
+    assert "no such file" in why and "budget" in why
     assert 0 not in server.signers
     os.replace(gone + ".moved", gone)
     (charged,) = charges(nodes, FIRST)
