@@ -54,14 +54,9 @@ from typing import Any
 
 from privfed.commands.attack.report import grid_figure, summary_line
 from privfed.commands.attack.run import AttackConfig, resolve_config, run_attacks
-from privfed.commands.common import (
-    OutputDir,
-    cli_entry,
-    keep_finished,
-    periodic_checkpoint,
-    versions,
-)
+from privfed.commands.common import OutputDir, cli_entry, data_line, keep_finished, periodic_checkpoint
 from privfed.commands.options import attack_parser as build_parser
+from privfed.results.record import make_record, write_record
 
 __all__ = ["AttackConfig", "build_parser", "grid_figure", "main", "resolve_config", "run_attacks"]
 
@@ -80,6 +75,11 @@ def _name_parts(cfg: AttackConfig) -> list[str]:
 PARTIAL = ("results.partial.csv", "results.partial.json")
 #: Seconds between checkpoints of the finished runs to results.partial.* during a sweep.
 CHECKPOINT_S = 30.0
+#: How the sweep seeds each run (written into the record).
+SEEDING = (
+    "numpy SeedSequence([seed, n index, eps index, method index]) spawned into partition / view noise / "
+    "attack generators"
+)
 
 
 def _columns(records: list[dict[str, Any]]) -> list[str]:
@@ -89,31 +89,35 @@ def _columns(records: list[dict[str, Any]]) -> list[str]:
     return cols
 
 
+def _record(cfg: AttackConfig, command: str, records, res, *, complete: bool = True) -> dict[str, Any]:
+    return make_record(
+        command="attack",
+        command_line=command,
+        config=asdict(cfg),
+        data=res.get("data_rules", {}),
+        records=records,
+        timing=res.get("timing", {}),
+        complete=complete,
+        extra={"clip_used": res.get("clip"), "seeding": SEEDING},
+    )
+
+
 def _body(argv: Sequence[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     cfg = resolve_config(args)
     command = " ".join([PROG, *argv])
     out = OutputDir(
-        args.out, "attack", overwrite=args.overwrite, name_parts=_name_parts(cfg), command=command
+        args.out, "attack", overwrite=bool(args.overwrite), name_parts=_name_parts(cfg), command=command
     )
     import torch
 
     torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
-    config: dict[str, Any] = {
-        **asdict(cfg),
-        "out": str(out.path),
-        "versions": versions(),
-        "seeding": "numpy SeedSequence([seed, n index, eps index, method index]) spawned "
-        "into partition / view noise / attack generators",
-    }
     done: list[dict[str, Any]] = []
 
     def write_partial(records):
         out.write_csv(PARTIAL[0], records, _columns(records))
-        out.write_json(
-            PARTIAL[1], {"config": config, "records": records, "complete": False, "command": command}
-        )
+        out.write_json(PARTIAL[1], _record(cfg, command, records, {}, complete=False))
         out.checkpoint()  # the staging folder describes itself: a killed sweep can be recovered
 
     checkpoint = periodic_checkpoint(write_partial, CHECKPOINT_S)
@@ -121,21 +125,17 @@ def _body(argv: Sequence[str] | None) -> int:
     try:
         res = run_attacks(cfg, progress=not args.quiet, records=done, on_record=checkpoint)
         records = res["records"]
-        config["clip_used"] = res["clip"]
         out.write_csv("results.csv", records, _columns(records))
-        out.write_json("config.json", config)
-        out.write_json(
-            "results.json",
-            {"config": config, "records": records, "timing": res["timing"], "command": command},
-        )
-        for mname, eps, n, result, truth in res["grids"]:
+        write_record(out, _record(cfg, command, records, res))
+        for mname, eps, n, result, truth in res["grids"] if cfg.plot else ():
             where = (
                 "secure sum"
                 if cfg.secure_agg != "none" and math.isfinite(eps)
                 else ("local noise" if math.isfinite(eps) else "no noise")
             )
             fig = grid_figure(result, truth, f"{mname}, eps={eps:g}, n={n}, {where}")
-            out.save_figure(f"grid_{mname}_eps{eps:g}_n{n}.png", fig, dpi=120)
+            stem = f"grid_{mname}_eps{eps:g}" + (f"_n{n}" if cfg.partition == "groups" else "")
+            out.save_figures(stem, fig, dpi=120)
             import matplotlib.pyplot as plt
 
             plt.close(fig)
@@ -143,8 +143,12 @@ def _body(argv: Sequence[str] | None) -> int:
     except BaseException:
         keep_finished(out, done, write_partial, command, PROG)
         raise
+    print(data_line(res["data_rules"]))
     for r in records:
         print(summary_line(r))
+    guarantees = list(dict.fromkeys(r["guarantee"] for r in records if math.isfinite(r["epsilon"])))
+    for i, g in enumerate(guarantees, 1):
+        print(f"guarantee G{i}: {g}" if len(guarantees) > 1 else f"guarantee: {g}")
     if cfg.attack == "tracing":
         print(
             "tracing: auc = the Gaussian likelihood-ratio test, auc_inner = the inner-product tracer "
@@ -155,7 +159,7 @@ def _body(argv: Sequence[str] | None) -> int:
             f"strongest[name]: the strongest attack of the {cfg.attack} suite on the same challenge "
             "(results.csv: strongest_attack and <attack>:<metric> for every attack of the suite)"
         )
-    print(f"wrote {out.published}/: {', '.join(out.files())}")
+    print(f"wrote {out.published}/: {', '.join(out.files())}  ({res['timing']['total_s']:.1f} s)")
     return 0
 
 

@@ -22,118 +22,166 @@ import numpy as np
 
 import attacks
 from privfed import methods as _methods
-from privfed.commands.common import (
-    as_float,
-    as_int,
-    check_secure_agg,
-    heartbeat,
-    parse_float_list,
-    parse_int_list,
-    parse_seeds,
-    parse_str_list,
-    placement_word,
-)
+from privfed.commands.common import heartbeat, placement_word
+from privfed.commands.options import FEDERATION
+from privfed.commands.shared import Settings, as_list
+from privfed.commands.values import as_int, choose, parse_int_list
 from privfed.errors import ConfigError, MissingDependencyError
 
-__all__ = ["AttackConfig", "resolve_config", "run_attacks"]
+__all__ = ["AttackConfig", "attack_data_rules", "resolve_config", "run_attacks"]
 
 
 @dataclass(frozen=True)
 class AttackConfig:
-    """Resolved configuration of one attack sweep (saved next to the results)."""
+    """Resolved configuration of one attack sweep (saved as the record's ``config``; ``--config`` replays it)."""
 
     attack: str
-    methods: tuple[str, ...]
-    epsilons: tuple[float, ...]
-    delta: float
-    clip: float | None
-    ns: tuple[int, ...]
-    partition: str
-    clients: int
-    alpha: float
-    secure_agg: str
-    count_noise: str | None
-    seeds: tuple[int, ...]
-    max_groups: int
+    methods: tuple[str, ...] = (FEDERATION["method"],)
+    epsilons: tuple[float, ...] = (float(FEDERATION["eps"]),)
+    delta: float = float(FEDERATION["delta"])
+    clip: float | None = None
+    ns: tuple[int, ...] = (0,)
+    partition: str = FEDERATION["partition"]
+    clients: int = FEDERATION["clients"]
+    alpha: float = float(FEDERATION["alpha"])
+    secure_agg: str = FEDERATION["secure_agg"]
+    count_noise: str | None = None
+    seeds: tuple[int, ...] = (0,)
+    max_groups: int = 40
     attack_params: dict = field(default_factory=dict)
     data_seed: int = 0
     device: str = "cpu"
     out: str = ""
     strongest: bool = True
+    dataset: str = FEDERATION["dataset"]
+    level: str = FEDERATION["level"]
+    method_params: dict = field(default_factory=dict)
+    plot: bool = True
+
+
+#: Keys a --config file may hold: the flags (with underscores) and the fields of a saved run's config.
+_FILE_KEYS = {
+    "attack",
+    "method",
+    "methods",
+    "eps",
+    "epsilons",
+    "delta",
+    "clip",
+    "n",
+    "ns",
+    "partition",
+    "clients",
+    "alpha",
+    "secure_agg",
+    "count_noise",
+    "seeds",
+    "max_groups",
+    "attack_params",
+    "backend",
+    "source",
+    "steps",
+    "max_cells",
+    "data_seed",
+    "device",
+    "out",
+    "strongest",
+    "dataset",
+    "level",
+    "method_params",
+    "plot",
+}
 
 
 def resolve_config(args: argparse.Namespace) -> AttackConfig:
+    """Flags over a ``--config`` file over the shared defaults, into a validated :class:`AttackConfig`."""
     from attacks.view import COUNT_NOISE_KINDS
-    from privfed.federation import available_schemes
 
-    attacks.get_class(args.attack)  # ConfigError listing the names
-    methods = tuple(parse_str_list(args.method, "--method"))
-    for m in methods:
-        _methods.get_class(m)
-    eps = tuple(parse_float_list(args.eps, "--eps", positive=True))
-    delta = as_float(args.delta, "--delta")
-    if not 0 < delta < 1:
-        raise ConfigError(f"--delta must be in (0, 1), got {delta:g}")
-    clip = None if args.clip is None else as_float(args.clip, "--clip")
-    if clip is not None and not (clip > 0 and math.isfinite(clip)):
-        raise ConfigError(f"--clip must be a finite number > 0, got {clip:g}")
-    ns = tuple(parse_int_list(args.n, "--n", minimum=1))
-    if args.partition != "groups" and args.partition not in available_schemes():
+    s = Settings(args, _FILE_KEYS)
+    (attack,) = s.attacks() or (None,) if s.raw("attack") is not None else (None,)
+    if attack is None:
+        raise ConfigError("--attack is required: one of " + ", ".join(attacks.available()))
+    attacks.get_class(attack)
+    methods = s.methods()
+    eps = s.epsilons()
+    delta = s.delta()
+    clip = s.clip()
+    level = s.level()
+    if level != "record":
         raise ConfigError(
-            f"--partition {args.partition!r} unknown; use groups or one of {available_schemes()}"
+            "--level client: the attacks' releases add the noise at record level (each client noises its "
+            "upload); run the client-level trade-off with python -m privfed.tradeoff --level client"
         )
-    if args.count_noise is not None and args.count_noise not in COUNT_NOISE_KINDS:
-        raise ConfigError(f"--count-noise must be one of {list(COUNT_NOISE_KINDS)}, got {args.count_noise!r}")
-    clients = as_int(args.clients, "--clients", minimum=1)
-    max_groups = as_int(args.max_groups, "--max-groups", minimum=1)
-    alpha = as_float(args.alpha, "--alpha")
-    if not (alpha > 0 and math.isfinite(alpha)):
-        raise ConfigError(f"--alpha must be a finite number > 0, got {alpha:g}")
-    # --seeds N is a count (0..N-1) or a list, as in the trade-off; the older --seed keeps its meaning (a list).
-    if args.seeds is not None and args.seed_list is not None:
-        raise ConfigError("pass --seeds or --seed, not both")
-    if args.seed_list is not None:
+    dataset = s.dataset()
+    if dataset != "digits":
+        raise ConfigError(
+            f"--dataset {dataset!r}: the attacks need the digits data set's backbone and public split (the "
+            "attacker's knowledge); use --dataset digits"
+        )
+    partition = s.partition(extra=("groups",))
+    ns_v = s.raw("n", "n", "ns")
+    ns = tuple(parse_int_list(as_list("1,4,16" if ns_v is None else ns_v, "--n"), "--n", minimum=1))
+    count_noise = s.raw("count_noise")
+    if count_noise is not None:
+        count_noise = choose(count_noise, tuple(COUNT_NOISE_KINDS), "--count-noise", what="count noise")
+    clients = s.clients()
+    mg = s.raw("max_groups")
+    max_groups = 40 if mg is None else as_int(mg, "--max-groups", minimum=1)
+    alpha = s.alpha()
+    # --seeds N is a count (0..N-1) or a list, as in every command; the older --seed keeps its meaning (a list).
+    if getattr(args, "seed_list", None) is not None:
+        if args.seeds is not None:
+            raise ConfigError("pass --seeds or --seed, not both")
         seeds = tuple(parse_int_list(args.seed_list, "--seed"))
     else:
-        seeds = (0,) if args.seeds is None else parse_seeds(args.seeds, "--seeds")
-    secure = "none" if args.secure_agg is None else check_secure_agg(args.secure_agg)
-    params: dict[str, Any] = {}
+        seeds = s.seeds()
+    secure = s.secure_agg()
+    params: dict[str, Any] = dict(s.base.get("attack_params") or {})
     for flag in ("backend", "source", "steps", "max_cells"):
-        v = getattr(args, flag)
+        v = getattr(args, flag, None)
+        if v is None:
+            v = s.base.get(flag)
         if v is not None:
-            if args.attack != "inversion":
+            if attack != "inversion":
                 raise ConfigError(f"--{flag.replace('_', '-')} applies to --attack inversion only")
             params[flag] = (
                 as_int(v, f"--{flag.replace('_', '-')}", minimum=1) if flag in ("steps", "max_cells") else v
             )
     if params.get("backend") == "dip" and "steps" in params:
         params["dip_steps"] = params.pop("steps")
-    attacks.get(args.attack, **params)  # validate the parameters now
-    if args.device not in ("cpu", "cuda") and not args.device.startswith("cuda:"):
-        raise ConfigError(f"--device must be cpu or cuda[:i], got {args.device!r}")
-    if args.attack == "inversion" and importlib.util.find_spec("skimage") is None:
+    attacks.get(attack, **params)  # validate the parameters now
+    method_params = s.params(methods)
+    device = s.raw("device") or "cpu"
+    if device not in ("cpu", "cuda") and not str(device).startswith("cuda:"):
+        raise ConfigError(f"--device must be cpu or cuda[:i], got {device!r}")
+    if attack == "inversion" and importlib.util.find_spec("skimage") is None:
         raise MissingDependencyError(
             "--attack inversion scores reconstructions with SSIM from scikit-image, "
             "which is not installed: pip install scikit-image"
         )
+    strongest = args.strongest if getattr(args, "strongest", None) is not None else s.base.get("strongest", True)
     return AttackConfig(
-        attack=args.attack,
+        attack=attack,
         methods=methods,
         epsilons=eps,
         delta=delta,
         clip=clip,
-        ns=ns if args.partition == "groups" else (0,),
-        partition=args.partition,
+        ns=ns if partition == "groups" else (0,),
+        partition=partition,
         clients=clients,
         alpha=alpha,
         secure_agg=secure,
-        count_noise=args.count_noise,
+        count_noise=count_noise,
         seeds=seeds,
         max_groups=max_groups,
         attack_params=params,
-        device=args.device,
+        device=device,
         out="" if args.out is None else str(args.out),
-        strongest=bool(args.strongest) and args.attack in _SUITE_KINDS,
+        strongest=bool(strongest) and attack in _SUITE_KINDS,
+        dataset=dataset,
+        level=level,
+        method_params=method_params,
+        plot=s.plot(),
     )
 
 
@@ -191,6 +239,39 @@ def _load(cfg: AttackConfig):
     Fpub = extract_features(bb, sp.public_images)
     public = PublicData(labels=sp.public_labels, features=Fpub, images=sp.public_images)
     return bb, data, public
+
+
+def attack_data_rules(cfg: AttackConfig, labels: np.ndarray, test_labels: np.ndarray, public_size: int) -> dict[str, Any]:
+    """The data rules of the sweep (:func:`privfed.results.record.data_rules`), for its first seed's partition."""
+    from types import SimpleNamespace
+
+    from privfed.results.record import data_rules
+
+    ds = SimpleNamespace(
+        name="digits",
+        meta={"split": {"test": int(len(test_labels)), "public": int(public_size)}, "seed": cfg.data_seed},
+        train_labels=labels,
+        test_labels=test_labels,
+        train_clients=None,
+    )
+
+    def groups(y, seed):
+        rng = np.random.default_rng(np.random.SeedSequence([seed, 0, 0, 0]).spawn(4)[0])
+        k, _ = _clients(cfg, y, cfg.ns[0], rng)
+        rule = (
+            f"groups: exactly n samples of one class on each client, at most {cfg.max_groups} clients, n in "
+            f"{','.join(map(str, cfg.ns))} (counts for n={cfg.ns[0]})"
+        )
+        return k, rule
+
+    return data_rules(
+        ds,
+        clients=cfg.clients if cfg.partition != "groups" else cfg.max_groups,
+        partition=cfg.partition,
+        alpha=cfg.alpha,
+        seeds=cfg.seeds,
+        clients_of=groups if cfg.partition == "groups" else None,
+    )
 
 
 def _clients(cfg: AttackConfig, labels, n: int, rng: np.random.Generator) -> tuple[np.ndarray, int | None]:
@@ -306,7 +387,7 @@ def run_attacks(
                 else:
                     bar.set_postfix_str(f"{where}: strongest suite, {name}", refresh=True)
 
-            method = _methods.get(mname)
+            method = _methods.get(mname, **cfg.method_params.get(mname, {}))
             ss = np.random.SeedSequence(
                 [seed, cfg.ns.index(n), cfg.epsilons.index(eps), cfg.methods.index(mname)]
             )
@@ -332,6 +413,7 @@ def run_attacks(
                     num_classes=num_classes,
                     num_clients=num_clients,
                     rng=r_view,
+                    **cfg.method_params.get(mname, {}),
                 )
             att = attacks.get(cfg.attack, **cfg.attack_params)
             extra: dict[str, Any] = {}
@@ -354,7 +436,7 @@ def run_attacks(
             row = {
                 "attack": cfg.attack,
                 "method": mname,
-                "eps": eps,
+                "epsilon": eps,
                 **_trust_columns(cfg, eps, view),
                 "clip": clip if (math.isfinite(eps) and cfg.count_noise is None) else None,
                 "n": n,
@@ -364,6 +446,8 @@ def run_attacks(
                 "seed": seed,
                 "clients": int(view.stats.num_clients) if view.per_client else int(clients.max() + 1),
                 "noise": view.noise.guarantee,
+                "guarantee": view.noise.guarantee,
+                "upload_bytes": _upload_per_client(method, clients, yp, num_classes, Fp.shape[1], eps),
                 "seconds": round(time.perf_counter() - t1, 3),
             }
             row.update({k: v for k, v in metrics.items() if not isinstance(v, (list, dict, np.ndarray))})
@@ -383,8 +467,18 @@ def run_attacks(
         "records": records,
         "grids": grids,
         "clip": clip,
+        "data_rules": attack_data_rules(cfg, yp, yt, len(public.labels)),
         "timing": {"data_s": t_data, "total_s": time.perf_counter() - t0},
     }
+
+
+def _upload_per_client(method, clients: np.ndarray, labels: np.ndarray, C: int, d: int, eps: float) -> float:
+    """What one client uploads, by the method's byte model: every class under noise, held classes without."""
+    k = np.asarray(clients)
+    K = int(k.max()) + 1 if k.size and k.max() >= 0 else 1
+    held = np.unique(k[k >= 0] * C + np.asarray(labels)[k >= 0]).size
+    M = K * C if math.isfinite(eps) else held
+    return float(method.upload_bytes(M=M, K=K, d=d, C=C)) / K
 
 
 def _challenge(att, truth, view, rng) -> dict:
