@@ -87,7 +87,12 @@ def default_timeout(clients: int, secure: str) -> float:
 
 
 def _int(v: Any, flag: str, low: int) -> int | None:
-    return None if v is None else as_int(v, flag, minimum=low)
+    if v is None:
+        return None
+    n = as_int(v, flag)
+    if n < low:
+        raise ConfigError(f"{flag} must be an integer >= {low}, got {n}")
+    return n
 
 
 def _seconds(v: Any, flag: str) -> float | None:
@@ -269,7 +274,15 @@ def _body(argv: Sequence[str] | None) -> int:
         print(f"accuracy      {acc:.4f} ({rep['test_samples']} held-out test images){why}")
     print(f"privacy       {row['guarantee']}")
     if math.isfinite(cfg.epsilon):
-        print(f"clip          {cfg.clip:.4g} (" + ("--clip" if args.clip is not None else "median feature norm of the public split, no privacy cost") + ")")
+        print(
+            f"clip          {cfg.clip:.4g} ("
+            + (
+                "--clip"
+                if args.clip is not None
+                else "median feature norm of the public split, no privacy cost"
+            )
+            + ")"
+        )
     wire = rep["wire"]
     print(
         f"wire          {wire['bytes_up_per_node']:.0f} bytes up per node, "

@@ -132,7 +132,9 @@ SHARED: dict[str, SharedFlag] = {
             "public images that trained the backbone)",
             FEDERATION["dataset"],
         ),
-        SharedFlag("--clients", "K", "number of clients (Flower: simulated SuperNodes)", str(FEDERATION["clients"])),
+        SharedFlag(
+            "--clients", "K", "number of clients (Flower: simulated SuperNodes)", str(FEDERATION["clients"])
+        ),
         SharedFlag(
             "--partition",
             "SCHEME",
@@ -155,9 +157,7 @@ SHARED: dict[str, SharedFlag] = {
             "L2 bound of every record's feature vector, which the guarantee rests on",
             "for digits the median feature norm of the public split, no privacy cost; required for other data",
         ),
-        SharedFlag(
-            "--level", None, LEVEL_HELP, FEDERATION["level"], {"choices": ("record", "client")}
-        ),
+        SharedFlag("--level", None, LEVEL_HELP, FEDERATION["level"], {"choices": ("record", "client")}),
         SharedFlag(
             "--secure-agg",
             "{none,mask,ckks}",
@@ -196,9 +196,7 @@ SHARED: dict[str, SharedFlag] = {
             {"action": "store_true"},
         ),
         SharedFlag("--quiet", None, "no progress bars or logs on stderr", "off", {"action": "store_true"}),
-        SharedFlag(
-            "--no-plot", None, "write no figures (PNG, PDF, SVG)", "off", {"action": "store_true"}
-        ),
+        SharedFlag("--no-plot", None, "write no figures (PNG, PDF, SVG)", "off", {"action": "store_true"}),
         SharedFlag(
             "--config",
             "FILE",
@@ -244,9 +242,7 @@ PAIRED: dict[str, SharedFlag] = {
 }
 
 
-def add_shared(
-    p: argparse.ArgumentParser, names: list[str], *, extra: dict[str, str] | None = None
-) -> None:
+def add_shared(p: argparse.ArgumentParser, names: list[str], *, extra: dict[str, str] | None = None) -> None:
     """Add the shared (or paired) flags ``names`` to ``p``, each defined once; ``extra`` appends a
     command's own words to a flag's help (what it accepts there), never another default."""
     extra = extra or {}
@@ -466,11 +462,15 @@ def flower_parser() -> argparse.ArgumentParser:
     )
     a = p.add_argument
     add_shared(p, ["--config", "--method", "--param"], extra={"--method": "; one method"})
-    a("--method-params", metavar="JSON", help=argparse.SUPPRESS)  # older spelling of --param, as a JSON object
+    a(
+        "--method-params", metavar="JSON", help=argparse.SUPPRESS
+    )  # older spelling of --param, as a JSON object
     add_shared(
         p,
         ["--clients", "--partition", "--alpha", "--dataset"],
-        extra={"--dataset": "; file:PATH (each node's features) or synthetic:D:N (N random D-dim samples a node)"},
+        extra={
+            "--dataset": "; file:PATH (each node's features) or synthetic:D:N (N random D-dim samples a node)"
+        },
     )
     a("--num-classes", metavar="C", help="number of classes (default: the data set's)")
     add_shared(p, ["--eps", "--delta", "--clip", "--level"], extra={"--eps": "; one value"})

@@ -59,7 +59,9 @@ def load_config_file(path: str, flag: str = "--config") -> dict[str, Any]:
                 f"{flag} {path!r} is not valid JSON ({exc}); pass a TOML file or a privfed results.json"
             ) from None
         if not isinstance(data, dict) or not isinstance(data.get("config"), dict):
-            raise ConfigError(f"{flag} {path!r} is JSON but has no 'config' table (is it a privfed results.json?)")
+            raise ConfigError(
+                f"{flag} {path!r} is JSON but has no 'config' table (is it a privfed results.json?)"
+            )
         if p.name in (manifest_names(p.parent) or ()):  # a saved run: its files must match their hashes
             verify_folder(p.parent)
         return data["config"]
@@ -100,7 +102,9 @@ def parse_value(text: str) -> Any:
 
 def method_names(value: Any, flag: str = "--method") -> tuple[str, ...]:
     """Method names from a flag or a config value, in any case; a typo gets a "did you mean"."""
-    names = tuple(choose(m, METHOD_NAMES, flag, what="method") for m in parse_str_list(as_list(value, flag), flag))
+    names = tuple(
+        choose(m, METHOD_NAMES, flag, what="method") for m in parse_str_list(as_list(value, flag), flag)
+    )
     if len(set(names)) != len(names):
         raise ConfigError(f"{flag} lists a method twice: {value!r}")
     return names
@@ -149,7 +153,10 @@ class Settings:
         v = self.raw(dest, *(keys or ("attack", "attacks")))
         if v is None or v == []:
             return ()
-        return tuple(choose(a, ATTACK_NAMES, "--attack", what="attack") for a in parse_str_list(as_list(v, "--attack"), "--attack"))
+        return tuple(
+            choose(a, ATTACK_NAMES, "--attack", what="attack")
+            for a in parse_str_list(as_list(v, "--attack"), "--attack")
+        )
 
     def params(self, methods: Sequence[str]) -> dict[str, dict[str, Any]]:
         """``--param METHOD.KEY=VALUE`` (repeatable) over the file's ``method_params`` table, checked now."""
@@ -157,7 +164,9 @@ class Settings:
 
         mp = self.base.get("method_params") or {}
         if not isinstance(mp, dict) or not all(isinstance(v, dict) for v in mp.values()):
-            raise ConfigError(f"method_params must be a table of tables like {{fedcof = {{gamma = 0.1}}}}, got {mp!r}")
+            raise ConfigError(
+                f"method_params must be a table of tables like {{fedcof = {{gamma = 0.1}}}}, got {mp!r}"
+            )
         params: dict[str, dict[str, Any]] = {method_names(k)[0]: dict(v) for k, v in mp.items()}
         for item in getattr(self.args, "param", None) or []:
             lhs, sep, value = item.partition("=")
@@ -181,7 +190,15 @@ class Settings:
         v = self.raw("eps", "eps", "epsilons", "epsilon")
         if v is None:
             return (float(FEDERATION["eps"]),)
-        return tuple(parse_float_list(as_list(v, "--eps"), "--eps", positive=True))
+        text = as_list(v, "--eps")
+        for item in text.split(","):
+            low = item.strip().lower()
+            if low in ("nan", "-inf", "-infinity", "+nan", "-nan"):
+                raise ConfigError(
+                    f"--eps must be a number > 0 (inf: no protection), got {item.strip()!r}; a NaN or negative "
+                    "budget would run without noise"
+                )
+        return tuple(parse_float_list(text, "--eps", positive=True))
 
     def epsilon(self) -> float:
         eps = self.epsilons()
@@ -194,6 +211,8 @@ class Settings:
 
     def delta(self) -> float:
         v = self.raw("delta")
+        if v is not None and isinstance(v, str) and v.strip().lower() in ("nan", "+nan", "-nan"):
+            raise ConfigError(f"--delta must be a finite number in (0, 1), got {v!r}")
         delta = float(FEDERATION["delta"]) if v is None else as_float(v, "--delta")
         if not 0 < delta < 1:
             raise ConfigError(f"--delta must be in (0, 1), got {delta:g}")

@@ -143,7 +143,7 @@ class FlowerConfig:
             raise ConfigError(
                 "secure-agg flwr-secaggplus is not offered as a secure choice: against a server that deviates, "
                 "Flower's SecAgg+ gives up any node's input (listed both alive and dropped, every node reveals both "
-                "of its shares). Use --secure-agg mask (run config secure-agg=\"mask\"; secure against a deviating "
+                'of its shares). Use --secure-agg mask (run config secure-agg="mask"; secure against a deviating '
                 f"server); Flower's implementation runs as --secure-agg {INSECURE_FLWR} for comparison only"
             )
         if self.secure not in SECURE_PROTOCOLS:

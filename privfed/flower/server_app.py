@@ -201,13 +201,18 @@ def serve(grid: Grid, cfg: FlowerConfig, *, keep_view: bool = False) -> FlowerRe
 
 def _accuracy(head: LinearHead, cfg: FlowerConfig) -> dict[str, Any]:
     """The head's accuracy on the held-out test set and the data rules (digits; other data: none to measure)."""
-    if cfg.dataset != "digits":
-        return {"accuracy": None, "accuracy_note": "no held-out test set: each node holds its own data"}
+    own = {"accuracy": None, "accuracy_note": "no held-out test set: each node holds its own data"}
+    if cfg.dataset != "digits" or cfg.num_classes is not None:  # a node's own file needs num-classes
+        return own
     from privfed.data import load_dataset
     from privfed.results.record import data_rules
 
     ds = load_dataset("digits", progress=False)
-    rules = data_rules(ds, clients=cfg.clients, partition=cfg.partition, alpha=cfg.alpha, seeds=[cfg.partition_seed])
+    if head.weight.shape != (ds.num_classes, ds.dim):  # the nodes held other data than digits' partitions
+        return own
+    rules = data_rules(
+        ds, clients=cfg.clients, partition=cfg.partition, alpha=cfg.alpha, seeds=[cfg.partition_seed]
+    )
     if cfg.rounds > 1:
         return {
             "accuracy": None,

@@ -101,7 +101,7 @@ def run_simulation(
         CPUs Ray may use (one ClientApp at a time per CPU).
     """
     _quiet_environment()
-    from flwr.common.telemetry import EventType
+    from flwr.supercore.telemetry import EventType
     from flwr.simulation.run_simulation import _run_simulation
 
     cfgs = cfg if isinstance(cfg, list) else [cfg]
@@ -201,7 +201,9 @@ def _executable(name: str) -> str:
     here = Path(sys.executable).parent / name
     found = str(here) if here.exists() else shutil.which(name)
     if not found:
-        raise PrivfedError(f"Flower's {name!r} is not installed next to this Python: pip install 'privfed[flower]'")
+        raise PrivfedError(
+            f"Flower's {name!r} is not installed next to this Python: pip install 'privfed[flower]'"
+        )
     return found
 
 
@@ -271,7 +273,9 @@ def _reason(lines: list[str]) -> str:
         if m and m.group(1) != "Error":
             return m.group(2).strip()
     errors = [ln for ln in lines if "ERROR" in ln]
-    return errors[-1].split(":", 1)[-1].strip() if errors else "no result from the ServerApp (see the log above)"
+    return (
+        errors[-1].split(":", 1)[-1].strip() if errors else "no result from the ServerApp (see the log above)"
+    )
 
 
 def flwr_run(
@@ -317,7 +321,9 @@ def flwr_run(
         if roster is not None:  # the simulated operator's files, readable by this user only
             ids = tmp / "roster"
             ids.mkdir(mode=0o700)
-            (ids / "roster.json").write_text(json.dumps({"roster": roster.roster_json, "identities": roster.identities}))
+            (ids / "roster.json").write_text(
+                json.dumps({"roster": roster.roster_json, "identities": roster.identities})
+            )
             os.chmod(ids / "roster.json", 0o600)
             env[ROSTER_ENV] = str(ids)
         app = _app_dir(tmp / "app")
@@ -352,8 +358,17 @@ def flwr_run(
                 f"init-args-num-cpus={int(num_cpus)} init-args-num-gpus=0"
             )
             run = subprocess.Popen(
-                [_executable("flwr"), "run", str(app), "privfed", "--stream", "--run-config", pairs,
-                 "--federation-config", federation],
+                [
+                    _executable("flwr"),
+                    "run",
+                    str(app),
+                    "privfed",
+                    "--stream",
+                    "--run-config",
+                    pairs,
+                    "--federation-config",
+                    federation,
+                ],
                 env=env,
                 cwd=tmp,
                 stdout=subprocess.PIPE,

@@ -68,7 +68,17 @@ _TOP: dict[str, tuple[type, ...]] = {
     "summary": (list,),
     "warnings": (list,),
 }
-_DATA = ("dataset", "train_samples", "used_samples", "unused_samples", "test_samples", "test_split", "partition", "clients", "seeds")
+_DATA = (
+    "dataset",
+    "train_samples",
+    "used_samples",
+    "unused_samples",
+    "test_samples",
+    "test_split",
+    "partition",
+    "clients",
+    "seeds",
+)
 _ROW = ("method", "epsilon", "seed", "guarantee", "upload_bytes")
 
 
@@ -207,7 +217,14 @@ def make_record(
         values = []
         for (m, place, eps), rs in groups.items():
             mean, sd = _mean_std([r["accuracy"] for r in rs])
-            item = {"method": m, "placement": place, "epsilon": eps, "mean": mean, "std": sd, "seeds": len(rs)}
+            item = {
+                "method": m,
+                "placement": place,
+                "epsilon": eps,
+                "mean": mean,
+                "std": sd,
+                "seeds": len(rs),
+            }
             if all("nonprivate_accuracy" in r for r in rs):
                 item["nonprivate_mean"] = _mean_std([r["nonprivate_accuracy"] for r in rs])[0]
             values.append(item)
@@ -267,7 +284,11 @@ def data_rules(
 
     meta = getattr(dataset, "meta", None) or {}
     n = int(np.asarray(dataset.train_labels).shape[0])
-    n_test = int(np.asarray(dataset.test_labels).shape[0]) if getattr(dataset, "test_labels", None) is not None else 0
+    n_test = (
+        int(np.asarray(dataset.test_labels).shape[0])
+        if getattr(dataset, "test_labels", None) is not None
+        else 0
+    )
     if "test_split" in meta:
         test = meta["test_split"]
     elif dataset.name == "digits":
@@ -285,7 +306,9 @@ def data_rules(
         from privfed.federation import partition as make_partition
 
         natural = getattr(dataset, "train_clients", None) if partition == "natural" else None
-        part = make_partition(dataset.train_labels, clients, partition, alpha=alpha, rng=seed, natural=natural)
+        part = make_partition(
+            dataset.train_labels, clients, partition, alpha=alpha, rng=seed, natural=natural
+        )
         k = part.clients
         rule = {
             "dirichlet": f"dirichlet alpha {alpha:g} (FedNCM/FedCOF: each client gets floor(N/K) = {n // max(clients, 1)} samples)",

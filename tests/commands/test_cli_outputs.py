@@ -285,7 +285,9 @@ def test_guarantees_are_condensed_one_line_per_distinct_guarantee(tmp_path, caps
     recs = _records(out)
     distinct = {r["guarantee"] for r in recs}
     assert len(distinct) == 6  # six sentences, one per (method, eps) ...
-    assert len(lines) < len(distinct) and set(gids) == {g.split(":")[0].strip() for g in lines}  # ... fewer lines
+    assert len(lines) < len(distinct) and set(gids) == {
+        g.split(":")[0].strip() for g in lines
+    }  # ... fewer lines
     for line in lines:
         assert "(ε, δ)-DP" in line and "0.5" not in line.split("DP at")[0]
     for r in recs:  # each row's sentence is its line with the row's own (eps, delta) put back
@@ -449,7 +451,9 @@ def test_default_folder_names_what_ran_and_the_final_message_lists_every_file(
         )
     )
     assert (
-        attack_main(["--attack", "tracing", "--method", "fedncm", "--clients", "20", "--eps", "inf", "--quiet"])
+        attack_main(
+            ["--attack", "tracing", "--method", "fedncm", "--clients", "20", "--eps", "inf", "--quiet"]
+        )
         == 0
     )
     (folder,) = [p for p in (tmp_path / "results").iterdir() if p.name.startswith("attack-")]

@@ -30,7 +30,11 @@ PARSERS = {
 def _help(command: str) -> str:
     env = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "100"}
     res = subprocess.run(
-        [sys.executable, "-m", f"privfed.{command}", "--help"], env=env, capture_output=True, text=True, cwd=REPO
+        [sys.executable, "-m", f"privfed.{command}", "--help"],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=REPO,
     )
     assert res.returncode == 0, res.stderr
     return res.stdout
@@ -114,7 +118,16 @@ def test_the_three_commands_resolve_the_same_federation_by_default():
         a.level,
         a.seeds,
     )
-    assert (f.dataset, f.clients, f.partition, f.alpha, (f.epsilon,), f.delta, f.level, (f.partition_seed,)) == (
+    assert (
+        f.dataset,
+        f.clients,
+        f.partition,
+        f.alpha,
+        (f.epsilon,),
+        f.delta,
+        f.level,
+        (f.partition_seed,),
+    ) == (
         t.dataset,
         t.clients,
         t.partition,
@@ -150,11 +163,21 @@ def test_flower_run_config_keys_are_the_flag_names_with_the_same_defaults():
         fed["partition"],
         fed["alpha"],
     )
-    assert (keys["secure-agg"], keys["seeds"], keys["dataset"]) == (fed["secure_agg"], fed["seeds"], fed["dataset"])
+    assert (keys["secure-agg"], keys["seeds"], keys["dataset"]) == (
+        fed["secure_agg"],
+        fed["seeds"],
+        fed["dataset"],
+    )
     # the app waits for as many nodes as Flower's default simulation starts, so `flwr run` needs no option
     assert keys["clients"] == flwr_constants.DEFAULT_SIMULATION_CONFIG.num_supernodes
     cfg = FlowerConfig.from_run_config(keys)
-    assert (cfg.method, cfg.epsilon, cfg.partition_seed, cfg.secure, cfg.output) == ("fedlog", 0.1, 0, "none", None)
+    assert (cfg.method, cfg.epsilon, cfg.partition_seed, cfg.secure, cfg.output) == (
+        "fedlog",
+        0.1,
+        0,
+        "none",
+        None,
+    )
     assert cfg.clip > 0  # a DP run on digits takes the public split's median norm
     for old in ("epsilon", "secure", "partition-seed", "output", "method-params"):
         with pytest.raises(ConfigError, match="unknown run-config key"):
@@ -176,7 +199,9 @@ def test_old_spellings_still_work_in_the_flower_command():
     assert p.parse_args(["--secure-agg"]).secure_agg == "mask"  # bare flag = mask, as in tradeoff / attack
     from privfed.commands.flower import resolve_config
 
-    cfg, _ = resolve_config(p.parse_args(["--seed", "3", "--method-params", '{"lam": 0.5}', "--method", "fed3r"]))
+    cfg, _ = resolve_config(
+        p.parse_args(["--seed", "3", "--method-params", '{"lam": 0.5}', "--method", "fed3r"])
+    )
     assert cfg.partition_seed == 3 and cfg.method_params == {"lam": 0.5}
 
 

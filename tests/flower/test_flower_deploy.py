@@ -176,7 +176,15 @@ def deployment(tmp_path_factory, digits_dataset):
 
 def _run(env, tmp, name, **config) -> dict:
     out = tmp / name
-    pairs = {"clients": K, "output": str(out), "connect-timeout": 90.0, "timeout": 90.0, **config}
+    pairs = {
+        "clients": K,
+        "out": str(out),
+        "connect-timeout": 90.0,
+        "timeout": 90.0,
+        "eps": "inf",
+        "alpha": 0.5,
+        **config,
+    }
     rc = " ".join(f"{k}={json.dumps(v)}" for k, v in pairs.items())
     proc = subprocess.run(
         [BIN / "flwr", "run", str(APP), "local", "--stream", "--run-config", rc],
@@ -204,7 +212,7 @@ def test_superlink_and_three_supernodes_give_fits_heads_despite_a_crash(deployme
 
     # Node 2 uploads its masked input, then its process dies at unmasking: the other two
     # (t = 2 of 3) rebuild its self-mask seed, so the sum still covers all three inputs.
-    masked = _run(env, tmp, "fed3r-mask", method="fed3r", secure="mask", timeout=60.0)
+    masked = _run(env, tmp, "fed3r-mask", method="fed3r", **{"secure-agg": "mask"}, timeout=60.0)
     ref = privfed.fit("fed3r", F, y, k, num_classes=10)
     assert np.abs(masked["weight"] - ref.weight).max() < 1e3 * K * 2.0**-33
     sa = masked["report"]["secure_aggregation"]

@@ -119,7 +119,7 @@ def resolve_config(args: argparse.Namespace) -> AttackConfig:
             "attacker's knowledge); use --dataset digits"
         )
     partition = s.partition(extra=("groups",))
-    ns_v = s.raw("n", "n", "ns")
+    ns_v = s.raw("n", "n", "ns") if partition == "groups" else None  # n applies to class groups only
     ns = tuple(parse_int_list(as_list("1,4,16" if ns_v is None else ns_v, "--n"), "--n", minimum=1))
     count_noise = s.raw("count_noise")
     if count_noise is not None:
@@ -159,7 +159,9 @@ def resolve_config(args: argparse.Namespace) -> AttackConfig:
             "--attack inversion scores reconstructions with SSIM from scikit-image, "
             "which is not installed: pip install scikit-image"
         )
-    strongest = args.strongest if getattr(args, "strongest", None) is not None else s.base.get("strongest", True)
+    strongest = (
+        args.strongest if getattr(args, "strongest", None) is not None else s.base.get("strongest", True)
+    )
     return AttackConfig(
         attack=attack,
         methods=methods,
@@ -241,7 +243,9 @@ def _load(cfg: AttackConfig):
     return bb, data, public
 
 
-def attack_data_rules(cfg: AttackConfig, labels: np.ndarray, test_labels: np.ndarray, public_size: int) -> dict[str, Any]:
+def attack_data_rules(
+    cfg: AttackConfig, labels: np.ndarray, test_labels: np.ndarray, public_size: int
+) -> dict[str, Any]:
     """The data rules of the sweep (:func:`privfed.results.record.data_rules`), for its first seed's partition."""
     from types import SimpleNamespace
 

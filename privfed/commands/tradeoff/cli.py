@@ -80,7 +80,9 @@ def _run(cfg: TradeoffConfig, args, done: list, checkpoint) -> tuple[dict[str, A
     dataset = {
         "name": ds.name,
         "num_classes": ds.num_classes,
-        "data_rules": data_rules(ds, clients=cfg.clients, partition=cfg.partition, alpha=cfg.alpha, seeds=cfg.seeds),
+        "data_rules": data_rules(
+            ds, clients=cfg.clients, partition=cfg.partition, alpha=cfg.alpha, seeds=cfg.seeds
+        ),
     }
     result = {
         "config": cfg,
@@ -113,8 +115,12 @@ def _body(argv: Sequence[str] | None) -> int:
     if _rounds_mode(cfg):
         from privfed.commands.tradeoff.rounds import rounds_settings
 
-        families = None if args.families is None else [f.strip() for f in args.families.split(",") if f.strip()]
-        extra_config = rounds_settings(None if args.local_epochs is None else int(args.local_epochs), families, args.init)
+        families = (
+            None if args.families is None else [f.strip() for f in args.families.split(",") if f.strip()]
+        )
+        extra_config = rounds_settings(
+            None if args.local_epochs is None else int(args.local_epochs), families, args.init
+        )
 
     def write_partial(records: list[dict[str, Any]]) -> None:
         out.write_csv(PARTIAL[0], records, record_fields(records))
@@ -174,7 +180,9 @@ def _body(argv: Sequence[str] | None) -> int:
         print(g)
     rcfg = result["config"]
     if any(math.isfinite(e) for e in cfg.epsilons) and rcfg.clip is not None and rcfg.count_noise is None:
-        origin = "--clip" if cfg.clip is not None else "median feature norm of the public split (no privacy cost)"
+        origin = (
+            "--clip" if cfg.clip is not None else "median feature norm of the public split (no privacy cost)"
+        )
         print(f"clip: {rcfg.clip:.4g} ({rcfg.clip_norm}; {origin})")
     for w in result["warnings"]:
         print(f"note: {w}")

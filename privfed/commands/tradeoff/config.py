@@ -109,7 +109,9 @@ def resolve_config(args: argparse.Namespace) -> TradeoffConfig:
                 key,
                 as_list(v, "--families")
                 if key == "families"
-                else (as_int(v, "--local-epochs", minimum=1) if key == "local_epochs" else as_str(v, "--init")),
+                else (
+                    as_int(v, "--local-epochs", minimum=1) if key == "local_epochs" else as_str(v, "--init")
+                ),
             )
     pick = s.raw
     d = TradeoffConfig()
@@ -174,7 +176,9 @@ def resolve_config(args: argparse.Namespace) -> TradeoffConfig:
     )
 
 
-def _resolve_placements(value: Any, *, epsilons, level, count_noise, secure, trusted, rounds=1) -> tuple[str, ...]:
+def _resolve_placements(
+    value: Any, *, epsilons, level, count_noise, secure, trusted, rounds=1
+) -> tuple[str, ...]:
     """--placement: explicit list, or 'all' by default for one finite eps with nothing else chosen
     (one-shot runs: a multi-round run trains its bodies once per placement, so it runs one unless told).
 
@@ -199,6 +203,13 @@ def _resolve_placements(value: Any, *, epsilons, level, count_noise, secure, tru
             raise ConfigError("--level client adds noise to the aggregate: --placement secure-sum or trusted")
         return tuple(items)
     single = len(epsilons) == 1 and math.isfinite(epsilons[0])
-    if single and rounds == 1 and level == "record" and count_noise is None and secure == "none" and not trusted:
+    if (
+        single
+        and rounds == 1
+        and level == "record"
+        and count_noise is None
+        and secure == "none"
+        and not trusted
+    ):
         return PLACEMENTS
     return ()

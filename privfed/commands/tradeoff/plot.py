@@ -138,7 +138,8 @@ def plot_tradeoff(
         rows = [
             s
             for s in summary
-            if (s["method"], int(s.get("rounds", 1)), s.get("placement", ""), bool(s.get("private", True))) == key
+            if (s["method"], int(s.get("rounds", 1)), s.get("placement", ""), bool(s.get("private", True)))
+            == key
             and math.isfinite(s["epsilon"])
             and np.isfinite(s.get(col, np.nan))
         ]
@@ -165,7 +166,9 @@ def plot_tradeoff(
             xs = np.full(len(rows), float(i)) if points else x
             ticks.update(x.tolist())
             mk = _MARKERS.get(key[2], "o") if key[3] else "x"
-            (line,) = ax.plot(xs, y, marker=mk, ls="-" if not points else "none", color=c, ms=7, mfc=c if key[3] else "none")
+            (line,) = ax.plot(
+                xs, y, marker=mk, ls="-" if not points else "none", color=c, ms=7, mfc=c if key[3] else "none"
+            )
             spread = sd_col is not None and seeds > 1
             if spread and len(xs) > 1:
                 ax.fill_between(xs, y - sd, y + sd, color=c, alpha=0.15, lw=0)
@@ -218,7 +221,9 @@ def plot_tradeoff(
             clean = [
                 s[col]
                 for s in summary
-                if (s["method"], int(s.get("rounds", 1))) == g and not math.isfinite(s["epsilon"]) and np.isfinite(s.get(col, np.nan))
+                if (s["method"], int(s.get("rounds", 1))) == g
+                and not math.isfinite(s["epsilon"])
+                and np.isfinite(s.get(col, np.nan))
             ]
             if clean:
                 ax2.axhline(clean[0], color=color[g], ls=(0, (6, 3)), lw=1.0, alpha=0.8)
@@ -233,17 +238,28 @@ def plot_tradeoff(
             eps_ticks(ax2, sorted(ticks))
             ax2.set_xlabel("epsilon computed by the ledger (log scale)")
         ax2.set_ylabel(metric)
-        what = "membership attack on all rounds" if col == SEQUENCE_ATTACK else f"{col[7:].split('_', 1)[0]} attack"
+        what = (
+            "membership attack on all rounds"
+            if col == SEQUENCE_ATTACK
+            else f"{col[7:].split('_', 1)[0]} attack"
+        )
         chance = f"; dotted: chance ({CHANCE[metric]:g})" if metric in CHANCE else ""
         ax2.set_title(f"{what}: {metric}\n(dashed: no protection{chance})", fontsize=9)
         ax2.grid(alpha=0.3, which="both")
     width = 5.0 * n + 3.2
-    fig.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.0 - 3.0 / width, 0.9), fontsize=8, frameon=False)
+    fig.legend(
+        handles, labels, loc="upper left", bbox_to_anchor=(1.0 - 3.0 / width, 0.9), fontsize=8, frameon=False
+    )
     fig.suptitle(title or "privacy-utility trade-off", fontsize=9)
     fig.tight_layout(rect=(0, 0, 1.0 - 3.2 / width, 0.93))
     if isinstance(path, tuple):
         out, stem = path
-        out.save_figures(str(stem).rsplit(".", 1)[0] if str(stem).endswith(".png") else str(stem), fig, dpi=130, bbox_inches="tight")
+        out.save_figures(
+            str(stem).rsplit(".", 1)[0] if str(stem).endswith(".png") else str(stem),
+            fig,
+            dpi=130,
+            bbox_inches="tight",
+        )
     else:
         fig.savefig(path, dpi=130, bbox_inches="tight")
     plt.close(fig)
@@ -273,7 +289,9 @@ def plot_title(cfg: TradeoffConfig, dataset: dict[str, Any], summary: list[dict[
         if cfg.clip
         else "no noise"
     )
-    rounds = f"; FedLog with local bodies over {cfg.rounds} rounds vs one-shot frozen" if cfg.rounds > 1 else ""
+    rounds = (
+        f"; FedLog with local bodies over {cfg.rounds} rounds vs one-shot frozen" if cfg.rounds > 1 else ""
+    )
     line1 = (
         f"{dataset['name']}: {cfg.clients} clients, {cfg.partition}"
         + (f" alpha={cfg.alpha:g}" if cfg.partition.startswith("dirichlet") else "")
@@ -285,4 +303,3 @@ def plot_title(cfg: TradeoffConfig, dataset: dict[str, Any], summary: list[dict[
         f"{', '.join(protocols)}"
     )
     return line1 + "\n" + line2
-

@@ -35,9 +35,13 @@ def _base(cfg, key: str | None) -> dict[str, Any]:
             f"default only, got --dataset {cfg.dataset!r}"
         )
     if cfg.count_noise is not None:
-        raise ConfigError("--count-noise does not apply to multi-round FedLog (the counts ride in the statistic)")
+        raise ConfigError(
+            "--count-noise does not apply to multi-round FedLog (the counts ride in the statistic)"
+        )
     secure = key == "secure-sum" or (key is None and cfg.secure_agg != "none")
-    placement = "distributed" if secure else ("central" if key == "trusted" or cfg.trusted_aggregator else "local")
+    placement = (
+        "distributed" if secure else ("central" if key == "trusted" or cfg.trusted_aggregator else "local")
+    )
     return dict(
         clients=cfg.clients,
         rounds=cfg.rounds,
@@ -57,11 +61,16 @@ def _base(cfg, key: str | None) -> dict[str, Any]:
     )
 
 
-def _row(cfg, base: dict, name_rounds: int, eps: float, seed: int, acc: dict, rep, upload_total: float) -> dict:
+def _row(
+    cfg, base: dict, name_rounds: int, eps: float, seed: int, acc: dict, rep, upload_total: float
+) -> dict:
     """One row in the one-shot sweep's columns."""
     private = rep is not None and math.isfinite(float(getattr(rep, "epsilon", math.inf)))
     sigma = float(getattr(rep, "sigma", math.nan)) if rep is not None else 0.0
-    place = placement_word(getattr(rep, "placement", None), {"local": "local", "distributed": "secure sum", "central": "trusted aggregator"}[base["placement"]])
+    place = placement_word(
+        getattr(rep, "placement", None),
+        {"local": "local", "distributed": "secure sum", "central": "trusted aggregator"}[base["placement"]],
+    )
     row: dict[str, Any] = {
         "method": "fedlog",
         "rounds": name_rounds,
@@ -72,7 +81,9 @@ def _row(cfg, base: dict, name_rounds: int, eps: float, seed: int, acc: dict, re
         "epsilon": eps,
         "epsilon_reported": float(rep.epsilon) if private else math.inf,
         "delta": cfg.delta if math.isfinite(eps) else 0.0,
-        "calibration": ("classic" if cfg.calibration == "classic" else "analytic") if math.isfinite(eps) else "-",
+        "calibration": ("classic" if cfg.calibration == "classic" else "analytic")
+        if math.isfinite(eps)
+        else "-",
         "private": bool(private),
         "protects": "all released statistics",
         "seed": seed,
@@ -131,7 +142,9 @@ def tradeoff_rounds(
 
     def run(base: dict, eps: float, seed: int) -> list[dict]:
         # the sweep draws every noise from its seeds (a seeded simulation, as its one-shot rows)
-        r = _rounds.run_rounds(_rounds.RoundsConfig(**base), seed=seed, noise_seed=seed, epsilon=eps, progress=progress)
+        r = _rounds.run_rounds(
+            _rounds.RoundsConfig(**base), seed=seed, noise_seed=seed, epsilon=eps, progress=progress
+        )
         one = r.baselines["oneshot"]
         pair = [
             _row(
@@ -170,7 +183,13 @@ def attack_summary(attacks: dict | None) -> dict:
     tracing likelihood ratio over the rounds' changes.  ``attack_auc_bound`` is Phi(mu_total / sqrt 2)
     (NaN without DP).
     """
-    keys = ("attack_sequence_auc", "attack_first_round_auc", "attack_tpr_1pct_sequence", "attack_auc_bound", "attack_pairs")
+    keys = (
+        "attack_sequence_auc",
+        "attack_first_round_auc",
+        "attack_tpr_1pct_sequence",
+        "attack_auc_bound",
+        "attack_pairs",
+    )
     if not attacks:
         return {k: math.nan for k in keys} | {"attack": "-"}
     if attacks.get("differencing_replay"):

@@ -229,7 +229,11 @@ def format_table(summary: list[dict[str, Any]], guarantee_ids: Sequence[str] | N
                 s.get("protocol", ""),
                 _eps_cell(s),
                 _acc(s["accuracy_mean"], s["accuracy_std"], s["seeds"]),
-                *([f"{s['personalised_mean']:.4f}" if "personalised_mean" in s else "-"] if show_pers else []),
+                *(
+                    [f"{s['personalised_mean']:.4f}" if "personalised_mean" in s else "-"]
+                    if show_pers
+                    else []
+                ),
                 _acc(s["nonprivate_mean"], s["nonprivate_std"], s["seeds"]),
                 f"{s['delta']:g}" if private else "-",
                 (s.get("noise") or "-") if noised else "none",
