@@ -101,8 +101,8 @@ def run_simulation(
         CPUs Ray may use (one ClientApp at a time per CPU).
     """
     _quiet_environment()
-    from flwr.supercore.telemetry import EventType
     from flwr.simulation.run_simulation import _run_simulation
+    from flwr.supercore.telemetry import EventType
 
     cfgs = cfg if isinstance(cfg, list) else [cfg]
     results: list = []

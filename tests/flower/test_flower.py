@@ -248,7 +248,9 @@ def test_bad_run_config_is_refused_before_any_message():
         FlowerConfig.from_run_config({"method": "fedncm", "epsilonn": 1})
     with pytest.raises(ConfigError, match="needs clip"):  # no public split to take a default clip from
         FlowerConfig.from_run_config({"method": "fedncm", "eps": 1.0, "dataset": "synthetic:4:10"})
-    assert FlowerConfig.from_run_config({"method": "fedncm", "eps": 1.0}).clip > 0  # digits: the public median
+    assert (
+        FlowerConfig.from_run_config({"method": "fedncm", "eps": 1.0}).clip > 0
+    )  # digits: the public median
     with pytest.raises(ConfigError, match="gamma"):
         FlowerConfig.from_run_config({"method": "fedcof", "param": '{"gamma": -1}'})
     cfg = FlowerConfig.from_run_config(

@@ -109,7 +109,9 @@ def test_degree_comes_from_the_run_config():
     assert cfg.degree == 4 and cfg.secagg_threshold == 3
     assert FlowerConfig.from_wire(cfg.to_wire()) == cfg
     assert (
-        FlowerConfig.from_run_config({"clients": 12, "secure-agg": "mask", "degree": "none", "eps": "inf"}).degree
+        FlowerConfig.from_run_config(
+            {"clients": 12, "secure-agg": "mask", "degree": "none", "eps": "inf"}
+        ).degree
         is None
     )
 

@@ -45,7 +45,9 @@ def test_epsilon_and_noise_multiplier_describe_the_same_mechanism():
     by_z = GaussianMechanism(noise_multiplier=1.3, delta=1e-6, clip=5.0, blocks=("sums", "counts", "second"))
     for b in by_z.blocks:
         assert by_z.sigma[b] == pytest.approx(1.3 * by_z.sensitivity[b] * math.sqrt(3), rel=1e-12)
-    by_eps = GaussianMechanism(epsilon=by_z.epsilon, delta=1e-6, clip=5.0, blocks=("sums", "counts", "second"))
+    by_eps = GaussianMechanism(
+        epsilon=by_z.epsilon, delta=1e-6, clip=5.0, blocks=("sums", "counts", "second")
+    )
     for b in by_z.blocks:
         assert by_eps.sigma[b] == pytest.approx(by_z.sigma[b], rel=1e-9)
     assert by_eps.noise_multiplier == pytest.approx(1.3, rel=1e-9)

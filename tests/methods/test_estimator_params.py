@@ -17,7 +17,9 @@ from privfed.estimators import FederatedHeadClassifier
 def test_mechanism_parameters_are_its_constructor_arguments():
     mech = GaussianMechanism(epsilon=2, delta=1e-5, clip=31.4, blocks=("sums", "counts"))
     p = mech.get_params()
-    assert p["epsilon"] == 2 and p["clip"] == 31.4 and p["level"] == "record" and p["noise_multiplier"] is None
+    assert (
+        p["epsilon"] == 2 and p["clip"] == 31.4 and p["level"] == "record" and p["noise_multiplier"] is None
+    )
     copy = clone(mech)
     assert type(copy) is GaussianMechanism and copy is not mech and copy.get_params() == p
     assert copy.sigma == mech.sigma  # the same calibration, rebuilt from the arguments
@@ -71,6 +73,8 @@ def test_grid_search_over_the_budget(digits_dataset):
     grid = GridSearchCV(est, {"privacy__epsilon": [0.05, 50.0]}, cv=3).fit(ds.train_features, ds.train_labels)
     assert grid.best_params_ == {"privacy__epsilon": 50.0}
     scores = grid.cv_results_["mean_test_score"]
-    assert scores[1] > scores[0] + 0.3  # sigma at eps 0.05 is 1000x that at eps 50: near chance vs a real head
+    assert (
+        scores[1] > scores[0] + 0.3
+    )  # sigma at eps 0.05 is 1000x that at eps 50: near chance vs a real head
     assert grid.best_estimator_.head_.privacy.epsilon == pytest.approx(50.0, rel=1e-9)
     assert est.privacy.epsilon == 1.0 and len(est.privacy.ledger) == 0  # the grid used clones
