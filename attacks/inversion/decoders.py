@@ -49,6 +49,8 @@ __all__ = [
     "FeatureDecoder",
     "SetDecoder",
     "class_subsets",
+    "decoder_cached",
+    "decoder_description",
     "feature_decoder",
     "set_decoder",
     "set_validation",
@@ -112,6 +114,39 @@ def _description(kind: str, backbone, public, cfg: DecoderConfig, num_classes: i
         "torch": ".".join(torch.__version__.split("+")[0].split(".")[:2]),
         **extra,
     }
+
+
+def decoder_description(
+    backbone, public, num_classes: int, cfg: DecoderConfig = _DEFAULT, n: int | None = None
+) -> dict:
+    """Everything that determines a decoder (its cache key): the feature decoder, or the set decoder for ``n``."""
+    if n is None:
+        return _description(
+            "feature-decoder", backbone, public, cfg, num_classes, validation_every=VALIDATION_EVERY
+        )
+    return _description(
+        "set-decoder",
+        backbone,
+        public,
+        cfg,
+        num_classes,
+        n=int(n),
+        sampler=3,
+        validation_every=VALIDATION_EVERY,
+        validation_subsets=SET_VALIDATION_SUBSETS,
+    )
+
+
+def decoder_cached(
+    backbone, public, num_classes: int, cfg: DecoderConfig = _DEFAULT, n=None, cache_dir=None
+) -> bool:
+    """Whether the decoder (feature, or set for ``n``) is in the cache: a run needing it will not train it."""
+    from privfed.data.cache import artefact_path, load_arrays
+
+    desc = decoder_description(backbone, public, num_classes, cfg, n)
+    kind = "attack-feature-decoder" if n is None else "attack-set-decoder"
+    path, _ = artefact_path(kind, desc, ".npz", cache_dir)
+    return path.exists() and load_arrays(path, desc) is not None
 
 
 class FeatureDecoder:
@@ -184,9 +219,7 @@ def feature_decoder(
             val, steps = _fit(net, *(torch.as_tensor(a) for a in (X, Y, Xv, Yv)), cfg, desc, cache_dir)
         return {**_state_arrays(net), "val_loss": np.array(val), "steps_trained": np.array(steps)}
 
-    desc = _description(
-        "feature-decoder", backbone, public, cfg, num_classes, validation_every=VALIDATION_EVERY
-    )
+    desc = decoder_description(backbone, public, num_classes, cfg)
     arrays, key, _ = cached_decoder("feature-decoder", desc, compute, cache_dir)
     with deterministic(cfg.seed):
         net = _mlp(d + num_classes, cfg.hidden, D)
@@ -409,17 +442,7 @@ def set_decoder(
             )
         return {**_state_arrays(net), "val_loss": np.array(best), "steps_trained": np.array(best_step)}
 
-    desc = _description(
-        "set-decoder",
-        backbone,
-        public,
-        cfg,
-        num_classes,
-        n=n,
-        sampler=3,
-        validation_every=VALIDATION_EVERY,
-        validation_subsets=SET_VALIDATION_SUBSETS,
-    )
+    desc = decoder_description(backbone, public, num_classes, cfg, n=n)
     arrays, key, _ = cached_decoder("set-decoder", desc, compute, cache_dir)
     with deterministic(cfg.seed + n):
         net = _mlp(d + num_classes, cfg.hidden, n * D)

@@ -395,7 +395,13 @@ def attack_parser() -> argparse.ArgumentParser:
         prog="python -m privfed.attack",
         formatter_class=HelpFormatter,
         description="Attacks of an honest-but-curious server on shared statistics.",
-        epilog=ATTACK_GLOSSARY + f"\nLists are comma-separated. Example: %(prog)s {ATTACK_EXAMPLE}",
+        epilog=ATTACK_GLOSSARY
+        + "\nLists are comma-separated. Examples:\n"
+        + f"  %(prog)s {ATTACK_EXAMPLE} --no-strongest\n"
+        + "      the pixel inversion alone, on the three releases: about a minute\n"
+        + f"  %(prog)s {ATTACK_EXAMPLE}\n"
+        + "      and the strongest of the inversion suite: it trains decoders on the public split first (once,\n"
+        + "      cached); tens of minutes the first time on 2 cores, as the run says before it starts",
     )
     a = p.add_argument
     a("--attack", required=True, help=f"one of {', '.join(ATTACK_NAMES)}")

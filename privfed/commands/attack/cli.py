@@ -133,7 +133,10 @@ def _body(argv: Sequence[str] | None) -> int:
                 if cfg.secure_agg != "none" and math.isfinite(eps)
                 else ("local noise" if math.isfinite(eps) else "no noise")
             )
-            fig = grid_figure(result, truth, f"{mname}, eps={eps:g}, n={n}, {where}")
+            size = (
+                f", n={n}" if cfg.partition == "groups" else f", {cfg.partition} over {cfg.clients} clients"
+            )
+            fig = grid_figure(result, truth, f"{mname}, eps={eps:g}{size}, {where}")
             stem = f"grid_{mname}_eps{eps:g}" + (f"_n{n}" if cfg.partition == "groups" else "")
             out.save_figures(stem, fig, dpi=120)
             import matplotlib.pyplot as plt

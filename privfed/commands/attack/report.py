@@ -85,6 +85,5 @@ def summary_line(r: dict[str, Any]) -> str:
             text += ")"
         cells.append(text)
     where = r["placement"] + (f"/{r['protocol']}" if r["protocol"] != "none" else "")
-    return f"{r['method']:>12} eps={r['epsilon']:<6g} {where:<14} n={r['n']:<3} seed={r['seed']} " + " ".join(
-        cells
-    )
+    n = f"n={r['n']:<3} " if r.get("partition") == "groups" else ""
+    return f"{r['method']:>12} eps={r['epsilon']:<6g} {where:<14} {n}seed={r['seed']} " + " ".join(cells)

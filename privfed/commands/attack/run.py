@@ -9,186 +9,23 @@ inversion, the strongest attack of the suite on the same challenge
 
 from __future__ import annotations
 
-import argparse
-import importlib.util
 import math
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 import attacks
 from privfed import methods as _methods
+from privfed.commands.attack.config import AttackConfig, resolve_config
 from privfed.commands.common import heartbeat, placement_word
-from privfed.commands.options import FEDERATION
-from privfed.commands.shared import Settings, as_list
-from privfed.commands.values import as_int, choose, parse_int_list
-from privfed.errors import ConfigError, MissingDependencyError
+from privfed.errors import ConfigError
 
 __all__ = ["AttackConfig", "attack_data_rules", "resolve_config", "run_attacks"]
 
 
-@dataclass(frozen=True)
-class AttackConfig:
-    """Resolved configuration of one attack sweep (saved as the record's ``config``; ``--config`` replays it)."""
-
-    attack: str
-    methods: tuple[str, ...] = (FEDERATION["method"],)
-    epsilons: tuple[float, ...] = (float(FEDERATION["eps"]),)
-    delta: float = float(FEDERATION["delta"])
-    clip: float | None = None
-    ns: tuple[int, ...] = (0,)
-    partition: str = FEDERATION["partition"]
-    clients: int = FEDERATION["clients"]
-    alpha: float = float(FEDERATION["alpha"])
-    secure_agg: str = FEDERATION["secure_agg"]
-    count_noise: str | None = None
-    seeds: tuple[int, ...] = (0,)
-    max_groups: int = 40
-    attack_params: dict = field(default_factory=dict)
-    data_seed: int = 0
-    device: str = "cpu"
-    out: str = ""
-    strongest: bool = True
-    dataset: str = FEDERATION["dataset"]
-    level: str = FEDERATION["level"]
-    method_params: dict = field(default_factory=dict)
-    plot: bool = True
-
-
-#: Keys a --config file may hold: the flags (with underscores) and the fields of a saved run's config.
-_FILE_KEYS = {
-    "attack",
-    "method",
-    "methods",
-    "eps",
-    "epsilons",
-    "delta",
-    "clip",
-    "n",
-    "ns",
-    "partition",
-    "clients",
-    "alpha",
-    "secure_agg",
-    "count_noise",
-    "seeds",
-    "max_groups",
-    "attack_params",
-    "backend",
-    "source",
-    "steps",
-    "max_cells",
-    "data_seed",
-    "device",
-    "out",
-    "strongest",
-    "dataset",
-    "level",
-    "method_params",
-    "plot",
-}
-
-
-def resolve_config(args: argparse.Namespace) -> AttackConfig:
-    """Flags over a ``--config`` file over the shared defaults, into a validated :class:`AttackConfig`."""
-    from attacks.view import COUNT_NOISE_KINDS
-
-    s = Settings(args, _FILE_KEYS)
-    (attack,) = s.attacks() or (None,) if s.raw("attack") is not None else (None,)
-    if attack is None:
-        raise ConfigError("--attack is required: one of " + ", ".join(attacks.available()))
-    attacks.get_class(attack)
-    methods = s.methods()
-    eps = s.epsilons()
-    delta = s.delta()
-    clip = s.clip()
-    level = s.level()
-    if level != "record":
-        raise ConfigError(
-            "--level client: the attacks' releases add the noise at record level (each client noises its "
-            "upload); run the client-level trade-off with python -m privfed.tradeoff --level client"
-        )
-    dataset = s.dataset()
-    if dataset != "digits":
-        raise ConfigError(
-            f"--dataset {dataset!r}: the attacks need the digits data set's backbone and public split (the "
-            "attacker's knowledge); use --dataset digits"
-        )
-    partition = s.partition(extra=("groups",))
-    ns_v = s.raw("n", "n", "ns") if partition == "groups" else None  # n applies to class groups only
-    ns = tuple(parse_int_list(as_list("1,4,16" if ns_v is None else ns_v, "--n"), "--n", minimum=1))
-    count_noise = s.raw("count_noise")
-    if count_noise is not None:
-        count_noise = choose(count_noise, tuple(COUNT_NOISE_KINDS), "--count-noise", what="count noise")
-    clients = s.clients()
-    mg = s.raw("max_groups")
-    max_groups = 40 if mg is None else as_int(mg, "--max-groups", minimum=1)
-    alpha = s.alpha()
-    # --seeds N is a count (0..N-1) or a list, as in every command; the older --seed keeps its meaning (a list).
-    if getattr(args, "seed_list", None) is not None:
-        if args.seeds is not None:
-            raise ConfigError("pass --seeds or --seed, not both")
-        seeds = tuple(parse_int_list(args.seed_list, "--seed"))
-    else:
-        seeds = s.seeds()
-    secure = s.secure_agg()
-    params: dict[str, Any] = dict(s.base.get("attack_params") or {})
-    for flag in ("backend", "source", "steps", "max_cells"):
-        v = getattr(args, flag, None)
-        if v is None:
-            v = s.base.get(flag)
-        if v is not None:
-            if attack != "inversion":
-                raise ConfigError(f"--{flag.replace('_', '-')} applies to --attack inversion only")
-            params[flag] = (
-                as_int(v, f"--{flag.replace('_', '-')}", minimum=1) if flag in ("steps", "max_cells") else v
-            )
-    if params.get("backend") == "dip" and "steps" in params:
-        params["dip_steps"] = params.pop("steps")
-    attacks.get(attack, **params)  # validate the parameters now
-    method_params = s.params(methods)
-    device = s.raw("device") or "cpu"
-    if device not in ("cpu", "cuda") and not str(device).startswith("cuda:"):
-        raise ConfigError(f"--device must be cpu or cuda[:i], got {device!r}")
-    if attack == "inversion" and importlib.util.find_spec("skimage") is None:
-        raise MissingDependencyError(
-            "--attack inversion scores reconstructions with SSIM from scikit-image, "
-            "which is not installed: pip install scikit-image"
-        )
-    strongest = (
-        args.strongest if getattr(args, "strongest", None) is not None else s.base.get("strongest", True)
-    )
-    return AttackConfig(
-        attack=attack,
-        methods=methods,
-        epsilons=eps,
-        delta=delta,
-        clip=clip,
-        ns=ns if partition == "groups" else (0,),
-        partition=partition,
-        clients=clients,
-        alpha=alpha,
-        secure_agg=secure,
-        count_noise=count_noise,
-        seeds=seeds,
-        max_groups=max_groups,
-        attack_params=params,
-        device=device,
-        out="" if args.out is None else str(args.out),
-        strongest=bool(strongest) and attack in _SUITE_KINDS,
-        dataset=dataset,
-        level=level,
-        method_params=method_params,
-        plot=s.plot(),
-    )
-
-
-#: Attacks with a suite whose strongest member is reported next to the individual attack.
-_SUITE_KINDS = ("tracing", "inversion")
 #: Parameters that pick a suite member (its own), not shared by the whole suite.
 _MEMBER_PARAMS = ("backend", "source", "test", "reference")
 
@@ -368,6 +205,54 @@ def run_attacks(
     from attacks.strongest import SUITES
 
     combos = [(m, e, n, s) for m in cfg.methods for e in cfg.epsilons for n in cfg.ns for s in cfg.seeds]
+
+    def release(combo):
+        """One run's release, drawn from its own seeds (the plan below draws it the same way)."""
+        mname, eps, n, seed = combo
+        method = _methods.get(mname, **cfg.method_params.get(mname, {}))
+        ss = np.random.SeedSequence(
+            [seed, cfg.ns.index(n), cfg.epsilons.index(eps), cfg.methods.index(mname)]
+        )
+        r_part, r_view, r_att, r_strong = (np.random.default_rng(s) for s in ss.spawn(4))
+        clients, num_clients = _clients(cfg, yp, n, r_part)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # the fast noise backend's reminder
+            view, truth = attacks.scenario(
+                mname,
+                Fp,
+                yp,
+                clients,
+                images=imp,
+                holdout_features=Ft,
+                holdout_labels=yt,
+                holdout_images=imt,
+                privacy=_privacy(cfg, method, eps, clip),
+                secure_agg=cfg.secure_agg != "none",
+                backbone=bb,
+                public=public,
+                num_classes=num_classes,
+                num_clients=num_clients,
+                rng=r_view,
+                **cfg.method_params.get(mname, {}),
+            )
+        return method, clients, view, truth, r_att, r_strong, num_clients
+
+    def planned(combo):
+        _, _, view, truth, r_att, _, _ = release(combo)
+        att = attacks.get(cfg.attack, **cfg.attack_params)
+        return view, truth, (_challenge(att, truth, view, r_att) if att.name != "differencing" else {})
+
+    planned.context = (bb, public, num_classes)
+    from privfed.commands.attack.prepare import cost_note, plan_sweep, train_decoders
+
+    plan = plan_sweep(cfg, combos, planned)
+    note = cost_note(cfg, plan)
+    if note and progress:
+        print(f"note: {note}", file=sys.stderr, flush=True)
+    t_prep = time.perf_counter()
+    with progress_bars(progress):
+        train_decoders(cfg, plan, bb, public, num_classes)  # first, so the sweep's bar counts attacks only
+    t_prep = time.perf_counter() - t_prep
     # one step per attack run: the attack itself, then each member of the strongest suite
     per_run = 1 + (len(SUITES[cfg.attack]) if cfg.strongest and cfg.attack in SUITES else 0)
     bar = tqdm(
@@ -391,34 +276,8 @@ def run_attacks(
                 else:
                     bar.set_postfix_str(f"{where}: strongest suite, {name}", refresh=True)
 
-            method = _methods.get(mname, **cfg.method_params.get(mname, {}))
-            ss = np.random.SeedSequence(
-                [seed, cfg.ns.index(n), cfg.epsilons.index(eps), cfg.methods.index(mname)]
-            )
-            r_part, r_view, r_att, r_strong = (np.random.default_rng(s) for s in ss.spawn(4))
-            clients, num_clients = _clients(cfg, yp, n, r_part)
-            privacy = _privacy(cfg, method, eps, clip)
-            t1 = time.perf_counter()
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", UserWarning)  # the fast noise backend's reminder
-                view, truth = attacks.scenario(
-                    mname,
-                    Fp,
-                    yp,
-                    clients,
-                    images=imp,
-                    holdout_features=Ft,
-                    holdout_labels=yt,
-                    holdout_images=imt,
-                    privacy=privacy,
-                    secure_agg=cfg.secure_agg != "none",
-                    backbone=bb,
-                    public=public,
-                    num_classes=num_classes,
-                    num_clients=num_clients,
-                    rng=r_view,
-                    **cfg.method_params.get(mname, {}),
-                )
+            t1, c1 = time.perf_counter(), time.process_time()
+            method, clients, view, truth, r_att, r_strong, num_clients = release((mname, eps, n, seed))
             att = attacks.get(cfg.attack, **cfg.attack_params)
             extra: dict[str, Any] = {}
             if att.name == "differencing":  # the challenge is a second release, built by evaluate()
@@ -450,15 +309,23 @@ def run_attacks(
                 "seed": seed,
                 "clients": int(view.stats.num_clients) if view.per_client else int(clients.max() + 1),
                 "noise": view.noise.guarantee,
-                "guarantee": view.noise.guarantee,
+                "guarantee": _guarantee(
+                    cfg, method, eps, clip, Fp, yp, clients, num_classes, num_clients, seed
+                ),
                 "upload_bytes": _upload_per_client(method, clients, yp, num_classes, Fp.shape[1], eps),
                 "seconds": round(time.perf_counter() - t1, 3),
+                "cpu_s": round(time.process_time() - c1, 3),
             }
+            if result is not None and "cells" in challenge:
+                row.update(_cell_sizes(view, truth, challenge["cells"]))
             row.update({k: v for k, v in metrics.items() if not isinstance(v, (list, dict, np.ndarray))})
             row.update(extra)
             bar.update(1)
             if cfg.strongest and result is not None:
+                t2, c2 = time.perf_counter(), time.process_time()
                 row.update(_strongest_columns(cfg, view, truth, challenge, r_strong, step))
+                row["strongest_seconds"] = round(time.perf_counter() - t2, 3)
+                row["strongest_cpu_s"] = round(time.process_time() - c2, 3)
             elif per_run > 1:
                 bar.update(per_run - 1)
             records.append(row)
@@ -472,8 +339,48 @@ def run_attacks(
         "grids": grids,
         "clip": clip,
         "data_rules": attack_data_rules(cfg, yp, yt, len(public.labels)),
-        "timing": {"data_s": t_data, "total_s": time.perf_counter() - t0},
+        "timing": {
+            "data_s": t_data,
+            "decoders_s": t_prep,
+            "total_s": time.perf_counter() - t0,
+            "estimate_s": plan.train_s + plan.attack_s,
+        },
+        "decoders_trained": [f"{k}" + (f" n={n}" if n else "") for k, n in plan.missing],
     }
+
+
+def _guarantee(cfg, method, eps, clip, F, y, clients, num_classes, num_clients, seed) -> str:
+    """The guarantee sentence of the run's release, from a ledger (the view's noise drawn from a seed: a simulation)."""
+    if math.isinf(eps):
+        return "no protection (eps=inf)"
+    import warnings
+
+    import privfed
+    from privfed.release.ideal import IdealSecureSum
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # the fast noise backend's reminder
+        keep = np.asarray(clients) >= 0  # samples the partition leaves out are uploaded by nobody
+        head = privfed.fit(
+            method,
+            F[keep],
+            y[keep],
+            np.asarray(clients)[keep],
+            num_classes=num_classes,
+            num_clients=num_clients if num_clients is not None else int(np.max(clients)) + 1,
+            privacy=_privacy(cfg, method, eps, clip),
+            secure_agg=IdealSecureSum() if cfg.secure_agg != "none" else None,
+            random_state=seed,
+        )
+    return head.privacy.guarantee
+
+
+def _cell_sizes(view, truth, cells) -> dict[str, int]:
+    """How many cells the attack inverted and how many records they hold together (its cost grows with both)."""
+    from privfed.commands.attack.prepare import cell_records
+
+    n = cell_records(view, truth, cells)
+    return {"cells": int(n.size), "cell_records": int(n.sum())}
 
 
 def _upload_per_client(method, clients: np.ndarray, labels: np.ndarray, C: int, d: int, eps: float) -> float:

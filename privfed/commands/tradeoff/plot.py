@@ -281,14 +281,17 @@ def plot_title(cfg: TradeoffConfig, dataset: dict[str, Any], summary: list[dict[
     protocols = list(dict.fromkeys(s.get("protocol", "none") for s in summary if math.isfinite(s["epsilon"])))
     cals = list(dict.fromkeys(s["calibration"] for s in summary if math.isfinite(s["epsilon"])))
     deltas = sorted({s["delta"] for s in summary if math.isfinite(s["epsilon"]) and s.get("private", True)})
-    noise = (
-        f"count noise ({cfg.count_noise}) on class counts only, means in clear"
-        if cfg.count_noise
-        else f"Gaussian noise on the uploaded statistics, clip {cfg.clip:.4g}"
-        + (f" ({cfg.clip_norm})" if cfg.clip_norm != "l2" else "")
-        if cfg.clip
-        else "no noise"
-    )
+    finite = any(math.isfinite(e) for e in cfg.epsilons)
+    if cfg.count_noise:
+        noise = f"count noise ({cfg.count_noise}) on class counts only, means in clear"
+    elif not finite:
+        noise = "no noise"
+    elif cfg.rounds > 1:  # privfed.rounds' default bound when --clip is not given: 2 per coordinate
+        noise = f"Gaussian noise on the augmented statistic, clip {cfg.clip or 2.0:.4g} ({cfg.clip_norm if cfg.clip else 'coordinate'})"
+    else:
+        noise = f"Gaussian noise on the uploaded statistics, clip {cfg.clip:.4g}" + (
+            f" ({cfg.clip_norm})" if cfg.clip_norm != "l2" else ""
+        )
     rounds = (
         f"; FedLog with local bodies over {cfg.rounds} rounds vs one-shot frozen" if cfg.rounds > 1 else ""
     )

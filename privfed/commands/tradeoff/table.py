@@ -185,7 +185,7 @@ TABLE_LEGEND = (
     "eps: computed by the ledger ('asked' when the calibration gives another); delta 0 = pure DP; "
     "NO DP = a heuristic without a guarantee (its nominal parameter in brackets)\n"
     "noise: Gaussian sigma on sums / counts, or the count-noise law; repairs: what the method did to noisy "
-    "statistics; --help lists every column"
+    "statistics; guarantee: the line under the table that the row's release carries; --help lists every column"
 )
 
 
