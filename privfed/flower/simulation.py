@@ -259,6 +259,8 @@ def _app_dir(where: Path) -> Path:
 
 
 def _toml_value(v: Any) -> str:
+    if isinstance(v, dict):  # method and rounds parameters travel as a JSON object in a string
+        return json.dumps(json.dumps(v, separators=(",", ":")))
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, (int, float)):
@@ -352,7 +354,11 @@ def flwr_run(
                 )
             )
             _wait_port(port, 60.0, procs[0], tmp / "superlink.log")
-            pairs = " ".join(f"{k}={_toml_value(v)}" for k, v in run_config.items() if v is not None)
+            # a TOML file (flwr run's --run-config FILE.toml): any value, spaces and quotes included, as it is
+            pairs = tmp / "run-config.toml"
+            pairs.write_text(
+                "".join(f"{k} = {_toml_value(v)}\n" for k, v in run_config.items() if v is not None)
+            )
             federation = (
                 f"num-supernodes={int(num_supernodes)} client-resources-num-cpus=1 "
                 f"init-args-num-cpus={int(num_cpus)} init-args-num-gpus=0"
@@ -365,7 +371,7 @@ def flwr_run(
                     "privfed",
                     "--stream",
                     "--run-config",
-                    pairs,
+                    str(pairs),
                     "--federation-config",
                     federation,
                 ],

@@ -27,12 +27,25 @@ def flower_env(tmp: Path, cache: Path) -> dict[str, str]:
 
 @pytest.fixture(scope="session")
 def flower_run(tmp_path_factory, digits_cache):
-    """``python -m privfed.flower`` once, as a user types it (10 nodes, eps 1): (CompletedProcess, out folder)."""
+    """``python -m privfed.flower`` once, as a user types it (10 nodes, eps 1, a method parameter):
+    (CompletedProcess, out folder)."""
     pytest.importorskip("flwr")
     tmp = tmp_path_factory.mktemp("flower-command")
     out = tmp / "run"
     res = subprocess.run(
-        [sys.executable, "-m", "privfed.flower", "--clients", "10", "--eps", "1", "--out", str(out)],
+        [
+            sys.executable,
+            "-m",
+            "privfed.flower",
+            "--clients",
+            "10",
+            "--eps",
+            "1",
+            "--param",
+            "fedlog.nu=2",
+            "--out",
+            str(out),
+        ],
         env=flower_env(tmp, digits_cache),
         cwd=tmp,
         capture_output=True,

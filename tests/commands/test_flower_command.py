@@ -63,6 +63,7 @@ def test_the_command_runs_through_flwr_run_and_prints_a_clean_log(flower_run):
         and "(1, 1e-05)-DP" in row["guarantee"]
     )
     assert rec["config"]["eps"] == 1.0 and rec["config"]["clients"] == 10 and rec["config"]["seeds"] == "0,"
+    assert rec["config"]["param"] == {"nu": 2}  # a JSON object through flwr run's run config, as given
     assert {"head.npz", "report.json", "results.json", "manifest.json"} == {p.name for p in out.iterdir()}
 
 
