@@ -3,20 +3,23 @@
 Runs one attack (see :func:`attacks.available`) on the server's view of a
 federation of the digits data set (scikit-learn digits through the
 public-trained CNN backbone; the public split is the attacker's knowledge),
-over methods x epsilons x group sizes x seeds, and writes
+over methods x epsilons (x group sizes) x seeds, on the federation every
+command runs on by default (100 clients, Dirichlet alpha 0.1), and writes
 
-* ``results.csv``: one row per method x eps x n x seed with every metric, the
+* ``results.csv``: one row per method x eps (x n) x seed with every metric, the
   trust model (placement, protocol, level, delta as used, calibration) and
   the guarantee;
-* ``results.json``: the same rows plus the resolved configuration, seeds and
-  package versions (``config.json`` holds the configuration alone);
-* for ``--attack inversion``, ``grid_<method>_eps<eps>_n<n>.png``: true
-  images, reconstructions and the public class-mean prior, one column each;
+* ``results.json``: the run record every command writes
+  (:mod:`privfed.results.record`): the resolved configuration, the data
+  rules, the guarantees, the rows, the bytes, the timings, the versions;
+* for ``--attack inversion``, ``grid_<method>_eps<eps>[_n<n>].png`` (and
+  ``.pdf``, ``.svg``): true images, reconstructions and the public
+  class-mean prior, one column each;
 * ``manifest.json``: the list of files of the run.
 
 Example::
 
-    python -m privfed.attack --attack inversion --method fedcof --eps inf,1,0.1 --n 1,4,16
+    python -m privfed.attack --attack inversion --method fedcof --eps inf,1,0.1
 
 ``eps=inf`` is the clean release (no clipping, no noise).  A finite eps uses
 :class:`mechanisms.GaussianMechanism` (record level, analytic calibration)
@@ -25,7 +28,7 @@ public split, which costs no privacy): each client noises its upload
 (placement local), or, with ``--secure-agg``, the clients add shares of the
 noise and the server sees only the sum (placement secure sum).
 ``--partition groups`` puts exactly ``n`` samples of one class on each
-client (the controlled curves); ``dirichlet`` / ``iid`` / ... use
+client (the controlled curves, ``--n``); the other schemes use
 :func:`privfed.federation.partition`.  The tracing attack reports two tests
 side by side: the Gaussian likelihood ratio (``auc``) and the inner-product
 tracer (``auc_inner``).
@@ -35,13 +38,12 @@ the strongest attack of the suite (:data:`attacks.strongest.SUITES`) on the
 same challenge (the same targets, the same released cells):
 ``strongest_attack`` names it, ``strongest_auc`` / ``strongest_identification``
 is its headline metric, and ``<attack>:<metric>`` gives every attack of the
-suite (``--no-strongest`` turns this off; the inversion suite trains learned
-decoders, minutes once, then cached).  The inversion suite includes the joint
-set attacker (:mod:`attacks.inversion.joint`: bank search, joint decoding of n images,
-joint pixel polish); the printed strongest identification comes with its
-standard error (clustered by cell), chance and the n-guess prior.  Progress
-(stderr) names what runs: decoder training (steps, until validation stops
-improving) and each attack of the suite, with an ETA.
+suite (``--no-strongest`` turns this off).  The inversion suite reads
+decoders trained on the public split: before the sweep starts the command
+says how long it will take and why (:mod:`privfed.commands.attack.prepare`),
+then trains the missing decoders first (once, cached; locked against a
+second process; resumed after an interrupt), so that the sweep's progress
+bar counts attacks only.
 """
 
 from __future__ import annotations
