@@ -30,13 +30,34 @@ __all__ = ["RATES", "SweepPlan", "cell_records", "cost_note", "plan_sweep", "tra
 #: CPU seconds on one torch thread, measured by ``python experiments/attack_cost.py --record``
 #: (experiments/results/attack_cost.json; a test holds them equal): one training step of the feature
 #: decoder and of the set decoder for means of n, the inversion suite per released cell (n records in
-#: the cell: its joint searches grow with n), and the attack alone (pixel backend) per cell.
+#: the cell: its joint searches grow with n), and the attack alone (pixel backend) per cell; the fixed
+#: cost of training a decoder (its bank's features and validation set) by kind ("feature" or n), and the
+#: choice of a new decoder's refinement on public simulations (once, at its first use).
 RATES: dict[str, Any] = {
-    "feature_step_s": 0.0,
-    "set_step_s": {},
+    "feature_step_s": 0.00254,
+    "set_step_s": {
+        "2": 0.011438,
+        "3": 0.012591,
+        "4": 0.013696,
+        "5": 0.018341,
+        "6": 0.016328,
+        "7": 0.019129,
+        "8": 0.020788,
+    },
+    "decoder_fixed_s": {
+        "feature": 2.450318,
+        "2": 0.914537,
+        "3": 0.87039,
+        "4": 0.954133,
+        "5": 0.880376,
+        "6": 1.023757,
+        "7": 0.973615,
+        "8": 0.939706,
+    },
     "suite_cell_s": 0.0,
-    "suite_cell_per_record_s": 0.0,
-    "attack_cell_s": 0.0,
+    "suite_cell_per_record_s": 0.885731,
+    "attack_cell_s": 0.01795,
+    "refinement_s": 7.158714,
 }
 
 
@@ -102,7 +123,10 @@ def plan_sweep(cfg: AttackConfig, sweep: list[tuple], build) -> SweepPlan:
         for kind, n in plan.missing:
             steps = TYPICAL_STOP[f"{kind}-decoder"] if dcfg == type(dcfg)() else dcfg.feature_steps
             rate = RATES["feature_step_s"] if kind == "feature" else RATES["set_step_s"].get(str(n), 0.0)
-            plan.train_s += steps * rate
+            fixed = RATES["decoder_fixed_s"].get("feature" if kind == "feature" else str(n), 0.0)
+            plan.train_s += (
+                steps * rate + fixed + RATES["refinement_s"]
+            )  # its refinement, chosen at first use
     per_cell = (
         [RATES["suite_cell_s"] + RATES["suite_cell_per_record_s"] * n for n in plan.cells]
         if cfg.strongest and cfg.attack in SUITES and inversion

@@ -80,7 +80,8 @@ def summary_line(r: dict[str, Any]) -> str:
             if "strongest_chance_identification" in r:
                 text += (
                     f", chance {r['strongest_chance_identification']:.3f}, "
-                    f"{r['n']}-guess prior {r['strongest_baseline_identification']:.3f}"
+                    f"{r['n'] if r.get('partition') == 'groups' else 'n'}-guess prior "
+                    f"{r['strongest_baseline_identification']:.3f}"
                 )
             text += ")"
         cells.append(text)
