@@ -108,6 +108,12 @@ def resolve_config(args: argparse.Namespace) -> AttackConfig:
             "attacker's knowledge); use --dataset digits"
         )
     partition = s.partition(extra=("groups",))
+    for flag, dest in (("--n", "n"), ("--max-groups", "max_groups")):
+        if getattr(args, dest, None) is not None and partition != "groups":
+            raise ConfigError(
+                f"{flag} applies to --partition groups (exactly n samples of one class on each client); add "
+                f"--partition groups, or drop {flag} (--partition {partition} splits by its own rule)"
+            )
     ns_v = s.raw("n", "n", "ns") if partition == "groups" else None  # n applies to class groups only
     ns = tuple(parse_int_list(as_list("1,4,16" if ns_v is None else ns_v, "--n"), "--n", minimum=1))
     count_noise = s.raw("count_noise")
