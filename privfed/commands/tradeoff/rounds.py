@@ -102,8 +102,11 @@ def _row(
         "repair_kinds": "",
         "notes": "",
     }
-    if rep is not None and hasattr(rep, "describe"):
-        row["describe"] = rep.describe()
+    if rep is not None:  # the composition in full: per-round epsilon, whether the noise was seeded
+        row["epsilon_per_round"] = float(getattr(rep, "per_round_epsilon", math.nan))
+        row["simulation"] = bool(getattr(rep, "simulation", False))
+        if hasattr(rep, "describe"):
+            row["describe"] = rep.describe()
     return row
 
 
