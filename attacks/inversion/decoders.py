@@ -17,6 +17,11 @@ deterministic algorithms; the loss and the steps taken are stored with them.
 Trained decoders are cached on disk (:func:`privfed.data.cache.cached_arrays`)
 keyed by the SHA-256 of everything that determines them: the backbone's
 weights, the public images and labels, the hyper-parameters, torch's version.
+A lock on the cache entry (:func:`cached_decoder`) makes a second process
+that needs the same decoder wait for the first one's instead of training it
+again, and the training checkpoints itself (:class:`TrainingCheckpoint`):
+an interrupted training (Ctrl-C, SIGTERM) resumes where it was, to the same
+decoder.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ from attacks.inversion.bank import (
     image_features,
 )
 from attacks.inversion.determinism import deterministic
-from attacks.inversion.progress import progress_bar
+from attacks.inversion.training import TYPICAL_STOP, TrainingCheckpoint, cached_decoder, train_until_stopped
 from privfed.errors import ConfigError, InputError
 
 __all__ = [
@@ -44,6 +49,8 @@ __all__ = [
     "FeatureDecoder",
     "SetDecoder",
     "class_subsets",
+    "decoder_cached",
+    "decoder_description",
     "feature_decoder",
     "set_decoder",
     "set_validation",
@@ -109,6 +116,39 @@ def _description(kind: str, backbone, public, cfg: DecoderConfig, num_classes: i
     }
 
 
+def decoder_description(
+    backbone, public, num_classes: int, cfg: DecoderConfig = _DEFAULT, n: int | None = None
+) -> dict:
+    """Everything that determines a decoder (its cache key): the feature decoder, or the set decoder for ``n``."""
+    if n is None:
+        return _description(
+            "feature-decoder", backbone, public, cfg, num_classes, validation_every=VALIDATION_EVERY
+        )
+    return _description(
+        "set-decoder",
+        backbone,
+        public,
+        cfg,
+        num_classes,
+        n=int(n),
+        sampler=3,
+        validation_every=VALIDATION_EVERY,
+        validation_subsets=SET_VALIDATION_SUBSETS,
+    )
+
+
+def decoder_cached(
+    backbone, public, num_classes: int, cfg: DecoderConfig = _DEFAULT, n=None, cache_dir=None
+) -> bool:
+    """Whether the decoder (feature, or set for ``n``) is in the cache: a run needing it will not train it."""
+    from privfed.data.cache import artefact_path, load_arrays
+
+    desc = decoder_description(backbone, public, num_classes, cfg, n)
+    kind = "attack-feature-decoder" if n is None else "attack-set-decoder"
+    path, _ = artefact_path(kind, desc, ".npz", cache_dir)
+    return path.exists() and load_arrays(path, desc) is not None
+
+
 class FeatureDecoder:
     """(feature, class) -> image; ``__call__`` returns (r, H, W) float32 in [0, 1].
 
@@ -154,7 +194,6 @@ def feature_decoder(
     learning rate, and ``cfg.patience`` of them in a row stop training (at
     most ``cfg.feature_steps`` steps); the best validated weights are kept.
     """
-    from privfed.data.cache import cached_arrays
 
     torch = _torch()
     shape = np.asarray(public.images).shape[1:]
@@ -177,13 +216,11 @@ def feature_decoder(
         Yv = np.vstack([Yb[bank_held], np.repeat(Yp[held], 4, 0)])
         with deterministic(cfg.seed):
             net = _mlp(d + num_classes, cfg.hidden, D)
-            val, steps = _fit(net, *(torch.as_tensor(a) for a in (X, Y, Xv, Yv)), cfg)
+            val, steps = _fit(net, *(torch.as_tensor(a) for a in (X, Y, Xv, Yv)), cfg, desc, cache_dir)
         return {**_state_arrays(net), "val_loss": np.array(val), "steps_trained": np.array(steps)}
 
-    desc = _description(
-        "feature-decoder", backbone, public, cfg, num_classes, validation_every=VALIDATION_EVERY
-    )
-    arrays, key, _ = cached_arrays("attack-feature-decoder", desc, compute, cache_dir)
+    desc = decoder_description(backbone, public, num_classes, cfg)
+    arrays, key, _ = cached_decoder("feature-decoder", desc, compute, cache_dir)
     with deterministic(cfg.seed):
         net = _mlp(d + num_classes, cfg.hidden, D)
     _load_state(net, arrays)
@@ -192,10 +229,16 @@ def feature_decoder(
     )
 
 
-def _fit(net, X, Y, Xv, Yv, cfg: DecoderConfig) -> tuple[float, int]:
+def _fit(net, X, Y, Xv, Yv, cfg: DecoderConfig, desc=None, cache_dir=None) -> tuple[float, int]:
     """Minibatch Adam until the validation loss stops improving; returns (best validation loss, steps)."""
     torch = _torch()
     g = torch.Generator().manual_seed(cfg.seed)
+
+    def get_rng():
+        return g.get_state().tolist()
+
+    def set_rng(state):
+        g.set_state(torch.as_tensor(state, dtype=torch.uint8))
 
     def batch_loss():
         b = torch.randint(0, X.shape[0], (cfg.batch,), generator=g)
@@ -210,56 +253,12 @@ def _fit(net, X, Y, Xv, Yv, cfg: DecoderConfig) -> tuple[float, int]:
         val_loss,
         cfg,
         cfg.feature_steps,
-        "training the feature decoder (until validation stops improving)",
+        "training the feature decoder",
+        checkpoint=None
+        if desc is None
+        else TrainingCheckpoint("feature-decoder", desc, cache_dir, (get_rng, set_rng)),
+        typical=TYPICAL_STOP["feature-decoder"] if cfg == _DEFAULT else None,
     )
-
-
-def train_until_stopped(
-    net, batch_loss, val_loss, cfg: DecoderConfig, cap: int, desc: str
-) -> tuple[float, int]:
-    """Adam on ``batch_loss()`` until ``val_loss()`` (measured every ``cfg.val_every`` steps) stops improving.
-
-    Each validation without a relative improvement of 1e-3 halves the
-    learning rate; ``cfg.patience`` of them in a row stop training (at most
-    ``cap`` steps).  The best validated weights are loaded back into ``net``
-    (left in eval mode).  Returns (best validation loss, the step it was
-    measured at).
-    """
-    torch = _torch()
-    lr = cfg.lr
-    opt = torch.optim.Adam(net.parameters(), lr=lr)
-
-    def validate() -> float:
-        with torch.no_grad():
-            return float(val_loss())
-
-    best, best_step, bad, step = validate(), 0, 0, 0
-    best_state = [p.detach().clone() for p in net.parameters()]
-    with progress_bar(cap, desc) as bar:
-        while step < cap:
-            opt.zero_grad()
-            batch_loss().backward()
-            opt.step()
-            step += 1
-            bar.update(1)
-            if step % cfg.val_every == 0:
-                v = validate()
-                if v < best * (1 - 1e-3):
-                    best, best_step, bad = v, step, 0
-                    best_state = [p.detach().clone() for p in net.parameters()]
-                else:
-                    bad += 1
-                    lr /= 2
-                    for group in opt.param_groups:
-                        group["lr"] = lr
-                    if bad >= cfg.patience:
-                        break
-                bar.set_postfix_str(f"validation mse {best:.4f}", refresh=False)
-    with torch.no_grad():
-        for p, q in zip(net.parameters(), best_state):
-            p.copy_(q)
-    net.eval()
-    return best, best_step
 
 
 class SetDecoder:
@@ -393,7 +392,6 @@ def set_decoder(
     of them in a row stop training (at most ``cfg.steps`` steps) and the best
     validated weights are kept.  Seeded, on one torch thread, deterministic.
     """
-    from privfed.data.cache import cached_arrays
 
     torch = _torch()
     n = int(n)
@@ -433,22 +431,19 @@ def set_decoder(
                 lambda: _matched_loss(net(Xv).reshape(-1, n, D), Tv, n, perms),
                 cfg,
                 cfg.steps,
-                f"training the set decoder for means of {n} (until validation stops improving)",
+                f"training the set decoder for means of {n}",
+                checkpoint=TrainingCheckpoint(
+                    "set-decoder",
+                    desc,
+                    cache_dir,
+                    (lambda: rs.bit_generator.state, lambda st: setattr(rs.bit_generator, "state", st)),
+                ),
+                typical=TYPICAL_STOP["set-decoder"] if cfg == _DEFAULT else None,
             )
         return {**_state_arrays(net), "val_loss": np.array(best), "steps_trained": np.array(best_step)}
 
-    desc = _description(
-        "set-decoder",
-        backbone,
-        public,
-        cfg,
-        num_classes,
-        n=n,
-        sampler=3,
-        validation_every=VALIDATION_EVERY,
-        validation_subsets=SET_VALIDATION_SUBSETS,
-    )
-    arrays, key, _ = cached_arrays("attack-set-decoder", desc, compute, cache_dir)
+    desc = decoder_description(backbone, public, num_classes, cfg, n=n)
+    arrays, key, _ = cached_decoder("set-decoder", desc, compute, cache_dir)
     with deterministic(cfg.seed + n):
         net = _mlp(d + num_classes, cfg.hidden, n * D)
     _load_state(net, arrays)

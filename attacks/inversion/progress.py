@@ -6,7 +6,7 @@ import contextlib
 import contextvars
 import sys
 
-__all__ = ["progress_bar", "progress_bars"]
+__all__ = ["announce", "progress_bar", "progress_bars"]
 
 _PROGRESS: contextvars.ContextVar[bool] = contextvars.ContextVar("privfed_attack_progress", default=False)
 
@@ -21,12 +21,13 @@ def progress_bars(enabled: bool = True):
         _PROGRESS.reset(token)
 
 
-def progress_bar(total: int, desc: str, unit: str = "step"):
+def progress_bar(total: int, desc: str, unit: str = "step", initial: int = 0):
     """A tqdm bar on stderr, shown only inside :func:`progress_bars` (ETA from the first updates)."""
     from tqdm.auto import tqdm
 
     return tqdm(
         total=int(total),
+        initial=int(initial),
         desc=desc,
         unit=unit,
         file=sys.stderr,
@@ -34,3 +35,9 @@ def progress_bar(total: int, desc: str, unit: str = "step"):
         disable=not _PROGRESS.get(),
         mininterval=1.0,
     )
+
+
+def announce(text: str) -> None:
+    """One line on stderr, shown only inside :func:`progress_bars` (what a long step is waiting for)."""
+    if _PROGRESS.get():
+        print(text, file=sys.stderr, flush=True)

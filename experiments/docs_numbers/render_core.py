@@ -98,11 +98,11 @@ def protections() -> str:
 
 
 #: The README's first command, as run here (with a temporary --out and no progress bar).
-COMMAND_1 = ["--method", "fedlog", "--eps", "0.1"]
+COMMAND_1 = ["--method", "fedlog", "--eps", "0.1", "--seeds", "5"]
 
 
 def command_1() -> str:
-    """What ``python -m privfed.tradeoff --method fedlog --eps 0.1`` prints."""
+    """What ``python -m privfed.tradeoff --method fedlog --eps 0.1 --seeds 5`` prints."""
     from mechanisms.dp.backends import NumpyNoise
     from privfed.commands import tradeoff
 

@@ -35,6 +35,7 @@ import numpy as np
 from mechanisms.dp.backends import NoiseBackend, get_backend
 from mechanisms.dp.calibration import analytic_sigma, check_budget
 from mechanisms.dp.ledger import PrivacyLedger, PrivacyReport, ReleaseEvent, format_up
+from mechanisms.dp.params import Parameters
 from privfed.errors import ConfigError
 from privfed.notes import Note
 from privfed.stats import ClientStats
@@ -100,7 +101,7 @@ def drop_clipped(stats: ClientStats, noisy_counts: np.ndarray) -> tuple[ClientSt
     return out, dropped
 
 
-class CountNoise:
+class CountNoise(Parameters):
     """Base class: perturb class counts per client, clip at 0 and drop (a ``privacy`` hook).
 
     Subclasses implement :meth:`perturb` and :meth:`_event`.

@@ -54,6 +54,7 @@ from typing import Any
 
 import numpy as np
 
+from mechanisms.dp.params import Parameters
 from mechanisms.secagg import fixed_point
 from mechanisms.secagg.ckks import ckks_sum
 from mechanisms.secagg.ckks.scheme import CKKSParams
@@ -147,7 +148,7 @@ class SecureSumRun:
         return [r.view for r in self.results]
 
 
-class _Protocol:
+class _Protocol(Parameters):
     name = ""
 
     def __init__(self, *, integers: str | bool, noise: DistributedGaussian | None) -> None:

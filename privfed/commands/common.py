@@ -14,21 +14,14 @@ schedulers keep the runs that finished.
 
 from __future__ import annotations
 
-import argparse
-import contextlib
 import csv
 import datetime as _dt
-import json
-import math
-import platform
 import sys
 from collections.abc import Callable, Sequence
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
+from privfed.commands.options import SECURE_AGG_KINDS, HelpFormatter, Parser
 from privfed.commands.signals import (
     Terminated,
     heartbeat,
@@ -42,44 +35,50 @@ from privfed.commands.values import (
     as_float,
     as_int,
     as_str,
+    choose,
     parse_float_list,
     parse_int_list,
     parse_seeds,
     parse_str_list,
 )
-from privfed.errors import ConfigError, PrivfedError
+from privfed.errors import PrivfedError
+from privfed.results.record import json_text, versions
 from privfed.results.writer import ResultFolder, atomic_write, check_out_path
 
 __all__ = [
+    "FIGURE_FORMATS",
     "HelpFormatter",
     "OutputDir",
     "Parser",
     "SECURE_AGG_KINDS",
     "Terminated",
-    "add_common_arguments",
     "as_bool",
     "as_float",
     "as_int",
     "as_str",
     "check_out_path",
-    "check_secure_agg",
+    "choose",
     "cli_entry",
+    "data_line",
     "default_out_name",
     "heartbeat",
     "interruptible",
     "json_text",
-    "parse_float_list",
     "keep_finished",
-    "periodic_checkpoint",
-    "placement_word",
+    "parse_float_list",
     "parse_int_list",
     "parse_seeds",
     "parse_str_list",
+    "periodic_checkpoint",
+    "placement_word",
     "prepare_out_dir",
     "signals_deferred",
     "versions",
     "write_json",
 ]
+
+#: Every figure is written in these formats, side by side (PNG to look at, PDF and SVG for papers).
+FIGURE_FORMATS = ("png", "pdf", "svg")
 
 
 # ---------------------------------------------------------------- result folders
@@ -154,6 +153,10 @@ class OutputDir(ResultFolder):
         fmt = name.rsplit(".", 1)[-1]
         return self.write(name, lambda p: fig.savefig(p, format=fmt, **kwargs))
 
+    def save_figures(self, stem: str, fig: Any, **kwargs: Any) -> list[Path]:
+        """Save a figure as ``stem.png``, ``stem.pdf`` and ``stem.svg`` (:data:`FIGURE_FORMATS`), atomically."""
+        return [self.save_figure(f"{stem}.{fmt}", fig, **kwargs) for fmt in FIGURE_FORMATS]
+
     def finish(self, command: str, *, complete: bool, drop: Sequence[str] = ()) -> Path:
         """Drop ``drop``, write the manifest last and move the run into place; returns where it went."""
         self.command = command
@@ -176,64 +179,17 @@ def prepare_out_dir(out: str | None, prefix: str, *, overwrite: bool = False) ->
     return path
 
 
-# ---------------------------------------------------------------- parsers
-class Parser(argparse.ArgumentParser):
-    """argparse with one-line errors (a ConfigError naming the flag) instead of usage + exit."""
-
-    def error(self, message: str):  # noqa: D102
-        raise ConfigError(f"{message} (see --help)")
-
-
-class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    """Every option's default after its help (unless the help names it); the epilog kept as written."""
-
-    def _get_help_string(self, action):
-        text = action.help or ""
-        if (
-            "default" in text.lower()
-            or action.default is None
-            or action.default is False
-            or action.default == argparse.SUPPRESS
-            or not action.option_strings
-        ):
-            return text
-        return text + " (default: %(default)s)"
-
-
-def add_common_arguments(p: argparse.ArgumentParser, *, prefix: str, seeds_default: str) -> None:
-    """The options every privfed command shares, with the same names, meanings and defaults."""
-    a = p.add_argument
-    a(
-        "--secure-agg",
-        metavar="{none,mask,ckks}",
-        nargs="?",
-        const="mask",
-        help="secure aggregation: none, mask (pairwise masking) or ckks (TenSEAL); the server then sees only "
-        "the sum of the uploads; a bare --secure-agg means mask (default: none)",
-    )
-    a(
-        "--seeds",
-        metavar="N|LIST",
-        help=f"number of seeds (0..N-1) or a list like 3,7 (default: {seeds_default})",
-    )
-    a(
-        "--out",
-        metavar="DIR",
-        help=f"output folder, new or empty (default: a fresh results/{prefix}-<what ran>-<time>)",
-    )
-    a(
-        "--overwrite",
-        action="store_true",
-        help="--out may be a previous privfed run's folder: its files are "
-        "replaced so the folder holds only this run (a folder holding other files is refused)",
-    )
-    a("--quiet", action="store_true", help="no progress bar")
-
-
-SECURE_AGG_KINDS = ("none", "mask", "ckks")
-
 #: The words every output uses for where the noise is added.
 PLACEMENT_WORDS = ("local", "secure sum", "trusted aggregator")
+
+
+def data_line(rules: dict[str, Any]) -> str:
+    """One line of every command's header: what data the run used, and how it was split."""
+    unused = f", {rules['unused_samples']} unused" if rules["unused_samples"] else ""
+    return (
+        f"data: {rules['train_samples']} training samples over {rules['clients']} clients by {rules['partition']}"
+        f" ({rules['used_samples']} used{unused}); {rules['test_split']}"
+    )
 
 
 def placement_word(stated: Any, fallback: str) -> str:
@@ -252,65 +208,6 @@ def placement_word(stated: Any, fallback: str) -> str:
         if low.startswith(word) or any(low.startswith(k) for k in keys):
             return word
     return stated
-
-
-def check_secure_agg(value: Any) -> str:
-    """'none', 'mask' or 'ckks' (the same rule for the flag and a config file)."""
-    v = as_str(value, "--secure-agg")
-    if v not in SECURE_AGG_KINDS:
-        raise ConfigError(f"--secure-agg must be none, mask or ckks, got {v!r}")
-    return v
-
-
-def versions() -> dict[str, str]:
-    """Versions of Python and of the packages that determine results."""
-    out = {"python": platform.python_version(), "platform": platform.platform()}
-    for pkg in (
-        "privfed",
-        "numpy",
-        "scipy",
-        "scikit-learn",
-        "torch",
-        "torchvision",
-        "dp-accounting",
-        "opacus",
-        "opendp",
-        "tenseal",
-        "cryptography",
-    ):
-        with contextlib.suppress(metadata.PackageNotFoundError):
-            out[pkg] = metadata.version(pkg)
-    return out
-
-
-def _json_default(o: Any):
-    if isinstance(o, (np.integer,)):
-        return int(o)
-    if isinstance(o, (np.floating,)):
-        return float(o)
-    if isinstance(o, np.ndarray):
-        return o.tolist()
-    if isinstance(o, Path):
-        return str(o)
-    if hasattr(o, "as_dict"):
-        return o.as_dict()
-    return str(o)
-
-
-def _finite_or_str(o: Any):
-    """JSON has no inf/NaN: write them as strings 'inf' / 'nan'."""
-    if isinstance(o, float) and not math.isfinite(o):
-        return "inf" if o > 0 else ("-inf" if o < 0 else "nan")
-    if isinstance(o, dict):
-        return {k: _finite_or_str(v) for k, v in o.items()}
-    if isinstance(o, (list, tuple)):
-        return [_finite_or_str(v) for v in o]
-    return o
-
-
-def json_text(payload: Any) -> str:
-    """JSON text of ``payload`` (numpy values converted; inf/NaN written as strings)."""
-    return json.dumps(_finite_or_str(json.loads(json.dumps(payload, default=_json_default))), indent=2) + "\n"
 
 
 def write_json(path: Path, payload: Any) -> None:

@@ -1,18 +1,23 @@
-"""``python -m privfed.flower``: one privfed aggregation as a Flower app (simulation by default).
+"""``python -m privfed.flower``: one privfed aggregation as a Flower app, simulated through ``flwr run``.
 
 Examples
 --------
-    python -m privfed.flower --method fedcof --eps 1 --clip 10 --clients 20
-    python -m privfed.flower --method fed3r --secure-agg mask --clients 10 --out results/flower-fed3r
-    python -m privfed.flower --method fedncm --eps 1 --clip 10 --secure-agg mask --clients 10
-    python -m privfed.flower --method fedlog --rounds 5 --clients 10 --rounds-params '{"local_epochs": 1}'
+    python -m privfed.flower --method fedcof --eps 1 --clients 20
+    python -m privfed.flower --method fed3r --eps inf --secure-agg mask --clients 10 --out results/flower-fed3r
+    python -m privfed.flower --method fedlog --eps inf --rounds 5 --clients 10 --rounds-params '{"local_epochs": 1}'
 
-Every node holds ``partition-id`` of ``--clients`` partitions of the embedded
-digits data set (``privfed.federation.partition`` with ``--partition``,
-``--alpha``, ``--seed``: the split ``fit`` users make); the head, the privacy
-report and the bytes sent on the wire are printed and, with ``--out``,
-written to ``head.npz`` and ``report.json``.  For SuperLink and SuperNodes
-on separate machines use ``flwr run`` (see ``privfed/flower/app``).
+The defaults are every command's federation (``--clients 100``, ``--partition
+dirichlet``, ``--alpha 0.1``, ``--eps 0.1``, the clip from the public split):
+every simulated node holds ``partition-id`` of ``--clients`` partitions of the
+embedded digits data set (``privfed.federation.partition`` with the seed of
+``--seeds``: the split ``fit`` users make).  The run goes through Flower's
+supported entry point, ``flwr run``, on a SuperLink in simulation mode that
+this command starts on 127.0.0.1 and stops (:func:`privfed.flower.simulation.flwr_run`);
+the ServerApp writes the run's folder (``--out``, by default a fresh
+``results/flower-<what ran>-<time>``): ``results.json`` (the run record every
+command writes, with the accuracy on the held-out test images), ``head.npz``
+and ``report.json``.  A failed run exits 2 with the reason.  For SuperLink and
+SuperNodes on separate machines use ``flwr run`` on ``privfed/flower/app``.
 """
 
 from __future__ import annotations
@@ -22,16 +27,57 @@ import json
 import math
 import sys
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
-from privfed.commands.common import cli_entry
-from privfed.commands.options import flower_parser
+from privfed.commands.common import cli_entry, data_line, default_out_name
+from privfed.commands.options import flower_parser as build_parser
+from privfed.commands.shared import Settings
+from privfed.commands.values import as_float, as_int, as_str, choose, parse_seeds
 from privfed.errors import ConfigError
 
-__all__ = ["default_timeout", "main"]
+__all__ = ["PROG", "build_parser", "default_timeout", "main", "resolve_config"]
+
+PROG = "python -m privfed.flower"
 
 #: Seconds a stage may take by default: a base, a share per node, doubled for the secure protocols'
 #: extra message rounds (a loaded 2-core machine needed ~3x the old flat 120 s for 10 masked nodes).
 TIMEOUT_BASE_S, TIMEOUT_PER_NODE_S = 120.0, 10.0
+#: --secure-agg values the Flower app takes ("flwr-secaggplus" only so that the run can say why it is refused).
+SECURE_KINDS = ("none", "mask", "ckks", "flwr-secaggplus-insecure", "flwr-secaggplus")
+
+#: Keys a --config file may hold: the flags (with underscores; a saved run's dashed run-config keys too).
+_FILE_KEYS = {
+    "method",
+    "param",
+    "method_params",
+    "clients",
+    "partition",
+    "alpha",
+    "dataset",
+    "num_classes",
+    "eps",
+    "delta",
+    "clip",
+    "level",
+    "trusted_aggregator",
+    "max_records",
+    "secure_agg",
+    "threshold",
+    "degree",
+    "dropout_tolerance",
+    "frac_bits",
+    "wire",
+    "rounds",
+    "rounds_params",
+    "seeds",
+    "noise_seed",
+    "timeout",
+    "connect_timeout",
+    "min_clients",
+    "out",
+    "plot",
+}
 
 
 def default_timeout(clients: int, secure: str) -> float:
@@ -40,153 +86,204 @@ def default_timeout(clients: int, secure: str) -> float:
     return 2 * t if secure != "none" else t
 
 
-def _epsilon(text: str) -> float:
-    if "," in text:
-        raise ConfigError(
-            f"--eps takes one budget here (a Flower run is one release), got {text!r}; "
-            "sweep budgets with python -m privfed.tradeoff --eps LIST"
-        )
+def _int(v: Any, flag: str, low: int) -> int | None:
+    if v is None:
+        return None
+    n = as_int(v, flag)
+    if n < low:
+        raise ConfigError(f"{flag} must be an integer >= {low}, got {n}")
+    return n
+
+
+def _seconds(v: Any, flag: str) -> float | None:
+    if v is None:
+        return None
+    x = as_float(v, flag)
+    if not (math.isfinite(x) and x > 0):
+        raise ConfigError(f"{flag} must be a finite number > 0, got {x!r}")
+    return x
+
+
+def _json_object(v: Any, flag: str) -> dict:
+    if isinstance(v, dict):
+        return dict(v)
     try:
-        eps = float(text)
-    except ValueError:
-        raise ConfigError(f"--eps must be a number > 0 or inf, got {text!r}") from None
-    if not eps > 0:
+        obj = json.loads(as_str(v, flag))
+    except json.JSONDecodeError:
+        raise ConfigError(f"{flag} must be a JSON object, got {v!r}") from None
+    if not isinstance(obj, dict):
+        raise ConfigError(f"{flag} must be a JSON object, got {v!r}")
+    return obj
+
+
+def resolve_config(args: argparse.Namespace):
+    """Flags over a ``--config`` file over the shared defaults, into a validated
+    :class:`privfed.flower.FlowerConfig` (with the per-stage timeout's origin); nothing starts here."""
+    from privfed.flower.config import FlowerConfig, public_clip
+
+    s = Settings(args, _FILE_KEYS | {k.replace("_", "-") for k in _FILE_KEYS})
+    s.base = {k.replace("-", "_"): v for k, v in s.base.items()}
+    method = s.method()
+    params = s.params((method,))
+    legacy = s.raw("method_params")
+    if legacy is not None:  # the older spelling: a JSON object of the method's parameters
+        params.setdefault(method, {}).update(_json_object(legacy, "--method-params"))
+    if isinstance(s.base.get("param"), (str, dict)) and not getattr(args, "param", None):
+        params.setdefault(method, {}).update(_json_object(s.base["param"], "param"))
+    eps = s.epsilon()
+    secure = s.secure_agg(SECURE_KINDS)
+    seeds_v = args.seed_one if getattr(args, "seed_one", None) is not None else None
+    if seeds_v is not None:
+        if seeds_v < 0:
+            raise ConfigError(f"--seed must be an integer >= 0, got {seeds_v}")
+        seeds = (seeds_v,)
+    else:
+        raw = s.raw("seeds")
+        seeds = parse_seeds(1 if raw is None else (f"{raw}" if not isinstance(raw, list) else raw), "--seeds")
+    if len(seeds) != 1:
         raise ConfigError(
-            f"--eps must be a number > 0 (inf: no noise), got {text!r}; a NaN or negative budget "
-            "would run without noise"
+            f"--seeds: a Flower run is one release on one partition, so one seed (--seeds 1 is seed 0, "
+            f"--seeds 7, is seed 7), got {len(seeds)}; sweep seeds with python -m privfed.tradeoff (a simulation)"
         )
-    return eps
-
-
-def _check_numbers(args: argparse.Namespace) -> None:
-    """Values argparse's ``type=float`` lets through but that would silently change the run (--eps: :func:`_epsilon`)."""
-    for flag, v in (("--delta", args.delta), ("--alpha", args.alpha), ("--timeout", args.timeout)):
-        if v is not None and not (math.isfinite(v) and v > 0):
-            raise ConfigError(f"{flag} must be a finite number > 0, got {v!r}")
-    if args.clip is not None and not (math.isfinite(args.clip) and args.clip > 0):
-        raise ConfigError(f"--clip must be a finite number > 0, got {args.clip!r}")
-    for flag, v, low in (
-        ("--num-cpus", args.num_cpus, 1),
-        ("--max-records", args.max_records, 1),
-        ("--seed", args.seed, 0),
-        ("--noise-seed", args.noise_seed, 0),
-        ("--dropout-tolerance", args.dropout_tolerance, 0),
-    ):
-        if v is not None and v < low:
-            raise ConfigError(f"{flag} must be an integer >= {low}, got {v}")
+    dataset = s.dataset()
+    clip = s.clip()
+    if clip is None and math.isfinite(eps):
+        clip = public_clip(dataset)  # None for other data: FlowerConfig then asks for --clip
+    partition = s.partition()
+    clients = s.clients()
+    timeout = _seconds(s.raw("timeout"), "--timeout")
+    kwargs: dict[str, Any] = dict(
+        method=method,
+        method_params=params.get(method, {}),
+        clients=clients,
+        epsilon=eps,
+        delta=s.delta(),
+        clip=clip,
+        level=s.level(),
+        trusted_aggregator=s.switch("trusted_aggregator"),
+        max_records=_int(s.raw("max_records"), "--max-records", 1),
+        dropout_tolerance=_int(s.raw("dropout_tolerance"), "--dropout-tolerance", 0) or 0,
+        secure=secure,
+        threshold=_int(s.raw("threshold"), "--threshold", 1),
+        degree=_int(s.raw("degree"), "--degree", 1),
+        frac_bits=_int(s.raw("frac_bits"), "--frac-bits", 0) if s.raw("frac_bits") is not None else 32,
+        rounds=_int(s.raw("rounds"), "--rounds", 1) or 1,
+        rounds_params=_json_object(s.raw("rounds_params") or "{}", "--rounds-params"),
+        wire=choose(s.raw("wire") or "float64", ("float64", "compact"), "--wire"),
+        dataset=dataset,
+        partition=partition,
+        alpha=s.alpha(),
+        partition_seed=seeds[0],
+        noise_seed=_int(s.raw("noise_seed"), "--noise-seed", 0),
+        timeout=timeout if timeout is not None else default_timeout(clients, secure),
+        min_clients=_int(s.raw("min_clients"), "--min-clients", 1),
+    )
+    nc = _int(s.raw("num_classes"), "--num-classes", 2)
+    if nc is not None:
+        kwargs["num_classes"] = nc
+    ct = _seconds(s.raw("connect_timeout"), "--connect-timeout")
+    if ct is not None:
+        kwargs["connect_timeout"] = ct
     from mechanisms.secagg.fixed_point import check_frac_bits
 
     try:
-        check_frac_bits(args.frac_bits)
+        check_frac_bits(kwargs["frac_bits"])
     except ConfigError as exc:
         raise ConfigError(f"--{exc}".replace("frac_bits", "frac-bits", 1)) from None
+    if getattr(args, "num_cpus", 1) < 1:
+        raise ConfigError(f"--num-cpus must be an integer >= 1, got {args.num_cpus}")
+    try:
+        cfg = FlowerConfig(**kwargs)
+    except ConfigError as exc:  # FlowerConfig names run-config keys; the command says flags
+        text = str(exc)
+        if "needs clip" in text:
+            text += " (the default clip is the public split's median norm on digits only)"
+        raise ConfigError(text) from None
+    return cfg, ("--timeout" if timeout is not None else "default")
 
 
 def _body(argv: Sequence[str] | None) -> int:
-    args = flower_parser().parse_args(argv)
-    epsilon = _epsilon(args.epsilon)
-    _check_numbers(args)
-    timeout = default_timeout(args.clients, args.secure) if args.timeout is None else args.timeout
-    if (
-        args.output is not None
-    ):  # refused before any node starts: not a folder, not writable, too long, no space
-        from privfed.results.writer import check_location, check_out_path
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    cfg, timeout_origin = resolve_config(args)
+    from dataclasses import replace
 
-        check_location(check_out_path(args.output, overwrite=True, flag="--out")[0], flag="--out")
-    try:
-        params = json.loads(args.method_params)
-    except json.JSONDecodeError:
-        raise ConfigError(f"--method-params must be a JSON object, got {args.method_params!r}") from None
-    if not isinstance(params, dict):
-        raise ConfigError(f"--method-params must be a JSON object, got {args.method_params!r}")
-    for item in args.param:
-        key, sep, value = item.partition("=")
-        method, dot, name = key.rpartition(".")
-        if not sep or not name or (dot and method != args.method):
-            raise ConfigError(f"--param {item!r}: write {args.method}.KEY=VALUE (e.g. fedcof.gamma=0.1)")
-        try:
-            params[name] = json.loads(value)
-        except json.JSONDecodeError:
-            params[name] = value
-    try:
-        rounds_params = json.loads(args.rounds_params)
-    except json.JSONDecodeError:
-        raise ConfigError(f"--rounds-params must be a JSON object, got {args.rounds_params!r}") from None
-    from privfed.flower import FlowerConfig, run_simulation
+    from privfed.results.writer import check_location, check_out_path
 
-    cfg = FlowerConfig(
-        method=args.method,
-        method_params=params,
-        clients=args.clients,
-        epsilon=epsilon,
-        delta=args.delta,
-        clip=args.clip,
-        level=args.level,
-        trusted_aggregator=args.trusted_aggregator,
-        max_records=args.max_records,
-        dropout_tolerance=args.dropout_tolerance,
-        secure=args.secure,
-        threshold=args.threshold,
-        degree=args.degree,
-        frac_bits=args.frac_bits,
-        rounds=args.rounds,
-        rounds_params=rounds_params,
-        wire=args.wire,
-        partition=args.partition,
-        alpha=args.alpha,
-        partition_seed=args.seed,
-        noise_seed=args.noise_seed,
-        timeout=timeout,
-        output=args.output,
-        min_clients=args.min_clients,
-        **({} if args.connect_timeout is None else {"connect_timeout": args.connect_timeout}),
-    )
-    print(
-        f"python -m privfed.flower: starting {cfg.clients} simulated nodes (Ray start-up takes a while); each "
-        f"stage may take up to {timeout:g} s",
-        file=sys.stderr,
-        flush=True,
-    )
-    res = run_simulation(cfg, num_cpus=args.num_cpus, verbose=args.verbose)
-    from privfed.data import load_dataset
+    eps_word = f"eps{cfg.epsilon:g}"
+    out = Path(args.out) if args.out is not None else default_out_name("flower", cfg.method, eps_word)
+    # refused before any node starts: not a folder, not writable, too long, no space, another run's files
+    check_out_path(out, overwrite=bool(args.overwrite), flag="--out")
+    check_location(out, flag="--out")
+    cfg = replace(cfg, output=str(out.resolve()))
+    from privfed.flower.server_app import run_config_of
+    from privfed.flower.simulation import flwr_run, simulated_roster
 
-    ds = load_dataset("digits")
-    rep = res.report
-    print(f"method        {res.head.method} {res.head.params}")
-    print(
-        f"data          digits: {ds.train_labels.size} private training images over {cfg.clients} nodes "
-        f"({cfg.partition}, alpha {cfg.alpha:g}, seed {cfg.partition_seed}); {ds.test_labels.size} test images "
-        "held out (20 % of digits, stratified, seed 0)"
+    def say(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    if not args.quiet:
+        say(
+            f"{PROG}: {cfg.clients} simulated SuperNodes through flwr run, on a SuperLink in simulation mode at "
+            f"127.0.0.1 (Flower and Ray start in about half a minute); each stage may take up to {cfg.timeout:g} s"
+        )
+    flwr_run(
+        run_config_of(cfg),
+        num_supernodes=cfg.clients,
+        num_cpus=int(args.num_cpus),
+        roster=simulated_roster([cfg]),
+        say=None if args.quiet else say,
+        verbose=bool(args.verbose),
+        timeout=cfg.connect_timeout + 12 * cfg.timeout + 300.0,
+        expect=out,
     )
+    record = json.loads((out / "results.json").read_text())
+    rep = json.loads((out / "report.json").read_text())
+    row = record["records"][0]
+    print(f"method        {row['method']} {rep['params']}")
+    if record["data"].get("train_samples") is not None:
+        print(data_line(record["data"]).replace("data: ", "data          ", 1))
+    else:
+        print(f"data          {record['data']['partition']}")
     origin = (
         "--timeout"
-        if args.timeout is not None
+        if timeout_origin == "--timeout"
         else (
             f"default: {TIMEOUT_BASE_S:g} s + {TIMEOUT_PER_NODE_S:g} s per node"
             + (", doubled under secure aggregation" if cfg.secure != "none" else "")
         )
     )
-    print(f"timeout       {timeout:g} s per stage ({origin})")
+    print(f"timeout       {cfg.timeout:g} s per stage ({origin})")
     print(f"nodes         {rep['replied']} of {cfg.clients} (secure aggregation: {cfg.secure})")
     if cfg.rounds > 1:
         print(
-            f"rounds        {len(res.heads)}; head norm per round "
+            f"rounds        {cfg.rounds}; head norm per round "
             + ", ".join(f"{v:.4g}" for v in rep["rounds"]["head_norm"])
             + " (the bodies stay on the nodes: accuracy is measured there, see privfed.rounds)"
         )
-    else:
-        acc = res.head.score(ds.test_features, ds.test_labels)
-        chance = 1.0 / ds.num_classes
+    elif rep.get("accuracy") is not None:
+        acc, chance = float(rep["accuracy"]), float(rep["chance"])
         why = ""
         if acc < chance:
             why = f"  BELOW CHANCE ({chance:.2f}): " + (
                 "the DP noise swamps the statistics at this epsilon (fewer records per node than the noise "
                 "needs; try a larger --eps, fewer --clients or --secure-agg so the noise is added once)"
-                if math.isfinite(epsilon)
-                else "the head did not learn from these uploads (check --method-params)"
+                if math.isfinite(cfg.epsilon)
+                else "the head did not learn from these uploads (check --param)"
             )
-        print(f"accuracy      {acc:.4f} (digits test set){why}")
-    print(f"privacy       {rep['privacy']['guarantee'] if rep['privacy'] else 'no DP noise (epsilon = inf)'}")
+        print(f"accuracy      {acc:.4f} ({rep['test_samples']} held-out test images){why}")
+    print(f"privacy       {row['guarantee']}")
+    if math.isfinite(cfg.epsilon):
+        print(
+            f"clip          {cfg.clip:.4g} ("
+            + (
+                "--clip"
+                if args.clip is not None
+                else "median feature norm of the public split, no privacy cost"
+            )
+            + ")"
+        )
+    wire = rep["wire"]
     if rep.get("budgets"):
         weakest = rep["budgets"]["weakest"]
         print(
@@ -199,19 +296,19 @@ def _body(argv: Sequence[str] | None) -> int:
             )
         )
     print(
-        f"wire          {rep['wire']['bytes_up_per_node']:.0f} bytes up per node, "
-        f"{rep['wire']['bytes_down_total']} bytes down in total ({rep['wire']['encoding']})"
+        f"wire          {wire['bytes_up_per_node']:.0f} bytes up per node, "
+        f"{wire['bytes_down_total']} bytes down in total ({wire['encoding']})"
     )
     print(f"seconds       {rep['seconds']['total']:.2f} on the server (the nodes' start-up included)")
-    if res.head.secure_aggregation:
-        print(
-            f"secure        {res.head.secure_aggregation['summed_nodes']} nodes summed, dropped: "
-            f"{res.head.secure_aggregation['dropped'] or 'none'}"
-        )
-        print(f"threat model  {res.head.secure_aggregation['threat_model']}")
-    for note in res.head.notes:
+    sa = rep.get("secure_aggregation")
+    if sa:
+        print(f"secure        {sa['summed_nodes']} nodes summed, dropped: {sa['dropped'] or 'none'}")
+        print(f"threat model  {sa['threat_model']}")
+    for note in rep.get("notes", []):
         print(f"note          {note}")
+    files = sorted(p.name for p in out.iterdir())
+    print(f"wrote {out}/: {', '.join(files)}")
     return 0
 
 
-main = cli_entry("python -m privfed.flower", _body)
+main = cli_entry(PROG, _body)

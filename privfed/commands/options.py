@@ -1,16 +1,15 @@
-"""The flags and help of every privfed command, importable in a blink.
+"""The parsers and help of every privfed command, importable in a blink.
 
 ``--help`` must answer in well under a second, so this module imports
-nothing heavier than argparse and :mod:`privfed.commands.common` (numpy): the method
-and attack names are listed here (a test checks them against the
-registries), and each command answers ``--help`` through
-:func:`answer_help` before importing its machinery.
-
-One style for all three commands: the same flag for the same thing
-(``--secure-agg``, ``--out``, ``--eps``, ``--method``, ``--clients``,
-``--partition``, ``--alpha``, ``--level``, ``--clip``, ``--delta``),
-comma-separated lists where a command sweeps, every default shown.  Older
-spellings (``--secure``, ``--output``, ``--epsilon``) still work, hidden.
+nothing but argparse and :mod:`privfed.commands.flags` (the flags the
+commands share, defined once there: one name, one meaning, one default, the
+same words in every ``--help``, and the same names as the Flower app's
+run-config keys); each command answers ``--help`` through :func:`answer_help`
+before importing its machinery.  The method, attack and partition names are
+listed in :mod:`~privfed.commands.flags` (a test checks them against the
+registries).  Lists are comma-separated where a command sweeps; every default
+is shown.  Older spellings (``--secure``, ``--output``, ``--epsilon``,
+``--seed``) still work, hidden.
 """
 
 from __future__ import annotations
@@ -18,7 +17,20 @@ from __future__ import annotations
 import argparse
 import sys
 
-from privfed.commands.common import HelpFormatter, Parser, add_common_arguments
+from privfed.commands.flags import (
+    ATTACK_NAMES,
+    FEDERATION,
+    LEVEL_HELP,
+    METHOD_NAMES,
+    PAIRED,
+    PARTITION_NAMES,
+    SECURE_AGG_KINDS,
+    SHARED,
+    HelpFormatter,
+    Parser,
+    SharedFlag,
+    add_shared,
+)
 
 #: mechanisms.secagg.threat.threshold_rule(), written out: --help imports nothing heavy (a test checks the two).
 THRESHOLD_RULE = (
@@ -27,34 +39,38 @@ THRESHOLD_RULE = (
 )
 
 __all__ = [
+    "ATTACK_EXAMPLE",
     "ATTACK_NAMES",
+    "FEDERATION",
+    "HelpFormatter",
+    "INVERSION_BACKENDS",
+    "INVERSION_SUITE",
+    "LEVEL_HELP",
     "METHOD_NAMES",
+    "PAIRED",
+    "PARTITION_NAMES",
+    "Parser",
+    "SECURE_AGG_KINDS",
+    "SHARED",
+    "SharedFlag",
     "THRESHOLD_RULE",
+    "add_shared",
     "answer_help",
     "attack_parser",
     "flower_parser",
     "tradeoff_parser",
 ]
 
-#: privfed.methods.available(), listed here so that --help imports no method.
-METHOD_NAMES = ("fed3r", "fed3r-within", "fedcgs", "fedcof", "fedcof-oracle", "fedlog", "fedncm")
-#: attacks.available().
-ATTACK_NAMES = ("differencing", "inversion", "labels", "singleton", "subspace", "tracing", "unmixing")
-
-LEVEL_HELP = (
-    "neighbouring relation: record (add or remove one record of one client) or client (zero-out: one "
-    "client's whole data replaced by none)"
-)
-
-
+# ---------------------------------------------------------------- tradeoff
 TRADEOFF_GLOSSARY = """\
 output columns (table, results.csv, results.json):
   placement    where the noise is added: local (each client noises its own upload; nobody is trusted),
                secure sum (clients add shares of the noise under secure aggregation; the server sees only
                the noisy sum), trusted aggregator (the server is trusted to add the noise once, to the sum)
   protocol     secure aggregation protocol: none, mask (pairwise masking) or ckks (TenSEAL)
-  eps          the epsilon the ledger computes for the run (classic calibration: may differ from the asked one);
-               'NO DP' for heuristics without a guarantee (uniform count noise)
+  eps          the epsilon the ledger computes for the run (classic calibration: may differ from the asked one;
+               multi-round: composed over the rounds); 'NO DP' for heuristics without a guarantee (uniform
+               count noise)
   delta        the delta used: 0 for pure DP (Laplace / geometric count noise)
   protects     (csv/json) what the guarantee covers: all released statistics, or the class counts only
                (count noise: the means go in clear and carry no protection)
@@ -65,6 +81,8 @@ output columns (table, results.csv, results.json):
   repairs      what the method did to noisy statistics: pairs dropped (count <= 0), PSD projection,
                pseudo-inverse
   non-private  the same method without clipping or noise (eps = inf)
+  bytes/client what one client uploads (over every round of a multi-round run)
+  guarantee    G1, G2, ...: the guarantee printed under the table that the row's release carries
 """
 
 
@@ -75,18 +93,15 @@ def tradeoff_parser() -> argparse.ArgumentParser:
         description="Accuracy of federated heads under differential privacy (and attacks), "
         "over methods x budgets x seeds, with a table, a CSV/JSON and a plot.",
         epilog=TRADEOFF_GLOSSARY
-        + "\neps=inf means no protection (no clipping, no noise). Lists are comma-separated.\n"
-        "Example: %(prog)s --method fedcof,fed3r,fedlog --eps 0.05,0.1,0.5,1,4,inf",
+        + "\nLists are comma-separated. Example: %(prog)s --method fedcof,fed3r,fedlog "
+        "--eps 0.05,0.1,0.5,1,4,inf --seeds 5",
     )
     a = p.add_argument
-    a(
-        "--config",
-        metavar="FILE",
-        help="TOML file (or a previous run's results.json) with the same settings; "
-        "flags override it (default: none)",
+    add_shared(
+        p,
+        ["--config", "--method", "--eps"],
+        extra={"--method": "; a comma list", "--eps": "; a comma list"},
     )
-    a("--method", metavar="LIST", help=f"methods, from: {', '.join(METHOD_NAMES)} (default: fedlog)")
-    a("--eps", metavar="LIST", help="privacy budgets epsilon > 0, 'inf' for none (default: 0.1)")
     a(
         "--placement",
         metavar="LIST",
@@ -94,20 +109,7 @@ def tradeoff_parser() -> argparse.ArgumentParser:
         "(default: all three for a single finite --eps, otherwise local; --secure-agg / --trusted-aggregator "
         "choose one)",
     )
-    a("--delta", metavar="D", help="delta of (eps, delta)-DP, in (0, 1) (default: 1e-05)")
-    a(
-        "--level",
-        choices=("record", "client"),
-        help="neighbouring relation: record (add or remove one record of one "
-        "client) or client (zero-out: one client's whole data replaced by none; noise on the aggregate, needs "
-        "--secure-agg or a trusted aggregator) (default: record)",
-    )
-    a(
-        "--clip",
-        metavar="C",
-        help="L2 clip bound of each feature (default: for digits the median feature norm of "
-        "the public split, no privacy cost; required for other datasets)",
-    )
+    add_shared(p, ["--delta", "--level", "--clip"])
     a(
         "--clip-norm",
         choices=("l2", "coordinate"),
@@ -120,12 +122,7 @@ def tradeoff_parser() -> argparse.ArgumentParser:
         help="analytic Gaussian (tight) or the classic bound of "
         "the FedLog paper (valid only for eps <= 1) (default: analytic)",
     )
-    a(
-        "--rounds",
-        metavar="T",
-        help="number of releases composed (default: 1); with --method fedlog alone, "
-        "T > 1 runs multi-round FedLog with local bodies (privfed.rounds) beside the one-shot head",
-    )
+    add_shared(p, ["--rounds"])
     a("--local-epochs", metavar="E", help="multi-round fedlog: local epochs per round (default: 5)")
     a(
         "--families",
@@ -138,38 +135,14 @@ def tradeoff_parser() -> argparse.ArgumentParser:
         help="multi-round fedlog: bodies start from networks trained on "
         "the public split, or from scratch (default: public)",
     )
-    a(
-        "--count-noise",
-        metavar="KIND",
-        help="instead of the Gaussian mechanism on sums and counts, noise the class "
-        "counts only, means in clear (FedCOF App. I.1): laplace, geometric, gaussian, or uniform (NO DP GUARANTEE) "
-        "(default: none)",
-    )
-    a(
-        "--max-records",
-        metavar="N",
-        help="client level: the most records one client contributes (default: none)",
-    )
-    a(
-        "--trusted-aggregator",
-        action="store_true",
-        default=None,
-        help="same as --placement trusted: the server is trusted to add the noise once, to the sum (sum-only methods)",
-    )
-    a("--clients", metavar="K", help="number of clients (default: 100)")
-    a(
-        "--partition",
-        metavar="SCHEME",
-        help="dirichlet, dirichlet-class, shards, iid or natural; a feature file's "
-        "own 'clients' array is used only with natural (dirichlet gives each client floor(N/K) samples, the rest "
-        "unused, as in FedNCM/FedCOF) (default: dirichlet)",
-    )
-    a("--alpha", metavar="A", help="Dirichlet concentration (default: 0.1)")
-    a(
-        "--dataset",
-        metavar="NAME",
-        help="digits (offline), file:PATH.npz, cifar100, cifar10; a file without "
-        "test arrays has 20%% of its samples held out for testing (stratified, seed 0) (default: digits)",
+    add_shared(p, ["--count-noise", "--max-records", "--trusted-aggregator"])
+    add_shared(
+        p,
+        ["--clients", "--partition", "--alpha", "--dataset"],
+        extra={
+            "--dataset": "; file:PATH.npz (your features; without test arrays 20%% of its samples are held "
+            "out for testing, stratified, seed 0), cifar100, cifar10 (torchvision)"
+        },
     )
     a(
         "--backbone",
@@ -190,19 +163,14 @@ def tradeoff_parser() -> argparse.ArgumentParser:
         "singleton, inversion, labels, subspace, unmixing, differencing; tracing reports the strongest test of its "
         "suite, named (default: none)",
     )
-    a(
-        "--param",
-        action="append",
-        default=[],
-        metavar="METHOD.KEY=VALUE",
-        help="a method parameter, e.g. fedcof.gamma=0.1 or fed3r.lam=0.1 (repeatable; METHOD must be in --method) "
-        "(default: none)",
+    add_shared(
+        p,
+        ["--param", "--secure-agg", "--seeds", "--out", "--overwrite", "--quiet", "--no-plot"],
     )
-    add_common_arguments(p, prefix="tradeoff", seeds_default="5")
-    a("--no-plot", action="store_true", help="skip the PNG")
     return p
 
 
+# ---------------------------------------------------------------- attack
 ATTACK_GLOSSARY = """\
 output columns (printed lines, results.csv, results.json):
   placement    where the noise is added: local (each client noises its upload) or secure sum (clients add
@@ -225,32 +193,41 @@ output columns (printed lines, results.csv, results.json):
 INVERSION_BACKENDS = ("pixel", "decoder", "dip", "learned", "set", "joint")
 INVERSION_SUITE = ("pixel", "learned", "set", "joint", "joint-fit", "two-stage", "joint-wide", "per-cell")
 
+#: The example --help shows (a test runs it and holds it to a few minutes on a cold cache).
+ATTACK_EXAMPLE = "--attack inversion --method fedcof --eps inf,1,0.1"
+
 
 def attack_parser() -> argparse.ArgumentParser:
     p = Parser(
         prog="python -m privfed.attack",
         formatter_class=HelpFormatter,
         description="Attacks of an honest-but-curious server on shared statistics.",
-        epilog=ATTACK_GLOSSARY + "\nLists are comma-separated. Example: %(prog)s --attack inversion "
-        "--method fedcof --eps inf,1,0.1",
+        epilog=ATTACK_GLOSSARY
+        + "\nLists are comma-separated. Examples:\n"
+        + f"  %(prog)s {ATTACK_EXAMPLE} --no-strongest\n"
+        + "      the pixel inversion alone, on the three releases: about a minute\n"
+        + f"  %(prog)s {ATTACK_EXAMPLE}\n"
+        + "      and the strongest of the inversion suite: it trains decoders on the public split first (once,\n"
+        + "      cached); tens of minutes the first time on 2 cores, as the run says before it starts",
     )
     a = p.add_argument
     a("--attack", required=True, help=f"one of {', '.join(ATTACK_NAMES)}")
-    a("--method", default="fedncm", help="method name(s) whose uploads the server sees (comma list)")
-    a("--eps", default="inf", help="privacy budgets (comma list; inf = clean release)")
-    a("--delta", default="1e-05", help="delta of the Gaussian mechanism")
-    a("--clip", default=None, help="L2 clip bound for finite eps (default: the public split's median norm)")
-    a("--n", default="1,4,16", help="samples per client for --partition groups (comma list)")
-    a("--partition", default="groups", help="groups, or a privfed.federation scheme (dirichlet, iid, ...)")
-    a("--clients", default="30", help="number of clients for non-group partitions")
-    a("--alpha", default="0.1", help="Dirichlet concentration")
-    a("--max-groups", default="40", help="at most this many clients in --partition groups")
-    a(
-        "--count-noise",
-        default=None,
-        help="noise on the counts only (FedCOF App. I.1) instead of the Gaussian "
-        "mechanism: laplace, geometric, gaussian or uniform (no DP) (default: none)",
+    add_shared(
+        p,
+        ["--config", "--method", "--eps", "--delta", "--level", "--clip"],
+        extra={"--method": "; a comma list", "--eps": "; a comma list"},
     )
+    add_shared(
+        p,
+        ["--clients", "--partition", "--alpha", "--dataset"],
+        extra={
+            "--partition": "; or groups: exactly n samples of one class on each client (--n, --max-groups)",
+            "--dataset": "; attacks need its backbone and public split (the attacker's knowledge)",
+        },
+    )
+    a("--n", metavar="LIST", help="--partition groups: samples per client (comma list) (default: 1,4,16)")
+    a("--max-groups", metavar="K", help="--partition groups: at most this many clients (default: 40)")
+    add_shared(p, ["--count-noise", "--param"])
     a(
         "--backend",
         default=None,
@@ -270,18 +247,22 @@ def attack_parser() -> argparse.ArgumentParser:
         action=argparse.BooleanOptionalAction,
         default=True,
         help="tracing / inversion: also run the whole attack suite on the same challenge and report the strongest, "
-        "named (default: on)",
+        "named; the inversion suite needs decoders trained on the public split (shipped for digits, otherwise "
+        "trained once and cached; the run says how long before it starts) (default: on)",
     )
-    add_common_arguments(p, prefix="attack", seeds_default="1 (seed 0)")
+    add_shared(p, ["--secure-agg", "--seeds", "--out", "--overwrite", "--quiet", "--no-plot"])
     a("--seed", dest="seed_list", help=argparse.SUPPRESS)  # older spelling: a list of seeds ('3' = seed 3)
     return p
 
 
+# ---------------------------------------------------------------- flower
 FLOWER_EPILOG = """\
-data: every node holds partition --seed of --clients partitions of the embedded digits data set (the
-899-image private split; the 359 test images, 20 % of digits, are held out for the printed accuracy).
---eps takes one budget: a Flower run is one release (sweep budgets with privfed.tradeoff).
-SuperLink and SuperNodes on separate machines: flwr run (see the docs' Flower page).
+data: every node holds partition seed of --clients partitions of --dataset (digits: the 899-image
+private split; the 359 test images, 20 % of digits, are held out for the printed accuracy).
+--eps and --seeds take one value: a Flower run is one release (sweep budgets and seeds with
+privfed.tradeoff, a simulation). The run goes through Flower's own entry point (flwr run) on a
+SuperLink in simulation mode that this command starts on 127.0.0.1 and stops; SuperLink and
+SuperNodes on separate machines: flwr run on privfed/flower/app (see the docs' Flower page).
 """
 
 
@@ -293,61 +274,36 @@ def flower_parser() -> argparse.ArgumentParser:
         epilog=FLOWER_EPILOG,
     )
     a = p.add_argument
-    a("--method", default="fedncm", help=f"a method, from: {', '.join(METHOD_NAMES)}")
+    add_shared(p, ["--config", "--method", "--param"], extra={"--method": "; one method"})
     a(
-        "--param",
-        action="append",
-        default=[],
-        metavar="METHOD.KEY=VALUE",
-        help="a method parameter, e.g. fedcof.gamma=0.1 (repeatable; as in privfed.tradeoff) (default: none)",
+        "--method-params", metavar="JSON", help=argparse.SUPPRESS
+    )  # older spelling of --param, as a JSON object
+    add_shared(
+        p,
+        ["--clients", "--partition", "--alpha", "--dataset"],
+        extra={
+            "--dataset": "; file:PATH (each node's features) or synthetic:D:N (N random D-dim samples a node)"
+        },
     )
-    a("--method-params", default="{}", help="JSON object of the method's parameters, e.g. '{\"gamma\": 0.1}'")
-    a("--clients", type=int, default=10, help="number of nodes (simulated SuperNodes)")
-    a(
-        "--eps",
-        dest="epsilon",
-        default="inf",
-        metavar="EPS",
-        help="privacy budget epsilon > 0 (one value; inf: no noise)",
-    )
-    a("--epsilon", dest="epsilon", help=argparse.SUPPRESS)
-    a("--delta", type=float, default=1e-5, help="delta of (eps, delta)-DP")
-    a(
-        "--clip",
-        type=float,
-        default=None,
-        help="L2 bound of every record (required for a finite --eps) (default: none)",
-    )
-    a("--level", choices=("record", "client"), default="record", help=LEVEL_HELP)
-    a(
-        "--trusted-aggregator",
-        action="store_true",
-        help="the server adds the noise to the sum (default: each "
-        "node noises its upload, or adds a share of the noise under --secure-agg)",
-    )
-    a(
-        "--max-records",
-        type=int,
-        default=None,
-        help="client level: records per client bound (also flwr-secaggplus-insecure's public scaling bound) "
-        "(default: none)",
-    )
-    # "flwr-secaggplus" is accepted only so that FlowerConfig can say why it is refused
-    choices = ("none", "mask", "ckks", "flwr-secaggplus-insecure", "flwr-secaggplus")
+    a("--num-classes", metavar="C", help="number of classes (default: the data set's)")
+    add_shared(p, ["--eps", "--delta", "--clip", "--level"], extra={"--eps": "; one value"})
+    a("--epsilon", dest="eps", help=argparse.SUPPRESS)
+    add_shared(p, ["--trusted-aggregator", "--max-records"])
+    # "flwr-secaggplus" is accepted only so that the run can say why it is refused
     a(
         "--secure-agg",
-        dest="secure",
-        choices=choices,
-        default="none",
+        metavar="{none,mask,ckks,flwr-secaggplus-insecure}",
         nargs="?",
         const="mask",
-        help="secure aggregation: pairwise masking (secure against a deviating server: signed keys, a "
-        "consistency round, one session per aggregation), CKKS (a node holds the keys) or Flower's SecAgg+ "
-        "for comparison only (flwr-secaggplus-insecure: a deviating server recovers any node's input; "
-        "sum-only methods; needs --clip and --max-records as public scaling bounds); a bare --secure-agg "
-        "means mask",
+        default=None,
+        help=SHARED["--secure-agg"].text(
+            "; or flwr-secaggplus-insecure (Flower's SecAgg+, for comparison only: a deviating server "
+            "recovers any node's input; sum-only methods; needs --clip and --max-records as public scaling "
+            "bounds). mask is secure against a deviating server (signed keys, a consistency round, one "
+            "session per aggregation); ckks: a node holds the keys"
+        ),
     )
-    a("--secure", dest="secure", choices=choices, help=argparse.SUPPRESS)
+    a("--secure", dest="secure_agg", help=argparse.SUPPRESS)
     a(
         "--threshold",
         type=int,
@@ -374,20 +330,14 @@ def flower_parser() -> argparse.ArgumentParser:
         default="float64",
         help="plain uploads: float64 dense (exact) or compact (float32, held classes only without DP)",
     )
-    a(
-        "--rounds",
-        type=int,
-        default=1,
-        help="multi-round FedLog: rounds of local body training and head solving (fedlog only)",
-    )
+    add_shared(p, ["--rounds"])
     a(
         "--rounds-params",
         default="{}",
         help="JSON object of privfed.rounds.RoundsConfig settings, e.g. '{\"local_epochs\": 1}'",
     )
-    a("--partition", default="dirichlet", help="dirichlet, dirichlet-class, shards or iid")
-    a("--alpha", type=float, default=0.5, help="Dirichlet concentration")
-    a("--seed", type=int, default=0, help="seed of the partition")
+    add_shared(p, ["--seeds"], extra={"--seeds": "; one seed per Flower run"})
+    a("--seed", dest="seed_one", type=int, help=argparse.SUPPRESS)  # older spelling: the partition seed
     a(
         "--noise-seed",
         type=int,
@@ -404,7 +354,7 @@ def flower_parser() -> argparse.ArgumentParser:
         "--connect-timeout",
         type=float,
         default=None,
-        help="seconds to wait for the nodes to connect (default: FlowerConfig's, 120 s)",
+        help="seconds to wait for the nodes to connect (default: 120 s)",
     )
     a(
         "--min-clients",
@@ -413,15 +363,9 @@ def flower_parser() -> argparse.ArgumentParser:
         help="fewest replies a plain run accepts (default: all --clients)",
     )
     a("--num-cpus", type=int, default=1, help="CPUs the simulation may use")
-    a(
-        "--out",
-        dest="output",
-        default=None,
-        metavar="DIR",
-        help="folder for head.npz and report.json (default: none, print only)",
-    )
-    a("--output", dest="output", help=argparse.SUPPRESS)
-    a("--verbose", action="store_true", help="Flower's and Ray's logs")
+    add_shared(p, ["--out", "--overwrite", "--quiet", "--no-plot"])
+    a("--output", dest="out", help=argparse.SUPPRESS)
+    a("--verbose", action="store_true", help="every line of Flower's and Ray's logs")
     return p
 
 

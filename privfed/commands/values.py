@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import difflib
 import math
+from collections.abc import Sequence
 from typing import Any
 
 from privfed.errors import ConfigError
 
 __all__ = [
     "as_bool",
+    "choose",
     "as_float",
     "as_int",
     "as_str",
@@ -106,8 +109,23 @@ def as_bool(value: Any, flag: str) -> bool:
     return value
 
 
+def choose(value: Any, choices: Sequence[str], flag: str, *, what: str = "value") -> str:
+    """``value`` as one of ``choices``, in any case; an unknown one is refused with a "did you mean".
+
+    ``choose("FedLog", METHOD_NAMES, "--method")`` is ``"fedlog"``; ``choose("fedcfo", ...)`` raises
+    ``--method: unknown method 'fedcfo'; did you mean fedcof? (choose from ...)``.
+    """
+    text = as_str(value, flag).strip()
+    low = {c.lower(): c for c in choices}
+    if text.lower() in low:
+        return low[text.lower()]
+    near = difflib.get_close_matches(text.lower(), list(low), n=1, cutoff=0.6)
+    hint = f"; did you mean {low[near[0]]}?" if near else ""
+    raise ConfigError(f"{flag}: unknown {what} {text!r}{hint} (choose from {', '.join(choices)})")
+
+
 def parse_seeds(value: Any, flag: str = "--seeds") -> tuple[int, ...]:
-    """'5' or 5 -> (0..4); '3,7' or [3, 7] -> (3, 7); clear errors otherwise."""
+    """'5' or 5 -> (0..4); '3,7' or [3, 7] -> (3, 7); '7,' -> (7,); clear errors otherwise."""
     if isinstance(value, bool):
         raise ConfigError(f"{flag} must be a count or a list of integers, got {value!r}")
     if isinstance(value, int):
@@ -122,4 +140,10 @@ def parse_seeds(value: Any, flag: str = "--seeds") -> tuple[int, ...]:
         raise ConfigError(f"{flag} must be a count or a list of integers, got {value!r}")
     if "," not in value:
         return tuple(range(parse_int_list(value, flag, minimum=1)[0]))
-    return tuple(parse_int_list(value, flag, minimum=0))
+    text = value.strip()
+    if text.endswith(",") and text.count(",") == 1:  # a list of one seed: '7,'
+        text = text[:-1]
+    seeds = tuple(parse_int_list(text, flag, minimum=0))
+    if len(set(seeds)) != len(seeds):
+        raise ConfigError(f"{flag} lists a seed twice: {value!r}")
+    return seeds

@@ -7,21 +7,22 @@ reads it from Flower's run config (``[tool.flwr.app.config]`` or
 ``flwr run --run-config``) or from the command line, and sends it to every
 node inside its first message, so nodes never disagree on it.
 
-Keys (run config / command line):
+Keys (run config; the same names as the commands' flags, ``--eps`` is ``eps``):
 
 ==========================  ===================================================
-``method``                  a name from :func:`privfed.methods.available`
-``method-params``           JSON object of the method's parameters
+``method``                  a name from :func:`privfed.methods.available` (any case)
+``param``                   JSON object of the method's parameters
 ``clients``                 how many nodes the server waits for
 ``min-clients``             fewest replies a plain run accepts (default: all)
-``epsilon`` ``delta``       DP budget; ``epsilon = inf`` (default) adds no noise
-``clip``                    L2 clipping bound of every record (required for DP)
+``eps`` ``delta``           DP budget; ``eps = inf`` adds no noise
+``clip``                    L2 clipping bound of every record (DP on digits: by
+                            default the median feature norm of its public split)
 ``level``                   ``record`` or ``client``
 ``trusted-aggregator``      the server adds the noise to the sum
 ``max-records``             client level: records per client bound
 ``dropout-tolerance``       secure DP runs: t, nodes that may drop while the others'
                             noise shares still carry sigma^2 (each adds sigma^2/(K - t))
-``secure``                  ``none``, ``mask`` (pairwise masking, active-adversary
+``secure-agg``              ``none``, ``mask`` (pairwise masking, active-adversary
                             version), ``ckks`` (CKKS, a node holding the keys) or
                             ``flwr-secaggplus-insecure`` (Flower's SecAgg+ workflow, for
                             comparison only: a deviating server recovers any node's
@@ -48,11 +49,14 @@ Keys (run config / command line):
                             ``synthetic:D:N`` (N random D-dim samples a node)
 ``num-classes``             C; defaults to the data set's
 ``partition`` ``alpha``     how ``digits`` is split over ``num-partitions``
-``partition-seed``          seed of that split (the one ``fit`` users pass)
+``seeds``                   the seed of that split (the one ``fit`` users pass), as the
+                            commands write it: ``1`` is seed 0, ``"7,"`` seed 7; one run
+                            is one release, so one seed
 ``noise-seed``              reproducible noise (a simulation); default OS entropy
 ``timeout``                 seconds any one stage may take
 ``connect-timeout``         seconds to wait for the nodes to connect
-``output``                  directory for ``head.npz`` and ``report.json``
+``out``                     folder for the run's record (``results.json``), ``head.npz``
+                            and ``report.json``
 ==========================  ===================================================
 """
 
@@ -66,7 +70,14 @@ from typing import Any
 from privfed import methods as _methods
 from privfed.errors import ConfigError
 
-__all__ = ["INSECURE_FLWR", "SECURE_PROTOCOLS", "WIRE_EXTRA", "FlowerConfig"]
+__all__ = [
+    "INSECURE_FLWR",
+    "RUN_CONFIG_KEYS",
+    "SECURE_PROTOCOLS",
+    "WIRE_EXTRA",
+    "FlowerConfig",
+    "public_clip",
+]
 
 #: Keys the server adds to the config it sends (beside the fields): its nonce, telling runs apart.
 WIRE_EXTRA = ("run-nonce",)
@@ -75,6 +86,26 @@ WIRE_EXTRA = ("run-nonce",)
 SECURE_PROTOCOLS = ("none", "mask", "ckks", "flwr-secaggplus-insecure")
 #: Flower's SecAgg+ under the name that says what it is (see :mod:`privfed.flower.flwr_secagg`).
 INSECURE_FLWR = "flwr-secaggplus-insecure"
+#: Run-config keys named like the commands' flags where the field's name differs (key -> field).
+RUN_CONFIG_KEYS = {
+    "eps": "epsilon",
+    "secure-agg": "secure",
+    "seeds": "partition_seed",
+    "out": "output",
+    "param": "method_params",
+}
+
+
+def public_clip(dataset: str) -> float | None:
+    """The default clip of a DP run: for digits the median feature norm of its public split (no privacy cost)."""
+    if dataset != "digits":
+        return None
+    import numpy as np
+
+    from privfed.data.digits import digits_splits, embed
+
+    splits = digits_splits(0)
+    return float(np.median(np.linalg.norm(embed(splits.public_images, seed=0), axis=1)))
 
 
 @dataclass(frozen=True)
@@ -124,10 +155,10 @@ class FlowerConfig:
                 )
         if self.secure == "flwr-secaggplus":
             raise ConfigError(
-                "secure=flwr-secaggplus is not offered as a secure choice: against a server that deviates, Flower's "
-                "SecAgg+ gives up any node's input (listed both alive and dropped, every node reveals both of its "
-                "shares). Use --secure mask (secure against a deviating server); Flower's implementation runs as "
-                f"secure={INSECURE_FLWR} for comparison only"
+                "secure-agg flwr-secaggplus is not offered as a secure choice: against a server that deviates, "
+                "Flower's SecAgg+ gives up any node's input (listed both alive and dropped, every node reveals both "
+                'of its shares). Use --secure-agg mask (run config secure-agg="mask"; secure against a deviating '
+                f"server); Flower's implementation runs as --secure-agg {INSECURE_FLWR} for comparison only"
             )
         if self.secure not in SECURE_PROTOCOLS:
             raise ConfigError(f"secure must be one of {list(SECURE_PROTOCOLS)}, got {self.secure!r}")
@@ -137,7 +168,7 @@ class FlowerConfig:
             if self.secure != "mask":
                 raise ConfigError(
                     f"degree={self.degree!r} is the SecAgg+ graph of pairwise masking: use it with "
-                    "--secure mask, or drop it"
+                    "--secure-agg mask, or drop it"
                 )
             from mechanisms.secagg.graph import check_degree
 
@@ -326,8 +357,11 @@ class FlowerConfig:
 
     @classmethod
     def from_run_config(cls, run_config: dict[str, Any]) -> FlowerConfig:
-        """Parse Flower's run config (dashed keys; unknown keys are an error naming them)."""
-        names = {f.name.replace("_", "-"): f for f in fields(cls)}
+        """Parse Flower's run config (dashed keys named like the commands' flags; unknown keys are an error
+        naming them).  A DP run on digits without ``clip`` takes the public split's median norm."""
+        by_field = {f.name: f for f in fields(cls)}
+        renamed = {v: k for k, v in RUN_CONFIG_KEYS.items()}
+        names = {renamed.get(f.name, f.name.replace("_", "-")): f for f in by_field.values()}
         unknown = sorted(set(run_config) - set(names))
         if unknown:
             raise ConfigError(f"unknown run-config key(s) {unknown}; known keys: {sorted(names)}")
@@ -337,6 +371,14 @@ class FlowerConfig:
             if isinstance(value, str) and value.strip().lower() in ("", "none", "null") and f.default is None:
                 continue
             kwargs[f.name] = _coerce(f.name, value)
+        if isinstance(kwargs.get("method"), str):  # any case, as on the command line
+            low = {m.lower(): m for m in _methods.available()}
+            kwargs["method"] = low.get(kwargs["method"].lower(), kwargs["method"])
+        eps = float(kwargs.get("epsilon", by_field["epsilon"].default))
+        if kwargs.get("clip") is None and math.isfinite(eps) and eps > 0:
+            clip = public_clip(str(kwargs.get("dataset", by_field["dataset"].default)))
+            if clip is not None:
+                kwargs["clip"] = clip
         return cls(**kwargs)
 
 
@@ -355,9 +397,11 @@ def _coerce(name: str, value: Any) -> Any:
         "noise_seed",
     }
     floats = {"epsilon", "delta", "clip", "alpha", "timeout", "connect_timeout"}
-    key = name.replace("_", "-")
+    key = {v: k for k, v in RUN_CONFIG_KEYS.items()}.get(name, name.replace("_", "-"))
     try:
-        if name in ("method_params", "rounds_params"):
+        if name == "partition_seed":
+            value = _one_seed(value)
+        elif name in ("method_params", "rounds_params"):
             value = json.loads(value) if isinstance(value, str) else value
         elif name in ints:
             if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
@@ -371,9 +415,37 @@ def _coerce(name: str, value: Any) -> Any:
                     raise ValueError
                 value = value.lower() in ("true", "1")
             value = bool(value)
+    except ConfigError:
+        raise
     except (TypeError, ValueError, json.JSONDecodeError):
         raise ConfigError(f"run-config {key}={value!r} has the wrong type") from None
     return value
+
+
+def _one_seed(value: Any) -> int:
+    """``seeds`` as the commands write it, for one run: a count of 1 (seed 0) or a list of one ("7,")."""
+    if isinstance(value, bool):
+        raise ValueError
+    text = str(value).strip()
+    if "," in text:
+        items = [t for t in text.split(",") if t.strip()]
+        if len(items) != 1:
+            raise ConfigError(
+                f"run-config seeds={value!r}: a Flower run is one release on one partition, so one seed "
+                '(seeds=1 is seed 0, seeds="7," is seed 7); sweep seeds with privfed.tradeoff'
+            )
+        seed = int(items[0])
+        if seed < 0:
+            raise ValueError
+        return seed
+    if isinstance(value, float) and not value.is_integer():
+        raise ValueError
+    if int(float(text)) != 1:
+        raise ConfigError(
+            f"run-config seeds={value!r}: a Flower run is one release on one partition, so one seed "
+            '(seeds=1 is seed 0, seeds="7," is seed 7); sweep seeds with privfed.tradeoff'
+        )
+    return 0
 
 
 def _positive_int(value, name: str, fix: str) -> int:

@@ -10,8 +10,13 @@
    protocol of :mod:`privfed.methods.fedcof_protocol`); under DP the report is
    settled with the noise shares that reached the sums (:mod:`privfed.flower.dp`);
    multi-round FedLog (``rounds > 1``): the loop of :mod:`privfed.flower.fedlog`;
-4. write ``head.npz`` and ``report.json`` (head, privacy report, bytes sent
-   on the wire per stage and node) to ``output`` when set.
+4. measure the head's accuracy on the held-out test set (digits: the 359
+   test images of the embedded data, which no node holds) and write the run's
+   folder to ``out`` when set: ``results.json`` (the run record every privfed
+   command writes, :mod:`privfed.results.record`: the configuration as run, the
+   data rules, the guarantee, the accuracy, the bytes, the timings, the
+   versions), ``head.npz`` and ``report.json`` (the Flower details: bytes
+   sent on the wire per stage and node, the secure aggregation's rounds).
 
 Every wait has a deadline; a node's error (unknown parameters, no data,
 mismatched d) is raised as one :class:`privfed.errors.ConfigError` naming
@@ -41,7 +46,7 @@ from privfed.flower.server_secure import serve_secure
 from privfed.flower.transport import Exchange, wait_for_nodes
 from privfed.head import LinearHead
 
-__all__ = ["FlowerResult", "app", "make_server_app", "serve"]
+__all__ = ["FlowerResult", "app", "make_server_app", "run_config_of", "run_record", "serve"]
 
 
 @dataclass
@@ -182,6 +187,7 @@ def serve(grid: Grid, cfg: FlowerConfig, *, keep_view: bool = False) -> FlowerRe
             "noise_randomness": "OS entropy"
             if cfg.noise_seed is None
             else f"seeded (noise-seed={cfg.noise_seed}): a reproducible simulation, not a private release",
+            **_accuracy(head, cfg),
         }
     )
     if tracemalloc.is_tracing():
@@ -189,20 +195,120 @@ def serve(grid: Grid, cfg: FlowerConfig, *, keep_view: bool = False) -> FlowerRe
         report["server_traced_at_start_bytes"] = traced_at_start
     result = FlowerResult(head=head, report=_jsonable(report), received=received, sums=sums, heads=heads)
     if cfg.output:
-        write_outputs(result, cfg.output)
+        write_outputs(result, cfg.output, cfg)
     return result
 
 
-def write_outputs(result: FlowerResult, directory: str) -> None:
-    """``head.npz`` (weight, bias) and ``report.json`` in ``directory``, published as one unit.
+def _accuracy(head: LinearHead, cfg: FlowerConfig) -> dict[str, Any]:
+    """The head's accuracy on the held-out test set and the data rules (digits; other data: none to measure)."""
+    own = {"accuracy": None, "accuracy_note": "no held-out test set: each node holds its own data"}
+    if cfg.dataset != "digits" or cfg.num_classes is not None:  # a node's own file needs num-classes
+        return own
+    from privfed.data import load_dataset
+    from privfed.results.record import data_rules
 
-    Through :class:`privfed.results.writer.ResultFolder`: both files and a manifest with their hashes appear
+    ds = load_dataset("digits", progress=False)
+    if head.weight.shape != (ds.num_classes, ds.dim):  # the nodes held other data than digits' partitions
+        return own
+    rules = data_rules(
+        ds, clients=cfg.clients, partition=cfg.partition, alpha=cfg.alpha, seeds=[cfg.partition_seed]
+    )
+    if cfg.rounds > 1:
+        return {
+            "accuracy": None,
+            "accuracy_note": "multi-round FedLog: the bodies stay on the nodes, so accuracy is measured there "
+            "(privfed.rounds)",
+            "data": rules,
+        }
+    return {
+        "accuracy": float(head.score(ds.test_features, ds.test_labels)),
+        "chance": 1.0 / ds.num_classes,
+        "test_samples": int(ds.test_labels.size),
+        "data": rules,
+    }
+
+
+def run_config_of(cfg: FlowerConfig) -> dict[str, Any]:
+    """``cfg`` as run-config keys (the commands' flag names): the configuration as run."""
+    from dataclasses import fields
+
+    from privfed.flower.config import RUN_CONFIG_KEYS
+
+    renamed = {v: k for k, v in RUN_CONFIG_KEYS.items()}
+    out: dict[str, Any] = {}
+    for f in fields(cfg):
+        v = getattr(cfg, f.name)
+        key = renamed.get(f.name, f.name.replace("_", "-"))
+        out[key] = f"{v}," if f.name == "partition_seed" else v
+    return out
+
+
+def run_record(result: FlowerResult, cfg: FlowerConfig, command_line: str = "") -> dict[str, Any]:
+    """The run record (:func:`privfed.results.record.make_record`) of one Flower run."""
+    from privfed.results.record import make_record
+
+    rep = result.report
+    privacy = result.head.privacy
+    wire = rep["wire"]
+    row: dict[str, Any] = {
+        "method": result.head.method,
+        "epsilon": float(cfg.epsilon),
+        "seed": int(cfg.partition_seed),
+        "placement": "none"
+        if privacy is None
+        else {"local": "local", "distributed": "secure sum", "central": "trusted aggregator"}.get(
+            str(getattr(privacy, "placement", "")), str(getattr(privacy, "placement", ""))
+        ),
+        "protocol": cfg.secure,
+        "nodes": rep["nodes"],
+        "replied": rep["replied"],
+        "guarantee": "no protection (eps=inf)" if privacy is None else privacy.guarantee,
+        "upload_bytes": float(wire["bytes_up_per_node"]),
+        "bytes_down_total": int(wire["bytes_down_total"]),
+    }
+    measured = rep.get("accuracy") is not None
+    if measured:
+        row["accuracy"] = rep["accuracy"]
+    data = rep.get("data") or {
+        "dataset": cfg.dataset,
+        "train_samples": None,
+        "used_samples": None,
+        "unused_samples": None,
+        "test_samples": 0,
+        "test_split": "none: each node holds its own data",
+        "partition": "each node's own data",
+        "clients": cfg.clients,
+        "seeds": [cfg.partition_seed],
+    }
+    line = command_line or "privfed Flower ServerApp, run config: " + " ".join(
+        f"{k}={v}" for k, v in run_config_of(cfg).items() if v is not None
+    )
+    return make_record(
+        command="flower",
+        command_line=line,
+        config=run_config_of(cfg),
+        data=data,
+        records=[row],
+        timing={"total_s": rep["seconds"]["total"], "connect_s": rep["seconds"]["connect"]},
+        measured_on=f"{rep['test_samples']} held-out test images (no node holds them)" if measured else None,
+        chance=rep.get("chance"),
+        wire=wire,
+        warnings=list(rep.get("notes", [])),
+    )
+
+
+def write_outputs(result: FlowerResult, directory: str, cfg: FlowerConfig | None = None) -> None:
+    """The run's folder in ``directory``: ``results.json`` (the run record), ``head.npz`` (weight, bias) and
+    ``report.json`` (the Flower details), published as one unit.
+
+    Through :class:`privfed.results.writer.ResultFolder`: the files and a manifest with their hashes appear
     together or not at all; a previous privfed output there is swapped out, other files are refused.
     """
+    from privfed.results.record import write_record
     from privfed.results.writer import ResultFolder
 
     out = ResultFolder(
-        pathlib.Path(directory).expanduser(), overwrite=True, flag="output", command="privfed flower server"
+        pathlib.Path(directory).expanduser(), overwrite=True, flag="out", command="privfed flower server"
     )
 
     def head_npz(p: pathlib.Path) -> None:
@@ -210,6 +316,8 @@ def write_outputs(result: FlowerResult, directory: str) -> None:
             np.savez(fh, weight=result.head.weight, bias=result.head.bias)
 
     try:
+        if cfg is not None:
+            write_record(out, run_record(result, cfg))
         out.write("head.npz", head_npz)
         out.write("report.json", lambda p: p.write_text(json.dumps(result.report, indent=2, sort_keys=True)))
         out.publish(complete=True)
@@ -254,9 +362,11 @@ def _serve_one(grid, run_cfg: FlowerConfig, keep_view: bool, results: list | Non
     res = serve(grid, run_cfg, keep_view=keep_view)
     if results is not None:
         results.append(res)
+    acc = res.report.get("accuracy")
     print(
         f"privfed: {res.head.method} head {res.head.weight.shape} from {res.report['replied']} nodes; "
         f"{res.report['wire']['bytes_up_per_node']:.0f} bytes up per node"
+        + (f"; test accuracy {acc:.4f}" if acc is not None else "")
         + (f"; written to {run_cfg.output}" if run_cfg.output else ""),
         flush=True,
     )

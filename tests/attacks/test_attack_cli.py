@@ -16,7 +16,8 @@ from privfed.attack import main
 def _read(out):
     with open(out / "results.csv") as fh:
         rows = list(csv.DictReader(fh))
-    return rows, json.loads((out / "results.json").read_text()), json.loads((out / "config.json").read_text())
+    res = json.loads((out / "results.json").read_text())  # the run record: its config as run, among the rest
+    return rows, res, res["config"]
 
 
 def test_inversion_sweep_writes_csv_json_and_grids(tmp_path, digits_cache, capsys):
@@ -29,6 +30,8 @@ def test_inversion_sweep_writes_csv_json_and_grids(tmp_path, digits_cache, capsy
             "fedncm",
             "--eps",
             "inf,1",
+            "--partition",
+            "groups",
             "--n",
             "1",
             "--max-groups",
@@ -42,11 +45,11 @@ def test_inversion_sweep_writes_csv_json_and_grids(tmp_path, digits_cache, capsy
     )
     assert rc == 0
     rows, res, cfg = _read(out)
-    assert [(r["eps"], r["n"]) for r in rows] == [("inf", "1"), ("1.0", "1")]
+    assert [(r["epsilon"], r["n"]) for r in rows] == [("inf", "1"), ("1.0", "1")]
     assert {"psnr", "ssim", "identification", "delta_psnr", "baseline_psnr"} <= set(rows[0])
     assert all(math.isfinite(float(r["psnr"])) for r in rows)
     assert cfg["attack"] == "inversion" and cfg["seeds"] == [0] and cfg["attack_params"] == {"steps": 20}
-    assert cfg["clip_used"] > 0 and "numpy" in cfg["versions"]
+    assert res["clip_used"] > 0 and "numpy" in res["versions"]
     assert len(res["records"]) == 2
     assert (out / "grid_fedncm_epsinf_n1.png").stat().st_size > 0
     assert (out / "grid_fedncm_eps1_n1.png").exists()
@@ -56,9 +59,12 @@ def test_inversion_sweep_writes_csv_json_and_grids(tmp_path, digits_cache, capsy
 @pytest.mark.parametrize(
     "attack,extra",
     [
-        ("tracing", ["--method", "fedncm", "--n", "1,8"]),
-        ("subspace", ["--method", "fed3r", "--n", "2"]),
-        ("unmixing", ["--method", "fedcgs", "--n", "2", "--max-groups", "4"]),
+        ("tracing", ["--method", "fedncm", "--partition", "groups", "--n", "1,8"]),
+        ("subspace", ["--method", "fed3r", "--partition", "groups", "--n", "2"]),
+        (
+            "unmixing",
+            ["--method", "fedcgs", "--partition", "groups", "--n", "2", "--max-groups", "4", "--eps", "inf"],
+        ),
         ("singleton", ["--method", "fedcof", "--partition", "dirichlet", "--clients", "20"]),
         (
             "labels",
@@ -75,7 +81,7 @@ def test_inversion_sweep_writes_csv_json_and_grids(tmp_path, digits_cache, capsy
                 "1,inf",
             ],
         ),
-        ("differencing", ["--method", "fed3r", "--n", "3", "--max-groups", "10"]),
+        ("differencing", ["--method", "fed3r", "--partition", "groups", "--n", "3", "--max-groups", "10"]),
     ],
 )
 def test_statistics_attacks_run_from_the_command_line(tmp_path, digits_cache, attack, extra):
@@ -87,10 +93,21 @@ def test_statistics_attacks_run_from_the_command_line(tmp_path, digits_cache, at
 
 
 def test_same_seed_same_csv(tmp_path, digits_cache):
-    args = ["--attack", "tracing", "--method", "fedncm", "--n", "2", "--eps", "inf,4"]
+    args = [
+        "--attack",
+        "tracing",
+        "--method",
+        "fedncm",
+        "--partition",
+        "groups",
+        "--n",
+        "2",
+        "--eps",
+        "inf,4",
+    ]
     main([*args, "--out", str(tmp_path / "a")])
     main([*args, "--out", str(tmp_path / "b")])
-    drop = ("seconds",)
+    drop = ("seconds", "cpu_s", "strongest_seconds", "strongest_cpu_s")
     a, b = (_read(tmp_path / x)[0] for x in "ab")
     assert [{k: v for k, v in r.items() if k not in drop} for r in a] == [
         {k: v for k, v in r.items() if k not in drop} for r in b
@@ -113,14 +130,21 @@ def test_same_seed_same_csv(tmp_path, digits_cache):
         ),
         (["--attack", "tracing", "--method", "fedx", "--out", "X"], "unknown method 'fedx'"),
         (
-            ["--attack", "subspace", "--method", "fedncm", "--n", "2", "--out", "X"],
+            ["--attack", "subspace", "--method", "fedncm", "--partition", "groups", "--n", "2", "--out", "X"],
             "needs the statistic 'second'",
         ),
         (["--attack", "tracing", "--backend", "pixel", "--out", "X"], "applies to --attack inversion only"),
         (["--attack", "inversion", "--backend", "gan", "--out", "X"], "unknown inversion backend"),
-        (["--attack", "labels", "--count-noise", "poisson", "--out", "X"], "--count-noise must be one of"),
-        (["--attack", "labels", "--partition", "stripes", "--out", "X"], "--partition 'stripes' unknown"),
-        (["--attack", "tracing", "--n", "0", "--out", "X"], "--n must be >= 1"),
+        (
+            ["--attack", "labels", "--count-noise", "poisson", "--out", "X"],
+            "--count-noise: unknown count noise",
+        ),
+        (
+            ["--attack", "labels", "--partition", "stripes", "--out", "X"],
+            "unknown partition scheme 'stripes'",
+        ),
+        (["--attack", "tracing", "--partition", "groups", "--n", "0", "--out", "X"], "--n must be >= 1"),
+        (["--attack", "tracing", "--n", "2", "--out", "X"], "--n applies to --partition groups"),
     ],
 )
 def test_bad_invocations_print_one_line_and_exit_non_zero(tmp_path, digits_cache, capsys, argv, needle):
@@ -196,13 +220,13 @@ def test_attack_cli_reports_the_strongest_tracing_test_and_it_stays_under_the_gd
         assert f"strongest[{r['strongest_attack']}]" in printed
         # the individual test sits next to the suite on the same targets: its AUC is the suite's lrt AUC
         assert float(r["auc"]) == aucs["lrt"]
-        if r["eps"] == "1.0":
+        if r["epsilon"] == "1.0":
             # GaussianMechanism: sigma = sqrt(clip^2 + 1) * sigma_1 on sums and counts (joint add/remove
             # sensitivity), so the release of one record is mu-GDP with mu = 1 / sigma_1.
             bound = gdp_auc_bound(1.0 / gaussian_sigma(1.0, float(r["delta"])))
             tol = _gdp_auc_tolerance(bound, r["n_pos"], r["n_neg"])
             assert all(a <= bound + tol for a in aucs.values()), (aucs, bound)
-    assert {r["eps"] for r in rows} == {"inf", "1.0"}
+    assert {r["epsilon"] for r in rows} == {"inf", "1.0"}
     # --no-strongest keeps the individual attack only
     out2 = tmp_path / "tr2"
     assert (
@@ -212,6 +236,8 @@ def test_attack_cli_reports_the_strongest_tracing_test_and_it_stays_under_the_gd
                 "tracing",
                 "--method",
                 "fedncm",
+                "--partition",
+                "groups",
                 "--n",
                 "2",
                 "--eps",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -66,12 +67,12 @@ def test_single_budget_compares_the_three_placements(tmp_path, capsys, digits_ca
     rows = [line for line in stdout.splitlines() if line.startswith("fedlog")]
     assert [r.split("  ")[1].strip() for r in rows] == ["local", "secure sum", "trusted aggregator"]
     assert {r["placement"] for r in _csv(out)} == {"local", "secure sum", "trusted aggregator"}
-    tags = [line.split("]")[0] for line in stdout.splitlines() if line.startswith("guarantee [")]
-    assert tags == [
-        "guarantee [fedlog, local, eps=0.1",
-        "guarantee [fedlog, secure sum, eps=0.1",
-        "guarantee [fedlog, trusted aggregator, eps=0.1",
-    ]
+    # one guarantee line per distinct guarantee, each row naming its own (G1..G3: the three placements)
+    assert [r.split()[-1] for r in rows] == ["G1", "G2", "G3"]
+    lines = [line.strip() for line in stdout.splitlines() if re.match(r"\s+G\d: ", line)]
+    assert [line[:3] for line in lines] == ["G1:", "G2:", "G3:"]
+    assert ["(local)" in lines[0], "(distributed)" in lines[1], "(central)" in lines[2]] == [True] * 3
+    assert all("(ε, δ)-DP" in line for line in lines)
 
 
 def test_chosen_placement_runs_only_that_one(tmp_path, digits_cache):
@@ -214,7 +215,7 @@ def test_count_noise_rows_state_pure_dp_and_no_dp(tmp_path, capsys, digits_cache
 
 def test_classic_calibration_is_placed_at_the_ledger_epsilon(tmp_path, monkeypatch, capsys, digits_cache):
     figs = []
-    monkeypatch.setattr(_cli.OutputDir, "save_figure", lambda self, name, fig, **k: figs.append(fig))
+    monkeypatch.setattr(_cli.OutputDir, "save_figures", lambda self, stem, fig, **k: figs.append(fig))
     out = tmp_path / "o"
     assert (
         tradeoff_main(
@@ -242,12 +243,19 @@ def test_classic_calibration_is_placed_at_the_ledger_epsilon(tmp_path, monkeypat
     ledger = sorted(r["epsilon_reported"] for r in recs)
     assert all(not math.isclose(r["epsilon_reported"], r["epsilon"]) for r in recs)  # classic is not tight
     ax = figs[0].axes[0]
-    curve = next(line for line in ax.lines if line.get_label() == "fedncm")
+    curve = next(line for line in ax.lines if len(line.get_xdata()) == 2)  # the one series drawn
     assert np.allclose(curve.get_xdata(), ledger, rtol=0, atol=1e-12)
-    assert f"{ledger[0]:.4g} (asked 0.5)" in capsys.readouterr().out
+    stdout = capsys.readouterr().out
+    assert f"{ledger[0]:.4g} (asked 0.5)" in stdout
+    # the classic sigma's real epsilon differs from the asked one: the sentence keeps its own numbers or
+    # says (ε, δ) only where the eps column shows the same number
+    for r in recs:
+        assert f"{r['epsilon_reported']:.4g}"[:3] in r["guarantee"] or "(ε, δ)" not in r["guarantee"]
 
 
-def test_guarantee_lines_are_tagged_and_in_numeric_order(tmp_path, capsys, digits_cache):
+def test_guarantees_are_condensed_one_line_per_distinct_guarantee(tmp_path, capsys, digits_cache):
+    """2 methods x 3 budgets: the six rows share one guarantee sentence but for (eps, delta), which their
+    columns show; it is printed once, and every row names it."""
     out = tmp_path / "o"
     assert (
         tradeoff_main(
@@ -271,13 +279,20 @@ def test_guarantee_lines_are_tagged_and_in_numeric_order(tmp_path, capsys, digit
         == 0
     )
     stdout = capsys.readouterr().out
-    tags = [
-        line.split("]")[0][len("guarantee [") :]
-        for line in stdout.splitlines()
-        if line.startswith("guarantee [")
-    ]
-    assert tags == [f"{m}, local, eps={e}" for m in ("fedncm", "fed3r") for e in ("0.5", "2", "10")]
     table = [line for line in stdout.splitlines() if line.startswith(("fedncm", "fed3r"))]
+    gids = [line.split()[-1] for line in table if "inf" not in line.split()[3:4]]
+    lines = [line for line in stdout.splitlines() if re.match(r"\s+G\d: ", line)]
+    recs = _records(out)
+    distinct = {r["guarantee"] for r in recs}
+    assert len(distinct) == 6  # six sentences, one per (method, eps) ...
+    assert len(lines) < len(distinct) and set(gids) == {
+        g.split(":")[0].strip() for g in lines
+    }  # ... fewer lines
+    for line in lines:
+        assert "(ε, δ)-DP" in line and "0.5" not in line.split("DP at")[0]
+    for r in recs:  # each row's sentence is its line with the row's own (eps, delta) put back
+        template = re.sub(r"\((\S+), (\S+)\)-DP", "(ε, δ)-DP", r["guarantee"], count=1)
+        assert any(template == line.split(": ", 1)[1] for line in lines), r["guarantee"]
     assert [line.split()[3] for line in table] == ["0.5", "2", "10"] * 2
     # repairs made on noisy statistics are shown in the table, not only in the CSV
     assert all("PSD projection" in line for line in table if line.startswith("fed3r"))
@@ -388,19 +403,19 @@ def test_missing_scikit_image_is_one_line(tmp_path):
             [
                 "(default: fedlog)",
                 "(default: 0.1)",
-                "(default: 5)",
+                "(default: 1 (seed 0))",
                 "(default: none)",
-                "(default: a fresh results/tradeoff-<what ran>-<time>)",
+                "(default: a fresh results/<command>-<what ran>-<time>)",
             ],
         ),
         (
             attack_parser,
             [
-                "(default: fedncm)",
-                "(default: inf)",
+                "(default: fedlog)",
+                "(default: 0.1)",
                 "(default: 1 (seed 0))",
                 "(default: none)",
-                "(default: a fresh results/attack-<what ran>-<time>)",
+                "(default: a fresh results/<command>-<what ran>-<time>)",
                 "(default: 1,4,16)",
             ],
         ),
@@ -431,15 +446,21 @@ def test_default_folder_names_what_ran_and_the_final_message_lists_every_file(
     assert (
         sorted(listed)
         == sorted(p.name for p in folder.iterdir())
-        == sorted(["results.csv", "results.json", "tradeoff.png", "manifest.json"])
+        == sorted(
+            ["results.csv", "results.json", "tradeoff.png", "tradeoff.pdf", "tradeoff.svg", "manifest.json"]
+        )
     )
     assert (
-        attack_main(["--attack", "tracing", "--method", "fedncm", "--n", "2", "--eps", "inf", "--quiet"]) == 0
+        attack_main(
+            ["--attack", "tracing", "--method", "fedncm", "--clients", "20", "--eps", "inf", "--quiet"]
+        )
+        == 0
     )
     (folder,) = [p for p in (tmp_path / "results").iterdir() if p.name.startswith("attack-")]
     assert folder.name.startswith("attack-tracing-fedncm-epsinf-")
     last = capsys.readouterr().out.strip().splitlines()[-1]
-    assert sorted(last.split(": ", 1)[1].split(", ")) == sorted(p.name for p in folder.iterdir())
+    listed = last.split(": ", 1)[1].split("  (")[0].split(", ")
+    assert sorted(listed) == sorted(p.name for p in folder.iterdir())
 
 
 # ---------------------------------------------------------------- the attack command
@@ -452,6 +473,8 @@ def test_tracing_reports_both_tests_by_name(tmp_path, capsys, digits_cache):
                 "tracing",
                 "--method",
                 "fedncm",
+                "--partition",
+                "groups",
                 "--n",
                 "1",
                 "--eps",
@@ -529,7 +552,7 @@ def _summary_row(method, eps, acc, *, placement="local", private=True, reported=
 
 def test_plot_has_chance_band_legend_outside_and_one_axis_per_attack_metric(tmp_path, monkeypatch):
     figs = []
-    monkeypatch.setattr(_cli.OutputDir, "save_figure", lambda self, name, fig, **k: figs.append(fig))
+    monkeypatch.setattr(_cli.OutputDir, "save_figures", lambda self, stem, fig, **k: figs.append(fig))
     att = {"attack_tracing_auc": 0.7, "attack_singleton_exposed_fraction": 0.2}
     summary = [
         _summary_row("fedncm", 1.0, 0.8, **att),
@@ -558,15 +581,67 @@ def test_plot_has_chance_band_legend_outside_and_one_axis_per_attack_metric(tmp_
     assert [a.get_ylabel() for a in axes] == ["test accuracy", "auc", "exposed_fraction"]
     assert axes[0].get_ylim() == (0, 1.02)
     labels = [t.get_text() for t in fig.legends[0].get_texts()]
-    assert "band: ± 1 std over 3 seeds" in labels and "chance (1/10 classes)" in labels
+    assert "shaded band: ± 1 std over 3 seeds" in labels and "chance (1/10 classes)" in labels
+    assert not any("error bar" in t for t in labels)  # every series is a curve: bands, no error bars
     assert "fedcof — NO DP GUARANTEE (x = nominal parameter)" in labels
     assert any(np.allclose(line.get_ydata(), 0.5) for line in axes[1].lines)  # AUC chance line
     # the legend sits right of every axis, outside the data
     fig.canvas.draw()
     leg = fig.legends[0].get_window_extent()
     assert all(leg.x0 >= a.get_window_extent().x1 for a in axes)
-    # ticks: round budgets first, none closer than a factor 1.8 (0.9 would crowd 1)
+    # ticks: round budgets first, none closer than a factor 1.8 (0.9 would crowd 1), in plain numbers
     assert [t.get_text() for t in axes[0].get_xticklabels()] == ["0.5", "1", "4"]
+
+
+def test_one_budget_is_drawn_side_by_side_with_a_legend_of_what_is_drawn(tmp_path):
+    """The main job: one budget, three placements of one method -- three points at three x positions (not
+    piled on one), error bars named as error bars, the non-private and chance lines, PNG, PDF and SVG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.collections import LineCollection
+
+    summary = [
+        _summary_row("fedlog", 0.1, acc, placement=place)
+        for acc, place in ((0.09, "local"), (0.16, "secure sum"), (0.15, "trusted aggregator"))
+    ]
+    out = _cli.OutputDir(tmp_path / "p", "tradeoff")
+    figs = []
+    real = _cli.OutputDir.save_figures
+
+    def keep(self, stem, fig, **k):
+        figs.append(fig)
+        return real(self, stem, fig, **k)
+
+    _cli.OutputDir.save_figures = keep
+    try:
+        plot_tradeoff((out, "tradeoff"), summary, title="t", num_classes=10)
+    finally:
+        _cli.OutputDir.save_figures = real
+    out.finish("x", complete=True)
+    assert sorted(p.name for p in (tmp_path / "p").iterdir()) == [
+        "manifest.json",
+        "tradeoff.pdf",
+        "tradeoff.png",
+        "tradeoff.svg",
+    ]
+    (ax,) = figs[0].axes
+    points = [line for line in ax.lines if line.get_marker() in ("o", "s", "^", "x")]  # not the bars' caps
+    xs = [float(line.get_xdata()[0]) for line in points]
+    assert len(points) == 3 and len(set(xs)) == 3  # one x each
+    colours = {tuple(matplotlib.colors.to_rgba(line.get_color())) for line in points}
+    assert len(colours) == 1 and {line.get_marker() for line in points} == {"o", "s", "^"}
+    assert any(isinstance(c, LineCollection) for c in ax.collections)  # the error bars are drawn ...
+    labels = [t.get_text() for t in figs[0].legends[0].get_texts()]
+    assert "error bar: ± 1 std over 3 seeds" in labels  # ... and named so, with no band in the legend
+    assert not any("band" in t for t in labels)
+    assert "fedlog non-private (0.950)" in labels and "chance (1/10 classes)" in labels
+    assert ax.get_ylim() == (0, 1.02)
+    assert [t.get_text() for t in ax.get_xticklabels()] == [
+        "local\nfedlog",
+        "secure sum\nfedlog",
+        "trusted aggregator\nfedlog",
+    ]
 
 
 def test_heartbeat_redraws_a_bar_during_one_long_run():

@@ -232,6 +232,8 @@ def test_attack_sweep_interrupted_keeps_finished_rows(tmp_path, monkeypatch, dig
         "tracing",
         "--method",
         "fedncm",
+        "--partition",
+        "groups",
         "--n",
         "2",
         "--eps",
@@ -319,7 +321,9 @@ def test_overwrite_refuses_a_folder_with_other_files(tmp_path, capsys, digits_ca
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     for main in (tradeoff_main, attack_main):
         extra = (
-            ["--attack", "tracing", "--n", "2", "--quiet"] if main is attack_main else [*SMALL, "--eps", "2"]
+            ["--attack", "tracing", "--partition", "groups", "--n", "2", "--quiet"]
+            if main is attack_main
+            else [*SMALL, "--eps", "2"]
         )
         assert main([*extra, "--out", str(out), "--overwrite"]) == 2
         err = capsys.readouterr().err

@@ -268,7 +268,7 @@ def wait_online(env: dict, node_ids: set[int], timeout: float, netns: str | None
 
 def run_app(env: dict, out: pathlib.Path, netns: str | None = None, **config) -> dict:
     """``flwr run`` the app with ``config``; the head and the report the ServerApp wrote."""
-    rc = " ".join(f"{k}={json.dumps(v)}" for k, v in {"output": str(out), **config}.items())
+    rc = " ".join(f"{k}={json.dumps(v)}" for k, v in {"out": str(out), **config}.items())
     proc = flwr(
         env, "run", APP, LINK, "--stream", "--run-config", rc, netns=netns, timeout=400, cwd=out.parent
     )

@@ -285,16 +285,19 @@ def test_bad_run_config_is_refused_before_any_message():
         FlowerConfig.from_run_config({"method": "fednope"})
     with pytest.raises(ConfigError, match="unknown run-config key"):
         FlowerConfig.from_run_config({"method": "fedncm", "epsilonn": 1})
-    with pytest.raises(ConfigError, match="needs clip"):
-        FlowerConfig.from_run_config({"method": "fedncm", "epsilon": 1.0})
+    with pytest.raises(ConfigError, match="needs clip"):  # no public split to take a default clip from
+        FlowerConfig.from_run_config({"method": "fedncm", "eps": 1.0, "dataset": "synthetic:4:10"})
+    assert (
+        FlowerConfig.from_run_config({"method": "fedncm", "eps": 1.0}).clip > 0
+    )  # digits: the public median
     with pytest.raises(ConfigError, match="gamma"):
-        FlowerConfig.from_run_config({"method": "fedcof", "method-params": '{"gamma": -1}'})
+        FlowerConfig.from_run_config({"method": "fedcof", "param": '{"gamma": -1}'})
     cfg = FlowerConfig.from_run_config(
         {
             "method": "fed3r",
             "clients": 5,
-            "epsilon": "inf",
-            "method-params": '{"lam": 0.5}',
+            "eps": "inf",
+            "param": '{"lam": 0.5}',
             "noise-seed": "none",
         }
     )
@@ -369,7 +372,7 @@ def test_command_line_errors_are_one_line(capsys):
     assert main(["--method", "fednope"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "unknown method 'fednope'" in err[0]
-    assert main(["--method", "fedcof", "--eps", "1", "--clients", "20"]) == 2
+    assert main(["--method", "fedcof", "--eps", "1", "--dataset", "synthetic:8:20"]) == 2
     assert "needs clip" in capsys.readouterr().err
 
 
@@ -396,12 +399,17 @@ def test_flwr_app_config_names_every_key_and_the_components():
     app = pathlib.Path(privfed.__file__).parent / "flower" / "app" / "pyproject.toml"
     flwr_cfg = tomllib.loads(app.read_text())["tool"]["flwr"]["app"]
     run_config = flwr_cfg["config"]
-    # flwr run --run-config can override only keys the app declares: every key is declared, and the
-    # deployed ServerApp's own node-keys (privfed.flower.deploy.server), which it takes out first.
-    assert set(run_config) == {f.name.replace("_", "-") for f in fields(FlowerConfig)} | {"node-keys"}
+    from privfed.flower.config import RUN_CONFIG_KEYS, public_clip
+
+    # flwr run --run-config can override only keys the app declares: every key is declared, named like the
+    # commands' flags where the field's name differs (eps, secure-agg, seeds, out, param), and the deployed
+    # ServerApp's own node-keys (privfed.flower.deploy.server), which it takes out first.
+    renamed = {v: k for k, v in RUN_CONFIG_KEYS.items()}
+    declared = {renamed.get(f.name, f.name.replace("_", "-")) for f in fields(FlowerConfig)}
+    assert set(run_config) == declared | {"node-keys"}
     assert FlowerConfig.from_run_config(
         {k: v for k, v in run_config.items() if k != "node-keys"}
-    ) == FlowerConfig(clients=3)
+    ) == FlowerConfig(method="fedlog", clients=2, epsilon=0.1, alpha=0.1, clip=public_clip("digits"))
     assert flwr_cfg["components"] == {
         "serverapp": "privfed.flower.deploy.server:app",
         "clientapp": "privfed.flower.client_app:app",

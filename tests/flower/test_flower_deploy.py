@@ -80,7 +80,13 @@ def test_superlink_and_three_supernodes_give_fits_heads_despite_a_crash(deployme
     F, y, k = partition(ds.train_labels, K, "dirichlet", alpha=0.5, rng=0).apply(
         ds.train_features, ds.train_labels
     )
-    common = {"clients": K, "connect-timeout": 90.0, "node-keys": str(m.node_keys)}
+    common = {
+        "clients": K,
+        "connect-timeout": 90.0,
+        "node-keys": str(m.node_keys),
+        "eps": "inf",
+        "alpha": 0.5,
+    }
     plain = run_app(env, m.root / "fedncm", method="fedncm", timeout=90.0, **common)
     ref = privfed.fit("fedncm", F, y, k, num_classes=10)
     assert np.abs(plain["weight"] - ref.weight).max() < 1e-9
@@ -89,7 +95,9 @@ def test_superlink_and_three_supernodes_give_fits_heads_despite_a_crash(deployme
 
     # Node 2 uploads its masked input, then its process dies at unmasking: the other two
     # (t = 2 of 3) rebuild its self-mask seed, so the sum still covers all three inputs.
-    masked = run_app(env, m.root / "fed3r-mask", method="fed3r", secure="mask", timeout=60.0, **common)
+    masked = run_app(
+        env, m.root / "fed3r-mask", method="fed3r", **{"secure-agg": "mask"}, timeout=60.0, **common
+    )
     ref = privfed.fit("fed3r", F, y, k, num_classes=10)
     assert np.abs(masked["weight"] - ref.weight).max() < 1e3 * K * 2.0**-33
     sa = masked["report"]["secure_aggregation"]

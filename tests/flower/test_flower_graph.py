@@ -93,8 +93,8 @@ def test_a_run_config_whose_degree_is_not_the_rosters_is_refused(digits_dataset)
     [
         ({"degree": 3}, "even integer"),
         ({"degree": 12}, "below the number of nodes K=12"),
-        ({"degree": 4, "secure": "ckks"}, "use it with --secure mask"),
-        ({"degree": 4, "secure": "none"}, "use it with --secure mask"),
+        ({"degree": 4, "secure": "ckks"}, "use it with --secure-agg mask"),
+        ({"degree": 4, "secure": "none"}, "use it with --secure-agg mask"),
         ({"degree": 4, "threshold": 2}, r"too low for degree=4.*2t > k \+ 1.*t >= 3"),
         ({"degree": 4, "threshold": 6}, "exceeds the group size degree \\+ 1 = 5"),
     ],
@@ -105,10 +105,15 @@ def test_bad_degrees_are_refused_before_any_message(kw, match):
 
 
 def test_degree_comes_from_the_run_config():
-    cfg = FlowerConfig.from_run_config({"clients": 12, "secure": "mask", "degree": "4"})
+    cfg = FlowerConfig.from_run_config({"clients": 12, "secure-agg": "mask", "degree": "4", "eps": "inf"})
     assert cfg.degree == 4 and cfg.secagg_threshold == 4  # 2t > 5 + 1: tolerates a colluder
     assert FlowerConfig.from_wire(cfg.to_wire()) == cfg
-    assert FlowerConfig.from_run_config({"clients": 12, "secure": "mask", "degree": "none"}).degree is None
+    assert (
+        FlowerConfig.from_run_config(
+            {"clients": 12, "secure-agg": "mask", "degree": "none", "eps": "inf"}
+        ).degree
+        is None
+    )
 
 
 def test_a_flower_simulation_on_the_graph_gives_the_plain_head(digits_dataset):

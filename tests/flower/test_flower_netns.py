@@ -225,10 +225,11 @@ def test_an_authenticated_tls_run_gives_fits_head_and_never_uses_an_unbound_node
         out,
         net.ns("op"),
         method="fed3r",
-        secure="mask",
         clients=K,
         timeout=120.0,
-        **{"connect-timeout": 60.0, "node-keys": str(m.node_keys)},
+        eps="inf",
+        alpha=0.5,
+        **{"secure-agg": "mask", "connect-timeout": 60.0, "node-keys": str(m.node_keys)},
     )
     seconds = time.monotonic() - t0
     ds = digits_dataset

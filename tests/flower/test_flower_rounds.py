@@ -94,6 +94,8 @@ def test_command_line_takes_rounds_and_refuses_bad_ones_in_one_line(capsys):
                 "fedncm",
                 "--secure",
                 "flwr-secaggplus-insecure",
+                "--eps",
+                "inf",
                 "--clients",
                 "1024",
                 "--clip",

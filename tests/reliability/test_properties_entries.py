@@ -319,23 +319,16 @@ def test_tradeoff_options_give_a_config_or_one_error_naming_the_flag(flag, text)
     text=_flag_text,
 )
 def test_flower_numbers_are_checked_before_anything_starts(flag, text):
-    import argparse
-
-    from privfed.commands.flower import _check_numbers, _epsilon
+    from privfed.commands.flower import resolve_config
     from privfed.commands.options import flower_parser
 
     try:
-        args = flower_parser().parse_args([f"{flag}={text}"])
-    except ConfigError as exc:  # the parser's one-line error for text that is not a number names the flag
-        assert flag in str(exc), str(exc)
-        return
-    try:
-        eps = _epsilon(args.epsilon)
-        _check_numbers(args)
-    except ConfigError as exc:
-        assert flag in str(exc), str(exc)
+        cfg, _ = resolve_config(flower_parser().parse_args([f"{flag}={text}"]))
+    except ConfigError as exc:  # one line naming the flag (or its run-config key)
+        key = flag.lstrip("-")
+        assert flag in str(exc) or key in str(exc) or key.replace("-", "_") in str(exc), str(exc)
     else:
-        assert isinstance(args, argparse.Namespace) and eps > 0 and args.delta > 0
+        assert cfg.epsilon > 0 and 0 < cfg.delta < 1 and cfg.timeout > 0
 
 
 @FAST

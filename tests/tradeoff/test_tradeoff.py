@@ -105,7 +105,7 @@ def test_toml_config_with_flag_override(tmp_path, digits_cache):
 @pytest.mark.parametrize(
     "argv, expected",
     [
-        (["--method", "nosuch"], "unknown method 'nosuch'; available: fed3r"),
+        (["--method", "nosuch"], "unknown method 'nosuch' (choose from fed3r"),
         (["--eps", "0"], "--eps must be > 0"),
         (["--eps", "-1"], "--eps must be > 0"),
         (["--eps", "0.1,,1"], "malformed list"),
@@ -204,7 +204,7 @@ def test_attack_columns_and_panel(tmp_path, digits_dataset):
 def test_unknown_attack_is_refused(tmp_path, capsys, digits_cache):
     code = main(["--method", "fedncm", "--attack", "nosuch", "--out", str(tmp_path / "o"), "--quiet"])
     err = capsys.readouterr().err
-    assert code != 0 and "unknown attack 'nosuch'; available:" in err
+    assert code != 0 and "unknown attack 'nosuch' (choose from" in err
 
 
 def test_feature_file_with_natural_split(tmp_path, capsys):

@@ -16,7 +16,7 @@ from mechanisms.dp.accounting import calibrate_round_mu
 from mechanisms.dp.sensitivity import StatisticSensitivity, block_sigmas
 from privfed.errors import ConfigError, InputError
 
-__all__ = ["GaussianCalibration"]
+__all__ = ["GaussianCalibration", "check_noise_multiplier"]
 
 
 class GaussianCalibration:
@@ -178,3 +178,23 @@ class GaussianCalibration:
             raise ConfigError(
                 "pass dim= to GaussianMechanism (clip_norm='coordinate') before asking for sigma"
             )
+
+
+def check_noise_multiplier(z, epsilon, calibration: str, sampling_rate) -> float:
+    """``noise_multiplier`` checked: a finite number > 0, without ``epsilon``, analytic, no subsampling."""
+    if epsilon is not None:
+        raise ConfigError("give epsilon or noise_multiplier, not both: one determines the other")
+    if isinstance(z, bool):
+        raise ConfigError(f"noise_multiplier must be a number > 0, got {z!r}")
+    try:
+        z = float(z)
+    except (TypeError, ValueError):
+        raise ConfigError(f"noise_multiplier must be a number > 0, got {z!r}") from None
+    if not (z > 0 and math.isfinite(z)):
+        raise ConfigError(f"noise_multiplier must be a finite number > 0, got {z!r}")
+    if calibration != "analytic" or sampling_rate != 1:
+        raise ConfigError(
+            "noise_multiplier fixes the noise of an unsampled release under the exact (GDP) accounting: use it "
+            "with calibration='analytic' and sampling_rate=1, or give epsilon"
+        )
+    return z

@@ -60,13 +60,14 @@ import numpy as np
 
 from mechanisms.dp.accounting import ACCOUNTANTS
 from mechanisms.dp.backends import NoiseBackend, get_backend
-from mechanisms.dp.calibration import check_budget
+from mechanisms.dp.calibration import check_budget, gdp_epsilon
 from mechanisms.dp.clipping import CLIP_NORMS, Clipping, check_bound
-from mechanisms.dp.gaussian.calibration import GaussianCalibration
+from mechanisms.dp.gaussian.calibration import GaussianCalibration, check_noise_multiplier
 from mechanisms.dp.gaussian.clients import ClientBounding
 from mechanisms.dp.gaussian.noise import GaussianNoise
 from mechanisms.dp.gaussian.report import GaussianReport
 from mechanisms.dp.ledger import NEIGHBOURING, PrivacyLedger
+from mechanisms.dp.params import Parameters
 from mechanisms.dp.sensitivity import RECORD_BOUNDS
 from privfed.errors import ConfigError, InputError
 from privfed.stats import ClientStats, compute_client_stats
@@ -82,14 +83,15 @@ _LEVELS = tuple(NEIGHBOURING)
 _CALIBRATIONS = ("analytic", "classic")
 
 
-class GaussianMechanism(GaussianCalibration, GaussianNoise, ClientBounding, GaussianReport):
+class GaussianMechanism(Parameters, GaussianCalibration, GaussianNoise, ClientBounding, GaussianReport):
     """Gaussian noise on clipped class sums, counts and second moments.
 
     Parameters
     ----------
     epsilon : float
         Target epsilon (> 0) over all ``rounds``; ``float('inf')`` adds no
-        noise (clipping still applies) and reports no DP guarantee.
+        noise (clipping still applies) and reports no DP guarantee.  Give
+        ``epsilon`` or ``noise_multiplier``, not both.
     delta : float
         Target delta in (0, 1).
     clip : float
@@ -147,6 +149,15 @@ class GaussianMechanism(GaussianCalibration, GaussianNoise, ClientBounding, Gaus
         Accountant for calibration with q < 1 and for the report.
     backend : str or NoiseBackend, optional
         ``"numpy"`` (default, fast, warns) or ``"opendp"`` (exact samplers).
+    noise_multiplier : float, optional
+        Instead of ``epsilon``, as Opacus users give it: each round's noise is
+        ``noise_multiplier`` times the sensitivity of the released statistic
+        (one round is ``(1 / noise_multiplier)``-GDP over all blocks together;
+        with ``split="joint"`` every block's sigma is ``noise_multiplier``
+        times the joint L2 sensitivity).  ``epsilon`` is then the one the
+        ``rounds`` releases give at ``delta``, computed exactly
+        (``gdp_epsilon(sqrt(rounds) / noise_multiplier, delta)``).  Needs the
+        analytic calibration and no subsampling.
     record_bound : {"theorem", "upload"}
         Record level: ``"theorem"`` (default) bounds one record's move by its
         clipped norm, valid when the features do not depend on the private
@@ -170,6 +181,9 @@ class GaussianMechanism(GaussianCalibration, GaussianNoise, ClientBounding, Gaus
     >>> mech = GaussianMechanism(epsilon=1.0, delta=1e-5, clip=10.0)
     >>> round(mech.sigma["sums"] / mech.sigma["counts"], 6)  # equal shares of mu^2: ratio of sensitivities
     10.0
+    >>> opacus_style = GaussianMechanism(noise_multiplier=1.0, delta=1e-5, clip=10.0, split="joint")
+    >>> opacus_style.sigma["sums"] == 1.0 * opacus_style.joint_sensitivity, round(opacus_style.epsilon, 3)
+    (True, 4.377)
     """
 
     name = "gaussian"
@@ -177,7 +191,7 @@ class GaussianMechanism(GaussianCalibration, GaussianNoise, ClientBounding, Gaus
     def __init__(
         self,
         *,
-        epsilon: float,
+        epsilon: float | None = None,
         delta: float,
         clip: float,
         level: str = "record",
@@ -194,7 +208,21 @@ class GaussianMechanism(GaussianCalibration, GaussianNoise, ClientBounding, Gaus
         accountant: str = "auto",
         backend: str | NoiseBackend | None = None,
         record_bound: str = "theorem",
+        noise_multiplier: float | None = None,
     ) -> None:
+        z = None
+        if noise_multiplier is not None:
+            z = check_noise_multiplier(noise_multiplier, epsilon, calibration, sampling_rate)
+            check_budget(1.0, delta)  # delta's own checks, with their messages
+            epsilon = gdp_epsilon(
+                math.sqrt(rounds if isinstance(rounds, int) and rounds >= 1 else 1) / z, delta
+            )
+        elif epsilon is None:
+            raise ConfigError(
+                "GaussianMechanism needs a budget: epsilon=... (the noise is calibrated to it) or "
+                "noise_multiplier=... (epsilon is computed from it)"
+            )
+        self.noise_multiplier_given = z
         self.epsilon, self.delta = check_budget(epsilon, delta)
         self.clip_bound = check_bound(clip)
         if not (self.clip_bound <= MAX_CLIP or math.isinf(self.epsilon)):  # no noise: nothing to calibrate
@@ -299,7 +327,11 @@ class GaussianMechanism(GaussianCalibration, GaussianNoise, ClientBounding, Gaus
         self._split: list[list[int]] = []  # part sizes of a secure sum whose uploaders' graph split
         self._notes: list[str] = []
         self._weights = self._split_weights(split)
-        self._mu_round, self._calibrated_by = self._round_mu()
+        self._mu_round, self._calibrated_by = (
+            (1.0 / z, f"noise multiplier {z:g} (epsilon computed: gdp, exact)")
+            if z is not None
+            else self._round_mu()
+        )
         self._dim: int | None = None
         self._sigma: dict[str, float] | None = None
         self._sens: dict[str, float] | None = None
@@ -308,6 +340,11 @@ class GaussianMechanism(GaussianCalibration, GaussianNoise, ClientBounding, Gaus
         slack_free = self.backend.sensitivity_slack(1, "l2") == 0
         if dim is not None or (clip_norm == "l2" and slack_free):
             self._resolve(int(dim) if dim is not None else None)
+
+    @property
+    def noise_multiplier(self) -> float:
+        """Each round's noise over the sensitivity of the whole released statistic, 1 / mu (Opacus' word)."""
+        return 1.0 / self._mu_round if self._mu_round > 0 else math.inf
 
     def release(
         self,

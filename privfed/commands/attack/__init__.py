@@ -1,7 +1,8 @@
 """The attack command (``python -m privfed.attack``): what a curious server recovers, next to the budget.
 
-Its modules, lowest first: :mod:`~privfed.commands.attack.run` (the resolved configuration and the
-runs), :mod:`~privfed.commands.attack.report` (the inversion grid figure and a row's summary line)
+Its modules, lowest first: :mod:`~privfed.commands.attack.config` (the resolved configuration),
+:mod:`~privfed.commands.attack.prepare` (what a sweep needs first: decoders, and how long it will
+take), :mod:`~privfed.commands.attack.run` (the runs), :mod:`~privfed.commands.attack.report` (the inversion grid figure and a row's summary line)
 and :mod:`~privfed.commands.attack.cli` (the command: flags, results folder, checkpoints).  The
 names below are imported on first use, so ``python -m privfed.attack --help`` loads none of them.
 """
@@ -14,8 +15,8 @@ __all__ = ["AttackConfig", "build_parser", "grid_figure", "main", "resolve_confi
 
 #: public name -> the module of the package that defines it
 _HOME = {
-    "AttackConfig": "run",
-    "resolve_config": "run",
+    "AttackConfig": "config",
+    "resolve_config": "config",
     "run_attacks": "run",
     "grid_figure": "report",
     "summary_line": "report",

@@ -80,11 +80,11 @@ def summary_line(r: dict[str, Any]) -> str:
             if "strongest_chance_identification" in r:
                 text += (
                     f", chance {r['strongest_chance_identification']:.3f}, "
-                    f"{r['n']}-guess prior {r['strongest_baseline_identification']:.3f}"
+                    f"{r['n'] if r.get('partition') == 'groups' else 'n'}-guess prior "
+                    f"{r['strongest_baseline_identification']:.3f}"
                 )
             text += ")"
         cells.append(text)
     where = r["placement"] + (f"/{r['protocol']}" if r["protocol"] != "none" else "")
-    return f"{r['method']:>12} eps={r['eps']:<6g} {where:<14} n={r['n']:<3} seed={r['seed']} " + " ".join(
-        cells
-    )
+    n = f"n={r['n']:<3} " if r.get("partition") == "groups" else ""
+    return f"{r['method']:>12} eps={r['epsilon']:<6g} {where:<14} {n}seed={r['seed']} " + " ".join(cells)

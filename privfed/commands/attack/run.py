@@ -9,136 +9,23 @@ inversion, the strongest attack of the suite on the same challenge
 
 from __future__ import annotations
 
-import argparse
-import importlib.util
 import math
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 import attacks
 from privfed import methods as _methods
-from privfed.commands.common import (
-    as_float,
-    as_int,
-    check_secure_agg,
-    heartbeat,
-    parse_float_list,
-    parse_int_list,
-    parse_seeds,
-    parse_str_list,
-    placement_word,
-)
-from privfed.errors import ConfigError, MissingDependencyError
+from privfed.commands.attack.config import AttackConfig, resolve_config
+from privfed.commands.common import heartbeat, placement_word
+from privfed.errors import ConfigError
 
-__all__ = ["AttackConfig", "resolve_config", "run_attacks"]
+__all__ = ["AttackConfig", "attack_data_rules", "resolve_config", "run_attacks"]
 
 
-@dataclass(frozen=True)
-class AttackConfig:
-    """Resolved configuration of one attack sweep (saved next to the results)."""
-
-    attack: str
-    methods: tuple[str, ...]
-    epsilons: tuple[float, ...]
-    delta: float
-    clip: float | None
-    ns: tuple[int, ...]
-    partition: str
-    clients: int
-    alpha: float
-    secure_agg: str
-    count_noise: str | None
-    seeds: tuple[int, ...]
-    max_groups: int
-    attack_params: dict = field(default_factory=dict)
-    data_seed: int = 0
-    device: str = "cpu"
-    out: str = ""
-    strongest: bool = True
-
-
-def resolve_config(args: argparse.Namespace) -> AttackConfig:
-    from attacks.view import COUNT_NOISE_KINDS
-    from privfed.federation import available_schemes
-
-    attacks.get_class(args.attack)  # ConfigError listing the names
-    methods = tuple(parse_str_list(args.method, "--method"))
-    for m in methods:
-        _methods.get_class(m)
-    eps = tuple(parse_float_list(args.eps, "--eps", positive=True))
-    delta = as_float(args.delta, "--delta")
-    if not 0 < delta < 1:
-        raise ConfigError(f"--delta must be in (0, 1), got {delta:g}")
-    clip = None if args.clip is None else as_float(args.clip, "--clip")
-    if clip is not None and not (clip > 0 and math.isfinite(clip)):
-        raise ConfigError(f"--clip must be a finite number > 0, got {clip:g}")
-    ns = tuple(parse_int_list(args.n, "--n", minimum=1))
-    if args.partition != "groups" and args.partition not in available_schemes():
-        raise ConfigError(
-            f"--partition {args.partition!r} unknown; use groups or one of {available_schemes()}"
-        )
-    if args.count_noise is not None and args.count_noise not in COUNT_NOISE_KINDS:
-        raise ConfigError(f"--count-noise must be one of {list(COUNT_NOISE_KINDS)}, got {args.count_noise!r}")
-    clients = as_int(args.clients, "--clients", minimum=1)
-    max_groups = as_int(args.max_groups, "--max-groups", minimum=1)
-    alpha = as_float(args.alpha, "--alpha")
-    if not (alpha > 0 and math.isfinite(alpha)):
-        raise ConfigError(f"--alpha must be a finite number > 0, got {alpha:g}")
-    # --seeds N is a count (0..N-1) or a list, as in the trade-off; the older --seed keeps its meaning (a list).
-    if args.seeds is not None and args.seed_list is not None:
-        raise ConfigError("pass --seeds or --seed, not both")
-    if args.seed_list is not None:
-        seeds = tuple(parse_int_list(args.seed_list, "--seed"))
-    else:
-        seeds = (0,) if args.seeds is None else parse_seeds(args.seeds, "--seeds")
-    secure = "none" if args.secure_agg is None else check_secure_agg(args.secure_agg)
-    params: dict[str, Any] = {}
-    for flag in ("backend", "source", "steps", "max_cells"):
-        v = getattr(args, flag)
-        if v is not None:
-            if args.attack != "inversion":
-                raise ConfigError(f"--{flag.replace('_', '-')} applies to --attack inversion only")
-            params[flag] = (
-                as_int(v, f"--{flag.replace('_', '-')}", minimum=1) if flag in ("steps", "max_cells") else v
-            )
-    if params.get("backend") == "dip" and "steps" in params:
-        params["dip_steps"] = params.pop("steps")
-    attacks.get(args.attack, **params)  # validate the parameters now
-    if args.device not in ("cpu", "cuda") and not args.device.startswith("cuda:"):
-        raise ConfigError(f"--device must be cpu or cuda[:i], got {args.device!r}")
-    if args.attack == "inversion" and importlib.util.find_spec("skimage") is None:
-        raise MissingDependencyError(
-            "--attack inversion scores reconstructions with SSIM from scikit-image, "
-            "which is not installed: pip install scikit-image"
-        )
-    return AttackConfig(
-        attack=args.attack,
-        methods=methods,
-        epsilons=eps,
-        delta=delta,
-        clip=clip,
-        ns=ns if args.partition == "groups" else (0,),
-        partition=args.partition,
-        clients=clients,
-        alpha=alpha,
-        secure_agg=secure,
-        count_noise=args.count_noise,
-        seeds=seeds,
-        max_groups=max_groups,
-        attack_params=params,
-        device=args.device,
-        out="" if args.out is None else str(args.out),
-        strongest=bool(args.strongest) and args.attack in _SUITE_KINDS,
-    )
-
-
-#: Attacks with a suite whose strongest member is reported next to the individual attack.
-_SUITE_KINDS = ("tracing", "inversion")
 #: Parameters that pick a suite member (its own), not shared by the whole suite.
 _MEMBER_PARAMS = ("backend", "source", "test", "reference")
 
@@ -191,6 +78,41 @@ def _load(cfg: AttackConfig):
     Fpub = extract_features(bb, sp.public_images)
     public = PublicData(labels=sp.public_labels, features=Fpub, images=sp.public_images)
     return bb, data, public
+
+
+def attack_data_rules(
+    cfg: AttackConfig, labels: np.ndarray, test_labels: np.ndarray, public_size: int
+) -> dict[str, Any]:
+    """The data rules of the sweep (:func:`privfed.results.record.data_rules`), for its first seed's partition."""
+    from types import SimpleNamespace
+
+    from privfed.results.record import data_rules
+
+    ds = SimpleNamespace(
+        name="digits",
+        meta={"split": {"test": int(len(test_labels)), "public": int(public_size)}, "seed": cfg.data_seed},
+        train_labels=labels,
+        test_labels=test_labels,
+        train_clients=None,
+    )
+
+    def groups(y, seed):
+        rng = np.random.default_rng(np.random.SeedSequence([seed, 0, 0, 0]).spawn(4)[0])
+        k, _ = _clients(cfg, y, cfg.ns[0], rng)
+        rule = (
+            f"groups: exactly n samples of one class on each client, at most {cfg.max_groups} clients, n in "
+            f"{','.join(map(str, cfg.ns))} (counts for n={cfg.ns[0]})"
+        )
+        return k, rule
+
+    return data_rules(
+        ds,
+        clients=cfg.clients if cfg.partition != "groups" else cfg.max_groups,
+        partition=cfg.partition,
+        alpha=cfg.alpha,
+        seeds=cfg.seeds,
+        clients_of=groups if cfg.partition == "groups" else None,
+    )
 
 
 def _clients(cfg: AttackConfig, labels, n: int, rng: np.random.Generator) -> tuple[np.ndarray, int | None]:
@@ -283,6 +205,54 @@ def run_attacks(
     from attacks.strongest import SUITES
 
     combos = [(m, e, n, s) for m in cfg.methods for e in cfg.epsilons for n in cfg.ns for s in cfg.seeds]
+
+    def release(combo):
+        """One run's release, drawn from its own seeds (the plan below draws it the same way)."""
+        mname, eps, n, seed = combo
+        method = _methods.get(mname, **cfg.method_params.get(mname, {}))
+        ss = np.random.SeedSequence(
+            [seed, cfg.ns.index(n), cfg.epsilons.index(eps), cfg.methods.index(mname)]
+        )
+        r_part, r_view, r_att, r_strong = (np.random.default_rng(s) for s in ss.spawn(4))
+        clients, num_clients = _clients(cfg, yp, n, r_part)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # the fast noise backend's reminder
+            view, truth = attacks.scenario(
+                mname,
+                Fp,
+                yp,
+                clients,
+                images=imp,
+                holdout_features=Ft,
+                holdout_labels=yt,
+                holdout_images=imt,
+                privacy=_privacy(cfg, method, eps, clip),
+                secure_agg=cfg.secure_agg != "none",
+                backbone=bb,
+                public=public,
+                num_classes=num_classes,
+                num_clients=num_clients,
+                rng=r_view,
+                **cfg.method_params.get(mname, {}),
+            )
+        return method, clients, view, truth, r_att, r_strong, num_clients
+
+    def planned(combo):
+        _, _, view, truth, r_att, _, _ = release(combo)
+        att = attacks.get(cfg.attack, **cfg.attack_params)
+        return view, truth, (_challenge(att, truth, view, r_att) if att.name != "differencing" else {})
+
+    planned.context = (bb, public, num_classes)
+    from privfed.commands.attack.prepare import cost_note, plan_sweep, train_decoders
+
+    plan = plan_sweep(cfg, combos, planned)
+    note = cost_note(cfg, plan)
+    if note and progress:
+        print(f"note: {note}", file=sys.stderr, flush=True)
+    t_prep = time.perf_counter()
+    with progress_bars(progress):
+        train_decoders(cfg, plan, bb, public, num_classes)  # first, so the sweep's bar counts attacks only
+    t_prep = time.perf_counter() - t_prep
     # one step per attack run: the attack itself, then each member of the strongest suite
     per_run = 1 + (len(SUITES[cfg.attack]) if cfg.strongest and cfg.attack in SUITES else 0)
     bar = tqdm(
@@ -306,33 +276,8 @@ def run_attacks(
                 else:
                     bar.set_postfix_str(f"{where}: strongest suite, {name}", refresh=True)
 
-            method = _methods.get(mname)
-            ss = np.random.SeedSequence(
-                [seed, cfg.ns.index(n), cfg.epsilons.index(eps), cfg.methods.index(mname)]
-            )
-            r_part, r_view, r_att, r_strong = (np.random.default_rng(s) for s in ss.spawn(4))
-            clients, num_clients = _clients(cfg, yp, n, r_part)
-            privacy = _privacy(cfg, method, eps, clip)
-            t1 = time.perf_counter()
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", UserWarning)  # the fast noise backend's reminder
-                view, truth = attacks.scenario(
-                    mname,
-                    Fp,
-                    yp,
-                    clients,
-                    images=imp,
-                    holdout_features=Ft,
-                    holdout_labels=yt,
-                    holdout_images=imt,
-                    privacy=privacy,
-                    secure_agg=cfg.secure_agg != "none",
-                    backbone=bb,
-                    public=public,
-                    num_classes=num_classes,
-                    num_clients=num_clients,
-                    rng=r_view,
-                )
+            t1, c1 = time.perf_counter(), time.process_time()
+            method, clients, view, truth, r_att, r_strong, num_clients = release((mname, eps, n, seed))
             att = attacks.get(cfg.attack, **cfg.attack_params)
             extra: dict[str, Any] = {}
             if att.name == "differencing":  # the challenge is a second release, built by evaluate()
@@ -354,7 +299,7 @@ def run_attacks(
             row = {
                 "attack": cfg.attack,
                 "method": mname,
-                "eps": eps,
+                "epsilon": eps,
                 **_trust_columns(cfg, eps, view),
                 "clip": clip if (math.isfinite(eps) and cfg.count_noise is None) else None,
                 "n": n,
@@ -364,13 +309,23 @@ def run_attacks(
                 "seed": seed,
                 "clients": int(view.stats.num_clients) if view.per_client else int(clients.max() + 1),
                 "noise": view.noise.guarantee,
+                "guarantee": _guarantee(
+                    cfg, method, eps, clip, Fp, yp, clients, num_classes, num_clients, seed
+                ),
+                "upload_bytes": _upload_per_client(method, clients, yp, num_classes, Fp.shape[1], eps),
                 "seconds": round(time.perf_counter() - t1, 3),
+                "cpu_s": round(time.process_time() - c1, 3),
             }
+            if result is not None and "cells" in challenge:
+                row.update(_cell_sizes(view, truth, challenge["cells"]))
             row.update({k: v for k, v in metrics.items() if not isinstance(v, (list, dict, np.ndarray))})
             row.update(extra)
             bar.update(1)
             if cfg.strongest and result is not None:
+                t2, c2 = time.perf_counter(), time.process_time()
                 row.update(_strongest_columns(cfg, view, truth, challenge, r_strong, step))
+                row["strongest_seconds"] = round(time.perf_counter() - t2, 3)
+                row["strongest_cpu_s"] = round(time.process_time() - c2, 3)
             elif per_run > 1:
                 bar.update(per_run - 1)
             records.append(row)
@@ -383,8 +338,58 @@ def run_attacks(
         "records": records,
         "grids": grids,
         "clip": clip,
-        "timing": {"data_s": t_data, "total_s": time.perf_counter() - t0},
+        "data_rules": attack_data_rules(cfg, yp, yt, len(public.labels)),
+        "timing": {
+            "data_s": t_data,
+            "decoders_s": t_prep,
+            "total_s": time.perf_counter() - t0,
+            "estimate_s": plan.train_s + plan.attack_s,
+        },
+        "decoders_trained": [f"{k}" + (f" n={n}" if n else "") for k, n in plan.missing],
     }
+
+
+def _guarantee(cfg, method, eps, clip, F, y, clients, num_classes, num_clients, seed) -> str:
+    """The guarantee sentence of the run's release, from a ledger (the view's noise drawn from a seed: a simulation)."""
+    if math.isinf(eps):
+        return "no protection (eps=inf)"
+    import warnings
+
+    import privfed
+    from privfed.release.ideal import IdealSecureSum
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # the fast noise backend's reminder
+        keep = np.asarray(clients) >= 0  # samples the partition leaves out are uploaded by nobody
+        head = privfed.fit(
+            method,
+            F[keep],
+            y[keep],
+            np.asarray(clients)[keep],
+            num_classes=num_classes,
+            num_clients=num_clients if num_clients is not None else int(np.max(clients)) + 1,
+            privacy=_privacy(cfg, method, eps, clip),
+            secure_agg=IdealSecureSum() if cfg.secure_agg != "none" else None,
+            random_state=seed,
+        )
+    return head.privacy.guarantee
+
+
+def _cell_sizes(view, truth, cells) -> dict[str, int]:
+    """How many cells the attack inverted and how many records they hold together (its cost grows with both)."""
+    from privfed.commands.attack.prepare import cell_records
+
+    n = cell_records(view, truth, cells)
+    return {"cells": int(n.size), "cell_records": int(n.sum())}
+
+
+def _upload_per_client(method, clients: np.ndarray, labels: np.ndarray, C: int, d: int, eps: float) -> float:
+    """What one client uploads, by the method's byte model: every class under noise, held classes without."""
+    k = np.asarray(clients)
+    K = int(k.max()) + 1 if k.size and k.max() >= 0 else 1
+    held = np.unique(k[k >= 0] * C + np.asarray(labels)[k >= 0]).size
+    M = K * C if math.isfinite(eps) else held
+    return float(method.upload_bytes(M=M, K=K, d=d, C=C)) / K
 
 
 def _challenge(att, truth, view, rng) -> dict:

@@ -35,8 +35,9 @@ equal the method's non-private accuracy exactly.
 The package's modules, lowest first: :mod:`~privfed.commands.tradeoff.config` (the settings),
 :mod:`~privfed.commands.tradeoff.plan` (placements, clip, seeds, the cost estimate),
 :mod:`~privfed.commands.tradeoff.labels` (a row's words), :mod:`~privfed.commands.tradeoff.attack_columns`,
-:mod:`~privfed.commands.tradeoff.sweep` (the grid run), :mod:`~privfed.commands.tradeoff.table` (records, summary, table,
-CSV), :mod:`~privfed.commands.tradeoff.plot` and :mod:`~privfed.commands.tradeoff.cli`.  The names below are imported on
+:mod:`~privfed.commands.tradeoff.sweep` (the grid run), :mod:`~privfed.commands.tradeoff.rounds` (``--rounds``: the
+same rows from multi-round FedLog), :mod:`~privfed.commands.tradeoff.table` (records, summary, table, condensed
+guarantees, CSV), :mod:`~privfed.commands.tradeoff.plot` and :mod:`~privfed.commands.tradeoff.cli`.  The names below are imported on
 first use, so ``python -m privfed.tradeoff --help`` loads none of them.
 """
 
@@ -68,12 +69,15 @@ _HOME = {
     "summarise": "table",
     "format_table": "table",
     "guarantee_lines": "table",
+    "condense_guarantees": "table",
     "record_fields": "table",
     "write_csv": "table",
     "below_chance_line": "table",
     "data_line": "table",
     "CHANCE": "plot",
     "accuracy_axis": "plot",
+    "eps_ticks": "plot",
+    "tradeoff_rounds": "rounds",
     "plot_tradeoff": "plot",
     "plot_title": "plot",
     "PROG": "cli",

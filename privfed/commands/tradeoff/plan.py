@@ -123,41 +123,11 @@ def sweep_cost_note(
     )
 
 
-def data_rules(cfg: TradeoffConfig, ds, make_partition) -> dict[str, Any]:
-    """The run's data defaults in words: the test split, the partition rule and what it leaves unused.
+def data_rules(cfg: TradeoffConfig, ds, make_partition=None) -> dict[str, Any]:
+    """The run's data rules (:func:`privfed.results.record.data_rules`): test split, partition, samples unused.
 
     Printed in the run's header (``data:``) and written to results.json, so no default is silent.
     """
-    meta = ds.meta or {}
-    n = int(ds.train_features.shape[0])
-    if "test_split" in meta:
-        test = meta["test_split"]
-    elif ds.name == "digits":
-        split = meta.get("split", {})
-        test = (
-            f"{split.get('test', ds.test_features.shape[0])} test images held out (20 % of digits, stratified, "
-            f"seed {meta.get('seed', 0)}); {split.get('public', '?')} public images train the backbone"
-        )
-    else:
-        test = "the dataset's own test split"
-    natural = ds.train_clients if cfg.partition == "natural" else None
-    part = make_partition(
-        ds.train_labels, cfg.clients, cfg.partition, alpha=cfg.alpha, rng=cfg.seeds[0], natural=natural
-    )
-    _, _, k = part.apply(ds.train_features, ds.train_labels)
-    used = int(np.asarray(k).size)
-    rule = {
-        "dirichlet": f"dirichlet alpha {cfg.alpha:g} (FedNCM/FedCOF: each client gets floor(N/K) = "
-        f"{n // max(cfg.clients, 1)} samples)",
-        "natural": "natural (the file's own clients array)",
-    }.get(cfg.partition, cfg.partition)
-    if ds.train_clients is not None and cfg.partition != "natural":
-        rule += "; the file's clients array is NOT used (pass --partition natural to use it)"
-    return {
-        "test_split": test,
-        "partition": rule,
-        "clients": int(cfg.clients),
-        "train_samples": n,
-        "used_samples": used,
-        "unused_samples": n - used,
-    }
+    from privfed.results.record import data_rules as rules
+
+    return rules(ds, clients=cfg.clients, partition=cfg.partition, alpha=cfg.alpha, seeds=cfg.seeds)

@@ -1,4 +1,11 @@
-"""A sweep's records as data and text: the CSV columns, the summary over seeds and the console table."""
+"""A sweep's records as data and text: the CSV columns, the summary over seeds and the console table.
+
+One table for one-shot and multi-round (``--rounds``) runs alike: the same
+columns (accuracy on the test set, the non-private accuracy beside it, what
+one client uploads), the below-chance note, and the guarantees condensed:
+one line per distinct guarantee sentence (its epsilon and delta those of
+each row's columns), the rows naming theirs (G1, G2, ...).
+"""
 
 from __future__ import annotations
 
@@ -6,12 +13,14 @@ import contextlib
 import csv
 import math
 import os
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from privfed.commands.common import data_line
 from privfed.commands.tradeoff.attack_columns import ATTACK_HEADLINE, STRONGEST_ATTACKS
 from privfed.commands.tradeoff.config import PLACEMENT_LABEL
 from privfed.commands.tradeoff.labels import repairs_text
@@ -20,6 +29,7 @@ __all__ = [
     "RECORD_KEYS",
     "TABLE_LEGEND",
     "below_chance_line",
+    "condense_guarantees",
     "data_line",
     "format_table",
     "guarantee_lines",
@@ -43,12 +53,12 @@ RECORD_KEYS = (
     "private",
     "protects",
     "seed",
+    "rounds",
     "accuracy",
     "nonprivate_accuracy",
     "sigma",
     "sigma_counts",
     "noise",
-    "rounds",
     "clip",
     "count_noise",
     "secure_agg",
@@ -74,17 +84,20 @@ def summarise(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Mean and std over seeds per (method, placement, epsilon)."""
     groups: dict[tuple, list[dict[str, Any]]] = {}
     for r in records:
-        groups.setdefault((r["method"], r.get("placement", ""), r["epsilon"]), []).append(r)
+        groups.setdefault(
+            (r["method"], int(r.get("rounds", 1) or 1), r.get("placement", ""), r["epsilon"]), []
+        ).append(r)
     out = []
     morder = {m: i for i, m in enumerate(dict.fromkeys(r["method"] for r in records))}
     porder = {label: i for i, label in enumerate(["none", *PLACEMENT_LABEL.values()])}
-    for (m, place, eps), rs in sorted(
+    for (m, rounds, place, eps), rs in sorted(
         groups.items(),
         key=lambda kv: (
             morder[kv[0][0]],
-            not math.isfinite(kv[0][2]),
-            porder.get(kv[0][1], 9),
-            float(kv[0][2]),
+            -kv[0][1],
+            not math.isfinite(kv[0][3]),
+            porder.get(kv[0][2], 9),
+            float(kv[0][3]),
         ),
     ):
         acc = np.array([r["accuracy"] for r in rs])
@@ -113,7 +126,7 @@ def summarise(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 noise=rs[0].get("noise", ""),
                 calibration=rs[0]["calibration"],
                 level=rs[0]["level"],
-                rounds=rs[0]["rounds"],
+                rounds=rounds,
                 mechanism=rs[0]["mechanism"],
                 count_noise=rs[0].get("count_noise"),
                 upload_bytes=float(np.mean([r["upload_bytes"] for r in rs])),
@@ -126,6 +139,11 @@ def summarise(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     else float("nan")
                     for k in headline_keys(rs)
                 },
+                **(
+                    {"personalised_mean": _mean(r["personalised_accuracy"] for r in rs)}
+                    if all("personalised_accuracy" in r for r in rs)
+                    else {}
+                ),
                 **{
                     f"attack_{a}_strongest": "/".join(
                         dict.fromkeys(str(r[f"attack_{a}_strongest"]) for r in rs)
@@ -138,9 +156,14 @@ def summarise(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+#: The multi-round run's attack on the sequence of its releases (privfed.rounds' observer): its AUC column.
+SEQUENCE_ATTACK = "attack_sequence_auc"
+
+
 def headline_keys(rows: list[dict[str, Any]]) -> list[str]:
     keys = {k for r in rows for k in r}
-    return [f"attack_{a}_{m}" for a, m in ATTACK_HEADLINE.items() if f"attack_{a}_{m}" in keys]
+    out = [f"attack_{a}_{m}" for a, m in ATTACK_HEADLINE.items() if f"attack_{a}_{m}" in keys]
+    return out + ([SEQUENCE_ATTACK] if SEQUENCE_ATTACK in keys else [])
 
 
 def _eps_cell(s: dict[str, Any]) -> str:
@@ -162,75 +185,139 @@ TABLE_LEGEND = (
     "eps: computed by the ledger ('asked' when the calibration gives another); delta 0 = pure DP; "
     "NO DP = a heuristic without a guarantee (its nominal parameter in brackets)\n"
     "noise: Gaussian sigma on sums / counts, or the count-noise law; repairs: what the method did to noisy "
-    "statistics; --help lists every column"
+    "statistics; guarantee: the line under the table that the row's release carries; --help lists every column"
 )
 
 
-def format_table(summary: list[dict[str, Any]]) -> str:
-    """The console table: one row per method x placement x eps (mean ± std over seeds)."""
+def _acc(mean: float, std: float, seeds: int) -> str:
+    return f"{mean:.4f} ± {std:.4f}" if seeds > 1 else f"{mean:.4f}"
+
+
+def format_table(summary: list[dict[str, Any]], guarantee_ids: Sequence[str] | None = None) -> str:
+    """The console table: one row per method x rounds x placement x eps (mean ± std over seeds).
+
+    ``guarantee_ids`` (from :func:`condense_guarantees`) adds the column naming each row's guarantee.
+    """
     show_rounds = any(s["rounds"] != 1 for s in summary)
+    show_pers = any("personalised_mean" in s for s in summary)
     head = [
         "method",
+        *(["rounds"] if show_rounds else []),
         "placement",
         "protocol",
         "eps",
         "accuracy",
+        *(["personalised"] if show_pers else []),
         "non-private",
         "delta",
         "noise",
         "calibration",
         "level",
-        *(["rounds"] if show_rounds else []),
         "repairs",
         "bytes/client",
+        *(["guarantee"] if guarantee_ids is not None else []),
     ]
     rows = []
-    for s in summary:
+    for i, s in enumerate(summary):
         private = math.isfinite(s["epsilon"]) and s.get("private", True)
         noised = math.isfinite(s["epsilon"])
         rows.append(
             [
                 s["method"],
+                *([str(s["rounds"])] if show_rounds else []),
                 s.get("placement", ""),
                 s.get("protocol", ""),
                 _eps_cell(s),
-                f"{s['accuracy_mean']:.4f} ± {s['accuracy_std']:.4f}",
-                f"{s['nonprivate_mean']:.4f} ± {s['nonprivate_std']:.4f}",
+                _acc(s["accuracy_mean"], s["accuracy_std"], s["seeds"]),
+                *(
+                    [f"{s['personalised_mean']:.4f}" if "personalised_mean" in s else "-"]
+                    if show_pers
+                    else []
+                ),
+                _acc(s["nonprivate_mean"], s["nonprivate_std"], s["seeds"]),
                 f"{s['delta']:g}" if private else "-",
                 (s.get("noise") or "-") if noised else "none",
                 s["calibration"] if noised else "-",
                 s["level"] if noised else "-",
-                *([str(s["rounds"]) if noised else "-"] if show_rounds else []),
                 s.get("repairs") or "-",
                 f"{s['upload_bytes']:,.0f}",
+                *([guarantee_ids[i]] if guarantee_ids is not None else []),
             ]
         )
-    att = [k for k in ATTACK_HEADLINE.items() if any(f"attack_{k[0]}_{k[1]}" in s for s in summary)]
+    att = headline_keys(summary)
     if att:
-        head = [*head, *(f"{a} {m}" + (" (strongest)" if a in STRONGEST_ATTACKS else "") for a, m in att)]
+        label = {
+            **{
+                f"attack_{a}_{m}": f"{a} {m}" + (" (strongest)" if a in STRONGEST_ATTACKS else "")
+                for a, m in ATTACK_HEADLINE.items()
+            },
+            SEQUENCE_ATTACK: "attack AUC (all rounds)",
+        }
+        head = [*head, *(label[k] for k in att)]
         fmt = lambda v: "-" if not np.isfinite(v) else f"{v:.3f}"  # noqa: E731
-        name = lambda s, a: f" {s[f'attack_{a}_strongest']}" if s.get(f"attack_{a}_strongest") else ""  # noqa: E731
-        rows = [
-            [*r, *(fmt(s.get(f"attack_{a}_{m}", float("nan"))) + name(s, a) for a, m in att)]
-            for r, s in zip(rows, summary)
-        ]
+
+        def name(s: dict, k: str) -> str:
+            a = k.split("_")[1]
+            return f" {s[f'attack_{a}_strongest']}" if s.get(f"attack_{a}_strongest") else ""
+
+        rows = [[*r, *(fmt(s.get(k, float("nan"))) + name(s, k) for k in att)] for r, s in zip(rows, summary)]
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
     line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
     return "\n".join([line(head), line(["-" * w for w in widths]), *map(line, rows)])
 
 
-def guarantee_lines(summary: list[dict[str, Any]], methods: Sequence[str]) -> list[str]:
-    """One line per method x placement x eps with the report's guarantee, in method order and numeric eps."""
-    order = {m: i for i, m in enumerate(methods)}
-    porder = {label: i for i, label in enumerate(PLACEMENT_LABEL.values())}
-    rows = sorted(
-        (s for s in summary if math.isfinite(s["epsilon"])),
-        key=lambda s: (order.get(s["method"], 99), porder.get(s.get("placement"), 9), s["epsilon"]),
-    )
-    return [
-        f"guarantee [{s['method']}, {s.get('placement', '')}, eps={s['epsilon']:g}]: {s['guarantee']}"
-        for s in rows
-    ]
+#: "(eps, delta)-DP" in a guarantee sentence, where the table's eps and delta columns say the same.
+_BUDGET = re.compile(r"\((?P<eps>[0-9.eE+-]+), (?P<delta>[0-9.eE+-]+)\)-DP")
+
+
+def _template(s: dict[str, Any]) -> str:
+    """The row's guarantee with its (eps, delta) written (ε, δ) when they are exactly the row's columns."""
+    text = str(s.get("guarantee", ""))
+    m = _BUDGET.search(text)
+    if not m or not s.get("private", True):
+        return text
+    try:
+        eps, delta = float(m["eps"]), float(m["delta"])
+    except ValueError:
+        return text
+    if eps != _eps_number(s) or delta != float(s["delta"]):
+        return text  # the sentence says something the columns do not: keep it whole
+    return text[: m.start()] + "(ε, δ)-DP" + text[m.end() :]
+
+
+def _eps_number(s: dict[str, Any]) -> float:
+    """The number the eps column shows (the ledger's epsilon rounded up, or the asked one)."""
+    cell = _eps_cell(s)
+    return float(cell.split(" ")[0]) if cell not in ("inf",) and not cell.startswith("NO DP") else math.nan
+
+
+def condense_guarantees(summary: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
+    """(the guarantee column of each summary row, the lines under the table): one line per distinct guarantee.
+
+    A guarantee that differs between rows only by its (eps, delta), which the rows' eps and delta columns
+    show, is printed once with (ε, δ) in their place; the rows name it (G1, G2, ...).  Rows without noise
+    say ``none``.
+    """
+    ids: list[str] = []
+    texts: dict[str, str] = {}
+    for s in summary:
+        if not math.isfinite(s["epsilon"]) or not s.get("guarantee"):
+            ids.append("none")
+            continue
+        t = _template(s)
+        if t not in texts:
+            texts[t] = f"G{len(texts) + 1}"
+        ids.append(texts[t])
+    lines = []
+    if texts:
+        lines.append("guarantees (ε, δ: each row's eps and delta columns):")
+        lines += [f"  {g}: {t}" for t, g in texts.items()]
+    return ids, lines
+
+
+def guarantee_lines(summary: list[dict[str, Any]], methods: Sequence[str] = ()) -> list[str]:
+    """The lines under the table: one per distinct guarantee (see :func:`condense_guarantees`)."""
+    return condense_guarantees(summary)[1]
 
 
 def record_fields(records: list[dict[str, Any]]) -> list[str]:
@@ -261,8 +348,18 @@ def below_chance_line(summary: list[dict[str, Any]], num_classes: int) -> str | 
     below = [s for s in summary if s["accuracy_mean"] < chance]
     if not below:
         return None
-    rows = ", ".join(f"{s['method']} {s['placement'] or 'none'} eps={s['epsilon']:g}" for s in below)
-    if all(s["private"] and s["accuracy_mean"] + s["accuracy_std"] >= chance for s in below):
+    rows = ", ".join(
+        s["method"]
+        + (f" x{s['rounds']} rounds" if s.get("rounds", 1) != 1 else "")
+        + f" {s['placement'] or 'none'} eps={s['epsilon']:g}"
+        for s in below
+    )
+    if all(s.get("seeds", 2) < 2 for s in below):
+        why = (
+            "one seed gives no spread to judge it by: at these budgets the noise may swamp the few records each "
+            "client holds (run --seeds 5 to see the spread, or try a larger --eps)"
+        )
+    elif all(s["private"] and s["accuracy_mean"] + s["accuracy_std"] >= chance for s in below):
         why = (
             "chance lies within the spread over seeds: at these budgets the noise swamps the few records each "
             "client holds, so the head guesses"
@@ -273,12 +370,3 @@ def below_chance_line(summary: list[dict[str, Any]], num_classes: int) -> str | 
             "far above the signal); check the data and --param, or try a larger --eps"
         )
     return f"note: below chance (1/{int(num_classes)} = {chance:.2g}) in {rows}: {why}"
-
-
-def data_line(rules: dict[str, Any]) -> str:
-    """One line of the header: what data the run used, and how it was split."""
-    unused = f", {rules['unused_samples']} unused" if rules["unused_samples"] else ""
-    return (
-        f"data: {rules['train_samples']} training samples over {rules['clients']} clients by {rules['partition']}"
-        f" ({rules['used_samples']} used{unused}); {rules['test_split']}"
-    )

@@ -3,8 +3,10 @@
 ``privfed/flower/app`` names :data:`app`.  It reads the run config as the plain ServerApp
 (:mod:`privfed.flower.server_app`) does, plus one key of its own, ``node-keys``: the path, on the
 SuperLink machine, of the operator's verified list (:class:`privfed.flower.deploy.auth.NodeKeys`,
-written by ``python -m privfed.flower.deploy.auth verify``).  Without it the run stops before any
-message is sent (a deployment fails closed).  The server then sees the SuperLink's nodes through
+written by ``python -m privfed.flower.deploy.auth verify``).  Without it a run on a SuperLink stops
+before any message is sent (a deployment fails closed); only on Flower's simulation runtime, whose nodes
+are virtual and hold no keys, does the app run without it (``flwr run`` with the app's defaults), and
+its report says so.  The server then sees the SuperLink's nodes through
 :class:`AuthenticatedGrid`: a node whose Flower public key (the key the SuperLink authenticated its
 requests with, reported by ``grid.get_nodes()``) is not in the list is never sent a message, and the
 report's ``node_authentication`` names the roster index of every node used and every node left out.
@@ -97,10 +99,23 @@ class AuthenticatedGrid:
         }
 
 
+def _simulated(grid) -> bool:
+    """Whether ``grid`` is Flower's simulation runtime (virtual nodes in one process, no node keys)."""
+    from flwr.superlink.grid.inmemory_grid import InMemoryGrid
+
+    return isinstance(grid, InMemoryGrid)
+
+
 def serve_authenticated(grid: Grid, run_config: dict[str, Any]) -> FlowerResult:
     """One run of :func:`privfed.flower.server_app.serve` over :class:`AuthenticatedGrid` (see the module docstring)."""
     rc = dict(run_config)
     path = str(rc.pop(NODE_KEYS, "")).strip()
+    if path.lower() in ("", "none", "null") and _simulated(grid):
+        result = serve(grid, FlowerConfig.from_run_config(rc))
+        result.report["node_authentication"] = {
+            "mechanism": "none: Flower's simulation runtime (virtual nodes, no Flower keys, no roster binding)"
+        }
+        return result
     if path.lower() in ("", "none", "null"):
         raise ConfigError(
             f"run-config {NODE_KEYS} is not set: the deployed app talks only to nodes whose Flower key the operator "
@@ -119,7 +134,7 @@ def serve_authenticated(grid: Grid, run_config: dict[str, Any]) -> FlowerResult:
     result.report["config"] = cfg.to_wire()
     result.report["node_authentication"] = {**bound.summary(), "node_keys": path}
     if cfg.output:
-        write_outputs(result, cfg.output)
+        write_outputs(result, cfg.output, cfg)
     return result
 
 
@@ -130,10 +145,16 @@ app = ServerApp()
 def main(grid: Grid, context: Context) -> None:
     res = serve_authenticated(grid, dict(context.run_config))
     auth = res.report["node_authentication"]
-    output = res.report["config"].get("output")
+    output = res.report.get("config", {}).get("output")
+    acc = res.report.get("accuracy")
+    nodes = (
+        f"roster nodes {sorted(auth['nodes'].values())}; {len(auth['refused'])} unbound node(s) left out"
+        if "nodes" in auth
+        else "simulated nodes, no node authentication"
+    )
     print(
-        f"privfed: {res.head.method} head {res.head.weight.shape} from {res.report['replied']} nodes "
-        f"(roster nodes {sorted(auth['nodes'].values())}; {len(auth['refused'])} unbound node(s) left out)"
+        f"privfed: {res.head.method} head {res.head.weight.shape} from {res.report['replied']} nodes ({nodes})"
+        + (f"; test accuracy {acc:.4f}" if acc is not None else "")
         + (f"; written to {output}" if output else ""),
         flush=True,
     )

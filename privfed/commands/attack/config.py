@@ -1,0 +1,182 @@
+"""The attack sweep's settings: :class:`AttackConfig` and how flags and a config file resolve into it."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+from dataclasses import dataclass, field
+from typing import Any
+
+import attacks
+from privfed.commands.options import FEDERATION
+from privfed.commands.shared import Settings, as_list
+from privfed.commands.values import as_int, choose, parse_int_list
+from privfed.errors import ConfigError, MissingDependencyError
+
+__all__ = ["SUITE_KINDS", "AttackConfig", "resolve_config"]
+
+#: Attacks with a suite whose strongest member is reported next to the individual attack.
+SUITE_KINDS = ("tracing", "inversion")
+_SUITE_KINDS = SUITE_KINDS
+
+
+@dataclass(frozen=True)
+class AttackConfig:
+    """Resolved configuration of one attack sweep (saved as the record's ``config``; ``--config`` replays it)."""
+
+    attack: str
+    methods: tuple[str, ...] = (FEDERATION["method"],)
+    epsilons: tuple[float, ...] = (float(FEDERATION["eps"]),)
+    delta: float = float(FEDERATION["delta"])
+    clip: float | None = None
+    ns: tuple[int, ...] = (0,)
+    partition: str = FEDERATION["partition"]
+    clients: int = FEDERATION["clients"]
+    alpha: float = float(FEDERATION["alpha"])
+    secure_agg: str = FEDERATION["secure_agg"]
+    count_noise: str | None = None
+    seeds: tuple[int, ...] = (0,)
+    max_groups: int = 40
+    attack_params: dict = field(default_factory=dict)
+    data_seed: int = 0
+    device: str = "cpu"
+    out: str = ""
+    strongest: bool = True
+    dataset: str = FEDERATION["dataset"]
+    level: str = FEDERATION["level"]
+    method_params: dict = field(default_factory=dict)
+    plot: bool = True
+
+
+#: Keys a --config file may hold: the flags (with underscores) and the fields of a saved run's config.
+_FILE_KEYS = {
+    "attack",
+    "method",
+    "methods",
+    "eps",
+    "epsilons",
+    "delta",
+    "clip",
+    "n",
+    "ns",
+    "partition",
+    "clients",
+    "alpha",
+    "secure_agg",
+    "count_noise",
+    "seeds",
+    "max_groups",
+    "attack_params",
+    "backend",
+    "source",
+    "steps",
+    "max_cells",
+    "data_seed",
+    "device",
+    "out",
+    "strongest",
+    "dataset",
+    "level",
+    "method_params",
+    "plot",
+}
+
+
+def resolve_config(args: argparse.Namespace) -> AttackConfig:
+    """Flags over a ``--config`` file over the shared defaults, into a validated :class:`AttackConfig`."""
+    from attacks.view import COUNT_NOISE_KINDS
+
+    s = Settings(args, _FILE_KEYS)
+    (attack,) = s.attacks() or (None,) if s.raw("attack") is not None else (None,)
+    if attack is None:
+        raise ConfigError("--attack is required: one of " + ", ".join(attacks.available()))
+    attacks.get_class(attack)
+    methods = s.methods()
+    eps = s.epsilons()
+    delta = s.delta()
+    clip = s.clip()
+    level = s.level()
+    if level != "record":
+        raise ConfigError(
+            "--level client: the attacks' releases add the noise at record level (each client noises its "
+            "upload); run the client-level trade-off with python -m privfed.tradeoff --level client"
+        )
+    dataset = s.dataset()
+    if dataset != "digits":
+        raise ConfigError(
+            f"--dataset {dataset!r}: the attacks need the digits data set's backbone and public split (the "
+            "attacker's knowledge); use --dataset digits"
+        )
+    partition = s.partition(extra=("groups",))
+    for flag, dest in (("--n", "n"), ("--max-groups", "max_groups")):
+        if getattr(args, dest, None) is not None and partition != "groups":
+            raise ConfigError(
+                f"{flag} applies to --partition groups (exactly n samples of one class on each client); add "
+                f"--partition groups, or drop {flag} (--partition {partition} splits by its own rule)"
+            )
+    ns_v = s.raw("n", "n", "ns") if partition == "groups" else None  # n applies to class groups only
+    ns = tuple(parse_int_list(as_list("1,4,16" if ns_v is None else ns_v, "--n"), "--n", minimum=1))
+    count_noise = s.raw("count_noise")
+    if count_noise is not None:
+        count_noise = choose(count_noise, tuple(COUNT_NOISE_KINDS), "--count-noise", what="count noise")
+    clients = s.clients()
+    mg = s.raw("max_groups")
+    max_groups = 40 if mg is None else as_int(mg, "--max-groups", minimum=1)
+    alpha = s.alpha()
+    # --seeds N is a count (0..N-1) or a list, as in every command; the older --seed keeps its meaning (a list).
+    if getattr(args, "seed_list", None) is not None:
+        if args.seeds is not None:
+            raise ConfigError("pass --seeds or --seed, not both")
+        seeds = tuple(parse_int_list(args.seed_list, "--seed"))
+    else:
+        seeds = s.seeds()
+    secure = s.secure_agg()
+    params: dict[str, Any] = dict(s.base.get("attack_params") or {})
+    for flag in ("backend", "source", "steps", "max_cells"):
+        v = getattr(args, flag, None)
+        if v is None:
+            v = s.base.get(flag)
+        if v is not None:
+            if attack != "inversion":
+                raise ConfigError(f"--{flag.replace('_', '-')} applies to --attack inversion only")
+            params[flag] = (
+                as_int(v, f"--{flag.replace('_', '-')}", minimum=1) if flag in ("steps", "max_cells") else v
+            )
+    if params.get("backend") == "dip" and "steps" in params:
+        params["dip_steps"] = params.pop("steps")
+    attacks.get(attack, **params)  # validate the parameters now
+    method_params = s.params(methods)
+    device = s.raw("device") or "cpu"
+    if device not in ("cpu", "cuda") and not str(device).startswith("cuda:"):
+        raise ConfigError(f"--device must be cpu or cuda[:i], got {device!r}")
+    if attack == "inversion" and importlib.util.find_spec("skimage") is None:
+        raise MissingDependencyError(
+            "--attack inversion scores reconstructions with SSIM from scikit-image, "
+            "which is not installed: pip install scikit-image"
+        )
+    strongest = (
+        args.strongest if getattr(args, "strongest", None) is not None else s.base.get("strongest", True)
+    )
+    return AttackConfig(
+        attack=attack,
+        methods=methods,
+        epsilons=eps,
+        delta=delta,
+        clip=clip,
+        ns=ns if partition == "groups" else (0,),
+        partition=partition,
+        clients=clients,
+        alpha=alpha,
+        secure_agg=secure,
+        count_noise=count_noise,
+        seeds=seeds,
+        max_groups=max_groups,
+        attack_params=params,
+        device=device,
+        out="" if args.out is None else str(args.out),
+        strongest=bool(strongest) and attack in _SUITE_KINDS,
+        dataset=dataset,
+        level=level,
+        method_params=method_params,
+        plot=s.plot(),
+    )

@@ -1,0 +1,278 @@
+"""The shared settings of every command, resolved one way: flags over a config file over one default.
+
+:class:`Settings` reads a command's parsed flags and its ``--config`` file (a
+TOML file with keys named like the flags, or a previous run's
+``results.json``) and resolves each shared setting with the same checks and
+the same one-line messages in every command: the method names (any case, with
+a "did you mean" for a typo), the budgets, delta, the clip bound, the level,
+the data set and its partition, secure aggregation, method parameters, the
+seeds and the output switches.  The defaults are
+:data:`privfed.commands.options.FEDERATION`: one federation for all three
+commands.  Each command builds its own resolved configuration (a frozen
+dataclass, written into its results record) from these values.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import tomllib
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from privfed.commands.options import (
+    ATTACK_NAMES,
+    FEDERATION,
+    METHOD_NAMES,
+    PARTITION_NAMES,
+    SECURE_AGG_KINDS,
+)
+from privfed.commands.values import (
+    as_bool,
+    as_float,
+    as_int,
+    as_str,
+    choose,
+    parse_float_list,
+    parse_seeds,
+    parse_str_list,
+)
+from privfed.errors import ConfigError
+
+__all__ = ["Settings", "as_list", "load_config_file", "method_names", "parse_value"]
+
+
+def load_config_file(path: str, flag: str = "--config") -> dict[str, Any]:
+    """The settings of a TOML file, or the ``config`` of a privfed ``results.json`` (checked against its manifest)."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"{flag} {path!r} does not exist")
+    if p.suffix == ".json":
+        from privfed.results.writer import manifest_names, verify_folder
+
+        try:
+            data = json.loads(p.read_text())
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise ConfigError(
+                f"{flag} {path!r} is not valid JSON ({exc}); pass a TOML file or a privfed results.json"
+            ) from None
+        if not isinstance(data, dict) or not isinstance(data.get("config"), dict):
+            raise ConfigError(
+                f"{flag} {path!r} is JSON but has no 'config' table (is it a privfed results.json?)"
+            )
+        if p.name in (manifest_names(p.parent) or ()):  # a saved run: its files must match their hashes
+            verify_folder(p.parent)
+        return data["config"]
+    try:
+        return tomllib.loads(p.read_text())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{flag} {path!r} is not valid TOML: {exc}") from None
+
+
+def as_list(value: Any, flag: str) -> str:
+    """A comma-separated flag text from a flag's text or a config value (a string, a number or a list)."""
+    if isinstance(value, (list, tuple)):
+        if not value:
+            raise ConfigError(f"{flag} must not be empty")
+        for v in value:
+            if isinstance(v, (bool, dict, list, tuple)) or v is None:
+                raise ConfigError(f"{flag}: {v!r} is not allowed in the list")
+        return ",".join(str(v) for v in value)
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)
+    return as_str(value, flag)
+
+
+def parse_value(text: str) -> Any:
+    """A ``--param`` value: true / false / none, an int, a float, or the text."""
+    low = text.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    if low == "none":
+        return None
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text
+
+
+def method_names(value: Any, flag: str = "--method") -> tuple[str, ...]:
+    """Method names from a flag or a config value, in any case; a typo gets a "did you mean"."""
+    names = tuple(
+        choose(m, METHOD_NAMES, flag, what="method") for m in parse_str_list(as_list(value, flag), flag)
+    )
+    if len(set(names)) != len(names):
+        raise ConfigError(f"{flag} lists a method twice: {value!r}")
+    return names
+
+
+class Settings:
+    """A command's flags over its ``--config`` file over :data:`~privfed.commands.options.FEDERATION`.
+
+    ``keys`` are the config-file keys the command accepts (flag names with
+    underscores, and the field names its saved ``results.json`` uses); an
+    unknown key is refused, naming the allowed ones.
+    """
+
+    def __init__(self, args: argparse.Namespace, keys: Iterable[str]) -> None:
+        self.args = args
+        self.base: dict[str, Any] = {}
+        if getattr(args, "config", None):
+            raw = load_config_file(args.config)
+            unknown = set(raw) - set(keys)
+            if unknown:
+                raise ConfigError(f"--config: unknown setting(s) {sorted(unknown)}; allowed: {sorted(keys)}")
+            self.base = dict(raw)
+
+    def raw(self, dest: str, *keys: str) -> Any:
+        """The flag's value when given, else the config file's first of ``keys`` (default: ``dest``), else None."""
+        v = getattr(self.args, dest, None)
+        if v is not None:
+            return v
+        for k in keys or (dest,):
+            if k in self.base:
+                return self.base[k]
+        return None
+
+    # -- what runs ----------------------------------------------------------
+    def methods(self) -> tuple[str, ...]:
+        v = self.raw("method", "method", "methods")
+        return method_names(FEDERATION["method"] if v is None else v)
+
+    def method(self) -> str:
+        names = self.methods()
+        if len(names) != 1:
+            raise ConfigError(f"--method takes one method here, got {','.join(names)}")
+        return names[0]
+
+    def attacks(self, dest: str = "attack", *keys: str) -> tuple[str, ...]:
+        v = self.raw(dest, *(keys or ("attack", "attacks")))
+        if v is None or v == []:
+            return ()
+        return tuple(
+            choose(a, ATTACK_NAMES, "--attack", what="attack")
+            for a in parse_str_list(as_list(v, "--attack"), "--attack")
+        )
+
+    def params(self, methods: Sequence[str]) -> dict[str, dict[str, Any]]:
+        """``--param METHOD.KEY=VALUE`` (repeatable) over the file's ``method_params`` table, checked now."""
+        from privfed import methods as _methods
+
+        mp = self.base.get("method_params") or {}
+        if not isinstance(mp, dict) or not all(isinstance(v, dict) for v in mp.values()):
+            raise ConfigError(
+                f"method_params must be a table of tables like {{fedcof = {{gamma = 0.1}}}}, got {mp!r}"
+            )
+        params: dict[str, dict[str, Any]] = {method_names(k)[0]: dict(v) for k, v in mp.items()}
+        for item in getattr(self.args, "param", None) or []:
+            lhs, sep, value = item.partition("=")
+            mname, dot, key = lhs.rpartition(".")
+            if not sep or not dot or not key or not mname:
+                example = f"{methods[0]}.KEY=VALUE" if len(methods) == 1 else "METHOD.KEY=VALUE"
+                raise ConfigError(f"--param {item!r} must look like {example}, e.g. fedcof.gamma=0.1")
+            params.setdefault(method_names(mname, "--param")[0], {})[key] = parse_value(value)
+        for mname, p in params.items():
+            if mname not in methods:
+                raise ConfigError(
+                    f"--param {mname}.{next(iter(p), 'KEY')}=...: method {mname!r} is not in --method "
+                    f"({','.join(methods)}), so the parameter would be ignored; add {mname} to --method "
+                    "or drop the parameter"
+                )
+            _methods.get(mname, **p)  # validates names and values now, not mid-run
+        return params
+
+    # -- privacy --------------------------------------------------------------
+    def epsilons(self) -> tuple[float, ...]:
+        v = self.raw("eps", "eps", "epsilons", "epsilon")
+        if v is None:
+            return (float(FEDERATION["eps"]),)
+        text = as_list(v, "--eps")
+        for item in text.split(","):
+            low = item.strip().lower()
+            if low in ("nan", "-inf", "-infinity", "+nan", "-nan"):
+                raise ConfigError(
+                    f"--eps must be a number > 0 (inf: no protection), got {item.strip()!r}; a NaN or negative "
+                    "budget would run without noise"
+                )
+        return tuple(parse_float_list(text, "--eps", positive=True))
+
+    def epsilon(self) -> float:
+        eps = self.epsilons()
+        if len(eps) != 1:
+            raise ConfigError(
+                f"--eps takes one budget here (a Flower run is one release), got {','.join(f'{e:g}' for e in eps)}; "
+                "sweep budgets with python -m privfed.tradeoff --eps LIST"
+            )
+        return eps[0]
+
+    def delta(self) -> float:
+        v = self.raw("delta")
+        if v is not None and isinstance(v, str) and v.strip().lower() in ("nan", "+nan", "-nan"):
+            raise ConfigError(f"--delta must be a finite number in (0, 1), got {v!r}")
+        delta = float(FEDERATION["delta"]) if v is None else as_float(v, "--delta")
+        if not 0 < delta < 1:
+            raise ConfigError(f"--delta must be in (0, 1), got {delta:g}")
+        return delta
+
+    def clip(self) -> float | None:
+        v = self.raw("clip")
+        if v is None:
+            return None
+        clip = as_float(v, "--clip")
+        if not (clip > 0 and math.isfinite(clip)):
+            raise ConfigError(f"--clip must be a finite number > 0, got {clip:g}")
+        return clip
+
+    def level(self) -> str:
+        v = self.raw("level")
+        return FEDERATION["level"] if v is None else choose(v, ("record", "client"), "--level", what="level")
+
+    def secure_agg(self, kinds: Sequence[str] = SECURE_AGG_KINDS) -> str:
+        v = self.raw("secure_agg", "secure_agg", "secure")
+        if v is None:
+            return FEDERATION["secure_agg"]
+        v = as_str(v, "--secure-agg")
+        if v not in kinds:
+            raise ConfigError(f"--secure-agg must be {', '.join(kinds[:-1])} or {kinds[-1]}, got {v!r}")
+        return v
+
+    # -- data -----------------------------------------------------------------
+    def dataset(self) -> str:
+        v = self.raw("dataset")
+        return FEDERATION["dataset"] if v is None else as_str(v, "--dataset")
+
+    def clients(self) -> int:
+        v = self.raw("clients")
+        return FEDERATION["clients"] if v is None else as_int(v, "--clients", minimum=1)
+
+    def partition(self, extra: Sequence[str] = ()) -> str:
+        v = self.raw("partition")
+        if v is None:
+            return FEDERATION["partition"]
+        return choose(v, (*PARTITION_NAMES, *extra), "--partition", what="partition scheme")
+
+    def alpha(self) -> float:
+        v = self.raw("alpha")
+        alpha = float(FEDERATION["alpha"]) if v is None else as_float(v, "--alpha")
+        if not (alpha > 0 and math.isfinite(alpha)):
+            raise ConfigError(f"--alpha must be a finite number > 0, got {alpha:g}")
+        return alpha
+
+    def seeds(self) -> tuple[int, ...]:
+        v = self.raw("seeds")
+        return parse_seeds(FEDERATION["seeds"] if v is None else v, "--seeds")
+
+    # -- output ---------------------------------------------------------------
+    def switch(self, dest: str, key: str | None = None, default: bool = False) -> bool:
+        v = self.raw(dest, key or dest)
+        return default if v is None else as_bool(v, f"--{dest.replace('_', '-')}")
+
+    def plot(self) -> bool:
+        if getattr(self.args, "no_plot", None):
+            return False
+        v = self.base.get("plot")
+        return True if v is None else as_bool(v, "plot")

@@ -1,0 +1,331 @@
+"""One results record for every command: what ran, on which data, with which guarantee, and what it gave.
+
+Every privfed command (``tradeoff``, ``attack``, ``flower``, and the Flower
+ServerApp that ``flwr run`` starts) writes its ``results.json`` through
+:func:`write_record`, in one schema (:data:`SCHEMA`, checked by
+:func:`check_record`):
+
+==================  ==============================================================
+``schema``          ``"privfed.run/1"``
+``command``         ``tradeoff``, ``attack`` or ``flower``
+``command_line``    the command as typed (or the run config a ServerApp was given)
+``complete``        false for the runs kept after an interrupt
+``config``          the configuration as run, resolved (``--config`` replays it)
+``data``            the data rules: data set, training samples used and unused,
+                    test split, partition rule, clients, seeds (:func:`data_rules`)
+``guarantees``      the distinct guarantee sentences of the releases
+``accuracy``        test accuracy per (method, placement, epsilon), with chance;
+                    ``None`` for a command that measures none (attacks)
+``bytes``           what one client uploads (mean over the rows), and the wire
+``timing``          seconds (``total_s`` at least)
+``versions``        Python, the platform and the packages that determine results
+``records``         one row per run (method, epsilon, seed, guarantee, upload
+                    bytes, accuracy where there is one, the metrics)
+``summary``         rows over seeds (commands that sweep), or ``[]``
+``warnings``        notes the run raised
+==================  ==============================================================
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import platform
+from collections.abc import Mapping, Sequence
+from importlib import metadata
+from typing import Any
+
+from privfed.errors import InputError
+
+__all__ = [
+    "COMMANDS",
+    "SCHEMA",
+    "check_record",
+    "data_rules",
+    "json_text",
+    "make_record",
+    "versions",
+    "write_record",
+]
+
+SCHEMA = "privfed.run/1"
+COMMANDS = ("tradeoff", "attack", "flower")
+
+#: top-level key -> the types its value may have
+_TOP: dict[str, tuple[type, ...]] = {
+    "schema": (str,),
+    "command": (str,),
+    "command_line": (str,),
+    "complete": (bool,),
+    "config": (dict,),
+    "data": (dict,),
+    "guarantees": (list,),
+    "accuracy": (dict, type(None)),
+    "bytes": (dict,),
+    "timing": (dict,),
+    "versions": (dict,),
+    "records": (list,),
+    "summary": (list,),
+    "warnings": (list,),
+}
+_DATA = (
+    "dataset",
+    "train_samples",
+    "used_samples",
+    "unused_samples",
+    "test_samples",
+    "test_split",
+    "partition",
+    "clients",
+    "seeds",
+)
+_ROW = ("method", "epsilon", "seed", "guarantee", "upload_bytes")
+
+
+def versions() -> dict[str, str]:
+    """Versions of Python and of the packages that determine results."""
+    out = {"python": platform.python_version(), "platform": platform.platform()}
+    for pkg in (
+        "privfed",
+        "numpy",
+        "scipy",
+        "scikit-learn",
+        "torch",
+        "torchvision",
+        "dp-accounting",
+        "opacus",
+        "opendp",
+        "tenseal",
+        "cryptography",
+        "flwr",
+    ):
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            out[pkg] = metadata.version(pkg)
+    return out
+
+
+def _plain(o: Any) -> Any:
+    """JSON data from numpy values, paths, dataclass-like objects; inf / NaN as the strings 'inf' / 'nan'."""
+    import numpy as np
+
+    if isinstance(o, dict):
+        return {str(k): _plain(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [_plain(v) for v in o]
+    if isinstance(o, np.ndarray):
+        return _plain(o.tolist())
+    if isinstance(o, (bool, np.bool_)):
+        return bool(o)
+    if isinstance(o, np.integer):
+        return int(o)
+    if isinstance(o, (float, np.floating)):
+        v = float(o)
+        return v if math.isfinite(v) else ("inf" if v > 0 else "-inf" if v < 0 else "nan")
+    if isinstance(o, (int, str)) or o is None:
+        return o
+    if hasattr(o, "as_dict"):
+        return _plain(o.as_dict())
+    return str(o)
+
+
+def json_text(payload: Any) -> str:
+    """JSON text of ``payload`` (numpy values converted; inf/NaN written as strings)."""
+    import json
+
+    return json.dumps(_plain(payload), indent=2) + "\n"
+
+
+def _number(v: Any) -> bool:
+    return (isinstance(v, (int, float)) and not isinstance(v, bool)) or v in ("inf", "-inf", "nan")
+
+
+def check_record(rec: Any, where: str = "results.json") -> dict[str, Any]:
+    """``rec`` if it is a privfed run record (:data:`SCHEMA`); InputError naming the first thing wrong."""
+    if not isinstance(rec, dict):
+        raise InputError(f"{where} is not a privfed run record (a JSON object)")
+    if rec.get("schema") != SCHEMA:
+        raise InputError(f"{where}: schema {rec.get('schema')!r} is not {SCHEMA!r}")
+    for key, types in _TOP.items():
+        if key not in rec:
+            raise InputError(f"{where}: no {key!r}")
+        if not isinstance(rec[key], types):
+            raise InputError(f"{where}: {key!r} is a {type(rec[key]).__name__}")
+    if rec["command"] not in COMMANDS:
+        raise InputError(f"{where}: command {rec['command']!r} is not one of {', '.join(COMMANDS)}")
+    missing = [k for k in _DATA if k not in rec["data"]]
+    if missing:
+        raise InputError(f"{where}: the data rules lack {missing}")
+    if "total_s" not in rec["timing"] or "upload_per_client" not in rec["bytes"]:
+        raise InputError(f"{where}: timing needs total_s and bytes needs upload_per_client")
+    for i, row in enumerate(rec["records"]):
+        lacking = [k for k in _ROW if k not in row]
+        if lacking:
+            raise InputError(f"{where}: record {i} lacks {lacking}")
+        if not _number(row["epsilon"]) or not isinstance(row["seed"], int):
+            raise InputError(f"{where}: record {i} has a malformed epsilon or seed")
+        if row["guarantee"] not in rec["guarantees"]:
+            raise InputError(f"{where}: record {i}'s guarantee is not listed in 'guarantees'")
+        if rec["accuracy"] is not None and not _number(row.get("accuracy")):
+            raise InputError(f"{where}: record {i} has no accuracy")
+    if rec["accuracy"] is not None:
+        acc = rec["accuracy"]
+        if not {"measured_on", "chance", "values"} <= set(acc) or not isinstance(acc["values"], list):
+            raise InputError(f"{where}: 'accuracy' needs measured_on, chance and values")
+    return rec
+
+
+def _mean_std(values: Sequence[float]) -> tuple[float, float]:
+    vals = [float(v) for v in values]
+    if not vals:
+        return math.nan, math.nan
+    m = sum(vals) / len(vals)
+    sd = math.sqrt(sum((v - m) ** 2 for v in vals) / (len(vals) - 1)) if len(vals) > 1 else 0.0
+    return m, sd
+
+
+def make_record(
+    *,
+    command: str,
+    command_line: str,
+    config: Mapping[str, Any],
+    data: Mapping[str, Any],
+    records: Sequence[Mapping[str, Any]],
+    timing: Mapping[str, Any],
+    summary: Sequence[Mapping[str, Any]] = (),
+    measured_on: str | None = None,
+    chance: float | None = None,
+    wire: Mapping[str, Any] | None = None,
+    warnings: Sequence[str] = (),
+    complete: bool = True,
+    extra: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The run record (plain JSON data) of one command's run; see the module docstring for its keys.
+
+    ``measured_on`` (the test set's words) turns on the ``accuracy`` section: each
+    (method, placement, epsilon) of ``records`` with the mean and spread of its
+    ``accuracy`` over seeds, beside ``chance``.
+    """
+    if command not in COMMANDS:
+        raise ValueError(f"command {command!r} is not one of {COMMANDS}")
+    rows = [dict(r) for r in records]
+    guarantees = list(dict.fromkeys(str(r.get("guarantee", "")) for r in rows))
+    accuracy = None
+    if measured_on is not None:
+        groups: dict[tuple, list[dict]] = {}
+        for r in rows:
+            groups.setdefault((r["method"], r.get("placement", ""), float(r["epsilon"])), []).append(r)
+        values = []
+        for (m, place, eps), rs in groups.items():
+            mean, sd = _mean_std([r["accuracy"] for r in rs])
+            item = {
+                "method": m,
+                "placement": place,
+                "epsilon": eps,
+                "mean": mean,
+                "std": sd,
+                "seeds": len(rs),
+            }
+            if all("nonprivate_accuracy" in r for r in rs):
+                item["nonprivate_mean"] = _mean_std([r["nonprivate_accuracy"] for r in rs])[0]
+            values.append(item)
+        accuracy = {"measured_on": measured_on, "chance": chance, "values": values}
+    ups = [float(r["upload_bytes"]) for r in rows if _number(r.get("upload_bytes"))]
+    bytes_ = {
+        "upload_per_client": (sum(ups) / len(ups)) if ups else None,
+        "what": "bytes one client uploads in a release (mean over the records)",
+        **({"wire": dict(wire)} if wire else {}),
+    }
+    rec = {
+        "schema": SCHEMA,
+        "command": command,
+        "command_line": command_line,
+        "complete": bool(complete),
+        "config": dict(config),
+        "data": dict(data),
+        "guarantees": guarantees,
+        "accuracy": accuracy,
+        "bytes": bytes_,
+        "timing": dict(timing),
+        "versions": versions(),
+        "records": rows,
+        "summary": [dict(s) for s in summary],
+        "warnings": list(warnings),
+        **(dict(extra) if extra else {}),
+    }
+    import json
+
+    return json.loads(json_text(rec))  # plain JSON data: what is written is what a reader gets back
+
+
+def write_record(folder: Any, record: Mapping[str, Any], name: str = "results.json") -> None:
+    """Write ``record`` into a :class:`~privfed.results.writer.ResultFolder` (atomically), checked first."""
+    check_record(dict(record), name)
+    text = json_text(record)
+    folder.write(name, lambda p: p.write_text(text))
+
+
+def data_rules(
+    dataset: Any,
+    *,
+    clients: int,
+    partition: str,
+    alpha: float,
+    seeds: Sequence[int],
+    clients_of=None,
+) -> dict[str, Any]:
+    """The run's data defaults in words and counts: the test split, the partition rule, what it leaves unused.
+
+    ``dataset`` is a :class:`privfed.data.FeatureDataset`; ``clients_of(labels, seed)`` returns the
+    client of every training sample (-1: unused) for a partition other than
+    :func:`privfed.federation.partition` (the attacks' class groups).  Printed in every
+    command's header (``data:``) and written into its record, so no default is silent.
+    """
+    import numpy as np
+
+    meta = getattr(dataset, "meta", None) or {}
+    n = int(np.asarray(dataset.train_labels).shape[0])
+    n_test = (
+        int(np.asarray(dataset.test_labels).shape[0])
+        if getattr(dataset, "test_labels", None) is not None
+        else 0
+    )
+    if "test_split" in meta:
+        test = meta["test_split"]
+    elif dataset.name == "digits":
+        split = meta.get("split", {})
+        test = (
+            f"{split.get('test', n_test)} test images held out (20 % of digits, stratified, seed "
+            f"{meta.get('seed', 0)}); {split.get('public', '?')} public images train the backbone"
+        )
+    else:
+        test = "the dataset's own test split"
+    seed = int(seeds[0]) if len(seeds) else 0
+    if clients_of is not None:
+        k, rule = clients_of(dataset.train_labels, seed)
+    else:
+        from privfed.federation import partition as make_partition
+
+        natural = getattr(dataset, "train_clients", None) if partition == "natural" else None
+        part = make_partition(
+            dataset.train_labels, clients, partition, alpha=alpha, rng=seed, natural=natural
+        )
+        k = part.clients
+        rule = {
+            "dirichlet": f"dirichlet alpha {alpha:g} (FedNCM/FedCOF: each client gets floor(N/K) = {n // max(clients, 1)} samples)",
+            "dirichlet-class": f"dirichlet-class alpha {alpha:g}",
+            "natural": "natural (the file's own clients array)",
+        }.get(partition, partition)
+        if getattr(dataset, "train_clients", None) is not None and partition != "natural":
+            rule += "; the file's clients array is NOT used (pass --partition natural to use it)"
+    used = int(np.count_nonzero(np.asarray(k) >= 0))
+    return {
+        "dataset": dataset.name,
+        "test_split": test,
+        "test_samples": n_test,
+        "partition": rule,
+        "clients": int(clients),
+        "seeds": [int(s) for s in seeds],
+        "train_samples": n,
+        "used_samples": used,
+        "unused_samples": n - used,
+    }

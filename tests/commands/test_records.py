@@ -1,0 +1,200 @@
+"""One run record for every command: results.json of tradeoff, attack and flower read with one schema.
+
+Each record holds the configuration as run (and replays it), the data rules (samples used and unused, the
+test split, the partition), the guarantees its rows carry, the accuracy where the command measures one,
+the bytes, the timings and the versions.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from types import SimpleNamespace
+
+import pytest
+
+from privfed.attack import main as attack_main
+from privfed.errors import InputError
+from privfed.results.record import SCHEMA, check_record, make_record
+from privfed.tradeoff import main as tradeoff_main
+
+SMALL = ["--clients", "20", "--seeds", "2", "--quiet", "--no-plot"]
+
+
+@pytest.fixture(scope="module")
+def records(tmp_path_factory, digits_cache, flower_run):
+    tmp = tmp_path_factory.mktemp("records")
+    assert (
+        tradeoff_main(["--method", "fedncm,fedlog", "--eps", "1,inf", *SMALL, "--out", str(tmp / "t")]) == 0
+    )
+    assert (
+        attack_main(
+            ["--attack", "tracing", "--method", "fedncm", "--eps", "1", *SMALL, "--out", str(tmp / "a")]
+        )
+        == 0
+    )
+    res, out = flower_run
+    assert res.returncode == 0, res.stderr[-3000:]
+    return {
+        name: json.loads((folder / "results.json").read_text())
+        for name, folder in (("tradeoff", tmp / "t"), ("attack", tmp / "a"), ("flower", out))
+    }
+
+
+def test_every_command_writes_one_schema(records):
+    for command, rec in records.items():
+        check_record(rec, command)
+        assert rec["schema"] == SCHEMA and rec["command"] == command and rec["complete"] is True
+        assert set(rec["versions"]) >= {"python", "numpy", "privfed"} and rec["timing"]["total_s"] > 0
+        d = rec["data"]
+        assert d["dataset"] == "digits" and d["train_samples"] == 899 and d["test_samples"] == 359
+        assert d["used_samples"] + d["unused_samples"] == d["train_samples"]
+        assert "dirichlet alpha 0.1" in d["partition"] and "test images held out" in d["test_split"]
+        assert rec["bytes"]["upload_per_client"] > 0
+    # 20 clients by the Dirichlet rule: floor(899 / 20) = 44 samples each, 19 unused; 10 flower nodes: 9
+    assert records["tradeoff"]["data"]["unused_samples"] == records["attack"]["data"]["unused_samples"] == 19
+    assert records["flower"]["data"]["unused_samples"] == 9
+
+
+def test_accuracy_where_there_is_one(records):
+    t, a, f = records["tradeoff"], records["attack"], records["flower"]
+    assert a["accuracy"] is None  # an attack measures the attacker, not a head
+    for rec in (t, f):
+        acc = rec["accuracy"]
+        assert acc["chance"] == pytest.approx(0.1) and "359 held-out" in acc["measured_on"]
+        for v in acc["values"]:
+            assert 0 <= v["mean"] <= 1
+    # the tradeoff's accuracy section is the mean and spread over its seeds of its rows
+    rows = [r for r in t["records"] if r["method"] == "fedncm" and r["epsilon"] == 1.0]
+    (v,) = [v for v in t["accuracy"]["values"] if v["method"] == "fedncm" and v["epsilon"] == 1.0]
+    mean = sum(r["accuracy"] for r in rows) / len(rows)
+    sd = math.sqrt(sum((r["accuracy"] - mean) ** 2 for r in rows) / (len(rows) - 1))
+    assert (v["mean"], v["std"], v["seeds"]) == (
+        pytest.approx(mean, abs=1e-12),
+        pytest.approx(sd, abs=1e-12),
+        2,
+    )
+
+
+def test_guarantees_are_listed_once_and_rows_refer_to_them(records):
+    for rec in records.values():
+        assert len(rec["guarantees"]) == len(set(rec["guarantees"]))
+        assert {r["guarantee"] for r in rec["records"]} == set(rec["guarantees"])
+    assert any("(1, 1e-05)-DP" in g for g in records["flower"]["guarantees"])
+
+
+def test_the_configuration_as_run_replays(records, tmp_path, digits_cache):
+    """A saved tradeoff or attack record passed back as --config runs the same configuration."""
+    import privfed.commands.attack.run as attack_run
+    import privfed.commands.tradeoff.config as tradeoff_config
+    from privfed.attack import build_parser as attack_parser
+    from privfed.tradeoff import build_parser as tradeoff_parser
+
+    for name, parser, resolve in (
+        ("tradeoff", tradeoff_parser, tradeoff_config.resolve_config),
+        ("attack", attack_parser, attack_run.resolve_config),
+    ):
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(records[name]))
+        argv = ["--config", str(path)] + (["--attack", "tracing"] if name == "attack" else [])
+        again = resolve(parser().parse_args(argv))
+        from dataclasses import asdict
+
+        saved = records[name]["config"]
+        got = json.loads(json.dumps(asdict(again), default=str).replace("Infinity", '"inf"'))
+        for key in ("methods", "epsilons", "clients", "partition", "alpha", "seeds", "delta", "dataset"):
+            assert got[key] == saved[key], (name, key)
+    from privfed.commands.flower import resolve_config
+    from privfed.commands.options import flower_parser
+
+    path = tmp_path / "flower.json"
+    path.write_text(json.dumps(records["flower"]))
+    cfg, _ = resolve_config(flower_parser().parse_args(["--config", str(path)]))
+    saved = records["flower"]["config"]
+    assert (cfg.method, cfg.epsilon, cfg.clients, cfg.partition_seed, cfg.alpha) == (
+        saved["method"],
+        saved["eps"],
+        saved["clients"],
+        0,
+        saved["alpha"],
+    )
+
+
+def test_the_schema_check_refuses_what_it_should():
+    good = make_record(
+        command="tradeoff",
+        command_line="x",
+        config={},
+        data=dict(
+            dataset="d",
+            train_samples=1,
+            used_samples=1,
+            unused_samples=0,
+            test_samples=1,
+            test_split="s",
+            partition="p",
+            clients=1,
+            seeds=[0],
+        ),
+        records=[dict(method="m", epsilon=1.0, seed=0, guarantee="g", upload_bytes=8.0, accuracy=0.5)],
+        timing={"total_s": 1.0},
+        measured_on="t",
+        chance=0.5,
+    )
+    check_record(good)
+    for broken, needle in (
+        ({**good, "schema": "x"}, "schema"),
+        ({k: v for k, v in good.items() if k != "data"}, "no 'data'"),
+        ({**good, "data": {"dataset": "d"}}, "data rules lack"),
+        ({**good, "records": [{**good["records"][0], "guarantee": "other"}]}, "not listed"),
+        (
+            {**good, "records": [{k: v for k, v in good["records"][0].items() if k != "accuracy"}]},
+            "no accuracy",
+        ),
+        ({**good, "command": "train"}, "not one of"),
+    ):
+        with pytest.raises(InputError, match=needle):
+            check_record(broken)
+
+
+def test_multi_round_rows_have_the_one_shot_columns(tmp_path, monkeypatch, capsys, digits_cache):
+    """--rounds runs write the same columns, non-private beside accuracy, and per-client upload."""
+    import privfed.rounds as fr
+
+    def run_rounds(cfg, *, seed, epsilon, progress, noise_seed=None):
+        rep = None
+        if math.isfinite(epsilon):
+            rep = SimpleNamespace(
+                epsilon=epsilon,
+                sigma=3.0,
+                placement="local",
+                guarantee=f"({epsilon:g}, 1e-05)-DP at record level",
+            )
+        one = {"personalised": 0.5, "common": 0.4 if rep else 0.45, "privacy": rep, "upload_bytes_total": 100}
+        return SimpleNamespace(
+            personalised_accuracy=0.6,
+            common_accuracy=0.5 if rep else 0.55,
+            privacy=rep,
+            bytes={"upload_total": 400},
+            baselines={"oneshot": one},
+            attacks=None,
+        )
+
+    monkeypatch.setattr(fr, "run_rounds", run_rounds)
+    out = tmp_path / "r"
+    argv = ["--method", "fedlog", "--rounds", "4", "--eps", "1", "--clients", "4", "--seeds", "1", "--quiet"]
+    assert tradeoff_main([*argv, "--no-plot", "--out", str(out)]) == 0
+    rec = check_record(json.loads((out / "results.json").read_text()))
+    rows = rec["records"]
+    assert [(r["rounds"], r["accuracy"], r["nonprivate_accuracy"]) for r in rows] == [
+        (4, 0.5, 0.55),
+        (1, 0.4, 0.45),
+    ]
+    assert [r["upload_bytes"] for r in rows] == [
+        100.0,
+        25.0,
+    ]  # per client: 400 / 4 over four rounds, 100 / 4 once
+    table = capsys.readouterr().out
+    head = table.splitlines()[0].split()
+    assert head[:7] == ["method", "rounds", "placement", "protocol", "eps", "accuracy", "personalised"]
+    assert "non-private" in head and "bytes/client" in head and "guarantee" in head
