@@ -46,7 +46,7 @@ from privfed.flower.server_secure import serve_secure
 from privfed.flower.transport import Exchange, wait_for_nodes
 from privfed.head import LinearHead
 
-__all__ = ["FlowerResult", "app", "make_server_app", "run_config_of", "run_record", "serve"]
+__all__ = ["FlowerResult", "app", "make_server_app", "run_config_of", "run_line", "run_record", "serve", "write_outputs"]
 
 
 @dataclass
@@ -358,18 +358,23 @@ def make_server_app(
     return app
 
 
+def run_line(res: FlowerResult, output: str | None, extra: str = "") -> str:
+    """The line a ServerApp prints when a run ends: the head, the nodes, bytes, accuracy, where it is written."""
+    acc = res.report.get("accuracy")
+    return (
+        f"privfed: {res.head.method} head {res.head.weight.shape} from {res.report['replied']} nodes; "
+        f"{res.report['wire']['bytes_up_per_node']:.0f} bytes up per node"
+        + (f"; test accuracy {acc:.4f}" if acc is not None else "")
+        + (f"; {extra}" if extra else "")
+        + (f"; written to {output}" if output else "")
+    )
+
+
 def _serve_one(grid, run_cfg: FlowerConfig, keep_view: bool, results: list | None) -> None:
     res = serve(grid, run_cfg, keep_view=keep_view)
     if results is not None:
         results.append(res)
-    acc = res.report.get("accuracy")
-    print(
-        f"privfed: {res.head.method} head {res.head.weight.shape} from {res.report['replied']} nodes; "
-        f"{res.report['wire']['bytes_up_per_node']:.0f} bytes up per node"
-        + (f"; test accuracy {acc:.4f}" if acc is not None else "")
-        + (f"; written to {run_cfg.output}" if run_cfg.output else ""),
-        flush=True,
-    )
+    print(run_line(res, run_cfg.output), flush=True)
 
 
 #: A ServerApp reading Flower's run config.  ``privfed/flower/app`` (``flwr run``) names the deployed one,

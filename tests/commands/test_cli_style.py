@@ -152,8 +152,12 @@ def test_flower_run_config_keys_are_the_flag_names_with_the_same_defaults():
     app = tomllib.loads((REPO / "privfed" / "flower" / "app" / "pyproject.toml").read_text())
     keys = app["tool"]["flwr"]["app"]["config"]
     flags = {f.lstrip("-") for f in _flower_flags()}
-    for key in keys:  # every run-config key is a flag of the flower command, under the same name
-        assert key in flags, key
+    from privfed.flower.deploy.server import NODE_KEYS
+
+    # every run-config key is a flag of the flower command, under the same name, but the deployed ServerApp's
+    # node-keys: a path on a SuperLink machine, which the command's simulation has no use for
+    for key in keys:
+        assert key in flags or key == NODE_KEYS, key
     fed = cli_args.FEDERATION
     assert (keys["method"], keys["eps"], keys["delta"], keys["level"], keys["partition"], keys["alpha"]) == (
         fed["method"],
@@ -170,6 +174,7 @@ def test_flower_run_config_keys_are_the_flag_names_with_the_same_defaults():
     )
     # the app waits for as many nodes as Flower's default simulation starts, so `flwr run` needs no option
     assert keys["clients"] == flwr_constants.DEFAULT_SIMULATION_CONFIG.num_supernodes
+    keys = {k: v for k, v in keys.items() if k != NODE_KEYS}  # the deployed ServerApp takes it out first
     cfg = FlowerConfig.from_run_config(keys)
     assert (cfg.method, cfg.epsilon, cfg.partition_seed, cfg.secure, cfg.output) == (
         "fedlog",

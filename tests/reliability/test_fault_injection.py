@@ -347,7 +347,7 @@ def test_a_tampered_result_folder_is_refused_when_read_back(tmp_path, capsys, di
 # ---------------------------------------------------------------- the multi-round command
 def _fake_rounds(monkeypatch, stop_at: int | None = None, sig=signal.SIGTERM):
     """run_rounds replaced by a stand-in result (the writer is under test, not the training)."""
-    import privfed.commands.tradeoff.rounds as fr
+    import privfed.rounds as fr
 
     seen = []
 

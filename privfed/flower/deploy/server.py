@@ -24,7 +24,7 @@ from flwr.serverapp import Grid, ServerApp
 from privfed.errors import ConfigError
 from privfed.flower.config import FlowerConfig
 from privfed.flower.deploy.auth import NodeKeys
-from privfed.flower.server_app import FlowerResult, serve, write_outputs
+from privfed.flower.server_app import FlowerResult, run_line, serve, write_outputs
 
 __all__ = ["NODE_KEYS", "AuthenticatedGrid", "app", "serve_authenticated"]
 
@@ -145,16 +145,9 @@ app = ServerApp()
 def main(grid: Grid, context: Context) -> None:
     res = serve_authenticated(grid, dict(context.run_config))
     auth = res.report["node_authentication"]
-    output = res.report.get("config", {}).get("output")
-    acc = res.report.get("accuracy")
     nodes = (
-        f"roster nodes {sorted(auth['nodes'].values())}; {len(auth['refused'])} unbound node(s) left out"
+        f"roster nodes {sorted(auth['nodes'].values())}, {len(auth['refused'])} unbound node(s) left out"
         if "nodes" in auth
         else "simulated nodes, no node authentication"
     )
-    print(
-        f"privfed: {res.head.method} head {res.head.weight.shape} from {res.report['replied']} nodes ({nodes})"
-        + (f"; test accuracy {acc:.4f}" if acc is not None else "")
-        + (f"; written to {output}" if output else ""),
-        flush=True,
-    )
+    print(run_line(res, res.report.get("config", {}).get("output"), nodes), flush=True)
