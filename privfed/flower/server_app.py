@@ -46,7 +46,16 @@ from privfed.flower.server_secure import serve_secure
 from privfed.flower.transport import Exchange, wait_for_nodes
 from privfed.head import LinearHead
 
-__all__ = ["FlowerResult", "app", "make_server_app", "run_config_of", "run_line", "run_record", "serve", "write_outputs"]
+__all__ = [
+    "FlowerResult",
+    "app",
+    "make_server_app",
+    "run_config_of",
+    "run_line",
+    "run_record",
+    "serve",
+    "write_outputs",
+]
 
 
 @dataclass
