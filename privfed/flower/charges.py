@@ -4,7 +4,7 @@
 budget refuses a release without DP noise (:func:`require_dp`), charges a plain upload its own noise or
 the trusted server's declared noise on the sum (:func:`charge_plain`), charges its noise share in a
 secure sum at the fewest shares the sum can carry (:func:`charge_share`) and, on masking, settles it to
-its part of the survivors it signs for (:func:`settle_share`); :func:`session_ids` names each of its
+its part of the uploaders once t signatures confirm them, at the unmask stage (:func:`settle_share`); :func:`session_ids` names each of its
 secure releases by run, so that a budgeted node can take part in more than one.
 """
 
@@ -23,6 +23,7 @@ __all__ = [
     "budget_reply",
     "charge_plain",
     "charge_share",
+    "check_pending",
     "no_dp_refusal",
     "require_dp",
     "run_of",
@@ -123,7 +124,7 @@ def charge_share(
 
     Masking releases a sum over at least t survivors (the roster's threshold), CKKS over at least
     ``roster.sum_threshold`` contributions: the charge assumes that many shares, less the declared
-    colluders'.  A masking node settles it at the consistency stage (:func:`settle_share`).
+    colluders'.  A masking node settles it at the unmask stage (:func:`settle_share`).
     """
     budget = node_budget(context)
     if budget is None:
@@ -149,10 +150,17 @@ def charge_share(
 
 def settle_share(context, stage: str, roster, node: int, content) -> None:
     """After a masking stage succeeded: bind a pending masked charge to its session (``masked``), then at
-    ``consistency`` settle it to the shares of this node's part of the survivor graph (the survivors it
-    signs for that are connected to it in the roster's graph: what one decodable sum can cover), less
-    the declared colluders.  A charge whose session never reached consistency keeps its fewest-shares
-    charge."""
+    ``unmask`` settle it to the shares of this node's part of the uploaders (the uploaders it signed for that
+    are connected to it in the roster's graph: what one decodable sum can cover), less the declared
+    colluders.
+
+    Only the unmask request proves anything about the sum: the node has then checked that at least t
+    members of its group signed the very uploader list it signed (and that every listed uploader signed an
+    echo with its masked input), so the server can decode no sum over another list.  The list a
+    consistency request names is the server's word alone; a node told there that more nodes uploaded than
+    did would settle below what its release cost.  A charge whose session never reached a checked unmask
+    request keeps its fewest-shares charge (t less the declared colluders: at least that many shares are in
+    any sum the server can decode)."""
     if PENDING_KEY not in context.state:
         return
     from flwr.app import ConfigRecord
@@ -164,7 +172,7 @@ def settle_share(context, stage: str, roster, node: int, content) -> None:
     if stage == "masked" and "session" not in pending:
         context.state[PENDING_KEY] = ConfigRecord({**pending, "session": session})
         return
-    if stage != "consistency" or bytes(pending.get("session", b"-")) != session:
+    if stage != "unmask" or bytes(pending.get("session", b"-")) != session:
         return
     survivors = {int(v) for v in content["secagg"]["uploaded"]}
     part, todo = {int(node)}, [int(node)]
@@ -180,6 +188,17 @@ def settle_share(context, stage: str, roster, node: int, content) -> None:
     if budget is not None:
         budget.settle(str(pending["release"]), factor)
     del context.state[PENDING_KEY]
+
+
+def check_pending(context, stage: str) -> None:
+    """Before a masking stage that follows an upload (``consistency``, ``unmask``): a node with a pending
+    masked charge refuses to sign or to reveal shares unless its budget ledger can be read (it could not
+    settle, nor show what it spent: it fails closed)."""
+    if stage not in ("consistency", "unmask") or PENDING_KEY not in context.state:
+        return
+    budget = node_budget(context)
+    if budget is not None:
+        budget.ready()
 
 
 def charge_plain(

@@ -54,6 +54,7 @@ from privfed.flower.charges import (
     budget_reply,
     charge_plain,
     charge_share,
+    check_pending,
     no_dp_refusal,
     require_dp,
     session_ids,
@@ -362,13 +363,11 @@ def make_client_app(
                         ),
                         lifetime=lifetime,
                     )
+                check_pending(context, stage)  # a pending charge: its ledger readable before signing
                 reply = node_step(msg.content, context, identity, roster, **kw)
-                settle_share(
-                    context, stage, roster, identity.index, msg.content
-                )  # a charge: to the survivors
-            except (
-                PrivfedError
-            ) as exc:  # a refusal (ProtocolAbort included) reaches the server as its message
+                # a pending charge, once t signatures confirmed the uploaders: to the shares they carry
+                settle_share(context, stage, roster, identity.index, msg.content)
+            except PrivfedError as exc:  # a refusal (a ProtocolAbort too) reaches the server as its message
                 return _error(msg, exc)
             except (KeyError, TypeError, OverflowError) as exc:  # a request without its config or round
                 return _malformed(msg, context, stage, exc)

@@ -167,9 +167,9 @@ def test_a_refusal_depends_on_the_budget_and_the_releases_not_on_the_data(tmp_pa
 
 def test_a_masked_release_is_admitted_only_if_it_fits_at_t_shares_and_is_charged_the_shares_present(tmp_path):
     """Distributed noise under masking (K = 4, t = 3): the node charges the release as if only t shares reached
-    the sum (the fewest the protocol releases), then, at the consistency stage, the 4 it signs for.  A budget
-    of 1.5 releases admits the first (4/3 of MU1^2 at admission), settled to MU1 (the run's epsilon), and
-    refuses the second (1 + 4/3 > 1.5)."""
+    the sum (the fewest the protocol releases), then, at the unmask stage, the 4 that t signatures confirm.
+    A budget of 1.5 releases admits the first (4/3 of MU1^2 at admission), settled to MU1 (the run's
+    epsilon), and refuses the second (1 + 4/3 > 1.5)."""
     nodes = _nodes(tmp_path, budget_for(1.5))
     cfg = _plain(secure="mask")
     res = serve(LocalGrid(nodes), cfg)
@@ -319,7 +319,7 @@ def test_each_placement_charges_the_noise_its_release_declares(tmp_path, kw, fac
 
 def test_a_node_that_drops_is_not_charged_and_the_survivors_are_charged_the_shares_present(tmp_path):
     """One node fails its masked stage (it never uploads): it is charged nothing; the three survivors settle
-    at the consistency stage to the three shares their sum carried (4/3 of MU1^2): the epsilon the server
+    at the unmask stage to the three shares their sum carried (4/3 of MU1^2): the epsilon the server
     reports for the run."""
     from privfed.flower.client_app import make_client_app
 
