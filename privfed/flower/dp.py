@@ -16,8 +16,9 @@ On Flower the two halves live in different processes:
 * the server (:class:`SecureNoiseReport`) checks that every node recorded the
   same release, records it once in its own mechanism's ledger, and once the
   secure sums are known, settles it with the number of nodes whose input was
-  summed -- the same ledger, hence the same report, as ``fit`` with the same
-  mechanism, protocol and dropout pattern.
+  summed, less the colluders the nodes' roster declares (their shares protect
+  nothing against the server they collude with) -- the same ledger, hence the
+  same report, as ``fit`` with the same mechanism, protocol and dropout pattern.
 
 Both halves call the mechanism's own code for the two halves of the release
 it makes in ``fit``: :meth:`GaussianMechanism.node_release` (bound, add the
@@ -108,15 +109,27 @@ class SecureNoiseReport:
         self.privacy.book_distributed(strip[0], self.num_clients, self.protocol)
         self._rid = len(self.privacy.ledger.events)
 
-    def settle(self, uploaded_per_sum: list[int], parts_per_sum: list[list[int]] | None = None) -> None:
+    def settle(
+        self, uploaded_per_sum: list[int], parts_per_sum: list[list[int]] | None = None, *, colluders: int = 0
+    ) -> None:
         """The secure sums ran: ``uploaded_per_sum[i]`` nodes' inputs (and noise shares) are in sum i, which
-        the server decodes in parts of ``parts_per_sum[i]`` nodes (a split SecAgg+ graph; default one part)."""
+        the server decodes in parts of ``parts_per_sum[i]`` nodes (a split SecAgg+ graph; default one part).
+
+        ``colluders`` is the number of colluding nodes the nodes' roster declares: a colluder knows its own
+        share and subtracts it, so against the server it colludes with each sum (and each part) carries the
+        shares of its other members only -- what every budgeted node charges (:mod:`privfed.flower.charges`).
+        """
         if self._rid is None:
             raise ConfigError("settle() before record(): no distributed release to settle")
+        c = int(colluders)
         parts = parts_per_sum or [[int(u)] for u in uploaded_per_sum]
         self.protocol.last_run = _Run(
             [
-                {"uploaded": int(u), "parts": [int(x) for x in p], "smallest_part": min(int(x) for x in p)}
+                {
+                    "uploaded": max(int(u) - c, 0),
+                    "parts": [max(int(x) - c, 0) for x in p],
+                    "smallest_part": max(min(int(x) for x in p) - c, 0),
+                }
                 for u, p in zip(uploaded_per_sum, parts)
             ]
         )
