@@ -237,12 +237,14 @@ class NodeBudget:
         stage: str,
         factor: float = 1.0,
         simulation: bool = False,
+        noise: str = "",
     ) -> float:
         """Charge one release (its ``events``, mu times ``factor``) or raise :class:`BudgetRefusal`.
 
         ``factor`` scales the declared mu to the least noise the release can carry (a secure sum with
-        fewer shares than calibrated).  The charge is committed to the store before this returns.
-        Returns the mu charged.
+        fewer shares than calibrated); ``noise`` names where its noise came from (the node's backend, or
+        the trusted server), kept with the charge.  The charge is committed to the store before this
+        returns.  Returns the mu charged.
         """
         try:
             declared = release_mu(events, self.filter.unit)
@@ -280,6 +282,7 @@ class NodeBudget:
                     "mu": mu,
                     "settled": factor == 1.0,
                     "simulation": bool(simulation),
+                    "noise": str(noise),
                 },
             ]
 
@@ -352,7 +355,8 @@ def main(argv: list[str] | None = None) -> int:
             f"still admitted is epsilon={format_up(st['remaining_epsilon'])}"
         )
         for r in budget.store.load():
-            print(f"  {r['run'][:16] or '-':16}  mu={r['mu']:.6g}  {r['what']}")
+            noise = r.get("noise") or "?"
+            print(f"  {r['run'][:16] or '-':16}  mu={r['mu']:.6g}  noise={noise:6}  {r['what']}")
     except PrivfedError as exc:
         print(f"python -m privfed.flower.budget: error: {exc}", file=sys.stderr)
         return 2

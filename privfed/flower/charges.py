@@ -16,6 +16,7 @@ from dataclasses import asdict
 
 from privfed.errors import PrivfedError
 from privfed.flower.budget import NodeBudget, node_budget
+from privfed.flower.dp import node_backend
 
 __all__ = [
     "PENDING_KEY",
@@ -141,6 +142,7 @@ def charge_share(
         stage=stage,
         factor=share_factor(cfg, roster, least),
         simulation=cfg.noise_seed is not None,
+        noise=node_backend(context.node_config, cfg) or "",
     )
     if not ckks:
         context.state[PENDING_KEY] = ConfigRecord(
@@ -210,6 +212,7 @@ def charge_plain(
     budget = node_budget(context)
     if budget is None:
         return
+    noise = (node_backend(context.node_config, cfg) or "") if events else "trusted server"
     if not events:  # a trusted aggregator adds the noise: charge what it declares, if the operator trusts it
         if not _allows(context, "dp-trust-server"):
             raise budget.refuse(
@@ -236,6 +239,7 @@ def charge_plain(
         events=list(events),
         stage=stage,
         simulation=cfg.noise_seed is not None,
+        noise=noise,
     )
 
 

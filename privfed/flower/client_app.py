@@ -64,6 +64,7 @@ from privfed.flower.charges import (
 )
 from privfed.flower.ckks import ckks_limit, holder_decrypt_step, holder_keys_step, node_encrypt_step
 from privfed.flower.config import FlowerConfig
+from privfed.flower.dp import BACKEND_KEY, node_backend
 from privfed.flower.node import load_node_data, node_rng, node_statistics, secure_release
 from privfed.flower.protocol import check_round, node_vector
 from privfed.flower.roster_checks import check_masking_config, check_noise_share
@@ -213,7 +214,10 @@ def make_client_app(
             cfg = _config(msg)
             require_dp(context, cfg, f"a plain {cfg.method} release", "query")
             data = load_node_data(context.node_config, cfg)
-            stats, events = node_statistics(data, cfg, node_rng(cfg, context.node_id, "noise"))
+            backend = node_backend(context.node_config, cfg)
+            stats, events = node_statistics(
+                data, cfg, node_rng(cfg, context.node_id, "noise"), backend=backend
+            )
             what = f"a plain {cfg.method} release ({'trusted server' if not events else 'local noise'})"
             charge_plain(context, cfg, dict(msg.content["config"]), stats, events, what=what)
         except PrivfedError as exc:
@@ -224,6 +228,7 @@ def make_client_app(
                 "C": int(stats.num_classes),
                 "events": json.dumps(events),
                 "partition-id": -1 if data.partition_id is None else int(data.partition_id),
+                **({BACKEND_KEY: backend} if events else {}),  # where the noise it added came from
             }
         )
         compact = cfg.wire == "compact"
@@ -272,6 +277,8 @@ def make_client_app(
                         stage="round",
                         deviation="plain-release",
                     )
+                if events:  # where the noise it added came from
+                    meta[BACKEND_KEY] = node_backend(context.node_config, cfg)
                 out = RecordDict({"meta": ConfigRecord({"events": json.dumps(events), **meta})})
                 if stats is not None:
                     out["stats"] = stats_record(stats)
@@ -302,6 +309,7 @@ def make_client_app(
                 "C": int(stats.num_classes),
                 "events": json.dumps(events),
                 "key-holder": str(context.node_config.get("key-holder", "")).lower() == "true",
+                **({BACKEND_KEY: node_backend(context.node_config, cfg)} if events else {}),
                 **(
                     {}
                     if roster is None

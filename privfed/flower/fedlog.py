@@ -217,6 +217,10 @@ def node_round(context, cfg, config: dict, broadcast: dict, round_index: int):
     what = f"round {round_index} of multi-round FedLog ({place} noise)"
     budget = require_dp(context, cfg, what, "round")
     dp = make_rounds_dp(rc)
+    if dp is not None and place != "central":  # the node draws the noise: from its operator's backend
+        from privfed.flower.dp import node_backend
+
+        dp.use_backend(node_backend(context.node_config, cfg), num_classes=C)
     if budget is not None and not formal(dp):
         raise budget.refuse(
             what,

@@ -170,7 +170,12 @@ def node_rng(cfg: FlowerConfig, node_id: int, purpose: str) -> np.random.Generat
 
 
 def node_statistics(
-    data: NodeData, cfg: FlowerConfig, rng: np.random.Generator, *, secure: bool = False
+    data: NodeData,
+    cfg: FlowerConfig,
+    rng: np.random.Generator,
+    *,
+    secure: bool = False,
+    backend: str | None = None,
 ) -> tuple[ClientStats, list[dict]]:
     """This node's upload: clipped statistics with its noise, and the release events it recorded.
 
@@ -184,9 +189,14 @@ def node_statistics(
     Under DP a node without records still takes part and uploads noised
     zeros, as every client of ``fit`` does: whether it holds data must not
     show in anything the server receives.  Without DP it is refused.
+
+    ``backend`` is the noise backend the node's operator chose (:func:`privfed.flower.dp.node_backend`;
+    None: the mechanism's default, numpy).
     """
     method = cfg.make_method()
     privacy = cfg.make_privacy()
+    if privacy is not None and backend is not None and backend != privacy.backend.name:
+        privacy.set_backend(backend)
     n = data.features.shape[0]
     if n == 0 and privacy is None:
         raise InputError(
@@ -268,8 +278,13 @@ def secure_release(cfg: FlowerConfig, context, config: dict, stage: str, roster=
             stats_from_record(context.state[STATS_KEY], "this node's cached statistics"),
             json.loads(str(context.state[_STATS_CONFIG]["events"])),
         )
+    from privfed.flower.dp import node_backend
+
     data = load_node_data(conf, cfg)
-    stats, events = node_statistics(data, cfg, node_rng(cfg, context.node_id, "noise"), secure=True)
+    backend = node_backend(conf, cfg)
+    stats, events = node_statistics(
+        data, cfg, node_rng(cfg, context.node_id, "noise"), secure=True, backend=backend
+    )
     context.state[STATS_KEY] = stats_record(stats)
     context.state[_STATS_CONFIG] = ConfigRecord({"config": key, "events": json.dumps(events)})
     return stats, events

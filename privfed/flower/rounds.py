@@ -139,6 +139,7 @@ def serve_fedlog_rounds(
     from dataclasses import asdict
 
     from privfed.flower.checks import rounds_placement
+    from privfed.flower.dp import BACKEND_KEY, agreed_backend
     from privfed.flower.fedlog import (
         C_DIGITS,
         ROUND_NAME,
@@ -168,6 +169,7 @@ def serve_fedlog_rounds(
     received = [] if received is None else received
     heads, sums, runs, epsilon, summed, spans = [], [], [], [], [], []
     colluders: dict[int, int] = {}
+    backends: dict[int, str] = {}
     for r in range(rc.rounds):
         fold = NodeFold(method)
         errors: dict[int, str] = {}
@@ -180,6 +182,8 @@ def serve_fedlog_rounds(
             events[node] = json.loads(str(content["meta"]["events"])) if "meta" in content else []
             if "meta" in content and "colluders" in content["meta"]:
                 colluders[node] = int(content["meta"]["colluders"])
+            if "meta" in content and BACKEND_KEY in content["meta"]:
+                backends[node] = str(content["meta"][BACKEND_KEY])
             if "stats" in content:
                 stats = stats_from_record(content["stats"], f"node {node}")
                 if keep_view:
@@ -206,6 +210,9 @@ def serve_fedlog_rounds(
             )
         booked = 0 if mech is None else len(mech.ledger.events)
         declared = declared_colluders(colluders) or 0
+        name = agreed_backend(backends)
+        if dp is not None and name is not None and name != dp.backend.name:  # the nodes drew the noise
+            dp.use_backend(name, num_classes=C)
         if masked:
             from privfed.flower.dp import SecureNoiseReport
             from privfed.flower.secagg import masked_sum_over_messages
@@ -273,6 +280,7 @@ def serve_fedlog_rounds(
         "summed": summed,
         "epsilon": epsilon,
         "head_norm": [float(np.linalg.norm(head_eta(h))) for h in heads],
+        "noise_backends": {str(n): b for n, b in sorted(backends.items())},
     }
     if masked:
         from privfed.flower.server_secure import run_threat, scaled_epsilon

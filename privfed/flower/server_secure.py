@@ -27,6 +27,7 @@ from mechanisms.secagg.ckks.scheme import CKKSParams
 from mechanisms.secagg.threat import ckks_threat, masking_threat, min_threshold
 from privfed.errors import ConfigError
 from privfed.flower.ckks import ckks_sum_over_messages
+from privfed.flower.dp import BACKEND_KEY, agreed_backend
 from privfed.flower.fold import node_errors
 from privfed.flower.protocol import refusal_bits, secure_rounds, split_sum_vector, sum_vector_length
 from privfed.flower.secagg import masked_sum_over_messages
@@ -133,6 +134,7 @@ def serve_secure(grid, cfg, method, nodes, config_rec, stages, keep_view, receiv
     events: dict[int, list[dict]] = {}
     bounds: dict[int, str] = {}
     colluders: dict[int, int] = {}
+    backends: dict[int, str] = {}
 
     def on_setup(node, content):
         if "error" in content:
@@ -144,6 +146,8 @@ def serve_secure(grid, cfg, method, nodes, config_rec, stages, keep_view, receiv
         bounds[node] = str(content["meta"].get("bounds", ""))
         if "colluders" in content["meta"]:
             colluders[node] = int(content["meta"]["colluders"])
+        if BACKEND_KEY in content["meta"]:
+            backends[node] = str(content["meta"][BACKEND_KEY])
 
     contents = {n: RecordDict({"config": config_rec}) for n in nodes}
     ex = stages["setup"] = exchange(grid, contents, "query.setup", cfg.timeout, on_setup, group_id="setup")
@@ -166,6 +170,8 @@ def serve_secure(grid, cfg, method, nodes, config_rec, stages, keep_view, receiv
     public = PublicBounds.from_dict(json.loads(b)) if (b := next(iter(bounds.values()), "")) else DEFAULTS
     declared = declared_colluders(colluders)
     if noise_report is not None:
+        if (name := agreed_backend(backends)) is not None:  # the nodes drew the shares: the report says how
+            noise_report.privacy.set_backend(name, dim=d, num_classes=C)
         noise_report.record(events)
 
     def run(round_name, length, payload, among=None):
@@ -288,5 +294,11 @@ def serve_secure(grid, cfg, method, nodes, config_rec, stages, keep_view, receiv
             f"secure aggregation: {len(head.secure_aggregation['dropped'])} node(s) dropped before uploading; "
             f"the head is built from the {K} nodes whose inputs were summed"
         )
-    report = {"C": C, "d": d, "participants": len(participants), "replied": K}
+    report = {
+        "C": C,
+        "d": d,
+        "participants": len(participants),
+        "replied": K,
+        "noise_backends": {str(n): b for n, b in sorted(backends.items())},
+    }
     return head, K, report, [r.total for r in runs]
