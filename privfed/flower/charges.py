@@ -15,11 +15,12 @@ import os
 from dataclasses import asdict
 
 from privfed.errors import PrivfedError
-from privfed.flower.budget import NodeBudget, node_budget
+from privfed.flower.budget import CREATE, BudgetRefusal, NodeBudget, node_budget
 from privfed.flower.dp import node_backend
 
 __all__ = [
     "PENDING_KEY",
+    "UNBUDGETED",
     "ask_budgets",
     "budget_reply",
     "charge_plain",
@@ -36,6 +37,8 @@ __all__ = [
 
 #: ``context.state`` record of a masked release charged at the fewest shares, awaiting its survivors.
 PENDING_KEY = "privfed-budget-pending"
+#: The node-config key with which a deployed node's operator lets it make DP releases without a budget.
+UNBUDGETED = "allow-unbudgeted-dp"
 
 
 def run_of(config: dict) -> str:
@@ -45,9 +48,21 @@ def run_of(config: dict) -> str:
 
 def require_dp(context, cfg, what: str, stage: str) -> NodeBudget | None:
     """This node's budget (None without one); a node with a budget refuses a release without DP noise, and
-    refuses now if its ledger cannot be read."""
+    refuses now if its ledger cannot be read.  A deployed node (its node config names a roster) without a
+    budget refuses a DP release, unless its operator allows it explicitly (``allow-unbudgeted-dp=true``):
+    without a budget nothing bounds what its releases reveal together, and the server names every round."""
     budget = node_budget(context)
     if budget is None:
+        if cfg.private and "secagg-roster" in context.node_config and not _allows(context, UNBUDGETED):
+            raise BudgetRefusal(
+                f"node {context.node_id} refuses {what}: it is deployed (its node config names secagg-roster) "
+                "and keeps no lifetime privacy budget, so nothing bounds what its DP releases reveal over runs "
+                "(the server names every round); its operator sets dp-budget-epsilon, dp-budget-delta and "
+                f"dp-budget-ledger (made once with {CREATE}), or {UNBUDGETED}=true to release without one",
+                node=context.node_id,
+                stage=stage,
+                deviation="no-budget",
+            )
         return None
     if not cfg.private:
         raise budget.refuse(

@@ -332,3 +332,25 @@ def test_a_node_that_drops_is_not_charged_and_the_survivors_are_charged_the_shar
         assert charged[n][0]["mu"] == pytest.approx(MU1 * math.sqrt(4 / 3), rel=1e-12)
         answer = res.report["budgets"]["nodes"][str(n)]
         assert answer["spent_epsilon_run"] == pytest.approx(res.head.privacy.epsilon, rel=1e-9)
+
+
+def test_a_deployed_node_without_a_budget_refuses_dp_releases_unless_its_operator_allows_them(tmp_path):
+    """A node deployed with a roster and no budget used to keep "one DP release per round name for life",
+    which bounds nothing (the server names the rounds).  It now refuses every DP release with one line naming
+    the node-config keys of a budget; a run without DP, or the operator's explicit allow-unbudgeted-dp=true,
+    still runs."""
+    from lying_server import deployed_nodes
+
+    nodes, _, _ = deployed_nodes(tmp_path / "plain", K, colluders=0)
+    dp = _plain(secure="mask")
+    grid = RecordingGrid(nodes)
+    with pytest.raises(
+        ConfigError, match="stage 'setup'.*deployed .* keeps no lifetime privacy budget"
+    ) as exc:
+        serve(grid, dp)
+    assert "dp-budget-epsilon, dp-budget-delta and dp-budget-ledger" in str(exc.value)
+    assert "allow-unbudgeted-dp=true" in str(exc.value)
+    assert not any(m.has_content() and "meta" in m.content for m in grid.seen)  # not even its shape
+    serve(LocalGrid(nodes), FlowerConfig(method="fedncm", clients=K, secure="mask", timeout=30))  # no DP
+    allowed = {n: {**c, "allow-unbudgeted-dp": "true"} for n, c in nodes.items()}
+    assert serve(LocalGrid(allowed), dp).head.privacy.epsilon == pytest.approx(1.0, rel=1e-9)

@@ -1,4 +1,5 @@
-"""Multi-round FedLog under DP on deployed nodes (a roster, its ledger file, no simulation allowances).
+"""Multi-round FedLog under DP on deployed nodes (a roster, its ledger file, a lifetime budget, no simulation
+allowances).
 
 The masked (distributed-noise) rounds start with ``query.round``: each node trains its body and keeps its
 noisy statistic for the round's masked sum.  A node deployed with a roster refuses every ``query.round``
@@ -75,7 +76,7 @@ def test_masked_dp_rounds_run_on_nodes_that_refuse_plain_releases(tmp_path):
     """The masked rounds run on nodes deployed without any allowance; no round reply carries a statistic
     (each goes into the round's masked sum only), and a server asking the same nodes for a round in the clear
     is refused."""
-    nodes, _, _ = deployed_nodes(tmp_path, K, colluders=0)
+    nodes, _, _ = deployed_nodes(tmp_path, K, colluders=0, budget=(40.0, 1e-5))
     grid = _Recording(nodes)
     res = serve(grid, _masked())
     assert res.head.privacy.epsilon == pytest.approx(4.0, rel=1e-9)
