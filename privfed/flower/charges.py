@@ -32,6 +32,7 @@ __all__ = [
     "session_ids",
     "settle_share",
     "share_factor",
+    "statistic_id",
 ]
 
 
@@ -105,18 +106,58 @@ def _allows(context, key: str) -> bool:
     return str(context.node_config.get(key, "")).lower() == "true"
 
 
+def statistic_id(context, cfg, round_name: str) -> bytes:
+    """The lifetime id of a release without DP: the statistic this node computes in ``round_name``, named by
+    what determines it and nothing the server may vary beside it.
+
+    That is the statistics the method reads (its ``requires``: a sum-only method's one vector, FedCOF's
+    rounds), the round, and the node's data: its own feature file (by content: a new version of the data is
+    a new statistic), or the data set and split a simulated node's partition comes from.  Left out: the
+    method's name and parameters, clip, level, threshold, frac-bits, the protocol and the timeouts.  A
+    parameter that would change what the node computes (FedCOF's means per client) is left out too, so
+    a node answers for one statistic of each kind once, ever: a server that varies a parameter only it uses
+    (FedCOF's gamma) to start a fresh aggregation cannot ask again (each of FedCOF's round-2 sums under
+    other weights would add an equation on the class spreads).
+    """
+    import hashlib
+    import json
+    import pathlib
+
+    conf = context.node_config
+    if conf.get("features"):
+        path = pathlib.Path(str(conf["features"])).expanduser()
+        try:
+            data = "file " + hashlib.sha256(path.read_bytes()).hexdigest()
+        except OSError:
+            data = f"file {path}"  # unreadable: the release is refused when the node loads it
+    else:
+        data = {
+            "dataset": cfg.dataset,
+            "partition": [cfg.partition, cfg.alpha, cfg.partition_seed, conf.get("partition-id")],
+            "num-partitions": conf.get("num-partitions"),
+            "num-classes": cfg.num_classes,
+        }
+    what = {"statistics": sorted(cfg.make_method().requires), "round": round_name, "data": data}
+    text = json.dumps(what, sort_keys=True, default=str)
+    return hashlib.sha256(b"privfed lifetime statistic without DP\x00" + text.encode()).digest()
+
+
 def session_ids(context, cfg, config: dict, round_name: str, broadcast) -> tuple[bytes, bytes, bytes]:
     """(aggregation id, context digest, lifetime id) of a secure sum this node is asked to join.
 
-    Without a budget a DP node keeps one release per round for life (the ids name the round alone).  A node
-    with a budget charges every release instead, so its ids name the run too: each run is a new release
-    with fresh noise, charged, and within a run the aggregation id still admits one upload.  The context
-    digest, which every node signs, is the same for both.
+    Without DP the lifetime id (the ledger file's, across runs) names the statistic the node releases
+    (:func:`statistic_id`): each once, ever, whatever else the run config says.  Without a budget a DP node
+    keeps one release per round for life (the ids name the round alone).  A node with a budget charges every
+    release instead, so its ids name the run too: each run is a new release with fresh noise, charged, and
+    within a run the aggregation id still admits one upload.  The context digest, which every node signs,
+    is the same for all.
     """
     from privfed.flower.secagg import aggregation_digests, lifetime_id
 
     agg, digest = aggregation_digests(config, round_name, broadcast, cfg.private)
     lifetime = lifetime_id(config, round_name, cfg.private)
+    if not cfg.private:
+        lifetime = statistic_id(context, cfg, round_name)
     if cfg.private and node_budget(context) is not None:
         named = f"{round_name}\x00release of run {run_of(config)}"
         agg = aggregation_digests(config, named, None, False)[0]
