@@ -19,8 +19,9 @@ the budget protects each record the node holds), before any value computed from 
 it.  The charge is written to the ledger (atomically, under a file lock) before the reply is sent, so a
 crash never loses it.  Under secure aggregation the noise of the sum comes from every node's share: the
 node charges the fewest shares a sum it is part of can carry (the roster's threshold t, less the
-roster's declared colluders), and, on masking, settles the charge at the consistency stage to the shares
-of the survivors it signs for (its part of the survivor graph).
+roster's declared colluders), and, on masking, settles the charge at the unmask stage, once t signatures
+confirm the uploader list it signed, to the shares of its part of those uploaders, less the declared
+colluders (a list the server merely names settles nothing).
 
 Why the composition holds although the server picks every release after seeing the last:
 :mod:`mechanisms.dp.filter` (the GDP filter of Smith & Thakurta 2022).  A refusal depends only on public

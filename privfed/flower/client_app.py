@@ -24,7 +24,10 @@ record naming the problem, which the server turns into one clear error.
 
 A node whose node config sets a lifetime budget (``dp-budget-epsilon``, ``dp-budget-delta``,
 ``dp-budget-ledger``) charges every DP release to it before any value of its data leaves, and
-refuses a release that would exceed it, or that carries no DP noise (:mod:`privfed.flower.charges`).
+refuses a release that would exceed it, or that carries no DP noise (:mod:`privfed.flower.charges`);
+a node deployed with a roster and no budget refuses DP releases unless ``allow-unbudgeted-dp=true``.
+Its DP noise comes from the backend its operator sets (``noise-backend=opendp|numpy``; a deployed
+node's default is OpenDP when installed, :func:`privfed.flower.dp.node_backend`), named in its replies.
 
 A node whose node config names a roster (``secagg-roster``: deployed for secure
 aggregation against a deviating server) refuses every release the server
