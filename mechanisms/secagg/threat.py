@@ -194,6 +194,10 @@ class ThreatModel:
                 f"into {len(self.parts)} parts of {sizes} nodes: the server decodes each part's sum alone, "
                 f"the smallest over {self.smallest_part} inputs"
             )
+        if self.declared_colluders and "this_run" in self.shares:
+            text += (
+                f" (the roster's {self.declared_colluders} declared colluder(s)' noise shares not counted)"
+            )
         return text + self._eps("this_run") + ". "
 
     def text(self) -> str:
@@ -286,7 +290,8 @@ def masking_threat(
 
     ``graph`` (every node's neighbours) and ``uploaded`` (the nodes whose inputs were summed) describe a
     run: its parts (:func:`survivor_parts`); ``epsilon_of(m)`` is the epsilon of a sum carrying m noise
-    shares (None without DP).
+    shares (None without DP).  ``declared_colluders`` (the roster's n_C) are left out of this run's shares:
+    the run's epsilon holds against the server together with them, as the nodes charge it.
     """
     K, t = int(num_nodes), int(threshold)
     n = K if degree is None or int(degree) >= K - 1 else int(degree) + 1
@@ -301,8 +306,8 @@ def masking_threat(
         g = graph if graph is not None else [frozenset(range(K)) - {u} for u in range(K)]
         parts = tuple(len(p) for p in survivor_parts(g, up_set))
     shares = {"server_alone": alone, "with_colluders": colluding}
-    if parts:
-        shares = {"this_run": min(parts), **shares}
+    if parts:  # the roster's declared colluders know their own shares: this run's sum counts the others'
+        shares = {"this_run": max(min(parts) - int(declared_colluders or 0), 0), **shares}
     eps, shares = _epsilons(epsilon_of, shares)
     return ThreatModel(
         protocol="mask",

@@ -19,8 +19,9 @@ the budget protects each record the node holds), before any value computed from 
 it.  The charge is written to the ledger (atomically, under a file lock) before the reply is sent, so a
 crash never loses it.  Under secure aggregation the noise of the sum comes from every node's share: the
 node charges the fewest shares a sum it is part of can carry (the roster's threshold t, less the
-roster's declared colluders), and, on masking, settles the charge at the consistency stage to the shares
-of the survivors it signs for (its part of the survivor graph).
+roster's declared colluders), and, on masking, settles the charge at the unmask stage, once t signatures
+confirm the uploader list it signed, to the shares of its part of those uploaders, less the declared
+colluders (a list the server merely names settles nothing).
 
 Why the composition holds although the server picks every release after seeing the last:
 :mod:`mechanisms.dp.filter` (the GDP filter of Smith & Thakurta 2022).  A refusal depends only on public
@@ -237,12 +238,14 @@ class NodeBudget:
         stage: str,
         factor: float = 1.0,
         simulation: bool = False,
+        noise: str = "",
     ) -> float:
         """Charge one release (its ``events``, mu times ``factor``) or raise :class:`BudgetRefusal`.
 
         ``factor`` scales the declared mu to the least noise the release can carry (a secure sum with
-        fewer shares than calibrated).  The charge is committed to the store before this returns.
-        Returns the mu charged.
+        fewer shares than calibrated); ``noise`` names where its noise came from (the node's backend, or
+        the trusted server), kept with the charge.  The charge is committed to the store before this
+        returns.  Returns the mu charged.
         """
         try:
             declared = release_mu(events, self.filter.unit)
@@ -280,6 +283,7 @@ class NodeBudget:
                     "mu": mu,
                     "settled": factor == 1.0,
                     "simulation": bool(simulation),
+                    "noise": str(noise),
                 },
             ]
 
@@ -352,7 +356,8 @@ def main(argv: list[str] | None = None) -> int:
             f"still admitted is epsilon={format_up(st['remaining_epsilon'])}"
         )
         for r in budget.store.load():
-            print(f"  {r['run'][:16] or '-':16}  mu={r['mu']:.6g}  {r['what']}")
+            noise = r.get("noise") or "?"
+            print(f"  {r['run'][:16] or '-':16}  mu={r['mu']:.6g}  noise={noise:6}  {r['what']}")
     except PrivfedError as exc:
         print(f"python -m privfed.flower.budget: error: {exc}", file=sys.stderr)
         return 2

@@ -4,7 +4,7 @@
 budget refuses a release without DP noise (:func:`require_dp`), charges a plain upload its own noise or
 the trusted server's declared noise on the sum (:func:`charge_plain`), charges its noise share in a
 secure sum at the fewest shares the sum can carry (:func:`charge_share`) and, on masking, settles it to
-its part of the survivors it signs for (:func:`settle_share`); :func:`session_ids` names each of its
+its part of the uploaders once t signatures confirm them, at the unmask stage (:func:`settle_share`); :func:`session_ids` names each of its
 secure releases by run, so that a budgeted node can take part in more than one.
 """
 
@@ -15,25 +15,31 @@ import os
 from dataclasses import asdict
 
 from privfed.errors import PrivfedError
-from privfed.flower.budget import NodeBudget, node_budget
+from privfed.flower.budget import CREATE, BudgetRefusal, NodeBudget, node_budget
+from privfed.flower.dp import node_backend
 
 __all__ = [
     "PENDING_KEY",
+    "UNBUDGETED",
     "ask_budgets",
     "budget_reply",
     "charge_plain",
     "charge_share",
+    "check_pending",
     "no_dp_refusal",
     "require_dp",
     "run_of",
     "session_ids",
     "settle_share",
     "share_factor",
+    "statistic_id",
 ]
 
 
 #: ``context.state`` record of a masked release charged at the fewest shares, awaiting its survivors.
 PENDING_KEY = "privfed-budget-pending"
+#: The node-config key with which a deployed node's operator lets it make DP releases without a budget.
+UNBUDGETED = "allow-unbudgeted-dp"
 
 
 def run_of(config: dict) -> str:
@@ -43,9 +49,21 @@ def run_of(config: dict) -> str:
 
 def require_dp(context, cfg, what: str, stage: str) -> NodeBudget | None:
     """This node's budget (None without one); a node with a budget refuses a release without DP noise, and
-    refuses now if its ledger cannot be read."""
+    refuses now if its ledger cannot be read.  A deployed node (its node config names a roster) without a
+    budget refuses a DP release, unless its operator allows it explicitly (``allow-unbudgeted-dp=true``):
+    without a budget nothing bounds what its releases reveal together, and the server names every round."""
     budget = node_budget(context)
     if budget is None:
+        if cfg.private and "secagg-roster" in context.node_config and not _allows(context, UNBUDGETED):
+            raise BudgetRefusal(
+                f"node {context.node_id} refuses {what}: it is deployed (its node config names secagg-roster) "
+                "and keeps no lifetime privacy budget, so nothing bounds what its DP releases reveal over runs "
+                "(the server names every round); its operator sets dp-budget-epsilon, dp-budget-delta and "
+                f"dp-budget-ledger (made once with {CREATE}), or {UNBUDGETED}=true to release without one",
+                node=context.node_id,
+                stage=stage,
+                deviation="no-budget",
+            )
         return None
     if not cfg.private:
         raise budget.refuse(
@@ -88,18 +106,58 @@ def _allows(context, key: str) -> bool:
     return str(context.node_config.get(key, "")).lower() == "true"
 
 
+def statistic_id(context, cfg, round_name: str) -> bytes:
+    """The lifetime id of a release without DP: the statistic this node computes in ``round_name``, named by
+    what determines it and nothing the server may vary beside it.
+
+    That is the statistics the method reads (its ``requires``: a sum-only method's one vector, FedCOF's
+    rounds), the round, and the node's data: its own feature file (by content: a new version of the data is
+    a new statistic), or the data set and split a simulated node's partition comes from.  Left out: the
+    method's name and parameters, clip, level, threshold, frac-bits, the protocol and the timeouts.  A
+    parameter that would change what the node computes (FedCOF's means per client) is left out too, so
+    a node answers for one statistic of each kind once, ever: a server that varies a parameter only it uses
+    (FedCOF's gamma) to start a fresh aggregation cannot ask again (each of FedCOF's round-2 sums under
+    other weights would add an equation on the class spreads).
+    """
+    import hashlib
+    import json
+    import pathlib
+
+    conf = context.node_config
+    if conf.get("features"):
+        path = pathlib.Path(str(conf["features"])).expanduser()
+        try:
+            data = "file " + hashlib.sha256(path.read_bytes()).hexdigest()
+        except OSError:
+            data = f"file {path}"  # unreadable: the release is refused when the node loads it
+    else:
+        data = {
+            "dataset": cfg.dataset,
+            "partition": [cfg.partition, cfg.alpha, cfg.partition_seed, conf.get("partition-id")],
+            "num-partitions": conf.get("num-partitions"),
+            "num-classes": cfg.num_classes,
+        }
+    what = {"statistics": sorted(cfg.make_method().requires), "round": round_name, "data": data}
+    text = json.dumps(what, sort_keys=True, default=str)
+    return hashlib.sha256(b"privfed lifetime statistic without DP\x00" + text.encode()).digest()
+
+
 def session_ids(context, cfg, config: dict, round_name: str, broadcast) -> tuple[bytes, bytes, bytes]:
     """(aggregation id, context digest, lifetime id) of a secure sum this node is asked to join.
 
-    Without a budget a DP node keeps one release per round for life (the ids name the round alone).  A node
-    with a budget charges every release instead, so its ids name the run too: each run is a new release
-    with fresh noise, charged, and within a run the aggregation id still admits one upload.  The context
-    digest, which every node signs, is the same for both.
+    Without DP the lifetime id (the ledger file's, across runs) names the statistic the node releases
+    (:func:`statistic_id`): each once, ever, whatever else the run config says.  Without a budget a DP node
+    keeps one release per round for life (the ids name the round alone).  A node with a budget charges every
+    release instead, so its ids name the run too: each run is a new release with fresh noise, charged, and
+    within a run the aggregation id still admits one upload.  The context digest, which every node signs,
+    is the same for all.
     """
     from privfed.flower.secagg import aggregation_digests, lifetime_id
 
     agg, digest = aggregation_digests(config, round_name, broadcast, cfg.private)
     lifetime = lifetime_id(config, round_name, cfg.private)
+    if not cfg.private:
+        lifetime = statistic_id(context, cfg, round_name)
     if cfg.private and node_budget(context) is not None:
         named = f"{round_name}\x00release of run {run_of(config)}"
         agg = aggregation_digests(config, named, None, False)[0]
@@ -123,7 +181,7 @@ def charge_share(
 
     Masking releases a sum over at least t survivors (the roster's threshold), CKKS over at least
     ``roster.sum_threshold`` contributions: the charge assumes that many shares, less the declared
-    colluders'.  A masking node settles it at the consistency stage (:func:`settle_share`).
+    colluders'.  A masking node settles it at the unmask stage (:func:`settle_share`).
     """
     budget = node_budget(context)
     if budget is None:
@@ -140,6 +198,7 @@ def charge_share(
         stage=stage,
         factor=share_factor(cfg, roster, least),
         simulation=cfg.noise_seed is not None,
+        noise=node_backend(context.node_config, cfg) or "",
     )
     if not ckks:
         context.state[PENDING_KEY] = ConfigRecord(
@@ -149,10 +208,17 @@ def charge_share(
 
 def settle_share(context, stage: str, roster, node: int, content) -> None:
     """After a masking stage succeeded: bind a pending masked charge to its session (``masked``), then at
-    ``consistency`` settle it to the shares of this node's part of the survivor graph (the survivors it
-    signs for that are connected to it in the roster's graph: what one decodable sum can cover), less
-    the declared colluders.  A charge whose session never reached consistency keeps its fewest-shares
-    charge."""
+    ``unmask`` settle it to the shares of this node's part of the uploaders (the uploaders it signed for that
+    are connected to it in the roster's graph: what one decodable sum can cover), less the declared
+    colluders.
+
+    Only the unmask request proves anything about the sum: the node has then checked that at least t
+    members of its group signed the very uploader list it signed (and that every listed uploader signed an
+    echo with its masked input), so the server can decode no sum over another list.  The list a
+    consistency request names is the server's word alone; a node told there that more nodes uploaded than
+    did would settle below what its release cost.  A charge whose session never reached a checked unmask
+    request keeps its fewest-shares charge (t less the declared colluders: at least that many shares are in
+    any sum the server can decode)."""
     if PENDING_KEY not in context.state:
         return
     from flwr.app import ConfigRecord
@@ -164,7 +230,7 @@ def settle_share(context, stage: str, roster, node: int, content) -> None:
     if stage == "masked" and "session" not in pending:
         context.state[PENDING_KEY] = ConfigRecord({**pending, "session": session})
         return
-    if stage != "consistency" or bytes(pending.get("session", b"-")) != session:
+    if stage != "unmask" or bytes(pending.get("session", b"-")) != session:
         return
     survivors = {int(v) for v in content["secagg"]["uploaded"]}
     part, todo = {int(node)}, [int(node)]
@@ -182,6 +248,17 @@ def settle_share(context, stage: str, roster, node: int, content) -> None:
     del context.state[PENDING_KEY]
 
 
+def check_pending(context, stage: str) -> None:
+    """Before a masking stage that follows an upload (``consistency``, ``unmask``): a node with a pending
+    masked charge refuses to sign or to reveal shares unless its budget ledger can be read (it could not
+    settle, nor show what it spent: it fails closed)."""
+    if stage not in ("consistency", "unmask") or PENDING_KEY not in context.state:
+        return
+    budget = node_budget(context)
+    if budget is not None:
+        budget.ready()
+
+
 def charge_plain(
     context, cfg, config: dict, stats, events, *, what: str, stage: str = "query", privacy=None, method=None
 ) -> None:
@@ -191,6 +268,7 @@ def charge_plain(
     budget = node_budget(context)
     if budget is None:
         return
+    noise = (node_backend(context.node_config, cfg) or "") if events else "trusted server"
     if not events:  # a trusted aggregator adds the noise: charge what it declares, if the operator trusts it
         if not _allows(context, "dp-trust-server"):
             raise budget.refuse(
@@ -217,6 +295,7 @@ def charge_plain(
         events=list(events),
         stage=stage,
         simulation=cfg.noise_seed is not None,
+        noise=noise,
     )
 
 

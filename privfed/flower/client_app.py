@@ -24,12 +24,18 @@ record naming the problem, which the server turns into one clear error.
 
 A node whose node config sets a lifetime budget (``dp-budget-epsilon``, ``dp-budget-delta``,
 ``dp-budget-ledger``) charges every DP release to it before any value of its data leaves, and
-refuses a release that would exceed it, or that carries no DP noise (:mod:`privfed.flower.charges`).
+refuses a release that would exceed it, or that carries no DP noise (:mod:`privfed.flower.charges`);
+a node deployed with a roster and no budget refuses DP releases unless ``allow-unbudgeted-dp=true``.
+Its DP noise comes from the backend its operator sets (``noise-backend=opendp|numpy``; a deployed
+node's default is OpenDP when installed, :func:`privfed.flower.dp.node_backend`), named in its replies.
 
 A node whose node config names a roster (``secagg-roster``: deployed for secure
 aggregation against a deviating server) refuses every release the server
-could read (``query``, ``query.round``, Flower's SecAgg+) unless its operator
-adds ``allow-plain-release=true``; in-process simulations allow them.
+could read (``query``, a plain ``query.round``, Flower's SecAgg+) unless its operator
+adds ``allow-plain-release=true``; in-process simulations allow them.  A round of
+multi-round FedLog under ``secure-agg=mask`` is no such release: the node keeps its
+(noisy) statistic for the round's masked sum and replies with its release's
+parameters only.
 
 Fault injection for drills and tests: node config ``fail-at=STAGE`` makes
 the node fail that stage, the first time it reaches it (it answers with a Flower error),
@@ -40,7 +46,6 @@ the node fail that stage, the first time it reaches it (it answers with a Flower
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 
@@ -54,6 +59,7 @@ from privfed.flower.charges import (
     budget_reply,
     charge_plain,
     charge_share,
+    check_pending,
     no_dp_refusal,
     require_dp,
     session_ids,
@@ -61,7 +67,8 @@ from privfed.flower.charges import (
 )
 from privfed.flower.ckks import ckks_limit, holder_decrypt_step, holder_keys_step, node_encrypt_step
 from privfed.flower.config import FlowerConfig
-from privfed.flower.node import load_node_data, node_rng, node_statistics
+from privfed.flower.dp import BACKEND_KEY, node_backend
+from privfed.flower.node import load_node_data, node_rng, node_statistics, secure_release
 from privfed.flower.protocol import check_round, node_vector
 from privfed.flower.roster_checks import check_masking_config, check_noise_share
 from privfed.flower.rounds import node_round_statistics
@@ -72,10 +79,9 @@ from privfed.flower.secagg import (
     node_identity,
     node_ledger,
     node_step,
-    pin_num_classes,
     ring_limit,
 )
-from privfed.flower.wire import stats_from_record, stats_record
+from privfed.flower.wire import stats_record
 
 __all__ = ["app", "make_client_app"]
 
@@ -146,53 +152,6 @@ def _malformed(msg: Message, context: Context, stage: str, exc: Exception) -> Me
     )
 
 
-def _secure_release(cfg: FlowerConfig, context: Context, msg: Message, roster=None):
-    """This node's statistics (with its noise share under DP) and its release events, cached per run config.
-
-    A node deployed with a roster refuses a server-chosen ``noise-seed`` (the
-    server would know the share) unless its node config allows seeded noise.
-    The share is drawn once per configuration and run (the server's nonce is
-    left out of the key: a server cannot make a node draw, or reuse, a share
-    by changing it) and enters one masked sum per aggregation id (the node's
-    :class:`~mechanisms.secagg.masking.node.SessionLedger` refuses a second).
-    A node with its own feature file checks its labels against ``num-classes``, a
-    value the server chooses: with ``roster`` it answers for one num-classes,
-    ever (:func:`privfed.flower.ledger.pin_num_classes`), so the check is no dial.
-    """
-    conf = context.node_config
-    if roster is not None and conf.get("features"):
-        pin_num_classes(context, roster, cfg.num_classes)
-    if (
-        cfg.private
-        and cfg.noise_seed is not None
-        and "secagg-roster" in conf
-        and str(conf.get("allow-seeded-noise", "")).lower() != "true"
-    ):
-        stage = msg.metadata.message_type.removeprefix("query.")
-        raise ProtocolAbort(
-            f"node {context.node_id} aborts at stage {stage!r}: the run config sets noise-seed={cfg.noise_seed}, "
-            "and a noise share drawn from a seed the server knows is one it can subtract (no DP left); seeded "
-            "noise is for simulations (node config allow-seeded-noise=true)",
-            node=context.node_id,
-            stage=stage,
-            deviation="seeded-noise",
-        )
-    # A node with a lifetime budget charges each run's release, so it draws a fresh share per run (nonce kept).
-    budgeted = require_dp(context, cfg, f"a secure {cfg.method} sum", "setup") is not None
-    raw = {k: v for k, v in dict(msg.content["config"]).items() if k != "run-nonce" or budgeted}
-    key = hashlib.sha256(json.dumps(raw, sort_keys=True, default=str).encode()).hexdigest()
-    if _STATS in context.state and context.state[_STATS_KEY]["config"] == key:
-        return (
-            stats_from_record(context.state[_STATS], "this node's cached statistics"),
-            json.loads(str(context.state[_STATS_KEY]["events"])),
-        )
-    data = load_node_data(context.node_config, cfg)
-    stats, events = node_statistics(data, cfg, node_rng(cfg, context.node_id, "noise"), secure=True)
-    context.state[_STATS] = stats_record(stats)
-    context.state[_STATS_KEY] = ConfigRecord({"config": key, "events": json.dumps(events)})
-    return stats, events
-
-
 def _round(msg: Message) -> str:
     return str(msg.content["round"]["round"])
 
@@ -209,7 +168,7 @@ def _secure_vector(
     (:func:`privfed.flower.protocol.node_vector`: FedCOF's rounds are its node's; the roster's K and public
     bounds bound a broadcast's K_c and N_c; ``limit`` is the largest value the transport encodes), under DP
     charged to the node's budget first (at the fewest shares the sum can carry)."""
-    stats, events = _secure_release(cfg, context, msg, roster)
+    stats, events = secure_release(cfg, context, dict(msg.content["config"]), stage, roster)
     if cfg.private:
         what = f"a secure {cfg.method} sum ({cfg.secure}, distributed noise)"
         config = dict(msg.content["config"])
@@ -241,10 +200,6 @@ def _masked_input(
     return _secure_vector(msg, cfg, context, node, stage, roster, ring_limit(cfg.frac_bits, roster.size))
 
 
-_STATS = "privfed-stats"
-_STATS_KEY = "privfed-stats-config"
-
-
 def make_client_app(
     faults: dict[int, str] | None = None, provision: SimulatedRoster | None = None
 ) -> ClientApp:
@@ -262,7 +217,10 @@ def make_client_app(
             cfg = _config(msg)
             require_dp(context, cfg, f"a plain {cfg.method} release", "query")
             data = load_node_data(context.node_config, cfg)
-            stats, events = node_statistics(data, cfg, node_rng(cfg, context.node_id, "noise"))
+            backend = node_backend(context.node_config, cfg)
+            stats, events = node_statistics(
+                data, cfg, node_rng(cfg, context.node_id, "noise"), backend=backend
+            )
             what = f"a plain {cfg.method} release ({'trusted server' if not events else 'local noise'})"
             charge_plain(context, cfg, dict(msg.content["config"]), stats, events, what=what)
         except PrivfedError as exc:
@@ -273,6 +231,7 @@ def make_client_app(
                 "C": int(stats.num_classes),
                 "events": json.dumps(events),
                 "partition-id": -1 if data.partition_id is None else int(data.partition_id),
+                **({BACKEND_KEY: backend} if events else {}),  # where the noise it added came from
             }
         )
         compact = cfg.wire == "compact"
@@ -285,25 +244,53 @@ def make_client_app(
     def round_(msg: Message, context: Context) -> Message:
         if (failed := _fault("round", msg, context, faults)) is not None:
             return failed
-        if (refused := _plain_refused(msg, context, "a plain multi-round release")) is not None:
-            return refused
         try:
             cfg = _config(msg)
-            b = msg.content["broadcast"]
             info = msg.content["round"]
+            name = str(info["name"])
+        except PrivfedError as exc:
+            return _error(msg, exc)
+        except (KeyError, TypeError) as exc:
+            return _malformed(msg, context, "round", exc)
+        # A masked multi-round FedLog round is no plain release: the node keeps its (noisy) statistic for the
+        # round's masked sum and replies with its release's declared parameters only.
+        masked = name == "fedlog-rounds" and cfg.rounds > 1 and cfg.secure == "mask"
+        if (
+            not masked
+            and (refused := _plain_refused(msg, context, "a plain multi-round release")) is not None
+        ):
+            return refused
+        try:
+            b = msg.content["broadcast"]
             broadcast = {k: b[k].numpy() for k in b.keys()}
-            if str(info["name"]) == "fedlog-rounds":
+            if name == "fedlog-rounds":
                 from privfed.flower.fedlog import node_round
 
+                meta = {}
+                if masked:  # the roster's declared colluders: the server's report counts the others' shares
+                    roster = node_identity(context.node_config, context.node_id, provision)[1]
+                    meta["colluders"] = int(roster.colluders)
                 config = dict(msg.content["config"])
                 stats, events = node_round(context, cfg, config, broadcast, int(info["index"]))
-                out = RecordDict({"meta": ConfigRecord({"events": json.dumps(events)})})
+                # a masked round's statistic goes into the masked sum only (node_round keeps it there)
+                if masked and stats is not None:
+                    raise ProtocolAbort(
+                        f"node {context.node_id} refuses to send a masked round's statistic in the clear",
+                        node=context.node_id,
+                        stage="round",
+                        deviation="plain-release",
+                    )
+                if events:  # where the noise it added came from
+                    meta[BACKEND_KEY] = node_backend(context.node_config, cfg)
+                out = RecordDict({"meta": ConfigRecord({"events": json.dumps(events), **meta})})
                 if stats is not None:
                     out["stats"] = stats_record(stats)
                 return Message(out, reply_to=msg)
-            stats = node_round_statistics(str(info["name"]), context, cfg, broadcast, int(info["index"]))
+            stats = node_round_statistics(name, context, cfg, broadcast, int(info["index"]))
         except PrivfedError as exc:
             return _error(msg, exc)
+        except (KeyError, TypeError) as exc:
+            return _malformed(msg, context, "round", exc)
         return Message(RecordDict({"stats": stats_record(stats)}), reply_to=msg)
 
     @app.query("setup")
@@ -316,7 +303,7 @@ def make_client_app(
             if cfg.secure in ("mask", "ckks"):  # the identity, roster and ledger file are checked first
                 roster = node_identity(context.node_config, context.node_id, provision)[1]
                 node_ledger(context, roster)
-            stats, events = _secure_release(cfg, context, msg, roster)
+            stats, events = secure_release(cfg, context, dict(msg.content["config"]), "setup", roster)
         except PrivfedError as exc:
             return _error(msg, exc)
         meta = ConfigRecord(
@@ -325,7 +312,12 @@ def make_client_app(
                 "C": int(stats.num_classes),
                 "events": json.dumps(events),
                 "key-holder": str(context.node_config.get("key-holder", "")).lower() == "true",
-                **({} if roster is None else {"bounds": json.dumps(roster.bounds.as_dict())}),
+                **({BACKEND_KEY: node_backend(context.node_config, cfg)} if events else {}),
+                **(
+                    {}
+                    if roster is None
+                    else {"bounds": json.dumps(roster.bounds.as_dict()), "colluders": int(roster.colluders)}
+                ),
             }
         )
         return Message(RecordDict({"meta": meta}), reply_to=msg)
@@ -362,13 +354,11 @@ def make_client_app(
                         ),
                         lifetime=lifetime,
                     )
+                check_pending(context, stage)  # a pending charge: its ledger readable before signing
                 reply = node_step(msg.content, context, identity, roster, **kw)
-                settle_share(
-                    context, stage, roster, identity.index, msg.content
-                )  # a charge: to the survivors
-            except (
-                PrivfedError
-            ) as exc:  # a refusal (ProtocolAbort included) reaches the server as its message
+                # a pending charge, once t signatures confirmed the uploaders: to the shares they carry
+                settle_share(context, stage, roster, identity.index, msg.content)
+            except PrivfedError as exc:  # a refusal (a ProtocolAbort too) reaches the server as its message
                 return _error(msg, exc)
             except (KeyError, TypeError, OverflowError) as exc:  # a request without its config or round
                 return _malformed(msg, context, stage, exc)
@@ -482,7 +472,7 @@ def make_client_app(
 
     @app.train(mods=[refuse_secaggplus, secaggplus_mod])
     def flwr_secaggplus(msg: Message, context: Context) -> Message:
-        """Flower's SecAgg+ collect stage (``secure=flwr-secaggplus``): the node's pre-scaled statistics."""
+        """Flower's SecAgg+ collect stage (``secure-agg=flwr-secaggplus``): the node's pre-scaled statistics."""
         from privfed.flower.flwr_secagg import node_train_reply
 
         return node_train_reply(msg, context)

@@ -16,7 +16,7 @@ Run with ``method = "fedlog"`` and ``rounds = R > 1`` (``python -m privfed.flowe
    upload (``max_records`` records' worth when bodies are trained, or at client level), then
    * ``local`` noise: add the full sigma and reply with the noisy statistic;
    * ``central`` (``trusted-aggregator``): reply with the bounded statistic; the server adds the noise;
-   * ``distributed`` (``secure=mask``): add its share sigma^2/(K - t) and keep it; the server then runs
+   * ``distributed`` (``secure-agg=mask``): add its share sigma^2/(K - t) and keep it; the server then runs
      the round's pairwise-masked sum (``query.keys`` ... ``query.unmask``, round ``fedlog-rounds:r``, the
      broadcast riding in the masked stage so a split head is caught by the consistency round), and the
      node's masked input is that noisy statistic;
@@ -217,6 +217,10 @@ def node_round(context, cfg, config: dict, broadcast: dict, round_index: int):
     what = f"round {round_index} of multi-round FedLog ({place} noise)"
     budget = require_dp(context, cfg, what, "round")
     dp = make_rounds_dp(rc)
+    if dp is not None and place != "central":  # the node draws the noise: from its operator's backend
+        from privfed.flower.dp import node_backend
+
+        dp.use_backend(node_backend(context.node_config, cfg), num_classes=C)
     if budget is not None and not formal(dp):
         raise budget.refuse(
             what,

@@ -31,7 +31,11 @@ from privfed.flower.config import FlowerConfig
 from privfed.release.pipeline import client_statistics
 from privfed.stats import ClientStats
 
-__all__ = ["NodeData", "load_node_data", "node_rng", "node_statistics"]
+__all__ = ["STATS_KEY", "NodeData", "load_node_data", "node_rng", "node_statistics", "secure_release"]
+
+#: ``context.state`` records of a node's cached secure-sum statistics (with its noise share) and their key.
+STATS_KEY = "privfed-stats"
+_STATS_CONFIG = "privfed-stats-config"
 
 
 @dataclass(frozen=True, eq=False)
@@ -139,7 +143,7 @@ def _synthetic(node_config: dict, cfg: FlowerConfig) -> NodeData:
     """``synthetic:D:N``: N Gaussian samples of dimension D on this node (benchmarks at scale).
 
     Class c has mean e_{c mod D} * 3; drawn from the partition id and
-    ``partition-seed``, so a run is reproducible and every node differs.
+    the run-config key ``seeds``, so a run is reproducible and every node differs.
     """
     try:
         _, dim, n = cfg.dataset.split(":")
@@ -166,7 +170,12 @@ def node_rng(cfg: FlowerConfig, node_id: int, purpose: str) -> np.random.Generat
 
 
 def node_statistics(
-    data: NodeData, cfg: FlowerConfig, rng: np.random.Generator, *, secure: bool = False
+    data: NodeData,
+    cfg: FlowerConfig,
+    rng: np.random.Generator,
+    *,
+    secure: bool = False,
+    backend: str | None = None,
 ) -> tuple[ClientStats, list[dict]]:
     """This node's upload: clipped statistics with its noise, and the release events it recorded.
 
@@ -180,9 +189,14 @@ def node_statistics(
     Under DP a node without records still takes part and uploads noised
     zeros, as every client of ``fit`` does: whether it holds data must not
     show in anything the server receives.  Without DP it is refused.
+
+    ``backend`` is the noise backend the node's operator chose (:func:`privfed.flower.dp.node_backend`;
+    None: the mechanism's default, numpy).
     """
     method = cfg.make_method()
     privacy = cfg.make_privacy()
+    if privacy is not None and backend is not None and backend != privacy.backend.name:
+        privacy.set_backend(backend)
     n = data.features.shape[0]
     if n == 0 and privacy is None:
         raise InputError(
@@ -215,3 +229,62 @@ def _event_dict(event) -> dict:
     from dataclasses import asdict
 
     return {k: v for k, v in asdict(event).items()}
+
+
+def secure_release(cfg: FlowerConfig, context, config: dict, stage: str, roster=None):
+    """This node's statistics (with its noise share under DP) and its release events, cached per run config.
+
+    ``config`` is the run config as the node received it, ``stage`` the stage asking (for refusals).  A
+    node deployed with a roster refuses a server-chosen ``noise-seed`` (the server would know the share)
+    unless its node config allows seeded noise.  The share is drawn once per configuration and run (the
+    server's nonce is left out of the key: a server cannot make a node draw, or reuse, a share by changing
+    it) and enters one masked sum per aggregation id (the node's
+    :class:`~mechanisms.secagg.masking.node.SessionLedger` refuses a second).  A node with its own feature
+    file checks its labels against ``num-classes``, a value the server chooses: with ``roster`` it answers
+    for one num-classes, ever (:func:`privfed.flower.ledger.pin_num_classes`), so the check is no dial.
+    """
+    import json
+
+    from flwr.app import ConfigRecord
+
+    from mechanisms.secagg.crypto import ProtocolAbort
+    from privfed.flower.charges import require_dp
+    from privfed.flower.ledger import pin_num_classes
+    from privfed.flower.wire import stats_from_record, stats_record
+
+    conf = context.node_config
+    if roster is not None and conf.get("features"):
+        pin_num_classes(context, roster, cfg.num_classes)
+    if (
+        cfg.private
+        and cfg.noise_seed is not None
+        and "secagg-roster" in conf
+        and str(conf.get("allow-seeded-noise", "")).lower() != "true"
+    ):
+        raise ProtocolAbort(
+            f"node {context.node_id} aborts at stage {stage!r}: the run config sets noise-seed={cfg.noise_seed}, "
+            "and a noise share drawn from a seed the server knows is one it can subtract (no DP left); seeded "
+            "noise is for simulations (node config allow-seeded-noise=true)",
+            node=context.node_id,
+            stage=stage,
+            deviation="seeded-noise",
+        )
+    # A node with a lifetime budget charges each run's release, so it draws a fresh share per run (nonce kept).
+    budgeted = require_dp(context, cfg, f"a secure {cfg.method} sum", "setup") is not None
+    raw = {k: v for k, v in config.items() if k != "run-nonce" or budgeted}
+    key = hashlib.sha256(json.dumps(raw, sort_keys=True, default=str).encode()).hexdigest()
+    if STATS_KEY in context.state and context.state[_STATS_CONFIG]["config"] == key:
+        return (
+            stats_from_record(context.state[STATS_KEY], "this node's cached statistics"),
+            json.loads(str(context.state[_STATS_CONFIG]["events"])),
+        )
+    from privfed.flower.dp import node_backend
+
+    data = load_node_data(conf, cfg)
+    backend = node_backend(conf, cfg)
+    stats, events = node_statistics(
+        data, cfg, node_rng(cfg, context.node_id, "noise"), secure=True, backend=backend
+    )
+    context.state[STATS_KEY] = stats_record(stats)
+    context.state[_STATS_CONFIG] = ConfigRecord({"config": key, "events": json.dumps(events)})
+    return stats, events

@@ -139,6 +139,7 @@ def serve_fedlog_rounds(
     from dataclasses import asdict
 
     from privfed.flower.checks import rounds_placement
+    from privfed.flower.dp import BACKEND_KEY, agreed_backend
     from privfed.flower.fedlog import (
         C_DIGITS,
         ROUND_NAME,
@@ -148,6 +149,7 @@ def serve_fedlog_rounds(
         server_noise_rng,
     )
     from privfed.flower.fold import NodeFold, node_errors
+    from privfed.flower.server_secure import declared_colluders
     from privfed.rounds import FEATURE_DIM, head_eta, initial_head
     from privfed.rounds.release import AugmentedFedLog, augmented, distributed_note
     from privfed.rounds.report import EventTrace
@@ -166,6 +168,8 @@ def serve_fedlog_rounds(
     randomness = "seeded" if cfg.noise_seed is not None else "os-entropy"
     received = [] if received is None else received
     heads, sums, runs, epsilon, summed, spans = [], [], [], [], [], []
+    colluders: dict[int, int] = {}
+    backends: dict[int, str] = {}
     for r in range(rc.rounds):
         fold = NodeFold(method)
         errors: dict[int, str] = {}
@@ -176,6 +180,10 @@ def serve_fedlog_rounds(
                 errors[node] = str(content["error"]["message"])
                 return
             events[node] = json.loads(str(content["meta"]["events"])) if "meta" in content else []
+            if "meta" in content and "colluders" in content["meta"]:
+                colluders[node] = int(content["meta"]["colluders"])
+            if "meta" in content and BACKEND_KEY in content["meta"]:
+                backends[node] = str(content["meta"][BACKEND_KEY])
             if "stats" in content:
                 stats = stats_from_record(content["stats"], f"node {node}")
                 if keep_view:
@@ -201,6 +209,10 @@ def serve_fedlog_rounds(
                 f"round {r}: only {len(ex.answered)} of {len(nodes)} nodes answered within {cfg.timeout:g} s"
             )
         booked = 0 if mech is None else len(mech.ledger.events)
+        declared = declared_colluders(colluders) or 0
+        name = agreed_backend(backends)
+        if dp is not None and name is not None and name != dp.backend.name:  # the nodes drew the noise
+            dp.use_backend(name, num_classes=C)
         if masked:
             from privfed.flower.dp import SecureNoiseReport
             from privfed.flower.secagg import masked_sum_over_messages
@@ -231,12 +243,16 @@ def serve_fedlog_rounds(
                 stages[f"round-{r}:{k}"] = v
             received.extend(res.view)
             runs.append(res)
-            if report is not None:
-                report.settle([len(res.uploaded)], [[len(p) for p in res.parts] or [len(res.uploaded)]])
+            if report is not None:  # the shares of the roster's declared colluders are not counted
+                report.settle(
+                    [len(res.uploaded)],
+                    [[len(p) for p in res.parts] or [len(res.uploaded)]],
+                    colluders=declared,
+                )
                 mech.report()  # settles the release with the noise shares of its least-noised part
-                spans.append((booked, len(mech.ledger.events), res.smallest_part))
+                spans.append((booked, len(mech.ledger.events), res.smallest_part - declared))
                 dp.secure_notes[:] = [
-                    distributed_note(dp, "mask", cfg.clients, [x.smallest_part for x in runs])
+                    distributed_note(dp, "mask", cfg.clients, [x.smallest_part - declared for x in runs])
                 ]
             total = np.asarray(res.total, dtype=np.float64).reshape(C, m)
             summed.append(len(res.uploaded))
@@ -264,13 +280,14 @@ def serve_fedlog_rounds(
         "summed": summed,
         "epsilon": epsilon,
         "head_norm": [float(np.linalg.norm(head_eta(h))) for h in heads],
+        "noise_backends": {str(n): b for n, b in sorted(backends.items())},
     }
     if masked:
         from privfed.flower.server_secure import run_threat, scaled_epsilon
 
         # the worst round: the smallest part of a survivor graph, under the rounds' composed epsilon were every
         # round's sum that small
-        threat = run_threat(cfg, runs, scaled_epsilon(mech, spans))
+        threat = run_threat(cfg, runs, scaled_epsilon(mech, spans), colluders=declared_colluders(colluders))
         heads[-1].secure_aggregation = {
             "protocol": "mask",
             "secure_variant": "one masked sum a round",

@@ -164,7 +164,8 @@ def simulated_identities(
     Nodes that already have both keys keep them.  For in-process simulations only, where the operator is
     the server: the nodes also allow plain releases (``allow-plain-release``), seeded noise
     (``allow-seeded-noise``) and a ledger that lives in the run only (``allow-ephemeral-ledger``), which a
-    deployed node with a roster refuses.
+    deployed node with a roster refuses, DP releases without a lifetime budget (``allow-unbudgeted-dp``),
+    and draw numpy's noise (``noise-backend``) where a deployed node draws OpenDP's.
     """
     if all("secagg-identity" in c and "secagg-roster" in c for c in node_configs.values()):
         return dict(node_configs)
@@ -177,6 +178,8 @@ def simulated_identities(
             "allow-plain-release": True,
             "allow-seeded-noise": True,
             "allow-ephemeral-ledger": True,
+            "noise-backend": "numpy",
+            "allow-unbudgeted-dp": True,
             **c,
             "secagg-identity": sim.identities[sim.index[int(n)]],
             "secagg-roster": sim.roster_json,

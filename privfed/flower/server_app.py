@@ -146,6 +146,7 @@ def serve(grid: Grid, cfg: FlowerConfig, *, keep_view: bool = False) -> FlowerRe
         if rounds_dp is not None:
             head.privacy = rounds_dp.report()  # composed from every round's events, as privfed.rounds does
         report["replied"] = K
+        report["noise_backends"] = extra.pop("noise_backends")
         report["rounds"] = extra
     else:
         if cfg.secure == "none":

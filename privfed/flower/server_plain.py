@@ -19,6 +19,7 @@ from flwr.app import RecordDict
 from mechanisms.dp.ledger import ReleaseEvent
 from privfed.errors import ConfigError
 from privfed.flower.config import FlowerConfig
+from privfed.flower.dp import BACKEND_KEY, agreed_backend
 from privfed.flower.fold import NodeFold, node_errors
 from privfed.flower.transport import exchange
 from privfed.flower.wire import payload_bytes, stats_from_record
@@ -57,6 +58,7 @@ def serve_plain(grid, cfg: FlowerConfig, method, privacy, nodes, config_rec, sta
     fold = NodeFold(method)
     errors: dict[int, str] = {}
     events: dict[int, list[dict]] = {}
+    backends: dict[int, str] = {}
     payload: dict[str, int] = {}
     sent_pairs = [0]
 
@@ -74,6 +76,8 @@ def serve_plain(grid, cfg: FlowerConfig, method, privacy, nodes, config_rec, sta
             received.append(("query", node, {k: v.copy() for k, v in stats.arrays().items()}))
         fold.add(f"node {node}", stats)
         events[node] = json.loads(str(meta["events"]))
+        if BACKEND_KEY in meta:
+            backends[node] = str(meta[BACKEND_KEY])
 
     contents = {n: RecordDict({"config": config_rec}) for n in nodes}
     ex = stages["query"] = exchange(grid, contents, "query", cfg.timeout, on_stats, group_id="stats")
@@ -85,18 +89,20 @@ def serve_plain(grid, cfg: FlowerConfig, method, privacy, nodes, config_rec, sta
             f"{ex.silent[:5]}); min-clients={cfg.min_replies}: raise timeout or lower min-clients"
         )
     stats = fold.result()
+    C, d = fold.shape
     if privacy is not None:
+        if (name := agreed_backend(backends)) is not None:  # the nodes drew the noise: the report says how
+            privacy.set_backend(name, dim=d, num_classes=C)
         record_client_releases(privacy, events)
         if not method.per_client:
             stats = privacy.after_aggregate(stats, method, server_rng(cfg))
     head = method.aggregate(stats)
     sums = [np.array(a) for a in stats.arrays().values()]
-    C, d = fold.shape
     K = got
     M = sent_pairs[0]
     model = method.upload_bytes(M=M, K=K, d=d, C=C)
     head.upload_bytes = {"total": model, "per_client": model / K, "M": M, "K": K}
-    report = {"replied": got}
+    report = {"replied": got, "noise_backends": {str(n): b for n, b in sorted(backends.items())}}
     report["payload_vs_model"] = {
         "model_bytes": int(model),
         "payload_bytes": int(sum(payload.values())),

@@ -27,6 +27,7 @@ from mechanisms.secagg.ckks.scheme import CKKSParams
 from mechanisms.secagg.threat import ckks_threat, masking_threat, min_threshold
 from privfed.errors import ConfigError
 from privfed.flower.ckks import ckks_sum_over_messages
+from privfed.flower.dp import BACKEND_KEY, agreed_backend
 from privfed.flower.fold import node_errors
 from privfed.flower.protocol import refusal_bits, secure_rounds, split_sum_vector, sum_vector_length
 from privfed.flower.secagg import masked_sum_over_messages
@@ -35,7 +36,7 @@ from privfed.flower.wire import arrays_record
 from privfed.methods.fedcof_protocol import FedCOFServer
 from privfed.methods.fedcof_protocol import threat_model as fedcof_threat
 
-__all__ = ["THREAT_FLWR", "serve_secure"]
+__all__ = ["THREAT_FLWR", "declared_colluders", "run_threat", "scaled_epsilon", "serve_secure"]
 
 
 #: What Flower's own SecAgg+ does not protect against (reported with its runs).
@@ -79,20 +80,23 @@ def scaled_epsilon(privacy, spans):
     return at
 
 
-def run_threat(cfg, runs, epsilon_of=None):
+def run_threat(cfg, runs, epsilon_of=None, colluders: int | None = None):
     """The computed threat model of a Flower run's secure sums (:mod:`mechanisms.secagg.threat`), None for
     Flower's SecAgg+: its worst sum (the smallest part a split graph leaves, or the fewest uploaders under
-    CKKS), and ``epsilon_of(m)``, the release's epsilon were that sum's part to carry m noise shares."""
+    CKKS), and ``epsilon_of(m)``, the release's epsilon were that sum's part to carry m noise shares.
+    ``colluders``: the colluding nodes the nodes' roster declares (their shares are not counted)."""
     if cfg.secure == "mask":
         worst = min(runs, key=lambda r: r.smallest_part)
         inv = {n: u for u, n in worst.roster_index.items()}
+        c = int(colluders or 0)
         return masking_threat(
             cfg.clients,
             cfg.secagg_threshold,
             cfg.degree,
+            declared_colluders=colluders,
             graph=worst.graph,
             uploaded=[inv[n] for n in worst.uploaded],
-            epsilon_of=None if epsilon_of is None else epsilon_of(worst.smallest_part),
+            epsilon_of=None if epsilon_of is None else epsilon_of(worst.smallest_part - c),
             refusal_bits=refusal_bits(),
         )
     if cfg.secure == "ckks":
@@ -107,6 +111,18 @@ def run_threat(cfg, runs, epsilon_of=None):
     return None
 
 
+def declared_colluders(by_node: dict[int, int]) -> int | None:
+    """The colluders the nodes' roster declares, as their setup (or round) replies name it (None: no roster
+    named any, e.g. Flower's SecAgg+); ConfigError when the nodes disagree (rosters of different operators)."""
+    if len(set(by_node.values())) > 1:
+        raise ConfigError(
+            "the nodes' rosters disagree on the declared colluders ("
+            + ", ".join(f"node {n}: {c}" for n, c in sorted(by_node.items())[:5])
+            + "); every node must run with the operator's one roster"
+        )
+    return next(iter(by_node.values()), None)
+
+
 def serve_secure(grid, cfg, method, nodes, config_rec, stages, keep_view, received, noise_report=None):
     """Run the secure sums of one aggregation; returns (head, nodes summed, report entries, the decoded sums).
 
@@ -117,6 +133,8 @@ def serve_secure(grid, cfg, method, nodes, config_rec, stages, keep_view, receiv
     holders: dict[int, bool] = {}
     events: dict[int, list[dict]] = {}
     bounds: dict[int, str] = {}
+    colluders: dict[int, int] = {}
+    backends: dict[int, str] = {}
 
     def on_setup(node, content):
         if "error" in content:
@@ -126,6 +144,10 @@ def serve_secure(grid, cfg, method, nodes, config_rec, stages, keep_view, receiv
         holders[node] = bool(content["meta"].get("key-holder", False))
         events[node] = json.loads(str(content["meta"].get("events", "[]")))
         bounds[node] = str(content["meta"].get("bounds", ""))
+        if "colluders" in content["meta"]:
+            colluders[node] = int(content["meta"]["colluders"])
+        if BACKEND_KEY in content["meta"]:
+            backends[node] = str(content["meta"][BACKEND_KEY])
 
     contents = {n: RecordDict({"config": config_rec}) for n in nodes}
     ex = stages["setup"] = exchange(grid, contents, "query.setup", cfg.timeout, on_setup, group_id="setup")
@@ -146,7 +168,10 @@ def serve_secure(grid, cfg, method, nodes, config_rec, stages, keep_view, receiv
             "every node must run with the operator's one roster"
         )
     public = PublicBounds.from_dict(json.loads(b)) if (b := next(iter(bounds.values()), "")) else DEFAULTS
+    declared = declared_colluders(colluders)
     if noise_report is not None:
+        if (name := agreed_backend(backends)) is not None:  # the nodes drew the shares: the report says how
+            noise_report.privacy.set_backend(name, dim=d, num_classes=C)
         noise_report.record(events)
 
     def run(round_name, length, payload, among=None):
@@ -228,6 +253,7 @@ def serve_secure(grid, cfg, method, nodes, config_rec, stages, keep_view, receiv
         noise_report.settle(
             [len(r.uploaded) for r in runs],
             [[len(p) for p in getattr(r, "parts", [])] or [len(r.uploaded)] for r in runs],
+            colluders=declared or 0,
         )
     head.upload_bytes = {"K": K, "measured": "on the wire, every stage (see wire)"}
     head.secure_aggregation = {
@@ -238,7 +264,10 @@ def serve_secure(grid, cfg, method, nodes, config_rec, stages, keep_view, receiv
         "dropped": sorted({n for r in runs for n in r.dropped_before_upload}),
     }
     threat = run_threat(
-        cfg, runs, scaled_epsilon(None if noise_report is None else noise_report.privacy, None)
+        cfg,
+        runs,
+        scaled_epsilon(None if noise_report is None else noise_report.privacy, None),
+        colluders=declared,
     )
     if threat is None:
         head.secure_aggregation["threat_model"] = THREAT_FLWR
@@ -250,6 +279,12 @@ def serve_secure(grid, cfg, method, nodes, config_rec, stages, keep_view, receiv
                 f"secure aggregation: the uploaders' graph split into parts of "
                 f"{', '.join(map(str, sorted(threat.parts)))} nodes; the server decodes each part's sum alone"
             )
+    if declared and noise_report is not None:
+        head.notes.append(
+            f"the nodes' roster declares {declared} colluding node(s): a colluder knows its own noise share, so "
+            f"epsilon counts the shares of the other summed nodes only ({K - declared} of {K}), as each node "
+            "charges its budget"
+        )
     if variant != "sums":  # the bounds the nodes check, as their setup replies named them (their roster's)
         head.secure_aggregation["protocol_threat_model"] = fedcof_threat(
             public.max_means(cfg.clients), public.max_count(cfg.clients), exact=not cfg.private
@@ -259,5 +294,11 @@ def serve_secure(grid, cfg, method, nodes, config_rec, stages, keep_view, receiv
             f"secure aggregation: {len(head.secure_aggregation['dropped'])} node(s) dropped before uploading; "
             f"the head is built from the {K} nodes whose inputs were summed"
         )
-    report = {"C": C, "d": d, "participants": len(participants), "replied": K}
+    report = {
+        "C": C,
+        "d": d,
+        "participants": len(participants),
+        "replied": K,
+        "noise_backends": {str(n): b for n, b in sorted(backends.items())},
+    }
     return head, K, report, [r.total for r in runs]

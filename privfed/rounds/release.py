@@ -216,6 +216,15 @@ class RoundsDP:
         self.seeded: bool | None = None
         self.noise_seed: int | None = None
 
+    def use_backend(self, backend, *, num_classes: int | None = None) -> None:
+        """Draw the rounds' noise from ``backend`` (``"numpy"``, ``"opendp"`` or a backend object),
+        recalibrated for its rounding slack at the same mu (:meth:`GaussianMechanism.set_backend`; a bounded
+        upload's slack needs ``num_classes``)."""
+        self.mechanism.set_backend(backend, dim=self.dim, num_classes=num_classes)
+        self.backend = self.mechanism.backend
+        self.sensitivity = self.mechanism.joint_sensitivity
+        self.sigma = self.mechanism.sigma["sums"]
+
     def declare_randomness(self, *, seeded: bool, noise_seed: int | None = None) -> None:
         """Whether the noise comes from a seed (a replayable seeded simulation) or from OS entropy."""
         self.seeded = bool(seeded) if self.seeded is None else (self.seeded or bool(seeded))

@@ -166,7 +166,16 @@ def rounds_report(dp, traces) -> RoundsPrivacyReport:
         notes.append("noise on the sum added by a trusted server")
     else:
         notes.append("every client noises its own upload with the full sigma (the sum carries K sigma^2)")
-    notes.append("floating-point noise (backend 'numpy'): not hardened against floating-point attacks")
+    if dp.backend.secure:
+        notes.append(
+            f"noise drawn by backend {dp.backend.name!r} (exact discrete samplers on a grid); the sensitivity "
+            "includes its rounding slack"
+        )
+    else:
+        notes.append(
+            f"floating-point noise (backend {dp.backend.name!r}): not hardened against floating-point attacks, "
+            "so the guarantee above does not hold against an attack on the low-order bits of the released values"
+        )
     simulation = any(t.randomness == "seeded" for t in traces)
     if simulation:
         src = f"noise_seed={dp.noise_seed}" if dp.noise_seed is not None else "a caller's Generator"

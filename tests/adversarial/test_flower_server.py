@@ -377,7 +377,8 @@ def test_a_deployed_node_refuses_a_noise_seed_chosen_by_the_server(digits_datase
     from mechanisms.secagg.identity import make_roster
 
     roster, ids = make_roster(K, colluders=0)  # CKKS needs a roster that declares no colluder
-    deployed = _deployed(roster, ids, tmp_path)
+    # DP releases without a lifetime budget: the operator of a test deployment says so explicitly
+    deployed = {n: {**c, "allow-unbudgeted-dp": "true"} for n, c in _deployed(roster, ids, tmp_path).items()}
     dp = {"method": "fedncm", "clients": K, "epsilon": 1.0, "delta": 1e-5, "clip": 10.0, "timeout": 30}
     for secure in ("mask", "ckks"):
         with pytest.raises(

@@ -63,6 +63,7 @@ def _nodes(roster, ids):
             "secagg-identity": ids[i].to_json(),
             "secagg-roster": roster.to_json(),
             "allow-ephemeral-ledger": "true",
+            "allow-unbudgeted-dp": "true",  # a test deployment: DP without a lifetime budget, said explicitly
             **({"fail-at": "masked"} if i in drop else {}),
         }
         for i in range(K)

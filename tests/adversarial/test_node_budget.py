@@ -167,9 +167,9 @@ def test_a_refusal_depends_on_the_budget_and_the_releases_not_on_the_data(tmp_pa
 
 def test_a_masked_release_is_admitted_only_if_it_fits_at_t_shares_and_is_charged_the_shares_present(tmp_path):
     """Distributed noise under masking (K = 4, t = 3): the node charges the release as if only t shares reached
-    the sum (the fewest the protocol releases), then, at the consistency stage, the 4 it signs for.  A budget
-    of 1.5 releases admits the first (4/3 of MU1^2 at admission), settled to MU1 (the run's epsilon), and
-    refuses the second (1 + 4/3 > 1.5)."""
+    the sum (the fewest the protocol releases), then, at the unmask stage, the 4 that t signatures confirm.
+    A budget of 1.5 releases admits the first (4/3 of MU1^2 at admission), settled to MU1 (the run's
+    epsilon), and refuses the second (1 + 4/3 > 1.5)."""
     nodes = _nodes(tmp_path, budget_for(1.5))
     cfg = _plain(secure="mask")
     res = serve(LocalGrid(nodes), cfg)
@@ -319,7 +319,7 @@ def test_each_placement_charges_the_noise_its_release_declares(tmp_path, kw, fac
 
 def test_a_node_that_drops_is_not_charged_and_the_survivors_are_charged_the_shares_present(tmp_path):
     """One node fails its masked stage (it never uploads): it is charged nothing; the three survivors settle
-    at the consistency stage to the three shares their sum carried (4/3 of MU1^2): the epsilon the server
+    at the unmask stage to the three shares their sum carried (4/3 of MU1^2): the epsilon the server
     reports for the run."""
     from privfed.flower.client_app import make_client_app
 
@@ -332,3 +332,25 @@ def test_a_node_that_drops_is_not_charged_and_the_survivors_are_charged_the_shar
         assert charged[n][0]["mu"] == pytest.approx(MU1 * math.sqrt(4 / 3), rel=1e-12)
         answer = res.report["budgets"]["nodes"][str(n)]
         assert answer["spent_epsilon_run"] == pytest.approx(res.head.privacy.epsilon, rel=1e-9)
+
+
+def test_a_deployed_node_without_a_budget_refuses_dp_releases_unless_its_operator_allows_them(tmp_path):
+    """A node deployed with a roster and no budget used to keep "one DP release per round name for life",
+    which bounds nothing (the server names the rounds).  It now refuses every DP release with one line naming
+    the node-config keys of a budget; a run without DP, or the operator's explicit allow-unbudgeted-dp=true,
+    still runs."""
+    from lying_server import deployed_nodes
+
+    nodes, _, _ = deployed_nodes(tmp_path / "plain", K, colluders=0)
+    dp = _plain(secure="mask")
+    grid = RecordingGrid(nodes)
+    with pytest.raises(
+        ConfigError, match="stage 'setup'.*deployed .* keeps no lifetime privacy budget"
+    ) as exc:
+        serve(grid, dp)
+    assert "dp-budget-epsilon, dp-budget-delta and dp-budget-ledger" in str(exc.value)
+    assert "allow-unbudgeted-dp=true" in str(exc.value)
+    assert not any(m.has_content() and "meta" in m.content for m in grid.seen)  # not even its shape
+    serve(LocalGrid(nodes), FlowerConfig(method="fedncm", clients=K, secure="mask", timeout=30))  # no DP
+    allowed = {n: {**c, "allow-unbudgeted-dp": "true"} for n, c in nodes.items()}
+    assert serve(LocalGrid(allowed), dp).head.privacy.epsilon == pytest.approx(1.0, rel=1e-9)

@@ -1,10 +1,12 @@
 """A lying server against a budgeted node's settlement of its masked charge.
 
 A node with a lifetime budget charges its noise share in a masked sum at the fewest shares the sum can
-carry (t less the declared colluders), then, at the consistency stage, lowers the charge to the uploaders
-the consistency request names (its part of them, less the declared colluders).  That list is the server's
-word: the node has not yet seen the t signatures that make it the sum's uploader set, which it checks only
-at the unmask stage.
+carry (t less the declared colluders).  It used to lower the charge at the consistency stage to the
+uploaders the consistency request named: the server's word alone, before the node had seen the t
+signatures that make a list the sum's uploader set.  Told there that all ten uploaded when seven had, a
+victim charged mu*sqrt(10/9) for a release of mu*sqrt(10/7).  Now it settles at the unmask stage, on the
+list t signatures confirm; a victim the server never asks to unmask (or shows signatures over another
+list) keeps the fewest-shares charge.
 """
 
 from __future__ import annotations
@@ -38,12 +40,13 @@ def _cfg(K):
     )
 
 
-def _run(tmp_path, *, lie: bool):
+def _run(tmp_path, *, lie: bool, unmask_victim: bool = False):
     """K = 10 under the default roster (one declared colluder, t = 6).  Three nodes advertise keys and
     share, then the server holds back their masked request (they drop before upload).  With ``lie`` the
     victim (roster index 0) is told at the consistency stage that all ten uploaded; the six others are told
     the truth, sign it, and are shown only each other's signatures: the server decodes the sum of the seven
-    real uploaders, the victim's noisy input among them."""
+    real uploaders, the victim's noisy input among them.  The victim is skipped at the unmask stage, or
+    (``unmask_victim``) sent the list it signed with the six others' signatures, which cover another list."""
     K, victim, dropped = 10, 0, {7, 8, 9}
     nodes, roster, _ = deployed_nodes(tmp_path, K, budget=(gdp_epsilon(MU1 * 10, DELTA), DELTA))
     assert (roster.threshold, roster.colluders) == (6, 1)
@@ -60,14 +63,17 @@ def _run(tmp_path, *, lie: bool):
         if lie and stage == "consistency" and u == victim:
             return {**msg, "uploaded": sorted(set(range(K)))}
         if lie and stage == "unmask":
-            if u == victim:
-                return None
             keep = [i for i, v in enumerate(msg["signers"]) if v != victim]
-            return {
+            if u == victim and not unmask_victim:
+                return None
+            out = {
                 **msg,
                 "signers": [msg["signers"][i] for i in keep],
                 "sigs": [msg["sigs"][i] for i in keep],
             }
+            if u == victim:  # the list it signed, with the echoes of those that uploaded
+                out["uploaded"] = sorted(set(range(K)))
+            return out
         return msg
 
     server, total = srv.masked_sum(sorted(nodes), length, tamper=tamper)
@@ -102,15 +108,16 @@ def test_an_honest_consistency_list_settles_the_charge_at_the_uploaders_present(
     assert charged["mu"] >= true_mu
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a budgeted node settles its masked charge on the consistency request's uploader list before any "
-    "signature confirms it: told 10 uploaded when the decoded sum held 7 shares, it charges mu*sqrt(10/9) "
-    "for a release of mu*sqrt(10/7) (28% of the release's mu^2 never reaches its budget, every run)",
-)
-def test_a_victim_told_that_more_nodes_uploaded_is_charged_what_its_release_cost(tmp_path):
-    charged, true_mu, srv = _run(tmp_path, lie=True)
+@pytest.mark.parametrize("unmask_victim", [False, True], ids=["victim-skipped", "victim-shown-other-list"])
+def test_a_victim_told_that_more_nodes_uploaded_is_charged_what_its_release_cost(tmp_path, unmask_victim):
+    """The lie of the consistency stage settles nothing: no t signatures confirm the victim's list, so it
+    keeps the charge at the fewest shares a decodable sum carries (t - n_C = 5 of the 10), above the 7 its
+    release really had."""
+    charged, true_mu, srv = _run(tmp_path, lie=True, unmask_victim=unmask_victim)
     # the run went through: the six others unmasked, the victim's signature was never needed
     assert not [k for k in srv.refusals if k[0] != "unmask"]
-    assert charged["settled"]
+    if unmask_victim:  # shown signatures over another list, the victim revealed nothing
+        assert "signed other survivor lists" in srv.refusals[("unmask", FIRST)]
+    assert not charged["settled"]
+    assert charged["mu"] == pytest.approx(charged["declared_mu"] * math.sqrt(10 / 5), rel=1e-12)
     assert charged["mu"] >= true_mu * (1 - 1e-12), (charged["mu"], true_mu)

@@ -44,14 +44,43 @@ def test_each_node_charges_the_run_with_the_declared_colluder_share_removed(tmp_
         assert answer["spent_epsilon_run"] == pytest.approx(honest, rel=1e-9)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="under a roster that declares one colluder the run prints (1, 1e-5)-DP and a threat record with "
-    "declared_colluders None, counting the colluder's noise share; every node charged epsilon 1.13 for it",
-)
 def test_the_printed_guarantee_of_the_run_holds_against_the_declared_colluders(tmp_path):
     res = _run(tmp_path)
     threat = res.head.secure_aggregation["threat"]
     charged = res.report["budgets"]["weakest"]["spent_epsilon"]
     assert threat["declared_colluders"] == 1
     assert res.head.privacy.epsilon == pytest.approx(charged, rel=1e-9)
+    # the threat model's epsilon of this run is the same, over the K - 1 shares of the non-colluders
+    assert threat["shares"]["this_run"] == K - 1
+    assert threat["epsilon"]["this_run"] == pytest.approx(charged, rel=1e-9)
+    assert "declared colluder(s)' noise shares not counted" in threat["text"]
+
+
+def test_masked_dp_rounds_print_the_composed_epsilon_every_node_charged(tmp_path):
+    """Multi-round FedLog under masking (distributed noise) on the default roster (K = 4, t = 3, one declared
+    colluder): each round's sum counts 3 honest shares of 4, in the composed epsilon the server prints and in
+    what every node charged."""
+    from privfed.flower.checks import rounds_config
+    from privfed.flower.fedlog import make_rounds_dp
+
+    k = 4
+    nodes, roster, _ = deployed_nodes(tmp_path, k, budget=(40.0, DELTA))
+    assert (roster.threshold, roster.colluders) == (3, 1)
+    cfg = FlowerConfig(
+        method="fedlog",
+        clients=k,
+        rounds=2,
+        rounds_params={"local_epochs": 0, "families": ["mlp"], "init": "scratch"},
+        epsilon=4.0,
+        delta=DELTA,
+        clip=2.0,
+        secure="mask",
+        timeout=30,
+    )
+    res = serve(LocalGrid(nodes), cfg)
+    mu = make_rounds_dp(rounds_config(cfg)).mu_per_release * (k / (k - 1)) ** 0.5
+    honest = gdp_epsilon(mu * 2**0.5, DELTA)  # two rounds, each at 3 of 4 shares
+    assert res.head.privacy.epsilon == pytest.approx(honest, rel=1e-9)
+    for answer in res.report["budgets"]["nodes"].values():
+        assert answer["spent_epsilon_run"] == pytest.approx(honest, rel=1e-9)
+    assert res.head.secure_aggregation["threat"]["declared_colluders"] == 1

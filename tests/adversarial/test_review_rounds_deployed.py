@@ -1,4 +1,5 @@
-"""Multi-round FedLog under DP on deployed nodes (a roster, its ledger file, no simulation allowances).
+"""Multi-round FedLog under DP on deployed nodes (a roster, its ledger file, a lifetime budget, no simulation
+allowances).
 
 The masked (distributed-noise) rounds start with ``query.round``: each node trains its body and keeps its
 noisy statistic for the round's masked sum.  A node deployed with a roster refuses every ``query.round``
@@ -58,16 +59,35 @@ def _round0(srv: LyingServer, node: int):
     return srv.send(node, "query.round", content)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="masked multi-round FedLog under DP cannot run on a deployed node unless its operator sets "
-    "allow-plain-release=true (query.round is refused as a plain release), and that setting lets the server "
-    "read any round's statistic in the clear (epsilon = inf) from a node without a budget",
-)
+class _Recording(LocalGrid):
+    """Keeps every reply the server received."""
+
+    def __init__(self, nodes):
+        super().__init__(nodes)
+        self.seen = []
+
+    def pull_messages(self, ids):
+        out = super().pull_messages(ids)
+        self.seen.extend(out)
+        return out
+
+
 def test_masked_dp_rounds_run_on_nodes_that_refuse_plain_releases(tmp_path):
-    nodes, _, _ = deployed_nodes(tmp_path, K, colluders=0)
-    res = serve(LocalGrid(nodes), _masked())
+    """The masked rounds run on nodes deployed without any allowance; no round reply carries a statistic
+    (each goes into the round's masked sum only), and a server asking the same nodes for a round in the clear
+    is refused."""
+    nodes, _, _ = deployed_nodes(tmp_path, K, colluders=0, budget=(40.0, 1e-5))
+    grid = _Recording(nodes)
+    res = serve(grid, _masked())
     assert res.head.privacy.epsilon == pytest.approx(4.0, rel=1e-9)
+    rounds = [m for m in grid.seen if m.metadata.message_type == "query.round"]
+    assert len(rounds) == 2 * K and not any("stats" in m.content for m in rounds)
+    for cfg in (
+        FlowerConfig(method="fedlog", clients=K, rounds=2, rounds_params=PARAMS),
+        FlowerConfig(method="fedlog", clients=K, rounds=2, rounds_params=PARAMS, epsilon=4.0, clip=2.0),
+    ):
+        got = _round0(LyingServer(grid, cfg), FIRST)
+        assert isinstance(got, str) and "deployed for secure aggregation" in got
 
 
 def test_with_plain_releases_allowed_a_budget_still_refuses_a_noiseless_round(tmp_path):

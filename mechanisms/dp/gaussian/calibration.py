@@ -101,22 +101,48 @@ class GaussianCalibration:
         if block == "second":
             return dim * (dim + 1) // 2
         per_class = dim if block == "sums" else 1
-        if self.level == "record":
+        if not self.bounds_uploads:
             return per_class  # one record moves one class row
+        # A bounded upload (client level, or a record moving a body trained on all records): every class row
+        # can move, the counts too (the bound scales them all).
         if num_classes is None:
-            raise ConfigError("client-level rounding slack needs the number of classes; release once first")
+            raise ConfigError(
+                "the rounding slack of a bounded upload needs the number of classes; release once first"
+            )
         return per_class * num_classes
 
     def _slack(self, block: str, dim: int, num_classes: int | None = None) -> float:
         if self.backend.sensitivity_slack(1, "l2") == 0:
             return 0.0
-        if self.level == "client" and num_classes is None and block != "second":
+        if self.bounds_uploads and num_classes is None and block != "second":
             num_classes = self._num_classes
             if num_classes is None:
                 return 0.0  # resolved again at the first release, when C is known
         return self.backend.sensitivity_slack(self._moving(block, dim, num_classes), "l2")
 
     _num_classes: int | None = None
+
+    def set_backend(self, backend, *, dim: int | None = None, num_classes: int | None = None) -> None:
+        """Draw this mechanism's noise from ``backend`` (a name or a :class:`~mechanisms.dp.backends.NoiseBackend`)
+        from now on, recalibrated for it: a rounding backend (OpenDP) adds its slack to the sensitivities, so
+        sigma is recalibrated for the same mu (once ``dim``, and for a bounded upload ``num_classes``, are
+        known: given here, or at the first release).
+
+        For the node that draws the noise (its operator's choice), and for a server's copy of a mechanism
+        whose releases other processes drew, so that its report states the backend they used.
+        """
+        from mechanisms.dp.backends import get_backend
+
+        self.backend = get_backend(backend)
+        if num_classes is not None:
+            self._num_classes = int(num_classes)
+        dim = self._dim if dim is None else int(dim)
+        self._sigma = self._sens = None
+        self._base_sens = {}
+        self._dim = None
+        slack_free = self.backend.sensitivity_slack(1, "l2") == 0
+        if dim is not None or (self.clipping.norm == "l2" and slack_free):
+            self._resolve(dim)
 
     def _ensure(self, dim: int) -> None:
         if self._sigma is None:

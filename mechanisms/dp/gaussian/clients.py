@@ -84,6 +84,7 @@ class ClientBounding:
     def _distributed(self, stats: ClientStats, rng: np.random.Generator) -> ClientStats:
         """Every client adds its share sigma^2 / (K - t); what reaches the sum is settled in :meth:`report`."""
         K = stats.num_clients
+        self._check_share_scale(stats.dim, self._share(K))
         out = self._noisy(stats, rng, self.level, share=self._share(K))
         self._pending_secure.append(
             (self.ledger._next_id, K, self._share(K), getattr(self._secagg, "last_run", None))
@@ -100,7 +101,36 @@ class ClientBounding:
         """
         if self.bounds_uploads:
             stats = self._bound_clients(stats)
+        self._check_share_scale(stats.dim, self._share(int(num_clients)))
         return self._noisy(stats, rng, self.level, share=self._share(int(num_clients)))
+
+    #: Fewest grid steps a discrete-Gaussian noise share's standard deviation may span (see below).
+    MIN_SHARE_STEPS = 4.0
+
+    def _check_share_scale(self, dim: int, share: float) -> None:
+        """Refuse discrete-Gaussian shares too narrow for their sum to count as one discrete Gaussian.
+
+        With a rounding backend (OpenDP) each share is a discrete Gaussian on the grid, and the sum of K of
+        them is not exactly one.  Kairouz, Liu & Steinke ("The distributed discrete Gaussian mechanism",
+        ICML 2021) bound the privacy of such a sum by that of the Gaussian of the summed variance plus a term
+        in tau = 10 sum_{k<K} exp(-2 pi^2 s^2 k/(k + 1)) <= 10 K exp(-pi^2 s^2) (times sqrt(D) at most), s
+        the share's standard deviation in grid steps.  At s >= 4 that is below 1e-60 for any K and D a run
+        can have, and the accountant's Gaussian stands; narrower shares are refused.
+        """
+        grid = getattr(self.backend, "grid", None)
+        if grid is None or self.backend.sensitivity_slack(1, "l2") == 0:
+            return
+        self._ensure(int(dim))
+        positive = [s for s in self._sigma.values() if s > 0]
+        if not positive:
+            return
+        steps = min(positive) * math.sqrt(share) / float(grid)
+        if steps < self.MIN_SHARE_STEPS:
+            raise ConfigError(
+                f"each client's discrete-Gaussian noise share spans {steps:.3g} steps of the backend's grid "
+                f"({grid:g}), below {self.MIN_SHARE_STEPS:g}: the sum of shares would not count as one "
+                "Gaussian; use a finer grid, fewer clients or a smaller epsilon"
+            )
 
     def book_distributed(self, events: list[dict], num_clients: int, protocol) -> None:
         """The server's side of :meth:`node_release`: book the nodes' release once, settled in :meth:`report`.

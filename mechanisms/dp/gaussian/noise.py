@@ -42,7 +42,7 @@ class GaussianNoise:
         """
         self._ensure(stats.dim)
         if (
-            self.level == "client"
+            self.bounds_uploads
             and self._num_classes != stats.num_classes
             and self.backend.sensitivity_slack(1, "l2") > 0
         ):

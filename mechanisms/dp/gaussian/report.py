@@ -103,7 +103,9 @@ class GaussianReport:
             )
         if not self.backend.secure and math.isfinite(self.epsilon):
             notes.append(
-                "floating-point noise (backend 'numpy'): not hardened against floating-point attacks"
+                "floating-point noise (backend 'numpy'): not hardened against floating-point attacks, so the "
+                "guarantee above does not hold against an attack on the low-order bits of the released values "
+                "(use backend 'opendp')"
             )
         if self.calibration == "classic" and self.epsilon > 1:
             notes.append("classic calibration outside its proven range (epsilon > 1)")
