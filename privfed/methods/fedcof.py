@@ -59,6 +59,7 @@ from privfed.methods.fedcof_estimator import (
     multi_mean_ids,
     noise_bias,
     pair_spread,
+    spread_and_sums,
     spread_matrix,
     spread_weights,
     valid_pairs,
@@ -77,6 +78,7 @@ __all__ = [
     "multi_mean_ids",
     "noise_bias",
     "pair_spread",
+    "spread_and_sums",
     "spread_matrix",
     "spread_weights",
     "valid_pairs",
@@ -176,16 +178,18 @@ class FedCOF(Method):
             zero = valid & ~has
             count_only = np.bincount(pk_all[zero], weights=n_all[zero], minlength=C)
         N = np.bincount(pk, weights=n, minlength=C)
-        S = sum_rows_by(sums, pk_s, C) if rows_s is None else _sum_rows_by_index(sums, rows_s, pk_s, C)
-        mu = class_means(N, S)
         Kc = np.bincount(pk, minlength=C)
         w = spread_weights(N, Kc)
-        spread = pair_spread(pk_s, n_s, sums, mu, w, rows=rows_s)
-        if count_only.any():  # sum over those cells of w_c n (0 - mu_c)(0 - mu_c)^T: one C-row product
-            Z = (
-                mu * np.sqrt(np.where(w > 0, w, 0.0) * count_only)[:, None]
-            )  # w_c <= 0: skipped, as pair_spread
-            spread += Z.T @ Z
+        # One X^T X over the rows s_p sqrt(w_c / n_p) less a C-row correction (count-only cells, whose
+        # sums are zero, enter through N_c alone); rows centred on mu_c first only when that
+        # difference would lose accuracy (class means long against the spread).
+        S, spread = spread_and_sums(pk_s, n_s, sums, w, N, rows=rows_s)
+        mu = class_means(N, S)
+        if spread is None:
+            spread = pair_spread(pk_s, n_s, sums, mu, w, rows=rows_s)
+            if count_only.any():  # sum over those cells of w_c n (0 - mu_c)(0 - mu_c)^T: one C-row product
+                Z = mu * np.sqrt(np.where(w > 0, w, 0.0) * count_only)[:, None]  # w_c <= 0: skipped
+                spread += Z.T @ Z
         inv_sum = np.bincount(pk, weights=1.0 / n, minlength=C) if self.params["noise_var"] > 0 else None
         return self._estimate(N, S, mu, Kc, spread, inv_sum, notes)
 
@@ -432,10 +436,3 @@ class FedCOF(Method):
     def upload_floats(cls, *, M: int, K: int, d: int, C: int) -> int:
         return M * d
 
-
-def _sum_rows_by_index(F: np.ndarray, rows: np.ndarray, group: np.ndarray, num_groups: int) -> np.ndarray:
-    """sum of F[rows[i]] by group[i], one sparse-dense product over F itself (no copy of F[rows])."""
-    import scipy.sparse as sp
-
-    onehot = sp.csr_matrix((np.ones(rows.size), (group, rows)), shape=(num_groups, F.shape[0]))
-    return np.asarray(onehot @ F)

@@ -729,6 +729,68 @@ def test_fit_allocates_at_most_a_quarter_of_its_input(federation, monkeypatch, n
     assert head.score(F[idx], y[idx]) > 0.5
 
 
+def _exact_spread(pk, n, sums, C):
+    """Eq. 6's sum_c w_c sum_p n_p (m_p - mu_c)(m_p - mu_c)^T in exact rational arithmetic (from the floats)."""
+    from fractions import Fraction
+
+    d = sums.shape[1]
+    n = [Fraction(float(v)) for v in n]
+    s = [[Fraction(float(v)) for v in row] for row in sums]
+    out = [[Fraction(0)] * d for _ in range(d)]
+    for c in range(C):
+        ps = [p for p in range(len(pk)) if pk[p] == c]
+        Nc = sum(n[p] for p in ps)
+        if len(ps) < 2 or Nc <= 1:
+            continue
+        w = (Nc - 1) / (len(ps) - 1)
+        mu = [sum(s[p][j] for p in ps) / Nc for j in range(d)]
+        for p in ps:
+            dev = [s[p][j] / n[p] - mu[j] for j in range(d)]
+            for i in range(d):
+                for j in range(d):
+                    out[i][j] += w * n[p] * dev[i] * dev[j]
+    return np.array([[float(v) for v in row] for row in out])
+
+
+@pytest.mark.parametrize("offset,uncentred", [(0.0, True), (3.0, True), (1e6, False)])
+def test_fedcof_server_spread_is_one_product_equal_to_the_exact_spread(monkeypatch, offset, uncentred):
+    """The server's spread is one X^T X over s_p sqrt(w_c / n_p) less a C-row correction, equal to Eq. 6
+    computed exactly (rationals) to 1e-9 of its largest entry; with class means 1e6 long against a unit
+    spread the product would lose ~1e-4, its rounding bound says so, and the rows are centred first."""
+    from privfed.methods import fedcof, fedcof_estimator
+    from privfed.stats import ClientStats
+
+    rng = np.random.default_rng(11)
+    K_, C_, d = 9, 4, 3
+    pc, pk = np.nonzero(rng.random((K_, C_)) < 0.7)
+    n = rng.integers(1, 6, pc.size) + rng.random(pc.size)  # fractional counts, as after count noise
+    means = offset * rng.standard_normal((C_, d))[pk] + rng.standard_normal((pc.size, d))
+    sums = means * n[:, None]
+    stats = ClientStats.from_pairs(
+        num_clients=K_, num_classes=C_, pair_client=pc, pair_class=pk, pair_counts=n, pair_sums=sums
+    )
+    centred = []
+    real = fedcof_estimator.pair_spread
+    monkeypatch.setattr(fedcof, "pair_spread", lambda *a, **kw: centred.append(1) or real(*a, **kw))
+    est = fedcof.FedCOF(gamma=0.5).estimate(stats)
+    exact = _exact_spread(pk, n, sums, C_)
+    assert np.abs(exact).max() > 0.1
+    np.testing.assert_allclose(est.spread, exact, rtol=0, atol=1e-9 * np.abs(exact).max())
+    assert bool(centred) is not uncentred
+    N = np.bincount(pk, weights=n, minlength=C_)
+    w = fedcof_estimator.spread_weights(N, np.bincount(pk, minlength=C_))
+    S, product = fedcof_estimator.spread_and_sums(pk, n, sums, w, N)
+    np.testing.assert_allclose(S, np.stack([sums[pk == c].sum(axis=0) for c in range(C_)]), rtol=1e-12)
+    if uncentred:
+        np.testing.assert_array_equal(product, est.spread)
+    else:
+        assert product is None  # what the product loses is over the bound: the rows are centred
+        X = sums * np.sqrt(w[pk] / n)[:, None]
+        Z = S * np.sqrt(np.where(w > 0, w / N, 0.0))[:, None]
+        lost = np.abs((X.T @ X - Z.T @ Z) - exact).max() / np.abs(exact).max()
+        assert lost > 1e-9  # the uncentred difference really is inexact here
+
+
 def _eq6_spread(F, y, g, C):
     """sum_c (N_c - 1) Sigma_c of Eq. 6 without shrinkage, as written: a loop over (group, class) pairs."""
     d = F.shape[1]
