@@ -46,6 +46,7 @@ from __future__ import annotations
 import numpy as np
 
 from privfed._linalg import SOLVERS, check_choice, check_flag, check_real, normalise_rows, solve_head
+from privfed._validation import scratch_rows
 from privfed.errors import ConfigError
 from privfed.head import LinearHead
 from privfed.methods import register
@@ -87,8 +88,13 @@ __all__ = [
 
 
 #: Bytes of the row buffer :meth:`FedCOF.estimate_pairs` fills before one X^T X (3,276 rows at d = 1,280:
-#: within a few % of one product over all rows, at 6 % of the iNat-120K input).
+#: within a few % of one product over all rows, at 6 % of the iNat-120K input) ...
 _STREAM_BUFFER_BYTES = 32 * 2**20
+#: ... and at most this share of the M x d pair sums' bytes (which it stands for: they are never held),
+#: so a small fit's buffer is as small a part of its input as iNat-120K's.
+_STREAM_SHARE = 1 / 32
+#: Rows centred at once on their class references in :meth:`FedCOF.estimate_pairs` (64 KiB).
+_CENTRE_TILE_BYTES = 64 * 2**10
 
 
 @register
@@ -327,7 +333,7 @@ class FedCOF(Method):
         root = np.where(
             valid, np.sqrt(w[pc_all] * np.where(valid, n_all, 0.0)), 0.0
         )  # sqrt(w_c n_p), 0: skipped
-        S = spread = ref = buf = U = None
+        S = spread = ref = buf = U = tmp = None
         seen = np.zeros(C, dtype=bool)
         fill = done = 0
         for p0, sums in blocks:
@@ -339,7 +345,8 @@ class FedCOF(Method):
                 d = sums.shape[1]
                 S, spread, ref = np.zeros((C, d)), np.zeros((d, d)), np.zeros((C, d))
                 rows_needed = max(1, int(np.count_nonzero(root > 0)))
-                buf = np.empty((min(max(1, _STREAM_BUFFER_BYTES // (8 * max(d, 1))), rows_needed), d))
+                fits = scratch_rows(8 * d * n_all.size, 8 * d, _STREAM_BUFFER_BYTES, _STREAM_SHARE)
+                buf = np.empty((min(fits, rows_needed), d))
             pc, n, r = pc_all[p0:done], n_all[p0:done], root[p0:done]
             ok = valid[p0:done]
             if not ok.all():
@@ -353,30 +360,29 @@ class FedCOF(Method):
             for a in range(0, use.size, buf.shape[0]):
                 rows = use[a : a + buf.shape[0]]
                 if fill + rows.size > buf.shape[0]:
-                    spread += gram_of(buf[:fill])
+                    tmp = _add_gram(spread, buf[:fill], tmp)
                     fill = 0
                 k = rows.size
                 X = buf[fill : fill + k]
-                if U is None or U.shape[0] < k:
-                    U = np.empty((k, d))
-                V = U[:k]
-                if k == m:  # every row of the block: no gather
-                    np.multiply(sums, (r / n)[:, None], out=X)
-                    np.take(ref, pc, axis=0, out=V, mode="clip")
-                    V *= r[:, None]
-                else:
-                    np.multiply(sums[rows], (r[rows] / n[rows])[:, None], out=X)
-                    np.take(ref, pc[rows], axis=0, out=V, mode="clip")
-                    V *= r[rows, None]
-                X -= V
+                whole = k == m  # every row of the block: no gather
+                pcs, rs = (pc, r) if whole else (pc[rows], r[rows])
+                np.multiply(sums if whole else sums[rows], (rs / (n if whole else n[rows]))[:, None], out=X)
+                if U is None:
+                    U = np.empty((max(1, min(buf.shape[0], _CENTRE_TILE_BYTES // (8 * d))), d))
+                for t in range(0, k, U.shape[0]):  # X -= r_p ref_c, a cache-sized tile at a time
+                    e = min(t + U.shape[0], k)
+                    V = U[: e - t]
+                    np.take(ref, pcs[t:e], axis=0, out=V, mode="clip")
+                    V *= rs[t:e, None]
+                    X[t:e] -= V
                 fill += k
         if done != n_all.shape[0]:
             raise ValueError(f"pair blocks covered pairs 0..{done - 1} of {n_all.shape[0]}")
         if spread is None:
             raise ValueError("no pair sums arrived")
         if fill:
-            spread += gram_of(buf[:fill])
-        del buf, U  # before the C x d arrays below
+            tmp = _add_gram(spread, buf[:fill], tmp)
+        del buf, U, tmp  # before the C x d arrays below
         mu = class_means(N, S)
         Z = np.subtract(mu, ref, out=ref)  # (mu_c - r_c) sqrt(w_c N_c), in the references' array
         Z *= np.sqrt(w * N)[:, None]
@@ -436,3 +442,10 @@ class FedCOF(Method):
     def upload_floats(cls, *, M: int, K: int, d: int, C: int) -> int:
         return M * d
 
+
+def _add_gram(out: np.ndarray, X: np.ndarray, tmp: np.ndarray | None) -> np.ndarray:
+    """out += X^T X through one reused d x d scratch ``tmp`` (made on first use; returned)."""
+    tmp = np.empty_like(out) if tmp is None else tmp
+    np.matmul(X.T, X, out=tmp)
+    out += tmp
+    return tmp

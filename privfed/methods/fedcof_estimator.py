@@ -324,19 +324,26 @@ def multi_mean_ids(
     Returns (pseudo id per sample, owners: real client of each pseudo-client).
     """
     C = num_classes
-    # Over the (client, class) cells that hold samples only: O(N log N), never a K x C array.
+    n = labels.shape[0]
+    # Over the (client, class) cells that hold samples only: O(N log N), never a K x C array; each
+    # N-long intermediate is written in place or freed when done (a few N-long integer arrays at once).
     cell, inv, sizes = np.unique(clients * C + labels, return_inverse=True, return_counts=True)
     inv = inv.reshape(-1)
-    order = np.lexsort((rng.random(labels.shape[0]), inv))
+    order = np.lexsort((rng.random(n), inv))
     starts = np.concatenate(([0], np.cumsum(sizes)[:-1]))
-    rank = np.empty(labels.shape[0], dtype=np.int64)
-    rank[order] = np.arange(labels.shape[0]) - starts[inv[order]]
+    chunk = np.empty(n, dtype=np.int64)  # the rank of each sample within its cell, then its chunk
+    chunk[order] = np.arange(n)
+    del order
+    chunk -= starts[inv]
     g = np.maximum(1, np.minimum(means, sizes // 2))
-    chunk = (rank * g[inv]) // sizes[inv]
+    chunk *= g[inv]
+    chunk //= sizes[inv]
+    del inv
     per_client = np.ones(num_clients, dtype=np.int64)  # a client without samples keeps one (empty) row
     np.maximum.at(per_client, cell // C, g)
     offset = np.concatenate(([0], np.cumsum(per_client)[:-1]))
-    pseudo = offset[clients] + chunk
+    chunk += offset[clients]
+    pseudo = chunk
     owners = np.repeat(np.arange(num_clients), per_client)
     return pseudo, owners
 

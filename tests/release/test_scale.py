@@ -679,10 +679,13 @@ def test_secure_aggregation_too_large_for_one_process_says_what_to_do(federation
 
 
 # -- input-sized memory: privfed.fit adds at most a quarter of its input --------------------------------
-#: The iNat-120K input (float32, N = 119,965, d = 1,280) the chunk sizes are chosen for.
-INAT_INPUT_BYTES = 119_965 * 1280 * 4
+@pytest.fixture(scope="module")
+def federation64():
+    F, y, k = inat_like(K, C, 64, N, M, seed=3)
+    return F, y, k
 
 
+@pytest.mark.parametrize("d", [64, 256])
 @pytest.mark.parametrize(
     "name,params",
     [
@@ -696,28 +699,18 @@ INAT_INPUT_BYTES = 119_965 * 1280 * 4
         ("fedcof-oracle", {}),
     ],
 )
-def test_fit_allocates_at_most_a_quarter_of_its_input(federation, monkeypatch, name, params):
-    """Peak traced allocation of privfed.fit <= 25 % of the float32 input's bytes (the issue's input + 25 %).
+def test_fit_allocates_at_most_a_quarter_of_its_input(request, d, name, params):
+    """Peak traced allocation of privfed.fit <= 25 % of the float32 input's bytes (input + 25 % in all).
 
-    The federation is iNat-120K scaled down with the same d^2 / (N d) and C d / (N d) ratios (2 %);
-    the fixed chunk and buffer sizes (tuned for iNat-120K) are scaled by the same input ratio, so
-    the bound is the one the full shape must meet.  No N x d temporary (|F|, a float64 copy, the
-    M x d pair sums) fits under it: each alone is 50-200 % of the input.
+    The federation is iNat-120K scaled down (K = 2,000, C = 300, 26K samples) at d = 64 (6 MiB of input)
+    and d = 256 (25 MiB), with the library's own buffer sizes: every chunk, row buffer and check block
+    is sized from the input it serves, so a small fit keeps within the same allowance as the full shape
+    (whose traced peaks the benchmark records).  No N x d temporary (|F|, a float64 copy, the M x d
+    pair sums) fits under it: each alone is 50-200 % of the input; nor would the fixed 16 MiB blocks of
+    the finiteness check or FedCOF's fixed 32 MiB row buffer.
     """
-    from privfed import _validation, scaling
-    from privfed.methods import fedcof
-    from privfed.release import pipeline
-
-    F, y, k = federation
-    f = F.nbytes / INAT_INPUT_BYTES
-    for mod, attr in (
-        (pipeline, "FOLD_CHUNK_BYTES"),
-        (pipeline, "FOLD_GRAM_CHUNK_BYTES"),
-        (fedcof, "_STREAM_BUFFER_BYTES"),
-        (scaling, "_BLOCK_BYTES"),
-        (_validation, "_CHECK_BLOCK_BYTES"),
-    ):
-        monkeypatch.setattr(mod, attr, int(getattr(mod, attr) * f))
+    F, y, k = request.getfixturevalue("federation64" if d == 64 else "federation")
+    assert F.shape[1] == d
     tracemalloc.start()
     try:
         head = privfed.fit(name, F, y, k, random_state=0, **params)
@@ -727,6 +720,27 @@ def test_fit_allocates_at_most_a_quarter_of_its_input(federation, monkeypatch, n
     assert peak <= 0.25 * F.nbytes, f"{name}: {peak / F.nbytes:.3f} of the input"
     idx = np.random.default_rng(0).choice(F.shape[0], 2000, replace=False)
     assert head.score(F[idx], y[idx]) > 0.5
+
+
+def test_the_finiteness_check_holds_one_boolean_block_sized_from_its_input():
+    """check_features reads a float32 input through one reused boolean block of at most 1/64 of its bytes
+    (a fixed 16 Mi-value block would be 64 MiB of flags beside a 100 MiB input, two per step before)."""
+    from privfed._validation import check_features
+    from privfed.errors import InputError
+
+    F = np.random.default_rng(0).standard_normal((400_000, 64), dtype=np.float32)  # 98 MiB
+    for n in (400_000, 5_000):
+        tracemalloc.start()
+        try:
+            assert check_features(F[:n], keep_float32=True) is not None
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        assert peak <= F[:n].nbytes / 64 + 64 * 2**10, (n, peak)
+    F[399_999, 63] = np.inf
+    F[123_456, 0] = np.nan
+    with pytest.raises(InputError, match=r"contains 2 NaN/inf values \(first in row 123456\)"):
+        check_features(F, keep_float32=True)
 
 
 def _exact_spread(pk, n, sums, C):
