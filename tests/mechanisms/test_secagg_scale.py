@@ -17,7 +17,7 @@ from mechanisms.secagg.crypto import KeySource
 from mechanisms.secagg.masking import harary_graph, harary_split_bound
 from mechanisms.secagg.masking.node import MaskingNode
 from mechanisms.secagg.masking.server import MaskingServer
-from privfed.errors import ConfigError
+from privfed.errors import ConfigError, InputError
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
@@ -108,6 +108,47 @@ def test_the_server_folds_uploads_as_they_arrive():
             assert np.array_equal(total, want)
     assert peaks[False, 24] - peaks[False, 8] < 8 * D  # less than one more vector for 16 more nodes
     assert peaks[True, 24] - peaks[True, 8] >= 16 * 8 * D  # every upload kept
+
+
+def test_encoding_rounds_half_to_even_as_rint_on_both_of_its_paths():
+    """fixed_point.encode rounds scaled values below 2^51 by adding 1.5 * 2^52 and above by np.rint: both
+    give round-half-to-even, bit for bit, at every frac_bits, ties, signs and the edge of the fast path."""
+    rng = np.random.default_rng(5)
+    edge = 2.0**51
+    cases = [
+        rng.standard_normal(70_000) * 3,  # more than one chunk
+        np.array([0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 0.0, -0.0, 1e-300]),
+        np.array([edge - 1, -(edge - 1), edge - 0.5, -(edge - 0.5), edge, -edge, 3.0 * edge, -(2.0**62)]),
+    ]
+    for f in (0, 8, 32):
+        for x in cases:
+            v = x / 2.0**f  # so the scaled values are x itself
+            want = np.rint(v * 2.0**f).astype(np.int64).view(np.uint64)
+            np.testing.assert_array_equal(fixed_point.encode(v, f), want)
+    with pytest.raises(InputError, match="does not fit the 64-bit ring"):
+        fixed_point.encode(np.array([1.0, 2.0**63]), 0)
+    with pytest.raises(InputError, match="does not fit the 64-bit ring"):
+        fixed_point.encode(np.array([1.0, np.nan]), 4)
+
+
+def test_public_keys_are_parsed_once_and_masks_match_the_prg():
+    """A key agreed with by every neighbour is parsed once (the same object back); add_masks adds and
+    subtracts exactly prg_uint64's keystreams, across its block boundary."""
+    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
+    from mechanisms.secagg.crypto import MASK_BLOCK, add_masks, prg_uint64, pub_bytes, public_key
+
+    raw = pub_bytes(X25519PrivateKey.generate().public_key())
+    assert public_key(raw) is public_key(bytearray(raw)) and pub_bytes(public_key(raw)) == raw
+    keys = [bytes([i]) * 32 for i in range(1, 6)]
+    signs = [True, False, True, True, False]
+    n = MASK_BLOCK + 1234
+    y = np.arange(n, dtype=np.uint64)
+    want = y.copy()
+    for key, plus in zip(keys, signs):
+        want = want + prg_uint64(key, n) if plus else want - prg_uint64(key, n)
+    add_masks(y, keys, signs)
+    np.testing.assert_array_equal(y, want)
 
 
 # ----------------------------------------------------------------------------------- the record
