@@ -87,11 +87,11 @@ __all__ = [
 ]
 
 
-#: Bytes of the row buffer :meth:`FedCOF.estimate_pairs` fills before one X^T X (3,276 rows at d = 1,280:
-#: within a few % of one product over all rows, at 6 % of the iNat-120K input) ...
+#: Bytes of the row buffer :meth:`FedCOF.estimate_pairs` fills before one X^T X, at most ...
 _STREAM_BUFFER_BYTES = 32 * 2**20
-#: ... and at most this share of the M x d pair sums' bytes (which it stands for: they are never held),
-#: so a small fit's buffer is as small a part of its input as iNat-120K's.
+#: ... and at most this share of the M x d pair sums' bytes, which it stands for (they are never held):
+#: 1,666 rows at iNat-120K's d = 1,280, 351 at the d = 256 point, about 3 % of the input at both, so a
+#: small fit's buffer is as small a part of its input as a large one's.
 _STREAM_SHARE = 1 / 32
 #: Rows centred at once on their class references in :meth:`FedCOF.estimate_pairs` (64 KiB).
 _CENTRE_TILE_BYTES = 64 * 2**10
@@ -316,7 +316,7 @@ class FedCOF(Method):
         ``(p0, sums)`` with the sums of pairs p0..p0 + len(sums) - 1, in
         order.  Each row is centred on its class's reference r_c (the mean of
         the class's first pair, as :meth:`estimate_stream`), scaled by
-        sqrt(w_c n_p) into one row buffer of :data:`_STREAM_BUFFER_BYTES`, and the
+        sqrt(w_c n_p) into one row buffer sized from the pair sums (:data:`_STREAM_SHARE`), and the
         buffer enters the spread in one X^T X when full; the end subtracts
         sum_c w_c N_c (mu_c - r_c)(mu_c - r_c)^T.  Memory O(buffer + C d + d^2)
         beside the blocks, never M x d; cost one X^T X over the rows with

@@ -109,7 +109,7 @@ def fold_statistics(
     class for totals) lines the rows up by output row; the rows are then
     taken in sorted order a chunk at a time (at most ``chunk_bytes`` of
     float64 rows, default :data:`FOLD_CHUNK_BYTES`, or :data:`FOLD_GRAM_CHUNK_BYTES` with a second
-    moment), gathered and converted
+    moment, each cut to its share of the input's bytes), gathered and converted
     into one reused float64 buffer (float32 input is accumulated in float64
     without an N x d float64 copy), summed into their output rows with one
     sparse-dense product and, when a second moment is needed, added into
@@ -217,7 +217,8 @@ def pair_sum_blocks(
     generator of ``(p0, sums)``, the float64 sums of whole pairs p0..p0 +
     len(sums) - 1 (a pair cut by a chunk boundary is finished before it is
     given out).  Rows are gathered and converted a chunk of ``chunk_bytes``
-    (default :data:`FOLD_CHUNK_BYTES`) at a time into one reused buffer, as
+    (default :data:`FOLD_CHUNK_BYTES`, cut to :data:`FOLD_SHARE` of the input) at a time into one
+    reused buffer, as
     in :func:`fold_statistics`; each block lives until the next is made.
     """
     F, y, k = features, np.asarray(labels, dtype=np.int64), np.asarray(clients, dtype=np.int64)
