@@ -67,6 +67,12 @@ def _spread_rows(groups, y, C: int) -> int:
     return int(np.sum(Kc[key % C] >= 2))
 
 
+def _sum_blocks(blocks, F) -> None:
+    """Each block's group sums, one block's output alive at a time."""
+    for b in blocks:
+        b @ F
+
+
 def bound_calls(F32, y, k, parts=None) -> tuple[dict, dict]:
     """The bound's parts as calls, set up once, float64, with the BLAS every method uses: ``(calls, info)``.
 
@@ -95,21 +101,28 @@ def bound_calls(F32, y, k, parts=None) -> tuple[dict, dict]:
     C, K = int(y.max()) + 1, int(k.max()) + 1
     info: dict = {}
     calls: dict = {}
-    needs_F = {"group_sum_C_s", "group_sum_M_s", "xtx_N_s"}
+    needs_F = {"to_float64_s", "group_sum_C_s", "group_sum_M_s", "xtx_N_s"}
     onehot_C = sp.csr_matrix((np.ones(N), (y, np.arange(N))), shape=(C, N))
     if want is None or want & needs_F:
         F = np.asarray(F32, dtype=np.float64)
         _, pair = np.unique(k * C + y, return_inverse=True)
         pair = pair.reshape(-1)
         onehot_M = sp.csr_matrix((np.ones(N), (pair, np.arange(N))), shape=(int(pair.max()) + 1, N))
+        # the group sums a block of output rows at a time (4 MiB): the fit folds its rows into outputs it
+        # reuses, so a fresh M x d output (its page faults) is no part of the work
+        step = max(1, 4 * 2**20 // (8 * d))
+        blocks_C = [onehot_C[a : a + step] for a in range(0, C, step)]
+        blocks_M = [onehot_M[a : a + step] for a in range(0, onehot_M.shape[0], step)]
         if wanted("group_sum_C_s"):
-            calls["group_sum_C_s"] = lambda: onehot_C @ F
+            calls["group_sum_C_s"] = lambda: _sum_blocks(blocks_C, F)
         if wanted("group_sum_M_s"):
-            calls["group_sum_M_s"] = lambda: onehot_M @ F
+            calls["group_sum_M_s"] = lambda: _sum_blocks(blocks_M, F)
         if wanted("xtx_N_s"):
             calls["xtx_N_s"] = lambda: F.T @ F
-    if wanted("to_float64_s"):
-        calls["to_float64_s"] = lambda: np.asarray(F32, dtype=np.float64)
+        if wanted("to_float64_s"):
+            # the conversion's work, into memory already touched: fit converts chunk by chunk into one reused
+            # buffer, so a fresh N x d allocation (its page faults) is no part of what it must do
+            calls["to_float64_s"] = lambda: np.copyto(F, F32)
     Sc = np.asarray(onehot_C @ F32, dtype=np.float64)  # the class sums
     Nc = np.bincount(y, minlength=C).astype(float)
     if wanted("xtx_C_s"):

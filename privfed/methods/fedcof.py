@@ -89,10 +89,21 @@ __all__ = [
 
 #: Bytes of the row buffer :meth:`FedCOF.estimate_pairs` fills before one X^T X, at most ...
 _STREAM_BUFFER_BYTES = 32 * 2**20
-#: ... and at most this share of the M x d pair sums' bytes, which it stands for (they are never held):
-#: 1,666 rows at iNat-120K's d = 1,280, 351 at the d = 256 point, about 3 % of the input at both, so a
-#: small fit's buffer is as small a part of its input as a large one's.
+#: ... and sized from the M x d pair sums it stands for (they are never held): 2 d rows, so that each
+#: flush's d x d addition is small beside its product, when that is at most 1/16 of the pair sums' bytes,
+#: and never less than 1/32 of them.  2,560 rows at iNat-120K's d = 1,280 (4.5 % of its input), 512 at the
+#: d = 256 point: a small fit's buffer is as small a part of its input as a large one's.
 _STREAM_SHARE = 1 / 32
+_STREAM_SHARE_MAX = 1 / 16
+
+
+def _stream_rows(pairs: int, d: int) -> int:
+    """Rows of :meth:`FedCOF.estimate_pairs`'s row buffer for ``pairs`` pair rows of ``d`` features."""
+    total = 8 * d * pairs
+    wide = min(2 * d, scratch_rows(total, 8 * d, _STREAM_BUFFER_BYTES, _STREAM_SHARE_MAX))
+    return max(wide, scratch_rows(total, 8 * d, _STREAM_BUFFER_BYTES, _STREAM_SHARE))
+
+
 #: Rows centred at once on their class references in :meth:`FedCOF.estimate_pairs` (64 KiB).
 _CENTRE_TILE_BYTES = 64 * 2**10
 
@@ -345,8 +356,7 @@ class FedCOF(Method):
                 d = sums.shape[1]
                 S, spread, ref = np.zeros((C, d)), np.zeros((d, d)), np.zeros((C, d))
                 rows_needed = max(1, int(np.count_nonzero(root > 0)))
-                fits = scratch_rows(8 * d * n_all.size, 8 * d, _STREAM_BUFFER_BYTES, _STREAM_SHARE)
-                buf = np.empty((min(fits, rows_needed), d))
+                buf = np.empty((min(_stream_rows(n_all.size, d), rows_needed), d))
             pc, n, r = pc_all[p0:done], n_all[p0:done], root[p0:done]
             ok = valid[p0:done]
             if not ok.all():
