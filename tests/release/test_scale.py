@@ -1023,3 +1023,15 @@ def test_the_scale_benchmark_runs_the_public_calls_and_writes_its_record(tmp_pat
     }
     assert after["rerecorded"]["methods"] == ["fedncm"]
     assert after["bound"]["cholesky_s"] == before["bound"]["cholesky_s"]  # parts other methods use: kept
+
+
+def test_symmetrising_by_tiles_gives_the_same_numbers_as_the_transpose_sweep():
+    """solve_head's one d x d copy, (G + G^T) / 2 a tile and its mirror at a time, is bitwise 0.5 (G + G^T),
+    at sizes below, at and across the tile's edge."""
+    from privfed._linalg import _SYM_TILE, symmetrised
+
+    for d in (1, 7, _SYM_TILE - 1, _SYM_TILE, _SYM_TILE + 1, 2 * _SYM_TILE + 37):
+        A = np.random.default_rng(d).standard_normal((d, d)) * 10.0 ** np.random.default_rng(d).integers(
+            -8, 8
+        )
+        np.testing.assert_array_equal(symmetrised(A), 0.5 * (A + A.T))
