@@ -84,6 +84,10 @@ def _params_text(p: dict) -> str:
     return ", ".join(f"{k}={v}" for k, v in p.items()) or "-"
 
 
+def _server_repeats(point: dict) -> int:
+    return min((len(r["server"]["samples"]) for r in point["rows"] if "server" in r), default=0)
+
+
 def _parts_text(b: dict) -> str:
     rows = b.get("spread_rows", {})
     labels = [
@@ -109,7 +113,8 @@ def _table(point: dict, res: dict, title: str, which: str = "main") -> list[str]
     lines = [
         f"{title}: N={real['N']:,}, K={real['K']:,}, C={real['C']:,}, d={d:,}, M={real['M']:,} (float32 input "
         f"{point['input_mib']:.0f} MiB); {res['cores']} cores, {res['threads']} BLAS thread(s), CPU seconds, least "
-        f"of {res['repeats']} (at least 5 for the server and its bound) interleaved with its bound's parts.",
+        f"of {res['repeats']} ({_server_repeats(point)} for the server and its bound) interleaved with its bound's "
+        "parts.",
         "Bound parts (CPU s, as timed beside the first method using each): " + _parts_text(b) + ".",
         "",
         "| method | parameters | fit s | fit wall s | fit / bound"
@@ -178,7 +183,7 @@ def render(res: dict) -> str:
             if res.get("rerecorded")
             else ""
         ),
-        f"loop = the seeds' per-client loop (per client, per class Python work), timed on the clients of the first "
+        f"loop = the seeds' per-client loop (per client, per class Python work), least of 3, timed on the clients of the first "
         f"{done[0]['loop_rows'] if done else 0:,} samples and scaled by N / samples; FedCOF's server looped too "
         "(one rank-1 update per uploaded row, scaled by rows), the other methods' followed by privfed's server.",
         "",

@@ -45,8 +45,12 @@ def valid_pairs(counts: np.ndarray) -> tuple[np.ndarray, int]:
 
 
 def class_means(N: np.ndarray, S: np.ndarray) -> np.ndarray:
-    """mu_c = S_c / N_c, 0 where N_c <= 0 (shape (C, d))."""
-    return np.where(N[:, None] > 0, S / np.where(N > 0, N, 1.0)[:, None], 0.0)
+    """mu_c = S_c / N_c, 0 where N_c <= 0 (shape (C, d)); one C x d array, no temporary."""
+    absent = ~(N > 0)
+    mu = S / np.where(absent, 1.0, N)[:, None]
+    if absent.any():
+        mu[absent] = 0.0
+    return mu
 
 
 def class_totals(
@@ -205,6 +209,7 @@ def spread_and_sums(
     contiguous = bool(np.all(np.diff(src) == 1))  # one slice (the usual case): no gather
     scale = np.sqrt(wp[sel] / pair_counts[sel])
     step = min(scratch_rows(8 * d * pair_class.size, 8 * d, _SPREAD_BLOCK_BYTES, _SPREAD_SHARE), sel.size)
+    step = -(-sel.size // -(-sel.size // step))  # as many blocks, of equal size (no short last product)
     buf = np.empty((step, d))
     tmp = None
     for a in range(0, sel.size, step):
