@@ -570,7 +570,7 @@ def main(argv: list[str] | None = None) -> int:
         help="share of nodes colluding or dropped for which the graph's split bound is reported",
     )
     p.add_argument("--repeats", type=int, default=9, help="interleaved rounds of part 1")
-    p.add_argument("--flower-repeats", type=int, default=2, help="plain / masked alternations of part 2")
+    p.add_argument("--flower-repeats", type=int, default=4, help="plain / masked alternations of part 2")
     p.add_argument("--runs", type=int, default=2, help="independent runs, each in a fresh interpreter")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--skip", default="", help="comma-separated parts to skip: floor,flower")

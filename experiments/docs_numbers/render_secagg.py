@@ -96,7 +96,9 @@ def secagg_scale() -> str:
         "",
         f"Masked against plain: {_runs_text([run['flower']['ratios']['cpu'] for run in runs], '.1f')}× the CPU "
         f"seconds (run 1 / run 2; {_runs_text([run['flower']['ratios']['wall'] for run in runs], '.1f')}× the "
-        f"wall time) and {fl['ratios']['bytes_total']:.3f}× the bytes. The server adds each upload to its total "
+        f"wall time; the runs' CPU ratios differ by {rep['flower cpu']['spread']:.0%}, their wall ratios by "
+        f"{rep['flower wall']['spread']:.0%}) and {fl['ratios']['bytes_total']:.3f}× the bytes. The server adds "
+        "each upload to its total "
         f"as it arrives: measured, its peak grows by {_runs_text(slopes, ',.0f')} bytes a node at "
         f"{cfg['node_values']:,} floats, and by "
         + " / ".join(f"{v:,.0f} at {int(L):,}" for L, v in sorted(by_len.items(), key=lambda kv: int(kv[0])))
