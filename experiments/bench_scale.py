@@ -283,7 +283,9 @@ def main(argv=None) -> int:
     loop_rows = args.loop_rows or (2000 if args.small else 6000)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    command = "python experiments/bench_scale.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    from experiments import recorded
+
+    command = recorded.command("experiments/bench_scale.py", argv)  # without where the outputs go
     results = run_once(args, names, shape, loop_rows, out)
     results["command"] = command
     if args.runs > 1:  # independent runs, one after the other: each ratio is stated with its reproduction
