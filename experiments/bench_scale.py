@@ -102,7 +102,7 @@ from experiments.scale_federation import (  # noqa: E402
     shape_of,
     stated_params,
 )
-from experiments.scale_report import MEMORY_TARGET, method_ratios, render  # noqa: E402
+from experiments.scale_report import MEMORY_TARGET, method_ratios, render, reproduction  # noqa: E402
 
 #: The benchmark's parts live in experiments.scale_*; their names stay importable from here.
 __all__ = [
@@ -144,38 +144,41 @@ __all__ = [
 def measure_point(
     shape: dict, names, repeats: int, threads: int, loop_rows: int, tmp: str, label: str, parts=None
 ) -> dict:
+    """One shape: its federation, then every method in a fresh process, timed interleaved with the parts
+    of its own bound (:func:`experiments.scale_children.child`), then the per-client loop."""
     t0 = time.perf_counter()
     F32, y, k = inat_like(**shape, seed=0)
     real = shape_of(y, k)
     print(f"[{label}] federation {real} d={shape['d']} built in {time.perf_counter() - t0:.1f} s", flush=True)
     for name, arr in (("F", F32), ("y", y), ("k", k)):
         np.save(os.path.join(tmp, f"{name}.npy"), arr)
-    bound = measure_bound(F32, y, k, repeats, parts)
-    print(
-        f"[{label}] bound parts:",
-        {a: (round(b, 4) if isinstance(b, float) else b) for a, b in bound.items()},
-        flush=True,
-    )
-    rows = []
+    rows, bound = [], {}
     for name in names:
         r = run_child(["--child", name, "--data", tmp, "--repeats", str(repeats)], threads)
         r["method"] = name
         if "error" not in r:
             r["params"] = stated_params(name)
+            r["fit_s"], r["server_s"] = r["fit"]["best"], r["server"]["best"]
+            r["bound_parts"] = {q: v["best"] for q, v in r["parts"].items()}
+            for q, v in r["bound_parts"].items():
+                bound.setdefault(q, v)  # the header's parts: as first measured beside a method
+            if "spread_rows" in r:
+                bound["spread_rows"] = r["spread_rows"]
+            r["bound_s"] = bound_for(name, r["bound_parts"])
+            r["client_bound_s"] = client_bound(name, r["bound_parts"])
+            r["server_bound_s"] = server_bound(name, r["bound_parts"])
             lp = loop_clients(F32, y, k, name, loop_rows)
             r["loop_client_s"] = lp["client_s"] * real["N"] / lp["rows"]
             r["loop_rows"] = lp["rows"]
             if "server_s" in lp:  # FedCOF: the looped server, scaled by the rows uploaded / rows done
+                chol = r["bound_parts"]["cholesky_s"]
                 r["loop_pairs"] = lp["pairs"]
-                r["loop_server_s"] = lp["server_s"] * r["M_uploaded"] / lp["pairs"] + bound["cholesky_s"]
+                r["loop_server_s"] = lp["server_s"] * r["M_uploaded"] / lp["pairs"] + chol
                 r["loop_server_class_gemm_s"] = (
-                    lp["server_class_gemm_s"] * r["M_uploaded"] / lp["pairs"] + bound["cholesky_s"]
+                    lp["server_class_gemm_s"] * r["M_uploaded"] / lp["pairs"] + chol
                 )
-            r["bound_s"] = bound_for(name, bound)
-            r["client_bound_s"] = client_bound(name, bound)
-            r["server_bound_s"] = server_bound(name, bound)
         rows.append(r)
-        print(f"[{label}]", json.dumps(r), flush=True)
+        print(f"[{label}]", json.dumps({q: v for q, v in r.items() if q != "parts"}), flush=True)
     return {"shape": real, "d": shape["d"], "input_mib": F32.nbytes / 2**20, "bound": bound, "rows": rows}
 
 
@@ -241,6 +244,8 @@ def main(argv=None) -> int:
     p.add_argument("--no-dp", action="store_true")
     p.add_argument("--dp-method", default="fedncm", help=argparse.SUPPRESS)
     p.add_argument("--threads", type=int, default=1, help="BLAS threads for everything timed (default 1)")
+    p.add_argument("--runs", type=int, default=2, help="independent runs recorded side by side (default 2)")
+    p.add_argument("--dp-repeats", type=int, default=1, help="repeats of each local-DP release (least taken)")
     p.add_argument("--out", default="results/bench_scale")
     p.add_argument(
         "--rerecord",
@@ -278,6 +283,23 @@ def main(argv=None) -> int:
     loop_rows = args.loop_rows or (2000 if args.small else 6000)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    from experiments import recorded
+
+    command = recorded.command("experiments/bench_scale.py", argv)  # without where the outputs go
+    results = run_once(args, names, shape, loop_rows, out)
+    results["command"] = command
+    if args.runs > 1:  # independent runs, one after the other: each ratio is stated with its reproduction
+        results["repeat_runs"] = [run_once(args, names, shape, loop_rows, out) for _ in range(args.runs - 1)]
+        results["reproduction"] = reproduction(results)
+    text = render(results)
+    print(text)
+    _write_atomic(out / "bench_scale.json", json.dumps(results, indent=1) + "\n")
+    _write_atomic(out / "bench_scale.md", text + "\n")
+    return 0
+
+
+def run_once(args, names, shape: dict, loop_rows: int, out: Path) -> dict:
+    """One independent run: both points, the local-DP release, the scaling curves."""
     points = {}
     dp = []
     with tempfile.TemporaryDirectory(prefix="bench-scale-") as tmp:
@@ -295,7 +317,7 @@ def main(argv=None) -> int:
                             "--data",
                             tmp,
                             "--repeats",
-                            "1",
+                            str(args.dp_repeats),
                             "--dp-clients",
                             str(kk),
                             "--dp-method",
@@ -318,7 +340,7 @@ def main(argv=None) -> int:
         )
     )
     main_point = points["main"]
-    results = {
+    return {
         "shape": main_point["shape"],
         "d": main_point["d"],
         "bound": main_point["bound"],
@@ -332,16 +354,10 @@ def main(argv=None) -> int:
         "repeats": args.repeats,
         "threads": args.threads,
         "cores": os.cpu_count(),
+        "load_average": [round(x, 2) for x in os.getloadavg()],
         "memory_target": MEMORY_TARGET,
-        "command": "python experiments/bench_scale.py "
-        + " ".join(argv if argv is not None else sys.argv[1:]),
         "machine_dependent": "every time and RSS (one run on one machine; ratios are within the run)",
     }
-    text = render(results)
-    print(text)
-    _write_atomic(out / "bench_scale.json", json.dumps(results, indent=1) + "\n")
-    _write_atomic(out / "bench_scale.md", text + "\n")
-    return 0
 
 
 def rerecord(path: Path, names, args, argv) -> int:
@@ -361,13 +377,9 @@ def rerecord(path: Path, names, args, argv) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-scale-") as tmp:
         for label, shape, point, loop_rows in points:
             fresh = measure_point(shape, names, args.repeats, args.threads, loop_rows, tmp, label, parts)
-            by = {r["method"]: r for r in fresh["rows"]}
-            for r in by.values():
-                r["bound_parts"] = {
-                    q: fresh["bound"][q] for q in CLIENT_PARTS[r["method"]] + SERVER_PARTS[r["method"]]
-                }
+            by = {r["method"]: r for r in fresh["rows"]}  # each carries the bound parts timed beside it
             point["rows"] = [by.get(r["method"], r) for r in point["rows"]]
-            point["bound"].update({q: fresh["bound"][q] for q in parts - shared})
+            point["bound"].update({q: fresh["bound"][q] for q in parts - shared if q in fresh["bound"]})
     res["rerecorded"] = {
         "methods": names,
         "command": "python experiments/bench_scale.py "

@@ -26,17 +26,22 @@ __all__ = [
     "LAST_WALL",
     "SERVER_PARTS",
     "best_of",
+    "bound_calls",
     "bound_for",
     "bound_parts",
     "client_bound",
     "loop_clients",
+    "loop_once",
     "measure_bound",
     "server_bound",
 ]
 
-#: Fewest repeats of each bound part (each is one BLAS call or one pass; their least CPU time is the
-#: bound, and a loaded machine's page faults and cache misses only ever add to it).
-BOUND_REPEATS = 5
+#: Fewest repeats of the server and of each bound part (each is one BLAS call or one pass; their least CPU
+#: time is the bound, and a loaded machine's page faults, cache misses and a busy sibling hyperthread only
+#: ever add to it: with 5 the servers' ratios moved by up to 15 % between two runs).
+BOUND_REPEATS = 11
+#: Repeats of the per-client loop (the least of each part's CPU seconds is kept).
+LOOP_REPEATS = 3
 
 
 # -- the bound -------------------------------------------------------------------------
@@ -66,16 +71,23 @@ def _spread_rows(groups, y, C: int) -> int:
     return int(np.sum(Kc[key % C] >= 2))
 
 
-def measure_bound(F32, y, k, repeats: int, parts=None) -> dict:
-    """The bound's parts, float64, with the BLAS every method uses (see the module docstring).
+def _sum_blocks(blocks, F) -> None:
+    """Each block's group sums, one block's output alive at a time."""
+    for b in blocks:
+        b @ F
 
-    Each is the least CPU time over at least :data:`BOUND_REPEATS` calls; ``parts`` (optional) names the
-    ones to measure (e.g. those of the methods re-recorded), the default all.  The server parts of
-    fedncm and fedlog: ``norms_C_s`` the C row sums of squares of the class sums (one BLAS dot per row:
-    a row is scaled by its own norm, so it is read for that norm before it is written), ``pass_C_s``
-    one pass scaling the C x d class sums into an output, and ``root_C_s`` FedLog's one-dimensional
-    root (:func:`privfed.methods.fedlog.map_multipliers`: Newton's method on C numbers, each
-    evaluation O(C), to machine precision), which the MAP of Eq. 15 needs and no pass replaces.
+
+def bound_calls(F32, y, k, parts=None) -> tuple[dict, dict]:
+    """The bound's parts as calls, set up once, float64, with the BLAS every method uses: ``(calls, info)``.
+
+    ``calls`` maps each part (``parts``, default all; see the module docstring) to a zero-argument call
+    doing that work once; ``info`` holds the row counts of FedCOF's spread (``spread_rows``).  The
+    server parts of fedncm and fedlog: ``norms_C_s`` the C row sums of squares of the class sums (one
+    BLAS dot per row: a row is scaled by its own norm, so it is read for that norm before it is
+    written), ``pass_C_s`` one pass scaling the C x d class sums into an output, and ``root_C_s``
+    FedLog's one-dimensional root (:func:`privfed.methods.fedlog.map_multipliers`: Newton's method on C
+    numbers, each evaluation O(C), to machine precision), which the MAP of Eq. 15 needs and no pass
+    replaces.  The arrays the calls read stay alive with them (the float64 input: 2x the float32 one).
     """
     import scipy.linalg
     import scipy.sparse as sp
@@ -91,53 +103,76 @@ def measure_bound(F32, y, k, repeats: int, parts=None) -> dict:
 
     N, d = F32.shape
     C, K = int(y.max()) + 1, int(k.max()) + 1
-    F = np.asarray(F32, dtype=np.float64)
-    _, pair = np.unique(k * C + y, return_inverse=True)
-    M = int(pair.max()) + 1
-    onehot_M = sp.csr_matrix((np.ones(N), (pair, np.arange(N))), shape=(M, N))
+    info: dict = {}
+    calls: dict = {}
+    needs_F = {"to_float64_s", "group_sum_C_s", "group_sum_M_s", "xtx_N_s"}
     onehot_C = sp.csr_matrix((np.ones(N), (y, np.arange(N))), shape=(C, N))
-    Sc = np.asarray(onehot_C @ F)
+    if want is None or want & needs_F:
+        F = np.asarray(F32, dtype=np.float64)
+        _, pair = np.unique(k * C + y, return_inverse=True)
+        pair = pair.reshape(-1)
+        onehot_M = sp.csr_matrix((np.ones(N), (pair, np.arange(N))), shape=(int(pair.max()) + 1, N))
+        # the group sums a block of output rows at a time (4 MiB): the fit folds its rows into outputs it
+        # reuses, so a fresh M x d output (its page faults) is no part of the work
+        step = max(1, 4 * 2**20 // (8 * d))
+        blocks_C = [onehot_C[a : a + step] for a in range(0, C, step)]
+        blocks_M = [onehot_M[a : a + step] for a in range(0, onehot_M.shape[0], step)]
+        if wanted("group_sum_C_s"):
+            calls["group_sum_C_s"] = lambda: _sum_blocks(blocks_C, F)
+        if wanted("group_sum_M_s"):
+            calls["group_sum_M_s"] = lambda: _sum_blocks(blocks_M, F)
+        if wanted("xtx_N_s"):
+            calls["xtx_N_s"] = lambda: F.T @ F
+        if wanted("to_float64_s"):
+            # the conversion's work, into memory already touched: fit converts chunk by chunk into one reused
+            # buffer, so a fresh N x d allocation (its page faults) is no part of what it must do
+            calls["to_float64_s"] = lambda: np.copyto(F, F32)
+    Sc = np.asarray(onehot_C @ F32, dtype=np.float64)  # the class sums
     Nc = np.bincount(y, minlength=C).astype(float)
-    rows = {}
+    if wanted("xtx_C_s"):
+        calls["xtx_C_s"] = lambda: Sc.T @ Sc
+    buf = np.empty_like(Sc)
+    if wanted("pass_C_s"):
+        calls["pass_C_s"] = lambda: np.multiply(Sc, (1.0 / Nc)[:, None], out=buf)
+    if wanted("norms_C_s"):
+        calls["norms_C_s"] = lambda: row_squares(Sc)
+    if wanted("root_C_s"):
+        A = (Nc * Nc + row_squares(Sc)) / 4.0  # FedLog's |a_y|^2 / 4 with its defaults (chi = 0, scale 1)
+        calls["root_C_s"] = lambda: map_multipliers(A, 1.0 + float(Nc.sum()))
     if wanted("xtx_M_s") or wanted("xtx_M4_s"):
         rng = np.random.default_rng(0)  # fit's random_state=0: the same pseudo-clients
         pseudo, _ = privfed.methods.get("fedcof", means_per_client=4).row_groups(
             y, k, num_classes=C, num_clients=K, rng=rng
         )
-        rows = {"M": _spread_rows(k, y, C), "M4": _spread_rows(np.asarray(pseudo), y, C)}
-    out, wall = {}, {}
-    repeats = max(repeats, BOUND_REPEATS)
-
-    def part(key, fn):
-        if wanted(key):
-            out[key] = best_of(fn, repeats)
-            wall[key] = LAST_WALL[0]
-
-    part("to_float64_s", lambda: np.asarray(F32, dtype=np.float64))
-    part("group_sum_C_s", lambda: onehot_C @ F)
-    part("group_sum_M_s", lambda: onehot_M @ F)
-    part("xtx_N_s", lambda: F.T @ F)
-    part("xtx_C_s", lambda: Sc.T @ Sc)
-    del F, onehot_M, onehot_C
-    buf = np.empty_like(Sc)
-    part("pass_C_s", lambda: np.multiply(Sc, (1.0 / Nc)[:, None], out=buf))
-    part("norms_C_s", lambda: row_squares(Sc))
-    A = (Nc * Nc + row_squares(Sc)) / 4.0  # FedLog's |a_y|^2 / 4 with its defaults (chi = 0, scale 1)
-    part("root_C_s", lambda: map_multipliers(A, 1.0 + float(Nc.sum())))
-    for key, m in rows.items():  # X^T X over the spread's rows (their values do not change the cost)
-        if wanted(f"xtx_{key}_s"):
-            X = np.random.default_rng(1).standard_normal((m, d))
-            part(f"xtx_{key}_s", lambda: X.T @ X)
-            del X
+        info["spread_rows"] = {"M": _spread_rows(k, y, C), "M4": _spread_rows(np.asarray(pseudo), y, C)}
+        for key, m in info[
+            "spread_rows"
+        ].items():  # X^T X over the spread's rows (values do not change the cost)
+            if wanted(f"xtx_{key}_s"):
+                X = np.random.default_rng(1).standard_normal((m, d))
+                calls[f"xtx_{key}_s"] = lambda X=X: X.T @ X
     if wanted("cholesky_s") or wanted("solve_C_s"):
         R = np.random.default_rng(2).standard_normal((2 * d, d))
         G = R.T @ R + np.eye(d)
-        part("cholesky_s", lambda: scipy.linalg.cho_factor(G, check_finite=False))
+        calls["cholesky_s"] = lambda: scipy.linalg.cho_factor(G, check_finite=False)
         factor = scipy.linalg.cho_factor(G, check_finite=False)
         B = np.ascontiguousarray(Sc.T)
-        part("solve_C_s", lambda: scipy.linalg.cho_solve(factor, B, check_finite=False))
-    if rows:
-        out["spread_rows"] = rows
+        calls["solve_C_s"] = lambda: scipy.linalg.cho_solve(factor, B, check_finite=False)
+    if want is not None:
+        calls = {key: fn for key, fn in calls.items() if key in want}
+    return calls, info
+
+
+def measure_bound(F32, y, k, repeats: int, parts=None) -> dict:
+    """The bound's parts (:func:`bound_calls`), each the least CPU time of at least :data:`BOUND_REPEATS`
+    calls, timed one part after another (the benchmark itself times them interleaved with each method,
+    :func:`experiments.scale_children.child`)."""
+    calls, info = bound_calls(F32, y, k, parts)
+    out, wall = {}, {}
+    for key, fn in calls.items():
+        out[key] = best_of(fn, max(repeats, BOUND_REPEATS))
+        wall[key] = LAST_WALL[0]
+    out.update(info)
     out["wall"] = wall
     return out
 
@@ -181,7 +216,17 @@ def bound_parts(names) -> set[str]:
 
 
 # -- the per-client loop baseline --------------------------------------------------------------
-def loop_clients(F32, y, k, name: str, loop_rows: int) -> dict:
+def loop_clients(F32, y, k, name: str, loop_rows: int, repeats: int = LOOP_REPEATS) -> dict:
+    """:func:`loop_once` ``repeats`` times: the least CPU seconds of each of its parts."""
+    runs = [loop_once(F32, y, k, name, loop_rows) for _ in range(max(1, repeats))]
+    out = dict(runs[0])
+    for key in ("client_s", "server_s", "server_class_gemm_s"):
+        if key in out:
+            out[key] = min(r[key] for r in runs)
+    return out
+
+
+def loop_once(F32, y, k, name: str, loop_rows: int) -> dict:
     """The seeds' per-client loop on the clients of the first ``loop_rows`` samples.
 
     Per client, per class Python work: each client's class sums and counts

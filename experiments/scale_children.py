@@ -15,14 +15,15 @@ import resource
 import subprocess
 import sys
 import time
+import tracemalloc
 from pathlib import Path
 
 import numpy as np
 
-from experiments.scale_baselines import BOUND_REPEATS, LAST_WALL, best_of
+from experiments.scale_baselines import BOUND_REPEATS, best_of
 from experiments.scale_federation import inat_like, method_spec, shape_of, stated_params
 
-__all__ = ["SCRIPT", "child", "child_curve", "child_local_dp", "run_child"]
+__all__ = ["SCRIPT", "child", "child_curve", "child_local_dp", "load_state", "run_child", "summary"]
 
 #: The script a child runs: its ``--child`` flags dispatch to the functions here.
 SCRIPT = str(Path(__file__).with_name("bench_scale.py"))
@@ -38,14 +39,55 @@ def _proc_status(key: str) -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # pragma: no cover - not Linux
 
 
+def summary(samples) -> dict:
+    """Every repeat's CPU seconds, their least, median and spread ((largest - least) / least)."""
+    v = [float(x) for x in samples]
+    lo = min(v)
+    return {
+        "samples": v,
+        "best": lo,
+        "median": float(np.median(v)),
+        "spread": (max(v) - lo) / lo if lo else 0.0,
+    }
+
+
+def load_state() -> dict:
+    """The machine's load, CPUs and BLAS threads (recorded beside each measurement)."""
+    from threadpoolctl import threadpool_info
+
+    blas = sorted({int(i.get("num_threads", 0)) for i in threadpool_info() if i.get("user_api") == "blas"})
+    return {
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+        "cpus": os.cpu_count(),
+        "blas_threads": blas,
+    }
+
+
+def _cpu(fn) -> tuple[float, float]:
+    c, t = time.process_time(), time.perf_counter()
+    fn()
+    return time.process_time() - c, time.perf_counter() - t
+
+
 def child(data: str, name: str, repeats: int, threads: int) -> dict:
-    """``privfed.fit`` (time, peak RSS), then the server on the folded statistics (time)."""
+    """``privfed.fit`` and the server, each interleaved with the parts of its bound, in this one process.
+
+    First one fit for the peak RSS (VmHWM) and one under tracemalloc for the traced peak; then the
+    statistics are folded as a server folds them and the bound's parts set up
+    (:func:`experiments.scale_baselines.bound_calls`); then rounds of fit, the client's bound parts,
+    the server (``Method.aggregate``) and the server's bound parts, one of each a round (A B A B):
+    ``repeats`` rounds with fit, at least :data:`BOUND_REPEATS` with the server (milliseconds).
+    Every time is CPU seconds of this process on one BLAS thread; each keeps every repeat.
+    """
     from threadpoolctl import threadpool_limits
+
+    from experiments.scale_baselines import CLIENT_PARTS, SERVER_PARTS, bound_calls
 
     threadpool_limits(threads)
     import privfed
     from privfed.release.pipeline import fold_statistics
 
+    before = load_state()
     F32 = np.load(os.path.join(data, "F.npy"))
     y = np.load(os.path.join(data, "y.npy"))
     k = np.load(os.path.join(data, "k.npy"))
@@ -55,29 +97,48 @@ def child(data: str, name: str, repeats: int, threads: int) -> dict:
     warm = np.random.default_rng(0).random((60, F32.shape[1]), dtype=np.float32)
     privfed.fit(mname, warm, np.arange(60) % 3, np.arange(60) % 6, random_state=0, **params)
     rss_input = _proc_status("VmRSS")  # interpreter, privfed and the input: what fit adds is above this
-    M_up = []
-    # best of repeats (CPU seconds, 1 BLAS thread; wall recorded beside): the machine may be shared
-    fit_s = best_of(
-        lambda: M_up.append(int(privfed.fit(mname, F32, y, k, random_state=0, **params).upload_bytes["M"])),
-        repeats,
-    )
-    fit_wall = LAST_WALL[0]
-    peak = _proc_status("VmHWM")  # before the server's statistics are folded below
+    M_up = int(privfed.fit(mname, F32, y, k, random_state=0, **params).upload_bytes["M"])
+    peak = _proc_status("VmHWM")  # before anything else is allocated
+    tracemalloc.start()
+    privfed.fit(mname, F32, y, k, random_state=0, **params)
+    traced = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
     C, K = int(y.max()) + 1, int(k.max()) + 1
     folded = fold_statistics(m, F32, y, k, num_classes=C, num_clients=K, rng=np.random.default_rng(0))
-    # as many repeats as the bound's parts get (milliseconds: the least of 3 still holds first-touch faults)
-    server_s = best_of(lambda: m.aggregate(folded), max(repeats, BOUND_REPEATS))
-    return {
+    client_parts, server_parts = CLIENT_PARTS[name], SERVER_PARTS[name]
+    calls, info = bound_calls(F32, y, k, set(client_parts) | set(server_parts))
+    times: dict[str, list[float]] = {key: [] for key in ("fit", "server", *calls)}
+    walls: dict[str, list[float]] = {"fit": [], "server": []}
+    for r in range(max(repeats, BOUND_REPEATS)):
+        if r < repeats:
+            c, w = _cpu(lambda: privfed.fit(mname, F32, y, k, random_state=0, **params))
+            times["fit"].append(c)
+            walls["fit"].append(w)
+            for key in dict.fromkeys(client_parts):
+                times[key].append(_cpu(calls[key])[0])
+        c, w = _cpu(lambda: m.aggregate(folded))
+        times["server"].append(c)
+        walls["server"].append(w)
+        for key in dict.fromkeys(server_parts):
+            times[key].append(_cpu(calls[key])[0])
+    parts = {key: summary(v) for key, v in times.items() if key not in ("fit", "server")}
+    out = {
         "method": name,
-        "fit_s": fit_s,
-        "server_s": server_s,
-        "fit_wall_s": fit_wall,
-        "server_wall_s": LAST_WALL[0],
+        "fit": summary(times["fit"]),
+        "server": summary(times["server"]),
+        "fit_wall_s": min(walls["fit"]),
+        "server_wall_s": min(walls["server"]),
         "peak_rss": peak,
         "rss_input": rss_input,
+        "traced_peak": traced,
         "input_bytes": int(F32.nbytes),
-        "M_uploaded": M_up[-1],
+        "M_uploaded": M_up,
+        "parts": parts,
+        "load_before": before,
+        "load_after": load_state(),
+        **info,
     }
+    return out
 
 
 def child_curve(shape: dict, name: str, repeats: int, threads: int) -> dict:

@@ -7,10 +7,12 @@ against its bound, the loop and its input.  Nothing here measures.
 
 from __future__ import annotations
 
-__all__ = ["MEMORY_TARGET", "method_ratios", "render"]
+__all__ = ["MEMORY_TARGET", "REPRODUCE", "method_ratios", "render", "reproduction", "runs_of"]
 
 #: Memory target: privfed.fit adds at most this fraction of its input.
 MEMORY_TARGET = 0.25
+#: A ratio is reproduced when every independent run's lies within this share of the others'.
+REPRODUCE = 0.10
 
 
 # -- the record's ratios and tables ----------------------------------------------------------------
@@ -26,45 +28,115 @@ def method_ratios(r: dict, bound: dict) -> dict:
     }
     if "loop_server_class_gemm_s" in r:
         out["class_gemm_loop_fit"] = (r["loop_client_s"] + r["loop_server_class_gemm_s"]) / r["fit_s"]
+    if "traced_peak" in r:
+        out["traced_memory"] = r["traced_peak"] / r["input_bytes"]
     return out
+
+
+def runs_of(res: dict) -> list[dict]:
+    """The record's independent runs: the first (the record itself) and any repeats."""
+    return [res, *res.get("repeat_runs", [])]
+
+
+def _ratio_table(res: dict) -> dict[str, list[float]]:
+    """Every ratio a run states, by name, one value per run."""
+    out: dict[str, list[float]] = {}
+    for run in runs_of(res):
+        for point in (run, run.get("d256")):
+            if not point:
+                continue
+            d = point["d"]
+            for r in point["rows"]:
+                if "error" in r:
+                    continue
+                for key, v in method_ratios(r, point["bound"]).items():
+                    out.setdefault(f"{r['method']} d={d} {key}", []).append(v)
+        for r in run.get("local_dp", []):
+            if "error" not in r:
+                key = f"local-dp {r['method']} {r['clients']} clients fit_bound"
+                out.setdefault(key, []).append(r["run_s"] / (r["noise_s"] + r.get("xtx_s", 0.0)))
+    return out
+
+
+def reproduction(res: dict) -> dict:
+    """Each ratio's values across the runs, their spread ((largest - least) / least), whether within REPRODUCE."""
+    out = {}
+    for key, v in _ratio_table(res).items():
+        spread = (max(v) - min(v)) / min(v) if min(v) > 0 else float("inf")
+        out[key] = {"values": v, "spread": spread, "reproduced": spread <= REPRODUCE}
+    return out
+
+
+def _both(res: dict, method: str, which: str, key: str, fmt: str) -> str:
+    """``key`` of ``method`` at point ``which`` in every run, joined by ' / '."""
+    vals = []
+    for run in runs_of(res):
+        point = run if which == "main" else run.get("d256")
+        r = next(
+            (x for x in (point or {}).get("rows", []) if x["method"] == method and "error" not in x), None
+        )
+        if r is not None:
+            vals.append(format(method_ratios(r, point["bound"])[key], fmt))
+    return " / ".join(vals)
 
 
 def _params_text(p: dict) -> str:
     return ", ".join(f"{k}={v}" for k, v in p.items()) or "-"
 
 
-def _table(point: dict, res: dict, title: str) -> list[str]:
+def _server_repeats(point: dict) -> int:
+    return min((len(r["server"]["samples"]) for r in point["rows"] if "server" in r), default=0)
+
+
+def _parts_text(b: dict) -> str:
+    rows = b.get("spread_rows", {})
+    labels = [
+        ("to_float64_s", "float32 -> float64 of the input {:.3f}"),
+        ("group_sum_C_s", "group sum into the C class rows {:.3f}"),
+        ("group_sum_M_s", "into the M pair rows {:.3f}"),
+        ("xtx_N_s", "X^T X over the N samples {:.3f}"),
+        ("xtx_M_s", f"over the {rows.get('M', 0):,} pair rows FedCOF's spread takes " + "{:.3f}"),
+        ("xtx_M4_s", f"({rows.get('M4', 0):,} with 4 means: " + "{:.3f})"),
+        ("xtx_C_s", "over the C class rows {:.3f}"),
+        ("cholesky_s", "d x d Cholesky {:.3f}"),
+        ("solve_C_s", "solves of the d x C right-hand side {:.3f}"),
+        ("pass_C_s", "one pass over the C x d class sums {:.4f}"),
+        ("norms_C_s", "their C row norms {:.4f}"),
+        ("root_C_s", "FedLog's one-dimensional root {:.4f}"),
+    ]
+    return ", ".join(text.format(b[key]) for key, text in labels if key in b)
+
+
+def _table(point: dict, res: dict, title: str, which: str = "main") -> list[str]:
     real, d, b = point["shape"], point["d"], point["bound"]
+    runs = len(runs_of(res))
     lines = [
         f"{title}: N={real['N']:,}, K={real['K']:,}, C={real['C']:,}, d={d:,}, M={real['M']:,} (float32 input "
-        f"{point['input_mib']:.0f} MiB); {res['cores']} cores, {res['threads']} BLAS thread(s), CPU seconds, best "
-        f"of {res['repeats']}.",
-        f"Bound parts (CPU s): float32 -> float64 of the input {b['to_float64_s']:.3f}, group sum into the C class rows "
-        f"{b['group_sum_C_s']:.3f} / the M pair rows {b['group_sum_M_s']:.3f}, X^T X over the N samples "
-        f"{b['xtx_N_s']:.3f}, over the {b['spread_rows']['M']:,} pair rows FedCOF's spread takes {b['xtx_M_s']:.3f} "
-        f"({b['spread_rows']['M4']:,} with 4 means: {b['xtx_M4_s']:.3f}), over the C class rows {b['xtx_C_s']:.3f}, "
-        f"d x d Cholesky {b['cholesky_s']:.3f}, solves of the d x C right-hand side {b['solve_C_s']:.3f}, one pass "
-        f"over the C x d class sums {b['pass_C_s']:.4f}"
-        + (
-            f", their C row norms {b['norms_C_s']:.4f}, FedLog's one-dimensional root {b['root_C_s']:.4f}."
-            if "norms_C_s" in b
-            else "."
-        ),
+        f"{point['input_mib']:.0f} MiB); {res['cores']} cores, {res['threads']} BLAS thread(s), CPU seconds, least "
+        f"of {res['repeats']} ({_server_repeats(point)} for the server and its bound) interleaved with its bound's "
+        "parts.",
+        "Bound parts (CPU s, as timed beside the first method using each): " + _parts_text(b) + ".",
         "",
-        "| method | parameters | fit s | fit wall s | fit / bound | server s | server / its bound | loop / fit "
-        "| loop / bound | peak RSS GiB | fit's memory / input |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| method | parameters | fit s | fit wall s | fit / bound"
+        + (f" (runs 1–{runs})" if runs > 1 else "")
+        + " | server s | server / its bound"
+        + (f" (runs 1–{runs})" if runs > 1 else "")
+        + " | server spread | loop / fit | loop / bound | peak RSS GiB | fit's RSS / input | traced peak / input |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in point["rows"]:
         if "error" in r:
             lines.append(f"| {r['method']} | failed: {r['error']} |")
             continue
         q = method_ratios(r, b)
+        spread = f"{r['server']['spread']:.0%}" if "server" in r else "-"
+        traced = f"{q['traced_memory']:.3f}" if "traced_memory" in q else "-"
         lines.append(
             f"| {r['method']} | {_params_text(r['params'])} | {r['fit_s']:.2f} | {r['fit_wall_s']:.2f} | "
-            f"{q['fit_bound']:.2f} | "
-            f"{r['server_s']:.3f} | {q['server_bound']:.2f} | {q['loop_fit']:.1f} | {q['loop_bound']:.1f} | "
-            f"{r['peak_rss'] / 2**30:.2f} | {q['added_memory']:.3f} |"
+            f"{_both(res, r['method'], which, 'fit_bound', '.2f')} | "
+            f"{r['server_s']:.3f} | {_both(res, r['method'], which, 'server_bound', '.2f')} | {spread} | "
+            f"{q['loop_fit']:.1f} | {q['loop_bound']:.1f} | "
+            f"{r['peak_rss'] / 2**30:.2f} | {q['added_memory']:.3f} | {traced} |"
         )
     return lines
 
@@ -80,26 +152,38 @@ def render(res: dict) -> str:
     }
     done = [r for r in res["rows"] if "error" not in r]
     lines = [
-        f"Command: {res['command']}; times and RSS are machine-dependent, ratios are within this run. Times are "
-        "CPU seconds of one process on one BLAS thread (the work done, unchanged when other programs share the "
-        "cores; wall seconds of fit beside them), the least over the repeats. Every time is a public call in a "
-        "fresh process: fit = privfed.fit on the float32 input; server = "
-        "Method.aggregate on the statistics folded as the Flower server and the sweep fold them.",
+        f"Command: {res['command']}; times and RSS are machine-dependent, ratios are within each run. Times are "
+        "CPU seconds of one process on one BLAS thread (the work done, which other programs sharing the cores "
+        "do not add to; wall seconds of fit beside them), the least over the repeats. Every time is a public call "
+        "in a fresh process, and in that process each repeat of it is followed by one of each part of its bound "
+        "(fit, its client parts, the server, its server parts, then again), so a change in the machine's load "
+        "falls on both: fit = privfed.fit on the float32 input; server = Method.aggregate on the statistics "
+        "folded as the Flower server and the sweep fold them; server spread = (largest - least) / least of its "
+        "repeats."
+        + (
+            f" {len(runs_of(res))} independent runs, one after the other; each ratio is given for every run "
+            f"(run 1 / run 2): the tables' other columns are run 1's. Load average when each run ended: "
+            + " / ".join(f"{x['load_average'][0]:.1f}" for x in runs_of(res) if x.get("load_average"))
+            + "."
+            if len(runs_of(res)) > 1
+            else ""
+        ),
         "Bound = the work the method must do (client: one pass converting and group-summing the input, plus "
         "X^T X over the N samples for fed3r, fed3r-within, fedcgs and the oracle; server: fedncm the C row norms "
         "of the class sums and one pass scaling them, fedlog the same plus its one-dimensional root (Newton's "
-        "method on C numbers, each step O(C): the MAP of Eq. 15 needs it), fed3r Cholesky + solves, fed3r-within and the oracle X^T X over the C "
-        "class rows + Cholesky + solves, fedcgs two Cholesky (its covariance's own, deciding the PSD repair, and "
-        "the shrunk one) + solves, FedCOF X^T X over the pair rows its spread takes + Cholesky + solves). "
-        f"fit's memory = peak RSS minus the RSS with the input loaded, over the input's bytes (target "
-        f"{res.get('memory_target', MEMORY_TARGET):g})."
+        "method on C numbers, each step O(C): the MAP of Eq. 15 needs it), fed3r Cholesky + solves, fed3r-within "
+        "and the oracle X^T X over the C class rows + Cholesky + solves, fedcgs two Cholesky (its covariance's own, "
+        "deciding the PSD repair, and the shrunk one) + solves, FedCOF X^T X over the pair rows its spread takes + "
+        "Cholesky + solves). fit's RSS = peak RSS minus the RSS with the input loaded; traced peak = the largest "
+        "allocation tracemalloc saw during one fit (numpy's buffers included); both over the input's bytes "
+        f"(target {res.get('memory_target', MEMORY_TARGET):g})."
         + (
             f" Rows of {', '.join(res['rerecorded']['methods'])} (both points) re-measured in one later run "
             f"({res['rerecorded']['command']}), each against the bound parts measured beside it."
             if res.get("rerecorded")
             else ""
         ),
-        f"loop = the seeds' per-client loop (per client, per class Python work), timed on the clients of the first "
+        f"loop = the seeds' per-client loop (per client, per class Python work), least of 3, timed on the clients of the first "
         f"{done[0]['loop_rows'] if done else 0:,} samples and scaled by N / samples; FedCOF's server looped too "
         "(one rank-1 update per uploaded row, scaled by rows), the other methods' followed by privfed's server.",
         "",
@@ -121,7 +205,7 @@ def render(res: dict) -> str:
             "rank-1 updates): " + ", ".join(f"{m} loop / fit {v:.1f}" for m, v in gemm) + ".",
         ]
     if res.get("d256"):
-        lines += [""] + _table(res["d256"], res, "The same at d = 256")
+        lines += [""] + _table(res["d256"], res, "The same at d = 256", "d256")
     lines += _dp_lines(res)
     curves = res.get("curves") or []
     if curves:

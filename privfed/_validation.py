@@ -38,6 +38,7 @@ __all__ = [
     "check_features",
     "check_labels",
     "check_num_classes",
+    "scratch_rows",
 ]
 
 _INT64_MAX = np.iinfo(np.int64).max
@@ -326,8 +327,21 @@ def as_generator(value, name: str = "random_state") -> np.random.Generator:
     )
 
 
-#: Rows checked for finiteness at once (no N x d mask of the whole input).
+def scratch_rows(input_bytes: int, row_bytes: int, cap_bytes: int, share: float) -> int:
+    """Rows of a reusable scratch buffer (a chunk, a row buffer, a check block) sized from the input it serves.
+
+    At most ``cap_bytes`` (the size that runs at full speed on a large input) and at most ``share`` of
+    ``input_bytes``, so that a fit on a small input keeps within the same allowance above its input
+    (25 %) as one on a large input; at least one row of ``row_bytes``.
+    """
+    budget = min(int(cap_bytes), int(float(share) * max(int(input_bytes), 0)))
+    return max(1, budget // max(int(row_bytes), 1))
+
+
+#: The finiteness check's one boolean block: at most this many bytes (16 Mi values) ...
 _CHECK_BLOCK_BYTES = 16 * 2**20
+#: ... and at most this share of the input's bytes (a 1-byte flag per value of 4 or 8 bytes).
+_CHECK_SHARE = 1 / 64
 
 
 def check_features(
@@ -338,7 +352,8 @@ def check_features(
     ``keep_float32=True`` returns float32 input as it is (no N x d float64
     copy) for callers that convert block by block and accumulate in float64
     (:func:`privfed.release.pipeline.fold_statistics`); other dtypes become float64.
-    Finiteness is checked in blocks of rows either way.
+    Finiteness is checked in blocks of rows into one reused boolean block sized from the
+    input (:func:`scratch_rows`).
     """
     refuse_masked(features, name)
     try:
@@ -352,14 +367,16 @@ def check_features(
     check_real_dtype(arr, name)
     if not (keep_float32 and arr.dtype == np.float32):
         arr = arr.astype(np.float64, copy=False)
-    step = max(1, _CHECK_BLOCK_BYTES // max(arr.shape[1], 1))
+    step = scratch_rows(arr.nbytes, arr.shape[1], _CHECK_BLOCK_BYTES, _CHECK_SHARE)
+    finite = np.empty((min(step, arr.shape[0]), arr.shape[1]), dtype=bool)
     first, count = None, 0
     for a in range(0, arr.shape[0], step):
-        bad = ~np.isfinite(arr[a : a + step])
-        if bad.any():
-            count += int(bad.sum())
+        blk = arr[a : a + step]
+        ok = np.isfinite(blk, out=finite[: blk.shape[0]])
+        if not ok.all():  # only a failing block pays for counting
+            count += int(ok.size - np.count_nonzero(ok))
             if first is None:
-                first = a + int(np.flatnonzero(bad.any(axis=1))[0])
+                first = a + int(np.flatnonzero(~ok.all(axis=1))[0])
     if first is not None:
         raise InputError(
             f"{name} contains {count} NaN/inf values (first in row {first}); "

@@ -40,6 +40,7 @@ from typing import Any
 
 import numpy as np
 
+from privfed._validation import scratch_rows
 from privfed.errors import ConfigError, InputError
 
 __all__ = [
@@ -93,12 +94,14 @@ class ScaleInfo:
         return features if self.exponent is None else np.ldexp(features, -self.exponent)
 
 
-#: Bytes of feature rows read at once by :func:`peak_magnitude` and :func:`peak_row_norm` (no N x d temporary).
+#: Bytes of feature rows read at once by :func:`peak_magnitude` and :func:`peak_row_norm` (no N x d temporary),
+#: and at most this share of the input (:func:`privfed._validation.scratch_rows`).
 _BLOCK_BYTES = 8 * 2**20
+_BLOCK_SHARE = 1 / 32
 
 
 def _row_blocks(F: np.ndarray):
-    step = max(1, _BLOCK_BYTES // max(F.itemsize * F.shape[1], 1))
+    step = scratch_rows(F.nbytes, F.itemsize * F.shape[1], _BLOCK_BYTES, _BLOCK_SHARE)
     for a in range(0, F.shape[0], step):
         yield F[a : a + step]
 

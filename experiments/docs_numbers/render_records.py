@@ -283,22 +283,35 @@ SCALE_READINGS = template("scale-readings")
 
 
 #: Server targets: at most this many times the bound at the main shape's d and at d = 256.
-SERVER_TARGETS = {"main": 1.2, "d256": 2.0}
+SERVER_TARGETS = {"main": 1.15, "d256": 2.0}
 #: Methods whose server factors a d x d matrix (the targets are about them; fedncm and fedlog are read apart).
 _FACTORING = ("fedcof", "fedcof-mm4", "fed3r", "fed3r-within", "fedcgs", "fedcof-oracle")
 
 
-def _server_text(q: dict) -> str:
-    return ", ".join(f"{m} {q[m]['server_bound']:.2f}×" for m in _FACTORING if m in q)
+def _server_text(qs: list[dict]) -> str:
+    """Each factoring server's ratio in every run (run 1 / run 2)."""
+    return ", ".join(
+        f"{m} " + " / ".join(f"{q[m]['server_bound']:.2f}" for q in qs) + "×"
+        for m in _FACTORING
+        if m in qs[0]
+    )
+
+
+def _point_ratios(run: dict, which: str, bs) -> dict:
+    point = run if which == "main" else run.get("d256") or {"rows": [], "bound": run["bound"]}
+    return {r["method"]: bs.method_ratios(r, point["bound"]) for r in point["rows"] if "error" not in r}
 
 
 def scale_readings() -> str:
-    """The readings under the scale tables, from the recorded run; refuses a claim the run contradicts."""
+    """The readings under the scale tables, from the recorded runs; refuses a claim the runs contradict."""
+    from experiments.scale_report import REPRODUCE, runs_of
+
     res, bs = _bench_scale()
+    runs = runs_of(res)
     rows = {r["method"]: r for r in res["rows"] if "error" not in r}
-    q = {m: bs.method_ratios(r, res["bound"]) for m, r in rows.items()}
-    low = res["d256"] or {"rows": [], "bound": res["bound"]}
-    q256 = {r["method"]: bs.method_ratios(r, low["bound"]) for r in low["rows"] if "error" not in r}
+    q = _point_ratios(res, "main", bs)
+    qs = [_point_ratios(run, "main", bs) for run in runs]
+    qs256 = [_point_ratios(run, "d256", bs) for run in runs]
     sumonly = [m for m in rows if q[m]["loop_fit"] < 20]
     curves = res["curves"]
     mexp = [c["exponent"] for c in curves if c["curve"].startswith("M")]
@@ -308,30 +321,49 @@ def scale_readings() -> str:
     ncm = [r for r in dps if r["method"] == "fedncm"]
     cof = [r for r in dps if r["method"] == "fedcof"]
     missed = [
-        f"{m} {q[m]['server_bound']:.2f}× at d = {res['d']:,}"
+        f"{m} {qq[m]['server_bound']:.2f}× at d = {res['d']:,} (run {i + 1})"
+        for i, qq in enumerate(qs)
         for m in _FACTORING
-        if m in q and q[m]["server_bound"] > SERVER_TARGETS["main"]
+        if m in qq and qq[m]["server_bound"] > SERVER_TARGETS["main"]
     ]
     missed += [
-        f"{m} {q256[m]['server_bound']:.2f}× at d = 256"
+        f"{m} {qq[m]['server_bound']:.2f}× at d = 256 (run {i + 1})"
+        for i, qq in enumerate(qs256)
         for m in _FACTORING
-        if m in q256 and q256[m]["server_bound"] > SERVER_TARGETS["d256"]
+        if m in qq and qq[m]["server_bound"] > SERVER_TARGETS["d256"]
     ]
+    rep = res.get("reproduction", {})
+    srv_rep = [
+        v["spread"] for k, v in rep.items() if k.endswith("server_bound") and k.split()[0] in _FACTORING
+    ]
+    other = sorted(((k, v["spread"]) for k, v in rep.items() if not v["reproduced"]), key=lambda kv: -kv[1])
+    traced = [x["traced_memory"] for qq in qs + qs256 for x in qq.values() if "traced_memory" in x]
     v = dict(
+        runs=len(runs),
+        traced_hi=max(traced) if traced else float("nan"),
         mem_lo=min(x["added_memory"] for x in q.values()),
         mem_hi=max(x["added_memory"] for x in q.values()),
         input_mib=res["input_mib"],
         target=res["memory_target"],
         rss_lo=min(r["peak_rss"] for r in rows.values()) / 2**30,
         rss_hi=max(r["peak_rss"] for r in rows.values()) / 2**30,
-        fit_lo=min(x["fit_bound"] for x in q.values()),
-        fit_hi=max(x["fit_bound"] for x in q.values()),
+        fit_lo=min(x["fit_bound"] for qq in qs for x in qq.values()),
+        fit_hi=max(x["fit_bound"] for qq in qs for x in qq.values()),
         d=res["d"],
-        srv_main=_server_text(q),
-        srv_256=_server_text(q256),
+        srv_main=_server_text(qs),
+        srv_256=_server_text(qs256),
         target_main=SERVER_TARGETS["main"],
         target_256=SERVER_TARGETS["d256"],
-        targets="every factoring server meets them" if not missed else "missed by " + ", ".join(missed),
+        targets="every factoring server meets them in every run"
+        if not missed
+        else "missed by " + ", ".join(missed),
+        srv_rep=max(srv_rep) if srv_rep else float("nan"),
+        reproduce=REPRODUCE,
+        others="every other ratio too"
+        if not other
+        else "the others too except "
+        + ", ".join(f"{k} ({s:.0%})" for k, s in other[:8])
+        + (f" and {len(other) - 8} more" if len(other) > 8 else ""),
         ncm_pass=q["fedncm"]["server_bound"],
         log_pass=q["fedlog"]["server_bound"],
         ncm_ms=1e3 * rows["fedncm"]["server_s"],
@@ -359,9 +391,9 @@ def scale_readings() -> str:
         d_last=dcur[0]["x"][-1],
     )
     claims = {
-        "every method within the memory target": v["mem_hi"] <= res["memory_target"],
+        "every method within the memory target": v["traced_hi"] <= res["memory_target"],
         "FedCOF and the oracle >= 20x the loop": min(v["cof_loop"], v["mm_loop"], v["orc_loop"]) >= 20,
-        "linear in M": 0.6 <= v["m_lo"] and v["m_hi"] <= 1.3,
+        "grows with M, not faster than linearly": 0.5 <= v["m_lo"] and v["m_hi"] <= 1.3,
         "flat in K": v["k_hi"] <= 0.3,
         "local DP memory flat in K": all(
             (max(g, key=lambda r: r["clients"])["peak_rss"] - max(g, key=lambda r: r["clients"])["rss_input"])

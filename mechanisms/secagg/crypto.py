@@ -9,6 +9,7 @@ protocol stops without releasing a sum.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 
@@ -128,7 +129,7 @@ def prg_uint64(key: bytes, n: int, buffer: bytearray | None = None) -> np.ndarra
     """
     if n == 0:
         return np.zeros(0, np.uint64)
-    enc = Cipher(algorithms.AES(key), modes.CTR(b"\x00" * 16)).encryptor()
+    enc = _keystream(key)
     buf = prg_buffer(n) if buffer is None else buffer
     enc.update_into(_zeros(8 * n), buf)
     return np.frombuffer(buf, dtype=np.uint64, count=n)
@@ -150,10 +151,21 @@ def _zeros(nbytes: int) -> memoryview:
     return memoryview(_ZEROS)[:nbytes]
 
 
-#: Values per keystream block in :func:`add_masks` (256 KiB of scratch whatever the vector length).
-MASK_BLOCK = 32_768
+#: Values per keystream block in :func:`add_masks` (512 KiB of scratch whatever the vector length: the
+#: block and the vector's part stay in a core's L2 cache; a 51,200-value vector is one block, so each
+#: key costs one keystream call and one addition).
+MASK_BLOCK = 65_536
 #: Cipher contexts held at once by :func:`add_masks`.
 KEY_GROUP = 256
+
+#: The one CTR mode object every keystream starts from: the zero IV (each key is expanded once, fresh
+#: per pair and run), built once instead of once per key.
+_ZERO_IV_CTR = modes.CTR(b"\x00" * 16)
+
+
+def _keystream(key: bytes):
+    """An AES-256-CTR encryptor under ``key`` from the zero IV (its ``update_into`` writes the keystream)."""
+    return Cipher(algorithms.AES(key), _ZERO_IV_CTR).encryptor()
 
 
 def add_masks(y: np.ndarray, keys: list[bytes], signs: list[bool]) -> None:
@@ -171,12 +183,11 @@ def add_masks(y: np.ndarray, keys: list[bytes], signs: list[bool]) -> None:
     buf = prg_buffer(block)
     stream = np.frombuffer(buf, dtype=np.uint64, count=block)
     zeros = _zeros(8 * block)
-    iv = b"\x00" * 16
     for g in range(0, len(keys), KEY_GROUP):
-        contexts = []
-        for k, plus in zip(keys[g : g + KEY_GROUP], signs[g : g + KEY_GROUP]):
-            update = Cipher(algorithms.AES(k), modes.CTR(iv)).encryptor().update_into
-            contexts.append((update, np.add if plus else np.subtract))
+        contexts = [
+            (_keystream(k).update_into, np.add if plus else np.subtract)
+            for k, plus in zip(keys[g : g + KEY_GROUP], signs[g : g + KEY_GROUP])
+        ]
         for start in range(0, n, block):
             part = y[start : start + block]
             m = part.size
@@ -202,5 +213,18 @@ def private_key(k: int) -> X25519PrivateKey:
 
 
 def public_key(raw: bytes) -> X25519PublicKey:
-    """An X25519 public key from its 32 raw bytes."""
-    return X25519PublicKey.from_public_bytes(bytes(raw))
+    """An X25519 public key from its 32 raw bytes (parsed once per key: each is agreed with by every neighbour).
+
+    Public keys are public, so the parsed objects of the most recent :data:`PUBLIC_KEY_CACHE` distinct
+    keys are kept (a run in one process parses each advertised key once, not once per neighbour).
+    """
+    return _parsed_public_key(bytes(raw))
+
+
+#: Distinct public keys whose parsed objects :func:`public_key` keeps (two per node of a 2,000-node run).
+PUBLIC_KEY_CACHE = 4096
+
+
+@functools.lru_cache(maxsize=PUBLIC_KEY_CACHE)
+def _parsed_public_key(raw: bytes) -> X25519PublicKey:
+    return X25519PublicKey.from_public_bytes(raw)

@@ -42,6 +42,11 @@ RING_BITS = 64
 MAX_FRAC_BITS = 53
 
 _HALF_RING = 2.0**63
+#: :func:`encode` rounds values below this magnitude by adding :data:`_MAGIC` (1.5 * 2^52): the sum lies in
+#: [2^52, 2^53), where doubles are the integers, and its bit pattern minus the magic's is the rounded value.
+_ROUND_BY_ADD = 2.0**51
+_MAGIC = 1.5 * 2.0**52
+_MAGIC_BITS = np.float64(_MAGIC).view(np.int64)
 
 
 def check_frac_bits(frac_bits: int) -> int:
@@ -121,22 +126,29 @@ def encode(values: np.ndarray, frac_bits: int) -> np.ndarray:
     The caller must have checked the range with :func:`check_ring_bound`;
     values whose encoding leaves int64 raise :class:`InputError`.
     """
-    # Chunk by chunk through one cache-sized scratch buffer (no temporary the size of the vector): scaled,
-    # rounded in place, range-checked (min and max propagate NaN), written into the output.
+    # Chunk by chunk in the output itself (no temporary): scaled into the chunk's bytes read as float64,
+    # range-checked (min and max propagate NaN), rounded and read back as int64.  Scaled values below
+    # 2^51 in magnitude are rounded by adding 1.5 * 2^52, whose binade has a spacing of 1 (the same
+    # round-half-to-even as np.rint), and read back as the integer offset of its bit pattern: no slow
+    # float-to-integer conversion.
     v = np.asarray(values, dtype=np.float64).reshape(-1)
     out = np.empty(v.size, dtype=np.int64)
-    scratch = np.empty(min(v.size, _CHUNK))
     scale = 2.0**frac_bits
     for start in range(0, v.size, _CHUNK):
-        c = scratch[: min(_CHUNK, v.size - start)]
+        dst = out[start : start + _CHUNK]
+        c = dst.view(np.float64)
         np.multiply(v[start : start + _CHUNK], scale, out=c)
+        if -_ROUND_BY_ADD < c.min() and c.max() < _ROUND_BY_ADD:
+            c += _MAGIC
+            dst -= _MAGIC_BITS
+            continue
         np.rint(c, out=c)
         if not (-_HALF_RING < c.min() and c.max() < _HALF_RING):
             raise InputError(
                 f"a value of magnitude {np.abs(c).max() / scale:.4g} does not fit the 64-bit ring at "
                 f"frac_bits={frac_bits}; lower frac_bits or clip the features"
             )
-        out[start : start + c.size] = c
+        dst[...] = c.copy()  # the float64 values, read back as int64 (a chunk-sized copy: they share bytes)
     return out.reshape(np.shape(values)).view(np.uint64)
 
 

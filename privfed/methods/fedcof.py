@@ -46,6 +46,7 @@ from __future__ import annotations
 import numpy as np
 
 from privfed._linalg import SOLVERS, check_choice, check_flag, check_real, normalise_rows, solve_head
+from privfed._validation import scratch_rows
 from privfed.errors import ConfigError
 from privfed.head import LinearHead
 from privfed.methods import register
@@ -59,6 +60,7 @@ from privfed.methods.fedcof_estimator import (
     multi_mean_ids,
     noise_bias,
     pair_spread,
+    spread_and_sums,
     spread_matrix,
     spread_weights,
     valid_pairs,
@@ -77,6 +79,7 @@ __all__ = [
     "multi_mean_ids",
     "noise_bias",
     "pair_spread",
+    "spread_and_sums",
     "spread_matrix",
     "spread_weights",
     "valid_pairs",
@@ -84,9 +87,25 @@ __all__ = [
 ]
 
 
-#: Bytes of the row buffer :meth:`FedCOF.estimate_pairs` fills before one X^T X (3,276 rows at d = 1,280:
-#: within a few % of one product over all rows, at 6 % of the iNat-120K input).
+#: Bytes of the row buffer :meth:`FedCOF.estimate_pairs` fills before one X^T X, at most ...
 _STREAM_BUFFER_BYTES = 32 * 2**20
+#: ... and sized from the M x d pair sums it stands for (they are never held): 2 d rows, so that each
+#: flush's d x d addition is small beside its product, when that is at most 1/16 of the pair sums' bytes,
+#: and never less than 1/32 of them.  2,560 rows at iNat-120K's d = 1,280 (4.5 % of its input), 512 at the
+#: d = 256 point: a small fit's buffer is as small a part of its input as a large one's.
+_STREAM_SHARE = 1 / 32
+_STREAM_SHARE_MAX = 1 / 16
+
+
+def _stream_rows(pairs: int, d: int) -> int:
+    """Rows of :meth:`FedCOF.estimate_pairs`'s row buffer for ``pairs`` pair rows of ``d`` features."""
+    total = 8 * d * pairs
+    wide = min(2 * d, scratch_rows(total, 8 * d, _STREAM_BUFFER_BYTES, _STREAM_SHARE_MAX))
+    return max(wide, scratch_rows(total, 8 * d, _STREAM_BUFFER_BYTES, _STREAM_SHARE))
+
+
+#: Rows centred at once on their class references in :meth:`FedCOF.estimate_pairs` (64 KiB).
+_CENTRE_TILE_BYTES = 64 * 2**10
 
 
 @register
@@ -179,16 +198,18 @@ class FedCOF(Method):
             zero = valid & ~has
             count_only = np.bincount(pk_all[zero], weights=n_all[zero], minlength=C)
         N = np.bincount(pk, weights=n, minlength=C)
-        S = sum_rows_by(sums, pk_s, C) if rows_s is None else _sum_rows_by_index(sums, rows_s, pk_s, C)
-        mu = class_means(N, S)
         Kc = np.bincount(pk, minlength=C)
         w = spread_weights(N, Kc)
-        spread = pair_spread(pk_s, n_s, sums, mu, w, rows=rows_s)
-        if count_only.any():  # sum over those cells of w_c n (0 - mu_c)(0 - mu_c)^T: one C-row product
-            Z = (
-                mu * np.sqrt(np.where(w > 0, w, 0.0) * count_only)[:, None]
-            )  # w_c <= 0: skipped, as pair_spread
-            spread += Z.T @ Z
+        # One X^T X over the rows s_p sqrt(w_c / n_p) less a C-row correction (count-only cells, whose
+        # sums are zero, enter through N_c alone); rows centred on mu_c first only when that
+        # difference would lose accuracy (class means long against the spread).
+        S, spread = spread_and_sums(pk_s, n_s, sums, w, N, rows=rows_s)
+        mu = class_means(N, S)
+        if spread is None:
+            spread = pair_spread(pk_s, n_s, sums, mu, w, rows=rows_s)
+            if count_only.any():  # sum over those cells of w_c n (0 - mu_c)(0 - mu_c)^T: one C-row product
+                Z = mu * np.sqrt(np.where(w > 0, w, 0.0) * count_only)[:, None]  # w_c <= 0: skipped
+                spread += Z.T @ Z
         inv_sum = np.bincount(pk, weights=1.0 / n, minlength=C) if self.params["noise_var"] > 0 else None
         return self._estimate(N, S, mu, Kc, spread, inv_sum, notes)
 
@@ -309,7 +330,7 @@ class FedCOF(Method):
         ``(p0, sums)`` with the sums of pairs p0..p0 + len(sums) - 1, in
         order.  Each row is centred on its class's reference r_c (the mean of
         the class's first pair, as :meth:`estimate_stream`), scaled by
-        sqrt(w_c n_p) into one row buffer of :data:`_STREAM_BUFFER_BYTES`, and the
+        sqrt(w_c n_p) into one row buffer sized from the pair sums (:data:`_STREAM_SHARE`), and the
         buffer enters the spread in one X^T X when full; the end subtracts
         sum_c w_c N_c (mu_c - r_c)(mu_c - r_c)^T.  Memory O(buffer + C d + d^2)
         beside the blocks, never M x d; cost one X^T X over the rows with
@@ -326,7 +347,7 @@ class FedCOF(Method):
         root = np.where(
             valid, np.sqrt(w[pc_all] * np.where(valid, n_all, 0.0)), 0.0
         )  # sqrt(w_c n_p), 0: skipped
-        S = spread = ref = buf = U = None
+        S = spread = ref = buf = U = tmp = None
         seen = np.zeros(C, dtype=bool)
         fill = done = 0
         for p0, sums in blocks:
@@ -338,7 +359,7 @@ class FedCOF(Method):
                 d = sums.shape[1]
                 S, spread, ref = np.zeros((C, d)), np.zeros((d, d)), np.zeros((C, d))
                 rows_needed = max(1, int(np.count_nonzero(root > 0)))
-                buf = np.empty((min(max(1, _STREAM_BUFFER_BYTES // (8 * max(d, 1))), rows_needed), d))
+                buf = np.empty((min(_stream_rows(n_all.size, d), rows_needed), d))
             pc, n, r = pc_all[p0:done], n_all[p0:done], root[p0:done]
             ok = valid[p0:done]
             if not ok.all():
@@ -352,30 +373,29 @@ class FedCOF(Method):
             for a in range(0, use.size, buf.shape[0]):
                 rows = use[a : a + buf.shape[0]]
                 if fill + rows.size > buf.shape[0]:
-                    spread += gram_of(buf[:fill])
+                    tmp = _add_gram(spread, buf[:fill], tmp)
                     fill = 0
                 k = rows.size
                 X = buf[fill : fill + k]
-                if U is None or U.shape[0] < k:
-                    U = np.empty((k, d))
-                V = U[:k]
-                if k == m:  # every row of the block: no gather
-                    np.multiply(sums, (r / n)[:, None], out=X)
-                    np.take(ref, pc, axis=0, out=V, mode="clip")
-                    V *= r[:, None]
-                else:
-                    np.multiply(sums[rows], (r[rows] / n[rows])[:, None], out=X)
-                    np.take(ref, pc[rows], axis=0, out=V, mode="clip")
-                    V *= r[rows, None]
-                X -= V
+                whole = k == m  # every row of the block: no gather
+                pcs, rs = (pc, r) if whole else (pc[rows], r[rows])
+                np.multiply(sums if whole else sums[rows], (rs / (n if whole else n[rows]))[:, None], out=X)
+                if U is None:
+                    U = np.empty((max(1, min(buf.shape[0], _CENTRE_TILE_BYTES // (8 * d))), d))
+                for t in range(0, k, U.shape[0]):  # X -= r_p ref_c, a cache-sized tile at a time
+                    e = min(t + U.shape[0], k)
+                    V = U[: e - t]
+                    np.take(ref, pcs[t:e], axis=0, out=V, mode="clip")
+                    V *= rs[t:e, None]
+                    X[t:e] -= V
                 fill += k
         if done != n_all.shape[0]:
             raise ValueError(f"pair blocks covered pairs 0..{done - 1} of {n_all.shape[0]}")
         if spread is None:
             raise ValueError("no pair sums arrived")
         if fill:
-            spread += gram_of(buf[:fill])
-        del buf, U  # before the C x d arrays below
+            tmp = _add_gram(spread, buf[:fill], tmp)
+        del buf, U, tmp  # before the C x d arrays below
         mu = class_means(N, S)
         Z = np.subtract(mu, ref, out=ref)  # (mu_c - r_c) sqrt(w_c N_c), in the references' array
         Z *= np.sqrt(w * N)[:, None]
@@ -436,9 +456,9 @@ class FedCOF(Method):
         return M * d
 
 
-def _sum_rows_by_index(F: np.ndarray, rows: np.ndarray, group: np.ndarray, num_groups: int) -> np.ndarray:
-    """sum of F[rows[i]] by group[i], one sparse-dense product over F itself (no copy of F[rows])."""
-    import scipy.sparse as sp
-
-    onehot = sp.csr_matrix((np.ones(rows.size), (group, rows)), shape=(num_groups, F.shape[0]))
-    return np.asarray(onehot @ F)
+def _add_gram(out: np.ndarray, X: np.ndarray, tmp: np.ndarray | None) -> np.ndarray:
+    """out += X^T X through one reused d x d scratch ``tmp`` (made on first use; returned)."""
+    tmp = np.empty_like(out) if tmp is None else tmp
+    np.matmul(X.T, X, out=tmp)
+    out += tmp
+    return tmp

@@ -10,7 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+import scipy.sparse as sp
 
+from privfed._validation import scratch_rows
 from privfed.stats import ClientStats, gram_of
 
 __all__ = [
@@ -22,6 +24,7 @@ __all__ = [
     "multi_mean_ids",
     "noise_bias",
     "pair_spread",
+    "spread_and_sums",
     "spread_matrix",
     "spread_weights",
     "valid_pairs",
@@ -42,8 +45,12 @@ def valid_pairs(counts: np.ndarray) -> tuple[np.ndarray, int]:
 
 
 def class_means(N: np.ndarray, S: np.ndarray) -> np.ndarray:
-    """mu_c = S_c / N_c, 0 where N_c <= 0 (shape (C, d))."""
-    return np.where(N[:, None] > 0, S / np.where(N > 0, N, 1.0)[:, None], 0.0)
+    """mu_c = S_c / N_c, 0 where N_c <= 0 (shape (C, d)); one C x d array, no temporary."""
+    absent = ~(N > 0)
+    mu = S / np.where(absent, 1.0, N)[:, None]
+    if absent.any():
+        mu[absent] = 0.0
+    return mu
 
 
 def class_totals(
@@ -151,6 +158,85 @@ def pair_spread(
     return out
 
 
+#: The share of the pair sums' bytes the row buffer of :func:`spread_and_sums` may take (its cap is
+#: :data:`_SPREAD_BLOCK_BYTES`: all 11,248 rows at d = 256 in 2 blocks, 13,107 rows a block at d = 1,280).
+_SPREAD_SHARE = 1 / 4
+#: :func:`spread_and_sums` keeps its one-product spread only when the rounding bound of that product and
+#: its C-row correction is at most this share of the spread (else the caller centres the rows first).
+SPREAD_RTOL = 1e-9
+
+
+def spread_and_sums(
+    pair_class: np.ndarray,
+    pair_counts: np.ndarray,
+    pair_sums: np.ndarray,
+    weights: np.ndarray,
+    class_counts: np.ndarray,
+    rows: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """The class sums S_c and Eq. 6's spread as one X^T X: ``(S, spread)``, ``spread`` None when inexact.
+
+    Over the pairs of class c (n_p > 0, sums in ``pair_sums[rows]``; ``rows=None``: all rows in order)
+    and N_c = ``class_counts`` (every valid pair's count, count-only cells included), with
+    S_c = sum_p s_p = N_c mu_c:
+
+        sum_p w_c n_p (m_p - mu_c)(m_p - mu_c)^T = sum_p (w_c / n_p) s_p s_p^T - sum_c w_c N_c mu_c mu_c^T,
+
+    so the rows need no centring: S is one sparse-dense product over the sums, the rows
+    s_p sqrt(w_c / n_p) are written into one row buffer (one multiply, no gather when they are one
+    slice) that enters the spread in one X^T X when full, and the C-row correction Z^T Z
+    (Z_c = S_c sqrt(w_c / N_c)) is subtracted at the end.  Memory: the buffer (at most a quarter of the
+    pair sums' bytes, :data:`_SPREAD_BLOCK_BYTES`) and d x d; cost one X^T X, one pass scaling the
+    rows, one reading them for S, one C-row product.
+
+    The difference loses what the uncentred product holds beyond the spread: each entry's rounding
+    error is at most (m + C + 16) eps max_i (X^T X)_ii (a sum of m products in any order, the
+    correction's C, the scaling and the subtraction), and the largest entry of the spread is a
+    diagonal one.  When that bound exceeds :data:`SPREAD_RTOL` of it (class means long against the
+    spread), ``spread`` is None and the caller centres the rows on mu_c first (:func:`pair_spread`).
+    """
+    C, d = weights.shape[0], pair_sums.shape[1]
+    src_all = np.arange(pair_class.size) if rows is None else np.asarray(rows)
+    onehot = sp.csr_matrix((np.ones(pair_class.size), (pair_class, src_all)), shape=(C, pair_sums.shape[0]))
+    S = np.asarray(onehot @ pair_sums)
+    del onehot
+    wp = weights[pair_class]
+    sel = np.flatnonzero(wp > 0)
+    out = np.zeros((d, d))
+    if sel.size == 0:
+        return S, out
+    src = src_all[sel]  # rows of pair_sums
+    contiguous = bool(np.all(np.diff(src) == 1))  # one slice (the usual case): no gather
+    scale = np.sqrt(wp[sel] / pair_counts[sel])
+    step = min(scratch_rows(8 * d * pair_class.size, 8 * d, _SPREAD_BLOCK_BYTES, _SPREAD_SHARE), sel.size)
+    step = -(-sel.size // -(-sel.size // step))  # as many blocks, of equal size (no short last product)
+    buf = np.empty((step, d))
+    tmp = None
+    for a in range(0, sel.size, step):
+        m = min(step, sel.size - a)
+        X = buf[:m]
+        if contiguous:
+            np.multiply(pair_sums[src[0] + a : src[0] + a + m], scale[a : a + m, None], out=X)
+        else:
+            np.take(pair_sums, src[a : a + m], axis=0, out=X, mode="clip")  # indices in range: unbuffered
+            X *= scale[a : a + m, None]
+        if a == 0:
+            np.matmul(X.T, X, out=out)
+        else:
+            tmp = np.empty((d, d)) if tmp is None else tmp
+            np.matmul(X.T, X, out=tmp)
+            out += tmp
+    del buf, tmp
+    top = float(np.max(np.diagonal(out)))
+    present = np.flatnonzero(weights > 0)
+    Z = S[present] * np.sqrt(weights[present] / class_counts[present])[:, None]
+    out -= gram_of(Z)
+    bound = (sel.size + C + 16) * np.finfo(np.float64).eps * top
+    if not bound <= SPREAD_RTOL * float(np.max(np.diagonal(out))):
+        return S, None
+    return S, out
+
+
 def noise_bias(counts: np.ndarray, mask: np.ndarray, noise_var: float) -> np.ndarray:
     """Per-class bias of Eq. 6 when each class sum carries iid noise of variance ``noise_var``.
 
@@ -243,19 +329,26 @@ def multi_mean_ids(
     Returns (pseudo id per sample, owners: real client of each pseudo-client).
     """
     C = num_classes
-    # Over the (client, class) cells that hold samples only: O(N log N), never a K x C array.
+    n = labels.shape[0]
+    # Over the (client, class) cells that hold samples only: O(N log N), never a K x C array; each
+    # N-long intermediate is written in place or freed when done (a few N-long integer arrays at once).
     cell, inv, sizes = np.unique(clients * C + labels, return_inverse=True, return_counts=True)
     inv = inv.reshape(-1)
-    order = np.lexsort((rng.random(labels.shape[0]), inv))
+    order = np.lexsort((rng.random(n), inv))
     starts = np.concatenate(([0], np.cumsum(sizes)[:-1]))
-    rank = np.empty(labels.shape[0], dtype=np.int64)
-    rank[order] = np.arange(labels.shape[0]) - starts[inv[order]]
+    chunk = np.empty(n, dtype=np.int64)  # the rank of each sample within its cell, then its chunk
+    chunk[order] = np.arange(n)
+    del order
+    chunk -= starts[inv]
     g = np.maximum(1, np.minimum(means, sizes // 2))
-    chunk = (rank * g[inv]) // sizes[inv]
+    chunk *= g[inv]
+    chunk //= sizes[inv]
+    del inv
     per_client = np.ones(num_clients, dtype=np.int64)  # a client without samples keeps one (empty) row
     np.maximum.at(per_client, cell // C, g)
     offset = np.concatenate(([0], np.cumsum(per_client)[:-1]))
-    pseudo = offset[clients] + chunk
+    chunk += offset[clients]
+    pseudo = chunk
     owners = np.repeat(np.arange(num_clients), per_client)
     return pseudo, owners
 

@@ -96,22 +96,34 @@ class FedCOFOracle(Method):
             N, S = stats.class_totals()
             present = N > 0
             Np = np.where(present, N, 1.0)
-            mu = np.where(present[:, None], S / Np[:, None], 0.0)
             w = np.where(present, np.maximum(N - 1.0, 0.0), 0.0)
             G_hat = minus_between(stats.gram(), S if present.all() else S[present], Np[present])
+            if (
+                present.all()
+            ):  # B = N_c mu_c is S itself (its transpose a Fortran-ordered view): no temporaries
+                self._finish_gram(G_hat, S.sum(axis=0), N.sum(), w, d)
+                W = solve_head(G_hat, S.T, solver=self.params["solver"], name="G_hat", notes=notes).T
+                if self.params["normalise"]:
+                    W = normalise_rows(W)
+                return self._head(W, np.zeros(W.shape[0]), notes)
+            mu = np.where(present[:, None], S / Np[:, None], 0.0)
         if (~present).any():
             absent = np.flatnonzero(~present).tolist()
             notes.append(f"class(es) {absent} have no data; their weight row is zero")
         Ntot = N[present].sum()
         s = (mu * N[:, None])[present].sum(axis=0)
-        G_hat[np.diag_indices(d)] += self.params["gamma"] * w.sum()
-        if Ntot > 0:
-            G_hat += np.outer(s, s / Ntot)
+        self._finish_gram(G_hat, s, Ntot, w, d)
         B = (mu * np.where(present, N, 0.0)[:, None]).T
         W = solve_head(G_hat, B, solver=self.params["solver"], name="G_hat", notes=notes).T
         if self.params["normalise"]:
             W = normalise_rows(W)
         return self._head(W, np.zeros(W.shape[0]), notes)
+
+    def _finish_gram(self, G_hat: np.ndarray, s: np.ndarray, Ntot: float, w: np.ndarray, d: int) -> None:
+        """In place: G_hat += gamma sum_c (N_c - 1) I + N mu_g mu_g^T (s = N mu_g, the sum of the class sums)."""
+        G_hat[np.diag_indices(d)] += self.params["gamma"] * w.sum()
+        if Ntot > 0:
+            G_hat += np.outer(s, s / Ntot)
 
     @classmethod
     def upload_floats(cls, *, M: int, K: int, d: int, C: int) -> int:

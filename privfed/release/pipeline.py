@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
+from privfed._validation import scratch_rows
 from privfed.errors import InputError
 from privfed.head import LinearHead
 from privfed.methods.base import Method
@@ -46,6 +47,8 @@ from privfed.stats import ClientStats, readonly, sorted_segments
 __all__ = [
     "FOLD_CHUNK_BYTES",
     "FOLD_GRAM_CHUNK_BYTES",
+    "FOLD_GRAM_SHARE",
+    "FOLD_SHARE",
     "UPLOAD_CHUNK_BYTES",
     "client_statistics",
     "fold_statistics",
@@ -61,6 +64,11 @@ FOLD_CHUNK_BYTES = 4 * 2**20
 #: ... and when X^T X is accumulated too, large enough for each chunk's product to run at GEMM speed
 #: (16 MiB: 4.6 s for Fed3R at iNat-120K, against 6.0 s with 4 MiB).
 FOLD_GRAM_CHUNK_BYTES = 16 * 2**20
+#: Each is at most a share of the input's bytes (the chunk, its float32 rows and its sums take about
+#: 2.5 chunks), so a small input's fit stays within input + 25 % as iNat-120K's does: the first 1/64
+#: (4 MiB from a 256 MiB input up), the second 1/32 (16 MiB from 512 MiB up).
+FOLD_SHARE = 1 / 64
+FOLD_GRAM_SHARE = 1 / 32
 
 
 def client_statistics(
@@ -101,7 +109,7 @@ def fold_statistics(
     class for totals) lines the rows up by output row; the rows are then
     taken in sorted order a chunk at a time (at most ``chunk_bytes`` of
     float64 rows, default :data:`FOLD_CHUNK_BYTES`, or :data:`FOLD_GRAM_CHUNK_BYTES` with a second
-    moment), gathered and converted
+    moment, each cut to its share of the input's bytes), gathered and converted
     into one reused float64 buffer (float32 input is accumulated in float64
     without an N x d float64 copy), summed into their output rows with one
     sparse-dense product and, when a second moment is needed, added into
@@ -127,8 +135,7 @@ def fold_statistics(
     order, out_key, indptr = sorted_segments(key)
     S = np.empty((out_key.size, d))  # every row is written below
     gram = np.zeros((d, d)) if second else None
-    default = FOLD_GRAM_CHUNK_BYTES if second else FOLD_CHUNK_BYTES
-    step = max(1, int(chunk_bytes or default) // (8 * max(d, 1)))
+    step = _chunk_rows(F, second, chunk_bytes)
     tmp = np.empty((d, d)) if second else None
     for r0, X, t0, t1, part in _segment_chunks(F, order, indptr, step):
         if indptr[t0] < r0:  # the row the previous chunk began
@@ -154,6 +161,16 @@ def fold_statistics(
     )
     object.__setattr__(out, "folded_pairs", int(np.unique(pair_key).size))
     return out
+
+
+def _chunk_rows(F: np.ndarray, second: bool, chunk_bytes: int | None) -> int:
+    """Rows of float64 gathered at once: ``chunk_bytes`` when given, else sized from the input."""
+    row = 8 * max(F.shape[1], 1)
+    if chunk_bytes:
+        return max(1, int(chunk_bytes) // row)
+    if second:
+        return scratch_rows(F.nbytes, row, FOLD_GRAM_CHUNK_BYTES, FOLD_GRAM_SHARE)
+    return scratch_rows(F.nbytes, row, FOLD_CHUNK_BYTES, FOLD_SHARE)
 
 
 def _segment_chunks(F: np.ndarray, order: np.ndarray, indptr: np.ndarray, step: int):
@@ -200,15 +217,16 @@ def pair_sum_blocks(
     generator of ``(p0, sums)``, the float64 sums of whole pairs p0..p0 +
     len(sums) - 1 (a pair cut by a chunk boundary is finished before it is
     given out).  Rows are gathered and converted a chunk of ``chunk_bytes``
-    (default :data:`FOLD_CHUNK_BYTES`) at a time into one reused buffer, as
+    (default :data:`FOLD_CHUNK_BYTES`, cut to :data:`FOLD_SHARE` of the input) at a time into one
+    reused buffer, as
     in :func:`fold_statistics`; each block lives until the next is made.
     """
     F, y, k = features, np.asarray(labels, dtype=np.int64), np.asarray(clients, dtype=np.int64)
-    C, d = int(num_classes), F.shape[1]
+    C = int(num_classes)
     groups, _ = method.row_groups(y, k, num_classes=C, num_clients=num_clients, rng=rng)
     order, out_key, indptr = sorted_segments(np.asarray(groups, dtype=np.int64) * C + y)
     counts = np.diff(indptr).astype(np.float64)
-    step = max(1, int(chunk_bytes or FOLD_CHUNK_BYTES) // (8 * max(d, 1)))
+    step = _chunk_rows(F, False, chunk_bytes)
 
     def blocks():
         carry, done = None, 0  # the partial sum of a pair the previous chunk cut

@@ -588,53 +588,83 @@ def test_float32_input_with_nan_is_refused_naming_the_row():
 # -- the benchmark's recorded run ----------------------------------------------------------------
 def test_recorded_benchmark_table_is_what_its_json_says():
     """experiments/bench_scale.md (the docs' scale tables) is render() of the recorded JSON, and the record
-    shows the targets it claims.
+    shows the targets it claims in each of its independent runs.
 
-    The numbers are one run on one machine (machine-dependent); this pins that the tables are
-    generated from that run's raw seconds and bytes, not edited by hand; that the run was the
+    The numbers are two runs on one machine (machine-dependent); this pins that the tables are
+    generated from those runs' raw seconds and bytes, not edited by hand; that each run was the
     iNat-120K shape (and the d = 256 point) with every method on the public call, its parameters
-    stated (FedCOF at the API's gamma = 1.0); that every bound is the method's own (no Cholesky
-    in fedncm's or fedlog's); and that privfed.fit stayed within input + 25 % for every method.
+    stated (FedCOF at the API's gamma = 1.0), each timed beside its own bound's parts (every repeat
+    kept); that every bound is the method's own (no Cholesky in fedncm's or fedlog's); that every
+    factoring server is within 2x its bound at d = 256 and privfed.fit within input + 25 % (traced) at
+    d = 1,280 and 256, in every run; that the readings under the tables name every server over 1.15x its
+    bound at d = 1,280 in any run; and that the record's reproduction is its runs' ratios.
     """
     import json
     from pathlib import Path
 
-    from experiments.bench_scale import MEMORY_TARGET, METHODS, SERVER_PARTS, method_ratios, render
+    from experiments.bench_scale import (
+        CLIENT_PARTS,
+        MEMORY_TARGET,
+        METHODS,
+        SERVER_PARTS,
+        method_ratios,
+        render,
+    )
+    from experiments.scale_report import REPRODUCE, reproduction, runs_of
     from privfed.methods import get
 
     root = Path(__file__).resolve().parents[2] / "experiments"
     res = json.loads((root / "bench_scale.json").read_text())
     assert (root / "bench_scale.md").read_text().rstrip("\n") == render(res)
-    assert res["shape"]["K"] == 9275 and res["shape"]["C"] == 1203 and res["d"] == 1280 and not res["small"]
-    assert res["d256"]["d"] == 256 and res["memory_target"] == MEMORY_TARGET == 0.25
-    for point in (res, res["d256"]):
-        assert [r["method"] for r in point["rows"]] == list(METHODS) and all(
-            "error" not in r for r in point["rows"]
+    runs = runs_of(res)
+    assert len(runs) >= 2 and res["reproduction"] == json.loads(json.dumps(reproduction(res)))
+    factoring = ("fedcof", "fedcof-mm4", "fed3r", "fed3r-within", "fedcgs", "fedcof-oracle")
+    for run in runs:
+        assert (
+            run["shape"]["K"] == 9275 and run["shape"]["C"] == 1203 and run["d"] == 1280 and not run["small"]
         )
-        for r in point["rows"]:
-            q = method_ratios(r, point["bound"])
-            assert all(np.isfinite(v) and v > 0 for v in q.values())
-            name, params = (
-                ("fedcof", {"means_per_client": 4}) if r["method"] == "fedcof-mm4" else (r["method"], {})
+        assert run["d256"]["d"] == 256 and run["memory_target"] == MEMORY_TARGET == 0.25
+        for point, target in ((run, None), (run["d256"], 2.0)):
+            assert [r["method"] for r in point["rows"]] == list(METHODS) and all(
+                "error" not in r for r in point["rows"]
             )
-            assert r["params"] == get(name, **params).params  # every parameter stated, defaults resolved
-    assert {r["method"]: r["params"].get("gamma") for r in res["rows"]}["fedcof"] == 1.0
+            for r in point["rows"]:
+                q = method_ratios(r, point["bound"])
+                assert all(np.isfinite(v) and v > 0 for v in q.values())
+                name, params = (
+                    ("fedcof", {"means_per_client": 4}) if r["method"] == "fedcof-mm4" else (r["method"], {})
+                )
+                assert r["params"] == get(name, **params).params  # every parameter stated, defaults resolved
+                # the bound is the parts timed beside this method, the times the least of every repeat kept
+                assert set(r["bound_parts"]) == set(SERVER_PARTS[r["method"]]) | set(
+                    CLIENT_PARTS[r["method"]]
+                )
+                assert r["server_s"] == min(r["server"]["samples"])
+                assert r["server_bound_s"] == pytest.approx(
+                    sum(r["bound_parts"][p] for p in SERVER_PARTS[r["method"]]), rel=1e-12
+                )
+                assert r["fit_s"] == min(r["fit"]["samples"]) and len(r["server"]["samples"]) >= 5
+                assert q["traced_memory"] <= MEMORY_TARGET, (r["method"], point["d"])
+                if r["method"] in factoring and target is not None:
+                    assert q["server_bound"] <= target, (r["method"], point["d"], q["server_bound"])
+        assert {r["method"]: r["params"].get("gamma") for r in run["rows"]}["fedcof"] == 1.0
+        assert all(
+            r["releases"] == 1 and r["sent_M"] == r["clients"] * run["shape"]["C"] for r in run["local_dp"]
+        )
+        assert {c["curve"] for c in run["curves"]} == {"K (M, N fixed)", "M (K fixed, N = 2.2 M)", "d"}
     assert all("cholesky_s" not in SERVER_PARTS[m] for m in ("fedncm", "fedlog"))
     # fedncm's and fedlog's bound: the row norms and one scaling pass (+ fedlog's 1-D root), nothing looser
     assert SERVER_PARTS["fedncm"] == ("norms_C_s", "pass_C_s")
     assert SERVER_PARTS["fedlog"] == ("norms_C_s", "root_C_s", "pass_C_s")
-    for point in (res, res["d256"]):  # a re-measured row carries the parts its bound sums, from its own run
-        for r in point["rows"]:
-            if "bound_parts" in r:
-                assert r["method"] in res["rerecorded"]["methods"]
-                srv = sum(r["bound_parts"][q] for q in SERVER_PARTS[r["method"]])
-                assert r["server_bound_s"] == pytest.approx(srv, rel=1e-12)
-                assert r["bound_s"] == pytest.approx(sum(r["bound_parts"].values()), rel=1e-12)
-    assert max(method_ratios(r, res["bound"])["added_memory"] for r in res["rows"]) <= MEMORY_TARGET
-    assert all(
-        r["releases"] == 1 and r["sent_M"] == r["clients"] * res["shape"]["C"] for r in res["local_dp"]
-    )
-    assert {c["curve"] for c in res["curves"]} == {"K (M, N fixed)", "M (K fixed, N = 2.2 M)", "d"}
+    from experiments.docs_numbers.render_records import scale_readings
+
+    readings = scale_readings()
+    for i, run in enumerate(runs):  # every miss of the 1.15x target at d = 1,280 is stated, with its run
+        for r in run["rows"]:
+            ratio = method_ratios(r, run["bound"])["server_bound"]
+            if r["method"] in factoring and ratio > 1.15:
+                assert f"{r['method']} {ratio:.2f}× at d = 1,280 (run {i + 1})" in readings
+    assert all(v["reproduced"] == (v["spread"] <= REPRODUCE) for v in res["reproduction"].values())
 
 
 def test_a_subclass_replacing_before_upload_keeps_the_one_call_path():
@@ -679,10 +709,13 @@ def test_secure_aggregation_too_large_for_one_process_says_what_to_do(federation
 
 
 # -- input-sized memory: privfed.fit adds at most a quarter of its input --------------------------------
-#: The iNat-120K input (float32, N = 119,965, d = 1,280) the chunk sizes are chosen for.
-INAT_INPUT_BYTES = 119_965 * 1280 * 4
+@pytest.fixture(scope="module")
+def federation64():
+    F, y, k = inat_like(K, C, 64, N, M, seed=3)
+    return F, y, k
 
 
+@pytest.mark.parametrize("d", [64, 256])
 @pytest.mark.parametrize(
     "name,params",
     [
@@ -696,28 +729,18 @@ INAT_INPUT_BYTES = 119_965 * 1280 * 4
         ("fedcof-oracle", {}),
     ],
 )
-def test_fit_allocates_at_most_a_quarter_of_its_input(federation, monkeypatch, name, params):
-    """Peak traced allocation of privfed.fit <= 25 % of the float32 input's bytes (the issue's input + 25 %).
+def test_fit_allocates_at_most_a_quarter_of_its_input(request, d, name, params):
+    """Peak traced allocation of privfed.fit <= 25 % of the float32 input's bytes (input + 25 % in all).
 
-    The federation is iNat-120K scaled down with the same d^2 / (N d) and C d / (N d) ratios (2 %);
-    the fixed chunk and buffer sizes (tuned for iNat-120K) are scaled by the same input ratio, so
-    the bound is the one the full shape must meet.  No N x d temporary (|F|, a float64 copy, the
-    M x d pair sums) fits under it: each alone is 50-200 % of the input.
+    The federation is iNat-120K scaled down (K = 2,000, C = 300, 26K samples) at d = 64 (6 MiB of input)
+    and d = 256 (25 MiB), with the library's own buffer sizes: every chunk, row buffer and check block
+    is sized from the input it serves, so a small fit keeps within the same allowance as the full shape
+    (whose traced peaks the benchmark records).  No N x d temporary (|F|, a float64 copy, the M x d
+    pair sums) fits under it: each alone is 50-200 % of the input; nor would the fixed 16 MiB blocks of
+    the finiteness check or FedCOF's fixed 32 MiB row buffer.
     """
-    from privfed import _validation, scaling
-    from privfed.methods import fedcof
-    from privfed.release import pipeline
-
-    F, y, k = federation
-    f = F.nbytes / INAT_INPUT_BYTES
-    for mod, attr in (
-        (pipeline, "FOLD_CHUNK_BYTES"),
-        (pipeline, "FOLD_GRAM_CHUNK_BYTES"),
-        (fedcof, "_STREAM_BUFFER_BYTES"),
-        (scaling, "_BLOCK_BYTES"),
-        (_validation, "_CHECK_BLOCK_BYTES"),
-    ):
-        monkeypatch.setattr(mod, attr, int(getattr(mod, attr) * f))
+    F, y, k = request.getfixturevalue("federation64" if d == 64 else "federation")
+    assert F.shape[1] == d
     tracemalloc.start()
     try:
         head = privfed.fit(name, F, y, k, random_state=0, **params)
@@ -727,6 +750,89 @@ def test_fit_allocates_at_most_a_quarter_of_its_input(federation, monkeypatch, n
     assert peak <= 0.25 * F.nbytes, f"{name}: {peak / F.nbytes:.3f} of the input"
     idx = np.random.default_rng(0).choice(F.shape[0], 2000, replace=False)
     assert head.score(F[idx], y[idx]) > 0.5
+
+
+def test_the_finiteness_check_holds_one_boolean_block_sized_from_its_input():
+    """check_features reads a float32 input through one reused boolean block of at most 1/64 of its bytes
+    (a fixed 16 Mi-value block would be 64 MiB of flags beside a 100 MiB input, two per step before)."""
+    from privfed._validation import check_features
+    from privfed.errors import InputError
+
+    F = np.random.default_rng(0).standard_normal((400_000, 64), dtype=np.float32)  # 98 MiB
+    for n in (400_000, 5_000):
+        tracemalloc.start()
+        try:
+            assert check_features(F[:n], keep_float32=True) is not None
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        assert peak <= F[:n].nbytes / 64 + 64 * 2**10, (n, peak)
+    F[399_999, 63] = np.inf
+    F[123_456, 0] = np.nan
+    with pytest.raises(InputError, match=r"contains 2 NaN/inf values \(first in row 123456\)"):
+        check_features(F, keep_float32=True)
+
+
+def _exact_spread(pk, n, sums, C):
+    """Eq. 6's sum_c w_c sum_p n_p (m_p - mu_c)(m_p - mu_c)^T in exact rational arithmetic (from the floats)."""
+    from fractions import Fraction
+
+    d = sums.shape[1]
+    n = [Fraction(float(v)) for v in n]
+    s = [[Fraction(float(v)) for v in row] for row in sums]
+    out = [[Fraction(0)] * d for _ in range(d)]
+    for c in range(C):
+        ps = [p for p in range(len(pk)) if pk[p] == c]
+        Nc = sum(n[p] for p in ps)
+        if len(ps) < 2 or Nc <= 1:
+            continue
+        w = (Nc - 1) / (len(ps) - 1)
+        mu = [sum(s[p][j] for p in ps) / Nc for j in range(d)]
+        for p in ps:
+            dev = [s[p][j] / n[p] - mu[j] for j in range(d)]
+            for i in range(d):
+                for j in range(d):
+                    out[i][j] += w * n[p] * dev[i] * dev[j]
+    return np.array([[float(v) for v in row] for row in out])
+
+
+@pytest.mark.parametrize("offset,uncentred", [(0.0, True), (3.0, True), (1e6, False)])
+def test_fedcof_server_spread_is_one_product_equal_to_the_exact_spread(monkeypatch, offset, uncentred):
+    """The server's spread is one X^T X over s_p sqrt(w_c / n_p) less a C-row correction, equal to Eq. 6
+    computed exactly (rationals) to 1e-9 of its largest entry; with class means 1e6 long against a unit
+    spread the product would lose ~1e-4, its rounding bound says so, and the rows are centred first."""
+    from privfed.methods import fedcof, fedcof_estimator
+    from privfed.stats import ClientStats
+
+    rng = np.random.default_rng(11)
+    K_, C_, d = 9, 4, 3
+    pc, pk = np.nonzero(rng.random((K_, C_)) < 0.7)
+    n = rng.integers(1, 6, pc.size) + rng.random(pc.size)  # fractional counts, as after count noise
+    means = offset * rng.standard_normal((C_, d))[pk] + rng.standard_normal((pc.size, d))
+    sums = means * n[:, None]
+    stats = ClientStats.from_pairs(
+        num_clients=K_, num_classes=C_, pair_client=pc, pair_class=pk, pair_counts=n, pair_sums=sums
+    )
+    centred = []
+    real = fedcof_estimator.pair_spread
+    monkeypatch.setattr(fedcof, "pair_spread", lambda *a, **kw: centred.append(1) or real(*a, **kw))
+    est = fedcof.FedCOF(gamma=0.5).estimate(stats)
+    exact = _exact_spread(pk, n, sums, C_)
+    assert np.abs(exact).max() > 0.1
+    np.testing.assert_allclose(est.spread, exact, rtol=0, atol=1e-9 * np.abs(exact).max())
+    assert bool(centred) is not uncentred
+    N = np.bincount(pk, weights=n, minlength=C_)
+    w = fedcof_estimator.spread_weights(N, np.bincount(pk, minlength=C_))
+    S, product = fedcof_estimator.spread_and_sums(pk, n, sums, w, N)
+    np.testing.assert_allclose(S, np.stack([sums[pk == c].sum(axis=0) for c in range(C_)]), rtol=1e-12)
+    if uncentred:
+        np.testing.assert_array_equal(product, est.spread)
+    else:
+        assert product is None  # what the product loses is over the bound: the rows are centred
+        X = sums * np.sqrt(w[pk] / n)[:, None]
+        Z = S * np.sqrt(np.where(w > 0, w / N, 0.0))[:, None]
+        lost = np.abs((X.T @ X - Z.T @ Z) - exact).max() / np.abs(exact).max()
+        assert lost > 1e-9  # the uncentred difference really is inexact here
 
 
 def _eq6_spread(F, y, g, C):
@@ -882,12 +988,21 @@ def test_the_scale_benchmark_runs_the_public_calls_and_writes_its_record(tmp_pat
             "fedncm,fedcof",
             "--loop-rows",
             "300",
+            "--runs",
+            "2",
             "--out",
             str(tmp_path),
         ]
     )
     assert rc == 0
     res = json.loads((tmp_path / "bench_scale.json").read_text())
+    # two independent runs; in each, every repeat of the server followed by one of each part of its bound
+    assert len(res["repeat_runs"]) == 1 and "fedcof d=256 server_bound" in res["reproduction"]
+    for run in (res, *res["repeat_runs"]):
+        for r in run["rows"]:
+            parts = set(bench_scale.CLIENT_PARTS[r["method"]]) | set(bench_scale.SERVER_PARTS[r["method"]])
+            assert set(r["parts"]) == parts and len(r["server"]["samples"]) >= 5
+            assert all(len(r["parts"][p]["samples"]) >= len(r["fit"]["samples"]) for p in parts)
     assert (tmp_path / "bench_scale.md").read_text().rstrip("\n") == bench_scale.render(res)
     rows = {r["method"]: r for r in res["rows"]}
     assert set(rows) == {"fedncm", "fedcof"} and all("error" not in r for r in rows.values())
@@ -905,7 +1020,7 @@ def test_the_scale_benchmark_runs_the_public_calls_and_writes_its_record(tmp_pat
     assert (tmp_path / "bench_scale.md").read_text().rstrip("\n") == bench_scale.render(after)
     old_rows = {r["method"]: r for r in before["rows"]}
     new_rows = {r["method"]: r for r in after["rows"]}
-    assert new_rows["fedcof"] == old_rows["fedcof"] and "bound_parts" not in new_rows["fedcof"]
+    assert new_rows["fedcof"] == old_rows["fedcof"] and new_rows["fedncm"] != old_rows["fedncm"]
     assert set(new_rows["fedncm"]["bound_parts"]) == {
         "to_float64_s",
         "group_sum_C_s",
@@ -914,3 +1029,15 @@ def test_the_scale_benchmark_runs_the_public_calls_and_writes_its_record(tmp_pat
     }
     assert after["rerecorded"]["methods"] == ["fedncm"]
     assert after["bound"]["cholesky_s"] == before["bound"]["cholesky_s"]  # parts other methods use: kept
+
+
+def test_symmetrising_by_tiles_gives_the_same_numbers_as_the_transpose_sweep():
+    """solve_head's one d x d copy, (G + G^T) / 2 a tile and its mirror at a time, is bitwise 0.5 (G + G^T),
+    at sizes below, at and across the tile's edge."""
+    from privfed._linalg import _SYM_TILE, symmetrised
+
+    for d in (1, 7, _SYM_TILE - 1, _SYM_TILE, _SYM_TILE + 1, 2 * _SYM_TILE + 37):
+        A = np.random.default_rng(d).standard_normal((d, d)) * 10.0 ** np.random.default_rng(d).integers(
+            -8, 8
+        )
+        np.testing.assert_array_equal(symmetrised(A), 0.5 * (A + A.T))
