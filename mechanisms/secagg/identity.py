@@ -184,6 +184,11 @@ class Roster:
             return [frozenset(range(self.size)) - {u} for u in range(self.size)]
         return ring_neighbours(self.ring, self.degree)
 
+    @cached_property
+    def groups(self) -> list[frozenset[int]]:
+        """Every node's group: itself and its neighbours (its share holders)."""
+        return [nbrs | {u} for u, nbrs in enumerate(self.graph)]
+
     @property
     def tolerated(self) -> int:
         """Colluders the threshold tolerates (2t - n - 1, :func:`mechanisms.secagg.threat.colluders_tolerated`)."""

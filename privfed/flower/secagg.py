@@ -51,7 +51,6 @@ from the app (:class:`SimulatedRoster`, simulations only).
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -68,6 +67,7 @@ from mechanisms.secagg.masking.node import MaskingNode
 from mechanisms.secagg.masking.server import MaskingServer
 from mechanisms.secagg.threat import default_threshold, survivor_parts
 from privfed.errors import ConfigError, InputError
+from privfed.flower.kept import KeptNodes, parsed
 from privfed.flower.ledger import LEDGER_KEY, canonical_config, lifetime_id, node_ledger, pin_num_classes
 from privfed.flower.transport import Exchange, exchange
 from privfed.flower.wire import arrays_record
@@ -146,10 +146,7 @@ class SimulatedRoster:
             i = node_config.get("partition-id")
         if i is None or not 0 <= int(i) < len(self.identities):
             return None
-        raw = json.loads(self.identities[int(i)])
-        return Identity(int(raw["index"]), bytes.fromhex(raw["private_key"])), Roster.from_json(
-            self.roster_json
-        )
+        return parsed(self.identities[int(i)], Identity), parsed(self.roster_json, Roster)
 
 
 def simulated_identities(
@@ -184,16 +181,6 @@ def simulated_identities(
     return out
 
 
-def _load(value: str, kind):
-    text = str(value)
-    if text.lstrip().startswith("{"):
-        if kind is Roster:
-            return Roster.from_json(text, "secagg-roster")
-        raw = json.loads(text)
-        return Identity(int(raw["index"]), bytes.fromhex(raw["private_key"]))
-    return kind.load(text)
-
-
 def node_identity(
     node_config: dict, node_id: int, provision: SimulatedRoster | None = None
 ) -> tuple[Identity, Roster]:
@@ -221,8 +208,8 @@ def node_identity(
             stage="setup",
             deviation="no-ledger",
         )
-    roster = _load(node_config["secagg-roster"], Roster)
-    return _load(node_config["secagg-identity"], Identity).check(roster), roster
+    roster = parsed(node_config["secagg-roster"], Roster)
+    return parsed(node_config["secagg-identity"], Identity).check(roster), roster
 
 
 # ------------------------------------------------------------------------------- node side
@@ -257,27 +244,40 @@ def node_step(
     aggregation: bytes | None = None,
     lifetime: bytes | None = None,
 ) -> RecordDict:
-    """Answer one masking request with this node's state machine; its state stays in ``context.state``."""
+    """Answer one masking request with this node's state machine; its state stays in ``context.state`` (and the
+    state machine itself in this process, :class:`privfed.flower.kept.KeptNodes`, while the record there is
+    the one it wrote)."""
     req = from_records(content)
     ledger = node_ledger(context, roster, lifetime)
-    state = None
-    if req.get("stage") != "keys":
-        state = dict(context.state[STATE_KEY]) if STATE_KEY in context.state else {"stage": "new"}
-    node = MaskingNode(
-        identity.index,
-        num_nodes=roster.size,
-        threshold=roster.threshold,
-        identity=identity,
-        roster=roster,
-        ledger=ledger,
-        state=state,
+    key = (context.run_id, context.node_id, roster.fingerprint, identity.index)
+    node = _KEPT.node(
+        key,
+        context.state[STATE_KEY] if STATE_KEY in context.state else None,
+        req.get("stage") == "keys",
+        lambda state: MaskingNode(
+            identity.index,
+            num_nodes=roster.size,
+            threshold=roster.threshold,
+            identity=identity,
+            roster=roster,
+            ledger=ledger,
+            state=state,
+        ),
     )
+    node.ledger = ledger
     try:
         reply = node.handle(req, ring_input=ring_input, context=context_digest, aggregation=aggregation)
     finally:
-        context.state[STATE_KEY] = ConfigRecord(node.state())
-        context.state[LEDGER_KEY] = ConfigRecord(ledger.record())
+        record = context.state[STATE_KEY] if STATE_KEY in context.state else None
+        context.state[STATE_KEY] = _KEPT.keep(key, node, record, ConfigRecord)
+        written = ledger.record()
+        if LEDGER_KEY not in context.state or dict(context.state[LEDGER_KEY]) != written:
+            context.state[LEDGER_KEY] = ConfigRecord(written)
     return to_records(reply)
+
+
+#: The masking state machines this process keeps between a node's messages.
+_KEPT = KeptNodes()
 
 
 def ring_limit(frac_bits: int, num_nodes: int) -> float:
@@ -409,6 +409,7 @@ def masked_sum_over_messages(
     )
     stages: dict[str, Exchange] = {}
     node_of: dict[int, int] = {}  # u -> Flower node id
+    index_of: dict[int, int] = {}  # Flower node id -> u
 
     while not server.done:
         stage = server.stage
@@ -438,9 +439,9 @@ def masked_sum_over_messages(
                     raise ProtocolAbort(
                         f"node {node} claims roster index {u}, taken or outside 0..{K - 1}", stage=stage
                     )
-                node_of[u] = node
+                node_of[u], index_of[node] = node, u
             else:
-                u = next(k for k, v in node_of.items() if v == node)
+                u = index_of[node]
             server.receive(u, reply)
 
         ex = stages[stage] = exchange(

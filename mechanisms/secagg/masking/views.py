@@ -91,6 +91,15 @@ def check_unmask(
     ``echo(U2)`` gives the bytes an echo over U2 covers; ``abort(deviation, text)`` the node's refusal.
     """
     U2, U3 = mine
+    my2, my3, groups = set(U2), set(U3), roster.groups
+
+    def agreeing(v: int, U2v: list[int], U3v: list[int]) -> bool:  # agrees(), this node's sets made once
+        both = groups[v] & group
+        s2, s3 = set(U2v), set(U3v)
+        return (
+            s2 <= groups[v] and s3 <= s2 and v in s3 and s2 & both == my2 & both and s3 & both == my3 & both
+        )
+
     signers = parse_ids(msg["signers"], "signer", node, "unmask")
     sigs = [as_bytes(s, "a signature") for s in msg["sigs"]]
     if len(sigs) != len(signers) or not set(signers) <= set(U3):
@@ -99,7 +108,7 @@ def check_unmask(
     views = [mine] * len(signers) if raw is None else [unpack_view(as_bytes(b, "a view")) for b in raw]
     if len(views) != len(signers):
         raise abort("malformed", "consistency views and signers of unequal lengths")
-    bad = [v for v, view in zip(signers, views) if not agrees(roster, group, U2, U3, v, *view)]
+    bad = [v for v, view in zip(signers, views) if not agreeing(v, *view)]
     vouched: dict[int, list[int]] = {}  # signer -> the survivor list its verified view names
     count = checked = 0
     for v, s, view in zip(signers, sigs, views):
@@ -151,12 +160,10 @@ def check_unmask(
             "config, round, broadcast and survivors differs): the server sent different broadcasts "
             "to different nodes",
         )
-    mine_U2 = set(U2)
     other = []
     for v, alive in zip(U3, lists):
-        vgroup = roster.graph[v] | {v}
-        both = vgroup & group
-        if not (set(alive) <= vgroup and set(alive) & both == mine_U2 & both):
+        both, s2 = groups[v] & group, set(alive)
+        if not (s2 <= groups[v] and s2 & both == my2 & both):
             other.append(v)
     if other:
         raise abort(
