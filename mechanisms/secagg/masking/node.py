@@ -27,7 +27,9 @@ and on every Flower node (:mod:`privfed.flower.secagg`), which keeps its
                  lists and digest this node signed, and that every uploader's
                  signed echo (sent with its masked input) names the same digest
                  (a split broadcast aborts here) and the same survivors U2
-                 where the groups meet (so it masked with this node); then
+                 where the groups meet (so it masked with this node): 2k
+                 verifies a session with its k advertisements, see
+                 :func:`~mechanisms.secagg.masking.views.check_unmask`; then
                  reveal, for every v
                  of U2, the share of b_v if v is in U3 and of s_v^SK otherwise:
                  one list, so never both kinds for one node.

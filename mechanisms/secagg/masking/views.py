@@ -7,6 +7,17 @@ survivors of its group it masked with.  A **view** is signed in the consistency 
 (U2, U3) of its group and the digest.  Before revealing any share a node checks that every uploader's
 echo names its digest and survivors that agree with its own where the two groups meet (so that
 uploader masked with it), and that t signers' views agree with its own likewise.
+
+**Which signatures a node verifies** (:func:`check_unmask`; on the roster's k-regular graph, 2k a session
+with the k key advertisements of the shares stage).  The argument (:mod:`mechanisms.secagg.graph`) needs
+t signatures on views agreeing with the node's, and, for every uploader whose self-mask seed share the
+node reveals, that uploader's signature on a survivor list and digest that agree with its own (so it
+masked with the node and summed the same broadcast).  Three checks that added nothing to that are gone:
+the node's own signatures (it made them: compared byte for byte, Ed25519 being deterministic), the
+consistency signatures past the t-th (a forged one there vouches for nothing t genuine ones did not; one
+before them is verified and aborts), and the echo of a signer whose consistency view it verified (that
+view is the signer's signature on the same survivor list and digest, checked to agree).  A lying server
+for each: ``tests/adversarial/test_verify_budget.py``.
 """
 
 from __future__ import annotations
