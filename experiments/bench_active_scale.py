@@ -78,8 +78,9 @@ def _unpack(raw: bytes):
 
 
 # --------------------------------------------------------------------------- the node process
-def _nodes(conn, roster_json: str, secrets: list[bytes], D: int, seed: int) -> None:
-    """All nodes, one message at a time, through the ClientApp's handler (each its own Context)."""
+def _nodes(requests, replies, roster_json: str, secrets: list[bytes], D: int, seed: int) -> None:
+    """All nodes, one message at a time in the order they arrive, through the ClientApp's handler (each its
+    own Context); ``requests`` and ``replies`` are the two one-way pipes to the server."""
     from flwr.app import Context, RecordDict
 
     from experiments.crypto_floor import counting, unit_seconds
@@ -94,20 +95,20 @@ def _nodes(conn, roster_json: str, secrets: list[bytes], D: int, seed: int) -> N
     aggregation = b""
     with counting() as counts:
         while True:
-            item = conn.recv()
-            if item is None:
+            raw = requests.recv_bytes()
+            if not raw:
                 return
-            kind, u, raw = item
+            kind, u, raw = _KINDS[raw[0]], int.from_bytes(raw[1:5], "little"), raw[5:]
             if kind == "cpu":
-                conn.send(time.process_time())
+                replies.send(time.process_time())
                 continue
             if kind == "counts":
-                conn.send(dict(counts))
+                replies.send(dict(counts))
                 for k in counts:
                     counts[k] = 0
                 continue
             if kind == "units":
-                conn.send(unit_seconds(values=D))
+                replies.send(unit_seconds(values=D))
                 continue
             if kind == "session":  # fresh contexts and aggregation id: one masked sum
                 contexts = [
@@ -115,7 +116,7 @@ def _nodes(conn, roster_json: str, secrets: list[bytes], D: int, seed: int) -> N
                     for v in range(roster.size)
                 ]
                 aggregation = os.urandom(32)
-                conn.send(True)
+                replies.send(True)
                 continue
             if kind == "plain":
                 out = RecordDict({"stats": arrays_record({"sums": _row(seed, u, D)})})
@@ -129,39 +130,72 @@ def _nodes(conn, roster_json: str, secrets: list[bytes], D: int, seed: int) -> N
                     context_digest=b"the run config, round and broadcast",
                     aggregation=aggregation,
                 )
-            conn.send_bytes(_pack(out))
+            replies.send_bytes(_pack(out))
 
 
-def _ask(conn, kind: str, u: int = 0, raw: bytes = b""):
-    conn.send((kind, u, raw))
-    return conn.recv()
+_KINDS = ("plain", "secagg", "cpu", "counts", "units", "session")
+
+
+class _Link:
+    """The server's end of the two one-way pipes to the node process."""
+
+    def __init__(self, requests, replies) -> None:
+        self.requests, self.replies = requests, replies
+
+    def send(self, kind: str, u: int = 0, raw: bytes = b"") -> None:
+        """One request: a kind byte, the node's index, the message bytes."""
+        self.requests.send_bytes(bytes([_KINDS.index(kind)]) + int(u).to_bytes(4, "little") + raw)
+
+    def ask(self, kind: str, u: int = 0):
+        self.send(kind, u)
+        return self.replies.recv()
+
+    def exchange(self, kind: str, messages):
+        """Push every ``(u, bytes)`` of a stage (from a second thread, as a server pushes a stage's messages)
+        and yield each reply's bytes in turn, as it arrives."""
+        import threading
+
+        order: list[int] = []
+
+        def push() -> None:
+            for u, raw in messages:
+                order.append(u)
+                self.send(kind, u, raw)
+
+        pusher = threading.Thread(target=push)
+        pusher.start()
+        got = 0
+        while pusher.is_alive() or got < len(order):
+            if got < len(order):
+                raw = self.replies.recv_bytes()
+                yield order[got], raw
+                got += 1
+            else:
+                pusher.join(0.001)
+        pusher.join()
 
 
 # --------------------------------------------------------------------------- the server
-def _plain(conn, K: int, D: int) -> dict:
+def _plain(link: _Link, K: int, D: int) -> dict:
     from flwr.app import ConfigRecord, RecordDict
 
     up, down = np.zeros(K), np.zeros(K)
     total = np.zeros(D)
-    query = RecordDict({"query": ConfigRecord({"stat": "sums"})})
-    for u in range(K):
-        raw = _pack(query)
-        down[u] += len(raw)
-        conn.send(("plain", u, raw))
-        raw = conn.recv_bytes()
+    query = _pack(RecordDict({"query": ConfigRecord({"stat": "sums"})}))
+    down[:] = len(query)
+    for u, raw in link.exchange("plain", ((u, query) for u in range(K))):
         up[u] += len(raw)
-        reply = _unpack(raw)
-        np.add(total, reply["stats"]["sums"].numpy(), out=total)
-        del reply, raw
+        np.add(total, _unpack(raw)["stats"]["sums"].numpy(), out=total)
+        del raw
     return {"total": total, "bytes_up": float(up.mean()), "bytes_down": float(down.mean()), "round_trips": 1}
 
 
-def _masked(conn, K: int, roster, D: int, run_id: int) -> dict:
+def _masked(link: _Link, K: int, roster, D: int, run_id: int) -> dict:
     from mechanisms.secagg import fixed_point
     from mechanisms.secagg.masking.server import MaskingServer
     from privfed.flower.secagg import from_records, to_records
 
-    _ask(conn, "session", run_id)
+    link.ask("session", run_id)
     up, down = np.zeros(K), np.zeros(K)
     server = MaskingServer(
         num_nodes=K,
@@ -175,11 +209,16 @@ def _masked(conn, K: int, roster, D: int, run_id: int) -> dict:
     )
     stages = 0
     while not server.done:
-        for u, msg in server.requests().items():
-            raw = _pack(to_records(msg))
-            down[u] += len(raw)
-            conn.send(("secagg", u, raw))
-            raw = conn.recv_bytes()
+        requests = server.requests()
+        same = _pack(to_records(next(iter(requests.values())))) if server.stage == "keys" else None
+
+        def messages(requests=requests, same=same):
+            for u, msg in requests.items():  # the keys request is the same for every node: serialised once
+                raw = same or _pack(to_records(msg))
+                down[u] += len(raw)
+                yield u, raw
+
+        for u, raw in link.exchange("secagg", messages()):
             up[u] += len(raw)
             server.receive(u, from_records(_unpack(raw)))
             del raw
@@ -194,11 +233,11 @@ def _masked(conn, K: int, roster, D: int, run_id: int) -> dict:
     }
 
 
-def _timed(conn, fn) -> tuple[float, float, dict]:
+def _timed(link: _Link, fn) -> tuple[float, float, dict]:
     """(CPU seconds of both processes, wall seconds, output with ``server_cpu_s``) of ``fn()``."""
-    n0, c0, t0 = _ask(conn, "cpu"), time.process_time(), time.perf_counter()
+    n0, c0, t0 = link.ask("cpu"), time.process_time(), time.perf_counter()
     out = fn()
-    t1, c1, n1 = time.perf_counter(), time.process_time(), _ask(conn, "cpu")
+    t1, c1, n1 = time.perf_counter(), time.process_time(), link.ask("cpu")
     out["server_cpu_s"] = c1 - c0
     return (c1 - c0) + (n1 - n0), t1 - t0, out
 
@@ -206,18 +245,23 @@ def _timed(conn, fn) -> tuple[float, float, dict]:
 def _start(K: int, degree: int, D: int, seed: int):
     """The operator's roster (identities and the SecAgg+ graph from OS entropy) and the node process."""
     roster, ids = make_roster(K, degree=degree)
-    here, there = mp.get_context("spawn").Pipe()
-    proc = mp.get_context("spawn").Process(
-        target=_nodes, args=(there, roster.to_json(), [i.private_key for i in ids], D, seed), daemon=True
+    ctx = mp.get_context("spawn")
+    req_r, req_w = ctx.Pipe(duplex=False)
+    rep_r, rep_w = ctx.Pipe(duplex=False)
+    proc = ctx.Process(
+        target=_nodes,
+        args=(req_r, rep_w, roster.to_json(), [i.private_key for i in ids], D, seed),
+        daemon=True,
     )
     proc.start()
-    _plain(here, 2, D)  # warm-up: the node process has imported everything and answered once
-    return roster, here, proc
+    link = _Link(req_w, rep_r)
+    _plain(link, 2, D)  # warm-up: the node process has imported everything and answered once
+    return roster, link, proc
 
 
-def _stop(conn, proc) -> None:
+def _stop(link: _Link, proc) -> None:
     try:
-        conn.send(None)
+        link.requests.send_bytes(b"")
     finally:
         proc.join(timeout=30)
         if proc.is_alive():
@@ -226,10 +270,11 @@ def _stop(conn, proc) -> None:
 
 def one_run(K: int, D: int, degree: int, repeats: int, seed: int) -> dict:
     """One run: ``repeats`` interleaved repeats of plain, masked and the unit timings in two fresh processes."""
-    roster, conn, proc = _start(K, degree, D, seed)
+    roster, link, proc = _start(K, degree, D, seed)
     try:
         direct = sum((_row(seed, u, D) for u in range(K)), np.zeros(D))
-        _ask(conn, "counts")  # from zero
+        _masked(link, K, roster, D, 0)  # warm-up: both processes have run the protocol once, untimed
+        link.ask("counts")  # from zero
         rows = []
         for r in range(repeats):
             load = os.getloadavg()[0]
@@ -237,14 +282,14 @@ def one_run(K: int, D: int, degree: int, repeats: int, seed: int) -> dict:
             got = {}
             for part in parts:
                 if part == "plain":
-                    got["plain"] = _timed(conn, lambda: _plain(conn, K, D))
+                    got["plain"] = _timed(link, lambda: _plain(link, K, D))
                 else:
                     with counting() as server_counts:
-                        got["masked"] = _timed(conn, lambda r=r: _masked(conn, K, roster, D, r + 1))
-                    counts = _ask(conn, "counts")
+                        got["masked"] = _timed(link, lambda r=r: _masked(link, K, roster, D, r + 1))
+                    counts = link.ask("counts")
                     for k, v in server_counts.items():
                         counts[k] += v
-            units = _ask(conn, "units")
+            units = link.ask("units")
             (pc, pw, p), (mc, mw, m) = got["plain"], got["masked"]
             floor, terms = floor_seconds(pc, counts, units)
             rows.append(
@@ -281,7 +326,7 @@ def one_run(K: int, D: int, degree: int, repeats: int, seed: int) -> dict:
                 flush=True,
             )
     finally:
-        _stop(conn, proc)
+        _stop(link, proc)
     per_node = {op: rows[-1]["counts"][op] / K for op in (*OPS, "prg")}
     return {
         "threshold": roster.threshold,
@@ -297,19 +342,19 @@ def memory(nodes: list[int], values: list[int], degree: int, seed: int) -> list[
     out = []
     for D in values:
         for K in nodes:
-            roster, conn, proc = _start(K, degree, D, seed)
+            roster, link, proc = _start(K, degree, D, seed)
             try:
                 for kind in ("plain", "masked"):
                     tracemalloc.start()
                     if kind == "plain":
-                        _plain(conn, K, D)
+                        _plain(link, K, D)
                     else:
-                        _masked(conn, K, roster, D, 1)
+                        _masked(link, K, roster, D, 1)
                     peak = tracemalloc.get_traced_memory()[1]
                     tracemalloc.stop()
                     out.append({"protocol": kind, "nodes": K, "values": D, "peak_bytes": peak})
             finally:
-                _stop(conn, proc)
+                _stop(link, proc)
             print(
                 f"  [memory {K} nodes x {D}] {out[-2]['peak_bytes']:,} / {out[-1]['peak_bytes']:,} B",
                 flush=True,

@@ -1,5 +1,5 @@
 """Blocks read from the masking-at-scale record (experiments/bench_secagg_scale.py), and the threat model's
-numbers, computed by mechanisms.secagg.threat."""
+numbers, computed by mechanisms.secagg.threat (the active protocol at 1,000 nodes: render_active)."""
 
 from __future__ import annotations
 
@@ -53,10 +53,10 @@ def secagg_threat() -> str:
 
 
 def secagg_scale() -> str:
-    """The masked sum against its floor, and SecAgg+ at 1,000 nodes against plain, from the scale record."""
+    """The masked sum against its floor, from the scale record."""
     rec = record("bench_secagg_scale")
     d, m = rec["data"], rec["machine"]
-    cfg, rows, fl = d["config"], d["floor"], d["flower"]
+    cfg, rows = d["config"], d["floor"]
     for r in rows:
         if r["ratio_to_floor"] > cfg["target_ratio"] or r["vector_ratio"] > cfg["target_ratio"]:
             raise RuntimeError(f"the recorded masked sum misses its target: {r}")
@@ -75,83 +75,9 @@ def secagg_scale() -> str:
             f"{r['x25519_cpu_s']:.2f} | {r['masked_cpu_s']:.2f} | **{r['ratio_to_floor']:.2f}×** | "
             f"{r['vector_ratio']:.2f}× |"
         )
-    by = {r["protocol"]: r for r in fl["timed"]}
-    p, s = by["plain"], by["masked"]
-    peaks = {(r["protocol"], r["nodes"]): r["peak_bytes"] for r in fl["memory"]}
-    ks = sorted({k for _, k in peaks})
-    mib = lambda b: f"{b / 2**20:.1f}"  # noqa: E731
     lines += [
         "",
-        f"The active protocol on the roster's SecAgg+ graph (degree {s['neighbours']}, t = {s['threshold']}) at "
-        f"{s['nodes']:,} nodes of {s['values']:,} floats over Flower messages (every request and reply a "
-        "serialised RecordDict; the nodes run `MaskingNode` with their roster identities, the state machine the "
-        "Flower app runs, in a second process, one message at a time; the server, `MaskingServer`, in a process "
-        "of its own), against a plain run of the same statistics in the same benchmark:",
-        "",
-        "| run | wall s | bytes up / node | bytes down / node | server peak MiB at "
-        + " / ".join(f"{k:,}" for k in ks)
-        + " nodes |",
-        "| --- | --- | --- | --- | --- |",
-    ]
-    for name, r in (("plain", p), ("masked, SecAgg+", s)):
-        key = r["protocol"]
-        lines.append(
-            f"| {name} | {r['wall_s']:.1f} | {r['bytes_up_per_node']:,.0f} | {r['bytes_down_per_node']:,.0f} | "
-            + " / ".join(mib(peaks[key, k]) for k in ks)
-            + " |"
-        )
-    slope, share = fl["peak_slope_bytes_per_node"], fl["slope_share_of_upload"]
-    g = fl["graph"]
-    lines += [
-        "",
-        f"Masked against plain: {fl['ratios']['wall']:.1f}× the wall time and {fl['ratios']['bytes_total']:.3f}× "
-        f"the bytes. The server adds each upload to its total as it arrives: its peak grows by "
-        f"{slope['masked']:,.0f} bytes a node (signed keys, relayed share messages, signatures and echoes, "
-        "unmasking shares: O(k), whatever "
-        f"the vector length), {share['masked']:.1%} of the {fl['upload_bytes']:,} bytes a node that holding "
-        f"the uploads would cost (plain: flat, {slope['plain']:+,.0f} bytes a node). With {g['removed_fraction']:.0%} "
-        "of the nodes colluding or dropped before upload, the chance that the others' graph splits (the "
-        f"server would learn each part's sum) is at most {g['split_bound']:.1e}.",
-        "",
-    ]
-    return "\n".join(lines)
-
-
-def flower_masked_scale() -> str:
-    """Masking on Flower's simulation runtime at 1,000 nodes against plain, from its record."""
-    rec = record("bench_flower_masked")
-    d, m = rec["data"], rec["machine"]
-    cfg, t, mem = d["config"], d["timed"], d["memory"]
-    mask, plain = t["masked"], t["plain"]
-    slope = d["process_peak_slope_bytes_per_node"]
-    mib = lambda b: f"{b / 2**20:.1f}"  # noqa: E731
-    lines = [
-        f"`{rec['command']}` (machine-dependent: {m['cpus']} cores, load {m['load_average'][0]:.1f} when "
-        f"recorded). Flower's simulation runtime (Ray, {cfg['num_cpus']} CPUs for the nodes) with the privfed "
-        f"ServerApp and ClientApp, FedNCM on `synthetic:{cfg['dim']}:20` ({cfg['classes']} classes: "
-        f"{t['upload_bytes']:,} bytes of statistics a node). In one simulation of {t['nodes']:,} nodes, after a "
-        "first plain run that starts the nodes, a plain and a masked aggregation of the same statistics (the "
-        f"active protocol on the roster's SecAgg+ graph, degree {cfg['degree']}, t = {mask['threshold']}):",
-        "",
-        "| run | server s | bytes up / node | bytes down / node |",
-        "| --- | --- | --- | --- |",
-    ]
-    for name, r in (("plain", plain), ("masked, SecAgg+", mask)):
-        lines.append(
-            f"| {name} | {r['server_s']:.1f} | {r['bytes_up_per_node']:,.0f} | {r['bytes_down_per_node']:,.0f} |"
-        )
-    sizes = " / ".join(f"{p['nodes']:,}" for p in mem)
-    lines += [
-        "",
-        f"Masked against plain: {t['ratios']['server_time']:.1f}× the server's time and "
-        f"{t['ratios']['bytes_up']:.3f}× the bytes a node sends; the heads agree to {t['max_abs_head_diff']:.0e} "
-        f"(fixed point). A node's bytes are the same at {sizes} nodes. Flower's simulation keeps every "
-        "virtual node's context in the ServerApp's process: traced in separate simulations, that process's "
-        f"peak (above where each run began) was {' / '.join(mib(p['plain']['process_peak_bytes']) for p in mem)} "
-        f"MiB plain and {' / '.join(mib(p['masked']['process_peak_bytes']) for p in mem)} MiB masked at "
-        f"{sizes} nodes, {slope['masked']:,.0f} bytes per added node masked, where each masked node "
-        f"keeps {mem[-1]['node_context_bytes']:,.0f} bytes of context (its cached statistics). The server's own "
-        "memory, in a process of its own, is the table above: O(k) a node.",
+        "The active protocol at 1,000 nodes over Flower messages is measured against its own floor below.",
         "",
     ]
     return "\n".join(lines)

@@ -81,7 +81,9 @@ def test_forged_consistency_signatures_never_make_up_the_t():
     genuine = [0, *others[: t - 2]]  # t - 1 in all
     for pos in (0, len(genuine)):  # a forged one first, or last
         signers = genuine[:pos] + [others[t - 2]] + genuine[pos:]
-        sigs = [server.signers[v] for v in genuine[:pos]] + [forged] + [server.signers[v] for v in genuine[pos:]]
+        sigs = (
+            [server.signers[v] for v in genuine[:pos]] + [forged] + [server.signers[v] for v in genuine[pos:]]
+        )
         aborts = fed.stage(server, {0: request(msg, server, signers, sigs)})
         assert aborts[0].deviation == "inconsistent-lists"
         fed = Federation(K=12, degree=4, roster=(fed.roster, fed.ids))

@@ -197,10 +197,11 @@ class MaskingServer:
         # graph): what it checks and answers depends on nothing else, and its messages stay O(k) on a
         # SecAgg+ graph.
         mine = lambda u, members: sorted((self.graph[u] | {u}) & members)  # noqa: E731
-        U1, U2, U3 = set(self.U1), set(self.U2), set(self.U3)
+        U1, U2, U3, signed = set(self.U1), set(self.U2), set(self.U3), set(self.signers)
         if s == "unmask" and self.degree is not None:  # each node's view and survivors, packed once
-            views = {v: pack_view(mine(v, U2), mine(v, U3)) for v in self.signers}
-            alive = {v: pack_view(mine(v, U2), []) for v in self.U3}
+            survivors = {v: mine(v, U2) for v in self.U3}
+            views = {v: pack_view(survivors[v], mine(v, U3)) for v in self.signers}
+            alive = {v: pack_view(survivors[v], []) for v in self.U3}
         for u in self.alive:
             if s == "shares":
                 peers = mine(u, U1)
@@ -221,7 +222,7 @@ class MaskingServer:
                 msg = {**base, "uploaded": mine(u, U3)}
                 if self.active:
                     # t signatures of its group, its own first: all a node checks (it stops at t agreeing)
-                    group = mine(u, set(self.signers))
+                    group = mine(u, signed)
                     signers = ([u] if u in self.signers else []) + [v for v in group if v != u]
                     signers = signers[: self.t]
                     msg["signers"], msg["sigs"] = signers, [self.signers[v] for v in signers]
@@ -270,10 +271,11 @@ class MaskingServer:
                 deviation="dropouts",
             )
         if s == "keys":
-            self.adverts = dict(got)
             self.U1 = sorted(got)
             if self.learn_graph:
                 self._graph_from(got)
+            # what the later stages relay or use: the keys and their signature (not the neighbour list)
+            self.adverts = {u: {k: a[k] for k in ("c_pk", "s_pk", "sig") if k in a} for u, a in got.items()}
             if self.keep_view:
                 for u, a in got.items():
                     self.view.public_keys[u] = (bytes(a["c_pk"]), bytes(a["s_pk"]))
