@@ -59,16 +59,16 @@ import numpy as np
 from flwr.app import ConfigRecord, RecordDict
 
 from mechanisms.secagg import fixed_point
-from mechanisms.secagg.bounds import PublicBounds
 from mechanisms.secagg.crypto import ProtocolAbort
 from mechanisms.secagg.graph import group_size
-from mechanisms.secagg.identity import Identity, Roster, make_roster
+from mechanisms.secagg.identity import Identity, Roster
 from mechanisms.secagg.masking.node import MaskingNode
 from mechanisms.secagg.masking.server import MaskingServer
 from mechanisms.secagg.threat import default_threshold, survivor_parts
 from privfed.errors import ConfigError, InputError
 from privfed.flower.kept import KeptNodes, parsed
 from privfed.flower.ledger import LEDGER_KEY, canonical_config, lifetime_id, node_ledger, pin_num_classes
+from privfed.flower.provision import SimulatedRoster, simulated_identities
 from privfed.flower.transport import Exchange, exchange
 from privfed.flower.wire import arrays_record
 
@@ -116,71 +116,6 @@ def from_records(content: RecordDict) -> dict:
 
 
 # ------------------------------------------------------------------------------- identities
-class SimulatedRoster:
-    """Identities for a simulation: a roster made in this process, node i = partition-id i (or node id).
-
-    Only for simulations, where the operator and the server are one process; a deployment gives each node
-    its files (node config).  The simulated operator declares no colluders (so CKKS runs too) and takes the
-    default threshold, which tolerates at least one (:func:`mechanisms.secagg.threat.default_threshold`).
-    """
-
-    def __init__(
-        self,
-        num_nodes: int,
-        threshold: int | None = None,
-        node_ids: list[int] | None = None,
-        degree: int | None = None,
-        bounds: PublicBounds | None = None,
-    ) -> None:
-        if threshold is None:
-            threshold = default_threshold(group_size(int(num_nodes), degree))
-        roster, ids = make_roster(num_nodes, threshold, 0, degree=degree, bounds=bounds)
-        self.roster_json = roster.to_json()
-        self.identities = [i.to_json() for i in ids]
-        self.index = None if node_ids is None else {int(n): i for i, n in enumerate(sorted(node_ids))}
-
-    def for_node(self, node_config: dict, node_id: int) -> tuple[Identity, Roster] | None:
-        if self.index is not None:
-            i = self.index.get(int(node_id))
-        else:
-            i = node_config.get("partition-id")
-        if i is None or not 0 <= int(i) < len(self.identities):
-            return None
-        return parsed(self.identities[int(i)], Identity), parsed(self.roster_json, Roster)
-
-
-def simulated_identities(
-    node_configs: dict[int, dict],
-    threshold: int | None = None,
-    degree: int | None = None,
-    bounds: PublicBounds | None = None,
-) -> dict[int, dict]:
-    """Node configs with a fresh simulated roster added (``secagg-identity`` / ``secagg-roster`` inline;
-    with ``degree`` its SecAgg+ graph; with ``bounds`` its public bounds, e.g. another frac-bits).
-
-    Nodes that already have both keys keep them.  For in-process simulations only, where the operator is
-    the server: the nodes also allow plain releases (``allow-plain-release``), seeded noise
-    (``allow-seeded-noise``) and a ledger that lives in the run only (``allow-ephemeral-ledger``), which a
-    deployed node with a roster refuses.
-    """
-    if all("secagg-identity" in c and "secagg-roster" in c for c in node_configs.values()):
-        return dict(node_configs)
-    sim = SimulatedRoster(
-        len(node_configs), threshold, node_ids=list(node_configs), degree=degree, bounds=bounds
-    )
-    out = {}
-    for n, c in node_configs.items():
-        out[n] = {
-            "allow-plain-release": True,
-            "allow-seeded-noise": True,
-            "allow-ephemeral-ledger": True,
-            **c,
-            "secagg-identity": sim.identities[sim.index[int(n)]],
-            "secagg-roster": sim.roster_json,
-        }
-    return out
-
-
 def node_identity(
     node_config: dict, node_id: int, provision: SimulatedRoster | None = None
 ) -> tuple[Identity, Roster]:

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import logging
 import os
+import tempfile
 
 from mechanisms.secagg.bounds import PublicBounds
 from privfed.errors import ConfigError, PrivfedError
 from privfed.flower.client_app import make_client_app
 from privfed.flower.config import FlowerConfig
-from privfed.flower.secagg import SimulatedRoster
+from privfed.flower.provision import SimulatedRoster
 from privfed.flower.server_app import FlowerResult, make_server_app
 
 __all__ = ["run_simulation"]
@@ -58,27 +59,34 @@ def run_simulation(
     cfgs = cfg if isinstance(cfg, list) else [cfg]
     results: list = []
     server = make_server_app(cfg, keep_view=keep_view, results=results)
-    client = make_client_app(faults, provision=_roster(cfgs, num_supernodes))
     if not verbose:
         logging.getLogger("flwr").setLevel(logging.WARNING)
-    _flwr_run_simulation(
-        server_app=server,
-        client_app=client,
-        num_supernodes=int(num_supernodes if num_supernodes is not None else max(c.clients for c in cfgs)),
-        backend_config={
-            "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
-            "init_args": {"num_cpus": int(num_cpus), "num_gpus": 0, "include_dashboard": False},
-        },
-        verbose_logging=verbose,
-    )
+    # The simulated operator's roster and identity files live in a directory of their own for the
+    # simulation (the ClientApp, sent with every message, carries its path only), removed at the end.
+    with tempfile.TemporaryDirectory(prefix="privfed-roster-") as folder:
+        client = make_client_app(faults, provision=_roster(cfgs, num_supernodes, folder))
+        _flwr_run_simulation(
+            server_app=server,
+            client_app=client,
+            num_supernodes=int(
+                num_supernodes if num_supernodes is not None else max(c.clients for c in cfgs)
+            ),
+            backend_config={
+                "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+                "init_args": {"num_cpus": int(num_cpus), "num_gpus": 0, "include_dashboard": False},
+            },
+            verbose_logging=verbose,
+        )
     if len(results) != len(cfgs):
         raise PrivfedError("the simulation ended without a result from the server; see the log above")
     return results if isinstance(cfg, list) else results[0]
 
 
-def _roster(cfgs: list[FlowerConfig], num_supernodes: int | None) -> SimulatedRoster | None:
-    """The simulated operator's roster: one per simulation, so every masked config must share K, t and the
-    SecAgg+ degree (the graph is drawn here, from OS entropy, with the roster)."""
+def _roster(
+    cfgs: list[FlowerConfig], num_supernodes: int | None, folder: str | None = None
+) -> SimulatedRoster | None:
+    """The simulated operator's roster (written to ``folder``): one per simulation, so every masked config
+    must share K, t and the SecAgg+ degree (the graph is drawn here, from OS entropy, with the roster)."""
     masked = [c for c in cfgs if c.secure in ("mask", "ckks")]
     if not masked:
         return None
@@ -93,4 +101,6 @@ def _roster(cfgs: list[FlowerConfig], num_supernodes: int | None) -> SimulatedRo
             f"{sorted(ktk, key=str)}; run them in separate simulations"
         )
     ((K, t, degree, f),) = ktk
-    return SimulatedRoster(K, t, degree=degree, bounds=None if f is None else PublicBounds(frac_bits=f))
+    return SimulatedRoster(
+        K, t, degree=degree, bounds=None if f is None else PublicBounds(frac_bits=f), directory=folder
+    )

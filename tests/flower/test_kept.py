@@ -139,3 +139,22 @@ def test_parsed_rosters_and_identities_are_parsed_once_per_text(tmp_path, monkey
     for i in range(kept.PARSED_LIMIT + 5):  # bounded
         kept.parsed(json.dumps({"index": i, "private_key": "00" * 32}), Identity)
     assert len(kept._PARSED) <= kept.PARSED_LIMIT
+
+
+def test_a_simulated_roster_in_files_travels_as_its_path(tmp_path):
+    """On Flower's simulation runtime the ClientApp (with the simulated roster) is pickled with every message:
+    with a directory it carries the path only, and each node reads its own identity file (mode 0600)."""
+    import pickle
+    import stat
+
+    from privfed.flower.provision import SimulatedRoster
+
+    inline = SimulatedRoster(50, degree=4)
+    filed = SimulatedRoster(50, degree=4, directory=tmp_path)
+    assert len(pickle.dumps(filed)) < len(pickle.dumps(inline)) / 10
+    back = pickle.loads(pickle.dumps(filed))
+    ident, roster = back.for_node({"partition-id": 7}, 107)
+    assert ident.index == 7 and roster.size == 50 and roster.degree == 4
+    assert ident.check(roster) is ident and roster == Roster.from_json(filed.roster_json)
+    assert stat.S_IMODE((tmp_path / "node-7.json").stat().st_mode) == 0o600
+    assert back.for_node({"partition-id": 50}, 150) is None
