@@ -1,37 +1,46 @@
-"""Benchmark: pairwise masking on Flower's simulation runtime at 1,000 nodes, against a plain run.
+"""Benchmark: pairwise masking on Flower's simulation runtime at 1,000 nodes, against a plain run, its
+cryptographic floor and Flower's own SecAgg+.
 
 Each point is one Flower simulation (Ray; ``privfed.flower.run_simulation``) of ``--nodes`` N
 virtual SuperNodes running the privfed ClientApp, with the privfed ServerApp in this process, and
-runs two aggregations of the same statistics (FedNCM's class counts and sums on
-``synthetic:D:20`` data, 20 samples a node, C = 10 classes, so C (D + 1) values a node):
+runs, after a first plain run that starts every actor, ``--repeats`` rounds of three aggregations of
+the same statistics (FedNCM's class counts and sums on ``synthetic:D:20`` data, 20 samples a node,
+C = 10 classes, so C (D + 1) values a node), their order rotating from one round to the next:
 
 * **plain**: every node sends its statistics in clear (float64), folded as they arrive;
 * **masked**: ``secure=mask``, the active-adversary protocol (operator roster of signing keys,
-  signed key advertisements, consistency round), on the SecAgg+ graph of degree ``--degree`` k
-  the operator drew into the roster (``None``: the complete graph), with the roster's threshold t.
+  signed key advertisements, consistency round), on the SecAgg+ graph of degree ``--degree`` k the
+  operator drew into the roster, with the roster's threshold t;
+* **Flower SecAgg+**: ``secure=flwr-secaggplus-insecure``, Flower's own ``SecAggPlusWorkflow`` on the
+  same nodes, k + 1 shares a node and the same t (semi-honest, not secure against a deviating server;
+  its statistics pre-scaled by public bounds and quantised to 2^22 levels).
 
-Reported per run: the server's seconds from the first query to the head (the simulation's
-start-up is reported once per point, apart), bytes up and down per node (Flower's ``count_bytes``
-of every record the nodes sent and received), and the largest difference between the masked head
-and the plain one (fixed-point error only).
+Measured per run: the CPU seconds of this process and every process it started (the ServerApp,
+Flower's engine and the Ray workers running the ClientApps, read from ``/proc``), its wall seconds,
+the CPU seconds of each stage (the same, around each exchange of messages), bytes up and down per
+node, and the machine's load average.
 
-Memory.  Flower's simulation runs the ServerApp in the same process as its engine, which keeps
-every virtual node's ``Context`` there and copies contexts in and out of the Ray workers; so that
-process's peak grows with the nodes' own state (a masked node caches its statistics, its noise
-share under DP, between stages), not only the server's.  At each of ``--memory-nodes`` a second
-simulation runs with tracemalloc on and reports, per run, the process's traced peak above where the
-run began, beside the mean bytes of a node's ``context.state`` at the end (its cached statistics,
-protocol state and ledger), and across sizes the slope of that peak per added node.  The server's
-own memory, in a process of its own, is measured by :mod:`experiments.bench_secagg_scale` (the
-same state machines over the same Flower records): it grows by O(k) bytes a node (keys, the share
-messages it relays), and every vector is added to the total as it arrives.  The timed point
-(``--timing-nodes``) runs without tracemalloc.
+**The floor**: the plain run's CPU seconds plus the signatures, verifies, X25519 agreements and key
+loads and the mask keystream the masked protocol's argument needs (per node: 3 signatures, 2k verifies,
+2k agreements, 2 key loads, k + 1 masks, and the server one mask per uploader; the counts the
+message-layer benchmark :mod:`experiments.bench_active_scale` finds at the state machines' call sites),
+each timed alone with ``cryptography`` in this process in the same round.  Flower's engine costs a
+round trip of messages whatever it carries; the masked protocol needs five (with the setup, six) where
+the plain run needs one, so the record also gives the floor with those extra round trips, each at the
+CPU cost of the masked run's own key-advertisement stage (its node work is two key loads and a
+signature a node).
+
+Memory.  Flower's simulation runs the ServerApp in the same process as its engine, which keeps every
+virtual node's ``Context`` there; at each of ``--memory-nodes`` a second simulation runs with
+tracemalloc on and reports, per run, the process's traced peak above where the run began, beside the
+mean bytes of a node's ``context.state`` at the end, and across sizes the slope per added node.  The
+server's own memory, in a process of its own, is measured by :mod:`experiments.bench_active_scale`.
 
 ``--record`` writes ``experiments/results/bench_flower_masked.json``;
 ``tests/flower/test_bench_flower_masked.py`` checks its claims and that the docs quote it.
 
 Run: ``python experiments/bench_flower_masked.py [--timing-nodes 1000] [--memory-nodes 250,500,1000]
-[--dim 5120] [--degree 20] [--num-cpus 2] [--record]``
+[--dim 5120] [--degree 20] [--repeats 2] [--runs 2] [--num-cpus 2] [--record]``
 """
 
 from __future__ import annotations
@@ -51,34 +60,112 @@ import numpy as np  # noqa: E402
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from experiments.attacks_common import markdown  # noqa: E402
+from experiments.crypto_floor import OPS, floor_seconds, spread, tree_cpu, unit_seconds  # noqa: E402
 from privfed.commands.common import parse_int_list  # noqa: E402
 from privfed.flower import FlowerConfig, run_simulation  # noqa: E402
 
 CLASSES = 10
+SAMPLES = 20
+#: The records' public bounds Flower's SecAgg+ pre-scales by (it needs them; the synthetic features lie
+#: well within the clip).
+FLWR_CLIP = 100.0
+RUNS = ("plain", "masked", "flwr")
 
 
-def _configs(nodes: int, dim: int, degree: int | None) -> tuple[FlowerConfig, FlowerConfig]:
+def _configs(nodes: int, dim: int, degree: int | None, round_: int = 0) -> dict[str, FlowerConfig]:
+    """The three runs of round ``round_``.  Each round names another ``min-clients`` (every node answers
+    anyway): a node takes part in one masked sum per configuration and round, ever (its ledger), so
+    every round's masked run is another aggregation of the same statistics over the same uploaders."""
     common = dict(
         method="fedncm",
         clients=nodes,
-        dataset=f"synthetic:{dim}:20",
+        min_clients=nodes - round_,
+        dataset=f"synthetic:{dim}:{SAMPLES}",
         timeout=3600.0,
         connect_timeout=1800.0,
     )
-    masked = dict(common, secure="mask")
-    if degree is not None:
-        masked["degree"] = degree
-    return FlowerConfig(**common), FlowerConfig(**masked)
+    graph = {} if degree is None else {"degree": degree}
+    return {
+        "plain": FlowerConfig(**common),
+        "masked": FlowerConfig(**common, secure="mask", **graph),
+        "flwr": FlowerConfig(
+            **common, secure="flwr-secaggplus-insecure", clip=FLWR_CLIP, max_records=SAMPLES, **graph
+        ),
+    }
+
+
+def floor_counts(nodes: int, degree: int | None, values: int) -> dict[str, int]:
+    """The public-key work and keystream the masked protocol's argument needs with every node uploading:
+    per node 3 signatures, 2k verifies, 2k agreements, 2 key loads, k + 1 masks; the server one mask per
+    uploader."""
+    k = nodes - 1 if degree is None else int(degree)
+    return {
+        "sign": 3 * nodes,
+        "verify": 2 * k * nodes,
+        "x25519": 2 * k * nodes,
+        "x25519_load": 2 * nodes,
+        "prg_values": (k + 2) * nodes * values,
+    }
+
+
+class _Meter:
+    """CPU seconds of the process tree around every aggregation and every exchange of messages."""
+
+    def __init__(self) -> None:
+        self.runs: list[dict] = []
+        self.stages: dict[str, float] = {}
+
+    def install(self):
+        import privfed.flower.secagg as secagg
+        import privfed.flower.server_app as server_app
+        import privfed.flower.server_plain as server_plain
+        import privfed.flower.server_secure as server_secure
+        import privfed.flower.transport as transport
+
+        original_serve, original_exchange = server_app.serve, transport.exchange
+
+        def serve(grid, cfg, **kw):
+            self.stages = {}
+            load, c0, t0 = os.getloadavg()[0], tree_cpu(), time.perf_counter()
+            res = original_serve(grid, cfg, **kw)
+            self.runs.append(
+                {
+                    "cpu_s": tree_cpu() - c0,
+                    "wall_s": time.perf_counter() - t0,
+                    "load_average": round(load, 2),
+                    "stage_cpu_s": dict(self.stages),
+                }
+            )
+            return res
+
+        def exchange(grid, contents, message_type, *a, **kw):
+            c0 = tree_cpu()
+            out = original_exchange(grid, contents, message_type, *a, **kw)
+            name = message_type.removeprefix("query.")
+            self.stages[name] = self.stages.get(name, 0.0) + tree_cpu() - c0
+            return out
+
+        saved = [(server_app, "serve", original_serve)]
+        server_app.serve = serve
+        for m in (transport, secagg, server_plain, server_secure):
+            if hasattr(m, "exchange"):
+                saved.append((m, "exchange", m.exchange))
+                m.exchange = exchange
+        return saved
+
+    @staticmethod
+    def uninstall(saved) -> None:
+        for m, name, value in saved:
+            setattr(m, name, value)
 
 
 def _threshold(rep: dict):
-    """The threshold t the masked run's (first) secure sum used, None for a plain run."""
     sa = rep.get("secure_aggregation")
     rounds = sa.get("rounds") if isinstance(sa, dict) else None
     return rounds[0].get("threshold") if rounds else None
 
 
-def _row(name: str, cfg: FlowerConfig, res) -> dict:
+def _row(name: str, cfg: FlowerConfig, res, meter: dict) -> dict:
     rep = res.report
     wire = rep["wire"]
     nodes = cfg.clients
@@ -91,6 +178,7 @@ def _row(name: str, cfg: FlowerConfig, res) -> dict:
         "bytes_up_per_node": wire["bytes_up_per_node"],
         "bytes_down_per_node": sum(s.get("bytes_down_total", 0) for s in wire["stages"].values()) / nodes,
         "stages": sorted(wire["stages"]),
+        **meter,
     }
     if "server_peak_traced_bytes" in rep:
         row["process_peak_bytes"] = rep["server_peak_traced_bytes"] - rep["server_traced_at_start_bytes"]
@@ -116,8 +204,7 @@ def _capture_node_contexts() -> tuple[list, object]:
 
 
 def _context_bytes(stores: list) -> float:
-    """Mean bytes of a virtual node's ``context.state`` at the end (its cached statistics, protocol state and
-    ledger), as Flower counts record bytes."""
+    """Mean bytes of a virtual node's ``context.state`` at the end, as Flower counts record bytes."""
     from privfed.flower.wire import record_bytes
 
     sizes = [
@@ -129,47 +216,112 @@ def _context_bytes(stores: list) -> float:
     return float(np.mean(sizes)) if sizes else 0.0
 
 
-def point(nodes: int, dim: int, degree: int | None, num_cpus: int, *, traced: bool = False) -> dict:
-    """One simulation: a warm-up plain run, then the plain and the masked aggregation of the same statistics.
-
-    ``traced`` runs it under tracemalloc (the process's peak per run; see the module docstring).
-    """
-    plain_cfg, masked_cfg = _configs(nodes, dim, degree)
-    cfgs = [plain_cfg, plain_cfg, masked_cfg]
+def _simulate(cfgs: list[FlowerConfig], num_cpus: int, traced: bool):
+    """One simulation of ``cfgs`` in order; returns (results, per-run meter entries, wall seconds, contexts)."""
+    meter = _Meter()
+    saved = meter.install()
     stores, original = _capture_node_contexts()
     if traced:
         tracemalloc.start()
     t0 = time.perf_counter()
     try:
-        # the first plain run starts every actor and loads every node's data (its time is start-up,
-        # reported apart); the plain and the masked runs then find the same warm simulation
         out = run_simulation(cfgs, num_cpus=num_cpus)
     finally:
         from flwr.server.superlink.fleet.vce import vce_api
 
         vce_api._register_node_info_stores = original
+        meter.uninstall(saved)
         if traced:
             tracemalloc.stop()
-    wall = time.perf_counter() - t0
     for cfg, res in zip(cfgs, out):
         if isinstance(res, Exception):
-            raise RuntimeError(f"{cfg.secure} run at {nodes} nodes failed: {res}")
-    out = out[1:]
-    plain, masked = (_row(n, c, r) for n, c, r in zip(("plain", "masked"), (plain_cfg, masked_cfg), out))
+            raise RuntimeError(f"{cfg.secure} run at {cfg.clients} nodes failed: {res}")
+    return out, meter.runs, time.perf_counter() - t0, _context_bytes(stores)
+
+
+def timed_point(nodes: int, dim: int, degree: int | None, num_cpus: int, repeats: int) -> dict:
+    """One simulation: a warm-up plain run, then ``repeats`` rounds of plain, masked and Flower SecAgg+ (the
+    order rotating), each round beside the unit times of the floor's operations."""
+    if repeats >= nodes:
+        raise ValueError("fewer repeats than nodes: each round names min-clients = nodes - round")
+    cfgs = [_configs(nodes, dim, degree, r) for r in range(repeats)]
+    order = [list(RUNS[r % 3 :] + RUNS[: r % 3]) for r in range(repeats)]
+    seq = [cfgs[0]["plain"]] + [cfgs[r][name] for r, names in enumerate(order) for name in names]
+    units = []
+    # the unit times are measured in this process before the simulation starts and after it ends (the
+    # ServerApp's thread shares this process with the engine while it runs)
+    units.append(unit_seconds(values=CLASSES * (dim + 1)))
+    out, meters, wall, ctx = _simulate(seq, num_cpus, traced=False)
+    units.append(unit_seconds(values=CLASSES * (dim + 1)))
+    unit = {op: float(np.mean([u[op] for u in units])) for op in OPS}
+    values = CLASSES * (dim + 1)
+    counts = floor_counts(nodes, degree, values)
+    rounds, i = [], 1
+    for r, names in enumerate(order):
+        got = {}
+        for name in names:
+            got[name] = _row(name, cfgs[r][name], out[i], meters[i])
+            got[name + "_head"] = out[i].head.weight
+            i += 1
+        p, m, f = got["plain"], got["masked"], got["flwr"]
+        floor, terms = floor_seconds(p["cpu_s"], counts, unit)
+        trip = m["stage_cpu_s"].get("keys", 0.0)
+        extra = len(m["stage_cpu_s"]) - len(p["stage_cpu_s"])  # round trips beyond the plain run's one
+        rounds.append(
+            {
+                "order": names,
+                "load_average": [got[n]["load_average"] for n in names],
+                "plain": p,
+                "masked": m,
+                "flwr": f,
+                "floor_terms_s": terms,
+                "floor_cpu_s": floor,
+                "round_trip_cpu_s": trip,
+                "extra_round_trips": extra,
+                "floor_with_round_trips_cpu_s": floor + extra * trip,
+                "ratio": m["cpu_s"] / floor,
+                "ratio_with_round_trips": m["cpu_s"] / (floor + extra * trip),
+                "ratio_to_plain": m["cpu_s"] / p["cpu_s"],
+                "flwr_ratio": f["cpu_s"] / floor,
+                "masked_to_flwr": m["cpu_s"] / f["cpu_s"],
+                "max_abs_head_diff": float(np.abs(got["plain_head"] - got["masked_head"]).max()),
+                "flwr_max_abs_head_diff": float(np.abs(got["plain_head"] - got["flwr_head"]).max()),
+            }
+        )
+        print(
+            f"  [{nodes} nodes] plain {p['cpu_s']:.1f} s, masked {m['cpu_s']:.1f} s, Flower SecAgg+ "
+            f"{f['cpu_s']:.1f} s CPU; floor {floor:.1f} s ({m['cpu_s'] / floor:.2f}x), with "
+            f"{extra} more round trips at {trip:.1f} s: {m['cpu_s'] / (floor + extra * trip):.2f}x",
+            flush=True,
+        )
     return {
         "nodes": nodes,
-        "traced": traced,
         "simulation_wall_s": wall,
-        "startup_s": wall - plain["server_s"] - masked["server_s"],  # Ray, actors, the first run
+        "unit_s": unit,
+        "counts": counts,
+        "upload_bytes": 8 * values,
+        "node_context_bytes": ctx,
+        "rounds": rounds,
+        "ratio": spread([r["ratio"] for r in rounds]),
+        "ratio_with_round_trips": spread([r["ratio_with_round_trips"] for r in rounds]),
+        "flwr_ratio": spread([r["flwr_ratio"] for r in rounds]),
+        "masked_to_flwr": spread([r["masked_to_flwr"] for r in rounds]),
+    }
+
+
+def memory_point(nodes: int, dim: int, degree: int | None, num_cpus: int) -> dict:
+    """A traced simulation: the process's peak of a plain and a masked run above where each began."""
+    cfgs = _configs(nodes, dim, degree)
+    seq = [cfgs["plain"], cfgs["plain"], cfgs["masked"]]
+    out, meters, wall, ctx = _simulate(seq, num_cpus, traced=True)
+    plain, masked = (_row(n, cfgs[n], r, m) for n, r, m in zip(("plain", "masked"), out[1:], meters[1:]))
+    return {
+        "nodes": nodes,
+        "traced": True,
         "plain": plain,
         "masked": masked,
         "upload_bytes": 8 * CLASSES * (dim + 1),
-        "node_context_bytes": _context_bytes(stores),
-        "max_abs_head_diff": float(np.abs(out[0].head.weight - out[1].head.weight).max()),
-        "ratios": {
-            "server_time": masked["server_s"] / plain["server_s"],
-            "bytes_up": masked["bytes_up_per_node"] / plain["bytes_up_per_node"],
-        },
+        "node_context_bytes": ctx,
     }
 
 
@@ -180,30 +332,24 @@ def slope(points: list[dict], run: str, key: str) -> float:
     return float(np.polyfit(n, y, 1)[0]) if len(points) > 1 else float("nan")
 
 
-def _say(p: dict) -> None:
-    m, q = p["masked"], p["plain"]
-    text = (
-        f"[{p['nodes']} nodes] plain {q['server_s']:.1f} s, masked {m['server_s']:.1f} s "
-        f"({p['ratios']['server_time']:.2f}x), bytes up {p['ratios']['bytes_up']:.3f}x"
-    )
-    if p["traced"]:
-        text += (
-            f"; process peak plain {q['process_peak_bytes'] / 2**20:.1f} MiB, masked "
-            f"{m['process_peak_bytes'] / 2**20:.1f} MiB; node context {p['node_context_bytes']:,.0f} B"
-        )
-    print(text, flush=True)
-
-
-def run(timing_nodes: int, memory_nodes: list[int], dim: int, degree: int | None, num_cpus: int) -> dict:
-    print(f"[{timing_nodes} nodes] timed simulation ...", flush=True)
-    timed = point(timing_nodes, dim, degree, num_cpus)
-    _say(timed)
+def run(
+    timing_nodes: int,
+    memory_nodes: list[int],
+    dim: int,
+    degree: int | None,
+    num_cpus: int,
+    repeats: int,
+    runs: int,
+) -> dict:
+    timed = []
+    for i in range(runs):
+        print(f"run {i + 1} of {runs}: {timing_nodes} nodes, timed simulation ...", flush=True)
+        timed.append(timed_point(timing_nodes, dim, degree, num_cpus, repeats))
     memory = []
     for n in memory_nodes:
         print(f"[{n} nodes] traced simulation ...", flush=True)
-        memory.append(point(n, dim, degree, num_cpus, traced=True))
-        _say(memory[-1])
-    slopes = {run: slope(memory, run, "process_peak_bytes") for run in ("plain", "masked")}
+        memory.append(memory_point(n, dim, degree, num_cpus))
+    medians = [t["ratio"]["median"] for t in timed]
     return {
         "config": {
             "timing_nodes": timing_nodes,
@@ -212,42 +358,46 @@ def run(timing_nodes: int, memory_nodes: list[int], dim: int, degree: int | None
             "classes": CLASSES,
             "degree": degree,
             "num_cpus": num_cpus,
+            "repeats": repeats,
+            "runs": runs,
+            "flwr_clip": FLWR_CLIP,
+            "samples": SAMPLES,
         },
         "timed": timed,
+        "agreement": max(medians) / min(medians) - 1.0,
         "memory": memory,
-        "process_peak_slope_bytes_per_node": slopes,
+        "process_peak_slope_bytes_per_node": {
+            r: slope(memory, r, "process_peak_bytes") for r in ("plain", "masked")
+        },
     }
 
 
 def render(res: dict) -> str:
-    t = res["timed"]
     rows = [
         {
-            "run": r,
-            "server s": t[r]["server_s"],
-            "bytes up / node": t[r]["bytes_up_per_node"],
-            "bytes down / node": t[r]["bytes_down_per_node"],
+            "run": i + 1,
+            "order": "/".join(r["order"]),
+            "plain s": r["plain"]["cpu_s"],
+            "masked s": r["masked"]["cpu_s"],
+            "Flower SecAgg+ s": r["flwr"]["cpu_s"],
+            "floor s": r["floor_cpu_s"],
+            "masked / floor": r["ratio"],
+            "with round trips": r["ratio_with_round_trips"],
         }
-        for r in ("plain", "masked")
+        for i, t in enumerate(res["timed"])
+        for r in t["rounds"]
     ]
-    mem = [
-        {
-            "nodes": p["nodes"],
-            "run": r,
-            "process peak MiB": p[r]["process_peak_bytes"] / 2**20,
-            "node context B": p["node_context_bytes"],
-        }
-        for p in res["memory"]
-        for r in ("plain", "masked")
+    cols = [
+        "run",
+        "order",
+        "plain s",
+        "masked s",
+        "Flower SecAgg+ s",
+        "floor s",
+        "masked / floor",
+        "with round trips",
     ]
-    s = res["process_peak_slope_bytes_per_node"]
-    return (
-        f"{t['nodes']:,} nodes:\n\n"
-        + markdown(rows, ["run", "server s", "bytes up / node", "bytes down / node"], ".4g")
-        + "\n\n"
-        + markdown(mem, ["nodes", "run", "process peak MiB", "node context B"], ".4g")
-        + f"\n\nprocess peak per added node: plain {s['plain']:+,.0f} B, masked {s['masked']:+,.0f} B"
-    )
+    return markdown(rows, cols, ".3g") + f"\n\nruns agree within {res['agreement']:.1%}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -259,12 +409,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--degree", default="20", help="SecAgg+ degree k (even), or 'complete'")
     p.add_argument("--num-cpus", type=int, default=2, help="CPUs Ray may use for the nodes")
+    p.add_argument("--repeats", type=int, default=2, help="rounds of plain, masked and Flower SecAgg+ runs")
+    p.add_argument("--runs", type=int, default=2, help="independent timed simulations recorded")
     p.add_argument("--out", default="results/bench_flower_masked")
     p.add_argument("--record", action="store_true", help="write experiments/results/bench_flower_masked.json")
     args = p.parse_args(argv)
     memory_nodes = parse_int_list(args.memory_nodes, "--memory-nodes", minimum=3)
     degree = None if args.degree == "complete" else int(args.degree)
-    res = run(args.timing_nodes, memory_nodes, args.dim, degree, args.num_cpus)
+    if args.repeats < 1 or args.runs < 1:
+        p.error("--repeats and --runs must be >= 1")
+    res = run(args.timing_nodes, memory_nodes, args.dim, degree, args.num_cpus, args.repeats, args.runs)
     print("\n" + render(res))
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -6,6 +6,7 @@ import dataclasses
 from collections.abc import Callable
 
 from experiments.docs_numbers.machinery import compare, find_blocks, keep_volatile
+from experiments.docs_numbers.render_active import active_scale, flower_masked_scale
 from experiments.docs_numbers.render_attacks import (
     inversion,
     rounds_inversion,
@@ -43,7 +44,7 @@ from experiments.docs_numbers.render_records import (
     secagg_active_table,
     secagg_table,
 )
-from experiments.docs_numbers.render_secagg import flower_masked_scale, secagg_scale, secagg_threat
+from experiments.docs_numbers.render_secagg import secagg_scale, secagg_threat
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,10 +93,16 @@ BLOCKS: dict[str, Block] = {
     "secagg-scale": Block(
         secagg_scale, True, "masking at scale (experiments/results/bench_secagg_scale.json)"
     ),
+    "active-scale": Block(
+        active_scale,
+        True,
+        "the active protocol at 1,000 nodes against its floor (experiments/results/bench_active_scale.json)",
+    ),
     "flower-masked-scale": Block(
         flower_masked_scale,
         True,
-        "masking on Flower's runtime at 1,000 nodes (experiments/results/bench_flower_masked.json)",
+        "masking on Flower's runtime at 1,000 nodes beside Flower's SecAgg+ "
+        "(experiments/results/bench_flower_masked.json)",
     ),
     "bench-tradeoff": Block(
         bench_tradeoff_table, True, "the sweep's speed table (experiments/results/bench_tradeoff.json)"

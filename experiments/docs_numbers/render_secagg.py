@@ -1,5 +1,5 @@
 """Blocks read from the masking-at-scale record (experiments/bench_secagg_scale.py), and the threat model's
-numbers, computed by mechanisms.secagg.threat."""
+numbers, computed by mechanisms.secagg.threat (the active protocol at 1,000 nodes: render_active)."""
 
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ def _runs_text(values, fmt: str) -> str:
 
 
 def secagg_scale() -> str:
-    """The masked sum against its floor, and SecAgg+ at 1,000 nodes against plain, from the scale record.
+    """The masked sum against its floor, from the scale record.
 
     Every ratio is given for each of the record's independent runs (run 1 / run 2); a ratio is said to
     reproduce when the runs agree within the record's share (10 %), and a row is said to meet its target
@@ -105,96 +105,5 @@ def secagg_scale() -> str:
         + " The floor is the work the protocol cannot skip; beside it the masked sum also generates each "
         "node's two key pairs, Shamir-shares two secrets to its neighbours, encrypts and decrypts the shares "
         "(AES-GCM), encodes its input, adds each mask and removes the self masks at the server.",
-    ]
-    fl = first["flower"]
-    by = {r["protocol"]: r for r in fl["timed"]}
-    p, s = by["plain"], by["masked"]
-    peaks = {
-        (r["protocol"], r["nodes"]): r["peak_bytes"]
-        for r in fl["memory"]
-        if r["values"] == cfg["node_values"]
-    }
-    ks = sorted({k for _, k in peaks})
-    mib = lambda b: f"{b / 2**20:.1f}"  # noqa: E731
-    lines += [
-        "",
-        f"The active protocol on the roster's SecAgg+ graph (degree {s['neighbours']}, t = {s['threshold']}) at "
-        f"{s['nodes']:,} nodes of {s['values']:,} floats over Flower messages (every request and reply a "
-        "serialised RecordDict; the nodes run `MaskingNode` with their roster identities, the state machine the "
-        "Flower app runs, in a second process, one message at a time; the server, `MaskingServer`, in a process "
-        f"of its own), against a plain run of the same statistics, the two alternated {cfg['flower_repeats']} "
-        "times (plain, masked, plain, masked); CPU seconds of both processes, least of the repeats, run 1:",
-        "",
-        "| run | CPU s (server + nodes) | wall s | bytes up / node | bytes down / node | server peak MiB at "
-        + " / ".join(f"{k:,}" for k in ks)
-        + " nodes |",
-        "| --- | --- | --- | --- | --- | --- |",
-    ]
-    for name, r in (("plain", p), ("masked, SecAgg+", s)):
-        key = r["protocol"]
-        lines.append(
-            f"| {name} | {r['cpu_s']['best']:.1f} | {r['wall_s']['best']:.1f} | {r['bytes_up_per_node']:,.0f} | "
-            f"{r['bytes_down_per_node']:,.0f} | " + " / ".join(mib(peaks[key, k]) for k in ks) + " |"
-        )
-    slopes = [run["flower"]["peak_slope_bytes_per_node"]["masked"] for run in runs]
-    by_len = first["flower"]["masked_slope_by_values"]
-    g = fl["graph"]
-    lines += [
-        "",
-        f"Masked against plain: {_runs_text([run['flower']['ratios']['cpu'] for run in runs], '.1f')}× the CPU "
-        f"seconds (run 1 / run 2; {_runs_text([run['flower']['ratios']['wall'] for run in runs], '.1f')}× the "
-        f"wall time; the runs' CPU ratios differ by {rep['flower cpu']['spread']:.0%}, their wall ratios by "
-        f"{rep['flower wall']['spread']:.0%}) and {fl['ratios']['bytes_total']:.3f}× the bytes. The server adds "
-        "each upload to its total "
-        f"as it arrives: measured, its peak grows by {_runs_text(slopes, ',.0f')} bytes a node at "
-        f"{cfg['node_values']:,} floats, and by "
-        + " / ".join(f"{v:,.0f} at {int(L):,}" for L, v in sorted(by_len.items(), key=lambda kv: int(kv[0])))
-        + " floats in run 1 (signed keys, relayed share messages, signatures and echoes, unmasking shares: "
-        f"O(k), not the vector), {fl['slope_share_of_upload']['masked']:.1%} of the {fl['upload_bytes']:,} bytes "
-        f"a node that holding the uploads would cost (plain: {fl['peak_slope_bytes_per_node']['plain']:+,.0f} "
-        f"bytes a node). With {g['removed_fraction']:.0%} of the nodes colluding or dropped before upload, the "
-        "chance that the others' graph splits (the server would learn each part's sum) is at most "
-        f"{g['split_bound']:.1e}.",
-        "",
-    ]
-    return "\n".join(lines)
-
-
-def flower_masked_scale() -> str:
-    """Masking on Flower's simulation runtime at 1,000 nodes against plain, from its record."""
-    rec = record("bench_flower_masked")
-    d, m = rec["data"], rec["machine"]
-    cfg, t, mem = d["config"], d["timed"], d["memory"]
-    mask, plain = t["masked"], t["plain"]
-    slope = d["process_peak_slope_bytes_per_node"]
-    mib = lambda b: f"{b / 2**20:.1f}"  # noqa: E731
-    lines = [
-        f"`{rec['command']}` (machine-dependent: {m['cpus']} cores, load {m['load_average'][0]:.1f} when "
-        f"recorded). Flower's simulation runtime (Ray, {cfg['num_cpus']} CPUs for the nodes) with the privfed "
-        f"ServerApp and ClientApp, FedNCM on `synthetic:{cfg['dim']}:20` ({cfg['classes']} classes: "
-        f"{t['upload_bytes']:,} bytes of statistics a node). In one simulation of {t['nodes']:,} nodes, after a "
-        "first plain run that starts the nodes, a plain and a masked aggregation of the same statistics (the "
-        f"active protocol on the roster's SecAgg+ graph, degree {cfg['degree']}, t = {mask['threshold']}):",
-        "",
-        "| run | server s | bytes up / node | bytes down / node |",
-        "| --- | --- | --- | --- |",
-    ]
-    for name, r in (("plain", plain), ("masked, SecAgg+", mask)):
-        lines.append(
-            f"| {name} | {r['server_s']:.1f} | {r['bytes_up_per_node']:,.0f} | {r['bytes_down_per_node']:,.0f} |"
-        )
-    sizes = " / ".join(f"{p['nodes']:,}" for p in mem)
-    lines += [
-        "",
-        f"Masked against plain: {t['ratios']['server_time']:.1f}× the server's time and "
-        f"{t['ratios']['bytes_up']:.3f}× the bytes a node sends; the heads agree to {t['max_abs_head_diff']:.0e} "
-        f"(fixed point). A node's bytes are the same at {sizes} nodes. Flower's simulation keeps every "
-        "virtual node's context in the ServerApp's process: traced in separate simulations, that process's "
-        f"peak (above where each run began) was {' / '.join(mib(p['plain']['process_peak_bytes']) for p in mem)} "
-        f"MiB plain and {' / '.join(mib(p['masked']['process_peak_bytes']) for p in mem)} MiB masked at "
-        f"{sizes} nodes, {slope['masked']:,.0f} bytes per added node masked, where each masked node "
-        f"keeps {mem[-1]['node_context_bytes']:,.0f} bytes of context (its cached statistics). The server's own "
-        "memory, in a process of its own, is the table above: O(k) a node.",
-        "",
     ]
     return "\n".join(lines)

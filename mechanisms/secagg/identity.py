@@ -56,6 +56,7 @@ import hashlib
 import json
 import os
 import pathlib
+import struct
 import sys
 from dataclasses import dataclass
 from functools import cached_property
@@ -76,7 +77,15 @@ from mechanisms.secagg.threat import (
 )
 from privfed.errors import ConfigError
 
-__all__ = ["ROSTER_VERSION", "Identity", "Roster", "make_roster", "min_threshold", "signed_bytes"]
+__all__ = [
+    "ROSTER_VERSION",
+    "Identity",
+    "Roster",
+    "make_roster",
+    "min_threshold",
+    "signed_bytes",
+    "signed_parts",
+]
 
 SIGNATURE_BYTES = 64
 #: The roster file format: 3 records the declared colluders as the operator's choice, and the public bounds.
@@ -84,13 +93,26 @@ ROSTER_VERSION = 3
 
 
 def signed_bytes(label: str, *parts: bytes | int | list[int]) -> bytes:
-    """The exact bytes a signature covers: a label, then each part length-prefixed (no ambiguity)."""
-    out = [b"privfed secagg v1\x00", label.encode(), b"\x00"]
+    """The exact bytes a signature covers: a label, then each part length-prefixed (no ambiguity).
+
+    Each part is encoded on its own, so ``signed_bytes(label, *a) + signed_parts(*b)`` equals
+    ``signed_bytes(label, *a, *b)``: a caller that signs or checks many messages sharing their first parts
+    encodes those once (:func:`signed_parts`)."""
+    return b"privfed secagg v1\x00" + label.encode() + b"\x00" + signed_parts(*parts)
+
+
+def signed_parts(*parts: bytes | int | list[int]) -> bytes:
+    """The parts of :func:`signed_bytes` after its label: an int as 8 bytes (signed), a list of ids as 4
+    bytes each (OverflowError outside 0..2^32 - 1), bytes as they are; each prefixed by its length."""
+    out = []
     for p in parts:
         if isinstance(p, int):
             p = p.to_bytes(8, "little", signed=True)
         elif isinstance(p, list):
-            p = b"".join(int(v).to_bytes(4, "little") for v in p)
+            try:
+                p = struct.pack(f"<{len(p)}I", *p)
+            except struct.error as exc:  # a negative, huge or non-integer id
+                raise OverflowError(f"an id list that is not 4-byte ids ({exc})") from None
         out += [len(p).to_bytes(8, "little"), bytes(p)]
     return b"".join(out)
 
@@ -162,6 +184,11 @@ class Roster:
             return [frozenset(range(self.size)) - {u} for u in range(self.size)]
         return ring_neighbours(self.ring, self.degree)
 
+    @cached_property
+    def groups(self) -> list[frozenset[int]]:
+        """Every node's group: itself and its neighbours (its share holders)."""
+        return [nbrs | {u} for u, nbrs in enumerate(self.graph)]
+
     @property
     def tolerated(self) -> int:
         """Colluders the threshold tolerates (2t - n - 1, :func:`mechanisms.secagg.threat.colluders_tolerated`)."""
@@ -192,12 +219,25 @@ class Roster:
             parts += signed_bytes("roster-bounds", b.max_records, b.means_per_node, b.frac_bits)
         return hashlib.sha256(parts).digest()
 
+    def __getstate__(self) -> dict:
+        """Pickled without its parsed keys (they are not picklable, and are parsed again on use)."""
+        return {k: v for k, v in self.__dict__.items() if k != "_verifiers"}
+
+    @cached_property
+    def _verifiers(self) -> dict[int, Ed25519PublicKey]:
+        """Parsed public keys, each parsed on its first use (a roster of K nodes is read by nodes that check
+        only their k neighbours' signatures)."""
+        return {}
+
     def verify(self, index: int, signature: bytes, message: bytes) -> bool:
         """Whether ``signature`` on ``message`` verifies under node ``index``'s roster key."""
         if not (isinstance(index, int) and 0 <= index < self.size) or len(signature) != SIGNATURE_BYTES:
             return False
+        key = self._verifiers.get(index)
+        if key is None:
+            key = self._verifiers[index] = Ed25519PublicKey.from_public_bytes(self.public_keys[index])
         try:
-            Ed25519PublicKey.from_public_bytes(self.public_keys[index]).verify(bytes(signature), message)
+            key.verify(bytes(signature), message)
         except InvalidSignature:
             return False
         return True
@@ -273,16 +313,21 @@ class Identity:
     index: int
     private_key: bytes  # raw 32-byte Ed25519 private key
 
-    def sign(self, message: bytes) -> bytes:
-        return Ed25519PrivateKey.from_private_bytes(self.private_key).sign(message)
+    def __getstate__(self) -> dict:
+        """Pickled without its parsed key (not picklable; parsed again on use)."""
+        return {k: v for k, v in self.__dict__.items() if k != "_key"}
 
-    @property
+    @cached_property
+    def _key(self) -> Ed25519PrivateKey:
+        """The parsed signing key, parsed once (parsing costs as much as a signature)."""
+        return Ed25519PrivateKey.from_private_bytes(self.private_key)
+
+    def sign(self, message: bytes) -> bytes:
+        return self._key.sign(message)
+
+    @cached_property
     def public_key(self) -> bytes:
-        return (
-            Ed25519PrivateKey.from_private_bytes(self.private_key)
-            .public_key()
-            .public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
-        )
+        return self._key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
 
     def check(self, roster: Roster) -> Identity:
         """This identity, if the roster lists its public key at its index (ConfigError otherwise)."""

@@ -53,6 +53,8 @@ _MAX_VECTOR_THRESHOLD = 2**16
 #: Below this many (secret, point, coefficient) products the per-call cost of the matrix
 #: product outweighs its speed and :func:`split_many` evaluates with :func:`split`.
 _VECTOR_MIN_WORK = 1500
+#: Points below this are evaluated without reducing between Horner steps.
+_SMALL_POINT = 2**32
 
 
 def _check(xs: Sequence[int], threshold: int) -> None:
@@ -108,9 +110,20 @@ def split(
     """
     _check_secret(secret)
     _check(xs, threshold)
-    coeffs = [secret] + [int.from_bytes(c, "little") for c in _coefficients(threshold - 1, random_bytes)]
-    table = _powers(tuple(int(x) for x in xs), threshold)
-    return {x: sum(c * p for c, p in zip(coeffs, pw)) % PRIME for x, pw in table.items()}
+    # Horner's rule from the highest coefficient; at small points (node indices) the integer grows by a few
+    # bits a step and is reduced once.
+    high = [int.from_bytes(c, "little") for c in _coefficients(threshold - 1, random_bytes)][::-1]
+    out = {}
+    for x in (int(x) for x in xs):
+        acc = 0
+        if x < _SMALL_POINT:
+            for c in high:
+                acc = acc * x + c
+        else:
+            for c in high:
+                acc = (acc * x + c) % PRIME
+        out[x] = (acc * x + secret) % PRIME
+    return out
 
 
 def split_many(
@@ -203,6 +216,19 @@ def lagrange_at_zero(xs: Sequence[int]) -> list[int]:
     if len(set(xs)) != len(xs):
         raise InputError("share points must be distinct")
     n = len(xs)
+    if max(xs) < _SMALL_POINT and n <= 64:  # node indices: exact integer products, one reduction each
+        dens = []
+        for j, xj in enumerate(xs):
+            den = 1
+            for m, xm in enumerate(xs):
+                if m != j:
+                    den *= xm - xj
+            dens.append(den % PRIME)
+        inv = _batch_inverse(dens)
+        num = 1
+        for x in xs:
+            num *= x
+        return [num // xj % PRIME * inv[j] % PRIME for j, xj in enumerate(xs)]
     prefix, suffix = [1] * (n + 1), [1] * (n + 1)
     for i, x in enumerate(xs):
         prefix[i + 1] = prefix[i] * x % PRIME

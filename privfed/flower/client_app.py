@@ -70,11 +70,11 @@ from privfed.flower.config import FlowerConfig
 from privfed.flower.dp import BACKEND_KEY, node_backend
 from privfed.flower.node import load_node_data, node_rng, node_statistics, secure_release
 from privfed.flower.protocol import check_round, node_vector
+from privfed.flower.provision import SimulatedRoster
 from privfed.flower.roster_checks import check_masking_config, check_noise_share
 from privfed.flower.rounds import node_round_statistics
 from privfed.flower.secagg import (
     LEDGER_KEY,
-    SimulatedRoster,
     encode_for_ring,
     node_identity,
     node_ledger,

@@ -34,7 +34,9 @@ Keys (run config; the same names as the commands' flags, ``--eps`` is ``eps``):
 ``degree``                  ``secure=mask``: the SecAgg+ degree k (even, 2 <= k < K) of
                             the graph the operator drew into the nodes' roster; each
                             node masks with and shares among k neighbours (bytes per
-                            node grow with k, not K); default: the complete graph
+                            node grow with k, not K); default: the complete graph.
+                            With ``flwr-secaggplus-insecure``: Flower's own graph of
+                            k + 1 shares a node (``num_shares``), drawn by its server
 ``frac-bits``               fixed-point fractional bits of masked statistics (the nodes'
                             roster fixes them: a node refuses others)
 ``wire``                    plain uploads: ``float64`` (default: dense, exact) or
@@ -165,10 +167,10 @@ class FlowerConfig:
         if self.secure != "none" and self.clients < 2:
             raise ConfigError("secure aggregation needs clients >= 2 (a sum of one input is that input)")
         if self.degree is not None:
-            if self.secure != "mask":
+            if self.secure not in ("mask", INSECURE_FLWR):
                 raise ConfigError(
                     f"degree={self.degree!r} is the SecAgg+ graph of pairwise masking: use it with "
-                    "--secure-agg mask, or drop it"
+                    f"--secure-agg mask (or {INSECURE_FLWR}, where each node shares with k others), or drop it"
                 )
             from mechanisms.secagg.graph import check_degree
 

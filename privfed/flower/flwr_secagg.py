@@ -249,9 +249,15 @@ def flwr_secaggplus_sum(grid, cfg, nodes: list[int], *, length: int, C: int, d: 
         ndarrays_to_parameters([np.zeros(length)]), keep_input=True
     )
     ctx.state.config_records[MAIN_CONFIGS_RECORD] = ConfigRecord({Key.CURRENT_ROUND: 1})
-    t = majority_threshold(K) if threshold is None else int(threshold)
+    # Shares a node: every node (the complete graph), or itself and k neighbours with a degree k, with the
+    # threshold pairwise masking takes for groups of k + 1 unless one is given.
+    shares = K if cfg.degree is None else min(K, int(cfg.degree) + 1)
+    if threshold is not None:
+        t = int(threshold)
+    else:
+        t = majority_threshold(K) if cfg.degree is None else cfg.secagg_threshold
     workflow = SecAggPlusWorkflow(
-        num_shares=K,
+        num_shares=shares,
         reconstruction_threshold=t,
         max_weight=1.0,
         clipping_range=CLIPPING_RANGE,
@@ -282,6 +288,7 @@ def flwr_secaggplus_sum(grid, cfg, nodes: list[int], *, length: int, C: int, d: 
         "protocol": "Flower SecAgg+ (SecAggPlusWorkflow + secaggplus_mod, flwr legacy workflow)",
         "participants": K,
         "threshold": t,
+        "num_shares": shares,
         "uploaded": summed[0],
         "clipping_range": CLIPPING_RANGE,
         "quantization_range": QUANTIZATION_RANGE,

@@ -21,7 +21,7 @@ from flwr.app import Context, Error, Message, RecordDict
 from flwr.common.serde import message_from_proto, message_to_proto
 
 from privfed.flower.client_app import make_client_app
-from privfed.flower.secagg import simulated_identities
+from privfed.flower.provision import simulated_identities
 
 __all__ = ["LocalGrid"]
 

@@ -51,7 +51,6 @@ from the app (:class:`SimulatedRoster`, simulations only).
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -60,15 +59,16 @@ import numpy as np
 from flwr.app import ConfigRecord, RecordDict
 
 from mechanisms.secagg import fixed_point
-from mechanisms.secagg.bounds import PublicBounds
 from mechanisms.secagg.crypto import ProtocolAbort
 from mechanisms.secagg.graph import group_size
-from mechanisms.secagg.identity import Identity, Roster, make_roster
+from mechanisms.secagg.identity import Identity, Roster
 from mechanisms.secagg.masking.node import MaskingNode
 from mechanisms.secagg.masking.server import MaskingServer
 from mechanisms.secagg.threat import default_threshold, survivor_parts
 from privfed.errors import ConfigError, InputError
+from privfed.flower.kept import KeptNodes, parsed
 from privfed.flower.ledger import LEDGER_KEY, canonical_config, lifetime_id, node_ledger, pin_num_classes
+from privfed.flower.provision import SimulatedRoster, simulated_identities
 from privfed.flower.transport import Exchange, exchange
 from privfed.flower.wire import arrays_record
 
@@ -116,87 +116,6 @@ def from_records(content: RecordDict) -> dict:
 
 
 # ------------------------------------------------------------------------------- identities
-class SimulatedRoster:
-    """Identities for a simulation: a roster made in this process, node i = partition-id i (or node id).
-
-    Only for simulations, where the operator and the server are one process; a deployment gives each node
-    its files (node config).  The simulated operator declares no colluders (so CKKS runs too) and takes the
-    default threshold, which tolerates at least one (:func:`mechanisms.secagg.threat.default_threshold`).
-    """
-
-    def __init__(
-        self,
-        num_nodes: int,
-        threshold: int | None = None,
-        node_ids: list[int] | None = None,
-        degree: int | None = None,
-        bounds: PublicBounds | None = None,
-    ) -> None:
-        if threshold is None:
-            threshold = default_threshold(group_size(int(num_nodes), degree))
-        roster, ids = make_roster(num_nodes, threshold, 0, degree=degree, bounds=bounds)
-        self.roster_json = roster.to_json()
-        self.identities = [i.to_json() for i in ids]
-        self.index = None if node_ids is None else {int(n): i for i, n in enumerate(sorted(node_ids))}
-
-    def for_node(self, node_config: dict, node_id: int) -> tuple[Identity, Roster] | None:
-        if self.index is not None:
-            i = self.index.get(int(node_id))
-        else:
-            i = node_config.get("partition-id")
-        if i is None or not 0 <= int(i) < len(self.identities):
-            return None
-        raw = json.loads(self.identities[int(i)])
-        return Identity(int(raw["index"]), bytes.fromhex(raw["private_key"])), Roster.from_json(
-            self.roster_json
-        )
-
-
-def simulated_identities(
-    node_configs: dict[int, dict],
-    threshold: int | None = None,
-    degree: int | None = None,
-    bounds: PublicBounds | None = None,
-) -> dict[int, dict]:
-    """Node configs with a fresh simulated roster added (``secagg-identity`` / ``secagg-roster`` inline;
-    with ``degree`` its SecAgg+ graph; with ``bounds`` its public bounds, e.g. another frac-bits).
-
-    Nodes that already have both keys keep them.  For in-process simulations only, where the operator is
-    the server: the nodes also allow plain releases (``allow-plain-release``), seeded noise
-    (``allow-seeded-noise``) and a ledger that lives in the run only (``allow-ephemeral-ledger``), which a
-    deployed node with a roster refuses, DP releases without a lifetime budget (``allow-unbudgeted-dp``),
-    and draw numpy's noise (``noise-backend``) where a deployed node draws OpenDP's.
-    """
-    if all("secagg-identity" in c and "secagg-roster" in c for c in node_configs.values()):
-        return dict(node_configs)
-    sim = SimulatedRoster(
-        len(node_configs), threshold, node_ids=list(node_configs), degree=degree, bounds=bounds
-    )
-    out = {}
-    for n, c in node_configs.items():
-        out[n] = {
-            "allow-plain-release": True,
-            "allow-seeded-noise": True,
-            "allow-ephemeral-ledger": True,
-            "noise-backend": "numpy",
-            "allow-unbudgeted-dp": True,
-            **c,
-            "secagg-identity": sim.identities[sim.index[int(n)]],
-            "secagg-roster": sim.roster_json,
-        }
-    return out
-
-
-def _load(value: str, kind):
-    text = str(value)
-    if text.lstrip().startswith("{"):
-        if kind is Roster:
-            return Roster.from_json(text, "secagg-roster")
-        raw = json.loads(text)
-        return Identity(int(raw["index"]), bytes.fromhex(raw["private_key"]))
-    return kind.load(text)
-
-
 def node_identity(
     node_config: dict, node_id: int, provision: SimulatedRoster | None = None
 ) -> tuple[Identity, Roster]:
@@ -224,8 +143,8 @@ def node_identity(
             stage="setup",
             deviation="no-ledger",
         )
-    roster = _load(node_config["secagg-roster"], Roster)
-    return _load(node_config["secagg-identity"], Identity).check(roster), roster
+    roster = parsed(node_config["secagg-roster"], Roster)
+    return parsed(node_config["secagg-identity"], Identity).check(roster), roster
 
 
 # ------------------------------------------------------------------------------- node side
@@ -260,27 +179,40 @@ def node_step(
     aggregation: bytes | None = None,
     lifetime: bytes | None = None,
 ) -> RecordDict:
-    """Answer one masking request with this node's state machine; its state stays in ``context.state``."""
+    """Answer one masking request with this node's state machine; its state stays in ``context.state`` (and the
+    state machine itself in this process, :class:`privfed.flower.kept.KeptNodes`, while the record there is
+    the one it wrote)."""
     req = from_records(content)
     ledger = node_ledger(context, roster, lifetime)
-    state = None
-    if req.get("stage") != "keys":
-        state = dict(context.state[STATE_KEY]) if STATE_KEY in context.state else {"stage": "new"}
-    node = MaskingNode(
-        identity.index,
-        num_nodes=roster.size,
-        threshold=roster.threshold,
-        identity=identity,
-        roster=roster,
-        ledger=ledger,
-        state=state,
+    key = (context.run_id, context.node_id, roster.fingerprint, identity.index)
+    node = _KEPT.node(
+        key,
+        context.state[STATE_KEY] if STATE_KEY in context.state else None,
+        req.get("stage") == "keys",
+        lambda state: MaskingNode(
+            identity.index,
+            num_nodes=roster.size,
+            threshold=roster.threshold,
+            identity=identity,
+            roster=roster,
+            ledger=ledger,
+            state=state,
+        ),
     )
+    node.ledger = ledger
     try:
         reply = node.handle(req, ring_input=ring_input, context=context_digest, aggregation=aggregation)
     finally:
-        context.state[STATE_KEY] = ConfigRecord(node.state())
-        context.state[LEDGER_KEY] = ConfigRecord(ledger.record())
+        record = context.state[STATE_KEY] if STATE_KEY in context.state else None
+        context.state[STATE_KEY] = _KEPT.keep(key, node, record, ConfigRecord)
+        written = ledger.record()
+        if LEDGER_KEY not in context.state or dict(context.state[LEDGER_KEY]) != written:
+            context.state[LEDGER_KEY] = ConfigRecord(written)
     return to_records(reply)
+
+
+#: The masking state machines this process keeps between a node's messages.
+_KEPT = KeptNodes()
 
 
 def ring_limit(frac_bits: int, num_nodes: int) -> float:
@@ -412,6 +344,7 @@ def masked_sum_over_messages(
     )
     stages: dict[str, Exchange] = {}
     node_of: dict[int, int] = {}  # u -> Flower node id
+    index_of: dict[int, int] = {}  # Flower node id -> u
 
     while not server.done:
         stage = server.stage
@@ -441,9 +374,9 @@ def masked_sum_over_messages(
                     raise ProtocolAbort(
                         f"node {node} claims roster index {u}, taken or outside 0..{K - 1}", stage=stage
                     )
-                node_of[u] = node
+                node_of[u], index_of[node] = node, u
             else:
-                u = next(k for k, v in node_of.items() if v == node)
+                u = index_of[node]
             server.receive(u, reply)
 
         ex = stages[stage] = exchange(

@@ -48,8 +48,8 @@ THREAT_FLWR = (
     "reports a node's upload lost gets its pair-mask keys, and the self-mask left is numpy MT19937 seeded by a "
     "32-bit fold of the seed (a 2^32 search). Against an honest-but-curious server: it sees public keys, "
     "encrypted shares, masked quantised uploads over Z_2^32 and the shares that unmask the sum over uploaders; "
-    "t or more colluding nodes can unmask a node; no key authentication. The neighbour graph (complete here) "
-    "and the stochastic rounding come from non-cryptographic generators (Python's random, numpy's global "
+    "t or more colluding nodes can unmask a node; no key authentication. The neighbour graph (complete, or "
+    "k + 1 shares a node with a degree k; drawn by the server) and the stochastic rounding come from non-cryptographic generators (Python's random, numpy's global "
     "generator). Use --secure mask."
 )
 

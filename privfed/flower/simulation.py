@@ -49,7 +49,7 @@ from mechanisms.secagg.bounds import PublicBounds
 from privfed.errors import ConfigError, PrivfedError
 from privfed.flower.client_app import make_client_app
 from privfed.flower.config import FlowerConfig
-from privfed.flower.secagg import SimulatedRoster
+from privfed.flower.provision import SimulatedRoster
 from privfed.flower.server_app import FlowerResult, make_server_app
 
 __all__ = ["ROSTER_ENV", "client_app", "flwr_run", "run_simulation", "simulated_roster"]
@@ -107,28 +107,34 @@ def run_simulation(
     cfgs = cfg if isinstance(cfg, list) else [cfg]
     results: list = []
     server = make_server_app(cfg, keep_view=keep_view, results=results)
-    client = make_client_app(faults, provision=simulated_roster(cfgs))
     if not verbose:
         logging.getLogger("flwr").setLevel(logging.WARNING)
-    _run_simulation(
-        num_supernodes=int(num_supernodes if num_supernodes is not None else max(c.clients for c in cfgs)),
-        exit_event=EventType.PYTHON_API_RUN_SIMULATION_LEAVE,
-        client_app=client,
-        server_app=server,
-        backend_config={
-            "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
-            "init_args": {"num_cpus": int(num_cpus), "num_gpus": 0, "include_dashboard": False},
-        },
-        verbose_logging=verbose,
-    )
+    # The simulated operator's roster and identity files live in a directory of their own for the
+    # simulation (the ClientApp, sent with every message, carries its path only), removed at the end.
+    with tempfile.TemporaryDirectory(prefix="privfed-roster-") as folder:
+        client = make_client_app(faults, provision=simulated_roster(cfgs, folder))
+        _run_simulation(
+            num_supernodes=int(
+                num_supernodes if num_supernodes is not None else max(c.clients for c in cfgs)
+            ),
+            exit_event=EventType.PYTHON_API_RUN_SIMULATION_LEAVE,
+            client_app=client,
+            server_app=server,
+            backend_config={
+                "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+                "init_args": {"num_cpus": int(num_cpus), "num_gpus": 0, "include_dashboard": False},
+            },
+            verbose_logging=verbose,
+        )
     if len(results) != len(cfgs):
         raise PrivfedError("the simulation ended without a result from the server; see the log above")
     return results if isinstance(cfg, list) else results[0]
 
 
-def simulated_roster(cfgs: list[FlowerConfig]) -> SimulatedRoster | None:
-    """The simulated operator's roster: one per simulation, so every masked config must share K, t and the
-    SecAgg+ degree (the graph is drawn here, from OS entropy, with the roster)."""
+def simulated_roster(cfgs: list[FlowerConfig], folder: str | None = None) -> SimulatedRoster | None:
+    """The simulated operator's roster (written to ``folder`` when given): one per simulation, so every
+    masked config must share K, t and the SecAgg+ degree (the graph is drawn here, from OS entropy, with
+    the roster)."""
     masked = [c for c in cfgs if c.secure in ("mask", "ckks")]
     if not masked:
         return None
@@ -143,7 +149,9 @@ def simulated_roster(cfgs: list[FlowerConfig]) -> SimulatedRoster | None:
             f"{sorted(ktk, key=str)}; run them in separate simulations"
         )
     ((K, t, degree, f),) = ktk
-    return SimulatedRoster(K, t, degree=degree, bounds=None if f is None else PublicBounds(frac_bits=f))
+    return SimulatedRoster(
+        K, t, degree=degree, bounds=None if f is None else PublicBounds(frac_bits=f), directory=folder
+    )
 
 
 # ------------------------------------------------------------------------------- the simulated nodes of flwr run
@@ -162,12 +170,7 @@ class _SimulatedClientApp(ClientApp):
 
 def _roster_from_env() -> SimulatedRoster | None:
     where = os.environ.get(ROSTER_ENV)
-    if not where:
-        return None
-    raw = json.loads(Path(where, "roster.json").read_text())
-    roster = SimulatedRoster.__new__(SimulatedRoster)
-    roster.roster_json, roster.identities, roster.index = raw["roster"], raw["identities"], None
-    return roster
+    return SimulatedRoster.from_directory(where) if where else None
 
 
 #: The ClientApp the simulated nodes of :func:`flwr_run` load (``privfed.flower.simulation:client_app``).
@@ -324,10 +327,7 @@ def flwr_run(
         if roster is not None:  # the simulated operator's files, readable by this user only
             ids = tmp / "roster"
             ids.mkdir(mode=0o700)
-            (ids / "roster.json").write_text(
-                json.dumps({"roster": roster.roster_json, "identities": roster.identities})
-            )
-            os.chmod(ids / "roster.json", 0o600)
+            roster.write(ids)
             env[ROSTER_ENV] = str(ids)
         app = _app_dir(tmp / "app")
         procs: list[subprocess.Popen] = []

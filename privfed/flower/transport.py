@@ -18,10 +18,19 @@ from flwr.app import Message, RecordDict
 from privfed.errors import ConfigError
 from privfed.flower.wire import record_bytes
 
-__all__ = ["Exchange", "exchange", "wait_for_nodes"]
+__all__ = ["Exchange", "exchange", "poll_interval", "wait_for_nodes"]
 
-#: Seconds between two polls of the grid.
+#: Seconds between two polls of the grid (the least; see :func:`poll_interval`).
 POLL_SECONDS = 0.05
+#: Replies pending per second of interval between polls: each poll asks after every pending message, so
+#: with a thousand pending a poll every half second, with a hundred or fewer every POLL_SECONDS.
+PENDING_PER_SECOND = 2000
+
+
+def poll_interval(pending: int) -> float:
+    """Seconds to wait before polling again for ``pending`` replies: each poll costs the grid a look at every
+    pending message, so the interval grows with them (between POLL_SECONDS and one second)."""
+    return min(1.0, max(POLL_SECONDS, pending / PENDING_PER_SECOND))
 
 
 def wait_for_nodes(grid, expected: int, timeout: float) -> list[int]:
@@ -98,7 +107,7 @@ def exchange(
             out.answered.append(node)
             on_reply(node, reply.content)
         if pending:
-            time.sleep(POLL_SECONDS)
+            time.sleep(poll_interval(len(pending)))
     done = set(out.answered) | set(out.failed)
     out.silent = sorted(set(contents) - done)
     out.seconds = time.monotonic() - t0

@@ -117,3 +117,25 @@ def test_a_node_above_the_public_bound_stops_the_run_with_its_reason(split):
     )
     with pytest.raises(ProtocolAbort, match="more than max-records=50"):
         serve(LocalGrid(_nodes()), cfg)
+
+
+def test_secaggplus_with_a_degree_shares_among_k_plus_one_nodes():
+    """``degree`` k gives Flower's workflow k + 1 shares a node and the threshold masking takes for groups of
+    k + 1 (the sizes the benchmarks compare it at); its sum agrees with the complete graph's on the same
+    nodes within both runs' quantisation bounds."""
+    nodes = {100 + i: {"partition-id": i, "num-partitions": 6} for i in range(6)}
+    base = dict(method="fedncm", clients=6, secure="flwr-secaggplus-insecure", clip=CLIP, max_records=N_MAX)
+    cfg = FlowerConfig(degree=4, **base)
+    assert cfg.secagg_threshold == 4
+    res = serve(LocalGrid(nodes), cfg)
+    rnd = res.head.secure_aggregation["rounds"][0]
+    assert rnd["num_shares"] == 5 and rnd["threshold"] == 4 and rnd["uploaded"] == 6
+    full = serve(LocalGrid(nodes), FlowerConfig(**base))
+    assert full.head.secure_aggregation["rounds"][0]["num_shares"] == 6
+    m, d = cfg.make_method(), 64
+    a, b = (split_sum_vector(r.sums[0], m, C, d) for r in (res, full))
+    bound = quantisation_bound(m, cfg, 6)
+    for f in ("counts", "sums"):
+        assert np.abs(getattr(a, f) - getattr(b, f)).max() < 2 * bound[f], f
+    with pytest.raises(ConfigError, match="degree=4 is the SecAgg\\+ graph"):
+        FlowerConfig(method="fedncm", clients=6, degree=4, secure="ckks")

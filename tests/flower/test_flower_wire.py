@@ -93,3 +93,12 @@ def test_compact_layout_is_refused_with_secure_aggregation():
         FlowerConfig(method="fedncm", clients=K, secure="mask", wire="compact")
     with pytest.raises(ConfigError, match="wire must be 'float64' or 'compact'"):
         FlowerConfig(method="fedncm", clients=K, wire="float16")
+
+
+def test_the_server_polls_less_often_the_more_replies_it_awaits():
+    """Each poll asks the grid after every pending message: a thousand pending are polled every half second,
+    a hundred or fewer at the shortest interval, and never less often than once a second."""
+    from privfed.flower.transport import POLL_SECONDS, poll_interval
+
+    assert poll_interval(1000) == 0.5 and poll_interval(100) == poll_interval(3) == POLL_SECONDS
+    assert poll_interval(10**6) == 1.0 and poll_interval(400) == 0.2

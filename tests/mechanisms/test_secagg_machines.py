@@ -60,10 +60,15 @@ def _extra_bytes(K: int, after: int) -> tuple[float, float]:
     """Bytes the active version adds per client, from the protocol description: up, a signature on the key
     advertisement, on the echo with the upload and on the uploader list (the S = K - after signers); down,
     the K - 1 peers' advertisement signatures, the uploader list (4 bytes an id) to consistency, and to each
-    signer S (id, signature) pairs and the K echoes, less the uploader list the honest version sends to all K."""
-    S, sig, idb = K - after, 64, 4
+    signer min(S, t) (id, signature) pairs (its own and t - 1 more: a node checks t) and the K echoes, less
+    the uploader list the honest version sends to all K."""
+    from mechanisms.secagg.threat import default_threshold
+
+    S, sig, idb, t = K - after, 64, 4, default_threshold(K)
     up = (K * 2 * sig + S * sig) / K
-    down = (K * (K - 1) * sig + K * idb * K + S * (idb * K + (idb + sig) * S + sig * K) - K * idb * K) / K
+    down = (
+        K * (K - 1) * sig + K * idb * K + S * (idb * K + (idb + sig) * min(S, t) + sig * K) - K * idb * K
+    ) / K
     return up, down
 
 

@@ -10,6 +10,8 @@ Flower ConfigRecord holds in a list (it has no nested lists).
 
 from __future__ import annotations
 
+import struct
+
 from mechanisms.secagg.crypto import ProtocolAbort, as_int
 
 __all__ = ["SESSION_BYTES", "STAGES", "pack_view", "parse_ids", "unpack_view"]
@@ -22,7 +24,10 @@ SESSION_BYTES = 16
 def parse_ids(values, what: str, node: int, stage: str) -> list[int]:
     if not isinstance(values, (list, tuple)):
         raise TypeError(f"the {what} list is a {type(values).__name__}")
-    out = [as_int(v, f"an entry of the {what} list") for v in values]
+    if all(type(v) is int for v in values):  # the common case: plain ints (not bools, a subclass of int)
+        out = list(values)
+    else:
+        out = [as_int(v, f"an entry of the {what} list") for v in values]
     if len(set(out)) != len(out):
         raise ProtocolAbort(
             f"node {node} aborts at stage {stage!r}: the {what} list repeats entries",
@@ -36,14 +41,17 @@ def parse_ids(values, what: str, node: int, stage: str) -> list[int]:
 def pack_view(alive: list[int], uploaded: list[int]) -> bytes:
     """A view (U2, U3) as bytes: the length of U2, then every id, 4 bytes little-endian each."""
     ids = [len(alive), *alive, *uploaded]
-    return b"".join(int(v).to_bytes(4, "little") for v in ids)
+    try:
+        return struct.pack(f"<{len(ids)}I", *ids)
+    except struct.error as exc:
+        raise OverflowError(f"a view that is not 4-byte ids ({exc})") from None
 
 
 def unpack_view(raw: bytes) -> tuple[list[int], list[int]]:
     """The (U2, U3) of :func:`pack_view` (ValueError if the bytes are not one)."""
     if len(raw) < 4 or len(raw) % 4:
         raise ValueError(f"a packed view of {len(raw)} bytes")
-    ids = [int.from_bytes(raw[i : i + 4], "little") for i in range(0, len(raw), 4)]
+    ids = list(struct.unpack(f"<{len(raw) // 4}I", raw))
     n = ids[0]
     if n > len(ids) - 1:
         raise ValueError("a packed view whose U2 runs past its end")

@@ -27,7 +27,9 @@ and on every Flower node (:mod:`privfed.flower.secagg`), which keeps its
                  lists and digest this node signed, and that every uploader's
                  signed echo (sent with its masked input) names the same digest
                  (a split broadcast aborts here) and the same survivors U2
-                 where the groups meet (so it masked with this node); then
+                 where the groups meet (so it masked with this node): 2k
+                 verifies a session with its k advertisements, see
+                 :func:`~mechanisms.secagg.masking.views.check_unmask`; then
                  reveal, for every v
                  of U2, the share of b_v if v is in U3 and of s_v^SK otherwise:
                  one list, so never both kinds for one node.
@@ -81,14 +83,13 @@ from mechanisms.secagg.crypto import (
     pub_bytes,
     public_key,
 )
-from mechanisms.secagg.identity import Identity, Roster, signed_bytes
+from mechanisms.secagg.identity import Identity, Roster, signed_bytes, signed_parts
 from mechanisms.secagg.ledger import SessionLedger
 from mechanisms.secagg.masking.messages import STAGES, parse_ids
 from mechanisms.secagg.masking.views import (
-    check_echoes,
     check_keys_request,
+    check_unmask,
     check_uploaded,
-    check_views,
     echo_bytes,
     view_digest,
 )
@@ -192,18 +193,18 @@ class MaskingNode:
             self.roster, self.st["session"], self.st["digest"], self.st["U2"] if U2 is None else U2
         )
 
-    def _check_echoes(self, msg: dict, U3: list[int]) -> None:
-        """:func:`mechanisms.secagg.masking.views.check_echoes` for this node, aborting it on a failure."""
-        check_echoes(
-            self.roster,
-            self.group,
-            self.st["U2"],
-            U3,
-            msg,
-            sparse=self.sparse,
-            echo=self._echo_bytes,
-            abort=lambda deviation, text: self._abort("unmask", deviation, text),
+    def _echo_prefix(self) -> Callable[[list[int]], bytes]:
+        """:meth:`_echo_bytes` of any survivor list, its fixed parts encoded once."""
+        head = signed_bytes("echo", self.roster.fingerprint, self.st["session"], self.st["digest"])
+        return lambda U2: head + signed_parts(U2)
+
+    def _view_prefix(self) -> Callable[[list[int], list[int]], bytes]:
+        """:meth:`_view_digest` of any view, its fixed parts encoded once."""
+        head, tail = (
+            signed_bytes("consistency", self.roster.fingerprint, self.st["session"]),
+            self.st["digest"],
         )
+        return lambda U2, U3: head + signed_parts(U2, U3, tail)
 
     def _view_digest(self, U2: list[int] | None = None, U3: list[int] | None = None) -> bytes:
         """The bytes a consistency signature covers (:func:`mechanisms.secagg.masking.views.view_digest`), this
@@ -300,6 +301,7 @@ class MaskingNode:
         }
         c_pk = pub_bytes(self._private("c_sk").public_key())
         s_pk = pub_bytes(self._private("s_sk").public_key())
+        self.st.update(own_c_pk=c_pk, own_s_pk=s_pk)
         out = {"u": self.u, "c_pk": c_pk, "s_pk": s_pk}
         if self.active:
             out["sig"] = self.identity.sign(
@@ -322,15 +324,14 @@ class MaskingNode:
         if self.u not in U1:
             raise self._abort("shares", "short-list", "its own key advertisement is missing")
         i = U1.index(self.u)
-        own_c = pub_bytes(self._private("c_sk").public_key())
-        own_s = pub_bytes(self._private("s_sk").public_key())
-        if (c_pks[i], s_pks[i]) != (own_c, own_s):
+        if (c_pks[i], s_pks[i]) != (self.st["own_c_pk"], self.st["own_s_pk"]):
             raise self._abort("shares", "substituted-key", "its own advertised keys came back changed")
         if self.active:
+            # Every other advertisement is verified (its keys receive this node's shares and make its
+            # masks); its own came back byte for byte as it sent them, so it needs no signature check.
+            head = signed_bytes("keys", self.roster.fingerprint, self.st["session"])
             for v, c, s, sig in zip(U1, c_pks, s_pks, sigs):
-                if not self.roster.verify(
-                    v, sig, signed_bytes("keys", self.roster.fingerprint, self.st["session"], v, c, s)
-                ):
+                if v != self.u and not self.roster.verify(v, sig, head + signed_parts(v, c, s)):
                     raise self._abort(
                         "shares",
                         "bad-signature",
@@ -434,12 +435,14 @@ class MaskingNode:
             b_shares=b_sh,
             digest=hashlib.sha256(bytes(context)).digest(),
         )
-        for k in ("c_sk", "channels", "own_share"):  # no longer needed: the channel's work is done
+        for k in ("c_sk", "channels", "own_share", "own_c_pk", "own_s_pk"):  # the channel's work is done
             self.st.pop(k, None)
         if not self.active:
             return {"y": x}
         # The signed echo of what this node summed: every uploader's must match before shares are revealed.
-        return {"y": x, "echo": self.identity.sign(self._echo_bytes())}
+        echo = self.identity.sign(self._echo_bytes())
+        self.st["echo"] = echo
+        return {"y": x, "echo": echo}
 
     def _check_uploaded(self, stage: str, U3: list[int]) -> None:
         """:func:`mechanisms.secagg.masking.views.check_uploaded` for this node, aborting it on a failure."""
@@ -466,7 +469,8 @@ class MaskingNode:
                 )
             self.ledger.pin(U3, self.u, "consistency")
         self.st.update(stage="signed", U3=U3)
-        return {"sig": self.identity.sign(self._view_digest())}
+        self.st["sig"] = self.identity.sign(self._view_digest())
+        return {"sig": self.st["sig"]}
 
     def _unmask(self, msg: dict) -> dict:
         U3 = sorted(parse_ids(msg["uploaded"], "uploader", self.u, "unmask"))
@@ -475,17 +479,19 @@ class MaskingNode:
                 raise self._abort(
                     "unmask", "inconsistent-lists", "the uploader list differs from the one this node signed"
                 )
-            check_views(
+            check_unmask(
                 self.roster,
                 self.group,
                 (self.st["U2"], U3),
                 self.t,
                 msg,
                 node=self.u,
-                digest=self._view_digest,
+                sparse=self.sparse,
+                own=(self.st["sig"], self.st["echo"]),
+                echo=self._echo_prefix(),
+                digest=self._view_prefix(),
                 abort=lambda deviation, text: self._abort("unmask", deviation, text),
             )
-            self._check_echoes(msg, U3)
         else:
             self._check_uploaded("unmask", U3)
         up = set(U3)

@@ -197,7 +197,11 @@ class MaskingServer:
         # graph): what it checks and answers depends on nothing else, and its messages stay O(k) on a
         # SecAgg+ graph.
         mine = lambda u, members: sorted((self.graph[u] | {u}) & members)  # noqa: E731
-        U1, U2, U3 = set(self.U1), set(self.U2), set(self.U3)
+        U1, U2, U3, signed = set(self.U1), set(self.U2), set(self.U3), set(self.signers)
+        if s == "unmask" and self.degree is not None:  # each node's view and survivors, packed once
+            survivors = {v: mine(v, U2) for v in self.U3}
+            views = {v: pack_view(survivors[v], mine(v, U3)) for v in self.signers}
+            alive = {v: pack_view(survivors[v], []) for v in self.U3}
         for u in self.alive:
             if s == "shares":
                 peers = mine(u, U1)
@@ -217,13 +221,16 @@ class MaskingServer:
             else:
                 msg = {**base, "uploaded": mine(u, U3)}
                 if self.active:
-                    signers = mine(u, set(self.signers))
+                    # t signatures of its group, its own first: all a node checks (it stops at t agreeing)
+                    group = mine(u, signed)
+                    signers = ([u] if u in self.signers else []) + [v for v in group if v != u]
+                    signers = signers[: self.t]
                     msg["signers"], msg["sigs"] = signers, [self.signers[v] for v in signers]
                     msg["echoes"] = [self.echoes[v] for v in msg["uploaded"]]
                     if self.degree is not None:  # each signer's view of its own group, as it signed it
-                        msg["views"] = [pack_view(mine(v, U2), mine(v, U3)) for v in signers]
+                        msg["views"] = [views[v] for v in signers]
                         # and each uploader's survivors, as its echo names them
-                        msg["alive_lists"] = [pack_view(mine(v, U2), []) for v in msg["uploaded"]]
+                        msg["alive_lists"] = [alive[v] for v in msg["uploaded"]]
             out[u] = msg
         for u, msg in out.items():
             self.bytes_down[u] += request_bytes(s, msg, u)
@@ -264,12 +271,14 @@ class MaskingServer:
                 deviation="dropouts",
             )
         if s == "keys":
-            self.adverts = dict(got)
             self.U1 = sorted(got)
             if self.learn_graph:
                 self._graph_from(got)
-            for u, a in got.items():
-                self.view.public_keys[u] = (bytes(a["c_pk"]), bytes(a["s_pk"]))
+            # what the later stages relay or use: the keys and their signature (not the neighbour list)
+            self.adverts = {u: {k: a[k] for k in ("c_pk", "s_pk", "sig") if k in a} for u, a in got.items()}
+            if self.keep_view:
+                for u, a in got.items():
+                    self.view.public_keys[u] = (bytes(a["c_pk"]), bytes(a["s_pk"]))
             self.inbox = {u: {} for u in self.U1}
         elif s == "shares":
             for u, rep in got.items():
@@ -288,7 +297,8 @@ class MaskingServer:
             self.inbox = {}  # relayed: the share messages are no longer the server's to hold
         elif s == "consistency":
             self.signers = {u: bytes(got[u]["sig"]) for u in sorted(got)}
-            self.view.consistency_signatures = dict(self.signers)
+            if self.keep_view:
+                self.view.consistency_signatures = dict(self.signers)
         else:
             self._unmask(got)
         self.alive = sorted(got)

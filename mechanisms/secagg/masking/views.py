@@ -7,6 +7,17 @@ survivors of its group it masked with.  A **view** is signed in the consistency 
 (U2, U3) of its group and the digest.  Before revealing any share a node checks that every uploader's
 echo names its digest and survivors that agree with its own where the two groups meet (so that
 uploader masked with it), and that t signers' views agree with its own likewise.
+
+**Which signatures a node verifies** (:func:`check_unmask`; on the roster's k-regular graph, 2k a session
+with the k key advertisements of the shares stage).  The argument (:mod:`mechanisms.secagg.graph`) needs
+t signatures on views agreeing with the node's, and, for every uploader whose self-mask seed share the
+node reveals, that uploader's signature on a survivor list and digest that agree with its own (so it
+masked with the node and summed the same broadcast).  Three checks that added nothing to that are gone:
+the node's own signatures (it made them: compared byte for byte, Ed25519 being deterministic), the
+consistency signatures past the t-th (a forged one there vouches for nothing t genuine ones did not; one
+before them is verified and aborts), and the echo of a signer whose consistency view it verified (that
+view is the signer's signature on the same survivor list and digest, checked to agree).  A lying server
+for each: ``tests/adversarial/test_verify_budget.py``.
 """
 
 from __future__ import annotations
@@ -19,10 +30,9 @@ from mechanisms.secagg.masking.messages import SESSION_BYTES, parse_ids, unpack_
 
 __all__ = [
     "agrees",
-    "check_echoes",
     "check_keys_request",
+    "check_unmask",
     "check_uploaded",
-    "check_views",
     "echo_bytes",
     "view_digest",
 ]
@@ -54,59 +64,7 @@ def agrees(
     )
 
 
-def check_echoes(
-    roster: Roster,
-    group: frozenset,
-    my_U2: list[int],
-    U3: list[int],
-    msg: dict,
-    *,
-    sparse: bool,
-    echo: Callable[[list[int]], bytes],
-    abort: Callable[[str, str], ProtocolAbort],
-) -> None:
-    """Every uploader v of U3 signed, with its upload, the digest the checking node summed and a survivor
-    list of v's group that agrees with the node's own (``my_U2``) wherever the two groups meet.
-
-    So v masked with this node: a server that told v fewer survivors (leaving out nodes that will reveal
-    v's self-mask seed) would need no upload but v's to open it (:mod:`mechanisms.secagg.graph`).
-    ``echo(U2)`` gives the bytes an echo over U2 covers; ``abort(deviation, text)`` the node's refusal.
-    """
-    echoes = [as_bytes(e, "an echo") for e in msg["echoes"]]
-    if sparse:  # each uploader's survivor list, as it signed it (on the complete graph: this node's)
-        lists = [unpack_view(as_bytes(b, "a survivor list")) for b in msg["alive_lists"]]
-        if any(rest for _, rest in lists):
-            raise ValueError("a survivor list carries an uploader list")
-        lists = [alive for alive, _ in lists]
-    else:
-        lists = [my_U2] * len(U3)
-    if len(echoes) != len(U3) or len(lists) != len(U3):
-        raise abort("malformed", "echoes, survivor lists and uploaders of unequal lengths")
-    split = [v for v, e, U2 in zip(U3, echoes, lists) if not roster.verify(v, e, echo(U2))]
-    if split:
-        raise abort(
-            "split-broadcast",
-            f"uploader(s) {split} did not sum what this node summed (their signed echo of the run "
-            "config, round, broadcast and survivors differs): the server sent different broadcasts "
-            "to different nodes",
-        )
-    mine = set(my_U2)
-    other = []
-    for v, U2 in zip(U3, lists):
-        vgroup = roster.graph[v] | {v}
-        both = vgroup & group
-        if not (set(U2) <= vgroup and set(U2) & both == mine & both):
-            other.append(v)
-    if other:
-        raise abort(
-            "split-survivors",
-            f"uploader(s) {other} masked with other survivors than this node saw (their signed echo "
-            "names another survivor list where the groups meet): the server told nodes different "
-            "survivors, so one upload could be opened without the others that cancel its masks",
-        )
-
-
-def check_views(
+def check_unmask(
     roster: Roster,
     group: frozenset,
     mine: tuple[list[int], list[int]],
@@ -114,14 +72,45 @@ def check_views(
     msg: dict,
     *,
     node: int,
+    sparse: bool,
+    own: tuple[bytes, bytes],
+    echo: Callable[[list[int]], bytes],
     digest: Callable[[list[int], list[int]], bytes],
     abort: Callable[[str, str], ProtocolAbort],
-) -> None:
-    """At least t uploaders signed views of their groups that agree with this node's view ``mine`` = (U2, U3)
-    wherever the groups meet (:func:`agrees`), each signature over ``digest(U2, U3)``; otherwise
-    ``abort(deviation, text)``.  On the complete graph the server sends no views: each signer's must be
-    this node's own."""
-    U3 = mine[1]
+) -> int:
+    """The checks before a node reveals any share; returns the signatures it verified.
+
+    **Views.**  At least t uploaders of the node's group signed views (U2, U3) of their groups that agree
+    with this node's view ``mine`` wherever the groups meet (:func:`agrees`), each signature over
+    ``digest(U2, U3)``.  Every listed view is checked for agreement (a disagreeing one aborts); signatures
+    are verified in the order listed until t agree, this node's own counted by comparing it with the one
+    it made (``own[0]``: Ed25519 signatures are deterministic).  A signature past the t-th is not
+    verified: the decision needs t, and a forged one past them vouches only for what t genuine
+    signatures already showed.  On the complete graph the server sends no views: each signer's must be
+    this node's own.
+
+    **Echoes.**  Every uploader v of U3 signed, with its upload, the digest this node summed and a
+    survivor list of v's group (``alive_lists``; on the complete graph this node's) that agrees with the
+    node's own wherever the two groups meet: so v masked with this node.  A server that told v fewer
+    survivors (leaving out nodes that will reveal v's self-mask seed) would need no upload but v's to open
+    it (:mod:`mechanisms.secagg.graph`).  An echo is verified for every uploader but two kinds: this node
+    (its own echo, ``own[1]``, compared, with the survivor list sent for it) and a signer whose view was
+    verified above: that view is its signature on its survivor list and the digest, already found to
+    agree with this node's, so it stands for the echo (and the list sent for it is not used).  So a node
+    verifies one signature per other uploader of its group, at most k.
+
+    ``echo(U2)`` gives the bytes an echo over U2 covers; ``abort(deviation, text)`` the node's refusal.
+    """
+    U2, U3 = mine
+    my2, my3, groups = set(U2), set(U3), roster.groups
+
+    def agreeing(v: int, U2v: list[int], U3v: list[int]) -> bool:  # agrees(), this node's sets made once
+        both = groups[v] & group
+        s2, s3 = set(U2v), set(U3v)
+        return (
+            s2 <= groups[v] and s3 <= s2 and v in s3 and s2 & both == my2 & both and s3 & both == my3 & both
+        )
+
     signers = parse_ids(msg["signers"], "signer", node, "unmask")
     sigs = [as_bytes(s, "a signature") for s in msg["sigs"]]
     if len(sigs) != len(signers) or not set(signers) <= set(U3):
@@ -130,19 +119,71 @@ def check_views(
     views = [mine] * len(signers) if raw is None else [unpack_view(as_bytes(b, "a view")) for b in raw]
     if len(views) != len(signers):
         raise abort("malformed", "consistency views and signers of unequal lengths")
-    bad = [
-        v
-        for v, s, view in zip(signers, sigs, views)
-        if not (agrees(roster, group, *mine, v, *view) and roster.verify(v, s, digest(*view)))
-    ]
+    bad = [v for v, view in zip(signers, views) if not agreeing(v, *view)]
+    vouched: dict[int, list[int]] = {}  # signer -> the survivor list its verified view names
+    count = checked = 0
+    for v, s, view in zip(signers, sigs, views):
+        if bad or count >= t:
+            break
+        if v == node:
+            ok = s == own[0]
+        else:
+            checked += 1
+            ok = roster.verify(v, s, digest(*view))
+            vouched[v] = view[0]
+        if not ok:
+            bad.append(v)
+        count += 1
     if bad:
         raise abort(
             "inconsistent-lists",
             f"node(s) {bad} signed other survivor lists or another broadcast than this "
             "node saw (or a forged signature): the server showed different views",
         )
-    if len(signers) < t:
+    if count < t:
         raise abort("short-list", f"only {len(signers)} consistency signatures, below the threshold t={t}")
+
+    echoes = [as_bytes(e, "an echo") for e in msg["echoes"]]
+    if sparse:  # each uploader's survivor list, as it signed it (on the complete graph: this node's)
+        lists = [unpack_view(as_bytes(b, "a survivor list")) for b in msg["alive_lists"]]
+        if any(rest for _, rest in lists):
+            raise ValueError("a survivor list carries an uploader list")
+        lists = [alive for alive, _ in lists]
+    else:
+        lists = [U2] * len(U3)
+    if len(echoes) != len(U3) or len(lists) != len(U3):
+        raise abort("malformed", "echoes, survivor lists and uploaders of unequal lengths")
+    split = []
+    for i, (v, e, alive) in enumerate(zip(U3, echoes, lists)):
+        if v == node:
+            ok = alive == U2 and e == own[1]
+        elif v in vouched:  # its verified view signs its survivors and the digest: they stand for its echo
+            lists[i], ok = vouched[v], True
+        else:
+            checked += 1
+            ok = roster.verify(v, e, echo(alive))
+        if not ok:
+            split.append(v)
+    if split:
+        raise abort(
+            "split-broadcast",
+            f"uploader(s) {split} did not sum what this node summed (their signed echo of the run "
+            "config, round, broadcast and survivors differs): the server sent different broadcasts "
+            "to different nodes",
+        )
+    other = []
+    for v, alive in zip(U3, lists):
+        both, s2 = groups[v] & group, set(alive)
+        if not (s2 <= groups[v] and s2 & both == my2 & both):
+            other.append(v)
+    if other:
+        raise abort(
+            "split-survivors",
+            f"uploader(s) {other} masked with other survivors than this node saw (their signed echo "
+            "names another survivor list where the groups meet): the server told nodes different "
+            "survivors, so one upload could be opened without the others that cancel its masks",
+        )
+    return checked
 
 
 def check_uploaded(

@@ -1,0 +1,114 @@
+"""What a Flower node keeps in its process between messages: parsed identities and rosters, and its masking
+state machine.
+
+A node answers the five masking requests of a session one message at a time, and the message that brings
+each one may reach another process (a deployment runs a ClientApp process per message; Flower's simulation
+hands each message to one of its workers).  What it must know between messages therefore lives in its
+``context.state`` (:func:`privfed.flower.secagg.node_step` writes it after every message).  Within one
+process it need not be rebuilt from there each time:
+
+* :func:`parsed` parses a roster or identity (a file path or inline JSON, from the node config) once per
+  distinct text: a roster of K nodes costs O(K) to parse, and with its graph and fingerprint a few
+  milliseconds at K = 1,000, for every message otherwise.
+* :class:`KeptNodes` keeps each node's :class:`~mechanisms.secagg.masking.node.MaskingNode` between its
+  messages, with the private keys it parsed.  A kept node is used only when the state record in
+  ``context.state`` is the one written when it was kept (a fresh random token names each write): a record
+  written elsewhere, restored, lost or left by an older session means the node is rebuilt from the record
+  (or, with none, starts from nothing and refuses out-of-order requests, as before).  A node that finished
+  or aborted is dropped, with its secrets.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+
+from mechanisms.secagg.identity import Identity, Roster
+from mechanisms.secagg.masking.node import MaskingNode
+
+__all__ = ["KeptNodes", "TOKEN", "parsed"]
+
+#: The key of the state record holding the token of the write that kept the node.
+TOKEN = "kept"
+#: At most this many parsed rosters and identities are kept (least recently added dropped first).
+PARSED_LIMIT = 64
+
+_PARSED: dict[tuple[str, str], object] = {}
+
+
+def parsed(value: str, kind: type):
+    """The :class:`Roster` or :class:`Identity` that ``value`` names (inline JSON or a file path), parsed once
+    per distinct text (a file is read on every call: its content is the key)."""
+    text = str(value)
+    inline = text.lstrip().startswith("{")
+    if not inline:
+        path = pathlib.Path(text).expanduser()
+        if not path.is_file():
+            return kind.load(text)  # its one-line error
+        text = path.read_text()
+    key = (kind.__name__, text)
+    got = _PARSED.get(key)
+    if got is None:
+        if kind is Roster:
+            got = Roster.from_json(text, "secagg-roster" if inline else f"secagg-roster={value}")
+        else:
+            try:
+                raw = json.loads(text)
+                got = Identity(int(raw["index"]), bytes.fromhex(raw["private_key"]))
+            except (KeyError, TypeError, ValueError) as exc:
+                if inline:
+                    raise
+                from privfed.errors import ConfigError
+
+                raise ConfigError(f"secagg-identity={value} is not a privfed identity file: {exc}") from None
+        while len(_PARSED) >= PARSED_LIMIT:
+            _PARSED.pop(next(iter(_PARSED)))
+        _PARSED[key] = got
+    return got
+
+
+class KeptNodes:
+    """Masking state machines kept between messages in this process (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._nodes: dict[tuple, tuple[str, MaskingNode]] = {}
+
+    def node(self, key: tuple, record, fresh: bool, make) -> MaskingNode:
+        """The node for ``key`` (run, node, roster, identity): a fresh one for a session's first request
+        (``fresh``), the kept one if ``record`` (the state record in ``context.state``, or None) carries the
+        token it was kept with, else ``make(state)`` rebuilt from the record (None: nothing to rebuild)."""
+        if fresh:
+            self._nodes.pop(key, None)
+            return make(None)
+        kept = self._nodes.get(key)
+        if kept is not None and record is not None and record.get(TOKEN) == kept[0]:
+            return kept[1]
+        self._nodes.pop(key, None)
+        if record is None:
+            return make({"stage": "new"})
+        return make({k: v for k, v in dict(record).items() if k != TOKEN})
+
+    def keep(self, key: tuple, node: MaskingNode, state, record_type):
+        """Keep ``node`` (or drop it once it finished or aborted) and return its state record, with the token
+        of this write: ``state`` (the record in ``context.state``, or None) updated in place where it is the
+        record this node was kept with (only the values that changed are written), else a new
+        ``record_type`` of the node's state."""
+        values = node.state()
+        kept = self._nodes.pop(key, None)
+        if values.get("stage") in ("done", "aborted"):
+            return record_type(values)
+        token = os.urandom(8).hex()
+        self._nodes[key] = (token, node)
+        values[TOKEN] = token
+        if kept is None or kept[1] is not node or state is None or state.get(TOKEN) != kept[0]:
+            return record_type(values)
+        for k in [k for k in state.keys() if k not in values]:
+            del state[k]
+        for k, v in values.items():
+            if k not in state or state[k] is not v:
+                state[k] = v
+        return state
+
+    def __len__(self) -> int:
+        return len(self._nodes)

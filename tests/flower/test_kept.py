@@ -1,0 +1,160 @@
+"""A node keeps its masking state machine between messages in its process, and never trusts it over the state
+record its context holds: a lost, replaced or older record means the node is rebuilt from the record (or,
+with none, starts from nothing and refuses the request), exactly as without the kept machine."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("flwr")
+os.environ.setdefault("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "adversarial"))
+
+from adversary import Federation  # noqa: E402
+
+from mechanisms.secagg.crypto import ProtocolAbort  # noqa: E402
+from mechanisms.secagg.identity import Identity, Roster, make_roster  # noqa: E402
+from mechanisms.secagg.masking.node import MaskingNode  # noqa: E402
+from privfed.errors import ConfigError  # noqa: E402
+from privfed.flower import kept  # noqa: E402
+from privfed.flower.secagg import STATE_KEY, node_identity  # noqa: E402
+
+
+def _count_builds(monkeypatch) -> list[int]:
+    """Count MaskingNode constructions made from a state record (a rebuild) through node_step."""
+    built = []
+    original = MaskingNode.__init__
+
+    def init(self, *args, state=None, **kw):
+        if state is not None:
+            built.append(1)
+        original(self, *args, state=state, **kw)
+
+    monkeypatch.setattr(MaskingNode, "__init__", init)
+    return built
+
+
+def test_a_kept_node_is_used_while_its_record_is_the_one_it_wrote(monkeypatch):
+    built = _count_builds(monkeypatch)
+    fed = Federation(K=5)
+    server = fed.server()
+    fed.run_until(server, "done")
+    assert built == []  # every message after the first found its node kept: no rebuild
+    from privfed.flower import secagg
+
+    assert server.done and not [k for k in secagg._KEPT._nodes if k[2] == fed.roster.fingerprint]
+    # a finished node is dropped with its secrets
+    for c in fed.ctx:
+        assert dict(c.state[STATE_KEY])["stage"] == "done" and kept.TOKEN not in c.state[STATE_KEY]
+
+
+def test_a_replaced_or_restored_record_rebuilds_the_node_from_it(monkeypatch):
+    """An older copy of the record (restored, or written by another process) carries another token: the node
+    is rebuilt from it, and answers as that record's state says (here: a replayed stage is refused)."""
+    built = _count_builds(monkeypatch)
+    fed = Federation(K=4)
+    server = fed.server()
+    fed.run_until(server, "shares")
+    old = copy.deepcopy(fed.ctx[0].state[STATE_KEY])  # node 0 after its key advertisement
+    fed.run_until(server, "masked")  # node 0 has answered the shares request since
+    fed.ctx[0].state[STATE_KEY] = old  # its record, restored to the earlier one
+    assert built == []
+    msg = server.requests()[0]
+    with pytest.raises(ProtocolAbort) as exc:  # the rebuilt node is in stage "advertised"
+        fed.send(0, msg)
+    assert exc.value.deviation == "out-of-order" and built == [1]
+
+
+def test_a_lost_record_is_a_node_with_no_state_even_if_kept(monkeypatch):
+    _count_builds(monkeypatch)
+    fed = Federation(K=4)
+    server = fed.server()
+    fed.run_until(server, "masked")
+    del fed.ctx[1].state[STATE_KEY]
+    with pytest.raises(ProtocolAbort) as exc:
+        fed.send(1, server.requests()[1])
+    assert exc.value.deviation == "out-of-order" and "in state 'new'" in str(exc.value)
+
+
+def test_a_node_kept_in_one_process_and_rebuilt_in_another_answers_the_same(monkeypatch):
+    """Dropping every kept node between stages (as when each message reaches another worker process) gives
+    the same sum: the record alone carries the state."""
+    built = _count_builds(monkeypatch)
+    fed = Federation(K=5)
+    server = fed.server()
+    while not server.done:
+        monkeypatch.setattr("privfed.flower.secagg._KEPT", kept.KeptNodes())
+        assert not fed.stage(server)
+    assert len(built) == 5 * 4  # every node rebuilt at every stage after its first
+    got = server.total.copy()
+    fed2 = Federation(K=5)
+    fed2.x = fed.x
+    server2 = fed2.server()
+    fed2.run_until(server2, "done")
+    from mechanisms.secagg import fixed_point
+
+    a, b = fixed_point.decode(got, 16), fixed_point.decode(server2.total, 16)
+    assert abs(a - b).max() <= 5 * 2.0**-16
+
+
+def test_parsed_rosters_and_identities_are_parsed_once_per_text(tmp_path, monkeypatch):
+    roster, ids = make_roster(5)
+    calls = []
+    original = Roster.from_json.__func__
+
+    def from_json(cls, text, source="roster"):
+        calls.append(source)
+        return original(cls, text, source)
+
+    monkeypatch.setattr(Roster, "from_json", classmethod(from_json))
+    kept._PARSED.clear()
+    conf = {
+        "secagg-roster": roster.to_json(),
+        "secagg-identity": ids[2].to_json(),
+        "allow-ephemeral-ledger": "true",
+    }
+    a = node_identity(conf, 7)
+    b = node_identity(dict(conf), 7)
+    assert a == b and a[0].index == 2 and len(calls) == 1
+    # a file is read each time: a changed file is parsed anew
+    path = tmp_path / "roster.json"
+    path.write_text(roster.to_json())
+    other, _ = make_roster(5)
+    assert kept.parsed(str(path), Roster) == roster
+    path.write_text(other.to_json())
+    assert kept.parsed(str(path), Roster) == other
+    with pytest.raises(ConfigError, match="no such file"):
+        kept.parsed(str(tmp_path / "missing.json"), Roster)
+    bad = tmp_path / "id.json"
+    bad.write_text(json.dumps({"index": 1}))
+    with pytest.raises(ConfigError, match="not a privfed identity file"):
+        kept.parsed(str(bad), Identity)
+    for i in range(kept.PARSED_LIMIT + 5):  # bounded
+        kept.parsed(json.dumps({"index": i, "private_key": "00" * 32}), Identity)
+    assert len(kept._PARSED) <= kept.PARSED_LIMIT
+
+
+def test_a_simulated_roster_in_files_travels_as_its_path(tmp_path):
+    """On Flower's simulation runtime the ClientApp (with the simulated roster) is pickled with every message:
+    with a directory it carries the path only, and each node reads its own identity file (mode 0600)."""
+    import pickle
+    import stat
+
+    from privfed.flower.provision import SimulatedRoster
+
+    inline = SimulatedRoster(50, degree=4)
+    filed = SimulatedRoster(50, degree=4, directory=tmp_path)
+    assert len(pickle.dumps(filed)) < len(pickle.dumps(inline)) / 10
+    back = pickle.loads(pickle.dumps(filed))
+    ident, roster = back.for_node({"partition-id": 7}, 107)
+    assert ident.index == 7 and roster.size == 50 and roster.degree == 4
+    assert ident.check(roster) is ident and roster == Roster.from_json(filed.roster_json)
+    assert stat.S_IMODE((tmp_path / "node-7.json").stat().st_mode) == 0o600
+    assert back.for_node({"partition-id": 50}, 150) is None

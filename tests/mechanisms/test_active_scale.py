@@ -1,0 +1,147 @@
+"""The active masking protocol against its cryptographic floor over Flower messages: the benchmark's counting and
+arithmetic on a small federation, and the recorded run's claims (1,000 nodes, two independent runs)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from experiments.crypto_floor import OPS, counting, floor_seconds, unit_seconds  # noqa: E402
+from mechanisms.secagg.masking import harary_split_bound  # noqa: E402
+
+
+def _argument(k: int) -> dict[str, float]:
+    """What the argument needs per node with every node uploading: 3 signatures, 2k verifies, 2k agreements,
+    2 key loads, k + 1 masks and the server's one."""
+    return {"sign": 3, "verify": 2 * k, "x25519": 2 * k, "x25519_load": 2, "prg": k + 2}
+
+
+def test_counting_sees_the_protocols_call_sites_and_restores_them():
+    from mechanisms.secagg import fixed_point
+    from mechanisms.secagg.identity import Identity, Roster, make_roster
+    from mechanisms.secagg.masking import node as node_mod
+    from mechanisms.secagg.masking import server as server_mod
+    from mechanisms.secagg.masking.node import MaskingNode
+    from mechanisms.secagg.masking.server import MaskingServer, run_in_process
+
+    before = (Identity.sign, Roster.verify, node_mod.private_key, node_mod.add_masks, server_mod.add_masks)
+    K, k = 12, 4
+    roster, ids = make_roster(K, degree=k)
+    X = np.random.default_rng(0).normal(size=(K, 5))
+    with counting() as counts:
+        nodes = {
+            u: MaskingNode(u, num_nodes=K, threshold=roster.threshold, identity=ids[u], roster=roster)
+            for u in range(K)
+        }
+        server = MaskingServer(
+            num_nodes=K, threshold=roster.threshold, length=5, session=b"s" * 16, active=True, degree=k
+        )
+        total = run_in_process(server, nodes, inputs=lambda u: fixed_point.encode(X[u], 20))
+    assert np.abs(fixed_point.decode(total, 20) - X.sum(0)).max() <= K * 2.0**-21
+    assert (
+        Identity.sign,
+        Roster.verify,
+        node_mod.private_key,
+        node_mod.add_masks,
+        server_mod.add_masks,
+    ) == before
+    want = _argument(k)
+    for op in ("sign", "verify", "x25519", "x25519_load", "prg"):
+        assert counts[op] == want[op] * K, (op, counts[op])
+
+
+def test_the_floor_is_the_plain_run_plus_count_times_unit():
+    units = unit_seconds(repeats=20, values=64)
+    assert set(units) == set(OPS) and all(v > 0 for v in units.values())
+    counts = {"sign": 3, "verify": 8, "x25519": 8, "x25519_load": 2, "prg_values": 6 * 64}
+    floor, terms = floor_seconds(0.5, counts, units)
+    assert floor == pytest.approx(0.5 + sum(counts[o] * units[o] for o in OPS), rel=1e-12)
+    assert terms["verify"] == pytest.approx(8 * units["verify"], rel=1e-12)
+
+
+def test_the_benchmark_runs_a_small_federation_with_the_arguments_counts():
+    from experiments.bench_active_scale import one_run
+
+    K, k, D = 16, 4, 64
+    run = one_run(K, D, k, repeats=2, seed=3)
+    assert run["per_node"] == pytest.approx({**_argument(k), "prg_values": (k + 2) * D})
+    for r in run["repeats"]:
+        assert r["max_abs_error"]["masked"] <= K * 2.0**-33 and r["max_abs_error"]["plain"] < 1e-9
+        assert r["ratio"] == pytest.approx(r["masked_cpu_s"] / r["floor_cpu_s"], rel=1e-12)
+        assert r["floor_cpu_s"] == pytest.approx(
+            r["plain_cpu_s"] + sum(r["floor_terms_s"].values()), rel=1e-12
+        )
+        assert r["round_trips"] == 5 and r["uploaded"] == K
+    assert [r["order"][0] for r in run["repeats"]] == ["plain", "masked"]  # the order alternates
+
+
+# ----------------------------------------------------------------------------------- the record
+def _record():
+    from experiments import recorded
+
+    try:
+        return recorded.load("bench_active_scale")
+    except recorded.MissingRecord:
+        pytest.skip("no record yet: python experiments/bench_active_scale.py --record")
+
+
+def test_recorded_runs_are_within_the_target_and_reproduce():
+    from experiments.bench_active_scale import REPRODUCE, TARGET_RATIO
+
+    data = _record()["data"]
+    cfg, runs = data["config"], data["runs"]
+    assert cfg["nodes"] >= 1000 and cfg["values"] >= 51_200 and cfg["degree"] == 20
+    assert cfg["target_ratio"] == TARGET_RATIO and cfg["reproduce"] == REPRODUCE
+    assert len(runs) >= 2 and all(len(r["repeats"]) >= 3 for r in runs)
+    medians = []
+    for run in runs:
+        ratios = sorted(r["ratio"] for r in run["repeats"])
+        assert run["ratio"]["median"] == pytest.approx(float(np.median(ratios)), rel=1e-12)
+        assert run["ratio"]["min"] == ratios[0] and run["ratio"]["max"] == ratios[-1]
+        assert run["ratio"]["median"] <= TARGET_RATIO, run["ratio"]
+        medians.append(run["ratio"]["median"])
+        for r in run["repeats"]:
+            assert "load_average" in r and r["max_abs_error"]["masked"] <= cfg["nodes"] * 2.0**-33
+            floor = r["plain_cpu_s"] + sum(r["counts"][o] * r["unit_s"][o] for o in OPS)
+            assert r["floor_cpu_s"] == pytest.approx(floor, rel=1e-9)
+            assert r["ratio"] == pytest.approx(r["masked_cpu_s"] / floor, rel=1e-9)
+        k = cfg["degree"]
+        assert run["per_node"] == pytest.approx({**_argument(k), "prg_values": (k + 2) * cfg["values"]})
+        assert 2 * run["threshold"] > k + 1
+    assert data["agreement"] == pytest.approx(max(medians) / min(medians) - 1, rel=1e-9)
+    assert data["agreement"] <= REPRODUCE
+
+
+def test_recorded_server_memory_per_node_is_small_and_the_same_at_either_vector_length():
+    data = _record()["data"]
+    cfg, slope = data["config"], data["peak_slope_bytes_per_node"]["masked"]
+    lengths = sorted(int(v) for v in slope)
+    assert len(lengths) >= 2 and max(lengths) >= 10 * min(lengths)
+    for D in lengths:
+        pts = sorted(
+            (p["nodes"], p["peak_bytes"])
+            for p in data["memory"]
+            if p["protocol"] == "masked" and p["values"] == D
+        )
+        assert len(pts) >= 3 and pts[-1][0] >= 1000
+        assert slope[str(D)] == pytest.approx(np.polyfit(*zip(*pts), 1)[0], rel=1e-9)
+        assert 0 < slope[str(D)] < 0.05 * 8 * cfg["values"]  # O(k) bytes a node, far below one upload
+    # flat in the vector length: ten times the values, within 25 % of the same bytes per node
+    a, b = slope[str(lengths[0])], slope[str(lengths[-1])]
+    assert abs(a - b) <= 0.25 * max(a, b), (a, b)
+    assert data["graph"]["split_bound"] == pytest.approx(
+        harary_split_bound(cfg["nodes"], cfg["degree"], data["graph"]["removed_fraction"]), rel=1e-12
+    )
+
+
+def test_docs_quote_the_record():
+    _record()
+    from experiments.docs_numbers.render_active import active_scale
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "scale.md").read_text()
+    assert active_scale().strip() in text
