@@ -166,7 +166,12 @@ class MaskingServer:
         self.active, self.name = bool(active), name
         self.degree = None if degree is None else int(degree)
         self.learn_graph = graph is None and self.degree is not None
-        self.graph = graph if graph is not None else [frozenset(range(self.K)) - {u} for u in range(self.K)]
+        if graph is not None:
+            self.graph = graph
+        elif self.learn_graph:  # learned from the key advertisements (keys stage), O(k) a node
+            self.graph = [frozenset()] * self.K
+        else:  # the complete graph
+            self.graph = [frozenset(range(self.K)) - {u} for u in range(self.K)]
         self.stages = ["keys", "shares", "masked"] + (["consistency"] if active else []) + ["unmask"]
         self.stage = "keys"
         self.view = ServerView(num_clients=self.K, frac_bits=frac_bits)
