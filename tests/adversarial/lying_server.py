@@ -124,6 +124,9 @@ class LyingServer:
             frac_bits=self.cfg.frac_bits,
             keep_view=True,
         )
+        self.server = (
+            server  # what a tamper may read: every signature the server holds, not only those it forwards
+        )
         index = {n - FIRST for n in nodes}
         server.alive = sorted(index)
         while not server.done:

@@ -63,14 +63,12 @@ def _run(tmp_path, *, lie: bool, unmask_victim: bool = False):
         if lie and stage == "consistency" and u == victim:
             return {**msg, "uploaded": sorted(set(range(K)))}
         if lie and stage == "unmask":
-            keep = [i for i, v in enumerate(msg["signers"]) if v != victim]
+            # t signatures, none of them the victim's (the server forwards t; it holds all six honest ones)
+            held = srv.server.signers
+            signers = [v for v in sorted(held) if v != victim][: roster.threshold]
             if u == victim and not unmask_victim:
                 return None
-            out = {
-                **msg,
-                "signers": [msg["signers"][i] for i in keep],
-                "sigs": [msg["sigs"][i] for i in keep],
-            }
+            out = {**msg, "signers": signers, "sigs": [held[v] for v in signers]}
             if u == victim:  # the list it signed, with the echoes of those that uploaded
                 out["uploaded"] = sorted(set(range(K)))
             return out
