@@ -17,9 +17,8 @@ def active_scale() -> str:
     d, m = rec["data"], rec["machine"]
     cfg, runs = d["config"], d["runs"]
     k, K, D = cfg["degree"], cfg["nodes"], cfg["values"]
-    for run in runs:
-        if run["ratio"]["median"] > cfg["target_ratio"]:
-            raise RuntimeError(f"the recorded run misses its target: {run['ratio']}")
+    target = cfg["target_ratio"]
+    met = all(run["ratio"]["median"] <= target for run in runs)
     last = runs[-1]["repeats"][-1]
     per = runs[-1]["per_node"]
     lines = [
@@ -52,7 +51,14 @@ def active_scale() -> str:
     lines += [
         "",
         f"Masked against its floor: median {medians} in the two runs (repeats {spreads}; the runs agree within "
-        f"{d['agreement']:.1%}), {runs[-1]['ratio_to_plain']['median']:.1f}× the plain run. Per node the "
+        f"{d['agreement']:.1%}): the {target:g}× target is "
+        + (
+            "met in both runs"
+            if met
+            else "**not met**: the rest is Python and Flower's record handling beside "
+            "the cryptography, five round trips where the plain run has one"
+        )
+        + f"; {runs[-1]['ratio_to_plain']['median']:.1f}× the plain run. Per node the "
         f"masked run made {per['sign']:.0f} signatures, {per['verify']:.0f} verifies (2k: its {k} neighbours' key "
         f"advertisements, then one signature for every other uploader of its group; the protocol verified "
         f"3(k + 1) = {3 * (k + 1)} before), {per['x25519']:.0f} X25519 agreements, {per['x25519_load']:.0f} key "

@@ -90,7 +90,7 @@ def _record():
         pytest.skip("no record yet: python experiments/bench_active_scale.py --record")
 
 
-def test_recorded_runs_are_within_the_target_and_reproduce():
+def test_recorded_runs_are_their_parts_and_reproduce():
     from experiments.bench_active_scale import REPRODUCE, TARGET_RATIO
 
     data = _record()["data"]
@@ -103,7 +103,6 @@ def test_recorded_runs_are_within_the_target_and_reproduce():
         ratios = sorted(r["ratio"] for r in run["repeats"])
         assert run["ratio"]["median"] == pytest.approx(float(np.median(ratios)), rel=1e-12)
         assert run["ratio"]["min"] == ratios[0] and run["ratio"]["max"] == ratios[-1]
-        assert run["ratio"]["median"] <= TARGET_RATIO, run["ratio"]
         medians.append(run["ratio"]["median"])
         for r in run["repeats"]:
             assert "load_average" in r and r["max_abs_error"]["masked"] <= cfg["nodes"] * 2.0**-33
@@ -144,4 +143,9 @@ def test_docs_quote_the_record():
     from experiments.docs_numbers.render_active import active_scale
 
     text = (Path(__file__).resolve().parents[2] / "docs" / "scale.md").read_text()
-    assert active_scale().strip() in text
+    block = active_scale().strip()
+    assert block in text
+    # the page says the target is missed exactly when a run's median ratio is over it
+    data = _record()["data"]
+    missed = any(run["ratio"]["median"] > data["config"]["target_ratio"] for run in data["runs"])
+    assert ("**not met**" in block) == missed
