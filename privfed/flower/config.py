@@ -164,6 +164,16 @@ class FlowerConfig:
             )
         if self.secure not in SECURE_PROTOCOLS:
             raise ConfigError(f"secure must be one of {list(SECURE_PROTOCOLS)}, got {self.secure!r}")
+        from privfed.release.settings import check_combination
+
+        check_combination(  # one configuration: a pair that contradicts itself is refused, naming both
+            level=self.level,
+            secure_agg=self.secure,
+            trusted_aggregator=bool(self.trusted_aggregator),
+            max_records=None if self.secure == INSECURE_FLWR else self.max_records,
+            rounds=self.rounds if isinstance(self.rounds, int) else 1,
+            prefix="",
+        )
         if self.secure != "none" and self.clients < 2:
             raise ConfigError("secure aggregation needs clients >= 2 (a sum of one input is that input)")
         if self.degree is not None:

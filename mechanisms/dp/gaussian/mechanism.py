@@ -426,6 +426,12 @@ class GaussianMechanism(Parameters, GaussianCalibration, GaussianNoise, ClientBo
                 f"method {name!r} does not use the second moment but blocks includes 'second' (budget spent on "
                 "nothing); use blocks=('sums', 'counts')"
             )
+        if self.trusted_aggregator and secure_agg is not None:
+            raise ConfigError(
+                f"trusted_aggregator=True contradicts secure_agg={getattr(secure_agg, 'name', secure_agg)!r}: a "
+                "trusted aggregator sees the exact sum, which secure aggregation hides from the server; drop one "
+                "of them"
+            )
         self._secure = secure_agg is not None
         self._secagg = secure_agg
         if self.level == "client":

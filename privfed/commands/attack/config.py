@@ -12,6 +12,7 @@ from privfed.commands.options import FEDERATION
 from privfed.commands.shared import Settings, as_list
 from privfed.commands.values import as_int, choose, parse_int_list
 from privfed.errors import ConfigError, MissingDependencyError
+from privfed.release.settings import check_combination
 
 __all__ = ["SUITE_KINDS", "AttackConfig", "resolve_config"]
 
@@ -131,6 +132,8 @@ def resolve_config(args: argparse.Namespace) -> AttackConfig:
     else:
         seeds = s.seeds()
     secure = s.secure_agg()
+    # one configuration: a pair that contradicts itself is refused now, naming both (never one ignored)
+    check_combination(count_noise=count_noise, level=level, secure_agg=secure, clip=clip)
     params: dict[str, Any] = dict(s.base.get("attack_params") or {})
     for flag in ("backend", "source", "steps", "max_cells"):
         v = getattr(args, flag, None)

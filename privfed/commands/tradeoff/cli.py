@@ -84,8 +84,15 @@ def _run(cfg: TradeoffConfig, args, done: list, checkpoint) -> tuple[dict[str, A
             ds, clients=cfg.clients, partition=cfg.partition, alpha=cfg.alpha, seeds=cfg.seeds
         ),
     }
+    ran = cfg
+    if any(math.isfinite(e) for e in cfg.epsilons):  # the clip the rounds ran with (2 per coordinate unless told)
+        from dataclasses import replace
+
+        from privfed.commands.tradeoff.rounds import clip_of
+
+        ran = replace(cfg, **clip_of(cfg))
     result = {
-        "config": cfg,
+        "config": ran,
         "records": rows,
         "warnings": [],
         "dataset": dataset,

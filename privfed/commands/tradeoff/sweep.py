@@ -140,6 +140,9 @@ def run_tradeoff(
     if attack_ctx is not None:
         caught.update(attack_ctx["skipped"])
     bar.close()
+    if cfg.placements:  # the record names the placements that ran (one left out for every method did not)
+        ran = tuple(k for k, _ in variants if any((m, k) not in skipped for m in cfg.methods))
+        cfg = replace(cfg, placements=ran)
     return {
         "config": cfg,
         "warnings": sorted(caught),
@@ -237,6 +240,7 @@ def _sweep(
                             sigma_counts=0.0,
                             clip=None,
                             guarantee="no protection (eps=inf)",
+                            level="none",  # no noise ran: no neighbouring relation is protected
                             epsilon_reported=math.inf,
                             noise="none",
                             private=False,
@@ -283,6 +287,12 @@ def _sweep(
                             private=private,
                             protects=getattr(rep, "protects", "all released statistics"),
                         )
+                    # what ran, read from the release (never copied from the request): the protocol from
+                    # the secure-aggregation report, the level and privacy flag from the privacy report
+                    ran = getattr(head.secure_aggregation, "protocol", None) or "none"
+                    rec.update(protocol=ran, secure_agg=ran)
+                    if privacy is not None:
+                        rec.update(level=head.privacy.level, private=bool(head.privacy.is_private))
                     upload = head.upload_bytes.get("per_client")
                     if head.secure_aggregation is not None:
                         upload = getattr(head.secure_aggregation, "bytes_per_client", upload)

@@ -183,7 +183,8 @@ TABLE_LEGEND = (
     "placement: where the noise is added (local = each client; secure sum = shares under secure aggregation; "
     "trusted aggregator = the server, once)\n"
     "eps: computed by the ledger ('asked' when the calibration gives another); delta 0 = pure DP; "
-    "NO DP = a heuristic without a guarantee (its nominal parameter in brackets)\n"
+    "NO DP = no guarantee for the release as a whole (a heuristic, or count noise with the means in clear; "
+    "its nominal parameter in brackets)\n"
     "noise: Gaussian sigma on sums / counts, or the count-noise law; repairs: what the method did to noisy "
     "statistics; guarantee: the line under the table that the row's release carries; --help lists every column"
 )
