@@ -42,7 +42,8 @@ import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from privfed.errors import ConfigError
+from privfed._files import read_regular_text
+from privfed.errors import ConfigError, InputError
 from privfed.results.files import atomic_write
 
 __all__ = ["FORMAT", "SECAGG_CREATE", "VERSION", "LedgerError", "NodeLedger"]
@@ -175,7 +176,11 @@ class NodeLedger:
 
     def _load(self) -> dict:
         try:
-            text = self.path.read_text(encoding="utf-8")
+            if not self.path.exists():
+                raise FileNotFoundError
+            text = read_regular_text(self.path, "the file", "it must be the ledger file itself")
+        except InputError as exc:  # a FIFO, a device, a socket or a folder: named, never waited on
+            raise self._error(str(exc)) from None
         except FileNotFoundError:
             raise self._error("no such file (a new node creates it once, explicitly)") from None
         except (OSError, UnicodeDecodeError) as exc:

@@ -42,7 +42,8 @@ import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from privfed.errors import ConfigError
+from privfed._files import read_regular_text
+from privfed.errors import ConfigError, InputError
 from privfed.results.files import (
     MANIFEST,
     OUTPUT_NAMES,
@@ -94,8 +95,10 @@ def _privfed_files(path: Path) -> tuple[set[str], list[str]]:
     legacy = False  # a privfed run written before manifests existed: its results.json / config.json say so
     for marker in ("results.json", "results.partial.json", "config.json", "report.json"):
         try:
-            data = json.loads((path / marker).read_text())
-        except (ValueError, OSError):
+            if not (path / marker).exists():
+                continue
+            data = json.loads(read_regular_text(path / marker, f"{marker} in {str(path)!r}"))
+        except (ValueError, OSError, InputError):
             continue
         if isinstance(data, dict) and "versions" in data and ("config" in data or "attack" in data):
             legacy = True
@@ -115,11 +118,18 @@ def check_out_path(out: str | os.PathLike, *, overwrite: bool, flag: str = "--ou
 
     Refused with one line: a path that is a file, a path under a file, an
     existing non-empty folder without ``overwrite``, and (with ``overwrite``)
-    a folder holding anything privfed did not write.
+    a folder holding anything privfed did not write.  A symbolic link stands
+    for its target: the returned path is the target, which the run fills.
     """
     path = Path(out)
     if str(out).strip() == "" or path.name in ("", ".", ".."):
         raise ConfigError(f"{flag} {str(out)!r} does not name a folder; pass a path such as results/run1")
+    if path.is_symlink():
+        # a link names the folder the user means: the run is written into its target (staged beside the
+        # target, on its file system) and the link stays a link
+        path = Path(os.path.realpath(path))
+        if path.name in ("", ".", ".."):
+            raise ConfigError(f"{flag} {str(out)!r} links to {str(path)!r}, which is no folder to write into")
     check_names(path, flag=flag)
     try:
         return _check_out_path(path, overwrite, flag)

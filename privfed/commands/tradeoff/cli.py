@@ -85,7 +85,9 @@ def _run(cfg: TradeoffConfig, args, done: list, checkpoint) -> tuple[dict[str, A
         ),
     }
     ran = cfg
-    if any(math.isfinite(e) for e in cfg.epsilons):  # the clip the rounds ran with (2 per coordinate unless told)
+    if any(
+        math.isfinite(e) for e in cfg.epsilons
+    ):  # the clip the rounds ran with (2 per coordinate unless told)
         from dataclasses import replace
 
         from privfed.commands.tradeoff.rounds import clip_of

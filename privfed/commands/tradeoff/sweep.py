@@ -272,16 +272,18 @@ def _sweep(
                         rep = head.privacy
                         # A finite guarantee on what it covers (count noise: the counts only, said in
                         # ``protects`` and in the guarantee text); the uniform heuristic reports no epsilon.
-                        private = math.isfinite(rep.epsilon)
+                        # ``private``: the report's own flag, true only when every statistic is covered.
+                        bounded = math.isfinite(rep.epsilon)  # an epsilon for what it covers
+                        private = bool(rep.is_private)  # every released statistic covered
                         rec.update(
                             mechanism=rep.mechanism,
                             accuracy=head.score(ds.test_features, ds.test_labels),
                             sigma=rep.sigma.get("sums", float("nan")),
                             sigma_counts=rep.sigma.get("counts", float("nan")),
                             guarantee=rep.guarantee,
-                            epsilon_reported=rep.epsilon if private else math.inf,
+                            epsilon_reported=rep.epsilon if bounded else math.inf,
                             placement=placement_label(key, method, rep),
-                            delta=float(rep.delta) if private else float("nan"),
+                            delta=float(rep.delta) if bounded else float("nan"),
                             calibration=calibration_label(v, rep),
                             noise=noise_label(v, rep, eps),
                             private=private,
@@ -292,7 +294,7 @@ def _sweep(
                     ran = getattr(head.secure_aggregation, "protocol", None) or "none"
                     rec.update(protocol=ran, secure_agg=ran)
                     if privacy is not None:
-                        rec.update(level=head.privacy.level, private=bool(head.privacy.is_private))
+                        rec["level"] = head.privacy.level
                     upload = head.upload_bytes.get("per_client")
                     if head.secure_aggregation is not None:
                         upload = getattr(head.secure_aggregation, "bytes_per_client", upload)
