@@ -93,8 +93,10 @@ def run_tradeoff(
                         f"method {mname!r} needs every client's statistics, so a trusted aggregator "
                         "cannot add its noise to the sum; use --placement local"
                     )
+                privacy = None
                 for eps in finite[:1]:
-                    make_privacy(v, method, eps, clip, secure_agg=secure)
+                    privacy = make_privacy(v, method, eps, clip, secure_agg=secure)
+                _check_sizes(method, ds, cfg.clients, privacy, secure, v.secure_agg)
             except ConfigError as exc:
                 errors.append(exc)
                 skipped[(mname, key)] = str(exc)
@@ -158,6 +160,21 @@ def run_tradeoff(
         },
         "timing": {"data_s": t_data, "total_s": time.perf_counter() - t0},
     }
+
+
+def _check_sizes(method, ds, clients: int, privacy, secure, kind: str) -> None:
+    """Refuse, before any statistic is computed, a run whose largest arrays cannot fit (naming the size,
+    the limit and the option that lowers it): the release's d x d and (K, C, d + 1) arrays, and masking's
+    neighbour sets."""
+    from privfed.release.plan import ReleasePlan
+    from privfed.release.stages import check_release_memory
+
+    dense = (privacy is not None or secure is not None) and not ReleasePlan(method, privacy, secure).streamed
+    check_release_memory(method, int(ds.dim), int(ds.num_classes), int(clients), dense_uploads=dense)
+    if kind == "mask":
+        from mechanisms.secagg.masking import check_masking_size
+
+        check_masking_size(int(clients), getattr(secure, "neighbours", None), f"--clients {clients:,}")
 
 
 def _sweep(
