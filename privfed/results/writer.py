@@ -407,6 +407,37 @@ class ResultFolder:
         self._release()
         return dest
 
+    def salvage(self) -> Path | None:
+        """After a write failed (a full disk): keep what was committed, leave no scratch, release the lock.
+
+        The last committed checkpoint (a staging folder with its manifest) is moved into place by a
+        rename, which needs no new space (beside a previous run: ``<path>.partial-<time>``); the
+        uncommitted work folder and its temporary files are removed.  Returns where the checkpoint
+        is, or None when nothing was committed.
+        """
+        shutil.rmtree(self._work, ignore_errors=True)
+        kept: Path | None = None
+        if (self.staging / MANIFEST).is_file():
+            kept = self.staging
+            dest = self.path
+            if dest.exists():
+                stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+                dest = self.path.with_name(f"{self.path.name}.partial-{stamp}")
+            with contextlib.suppress(OSError):
+                os.rename(self.staging, dest)
+                kept = dest
+        else:
+            shutil.rmtree(self.staging, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            shutil.rmtree(self._aside)
+        self.published = kept
+        self._release()
+        if kept is None:
+            for p in self._made:
+                with contextlib.suppress(OSError):
+                    p.rmdir()
+        return kept
+
     def discard(self) -> None:
         """A run that finished nothing: remove its folders (and the parents this run created)."""
         for p in (self._work, self.staging):
