@@ -68,7 +68,7 @@ from privfed.flower.charges import (
 from privfed.flower.ckks import ckks_limit, holder_decrypt_step, holder_keys_step, node_encrypt_step
 from privfed.flower.config import FlowerConfig
 from privfed.flower.dp import BACKEND_KEY, node_backend
-from privfed.flower.node import load_node_data, node_rng, node_statistics, secure_release
+from privfed.flower.node import load_node_data, node_int, node_rng, node_statistics, secure_release
 from privfed.flower.protocol import check_round, node_vector
 from privfed.flower.provision import SimulatedRoster
 from privfed.flower.roster_checks import check_masking_config, check_noise_share
@@ -91,7 +91,10 @@ def _fault(stage: str, msg: Message, context: Context, faults: dict | None) -> M
     node_config = context.node_config
     spec = node_config.get("fail-at")
     if faults and "partition-id" in node_config:
-        spec = faults.get(int(node_config["partition-id"]), spec)
+        try:
+            spec = faults.get(node_int(node_config, "partition-id"), spec)
+        except PrivfedError:
+            pass  # a malformed partition-id is refused, with one line, by the stage's own data loading
     if not spec or _FIRED in context.state:
         return None
     where, _, how = str(spec).partition(":")

@@ -31,7 +31,15 @@ from privfed.flower.config import FlowerConfig
 from privfed.release.pipeline import client_statistics
 from privfed.stats import ClientStats
 
-__all__ = ["STATS_KEY", "NodeData", "load_node_data", "node_rng", "node_statistics", "secure_release"]
+__all__ = [
+    "STATS_KEY",
+    "NodeData",
+    "load_node_data",
+    "node_int",
+    "node_rng",
+    "node_statistics",
+    "secure_release",
+]
 
 #: ``context.state`` records of a node's cached secure-sum statistics (with its noise share) and their key.
 STATS_KEY = "privfed-stats"
@@ -47,6 +55,29 @@ class NodeData:
     num_classes: int
     source: str
     partition_id: int | None = None
+
+
+def node_int(node_config: dict, key: str, *, minimum: int = 0, default: int | None = None) -> int:
+    """An integer node-config value, checked at the door: a whole number (an int, or its decimal text),
+    ``>= minimum``; 1.7, true, "abc" or -1 are refused with one line naming the key (the server names the
+    node).  ``default`` when the key is absent (None: the key is required)."""
+    if key not in node_config:
+        if default is not None:
+            return default
+        raise ConfigError(f"this node's node config has no {key!r}; give it {key}=<integer>")
+    v = node_config[key]
+    text = v.strip() if isinstance(v, str) else None
+    if isinstance(v, bool) or not (
+        isinstance(v, (int, np.integer)) or (text is not None and text.lstrip("-").isdigit())
+    ):
+        raise ConfigError(
+            f"this node's node config {key}={v!r} must be a whole number (e.g. {key}=0), "
+            f"got {type(v).__name__} {v!r}"
+        )
+    n = int(v if text is None else text)
+    if n < minimum:
+        raise ConfigError(f"this node's node config {key}={n} must be >= {minimum}")
+    return n
 
 
 @functools.lru_cache(maxsize=4)
@@ -77,7 +108,8 @@ def load_node_data(node_config: dict, cfg: FlowerConfig) -> NodeData:
             f"dataset={cfg.dataset!r} cannot be partitioned on the nodes; give every node its own "
             "file with node config 'features=PATH'"
         )
-    pid, n = int(node_config["partition-id"]), int(node_config["num-partitions"])
+    pid = node_int(node_config, "partition-id")
+    n = node_int(node_config, "num-partitions", minimum=1)
     if not 0 <= pid < n:
         raise ConfigError(f"partition-id={pid} must lie in 0..num-partitions-1={n - 1}")
     F, y, k, C = _digits_partition(n, cfg.partition, float(cfg.alpha), int(cfg.partition_seed))
@@ -145,15 +177,11 @@ def _synthetic(node_config: dict, cfg: FlowerConfig) -> NodeData:
     Class c has mean e_{c mod D} * 3; drawn from the partition id and
     the run-config key ``seeds``, so a run is reproducible and every node differs.
     """
-    try:
-        _, dim, n = cfg.dataset.split(":")
-        dim, n = int(dim), int(n)
-    except ValueError:
-        raise ConfigError(
-            f"dataset {cfg.dataset!r} must read synthetic:D:N, e.g. synthetic:1280:50"
-        ) from None
+    from privfed.flower.config import synthetic_spec
+
+    dim, n = synthetic_spec(cfg.dataset)
     C = 10 if cfg.num_classes is None else int(cfg.num_classes)
-    pid = int(node_config.get("partition-id", 0))
+    pid = node_int(node_config, "partition-id", default=0)
     rng = np.random.default_rng([int(cfg.partition_seed), pid, 0x5F])
     y = rng.integers(0, C, n)
     F = rng.normal(size=(n, dim))
