@@ -68,7 +68,7 @@ from privfed.flower.charges import (
 from privfed.flower.ckks import ckks_limit, holder_decrypt_step, holder_keys_step, node_encrypt_step
 from privfed.flower.config import FlowerConfig
 from privfed.flower.dp import BACKEND_KEY, node_backend
-from privfed.flower.node import load_node_data, node_int, node_rng, node_statistics, secure_release
+from privfed.flower.node import load_node_data, node_rng, node_statistics, secure_release
 from privfed.flower.protocol import check_round, node_vector
 from privfed.flower.provision import SimulatedRoster
 from privfed.flower.roster_checks import check_masking_config, check_noise_share
@@ -81,6 +81,7 @@ from privfed.flower.secagg import (
     node_step,
     ring_limit,
 )
+from privfed.flower.values import node_int
 from privfed.flower.wire import stats_record
 
 __all__ = ["app", "make_client_app"]

@@ -197,7 +197,7 @@ def node_round(context, cfg, config: dict, broadcast: dict, round_index: int):
     keeps a masked one (:func:`keep_share`) for the masked stage, which charges it.
     """
     from privfed.flower.charges import charge_plain, require_dp
-    from privfed.flower.node import node_int
+    from privfed.flower.values import node_int
     from privfed.rounds.bodies import FEATURE_DIM
     from privfed.rounds.release import AugmentedFedLog
 

@@ -28,6 +28,7 @@ import numpy as np
 
 from privfed.errors import ConfigError, InputError
 from privfed.flower.config import FlowerConfig
+from privfed.flower.values import node_int
 from privfed.release.pipeline import client_statistics
 from privfed.stats import ClientStats
 
@@ -35,7 +36,6 @@ __all__ = [
     "STATS_KEY",
     "NodeData",
     "load_node_data",
-    "node_int",
     "node_rng",
     "node_statistics",
     "secure_release",
@@ -55,29 +55,6 @@ class NodeData:
     num_classes: int
     source: str
     partition_id: int | None = None
-
-
-def node_int(node_config: dict, key: str, *, minimum: int = 0, default: int | None = None) -> int:
-    """An integer node-config value, checked at the door: a whole number (an int, or its decimal text),
-    ``>= minimum``; 1.7, true, "abc" or -1 are refused with one line naming the key (the server names the
-    node).  ``default`` when the key is absent (None: the key is required)."""
-    if key not in node_config:
-        if default is not None:
-            return default
-        raise ConfigError(f"this node's node config has no {key!r}; give it {key}=<integer>")
-    v = node_config[key]
-    text = v.strip() if isinstance(v, str) else None
-    if isinstance(v, bool) or not (
-        isinstance(v, (int, np.integer)) or (text is not None and text.lstrip("-").isdigit())
-    ):
-        raise ConfigError(
-            f"this node's node config {key}={v!r} must be a whole number (e.g. {key}=0), "
-            f"got {type(v).__name__} {v!r}"
-        )
-    n = int(v if text is None else text)
-    if n < minimum:
-        raise ConfigError(f"this node's node config {key}={n} must be >= {minimum}")
-    return n
 
 
 @functools.lru_cache(maxsize=4)

@@ -1,5 +1,6 @@
-"""The values of a Flower run's config, typed at the door: run-config keys (dashed, from ``flwr run``) and the
-config a node receives from the server (:meth:`privfed.flower.config.FlowerConfig.from_wire`).
+"""The values of a Flower run's config, typed at the door: run-config keys (dashed, from ``flwr run``), the
+config a node receives from the server (:meth:`privfed.flower.config.FlowerConfig.from_wire`) and the
+node's own node config (:func:`node_int`).
 
 Each value is checked against its field's type before the configuration is built: an integer is a whole
 number (1.7 and true are refused), a number of seconds is a number (true is refused), a JSON object parses
@@ -11,9 +12,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import numpy as np
+
 from privfed.errors import ConfigError
 
-__all__ = ["FIELD_TYPES", "coerce", "synthetic_spec", "wire_value"]
+__all__ = ["FIELD_TYPES", "coerce", "node_int", "synthetic_spec", "wire_value"]
 
 _INTS = (
     "clients",
@@ -152,3 +155,26 @@ def synthetic_spec(dataset: str) -> tuple[int, int]:
             "data set may hold (16 GiB); lower D or N"
         )
     return dim, n
+
+
+def node_int(node_config: dict, key: str, *, minimum: int = 0, default: int | None = None) -> int:
+    """An integer node-config value, checked at the door: a whole number (an int, or its decimal text),
+    ``>= minimum``; 1.7, true, "abc" or -1 are refused with one line naming the key (the server names the
+    node).  ``default`` when the key is absent (None: the key is required)."""
+    if key not in node_config:
+        if default is not None:
+            return default
+        raise ConfigError(f"this node's node config has no {key!r}; give it {key}=<integer>")
+    v = node_config[key]
+    text = v.strip() if isinstance(v, str) else None
+    if isinstance(v, bool) or not (
+        isinstance(v, (int, np.integer)) or (text is not None and text.lstrip("-").isdigit())
+    ):
+        raise ConfigError(
+            f"this node's node config {key}={v!r} must be a whole number (e.g. {key}=0), "
+            f"got {type(v).__name__} {v!r}"
+        )
+    n = int(v if text is None else text)
+    if n < minimum:
+        raise ConfigError(f"this node's node config {key}={n} must be >= {minimum}")
+    return n

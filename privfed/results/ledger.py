@@ -178,9 +178,9 @@ class NodeLedger:
         try:
             if not self.path.exists():
                 raise FileNotFoundError
-            text = read_regular_text(self.path, "the file", "it must be the ledger file itself")
-        except InputError as exc:  # a FIFO, a device, a socket or a folder: named, never waited on
-            raise self._error(str(exc)) from None
+            text = read_regular_text(self.path, "it", "the ledger must be a regular file")
+        except InputError as exc:  # a FIFO, a device, a socket, a folder, not UTF-8: named, never waited on
+            raise self._error(f"it cannot be read ({str(exc).removeprefix('it ')})") from None
         except FileNotFoundError:
             raise self._error("no such file (a new node creates it once, explicitly)") from None
         except (OSError, UnicodeDecodeError) as exc:

@@ -124,6 +124,7 @@ def check_out_path(out: str | os.PathLike, *, overwrite: bool, flag: str = "--ou
     path = Path(out)
     if str(out).strip() == "" or path.name in ("", ".", ".."):
         raise ConfigError(f"{flag} {str(out)!r} does not name a folder; pass a path such as results/run1")
+    check_names(path, flag=flag)
     if path.is_symlink():
         # a link names the folder the user means: the run is written into its target (staged beside the
         # target, on its file system) and the link stays a link
