@@ -8,6 +8,9 @@ The public entry point of the attack command; the command itself lives in
 from __future__ import annotations
 
 if __name__ == "__main__":  # --help answers before the imports below, in well under a second
+    from privfed.commands.start import quiet_start
+
+    quiet_start("attack")  # Ctrl-C while the imports run: one line and exit 130, no traceback
     from privfed.commands.options import answer_help
 
     answer_help("attack")

@@ -8,6 +8,9 @@ offers (``run_tradeoff``, ``TradeoffConfig``, ``main``, ...) can be imported fro
 from __future__ import annotations
 
 if __name__ == "__main__":  # --help answers before the imports below, in well under a second
+    from privfed.commands.start import quiet_start
+
+    quiet_start("tradeoff")  # Ctrl-C while the imports run: one line and exit 130, no traceback
     from privfed.commands.options import answer_help
 
     answer_help("tradeoff")

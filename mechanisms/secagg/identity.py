@@ -75,6 +75,7 @@ from mechanisms.secagg.threat import (
     min_threshold,
     threshold_rule,
 )
+from privfed._files import read_regular_text
 from privfed.errors import ConfigError
 
 __all__ = [
@@ -298,12 +299,13 @@ class Roster:
     @classmethod
     def load(cls, path: str | os.PathLike) -> Roster:
         p = pathlib.Path(path).expanduser()
-        if not p.is_file():
+        if not p.exists():
             raise ConfigError(
                 f"secagg-roster={path}: no such file; the operator writes it with "
                 "python -m mechanisms.secagg.identity"
             )
-        return cls.from_json(p.read_text(), f"secagg-roster={path}")
+        text = read_regular_text(p, f"secagg-roster={path}", "pass the roster file the operator wrote")
+        return cls.from_json(text, f"secagg-roster={path}")
 
 
 @dataclass(frozen=True)
@@ -344,10 +346,11 @@ class Identity:
     @classmethod
     def load(cls, path: str | os.PathLike) -> Identity:
         p = pathlib.Path(path).expanduser()
-        if not p.is_file():
+        if not p.exists():
             raise ConfigError(f"secagg-identity={path}: no such file")
+        text = read_regular_text(p, f"secagg-identity={path}", "pass the node's identity file")
         try:
-            raw = json.loads(p.read_text())
+            raw = json.loads(text)
             return cls(index=int(raw["index"]), private_key=bytes.fromhex(raw["private_key"]))
         except (KeyError, TypeError, ValueError) as exc:
             raise ConfigError(f"secagg-identity={path} is not a privfed identity file: {exc}") from None

@@ -239,6 +239,13 @@ def cli_entry(
     """
 
     def main(argv: Sequence[str] | None = None) -> int:
+        import signal
+        import threading
+
+        if threading.current_thread() is threading.main_thread() and getattr(
+            signal.getsignal(signal.SIGINT), "privfed_start", False
+        ):  # from here on Ctrl-C is a KeyboardInterrupt, handled below after what finished is written
+            signal.signal(signal.SIGINT, signal.default_int_handler)
         try:
             with interruptible():
                 from privfed.stats import dense_view_limit

@@ -192,6 +192,15 @@ def resolve_config(args: argparse.Namespace):
         raise ConfigError(f"--{exc}".replace("frac_bits", "frac-bits", 1)) from None
     if getattr(args, "num_cpus", 1) < 1:
         raise ConfigError(f"--num-cpus must be an integer >= 1, got {args.num_cpus}")
+    from privfed.release.settings import check_combination
+
+    check_combination(  # named as flags here (the run config names the same keys without --)
+        level=kwargs["level"],
+        secure_agg=secure,
+        trusted_aggregator=kwargs["trusted_aggregator"],
+        max_records=None if secure == "flwr-secaggplus-insecure" else kwargs["max_records"],
+        rounds=kwargs["rounds"],
+    )
     try:
         cfg = FlowerConfig(**kwargs)
     except ConfigError as exc:  # FlowerConfig names run-config keys; the command says flags

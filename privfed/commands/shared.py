@@ -22,6 +22,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from privfed._files import read_regular_text
 from privfed.commands.options import (
     ATTACK_NAMES,
     FEDERATION,
@@ -47,14 +48,16 @@ __all__ = ["Settings", "as_list", "load_config_file", "method_names", "parse_val
 def load_config_file(path: str, flag: str = "--config") -> dict[str, Any]:
     """The settings of a TOML file, or the ``config`` of a privfed ``results.json`` (checked against its manifest)."""
     p = Path(path)
-    if not p.is_file():
+    if not p.exists():
         raise ConfigError(f"{flag} {path!r} does not exist")
+    # a FIFO, a device, a socket or a folder is named and refused, never waited on
+    text = read_regular_text(p, f"{flag} {path!r}", "pass a TOML file or a privfed results.json")
     if p.suffix == ".json":
         from privfed.results.writer import manifest_names, verify_folder
 
         try:
-            data = json.loads(p.read_text())
-        except (ValueError, UnicodeDecodeError) as exc:
+            data = json.loads(text)
+        except ValueError as exc:
             raise ConfigError(
                 f"{flag} {path!r} is not valid JSON ({exc}); pass a TOML file or a privfed results.json"
             ) from None
@@ -66,8 +69,8 @@ def load_config_file(path: str, flag: str = "--config") -> dict[str, Any]:
             verify_folder(p.parent)
         return data["config"]
     try:
-        return tomllib.loads(p.read_text())
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{flag} {path!r} is not valid TOML: {exc}") from None
 
 

@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import signal
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from time import monotonic as time_monotonic
 from typing import Any
 
 from privfed.errors import PrivfedError
-from privfed.results.writer import MANIFEST, ResultFolder, ResultsWriteError
+from privfed.results.files import atomic_write
+from privfed.results.writer import ResultFolder, ResultsWriteError
 
 __all__ = [
     "Terminated",
@@ -21,6 +24,7 @@ __all__ = [
     "keep_finished",
     "periodic_checkpoint",
     "signals_deferred",
+    "spill_rows",
 ]
 
 
@@ -74,9 +78,10 @@ def signals_deferred() -> Iterator[None]:
 def periodic_checkpoint(write_partial: Callable[[list], None], every: float) -> Callable[[list], None]:
     """A callback for a long sweep: every ``every`` seconds, what finished goes to disk.
 
-    Signals wait while the partial files are written, so a killed sweep keeps them.
+    Signals wait while the partial files are written, so a killed sweep keeps them.  The first
+    finished run is written at once (a disk that fills early still leaves a checkpoint).
     """
-    last = time.monotonic()
+    last = -math.inf
 
     def checkpoint(records: list) -> None:
         nonlocal last
@@ -109,10 +114,18 @@ def keep_finished(
                 write_partial(done)
             where = out.finish(command, complete=False)
         except PrivfedError as exc:
-            kept = out.staging if (out.staging / MANIFEST).exists() else None
+            # a full disk: the last checkpoint is moved into place (a rename needs no space), the scratch
+            # files and the lock go, and every finished run is written where there is room
+            kept = out.salvage()
+            spilled = spill_rows(done, command, prog) if done else None
             print(
-                f"{prog}: could not write the {len(done)} finished run(s): {exc}"
-                + (f"; the last checkpoint is in {kept}" if kept else ""),
+                f"{prog}: could not write the {len(done)} finished run(s) into {out.path}: {exc}"
+                + (f"; the last checkpoint is in {kept}" if kept else "; no checkpoint had been written")
+                + (
+                    f"; all {len(done)} finished run(s) are in {spilled}"
+                    if spilled
+                    else ("; they could not be written anywhere else either" if done else "")
+                ),
                 file=sys.stderr,
             )
             return
@@ -123,6 +136,25 @@ def keep_finished(
                 + (f" ({out.path} keeps the previous run)" if where != out.path else ""),
                 file=sys.stderr,
             )
+
+
+def spill_rows(rows: list, command: str, prog: str) -> Path | None:
+    """The finished rows as one JSON file outside the full output folder: the system's temporary folder
+    (often another file system), else the working folder; returns its path, or None when nothing could
+    be written.  Written atomically; inf and NaN as strings, as in every results file."""
+    import os
+    import tempfile
+
+    from privfed.results.record import json_text
+
+    name = f"privfed-{prog.rsplit('.', 1)[-1]}-finished-{os.getpid()}-{int(time.time())}.json"
+    text = json_text({"command": command, "complete": False, "records": rows})
+    for folder in (Path(tempfile.gettempdir()), Path.cwd()):
+        try:
+            return atomic_write(folder / name, lambda p: p.write_text(text))
+        except (ResultsWriteError, OSError):
+            continue
+    return None
 
 
 @contextlib.contextmanager

@@ -7,9 +7,11 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from privfed._validation import MAX_SEED
 from privfed.errors import ConfigError
 
 __all__ = [
+    "MAX_SEED_COUNT",
     "as_bool",
     "choose",
     "as_float",
@@ -124,26 +126,47 @@ def choose(value: Any, choices: Sequence[str], flag: str, *, what: str = "value"
     raise ConfigError(f"{flag}: unknown {what} {text!r}{hint} (choose from {', '.join(choices)})")
 
 
+#: The most seeds a count may ask for (a sweep of more runs is never meant; a list names larger seeds).
+MAX_SEED_COUNT = 1_000_000
+
+
+def _seed_count(n: int, flag: str) -> tuple[int, ...]:
+    if n < 1:
+        raise ConfigError(f"{flag} must be >= 1, got {n}")
+    if n > MAX_SEED_COUNT:
+        raise ConfigError(
+            f"{flag} {n}: a count of more than {MAX_SEED_COUNT:,} seeds (one run each) is refused; pass a "
+            "smaller count, or a list of the seeds you mean (e.g. 3,7)"
+        )
+    return tuple(range(n))
+
+
+def _seed(v: int, flag: str) -> int:
+    if not 0 <= v <= MAX_SEED:
+        raise ConfigError(f"{flag}: every seed must lie in 0..2**64 - 1, got {v}")
+    return v
+
+
 def parse_seeds(value: Any, flag: str = "--seeds") -> tuple[int, ...]:
-    """'5' or 5 -> (0..4); '3,7' or [3, 7] -> (3, 7); '7,' -> (7,); clear errors otherwise."""
+    """'5' or 5 -> (0..4); '3,7' or [3, 7] -> (3, 7); '7,' -> (7,); clear errors otherwise (every seed in
+    0..2**64 - 1, at most :data:`MAX_SEED_COUNT` of them by count), checked before any work."""
     if isinstance(value, bool):
         raise ConfigError(f"{flag} must be a count or a list of integers, got {value!r}")
     if isinstance(value, int):
-        if value < 1:
-            raise ConfigError(f"{flag} must be >= 1, got {value}")
-        return tuple(range(value))
+        return _seed_count(value, flag)
     if isinstance(value, (list, tuple)):
         if not value:
             raise ConfigError(f"{flag} must not be empty")
-        return tuple(as_int(v, flag, minimum=0) for v in value)
-    if not isinstance(value, str):
+        seeds = tuple(_seed(as_int(v, flag, minimum=0), flag) for v in value)
+    elif not isinstance(value, str):
         raise ConfigError(f"{flag} must be a count or a list of integers, got {value!r}")
-    if "," not in value:
-        return tuple(range(parse_int_list(value, flag, minimum=1)[0]))
-    text = value.strip()
-    if text.endswith(",") and text.count(",") == 1:  # a list of one seed: '7,'
-        text = text[:-1]
-    seeds = tuple(parse_int_list(text, flag, minimum=0))
+    elif "," not in value:
+        return _seed_count(parse_int_list(value, flag, minimum=1)[0], flag)
+    else:
+        text = value.strip()
+        if text.endswith(",") and text.count(",") == 1:  # a list of one seed: '7,'
+            text = text[:-1]
+        seeds = tuple(_seed(v, flag) for v in parse_int_list(text, flag, minimum=0))
     if len(set(seeds)) != len(seeds):
         raise ConfigError(f"{flag} lists a seed twice: {value!r}")
     return seeds

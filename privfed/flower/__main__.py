@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 if __name__ == "__main__":  # --help answers before Flower is imported, in well under a second
+    from privfed.commands.start import quiet_start
+
+    quiet_start("flower")  # Ctrl-C while the imports run: one line and exit 130, no traceback
     from privfed.commands.options import answer_help
 
     answer_help("flower")

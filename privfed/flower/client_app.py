@@ -81,6 +81,7 @@ from privfed.flower.secagg import (
     node_step,
     ring_limit,
 )
+from privfed.flower.values import node_int
 from privfed.flower.wire import stats_record
 
 __all__ = ["app", "make_client_app"]
@@ -91,7 +92,10 @@ def _fault(stage: str, msg: Message, context: Context, faults: dict | None) -> M
     node_config = context.node_config
     spec = node_config.get("fail-at")
     if faults and "partition-id" in node_config:
-        spec = faults.get(int(node_config["partition-id"]), spec)
+        try:
+            spec = faults.get(node_int(node_config, "partition-id"), spec)
+        except PrivfedError:
+            pass  # a malformed partition-id is refused, with one line, by the stage's own data loading
     if not spec or _FIRED in context.state:
         return None
     where, _, how = str(spec).partition(":")

@@ -71,6 +71,7 @@ from typing import Any
 
 from privfed import methods as _methods
 from privfed.errors import ConfigError
+from privfed.flower.values import coerce, synthetic_spec, wire_value
 
 __all__ = [
     "INSECURE_FLWR",
@@ -164,6 +165,16 @@ class FlowerConfig:
             )
         if self.secure not in SECURE_PROTOCOLS:
             raise ConfigError(f"secure must be one of {list(SECURE_PROTOCOLS)}, got {self.secure!r}")
+        from privfed.release.settings import check_combination
+
+        check_combination(  # one configuration: a pair that contradicts itself is refused, naming both
+            level=self.level,
+            secure_agg=self.secure,
+            trusted_aggregator=bool(self.trusted_aggregator),
+            max_records=None if self.secure == INSECURE_FLWR else self.max_records,
+            rounds=self.rounds if isinstance(self.rounds, int) else 1,
+            prefix="",
+        )
         if self.secure != "none" and self.clients < 2:
             raise ConfigError("secure aggregation needs clients >= 2 (a sum of one input is that input)")
         if self.degree is not None:
@@ -273,7 +284,7 @@ class FlowerConfig:
             check_limits(self)
         for name in ("timeout", "connect_timeout"):
             v = getattr(self, name)
-            if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+            if isinstance(v, bool) or not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
                 raise ConfigError(f"{name.replace('_', '-')} must be a positive number of seconds, got {v!r}")
         if not (
             isinstance(self.dataset, str)
@@ -282,6 +293,14 @@ class FlowerConfig:
             raise ConfigError(
                 f"dataset must be 'digits', 'file:PATH' or 'synthetic:D:N', got {self.dataset!r}"
             )
+        if self.dataset.startswith("synthetic:"):
+            synthetic_spec(self.dataset)  # malformed or too large: refused here, before any message
+        for name in ("partition_seed", "noise_seed"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < 2**64):
+                raise ConfigError(
+                    f"{name.replace('_', '-')} must be an integer seed in 0..2**64 - 1, got {v!r}"
+                )
 
     # -- derived ---------------------------------------------------------------
     @property
@@ -351,10 +370,9 @@ class FlowerConfig:
                 "(an unknown key would name a new aggregation for the same statistics). Run server and nodes "
                 "with the same privfed version"
             )
-        kwargs = {k: v for k, v in values.items() if k in known}
-        for name in ("method_params", "rounds_params"):
-            if isinstance(kwargs.get(name), str):
-                kwargs[name] = json.loads(kwargs[name])
+        # every value typed at the door, one line naming the key: a lying or broken server sends 1.7 for
+        # an int, true for a number of seconds, or JSON that does not parse
+        kwargs = {k: wire_value(k, v) for k, v in values.items() if k in known}
         return cls(**kwargs)
 
     @classmethod
@@ -372,7 +390,7 @@ class FlowerConfig:
             f = names[key]
             if isinstance(value, str) and value.strip().lower() in ("", "none", "null") and f.default is None:
                 continue
-            kwargs[f.name] = _coerce(f.name, value)
+            kwargs[f.name] = coerce(f.name, value, renamed.get(f.name, f.name.replace("_", "-")))
         if isinstance(kwargs.get("method"), str):  # any case, as on the command line
             low = {m.lower(): m for m in _methods.available()}
             kwargs["method"] = low.get(kwargs["method"].lower(), kwargs["method"])
@@ -382,72 +400,6 @@ class FlowerConfig:
             if clip is not None:
                 kwargs["clip"] = clip
         return cls(**kwargs)
-
-
-def _coerce(name: str, value: Any) -> Any:
-    ints = {
-        "clients",
-        "min_clients",
-        "max_records",
-        "dropout_tolerance",
-        "threshold",
-        "degree",
-        "rounds",
-        "frac_bits",
-        "num_classes",
-        "partition_seed",
-        "noise_seed",
-    }
-    floats = {"epsilon", "delta", "clip", "alpha", "timeout", "connect_timeout"}
-    key = {v: k for k, v in RUN_CONFIG_KEYS.items()}.get(name, name.replace("_", "-"))
-    try:
-        if name == "partition_seed":
-            value = _one_seed(value)
-        elif name in ("method_params", "rounds_params"):
-            value = json.loads(value) if isinstance(value, str) else value
-        elif name in ints:
-            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
-                raise ValueError
-            value = int(value)
-        elif name in floats:
-            value = float(value)
-        elif name == "trusted_aggregator":
-            if isinstance(value, str):
-                if value.lower() not in ("true", "false", "1", "0"):
-                    raise ValueError
-                value = value.lower() in ("true", "1")
-            value = bool(value)
-    except ConfigError:
-        raise
-    except (TypeError, ValueError, json.JSONDecodeError):
-        raise ConfigError(f"run-config {key}={value!r} has the wrong type") from None
-    return value
-
-
-def _one_seed(value: Any) -> int:
-    """``seeds`` as the commands write it, for one run: a count of 1 (seed 0) or a list of one ("7,")."""
-    if isinstance(value, bool):
-        raise ValueError
-    text = str(value).strip()
-    if "," in text:
-        items = [t for t in text.split(",") if t.strip()]
-        if len(items) != 1:
-            raise ConfigError(
-                f"run-config seeds={value!r}: a Flower run is one release on one partition, so one seed "
-                '(seeds=1 is seed 0, seeds="7," is seed 7); sweep seeds with privfed.tradeoff'
-            )
-        seed = int(items[0])
-        if seed < 0:
-            raise ValueError
-        return seed
-    if isinstance(value, float) and not value.is_integer():
-        raise ValueError
-    if int(float(text)) != 1:
-        raise ConfigError(
-            f"run-config seeds={value!r}: a Flower run is one release on one partition, so one seed "
-            '(seeds=1 is seed 0, seeds="7," is seed 7); sweep seeds with privfed.tradeoff'
-        )
-    return 0
 
 
 def _positive_int(value, name: str, fix: str) -> int:

@@ -197,6 +197,7 @@ def node_round(context, cfg, config: dict, broadcast: dict, round_index: int):
     keeps a masked one (:func:`keep_share`) for the masked stage, which charges it.
     """
     from privfed.flower.charges import charge_plain, require_dp
+    from privfed.flower.values import node_int
     from privfed.rounds.bodies import FEATURE_DIM
     from privfed.rounds.release import AugmentedFedLog
 
@@ -206,7 +207,7 @@ def node_round(context, cfg, config: dict, broadcast: dict, round_index: int):
             "multi-round FedLog needs node config 'partition-id=i num-partitions=n' (the node's "
             "client of the digits partition the rounds use)"
         )
-    k = int(context.node_config["partition-id"])
+    k = node_int(context.node_config, "partition-id")
     if not 0 <= k < rc.clients:
         raise ConfigError(f"partition-id={k} must lie in 0..clients-1={rc.clients - 1}")
     C, m = C_DIGITS, FEATURE_DIM + 1

@@ -26,6 +26,7 @@ import pathlib
 
 from mechanisms.secagg.identity import Identity, Roster
 from mechanisms.secagg.masking.node import MaskingNode
+from privfed._files import read_regular_text
 
 __all__ = ["KeptNodes", "TOKEN", "parsed"]
 
@@ -45,8 +46,9 @@ def parsed(value: str, kind: type):
     if not inline:
         path = pathlib.Path(text).expanduser()
         if not path.is_file():
-            return kind.load(text)  # its one-line error
-        text = path.read_text()
+            return kind.load(text)  # its one-line error (a FIFO, a device or a socket is named, never read)
+        what = "secagg-roster" if kind is Roster else "secagg-identity"
+        text = read_regular_text(path, f"{what}={value}", "pass the file the operator wrote")
     key = (kind.__name__, text)
     got = _PARSED.get(key)
     if got is None:

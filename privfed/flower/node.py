@@ -28,10 +28,18 @@ import numpy as np
 
 from privfed.errors import ConfigError, InputError
 from privfed.flower.config import FlowerConfig
+from privfed.flower.values import node_int
 from privfed.release.pipeline import client_statistics
 from privfed.stats import ClientStats
 
-__all__ = ["STATS_KEY", "NodeData", "load_node_data", "node_rng", "node_statistics", "secure_release"]
+__all__ = [
+    "STATS_KEY",
+    "NodeData",
+    "load_node_data",
+    "node_rng",
+    "node_statistics",
+    "secure_release",
+]
 
 #: ``context.state`` records of a node's cached secure-sum statistics (with its noise share) and their key.
 STATS_KEY = "privfed-stats"
@@ -77,7 +85,8 @@ def load_node_data(node_config: dict, cfg: FlowerConfig) -> NodeData:
             f"dataset={cfg.dataset!r} cannot be partitioned on the nodes; give every node its own "
             "file with node config 'features=PATH'"
         )
-    pid, n = int(node_config["partition-id"]), int(node_config["num-partitions"])
+    pid = node_int(node_config, "partition-id")
+    n = node_int(node_config, "num-partitions", minimum=1)
     if not 0 <= pid < n:
         raise ConfigError(f"partition-id={pid} must lie in 0..num-partitions-1={n - 1}")
     F, y, k, C = _digits_partition(n, cfg.partition, float(cfg.alpha), int(cfg.partition_seed))
@@ -145,15 +154,11 @@ def _synthetic(node_config: dict, cfg: FlowerConfig) -> NodeData:
     Class c has mean e_{c mod D} * 3; drawn from the partition id and
     the run-config key ``seeds``, so a run is reproducible and every node differs.
     """
-    try:
-        _, dim, n = cfg.dataset.split(":")
-        dim, n = int(dim), int(n)
-    except ValueError:
-        raise ConfigError(
-            f"dataset {cfg.dataset!r} must read synthetic:D:N, e.g. synthetic:1280:50"
-        ) from None
+    from privfed.flower.config import synthetic_spec
+
+    dim, n = synthetic_spec(cfg.dataset)
     C = 10 if cfg.num_classes is None else int(cfg.num_classes)
-    pid = int(node_config.get("partition-id", 0))
+    pid = node_int(node_config, "partition-id", default=0)
     rng = np.random.default_rng([int(cfg.partition_seed), pid, 0x5F])
     y = rng.integers(0, C, n)
     F = rng.normal(size=(n, dim))

@@ -85,7 +85,9 @@ class SimulatedRoster:
         if self.index is not None:
             i = self.index.get(int(node_id))
         else:
-            i = node_config.get("partition-id")
+            from privfed.flower.values import node_int
+
+            i = node_int(node_config, "partition-id") if "partition-id" in node_config else None
         if i is None or not 0 <= int(i) < self.size:
             return None
         if self.directory is not None:

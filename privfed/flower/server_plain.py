@@ -24,7 +24,7 @@ from privfed.flower.fold import NodeFold, node_errors
 from privfed.flower.transport import exchange
 from privfed.flower.wire import payload_bytes, stats_from_record
 
-__all__ = ["record_client_releases", "serve_plain", "server_rng"]
+__all__ = ["DuplicateCheck", "record_client_releases", "serve_plain", "server_rng"]
 
 
 def record_client_releases(privacy, replies_events: dict[int, list[dict]]) -> None:
@@ -43,6 +43,49 @@ def record_client_releases(privacy, replies_events: dict[int, list[dict]]) -> No
         privacy.ledger.record(ReleaseEvent(**{**e, "release_id": rid}))
 
 
+class DuplicateCheck:
+    """The server's look for one partition sent by two nodes: the same ``partition-id`` in two replies, or
+    byte-identical statistics from two nodes that hold records (without noise two sites' exact sums agree
+    only when they hold the same data; under noise only when they drew the same noise).  Either would count
+    one partition twice and, with a fixed number of nodes, leave another out."""
+
+    def __init__(self) -> None:
+        self.by_partition: dict[int, list[int]] = {}
+        self.by_digest: dict[str, list[int]] = {}
+
+    def add(self, node: int, partition_id, stats) -> None:
+        import hashlib
+
+        try:
+            pid = int(partition_id)
+        except (TypeError, ValueError):
+            pid = -1
+        if pid >= 0:
+            self.by_partition.setdefault(pid, []).append(node)
+        arrays = stats.arrays()
+        if float(np.sum(np.abs(arrays.get("counts", np.zeros(0))))) > 0:  # a node without records: zeros
+            h = hashlib.sha256()
+            for name in sorted(arrays):
+                h.update(name.encode())
+                h.update(np.ascontiguousarray(arrays[name], dtype=np.float64).tobytes())
+            self.by_digest.setdefault(h.hexdigest(), []).append(node)
+
+    def check(self) -> None:
+        for pid, nodes in sorted(self.by_partition.items()):
+            if len(nodes) > 1:
+                raise ConfigError(
+                    f"nodes {', '.join(map(str, sorted(nodes)))} all hold partition-id={pid}: one partition would "
+                    "be counted twice and another left out; give every node its own partition-id (node config "
+                    "partition-id=i num-partitions=n, i = 0..n-1)"
+                )
+        for nodes in self.by_digest.values():
+            if len(nodes) > 1:
+                raise ConfigError(
+                    f"nodes {', '.join(map(str, sorted(nodes)))} sent identical statistics: the same data would be "
+                    "counted twice; give every node its own data (its own features=PATH or partition-id)"
+                )
+
+
 def server_rng(cfg: FlowerConfig) -> np.random.Generator:
     """The server's noise generator: OS entropy, or seeded from ``noise-seed`` (a reproducible simulation)."""
     if cfg.noise_seed is None:
@@ -56,6 +99,7 @@ def serve_plain(grid, cfg: FlowerConfig, method, privacy, nodes, config_rec, sta
     ``stages`` (name -> Exchange) and ``received`` (the replies when ``keep_view``) are filled in.
     """
     fold = NodeFold(method)
+    seen = DuplicateCheck()
     errors: dict[int, str] = {}
     events: dict[int, list[dict]] = {}
     backends: dict[int, str] = {}
@@ -74,6 +118,7 @@ def serve_plain(grid, cfg: FlowerConfig, method, privacy, nodes, config_rec, sta
         sent_pairs[0] += stats.num_clients * stats.num_classes if privacy is not None else stats.num_pairs()
         if keep_view:
             received.append(("query", node, {k: v.copy() for k, v in stats.arrays().items()}))
+        seen.add(node, meta.get("partition-id", -1), stats)
         fold.add(f"node {node}", stats)
         events[node] = json.loads(str(meta["events"]))
         if BACKEND_KEY in meta:
@@ -82,6 +127,7 @@ def serve_plain(grid, cfg: FlowerConfig, method, privacy, nodes, config_rec, sta
     contents = {n: RecordDict({"config": config_rec}) for n in nodes}
     ex = stages["query"] = exchange(grid, contents, "query", cfg.timeout, on_stats, group_id="stats")
     node_errors(errors, ex.failed, "query")
+    seen.check()  # one partition counted twice (and another lost) is refused, naming the nodes
     got = len(ex.answered)
     if got < cfg.min_replies:
         raise ConfigError(

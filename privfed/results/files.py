@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from privfed._files import open_regular, read_regular_text
 from privfed.errors import InputError, PrivfedError
 
 __all__ = [
@@ -46,7 +47,7 @@ class ResultsWriteError(PrivfedError):
 # ---------------------------------------------------------------- files
 def sha256_file(path: str | os.PathLike) -> str:
     h = hashlib.sha256()
-    with open(path, "rb") as fh:
+    with open_regular(path, f"result file {str(path)!r}") as fh:
         for block in iter(lambda: fh.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
@@ -92,7 +93,9 @@ def verify_folder(folder: str | os.PathLike) -> dict[str, Any]:
     folder = Path(folder)
     where = f"result folder {str(folder)!r}"
     try:
-        manifest = json.loads((folder / MANIFEST).read_text())
+        if not (folder / MANIFEST).exists():
+            raise FileNotFoundError
+        manifest = json.loads(read_regular_text(folder / MANIFEST, f"{where}: {MANIFEST}"))
     except FileNotFoundError:
         raise InputError(f"{where} has no {MANIFEST}; it was not written by a finished privfed run") from None
     except (OSError, ValueError) as exc:
@@ -123,8 +126,8 @@ def verify_folder(folder: str | os.PathLike) -> dict[str, Any]:
 def manifest_names(folder: Path) -> set[str] | None:
     """The file names a privfed manifest in ``folder`` lists (old and new formats), or None."""
     try:
-        data = json.loads((folder / MANIFEST).read_text())
-    except (ValueError, OSError):
+        data = json.loads(read_regular_text(folder / MANIFEST, f"{MANIFEST} in {str(folder)!r}"))
+    except (ValueError, OSError, InputError):
         return None
     if not (isinstance(data, dict) and data.get("tool") == "privfed" and isinstance(data.get("files"), list)):
         return None

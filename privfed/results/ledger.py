@@ -42,7 +42,8 @@ import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from privfed.errors import ConfigError
+from privfed._files import read_regular_text
+from privfed.errors import ConfigError, InputError
 from privfed.results.files import atomic_write
 
 __all__ = ["FORMAT", "SECAGG_CREATE", "VERSION", "LedgerError", "NodeLedger"]
@@ -175,7 +176,11 @@ class NodeLedger:
 
     def _load(self) -> dict:
         try:
-            text = self.path.read_text(encoding="utf-8")
+            if not self.path.exists():
+                raise FileNotFoundError
+            text = read_regular_text(self.path, "it", "the ledger must be a regular file")
+        except InputError as exc:  # a FIFO, a device, a socket, a folder, not UTF-8: named, never waited on
+            raise self._error(f"it cannot be read ({str(exc).removeprefix('it ')})") from None
         except FileNotFoundError:
             raise self._error("no such file (a new node creates it once, explicitly)") from None
         except (OSError, UnicodeDecodeError) as exc:

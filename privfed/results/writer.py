@@ -42,7 +42,8 @@ import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from privfed.errors import ConfigError
+from privfed._files import read_regular_text
+from privfed.errors import ConfigError, InputError
 from privfed.results.files import (
     MANIFEST,
     OUTPUT_NAMES,
@@ -94,8 +95,10 @@ def _privfed_files(path: Path) -> tuple[set[str], list[str]]:
     legacy = False  # a privfed run written before manifests existed: its results.json / config.json say so
     for marker in ("results.json", "results.partial.json", "config.json", "report.json"):
         try:
-            data = json.loads((path / marker).read_text())
-        except (ValueError, OSError):
+            if not (path / marker).exists():
+                continue
+            data = json.loads(read_regular_text(path / marker, f"{marker} in {str(path)!r}"))
+        except (ValueError, OSError, InputError):
             continue
         if isinstance(data, dict) and "versions" in data and ("config" in data or "attack" in data):
             legacy = True
@@ -115,11 +118,19 @@ def check_out_path(out: str | os.PathLike, *, overwrite: bool, flag: str = "--ou
 
     Refused with one line: a path that is a file, a path under a file, an
     existing non-empty folder without ``overwrite``, and (with ``overwrite``)
-    a folder holding anything privfed did not write.
+    a folder holding anything privfed did not write.  A symbolic link stands
+    for its target: the returned path is the target, which the run fills.
     """
     path = Path(out)
     if str(out).strip() == "" or path.name in ("", ".", ".."):
         raise ConfigError(f"{flag} {str(out)!r} does not name a folder; pass a path such as results/run1")
+    check_names(path, flag=flag)
+    if path.is_symlink():
+        # a link names the folder the user means: the run is written into its target (staged beside the
+        # target, on its file system) and the link stays a link
+        path = Path(os.path.realpath(path))
+        if path.name in ("", ".", ".."):
+            raise ConfigError(f"{flag} {str(out)!r} links to {str(path)!r}, which is no folder to write into")
     check_names(path, flag=flag)
     try:
         return _check_out_path(path, overwrite, flag)
@@ -396,6 +407,37 @@ class ResultFolder:
         self.published = dest
         self._release()
         return dest
+
+    def salvage(self) -> Path | None:
+        """After a write failed (a full disk): keep what was committed, leave no scratch, release the lock.
+
+        The last committed checkpoint (a staging folder with its manifest) is moved into place by a
+        rename, which needs no new space (beside a previous run: ``<path>.partial-<time>``); the
+        uncommitted work folder and its temporary files are removed.  Returns where the checkpoint
+        is, or None when nothing was committed.
+        """
+        shutil.rmtree(self._work, ignore_errors=True)
+        kept: Path | None = None
+        if (self.staging / MANIFEST).is_file():
+            kept = self.staging
+            dest = self.path
+            if dest.exists():
+                stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+                dest = self.path.with_name(f"{self.path.name}.partial-{stamp}")
+            with contextlib.suppress(OSError):
+                os.rename(self.staging, dest)
+                kept = dest
+        else:
+            shutil.rmtree(self.staging, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            shutil.rmtree(self._aside)
+        self.published = kept
+        self._release()
+        if kept is None:
+            for p in self._made:
+                with contextlib.suppress(OSError):
+                    p.rmdir()
+        return kept
 
     def discard(self) -> None:
         """A run that finished nothing: remove its folders (and the parents this run created)."""

@@ -532,6 +532,8 @@ def test_the_bound_on_counts_comes_from_the_roster_never_from_the_server(digits_
             _rewrite_broadcast(
                 msg, lambda a: a.update(N=np.where(np.arange(a["N"].size) == 0, 4001.0, a["N"]))
             )
+
+    def inflate(msg):  # the server claims a larger bound in the run config: refused at the door
         if "config" in msg.content:
             msg.content["config"]["max_records"] = 10**9
 
@@ -540,4 +542,9 @@ def test_the_bound_on_counts_comes_from_the_roster_never_from_the_server(digits_
     with pytest.raises(ProtocolAbort, match="an N_c is above 4000, the public bound on a class's count"):
         serve(
             TamperingGrid(nodes, tamper), FlowerConfig(method="fedcof", clients=K, secure="mask", timeout=30)
+        )
+    with pytest.raises(ConfigError, match="max-records 1000000000 contradicts level record"):
+        serve(
+            TamperingGrid(nodes, lambda m: (inflate(m), tamper(m))),
+            FlowerConfig(method="fedcof", clients=K, secure="mask", timeout=30),
         )

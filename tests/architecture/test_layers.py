@@ -29,6 +29,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "privfed.optional",
         "privfed._registry",
         "privfed._validation",
+        "privfed._files",
         "privfed._linalg",
         "privfed.stats",
         "privfed.head",

@@ -179,10 +179,12 @@ def test_count_noise_rows_state_pure_dp_and_no_dp(tmp_path, capsys, digits_cache
     for r in _records(out):
         assert r["delta"] == 0.0 and r["calibration"] == "pure" and r["sigma"] == "nan"
         assert r["noise"] == "counts: Laplace b=2"  # b = 1 / eps
+        # the means go in clear: the release as a whole is not private, and the counts' level is record
+        assert r["private"] is False and r["level"] == "record" and r["epsilon_reported"] == 0.5
         assert r["pairs_dropped"] == int(r["notes"].split()[0]) if r["notes"] else True
     row = next(line for line in table.splitlines() if line.startswith("fedcof"))
     cells = [c.strip() for c in row.split("  ") if c.strip()]
-    assert cells[6] == "0" and "nan" not in row and "analytic" not in row
+    assert cells[6] == "0" and "nan" not in row and "analytic" not in row and "0.5 (counts only)" in row
     out = tmp_path / "uni"
     assert (
         tradeoff_main(

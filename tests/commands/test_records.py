@@ -168,6 +168,8 @@ def test_multi_round_rows_have_the_one_shot_columns(tmp_path, monkeypatch, capsy
                 epsilon=epsilon,
                 sigma=3.0,
                 placement="local",
+                level="record",
+                is_private=True,
                 guarantee=f"({epsilon:g}, 1e-05)-DP at record level",
             )
         one = {"personalised": 0.5, "common": 0.4 if rep else 0.45, "privacy": rep, "upload_bytes_total": 100}

@@ -251,7 +251,10 @@ def test_the_plain_server_would_have_taken_the_intruder(deployed, digits_dataset
 
     fk, configs, _ = deployed
     grid = _KeyedGrid(configs, fk)
-    serve(grid, FlowerConfig(method="fedncm", clients=3, timeout=30.0))
+    # the intruder claims a bound node's partition: the plain server sends it the run and takes its reply,
+    # and only the duplicate partition-id check stops the sum from counting that partition twice
+    with pytest.raises(ConfigError, match="nodes 5, 11 all hold partition-id=0"):
+        serve(grid, FlowerConfig(method="fedncm", clients=3, timeout=30.0))
     assert 5 in grid.delivered
 
 

@@ -161,9 +161,12 @@ def _fill_at_final_write(monkeypatch, disk: _Disk) -> None:
     monkeypatch.setattr(tr, "summarise", summarise)
 
 
-def test_full_disk_at_the_final_write_keeps_the_last_checkpoint_and_publishes_nothing(
+def test_full_disk_at_the_final_write_moves_the_last_checkpoint_into_place(
     tmp_path, monkeypatch, capsys, digits_cache
 ):
+    """The final files cannot be written: the last checkpoint (every run, checkpointed as it finished)
+    is moved into place by a rename, which needs no space, and no staging folder, work folder or lock
+    is left beside it."""
     import privfed.commands.tradeoff.cli as tr
 
     monkeypatch.setattr(tr, "CHECKPOINT_S", 0.0)
@@ -173,14 +176,11 @@ def test_full_disk_at_the_final_write_keeps_the_last_checkpoint_and_publishes_no
     assert tradeoff_main([*SMALL, "--eps", "1,2", "--seeds", "3", "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert disk.hits >= 2 and "Traceback" not in err
-    assert "No space left on device" in err and "the last checkpoint is in" in err
-    assert not out.exists()
-    (staging,) = _staging(tmp_path)
-    manifest = verify_folder(
-        staging
-    )  # the checkpoint's manifest matches the files: no half-written file listed
-    assert manifest["complete"] is False and _rows(staging / "results.partial.csv") == 6
-    assert not [p for p in staging.iterdir() if p.name.endswith(".privfed-tmp")]
+    assert "No space left on device" in err and f"the last checkpoint is in {out}" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["o"]  # no staging, work folder or lock
+    manifest = verify_folder(out)  # the checkpoint's manifest matches the files: no half-written file listed
+    assert manifest["complete"] is False and _rows(out / "results.partial.csv") == 6
+    assert not [p for p in out.iterdir() if p.name.endswith(".privfed-tmp")]
 
 
 def test_full_disk_during_overwrite_leaves_the_previous_run_whole(

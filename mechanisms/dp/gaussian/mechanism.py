@@ -69,6 +69,7 @@ from mechanisms.dp.gaussian.report import GaussianReport
 from mechanisms.dp.ledger import NEIGHBOURING, PrivacyLedger
 from mechanisms.dp.params import Parameters
 from mechanisms.dp.sensitivity import RECORD_BOUNDS
+from privfed._validation import check_real_dtype
 from privfed.errors import ConfigError, InputError
 from privfed.stats import ClientStats, compute_client_stats
 
@@ -377,8 +378,10 @@ class GaussianMechanism(Parameters, GaussianCalibration, GaussianNoise, ClientBo
             raise ConfigError(f"rng must be a numpy.random.Generator, got {type(rng).__name__}")
         self._refuse_sampling()
         self._seeded = True  # the caller's Generator drives the noise: a simulation
+        raw = np.asarray(features)
+        check_real_dtype(raw, "features")  # complex, object or text data refused, never cast
         self._placements.append("local")
-        F = self.clip(np.asarray(features, dtype=np.float64))
+        F = self.clip(raw.astype(np.float64, copy=False))
         fields = ("counts", "sums", "second") if "second" in self.blocks else ("counts", "sums")
         stats = compute_client_stats(F, labels, None, num_classes=num_classes, fields=fields)
         n = 1 if draws is None else int(draws)
@@ -425,6 +428,12 @@ class GaussianMechanism(Parameters, GaussianCalibration, GaussianNoise, ClientBo
             raise ConfigError(
                 f"method {name!r} does not use the second moment but blocks includes 'second' (budget spent on "
                 "nothing); use blocks=('sums', 'counts')"
+            )
+        if self.trusted_aggregator and secure_agg is not None:
+            raise ConfigError(
+                f"trusted_aggregator=True contradicts secure_agg={getattr(secure_agg, 'name', secure_agg)!r}: a "
+                "trusted aggregator sees the exact sum, which secure aggregation hides from the server; drop one "
+                "of them"
             )
         self._secure = secure_agg is not None
         self._secagg = secure_agg

@@ -109,12 +109,12 @@ def _body(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
     cfg = resolve_config(args)
     command = " ".join([PROG, *argv])
+    import torch  # before the folder is locked: an interrupt during this import leaves nothing behind
+
+    torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
     out = OutputDir(
         args.out, "attack", overwrite=bool(args.overwrite), name_parts=_name_parts(cfg), command=command
     )
-    import torch
-
-    torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
     done: list[dict[str, Any]] = []
 
     def write_partial(records):

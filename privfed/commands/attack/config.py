@@ -10,8 +10,9 @@ from typing import Any
 import attacks
 from privfed.commands.options import FEDERATION
 from privfed.commands.shared import Settings, as_list
-from privfed.commands.values import as_int, choose, parse_int_list
+from privfed.commands.values import as_int, choose, parse_int_list, parse_seeds
 from privfed.errors import ConfigError, MissingDependencyError
+from privfed.release.settings import check_combination
 
 __all__ = ["SUITE_KINDS", "AttackConfig", "resolve_config"]
 
@@ -127,10 +128,12 @@ def resolve_config(args: argparse.Namespace) -> AttackConfig:
     if getattr(args, "seed_list", None) is not None:
         if args.seeds is not None:
             raise ConfigError("pass --seeds or --seed, not both")
-        seeds = tuple(parse_int_list(args.seed_list, "--seed"))
+        seeds = parse_seeds(parse_int_list(args.seed_list, "--seed"), "--seed")  # each in 0..2**64 - 1
     else:
         seeds = s.seeds()
     secure = s.secure_agg()
+    # one configuration: a pair that contradicts itself is refused now, naming both (never one ignored)
+    check_combination(count_noise=count_noise, level=level, secure_agg=secure, clip=clip)
     params: dict[str, Any] = dict(s.base.get("attack_params") or {})
     for flag in ("backend", "source", "steps", "max_cells"):
         v = getattr(args, flag, None)

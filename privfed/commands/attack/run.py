@@ -145,13 +145,15 @@ def _privacy(cfg: AttackConfig, method, eps: float, clip: float):
     return mechanisms.GaussianMechanism(epsilon=eps, delta=cfg.delta, clip=clip, blocks=blocks)
 
 
-def _trust_columns(cfg: AttackConfig, eps: float, view) -> dict[str, Any]:
-    """Where the noise was added and the guarantee, for one row (from the run's settings and view)."""
-    if math.isinf(eps):
+def _trust_columns(cfg: AttackConfig, eps: float, view, report=None) -> dict[str, Any]:
+    """Where the noise was added and the guarantee, for one row: read from the release's privacy
+    ``report`` (level, whether every statistic is protected) and the server's ``view`` (the protocol)."""
+    protocol = cfg.secure_agg if view.secure_agg else "none"
+    if math.isinf(eps) or report is None:
         return {
             "placement": "none",
-            "protocol": cfg.secure_agg,
-            "level": "-",
+            "protocol": protocol,
+            "level": "none",
             "delta": 0.0,
             "calibration": "-",
             "private": False,
@@ -161,15 +163,15 @@ def _trust_columns(cfg: AttackConfig, eps: float, view) -> dict[str, Any]:
     placement = placement_word(
         getattr(view.noise, "placement", None), "secure sum" if secure and count is None else "local"
     )
-    private = count != "uniform"
-    delta = 0.0 if count in ("laplace", "geometric") else (cfg.delta if private else float("nan"))
+    private = bool(report.is_private)
+    delta = float(report.delta) if math.isfinite(report.epsilon) else float("nan")
     cal = {"laplace": "pure", "geometric": "pure", "gaussian": "analytic", "uniform": "none (no DP)"}.get(
         count or "", "analytic"
     )
     return {
         "placement": placement,
-        "protocol": cfg.secure_agg,
-        "level": "record",
+        "protocol": protocol,
+        "level": report.level,
         "delta": delta,
         "calibration": cal,
         "private": private,
@@ -296,22 +298,21 @@ def run_attacks(
                         for k, v in m2.items()
                         if k in ("auc", "auc_se", "tpr@0.01", "tpr@0.001", "eps_lower_bound")
                     }
+            report = _guarantee(cfg, method, eps, clip, Fp, yp, clients, num_classes, num_clients, seed)
             row = {
                 "attack": cfg.attack,
                 "method": mname,
                 "epsilon": eps,
-                **_trust_columns(cfg, eps, view),
+                **_trust_columns(cfg, eps, view, report),
                 "clip": clip if (math.isfinite(eps) and cfg.count_noise is None) else None,
                 "n": n,
                 "partition": cfg.partition,
-                "secure_agg": cfg.secure_agg,
+                "secure_agg": cfg.secure_agg if view.secure_agg else "none",
                 "count_noise": cfg.count_noise,
                 "seed": seed,
                 "clients": int(view.stats.num_clients) if view.per_client else int(clients.max() + 1),
                 "noise": view.noise.guarantee,
-                "guarantee": _guarantee(
-                    cfg, method, eps, clip, Fp, yp, clients, num_classes, num_clients, seed
-                ),
+                "guarantee": "no protection (eps=inf)" if report is None else report.guarantee,
                 "upload_bytes": _upload_per_client(method, clients, yp, num_classes, Fp.shape[1], eps),
                 "seconds": round(time.perf_counter() - t1, 3),
                 "cpu_s": round(time.process_time() - c1, 3),
@@ -349,10 +350,11 @@ def run_attacks(
     }
 
 
-def _guarantee(cfg, method, eps, clip, F, y, clients, num_classes, num_clients, seed) -> str:
-    """The guarantee sentence of the run's release, from a ledger (the view's noise drawn from a seed: a simulation)."""
+def _guarantee(cfg, method, eps, clip, F, y, clients, num_classes, num_clients, seed):
+    """The privacy report of the run's release, from a ledger (the view's noise drawn from a seed: a
+    simulation); None without noise."""
     if math.isinf(eps):
-        return "no protection (eps=inf)"
+        return None
     import warnings
 
     import privfed
@@ -372,7 +374,7 @@ def _guarantee(cfg, method, eps, clip, F, y, clients, num_classes, num_clients, 
             secure_agg=IdealSecureSum() if cfg.secure_agg != "none" else None,
             random_state=seed,
         )
-    return head.privacy.guarantee
+    return head.privacy
 
 
 def _cell_sizes(view, truth, cells) -> dict[str, int]:

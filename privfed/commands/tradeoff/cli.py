@@ -84,8 +84,17 @@ def _run(cfg: TradeoffConfig, args, done: list, checkpoint) -> tuple[dict[str, A
             ds, clients=cfg.clients, partition=cfg.partition, alpha=cfg.alpha, seeds=cfg.seeds
         ),
     }
+    ran = cfg
+    if any(
+        math.isfinite(e) for e in cfg.epsilons
+    ):  # the clip the rounds ran with (2 per coordinate unless told)
+        from dataclasses import replace
+
+        from privfed.commands.tradeoff.rounds import clip_of
+
+        ran = replace(cfg, **clip_of(cfg))
     result = {
-        "config": cfg,
+        "config": ran,
         "records": rows,
         "warnings": [],
         "dataset": dataset,
@@ -107,9 +116,6 @@ def _body(argv: Sequence[str] | None) -> int:
             "or drop --rounds"
         )
     command = " ".join([PROG, *argv])
-    out = OutputDir(
-        args.out, "tradeoff", overwrite=bool(args.overwrite), name_parts=_name_parts(cfg), command=command
-    )
     done: list[dict[str, Any]] = []
     extra_config: dict[str, Any] = {}
     if _rounds_mode(cfg):
@@ -121,6 +127,11 @@ def _body(argv: Sequence[str] | None) -> int:
         extra_config = rounds_settings(
             None if args.local_epochs is None else int(args.local_epochs), families, args.init
         )
+
+    # locked last, after every import: an interrupt before the try below leaves no lock behind
+    out = OutputDir(
+        args.out, "tradeoff", overwrite=bool(args.overwrite), name_parts=_name_parts(cfg), command=command
+    )
 
     def write_partial(records: list[dict[str, Any]]) -> None:
         out.write_csv(PARTIAL[0], records, record_fields(records))

@@ -11,7 +11,7 @@ from privfed.commands.options import FEDERATION
 from privfed.commands.shared import Settings, as_list
 from privfed.commands.values import as_int, as_str, choose, parse_seeds, parse_str_list
 from privfed.errors import ConfigError
-from privfed.release.settings import COUNT_NOISE_KINDS
+from privfed.release.settings import COUNT_NOISE_KINDS, check_combination
 
 __all__ = ["PLACEMENTS", "PLACEMENT_LABEL", "TradeoffConfig", "resolve_config"]
 
@@ -140,6 +140,21 @@ def resolve_config(args: argparse.Namespace) -> TradeoffConfig:
     download = s.switch("download")
     backbone = pick("backbone")
     backbone = None if backbone is None else as_str(backbone, "--backbone")
+    # one configuration: a pair that contradicts itself is refused now, naming both (never one ignored)
+    check_combination(
+        count_noise=count_noise,
+        level=level,
+        secure_agg=secure,
+        trusted_aggregator=trusted,
+        placements=_explicit_placements(pick("placement", "placement", "placements")),
+        clip=clip,
+        clip_norm=clip_norm,
+        calibration=calibration,
+        max_records=max_records,
+        rounds=rounds,
+    )
+    if clip_norm == "coordinate" and clip is None:
+        raise ConfigError("--clip-norm coordinate needs an explicit --clip B (the per-coordinate bound)")
     placements = _resolve_placements(
         pick("placement", "placement", "placements"),
         epsilons=epsilons,
@@ -174,6 +189,17 @@ def resolve_config(args: argparse.Namespace) -> TradeoffConfig:
         plot=s.plot(),
         placements=placements,
     )
+
+
+def _explicit_placements(value: Any) -> tuple[str, ...]:
+    """The placements a --placement value names (nothing when absent or malformed: checked later)."""
+    if value is None or (isinstance(value, (list, tuple)) and not value):
+        return ()
+    try:
+        items = parse_str_list(as_list(value, "--placement"), "--placement")
+    except ConfigError:
+        return ()
+    return tuple(PLACEMENTS) if items == ["all"] else tuple(items)
 
 
 def _resolve_placements(

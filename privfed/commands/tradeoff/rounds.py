@@ -18,7 +18,7 @@ from typing import Any
 from privfed.commands.common import placement_word
 from privfed.errors import ConfigError
 
-__all__ = ["TRADEOFF_ATTACK_PAIRS", "attack_summary", "rounds_settings", "tradeoff_rounds"]
+__all__ = ["TRADEOFF_ATTACK_PAIRS", "attack_summary", "clip_of", "rounds_settings", "tradeoff_rounds"]
 
 #: Member / holdout pairs the trade-off command attacks in every multi-round run.
 TRADEOFF_ATTACK_PAIRS = 200
@@ -53,19 +53,27 @@ def _base(cfg, key: str | None) -> dict[str, Any]:
         placement=placement,
         calibration="paper" if cfg.calibration == "classic" else "total",
         record_bound="theorem" if cfg.calibration == "classic" else "auto",
-        clip=cfg.clip if cfg.clip is not None else 2.0,
-        clip_norm=cfg.clip_norm if cfg.clip is not None else "coordinate",
+        **clip_of(cfg),
         max_records=cfg.max_records,
         secure_agg=(cfg.secure_agg if cfg.secure_agg in ("mask", "ckks") else "mask") if secure else "none",
         attack_pairs=TRADEOFF_ATTACK_PAIRS,
     )
 
 
+def clip_of(cfg) -> dict[str, Any]:
+    """The clip bound and norm multi-round FedLog runs with: ``--clip`` and ``--clip-norm``, or privfed.rounds'
+    default of 2 per coordinate (what the run record states, since it is what ran)."""
+    if cfg.clip is None:
+        return {"clip": 2.0, "clip_norm": "coordinate"}
+    return {"clip": float(cfg.clip), "clip_norm": cfg.clip_norm}
+
+
 def _row(
     cfg, base: dict, name_rounds: int, eps: float, seed: int, acc: dict, rep, upload_total: float
 ) -> dict:
     """One row in the one-shot sweep's columns."""
-    private = rep is not None and math.isfinite(float(getattr(rep, "epsilon", math.inf)))
+    # what ran, read from the run's report (never copied from the request)
+    private = rep is not None and bool(rep.is_private)
     sigma = float(getattr(rep, "sigma", math.nan)) if rep is not None else 0.0
     place = placement_word(
         getattr(rep, "placement", None),
@@ -77,7 +85,7 @@ def _row(
         "placement": place if math.isfinite(eps) else "none",
         "protocol": base["secure_agg"],
         "mechanism": "gaussian" if rep is not None else "none",
-        "level": cfg.level,
+        "level": rep.level if rep is not None else "none",
         "epsilon": eps,
         "epsilon_reported": float(rep.epsilon) if private else math.inf,
         "delta": cfg.delta if math.isfinite(eps) else 0.0,

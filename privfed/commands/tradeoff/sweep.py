@@ -93,8 +93,10 @@ def run_tradeoff(
                         f"method {mname!r} needs every client's statistics, so a trusted aggregator "
                         "cannot add its noise to the sum; use --placement local"
                     )
+                privacy = None
                 for eps in finite[:1]:
-                    make_privacy(v, method, eps, clip, secure_agg=secure)
+                    privacy = make_privacy(v, method, eps, clip, secure_agg=secure)
+                _check_sizes(method, ds, cfg.clients, privacy, secure, v.secure_agg)
             except ConfigError as exc:
                 errors.append(exc)
                 skipped[(mname, key)] = str(exc)
@@ -140,6 +142,9 @@ def run_tradeoff(
     if attack_ctx is not None:
         caught.update(attack_ctx["skipped"])
     bar.close()
+    if cfg.placements:  # the record names the placements that ran (one left out for every method did not)
+        ran = tuple(k for k, _ in variants if any((m, k) not in skipped for m in cfg.methods))
+        cfg = replace(cfg, placements=ran)
     return {
         "config": cfg,
         "warnings": sorted(caught),
@@ -155,6 +160,21 @@ def run_tradeoff(
         },
         "timing": {"data_s": t_data, "total_s": time.perf_counter() - t0},
     }
+
+
+def _check_sizes(method, ds, clients: int, privacy, secure, kind: str) -> None:
+    """Refuse, before any statistic is computed, a run whose largest arrays cannot fit (naming the size,
+    the limit and the option that lowers it): the release's d x d and (K, C, d + 1) arrays, and masking's
+    neighbour sets."""
+    from privfed.release.plan import ReleasePlan
+    from privfed.release.stages import check_release_memory
+
+    dense = (privacy is not None or secure is not None) and not ReleasePlan(method, privacy, secure).streamed
+    check_release_memory(method, int(ds.dim), int(ds.num_classes), int(clients), dense_uploads=dense)
+    if kind == "mask":
+        from mechanisms.secagg.masking import check_masking_size
+
+        check_masking_size(int(clients), getattr(secure, "neighbours", None), f"--clients {clients:,}")
 
 
 def _sweep(
@@ -237,6 +257,7 @@ def _sweep(
                             sigma_counts=0.0,
                             clip=None,
                             guarantee="no protection (eps=inf)",
+                            level="none",  # no noise ran: no neighbouring relation is protected
                             epsilon_reported=math.inf,
                             noise="none",
                             private=False,
@@ -268,21 +289,29 @@ def _sweep(
                         rep = head.privacy
                         # A finite guarantee on what it covers (count noise: the counts only, said in
                         # ``protects`` and in the guarantee text); the uniform heuristic reports no epsilon.
-                        private = math.isfinite(rep.epsilon)
+                        # ``private``: the report's own flag, true only when every statistic is covered.
+                        bounded = math.isfinite(rep.epsilon)  # an epsilon for what it covers
+                        private = bool(rep.is_private)  # every released statistic covered
                         rec.update(
                             mechanism=rep.mechanism,
                             accuracy=head.score(ds.test_features, ds.test_labels),
                             sigma=rep.sigma.get("sums", float("nan")),
                             sigma_counts=rep.sigma.get("counts", float("nan")),
                             guarantee=rep.guarantee,
-                            epsilon_reported=rep.epsilon if private else math.inf,
+                            epsilon_reported=rep.epsilon if bounded else math.inf,
                             placement=placement_label(key, method, rep),
-                            delta=float(rep.delta) if private else float("nan"),
+                            delta=float(rep.delta) if bounded else float("nan"),
                             calibration=calibration_label(v, rep),
                             noise=noise_label(v, rep, eps),
                             private=private,
                             protects=getattr(rep, "protects", "all released statistics"),
                         )
+                    # what ran, read from the release (never copied from the request): the protocol from
+                    # the secure-aggregation report, the level and privacy flag from the privacy report
+                    ran = getattr(head.secure_aggregation, "protocol", None) or "none"
+                    rec.update(protocol=ran, secure_agg=ran)
+                    if privacy is not None:
+                        rec["level"] = head.privacy.level
                     upload = head.upload_bytes.get("per_client")
                     if head.secure_aggregation is not None:
                         upload = getattr(head.secure_aggregation, "bytes_per_client", upload)

@@ -115,6 +115,7 @@ def summarise(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 epsilon=eps,
                 epsilon_reported=_mean(r.get("epsilon_reported", eps) for r in rs),
                 private=bool(rs[0].get("private", math.isfinite(eps))),
+                protects=rs[0].get("protects", "all released statistics"),
                 seeds=len(rs),
                 accuracy_mean=float(acc.mean()),
                 accuracy_std=float(acc.std(ddof=1)) if len(rs) > 1 else 0.0,
@@ -170,6 +171,9 @@ def _eps_cell(s: dict[str, Any]) -> str:
     if not math.isfinite(s["epsilon"]):
         return "inf"
     if not s.get("private", True):
+        rep = s.get("epsilon_reported", math.inf)
+        if isinstance(rep, float) and math.isfinite(rep) and "counts" in str(s.get("protects", "")):
+            return f"{s['epsilon']:g} (counts only)"  # the means go in clear: no guarantee for the release
         return f"NO DP ({s['epsilon']:g})"
     from mechanisms.dp.ledger import format_up
 
@@ -183,7 +187,8 @@ TABLE_LEGEND = (
     "placement: where the noise is added (local = each client; secure sum = shares under secure aggregation; "
     "trusted aggregator = the server, once)\n"
     "eps: computed by the ledger ('asked' when the calibration gives another); delta 0 = pure DP; "
-    "NO DP = a heuristic without a guarantee (its nominal parameter in brackets)\n"
+    "NO DP = a heuristic without a guarantee (its nominal parameter in brackets); counts only = count noise, "
+    "the means in clear: no guarantee for the release as a whole\n"
     "noise: Gaussian sigma on sums / counts, or the count-noise law; repairs: what the method did to noisy "
     "statistics; guarantee: the line under the table that the row's release carries; --help lists every column"
 )
@@ -219,8 +224,9 @@ def format_table(summary: list[dict[str, Any]], guarantee_ids: Sequence[str] | N
     ]
     rows = []
     for i, s in enumerate(summary):
-        private = math.isfinite(s["epsilon"]) and s.get("private", True)
         noised = math.isfinite(s["epsilon"])
+        rep = s.get("epsilon_reported", s["epsilon"])
+        bounded = noised and (s.get("private", True) or (isinstance(rep, float) and math.isfinite(rep)))
         rows.append(
             [
                 s["method"],
@@ -235,7 +241,7 @@ def format_table(summary: list[dict[str, Any]], guarantee_ids: Sequence[str] | N
                     else []
                 ),
                 _acc(s["nonprivate_mean"], s["nonprivate_std"], s["seeds"]),
-                f"{s['delta']:g}" if private else "-",
+                f"{s['delta']:g}" if bounded else "-",
                 (s.get("noise") or "-") if noised else "none",
                 s["calibration"] if noised else "-",
                 s["level"] if noised else "-",

@@ -1,0 +1,73 @@
+"""Input files opened only when they are regular files: a FIFO, a device, a socket or a directory is refused
+at once, never waited on (every door of the library and the commands reads its input files through here)."""
+
+from __future__ import annotations
+
+import io
+import os
+import stat
+
+from privfed.errors import InputError
+
+__all__ = ["open_regular", "read_regular_text"]
+
+_NOT_REGULAR = (
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISDIR, "a directory"),
+)
+
+
+def _not_regular(what: str, mode: int, fix: str) -> InputError:
+    kind = next((name for test, name in _NOT_REGULAR if test(mode)), "not a plain file")
+    return InputError(f"{what} is {kind}, not a regular file, and is not read; {fix}")
+
+
+def open_regular(path, what: str, fix: str = "pass the path of a regular file") -> io.BufferedReader:
+    """``path`` opened for binary reading if it is a regular file (symbolic links are followed).
+
+    A FIFO, a device, a socket or a directory is refused with an :class:`InputError`
+    naming ``what`` and the kind of file, before a byte is read: the file is opened
+    without blocking (a FIFO with no writer would otherwise wait forever) and checked
+    on the descriptor itself, so it cannot be swapped between the check and the read.
+    """
+    p = os.fspath(path)
+    try:
+        mode = os.stat(p).st_mode  # a socket cannot be opened at all: named from its metadata
+    except FileNotFoundError:
+        raise InputError(f"{what} does not exist; check the path ({fix})") from None
+    except OSError as exc:
+        raise InputError(
+            f"{what} cannot be read ({exc.strerror or exc}); check the path and its permissions"
+        ) from None
+    if not stat.S_ISREG(mode):
+        raise _not_regular(what, mode, fix)
+    nonblock = getattr(os, "O_NONBLOCK", 0)
+    try:
+        fd = os.open(p, os.O_RDONLY | nonblock | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0))
+    except OSError as exc:
+        raise InputError(f"{what} cannot be opened ({exc.strerror or exc}); check its permissions") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):  # replaced between the two looks
+            raise _not_regular(what, mode, fix)
+        if nonblock:  # reads of a regular file never block; cleared for the file object's sake
+            import fcntl
+
+            fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~nonblock)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_regular_text(path, what: str, fix: str = "pass the path of a regular file") -> str:
+    """The UTF-8 text of ``path`` if it is a regular file (:func:`open_regular`); one-line errors otherwise."""
+    with open_regular(path, what, fix) as fh:
+        data = fh.read()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise InputError(f"{what} is not UTF-8 text; {fix}") from None

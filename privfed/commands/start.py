@@ -1,0 +1,34 @@
+"""The first lines every command runs: Ctrl-C during start-up exits 130 with one line, never a traceback.
+
+Imports three small standard modules only (``os``, ``signal``, ``threading``), so the handler is in
+place before the first import of privfed's own modules (argparse, numpy, ...).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+
+__all__ = ["quiet_start"]
+
+
+def quiet_start(command: str) -> None:
+    """Until the command's own handling takes over (:func:`privfed.commands.common.cli_entry`), Ctrl-C
+    during start-up (the imports of the first second) exits 130 with one line, never a traceback.
+
+    Nothing is written before the command's body runs, so there is nothing to clean up; the handler is
+    marked so that ``cli_entry`` replaces it with Python's own (KeyboardInterrupt) once its body starts.
+    """
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+    ):  # a parent that ignores SIGINT (nohup, a background job) keeps it ignored
+        return
+
+    def interrupted(signum, frame):
+        os.write(2, f"python -m privfed.{command}: interrupted\n".encode())
+        os._exit(130)
+
+    interrupted.privfed_start = True  # type: ignore[attr-defined]
+    signal.signal(signal.SIGINT, interrupted)
