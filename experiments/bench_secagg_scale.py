@@ -67,6 +67,7 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey  #
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from experiments.attacks_common import markdown  # noqa: E402  (the experiments' one table writer)
+from experiments.scale_children import load_state as machine_state  # noqa: E402  (load, CPUs, BLAS threads)
 from mechanisms.secagg.masking import (  # noqa: E402
     masked_sum,
     prg_buffer,
@@ -98,18 +99,6 @@ def _cpu(fn) -> tuple[float, float, object]:
     c, t = time.process_time(), time.perf_counter()
     out = fn()
     return time.process_time() - c, time.perf_counter() - t, out
-
-
-def machine_state() -> dict:
-    """What makes a timing comparable: load, CPUs, the BLAS threads in use."""
-    from threadpoolctl import threadpool_info
-
-    blas = sorted({int(i.get("num_threads", 0)) for i in threadpool_info() if i.get("user_api") == "blas"})
-    return {
-        "load_average": [round(x, 2) for x in os.getloadavg()],
-        "cpus": os.cpu_count(),
-        "blas_threads": blas,
-    }
 
 
 # --------------------------------------------------------------------------- part 1
