@@ -97,7 +97,7 @@ def flower_masked_scale() -> str:
         f"(Ray, {cfg['num_cpus']} CPUs for the nodes) with the privfed ServerApp and ClientApp, FedNCM on "
         f"`synthetic:{cfg['dim']}:{cfg['samples']}` ({cfg['classes']} classes: {timed[-1]['upload_bytes']:,} bytes "
         f"of statistics a node). In one simulation of {timed[-1]['nodes']:,} nodes, after a first plain run that "
-        f"starts the nodes, {cfg['repeats']} rounds of a plain aggregation, the active protocol on the roster's "
+        f"starts the nodes, {cfg['repeats']} round{'' if cfg['repeats'] == 1 else 's'} of a plain aggregation, the active protocol on the roster's "
         f"SecAgg+ graph (degree {cfg['degree']}, t = {mask['threshold']}) and Flower's own SecAgg+ "
         f"(`flwr-secaggplus-insecure`, {cfg['degree'] + 1} shares a node, the same t) of the same statistics, "
         "their order rotating; CPU seconds of every process of the simulation (the ServerApp, Flower's engine, "
