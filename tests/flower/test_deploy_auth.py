@@ -281,3 +281,28 @@ def test_the_authenticated_grid_refuses_to_send_to_an_unbound_node(deployed):
         grid.push_messages([Message(RecordDict(), dst_node_id=5, message_type="query")])
     with pytest.raises(ConfigError, match=r"node\(s\) \[5\]"):
         grid.send_and_receive([Message(RecordDict(), dst_node_id=5, message_type="query")])
+
+
+def test_a_deployed_masked_run_asks_the_threshold_and_graph_its_roster_fixes():
+    """The nodes hold the roster and refuse any other t or graph: a run config that leaves them unset asks
+    the roster's (t = 2 of 3 declared with no colluder; a SecAgg+ roster's degree), one that sets them keeps
+    its own (for the nodes to refuse), and an unmasked run is left as it is."""
+    from mechanisms.secagg.identity import make_roster
+    from privfed.flower.config import FlowerConfig
+    from privfed.flower.deploy.server import config_from_roster
+
+    roster, _ = make_roster(3, 2, 0)
+    masked = FlowerConfig(method="fed3r", clients=3, secure="mask")
+    assert masked.secagg_threshold == 3  # the default alone would ask more than this roster's nodes hold
+    assert config_from_roster(masked, roster).secagg_threshold == 2
+    assert (
+        config_from_roster(
+            FlowerConfig(method="fed3r", clients=3, secure="mask", threshold=3), roster
+        ).threshold
+        == 3
+    )
+    plain = FlowerConfig(method="fed3r", clients=3)
+    assert config_from_roster(plain, roster) is plain
+    ring, _ = make_roster(12, degree=4)
+    got = config_from_roster(FlowerConfig(method="fed3r", clients=12, secure="mask"), ring)
+    assert got.degree == 4 and got.secagg_threshold == ring.threshold

@@ -26,7 +26,7 @@ from privfed.flower.config import FlowerConfig
 from privfed.flower.deploy.auth import NodeKeys
 from privfed.flower.server_app import FlowerResult, run_line, serve, write_outputs
 
-__all__ = ["NODE_KEYS", "AuthenticatedGrid", "app", "serve_authenticated"]
+__all__ = ["NODE_KEYS", "AuthenticatedGrid", "app", "config_from_roster", "serve_authenticated"]
 
 #: The run-config key naming the verified node-key list on the SuperLink machine.
 NODE_KEYS = "node-keys"
@@ -106,6 +106,19 @@ def _simulated(grid) -> bool:
     return isinstance(grid, InMemoryGrid)
 
 
+def config_from_roster(cfg: FlowerConfig, roster) -> FlowerConfig:
+    """A masked run's threshold and SecAgg+ degree from the operator's roster when the run config leaves them
+    unset: the nodes hold the roster and refuse any other t or graph, so the roster is what the run must ask."""
+    if cfg.secure != "mask":
+        return cfg
+    changes: dict[str, Any] = {}
+    if cfg.threshold is None and roster.threshold != cfg.secagg_threshold:
+        changes["threshold"] = int(roster.threshold)
+    if cfg.degree is None and roster.degree is not None:
+        changes["degree"] = int(roster.degree)
+    return dataclasses.replace(cfg, **changes) if changes else cfg
+
+
 def serve_authenticated(grid: Grid, run_config: dict[str, Any]) -> FlowerResult:
     """One run of :func:`privfed.flower.server_app.serve` over :class:`AuthenticatedGrid` (see the module docstring)."""
     rc = dict(run_config)
@@ -123,7 +136,7 @@ def serve_authenticated(grid: Grid, run_config: dict[str, Any]) -> FlowerResult:
             f"--run-config '{NODE_KEYS}=\"/path/on/the/superlink/node-keys.json\"'"
         )
     keys = NodeKeys.load(path)
-    cfg = FlowerConfig.from_run_config(rc)
+    cfg = config_from_roster(FlowerConfig.from_run_config(rc), keys.roster)
     if cfg.clients > len(keys.bindings):
         raise ConfigError(
             f"clients={cfg.clients} but {NODE_KEYS}={path} binds only {len(keys.bindings)} node key(s); "
