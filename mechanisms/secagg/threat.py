@@ -277,7 +277,17 @@ class ThreatModel:
             "nodes so that the sum covers a subset of its choosing (within the bounds above; the graph is in "
             "the roster, so the server may aim); each run under another configuration releases its own sum "
             "(without DP nothing bounds what several sums reveal together). Secure aggregation is not "
-            f"differential privacy. Key material: {self.key_material}."
+            f"differential privacy. Key material: {self.key_material}." + self._trust()
+        )
+
+    def _trust(self) -> str:
+        """What the active version trusts beyond the server: the roster's dealer and each node's ledger file."""
+        if self.version != "active":
+            return ""
+        return (
+            " Trusted: the roster's operator, who generates every node's identity key (a trusted dealer: whoever "
+            "holds those keys can sign as any node), and each node's storage: restoring a node's ledger file from "
+            "a backup rolls back the sums it answered for and the privacy it charged since that backup."
         )
 
 
