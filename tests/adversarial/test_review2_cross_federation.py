@@ -32,6 +32,7 @@ from mechanisms.secagg.ledger import init_ledger_file  # noqa: E402
 from privfed.flower import FlowerConfig  # noqa: E402
 from privfed.flower.local import LocalGrid  # noqa: E402
 from privfed.flower.protocol import sum_vector_length  # noqa: E402
+from privfed.results.ledger import LedgerError  # noqa: E402
 
 C, D = 3, 4
 
@@ -57,7 +58,13 @@ def _federation(folder: pathlib.Path, files: list[pathlib.Path]) -> dict[int, di
         del conf["partition-id"], conf["num-partitions"]
         conf["features"] = str(path)
         ledger = path.with_suffix(".ledger.json")
-        what = init_ledger_file(ledger, roster.fingerprint)
+        try:
+            what = init_ledger_file(ledger, roster.fingerprint)
+        except (
+            LedgerError
+        ):  # a privfed that cannot bind a ledger to a new roster: a new file, as its docs said
+            ledger.replace(ledger.with_name(ledger.name + ".moved"))
+            what = init_ledger_file(ledger, roster.fingerprint)
         assert what == "created" or what.startswith("rebound"), what
         conf["secagg-ledger"] = str(ledger)
     return nodes
