@@ -44,7 +44,7 @@ from experiments.docs_numbers.render_records import (
     secagg_active_table,
     secagg_table,
 )
-from experiments.docs_numbers.render_secagg import secagg_scale, secagg_threat
+from experiments.docs_numbers.render_secagg import fedcof_tilt, secagg_scale, secagg_threat
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,6 +89,9 @@ BLOCKS: dict[str, Block] = {
     ),
     "secagg-threat": Block(
         secagg_threat, True, "the threat model's numbers per roster and a split run's epsilon (computed)"
+    ),
+    "fedcof-tilt": Block(
+        fedcof_tilt, True, "how far a FedCOF server can tilt the round-2 weights under the default roster"
     ),
     "secagg-scale": Block(
         secagg_scale, True, "masking at scale (experiments/results/bench_secagg_scale.json)"

@@ -52,6 +52,36 @@ def secagg_threat() -> str:
     return "\n".join(lines)
 
 
+def fedcof_tilt() -> str:
+    """How far a FedCOF server can tilt the round-2 class weights under the default roster, and what that
+    lets it read, as mechanisms.secagg.bounds and the protocol's threat model compute it."""
+    from mechanisms.secagg.bounds import DEFAULTS
+    from privfed.methods.fedcof_protocol import threat_model
+
+    K = 4
+    tilt = DEFAULTS.fedcof_tilt()
+    stated = threat_model(DEFAULTS.max_means(K), DEFAULTS.max_count(K), exact=True, max_ratio=tilt)
+    share = f"{1 / tilt:.3g}"
+    assert f"at most {tilt:.6g} times the smallest" in stated and f"at least {share} times" in stated
+    return (
+        "Computed by `mechanisms.secagg.bounds` and the protocol's threat model "
+        "(`python -m experiments.readme_numbers --show fedcof-tilt`): under the default roster (max-records "
+        f"{DEFAULTS.max_records:,}, weight ratio {DEFAULTS.weight_ratio:,}) a node accepts round-2 class weights "
+        f"at most {tilt:,} times apart and N_c at most K_c times max-records. From max-records alone an honest "
+        f"weight can reach {2 * DEFAULTS.max_records - 1:,}; the earlier rule (N_c at most K times max-records) "
+        f"let the server of K = {K} nodes weight one class {DEFAULTS.max_count(K) - 1:,} times above the others. "
+        f"What remains, as every FedCOF masked run prints it: the server can tilt the round-2 sum toward one "
+        f"class by at most {tilt:,}; divided by that weight the sum is that class's scatter about a mean the "
+        f"server chose plus at least {share} times the other classes' scatters, so without DP a class's second "
+        "moment over its holders is read to within that ratio (with round 1 and two holders, both holders' "
+        "class means, up to the split of its count), and only DP protects a class against it "
+        "(`tests/adversarial/test_review2_fedcof_reweighting.py` measures exactly that share). An operator "
+        f"whose classes' records per node differ more than {tilt:,}-fold (an honest weight is about a class's "
+        "records per holding node) sets `--max-weight-ratio` when writing the roster (a larger ratio allows a "
+        "larger tilt)."
+    )
+
+
 def _runs_text(values, fmt: str) -> str:
     return " / ".join(format(v, fmt) for v in values)
 

@@ -215,9 +215,11 @@ class Roster:
                 list(self.ring),
                 *self.public_keys,
             )
-        if not self.bounds.is_default:
-            b = self.bounds
+        b = self.bounds
+        if PublicBounds(b.max_records, b.means_per_node, b.frac_bits) != DEFAULTS:
             parts += signed_bytes("roster-bounds", b.max_records, b.means_per_node, b.frac_bits)
+        if b.weight_ratio != DEFAULTS.weight_ratio:  # rosters made before the ratio keep their fingerprint
+            parts += signed_bytes("roster-weight-ratio", b.weight_ratio)
         return hashlib.sha256(parts).digest()
 
     def __getstate__(self) -> dict:
@@ -443,6 +445,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--frac-bits", type=int, default=DEFAULTS.frac_bits, help="fixed-point fractional bits of masked sums"
     )
+    p.add_argument(
+        "--max-weight-ratio",
+        type=int,
+        default=DEFAULTS.weight_ratio,
+        help="public bound: FedCOF's largest round-2 class weight over its smallest",
+    )
     p.add_argument("--init-ledger", metavar="FILE", default=None, help="on a node: create its ledger file")
     p.add_argument("--roster", metavar="ROSTER", default=None, help="with --init-ledger: the roster file")
     a = p.parse_args(argv)
@@ -453,7 +461,7 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError(
                 "give DIR and --nodes K to write a roster (or --init-ledger FILE --roster ROSTER)"
             )
-        bounds = PublicBounds(a.max_records, a.means_per_node, a.frac_bits)
+        bounds = PublicBounds(a.max_records, a.means_per_node, a.frac_bits, a.max_weight_ratio)
         roster, ids = make_roster(a.nodes, a.threshold, a.colluders, degree=a.degree, bounds=bounds)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -58,8 +58,11 @@ def _from_lines(lines: list[str]) -> dict:
 
 
 def init_ledger_file(path: str | os.PathLike, fingerprint: bytes) -> str:
-    """Create a node's ledger file for the roster ``fingerprint``: "created", or "converted" when ``path``
-    held a ledger of the older line format (kept beside it as ``<path>.old``); an existing ledger is refused."""
+    """Create a node's ledger file for the roster ``fingerprint``: "created"; "converted" when ``path``
+    held a ledger of the older line format (kept beside it as ``<path>.old``); "rebound" when it held a
+    sound ledger of another roster (a site joined or left): what the node's data released without DP is
+    kept (:meth:`privfed.results.ledger.NodeLedger.rebind`, the old file kept as ``<path>.old``).  A ledger
+    of this roster already is refused."""
     p = pathlib.Path(path).expanduser()
     records = _empty()
     what = "created"
@@ -70,7 +73,14 @@ def init_ledger_file(path: str | os.PathLike, fingerprint: bytes) -> str:
             raise LedgerError(f"--init-ledger {p}: the file exists and cannot be read ({exc})") from None
         try:
             json.loads(text)
-        except ValueError:  # not JSON: the older format, one record a line
+            is_json = True
+        except ValueError:
+            is_json = False
+        if is_json:  # a ledger: bound to the new roster, keeping what the node's data released without DP
+            led, old = NodeLedger.rebind(p, fingerprint)
+            led.update(SECTION, lambda rec: _empty(), version=SECTION_VERSION)
+            return f"rebound (from roster {old[:16]}...; what its data released without DP is kept, the old file is {p.name}.old)"
+        else:  # not JSON: the older format, one record a line
             try:
                 records = _from_lines(text.split())
             except ValueError as exc:

@@ -24,6 +24,11 @@ nodes around an arc of n + 1 - t honest nodes and c colluders).  Without collude
 follows the protocol decodes the sum over every uploader, or, when the survivors' graph falls apart,
 the sum of each part (:func:`survivor_parts`): the run's smallest part is what it learned.
 
+**Per-class coordinates.**  Those counts are of the inputs to the whole vector: a coordinate of a
+per-class statistic (a class's count or feature sum) sums only the nodes holding that class, so a class
+one node alone holds is that node's statistic in any decodable sum; the text says so, and that only DP
+protects a class few nodes hold.
+
 **The epsilon of the least-noised decodable sum.**  Each node adds a share of the noise, so a sum
 over m honest inputs carries m shares (colluders know theirs): the epsilon of m shares, for this
 run's smallest part, for the smallest sum a deviating server can decode alone (t), and with the
@@ -200,6 +205,22 @@ class ThreatModel:
             )
         return text + self._eps("this_run") + ". "
 
+    def _coordinates(self) -> str:
+        """What the counts of inputs above do not say: a per-class coordinate sums only the class's holders."""
+        m = self.smallest_sum_alone
+        text = (
+            f"These counts are of the inputs to the whole vector, not to each coordinate: a per-class statistic's "
+            f"coordinates (a class's count, feature sum, second moment) sum only the nodes that hold the class, so "
+            f"a class held by fewer than {m} nodes is covered by fewer than {m} inputs, and a class one node alone "
+            "holds is that node's statistic, read exactly without DP; only DP protects a class few nodes hold"
+        )
+        if self.epsilon:
+            text += (
+                " (in this run every node adds its noise share to every class's coordinates, held or not, so each "
+                "class carries the noise the epsilon above counts)"
+            )
+        return text + ". "
+
     def text(self) -> str:
         """The threat model as sentences, every number from the fields above."""
         where = self._where()
@@ -250,12 +271,23 @@ class ThreatModel:
         return (
             head
             + self._run()
+            + self._coordinates()
             + refusals
             + "The server also learns who dropped. Not prevented: a wrong sum (no integrity); dropping honest "
             "nodes so that the sum covers a subset of its choosing (within the bounds above; the graph is in "
             "the roster, so the server may aim); each run under another configuration releases its own sum "
             "(without DP nothing bounds what several sums reveal together). Secure aggregation is not "
-            f"differential privacy. Key material: {self.key_material}."
+            f"differential privacy. Key material: {self.key_material}." + self._trust()
+        )
+
+    def _trust(self) -> str:
+        """What the active version trusts beyond the server: the roster's dealer and each node's ledger file."""
+        if self.version != "active":
+            return ""
+        return (
+            " Trusted: the roster's operator, who generates every node's identity key (a trusted dealer: whoever "
+            "holds those keys can sign as any node), and each node's storage: restoring a node's ledger file from "
+            "a backup rolls back the sums it answered for and the privacy it charged since that backup."
         )
 
 

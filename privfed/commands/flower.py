@@ -313,6 +313,8 @@ def _body(argv: Sequence[str] | None) -> int:
     if sa:
         print(f"secure        {sa['summed_nodes']} nodes summed, dropped: {sa['dropped'] or 'none'}")
         print(f"threat model  {sa['threat_model']}")
+        if sa.get("protocol_threat_model"):  # FedCOF's two rounds: the tilt of round 2, from the roster
+            print(f"protocol      {sa['protocol_threat_model']}")
     for note in rep.get("notes", []):
         print(f"note          {note}")
     files = sorted(p.name for p in out.iterdir())

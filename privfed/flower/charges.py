@@ -27,6 +27,7 @@ __all__ = [
     "charge_share",
     "check_pending",
     "no_dp_refusal",
+    "released_statistics",
     "require_dp",
     "run_of",
     "session_ids",
@@ -121,32 +122,74 @@ def statistic_id(context, cfg, round_name: str) -> bytes:
     """
     import hashlib
     import json
+
+    what = {
+        "statistics": sorted(cfg.make_method().requires),
+        "round": round_name,
+        "data": _data_of(context, cfg),
+    }
+    text = json.dumps(what, sort_keys=True, default=str)
+    return hashlib.sha256(b"privfed lifetime statistic without DP\x00" + text.encode()).digest()
+
+
+def _data_of(context, cfg, *, classes: bool = True):
+    """The node's data as its lifetime ids name it: its own feature file by content, or the data set and
+    split a simulated node's partition comes from (with num-classes unless ``classes`` is false)."""
+    import hashlib
     import pathlib
 
     conf = context.node_config
     if conf.get("features"):
         path = pathlib.Path(str(conf["features"])).expanduser()
         try:
-            data = "file " + hashlib.sha256(path.read_bytes()).hexdigest()
+            return "file " + hashlib.sha256(path.read_bytes()).hexdigest()
         except OSError:
-            data = f"file {path}"  # unreadable: the release is refused when the node loads it
+            return f"file {path}"  # unreadable: the release is refused when the node loads it
+    return {
+        "dataset": cfg.dataset,
+        "partition": [cfg.partition, cfg.alpha, cfg.partition_seed, conf.get("partition-id")],
+        "num-partitions": conf.get("num-partitions"),
+        **({"num-classes": cfg.num_classes} if classes else {}),
+    }
+
+
+def released_statistics(context, cfg, round_name: str) -> dict[str, str]:
+    """The statistics of the node's data a secure sum ``round_name`` without DP carries, each keyed (hex) by
+    the data and the statistic alone -- not the round, the method, num-classes or anything else the server
+    chooses -- so that the same counts summed by fedncm under one roster and by FedCOF's round 1 under
+    another have the same key (:func:`privfed.flower.ledger.claim_statistics`)."""
+    import hashlib
+    import json
+
+    from privfed.flower.protocol import stat_fields
+    from privfed.methods.fedcof_protocol import ROUNDS
+
+    method = cfg.make_method()
+    if round_name == "sums":
+        names = stat_fields(method)
+    elif round_name == ROUNDS[0]:
+        names = ["counts", "sums", "presence"] + (
+            ["inverse counts"] if method.params["noise_var"] > 0 else []
+        )
+    elif round_name == ROUNDS[1]:
+        names = ["FedCOF round-2 spread"]
     else:
-        data = {
-            "dataset": cfg.dataset,
-            "partition": [cfg.partition, cfg.alpha, cfg.partition_seed, conf.get("partition-id")],
-            "num-partitions": conf.get("num-partitions"),
-            "num-classes": cfg.num_classes,
-        }
-    what = {"statistics": sorted(cfg.make_method().requires), "round": round_name, "data": data}
-    text = json.dumps(what, sort_keys=True, default=str)
-    return hashlib.sha256(b"privfed lifetime statistic without DP\x00" + text.encode()).digest()
+        names = [f"round {round_name} of {','.join(sorted(method.requires))}"]
+    data = json.dumps(_data_of(context, cfg, classes=False), sort_keys=True, default=str)
+    out = {}
+    for name in names:
+        h = hashlib.sha256(b"privfed data statistic without DP\x00" + data.encode() + b"\x00" + name.encode())
+        out[h.hexdigest()] = name
+    return out
 
 
 def session_ids(context, cfg, config: dict, round_name: str, broadcast) -> tuple[bytes, bytes, bytes]:
     """(aggregation id, context digest, lifetime id) of a secure sum this node is asked to join.
 
     Without DP the lifetime id (the ledger file's, across runs) names the statistic the node releases
-    (:func:`statistic_id`): each once, ever, whatever else the run config says.  Without a budget a DP node
+    (:func:`statistic_id`): each once, ever, whatever else the run config says; it carries the statistics of
+    the node's data the sum holds (:func:`released_statistics`), which the ledger refuses to sum again under
+    another roster.  Without a budget a DP node
     keeps one release per round for life (the ids name the round alone).  A node with a budget charges every
     release instead, so its ids name the run too: each run is a new release with fresh noise, charged, and
     within a run the aggregation id still admits one upload.  The context digest, which every node signs,
@@ -157,7 +200,10 @@ def session_ids(context, cfg, config: dict, round_name: str, broadcast) -> tuple
     agg, digest = aggregation_digests(config, round_name, broadcast, cfg.private)
     lifetime = lifetime_id(config, round_name, cfg.private)
     if not cfg.private:
-        lifetime = statistic_id(context, cfg, round_name)
+        from privfed.flower.ledger import ReleaseLifetime
+
+        statistics = released_statistics(context, cfg, round_name)
+        lifetime = ReleaseLifetime(statistic_id(context, cfg, round_name), statistics)
     if cfg.private and node_budget(context) is not None:
         named = f"{round_name}\x00release of run {run_of(config)}"
         agg = aggregation_digests(config, named, None, False)[0]

@@ -8,6 +8,15 @@ configurations and rounds the node uploaded for, its uploader-set and key-holder
 sessions it made keys for.  The file is created once per node by the operator
 (``python -m mechanisms.secagg.identity --init-ledger FILE --roster ROSTER``) and refused when missing.
 :mod:`privfed.flower.secagg` explains why a node deployed with a roster needs the file.
+
+Those records are the roster's: a new roster (a site joins or leaves) starts them again.  What the node's
+data released without DP is not: the file's ``no-dp-releases`` section (:data:`RELEASES`, one of
+:data:`privfed.results.ledger.DATA_KINDS`) names each statistic of its data it summed without DP (its
+feature file by content, and the statistic: counts, class sums, ...) and the roster it was summed under,
+and the operator's ``--init-ledger`` on the same file for a new roster keeps that section.  A node then
+refuses to sum a statistic of the same data without DP under another roster (:func:`claim_statistics`):
+the two federations' sums, over different sets of sites, would subtract to the statistics of the sites
+that joined or left.
 """
 
 from __future__ import annotations
@@ -22,7 +31,16 @@ from mechanisms.secagg.ledger import KEY_SESSION_PREFIX, FileRecords, SessionLed
 from privfed.errors import ConfigError
 from privfed.results.ledger import NodeLedger
 
-__all__ = ["LEDGER_KEY", "canonical_config", "lifetime_id", "node_ledger", "pin_num_classes"]
+__all__ = [
+    "LEDGER_KEY",
+    "RELEASES",
+    "ReleaseLifetime",
+    "canonical_config",
+    "claim_statistics",
+    "lifetime_id",
+    "node_ledger",
+    "pin_num_classes",
+]
 
 #: The node's record of the aggregation ids it uploaded a masked input for (one each, ever).
 LEDGER_KEY = "privfed-secagg-ledger"
@@ -48,6 +66,48 @@ def lifetime_id(config: dict, round_name: str, private: bool = False) -> bytes:
     ).digest()
 
 
+#: The ledger file's section of the statistics a node's data released without DP (bound to the data).
+RELEASES = "no-dp-releases"
+
+
+class ReleaseLifetime(bytes):
+    """The lifetime id of a release without DP (bytes), with the statistics of the node's data it releases:
+    ``statistics`` maps a hex key (the data and one statistic) to the statistic's name."""
+
+    statistics: dict[str, str]
+
+    def __new__(cls, lifetime: bytes, statistics: dict[str, str]) -> ReleaseLifetime:
+        out = super().__new__(cls, lifetime)
+        out.statistics = dict(statistics)
+        return out
+
+
+def claim_statistics(ledger: NodeLedger, statistics: dict[str, str], roster: bytes, node: int) -> None:
+    """Record that this node sums ``statistics`` of its data without DP under the roster ``roster``
+    (fingerprint), refusing -- before any value of its data leaves -- a statistic its data released under
+    another roster: sums of two federations over different sets of sites subtract to the statistics of the
+    sites that joined or left.  Under one roster the uploader-set pin keeps every sum over one set."""
+    mine = bytes(roster).hex()
+
+    def change(rec: dict) -> dict:
+        held = dict(rec.get("statistics", {}))
+        for key, name in sorted(statistics.items(), key=lambda kv: kv[1]):
+            if held.get(key, mine) != mine:
+                raise ProtocolAbort(
+                    f"node {node} aborts at stage 'masked': its ledger {ledger.path} shows its data's {name} were "
+                    f"summed without DP under another roster ({held[key][:16]}...), and a federation's sum over "
+                    "another set of sites minus that one would be its statistics; its operator runs it with DP "
+                    "(a finite epsilon) or with new data",
+                    node=node,
+                    stage="masked",
+                    deviation="other-roster-release",
+                )
+        held.update(dict.fromkeys(statistics, mine))
+        return {**rec, "statistics": held}
+
+    ledger.update(RELEASES, change)
+
+
 def node_ledger(context, roster=None, lifetime: bytes | None = None) -> SessionLedger:
     """This node's ledger for this run (``context.state``), chained to the ledger file its node config names
     (``secagg-ledger``): the same configuration and round is summed once per node, ever, whichever run the
@@ -64,6 +124,8 @@ def node_ledger(context, roster=None, lifetime: bytes | None = None) -> SessionL
     kept = records.records() if records is not None else {}
 
     def also(node: int) -> None:
+        if isinstance(lifetime, ReleaseLifetime):  # without DP: the data's statistics, under this roster only
+            claim_statistics(records.ledger, lifetime.statistics, roster.fingerprint, node)
         records.claim(lifetime, node)
 
     rec = context.state.get(LEDGER_KEY, {})

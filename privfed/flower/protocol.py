@@ -142,8 +142,9 @@ def node_vector(
     FedCOF's round 2 (:func:`check_round`), and refuses a broadcast that fails
     :meth:`FedCOFNode.check_broadcast`, whose rules read the broadcast and public values only:
     ``bounds`` (the roster's :class:`mechanisms.secagg.bounds.PublicBounds`) with ``num_nodes`` (the
-    roster's K) bound K_c by K times the means per node and N_c by K times the records per node, never
-    values the server sends; ``exact`` says the run's counts carry no DP noise; ``limit`` is the largest
+    roster's K) bound K_c by K times the means per node, N_c by K times the records per node and by K_c
+    times them, and the ratio of the class weights by the roster's weight ratio, never values the server
+    sends; ``exact`` says the run's counts carry no DP noise; ``limit`` is the largest
     round-2 value the transport encodes (values beyond are clipped and counted, never refused).
     """
     check_round(method, round_name, broadcast, node=node, stage=stage)
@@ -157,6 +158,8 @@ def node_vector(
         max_count=None if K is None or bounds is None else bounds.max_count(K),
         exact=exact,
         limit=limit,
+        max_records=None if bounds is None else bounds.max_records,
+        max_ratio=None if bounds is None else bounds.weight_ratio,
     )
     if round_name == FEDCOF_ROUNDS[0]:
         return fed.round1()

@@ -287,7 +287,10 @@ def serve_secure(grid, cfg, method, nodes, config_rec, stages, keep_view, receiv
         )
     if variant != "sums":  # the bounds the nodes check, as their setup replies named them (their roster's)
         head.secure_aggregation["protocol_threat_model"] = fedcof_threat(
-            public.max_means(cfg.clients), public.max_count(cfg.clients), exact=not cfg.private
+            public.max_means(cfg.clients),
+            public.max_count(cfg.clients),
+            exact=not cfg.private,
+            max_ratio=public.fedcof_tilt(),
         )
     if any(r.dropped_before_upload for r in runs):
         head.notes.append(

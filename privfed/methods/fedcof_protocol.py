@@ -62,17 +62,34 @@ __all__ = [
 ]
 
 
-def threat_model(max_means: int | None = None, max_count: float | None = None, *, exact: bool = True) -> str:
+def threat_model(
+    max_means: int | None = None,
+    max_count: float | None = None,
+    *,
+    exact: bool = True,
+    max_ratio: float | None = None,
+) -> str:
     """What the two-round protocol protects, on top of the secure sums' own threat model, with the public
-    bounds the nodes check (``max_means`` on K_c, ``max_count`` on N_c; None: unchecked) and whether counts
-    are exact (no DP noise: the nodes then floor every class weight at 1)."""
-    if exact and max_count is not None:
+    bounds the nodes check (``max_means`` on K_c, ``max_count`` on N_c, ``max_ratio`` on the ratio of the
+    largest class weight to the smallest, :meth:`mechanisms.secagg.bounds.PublicBounds.fedcof_tilt`; None:
+    unchecked) and whether counts are exact (no DP noise: the nodes then floor every class weight at 1)."""
+    tilt = None
+    if exact and max_ratio is not None:
+        tilt = float(max_ratio)
+    elif exact and max_count is not None:
+        tilt = max(float(max_count) - 1, 1)
+    if tilt is not None:
+        source = (
+            "the roster's weight ratio" if max_ratio is not None else "N_c - 1 at the roster's bound on N_c"
+        )
         reweight = (
-            f"every class weight the nodes compute lies in [1, {max(float(max_count) - 1, 1):.6g}] (N_c <= "
-            f"{float(max_count):.6g}, the roster's bound; weights floored at 1, which changes no honest sum: "
-            "with exact counts N_c >= K_c, and a class of one mean adds nothing), so one class's scatter can "
-            f"be weighted at most {max(float(max_count) - 1, 1):.6g} times above another's and read only to "
-            "within that ratio, never alone"
+            f"every class weight the nodes accept is at least 1 and at most {tilt:.6g} times the smallest "
+            f"({source}; weights floored at 1, which changes no honest sum: with exact counts N_c >= K_c, and a "
+            "class of one mean adds nothing), so the server can tilt the round-2 sum toward one class by at most "
+            f"{tilt:.6g}: divided by that weight, the sum is the class's scatter about a mu_c it chose plus "
+            f"at least {1 / tilt:.3g} times the other classes' scatters, and without DP a class's second moment over its "
+            f"holders is read to within that ratio (with round 1 and two holders, both holders' class means, up "
+            "to the split of its count), never alone; only DP protects a class against it"
         )
     elif exact:
         reweight = (
@@ -87,13 +104,16 @@ def threat_model(max_means: int | None = None, max_count: float | None = None, *
         )
     bound = (
         ""
-        if max_means is None and max_count is None
+        if max_means is None and max_count is None and max_ratio is None
         else " Public bounds: "
         + ", ".join(
             x
             for x in (
                 None if max_means is None else f"K_c <= {int(max_means)}",
                 None if max_count is None else f"N_c <= {float(max_count):.6g}",
+                None
+                if max_ratio is None or not exact
+                else f"class weights within {float(max_ratio):.6g}-fold",
             )
             if x
         )
@@ -166,6 +186,13 @@ class FedCOFNode:
     max_count : float, optional
         A public bound on any N_c (on Flower the roster's K times its records per node); a broadcast
         above it is refused.  None: unchecked.
+    max_records : int, optional
+        A public bound on the records behind one mean (on Flower the roster's records per node): with exact
+        counts a broadcast's N_c above K_c times it is refused.  None: unchecked.
+    max_ratio : float, optional
+        A public bound on the ratio of the largest class weight to the smallest (on Flower the roster's
+        ``weight_ratio``): a broadcast beyond it is refused, so the server can tilt round 2 toward one class
+        at most that much.  None: unchecked.
     exact : bool, optional
         Whether the run's counts are exact whole numbers (no DP noise): a broadcast's N_c must then be
         whole and at least K_c, and every class weight is floored at 1 (no honest weight is below it), so
@@ -186,6 +213,8 @@ class FedCOFNode:
         max_count: float | None = None,
         exact: bool | None = None,
         limit: float | None = None,
+        max_records: int | None = None,
+        max_ratio: float | None = None,
     ) -> None:
         counts = np.asarray(counts, dtype=np.float64)
         sums = np.asarray(sums, dtype=np.float64)
@@ -195,7 +224,12 @@ class FedCOFNode:
             )
         self.counts, self.sums = counts, sums
         self.noise_aware = bool(noise_aware)
-        for name, bound in (("max_means", max_means), ("max_count", max_count)):
+        for name, bound in (
+            ("max_means", max_means),
+            ("max_count", max_count),
+            ("max_records", max_records),
+            ("max_ratio", max_ratio),
+        ):
             if bound is not None and not (np.isfinite(bound) and bound >= 1):
                 raise InputError(
                     f"a FedCOF node's {name} must be a finite number >= 1 or None, got {bound!r}"
@@ -203,6 +237,7 @@ class FedCOFNode:
         if limit is not None and not (np.isfinite(limit) and limit > 0):
             raise InputError(f"a FedCOF node's limit must be a finite number > 0 or None, got {limit!r}")
         self.max_means, self.max_count, self.limit = max_means, max_count, limit
+        self.max_records, self.max_ratio = max_records, max_ratio
         self.exact = bool(np.all(counts == np.round(counts))) if exact is None else bool(exact)
         self.valid, self.dropped = valid_pairs(counts)  # the drop rule: pairs with n_kc <= 0 are not sent
         self.C, self.d = counts.shape[1], sums.shape[2]
@@ -217,6 +252,8 @@ class FedCOFNode:
         max_count: float | None = None,
         exact: bool | None = None,
         limit: float | None = None,
+        max_records: int | None = None,
+        max_ratio: float | None = None,
     ) -> FedCOFNode:
         """The node holding ``stats`` (its ClientStats) for ``method`` (a FedCOF); the bounds as above."""
         return cls(
@@ -227,6 +264,8 @@ class FedCOFNode:
             max_count=max_count,
             exact=exact,
             limit=limit,
+            max_records=max_records,
+            max_ratio=max_ratio,
         )
 
     # -- round 1 -------------------------------------------------------------------
@@ -297,6 +336,19 @@ class FedCOFNode:
             whole = np.abs(N - np.round(N)) <= COUNT_SLACK * np.maximum(np.abs(N), 1.0)
             if not np.all(whole) or np.any(N < Kc - COUNT_SLACK):
                 refuse("with exact counts every N_c is a whole number and at least K_c, one record per mean")
+            if self.max_records is not None and np.any(N > np.maximum(Kc, 1.0) * self.max_records):
+                refuse(
+                    f"an N_c is above K_c times {self.max_records:g}, the public bound on a mean's records"
+                )
+            w = self.weights(N, Kc)  # each at least 1
+            if self.max_ratio is not None and w.max() > self.max_ratio * w.min() * (1 + COUNT_SLACK):
+                raise BroadcastRefused(
+                    f"its class weights (N_c - 1)/(K_c - 1) differ {w.max() / w.min():.4g}-fold, above "
+                    f"{self.max_ratio:g}, the roster's public bound (a larger ratio would tilt the round-2 sum "
+                    "toward one class; an operator whose classes' records per node differ more raises it with "
+                    "--max-weight-ratio when writing the roster)",
+                    deviation="tilted-weights",
+                )
         empty = np.flatnonzero((Kc == 0) & ((N != 0) | np.any(mu != 0, axis=1)))
         if empty.size:  # the broadcast alone, nothing of this node's: the class may be named
             c = int(empty[0])
@@ -364,9 +416,12 @@ class FedCOFServer:
         return self.broadcast()
 
     def broadcast(self) -> dict[str, np.ndarray]:
+        """{N, mu, Kc}; a class of one mean is sent N_c = 1 (weight 1): its term is zero whatever its weight
+        (its one mean is mu_c), and its own count as weight could exceed the nodes' public weight ratio."""
         if self.N is None:
             raise InputError("FedCOF's broadcast needs round 1's sum first (fold_round1)")
-        return {"N": self.N.copy(), "mu": self.mu.copy(), "Kc": self.Kc.copy()}
+        N = np.where(self.Kc == 1, 1.0, self.N)
+        return {"N": N, "mu": self.mu.copy(), "Kc": self.Kc.copy()}
 
     def head(self, spread: np.ndarray, notes: list | None = None) -> LinearHead:
         """Eq. 8 from round 1's sums and round 2's sum (d^2 spread values and the count of clipped nodes)."""

@@ -44,7 +44,11 @@ class IdealSecureSum:
     name = "ideal"
     noise = None
     key_seed = None
-    threat_model = "ideal functionality: the server learns only the sum of the uploads (no protocol is run)"
+    threat_model = (
+        "ideal functionality: the server learns only the sum of the uploads (no protocol is run); a per-class "
+        "coordinate of the sum covers only the nodes holding that class, so a class one node alone holds is that "
+        "node's statistic, read exactly without DP; only DP protects a class few nodes hold"
+    )
 
     def __init__(self) -> None:
         self.last_run: _Run | None = None

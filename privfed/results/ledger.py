@@ -16,7 +16,11 @@ One JSON file per node, written only by :class:`NodeLedger`::
   version; :meth:`NodeLedger.read` refuses a section written by a newer version of its module, and every
   update leaves the other sections as they were.
 * **Bound to the roster.**  The file names the fingerprint of the roster it was created for; opening it
-  with another roster is refused (a new roster means new identities and a new ledger).
+  with another roster is refused (a new roster means new identities and a new ledger).  The sections of
+  :data:`DATA_KINDS` follow the node's data instead (what it released of its data without DP): when the
+  roster changes (a site joins or leaves), the operator binds the same file to the new roster
+  (:meth:`NodeLedger.rebind`, run by ``--init-ledger`` on the existing file), which keeps those sections
+  and drops the rest, so a new roster never resets what the node's data has answered for.
 * **Integrity.**  The ``sha256`` field covers the rest of the file: a truncated or hand-edited file is
   refused.  (It detects damage, not an attacker who can write the node's disk: such an attacker owns the
   node.)
@@ -29,7 +33,8 @@ One JSON file per node, written only by :class:`NodeLedger`::
   :class:`LedgerError` -- never a fresh, empty ledger, which would let a server repeat what the node
   already answered.
 
-Public API: :class:`NodeLedger` (``create``, ``open``, ``read``, ``update``, ``kinds``), :class:`LedgerError`.
+Public API: :class:`NodeLedger` (``create``, ``open``, ``rebind``, ``read``, ``update``, ``kinds``),
+:class:`LedgerError`, :data:`DATA_KINDS`.
 """
 
 from __future__ import annotations
@@ -46,7 +51,7 @@ from privfed._files import read_regular_text
 from privfed.errors import ConfigError, InputError
 from privfed.results.files import atomic_write
 
-__all__ = ["FORMAT", "SECAGG_CREATE", "VERSION", "LedgerError", "NodeLedger"]
+__all__ = ["DATA_KINDS", "FORMAT", "SECAGG_CREATE", "VERSION", "LedgerError", "NodeLedger"]
 
 FORMAT = "privfed node ledger"
 VERSION = 1
@@ -59,6 +64,10 @@ class LedgerError(ConfigError):
 def _digest(body: dict) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
+
+#: Sections bound to the node's data, not to a roster: :meth:`NodeLedger.rebind` carries them to a new roster
+#: (``no-dp-releases``: the statistics of its data a node released without DP, :mod:`privfed.flower.ledger`).
+DATA_KINDS = ("no-dp-releases",)
 
 #: How the operator creates a secure-aggregation node's ledger (named in every error).
 SECAGG_CREATE = "python -m mechanisms.secagg.identity --init-ledger FILE --roster ROSTER"
@@ -128,6 +137,34 @@ class NodeLedger:
         led._load()
         return led
 
+    @classmethod
+    def rebind(
+        cls,
+        path: str | os.PathLike,
+        roster: bytes,
+        *,
+        setting: str = "secagg-ledger",
+        create: str = SECAGG_CREATE,
+    ) -> tuple[NodeLedger, str]:
+        """Bind the sound ledger file at ``path``, made for another roster, to ``roster``: the sections of
+        :data:`DATA_KINDS` are kept, the roster's own sections dropped (the old file is kept beside it as
+        ``<path>.old``).  Returns the ledger and the old roster's fingerprint (hex).  LedgerError: the file is
+        missing, unsound, or already bound to ``roster``."""
+        led = cls(path, roster, setting=setting, create=create)
+        with led._locked():
+            body = led._load(check_roster=False)
+            old = str(body.get("roster"))
+            if old == led.roster:
+                raise LedgerError(
+                    f"{setting}={led.path}: the file exists and is bound to this roster already; a node's ledger "
+                    "is created once (it holds what the node answered for: keep it)"
+                )
+            kept = {k: v for k, v in body["sections"].items() if k in DATA_KINDS}
+            backup = led.path.with_name(led.path.name + ".old")
+            atomic_write(backup, lambda p: p.write_bytes(led.path.read_bytes()))
+            led._write(dict(body, roster=led.roster, sections=kept))
+        return led, old
+
     # -- reading and updating -------------------------------------------------------------------------
     def kinds(self) -> list[str]:
         """The kinds of section the file holds."""
@@ -174,7 +211,7 @@ class NodeLedger:
             f"from a backup, or create a new node's with {self.create_hint})"
         )
 
-    def _load(self) -> dict:
+    def _load(self, *, check_roster: bool = True) -> dict:
         try:
             if not self.path.exists():
                 raise FileNotFoundError
@@ -200,10 +237,11 @@ class NodeLedger:
             raise self._error("its SHA-256 does not match its contents (damaged or edited)")
         if not isinstance(body.get("sections"), dict):
             raise self._error("it has no sections")
-        if body.get("roster") != self.roster:
+        if check_roster and body.get("roster") != self.roster:
             raise self._error(
                 f"it was created for another roster ({str(body.get('roster'))[:16]}..., this node runs "
-                f"{self.roster[:16]}...)"
+                f"{self.roster[:16]}...; if the roster changed, bind the file to the new one with --init-ledger "
+                "FILE --roster ROSTER, which keeps what the node's data released without DP)"
             )
         return body
 

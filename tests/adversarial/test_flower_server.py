@@ -480,8 +480,11 @@ def test_an_honest_two_round_run_states_the_protocol_threat_model(digits_dataset
     res = serve(LocalGrid(_nodes()), FlowerConfig(method="fedcof", clients=K, secure="mask", timeout=30))
     sa = res.head.secure_aggregation
     # computed with the bounds the nodes check: the roster's (default) K * means and K * records per node
-    want = threat_model(DEFAULTS.max_means(K), DEFAULTS.max_count(K), exact=True)
+    want = threat_model(
+        DEFAULTS.max_means(K), DEFAULTS.max_count(K), exact=True, max_ratio=DEFAULTS.fedcof_tilt()
+    )
     assert sa["protocol_threat_model"] == want and "Not prevented" in want and f"K_c <= {K}" in want
+    assert "tilt the round-2 sum toward one class by at most 1024" in want
     assert [len(s) for s in res.sums] == [
         2 * res.report["C"] + res.report["C"] * res.report["d"],
         res.report["d"] ** 2 + 1,

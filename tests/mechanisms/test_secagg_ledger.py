@@ -163,3 +163,43 @@ def test_a_roster_written_before_rosters_recorded_their_colluders_is_refused_whe
     assert Roster.from_json(json.dumps(raw)).fingerprint == even.fingerprint
     # written now, the operator's explicit colluders=0 is kept
     assert Roster.from_json(roster.to_json()) == roster
+
+
+def test_a_new_roster_keeps_what_the_nodes_data_released_without_dp(tmp_path, capsys):
+    """--init-ledger on a node's existing ledger for a new roster (a site joined or left): the data-bound
+    no-dp-releases section is kept, the roster's own records (aggregations, uploader pin) start again, the
+    old file stays beside it; a ledger of this roster already, or a damaged one, is refused."""
+    from privfed.flower.ledger import RELEASES, claim_statistics
+    from privfed.results.ledger import DATA_KINDS
+
+    assert RELEASES in DATA_KINDS
+    (one, _), (two, _) = make_roster(4), make_roster(5)
+    (tmp_path / "two.json").write_text(two.to_json())
+    path = tmp_path / "node.json"
+    init_ledger_file(path, one.fingerprint)
+    led = NodeLedger.open(path, one.fingerprint)
+    FileRecords(led).claim(b"\x01" * 32, 0)
+    FileRecords(led).keep("uploaders=0,1,2")
+    claim_statistics(led, {"ab" * 32: "counts"}, one.fingerprint, 0)
+    claim_statistics(led, {"ab" * 32: "counts"}, one.fingerprint, 0)  # one roster: its uploader pin decides
+    assert main(["--init-ledger", str(path), "--roster", str(tmp_path / "two.json")]) == 0
+    assert "rebound" in capsys.readouterr().out
+    fresh = NodeLedger.open(path, two.fingerprint)
+    assert fresh.read(SECTION) == {"aggregations": [], "key_sessions": []}
+    assert fresh.read(RELEASES) == {"statistics": {"ab" * 32: one.fingerprint.hex()}}
+    assert NodeLedger.open(tmp_path / "node.json.old", one.fingerprint).read(SECTION)["uploaders"] == [
+        0,
+        1,
+        2,
+    ]
+    with pytest.raises(ProtocolAbort, match="counts were summed without DP under another roster"):
+        claim_statistics(fresh, {"ab" * 32: "counts", "cd" * 32: "sums"}, two.fingerprint, 3)
+    assert fresh.read(RELEASES) == {
+        "statistics": {"ab" * 32: one.fingerprint.hex()}
+    }  # a refusal writes nothing
+    claim_statistics(fresh, {"cd" * 32: "sums"}, two.fingerprint, 3)  # another statistic (or new data): new
+    with pytest.raises(LedgerError, match="bound to this roster already"):
+        init_ledger_file(path, two.fingerprint)
+    path.write_text(path.read_text().replace('"statistics"', '"statistic"'))
+    with pytest.raises(LedgerError, match="SHA-256"):  # a damaged ledger is never rebound
+        init_ledger_file(path, one.fingerprint)

@@ -127,6 +127,22 @@ def test_the_complete_graph_and_ckks_models():
     assert "Colluders tolerated: 0" in ck.text()
 
 
+def test_the_text_states_per_class_coverage_the_dealer_and_ledger_rollback():
+    """Computed from t: a class held by fewer than t nodes is covered by fewer than t inputs; under DP the
+    noise covers every class's coordinates; the active version names what it trusts (the roster's dealer,
+    the node's ledger file), the honest-but-curious one (no roster, no ledger file) does not."""
+    plain, noisy = masking_threat(7, 5), masking_threat(7, 5, uploaded=range(7), epsilon_of=lambda m: 1.0)
+    for m in (plain, noisy, ckks_threat(6, 4)):
+        t = m.smallest_sum_alone
+        assert f"a class held by fewer than {t} nodes is covered by fewer than {t} inputs" in m.text()
+        assert "only DP protects a class few nodes hold" in m.text()
+        assert "trusted dealer" in m.text() and "rolls back the sums it answered for" in m.text()
+    assert "noise share to every class's coordinates" in noisy.text()
+    assert "noise share to every class's coordinates" not in plain.text()
+    hbc = masking_threat(5, 4, active=False).text()
+    assert "trusted dealer" not in hbc and "fewer than 4 nodes" in hbc
+
+
 def test_the_defaults_table_and_the_rule_text():
     rows = defaults_table([5, 12, 100], [None, 4, 20])
     assert {(r["K"], r["degree"]): (r["threshold"], r["tolerated"]) for r in rows} == {
