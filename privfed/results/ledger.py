@@ -159,10 +159,19 @@ class NodeLedger:
                     f"{setting}={led.path}: the file exists and is bound to this roster already; a node's ledger "
                     "is created once (it holds what the node answered for: keep it)"
                 )
+            former = [str(r) for r in body.get("former_rosters", [])] + [old]
+            if led.roster in former:
+                # its own records (the uploader-set pin above all) were dropped when the file left it: bound
+                # back, the server could sum the same data under it again over another set of sites
+                raise LedgerError(
+                    f"{setting}={led.path}: the file was bound to this roster before ({led.roster[:16]}...) and "
+                    "no longer holds what the node answered under it; a returning site joins under a new roster "
+                    "(python -m mechanisms.secagg.identity makes one with fresh keys)"
+                )
             kept = {k: v for k, v in body["sections"].items() if k in DATA_KINDS}
             backup = led.path.with_name(led.path.name + ".old")
             atomic_write(backup, lambda p: p.write_bytes(led.path.read_bytes()))
-            led._write(dict(body, roster=led.roster, sections=kept))
+            led._write(dict(body, roster=led.roster, sections=kept, former_rosters=former))
         return led, old
 
     # -- reading and updating -------------------------------------------------------------------------
