@@ -135,15 +135,17 @@ def statistic_id(context, cfg, round_name: str) -> bytes:
 def _data_of(context, cfg, *, classes: bool = True):
     """The node's data as its lifetime ids name it: its own feature file by content, or the data set and
     split a simulated node's partition comes from (with num-classes unless ``classes`` is false)."""
-    import hashlib
     import pathlib
+
+    from privfed.errors import PrivfedError
+    from privfed.flower.node import data_fingerprint
 
     conf = context.node_config
     if conf.get("features"):
         path = pathlib.Path(str(conf["features"])).expanduser()
         try:
-            return "file " + hashlib.sha256(path.read_bytes()).hexdigest()
-        except OSError:
+            return "records " + data_fingerprint(str(path))
+        except (OSError, PrivfedError):
             return f"file {path}"  # unreadable: the release is refused when the node loads it
     return {
         "dataset": cfg.dataset,
@@ -172,7 +174,9 @@ def released_statistics(context, cfg, round_name: str) -> dict[str, str]:
             ["inverse counts"] if method.params["noise_var"] > 0 else []
         )
     elif round_name == ROUNDS[1]:
-        names = ["FedCOF round-2 spread"]
+        # the spread around server-chosen means mu_c holds the counts (mu_c's square times n_c) and the class
+        # sums (mu_c times s_c) too: alone it releases what round 1 does
+        names = ["counts", "sums", "presence", "FedCOF round-2 spread"]
     else:
         names = [f"round {round_name} of {','.join(sorted(method.requires))}"]
     data = json.dumps(_data_of(context, cfg, classes=False), sort_keys=True, default=str)

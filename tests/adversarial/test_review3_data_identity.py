@@ -99,12 +99,6 @@ def test_the_same_file_at_another_path_is_the_same_data(tmp_path):
     assert all("under another roster" in why for (stage, node), why in refused.items() if node != -1)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="the data is named by its file's bytes: the same records saved again (compressed, or as "
-    "float32) are new data to the ledger, and the joined site's statistics are read by differencing",
-)
 @pytest.mark.parametrize("how", ["compressed", "float32"])
 def test_the_same_records_in_another_file_are_the_same_data(tmp_path, how):
     files, first, second, refused = _attack(tmp_path, how)
