@@ -38,12 +38,15 @@ K, C, D = 3, 3, 4
 
 def _nodes(folder: pathlib.Path, per_class: int, rare: str) -> dict[int, dict]:
     """Three sites, ``per_class`` records of classes 0 and 1 each; class 2 held by site 0 alone with
-    ``per_class`` records (``rare="one holder"``) or by no site (``rare="absent"``)."""
+    ``per_class`` records (``rare="one holder"``), by no site (``rare="absent"``), or by every site with one
+    record (``rare="one record everywhere"``)."""
     rng = np.random.default_rng(5)
     nodes, _, _ = deployed_nodes(folder, K)
     for i in range(K):
         classes = [0, 1, 2] if (i == 0 and rare == "one holder") else [0, 1]
         y = np.repeat(classes, per_class)
+        if rare == "one record everywhere":  # class 2 at every site, one record each: weight (3 - 1)/2 = 1
+            y = np.append(y, 2)
         F = rng.normal(size=(y.size, D)) + y[:, None]
         path = folder / f"site-{i}.npz"
         np.savez(path, features=F, labels=y)
@@ -65,12 +68,6 @@ def test_an_honest_federation_with_few_records_per_class_runs(tmp_path, rare):
     assert res.head is not None
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=ProtocolAbort,
-    reason="the honest weight of a class of one mean (or none) is 1 whatever its records, so a federation "
-    "with ~700 records a class at each of three sites and one rare or absent class is refused honestly",
-)
 @pytest.mark.parametrize("rare", ["one holder", "absent"])
 def test_an_honest_federation_with_700_records_per_class_runs(tmp_path, rare):
     # 700 records a class at each of three sites: (2100 - 1)/2 = 1049.5 beside the rare class's 1
@@ -104,7 +101,8 @@ def _rostered(folder: pathlib.Path, sites: dict[int, dict], ratio: int) -> dict[
     "rerun under the roster with the larger ratio the refusal asks for is refused at round 1",
 )
 def test_an_honestly_refused_federation_reruns_with_the_ratio_the_refusal_asks_for(tmp_path):
-    nodes = _nodes(tmp_path / "first", 700, "one holder")
+    # honestly beyond the ratio: (2100 - 1)/2 = 1049.5 for classes 0 and 1 beside class 2's (3 - 1)/2 = 1
+    nodes = _nodes(tmp_path / "first", 700, "one record everywhere")
     with pytest.raises(ProtocolAbort, match="weight"):
         _honest(nodes)
     res = _honest(_rostered(tmp_path / "second", nodes, 4096))
