@@ -50,7 +50,9 @@ THREAT_FLWR = (
     "encrypted shares, masked quantised uploads over Z_2^32 and the shares that unmask the sum over uploaders; "
     "t or more colluding nodes can unmask a node; no key authentication. The neighbour graph (complete, or "
     "k + 1 shares a node with a degree k; drawn by the server) and the stochastic rounding come from non-cryptographic generators (Python's random, numpy's global "
-    "generator). Use --secure mask."
+    "generator). Use --secure-agg mask."
+    " Even honestly run, the sum's per-class coordinates (a class's count and feature sum) cover only the "
+    "nodes that hold the class: a class one node alone holds is that node's statistic, read exactly without DP."
 )
 
 
