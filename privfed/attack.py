@@ -16,7 +16,6 @@ if __name__ == "__main__":  # --help answers before the imports below, in well u
     answer_help("attack")
 
 import importlib
-import sys
 
 
 def __getattr__(name: str):
@@ -29,5 +28,6 @@ def __dir__() -> list[str]:
 
 if __name__ == "__main__":
     from privfed.commands.attack.cli import main
+    from privfed.commands.start import exit_with
 
-    sys.exit(main())
+    exit_with(main())

@@ -16,7 +16,6 @@ if __name__ == "__main__":  # --help answers before the imports below, in well u
     answer_help("tradeoff")
 
 import importlib
-import sys
 
 
 def __getattr__(name: str):
@@ -28,6 +27,7 @@ def __dir__() -> list[str]:
 
 
 if __name__ == "__main__":
+    from privfed.commands.start import exit_with
     from privfed.commands.tradeoff.cli import main
 
-    sys.exit(main())
+    exit_with(main())

@@ -10,7 +10,7 @@ import os
 import signal
 import threading
 
-__all__ = ["quiet_start"]
+__all__ = ["exit_with", "quiet_start"]
 
 
 def quiet_start(command: str) -> None:
@@ -32,3 +32,22 @@ def quiet_start(command: str) -> None:
 
     interrupted.privfed_start = True  # type: ignore[attr-defined]
     signal.signal(signal.SIGINT, interrupted)
+
+
+def exit_with(code: int) -> None:
+    """Leave a command with ``code``.  An interrupted command (130) that has said so and kept what finished
+    exits 130 itself, after the exit handlers ran: CPython otherwise re-raises SIGINT at exit (status -2)
+    when the interrupt landed inside code a library ran through ``PyRun_*``, even though it was handled."""
+    import sys
+
+    if code == 130:
+        import atexit
+
+        atexit._run_exitfuncs()
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(130)
+    sys.exit(code)

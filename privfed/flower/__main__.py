@@ -10,8 +10,7 @@ if __name__ == "__main__":  # --help answers before Flower is imported, in well 
 
     answer_help("flower")
 
-    import sys
-
     from privfed.commands.flower import main
+    from privfed.commands.start import exit_with
 
-    sys.exit(main())
+    exit_with(main())
