@@ -68,6 +68,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from experiments.attacks_common import markdown  # noqa: E402  (the experiments' one table writer)
 from experiments.scale_children import load_state as machine_state  # noqa: E402  (load, CPUs, BLAS threads)
+from experiments.scale_children import summary  # noqa: E402  (every repeat, least, median, spread)
 from mechanisms.secagg.masking import (  # noqa: E402
     masked_sum,
     prg_buffer,
@@ -80,18 +81,6 @@ TARGET_RATIO = 1.3
 #: A ratio is reproduced when every independent run's lies within this share of the others'.
 REPRODUCE = 0.10
 FRAC_BITS = 32
-
-
-def summary(samples: list[float]) -> dict:
-    """Every repeat's seconds, their least, median and spread ((largest - least) / least)."""
-    v = [float(x) for x in samples]
-    lo = min(v)
-    return {
-        "samples": v,
-        "best": lo,
-        "median": float(np.median(v)),
-        "spread": (max(v) - lo) / lo if lo else 0.0,
-    }
 
 
 def _cpu(fn) -> tuple[float, float, object]:
