@@ -138,7 +138,7 @@ def _data_of(context, cfg, *, classes: bool = True):
     import pathlib
 
     from privfed.errors import PrivfedError
-    from privfed.flower.node import data_fingerprint
+    from privfed.flower.records import data_fingerprint
 
     conf = context.node_config
     if conf.get("features"):

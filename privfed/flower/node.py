@@ -35,7 +35,6 @@ from privfed.stats import ClientStats
 __all__ = [
     "STATS_KEY",
     "NodeData",
-    "data_fingerprint",
     "load_node_data",
     "node_rng",
     "node_statistics",
@@ -147,30 +146,6 @@ def _read_cached(path: str, mtime_ns: int, size: int) -> dict:
     for a in arrays.values():
         a.setflags(write=False)
     return arrays
-
-
-def data_fingerprint(path: str) -> str:
-    """The records of a node's feature file, named by content whatever their encoding: SHA-256 of the labels
-    (int64) and the features rounded to float32, rows in a canonical order.  The same records saved again
-    (another path, compressed, as float32, rows shuffled) are the same data to the node's ledger; raises
-    OSError / InputError where the file cannot be read."""
-    import hashlib
-    import pathlib
-
-    file = pathlib.Path(path).expanduser()
-    st = file.stat()
-    arrays = _read_cached(str(file), st.st_mtime_ns, st.st_size)
-    F = np.ascontiguousarray(np.asarray(arrays.get("features", np.zeros((0, 0)))), dtype=np.float32)
-    y = np.asarray(arrays.get("labels", np.zeros(0)), dtype=np.int64).reshape(-1)
-    F = F.reshape(F.shape[0], -1) if F.ndim else F.reshape(0, 0)
-    if F.shape[0] == y.size and y.size > 1:
-        order = np.lexsort(np.vstack([F.T[::-1], y[None, :]])) if F.size else np.argsort(y, kind="stable")
-        F, y = F[order], y[order]
-    h = hashlib.sha256(b"privfed node records\x00")
-    h.update(np.asarray(F.shape, dtype=np.int64).tobytes())
-    h.update(y.tobytes())
-    h.update(np.ascontiguousarray(F).tobytes())
-    return h.hexdigest()
 
 
 def _synthetic(node_config: dict, cfg: FlowerConfig) -> NodeData:
