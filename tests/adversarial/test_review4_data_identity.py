@@ -155,3 +155,15 @@ def test_altered_records_are_not_a_second_release(tmp_path, how):
     again = _keys(_file(tmp_path / "b.npz", G, z))
     gap = np.abs(_stats(G, z) - _stats(F, y)).max()  # what differs from the first release (reported)
     assert set(again) & set(first), f"a new data key for statistics that differ by at most {gap:.2g}"
+
+
+@pytest.mark.parametrize("first, then", [("fed3r", "fedcof-oracle"), ("fedcof-oracle", "fedcgs")])
+def test_class_second_moments_after_the_second_moment_share_a_claim(tmp_path, first, then):
+    """fedcof-oracle sums per-class second moments, whose sum over classes is fed3r's second moment: under
+    another roster the two would subtract to a joining site's second moment.  They share the counts' and
+    sums' claims, so the node refuses the second one."""
+    F, y = _records()
+    path = _file(tmp_path / "site.npz", F, y)
+    a, b = _names(_keys(path, method=first)), _names(_keys(path, method=then))
+    assert {"counts", "sums"} <= set(a) & set(b)
+    assert a["counts"] == b["counts"] and a["sums"] == b["sums"]
