@@ -160,6 +160,10 @@ class NodeLedger:
                     "is created once (it holds what the node answered for: keep it)"
                 )
             former = [str(r) for r in body.get("former_rosters", [])] + [old]
+            for kind in DATA_KINDS:  # the rosters the data's kept records name (files rebound before too)
+                for value in _strings((body["sections"].get(kind) or {}).get("records", {})):
+                    if len(value) == len(led.roster) and value not in former:
+                        former.append(value)
             if led.roster in former:
                 # its own records (the uploader-set pin above all) were dropped when the file left it: bound
                 # back, the server could sum the same data under it again over another set of sites
@@ -275,3 +279,14 @@ class NodeLedger:
 
     def __repr__(self) -> str:  # pragma: no cover - debugging aid
         return f"NodeLedger({str(self.path)!r}, roster={self.roster[:16]}...)"
+
+
+def _strings(value) -> list[str]:
+    """Every string held in ``value`` (dict values, list items), depth first."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [s for v in value.values() for s in _strings(v)]
+    if isinstance(value, list):
+        return [s for v in value for s in _strings(v)]
+    return []

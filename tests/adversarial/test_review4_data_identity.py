@@ -115,10 +115,6 @@ def test_the_server_cannot_rename_a_partition_node_data(tmp_path):
     assert set(keys[0]) & set(keys[1]), "the second sum of overlapping rows is a new statistic"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the data key hashes float32 bytes: zeros saved as -0.0 are new data with identical statistics",
-)
 def test_negative_zeros_are_the_same_records(tmp_path):
     F, y = _records()
     F[:, 0] = 0.0

@@ -62,11 +62,6 @@ def _as_written_before_former_rosters(path) -> None:
     path.write_text(json.dumps(body))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a ledger rebound by the previous privfed carries no former_rosters (same format version 1): "
-    "it is bound back to the roster before the current one, whose uploader-set pin it dropped",
-)
 def test_a_ledger_rebound_before_former_rosters_existed_is_not_bound_back(tmp_path):
     path = tmp_path / "node.ledger.json"
     NodeLedger.create(path, _fp("A"))
