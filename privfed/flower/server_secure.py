@@ -36,7 +36,7 @@ from privfed.flower.wire import arrays_record
 from privfed.methods.fedcof_protocol import FedCOFServer
 from privfed.methods.fedcof_protocol import threat_model as fedcof_threat
 
-__all__ = ["THREAT_FLWR", "declared_colluders", "run_threat", "scaled_epsilon", "serve_secure"]
+__all__ = ["THREAT_FLWR", "declared_colluders", "flwr_threat", "run_threat", "scaled_epsilon", "serve_secure"]
 
 
 #: What Flower's own SecAgg+ does not protect against (reported with its runs).
@@ -54,6 +54,22 @@ THREAT_FLWR = (
     " Even honestly run, the sum's per-class coordinates (a class's count and feature sum) cover only the "
     "nodes that hold the class: a class one node alone holds is that node's statistic, read exactly without DP."
 )
+
+
+def flwr_threat(cfg) -> str:
+    """The threat model a run of Flower's SecAgg+ prints: its graph and threshold, computed from the run's
+    configuration, then what holds of Flower's implementation (:data:`THREAT_FLWR`)."""
+    K, t = int(cfg.clients), int(cfg.secagg_threshold)
+    graph = (
+        "every node shares with every other"
+        if cfg.degree is None
+        else f"each node shares with {int(cfg.degree)} others"
+    )
+    first, rest = THREAT_FLWR.split(". ", 1)  # the warning stays first
+    return (
+        f"{first}. Flower's SecAgg+ over K = {K} nodes, {graph}, threshold t = {t}: a sum needs t of the shares "
+        f"of every node it unmasks, and {t} colluding nodes can unmask a node's input. {rest}"
+    )
 
 
 def scaled_epsilon(privacy, spans):
@@ -272,7 +288,7 @@ def serve_secure(grid, cfg, method, nodes, config_rec, stages, keep_view, receiv
         colluders=declared,
     )
     if threat is None:
-        head.secure_aggregation["threat_model"] = THREAT_FLWR
+        head.secure_aggregation["threat_model"] = flwr_threat(cfg)
     else:
         head.secure_aggregation["threat_model"] = threat.text()
         head.secure_aggregation["threat"] = threat.as_dict()

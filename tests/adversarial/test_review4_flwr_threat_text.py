@@ -3,8 +3,7 @@
 Its text now says that a class one node alone holds is that node's statistic, read exactly without DP,
 and names the run config's way out (``--secure-agg mask``).  It is still one fixed string: the threshold
 t and the neighbour degree k it speaks of are not the run's, so two runs with t = 2 and t = 3 (or a
-complete graph and k = 2) print the same words.  A printed threat model is computed from the run's
-configuration; this one is typed.
+complete graph and k = 2) printed the same words; the text now opens with the run's K, graph and t.
 """
 
 from __future__ import annotations
@@ -18,16 +17,16 @@ os.environ.setdefault("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")
 
 from privfed.flower import FlowerConfig  # noqa: E402
 from privfed.flower.config import INSECURE_FLWR  # noqa: E402
-from privfed.flower.server_secure import THREAT_FLWR, run_threat  # noqa: E402
+from privfed.flower.server_secure import flwr_threat, run_threat  # noqa: E402
 
 
 def _printed(**kw) -> str:
-    """The text a SecAgg+ run's report carries (server_secure: the computed threat, else THREAT_FLWR)."""
+    """The text a SecAgg+ run's report carries (server_secure: the computed threat, else flwr_threat)."""
     cfg = FlowerConfig(
         method="fedncm", clients=4, secure=INSECURE_FLWR, num_classes=3, clip=1.0, max_records=50, **kw
     )
     threat = run_threat(cfg, [])
-    return THREAT_FLWR if threat is None else threat.text()
+    return flwr_threat(cfg) if threat is None else threat.text()
 
 
 def test_the_text_names_a_class_one_node_holds_and_the_secure_choice():
@@ -39,10 +38,6 @@ def test_the_text_names_a_class_one_node_holds_and_the_secure_choice():
     assert "Use --secure-agg mask." in text
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Flower's SecAgg+ prints one typed text: the threshold t and degree k it names are not the run's",
-)
 @pytest.mark.parametrize("a, b", [(dict(threshold=2), dict(threshold=3)), (dict(), dict(degree=2))])
 def test_the_text_is_computed_from_the_run_configuration(a, b):
     assert _printed(**a) != _printed(**b)
