@@ -52,7 +52,7 @@ from privfed.flower.config import FlowerConfig
 from privfed.flower.provision import SimulatedRoster
 from privfed.flower.server_app import FlowerResult, make_server_app
 
-__all__ = ["ROSTER_ENV", "client_app", "flwr_run", "run_simulation", "simulated_roster"]
+__all__ = ["ROSTER_ENV", "client_app", "descendants", "flwr_run", "run_simulation", "simulated_roster"]
 
 #: The environment variable naming the simulated operator's roster folder (simulated nodes only).
 ROSTER_ENV = "PRIVFED_SIMULATED_ROSTER"
@@ -211,7 +211,7 @@ def _executable(name: str) -> str:
     return found
 
 
-def _descendants(pid: int) -> set[int]:
+def descendants(pid: int) -> set[int]:
     """Every process below ``pid`` (from /proc, Linux): what Flower and Ray started on this run's behalf."""
     children: dict[int, list[int]] = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
@@ -233,7 +233,7 @@ def _stop(procs: list[subprocess.Popen]) -> None:
     """Stop the processes this run started, their process groups and every process below them."""
     spawned: set[int] = set()
     for p in procs:
-        spawned |= _descendants(p.pid)
+        spawned |= descendants(p.pid)
     for p in procs:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(p.pid, signal.SIGTERM)

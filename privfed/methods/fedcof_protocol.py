@@ -359,15 +359,12 @@ class FedCOFNode:
         return N, mu, Kc
 
     def weights(self, N: np.ndarray, Kc: np.ndarray) -> np.ndarray:
-        """The class weights of round 2: w_c = (N_c - 1)/(K_c - 1), floored at 1 with exact counts; a class of
-        at most one mean takes the least weight of the others (1 if there are none).
+        """Round 2's class weights w_c = (N_c - 1)/(K_c - 1), floored at 1 with exact counts; a class of at most
+        one mean takes the least weight of the others (1 if there are none).
 
-        With exact counts an honest N_c >= K_c gives w_c >= 1 when K_c >= 2, and a class of one mean (or
-        none) adds nothing (its mean is mu_c), so neither the floor nor the weight of such a class changes an
-        honest sum.  The floor keeps a broadcast from giving a class weight 0 (N_c = 1 told of a class many
-        nodes hold) to leave another's scatter alone; taking the least of the others for K_c <= 1 keeps a rare
-        or absent class from counting against the roster's weight ratio in an honest federation, and a
-        broadcast claiming K_c = 1 for a class many nodes hold from tilting the sum toward it.
+        An honest class of one mean adds nothing (its mean is mu_c), so neither rule changes an honest sum; the
+        floor stops a broadcast zeroing a class (N_c = 1), the second a rare class counting against the
+        roster's weight ratio and a claimed K_c = 1 tilting the sum toward a class many nodes hold.
         """
         if not self.exact:
             return spread_weights(N, Kc)

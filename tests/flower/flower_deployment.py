@@ -23,6 +23,7 @@ import numpy as np
 
 from mechanisms.secagg import identity as identity_cli
 from privfed.flower.deploy import auth, certs
+from privfed.flower.simulation import descendants
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 BIN = pathlib.Path(sys.executable).parent
@@ -203,24 +204,6 @@ class Processes:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-
-
-def descendants(pid: int) -> set[int]:
-    """Every process below ``pid`` (from /proc), to stop what Flower spawned in other groups."""
-    children: dict[int, list[int]] = {}
-    for stat in pathlib.Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    out, todo = set(), [pid]
-    while todo:
-        for c in children.get(todo.pop(), []):
-            if c not in out:
-                out.add(c)
-                todo.append(c)
-    return out
 
 
 def flwr(
