@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import hmac
 import os
+import threading
 
 import numpy as np
-from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
-from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from mechanisms.secagg import shamir
 from privfed.errors import PrivfedError
@@ -163,6 +164,18 @@ KEY_GROUP = 256
 _ZERO_IV_CTR = modes.CTR(b"\x00" * 16)
 
 
+_SCRATCH = threading.local()
+
+
+def _scratch(n: int) -> bytearray:
+    """This thread's keystream scratch of at least ``n`` values (kept: a run masks one vector per node, and
+    allocating a zeroed block each time costs as much as a few additions)."""
+    buf = getattr(_SCRATCH, "buf", None)
+    if buf is None or len(buf) < 8 * n + 16:
+        buf = _SCRATCH.buf = prg_buffer(n)
+    return buf
+
+
 def _keystream(key: bytes):
     """An AES-256-CTR encryptor under ``key`` from the zero IV (its ``update_into`` writes the keystream)."""
     return Cipher(algorithms.AES(key), _ZERO_IV_CTR).encryptor()
@@ -180,7 +193,7 @@ def add_masks(y: np.ndarray, keys: list[bytes], signs: list[bool]) -> None:
     if n == 0 or not keys:
         return
     block = min(n, MASK_BLOCK)
-    buf = prg_buffer(block)
+    buf = _scratch(block)
     stream = np.frombuffer(buf, dtype=np.uint64, count=block)
     zeros = _zeros(8 * block)
     for g in range(0, len(keys), KEY_GROUP):
@@ -198,8 +211,18 @@ def add_masks(y: np.ndarray, keys: list[bytes], signs: list[bool]) -> None:
 
 
 def hkdf(secret: bytes, info: bytes) -> bytes:
-    """32 bytes of HKDF-SHA256 of ``secret`` under ``info`` (no salt)."""
-    return HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=info).derive(secret)
+    """32 bytes of HKDF-SHA256 (RFC 5869) of ``secret`` under ``info`` (no salt).
+
+    Computed with two HMAC-SHA256 calls of the standard library (extract under the all-zero salt, then
+    the one expand block T(1) = HMAC(PRK, info || 0x01)), the same bytes as ``cryptography``'s ``HKDF``
+    (tested) without building a KDF object per key: a run derives two keys per pair.
+    """
+    prk = hmac.digest(_ZERO_SALT, secret, "sha256")
+    return hmac.digest(prk, bytes(info) + b"\x01", "sha256")
+
+
+#: HKDF's default salt for SHA-256: HashLen zero bytes (RFC 5869, section 2.2).
+_ZERO_SALT = bytes(32)
 
 
 def pub_bytes(key: X25519PublicKey) -> bytes:

@@ -151,6 +151,40 @@ def test_public_keys_are_parsed_once_and_masks_match_the_prg():
     np.testing.assert_array_equal(y, want)
 
 
+def test_hkdf_is_rfc5869_as_cryptography_computes_it():
+    """The two-HMAC HKDF gives the bytes of cryptography's HKDF-SHA256 (no salt, 32 bytes) on random and
+    edge inputs, and RFC 5869's test case 3 (zero-length salt and info, the first 32 bytes of its OKM)."""
+    import os
+
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+    from mechanisms.secagg.crypto import INFO_PAIR, hkdf
+
+    cases = [(os.urandom(32), INFO_PAIR + os.urandom(16)) for _ in range(20)]
+    cases += [(b"", b""), (b"\x00" * 32, b""), (os.urandom(100), os.urandom(300))]
+    for secret, info in cases:
+        want = HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=info).derive(secret)
+        assert hkdf(secret, info) == want
+        assert hkdf(secret, bytearray(info)) == want
+    ikm = bytes.fromhex("0b" * 22)
+    okm = "8da4e775a563c18f715f802a063c5a31b8a11f5c5ee1879ec3454e5f3c738d2d"
+    assert hkdf(ikm, b"").hex() == okm
+
+
+def test_masks_are_the_same_whatever_the_scratch_held_before():
+    """add_masks reuses one scratch buffer per thread: a long vector, then a short one, then a long one
+    again give each exactly the keystream sums (no stale keystream, no short buffer)."""
+    from mechanisms.secagg.crypto import MASK_BLOCK, add_masks, prg_uint64
+
+    for n in (MASK_BLOCK + 7, 3, 17, MASK_BLOCK * 2 + 5, 1):
+        keys = [bytes([n % 251, i]) * 16 for i in range(3)]
+        y = np.full(n, 5, dtype=np.uint64)
+        want = y + prg_uint64(keys[0], n) - prg_uint64(keys[1], n) + prg_uint64(keys[2], n)
+        add_masks(y, keys, [True, False, True])
+        np.testing.assert_array_equal(y, want)
+
+
 # ----------------------------------------------------------------------------------- the record
 def _record():
     from experiments import recorded
@@ -190,6 +224,7 @@ def test_recorded_masked_sum_ratios_are_its_parts_and_reproduce():
                 assert len(samples) == cfg["repeats"] and r["parts"][p]["best"] == min(samples)
             K, deg = r["clients"], r["neighbours"]
             assert r["prg_expansions"] == K * (deg + 1) + K and r["x25519_agreements"] == 2 * K * deg
+            assert r["x25519_key_pairs"] == 2 * K
             assert r["max_abs_error"] <= r["error_bound"]
     for key, rep in data["reproduction"].items():
         if "ratio_to_floor" in key:
