@@ -62,6 +62,7 @@ from mechanisms.secagg import fixed_point
 from mechanisms.secagg.crypto import ProtocolAbort
 from mechanisms.secagg.graph import group_size
 from mechanisms.secagg.identity import Identity, Roster
+from mechanisms.secagg.masking.messages import decode_message, encode_message
 from mechanisms.secagg.masking.node import MaskingNode
 from mechanisms.secagg.masking.server import MaskingServer
 from mechanisms.secagg.threat import default_threshold, survivor_parts
@@ -74,6 +75,7 @@ from privfed.flower.wire import arrays_record
 
 __all__ = [
     "LEDGER_KEY",
+    "MESSAGE_KEY",
     "STATE_KEY",
     "MaskedSum",
     "SimulatedRoster",
@@ -94,24 +96,34 @@ __all__ = [
 
 #: The node's ConfigRecord in ``context.state`` holding its protocol state between messages.
 STATE_KEY = "privfed-secagg"
+#: The one value of a message's ``secagg`` ConfigRecord: the message's fields, encoded.
+MESSAGE_KEY = "message"
 
 
 # ------------------------------------------------------------------------------- records
 def to_records(msg: dict) -> RecordDict:
-    """A protocol message as Flower records (arrays apart, everything else in one ConfigRecord)."""
+    """A protocol message as Flower records: its arrays in an ArrayRecord, everything else encoded as one
+    bytes value (:func:`mechanisms.secagg.masking.messages.encode_message`) in one ConfigRecord."""
     arrays = {k: v for k, v in msg.items() if isinstance(v, np.ndarray)}
-    rec = RecordDict({"secagg": ConfigRecord({k: v for k, v in msg.items() if k not in arrays})})
+    rest = {k: v for k, v in msg.items() if k not in arrays}
+    rec = RecordDict({"secagg": ConfigRecord({MESSAGE_KEY: encode_message(rest)})})
     if arrays:
         rec["secagg-arrays"] = arrays_record(arrays)
     return rec
 
 
 def from_records(content: RecordDict) -> dict:
-    """The protocol message in ``content`` (inverse of :func:`to_records`)."""
-    out = {k: (list(v) if isinstance(v, list) else v) for k, v in dict(content["secagg"]).items()}
+    """The protocol message in ``content`` (inverse of :func:`to_records`; TypeError when it is malformed)."""
+    rec = content["secagg"]
+    if MESSAGE_KEY not in rec or len(rec.keys()) != 1:
+        raise TypeError(f"the secagg record must hold one {MESSAGE_KEY!r} value and nothing else")
+    out = decode_message(rec[MESSAGE_KEY])
     if "secagg-arrays" in content:
         arr = content["secagg-arrays"]
-        out.update({k: arr[k].numpy() for k in arr.keys()})
+        for k in arr.keys():
+            if k in out:
+                raise TypeError(f"the message carries {k!r} twice (as a value and as an array)")
+            out[k] = arr[k].numpy()
     return out
 
 

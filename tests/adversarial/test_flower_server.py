@@ -24,6 +24,19 @@ def _nodes(n=K):
     return {100 + i: {"partition-id": i, "num-partitions": n} for i in range(n)}
 
 
+def _rewrite(msg, change) -> None:
+    """Rewrite a masking request as the server would send it: ``change(request dict)`` in place, then the
+    request's records replaced by the changed request's."""
+    from privfed.flower.secagg import from_records, to_records
+
+    req = from_records(msg.content)
+    change(req)
+    for k in [k for k in msg.content.keys() if k.startswith("secagg")]:
+        del msg.content[k]
+    for k, v in to_records(req).items():
+        msg.content[k] = v
+
+
 class TamperingGrid(LocalGrid):
     """A LocalGrid whose server side rewrites messages before they leave (``tamper(msg) -> None``)."""
 
@@ -95,8 +108,7 @@ def test_an_inconsistent_uploader_list_is_detected_on_flower(digits_dataset):
 
     def tamper(msg):
         if msg.metadata.message_type == "query.consistency" and msg.metadata.dst_node_id in (102, 103):
-            rec = msg.content["secagg"]
-            rec["uploaded"] = [u for u in rec["uploaded"] if u != 0]
+            _rewrite(msg, lambda rec: rec.update(uploaded=[u for u in rec["uploaded"] if u != 0]))
 
     with pytest.raises(ProtocolAbort, match="node 10[0-3] refused secure aggregation at stage"):
         serve(
@@ -127,10 +139,11 @@ def test_a_server_asking_for_a_lower_threshold_is_refused_by_every_node(digits_d
 def test_a_substituted_key_advertisement_is_refused_on_flower(digits_dataset):
     def tamper(msg):
         if msg.metadata.message_type == "query.shares":
-            rec = msg.content["secagg"]
-            c_pk = list(rec["c_pk"])
-            c_pk[0] = bytes(32 * [9])
-            rec["c_pk"] = c_pk
+
+            def change(rec):
+                rec["c_pk"] = [bytes(32 * [9]), *rec["c_pk"][1:]]
+
+            _rewrite(msg, change)
 
     with pytest.raises(
         ProtocolAbort, match="stage 'shares'.*(not signed by its roster key|came back changed)"
@@ -144,10 +157,13 @@ def test_a_substituted_key_advertisement_is_refused_on_flower(digits_dataset):
 def test_a_tampered_share_on_flower_names_the_node_and_stage_not_a_raw_invalid_tag(digits_dataset):
     def tamper(msg):
         if msg.metadata.message_type == "query.masked" and msg.metadata.dst_node_id == 101:
-            rec = msg.content["secagg"]
-            cts = [bytearray(c) for c in rec["ct"]]
-            cts[0][-1] ^= 1
-            rec["ct"] = [bytes(c) for c in cts]
+
+            def change(rec):
+                cts = [bytearray(c) for c in rec["ct"]]
+                cts[0][-1] ^= 1
+                rec["ct"] = [bytes(c) for c in cts]
+
+            _rewrite(msg, change)
 
     with pytest.raises(
         ProtocolAbort, match="node 101 refused secure aggregation at stage 'masked'.*fails authentication"
@@ -551,3 +567,58 @@ def test_the_bound_on_counts_comes_from_the_roster_never_from_the_server(digits_
             TamperingGrid(nodes, lambda m: (inflate(m), tamper(m))),
             FlowerConfig(method="fedcof", clients=K, secure="mask", timeout=30),
         )
+
+
+# ----------------------------------------------------------------------------- the message bytes on the wire
+def _corrupt_bytes(rec):
+    from flwr.app import ConfigRecord
+
+    from privfed.flower.secagg import MESSAGE_KEY
+
+    raw = bytes(rec[MESSAGE_KEY])
+    return ConfigRecord({MESSAGE_KEY: raw[:-3]})
+
+
+def _extra_value(rec):
+    from flwr.app import ConfigRecord
+
+    return ConfigRecord({**dict(rec), "uploaded": [0, 1, 2, 3]})
+
+
+def _not_bytes(rec):
+    from flwr.app import ConfigRecord
+
+    from privfed.flower.secagg import MESSAGE_KEY
+
+    return ConfigRecord({MESSAGE_KEY: "PFM1"})
+
+
+@pytest.mark.parametrize(
+    "stage, corrupt",
+    [
+        ("keys", _corrupt_bytes),
+        ("shares", _not_bytes),
+        ("masked", _corrupt_bytes),
+        ("consistency", _extra_value),
+        ("unmask", _corrupt_bytes),
+    ],
+)
+def test_a_lying_server_sending_bytes_that_are_no_message_gets_a_clean_refusal(
+    digits_dataset, stage, corrupt
+):
+    """Every stage's request, its encoded message cut short, replaced by text or joined by a value beside
+    it: the node answers with its one-line malformed-request refusal naming the stage (never a traceback),
+    and no sum is released."""
+
+    def tamper(msg):
+        if msg.metadata.message_type == f"query.{stage}" and msg.metadata.dst_node_id == 101:
+            msg.content["secagg"] = corrupt(msg.content["secagg"])
+
+    with pytest.raises(
+        ProtocolAbort, match=f"node 101 refused secure aggregation at stage '{stage}'.*malformed"
+    ) as exc:
+        serve(
+            TamperingGrid(_nodes(), tamper),
+            FlowerConfig(method="fedncm", clients=K, secure="mask", timeout=30),
+        )
+    assert "Traceback" not in str(exc.value)
