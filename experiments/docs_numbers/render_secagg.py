@@ -132,8 +132,9 @@ def secagg_scale() -> str:
         + (f"; missed by {', '.join(missed)}" if missed else "")
         + f". The runs agree within {worst:.1%} on every ratio above "
         + ("(within the 10 % a recorded ratio must reproduce)." if worst <= share else f"(over {share:.0%}).")
-        + " The floor is the work the protocol cannot skip; beside it the masked sum also generates each "
-        "node's two key pairs, Shamir-shares two secrets to its neighbours, encrypts and decrypts the shares "
-        "(AES-GCM), encodes its input, adds each mask and removes the self masks at the server.",
+        + " The floor is the work the protocol cannot skip (X25519: each client's two key pairs and its two "
+        "agreements with every neighbour); beside it the masked sum also derives each key (HKDF), "
+        "Shamir-shares two secrets to its neighbours, encrypts and decrypts the shares (AES-GCM), encodes its "
+        "input, adds each mask and removes the self masks at the server.",
     ]
     return "\n".join(lines)
