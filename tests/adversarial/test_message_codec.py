@@ -23,6 +23,8 @@ MSG = {
     "x": 0.25,
     "flag": True,
     "uploaded": [0, 5, 999],
+    "wide_ids": [0, 2**16, -3],
+    "empties": [b"", b""],
     "sigs": [os.urandom(64) for _ in range(3)],
     "views": [b"", os.urandom(7), os.urandom(90)],
     "kind": ["b", "s", "é"],
@@ -42,6 +44,10 @@ def test_every_type_comes_back_equal_and_of_its_type():
         if isinstance(v, list):
             assert [type(x) for x in back[k]] == [type(x) for x in v], k
     assert np.signbit(back["floats"][1])  # -0.0 stays -0.0
+    # node ids two bytes each, equal-width bytes (keys, signatures) without a length each
+    ids = encode_message({"ids": list(range(21))})
+    sigs = encode_message({"sigs": [bytes(64)] * 21})
+    assert len(ids) == 6 + 5 + 4 + 2 * 21 and len(sigs) == 6 + 6 + 8 + 64 * 21
 
 
 @pytest.mark.parametrize(
@@ -70,6 +76,11 @@ def _field(name: bytes, tag: bytes, body: bytes, count: int = 1) -> bytes:
         (_field(b"k", b"I", struct.pack("<I", 2**29)), "runs past its end"),
         (_field(b"k", b"B", struct.pack("<I", 2**30)), "runs past its end"),
         (_field(b"k", b"B", struct.pack("<II", 1, 2**31) + b"ab"), "runs past its end"),
+        (_field(b"k", b"E", struct.pack("<II", 2**32 - 1, 0)), "no width"),
+        (_field(b"k", b"E", struct.pack("<II", 2**20, 64) + bytes(64)), "runs past its end"),
+        (_field(b"k", b"E", struct.pack("<I", 1)), "runs past its end"),
+        (_field(b"k", b"H", struct.pack("<I", 2**31) + bytes(4)), "runs past its end"),
+        (_field(b"k", b"T", struct.pack("<I", 2**31)), "not a list of bools"),
         (_field(b"k", b"s", struct.pack("<I", 1) + b"\xff"), "not UTF-8"),
         (_field(b"k", b"S", struct.pack("<II", 1, 1) + b"\xff"), "not UTF-8"),
         (_field(b"k", b"t", b"\x02"), "not a bool"),

@@ -113,10 +113,16 @@ def _encode_value(key: str, v) -> bytes:
     if kind is list or kind is tuple:
         kinds = set(map(type, v))
         if kinds <= {int}:
-            if v and not (_INT64[0] <= min(v) and max(v) < _INT64[1]):
+            low, high = (min(v), max(v)) if v else (0, 0)
+            if 0 <= low and high < 2**16:  # node ids: two bytes each
+                return b"H" + struct.pack(f"<I{len(v)}H", len(v), *v)
+            if not (_INT64[0] <= low and high < _INT64[1]):
                 raise TypeError(f"message field {key!r}: an id does not fit int64")
             return b"I" + struct.pack(f"<I{len(v)}q", len(v), *v)
         if kinds == {bytes}:
+            width = len(v[0])
+            if width and all(len(x) == width for x in v):  # keys, signatures: one width for all
+                return b"E" + struct.pack("<II", len(v), width) + b"".join(v)
             return b"B" + struct.pack(f"<{len(v) + 1}I", len(v), *map(len, v)) + b"".join(v)
         if kinds == {str}:
             raw = [x.encode("utf-8") for x in v]
@@ -182,6 +188,20 @@ def decode_message(raw) -> dict:
                 except UnicodeDecodeError:
                     raise TypeError(f"malformed message: field {key!r} is not UTF-8 text") from None
             out[key] = value
+        elif tag == 0x48:  # "H"
+            if at + 2 * size > end:
+                raise TypeError(f"malformed message: field {key!r} runs past its end")
+            out[key] = list(struct.unpack_from(f"<{size}H", buf, at))
+            at += 2 * size
+        elif tag == 0x45:  # "E"
+            if at + 4 > end:
+                raise TypeError(f"malformed message: field {key!r} runs past its end")
+            (width,) = struct.unpack_from("<I", buf, at)
+            at += 4
+            if width == 0 or at + size * width > end:  # a width of 0 would let a count allocate
+                raise TypeError(f"malformed message: field {key!r} runs past its end or has no width")
+            out[key] = [buf[a : a + width] for a in range(at, at + size * width, width)]
+            at += size * width
         elif tag in (0x49, 0x46):  # "I", "F"
             if at + 8 * size > end:
                 raise TypeError(f"malformed message: field {key!r} runs past its end")
