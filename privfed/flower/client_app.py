@@ -359,7 +359,7 @@ def make_client_app(
                         lifetime=lifetime,
                     )
                 check_pending(context, stage)  # a pending charge: its ledger readable before signing
-                reply = node_step(msg.content, context, identity, roster, **kw)
+                reply = node_step(msg.content, context, identity, roster, stage=stage, **kw)
                 # a pending charge, once t signatures confirmed the uploaders: to the shares they carry
                 settle_share(context, stage, roster, identity.index, msg.content)
             except PrivfedError as exc:  # a refusal (a ProtocolAbort too) reaches the server as its message

@@ -56,7 +56,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
-from flwr.app import ConfigRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
 from mechanisms.secagg import fixed_point
 from mechanisms.secagg.crypto import ProtocolAbort
@@ -120,10 +120,15 @@ def from_records(content: RecordDict) -> dict:
     out = decode_message(rec[MESSAGE_KEY])
     if "secagg-arrays" in content:
         arr = content["secagg-arrays"]
+        if not isinstance(arr, ArrayRecord):
+            raise TypeError(f"the message's arrays are a {type(arr).__name__}, not an ArrayRecord")
         for k in arr.keys():
             if k in out:
                 raise TypeError(f"the message carries {k!r} twice (as a value and as an array)")
-            out[k] = arr[k].numpy()
+            try:
+                out[k] = arr[k].numpy()
+            except Exception as exc:  # np.load of bytes a peer chose: any failure is a malformed message
+                raise TypeError(f"the message's array {k!r} cannot be read ({type(exc).__name__})") from None
     return out
 
 
@@ -190,10 +195,18 @@ def node_step(
     context_digest: bytes = b"",
     aggregation: bytes | None = None,
     lifetime: bytes | None = None,
+    stage: str | None = None,
 ) -> RecordDict:
     """Answer one masking request with this node's state machine; its state stays in ``context.state`` (and the
     state machine itself in this process, :class:`privfed.flower.kept.KeptNodes`, while the record there is
-    the one it wrote)."""
+    the one it wrote).
+
+    ``stage``: the stage the message came as (its Flower message type); a request whose own stage differs
+    aborts the session, since what the node does after answering (settling a charge on the uploaders an
+    unmask request names) follows the message type.  A request carries no arrays (a TypeError if it does,
+    the node's malformed-request refusal)."""
+    if "secagg-arrays" in content:
+        raise TypeError("a masking request carries no arrays (the server sent a secagg-arrays record)")
     req = from_records(content)
     ledger = node_ledger(context, roster, lifetime)
     key = (context.run_id, context.node_id, roster.fingerprint, identity.index)
@@ -213,6 +226,13 @@ def node_step(
     )
     node.ledger = ledger
     try:
+        if stage is not None and req.get("stage") != stage:
+            raise node._abort(
+                stage,
+                "wrong-stage",
+                f"a {str(req.get('stage'))[:20]!r} request came as a {stage!r} message; no more answers in "
+                "this session",
+            )
         reply = node.handle(req, ring_input=ring_input, context=context_digest, aggregation=aggregation)
     finally:
         record = context.state[STATE_KEY] if STATE_KEY in context.state else None
