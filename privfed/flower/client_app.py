@@ -4,7 +4,8 @@ Message types it answers (all ``query``; the server sends the run's
 :class:`~privfed.flower.config.FlowerConfig` in the message):
 
 ``query``            plain release: the node's clipped (and noised) statistics
-``query.setup``      secure runs: the public shape (d, C) and that the node has data
+``query.setup``      secure runs: the public shape (d, C) and that the node has data; under
+                     pairwise masking also the first sum's keys request (answered in the same reply)
 ``query.keys`` ``query.shares`` ``query.masked`` ``query.consistency`` ``query.unmask``
                      the pairwise-masking stages (:mod:`privfed.flower.secagg`, active-adversary
                      version: the node's identity and roster come from its node config,

@@ -15,7 +15,9 @@ server can route, and refuses any list outside its group; messages are O(k)
 per node).
 
 Message types (one per stage): ``query.keys``, ``query.shares``,
-``query.masked``, ``query.consistency``, ``query.unmask``.  The masked
+``query.masked``, ``query.consistency``, ``query.unmask``; a run's first sum
+sends its keys request inside the setup message (:class:`Opening`), so the
+key advertisements cost no round trip of their own.  The masked
 stage also carries the run config, the round name and any broadcast the
 node needs to compute its input; the node hashes them into the digest it
 signs in the consistency round, so a server that sends different

@@ -1,7 +1,8 @@
 """The server of a secure run on Flower: setup, the secure sums the method runs, the head.
 
 :func:`serve_secure` sends ``query.setup`` (each node's shape, whether it is a
-CKKS key holder, and under DP its record of its noise share), then runs every
+CKKS key holder, and under DP its record of its noise share; under pairwise
+masking it carries the first sum's keys request too), then runs every
 secure sum the method needs (:func:`privfed.flower.protocol.secure_rounds`)
 with pairwise masking (:mod:`privfed.flower.secagg`), CKKS
 (:mod:`privfed.flower.ckks`) or Flower's own SecAgg+
