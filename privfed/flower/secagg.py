@@ -58,22 +58,21 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, RecordDict
+from flwr.app import ConfigRecord, RecordDict
 
 from mechanisms.secagg import fixed_point
 from mechanisms.secagg.crypto import ProtocolAbort
 from mechanisms.secagg.graph import group_size
 from mechanisms.secagg.identity import Identity, Roster
-from mechanisms.secagg.masking.messages import decode_message, encode_message
 from mechanisms.secagg.masking.node import MaskingNode
 from mechanisms.secagg.masking.server import MaskingServer
 from mechanisms.secagg.threat import default_threshold, survivor_parts
 from privfed.errors import ConfigError, InputError
 from privfed.flower.kept import KeptNodes, parsed
 from privfed.flower.ledger import LEDGER_KEY, canonical_config, lifetime_id, node_ledger, pin_num_classes
+from privfed.flower.masking_wire import MESSAGE_KEY, from_records, to_records
 from privfed.flower.provision import SimulatedRoster, simulated_identities
 from privfed.flower.transport import Exchange, exchange
-from privfed.flower.wire import arrays_record
 
 __all__ = [
     "KEYS_REFUSAL",
@@ -100,40 +99,6 @@ __all__ = [
 
 #: The node's ConfigRecord in ``context.state`` holding its protocol state between messages.
 STATE_KEY = "privfed-secagg"
-#: The one value of a message's ``secagg`` ConfigRecord: the message's fields, encoded.
-MESSAGE_KEY = "message"
-
-
-# ------------------------------------------------------------------------------- records
-def to_records(msg: dict) -> RecordDict:
-    """A protocol message as Flower records: its arrays in an ArrayRecord, everything else encoded as one
-    bytes value (:func:`mechanisms.secagg.masking.messages.encode_message`) in one ConfigRecord."""
-    arrays = {k: v for k, v in msg.items() if isinstance(v, np.ndarray)}
-    rest = {k: v for k, v in msg.items() if k not in arrays}
-    rec = RecordDict({"secagg": ConfigRecord({MESSAGE_KEY: encode_message(rest)})})
-    if arrays:
-        rec["secagg-arrays"] = arrays_record(arrays)
-    return rec
-
-
-def from_records(content: RecordDict) -> dict:
-    """The protocol message in ``content`` (inverse of :func:`to_records`; TypeError when it is malformed)."""
-    rec = content["secagg"]
-    if MESSAGE_KEY not in rec or len(rec.keys()) != 1:
-        raise TypeError(f"the secagg record must hold one {MESSAGE_KEY!r} value and nothing else")
-    out = decode_message(rec[MESSAGE_KEY])
-    if "secagg-arrays" in content:
-        arr = content["secagg-arrays"]
-        if not isinstance(arr, ArrayRecord):
-            raise TypeError(f"the message's arrays are a {type(arr).__name__}, not an ArrayRecord")
-        for k in arr.keys():
-            if k in out:
-                raise TypeError(f"the message carries {k!r} twice (as a value and as an array)")
-            try:
-                out[k] = arr[k].numpy()
-            except Exception as exc:  # np.load of bytes a peer chose: any failure is a malformed message
-                raise TypeError(f"the message's array {k!r} cannot be read ({type(exc).__name__})") from None
-    return out
 
 
 # ------------------------------------------------------------------------------- identities
