@@ -25,10 +25,10 @@ loads and the mask keystream the masked protocol's argument needs (per node: 3 s
 2k agreements, 2 key loads, k + 1 masks, and the server one mask per uploader; the counts the
 message-layer benchmark :mod:`experiments.bench_active_scale` finds at the state machines' call sites),
 each timed alone with ``cryptography`` in this process in the same round.  Flower's engine costs a
-round trip of messages whatever it carries; the masked protocol needs five (with the setup, six) where
-the plain run needs one, so the record also gives the floor with those extra round trips, each at the
-CPU cost of the masked run's own key-advertisement stage (its node work is two key loads and a
-signature a node).
+round trip of messages whatever it carries; the masked run needs five (its setup, which carries the
+key advertisements, then shares, masked input, consistency and unmasking) where the plain run needs one,
+so the record also gives the floor with those extra round trips, each at the CPU cost of the masked
+run's own consistency stage (its node work is one signature and a ledger entry a node).
 
 Memory.  Flower's simulation runs the ServerApp in the same process as its engine, which keeps every
 virtual node's ``Context`` there; at each of ``--memory-nodes`` a second simulation runs with
@@ -265,7 +265,7 @@ def timed_point(nodes: int, dim: int, degree: int | None, num_cpus: int, repeats
             i += 1
         p, m, f = got["plain"], got["masked"], got["flwr"]
         floor, terms = floor_seconds(p["cpu_s"], counts, unit)
-        trip = m["stage_cpu_s"].get("keys", 0.0)
+        trip = m["stage_cpu_s"].get("consistency", 0.0)
         extra = len(m["stage_cpu_s"]) - len(p["stage_cpu_s"])  # round trips beyond the plain run's one
         rounds.append(
             {

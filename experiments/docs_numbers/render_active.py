@@ -121,10 +121,11 @@ def flower_masked_scale() -> str:
         "",
         f"The floor is the plain run plus the floor's cryptography (the counts the message layer finds, timed "
         f"alone in this process). Flower's engine costs a round trip whatever it carries: the masked run needs "
-        f"{first['extra_round_trips']} more than the plain one (setup, keys, shares, masked input, consistency "
-        f"and unmasking against one query), each costing about what its key-advertisement stage costs "
-        f"({first['round_trip_cpu_s']:.1f} s of CPU at {timed[-1]['nodes']:,} nodes, where each node's own work "
-        "is two key loads and a signature). Masked against Flower's SecAgg+ on the same runtime: "
+        f"{first['extra_round_trips']} more than the plain one (setup with the key advertisements, shares, "
+        f"masked input, consistency and unmasking against one query), each costing about what its consistency "
+        f"stage costs ({first['round_trip_cpu_s']:.1f} s of CPU at {timed[-1]['nodes']:,} nodes, where each "
+        "node's own work is one signature and a ledger entry). Masked against Flower's SecAgg+ on the same "
+        "runtime: "
         + " and ".join(f"{t['masked_to_flwr']['median']:.2f}×" for t in timed)
         + " (median per run); the heads agree with the plain one to "
         f"{max(r['max_abs_head_diff'] for t in timed for r in t['rounds']):.0e} masked (fixed point) and "

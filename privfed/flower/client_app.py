@@ -4,7 +4,8 @@ Message types it answers (all ``query``; the server sends the run's
 :class:`~privfed.flower.config.FlowerConfig` in the message):
 
 ``query``            plain release: the node's clipped (and noised) statistics
-``query.setup``      secure runs: the public shape (d, C) and that the node has data
+``query.setup``      secure runs: the public shape (d, C) and that the node has data; under
+                     pairwise masking also the first sum's keys request (answered in the same reply)
 ``query.keys`` ``query.shares`` ``query.masked`` ``query.consistency`` ``query.unmask``
                      the pairwise-masking stages (:mod:`privfed.flower.secagg`, active-adversary
                      version: the node's identity and roster come from its node config,
@@ -74,6 +75,7 @@ from privfed.flower.provision import SimulatedRoster
 from privfed.flower.roster_checks import check_masking_config, check_noise_share
 from privfed.flower.rounds import node_round_statistics
 from privfed.flower.secagg import (
+    KEYS_REFUSAL,
     LEDGER_KEY,
     encode_for_ring,
     node_identity,
@@ -303,9 +305,9 @@ def make_client_app(
             return failed
         try:
             cfg = _config(msg)
-            roster = None
+            identity = roster = None
             if cfg.secure in ("mask", "ckks"):  # the identity, roster and ledger file are checked first
-                roster = node_identity(context.node_config, context.node_id, provision)[1]
+                identity, roster = node_identity(context.node_config, context.node_id, provision)
                 node_ledger(context, roster)
             stats, events = secure_release(cfg, context, dict(msg.content["config"]), "setup", roster)
         except PrivfedError as exc:
@@ -324,14 +326,21 @@ def make_client_app(
                 ),
             }
         )
-        return Message(RecordDict({"meta": meta}), reply_to=msg)
+        out = RecordDict({"meta": meta})
+        if cfg.secure == "mask" and "secagg" in msg.content:  # the first masked sum's keys request, beside it
+            keys = masking_stage("keys")(msg, context, identity, roster)
+            if not keys.has_error():  # a node told to fail at keys sends none: dropped before its keys
+                for k, v in keys.content.items():
+                    out[KEYS_REFUSAL if k == "error" else k] = v
+        return Message(out, reply_to=msg)
 
     def masking_stage(stage: str):
-        def handler(msg: Message, context: Context) -> Message:
+        def handler(msg: Message, context: Context, identity=None, roster=None) -> Message:
             if (failed := _fault(stage, msg, context, faults)) is not None:
                 return failed
             try:
-                identity, roster = node_identity(context.node_config, context.node_id, provision)
+                if roster is None:
+                    identity, roster = node_identity(context.node_config, context.node_id, provision)
                 kw = {}
                 if stage == "masked":
                     cfg = _config(msg)

@@ -15,7 +15,9 @@ server can route, and refuses any list outside its group; messages are O(k)
 per node).
 
 Message types (one per stage): ``query.keys``, ``query.shares``,
-``query.masked``, ``query.consistency``, ``query.unmask``.  The masked
+``query.masked``, ``query.consistency``, ``query.unmask``; a run's first sum
+sends its keys request inside the setup message (:class:`Opening`), so the
+key advertisements cost no round trip of their own.  The masked
 stage also carries the run config, the round name and any broadcast the
 node needs to compute its input; the node hashes them into the digest it
 signs in the consistency round, so a server that sends different
@@ -56,28 +58,29 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, RecordDict
+from flwr.app import ConfigRecord, RecordDict
 
 from mechanisms.secagg import fixed_point
 from mechanisms.secagg.crypto import ProtocolAbort
 from mechanisms.secagg.graph import group_size
 from mechanisms.secagg.identity import Identity, Roster
-from mechanisms.secagg.masking.messages import decode_message, encode_message
 from mechanisms.secagg.masking.node import MaskingNode
 from mechanisms.secagg.masking.server import MaskingServer
 from mechanisms.secagg.threat import default_threshold, survivor_parts
 from privfed.errors import ConfigError, InputError
 from privfed.flower.kept import KeptNodes, parsed
 from privfed.flower.ledger import LEDGER_KEY, canonical_config, lifetime_id, node_ledger, pin_num_classes
+from privfed.flower.masking_wire import MESSAGE_KEY, from_records, to_records
 from privfed.flower.provision import SimulatedRoster, simulated_identities
 from privfed.flower.transport import Exchange, exchange
-from privfed.flower.wire import arrays_record
 
 __all__ = [
+    "KEYS_REFUSAL",
     "LEDGER_KEY",
     "MESSAGE_KEY",
     "STATE_KEY",
     "MaskedSum",
+    "Opening",
     "SimulatedRoster",
     "aggregation_digests",
     "encode_for_ring",
@@ -96,40 +99,6 @@ __all__ = [
 
 #: The node's ConfigRecord in ``context.state`` holding its protocol state between messages.
 STATE_KEY = "privfed-secagg"
-#: The one value of a message's ``secagg`` ConfigRecord: the message's fields, encoded.
-MESSAGE_KEY = "message"
-
-
-# ------------------------------------------------------------------------------- records
-def to_records(msg: dict) -> RecordDict:
-    """A protocol message as Flower records: its arrays in an ArrayRecord, everything else encoded as one
-    bytes value (:func:`mechanisms.secagg.masking.messages.encode_message`) in one ConfigRecord."""
-    arrays = {k: v for k, v in msg.items() if isinstance(v, np.ndarray)}
-    rest = {k: v for k, v in msg.items() if k not in arrays}
-    rec = RecordDict({"secagg": ConfigRecord({MESSAGE_KEY: encode_message(rest)})})
-    if arrays:
-        rec["secagg-arrays"] = arrays_record(arrays)
-    return rec
-
-
-def from_records(content: RecordDict) -> dict:
-    """The protocol message in ``content`` (inverse of :func:`to_records`; TypeError when it is malformed)."""
-    rec = content["secagg"]
-    if MESSAGE_KEY not in rec or len(rec.keys()) != 1:
-        raise TypeError(f"the secagg record must hold one {MESSAGE_KEY!r} value and nothing else")
-    out = decode_message(rec[MESSAGE_KEY])
-    if "secagg-arrays" in content:
-        arr = content["secagg-arrays"]
-        if not isinstance(arr, ArrayRecord):
-            raise TypeError(f"the message's arrays are a {type(arr).__name__}, not an ArrayRecord")
-        for k in arr.keys():
-            if k in out:
-                raise TypeError(f"the message carries {k!r} twice (as a value and as an array)")
-            try:
-                out[k] = arr[k].numpy()
-            except Exception as exc:  # np.load of bytes a peer chose: any failure is a malformed message
-                raise TypeError(f"the message's array {k!r} cannot be read ({type(exc).__name__})") from None
-    return out
 
 
 # ------------------------------------------------------------------------------- identities
@@ -338,6 +307,50 @@ def _raise_refusals(refused: dict[int, tuple[str, str]], stage: str) -> None:
     raise ConfigError(msg)
 
 
+#: The record of a setup reply holding the node's refusal of the keys request it carried.
+KEYS_REFUSAL = "keys-error"
+
+
+@dataclass
+class Opening:
+    """The first stage of a masked sum carried by an earlier exchange (the run's setup): the key
+    advertisement request every node is sent with it, and each node's reply (Flower node id -> records).
+
+    A masked sum that opens with one (:func:`masked_sum_over_messages`'s ``opening``) starts at the shares
+    stage: a round trip fewer, the same messages."""
+
+    num_nodes: int
+    threshold: int
+    degree: int | None
+    session: bytes = field(default_factory=lambda: os.urandom(16), repr=False)
+    replies: dict[int, RecordDict] = field(default_factory=dict, repr=False)
+    #: Nodes whose key advertisement was refused: node -> (error kind, its message).
+    refused: dict[int, tuple[str, str]] = field(default_factory=dict)
+
+    @classmethod
+    def make(cls, num_nodes: int, threshold: int | None, degree: int | None) -> Opening:
+        """The opening of a sum over a roster of ``num_nodes`` (t: ``threshold`` or the default)."""
+        K = int(num_nodes)
+        t = default_threshold(group_size(K, degree)) if threshold is None else int(threshold)
+        return cls(K, t, degree)
+
+    def request(self) -> RecordDict:
+        """The key advertisement request, as the records to send beside the setup."""
+        msg = {"stage": "keys", "session": self.session, "K": self.num_nodes, "t": self.threshold}
+        if self.degree is not None:
+            msg["degree"] = int(self.degree)
+        return to_records(msg)
+
+    def take(self, node: int, content: RecordDict) -> None:
+        """Keep ``node``'s key advertisement (the ``secagg`` records of its setup reply) or its refusal of the
+        keys request (:data:`KEYS_REFUSAL`); a reply with neither is a node that sent no keys."""
+        if KEYS_REFUSAL in content:
+            why = content[KEYS_REFUSAL]
+            self.refused[node] = (str(why.get("kind", "")), str(why.get("message", "")))
+        elif "secagg" in content:
+            self.replies[node] = RecordDict({k: v for k, v in content.items() if k.startswith("secagg")})
+
+
 def masked_sum_over_messages(
     grid,
     nodes: list[int],
@@ -351,8 +364,12 @@ def masked_sum_over_messages(
     keep_view: bool = False,
     num_nodes: int | None = None,
     degree: int | None = None,
+    opening: Opening | None = None,
 ) -> MaskedSum:
     """Run the five stages with ``nodes`` and return the decoded sum over U3.
+
+    ``opening``: the key advertisements already exchanged (with the run's setup, :class:`Opening`), so the
+    sum starts at the shares stage; its K, t and degree are the sum's.
 
     ``num_nodes`` is K, the roster size (default ``len(nodes)``);
     ``masked_payload(node)`` gives the extra records (name -> record) the
@@ -363,11 +380,13 @@ def masked_sum_over_messages(
     """
     K = len(nodes) if num_nodes is None else int(num_nodes)
     t = default_threshold(group_size(K, degree)) if threshold is None else int(threshold)
+    if opening is not None and (opening.num_nodes, opening.threshold, opening.degree) != (K, t, degree):
+        raise ValueError("the opening's K, t and degree are not the sum's")
     server = MaskingServer(
         num_nodes=K,
         threshold=t,
         length=length,
-        session=os.urandom(16),
+        session=os.urandom(16) if opening is None else opening.session,
         active=True,
         degree=degree,
         frac_bits=frac_bits,
@@ -384,7 +403,7 @@ def masked_sum_over_messages(
         refused: dict[int, tuple[str, str]] = {}
         if stage == "keys":
             one = next(iter(requests.values()))
-            contents = {n: to_records(one) for n in nodes}
+            contents = {} if opening is not None else {n: to_records(one) for n in nodes}
         else:
             contents = {}
             for u, msg in requests.items():
@@ -411,9 +430,19 @@ def masked_sum_over_messages(
                 u = index_of[node]
             server.receive(u, reply)
 
-        ex = stages[stage] = exchange(
-            grid, contents, f"query.{stage}", timeout, on_reply, group_id=round_name
-        )
+        if stage == "keys" and opening is not None:  # carried by the setup: its replies, as they came
+            _raise_refusals(opening.refused, stage)
+            ex = stages[stage] = Exchange(stage="query.setup")
+            for node in nodes:
+                if node in opening.replies:
+                    on_reply(node, opening.replies[node])
+                    ex.answered.append(node)
+                else:
+                    ex.silent.append(node)
+        else:
+            ex = stages[stage] = exchange(
+                grid, contents, f"query.{stage}", timeout, on_reply, group_id=round_name
+            )
         _raise_refusals(refused, stage)
         why = "; ".join(f"node {n}: {r}" for n, r in list(ex.failed.items())[:3])
         server.close(f" ({len(ex.silent)} silent, {len(ex.failed)} failed{': ' + why if why else ''})")

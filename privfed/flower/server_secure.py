@@ -1,7 +1,8 @@
 """The server of a secure run on Flower: setup, the secure sums the method runs, the head.
 
 :func:`serve_secure` sends ``query.setup`` (each node's shape, whether it is a
-CKKS key holder, and under DP its record of its noise share), then runs every
+CKKS key holder, and under DP its record of its noise share; under pairwise
+masking it carries the first sum's keys request too), then runs every
 secure sum the method needs (:func:`privfed.flower.protocol.secure_rounds`)
 with pairwise masking (:mod:`privfed.flower.secagg`), CKKS
 (:mod:`privfed.flower.ckks`) or Flower's own SecAgg+
@@ -30,7 +31,7 @@ from privfed.flower.ckks import ckks_sum_over_messages
 from privfed.flower.dp import BACKEND_KEY, agreed_backend
 from privfed.flower.fold import node_errors
 from privfed.flower.protocol import refusal_bits, secure_rounds, split_sum_vector, sum_vector_length
-from privfed.flower.secagg import masked_sum_over_messages
+from privfed.flower.secagg import Opening, masked_sum_over_messages
 from privfed.flower.transport import exchange
 from privfed.flower.wire import arrays_record
 from privfed.methods.fedcof_protocol import FedCOFServer
@@ -154,7 +155,13 @@ def serve_secure(grid, cfg, method, nodes, config_rec, stages, keep_view, receiv
     colluders: dict[int, int] = {}
     backends: dict[int, str] = {}
 
+    # A masked sum's key advertisements travel with the setup (a round trip fewer): each node answers the
+    # setup, then the first sum's keys request beside it (Opening; its refusal there is the keys stage's).
+    opening = Opening.make(cfg.clients, cfg.threshold, cfg.degree) if cfg.secure == "mask" else None
+
     def on_setup(node, content):
+        if opening is not None and "meta" in content:
+            opening.take(node, content)
         if "error" in content:
             errors[node] = str(content["error"]["message"])
             return
@@ -167,7 +174,9 @@ def serve_secure(grid, cfg, method, nodes, config_rec, stages, keep_view, receiv
         if BACKEND_KEY in content["meta"]:
             backends[node] = str(content["meta"][BACKEND_KEY])
 
-    contents = {n: RecordDict({"config": config_rec}) for n in nodes}
+    contents = {
+        n: RecordDict({"config": config_rec, **({} if opening is None else opening.request())}) for n in nodes
+    }
     ex = stages["setup"] = exchange(grid, contents, "query.setup", cfg.timeout, on_setup, group_id="setup")
     node_errors(errors, ex.failed, "setup")
     if len(set(shapes.values())) > 1:
@@ -192,6 +201,8 @@ def serve_secure(grid, cfg, method, nodes, config_rec, stages, keep_view, receiv
             noise_report.privacy.set_backend(name, dim=d, num_classes=C)
         noise_report.record(events)
 
+    opened = [opening]
+
     def run(round_name, length, payload, among=None):
         among = participants if among is None else among
         if cfg.secure == "flwr-secaggplus-insecure":
@@ -213,9 +224,11 @@ def serve_secure(grid, cfg, method, nodes, config_rec, stages, keep_view, receiv
                 num_nodes=cfg.clients,
             )
         else:
+            first, opened[0] = opened[0], None  # the setup carried the first sum's key advertisements
             res = masked_sum_over_messages(
                 grid,
                 among,
+                opening=first,
                 length=length,
                 frac_bits=cfg.frac_bits,
                 threshold=cfg.threshold,

@@ -610,8 +610,10 @@ def test_a_lying_server_sending_bytes_that_are_no_message_gets_a_clean_refusal(
     it: the node answers with its one-line malformed-request refusal naming the stage (never a traceback),
     and no sum is released."""
 
+    sent_as = "query.setup" if stage == "keys" else f"query.{stage}"  # the keys request rides the setup
+
     def tamper(msg):
-        if msg.metadata.message_type == f"query.{stage}" and msg.metadata.dst_node_id == 101:
+        if msg.metadata.message_type == sent_as and msg.metadata.dst_node_id == 101:
             msg.content["secagg"] = corrupt(msg.content["secagg"])
 
     with pytest.raises(
@@ -622,3 +624,48 @@ def test_a_lying_server_sending_bytes_that_are_no_message_gets_a_clean_refusal(
             FlowerConfig(method="fedncm", clients=K, secure="mask", timeout=30),
         )
     assert "Traceback" not in str(exc.value)
+
+
+# ----------------------------------------------------------------------------- key advertisements with the setup
+class CountingGrid(LocalGrid):
+    """A LocalGrid that counts the messages it pushes by message type."""
+
+    def __init__(self, nodes, **kw):
+        super().__init__(nodes, **kw)
+        self.sent: dict[str, int] = {}
+
+    def push_messages(self, messages):
+        messages = list(messages)
+        for m in messages:
+            t = m.metadata.message_type
+            self.sent[t] = self.sent.get(t, 0) + 1
+        return super().push_messages(messages)
+
+
+@pytest.mark.parametrize("method, sums", [("fedncm", 1), ("fedcof", 2)])
+def test_the_first_sums_key_advertisements_travel_with_the_setup(digits_dataset, method, sums):
+    """A masked run sends no keys request of its own for its first sum (the setup carries it): one round
+    trip fewer; FedCOF's second sum, among the first's uploaders, advertises its keys as before.  The head is
+    the plain run's."""
+    plain = serve(LocalGrid(_nodes()), FlowerConfig(method=method, clients=K, timeout=30))
+    grid = CountingGrid(_nodes())
+    masked = serve(grid, FlowerConfig(method=method, clients=K, secure="mask", timeout=30))
+    assert grid.sent["query.setup"] == K and grid.sent.get("query.keys", 0) == K * (sums - 1)
+    for stage in ("shares", "masked", "consistency", "unmask"):
+        assert grid.sent[f"query.{stage}"] == K * sums, stage
+    np.testing.assert_allclose(masked.head.weight, plain.head.weight, atol=1e-6)
+
+
+def test_a_keys_request_riding_the_setup_is_checked_as_one_sent_alone(digits_dataset):
+    """The server lowers t in the keys request its setup carries: every node answers the setup and refuses
+    the keys request, and the run stops at the keys stage with the node's own reason, no sum released."""
+
+    def tamper(msg):
+        if msg.metadata.message_type == "query.setup":
+            _rewrite(msg, lambda rec: rec.update(t=2))
+
+    with pytest.raises(ProtocolAbort, match="stage 'keys'.*asks for K=4, t=2.*configured with K=4, t=3"):
+        serve(
+            TamperingGrid(_nodes(), tamper),
+            FlowerConfig(method="fedncm", clients=K, secure="mask", timeout=30),
+        )
