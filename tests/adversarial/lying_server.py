@@ -31,6 +31,20 @@ from privfed.flower.wire import arrays_record
 FIRST = 100  # node id of roster index 0
 
 
+class TamperingGrid(LocalGrid):
+    """A LocalGrid whose server side rewrites messages before they leave (``tamper(msg) -> None``): a
+    deviating server that runs the honest server's code and changes what it sends."""
+
+    def __init__(self, nodes, tamper, **kw):
+        super().__init__(nodes, **kw)
+        self.tamper = tamper
+
+    def push_messages(self, messages):
+        for m in messages:
+            self.tamper(m)
+        return super().push_messages(messages)
+
+
 def deployed_nodes(
     folder: pathlib.Path,
     K: int,

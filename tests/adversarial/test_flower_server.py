@@ -11,6 +11,8 @@ import pytest
 pytest.importorskip("flwr")
 os.environ.setdefault("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")
 
+from lying_server import TamperingGrid  # noqa: E402
+
 from mechanisms.secagg.crypto import ProtocolAbort  # noqa: E402
 from privfed.errors import ConfigError  # noqa: E402
 from privfed.flower import FlowerConfig, serve  # noqa: E402
@@ -35,19 +37,6 @@ def _rewrite(msg, change) -> None:
         del msg.content[k]
     for k, v in to_records(req).items():
         msg.content[k] = v
-
-
-class TamperingGrid(LocalGrid):
-    """A LocalGrid whose server side rewrites messages before they leave (``tamper(msg) -> None``)."""
-
-    def __init__(self, nodes, tamper, **kw):
-        super().__init__(nodes, **kw)
-        self.tamper = tamper
-
-    def push_messages(self, messages):
-        for m in messages:
-            self.tamper(m)
-        return super().push_messages(messages)
 
 
 def test_a_repeated_dp_session_is_refused_so_the_reported_epsilon_holds(digits_dataset):

@@ -28,7 +28,7 @@ pytest.importorskip("flwr")
 os.environ.setdefault("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")
 
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord  # noqa: E402
-from lying_server import FIRST, LyingServer, charges, deployed_nodes  # noqa: E402
+from lying_server import FIRST, LyingServer, TamperingGrid, charges, deployed_nodes  # noqa: E402
 
 from mechanisms.dp.calibration import gdp_epsilon, gdp_mu  # noqa: E402
 from mechanisms.secagg.crypto import ProtocolAbort  # noqa: E402
@@ -43,19 +43,6 @@ K = 4
 
 def _nodes(n=K):
     return {100 + i: {"partition-id": i, "num-partitions": n} for i in range(n)}
-
-
-class TamperingGrid(LocalGrid):
-    """A LocalGrid whose server side rewrites messages before they leave (``tamper(msg) -> None``)."""
-
-    def __init__(self, nodes, tamper, **kw):
-        super().__init__(nodes, **kw)
-        self.tamper = tamper
-
-    def push_messages(self, messages):
-        for m in messages:
-            self.tamper(m)
-        return super().push_messages(messages)
 
 
 # ------------------------------------------------------------------ 1. secagg-arrays that are no arrays
