@@ -282,7 +282,7 @@ def settle_share(context, stage: str, roster, node: int, content) -> None:
         return
     if stage != "unmask" or bytes(pending.get("session", b"-")) != session:
         return
-    from privfed.flower.secagg import from_records
+    from privfed.flower.masking_wire import from_records
 
     survivors = {int(v) for v in from_records(content)["uploaded"]}
     part, todo = {int(node)}, [int(node)]

@@ -328,7 +328,7 @@ def make_client_app(
         )
         out = RecordDict({"meta": meta})
         if cfg.secure == "mask" and "secagg" in msg.content:  # the first masked sum's keys request, beside it
-            keys = masking_stage("keys")(msg, context, identity, roster)
+            keys = stage_handlers["keys"](msg, context, identity, roster)
             if not keys.has_error():  # a node told to fail at keys sends none: dropped before its keys
                 for k, v in keys.content.items():
                     out[KEYS_REFUSAL if k == "error" else k] = v
@@ -380,8 +380,11 @@ def make_client_app(
         handler.__name__ = f"secagg_{stage}"
         return handler
 
-    for stage in ("keys", "shares", "masked", "consistency", "unmask"):
-        app.query(stage)(masking_stage(stage))
+    stage_handlers = {
+        stage: masking_stage(stage) for stage in ("keys", "shares", "masked", "consistency", "unmask")
+    }
+    for stage, handler in stage_handlers.items():
+        app.query(stage)(handler)
 
     @app.query("ckks_keys")
     def ckks_keys(msg: Message, context: Context) -> Message:

@@ -65,7 +65,7 @@ from mechanisms.secagg.crypto import ProtocolAbort
 from mechanisms.secagg.graph import group_size
 from mechanisms.secagg.identity import Identity, Roster
 from mechanisms.secagg.masking.node import MaskingNode
-from mechanisms.secagg.masking.server import MaskingServer
+from mechanisms.secagg.masking.server import MaskingServer, keys_request
 from mechanisms.secagg.threat import default_threshold, survivor_parts
 from privfed.errors import ConfigError, InputError
 from privfed.flower.kept import KeptNodes, parsed
@@ -307,6 +307,11 @@ def _raise_refusals(refused: dict[int, tuple[str, str]], stage: str) -> None:
     raise ConfigError(msg)
 
 
+def sum_threshold(num_nodes: int, threshold: int | None, degree: int | None) -> int:
+    """A masked sum's t: ``threshold``, or the default for the group size of its roster's graph."""
+    return default_threshold(group_size(int(num_nodes), degree)) if threshold is None else int(threshold)
+
+
 #: The record of a setup reply holding the node's refusal of the keys request it carried.
 KEYS_REFUSAL = "keys-error"
 
@@ -330,16 +335,11 @@ class Opening:
     @classmethod
     def make(cls, num_nodes: int, threshold: int | None, degree: int | None) -> Opening:
         """The opening of a sum over a roster of ``num_nodes`` (t: ``threshold`` or the default)."""
-        K = int(num_nodes)
-        t = default_threshold(group_size(K, degree)) if threshold is None else int(threshold)
-        return cls(K, t, degree)
+        return cls(int(num_nodes), sum_threshold(num_nodes, threshold, degree), degree)
 
     def request(self) -> RecordDict:
         """The key advertisement request, as the records to send beside the setup."""
-        msg = {"stage": "keys", "session": self.session, "K": self.num_nodes, "t": self.threshold}
-        if self.degree is not None:
-            msg["degree"] = int(self.degree)
-        return to_records(msg)
+        return to_records(keys_request(self.session, self.num_nodes, self.threshold, self.degree))
 
     def take(self, node: int, content: RecordDict) -> None:
         """Keep ``node``'s key advertisement (the ``secagg`` records of its setup reply) or its refusal of the
@@ -379,7 +379,7 @@ def masked_sum_over_messages(
     neighbours each node names from its roster; None: the complete graph).
     """
     K = len(nodes) if num_nodes is None else int(num_nodes)
-    t = default_threshold(group_size(K, degree)) if threshold is None else int(threshold)
+    t = sum_threshold(K, threshold, degree)
     if opening is not None and (opening.num_nodes, opening.threshold, opening.degree) != (K, t, degree):
         raise ValueError("the opening's K, t and degree are not the sum's")
     server = MaskingServer(

@@ -45,6 +45,22 @@ class TamperingGrid(LocalGrid):
         return super().push_messages(messages)
 
 
+def digits_nodes(n: int) -> dict[int, dict]:
+    """``n`` simulated nodes (Flower ids 100, 101, ...) on the digits partitions."""
+    return {100 + i: {"partition-id": i, "num-partitions": n} for i in range(n)}
+
+
+def serve_tampered(tamper, *, method: str = "fedncm", clients: int = 4):
+    """The honest server's masked run over ``clients`` digits nodes, every message it sends changed by
+    ``tamper`` first (:class:`TamperingGrid`)."""
+    from privfed.flower import FlowerConfig, serve
+
+    return serve(
+        TamperingGrid(digits_nodes(clients), tamper),
+        FlowerConfig(method=method, clients=clients, secure="mask", timeout=30),
+    )
+
+
 def deployed_nodes(
     folder: pathlib.Path,
     K: int,

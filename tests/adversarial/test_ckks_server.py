@@ -11,6 +11,8 @@ pytest.importorskip("flwr")
 pytest.importorskip("tenseal")
 os.environ.setdefault("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")
 
+from lying_server import TamperingGrid, digits_nodes  # noqa: E402
+
 from mechanisms.secagg.ckks.holder import CKKSKeyHolder  # noqa: E402
 from mechanisms.secagg.ckks.node import CKKSNode  # noqa: E402
 from mechanisms.secagg.ckks.scheme import CKKSParams  # noqa: E402
@@ -24,18 +26,7 @@ CFG = dict(method="fedncm", clients=K, secure="ckks", timeout=60)
 
 
 def _nodes():
-    return {100 + i: {"partition-id": i, "num-partitions": K} for i in range(K)}
-
-
-class TamperingGrid(LocalGrid):
-    def __init__(self, nodes, tamper):
-        super().__init__(nodes)
-        self.tamper = tamper
-
-    def push_messages(self, messages):
-        for m in messages:
-            self.tamper(m)
-        return super().push_messages(messages)
+    return digits_nodes(K)
 
 
 def test_a_substituted_ckks_key_is_refused_before_anything_is_encrypted(digits_dataset):

@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("flwr")
 os.environ.setdefault("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")
 
-from lying_server import TamperingGrid  # noqa: E402
+from lying_server import TamperingGrid, digits_nodes, serve_tampered  # noqa: E402
 
 from mechanisms.secagg.crypto import ProtocolAbort  # noqa: E402
 from privfed.errors import ConfigError  # noqa: E402
@@ -23,7 +23,7 @@ K = 4
 
 
 def _nodes(n=K):
-    return {100 + i: {"partition-id": i, "num-partitions": n} for i in range(n)}
+    return digits_nodes(n)
 
 
 def _rewrite(msg, change) -> None:
@@ -86,10 +86,7 @@ def test_a_split_fedcof_broadcast_is_detected_on_flower(digits_dataset):
     with pytest.raises(
         ProtocolAbort, match="stage 'unmask'.*(split-broadcast|did not sum what|other survivor)"
     ):
-        serve(
-            TamperingGrid(_nodes(), tamper),
-            FlowerConfig(method="fedcof", clients=K, secure="mask", timeout=30),
-        )
+        serve_tampered(tamper, method="fedcof")
 
 
 def test_an_inconsistent_uploader_list_is_detected_on_flower(digits_dataset):
@@ -100,10 +97,7 @@ def test_an_inconsistent_uploader_list_is_detected_on_flower(digits_dataset):
             _rewrite(msg, lambda rec: rec.update(uploaded=[u for u in rec["uploaded"] if u != 0]))
 
     with pytest.raises(ProtocolAbort, match="node 10[0-3] refused secure aggregation at stage"):
-        serve(
-            TamperingGrid(_nodes(6), tamper),
-            FlowerConfig(method="fedncm", clients=6, secure="mask", timeout=30),
-        )
+        serve_tampered(tamper, clients=6)
 
 
 def test_a_server_asking_for_a_lower_threshold_is_refused_by_every_node(digits_dataset):
@@ -137,10 +131,7 @@ def test_a_substituted_key_advertisement_is_refused_on_flower(digits_dataset):
     with pytest.raises(
         ProtocolAbort, match="stage 'shares'.*(not signed by its roster key|came back changed)"
     ):
-        serve(
-            TamperingGrid(_nodes(), tamper),
-            FlowerConfig(method="fedncm", clients=K, secure="mask", timeout=30),
-        )
+        serve_tampered(tamper)
 
 
 def test_a_tampered_share_on_flower_names_the_node_and_stage_not_a_raw_invalid_tag(digits_dataset):
@@ -157,10 +148,7 @@ def test_a_tampered_share_on_flower_names_the_node_and_stage_not_a_raw_invalid_t
     with pytest.raises(
         ProtocolAbort, match="node 101 refused secure aggregation at stage 'masked'.*fails authentication"
     ) as exc:
-        serve(
-            TamperingGrid(_nodes(), tamper),
-            FlowerConfig(method="fedncm", clients=K, secure="mask", timeout=30),
-        )
+        serve_tampered(tamper)
     assert "InvalidTag" not in str(exc.value)
 
 
@@ -445,10 +433,7 @@ def test_a_lying_fedcof_broadcast_sent_to_every_node_is_refused_before_it_upload
     with pytest.raises(
         ProtocolAbort, match=f"stage 'masked'.*refuses FedCOF's round-2 broadcast.*{text}"
     ) as exc:
-        serve(
-            TamperingGrid(_nodes(), tamper),
-            FlowerConfig(method="fedcof", clients=K, secure="mask", timeout=30),
-        )
+        serve_tampered(tamper, method="fedcof")
     assert exc.value.node in _nodes() and exc.value.stage == "masked"
 
 
@@ -608,10 +593,7 @@ def test_a_lying_server_sending_bytes_that_are_no_message_gets_a_clean_refusal(
     with pytest.raises(
         ProtocolAbort, match=f"node 101 refused secure aggregation at stage '{stage}'.*malformed"
     ) as exc:
-        serve(
-            TamperingGrid(_nodes(), tamper),
-            FlowerConfig(method="fedncm", clients=K, secure="mask", timeout=30),
-        )
+        serve_tampered(tamper)
     assert "Traceback" not in str(exc.value)
 
 
@@ -654,7 +636,4 @@ def test_a_keys_request_riding_the_setup_is_checked_as_one_sent_alone(digits_dat
             _rewrite(msg, lambda rec: rec.update(t=2))
 
     with pytest.raises(ProtocolAbort, match="stage 'keys'.*asks for K=4, t=2.*configured with K=4, t=3"):
-        serve(
-            TamperingGrid(_nodes(), tamper),
-            FlowerConfig(method="fedncm", clients=K, secure="mask", timeout=30),
-        )
+        serve_tampered(tamper)

@@ -28,21 +28,15 @@ pytest.importorskip("flwr")
 os.environ.setdefault("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")
 
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord  # noqa: E402
-from lying_server import FIRST, LyingServer, TamperingGrid, charges, deployed_nodes  # noqa: E402
+from lying_server import FIRST, LyingServer, charges, deployed_nodes, serve_tampered  # noqa: E402
 
 from mechanisms.dp.calibration import gdp_epsilon, gdp_mu  # noqa: E402
 from mechanisms.secagg.crypto import ProtocolAbort  # noqa: E402
-from privfed.flower import FlowerConfig, serve  # noqa: E402
+from privfed.flower import FlowerConfig  # noqa: E402
 from privfed.flower.local import LocalGrid  # noqa: E402
 from privfed.flower.protocol import sum_vector_length  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:noise backend 'numpy'")
-
-K = 4
-
-
-def _nodes(n=K):
-    return {100 + i: {"partition-id": i, "num-partitions": n} for i in range(n)}
 
 
 # ------------------------------------------------------------------ 1. secagg-arrays that are no arrays
@@ -78,10 +72,7 @@ def test_a_secagg_arrays_record_that_holds_no_array_gets_the_one_line_refusal(di
     with pytest.raises(
         ProtocolAbort, match=f"node 101 refused secure aggregation at stage '{stage}'.*malformed"
     ) as exc:
-        serve(
-            TamperingGrid(_nodes(), tamper),
-            FlowerConfig(method="fedncm", clients=K, secure="mask", timeout=30),
-        )
+        serve_tampered(tamper)
     assert "Traceback" not in str(exc.value)
 
 

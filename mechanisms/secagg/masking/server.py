@@ -43,7 +43,7 @@ from mechanisms.secagg.crypto import (
 from mechanisms.secagg.identity import SIGNATURE_BYTES
 from mechanisms.secagg.masking.messages import pack_view
 
-__all__ = ["MaskingServer", "ServerView", "reply_bytes", "request_bytes", "run_in_process"]
+__all__ = ["MaskingServer", "ServerView", "keys_request", "reply_bytes", "request_bytes", "run_in_process"]
 
 
 @dataclass
@@ -109,6 +109,14 @@ def request_bytes(stage: str, msg: dict, u: int) -> int:
             + sum(len(v) for v in msg.get("alive_lists", []))
         )
     return 0
+
+
+def keys_request(session: bytes, num_nodes: int, threshold: int, degree: int | None) -> dict:
+    """The first request of a session, the same for every node: K, t and (on a SecAgg+ graph) the degree."""
+    msg = {"stage": "keys", "session": session, "K": int(num_nodes), "t": int(threshold)}
+    if degree is not None:
+        msg["degree"] = int(degree)
+    return msg
 
 
 class MaskingServer:
@@ -195,8 +203,8 @@ class MaskingServer:
         s = self.stage
         base = {"stage": s, "session": self.session}
         if s == "keys":
-            deg = {} if self.degree is None else {"degree": self.degree}
-            return {u: {**base, "K": self.K, "t": self.t, **deg} for u in self.alive}
+            one = keys_request(self.session, self.K, self.t, self.degree)
+            return {u: dict(one) for u in self.alive}
         out = {}
         # Each node hears only about its own group (itself and its neighbours; everyone on the complete
         # graph): what it checks and answers depends on nothing else, and its messages stay O(k) on a
