@@ -11,11 +11,14 @@ torchvision data sets, multi-round FedLog) need ``pip install "privfed[torch]"``
 from __future__ import annotations
 
 import importlib
+import signal
+import sys
+import threading
 from types import ModuleType
 
 from privfed.errors import MissingDependencyError
 
-__all__ = ["EXTRAS", "require"]
+__all__ = ["EXTRAS", "import_held", "require"]
 
 #: import name -> the privfed extra that installs it.
 EXTRAS = {
@@ -40,7 +43,7 @@ def require(module: str, feature: str) -> ModuleType:
         What needs it, for the message (e.g. ``"training the digits backbone"``).
     """
     try:
-        return importlib.import_module(module)
+        return import_held(module)
     except ModuleNotFoundError as exc:
         if (exc.name or "").split(".")[0] != module.split(".")[0]:
             raise
@@ -48,3 +51,27 @@ def require(module: str, feature: str) -> ModuleType:
         raise MissingDependencyError(
             f'{feature} needs {module}, which is not installed: pip install "privfed[{extra}]"'
         ) from None
+
+
+def import_held(module: str) -> ModuleType:
+    """Import ``module`` with Ctrl-C (SIGINT) and SIGTERM held until the import has finished.
+
+    A large extension's import (torch's runs C++ that calls back into Python) can abort the whole
+    process when a KeyboardInterrupt is raised inside it (exit -6, no message), where the command would
+    have said "interrupted" and exited 130.  A signal that arrives meanwhile is raised again once the
+    import is done, so it reaches the handler that was in place (a command's one-line exit, Python's
+    KeyboardInterrupt) at a line of Python.  A module already imported, or an import off the main
+    thread (signals are only ever handled there), is not held.
+    """
+    if module in sys.modules or threading.current_thread() is not threading.main_thread():
+        return importlib.import_module(module)
+    got: list[int] = []
+    held = (signal.SIGINT, signal.SIGTERM)
+    old = {s: signal.signal(s, lambda signum, frame: got.append(signum)) for s in held}
+    try:
+        return importlib.import_module(module)
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+        for s in dict.fromkeys(got):
+            signal.raise_signal(s)

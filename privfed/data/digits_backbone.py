@@ -14,7 +14,7 @@ import numpy as np
 from privfed.data import cache as _cache
 from privfed.data.digits_split import PUBLIC_FRACTION, SPLIT_VERSION, TEST_FRACTION, check_seed, digits_splits
 from privfed.errors import ConfigError, InputError
-from privfed.optional import require
+from privfed.optional import import_held, require
 
 __all__ = [
     "ARCH_VERSION",
@@ -101,7 +101,7 @@ def __getattr__(name: str):
 
 def torch_available() -> bool:
     try:
-        import torch  # noqa: F401
+        import_held("torch")  # Ctrl-C during torch's import lands after it, where it can be handled
     except ImportError:
         return False
     return True

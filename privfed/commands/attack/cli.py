@@ -109,7 +109,9 @@ def _body(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
     cfg = resolve_config(args)
     command = " ".join([PROG, *argv])
-    import torch  # before the folder is locked: an interrupt during this import leaves nothing behind
+    from privfed.optional import import_held
+
+    torch = import_held("torch")  # before the folder is locked: an interrupt here leaves nothing behind
 
     torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
     out = OutputDir(
