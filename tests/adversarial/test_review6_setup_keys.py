@@ -14,7 +14,12 @@ server any request the stand-alone one would not:
 4. the refusal as an oracle: what a node says to a lying keys request is the same for every node's data and
    every fresh session id (its text names the node's roster index and the request's values only);
 5. a node told to fail at keys answers the setup without keys: dropped before its keys, and the printed
-   threat model and record follow (t, K from the roster; the summed nodes those that uploaded).
+   threat model and record follow (t, K from the roster; the summed nodes those that uploaded);
+6. a keys request riding a later setup (FedCOF's second sum, each masked round of multi-round FedLog): the
+   node answers it as it answers one alone; the head, and every budget charge, are the honest run's.
+
+No lie here gets a node to advertise keys it would refuse alone, to carry two key pairs into one session, or
+to release or charge anything more.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from __future__ import annotations
 import os
 import re
 
+import numpy as np
 import pytest
 
 pytestmark = pytest.mark.filterwarnings("ignore:noise backend 'numpy'")
@@ -29,7 +35,14 @@ pytest.importorskip("flwr")
 os.environ.setdefault("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")
 
 from flwr.app import Message, RecordDict  # noqa: E402
-from lying_server import FIRST, LyingServer, charges, deployed_nodes, digits_nodes  # noqa: E402
+from lying_server import (  # noqa: E402
+    FIRST,
+    LyingServer,
+    TamperingGrid,
+    charges,
+    deployed_nodes,
+    digits_nodes,
+)
 
 from mechanisms.secagg.masking.server import MaskingServer, keys_request  # noqa: E402
 from privfed.flower import FlowerConfig, serve  # noqa: E402
@@ -278,3 +291,63 @@ def test_a_node_told_to_fail_at_keys_answers_the_setup_without_keys_and_the_thre
     threat = agg["threat"]
     assert (threat["num_nodes"], threat["threshold"], threat["colluders_tolerated"]) == (4, 3, 1)
     assert "3" in agg["threat_model"]
+
+
+# ------------------------------------------------------------------ 6. keys riding a setup for a later sum
+class _KeysAsSetup:
+    """A tamper that sends every stand-alone keys request as a setup carrying it (with the run config the
+    first message that carried one had): the server opens each later sum (FedCOF's
+    second, every multi-round FedLog round's) the way the first one is opened."""
+
+    def __init__(self):
+        self.config, self.moved = None, 0
+
+    def __call__(self, msg):
+        kind = msg.metadata.message_type
+        if kind != "query.keys" and self.config is None and "config" in msg.content:
+            self.config = msg.content["config"]
+        if kind == "query.keys":
+            msg.metadata.message_type = "query.setup"
+            msg.content["config"] = self.config
+            self.moved += 1
+
+
+def test_fedcofs_second_sum_opened_by_a_setup_is_the_stand_alone_one(digits_dataset):
+    """FedCOF's second sum, its keys request sent inside a second setup: the nodes answer it as they answer a
+    stand-alone one; the head is the honest run's (nothing but keys changed hands, no second upload)."""
+    cfg = FlowerConfig(method="fedcof", clients=K, secure="mask", timeout=30)
+    honest = serve(LocalGrid(digits_nodes(K)), cfg)
+    tamper = _KeysAsSetup()
+    moved = serve(TamperingGrid(digits_nodes(K), tamper), cfg)
+    assert tamper.moved == K  # the second sum's keys requests, one a node
+    assert moved.head.secure_aggregation["summed_nodes"] == K
+    np.testing.assert_allclose(moved.head.weight, honest.head.weight, atol=1e-6)
+
+
+def test_multi_round_fedlog_sums_opened_by_setups_charge_what_the_stand_alone_ones_charge(tmp_path):
+    """Multi-round masked FedLog under DP on deployed nodes with a lifetime budget (no setup of its own): the
+    server opens every round's masked sum with a setup carrying its keys request.  The nodes answer each
+    setup's keys as they would alone; each node's budget holds the same releases, at the same cost, as after
+    the honest run on twin nodes (the setup draws no release and charges none)."""
+    cfg = FlowerConfig(
+        method="fedlog",
+        clients=K,
+        rounds=2,
+        rounds_params={"local_epochs": 0, "families": ["mlp"], "init": "scratch"},
+        epsilon=4.0,
+        delta=1e-5,
+        clip=2.0,
+        secure="mask",
+        timeout=30,
+    )
+    honest_nodes, _, _ = deployed_nodes(tmp_path / "honest", K, colluders=0, budget=(40.0, 1e-5))
+    honest = serve(LocalGrid(honest_nodes), cfg)
+    nodes, _, _ = deployed_nodes(tmp_path / "moved", K, colluders=0, budget=(40.0, 1e-5))
+    tamper = _KeysAsSetup()
+    moved = serve(TamperingGrid(nodes, tamper), cfg)
+    assert tamper.moved == 2 * K  # one keys request a node a round, each sent as a setup
+    assert moved.head.privacy.epsilon == pytest.approx(honest.head.privacy.epsilon, rel=1e-12)
+    for n in nodes:
+        got, want = charges(nodes, n), charges(honest_nodes, n)
+        assert len(got) == len(want) == 2, (got, want)
+        assert [c["mu"] for c in got] == pytest.approx([c["mu"] for c in want], rel=1e-12)
