@@ -290,7 +290,10 @@ def test_a_node_told_to_fail_at_keys_answers_the_setup_without_keys_and_the_thre
     assert agg["summed_nodes"] == 3 and agg["dropped"] == [101]
     threat = agg["threat"]
     assert (threat["num_nodes"], threat["threshold"], threat["colluders_tolerated"]) == (4, 3, 1)
-    assert "3" in agg["threat_model"]
+    assert "(K=4, t=3, complete graph)" in agg["threat_model"]
+    assert "This run summed 3 of 4 nodes' inputs" in agg["threat_model"]
+    keys = rnd["stages"]["keys"]  # the setup's exchange carried it: the node is silent there, not failed
+    assert (keys["answered"], keys["silent"], keys["failed"]) == (3, [101], {})
 
 
 # ------------------------------------------------------------------ 6. keys riding a setup for a later sum
