@@ -16,7 +16,9 @@ server any request the stand-alone one would not:
 5. a node told to fail at keys answers the setup without keys: dropped before its keys, and the printed
    threat model and record follow (t, K from the roster; the summed nodes those that uploaded);
 6. a keys request riding a later setup (FedCOF's second sum, each masked round of multi-round FedLog): the
-   node answers it as it answers one alone; the head, and every budget charge, are the honest run's.
+   node answers it as it answers one alone; the head, and every budget charge, are the honest run's;
+7. a setup with keys sent after the node uploaded restarts its session: the old one cannot go on, the
+   pending DP charge stays at the fewest shares, and no second upload of the release follows.
 
 No lie here gets a node to advertise keys it would refuse alone, to carry two key pairs into one session, or
 to release or charge anything more.
@@ -354,3 +356,45 @@ def test_multi_round_fedlog_sums_opened_by_setups_charge_what_the_stand_alone_on
         got, want = charges(nodes, n), charges(honest_nodes, n)
         assert len(got) == len(want) == 2, (got, want)
         assert [c["mu"] for c in got] == pytest.approx([c["mu"] for c in want], rel=1e-12)
+
+
+# ------------------------------------------------------------------ 7. a setup that restarts a live session
+def test_a_setup_with_keys_after_the_upload_neither_undercharges_nor_opens_a_second_upload(tmp_path):
+    """Under DP with lifetime budgets: the victim uploads, then, before it signs the consistency round, the
+    server sends it a setup with a fresh keys request (a new session starts; the live one is gone).  The
+    victim refuses to go on with the old session; its pending charge stays at the fewest shares the sum
+    could carry (never below what the summed shares cost); and a whole new sum of the same release is
+    refused at its masked stage (one upload per aggregation, whatever session opened it)."""
+    from mechanisms.dp.calibration import gdp_epsilon, gdp_mu
+    from privfed.flower.protocol import sum_vector_length
+
+    delta, victim = 1e-5, 1
+    nodes, roster, _ = deployed_nodes(
+        tmp_path, K, budget=(gdp_epsilon(gdp_mu(1.0, delta) * 10, delta), delta)
+    )
+    cfg = FlowerConfig(
+        method="fedncm", clients=K, epsilon=1.0, delta=delta, clip=10.0, secure="mask", timeout=30
+    )
+    srv = LyingServer(LocalGrid(nodes), cfg)
+    meta = next(iter(srv.setup(sorted(nodes)).values()))["meta"]
+    length = sum_vector_length(cfg.make_method(), int(meta["C"]), int(meta["d"]))
+    restarted = []
+
+    def tamper(stage, u, msg):
+        if stage == "consistency" and u == victim:
+            restarted.append(
+                _setup_with_keys(srv, FIRST + victim, keys_request(os.urandom(16), K, roster.threshold, None))
+            )
+        return msg
+
+    server, total = srv.masked_sum(sorted(nodes), length, tamper=tamper)
+    assert "secagg" in restarted[0]  # the victim advertised keys for the new session
+    assert "request 'consistency' in state 'advertised'" in srv.refusals[("consistency", FIRST + victim)]
+    assert total is not None and sorted(server.U3) == list(range(K))  # the others unmasked the four uploads
+    (charged,) = charges(nodes, FIRST + victim)
+    assert not charged["settled"]
+    assert charged["mu"] >= charged["declared_mu"] * (1 - 1e-12)  # all K shares summed: the least it costs
+    _, again = srv.masked_sum(sorted(nodes), length)
+    assert again is None
+    assert "second masked session" in srv.refusals[("masked", FIRST + victim)]
+    assert len(charges(nodes, FIRST + victim)) == 1
