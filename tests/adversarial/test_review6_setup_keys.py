@@ -92,7 +92,18 @@ def _lies(roster):
     }
 
 
-LIES = list(_lies(type("R", (), {"threshold": 3, "degree": None})()))
+LIES = [
+    "lower t",
+    "higher t",
+    "smaller roster",
+    "larger roster",
+    "another graph",
+    "short session id",
+    "a shares request",
+    "an unmask request",
+    "no stage",
+    "t as text",
+]
 
 
 @pytest.mark.parametrize("lie", LIES)
@@ -101,7 +112,7 @@ def test_a_lying_keys_request_riding_the_setup_gets_the_stand_alone_refusal(tmp_
     setup.  Both are refused, with the same text; the setup reply still answers the setup (its shape and the
     roster's colluders), carries the refusal under KEYS_REFUSAL and no key advertisement."""
     srv, roster = _deploy(tmp_path)
-    assert (roster.threshold, roster.degree) == (3, None)
+    assert (roster.threshold, roster.degree) == (3, None) and list(_lies(roster)) == LIES
     req = keys_request(SESSION, K, roster.threshold, roster.degree)
     _lies(roster)[lie](req)
     node = FIRST + 1
