@@ -42,7 +42,10 @@ Fault injection for drills and tests: node config ``fail-at=STAGE`` makes
 the node fail that stage, the first time it reaches it (it answers with a Flower error),
 ``fail-at=STAGE:exit`` makes the ClientApp process exit without answering
 (a crash), where STAGE is ``query``, ``setup``, ``keys``, ``shares``,
-``masked``, ``consistency`` or ``unmask``.
+``masked``, ``consistency`` or ``unmask``.  A masked run's first keys request
+rides the setup, so there ``fail-at=keys`` fires while the node answers the
+setup (the run record lists it as silent at keys, having sent no keys), and
+``fail-at=keys:exit`` exits during the setup: the node never takes part.
 """
 
 from __future__ import annotations
