@@ -63,10 +63,25 @@ def load_state() -> dict:
     }
 
 
-def _cpu(fn) -> tuple[float, float]:
+def _cpu(fn, calls: int = 1) -> tuple[float, float]:
+    """(CPU, wall) seconds of one call of ``fn``: the mean over ``calls`` calls made back to back."""
     c, t = time.process_time(), time.perf_counter()
-    fn()
-    return time.process_time() - c, time.perf_counter() - t
+    for _ in range(calls):
+        fn()
+    return (time.process_time() - c) / calls, (time.perf_counter() - t) / calls
+
+
+#: A timed sample lasts at least this many CPU seconds: a call shorter than this (a server at d = 256
+#: takes milliseconds) is repeated back to back within each sample and the mean kept, so that a sample is
+#: not one call's cache state and timer noise.
+MIN_SAMPLE_S = 0.05
+
+
+def _calls(fn) -> int:
+    """How many back-to-back calls of ``fn`` make one sample of at least :data:`MIN_SAMPLE_S` (from one
+    call, which also warms it)."""
+    c, _ = _cpu(fn)
+    return max(1, min(1000, int(np.ceil(MIN_SAMPLE_S / max(c, 1e-6)))))
 
 
 def child(data: str, name: str, repeats: int, threads: int) -> dict:
@@ -109,18 +124,20 @@ def child(data: str, name: str, repeats: int, threads: int) -> dict:
     calls, info = bound_calls(F32, y, k, set(client_parts) | set(server_parts))
     times: dict[str, list[float]] = {key: [] for key in ("fit", "server", *calls)}
     walls: dict[str, list[float]] = {"fit": [], "server": []}
+    server = lambda: m.aggregate(folded)  # noqa: E731
+    per_sample = {key: _calls(fn) for key, fn in {"server": server, **calls}.items()}
     for r in range(max(repeats, BOUND_REPEATS)):
         if r < repeats:
             c, w = _cpu(lambda: privfed.fit(mname, F32, y, k, random_state=0, **params))
             times["fit"].append(c)
             walls["fit"].append(w)
             for key in dict.fromkeys(client_parts):
-                times[key].append(_cpu(calls[key])[0])
-        c, w = _cpu(lambda: m.aggregate(folded))
+                times[key].append(_cpu(calls[key], per_sample[key])[0])
+        c, w = _cpu(server, per_sample["server"])
         times["server"].append(c)
         walls["server"].append(w)
         for key in dict.fromkeys(server_parts):
-            times[key].append(_cpu(calls[key])[0])
+            times[key].append(_cpu(calls[key], per_sample[key])[0])
     parts = {key: summary(v) for key, v in times.items() if key not in ("fit", "server")}
     out = {
         "method": name,
@@ -131,6 +148,7 @@ def child(data: str, name: str, repeats: int, threads: int) -> dict:
         "peak_rss": peak,
         "rss_input": rss_input,
         "traced_peak": traced,
+        "calls_per_sample": per_sample,
         "input_bytes": int(F32.nbytes),
         "M_uploaded": M_up,
         "parts": parts,

@@ -159,7 +159,8 @@ def render(res: dict) -> str:
         "(fit, its client parts, the server, its server parts, then again), so a change in the machine's load "
         "falls on both: fit = privfed.fit on the float32 input; server = Method.aggregate on the statistics "
         "folded as the Flower server and the sweep fold them; server spread = (largest - least) / least of its "
-        "repeats."
+        "repeats. A call under 0.05 s (the server and bound parts at d = 256) is made back to back within each "
+        "repeat until the repeat lasts 0.05 s, and its mean kept."
         + (
             f" {len(runs_of(res))} independent runs, one after the other; each ratio is given for every run "
             f"(run 1 / run 2): the tables' other columns are run 1's. Load average when each run ended: "
