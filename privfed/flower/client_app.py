@@ -92,6 +92,14 @@ from privfed.flower.wire import stats_record
 __all__ = ["app", "make_client_app"]
 
 
+def _answer_keys(keys: Message, out: RecordDict) -> None:
+    """Put the reply to a keys request that rode another message into that message's reply ``out``: its key
+    advertisement, or its refusal as :data:`KEYS_REFUSAL`; a node told to fail at keys sends neither."""
+    if not keys.has_error():
+        for k, v in keys.content.items():
+            out[KEYS_REFUSAL if k == "error" else k] = v
+
+
 def _fault(stage: str, msg: Message, context: Context, faults: dict | None) -> Message | None:
     """The failure reply if this node is told to fail this stage (once: a failed node may come back)."""
     node_config = context.node_config
@@ -294,6 +302,8 @@ def make_client_app(
                 out = RecordDict({"meta": ConfigRecord({"events": json.dumps(events), **meta})})
                 if stats is not None:
                     out["stats"] = stats_record(stats)
+                if masked and "secagg" in msg.content:  # the round's masked sum's keys request, beside it
+                    _answer_keys(stage_handlers["keys"](msg, context), out)
                 return Message(out, reply_to=msg)
             stats = node_round_statistics(name, context, cfg, broadcast, int(info["index"]))
         except PrivfedError as exc:
@@ -331,10 +341,7 @@ def make_client_app(
         )
         out = RecordDict({"meta": meta})
         if cfg.secure == "mask" and "secagg" in msg.content:  # the first masked sum's keys request, beside it
-            keys = stage_handlers["keys"](msg, context, identity, roster)
-            if not keys.has_error():  # a node told to fail at keys sends none: dropped before its keys
-                for k, v in keys.content.items():
-                    out[KEYS_REFUSAL if k == "error" else k] = v
+            _answer_keys(stage_handlers["keys"](msg, context, identity, roster), out)
         return Message(out, reply_to=msg)
 
     def masking_stage(stage: str):

@@ -149,6 +149,7 @@ def serve_fedlog_rounds(
         server_noise_rng,
     )
     from privfed.flower.fold import NodeFold, node_errors
+    from privfed.flower.secagg import Opening
     from privfed.flower.server_secure import declared_colluders
     from privfed.rounds import FEATURE_DIM, head_eta, initial_head
     from privfed.rounds.release import AugmentedFedLog, augmented, distributed_note
@@ -174,8 +175,13 @@ def serve_fedlog_rounds(
         fold = NodeFold(method)
         errors: dict[int, str] = {}
         events: dict[int, list[dict]] = {}
+        # A masked round's key advertisements travel with the round's message (a round trip fewer, as the
+        # setup carries a one-shot run's first sum's): each node answers the round, then the keys request.
+        opening = Opening.make(cfg.clients, cfg.threshold, cfg.degree, "query.round") if masked else None
 
-        def on_reply(node, content, fold=fold, errors=errors, events=events, r=r):
+        def on_reply(node, content, fold=fold, errors=errors, events=events, r=r, opening=opening):
+            if opening is not None and "meta" in content:
+                opening.take(node, content)
             if "error" in content:
                 errors[node] = str(content["error"]["message"])
                 return
@@ -196,6 +202,7 @@ def serve_fedlog_rounds(
                     "config": config_rec,
                     "round": ConfigRecord({"name": ROUND_NAME, "index": r}),
                     "broadcast": arrays_record({"eta": eta}),
+                    **({} if opening is None else opening.request()),
                 }
             )
             for n in nodes
@@ -238,6 +245,7 @@ def serve_fedlog_rounds(
                 keep_view=keep_view,
                 num_nodes=cfg.clients,
                 degree=cfg.degree,
+                opening=opening,
             )
             for k, v in res.stages.items():
                 stages[f"round-{r}:{k}"] = v

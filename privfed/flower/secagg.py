@@ -318,8 +318,9 @@ KEYS_REFUSAL = "keys-error"
 
 @dataclass
 class Opening:
-    """The first stage of a masked sum carried by an earlier exchange (the run's setup): the key
-    advertisement request every node is sent with it, and each node's reply (Flower node id -> records).
+    """The first stage of a masked sum carried by an earlier exchange (the run's setup, a masked round's
+    message): the key advertisement request every node is sent with it, and each node's reply (Flower node
+    id -> records).
 
     A masked sum that opens with one (:func:`masked_sum_over_messages`'s ``opening``) starts at the shares
     stage: a round trip fewer, the same messages."""
@@ -327,15 +328,20 @@ class Opening:
     num_nodes: int
     threshold: int
     degree: int | None
+    #: The message type that carries the keys request (the run's setup, or a multi-round method's round).
+    carrier: str = "query.setup"
     session: bytes = field(default_factory=lambda: os.urandom(16), repr=False)
     replies: dict[int, RecordDict] = field(default_factory=dict, repr=False)
     #: Nodes whose key advertisement was refused: node -> (error kind, its message).
     refused: dict[int, tuple[str, str]] = field(default_factory=dict)
 
     @classmethod
-    def make(cls, num_nodes: int, threshold: int | None, degree: int | None) -> Opening:
-        """The opening of a sum over a roster of ``num_nodes`` (t: ``threshold`` or the default)."""
-        return cls(int(num_nodes), sum_threshold(num_nodes, threshold, degree), degree)
+    def make(
+        cls, num_nodes: int, threshold: int | None, degree: int | None, carrier: str = "query.setup"
+    ) -> Opening:
+        """The opening of a sum over a roster of ``num_nodes`` (t: ``threshold`` or the default), its keys
+        request carried by a ``carrier`` message."""
+        return cls(int(num_nodes), sum_threshold(num_nodes, threshold, degree), degree, carrier)
 
     def request(self) -> RecordDict:
         """The key advertisement request, as the records to send beside the setup."""
@@ -430,9 +436,11 @@ def masked_sum_over_messages(
                 u = index_of[node]
             server.receive(u, reply)
 
-        if stage == "keys" and opening is not None:  # carried by the setup: its replies, as they came
+        if (
+            stage == "keys" and opening is not None
+        ):  # carried by an earlier message: its replies, as they came
             _raise_refusals(opening.refused, stage)
-            ex = stages[stage] = Exchange(stage="query.setup")
+            ex = stages[stage] = Exchange(stage=opening.carrier)
             for node in nodes:
                 if node in opening.replies:
                     on_reply(node, opening.replies[node])

@@ -15,8 +15,9 @@ server any request the stand-alone one would not:
    every fresh session id (its text names the node's roster index and the request's values only);
 5. a node told to fail at keys answers the setup without keys: dropped before its keys, and the printed
    threat model and record follow (t, K from the roster; the summed nodes those that uploaded);
-6. a keys request riding a later setup (FedCOF's second sum, each masked round of multi-round FedLog): the
-   node answers it as it answers one alone; the head, and every budget charge, are the honest run's;
+6. a keys request riding a later setup (FedCOF's second sum) or a masked round's own message (multi-round
+   FedLog): the node answers it as it answers one alone; the head, and every budget charge, are the honest
+   run's;
 7. a setup with keys sent after the node uploaded restarts its session: the old one cannot go on, the
    pending DP charge stays at the fewest shares, and no second upload of the release follows.
 
@@ -340,11 +341,10 @@ def test_fedcofs_second_sum_opened_by_a_setup_is_the_stand_alone_one(digits_data
     np.testing.assert_allclose(moved.head.weight, honest.head.weight, atol=1e-6)
 
 
-def test_multi_round_fedlog_sums_opened_by_setups_charge_what_the_stand_alone_ones_charge(tmp_path):
-    """Multi-round masked FedLog under DP on deployed nodes with a lifetime budget (no setup of its own): the
-    server opens every round's masked sum with a setup carrying its keys request.  The nodes answer each
-    setup's keys as they would alone; each node's budget holds the same releases, at the same cost, as after
-    the honest run on twin nodes (the setup draws no release and charges none)."""
+def test_multi_round_fedlog_rounds_carrying_their_keys_charge_one_release_a_round(tmp_path):
+    """Multi-round masked FedLog under DP on deployed nodes with a lifetime budget: every round's message
+    carries its masked sum's keys request.  The keys draw no release: each node's budget holds one charge a
+    round, the same for both rounds, and the same charges and epsilon as a second run on twin nodes."""
     cfg = FlowerConfig(
         method="fedlog",
         clients=K,
@@ -358,14 +358,20 @@ def test_multi_round_fedlog_sums_opened_by_setups_charge_what_the_stand_alone_on
     )
     honest_nodes, _, _ = deployed_nodes(tmp_path / "honest", K, colluders=0, budget=(40.0, 1e-5))
     honest = serve(LocalGrid(honest_nodes), cfg)
-    nodes, _, _ = deployed_nodes(tmp_path / "moved", K, colluders=0, budget=(40.0, 1e-5))
-    tamper = _KeysAsSetup()
-    moved = serve(TamperingGrid(nodes, tamper), cfg)
-    assert tamper.moved == 2 * K  # one keys request a node a round, each sent as a setup
-    assert moved.head.privacy.epsilon == pytest.approx(honest.head.privacy.epsilon, rel=1e-12)
+    carried = []
+
+    def count(msg):
+        if msg.metadata.message_type == "query.round" and "secagg" in msg.content:
+            carried.append(msg.metadata.dst_node_id)
+
+    nodes, _, _ = deployed_nodes(tmp_path / "counted", K, colluders=0, budget=(40.0, 1e-5))
+    run = serve(TamperingGrid(nodes, count), cfg)
+    assert sorted(carried) == sorted(list(nodes) * 2)  # one keys request a node a round, in its round
+    assert run.head.privacy.epsilon == pytest.approx(honest.head.privacy.epsilon, rel=1e-12)
     for n in nodes:
         got, want = charges(nodes, n), charges(honest_nodes, n)
         assert len(got) == len(want) == 2, (got, want)
+        assert got[0]["mu"] == pytest.approx(got[1]["mu"], rel=1e-12) and got[0]["mu"] > 0
         assert [c["mu"] for c in got] == pytest.approx([c["mu"] for c in want], rel=1e-12)
 
 

@@ -139,3 +139,54 @@ def test_rounds_dp_settings_are_refused_before_any_message():
         flower_config("local", {}, rounds_params={**PARAMS, "record_bound": "exact"})
     with pytest.raises(ConfigError, match="level='client' needs noise on the aggregate"):
         flower_config("local", {"level": "client", "max_records": 10})
+
+
+class _Counting(LocalGrid):
+    """The in-process grid, keeping the type of every message the server sends (and the records it holds)."""
+
+    def __init__(self, nodes, tamper=None, **kw):
+        super().__init__(nodes, **kw)
+        self.sent: list[tuple[str, tuple[str, ...]]] = []
+        self.tamper = tamper
+
+    def push_messages(self, messages):
+        for m in messages:
+            if self.tamper is not None:
+                self.tamper(m)
+            self.sent.append((m.metadata.message_type, tuple(sorted(m.content.keys()))))
+        return super().push_messages(messages)
+
+
+def test_a_masked_round_carries_its_keys_request_in_the_round_message():
+    """Each masked round is five round trips, not six: the round's message carries its sum's keys request
+    (no query.keys is sent) and the sum starts at the shares stage with the keys the round's replies held."""
+    grid = _Counting(_nodes())
+    res = serve(grid, flower_config("distributed", {}))
+    types = [t for t, _ in grid.sent]
+    assert "query.keys" not in types
+    per_stage = {t: types.count(t) for t in set(types)}
+    for stage in ("query.round", "query.shares", "query.masked", "query.consistency", "query.unmask"):
+        assert per_stage[stage] == R * K, (stage, per_stage)
+    assert all("secagg" in keys for t, keys in grid.sent if t == "query.round")
+    assert res.report["wire"]["stages"]["round-0:keys"]["answered"] == K  # the round's replies held them
+    assert res.head.secure_aggregation["summed_nodes"] == K
+
+
+def test_a_lowered_threshold_riding_a_round_gets_the_keys_refusal():
+    """A server that lowers t in the keys request a masked round carries: the node refuses it as it refuses
+    one sent alone (at stage 'keys'), the run stops before any share is sent, and nothing is summed."""
+    from flwr.app import ConfigRecord
+
+    from mechanisms.secagg.masking.messages import decode_message, encode_message
+    from privfed.flower.masking_wire import MESSAGE_KEY
+
+    def lower_t(m):
+        if m.metadata.message_type == "query.round" and "secagg" in m.content:
+            req = decode_message(m.content["secagg"][MESSAGE_KEY])
+            req["t"] = int(req["t"]) - 1
+            m.content["secagg"] = ConfigRecord({MESSAGE_KEY: encode_message(req)})
+
+    grid = _Counting(_nodes(), tamper=lower_t)
+    with pytest.raises(Exception, match=r"aborts at stage 'keys'.*t"):
+        serve(grid, flower_config("distributed", {}))
+    assert not any(t in ("query.shares", "query.masked") for t, _ in grid.sent)
