@@ -234,9 +234,10 @@ def encode_for_ring(x: np.ndarray, frac_bits: int, num_nodes: int) -> np.ndarray
     """
     f = fixed_point.check_frac_bits(frac_bits)
     x = np.asarray(x, dtype=np.float64).ravel()
-    if not np.all(np.isfinite(x)):
+    lo, hi = (float(x.min()), float(x.max())) if x.size else (0.0, 0.0)  # NaN propagates through both
+    if not (np.isfinite(lo) and np.isfinite(hi)):
         raise InputError("this node's statistic contains NaN/inf; secure aggregation needs finite values")
-    max_abs = float(np.abs(x).max()) if x.size else 0.0
+    max_abs = max(-lo, hi)
     if not max_abs * 2.0**f + 0.5 < 2.0**63 / num_nodes:  # the refusal names the rule, never max_abs
         raise InputError(
             f"this node's statistic could overflow the 2^64 ring with {num_nodes} nodes at "

@@ -421,3 +421,21 @@ def test_num_classes_is_no_dial_a_node_with_its_own_file_answers_for_one(tmp_pat
     for C in (5, 4, 7):  # node 100's labels are 0..3: 5 and 4 would pass its label check, 7 too
         with pytest.raises(PrivfedError, match="refuses num-classes=%d: it answers for num-classes=6" % C):
             serve(grid, FlowerConfig(method="fedncm", clients=3, secure="mask", num_classes=C, timeout=30))
+
+
+def test_the_ring_rule_reads_the_statistic_s_most_negative_value_too():
+    """encode_for_ring refuses NaN, +inf and -inf, and a statistic whose largest magnitude is a negative
+    value past the ring's rule (|x| 2^f + 1/2 < 2^63 / K) as it refuses a positive one; under the rule it
+    is fixed_point.encode's encoding."""
+    from mechanisms.secagg import fixed_point
+
+    limit = (2.0**63 / K - 0.5) / 2.0**F  # the rule's largest |x|, to float rounding
+    for bad in (np.nan, np.inf, -np.inf):
+        with pytest.raises(InputError, match="NaN/inf"):
+            encode_for_ring(np.array([1.0, bad, -2.0]), F, K)
+    for sign in (1.0, -1.0):
+        with pytest.raises(InputError, match="overflow"):
+            encode_for_ring(np.array([0.5, sign * limit * 1.01, -0.25 * sign]), F, K)
+        ok = np.array([0.5, sign * limit * 0.99, -0.25 * sign])
+        np.testing.assert_array_equal(encode_for_ring(ok, F, K), fixed_point.encode(ok, F))
+    assert encode_for_ring(np.zeros(0), F, K).size == 0
