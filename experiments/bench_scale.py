@@ -86,7 +86,6 @@ from experiments.scale_baselines import (  # noqa: E402
     bound_for,
     bound_parts,
     client_bound,
-    loop_clients,
     measure_bound,
     server_bound,
 )
@@ -125,7 +124,6 @@ __all__ = [
     "client_bound",
     "fit_exponent",
     "inat_like",
-    "loop_clients",
     "main",
     "measure_bound",
     "measure_point",
@@ -154,7 +152,10 @@ def measure_point(
         np.save(os.path.join(tmp, f"{name}.npy"), arr)
     rows, bound = [], {}
     for name in names:
-        r = run_child(["--child", name, "--data", tmp, "--repeats", str(repeats)], threads)
+        r = run_child(
+            ["--child", name, "--data", tmp, "--repeats", str(repeats), "--loop-rows", str(loop_rows)],
+            threads,
+        )
         r["method"] = name
         if "error" not in r:
             r["params"] = stated_params(name)
@@ -167,7 +168,7 @@ def measure_point(
             r["bound_s"] = bound_for(name, r["bound_parts"])
             r["client_bound_s"] = client_bound(name, r["bound_parts"])
             r["server_bound_s"] = server_bound(name, r["bound_parts"])
-            lp = loop_clients(F32, y, k, name, loop_rows)
+            lp = {q: (v["best"] if isinstance(v, dict) else v) for q, v in r.pop("loop").items()}
             r["loop_client_s"] = lp["client_s"] * real["N"] / lp["rows"]
             r["loop_rows"] = lp["rows"]
             if "server_s" in lp:  # FedCOF: the looped server, scaled by the rows uploaded / rows done
@@ -271,7 +272,7 @@ def main(argv=None) -> int:
         )
         return 0
     if args.child:
-        print(json.dumps(child(args.data, args.child, args.repeats, args.threads)))
+        print(json.dumps(child(args.data, args.child, args.repeats, args.threads, args.loop_rows)))
         return 0
     from threadpoolctl import threadpool_limits
 

@@ -3,7 +3,7 @@
 :func:`measure_bound` times the work each method must do with the same BLAS
 (least CPU seconds of at least :data:`BOUND_REPEATS` calls, :func:`best_of`);
 :data:`CLIENT_PARTS` and :data:`SERVER_PARTS` say which parts make each
-method's bound.  :func:`loop_clients` times the naive per-client Python loop
+method's bound.  :func:`loop_once` times the naive per-client Python loop
 computing the same uploads (FedCOF's server looped as Eq. 6 is written).
 See :mod:`experiments.bench_scale` for what each part is.
 """
@@ -30,7 +30,6 @@ __all__ = [
     "bound_for",
     "bound_parts",
     "client_bound",
-    "loop_clients",
     "loop_once",
     "measure_bound",
     "server_bound",
@@ -40,8 +39,6 @@ __all__ = [
 #: time is the bound, and a loaded machine's page faults, cache misses and a busy sibling hyperthread only
 #: ever add to it: with 5 the servers' ratios moved by up to 15 % between two runs).
 BOUND_REPEATS = 11
-#: Repeats of the per-client loop (the least of each part's CPU seconds is kept).
-LOOP_REPEATS = 3
 
 
 # -- the bound -------------------------------------------------------------------------
@@ -216,16 +213,6 @@ def bound_parts(names) -> set[str]:
 
 
 # -- the per-client loop baseline --------------------------------------------------------------
-def loop_clients(F32, y, k, name: str, loop_rows: int, repeats: int = LOOP_REPEATS) -> dict:
-    """:func:`loop_once` ``repeats`` times: the least CPU seconds of each of its parts."""
-    runs = [loop_once(F32, y, k, name, loop_rows) for _ in range(max(1, repeats))]
-    out = dict(runs[0])
-    for key in ("client_s", "server_s", "server_class_gemm_s"):
-        if key in out:
-            out[key] = min(r[key] for r in runs)
-    return out
-
-
 def loop_once(F32, y, k, name: str, loop_rows: int) -> dict:
     """The seeds' per-client loop on the clients of the first ``loop_rows`` samples.
 

@@ -84,19 +84,22 @@ def _calls(fn) -> int:
     return max(1, min(1000, int(np.ceil(MIN_SAMPLE_S / max(c, 1e-6)))))
 
 
-def child(data: str, name: str, repeats: int, threads: int) -> dict:
+def child(data: str, name: str, repeats: int, threads: int, loop_rows: int | None = None) -> dict:
     """``privfed.fit`` and the server, each interleaved with the parts of its bound, in this one process.
 
     First one fit for the peak RSS (VmHWM) and one under tracemalloc for the traced peak; then the
     statistics are folded as a server folds them and the bound's parts set up
     (:func:`experiments.scale_baselines.bound_calls`); then rounds of fit, the client's bound parts,
     the server (``Method.aggregate``) and the server's bound parts, one of each a round (A B A B):
-    ``repeats`` rounds with fit, at least :data:`BOUND_REPEATS` with the server (milliseconds).
-    Every time is CPU seconds of this process on one BLAS thread; each keeps every repeat.
+    ``repeats`` rounds with fit, at least :data:`BOUND_REPEATS` with the server (milliseconds).  With
+    ``loop_rows``, the seeds' per-client loop (:func:`experiments.scale_baselines.loop_once`, on the clients
+    of the first ``loop_rows`` samples) follows the fit in each of the ``repeats`` rounds, so that it too is
+    timed beside what it is compared with.  Every time is CPU seconds of this process on one BLAS thread;
+    each keeps every repeat.
     """
     from threadpoolctl import threadpool_limits
 
-    from experiments.scale_baselines import CLIENT_PARTS, SERVER_PARTS, bound_calls
+    from experiments.scale_baselines import CLIENT_PARTS, SERVER_PARTS, bound_calls, loop_once
 
     threadpool_limits(threads)
     import privfed
@@ -125,14 +128,18 @@ def child(data: str, name: str, repeats: int, threads: int) -> dict:
     times: dict[str, list[float]] = {key: [] for key in ("fit", "server", *calls)}
     walls: dict[str, list[float]] = {"fit": [], "server": []}
     server = lambda: m.aggregate(folded)  # noqa: E731
-    per_sample = {key: _calls(fn) for key, fn in {"server": server, **calls}.items()}
+    fit = lambda: privfed.fit(mname, F32, y, k, random_state=0, **params)  # noqa: E731
+    per_sample = {key: _calls(fn) for key, fn in {"server": server, "fit": fit, **calls}.items()}
+    loops: list[dict] = []
     for r in range(max(repeats, BOUND_REPEATS)):
         if r < repeats:
-            c, w = _cpu(lambda: privfed.fit(mname, F32, y, k, random_state=0, **params))
+            c, w = _cpu(fit, per_sample["fit"])
             times["fit"].append(c)
             walls["fit"].append(w)
             for key in dict.fromkeys(client_parts):
                 times[key].append(_cpu(calls[key], per_sample[key])[0])
+            if loop_rows:
+                loops.append(loop_once(F32, y, k, name, loop_rows))
         c, w = _cpu(server, per_sample["server"])
         times["server"].append(c)
         walls["server"].append(w)
@@ -149,6 +156,16 @@ def child(data: str, name: str, repeats: int, threads: int) -> dict:
         "rss_input": rss_input,
         "traced_peak": traced,
         "calls_per_sample": per_sample,
+        **(
+            {
+                "loop": {
+                    key: summary([x[key] for x in loops]) if key.endswith("_s") else loops[0][key]
+                    for key in loops[0]
+                }
+            }
+            if loops
+            else {}
+        ),
         "input_bytes": int(F32.nbytes),
         "M_uploaded": M_up,
         "parts": parts,

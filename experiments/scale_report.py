@@ -184,7 +184,8 @@ def render(res: dict) -> str:
             if res.get("rerecorded")
             else ""
         ),
-        f"loop = the seeds' per-client loop (per client, per class Python work), least of 3, timed on the clients of the first "
+        "loop = the seeds' per-client loop (per client, per class Python work), least of the repeats, timed in the "
+        "method's own process after each fit (interleaved with it and its bound) on the clients of the first "
         f"{done[0]['loop_rows'] if done else 0:,} samples and scaled by N / samples; FedCOF's server looped too "
         "(one rank-1 update per uploaded row, scaled by rows), the other methods' followed by privfed's server.",
         "",
