@@ -61,6 +61,24 @@ def serve_tampered(tamper, *, method: str = "fedncm", clients: int = 4):
     )
 
 
+def masked_rounds_config(clients: int, delta: float = 1e-5):
+    """Two masked rounds of FedLog under DP (epsilon 4, clip 2) on ``clients`` nodes, no local training: the
+    cheapest multi-round run that releases, charges and composes."""
+    from privfed.flower import FlowerConfig
+
+    return FlowerConfig(
+        method="fedlog",
+        clients=clients,
+        rounds=2,
+        rounds_params={"local_epochs": 0, "families": ["mlp"], "init": "scratch"},
+        epsilon=4.0,
+        delta=delta,
+        clip=2.0,
+        secure="mask",
+        timeout=30,
+    )
+
+
 def deployed_nodes(
     folder: pathlib.Path,
     K: int,

@@ -45,6 +45,7 @@ from lying_server import (  # noqa: E402
     charges,
     deployed_nodes,
     digits_nodes,
+    masked_rounds_config,
 )
 
 from mechanisms.secagg.masking.server import MaskingServer, keys_request  # noqa: E402
@@ -345,17 +346,7 @@ def test_multi_round_fedlog_rounds_carrying_their_keys_charge_one_release_a_roun
     """Multi-round masked FedLog under DP on deployed nodes with a lifetime budget: every round's message
     carries its masked sum's keys request.  The keys draw no release: each node's budget holds one charge a
     round, the same for both rounds, and the same charges and epsilon as a second run on twin nodes."""
-    cfg = FlowerConfig(
-        method="fedlog",
-        clients=K,
-        rounds=2,
-        rounds_params={"local_epochs": 0, "families": ["mlp"], "init": "scratch"},
-        epsilon=4.0,
-        delta=1e-5,
-        clip=2.0,
-        secure="mask",
-        timeout=30,
-    )
+    cfg = masked_rounds_config(K)
     honest_nodes, _, _ = deployed_nodes(tmp_path / "honest", K, colluders=0, budget=(40.0, 1e-5))
     honest = serve(LocalGrid(honest_nodes), cfg)
     carried = []

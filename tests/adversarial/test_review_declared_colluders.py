@@ -16,7 +16,7 @@ import pytest
 pytest.importorskip("flwr")
 os.environ.setdefault("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")
 
-from lying_server import deployed_nodes  # noqa: E402
+from lying_server import deployed_nodes, masked_rounds_config  # noqa: E402
 
 from mechanisms.dp.calibration import gdp_epsilon, gdp_mu  # noqa: E402
 from privfed.flower import FlowerConfig, serve  # noqa: E402
@@ -66,17 +66,7 @@ def test_masked_dp_rounds_print_the_composed_epsilon_every_node_charged(tmp_path
     k = 4
     nodes, roster, _ = deployed_nodes(tmp_path, k, budget=(40.0, DELTA))
     assert (roster.threshold, roster.colluders) == (3, 1)
-    cfg = FlowerConfig(
-        method="fedlog",
-        clients=k,
-        rounds=2,
-        rounds_params={"local_epochs": 0, "families": ["mlp"], "init": "scratch"},
-        epsilon=4.0,
-        delta=DELTA,
-        clip=2.0,
-        secure="mask",
-        timeout=30,
-    )
+    cfg = masked_rounds_config(k, DELTA)
     res = serve(LocalGrid(nodes), cfg)
     mu = make_rounds_dp(rounds_config(cfg)).mu_per_release * (k / (k - 1)) ** 0.5
     honest = gdp_epsilon(mu * 2**0.5, DELTA)  # two rounds, each at 3 of 4 shares
