@@ -130,9 +130,6 @@ def child(data: str, name: str, repeats: int, threads: int, loop_rows: int | Non
     server = lambda: m.aggregate(folded)  # noqa: E731
     fit = lambda: privfed.fit(mname, F32, y, k, random_state=0, **params)  # noqa: E731
     per_sample = {key: _calls(fn) for key, fn in {"server": server, "fit": fit, **calls}.items()}
-    loop = lambda: loop_once(F32, y, k, name, loop_rows)  # noqa: E731
-    if loop_rows:
-        per_sample["loop"] = _calls(lambda: loop()["client_s"] < 0)  # at d = 256 a loop takes milliseconds
     loops: list[dict] = []
     for r in range(max(repeats, BOUND_REPEATS)):
         if r < repeats:
@@ -141,14 +138,8 @@ def child(data: str, name: str, repeats: int, threads: int, loop_rows: int | Non
             walls["fit"].append(w)
             for key in dict.fromkeys(client_parts):
                 times[key].append(_cpu(calls[key], per_sample[key])[0])
-            if loop_rows:  # the mean of each part over the sample's calls
-                got = [loop() for _ in range(per_sample["loop"])]
-                loops.append(
-                    {
-                        q: float(np.mean([g[q] for g in got])) if q.endswith("_s") else v
-                        for q, v in got[0].items()
-                    }
-                )
+            if loop_rows:
+                loops.append(loop_once(F32, y, k, name, loop_rows))
         c, w = _cpu(server, per_sample["server"])
         times["server"].append(c)
         walls["server"].append(w)
