@@ -285,7 +285,7 @@ def make_client_app(
 
                 meta = {}
                 if masked:  # the roster's declared colluders: the server's report counts the others' shares
-                    roster = node_identity(context.node_config, context.node_id, provision)[1]
+                    identity, roster = node_identity(context.node_config, context.node_id, provision)
                     meta["colluders"] = int(roster.colluders)
                 config = dict(msg.content["config"])
                 stats, events = node_round(context, cfg, config, broadcast, int(info["index"]))
@@ -303,7 +303,7 @@ def make_client_app(
                 if stats is not None:
                     out["stats"] = stats_record(stats)
                 if masked and "secagg" in msg.content:  # the round's masked sum's keys request, beside it
-                    _answer_keys(stage_handlers["keys"](msg, context), out)
+                    _answer_keys(stage_handlers["keys"](msg, context, identity, roster), out)
                 return Message(out, reply_to=msg)
             stats = node_round_statistics(name, context, cfg, broadcast, int(info["index"]))
         except PrivfedError as exc:
