@@ -437,9 +437,7 @@ def masked_sum_over_messages(
                 u = index_of[node]
             server.receive(u, reply)
 
-        if (
-            stage == "keys" and opening is not None
-        ):  # carried by an earlier message: its replies, as they came
+        if stage == "keys" and opening is not None:  # carried by an earlier message: its replies
             _raise_refusals(opening.refused, stage)
             ex = stages[stage] = Exchange(stage=opening.carrier)
             for node in nodes:
