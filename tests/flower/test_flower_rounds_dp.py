@@ -187,6 +187,10 @@ def test_a_lowered_threshold_riding_a_round_gets_the_keys_refusal():
             m.content["secagg"] = ConfigRecord({MESSAGE_KEY: encode_message(req)})
 
     grid = _Counting(_nodes(), tamper=lower_t)
-    with pytest.raises(Exception, match=r"aborts at stage 'keys'.*t"):
+    from mechanisms.secagg.crypto import ProtocolAbort
+
+    with pytest.raises(
+        ProtocolAbort, match=r"refused secure aggregation at stage 'keys'.*aborts at stage 'keys'.*t"
+    ):
         serve(grid, flower_config("distributed", {}))
     assert not any(t in ("query.shares", "query.masked") for t, _ in grid.sent)
