@@ -84,6 +84,13 @@ def _calls(fn) -> int:
     return max(1, min(1000, int(np.ceil(MIN_SAMPLE_S / max(c, 1e-6)))))
 
 
+def _loop_summary(loops: list[dict]) -> dict:
+    """The per-client loop's repeats: each timed part (``*_s``) summarised, the counts as the first run's."""
+    return {
+        key: summary([x[key] for x in loops]) if key.endswith("_s") else loops[0][key] for key in loops[0]
+    }
+
+
 def child(data: str, name: str, repeats: int, threads: int, loop_rows: int | None = None) -> dict:
     """``privfed.fit`` and the server, each interleaved with the parts of its bound, in this one process.
 
@@ -156,16 +163,7 @@ def child(data: str, name: str, repeats: int, threads: int, loop_rows: int | Non
         "rss_input": rss_input,
         "traced_peak": traced,
         "calls_per_sample": per_sample,
-        **(
-            {
-                "loop": {
-                    key: summary([x[key] for x in loops]) if key.endswith("_s") else loops[0][key]
-                    for key in loops[0]
-                }
-            }
-            if loops
-            else {}
-        ),
+        **({"loop": _loop_summary(loops)} if loops else {}),
         "input_bytes": int(F32.nbytes),
         "M_uploaded": M_up,
         "parts": parts,
