@@ -48,6 +48,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from mechanisms.secagg.graph import group_size
+
 __all__ = [
     "DEFAULT_COLLUDERS",
     "ThreatModel",
@@ -58,6 +60,7 @@ __all__ = [
     "masking_threat",
     "min_threshold",
     "smallest_honest_sum",
+    "sum_threshold",
     "survivor_parts",
     "threshold_rule",
 ]
@@ -75,6 +78,17 @@ def min_threshold(group_size: int, colluders: int = 0) -> int:
 def default_threshold(group_size: int) -> int:
     """The default t of a group of n share holders: the smallest that tolerates :data:`DEFAULT_COLLUDERS`."""
     return min_threshold(group_size, DEFAULT_COLLUDERS)
+
+
+def sum_threshold(num_nodes: int, threshold: int | None, degree: int | None) -> int:
+    """A masked sum's t: ``threshold`` when one is configured, else :func:`default_threshold` of the group its
+    graph gives each node (all K nodes on the complete graph, ``degree=None``; k + 1 on a SecAgg+ graph).
+
+    The one place the default is computed: the operator's roster, the Flower configuration's report and
+    the server's opening of a sum all call it, so they cannot disagree."""
+    if threshold is not None:
+        return int(threshold)
+    return default_threshold(group_size(num_nodes, degree))
 
 
 def colluders_tolerated(group_size: int, threshold: int, *, active: bool = True) -> int:

@@ -312,11 +312,9 @@ class FlowerConfig:
     def secagg_threshold(self) -> int:
         """The masking threshold t: the configured one, or the default for K nodes (or groups of k + 1), the
         smallest that tolerates a colluding node (:func:`mechanisms.secagg.threat.default_threshold`)."""
-        from mechanisms.secagg.threat import default_threshold
+        from mechanisms.secagg.threat import sum_threshold
 
-        if self.threshold is not None:
-            return int(self.threshold)
-        return default_threshold(self.clients if self.degree is None else self.degree + 1)
+        return sum_threshold(self.clients, self.threshold, self.degree)
 
     @property
     def min_replies(self) -> int:

@@ -16,9 +16,8 @@ import os
 import pathlib
 
 from mechanisms.secagg.bounds import PublicBounds
-from mechanisms.secagg.graph import group_size
 from mechanisms.secagg.identity import Identity, Roster, make_roster
-from mechanisms.secagg.threat import default_threshold
+from mechanisms.secagg.threat import sum_threshold
 from privfed.flower.kept import parsed
 
 __all__ = ["SimulatedRoster", "simulated_identities"]
@@ -43,8 +42,7 @@ class SimulatedRoster:
         bounds: PublicBounds | None = None,
         directory: str | os.PathLike | None = None,
     ) -> None:
-        if threshold is None:
-            threshold = default_threshold(group_size(int(num_nodes), degree))
+        threshold = sum_threshold(num_nodes, threshold, degree)
         roster, ids = make_roster(num_nodes, threshold, 0, degree=degree, bounds=bounds)
         self.size = len(ids)
         self.index = None if node_ids is None else {int(n): i for i, n in enumerate(sorted(node_ids))}

@@ -62,11 +62,10 @@ from flwr.app import ConfigRecord, RecordDict
 
 from mechanisms.secagg import fixed_point
 from mechanisms.secagg.crypto import ProtocolAbort
-from mechanisms.secagg.graph import group_size
 from mechanisms.secagg.identity import Identity, Roster
 from mechanisms.secagg.masking.node import MaskingNode
 from mechanisms.secagg.masking.server import MaskingServer, keys_request
-from mechanisms.secagg.threat import default_threshold, survivor_parts
+from mechanisms.secagg.threat import sum_threshold, survivor_parts
 from privfed.errors import ConfigError, InputError
 from privfed.flower.kept import KeptNodes, parsed
 from privfed.flower.ledger import LEDGER_KEY, canonical_config, lifetime_id, node_ledger, pin_num_classes
@@ -306,11 +305,6 @@ def _raise_refusals(refused: dict[int, tuple[str, str]], stage: str) -> None:
     if kind == "ProtocolAbort":
         raise ProtocolAbort(msg, node=n, stage=stage)
     raise ConfigError(msg)
-
-
-def sum_threshold(num_nodes: int, threshold: int | None, degree: int | None) -> int:
-    """A masked sum's t: ``threshold``, or the default for the group size of its roster's graph."""
-    return default_threshold(group_size(int(num_nodes), degree)) if threshold is None else int(threshold)
 
 
 #: The record of a setup reply holding the node's refusal of the keys request it carried.

@@ -14,6 +14,7 @@ os.environ.setdefault("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")
 from flwr.app import ConfigRecord  # noqa: E402
 
 from mechanisms.secagg.crypto import ProtocolAbort  # noqa: E402
+from mechanisms.secagg.identity import Roster  # noqa: E402
 from privfed.errors import ConfigError  # noqa: E402
 from privfed.flower import FlowerConfig, run_simulation, serve  # noqa: E402
 from privfed.flower.local import LocalGrid  # noqa: E402
@@ -125,3 +126,19 @@ def test_a_flower_simulation_on_the_graph_gives_the_plain_head(digits_dataset):
     assert not isinstance(plain, Exception) and not isinstance(masked, Exception), (plain, masked)
     assert np.abs(masked.head.weight - plain.head.weight).max() < 1e3 * MASK_BOUND
     assert masked.head.secure_aggregation["rounds"][0]["uploaded"] == K
+
+
+@pytest.mark.parametrize("clients,degree", [(3, None), (8, None), (12, None), (12, 4), (12, 10), (40, 20)])
+def test_one_default_threshold_for_the_report_the_roster_and_the_sum(clients, degree):
+    """The configuration's report, the simulated operator's roster and a sum's opening take t from one rule,
+    the smallest threshold of the node's group (K, or k + 1) that tolerates a colluder: 2t > n + 1."""
+    from mechanisms.secagg.threat import colluders_tolerated, sum_threshold
+    from privfed.flower.provision import SimulatedRoster
+
+    cfg = FlowerConfig(method="fedncm", clients=clients, secure="mask", degree=degree)
+    n = clients if degree is None else degree + 1
+    want = max(2, (n + 1) // 2 + 1)  # by hand: the smallest t >= 2 with 2t > n + 1
+    roster = Roster.from_json(SimulatedRoster(clients, degree=degree).roster_json)
+    assert cfg.secagg_threshold == roster.threshold == sum_threshold(clients, None, degree) == want
+    assert colluders_tolerated(n, want) >= 1 or n < 3
+    assert sum_threshold(clients, 2, degree) == 2  # a configured threshold is taken as it is
