@@ -487,7 +487,7 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200, deadline=None, derandomize=True, database=None)
 @given(st.floats(min_value=1e-300, max_value=1e300, allow_nan=False, allow_infinity=False))
 def test_format_up_never_prints_below_the_value(x):
     from decimal import Decimal
@@ -532,7 +532,12 @@ _budgets = st.tuples(
 )
 
 
-@settings(max_examples=int(os.environ.get("PRIVFED_HYPOTHESIS_EXAMPLES", 15)), deadline=None)
+@settings(
+    max_examples=int(os.environ.get("PRIVFED_HYPOTHESIS_EXAMPLES", 60)),
+    deadline=None,
+    derandomize=True,
+    database=None,
+)
 @given(
     budget=_budgets,
     clip=st.floats(min_value=1e-6, max_value=1e6),
