@@ -213,16 +213,21 @@ def add_masks(y: np.ndarray, keys: list[bytes], signs: list[bool]) -> None:
 def hkdf(secret: bytes, info: bytes) -> bytes:
     """32 bytes of HKDF-SHA256 (RFC 5869) of ``secret`` under ``info`` (no salt).
 
-    Computed with two HMAC-SHA256 calls of the standard library (extract under the all-zero salt, then
-    the one expand block T(1) = HMAC(PRK, info || 0x01)), the same bytes as ``cryptography``'s ``HKDF``
-    (tested) without building a KDF object per key: a run derives two keys per pair.
+    Computed with the standard library's HMAC-SHA256 (extract under the all-zero salt, then the one expand
+    block T(1) = HMAC(PRK, info || 0x01)), the same bytes as ``cryptography``'s ``HKDF`` (tested) without
+    building a KDF object per key: a run derives two keys per pair.  The extract's key is the fixed salt,
+    so its keyed HMAC state is made once and copied for each secret (as :meth:`hmac.HMAC.copy` is meant
+    for), instead of keying HMAC anew every time.
     """
-    prk = hmac.digest(_ZERO_SALT, secret, "sha256")
-    return hmac.digest(prk, bytes(info) + b"\x01", "sha256")
+    extract = _EXTRACT.copy()
+    extract.update(secret)
+    return hmac.digest(extract.digest(), bytes(info) + b"\x01", "sha256")
 
 
 #: HKDF's default salt for SHA-256: HashLen zero bytes (RFC 5869, section 2.2).
 _ZERO_SALT = bytes(32)
+#: HMAC-SHA256 keyed with that salt: the extract step's state before any secret (copied, never updated).
+_EXTRACT = hmac.new(_ZERO_SALT, digestmod="sha256")
 
 
 def pub_bytes(key: X25519PublicKey) -> bytes:
