@@ -231,6 +231,21 @@ def test_masked_sum_matches_plain_sum(K, shape):
     assert np.array_equal(exact.total, counts.sum(axis=0))
 
 
+@pytest.mark.parametrize("neighbours", [None, 6])
+def test_a_server_that_keeps_no_view_sums_the_same(neighbours):
+    """keep_view=False folds each upload and keeps nothing else; the sum, the uploaders and the bytes sent are
+    those of the same run keeping its view (same key material, dropouts on both sides of the upload)."""
+    rng = np.random.default_rng(5)
+    X = rng.normal(size=(12, 9))
+    kw = dict(neighbours=neighbours, key_seed=3, dropped_before_upload=[1], dropped_after_upload=[2])
+    kept = masked_sum(X, rng=np.random.default_rng(0), **kw)
+    bare = masked_sum(X, rng=np.random.default_rng(0), keep_view=False, **kw)
+    assert np.array_equal(kept.total, bare.total) and kept.uploaded == bare.uploaded
+    assert kept.upload_bytes == bare.upload_bytes
+    assert len(kept.view.masked_uploads) == len(kept.uploaded) and kept.view.public_keys
+    assert not bare.view.masked_uploads and not bare.view.public_keys and not bare.view.encrypted_shares
+
+
 @pytest.mark.parametrize(
     "K, before, after", [(4, [], [3]), (10, [1, 2], [3, 4]), (100, list(range(20)), list(range(20, 49)))]
 )

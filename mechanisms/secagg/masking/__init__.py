@@ -225,6 +225,7 @@ def masked_sum(
     value_bound: float | None = None,
     name: str = "statistic",
     active: bool = False,
+    keep_view: bool = True,
 ) -> MaskedSumResult:
     """Sum the rows of ``stack`` (one per client) with pairwise masking; see the module docstring.
 
@@ -269,6 +270,13 @@ def masked_sum(
         Run the active-adversary version (signed keys from a roster made
         here, the consistency round); with ``neighbours`` the roster draws
         the SecAgg+ graph.
+    keep_view : bool
+        Keep what the server saw in the returned view (every masked
+        upload, public key, relayed share message and signature: for the
+        attacks and audits); ``False`` keeps none of it, as a deployed
+        server does: each upload is folded into the sum as it arrives and
+        dropped, each share message held only until it is relayed (the
+        view then says only who uploaded).
 
     Returns
     -------
@@ -374,6 +382,7 @@ def masked_sum(
         degree=roster.degree if active else None,
         frac_bits=f,
         name=name,
+        keep_view=keep_view,
     )
     nodes = {
         u: MaskingNode(
