@@ -14,6 +14,7 @@ schedulers keep the runs that finished.
 
 from __future__ import annotations
 
+import codecs
 import csv
 import datetime as _dt
 import sys
@@ -229,6 +230,63 @@ _PIP_NAMES = {
 }
 
 
+#: Plain spellings of the few non-ASCII characters the commands print, for a terminal whose encoding
+#: lacks them (a C or Latin-1 locale): the text stays readable instead of raising UnicodeEncodeError.
+PLAIN_SPELLINGS = {"ε": "eps", "δ": "delta", "±": "+/-", "×": "x", "—": "--", "≤": "<=", "≥": ">="}
+
+
+def _plain_spelling(exc: UnicodeError) -> tuple[str, int]:
+    if not isinstance(exc, UnicodeEncodeError):
+        raise exc
+    text = exc.object[exc.start : exc.end]
+    return "".join(
+        PLAIN_SPELLINGS.get(ch, ch.encode("ascii", "backslashreplace").decode()) for ch in text
+    ), exc.end
+
+
+codecs.register_error("privfed-plain", _plain_spelling)
+
+
+def _plain_errors(streams) -> list[tuple[Any, str]]:
+    """Make each text stream write a plain spelling of what its encoding cannot hold; the previous settings."""
+    kept = []
+    for stream in streams:
+        errors = getattr(stream, "errors", None)
+        if errors not in ("strict", None):
+            continue  # the user chose a handler (PYTHONIOENCODING=...:replace): kept
+        try:
+            stream.reconfigure(errors="privfed-plain")
+        except (AttributeError, ValueError, OSError):
+            continue
+        kept.append((stream, errors))
+    return kept
+
+
+def _stdout_reader_gone() -> bool:
+    """Whether standard output is a pipe whose reader has closed it (``| head`` that has read enough)."""
+    import select
+
+    try:
+        fd = sys.stdout.fileno()
+        poller = select.poll()
+        poller.register(fd, select.POLLOUT)
+        return any(ev & select.POLLERR for _, ev in poller.poll(0))
+    except (AttributeError, ValueError, OSError):
+        return False
+
+
+def _silence_stdout() -> None:
+    """Point standard output at /dev/null so the interpreter's last flush does not fail again."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (AttributeError, ValueError, OSError):
+        pass
+
+
 def cli_entry(
     prog: str, body: Callable[[Sequence[str] | None], int]
 ) -> Callable[[Sequence[str] | None], int]:
@@ -246,12 +304,21 @@ def cli_entry(
             signal.getsignal(signal.SIGINT), "privfed_start", False
         ):  # from here on Ctrl-C is a KeyboardInterrupt, handled below after what finished is written
             signal.signal(signal.SIGINT, signal.default_int_handler)
+        kept = _plain_errors((sys.stdout, sys.stderr))
         try:
             with interruptible():
                 from privfed.stats import dense_view_limit
 
                 dense_view_limit()  # a malformed $PRIVFED_DENSE_VIEW_LIMIT: one line at once, not mid-run
                 return body(argv)
+        except BrokenPipeError as exc:
+            if (
+                _stdout_reader_gone()
+            ):  # `| head` stopped reading: like any Unix tool, stop quietly (128 + SIGPIPE)
+                _silence_stdout()
+                return 141
+            print(f"{prog}: error: {exc}", file=sys.stderr)
+            return 1
         except PrivfedError as exc:
             print(f"{prog}: error: {exc}", file=sys.stderr)
             return 2
@@ -277,5 +344,11 @@ def cli_entry(
         except KeyboardInterrupt:
             print(f"{prog}: interrupted", file=sys.stderr)
             return 130
+        finally:
+            for stream, errors in kept:
+                try:
+                    stream.reconfigure(errors=errors)
+                except (ValueError, OSError):
+                    pass
 
     return main

@@ -88,9 +88,15 @@ def resolve_config(args: argparse.Namespace) -> AttackConfig:
     from attacks.view import COUNT_NOISE_KINDS
 
     s = Settings(args, _FILE_KEYS)
-    (attack,) = s.attacks() or (None,) if s.raw("attack") is not None else (None,)
-    if attack is None:
+    named = s.attacks() if s.raw("attack") is not None else ()
+    if not named:
         raise ConfigError("--attack is required: one of " + ", ".join(attacks.available()))
+    if len(named) > 1:
+        raise ConfigError(
+            f"--attack takes one attack here, got {','.join(named)}; run one command per attack, or put "
+            "several as columns of python -m privfed.tradeoff --attack LIST"
+        )
+    (attack,) = named
     attacks.get_class(attack)
     methods = s.methods()
     eps = s.epsilons()

@@ -1,0 +1,96 @@
+"""A careless or unlucky user at every door: what each gets is one line naming the input and the fix, or the
+right result; never a traceback, an allocation the machine cannot hold, or a number that says something other
+than what ran.
+
+Each case was found by playing that user against the commands and the public API; each test fails on the
+code before its fix.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from privfed.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[2]
+SMALL = ["--clients", "10", "--seeds", "1", "--no-plot"]
+
+
+def _env(**extra: str) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(ROOT), **extra}
+
+
+def _command(command: str, args: list[str], tmp_path: Path, **popen) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", f"privfed.{command}", *args],
+        env=popen.pop("env", _env()),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        **popen,
+    )
+
+
+# ---------------------------------------------------------------- the terminal: its encoding, a reader that leaves
+def test_a_terminal_without_greek_letters_gets_a_plain_spelling_not_a_traceback(digits_cache, tmp_path):
+    """stdout in ASCII (a C or Latin-1 locale without UTF-8 mode) used to raise UnicodeEncodeError on the
+    guarantee line's (ε, δ) after the files were written."""
+    out = tmp_path / "run"
+    res = _command(
+        "tradeoff",
+        ["--eps", "0.5", "--placement", "local", "--out", str(out), "--quiet", *SMALL],
+        tmp_path,
+        env=_env(PYTHONIOENCODING="ascii"),
+    )
+    assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr[-600:]
+    assert "(eps, delta)-DP" in res.stdout, res.stdout
+    assert (out / "results.json").is_file()
+
+
+def test_a_reader_that_closes_the_pipe_stops_the_command_quietly(digits_cache, tmp_path):
+    """`... | head` that has read enough: the command used to print a BrokenPipeError traceback; it now
+    stops like any Unix tool (128 + SIGPIPE), its results already complete."""
+    out = tmp_path / "run"
+    p = subprocess.Popen(
+        [sys.executable, "-m", "privfed.tradeoff", "--eps", "0.5", "--placement", "local", "--out", str(out),
+         "--quiet", *SMALL],
+        env=_env(), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    p.stdout.close()  # the reader is gone before the command prints its table
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=300) == 141, err[-600:]
+    assert "Traceback" not in err and "BrokenPipe" not in err, err[-600:]
+    assert json.loads((out / "results.json").read_text())["complete"] is True
+
+
+# ---------------------------------------------------------------- the attack command's --attack
+def test_two_attacks_in_one_attack_command_are_one_line_not_a_traceback():
+    """--attack tracing,singleton used to crash unpacking the list (ValueError traceback)."""
+    from privfed.commands.attack.config import resolve_config
+    from privfed.commands.options import attack_parser
+
+    with pytest.raises(ConfigError, match=r"--attack takes one attack here, got tracing,singleton") as exc:
+        resolve_config(attack_parser().parse_args(["--attack", "tracing,singleton"]))
+    assert "\n" not in str(exc.value) and "--attack LIST" in str(exc.value)
+
+
+def test_a_previous_attack_run_replays_from_its_record_without_naming_the_attack_again(tmp_path):
+    """--config results.json of an attack run: argparse used to demand --attack although the record names it."""
+    from privfed.commands.attack.config import resolve_config
+    from privfed.commands.options import attack_parser
+
+    record = tmp_path / "results.json"
+    record.write_text(
+        json.dumps({"config": {"attack": "singleton", "methods": ["fedncm"], "epsilons": ["inf"]}})
+    )
+    cfg = resolve_config(attack_parser().parse_args(["--config", str(record)]))
+    assert (cfg.attack, cfg.methods, cfg.epsilons) == ("singleton", ("fedncm",), (float("inf"),))
+    with pytest.raises(ConfigError, match="--attack is required"):
+        resolve_config(attack_parser().parse_args([]))
