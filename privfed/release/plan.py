@@ -27,13 +27,14 @@ from typing import Any
 
 import numpy as np
 
+from privfed.errors import ConfigError
 from privfed.methods.base import Method
 from privfed.release import stages as S
 from privfed.release.streaming import stream_stands_for
 from privfed.release.trace import ReleaseTrace
 from privfed.stats import ClientStats
 
-__all__ = ["ReleasePlan", "keeping_uploads"]
+__all__ = ["ReleasePlan", "check_hooks", "keeping_uploads"]
 
 #: The mechanism hooks a streamed local release stands for (its entry points among them).
 UPLOAD_STREAM_HOOKS = (
@@ -65,6 +66,23 @@ def keeping_uploads():
         _KEEP_UPLOADS.reset(token)
 
 
+def check_hooks(privacy: Any, secure_agg: Any) -> None:
+    """Refuse a ``privacy`` or ``secure_agg`` that is not a mechanism or a protection object (a name such as
+    ``"mask"``, ``True``, a class instead of an instance) in one line naming the object to pass."""
+    if privacy is not None and (isinstance(privacy, type) or not callable(getattr(privacy, "check", None))):
+        raise ConfigError(
+            f"privacy must be a mechanism object such as mechanisms.GaussianMechanism(epsilon=1.0, delta=1e-5, "
+            f"clip=C) or None, got {privacy!r}"
+        )
+    if secure_agg is not None and (
+        isinstance(secure_agg, type) or not callable(getattr(secure_agg, "secure_sum", None))
+    ):
+        raise ConfigError(
+            "secure_agg must be a protection object such as mechanisms.secagg.PairwiseMasking() (or "
+            f"CKKSAggregation()) or None, got {secure_agg!r}"
+        )
+
+
 class ReleasePlan:
     """The stages of one release of ``method`` under ``privacy`` and ``secure_agg``.
 
@@ -86,6 +104,7 @@ class ReleasePlan:
     """
 
     def __init__(self, method: Method, privacy: Any = None, secure_agg: Any = None) -> None:
+        check_hooks(privacy, secure_agg)
         self.method, self.privacy, self.secure_agg = method, privacy, secure_agg
         self.stages: tuple[S.Stage, ...] = tuple(self._choose())
 

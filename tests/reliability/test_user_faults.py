@@ -14,9 +14,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from privfed.errors import ConfigError
+from privfed.errors import ConfigError, InputError
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = ["--clients", "10", "--seeds", "1", "--no-plot"]
@@ -94,3 +95,52 @@ def test_a_previous_attack_run_replays_from_its_record_without_naming_the_attack
     assert (cfg.attack, cfg.methods, cfg.epsilons) == ("singleton", ("fedncm",), (float("inf"),))
     with pytest.raises(ConfigError, match="--attack is required"):
         resolve_config(attack_parser().parse_args([]))
+
+
+# ---------------------------------------------------------------- the Python API: objects where a name was typed
+def _data(N=60, d=4, C=3, K=4):
+    rng = np.random.default_rng(0)
+    return rng.normal(size=(N, d)), np.arange(N) % C, np.arange(N) % K
+
+
+@pytest.mark.parametrize(
+    "kw,word",
+    [
+        ({"secure_agg": "mask"}, "secure_agg must be a protection object"),
+        ({"secure_agg": True}, "secure_agg must be a protection object"),
+        ({"privacy": "gaussian"}, "privacy must be a mechanism object"),
+        ({"privacy": 1.0, "num_classes": 3, "num_clients": 4}, "privacy must be a mechanism object"),
+    ],
+)
+def test_fit_refuses_a_name_where_a_mechanism_or_protection_object_belongs(kw, word):
+    """secure_agg="mask" (the commands' word) used to fail mid-release with AttributeError; privacy="..." with a
+    misleading demand for num_classes."""
+    import privfed
+
+    F, y, k = _data()
+    with pytest.raises(ConfigError, match=word) as exc:
+        privfed.fit("fedncm", F, y, k, random_state=0, **kw)
+    assert "\n" not in str(exc.value)
+
+
+def test_the_estimator_refuses_names_huge_class_counts_and_bad_predict_inputs_in_one_line():
+    """Each used to raise AttributeError, MemoryError (np.arange of 10**12 classes), TypeError or
+    scikit-learn's bare ValueError; each is now a privfed error (InputError is still a ValueError, and the
+    TypeErrors scikit-learn's estimator checks expect for objects in X stay TypeErrors)."""
+    from mechanisms import GaussianMechanism
+    from privfed.estimators import FederatedHeadClassifier as FHC
+
+    F, y, _ = _data()
+    with pytest.raises(ConfigError, match="secure_agg must be a protection object"):
+        FHC("fedlog", clients=4, secure_agg="mask", random_state=0).fit(F, y)
+    mech = GaussianMechanism(epsilon=1.0, delta=1e-5, clip=3.0)
+    with pytest.raises(ConfigError, match=r"classes=1000000000000 would need .* GiB of class statistics"):
+        FHC("fedlog", classes=10**12, clients=4, privacy=mech, random_state=0).fit(F, y)
+    with pytest.raises(ConfigError, match="method_params must be a dict"):
+        FHC("fedlog", method_params=[("nu", 1.0)]).fit(F, y)
+    est = FHC("fedlog").fit(F, y)
+    for bad, word in ((F[:, :2], "X has 2 features"), (np.full((2, 4), np.nan), "NaN"), (F[:0], "0 sample")):
+        for call in (est.predict, est.predict_proba, est.decision_function):
+            with pytest.raises(InputError, match=word):
+                call(bad)
+    assert isinstance(InputError("x"), ValueError)  # scikit-learn's contract for bad input still holds
