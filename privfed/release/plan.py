@@ -67,8 +67,11 @@ def keeping_uploads():
 
 
 def check_hooks(privacy: Any, secure_agg: Any) -> None:
-    """Refuse a ``privacy`` or ``secure_agg`` that is not a mechanism or a protection object (a name such as
-    ``"mask"``, ``True``, a class instead of an instance) in one line naming the object to pass."""
+    """Refuse a user's ``privacy`` or ``secure_agg`` that is not a mechanism or a protection object (a name such
+    as ``"mask"``, ``True``, a class instead of an instance) in one line naming the object to pass.
+
+    Called at the public doors (:func:`privfed.fit`); inside, a plan may take ``secure_agg=True`` to mean that
+    the sum is secured elsewhere (a Flower node's statistics)."""
     if privacy is not None and (isinstance(privacy, type) or not callable(getattr(privacy, "check", None))):
         raise ConfigError(
             f"privacy must be a mechanism object such as mechanisms.GaussianMechanism(epsilon=1.0, delta=1e-5, "
@@ -104,7 +107,6 @@ class ReleasePlan:
     """
 
     def __init__(self, method: Method, privacy: Any = None, secure_agg: Any = None) -> None:
-        check_hooks(privacy, secure_agg)
         self.method, self.privacy, self.secure_agg = method, privacy, secure_agg
         self.stages: tuple[S.Stage, ...] = tuple(self._choose())
 

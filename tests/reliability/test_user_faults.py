@@ -144,3 +144,46 @@ def test_the_estimator_refuses_names_huge_class_counts_and_bad_predict_inputs_in
             with pytest.raises(InputError, match=word):
                 call(bad)
     assert isinstance(InputError("x"), ValueError)  # scikit-learn's contract for bad input still holds
+
+
+# ---------------------------------------------------------------- masked_sum and PairwiseMasking
+def test_masked_sum_refuses_complex_and_object_stacks_instead_of_casting_them():
+    """A complex stack used to be summed with its imaginary part dropped (a ComplexWarning only): [3, 3]
+    for a sum of 3 + 6j; an object stack of text was parsed."""
+    from mechanisms.secagg import masked_sum
+
+    for stack, word in (
+        (np.ones((3, 2)) * (1 + 2j), "complex"),
+        (np.array([[1, "2"], [3, 4], [5, 6]], dtype=object), "object"),
+        (np.ones((3, 2), dtype=bool), "bool"),
+    ):
+        with pytest.raises(InputError, match=word):
+            masked_sum(stack, key_seed=0)
+    ok = masked_sum(np.arange(6, dtype=np.int32).reshape(3, 2), key_seed=0)  # integers convert exactly
+    np.testing.assert_array_equal(ok.total, [6.0, 9.0])
+
+
+@pytest.mark.parametrize("seed", [-1, 2**64, 2.5, "7"])
+def test_a_key_seed_outside_the_seed_range_is_refused_at_every_masking_door(seed):
+    """masked_sum(key_seed=-1) used to raise OverflowError from int.to_bytes; PairwiseMasking(key_seed=-1)
+    was hashed into keys without a word."""
+    from mechanisms.secagg import PairwiseMasking, masked_sum
+
+    with pytest.raises(ConfigError, match=r"key_seed must be an integer seed in 0\.\.2\*\*64 - 1"):
+        masked_sum(np.ones((3, 2)), key_seed=seed)
+    with pytest.raises(ConfigError, match=r"key_seed must be an integer seed in 0\.\.2\*\*64 - 1"):
+        PairwiseMasking(key_seed=seed)
+
+
+def test_a_ring_overflow_that_no_frac_bits_fixes_says_so():
+    """The message used to read "|sum| up to 2^inf ... lower frac_bits (at most 0 fit)" although even whole
+    numbers overflow."""
+    from mechanisms.secagg import masked_sum
+
+    with pytest.raises(InputError) as exc:
+        masked_sum(np.full((3, 2), 1e300), key_seed=0)
+    text = str(exc.value)
+    assert "2^inf" not in text and "at most 0 fit" not in text
+    assert "even whole numbers (frac_bits=0) do not fit" in text, text
+    with pytest.raises(InputError, match=r"lower frac_bits \(at most 3 fit\)"):  # 62 - log2(3e17) = 3.9
+        masked_sum(np.full((3, 2), 1e17), key_seed=0)
