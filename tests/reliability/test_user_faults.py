@@ -187,3 +187,51 @@ def test_a_ring_overflow_that_no_frac_bits_fixes_says_so():
     assert "even whole numbers (frac_bits=0) do not fit" in text, text
     with pytest.raises(InputError, match=r"lower frac_bits \(at most 3 fit\)"):  # 62 - log2(3e17) = 3.9
         masked_sum(np.full((3, 2), 1e17), key_seed=0)
+
+
+# ---------------------------------------------------------------- hand-made statistics at a method's door
+def _all_stats():
+    from privfed.stats import compute_client_stats
+
+    F, y, k = _data(N=80, d=4, C=3, K=4)
+    return compute_client_stats(F, y, k, fields=("counts", "sums", "second", "class_second"))
+
+
+@pytest.mark.parametrize(
+    "method", ["fed3r", "fed3r-within", "fedcgs", "fedcof", "fedcof-oracle", "fedlog", "fedncm"]
+)
+@pytest.mark.parametrize("field", ["counts", "sums", "second", "class_second"])
+def test_a_method_refuses_nan_in_a_statistic_it_reads_or_gives_a_finite_head(method, field):
+    """NaN in the sums reached fed3r's and fedcof's eigen-solvers (LinAlgError), NaN in the second moment
+    fedcgs', and a NaN count was dropped by FedCOF's drop rule as if it were a count <= 0."""
+    import privfed
+    from privfed.stats import ClientStats
+
+    base = _all_stats()
+    m = privfed.methods.get(method)
+    arrays = {f: np.array(getattr(base, f)) for f in ("counts", "sums", "second", "class_second")}
+    arrays[field].flat[5] = np.nan
+    if field not in m.requires:
+        head = m.aggregate(ClientStats(**arrays))  # a statistic the method never reads changes nothing
+        assert np.isfinite(head.weight).all() and np.isfinite(head.bias).all()
+        return
+    with pytest.raises(InputError, match="NaN or inf") as exc:
+        m.aggregate(ClientStats(**arrays))
+    assert f"method {method!r}" in str(exc.value) and "\n" not in str(exc.value)
+
+
+@pytest.mark.parametrize("method", ["fed3r", "fedcgs", "fedcof", "fedlog", "fedncm"])
+def test_statistics_declaring_a_trillion_classes_are_refused_before_the_class_totals(method, monkeypatch):
+    """compute_client_stats keeps num_classes=10**12 as pairs at no cost; aggregate then allocated the class
+    totals (MemoryError for 7 TiB). The limit is pinned so that the test reads the same on every machine."""
+    import privfed
+    from privfed import _validation
+    from privfed.stats import compute_client_stats
+
+    monkeypatch.setattr(_validation, "available_memory", lambda: 8 * 2**30)
+    F, y, k = _data(N=80, d=4, C=3, K=4)
+    m = privfed.methods.get(method)
+    stats = compute_client_stats(F, y, k, num_classes=10**12, fields=tuple(m.requires))
+    with pytest.raises(InputError, match=r"num_classes=1,000,000,000,000 x d=4 .* needs about .* TiB"):
+        m.aggregate(stats)
+    assert np.isfinite(m.aggregate(compute_client_stats(F, y, k, fields=tuple(m.requires))).weight).all()
