@@ -235,3 +235,28 @@ def test_statistics_declaring_a_trillion_classes_are_refused_before_the_class_to
     with pytest.raises(InputError, match=r"num_classes=1,000,000,000,000 x d=4 .* needs about .* TiB"):
         m.aggregate(stats)
     assert np.isfinite(m.aggregate(compute_client_stats(F, y, k, fields=tuple(m.requires))).weight).all()
+
+
+# ---------------------------------------------------------------- the attacks' entry points
+def test_the_attack_entry_points_refuse_bad_seeds_empty_federations_and_mismatched_holdouts():
+    """rng=-1 used to raise numpy's ValueError, clients all -1 "zero-size array to reduction operation",
+    holdout features of another width numpy's concatenate error, and client ids of 2.5 were read as 2."""
+    import attacks
+
+    F, y, k = _data(N=60, d=4, C=3, K=4)
+    H, hy = F[:20] + 0.5, y[:20]
+    with pytest.raises(ConfigError, match=r"rng must be None, an integer seed in 0\.\.2\*\*64 - 1"):
+        attacks.evaluate_federation("labels", "fedncm", F, y, k, rng=-1)
+    view, truth = attacks.scenario("fedncm", F, y, k)
+    with pytest.raises(ConfigError, match=r"rng must be None, an integer seed"):
+        attacks.evaluate("labels", view, truth, rng=2**64)
+    with pytest.raises(InputError, match="every id is -1"):
+        attacks.evaluate_federation("labels", "fedncm", F, y, -np.ones_like(k))
+    with pytest.raises(InputError, match="clients must hold whole numbers"):
+        attacks.evaluate_federation("labels", "fedncm", F, y, k + 0.5)
+    with pytest.raises(InputError, match=r"holdout_features has shape \(20, 2\) but features \(60, 4\)"):
+        attacks.evaluate_federation(
+            "subspace", "fed3r", F, y, k, holdout_features=H[:, :2], holdout_labels=hy
+        )
+    row = attacks.evaluate_federation("labels", "fedncm", F, y, k, rng=3)
+    assert 0.0 <= row["total_variation"] <= 1.0
