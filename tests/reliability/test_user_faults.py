@@ -260,3 +260,55 @@ def test_the_attack_entry_points_refuse_bad_seeds_empty_federations_and_mismatch
         )
     row = attacks.evaluate_federation("labels", "fedncm", F, y, k, rng=3)
     assert 0.0 <= row["total_variation"] <= 1.0
+
+
+# ---------------------------------------------------------------- the trade-off command's data and output doors
+def test_a_natural_split_reports_the_files_clients_not_the_clients_flag(tmp_path):
+    """--partition natural on a file of 7 clients used to print and record "over 100 clients" (the --clients
+    default), which the split ignores."""
+    from privfed.data import load_dataset
+    from privfed.results.record import data_rules
+
+    F, y, _ = _data(N=140, d=4, C=2)
+    np.savez(tmp_path / "f.npz", features=F, labels=y, clients=np.arange(140) % 7)
+    ds = load_dataset(f"file:{tmp_path / 'f.npz'}")
+    rules = data_rules(ds, clients=100, partition="natural", alpha=0.1, seeds=[0])
+    assert rules["clients"] == 7 == int(ds.train_clients.max()) + 1, rules
+    assert "--clients does not apply" in rules["partition"]
+    same = data_rules(ds, clients=7, partition="natural", alpha=0.1, seeds=[0])
+    assert same["clients"] == 7 and "does not apply" not in same["partition"]
+
+
+@pytest.mark.parametrize(
+    "extra,word",
+    [
+        ([], "the secure-sum placement needs 2 or more clients"),
+        (["--secure-agg", "mask"], "--secure-agg mask needs --clients 2 or more"),
+        (["--eps", "inf", "--secure-agg", "ckks"], "--secure-agg ckks needs --clients 2 or more"),
+    ],
+)
+def test_one_client_with_a_secure_sum_is_refused_before_any_run(extra, word):
+    """--clients 1 with the default placements used to run the local placement, then stop mid-sweep on
+    "secure sum 1 (shape (10,)): ... K >= 2"."""
+    from privfed.tradeoff import build_parser, resolve_config
+
+    args = ["--clients", "1", "--eps", "0.5", *extra]
+    with pytest.raises(ConfigError, match=word):
+        resolve_config(build_parser().parse_args(args))
+    cfg = resolve_config(
+        build_parser().parse_args(["--clients", "1", "--eps", "0.5", "--placement", "local"])
+    )
+    assert cfg.placements == ("local",)
+
+
+def test_an_out_link_that_loops_is_refused_before_any_work(tmp_path):
+    """A symbolic-link loop as --out used to pass the check, run everything, then fail to move the run in,
+    leaving a staging folder and the runs in the temporary folder."""
+    from privfed.results.writer import check_out_path
+
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    with pytest.raises(ConfigError, match="is a symbolic link that cannot be followed"):
+        check_out_path(tmp_path / "a", overwrite=False)
+    (tmp_path / "c").symlink_to(tmp_path / "target")  # a dangling link still names the folder to make
+    assert check_out_path(tmp_path / "c", overwrite=False)[0] == tmp_path / "target"

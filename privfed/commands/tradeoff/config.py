@@ -164,6 +164,18 @@ def resolve_config(args: argparse.Namespace) -> TradeoffConfig:
         trusted=trusted,
         rounds=rounds,
     )
+    partition = s.partition()
+    if clients < 2 and partition != "natural":  # refused now, not after the local runs finished
+        if secure != "none":
+            raise ConfigError(
+                f"--secure-agg {secure} needs --clients 2 or more (a sum of one input is that input); raise "
+                "--clients or drop --secure-agg"
+            )
+        if "secure-sum" in placements:
+            raise ConfigError(
+                f"--clients {clients}: the secure-sum placement needs 2 or more clients (a sum of one input is that "
+                "input); pass --placement local,trusted, or --clients 2 or more"
+            )
     return TradeoffConfig(
         methods=methods,
         epsilons=epsilons,
@@ -178,7 +190,7 @@ def resolve_config(args: argparse.Namespace) -> TradeoffConfig:
         trusted_aggregator=trusted,
         seeds=seeds,
         clients=clients,
-        partition=s.partition(),
+        partition=partition,
         alpha=alpha,
         dataset=s.dataset(),
         backbone=backbone,
