@@ -312,7 +312,9 @@ def data_rules(
         k = part.clients
         if partition == "natural" and part.num_clients != clients:  # the file's split sets K, not --clients
             clients = part.num_clients
-            rule_natural = f"natural (the file's own clients array, {clients} clients; --clients does not apply)"
+            rule_natural = (
+                f"natural (the file's own clients array, {clients} clients; --clients does not apply)"
+            )
         else:
             rule_natural = "natural (the file's own clients array)"
         rule = {

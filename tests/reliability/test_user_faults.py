@@ -312,3 +312,26 @@ def test_an_out_link_that_loops_is_refused_before_any_work(tmp_path):
         check_out_path(tmp_path / "a", overwrite=False)
     (tmp_path / "c").symlink_to(tmp_path / "target")  # a dangling link still names the folder to make
     assert check_out_path(tmp_path / "c", overwrite=False)[0] == tmp_path / "target"
+
+
+@pytest.mark.parametrize(
+    "args,word",
+    [
+        (["--rounds", "2", "--local-epochs", "1e9"], "--local-epochs must be an integer, got '1e9'"),
+        (["--rounds", "2", "--families", ""], "--families: malformed list ''"),
+        (["--local-epochs", "3"], "--local-epochs applies to multi-round FedLog only"),
+        (["--families", "cnn"], "--families applies to multi-round FedLog only"),
+        (["--init", "scratch"], "--init applies to multi-round FedLog only"),
+    ],
+)
+def test_multi_round_settings_are_checked_and_never_silently_ignored(args, word):
+    """--local-epochs 1e9 used to raise int()'s ValueError mid-run; --local-epochs, --families and --init
+    without --rounds were ignored without a word."""
+    from privfed.tradeoff import build_parser, resolve_config
+
+    with pytest.raises(ConfigError, match=word):
+        resolve_config(build_parser().parse_args(["--method", "fedlog", *args]))
+    cfg = resolve_config(
+        build_parser().parse_args(["--rounds", "2", "--local-epochs", "0", "--families", "cnn"])
+    )
+    assert cfg.rounds == 2
