@@ -335,3 +335,19 @@ def test_multi_round_settings_are_checked_and_never_silently_ignored(args, word)
         build_parser().parse_args(["--rounds", "2", "--local-epochs", "0", "--families", "cnn"])
     )
     assert cfg.rounds == 2
+
+
+# ---------------------------------------------------------------- the attack command's printed metrics
+def test_an_undefined_attack_metric_prints_n_a_with_its_reason_never_a_bare_nan():
+    """--attack differencing --clients 2 at eps 0.1 (no cell changes by exactly one record under the noise)
+    used to print "exact_fraction=nan" with nothing saying why."""
+    from privfed.commands.attack.report import summary_line, undefined_notes
+
+    row = {"method": "fedlog", "epsilon": 0.1, "placement": "local", "protocol": "none", "seed": 0}
+    bad = {**row, "exact_fraction": float("nan")}
+    good = {**row, "exact_fraction": 0.25}
+    assert summary_line(bad).endswith("exact_fraction=n/a") and "nan" not in summary_line(bad)
+    assert summary_line(good).endswith("exact_fraction=0.250")
+    (note,) = undefined_notes([good, bad])
+    assert note.startswith("note: exact_fraction=n/a") and "no cell's count changed by exactly one" in note
+    assert undefined_notes([good]) == []
