@@ -351,3 +351,24 @@ def test_an_undefined_attack_metric_prints_n_a_with_its_reason_never_a_bare_nan(
     (note,) = undefined_notes([good, bad])
     assert note.startswith("note: exact_fraction=n/a") and "no cell's count changed by exactly one" in note
     assert undefined_notes([good]) == []
+
+
+# ---------------------------------------------------------------- the Flower app's run config
+@pytest.mark.parametrize(
+    "key,value,word",
+    [
+        ("partition", "foo", "partition must be one of"),
+        ("alpha", 0.0, "alpha must be a finite number > 0"),
+        ("alpha", "nan", "alpha must be a finite number > 0"),
+        ("num-classes", 0, "num-classes must be an integer >= 2"),
+    ],
+)
+def test_the_flower_run_config_refuses_a_bad_partition_on_the_server(key, value, word):
+    """`flwr run --run-config partition="foo"` (or alpha=0, num-classes=0) used to be accepted by the server
+    and met only by the nodes, after the federation had started."""
+    from privfed.flower.config import FlowerConfig
+
+    with pytest.raises(ConfigError, match=word):
+        FlowerConfig.from_run_config({"method": "fedlog", "clients": 2, "eps": "inf", key: value})
+    ok = FlowerConfig.from_run_config({"method": "fedlog", "clients": 2, "eps": "inf", "alpha": 0.5})
+    assert (ok.partition, ok.alpha) == ("dirichlet", 0.5)
