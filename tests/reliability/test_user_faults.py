@@ -372,3 +372,26 @@ def test_the_flower_run_config_refuses_a_bad_partition_on_the_server(key, value,
         FlowerConfig.from_run_config({"method": "fedlog", "clients": 2, "eps": "inf", key: value})
     ok = FlowerConfig.from_run_config({"method": "fedlog", "clients": 2, "eps": "inf", "alpha": 0.5})
     assert (ok.partition, ok.alpha) == ("dirichlet", 0.5)
+
+
+def test_repeated_attacks_and_group_sizes_are_refused_like_repeated_methods_and_seeds():
+    """--attack tracing,tracing (trade-off) and --n 1,1 (attack) used to run the same thing twice."""
+    from privfed.commands.attack.config import resolve_config as attack_config
+    from privfed.commands.options import attack_parser
+    from privfed.tradeoff import build_parser, resolve_config
+
+    with pytest.raises(ConfigError, match="--attack lists an attack twice"):
+        resolve_config(build_parser().parse_args(["--attack", "tracing,TRACING"]))
+    with pytest.raises(ConfigError, match="--n lists a size twice"):
+        attack_config(
+            attack_parser().parse_args(["--attack", "singleton", "--partition", "groups", "--n", "1,1"])
+        )
+
+
+def test_a_dirichlet_class_split_that_cannot_be_drawn_names_the_flags_that_fix_it():
+    """The command's user was told to "lower min_size", which no flag sets."""
+    from privfed.federation import partition
+
+    y = np.arange(60) % 3
+    with pytest.raises(ConfigError, match=r"--alpha, --clients, or another --partition"):
+        partition(y, 6, "dirichlet-class", alpha=0.01, rng=0, min_size=9)
