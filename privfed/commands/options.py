@@ -283,7 +283,7 @@ def flower_parser() -> argparse.ArgumentParser:
         p,
         ["--clients", "--partition", "--alpha", "--dataset"],
         extra={
-            "--dataset": "; file:PATH (each node's features) or synthetic:D:N (N random D-dim samples a node)"
+            "--dataset": "; synthetic:D:N (N random D-dim samples a node); file:PATH (a node's own features) in a deployment only (flwr run, node config features=PATH)"
         },
     )
     a("--num-classes", metavar="C", help="number of classes (default: the data set's)")

@@ -395,3 +395,27 @@ def test_a_dirichlet_class_split_that_cannot_be_drawn_names_the_flags_that_fix_i
     y = np.arange(60) % 3
     with pytest.raises(ConfigError, match=r"--alpha, --clients, or another --partition"):
         partition(y, 6, "dirichlet-class", alpha=0.01, rng=0, min_size=9)
+
+
+@pytest.mark.parametrize(
+    "args,word",
+    [
+        (
+            ["--dataset", "file:feats.npz", "--clip", "5"],
+            "a feature file is one node's own data in a deployment",
+        ),
+        (["--partition", "natural"], "--partition natural needs each node's own feature file"),
+        (["--num-classes", "5"], "--num-classes 5: the digits data set has 10 classes"),
+    ],
+)
+def test_the_flower_command_refuses_what_its_simulated_nodes_cannot_hold_before_starting_them(args, word):
+    """Each used to start Flower and the SuperLink (about 15 s), then fail with every node refusing the run."""
+    from privfed.commands.flower import resolve_config
+    from privfed.commands.options import flower_parser
+
+    with pytest.raises(ConfigError, match=word):
+        resolve_config(flower_parser().parse_args(["--clients", "3", "--eps", "inf", *args]))
+    cfg, _ = resolve_config(
+        flower_parser().parse_args(["--clients", "3", "--eps", "inf", "--num-classes", "10"])
+    )
+    assert cfg.num_classes == 10
