@@ -18,6 +18,7 @@ import codecs
 import csv
 import datetime as _dt
 import sys
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -287,6 +288,19 @@ def _silence_stdout() -> None:
         pass
 
 
+def _one_line_warning(prog: str) -> Callable[..., None]:
+    """A warning a command shows: one line naming the command, not Python's file:line and source echo."""
+
+    def show(message, category, filename, lineno, file=None, line=None) -> None:
+        text = " ".join(str(message).split())
+        try:
+            print(f"{prog}: warning: {text}", file=file or sys.stderr)
+        except (OSError, ValueError):
+            pass
+
+    return show
+
+
 def cli_entry(
     prog: str, body: Callable[[Sequence[str] | None], int]
 ) -> Callable[[Sequence[str] | None], int]:
@@ -306,7 +320,8 @@ def cli_entry(
             signal.signal(signal.SIGINT, signal.default_int_handler)
         kept = _plain_errors((sys.stdout, sys.stderr))
         try:
-            with interruptible():
+            with interruptible(), warnings.catch_warnings():
+                warnings.showwarning = _one_line_warning(prog)  # restored when the body ends
                 from privfed.stats import dense_view_limit
 
                 dense_view_limit()  # a malformed $PRIVFED_DENSE_VIEW_LIMIT: one line at once, not mid-run

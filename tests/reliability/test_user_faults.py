@@ -419,3 +419,26 @@ def test_the_flower_command_refuses_what_its_simulated_nodes_cannot_hold_before_
         flower_parser().parse_args(["--clients", "3", "--eps", "inf", "--num-classes", "10"])
     )
     assert cfg.num_classes == 10
+
+
+def test_a_commands_warning_is_one_line_naming_the_command(capsys):
+    """--calibration classic --eps 5 used to print Python's two-line warning (the file path and line of
+    mechanisms/dp/params.py, then the source line that raised it)."""
+    import warnings
+
+    from privfed.commands.common import cli_entry
+
+    def body(argv):
+        warnings.warn(
+            "calibration='classic' is only proven for epsilon < 1\n  (got epsilon=5.0)",
+            UserWarning,
+            stacklevel=2,
+        )
+        return 0
+
+    assert cli_entry("python -m privfed.tradeoff", body)([]) == 0
+    err = capsys.readouterr().err
+    assert err == (
+        "python -m privfed.tradeoff: warning: calibration='classic' is only proven for epsilon < 1 (got epsilon=5.0)\n"
+    )
+    assert warnings.showwarning.__module__ == "warnings"  # Python's own again once the command returned
