@@ -442,3 +442,27 @@ def test_a_commands_warning_is_one_line_naming_the_command(capsys):
         "python -m privfed.tradeoff: warning: calibration='classic' is only proven for epsilon < 1 (got epsilon=5.0)\n"
     )
     assert warnings.showwarning.__module__ == "warnings"  # Python's own again once the command returned
+
+
+def test_a_test_split_of_one_class_is_not_called_a_data_set_of_one_class(tmp_path, capsys):
+    """29 samples of class 0 and one of class 1: the held-out split holds class 0 only; the command used to
+    say that every head predicts one class with accuracy 1 and to ask for data with >= 2 classes, which the
+    file has."""
+    from privfed.tradeoff import main
+
+    F, _, _ = _data(N=30, d=4)
+    np.savez(tmp_path / "f.npz", features=F, labels=np.r_[np.zeros(29, int), 1])
+    args = [
+        "--dataset",
+        f"file:{tmp_path / 'f.npz'}",
+        "--eps",
+        "inf",
+        "--clients",
+        "3",
+        "--quiet",
+        "--no-plot",
+    ]
+    assert main([*args, "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "single class in its test labels, so accuracy would measure that class alone" in err, err
+    assert "accuracy is 1" not in err and not (tmp_path / "o").exists()
