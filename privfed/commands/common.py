@@ -276,6 +276,35 @@ def _stdout_reader_gone() -> bool:
         return False
 
 
+class StdoutFailed(Exception):
+    """Standard output refused a write (a full disk behind ``> log``, a device error)."""
+
+
+class _GuardedStdout:
+    """Standard output whose write errors (other than a closed pipe) are :class:`StdoutFailed`, so that
+    they are told apart from the run's own file errors."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+
+    def _guard(self, name: str, *args):
+        try:
+            return getattr(self._stream, name)(*args)
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            raise StdoutFailed(exc.strerror or str(exc)) from None
+
+    def write(self, text: str):
+        return self._guard("write", text)
+
+    def flush(self) -> None:
+        self._guard("flush")
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
 def _silence_stdout() -> None:
     """Point standard output at /dev/null so the interpreter's last flush does not fail again."""
     import os
@@ -319,6 +348,9 @@ def cli_entry(
         ):  # from here on Ctrl-C is a KeyboardInterrupt, handled below after what finished is written
             signal.signal(signal.SIGINT, signal.default_int_handler)
         kept = _plain_errors((sys.stdout, sys.stderr))
+        stdout = sys.stdout
+        if stdout is not None:
+            sys.stdout = _GuardedStdout(stdout)
         try:
             with interruptible(), warnings.catch_warnings():
                 warnings.showwarning = _one_line_warning(prog)  # restored when the body ends
@@ -327,12 +359,15 @@ def cli_entry(
                 dense_view_limit()  # a malformed $PRIVFED_DENSE_VIEW_LIMIT: one line at once, not mid-run
                 return body(argv)
         except BrokenPipeError as exc:
-            if (
-                _stdout_reader_gone()
-            ):  # `| head` stopped reading: like any Unix tool, stop quietly (128 + SIGPIPE)
+            # `| head` stopped reading: like any Unix tool, stop quietly (128 + SIGPIPE)
+            if _stdout_reader_gone():
                 _silence_stdout()
                 return 141
             print(f"{prog}: error: {exc}", file=sys.stderr)
+            return 1
+        except StdoutFailed as exc:
+            _silence_stdout()  # a full or failing device (> log on a full disk): one line, not a traceback
+            print(f"{prog}: error: could not write to standard output ({exc})", file=sys.stderr)
             return 1
         except PrivfedError as exc:
             print(f"{prog}: error: {exc}", file=sys.stderr)
@@ -360,6 +395,8 @@ def cli_entry(
             print(f"{prog}: interrupted", file=sys.stderr)
             return 130
         finally:
+            if isinstance(sys.stdout, _GuardedStdout):
+                sys.stdout = stdout
             for stream, errors in kept:
                 try:
                     stream.reconfigure(errors=errors)

@@ -28,13 +28,14 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 def _command(command: str, args: list[str], tmp_path: Path, **popen) -> subprocess.CompletedProcess:
+    streams = {"stderr": subprocess.PIPE, "stdout": popen.pop("stdout", subprocess.PIPE)}
     return subprocess.run(
         [sys.executable, "-m", f"privfed.{command}", *args],
         env=popen.pop("env", _env()),
         cwd=tmp_path,
-        capture_output=True,
         text=True,
         timeout=300,
+        **streams,
         **popen,
     )
 
@@ -68,6 +69,24 @@ def test_a_reader_that_closes_the_pipe_stops_the_command_quietly(digits_cache, t
     err = p.stderr.read().decode()
     assert p.wait(timeout=300) == 141, err[-600:]
     assert "Traceback" not in err and "BrokenPipe" not in err, err[-600:]
+    assert json.loads((out / "results.json").read_text())["complete"] is True
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs Linux's /dev/full")
+def test_standard_output_on_a_full_disk_is_one_line_and_the_results_stay(digits_cache, tmp_path):
+    """`> log` on a full disk (here /dev/full): the command used to end in an OSError traceback."""
+    out = tmp_path / "run"
+    with open("/dev/full", "w") as full:
+        res = _command(
+            "tradeoff",
+            ["--eps", "0.5", "--placement", "local", "--out", str(out), "--quiet", *SMALL],
+            tmp_path,
+            stdout=full,
+        )  # fmt: skip
+    assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr[-600:]
+    assert res.stderr.strip().splitlines() == [
+        "python -m privfed.tradeoff: error: could not write to standard output (No space left on device)"
+    ]
     assert json.loads((out / "results.json").read_text())["complete"] is True
 
 
