@@ -425,10 +425,15 @@ def test_a_dirichlet_class_split_that_cannot_be_drawn_names_the_flags_that_fix_i
         ),
         (["--partition", "natural"], "--partition natural needs each node's own feature file"),
         (["--num-classes", "5"], "--num-classes 5: the digits data set has 10 classes"),
+        (["--clients", "900"], "num_clients=900 exceeds the 899 samples"),
+        (["--clients", "100000"], "num_clients=100000 exceeds the 899 samples"),
     ],
 )
-def test_the_flower_command_refuses_what_its_simulated_nodes_cannot_hold_before_starting_them(args, word):
-    """Each used to start Flower and the SuperLink (about 15 s), then fail with every node refusing the run."""
+def test_the_flower_command_refuses_what_its_simulated_nodes_cannot_hold_before_starting_them(
+    args, word, digits_cache
+):
+    """Each used to start Flower and the SuperLink (about 15 s), then fail with every node refusing the run;
+    --clients 100000 started a simulation of 100,000 nodes over 899 samples."""
     from privfed.commands.flower import resolve_config
     from privfed.commands.options import flower_parser
 
