@@ -66,6 +66,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -302,11 +303,11 @@ class FlowerConfig:
         if self.partition not in available_schemes():
             raise ConfigError(f"partition must be one of {available_schemes()}, got {self.partition!r}")
         a = self.alpha
-        if isinstance(a, bool) or not (isinstance(a, (int, float)) and math.isfinite(a) and a > 0):
+        if isinstance(a, bool) or not (isinstance(a, numbers.Real) and math.isfinite(a) and a > 0):
             raise ConfigError(f"alpha must be a finite number > 0 (the Dirichlet concentration), got {a!r}")
         c = self.num_classes
-        if c is not None and (isinstance(c, bool) or not isinstance(c, int) or c < 2):
-            raise ConfigError(f"num-classes must be an integer >= 2 or none (the data set's), got {c!r}")
+        if c is not None and (isinstance(c, bool) or not isinstance(c, numbers.Integral) or c < 1):
+            raise ConfigError(f"num-classes must be an integer >= 1 or none (the data set's), got {c!r}")
         for name in ("partition_seed", "noise_seed"):
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < 2**64):

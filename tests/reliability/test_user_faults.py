@@ -379,7 +379,7 @@ def test_an_undefined_attack_metric_prints_n_a_with_its_reason_never_a_bare_nan(
         ("partition", "foo", "partition must be one of"),
         ("alpha", 0.0, "alpha must be a finite number > 0"),
         ("alpha", "nan", "alpha must be a finite number > 0"),
-        ("num-classes", 0, "num-classes must be an integer >= 2"),
+        ("num-classes", 0, "num-classes must be an integer >= 1"),
     ],
 )
 def test_the_flower_run_config_refuses_a_bad_partition_on_the_server(key, value, word):
