@@ -28,6 +28,7 @@ from attacks.base import Attack
 from attacks.strongest import strongest, strongest_flat
 from attacks.view import GroundTruth, NoiseSpec, PublicData, ServerView
 from privfed._registry import Registry
+from privfed._validation import as_generator
 
 __all__ = [
     "Attack",
@@ -67,8 +68,7 @@ def evaluate(
     the attack cannot run on it (e.g. ``subspace`` on a method without
     second moments, ``unmixing`` under secure aggregation).
     """
-    rng = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(int(rng))
-    return get(name, **params).evaluate(view, truth, rng)
+    return get(name, **params).evaluate(view, truth, as_generator(rng, "rng"))
 
 
 def evaluate_federation(
@@ -122,8 +122,7 @@ def evaluate_federation(
     privfed.errors.InputError
         When the view lacks what the attack reads (its message names it).
     """
-    base = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(int(rng))
-    r_view, r_att = base.spawn(2)
+    r_view, r_att = as_generator(rng, "rng").spawn(2)  # a seed outside 0..2**64 - 1 is one line
     view, truth = scenario(
         method,
         features,

@@ -101,3 +101,15 @@ class GroundTruth:
         N = self.features.shape[0]
         if self.labels.shape != (N,) or self.clients.shape != (N,):
             raise InputError(f"GroundTruth: labels and clients must have shape ({N},)")
+        if self.holdout_features is not None:
+            H, d = self.holdout_features, self.features.shape[1:]
+            if H.shape[1:] != d:  # targets are stacked with the members' features: one width
+                raise InputError(
+                    f"GroundTruth: holdout_features has shape {H.shape} but features {self.features.shape}; "
+                    "the non-members must have the members' feature dimension"
+                )
+            if self.holdout_labels is not None and self.holdout_labels.shape != (H.shape[0],):
+                raise InputError(
+                    f"GroundTruth: holdout_labels must have shape ({H.shape[0]},), one per holdout_features row, "
+                    f"got {self.holdout_labels.shape}"
+                )

@@ -263,18 +263,21 @@ class ServerView:
             Parameters of the method.
         """
         from privfed import methods as _methods
-        from privfed._validation import check_features, check_labels
+        from privfed._validation import as_generator, as_int_vector, check_features, check_labels
 
         m = _methods.get(method, **method_params) if isinstance(method, str) else method
-        rng = (
-            rng if isinstance(rng, np.random.Generator) else np.random.default_rng(0 if rng is None else rng)
-        )
+        rng = as_generator(rng, "rng")  # None: seed 0; a seed outside 0..2**64 - 1 is one line
         F = check_features(features)
         y, C = check_labels(labels, F.shape[0], num_classes)
-        k = np.asarray(clients).astype(np.int64)
+        k = as_int_vector(clients, "clients")  # an id of 2.5 is refused, never read as 2
         if k.shape != y.shape:
             raise InputError(f"clients has shape {k.shape} but labels has {y.shape}; they must match")
         keep = k >= 0
+        if not keep.any() and num_clients is None:
+            raise InputError(
+                "clients: every id is -1 (no sample uploaded), so there is no federation to attack; give the "
+                "uploaded samples their client ids 0..K-1"
+            )
         F, y, k = F[keep], y[keep], k[keep]
         K = int(k.max()) + 1 if num_clients is None else int(num_clients)
         if k.size and k.max() >= K:

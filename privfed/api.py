@@ -25,6 +25,7 @@ from privfed.errors import ConfigError, InputError
 from privfed.head import LinearHead
 from privfed.release import ReleasePlan
 from privfed.release.pipeline import run_federation
+from privfed.release.plan import check_hooks
 from privfed.release.stages import check_release_memory
 from privfed.stats import dense_view_limit
 
@@ -100,6 +101,7 @@ def fit(
     if not isinstance(m, _methods.Method):
         raise ConfigError(f"method must be a name from {_methods.available()} or a Method, got {method!r}")
     dense_view_limit()  # a malformed $PRIVFED_DENSE_VIEW_LIMIT is refused before any work, as the commands do
+    check_hooks(privacy, secure_agg)  # "mask" or True for an object: one line naming the object, not mid-run
     if privacy is None:
         _refuse_unclipped_noise(secure_agg)
         # float32 stays float32: the statistics convert it a chunk at a time (float64 sums, no N x d copy)

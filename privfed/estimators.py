@@ -43,7 +43,7 @@ from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from privfed import methods as _methods
-from privfed._validation import as_generator, check_real_dtype
+from privfed._validation import as_generator, check_real_dtype, check_release_size
 from privfed.api import fit as _fit
 from privfed.errors import ConfigError, InputError
 from privfed.head import LinearHead
@@ -80,6 +80,18 @@ def _check_types(X, y=None) -> None:
             )
         if name == "X" and arr.dtype.kind in "iuf":
             check_real_dtype(arr, "X")
+
+
+def _unique(values: np.ndarray, name: str) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(values, return_inverse=True)``; labels that cannot be ordered (None beside text, text beside
+    numbers) are one line naming them instead of numpy's TypeError."""
+    try:
+        return np.unique(values, return_inverse=True)
+    except TypeError:
+        kinds = sorted({type(v).__name__ for v in np.asarray(values, dtype=object).ravel()})
+        raise InputError(
+            f"{name} mixes labels of types {kinds} that cannot be ordered; use labels of one type"
+        ) from None
 
 
 class FederatedHeadClassifier(ClassifierMixin, BaseEstimator):
@@ -164,7 +176,7 @@ class FederatedHeadClassifier(ClassifierMixin, BaseEstimator):
         self.classes = classes
         self.num_clients = num_clients
 
-    def _encode_labels(self, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _encode_labels(self, y: np.ndarray, shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
         """``classes_`` and the codes of ``y``: from the public ``classes``, or without privacy from ``y``."""
         spec = self.classes
         if spec is None:
@@ -174,13 +186,20 @@ class FederatedHeadClassifier(ClassifierMixin, BaseEstimator):
                     "class would change its shape), never read from y: pass classes= to "
                     "FederatedHeadClassifier (the labels, or their number C for labels 0..C-1)"
                 )
-            return np.unique(y, return_inverse=True)
+            return _unique(y, "y")
         if isinstance(spec, (int, np.integer)) and not isinstance(spec, bool):
             if spec < 1:
                 raise ConfigError(f"classes={spec!r}: give the labels or their number C >= 1")
+            try:  # the same bound as fit's num_classes, before np.arange sizes anything by it
+                check_release_size(1, int(spec), shape[1], shape[0])
+            except InputError as exc:
+                need = str(exc).split(";")[0].replace(f"num_classes={int(spec)} ", "")
+                raise ConfigError(
+                    f"classes={spec!r} {need}; pass the labels or their number C that the release really has"
+                ) from None
             classes = np.arange(int(spec))
         else:
-            classes = np.unique(np.asarray(spec))
+            classes = _unique(np.asarray(spec), "classes")[0]
             if classes.ndim != 1 or classes.size < 1 or classes.size != len(spec):
                 raise ConfigError(
                     f"classes must be distinct labels (a non-empty 1-D list) or an int C, got {spec!r}"
@@ -247,9 +266,16 @@ class FederatedHeadClassifier(ClassifierMixin, BaseEstimator):
         try:
             X, y = validate_data(self, X, y, dtype=np.float64, y_numeric=False)
             check_classification_targets(y)
-        except ValueError as exc:  # scikit-learn's own checks, as one line naming the input
+        except (
+            ValueError
+        ) as exc:  # scikit-learn's own checks, as one line naming the input (its TypeErrors stay)
             raise InputError(f"X or y: {str(exc).splitlines()[0]}") from None
-        self.classes_, y_enc = self._encode_labels(y)
+        self.classes_, y_enc = self._encode_labels(y, X.shape)
+        if self.method_params is not None and not isinstance(self.method_params, dict):
+            raise ConfigError(
+                f"method_params must be a dict of the method's parameters, e.g. {{'gamma': 0.1}}, got "
+                f"{self.method_params!r}"
+            )
         params = dict(self.method_params or {})
         method = _methods.get(self.method, **params)
         protected = self.privacy is not None or self.secure_agg is not None
@@ -282,7 +308,12 @@ class FederatedHeadClassifier(ClassifierMixin, BaseEstimator):
     def _scores(self, X) -> np.ndarray:
         check_is_fitted(self, "head_")
         _check_types(X)
-        X = validate_data(self, X, dtype=np.float64, reset=False)
+        try:
+            X = validate_data(self, X, dtype=np.float64, reset=False)
+        except (
+            ValueError
+        ) as exc:  # wrong width, NaN, no rows: one line naming X (scikit-learn's TypeErrors stay)
+            raise InputError(f"X: {' '.join(str(exc).split())}") from None  # its advice kept, on one line
         return self.head_.decision_function(X)
 
     def decision_function(self, X) -> np.ndarray:

@@ -299,7 +299,7 @@ def _dirichlet_class(y, C, K, rng, alpha, min_size, max_tries, **_) -> tuple[np.
     if min_size * K > N:
         raise ConfigError(
             f"min_size={min_size} with num_clients={K} needs {min_size * K} samples but there are {N}; "
-            "lower min_size or num_clients"
+            "lower min_size or num_clients (on the command line: --clients)"
         )
     class_idx = [np.flatnonzero(y == c) for c in range(C)]
     for attempt in range(1, max_tries + 1):
@@ -322,7 +322,8 @@ def _dirichlet_class(y, C, K, rng, alpha, min_size, max_tries, **_) -> tuple[np.
             return out, {"tries": attempt}
     raise ConfigError(
         f"dirichlet-class could not give every one of {K} clients >= {min_size} samples in {max_tries} "
-        f"draws with alpha={alpha}; lower min_size, raise alpha or use fewer clients"
+        f"draws with alpha={alpha}; lower min_size, raise alpha or use fewer clients (on the command line: "
+        "--alpha, --clients, or another --partition)"
     )
 
 

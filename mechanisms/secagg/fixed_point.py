@@ -112,10 +112,17 @@ def check_ring_bound(
     bound = num_clients * (float(max_abs) * 2.0**frac_bits + 0.5) + float(noise_bound)
     if not bound < _HALF_RING:
         need = np.log2(max(num_clients * float(max_abs), 1e-300))
+        fit = int(np.floor(62 - need))
+        size = f"2^{np.log2(bound):.1f}" if np.isfinite(bound) else "beyond float64"
+        fix = (
+            f"lower frac_bits (at most {fit} fit) or clip the features so the statistic is smaller"
+            if fit >= 0
+            else "even whole numbers (frac_bits=0) do not fit: clip or rescale the features so the statistic is "
+            "smaller"
+        )
         raise InputError(
             f"{name} could overflow the 2^{RING_BITS} ring: {num_clients} clients x max|x| = {max_abs:.4g} "
-            f"at frac_bits={frac_bits} gives |sum| up to 2^{np.log2(bound):.1f} >= 2^63; lower frac_bits "
-            f"(at most {max(int(np.floor(62 - need)), 0)} fit) or clip the features so the statistic is smaller"
+            f"at frac_bits={frac_bits} gives |sum| up to {size} >= 2^63; {fix}"
         )
     return bound
 

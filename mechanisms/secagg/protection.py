@@ -62,6 +62,7 @@ from mechanisms.secagg.comm import has_secure_protocol, secagg_upload_bytes
 from mechanisms.secagg.masking import ProtocolAbort, masked_sum
 from mechanisms.secagg.noise import DistributedGaussian
 from mechanisms.secagg.threat import ThreatModel, ckks_threat, masking_threat, threshold_rule
+from privfed._validation import check_seed
 from privfed.errors import ConfigError
 
 __all__ = [
@@ -313,7 +314,8 @@ class PairwiseMasking(_Protocol):
         self.neighbours = neighbours
         self.dropouts = int(dropouts)
         self.dropout_phase = dropout_phase
-        self.key_seed = key_seed
+        # a seed as everywhere (0..2**64 - 1); -1 or 2.5 would have been hashed into keys without a word
+        self.key_seed = None if key_seed is None else check_seed(key_seed, "key_seed")
 
     def parameters(self) -> dict[str, Any]:
         return {

@@ -146,6 +146,19 @@ def resolve_config(args: argparse.Namespace):
             f"--seeds 7, is seed 7), got {len(seeds)}; sweep seeds with python -m privfed.tradeoff (a simulation)"
         )
     dataset = s.dataset()
+    # the simulated nodes each take a partition of digits or draw synthetic rows: what only a deployment's
+    # node config can give (a node's own file, its own clients) is refused here, not by every node once started
+    if dataset.startswith("file:"):
+        raise ConfigError(
+            f"--dataset {dataset}: the simulated nodes each hold a partition of digits (or synthetic:D:N random "
+            "rows); a feature file is one node's own data in a deployment (flwr run, node config "
+            "features=PATH: docs/flower.md); use python -m privfed.tradeoff --dataset file:PATH to run it here"
+        )
+    if s.partition() == "natural" and not dataset.startswith("synthetic:"):
+        raise ConfigError(
+            "--partition natural needs each node's own feature file (a deployment); the simulated nodes split "
+            "digits: use dirichlet, dirichlet-class, shards or iid"
+        )
     clip = s.clip()
     if clip is None and math.isfinite(eps):
         clip = public_clip(dataset)  # None for other data: FlowerConfig then asks for --clip
@@ -179,6 +192,8 @@ def resolve_config(args: argparse.Namespace):
         min_clients=_int(s.raw("min_clients"), "--min-clients", 1),
     )
     nc = _int(s.raw("num_classes"), "--num-classes", 2)
+    if nc is not None and dataset == "digits" and nc != 10:
+        raise ConfigError(f"--num-classes {nc}: the digits data set has 10 classes; leave --num-classes out")
     if nc is not None:
         kwargs["num_classes"] = nc
     ct = _seconds(s.raw("connect_timeout"), "--connect-timeout")
@@ -208,6 +223,14 @@ def resolve_config(args: argparse.Namespace):
         if "needs clip" in text:
             text += " (the default clip is the public split's median norm on digits only)"
         raise ConfigError(text) from None
+    if (
+        cfg.dataset == "digits"
+    ):  # the nodes' split, drawn here first: --clients 900 of 899 samples is one line
+        from privfed.data import load_dataset  # now, not after the SuperLink and every node have started
+        from privfed.federation import partition as make_partition
+
+        labels = load_dataset("digits", progress=False).train_labels
+        make_partition(labels, cfg.clients, cfg.partition, alpha=cfg.alpha, rng=cfg.partition_seed)
     return cfg, ("--timeout" if timeout is not None else "default")
 
 

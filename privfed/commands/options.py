@@ -211,7 +211,8 @@ def attack_parser() -> argparse.ArgumentParser:
         + "      cached); tens of minutes the first time on 2 cores, as the run says before it starts",
     )
     a = p.add_argument
-    a("--attack", required=True, help=f"one of {', '.join(ATTACK_NAMES)}")
+    # required, but checked with the settings: a --config (a previous attack run's results.json) may name it
+    a("--attack", help=f"one of {', '.join(ATTACK_NAMES)} (required, here or in --config)")
     add_shared(
         p,
         ["--config", "--method", "--eps", "--delta", "--level", "--clip"],
@@ -282,7 +283,7 @@ def flower_parser() -> argparse.ArgumentParser:
         p,
         ["--clients", "--partition", "--alpha", "--dataset"],
         extra={
-            "--dataset": "; file:PATH (each node's features) or synthetic:D:N (N random D-dim samples a node)"
+            "--dataset": "; synthetic:D:N (N random D-dim samples a node); file:PATH (a node's own features) in a deployment only (flwr run, node config features=PATH)"
         },
     )
     a("--num-classes", metavar="C", help="number of classes (default: the data set's)")

@@ -156,10 +156,13 @@ class Settings:
         v = self.raw(dest, *(keys or ("attack", "attacks")))
         if v is None or v == []:
             return ()
-        return tuple(
+        names = tuple(
             choose(a, ATTACK_NAMES, "--attack", what="attack")
             for a in parse_str_list(as_list(v, "--attack"), "--attack")
         )
+        if len(set(names)) != len(names):  # as --method and --seeds: a repeat would run (and print) twice
+            raise ConfigError(f"--attack lists an attack twice: {v!r}")
+        return names
 
     def params(self, methods: Sequence[str]) -> dict[str, dict[str, Any]]:
         """``--param METHOD.KEY=VALUE`` (repeatable) over the file's ``method_params`` table, checked now."""

@@ -24,6 +24,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from privfed._validation import check_memory
 from privfed.errors import ConfigError, InputError
 from privfed.head import LinearHead
 from privfed.stats import ClientStats, compute_client_stats, stats_from_rows
@@ -183,6 +184,23 @@ class Method(abc.ABC):
             raise InputError(
                 f"method {self.name!r} needs statistics {sorted(missing)} that were not provided; "
                 f"compute them with compute_client_stats(fields={sorted(self.requires)})"
+            )
+        C, d = stats.num_classes, stats.dim
+        # class totals, means and the head are (C, d) each: a num_classes far beyond the data (statistics kept
+        # as pairs hold it without cost) is refused here, before the first of them is allocated
+        check_memory(
+            3 * 8.0 * C * (d + 2),
+            f"method {self.name!r} on num_classes={C:,} x d={d} (its class totals and head)",
+            "compute the statistics with the number of classes the data really has (num_classes=)",
+        )
+
+    def _refuse_non_finite(self, what: str, *arrays: np.ndarray) -> None:
+        """Refuse NaN or inf in arrays built from the statistics (``what`` names them) before a solver meets
+        them: a hand-made ClientStats holding NaN otherwise ends in LinAlgError or a NaN head."""
+        if not all(np.isfinite(a).all() for a in arrays):
+            raise InputError(
+                f"method {self.name!r}: the {what} hold NaN or inf; NaN/inf is not a statistic (a corrupt or "
+                "overflowed upload): recompute the statistics from finite features"
             )
 
     def _refuse_non_finite_totals(self, counts: np.ndarray, sums: np.ndarray) -> None:

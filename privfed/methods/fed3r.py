@@ -88,6 +88,7 @@ class Fed3R(Method):
         self._check_stats(stats)
         notes: list[str] = []
         A, B = ridge_system(stats, self.params["lam"], self.params["bias"])
+        self._refuse_non_finite("second moments, class sums or counts", A, B)
         X = solve_head(A, B, solver=self.params["solver"], name="G + lam I", notes=notes).T  # (C, p)
         d = stats.dim
         W, b = (X[:, :d], X[:, d]) if self.params["bias"] else (X, np.zeros(X.shape[0]))

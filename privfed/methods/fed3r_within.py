@@ -73,6 +73,7 @@ class Fed3RWithin(Method):
         self._check_stats(stats)
         notes: list[str] = []
         N, S = stats.class_totals()
+        self._refuse_non_finite("class counts or sums", N, S)
         present = N > 0
         if (~present).any():
             notes.append(
@@ -83,6 +84,7 @@ class Fed3RWithin(Method):
         # G - sum_c N_c mu_c mu_c^T + N mu_g mu_g^T  (= G - G_btw)
         Sp = S if present.all() else S[present]
         G_hat = minus_between(stats.gram(), Sp, Np[present])
+        self._refuse_non_finite("second moments", G_hat)
         Ntot = N[present].sum()
         if Ntot > 0:
             s = Sp.sum(axis=0)

@@ -127,6 +127,7 @@ class FedCGS(Method):
                 ],
             )
         N, mu, Sigma = global_covariance(stats, self.params["covariance"], notes)
+        self._refuse_non_finite("second moments", Sigma)
         self._refuse_rounding_only(stats, N, Sigma)
         present = N > 0
         a = self.params["shrinkage"]

@@ -183,6 +183,7 @@ class FedCOF(Method):
         notes: list[str] = []
         C = stats.num_classes
         n_all = stats.pair_counts
+        self._refuse_non_finite("class counts", n_all)  # a NaN count is no "count <= 0" for the drop rule
         valid = self._drop_rule(n_all, notes)
         _, pk_all, _, sums, sum_rows = stats._pair_block()  # never copied: rows are picked by index
         if sum_rows is None:
@@ -229,6 +230,7 @@ class FedCOF(Method):
 
     def _estimate(self, N, S, mu, Kc, spread, inv_sum, notes) -> FedCOFEstimate:
         """Eq. 8 from the class totals and means, the spread and (noise-aware) sum_k 1/n_kc per class."""
+        self._refuse_non_finite("class counts, sums or their spread", N, S, spread)
         C = N.shape[0]
         if self.params["noise_var"] > 0:
             beta = bias_from_sums(inv_sum, N, Kc, self.params["noise_var"])

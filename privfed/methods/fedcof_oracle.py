@@ -91,6 +91,7 @@ class FedCOFOracle(Method):
             present = N > 0
             w = np.where(present, np.maximum(N - 1.0, 0.0), 0.0)
             G_hat = np.einsum("c,cde->de", w, Sigma)
+            self._refuse_non_finite("class counts, sums or second moments", N, mu, G_hat)
         else:
             # sum_c (N_c - 1) Sigma_c from the total second moment (module docstring).
             N, S = stats.class_totals()
@@ -98,6 +99,7 @@ class FedCOFOracle(Method):
             Np = np.where(present, N, 1.0)
             w = np.where(present, np.maximum(N - 1.0, 0.0), 0.0)
             G_hat = minus_between(stats.gram(), S if present.all() else S[present], Np[present])
+            self._refuse_non_finite("class counts, sums or second moments", N, S, G_hat)
             if (
                 present.all()
             ):  # B = N_c mu_c is S itself (its transpose a Fortran-ordered view): no temporaries

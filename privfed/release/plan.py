@@ -27,13 +27,14 @@ from typing import Any
 
 import numpy as np
 
+from privfed.errors import ConfigError
 from privfed.methods.base import Method
 from privfed.release import stages as S
 from privfed.release.streaming import stream_stands_for
 from privfed.release.trace import ReleaseTrace
 from privfed.stats import ClientStats
 
-__all__ = ["ReleasePlan", "keeping_uploads"]
+__all__ = ["ReleasePlan", "check_hooks", "keeping_uploads"]
 
 #: The mechanism hooks a streamed local release stands for (its entry points among them).
 UPLOAD_STREAM_HOOKS = (
@@ -63,6 +64,26 @@ def keeping_uploads():
         yield
     finally:
         _KEEP_UPLOADS.reset(token)
+
+
+def check_hooks(privacy: Any, secure_agg: Any) -> None:
+    """Refuse a user's ``privacy`` or ``secure_agg`` that is not a mechanism or a protection object (a name such
+    as ``"mask"``, ``True``, a class instead of an instance) in one line naming the object to pass.
+
+    Called at the public doors (:func:`privfed.fit`); inside, a plan may take ``secure_agg=True`` to mean that
+    the sum is secured elsewhere (a Flower node's statistics)."""
+    if privacy is not None and (isinstance(privacy, type) or not callable(getattr(privacy, "check", None))):
+        raise ConfigError(
+            f"privacy must be a mechanism object such as mechanisms.GaussianMechanism(epsilon=1.0, delta=1e-5, "
+            f"clip=C) or None, got {privacy!r}"
+        )
+    if secure_agg is not None and (
+        isinstance(secure_agg, type) or not callable(getattr(secure_agg, "secure_sum", None))
+    ):
+        raise ConfigError(
+            "secure_agg must be a protection object such as mechanisms.secagg.PairwiseMasking() (or "
+            f"CKKSAggregation()) or None, got {secure_agg!r}"
+        )
 
 
 class ReleasePlan:

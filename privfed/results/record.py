@@ -310,10 +310,17 @@ def data_rules(
             dataset.train_labels, clients, partition, alpha=alpha, rng=seed, natural=natural
         )
         k = part.clients
+        if partition == "natural" and part.num_clients != clients:  # the file's split sets K, not --clients
+            clients = part.num_clients
+            rule_natural = (
+                f"natural (the file's own clients array, {clients} clients; --clients does not apply)"
+            )
+        else:
+            rule_natural = "natural (the file's own clients array)"
         rule = {
             "dirichlet": f"dirichlet alpha {alpha:g} (FedNCM/FedCOF: each client gets floor(N/K) = {n // max(clients, 1)} samples)",
             "dirichlet-class": f"dirichlet-class alpha {alpha:g}",
-            "natural": "natural (the file's own clients array)",
+            "natural": rule_natural,
         }.get(partition, partition)
         if getattr(dataset, "train_clients", None) is not None and partition != "natural":
             rule += "; the file's clients array is NOT used (pass --partition natural to use it)"

@@ -128,7 +128,15 @@ def check_out_path(out: str | os.PathLike, *, overwrite: bool, flag: str = "--ou
     if path.is_symlink():
         # a link names the folder the user means: the run is written into its target (staged beside the
         # target, on its file system) and the link stays a link
-        path = Path(os.path.realpath(path))
+        try:
+            path = Path(os.path.realpath(path, strict=True))
+        except FileNotFoundError:  # a dangling link: the run makes its target
+            path = Path(os.path.realpath(path))
+        except OSError as exc:  # a loop (ELOOP) used to be found only when the finished run was moved in
+            raise ConfigError(
+                f"{flag} {str(out)!r} is a symbolic link that cannot be followed ({exc.strerror or exc}); "
+                "point it at a folder or choose another path"
+            ) from None
         if path.name in ("", ".", ".."):
             raise ConfigError(f"{flag} {str(out)!r} links to {str(path)!r}, which is no folder to write into")
     check_names(path, flag=flag)

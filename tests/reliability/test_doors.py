@@ -108,12 +108,15 @@ def test_flower_run_config_refuses_them_by_key_whatever_the_budget():
 def test_the_python_api_refuses_a_trusted_aggregator_under_secure_aggregation():
     import mechanisms
     import privfed
+    from mechanisms.secagg import PairwiseMasking
 
     rng = np.random.default_rng(0)
     F, y, k = rng.normal(size=(40, 3)), np.arange(40) % 2, np.arange(40) % 4
     mech = mechanisms.GaussianMechanism(epsilon=1.0, delta=1e-5, clip=1.0, trusted_aggregator=True)
     with pytest.raises(ConfigError, match="trusted_aggregator=True contradicts secure_agg"):
-        privfed.fit("fedncm", F, y, k, num_classes=2, num_clients=4, privacy=mech, secure_agg="mask")
+        privfed.fit(
+            "fedncm", F, y, k, num_classes=2, num_clients=4, privacy=mech, secure_agg=PairwiseMasking()
+        )
 
 
 # ---------------------------------------------------------------- results state what ran

@@ -75,7 +75,7 @@ from mechanisms.secagg.masking.node import MaskingNode
 from mechanisms.secagg.masking.server import MaskingServer, ServerView, run_in_process
 from mechanisms.secagg.noise import noise_share
 from mechanisms.secagg.threat import DEFAULT_COLLUDERS, colluders_tolerated, default_threshold, survivor_parts
-from privfed._validation import check_memory
+from privfed._validation import check_memory, check_real_dtype, check_seed
 from privfed.errors import ConfigError, InputError
 
 __all__ = [
@@ -291,7 +291,11 @@ def masked_sum(
     """
     t_start = time.perf_counter()
     rng = rng if rng is not None else np.random.default_rng()
-    X = np.asarray(stack, dtype=np.float64)
+    if key_seed is not None and not isinstance(key_seed, bytes):
+        check_seed(key_seed, "key_seed")  # an integer in 0..2**64 - 1, or bytes, as every seed
+    raw = np.asarray(stack)
+    check_real_dtype(raw, name)  # complex, object, text or bool stacks are refused, never cast
+    X = raw.astype(np.float64, copy=False)
     if X.ndim < 1 or X.shape[0] < 2:
         raise InputError(
             f"{name}: secure aggregation needs a (K, ...) stack with K >= 2 clients, got {X.shape}"

@@ -54,7 +54,7 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
-from privfed.commands.attack.report import grid_figure, summary_line
+from privfed.commands.attack.report import grid_figure, summary_line, undefined_notes
 from privfed.commands.attack.run import AttackConfig, resolve_config, run_attacks
 from privfed.commands.common import OutputDir, cli_entry, data_line, keep_finished, periodic_checkpoint
 from privfed.commands.options import attack_parser as build_parser
@@ -153,6 +153,8 @@ def _body(argv: Sequence[str] | None) -> int:
     print(data_line(res["data_rules"]))
     for r in records:
         print(summary_line(r))
+    for note in undefined_notes(records):
+        print(note)
     guarantees = list(dict.fromkeys(r["guarantee"] for r in records if math.isfinite(r["epsilon"])))
     for i, g in enumerate(guarantees, 1):
         print(f"guarantee G{i}: {g}" if len(guarantees) > 1 else f"guarantee: {g}")

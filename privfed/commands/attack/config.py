@@ -88,9 +88,15 @@ def resolve_config(args: argparse.Namespace) -> AttackConfig:
     from attacks.view import COUNT_NOISE_KINDS
 
     s = Settings(args, _FILE_KEYS)
-    (attack,) = s.attacks() or (None,) if s.raw("attack") is not None else (None,)
-    if attack is None:
+    named = s.attacks() if s.raw("attack") is not None else ()
+    if not named:
         raise ConfigError("--attack is required: one of " + ", ".join(attacks.available()))
+    if len(named) > 1:
+        raise ConfigError(
+            f"--attack takes one attack here, got {','.join(named)}; run one command per attack, or put "
+            "several as columns of python -m privfed.tradeoff --attack LIST"
+        )
+    (attack,) = named
     attacks.get_class(attack)
     methods = s.methods()
     eps = s.epsilons()
@@ -117,6 +123,8 @@ def resolve_config(args: argparse.Namespace) -> AttackConfig:
             )
     ns_v = s.raw("n", "n", "ns") if partition == "groups" else None  # n applies to class groups only
     ns = tuple(parse_int_list(as_list("1,4,16" if ns_v is None else ns_v, "--n"), "--n", minimum=1))
+    if len(set(ns)) != len(ns):  # as --seeds: a repeated n would run the same groups twice
+        raise ConfigError(f"--n lists a size twice: {ns_v!r}")
     count_noise = s.raw("count_noise")
     if count_noise is not None:
         count_noise = choose(count_noise, tuple(COUNT_NOISE_KINDS), "--count-noise", what="count noise")

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["PRINTED", "TEST_WORDS", "grid_figure", "summary_line"]
+__all__ = ["PRINTED", "TEST_WORDS", "UNDEFINED", "grid_figure", "summary_line", "undefined_notes"]
 
 
 def grid_figure(result, truth, title: str, columns: int = 8):
@@ -62,13 +62,34 @@ PRINTED = (
     ("singleton_auc", "singleton_auc"),
 )
 TEST_WORDS = {"lrt": "likelihood ratio", "inner": "inner product", "homer": "Homer", "sum": "sum"}
+#: Why a printed metric is undefined (NaN) on a run: the summary prints it as n/a and the command says why.
+UNDEFINED = {
+    "exact_fraction": "no cell's count changed by exactly one record between the two releases, so no record "
+    "was isolated to score (e.g. few clients under noise)",
+    "singleton_auc": "the cells holding at most one record are all singletons or all empty, so no AUC separates "
+    "them (e.g. few clients holding many records each)",
+}
+
+
+def undefined_notes(records: list[dict[str, Any]]) -> list[str]:
+    """One line per printed metric that is NaN in some row, saying why (never a bare nan)."""
+    notes = []
+    for key, label in PRINTED:
+        if any(_is_nan(r.get(key)) for r in records):
+            why = UNDEFINED.get(key, "the run gave the attack nothing to score")
+            notes.append(f"note: {label.format(test='test')}=n/a in some rows: {why}")
+    return notes
+
+
+def _is_nan(v: Any) -> bool:
+    return isinstance(v, float) and math.isnan(v)
 
 
 def summary_line(r: dict[str, Any]) -> str:
     """One printed line per result row: the metrics of :data:`PRINTED` and the strongest attack."""
     test = TEST_WORDS.get(str(r.get("test", "")), str(r.get("test", ""))) or "test"
     cells = [
-        f"{label.format(test=test)}={r[k]:.3f}"
+        f"{label.format(test=test)}=" + ("n/a" if _is_nan(r[k]) else f"{r[k]:.3f}")
         for k, label in PRINTED
         if isinstance(r.get(k), (int, float)) and not isinstance(r.get(k), bool)
     ]

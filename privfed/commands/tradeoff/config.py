@@ -100,6 +100,13 @@ def resolve_config(args: argparse.Namespace) -> TradeoffConfig:
     """
     s = Settings(args, _FILE_KEYS)
     base = s.base
+    given = [
+        f"--{k.replace('_', '-')}" for k in ("local_epochs", "families", "init") if getattr(args, k, None)
+    ]
+    if getattr(args, "local_epochs", None) is not None:  # '1e9' or 'abc': one line, not int()'s ValueError
+        args.local_epochs = as_int(args.local_epochs, "--local-epochs", minimum=0)
+    if getattr(args, "families", None) is not None:
+        args.families = ",".join(parse_str_list(as_list(args.families, "--families"), "--families"))
     # multi-round fedlog settings from a saved run (flags win), so that its config re-runs it
     for key in ("local_epochs", "families", "init"):
         if getattr(args, key, None) is None and base.get(key) is not None:
@@ -122,6 +129,11 @@ def resolve_config(args: argparse.Namespace) -> TradeoffConfig:
     clip = s.clip()
     rounds = pick("rounds")
     rounds = d.rounds if rounds is None else as_int(rounds, "--rounds", minimum=1)
+    if rounds == 1 and given:  # they shape the local bodies of a multi-round run; a one-shot run has none
+        raise ConfigError(
+            f"{', '.join(given)} applies to multi-round FedLog only (--rounds T with T > 1); add --rounds or drop "
+            f"{given[0]}"
+        )
     clients = s.clients()
     alpha = s.alpha()
     count_noise = pick("count_noise")
@@ -164,6 +176,18 @@ def resolve_config(args: argparse.Namespace) -> TradeoffConfig:
         trusted=trusted,
         rounds=rounds,
     )
+    partition = s.partition()
+    if clients < 2 and partition != "natural":  # refused now, not after the local runs finished
+        if secure != "none":
+            raise ConfigError(
+                f"--secure-agg {secure} needs --clients 2 or more (a sum of one input is that input); raise "
+                "--clients or drop --secure-agg"
+            )
+        if "secure-sum" in placements:
+            raise ConfigError(
+                f"--clients {clients}: the secure-sum placement needs 2 or more clients (a sum of one input is that "
+                "input); pass --placement local,trusted, or --clients 2 or more"
+            )
     return TradeoffConfig(
         methods=methods,
         epsilons=epsilons,
@@ -178,7 +202,7 @@ def resolve_config(args: argparse.Namespace) -> TradeoffConfig:
         trusted_aggregator=trusted,
         seeds=seeds,
         clients=clients,
-        partition=s.partition(),
+        partition=partition,
         alpha=alpha,
         dataset=s.dataset(),
         backbone=backbone,

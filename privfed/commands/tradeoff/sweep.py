@@ -61,10 +61,15 @@ def run_tradeoff(
     ds = load_dataset(cfg.dataset, backbone=cfg.backbone, download=cfg.download, progress=progress)
     t_data = time.perf_counter() - t0
     classes = np.unique(np.asarray(ds.train_labels))
-    if classes.size < 2 or np.unique(np.asarray(ds.test_labels)).size < 2:
+    if classes.size < 2:
         raise InputError(
-            f"dataset {cfg.dataset!r} has a single class in its {'training' if classes.size < 2 else 'test'} "
-            "labels: every head predicts it and accuracy is 1 whatever the privacy; use data with >= 2 classes"
+            f"dataset {cfg.dataset!r} has a single class in its training labels: every head predicts it and "
+            "accuracy is 1 whatever the privacy; use data with >= 2 classes"
+        )
+    if np.unique(np.asarray(ds.test_labels)).size < 2:  # the training data may be fine: the test split is not
+        raise InputError(
+            f"dataset {cfg.dataset!r} has a single class in its test labels, so accuracy would measure that "
+            "class alone; give every class more samples (20% of each is held out) or test arrays with >= 2 classes"
         )
     finite = [e for e in cfg.epsilons if math.isfinite(e)]
     clip = default_clip(cfg, ds) if finite and cfg.count_noise is None else cfg.clip

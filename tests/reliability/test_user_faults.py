@@ -1,0 +1,492 @@
+"""A careless or unlucky user at every door: what each gets is one line naming the input and the fix, or the
+right result; never a traceback, an allocation the machine cannot hold, or a number that says something other
+than what ran.
+
+Each case was found by playing that user against the commands and the public API; each test fails on the
+code before its fix.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from privfed.errors import ConfigError, InputError
+
+ROOT = Path(__file__).resolve().parents[2]
+SMALL = ["--clients", "10", "--seeds", "1", "--no-plot"]
+
+
+def _env(**extra: str) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(ROOT), **extra}
+
+
+def _command(command: str, args: list[str], tmp_path: Path, **popen) -> subprocess.CompletedProcess:
+    streams = {"stderr": subprocess.PIPE, "stdout": popen.pop("stdout", subprocess.PIPE)}
+    return subprocess.run(
+        [sys.executable, "-m", f"privfed.{command}", *args],
+        env=popen.pop("env", _env()),
+        cwd=tmp_path,
+        text=True,
+        timeout=300,
+        **streams,
+        **popen,
+    )
+
+
+# ---------------------------------------------------------------- the terminal: its encoding, a reader that leaves
+def test_a_terminal_without_greek_letters_gets_a_plain_spelling_not_a_traceback(digits_cache, tmp_path):
+    """stdout in ASCII (a C or Latin-1 locale without UTF-8 mode) used to raise UnicodeEncodeError on the
+    guarantee line's (ε, δ) after the files were written."""
+    out = tmp_path / "run"
+    res = _command(
+        "tradeoff",
+        ["--eps", "0.5", "--placement", "local", "--out", str(out), "--quiet", *SMALL],
+        tmp_path,
+        env=_env(PYTHONIOENCODING="ascii"),
+    )
+    assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr[-600:]
+    assert "(eps, delta)-DP" in res.stdout, res.stdout
+    assert (out / "results.json").is_file()
+
+
+def test_a_reader_that_closes_the_pipe_stops_the_command_quietly(digits_cache, tmp_path):
+    """`... | head` that has read enough: the command used to print a BrokenPipeError traceback; it now
+    stops like any Unix tool (128 + SIGPIPE), its results already complete."""
+    out = tmp_path / "run"
+    p = subprocess.Popen(
+        [sys.executable, "-m", "privfed.tradeoff", "--eps", "0.5", "--placement", "local", "--out", str(out),
+         "--quiet", *SMALL],
+        env=_env(), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    p.stdout.close()  # the reader is gone before the command prints its table
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=300) == 141, err[-600:]
+    assert "Traceback" not in err and "BrokenPipe" not in err, err[-600:]
+    assert json.loads((out / "results.json").read_text())["complete"] is True
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs Linux's /dev/full")
+def test_standard_output_on_a_full_disk_is_one_line_and_the_results_stay(digits_cache, tmp_path):
+    """`> log` on a full disk (here /dev/full): the command used to end in an OSError traceback."""
+    out = tmp_path / "run"
+    with open("/dev/full", "w") as full:
+        res = _command(
+            "tradeoff",
+            ["--eps", "0.5", "--placement", "local", "--out", str(out), "--quiet", *SMALL],
+            tmp_path,
+            stdout=full,
+        )  # fmt: skip
+    assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr[-600:]
+    assert res.stderr.strip().splitlines() == [
+        "python -m privfed.tradeoff: error: could not write to standard output (No space left on device)"
+    ]
+    assert json.loads((out / "results.json").read_text())["complete"] is True
+
+
+# ---------------------------------------------------------------- the attack command's --attack
+def test_two_attacks_in_one_attack_command_are_one_line_not_a_traceback():
+    """--attack tracing,singleton used to crash unpacking the list (ValueError traceback)."""
+    from privfed.commands.attack.config import resolve_config
+    from privfed.commands.options import attack_parser
+
+    with pytest.raises(ConfigError, match=r"--attack takes one attack here, got tracing,singleton") as exc:
+        resolve_config(attack_parser().parse_args(["--attack", "tracing,singleton"]))
+    assert "\n" not in str(exc.value) and "--attack LIST" in str(exc.value)
+
+
+def test_a_previous_attack_run_replays_from_its_record_without_naming_the_attack_again(tmp_path):
+    """--config results.json of an attack run: argparse used to demand --attack although the record names it."""
+    from privfed.commands.attack.config import resolve_config
+    from privfed.commands.options import attack_parser
+
+    record = tmp_path / "results.json"
+    record.write_text(
+        json.dumps({"config": {"attack": "singleton", "methods": ["fedncm"], "epsilons": ["inf"]}})
+    )
+    cfg = resolve_config(attack_parser().parse_args(["--config", str(record)]))
+    assert (cfg.attack, cfg.methods, cfg.epsilons) == ("singleton", ("fedncm",), (float("inf"),))
+    with pytest.raises(ConfigError, match="--attack is required"):
+        resolve_config(attack_parser().parse_args([]))
+
+
+# ---------------------------------------------------------------- the Python API: objects where a name was typed
+def _data(N=60, d=4, C=3, K=4):
+    rng = np.random.default_rng(0)
+    return rng.normal(size=(N, d)), np.arange(N) % C, np.arange(N) % K
+
+
+@pytest.mark.parametrize(
+    "kw,word",
+    [
+        ({"secure_agg": "mask"}, "secure_agg must be a protection object"),
+        ({"secure_agg": True}, "secure_agg must be a protection object"),
+        ({"privacy": "gaussian"}, "privacy must be a mechanism object"),
+        ({"privacy": 1.0, "num_classes": 3, "num_clients": 4}, "privacy must be a mechanism object"),
+    ],
+)
+def test_fit_refuses_a_name_where_a_mechanism_or_protection_object_belongs(kw, word):
+    """secure_agg="mask" (the commands' word) used to fail mid-release with AttributeError; privacy="..." with a
+    misleading demand for num_classes."""
+    import privfed
+
+    F, y, k = _data()
+    with pytest.raises(ConfigError, match=word) as exc:
+        privfed.fit("fedncm", F, y, k, random_state=0, **kw)
+    assert "\n" not in str(exc.value)
+
+
+def test_the_estimator_refuses_names_huge_class_counts_and_bad_predict_inputs_in_one_line():
+    """Each used to raise AttributeError, MemoryError (np.arange of 10**12 classes), TypeError or
+    scikit-learn's bare ValueError; each is now a privfed error (InputError is still a ValueError, and the
+    TypeErrors scikit-learn's estimator checks expect for objects in X stay TypeErrors)."""
+    from mechanisms import GaussianMechanism
+    from privfed.estimators import FederatedHeadClassifier as FHC
+
+    F, y, _ = _data()
+    with pytest.raises(ConfigError, match="secure_agg must be a protection object"):
+        FHC("fedlog", clients=4, secure_agg="mask", random_state=0).fit(F, y)
+    mech = GaussianMechanism(epsilon=1.0, delta=1e-5, clip=3.0)
+    with pytest.raises(ConfigError, match=r"classes=1000000000000 would need .* GiB of class statistics"):
+        FHC("fedlog", classes=10**12, clients=4, privacy=mech, random_state=0).fit(F, y)
+    with pytest.raises(ConfigError, match="method_params must be a dict"):
+        FHC("fedlog", method_params=[("nu", 1.0)]).fit(F, y)
+    est = FHC("fedlog").fit(F, y)
+    for bad, word in ((F[:, :2], "X has 2 features"), (np.full((2, 4), np.nan), "NaN"), (F[:0], "0 sample")):
+        for call in (est.predict, est.predict_proba, est.decision_function):
+            with pytest.raises(InputError, match=word):
+                call(bad)
+    assert isinstance(InputError("x"), ValueError)  # scikit-learn's contract for bad input still holds
+
+
+# ---------------------------------------------------------------- masked_sum and PairwiseMasking
+def test_masked_sum_refuses_complex_and_object_stacks_instead_of_casting_them():
+    """A complex stack used to be summed with its imaginary part dropped (a ComplexWarning only): [3, 3]
+    for a sum of 3 + 6j; an object stack of text was parsed."""
+    from mechanisms.secagg import masked_sum
+
+    for stack, word in (
+        (np.ones((3, 2)) * (1 + 2j), "complex"),
+        (np.array([[1, "2"], [3, 4], [5, 6]], dtype=object), "object"),
+        (np.ones((3, 2), dtype=bool), "bool"),
+    ):
+        with pytest.raises(InputError, match=word):
+            masked_sum(stack, key_seed=0)
+    ok = masked_sum(np.arange(6, dtype=np.int32).reshape(3, 2), key_seed=0)  # integers convert exactly
+    np.testing.assert_array_equal(ok.total, [6.0, 9.0])
+
+
+@pytest.mark.parametrize("seed", [-1, 2**64, 2.5, "7"])
+def test_a_key_seed_outside_the_seed_range_is_refused_at_every_masking_door(seed):
+    """masked_sum(key_seed=-1) used to raise OverflowError from int.to_bytes; PairwiseMasking(key_seed=-1)
+    was hashed into keys without a word."""
+    from mechanisms.secagg import PairwiseMasking, masked_sum
+
+    with pytest.raises(ConfigError, match=r"key_seed must be an integer seed in 0\.\.2\*\*64 - 1"):
+        masked_sum(np.ones((3, 2)), key_seed=seed)
+    with pytest.raises(ConfigError, match=r"key_seed must be an integer seed in 0\.\.2\*\*64 - 1"):
+        PairwiseMasking(key_seed=seed)
+
+
+def test_a_ring_overflow_that_no_frac_bits_fixes_says_so():
+    """The message used to read "|sum| up to 2^inf ... lower frac_bits (at most 0 fit)" although even whole
+    numbers overflow."""
+    from mechanisms.secagg import masked_sum
+
+    with pytest.raises(InputError) as exc:
+        masked_sum(np.full((3, 2), 1e300), key_seed=0)
+    text = str(exc.value)
+    assert "2^inf" not in text and "at most 0 fit" not in text
+    assert "even whole numbers (frac_bits=0) do not fit" in text, text
+    with pytest.raises(InputError, match=r"lower frac_bits \(at most 3 fit\)"):  # 62 - log2(3e17) = 3.9
+        masked_sum(np.full((3, 2), 1e17), key_seed=0)
+
+
+# ---------------------------------------------------------------- hand-made statistics at a method's door
+def _all_stats():
+    from privfed.stats import compute_client_stats
+
+    F, y, k = _data(N=80, d=4, C=3, K=4)
+    return compute_client_stats(F, y, k, fields=("counts", "sums", "second", "class_second"))
+
+
+@pytest.mark.parametrize(
+    "method", ["fed3r", "fed3r-within", "fedcgs", "fedcof", "fedcof-oracle", "fedlog", "fedncm"]
+)
+@pytest.mark.parametrize("field", ["counts", "sums", "second", "class_second"])
+def test_a_method_refuses_nan_in_a_statistic_it_reads_or_gives_a_finite_head(method, field):
+    """NaN in the sums reached fed3r's and fedcof's eigen-solvers (LinAlgError), NaN in the second moment
+    fedcgs', and a NaN count was dropped by FedCOF's drop rule as if it were a count <= 0."""
+    import privfed
+    from privfed.stats import ClientStats
+
+    base = _all_stats()
+    m = privfed.methods.get(method)
+    arrays = {f: np.array(getattr(base, f)) for f in ("counts", "sums", "second", "class_second")}
+    arrays[field].flat[5] = np.nan
+    if field not in m.requires:
+        head = m.aggregate(ClientStats(**arrays))  # a statistic the method never reads changes nothing
+        assert np.isfinite(head.weight).all() and np.isfinite(head.bias).all()
+        return
+    with pytest.raises(InputError, match="NaN or inf") as exc:
+        m.aggregate(ClientStats(**arrays))
+    assert f"method {method!r}" in str(exc.value) and "\n" not in str(exc.value)
+
+
+@pytest.mark.parametrize("method", ["fed3r", "fedcgs", "fedcof", "fedlog", "fedncm"])
+def test_statistics_declaring_a_trillion_classes_are_refused_before_the_class_totals(method, monkeypatch):
+    """compute_client_stats keeps num_classes=10**12 as pairs at no cost; aggregate then allocated the class
+    totals (MemoryError for 7 TiB). The limit is pinned so that the test reads the same on every machine."""
+    import privfed
+    from privfed import _validation
+    from privfed.stats import compute_client_stats
+
+    monkeypatch.setattr(_validation, "available_memory", lambda: 8 * 2**30)
+    F, y, k = _data(N=80, d=4, C=3, K=4)
+    m = privfed.methods.get(method)
+    stats = compute_client_stats(F, y, k, num_classes=10**12, fields=tuple(m.requires))
+    with pytest.raises(InputError, match=r"num_classes=1,000,000,000,000 x d=4 .* needs about .* TiB"):
+        m.aggregate(stats)
+    assert np.isfinite(m.aggregate(compute_client_stats(F, y, k, fields=tuple(m.requires))).weight).all()
+
+
+# ---------------------------------------------------------------- the attacks' entry points
+def test_the_attack_entry_points_refuse_bad_seeds_empty_federations_and_mismatched_holdouts():
+    """rng=-1 used to raise numpy's ValueError, clients all -1 "zero-size array to reduction operation",
+    holdout features of another width numpy's concatenate error, and client ids of 2.5 were read as 2."""
+    import attacks
+
+    F, y, k = _data(N=60, d=4, C=3, K=4)
+    H, hy = F[:20] + 0.5, y[:20]
+    with pytest.raises(ConfigError, match=r"rng must be None, an integer seed in 0\.\.2\*\*64 - 1"):
+        attacks.evaluate_federation("labels", "fedncm", F, y, k, rng=-1)
+    view, truth = attacks.scenario("fedncm", F, y, k)
+    with pytest.raises(ConfigError, match=r"rng must be None, an integer seed"):
+        attacks.evaluate("labels", view, truth, rng=2**64)
+    with pytest.raises(InputError, match="every id is -1"):
+        attacks.evaluate_federation("labels", "fedncm", F, y, -np.ones_like(k))
+    with pytest.raises(InputError, match="clients must hold whole numbers"):
+        attacks.evaluate_federation("labels", "fedncm", F, y, k + 0.5)
+    with pytest.raises(InputError, match=r"holdout_features has shape \(20, 2\) but features \(60, 4\)"):
+        attacks.evaluate_federation(
+            "subspace", "fed3r", F, y, k, holdout_features=H[:, :2], holdout_labels=hy
+        )
+    row = attacks.evaluate_federation("labels", "fedncm", F, y, k, rng=3)
+    assert 0.0 <= row["total_variation"] <= 1.0
+
+
+# ---------------------------------------------------------------- the trade-off command's data and output doors
+def test_a_natural_split_reports_the_files_clients_not_the_clients_flag(tmp_path):
+    """--partition natural on a file of 7 clients used to print and record "over 100 clients" (the --clients
+    default), which the split ignores."""
+    from privfed.data import load_dataset
+    from privfed.results.record import data_rules
+
+    F, y, _ = _data(N=140, d=4, C=2)
+    np.savez(tmp_path / "f.npz", features=F, labels=y, clients=np.arange(140) % 7)
+    ds = load_dataset(f"file:{tmp_path / 'f.npz'}")
+    rules = data_rules(ds, clients=100, partition="natural", alpha=0.1, seeds=[0])
+    assert rules["clients"] == 7 == int(ds.train_clients.max()) + 1, rules
+    assert "--clients does not apply" in rules["partition"]
+    same = data_rules(ds, clients=7, partition="natural", alpha=0.1, seeds=[0])
+    assert same["clients"] == 7 and "does not apply" not in same["partition"]
+
+
+@pytest.mark.parametrize(
+    "extra,word",
+    [
+        ([], "the secure-sum placement needs 2 or more clients"),
+        (["--secure-agg", "mask"], "--secure-agg mask needs --clients 2 or more"),
+        (["--eps", "inf", "--secure-agg", "ckks"], "--secure-agg ckks needs --clients 2 or more"),
+    ],
+)
+def test_one_client_with_a_secure_sum_is_refused_before_any_run(extra, word):
+    """--clients 1 with the default placements used to run the local placement, then stop mid-sweep on
+    "secure sum 1 (shape (10,)): ... K >= 2"."""
+    from privfed.tradeoff import build_parser, resolve_config
+
+    args = ["--clients", "1", "--eps", "0.5", *extra]
+    with pytest.raises(ConfigError, match=word):
+        resolve_config(build_parser().parse_args(args))
+    cfg = resolve_config(
+        build_parser().parse_args(["--clients", "1", "--eps", "0.5", "--placement", "local"])
+    )
+    assert cfg.placements == ("local",)
+
+
+def test_an_out_link_that_loops_is_refused_before_any_work(tmp_path):
+    """A symbolic-link loop as --out used to pass the check, run everything, then fail to move the run in,
+    leaving a staging folder and the runs in the temporary folder."""
+    from privfed.results.writer import check_out_path
+
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    with pytest.raises(ConfigError, match="is a symbolic link that cannot be followed"):
+        check_out_path(tmp_path / "a", overwrite=False)
+    (tmp_path / "c").symlink_to(tmp_path / "target")  # a dangling link still names the folder to make
+    assert check_out_path(tmp_path / "c", overwrite=False)[0] == tmp_path / "target"
+
+
+@pytest.mark.parametrize(
+    "args,word",
+    [
+        (["--rounds", "2", "--local-epochs", "1e9"], "--local-epochs must be an integer, got '1e9'"),
+        (["--rounds", "2", "--families", ""], "--families: malformed list ''"),
+        (["--local-epochs", "3"], "--local-epochs applies to multi-round FedLog only"),
+        (["--families", "cnn"], "--families applies to multi-round FedLog only"),
+        (["--init", "scratch"], "--init applies to multi-round FedLog only"),
+    ],
+)
+def test_multi_round_settings_are_checked_and_never_silently_ignored(args, word):
+    """--local-epochs 1e9 used to raise int()'s ValueError mid-run; --local-epochs, --families and --init
+    without --rounds were ignored without a word."""
+    from privfed.tradeoff import build_parser, resolve_config
+
+    with pytest.raises(ConfigError, match=word):
+        resolve_config(build_parser().parse_args(["--method", "fedlog", *args]))
+    cfg = resolve_config(
+        build_parser().parse_args(["--rounds", "2", "--local-epochs", "0", "--families", "cnn"])
+    )
+    assert cfg.rounds == 2
+
+
+# ---------------------------------------------------------------- the attack command's printed metrics
+def test_an_undefined_attack_metric_prints_n_a_with_its_reason_never_a_bare_nan():
+    """--attack differencing --clients 2 at eps 0.1 (no cell changes by exactly one record under the noise)
+    used to print "exact_fraction=nan" with nothing saying why."""
+    from privfed.commands.attack.report import summary_line, undefined_notes
+
+    row = {"method": "fedlog", "epsilon": 0.1, "placement": "local", "protocol": "none", "seed": 0}
+    bad = {**row, "exact_fraction": float("nan")}
+    good = {**row, "exact_fraction": 0.25}
+    assert summary_line(bad).endswith("exact_fraction=n/a") and "nan" not in summary_line(bad)
+    assert summary_line(good).endswith("exact_fraction=0.250")
+    (note,) = undefined_notes([good, bad])
+    assert note.startswith("note: exact_fraction=n/a") and "no cell's count changed by exactly one" in note
+    assert undefined_notes([good]) == []
+
+
+# ---------------------------------------------------------------- the Flower app's run config
+@pytest.mark.parametrize(
+    "key,value,word",
+    [
+        ("partition", "foo", "partition must be one of"),
+        ("alpha", 0.0, "alpha must be a finite number > 0"),
+        ("alpha", "nan", "alpha must be a finite number > 0"),
+        ("num-classes", 0, "num-classes must be an integer >= 1"),
+    ],
+)
+def test_the_flower_run_config_refuses_a_bad_partition_on_the_server(key, value, word):
+    """`flwr run --run-config partition="foo"` (or alpha=0, num-classes=0) used to be accepted by the server
+    and met only by the nodes, after the federation had started."""
+    from privfed.flower.config import FlowerConfig
+
+    with pytest.raises(ConfigError, match=word):
+        FlowerConfig.from_run_config({"method": "fedlog", "clients": 2, "eps": "inf", key: value})
+    ok = FlowerConfig.from_run_config({"method": "fedlog", "clients": 2, "eps": "inf", "alpha": 0.5})
+    assert (ok.partition, ok.alpha) == ("dirichlet", 0.5)
+
+
+def test_repeated_attacks_and_group_sizes_are_refused_like_repeated_methods_and_seeds():
+    """--attack tracing,tracing (trade-off) and --n 1,1 (attack) used to run the same thing twice."""
+    from privfed.commands.attack.config import resolve_config as attack_config
+    from privfed.commands.options import attack_parser
+    from privfed.tradeoff import build_parser, resolve_config
+
+    with pytest.raises(ConfigError, match="--attack lists an attack twice"):
+        resolve_config(build_parser().parse_args(["--attack", "tracing,TRACING"]))
+    with pytest.raises(ConfigError, match="--n lists a size twice"):
+        attack_config(
+            attack_parser().parse_args(["--attack", "singleton", "--partition", "groups", "--n", "1,1"])
+        )
+
+
+def test_a_dirichlet_class_split_that_cannot_be_drawn_names_the_flags_that_fix_it():
+    """The command's user was told to "lower min_size", which no flag sets."""
+    from privfed.federation import partition
+
+    y = np.arange(60) % 3
+    with pytest.raises(ConfigError, match=r"--alpha, --clients, or another --partition"):
+        partition(y, 6, "dirichlet-class", alpha=0.01, rng=0, min_size=9)
+
+
+@pytest.mark.parametrize(
+    "args,word",
+    [
+        (
+            ["--dataset", "file:feats.npz", "--clip", "5"],
+            "a feature file is one node's own data in a deployment",
+        ),
+        (["--partition", "natural"], "--partition natural needs each node's own feature file"),
+        (["--num-classes", "5"], "--num-classes 5: the digits data set has 10 classes"),
+        (["--clients", "900"], "num_clients=900 exceeds the 899 samples"),
+        (["--clients", "100000"], "num_clients=100000 exceeds the 899 samples"),
+    ],
+)
+def test_the_flower_command_refuses_what_its_simulated_nodes_cannot_hold_before_starting_them(
+    args, word, digits_cache
+):
+    """Each used to start Flower and the SuperLink (about 15 s), then fail with every node refusing the run;
+    --clients 100000 started a simulation of 100,000 nodes over 899 samples."""
+    from privfed.commands.flower import resolve_config
+    from privfed.commands.options import flower_parser
+
+    with pytest.raises(ConfigError, match=word):
+        resolve_config(flower_parser().parse_args(["--clients", "3", "--eps", "inf", *args]))
+    cfg, _ = resolve_config(
+        flower_parser().parse_args(["--clients", "3", "--eps", "inf", "--num-classes", "10"])
+    )
+    assert cfg.num_classes == 10
+
+
+def test_a_commands_warning_is_one_line_naming_the_command(capsys):
+    """--calibration classic --eps 5 used to print Python's two-line warning (the file path and line of
+    mechanisms/dp/params.py, then the source line that raised it)."""
+    import warnings
+
+    from privfed.commands.common import cli_entry
+
+    def body(argv):
+        warnings.warn(
+            "calibration='classic' is only proven for epsilon < 1\n  (got epsilon=5.0)",
+            UserWarning,
+            stacklevel=2,
+        )
+        return 0
+
+    assert cli_entry("python -m privfed.tradeoff", body)([]) == 0
+    err = capsys.readouterr().err
+    assert err == (
+        "python -m privfed.tradeoff: warning: calibration='classic' is only proven for epsilon < 1 (got epsilon=5.0)\n"
+    )
+    assert warnings.showwarning.__module__ == "warnings"  # Python's own again once the command returned
+
+
+def test_a_test_split_of_one_class_is_not_called_a_data_set_of_one_class(tmp_path, capsys):
+    """29 samples of class 0 and one of class 1: the held-out split holds class 0 only; the command used to
+    say that every head predicts one class with accuracy 1 and to ask for data with >= 2 classes, which the
+    file has."""
+    from privfed.tradeoff import main
+
+    F, _, _ = _data(N=30, d=4)
+    np.savez(tmp_path / "f.npz", features=F, labels=np.r_[np.zeros(29, int), 1])
+    args = [
+        "--dataset",
+        f"file:{tmp_path / 'f.npz'}",
+        "--eps",
+        "inf",
+        "--clients",
+        "3",
+        "--quiet",
+        "--no-plot",
+    ]
+    assert main([*args, "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "single class in its test labels, so accuracy would measure that class alone" in err, err
+    assert "accuracy is 1" not in err and not (tmp_path / "o").exists()
