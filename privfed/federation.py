@@ -43,7 +43,7 @@ import numpy as np
 from privfed._validation import as_generator, as_int_vector
 from privfed.errors import ConfigError, InputError
 
-__all__ = ["Partition", "available_schemes", "partition"]
+__all__ = ["Partition", "available_schemes", "check_alpha", "partition"]
 
 
 def _check_labels(labels, num_classes: int | None = None) -> tuple[np.ndarray, int]:
@@ -366,6 +366,18 @@ _SCHEMES: dict[str, Callable[..., tuple[np.ndarray, dict]]] = {
 }
 
 
+def check_alpha(alpha) -> float:
+    """The Dirichlet concentration ``alpha`` as a float, if it is a finite number > 0 (ConfigError otherwise)."""
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float, np.floating, np.integer)):
+        raise ConfigError(f"alpha must be a finite number > 0 (the Dirichlet concentration), got {alpha!r}")
+    alpha = float(alpha)
+    if not np.isfinite(alpha) or alpha <= 0:
+        raise ConfigError(
+            f"alpha must be a finite number > 0, got alpha={alpha}; e.g. 0.1 (non-IID) or 100 (near IID)"
+        )
+    return alpha
+
+
 def available_schemes() -> list[str]:
     """Names :func:`partition` accepts."""
     return sorted(_SCHEMES)
@@ -457,13 +469,7 @@ def partition(
     if K > N:
         raise ConfigError(f"num_clients={K} exceeds the {N} samples; pass 1 <= num_clients <= {N}")
     if scheme in ("dirichlet", "dirichlet-class"):
-        if isinstance(alpha, bool) or not isinstance(alpha, (int, float, np.floating, np.integer)):
-            raise ConfigError(f"alpha must be a positive number, got {alpha!r}")
-        alpha = float(alpha)
-        if not np.isfinite(alpha) or alpha <= 0:
-            raise ConfigError(
-                f"alpha must be a finite number > 0, got alpha={alpha}; e.g. 0.1 (non-IID) or 100 (near IID)"
-            )
+        alpha = check_alpha(alpha)
     if scheme == "dirichlet-class":
         if isinstance(min_size, bool) or not isinstance(min_size, (int, np.integer)) or min_size < 0:
             raise ConfigError(f"min_size must be a non-negative int, got {min_size!r}")

@@ -298,13 +298,11 @@ class FlowerConfig:
             synthetic_spec(self.dataset)  # malformed or too large: refused here, before any message
         # a run config (flwr run) reaches here without the command's checks: refused on the server, not by
         # every node once the federation has started
-        from privfed.federation import available_schemes
+        from privfed.federation import available_schemes, check_alpha
 
         if self.partition not in available_schemes():
             raise ConfigError(f"partition must be one of {available_schemes()}, got {self.partition!r}")
-        a = self.alpha
-        if isinstance(a, bool) or not (isinstance(a, numbers.Real) and math.isfinite(a) and a > 0):
-            raise ConfigError(f"alpha must be a finite number > 0 (the Dirichlet concentration), got {a!r}")
+        check_alpha(self.alpha)
         c = self.num_classes
         if c is not None and (isinstance(c, bool) or not isinstance(c, numbers.Integral) or c < 1):
             raise ConfigError(f"num-classes must be an integer >= 1 or none (the data set's), got {c!r}")
