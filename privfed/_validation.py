@@ -204,31 +204,34 @@ def check_real_dtype(arr: np.ndarray, name: str) -> None:
 MAX_RELEASE_VALUES = 1 << 36
 
 
-def check_release_size(K: int, C: int, d: int, N: int, *, local: bool = True) -> None:
+def check_release_size(
+    K: int, C: int, d: int, N: int, *, local: bool = True, classes: str = "num_classes"
+) -> None:
     """Refuse a private release whose size would exhaust memory or run for hours, before any allocation.
 
     Under DP, C and K are public parameters that need no data: every client
     uploads every class, so local noise draws K x C x (d + 1) values.  The
     class statistics (C x (d + 1) float64) follow the same limit as without
-    privacy (over 64 times the features and over 1 GiB: refused).
+    privacy (over 64 times the features and over 1 GiB: refused).  ``classes`` is the name the caller
+    gave C (the estimator's ``classes=``), used in the refusal.
     """
     need = C * (d + 1) * 8
     if need > max(_MIN_STATS_LIMIT, 64 * N * d * 8):
         raise InputError(
-            f"num_classes={C} would need {need / 2**30:.3g} GiB of class statistics for {N} samples "
+            f"{classes}={C} would need {need / 2**30:.3g} GiB of class statistics for {N} samples "
             f"of dimension {d}; pass the number of classes the labels use"
         )
     cells = K * C * 8  # a (K, C) float64 table of counts
     if cells > max(_MIN_STATS_LIMIT, 64 * N * d * 8):
         raise InputError(
-            f"num_clients={K} x num_classes={C} would need {cells / 2**30:.3g} GiB for the clients' "
+            f"num_clients={K} x {classes}={C} would need {cells / 2**30:.3g} GiB for the clients' "
             f"class counts alone ({N} samples of dimension {d}); pass the number of clients and "
             "classes the release really has"
         )
     values = (K if local else 1) * C * (d + 1)
     if values > MAX_RELEASE_VALUES:
         raise InputError(
-            f"num_clients={K} x num_classes={C} x (d + 1)={d + 1} is {values:.3g} noise values to "
+            f"num_clients={K} x {classes}={C} x (d + 1)={d + 1} is {values:.3g} noise values to "
             f"draw (limit {MAX_RELEASE_VALUES:.3g}: hours of work, {values * 8 / 2**30:.3g} GiB if "
             "materialised); pass the number of clients and classes the release really has"
         )

@@ -191,12 +191,9 @@ class FederatedHeadClassifier(ClassifierMixin, BaseEstimator):
             if spec < 1:
                 raise ConfigError(f"classes={spec!r}: give the labels or their number C >= 1")
             try:  # the same bound as fit's num_classes, before np.arange sizes anything by it
-                check_release_size(1, int(spec), shape[1], shape[0])
+                check_release_size(1, int(spec), shape[1], shape[0], classes="classes")
             except InputError as exc:
-                need = str(exc).split(";")[0].replace(f"num_classes={int(spec)} ", "")
-                raise ConfigError(
-                    f"classes={spec!r} {need}; pass the labels or their number C that the release really has"
-                ) from None
+                raise ConfigError(str(exc)) from None  # a parameter of the estimator, not of the data
             classes = np.arange(int(spec))
         else:
             classes = _unique(np.asarray(spec), "classes")[0]
@@ -266,9 +263,8 @@ class FederatedHeadClassifier(ClassifierMixin, BaseEstimator):
         try:
             X, y = validate_data(self, X, y, dtype=np.float64, y_numeric=False)
             check_classification_targets(y)
-        except (
-            ValueError
-        ) as exc:  # scikit-learn's own checks, as one line naming the input (its TypeErrors stay)
+        except ValueError as exc:
+            # scikit-learn's own checks, as one line naming the input (its TypeErrors stay)
             raise InputError(f"X or y: {str(exc).splitlines()[0]}") from None
         self.classes_, y_enc = self._encode_labels(y, X.shape)
         if self.method_params is not None and not isinstance(self.method_params, dict):
@@ -310,9 +306,8 @@ class FederatedHeadClassifier(ClassifierMixin, BaseEstimator):
         _check_types(X)
         try:
             X = validate_data(self, X, dtype=np.float64, reset=False)
-        except (
-            ValueError
-        ) as exc:  # wrong width, NaN, no rows: one line naming X (scikit-learn's TypeErrors stay)
+        except ValueError as exc:
+            # wrong width, NaN, no rows: one line naming X (scikit-learn's TypeErrors stay)
             raise InputError(f"X: {' '.join(str(exc).split())}") from None  # its advice kept, on one line
         return self.head_.decision_function(X)
 

@@ -223,9 +223,8 @@ def resolve_config(args: argparse.Namespace):
         if "needs clip" in text:
             text += " (the default clip is the public split's median norm on digits only)"
         raise ConfigError(text) from None
-    if (
-        cfg.dataset == "digits"
-    ):  # the nodes' split, drawn here first: --clients 900 of 899 samples is one line
+    # the nodes' split, drawn here first: --clients 900 of 899 samples is one line
+    if cfg.dataset == "digits":
         from privfed.data import load_dataset  # now, not after the SuperLink and every node have started
         from privfed.federation import partition as make_partition
 
