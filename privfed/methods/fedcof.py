@@ -68,7 +68,7 @@ from privfed.methods.fedcof_estimator import (
 )
 from privfed.methods.fedcof_protocol import run_in_process
 from privfed.notes import Note
-from privfed.stats import ClientStats, gram_of, sum_rows_by
+from privfed.stats import ClientStats, GramSum, sum_rows_by
 
 __all__ = [
     "FedCOF",
@@ -87,21 +87,14 @@ __all__ = [
 ]
 
 
-#: Bytes of the row buffer :meth:`FedCOF.estimate_pairs` fills before one X^T X, at most ...
-_STREAM_BUFFER_BYTES = 32 * 2**20
-#: ... and sized from the M x d pair sums it stands for (they are never held): 2 d rows, so that each
-#: flush's d x d addition is small beside its product, when that is at most 1/16 of the pair sums' bytes,
-#: and never less than 1/32 of them.  2,560 rows at iNat-120K's d = 1,280 (4.5 % of its input), 512 at the
-#: d = 256 point: a small fit's buffer is as small a part of its input as a large one's.
+#: Bytes of the row buffer :meth:`FedCOF.estimate_pairs` fills (centred and scaled) before it adds the
+#: rows to the spread (:class:`~privfed.stats.algebra.GramSum`, whose blocks of a few hundred rows cost
+#: what one product costs): at most 4 MiB, cache-sized, so the rows are written and read back in cache
+#: (409 rows at iNat-120K's d = 1,280) ...
+_STREAM_BUFFER_BYTES = 4 * 2**20
+#: ... and at most this share of the M x d pair sums it stands for (they are never held), so that a
+#: small fit keeps within the same allowance above its input as a large one (368 rows at d = 256).
 _STREAM_SHARE = 1 / 32
-_STREAM_SHARE_MAX = 1 / 16
-
-
-def _stream_rows(pairs: int, d: int) -> int:
-    """Rows of :meth:`FedCOF.estimate_pairs`'s row buffer for ``pairs`` pair rows of ``d`` features."""
-    total = 8 * d * pairs
-    wide = min(2 * d, scratch_rows(total, 8 * d, _STREAM_BUFFER_BYTES, _STREAM_SHARE_MAX))
-    return max(wide, scratch_rows(total, 8 * d, _STREAM_BUFFER_BYTES, _STREAM_SHARE))
 
 
 #: Rows centred at once on their class references in :meth:`FedCOF.estimate_pairs` (64 KiB).
@@ -274,7 +267,7 @@ class FedCOF(Method):
         N = n_valid.sum(axis=0)
         Kc = valid.sum(axis=0)
         w = np.maximum(spread_weights(N, Kc), 0.0)
-        S = spread = ref = None
+        S = gram = ref = None
         seen = np.zeros(C, dtype=bool)
         done = 0
         for k0, k1, sums in sum_chunks:
@@ -282,9 +275,9 @@ class FedCOF(Method):
                 raise ValueError(f"sum chunks must arrive in client order: expected client {done}, got {k0}")
             done = k1
             sums = np.asarray(sums, dtype=np.float64)
-            if spread is None:
+            if gram is None:
                 d = sums.shape[2]
-                S, spread, ref = np.zeros((C, d)), np.zeros((d, d)), np.zeros((C, d))
+                S, gram, ref = np.zeros((C, d)), GramSum(d), np.zeros((C, d))
             kk, cc = np.nonzero(valid[k0:k1])
             rows = sums[kk, cc]  # the valid rows of this chunk
             n = n_all[k0:k1][kk, cc]
@@ -299,12 +292,12 @@ class FedCOF(Method):
             seen[new[fresh]] = True
             rows -= n[:, None] * ref[cc]
             rows *= np.sqrt(w[cc] / n)[:, None]
-            spread += rows.T @ rows
+            gram.add(rows)
         if done != n_all.shape[0]:
             raise ValueError(f"sum chunks covered clients 0..{done - 1} of {n_all.shape[0]}")
         mu = class_means(N, S)
-        Z = (mu - ref) * np.sqrt(w * N)[:, None]
-        spread -= Z.T @ Z
+        gram.add((mu - ref) * np.sqrt(w * N)[:, None], sign=-1.0)
+        spread = gram.result()
         inv_sum = (
             np.where(valid, 1.0 / np.where(valid, n_all, 1.0), 0.0).sum(axis=0)
             if self.params["noise_var"] > 0
@@ -332,8 +325,8 @@ class FedCOF(Method):
         ``(p0, sums)`` with the sums of pairs p0..p0 + len(sums) - 1, in
         order.  Each row is centred on its class's reference r_c (the mean of
         the class's first pair, as :meth:`estimate_stream`), scaled by
-        sqrt(w_c n_p) into one row buffer sized from the pair sums (:data:`_STREAM_SHARE`), and the
-        buffer enters the spread in one X^T X when full; the end subtracts
+        sqrt(w_c n_p) into one cache-sized row buffer (:data:`_STREAM_BUFFER_BYTES`, :data:`_STREAM_SHARE`), and the
+        buffer enters the spread (:class:`~privfed.stats.algebra.GramSum`) when full; the end subtracts
         sum_c w_c N_c (mu_c - r_c)(mu_c - r_c)^T.  Memory O(buffer + C d + d^2)
         beside the blocks, never M x d; cost one X^T X over the rows with
         w_c > 0, one C-row product and one pass over the sums.
@@ -349,7 +342,7 @@ class FedCOF(Method):
         root = np.where(
             valid, np.sqrt(w[pc_all] * np.where(valid, n_all, 0.0)), 0.0
         )  # sqrt(w_c n_p), 0: skipped
-        S = spread = ref = buf = U = tmp = None
+        S = gram = ref = buf = U = None
         seen = np.zeros(C, dtype=bool)
         fill = done = 0
         for p0, sums in blocks:
@@ -357,11 +350,12 @@ class FedCOF(Method):
                 raise ValueError(f"pair blocks must arrive in order: expected pair {done}, got {p0}")
             m = sums.shape[0]
             done = p0 + m
-            if spread is None:
+            if gram is None:
                 d = sums.shape[1]
-                S, spread, ref = np.zeros((C, d)), np.zeros((d, d)), np.zeros((C, d))
+                S, gram, ref = np.zeros((C, d)), GramSum(d), np.zeros((C, d))
                 rows_needed = max(1, int(np.count_nonzero(root > 0)))
-                buf = np.empty((min(_stream_rows(n_all.size, d), rows_needed), d))
+                cap = scratch_rows(8 * d * n_all.size, 8 * d, _STREAM_BUFFER_BYTES, _STREAM_SHARE)
+                buf = np.empty((min(cap, rows_needed), d))
             pc, n, r = pc_all[p0:done], n_all[p0:done], root[p0:done]
             ok = valid[p0:done]
             if not ok.all():
@@ -375,7 +369,7 @@ class FedCOF(Method):
             for a in range(0, use.size, buf.shape[0]):
                 rows = use[a : a + buf.shape[0]]
                 if fill + rows.size > buf.shape[0]:
-                    tmp = _add_gram(spread, buf[:fill], tmp)
+                    gram.add(buf[:fill])
                     fill = 0
                 k = rows.size
                 X = buf[fill : fill + k]
@@ -393,15 +387,15 @@ class FedCOF(Method):
                 fill += k
         if done != n_all.shape[0]:
             raise ValueError(f"pair blocks covered pairs 0..{done - 1} of {n_all.shape[0]}")
-        if spread is None:
+        if gram is None:
             raise ValueError("no pair sums arrived")
-        if fill:
-            tmp = _add_gram(spread, buf[:fill], tmp)
-        del buf, U, tmp  # before the C x d arrays below
+        gram.add(buf[:fill])
+        del buf, U  # before the C x d arrays below
         mu = class_means(N, S)
         Z = np.subtract(mu, ref, out=ref)  # (mu_c - r_c) sqrt(w_c N_c), in the references' array
         Z *= np.sqrt(w * N)[:, None]
-        spread -= gram_of(Z)
+        gram.add(Z, sign=-1.0)
+        spread = gram.result()
         del ref, Z
         inv_sum = (
             np.bincount(pc_all[valid], weights=1.0 / n_all[valid], minlength=C)
@@ -456,11 +450,3 @@ class FedCOF(Method):
     @classmethod
     def upload_floats(cls, *, M: int, K: int, d: int, C: int) -> int:
         return M * d
-
-
-def _add_gram(out: np.ndarray, X: np.ndarray, tmp: np.ndarray | None) -> np.ndarray:
-    """out += X^T X through one reused d x d scratch ``tmp`` (made on first use; returned)."""
-    tmp = np.empty_like(out) if tmp is None else tmp
-    np.matmul(X.T, X, out=tmp)
-    out += tmp
-    return tmp

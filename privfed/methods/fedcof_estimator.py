@@ -12,8 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import scipy.sparse as sp
 
-from privfed._validation import scratch_rows
-from privfed.stats import ClientStats, gram_of
+from privfed.stats import ClientStats, GramSum
 
 __all__ = [
     "FedCOFEstimate",
@@ -99,12 +98,15 @@ def spread_matrix(
     return X2.T @ X2
 
 
-#: Bytes of the row buffer :func:`pair_spread` fills before one X^T X (all M rows when they fit: 11,800 rows
-#: at d = 256; 13,107 rows at d = 1,280, where 4 products cost within 2 % of one) ...
-_SPREAD_BLOCK_BYTES = 128 * 2**20
-#: ... and of the tiles it is centred in (small enough to stay in cache across the four steps; 1 MiB:
-#: 1.68 s for the spread at iNat-120K against 1.72 s with 256 KiB, X^T X alone 1.52 s).
-_SPREAD_TILE_BYTES = 2**20
+#: Bytes of the tile of rows :func:`spread_and_sums` and :func:`pair_spread` write (scaled, or centred
+#: and scaled) and add to the spread at once (:class:`~privfed.stats.algebra.GramSum`): a tile is
+#: written while the product of the previous one has left it in cache, so the rows are read from
+#: memory once and never written back.  4 MiB: 409 rows at d = 1,280, 2,048 at d = 256.
+_SPREAD_TILE_BYTES = 4 * 2**20
+
+
+def _tile_rows(d: int, rows: int) -> int:
+    return max(1, min(_SPREAD_TILE_BYTES // (8 * max(d, 1)), rows))
 
 
 def pair_spread(
@@ -121,46 +123,38 @@ def pair_spread(
     ``pair_sums[rows]`` (``rows=None``: all of ``pair_sums``, in order; no
     copy of the M x d block is made either way); rows of classes with
     w_c = 0 are skipped.  Rows are centred and scaled a cache-sized tile at
-    a time, (s_p / n_p - mu_c) sqrt(w_c n_p), straight into one row buffer
-    of at most :data:`_SPREAD_BLOCK_BYTES` (all rows when they fit), which
-    enters the spread in one X^T X when full: memory O(buffer + d^2), cost
-    X^T X over the rows plus one pass over them.
+    a time, (s_p / n_p - mu_c) sqrt(w_c n_p), and each tile is added to the
+    spread where it lies (:data:`_SPREAD_TILE_BYTES`): memory O(tile + d^2),
+    cost X^T X over the rows plus one pass reading them.
     """
     d = mu.shape[1]
     wp = weights[pair_class]
     sel = np.flatnonzero(wp > 0)
     src = sel if rows is None else np.asarray(rows)[sel]  # rows of pair_sums
     contiguous = src.size == 0 or bool(np.all(np.diff(src) == 1))  # one slice (the usual case)
-    out = np.zeros((d, d))
     if sel.size == 0:
-        return out
+        return np.zeros((d, d))
     root = np.sqrt(pair_counts[sel] * wp[sel])  # sqrt(w_c n_p)
     scale = root / pair_counts[sel]
     cls = pair_class[sel]
-    step = max(1, min(_SPREAD_BLOCK_BYTES // (8 * max(d, 1)), sel.size))
-    tile = max(1, min(_SPREAD_TILE_BYTES // (8 * max(d, 1)), step))
-    buf = np.empty((step, d))
-    U = np.empty((tile, d))
-    for a in range(0, sel.size, step):
-        m = min(step, sel.size - a)
-        for t in range(a, a + m, tile):
-            e = min(t + tile, a + m)
-            X, V = buf[t - a : e - a], U[: e - t]
-            if contiguous:
-                np.multiply(pair_sums[src[0] + t : src[0] + e], scale[t:e, None], out=X)
-            else:
-                np.take(pair_sums, src[t:e], axis=0, out=X, mode="clip")  # indices in range: unbuffered
-                X *= scale[t:e, None]
-            np.take(mu, cls[t:e], axis=0, out=V, mode="clip")
-            V *= root[t:e, None]
-            X -= V
-        out += gram_of(buf[:m])
-    return out
+    tile = _tile_rows(d, sel.size)
+    buf, U = np.empty((tile, d)), np.empty((tile, d))
+    gram = GramSum(d)
+    for t in range(0, sel.size, tile):
+        e = min(t + tile, sel.size)
+        X, V = buf[: e - t], U[: e - t]
+        if contiguous:
+            np.multiply(pair_sums[src[0] + t : src[0] + e], scale[t:e, None], out=X)
+        else:
+            np.take(pair_sums, src[t:e], axis=0, out=X, mode="clip")  # indices in range: unbuffered
+            X *= scale[t:e, None]
+        np.take(mu, cls[t:e], axis=0, out=V, mode="clip")
+        V *= root[t:e, None]
+        X -= V
+        gram.add(X)
+    return gram.result()
 
 
-#: The share of the pair sums' bytes the row buffer of :func:`spread_and_sums` may take (its cap is
-#: :data:`_SPREAD_BLOCK_BYTES`: all 11,248 rows at d = 256 in 2 blocks, 13,107 rows a block at d = 1,280).
-_SPREAD_SHARE = 1 / 4
 #: :func:`spread_and_sums` keeps its one-product spread only when the rounding bound of that product and
 #: its C-row correction is at most this share of the spread (else the caller centres the rows first).
 SPREAD_RTOL = 1e-9
@@ -183,11 +177,11 @@ def spread_and_sums(
         sum_p w_c n_p (m_p - mu_c)(m_p - mu_c)^T = sum_p (w_c / n_p) s_p s_p^T - sum_c w_c N_c mu_c mu_c^T,
 
     so the rows need no centring: S is one sparse-dense product over the sums, the rows
-    s_p sqrt(w_c / n_p) are written into one row buffer (one multiply, no gather when they are one
-    slice) that enters the spread in one X^T X when full, and the C-row correction Z^T Z
-    (Z_c = S_c sqrt(w_c / N_c)) is subtracted at the end.  Memory: the buffer (at most a quarter of the
-    pair sums' bytes, :data:`_SPREAD_BLOCK_BYTES`) and d x d; cost one X^T X, one pass scaling the
-    rows, one reading them for S, one C-row product.
+    s_p sqrt(w_c / n_p) are written a cache-sized tile at a time (one multiply, no gather when they are
+    one slice) and each tile is added to the spread where it lies (:class:`~privfed.stats.algebra.GramSum`),
+    and the C-row correction Z^T Z (Z_c = S_c sqrt(w_c / N_c)) is subtracted in the same sum at the end.  Memory: one
+    tile (:data:`_SPREAD_TILE_BYTES`) and d x d; cost one X^T X, one pass reading the rows for the
+    tiles and one for S, one C-row product.
 
     The difference loses what the uncentred product holds beyond the spread: each entry's rounding
     error is at most (m + C + 16) eps max_i (X^T X)_ii (a sum of m products in any order, the
@@ -202,35 +196,29 @@ def spread_and_sums(
     del onehot
     wp = weights[pair_class]
     sel = np.flatnonzero(wp > 0)
-    out = np.zeros((d, d))
     if sel.size == 0:
-        return S, out
+        return S, np.zeros((d, d))
     src = src_all[sel]  # rows of pair_sums
     contiguous = bool(np.all(np.diff(src) == 1))  # one slice (the usual case): no gather
     scale = np.sqrt(wp[sel] / pair_counts[sel])
-    step = min(scratch_rows(8 * d * pair_class.size, 8 * d, _SPREAD_BLOCK_BYTES, _SPREAD_SHARE), sel.size)
-    step = -(-sel.size // -(-sel.size // step))  # as many blocks, of equal size (no short last product)
-    buf = np.empty((step, d))
-    tmp = None
-    for a in range(0, sel.size, step):
-        m = min(step, sel.size - a)
+    tile = _tile_rows(d, sel.size)
+    buf = np.empty((tile, d))
+    gram = GramSum(d)
+    for a in range(0, sel.size, tile):
+        m = min(tile, sel.size - a)
         X = buf[:m]
         if contiguous:
             np.multiply(pair_sums[src[0] + a : src[0] + a + m], scale[a : a + m, None], out=X)
         else:
             np.take(pair_sums, src[a : a + m], axis=0, out=X, mode="clip")  # indices in range: unbuffered
             X *= scale[a : a + m, None]
-        if a == 0:
-            np.matmul(X.T, X, out=out)
-        else:
-            tmp = np.empty((d, d)) if tmp is None else tmp
-            np.matmul(X.T, X, out=tmp)
-            out += tmp
-    del buf, tmp
-    top = float(np.max(np.diagonal(out)))
+        gram.add(X)
+    del buf
+    top = float(np.max(gram.diagonal()))
     present = np.flatnonzero(weights > 0)
     Z = S[present] * np.sqrt(weights[present] / class_counts[present])[:, None]
-    out -= gram_of(Z)
+    gram.add(Z, sign=-1.0)
+    out = gram.result()
     bound = (sel.size + C + 16) * np.finfo(np.float64).eps * top
     if not bound <= SPREAD_RTOL * float(np.max(np.diagonal(out))):
         return S, None

@@ -42,7 +42,7 @@ from privfed.head import LinearHead
 from privfed.methods.base import Method
 from privfed.release import UPLOAD_CHUNK_BYTES, ReleasePlan, ReleaseTrace
 from privfed.release.streaming import stream_stands_for
-from privfed.stats import ClientStats, readonly, sorted_segments
+from privfed.stats import ClientStats, GramSum, readonly, sorted_segments
 
 __all__ = [
     "FOLD_CHUNK_BYTES",
@@ -134,9 +134,8 @@ def fold_statistics(
     key = pair_key if keep == "pairs" else y
     order, out_key, indptr = sorted_segments(key)
     S = np.empty((out_key.size, d))  # every row is written below
-    gram = np.zeros((d, d)) if second else None
+    gram = GramSum(d) if second else None
     step = _chunk_rows(F, second, chunk_bytes)
-    tmp = np.empty((d, d)) if second else None
     for r0, X, t0, t1, part in _segment_chunks(F, order, indptr, step):
         if indptr[t0] < r0:  # the row the previous chunk began
             S[t0] += part[0]
@@ -144,10 +143,9 @@ def fold_statistics(
         else:
             S[t0:t1] = part
         if second:
-            np.matmul(X.T, X, out=tmp)
-            gram += tmp
+            gram.add(X)
     counts = np.diff(indptr).astype(np.float64)
-    gram = None if gram is None else readonly(gram)
+    gram = None if gram is None else readonly(gram.result())
     if keep == "pairs":
         pairs = tuple(readonly(a) for a in (out_key // C, out_key % C, counts, S))
         out = ClientStats._new(G, C, d, pairs=pairs, gram=gram, fields=fields, owners=owners)
