@@ -68,7 +68,7 @@ def _peak_scaled(W: np.ndarray, eps: float):
 
 
 def normalise_rows(W: np.ndarray, *others: np.ndarray, eps: float = 0.0, certify: bool = False):
-    """Divide each row of W (and the same entries of ``others``) by the row's L2 norm.
+    """Scale each row of W (and the same entries of ``others``) by the reciprocal of the row's L2 norm.
 
     Overflow- and underflow-safe: a row whose sum of squares overflows or
     underflows (entries of 1e160 or 1e-170) is first divided by its largest
@@ -102,16 +102,18 @@ def _normalise(W: np.ndarray, others, eps: float):
     norms = np.sqrt(sq)
     if fast.all():
         # one multiply by each row's reciprocal norm (within an ulp of dividing; a division per entry
-        # costs half again as much as the whole pass where the rows stay in cache)
-        return W * (1.0 / norms)[:, None], [np.asarray(o, dtype=np.float64) / norms for o in others], True
+        # costs half again as much as the whole pass where the rows stay in cache); ``others`` alike
+        inv = 1.0 / norms
+        return W * inv[:, None], [np.asarray(o, dtype=np.float64) * inv for o in others], True
     slow = np.flatnonzero(~fast)
     norms[slow] = 1.0
-    out = W * (1.0 / norms)[:, None]  # as the fast path: each row's bits do not depend on its neighbours
+    inv = 1.0 / norms
+    out = W * inv[:, None]  # as the fast path: each row's bits do not depend on its neighbours
     sub, peak, norm, keep, finite = _peak_scaled(W[slow], eps)
     out[slow] = sub
     rest = []
     for o in others:
-        o = np.asarray(o, dtype=np.float64) / norms
+        o = np.asarray(o, dtype=np.float64) * inv
         o[slow] = np.where(keep, (o[slow] / peak) / norm, 0.0)
         rest.append(o)
     return out, rest, finite

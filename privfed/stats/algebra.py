@@ -13,12 +13,9 @@ _BLOCK_BYTES = 64 * 2**20
 
 
 def gram_of(F: np.ndarray) -> np.ndarray:
-    """F^T F with one BLAS GEMM.
+    """F^T F with one BLAS product (numpy's, which computes A^T A as a symmetric rank-k update).
 
-    numpy's GEMM, not scipy's ``dsyrk``: scipy ships its own OpenBLAS whose
-    threads a caller's ``threadpoolctl`` limit may not reach, and its syrk
-    was measured 5-800 times slower than the GEMM with two threads on a
-    loaded machine (and no faster with one).
+    For a sum over many blocks use :class:`GramSum`, which adds each block in place.
     """
     return F.T @ F
 
@@ -31,34 +28,47 @@ class GramSum:
     product over all the rows costs (measured at iNat-120K's d = 1,280: 53,329 rows in tiles of 512 rows
     1.00-1.03 s against 1.02-1.10 s for one numpy product, and 1.12 s for numpy in five blocks with
     an addition each).  Only one triangle is accumulated; :meth:`result` mirrors it once, in place.
-    The product is scipy's BLAS: ``threadpoolctl`` limits reach it, as it is loaded with this module.
+
+    The product is scipy's BLAS, loaded with this module, so ``threadpoolctl`` limits set after
+    ``import privfed`` reach it.  An earlier scipy's two-thread syrk stalled on a loaded machine
+    (108 ms for a 1000 x 64 block); scipy 1.17's does not (with another process on one of two cores,
+    two threads: median 0.09 ms for that block, as numpy's product, worst of 50 0.4 ms against numpy's
+    1.0 ms).
     """
 
     __slots__ = ("_c", "rows")
 
     def __init__(self, d: int):
-        self._c = np.zeros((d, d), order="F")
+        self._c: np.ndarray | None = np.zeros((d, d), order="F")
         self.rows = 0
+
+    def _acc(self) -> np.ndarray:
+        if self._c is None:
+            raise RuntimeError("this GramSum's result() was taken; start a new GramSum for a new sum")
+        return self._c
 
     def add(self, X: np.ndarray, sign: float = 1.0) -> None:
         """Adds X^T X (``sign=-1``: subtracts it) for the rows of ``X`` (m, d), float64; C-ordered rows are
         read in place."""
-        if X.shape[0] == 0:
+        c = self._acc()
+        if X.ndim != 2 or X.shape[1] != c.shape[0]:
+            raise ValueError(f"GramSum of d = {c.shape[0]} takes blocks (m, {c.shape[0]}), got {X.shape}")
+        if X.shape[0] == 0 or X.shape[1] == 0:  # nothing to add (BLAS refuses empty operands)
             return
         # X^T of a C-ordered X is Fortran-ordered: syrk reads it without a copy (trans=0: A A^T).
-        self._c = dsyrk(float(sign), X.T, beta=1.0, c=self._c, trans=0, lower=0, overwrite_c=1)
+        self._c = dsyrk(float(sign), X.T, beta=1.0, c=c, trans=0, lower=0, overwrite_c=1)
         self.rows += X.shape[0]
 
     def diagonal(self) -> np.ndarray:
         """The diagonal of the sum so far (a copy)."""
-        return np.diagonal(self._c).copy()
+        return np.diagonal(self._acc()).copy()
 
     def result(self) -> np.ndarray:
         """The symmetric sum, C-ordered (d, d); the accumulator is spent (it becomes the result)."""
         # The Fortran-ordered upper triangle is the C-ordered view's lower one: mirror it into the
         # view's upper triangle in 64 x 64 tiles (each tile's reads and writes stay in cache: 3 ms at
         # d = 1,280, against 16 ms for one transposed addition).
-        out = self._c.T
+        out = self._acc().T
         d, t = out.shape[0], 64
         for a in range(0, d, t):
             b = min(a + t, d)

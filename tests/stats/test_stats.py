@@ -364,3 +364,22 @@ def test_gram_sum_equals_the_product_over_all_rows(d):
     scale = np.abs(X).max() ** 2 * X.shape[0]
     np.testing.assert_allclose(out, want, rtol=0, atol=1e-12 * scale)
     assert out.flags["C_CONTIGUOUS"] and np.array_equal(out, out.T)
+
+
+def test_gram_sum_refuses_misuse_and_takes_empty_blocks():
+    """A block of the wrong width or rank, or any use after result(), is refused; empty blocks and
+    d = 0 add nothing."""
+    g = stats_algebra.GramSum(3)
+    with pytest.raises(ValueError, match=r"blocks \(m, 3\)"):
+        g.add(np.ones(3))
+    with pytest.raises(ValueError, match=r"blocks \(m, 3\)"):
+        g.add(np.ones((2, 4)))
+    g.add(np.ones((0, 3)))
+    g.add(np.ones((2, 3)))
+    assert g.rows == 2 and np.array_equal(g.result(), np.full((3, 3), 2.0))
+    for again in (lambda: g.add(np.ones((1, 3))), g.diagonal, g.result):
+        with pytest.raises(RuntimeError, match="result\\(\\) was taken"):
+            again()
+    z = stats_algebra.GramSum(0)
+    z.add(np.ones((5, 0)))
+    assert z.result().shape == (0, 0)
