@@ -52,6 +52,7 @@ from privfed.head import LinearHead
 from privfed.methods import register
 from privfed.methods.base import Method, SecureSum
 from privfed.methods.fedcof_estimator import (
+    SPREAD_TILE_BYTES,
     FedCOFEstimate,
     bias_from_sums,
     class_covariances,
@@ -89,9 +90,9 @@ __all__ = [
 
 #: Bytes of the row buffer :meth:`FedCOF.estimate_pairs` fills (centred and scaled) before it adds the
 #: rows to the spread (:class:`~privfed.stats.algebra.GramSum`, whose blocks of a few hundred rows cost
-#: what one product costs): at most 4 MiB, cache-sized, so the rows are written and read back in cache
-#: (409 rows at iNat-120K's d = 1,280) ...
-_STREAM_BUFFER_BYTES = 4 * 2**20
+#: what one product costs): at most the server's tile (:data:`~privfed.methods.fedcof_estimator.SPREAD_TILE_BYTES`,
+#: cache-sized, so the rows are written and read back in cache: 409 rows at iNat-120K's d = 1,280) ...
+_STREAM_BUFFER_BYTES = SPREAD_TILE_BYTES
 #: ... and at most this share of the M x d pair sums it stands for (they are never held), so that a
 #: small fit keeps within the same allowance above its input as a large one (368 rows at d = 256).
 _STREAM_SHARE = 1 / 32

@@ -102,11 +102,21 @@ def spread_matrix(
 #: and scaled) and add to the spread at once (:class:`~privfed.stats.algebra.GramSum`): a tile is
 #: written while the product of the previous one has left it in cache, so the rows are read from
 #: memory once and never written back.  4 MiB: 409 rows at d = 1,280, 2,048 at d = 256.
-_SPREAD_TILE_BYTES = 4 * 2**20
+SPREAD_TILE_BYTES = 4 * 2**20
 
 
 def _tile_rows(d: int, rows: int) -> int:
-    return max(1, min(_SPREAD_TILE_BYTES // (8 * max(d, 1)), rows))
+    return max(1, min(SPREAD_TILE_BYTES // (8 * max(d, 1)), rows))
+
+
+def _scaled_tile(pair_sums, src, contiguous: bool, scale, a: int, e: int, out: np.ndarray) -> np.ndarray:
+    """``out`` = the pair sums of rows ``src[a:e]`` each times its ``scale``: one multiply when they are one
+    slice (the usual case), else one gather then the multiply."""
+    if contiguous:
+        return np.multiply(pair_sums[src[0] + a : src[0] + e], scale[a:e, None], out=out)
+    np.take(pair_sums, src[a:e], axis=0, out=out, mode="clip")  # indices in range: unbuffered
+    out *= scale[a:e, None]
+    return out
 
 
 def pair_spread(
@@ -124,7 +134,7 @@ def pair_spread(
     copy of the M x d block is made either way); rows of classes with
     w_c = 0 are skipped.  Rows are centred and scaled a cache-sized tile at
     a time, (s_p / n_p - mu_c) sqrt(w_c n_p), and each tile is added to the
-    spread where it lies (:data:`_SPREAD_TILE_BYTES`): memory O(tile + d^2),
+    spread where it lies (:data:`SPREAD_TILE_BYTES`): memory O(tile + d^2),
     cost X^T X over the rows plus one pass reading them.
     """
     d = mu.shape[1]
@@ -142,12 +152,8 @@ def pair_spread(
     gram = GramSum(d)
     for t in range(0, sel.size, tile):
         e = min(t + tile, sel.size)
-        X, V = buf[: e - t], U[: e - t]
-        if contiguous:
-            np.multiply(pair_sums[src[0] + t : src[0] + e], scale[t:e, None], out=X)
-        else:
-            np.take(pair_sums, src[t:e], axis=0, out=X, mode="clip")  # indices in range: unbuffered
-            X *= scale[t:e, None]
+        X = _scaled_tile(pair_sums, src, contiguous, scale, t, e, buf[: e - t])
+        V = U[: e - t]
         np.take(mu, cls[t:e], axis=0, out=V, mode="clip")
         V *= root[t:e, None]
         X -= V
@@ -180,7 +186,7 @@ def spread_and_sums(
     s_p sqrt(w_c / n_p) are written a cache-sized tile at a time (one multiply, no gather when they are
     one slice) and each tile is added to the spread where it lies (:class:`~privfed.stats.algebra.GramSum`),
     and the C-row correction Z^T Z (Z_c = S_c sqrt(w_c / N_c)) is subtracted in the same sum at the end.  Memory: one
-    tile (:data:`_SPREAD_TILE_BYTES`) and d x d; cost one X^T X, one pass reading the rows for the
+    tile (:data:`SPREAD_TILE_BYTES`) and d x d; cost one X^T X, one pass reading the rows for the
     tiles and one for S, one C-row product.
 
     The difference loses what the uncentred product holds beyond the spread: each entry's rounding
@@ -205,14 +211,8 @@ def spread_and_sums(
     buf = np.empty((tile, d))
     gram = GramSum(d)
     for a in range(0, sel.size, tile):
-        m = min(tile, sel.size - a)
-        X = buf[:m]
-        if contiguous:
-            np.multiply(pair_sums[src[0] + a : src[0] + a + m], scale[a : a + m, None], out=X)
-        else:
-            np.take(pair_sums, src[a : a + m], axis=0, out=X, mode="clip")  # indices in range: unbuffered
-            X *= scale[a : a + m, None]
-        gram.add(X)
+        e = min(a + tile, sel.size)
+        gram.add(_scaled_tile(pair_sums, src, contiguous, scale, a, e, buf[: e - a]))
     del buf
     top = float(np.max(gram.diagonal()))
     present = np.flatnonzero(weights > 0)
