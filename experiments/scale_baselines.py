@@ -74,7 +74,7 @@ def _sum_blocks(blocks, F) -> None:
         b @ F
 
 
-def bound_calls(F32, y, k, parts=None) -> tuple[dict, dict]:
+def bound_calls(F32, y, k, parts=None, class_totals=None) -> tuple[dict, dict]:
     """The bound's parts as calls, set up once, float64, with the BLAS every method uses: ``(calls, info)``.
 
     ``calls`` maps each part (``parts``, default all; see the module docstring) to a zero-argument call
@@ -85,6 +85,12 @@ def bound_calls(F32, y, k, parts=None) -> tuple[dict, dict]:
     FedLog's one-dimensional root (:func:`privfed.methods.fedlog.map_multipliers`: Newton's method on C
     numbers, each evaluation O(C), to machine precision), which the MAP of Eq. 15 needs and no pass
     replaces.  The arrays the calls read stay alive with them (the float64 input: 2x the float32 one).
+
+    ``class_totals`` (``(N, S)``, the server's own: ``stats.class_totals()`` of the folded statistics)
+    makes the server's parts read the very arrays the server reads, and ``pass_C_s`` then writes a new
+    C x d output each call, as a server returning its head must.  In a process that has run whole fits,
+    where a 12 MiB array lands (heap or fresh mapping) moved FedLog's server by 40 % between runs while
+    bound parts on arrays of their own stayed put: the server and its bound must meet the same memory.
     """
     import scipy.linalg
     import scipy.sparse as sp
@@ -124,11 +130,15 @@ def bound_calls(F32, y, k, parts=None) -> tuple[dict, dict]:
             # the conversion's work, into memory already touched: fit converts chunk by chunk into one reused
             # buffer, so a fresh N x d allocation (its page faults) is no part of what it must do
             calls["to_float64_s"] = lambda: np.copyto(F, F32)
-    Sc = np.asarray(onehot_C @ F32, dtype=np.float64)  # the class sums
-    Nc = np.bincount(y, minlength=C).astype(float)
+    if class_totals is None:
+        Sc = np.asarray(onehot_C @ F32, dtype=np.float64)  # the class sums
+        Nc = np.bincount(y, minlength=C).astype(float)
+        buf = np.empty_like(Sc)
+    else:  # the server's own arrays, and a fresh output per pass as the server's
+        Nc, Sc = (np.asarray(a, dtype=np.float64) for a in class_totals)
+        buf = None
     if wanted("xtx_C_s"):
         calls["xtx_C_s"] = lambda: Sc.T @ Sc
-    buf = np.empty_like(Sc)
     if wanted("pass_C_s"):
         calls["pass_C_s"] = lambda: np.multiply(Sc, (1.0 / Nc)[:, None], out=buf)
     if wanted("norms_C_s"):

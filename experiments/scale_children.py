@@ -96,8 +96,9 @@ def child(data: str, name: str, repeats: int, threads: int, loop_rows: int | Non
 
     First one fit for the peak RSS (VmHWM) and one under tracemalloc for the traced peak; then the
     statistics are folded as a server folds them and the bound's parts set up
-    (:func:`experiments.scale_baselines.bound_calls`); then rounds of fit, the client's bound parts,
-    the server (``Method.aggregate``) and the server's bound parts, one of each a round (A B A B):
+    (:func:`experiments.scale_baselines.bound_calls`, the server's parts on the server's own class
+    totals); then rounds of fit, the client's bound parts, the server (``Method.aggregate``) and the
+    server's bound parts, one of each a round (A B A B):
     ``repeats`` rounds with fit, at least :data:`BOUND_REPEATS` with the server (milliseconds).  With
     ``loop_rows``, the seeds' per-client loop (:func:`experiments.scale_baselines.loop_once`, on the clients
     of the first ``loop_rows`` samples) follows the fit in each of the ``repeats`` rounds, so that it too is
@@ -131,7 +132,10 @@ def child(data: str, name: str, repeats: int, threads: int, loop_rows: int | Non
     C, K = int(y.max()) + 1, int(k.max()) + 1
     folded = fold_statistics(m, F32, y, k, num_classes=C, num_clients=K, rng=np.random.default_rng(0))
     client_parts, server_parts = CLIENT_PARTS[name], SERVER_PARTS[name]
-    calls, info = bound_calls(F32, y, k, set(client_parts) | set(server_parts))
+    # the server's parts read the server's own class totals (see bound_calls)
+    calls, info = bound_calls(
+        F32, y, k, set(client_parts) | set(server_parts), class_totals=folded.class_totals()
+    )
     times: dict[str, list[float]] = {key: [] for key in ("fit", "server", *calls)}
     walls: dict[str, list[float]] = {"fit": [], "server": []}
     server = lambda: m.aggregate(folded)  # noqa: E731
