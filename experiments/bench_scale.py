@@ -101,7 +101,7 @@ from experiments.scale_federation import (  # noqa: E402
     shape_of,
     stated_params,
 )
-from experiments.scale_report import MEMORY_TARGET, method_ratios, render, reproduction  # noqa: E402
+from experiments.scale_report import MEMORY_TARGET, method_ratios, render, reproduction, runs_of  # noqa: E402
 
 #: The benchmark's parts live in experiments.scale_*; their names stay importable from here.
 __all__ = [
@@ -362,32 +362,42 @@ def run_once(args, names, shape: dict, loop_rows: int, out: Path) -> dict:
 
 
 def rerecord(path: Path, names, args, argv) -> int:
-    """Re-measure ``names`` at the record's points in one run and replace their rows (see ``--rerecord``).
+    """Re-measure ``names`` at the record's points, in every run of the record, and replace their rows (see
+    ``--rerecord``).
 
+    Each of the record's runs (the first and its ``repeat_runs``) gets its own later measurement, one
+    after the other, so that the re-measured ratios are stated with their reproduction as the rest are.
     Each replaced row keeps its own bound (``bound_s``, ``client_bound_s``, ``server_bound_s``) and the
-    parts it sums (``bound_parts``), measured in this run beside it; the point's ``bound`` takes this
-    run's value of every part only these methods' bounds use; ``rerecorded`` says what was re-measured.
+    parts it sums (``bound_parts``), measured beside it; the point's ``bound`` takes that measurement's
+    value of every part only these methods' bounds use; ``rerecorded`` says what was re-measured.
     """
     res = json.loads(path.read_text())
     parts = bound_parts(names)
     shared = {p for name in METHODS if name not in names for p in CLIENT_PARTS[name] + SERVER_PARTS[name]}
     small = res.get("small", False)
-    points = [("main", SMALL if small else INAT, res, 2000 if small else 6000)]
-    if res.get("d256"):
-        points.append(("d256", D256, res["d256"], 2000))
+    runs = runs_of(res)
     with tempfile.TemporaryDirectory(prefix="bench-scale-") as tmp:
-        for label, shape, point, loop_rows in points:
-            fresh = measure_point(shape, names, args.repeats, args.threads, loop_rows, tmp, label, parts)
-            by = {r["method"]: r for r in fresh["rows"]}  # each carries the bound parts timed beside it
-            point["rows"] = [by.get(r["method"], r) for r in point["rows"]]
-            point["bound"].update({q: fresh["bound"][q] for q in parts - shared if q in fresh["bound"]})
+        for i, run in enumerate(runs):
+            points = [("main", SMALL if small else INAT, run, 2000 if small else 6000)]
+            if run.get("d256"):
+                points.append(("d256", D256, run["d256"], 2000))
+            for label, shape, point, loop_rows in points:
+                print(f"re-measuring {', '.join(names)} at {label}, run {i + 1} of {len(runs)}", flush=True)
+                fresh = measure_point(shape, names, args.repeats, args.threads, loop_rows, tmp, label, parts)
+                by = {r["method"]: r for r in fresh["rows"]}  # each carries the bound parts timed beside it
+                point["rows"] = [by.get(r["method"], r) for r in point["rows"]]
+                point["bound"].update({q: fresh["bound"][q] for q in parts - shared if q in fresh["bound"]})
+    if len(runs) > 1:
+        res["reproduction"] = reproduction(res)
     res["rerecorded"] = {
         "methods": names,
+        "runs": len(runs),
         "command": "python experiments/bench_scale.py "
         + " ".join(argv if argv is not None else sys.argv[1:]),
         "parts": sorted(parts),
         "note": "these methods' rows (both points) and the bound parts only their bounds use were re-measured "
-        "in one later run; each such row carries the bound parts it was measured against (bound_parts)",
+        "later, once for each of the record's runs; each such row carries the bound parts it was measured "
+        "against (bound_parts)",
     }
     _write_atomic(path, json.dumps(res, indent=1) + "\n")
     _write_atomic(path.with_suffix(".md"), render(res) + "\n")

@@ -87,8 +87,9 @@ def bound_calls(F32, y, k, parts=None, class_totals=None) -> tuple[dict, dict]:
     replaces.  The arrays the calls read stay alive with them (the float64 input: 2x the float32 one).
 
     ``class_totals`` (``(N, S)``, the server's own: ``stats.class_totals()`` of the folded statistics)
-    makes the server's parts read the very arrays the server reads, and ``pass_C_s`` then writes a new
-    C x d output each call, as a server returning its head must.  In a process that has run whole fits,
+    makes fedncm's and fedlog's server parts (``norms_C_s``, ``pass_C_s``, ``root_C_s``) read the very
+    arrays the server reads, and ``pass_C_s`` then writes a new C x d output each call, as a server
+    returning its head must.  In a process that has run whole fits,
     where a 12 MiB array lands (heap or fresh mapping) moved FedLog's server by 40 % between runs while
     bound parts on arrays of their own stayed put: the server and its bound must meet the same memory.
     """
@@ -130,22 +131,19 @@ def bound_calls(F32, y, k, parts=None, class_totals=None) -> tuple[dict, dict]:
             # the conversion's work, into memory already touched: fit converts chunk by chunk into one reused
             # buffer, so a fresh N x d allocation (its page faults) is no part of what it must do
             calls["to_float64_s"] = lambda: np.copyto(F, F32)
-    if class_totals is None:
-        Sc = np.asarray(onehot_C @ F32, dtype=np.float64)  # the class sums
-        Nc = np.bincount(y, minlength=C).astype(float)
-        buf = np.empty_like(Sc)
-    else:  # the server's own arrays, and a fresh output per pass as the server's
-        Nc, Sc = (np.asarray(a, dtype=np.float64) for a in class_totals)
-        buf = None
+    Sc = np.asarray(onehot_C @ F32, dtype=np.float64)  # the class sums
+    Nc = np.bincount(y, minlength=C).astype(float)
     if wanted("xtx_C_s"):
         calls["xtx_C_s"] = lambda: Sc.T @ Sc
+    # fedncm's and fedlog's parts: on the server's own class totals when given, each pass into a fresh output
+    Ns, Ss, buf = (Nc, Sc, np.empty_like(Sc)) if class_totals is None else (*class_totals, None)
     if wanted("pass_C_s"):
-        calls["pass_C_s"] = lambda: np.multiply(Sc, (1.0 / Nc)[:, None], out=buf)
+        calls["pass_C_s"] = lambda: np.multiply(Ss, (1.0 / Ns)[:, None], out=buf)
     if wanted("norms_C_s"):
-        calls["norms_C_s"] = lambda: row_squares(Sc)
+        calls["norms_C_s"] = lambda: row_squares(Ss)
     if wanted("root_C_s"):
-        A = (Nc * Nc + row_squares(Sc)) / 4.0  # FedLog's |a_y|^2 / 4 with its defaults (chi = 0, scale 1)
-        calls["root_C_s"] = lambda: map_multipliers(A, 1.0 + float(Nc.sum()))
+        A = (Ns * Ns + row_squares(Ss)) / 4.0  # FedLog's |a_y|^2 / 4 with its defaults (chi = 0, scale 1)
+        calls["root_C_s"] = lambda: map_multipliers(A, 1.0 + float(Ns.sum()))
     if wanted("xtx_M_s") or wanted("xtx_M4_s"):
         rng = np.random.default_rng(0)  # fit's random_state=0: the same pseudo-clients
         pseudo, _ = privfed.methods.get("fedcof", means_per_client=4).row_groups(

@@ -58,6 +58,12 @@ def _ratio_table(res: dict) -> dict[str, list[float]]:
     return out
 
 
+def _rerecord_runs(res: dict) -> str:
+    """How many later measurements a ``--rerecord`` made: one for each of the record's runs (older records: one)."""
+    n = int(res["rerecorded"].get("runs", 1))
+    return "in one run" if n == 1 else f"once for each of the record's {n} runs"
+
+
 def reproduction(res: dict) -> dict:
     """Each ratio's values across the runs, their spread ((largest - least) / least), whether within REPRODUCE."""
     out = {}
@@ -179,8 +185,9 @@ def render(res: dict) -> str:
         "allocation tracemalloc saw during one fit (numpy's buffers included); both over the input's bytes "
         f"(target {res.get('memory_target', MEMORY_TARGET):g})."
         + (
-            f" Rows of {', '.join(res['rerecorded']['methods'])} (both points) re-measured in one later run "
-            f"({res['rerecorded']['command']}), each against the bound parts measured beside it."
+            f" Rows of {', '.join(res['rerecorded']['methods'])} (both points) re-measured later "
+            f"({res['rerecorded']['command']}), {_rerecord_runs(res)}, each against the bound parts measured "
+            "beside it."
             if res.get("rerecorded")
             else ""
         ),

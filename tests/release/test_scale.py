@@ -976,6 +976,7 @@ def test_the_scale_benchmark_runs_the_public_calls_and_writes_its_record(tmp_pat
     import json
 
     from experiments import bench_scale
+    from experiments.scale_report import reproduction
 
     rc = bench_scale.main(
         [
@@ -1027,8 +1028,41 @@ def test_the_scale_benchmark_runs_the_public_calls_and_writes_its_record(tmp_pat
         "norms_C_s",
         "pass_C_s",
     }
-    assert after["rerecorded"]["methods"] == ["fedncm"]
+    assert after["rerecorded"]["methods"] == ["fedncm"] and after["rerecorded"]["runs"] == 2
     assert after["bound"]["cholesky_s"] == before["bound"]["cholesky_s"]  # parts other methods use: kept
+    # every run of the record got its own later measurement, and the reproduction is of the new rows
+    old_repeat = {r["method"]: r for r in before["repeat_runs"][0]["rows"]}
+    new_repeat = {r["method"]: r for r in after["repeat_runs"][0]["rows"]}
+    assert new_repeat["fedcof"] == old_repeat["fedcof"] and new_repeat["fedncm"] != old_repeat["fedncm"]
+    assert new_repeat["fedncm"]["server"]["samples"] != new_rows["fedncm"]["server"]["samples"]
+    assert after["reproduction"] == json.loads(json.dumps(reproduction(after)))
+    assert after["reproduction"] != before["reproduction"]
+    assert "once for each of the record's 2 runs" in bench_scale.render(after)
+
+
+def test_the_bound_of_fedncm_and_fedlog_reads_the_servers_own_class_totals():
+    """With ``class_totals``, the row norms, the pass and FedLog's root read the server's arrays (not class sums
+    of their own) and each pass writes a new output, as the server does; the other parts are unchanged."""
+    from experiments.scale_baselines import bound_calls
+    from privfed._linalg import row_squares
+    from privfed.methods.fedlog import map_multipliers
+
+    rng = np.random.default_rng(0)
+    F32 = rng.standard_normal((60, 5)).astype(np.float32)
+    y, k = np.arange(60) % 4, np.arange(60) % 3
+    N, S = np.array([2.0, 3.0, 5.0, 7.0]), rng.standard_normal((4, 5)) * 10.0  # not F32's class sums
+    parts = {"norms_C_s", "pass_C_s", "root_C_s", "xtx_C_s"}
+    own, _ = bound_calls(F32, y, k, parts)
+    theirs, _ = bound_calls(F32, y, k, parts, class_totals=(N, S))
+    np.testing.assert_array_equal(theirs["norms_C_s"](), row_squares(S))
+    np.testing.assert_array_equal(theirs["pass_C_s"](), S * (1.0 / N)[:, None])
+    np.testing.assert_array_equal(
+        theirs["root_C_s"](), map_multipliers((N * N + row_squares(S)) / 4.0, 1.0 + N.sum())
+    )
+    assert theirs["pass_C_s"]() is not theirs["pass_C_s"]()  # a fresh output per pass
+    assert own["pass_C_s"]() is own["pass_C_s"]()  # without: one buffer, written again
+    assert not np.allclose(own["norms_C_s"](), row_squares(S))
+    np.testing.assert_array_equal(theirs["xtx_C_s"](), own["xtx_C_s"]())  # the class rows' X^T X: F32's
 
 
 def test_symmetrising_by_tiles_gives_the_same_numbers_as_the_transpose_sweep():
