@@ -15,8 +15,10 @@ public call's and nothing else's):
 * the server a Flower app or the sweep runs, ``Method.aggregate`` on the
   statistics folded as :class:`privfed.stats.StatsFold` folds the uploads;
 
-and, in the parent process of the same run, each method's bound - the work
-the method must do, with the same BLAS (:func:`measure_bound`):
+and, in the same child process, interleaved with them, each method's bound - the
+work the method must do, with the same BLAS
+(:func:`experiments.scale_baselines.bound_calls`; fedncm's and fedlog's server
+parts on the server's own class totals):
 
 * client side, every method: one pass over the N x d float32 input, converted
   to float64 (the statistics are float64) and group-summed into the C class
@@ -251,8 +253,8 @@ def main(argv=None) -> int:
     p.add_argument(
         "--rerecord",
         default=None,
-        help="a record (JSON): re-measure only --methods (rows, their bound parts) at both points and "
-        "replace their rows in it",
+        help="a record (JSON): re-measure only --methods (rows, their bound parts) at both points, once for "
+        "each of the record's runs, and replace their rows in it",
     )
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     p.add_argument("--data", default=None, help=argparse.SUPPRESS)
@@ -369,11 +371,10 @@ def rerecord(path: Path, names, args, argv) -> int:
     after the other, so that the re-measured ratios are stated with their reproduction as the rest are.
     Each replaced row keeps its own bound (``bound_s``, ``client_bound_s``, ``server_bound_s``) and the
     parts it sums (``bound_parts``), measured beside it; the point's ``bound`` takes that measurement's
-    value of every part only these methods' bounds use; ``rerecorded`` says what was re-measured.
+    value of every part no other method of the point uses; ``rerecorded`` says what was re-measured.
     """
     res = json.loads(path.read_text())
     parts = bound_parts(names)
-    shared = {p for name in METHODS if name not in names for p in CLIENT_PARTS[name] + SERVER_PARTS[name]}
     small = res.get("small", False)
     runs = runs_of(res)
     with tempfile.TemporaryDirectory(prefix="bench-scale-") as tmp:
@@ -385,6 +386,9 @@ def rerecord(path: Path, names, args, argv) -> int:
                 print(f"re-measuring {', '.join(names)} at {label}, run {i + 1} of {len(runs)}", flush=True)
                 fresh = measure_point(shape, names, args.repeats, args.threads, loop_rows, tmp, label, parts)
                 by = {r["method"]: r for r in fresh["rows"]}  # each carries the bound parts timed beside it
+                # the header keeps the parts that other methods of this point use, as first timed beside them
+                others = {r["method"] for r in point["rows"]} - set(names)
+                shared = {p for name in others for p in CLIENT_PARTS[name] + SERVER_PARTS[name]}
                 point["rows"] = [by.get(r["method"], r) for r in point["rows"]]
                 point["bound"].update({q: fresh["bound"][q] for q in parts - shared if q in fresh["bound"]})
     if len(runs) > 1:

@@ -86,12 +86,14 @@ def bound_calls(F32, y, k, parts=None, class_totals=None) -> tuple[dict, dict]:
     numbers, each evaluation O(C), to machine precision), which the MAP of Eq. 15 needs and no pass
     replaces.  The arrays the calls read stay alive with them (the float64 input: 2x the float32 one).
 
-    ``class_totals`` (``(N, S)``, the server's own: ``stats.class_totals()`` of the folded statistics)
-    makes fedncm's and fedlog's server parts (``norms_C_s``, ``pass_C_s``, ``root_C_s``) read the very
-    arrays the server reads, and ``pass_C_s`` then writes a new C x d output each call, as a server
-    returning its head must.  In a process that has run whole fits,
-    where a 12 MiB array lands (heap or fresh mapping) moved FedLog's server by 40 % between runs while
-    bound parts on arrays of their own stayed put: the server and its bound must meet the same memory.
+    ``class_totals`` (``(N, S)``, the server's own: ``stats.class_totals()`` of the folded statistics, which
+    for folded statistics (one row, K = 1) are views of them) makes fedncm's and fedlog's server parts
+    (``norms_C_s``, ``pass_C_s``, ``root_C_s``) read the very arrays the server reads, and ``pass_C_s``
+    then writes a new C x d output each call, as a server returning its head must.  In a process that has
+    run whole fits, FedLog's server (which reads S and writes one new C x d array, 11.7 MiB at the
+    iNat-120K shape) took 5.1-5.6 ms beside bound parts of 3.2-3.4 ms on arrays of their own, and
+    3.5-3.9 ms once they read its arrays and allocated as it does: the server and its bound must meet the
+    same memory.
     """
     import scipy.linalg
     import scipy.sparse as sp
@@ -171,7 +173,8 @@ def bound_calls(F32, y, k, parts=None, class_totals=None) -> tuple[dict, dict]:
 def measure_bound(F32, y, k, repeats: int, parts=None) -> dict:
     """The bound's parts (:func:`bound_calls`), each the least CPU time of at least :data:`BOUND_REPEATS`
     calls, timed one part after another (the benchmark itself times them interleaved with each method,
-    :func:`experiments.scale_children.child`)."""
+    :func:`experiments.scale_children.child`, where fedncm's and fedlog's server parts read the server's
+    own class totals; here they read class sums of their own, into one reused output)."""
     calls, info = bound_calls(F32, y, k, parts)
     out, wall = {}, {}
     for key, fn in calls.items():

@@ -1037,6 +1037,9 @@ def test_the_scale_benchmark_runs_the_public_calls_and_writes_its_record(tmp_pat
     assert new_repeat["fedncm"]["server"]["samples"] != new_rows["fedncm"]["server"]["samples"]
     assert after["reproduction"] == json.loads(json.dumps(reproduction(after)))
     assert after["reproduction"] != before["reproduction"]
+    for run, row in ((after, new_rows["fedncm"]), (after["repeat_runs"][0], new_repeat["fedncm"])):
+        for part in ("norms_C_s", "pass_C_s", "group_sum_C_s"):  # each run's header: its own measurement
+            assert run["bound"][part] == row["bound_parts"][part], part
     assert "once for each of the record's 2 runs" in bench_scale.render(after)
 
 
@@ -1063,6 +1066,32 @@ def test_the_bound_of_fedncm_and_fedlog_reads_the_servers_own_class_totals():
     assert own["pass_C_s"]() is own["pass_C_s"]()  # without: one buffer, written again
     assert not np.allclose(own["norms_C_s"](), row_squares(S))
     np.testing.assert_array_equal(theirs["xtx_C_s"](), own["xtx_C_s"]())  # the class rows' X^T X: F32's
+
+
+def test_the_benchmark_child_gives_the_bound_the_servers_folded_class_totals(tmp_path, monkeypatch):
+    """The child that times a server hands bound_calls the class totals of the statistics the server folds
+    (the same values), so that fedncm's and fedlog's bound parts read what the server reads."""
+    import experiments.scale_baselines as baselines
+    from experiments.scale_children import child
+
+    rng = np.random.default_rng(0)
+    F32 = rng.standard_normal((90, 6)).astype(np.float32)
+    y, k = np.arange(90) % 5, np.arange(90) % 4
+    for name, a in (("F", F32), ("y", y), ("k", k)):
+        np.save(tmp_path / f"{name}.npy", a)
+    seen = []
+    real = baselines.bound_calls
+
+    def spy(*args, class_totals=None, **kw):
+        seen.append(class_totals)
+        return real(*args, class_totals=class_totals, **kw)
+
+    monkeypatch.setattr(baselines, "bound_calls", spy)
+    out = child(str(tmp_path), "fedlog", 1, 1)
+    assert out["method"] == "fedlog" and len(seen) == 1 and seen[0] is not None
+    N, S = seen[0]
+    np.testing.assert_array_equal(N, np.bincount(y, minlength=5))
+    np.testing.assert_allclose(S, [F32[y == c].sum(axis=0, dtype=np.float64) for c in range(5)], rtol=1e-12)
 
 
 def test_symmetrising_by_tiles_gives_the_same_numbers_as_the_transpose_sweep():
