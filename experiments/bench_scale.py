@@ -399,9 +399,9 @@ def rerecord(path: Path, names, args, argv) -> int:
         "command": "python experiments/bench_scale.py "
         + " ".join(argv if argv is not None else sys.argv[1:]),
         "parts": sorted(parts),
-        "note": "these methods' rows (both points) and the bound parts only their bounds use were re-measured "
-        "later, once for each of the record's runs; each such row carries the bound parts it was measured "
-        "against (bound_parts)",
+        "note": "these methods' rows (both points) and the bound parts no other method of a point uses were "
+        "re-measured later, once for each of the record's runs; each such row carries the bound parts it was "
+        "measured against (bound_parts)",
     }
     _write_atomic(path, json.dumps(res, indent=1) + "\n")
     _write_atomic(path.with_suffix(".md"), render(res) + "\n")

@@ -971,7 +971,17 @@ def test_fedcgs_with_its_default_shrinkage_equals_the_shrunk_gaussian_classifier
         np.testing.assert_allclose(head.bias, b, rtol=1e-9, atol=1e-10)
 
 
-def test_the_scale_benchmark_runs_the_public_calls_and_writes_its_record(tmp_path):
+@pytest.fixture
+def blas_limits_restored():
+    """The benchmark's driver and child set the BLAS threads for the rest of their process (one thread, as
+    they time); run in this process, the limit is put back afterwards so later tests keep the machine's."""
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(limits=None):  # no change on entry; the limits it found are restored on exit
+        yield
+
+
+def test_the_scale_benchmark_runs_the_public_calls_and_writes_its_record(tmp_path, blas_limits_restored):
     """experiments/bench_scale.py --small: privfed.fit and the server in fresh processes, a record render() reads."""
     import json
 
@@ -1068,7 +1078,9 @@ def test_the_bound_of_fedncm_and_fedlog_reads_the_servers_own_class_totals():
     np.testing.assert_array_equal(theirs["xtx_C_s"](), own["xtx_C_s"]())  # the class rows' X^T X: F32's
 
 
-def test_the_benchmark_child_gives_the_bound_the_servers_folded_class_totals(tmp_path, monkeypatch):
+def test_the_benchmark_child_gives_the_bound_the_servers_folded_class_totals(
+    tmp_path, monkeypatch, blas_limits_restored
+):
     """The child that times a server hands bound_calls the class totals of the statistics the server folds
     (the same values), so that fedncm's and fedlog's bound parts read what the server reads."""
     import experiments.scale_baselines as baselines
