@@ -35,8 +35,9 @@ parts on the server's own class totals):
   Cholesky + solves.
 
 A plain per-client Python loop computing the same uploads (timed on the
-first clients holding ``--loop-rows`` samples and scaled by the sample ratio;
-FedCOF's server looped as Eq. 6 is written) is the naive baseline.  The same
+first clients holding ``--loop-rows`` samples and scaled by the sample ratio,
+at d = 256 on every client; FedCOF's server looped as Eq. 6 is written) is
+the naive baseline.  The same
 table is measured at d = 256 (K = 2,000, C = 300), where fixed costs weigh
 more; scaling curves of ``privfed.fit`` (K at fixed M and N, M, d) for FedCOF
 and fed3r-within run one fresh process per point.  Record-level DP with local
@@ -46,6 +47,7 @@ noise is timed through ``privfed.fit`` on the first ``--dp-clients`` clients.
     python experiments/bench_scale.py --small    # K=1,000, C=300, d=256: seconds
     python experiments/bench_scale.py --methods fedncm,fedlog --rerecord experiments/bench_scale.json
                                                  # only those rows (both points) re-measured in place
+                                                 # (--points d256: at d = 256 only)
 
 Each run writes ``bench_scale.json`` (raw seconds and bytes) and
 ``bench_scale.md`` (:func:`render` of it) under ``--out``; the recorded run
@@ -142,13 +144,16 @@ __all__ = [
 
 # -- one shape: data, bound, every method, the loop ----------------------------------------------
 def measure_point(
-    shape: dict, names, repeats: int, threads: int, loop_rows: int, tmp: str, label: str, parts=None
+    shape: dict, names, repeats: int, threads: int, loop_rows: int | None, tmp: str, label: str, parts=None
 ) -> dict:
     """One shape: its federation, then every method in a fresh process, timed interleaved with the parts
-    of its own bound (:func:`experiments.scale_children.child`), then the per-client loop."""
+    of its own bound (:func:`experiments.scale_children.child`), then the per-client loop (on the clients
+    of the first ``loop_rows`` samples; None: on every client, nothing scaled)."""
     t0 = time.perf_counter()
     F32, y, k = inat_like(**shape, seed=0)
     real = shape_of(y, k)
+    if loop_rows is None:
+        loop_rows = int(real["N"])
     print(f"[{label}] federation {real} d={shape['d']} built in {time.perf_counter() - t0:.1f} s", flush=True)
     for name, arr in (("F", F32), ("y", y), ("k", k)):
         np.save(os.path.join(tmp, f"{name}.npy"), arr)
@@ -253,8 +258,13 @@ def main(argv=None) -> int:
     p.add_argument(
         "--rerecord",
         default=None,
-        help="a record (JSON): re-measure only --methods (rows, their bound parts) at both points, once for "
+        help="a record (JSON): re-measure only --methods (rows, their bound parts) at --points, once for "
         "each of the record's runs, and replace their rows in it",
+    )
+    p.add_argument(
+        "--points",
+        default="main,d256",
+        help="with --rerecord: the points re-measured (main, d256 or both; default both)",
     )
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     p.add_argument("--data", default=None, help=argparse.SUPPRESS)
@@ -331,7 +341,9 @@ def run_once(args, names, shape: dict, loop_rows: int, out: Path) -> dict:
                     print(json.dumps(r), flush=True)
                     dp.append(dict(r, method=meth))
         if not args.small and not args.no_d256:
-            points["d256"] = measure_point(D256, names, args.repeats, args.threads, 2000, tmp, "d256")
+            points["d256"] = measure_point(
+                D256, names, args.repeats, args.threads, D256_LOOP_ROWS, tmp, "d256"
+            )
             (out / "bench_scale.partial.json").write_text(json.dumps(points))
     curves = (
         []
@@ -363,6 +375,12 @@ def run_once(args, names, shape: dict, loop_rows: int, out: Path) -> dict:
     }
 
 
+#: The per-client loop at d = 256 runs on every client (None), not on the first samples scaled up: a pass
+#: there takes milliseconds, and a loop over 2,000 of the 26,000 samples moved by 8-31% between two runs
+#: (the whole federation: 1%; FedCOF's client loop with 4 means 10%).
+D256_LOOP_ROWS = None
+
+
 def rerecord(path: Path, names, args, argv) -> int:
     """Re-measure ``names`` at the record's points, in every run of the record, and replace their rows (see
     ``--rerecord``).
@@ -375,14 +393,19 @@ def rerecord(path: Path, names, args, argv) -> int:
     """
     res = json.loads(path.read_text())
     parts = bound_parts(names)
+    which = [q for q in args.points.split(",") if q]
+    if not which or set(which) - {"main", "d256"}:
+        raise SystemExit(f"--points must name main and/or d256, got {args.points!r}")
     small = res.get("small", False)
     runs = runs_of(res)
     with tempfile.TemporaryDirectory(prefix="bench-scale-") as tmp:
         for i, run in enumerate(runs):
             points = [("main", SMALL if small else INAT, run, 2000 if small else 6000)]
             if run.get("d256"):
-                points.append(("d256", D256, run["d256"], 2000))
+                points.append(("d256", D256, run["d256"], D256_LOOP_ROWS))
             for label, shape, point, loop_rows in points:
+                if label not in which:
+                    continue
                 print(f"re-measuring {', '.join(names)} at {label}, run {i + 1} of {len(runs)}", flush=True)
                 fresh = measure_point(shape, names, args.repeats, args.threads, loop_rows, tmp, label, parts)
                 by = {r["method"]: r for r in fresh["rows"]}  # each carries the bound parts timed beside it
@@ -393,16 +416,20 @@ def rerecord(path: Path, names, args, argv) -> int:
                 point["bound"].update({q: fresh["bound"][q] for q in parts - shared if q in fresh["bound"]})
     if len(runs) > 1:
         res["reproduction"] = reproduction(res)
+    earlier = res.get("rerecorded")
     res["rerecorded"] = {
         "methods": names,
+        "points": [q for q in ("main", "d256") if q in which],
         "runs": len(runs),
         "command": "python experiments/bench_scale.py "
         + " ".join(argv if argv is not None else sys.argv[1:]),
         "parts": sorted(parts),
-        "note": "these methods' rows (both points) and the bound parts no other method of a point uses were "
+        "note": "these methods' rows (at the points named) and the bound parts no other method of a point uses were "
         "re-measured later, once for each of the record's runs; each such row carries the bound parts it was "
         "measured against (bound_parts)",
     }
+    if earlier:  # what an earlier rerecord re-measured stays stated
+        res["rerecorded"]["earlier"] = [*earlier.pop("earlier", []), earlier]
     _write_atomic(path, json.dumps(res, indent=1) + "\n")
     _write_atomic(path.with_suffix(".md"), render(res) + "\n")
     return 0

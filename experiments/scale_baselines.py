@@ -238,7 +238,7 @@ def loop_once(F32, y, k, name: str, loop_rows: int) -> dict:
     d = F32.shape[1]
     order = np.argsort(k, kind="stable")
     ends = np.cumsum(np.bincount(k))
-    last = int(np.searchsorted(ends, loop_rows))
+    last = min(int(np.searchsorted(ends, loop_rows)), ends.size - 1)  # loop_rows >= N: every client
     rows_done = int(ends[last])
     mname, params = method_spec(name)
     t0 = time.process_time()

@@ -58,10 +58,48 @@ def _ratio_table(res: dict) -> dict[str, list[float]]:
     return out
 
 
-def _rerecord_runs(res: dict) -> str:
+def _rerecord_runs(entry: dict) -> str:
     """How many later measurements a ``--rerecord`` made: one for each of the record's runs (older records: one)."""
-    n = int(res["rerecorded"].get("runs", 1))
+    n = int(entry.get("runs", 1))
     return "in one run" if n == 1 else f"once for each of the record's {n} runs"
+
+
+def _rerecord_text(res: dict) -> str:
+    """One sentence per ``--rerecord`` the record went through (earliest first): which rows, at which points."""
+    last = res.get("rerecorded")
+    if not last:
+        return ""
+    out = []
+    for entry in [*last.get("earlier", []), last]:
+        points = entry.get("points", ["main", "d256"])
+        where = "both points" if len(points) == 2 else ("d = 256" if points == ["d256"] else "the main point")
+        out.append(
+            f" Rows of {', '.join(entry['methods'])} ({where}) re-measured later ({entry['command']}), "
+            f"{_rerecord_runs(entry)}, each against the bound parts measured beside it."
+        )
+    return "".join(out)
+
+
+def _loop_rows_text(res: dict) -> str:
+    """Where the per-client loop ran, at each point: the clients of the first samples (scaled by N / samples),
+    or every client."""
+
+    def at(point: dict | None) -> str | None:
+        rows = [r for r in (point or {}).get("rows", []) if "error" not in r and "loop_rows" in r]
+        if not rows:
+            return None
+        n, done = int(point["shape"]["N"]), int(rows[0]["loop_rows"])
+        return (
+            "on every client"
+            if done >= n
+            else f"on the clients of the first {done:,} samples, scaled by N / samples"
+        )
+
+    main = at({"shape": res["shape"], "rows": res["rows"]})
+    d256 = at(res.get("d256"))
+    if d256 is None or d256 == main:
+        return main or "on no client"
+    return f"{main} (at d = 256 {d256})"
 
 
 def reproduction(res: dict) -> dict:
@@ -183,18 +221,12 @@ def render(res: dict) -> str:
         "deciding the PSD repair, and the shrunk one) + solves, FedCOF X^T X over the pair rows its spread takes + "
         "Cholesky + solves). fit's RSS = peak RSS minus the RSS with the input loaded; traced peak = the largest "
         "allocation tracemalloc saw during one fit (numpy's buffers included); both over the input's bytes "
-        f"(target {res.get('memory_target', MEMORY_TARGET):g})."
-        + (
-            f" Rows of {', '.join(res['rerecorded']['methods'])} (both points) re-measured later "
-            f"({res['rerecorded']['command']}), {_rerecord_runs(res)}, each against the bound parts measured "
-            "beside it."
-            if res.get("rerecorded")
-            else ""
-        ),
+        f"(target {res.get('memory_target', MEMORY_TARGET):g})." + _rerecord_text(res),
         "loop = the seeds' per-client loop (per client, per class Python work), least of the repeats, timed in the "
-        "method's own process after each fit (interleaved with it and its bound) on the clients of the first "
-        f"{done[0]['loop_rows'] if done else 0:,} samples and scaled by N / samples; FedCOF's server looped too "
-        "(one rank-1 update per uploaded row, scaled by rows), the other methods' followed by privfed's server.",
+        "method's own process after each fit (interleaved with it and its bound) "
+        + _loop_rows_text(res)
+        + "; FedCOF's server looped too (one rank-1 update per uploaded row, scaled by rows), the other methods' "
+        "followed by privfed's server.",
         "",
     ]
     lines += _table(
