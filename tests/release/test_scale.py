@@ -1051,6 +1051,42 @@ def test_the_scale_benchmark_runs_the_public_calls_and_writes_its_record(tmp_pat
         for part in ("norms_C_s", "pass_C_s", "group_sum_C_s"):  # each run's header: its own measurement
             assert run["bound"][part] == row["bound_parts"][part], part
     assert "once for each of the record's 2 runs" in bench_scale.render(after)
+    # --points: a second rerecord at one point keeps the first's statement, and a point it does not know is refused
+    argv = ["--repeats", "1", "--methods", "fedcof", "--points", "main", "--rerecord", str(path)]
+    assert bench_scale.main(argv) == 0
+    again = json.loads(path.read_text())
+    assert again["rerecorded"]["methods"] == ["fedcof"] and again["rerecorded"]["points"] == ["main"]
+    assert [e["methods"] for e in again["rerecorded"]["earlier"]] == [["fedncm"]]
+    assert {r["method"]: r for r in again["rows"]}["fedncm"] == new_rows["fedncm"]
+    assert {r["method"]: r for r in again["rows"]}["fedcof"] != new_rows["fedcof"]
+    text = bench_scale.render(again)
+    assert "Rows of fedncm (both points) re-measured later" in text
+    assert "Rows of fedcof (the main point) re-measured later" in text
+    with pytest.raises(SystemExit, match="--points must name main and/or d256"):
+        bench_scale.main(["--methods", "fedcof", "--points", "d128", "--rerecord", str(path)])
+
+
+def test_the_per_client_loop_runs_on_every_client_when_asked_for_all_samples():
+    """loop_once with loop_rows at or past N loops over every client (nothing to scale), without running off the
+    end of the client list; the report says where the loop ran at each point."""
+    from experiments.scale_baselines import loop_once
+    from experiments.scale_report import _loop_rows_text
+
+    F, y, k = inat_like(60, 7, 8, 900, 200, seed=5)
+    n = F.shape[0]
+    for rows in (n, n + 1000):
+        assert loop_once(F, y, k, "fedncm", rows)["rows"] == n
+    part = loop_once(F, y, k, "fedncm", n // 3)["rows"]
+    assert n // 3 <= part < n  # the clients holding the first n / 3 samples, whole clients only
+    main = {"shape": {"N": 120_000}, "rows": [{"method": "fedncm", "loop_rows": 6005}]}
+    text = _loop_rows_text({**main, "d256": {"shape": {"N": 26_018}, "rows": [{"loop_rows": 26_018}]}})
+    assert text == (
+        "on the clients of the first 6,005 samples, scaled by N / samples (at d = 256 on every client)"
+    )
+    assert (
+        _loop_rows_text({**main, "d256": None})
+        == "on the clients of the first 6,005 samples, scaled by N / samples"
+    )
 
 
 def test_the_bound_of_fedncm_and_fedlog_reads_the_servers_own_class_totals():
