@@ -71,7 +71,7 @@ def _rerecord_text(res: dict) -> str:
         return ""
     out = []
     for entry in [*last.get("earlier", []), last]:
-        points = entry.get("points", ["main", "d256"])
+        points = entry.get("points", ["main", "d256"])  # older records: both
         where = "both points" if len(points) == 2 else ("d = 256" if points == ["d256"] else "the main point")
         out.append(
             f" Rows of {', '.join(entry['methods'])} ({where}) re-measured later ({entry['command']}), "

@@ -1039,6 +1039,7 @@ def test_the_scale_benchmark_runs_the_public_calls_and_writes_its_record(tmp_pat
         "pass_C_s",
     }
     assert after["rerecorded"]["methods"] == ["fedncm"] and after["rerecorded"]["runs"] == 2
+    assert after["rerecorded"]["points"] == ["main"]  # a --small record has no d = 256 point
     assert after["bound"]["cholesky_s"] == before["bound"]["cholesky_s"]  # parts other methods use: kept
     # every run of the record got its own later measurement, and the reproduction is of the new rows
     old_repeat = {r["method"]: r for r in before["repeat_runs"][0]["rows"]}
@@ -1060,10 +1061,14 @@ def test_the_scale_benchmark_runs_the_public_calls_and_writes_its_record(tmp_pat
     assert {r["method"]: r for r in again["rows"]}["fedncm"] == new_rows["fedncm"]
     assert {r["method"]: r for r in again["rows"]}["fedcof"] != new_rows["fedcof"]
     text = bench_scale.render(again)
-    assert "Rows of fedncm (both points) re-measured later" in text
-    assert "Rows of fedcof (the main point) re-measured later" in text
+    assert text.index("Rows of fedncm (the main point) re-measured later") < text.index(
+        "Rows of fedcof (the main point) re-measured later"
+    )
     with pytest.raises(SystemExit, match="--points must name main and/or d256"):
         bench_scale.main(["--methods", "fedcof", "--points", "d128", "--rerecord", str(path)])
+    with pytest.raises(SystemExit, match="no d = 256 point"):  # --small records have none
+        bench_scale.main(["--methods", "fedcof", "--points", "d256", "--rerecord", str(path)])
+    assert json.loads(path.read_text()) == again  # a refused rerecord leaves the record as it was
 
 
 def test_the_per_client_loop_runs_on_every_client_when_asked_for_all_samples():
@@ -1152,3 +1157,18 @@ def test_symmetrising_by_tiles_gives_the_same_numbers_as_the_transpose_sweep():
             -8, 8
         )
         np.testing.assert_array_equal(symmetrised(A), 0.5 * (A + A.T))
+
+
+def test_the_report_states_every_rerecord_with_its_points():
+    """Each --rerecord a record went through is stated, earliest first, with the points it re-measured (a
+    record from before --points re-measured both)."""
+    from experiments.scale_report import _rerecord_text
+
+    older = {"methods": ["fedncm"], "runs": 2, "command": "A"}
+    entry = {"methods": ["fedlog"], "runs": 2, "command": "B", "points": ["d256"], "earlier": [older]}
+    assert _rerecord_text({"rerecorded": entry}) == (
+        " Rows of fedncm (both points) re-measured later (A), once for each of the record's 2 runs, each against "
+        "the bound parts measured beside it. Rows of fedlog (d = 256) re-measured later (B), once for each of the "
+        "record's 2 runs, each against the bound parts measured beside it."
+    )
+    assert _rerecord_text({}) == ""
