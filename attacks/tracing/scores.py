@@ -271,5 +271,47 @@ def learned_test(
         threadpool_limits(limits=1),
     ):  # small matrices: more BLAS threads only contend
         warnings.simplefilter("ignore", ConvergenceWarning)
-        clf.fit(X, y)
+        _fit_stoppable(clf, X, y)
     return LearnedTest(classifier=clf, support_z=support_z)
+
+
+def _fit_stoppable(clf, X, y) -> None:
+    """``clf.fit(X, y)`` that a Ctrl-C or SIGTERM stops.
+
+    scikit-learn's MLP catches KeyboardInterrupt (the form both signals take in a privfed command), warns
+    and returns a half-trained model, so the run would go on (or finish and score with that model).  While
+    it trains, each signal that is not ignored is noted and stops its epoch loop; once fit returns, the
+    handlers are put back and the signal is raised again, so it reaches the command as it was sent.
+    """
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
+        clf.fit(X, y)
+        return
+    got: list[int] = []
+
+    def note(signum, frame):
+        got.append(signum)
+        raise KeyboardInterrupt  # ends the epoch loop now (scikit-learn catches it)
+
+    held = {
+        s: signal.signal(s, note)
+        for s in (signal.SIGINT, signal.SIGTERM)
+        if signal.getsignal(s) not in (signal.SIG_IGN, None)
+    }
+    import warnings
+
+    try:
+        with warnings.catch_warnings():  # its "Training interrupted by user." would only precede the stop
+            warnings.filterwarnings("ignore", message="Training interrupted by user")
+            clf.fit(X, y)
+    except KeyboardInterrupt:
+        if not got:
+            raise
+    finally:
+        for s, h in held.items():
+            signal.signal(s, h)
+    if got:
+        signal.raise_signal(got[0])  # the command's own handler: Terminated, KeyboardInterrupt or the default
+        raise KeyboardInterrupt  # a handler that returned: the half-trained model is never used
