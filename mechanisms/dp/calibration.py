@@ -28,6 +28,7 @@ from scipy.special import log_ndtr
 from privfed.errors import ConfigError
 
 __all__ = [
+    "MAX_EPSILON",
     "analytic_sigma",
     "check_budget",
     "classic_sigma",
@@ -37,14 +38,20 @@ __all__ = [
 ]
 
 
+#: The largest finite epsilon a release takes: the noise a larger one calls for (sigma ~ Delta / sqrt(2 eps))
+#: and the accounting of it (mu^2 / 2 ~ eps) leave float64's range near 1e308, and such a budget protects
+#: nothing; inf asks for no noise.
+MAX_EPSILON = 1e300
+
+
 def check_budget(epsilon: float, delta: float, *, allow_inf: bool = True) -> tuple[float, float]:
     """Validate a privacy budget; return it as floats.
 
     Raises
     ------
     ConfigError
-        If ``epsilon <= 0`` (or NaN, or inf when not allowed) or ``delta`` is
-        not in the open interval (0, 1).
+        If ``epsilon <= 0`` (or NaN, or inf when not allowed, or finite above :data:`MAX_EPSILON`) or
+        ``delta`` is not in the open interval (0, 1).
     """
     try:
         eps = float(epsilon)
@@ -57,6 +64,11 @@ def check_budget(epsilon: float, delta: float, *, allow_inf: bool = True) -> tup
         raise ConfigError(f"epsilon must be > 0, got epsilon={epsilon!r}; use float('inf') for no noise")
     if math.isinf(eps) and not allow_inf:
         raise ConfigError("epsilon must be finite here, got epsilon=inf")
+    if math.isfinite(eps) and eps > MAX_EPSILON:
+        raise ConfigError(
+            f"epsilon={epsilon!r} is beyond {MAX_EPSILON:g}: the noise it calls for and its accounting leave "
+            "float64's range (such a budget protects nothing); use an epsilon of inf for no noise"
+        )
     if math.isnan(dl) or not 0.0 < dl < 1.0:
         raise ConfigError(
             f"delta must lie in the open interval (0, 1), got delta={delta!r}; "
@@ -116,6 +128,8 @@ def gdp_epsilon(mu: float, delta: float) -> float:
     lo, hi = 0.0, 1.0
     while _gdp_delta(hi, mu) > delta:
         lo, hi = hi, 2 * hi
+        if math.isinf(hi):  # the epsilon lies beyond float64 (mu near 1e154 or more): no finite answer
+            return math.inf
     for _ in range(200):
         mid = 0.5 * (lo + hi)
         if _gdp_delta(mid, mu) > delta:

@@ -13,10 +13,11 @@ import warnings
 from collections.abc import Mapping
 
 from mechanisms.dp.accounting import calibrate_round_mu
+from mechanisms.dp.calibration import MAX_EPSILON, gdp_epsilon
 from mechanisms.dp.sensitivity import StatisticSensitivity, block_sigmas
 from privfed.errors import ConfigError, InputError
 
-__all__ = ["GaussianCalibration", "check_noise_multiplier"]
+__all__ = ["GaussianCalibration", "check_noise_multiplier", "noise_multiplier_epsilon"]
 
 
 class GaussianCalibration:
@@ -224,3 +225,21 @@ def check_noise_multiplier(z, epsilon, calibration: str, sampling_rate) -> float
             "with calibration='analytic' and sampling_rate=1, or give epsilon"
         )
     return z
+
+
+def noise_multiplier_epsilon(z: float, rounds, delta: float) -> float:
+    """The epsilon (at ``delta``) of ``rounds`` releases at noise multiplier ``z`` (GDP: sqrt(rounds) / z), refused
+    naming ``z`` when float64 cannot account for it or delta is met at epsilon = 0."""
+    epsilon = gdp_epsilon(math.sqrt(rounds if isinstance(rounds, int) and rounds >= 1 else 1) / z, delta)
+    if not 0 < epsilon <= MAX_EPSILON:  # refused naming what was given, not the epsilon computed
+        raise ConfigError(
+            f"noise_multiplier={z!r} gives epsilon={epsilon:g} at delta={delta!r}: "
+            + (
+                "so much noise that delta is met at epsilon = 0, and a release's accounting needs epsilon > 0; "
+                "use a smaller noise_multiplier"
+                if epsilon == 0
+                else f"so little noise that its epsilon is beyond {MAX_EPSILON:g} (float64 cannot account for "
+                "it, and it protects nothing); use a larger noise_multiplier, or epsilon=float('inf') for no noise"
+            )
+        )
+    return epsilon

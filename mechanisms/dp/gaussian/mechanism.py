@@ -60,9 +60,13 @@ import numpy as np
 
 from mechanisms.dp.accounting import ACCOUNTANTS
 from mechanisms.dp.backends import NoiseBackend, get_backend
-from mechanisms.dp.calibration import check_budget, gdp_epsilon
+from mechanisms.dp.calibration import check_budget
 from mechanisms.dp.clipping import CLIP_NORMS, Clipping, check_bound
-from mechanisms.dp.gaussian.calibration import GaussianCalibration, check_noise_multiplier
+from mechanisms.dp.gaussian.calibration import (
+    GaussianCalibration,
+    check_noise_multiplier,
+    noise_multiplier_epsilon,
+)
 from mechanisms.dp.gaussian.clients import ClientBounding
 from mechanisms.dp.gaussian.noise import GaussianNoise
 from mechanisms.dp.gaussian.report import GaussianReport
@@ -215,9 +219,7 @@ class GaussianMechanism(Parameters, GaussianCalibration, GaussianNoise, ClientBo
         if noise_multiplier is not None:
             z = check_noise_multiplier(noise_multiplier, epsilon, calibration, sampling_rate)
             check_budget(1.0, delta)  # delta's own checks, with their messages
-            epsilon = gdp_epsilon(
-                math.sqrt(rounds if isinstance(rounds, int) and rounds >= 1 else 1) / z, delta
-            )
+            epsilon = noise_multiplier_epsilon(z, rounds, delta)
         elif epsilon is None:
             raise ConfigError(
                 "GaussianMechanism needs a budget: epsilon=... (the noise is calibrated to it) or "
