@@ -68,8 +68,18 @@ def load_config_file(path: str, flag: str = "--config") -> dict[str, Any]:
         if p.name in (manifest_names(p.parent) or ()):  # a saved run: its files must match their hashes
             verify_folder(p.parent)
         return data["config"]
+
+    def number(literal: str) -> float:  # a float TOML reads: one too large for float64 is not infinity
+        v = float(literal)
+        if math.isinf(v) and literal.lstrip("+-") != "inf":
+            raise ConfigError(
+                f"{flag} {path!r}: the number {literal} overflows a float64 (the largest is about 1.8e308); "
+                "write inf if you mean infinity"
+            )
+        return v
+
     try:
-        return tomllib.loads(text)
+        return tomllib.loads(text, parse_float=number)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{flag} {path!r} is not valid TOML: {exc}") from None
 
@@ -174,13 +184,20 @@ class Settings:
                 f"method_params must be a table of tables like {{fedcof = {{gamma = 0.1}}}}, got {mp!r}"
             )
         params: dict[str, dict[str, Any]] = {method_names(k)[0]: dict(v) for k, v in mp.items()}
+        given: dict[tuple[str, str], str] = {}
         for item in getattr(self.args, "param", None) or []:
             lhs, sep, value = item.partition("=")
             mname, dot, key = lhs.rpartition(".")
             if not sep or not dot or not key or not mname:
                 example = f"{methods[0]}.KEY=VALUE" if len(methods) == 1 else "METHOD.KEY=VALUE"
                 raise ConfigError(f"--param {item!r} must look like {example}, e.g. fedcof.gamma=0.1")
-            params.setdefault(method_names(mname, "--param")[0], {})[key] = parse_value(value)
+            name = method_names(mname, "--param")[0]
+            if (name, key) in given:  # repeatable for other parameters, never to overwrite one silently
+                raise ConfigError(
+                    f"--param sets {name}.{key} twice ({given[name, key]!r}, then {item!r}); pass it once"
+                )
+            given[name, key] = item
+            params.setdefault(name, {})[key] = parse_value(value)
         for mname, p in params.items():
             if mname not in methods:
                 raise ConfigError(
@@ -220,8 +237,12 @@ class Settings:
         if v is not None and isinstance(v, str) and v.strip().lower() in ("nan", "+nan", "-nan"):
             raise ConfigError(f"--delta must be a finite number in (0, 1), got {v!r}")
         delta = float(FEDERATION["delta"]) if v is None else as_float(v, "--delta")
-        if not 0 < delta < 1:
-            raise ConfigError(f"--delta must be in (0, 1), got {delta:g}")
+        if not 0 < delta < 1:  # named as typed: 1e-400 reads as 0.0, which is not what was written
+            typed = v if isinstance(v, str) else f"{delta:g}"
+            raise ConfigError(
+                f"--delta must be in (0, 1), got {typed}"
+                + (" (below the smallest float64)" if _underflows(v) else "")
+            )
         return delta
 
     def clip(self) -> float | None:
@@ -282,3 +303,13 @@ class Settings:
             return False
         v = self.base.get("plot")
         return True if v is None else as_bool(v, "plot")
+
+
+def _underflows(text) -> bool:
+    """Whether a number's text is not zero but reads as 0.0 in float64 (1e-400)."""
+    from decimal import Decimal, InvalidOperation
+
+    try:
+        return isinstance(text, str) and float(text) == 0.0 and Decimal(text.strip()) != 0
+    except (InvalidOperation, ValueError):
+        return False

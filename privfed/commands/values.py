@@ -42,6 +42,11 @@ def parse_float_list(text: str, name: str, *, positive: bool = False, allow_inf:
             raise ConfigError(f"{name}: {item!r} is not a number (in {text!r})") from None
         if math.isnan(v):
             raise ConfigError(f"{name}: NaN is not allowed")
+        if math.isinf(v) and item.strip().lstrip("+-").lower() not in ("inf", "infinity"):
+            raise ConfigError(
+                f"{name}: {item.strip()!r} overflows a float64 (the largest is about 1.8e308)"
+                + ("; write inf if you mean infinity" if allow_inf and v > 0 else "")
+            )
         if math.isinf(v) and (v < 0 or not allow_inf):
             raise ConfigError(f"{name}: {item!r} is not allowed here")
         if positive and v <= 0:
