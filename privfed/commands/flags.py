@@ -53,8 +53,32 @@ FEDERATION: dict[str, Any] = {
 
 
 # ---------------------------------------------------------------- parsers
+class _Once(argparse._StoreAction):
+    """A flag that takes one value: given again, it is refused (argparse would keep the last silently)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        before = getattr(namespace, self.dest, self.default)
+        if before is not self.default:
+            raise argparse.ArgumentError(
+                self,
+                f"given twice ({before!r}, then {values!r}); pass it once"
+                + (
+                    " (a list goes in one flag, comma-separated)"
+                    if self.metavar and "LIST" in str(self.metavar)
+                    else ""
+                ),
+            )
+        setattr(namespace, self.dest, values)
+
+
 class Parser(argparse.ArgumentParser):
-    """argparse with one-line errors (a ConfigError naming the flag) instead of usage + exit."""
+    """argparse with one-line errors (a ConfigError naming the flag) instead of usage + exit, and a flag that
+    takes one value refused when it is given twice."""
+
+    def add_argument(self, *args, **kwargs):  # noqa: D102
+        if args and str(args[0]).startswith("-") and kwargs.get("action") in (None, "store"):
+            kwargs["action"] = _Once
+        return super().add_argument(*args, **kwargs)
 
     def error(self, message: str):  # noqa: D102
         from privfed.errors import ConfigError

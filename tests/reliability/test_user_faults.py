@@ -311,7 +311,7 @@ def test_one_client_with_a_secure_sum_is_refused_before_any_run(extra, word):
     "secure sum 1 (shape (10,)): ... K >= 2"."""
     from privfed.tradeoff import build_parser, resolve_config
 
-    args = ["--clients", "1", "--eps", "0.5", *extra]
+    args = ["--clients", "1", *(extra if "--eps" in extra else ["--eps", "0.5", *extra])]
     with pytest.raises(ConfigError, match=word):
         resolve_config(build_parser().parse_args(args))
     cfg = resolve_config(
@@ -438,7 +438,8 @@ def test_the_flower_command_refuses_what_its_simulated_nodes_cannot_hold_before_
     from privfed.commands.options import flower_parser
 
     with pytest.raises(ConfigError, match=word):
-        resolve_config(flower_parser().parse_args(["--clients", "3", "--eps", "inf", *args]))
+        base = ["--eps", "inf", *([] if "--clients" in args else ["--clients", "3"])]
+        resolve_config(flower_parser().parse_args([*base, *args]))
     cfg, _ = resolve_config(
         flower_parser().parse_args(["--clients", "3", "--eps", "inf", "--num-classes", "10"])
     )
@@ -490,3 +491,166 @@ def test_a_test_split_of_one_class_is_not_called_a_data_set_of_one_class(tmp_pat
     err = capsys.readouterr().err
     assert "single class in its test labels, so accuracy would measure that class alone" in err, err
     assert "accuracy is 1" not in err and not (tmp_path / "o").exists()
+
+
+# ---------------------------------------------------------------- a fault battery's findings (late November)
+def test_one_client_under_the_attacks_secure_sum_is_refused_like_the_tradeoffs():
+    """privfed.attack --clients 1 --secure-agg used to print a "secure sum" row for one client (whose sum is
+    its input) under the distributed-noise guarantee."""
+    from privfed.commands.attack.config import resolve_config
+    from privfed.commands.options import attack_parser
+
+    with pytest.raises(
+        ConfigError, match=r"--secure-agg mask needs --clients 2 or more \(a sum of one input"
+    ):
+        resolve_config(attack_parser().parse_args(["--attack", "tracing", "--clients", "1", "--secure-agg"]))
+    cfg = resolve_config(
+        attack_parser().parse_args(["--attack", "tracing", "--clients", "2", "--secure-agg"])
+    )
+    assert cfg.secure_agg == "mask" and cfg.clients == 2
+
+
+def test_a_natural_split_of_one_client_is_refused_before_any_run(tmp_path):
+    """A file whose clients column names one client, with the default placements, used to run the local
+    placement, then stop mid-sweep on "secure aggregation needs ... K >= 2", leaving partial files."""
+    rng = np.random.default_rng(1)
+    y = rng.integers(0, 5, 600)
+    F = rng.normal(size=(600, 16)) + y[:, None] * 0.5
+    np.savez(tmp_path / "one.npz", features=F, labels=y, clients=np.zeros(600, int))
+    data = ["--partition", "natural", "--clip", "3", "--dataset", f"file:{tmp_path / 'one.npz'}", "--quiet"]
+    r = _command("tradeoff", [*data, "--no-plot", "--out", str(tmp_path / "o")], tmp_path)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "the secure-sum placement needs 2 or more clients" in r.stderr and "names 1" in r.stderr
+    assert "Traceback" not in r.stderr and not (tmp_path / "o").exists()  # refused before any run
+    r = _command(
+        "tradeoff", [*data, "--secure-agg", "mask", "--no-plot", "--out", str(tmp_path / "o")], tmp_path
+    )
+    assert r.returncode == 2 and "--secure-agg mask needs 2 or more clients" in r.stderr
+    r = _command(
+        "tradeoff",
+        [*data, "--placement", "local", "--seeds", "1", "--no-plot", "--out", str(tmp_path / "o")],
+        tmp_path,
+    )
+    assert r.returncode == 0, r.stderr  # one client's own noise is still a release
+
+
+@pytest.mark.parametrize(
+    "kw,word",
+    [
+        (
+            dict(noise_multiplier=1e-300),
+            r"noise_multiplier=1e-300 gives epsilon=inf .* use a larger noise_multiplier",
+        ),
+        (dict(noise_multiplier=1e-160), r"noise_multiplier=1e-160 gives epsilon=inf"),
+        (
+            dict(noise_multiplier=1e6),
+            r"noise_multiplier=1000000.0 gives epsilon=0 .* use a smaller noise_multiplier",
+        ),
+        (dict(epsilon=1e308), r"epsilon=1e\+308 is beyond 1e\+300"),
+    ],
+)
+def test_budgets_float64_cannot_account_for_are_refused_naming_what_was_given(kw, word):
+    """noise_multiplier=1e-300 used to build a mechanism reporting epsilon=inf that then crashed fitting
+    (OverflowError); 1e6 was refused as "epsilon must be > 0, got epsilon=0.0" (a parameter not given);
+    epsilon=1e308 ran and reported "NO DP" with delta NaN although noise was added."""
+    import warnings
+
+    from mechanisms import GaussianMechanism
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "invalid value" on the way
+        with pytest.raises(ConfigError, match=word):
+            GaussianMechanism(delta=1e-5, clip=5.0, **kw)
+
+
+def test_the_largest_budgets_float64_can_account_for_still_release_with_their_guarantee():
+    import warnings
+
+    from mechanisms import GaussianMechanism
+    from mechanisms.dp.calibration import MAX_EPSILON, gdp_epsilon
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert (
+            gdp_epsilon(1e300, 1e-5) == np.inf
+        )  # beyond float64: inf, without an "invalid value" on the way
+        assert 0 < gdp_epsilon(1e150, 1e-5) < np.inf
+        m = GaussianMechanism(epsilon=MAX_EPSILON, delta=1e-5, clip=5.0)
+        z = GaussianMechanism(noise_multiplier=1e-150, delta=1e-5, clip=5.0)
+    assert m.epsilon == MAX_EPSILON and 0 < z.epsilon <= MAX_EPSILON
+
+
+@pytest.mark.parametrize("text", ["1e999", "0.1,1e400", "-1e999"])
+def test_an_epsilon_that_overflows_float64_is_refused_not_read_as_no_protection(text):
+    """--eps 1e999 used to read as inf: a run with no clipping and no noise, labelled as asked."""
+    from privfed.tradeoff import build_parser, resolve_config
+
+    with pytest.raises(ConfigError, match=r"overflows a float64"):
+        resolve_config(build_parser().parse_args([f"--eps={text}"]))
+    assert resolve_config(build_parser().parse_args(["--eps", "0.1,inf"])).epsilons == (0.1, np.inf)
+
+
+def test_a_config_number_that_overflows_float64_is_refused_and_inf_is_infinity(tmp_path):
+    from privfed.tradeoff import build_parser, resolve_config
+
+    (tmp_path / "big.toml").write_text("eps = 1e999\n")
+    with pytest.raises(ConfigError, match=r"the number 1e999 overflows a float64 .* write inf"):
+        resolve_config(build_parser().parse_args(["--config", str(tmp_path / "big.toml")]))
+    (tmp_path / "inf.toml").write_text("eps = inf\n")
+    assert resolve_config(build_parser().parse_args(["--config", str(tmp_path / "inf.toml")])).epsilons == (
+        np.inf,
+    )
+
+
+@pytest.mark.parametrize(
+    "args,word",
+    [
+        (
+            ["--method", "fedlog", "--method", "fedncm"],
+            r"argument --method: given twice \('fedlog', then 'fedncm'\)",
+        ),
+        (["--eps", "0.1", "--eps", "1"], r"argument --eps: given twice"),
+        (["--placement", "local", "--placement", "trusted"], r"argument --placement: given twice"),
+        (
+            ["--method", "fedcof", "--param", "fedcof.gamma=1", "--param", "fedcof.gamma=2"],
+            r"--param sets fedcof.gamma twice \('fedcof.gamma=1', then 'fedcof.gamma=2'\)",
+        ),
+    ],
+)
+def test_a_flag_given_twice_is_refused_not_kept_last(args, word):
+    """--method fedlog --method fedncm used to run fedncm alone; --param fedcof.gamma=1 --param fedcof.gamma=2
+    recorded gamma 2."""
+    from privfed.tradeoff import build_parser, resolve_config
+
+    with pytest.raises(ConfigError, match=word):
+        resolve_config(build_parser().parse_args(args))
+    cfg = resolve_config(
+        build_parser().parse_args(
+            ["--method", "fedcof", "--param", "fedcof.gamma=0.5", "--param", "fedcof.normalise=false"]
+        )
+    )
+    assert cfg.method_params == {
+        "fedcof": {"gamma": 0.5, "normalise": False}
+    }  # several keys: still repeatable
+
+
+def test_the_flower_command_module_runs_its_command(tmp_path):
+    """python -m privfed.commands.flower used to do nothing and exit 0 (no __main__ guard)."""
+    r = subprocess.run(
+        [sys.executable, "-m", "privfed.commands.flower", "--help"],
+        env=_env(),
+        cwd=tmp_path,
+        text=True,
+        capture_output=True,
+        timeout=120,
+    )
+    assert r.returncode == 0 and "usage:" in r.stdout and "--secure-agg" in r.stdout
+
+
+def test_an_underflowing_delta_is_named_as_typed():
+    from privfed.tradeoff import build_parser, resolve_config
+
+    with pytest.raises(ConfigError, match=r"got 1e-400 \(below the smallest float64\)"):
+        resolve_config(build_parser().parse_args(["--delta", "1e-400"]))
+    with pytest.raises(ConfigError, match=r"got 0$"):
+        resolve_config(build_parser().parse_args(["--delta", "0"]))
