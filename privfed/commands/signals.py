@@ -106,6 +106,9 @@ def keep_finished(
     folder holding the last checkpoint.
     """
     with signals_deferred():
+        # Final files written before the stop (results.csv / results.json, some figures) go: an interrupted
+        # run is described by its partial files alone, never by a results.json that says it completed.
+        out.remove([n for n in out.written if not n.startswith("results.partial.")])
         if not done and not out.written:
             out.abandon()
             return
