@@ -140,6 +140,11 @@ def resolve_config(args: argparse.Namespace) -> AttackConfig:
     else:
         seeds = s.seeds()
     secure = s.secure_agg()
+    if secure != "none" and clients < 2 and partition not in ("groups", "natural"):  # as privfed.tradeoff
+        raise ConfigError(
+            f"--secure-agg {secure} needs --clients 2 or more (a sum of one input is that input); raise "
+            "--clients or drop --secure-agg"
+        )
     # one configuration: a pair that contradicts itself is refused now, naming both (never one ignored)
     check_combination(count_noise=count_noise, level=level, secure_agg=secure, clip=clip)
     params: dict[str, Any] = dict(s.base.get("attack_params") or {})

@@ -71,6 +71,8 @@ def run_tradeoff(
             f"dataset {cfg.dataset!r} has a single class in its test labels, so accuracy would measure that "
             "class alone; give every class more samples (20% of each is held out) or test arrays with >= 2 classes"
         )
+    if cfg.partition == "natural" and ds.train_clients is not None and ds.train_clients.size:
+        _check_natural_clients(cfg, int(np.asarray(ds.train_clients).max()) + 1)
     finite = [e for e in cfg.epsilons if math.isfinite(e)]
     clip = default_clip(cfg, ds) if finite and cfg.count_noise is None else cfg.clip
     cfg = replace(cfg, clip=clip)
@@ -334,3 +336,22 @@ def _sweep(
                     bar.update(1)
                     if on_record is not None:
                         on_record(records)
+
+
+def _check_natural_clients(cfg, clients: int) -> None:
+    """A natural split's clients come from the data file, known only once it is read: a secure sum over
+    fewer than 2 of them is refused here, before any run (as --clients 1 is when the flags are read)."""
+    if clients >= 2:
+        return
+    if cfg.secure_agg != "none":
+        raise ConfigError(
+            f"--secure-agg {cfg.secure_agg} needs 2 or more clients (a sum of one input is that input), but the "
+            f"data's clients column names {clients} for --partition natural; give the file 2 or more clients, "
+            "or drop --secure-agg"
+        )
+    if "secure-sum" in cfg.placements:
+        raise ConfigError(
+            f"the secure-sum placement needs 2 or more clients (a sum of one input is that input), but the data's "
+            f"clients column names {clients} for --partition natural; pass --placement local,trusted, or give "
+            "the file 2 or more clients"
+        )
