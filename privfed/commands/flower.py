@@ -345,3 +345,7 @@ def _body(argv: Sequence[str] | None) -> int:
 
 
 main = cli_entry(PROG, _body)
+
+
+if __name__ == "__main__":  # python -m privfed.commands.flower: the same command as privfed-flower
+    raise SystemExit(main())

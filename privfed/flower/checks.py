@@ -101,12 +101,12 @@ def check_limits(cfg) -> None:
     if cfg.make_method().per_client:
         raise ConfigError(
             f"secure=flwr-secaggplus-insecure sums one vector; method {cfg.method!r} needs every node's "
-            "statistics (its secure protocol runs with --secure mask or ckks)"
+            "statistics (its secure protocol runs with --secure-agg mask or ckks)"
         )
     if cfg.private:
         raise ConfigError(
-            "DP noise is not offered with Flower's SecAgg+; use --secure mask (its nodes add "
-            "distributed noise shares) or drop --epsilon"
+            "DP noise is not offered with Flower's SecAgg+; use --secure-agg mask (its nodes add "
+            "distributed noise shares) or drop --eps"
         )
     if cfg.clip is None or cfg.max_records is None:
         raise ConfigError(
@@ -117,11 +117,11 @@ def check_limits(cfg) -> None:
     if cfg.clients < 3:
         raise ConfigError(
             f"Flower's SecAgg+ needs at least 3 nodes (its share threshold and graph), got "
-            f"clients={cfg.clients}; use --secure mask for 2 nodes"
+            f"clients={cfg.clients}; use --secure-agg mask for 2 nodes"
         )
     if cfg.clients * QUANTIZATION_RANGE >= MODULUS_RANGE:
         raise ConfigError(
             f"Flower's SecAgg+ sums {cfg.clients} quantised values of up to 2^22 each in a 2^32 ring: they "
             f"could overflow (K * 2^22 >= 2^32 from K = {MODULUS_RANGE // QUANTIZATION_RANGE}); use at most "
-            f"{MODULUS_RANGE // QUANTIZATION_RANGE - 1} clients, or --secure mask"
+            f"{MODULUS_RANGE // QUANTIZATION_RANGE - 1} clients, or --secure-agg mask"
         )

@@ -148,7 +148,7 @@ def _plain_refused(msg: Message, context: Context, what: str) -> Message | None:
         msg,
         ProtocolAbort(
             f"node {context.node_id} refuses {what}: it is deployed for secure aggregation (its node config names "
-            "secagg-roster), and the server would read its statistics; run with --secure mask or ckks, or let this "
+            "secagg-roster), and the server would read its statistics; run with --secure-agg mask or ckks, or let this "
             "node release in the clear with --node-config 'allow-plain-release=true'",
             stage=what,
             deviation="plain-release",

@@ -268,7 +268,7 @@ class FlowerConfig:
             if self.secure not in ("none", "mask"):
                 raise ConfigError(
                     f"multi-round FedLog on Flower sums each round in clear or under pairwise masking; "
-                    f"secure={self.secure!r} is not offered over rounds: use --secure mask"
+                    f"secure={self.secure!r} is not offered over rounds: use --secure-agg mask"
                 )
             from privfed.flower.checks import rounds_config
 
