@@ -289,20 +289,24 @@ def _fit_stoppable(clf, X, y) -> None:
     if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
         clf.fit(X, y)
         return
+    import warnings
+
     got: list[int] = []
+    armed = [False]  # raise only while fit runs: a signal while the handlers are swapped is noted alone
 
     def note(signum, frame):
         got.append(signum)
-        raise KeyboardInterrupt  # ends the epoch loop now (scikit-learn catches it)
+        if armed[0]:
+            raise KeyboardInterrupt  # ends the epoch loop now (scikit-learn catches it)
 
-    held = {
-        s: signal.signal(s, note)
-        for s in (signal.SIGINT, signal.SIGTERM)
-        if signal.getsignal(s) not in (signal.SIG_IGN, None)
-    }
-    import warnings
-
+    held: dict = {}
     try:
+        for s in (signal.SIGINT, signal.SIGTERM):
+            old = signal.getsignal(s)
+            if old not in (signal.SIG_IGN, None):
+                held[s] = old  # noted before the swap: a signal during it still finds its handler put back
+                signal.signal(s, note)
+        armed[0] = True
         with warnings.catch_warnings():  # its "Training interrupted by user." would only precede the stop
             warnings.filterwarnings("ignore", message="Training interrupted by user")
             clf.fit(X, y)
@@ -310,6 +314,7 @@ def _fit_stoppable(clf, X, y) -> None:
         if not got:
             raise
     finally:
+        armed[0] = False
         for s, h in held.items():
             signal.signal(s, h)
     if got:

@@ -38,10 +38,10 @@ __all__ = [
 ]
 
 
-#: The largest finite epsilon a release takes: the noise a larger one calls for (sigma ~ Delta / sqrt(2 eps))
-#: and the accounting of it (mu^2 / 2 ~ eps) leave float64's range near 1e308, and such a budget protects
-#: nothing; inf asks for no noise.
-MAX_EPSILON = 1e300
+#: The largest finite epsilon a release takes: the accounting of a larger one leaves float64's range (the
+#: classic calibration's mu is about eps / 4.8 and the accountant squares it; near 1e154 mu^2 overflows),
+#: and such a budget protects nothing; inf asks for no noise.
+MAX_EPSILON = 1e150
 
 
 def check_budget(epsilon: float, delta: float, *, allow_inf: bool = True) -> tuple[float, float]:

@@ -57,23 +57,30 @@ class _Once(argparse._StoreAction):
     """A flag that takes one value: given again, it is refused (argparse would keep the last silently)."""
 
     def __call__(self, parser, namespace, values, option_string=None):
-        before = getattr(namespace, self.dest, self.default)
-        if before is not self.default:
+        given = parser.__dict__.setdefault(
+            "_given", {}
+        )  # this parse's flags (Parser.parse_known_args resets)
+        if self.dest in given:
             raise argparse.ArgumentError(
                 self,
-                f"given twice ({before!r}, then {values!r}); pass it once"
+                f"given twice ({given[self.dest]!r}, then {values!r}); pass it once"
                 + (
                     " (a list goes in one flag, comma-separated)"
                     if self.metavar and "LIST" in str(self.metavar)
                     else ""
                 ),
             )
+        given[self.dest] = values
         setattr(namespace, self.dest, values)
 
 
 class Parser(argparse.ArgumentParser):
     """argparse with one-line errors (a ConfigError naming the flag) instead of usage + exit, and a flag that
     takes one value refused when it is given twice."""
+
+    def parse_known_args(self, args=None, namespace=None):  # noqa: D102
+        self._given = {}  # the flags given in this parse (a value its default equals is still given)
+        return super().parse_known_args(args, namespace)
 
     def add_argument(self, *args, **kwargs):  # noqa: D102
         if args and str(args[0]).startswith("-") and kwargs.get("action") in (None, "store"):

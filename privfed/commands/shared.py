@@ -22,6 +22,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from mechanisms.dp.calibration import MAX_EPSILON
 from privfed._files import read_regular_text
 from privfed.commands.options import (
     ATTACK_NAMES,
@@ -52,11 +53,25 @@ def load_config_file(path: str, flag: str = "--config") -> dict[str, Any]:
         raise ConfigError(f"{flag} {path!r} does not exist")
     # a FIFO, a device, a socket or a folder is named and refused, never waited on
     text = read_regular_text(p, f"{flag} {path!r}", "pass a TOML file or a privfed results.json")
+
+    def number(
+        literal: str,
+    ) -> float:  # a float TOML or JSON reads: one too large for float64 is not infinity
+        v = float(literal)
+        if math.isinf(v) and literal.lstrip("+-") != "inf":
+            raise ConfigError(
+                f"{flag} {path!r}: the number {literal} overflows a float64 (the largest is about 1.8e308); "
+                "write inf if you mean infinity"
+            )
+        return v
+
     if p.suffix == ".json":
         from privfed.results.writer import manifest_names, verify_folder
 
         try:
-            data = json.loads(text)
+            data = json.loads(text, parse_float=number)
+        except ConfigError:
+            raise
         except ValueError as exc:
             raise ConfigError(
                 f"{flag} {path!r} is not valid JSON ({exc}); pass a TOML file or a privfed results.json"
@@ -68,15 +83,6 @@ def load_config_file(path: str, flag: str = "--config") -> dict[str, Any]:
         if p.name in (manifest_names(p.parent) or ()):  # a saved run: its files must match their hashes
             verify_folder(p.parent)
         return data["config"]
-
-    def number(literal: str) -> float:  # a float TOML reads: one too large for float64 is not infinity
-        v = float(literal)
-        if math.isinf(v) and literal.lstrip("+-") != "inf":
-            raise ConfigError(
-                f"{flag} {path!r}: the number {literal} overflows a float64 (the largest is about 1.8e308); "
-                "write inf if you mean infinity"
-            )
-        return v
 
     try:
         return tomllib.loads(text, parse_float=number)
@@ -215,6 +221,15 @@ class Settings:
             return (float(FEDERATION["eps"]),)
         text = as_list(v, "--eps")
         for item in text.split(","):
+            try:
+                big = float(item) > MAX_EPSILON and math.isfinite(float(item))
+            except ValueError:
+                big = False  # parse_float_list names it
+            if big:  # refused with the flags, not after the budgets listed before it have run
+                raise ConfigError(
+                    f"--eps {item.strip()} is beyond {MAX_EPSILON:g}: its accounting leaves float64's range (such "
+                    "a budget protects nothing); write inf for no noise"
+                )
             low = item.strip().lower()
             if low in ("nan", "-inf", "-infinity", "+nan", "-nan"):
                 raise ConfigError(

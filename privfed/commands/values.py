@@ -97,6 +97,8 @@ def as_float(value: Any, flag: str) -> float:
         v = float(value)
     except ValueError:
         raise ConfigError(f"{flag} must be a number, got {value!r}") from None
+    except OverflowError:  # an integer beyond float64 (a config file's 10**400)
+        raise ConfigError(f"{flag}: {value} overflows a float64 (the largest is about 1.8e308)") from None
     if math.isnan(v):
         raise ConfigError(f"{flag} must be a number, got NaN")
     return v

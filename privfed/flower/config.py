@@ -236,7 +236,7 @@ class FlowerConfig:
                 raise ConfigError(
                     f"DP noise on method {self.method!r}'s secure protocol is not supported (its second round "
                     "has no bounded sensitivity); use a sum-only method (fedncm, fed3r, fed3r-within, fedcgs, "
-                    "fedlog) with --secure, or drop --secure"
+                    "fedlog) with --secure-agg, or drop --secure-agg"
                 )
             if self.secure != "none" and self.trusted_aggregator:
                 raise ConfigError(
@@ -254,7 +254,7 @@ class FlowerConfig:
         if self.wire != "float64" and self.secure != "none":
             raise ConfigError(
                 "wire=compact applies to plain uploads; secure aggregation has its own encoding "
-                "(fixed point for masking, CKKS ciphertexts): drop --wire or --secure"
+                "(fixed point for masking, CKKS ciphertexts): drop --wire or --secure-agg"
             )
         _positive_int(self.rounds, "rounds", "e.g. --rounds 10 for multi-round FedLog")
         if not isinstance(self.rounds_params, dict):

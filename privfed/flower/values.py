@@ -10,6 +10,7 @@ to an object; a wrong value is one line naming the key.
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 import numpy as np
@@ -95,7 +96,17 @@ def coerce(name: str, value: Any, key: str) -> Any:
         if kind == "float":
             if isinstance(value, bool):
                 raise ValueError
-            return float(value)
+            v = float(value)
+            if (
+                isinstance(value, str)
+                and math.isinf(v)
+                and value.strip().lstrip("+-").lower() not in ("inf", "infinity")
+            ):
+                raise ConfigError(  # 1e999 is not infinity (a number TOML already read as inf cannot be told apart)
+                    f"run-config {key}={value!r} overflows a float64 (the largest is about 1.8e308); write inf if "
+                    "you mean infinity"
+                )
+            return v
         if kind == "bool":
             if isinstance(value, str):
                 if value.lower() not in ("true", "false", "1", "0"):

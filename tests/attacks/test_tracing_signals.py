@@ -83,3 +83,34 @@ def test_an_ignored_signal_is_left_ignored():
         assert clf.n_iter_ == 30 and signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
     finally:
         signal.signal(signal.SIGTERM, old)
+
+
+@pytest.mark.parametrize("at", [1, 2, 3, 4])  # after the 1st / 2nd install, after the 1st / 2nd restore
+def test_a_signal_while_the_handlers_are_swapped_still_reaches_the_command_as_sent(monkeypatch, at):
+    """A SIGTERM landing between two handler swaps used to raise a plain KeyboardInterrupt from the swap (exit
+    130, not 143) and leave the other signal's handler as the learned test's."""
+    real = signal.signal
+    calls: list[int] = []
+
+    def swap(s, h):
+        out = real(s, h)
+        calls.append(s)
+        if len(calls) == at:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return out
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(200, 3))
+    y = (X[:, 0] > 0).astype(int)
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    import warnings
+
+    with interruptible():
+        inside = signal.getsignal(signal.SIGTERM)
+        monkeypatch.setattr(signal, "signal", swap)
+        with warnings.catch_warnings(), pytest.raises(Terminated):
+            warnings.simplefilter("ignore")
+            _fit_stoppable(MLPClassifier(hidden_layer_sizes=(4,), max_iter=5, random_state=0), X, y)
+        monkeypatch.setattr(signal, "signal", real)
+        assert signal.getsignal(signal.SIGTERM) is inside  # the command's own handler, put back
+    assert {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)} == before

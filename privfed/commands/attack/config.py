@@ -145,6 +145,11 @@ def resolve_config(args: argparse.Namespace) -> AttackConfig:
             f"--secure-agg {secure} needs --clients 2 or more (a sum of one input is that input); raise "
             "--clients or drop --secure-agg"
         )
+    if secure != "none" and partition == "groups" and max_groups < 2:  # each group is one client
+        raise ConfigError(
+            f"--secure-agg {secure} needs 2 or more clients (a sum of one input is that input), but "
+            "--max-groups 1 makes one group, one client; raise --max-groups or drop --secure-agg"
+        )
     # one configuration: a pair that contradicts itself is refused now, naming both (never one ignored)
     check_combination(count_noise=count_noise, level=level, secure_agg=secure, clip=clip)
     params: dict[str, Any] = dict(s.base.get("attack_params") or {})

@@ -72,7 +72,8 @@ def run_tradeoff(
             "class alone; give every class more samples (20% of each is held out) or test arrays with >= 2 classes"
         )
     if cfg.partition == "natural" and ds.train_clients is not None and ds.train_clients.size:
-        _check_natural_clients(cfg, int(np.asarray(ds.train_clients).max()) + 1)
+        # the clients that hold training rows (an id with none adds nothing to a sum)
+        _check_natural_clients(cfg, int(np.unique(np.asarray(ds.train_clients)).size))
     finite = [e for e in cfg.epsilons if math.isfinite(e)]
     clip = default_clip(cfg, ds) if finite and cfg.count_noise is None else cfg.clip
     cfg = replace(cfg, clip=clip)
@@ -340,18 +341,18 @@ def _sweep(
 
 def _check_natural_clients(cfg, clients: int) -> None:
     """A natural split's clients come from the data file, known only once it is read: a secure sum over
-    fewer than 2 of them is refused here, before any run (as --clients 1 is when the flags are read)."""
+    fewer than 2 that hold data is refused here, before any run (as --clients 1 is when the flags are read)."""
     if clients >= 2:
         return
     if cfg.secure_agg != "none":
         raise ConfigError(
             f"--secure-agg {cfg.secure_agg} needs 2 or more clients (a sum of one input is that input), but the "
-            f"data's clients column names {clients} for --partition natural; give the file 2 or more clients, "
+            f"data's clients column gives rows to {clients} for --partition natural; give the file 2 or more clients, "
             "or drop --secure-agg"
         )
     if "secure-sum" in cfg.placements:
         raise ConfigError(
             f"the secure-sum placement needs 2 or more clients (a sum of one input is that input), but the data's "
-            f"clients column names {clients} for --partition natural; pass --placement local,trusted, or give "
+            f"clients column gives rows to {clients} for --partition natural; pass --placement local,trusted, or give "
             "the file 2 or more clients"
         )
