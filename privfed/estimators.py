@@ -333,6 +333,17 @@ class FederatedHeadClassifier(ClassifierMixin, BaseEstimator):
         p = np.exp(s)
         return p / p.sum(axis=1, keepdims=True)
 
+    def score(self, X, y, sample_weight=None) -> float:
+        """Mean accuracy on ``(X, y)`` (scikit-learn's), with one line naming the input that does not fit."""
+        try:
+            return super().score(X, y, sample_weight=sample_weight)
+        except InputError:
+            raise
+        except (
+            ValueError
+        ) as exc:  # y or sample_weight of another length than X: scikit-learn's words, one line
+            raise InputError(f"score: {' '.join(str(exc).split())}") from None
+
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
         tags.input_tags.allow_nan = False

@@ -176,12 +176,24 @@ def prepare(
 def finish(head, info: ScaleInfo):
     """Make a head fitted on rescaled features score the original ones, and say so.
 
-    Also: a head whose weight is all zero never goes without a note.
+    Also: a head whose weight is all zero, or the same for every class, never goes without a note.
     """
-    if not np.any(head.weight) and not any("zero" in n for n in head.notes):
+    W = np.asarray(head.weight)
+    if not np.any(W) and not any("zero" in n for n in head.notes):
         head.notes.append(
             "the head's weight is all zero: the statistics carry no signal to separate the classes "
             "(e.g. all-zero or constant features); it predicts from the bias alone"
+        )
+    elif (
+        W.ndim == 2
+        and W.shape[0] > 1
+        and np.allclose(W, W[:1], rtol=1e-9, atol=0.0)  # equal up to the rounding of a normalisation
+        and not any("same weight" in n for n in head.notes)
+    ):
+        head.notes.append(
+            "every class has the same weight row (to 1e-9): the scores differ by the bias alone, so the head predicts "
+            "one class whatever the features (e.g. one feature under normalise=True, which leaves each class "
+            "mean only its sign); use more features or normalise=False"
         )
     if info.exponent is None:
         return head

@@ -121,7 +121,7 @@ def resolve_config(args: argparse.Namespace):
     :class:`privfed.flower.FlowerConfig` (with the per-stage timeout's origin); nothing starts here."""
     from privfed.flower.config import FlowerConfig, public_clip
 
-    s = Settings(args, _FILE_KEYS | {k.replace("_", "-") for k in _FILE_KEYS})
+    s = Settings(args, _FILE_KEYS | {k.replace("_", "-") for k in _FILE_KEYS}, "flower")
     s.base = {k.replace("-", "_"): v for k, v in s.base.items()}
     method = s.method()
     params = s.params((method,))

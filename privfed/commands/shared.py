@@ -46,8 +46,9 @@ from privfed.errors import ConfigError
 __all__ = ["Settings", "as_list", "load_config_file", "method_names", "parse_value"]
 
 
-def load_config_file(path: str, flag: str = "--config") -> dict[str, Any]:
-    """The settings of a TOML file, or the ``config`` of a privfed ``results.json`` (checked against its manifest)."""
+def load_config_file(path: str, flag: str = "--config", command: str | None = None) -> dict[str, Any]:
+    """The settings of a TOML file, or the ``config`` of a privfed ``results.json`` (checked against its manifest;
+    with ``command``, refused when the record is another command's or of another schema)."""
     p = Path(path)
     if not p.exists():
         raise ConfigError(f"{flag} {path!r} does not exist")
@@ -79,6 +80,19 @@ def load_config_file(path: str, flag: str = "--config") -> dict[str, Any]:
         if not isinstance(data, dict) or not isinstance(data.get("config"), dict):
             raise ConfigError(
                 f"{flag} {path!r} is JSON but has no 'config' table (is it a privfed results.json?)"
+            )
+        from privfed.results.record import SCHEMA
+
+        if "schema" in data and data["schema"] != SCHEMA:
+            raise ConfigError(
+                f"{flag} {path!r} is a record of schema {data['schema']!r}, not {SCHEMA!r}: it was not written by "
+                "this privfed, so its settings may not mean what they say here"
+            )
+        other = data.get("command")
+        if command is not None and other is not None and other != command:
+            raise ConfigError(
+                f"{flag} {path!r} is a privfed.{other} record, not a privfed.{command} one; replay it with "
+                f"python -m privfed.{other} {flag} {path}"
             )
         if p.name in (manifest_names(p.parent) or ()):  # a saved run: its files must match their hashes
             verify_folder(p.parent)
@@ -137,11 +151,11 @@ class Settings:
     unknown key is refused, naming the allowed ones.
     """
 
-    def __init__(self, args: argparse.Namespace, keys: Iterable[str]) -> None:
+    def __init__(self, args: argparse.Namespace, keys: Iterable[str], command: str | None = None) -> None:
         self.args = args
         self.base: dict[str, Any] = {}
         if getattr(args, "config", None):
-            raw = load_config_file(args.config)
+            raw = load_config_file(args.config, command=command)
             unknown = set(raw) - set(keys)
             if unknown:
                 raise ConfigError(f"--config: unknown setting(s) {sorted(unknown)}; allowed: {sorted(keys)}")

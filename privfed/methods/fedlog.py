@@ -282,7 +282,16 @@ class FedLog(Method):
                 f"used nu + n = {repaired:.4g} (nu plus the positive counts, at least 1)"
             )
             nu_n = repaired
-        A = (N * N + sq / scale / scale) / 4.0  # |a_y|^2 / 4 with a_y = [N_y, s_y / scale]
+        with np.errstate(over="ignore", invalid="ignore"):
+            A = (N * N + sq / scale / scale) / 4.0  # |a_y|^2 / 4 with a_y = [N_y, s_y / scale]
+        if (
+            np.isinf(A).any() and np.isfinite(sq).all()
+        ):  # finite sums over a feature_scale so small it overflows
+            raise InputError(
+                f"FedLog's statistic [N_y, s_y / feature_scale] at feature_scale={scale:g} has squared norms "
+                "beyond the float range; pass feature_scale='auto' (it rescales the features to a median "
+                "class-mean norm of 30) or a feature_scale near the features' norm"
+            )
         tiny = np.flatnonzero(sq <= 2.0**-900)  # zero rows, or squares that underflowed
         exact_sq = np.all(sq < np.inf) and not (tiny.size and S[tiny].any())
         if self.params["solver"] == "exact" and not chi.any() and exact_sq:

@@ -762,3 +762,89 @@ def test_noise_multiplier_rounds_as_a_numpy_integer_count_as_those_rounds():
     a = GaussianMechanism(noise_multiplier=1.0, delta=1e-5, clip=5.0, rounds=4)
     b = GaussianMechanism(noise_multiplier=1.0, delta=1e-5, clip=5.0, rounds=np.int64(4))
     assert a.epsilon == b.epsilon > GaussianMechanism(noise_multiplier=1.0, delta=1e-5, clip=5.0).epsilon
+
+
+# ---------------------------------------------------------------- a second battery round: the API and replays
+def _digits_federation():
+    from privfed.data import load_dataset
+    from privfed.federation import partition
+
+    ds = load_dataset("digits", progress=False)
+    part = partition(ds.train_labels, 10, "iid", rng=0)
+    F, y, k = part.apply(ds.train_features, ds.train_labels)
+    return ds, F, y, k
+
+
+@pytest.mark.parametrize("method", ["fedncm", "fedcof", "fedcof-oracle", "fed3r-within"])
+def test_a_head_whose_classes_share_one_weight_row_says_it_predicts_one_class(method, digits_cache):
+    """With one feature, normalise=True leaves every class mean only its sign: these heads predicted one class
+    (accuracy at chance) with no note."""
+    import privfed
+
+    ds, F, y, k = _digits_federation()
+    one = privfed.fit(method, F[:, 30:31], y, k)
+    assert np.unique(one.predict(ds.test_features[:, 30:31])).size == 1
+    assert any("every class has the same weight row" in n for n in one.notes), one.notes
+    assert not any("same weight row" in n for n in privfed.fit(method, F, y, k).notes)
+
+
+def test_fedlog_with_a_feature_scale_that_overflows_says_so(digits_cache):
+    """feature_scale=1e-200 used to end in scipy's "The function value at x=-1.0 is NaN" (a traceback)."""
+    import privfed
+
+    _, F, y, k = _digits_federation()
+    with pytest.raises(InputError, match=r"at feature_scale=1e-200 has squared norms beyond the float range"):
+        privfed.fit("fedlog", F, y, k, feature_scale=1e-200)
+    assert privfed.fit("fedlog", F, y, k, feature_scale=1e-100).weight.shape == (10, F.shape[1])
+
+
+def test_the_estimators_score_names_a_y_of_another_length(digits_cache):
+    from privfed.estimators import FederatedHeadClassifier
+
+    ds, *_ = _digits_federation()
+    est = FederatedHeadClassifier().fit(ds.train_features, ds.train_labels)
+    with pytest.raises(
+        InputError, match=r"score: Found input variables with inconsistent numbers of samples"
+    ):
+        est.score(ds.test_features, ds.test_labels[:-1])
+    assert 0.5 < est.score(ds.test_features, ds.test_labels) <= 1.0
+
+
+def test_a_record_of_another_command_or_schema_is_refused_as_a_config(tmp_path):
+    """An attack results.json passed to the trade-off got a list of unknown settings; one whose command or
+    schema had been changed was replayed without a word."""
+    from privfed.results.record import SCHEMA
+    from privfed.tradeoff import build_parser, resolve_config
+
+    def record(command, schema=SCHEMA):
+        path = tmp_path / f"{command}-{schema.replace('/', '_')}.json"
+        path.write_text(json.dumps({"schema": schema, "command": command, "config": {"seeds": 1}}))
+        return str(path)
+
+    with pytest.raises(
+        ConfigError, match=r"is a privfed.attack record, not a privfed.tradeoff one; replay it with "
+    ):
+        resolve_config(build_parser().parse_args(["--config", record("attack")]))
+    with pytest.raises(ConfigError, match=r"is a record of schema 'privfed.run/999'"):
+        resolve_config(build_parser().parse_args(["--config", record("tradeoff", "privfed.run/999")]))
+    assert resolve_config(build_parser().parse_args(["--config", record("tradeoff")])).seeds == (0,)
+
+
+@pytest.mark.parametrize("command", ["tradeoff", "attack"])
+def test_alpha_outside_a_dirichlet_split_is_refused_not_ignored(command):
+    """--partition groups --alpha 0.5 (attack) and --partition iid --alpha 0.3 ran, alpha ignored."""
+    from privfed.commands.attack.config import resolve_config as attack_config
+    from privfed.commands.options import attack_parser
+    from privfed.tradeoff import build_parser, resolve_config
+
+    if command == "tradeoff":
+        parse, args = (lambda a: resolve_config(build_parser().parse_args(a))), ["--partition", "iid"]
+    else:
+        parse, args = (
+            (lambda a: attack_config(attack_parser().parse_args(a))),
+            ["--attack", "labels", "--partition", "groups"],
+        )
+    with pytest.raises(ConfigError, match=r"--alpha applies to --partition dirichlet or dirichlet-class"):
+        parse([*args, "--alpha", "0.5"])
+    base = ["--attack", "labels"] if command == "attack" else []
+    assert parse([*base, "--partition", "dirichlet", "--alpha", "0.5"]).alpha == 0.5

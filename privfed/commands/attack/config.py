@@ -87,7 +87,7 @@ def resolve_config(args: argparse.Namespace) -> AttackConfig:
     """Flags over a ``--config`` file over the shared defaults, into a validated :class:`AttackConfig`."""
     from attacks.view import COUNT_NOISE_KINDS
 
-    s = Settings(args, _FILE_KEYS)
+    s = Settings(args, _FILE_KEYS, "attack")
     named = s.attacks() if s.raw("attack") is not None else ()
     if not named:
         raise ConfigError("--attack is required: one of " + ", ".join(attacks.available()))
@@ -132,6 +132,11 @@ def resolve_config(args: argparse.Namespace) -> AttackConfig:
     mg = s.raw("max_groups")
     max_groups = 40 if mg is None else as_int(mg, "--max-groups", minimum=1)
     alpha = s.alpha()
+    if getattr(args, "alpha", None) is not None and partition not in ("dirichlet", "dirichlet-class"):
+        raise ConfigError(  # as --n and --max-groups outside --partition groups: never ignored
+            f"--alpha applies to --partition dirichlet or dirichlet-class; drop --alpha (--partition {partition} "
+            "splits by its own rule)"
+        )
     # --seeds N is a count (0..N-1) or a list, as in every command; the older --seed keeps its meaning (a list).
     if getattr(args, "seed_list", None) is not None:
         if args.seeds is not None:

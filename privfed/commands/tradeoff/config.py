@@ -98,7 +98,7 @@ def resolve_config(args: argparse.Namespace) -> TradeoffConfig:
     the flags (``rounds = 2.5`` and ``clip = "abc"`` are refused alike); the
     shared settings resolve as in every command (:class:`privfed.commands.shared.Settings`).
     """
-    s = Settings(args, _FILE_KEYS)
+    s = Settings(args, _FILE_KEYS, "tradeoff")
     base = s.base
     given = [
         f"--{k.replace('_', '-')}" for k in ("local_epochs", "families", "init") if getattr(args, k, None)
@@ -177,6 +177,11 @@ def resolve_config(args: argparse.Namespace) -> TradeoffConfig:
         rounds=rounds,
     )
     partition = s.partition()
+    if getattr(args, "alpha", None) is not None and partition not in ("dirichlet", "dirichlet-class"):
+        raise ConfigError(  # a flag the split would ignore is refused, never dropped
+            f"--alpha applies to --partition dirichlet or dirichlet-class; drop --alpha (--partition {partition} "
+            "splits by its own rule)"
+        )
     if clients < 2 and partition != "natural":  # refused now, not after the local runs finished
         if secure != "none":
             raise ConfigError(
