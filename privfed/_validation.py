@@ -9,6 +9,7 @@ allocation (:func:`check_memory`, :func:`available_memory`).
 
 from __future__ import annotations
 
+import math
 import os
 
 import numpy as np
@@ -18,6 +19,7 @@ from privfed.errors import ConfigError, InputError
 
 __all__ = [
     "MAX_SEED",
+    "overflows_float64",
     "MEMORY_MARGIN",
     "as_generator",
     "available_memory",
@@ -49,6 +51,15 @@ _MIN_STATS_LIMIT = 1 << 30
 
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def overflows_float64(text: str) -> bool:
+    """Whether ``text`` reads as an infinite float64 without spelling infinity: 1e999 is too large, not inf."""
+    try:
+        v = float(text)
+    except (TypeError, ValueError):
+        return False
+    return math.isinf(v) and str(text).strip().lstrip("+-").lower() not in ("inf", "infinity")
 
 
 def parse_byte_size(text, source: str) -> int:

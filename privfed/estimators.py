@@ -339,9 +339,8 @@ class FederatedHeadClassifier(ClassifierMixin, BaseEstimator):
             return super().score(X, y, sample_weight=sample_weight)
         except InputError:
             raise
-        except (
-            ValueError
-        ) as exc:  # y or sample_weight of another length than X: scikit-learn's words, one line
+        except ValueError as exc:
+            # y or sample_weight of another length than X: scikit-learn's words, on one line
             raise InputError(f"score: {' '.join(str(exc).split())}") from None
 
     def __sklearn_tags__(self):

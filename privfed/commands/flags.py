@@ -57,8 +57,7 @@ class _Once(argparse._StoreAction):
     """A flag that takes one value: given again, it is refused (argparse would keep the last silently)."""
 
     def __call__(self, parser, namespace, values, option_string=None):
-        # the flags given in this parse (Parser.parse_known_args starts each parse with none)
-        given = parser.__dict__.setdefault("_given", {})
+        given = parser._given  # this parse's flags (Parser.parse_known_args starts each parse with none)
         if self.dest in given:
             raise argparse.ArgumentError(
                 self,

@@ -24,6 +24,7 @@ from typing import Any
 
 from mechanisms.dp.calibration import MAX_EPSILON
 from privfed._files import read_regular_text
+from privfed._validation import overflows_float64
 from privfed.commands.options import (
     ATTACK_NAMES,
     FEDERATION,
@@ -55,16 +56,14 @@ def load_config_file(path: str, flag: str = "--config", command: str | None = No
     # a FIFO, a device, a socket or a folder is named and refused, never waited on
     text = read_regular_text(p, f"{flag} {path!r}", "pass a TOML file or a privfed results.json")
 
-    def number(
-        literal: str,
-    ) -> float:  # a float TOML or JSON reads: one too large for float64 is not infinity
-        v = float(literal)
-        if math.isinf(v) and literal.lstrip("+-") != "inf":
+    def number(literal: str) -> float:
+        """A float TOML or JSON reads; one too large for float64 is refused, not read as infinity."""
+        if overflows_float64(literal):
             raise ConfigError(
                 f"{flag} {path!r}: the number {literal} overflows a float64 (the largest is about 1.8e308); "
                 "write inf if you mean infinity"
             )
-        return v
+        return float(literal)
 
     if p.suffix == ".json":
         from privfed.results.writer import manifest_names, verify_folder
@@ -310,6 +309,18 @@ class Settings:
         if v is None:
             return FEDERATION["partition"]
         return choose(v, (*PARTITION_NAMES, *extra), "--partition", what="partition scheme")
+
+    def refuse_unused_alpha(self, partition: str) -> None:
+        """--alpha given as a flag where the split draws no Dirichlet proportions is refused, never ignored (a
+        replayed record's alpha is not: every record carries one)."""
+        if getattr(self.args, "alpha", None) is not None and partition not in (
+            "dirichlet",
+            "dirichlet-class",
+        ):
+            raise ConfigError(
+                f"--alpha applies to --partition dirichlet or dirichlet-class; drop --alpha (--partition "
+                f"{partition} splits by its own rule)"
+            )
 
     def alpha(self) -> float:
         v = self.raw("alpha")

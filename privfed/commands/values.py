@@ -7,7 +7,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from privfed._validation import MAX_SEED
+from privfed._validation import MAX_SEED, overflows_float64
 from privfed.errors import ConfigError
 
 __all__ = [
@@ -42,7 +42,7 @@ def parse_float_list(text: str, name: str, *, positive: bool = False, allow_inf:
             raise ConfigError(f"{name}: {item!r} is not a number (in {text!r})") from None
         if math.isnan(v):
             raise ConfigError(f"{name}: NaN is not allowed")
-        if math.isinf(v) and item.strip().lstrip("+-").lower() not in ("inf", "infinity"):
+        if overflows_float64(item):
             raise ConfigError(
                 f"{name}: {item.strip()!r} overflows a float64 (the largest is about 1.8e308)"
                 + ("; write inf if you mean infinity" if allow_inf and v > 0 else "")

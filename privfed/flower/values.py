@@ -10,11 +10,11 @@ to an object; a wrong value is one line naming the key.
 from __future__ import annotations
 
 import json
-import math
 from typing import Any
 
 import numpy as np
 
+from privfed._validation import overflows_float64
 from privfed.errors import ConfigError
 
 __all__ = ["FIELD_TYPES", "coerce", "node_int", "synthetic_spec", "wire_value"]
@@ -96,17 +96,13 @@ def coerce(name: str, value: Any, key: str) -> Any:
         if kind == "float":
             if isinstance(value, bool):
                 raise ValueError
-            v = float(value)
-            if (
-                isinstance(value, str)
-                and math.isinf(v)
-                and value.strip().lstrip("+-").lower() not in ("inf", "infinity")
-            ):
-                raise ConfigError(  # 1e999 is not infinity (a number TOML already read as inf cannot be told apart)
+            # 1e999 is not infinity (a number TOML already read as inf cannot be told apart)
+            if isinstance(value, str) and overflows_float64(value):
+                raise ConfigError(
                     f"run-config {key}={value!r} overflows a float64 (the largest is about 1.8e308); write inf if "
                     "you mean infinity"
                 )
-            return v
+            return float(value)
         if kind == "bool":
             if isinstance(value, str):
                 if value.lower() not in ("true", "false", "1", "0"):

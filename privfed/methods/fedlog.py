@@ -284,9 +284,8 @@ class FedLog(Method):
             nu_n = repaired
         with np.errstate(over="ignore", invalid="ignore"):
             A = (N * N + sq / scale / scale) / 4.0  # |a_y|^2 / 4 with a_y = [N_y, s_y / scale]
-        if (
-            np.isinf(A).any() and np.isfinite(sq).all()
-        ):  # finite sums over a feature_scale so small it overflows
+        # finite sums over a feature_scale so small that s_y / scale overflows (inf sums: the NaN-or-inf refusal)
+        if np.isinf(A).any() and np.isfinite(sq).all():
             raise InputError(
                 f"FedLog's statistic [N_y, s_y / feature_scale] at feature_scale={scale:g} has squared norms "
                 "beyond the float range; pass feature_scale='auto' (it rescales the features to a median "

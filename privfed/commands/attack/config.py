@@ -132,11 +132,7 @@ def resolve_config(args: argparse.Namespace) -> AttackConfig:
     mg = s.raw("max_groups")
     max_groups = 40 if mg is None else as_int(mg, "--max-groups", minimum=1)
     alpha = s.alpha()
-    if getattr(args, "alpha", None) is not None and partition not in ("dirichlet", "dirichlet-class"):
-        raise ConfigError(  # as --n and --max-groups outside --partition groups: never ignored
-            f"--alpha applies to --partition dirichlet or dirichlet-class; drop --alpha (--partition {partition} "
-            "splits by its own rule)"
-        )
+    s.refuse_unused_alpha(partition)  # as --n and --max-groups outside --partition groups
     # --seeds N is a count (0..N-1) or a list, as in every command; the older --seed keeps its meaning (a list).
     if getattr(args, "seed_list", None) is not None:
         if args.seeds is not None:

@@ -177,11 +177,7 @@ def resolve_config(args: argparse.Namespace) -> TradeoffConfig:
         rounds=rounds,
     )
     partition = s.partition()
-    if getattr(args, "alpha", None) is not None and partition not in ("dirichlet", "dirichlet-class"):
-        raise ConfigError(  # a flag the split would ignore is refused, never dropped
-            f"--alpha applies to --partition dirichlet or dirichlet-class; drop --alpha (--partition {partition} "
-            "splits by its own rule)"
-        )
+    s.refuse_unused_alpha(partition)
     if clients < 2 and partition != "natural":  # refused now, not after the local runs finished
         if secure != "none":
             raise ConfigError(
