@@ -173,6 +173,7 @@ def spread_and_sums(
     weights: np.ndarray,
     class_counts: np.ndarray,
     rows: np.ndarray | None = None,
+    class_sums: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray | None]:
     """The class sums S_c and Eq. 6's spread as one X^T X: ``(S, spread)``, ``spread`` None when inexact.
 
@@ -194,12 +195,20 @@ def spread_and_sums(
     correction's C, the scaling and the subtraction), and the largest entry of the spread is a
     diagonal one.  When that bound exceeds :data:`SPREAD_RTOL` of it (class means long against the
     spread), ``spread`` is None and the caller centres the rows on mu_c first (:func:`pair_spread`).
+
+    ``class_sums``: S over these very pairs when the server folded it as they arrived (then the rows are
+    read once, for the tiles); returned as given.
     """
     C, d = weights.shape[0], pair_sums.shape[1]
     src_all = np.arange(pair_class.size) if rows is None else np.asarray(rows)
-    onehot = sp.csr_matrix((np.ones(pair_class.size), (pair_class, src_all)), shape=(C, pair_sums.shape[0]))
-    S = np.asarray(onehot @ pair_sums)
-    del onehot
+    if class_sums is None:
+        onehot = sp.csr_matrix(
+            (np.ones(pair_class.size), (pair_class, src_all)), shape=(C, pair_sums.shape[0])
+        )
+        S = np.asarray(onehot @ pair_sums)
+        del onehot
+    else:
+        S = class_sums
     wp = weights[pair_class]
     sel = np.flatnonzero(wp > 0)
     if sel.size == 0:

@@ -42,7 +42,7 @@ from privfed.head import LinearHead
 from privfed.methods.base import Method
 from privfed.release import UPLOAD_CHUNK_BYTES, ReleasePlan, ReleaseTrace
 from privfed.release.streaming import stream_stands_for
-from privfed.stats import ClientStats, GramSum, readonly, sorted_segments
+from privfed.stats import ClientStats, GramSum, add_rows_by, readonly, sorted_segments
 
 __all__ = [
     "FOLD_CHUNK_BYTES",
@@ -135,6 +135,9 @@ def fold_statistics(
     order, out_key, indptr = sorted_segments(key)
     S = np.empty((out_key.size, d))  # every row is written below
     gram = GramSum(d) if second else None
+    # keep="pairs": the class sums are folded too, a chunk's few classes at a time while its pair sums are at
+    # hand (as a server adds each upload), so the server's step does not read the M rows again for them
+    Sc = np.zeros((C, d)) if keep == "pairs" else None
     step = _chunk_rows(F, second, chunk_bytes)
     for r0, X, t0, t1, part in _segment_chunks(F, order, indptr, step):
         if indptr[t0] < r0:  # the row the previous chunk began
@@ -142,6 +145,8 @@ def fold_statistics(
             S[t0 + 1 : t1] = part[1:]
         else:
             S[t0:t1] = part
+        if Sc is not None:
+            add_rows_by(Sc, part, out_key[t0:t1] % C)
         if second:
             gram.add(X)
     counts = np.diff(indptr).astype(np.float64)
@@ -149,6 +154,7 @@ def fold_statistics(
     if keep == "pairs":
         pairs = tuple(readonly(a) for a in (out_key // C, out_key % C, counts, S))
         out = ClientStats._new(G, C, d, pairs=pairs, gram=gram, fields=fields, owners=owners)
+        out._keep_class_sums(Sc)
         object.__setattr__(out, "folded_pairs", int(out_key.size))
         return out
     Nc, Sc = np.zeros(C), np.zeros((C, d))

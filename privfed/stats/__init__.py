@@ -62,6 +62,7 @@ from types import ModuleType
 
 from privfed.stats import arrays as _arrays
 from privfed.stats.algebra import GramSum as GramSum
+from privfed.stats.algebra import add_rows_by as add_rows_by
 from privfed.stats.algebra import gram_of as gram_of
 from privfed.stats.algebra import sorted_segments as sorted_segments
 from privfed.stats.algebra import sum_rows_by as sum_rows_by

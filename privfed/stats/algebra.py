@@ -6,7 +6,7 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.linalg.blas import dsyrk
 
-__all__ = ["GramSum", "gram_of", "group_second_moments", "sorted_segments", "sum_rows_by"]
+__all__ = ["GramSum", "add_rows_by", "gram_of", "group_second_moments", "sorted_segments", "sum_rows_by"]
 
 # Memory bound (bytes) of one padded block in the batched d x d products.
 _BLOCK_BYTES = 64 * 2**20
@@ -87,6 +87,15 @@ def sum_rows_by(F: np.ndarray, group: np.ndarray, num_groups: int) -> np.ndarray
     n = F.shape[0]
     onehot = sp.csr_matrix((np.ones(n), (group, np.arange(n))), shape=(num_groups, n))
     return np.asarray(onehot @ F)
+
+
+def add_rows_by(out: np.ndarray, F: np.ndarray, group: np.ndarray) -> None:
+    """``out[g] += `` the sum of the rows of F in group g, in place, touching only the groups present (a
+    chunk of uploads adds into its own few rows of ``out``, never a temporary as large as ``out``)."""
+    if group.size == 0:
+        return
+    present, inv = np.unique(group, return_inverse=True)
+    out[present] += sum_rows_by(F, inv.reshape(-1), present.size)
 
 
 _group_sums = sum_rows_by

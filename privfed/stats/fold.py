@@ -6,6 +6,7 @@ import numpy as np
 
 from privfed._validation import check_num_classes, refuse_masked
 from privfed.errors import InputError
+from privfed.stats.algebra import add_rows_by
 from privfed.stats.arrays import dense_view_limit, readonly
 from privfed.stats.checks import check_upload_finite
 from privfed.stats.client_stats import ClientStats
@@ -54,7 +55,7 @@ class StatsFold:
         if keep not in ("total", "pairs"):
             raise InputError(f"keep must be 'total' or 'pairs', got {keep!r}")
         num_classes, dim = check_num_classes(num_classes), check_num_classes(dim, "dim")
-        need = 8 * num_classes * (dim + 1 if keep == "total" else 1)
+        need = 8 * num_classes * (dim + 1)  # N_c and S_c (both modes: "pairs" folds S_c as pairs arrive)
         if need > dense_view_limit():  # checked before anything is allocated
             raise InputError(
                 f"StatsFold(num_classes={num_classes}, dim={dim}) would hold {need / 2**30:.3g} GiB of class "
@@ -69,7 +70,7 @@ class StatsFold:
         self.num_pairs = 0
         self._fields: frozenset[str] | None = None
         self._N = np.zeros(self.num_classes)
-        self._S = np.zeros((self.num_classes, self.dim)) if keep == "total" else None
+        self._S = np.zeros((self.num_classes, self.dim))
         self._gram: np.ndarray | None = None
         self._cs: np.ndarray | None = None
         self._cs_values = True
@@ -127,6 +128,13 @@ class StatsFold:
         else:
             pc, pk, n, S, rows = chunk._pair_block()
             self._count_only |= rows is not None
+            # S_c over the stored sums, folded now (the few classes of this chunk, while its rows are
+            # at hand): the server's step after the last upload does not read the M rows again for it
+            if rows is None:
+                add_rows_by(self._S, S, pk)
+            else:  # count-only cells hold no row; a row no pair names is no sum of any class
+                has = rows >= 0
+                add_rows_by(self._S, S[rows[has]], pk[has])
             rows = np.arange(pc.size) if rows is None else rows
             rows = np.where(rows >= 0, rows + self._rows, -1)
             self._rows += S.shape[0]
@@ -217,5 +225,6 @@ class StatsFold:
                 owners=owners,
                 sum_rows=rows if self._count_only else None,
             )
+            out._keep_class_sums(self._S.copy())
         object.__setattr__(out, "folded_pairs", self.num_pairs)
         return out

@@ -41,6 +41,7 @@ class StatsLayout:
         "_owners",
         "folded_pairs",
         "_sum_rows",
+        "_row_class_sums",
     )
 
     def __init__(self, counts, sums, second=None, class_second=None, owners=None) -> None:
@@ -120,6 +121,7 @@ class StatsLayout:
         s(self, "_owners", owners)
         s(self, "folded_pairs", folded_pairs)
         s(self, "_sum_rows", sum_rows)
+        s(self, "_row_class_sums", None)
 
     def __setattr__(self, name, value):
         raise AttributeError("ClientStats is immutable; use with_arrays(...) for a modified copy")
@@ -284,6 +286,19 @@ class StatsLayout:
             return (*self._pair_data(), None)
         return (*self._pairs, self._sum_rows)
 
+    def _stored_class_sums(self) -> np.ndarray | None:
+        """S_c over every stored pair sum (read-only (C, d)), when a server folded it as the pairs arrived
+        (:meth:`_keep_class_sums`) and the pairs are still the ones it was folded from; else None."""
+        kept = self._row_class_sums
+        if kept is None or self._pairs is None or kept[0] is not self._pairs[3]:
+            return None
+        return kept[1]
+
+    def _keep_class_sums(self, S: np.ndarray) -> None:
+        """Keep ``S`` (C, d), the class sums of the stored pair sums a server folded as they arrived, tied to
+        this very block of sums (a copy with other sums never reads them)."""
+        object.__setattr__(self, "_row_class_sums", (self._pairs[3], readonly(S)))
+
     def summed_pairs(self) -> np.ndarray:
         """Boolean (M,): which pairs have a stored sum (False: a count-only cell, its sum is zero)."""
         if self._sum_rows is None:
@@ -336,6 +351,9 @@ class StatsLayout:
             return self._counts.sum(axis=0), self._sums.sum(axis=0)
         _, pk, n, S, rows = self._pair_block()
         N = np.bincount(pk, weights=n, minlength=self._C)
+        folded = self._stored_class_sums()
+        if folded is not None:
+            return N, folded
         if rows is None:
             return N, sum_rows_by(S, pk, self._C)
         row_class = np.empty(S.shape[0], dtype=np.int64)

@@ -207,3 +207,46 @@ def test_newton_root_equals_brents(monkeypatch):
     brent = map_multipliers(A, 5e4)
     assert calls and np.all(np.isfinite(newton))
     np.testing.assert_allclose(newton, brent, rtol=1e-13)
+
+
+def _fedcof_pairs(rng, K=9, C=5, d=4, count_only=False):
+    """Noisy pair statistics: some counts <= 0 (the drop rule removes them), a class on one client."""
+    pc = np.repeat(np.arange(K), 3)
+    pk = np.concatenate([rng.choice(C - 1, 3, replace=False) for _ in range(K)])
+    pk[:3] = [C - 1, 0, 1]  # class C - 1 on client 0 alone
+    n = rng.integers(1, 9, pc.size).astype(float)
+    n[[4, 11, 17]] = [-0.5, 0.0, -2.0]  # noisy counts the drop rule removes (their sums are stored)
+    sums = rng.normal(size=(pc.size, d)) * n[:, None] + 3.0
+    rows = None
+    if count_only:  # every fifth pair a count-only cell (no stored sum)
+        has = np.arange(pc.size) % 5 != 0
+        rows = np.where(has, np.cumsum(has) - 1, -1)
+        sums = sums[has]
+    return pc, pk, n, sums, rows
+
+
+@pytest.mark.parametrize("count_only", [False, True])
+@pytest.mark.parametrize("noise_var", [0.0, 0.3])
+def test_fedcof_on_folded_class_sums_equals_fedcof_on_the_pairs_alone(count_only, noise_var):
+    """FedCOF's server reads the class sums a pairs fold kept (less the stored sums of dropped pairs)
+    instead of summing the M rows again: the head is the one it computes from the pairs alone."""
+    pc, pk, n, sums, rows = _fedcof_pairs(np.random.default_rng(5), count_only=count_only)
+    K, C, d = 9, 5, 4
+    alone = ClientStats.from_pairs(
+        num_clients=K,
+        num_classes=C,
+        pair_client=pc,
+        pair_class=pk,
+        pair_counts=n,
+        pair_sums=sums,
+        sum_rows=rows,
+    )
+    fold = privfed.stats.StatsFold(num_classes=C, dim=d, keep="pairs")
+    for part in (np.arange(4), np.arange(4, K)):  # two uploads
+        fold.add(alone.clients(part))
+    folded = fold.result()
+    assert folded._stored_class_sums() is not None and alone._stored_class_sums() is None
+    m = privfed.methods.get("fedcof", noise_var=noise_var)
+    a, b = m.aggregate(folded), m.aggregate(alone)
+    np.testing.assert_allclose(a.weight, b.weight, rtol=1e-9, atol=1e-12)
+    assert a.notes == b.notes and any("dropped" in str(x) for x in a.notes)

@@ -383,3 +383,68 @@ def test_gram_sum_refuses_misuse_and_takes_empty_blocks():
     z = stats_algebra.GramSum(0)
     z.add(np.ones((5, 0)))
     assert z.result().shape == (0, 0)
+
+
+def _class_sums_loop(X, y, C):
+    """Independent oracle: each class's sum of samples, one sample at a time."""
+    out = np.zeros((C, X.shape[1]))
+    for i in range(X.shape[0]):
+        out[y[i]] += X[i]
+    return out
+
+
+def test_pairs_folds_keep_the_class_sums_of_their_own_sums():
+    """A pairs fold (StatsFold, and fold_statistics with chunks that cut pairs) folds S_c as the pairs
+    arrive; it equals a sample loop's, and a copy with other sums or other clients never reads it."""
+    from privfed.release.pipeline import fold_statistics
+
+    X, y, k, C, K = _federation(7)
+    want = _class_sums_loop(X, y, C)
+    st = compute_client_stats(X, y, k, num_classes=C, num_clients=K)
+    assert st._stored_class_sums() is None  # computed statistics: nothing folded
+    for cuts in ([K], [2, 5, K], list(range(1, K + 1))):
+        fold = stats_mod.StatsFold(num_classes=C, dim=X.shape[1], keep="pairs")
+        lo = 0
+        for hi in cuts:
+            fold.add(st.clients(np.arange(lo, hi)))
+            lo = hi
+        out = fold.result()
+        np.testing.assert_allclose(out._stored_class_sums(), want, rtol=1e-12, atol=1e-10)
+        np.testing.assert_allclose(out.class_totals()[1], want, rtol=1e-12, atol=1e-10)
+    m = privfed.methods.get("fedcof")
+    for chunk_bytes in (8 * X.shape[1] * 7, None):  # 7 rows a chunk: most chunks cut a pair
+        folded = fold_statistics(
+            m, X, y, k, num_classes=C, num_clients=K, rng=np.random.default_rng(0), chunk_bytes=chunk_bytes
+        )
+        np.testing.assert_allclose(folded._stored_class_sums(), want, rtol=1e-12, atol=1e-10)
+    other = folded.with_arrays(sums=folded.sums + 1.0)
+    assert other._stored_class_sums() is None
+    np.testing.assert_allclose(other.class_totals()[1], want + K, rtol=1e-12, atol=1e-10)
+    assert folded.clients(np.arange(2))._stored_class_sums() is None
+
+
+def test_pairs_fold_of_count_only_cells_sums_the_stored_rows_only():
+    rng = np.random.default_rng(8)
+    C, d = 4, 3
+    stored = rng.normal(size=(3, d))
+    chunk = ClientStats.from_pairs(  # client 0: classes 0, 2 summed, class 3 a count-only cell; client 1: 2
+        num_clients=2,
+        num_classes=C,
+        pair_client=[0, 0, 0, 1],
+        pair_class=[0, 2, 3, 2],
+        pair_counts=[2.0, 1.0, 4.0, 3.0],
+        pair_sums=stored,
+        sum_rows=[2, 0, -1, 1],  # rows stored in another order than the pairs
+    )
+    plain = ClientStats.from_pairs(
+        num_clients=1,
+        num_classes=C,
+        pair_client=[0],
+        pair_class=[1],
+        pair_counts=[5.0],
+        pair_sums=np.ones((1, d)),
+    )
+    out = stats_mod.StatsFold(num_classes=C, dim=d, keep="pairs").add(chunk).add(plain).result()
+    want = np.zeros((C, d))
+    want[0], want[2], want[1] = stored[2], stored[0] + stored[1], 1.0
+    np.testing.assert_allclose(out._stored_class_sums(), want, rtol=1e-12, atol=1e-12)
