@@ -30,6 +30,7 @@ from privfed.errors import ConfigError
 __all__ = [
     "MAX_EPSILON",
     "analytic_sigma",
+    "as_real",
     "check_budget",
     "classic_sigma",
     "gaussian_delta",
@@ -44,6 +45,14 @@ __all__ = [
 MAX_EPSILON = 1e150
 
 
+def as_real(value) -> float:
+    """``float(value)`` of a real number (numpy's included); a bool, a string or bytes is a TypeError (True
+    is no epsilon of 1 and "30" no clip of 30: a caller who meant a number gives one)."""
+    if isinstance(value, (bool, np.bool_, str, bytes, bytearray)):
+        raise TypeError(f"{value!r} is not a number")
+    return float(value)
+
+
 def check_budget(epsilon: float, delta: float, *, allow_inf: bool = True) -> tuple[float, float]:
     """Validate a privacy budget; return it as floats.
 
@@ -54,8 +63,8 @@ def check_budget(epsilon: float, delta: float, *, allow_inf: bool = True) -> tup
         ``delta`` is not in the open interval (0, 1).
     """
     try:
-        eps = float(epsilon)
-        dl = float(delta)
+        eps = as_real(epsilon)
+        dl = as_real(delta)
     except (TypeError, ValueError):
         raise ConfigError(
             f"epsilon and delta must be numbers, got epsilon={epsilon!r}, delta={delta!r}"

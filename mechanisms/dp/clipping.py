@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from mechanisms.dp.calibration import as_real
 from privfed.errors import ConfigError
 
 __all__ = ["Clipping", "clip_coordinates", "clip_l2"]
@@ -28,7 +29,7 @@ CLIP_NORMS = ("l2", "coordinate")
 
 def check_bound(bound: float, name: str = "clip") -> float:
     try:
-        b = float(bound)
+        b = as_real(bound)
     except (TypeError, ValueError):
         raise ConfigError(f"{name} must be a number > 0, got {name}={bound!r}") from None
     if not (b > 0):

@@ -33,7 +33,7 @@ import math
 import numpy as np
 
 from mechanisms.dp.backends import NoiseBackend, get_backend
-from mechanisms.dp.calibration import analytic_sigma, check_budget
+from mechanisms.dp.calibration import analytic_sigma, as_real, check_budget
 from mechanisms.dp.ledger import PrivacyLedger, PrivacyReport, ReleaseEvent, format_up
 from mechanisms.dp.params import Parameters
 from privfed.errors import ConfigError
@@ -120,7 +120,7 @@ class CountNoise(Parameters):
     @staticmethod
     def _check_eps(epsilon: float) -> float:
         try:
-            eps = float(epsilon)
+            eps = as_real(epsilon)
         except (TypeError, ValueError):
             raise ConfigError(f"epsilon must be a number > 0, got epsilon={epsilon!r}") from None
         if not eps > 0:

@@ -198,9 +198,9 @@ class FedCOF(Method):
         # One X^T X over the rows s_p sqrt(w_c / n_p) less a C-row correction (count-only cells, whose
         # sums are zero, enter through N_c alone); rows centred on mu_c first only when that
         # difference would lose accuracy (class means long against the spread).
-        S, spread = spread_and_sums(
-            pk_s, n_s, sums, w, N, rows=rows_s, class_sums=self._folded_sums(stats, valid)
-        )
+        # S_c over these pairs: the class sums the server folded as the pairs arrived, over the pairs with a
+        # count > 0 (valid_pairs' rule), when it kept them; else summed here
+        S, spread = spread_and_sums(pk_s, n_s, sums, w, N, rows=rows_s, class_sums=stats._stored_class_sums())
         mu = class_means(N, S)
         if spread is None:
             spread = pair_spread(pk_s, n_s, sums, mu, w, rows=rows_s)
@@ -209,20 +209,6 @@ class FedCOF(Method):
                 spread += Z.T @ Z
         inv_sum = np.bincount(pk, weights=1.0 / n, minlength=C) if self.params["noise_var"] > 0 else None
         return self._estimate(N, S, mu, Kc, spread, inv_sum, notes)
-
-    @staticmethod
-    def _folded_sums(stats: ClientStats, valid: np.ndarray) -> np.ndarray | None:
-        """S_c over the ``valid`` pairs, from the class sums the server folded as the pairs arrived (less the
-        stored sums of pairs the drop rule removed); None when none were folded."""
-        folded = stats._stored_class_sums()
-        if folded is None:
-            return None
-        _, pk, _, block, rows = stats._pair_block()
-        dropped = ~valid if rows is None else ~valid & (rows >= 0)  # count-only cells hold no sum
-        out = np.flatnonzero(dropped)
-        if out.size == 0:
-            return folded
-        return folded - sum_rows_by(block[out if rows is None else rows[out]], pk[out], folded.shape[0])
 
     @staticmethod
     def _drop_rule(counts: np.ndarray, notes: list[str]) -> np.ndarray:

@@ -237,6 +237,8 @@ class FedLog(Method):
         p["feature_scale"] = check_feature_scale(p["feature_scale"])
         check_choice(self.name, "solver", p["solver"], ("exact", "lbfgs"))
         try:
+            if np.asarray(p["chi"]).dtype.kind not in "iuf":  # "1" or True is no number, as for nu
+                raise TypeError(p["chi"])
             chi = np.asarray(p["chi"], dtype=np.float64)
         except (TypeError, ValueError):
             raise ConfigError(

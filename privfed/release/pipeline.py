@@ -135,8 +135,9 @@ def fold_statistics(
     order, out_key, indptr = sorted_segments(key)
     S = np.empty((out_key.size, d))  # every row is written below
     gram = GramSum(d) if second else None
-    # keep="pairs": the class sums are folded too, a chunk's few classes at a time while its pair sums are at
-    # hand (as a server adds each upload), so the server's step does not read the M rows again for them
+    # keep="pairs": the class sums are folded too (every pair here counts >= 1 sample, so FedCOF's drop rule
+    # keeps them all), a chunk's few classes at a time while its pair sums are at hand (as a server adds each
+    # upload), so the server's step does not read the M rows again for them
     Sc = np.zeros((C, d)) if keep == "pairs" else None
     step = _chunk_rows(F, second, chunk_bytes)
     for r0, X, t0, t1, part in _segment_chunks(F, order, indptr, step):

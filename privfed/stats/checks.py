@@ -41,7 +41,7 @@ def check_upload_finite(chunk: ClientStats, where: str, ids: list | None) -> Non
         i = first_bad(arr)
         if i is not None:
             refuse(stat, i[0], i[1], arr[i])
-    if chunk._pairs is not None and chunk._counts is None and chunk._sums is None:
+    if chunk._pairs is not None and chunk._sums is None:  # the pairs hold the sums (counts may be cached)
         pc, pk, n, S = chunk._pairs
         i = first_bad(n)
         if i is not None:

@@ -128,13 +128,17 @@ class StatsFold:
         else:
             pc, pk, n, S, rows = chunk._pair_block()
             self._count_only |= rows is not None
-            # S_c over the stored sums, folded now (the few classes of this chunk, while its rows are
-            # at hand): the server's step after the last upload does not read the M rows again for it
-            if rows is None:
+            # The pairs are kept (copied: an upload's buffer may be reused for the next), and S_c over the
+            # pairs with a count > 0 (the ones FedCOF's drop rule keeps) folded now, the few classes of this
+            # chunk while its rows are at hand: the server's step after the last upload does not read the
+            # M rows again for it, and a dropped pair's sum never enters it.
+            pc, pk, n, S = (np.array(a) for a in (pc, pk, n, S))
+            rows = None if rows is None else np.array(rows)
+            keep = n > 0 if rows is None else (n > 0) & (rows >= 0)  # count-only cells hold no sum
+            if keep.all():
                 add_rows_by(self._S, S, pk)
-            else:  # count-only cells hold no row; a row no pair names is no sum of any class
-                has = rows >= 0
-                add_rows_by(self._S, S[rows[has]], pk[has])
+            else:
+                add_rows_by(self._S, S[keep if rows is None else rows[keep]], pk[keep])
             rows = np.arange(pc.size) if rows is None else rows
             rows = np.where(rows >= 0, rows + self._rows, -1)
             self._rows += S.shape[0]

@@ -287,16 +287,17 @@ class StatsLayout:
         return (*self._pairs, self._sum_rows)
 
     def _stored_class_sums(self) -> np.ndarray | None:
-        """S_c over every stored pair sum (read-only (C, d)), when a server folded it as the pairs arrived
-        (:meth:`_keep_class_sums`) and the pairs are still the ones it was folded from; else None."""
+        """S_c over the stored sums of the pairs with a count > 0 (read-only (C, d): the pairs FedCOF's drop
+        rule keeps), when a server folded it as the pairs arrived (:meth:`_keep_class_sums`) and the pairs are
+        still the ones it was folded from; else None."""
         kept = self._row_class_sums
         if kept is None or self._pairs is None or kept[0] is not self._pairs[3]:
             return None
         return kept[1]
 
     def _keep_class_sums(self, S: np.ndarray) -> None:
-        """Keep ``S`` (C, d), the class sums of the stored pair sums a server folded as they arrived, tied to
-        this very block of sums (a copy with other sums never reads them)."""
+        """Keep ``S`` (C, d), the class sums of the stored sums of pairs with a count > 0 a server folded as
+        they arrived, tied to this very block of sums (a copy with other sums never reads them)."""
         object.__setattr__(self, "_row_class_sums", (self._pairs[3], readonly(S)))
 
     def summed_pairs(self) -> np.ndarray:
@@ -351,9 +352,6 @@ class StatsLayout:
             return self._counts.sum(axis=0), self._sums.sum(axis=0)
         _, pk, n, S, rows = self._pair_block()
         N = np.bincount(pk, weights=n, minlength=self._C)
-        folded = self._stored_class_sums()
-        if folded is not None:
-            return N, folded
         if rows is None:
             return N, sum_rows_by(S, pk, self._C)
         row_class = np.empty(S.shape[0], dtype=np.int64)

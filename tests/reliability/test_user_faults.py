@@ -848,3 +848,41 @@ def test_alpha_outside_a_dirichlet_split_is_refused_not_ignored(command):
         parse([*args, "--alpha", "0.5"])
     base = ["--attack", "labels"] if command == "attack" else []
     assert parse([*base, "--partition", "dirichlet", "--alpha", "0.5"]).alpha == 0.5
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: __import__("privfed").methods.get("fedlog", chi="1"),
+        lambda: __import__("privfed").methods.get("fedlog", chi=True),
+        lambda: _gaussian(epsilon="1"),
+        lambda: _gaussian(epsilon=True),
+        lambda: _gaussian(delta="1e-5"),
+        lambda: _gaussian(clip="30"),
+        lambda: _gaussian(clip=True),
+        lambda: _gaussian(sampling_rate="0.5"),
+        lambda: _count_noise(epsilon="1"),
+        lambda: _count_noise(epsilon=True),
+    ],
+)
+def test_a_string_or_bool_is_no_number_for_a_budget_clip_or_prior(make):
+    """epsilon=True ran as epsilon 1 and clip="30" as 30 (float() takes both); nu="2" was already refused."""
+    with pytest.raises(ConfigError, match="must be (a )?numbers?"):
+        make()
+
+
+def _gaussian(**kw):
+    from mechanisms.dp.gaussian.mechanism import GaussianMechanism
+
+    return GaussianMechanism(**{"epsilon": 1.0, "delta": 1e-5, "clip": 1.0, **kw})
+
+
+def _count_noise(**kw):
+    from mechanisms.dp.count_noise import LaplaceCountNoise
+
+    return LaplaceCountNoise(**kw)
+
+
+def test_numpy_numbers_stay_numbers_for_a_budget_and_a_clip():
+    m = _gaussian(epsilon=np.float32(2.0), clip=np.int64(3))
+    assert (m.epsilon, m.clip_bound) == (2.0, 3.0)

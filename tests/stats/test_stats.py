@@ -448,3 +448,47 @@ def test_pairs_fold_of_count_only_cells_sums_the_stored_rows_only():
     want = np.zeros((C, d))
     want[0], want[2], want[1] = stored[2], stored[0] + stored[1], 1.0
     np.testing.assert_allclose(out._stored_class_sums(), want, rtol=1e-12, atol=1e-12)
+
+
+def test_pairs_fold_copies_each_upload_and_keeps_sums_of_counted_pairs_only():
+    """A server may reuse one receive buffer for every upload: the fold keeps copies, so its pairs and its
+    class sums are the uploads'. Pairs whose count is <= 0 (dropped by FedCOF's rule) add nothing to the
+    kept class sums, however large their sums."""
+    rng = np.random.default_rng(9)
+    K, C, d = 5, 3, 4
+    n = rng.integers(1, 6, (K, C)).astype(float)
+    n[1, 2], n[3, 0] = -1.0, 0.0
+    sums = rng.normal(size=(K, C, d))
+    sums[1, 2], sums[3, 0] = 1e300, -1e300
+    fold = stats_mod.StatsFold(num_classes=C, dim=d, keep="pairs")
+    buf_n, buf_s = np.empty(C), np.empty((C, d))
+    for k in range(K):
+        buf_n[:], buf_s[:] = n[k], sums[k]
+        fold.add(
+            ClientStats.from_pairs(
+                num_clients=1,
+                num_classes=C,
+                pair_client=np.zeros(C, int),
+                pair_class=np.arange(C),
+                pair_counts=buf_n,
+                pair_sums=buf_s,
+            )
+        )
+    out = fold.result()
+    np.testing.assert_array_equal(out.pair_sums, sums.reshape(-1, d))
+    np.testing.assert_array_equal(out.pair_counts, n.ravel())
+    want = np.where((n > 0)[..., None], sums, 0.0).sum(axis=0)
+    np.testing.assert_allclose(out._stored_class_sums(), want, rtol=1e-12, atol=1e-12)
+
+
+def test_pairs_fold_refuses_a_non_finite_sum_after_its_counts_were_read():
+    S = np.ones((2, 3))
+    S[1, 0] = np.nan
+    chunk = ClientStats.from_pairs(
+        num_clients=2, num_classes=2, pair_client=[0, 1], pair_class=[0, 1], pair_counts=[2, 3], pair_sums=S
+    )
+    chunk.counts  # a dense view of the counts, cached; the sums are still the pairs'
+    with pytest.raises(
+        privfed.InputError, match=r"node 7: statistic 'sums' from client 1 of node 7, class 1"
+    ):
+        stats_mod.StatsFold(num_classes=2, dim=3, keep="pairs").add(chunk, source="node 7")

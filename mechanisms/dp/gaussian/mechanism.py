@@ -60,7 +60,7 @@ import numpy as np
 
 from mechanisms.dp.accounting import ACCOUNTANTS
 from mechanisms.dp.backends import NoiseBackend, get_backend
-from mechanisms.dp.calibration import check_budget
+from mechanisms.dp.calibration import as_real, check_budget
 from mechanisms.dp.clipping import CLIP_NORMS, Clipping, check_bound
 from mechanisms.dp.gaussian.calibration import (
     GaussianCalibration,
@@ -256,7 +256,7 @@ class GaussianMechanism(Parameters, GaussianCalibration, GaussianNoise, ClientBo
             raise ConfigError(f"rounds must be an integer >= 1, got rounds={rounds!r}")
         self.rounds = int(rounds)
         try:
-            q = float(sampling_rate)
+            q = as_real(sampling_rate)
         except (TypeError, ValueError):
             raise ConfigError(
                 f"sampling_rate must be a number in (0, 1], got sampling_rate={sampling_rate!r}"
