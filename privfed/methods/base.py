@@ -185,6 +185,11 @@ class Method(abc.ABC):
 
     # -- helpers -------------------------------------------------------------
     def _check_stats(self, stats: ClientStats) -> None:
+        if not isinstance(stats, ClientStats):
+            raise InputError(
+                f"method {self.name!r} aggregates a privfed.stats.ClientStats, got {type(stats).__name__}; "
+                "build one with privfed.stats.compute_client_stats(...) or ClientStats.from_pairs(...)"
+            )
         missing = set(self.requires) - stats.available
         if missing:
             raise InputError(

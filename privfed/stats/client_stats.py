@@ -170,7 +170,7 @@ class ClientStats(StatsLayout):
 
     def select(self, names: Iterable[str]) -> ClientStats:
         """Keep only the named statistics (``counts`` and ``sums`` are always kept); nothing is copied."""
-        names = set(names) | {"counts", "sums"}
+        names = ({names} if isinstance(names, str) else set(names)) | {"counts", "sums"}
         missing = names - self.available
         if missing:
             raise InputError(
@@ -195,6 +195,9 @@ class ClientStats(StatsLayout):
         unknown = set(arrays) - set(STAT_FIELDS)
         if unknown:
             raise InputError(f"unknown statistic(s) {sorted(unknown)}; choose from {list(STAT_FIELDS)}")
+        for name, want in (("counts", (self._K, self._C)), ("sums", (self._K, self._C, self._d))):
+            if name in arrays and np.shape(arrays[name]) != want:  # before the other is read alongside it
+                raise InputError(f"with_arrays: {name} must have shape {want}, got {np.shape(arrays[name])}")
         counts = arrays.get("counts", self._counts)
         sums = arrays.get("sums", self._sums)
         if "counts" in arrays and "sums" not in arrays:
@@ -245,11 +248,24 @@ class ClientStats(StatsLayout):
         return out
 
     def clients(self, rows) -> ClientStats:
-        """The statistics of a subset of rows (clients)."""
+        """The statistics of a subset of rows (clients): their indices in 0..K-1, or a boolean mask of K."""
         rows = np.asarray(rows)
         if rows.dtype == bool:
+            if rows.shape != (self._K,):
+                raise InputError(
+                    f"ClientStats.clients: a boolean mask must have shape ({self._K},), got {rows.shape}"
+                )
             rows = np.flatnonzero(rows)
+        if rows.ndim != 1 or (rows.size and rows.dtype.kind not in "iu"):
+            raise InputError(
+                f"ClientStats.clients takes client indices (integers in 0..{self._K - 1}) or a boolean mask, "
+                f"got {rows.dtype} of shape {rows.shape}"
+            )
         rows = rows.astype(np.int64)
+        if rows.size and (rows.min() < 0 or rows.max() >= self._K):
+            raise InputError(
+                f"ClientStats.clients: indices must lie in 0..{self._K - 1}, got {int(rows.min())}..{int(rows.max())}"
+            )
         owners = None if self._owners is None else self._owners[rows]
         distinct = np.unique(rows).size == rows.size
         if self._counts is None and distinct:

@@ -76,7 +76,7 @@ def compute_client_stats(
     -------
     ClientStats
     """
-    fields = set(fields)
+    fields = {fields} if isinstance(fields, str) else set(fields)  # "second" is one name, not six letters
     unknown = fields - set(STAT_FIELDS)
     if unknown:
         raise InputError(f"unknown statistic(s) {sorted(unknown)}; choose from {list(STAT_FIELDS)}")

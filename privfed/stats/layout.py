@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from privfed._validation import as_int_vector
+from privfed._validation import as_int_vector, check_num_classes
 from privfed.errors import InputError
 from privfed.stats.algebra import gram_of, sum_rows_by
 from privfed.stats.arrays import as_f64, check_dense, readonly
@@ -105,6 +105,8 @@ class StatsLayout:
             owners = np.array(as_int_vector(owners, "ClientStats.owners"))
             if owners.shape != (K,):
                 raise InputError(f"ClientStats.owners must have shape ({K},), got {owners.shape}")
+            if K and owners.min() < 0:  # a client's rows are bucketed and renumbered from 0 by every server
+                raise InputError(f"ClientStats.owners must be client ids >= 0, got {int(owners.min())}")
             owners.setflags(write=False)
         s = object.__setattr__
         s(self, "_K", int(K))
@@ -209,7 +211,8 @@ class StatsLayout:
                 raise InputError(
                     "sum_rows must hold -1 (a count-only cell) or each row of pair_sums exactly once"
                 )
-        K, C, d = int(num_clients), int(num_classes), S.shape[1]
+        K, C = check_num_classes(num_clients, "num_clients"), check_num_classes(num_classes)
+        d = S.shape[1]
         if M and (pc.min() < 0 or pc.max() >= K or pk.min() < 0 or pk.max() >= C):
             raise InputError(f"pair_client must lie in 0..{K - 1} and pair_class in 0..{C - 1}")
         key = pc * C + pk
@@ -234,6 +237,8 @@ class StatsLayout:
                 raise InputError(f"second must have shape ({K}, {d}, {d}), got {second.shape}")
             fields.add("second")
         if gram is not None:
+            if second is not None:  # two values of one statistic: which one a method read would be chance
+                raise InputError("give second (per client) or gram (their sum), not both")
             gram = readonly(as_f64(gram, "gram"))
             if gram.shape != (d, d):
                 raise InputError(f"gram must have shape ({d}, {d}), got {gram.shape}")

@@ -492,3 +492,60 @@ def test_pairs_fold_refuses_a_non_finite_sum_after_its_counts_were_read():
         privfed.InputError, match=r"node 7: statistic 'sums' from client 1 of node 7, class 1"
     ):
         stats_mod.StatsFold(num_classes=2, dim=3, keep="pairs").add(chunk, source="node 7")
+
+
+def _small_stats():
+    X = np.random.default_rng(10).normal(size=(40, 3))
+    return compute_client_stats(X, np.arange(40) % 2, np.arange(40) % 4, fields=("counts", "sums", "second"))
+
+
+_PAIRS = dict(pair_client=[0, 1], pair_class=[0, 1], pair_counts=[2.0, 3.0], pair_sums=np.ones((2, 3)))
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda: _small_stats().with_arrays(sums=np.ones((4, 2, 7))), r"sums must have shape \(4, 2, 3\)"),
+        (lambda: _small_stats().with_arrays(counts=np.ones((3, 2))), r"counts must have shape \(4, 2\)"),
+        (lambda: ClientStats.from_pairs(num_clients=2, num_classes=None, **_PAIRS), "num_classes must be"),
+        (lambda: ClientStats.from_pairs(num_clients=-1, num_classes=2, **_PAIRS), "num_clients must be >= 1"),
+        (lambda: ClientStats.from_pairs(num_clients=2.9, num_classes=2, **_PAIRS), "num_clients must be a"),
+        (
+            lambda: ClientStats.from_pairs(
+                num_clients=2, num_classes=2, gram=np.eye(3), second=np.zeros((2, 3, 3)), **_PAIRS
+            ),
+            "not both",
+        ),
+        (lambda: ClientStats.from_pairs(num_clients=2, num_classes=2, owners=[-1, 0], **_PAIRS), "ids >= 0"),
+        (lambda: _small_stats().clients([0, 9]), r"lie in 0\.\.3"),
+        (lambda: _small_stats().clients(["a"]), "client indices"),
+        (lambda: _small_stats().clients([0.9]), "client indices"),
+        (lambda: _small_stats().clients([True, False]), r"mask must have shape \(4,\)"),
+        (
+            lambda: privfed.methods.get("fedcof").aggregate(np.zeros(3)),
+            "aggregates a privfed.stats.ClientStats",
+        ),
+    ],
+)
+def test_stats_misuse_is_named(call, message):
+    """Each of these ran on (a d = 7 sums beside d = 3 second moments, a negative owner whose rows a secure
+    sum dropped, num_clients=2.9 read as 2, gram and second disagreeing, client 0.9 read as 0, a short mask
+    read as indices) or raised numpy's own error."""
+    with pytest.raises(privfed.InputError if "num_c" not in message else privfed.ConfigError, match=message):
+        call()
+
+
+def test_a_field_name_given_alone_is_one_name_and_ids_of_one_kind_per_fold():
+    st = _small_stats()
+    assert st.select("second").available == {"counts", "sums", "second"}
+    X = np.random.default_rng(11).normal(size=(20, 3))
+    one = compute_client_stats(X, np.arange(20) % 2, np.arange(20) % 2, fields="second")
+    assert one.available == {"counts", "sums", "second"}
+    fold = stats_mod.StatsFold(num_classes=2, dim=3)
+    with pytest.raises(privfed.InputError, match="mix integer and string ids"):
+        fold.add(one, client_ids=["1", 1])
+    fold.add(one, client_ids=["1", "2"])
+    with pytest.raises(
+        privfed.InputError, match=r"mix integer and string ids.*\(strings, as the chunks before\)"
+    ):
+        fold.add(one, client_ids=[1, 3])
