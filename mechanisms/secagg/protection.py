@@ -365,9 +365,9 @@ class PairwiseMasking(_Protocol):
         ups = [sum(v.values()) for v in res.upload_bytes.values()]
         run.state["last"] = res
         record = {
-            "encoding": f"fixed point, f={res.frac_bits}"
-            + (" (integer, exact)" if res.frac_bits == 0 else ""),
+            "encoding": f"fixed point, f={res.frac_bits}" + (" (integer, exact)" if res.exact else ""),
             "frac_bits": res.frac_bits,
+            "exact": res.exact,
             "threshold": res.threshold,
             "uploaded": len(res.uploaded),
             "dropped_before_upload": res.dropped_before_upload,

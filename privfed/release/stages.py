@@ -262,6 +262,35 @@ def check_release_memory(m: Method, d: int, C: int, K: int, *, dense_uploads: bo
         )
 
 
+#: A fixed-point secure sum's rounding above this share of its typical summed value is noted on the head.
+ROUNDING_NOTE_SHARE = 1e-6
+
+
+def rounding_note(total: np.ndarray, call: dict, number: int) -> list[str]:
+    """A note when a fixed-point secure sum's rounding (each of the ``call["uploaded"]`` uploaders rounds each
+    value to 2^-f: at most uploaders x 2^-(f+1) per summed value) exceeds :data:`ROUNDING_NOTE_SHARE` of the
+    median nonzero |value| of the sum the server received (read from that output alone)."""
+    values = np.abs(np.asarray(total, dtype=np.float64)).ravel()
+    values = values[np.isfinite(values) & (values > 0)]
+    f, K = int(call["frac_bits"]), int(call.get("uploaded", 1))
+    bound = K * 2.0 ** -(f + 1)
+    fix = "scale the features up by a public constant, or raise frac_bits"
+    head = (
+        f"secure sum {number}: fixed-point rounding (f = {f} fractional bits, {K} uploaders) moves each value"
+    )
+    if values.size == 0:  # every value rounded away, or the statistics are zero
+        return [
+            f"{head} by up to {bound:.3g} and every summed value is 0: statistics below that are lost; {fix}"
+        ]
+    typical = float(np.median(values))
+    if bound <= ROUNDING_NOTE_SHARE * typical:
+        return []
+    return [
+        f"{head} by up to {bound:.3g}, {bound / typical:.3g} x the sum's median |value| {typical:.3g}: the head "
+        f"loses what the statistics hold below that; {fix}"
+    ]
+
+
 class SecureSum(Stage):
     """The server learns only sums, through the protection's protocol (noise on each sum, if any)."""
 
@@ -274,14 +303,20 @@ class SecureSum(Stage):
         after = getattr(st.privacy, "after_secure_sum", None) if st.privacy is not None else None
         trace = st.trace
 
+        coarse: list[str] = []
+
         def summed(stack):
             total = run(stack)
             if after is not None:
                 total = after(total, st.method, st.rng)
             trace.add_sum_output(total)
+            calls = getattr(run, "calls", [])
+            if calls and "frac_bits" in calls[-1] and not calls[-1].get("exact"):
+                coarse.extend(rounding_note(total, calls[-1], len(calls)))
             return total
 
         st.head = st.method.secure_aggregate(uploaded, summed)
+        st.head.notes.extend(coarse)
         if trace.server_view().kind != "secure-sums":
             trace.received("secure-sums")
         calls = getattr(run, "calls", [])

@@ -247,3 +247,25 @@ def test_a_split_graph_in_process_settles_epsilon_on_the_least_noised_part():
     assert [c["parts"] for c in rep.calls] == [[3, 5], [8]] and rep.threat.parts == (3, 5)
     assert head.privacy.epsilon == pytest.approx(want, rel=1e-6) and want == pytest.approx(2.155, abs=5e-4)
     assert any("split into parts of 3, 5" in n for n in head.privacy.notes)
+
+
+@pytest.mark.parametrize(
+    "scale, frac_bits, noted", [(1.0, 32, False), (1e-10, 32, True), (1e-12, 32, True), (1.0, 0, True)]
+)
+def test_a_secure_sum_whose_rounding_swamps_the_statistics_says_so(scale, frac_bits, noted):
+    """Each uploader rounds each value to 2^-f: K 2^-(f+1) per summed value.  Features of 1e-12 summed to all
+    zeros (the head then said the statistics carry no signal, as if the data were constant) and f = 0 rounded
+    unit features to integers, both without a word; the counts' sum, exact, never has the note."""
+    from mechanisms.secagg import PairwiseMasking
+
+    rng = np.random.default_rng(0)
+    F = (rng.normal(size=(60, 4)) + np.repeat(np.eye(4)[:3], 20, 0)) * scale
+    y, k = np.repeat(np.arange(3), 20), np.arange(60) % 4
+    head = privfed.fit("fedncm", F, y, k, secure_agg=PairwiseMasking(frac_bits=frac_bits))
+    notes = [n for n in head.notes if "fixed-point rounding" in n]
+    assert bool(notes) == noted
+    if noted:  # the sums of the features (the second secure sum), never the counts' (the first, exact)
+        assert len(notes) == 1 and notes[0].startswith(
+            f"secure sum 2: fixed-point rounding (f = {frac_bits} "
+        )
+        assert f"up to {4 * 2.0 ** -(frac_bits + 1):.3g}" in notes[0]

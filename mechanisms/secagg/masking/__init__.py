@@ -198,6 +198,8 @@ class MaskedSumResult:
     parts: tuple[tuple[int, ...], ...] = ()
     #: Every client's neighbours (the SecAgg+ graph, or everyone).
     graph: tuple[frozenset[int], ...] = ()
+    #: Whether the statistic was summed as integers, exactly (no rounding); else within K 2^-(f+1).
+    exact: bool = False
 
 
 # --------------------------------------------------------------------------- the run
@@ -442,6 +444,7 @@ def masked_sum(
         download_bytes=dict(server.bytes_down),
         parts=tuple(survivor_parts(graph, server.U3)),
         graph=tuple(frozenset(g) for g in graph),
+        exact=bool(integral),
         seconds={
             "encode_checks": t_setup - t_start,
             "key_setup": clock["shares"] - t_setup,
