@@ -11,6 +11,7 @@ public records).  :func:`learned_test` trains the classifier of the
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -101,7 +102,8 @@ def trace_scores(
     if test in ("support", "lrt+support"):
         S = M * n[:, None]
         slack = 1e-9 * np.maximum(1.0, np.abs(S).max(axis=1))  # float rounding of S = n * (S / n)
-        tol = float(support_z) * tau * n + slack
+        z = float(support_z)  # inf switches the test off, noiseless means (tau = 0) too: inf * 0 was NaN
+        tol = (np.full(n.shape, np.inf) if math.isinf(z) else z * tau * n) + slack
         viol = np.maximum((Y - S).max(axis=1) - tol, 0.0)
         if test == "support":
             return -viol

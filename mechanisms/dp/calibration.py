@@ -145,7 +145,7 @@ def gdp_epsilon(mu: float, delta: float) -> float:
             lo = mid
         else:
             hi = mid
-        if hi - lo <= 1e-13 * max(1.0, hi):
+        if hi - lo <= 1e-14 * hi:  # relative: an absolute 1e-13 was 1e-11 of eps = 0.01, printed as 0.01001
             break
     return hi
 

@@ -172,7 +172,8 @@ SHARED: dict[str, SharedFlag] = {
             "--clip",
             "C",
             "L2 bound of every record's feature vector, which the guarantee rests on",
-            "for digits the median feature norm of the public split, no privacy cost; required for other data",
+            "for digits the median feature norm of the public split, no privacy cost; required for other data; "
+            "multi-round FedLog (--rounds > 1): 2 per coordinate",
         ),
         SharedFlag("--level", None, LEVEL_HELP, FEDERATION["level"], {"choices": ("record", "client")}),
         SharedFlag(

@@ -163,6 +163,12 @@ def resolve_config(args: argparse.Namespace):
     if clip is None and math.isfinite(eps):
         clip = public_clip(dataset)  # None for other data: FlowerConfig then asks for --clip
     partition = s.partition()
+    s.refuse_unused_alpha(partition)  # as the other commands: never ignored
+    # given as a flag (a replayed record carries the default 32 whatever ran): never ignored
+    if getattr(args, "frac_bits", None) is not None and secure not in ("mask", "flwr-secaggplus-insecure"):
+        raise ConfigError(
+            "--frac-bits is the fixed-point encoding of pairwise masking: use it with --secure-agg mask, or drop it"
+        )
     clients = s.clients()
     timeout = _seconds(s.raw("timeout"), "--timeout")
     kwargs: dict[str, Any] = dict(

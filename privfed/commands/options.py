@@ -242,14 +242,14 @@ def attack_parser() -> argparse.ArgumentParser:
         help="inversion optimisation steps, pixel or dip backend (default: the attack's)",
     )
     a("--max-cells", default=None, help="inversion: released cells inverted per run (default: the attack's)")
-    a("--device", default="cpu", help="torch device for the backbone (cpu or cuda)")
+    a("--device", default=None, help="torch device for the backbone (cpu or cuda) (default: cpu)")
     a(
         "--strongest",
         action=argparse.BooleanOptionalAction,
-        default=True,
+        default=None,  # None: the config file's, else on (a default here would beat the file)
         help="tracing / inversion: also run the whole attack suite on the same challenge and report the strongest, "
-        "named; the inversion suite needs decoders trained on the public split (shipped for digits, otherwise "
-        "trained once and cached; the run says how long before it starts) (default: on)",
+        "named; the inversion suite needs decoders trained on the public split (trained once and cached) "
+        "(default: on)",
     )
     add_shared(p, ["--secure-agg", "--seeds", "--out", "--overwrite", "--quiet", "--no-plot"])
     a("--seed", dest="seed_list", help=argparse.SUPPRESS)  # older spelling: a list of seeds ('3' = seed 3)
@@ -258,7 +258,7 @@ def attack_parser() -> argparse.ArgumentParser:
 
 # ---------------------------------------------------------------- flower
 FLOWER_EPILOG = """\
-data: every node holds partition seed of --clients partitions of --dataset (digits: the 899-image
+data: each node holds one of --clients partitions of --dataset, drawn with --seeds (digits: the 899-image
 private split; the 359 test images, 20 % of digits, are held out for the printed accuracy).
 --eps and --seeds take one value: a Flower run is one release (sweep budgets and seeds with
 privfed.tradeoff, a simulation). The run goes through Flower's own entry point (flwr run) on a
@@ -324,7 +324,7 @@ def flower_parser() -> argparse.ArgumentParser:
         default=0,
         help="DP with --secure-agg: nodes that may drop while the others' noise shares carry sigma^2",
     )
-    a("--frac-bits", type=int, default=32, help="fixed-point fraction bits of masked uploads")
+    a("--frac-bits", type=int, default=None, help="fixed-point fraction bits of masked uploads (default: 32)")
     a(
         "--wire",
         choices=("float64", "compact"),

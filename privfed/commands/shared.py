@@ -142,6 +142,17 @@ def method_names(value: Any, flag: str = "--method") -> tuple[str, ...]:
     return names
 
 
+def check_count_noise_budgets(count_noise: str | None, epsilons) -> None:
+    """Uniform count noise (no DP: width (1 - eps) n) takes budgets in (0, 1] only: refused with the flags,
+    not once the budgets listed before have run."""
+    over = [e for e in epsilons if not e <= 1.0]
+    if count_noise == "uniform" and over:
+        raise ConfigError(
+            f"--count-noise uniform needs every --eps in (0, 1] (its width is (1 - eps) n), got "
+            f"{', '.join(f'{e:g}' for e in over)}; drop those budgets or pick laplace or geometric count noise"
+        )
+
+
 class Settings:
     """A command's flags over its ``--config`` file over :data:`~privfed.commands.options.FEDERATION`.
 
@@ -249,7 +260,10 @@ class Settings:
                     f"--eps must be a number > 0 (inf: no protection), got {item.strip()!r}; a NaN or negative "
                     "budget would run without noise"
                 )
-        return tuple(parse_float_list(text, "--eps", positive=True))
+        eps = tuple(parse_float_list(text, "--eps", positive=True))
+        if len(set(eps)) != len(eps):  # as --method and --seeds: a repeat would run twice and fake a spread
+            raise ConfigError(f"--eps lists a budget twice: {text!r}")
+        return eps
 
     def epsilon(self) -> float:
         eps = self.epsilons()

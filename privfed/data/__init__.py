@@ -185,6 +185,12 @@ def load_dataset(
     if spec.startswith("file:"):
         from privfed.data.npzfile import load_feature_file
 
+        if backbone is not None:  # the file holds features already: a backbone named here would run nowhere
+            raise ConfigError(
+                f"backbone {backbone!r} does not apply to a feature file ({spec}), whose features are already "
+                "extracted; leave backbone unset"
+            )
+
         return load_feature_file(spec[len("file:") :], seed=int(seed), max_bytes=max_file_bytes)
     name = spec.lower()
     if name == "digits":

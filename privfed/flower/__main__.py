@@ -2,6 +2,15 @@
 
 from __future__ import annotations
 
+
+def main(argv: list[str] | None = None) -> int:
+    """The ``privfed-flower`` script of an install made when it pointed here (it now points to
+    :func:`privfed.commands.flower.main`): the same command, not an ImportError."""
+    from privfed.commands.flower import main as flower_main
+
+    return flower_main(argv)
+
+
 if __name__ == "__main__":  # --help answers before Flower is imported, in well under a second
     from privfed.commands.start import quiet_start
 

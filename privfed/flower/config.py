@@ -188,6 +188,11 @@ class FlowerConfig:
 
             check_degree(self.degree, self.clients)
         if self.threshold is not None:
+            if self.secure not in ("mask", INSECURE_FLWR):
+                raise ConfigError(
+                    f"threshold={self.threshold!r} is the Shamir threshold of pairwise masking: use it with "
+                    f"--secure-agg mask (or {INSECURE_FLWR}), or drop it"
+                )
             _positive_int(self.threshold, "threshold", "e.g. a majority of the clients")
             if self.threshold > self.clients:
                 raise ConfigError(f"threshold={self.threshold} exceeds clients={self.clients}")

@@ -177,7 +177,9 @@ def test_count_noise_rows_state_pure_dp_and_no_dp(tmp_path, capsys, digits_cache
     )
     table = capsys.readouterr().out
     for r in _records(out):
-        assert r["delta"] == 0.0 and r["calibration"] == "pure" and r["sigma"] == "nan"
+        assert (
+            r["delta"] == 0.0 and r["calibration"] == "pure" and r["sigma"] == 0.0
+        )  # the sums go without noise
         assert r["noise"] == "counts: Laplace b=2"  # b = 1 / eps
         # the means go in clear: the release as a whole is not private, and the counts' level is record
         assert r["private"] is False and r["level"] == "record" and r["epsilon_reported"] == 0.5

@@ -886,3 +886,121 @@ def _count_noise(**kw):
 def test_numpy_numbers_stay_numbers_for_a_budget_and_a_clip():
     m = _gaussian(epsilon=np.float32(2.0), clip=np.int64(3))
     assert (m.epsilon, m.clip_bound) == (2.0, 3.0)
+
+
+# ---------------------------------------------------------------- a third battery: what the flags said vs what ran
+def test_a_config_file_turns_the_strongest_suite_off_and_a_replay_keeps_it_off(digits_cache, tmp_path):
+    """strongest = false in a config (or the record of a --no-strongest run) ran the whole suite: the flag's
+    default beat the file."""
+    (tmp_path / "a.toml").write_text('attack = "tracing"\nclients = 5\nstrongest = false\neps = 1\n')
+    res = _command("attack", ["--config", "a.toml", "--out", "o1", "--quiet", "--no-plot"], tmp_path)
+    assert res.returncode == 0, res.stderr[-600:]
+    rec = json.loads((tmp_path / "o1" / "results.json").read_text())
+    assert rec["config"]["strongest"] is False and "strongest[" not in res.stdout
+    res = _command("attack", ["--config", "o1/results.json", "--out", "o2", "--quiet", "--no-plot"], tmp_path)
+    assert res.returncode == 0, res.stderr[-600:]
+    assert json.loads((tmp_path / "o2" / "results.json").read_text())["config"]["strongest"] is False
+    (tmp_path / "b.toml").write_text('attack = "tracing"\nclients = 5\ndevice = 3\n')
+    res = _command("attack", ["--config", "b.toml", "--out", "o3", "--quiet", "--no-plot"], tmp_path)
+    assert res.returncode == 2 and "--device must be cpu or cuda[:i], got 3" in res.stderr, res.stderr[-600:]
+
+
+@pytest.mark.parametrize(
+    "command, args, message",
+    [
+        ("tradeoff", ["--eps", "1,1"], "--eps lists a budget twice: '1,1'"),
+        ("attack", ["--attack", "singleton", "--eps", "inf,Infinity"], "--eps lists a budget twice"),
+        (
+            "tradeoff",
+            ["--count-noise", "uniform", "--eps", "0.5,2"],
+            "--count-noise uniform needs every --eps in (0, 1]",
+        ),
+        ("attack", ["--attack", "tracing", "--count-noise", "uniform", "--eps", "inf"], "got inf"),
+        (
+            "tradeoff",
+            ["--dataset", "file:ok.npz", "--backbone", "vit_b_16", "--clip", "3"],
+            "does not apply to a feature file",
+        ),
+    ],
+)
+def test_a_flag_that_would_run_twice_fail_midway_or_do_nothing_is_refused_first(
+    command, args, message, tmp_path
+):
+    """--eps 1,1 ran twice and showed a spread of 0; uniform count noise at eps 2 stopped the sweep after the
+    runs before it; --backbone with a feature file was recorded but ran nowhere."""
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "ok.npz", features=rng.normal(size=(300, 5)), labels=np.arange(300) % 3)
+    res = _command(
+        command, [*args, "--clients", "5", "--out", "o", "--no-plot"], tmp_path, stdin=subprocess.DEVNULL
+    )
+    assert res.returncode == 2 and message in res.stderr, res.stderr[-600:]
+    assert not (tmp_path / "o").exists() or not any((tmp_path / "o").iterdir())
+
+
+def test_the_clip_line_of_a_multi_round_run_names_its_own_default(digits_cache, tmp_path):
+    res = _command(
+        "tradeoff",
+        [
+            "--rounds",
+            "2",
+            "--local-epochs",
+            "1",
+            "--clients",
+            "3",
+            "--eps",
+            "1",
+            "--out",
+            "r",
+            "--no-plot",
+            "--quiet",
+        ],
+        tmp_path,
+    )
+    assert res.returncode == 0, res.stderr[-600:]
+    line = next(x for x in res.stdout.splitlines() if x.startswith("clip:"))
+    assert (
+        line == "clip: 2 (coordinate; multi-round FedLog's default bound (privfed.rounds; no privacy cost))"
+    )
+
+
+def test_noiseless_means_keep_the_support_test_a_number():
+    """tau = 0 (count noise: the means in clear) with the test switched off (support_z = inf) gave inf * 0 = NaN
+    scores and a numpy warning in the sweep's notes."""
+    from attacks.tracing.scores import trace_scores
+
+    class Model:
+        mean = np.zeros(3)
+
+    rng = np.random.default_rng(1)
+    Y, M = rng.normal(size=(4, 3)), rng.normal(size=(4, 3))
+    with np.errstate(invalid="raise"):
+        s = trace_scores(Y, M, np.full(4, 5.0), Model(), tau=0.0, test="support", support_z=float("inf"))
+    assert np.array_equal(s, np.zeros(4))
+
+
+@pytest.mark.parametrize("eps", [0.001, 0.01, 0.02, 0.05, 0.1, 1.0, 5.0])
+def test_a_calibrated_budget_prints_as_asked(eps):
+    """The exact accountant's bisection stopped at an absolute 1e-13: 1e-11 of eps = 0.01, which the table
+    printed (rounded up, as it must) as 0.01001 (asked 0.01)."""
+    from mechanisms.dp.calibration import analytic_sigma, gdp_epsilon
+    from mechanisms.dp.ledger import format_up
+
+    got = gdp_epsilon(1.0 / analytic_sigma(eps, 1e-5), 1e-5)
+    assert format_up(got) == f"{eps:g}" and got <= eps * (1 + 1e-12)  # never above it beyond resolution
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--threshold", "3"], "threshold=3 is the Shamir threshold of pairwise masking"),
+        (["--threshold", "2", "--secure-agg", "ckks"], "threshold=2 is the Shamir threshold"),
+        (["--frac-bits", "16"], "--frac-bits is the fixed-point encoding of pairwise masking"),
+        (["--alpha", "0.5", "--partition", "iid"], "--alpha applies to --partition dirichlet"),
+    ],
+)
+def test_flower_refuses_flags_that_would_do_nothing(args, message, tmp_path):
+    """Each ran as if absent, where the other commands (and --degree here) refuse them.  --out names a file,
+    so nothing could start even if a check came too late."""
+    (tmp_path / "afile").write_text("")
+    res = _command("flower", ["--clients", "4", *args, "--out", "afile"], tmp_path, stdin=subprocess.DEVNULL)
+    assert res.returncode == 2 and message in res.stderr, res.stderr[-600:]

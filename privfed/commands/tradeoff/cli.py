@@ -191,9 +191,12 @@ def _body(argv: Sequence[str] | None) -> int:
         print(g)
     rcfg = result["config"]
     if any(math.isfinite(e) for e in cfg.epsilons) and rcfg.clip is not None and rcfg.count_noise is None:
-        origin = (
-            "--clip" if cfg.clip is not None else "median feature norm of the public split (no privacy cost)"
-        )
+        if cfg.clip is not None:
+            origin = "--clip, or the --config replayed"
+        elif cfg.rounds > 1:
+            origin = "multi-round FedLog's default bound (privfed.rounds; no privacy cost)"
+        else:
+            origin = "median feature norm of the public split (no privacy cost)"
         print(f"clip: {rcfg.clip:.4g} ({rcfg.clip_norm}; {origin})")
     for w in result["warnings"]:
         print(f"note: {w}")

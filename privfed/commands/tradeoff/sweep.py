@@ -303,7 +303,8 @@ def _sweep(
                         rec.update(
                             mechanism=rep.mechanism,
                             accuracy=head.score(ds.test_features, ds.test_labels),
-                            sigma=rep.sigma.get("sums", float("nan")),
+                            # count noise leaves the sums without noise: their sigma is 0, not unknown
+                            sigma=rep.sigma.get("sums", 0.0 if v.count_noise else float("nan")),
                             sigma_counts=rep.sigma.get("counts", float("nan")),
                             guarantee=rep.guarantee,
                             epsilon_reported=rep.epsilon if bounded else math.inf,
