@@ -57,8 +57,8 @@ def format_up(x: float, digits: int = 4) -> str:
 NEIGHBOURING = {
     "record": "add or remove one record (sample) of one client",
     "client": (
-        "replace one client's whole data by none (zero-out): the client still takes part and adds its "
-        "noise share, so which clients take part is public"
+        "replace one client's whole data by none (zero-out): the client still takes part (its statistics "
+        "zeros, any share of distributed noise still added), so which clients take part is public"
     ),
 }
 
