@@ -299,7 +299,7 @@ def _dirichlet_class(y, C, K, rng, alpha, min_size, max_tries, **_) -> tuple[np.
     if min_size * K > N:
         raise ConfigError(
             f"min_size={min_size} with num_clients={K} needs {min_size * K} samples but there are {N}; "
-            "lower min_size or num_clients (on the command line: --clients)"
+            f"lower min_size or num_clients (on the command line: --clients {max(1, N // min_size)} at most)"
         )
     class_idx = [np.flatnonzero(y == c) for c in range(C)]
     for attempt in range(1, max_tries + 1):
@@ -467,7 +467,10 @@ def partition(
         return Partition(k, K, "natural", params)
     K = _positive_int(num_clients, "num_clients", f"pass 1 <= num_clients <= {N}")
     if K > N:
-        raise ConfigError(f"num_clients={K} exceeds the {N} samples; pass 1 <= num_clients <= {N}")
+        raise ConfigError(
+            f"num_clients={K} exceeds the {N} samples; pass 1 <= num_clients <= {N} (on the command line: "
+            f"--clients {N} at most)"
+        )
     if scheme in ("dirichlet", "dirichlet-class"):
         alpha = check_alpha(alpha)
     if scheme == "dirichlet-class":

@@ -302,6 +302,13 @@ def test_below_chance_rows_are_named_with_their_reason():
     assert "worse than guessing" in far
     one = below_chance_line([{**row, "seeds": 1, "accuracy_std": 0.0, "rounds": 5}], 10)
     assert "fedlog x5 rounds local eps=0.1" in one and "one seed" in one
+    # rows of different reasons each under their own (a mixed list had the last reason for all)
+    mixed = below_chance_line(
+        [row, {**row, "method": "fedcof", "accuracy_mean": 0.04, "accuracy_std": 0.03}], 10
+    )
+    within, beyond = mixed.split("; in ")
+    assert "fedlog local eps=0.1: chance lies within the spread" in within
+    assert beyond.startswith("fedcof local eps=0.1: below chance beyond the spread")
 
 
 def test_help_names_every_inversion_backend_without_importing_the_attacks():

@@ -354,25 +354,32 @@ def below_chance_line(summary: list[dict[str, Any]], num_classes: int) -> str | 
     below = [s for s in summary if s["accuracy_mean"] < chance]
     if not below:
         return None
-    rows = ", ".join(
-        s["method"]
-        + (f" x{s['rounds']} rounds" if s.get("rounds", 1) != 1 else "")
-        + f" {s['placement'] or 'none'} eps={s['epsilon']:g}"
-        for s in below
-    )
-    if all(s.get("seeds", 2) < 2 for s in below):
-        why = (
-            "one seed gives no spread to judge it by: at these budgets the noise may swamp the few records each "
-            "client holds (run --seeds 5 to see the spread, or try a larger --eps)"
+
+    def label(s: dict[str, Any]) -> str:
+        return (
+            s["method"]
+            + (f" x{s['rounds']} rounds" if s.get("rounds", 1) != 1 else "")
+            + f" {s['placement'] or 'none'} eps={s['epsilon']:g}"
         )
-    elif all(s["private"] and s["accuracy_mean"] + s["accuracy_std"] >= chance for s in below):
-        why = (
-            "chance lies within the spread over seeds: at these budgets the noise swamps the few records each "
-            "client holds, so the head guesses"
-        )
-    else:
-        why = (
+
+    def reason(s: dict[str, Any]) -> str:
+        if s.get("seeds", 2) < 2:
+            return (
+                "one seed gives no spread to judge it by: at these budgets the noise may swamp the few records "
+                "each client holds (run --seeds 5 to see the spread, or try a larger --eps)"
+            )
+        if s["private"] and s["accuracy_mean"] + s["accuracy_std"] >= chance:
+            return (
+                "chance lies within the spread over seeds: at these budgets the noise swamps the few records "
+                "each client holds, so the head guesses"
+            )
+        return (
             "below chance beyond the spread over seeds: the head is worse than guessing (a failed fit or noise "
             "far above the signal); check the data and --param, or try a larger --eps"
         )
-    return f"note: below chance (1/{int(num_classes)} = {chance:.2g}) in {rows}: {why}"
+
+    groups: dict[str, list[str]] = {}  # each row under its own reason (a mixed list had one reason for all)
+    for s in below:
+        groups.setdefault(reason(s), []).append(label(s))
+    parts = [f"{', '.join(rows)}: {why}" for why, rows in groups.items()]
+    return f"note: below chance (1/{int(num_classes)} = {chance:.2g}) in " + "; in ".join(parts)
