@@ -48,7 +48,9 @@ MAX_EPSILON = 1e150
 def as_real(value) -> float:
     """``float(value)`` of a real number (numpy's included); a bool, a string or bytes is a TypeError (True
     is no epsilon of 1 and "30" no clip of 30: a caller who meant a number gives one)."""
-    if isinstance(value, (bool, np.bool_, str, bytes, bytearray)):
+    if isinstance(value, (bool, np.bool_, str, bytes, bytearray)) or (
+        isinstance(value, np.ndarray) and value.dtype.kind not in "iuf"
+    ):
         raise TypeError(f"{value!r} is not a number")
     return float(value)
 
@@ -145,7 +147,7 @@ def gdp_epsilon(mu: float, delta: float) -> float:
             lo = mid
         else:
             hi = mid
-        if hi - lo <= 1e-14 * hi:  # relative: an absolute 1e-13 was 1e-11 of eps = 0.01, printed as 0.01001
+        if hi - lo <= 1e-13 * max(1.0, hi):
             break
     return hi
 

@@ -142,10 +142,24 @@ def method_names(value: Any, flag: str = "--method") -> tuple[str, ...]:
     return names
 
 
-def check_count_noise_budgets(count_noise: str | None, epsilons) -> None:
+def check_count_noise_budgets(count_noise: str | None, epsilons, args=None) -> None:
     """Uniform count noise (no DP: width (1 - eps) n) takes budgets in (0, 1] only: refused with the flags,
-    not once the budgets listed before have run."""
-    over = [e for e in epsilons if not e <= 1.0]
+    not once the budgets listed before have run.  A --delta or --calibration flag given with count noise that
+    has no use for it (Laplace, geometric: pure DP; uniform: no DP; every count noise: its own law) is refused,
+    never ignored (a replayed record's values are not: every record carries both)."""
+    if count_noise is not None and args is not None:
+        if getattr(args, "delta", None) is not None and count_noise != "gaussian":
+            raise ConfigError(
+                f"--delta does nothing with --count-noise {count_noise} ("
+                + ("no DP guarantee" if count_noise == "uniform" else "pure DP: delta 0")
+                + "); drop --delta"
+            )
+        if getattr(args, "calibration", None) is not None:
+            raise ConfigError(
+                f"--calibration does nothing with --count-noise {count_noise} (calibrated by its own law); "
+                "drop --calibration"
+            )
+    over = [e for e in epsilons if math.isfinite(e) and not e <= 1.0]  # inf: the no-noise reference row
     if count_noise == "uniform" and over:
         raise ConfigError(
             f"--count-noise uniform needs every --eps in (0, 1] (its width is (1 - eps) n), got "

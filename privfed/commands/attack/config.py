@@ -128,7 +128,7 @@ def resolve_config(args: argparse.Namespace) -> AttackConfig:
     count_noise = s.raw("count_noise")
     if count_noise is not None:
         count_noise = choose(count_noise, tuple(COUNT_NOISE_KINDS), "--count-noise", what="count noise")
-    check_count_noise_budgets(count_noise, eps)
+    check_count_noise_budgets(count_noise, eps, args)
     clients = s.clients()
     mg = s.raw("max_groups")
     max_groups = 40 if mg is None else as_int(mg, "--max-groups", minimum=1)
@@ -177,9 +177,15 @@ def resolve_config(args: argparse.Namespace) -> AttackConfig:
             "--attack inversion scores reconstructions with SSIM from scikit-image, "
             "which is not installed: pip install scikit-image"
         )
-    strongest = (
-        args.strongest if getattr(args, "strongest", None) is not None else s.base.get("strongest", True)
-    )
+    flag = getattr(args, "strongest", None)
+    if flag is not None and attack not in _SUITE_KINDS:  # given as a flag where no suite runs: never ignored
+        raise ConfigError(
+            f"--{'' if flag else 'no-'}strongest applies to --attack {' or '.join(sorted(_SUITE_KINDS))} (the "
+            f"attacks with a suite); drop it for --attack {attack}"
+        )
+    strongest = flag if flag is not None else s.base.get("strongest", True)
+    if not isinstance(strongest, bool):  # "false" in a file is no False (bool("false") ran the suite)
+        raise ConfigError(f"strongest in --config must be true or false, got {strongest!r}")
     return AttackConfig(
         attack=attack,
         methods=methods,

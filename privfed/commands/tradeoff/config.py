@@ -139,7 +139,7 @@ def resolve_config(args: argparse.Namespace) -> TradeoffConfig:
     count_noise = pick("count_noise")
     if count_noise is not None:
         count_noise = _choice(count_noise, "--count-noise", tuple(COUNT_NOISE_KINDS), "count noise")
-    check_count_noise_budgets(count_noise, epsilons)
+    check_count_noise_budgets(count_noise, epsilons, args)
     max_records = pick("max_records")
     if max_records is not None:
         max_records = as_int(max_records, "--max-records", minimum=1)
