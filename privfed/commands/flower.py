@@ -164,11 +164,6 @@ def resolve_config(args: argparse.Namespace):
         clip = public_clip(dataset)  # None for other data: FlowerConfig then asks for --clip
     partition = s.partition()
     s.refuse_unused_alpha(partition)  # as the other commands: never ignored
-    # given as a flag (a replayed record carries the default 32 whatever ran): never ignored
-    if getattr(args, "frac_bits", None) is not None and secure not in ("mask", "flwr-secaggplus-insecure"):
-        raise ConfigError(
-            "--frac-bits is the fixed-point encoding of pairwise masking: use it with --secure-agg mask, or drop it"
-        )
     clients = s.clients()
     timeout = _seconds(s.raw("timeout"), "--timeout")
     kwargs: dict[str, Any] = dict(
@@ -211,6 +206,11 @@ def resolve_config(args: argparse.Namespace):
         check_frac_bits(kwargs["frac_bits"])
     except ConfigError as exc:
         raise ConfigError(f"--{exc}".replace("frac_bits", "frac-bits", 1)) from None
+    # given as a flag (a replayed record carries the default 32 whatever ran): never ignored
+    if getattr(args, "frac_bits", None) is not None and secure not in ("mask", "flwr-secaggplus-insecure"):
+        raise ConfigError(
+            "--frac-bits is the fixed-point encoding of pairwise masking: use it with --secure-agg mask, or drop it"
+        )
     if getattr(args, "num_cpus", 1) < 1:
         raise ConfigError(f"--num-cpus must be an integer >= 1, got {args.num_cpus}")
     from privfed.release.settings import check_combination
