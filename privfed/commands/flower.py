@@ -119,7 +119,7 @@ def _json_object(v: Any, flag: str) -> dict:
 def resolve_config(args: argparse.Namespace):
     """Flags over a ``--config`` file over the shared defaults, into a validated
     :class:`privfed.flower.FlowerConfig` (with the per-stage timeout's origin); nothing starts here."""
-    from privfed.flower.config import FlowerConfig, public_clip
+    from privfed.flower.config import MASKING, FlowerConfig, public_clip
 
     s = Settings(args, _FILE_KEYS | {k.replace("_", "-") for k in _FILE_KEYS}, "flower")
     s.base = {k.replace("-", "_"): v for k, v in s.base.items()}
@@ -207,7 +207,7 @@ def resolve_config(args: argparse.Namespace):
     except ConfigError as exc:
         raise ConfigError(f"--{exc}".replace("frac_bits", "frac-bits", 1)) from None
     # given as a flag (a replayed record carries the default 32 whatever ran): never ignored
-    if getattr(args, "frac_bits", None) is not None and secure not in ("mask", "flwr-secaggplus-insecure"):
+    if getattr(args, "frac_bits", None) is not None and secure not in MASKING:
         raise ConfigError(
             "--frac-bits is the fixed-point encoding of pairwise masking: use it with --secure-agg mask, or drop it"
         )

@@ -76,6 +76,7 @@ from privfed.flower.values import coerce, synthetic_spec, wire_value
 
 __all__ = [
     "INSECURE_FLWR",
+    "MASKING",
     "RUN_CONFIG_KEYS",
     "SECURE_PROTOCOLS",
     "WIRE_EXTRA",
@@ -90,6 +91,8 @@ WIRE_EXTRA = ("run-nonce",)
 SECURE_PROTOCOLS = ("none", "mask", "ckks", "flwr-secaggplus-insecure")
 #: Flower's SecAgg+ under the name that says what it is (see :mod:`privfed.flower.flwr_secagg`).
 INSECURE_FLWR = "flwr-secaggplus-insecure"
+#: The pairwise-masking protocols: the ones a SecAgg+ degree, a Shamir threshold and fixed-point bits apply to.
+MASKING = ("mask", INSECURE_FLWR)
 #: Run-config keys named like the commands' flags where the field's name differs (key -> field).
 RUN_CONFIG_KEYS = {
     "eps": "epsilon",
@@ -179,7 +182,7 @@ class FlowerConfig:
         if self.secure != "none" and self.clients < 2:
             raise ConfigError("secure aggregation needs clients >= 2 (a sum of one input is that input)")
         if self.degree is not None:
-            if self.secure not in ("mask", INSECURE_FLWR):
+            if self.secure not in MASKING:
                 raise ConfigError(
                     f"degree={self.degree!r} is the SecAgg+ graph of pairwise masking: use it with "
                     f"--secure-agg mask (or {INSECURE_FLWR}, where each node shares with k others), or drop it"
@@ -188,7 +191,7 @@ class FlowerConfig:
 
             check_degree(self.degree, self.clients)
         if self.threshold is not None:
-            if self.secure not in ("mask", INSECURE_FLWR):
+            if self.secure not in MASKING:
                 raise ConfigError(
                     f"threshold={self.threshold!r} is the Shamir threshold of pairwise masking: use it with "
                     f"--secure-agg mask (or {INSECURE_FLWR}), or drop it"
