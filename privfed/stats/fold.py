@@ -65,7 +65,6 @@ class StatsFold:
         self.num_classes, self.dim, self.keep = num_classes, dim, keep
         self._sources: set = set()
         self._client_ids: set = set()
-        self._id_kind: str | None = None
         self.num_clients = 0
         self.num_owners = 0
         self.num_pairs = 0
@@ -109,8 +108,6 @@ class StatsFold:
             self._sources.add(source)
         if ids is not None:
             self._client_ids.update(ids)
-            if ids:
-                self._id_kind = "string" if isinstance(ids[0], str) else "integer"
         if self._fields is None:
             self._fields = chunk.available
             self._has_owners = chunk.owners is not None
@@ -180,13 +177,18 @@ class StatsFold:
                 f"chunk), got {ids.dtype} of shape {ids.shape}"
             )
         # 1 and "1": one client or two?  numpy would make them one string; a fold takes one kind of id
-        kinds = {isinstance(i, (str, np.str_)) for i in (client_ids if ids.dtype.kind == "U" else [])}
-        kind = "string" if ids.dtype.kind == "U" else "integer"
-        if len(kinds) > 1 or self._id_kind not in (None, kind):
+        strings = ids.dtype.kind == "U"
+        mixed = strings and not all(isinstance(i, str) for i in client_ids)  # np.str_ is a str
+        before = next(iter(self._client_ids), None)  # the kind of the ids folded so far
+        if mixed or (before is not None and isinstance(before, str) != strings):
             raise InputError(
                 f"{where}: client_ids mix integer and string ids (1 and '1' would be one client or two); "
                 f"give every client of this fold the same kind of id"
-                + (f" ({self._id_kind}s, as the chunks before)" if self._id_kind else "")
+                + (
+                    f" ({'string' if isinstance(before, str) else 'integer'}s, as the chunks before)"
+                    if before is not None
+                    else ""
+                )
             )
         listed = ids.tolist()
         dup = sorted({i for i in listed if listed.count(i) > 1}) if len(set(listed)) != len(listed) else []
