@@ -12,8 +12,6 @@ import math
 import warnings
 from collections.abc import Mapping
 
-import numpy as np
-
 from mechanisms.dp.accounting import calibrate_round_mu
 from mechanisms.dp.calibration import MAX_EPSILON, gdp_epsilon
 from mechanisms.dp.sensitivity import StatisticSensitivity, block_sigmas
@@ -229,15 +227,10 @@ def check_noise_multiplier(z, epsilon, calibration: str, sampling_rate) -> float
     return z
 
 
-def noise_multiplier_epsilon(z: float, rounds, delta: float) -> float:
-    """The epsilon (at ``delta``) of ``rounds`` releases at noise multiplier ``z`` (GDP: sqrt(rounds) / z), refused
-    naming ``z`` when float64 cannot account for it or delta is met at epsilon = 0."""
-    r = (
-        int(rounds)
-        if isinstance(rounds, (int, np.integer)) and not isinstance(rounds, bool) and rounds >= 1
-        else 1
-    )
-    epsilon = gdp_epsilon(math.sqrt(r) / z, delta)
+def noise_multiplier_epsilon(z: float, rounds: int, delta: float) -> float:
+    """The epsilon (at ``delta``) of ``rounds`` (an int >= 1) releases at noise multiplier ``z`` (GDP:
+    sqrt(rounds) / z), refused naming ``z`` when float64 cannot account for it or delta is met at epsilon = 0."""
+    epsilon = gdp_epsilon(math.sqrt(rounds) / z, delta)
     if not 0 < epsilon <= MAX_EPSILON:  # refused naming what was given, not the epsilon computed
         raise ConfigError(
             f"noise_multiplier={z!r} gives epsilon={epsilon:g} at delta={delta!r}: "

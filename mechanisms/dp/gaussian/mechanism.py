@@ -215,11 +215,14 @@ class GaussianMechanism(Parameters, GaussianCalibration, GaussianNoise, ClientBo
         record_bound: str = "theorem",
         noise_multiplier: float | None = None,
     ) -> None:
+        if isinstance(rounds, bool) or not isinstance(rounds, (int, np.integer)) or rounds < 1:
+            raise ConfigError(f"rounds must be an integer >= 1, got rounds={rounds!r}")
+        self.rounds = int(rounds)
         z = None
         if noise_multiplier is not None:
             z = check_noise_multiplier(noise_multiplier, epsilon, calibration, sampling_rate)
             check_budget(1.0, delta)  # delta's own checks, with their messages
-            epsilon = noise_multiplier_epsilon(z, rounds, delta)
+            epsilon = noise_multiplier_epsilon(z, self.rounds, delta)
         elif epsilon is None:
             raise ConfigError(
                 "GaussianMechanism needs a budget: epsilon=... (the noise is calibrated to it) or "
@@ -252,9 +255,6 @@ class GaussianMechanism(Parameters, GaussianCalibration, GaussianNoise, ClientBo
         if clip_norm not in CLIP_NORMS:
             raise ConfigError(f"clip_norm must be one of {list(CLIP_NORMS)}, got clip_norm={clip_norm!r}")
         self.clipping = Clipping(self.clip_bound, clip_norm)
-        if isinstance(rounds, bool) or not isinstance(rounds, (int, np.integer)) or rounds < 1:
-            raise ConfigError(f"rounds must be an integer >= 1, got rounds={rounds!r}")
-        self.rounds = int(rounds)
         try:
             q = as_real(sampling_rate)
         except (TypeError, ValueError):
