@@ -142,31 +142,6 @@ def method_names(value: Any, flag: str = "--method") -> tuple[str, ...]:
     return names
 
 
-def check_count_noise_budgets(count_noise: str | None, epsilons, args=None) -> None:
-    """Uniform count noise (no DP: width (1 - eps) n) takes budgets in (0, 1] only: refused with the flags,
-    not once the budgets listed before have run.  A --delta or --calibration flag given with count noise that
-    has no use for it (Laplace, geometric: pure DP; uniform: no DP; every count noise: its own law) is refused,
-    never ignored (a replayed record's values are not: every record carries both)."""
-    if count_noise is not None and args is not None:
-        if getattr(args, "delta", None) is not None and count_noise != "gaussian":
-            raise ConfigError(
-                f"--delta does nothing with --count-noise {count_noise} ("
-                + ("no DP guarantee" if count_noise == "uniform" else "pure DP: delta 0")
-                + "); drop --delta"
-            )
-        if getattr(args, "calibration", None) is not None:
-            raise ConfigError(
-                f"--calibration does nothing with --count-noise {count_noise} (calibrated by its own law); "
-                "drop --calibration"
-            )
-    over = [e for e in epsilons if math.isfinite(e) and not e <= 1.0]  # inf: the no-noise reference row
-    if count_noise == "uniform" and over:
-        raise ConfigError(
-            f"--count-noise uniform needs every --eps in (0, 1] (its width is (1 - eps) n), got "
-            f"{', '.join(f'{e:g}' for e in over)}; drop those budgets or pick laplace or geometric count noise"
-        )
-
-
 class Settings:
     """A command's flags over its ``--config`` file over :data:`~privfed.commands.options.FEDERATION`.
 
@@ -337,6 +312,30 @@ class Settings:
         if v is None:
             return FEDERATION["partition"]
         return choose(v, (*PARTITION_NAMES, *extra), "--partition", what="partition scheme")
+
+    def check_count_noise(self, count_noise: str | None, epsilons) -> None:
+        """Uniform count noise (no DP: width (1 - eps) n) takes budgets in (0, 1] only: refused with the flags,
+        not once the budgets listed before have run.  A --delta or --calibration flag given with count noise
+        that has no use for it (Laplace, geometric: pure DP; uniform: no DP; every count noise: its own law) is
+        refused, never ignored (a replayed record's values are not: every record carries both)."""
+        if count_noise is not None:
+            if getattr(self.args, "delta", None) is not None and count_noise != "gaussian":
+                raise ConfigError(
+                    f"--delta does nothing with --count-noise {count_noise} ("
+                    + ("no DP guarantee" if count_noise == "uniform" else "pure DP: delta 0")
+                    + "); drop --delta"
+                )
+            if getattr(self.args, "calibration", None) is not None:
+                raise ConfigError(
+                    f"--calibration does nothing with --count-noise {count_noise} (calibrated by its own law); "
+                    "drop --calibration"
+                )
+        over = [e for e in epsilons if math.isfinite(e) and not e <= 1.0]  # inf: the no-noise reference row
+        if count_noise == "uniform" and over:
+            raise ConfigError(
+                f"--count-noise uniform needs every --eps in (0, 1] (its width is (1 - eps) n), got "
+                f"{', '.join(f'{e:g}' for e in over)}; drop those budgets or pick laplace or geometric count noise"
+            )
 
     def refuse_unused_alpha(self, partition: str) -> None:
         """--alpha given as a flag where the split draws no Dirichlet proportions is refused, never ignored (a

@@ -9,7 +9,7 @@ from typing import Any
 
 import attacks
 from privfed.commands.options import FEDERATION
-from privfed.commands.shared import Settings, as_list, check_count_noise_budgets
+from privfed.commands.shared import Settings, as_list
 from privfed.commands.values import as_int, choose, parse_int_list, parse_seeds
 from privfed.errors import ConfigError, MissingDependencyError
 from privfed.release.settings import check_combination
@@ -128,7 +128,7 @@ def resolve_config(args: argparse.Namespace) -> AttackConfig:
     count_noise = s.raw("count_noise")
     if count_noise is not None:
         count_noise = choose(count_noise, tuple(COUNT_NOISE_KINDS), "--count-noise", what="count noise")
-    check_count_noise_budgets(count_noise, eps, args)
+    s.check_count_noise(count_noise, eps)
     clients = s.clients()
     mg = s.raw("max_groups")
     max_groups = 40 if mg is None else as_int(mg, "--max-groups", minimum=1)

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from privfed.commands.options import FEDERATION
-from privfed.commands.shared import Settings, as_list, check_count_noise_budgets
+from privfed.commands.shared import Settings, as_list
 from privfed.commands.values import as_int, as_str, choose, parse_seeds, parse_str_list
 from privfed.errors import ConfigError
 from privfed.release.settings import COUNT_NOISE_KINDS, check_combination
@@ -139,7 +139,7 @@ def resolve_config(args: argparse.Namespace) -> TradeoffConfig:
     count_noise = pick("count_noise")
     if count_noise is not None:
         count_noise = _choice(count_noise, "--count-noise", tuple(COUNT_NOISE_KINDS), "count noise")
-    check_count_noise_budgets(count_noise, epsilons, args)
+    s.check_count_noise(count_noise, epsilons)
     max_records = pick("max_records")
     if max_records is not None:
         max_records = as_int(max_records, "--max-records", minimum=1)
