@@ -102,8 +102,13 @@ def trace_scores(
     if test in ("support", "lrt+support"):
         S = M * n[:, None]
         slack = 1e-9 * np.maximum(1.0, np.abs(S).max(axis=1))  # float rounding of S = n * (S / n)
-        z = float(support_z)  # inf switches the test off, noiseless means (tau = 0) too: inf * 0 was NaN
-        tol = (np.full(n.shape, np.inf) if math.isinf(z) else z * tau * n) + slack
+        # inf switches the test off, noiseless means (tau = 0) too; z = 0 allows no noise, infinite noise
+        # (tau = inf) too: either product inf * 0 would be NaN
+        z = float(support_z)
+        if math.isinf(z):
+            tol = np.full(n.shape, np.inf) + slack
+        else:
+            tol = (0.0 if z == 0 else z * tau * n) + slack
         viol = np.maximum((Y - S).max(axis=1) - tol, 0.0)
         if test == "support":
             return -viol

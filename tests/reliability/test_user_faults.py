@@ -1020,6 +1020,22 @@ def test_noiseless_means_keep_the_support_test_a_number():
     assert np.array_equal(s, np.zeros(4))
 
 
+def test_a_support_test_with_no_noise_allowance_stays_a_number_under_infinite_noise():
+    """support_z = 0 (no allowance for noise) with infinite noise (tau = inf) gave 0 * inf = NaN scores: it is
+    the strict test (only float rounding allowed), so a target with a coordinate above the released sum scores
+    by how far it is above, one below scores 0."""
+    from attacks.tracing.scores import trace_scores
+
+    class Model:
+        mean = np.zeros(2)
+
+    Y = np.array([[3.0, 0.0], [0.0, 0.0]])
+    M = np.array([[1.0, 1.0], [1.0, 1.0]])  # sums n * M = (2, 2) at n = 2
+    with np.errstate(invalid="raise"):
+        s = trace_scores(Y, M, np.full(2, 2.0), Model(), tau=np.inf, test="support", support_z=0.0)
+    assert s[1] == 0.0 and s[0] == pytest.approx(-(3.0 - 2.0), abs=1e-8)
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
