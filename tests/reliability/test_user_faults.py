@@ -861,12 +861,15 @@ def test_alpha_outside_a_dirichlet_split_is_refused_not_ignored(command):
         lambda: _gaussian(clip="30"),
         lambda: _gaussian(clip=True),
         lambda: _gaussian(sampling_rate="0.5"),
+        lambda: _gaussian(epsilon=None, noise_multiplier="2"),
+        lambda: _gaussian(epsilon=None, noise_multiplier=np.bool_(True)),
         lambda: _count_noise(epsilon="1"),
         lambda: _count_noise(epsilon=True),
     ],
 )
 def test_a_string_or_bool_is_no_number_for_a_budget_clip_or_prior(make):
-    """epsilon=True ran as epsilon 1 and clip="30" as 30 (float() takes both); nu="2" was already refused."""
+    """epsilon=True ran as epsilon 1 and clip="30" as 30 (float() takes both), noise_multiplier="2" as 2; nu="2"
+    was already refused."""
     with pytest.raises(ConfigError, match="must be (a )?numbers?"):
         make()
 

@@ -13,7 +13,7 @@ import warnings
 from collections.abc import Mapping
 
 from mechanisms.dp.accounting import calibrate_round_mu
-from mechanisms.dp.calibration import MAX_EPSILON, gdp_epsilon
+from mechanisms.dp.calibration import MAX_EPSILON, as_real, gdp_epsilon
 from mechanisms.dp.sensitivity import StatisticSensitivity, block_sigmas
 from privfed.errors import ConfigError, InputError
 
@@ -211,10 +211,8 @@ def check_noise_multiplier(z, epsilon, calibration: str, sampling_rate) -> float
     """``noise_multiplier`` checked: a finite number > 0, without ``epsilon``, analytic, no subsampling."""
     if epsilon is not None:
         raise ConfigError("give epsilon or noise_multiplier, not both: one determines the other")
-    if isinstance(z, bool):
-        raise ConfigError(f"noise_multiplier must be a number > 0, got {z!r}")
     try:
-        z = float(z)
+        z = as_real(z)  # a bool or a string is no multiplier, as it is no epsilon
     except (TypeError, ValueError):
         raise ConfigError(f"noise_multiplier must be a number > 0, got {z!r}") from None
     if not (z > 0 and math.isfinite(z)):
