@@ -36,6 +36,7 @@ from privfed.flower.transport import exchange
 from privfed.flower.wire import arrays_record
 from privfed.methods.fedcof_protocol import FedCOFServer
 from privfed.methods.fedcof_protocol import threat_model as fedcof_threat
+from privfed.release.stages import rounding_note
 
 __all__ = ["THREAT_FLWR", "declared_colluders", "flwr_threat", "run_threat", "scaled_epsilon", "serve_secure"]
 
@@ -323,6 +324,13 @@ def serve_secure(grid, cfg, method, nodes, config_rec, stages, keep_view, receiv
             exact=not cfg.private,
             max_ratio=public.fedcof_tilt(),
         )
+    if (
+        cfg.secure == "mask"
+    ):  # fixed-point rounding that swamps the statistics is said, as in-process sums say it
+        for i, r in enumerate(runs, start=1):
+            head.notes.extend(
+                rounding_note(r.total, {"frac_bits": cfg.frac_bits, "uploaded": len(r.uploaded)}, i)
+            )
     if any(r.dropped_before_upload for r in runs):
         head.notes.append(
             f"secure aggregation: {len(head.secure_aggregation['dropped'])} node(s) dropped before uploading; "

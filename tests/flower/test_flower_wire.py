@@ -102,3 +102,18 @@ def test_the_server_polls_less_often_the_more_replies_it_awaits():
 
     assert poll_interval(1000) == 0.5 and poll_interval(100) == poll_interval(3) == POLL_SECONDS
     assert poll_interval(10**6) == 1.0 and poll_interval(400) == 0.2
+
+
+def test_a_masked_flower_sum_notes_rounding_that_swamps_its_statistics(split):
+    """The masked sum over Flower said nothing when its fixed-point rounding (each of the K uploaders rounds
+    each value to 2^-f) was a visible share of the statistics, where the same sum in process notes it: at
+    f = 2 the K = 4 uploaders move each summed value by up to 4 x 2^-3 = 0.5, at the default f = 32 by 5e-10."""
+    from mechanisms.secagg.bounds import PublicBounds
+    from privfed.flower.provision import simulated_identities
+
+    nodes = {100 + i: {"partition-id": i, "num-partitions": K} for i in range(K)}
+    grid = LocalGrid(simulated_identities(nodes, bounds=PublicBounds(frac_bits=2)))  # the roster fixes f
+    coarse = serve(grid, FlowerConfig(method="fedncm", clients=K, secure="mask", frac_bits=2))
+    notes = [n for n in coarse.head.notes if "fixed-point rounding" in n]
+    assert len(notes) == 1 and "f = 2 fractional bits, 4 uploaders" in notes[0] and "by up to 0.5" in notes[0]
+    assert not [n for n in _run("fedncm", secure="mask").head.notes if "fixed-point rounding" in n]
