@@ -15,6 +15,7 @@ would describe a mechanism whose past releases the ledger no longer matches.
 
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
 from typing import Any
@@ -86,6 +87,12 @@ class Parameters:
                 nested.setdefault(name, {})[sub] = value
             else:
                 current[name] = value
+        # All or nothing: the new parameters are checked on a trial object (nested ones on copies) first, so
+        # a refused value leaves this object as it was, not its parameters changed and its state not.
+        trial = dict(current)
+        for name, sub in nested.items():
+            trial[name] = copy.deepcopy(current[name]).set_params(**sub)
+        type(self).__new__(type(self)).__init__(**trial)
         for name, sub in nested.items():
             current[name].set_params(**sub)
         self.__init__(**current)  # every check of the constructor, and a fresh state
