@@ -52,7 +52,11 @@ __all__ = ["FederatedHeadClassifier", "iid_clients"]
 
 
 def iid_clients(n_samples: int, n_clients: int, rng: np.random.Generator) -> np.ndarray:
-    """Client ids of an IID split of ``n_samples`` into ``min(n_clients, n_samples)`` non-empty clients."""
+    """Client ids of an IID split of ``n_samples`` into ``min(n_clients, n_samples)`` non-empty clients (``rng``:
+    a Generator, or a seed for one)."""
+    if isinstance(n_clients, bool) or not isinstance(n_clients, (int, np.integer)) or n_clients < 1:
+        raise ConfigError(f"n_clients must be an int >= 1, got {n_clients!r}")
+    rng = as_generator(rng)
     K = max(1, min(int(n_clients), int(n_samples)))
     ids = np.empty(n_samples, dtype=np.int64)
     for k, part in enumerate(np.array_split(rng.permutation(n_samples), K)):
@@ -69,6 +73,11 @@ def _check_types(X, y=None) -> None:
     for name, a in (("X", X), ("y", y)):
         if a is None or sp.issparse(a):
             continue
+        if isinstance(a, np.ma.MaskedArray):
+            raise InputError(
+                f"{name} is a numpy masked array; its mask would be ignored: drop the masked rows, or fill "
+                "them (np.ma.filled) yourself"
+            )
         try:
             arr = np.asarray(a)
         except (TypeError, ValueError):
@@ -80,6 +89,16 @@ def _check_types(X, y=None) -> None:
             )
         if name == "X" and arr.dtype.kind in "iuf":
             check_real_dtype(arr, "X")
+
+
+def _fresh(mechanism):
+    """A copy of ``mechanism`` that has released nothing: rebuilt from its parameters where it has them (a copy
+    would carry the releases its ledger booked before), else a deep copy."""
+    if hasattr(mechanism, "get_params") and not isinstance(mechanism, type):
+        from sklearn.base import clone
+
+        return clone(mechanism)
+    return copy.deepcopy(mechanism)
 
 
 def _unique(values: np.ndarray, name: str) -> tuple[np.ndarray, np.ndarray]:
@@ -196,6 +215,10 @@ class FederatedHeadClassifier(ClassifierMixin, BaseEstimator):
                 raise ConfigError(str(exc)) from None  # a parameter of the estimator, not of the data
             classes = np.arange(int(spec))
         else:
+            if np.ndim(spec) == 0:  # 1.5, np.float64(3), True: neither labels nor a number of them
+                raise ConfigError(
+                    f"classes must be distinct labels (a non-empty 1-D list) or an int C, got {spec!r}"
+                )
             classes = _unique(np.asarray(spec), "classes")[0]
             if classes.ndim != 1 or classes.size < 1 or classes.size != len(spec):
                 raise ConfigError(
@@ -232,7 +255,12 @@ class FederatedHeadClassifier(ClassifierMixin, BaseEstimator):
 
     def _client_ids(self, y: np.ndarray, clients, rng: np.random.Generator) -> np.ndarray | None:
         if clients is not None:
-            return np.asarray(clients)
+            ids = np.asarray(clients)
+            if self.privacy is None and ids.ndim == 1 and ids.dtype.kind in "iu" and ids.size:
+                # Without privacy the ids only group the samples (as labels do): any integers, such as a
+                # cross-validation fold's clients with the held-out ones missing, are renumbered 0..K-1.
+                return np.unique(ids, return_inverse=True)[1].reshape(-1)
+            return ids
         spec = self.clients
         if spec is None:
             return None
@@ -252,13 +280,25 @@ class FederatedHeadClassifier(ClassifierMixin, BaseEstimator):
         y : array, shape (N,)
             Labels (any sortable values).
         clients : int array, shape (N,), optional
-            Client of each sample (0..K-1, no empty client); overrides the
-            ``clients`` parameter.
+            Client of each sample; overrides the ``clients`` parameter.
+            Without privacy any integer ids (renumbered 0..K-1, so a
+            cross-validation fold may miss some); under privacy 0..K-1 with
+            K = ``num_clients``.
 
         Returns
         -------
         self
         """
+        fitted = {k: v for k, v in vars(self).items() if k.endswith("_") and not k.startswith("_")}
+        try:
+            return self._fit(X, y, clients)
+        except BaseException:  # a failed fit leaves the earlier one as it was, not half replaced
+            for k in [k for k in vars(self) if k.endswith("_") and not k.startswith("_")]:
+                delattr(self, k)
+            vars(self).update(fitted)
+            raise
+
+    def _fit(self, X, y, clients) -> FederatedHeadClassifier:
         _check_types(X, y)
         try:
             X, y = validate_data(self, X, y, dtype=np.float64, y_numeric=False)
@@ -267,6 +307,14 @@ class FederatedHeadClassifier(ClassifierMixin, BaseEstimator):
             # scikit-learn's own checks, as one line naming the input (its TypeErrors stay)
             raise InputError(f"X or y: {str(exc).splitlines()[0]}") from None
         self.classes_, y_enc = self._encode_labels(y, X.shape)
+        if self.privacy is None and self.classes is not None:
+            empty = np.setdiff1d(np.arange(len(self.classes_)), y_enc)
+            if empty.size:
+                raise InputError(
+                    f"classes={self.classes!r} names {self.classes_[empty][:5].tolist()} with no sample in y: "
+                    "without privacy every class of the head needs a sample (under privacy= an empty class "
+                    "is allowed: the label set is public); drop it from classes"
+                )
         if self.method_params is not None and not isinstance(self.method_params, dict):
             raise ConfigError(
                 f"method_params must be a dict of the method's parameters, e.g. {{'gamma': 0.1}}, got "
@@ -283,7 +331,7 @@ class FederatedHeadClassifier(ClassifierMixin, BaseEstimator):
             fit_state = rng
         ids = self._client_ids(y_enc, clients, rng)
         num_clients = self._num_clients(ids, clients)
-        privacy = None if self.privacy is None else copy.deepcopy(self.privacy)  # its ledger starts empty
+        privacy = None if self.privacy is None else _fresh(self.privacy)  # its ledger starts empty
         secure = None if self.secure_agg is None else copy.deepcopy(self.secure_agg)
         head = _fit(
             method,

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from privfed._validation import check_features, check_labels
+from privfed.errors import InputError
 
 __all__ = ["LinearHead"]
 
@@ -89,7 +90,15 @@ class LinearHead:
         F = check_features(features, dim=self.dim)
         if self.feature_transform is not None:
             F = self.feature_transform(F)
-        return F @ self.weight.T + self.bias
+        with np.errstate(over="ignore", invalid="ignore"):
+            scores = F @ self.weight.T + self.bias
+        if not np.isfinite(scores).all():  # finite features so large that a score leaves float64
+            rows = np.flatnonzero(~np.isfinite(scores).all(axis=1))
+            raise InputError(
+                f"features: row(s) {rows[:5].tolist()} give scores beyond the float64 range (largest |value| "
+                f"{float(np.abs(F[rows[0]]).max()):.3g}); scale the features as the head was fitted on them"
+            )
+        return scores
 
     def predict(self, features) -> np.ndarray:
         """Predicted class of each row of ``features``."""

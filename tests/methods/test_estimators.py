@@ -110,3 +110,105 @@ def test_iid_clients_nonempty():
     ids = iid_clients(10, 4, np.random.default_rng(0))
     assert np.bincount(ids).min() >= 2 and ids.max() == 3
     assert iid_clients(3, 10, np.random.default_rng(0)).max() == 2
+    with pytest.raises(ConfigError, match=r"n_clients must be an int >= 1, got 0"):
+        iid_clients(10, 0, np.random.default_rng(0))  # was one client, where 0 were asked
+    with pytest.raises(ConfigError, match=r"got 2\.7"):
+        iid_clients(10, 2.7, np.random.default_rng(0))  # was 2
+    np.testing.assert_array_equal(iid_clients(10, 3, 5), iid_clients(10, 3, np.random.default_rng(5)))
+
+
+def _blobs():
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(120, 5))
+    return X, (X[:, 0] > 0).astype(int) + (X[:, 1] > 0)
+
+
+def test_a_failed_refit_leaves_the_earlier_fit_whole():
+    """A re-fit refused midway set classes_ (and n_features_in_) and kept the old head: the old model then
+    answered with the new labels, or refused both widths."""
+    X, y = _blobs()
+    clf = FederatedHeadClassifier("fedcof", clients=3).fit(X, y)
+    want = clf.predict(X)
+    with pytest.raises(privfed.errors.InputError, match="clients has 119 entries"):
+        clf.fit(X[:, :3], np.array(["cat", "dog", "eel"])[y], clients=np.zeros(119, int))
+    assert clf.classes_.tolist() == [0, 1, 2] and clf.n_features_in_ == 5
+    np.testing.assert_array_equal(clf.predict(X), want)
+    fresh = FederatedHeadClassifier("fedcof")
+    with pytest.raises(privfed.errors.InputError):
+        fresh.fit(X, y, clients=np.zeros(3, int))
+    assert not [k for k in vars(fresh) if k.endswith("_")]  # nothing fitted is left behind
+
+
+def test_client_ids_without_privacy_only_group_the_samples():
+    """Ids had to be exactly 0..K-1: a fold holding out whole clients (GroupKFold) failed to fit."""
+    from sklearn.model_selection import GroupKFold
+
+    X, y = _blobs()
+    k = np.arange(120) % 4
+    scores = cross_val_score(
+        FederatedHeadClassifier("fedcof"), X, y, cv=GroupKFold(4), groups=k, params={"clients": k}
+    )
+    assert np.isfinite(scores).all()
+    a = FederatedHeadClassifier("fedcof").fit(X, y, clients=np.array([10, 20, 30])[k % 3])
+    b = FederatedHeadClassifier("fedcof").fit(X, y, clients=k % 3)
+    np.testing.assert_array_equal(a.coef_, b.coef_)
+
+
+def test_input_the_estimator_would_misread_is_refused():
+    X, y = _blobs()
+    with pytest.raises(privfed.errors.InputError, match="masked array; its mask would be ignored"):
+        FederatedHeadClassifier("fedncm").fit(np.ma.masked_greater(X, 1.0), y)
+    clf = FederatedHeadClassifier("fedncm").fit(X, y)
+    with pytest.raises(privfed.errors.InputError, match="masked array"):
+        clf.predict(np.ma.masked_greater(X, 1.0))
+    for spec in (np.float64(3), 1.5, True, np.array(3)):  # was a TypeError (no len())
+        with pytest.raises(ConfigError, match="classes must be distinct labels"):
+            FederatedHeadClassifier("fedcof", classes=spec).fit(X, y)
+    with pytest.raises(
+        privfed.errors.InputError, match=r"classes=\['a', 'b', 'c', 'z'\] names \['z'\] with no sample"
+    ):
+        FederatedHeadClassifier("fedcof", classes=["a", "b", "c", "z"]).fit(X, np.array(list("abc"))[y])
+
+
+def test_scores_beyond_float64_are_refused_not_inf_or_nan():
+    """Finite features of 1.7e308 gave scores of +-inf, probabilities of NaN and numpy warnings."""
+    import warnings
+
+    X, y = _blobs()
+    clf = FederatedHeadClassifier("fedcof", clients=3).fit(X, y)
+    big = np.vstack([X[:1], np.full((1, 5), 1.7e308)])
+    for call in (clf.decision_function, clf.predict_proba, clf.predict, clf.head_.predict_proba):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            with pytest.raises(
+                privfed.errors.InputError, match=r"row\(s\) \[1\] give scores beyond the float64"
+            ):
+                call(big)
+    assert np.isfinite(clf.predict_proba(X * 1e3)).all()  # large, representable scores stay numbers
+
+
+def test_a_refused_set_params_leaves_the_mechanism_as_it_was():
+    """set_params(epsilon=0.5, clip=-1) recorded epsilon 0.5 and kept the noise of epsilon 2."""
+    from mechanisms import GaussianMechanism
+
+    mech = GaussianMechanism(epsilon=2.0, delta=1e-5, clip=5.0)
+    sigma = mech.sigma
+    est = FederatedHeadClassifier("fedlog", clients=3, classes=2, random_state=0, privacy=mech)
+    with pytest.raises(ConfigError, match="clip must be > 0"):
+        est.set_params(privacy__epsilon=0.5, privacy__clip=-1.0)
+    assert est.get_params()["privacy__epsilon"] == mech.epsilon == 2.0 and mech.sigma == sigma
+    clone(est)  # still clones
+    est.set_params(privacy__epsilon=0.5)
+    assert mech.epsilon == 0.5 and mech.sigma["sums"] > sigma["sums"]
+
+
+def test_each_fit_starts_from_a_mechanism_that_released_nothing():
+    """A mechanism used before carried its releases into the fit's guarantee (2 releases, epsilon 1.466)."""
+    from mechanisms import GaussianMechanism
+
+    X, y = _blobs()
+    y2 = (y > 0).astype(int)
+    mech = GaussianMechanism(epsilon=1.0, delta=1e-5, clip=5.0)
+    privfed.fit("fedlog", X, y2, privacy=mech, num_classes=2, random_state=0)
+    head = FederatedHeadClassifier("fedlog", classes=2, privacy=mech, random_state=0).fit(X, y2).head_
+    assert "(1, 1e-05)-DP" in head.privacy.guarantee and "over 1 release(s)" in head.privacy.guarantee
