@@ -317,6 +317,13 @@ def check_features(
     input (:func:`scratch_rows`).
     """
     refuse_masked(features, name)
+    import scipy.sparse as sp
+
+    if sp.issparse(features):  # np.asarray makes a 0-d object array of it
+        raise InputError(
+            f"{name} is a scipy sparse matrix; the statistics are dense: pass {name}.toarray() (frozen "
+            "features are dense)"
+        )
     try:
         arr = np.asarray(features)
     except Exception as exc:  # pragma: no cover - exotic inputs

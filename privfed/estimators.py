@@ -43,7 +43,7 @@ from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from privfed import methods as _methods
-from privfed._validation import as_generator, check_real_dtype, check_release_size
+from privfed._validation import as_generator, check_real_dtype, check_release_size, refuse_masked
 from privfed.api import fit as _fit
 from privfed.errors import ConfigError, InputError
 from privfed.head import LinearHead
@@ -73,11 +73,7 @@ def _check_types(X, y=None) -> None:
     for name, a in (("X", X), ("y", y)):
         if a is None or sp.issparse(a):
             continue
-        if isinstance(a, np.ma.MaskedArray):
-            raise InputError(
-                f"{name} is a numpy masked array; its mask would be ignored: drop the masked rows, or fill "
-                "them (np.ma.filled) yourself"
-            )
+        refuse_masked(a, name)
         try:
             arr = np.asarray(a)
         except (TypeError, ValueError):

@@ -596,6 +596,11 @@ def test_masked_arrays_are_refused_everywhere(tmp_path, digits_dataset):
     m = np.ma.masked_array(ds.train_features, mask=ds.train_features > 10)
     with pytest.raises(InputError, match="features is a numpy masked array"):
         privfed.fit("fedncm", m, ds.train_labels)
+    import scipy.sparse
+
+    # a sparse matrix became a 0-d object array: "features must be a 2-D (N, d) array, got shape ()"
+    with pytest.raises(InputError, match=r"features is a scipy sparse matrix.*features\.toarray\(\)"):
+        privfed.fit("fedncm", scipy.sparse.csr_matrix(ds.train_features), ds.train_labels)
     with pytest.raises(InputError, match="labels is a numpy masked array"):
         privfed.fit("fedncm", ds.train_features, np.ma.masked_array(ds.train_labels))
     with pytest.raises(InputError, match="sums is a numpy masked array"):
