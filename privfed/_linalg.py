@@ -293,6 +293,12 @@ def solve_head(
 
 
 # -- parameter checks shared by the methods -------------------------------------
+#: Largest regulariser a method takes (ridge lam, shrinkage gamma, FedCOF's noise_var): it is added to and
+#: multiplied by sample counts and squared statistics, and far below this the head is already its limit
+#: (the class biases alone).
+MAX_REGULARISER = 1e100
+
+
 def check_real(
     method: str,
     name: str,

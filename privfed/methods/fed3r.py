@@ -20,7 +20,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from privfed._linalg import SOLVERS, check_choice, check_flag, check_real, normalise_rows, solve_head
+from privfed._linalg import (
+    MAX_REGULARISER,
+    SOLVERS,
+    check_choice,
+    check_flag,
+    check_real,
+    normalise_rows,
+    solve_head,
+)
 from privfed.head import LinearHead
 from privfed.methods import register
 from privfed.methods.base import Method
@@ -79,7 +87,7 @@ class Fed3R(Method):
     defaults: dict = {"lam": 0.01, "bias": True, "normalise": True, "solver": "solve"}
 
     def _validate_params(self) -> None:
-        self.params["lam"] = check_real(self.name, "lam", self.params["lam"], low=0.0)
+        self.params["lam"] = check_real(self.name, "lam", self.params["lam"], low=0.0, high=MAX_REGULARISER)
         self.params["bias"] = check_flag(self.name, "bias", self.params["bias"])
         self.params["normalise"] = check_flag(self.name, "normalise", self.params["normalise"])
         check_choice(self.name, "solver", self.params["solver"], SOLVERS)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 from privfed._linalg import (
+    MAX_REGULARISER,
     SOLVERS,
     check_choice,
     check_flag,
@@ -64,8 +65,8 @@ class Fed3RWithin(Method):
 
     def _validate_params(self) -> None:
         p = self.params
-        p["gamma"] = check_real(self.name, "gamma", p["gamma"], low=0.0)
-        p["lam"] = check_real(self.name, "lam", p["lam"], low=0.0)
+        p["gamma"] = check_real(self.name, "gamma", p["gamma"], low=0.0, high=MAX_REGULARISER)
+        p["lam"] = check_real(self.name, "lam", p["lam"], low=0.0, high=MAX_REGULARISER)
         check_choice(self.name, "solver", p["solver"], SOLVERS)
         p["normalise"] = check_flag(self.name, "normalise", p["normalise"])
 

@@ -45,7 +45,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from privfed._linalg import SOLVERS, check_choice, check_flag, check_real, normalise_rows, solve_head
+from privfed._linalg import (
+    MAX_REGULARISER,
+    SOLVERS,
+    check_choice,
+    check_flag,
+    check_real,
+    normalise_rows,
+    solve_head,
+)
 from privfed._validation import scratch_rows
 from privfed.errors import ConfigError
 from privfed.head import LinearHead
@@ -140,14 +148,14 @@ class FedCOF(Method):
 
     def _validate_params(self) -> None:
         p = self.params
-        p["gamma"] = check_real(self.name, "gamma", p["gamma"], low=0.0)
+        p["gamma"] = check_real(self.name, "gamma", p["gamma"], low=0.0, high=MAX_REGULARISER)
         m = p["means_per_client"]
         if isinstance(m, bool) or not isinstance(m, (int, np.integer)) or m < 1:
             raise ConfigError(f"method {self.name!r}: means_per_client must be an integer >= 1, got {m!r}")
         p["means_per_client"] = int(m)
         check_choice(self.name, "solver", p["solver"], SOLVERS)
         p["normalise"] = check_flag(self.name, "normalise", p["normalise"])
-        p["noise_var"] = check_real(self.name, "noise_var", p["noise_var"], low=0.0)
+        p["noise_var"] = check_real(self.name, "noise_var", p["noise_var"], low=0.0, high=MAX_REGULARISER)
 
     def regrouping(self) -> str | None:
         m = self.params["means_per_client"]

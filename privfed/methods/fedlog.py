@@ -310,6 +310,13 @@ class FedLog(Method):
                 self._refuse_non_finite_totals(N, S)
             a = np.concatenate([N[:, None], S / scale], axis=1)
             a += chi
+            big = float(np.max(np.abs(chi))) if chi.size else 0.0
+            limit = float(np.sqrt(np.finfo(float).max / a.shape[1]))  # a row of such entries squares in range
+            if not big < limit:  # the prior alone takes a = chi + [N_y, s_y / scale] past the float range
+                raise ConfigError(
+                    f"chi (FedLog's prior, largest |entry| {big:.3g}) makes a = chi + [N_y, s_y / feature_scale] "
+                    f"square beyond the float range; pass a chi with entries below {limit:.3g} (0 for no prior)"
+                )
             eta = solve_map(a, nu_n, self.params["solver"])
             weight, bias = eta[:, 1:] / scale, eta[:, 0]
             proved = False

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -1054,3 +1055,47 @@ def test_flower_refuses_flags_that_would_do_nothing(args, message, tmp_path):
     (tmp_path / "afile").write_text("")
     res = _command("flower", ["--clients", "4", *args, "--out", "afile"], tmp_path, stdin=subprocess.DEVNULL)
     assert res.returncode == 2 and message in res.stderr, res.stderr[-600:]
+
+
+@pytest.mark.parametrize(
+    "name, params",
+    [
+        ("fed3r", {"lam": 1e308}),
+        ("fedcof", {"gamma": 1e306}),
+        ("fedcof", {"noise_var": 1e308}),
+        ("fed3r-within", {"gamma": 1e308}),
+        ("fedcof-oracle", {"gamma": 1e308}),
+    ],
+)
+def test_a_regulariser_past_the_float_range_is_refused_naming_it(name, params):
+    """lam = 1e308 leaked numpy overflow warnings and gave an all-zero head whose note blamed constant features;
+    at the largest regulariser taken (1e100) every method still fits without a warning."""
+    import warnings
+
+    from privfed._linalg import MAX_REGULARISER
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(120, 5))
+    y = (X[:, 0] > 0).astype(int) + (X[:, 1] > 0)
+    key = next(iter(params))
+    with pytest.raises(ConfigError, match=rf"method '{name}': {key} must be <= 1e\+100, got {key}=1e\+30"):
+        __import__("privfed").fit(name, X, y, np.arange(120) % 3, **params)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        head = __import__("privfed").fit(name, X, y, np.arange(120) % 3, **{key: MAX_REGULARISER})
+    assert np.isfinite(head.weight).all()
+
+
+def test_a_fedlog_prior_past_the_float_range_names_chi():
+    """chi = 1e200 was refused as features too large for the float range (pass feature_scale='auto'), advice
+    that cannot help: the prior is what squares past it."""
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(120, 5))
+    y = (X[:, 0] > 0).astype(int)
+    limit = f"{np.sqrt(np.finfo(float).max / 6):.3g}"  # a row of d + 1 = 6 entries below it squares in range
+    with pytest.raises(
+        ConfigError,
+        match=rf"chi \(FedLog's prior, largest \|entry\| 1e\+200\).*entries below {re.escape(limit)} ",
+    ):
+        __import__("privfed").fit("fedlog", X, y, np.arange(120) % 3, chi=1e200)
+    assert np.isfinite(__import__("privfed").fit("fedlog", X, y, np.arange(120) % 3, chi=1e150).weight).all()
