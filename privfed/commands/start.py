@@ -10,7 +10,7 @@ import os
 import signal
 import threading
 
-__all__ = ["exit_with", "quiet_start"]
+__all__ = ["attack_script", "exit_with", "flower_script", "quiet_start", "tradeoff_script"]
 
 
 def quiet_start(command: str) -> None:
@@ -51,3 +51,31 @@ def exit_with(code: int) -> None:
                 pass
         os._exit(130)
     sys.exit(code)
+
+
+def _script(command: str, module: str) -> None:
+    """An installed script (``privfed-<command>``) starts as ``python -m privfed.<command>`` does: Ctrl-C during
+    start-up is one line and 130, ``--help`` answers before the heavy imports, the exit status is the
+    command's (an interrupted run exits 130 itself, not killed by the signal)."""
+    quiet_start(command)
+    from privfed.commands.options import answer_help
+
+    answer_help(command)
+    import importlib
+
+    exit_with(importlib.import_module(module).main())
+
+
+def tradeoff_script() -> None:
+    """The ``privfed-tradeoff`` script."""
+    _script("tradeoff", "privfed.commands.tradeoff.cli")
+
+
+def attack_script() -> None:
+    """The ``privfed-attack`` script."""
+    _script("attack", "privfed.commands.attack.cli")
+
+
+def flower_script() -> None:
+    """The ``privfed-flower`` script."""
+    _script("flower", "privfed.commands.flower")

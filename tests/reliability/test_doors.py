@@ -335,16 +335,30 @@ def test_gaussian_release_refuses_complex_and_object_features():
 
 
 # ---------------------------------------------------------------- Ctrl-C during start-up
+@pytest.mark.parametrize("script", [False, True], ids=["python -m", "installed script"])
 @pytest.mark.parametrize("command", ["tradeoff", "attack"])
-def test_ctrl_c_during_start_up_exits_130_in_one_line(command, tmp_path):
-    """SIGINT while the command's imports run: no traceback, exit 130, nothing written."""
+def test_ctrl_c_during_start_up_exits_130_in_one_line(command, script, tmp_path):
+    """SIGINT while the command's imports run: no traceback, exit 130, nothing written; the installed scripts
+    (privfed-tradeoff, privfed-attack) too, which printed a KeyboardInterrupt traceback and died of the
+    signal."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     args = ["--eps", "1", "--out", str(tmp_path / "o")] + (
         ["--attack", "tracing"] if command == "attack" else []
     )
+    start = [sys.executable, "-m", f"privfed.{command}"]
+    if script:
+        from importlib.metadata import entry_points
+
+        point = next(e for e in entry_points(group="console_scripts") if e.name == f"privfed-{command}")
+        # the script pip writes for the entry point, run as pip's wrapper runs it
+        start = [
+            sys.executable,
+            "-c",
+            f"import sys; from {point.module} import {point.attr} as m; sys.exit(m())",
+        ]
     for delay in (0.5, 1.5):  # in the imports, and (attack) in its body
         p = subprocess.Popen(
-            [sys.executable, "-m", f"privfed.{command}", *args], env=env, cwd=tmp_path,
+            [*start, *args], env=env, cwd=tmp_path,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         )  # fmt: skip
         time.sleep(delay)
