@@ -354,9 +354,13 @@ def cli_entry(
         try:
             with interruptible(), warnings.catch_warnings():
                 warnings.showwarning = _one_line_warning(prog)  # restored when the body ends
+                from privfed._validation import available_memory
                 from privfed.stats import dense_view_limit
 
-                dense_view_limit()  # a malformed $PRIVFED_DENSE_VIEW_LIMIT: one line at once, not mid-run
+                # a malformed $PRIVFED_DENSE_VIEW_LIMIT or $PRIVFED_MEMORY_LIMIT: one line at once, not a
+                # placement left out mid-run (the memory check of each variant reads it)
+                dense_view_limit()
+                available_memory()
                 return body(argv)
         except BrokenPipeError as exc:
             # `| head` stopped reading: like any Unix tool, stop quietly (128 + SIGPIPE)

@@ -763,6 +763,38 @@ def test_a_malformed_dense_view_limit_never_breaks_import_and_a_command_says_so_
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize("value", ["abc", "0"])
+def test_a_malformed_memory_limit_stops_a_command_at_once(tmp_path, value):
+    """$PRIVFED_MEMORY_LIMIT=abc left the secure-sum and trusted placements out of the sweep with a note each
+    (the memory check of those variants read it), and the run exited 0 with the local row alone."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PRIVFED_MEMORY_LIMIT": value, "PYTHONPATH": str(pathlib.Path(__file__).parents[2])}
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "privfed.tradeoff",
+            "--eps",
+            "1",
+            "--clients",
+            "10",
+            "--out",
+            str(tmp_path / "o"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        "python -m privfed.tradeoff: error: $PRIVFED_MEMORY_LIMIT must be a positive number of bytes "
+        f"(e.g. 2147483648 or 2G), got {value!r}"
+    ]
+    assert not (tmp_path / "o").exists()
+
+
 def test_the_dense_view_limit_in_use_is_checked_where_it_is_used(monkeypatch):
     import privfed.stats as S
 
