@@ -47,6 +47,9 @@ def interruptible() -> Iterator[None]:
     def handler(signum, frame):
         raise Terminated()
 
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_IGN:  # a parent that ignores SIGTERM keeps it ignored
+        yield
+        return
     old = signal.signal(signal.SIGTERM, handler)
     try:
         yield
@@ -65,7 +68,9 @@ def signals_deferred() -> Iterator[None]:
     def hold(signum, frame):
         got.append(signum)
 
-    old = {s: signal.signal(s, hold) for s in (signal.SIGINT, signal.SIGTERM)}
+    # A signal the process ignores (a parent's nohup, a background job) stays ignored here too.
+    held = [s for s in (signal.SIGINT, signal.SIGTERM) if signal.getsignal(s) is not signal.SIG_IGN]
+    old = {s: signal.signal(s, hold) for s in held}
     try:
         yield
     finally:

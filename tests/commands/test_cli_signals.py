@@ -411,3 +411,26 @@ def test_long_sweeps_checkpoint_finished_runs(tmp_path, monkeypatch, digits_cach
         "manifest.json",
     }  # removed at the end
     assert verify_folder(out)["complete"] is True
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_the_parent_ignores_stays_ignored_through_checkpoints(sig):
+    """A run whose parent ignores SIGINT (nohup, a background job) ignored it except while a checkpoint was
+    written, where the deferring handler took it and stopped the sweep afterwards; SIGTERM likewise under
+    interruptible()."""
+    from privfed.commands.signals import interruptible, signals_deferred
+
+    old = signal.signal(sig, signal.SIG_IGN)
+    try:
+        with interruptible():
+            with signals_deferred():
+                os.kill(os.getpid(), sig)
+                time.sleep(0.05)
+            assert signal.getsignal(sig) is signal.SIG_IGN
+            os.kill(os.getpid(), sig)
+            time.sleep(0.05)
+        assert signal.getsignal(sig) is signal.SIG_IGN
+    except KeyboardInterrupt as exc:  # Terminated too: the ignored signal was taken (a failure, not a stop)
+        pytest.fail(f"an ignored {signal.Signals(sig).name} stopped the run ({type(exc).__name__})")
+    finally:
+        signal.signal(sig, old)
