@@ -63,11 +63,11 @@ def check_names(path: str | os.PathLike, *, flag: str = "--out") -> None:
         path_max = os.pathconf(base, "PC_PATH_MAX")
     except (OSError, ValueError):
         name_max, path_max = 255, 4096
-    longest = max([len(p.encode()) for p in path.parent.relative_to(base).parts] + [0])
+    longest = max([len(os.fsencode(p)) for p in path.parent.relative_to(base).parts] + [0])
     n = path.name
     # the longest sibling name a run makes: staging, lock record, an interrupted --overwrite's partial folder
     staging = max(
-        len(s.encode())
+        len(os.fsencode(s))
         for s in (
             f".{n}.4194304{_STAGING}",
             f".{n}.privfed-lock.json",
@@ -77,19 +77,19 @@ def check_names(path: str | os.PathLike, *, flag: str = "--out") -> None:
     )
     if longest > name_max or staging > name_max:
         what = (
-            f"the folder name is {len(path.name.encode())} bytes"
+            f"the folder name is {len(os.fsencode(path.name))} bytes"
             if staging > name_max
             else f"a folder name in it is {longest} bytes"
         )
         raise ConfigError(
             f"{flag} {str(path)!r}: {what}; with the staging folder's name it must stay within this "
             f"file system's {name_max}-byte name limit (a folder name of at most "
-            f"{name_max - staging + len(path.name.encode())} bytes): choose a shorter name"
+            f"{name_max - staging + len(os.fsencode(path.name))} bytes): choose a shorter name"
         )
-    full = len(str(path).encode()) + 1 + LONGEST_INNER_NAME + (staging - len(path.name.encode()))
+    full = len(os.fsencode(str(path))) + 1 + LONGEST_INNER_NAME + (staging - len(os.fsencode(path.name)))
     if full > path_max:
         raise ConfigError(
-            f"{flag} {str(path)!r} is {len(str(path).encode())} bytes long; with the files of a run "
+            f"{flag} {str(path)!r} is {len(os.fsencode(str(path)))} bytes long; with the files of a run "
             f"it exceeds this file system's {path_max}-byte path limit: choose a shorter path"
         )
 

@@ -434,3 +434,13 @@ def test_a_signal_the_parent_ignores_stays_ignored_through_checkpoints(sig):
         pytest.fail(f"an ignored {signal.Signals(sig).name} stopped the run ({type(exc).__name__})")
     finally:
         signal.signal(sig, old)
+
+
+def test_an_out_folder_whose_name_is_not_utf8_is_written(tmp_path, capsys, digits_cache):
+    """A folder name of bytes that are not UTF-8 (a Latin-1 name, as the OS hands it over: surrogate escapes)
+    was a UnicodeEncodeError traceback in the name-length check; its length is counted in the bytes the file
+    system stores."""
+    name = os.fsdecode(b"bad\xffbyte")
+    assert tradeoff_main([*SMALL, "--eps", "1", "--out", str(tmp_path / name)]) == 0, capsys.readouterr().err
+    verify_folder(tmp_path / name)
+    assert os.listdir(os.fsencode(tmp_path)) == [b"bad\xffbyte"]
