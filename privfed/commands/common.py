@@ -43,9 +43,10 @@ from privfed.commands.values import (
     parse_seeds,
     parse_str_list,
 )
-from privfed.errors import PrivfedError
+from privfed.errors import ConfigError, PrivfedError
+from privfed.results.guard import FolderInUse, lock_file
 from privfed.results.record import json_text, versions
-from privfed.results.writer import ResultFolder, atomic_write, check_out_path
+from privfed.results.writer import ResultFolder, atomic_write, check_out_path, rescue_killed_runs
 
 __all__ = [
     "FIGURE_FORMATS",
@@ -95,16 +96,21 @@ def _slug(text: str) -> str:
 
 
 def default_out_name(prefix: str, *parts: str) -> Path:
-    """``results/<prefix>-<what ran>-<time>``: a fresh folder whose name says what ran."""
+    """``results/<prefix>-<what ran>-<time>``: a fresh folder whose name says what ran (``-1``, ``-2``, ... after
+    it where that name is taken, by a finished run or by one that holds its lock)."""
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     what = "-".join(s for s in (_slug(p) for p in parts if p) if s)
     base = f"{prefix}-{what}-{stamp}" if what else f"{prefix}-{stamp}"
     path = Path("results") / base
     i = 1
-    while path.exists():
+    while path.exists() or lock_file(path).exists():
         path = Path("results") / f"{base}-{i}"
         i += 1
     return path
+
+
+#: Default folder names tried when runs started in the same second take them at once.
+_NAME_TRIES = 64
 
 
 class OutputDir(ResultFolder):
@@ -127,8 +133,19 @@ class OutputDir(ResultFolder):
         name_parts: Sequence[str] = (),
         command: str = "",
     ) -> None:
-        path = default_out_name(prefix, *name_parts) if out is None else out
-        super().__init__(path, overwrite=overwrite, command=command or " ".join(sys.argv))
+        command = command or " ".join(sys.argv)
+        if out is not None:
+            super().__init__(out, overwrite=overwrite, command=command)
+            return
+        # A default name is never asked for again: what killed runs left under one is rescued here.
+        rescue_killed_runs("results")
+        for _ in range(_NAME_TRIES):  # runs started in the same second (a job array) each get their own
+            try:
+                super().__init__(default_out_name(prefix, *name_parts), overwrite=overwrite, command=command)
+                return
+            except FolderInUse:
+                continue
+        raise ConfigError(f"no free folder name under results/ after {_NAME_TRIES} tries; pass --out")
 
     def write_text(self, name: str, text: str) -> Path:
         """Write ``text`` to ``name`` atomically."""

@@ -28,9 +28,11 @@ __all__ = [
     "MIN_FREE_BYTES",
     "STAGING_SUFFIX",
     "WORK_SUFFIX",
+    "FolderInUse",
     "FolderLock",
     "check_location",
     "check_names",
+    "lock_file",
 ]
 
 #: Free bytes the output location must have before a run starts.
@@ -124,8 +126,18 @@ def check_location(path: str | os.PathLike, *, flag: str = "--out", need_bytes: 
 
 # ---------------------------------------------------------------- the lock
 def _lock_paths(path: Path) -> tuple[Path, Path]:
-    lock = path.parent / f".{path.name}.privfed-lock"
+    lock = lock_file(path)
     return lock, lock.with_name(lock.name + ".json")
+
+
+def lock_file(path: str | os.PathLike) -> Path:
+    """The lock file of the output folder ``path`` (``.<name>.privfed-lock`` beside it)."""
+    path = Path(path)
+    return path.parent / f".{path.name}.privfed-lock"
+
+
+class FolderInUse(ConfigError):
+    """The output folder is locked by another privfed run."""
 
 
 def _holder(info: Path) -> str:
@@ -154,7 +166,7 @@ class FolderLock:
         try:
             self._lock.acquire()
         except filelock.Timeout:
-            raise ConfigError(
+            raise FolderInUse(
                 f"{flag} {str(path)!r} is in use by another privfed run ({_holder(self.info)}); "
                 "wait for it to finish or choose another folder"
             ) from None

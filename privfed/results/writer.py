@@ -59,6 +59,7 @@ from privfed.results.guard import (
     MIN_FREE_BYTES,
     STAGING_SUFFIX,
     WORK_SUFFIX,
+    FolderInUse,
     FolderLock,
     check_location,
     check_names,
@@ -76,6 +77,7 @@ __all__ = [
     "check_out_path",
     "leftover_runs",
     "manifest_names",
+    "rescue_killed_runs",
     "sha256_file",
     "verify_folder",
 ]
@@ -187,6 +189,32 @@ def leftover_runs(out: str | os.PathLike) -> list[Path]:
         for p in out.parent.iterdir()
         if p.name.startswith(prefix) and p.name.endswith((_STAGING, _WORK)) and p.is_dir()
     )
+
+
+def rescue_killed_runs(root: str | os.PathLike) -> list[str]:
+    """Rescue the finished runs that killed runs left in ``root`` (runs under default names, which no later run
+    names again): each staging folder whose run is gone becomes ``<name>.interrupted-<pid>`` beside it, as a
+    later run on the same ``--out`` would rescue it; a run still holding its lock is left alone.  Returns the
+    notes said (also printed)."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    names = set()
+    for p in root.iterdir():
+        n = p.name
+        if n.startswith(".") and n.endswith((_STAGING, _WORK)):
+            name, _, pid = n[1:].removesuffix(_STAGING).removesuffix(_WORK).rpartition(".")
+            if name and pid.isdigit():
+                names.add(name)
+    notes: list[str] = []
+    for name in sorted(names):
+        try:
+            folder = ResultFolder(root / name, command="rescue of a killed run's staging folder")
+        except (FolderInUse, ConfigError):  # still running, or nothing a run may take over: left as it is
+            continue
+        notes.extend(folder.notes)
+        folder.discard()
+    return notes
 
 
 def _exchange(a: Path, b: Path) -> bool:

@@ -118,6 +118,47 @@ def test_sigkill_mid_sweep_loses_no_checkpointed_run_and_the_next_run_recovers_i
     ]  # no work folder, lock or record left
 
 
+def test_a_killed_run_under_a_default_name_is_rescued_by_the_next_default_run(tmp_path, monkeypatch, capsys):
+    """Without --out a run's folder name is never asked for again, so a SIGKILLed run's checkpoint stayed
+    hidden in results/ for good; the next run under a default name sets it aside as a --out run would."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _SWEEP, *SMALL, "--eps", "0.5,1,2,4", "--seeds", "400"],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+    )  # fmt: skip
+    (tmp_path / "results").mkdir(exist_ok=True)
+    staging = _wait_for_checkpoint(tmp_path / "results", proc, 1)
+    proc.send_signal(signal.SIGKILL)
+    assert proc.wait(timeout=30) == -signal.SIGKILL
+    (staging,) = _staging(tmp_path / "results")
+    before = {p.name: p.read_bytes() for p in staging.iterdir()}
+    name, pid = staging.name[1:].removesuffix(".privfed-staging").rsplit(".", 1)
+    monkeypatch.chdir(tmp_path)
+    assert tradeoff_main([*SMALL, "--eps", "1", "--seeds", "1"]) == 0
+    aside = Path("results") / f"{name}.interrupted-{pid}"
+    assert f"they are now in {aside}" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in aside.iterdir()} == before and verify_folder(aside)[
+        "complete"
+    ] is False
+    assert not _staging(tmp_path / "results") and not list((tmp_path / "results").glob(".*privfed-lock*"))
+
+
+def test_runs_started_together_under_default_names_each_get_a_folder(tmp_path):
+    """Runs started in the same second (a job array) took the same default name: all but one were refused as
+    using another run's folder."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    argv = [sys.executable, "-m", "privfed.tradeoff", *SMALL, "--eps", "1"]
+    procs = [
+        subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+        for _ in range(3)
+    ]
+    errs = [p.communicate(timeout=300)[1].decode() for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], errs
+    runs = sorted(p for p in (tmp_path / "results").iterdir() if not p.name.startswith("."))
+    assert len(runs) == 3 and all(verify_folder(r)["complete"] for r in runs), runs
+    assert not list((tmp_path / "results").glob(".*"))  # no lock, record or staging folder left
+
+
 # ---------------------------------------------------------------- a full disk
 class _Disk:
     """A patched writer: every result write raises ENOSPC once ``full`` is set (after ``rows`` CSV rows)."""
