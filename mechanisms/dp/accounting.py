@@ -26,7 +26,7 @@ import warnings
 from collections import defaultdict
 from collections.abc import Iterable
 
-from mechanisms.dp.calibration import gdp_epsilon, gdp_mu
+from mechanisms.dp.calibration import check_delta, gdp_epsilon, gdp_mu
 from mechanisms.dp.ledger import ReleaseEvent
 from privfed.errors import ConfigError
 
@@ -54,6 +54,7 @@ def ledger_epsilon(events: list[ReleaseEvent], delta: float, accountant: str = "
     Returns ``(inf, reason)`` when an event carries no guarantee.
     """
     _check_accountant(accountant)
+    delta = check_delta(delta)
     if not events:
         return 0.0, "empty ledger"
     if any(not e.private for e in events):
@@ -194,6 +195,14 @@ def calibrate_round_mu(
         raise ConfigError(f"sampling_rate must lie in (0, 1], got sampling_rate={sampling_rate}")
     if math.isinf(epsilon):
         return math.inf, "none"
+    if sampling_rate < 1 and sampling_rate <= delta:
+        # Subsampled at q <= delta, a release is (0, delta)-DP with no noise at all (a sampled record could be
+        # published as it is): no noise multiplier is the least, and a search for one never ends.
+        raise ConfigError(
+            f"sampling_rate={sampling_rate} is not above delta={delta}: a release subsampled at that rate is "
+            "(0, delta)-DP with no noise at all, which protects nothing; take delta well below the sampling "
+            "rate (e.g. below sampling_rate / 100)"
+        )
     if sampling_rate == 1 and accountant in ("auto", "gdp"):
         return gdp_mu(epsilon, delta) / math.sqrt(rounds), "gdp (exact)"
     name = "pld" if accountant in ("auto", "gdp") else accountant
@@ -267,8 +276,15 @@ def _calibrate_pld(epsilon: float, delta: float, rounds: int, q: float) -> float
             f"{rounds} round(s) at sampling_rate={q}; use accountant='gdp' (exact without sampling)"
         )
     lo = hi / 2  # halved until its epsilon exceeds the target: a lower bracket
-    while eps_of(lo) <= epsilon:
+    for _ in range(64):
+        if eps_of(lo) > epsilon:
+            break
         hi, lo = lo, lo / 2
+    else:  # 2^-64 of the unamplified noise still meets the target: nothing to calibrate (delta near q)
+        raise ConfigError(
+            f"epsilon={epsilon} at delta={delta} is met at sampling_rate={q} with almost no noise; take delta "
+            "well below the sampling rate (e.g. below sampling_rate / 100)"
+        )
     # Brent's method on log z (a few PLDs instead of a dozen bisection steps), then step up to a
     # multiplier whose epsilon is checked to be within the target.
     root = math.exp(

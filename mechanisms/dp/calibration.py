@@ -55,6 +55,18 @@ def as_real(value) -> float:
     return float(value)
 
 
+def check_delta(delta) -> float:
+    """``delta`` of an accounting question as a float in [0, 1), else a ConfigError naming it (NaN read as a
+    number gave an epsilon near 0, a delta of 0 an epsilon of 38.9 where none is finite)."""
+    try:
+        d = as_real(delta)
+    except (TypeError, ValueError):
+        raise ConfigError(f"delta must be a number in [0, 1), got delta={delta!r}") from None
+    if not 0 <= d < 1:
+        raise ConfigError(f"delta must lie in [0, 1), got delta={delta!r}")
+    return d
+
+
 def check_budget(epsilon: float, delta: float, *, allow_inf: bool = True) -> tuple[float, float]:
     """Validate a privacy budget; return it as floats.
 
@@ -107,8 +119,12 @@ def gaussian_delta(epsilon: float, sigma: float, sensitivity: float = 1.0) -> fl
     sensitivity : float
         L2 sensitivity Delta (> 0).
     """
-    if sigma <= 0 or sensitivity <= 0:
+    if not (sigma > 0 and sensitivity > 0):  # NaN too
         raise ConfigError(f"sigma and sensitivity must be > 0, got sigma={sigma}, sensitivity={sensitivity}")
+    if not epsilon >= 0:
+        raise ConfigError(f"epsilon must be >= 0, got epsilon={epsilon}")
+    if math.isinf(epsilon) or math.isinf(sigma):
+        return 0.0
     return _gdp_delta(epsilon, sensitivity / sigma)
 
 
@@ -130,9 +146,10 @@ def gdp_epsilon(mu: float, delta: float) -> float:
     """
     if mu < 0 or math.isnan(mu):
         raise ConfigError(f"mu must be >= 0, got mu={mu}")
+    delta = check_delta(delta)
     if mu == 0:
         return 0.0
-    if math.isinf(mu):
+    if math.isinf(mu) or delta == 0:  # no Gaussian release meets delta = 0 at a finite epsilon
         return math.inf
     if _gdp_delta(0.0, mu) <= delta:
         return 0.0

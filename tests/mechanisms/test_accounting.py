@@ -133,3 +133,44 @@ def test_gdp_epsilon_edge_cases():
         # delta(0) = 2 Phi(mu/2) - 1 ~ 0.4 mu = 4e-7 < 1e-5: reached at eps = 0
         assert gdp_epsilon(1e-6, 1e-5) == 0.0
         assert exact_delta(gdp_epsilon(1e-3, 1e-5), 1.0, 1e-3) <= 1e-5 * (1 + 1e-6)
+
+
+def test_a_delta_outside_its_range_is_refused_not_read_as_a_number():
+    """delta = NaN gave epsilon 5.7e-14 ("perfectly private"), delta = 0 an epsilon of 38.9 where no Gaussian
+    release has a finite one, delta = 1 an epsilon of 0; gaussian_delta took NaN and a negative epsilon."""
+    import math
+
+    from mechanisms.dp.accounting import ReleaseEvent, ledger_epsilon
+    from mechanisms.dp.calibration import gaussian_delta, gdp_epsilon
+
+    ev = [ReleaseEvent("gaussian", "sums", 1.0, 1.0)]
+    for bad in (float("nan"), -1.0, 1.0, 2.0, "1e-5", True):
+        with pytest.raises(ConfigError, match="delta must"):
+            ledger_epsilon(ev, bad)
+        with pytest.raises(ConfigError, match="delta must"):
+            gdp_epsilon(1.0, bad)
+    assert ledger_epsilon(ev, 0.0)[0] == math.inf and gdp_epsilon(1.0, 0.0) == math.inf
+    assert ledger_epsilon(ev, 1e-5)[0] == pytest.approx(gdp_epsilon(1.0, 1e-5), rel=1e-12)
+    for eps, sigma in ((float("nan"), 1.0), (-1.0, 1.0), (1.0, float("nan"))):
+        with pytest.raises(ConfigError, match="must be"):
+            gaussian_delta(eps, sigma)
+    assert gaussian_delta(math.inf, 1.0) == 0.0  # an infinite epsilon: delta 0, without a numpy warning
+
+
+def test_a_sampling_rate_not_above_delta_is_refused_not_searched_for_ever():
+    """At sampling_rate <= delta a subsampled release is (0, delta)-DP with no noise: the PLD calibration halved
+    the noise for ever looking for an epsilon above the target."""
+    import time
+
+    from mechanisms import GaussianMechanism
+    from mechanisms.dp.accounting import calibrate_round_mu
+
+    t = time.monotonic()
+    with pytest.raises(ConfigError, match=r"sampling_rate=1e-06 is not above delta=1e-05"):
+        calibrate_round_mu(1.0, 1e-5, sampling_rate=1e-6)
+    with pytest.raises(ConfigError, match=r"is not above delta"):
+        GaussianMechanism(
+            epsilon=1.0, delta=1e-5, clip=1.0, sampling_rate=1e-5, level="client", max_records=1,
+            trusted_aggregator=True,
+        )  # fmt: skip
+    assert time.monotonic() - t < 5
