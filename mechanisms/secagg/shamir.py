@@ -57,18 +57,35 @@ _VECTOR_MIN_WORK = 1500
 _SMALL_POINT = 2**32
 
 
+def _is_int(v) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+
 def _check(xs: Sequence[int], threshold: int) -> None:
-    if not 1 <= threshold <= len(xs):
+    if not _is_int(threshold) or not 1 <= threshold <= len(xs):
         raise InputError(
-            f"threshold must lie in [1, {len(xs)}] (the number of share holders), got {threshold}"
+            f"threshold must be an int in [1, {len(xs)}] (the number of share holders), got {threshold!r}"
         )
-    if len(set(xs)) != len(xs) or any(x % PRIME == 0 for x in xs):
+    if not all(_is_int(x) for x in xs):
+        raise InputError(f"share points must be integers, got {list(xs)[:5]!r}")
+    if len({int(x) % PRIME for x in xs}) != len(xs) or any(x % PRIME == 0 for x in xs):
         raise InputError("share points must be distinct and non-zero modulo PRIME")
 
 
 def _check_secret(secret: int) -> None:
-    if not 0 <= secret < PRIME:
-        raise InputError("secret must lie in [0, PRIME); rejection-sample 32-byte secrets")
+    if not _is_int(secret) or not 0 <= secret < PRIME:
+        raise InputError(
+            f"secret must be an int in [0, PRIME), got a {type(secret).__name__}; rejection-sample 32-byte secrets"
+        )
+
+
+def _draw(random_bytes: Callable[[int], bytes], n: int) -> bytes:
+    """``n`` bytes from ``random_bytes``, refused when it gives fewer or more: a short source would make the
+    coefficients zero and every share the secret itself."""
+    raw = bytes(random_bytes(n))
+    if len(raw) != n:
+        raise InputError(f"random_bytes({n}) returned {len(raw)} bytes; the coefficients need exactly {n}")
+    return raw
 
 
 def _coefficients(count: int, random_bytes: Callable[[int], bytes]) -> list[bytes]:
@@ -76,11 +93,11 @@ def _coefficients(count: int, random_bytes: Callable[[int], bytes]) -> list[byte
 
     Reads the byte stream in the same order as drawing them one by one.
     """
-    raw = random_bytes(SHARE_BYTES * count) if count else b""
+    raw = _draw(random_bytes, SHARE_BYTES * count) if count else b""
     out = [raw[i : i + SHARE_BYTES] for i in range(0, len(raw), SHARE_BYTES)]
     out = [c for c in out if int.from_bytes(c, "little") < PRIME]
     while len(out) < count:
-        c = random_bytes(SHARE_BYTES)
+        c = _draw(random_bytes, SHARE_BYTES)
         if int.from_bytes(c, "little") < PRIME:
             out.append(c)
     return out
@@ -265,8 +282,12 @@ def combine(shares: dict[int, int], threshold: int, coefficients: list[int] | No
     ``coefficients`` may pass precomputed :func:`lagrange_at_zero` values for
     the first ``threshold`` points (in iteration order).
     """
+    if not _is_int(threshold) or threshold < 1:
+        raise InputError(f"threshold must be an int >= 1, got {threshold!r}")
     if len(shares) < threshold:
         raise InputError(f"need {threshold} shares to recover a secret, got {len(shares)}")
     items = list(shares.items())[:threshold]
+    if any(not _is_int(x) or x % PRIME == 0 for x, _ in items):  # 0 is the secret's own point
+        raise InputError("share points must be non-zero integers modulo PRIME")
     lam = coefficients if coefficients is not None else lagrange_at_zero([x for x, _ in items])
     return sum(l * y for l, (_, y) in zip(lam, items)) % PRIME

@@ -412,3 +412,27 @@ def test_distributed_noise_with_exact_discrete_gaussian_shares():
     assert g["rounding_slack"] == [pytest.approx(grid * math.sqrt(D))]
     assert g["full"]["mu"] == pytest.approx((1.0 + grid * math.sqrt(D)) / 2.0)
     assert "exact" in g["note"]
+
+
+def test_shamir_refuses_a_short_random_source_and_points_or_secrets_it_would_misread():
+    """A random source that returned too few bytes made every coefficient 0, so every share was the secret
+    itself; a float secret gave garbage shares, points equal modulo the prime were taken as two, and combine
+    divided by zero at the point 0."""
+    import os
+
+    from mechanisms.secagg.shamir import PRIME, combine, split, split_many
+
+    with pytest.raises(InputError, match=r"random_bytes\(32\) returned 0 bytes"):
+        split(5, [1, 2, 3], 2, lambda n: b"")
+    with pytest.raises(InputError, match=r"returned 927 bytes"):
+        split_many([5, 6], list(range(1, 60)), 30, lambda n: os.urandom(n - 1))
+    with pytest.raises(InputError, match="secret must be an int"):
+        split(5.5, [1, 2, 3], 2, os.urandom)
+    with pytest.raises(InputError, match="distinct and non-zero modulo PRIME"):
+        split(5, [1, PRIME + 1, 2], 2, os.urandom)
+    with pytest.raises(InputError, match="non-zero integers"):
+        combine({0: 5, 1: 7}, 2)
+    with pytest.raises(InputError, match="threshold must be an int >= 1"):
+        combine({1: 5, 2: 7}, 0)
+    shares = split(12345, [1, 2, 3, 4], 3, os.urandom)
+    assert combine(shares, 3) == 12345 and len(set(shares.values())) == 4
