@@ -155,3 +155,26 @@ def test_the_in_process_sum_runs_the_signed_protocol():
     assert res.integral and np.array_equal(res.total, [6.0, 6.0, 6.0])
     assert sorted(res.view.signatures) == [0, 1, 2, 3]
     assert all(len(s) == 64 for s in res.view.signatures.values())
+
+
+@pytest.mark.parametrize(
+    "stack, kw, match",
+    [
+        (
+            np.arange(12.0).reshape(4, 3) / 7,
+            {"integers": True},
+            "declared integer but holds fractional values",
+        ),
+        (np.array([["1", "2"], ["3", "4"]]), {}, "must hold real numbers"),
+        (np.ones((4, 3)) + 1j, {}, "is complex"),
+        (np.array([[True, False], [True, True]]), {}, "must hold real numbers"),
+        (np.full((2, 2), 2**60), {}, "integers beyond 2\\*\\*53"),
+        (np.zeros((4, 0)), {}, "statistics are empty"),
+    ],
+)
+def test_ckks_sum_refuses_what_it_would_round_or_cast(stack, kw, match):
+    """integers=True rounded real statistics to whole numbers ([3, 3, 4] for a sum of [2.57, 3.14, 3.71]); text,
+    booleans and complex values were cast, large integers rounded, an empty statistic a numpy error; masked
+    sums refused each."""
+    with pytest.raises(InputError, match=match):
+        ckks_sum(stack, **kw)

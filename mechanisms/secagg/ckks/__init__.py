@@ -29,6 +29,7 @@ from mechanisms.secagg.ckks.server import CKKSServer, CKKSServerView, run_in_pro
 from mechanisms.secagg.identity import make_roster
 from mechanisms.secagg.ledger import SessionLedger
 from mechanisms.secagg.noise import noise_share
+from privfed._validation import check_real_dtype
 from privfed.errors import ConfigError, InputError
 
 __all__ = ["KEY_HOLDER", "CKKSSumResult", "ckks_sum"]
@@ -58,19 +59,27 @@ class CKKSSumResult:
 
 
 def _check_stack(stack, params, integers, noise_std, value_bound, name):
-    X = np.asarray(stack, dtype=np.float64)
+    raw = np.asarray(stack)
+    check_real_dtype(
+        raw, name
+    )  # complex, object, text or bool stacks are refused, never cast (as masking does)
+    X = raw.astype(np.float64, copy=False)
     if X.ndim < 1 or X.shape[0] < 2:
         raise InputError(
             f"{name}: secure aggregation needs a (K, ...) stack with K >= 2 clients, got {X.shape}"
         )
     K, shape = X.shape[0], X.shape[1:]
     flat = X.reshape(K, -1)
+    if flat.shape[1] == 0:
+        raise InputError(f"{name}: the clients' statistics are empty (shape {X.shape}); nothing to sum")
     if not np.all(np.isfinite(flat)):
         raise InputError(f"{name} contains NaN/inf values; secure aggregation needs finite statistics")
     if not (np.isfinite(noise_std) and noise_std >= 0):
         raise ConfigError(f"noise_std must be finite and >= 0, got {noise_std}")
     if integers not in ("auto", True, False):
         raise ConfigError(f"integers must be 'auto', True or False, got {integers!r}")
+    if integers is True and not fixed_point.is_integral(flat):  # the sum would be rounded to whole numbers
+        raise InputError(f"{name} was declared integer but holds fractional values; pass integers='auto'")
     integral = integers is True or (integers == "auto" and noise_std == 0 and fixed_point.is_integral(flat))
     max_abs = float(np.abs(flat).max()) if value_bound is None else float(value_bound)
     if value_bound is not None and flat.size and float(np.abs(flat).max()) > max_abs:
