@@ -26,6 +26,8 @@ import string
 from collections.abc import Callable
 
 from mechanisms.secagg.crypto import ProtocolAbort
+from privfed._files import read_regular_text
+from privfed.errors import InputError
 from privfed.results.ledger import LedgerError, NodeLedger
 
 __all__ = ["KEY_SESSION_PREFIX", "SECTION", "FileRecords", "SessionLedger", "init_ledger_file"]
@@ -66,11 +68,20 @@ def init_ledger_file(path: str | os.PathLike, fingerprint: bytes) -> str:
     p = pathlib.Path(path).expanduser()
     records = _empty()
     what = "created"
-    if p.exists():
-        try:
-            text = p.read_text(encoding="utf-8")
-        except (OSError, ValueError) as exc:
+    if p.exists() or p.is_symlink():
+        try:  # a FIFO or a device is refused, never read (it would block)
+            text = read_regular_text(p, f"--init-ledger {p}", "pass the path of the node's ledger file")
+        except InputError as exc:
+            raise LedgerError(str(exc)) from None
+        except OSError as exc:
             raise LedgerError(f"--init-ledger {p}: the file exists and cannot be read ({exc})") from None
+        if not text.strip():
+            # an empty file is no ledger of the older format: a ledger truncated to nothing (a full disk, a
+            # bad copy) must not come back as a fresh one that forgets what the node released
+            raise LedgerError(
+                f"--init-ledger {p}: the file exists and is empty; if it was this node's ledger, restore it from "
+                "a backup (or its .old copy); if the node never took part in a run, delete it and run again"
+            )
         try:
             json.loads(text)
             is_json = True

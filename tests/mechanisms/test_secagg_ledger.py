@@ -203,3 +203,24 @@ def test_a_new_roster_keeps_what_the_nodes_data_released_without_dp(tmp_path, ca
     path.write_text(path.read_text().replace('"statistics"', '"statistic"'))
     with pytest.raises(LedgerError, match="SHA-256"):  # a damaged ledger is never rebound
         init_ledger_file(path, one.fingerprint)
+
+
+def test_init_ledger_refuses_a_fifo_and_an_empty_file_instead_of_blocking_or_starting_afresh(tmp_path):
+    """--init-ledger read a FIFO with read_text (blocking for ever) and took an empty file for an empty ledger of
+    the older format: a ledger truncated to nothing came back as a fresh one that forgot the node's uploads."""
+    roster, _ = make_roster(3)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(LedgerError, match="is a FIFO"):
+        init_ledger_file(fifo, roster.fingerprint)
+    for text in ("", "  \n"):
+        empty = tmp_path / "empty"
+        empty.write_text(text)
+        with pytest.raises(LedgerError, match="the file exists and is empty; .*restore it"):
+            init_ledger_file(empty, roster.fingerprint)
+        assert empty.read_text() == text and not (tmp_path / "empty.old").exists()
+    dangling = tmp_path / "link"
+    dangling.symlink_to(tmp_path / "gone")
+    with pytest.raises(LedgerError, match="link does not exist"):  # was a new ledger written through the link
+        init_ledger_file(dangling, roster.fingerprint)
+    assert init_ledger_file(tmp_path / "new.json", roster.fingerprint) == "created"
