@@ -49,6 +49,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from mechanisms.secagg.graph import group_size
+from privfed.errors import ConfigError
 
 __all__ = [
     "DEFAULT_COLLUDERS",
@@ -111,6 +112,8 @@ def smallest_honest_sum(group_size: int, threshold: int, colluders: int = 0, *, 
     lower bound otherwise); 1 beyond (one node's input may be unmasked).
     """
     t, c = int(threshold), int(colluders)
+    if active and 2 * t <= int(group_size):  # no majority: a deviating server alone can unmask a node
+        return 1
     if c > colluders_tolerated(group_size, threshold, active=active):
         return 1
     return max(t - c, 1)
@@ -341,6 +344,16 @@ def masking_threat(
     """
     K, t = int(num_nodes), int(threshold)
     n = K if degree is None or int(degree) >= K - 1 else int(degree) + 1
+    if not min_threshold(n) <= t <= n:  # what no roster or masked sum runs has no threat model to state
+        raise ConfigError(
+            f"threshold={t} is outside [{min_threshold(n)}, {n}] for groups of {n} share holders (more than "
+            "half of a group, at most all of it): no masked sum runs with it"
+        )
+    up_ids = None if uploaded is None else sorted(set(int(u) for u in uploaded))
+    if up_ids and not 0 <= up_ids[0] <= up_ids[-1] < K:
+        raise ConfigError(
+            f"uploaded names node(s) outside 0..{K - 1}: {[u for u in up_ids if not 0 <= u < K][:5]}"
+        )
     tol = colluders_tolerated(n, t, active=active)
     alone = smallest_honest_sum(n, t, 0, active=active)
     colluding = smallest_honest_sum(n, t, tol, active=active)
@@ -385,7 +398,13 @@ def ckks_threat(
 ) -> ThreatModel:
     """The threat model of CKKS with a node as key holder decrypting sums of at least ``sum_threshold``."""
     K, t = int(num_nodes), int(sum_threshold)
+    if not 1 <= t <= K:
+        raise ConfigError(
+            f"sum_threshold={t} is outside [1, {K}]: the key holder decrypts sums of 1 to K nodes"
+        )
     up = None if uploaded is None else len(set(int(u) for u in uploaded))
+    if up is not None and up > K:
+        raise ConfigError(f"uploaded names {up} nodes, more than the {K} of the federation")
     shares = {"server_alone": t}
     if up is not None:
         shares = {"this_run": up, **shares}

@@ -159,3 +159,22 @@ def test_the_defaults_table_and_the_rule_text():
     from privfed.commands.options import THRESHOLD_RULE
 
     assert THRESHOLD_RULE == threshold_rule()
+
+
+def test_threat_models_of_thresholds_no_run_takes_are_refused_not_stated():
+    """masking_threat(10, 2) stated "smallest sum 2 with no node colluding" where 2t <= n lets a deviating server
+    alone unmask a node; thresholds above the group, CKKS sum thresholds outside [1, K] and uploaders outside
+    the federation (an IndexError) were taken too."""
+    from mechanisms.secagg.threat import ckks_threat, masking_threat, min_threshold, smallest_honest_sum
+    from privfed.errors import ConfigError
+
+    for n, t in ((10, 2), (10, 5), (4, 10)):
+        with pytest.raises(ConfigError, match=rf"threshold={t} is outside \[{min_threshold(n)}, {n}\]"):
+            masking_threat(n, t)
+    assert smallest_honest_sum(10, 5, 0) == 1 and smallest_honest_sum(10, 6, 0) == 6  # 2t <= n: one node
+    assert masking_threat(10, 6).smallest_sum_alone == 6
+    for t in (0, 4):
+        with pytest.raises(ConfigError, match=rf"sum_threshold={t} is outside \[1, 3\]"):
+            ckks_threat(3, t)
+    with pytest.raises(ConfigError, match=r"outside 0\.\.2: \[7\]"):
+        masking_threat(3, 2, uploaded=[0, 1, 7])
