@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from privfed._validation import as_int_vector, check_features
 from privfed.errors import InputError
 
 __all__ = ["GroundTruth", "PublicData"]
@@ -33,8 +34,9 @@ class PublicData:
     images: np.ndarray | None = None
 
     def __post_init__(self) -> None:
-        y = np.asarray(self.labels).astype(np.int64)
-        F = np.asarray(self.features, dtype=np.float64)
+        # fractional, NaN or text labels and non-finite features are refused, never cast (0.7 was class 0)
+        y = as_int_vector(self.labels, "PublicData.labels")
+        F = check_features(self.features, "PublicData.features")
         if F.ndim != 2 or y.shape != (F.shape[0],):
             raise InputError(f"PublicData needs features (n, d) and labels (n,), got {F.shape} and {y.shape}")
         object.__setattr__(self, "labels", y)

@@ -32,6 +32,7 @@ from attacks.knowledge import GroundTruth, PublicData
 from attacks.noise_spec import COUNT_NOISE_KINDS, NoiseSpec, count_noise, gaussian_sigma
 from privfed.errors import ConfigError, InputError
 from privfed.stats import STAT_FIELDS, ClientStats
+from privfed.stats.checks import check_upload_finite
 
 __all__ = [
     "COUNT_NOISE_KINDS",
@@ -168,6 +169,19 @@ class ServerView:
             raise InputError(
                 f"attack {who!r} needs {what}, which this view of method {self.method!r} "
                 f"(fields {sorted(self.fields)}, secure_agg={self.secure_agg}) does not have"
+            )
+
+    def __post_init__(self) -> None:
+        # NaN or inf in what the server holds is a corrupt view: an attack on it would find nothing and report
+        # "nothing exposed" (the singleton and differencing attacks did), an audit then reads no risk
+        check_upload_finite(
+            self.stats, f"the server view ({self.method})", None, "being attacked (nothing would be found)"
+        )
+        d = self.stats.dim
+        if self.public is not None and self.public.features.shape[1] != d:
+            raise InputError(
+                f"PublicData.features has {self.public.features.shape[1]} columns but the statistics have d={d}: "
+                "the attacker's public data must come from the same backbone"
             )
 
     def with_(self, **changes) -> ServerView:

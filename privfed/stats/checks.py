@@ -23,8 +23,11 @@ def first_bad(a: np.ndarray) -> tuple[int, ...] | None:
     return None
 
 
-def check_upload_finite(chunk: ClientStats, where: str, ids: list | None) -> None:
-    """Refuse a chunk holding NaN / inf, naming the sender, the client, the statistic and the class."""
+def check_upload_finite(
+    chunk: ClientStats, where: str, ids: list | None, instead: str = "being folded into the head"
+) -> None:
+    """Refuse a chunk holding NaN / inf, naming the sender, the client, the statistic and the class (``instead``:
+    what would have been done with it)."""
 
     def who(row: int) -> str:
         owner = row if chunk._owners is None else int(chunk._owners[row])
@@ -34,7 +37,7 @@ def check_upload_finite(chunk: ClientStats, where: str, ids: list | None) -> Non
         at = (f" from {who(row)}" if row is not None else "") + (f", class {cls}" if cls is not None else "")
         raise InputError(
             f"{where}: statistic {stat!r}{at} holds {float(value)!r}; NaN/inf is not a statistic "
-            "(a corrupt or overflowed upload), so it is refused instead of being folded into the head"
+            f"(a corrupt or overflowed upload), so it is refused instead of {instead}"
         )
 
     for stat, arr in (("counts", chunk._counts), ("sums", chunk._sums)):

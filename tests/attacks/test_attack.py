@@ -586,3 +586,26 @@ def test_noise_spec_gaussian_is_the_joint_split_of_the_mechanism():
     assert default.sigma["sums"] / spec.sigma["sums"] == pytest.approx(
         2.5 * math.sqrt(2) / math.sqrt(7.25), rel=1e-9
     )
+
+
+def test_a_view_or_public_data_an_attack_would_misread_is_refused():
+    """NaN sums made the singleton and differencing attacks report nothing exposed (an audit read no risk);
+    public features of another width were a numpy broadcast error, labels 0.7 and 1.9 were read as 0 and 1."""
+    import attacks
+    from attacks.knowledge import PublicData
+
+    rng = np.random.default_rng(0)
+    F, y, c = rng.normal(size=(40, 8)), rng.integers(0, 3, 40), np.arange(40) % 7
+    view, truth = attacks.scenario("fedncm", F, y, c)
+    with pytest.raises(
+        InputError, match=r"statistic 'sums' from client 0 .* holds nan; .* instead of being attacked"
+    ):
+        view.with_(stats=view.stats.with_arrays(sums=np.full_like(view.stats.sums, np.nan)))
+    with pytest.raises(InputError, match="PublicData.features has 5 columns but the statistics have d=8"):
+        attacks.scenario("fedncm", F, y, c, public=PublicData(labels=[0, 1], features=np.ones((2, 5))))
+    for labels in ([0.7, 1.9], [np.nan, 1.0]):
+        with pytest.raises(InputError, match="PublicData.labels must hold whole numbers"):
+            PublicData(labels=labels, features=np.ones((2, 8)))
+    with pytest.raises(InputError, match="PublicData.features contains 16 NaN/inf"):
+        PublicData(labels=[0, 1], features=np.full((2, 8), np.nan))
+    assert attacks.evaluate("singleton", view, truth)  # the clean view is attacked as before
