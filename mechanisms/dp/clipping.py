@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from mechanisms.dp.calibration import as_real
-from privfed.errors import ConfigError
+from privfed.errors import ConfigError, InputError
 
 __all__ = ["Clipping", "clip_coordinates", "clip_l2"]
 
@@ -52,6 +52,10 @@ def clip_l2(features: np.ndarray, c: float) -> np.ndarray:
     if big.any():  # ||f||^2 overflows (||f|| > 1.3e154): the norm of the row scaled by its largest entry
         rows = F[big]
         peak = np.abs(rows).max(axis=-1, keepdims=True)
+        if not np.isfinite(peak).all():  # an inf or NaN entry: no scaling brings the row within c
+            raise InputError(
+                "features hold NaN/inf values, which clipping cannot bound; remove or impute those records first"
+            )
         norms[big] = peak * np.linalg.norm(rows / peak, axis=-1, keepdims=True)
     scale = np.minimum(1.0, c / np.where(norms > 0, norms, 1.0))
     return F * scale

@@ -75,3 +75,25 @@ def test_the_audit_of_the_overflow_pair_draws_and_passes():
     res = audit_release(run, [pair], draws=200, heldout=100)[0]
     assert res.verdict == "statistical" and res.draws == 200, res
     assert not res.flagged, res
+
+
+def test_rows_clipping_cannot_bound_are_refused_under_either_norm():
+    """clip_l2 returned an inf row (and a numpy warning) where its output promises norm <= c; the coordinate
+    clip took inf features into a release (as the bound); a refused release still booked its placement."""
+    import warnings
+
+    from mechanisms import GaussianMechanism
+    from mechanisms.dp.clipping import clip_l2
+    from privfed.errors import InputError
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for row in ([np.inf, 0.0], [np.nan, 1.0]):
+            with pytest.raises(InputError, match="NaN/inf values, which clipping cannot bound"):
+                clip_l2(np.array([row]), 1.0)
+        np.testing.assert_allclose(clip_l2(np.array([[1e200, 1e200]]), 1.0), [[2**-0.5, 2**-0.5]], rtol=1e-15)
+    for norm in ("l2", "coordinate"):
+        m = GaussianMechanism(epsilon=1, delta=1e-5, clip=1, clip_norm=norm, dim=4)
+        with pytest.raises(InputError, match="features contains 3 NaN/inf values"):
+            m.release(np.array([[np.inf, 0, 0, 0]] * 3), [0, 1, 2], rng=np.random.default_rng(0))
+        assert m._placements == [] and len(m.ledger) == 0

@@ -73,7 +73,7 @@ from mechanisms.dp.gaussian.report import GaussianReport
 from mechanisms.dp.ledger import NEIGHBOURING, PrivacyLedger
 from mechanisms.dp.params import Parameters
 from mechanisms.dp.sensitivity import RECORD_BOUNDS
-from privfed._validation import check_real_dtype
+from privfed._validation import check_features
 from privfed.errors import ConfigError, InputError
 from privfed.stats import ClientStats, compute_client_stats
 
@@ -380,10 +380,9 @@ class GaussianMechanism(Parameters, GaussianCalibration, GaussianNoise, ClientBo
             raise ConfigError(f"rng must be a numpy.random.Generator, got {type(rng).__name__}")
         self._refuse_sampling()
         self._seeded = True  # the caller's Generator drives the noise: a simulation
-        raw = np.asarray(features)
-        check_real_dtype(raw, "features")  # complex, object or text data refused, never cast
+        raw = check_features(features)  # complex, object, text or non-finite data refused, never cast
         self._placements.append("local")
-        F = self.clip(raw.astype(np.float64, copy=False))
+        F = self.clip(raw)
         fields = ("counts", "sums", "second") if "second" in self.blocks else ("counts", "sums")
         stats = compute_client_stats(F, labels, None, num_classes=num_classes, fields=fields)
         n = 1 if draws is None else int(draws)
