@@ -26,7 +26,7 @@ import warnings
 from collections import defaultdict
 from collections.abc import Iterable
 
-from mechanisms.dp.calibration import check_delta, gdp_epsilon, gdp_mu
+from mechanisms.dp.calibration import as_real, check_delta, check_rounds, gdp_epsilon, gdp_mu
 from mechanisms.dp.ledger import ReleaseEvent
 from privfed.errors import ConfigError
 
@@ -188,9 +188,13 @@ def calibrate_round_mu(
     (mu_round, method) : (float, str)
     """
     _check_accountant(accountant)
-    rounds = int(rounds)
-    if rounds < 1:
-        raise ConfigError(f"rounds must be >= 1, got rounds={rounds}")
+    rounds = check_rounds(rounds)
+    try:
+        epsilon, sampling_rate = as_real(epsilon), as_real(sampling_rate)  # a 0-d array is hashed as a float
+    except (TypeError, ValueError):
+        raise ConfigError(
+            f"epsilon and sampling_rate must be numbers, got {epsilon!r}, {sampling_rate!r}"
+        ) from None
     if not 0 < sampling_rate <= 1:
         raise ConfigError(f"sampling_rate must lie in (0, 1], got sampling_rate={sampling_rate}")
     if math.isinf(epsilon):

@@ -55,6 +55,14 @@ def as_real(value) -> float:
     return float(value)
 
 
+def check_rounds(rounds) -> int:
+    """``rounds`` (releases composed) as an int >= 1, else a ConfigError: 2.5 or True is no count of releases
+    (2.5 was 2.5 rounds to one accountant and 2 to another)."""
+    if isinstance(rounds, (bool, np.bool_)) or not isinstance(rounds, (int, np.integer)) or rounds < 1:
+        raise ConfigError(f"rounds must be an integer >= 1, got rounds={rounds!r}")
+    return int(rounds)
+
+
 def check_delta(delta) -> float:
     """``delta`` of an accounting question as a float in [0, 1), else a ConfigError naming it (NaN read as a
     number gave an epsilon near 0, a delta of 0 an epsilon of 38.9 where none is finite)."""

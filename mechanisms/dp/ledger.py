@@ -14,6 +14,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from mechanisms.dp.calibration import as_real, check_rounds
 from privfed.errors import ConfigError
 
 __all__ = ["NEIGHBOURING", "PrivacyLedger", "PrivacyReport", "ReleaseEvent", "format_up"]
@@ -112,12 +113,19 @@ class ReleaseEvent:
             raise ConfigError(f"unknown noise mechanism {self.mechanism!r}; choose from {sorted(_KINDS)}")
         if self.relation not in NEIGHBOURING:
             raise ConfigError(f"relation must be one of {sorted(NEIGHBOURING)}, got {self.relation!r}")
+        try:  # numbers, never strings or bools read as them
+            for name in ("sensitivity", "scale", "sampling_rate"):
+                object.__setattr__(self, name, as_real(getattr(self, name)))
+        except (TypeError, ValueError):
+            raise ConfigError(
+                f"sensitivity, scale and sampling_rate must be numbers, got {self.sensitivity!r}, {self.scale!r}, "
+                f"{self.sampling_rate!r}"
+            ) from None
         if not (self.sensitivity >= 0 and self.scale >= 0):
             raise ConfigError(
                 f"sensitivity and scale must be >= 0, got sensitivity={self.sensitivity}, scale={self.scale}"
             )
-        if int(self.rounds) < 1:
-            raise ConfigError(f"rounds must be >= 1, got rounds={self.rounds}")
+        object.__setattr__(self, "rounds", check_rounds(self.rounds))
         if not 0 < self.sampling_rate <= 1:
             raise ConfigError(f"sampling_rate must lie in (0, 1], got sampling_rate={self.sampling_rate}")
 

@@ -174,3 +174,17 @@ def test_a_sampling_rate_not_above_delta_is_refused_not_searched_for_ever():
             trusted_aggregator=True,
         )  # fmt: skip
     assert time.monotonic() - t < 5
+
+
+def test_rounds_and_event_numbers_are_checked_where_accountants_would_read_them_apart():
+    """rounds=2.5 was 2.5 rounds to the GDP accountant and 2 to the PLD one (7.51 against 6.57), rounds=2.9
+    calibrated 2 rounds, rounds=True one; a 0-d array epsilon failed as unhashable."""
+    for bad in (2.5, True, "3", 0):
+        with pytest.raises(ConfigError, match="rounds must be an integer >= 1"):
+            ReleaseEvent("gaussian", "sums", 1.0, 1.0, rounds=bad)
+        with pytest.raises(ConfigError, match="rounds must be an integer >= 1"):
+            calibrate_round_mu(1.0, 1e-5, rounds=bad)
+    with pytest.raises(ConfigError, match="must be numbers"):
+        ReleaseEvent("gaussian", "sums", "1", 1.0)
+    assert ReleaseEvent("gaussian", "sums", 1.0, 1.0, rounds=np.int64(2)).rounds == 2
+    assert calibrate_round_mu(np.array(1.0), 1e-5) == calibrate_round_mu(1.0, 1e-5)

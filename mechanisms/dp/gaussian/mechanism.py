@@ -60,7 +60,7 @@ import numpy as np
 
 from mechanisms.dp.accounting import ACCOUNTANTS
 from mechanisms.dp.backends import NoiseBackend, get_backend
-from mechanisms.dp.calibration import as_real, check_budget
+from mechanisms.dp.calibration import as_real, check_budget, check_rounds
 from mechanisms.dp.clipping import CLIP_NORMS, Clipping, check_bound
 from mechanisms.dp.gaussian.calibration import (
     GaussianCalibration,
@@ -215,9 +215,7 @@ class GaussianMechanism(Parameters, GaussianCalibration, GaussianNoise, ClientBo
         record_bound: str = "theorem",
         noise_multiplier: float | None = None,
     ) -> None:
-        if isinstance(rounds, bool) or not isinstance(rounds, (int, np.integer)) or rounds < 1:
-            raise ConfigError(f"rounds must be an integer >= 1, got rounds={rounds!r}")
-        self.rounds = int(rounds)
+        self.rounds = check_rounds(rounds)
         z = None
         if noise_multiplier is not None:
             z = check_noise_multiplier(noise_multiplier, epsilon, calibration, sampling_rate)
