@@ -172,7 +172,6 @@ def _opacus_epsilon(groups, delta: float, name: str) -> float:
         return float(acc.get_epsilon(delta=delta))
 
 
-@functools.lru_cache(maxsize=256)
 def calibrate_round_mu(
     epsilon: float, delta: float, *, rounds: int = 1, sampling_rate: float = 1.0, accountant: str = "auto"
 ) -> tuple[float, str]:
@@ -189,12 +188,19 @@ def calibrate_round_mu(
     """
     _check_accountant(accountant)
     rounds = check_rounds(rounds)
-    try:
-        epsilon, sampling_rate = as_real(epsilon), as_real(sampling_rate)  # a 0-d array is hashed as a float
+    try:  # plain floats: a 0-d array cannot key the cache
+        epsilon, delta, sampling_rate = as_real(epsilon), as_real(delta), as_real(sampling_rate)
     except (TypeError, ValueError):
         raise ConfigError(
-            f"epsilon and sampling_rate must be numbers, got {epsilon!r}, {sampling_rate!r}"
+            f"epsilon, delta and sampling_rate must be numbers, got {epsilon!r}, {delta!r}, {sampling_rate!r}"
         ) from None
+    return _calibrate_round_mu(epsilon, delta, rounds, sampling_rate, accountant)
+
+
+@functools.lru_cache(maxsize=256)
+def _calibrate_round_mu(
+    epsilon: float, delta: float, rounds: int, sampling_rate: float, accountant: str
+) -> tuple[float, str]:
     if not 0 < sampling_rate <= 1:
         raise ConfigError(f"sampling_rate must lie in (0, 1], got sampling_rate={sampling_rate}")
     if math.isinf(epsilon):
