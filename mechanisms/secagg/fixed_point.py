@@ -109,6 +109,11 @@ def check_ring_bound(
     """
     if not np.isfinite(max_abs):
         raise InputError(f"{name} contains NaN/inf values; secure aggregation needs finite statistics")
+    if max_abs < 0 or noise_bound < 0:
+        raise InputError(
+            f"{name}: max_abs and noise_bound are bounds on |x| (>= 0), got {max_abs}, {noise_bound}"
+        )
+    frac_bits = check_frac_bits(frac_bits)
     bound = num_clients * (float(max_abs) * 2.0**frac_bits + 0.5) + float(noise_bound)
     if not bound < _HALF_RING:
         need = np.log2(max(num_clients * float(max_abs), 1e-300))
@@ -138,9 +143,12 @@ def encode(values: np.ndarray, frac_bits: int) -> np.ndarray:
     # 2^51 in magnitude are rounded by adding 1.5 * 2^52, whose binade has a spacing of 1 (the same
     # round-half-to-even as np.rint), and read back as the integer offset of its bit pattern: no slow
     # float-to-integer conversion.
-    v = np.asarray(values, dtype=np.float64).reshape(-1)
+    raw = np.asarray(values)
+    if raw.dtype.kind not in "iuf":  # complex, text, objects or booleans are no reals to encode
+        raise InputError(f"fixed-point encoding takes real numbers, got dtype {raw.dtype}")
+    v = raw.astype(np.float64, copy=False).reshape(-1)
     out = np.empty(v.size, dtype=np.int64)
-    scale = 2.0**frac_bits
+    scale = 2.0 ** check_frac_bits(frac_bits)  # -1 halved every value and rounded small ones to 0
     for start in range(0, v.size, _CHUNK):
         dst = out[start : start + _CHUNK]
         c = dst.view(np.float64)
@@ -162,4 +170,4 @@ def encode(values: np.ndarray, frac_bits: int) -> np.ndarray:
 def decode(ring_values: np.ndarray, frac_bits: int) -> np.ndarray:
     """Read ring elements as signed int64 and scale back by 2^-f (float64)."""
     u = np.ascontiguousarray(ring_values, dtype=np.uint64)
-    return u.view(np.int64).astype(np.float64) * 2.0 ** -int(frac_bits)
+    return u.view(np.int64).astype(np.float64) * 2.0 ** -check_frac_bits(frac_bits)

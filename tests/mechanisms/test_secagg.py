@@ -436,3 +436,50 @@ def test_shamir_refuses_a_short_random_source_and_points_or_secrets_it_would_mis
         combine({1: 5, 2: 7}, 0)
     shares = split(12345, [1, 2, 3, 4], 3, os.urandom)
     assert combine(shares, 3) == 12345 and len(set(shares.values())) == 4
+
+
+@pytest.mark.parametrize(
+    "kw, error, match",
+    [
+        (
+            {"dropped_before_upload": "12"},
+            InputError,
+            "must be a list of client indices, got '12'",
+        ),  # was 1 and 2
+        ({"dropped_before_upload": 1}, InputError, "must be a list of client indices"),
+        (
+            {"dropped_before_upload": [1.7]},
+            InputError,
+            r"must hold client indices \(integers\)",
+        ),  # was client 1
+        ({"dropped_after_upload": ["1"]}, InputError, r"must hold client indices \(integers\)"),
+        ({"threshold": 3.7}, ConfigError, "threshold must be an integer or None, got 3.7"),  # was t = 3
+        ({"value_bound": "2"}, ConfigError, "value_bound must be a number"),
+        ({"noise_std": "1"}, ConfigError, "noise_std must be a number"),
+        ({"rng": 0, "noise_std": 1.0}, ConfigError, "rng must be a numpy.random.Generator"),
+    ],
+)
+def test_masked_sum_takes_indices_and_numbers_only(kw, error, match):
+    X = np.random.default_rng(0).normal(size=(6, 3))
+    with pytest.raises(error, match=match):
+        masked_sum(X, **kw)
+    assert masked_sum(X, dropped_before_upload=np.array([1])).dropped_before_upload == (1,)
+
+
+def test_fixed_point_refuses_what_it_would_silently_lose():
+    """frac_bits=-1 halved every value (1.0 encoded as 0), frac_bits=60 was taken by encode and decode past the
+    53 bits float64 holds, text was parsed and complex values lost their imaginary part; a negative bound on
+    |x| passed the ring check."""
+    from mechanisms.secagg import fixed_point as fp
+
+    for f in (-1, 60, 2.5):
+        with pytest.raises(ConfigError, match="frac_bits"):
+            fp.encode(np.array([1.0]), f)
+        with pytest.raises(ConfigError, match="frac_bits"):
+            fp.decode(np.array([1], dtype=np.uint64), f)
+    for bad in (np.array(["1"]), np.array([1 + 1j]), np.array([True])):
+        with pytest.raises(InputError, match="takes real numbers"):
+            fp.encode(bad, 4)
+    with pytest.raises(InputError, match="bounds on"):
+        fp.check_ring_bound(-1.0, 4, 16)
+    assert fp.decode(fp.encode(np.array([1.5, -2.25]), 4), 4).tolist() == [1.5, -2.25]

@@ -58,6 +58,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from mechanisms.dp.calibration import as_real
 from mechanisms.secagg import fixed_point
 from mechanisms.secagg.crypto import (  # re-exported: the public names of this protocol
     ID_BYTES,
@@ -203,7 +204,17 @@ class MaskedSumResult:
 
 
 # --------------------------------------------------------------------------- the run
+def _is_index(v) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+
 def _as_sets(values: Iterable[int], K: int, name: str) -> frozenset[int]:
+    # client indices only: the string "12" was clients 1 and 2, 1.7 client 1
+    if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
+        raise InputError(f"{name} must be a list of client indices, got {values!r}")
+    values = list(values)
+    if not all(_is_index(v) for v in values):
+        raise InputError(f"{name} must hold client indices (integers), got {values[:5]!r}")
     s = frozenset(int(v) for v in values)
     bad = [v for v in s if not 0 <= v < K]
     if bad:
@@ -292,6 +303,10 @@ def masked_sum(
         If fewer than t share holders of a client survive (no sum released).
     """
     t_start = time.perf_counter()
+    if rng is not None and not isinstance(
+        rng, np.random.Generator
+    ):  # 0 failed later as "no attribute normal"
+        raise ConfigError(f"rng must be a numpy.random.Generator or None, got {type(rng).__name__}")
     rng = rng if rng is not None else np.random.default_rng()
     if key_seed is not None and not isinstance(key_seed, bytes):
         check_seed(key_seed, "key_seed")  # an integer in 0..2**64 - 1, or bytes, as every seed
@@ -314,6 +329,10 @@ def masked_sum(
     lo, hi = (float(flat.min()), float(flat.max())) if flat.size else (0.0, 0.0)
     if not (np.isfinite(lo) and np.isfinite(hi)):
         raise InputError(f"{name} contains NaN/inf values; secure aggregation needs finite statistics")
+    try:
+        noise_std = as_real(noise_std)
+    except (TypeError, ValueError):
+        raise ConfigError(f"noise_std must be a number, got {noise_std!r}") from None
     if not (np.isfinite(noise_std) and noise_std >= 0):
         raise ConfigError(f"noise_std must be finite and >= 0, got {noise_std}")
     if integers not in ("auto", True, False):
@@ -325,7 +344,10 @@ def masked_sum(
     if value_bound is None:
         max_abs = max(-lo, hi)
     else:
-        max_abs = float(value_bound)
+        try:
+            max_abs = as_real(value_bound)
+        except (TypeError, ValueError):
+            raise ConfigError(f"value_bound must be a number, got {value_bound!r}") from None
         if not (max_abs >= 0 and np.isfinite(max_abs)):
             raise ConfigError(f"value_bound must be finite and >= 0, got {value_bound!r}")
         over = np.flatnonzero(np.abs(flat).max(axis=1) > max_abs) if flat.size else np.zeros(0, int)
@@ -351,6 +373,8 @@ def masked_sum(
         )
         group_sizes = [len(g) + 1 for g in graph]
     low = majority_threshold(min(group_sizes))
+    if threshold is not None and not _is_index(threshold):  # 3.7 was t = 3
+        raise ConfigError(f"threshold must be an integer or None, got {threshold!r}")
     t = default_threshold(min(group_sizes)) if threshold is None else int(threshold)
     if not low <= t <= min(group_sizes):
         raise ConfigError(
