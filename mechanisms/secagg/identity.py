@@ -261,6 +261,8 @@ class Roster:
     def from_json(cls, text: str, source: str = "roster") -> Roster:
         try:
             raw = json.loads(text)
+            if not isinstance(raw, dict) or not isinstance(raw.get("version", 1), int):
+                raise ValueError("not a JSON object with an integer version")
             degree, ring = raw.get("degree"), raw.get("ring")
             threshold, colluders = raw["threshold"], raw.get("colluders", 0)
 
@@ -317,6 +319,12 @@ class Identity:
     index: int
     private_key: bytes  # raw 32-byte Ed25519 private key
 
+    def __post_init__(self) -> None:  # an index of 1.7 or true was node 1; a short key failed only at use
+        if not (type(self.index) is int and self.index >= 0 and type(self.private_key) is bytes):
+            raise ValueError(f"index must be an integer >= 0 and private_key bytes, got {self.index!r}")
+        if len(self.private_key) != 32:
+            raise ValueError(f"private_key must be 32 bytes (Ed25519), got {len(self.private_key)}")
+
     def __getstate__(self) -> dict:
         """Pickled without its parsed key (not picklable; parsed again on use)."""
         return {k: v for k, v in self.__dict__.items() if k != "_key"}
@@ -353,7 +361,7 @@ class Identity:
         text = read_regular_text(p, f"secagg-identity={path}", "pass the node's identity file")
         try:
             raw = json.loads(text)
-            return cls(index=int(raw["index"]), private_key=bytes.fromhex(raw["private_key"]))
+            return cls(index=raw["index"], private_key=bytes.fromhex(raw["private_key"]))
         except (KeyError, TypeError, ValueError) as exc:
             raise ConfigError(f"secagg-identity={path} is not a privfed identity file: {exc}") from None
 

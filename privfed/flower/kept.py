@@ -57,7 +57,7 @@ def parsed(value: str, kind: type):
         else:
             try:
                 raw = json.loads(text)
-                got = Identity(int(raw["index"]), bytes.fromhex(raw["private_key"]))
+                got = Identity(raw["index"], bytes.fromhex(raw["private_key"]))
             except (KeyError, TypeError, ValueError) as exc:
                 if inline:
                     raise

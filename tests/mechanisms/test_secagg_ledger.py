@@ -224,3 +224,25 @@ def test_init_ledger_refuses_a_fifo_and_an_empty_file_instead_of_blocking_or_sta
     with pytest.raises(LedgerError, match="link does not exist"):  # was a new ledger written through the link
         init_ledger_file(dangling, roster.fingerprint)
     assert init_ledger_file(tmp_path / "new.json", roster.fingerprint) == "created"
+
+
+def test_roster_and_identity_files_a_node_would_misread_are_refused(tmp_path):
+    """A roster that is a JSON list was an AttributeError, a string version a TypeError; an identity of index
+    1.7 or true loaded as node 1, a 31-byte key loaded and failed only when the node first signed."""
+    from mechanisms.secagg.identity import Identity
+    from privfed.errors import ConfigError
+
+    roster, ids = make_roster(3)
+    good = json.loads(roster.to_json())
+    for text in ("[]", "null", "5", '"x"', json.dumps({**good, "version": "3"})):
+        with pytest.raises(ConfigError, match="not a privfed roster"):
+            Roster.from_json(text)
+    key = ids[1].private_key.hex()
+    for index, hexkey, match in ((1.7, key, "index must be an integer"), (True, key, "index must be an integer"),
+                                 (-1, key, "index must be an integer"), (1, key[:-2], "must be 32 bytes")):  # fmt: skip
+        path = tmp_path / "id.json"
+        path.write_text(json.dumps({"index": index, "private_key": hexkey}))
+        with pytest.raises(ConfigError, match=match):
+            Identity.load(path)
+    path.write_text(ids[1].to_json())
+    assert Identity.load(path).check(roster).index == 1
