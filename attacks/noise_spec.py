@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from mechanisms.dp.calibration import as_real
+from mechanisms.dp.count_noise import GEOMETRIC_MIN_EPSILON
 from privfed.errors import ConfigError
 from privfed.stats import STAT_FIELDS, ClientStats
 
@@ -69,8 +71,18 @@ def count_noise(
     n = np.asarray(counts, dtype=np.float64)
     if kind not in COUNT_NOISE_KINDS:
         raise ConfigError(f"unknown count noise {kind!r}; choose from {list(COUNT_NOISE_KINDS)}")
-    if not (isinstance(epsilon, (int, float)) and epsilon > 0 and math.isfinite(epsilon)):
-        raise ConfigError(f"count-noise epsilon must be a finite number > 0, got epsilon={epsilon!r}")
+    given = epsilon
+    try:
+        epsilon = as_real(epsilon)  # numpy numbers too (np.float32(1) was refused), never strings or bools
+    except (TypeError, ValueError):
+        epsilon = math.nan
+    if not (epsilon > 0 and math.isfinite(epsilon)):
+        raise ConfigError(f"count-noise epsilon must be a finite number > 0, got epsilon={given!r}")
+    if kind == "geometric" and epsilon < GEOMETRIC_MIN_EPSILON:  # numpy's sampler fails below (p <= 0)
+        raise ConfigError(
+            f"geometric count noise needs epsilon >= {GEOMETRIC_MIN_EPSILON:g}, got {epsilon!r}; use a larger "
+            "epsilon or Laplace count noise"
+        )
     if kind == "laplace":
         noise = rng.laplace(0.0, 1.0 / epsilon, size=n.shape)
     elif kind == "geometric":

@@ -125,6 +125,12 @@ class CountNoise(Parameters):
             raise ConfigError(f"epsilon must be a number > 0, got epsilon={epsilon!r}") from None
         if not eps > 0:
             raise ConfigError(f"epsilon must be > 0, got epsilon={epsilon!r}")
+        if math.isinf(
+            1.0 / eps
+        ):  # a subnormal epsilon: the noise scale 1/epsilon is inf, the counts become inf
+            raise ConfigError(
+                f"epsilon={epsilon!r} is so small that its noise scale 1/epsilon overflows float64"
+            )
         return eps
 
     def perturb(self, counts: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -139,8 +145,8 @@ class CountNoise(Parameters):
         if not isinstance(rng, np.random.Generator):
             raise ConfigError(f"rng must be a numpy.random.Generator, got {type(rng).__name__}")
         c = np.asarray(counts, dtype=np.float64)
-        if np.any(c < 0) or np.any(c != np.round(c)):
-            raise ConfigError("counts must be non-negative whole numbers")
+        if not np.all(np.isfinite(c)) or np.any(c < 0) or np.any(c != np.round(c)):  # inf == round(inf)
+            raise ConfigError("counts must be finite, non-negative whole numbers")
         self.ledger.record(self._event(self.ledger.new_release()))
         return np.maximum(self.perturb(c, rng), 0.0)
 

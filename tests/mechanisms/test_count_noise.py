@@ -162,3 +162,24 @@ def test_geometric_count_noise_at_its_floor_is_drawn_at_the_right_scale():
     # |noise| is close to Exponential(rate eps): the sample median's standard error is 1 / (2 f(m) sqrt(n)) with
     # f(m) = eps / 2 at the median, i.e. (1 / eps) / sqrt(n) (0.7 % of the scale); 5 standard errors
     assert abs(med - math.log(2) / 1e-9) < 5 / math.sqrt(20000) * 1e9
+
+
+def test_count_noise_at_its_edges_is_refused_or_taken_as_a_number():
+    """Laplace at epsilon 1e-320 had scale inf and released inf counts, inf counts were released, geometric noise
+    at epsilon 1e-18 in the attacks' sampler was numpy's "p <= 0", and np.float32(1) was no number there."""
+    from attacks.noise_spec import count_noise
+    from mechanisms.dp.count_noise import LaplaceCountNoise
+
+    rng = np.random.default_rng(0)
+    with pytest.raises(ConfigError, match="noise scale 1/epsilon overflows"):
+        LaplaceCountNoise(epsilon=1e-320)
+    with pytest.raises(ConfigError, match="counts must be finite"):
+        LaplaceCountNoise(epsilon=1.0).release(np.array([np.inf, 1.0]), rng)
+    with pytest.raises(ConfigError, match="geometric count noise needs epsilon >= 1e-09, got 1e-18"):
+        count_noise(np.ones(3), "geometric", epsilon=1e-18, rng=rng)
+    with pytest.raises(ConfigError, match="got epsilon='1'"):
+        count_noise(np.ones(3), "laplace", epsilon="1", rng=rng)
+    a = count_noise(np.ones(3), "laplace", epsilon=np.float32(1), rng=np.random.default_rng(1))
+    np.testing.assert_array_equal(
+        a, count_noise(np.ones(3), "laplace", epsilon=1.0, rng=np.random.default_rng(1))
+    )
