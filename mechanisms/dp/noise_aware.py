@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from mechanisms.dp.calibration import as_real
 from privfed._linalg import project_psd
+from privfed._validation import check_real_dtype
 from privfed.errors import InputError
 
 __all__ = [
@@ -35,6 +37,27 @@ __all__ = [
     "outer_product_bias",
     "repair_psd",
 ]
+
+
+def _number(value, name: str, *, positive: bool = False) -> float:
+    """``value`` as a finite float >= 0 (> 0 with ``positive``), else an InputError naming ``name`` (NaN gave NaN
+    biases, strings a TypeError)."""
+    try:
+        v = as_real(value)
+    except (TypeError, ValueError):
+        raise InputError(f"{name} must be a number, got {value!r}") from None
+    if not (np.isfinite(v) and (v > 0 if positive else v >= 0)):
+        raise InputError(f"{name} must be a finite number {'>' if positive else '>='} 0, got {value!r}")
+    return v
+
+
+def _finite_matrix(value, name: str) -> np.ndarray:
+    a = np.asarray(value)
+    check_real_dtype(a, name)  # a complex matrix lost its imaginary part with a warning
+    a = a.astype(np.float64, copy=False)
+    if not np.isfinite(a).all():
+        raise InputError(f"{name} holds NaN/inf values; repair the statistics before debiasing them")
+    return a
 
 
 def fedcof_spread_bias(counts: np.ndarray, noise_var: float) -> np.ndarray:
@@ -52,24 +75,25 @@ def fedcof_spread_bias(counts: np.ndarray, noise_var: float) -> np.ndarray:
     ndarray, shape (C,)
         s2 / (K_c - 1) * (sum_k 1/n_kc - K_c / N_c); 0 for classes with K_c < 2.
     """
-    n = np.asarray(counts, dtype=np.float64)
+    n = _finite_matrix(counts, "counts")
     if n.ndim != 2:
         raise InputError(f"counts must have shape (K, C), got {n.shape}")
-    if noise_var < 0:
-        raise InputError(f"noise_var must be >= 0, got {noise_var}")
+    noise_var = _number(noise_var, "noise_var")
     mask = n > 0
     Kc = mask.sum(axis=0).astype(np.float64)
     N = np.where(mask, n, 0.0).sum(axis=0)
-    inv = np.where(mask, 1.0 / np.where(mask, n, 1.0), 0.0).sum(axis=0)
+    with np.errstate(over="ignore", divide="ignore"):
+        inv = np.where(mask, 1.0 / np.where(mask, n, 1.0), 0.0).sum(axis=0)
+    if not np.isfinite(inv).all():  # a count of 1e-320 (noisy): its mean is noise alone
+        raise InputError("counts this close to 0 make the bias overflow; drop them first (drop_small_counts)")
     ok = Kc >= 2
     return np.where(ok, noise_var * (inv - Kc / np.where(N > 0, N, 1.0)) / np.where(ok, Kc - 1.0, 1.0), 0.0)
 
 
 def outer_product_bias(noise_var: float, total_count: float, dim: int) -> np.ndarray:
     """E[s~ s~^T] / N - s s^T / N = noise_var / N * I (shape (d, d))."""
-    if total_count <= 0:
-        raise InputError(f"total_count must be > 0, got {total_count}")
-    return noise_var / total_count * np.eye(dim)
+    total_count = _number(total_count, "total_count", positive=True)
+    return _number(noise_var, "noise_var") / total_count * np.eye(dim)
 
 
 def debias_covariances(covs: np.ndarray, bias: np.ndarray, floor: float = 0.0) -> tuple[np.ndarray, int]:
@@ -77,8 +101,8 @@ def debias_covariances(covs: np.ndarray, bias: np.ndarray, floor: float = 0.0) -
 
     Returns the repaired covariances (C, d, d) and how many eigenvalues were raised.
     """
-    S = np.asarray(covs, dtype=np.float64)
-    b = np.asarray(bias, dtype=np.float64)
+    S, b = _finite_matrix(covs, "covs"), _finite_matrix(bias, "bias")
+    floor = _number(floor, "floor")
     if S.ndim != 3 or S.shape[1] != S.shape[2] or b.shape != (S.shape[0],):
         raise InputError(f"covs must be (C, d, d) and bias (C,), got {S.shape} and {b.shape}")
     out = S - b[:, None, None] * np.eye(S.shape[1])
@@ -91,10 +115,10 @@ def debias_covariances(covs: np.ndarray, bias: np.ndarray, floor: float = 0.0) -
 
 def repair_psd(G: np.ndarray, floor: float = 0.0) -> tuple[np.ndarray, int]:
     """Nearest symmetric matrix with eigenvalues >= floor; returns it and the count raised."""
-    A = np.asarray(G, dtype=np.float64)
+    A = _finite_matrix(G, "G")
     if A.ndim != 2 or A.shape[0] != A.shape[1]:
         raise InputError(f"G must be a square matrix, got shape {A.shape}")
-    return project_psd(A, floor)
+    return project_psd(A, _number(floor, "floor"))
 
 
 def drop_small_counts(stats, min_count: float):

@@ -589,3 +589,40 @@ def test_mechanism_accepts_or_refuses_clearly(
                 math.isinf(eps) or rep.epsilon <= eps * (1 + 1e-6) or calibration == "classic"
             )
             assert isinstance(rep.guarantee, str) and rep.guarantee
+
+
+def test_noise_aware_estimators_refuse_what_would_give_nan_or_a_wrong_bias():
+    """NaN variances, counts and floors gave NaN biases and matrices, a negative variance a bias of -I, a complex
+    G lost its imaginary part with a warning, counts of 1e-320 overflowed the bias, a string was a TypeError."""
+    import warnings
+
+    from mechanisms.dp.noise_aware import (
+        debias_covariances,
+        fedcof_spread_bias,
+        outer_product_bias,
+        repair_psd,
+    )
+    from privfed.errors import InputError
+
+    nan = float("nan")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        cases = [
+            (lambda: repair_psd(np.full((2, 2), nan)), "G holds NaN/inf"),
+            (lambda: repair_psd(np.eye(2) * 1j), "G is complex"),
+            (lambda: outer_product_bias(nan, 1.0, 2), "noise_var must be a finite number >= 0"),
+            (lambda: outer_product_bias(-1.0, 1.0, 2), "noise_var must be a finite number >= 0"),
+            (lambda: outer_product_bias(1.0, nan, 2), "total_count must be a finite number > 0"),
+            (lambda: fedcof_spread_bias(np.ones((3, 2)), nan), "noise_var must be a finite number"),
+            (lambda: fedcof_spread_bias(np.ones((3, 2)), "1"), "noise_var must be a number"),
+            (lambda: fedcof_spread_bias([[1e-320, 1], [1e-320, 1]], 1.0), "drop them first"),
+            (
+                lambda: debias_covariances(np.eye(2)[None], np.zeros(1), floor=nan),
+                "floor must be a finite number",
+            ),
+        ]
+        for call, match in cases:
+            with pytest.raises(InputError, match=match):
+                call()
+        # K_c = 3 shares of n = 1 each, N = 3: s2 / 2 * (3 - 1) = s2
+        np.testing.assert_allclose(fedcof_spread_bias(np.ones((3, 2)), 2.0), [2.0, 2.0], rtol=1e-15)
