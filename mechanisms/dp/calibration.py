@@ -208,12 +208,15 @@ def analytic_sigma(epsilon: float, delta: float, sensitivity: float = 1.0) -> fl
     delta = 1e-5, Delta = 1 gives 3.7306.  ``epsilon = inf`` gives 0.
     """
     eps, dl = check_budget(epsilon, delta)
-    _check_sensitivity(sensitivity)
+    sensitivity = _check_sensitivity(sensitivity)
     if math.isinf(eps):
         return 0.0
     import dp_accounting
 
-    return float(sensitivity) * float(dp_accounting.get_sigma_gaussian(eps, dl))
+    with np.errstate(
+        divide="ignore"
+    ):  # its bracket search takes log1p(-1) = -inf at huge epsilon, harmlessly
+        return sensitivity * float(dp_accounting.get_sigma_gaussian(eps, dl))
 
 
 def classic_sigma(epsilon: float, delta: float, sensitivity: float = 1.0, *, warn: bool = True) -> float:
@@ -224,7 +227,7 @@ def classic_sigma(epsilon: float, delta: float, sensitivity: float = 1.0, *, war
     Kept to reproduce FedLog (Yu et al., Theorem 3.1).
     """
     eps, dl = check_budget(epsilon, delta)
-    _check_sensitivity(sensitivity)
+    sensitivity = _check_sensitivity(sensitivity)
     if math.isinf(eps):
         return 0.0
     if eps > 1 and warn:
@@ -234,9 +237,14 @@ def classic_sigma(epsilon: float, delta: float, sensitivity: float = 1.0, *, war
             UserWarning,
             stacklevel=2,
         )
-    return float(sensitivity) * math.sqrt(2.0 * math.log(1.25 / dl)) / eps
+    return sensitivity * math.sqrt(2.0 * math.log(1.25 / dl)) / eps
 
 
-def _check_sensitivity(sensitivity: float) -> None:
-    if not (np.isfinite(sensitivity) and sensitivity > 0):
+def _check_sensitivity(sensitivity: float) -> float:
+    try:  # a string was a numpy TypeError, True a sensitivity of 1
+        v = as_real(sensitivity)
+    except (TypeError, ValueError):
+        v = math.nan
+    if not (np.isfinite(v) and v > 0):
         raise ConfigError(f"sensitivity must be a finite number > 0, got sensitivity={sensitivity!r}")
+    return v

@@ -188,3 +188,22 @@ def test_rounds_and_event_numbers_are_checked_where_accountants_would_read_them_
         ReleaseEvent("gaussian", "sums", "1", 1.0)
     assert ReleaseEvent("gaussian", "sums", 1.0, 1.0, rounds=np.int64(2)).rounds == 2
     assert calibrate_round_mu(np.array(1.0), 1e-5) == calibrate_round_mu(1.0, 1e-5)
+
+
+def test_sigma_calibration_takes_a_number_sensitivity_and_leaks_no_warning():
+    """sensitivity="1" was a numpy TypeError and True a sensitivity of 1; epsilon 1e12 leaked dp-accounting's
+    "divide by zero in log1p" warning."""
+    from mechanisms import analytic_sigma
+    from mechanisms.dp.calibration import classic_sigma
+
+    for bad in ("1", True, 0.0, float("nan")):
+        with pytest.raises(ConfigError, match="sensitivity must be a finite number > 0"):
+            analytic_sigma(1.0, 1e-5, bad)
+        with pytest.raises(ConfigError, match="sensitivity must be a finite number > 0"):
+            classic_sigma(0.5, 1e-5, bad)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert 0 < analytic_sigma(1e12, 1e-5) < 1e-6
+    assert analytic_sigma(1.0, 1e-5, np.float32(2.0)) == pytest.approx(
+        2 * analytic_sigma(1.0, 1e-5), rel=1e-12
+    )
