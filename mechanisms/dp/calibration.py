@@ -55,12 +55,26 @@ def as_real(value) -> float:
     return float(value)
 
 
+#: Largest count (rounds, records, dimensions) a release is accounted with: float64 holds every integer up to it.
+MAX_COUNT = 2**53
+
+
+def check_count(value, name: str, *, low: int = 1) -> int:
+    """``value`` as an int in [low, 2**53], else a ConfigError naming ``name``: 2.5 or True is no count, and
+    10**400 overflowed float64 in the accounting (an OverflowError)."""
+    if (
+        isinstance(value, (bool, np.bool_))
+        or not isinstance(value, (int, np.integer))
+        or not low <= value <= MAX_COUNT
+    ):
+        raise ConfigError(f"{name} must be an integer in [{low}, 2**53], got {name}={value!r}")
+    return int(value)
+
+
 def check_rounds(rounds) -> int:
-    """``rounds`` (releases composed) as an int >= 1, else a ConfigError: 2.5 or True is no count of releases
-    (2.5 was 2.5 rounds to one accountant and 2 to another)."""
-    if isinstance(rounds, (bool, np.bool_)) or not isinstance(rounds, (int, np.integer)) or rounds < 1:
-        raise ConfigError(f"rounds must be an integer >= 1, got rounds={rounds!r}")
-    return int(rounds)
+    """``rounds`` (releases composed) as an int >= 1 (:func:`check_count`): 2.5 was 2.5 rounds to one
+    accountant and 2 to another."""
+    return check_count(rounds, "rounds")
 
 
 def check_delta(delta) -> float:

@@ -151,7 +151,7 @@ def test_clipping_functions():
         (dict(blocks=("sums",)), "must include 'sums' and 'counts'"),
         (dict(blocks=("sums", "counts", "scatter")), "blocks must be distinct names"),
         (dict(calibration="rdp"), "calibration must be one of"),
-        (dict(rounds=0), "rounds must be an integer >= 1"),
+        (dict(rounds=0), r"rounds must be an integer in \[1, 2\*\*53\]"),
         (dict(sampling_rate=0.0), "sampling_rate"),
         (dict(level="client", trusted_aggregator=True), "max_records"),
         (dict(split={"sums": 1.0}), "split weights must name exactly"),
@@ -626,3 +626,25 @@ def test_noise_aware_estimators_refuse_what_would_give_nan_or_a_wrong_bias():
                 call()
         # K_c = 3 shares of n = 1 each, N = 3: s2 / 2 * (3 - 1) = s2
         np.testing.assert_allclose(fedcof_spread_bias(np.ones((3, 2)), 2.0), [2.0, 2.0], rtol=1e-15)
+
+
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        ({"split": {"sums": "1", "counts": 1}}, "split weights must be numbers"),  # "1" was a weight of 1
+        ({"blocks": None}, "blocks must be distinct names"),  # a TypeError
+        ({"rounds": 10**400}, r"rounds must be an integer in \[1, 2\*\*53\]"),  # OverflowError
+        ({"level": "client", "max_records": 10**400}, r"max_records must be an integer in \[1, 2\*\*53\]"),
+        ({"clip_norm": "coordinate", "dim": 10**400}, r"dim must be an integer in \[1, 2\*\*53\]"),
+        ({"clip_norm": "coordinate", "dim": True}, r"dim must be an integer"),  # was a dim of 1
+    ],
+)
+def test_mechanism_parameters_the_accounting_would_misread_are_refused(kw, match):
+    with pytest.raises(ConfigError, match=match):
+        GaussianMechanism(epsilon=1.0, delta=1e-5, clip=1.0, **kw)
+
+
+def test_split_weights_near_the_float_limit_give_the_equal_split():
+    """Weights of 1e308 each summed to inf and divided to 0 (a ZeroDivisionError)."""
+    big = GaussianMechanism(epsilon=1.0, delta=1e-5, clip=1.0, split={"sums": 1e308, "counts": 1e308})
+    assert big.sigma == GaussianMechanism(epsilon=1.0, delta=1e-5, clip=1.0, split="equal").sigma

@@ -41,11 +41,15 @@ class GaussianCalibration:
             raise ConfigError(
                 f"split weights must name exactly the blocks {list(self.blocks)}, got {sorted(split)}"
             )
-        w = {b: float(split[b]) for b in self.blocks}
+        try:  # numbers only ("1" was a weight of 1)
+            w = {b: as_real(split[b]) for b in self.blocks}
+        except (TypeError, ValueError):
+            raise ConfigError(f"split weights must be numbers, got {dict(split)!r}") from None
         if any(not (v > 0 and math.isfinite(v)) for v in w.values()):
             raise ConfigError(f"split weights must be finite and > 0, got {w}")
-        s = sum(w.values())
-        return {b: v / s for b, v in w.items()}
+        top = max(w.values())  # scaled first: weights of 1e308 summed to inf and divided to 0
+        s = sum(v / top for v in w.values())
+        return {b: v / top / s for b, v in w.items()}
 
     def _round_mu(self) -> tuple[float, str]:
         if math.isinf(self.epsilon):

@@ -60,7 +60,7 @@ import numpy as np
 
 from mechanisms.dp.accounting import ACCOUNTANTS
 from mechanisms.dp.backends import NoiseBackend, get_backend
-from mechanisms.dp.calibration import as_real, check_budget, check_rounds
+from mechanisms.dp.calibration import as_real, check_budget, check_count, check_rounds
 from mechanisms.dp.clipping import CLIP_NORMS, Clipping, check_bound
 from mechanisms.dp.gaussian.calibration import (
     GaussianCalibration,
@@ -238,7 +238,9 @@ class GaussianMechanism(Parameters, GaussianCalibration, GaussianNoise, ClientBo
         if level not in _LEVELS:
             raise ConfigError(f"level must be one of {list(_LEVELS)}, got level={level!r}")
         self.level = level
-        blocks = tuple(blocks)
+        blocks = (
+            tuple(blocks) if isinstance(blocks, (tuple, list)) else (blocks,)
+        )  # None or "sums": named below
         bad = [b for b in blocks if b not in BLOCKS]
         if bad or len(set(blocks)) != len(blocks):
             raise ConfigError(f"blocks must be distinct names from {list(BLOCKS)}, got blocks={blocks!r}")
@@ -294,27 +296,16 @@ class GaussianMechanism(Parameters, GaussianCalibration, GaussianNoise, ClientBo
                 "a client's contribution; e.g. GaussianMechanism(..., level='client', max_records=500)"
             )
         if max_records is not None:
-            if (
-                isinstance(max_records, bool)
-                or not isinstance(max_records, (int, np.integer))
-                or max_records < 1
-            ):
-                raise ConfigError(f"max_records must be an integer >= 1, got max_records={max_records!r}")
+            check_count(max_records, "max_records")
             if level == "record" and record_bound != "upload":
                 raise ConfigError(
                     f"max_records={max_records!r} bounds a whole client's contribution and applies at "
                     "level='client' only; at level='record' every record is its own unit: drop max_records"
                 )
         self.max_records = None if max_records is None else int(max_records)
-        if (
-            isinstance(dropout_tolerance, bool)
-            or not isinstance(dropout_tolerance, (int, np.integer))
-            or (dropout_tolerance < 0)
-        ):
-            raise ConfigError(f"dropout_tolerance must be an integer >= 0, got {dropout_tolerance!r}")
-        self.dropout_tolerance = int(dropout_tolerance)
-        if dim is not None and (not isinstance(dim, (int, np.integer)) or dim < 1):
-            raise ConfigError(f"dim must be a positive integer, got dim={dim!r}")
+        self.dropout_tolerance = check_count(dropout_tolerance, "dropout_tolerance", low=0)
+        if dim is not None:  # True was a dim of 1
+            check_count(dim, "dim")
         self.backend = get_backend(backend)
         self.ledger = PrivacyLedger()
         self._secure = False
