@@ -178,3 +178,18 @@ def test_ckks_sum_refuses_what_it_would_round_or_cast(stack, kw, match):
     sums refused each."""
     with pytest.raises(InputError, match=match):
         ckks_sum(stack, **kw)
+
+
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        ({"precision_bits": 2.5}, "precision_bits must be an integer number of bits"),
+        ({"scale_bits": 10.5}, "scale_bits must be an integer number of bits"),  # was about precision_bits
+        ({"coeff_mod_bit_sizes": (60.7, 40.2, 60)}, "coeff_mod_bit_sizes must be >= 2 primes"),  # truncated
+        ({"poly_modulus_degree": True}, "poly_modulus_degree must be a power of two"),
+    ],
+)
+def test_ckks_parameters_are_whole_bits(kw, match):
+    with pytest.raises(ConfigError, match=match):
+        CKKSParams(**kw)
+    assert CKKSParams(poly_modulus_degree=np.int64(8192)) == CKKSParams()  # was refused

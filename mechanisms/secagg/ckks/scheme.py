@@ -101,15 +101,22 @@ class CKKSParams:
     precision_bits: int = 20
 
     def __post_init__(self) -> None:
+        def whole(v) -> bool:  # 2.5 bits were 2 bits, 60.7 were 60; numpy integers are integers
+            return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
         N = self.poly_modulus_degree
-        if not isinstance(N, int) or N < 1024 or N & (N - 1):
+        if not whole(N) or N < 1024 or N & (N - 1):
             raise ConfigError(f"poly_modulus_degree must be a power of two >= 1024, got {N!r}")
-        sizes = tuple(int(b) for b in self.coeff_mod_bit_sizes)
-        if len(sizes) < 2 or any(not 20 <= b <= 60 for b in sizes):
-            raise ConfigError(
-                f"coeff_mod_bit_sizes must be >= 2 primes of 20..60 bits, got {self.coeff_mod_bit_sizes}"
-            )
+        object.__setattr__(self, "poly_modulus_degree", int(N))
+        raw = tuple(self.coeff_mod_bit_sizes)
+        if len(raw) < 2 or not all(whole(b) and 20 <= b <= 60 for b in raw):
+            raise ConfigError(f"coeff_mod_bit_sizes must be >= 2 primes of 20..60 bits, got {raw}")
+        sizes = tuple(int(b) for b in raw)
         object.__setattr__(self, "coeff_mod_bit_sizes", sizes)
+        for name in ("scale_bits", "precision_bits"):
+            if not whole(getattr(self, name)):
+                raise ConfigError(f"{name} must be an integer number of bits, got {getattr(self, name)!r}")
+            object.__setattr__(self, name, int(getattr(self, name)))
         if not 10 <= int(self.scale_bits) < sum(sizes[:-1]):
             raise ConfigError(f"scale_bits must lie in [10, {sum(sizes[:-1])}), got {self.scale_bits}")
         top = self.max_precision_bits(1)
