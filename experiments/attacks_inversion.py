@@ -318,4 +318,6 @@ def _grids(d, args, folder: Path, clip: float) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from privfed.commands.start import run_script
+
+    run_script(main)

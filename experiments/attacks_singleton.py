@@ -103,4 +103,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from privfed.commands.start import run_script
+
+    run_script(main)

@@ -379,4 +379,6 @@ def _atomic_json(path: str, out: dict) -> None:
 
 if __name__ == "__main__":
     np.seterr(all="ignore")
-    sys.exit(main())
+    from privfed.commands.start import run_script
+
+    run_script(main)

@@ -414,4 +414,6 @@ def record(res: dict, argv) -> None:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from privfed.commands.start import run_script
+
+    run_script(main)

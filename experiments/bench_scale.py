@@ -454,4 +454,6 @@ def _upload_chunk_mib() -> float:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from privfed.commands.start import run_script
+
+    run_script(main)

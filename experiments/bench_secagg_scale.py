@@ -330,4 +330,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from privfed.commands.start import run_script
+
+    run_script(main)

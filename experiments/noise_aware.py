@@ -172,4 +172,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from privfed.commands.start import run_script
+
+    run_script(main)

@@ -19,4 +19,6 @@ from experiments.docs_numbers import __all__  # noqa: E402,F401
 from experiments.docs_numbers.cli import main  # noqa: E402
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from privfed.commands.start import run_script
+
+    run_script(main)

@@ -229,4 +229,6 @@ def save_record(record: dict, which: str) -> None:
 main = cli_entry("python experiments/recipes.py", _body)
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from privfed.commands.start import run_script
+
+    run_script(main)

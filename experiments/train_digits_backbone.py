@@ -23,7 +23,6 @@ import io
 import json
 import pathlib
 import re
-import sys
 
 import numpy as np
 import torch
@@ -112,4 +111,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from privfed.commands.start import run_script
+
+    run_script(main)

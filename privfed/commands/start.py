@@ -10,7 +10,7 @@ import os
 import signal
 import threading
 
-__all__ = ["attack_script", "exit_with", "flower_script", "quiet_start", "tradeoff_script"]
+__all__ = ["attack_script", "exit_with", "flower_script", "quiet_start", "run_script", "tradeoff_script"]
 
 
 def quiet_start(command: str) -> None:
@@ -79,3 +79,22 @@ def attack_script() -> None:
 def flower_script() -> None:
     """The ``privfed-flower`` script."""
     _script("flower", "privfed.commands.flower")
+
+
+def run_script(main) -> None:
+    """Run an experiment script's ``main()`` and exit with its status: a bad value of one of its flags (a privfed
+    error) is one line and status 2, Ctrl-C one line and 130, never a traceback."""
+    import sys
+
+    from privfed.errors import PrivfedError
+
+    prog = os.path.basename(sys.argv[0]) or "script"
+    try:
+        code = main()
+    except PrivfedError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        code = 2
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        code = 130
+    sys.exit(code)

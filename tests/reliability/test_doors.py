@@ -368,3 +368,24 @@ def test_ctrl_c_during_start_up_exits_130_in_one_line(command, script, tmp_path)
         assert p.returncode == 130 and "Traceback" not in text, (delay, p.returncode, text[-400:])
         assert text.strip().splitlines()[-1] == f"python -m privfed.{command}: interrupted"
         assert not (tmp_path / "o").exists() and not any(n.name.startswith(".o.") for n in tmp_path.iterdir())
+
+
+@pytest.mark.parametrize(
+    "module, args, message",
+    [
+        (
+            "experiments.fedlog_rounds",
+            ["--rounds", "0"],
+            "fedlog_rounds.py: error: rounds must be an integer",
+        ),
+        ("experiments.noise_aware", ["--eps", "-1"], "noise_aware.py: error: epsilon must be > 0"),
+    ],
+)
+def test_an_experiment_script_names_a_bad_value_in_one_line(module, args, message, tmp_path):
+    """A bad value of an experiment script's flag was a 20-line traceback ending in the ConfigError."""
+    r = subprocess.run(
+        [sys.executable, "-m", module, *args], capture_output=True, text=True, cwd=tmp_path, timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-500:]
+    assert r.stderr.strip().splitlines()[-1].startswith(message)
