@@ -142,6 +142,15 @@ def method_names(value: Any, flag: str = "--method") -> tuple[str, ...]:
     return names
 
 
+#: Flags a settings file spells otherwise (the key it takes instead).
+FILE_SPELLING = {
+    "param": "as the table method_params, e.g. [method_params.fedcof] gamma = 0.1",
+    "no_plot": "as plot = false",
+}
+#: Flags of how a command runs (where it writes, what it prints), never settings of the experiment it records.
+RUN_OPTIONS = ("out", "overwrite", "quiet", "config")
+
+
 class Settings:
     """A command's flags over its ``--config`` file over :data:`~privfed.commands.options.FEDERATION`.
 
@@ -156,6 +165,14 @@ class Settings:
         if getattr(args, "config", None):
             raw = load_config_file(args.config, command=command)
             unknown = set(raw) - set(keys)
+            for key in sorted(unknown):  # flags a file writes another way, or that belong on the command line
+                if key in FILE_SPELLING:
+                    raise ConfigError(f"--config: a settings file writes {key!r} {FILE_SPELLING[key]}")
+                if key in RUN_OPTIONS:
+                    raise ConfigError(
+                        f"--config: {key!r} is a run option, not a setting of the experiment: pass "
+                        f"--{key.replace('_', '-')} on the command line"
+                    )
             if unknown:
                 raise ConfigError(f"--config: unknown setting(s) {sorted(unknown)}; allowed: {sorted(keys)}")
             self.base = dict(raw)

@@ -319,3 +319,28 @@ def test_help_names_every_inversion_backend_without_importing_the_attacks():
 
     assert INVERSION_BACKENDS == tuple(BACKENDS)
     assert INVERSION_SUITE == (*SUITES["inversion"], PER_CELL)
+
+
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ('param = "fedcof.gamma=0.1"', "a settings file writes 'param' as the table method_params"),
+        ("no_plot = true", "a settings file writes 'no_plot' as plot = false"),
+        (
+            'out = "x"',
+            "'out' is a run option, not a setting of the experiment: pass --out on the command line",
+        ),
+        ("overwrite = true", "pass --overwrite on the command line"),
+        ("quiet = true", "pass --quiet on the command line"),
+    ],
+)
+def test_a_settings_file_key_spelled_like_a_flag_it_takes_otherwise_is_named(tmp_path, capsys, line, message):
+    """--config's help said keys are named like the flags, but param, no_plot, out, overwrite and quiet were
+    refused in a list of unknown settings."""
+    from privfed.tradeoff import main
+
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(line + "\n")
+    assert main(["--config", str(cfg), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
