@@ -149,9 +149,7 @@ SHARED: dict[str, SharedFlag] = {
             "public images that trained the backbone)",
             FEDERATION["dataset"],
         ),
-        SharedFlag(
-            "--clients", "K", "number of clients (Flower: simulated SuperNodes)", str(FEDERATION["clients"])
-        ),
+        SharedFlag("--clients", "K", "number of clients", str(FEDERATION["clients"])),
         SharedFlag(
             "--partition",
             "SCHEME",
@@ -172,8 +170,7 @@ SHARED: dict[str, SharedFlag] = {
             "--clip",
             "C",
             "L2 bound of every record's feature vector, which the guarantee rests on",
-            "for digits the median feature norm of the public split, no privacy cost; required for other data; "
-            "multi-round FedLog (--rounds > 1): 2 per coordinate",
+            "for digits the median feature norm of the public split, no privacy cost; required for other data",
         ),
         SharedFlag("--level", None, LEVEL_HELP, FEDERATION["level"], {"choices": ("record", "client")}),
         SharedFlag(

@@ -109,7 +109,11 @@ def tradeoff_parser() -> argparse.ArgumentParser:
         "(default: all three for a single finite --eps, otherwise local; --secure-agg / --trusted-aggregator "
         "choose one)",
     )
-    add_shared(p, ["--delta", "--level", "--clip"])
+    add_shared(
+        p,
+        ["--delta", "--level", "--clip"],
+        extra={"--clip": "; multi-round FedLog (--rounds > 1): 2 per coordinate by default"},
+    )
     a(
         "--clip-norm",
         choices=("l2", "coordinate"),
@@ -283,7 +287,8 @@ def flower_parser() -> argparse.ArgumentParser:
         p,
         ["--clients", "--partition", "--alpha", "--dataset"],
         extra={
-            "--dataset": "; synthetic:D:N (N random D-dim samples a node); file:PATH (a node's own features) in a deployment only (flwr run, node config features=PATH)"
+            "--clients": " (simulated SuperNodes)",
+            "--dataset": "; synthetic:D:N (N random D-dim samples a node); file:PATH (a node's own features) in a deployment only (flwr run, node config features=PATH)",
         },
     )
     a("--num-classes", metavar="C", help="number of classes (default: the data set's)")

@@ -344,3 +344,16 @@ def test_a_settings_file_key_spelled_like_a_flag_it_takes_otherwise_is_named(tmp
     assert main(["--config", str(cfg), "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0], err
+
+
+def test_each_commands_help_speaks_of_its_own_flags_only():
+    """The attack's --clip help named multi-round FedLog's --rounds, which the attack has no flag for, and the
+    trade-off's --clients spoke of Flower's SuperNodes."""
+    from privfed.commands.options import _PARSERS
+
+    helps = {
+        name: " ".join(_PARSERS[name]().format_help().split()) for name in ("tradeoff", "attack", "flower")
+    }
+    assert "--rounds" not in helps["attack"] and "SuperNodes" not in helps["attack"]
+    assert "SuperNodes" not in helps["tradeoff"] and "multi-round FedLog (--rounds > 1)" in helps["tradeoff"]
+    assert "number of clients (simulated SuperNodes)" in helps["flower"]
