@@ -347,6 +347,16 @@ def _one_line_warning(prog: str) -> Callable[..., None]:
     return show
 
 
+def _cwd_exists() -> bool:
+    import os
+
+    try:
+        os.getcwd()
+    except FileNotFoundError:
+        return False
+    return True
+
+
 def cli_entry(
     prog: str, body: Callable[[Sequence[str] | None], int]
 ) -> Callable[[Sequence[str] | None], int]:
@@ -394,7 +404,13 @@ def cli_entry(
             print(f"{prog}: error: {exc}", file=sys.stderr)
             return 2
         except FileNotFoundError as exc:
-            print(f"{prog}: error: file not found: {exc.filename or exc}", file=sys.stderr)
+            if exc.filename is None and not _cwd_exists():  # os.getcwd() itself failed: no path to name
+                print(
+                    f"{prog}: error: the working folder no longer exists; cd to a folder that does",
+                    file=sys.stderr,
+                )
+            else:
+                print(f"{prog}: error: file not found: {exc.filename or exc}", file=sys.stderr)
             return 2
         except ModuleNotFoundError as exc:
             top = (exc.name or "").split(".")[0]

@@ -123,7 +123,7 @@ def check_out_path(out: str | os.PathLike, *, overwrite: bool, flag: str = "--ou
     a folder holding anything privfed did not write.  A symbolic link stands
     for its target: the returned path is the target, which the run fills.
     """
-    path = Path(out)
+    path = Path(out).expanduser()  # a quoted "~/runs" is the home folder, as every other path privfed reads
     if str(out).strip() == "" or path.name in ("", ".", ".."):
         raise ConfigError(f"{flag} {str(out)!r} does not name a folder; pass a path such as results/run1")
     check_names(path, flag=flag)

@@ -444,3 +444,25 @@ def test_an_out_folder_whose_name_is_not_utf8_is_written(tmp_path, capsys, digit
     assert tradeoff_main([*SMALL, "--eps", "1", "--out", str(tmp_path / name)]) == 0, capsys.readouterr().err
     verify_folder(tmp_path / name)
     assert os.listdir(os.fsencode(tmp_path)) == [b"bad\xffbyte"]
+
+
+def test_a_quoted_tilde_in_out_is_the_home_folder(tmp_path, monkeypatch, capsys, digits_cache):
+    """--out '~/runs' (quoted, so the shell left the tilde) made a folder named ~ in the working folder, where
+    every other path privfed reads expands it."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    assert tradeoff_main([*SMALL, "--eps", "1", "--out", "~/runs"]) == 0, capsys.readouterr().err
+    assert verify_folder(tmp_path / "home" / "runs")["complete"] and not (tmp_path / "~").exists()
+
+
+def test_a_deleted_working_folder_is_named_as_such(tmp_path):
+    """A run started in a folder deleted under it said "file not found: [Errno 2] No such file or directory"."""
+    script = f"mkdir d && cd d && rmdir ../d && exec {sys.executable} -m privfed.tradeoff --eps 1 --no-plot --quiet"
+    r = subprocess.run(
+        ["sh", "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+    assert r.returncode == 2, r.stderr[-500:]
+    assert r.stderr.strip().splitlines() == [
+        "python -m privfed.tradeoff: error: the working folder no longer exists; cd to a folder that does"
+    ]
