@@ -298,8 +298,14 @@ class ResultFolder:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
+            dangling = next((p for p in self._made if p.is_symlink()), None)
+            why = (
+                f"it is a link to {os.readlink(dangling)!r}, which does not exist: create that folder or remove the link"
+                if dangling is not None
+                else exc.strerror or str(exc)
+            )
             raise ConfigError(
-                f"{flag} {str(self.path)!r}: cannot create {str(self.path.parent)!r} ({exc.strerror or exc})"
+                f"{flag} {str(self.path)!r}: cannot create {str(dangling or self.path.parent)!r} ({why})"
             ) from None
         self._lock = FolderLock(self.path, flag, command)
         self.notes: list[str] = []

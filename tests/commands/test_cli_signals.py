@@ -466,3 +466,12 @@ def test_a_deleted_working_folder_is_named_as_such(tmp_path):
     assert r.stderr.strip().splitlines() == [
         "python -m privfed.tradeoff: error: the working folder no longer exists; cd to a folder that does"
     ]
+
+
+def test_a_dangling_link_where_the_output_folder_goes_is_named(tmp_path, monkeypatch, capsys):
+    """A results link to a folder that does not exist said "cannot create 'results' (File exists)"."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "results").symlink_to(tmp_path / "nowhere")
+    assert tradeoff_main([*SMALL, "--eps", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"it is a link to '{tmp_path / 'nowhere'}', which does not exist" in err[0], err
