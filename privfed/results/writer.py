@@ -361,7 +361,13 @@ class ResultFolder:
         if "/" in name or name in ("", ".", "..", MANIFEST) or name.startswith("."):
             raise ValueError(f"not a result file name: {name!r}")  # a programming error, not user input
         self._open_work()
-        final = atomic_write(self._work / name, write)
+        try:
+            final = atomic_write(self._work / name, write)
+        except (
+            ResultsWriteError
+        ) as exc:  # named as the file of the output folder, not the scratch path it had
+            why = str(exc).rpartition(": ")[2]
+            raise ResultsWriteError(f"could not write {name} of {str(self.path)!r}: {why}") from None
         if name not in self.written:
             self.written.append(name)
         return final

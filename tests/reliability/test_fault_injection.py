@@ -218,6 +218,11 @@ def test_full_disk_at_the_final_write_moves_the_last_checkpoint_into_place(
     err = capsys.readouterr().err
     assert disk.hits >= 2 and "Traceback" not in err
     assert "No space left on device" in err and f"the last checkpoint is in {out}" in err
+    # the file is named as a file of the output folder, not by the scratch path it had (gone by now)
+    assert (
+        f"could not write results.csv of {str(out)!r}: No space left on device" in err
+        and "privfed-work" not in err
+    )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["o"]  # no staging, work folder or lock
     manifest = verify_folder(out)  # the checkpoint's manifest matches the files: no half-written file listed
     assert manifest["complete"] is False and _rows(out / "results.partial.csv") == 6
