@@ -66,9 +66,14 @@ def _check(xs: Sequence[int], threshold: int) -> None:
         raise InputError(
             f"threshold must be an int in [1, {len(xs)}] (the number of share holders), got {threshold!r}"
         )
-    if not all(_is_int(x) for x in xs):
+    if not all(type(x) is int or _is_int(x) for x in xs):
         raise InputError(f"share points must be integers, got {list(xs)[:5]!r}")
-    if len({int(x) % PRIME for x in xs}) != len(xs) or any(x % PRIME == 0 for x in xs):
+    if all(0 < x < PRIME for x in xs):  # node indices: each its own residue
+        distinct = len(set(xs)) == len(xs)
+    else:
+        mods = [int(x) % PRIME for x in xs]
+        distinct = len(set(mods)) == len(mods) and 0 not in mods
+    if not distinct:
         raise InputError("share points must be distinct and non-zero modulo PRIME")
 
 
@@ -127,6 +132,13 @@ def split(
     """
     _check_secret(secret)
     _check(xs, threshold)
+    return _split(secret, xs, threshold, random_bytes)
+
+
+def _split(
+    secret: int, xs: Sequence[int], threshold: int, random_bytes: Callable[[int], bytes]
+) -> dict[int, int]:
+    """:func:`split` of a secret and points already checked."""
     # Horner's rule from the highest coefficient; at small points (node indices) the integer grows by a few
     # bits a step and is reduced once.
     high = [int.from_bytes(c, "little") for c in _coefficients(threshold - 1, random_bytes)][::-1]
@@ -171,7 +183,7 @@ def split_many(
     if not secrets:
         return []
     if threshold > _MAX_VECTOR_THRESHOLD or len(secrets) * len(xs) * threshold < _VECTOR_MIN_WORK:
-        return [split(s, xs, threshold, random_bytes) for s in secrets]
+        return [_split(s, xs, threshold, random_bytes) for s in secrets]  # checked above, once
     points = tuple(int(x) for x in xs)
     S, n, t = len(secrets), len(points), threshold
     raw = b"".join(
@@ -287,7 +299,9 @@ def combine(shares: dict[int, int], threshold: int, coefficients: list[int] | No
     if len(shares) < threshold:
         raise InputError(f"need {threshold} shares to recover a secret, got {len(shares)}")
     items = list(shares.items())[:threshold]
-    if any(not _is_int(x) or x % PRIME == 0 for x, _ in items):  # 0 is the secret's own point
+    if not all(type(x) is int and 0 < x < PRIME for x, _ in items) and any(  # node indices pass at once
+        not _is_int(x) or x % PRIME == 0 for x, _ in items
+    ):  # 0 is the secret's own point
         raise InputError("share points must be non-zero integers modulo PRIME")
     lam = coefficients if coefficients is not None else lagrange_at_zero([x for x, _ in items])
     return sum(l * y for l, (_, y) in zip(lam, items)) % PRIME
