@@ -252,7 +252,13 @@ class FederatedHeadClassifier(ClassifierMixin, BaseEstimator):
     def _client_ids(self, y: np.ndarray, clients, rng: np.random.Generator) -> np.ndarray | None:
         if clients is not None:
             ids = np.asarray(clients)
-            if self.privacy is None and ids.ndim == 1 and ids.dtype.kind in "iu" and ids.size:
+            if (
+                self.privacy is None
+                and self.num_clients is None
+                and ids.ndim == 1
+                and ids.dtype.kind in "iu"
+                and ids.size
+            ):
                 # Without privacy the ids only group the samples (as labels do): any integers, such as a
                 # cross-validation fold's clients with the held-out ones missing, are renumbered 0..K-1.
                 return np.unique(ids, return_inverse=True)[1].reshape(-1)

@@ -125,11 +125,12 @@ class CountNoise(Parameters):
             raise ConfigError(f"epsilon must be a number > 0, got epsilon={epsilon!r}") from None
         if not eps > 0:
             raise ConfigError(f"epsilon must be > 0, got epsilon={epsilon!r}")
-        if math.isinf(
-            1.0 / eps
-        ):  # a subnormal epsilon: the noise scale 1/epsilon is inf, the counts become inf
+        if (
+            eps < COUNT_NOISE_MIN_EPSILON
+        ):  # scale 1/eps near the float limit: the draws overflow to inf counts
             raise ConfigError(
-                f"epsilon={epsilon!r} is so small that its noise scale 1/epsilon overflows float64"
+                f"epsilon={epsilon!r} is below {COUNT_NOISE_MIN_EPSILON:g}: its noise (scale 1/epsilon) overflows "
+                "float64 and would release inf counts"
             )
         return eps
 
@@ -147,8 +148,11 @@ class CountNoise(Parameters):
         c = np.asarray(counts, dtype=np.float64)
         if not np.all(np.isfinite(c)) or np.any(c < 0) or np.any(c != np.round(c)):  # inf == round(inf)
             raise ConfigError("counts must be finite, non-negative whole numbers")
+        noisy = self.perturb(c, rng)
+        if not np.all(np.isfinite(noisy)):  # nothing released, nothing booked
+            raise ConfigError("the count noise overflowed float64 (inf counts); use a larger epsilon")
         self.ledger.record(self._event(self.ledger.new_release()))
-        return np.maximum(self.perturb(c, rng), 0.0)
+        return np.maximum(noisy, 0.0)
 
     # -- privacy hook protocol ---------------------------------------------------
     def check(self, method, secure_agg) -> None:
@@ -276,6 +280,8 @@ class LaplaceCountNoise(CountNoise):
         return ReleaseEvent("laplace", "counts", 1.0, self.scale, release_id=rid)
 
 
+#: Smallest epsilon any count noise accepts: below it Laplace draws of scale 1/epsilon overflow float64.
+COUNT_NOISE_MIN_EPSILON = 1e-300
 #: Smallest epsilon :class:`GeometricCountNoise` accepts.  A draw of magnitude 2**53 or more is not an exact
 #: integer in float64 and numpy's geometric sampler saturates at 2**63 - 1 (at eps = 1e-300 it returns
 #: 2**63 - 1 for both draws, so every count came out unchanged); at eps >= 1e-9 the chance of any draw reaching

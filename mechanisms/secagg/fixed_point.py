@@ -144,7 +144,7 @@ def encode(values: np.ndarray, frac_bits: int) -> np.ndarray:
     # round-half-to-even as np.rint), and read back as the integer offset of its bit pattern: no slow
     # float-to-integer conversion.
     raw = np.asarray(values)
-    if raw.dtype.kind not in "iuf":  # complex, text, objects or booleans are no reals to encode
+    if raw.dtype.kind not in "biuf":  # complex, text or objects are no reals to encode (booleans are 0 and 1)
         raise InputError(f"fixed-point encoding takes real numbers, got dtype {raw.dtype}")
     v = raw.astype(np.float64, copy=False).reshape(-1)
     out = np.empty(v.size, dtype=np.int64)

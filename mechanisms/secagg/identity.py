@@ -122,9 +122,8 @@ def signed_parts(*parts: bytes | int | list[int]) -> bytes:
 class Roster:
     """The operator's list of node identity public keys, with the protocol's K and t.
 
-    ``degree`` and ``ring`` (both or neither): the SecAgg+ graph, k-regular
-    Harary on the ring order ``ring`` (see :mod:`mechanisms.secagg.graph`);
-    without them the complete graph.
+    ``degree`` and ``ring`` (both or neither): the SecAgg+ graph, k-regular Harary on the ring order ``ring``
+    (see :mod:`mechanisms.secagg.graph`); without them the complete graph.
     """
 
     public_keys: tuple[bytes, ...]
@@ -261,7 +260,7 @@ class Roster:
     def from_json(cls, text: str, source: str = "roster") -> Roster:
         try:
             raw = json.loads(text)
-            if not isinstance(raw, dict) or not isinstance(raw.get("version", 1), int):
+            if not isinstance(raw, dict) or type(raw.get("version", 1)) is not int:
                 raise ValueError("not a JSON object with an integer version")
             degree, ring = raw.get("degree"), raw.get("ring")
             threshold, colluders = raw["threshold"], raw.get("colluders", 0)
@@ -320,10 +319,13 @@ class Identity:
     private_key: bytes  # raw 32-byte Ed25519 private key
 
     def __post_init__(self) -> None:  # an index of 1.7 or true was node 1; a short key failed only at use
-        if not (type(self.index) is int and self.index >= 0 and type(self.private_key) is bytes):
-            raise ValueError(f"index must be an integer >= 0 and private_key bytes, got {self.index!r}")
-        if len(self.private_key) != 32:
-            raise ValueError(f"private_key must be 32 bytes (Ed25519), got {len(self.private_key)}")
+        i, key = self.index, self.private_key
+        if isinstance(i, bool) or not hasattr(type(i), "__index__") or i < 0:  # numpy integers too
+            raise ValueError(f"index must be an integer >= 0, got {i!r}")
+        if not isinstance(key, (bytes, bytearray, memoryview)) or len(bytes(key)) != 32:
+            raise ValueError("private_key must be 32 bytes (a raw Ed25519 key)")
+        for name, value in (("index", int(i)), ("private_key", bytes(key))):
+            object.__setattr__(self, name, value)
 
     def __getstate__(self) -> dict:
         """Pickled without its parsed key (not picklable; parsed again on use)."""
@@ -355,12 +357,11 @@ class Identity:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> Identity:
-        p = pathlib.Path(path).expanduser()
-        if not p.exists():
+        if not (p := pathlib.Path(path).expanduser()).exists():
             raise ConfigError(f"secagg-identity={path}: no such file")
-        text = read_regular_text(p, f"secagg-identity={path}", "pass the node's identity file")
+        raw = read_regular_text(p, f"secagg-identity={path}", "pass the node's identity file")
         try:
-            raw = json.loads(text)
+            raw = json.loads(raw)
             return cls(index=raw["index"], private_key=bytes.fromhex(raw["private_key"]))
         except (KeyError, TypeError, ValueError) as exc:
             raise ConfigError(f"secagg-identity={path} is not a privfed identity file: {exc}") from None

@@ -68,6 +68,7 @@ def _check(xs: Sequence[int], threshold: int) -> None:
         )
     if not all(type(x) is int or _is_int(x) for x in xs):
         raise InputError(f"share points must be integers, got {list(xs)[:5]!r}")
+    xs = [x if type(x) is int else int(x) for x in xs]  # numpy integers cannot be compared with PRIME
     if all(0 < x < PRIME for x in xs):  # node indices: each its own residue
         distinct = len(set(xs)) == len(xs)
     else:
@@ -78,7 +79,7 @@ def _check(xs: Sequence[int], threshold: int) -> None:
 
 
 def _check_secret(secret: int) -> None:
-    if not _is_int(secret) or not 0 <= secret < PRIME:
+    if not _is_int(secret) or not 0 <= int(secret) < PRIME:
         raise InputError(
             f"secret must be an int in [0, PRIME), got a {type(secret).__name__}; rejection-sample 32-byte secrets"
         )
@@ -139,6 +140,7 @@ def _split(
     secret: int, xs: Sequence[int], threshold: int, random_bytes: Callable[[int], bytes]
 ) -> dict[int, int]:
     """:func:`split` of a secret and points already checked."""
+    secret = int(secret)  # a numpy integer overflows against the 256-bit values below
     # Horner's rule from the highest coefficient; at small points (node indices) the integer grows by a few
     # bits a step and is reduced once.
     high = [int.from_bytes(c, "little") for c in _coefficients(threshold - 1, random_bytes)][::-1]
@@ -180,6 +182,7 @@ def split_many(
     for s in secrets:
         _check_secret(s)
     _check(xs, threshold)
+    secrets, xs = [int(s) for s in secrets], [int(x) for x in xs]
     if not secrets:
         return []
     if threshold > _MAX_VECTOR_THRESHOLD or len(secrets) * len(xs) * threshold < _VECTOR_MIN_WORK:
@@ -300,8 +303,9 @@ def combine(shares: dict[int, int], threshold: int, coefficients: list[int] | No
         raise InputError(f"need {threshold} shares to recover a secret, got {len(shares)}")
     items = list(shares.items())[:threshold]
     if not all(type(x) is int and 0 < x < PRIME for x, _ in items) and any(  # node indices pass at once
-        not _is_int(x) or x % PRIME == 0 for x, _ in items
+        not _is_int(x) or int(x) % PRIME == 0 for x, _ in items
     ):  # 0 is the secret's own point
         raise InputError("share points must be non-zero integers modulo PRIME")
+    items = [(int(x), int(y)) for x, y in items]  # numpy integers overflow against the 256-bit field
     lam = coefficients if coefficients is not None else lagrange_at_zero([x for x, _ in items])
     return sum(l * y for l, (_, y) in zip(lam, items)) % PRIME

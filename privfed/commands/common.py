@@ -138,7 +138,7 @@ class OutputDir(ResultFolder):
             super().__init__(out, overwrite=overwrite, command=command)
             return
         # A default name is never asked for again: what killed runs left under one is rescued here.
-        rescue_killed_runs("results")
+        rescue_killed_runs("results", prefix)
         for _ in range(_NAME_TRIES):  # runs started in the same second (a job array) each get their own
             try:
                 super().__init__(default_out_name(prefix, *name_parts), overwrite=overwrite, command=command)

@@ -191,20 +191,23 @@ def leftover_runs(out: str | os.PathLike) -> list[Path]:
     )
 
 
-def rescue_killed_runs(root: str | os.PathLike) -> list[str]:
-    """Rescue the finished runs that killed runs left in ``root`` (runs under default names, which no later run
-    names again): each staging folder whose run is gone becomes ``<name>.interrupted-<pid>`` beside it, as a
-    later run on the same ``--out`` would rescue it; a run still holding its lock is left alone.  Returns the
-    notes said (also printed)."""
+def rescue_killed_runs(root: str | os.PathLike, prefix: str) -> list[str]:
+    """Rescue the finished runs that killed runs left in ``root`` under default names (``<prefix>-...-<date>-<time>``,
+    which no later run names again): each staging folder whose run is gone becomes ``<name>.interrupted-<pid>``
+    beside it, as a later run on the same ``--out`` would rescue it.  A folder a user named, and a run still
+    holding its lock, are left alone.  Returns the notes said (also printed)."""
+    import re
+
     root = Path(root)
     if not root.is_dir():
         return []
+    default = re.compile(rf"{re.escape(prefix)}-.*-\d{{8}}-\d{{6}}(-\d+)?")
     names = set()
     for p in root.iterdir():
         n = p.name
-        if n.startswith(".") and n.endswith((_STAGING, _WORK)):
-            name, _, pid = n[1:].removesuffix(_STAGING).removesuffix(_WORK).rpartition(".")
-            if name and pid.isdigit():
+        if n.startswith(".") and n.endswith(_STAGING):
+            name, _, pid = n[1:].removesuffix(_STAGING).rpartition(".")
+            if pid.isdigit() and default.fullmatch(name) and manifest_names(p):  # a committed checkpoint
                 names.add(name)
     notes: list[str] = []
     for name in sorted(names):

@@ -171,8 +171,9 @@ def test_count_noise_at_its_edges_is_refused_or_taken_as_a_number():
     from mechanisms.dp.count_noise import LaplaceCountNoise
 
     rng = np.random.default_rng(0)
-    with pytest.raises(ConfigError, match="noise scale 1/epsilon overflows"):
-        LaplaceCountNoise(epsilon=1e-320)
+    for eps in (1e-320, 6e-309):  # 6e-309: a finite scale whose draws still overflowed to inf counts
+        with pytest.raises(ConfigError, match=r"is below 1e-300: its noise \(scale 1/epsilon\) overflows"):
+            LaplaceCountNoise(epsilon=eps)
     with pytest.raises(ConfigError, match="counts must be finite"):
         LaplaceCountNoise(epsilon=1.0).release(np.array([np.inf, 1.0]), rng)
     with pytest.raises(ConfigError, match="geometric count noise needs epsilon >= 1e-09, got 1e-18"):

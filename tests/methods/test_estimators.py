@@ -152,6 +152,9 @@ def test_client_ids_without_privacy_only_group_the_samples():
     a = FederatedHeadClassifier("fedcof").fit(X, y, clients=np.array([10, 20, 30])[k % 3])
     b = FederatedHeadClassifier("fedcof").fit(X, y, clients=k % 3)
     np.testing.assert_array_equal(a.coef_, b.coef_)
+    # a public number of clients keeps the ids as given: 0..K-1, each with data
+    with pytest.raises(privfed.errors.InputError, match=r"client\(s\) \[2, 3, 4, 5, 6\] have no data"):
+        FederatedHeadClassifier("fedcof", num_clients=8).fit(X, y, clients=np.array([0, 1, 7])[k % 3])
 
 
 def test_input_the_estimator_would_misread_is_refused():

@@ -347,15 +347,12 @@ def test_ctrl_c_during_start_up_exits_130_in_one_line(command, script, tmp_path)
     )
     start = [sys.executable, "-m", f"privfed.{command}"]
     if script:
-        from importlib.metadata import entry_points
+        import tomllib
 
-        point = next(e for e in entry_points(group="console_scripts") if e.name == f"privfed-{command}")
-        # the script pip writes for the entry point, run as pip's wrapper runs it
-        start = [
-            sys.executable,
-            "-c",
-            f"import sys; from {point.module} import {point.attr} as m; sys.exit(m())",
-        ]
+        # the entry point pyproject.toml declares (not an older install's), run as pip's wrapper runs it
+        scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+        module, attr = scripts[f"privfed-{command}"].split(":")
+        start = [sys.executable, "-c", f"import sys; from {module} import {attr} as m; sys.exit(m())"]
     for delay in (0.5, 1.5):  # in the imports, and (attack) in its body
         p = subprocess.Popen(
             [*start, *args], env=env, cwd=tmp_path,

@@ -141,6 +141,11 @@ def test_a_killed_run_under_a_default_name_is_rescued_by_the_next_default_run(tm
         "complete"
     ] is False
     assert not _staging(tmp_path / "results") and not list((tmp_path / "results").glob(".*privfed-lock*"))
+    # a folder the user named is theirs to rescue (by running on it again): a default run leaves it alone
+    mine = tmp_path / "results" / ".mine.999999.privfed-staging"
+    aside.rename(mine)
+    assert tradeoff_main([*SMALL, "--eps", "1", "--seeds", "1"]) == 0
+    assert {p.name: p.read_bytes() for p in mine.iterdir()} == before
 
 
 def test_runs_started_together_under_default_names_each_get_a_folder(tmp_path):
