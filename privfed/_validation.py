@@ -35,6 +35,8 @@ __all__ = [
     "parse_byte_size",
     "refuse_masked",
     "as_int_vector",
+    "is_integer",
+    "memory_limit",
     "check_clients",
     "check_dataset",
     "check_features",
@@ -95,6 +97,11 @@ def env_byte_size(name: str, default: int) -> tuple[int, ConfigError | None]:
         return parse_byte_size(raw, f"${name}"), None
     except ConfigError as exc:
         return default, exc
+
+
+def is_integer(value) -> bool:
+    """Whether ``value`` is an integer, Python's or numpy's, and not a bool (True is no count, 2.5 no index)."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
 
 
 def refuse_masked(value, name: str) -> None:
@@ -159,12 +166,17 @@ def _system_available() -> list[int]:
     return found
 
 
+def memory_limit() -> int | None:
+    """``$PRIVFED_MEMORY_LIMIT`` in bytes (a ConfigError when malformed), or None when it is not set."""
+    raw = os.environ.get(MEMORY_ENV)
+    return parse_byte_size(raw, f"${MEMORY_ENV}") if raw is not None and raw.strip() else None
+
+
 def available_memory() -> int | None:
     """Bytes a run may use: ``$PRIVFED_MEMORY_LIMIT`` if set, else what the system and its cgroup have free
     (``None`` when the platform does not say: then nothing is refused for memory)."""
-    raw = os.environ.get(MEMORY_ENV)
-    if raw is not None and raw.strip():
-        return parse_byte_size(raw, f"${MEMORY_ENV}")
+    if (limit := memory_limit()) is not None:
+        return limit
     found = _system_available()
     return min(found) if found else None
 

@@ -43,7 +43,7 @@ from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from privfed import methods as _methods
-from privfed._validation import as_generator, check_real_dtype, check_release_size, refuse_masked
+from privfed._validation import as_generator, check_real_dtype, check_release_size, is_integer, refuse_masked
 from privfed.api import fit as _fit
 from privfed.errors import ConfigError, InputError
 from privfed.head import LinearHead
@@ -54,7 +54,7 @@ __all__ = ["FederatedHeadClassifier", "iid_clients"]
 def iid_clients(n_samples: int, n_clients: int, rng: np.random.Generator) -> np.ndarray:
     """Client ids of an IID split of ``n_samples`` into ``min(n_clients, n_samples)`` non-empty clients (``rng``:
     a Generator, or a seed for one)."""
-    if isinstance(n_clients, bool) or not isinstance(n_clients, (int, np.integer)) or n_clients < 1:
+    if not is_integer(n_clients) or n_clients < 1:
         raise ConfigError(f"n_clients must be an int >= 1, got {n_clients!r}")
     rng = as_generator(rng)
     K = max(1, min(int(n_clients), int(n_samples)))

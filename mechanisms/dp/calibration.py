@@ -25,6 +25,7 @@ import warnings
 import numpy as np
 from scipy.special import log_ndtr
 
+from privfed._validation import is_integer
 from privfed.errors import ConfigError
 
 __all__ = [
@@ -62,11 +63,7 @@ MAX_COUNT = 2**53
 def check_count(value, name: str, *, low: int = 1) -> int:
     """``value`` as an int in [low, 2**53], else a ConfigError naming ``name``: 2.5 or True is no count, and
     10**400 overflowed float64 in the accounting (an OverflowError)."""
-    if (
-        isinstance(value, (bool, np.bool_))
-        or not isinstance(value, (int, np.integer))
-        or not low <= value <= MAX_COUNT
-    ):
+    if not is_integer(value) or not low <= value <= MAX_COUNT:
         raise ConfigError(f"{name} must be an integer in [{low}, 2**53], got {name}={value!r}")
     return int(value)
 

@@ -75,7 +75,7 @@ from mechanisms.secagg.threat import (
     min_threshold,
     threshold_rule,
 )
-from privfed._files import read_regular_text
+from privfed._validation import is_integer, read_regular_text
 from privfed.errors import ConfigError
 
 __all__ = [
@@ -320,7 +320,7 @@ class Identity:
 
     def __post_init__(self) -> None:  # an index of 1.7 or true was node 1; a short key failed only at use
         i, key = self.index, self.private_key
-        if isinstance(i, bool) or not hasattr(type(i), "__index__") or i < 0:  # numpy integers too
+        if not is_integer(i) or i < 0:  # numpy integers too
             raise ValueError(f"index must be an integer >= 0, got {i!r}")
         if not isinstance(key, (bytes, bytearray, memoryview)) or len(bytes(key)) != 32:
             raise ValueError("private_key must be 32 bytes (a raw Ed25519 key)")

@@ -36,6 +36,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from privfed._validation import is_integer
 from privfed.errors import InputError
 
 __all__ = ["PRIME", "SHARE_BYTES", "combine", "lagrange_at_zero", "split", "split_many"]
@@ -57,16 +58,12 @@ _VECTOR_MIN_WORK = 1500
 _SMALL_POINT = 2**32
 
 
-def _is_int(v) -> bool:
-    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
-
-
 def _check(xs: Sequence[int], threshold: int) -> None:
-    if not _is_int(threshold) or not 1 <= threshold <= len(xs):
+    if not is_integer(threshold) or not 1 <= threshold <= len(xs):
         raise InputError(
             f"threshold must be an int in [1, {len(xs)}] (the number of share holders), got {threshold!r}"
         )
-    if not all(type(x) is int or _is_int(x) for x in xs):
+    if not all(type(x) is int or is_integer(x) for x in xs):
         raise InputError(f"share points must be integers, got {list(xs)[:5]!r}")
     xs = [x if type(x) is int else int(x) for x in xs]  # numpy integers cannot be compared with PRIME
     if all(0 < x < PRIME for x in xs):  # node indices: each its own residue
@@ -79,7 +76,7 @@ def _check(xs: Sequence[int], threshold: int) -> None:
 
 
 def _check_secret(secret: int) -> None:
-    if not _is_int(secret) or not 0 <= int(secret) < PRIME:
+    if not is_integer(secret) or not 0 <= int(secret) < PRIME:
         raise InputError(
             f"secret must be an int in [0, PRIME), got a {type(secret).__name__}; rejection-sample 32-byte secrets"
         )
@@ -297,13 +294,13 @@ def combine(shares: dict[int, int], threshold: int, coefficients: list[int] | No
     ``coefficients`` may pass precomputed :func:`lagrange_at_zero` values for
     the first ``threshold`` points (in iteration order).
     """
-    if not _is_int(threshold) or threshold < 1:
+    if not is_integer(threshold) or threshold < 1:
         raise InputError(f"threshold must be an int >= 1, got {threshold!r}")
     if len(shares) < threshold:
         raise InputError(f"need {threshold} shares to recover a secret, got {len(shares)}")
     items = list(shares.items())[:threshold]
     if not all(type(x) is int and 0 < x < PRIME for x, _ in items) and any(  # node indices pass at once
-        not _is_int(x) or int(x) % PRIME == 0 for x, _ in items
+        not is_integer(x) or int(x) % PRIME == 0 for x, _ in items
     ):  # 0 is the secret's own point
         raise InputError("share points must be non-zero integers modulo PRIME")
     items = [(int(x), int(y)) for x, y in items]  # numpy integers overflow against the 256-bit field

@@ -47,6 +47,7 @@ from typing import Any
 
 import numpy as np
 
+from privfed._validation import is_integer
 from privfed.errors import ConfigError, MissingDependencyError
 
 __all__ = [
@@ -101,20 +102,17 @@ class CKKSParams:
     precision_bits: int = 20
 
     def __post_init__(self) -> None:
-        def whole(v) -> bool:  # 2.5 bits were 2 bits, 60.7 were 60; numpy integers are integers
-            return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
-
         N = self.poly_modulus_degree
-        if not whole(N) or N < 1024 or N & (N - 1):
+        if not is_integer(N) or N < 1024 or N & (N - 1):
             raise ConfigError(f"poly_modulus_degree must be a power of two >= 1024, got {N!r}")
         object.__setattr__(self, "poly_modulus_degree", int(N))
         raw = tuple(self.coeff_mod_bit_sizes)
-        if len(raw) < 2 or not all(whole(b) and 20 <= b <= 60 for b in raw):
+        if len(raw) < 2 or not all(is_integer(b) and 20 <= b <= 60 for b in raw):
             raise ConfigError(f"coeff_mod_bit_sizes must be >= 2 primes of 20..60 bits, got {raw}")
         sizes = tuple(int(b) for b in raw)
         object.__setattr__(self, "coeff_mod_bit_sizes", sizes)
         for name in ("scale_bits", "precision_bits"):
-            if not whole(getattr(self, name)):
+            if not is_integer(getattr(self, name)):  # 2.5 bits were 2 bits
                 raise ConfigError(f"{name} must be an integer number of bits, got {getattr(self, name)!r}")
             object.__setattr__(self, name, int(getattr(self, name)))
         if not 10 <= int(self.scale_bits) < sum(sizes[:-1]):

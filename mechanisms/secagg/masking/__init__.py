@@ -76,7 +76,7 @@ from mechanisms.secagg.masking.node import MaskingNode
 from mechanisms.secagg.masking.server import MaskingServer, ServerView, run_in_process
 from mechanisms.secagg.noise import noise_share
 from mechanisms.secagg.threat import DEFAULT_COLLUDERS, colluders_tolerated, default_threshold, survivor_parts
-from privfed._validation import check_memory, check_real_dtype, check_seed
+from privfed._validation import check_memory, check_real_dtype, check_seed, is_integer
 from privfed.errors import ConfigError, InputError
 
 __all__ = [
@@ -204,16 +204,12 @@ class MaskedSumResult:
 
 
 # --------------------------------------------------------------------------- the run
-def _is_index(v) -> bool:
-    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
-
-
 def _as_sets(values: Iterable[int], K: int, name: str) -> frozenset[int]:
     # client indices only: the string "12" was clients 1 and 2, 1.7 client 1
     if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
         raise InputError(f"{name} must be a list of client indices, got {values!r}")
     values = list(values)
-    if not all(_is_index(v) for v in values):
+    if not all(is_integer(v) for v in values):
         raise InputError(f"{name} must hold client indices (integers), got {values[:5]!r}")
     s = frozenset(int(v) for v in values)
     bad = [v for v in s if not 0 <= v < K]
@@ -373,7 +369,7 @@ def masked_sum(
         )
         group_sizes = [len(g) + 1 for g in graph]
     low = majority_threshold(min(group_sizes))
-    if threshold is not None and not _is_index(threshold):  # 3.7 was t = 3
+    if threshold is not None and not is_integer(threshold):  # 3.7 was t = 3
         raise ConfigError(f"threshold must be an integer or None, got {threshold!r}")
     t = default_threshold(min(group_sizes)) if threshold is None else int(threshold)
     if not low <= t <= min(group_sizes):
