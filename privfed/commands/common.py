@@ -381,13 +381,13 @@ def cli_entry(
         try:
             with interruptible(), warnings.catch_warnings():
                 warnings.showwarning = _one_line_warning(prog)  # restored when the body ends
-                from privfed._validation import available_memory
+                from privfed._validation import memory_limit
                 from privfed.stats import dense_view_limit
 
                 # a malformed $PRIVFED_DENSE_VIEW_LIMIT or $PRIVFED_MEMORY_LIMIT: one line at once, not a
                 # placement left out mid-run (the memory check of each variant reads it)
                 dense_view_limit()
-                available_memory()
+                memory_limit()  # the variable alone: what the system has free is read where it is needed
                 return body(argv)
         except BrokenPipeError as exc:
             # `| head` stopped reading: like any Unix tool, stop quietly (128 + SIGPIPE)
