@@ -749,49 +749,38 @@ def test_a_malformed_dense_view_limit_never_breaks_import_and_a_command_says_so_
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr  # import privfed never crashes
     assert r.stdout.startswith("error $PRIVFED_DENSE_VIEW_LIMIT must be a positive number of bytes")
-    r = subprocess.run(
-        [sys.executable, "-m", "privfed.tradeoff", "--eps", "1", "--out", str(tmp_path / "o")],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
+    assert _tradeoff_with(env, tmp_path) == (
+        2,
+        [
+            "python -m privfed.tradeoff: error: $PRIVFED_DENSE_VIEW_LIMIT must be a positive number of bytes "
+            "(e.g. 2147483648 or 2G), got 'abc'"
+        ],
     )
-    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
-        "python -m privfed.tradeoff: error: $PRIVFED_DENSE_VIEW_LIMIT must be a positive number of bytes "
-        "(e.g. 2147483648 or 2G), got 'abc'"
-    ]
     assert not (tmp_path / "o").exists()
+
+
+def _tradeoff_with(env: dict, tmp_path, *args: str) -> tuple[int, list[str]]:
+    """Exit status and stderr lines of the trade-off run in ``env`` into ``tmp_path / "o"``."""
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-m", "privfed.tradeoff", "--eps", "1", *args, "--out", str(tmp_path / "o")]
+    r = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
+    return r.returncode, r.stderr.strip().splitlines()
 
 
 @pytest.mark.parametrize("value", ["abc", "0"])
 def test_a_malformed_memory_limit_stops_a_command_at_once(tmp_path, value):
     """$PRIVFED_MEMORY_LIMIT=abc left the secure-sum and trusted placements out of the sweep with a note each
     (the memory check of those variants read it), and the run exited 0 with the local row alone."""
-    import subprocess
-    import sys
-
     env = {**os.environ, "PRIVFED_MEMORY_LIMIT": value, "PYTHONPATH": str(pathlib.Path(__file__).parents[2])}
-    r = subprocess.run(
+    assert _tradeoff_with(env, tmp_path, "--clients", "10") == (
+        2,
         [
-            sys.executable,
-            "-m",
-            "privfed.tradeoff",
-            "--eps",
-            "1",
-            "--clients",
-            "10",
-            "--out",
-            str(tmp_path / "o"),
+            "python -m privfed.tradeoff: error: $PRIVFED_MEMORY_LIMIT must be a positive number of bytes "
+            f"(e.g. 2147483648 or 2G), got {value!r}"
         ],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
     )
-    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
-        "python -m privfed.tradeoff: error: $PRIVFED_MEMORY_LIMIT must be a positive number of bytes "
-        f"(e.g. 2147483648 or 2G), got {value!r}"
-    ]
     assert not (tmp_path / "o").exists()
 
 
