@@ -183,6 +183,22 @@ def test_ckks_sum_refuses_what_it_would_round_or_cast(stack, kw, match):
 @pytest.mark.parametrize(
     "kw, match",
     [
+        ({"noise_std": "1"}, "noise_std must be a number, got '1'"),  # was numpy's TypeError from isfinite
+        ({"noise_std": True}, "noise_std must be a number, got True"),
+        ({"value_bound": "3"}, "value_bound must be a number, got '3'"),  # was cast by float()
+        ({"value_bound": float("nan")}, "value_bound must be finite and >= 0"),  # was "could exceed the bound"
+        ({"value_bound": -1.0}, "value_bound must be finite and >= 0"),
+    ],
+)
+def test_ckks_sum_takes_numbers_only(kw, match):
+    """The noise and bound of a CKKS sum get masking's checks (one function, the same messages)."""
+    with pytest.raises(ConfigError, match=match):
+        ckks_sum(np.ones((3, 2)), **kw)
+
+
+@pytest.mark.parametrize(
+    "kw, match",
+    [
         ({"precision_bits": 2.5}, "precision_bits must be an integer number of bits"),
         ({"scale_bits": 10.5}, "scale_bits must be an integer number of bits"),  # was about precision_bits
         ({"coeff_mod_bit_sizes": (60.7, 40.2, 60)}, "coeff_mod_bit_sizes must be >= 2 primes"),  # truncated

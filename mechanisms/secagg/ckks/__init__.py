@@ -28,7 +28,7 @@ from mechanisms.secagg.ckks.scheme import CKKSParams
 from mechanisms.secagg.ckks.server import CKKSServer, CKKSServerView, run_in_process
 from mechanisms.secagg.identity import make_roster
 from mechanisms.secagg.ledger import SessionLedger
-from mechanisms.secagg.noise import noise_share
+from mechanisms.secagg.noise import check_nonnegative, noise_share
 from privfed._validation import check_real_dtype
 from privfed.errors import ConfigError, InputError
 
@@ -74,14 +74,15 @@ def _check_stack(stack, params, integers, noise_std, value_bound, name):
         raise InputError(f"{name}: the clients' statistics are empty (shape {X.shape}); nothing to sum")
     if not np.all(np.isfinite(flat)):
         raise InputError(f"{name} contains NaN/inf values; secure aggregation needs finite statistics")
-    if not (np.isfinite(noise_std) and noise_std >= 0):
-        raise ConfigError(f"noise_std must be finite and >= 0, got {noise_std}")
+    noise_std = check_nonnegative(noise_std, "noise_std")
     if integers not in ("auto", True, False):
         raise ConfigError(f"integers must be 'auto', True or False, got {integers!r}")
     if integers is True and not fixed_point.is_integral(flat):  # the sum would be rounded to whole numbers
         raise InputError(f"{name} was declared integer but holds fractional values; pass integers='auto'")
     integral = integers is True or (integers == "auto" and noise_std == 0 and fixed_point.is_integral(flat))
-    max_abs = float(np.abs(flat).max()) if value_bound is None else float(value_bound)
+    max_abs = (
+        float(np.abs(flat).max()) if value_bound is None else check_nonnegative(value_bound, "value_bound")
+    )
     if value_bound is not None and flat.size and float(np.abs(flat).max()) > max_abs:
         over = np.flatnonzero(np.abs(flat).max(axis=1) > max_abs)
         raise InputError(

@@ -58,7 +58,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mechanisms.dp.calibration import as_real
 from mechanisms.secagg import fixed_point
 from mechanisms.secagg.crypto import (  # re-exported: the public names of this protocol
     ID_BYTES,
@@ -74,7 +73,7 @@ from mechanisms.secagg.graph import group_size, ring_neighbours
 from mechanisms.secagg.identity import make_roster
 from mechanisms.secagg.masking.node import MaskingNode
 from mechanisms.secagg.masking.server import MaskingServer, ServerView, run_in_process
-from mechanisms.secagg.noise import noise_share
+from mechanisms.secagg.noise import check_nonnegative, noise_share
 from mechanisms.secagg.threat import DEFAULT_COLLUDERS, colluders_tolerated, default_threshold, survivor_parts
 from privfed._validation import check_memory, check_real_dtype, check_seed, is_integer
 from privfed.errors import ConfigError, InputError
@@ -325,12 +324,7 @@ def masked_sum(
     lo, hi = (float(flat.min()), float(flat.max())) if flat.size else (0.0, 0.0)
     if not (np.isfinite(lo) and np.isfinite(hi)):
         raise InputError(f"{name} contains NaN/inf values; secure aggregation needs finite statistics")
-    try:
-        noise_std = as_real(noise_std)
-    except (TypeError, ValueError):
-        raise ConfigError(f"noise_std must be a number, got {noise_std!r}") from None
-    if not (np.isfinite(noise_std) and noise_std >= 0):
-        raise ConfigError(f"noise_std must be finite and >= 0, got {noise_std}")
+    noise_std = check_nonnegative(noise_std, "noise_std")
     if integers not in ("auto", True, False):
         raise ConfigError(f"integers must be 'auto', True or False, got {integers!r}")
     if integers is True and not fixed_point.is_integral(flat):
@@ -340,12 +334,7 @@ def masked_sum(
     if value_bound is None:
         max_abs = max(-lo, hi)
     else:
-        try:
-            max_abs = as_real(value_bound)
-        except (TypeError, ValueError):
-            raise ConfigError(f"value_bound must be a number, got {value_bound!r}") from None
-        if not (max_abs >= 0 and np.isfinite(max_abs)):
-            raise ConfigError(f"value_bound must be finite and >= 0, got {value_bound!r}")
+        max_abs = check_nonnegative(value_bound, "value_bound")
         over = np.flatnonzero(np.abs(flat).max(axis=1) > max_abs) if flat.size else np.zeros(0, int)
         if over.size:
             # Each client checks its own input against the agreed bound before encoding it.
