@@ -363,12 +363,21 @@ def cli_entry(
     """Wrap a CLI body: user mistakes print one line on stderr and exit 2, no traceback.
 
     Ctrl-C exits 130 and SIGTERM 143 (128 + the signal number), after the
-    body has written what finished.
+    body has written what finished.  A ``prog`` of the form ``python -m privfed.<command>`` is shown as
+    ``privfed-<command>`` when the installed script started the command.
     """
+    prog_given, command = (
+        prog,
+        prog.removeprefix("python -m privfed.") if prog.startswith("python -m privfed.") else "",
+    )
 
     def main(argv: Sequence[str] | None = None) -> int:
         import signal
         import threading
+
+        from privfed.commands.start import prog_name
+
+        prog = prog_name(command) if command else prog_given  # privfed-tradeoff when started by its script
 
         if threading.current_thread() is threading.main_thread() and getattr(
             signal.getsignal(signal.SIGINT), "privfed_start", False

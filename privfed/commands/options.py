@@ -31,6 +31,7 @@ from privfed.commands.flags import (
     SharedFlag,
     add_shared,
 )
+from privfed.commands.start import prog_name
 
 #: mechanisms.secagg.threat.threshold_rule(), written out: --help imports nothing heavy (a test checks the two).
 THRESHOLD_RULE = (
@@ -88,7 +89,7 @@ output columns (table, results.csv, results.json):
 
 def tradeoff_parser() -> argparse.ArgumentParser:
     p = Parser(
-        prog="python -m privfed.tradeoff",
+        prog=prog_name("tradeoff"),
         formatter_class=HelpFormatter,
         description="Accuracy of federated heads under differential privacy (and attacks), "
         "over methods x budgets x seeds, with a table, a CSV/JSON and a plot.",
@@ -203,7 +204,7 @@ ATTACK_EXAMPLE = "--attack inversion --method fedcof --eps inf,1,0.1"
 
 def attack_parser() -> argparse.ArgumentParser:
     p = Parser(
-        prog="python -m privfed.attack",
+        prog=prog_name("attack"),
         formatter_class=HelpFormatter,
         description="Attacks of an honest-but-curious server on shared statistics.",
         epilog=ATTACK_GLOSSARY
@@ -273,7 +274,7 @@ SuperNodes on separate machines: flwr run on privfed/flower/app (see the docs' F
 
 def flower_parser() -> argparse.ArgumentParser:
     p = Parser(
-        prog="python -m privfed.flower",
+        prog=prog_name("flower"),
         formatter_class=HelpFormatter,
         description="One privfed aggregation as a Flower app (simulation on this machine).",
         epilog=FLOWER_EPILOG,

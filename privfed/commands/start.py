@@ -10,7 +10,26 @@ import os
 import signal
 import threading
 
-__all__ = ["attack_script", "exit_with", "flower_script", "quiet_start", "run_script", "tradeoff_script"]
+__all__ = [
+    "attack_script",
+    "exit_with",
+    "flower_script",
+    "prog_name",
+    "quiet_start",
+    "run_script",
+    "tradeoff_script",
+]
+
+
+def prog_name(command: str) -> str:
+    """How the user started ``command``: ``privfed-<command>`` from its installed script, else ``python -m
+    privfed.<command>`` (what its usage line, errors and interruption message call it)."""
+    import sys
+
+    script = f"privfed-{command}"
+    if sys.argv and os.path.basename(sys.argv[0]) in (script, script + ".exe"):
+        return script
+    return f"python -m privfed.{command}"
 
 
 def quiet_start(command: str) -> None:
@@ -27,7 +46,7 @@ def quiet_start(command: str) -> None:
         return
 
     def interrupted(signum, frame):
-        os.write(2, f"python -m privfed.{command}: interrupted\n".encode())
+        os.write(2, f"{prog_name(command)}: interrupted\n".encode())
         os._exit(130)
 
     interrupted.privfed_start = True  # type: ignore[attr-defined]

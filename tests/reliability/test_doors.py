@@ -347,12 +347,7 @@ def test_ctrl_c_during_start_up_exits_130_in_one_line(command, script, tmp_path)
     )
     start = [sys.executable, "-m", f"privfed.{command}"]
     if script:
-        import tomllib
-
-        # the entry point pyproject.toml declares (not an older install's), run as pip's wrapper runs it
-        scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
-        module, attr = scripts[f"privfed-{command}"].split(":")
-        start = [sys.executable, "-c", f"import sys; from {module} import {attr} as m; sys.exit(m())"]
+        start = [sys.executable, str(_installed_script(command, tmp_path))]
     for delay in (0.5, 1.5):  # in the imports, and (attack) in its body
         p = subprocess.Popen(
             [*start, *args], env=env, cwd=tmp_path,
@@ -363,8 +358,45 @@ def test_ctrl_c_during_start_up_exits_130_in_one_line(command, script, tmp_path)
         _, err = p.communicate(timeout=120)
         text = err.decode()
         assert p.returncode == 130 and "Traceback" not in text, (delay, p.returncode, text[-400:])
-        assert text.strip().splitlines()[-1] == f"python -m privfed.{command}: interrupted"
+        name = f"privfed-{command}" if script else f"python -m privfed.{command}"
+        assert text.strip().splitlines()[-1] == f"{name}: interrupted"
         assert not (tmp_path / "o").exists() and not any(n.name.startswith(".o.") for n in tmp_path.iterdir())
+
+
+def _installed_script(command: str, folder) -> Path:
+    """``privfed-<command>`` as pip writes it into a virtual environment's bin folder, for the entry point
+    pyproject.toml declares (not an older install's)."""
+    import tomllib
+
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    module, attr = scripts[f"privfed-{command}"].split(":")
+    path = folder / f"privfed-{command}"
+    path.write_text(
+        f"import sys\nfrom {module} import {attr}\nif __name__ == '__main__':\n    sys.exit({attr}())\n"
+    )
+    return path
+
+
+@pytest.mark.parametrize("command", ["tradeoff", "attack", "flower"])
+def test_an_installed_script_names_itself_in_its_usage_and_errors(command, tmp_path):
+    """privfed-tradeoff's --help and its errors said "usage: python -m privfed.tradeoff", a command the user
+    had not typed; each now names the way it was started."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    script = [sys.executable, str(_installed_script(command, tmp_path))]
+    for args, stream, want in (
+        (["--help"], "stdout", f"usage: privfed-{command} "),
+        (["--no-such-flag"], "stderr", f"privfed-{command}: error: unrecognized arguments: --no-such-flag"),
+    ):
+        p = subprocess.run(
+            [*script, *args], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120
+        )
+        text = getattr(p, stream)
+        assert want in text and "python -m privfed" not in text.split("\n\n")[0], (args, text[:400])
+    p = subprocess.run(
+        [sys.executable, "-m", f"privfed.{command}", "--help"], env=env, cwd=tmp_path, capture_output=True,
+        text=True, timeout=120,
+    )  # fmt: skip
+    assert p.stdout.startswith(f"usage: python -m privfed.{command} ")
 
 
 @pytest.mark.parametrize(
