@@ -39,7 +39,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from mechanisms.dp.calibration import check_budget, gdp_epsilon, gdp_mu
+from mechanisms.dp.calibration import as_real, check_budget, gdp_epsilon, gdp_mu
 from mechanisms.dp.ledger import ReleaseEvent
 from privfed.errors import ConfigError
 
@@ -127,13 +127,18 @@ class GaussianFilter:
     @staticmethod
     def spent_mu(spent: Sequence[float]) -> float:
         """The composed mu of the releases spent: sqrt(sum mu_i^2)."""
-        return math.sqrt(math.fsum(float(m) ** 2 for m in spent))
+        return math.sqrt(math.fsum(m**2 for m in _spent(spent)))
 
     def admits(self, spent: Sequence[float], mu: float) -> bool:
-        """Whether a release of ``mu`` keeps the composed mu within the budget."""
+        """Whether a release of ``mu`` keeps the composed mu within the budget (a mu that is no finite
+        number >= 0 is not admitted; a spent entry that is none is a ConfigError)."""
+        try:
+            mu = as_real(mu)
+        except (TypeError, ValueError):
+            return False
         if not (mu >= 0 and math.isfinite(mu)):
             return False
-        return math.fsum([*(float(m) ** 2 for m in spent), float(mu) ** 2]) <= self.mu**2
+        return math.fsum([*(m**2 for m in _spent(spent)), mu**2]) <= self.mu**2
 
     def spent_epsilon(self, spent: Sequence[float]) -> float:
         """The epsilon at the budget's delta of everything spent (exact GDP composition)."""
@@ -141,7 +146,7 @@ class GaussianFilter:
 
     def remaining_mu(self, spent: Sequence[float]) -> float:
         """The mu of the largest single release still admitted: sqrt(mu_B^2 - sum mu_i^2), at least 0."""
-        return math.sqrt(max(0.0, self.mu**2 - math.fsum(float(m) ** 2 for m in spent)))
+        return math.sqrt(max(0.0, self.mu**2 - math.fsum(m**2 for m in _spent(spent))))
 
     def remaining_epsilon(self, spent: Sequence[float]) -> float:
         """The epsilon (at the budget's delta) of the largest single release still admitted."""
@@ -150,3 +155,18 @@ class GaussianFilter:
     def release_epsilon(self, mu: float) -> float:
         """The epsilon at the budget's delta of one release of ``mu`` alone."""
         return gdp_epsilon(mu, self.delta)
+
+
+def _spent(spent: Sequence[float]) -> list[float]:
+    """The mu of every release spent, each a finite number >= 0 (else a ConfigError naming it: the text "0.5"
+    or a NaN in a ledger is a damaged record, never read as a spend of 0.5 or of nothing)."""
+    out = []
+    for i, m in enumerate(spent):
+        try:
+            v = as_real(m)
+        except (TypeError, ValueError):
+            v = math.nan
+        if not (v >= 0 and math.isfinite(v)):
+            raise ConfigError(f"spent release {i} has mu={m!r}, not a finite number >= 0 (a damaged ledger?)")
+        out.append(v)
+    return out

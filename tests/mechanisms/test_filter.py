@@ -131,3 +131,19 @@ def test_a_bad_budget_is_refused():
             GaussianFilter(epsilon=eps, delta=delta)
     with pytest.raises(ConfigError, match="unit must be one of"):
         GaussianFilter(epsilon=1.0, delta=DELTA, unit="node")
+
+
+@pytest.mark.parametrize("entry", ["0.5", float("nan"), -0.1, math.inf, True, None])
+def test_a_spent_entry_that_is_no_mu_is_named_not_read(entry):
+    """Text in a ledger ("0.5") was read as a spend of 0.5 and a NaN made every question "not admitted" with
+    NaN in the refusal: a spent entry that is no finite mu >= 0 is a damaged record, named."""
+    f = GaussianFilter(epsilon=1.0, delta=1e-5)
+    for ask in (
+        lambda: f.admits([0.1, entry], 0.1),
+        lambda: f.spent_mu([entry]),
+        lambda: f.remaining_mu([entry]),
+    ):
+        with pytest.raises(ConfigError, match=r"spent release \d has mu="):
+            ask()
+    assert not f.admits([0.1], "0.1") and not f.admits([0.1], float("nan"))  # a question that is no mu
+    assert f.admits([0.1], 0.1) and f.spent_mu([np.float64(0.3), 0.4]) == pytest.approx(0.5, abs=1e-15)
