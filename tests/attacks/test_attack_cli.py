@@ -114,6 +114,50 @@ def test_same_seed_same_csv(tmp_path, digits_cache):
     ]
 
 
+def test_a_run_is_the_same_in_any_sweep_that_holds_it_and_on_tradeoffs_federation(tmp_path, digits_cache):
+    """The partition was seeded by the positions of n, eps and the method in the command line: fedncm at
+    eps=inf exposed 0.077 alone, 0.095 after --eps 1 and 0.083 after another method, on a federation
+    privfed.tradeoff never drew.  Each run now depends on its seed and its own values only."""
+    from privfed.tradeoff import main as tradeoff_main
+
+    drop = ("seconds", "cpu_s", "strongest_seconds", "strongest_cpu_s")
+    rows = {}
+    for name, methods, eps in (
+        ("a", "fedncm", "1,inf"),
+        ("b", "fedcof,fedncm", "inf,1"),
+        ("c", "fedncm", "inf"),
+    ):
+        common = ["--attack", "singleton", "--clients", "20", "--seeds", "2", "--no-plot", "--quiet"]
+        assert main([*common, "--method", methods, "--eps", eps, "--out", str(tmp_path / name)]) == 0
+        rows[name] = {
+            (r["method"], r["epsilon"], r["seed"]): {k: v for k, v in r.items() if k not in drop}
+            for r in _read(tmp_path / name)[0]
+        }
+    assert len(rows["a"]) == 4 and len(rows["b"]) == 8 and len(rows["c"]) == 2
+    for key, row in rows["a"].items():
+        assert rows["b"][key] == row  # the noise of eps=1 too: drawn from the run's own values
+    for key, row in rows["c"].items():
+        assert rows["a"][key] == row
+    for seed in "01":
+        exposed = [float(rows["b"][(m, "inf", seed)]["exposed_fraction"]) for m in ("fedncm", "fedcof")]
+        assert exposed[0] == exposed[1]  # without noise both expose what the one federation holds
+        argv = [
+            "--method",
+            "fedncm",
+            "--eps",
+            "inf",
+            "--attack",
+            "singleton",
+            "--clients",
+            "20",
+            "--seeds",
+            f"{seed},",
+        ]
+        assert tradeoff_main([*argv, "--out", str(tmp_path / f"t{seed}"), "--no-plot", "--quiet"]) == 0
+        (row,) = _read(tmp_path / f"t{seed}")[0]
+        assert float(row["attack_singleton_exposed_fraction"]) == exposed[0]  # and tradeoff's seed draws that federation
+
+
 @pytest.mark.parametrize(
     "argv,needle",
     [

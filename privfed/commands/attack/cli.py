@@ -79,8 +79,9 @@ PARTIAL = ("results.partial.csv", "results.partial.json")
 CHECKPOINT_S = 30.0
 #: How the sweep seeds each run (written into the record).
 SEEDING = (
-    "numpy SeedSequence([seed, n index, eps index, method index]) spawned into partition / view noise / "
-    "attack generators"
+    "partition(..., rng=seed) as privfed.tradeoff draws it (class groups: default_rng([seed, n])); numpy "
+    "SeedSequence([seed, n, crc32(method), crc32(float(eps).hex())]) spawned into view noise / attack / "
+    "strongest-suite generators"
 )
 
 

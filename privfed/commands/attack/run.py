@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import sys
 import time
+import zlib
 from collections.abc import Callable
 from typing import Any
 
@@ -97,8 +98,7 @@ def attack_data_rules(
     )
 
     def groups(y, seed):
-        rng = np.random.default_rng(np.random.SeedSequence([seed, 0, 0, 0]).spawn(4)[0])
-        k, _ = _clients(cfg, y, cfg.ns[0], rng)
+        k, _ = _clients(cfg, y, cfg.ns[0], seed)
         rule = (
             f"groups: exactly n samples of one class on each client, at most {cfg.max_groups} clients, n in "
             f"{','.join(map(str, cfg.ns))} (counts for n={cfg.ns[0]})"
@@ -115,16 +115,28 @@ def attack_data_rules(
     )
 
 
-def _clients(cfg: AttackConfig, labels, n: int, rng: np.random.Generator) -> tuple[np.ndarray, int | None]:
+def _clients(cfg: AttackConfig, labels, n: int, seed: int) -> tuple[np.ndarray, int | None]:
     """Client ids and the public number of clients (the configured partition's; None for class groups,
-    whose count follows from the labels by design of the attack curve)."""
+    whose count follows from the labels by design of the attack curve).
+
+    The federation depends on the seed (and a group curve's n) alone, drawn as ``privfed.tradeoff`` draws
+    it (``partition(..., rng=seed)``): every method and budget of a sweep is attacked on the same clients,
+    whatever the order or length of ``--method`` and ``--eps``."""
     from attacks.view import class_groups
     from privfed.federation import partition
 
     if cfg.partition == "groups":
-        return class_groups(labels, n, rng, max_groups=cfg.max_groups), None
-    part = partition(labels, cfg.clients, cfg.partition, alpha=cfg.alpha, rng=rng)
+        return class_groups(labels, n, np.random.default_rng([seed, n]), max_groups=cfg.max_groups), None
+    part = partition(labels, cfg.clients, cfg.partition, alpha=cfg.alpha, rng=seed)
     return part.clients, int(part.num_clients)
+
+
+def run_generators(seed: int, n: int, method: str, eps: float) -> tuple[np.random.Generator, ...]:
+    """The release-noise, attack and strongest-suite generators of one run: spawned from the seed, n, the
+    method's name and the budget's value (never their positions in the command line, so a run draws the
+    same noise in any sweep that holds it)."""
+    key = [seed, n, zlib.crc32(method.encode()), zlib.crc32(float(eps).hex().encode())]
+    return tuple(np.random.default_rng(s) for s in np.random.SeedSequence(key).spawn(3))
 
 
 def _privacy(cfg: AttackConfig, method, eps: float, clip: float):
@@ -212,11 +224,8 @@ def run_attacks(
         """One run's release, drawn from its own seeds (the plan below draws it the same way)."""
         mname, eps, n, seed = combo
         method = _methods.get(mname, **cfg.method_params.get(mname, {}))
-        ss = np.random.SeedSequence(
-            [seed, cfg.ns.index(n), cfg.epsilons.index(eps), cfg.methods.index(mname)]
-        )
-        r_part, r_view, r_att, r_strong = (np.random.default_rng(s) for s in ss.spawn(4))
-        clients, num_clients = _clients(cfg, yp, n, r_part)
+        r_view, r_att, r_strong = run_generators(seed, n, mname, eps)
+        clients, num_clients = _clients(cfg, yp, n, seed)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # the fast noise backend's reminder
             view, truth = attacks.scenario(
