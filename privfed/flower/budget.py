@@ -40,7 +40,6 @@ budget protects the node's data, which outlives any one federation, so a new ros
 from __future__ import annotations
 
 import argparse
-import hashlib
 import math
 import os
 import pathlib
@@ -51,7 +50,7 @@ from mechanisms.dp.filter import GaussianFilter, release_mu
 from mechanisms.dp.ledger import ReleaseEvent, format_up
 from mechanisms.secagg.crypto import ProtocolAbort
 from privfed.errors import ConfigError, PrivfedError
-from privfed.results.ledger import NodeLedger
+from privfed.results.ledger import UNBOUND_ROSTER, NodeLedger
 
 __all__ = [
     "NODE_KEYS",
@@ -72,7 +71,7 @@ NODE_KEYS = ("dp-budget-epsilon", "dp-budget-delta", "dp-budget-ledger")
 SECTION = "dp-budget"
 VERSION = 1
 #: What a budget's ledger file is bound to in place of a roster's fingerprint: the node's data, not a federation.
-UNBOUND = hashlib.sha256(b"privfed node privacy budget: bound to the node's data, not to a roster").digest()
+UNBOUND = UNBOUND_ROSTER
 #: How the operator creates a budget's ledger file (named in every error).
 CREATE = "python -m privfed.flower.budget init FILE"
 

@@ -51,7 +51,7 @@ from privfed._files import read_regular_text
 from privfed.errors import ConfigError, InputError
 from privfed.results.files import atomic_write
 
-__all__ = ["DATA_KINDS", "FORMAT", "SECAGG_CREATE", "VERSION", "LedgerError", "NodeLedger"]
+__all__ = ["DATA_KINDS", "FORMAT", "SECAGG_CREATE", "UNBOUND_ROSTER", "VERSION", "LedgerError", "NodeLedger"]
 
 FORMAT = "privfed node ledger"
 VERSION = 1
@@ -69,6 +69,12 @@ def _digest(body: dict) -> str:
 #: (``no-dp-releases``: the statistics of its data a node released without DP, :mod:`privfed.flower.ledger`).
 DATA_KINDS = ("no-dp-releases",)
 
+#: What a ledger bound to the node's data alone (its lifetime privacy budget, :mod:`privfed.flower.budget`)
+#: names in place of a roster's fingerprint: no roster change may rebind or reset it.
+UNBOUND_ROSTER = hashlib.sha256(
+    b"privfed node privacy budget: bound to the node's data, not to a roster"
+).digest()
+
 #: How the operator creates a secure-aggregation node's ledger (named in every error).
 SECAGG_CREATE = "python -m mechanisms.secagg.identity --init-ledger FILE --roster ROSTER"
 
@@ -85,7 +91,10 @@ class NodeLedger:
         setting: str = "secagg-ledger",
         create: str = SECAGG_CREATE,
     ) -> None:
-        self.path = Path(path).expanduser()
+        # The file a symlink names: written through (a rename over the link would leave the target, which a
+        # restored link finds unspent) and locked by its own name (two nodes reaching it by a link and by its
+        # path share one lock).
+        self.path = Path(os.path.realpath(Path(path).expanduser()))
         self.roster = bytes(roster).hex()
         self.setting = setting
         self.create_hint = create
@@ -154,6 +163,15 @@ class NodeLedger:
         with led._locked():
             body = led._load(check_roster=False)
             old = str(body.get("roster"))
+            if UNBOUND_ROSTER.hex() in (old, led.roster):
+                raise LedgerError(
+                    f"{setting}={led.path}: it is a node's privacy-budget ledger, bound to the node's data and to "
+                    "no roster (sections: "
+                    f"{', '.join(sorted(body['sections'])) or 'none'}); rebinding it would drop what the node "
+                    "spent, so it is refused: a secure-aggregation ledger is a separate file"
+                    if old == UNBOUND_ROSTER.hex()
+                    else f"{setting}={led.path}: a privacy-budget ledger is bound to no roster and is never rebound"
+                )
             if old == led.roster:
                 raise LedgerError(
                     f"{setting}={led.path}: the file exists and is bound to this roster already; a node's ledger "
@@ -250,6 +268,26 @@ class NodeLedger:
             raise self._error("its SHA-256 does not match its contents (damaged or edited)")
         if not isinstance(body.get("sections"), dict):
             raise self._error("it has no sections")
+        unbound = UNBOUND_ROSTER.hex()
+        if (
+            check_roster
+            and body.get("roster") != self.roster
+            and unbound in (body.get("roster"), self.roster)
+        ):
+            mine, theirs = (
+                ("privacy-budget", "secure-aggregation")
+                if self.roster == unbound
+                else (
+                    "secure-aggregation",
+                    "privacy-budget",
+                )
+            )
+            raise LedgerError(
+                f"{self.setting}={self.path}: it is a node's {theirs} ledger (sections: "
+                f"{', '.join(sorted(body['sections'])) or 'none'}), not a {mine} ledger; the two are separate "
+                f"files: keep this one as it is and name another file for {self.setting} (its operator creates "
+                f"one with {self.create_hint})"
+            )
         if check_roster and body.get("roster") != self.roster:
             raise self._error(
                 f"it was created for another roster ({str(body.get('roster'))[:16]}..., this node runs "

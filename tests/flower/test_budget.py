@@ -159,3 +159,43 @@ def test_a_node_config_sets_all_of_a_budget_or_none(tmp_path):
         {"dp-budget-epsilon": 3, "dp-budget-delta": 1e-6, "dp-budget-ledger": str(tmp_path / "f.json")}, 1
     )
     assert (b.filter.epsilon, b.filter.delta) == (3.0, 1e-6)
+
+
+def test_a_ledger_reached_through_a_link_is_charged_in_its_target(tmp_path):
+    """The first charge renamed a new file over the link: the target kept 0 releases, so a restored link (a
+    container image, configuration management) found the budget unspent, and a node reaching the file by
+    its real path locked another lock file."""
+    (tmp_path / "persistent").mkdir()
+    real = init_ledger(tmp_path / "persistent" / "budget.json")
+    link = tmp_path / "budget.json"
+    link.symlink_to(real)
+    _charge(_budget(link), 0.2, 1)
+    assert link.is_symlink() and len(FileBudgetStore(real).load()) == 1
+    assert FileBudgetStore(link).ledger.path == FileBudgetStore(real).ledger.path  # one file, one lock
+    _charge(_budget(real), 0.2, 2)
+    assert [r["id"] for r in FileBudgetStore(link).load()] == ["r1", "r2"]
+
+
+def test_a_budget_ledger_is_never_taken_for_or_rebound_as_a_secure_aggregation_ledger(tmp_path):
+    """Named as a node's secagg-ledger too, the budget file said to rebind it with --init-ledger, which dropped
+    its dp-budget section (the node's spend) and then pointed at a reset; it is now named for what it is."""
+    from mechanisms.secagg.identity import make_roster
+    from mechanisms.secagg.ledger import init_ledger_file
+    from privfed.results.ledger import LedgerError, NodeLedger
+
+    path = init_ledger(tmp_path / "budget.json")
+    _charge(_budget(path), 0.2, 1)
+    roster, _ = make_roster(3, None, 1)
+    with pytest.raises(
+        LedgerError, match="it is a node's privacy-budget ledger .*sections: dp-budget.*not a "
+    ):
+        NodeLedger.open(path, roster.fingerprint)
+    with pytest.raises(LedgerError, match="rebinding it would drop what the node spent"):
+        init_ledger_file(path, roster.fingerprint)
+    assert len(FileBudgetStore(path).load()) == 1 and not path.with_name("budget.json.old").exists()
+    secagg = tmp_path / "secagg.json"
+    init_ledger_file(secagg, roster.fingerprint)
+    with pytest.raises(
+        ConfigError, match="it is a node's secure-aggregation ledger .*not a privacy-budget ledger"
+    ):
+        FileBudgetStore(secagg).load()
