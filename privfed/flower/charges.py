@@ -14,7 +14,7 @@ import math
 import os
 from dataclasses import asdict
 
-from privfed.errors import PrivfedError
+from privfed.errors import ConfigError, PrivfedError
 from privfed.flower.budget import CREATE, BudgetRefusal, NodeBudget, node_budget
 from privfed.flower.dp import node_backend
 
@@ -28,6 +28,7 @@ __all__ = [
     "check_pending",
     "no_dp_refusal",
     "released_statistics",
+    "refuse_registered",
     "require_dp",
     "run_of",
     "session_ids",
@@ -101,6 +102,23 @@ def no_dp_refusal(context, what: str, stage: str) -> PrivfedError | None:
         stage,
         "no-dp",
     )
+
+
+def refuse_registered(context, cfg, name: str) -> None:
+    """Raise the refusal of a registered multi-round method's round
+    (:func:`privfed.flower.rounds.register_round_statistics`) by a node that would release it under a privacy
+    claim.  privfed adds no noise to such a
+    statistic and knows nothing of any its function adds: a run with a finite epsilon would claim a guarantee
+    nothing gives, and a node keeping a budget has nothing to charge."""
+    what = f"the round statistics of the registered method {name!r}"
+    if cfg.private:
+        raise ConfigError(
+            f"node {context.node_id} refuses {what}: privfed adds no DP noise to a registered method's "
+            f"statistics and cannot account for it, so the run's epsilon={cfg.epsilon:g} would be a guarantee "
+            "nothing gives; run it with eps inf (no privacy claimed)"
+        )
+    if (refusal := no_dp_refusal(context, what, "round")) is not None:
+        raise refusal
 
 
 def _allows(context, key: str) -> bool:

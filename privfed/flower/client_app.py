@@ -65,6 +65,7 @@ from privfed.flower.charges import (
     charge_share,
     check_pending,
     no_dp_refusal,
+    refuse_registered,
     require_dp,
     session_ids,
     settle_share,
@@ -87,7 +88,7 @@ from privfed.flower.secagg import (
     ring_limit,
 )
 from privfed.flower.values import node_int
-from privfed.flower.wire import stats_record
+from privfed.flower.wire import request_config, round_index, stats_record
 
 __all__ = ["app", "make_client_app"]
 
@@ -121,10 +122,6 @@ def _fault(stage: str, msg: Message, context: Context, faults: dict | None) -> M
 
 
 _FIRED = "privfed-fault-fired"
-
-
-def _config(msg: Message) -> FlowerConfig:
-    return FlowerConfig.from_wire(dict(msg.content["config"]))
 
 
 def _error(msg: Message, exc: Exception) -> Message:
@@ -231,7 +228,7 @@ def make_client_app(
         if (refused := _plain_refused(msg, context, "a plain release")) is not None:
             return refused
         try:
-            cfg = _config(msg)
+            cfg = request_config(msg.content)
             require_dp(context, cfg, f"a plain {cfg.method} release", "query")
             data = load_node_data(context.node_config, cfg)
             backend = node_backend(context.node_config, cfg)
@@ -262,7 +259,7 @@ def make_client_app(
         if (failed := _fault("round", msg, context, faults)) is not None:
             return failed
         try:
-            cfg = _config(msg)
+            cfg = request_config(msg.content)
             info = msg.content["round"]
             name = str(info["name"])
         except PrivfedError as exc:
@@ -288,7 +285,7 @@ def make_client_app(
                     identity, roster = node_identity(context.node_config, context.node_id, provision)
                     meta["colluders"] = int(roster.colluders)
                 config = dict(msg.content["config"])
-                stats, events = node_round(context, cfg, config, broadcast, int(info["index"]))
+                stats, events = node_round(context, cfg, config, broadcast, round_index(info))
                 # a masked round's statistic goes into the masked sum only (node_round keeps it there)
                 if masked and stats is not None:
                     raise ProtocolAbort(
@@ -305,7 +302,8 @@ def make_client_app(
                 if masked and "secagg" in msg.content:  # the round's masked sum's keys request, beside it
                     _answer_keys(stage_handlers["keys"](msg, context, identity, roster), out)
                 return Message(out, reply_to=msg)
-            stats = node_round_statistics(name, context, cfg, broadcast, int(info["index"]))
+            refuse_registered(context, cfg, name)  # no privacy claim and no budget: privfed adds no noise
+            stats = node_round_statistics(name, context, cfg, broadcast, round_index(info))
         except PrivfedError as exc:
             return _error(msg, exc)
         except (KeyError, TypeError) as exc:
@@ -317,7 +315,7 @@ def make_client_app(
         if (failed := _fault("setup", msg, context, faults)) is not None:
             return failed
         try:
-            cfg = _config(msg)
+            cfg = request_config(msg.content)
             identity = roster = None
             if cfg.secure in ("mask", "ckks"):  # the identity, roster and ledger file are checked first
                 identity, roster = node_identity(context.node_config, context.node_id, provision)
@@ -353,7 +351,7 @@ def make_client_app(
                     identity, roster = node_identity(context.node_config, context.node_id, provision)
                 kw = {}
                 if stage == "masked":
-                    cfg = _config(msg)
+                    cfg = request_config(msg.content)
                     check_masking_config(cfg, roster, identity.index, stage)
                     config = dict(msg.content["config"])
                     if cfg.rounds > 1:
@@ -418,7 +416,7 @@ def make_client_app(
         if (failed := _fault("ckks_encrypt", msg, context, faults)) is not None:
             return failed
         try:
-            cfg = _config(msg)
+            cfg = request_config(msg.content)
             identity, roster = node_identity(context.node_config, context.node_id, provision)
             check_noise_share(cfg, roster, identity.index, "ckks_encrypt")
             check_round(
