@@ -50,6 +50,7 @@ from mechanisms.dp.filter import GaussianFilter, release_mu
 from mechanisms.dp.ledger import ReleaseEvent, format_up
 from mechanisms.secagg.crypto import ProtocolAbort
 from privfed.errors import ConfigError, PrivfedError
+from privfed.flower.values import misspelt_node_key
 from privfed.results.ledger import UNBOUND_ROSTER, NodeLedger
 
 __all__ = [
@@ -325,7 +326,10 @@ class NodeBudget:
 
 
 def node_budget(context) -> NodeBudget | None:
-    """The budget of the node whose Flower ``context`` this is (None when its node config sets none)."""
+    """The budget of the node whose Flower ``context`` this is (None when its node config sets none; a
+    ConfigError when a key of it, or any other the node reads, is misspelt and so would be left out)."""
+    if (misspelt := misspelt_node_key(context.node_config)) is not None:
+        raise misspelt
     return NodeBudget.from_node_config(context.node_config, context.node_id)
 
 

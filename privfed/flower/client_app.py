@@ -87,7 +87,7 @@ from privfed.flower.secagg import (
     node_step,
     ring_limit,
 )
-from privfed.flower.values import node_int
+from privfed.flower.values import misspelt_node_key, node_int
 from privfed.flower.wire import request_config, round_index, stats_record
 
 __all__ = ["app", "make_client_app"]
@@ -102,8 +102,10 @@ def _answer_keys(keys: Message, out: RecordDict) -> None:
 
 
 def _fault(stage: str, msg: Message, context: Context, faults: dict | None) -> Message | None:
-    """The failure reply if this node is told to fail this stage (once: a failed node may come back)."""
+    """The failure reply if this node is told to fail this stage (once), or the refusal of a misspelt node key."""
     node_config = context.node_config
+    if (misspelt := misspelt_node_key(node_config)) is not None:
+        return _error(msg, misspelt)
     spec = node_config.get("fail-at")
     if faults and "partition-id" in node_config:
         try:

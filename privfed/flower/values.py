@@ -17,7 +17,15 @@ import numpy as np
 from privfed._validation import overflows_float64
 from privfed.errors import ConfigError
 
-__all__ = ["FIELD_TYPES", "coerce", "node_int", "synthetic_spec", "wire_value"]
+__all__ = [
+    "FIELD_TYPES",
+    "NODE_CONFIG_KEYS",
+    "coerce",
+    "misspelt_node_key",
+    "node_int",
+    "synthetic_spec",
+    "wire_value",
+]
 
 _INTS = (
     "clients",
@@ -185,3 +193,51 @@ def node_int(node_config: dict, key: str, *, minimum: int = 0, default: int | No
     if n < minimum:
         raise ConfigError(f"this node's node config {key}={n} must be >= {minimum}")
     return n
+
+
+#: Every node-config key the ClientApp reads (docs/flower.md; a SuperNode's ``--node-config``).
+NODE_CONFIG_KEYS = (
+    "partition-id",
+    "num-partitions",
+    "features",
+    "secagg-identity",
+    "secagg-roster",
+    "secagg-ledger",
+    "key-holder",
+    "noise-backend",
+    "dp-budget-epsilon",
+    "dp-budget-delta",
+    "dp-budget-ledger",
+    "dp-trust-server",
+    "allow-plain-release",
+    "allow-seeded-noise",
+    "allow-unbudgeted-dp",
+    "allow-ephemeral-ledger",
+    "fail-at",
+)
+
+
+def misspelt_node_key(node_config: dict) -> ConfigError | None:
+    """The refusal of a node-config key that reads as a misspelling of one the ClientApp reads, or None.
+
+    A misspelt key is not read at all: ``dp_budget_epsilon`` left the node without its budget and
+    ``secagg_roster`` made a deployed node answer plain queries.  Keys near none of them are left alone (a
+    SuperNode's node config is shared by the apps it runs)."""
+    import difflib
+
+    for key in node_config:
+        if key in NODE_CONFIG_KEYS:
+            continue
+        spelt = str(key).strip().lower().replace("_", "-").replace(" ", "-")
+        near = (
+            [spelt]
+            if spelt in NODE_CONFIG_KEYS
+            else difflib.get_close_matches(spelt, NODE_CONFIG_KEYS, 1, 0.8)
+        )
+        if near:
+            return ConfigError(
+                f"this node's node config has {key!r}, which privfed does not read: did you mean {near[0]!r}? "
+                "(node-config keys are dashed; a misspelt key would leave its setting out) Fix the SuperNode's "
+                "--node-config"
+            )
+    return None

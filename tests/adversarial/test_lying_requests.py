@@ -92,3 +92,35 @@ def test_a_registered_round_is_released_only_without_a_privacy_claim_or_budget(
         0,
     )
     assert isinstance(got, str) and "keeps a lifetime privacy budget" in got
+
+
+@pytest.mark.parametrize(
+    "key, meant",
+    [
+        ("dp_budget_epsilon", "dp-budget-epsilon"),
+        ("secagg_roster", "secagg-roster"),
+        ("noise_backend", "noise-backend"),
+        ("dp-budget-epsilom", "dp-budget-epsilon"),
+        ("Allow-Plain-Release", "allow-plain-release"),
+    ],
+)
+@pytest.mark.parametrize("stage", ["", "budget", "setup", "keys"])
+def test_a_misspelt_node_config_key_is_refused_not_left_out(key, meant, stage, tmp_path, digits_cache):
+    """Underscored budget keys left a node with no budget (five releases of epsilon 1 against an intended
+    lifetime 0.5, the ledger untouched), and secagg_roster made a deployed node answer plain queries."""
+    nodes = digits_nodes(2)
+    nodes[FIRST][key] = "1"
+    srv = LyingServer(
+        LocalGrid(nodes), FlowerConfig(method="fedncm", clients=2, epsilon=1.0, clip=1.0, timeout=5)
+    )
+    got = srv.send(FIRST, "query" + (f".{stage}" if stage else ""), RecordDict({"config": srv.config}))
+    assert (
+        isinstance(got, str) and f"has {key!r}, which privfed does not read: did you mean {meant!r}?" in got
+    )
+
+
+def test_a_key_near_none_the_node_reads_is_left_to_the_apps_sharing_the_node_config(digits_cache):
+    nodes = digits_nodes(2)
+    nodes[FIRST]["my-app-learning-rate"] = "0.1"
+    srv = LyingServer(LocalGrid(nodes), FlowerConfig(method="fedncm", clients=2, timeout=5))
+    assert not isinstance(srv.send(FIRST, "query", RecordDict({"config": srv.config})), str)
