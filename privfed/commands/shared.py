@@ -95,7 +95,15 @@ def load_config_file(path: str, flag: str = "--config", command: str | None = No
             )
         if p.name in (manifest_names(p.parent) or ()):  # a saved run: its files must match their hashes
             verify_folder(p.parent)
-        return data["config"]
+        config = dict(data["config"])
+        meta = data.get("dataset", {}).get("meta") if isinstance(data.get("dataset"), dict) else None
+        if (
+            isinstance(meta, dict)
+            and isinstance(meta.get("sha256"), str)
+            and str(config.get("dataset", "")).startswith("file:")
+        ):  # the bytes the run read: a replay checks its feature file is still the same
+            config["dataset_sha256"] = config.get("dataset_sha256") or meta["sha256"]
+        return config
 
     try:
         return tomllib.loads(text, parse_float=number)
@@ -319,6 +327,15 @@ class Settings:
     def dataset(self) -> str:
         v = self.raw("dataset")
         return FEDERATION["dataset"] if v is None else as_str(v, "--dataset")
+
+    def dataset_sha256(self) -> str | None:
+        """The SHA-256 a replayed record's feature file had (None when --dataset names another data set)."""
+        v = None if getattr(self.args, "dataset", None) is not None else self.base.get("dataset_sha256")
+        if v is not None and not (
+            isinstance(v, str) and len(v) == 64 and all(c in "0123456789abcdef" for c in v)
+        ):
+            raise ConfigError(f"--config: dataset_sha256 must be 64 lowercase hex digits, got {v!r}")
+        return v
 
     def clients(self) -> int:
         v = self.raw("clients")

@@ -25,6 +25,7 @@ Write one with :func:`save_feature_file` (or ``numpy.savez``).
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 import pathlib
@@ -153,6 +154,17 @@ def read_npz(path: pathlib.Path, max_bytes: int = DEFAULT_MAX_BYTES) -> dict[str
     where = f"feature file {str(path)!r}"
     with open_regular(path, where, "pass file:PATH with the path of a .npz file") as fh:
         return _read_open_npz(fh, where, max_bytes)
+
+
+def content_sha256(arrays: dict[str, np.ndarray]) -> str:
+    """The hex SHA-256 of what a feature file holds: every array's name, dtype, shape and values (C order),
+    by name; the same for any file holding the same arrays (compressed or not, saved at any time)."""
+    h = hashlib.sha256()
+    for name in sorted(arrays):
+        a = np.ascontiguousarray(arrays[name])
+        h.update(f"{name}\0{a.dtype.str}\0{a.shape}\0".encode())
+        h.update(memoryview(a).cast("B"))
+    return h.hexdigest()
 
 
 def _read_open_npz(fh, where: str, max_bytes: int) -> dict[str, np.ndarray]:
@@ -336,7 +348,13 @@ def load_feature_file(
             f"{where}: labels go up to {int(y.max())} but the file has only {n_all} samples, so most "
             "classes have none; re-encode the labels as 0..C-1"
         )
-    meta: dict = {"source": str(path), "d": int(F.shape[1]), "backbone": "unknown (feature file)"}
+    # what the file holds, hashed: a replay of a run on it checks it reads the same data (privfed.tradeoff)
+    meta: dict = {
+        "source": str(path),
+        "sha256": content_sha256(arrays),
+        "d": int(F.shape[1]),
+        "backbone": "unknown (feature file)",
+    }
     ignored = sorted(set(arrays) - set(FILE_ARRAYS))
     if ignored:
         meta["ignored_arrays"] = ignored
@@ -441,6 +459,16 @@ def save_feature_file(
     for name, arr in arrays.items():
         if arr.dtype == object:
             raise InputError(f"{name} has dtype object; pass numeric arrays")
+    # the reader's checks, before anything is written: a file it would refuse (text labels, NaN features,
+    # lengths that disagree) is refused here, naming the array
+    where = f"save_feature_file({str(path)!r})"
+    F = checked_features(arrays["features"], "features", where)
+    checked_ints(arrays["labels"], "labels", F.shape[0], "features", where)
+    if clients is not None:
+        checked_ints(arrays["clients"], "clients", F.shape[0], "features", where)
+    if test_features is not None:
+        Ft = checked_features(arrays["test_features"], "test_features", where)
+        checked_ints(arrays["test_labels"], "test_labels", Ft.shape[0], "test_features", where)
     path.parent.mkdir(parents=True, exist_ok=True)
     buf = io.BytesIO()
     np.savez(buf, **arrays)

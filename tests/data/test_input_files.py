@@ -173,3 +173,20 @@ def test_an_archive_with_two_members_of_one_name_is_refused(tmp_path, second):
             z.writestr("labels.npy", _npy(np.arange(10) % 2))
     with pytest.raises(InputError, match=r"holds 2 members named 'features' \(\['features.npy', '" + second):
         load_feature_file(path)
+
+
+@pytest.mark.parametrize(
+    "features, labels, match",
+    [
+        (np.ones((3, 2)), ["a", "b", "a"], "'labels' must hold integers"),  # was written, then refused on load
+        (np.ones((3, 2)), [0.5, 1, 0], "'labels' must hold whole numbers"),
+        (np.ones((3, 2)), [0, 1], "'labels' has 2 entries but 'features' has 3 rows"),
+        (np.full((3, 2), np.nan), [0, 1, 0], "NaN"),
+    ],
+)
+def test_save_feature_file_refuses_what_the_reader_would(tmp_path, features, labels, match):
+    from privfed.data.npzfile import save_feature_file
+
+    with pytest.raises(InputError, match=match):
+        save_feature_file(tmp_path / "f.npz", features, labels)
+    assert not (tmp_path / "f.npz").exists()

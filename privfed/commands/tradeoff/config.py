@@ -36,6 +36,8 @@ class TradeoffConfig:
     partition: str = FEDERATION["partition"]
     alpha: float = float(FEDERATION["alpha"])
     dataset: str = FEDERATION["dataset"]
+    #: The feature file's SHA-256 when the settings replay a recorded run on it (checked before any work).
+    dataset_sha256: str | None = None
     backbone: str | None = None
     download: bool = False
     secure_agg: str = FEDERATION["secure_agg"]
@@ -69,6 +71,7 @@ _FILE_KEYS = {
     "partition",
     "alpha",
     "dataset",
+    "dataset_sha256",
     "backbone",
     "download",
     "secure_agg",
@@ -207,6 +210,7 @@ def resolve_config(args: argparse.Namespace) -> TradeoffConfig:
         partition=partition,
         alpha=alpha,
         dataset=s.dataset(),
+        dataset_sha256=s.dataset_sha256(),
         backbone=backbone,
         download=download,
         secure_agg=secure,

@@ -60,6 +60,13 @@ def run_tradeoff(
     t0 = time.perf_counter()
     ds = load_dataset(cfg.dataset, backbone=cfg.backbone, download=cfg.download, progress=progress)
     t_data = time.perf_counter() - t0
+    now = (ds.meta or {}).get("sha256")
+    if cfg.dataset_sha256 is not None and now is not None and now != cfg.dataset_sha256:
+        raise InputError(
+            f"dataset {cfg.dataset!r}: the file's data changed since the recorded run (the SHA-256 of its arrays "
+            f"is {now[:16]}..., the record says {cfg.dataset_sha256[:16]}...), so the replay would not reproduce "
+            "it; restore the file, or run on the new data without --config"
+        )
     classes = np.unique(np.asarray(ds.train_labels))
     if classes.size < 2:
         raise InputError(
