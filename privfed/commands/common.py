@@ -434,6 +434,13 @@ def cli_entry(
                 file=sys.stderr,
             )
             return 2
+        except MemoryError as exc:  # past what the memory checks foresaw (another process took the memory)
+            print(
+                f"{prog}: error: out of memory ({str(exc) or 'an allocation failed'}); lower the run's sizes or free "
+                "memory ($PRIVFED_MEMORY_LIMIT tells the checks what this run may use)",
+                file=sys.stderr,
+            )
+            return 1
         except Terminated:
             print(f"{prog}: terminated (SIGTERM)", file=sys.stderr)
             return 143

@@ -1099,3 +1099,37 @@ def test_a_fedlog_prior_past_the_float_range_names_chi():
     ):
         __import__("privfed").fit("fedlog", X, y, np.arange(120) % 3, chi=1e200)
     assert np.isfinite(__import__("privfed").fit("fedlog", X, y, np.arange(120) % 3, chi=1e150).weight).all()
+
+
+def test_running_out_of_memory_is_one_line_not_a_traceback(capsys):
+    """An allocation past what the memory checks foresaw ended in numpy's _ArrayMemoryError traceback."""
+    from privfed.commands.common import cli_entry
+
+    def body(argv):
+        np.empty((1 << 62,), dtype=np.uint8)  # numpy's MemoryError, as an allocation the machine cannot make
+        return 0
+
+    assert cli_entry("python -m privfed.tradeoff", body)([]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(
+        "python -m privfed.tradeoff: error: out of memory (Unable to allocate"
+    )
+
+
+def test_the_memory_checks_see_an_address_space_limit(tmp_path):
+    """Under ulimit -v the checks saw only the machine's free memory, let a run start that needed far more
+    than the process could map, and it died of a MemoryError."""
+    code = (
+        "import resource, sys\n"
+        "from privfed._validation import available_memory\n"
+        "free = available_memory()\n"
+        "with open('/proc/self/status') as fh:\n"
+        "    size = next(int(l.split()[1]) * 1024 for l in fh if l.startswith('VmSize:'))\n"
+        "limit = size + (256 << 20)\n"
+        "resource.setrlimit(resource.RLIMIT_AS, (limit, resource.RLIM_INFINITY))\n"
+        "room = available_memory()\n"
+        "print(free > 300 << 20, 0 < room <= 256 << 20)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PRIVFED_MEMORY_LIMIT"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert out.stdout.split() == ["True", "True"], out.stderr[-500:]
