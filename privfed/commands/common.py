@@ -205,9 +205,20 @@ PLACEMENT_WORDS = ("local", "secure sum", "trusted aggregator")
 def data_line(rules: dict[str, Any]) -> str:
     """One line of every command's header: what data the run used, and how it was split."""
     unused = f", {rules['unused_samples']} unused" if rules["unused_samples"] else ""
+    thin = []  # what the partition leaves thin (records of older runs lack the counts)
+    if rules.get("empty_clients"):
+        thin.append(f"{rules['empty_clients']} client(s) empty")
+    if rules.get("single_sample_clients"):
+        thin.append(f"{rules['single_sample_clients']} client(s) with one sample")
+    if rules.get("untrained_classes"):
+        classes = rules["untrained_classes"]
+        thin.append(
+            f"class(es) {classes[:10]}{' ...' if len(classes) > 10 else ''} with no training sample used"
+        )
+    thin_text = f"; {', '.join(thin)}" if thin else ""
     return (
         f"data: {rules['train_samples']} training samples over {rules['clients']} clients by {rules['partition']}"
-        f" ({rules['used_samples']} used{unused}); {rules['test_split']}"
+        f" ({rules['used_samples']} used{unused}{thin_text}); {rules['test_split']}"
     )
 
 

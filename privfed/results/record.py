@@ -324,7 +324,13 @@ def data_rules(
         }.get(partition, partition)
         if getattr(dataset, "train_clients", None) is not None and partition != "natural":
             rule += "; the file's clients array is NOT used (pass --partition natural to use it)"
-    used = int(np.count_nonzero(np.asarray(k) >= 0))
+    k = np.asarray(k)
+    used = int(np.count_nonzero(k >= 0))
+    # what the partition of the first seed leaves thin, stated rather than hidden: clients without a sample
+    # or with one, and classes no used sample trains (the head never learns them)
+    sizes = np.bincount(k[k >= 0], minlength=int(clients)) if used else np.zeros(int(clients), int)
+    labels = np.asarray(dataset.train_labels)
+    untrained = sorted(set(np.unique(labels).tolist()) - set(np.unique(labels[k >= 0]).tolist()))
     return {
         "dataset": dataset.name,
         "test_split": test,
@@ -335,4 +341,7 @@ def data_rules(
         "train_samples": n,
         "used_samples": used,
         "unused_samples": n - used,
+        "empty_clients": int(np.count_nonzero(sizes == 0)),
+        "single_sample_clients": int(np.count_nonzero(sizes == 1)),
+        "untrained_classes": [int(c) for c in untrained],
     }

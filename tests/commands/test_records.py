@@ -241,3 +241,34 @@ def test_a_replay_refuses_a_feature_file_that_changed_since_the_run(tmp_path):
         )
         == 0
     )
+
+
+def test_the_data_line_names_empty_and_single_sample_clients_and_untrained_classes():
+    """ "16 training samples over 16 clients by shards (16 used)" hid that 8 clients were empty, and a shards
+    split over one client left 2 of 4 classes untrained without a word (its private accuracy then beat the
+    non-private one); Partition.report said so, the commands did not."""
+    import numpy as np
+
+    from privfed.commands.common import data_line
+    from privfed.results.record import data_rules
+
+    def ds(labels):
+        return SimpleNamespace(
+            name="x", meta={"test_split": "t"}, train_labels=np.asarray(labels), test_labels=None
+        )
+
+    labels = np.arange(16) % 4
+    rules = data_rules(ds(labels), clients=16, partition="shards", alpha=0.1, seeds=[0])
+    from privfed.federation import partition
+
+    sizes = np.bincount(partition(labels, 16, "shards", rng=0).clients, minlength=16)
+    assert rules["empty_clients"] == int((sizes == 0).sum()) > 0
+    assert rules["single_sample_clients"] == int((sizes == 1).sum())
+    assert f"{rules['empty_clients']} client(s) empty" in data_line(rules)
+    one = data_rules(ds(np.repeat(np.arange(4), 40)), clients=1, partition="shards", alpha=0.1, seeds=[0])
+    assert one[
+        "untrained_classes"
+    ] and f"class(es) {one['untrained_classes']} with no training sample used" in data_line(one)
+    fine = data_rules(ds(np.arange(400) % 4), clients=4, partition="iid", alpha=0.1, seeds=[0])
+    assert (fine["empty_clients"], fine["single_sample_clients"], fine["untrained_classes"]) == (0, 0, [])
+    assert data_line(fine) == "data: 400 training samples over 4 clients by iid (400 used); t"
