@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import math
 import os
 import pathlib
 import zipfile
@@ -265,21 +266,37 @@ def checked_ints(arr: np.ndarray, name: str, n: int, rows_of: str, where: str) -
     return out
 
 
-def _stratified_split(y: np.ndarray, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray, bool]:
+def _stratified_split(
+    y: np.ndarray, fraction: float, seed: int, where: str = "the file"
+) -> tuple[np.ndarray, np.ndarray, bool]:
+    """Train and test indices: ``fraction`` of the samples held out, stratified by class when every class
+    can give one; a class with a single sample stays in training (held out, no head could learn it)."""
     from sklearn.model_selection import train_test_split
 
     idx = np.arange(y.size)
     n_test = int(round(fraction * y.size))
     if n_test < 1 or y.size - n_test < 1:
         raise InputError(
-            f"the file has {y.size} samples and no test arrays: too few to hold out a test part; "
-            "add 'test_features' and 'test_labels'"
+            f"{where} has no test arrays, and its {y.size} samples are too few for a test part "
+            f"(test_fraction={fraction:g} holds out {n_test}); add 'test_features' and 'test_labels' to the file"
+            if n_test < 1
+            else f"{where} has no test arrays, and test_fraction={fraction:g} of its {y.size} samples holds out "
+            f"{n_test}, leaving nothing to train on; hold out a smaller fraction, or add 'test_features' and "
+            "'test_labels' to the file"
         )
     counts = np.bincount(y)
-    stratify = counts[counts > 0].min() >= 2 and n_test >= np.count_nonzero(counts)
+    pool = idx[counts[y] >= 2]  # a class of one sample is not split: it trains
+    if n_test > pool.size:
+        raise InputError(
+            f"{where} has no test arrays, and its classes with two samples or more hold {pool.size}, fewer "
+            f"than the {n_test} a test part of {fraction:g} needs; add 'test_features' and 'test_labels'"
+        )
+    kept = counts[counts >= 2]
+    stratify = n_test >= kept.size and pool.size - n_test >= kept.size
     train, test = train_test_split(
-        idx, test_size=n_test, stratify=y if stratify else None, random_state=sklearn_seed(seed)
+        pool, test_size=n_test, stratify=y[pool] if stratify else None, random_state=sklearn_seed(seed)
     )
+    train = np.concatenate([train, idx[counts[y] < 2]])
     return np.sort(train), np.sort(test), bool(stratify)
 
 
@@ -320,8 +337,12 @@ def load_feature_file(
         declaring more than ``max_bytes``.
     """
     seed = check_seed(seed)
-    if not (0.0 < float(test_fraction) < 1.0):
-        raise ConfigError(f"test_fraction must lie in (0, 1), got {test_fraction}")
+    try:  # a number, never text or a bool read as one
+        fraction = math.nan if isinstance(test_fraction, (bool, str, bytes)) else float(test_fraction)
+    except (TypeError, ValueError):
+        fraction = math.nan
+    if not 0.0 < fraction < 1.0:
+        raise ConfigError(f"test_fraction must be a number in (0, 1), got {test_fraction!r}")
     path = pathlib.Path(os.fspath(path)).expanduser()
     where = f"feature file {str(path)!r}"
     arrays = read_npz(path, resolve_max_bytes(max_bytes))
@@ -368,13 +389,15 @@ def load_feature_file(
         yt = checked_ints(arrays["test_labels"], "test_labels", Ft.shape[0], "test_features", where)
         meta["test_split"] = "from the file"
     else:
-        train, test, stratified = _stratified_split(y, float(test_fraction), int(seed))
+        singles = int(np.count_nonzero(np.bincount(y) == 1))
+        train, test, stratified = _stratified_split(y, fraction, int(seed), where)
         F, Ft, yt, y = F[train], F[test], y[test], y[train]
         if clients is not None:
             clients = clients[train]
         meta["test_split"] = (
-            f"no test arrays in the file: {test.size} samples ({test_fraction:.0%}) held out, "
-            + ("stratified by class" if stratified else "not stratified (a class has < 2 samples)")
+            f"no test arrays in the file: {test.size} samples ({test.size / (test.size + y.size):.0%}) held out, "
+            + ("stratified by class" if stratified else "not stratified (too few samples per class)")
+            + (f", {singles} class(es) of one sample kept for training" if singles else "")
             + f", seed {seed}"
         )
         meta["test_indices"] = test.tolist()

@@ -178,7 +178,11 @@ def test_an_archive_with_two_members_of_one_name_is_refused(tmp_path, second):
 @pytest.mark.parametrize(
     "features, labels, match",
     [
-        (np.ones((3, 2)), ["a", "b", "a"], "'labels' must hold integers"),  # was written, then refused on load
+        (
+            np.ones((3, 2)),
+            ["a", "b", "a"],
+            "'labels' must hold integers",
+        ),  # was written, then refused on load
         (np.ones((3, 2)), [0.5, 1, 0], "'labels' must hold whole numbers"),
         (np.ones((3, 2)), [0, 1], "'labels' has 2 entries but 'features' has 3 rows"),
         (np.full((3, 2), np.nan), [0, 1, 0], "NaN"),
@@ -190,3 +194,31 @@ def test_save_feature_file_refuses_what_the_reader_would(tmp_path, features, lab
     with pytest.raises(InputError, match=match):
         save_feature_file(tmp_path / "f.npz", features, labels)
     assert not (tmp_path / "f.npz").exists()
+
+
+def test_the_automatic_test_split_keeps_every_class_trainable_and_says_what_it_did(tmp_path):
+    """A class of one sample could land in the test part (then refused as "appears in the test set but has no
+    training sample", with no seed to change from the command line); a 3-sample file said "1 samples (20%)";
+    test_fraction=0.999 of 400 samples was "too few samples"; test_fraction='abc' a raw ValueError."""
+    from privfed.data import load_dataset
+    from privfed.data.npzfile import load_feature_file
+
+    rng = np.random.default_rng(0)
+    path = tmp_path / "rare.npz"
+    labels = np.r_[np.zeros(50, int), np.ones(49, int), [2]]
+    np.savez(path, features=rng.normal(size=(100, 4)), labels=labels)
+    for seed in range(10):
+        ds = load_dataset(f"file:{path}", seed=seed)
+        assert 2 in ds.train_labels and 2 not in ds.test_labels and ds.test_labels.size == 20
+        assert np.bincount(ds.test_labels).tolist() == [10, 10]  # the rest stratified
+        assert "1 class(es) of one sample kept for training" in ds.meta["test_split"]
+    three = tmp_path / "three.npz"
+    np.savez(three, features=np.eye(3)[[0, 1, 0]] + 1, labels=np.array([0, 1, 0]))
+    assert "1 samples (33%) held out" in load_dataset(f"file:{three}").meta["test_split"]
+    with pytest.raises(
+        InputError, match=r"test_fraction=0.999 of its 100 samples holds out 100, leaving nothing"
+    ):
+        load_feature_file(path, test_fraction=0.999)
+    for bad in ("abc", True, 1.5, float("nan")):
+        with pytest.raises(ConfigError, match="test_fraction must be a number in \\(0, 1\\)"):
+            load_feature_file(path, test_fraction=bad)
