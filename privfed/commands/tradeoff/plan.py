@@ -96,25 +96,34 @@ def placement_variants(cfg: TradeoffConfig) -> list[tuple[str, TradeoffConfig]]:
 
 
 #: Rough rates for the estimate a large sweep prints before it starts (one core, float64); the fixed cost of
-#: a run (partition, evaluation, bookkeeping) from digits: 200 fedncm runs took 10.7 s on the 2-core dev machine.
+#: a run (noise, head, evaluation, bookkeeping) from digits: 200 fedncm runs more cost 0.33 s on the 2-core
+#: machine the other rates were measured on (1.7 ms a run), taken as 5 ms for slower machines and methods.
 SWEEP_FLOPS_PER_S = 2e9
 SWEEP_NOISE_PER_S = 2e7
-SWEEP_RUN_OVERHEAD_S = 0.04
+SWEEP_RUN_OVERHEAD_S = 0.005
 
 
 def sweep_cost_note(
-    runs: int, *, n: int, d: int, k: int, c: int, attacks: int = 0, above_s: float = 300.0
+    runs: int,
+    *,
+    n: int,
+    d: int,
+    k: int,
+    c: int,
+    attacks: int = 0,
+    passes: int | None = None,
+    above_s: float = 300.0,
 ) -> str | None:
     """A one-line estimate when a sweep's predicted time is over ``above_s`` seconds, else None.
 
-    Per run: a fixed cost, the statistics pass (N d^2 flops for second moments), a d x d
-    solve (d^3), and local noise on K x C x (d + 1) values; attacks count as
-    as many runs again.  An order of magnitude, not a promise: the progress bar shows the measured ETA.
+    Per run: a fixed cost, a d x d solve (d^3) and local noise on K x C x (d + 1) values; per statistics
+    pass (``passes``, one per seed, method and placement, shared by its budgets; default one per run) N d^2
+    flops for the second moments; attacks count as as many runs again.  An order of magnitude, not a
+    promise: the progress bar shows the measured ETA.
     """
-    per_run = (
-        SWEEP_RUN_OVERHEAD_S + (n * d * d + d**3) / SWEEP_FLOPS_PER_S + k * c * (d + 1) / SWEEP_NOISE_PER_S
-    )
-    seconds = runs * per_run * (1 + attacks)
+    per_run = SWEEP_RUN_OVERHEAD_S + d**3 / SWEEP_FLOPS_PER_S + k * c * (d + 1) / SWEEP_NOISE_PER_S
+    stats = (runs if passes is None else passes) * n * d * d / SWEEP_FLOPS_PER_S
+    seconds = (runs * per_run + stats) * (1 + attacks)
     if seconds <= above_s:
         return None
     return (

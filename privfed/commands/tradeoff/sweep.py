@@ -129,6 +129,7 @@ def run_tradeoff(
         k=cfg.clients,
         c=int(ds.num_classes),
         attacks=len(cfg.attacks),
+        passes=len(cfg.seeds) * sum(n_var.values()),  # the statistics: once per seed, method and placement
     )
     if note:  # a large sweep says so before it starts
         print(f"note: {note}", file=sys.stderr)
