@@ -155,14 +155,14 @@ def _train(context, cfg, rc, k: int, eta: np.ndarray, round_index: int, clip_fn)
         if round_index > 0:
             if _STATE not in context.state:
                 raise ConfigError(
-                    f"node {k} has no body from round {round_index - 1} (it restarted without its "
-                    "state or missed a round); multi-round FedLog cannot continue on it"
+                    f"node {context.node_id} (partition {k}) has no body from round {round_index - 1} (it "
+                    "restarted without its state or missed a round); multi-round FedLog cannot continue on it"
                 )
             st = context.state[_STATE]
             if str(st["run"]) != key or int(st["round"]) != round_index - 1:
                 raise ConfigError(
-                    f"node {k} holds the body of round {int(st['round'])} of another run or round; "
-                    f"expected round {round_index - 1} of this run"
+                    f"node {context.node_id} (partition {k}) holds the body of round {int(st['round'])} of "
+                    f"another run or round; expected round {round_index - 1} of this run"
                 )
             saved = torch.load(io.BytesIO(bytes(st["blob"])), weights_only=True)
             client.body.load_state_dict(saved["body"])
