@@ -164,24 +164,16 @@ def _system_available() -> list[int]:
                 found.append(max(0, int(limit) - int(cur.read().strip())))
     except (OSError, ValueError):
         pass
-    if (room := _address_space_room()) is not None:  # ulimit -v: what is left of this process's address space
-        found.append(room)
-    return found
-
-
-def _address_space_room() -> int | None:
-    """Bytes of address space this process may still map under its RLIMIT_AS (``ulimit -v``), or None."""
-    try:
+    try:  # ulimit -v: what is left of this process's address space
         import resource
 
-        soft, _ = resource.getrlimit(resource.RLIMIT_AS)
-        if soft == resource.RLIM_INFINITY or soft < 0:
-            return None
-        with open("/proc/self/status", "rb") as fh:
-            size = next(int(ln.split()[1]) * 1024 for ln in fh if ln.startswith(b"VmSize:"))
-        return max(0, soft - size)
-    except (ImportError, OSError, ValueError, IndexError, StopIteration):
-        return None
+        soft = resource.getrlimit(resource.RLIMIT_AS)[0]
+        if 0 <= soft != resource.RLIM_INFINITY:
+            with open("/proc/self/status", "rb") as fh:
+                found += [max(0, soft - int(ln.split()[1]) * 1024) for ln in fh if ln.startswith(b"VmSize:")]
+    except (ImportError, OSError, ValueError, IndexError):
+        pass
+    return found
 
 
 def memory_limit() -> int | None:

@@ -386,7 +386,7 @@ def cli_entry(
         import signal
         import threading
 
-        from privfed.commands.start import prog_name
+        from privfed.commands.names import prog_name
 
         prog = prog_name(command) if command else prog_given  # privfed-tradeoff when started by its script
 

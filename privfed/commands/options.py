@@ -31,7 +31,7 @@ from privfed.commands.flags import (
     SharedFlag,
     add_shared,
 )
-from privfed.commands.start import prog_name
+from privfed.commands.names import prog_name
 
 #: mechanisms.secagg.threat.threshold_rule(), written out: --help imports nothing heavy (a test checks the two).
 THRESHOLD_RULE = (

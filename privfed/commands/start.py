@@ -1,7 +1,7 @@
 """The first lines every command runs: Ctrl-C during start-up exits 130 with one line, never a traceback.
 
-Imports three small standard modules only (``os``, ``signal``, ``threading``), so the handler is in
-place before the first import of privfed's own modules (argparse, numpy, ...).
+Imports three small standard modules (``os``, ``signal``, ``threading``) and :mod:`privfed.commands.names`
+only, so the handler is in place before the heavy imports (argparse, numpy, ...).
 """
 
 from __future__ import annotations
@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 import signal
 import threading
+
+from privfed.commands.names import prog_name
 
 __all__ = [
     "attack_script",
@@ -19,17 +21,6 @@ __all__ = [
     "run_script",
     "tradeoff_script",
 ]
-
-
-def prog_name(command: str) -> str:
-    """How the user started ``command``: ``privfed-<command>`` from its installed script, else ``python -m
-    privfed.<command>`` (what its usage line, errors and interruption message call it)."""
-    import sys
-
-    script = f"privfed-{command}"
-    if sys.argv and os.path.basename(sys.argv[0]) in (script, script + ".exe"):
-        return script
-    return f"python -m privfed.{command}"
 
 
 def quiet_start(command: str) -> None:

@@ -71,7 +71,7 @@ from privfed.flower.charges import (
     settle_share,
 )
 from privfed.flower.ckks import ckks_limit, holder_decrypt_step, holder_keys_step, node_encrypt_step
-from privfed.flower.config import FlowerConfig
+from privfed.flower.config import FlowerConfig, request_config
 from privfed.flower.dp import BACKEND_KEY, node_backend
 from privfed.flower.node import load_node_data, node_rng, node_statistics, secure_release
 from privfed.flower.protocol import check_round, node_vector
@@ -88,7 +88,7 @@ from privfed.flower.secagg import (
     ring_limit,
 )
 from privfed.flower.values import misspelt_node_key, node_int
-from privfed.flower.wire import request_config, round_index, stats_record
+from privfed.flower.wire import round_index, stats_record
 
 __all__ = ["app", "make_client_app"]
 

@@ -82,6 +82,7 @@ __all__ = [
     "WIRE_EXTRA",
     "FlowerConfig",
     "public_clip",
+    "request_config",
 ]
 
 #: Keys the server adds to the config it sends (beside the fields): its nonce, telling runs apart.
@@ -423,3 +424,20 @@ def _positive_int(value, name: str, fix: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ConfigError(f"{name} must be a positive integer, got {value!r}; {fix}")
     return value
+
+
+def request_config(content) -> FlowerConfig:
+    """The run config a request carries (:meth:`privfed.flower.config.FlowerConfig.from_wire`); a request
+    without one, or with a ``config`` that is no record, is a malformed request (ProtocolAbort), never a
+    KeyError escaping the node's handler."""
+    from mechanisms.secagg.crypto import ProtocolAbort
+
+    try:
+        values = dict(content["config"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ProtocolAbort(
+            f"malformed request: it carries no run config record ({type(exc).__name__}: {exc})",
+            stage="config",
+            deviation="malformed",
+        ) from None
+    return FlowerConfig.from_wire(values)

@@ -108,24 +108,6 @@ def config_record(values: dict) -> ConfigRecord:
     return ConfigRecord({k: v for k, v in values.items() if v is not None})
 
 
-def request_config(content: RecordDict):
-    """The run config a request carries (:meth:`privfed.flower.config.FlowerConfig.from_wire`); a request
-    without one, or with a ``config`` that is no record, is a malformed request (ProtocolAbort), never a
-    KeyError escaping the node's handler."""
-    from mechanisms.secagg.crypto import ProtocolAbort
-    from privfed.flower.config import FlowerConfig
-
-    try:
-        values = dict(content["config"])
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ProtocolAbort(
-            f"malformed request: it carries no run config record ({type(exc).__name__}: {exc})",
-            stage="config",
-            deviation="malformed",
-        ) from None
-    return FlowerConfig.from_wire(values)
-
-
 def round_index(info) -> int:
     """The round index of a ``query.round`` request's ``round`` record: an int >= 0 (text, bytes, a float or a
     bool is a malformed request, never read as a round)."""
