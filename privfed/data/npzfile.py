@@ -158,13 +158,16 @@ def read_npz(path: pathlib.Path, max_bytes: int = DEFAULT_MAX_BYTES) -> dict[str
 
 
 def content_sha256(arrays: dict[str, np.ndarray]) -> str:
-    """The hex SHA-256 of what a feature file holds: every array's name, dtype, shape and values (C order),
-    by name; the same for any file holding the same arrays (compressed or not, saved at any time)."""
+    """The hex SHA-256 of the data a feature file gives a run: each of its arrays the loader reads (by name;
+    others are ignored), as the values it reads them as (features float64, labels and clients int64, little
+    endian, C order) with its shape; the same for any file holding those values (compressed or not, saved
+    at any time, in any byte order or width)."""
     h = hashlib.sha256()
-    for name in sorted(arrays):
-        a = np.ascontiguousarray(arrays[name])
-        h.update(f"{name}\0{a.dtype.str}\0{a.shape}\0".encode())
-        h.update(memoryview(a).cast("B"))
+    for name in sorted(n for n in set(arrays) & set(FILE_ARRAYS) if arrays[n] is not None):
+        a = np.asarray(arrays[name])
+        a = np.ascontiguousarray(a, dtype="<f8" if name.endswith("features") else "<i8")
+        h.update(f"{name}\0{a.shape}\0".encode())
+        h.update(a.tobytes())
     return h.hexdigest()
 
 
@@ -286,10 +289,11 @@ def _stratified_split(
         )
     counts = np.bincount(y)
     pool = idx[counts[y] >= 2]  # a class of one sample is not split: it trains
-    if n_test > pool.size:
+    if n_test >= pool.size:
         raise InputError(
-            f"{where} has no test arrays, and its classes with two samples or more hold {pool.size}, fewer "
-            f"than the {n_test} a test part of {fraction:g} needs; add 'test_features' and 'test_labels'"
+            f"{where} has no test arrays, and its classes with two samples or more hold {pool.size}, too few "
+            f"to hold out the {n_test} of a test part of {fraction:g} and train on the rest; add "
+            "'test_features' and 'test_labels'"
         )
     kept = counts[counts >= 2]
     stratify = n_test >= kept.size and pool.size - n_test >= kept.size
@@ -369,10 +373,9 @@ def load_feature_file(
             f"{where}: labels go up to {int(y.max())} but the file has only {n_all} samples, so most "
             "classes have none; re-encode the labels as 0..C-1"
         )
-    # what the file holds, hashed: a replay of a run on it checks it reads the same data (privfed.tradeoff)
+    # "sha256": the data the run reads, hashed: a replay of a run on it checks it reads the same (tradeoff)
     meta: dict = {
         "source": str(path),
-        "sha256": content_sha256(arrays),
         "d": int(F.shape[1]),
         "backbone": "unknown (feature file)",
     }
@@ -387,8 +390,12 @@ def load_feature_file(
                 "they must match"
             )
         yt = checked_ints(arrays["test_labels"], "test_labels", Ft.shape[0], "test_features", where)
+        meta["sha256"] = content_sha256(
+            {"features": F, "labels": y, "clients": clients, "test_features": Ft, "test_labels": yt}
+        )
         meta["test_split"] = "from the file"
     else:
+        meta["sha256"] = content_sha256({"features": F, "labels": y, "clients": clients})
         singles = int(np.count_nonzero(np.bincount(y) == 1))
         train, test, stratified = _stratified_split(y, fraction, int(seed), where)
         F, Ft, yt, y = F[train], F[test], y[test], y[train]

@@ -104,12 +104,14 @@ def no_dp_refusal(context, what: str, stage: str) -> PrivfedError | None:
     )
 
 
-def refuse_registered(context, cfg, name: str) -> None:
-    """Raise the refusal of a registered multi-round method's round
-    (:func:`privfed.flower.rounds.register_round_statistics`) by a node that would release it under a privacy
-    claim.  privfed adds no noise to such a
-    statistic and knows nothing of any its function adds: a run with a finite epsilon would claim a guarantee
-    nothing gives, and a node keeping a budget has nothing to charge."""
+def refuse_registered(context, cfg, name: str, registered) -> None:
+    """Raise the refusal of a round of ``name``, a method in ``registered`` (the registry of
+    :func:`privfed.flower.rounds.register_round_statistics`), by a node that would release it under a
+    privacy claim.  privfed adds no noise to such a statistic and knows nothing of any its function adds: a
+    run with a finite epsilon would claim a guarantee nothing gives, and a node keeping a budget has nothing
+    to charge.  A name not registered is left to the registry's own error."""
+    if name not in registered:  # no such method: the registry's own error names the registered ones
+        return
     what = f"the round statistics of the registered method {name!r}"
     if cfg.private:
         raise ConfigError(

@@ -77,7 +77,7 @@ from privfed.flower.node import load_node_data, node_rng, node_statistics, secur
 from privfed.flower.protocol import check_round, node_vector
 from privfed.flower.provision import SimulatedRoster
 from privfed.flower.roster_checks import check_masking_config, check_noise_share
-from privfed.flower.rounds import node_round_statistics
+from privfed.flower.rounds import ROUND_STATISTICS, node_round_statistics
 from privfed.flower.secagg import (
     KEYS_REFUSAL,
     LEDGER_KEY,
@@ -304,7 +304,7 @@ def make_client_app(
                 if masked and "secagg" in msg.content:  # the round's masked sum's keys request, beside it
                     _answer_keys(stage_handlers["keys"](msg, context, identity, roster), out)
                 return Message(out, reply_to=msg)
-            refuse_registered(context, cfg, name)  # no privacy claim and no budget: privfed adds no noise
+            refuse_registered(context, cfg, name, ROUND_STATISTICS)  # no privacy claim, no budget: no noise
             stats = node_round_statistics(name, context, cfg, broadcast, round_index(info))
         except PrivfedError as exc:
             return _error(msg, exc)

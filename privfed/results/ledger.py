@@ -247,6 +247,12 @@ class NodeLedger:
             if not self.path.exists():
                 raise FileNotFoundError
             text = read_regular_text(self.path, "it", "the ledger must be a regular file")
+            if (links := os.stat(self.path).st_nlink) > 1:  # a write renames a new file over one name only
+                raise self._error(
+                    f"it has {links} hard links: an update would reach this name only and leave the others "
+                    "stale (a name restored later would find the old records); keep one name (a symlink is "
+                    "followed)"
+                )
         except InputError as exc:  # a FIFO, a device, a socket, a folder, not UTF-8: named, never waited on
             raise self._error(f"it cannot be read ({str(exc).removeprefix('it ')})") from None
         except FileNotFoundError:

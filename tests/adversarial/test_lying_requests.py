@@ -124,3 +124,10 @@ def test_a_key_near_none_the_node_reads_is_left_to_the_apps_sharing_the_node_con
     nodes[FIRST]["my-app-learning-rate"] = "0.1"
     srv = LyingServer(LocalGrid(nodes), FlowerConfig(method="fedncm", clients=2, timeout=5))
     assert not isinstance(srv.send(FIRST, "query", RecordDict({"config": srv.config})), str)
+
+
+def test_a_round_of_no_registered_method_is_named_so_under_a_privacy_claim(digits_cache):
+    """Under epsilon = 1 a round of an unknown name was refused as "the registered method 'no-such'"."""
+    private = FlowerConfig(method="fedlog", clients=2, epsilon=1.0, delta=1e-5, clip=1.0, timeout=5)
+    got = _round(LyingServer(LocalGrid(digits_nodes(2)), private), 100, "no-such-method", 0)
+    assert isinstance(got, str) and "no per-round statistics registered for 'no-such-method'" in got

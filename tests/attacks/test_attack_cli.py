@@ -155,7 +155,8 @@ def test_a_run_is_the_same_in_any_sweep_that_holds_it_and_on_tradeoffs_federatio
         ]
         assert tradeoff_main([*argv, "--out", str(tmp_path / f"t{seed}"), "--no-plot", "--quiet"]) == 0
         (row,) = _read(tmp_path / f"t{seed}")[0]
-        assert float(row["attack_singleton_exposed_fraction"]) == exposed[0]  # and tradeoff's seed draws that federation
+        # and tradeoff's seed draws that federation
+        assert float(row["attack_singleton_exposed_fraction"]) == exposed[0]
 
 
 @pytest.mark.parametrize(

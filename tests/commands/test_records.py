@@ -272,3 +272,18 @@ def test_the_data_line_names_empty_and_single_sample_clients_and_untrained_class
     fine = data_rules(ds(np.arange(400) % 4), clients=4, partition="iid", alpha=0.1, seeds=[0])
     assert (fine["empty_clients"], fine["single_sample_clients"], fine["untrained_classes"]) == (0, 0, [])
     assert data_line(fine) == "data: 400 training samples over 4 clients by iid (400 used); t"
+
+
+def test_class_groups_count_the_groups_formed_as_the_clients():
+    """--partition groups --n 50 formed 10 groups and the line said "30 client(s) empty" of --max-groups 40."""
+    import numpy as np
+
+    from privfed.results.record import data_rules
+
+    labels = np.repeat(np.arange(10), 60)
+    ds = SimpleNamespace(name="x", meta={"test_split": "t"}, train_labels=labels, test_labels=None)
+    k = np.where(np.arange(600) % 60 < 50, labels, -1)  # one group of 50 per class
+    rules = data_rules(
+        ds, clients=40, partition="groups", alpha=0.1, seeds=[0], clients_of=lambda y, s: (k, "g")
+    )
+    assert (rules["empty_clients"], rules["single_sample_clients"], rules["untrained_classes"]) == (0, 0, [])

@@ -222,3 +222,36 @@ def test_the_automatic_test_split_keeps_every_class_trainable_and_says_what_it_d
     for bad in ("abc", True, 1.5, float("nan")):
         with pytest.raises(ConfigError, match="test_fraction must be a number in \\(0, 1\\)"):
             load_feature_file(path, test_fraction=bad)
+
+
+def test_the_data_digest_follows_the_values_a_run_reads_and_nothing_else(tmp_path):
+    """The digest covered every array as stored: a file with a datetime array beside the data no longer
+    loaded (numpy has no buffer for it), and an ignored array, big-endian values or int32 labels refused
+    the replay of a run on the same data."""
+    from privfed.data.npzfile import load_feature_file
+
+    rng = np.random.default_rng(0)
+    F, y = rng.normal(size=(40, 3)), np.arange(40) % 2
+
+    def digest(name, **arrays):
+        np.savez(tmp_path / name, **arrays)
+        return load_feature_file(tmp_path / name).meta["sha256"]
+
+    base = digest("a.npz", features=F, labels=y)
+    assert digest("b.npz", features=F, labels=y, when=np.array(["2026-01-01"], dtype="datetime64[D]")) == base
+    assert digest("c.npz", features=F.astype(">f8"), labels=y.astype(np.int32), notes=np.zeros(3)) == base
+    assert digest("d.npz", features=F, labels=y, clients=np.arange(40) % 4) != base
+    G = F.copy()
+    G[5, 1] = np.nextafter(G[5, 1], 1.0)
+    assert digest("e.npz", features=G, labels=y) != base
+    assert digest("f.npz", features=F, labels=1 - y) != base
+
+
+def test_a_split_that_cannot_leave_a_training_sample_is_one_line(tmp_path):
+    """sklearn's ValueError escaped when the classes of two samples or more held exactly the test part."""
+    from privfed.data.npzfile import load_feature_file
+
+    labels = np.r_[[0, 0], np.arange(1, 9)]  # one class of two, eight of one: a test part of 2 takes both
+    np.savez(tmp_path / "f.npz", features=np.random.default_rng(0).normal(size=(10, 2)), labels=labels)
+    with pytest.raises(InputError, match="too few to hold out the 2 of a test part"):
+        load_feature_file(tmp_path / "f.npz")

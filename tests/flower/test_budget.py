@@ -199,3 +199,14 @@ def test_a_budget_ledger_is_never_taken_for_or_rebound_as_a_secure_aggregation_l
         ConfigError, match="it is a node's secure-aggregation ledger .*not a privacy-budget ledger"
     ):
         FileBudgetStore(secagg).load()
+
+
+def test_a_hard_linked_ledger_is_refused(tmp_path):
+    """A charge renamed a new file over one name of a hard-linked ledger: the other name kept the old
+    releases (a restored name found them unspent) and the two names locked different lock files."""
+    path = init_ledger(tmp_path / "budget.json")
+    (tmp_path / "hard.json").hardlink_to(path)
+    for name in (path, tmp_path / "hard.json"):
+        with pytest.raises(ConfigError, match="it has 2 hard links"):
+            _charge(_budget(name), 0.2, 1)
+    assert (tmp_path / "hard.json").stat().st_nlink == 2  # nothing was written

@@ -186,7 +186,7 @@ def test_ckks_sum_refuses_what_it_would_round_or_cast(stack, kw, match):
         ({"noise_std": "1"}, "noise_std must be a number, got '1'"),  # was numpy's TypeError from isfinite
         ({"noise_std": True}, "noise_std must be a number, got True"),
         ({"value_bound": "3"}, "value_bound must be a number, got '3'"),  # was cast by float()
-        ({"value_bound": float("nan")}, "value_bound must be finite and >= 0"),  # was "could exceed the bound"
+        ({"value_bound": float("nan")}, "value_bound must be finite and >= 0"),  # was "could exceed"
         ({"value_bound": -1.0}, "value_bound must be finite and >= 0"),
     ],
 )
