@@ -229,10 +229,22 @@ def make_record(
                 item["nonprivate_mean"] = _mean_std([r["nonprivate_accuracy"] for r in rs])[0]
             values.append(item)
         accuracy = {"measured_on": measured_on, "chance": chance, "values": values}
-    ups = [float(r["upload_bytes"]) for r in rows if _number(r.get("upload_bytes"))]
+    # per variant (method, placement, rounds): a mean over records of a masked and a local release, or of
+    # one round and of five, would be the upload of none of them
+    ups: dict[tuple, list[float]] = {}
+    for r in rows:
+        if _number(r.get("upload_bytes")):
+            key = (str(r.get("method")), str(r.get("placement")), int(r.get("rounds") or 1))
+            ups.setdefault(key, []).append(float(r["upload_bytes"]))
+    by_variant = [
+        {"method": m, "placement": p, "rounds": n, "upload_per_client": sum(v) / len(v)}
+        for (m, p, n), v in sorted(ups.items())
+    ]
     bytes_ = {
-        "upload_per_client": (sum(ups) / len(ups)) if ups else None,
-        "what": "bytes one client uploads in a release (mean over the records)",
+        "upload_per_client": max((b["upload_per_client"] for b in by_variant), default=None),
+        "what": "the most bytes one client uploads in a run of this sweep (by_variant: each method, "
+        "placement and number of rounds, mean over its records)",
+        "by_variant": by_variant,
         **({"wire": dict(wire)} if wire else {}),
     }
     rec = {

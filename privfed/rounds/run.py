@@ -165,11 +165,13 @@ def run_rounds(cfg: RoundsConfig | None = None, *, progress: bool = False, **ove
                 label="one-shot",
                 release=round_release(ocfg, odp),  # the same protection as FedLog's rounds
             )
+            # one round of the same release: under secure aggregation, what the protocol sends
+            one_round = bytes_.get("secure_upload_per_client_round", per_client) * cfg.clients
             baselines["oneshot"] = {
                 "personalised": one["personalised"],
                 "common": one["common"],
-                "upload_bytes_per_round": per_client * cfg.clients,
-                "upload_bytes_total": per_client * cfg.clients,
+                "upload_bytes_per_round": one_round,
+                "upload_bytes_total": one_round,
                 "privacy": None if odp is None else odp.report(),
             }
             timing["oneshot_s"] = time.perf_counter() - t1

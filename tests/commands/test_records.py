@@ -287,3 +287,20 @@ def test_class_groups_count_the_groups_formed_as_the_clients():
         ds, clients=40, partition="groups", alpha=0.1, seeds=[0], clients_of=lambda y, s: (k, "g")
     )
     assert (rules["empty_clients"], rules["single_sample_clients"], rules["untrained_classes"]) == (0, 0, [])
+
+
+def test_the_bytes_summary_is_per_variant_never_a_mean_across_them(records):
+    """upload_per_client was the mean over every record: 3,906 for a sweep of one-round (2,604) and two-round
+    (5,208) releases, the upload of neither; a local and a masked placement mixed the same way."""
+    rows = records["tradeoff"]["records"]
+    by = records["tradeoff"]["bytes"]["by_variant"]
+    want = {}
+    for r in rows:
+        want.setdefault((r["method"], r["placement"], int(r.get("rounds") or 1)), []).append(
+            r["upload_bytes"]
+        )
+    assert {(b["method"], b["placement"], b["rounds"]): b["upload_per_client"] for b in by} == {
+        k: sum(v) / len(v) for k, v in want.items()
+    }
+    assert len({b["upload_per_client"] for b in by}) > 1  # the sweep has variants of different uploads
+    assert records["tradeoff"]["bytes"]["upload_per_client"] == max(b["upload_per_client"] for b in by)

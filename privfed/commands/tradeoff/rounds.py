@@ -166,7 +166,7 @@ def tradeoff_rounds(
                 seed,
                 {"common": r.common_accuracy, "personalised": r.personalised_accuracy},
                 r.privacy,
-                r.bytes["upload_total"],
+                r.bytes.get("secure_upload_total", r.bytes["upload_total"]),  # what the protocol sent
             ),
             _row(cfg, base, 1, eps, seed, one, one["privacy"], one["upload_bytes_total"]),
         ]
