@@ -439,7 +439,9 @@ class FeatureInversion(Attack):
                 cand = np.intersect1d(cand, np.asarray(cells[0], dtype=np.int64))
             cand = cand[: int(self.params["max_cells"])]
             if cand.size == 0:
-                raise InputError(f"no client holds 1..{self.params['max_samples']} samples; nothing to unmix")
+                raise InputError(
+                    f"no client's released counts total 1..{self.params['max_samples']}: none to unmix"
+                )
             r_rows, r_cls, r_t = [], [], []
             G = view.second_moments()
             for k in cand:

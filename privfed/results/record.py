@@ -341,7 +341,9 @@ def data_rules(
     # what the partition of the first seed leaves thin, stated rather than hidden: clients without a sample
     # or with one, and classes no used sample trains (the head never learns them)
     # (a partition of the attacks' class groups forms what groups the labels allow: those are its clients)
-    formed = 0 if clients_of is not None else int(clients)
+    if clients_of is not None:
+        clients = int(k.max()) + 1 if used else 0
+    formed = int(clients)
     sizes = np.bincount(k[k >= 0], minlength=formed) if used else np.zeros(formed, int)
     labels = np.asarray(dataset.train_labels)
     untrained = sorted(set(np.unique(labels).tolist()) - set(np.unique(labels[k >= 0]).tolist()))

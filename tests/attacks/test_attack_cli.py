@@ -361,3 +361,30 @@ def test_help_lists_every_inversion_backend_and_the_strongest_suite(capsys):
     for name in (*BACKENDS, *SUITES["inversion"]):
         assert name in text, name
     assert "learned" in text and "joint" in text
+
+
+def test_a_noisy_release_that_leaves_the_attack_nothing_is_a_row_not_the_end_of_the_sweep(
+    tmp_path, digits_cache
+):
+    """Unmixing at eps=1 found no client whose noisy counts totalled 1..8 and stopped the whole sweep
+    (exit 2, "no client holds 1..8 samples", though every client held 2)."""
+    args = ["--attack", "inversion", "--method", "fedcgs", "--eps", "inf,1", "--no-strongest", "--partition"]
+    args += [
+        "groups",
+        "--n",
+        "2",
+        "--max-groups",
+        "4",
+        "--max-cells",
+        "2",
+        "--source",
+        "second",
+        "--steps",
+        "20",
+    ]
+    assert main([*args, "--out", str(tmp_path / "o"), "--quiet", "--no-plot"]) == 0
+    rows = {r["epsilon"]: r for r in _read(tmp_path / "o")[0]}
+    assert rows["1.0"]["not_applicable"].startswith(
+        "on this noisy release: no client's released counts total"
+    )
+    assert not rows["inf"]["not_applicable"] and float(rows["inf"]["identification"]) >= 0

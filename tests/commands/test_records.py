@@ -304,3 +304,18 @@ def test_the_bytes_summary_is_per_variant_never_a_mean_across_them(records):
     }
     assert len({b["upload_per_client"] for b in by}) > 1  # the sweep has variants of different uploads
     assert records["tradeoff"]["bytes"]["upload_per_client"] == max(b["upload_per_client"] for b in by)
+
+
+def test_class_groups_state_the_groups_formed_as_the_clients():
+    """--max-groups 100000 printed "over 100000 clients" where 6 groups formed (the record said 6)."""
+    import numpy as np
+
+    from privfed.results.record import data_rules
+
+    labels = np.repeat(np.arange(3), 4)
+    ds = SimpleNamespace(name="x", meta={"test_split": "t"}, train_labels=labels, test_labels=None)
+    k = np.arange(12) // 2  # six groups of two
+    rules = data_rules(
+        ds, clients=100_000, partition="groups", alpha=0.1, seeds=[0], clients_of=lambda y, s: (k, "g")
+    )
+    assert rules["clients"] == 6 and rules["empty_clients"] == 0

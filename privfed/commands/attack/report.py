@@ -93,6 +93,8 @@ def summary_line(r: dict[str, Any]) -> str:
         for k, label in PRINTED
         if isinstance(r.get(k), (int, float)) and not isinstance(r.get(k), bool)
     ]
+    if r.get("not_applicable"):
+        cells.append(f"n/a ({r['not_applicable']})")
     if r.get("strongest_attack"):
         key = "strongest_auc" if "strongest_auc" in r else "strongest_identification"
         text = f"strongest[{r['strongest_attack']}]: {key[10:]}={r[key]:.3f}"

@@ -22,7 +22,7 @@ import attacks
 from privfed import methods as _methods
 from privfed.commands.attack.config import AttackConfig, resolve_config
 from privfed.commands.common import heartbeat, placement_word
-from privfed.errors import ConfigError
+from privfed.errors import ConfigError, InputError
 
 __all__ = ["AttackConfig", "attack_data_rules", "resolve_config", "run_attacks"]
 
@@ -295,9 +295,18 @@ def run_attacks(
                 result, metrics = None, att.evaluate(view, truth, r_att)
             else:
                 challenge = _challenge(att, truth, view, r_att)
-                result = att.run(view, r_att, **challenge)
-                metrics = att.score(result, truth)
-                if att.name == "tracing" and "test" not in cfg.attack_params:
+                att.check(view)  # what the setting lacks (a statistic the method does not upload) is refused
+                try:
+                    result = att.run(view, r_att, **challenge)
+                except InputError as exc:
+                    if not math.isfinite(eps):  # on the exact statistics: the setting's own mistake
+                        raise
+                    # the noise left the attack nothing to work on (no count in range): that row is not
+                    # applicable, and the sweep goes on
+                    result, metrics = None, {"not_applicable": f"on this noisy release: {exc}"}
+                else:
+                    metrics = att.score(result, truth)
+                if result is not None and att.name == "tracing" and "test" not in cfg.attack_params:
                     # The same targets scored by the inner-product tracer, so both tests are reported.
                     other = "inner" if att.params["test"] != "inner" else "lrt"
                     att2 = attacks.get("tracing", test=other)
@@ -341,7 +350,7 @@ def run_attacks(
             records.append(row)
             if on_record is not None:
                 on_record(records)
-            if cfg.attack == "inversion" and seed == cfg.seeds[0]:
+            if cfg.attack == "inversion" and seed == cfg.seeds[0] and result is not None:
                 grids.append((mname, eps, n, result, truth))
     bar.close()
     return {
