@@ -131,3 +131,24 @@ def test_a_round_of_no_registered_method_is_named_so_under_a_privacy_claim(digit
     private = FlowerConfig(method="fedlog", clients=2, epsilon=1.0, delta=1e-5, clip=1.0, timeout=5)
     got = _round(LyingServer(LocalGrid(digits_nodes(2)), private), 100, "no-such-method", 0)
     assert isinstance(got, str) and "no per-round statistics registered for 'no-such-method'" in got
+
+
+def test_every_node_config_key_the_app_reads_is_known_to_the_misspelling_check():
+    """A key read somewhere but missing from NODE_CONFIG_KEYS would be refused as a misspelling of another."""
+    import pathlib
+    import re
+
+    from privfed.flower import budget, charges, dp
+    from privfed.flower.values import NODE_CONFIG_KEYS
+
+    source = "\n".join(p.read_text() for p in pathlib.Path(budget.__file__).parent.rglob("*.py"))
+    read = set(re.findall(r"(?:node_config|conf)(?:\.get\(|\[)\s*\"([a-z][a-z0-9-]*)\"", source))
+    read |= set(re.findall(r"(?:_allows\(context|node_int\([a-z_.]+), \"([a-z][a-z0-9-]*)\"", source))
+    read |= {*budget.NODE_KEYS, dp.BACKEND_KEY, charges.UNBUDGETED}
+    assert read >= {
+        "secagg-roster",
+        "dp-budget-ledger",
+        "partition-id",
+        "allow-plain-release",
+    }  # the scan works
+    assert read <= set(NODE_CONFIG_KEYS), sorted(read - set(NODE_CONFIG_KEYS))
