@@ -221,7 +221,12 @@ def attack_parser() -> argparse.ArgumentParser:
     add_shared(
         p,
         ["--config", "--method", "--eps", "--delta", "--level", "--clip"],
-        extra={"--method": "; a comma list", "--eps": "; a comma list"},
+        extra={
+            "--method": "; a comma list",
+            "--eps": "; a comma list",
+            "--level": "; the attacks' releases are record level only (the client-level trade-off: "
+            "python -m privfed.tradeoff --level client)",
+        },
     )
     add_shared(
         p,

@@ -361,6 +361,8 @@ def test_help_lists_every_inversion_backend_and_the_strongest_suite(capsys):
     for name in (*BACKENDS, *SUITES["inversion"]):
         assert name in text, name
     assert "learned" in text and "joint" in text
+    # --level client is always refused here: the help says so before a run does
+    assert "the attacks' releases are record level only" in text
 
 
 def test_a_noisy_release_that_leaves_the_attack_nothing_is_a_row_not_the_end_of_the_sweep(
