@@ -35,6 +35,7 @@ from collections.abc import Mapping, Sequence
 from importlib import metadata
 from typing import Any
 
+from privfed._validation import is_integer
 from privfed.errors import InputError
 
 __all__ = [
@@ -234,7 +235,8 @@ def make_record(
     ups: dict[tuple, list[float]] = {}
     for r in rows:
         if _number(r.get("upload_bytes")):
-            key = (str(r.get("method")), str(r.get("placement")), int(r.get("rounds") or 1))
+            n = r.get("rounds")
+            key = (str(r.get("method")), str(r.get("placement")), int(n) if is_integer(n) and n > 0 else 1)
             ups.setdefault(key, []).append(float(r["upload_bytes"]))
     by_variant = [
         {"method": m, "placement": p, "rounds": n, "upload_per_client": sum(v) / len(v)}
