@@ -330,7 +330,8 @@ class Settings:
 
     def dataset_sha256(self) -> str | None:
         """The SHA-256 a replayed record's feature file had (None when --dataset names another data set)."""
-        v = None if getattr(self.args, "dataset", None) is not None else self.base.get("dataset_sha256")
+        named = getattr(self.args, "dataset", None)
+        v = self.base.get("dataset_sha256") if named in (None, self.base.get("dataset")) else None
         if v is not None and not (
             isinstance(v, str) and len(v) == 64 and all(c in "0123456789abcdef" for c in v)
         ):

@@ -227,6 +227,17 @@ def test_a_replay_refuses_a_feature_file_that_changed_since_the_run(tmp_path):
     with pytest.raises(InputError, match="the file's data changed since the recorded run"):
         run_tradeoff(resolve_config(build_parser().parse_args(["--config", str(record)])), progress=False)
     assert tradeoff_main(["--config", str(record), "--out", str(tmp_path / "b"), "--quiet"]) == 2
+    # the same file named again on the command line is still the recorded run's data: still checked
+    again_named = [
+        "--config",
+        str(record),
+        "--dataset",
+        f"file:{path}",
+        "--out",
+        str(tmp_path / "b2"),
+        "--quiet",
+    ]
+    assert tradeoff_main(again_named) == 2
     np.savez_compressed(
         path, features=F, labels=y
     )  # the same data again, saved otherwise: the run reproduces
