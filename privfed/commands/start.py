@@ -12,15 +12,7 @@ import threading
 
 from privfed.commands.names import prog_name
 
-__all__ = [
-    "attack_script",
-    "exit_with",
-    "flower_script",
-    "prog_name",
-    "quiet_start",
-    "run_script",
-    "tradeoff_script",
-]
+__all__ = ["attack_script", "exit_with", "flower_script", "quiet_start", "run_script", "tradeoff_script"]
 
 
 def quiet_start(command: str) -> None:

@@ -165,9 +165,13 @@ def content_sha256(arrays: dict[str, np.ndarray]) -> str:
     h = hashlib.sha256()
     for name in sorted(n for n in set(arrays) & set(FILE_ARRAYS) if arrays[n] is not None):
         a = np.asarray(arrays[name])
-        a = np.ascontiguousarray(a, dtype="<f8" if name.endswith("features") else "<i8")
         h.update(f"{name}\0{a.shape}\0".encode())
-        h.update(a.tobytes())
+        a = np.atleast_1d(a)
+        rows = max(1, (1 << 20) // max(1, a[:1].size))  # 8 MiB of float64 at a time, never the whole copy
+        for i in range(0, len(a), rows):
+            h.update(
+                np.ascontiguousarray(a[i : i + rows], dtype="<f8" if name.endswith("features") else "<i8")
+            )
     return h.hexdigest()
 
 
@@ -288,7 +292,8 @@ def _stratified_split(
             "'test_labels' to the file"
         )
     counts = np.bincount(y)
-    pool = idx[counts[y] >= 2]  # a class of one sample is not split: it trains
+    single = counts[y] < 2
+    pool = idx[~single]  # a class of one sample is not split: it trains
     if n_test >= pool.size:
         raise InputError(
             f"{where} has no test arrays, and its classes with two samples or more hold {pool.size}, too few "
@@ -300,7 +305,7 @@ def _stratified_split(
     train, test = train_test_split(
         pool, test_size=n_test, stratify=y[pool] if stratify else None, random_state=sklearn_seed(seed)
     )
-    train = np.concatenate([train, idx[counts[y] < 2]])
+    train = np.concatenate([train, idx[single]])
     return np.sort(train), np.sort(test), bool(stratify)
 
 
@@ -373,12 +378,7 @@ def load_feature_file(
             f"{where}: labels go up to {int(y.max())} but the file has only {n_all} samples, so most "
             "classes have none; re-encode the labels as 0..C-1"
         )
-    # "sha256": the data the run reads, hashed: a replay of a run on it checks it reads the same (tradeoff)
-    meta: dict = {
-        "source": str(path),
-        "d": int(F.shape[1]),
-        "backbone": "unknown (feature file)",
-    }
+    meta: dict = {"source": str(path), "d": int(F.shape[1]), "backbone": "unknown (feature file)"}
     ignored = sorted(set(arrays) - set(FILE_ARRAYS))
     if ignored:
         meta["ignored_arrays"] = ignored
@@ -390,6 +390,7 @@ def load_feature_file(
                 "they must match"
             )
         yt = checked_ints(arrays["test_labels"], "test_labels", Ft.shape[0], "test_features", where)
+        # the data the run reads, hashed: a replay of a run on this file checks it reads the same (tradeoff)
         meta["sha256"] = content_sha256(
             {"features": F, "labels": y, "clients": clients, "test_features": Ft, "test_labels": yt}
         )

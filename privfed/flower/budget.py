@@ -71,8 +71,6 @@ NODE_KEYS = ("dp-budget-epsilon", "dp-budget-delta", "dp-budget-ledger")
 #: The budget's section of its node ledger file, and that section's version.
 SECTION = "dp-budget"
 VERSION = 1
-#: What a budget's ledger file is bound to in place of a roster's fingerprint: the node's data, not a federation.
-UNBOUND = UNBOUND_ROSTER
 #: How the operator creates a budget's ledger file (named in every error).
 CREATE = "python -m privfed.flower.budget init FILE"
 
@@ -150,7 +148,7 @@ class FileBudgetStore(BudgetStore):
     """
 
     def __init__(self, path: str | os.PathLike) -> None:
-        self.ledger = NodeLedger(path, UNBOUND, setting="dp-budget-ledger", create=CREATE)
+        self.ledger = NodeLedger(path, UNBOUND_ROSTER, setting="dp-budget-ledger", create=CREATE)
         self.path = self.ledger.path
         self.where = f"the budget ledger {str(self.path)!r}"
 
@@ -179,7 +177,9 @@ def init_ledger(path: str | os.PathLike) -> pathlib.Path:
     p = pathlib.Path(path).expanduser()
     if not p.parent.is_dir():
         raise ConfigError(f"the folder {str(p.parent)!r} does not exist; create it first")
-    NodeLedger.create(p, UNBOUND, sections={SECTION: (VERSION, {"releases": []})}, setting="dp-budget-ledger")
+    NodeLedger.create(
+        p, UNBOUND_ROSTER, sections={SECTION: (VERSION, {"releases": []})}, setting="dp-budget-ledger"
+    )
     return p
 
 

@@ -163,14 +163,15 @@ class NodeLedger:
         with led._locked():
             body = led._load(check_roster=False)
             old = str(body.get("roster"))
-            if UNBOUND_ROSTER.hex() in (old, led.roster):
+            if old == UNBOUND_ROSTER.hex():
                 raise LedgerError(
                     f"{setting}={led.path}: it is a node's privacy-budget ledger, bound to the node's data and to "
-                    "no roster (sections: "
-                    f"{', '.join(sorted(body['sections'])) or 'none'}); rebinding it would drop what the node "
-                    "spent, so it is refused: a secure-aggregation ledger is a separate file"
-                    if old == UNBOUND_ROSTER.hex()
-                    else f"{setting}={led.path}: a privacy-budget ledger is bound to no roster and is never rebound"
+                    f"no roster (sections: {', '.join(sorted(body['sections'])) or 'none'}); rebinding it would "
+                    "drop what the node spent, so it is refused: a secure-aggregation ledger is a separate file"
+                )
+            if led.roster == UNBOUND_ROSTER.hex():
+                raise LedgerError(
+                    f"{setting}={led.path}: a privacy-budget ledger is bound to no roster and is never rebound"
                 )
             if old == led.roster:
                 raise LedgerError(
@@ -280,14 +281,9 @@ class NodeLedger:
             and body.get("roster") != self.roster
             and unbound in (body.get("roster"), self.roster)
         ):
-            mine, theirs = (
-                ("privacy-budget", "secure-aggregation")
-                if self.roster == unbound
-                else (
-                    "secure-aggregation",
-                    "privacy-budget",
-                )
-            )
+            budget = body.get("roster") == unbound  # the file is a budget ledger, opened as a secagg one
+            theirs = "privacy-budget" if budget else "secure-aggregation"
+            mine = "secure-aggregation" if budget else "privacy-budget"
             raise LedgerError(
                 f"{self.setting}={self.path}: it is a node's {theirs} ledger (sections: "
                 f"{', '.join(sorted(body['sections'])) or 'none'}), not a {mine} ledger; the two are separate "

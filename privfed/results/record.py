@@ -340,13 +340,11 @@ def data_rules(
             rule += "; the file's clients array is NOT used (pass --partition natural to use it)"
     k = np.asarray(k)
     used = int(np.count_nonzero(k >= 0))
+    if clients_of is not None:  # the attacks' class groups: the groups the labels allowed are its clients
+        clients = int(k.max()) + 1 if used else 0
     # what the partition of the first seed leaves thin, stated rather than hidden: clients without a sample
     # or with one, and classes no used sample trains (the head never learns them)
-    # (a partition of the attacks' class groups forms what groups the labels allow: those are its clients)
-    if clients_of is not None:
-        clients = int(k.max()) + 1 if used else 0
-    formed = int(clients)
-    sizes = np.bincount(k[k >= 0], minlength=formed) if used else np.zeros(formed, int)
+    sizes = np.bincount(k[k >= 0], minlength=int(clients)) if used else np.zeros(int(clients), int)
     labels = np.asarray(dataset.train_labels)
     untrained = sorted(set(np.unique(labels).tolist()) - set(np.unique(labels[k >= 0]).tolist()))
     return {
