@@ -9,6 +9,8 @@ repair it made, so methods can put it in the head's ``notes``.
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import scipy.linalg
 
@@ -21,6 +23,7 @@ __all__ = [
     "check_real",
     "minus_between",
     "normalise_rows",
+    "one_blas_thread",
     "project_psd",
     "row_squares",
     "safe_counts",
@@ -339,3 +342,24 @@ def check_flag(method: str, name: str, value) -> bool:
     if not isinstance(value, (bool, np.bool_)):
         raise ConfigError(f"method {method!r}: {name} must be True or False, got {value!r}")
     return bool(value)
+
+
+#: The threadpoolctl controller :func:`one_blas_thread` limits with, and the number of modules loaded when it
+#: scanned the process's libraries.
+_BLAS_CONTROL: dict = {"modules": -1, "controller": None}
+
+
+def one_blas_thread():
+    """A context manager running its block on one BLAS thread (threadpoolctl), restoring the limits after.
+
+    A block of small products (Shamir sharing, d x d algebra at small d) only gains spinning threads from a
+    multithreaded BLAS.  ``threadpool_limits`` scans every loaded library on each entry (about 2 ms once
+    scipy and scikit-learn are loaded, more than some blocks it guards), so the scan is kept and redone
+    only when modules were imported since (a BLAS library arrives with the module that loads it).
+    """
+    from threadpoolctl import ThreadpoolController
+
+    loaded = len(sys.modules)
+    if _BLAS_CONTROL["controller"] is None or _BLAS_CONTROL["modules"] != loaded:
+        _BLAS_CONTROL.update(controller=ThreadpoolController(), modules=loaded)
+    return _BLAS_CONTROL["controller"].limit(limits=1, user_api="blas")

@@ -62,10 +62,10 @@ class RoundsObserver:
         self._prev_public: dict[int, np.ndarray] = {}
 
     def __call__(self, r, clients, A, trace) -> None:
-        from threadpoolctl import threadpool_limits
+        from privfed._linalg import one_blas_thread
 
         # many small d x d decompositions: BLAS threads only spin on them
-        with threadpool_limits(limits=1, user_api="blas"):
+        with one_blas_thread():
             self._observe(r, clients, A, trace)
 
     @staticmethod
@@ -177,9 +177,9 @@ class RoundsObserver:
         if dp is not None:
             rep = dp.report()
             mu_total, mu_one = rep.mu_total, rep.mu_per_release
-        from threadpoolctl import threadpool_limits
+        from privfed._linalg import one_blas_thread
 
-        with threadpool_limits(limits=1, user_api="blas"):
+        with one_blas_thread():
             out = evaluate_rounds_attacks(self.data, rng, mu_total=mu_total, mu_per_release=mu_one)
         if dp is not None:
             out["bound_formal"] = bool(rep.formal)

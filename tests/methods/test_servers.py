@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import privfed
-from privfed._linalg import normalise_rows, row_squares
+from privfed._linalg import normalise_rows, one_blas_thread, row_squares
 from privfed.methods.fedlog import (
     fedlog_gradient,
     map_gradient_norm,
@@ -61,6 +61,37 @@ def test_normalise_rows_equals_hypot_for_every_magnitude():
     # each row's result is that row's alone: the same bits whatever rows stand beside it
     for i in range(W.shape[0]):
         assert np.array_equal(normalise_rows(W[i : i + 1])[0], out[i])
+
+
+def test_one_blas_thread_limits_its_block_restores_after_and_rescans_after_an_import(monkeypatch):
+    """The kept library scan limits every BLAS inside the block to one thread and puts the limits back; a module
+    imported since the scan makes it scan again (a BLAS arrives with the module that loads it)."""
+    import sys
+    import types
+
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    def blas_threads():
+        return [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
+
+    with threadpool_limits(limits=2, user_api="blas"):
+        assert blas_threads() and set(blas_threads()) == {2}
+        with one_blas_thread():
+            assert set(blas_threads()) == {1}
+        assert set(blas_threads()) == {2}
+        import privfed._linalg as linalg
+
+        kept = linalg._BLAS_CONTROL["controller"]
+        with one_blas_thread():
+            pass
+        assert linalg._BLAS_CONTROL["controller"] is kept  # nothing imported: the scan is kept
+        monkeypatch.setitem(
+            sys.modules, "privfed_test_new_module", types.ModuleType("privfed_test_new_module")
+        )
+        with one_blas_thread():
+            assert set(blas_threads()) == {1}
+        assert linalg._BLAS_CONTROL["controller"] is not kept
+        assert set(blas_threads()) == {2}
 
 
 def test_row_squares_is_the_sum_of_squares():

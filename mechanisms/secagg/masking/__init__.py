@@ -75,6 +75,7 @@ from mechanisms.secagg.masking.node import MaskingNode
 from mechanisms.secagg.masking.server import MaskingServer, ServerView, run_in_process
 from mechanisms.secagg.noise import check_nonnegative, noise_share
 from mechanisms.secagg.threat import DEFAULT_COLLUDERS, colluders_tolerated, default_threshold, survivor_parts
+from privfed._linalg import one_blas_thread
 from privfed._validation import check_memory, check_real_dtype, check_seed, is_integer
 from privfed.errors import ConfigError, InputError
 
@@ -419,12 +420,10 @@ def masked_sum(
         return (stage == "masked" and u in before) or (stage in ("consistency", "unmask") and u in after)
 
     clock = {"keys": time.perf_counter()}
-    from threadpoolctl import threadpool_limits
-
     # Every node computes as a node on its own machine would, on one BLAS thread: a multithreaded
     # BLAS only spins on the small products of Shamir sharing (100 times a node's own work on a
     # loaded machine).
-    with threadpool_limits(limits=1, user_api="blas"):
+    with one_blas_thread():
         run_in_process(
             server,
             nodes,

@@ -52,9 +52,9 @@ def blas_threads(dim: int):
     and on a busy machine OpenBLAS threads spin (measured 3x slower at d = 64 on 2 cores)."""
     import contextlib
 
-    from threadpoolctl import threadpool_limits
+    from privfed._linalg import one_blas_thread
 
-    return threadpool_limits(limits=1, user_api="blas") if dim <= 256 else contextlib.nullcontext()
+    return one_blas_thread() if dim <= 256 else contextlib.nullcontext()
 
 
 def digits_public_clip(seed: int = 0) -> float:
