@@ -286,6 +286,11 @@ class ServerView:
         k = as_int_vector(clients, "clients")  # an id of 2.5 is refused, never read as 2
         if k.shape != y.shape:
             raise InputError(f"clients has shape {k.shape} but labels has {y.shape}; they must match")
+        if k.size and k.min() < -1:  # -2 is a typo, not a second way to say "not uploaded"
+            raise InputError(
+                f"clients: id {int(k.min())} is below -1; client ids are 0..K-1, and -1 marks a sample "
+                "that was not uploaded"
+            )
         keep = k >= 0
         if not keep.any() and num_clients is None:
             raise InputError(

@@ -191,6 +191,20 @@ class FederatedHeadClassifier(ClassifierMixin, BaseEstimator):
         self.classes = classes
         self.num_clients = num_clients
 
+    def set_params(self, **params) -> FederatedHeadClassifier:
+        """scikit-learn's ``set_params``, where ``method_params__<name>`` sets one method parameter (a grid
+        search over ``method_params__lam``): the dict is copied with it, never changed in place."""
+        nested = {k.split("__", 1)[1]: params.pop(k) for k in list(params) if k.startswith("method_params__")}
+        if nested:
+            base = params.get("method_params", self.method_params)
+            if base is not None and not isinstance(base, dict):
+                raise ConfigError(
+                    f"method_params__{next(iter(nested))} sets a key of method_params, which is {base!r}, "
+                    "not a dict; pass method_params={...} whole"
+                )
+            params["method_params"] = {**(base or {}), **nested}
+        return super().set_params(**params)
+
     def _encode_labels(self, y: np.ndarray, shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
         """``classes_`` and the codes of ``y``: from the public ``classes``, or without privacy from ``y``."""
         spec = self.classes

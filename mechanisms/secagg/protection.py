@@ -62,7 +62,7 @@ from mechanisms.secagg.comm import has_secure_protocol, secagg_upload_bytes
 from mechanisms.secagg.masking import ProtocolAbort, masked_sum
 from mechanisms.secagg.noise import DistributedGaussian
 from mechanisms.secagg.threat import ThreatModel, ckks_threat, masking_threat, threshold_rule
-from privfed._validation import check_seed
+from privfed._validation import check_seed, is_integer
 from privfed.errors import ConfigError
 
 __all__ = [
@@ -293,9 +293,7 @@ class PairwiseMasking(_Protocol):
     ) -> None:
         super().__init__(integers=integers, noise=noise)
         self.frac_bits = fixed_point.check_frac_bits(frac_bits)
-        if threshold is not None and (
-            isinstance(threshold, bool) or int(threshold) != threshold or threshold < 1
-        ):
+        if threshold is not None and (not is_integer(threshold) or threshold < 1):  # 3.0 and nan too
             raise ConfigError(f"threshold must be a positive integer or None, got {threshold!r}")
         if neighbours is not None and (
             isinstance(neighbours, bool)

@@ -78,3 +78,21 @@ def test_grid_search_over_the_budget(digits_dataset):
     )  # sigma at eps 0.05 is 1000x that at eps 50: near chance vs a real head
     assert grid.best_estimator_.head_.privacy.epsilon == pytest.approx(50.0, rel=1e-9)
     assert est.privacy.epsilon == 1.0 and len(est.privacy.ledger) == 0  # the grid used clones
+
+
+def test_set_params_sets_one_method_parameter_on_a_copy_and_a_grid_searches_it(digits_dataset):
+    """method_params__lam used to end in AttributeError ('dict' has no set_params); it now sets one key of a
+    copy of the dict (the caller's is untouched), as a grid search over it needs."""
+    given = {"lam": 3.0, "bias": False}
+    est = FederatedHeadClassifier("fed3r", method_params=given).set_params(method_params__lam=5.0)
+    assert est.method_params == {"lam": 5.0, "bias": False} and given == {"lam": 3.0, "bias": False}
+    both = FederatedHeadClassifier("fed3r").set_params(method_params={"bias": False}, method_params__lam=2.0)
+    assert both.method_params == {"bias": False, "lam": 2.0}
+    with pytest.raises(ConfigError, match=r"method_params__lam sets a key of method_params, which is"):
+        FederatedHeadClassifier("fed3r", method_params="lam=3").set_params(method_params__lam=5.0)
+    X, y = digits_dataset.train_features[:600], digits_dataset.train_labels[:600]
+    grid = GridSearchCV(FederatedHeadClassifier("fed3r"), {"method_params__lam": [1e-3, 1e3]}, cv=2).fit(X, y)
+    lams = [p["method_params__lam"] for p in grid.cv_results_["params"]]
+    assert lams == [1e-3, 1e3]
+    scores = grid.cv_results_["mean_test_score"]
+    assert scores[0] != scores[1]  # the parameter reached the method: a ridge of 1e3 changes the head

@@ -309,3 +309,32 @@ def test_an_assigned_dense_view_limit_is_read_through_the_same_function(monkeypa
         InputError, match="secure aggregation in one process masks every client's whole upload"
     ):
         check_secure_size(privfed.methods.get("fedncm"), st)
+
+
+@pytest.mark.parametrize("value", ["no", "False", "0", 1, None])
+def test_a_trusted_aggregator_that_is_not_a_bool_is_refused(value):
+    """Any non-empty string is truthy: "no" turned central DP on (the server then sees every exact upload)."""
+    with pytest.raises(ConfigError, match=r"trusted_aggregator must be True or False, got"):
+        GaussianMechanism(epsilon=1.0, delta=1e-5, clip=1.0, trusted_aggregator=value)
+    assert GaussianMechanism(
+        epsilon=1.0, delta=1e-5, clip=1.0, trusted_aggregator=np.True_
+    ).trusted_aggregator
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), 3.0, "3", True, 0])
+def test_a_masking_threshold_that_is_not_a_positive_integer_is_one_line(value):
+    with pytest.raises(ConfigError, match=r"threshold must be a positive integer or None, got"):
+        PairwiseMasking(threshold=value)
+    assert PairwiseMasking(threshold=np.int64(3)).threshold == 3
+
+
+def test_a_client_id_below_minus_one_is_refused_by_the_attacks_not_dropped():
+    """-1 marks a sample that was not uploaded; -2 is a mistake, and was silently dropped like -1."""
+    import attacks
+
+    rng = np.random.default_rng(0)
+    F, y, k = rng.normal(size=(120, 6)), rng.integers(0, 3, 120), rng.integers(0, 10, 120)
+    with pytest.raises(InputError, match=r"clients: id -2 is below -1"):
+        attacks.evaluate_federation("labels", "fedncm", F, y, np.where(np.arange(120) < 5, -2, k), rng=0)
+    out = attacks.evaluate_federation("labels", "fedncm", F, y, np.where(np.arange(120) < 5, -1, k), rng=0)
+    assert isinstance(out, dict) and out

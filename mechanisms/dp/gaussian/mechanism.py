@@ -274,6 +274,8 @@ class GaussianMechanism(Parameters, GaussianCalibration, GaussianNoise, ClientBo
             )
         self.accountant = accountant
         self.split = split
+        if not isinstance(trusted_aggregator, (bool, np.bool_)):  # "no" is a non-empty string: truthy
+            raise ConfigError(f"trusted_aggregator must be True or False, got {trusted_aggregator!r}")
         self.trusted_aggregator = bool(trusted_aggregator)
         if record_bound not in RECORD_BOUNDS:
             raise ConfigError(
