@@ -338,3 +338,9 @@ def test_a_client_id_below_minus_one_is_refused_by_the_attacks_not_dropped():
         attacks.evaluate_federation("labels", "fedncm", F, y, np.where(np.arange(120) < 5, -2, k), rng=0)
     out = attacks.evaluate_federation("labels", "fedncm", F, y, np.where(np.arange(120) < 5, -1, k), rng=0)
     assert isinstance(out, dict) and out
+
+
+@pytest.mark.parametrize("flag", ["active", "keep_view"])
+def test_masked_sum_switches_that_are_not_bools_are_refused(flag):
+    with pytest.raises(ConfigError, match=rf"{flag} must be True or False, got 'no'"):
+        masked_sum(np.ones((3, 2)), **{flag: "no"})

@@ -306,6 +306,9 @@ def masked_sum(
     rng = rng if rng is not None else np.random.default_rng()
     if key_seed is not None and not isinstance(key_seed, bytes):
         check_seed(key_seed, "key_seed")  # an integer in 0..2**64 - 1, or bytes, as every seed
+    for flag, value in (("active", active), ("keep_view", keep_view)):
+        if not isinstance(value, (bool, np.bool_)):  # "no" is a non-empty string: truthy
+            raise ConfigError(f"{flag} must be True or False, got {value!r}")
     raw = np.asarray(stack)
     check_real_dtype(raw, name)  # complex, object, text or bool stacks are refused, never cast
     X = raw.astype(np.float64, copy=False)
