@@ -15,6 +15,7 @@ schedulers keep the runs that finished.
 from __future__ import annotations
 
 import codecs
+import contextlib
 import csv
 import datetime as _dt
 import sys
@@ -373,7 +374,7 @@ def cli_entry(
 ) -> Callable[[Sequence[str] | None], int]:
     """Wrap a CLI body: user mistakes print one line on stderr and exit 2, no traceback.
 
-    Ctrl-C exits 130 and SIGTERM 143 (128 + the signal number), after the
+    Ctrl-C exits 130, SIGTERM 143 and SIGHUP 129 (128 + the signal number), after the
     body has written what finished.  A ``prog`` of the form ``python -m privfed.<command>`` is shown as
     ``privfed-<command>`` when the installed script started the command.
     """
@@ -452,9 +453,10 @@ def cli_entry(
                 file=sys.stderr,
             )
             return 1
-        except Terminated:
-            print(f"{prog}: terminated (SIGTERM)", file=sys.stderr)
-            return 143
+        except Terminated as exc:
+            with contextlib.suppress(OSError):  # after SIGHUP the terminal may be gone
+                print(f"{prog}: terminated ({exc.name})", file=sys.stderr)
+            return 128 + exc.signum
         except KeyboardInterrupt:
             print(f"{prog}: interrupted", file=sys.stderr)
             return 130

@@ -30,36 +30,50 @@ __all__ = [
 
 # ---------------------------------------------------------------- signals
 class Terminated(KeyboardInterrupt):
-    """SIGTERM (``kill``, ``timeout``, batch schedulers), handled like Ctrl-C."""
+    """SIGTERM (``kill``, ``timeout``, batch schedulers) or SIGHUP (the terminal or SSH session closed), handled
+    like Ctrl-C; ``signum`` says which."""
+
+    def __init__(self, signum: int = signal.SIGTERM) -> None:
+        super().__init__(signum)
+        self.signum = int(signum)
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signum).name
+
+
+#: The signals turned into :class:`Terminated`: without a handler each kills the process at once, leaving
+#: the processes it started (a Flower SuperLink and its simulation) running and nothing written.
+TERMINATING = (signal.SIGTERM, signal.SIGHUP)
 
 
 @contextlib.contextmanager
 def interruptible() -> Iterator[None]:
-    """Turn SIGTERM into :class:`Terminated` (a KeyboardInterrupt) while the block runs.
+    """Turn SIGTERM and SIGHUP into :class:`Terminated` (a KeyboardInterrupt) while the block runs.
 
     Only in the main thread (where Python delivers signals); the previous
-    handler is restored afterwards.
+    handlers are restored afterwards.  A signal the process ignores (a parent's
+    ``nohup`` ignores SIGHUP) stays ignored.
     """
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def handler(signum, frame):
-        raise Terminated()
+        raise Terminated(signum)
 
-    if signal.getsignal(signal.SIGTERM) is signal.SIG_IGN:  # a parent that ignores SIGTERM keeps it ignored
-        yield
-        return
-    old = signal.signal(signal.SIGTERM, handler)
+    caught = [s for s in TERMINATING if signal.getsignal(s) is not signal.SIG_IGN]
+    old = {s: signal.signal(s, handler) for s in caught}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, old)
+        for s, h in old.items():
+            signal.signal(s, h)
 
 
 @contextlib.contextmanager
 def signals_deferred() -> Iterator[None]:
-    """Hold SIGINT / SIGTERM while the block runs (writing what finished); raise them afterwards."""
+    """Hold SIGINT / SIGTERM / SIGHUP while the block runs (writing what finished); raise them afterwards."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -69,7 +83,7 @@ def signals_deferred() -> Iterator[None]:
         got.append(signum)
 
     # A signal the process ignores (a parent's nohup, a background job) stays ignored here too.
-    held = [s for s in (signal.SIGINT, signal.SIGTERM) if signal.getsignal(s) is not signal.SIG_IGN]
+    held = [s for s in (signal.SIGINT, *TERMINATING) if signal.getsignal(s) is not signal.SIG_IGN]
     old = {s: signal.signal(s, hold) for s in held}
     try:
         yield
@@ -77,7 +91,7 @@ def signals_deferred() -> Iterator[None]:
         for s, h in old.items():
             signal.signal(s, h)
     if got:
-        raise Terminated() if got[0] == signal.SIGTERM else KeyboardInterrupt()
+        raise KeyboardInterrupt() if got[0] == signal.SIGINT else Terminated(got[0])
 
 
 def periodic_checkpoint(write_partial: Callable[[list], None], every: float) -> Callable[[list], None]:

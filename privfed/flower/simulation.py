@@ -300,11 +300,13 @@ def flwr_run(
     ``run_config`` holds every key (``flwr run --run-config``); ``num_supernodes`` simulated
     SuperNodes start; ``say`` receives the log lines worth showing (the ServerApp's lines,
     warnings and errors; every line with ``verbose``).  ``expect`` is the folder the
-    ServerApp writes: when it is missing at the end, the run failed and a
+    ServerApp writes: when its ``results.json`` is missing at the end, or is still the one that was
+    there before the run (an earlier run's, kept by a failed ``--overwrite``), the run failed and a
     :class:`~privfed.errors.PrivfedError` says why.  Every process started here is stopped on
     return, on an error and on an interrupt.
     """
     _quiet_environment()
+    before = _file_stamp(Path(expect) / "results.json") if expect is not None else None
     import privfed
 
     root = str(Path(privfed.__file__).resolve().parents[1])
@@ -396,10 +398,21 @@ def flwr_run(
             run.wait(timeout=max(deadline - time.monotonic(), 1.0))
         finally:
             _stop(procs)
-        if expect is not None and not (Path(expect) / "results.json").exists():
+        written = _file_stamp(Path(expect) / "results.json") if expect is not None else None
+        if expect is not None and (written is None or written == before):
             lines += [_ANSI.sub("", ln) for ln in _tail(tmp / "superlink.log")]
             raise PrivfedError(f"the Flower run failed: {_reason(lines)}")
         return lines
+
+
+def _file_stamp(path: Path) -> tuple[int, int, int] | None:
+    """(inode, modification time, size) of ``path``, None when it does not exist: the results are renamed
+    into place, so a file this run wrote has another stamp than the one there before it."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return (st.st_ino, st.st_mtime_ns, st.st_size)
 
 
 def _worth_showing(line: str) -> bool:

@@ -146,7 +146,7 @@ def _kill_on_call(monkeypatch, target, name, sig, at):
     monkeypatch.setattr(target, name, wrapper)
 
 
-@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130), (signal.SIGHUP, 129)])
 def test_signal_before_any_run_leaves_no_folder(
     tmp_path, monkeypatch, digits_cache, ctrl_c_raises, sig, code
 ):

@@ -133,6 +133,62 @@ def test_a_failed_run_is_an_error_naming_the_reason(tmp_path, digits_cache, monk
     assert not (tmp_path / "o").exists()
 
 
+def test_a_failed_run_is_not_read_from_the_results_file_it_would_have_replaced(
+    tmp_path, digits_cache, monkeypatch
+):
+    """A failed run into a folder holding an earlier run's results (a failed --overwrite) exited 0 and printed
+    the earlier results as its own: the results file must be one this run wrote."""
+    import privfed.flower.simulation as sim
+    from privfed.errors import PrivfedError
+    from privfed.flower import FlowerConfig
+    from privfed.flower.server_app import run_config_of
+
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "results.json").write_text('{"an": "earlier run"}')
+    monkeypatch.setenv("PRIVFED_CACHE", str(digits_cache))
+    cfg = run_config_of(FlowerConfig(clients=3, epsilon=float("inf"), output=str(out)))
+    with pytest.raises(
+        PrivfedError, match=r"the Flower run failed: .*only 2 of the 3 expected nodes connected"
+    ):
+        sim.flwr_run({**cfg, "connect-timeout": 3.0}, num_supernodes=2, expect=out)
+    assert (out / "results.json").read_text() == '{"an": "earlier run"}'
+
+
+def test_sighup_stops_the_simulation_it_started(tmp_path, digits_cache, monkeypatch):
+    """SIGHUP (a closed terminal) killed the command at once and left the SuperLink, flwr run and Ray running; it
+    is now handled like SIGTERM: every process started is stopped, and the command exits 129."""
+    import signal
+    import time
+
+    import privfed.flower.simulation as sim
+    from privfed.commands.signals import Terminated, interruptible
+    from privfed.flower import FlowerConfig
+    from privfed.flower.server_app import run_config_of
+
+    started: list = []
+    real_wait, real_stop = sim._wait_port, sim._stop
+
+    def hang_up_once_listening(port, timeout, proc, log):
+        real_wait(port, timeout, proc, log)
+        os.kill(os.getpid(), signal.SIGHUP)
+        time.sleep(0.5)  # the handler raises at the next bytecode
+
+    def stop(procs):
+        started.extend(procs)
+        real_stop(procs)
+
+    monkeypatch.setattr(sim, "_wait_port", hang_up_once_listening)
+    monkeypatch.setattr(sim, "_stop", stop)
+    monkeypatch.setenv("PRIVFED_CACHE", str(digits_cache))
+    cfg = run_config_of(FlowerConfig(clients=2, epsilon=float("inf"), output=str(tmp_path / "o")))
+    with pytest.raises(Terminated) as got, interruptible():
+        sim.flwr_run(cfg, num_supernodes=2, expect=tmp_path / "o")
+    assert got.value.signum == signal.SIGHUP and 128 + got.value.signum == 129
+    assert started and all(p.poll() is not None for p in started)  # the SuperLink was stopped
+    assert signal.getsignal(signal.SIGHUP) is not None and not (tmp_path / "o").exists()
+
+
 @pytest.mark.slow  # the same roster path runs in process in tests/flower (the simulated operator's roster)
 def test_mask_runs_with_the_simulated_operators_roster(tmp_path, digits_cache):
     """--secure-agg mask through flwr run: the simulated nodes take their identities from the operator's files."""
