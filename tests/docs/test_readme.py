@@ -169,3 +169,19 @@ def test_docs_list_every_key_of_the_flower_app():
     listed = text[start : text.index("see `privfed/flower/config.py`", start)]
     missing = sorted(k for k in keys if k not in listed)
     assert not missing, f"docs/flower.md does not list {missing}"
+
+
+def test_the_protections_table_says_what_the_api_does():
+    """The table said DP for fedcof-oracle, which every DP run refuses: its cells are now asked of privfed.fit."""
+    from experiments.docs_numbers.render_core import protections
+
+    rows = {
+        line.split(" | ")[0].strip("| "): line.split(" | ")[1:]
+        for line in protections().splitlines()[2:]
+        if line.startswith("| ")
+    }
+    assert rows["fedcof-oracle"][1].startswith("no (uploads per-class second moments")
+    assert rows["fedcof-oracle"][2].startswith("no (") and rows["fedcof-oracle"][3].startswith("yes")
+    assert rows["fed3r"][1] == "yes with blocks=('sums', 'counts', 'second')"
+    assert rows["fedcof"][2].startswith("no (needs every client's statistics")
+    assert rows["fedncm"][1:3] == ["yes", "yes"]
