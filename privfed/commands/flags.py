@@ -199,7 +199,7 @@ SHARED: dict[str, SharedFlag] = {
         SharedFlag(
             "--out",
             "DIR",
-            "output folder, new or empty: results.json (the run record), results.csv, figures, manifest.json",
+            "output folder, new or empty: results.json (the run record) and manifest.json, beside",
             "a fresh results/<command>-<what ran>-<time>",
         ),
         SharedFlag(

@@ -75,7 +75,6 @@ _FILE_KEYS = {
     "timeout",
     "connect_timeout",
     "min_clients",
-    "out",
     "plot",
 }
 
@@ -310,6 +309,8 @@ def _body(argv: Sequence[str] | None) -> int:
             )
         print(f"accuracy      {acc:.4f} ({rep['test_samples']} held-out test images){why}")
     print(f"privacy       {row['guarantee']}")
+    for note in (rep.get("privacy") or {}).get("notes", []):  # what qualifies it (floating-point noise)
+        print(f"              {note}")
     if math.isfinite(cfg.epsilon):
         print(
             f"clip          {cfg.clip:.4g} ("

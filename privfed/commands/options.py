@@ -87,6 +87,10 @@ output columns (table, results.csv, results.json):
 """
 
 
+#: What the trade-off and attack commands write beside the record (the --out help).
+_TABLES_OUT = " results.csv (one row a run) and the figures"
+
+
 def tradeoff_parser() -> argparse.ArgumentParser:
     p = Parser(
         prog=prog_name("tradeoff"),
@@ -107,7 +111,8 @@ def tradeoff_parser() -> argparse.ArgumentParser:
         "--placement",
         metavar="LIST",
         help="where the noise is added: local, secure-sum, trusted, or all "
-        "(default: all three for a single finite --eps, otherwise local; --secure-agg / --trusted-aggregator "
+        "(default: all three for a single finite --eps in a one-shot, record-level run without --count-noise, "
+        "otherwise local; --secure-agg / --trusted-aggregator "
         "choose one)",
     )
     add_shared(
@@ -171,6 +176,7 @@ def tradeoff_parser() -> argparse.ArgumentParser:
     add_shared(
         p,
         ["--param", "--secure-agg", "--seeds", "--out", "--overwrite", "--quiet", "--no-plot"],
+        extra={"--out": _TABLES_OUT},
     )
     return p
 
@@ -261,7 +267,11 @@ def attack_parser() -> argparse.ArgumentParser:
         "named; the inversion suite needs decoders trained on the public split (trained once and cached) "
         "(default: on)",
     )
-    add_shared(p, ["--secure-agg", "--seeds", "--out", "--overwrite", "--quiet", "--no-plot"])
+    add_shared(
+        p,
+        ["--secure-agg", "--seeds", "--out", "--overwrite", "--quiet", "--no-plot"],
+        extra={"--out": _TABLES_OUT},
+    )
     a("--seed", dest="seed_list", help=argparse.SUPPRESS)  # older spelling: a list of seeds ('3' = seed 3)
     return p
 
@@ -375,7 +385,14 @@ def flower_parser() -> argparse.ArgumentParser:
         help="fewest replies a plain run accepts (default: all --clients)",
     )
     a("--num-cpus", type=int, default=1, help="CPUs the simulation may use")
-    add_shared(p, ["--out", "--overwrite", "--quiet", "--no-plot"])
+    add_shared(
+        p,
+        ["--out", "--overwrite", "--quiet", "--no-plot"],
+        extra={
+            "--out": " head.npz (the head's weight and bias) and report.json (the Flower run's details)",
+            "--no-plot": "; this command draws no figures, so it changes nothing here",
+        },
+    )
     a("--output", dest="out", help=argparse.SUPPRESS)
     a("--verbose", action="store_true", help="every line of Flower's and Ray's logs")
     return p

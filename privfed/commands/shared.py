@@ -95,7 +95,8 @@ def load_config_file(path: str, flag: str = "--config", command: str | None = No
             )
         if p.name in (manifest_names(p.parent) or ()):  # a saved run: its files must match their hashes
             verify_folder(p.parent)
-        config = dict(data["config"])
+        # where the recorded run wrote and how it printed are no settings of the experiment a replay repeats
+        config = {k: v for k, v in data["config"].items() if k not in RUN_OPTIONS}
         meta = data.get("dataset", {}).get("meta") if isinstance(data.get("dataset"), dict) else None
         if (
             isinstance(meta, dict)

@@ -64,6 +64,10 @@ def _parse_bytes(text: str, source: str) -> int:
     return parse_byte_size(text, source)
 
 
+#: How a caller raises the size limit, as the refusals say it.
+_RAISE_WITH = f"load_dataset(..., max_file_bytes=), load_feature_file(..., max_bytes=) or ${MAX_BYTES_ENV}"
+
+
 def resolve_max_bytes(max_bytes=None) -> int:
     """The file-size limit: ``max_bytes``, else ``$PRIVFED_MAX_FILE_BYTES``, else 1 GiB."""
     if max_bytes is not None:
@@ -138,7 +142,7 @@ def _declared_sizes(fh, where: str, limit: int, file_size: int) -> None:
         raise InputError(
             f"{where} declares {stored:,} bytes once expanded ({big.filename!r}: {big.file_size:,}; the file "
             f"itself is {file_size:,} bytes), over the {limit:,}-byte limit, and is refused before it "
-            f"is expanded; if the file is genuine, raise the limit with max_bytes= or ${MAX_BYTES_ENV} "
+            f"is expanded; if the file is genuine, raise the limit with {_RAISE_WITH} "
             f"(e.g. {MAX_BYTES_ENV}=8G)"
         )
     if total > limit:
@@ -146,7 +150,7 @@ def _declared_sizes(fh, where: str, limit: int, file_size: int) -> None:
             f"{where} declares {total:,} bytes of arrays ({biggest[0]!r} has shape {biggest[2]}; the file "
             f"itself is {file_size:,} bytes), over "
             f"the {limit:,}-byte limit, and is refused before it is expanded; if the file is genuine, raise the "
-            f"limit with max_bytes= or ${MAX_BYTES_ENV} (e.g. {MAX_BYTES_ENV}=8G)"
+            f"limit with {_RAISE_WITH} (e.g. {MAX_BYTES_ENV}=8G)"
         )
 
 
@@ -191,9 +195,7 @@ def _read_open_npz(fh, where: str, max_bytes: int) -> dict[str, np.ndarray]:
         _declared_sizes(fh, where, max_bytes, size)
         fh.seek(0)
     elif size > max_bytes:
-        raise InputError(
-            f"{where} is over the {max_bytes:,}-byte limit; raise it with max_bytes= or ${MAX_BYTES_ENV}"
-        )
+        raise InputError(f"{where} is over the {max_bytes:,}-byte limit; raise it with {_RAISE_WITH}")
     try:
         archive = np.load(fh, allow_pickle=False)
     except ValueError as exc:

@@ -168,6 +168,16 @@ class FlowerConfig:
                 'of its shares). Use --secure-agg mask (run config secure-agg="mask"; secure against a deviating '
                 f"server); Flower's implementation runs as --secure-agg {INSECURE_FLWR} for comparison only"
             )
+        # the data first: a misspelt data set is named, not blamed on the clip its default would have
+        if not (
+            isinstance(self.dataset, str)
+            and (self.dataset == "digits" or self.dataset.startswith(("file:", "synthetic:")))
+        ):
+            raise ConfigError(
+                f"dataset must be 'digits', 'file:PATH' or 'synthetic:D:N', got {self.dataset!r}"
+            )
+        if self.dataset.startswith("synthetic:"):
+            synthetic_spec(self.dataset)  # malformed or too large: refused here, before any message
         if self.secure not in SECURE_PROTOCOLS:
             raise ConfigError(f"secure must be one of {list(SECURE_PROTOCOLS)}, got {self.secure!r}")
         from privfed.release.settings import check_combination
@@ -258,6 +268,31 @@ class FlowerConfig:
                 raise ConfigError(
                     f"dropout-tolerance={self.dropout_tolerance} must lie in 0..clients-1={self.clients - 1}"
                 )
+        else:  # settings of the DP release a run without noise would record as if it had used them
+            unused = [
+                key
+                for key, given in (
+                    ("clip", self.clip is not None and self.secure != INSECURE_FLWR),  # its pre-scaling
+                    ("trusted-aggregator", bool(self.trusted_aggregator)),
+                    ("level", self.level != "record"),
+                    ("max-records", self.max_records is not None and self.secure != INSECURE_FLWR),
+                    ("noise-seed", self.noise_seed is not None),
+                    ("dropout-tolerance", bool(self.dropout_tolerance)),
+                )
+                if given
+            ]
+            if unused:
+                many = len(unused) > 1
+                raise ConfigError(
+                    f"{', '.join(unused)} {'are settings' if many else 'is a setting'} of the DP release, but "
+                    f"epsilon is inf (no noise), so the run would ignore {'them' if many else 'it'}; give a "
+                    f"finite eps or drop {'them' if many else 'it'}"
+                )
+        if self.secure == "none" and self.dropout_tolerance:
+            raise ConfigError(
+                f"dropout-tolerance={self.dropout_tolerance} sizes the noise shares of secure aggregation; "
+                "with --secure-agg none each node noises its own upload: drop it or choose --secure-agg mask"
+            )
         if self.wire not in ("float64", "compact"):
             raise ConfigError(f"wire must be 'float64' or 'compact', got {self.wire!r}")
         if self.wire != "float64" and self.secure != "none":
@@ -296,15 +331,6 @@ class FlowerConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
                 raise ConfigError(f"{name.replace('_', '-')} must be a positive number of seconds, got {v!r}")
-        if not (
-            isinstance(self.dataset, str)
-            and (self.dataset == "digits" or self.dataset.startswith(("file:", "synthetic:")))
-        ):
-            raise ConfigError(
-                f"dataset must be 'digits', 'file:PATH' or 'synthetic:D:N', got {self.dataset!r}"
-            )
-        if self.dataset.startswith("synthetic:"):
-            synthetic_spec(self.dataset)  # malformed or too large: refused here, before any message
         # a run config (flwr run) reaches here without the command's checks: refused on the server, not by
         # every node once the federation has started
         from privfed.federation import available_schemes, check_alpha

@@ -89,6 +89,12 @@ def load_node_data(node_config: dict, cfg: FlowerConfig) -> NodeData:
     n = node_int(node_config, "num-partitions", minimum=1)
     if not 0 <= pid < n:
         raise ConfigError(f"partition-id={pid} must lie in 0..num-partitions-1={n - 1}")
+    if n != cfg.clients:  # the server would sum clients of n partitions and describe a split into clients
+        raise ConfigError(
+            f"this node holds digits partition {pid} of num-partitions={n}, but the run config says clients="
+            f"{cfg.clients}: the run would use {min(n, cfg.clients)} of the {n} partitions; set clients={n} "
+            "(or start clients nodes)"
+        )
     F, y, k, C = _digits_partition(n, cfg.partition, float(cfg.alpha), int(cfg.partition_seed))
     if cfg.num_classes is not None and cfg.num_classes != C:
         raise ConfigError(f"num-classes={cfg.num_classes} but the digits data set has {C} classes")

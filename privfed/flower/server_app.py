@@ -120,6 +120,7 @@ def serve(grid: Grid, cfg: FlowerConfig, *, keep_view: bool = False) -> FlowerRe
             privacy.check(method, None)
         else:
             noise_report = SecureNoiseReport(privacy, method, cfg.secure, num_clients=cfg.clients)
+    check_output(cfg.output)
     nodes = wait_for_nodes(grid, cfg.clients, cfg.connect_timeout)
     t_connected = time.monotonic()
     # The nonce tells this run from an identical earlier one (a node reuses its noise share within a run only).
@@ -303,8 +304,18 @@ def run_record(result: FlowerResult, cfg: FlowerConfig, command_line: str = "") 
         measured_on=f"{rep['test_samples']} held-out test images (no node holds them)" if measured else None,
         chance=rep.get("chance"),
         wire=wire,
-        warnings=list(rep.get("notes", [])),
+        # what qualifies the guarantee (floating-point noise of the numpy backend) is as visible as the guarantee
+        warnings=list(rep.get("notes", [])) + list(getattr(privacy, "notes", None) or []),
     )
+
+
+def check_output(directory: str | None) -> None:
+    """Refuse an ``out`` that cannot take the results (a file, a folder of other files) before any node is
+    asked: found only when writing, it threw away a release the nodes had spent their budget on."""
+    if directory:
+        from privfed.results.writer import check_out_path
+
+        check_out_path(pathlib.Path(directory).expanduser(), overwrite=True, flag="out")
 
 
 def write_outputs(result: FlowerResult, directory: str, cfg: FlowerConfig | None = None) -> None:
@@ -376,7 +387,7 @@ def run_line(res: FlowerResult, output: str | None, extra: str = "") -> str:
         f"{res.report['wire']['bytes_up_per_node']:.0f} bytes up per node"
         + (f"; test accuracy {acc:.4f}" if acc is not None else "")
         + (f"; {extra}" if extra else "")
-        + (f"; written to {output}" if output else "")
+        + (f"; written to {pathlib.Path(output).expanduser().resolve()}" if output else "")
     )
 
 

@@ -188,7 +188,15 @@ def serve_secure(grid, cfg, method, nodes, config_rec, stages, keep_view, receiv
         )
     participants = sorted(shapes)
     if len(participants) < 2:
-        raise ConfigError(f"secure aggregation needs at least 2 nodes with data, got {len(participants)}")
+        late = (
+            f"; {len(ex.silent)} of {len(nodes)} nodes did not answer query.setup within {cfg.timeout:g} s "
+            f"(silent: {ex.silent[:5]}): raise timeout"
+            if ex.silent
+            else ""
+        )
+        raise ConfigError(
+            f"secure aggregation needs at least 2 nodes with data, got {len(participants)}{late}"
+        )
     C, d = next(iter(shapes.values()))
     if len(set(bounds.values())) > 1:
         raise ConfigError(

@@ -34,10 +34,18 @@ def poll_interval(pending: int) -> float:
 
 
 def wait_for_nodes(grid, expected: int, timeout: float) -> list[int]:
-    """The ids of the first ``expected`` nodes to register (ConfigError after ``timeout`` s)."""
+    """The ids of the first ``expected`` nodes to register (ConfigError after ``timeout`` s); more registered
+    nodes than ``expected`` are named in a warning (their data is left out of this run)."""
     deadline = time.monotonic() + timeout
     while True:
         nodes = sorted(int(n) for n in grid.get_node_ids())
+        if len(nodes) > expected:
+            print(
+                f"privfed: WARNING: {len(nodes)} nodes are connected but clients={expected}: the run uses the "
+                f"first {expected} and leaves the data of {len(nodes) - expected} out; set clients={len(nodes)} "
+                "to use every node",
+                flush=True,
+            )
         if len(nodes) >= expected:
             return nodes[:expected]
         if time.monotonic() > deadline:

@@ -330,3 +330,23 @@ def test_class_groups_state_the_groups_formed_as_the_clients():
         ds, clients=100_000, partition="groups", alpha=0.1, seeds=[0], clients_of=lambda y, s: (k, "g")
     )
     assert rules["clients"] == 6 and rules["empty_clients"] == 0
+
+
+@pytest.mark.parametrize("command", ["tradeoff", "attack", "flower"])
+def test_a_settings_file_naming_out_is_refused_by_every_command(tmp_path, capsys, command):
+    """out in a --config file was silently dropped by the attack and Flower commands (the run went to a default
+    folder); every command now refuses it as the trade-off command did, naming the flag to use."""
+    from privfed.commands.flower import main as flower_main
+
+    main = {"tradeoff": tradeoff_main, "attack": attack_main, "flower": flower_main}[command]
+    settings = tmp_path / "s.toml"
+    settings.write_text(
+        f'out = "{tmp_path / "mine"}"\n' + ('attack = "singleton"\n' if command == "attack" else "")
+    )
+    assert main(["--config", str(settings), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert (
+        "--config: 'out' is a run option, not a setting of the experiment: pass --out on the command line"
+        in err
+    )
+    assert not (tmp_path / "mine").exists()

@@ -444,3 +444,24 @@ def test_a_run_config_with_a_budget_that_would_add_no_noise_is_refused(eps):
 
     with pytest.raises(ConfigError, match="epsilon must be a number > 0"):
         FlowerConfig(method="fedncm", clients=4, epsilon=eps, clip=10.0)
+
+
+def test_a_secure_run_whose_nodes_are_silent_says_they_timed_out(digits_dataset):
+    """Two of three nodes silent at query.setup was reported as 'needs at least 2 nodes with data, got 0'."""
+    real = make_client_app()
+    nodes = simulated_identities(_digits_nodes(3))
+    late = sorted(nodes)[1:]
+
+    def app(msg, context):  # two nodes never answer the setup stage (no reply at all: silent, not failed)
+        if msg.metadata.message_type == "query.setup" and msg.metadata.dst_node_id in late:
+            return None
+        return real(msg, context)
+
+    with pytest.raises(ConfigError) as got:
+        serve(
+            _LocalGrid(nodes, app),
+            FlowerConfig(method="fedncm", clients=3, secure="mask", timeout=1.0),
+        )
+    text = str(got.value)
+    assert "got 1; 2 of 3 nodes did not answer query.setup within 1 s (silent: [" in text, text
+    assert text.endswith("): raise timeout")

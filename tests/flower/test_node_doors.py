@@ -133,3 +133,64 @@ def test_a_node_reports_a_malformed_run_config_from_the_server_in_one_line(digit
 
     exchange(grid, {1: RecordDict({"config": bad})}, "query", 10, on_reply, group_id="stats")
     assert "timeout=True must be a float" in errors[1] and "\n" not in errors[1]
+
+
+def test_nodes_of_more_partitions_than_clients_are_refused_not_half_used(digits_cache, capsys):
+    """4 simulated nodes (num-partitions=4) under clients=2 trained on 2 of the 4 partitions and recorded the data
+    of a split into 2; the nodes now refuse, naming both numbers, and the server names the nodes it leaves out."""
+    with pytest.raises(ConfigError) as exc:
+        serve(LocalGrid(_nodes([0, 1, 2, 3], n=4)), FlowerConfig(method="fedncm", clients=2, timeout=10))
+    assert "num-partitions=4, but the run config says clients=2" in str(exc.value)
+    assert "set clients=4" in str(exc.value)
+    assert "WARNING: 4 nodes are connected but clients=2" in capsys.readouterr().out
+    with pytest.raises(ConfigError, match=r"num-partitions=4, but the run config says clients=2"):
+        serve(LocalGrid(_nodes([0, 1], n=4)), FlowerConfig(method="fedncm", clients=2, timeout=10))
+
+
+def test_an_out_that_cannot_take_the_results_is_refused_before_any_node_is_asked(tmp_path, monkeypatch):
+    """Found only when writing, a folder of other files threw away a release the nodes had already made."""
+    import privfed.flower.server_app as server_app
+
+    def no_node(*a, **k):
+        raise AssertionError("the nodes were asked before the output folder was checked")
+
+    monkeypatch.setattr(server_app, "wait_for_nodes", no_node)
+    out = tmp_path / "foreign"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    cfg = FlowerConfig(method="fedncm", clients=2, epsilon=1.0, clip=10.0, output=str(out))
+    with pytest.raises(ConfigError, match=r"holds files privfed did not write \(notes.txt\)"):
+        serve(LocalGrid(_nodes([0, 1], n=2)), cfg)
+    assert (out / "notes.txt").read_text() == "mine"
+
+
+@pytest.mark.parametrize("dataset", ["digit", "synthetic:64:abc"])
+def test_a_misspelt_data_set_is_named_before_the_clip_its_default_would_need(dataset):
+    """--dataset digit under DP was refused as a run without clip (the digits default did not apply)."""
+    with pytest.raises(ConfigError, match=rf"dataset '?{dataset}'? must|got '{dataset}'"):
+        FlowerConfig(method="fedncm", clients=2, epsilon=1.0, dataset=dataset)
+
+
+@pytest.mark.parametrize(
+    "kw,words",
+    [
+        ({"clip": 1.0}, "clip is a setting of the DP release"),
+        ({"trusted_aggregator": True}, "trusted-aggregator is a setting"),
+        ({"level": "client", "max_records": 5}, "level, max-records are settings"),
+        ({"noise_seed": 3}, "noise-seed is a setting"),
+        ({"secure": "mask", "dropout_tolerance": 1}, "dropout-tolerance is a setting"),
+    ],
+)
+def test_dp_settings_without_noise_are_refused_not_recorded_as_used(kw, words):
+    """eps=inf with clip=1 or noise-seed=3 ran without noise while results.json recorded both (and report.json
+    called the noise seeded): they change nothing without noise, so they are refused."""
+    with pytest.raises(ConfigError, match=rf"{words}.*epsilon is inf \(no noise\)"):
+        FlowerConfig(method="fedncm", clients=3, **kw)
+    assert FlowerConfig(method="fedncm", clients=3, epsilon=1.0, **{"clip": 1.0, **kw}).private
+
+
+def test_a_dropout_tolerance_without_secure_aggregation_is_refused():
+    with pytest.raises(
+        ConfigError, match=r"dropout-tolerance=2 sizes the noise shares of secure aggregation"
+    ):
+        FlowerConfig(method="fedncm", clients=3, epsilon=1.0, clip=1.0, dropout_tolerance=2)

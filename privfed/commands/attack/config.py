@@ -74,7 +74,6 @@ _FILE_KEYS = {
     "max_cells",
     "data_seed",
     "device",
-    "out",
     "strongest",
     "dataset",
     "level",

@@ -24,7 +24,7 @@ from flwr.serverapp import Grid, ServerApp
 from privfed.errors import ConfigError
 from privfed.flower.config import FlowerConfig
 from privfed.flower.deploy.auth import NodeKeys
-from privfed.flower.server_app import FlowerResult, run_line, serve, write_outputs
+from privfed.flower.server_app import FlowerResult, check_output, run_line, serve, write_outputs
 
 __all__ = ["NODE_KEYS", "AuthenticatedGrid", "app", "config_from_roster", "serve_authenticated"]
 
@@ -124,10 +124,14 @@ def serve_authenticated(grid: Grid, run_config: dict[str, Any]) -> FlowerResult:
     rc = dict(run_config)
     path = str(rc.pop(NODE_KEYS, "")).strip()
     if path.lower() in ("", "none", "null") and _simulated(grid):
-        result = serve(grid, FlowerConfig.from_run_config(rc))
+        cfg = FlowerConfig.from_run_config(rc)
+        check_output(cfg.output)
+        result = serve(grid, dataclasses.replace(cfg, output=None))  # written below, with what follows
         result.report["node_authentication"] = {
             "mechanism": "none: Flower's simulation runtime (virtual nodes, no Flower keys, no roster binding)"
         }
+        if cfg.output:
+            write_outputs(result, cfg.output, cfg)
         return result
     if path.lower() in ("", "none", "null"):
         raise ConfigError(
@@ -142,6 +146,7 @@ def serve_authenticated(grid: Grid, run_config: dict[str, Any]) -> FlowerResult:
             f"clients={cfg.clients} but {NODE_KEYS}={path} binds only {len(keys.bindings)} node key(s); "
             "lower clients or have the operator verify and register the missing nodes' keys"
         )
+    check_output(cfg.output)
     bound = AuthenticatedGrid(grid, keys)
     result = serve(bound, dataclasses.replace(cfg, output=None))
     result.report["config"] = cfg.to_wire()
