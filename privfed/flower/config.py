@@ -152,7 +152,9 @@ class FlowerConfig:
         if self.method not in _methods.available():
             raise ConfigError(f"unknown method {self.method!r}; choose from {_methods.available()}")
         if not isinstance(self.method_params, dict):
-            raise ConfigError(f"method-params must be a JSON object, got {self.method_params!r}")
+            raise ConfigError(
+                f"param (method-params) must be a JSON object of the method's parameters, got {self.method_params!r}"
+            )
         self.make_method()  # unknown / bad parameters fail here, on the server, before any message
         _positive_int(self.clients, "clients", "the number of nodes the server waits for, e.g. 10")
         if self.min_clients is not None:
@@ -179,7 +181,7 @@ class FlowerConfig:
         if self.dataset.startswith("synthetic:"):
             synthetic_spec(self.dataset)  # malformed or too large: refused here, before any message
         if self.secure not in SECURE_PROTOCOLS:
-            raise ConfigError(f"secure must be one of {list(SECURE_PROTOCOLS)}, got {self.secure!r}")
+            raise ConfigError(f"secure-agg must be one of {list(SECURE_PROTOCOLS)}, got {self.secure!r}")
         from privfed.release.settings import check_combination
 
         check_combination(  # one configuration: a pair that contradicts itself is refused, naming both
@@ -243,10 +245,14 @@ class FlowerConfig:
         eps = float(self.epsilon)
         if math.isnan(eps) or eps <= 0:  # a run config (flwr run) reaches here without the command's checks
             raise ConfigError(
-                f"epsilon must be a number > 0 (inf for no noise), got {self.epsilon!r}; a NaN or "
+                f"eps (epsilon) must be a number > 0 (inf for no noise), got {self.epsilon!r}; a NaN or "
                 "negative budget would run without noise"
             )
         if self.private:
+            if self.secure == INSECURE_FLWR:  # before any DP setting's own check, whose fix could not help
+                from privfed.flower.checks import check_limits
+
+                check_limits(self)
             if self.clip is None:
                 raise ConfigError(
                     "a DP run (finite epsilon) needs clip, the L2 bound of every record; e.g. --clip 10"

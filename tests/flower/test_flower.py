@@ -442,7 +442,7 @@ def test_a_run_config_with_a_budget_that_would_add_no_noise_is_refused(eps):
     """flwr run passes the run config straight to FlowerConfig, without the command's checks."""
     from privfed.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="epsilon must be a number > 0"):
+    with pytest.raises(ConfigError, match=r"eps \(epsilon\) must be a number > 0"):
         FlowerConfig(method="fedncm", clients=4, epsilon=eps, clip=10.0)
 
 

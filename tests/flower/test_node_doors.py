@@ -85,7 +85,7 @@ def test_two_nodes_with_the_same_data_are_refused(tmp_path):
         ({"dataset": "synthetic:x:5"}, "must read synthetic:D:N"),
         ({"dataset": "synthetic:100000:100000"}, "lower D or N"),
         ({"seeds": f"{2**64},"}, "run-config seeds="),
-        ({"noise-seed": 2**64}, "noise-seed must be an integer seed in 0..2\\*\\*64 - 1"),
+        ({"noise-seed": 2**64, "eps": 1.0}, "noise-seed must be an integer seed in 0..2\\*\\*64 - 1"),
     ],
 )
 def test_run_config_values_are_typed_at_the_door(run_config, words):
@@ -194,3 +194,16 @@ def test_a_dropout_tolerance_without_secure_aggregation_is_refused():
         ConfigError, match=r"dropout-tolerance=2 sizes the noise shares of secure aggregation"
     ):
         FlowerConfig(method="fedncm", clients=3, epsilon=1.0, clip=1.0, dropout_tolerance=2)
+
+
+def test_dp_with_flowers_secaggplus_is_refused_first():
+    """With max-records the refusal said to drop it, which only led to the refusal of DP on Flower's SecAgg+."""
+    with pytest.raises(ConfigError, match=r"^DP noise is not offered with Flower's SecAgg\+"):
+        FlowerConfig(
+            method="fedncm",
+            clients=4,
+            epsilon=1.0,
+            clip=10.0,
+            max_records=1000,
+            secure="flwr-secaggplus-insecure",
+        )
