@@ -352,7 +352,7 @@ def test_a_dp_config_claiming_more_nodes_than_the_roster_is_refused(digits_datas
     uploaded.  Now the node checks K against its roster first."""
 
     def tamper(msg):
-        if msg.metadata.message_type in ("query.setup", "query.masked", "query.ckks_encrypt"):
+        if msg.metadata.message_type in ("query.masked", "query.ckks_encrypt"):
             msg.content["config"]["clients"] = 200
 
     cfg = FlowerConfig(
@@ -361,6 +361,17 @@ def test_a_dp_config_claiming_more_nodes_than_the_roster_is_refused(digits_datas
     stage = "masked" if secure == "mask" else "ckks_encrypt"
     with pytest.raises(ProtocolAbort, match=f"stage '{stage}'.*clients=200 but its roster has K=4"):
         serve(TamperingGrid(_nodes(), tamper), cfg)
+
+    def tamper_setup(
+        msg,
+    ):  # the same lie from the first stage: a digits node sees it disagree with its partition
+        if msg.metadata.message_type == "query.setup":
+            msg.content["config"]["clients"] = 200
+
+    with pytest.raises(
+        ConfigError, match=r"stage 'setup'.*num-partitions=4, but the run config says clients=200"
+    ):
+        serve(TamperingGrid(_nodes(), tamper_setup), cfg)
 
 
 def test_a_deployed_node_refuses_a_noise_seed_chosen_by_the_server(digits_dataset, tmp_path):

@@ -149,10 +149,14 @@ def test_a_failed_run_is_not_read_from_the_results_file_it_would_have_replaced(
     from privfed.errors import PrivfedError
     from privfed.flower import FlowerConfig
     from privfed.flower.server_app import run_config_of
+    from privfed.results.writer import ResultFolder
 
     out = tmp_path / "o"
-    out.mkdir()
-    (out / "results.json").write_text('{"an": "earlier run"}')
+    earlier = ResultFolder(
+        out, overwrite=False, flag="out", command="privfed flower server"
+    )  # a privfed run's
+    earlier.write("results.json", lambda p: p.write_text('{"an": "earlier run"}'))
+    earlier.publish(complete=True)
     monkeypatch.setenv("PRIVFED_CACHE", str(digits_cache))
     cfg = run_config_of(FlowerConfig(clients=3, epsilon=float("inf"), output=str(out)))
     with pytest.raises(
