@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -418,3 +419,31 @@ def test_an_experiment_script_names_a_bad_value_in_one_line(module, args, messag
     )  # fmt: skip
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-500:]
     assert r.stderr.strip().splitlines()[-1].startswith(message)
+
+
+@pytest.mark.parametrize(
+    "command,extra,flags",
+    [
+        ("tradeoff", ["--clip", "1"], "--clip sets"),
+        ("tradeoff", ["--trusted-aggregator"], "--trusted-aggregator sets"),
+        ("tradeoff", ["--level", "client"], "--level client sets"),
+        ("tradeoff", ["--clip", "1", "--calibration", "classic"], "--clip, --calibration classic set"),
+        ("attack", ["--clip", "1"], "--clip sets"),
+    ],
+)
+def test_dp_settings_without_a_finite_eps_are_refused_not_recorded(command, extra, flags):
+    """--eps inf --clip 1 ran without noise and recorded clip = 1.0 (and --level client, --trusted-aggregator) in
+    results.json as if the runs had used them."""
+    if command == "tradeoff":
+        from privfed.tradeoff import build_parser, resolve_config
+
+        head = ["--method", "fedncm"]
+    else:
+        from privfed.attack import build_parser, resolve_config
+
+        head = ["--attack", "singleton", "--method", "fedncm"]
+    with pytest.raises(ConfigError, match=rf"^{re.escape(flags)} the DP release, but every --eps is inf"):
+        resolve_config(build_parser().parse_args([*head, "--eps", "inf", *extra]))
+    resolve_config(
+        build_parser().parse_args([*head, "--eps", "1,inf" if command == "tradeoff" else "1", *extra])
+    )

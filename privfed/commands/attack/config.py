@@ -153,6 +153,7 @@ def resolve_config(args: argparse.Namespace) -> AttackConfig:
         )
     # one configuration: a pair that contradicts itself is refused now, naming both (never one ignored)
     check_combination(count_noise=count_noise, level=level, secure_agg=secure, clip=clip)
+    s.refuse_unused_dp(eps, **{"--clip": clip is not None})
     params: dict[str, Any] = dict(s.base.get("attack_params") or {})
     for flag in ("backend", "source", "steps", "max_cells"):
         v = getattr(args, flag, None)

@@ -169,6 +169,16 @@ def resolve_config(args: argparse.Namespace) -> TradeoffConfig:
         max_records=max_records,
         rounds=rounds,
     )
+    s.refuse_unused_dp(
+        epsilons,
+        **{
+            "--clip": clip is not None,
+            "--trusted-aggregator": trusted,
+            "--level client": level == "client",
+            "--calibration classic": calibration == "classic",
+            "--clip-norm coordinate": clip_norm == "coordinate",
+        },
+    )
     if clip_norm == "coordinate" and clip is None:
         raise ConfigError("--clip-norm coordinate needs an explicit --clip B (the per-coordinate bound)")
     placements = _resolve_placements(
