@@ -357,8 +357,12 @@ def one_blas_thread():
     scipy and scikit-learn are loaded, more than some blocks it guards), so the scan is kept and redone
     only when modules were imported since (a BLAS library arrives with the module that loads it).
     """
-    from threadpoolctl import ThreadpoolController
+    try:
+        from threadpoolctl import ThreadpoolController
+    except ImportError:  # threadpoolctl < 3.0 (scikit-learn asks for less): the scan on every entry
+        from threadpoolctl import threadpool_limits
 
+        return threadpool_limits(limits=1, user_api="blas")
     loaded = len(sys.modules)
     if _BLAS_CONTROL["controller"] is None or _BLAS_CONTROL["modules"] != loaded:
         _BLAS_CONTROL.update(controller=ThreadpoolController(), modules=loaded)

@@ -66,7 +66,7 @@ def import_held(module: str) -> ModuleType:
     if module in sys.modules or threading.current_thread() is not threading.main_thread():
         return importlib.import_module(module)
     got: list[int] = []
-    held = (signal.SIGINT, signal.SIGTERM)
+    held = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # the signals a command turns into an interrupt
     old = {s: signal.signal(s, lambda signum, frame: got.append(signum)) for s in held}
     try:
         return importlib.import_module(module)

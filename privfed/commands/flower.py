@@ -191,6 +191,17 @@ def resolve_config(args: argparse.Namespace):
         timeout=timeout if timeout is not None else default_timeout(clients, secure),
         min_clients=_int(s.raw("min_clients"), "--min-clients", 1),
     )
+    if not math.isfinite(eps):  # a DP run replayed under --eps inf: its file's settings of the release are no
+        # settings of this run (flags are refused by FlowerConfig); Flower's SecAgg+ keeps clip and max-records
+        for key, default in (
+            ("trusted_aggregator", False),
+            ("level", "record"),
+            ("noise_seed", None),
+            ("dropout_tolerance", 0),
+            *((("clip", None), ("max_records", None)) if secure != "flwr-secaggplus-insecure" else ()),
+        ):
+            if not s.flag_given(key):
+                kwargs[key] = default
     nc = _int(s.raw("num_classes"), "--num-classes", 2)
     if nc is not None and dataset == "digits" and nc != 10:
         raise ConfigError(f"--num-classes {nc}: the digits data set has 10 classes; leave --num-classes out")

@@ -95,8 +95,10 @@ def load_config_file(path: str, flag: str = "--config", command: str | None = No
             )
         if p.name in (manifest_names(p.parent) or ()):  # a saved run: its files must match their hashes
             verify_folder(p.parent)
-        # where the recorded run wrote and how it printed are no settings of the experiment a replay repeats
-        config = {k: v for k, v in data["config"].items() if k not in RUN_OPTIONS}
+        config = dict(data["config"])
+        if "schema" in data or "command" in data:  # a privfed record: where the recorded run wrote and how it
+            # printed are no settings of the experiment a replay repeats (another JSON's are refused, as TOML's)
+            config = {k: v for k, v in config.items() if k not in RUN_OPTIONS}
         meta = data.get("dataset", {}).get("meta") if isinstance(data.get("dataset"), dict) else None
         if (
             isinstance(meta, dict)
@@ -372,6 +374,10 @@ class Settings:
                 f"--count-noise uniform needs every --eps in (0, 1] (its width is (1 - eps) n), got "
                 f"{', '.join(f'{e:g}' for e in over)}; drop those budgets or pick laplace or geometric count noise"
             )
+
+    def flag_given(self, dest: str) -> bool:
+        """Whether ``dest`` was given as a flag (not read from the --config file)."""
+        return getattr(self.args, dest, None) is not None
 
     @staticmethod
     def refuse_unused_dp(epsilons, **given: bool) -> None:

@@ -156,6 +156,8 @@ class FlowerConfig:
                 f"param (method-params) must be a JSON object of the method's parameters, got {self.method_params!r}"
             )
         self.make_method()  # unknown / bad parameters fail here, on the server, before any message
+        if not isinstance(self.trusted_aggregator, bool):  # "no" is a non-empty string: truthy
+            raise ConfigError(f"trusted-aggregator must be true or false, got {self.trusted_aggregator!r}")
         _positive_int(self.clients, "clients", "the number of nodes the server waits for, e.g. 10")
         if self.min_clients is not None:
             _positive_int(self.min_clients, "min-clients", "e.g. the number of clients")

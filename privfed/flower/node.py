@@ -92,8 +92,8 @@ def load_node_data(node_config: dict, cfg: FlowerConfig) -> NodeData:
     if n != cfg.clients:  # the server would sum clients of n partitions and describe a split into clients
         raise ConfigError(
             f"this node holds digits partition {pid} of num-partitions={n}, but the run config says clients="
-            f"{cfg.clients}: the run would use {min(n, cfg.clients)} of the {n} partitions; set clients={n} "
-            "(or start clients nodes)"
+            f"{cfg.clients}: the run would use {min(n, cfg.clients)} of the {n} partitions and describe a split "
+            f"into {cfg.clients}; set clients={n}, or restart the nodes with num-partitions={cfg.clients}"
         )
     F, y, k, C = _digits_partition(n, cfg.partition, float(cfg.alpha), int(cfg.partition_seed))
     if cfg.num_classes is not None and cfg.num_classes != C:

@@ -413,7 +413,7 @@ def test_long_sweeps_checkpoint_finished_runs(tmp_path, monkeypatch, digits_cach
     assert verify_folder(out)["complete"] is True
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
 def test_a_signal_the_parent_ignores_stays_ignored_through_checkpoints(sig):
     """A run whose parent ignores SIGINT (nohup, a background job) ignored it except while a checkpoint was
     written, where the deferring handler took it and stopped the sweep afterwards; SIGTERM likewise under

@@ -189,6 +189,7 @@ def test_sighup_stops_the_simulation_it_started(tmp_path, digits_cache, monkeypa
         started.extend(procs)
         real_stop(procs)
 
+    before = signal.getsignal(signal.SIGHUP)
     monkeypatch.setattr(sim, "_wait_port", hang_up_once_listening)
     monkeypatch.setattr(sim, "_stop", stop)
     monkeypatch.setenv("PRIVFED_CACHE", str(digits_cache))
@@ -197,7 +198,7 @@ def test_sighup_stops_the_simulation_it_started(tmp_path, digits_cache, monkeypa
         sim.flwr_run(cfg, num_supernodes=2, expect=tmp_path / "o")
     assert got.value.signum == signal.SIGHUP and 128 + got.value.signum == 129
     assert started and all(p.poll() is not None for p in started)  # the SuperLink was stopped
-    assert signal.getsignal(signal.SIGHUP) is not None and not (tmp_path / "o").exists()
+    assert signal.getsignal(signal.SIGHUP) is before and not (tmp_path / "o").exists()  # handler put back
 
 
 @pytest.mark.slow  # the same roster path runs in process in tests/flower (the simulated operator's roster)

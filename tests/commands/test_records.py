@@ -350,3 +350,30 @@ def test_a_settings_file_naming_out_is_refused_by_every_command(tmp_path, capsys
         in err
     )
     assert not (tmp_path / "mine").exists()
+
+
+def test_a_dp_record_replayed_without_noise_drops_its_release_settings(records, tmp_path):
+    """Each command's DP record replayed with --eps inf: the file's clip (and the other settings of the release)
+    are no settings of a run without noise, so they are left out, not refused as flags are."""
+    from privfed.attack import build_parser as attack_parser
+    from privfed.attack import resolve_config as attack_resolve
+    from privfed.commands.flower import resolve_config as flower_resolve
+    from privfed.commands.options import flower_parser
+    from privfed.errors import ConfigError
+    from privfed.tradeoff import build_parser as tradeoff_parser
+    from privfed.tradeoff import resolve_config as tradeoff_resolve
+
+    for name, parser, resolve, extra in (
+        ("tradeoff", tradeoff_parser, tradeoff_resolve, []),
+        ("attack", attack_parser, attack_resolve, ["--attack", "tracing"]),
+        ("flower", flower_parser, flower_resolve, []),
+    ):
+        if name != "attack":  # the attack record keeps the clip it resolved apart (clip_used)
+            assert records[name]["config"].get("clip") is not None, name  # the record kept its DP run's clip
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(records[name]))
+        got = resolve(parser().parse_args(["--config", str(path), "--eps", "inf", *extra]))
+        cfg = got[0] if isinstance(got, tuple) else got
+        assert cfg.clip is None, name
+        with pytest.raises(ConfigError, match=r"(--)?clip (sets|is a setting of) the DP release"):
+            resolve(parser().parse_args(["--config", str(path), "--eps", "inf", "--clip", "3", *extra]))

@@ -54,3 +54,22 @@ def test_without_holding_the_interrupt_lands_inside_the_import(tmp_path):
     finally:
         sys.path.remove(str(tmp_path))
         sys.modules.pop(name, None)
+
+
+def test_a_hang_up_during_the_import_is_held_too(tmp_path):
+    """SIGHUP, now turned into an interrupt by the commands, raised inside a held import (the abort it exists to
+    prevent); it is held and raised once the import is done, as SIGINT and SIGTERM are."""
+    from privfed.commands.signals import Terminated, interruptible
+
+    name = "privfed_held_import_hangup_probe"
+    (tmp_path / f"{name}.py").write_text(
+        "import os, signal\nREACHED = ['before']\nos.kill(os.getpid(), signal.SIGHUP)\nREACHED.append('after')\n"
+    )
+    sys.path.insert(0, str(tmp_path))
+    try:
+        with pytest.raises(Terminated) as got, interruptible():
+            import_held(name)
+        assert got.value.signum == signal.SIGHUP and sys.modules[name].REACHED == ["before", "after"]
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop(name, None)

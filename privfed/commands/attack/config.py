@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -152,6 +153,8 @@ def resolve_config(args: argparse.Namespace) -> AttackConfig:
             "--max-groups 1 makes one group, one client; raise --max-groups or drop --secure-agg"
         )
     # one configuration: a pair that contradicts itself is refused now, naming both (never one ignored)
+    if not any(math.isfinite(e) for e in eps) and not s.flag_given("clip"):
+        clip = None  # a DP run replayed under --eps inf: its file's clip is no setting of this run
     check_combination(count_noise=count_noise, level=level, secure_agg=secure, clip=clip)
     s.refuse_unused_dp(eps, **{"--clip": clip is not None})
     params: dict[str, Any] = dict(s.base.get("attack_params") or {})

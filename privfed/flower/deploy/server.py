@@ -127,6 +127,7 @@ def serve_authenticated(grid: Grid, run_config: dict[str, Any]) -> FlowerResult:
         cfg = FlowerConfig.from_run_config(rc)
         check_output(cfg.output)
         result = serve(grid, dataclasses.replace(cfg, output=None))  # written below, with what follows
+        result.report["config"] = cfg.to_wire()  # with its output, as the deployed path records it
         result.report["node_authentication"] = {
             "mechanism": "none: Flower's simulation runtime (virtual nodes, no Flower keys, no roster binding)"
         }
