@@ -159,7 +159,8 @@ class Roster:
                 raise ConfigError(
                     f"roster threshold t={self.threshold!r} must lie in [{low}, {K}] for K={K} nodes and "
                     f"{self.colluders} colluder(s): t >= 2 and t > n_C + (K - n_C)/2, so that a server "
-                    "cannot collect t signatures on two different survivor lists; raise the threshold"
+                    "cannot collect t signatures on two different survivor lists; "
+                    + ("raise the threshold" if int(self.threshold) < low else "lower the threshold")
                 )
             raise ConfigError(
                 f"roster threshold t={self.threshold!r} must lie in [{low}, {n}] for degree k={self.degree} "
@@ -463,46 +464,44 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--init-ledger", metavar="FILE", default=None, help="on a node: create its ledger file")
     p.add_argument("--roster", metavar="ROSTER", default=None, help="with --init-ledger: the roster file")
     a = p.parse_args(argv)
+    from mechanisms.secagg.roster_files import ROSTER_FILE, write_roster_folder
+
     try:
         if a.init_ledger is not None:
-            return _init_ledger(a.init_ledger, a.roster)
+            if a.directory is not None or a.nodes is not None:
+                raise ConfigError(
+                    "--init-ledger runs on a node: drop DIR and --nodes (or drop --init-ledger)"
+                )
+            if a.roster is None:
+                raise ConfigError(
+                    "--init-ledger FILE needs --roster ROSTER (the roster.json the node runs with)"
+                )
+            from mechanisms.secagg.ledger import init_ledger_file  # the node's ledger, bound to the roster
+
+            roster = Roster.load(a.roster)
+            what = init_ledger_file(a.init_ledger, roster.fingerprint)
+            print(f"{what} {a.init_ledger} (bound to the roster {roster.fingerprint.hex()[:16]}...)")
+            return 0
         if a.directory is None or a.nodes is None:
             raise ConfigError(
                 "give DIR and --nodes K to write a roster (or --init-ledger FILE --roster ROSTER)"
             )
+        if a.nodes < 1:  # a negative count read as 0
+            raise ConfigError(f"--nodes must be a whole number >= 1, got {a.nodes}")
         bounds = PublicBounds(a.max_records, a.means_per_node, a.frac_bits, a.max_weight_ratio)
         roster, ids = make_roster(a.nodes, a.threshold, a.colluders, degree=a.degree, bounds=bounds)
+        out = write_roster_folder(a.directory, roster.to_json(), [(i.index, i.to_json()) for i in ids])
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    out = pathlib.Path(a.directory)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "roster.json").write_text(roster.to_json())
-    for ident in ids:
-        path = out / f"node-{ident.index}.json"
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as fh:
-            fh.write(ident.to_json())
     print(
-        f"wrote {out / 'roster.json'} (K={roster.size}, t={roster.threshold}, "
+        f"wrote {out / ROSTER_FILE} (K={roster.size}, t={roster.threshold}, "
         f"graph={'complete' if roster.degree is None else f'{roster.degree}-regular'}, colluders declared "
         f"{roster.colluders}, tolerated {roster.tolerated}) and {len(ids)} identity files; on node i, once: "
         f"python -m mechanisms.secagg.identity --init-ledger FILE --roster .../roster.json; then start it "
         "with --node-config 'secagg-identity=.../node-i.json secagg-roster=.../roster.json secagg-ledger=FILE' "
         "(FILE on the node, kept across runs)"
     )
-    return 0
-
-
-def _init_ledger(path: str, roster_path: str | None) -> int:
-    """Create a node's ledger file bound to the roster (or convert a ledger of the older line format)."""
-    from mechanisms.secagg.ledger import init_ledger_file
-
-    if roster_path is None:
-        raise ConfigError("--init-ledger FILE needs --roster ROSTER (the roster.json the node runs with)")
-    roster = Roster.load(roster_path)
-    what = init_ledger_file(path, roster.fingerprint)
-    print(f"{what} {path} (bound to the roster {roster.fingerprint.hex()[:16]}...)")
     return 0
 
 

@@ -178,7 +178,11 @@ def init_ledger(path: str | os.PathLike) -> pathlib.Path:
     if not p.parent.is_dir():
         raise ConfigError(f"the folder {str(p.parent)!r} does not exist; create it first")
     NodeLedger.create(
-        p, UNBOUND_ROSTER, sections={SECTION: (VERSION, {"releases": []})}, setting="dp-budget-ledger"
+        p,
+        UNBOUND_ROSTER,
+        sections={SECTION: (VERSION, {"releases": []})},
+        setting="dp-budget-ledger",
+        create=CREATE,
     )
     return p
 
@@ -351,6 +355,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "init":
             print(f"created {init_ledger(args.file)}: set dp-budget-ledger to it in the node config")
             return 0
+        if not (
+            math.isfinite(args.epsilon) and args.epsilon > 0
+        ):  # the lifetime budget a node keeps: a number
+            raise ConfigError(
+                f"--epsilon is the node's lifetime budget: a finite number > 0, got {args.epsilon:g}"
+            )
         budget = NodeBudget(GaussianFilter(args.epsilon, args.delta), FileBudgetStore(args.file), "-")
         st = budget.status()
         print(

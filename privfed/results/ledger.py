@@ -115,6 +115,10 @@ class NodeLedger:
         ``sections`` maps a kind to (its version, its records), e.g. to carry records over from an older file.
         """
         led = cls(path, roster, setting=setting, create=create)
+        folder = led.path.parent  # said plainly here: the lock's failure would read as a ledger to restore
+        if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
+            why = "does not exist; create it first" if not folder.is_dir() else "is not writable by this user"
+            raise LedgerError(f"{setting}={led.path}: cannot create the file: the folder {folder} {why}")
         with led._locked():
             if led.path.exists():
                 raise LedgerError(

@@ -40,6 +40,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -51,6 +52,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from mechanisms.secagg.identity import Identity, Roster, signed_bytes
+from privfed._files import read_regular_text
 from privfed.errors import ConfigError, PrivfedError
 from privfed.flower.deploy.certs import write_file
 
@@ -68,7 +70,9 @@ __all__ = [
 #: The label every binding signature covers (domain separation from the protocol's other signatures).
 BINDING_LABEL = "flower-node-key"
 #: The curves Flower's SuperLink accepts for a SuperNode key (its ``uses_nist_ec_curve``).
-NIST_CURVES = (ec.SECP192R1, ec.SECP224R1, ec.SECP256R1, ec.SECP384R1, ec.SECP521R1)
+#: The curves of the keys Flower's node authentication takes: OpenSSH (``flwr supernode register``) reads P-256,
+#: P-384 and P-521 only.
+NIST_CURVES = (ec.SECP256R1, ec.SECP384R1, ec.SECP521R1)
 KEY_FILE, PUB_FILE, BINDING_FILE, LIST_FILE = (
     "flower-key",
     "flower-key.pub",
@@ -97,7 +101,7 @@ def spki_der(public_key: bytes | ec.EllipticCurvePublicKey, source: str = "publi
             raise ConfigError(f"{source} is not a PEM, OpenSSH or DER public key: {exc}") from None
     if not isinstance(key, ec.EllipticCurvePublicKey) or not isinstance(key.curve, NIST_CURVES):
         raise ConfigError(
-            f"{source} is not an EC key on a NIST curve, which Flower's node authentication needs; "
+            f"{source} is not an EC key on P-256, P-384 or P-521, which Flower's node authentication needs; "
             "make the node's key with python -m privfed.flower.deploy.auth node-key"
         )
     return key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
@@ -203,11 +207,11 @@ class KeyBinding:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> KeyBinding:
-        p = Path(path).expanduser()
+        text = read_regular_text(
+            Path(path).expanduser(), f"binding {path}", "pass a node's flower-key.binding.json"
+        )
         try:
-            raw = json.loads(p.read_text())
-        except OSError as exc:
-            raise ConfigError(f"binding {path}: {exc.strerror or exc}") from None
+            raw = json.loads(text)
         except ValueError as exc:
             raise ConfigError(f"binding {path} is not JSON: {exc}") from None
         return cls.from_dict(raw, f"binding {path}")
@@ -296,7 +300,7 @@ class NodeKeys:
 def write_node_key(directory: str | os.PathLike, identity: Identity, roster: Roster) -> dict[str, Path]:
     """On node ``identity.index``: a fresh Flower key, its public half and its binding, in ``directory``."""
     identity.check(roster)
-    out = Path(directory).expanduser()
+    out = _folder(directory, "DIR")
     if (out / KEY_FILE).exists():
         raise ConfigError(
             f"{out / KEY_FILE} already exists: a node keeps one Flower key (the operator registered it); "
@@ -318,15 +322,29 @@ def write_node_key(directory: str | os.PathLike, identity: Identity, roster: Ros
 
 
 def _verify_and_write(roster_path: str, binding_paths: Sequence[str], out_dir: str) -> NodeKeys:
+    out = _folder(out_dir, "--out")
     roster = Roster.load(roster_path)
     bindings = verify_bindings(roster, [(f"binding {p}", KeyBinding.load(p)) for p in binding_paths])
     keys = NodeKeys(roster, tuple(bindings))
-    out = Path(out_dir).expanduser()
+    pubs = {f"node-{b.index}.pub": b.public_openssh + b"\n" for b in bindings}  # every key rendered first
+    listing = keys.to_json().encode()
     out.mkdir(parents=True, exist_ok=True)
-    for b in bindings:
-        write_file(out / f"node-{b.index}.pub", b.public_openssh + b"\n", private=False)
-    write_file(out / LIST_FILE, keys.to_json().encode(), private=False)
+    for name, data in pubs.items():
+        write_file(out / name, data, private=False)
+    write_file(out / LIST_FILE, listing, private=False)
+    # the list is the whole federation: a key verified before but not now is no longer registered here
+    for stale in sorted(out.glob("node-*.pub")):
+        if stale.name not in pubs:
+            stale.unlink()
+            print(f"removed {stale}: its node is not in this list (unregister it from the SuperLink)")
     return keys
+
+
+def _folder(path: str | os.PathLike, flag: str) -> Path:
+    """``path`` as a folder to write into; an empty one is refused (it would mean the working folder)."""
+    if not str(path).strip():
+        raise ConfigError(f"{flag} is empty: name the folder to write into")
+    return Path(path).expanduser()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -357,7 +375,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             written = write_node_key(a.directory, ident, roster)
             print(
                 f"wrote {written[KEY_FILE]} (mode 0600: start the SuperNode with --auth-supernode-private-key "
-                f"{written[KEY_FILE]}), {written[PUB_FILE]} and {written[BINDING_FILE]} (send this one to the "
+                f"{shlex.quote(str(written[KEY_FILE]))}), {written[PUB_FILE]} and {written[BINDING_FILE]} (send this one to the "
                 f"operator); roster node {ident.index}"
             )
         else:
@@ -366,7 +384,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(
                 f"verified {len(keys.bindings)} binding(s) against the roster (nodes "
                 f"{', '.join(str(b.index) for b in keys.bindings)}); register each with "
-                f"flwr supernode register {out}/node-<i>.pub <superlink>, and run the app with "
+                f"flwr supernode register {shlex.quote(str(out))}/node-<i>.pub <superlink>, and run the app with "
                 f'node-keys="{out / LIST_FILE}" on the SuperLink machine'
             )
     except PrivfedError as exc:

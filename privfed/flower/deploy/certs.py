@@ -185,8 +185,8 @@ def _cert_pem(cert) -> bytes:
 def write_file(path: Path, data: bytes, *, private: bool) -> Path:
     """Write ``data`` atomically; a private file is created with mode 0600 (never readable by others)."""
 
-    def write(tmp: Path) -> None:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600 if private else 0o644)
+    def write(tmp: Path) -> None:  # a new file: never through a link left at the temporary name, never reused
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600 if private else 0o644)
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
 
@@ -203,10 +203,28 @@ def _load_ca(directory: Path):
     try:
         cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
         key = serialization.load_pem_private_key(key_path.read_bytes(), password=None)
+    except TypeError:  # a key kept encrypted (offline): cryptography asks for its password
+        raise ConfigError(
+            f"{key_path} is encrypted; write a decrypted copy for the renewal (e.g. openssl pkey -in {key_path} "
+            "-out ca-plain.key), put it in its place, and remove it afterwards"
+        ) from None
     except ValueError as exc:
         raise ConfigError(f"{cert_path} / {key_path} are not a PEM certificate and key: {exc}") from None
     if key.public_key() != cert.public_key():
         raise ConfigError(f"{key_path} is not the key of {cert_path}; restore the CA's matching pair")
+    try:
+        is_ca = cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+    except x509.ExtensionNotFound:
+        is_ca = False
+    if not is_ca:  # its certificates would fail every node's check
+        raise ConfigError(
+            f"{cert_path} is not a CA certificate (no CA:TRUE); give the folder of the CA privfed made"
+        )
+    if cert.not_valid_after_utc <= datetime.datetime.now(datetime.UTC):
+        raise ConfigError(
+            f"the CA in {cert_path} expired on {cert.not_valid_after_utc:%Y-%m-%d}; make a new CA (without --renew) "
+            "in an empty folder and give every node its ca.crt"
+        )
     return key, cert
 
 
@@ -219,6 +237,8 @@ def write_certificates(
     ``ca.crt``); ``renew`` keeps the CA and replaces only the SuperLink's key and certificate.
     Returns the paths written, by file name.
     """
+    if not str(directory).strip():  # it would mean the working folder
+        raise ConfigError("DIR is empty: name the folder the CA and the SuperLink's certificate go to")
     out = Path(directory).expanduser()
     if renew:
         ca_key, ca_cert = _load_ca(out)
