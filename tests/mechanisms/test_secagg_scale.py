@@ -270,4 +270,4 @@ def test_docs_quote_the_scale_record():
         missed_everywhere = min(run["floor"][i]["best"]["ratio_to_floor"] for run in runs) > target
         assert (line in text) == missed_everywhere, line
         stated += missed_everywhere
-    assert stated == ("Where every run misses the target" in text)
+    assert (stated > 0) == ("Where every run misses the target" in text)  # one sentence for every such row
