@@ -384,8 +384,9 @@ def make_roster(
     colluder) and the smallest that tolerates the declared ones.  ``degree=k`` draws a SecAgg+ graph (a
     uniform ring order, from the same key source) into the roster; thresholds are then per group of k + 1.
     """
-    if colluders is None:
-        colluders = DEFAULT_COLLUDERS
+    colluders = DEFAULT_COLLUDERS if colluders is None else colluders
+    if int(num_nodes) < 1:  # a negative count was read as 0
+        raise ConfigError(f"a roster needs a whole number of nodes >= 1, got {num_nodes}")
     if degree is not None:
         check_degree(degree, int(num_nodes))
     keys = KeySource(seed)
@@ -402,10 +403,7 @@ def make_roster(
         )
     ring = None if degree is None else tuple(draw_ring(int(num_nodes), keys))
     n = int(num_nodes) if degree is None else min(int(num_nodes), int(degree) + 1)
-    if threshold is None:
-        t = max(default_threshold(n), min_threshold(n, colluders))
-    else:
-        t = int(threshold)
+    t = max(default_threshold(n), min_threshold(n, colluders)) if threshold is None else int(threshold)
     return (
         Roster(
             tuple(i.public_key for i in ids),
@@ -486,14 +484,15 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError(
                 "give DIR and --nodes K to write a roster (or --init-ledger FILE --roster ROSTER)"
             )
-        if a.nodes < 1:  # a negative count read as 0
-            raise ConfigError(f"--nodes must be a whole number >= 1, got {a.nodes}")
         bounds = PublicBounds(a.max_records, a.means_per_node, a.frac_bits, a.max_weight_ratio)
         roster, ids = make_roster(a.nodes, a.threshold, a.colluders, degree=a.degree, bounds=bounds)
         out = write_roster_folder(a.directory, roster.to_json(), [(i.index, i.to_json()) for i in ids])
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # what it wrote is removed (write_roster_folder)
+        print("interrupted; nothing of this roster was kept", file=sys.stderr)
+        return 130
     print(
         f"wrote {out / ROSTER_FILE} (K={roster.size}, t={roster.threshold}, "
         f"graph={'complete' if roster.degree is None else f'{roster.degree}-regular'}, colluders declared "

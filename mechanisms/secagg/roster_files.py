@@ -9,6 +9,7 @@ part-way removes what this call wrote, so no folder is left with a mix of two ro
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from collections.abc import Sequence
@@ -30,33 +31,45 @@ def write_roster_folder(
     if not str(directory).strip():
         raise ConfigError("DIR is empty: name the folder the roster and identities go to, e.g. ids")
     out = Path(directory).expanduser()
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"{out} is a file, not a folder: choose a folder for the roster and identities")
-    if out.is_dir():
-        held = sorted(n for n in os.listdir(out) if n == ROSTER_FILE or _IDENTITY.fullmatch(n))
-        if held:
-            raise ConfigError(
-                f"{out} already holds a roster's files ({', '.join(held[:3])}{', ...' if len(held) > 3 else ''}): "
-                "a new roster there would replace every node's identity and void the keys and ledgers bound to "
-                "the old one; choose a new folder (or move the old files away first)"
-            )
     files = [(f"node-{int(i)}.json", text, 0o600) for i, text in identities] + [
         (ROSTER_FILE, roster_json, 0o644)
     ]
-    written: list[Path] = []
+    written: list[tuple[Path, int, int]] = []  # (path, device, inode) of each file this call created
     try:
+        if out.exists() and not out.is_dir():
+            raise ConfigError(f"{out} is a file, not a folder: choose a folder for the roster and identities")
+        held = (
+            sorted(n for n in os.listdir(out) if n == ROSTER_FILE or _IDENTITY.fullmatch(n))
+            if out.is_dir()
+            else []
+        )
+        if held:
+            raise ConfigError(
+                f"{out} already holds a roster's files ({', '.join(held[:3])}{', ...' if len(held) > 3 else ''}; "
+                "identities without roster.json are what an interrupted run leaves): a new roster there would "
+                "replace every node's identity and void the keys and ledgers bound to the old one; choose a new "
+                "folder (or move the old files away first)"
+            )
         out.mkdir(parents=True, exist_ok=True)
         for name, text, mode in files:
-            path = out / name
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
-            written.append(path)
+            fd = os.open(out / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
+            st = os.fstat(fd)
+            written.append((out / name, st.st_dev, st.st_ino))
             with os.fdopen(fd, "w") as fh:
                 fh.write(text)
                 fh.flush()
                 os.fsync(fh.fileno())
     except BaseException as exc:
-        for path in written:  # no folder is left with part of a roster
-            path.unlink(missing_ok=True)
+        for path, dev, ino in written:  # no folder is left with part of a roster; only files this call made
+            with contextlib.suppress(OSError):
+                st = os.lstat(path)
+                if (st.st_dev, st.st_ino) == (dev, ino):
+                    path.unlink()
+        if isinstance(exc, FileExistsError):
+            raise ConfigError(
+                f"{exc.filename} appeared while the roster was written into {out}; nothing of this roster is "
+                "left there: choose a folder no one else writes to"
+            ) from None
         if isinstance(exc, OSError):
             raise ConfigError(
                 f"cannot write the roster into {out} ({exc.strerror or exc}"

@@ -200,7 +200,7 @@ def resolve_config(args: argparse.Namespace):
             ("dropout_tolerance", 0),
             *((("clip", None), ("max_records", None)) if secure != "flwr-secaggplus-insecure" else ()),
         ):
-            if not s.flag_given(key):
+            if s.replayed(key):
                 kwargs[key] = default
     nc = _int(s.raw("num_classes"), "--num-classes", 2)
     if nc is not None and dataset == "digits" and nc != 10:

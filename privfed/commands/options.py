@@ -342,20 +342,22 @@ def flower_parser() -> argparse.ArgumentParser:
     a(
         "--dropout-tolerance",
         type=int,
-        default=0,
-        help="DP with --secure-agg: nodes that may drop while the others' noise shares carry sigma^2",
+        default=None,  # 0 when neither the flag nor a --config file gives one
+        help="DP with --secure-agg: nodes that may drop while the others' noise shares carry sigma^2 "
+        "(default: 0)",
     )
     a("--frac-bits", type=int, default=None, help="fixed-point fraction bits of masked uploads (default: 32)")
     a(
         "--wire",
         choices=("float64", "compact"),
-        default="float64",
-        help="plain uploads: float64 dense (exact) or compact (float32, held classes only without DP)",
+        default=None,  # float64 when neither the flag nor a --config file gives one
+        help="plain uploads: float64 dense (exact) or compact (float32, held classes only without DP) "
+        "(default: float64)",
     )
     add_shared(p, ["--rounds"])
     a(
         "--rounds-params",
-        default="{}",
+        default=None,  # {} when neither the flag nor a --config file gives one
         help="JSON object of privfed.rounds.RoundsConfig settings, e.g. '{\"local_epochs\": 1}'",
     )
     add_shared(p, ["--seeds"], extra={"--seeds": "; one seed per Flower run"})

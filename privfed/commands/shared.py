@@ -47,7 +47,9 @@ from privfed.errors import ConfigError
 __all__ = ["Settings", "as_list", "load_config_file", "method_names", "parse_value"]
 
 
-def load_config_file(path: str, flag: str = "--config", command: str | None = None) -> dict[str, Any]:
+def load_config_file(
+    path: str, flag: str = "--config", command: str | None = None, about: dict | None = None
+) -> dict[str, Any]:
     """The settings of a TOML file, or the ``config`` of a privfed ``results.json`` (checked against its manifest;
     with ``command``, refused when the record is another command's or of another schema)."""
     p = Path(path)
@@ -96,6 +98,8 @@ def load_config_file(path: str, flag: str = "--config", command: str | None = No
         if p.name in (manifest_names(p.parent) or ()):  # a saved run: its files must match their hashes
             verify_folder(p.parent)
         config = dict(data["config"])
+        if about is not None:
+            about["record"] = "schema" in data or "command" in data
         if "schema" in data or "command" in data:  # a privfed record: where the recorded run wrote and how it
             # printed are no settings of the experiment a replay repeats (another JSON's are refused, as TOML's)
             config = {k: v for k, v in config.items() if k not in RUN_OPTIONS}
@@ -173,8 +177,9 @@ class Settings:
     def __init__(self, args: argparse.Namespace, keys: Iterable[str], command: str | None = None) -> None:
         self.args = args
         self.base: dict[str, Any] = {}
+        about: dict[str, bool] = {}
         if getattr(args, "config", None):
-            raw = load_config_file(args.config, command=command)
+            raw = load_config_file(args.config, command=command, about=about)
             unknown = set(raw) - set(keys)
             for key in sorted(unknown):  # flags a file writes another way, or that belong on the command line
                 if key in FILE_SPELLING:
@@ -187,6 +192,8 @@ class Settings:
             if unknown:
                 raise ConfigError(f"--config: unknown setting(s) {sorted(unknown)}; allowed: {sorted(keys)}")
             self.base = dict(raw)
+        #: The --config file is a privfed run record (a replay), not settings a user wrote.
+        self.replay = bool(about.get("record"))
 
     def raw(self, dest: str, *keys: str) -> Any:
         """The flag's value when given, else the config file's first of ``keys`` (default: ``dest``), else None."""
@@ -375,9 +382,10 @@ class Settings:
                 f"{', '.join(f'{e:g}' for e in over)}; drop those budgets or pick laplace or geometric count noise"
             )
 
-    def flag_given(self, dest: str) -> bool:
-        """Whether ``dest`` was given as a flag (not read from the --config file)."""
-        return getattr(self.args, dest, None) is not None
+    def replayed(self, dest: str) -> bool:
+        """Whether ``dest``'s value comes from a replayed record, not from a flag or a settings file a user wrote:
+        a DP record replayed under ``--eps inf`` leaves such settings of its release out (a user's are refused)."""
+        return self.replay and getattr(self.args, dest, None) is None and dest in self.base
 
     @staticmethod
     def refuse_unused_dp(epsilons, **given: bool) -> None:

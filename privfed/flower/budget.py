@@ -174,6 +174,8 @@ class FileBudgetStore(BudgetStore):
 
 def init_ledger(path: str | os.PathLike) -> pathlib.Path:
     """The operator's step: create an empty ledger at ``path`` (refused if a file is there already)."""
+    if not str(path).strip():  # it would name the working folder
+        raise ConfigError("FILE is empty: name the ledger file to create, e.g. budget.json")
     p = pathlib.Path(path).expanduser()
     if not p.parent.is_dir():
         raise ConfigError(f"the folder {str(p.parent)!r} does not exist; create it first")

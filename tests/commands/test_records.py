@@ -377,3 +377,27 @@ def test_a_dp_record_replayed_without_noise_drops_its_release_settings(records, 
         assert cfg.clip is None, name
         with pytest.raises(ConfigError, match=r"(--)?clip (sets|is a setting of) the DP release"):
             resolve(parser().parse_args(["--config", str(path), "--eps", "inf", "--clip", "3", *extra]))
+
+
+def test_a_settings_file_a_user_wrote_keeps_every_setting(tmp_path):
+    """Only a replayed record's release settings are left out under --eps inf: a user's own file with eps = inf
+    and a clip is refused as the flag is, and a Flower file's dropout-tolerance, wire and rounds-params reach the
+    run (the flags' defaults used to hide them)."""
+    from privfed.commands.flower import resolve_config as flower_resolve
+    from privfed.commands.options import flower_parser
+    from privfed.errors import ConfigError
+    from privfed.tradeoff import build_parser as tradeoff_parser
+    from privfed.tradeoff import resolve_config as tradeoff_resolve
+
+    mine = tmp_path / "mine.toml"
+    mine.write_text('eps = ["inf"]\nclip = 1.0\n')
+    with pytest.raises(ConfigError, match=r"--clip sets the DP release, but every --eps is inf"):
+        tradeoff_resolve(tradeoff_parser().parse_args(["--config", str(mine)]))
+    flower = tmp_path / "flower.toml"
+    flower.write_text('eps = 1.0\nsecure_agg = "mask"\nclients = 5\ndropout_tolerance = 2\n')
+    cfg, _ = flower_resolve(flower_parser().parse_args(["--config", str(flower)]))
+    assert cfg.dropout_tolerance == 2
+    plain = tmp_path / "plain.toml"
+    plain.write_text('eps = "inf"\nwire = "compact"\nclients = 3\n')
+    cfg, _ = flower_resolve(flower_parser().parse_args(["--config", str(plain)]))
+    assert cfg.wire == "compact"

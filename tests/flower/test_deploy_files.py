@@ -22,7 +22,7 @@ pytest.importorskip("flwr")
 
 from mechanisms.secagg import identity  # noqa: E402
 from mechanisms.secagg.identity import Identity, Roster  # noqa: E402
-from privfed.errors import ConfigError, PrivfedError  # noqa: E402
+from privfed.errors import ConfigError  # noqa: E402
 from privfed.flower import budget  # noqa: E402
 from privfed.flower.deploy import auth, certs  # noqa: E402
 
@@ -56,7 +56,7 @@ def test_an_identity_is_never_written_through_a_link_or_into_an_open_file(tmp_pa
     ids.mkdir()
     (ids / "node-0.json").symlink_to(shared)
     assert identity.main([str(ids), "--nodes", "3"]) == 2
-    assert "already holds a roster's files (node-0.json)" in capsys.readouterr().err
+    assert "already holds a roster's files (node-0.json;" in capsys.readouterr().err
     assert shared.read_text() == "x" and sorted(p.name for p in ids.iterdir()) == ["node-0.json"]
 
 
@@ -85,7 +85,7 @@ def test_a_roster_that_cannot_be_written_whole_leaves_nothing(tmp_path, capsys, 
     "argv,words",
     [
         (["", "--nodes", "3"], "DIR is empty"),
-        (["r", "--nodes", "-3"], "--nodes must be a whole number >= 1, got -3"),
+        (["r", "--nodes", "-3"], "a whole number of nodes >= 1, got -3"),
         (["r", "--nodes", "3", "--threshold", "9"], "lower the threshold"),
         (["r", "--nodes", "3", "--init-ledger", "l.json", "--roster", "x"], "--init-ledger runs on a node"),
     ],
@@ -115,19 +115,32 @@ def test_verify_refuses_a_curve_openssh_cannot_read_and_writes_nothing_before_ev
     assert not (tmp_path / "reg").exists()
 
 
-def test_verify_into_a_folder_of_an_earlier_list_removes_and_names_the_keys_it_drops(tmp_path, capsys):
-    """The new list dropped node 0 without a word and left node-0.pub, which the documented loop registered."""
+def test_verify_into_a_folder_of_an_earlier_list_refuses_to_drop_its_nodes(tmp_path, capsys):
+    """The new list dropped node 0 without a word and left node-0.pub, which the documented loop registered; a
+    list that leaves out a node of the one in --out (or is for another roster) is refused, and nothing deleted."""
     ids = _roster(tmp_path, capsys)
     roster = Roster.load(ids / "roster.json")
     for i in (0, 1):
         auth.write_node_key(tmp_path / f"k{i}", Identity.load(ids / f"node-{i}.json"), roster)
     out = tmp_path / "reg"
+    out.mkdir()
+    (out / "node-admin.pub").write_text("the operator's own")
     both = [str(tmp_path / f"k{i}" / auth.BINDING_FILE) for i in (0, 1)]
     assert auth.main(["verify", *both, "--roster", str(ids / "roster.json"), "--out", str(out)]) == 0
-    assert auth.main(["verify", both[1], "--roster", str(ids / "roster.json"), "--out", str(out)]) == 0
-    said = capsys.readouterr().out
-    assert f"removed {out / 'node-0.pub'}: its node is not in this list" in said
-    assert sorted(p.name for p in out.iterdir()) == ["node-1.pub", "node-keys.json"]
+    listed = (out / auth.LIST_FILE).read_bytes()
+    assert auth.main(["verify", both[1], "--roster", str(ids / "roster.json"), "--out", str(out)]) == 2
+    assert (
+        "holds the list of roster nodes [0, 1], and this one leaves out node(s) [0]"
+        in capsys.readouterr().err
+    )
+    assert (out / auth.LIST_FILE).read_bytes() == listed
+    assert sorted(p.name for p in out.iterdir()) == [
+        "node-0.pub",
+        "node-1.pub",
+        "node-admin.pub",
+        "node-keys.json",
+    ]
+    assert auth.main(["verify", *both, "--roster", str(ids / "roster.json"), "--out", str(out)]) == 0  # again
 
 
 def test_verify_refuses_a_fifo_and_empty_folders_at_once(tmp_path, capsys):
@@ -174,7 +187,7 @@ def _ca(folder, *, ca: bool = True, expired: bool = False) -> None:
     [
         ("no CA", "is not a CA certificate"),
         ("expired", "expired on"),
-        ("encrypted", "is encrypted; write a decrypted copy"),
+        ("encrypted", "is encrypted: move it to ca.key.enc"),
     ],
 )
 def test_renewing_from_a_ca_that_cannot_issue_is_one_line(tmp_path, kind, words):
@@ -193,15 +206,37 @@ def test_renewing_from_a_ca_that_cannot_issue_is_one_line(tmp_path, kind, words)
 
 
 def test_a_private_key_is_never_written_through_a_link_at_its_temporary_name(tmp_path):
-    """The temporary name is predictable: a link left there received the CA's private key, readable by others."""
+    """The temporary name was predictable: a link left there received the CA's private key, readable by others.
+    Temporary files now have random names and are created new; a stopped run's half-made CA is named."""
     out = tmp_path / "c"
     out.mkdir()
     bait = tmp_path / "bait"
     bait.write_text("")
     (out / f".{certs.CA_KEY}.{os.getpid()}.privfed-tmp").symlink_to(bait)
-    with pytest.raises(PrivfedError, match=r"could not write .*ca.key.*File exists"):
-        certs.write_certificates(out, ["a.org"])
-    assert bait.read_text() == ""
+    certs.write_certificates(out, ["a.org"])
+    assert bait.read_text() == "" and not (out / certs.CA_KEY).is_symlink()
+    assert stat.S_IMODE((out / certs.CA_KEY).stat().st_mode) == 0o600
+    assert stat.S_IMODE((out / certs.CA_CERT).stat().st_mode) == 0o644
+    (
+        out / certs.CA_CERT
+    ).unlink()  # as a run stopped between writing the CA's key and its certificate leaves it
+    with pytest.raises(ConfigError, match=r"has no ca.crt beside it: a run that made this CA was stopped"):
+        certs.write_certificates(out, ["a.org"], renew=True)
+
+
+def test_a_new_ca_that_cannot_be_written_whole_leaves_nothing(tmp_path, monkeypatch):
+    real, calls = certs.write_file, []
+
+    def fail_on_the_second(path, data, *, private):
+        calls.append(path)
+        if len(calls) == 2:
+            raise OSError(28, "No space left on device")
+        return real(path, data, private=private)
+
+    monkeypatch.setattr(certs, "write_file", fail_on_the_second)
+    with pytest.raises(OSError):
+        certs.write_certificates(tmp_path / "c", ["a.org"])
+    assert [p.name for p in (tmp_path / "c").iterdir()] == []
 
 
 def test_budget_commands_name_the_folder_and_the_budget(tmp_path, capsys):
@@ -210,6 +245,8 @@ def test_budget_commands_name_the_folder_and_the_budget(tmp_path, capsys):
     assert budget.main(["init", str(tmp_path / "nodir" / "b.json")]) == 2
     err = capsys.readouterr().err
     assert "does not exist; create it first" in err and "--init-ledger" not in err
+    assert budget.main(["init", ""]) == 2
+    assert "FILE is empty" in capsys.readouterr().err
     assert budget.main(["init", str(tmp_path / "b.json")]) == 0
     assert budget.main(["show", str(tmp_path / "b.json"), "--epsilon", "inf", "--delta", "1e-5"]) == 2
     assert "--epsilon is the node's lifetime budget: a finite number > 0, got inf" in capsys.readouterr().err

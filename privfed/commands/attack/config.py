@@ -153,7 +153,7 @@ def resolve_config(args: argparse.Namespace) -> AttackConfig:
             "--max-groups 1 makes one group, one client; raise --max-groups or drop --secure-agg"
         )
     # one configuration: a pair that contradicts itself is refused now, naming both (never one ignored)
-    if not any(math.isfinite(e) for e in eps) and not s.flag_given("clip"):
+    if not any(math.isfinite(e) for e in eps) and s.replayed("clip"):
         clip = None  # a DP run replayed under --eps inf: its file's clip is no setting of this run
     check_combination(count_noise=count_noise, level=level, secure_agg=secure, clip=clip)
     s.refuse_unused_dp(eps, **{"--clip": clip is not None})

@@ -160,12 +160,12 @@ def resolve_config(args: argparse.Namespace) -> TradeoffConfig:
         math.isfinite(e) for e in epsilons
     ):  # a DP run replayed under --eps inf: its file's settings of
         # the release are no settings of this run (flags are: refused below)
-        clip = clip if s.flag_given("clip") else None
-        trusted = trusted if s.flag_given("trusted_aggregator") else False
-        level = level if s.flag_given("level") else "record"
-        max_records = max_records if s.flag_given("max_records") else None
-        calibration = calibration if s.flag_given("calibration") else d.calibration
-        clip_norm = clip_norm if s.flag_given("clip_norm") else d.clip_norm
+        clip = clip if not s.replayed("clip") else None
+        trusted = trusted if not s.replayed("trusted_aggregator") else False
+        level = level if not s.replayed("level") else "record"
+        max_records = max_records if not s.replayed("max_records") else None
+        calibration = calibration if not s.replayed("calibration") else d.calibration
+        clip_norm = clip_norm if not s.replayed("clip_norm") else d.clip_norm
     # one configuration: a pair that contradicts itself is refused now, naming both (never one ignored)
     check_combination(
         count_noise=count_noise,

@@ -20,8 +20,9 @@ operator.)
 
 **Checks.** The operator registers a Flower key only through ``python -m privfed.flower.deploy.auth
 verify --roster roster.json --out DIR BINDING...``: it refuses a binding whose signature does not
-verify under the roster key at its index, that names another roster, that is not a NIST-curve EC key
-(what Flower accepts), or a second key for one index; it writes ``DIR/node-<i>.pub`` (what ``flwr
+verify under the roster key at its index, that names another roster, that is not an EC key on P-256,
+P-384 or P-521 (what Flower's registration reads), or a second key for one index, and a list that leaves
+out a node the list already in DIR holds; it writes ``DIR/node-<i>.pub`` (what ``flwr
 supernode register`` takes) and ``DIR/node-keys.json``, the verified list.  The deployed ServerApp
 (:mod:`privfed.flower.deploy.server`) reads that list on the SuperLink machine and sends messages
 only to nodes whose Flower key -- the key the SuperLink authenticated the node's requests with -- is
@@ -69,7 +70,6 @@ __all__ = [
 
 #: The label every binding signature covers (domain separation from the protocol's other signatures).
 BINDING_LABEL = "flower-node-key"
-#: The curves Flower's SuperLink accepts for a SuperNode key (its ``uses_nist_ec_curve``).
 #: The curves of the keys Flower's node authentication takes: OpenSSH (``flwr supernode register``) reads P-256,
 #: P-384 and P-521 only.
 NIST_CURVES = (ec.SECP256R1, ec.SECP384R1, ec.SECP521R1)
@@ -328,16 +328,35 @@ def _verify_and_write(roster_path: str, binding_paths: Sequence[str], out_dir: s
     keys = NodeKeys(roster, tuple(bindings))
     pubs = {f"node-{b.index}.pub": b.public_openssh + b"\n" for b in bindings}  # every key rendered first
     listing = keys.to_json().encode()
+    _check_earlier_list(out, roster, {b.index for b in bindings})
     out.mkdir(parents=True, exist_ok=True)
     for name, data in pubs.items():
         write_file(out / name, data, private=False)
     write_file(out / LIST_FILE, listing, private=False)
-    # the list is the whole federation: a key verified before but not now is no longer registered here
-    for stale in sorted(out.glob("node-*.pub")):
-        if stale.name not in pubs:
-            stale.unlink()
-            print(f"removed {stale}: its node is not in this list (unregister it from the SuperLink)")
     return keys
+
+
+def _check_earlier_list(out: Path, roster: Roster, indices: set[int]) -> None:
+    """A list already in ``out`` is the whole federation's: a new one for another roster, or one that leaves out
+    a node it holds, is refused (it silently dropped them, and their ``node-<i>.pub`` stayed to be registered)."""
+    if not (out / LIST_FILE).exists():
+        return
+    try:
+        earlier = NodeKeys.load(out / LIST_FILE)
+    except ConfigError:
+        earlier = None
+    if earlier is None or earlier.roster.fingerprint != roster.fingerprint:
+        raise ConfigError(
+            f"--out {out} holds a {LIST_FILE} of another roster (or one that cannot be read); give this roster's "
+            "list a new --out"
+        )
+    left_out = sorted({b.index for b in earlier.bindings} - indices)
+    if left_out:
+        raise ConfigError(
+            f"--out {out} holds the list of roster nodes {sorted(b.index for b in earlier.bindings)}, and this one "
+            f"leaves out node(s) {left_out}: verify every node's binding in one call (the list is the whole "
+            "federation), or give a new --out"
+        )
 
 
 def _folder(path: str | os.PathLike, flag: str) -> Path:
@@ -380,12 +399,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         else:
             keys = _verify_and_write(a.roster, a.bindings, a.out)
-            out = Path(a.out)
+            out = Path(a.out).expanduser()
             print(
                 f"verified {len(keys.bindings)} binding(s) against the roster (nodes "
                 f"{', '.join(str(b.index) for b in keys.bindings)}); register each with "
                 f"flwr supernode register {shlex.quote(str(out))}/node-<i>.pub <superlink>, and run the app with "
-                f'node-keys="{out / LIST_FILE}" on the SuperLink machine'
+                f"node-keys={shlex.quote(str(out / LIST_FILE))} on the SuperLink machine"
             )
     except PrivfedError as exc:
         print(f"error: {exc}", file=sys.stderr)

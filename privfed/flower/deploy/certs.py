@@ -25,11 +25,13 @@ server: ``CA:FALSE``, digitalSignature, extended key usage serverAuth, the SANs)
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import ipaddress
 import os
 import re
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -39,7 +41,6 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from privfed.errors import ConfigError, PrivfedError
-from privfed.results.files import atomic_write
 
 __all__ = [
     "CA_CERT",
@@ -183,18 +184,36 @@ def _cert_pem(cert) -> bytes:
 
 
 def write_file(path: Path, data: bytes, *, private: bool) -> Path:
-    """Write ``data`` atomically; a private file is created with mode 0600 (never readable by others)."""
+    """Write ``data`` atomically; a private file is created with mode 0600 (never readable by others).
 
-    def write(tmp: Path) -> None:  # a new file: never through a link left at the temporary name, never reused
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600 if private else 0o644)
+    The temporary file has a random name and is created new (``mkstemp``: mode 0600, never through a link,
+    never one a killed run left), then renamed into place; a failure removes it.
+    """
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".privfed-tmp")
+    try:
         with os.fdopen(fd, "wb") as fh:
+            if not private:
+                os.fchmod(fh.fileno(), 0o644)
             fh.write(data)
-
-    return atomic_write(path, write)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return path
 
 
 def _load_ca(directory: Path):
     cert_path, key_path = directory / CA_CERT, directory / CA_KEY
+    if (
+        key_path.is_file() and not cert_path.exists()
+    ):  # ca.key is written first: a run stopped between the two
+        raise ConfigError(
+            f"{key_path} has no {CA_CERT} beside it: a run that made this CA was stopped before writing it; no "
+            "certificate was issued from it, so remove the folder and make a new CA without --renew"
+        )
     for p in (cert_path, key_path):
         if not p.is_file():
             raise ConfigError(
@@ -205,8 +224,8 @@ def _load_ca(directory: Path):
         key = serialization.load_pem_private_key(key_path.read_bytes(), password=None)
     except TypeError:  # a key kept encrypted (offline): cryptography asks for its password
         raise ConfigError(
-            f"{key_path} is encrypted; write a decrypted copy for the renewal (e.g. openssl pkey -in {key_path} "
-            "-out ca-plain.key), put it in its place, and remove it afterwards"
+            f"{key_path} is encrypted: move it to {CA_KEY}.enc, write its decrypted key as {key_path} (openssl pkey "
+            f"-in {CA_KEY}.enc -out {CA_KEY}), renew, then delete the decrypted {CA_KEY} and move {CA_KEY}.enc back"
         ) from None
     except ValueError as exc:
         raise ConfigError(f"{cert_path} / {key_path} are not a PEM certificate and key: {exc}") from None
@@ -252,12 +271,19 @@ def write_certificates(
         ca_key, ca_cert = make_ca()
     key, cert = issue_server_certificate(ca_key, ca_cert, hosts, days)
     out.mkdir(parents=True, exist_ok=True)
-    written = {}
+    written: dict[str, Path] = {}
+    files = [(SERVER_KEY, _key_pem(key), True), (SERVER_CERT, _cert_pem(cert), False)]
     if not renew:
-        written[CA_KEY] = write_file(out / CA_KEY, _key_pem(ca_key), private=True)
-        written[CA_CERT] = write_file(out / CA_CERT, _cert_pem(ca_cert), private=False)
-    written[SERVER_KEY] = write_file(out / SERVER_KEY, _key_pem(key), private=True)
-    written[SERVER_CERT] = write_file(out / SERVER_CERT, _cert_pem(cert), private=False)
+        files = [(CA_KEY, _key_pem(ca_key), True), (CA_CERT, _cert_pem(ca_cert), False), *files]
+    try:
+        for name, data, private in files:
+            written[name] = write_file(out / name, data, private=private)
+    except BaseException:
+        if not renew:  # a new CA written in part is no CA: nothing of it is left (a renewal keeps the CA)
+            for path in written.values():
+                with contextlib.suppress(OSError):
+                    path.unlink()
+        raise
     return written
 
 
