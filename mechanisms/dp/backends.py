@@ -108,6 +108,17 @@ class NumpyNoise(NoiseBackend):
         return x + (rng.geometric(p, size=shape) - rng.geometric(p, size=shape)).astype(np.float64)
 
 
+#: Largest |value| in grid steps before noise, and largest noise scale times _TAIL_STEPS: their sum stays inside
+#: int64, the integers OpenDP samples in.
+_INTEGER_LIMIT = 2.0**61
+_TAIL_STEPS = 64
+
+
+def _check_scale(value, name: str) -> None:
+    if not (isinstance(value, (int, float, np.integer, np.floating)) and math.isfinite(value) and value >= 0):
+        raise ConfigError(f"{name} must be a finite number >= 0, got {value!r}")
+
+
 class OpenDPNoise(NoiseBackend):
     """Exact integer noise from OpenDP on a grid of step ``grid`` (power of two).
 
@@ -144,31 +155,46 @@ class OpenDPNoise(NoiseBackend):
         return self.grid * (math.sqrt(size) if norm == "l2" else size)
 
     def _integers(self, x) -> np.ndarray:
-        q = np.rint(np.asarray(x, dtype=np.float64) / self.grid)
-        if np.any(np.abs(q) > 2.0**62):
+        v = np.asarray(x, dtype=np.float64)
+        if not np.all(np.isfinite(v)):  # rint(NaN) cast to int64 is an arbitrary integer, not an error
+            raise ConfigError("the values to noise contain NaN/inf; noise is added to finite statistics only")
+        q = np.rint(v / self.grid)
+        if np.any(np.abs(q) > _INTEGER_LIMIT):
             raise ConfigError(f"values too large for grid={self.grid}; use a coarser grid")
         return q.astype(np.int64)
 
-    def _sample(self, maker: str, metric, scale: float, size: int) -> np.ndarray:
+    def _sample(self, maker: str, scale: float, size: int) -> np.ndarray:
+        """``size`` integer draws in 64-bit integers (OpenDP's ``int`` is 32 bits: its draws saturated at
+        +-2**31 grid steps, so a sigma above about 3.5e5 at the default grid was silently cut)."""
+        s = float(scale)
+        if not (math.isfinite(s) and s > 0):
+            raise ConfigError(f"the noise scale must be a finite number > 0, got {scale!r}")
+        if s * _TAIL_STEPS > _INTEGER_LIMIT:  # a draw beyond 64 scales has probability below 1e-800
+            raise ConfigError(
+                f"a noise scale of {s * self.grid:.4g} is too large for grid={self.grid} (64-bit integers): use a "
+                "coarser grid, e.g. OpenDPNoise(grid=2**0)"
+            )
         dp = self._dp
-        domain = dp.vector_domain(dp.atom_domain(T=int))
-        meas = getattr(dp.m, maker)(domain, metric, scale=float(scale))
+        metric = dp.l2_distance(T="i64") if maker == "make_gaussian" else dp.l1_distance(T="i64")
+        meas = getattr(dp.m, maker)(dp.vector_domain(dp.atom_domain(T="i64")), metric, scale=s)
         return np.asarray(meas([0] * size), dtype=np.int64)
 
     def add_gaussian(self, x, sigma, rng=None):
         x = np.asarray(x, dtype=np.float64)
+        _check_scale(sigma, "sigma")
         if sigma == 0:
             return x.copy()
         q = self._integers(x)
-        z = self._sample("make_gaussian", self._dp.l2_distance(T=int), sigma / self.grid, q.size)
+        z = self._sample("make_gaussian", sigma / self.grid, q.size)
         return ((q + z.reshape(q.shape)) * self.grid).astype(np.float64)
 
     def add_laplace(self, x, scale, rng=None):
         x = np.asarray(x, dtype=np.float64)
+        _check_scale(scale, "scale")
         if scale == 0:
             return x.copy()
         q = self._integers(x)
-        z = self._sample("make_laplace", self._dp.l1_distance(T=int), scale / self.grid, q.size)
+        z = self._sample("make_laplace", scale / self.grid, q.size)
         return ((q + z.reshape(q.shape)) * self.grid).astype(np.float64)
 
     def add_geometric(self, x, epsilon, rng=None):
@@ -176,10 +202,14 @@ class OpenDPNoise(NoiseBackend):
         x = np.asarray(x, dtype=np.float64)
         if math.isinf(epsilon):
             return x.copy()
+        if not epsilon > 0:
+            raise ConfigError(f"add_geometric needs epsilon > 0, got {epsilon!r}")
+        if not np.all(np.isfinite(x)) or np.any(np.abs(x) > _INTEGER_LIMIT):
+            raise ConfigError("add_geometric needs finite integer-valued input (counts) below 2**61")
         q = np.rint(x).astype(np.int64)
         if np.any(q != x):
             raise ConfigError("add_geometric needs integer-valued input (counts)")
-        z = self._sample("make_laplace", self._dp.l1_distance(T=int), 1.0 / epsilon, q.size)
+        z = self._sample("make_laplace", 1.0 / epsilon, q.size)
         return (q + z.reshape(q.shape)).astype(np.float64)
 
 
