@@ -24,7 +24,7 @@ import numpy as np
 from mechanisms.secagg import fixed_point
 from mechanisms.secagg.ckks.holder import CKKSKeyHolder
 from mechanisms.secagg.ckks.node import CKKSNode
-from mechanisms.secagg.ckks.scheme import CKKSParams
+from mechanisms.secagg.ckks.scheme import _GRID_MARGIN_BITS, CKKSParams
 from mechanisms.secagg.ckks.server import CKKSServer, CKKSServerView, run_in_process
 from mechanisms.secagg.identity import make_roster
 from mechanisms.secagg.ledger import SessionLedger
@@ -104,7 +104,25 @@ def _check_stack(stack, params, integers, noise_std, value_bound, name):
             f"scale 2^{params.scale_bits}); the sum would wrap silently. Lower scale_bits, add a modulus prime, "
             "or clip the features"
         )
+    # CKKS encodes in float64 (its FFT): a slot's error grows with the largest value in the ciphertext, about
+    # 2^-54 of it (measured: 2^-54.0 to 2^-55.2 for sums of 1e12 to 1e18), so small sums beside a large one lose
+    # their low bits; the release grid (whole numbers for integer sums) must stay above that error as well
+    grid_bits = 0 if integral else int(params.precision_bits)
+    top = ENCODING_BITS - _GRID_MARGIN_BITS - grid_bits - 1
+    if not bound < 2.0**top:
+        coarser = top + grid_bits - math.ceil(np.log2(bound))  # the finest grid this |sum| leaves
+        raise InputError(
+            f"{name}: |sum| up to 2^{np.log2(bound):.1f} leaves CKKS's float64 encoding an error of about "
+            f"2^{np.log2(bound) - ENCODING_BITS:.1f} on every value beside it, above the release grid "
+            f"2^-{grid_bits}; clip or rescale the features so |sum| < 2^{top}"
+            + (f", or lower precision_bits to at most {coarser}" if coarser >= 0 and not integral else "")
+        )
     return flat, shape, integral
+
+
+#: Bits of a CKKS slot's error below the largest value in its ciphertext (float64 encoding, measured 54-55;
+#: two bits of margin).
+ENCODING_BITS = 52
 
 
 def ckks_sum(

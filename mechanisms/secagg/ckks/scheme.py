@@ -32,7 +32,11 @@ Numbers", EUROCRYPT 2021).  The key holder therefore rounds the decrypted
 sum to a declared grid of 2^-precision_bits (to whole numbers for integer
 statistics) before releasing it and never reuses keys.  The default grid
 (2^-20 at scale 2^40) sits far above the decryption error (about 1e-8
-sqrt(K) per slot), so the rounded value reveals essentially nothing about e.
+sqrt(K) per slot), so the rounded value reveals essentially nothing about e,
+as long as the sums are small: the float64 encoding adds an error of about
+2^-54 of the largest value in a ciphertext to every slot, so
+:func:`mechanisms.secagg.ckks.ckks_sum` refuses a sum bound above which that
+error would reach the grid (|sum| < 2^28 at 2^-20; 2^48 for whole numbers).
 
 TenSEAL holds the GIL: in one process the nodes encrypt sequentially; a
 deployment (or a large simulation) runs them in separate processes, each
