@@ -291,8 +291,9 @@ class ThreatModel:
             + self._coordinates()
             + refusals
             + "The server also learns who dropped. Not prevented: a wrong sum (no integrity); dropping honest "
-            "nodes so that the sum covers a subset of its choosing (within the bounds above; the graph is in "
-            "the roster, so the server may aim); each run under another configuration releases its own sum "
+            "nodes so that the sum covers a subset of its choosing (within the bounds above"
+            + ("" if self.protocol == "ckks" else "; the graph is in the roster, so the server may aim")
+            + "); each run under another configuration releases its own sum "
             "(without DP nothing bounds what several sums reveal together). Secure aggregation is not "
             f"differential privacy. Key material: {self.key_material}." + self._trust()
         )

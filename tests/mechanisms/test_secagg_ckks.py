@@ -228,3 +228,25 @@ def test_small_sums_beside_a_large_one_are_refused_not_returned_wrong():
     C[:, 0] = 2.0**60
     with pytest.raises(InputError, match=r"float64 encoding"):
         ckks_sum(C)
+
+
+def test_ckks_parameters_seal_refuses_and_a_dict_of_them_are_one_line():
+    from privfed.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"refused by SEAL .*use the defaults, CKKSParams\(\)"):
+        ckks_sum(np.ones((3, 4)), params=CKKSParams(coeff_mod_bit_sizes=(60, 60, 60, 60, 60)))
+    with pytest.raises(ConfigError, match=r"params must be a CKKSParams"):
+        ckks_sum(np.ones((3, 4)), params={"scale_bits": 30})
+
+
+def test_the_ckks_threat_model_says_nothing_of_a_graph():
+    """CKKS has no SecAgg+ graph: its threat model said 'the graph is in the roster, so the server may aim'."""
+    import privfed
+    from mechanisms.secagg import CKKSAggregation
+
+    rng = np.random.default_rng(0)
+    head = privfed.fit(
+        "fedncm", rng.normal(size=(60, 3)), np.arange(60) % 2, np.arange(60) % 4, secure_agg=CKKSAggregation()
+    )
+    text = head.secure_aggregation.threat_model
+    assert text.startswith("CKKS") and "graph" not in text

@@ -167,6 +167,8 @@ def ckks_sum(
     """
     t_start = time.perf_counter()
     params = CKKSParams() if params is None else params
+    if not isinstance(params, CKKSParams):  # a dict of its fields was an AttributeError later
+        raise ConfigError(f"params must be a CKKSParams, e.g. CKKSParams(scale_bits=40), got {params!r}")
     rng = rng if rng is not None else np.random.default_rng()
     flat, shape, integral = _check_stack(stack, params, integers, noise_std, value_bound, name)
     K = flat.shape[0]

@@ -60,7 +60,7 @@ def check_num_nodes(params: CKKSParams, num_nodes: int) -> None:
         raise ConfigError(
             f"CKKS with {num_nodes} nodes: the decryption error of the sum reaches the release grid "
             f"2^-{params.precision_bits} (finest safe grid 2^-{top}), so the released bits would be key-dependent; "
-            "use at most 256 nodes with CKKS, or --secure mask"
+            "use at most 256 nodes with CKKS, or --secure-agg mask"
         )
 
 
@@ -169,7 +169,7 @@ class CKKSNode:
                 "colluders",
                 f"its roster allows {roster.colluders} node(s) to collude with the server, and CKKS has one key "
                 "holder, named by the server: a colluding holder decrypts every upload; nothing is encrypted "
-                "(use --secure mask, whose threshold covers colluders)",
+                "(use --secure-agg mask, whose threshold covers colluders)",
             )
         if K != roster.size:
             raise self._abort(

@@ -166,11 +166,17 @@ class CKKSParams:
 def new_context(params: CKKSParams):
     """A fresh TenSEAL CKKS context (fresh secret key) for ``params``."""
     ts = _tenseal()
-    ctx = ts.context(
-        ts.SCHEME_TYPE.CKKS,
-        poly_modulus_degree=params.poly_modulus_degree,
-        coeff_mod_bit_sizes=list(params.coeff_mod_bit_sizes),
-    )
+    try:
+        ctx = ts.context(
+            ts.SCHEME_TYPE.CKKS,
+            poly_modulus_degree=params.poly_modulus_degree,
+            coeff_mod_bit_sizes=list(params.coeff_mod_bit_sizes),
+        )
+    except ValueError as exc:  # SEAL's own limits (N <= 32768, the 128-bit security bound on the moduli)
+        raise ConfigError(
+            f"CKKS parameters poly_modulus_degree={params.poly_modulus_degree}, coeff_mod_bit_sizes="
+            f"{list(params.coeff_mod_bit_sizes)} are refused by SEAL ({exc}); use the defaults, CKKSParams()"
+        ) from None
     ctx.global_scale = 2.0**params.scale_bits
     return ctx
 
