@@ -191,8 +191,9 @@ def resolve_config(args: argparse.Namespace):
         timeout=timeout if timeout is not None else default_timeout(clients, secure),
         min_clients=_int(s.raw("min_clients"), "--min-clients", 1),
     )
-    if not math.isfinite(eps):  # a DP run replayed under --eps inf: its file's settings of the release are no
-        # settings of this run (flags are refused by FlowerConfig); Flower's SecAgg+ keeps clip and max-records
+    if not math.isfinite(eps):
+        # a DP record replayed under --eps inf: its settings of the release are no settings of this run (flags and a
+        # user's settings file are refused by FlowerConfig); Flower's SecAgg+ keeps clip and max-records
         for key, default in (
             ("trusted_aggregator", False),
             ("level", "record"),

@@ -154,7 +154,7 @@ def resolve_config(args: argparse.Namespace) -> AttackConfig:
         )
     # one configuration: a pair that contradicts itself is refused now, naming both (never one ignored)
     if not any(math.isfinite(e) for e in eps) and s.replayed("clip"):
-        clip = None  # a DP run replayed under --eps inf: its file's clip is no setting of this run
+        clip = None  # a DP record replayed under --eps inf: its clip is no setting of this run
     check_combination(count_noise=count_noise, level=level, secure_agg=secure, clip=clip)
     s.refuse_unused_dp(eps, **{"--clip": clip is not None})
     params: dict[str, Any] = dict(s.base.get("attack_params") or {})

@@ -156,16 +156,15 @@ def resolve_config(args: argparse.Namespace) -> TradeoffConfig:
     download = s.switch("download")
     backbone = pick("backbone")
     backbone = None if backbone is None else as_str(backbone, "--backbone")
-    if not any(
-        math.isfinite(e) for e in epsilons
-    ):  # a DP run replayed under --eps inf: its file's settings of
-        # the release are no settings of this run (flags are: refused below)
-        clip = clip if not s.replayed("clip") else None
-        trusted = trusted if not s.replayed("trusted_aggregator") else False
-        level = level if not s.replayed("level") else "record"
-        max_records = max_records if not s.replayed("max_records") else None
-        calibration = calibration if not s.replayed("calibration") else d.calibration
-        clip_norm = clip_norm if not s.replayed("clip_norm") else d.clip_norm
+    if not any(math.isfinite(e) for e in epsilons):
+        # a DP record replayed under --eps inf: its settings of the release are no settings of this run (the same
+        # given as flags, or in a settings file a user wrote, are refused below)
+        clip = None if s.replayed("clip") else clip
+        trusted = False if s.replayed("trusted_aggregator") else trusted
+        level = "record" if s.replayed("level") else level
+        max_records = None if s.replayed("max_records") else max_records
+        calibration = d.calibration if s.replayed("calibration") else calibration
+        clip_norm = d.clip_norm if s.replayed("clip_norm") else clip_norm
     # one configuration: a pair that contradicts itself is refused now, naming both (never one ignored)
     check_combination(
         count_noise=count_noise,
