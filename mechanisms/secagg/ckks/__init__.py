@@ -24,7 +24,7 @@ import numpy as np
 from mechanisms.secagg import fixed_point
 from mechanisms.secagg.ckks.holder import CKKSKeyHolder
 from mechanisms.secagg.ckks.node import CKKSNode
-from mechanisms.secagg.ckks.scheme import _GRID_MARGIN_BITS, CKKSParams
+from mechanisms.secagg.ckks.scheme import GRID_MARGIN_BITS, CKKSParams
 from mechanisms.secagg.ckks.server import CKKSServer, CKKSServerView, run_in_process
 from mechanisms.secagg.identity import make_roster
 from mechanisms.secagg.ledger import SessionLedger
@@ -108,7 +108,7 @@ def _check_stack(stack, params, integers, noise_std, value_bound, name):
     # 2^-54 of it (measured: 2^-54.0 to 2^-55.2 for sums of 1e12 to 1e18), so small sums beside a large one lose
     # their low bits; the release grid (whole numbers for integer sums) must stay above that error as well
     grid_bits = 0 if integral else int(params.precision_bits)
-    top = ENCODING_BITS - _GRID_MARGIN_BITS - grid_bits - 1
+    top = ENCODING_BITS - GRID_MARGIN_BITS - grid_bits - 1
     if not bound < 2.0**top:
         coarser = top + grid_bits - math.ceil(np.log2(bound))  # the finest grid this |sum| leaves
         raise InputError(

@@ -81,7 +81,7 @@ def tenseal_module():
 
 
 #: Bits by which the release grid must exceed the CKKS decryption error.
-_GRID_MARGIN_BITS = 3
+GRID_MARGIN_BITS = 3
 
 
 @dataclass(frozen=True)
@@ -124,7 +124,7 @@ class CKKSParams:
         top = self.max_precision_bits(1)
         if not 0 <= int(self.precision_bits) <= top:
             raise ConfigError(
-                f"precision_bits must lie in [0, {top}] so the release grid stays {_GRID_MARGIN_BITS} bits above the "
+                f"precision_bits must lie in [0, {top}] so the release grid stays {GRID_MARGIN_BITS} bits above the "
                 f"decryption error (about N sqrt(K) 2^-scale_bits), got {self.precision_bits}"
             )
 
@@ -136,7 +136,7 @@ class CKKSParams:
         key-dependent error bits (Li-Micciancio).
         """
         err_bits = math.log2(self.poly_modulus_degree) + 0.5 * math.log2(max(int(num_clients), 1))
-        return int(math.floor(int(self.scale_bits) - err_bits - _GRID_MARGIN_BITS))
+        return int(math.floor(int(self.scale_bits) - err_bits - GRID_MARGIN_BITS))
 
     @property
     def slots(self) -> int:
