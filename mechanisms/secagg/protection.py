@@ -441,6 +441,14 @@ class CKKSAggregation(_Protocol):
             "key_holder": "separate from the aggregator (public context only)",
         }
 
+    def check_clients(self, num_clients: int) -> None:
+        """Refuse before any sum a K whose decryption error would reach the release grid of a real-valued sum
+        (every method sums real features): it was refused at the second sum, after the counts' had run."""
+        if self.integers is not True:
+            from mechanisms.secagg.ckks.node import check_num_nodes
+
+            check_num_nodes(self.params, num_clients)
+
     def _run(self, stack: np.ndarray, call: int, run: SecureSumRun):
         K, rng = stack.shape[0], run.rng
         res = ckks_sum(

@@ -299,6 +299,9 @@ class SecureSum(Stage):
     def apply(self, st: ReleaseState) -> None:
         check_secure_size(st.method, st.stats)
         uploaded = st.uploaded if st.uploaded is not None else st.stats
+        check_clients = getattr(st.secure_agg, "check_clients", None)
+        if check_clients is not None:  # a protocol that cannot sum K inputs says so before its first sum
+            check_clients(int(uploaded.num_clients))
         run = st.secure_agg.secure_sum(st.rng)
         after = getattr(st.privacy, "after_secure_sum", None) if st.privacy is not None else None
         trace = st.trace

@@ -250,3 +250,24 @@ def test_the_ckks_threat_model_says_nothing_of_a_graph():
     )
     text = head.secure_aggregation.threat_model
     assert text.startswith("CKKS") and "graph" not in text
+
+
+def test_too_many_clients_for_the_ckks_grid_are_refused_before_any_sum(monkeypatch):
+    """With 300 clients the refusal came at the second secure sum, after the counts' sum had run and released."""
+    import mechanisms.secagg.protection as protection
+    import privfed
+    from mechanisms.secagg import CKKSAggregation
+    from privfed.errors import ConfigError
+
+    sums = []
+    real = protection.ckks_sum
+    monkeypatch.setattr(protection, "ckks_sum", lambda *a, **k: sums.append(1) or real(*a, **k))
+    rng = np.random.default_rng(0)
+    F, y, k = rng.normal(size=(600, 3)), rng.integers(0, 2, 600), np.arange(600) % 300
+    with pytest.raises(
+        ConfigError, match=r"CKKS with 300 nodes.*use at most 256 nodes with CKKS, or --secure-agg mask"
+    ):
+        privfed.fit("fedncm", F, y, k, secure_agg=CKKSAggregation())
+    assert sums == []
+    head = privfed.fit("fedncm", F, y, np.arange(600) % 200, secure_agg=CKKSAggregation())
+    assert len(sums) >= 2 and head.weight.shape == (2, 3)
