@@ -30,6 +30,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from mechanisms.dp.calibration import check_nonnegative
 from privfed.errors import ConfigError, MissingDependencyError
 
 __all__ = [
@@ -114,11 +115,6 @@ _INTEGER_LIMIT = 2.0**61
 _TAIL_STEPS = 64
 
 
-def _check_scale(value, name: str) -> None:
-    if not (isinstance(value, (int, float, np.integer, np.floating)) and math.isfinite(value) and value >= 0):
-        raise ConfigError(f"{name} must be a finite number >= 0, got {value!r}")
-
-
 class OpenDPNoise(NoiseBackend):
     """Exact integer noise from OpenDP on a grid of step ``grid`` (power of two).
 
@@ -166,9 +162,7 @@ class OpenDPNoise(NoiseBackend):
     def _sample(self, maker: str, scale: float, size: int) -> np.ndarray:
         """``size`` integer draws in 64-bit integers (OpenDP's ``int`` is 32 bits: its draws saturated at
         +-2**31 grid steps, so a sigma above about 3.5e5 at the default grid was silently cut)."""
-        s = float(scale)
-        if not (math.isfinite(s) and s > 0):
-            raise ConfigError(f"the noise scale must be a finite number > 0, got {scale!r}")
+        s = float(scale)  # > 0: a zero scale returned before, and 1 / epsilon of an epsilon > 0
         if s * _TAIL_STEPS > _INTEGER_LIMIT:  # a draw beyond 64 scales has probability below 1e-800
             raise ConfigError(
                 f"a noise scale of {s * self.grid:.4g} is too large for grid={self.grid} (64-bit integers): use a "
@@ -181,7 +175,7 @@ class OpenDPNoise(NoiseBackend):
 
     def add_gaussian(self, x, sigma, rng=None):
         x = np.asarray(x, dtype=np.float64)
-        _check_scale(sigma, "sigma")
+        check_nonnegative(sigma, "sigma")
         if sigma == 0:
             return x.copy()
         q = self._integers(x)
@@ -190,7 +184,7 @@ class OpenDPNoise(NoiseBackend):
 
     def add_laplace(self, x, scale, rng=None):
         x = np.asarray(x, dtype=np.float64)
-        _check_scale(scale, "scale")
+        check_nonnegative(scale, "scale")
         if scale == 0:
             return x.copy()
         q = self._integers(x)

@@ -33,6 +33,7 @@ __all__ = [
     "analytic_sigma",
     "as_real",
     "check_budget",
+    "check_nonnegative",
     "classic_sigma",
     "gaussian_delta",
     "gdp_epsilon",
@@ -54,6 +55,18 @@ def as_real(value) -> float:
     ):
         raise TypeError(f"{value!r} is not a number")
     return float(value)
+
+
+def check_nonnegative(value, name: str) -> float:
+    """``value`` as a finite float >= 0 (a noise scale, a secure sum's ``noise_std`` or ``value_bound``), else a ConfigError
+    naming ``name``: a string, a bool, NaN, inf or a negative number is refused, never cast."""
+    try:
+        out = as_real(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name} must be a number, got {value!r}") from None
+    if not (np.isfinite(out) and out >= 0):
+        raise ConfigError(f"{name} must be finite and >= 0, got {value!r}")
+    return out
 
 
 #: Largest count (rounds, records, dimensions) a release is accounted with: float64 holds every integer up to it.

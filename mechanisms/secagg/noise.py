@@ -46,22 +46,10 @@ from typing import Any
 
 import numpy as np
 
-from mechanisms.dp.calibration import as_real
+from mechanisms.dp.calibration import check_nonnegative
 from privfed.errors import ConfigError
 
 __all__ = ["DistributedGaussian", "check_nonnegative", "noise_share"]
-
-
-def check_nonnegative(value, name: str) -> float:
-    """``value`` as a finite float >= 0 (a secure sum's ``noise_std`` or ``value_bound``), else a ConfigError
-    naming ``name``: a string, a bool, NaN, inf or a negative number is refused, never cast."""
-    try:
-        out = as_real(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{name} must be a number, got {value!r}") from None
-    if not (np.isfinite(out) and out >= 0):
-        raise ConfigError(f"{name} must be finite and >= 0, got {value!r}")
-    return out
 
 
 def noise_share(row: np.ndarray, std: float, rng: np.random.Generator, add_noise=None) -> np.ndarray:

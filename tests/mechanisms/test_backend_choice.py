@@ -100,7 +100,7 @@ def test_opendp_draws_its_full_noise_at_any_scale_the_grid_holds():
     for bad, words in (
         (lambda: backend.add_gaussian(np.array([np.nan, 1.0]), 1.0), "NaN/inf"),
         (lambda: backend.add_geometric(np.zeros(2), 0.0), "epsilon > 0"),
-        (lambda: backend.add_gaussian(np.zeros(2), -1.0), "sigma must be a finite number >= 0"),
+        (lambda: backend.add_gaussian(np.zeros(2), -1.0), "sigma must be finite and >= 0"),
         (lambda: backend.add_gaussian(np.zeros(2), 1e20), "too large for grid"),
     ):
         with pytest.raises(ConfigError, match=words):
