@@ -387,19 +387,6 @@ class Settings:
         a DP record replayed under ``--eps inf`` leaves such settings of its release out (a user's are refused)."""
         return self.replay and getattr(self.args, dest, None) is None and dest in self.base
 
-    @staticmethod
-    def refuse_unused_dp(epsilons, **given: bool) -> None:
-        """Settings of the DP release (``given``: flag -> whether it was set) while every --eps is inf are
-        refused: no run adds noise, so none would use them, yet the record would carry them as if it had."""
-        unused = [flag for flag, on in given.items() if on]
-        if unused and not any(math.isfinite(float(e)) for e in epsilons):
-            many = len(unused) > 1
-            raise ConfigError(
-                f"{', '.join(unused)} {'set' if many else 'sets'} the DP release, but every --eps is inf (no "
-                f"noise), so no run would use {'them' if many else 'it'}; give a finite --eps or drop "
-                f"{'them' if many else 'it'}"
-            )
-
     def refuse_unused_alpha(self, partition: str) -> None:
         """--alpha given as a flag where the split draws no Dirichlet proportions is refused, never ignored (a
         replayed record's alpha is not: every record carries one)."""

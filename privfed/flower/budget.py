@@ -357,9 +357,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "init":
             print(f"created {init_ledger(args.file)}: set dp-budget-ledger to it in the node config")
             return 0
-        if not (
-            math.isfinite(args.epsilon) and args.epsilon > 0
-        ):  # the lifetime budget a node keeps: a number
+        if not (math.isfinite(args.epsilon) and args.epsilon > 0):  # the lifetime budget a node keeps
             raise ConfigError(
                 f"--epsilon is the node's lifetime budget: a finite number > 0, got {args.epsilon:g}"
             )

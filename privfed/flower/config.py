@@ -184,7 +184,7 @@ class FlowerConfig:
             synthetic_spec(self.dataset)  # malformed or too large: refused here, before any message
         if self.secure not in SECURE_PROTOCOLS:
             raise ConfigError(f"secure-agg must be one of {list(SECURE_PROTOCOLS)}, got {self.secure!r}")
-        from privfed.release.settings import check_combination
+        from privfed.release.settings import check_combination, refuse_unused_dp
 
         check_combination(  # one configuration: a pair that contradicts itself is refused, naming both
             level=self.level,
@@ -276,26 +276,18 @@ class FlowerConfig:
                 raise ConfigError(
                     f"dropout-tolerance={self.dropout_tolerance} must lie in 0..clients-1={self.clients - 1}"
                 )
-        else:  # settings of the DP release a run without noise would record as if it had used them
-            unused = [
-                key
-                for key, given in (
-                    ("clip", self.clip is not None and self.secure != INSECURE_FLWR),  # its pre-scaling
-                    ("trusted-aggregator", bool(self.trusted_aggregator)),
-                    ("level", self.level != "record"),
-                    ("max-records", self.max_records is not None and self.secure != INSECURE_FLWR),
-                    ("noise-seed", self.noise_seed is not None),
-                    ("dropout-tolerance", bool(self.dropout_tolerance)),
-                )
-                if given
-            ]
-            if unused:
-                many = len(unused) > 1
-                raise ConfigError(
-                    f"{', '.join(unused)} {'are settings' if many else 'is a setting'} of the DP release, but "
-                    f"epsilon is inf (no noise), so the run would ignore {'them' if many else 'it'}; give a "
-                    f"finite eps or drop {'them' if many else 'it'}"
-                )
+        # settings of the DP release a run without noise would record as if it had used them
+        refuse_unused_dp(
+            self.private,
+            {
+                "clip": self.clip is not None and self.secure != INSECURE_FLWR,  # its pre-scaling
+                "trusted-aggregator": self.trusted_aggregator,
+                "level": self.level != "record",
+                "max-records": self.max_records is not None and self.secure != INSECURE_FLWR,
+                "noise-seed": self.noise_seed is not None,
+                "dropout-tolerance": bool(self.dropout_tolerance),
+            },
+        )
         if self.secure == "none" and self.dropout_tolerance:
             raise ConfigError(
                 f"dropout-tolerance={self.dropout_tolerance} sizes the noise shares of secure aggregation; "

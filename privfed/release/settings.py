@@ -7,7 +7,7 @@ from typing import Any
 
 from privfed.errors import ConfigError
 
-__all__ = ["COUNT_NOISE_KINDS", "check_combination", "make_privacy", "make_secure_agg"]
+__all__ = ["COUNT_NOISE_KINDS", "check_combination", "make_privacy", "make_secure_agg", "refuse_unused_dp"]
 
 #: --count-noise values: FedCOF App. I.1, noise on class counts only (means in clear).
 COUNT_NOISE_KINDS = ("laplace", "geometric", "gaussian", "uniform")
@@ -107,6 +107,19 @@ def check_combination(
         raise ConfigError(
             f"{f('max-records')} {max_records} contradicts {f('level')} {level}: the bound on a client's records "
             f"applies to client-level DP only; pass {f('level')} client, or drop {f('max-records')}"
+        )
+
+
+def refuse_unused_dp(private: bool, given: dict[str, bool]) -> None:
+    """Settings of the DP release (``given``: the name a user wrote -> whether it was set) in a run without
+    noise are refused, naming them: no release uses them, yet the record would carry them as if one had."""
+    unused = [name for name, on in given.items() if on]
+    if unused and not private:
+        many = len(unused) > 1
+        them = "them" if many else "it"
+        raise ConfigError(
+            f"{', '.join(unused)} {'are settings' if many else 'is a setting'} of the DP release, but no eps is "
+            f"finite (no noise), so the run would ignore {them}; give a finite eps or drop {them}"
         )
 
 

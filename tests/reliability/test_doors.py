@@ -424,11 +424,15 @@ def test_an_experiment_script_names_a_bad_value_in_one_line(module, args, messag
 @pytest.mark.parametrize(
     "command,extra,flags",
     [
-        ("tradeoff", ["--clip", "1"], "--clip sets"),
-        ("tradeoff", ["--trusted-aggregator"], "--trusted-aggregator sets"),
-        ("tradeoff", ["--level", "client"], "--level client sets"),
-        ("tradeoff", ["--clip", "1", "--calibration", "classic"], "--clip, --calibration classic set"),
-        ("attack", ["--clip", "1"], "--clip sets"),
+        ("tradeoff", ["--clip", "1"], "--clip is a setting of"),
+        ("tradeoff", ["--trusted-aggregator"], "--trusted-aggregator is a setting of"),
+        ("tradeoff", ["--level", "client"], "--level client is a setting of"),
+        (
+            "tradeoff",
+            ["--clip", "1", "--calibration", "classic"],
+            "--clip, --calibration classic are settings of",
+        ),
+        ("attack", ["--clip", "1"], "--clip is a setting of"),
     ],
 )
 def test_dp_settings_without_a_finite_eps_are_refused_not_recorded(command, extra, flags):
@@ -442,7 +446,9 @@ def test_dp_settings_without_a_finite_eps_are_refused_not_recorded(command, extr
         from privfed.attack import build_parser, resolve_config
 
         head = ["--attack", "singleton", "--method", "fedncm"]
-    with pytest.raises(ConfigError, match=rf"^{re.escape(flags)} the DP release, but every --eps is inf"):
+    with pytest.raises(
+        ConfigError, match=rf"^{re.escape(flags)} the DP release, but no eps is finite \(no noise\)"
+    ):
         resolve_config(build_parser().parse_args([*head, "--eps", "inf", *extra]))
     resolve_config(
         build_parser().parse_args([*head, "--eps", "1,inf" if command == "tradeoff" else "1", *extra])

@@ -13,7 +13,7 @@ from privfed.commands.options import FEDERATION
 from privfed.commands.shared import Settings, as_list
 from privfed.commands.values import as_int, choose, parse_int_list, parse_seeds
 from privfed.errors import ConfigError, MissingDependencyError
-from privfed.release.settings import check_combination
+from privfed.release.settings import check_combination, refuse_unused_dp
 
 __all__ = ["SUITE_KINDS", "AttackConfig", "resolve_config"]
 
@@ -152,11 +152,11 @@ def resolve_config(args: argparse.Namespace) -> AttackConfig:
             f"--secure-agg {secure} needs 2 or more clients (a sum of one input is that input), but "
             "--max-groups 1 makes one group, one client; raise --max-groups or drop --secure-agg"
         )
-    # one configuration: a pair that contradicts itself is refused now, naming both (never one ignored)
     if not any(math.isfinite(e) for e in eps) and s.replayed("clip"):
         clip = None  # a DP record replayed under --eps inf: its clip is no setting of this run
+    # one configuration: a pair that contradicts itself is refused now, naming both (never one ignored)
     check_combination(count_noise=count_noise, level=level, secure_agg=secure, clip=clip)
-    s.refuse_unused_dp(eps, **{"--clip": clip is not None})
+    refuse_unused_dp(any(math.isfinite(e) for e in eps), {"--clip": clip is not None})
     params: dict[str, Any] = dict(s.base.get("attack_params") or {})
     for flag in ("backend", "source", "steps", "max_cells"):
         v = getattr(args, flag, None)

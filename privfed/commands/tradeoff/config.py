@@ -11,7 +11,7 @@ from privfed.commands.options import FEDERATION
 from privfed.commands.shared import Settings, as_list
 from privfed.commands.values import as_int, as_str, choose, parse_seeds, parse_str_list
 from privfed.errors import ConfigError
-from privfed.release.settings import COUNT_NOISE_KINDS, check_combination
+from privfed.release.settings import COUNT_NOISE_KINDS, check_combination, refuse_unused_dp
 
 __all__ = ["PLACEMENTS", "PLACEMENT_LABEL", "TradeoffConfig", "resolve_config"]
 
@@ -178,9 +178,9 @@ def resolve_config(args: argparse.Namespace) -> TradeoffConfig:
         max_records=max_records,
         rounds=rounds,
     )
-    s.refuse_unused_dp(
-        epsilons,
-        **{
+    refuse_unused_dp(
+        any(math.isfinite(e) for e in epsilons),
+        {
             "--clip": clip is not None,
             "--trusted-aggregator": trusted,
             "--level client": level == "client",

@@ -207,9 +207,7 @@ def write_file(path: Path, data: bytes, *, private: bool) -> Path:
 
 def _load_ca(directory: Path):
     cert_path, key_path = directory / CA_CERT, directory / CA_KEY
-    if (
-        key_path.is_file() and not cert_path.exists()
-    ):  # ca.key is written first: a run stopped between the two
+    if key_path.is_file() and not cert_path.exists():  # ca.key is written first: a run stopped between them
         raise ConfigError(
             f"{key_path} has no {CA_CERT} beside it: a run that made this CA was stopped before writing it; no "
             "certificate was issued from it, so remove the folder and make a new CA without --renew"
