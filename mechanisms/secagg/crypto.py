@@ -213,21 +213,26 @@ def add_masks(y: np.ndarray, keys: list[bytes], signs: list[bool]) -> None:
 def hkdf(secret: bytes, info: bytes) -> bytes:
     """32 bytes of HKDF-SHA256 (RFC 5869) of ``secret`` under ``info`` (no salt).
 
-    Computed with the standard library's HMAC-SHA256 (extract under the all-zero salt, then the one expand
-    block T(1) = HMAC(PRK, info || 0x01)), the same bytes as ``cryptography``'s ``HKDF`` (tested) without
-    building a KDF object per key: a run derives two keys per pair.  The extract's key is the fixed salt,
-    so its keyed HMAC state is made once and copied for each secret (as :meth:`hmac.HMAC.copy` is meant
-    for), instead of keying HMAC anew every time.
+    The extract step is HMAC-SHA256 under the all-zero salt, a fixed key: its inner and outer SHA-256
+    states after the padded key (RFC 2104: H(K xor opad || H(K xor ipad || m))) are made once and copied
+    for each secret; the expand step is the one block T(1) = HMAC(PRK, info || 0x01).  The same bytes as
+    ``cryptography``'s ``HKDF`` (tested), without building a KDF or HMAC object per key: a run derives two
+    keys per pair.
     """
-    extract = _EXTRACT.copy()
-    extract.update(secret)
-    return hmac.digest(extract.digest(), bytes(info) + b"\x01", "sha256")
+    inner = _EXTRACT_INNER.copy()
+    inner.update(secret)
+    outer = _EXTRACT_OUTER.copy()
+    outer.update(inner.digest())
+    return hmac.digest(outer.digest(), bytes(info) + b"\x01", "sha256")
 
 
-#: HKDF's default salt for SHA-256: HashLen zero bytes (RFC 5869, section 2.2).
-_ZERO_SALT = bytes(32)
-#: HMAC-SHA256 keyed with that salt: the extract step's state before any secret (copied, never updated).
-_EXTRACT = hmac.new(_ZERO_SALT, digestmod="sha256")
+#: HKDF's default salt for SHA-256: HashLen zero bytes (RFC 5869, section 2.2), padded to SHA-256's
+#: 64-byte block as HMAC pads its key.
+_ZERO_SALT_BLOCK = bytes(64)
+#: SHA-256 after the salt's inner and outer HMAC pads: the extract step's states before any secret
+#: (copied, never updated).
+_EXTRACT_INNER = hashlib.sha256(bytes(b ^ 0x36 for b in _ZERO_SALT_BLOCK))
+_EXTRACT_OUTER = hashlib.sha256(bytes(b ^ 0x5C for b in _ZERO_SALT_BLOCK))
 
 
 def pub_bytes(key: X25519PublicKey) -> bytes:
