@@ -46,6 +46,7 @@ import pathlib
 import sys
 from collections.abc import Callable
 
+from mechanisms.dp.calibration import as_real
 from mechanisms.dp.filter import GaussianFilter, release_mu
 from mechanisms.dp.ledger import ReleaseEvent, format_up
 from mechanisms.secagg.crypto import ProtocolAbort
@@ -214,6 +215,8 @@ class NodeBudget:
                 "ledger file (dp-budget-epsilon=E dp-budget-delta=D dp-budget-ledger=FILE)"
             )
         try:
+            if any(isinstance(node_config[k], bool) for k in NODE_KEYS[:2]):
+                raise TypeError("true is no epsilon of 1")
             eps, delta = float(node_config[NODE_KEYS[0]]), float(node_config[NODE_KEYS[1]])
         except (TypeError, ValueError):
             raise ConfigError(
@@ -221,6 +224,20 @@ class NodeBudget:
                 f"{node_config[NODE_KEYS[0]]!r} and {node_config[NODE_KEYS[1]]!r}"
             ) from None
         return cls(GaussianFilter(eps, delta), FileBudgetStore(str(node_config[NODE_KEYS[2]])), node)
+
+    def _factor(self, release: str, factor) -> float:
+        """``factor`` as a finite number > 0, else a ConfigError before the ledger is touched: an infinite mu
+        would leave a ledger no later read accepts, and 0 would charge nothing."""
+        try:
+            out = as_real(factor)
+        except (TypeError, ValueError):
+            out = math.nan
+        if not (math.isfinite(out) and out > 0):
+            raise ConfigError(
+                f"node {self.node} cannot charge release {release!r} at {factor!r} times its declared noise's "
+                f"mu (a finite number > 0 is needed); its ledger {self.store.where} is left as it was"
+            )
+        return out
 
     def _mus(self, releases: list[dict]) -> list[float]:
         return [float(r["mu"]) for r in releases]
@@ -259,7 +276,7 @@ class NodeBudget:
             raise self.refuse(
                 what, f"its lifetime budget cannot charge it ({exc})", stage, "uncharged"
             ) from None
-        mu = declared * float(factor)
+        mu = declared * self._factor(release, factor)
 
         def add(releases: list[dict]) -> list[dict]:
             spent = self._mus(releases)
@@ -298,7 +315,7 @@ class NodeBudget:
 
     def settle(self, release: str, factor: float) -> float:
         """Set a charged release to ``factor`` times its declared mu (the noise its sum really carried)."""
-        mu = float(factor)
+        mu = self._factor(release, factor)
 
         def lower(releases: list[dict]) -> list[dict]:
             for r in releases:

@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from mechanisms.dp.calibration import as_real, check_budget
 from privfed.errors import ConfigError
 from privfed.rounds.bodies import FAMILIES
 from privfed.rounds.release import SECURE_CHOICES, RoundsPrivacyReport
@@ -66,6 +67,17 @@ class RoundsConfig:
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < low:
                 raise ConfigError(f"{name} must be an integer >= {low}, got {name}={v!r}")
 
+        # inf is the run without noise; -inf, NaN, 0 or a string is no budget (-inf once ran without noise)
+        try:
+            eps = as_real(self.epsilon)
+        except (TypeError, ValueError):
+            raise ConfigError(
+                f"epsilon must be a number > 0 (inf for no noise), got epsilon={self.epsilon!r}"
+            ) from None
+        if not eps > 0:
+            raise ConfigError(f"epsilon must be > 0 (inf for no noise), got epsilon={self.epsilon!r}")
+        if math.isfinite(eps):
+            check_budget(eps, self.delta)
         for name in ("clients", "rounds", "batch_size", "classes_per_client"):
             pos_int(name)
         pos_int("local_epochs", 0)
@@ -110,7 +122,7 @@ class RoundsConfig:
             )
         if self.dropouts >= self.clients:
             raise ConfigError(f"dropouts={self.dropouts} must be fewer than clients={self.clients}")
-        return replace(self, families=fams, baselines=tuple(self.baselines))
+        return replace(self, epsilon=eps, families=fams, baselines=tuple(self.baselines))
 
     @property
     def secure_kind(self) -> str:

@@ -143,6 +143,25 @@ def test_a_settled_release_is_charged_the_noise_it_carried_and_a_release_is_char
         budget.charge(release="s", run="r", what="a sampled release", events=[bad], stage="q")
 
 
+@pytest.mark.parametrize("factor", [math.inf, 0.0, -1.0, math.nan, "2"])
+def test_a_factor_no_ledger_can_hold_is_refused_and_the_ledger_stays_readable(tmp_path, factor):
+    """An infinite factor was written as Infinity, after which every read called the ledger corrupt (and
+    advised a backup, losing later charges); 0 charged nothing.  Both are refused before the file is
+    touched, by charge and by settle alike."""
+    path = tmp_path / "b.json"
+    init_ledger(path)
+    budget = NodeBudget(GaussianFilter(EPS, DELTA), FileBudgetStore(str(path)), 7)
+    budget.charge(release="a", run="r", what="a sum", events=[_event(0.2)], stage="masked", factor=2.0)
+    before = path.read_bytes()
+    with pytest.raises(ConfigError, match="finite number > 0.*left as it was"):
+        budget.settle("a", factor)
+    with pytest.raises(ConfigError, match="finite number > 0.*left as it was"):
+        budget.charge(release="b", run="r", what="a sum", events=[_event(0.2)], stage="masked", factor=factor)
+    assert path.read_bytes() == before
+    assert budget.status()["releases"] == 1 and budget.store.load()[0]["mu"] == pytest.approx(0.4, rel=1e-15)
+    assert budget.settle("a", 1.0) == pytest.approx(0.2, rel=1e-15)
+
+
 def test_a_node_config_sets_all_of_a_budget_or_none(tmp_path):
     assert NodeBudget.from_node_config({"partition-id": 0}, 1) is None
     with pytest.raises(ConfigError, match="but not \\['dp-budget-ledger'\\]"):
@@ -154,6 +173,10 @@ def test_a_node_config_sets_all_of_a_budget_or_none(tmp_path):
     with pytest.raises(ConfigError, match="epsilon must be finite"):
         NodeBudget.from_node_config(
             {"dp-budget-epsilon": math.inf, "dp-budget-delta": 1e-5, "dp-budget-ledger": "x"}, 1
+        )
+    with pytest.raises(ConfigError, match="must be numbers"):  # float(True) was a lifetime epsilon of 1
+        NodeBudget.from_node_config(
+            {"dp-budget-epsilon": True, "dp-budget-delta": 1e-5, "dp-budget-ledger": "x"}, 1
         )
     b = NodeBudget.from_node_config(
         {"dp-budget-epsilon": 3, "dp-budget-delta": 1e-6, "dp-budget-ledger": str(tmp_path / "f.json")}, 1

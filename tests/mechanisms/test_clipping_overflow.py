@@ -97,3 +97,13 @@ def test_rows_clipping_cannot_bound_are_refused_under_either_norm():
         with pytest.raises(InputError, match="features contains 3 NaN/inf values"):
             m.release(np.array([[np.inf, 0, 0, 0]] * 3), [0, 1, 2], rng=np.random.default_rng(0))
         assert m._placements == [] and len(m.ledger) == 0
+
+
+@pytest.mark.parametrize("clip", [1e-320, 1e-200, 9e-101])
+def test_a_clip_whose_noise_would_be_subnormal_is_refused(clip):
+    """At clip = 1e-320 sigma was a subnormal 5e-320 and the stated epsilon (1.0000227) missed the asked 1: a
+    clip below 1e-100 is refused with DP on, as one above 1e100 is; with no noise any clip is taken."""
+    with pytest.raises(privfed.ConfigError, match="below 1e-100"):
+        GaussianMechanism(epsilon=1.0, delta=1e-5, clip=clip)
+    assert GaussianMechanism(epsilon=math.inf, delta=1e-5, clip=clip).clip_bound == clip
+    assert GaussianMechanism(epsilon=1.0, delta=1e-5, clip=1e-100).clip_bound == 1e-100

@@ -266,6 +266,10 @@ def test_upload_bytes_count_what_is_sent():
         (dict(epsilon=1.0, placement="everywhere"), "placement"),
         (dict(epsilon=1.0, level="client", placement="local"), "client"),
         (dict(epsilon=-1.0), "epsilon"),
+        # -inf once passed as "no DP" (math.isinf) and ran without noise or a note; a string was a TypeError
+        (dict(epsilon=-math.inf), "epsilon must be > 0"),
+        (dict(epsilon="1"), "epsilon must be a number"),
+        (dict(epsilon=True), "epsilon must be a number"),
     ],
 )
 def test_bad_settings_raise_config_errors(bad, match):

@@ -81,6 +81,9 @@ __all__ = ["BLOCKS", "GaussianMechanism"]
 
 #: Largest clip accepted: N c^2 and its noise stay finite in float64 for any N below 1e100 records.
 MAX_CLIP = 1e100
+#: Smallest clip accepted: c^2 and the noise calibrated to it stay normal float64 numbers (a subnormal
+#: sigma carries too few bits to meet its target epsilon).
+MIN_CLIP = 1e-100
 
 #: Statistic blocks the mechanism can noise.
 BLOCKS = ("sums", "counts", "second")
@@ -234,6 +237,12 @@ class GaussianMechanism(Parameters, GaussianCalibration, GaussianNoise, ClientBo
                 f"clip={clip!r} is beyond {MAX_CLIP:g}: second moments (c^2 per record) and their noise would "
                 "overflow float64 for some datasets and not others; rescale the features (e.g. divide them by a "
                 "public constant) and pick a clip <= 1e100"
+            )
+        if not (self.clip_bound >= MIN_CLIP or math.isinf(self.epsilon)):
+            raise ConfigError(
+                f"clip={clip!r} is below {MIN_CLIP:g}: its noise (and c^2 for second moments) would be computed "
+                "in subnormal floats and miss its target epsilon; rescale the features (e.g. multiply them by a "
+                "public constant) and pick a clip >= 1e-100"
             )
         if level not in _LEVELS:
             raise ConfigError(f"level must be one of {list(_LEVELS)}, got level={level!r}")
