@@ -390,3 +390,18 @@ def test_a_noisy_release_that_leaves_the_attack_nothing_is_a_row_not_the_end_of_
         "on this noisy release: no client's released counts total"
     )
     assert not rows["inf"]["not_applicable"] and float(rows["inf"]["identification"]) >= 0
+
+
+def test_a_config_files_attack_params_reach_the_attack_it_names(tmp_path, digits_cache, capsys):
+    """[attack_params] of a singleton run were built into an inversion attack (to configure decoders no
+    statistics attack trains) and refused as 'attack 'inversion' got unknown parameter(s)'."""
+    cfg = tmp_path / "singleton.toml"
+    cfg.write_text('attack = "singleton"\nmethod = "fedncm"\neps = "inf"\n[attack_params]\ntolerance = 0.001\n')
+    assert main(["--config", str(cfg), "--out", str(tmp_path / "out")]) == 0
+    rows, res, _ = _read(tmp_path / "out")
+    assert rows and all(r["attack"] == "singleton" for r in rows)
+    assert res["config"]["attack_params"] == {"tolerance": 0.001}
+    cfg.write_text('attack = "singleton"\nmethod = "fedncm"\neps = "inf"\n[attack_params]\nsteps = 3\n')
+    assert main(["--config", str(cfg), "--out", str(tmp_path / "bad")]) == 2
+    err = capsys.readouterr().err
+    assert "singleton" in err and "steps" in err and "inversion" not in err

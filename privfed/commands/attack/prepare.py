@@ -171,6 +171,8 @@ def train_decoders(cfg: AttackConfig, plan: SweepPlan, backbone, public, num_cla
     """Train the missing decoders now, in the order the suite needs them (each with its own bar)."""
     from attacks.inversion.learned import feature_decoder, set_decoder
 
+    if not plan.missing:  # another attack's parameters are no inversion's (they would be refused as such)
+        return
     _, dcfg = _decoder_config(cfg)
     for kind, n in plan.missing:
         if kind == "feature":
