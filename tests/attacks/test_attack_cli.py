@@ -190,11 +190,18 @@ def test_a_run_is_the_same_in_any_sweep_that_holds_it_and_on_tradeoffs_federatio
         ),
         (["--attack", "tracing", "--partition", "groups", "--n", "0", "--out", "X"], "--n must be >= 1"),
         (["--attack", "tracing", "--n", "2", "--out", "X"], "--n applies to --partition groups"),
+        # refused before the eps = inf runs (it was refused after them, with their rows left partial)
+        (
+            ["--attack", "singleton", "--method", "fedcof", "--param", "fedcof.means_per_client=3"]
+            + ["--eps", "inf,1", "--out", "X"],
+            "no per-record sensitivity bounds its release, since means_per_client=3",
+        ),
     ],
 )
 def test_bad_invocations_print_one_line_and_exit_non_zero(tmp_path, digits_cache, capsys, argv, needle):
     argv = [a.replace("X", str(tmp_path / "o")) for a in argv]
     assert main(argv) == 2
+    assert not (tmp_path / "o").exists()  # nothing run, nothing written
     err = capsys.readouterr().err.strip()
     assert (
         len(err.splitlines()) == 1 and err.startswith("python -m privfed.attack: error:") and needle in err

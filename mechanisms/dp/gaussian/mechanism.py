@@ -413,7 +413,7 @@ class GaussianMechanism(Parameters, GaussianCalibration, GaussianNoise, ClientBo
         regroups = getattr(method, "regrouping", lambda: None)()
         if regroups:
             raise ConfigError(
-                f"method {name!r} is refused under DP: {regroups}, which no per-record sensitivity bounds"
+                f"method {name!r} is refused under DP: no per-record sensitivity bounds its release, since {regroups}"
             )
         if "class_second" in requires:
             raise ConfigError(

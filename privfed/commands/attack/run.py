@@ -213,6 +213,13 @@ def run_attacks(
     num_classes = int(data["num_classes"])  # public: the data set's, never counted from the labels
     clip = cfg.clip if cfg.clip is not None else float(np.median(np.linalg.norm(public.features, axis=1)))
     t_data = time.perf_counter() - t0
+    finite = [e for e in cfg.epsilons if math.isfinite(e)]
+    if finite:  # a method the DP release refuses is refused before any run, not after the eps = inf ones
+        from privfed.release.settings import make_secure_agg
+
+        for mname in cfg.methods:
+            method = _methods.get(mname, **cfg.method_params.get(mname, {}))
+            _privacy(cfg, method, finite[0], clip).check(method, make_secure_agg(cfg.secure_agg))
     records = [] if records is None else records
     grids = []
     from attacks.inversion.learned import progress_bars
