@@ -197,6 +197,11 @@ class Settings:
 
     def raw(self, dest: str, *keys: str) -> Any:
         """The flag's value when given, else the config file's first of ``keys`` (default: ``dest``), else None."""
+        both = [k for k in dict.fromkeys(keys) if k in self.base]
+        if len(both) > 1:  # one would win silently (the flag given twice is refused too)
+            raise ConfigError(
+                f"the config file sets {' and '.join(both)}, two spellings of one setting: keep one of them"
+            )
         v = getattr(self.args, dest, None)
         if v is not None:
             return v
@@ -364,13 +369,13 @@ class Settings:
         that has no use for it (Laplace, geometric: pure DP; uniform: no DP; every count noise: its own law) is
         refused, never ignored (a replayed record's values are not: every record carries both)."""
         if count_noise is not None:
-            if getattr(self.args, "delta", None) is not None and count_noise != "gaussian":
+            if self.given("delta") and count_noise != "gaussian":
                 raise ConfigError(
                     f"--delta does nothing with --count-noise {count_noise} ("
                     + ("no DP guarantee" if count_noise == "uniform" else "pure DP: delta 0")
                     + "); drop --delta"
                 )
-            if getattr(self.args, "calibration", None) is not None:
+            if self.given("calibration"):
                 raise ConfigError(
                     f"--calibration does nothing with --count-noise {count_noise} (calibrated by its own law); "
                     "drop --calibration"
@@ -382,15 +387,20 @@ class Settings:
                 f"{', '.join(f'{e:g}' for e in over)}; drop those budgets or pick laplace or geometric count noise"
             )
 
+    def given(self, dest: str) -> bool:
+        """Whether the user set ``dest``: as a flag, or in a settings file they wrote (a replayed record carries
+        every setting, so its values are not refused as unused)."""
+        return getattr(self.args, dest, None) is not None or (not self.replay and dest in self.base)
+
     def replayed(self, dest: str) -> bool:
         """Whether ``dest``'s value comes from a replayed record, not from a flag or a settings file a user wrote:
         a DP record replayed under ``--eps inf`` leaves such settings of its release out (a user's are refused)."""
         return self.replay and getattr(self.args, dest, None) is None and dest in self.base
 
     def refuse_unused_alpha(self, partition: str) -> None:
-        """--alpha given as a flag where the split draws no Dirichlet proportions is refused, never ignored (a
-        replayed record's alpha is not: every record carries one)."""
-        if getattr(self.args, "alpha", None) is not None and partition not in (
+        """--alpha given (a flag or a user's settings file) where the split draws no Dirichlet proportions is
+        refused, never ignored (a replayed record's alpha is not: every record carries one)."""
+        if self.given("alpha") and partition not in (
             "dirichlet",
             "dirichlet-class",
         ):
