@@ -214,5 +214,7 @@ def load_dataset(
             device=device,
         )
     if spec.endswith(".npz") or os.path.sep in spec:
-        raise ConfigError(f"dataset {spec!r} looks like a file; pass it as 'file:{spec}'")
+        stripped = spec.strip()  # 'FILE:x' or ' file:x': the prefix mistyped, not missing
+        path = stripped[len("file:") :] if stripped.lower().startswith("file:") else spec
+        raise ConfigError(f"dataset {spec!r} looks like a file; pass it as 'file:{path}'")
     raise ConfigError(f"unknown dataset {spec!r}; available: {available_datasets()}")

@@ -25,6 +25,7 @@ Write one with :func:`save_feature_file` (or ``numpy.savez``).
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import io
 import math
@@ -60,10 +61,6 @@ FILE_ARRAYS = ("features", "labels", "clients", "test_features", "test_labels")
 DEFAULT_TEST_FRACTION = 0.2
 
 
-def _parse_bytes(text: str, source: str) -> int:
-    return parse_byte_size(text, source)
-
-
 #: How a caller raises the size limit, as the refusals say it.
 _RAISE_WITH = f"load_dataset(..., max_file_bytes=), load_feature_file(..., max_bytes=) or ${MAX_BYTES_ENV}"
 
@@ -72,12 +69,12 @@ def resolve_max_bytes(max_bytes=None) -> int:
     """The file-size limit: ``max_bytes``, else ``$PRIVFED_MAX_FILE_BYTES``, else 1 GiB."""
     if max_bytes is not None:
         if isinstance(max_bytes, str):
-            return _parse_bytes(max_bytes, "max_bytes")
+            return parse_byte_size(max_bytes, "max_bytes")
         if isinstance(max_bytes, bool) or not isinstance(max_bytes, (int, np.integer)) or max_bytes <= 0:
             raise ConfigError(f"max_bytes must be a positive int, got {max_bytes!r}")
         return int(max_bytes)
     env = os.environ.get(MAX_BYTES_ENV)
-    return _parse_bytes(env, f"${MAX_BYTES_ENV}") if env else DEFAULT_MAX_BYTES
+    return parse_byte_size(env, f"${MAX_BYTES_ENV}") if env else DEFAULT_MAX_BYTES
 
 
 def _declared_sizes(fh, where: str, limit: int, file_size: int) -> None:
@@ -382,6 +379,9 @@ def load_feature_file(
         )
     meta: dict = {"source": str(path), "d": int(F.shape[1]), "backbone": "unknown (feature file)"}
     ignored = sorted(set(arrays) - set(FILE_ARRAYS))
+    near = [(a, m[0]) for a in ignored if (m := difflib.get_close_matches(a.lower(), FILE_ARRAYS, 1, 0.85))]
+    if near:  # a misspelt optional array was ignored: the run tested on a split of its own, silently
+        raise InputError(f"{where} holds {near[0][0]!r}, not read: did you mean {near[0][1]!r}? rename it")
     if ignored:
         meta["ignored_arrays"] = ignored
     if has_tf:

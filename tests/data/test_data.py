@@ -334,6 +334,28 @@ def test_feature_file_with_test_and_clients(tmp_path):
     assert ds.meta["natural_clients"] == 7 and ds.meta["d"] == 5
 
 
+@pytest.mark.parametrize(
+    "typo, meant",
+    [
+        ("test_feature", "test_features"),
+        ("test_label", "test_labels"),
+        ("client", "clients"),
+        ("Clients", "clients"),
+    ],
+)
+def test_a_misspelt_optional_array_is_refused_not_ignored(tmp_path, typo, meant):
+    """test_feature/test_label were ignored: the run carved its own test part out of the training arrays and
+    said only 'no test arrays in the file'.  A name unlike any (feature_names) is still ignored and listed."""
+    F, y = _blobs(100)
+    np.savez(
+        tmp_path / "f.npz", features=F, labels=y, **{typo: y}, feature_names=np.array(["a"] * F.shape[1])
+    )
+    with pytest.raises(InputError, match=f"holds '{typo}', not read: did you mean '{meant}'"):
+        load_feature_file(tmp_path / "f.npz")
+    np.savez(tmp_path / "g.npz", features=F, labels=y, feature_names=np.array(["a"] * F.shape[1]))
+    assert load_feature_file(tmp_path / "g.npz").meta["ignored_arrays"] == ["feature_names"]
+
+
 def test_feature_file_without_test_splits_stratified(tmp_path):
     F, y = _blobs(100)
     F = F.astype(np.float32)
@@ -582,3 +604,16 @@ def test_extract_with_device_resize_matches_direct_forward():
     with torch.no_grad():
         direct = fx(vision.resize_batch(x, 64)).numpy().astype(np.float64)
     np.testing.assert_array_equal(F, direct)
+
+
+@pytest.mark.parametrize(
+    "spec, advice",
+    [
+        ("/data/f.npz", "'file:/data/f.npz'"),
+        ("FILE:/data/f.npz", "'file:/data/f.npz'"),  # was 'file:FILE:/data/f.npz', which names no file
+        (" file:/data/f.npz", "'file:/data/f.npz'"),
+    ],
+)
+def test_a_path_without_its_prefix_is_advised_the_spelling_that_works(spec, advice):
+    with pytest.raises(ConfigError, match=f"looks like a file; pass it as {advice}$"):
+        load_dataset(spec)
