@@ -87,7 +87,7 @@ def _declared_sizes(fh, where: str, limit: int, file_size: int) -> None:
     or whose header is malformed is refused here, by name, before any member
     is expanded.
     """
-    total, biggest = 0, ("", 0, ())
+    total, biggest, short = 0, ("", 0, ()), ""
     try:
         zf = zipfile.ZipFile(fh)
     except (OSError, EOFError, zipfile.BadZipFile, ValueError) as exc:
@@ -115,21 +115,15 @@ def _declared_sizes(fh, where: str, limit: int, file_size: int) -> None:
                         shape, _, dtype = np.lib.format.read_array_header_1_0(fh)
                     else:
                         shape, _, dtype = np.lib.format.read_array_header_2_0(fh)
-            except (
-                ValueError,
-                OSError,
-                EOFError,
-                zipfile.BadZipFile,
-                KeyError,
-                SyntaxError,
-                NotImplementedError,
-                RuntimeError,
-            ) as exc:
+                    header = fh.tell()
+            except (*_HEADER_ERRORS, zipfile.BadZipFile) as exc:
                 raise InputError(
                     f"{where}: member {info.filename!r} is not a readable .npy array ({exc}); the file is damaged "
                     "or was not written by numpy.savez"
                 ) from None
             size = int(np.prod([int(s) for s in shape], dtype=object) if shape else 1) * int(dtype.itemsize)
+            if size + header > int(info.file_size) and not short:  # numpy would allocate it, then fail
+                short = f"{info.filename!r} declares {size:,} bytes of array but holds {info.file_size - header:,}"
             total += size
             if size > biggest[1]:
                 biggest = (name, size, tuple(int(s) for s in shape))
@@ -140,15 +134,21 @@ def _declared_sizes(fh, where: str, limit: int, file_size: int) -> None:
             f"{where} declares {stored:,} bytes once expanded ({big.filename!r}: {big.file_size:,}; the file "
             f"itself is {file_size:,} bytes), over the {limit:,}-byte limit, and is refused before it "
             f"is expanded; if the file is genuine, raise the limit with {_RAISE_WITH} "
-            f"(e.g. {MAX_BYTES_ENV}=8G)"
+            f"(e.g. {MAX_BYTES_ENV}={-(-stored // 2**30)}G)"
         )
     if total > limit:
         raise InputError(
             f"{where} declares {total:,} bytes of arrays ({biggest[0]!r} has shape {biggest[2]}; the file "
             f"itself is {file_size:,} bytes), over "
             f"the {limit:,}-byte limit, and is refused before it is expanded; if the file is genuine, raise the "
-            f"limit with {_RAISE_WITH} (e.g. {MAX_BYTES_ENV}=8G)"
+            f"limit with {_RAISE_WITH} (e.g. {MAX_BYTES_ENV}={-(-total // 2**30)}G)"
         )
+    if short:
+        raise InputError(f"{where}: member {short}; the file is damaged (cut short): write it again")
+
+
+#: What reading the .npy header of a damaged or foreign member may raise.
+_HEADER_ERRORS = (ValueError, OSError, EOFError, KeyError, SyntaxError, RuntimeError, NotImplementedError)
 
 
 def read_npz(path: pathlib.Path, max_bytes: int = DEFAULT_MAX_BYTES) -> dict[str, np.ndarray]:

@@ -277,9 +277,15 @@ def test_npz_header_declaring_a_huge_shape_is_refused_before_allocating(tmp_path
     path = tmp_path / "huge.npz"
     _npz_with_header(path, (10**6, 10**6), body=b"\0" * 64)
     with pytest.raises(
-        InputError, match=r"declares 8,000,000,000,016 bytes.*\(1000000, 1000000\).*PRIVFED_MAX_FILE_BYTES"
-    ):
+        InputError,
+        match=r"declares 8,000,000,000,016 bytes.*\(1000000, 1000000\).*PRIVFED_MAX_FILE_BYTES=7451G",
+    ):  # the example admits the file (it was always 8G)
         privfed.data.load_dataset(f"file:{path}")
+    # with the limit raised past it, the member is named as cut short (numpy tried to allocate 7.3 TiB)
+    with pytest.raises(
+        InputError, match=r"'features.npy' declares 8,000,000,000,000 bytes of array but holds 64;"
+    ):
+        privfed.data.load_dataset(f"file:{path}", max_file_bytes="100T")
 
 
 def test_deflate_bomb_is_refused_before_expanding_with_a_limit_the_user_can_raise(tmp_path, monkeypatch):
