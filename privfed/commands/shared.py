@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import tomllib
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -340,8 +341,16 @@ class Settings:
 
     # -- data -----------------------------------------------------------------
     def dataset(self) -> str:
+        """The data set; a feature file's path made absolute, so that the run's record replays from any folder
+        (a relative path in a settings file a user wrote is read from that file's folder)."""
         v = self.raw("dataset")
-        return FEDERATION["dataset"] if v is None else as_str(v, "--dataset")
+        v = FEDERATION["dataset"] if v is None else as_str(v, "--dataset")
+        if not v.startswith("file:"):
+            return v
+        path = os.path.expanduser(v[len("file:") :])
+        from_file = getattr(self.args, "dataset", None) is None and not self.replay
+        folder = os.path.dirname(os.path.abspath(self.args.config)) if from_file else os.getcwd()
+        return "file:" + os.path.normpath(os.path.join(folder, path)) if path else v
 
     def dataset_sha256(self) -> str | None:
         """The SHA-256 a replayed record's feature file had (None when --dataset names another data set)."""

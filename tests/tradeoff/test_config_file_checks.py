@@ -9,6 +9,8 @@ every setting, is not refused for them (tests/tradeoff replay tests).
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -53,3 +55,33 @@ def test_clients_with_the_files_own_clients_is_refused(tmp_path, capsys, where):
         argv += ["--config", str(tmp_path / "s.toml")]
     assert main([*argv, "--out", str(tmp_path / "o"), "--no-plot", "--quiet"]) == 2
     assert "--clients applies to the splits privfed draws" in capsys.readouterr().err
+
+
+def test_a_relative_feature_file_is_recorded_absolute_and_replays_from_any_folder(
+    tmp_path, monkeypatch, capsys
+):
+    """The record kept 'file:feat.npz' as typed, so its replay from another folder named no file; a settings
+    file's relative path is read from that file's folder."""
+    rng = np.random.default_rng(0)
+    data = tmp_path / "data"
+    data.mkdir()
+    np.savez(data / "feat.npz", features=rng.normal(size=(120, 4)), labels=np.arange(120) % 3)
+    monkeypatch.chdir(data)
+    run = ["--clip", "3", "--eps", "1", "--clients", "4", "--seeds", "1", "--no-plot", "--quiet"]
+    assert main(["--dataset", "file:feat.npz", *run, "--out", str(tmp_path / "r1")]) == 0
+    rec = json.loads((tmp_path / "r1" / "results.json").read_text())
+    assert rec["config"]["dataset"] == f"file:{data / 'feat.npz'}"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert main(["--config", str(tmp_path / "r1" / "results.json"), "--out", str(tmp_path / "r2")]) == 0
+    assert (tmp_path / "r2" / "results.csv").read_bytes() == (tmp_path / "r1" / "results.csv").read_bytes()
+    (data / "s.toml").write_text('dataset = "file:feat.npz"\nclip = 3.0\nclients = 4\n')
+    assert (
+        main(["--config", str(data / "s.toml"), "--eps", "1", "--seeds", "1", "--out", str(tmp_path / "r3")])
+        == 0
+    )
+    assert (
+        json.loads((tmp_path / "r3" / "results.json").read_text())["config"]["dataset"]
+        == f"file:{data / 'feat.npz'}"
+    )
