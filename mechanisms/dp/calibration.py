@@ -256,7 +256,7 @@ def classic_sigma(epsilon: float, delta: float, sensitivity: float = 1.0, *, war
         return 0.0
     if eps > 1 and warn:
         warnings.warn(
-            f"calibration='classic' is only proven for epsilon < 1 (got epsilon={eps}); the reported "
+            f"calibration='classic' is only proven for epsilon <= 1 (got epsilon={eps}); the reported "
             "epsilon is recomputed exactly from sigma and may exceed the target; use calibration='analytic'",
             UserWarning,
             stacklevel=2,

@@ -114,8 +114,9 @@ def resolve_cache_dir(cache_dir: str | os.PathLike | None = None) -> pathlib.Pat
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
+        why = "a file is in the way" if path.exists() or path.is_symlink() else exc.strerror or exc
         raise ConfigError(
-            f"cache directory {str(path)!r} cannot be created ({exc.strerror or exc}); "
+            f"cache directory {str(path)!r} cannot be created ({why}); "
             f"pass cache_dir= or set ${CACHE_ENV} to a writable directory"
         ) from None
     return path

@@ -235,6 +235,12 @@ def open_dataset(name: str, root: str | os.PathLike, *, train: bool, download: b
     try:
         return cls(root=str(root), train=train, transform=transform, download=bool(download))
     except RuntimeError as exc:
+        folder = root / str(getattr(cls, "base_folder", ""))
+        if folder != root and folder.exists():  # present but failing torchvision's own check
+            raise DatasetUnavailableError(
+                f"{name} under {str(folder)!r} is incomplete or corrupted (torchvision's check failed); remove "
+                "that folder and fetch it again (download=True, --download), or replace it with a good copy"
+            ) from None
         if download:
             raise DatasetUnavailableError(
                 f"{name} under {str(root)!r} could not be prepared ({exc})"
@@ -245,6 +251,10 @@ def open_dataset(name: str, root: str | os.PathLike, *, train: bool, download: b
             "directory that holds it"
         ) from None
     except OSError as exc:  # network errors (URLError is an OSError) during a download
+        if root.exists() and not root.is_dir():
+            raise DatasetUnavailableError(
+                f"the data folder {str(root)!r} is a file, not a folder; point PRIVFED_DATA at a folder"
+            ) from None
         raise DatasetUnavailableError(
             f"downloading {name} into {str(root)!r} failed ({exc}); downloading needs internet, or place the "
             "extracted data set there yourself"

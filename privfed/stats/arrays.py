@@ -34,7 +34,9 @@ def check_dense(name: str, shape: tuple[int, ...]) -> None:
         raise InputError(
             f"the dense view ClientStats.{name} of shape {shape} needs {nbytes / 2**30:.3g} GiB, over the "
             f"{limit / 2**30:.3g} GiB limit; use the pair layout (pair_client, pair_class, "
-            "pair_counts, pair_sums, gram()) or raise privfed.stats.DENSE_VIEW_LIMIT"
+            "pair_counts, pair_sums, gram()), or raise privfed.stats.DENSE_VIEW_LIMIT (the commands: "
+            "$PRIVFED_DENSE_VIEW_LIMIT), or run fewer clients, fewer features, or a method that does not "
+            "upload this statistic"
         )
 
 

@@ -564,6 +564,20 @@ def test_cifar_offline_without_download_is_clear(tmp_path):
         vision.open_dataset("cifar10", tmp_path / "data", train=True, download=False)
 
 
+def test_a_corrupt_data_set_or_a_data_folder_that_is_a_file_is_named_as_such(tmp_path):
+    """Junk in cifar-10-batches-py was called 'not in ... downloading is off', and a file as the data folder
+    'downloading failed (File exists); downloading needs internet'."""
+    junk = tmp_path / "data" / "cifar-10-batches-py"
+    junk.mkdir(parents=True)
+    for part in ("data_batch_1", "batches.meta", "test_batch"):
+        (junk / part).write_bytes(b"not a pickle")
+    with pytest.raises(DatasetUnavailableError, match="cifar-10-batches-py' is incomplete or corrupted"):
+        vision.open_dataset("cifar10", tmp_path / "data", train=True, download=False)
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(DatasetUnavailableError, match="is a file, not a folder"):
+        vision.open_dataset("cifar10", tmp_path / "file", train=True, download=True)
+
+
 def test_preprocessing_statistics():
     assert vision.preprocessing_description("cifar100")["mean"] == [0.5071, 0.4865, 0.4409]
     assert vision.preprocessing_description("cifar10")["mean"] == [0.485, 0.456, 0.406]
@@ -617,3 +631,9 @@ def test_extract_with_device_resize_matches_direct_forward():
 def test_a_path_without_its_prefix_is_advised_the_spelling_that_works(spec, advice):
     with pytest.raises(ConfigError, match=f"looks like a file; pass it as {advice}$"):
         load_dataset(spec)
+
+
+def test_a_cache_path_that_is_a_file_is_named_as_such(tmp_path):
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(ConfigError, match="cannot be created \\(a file is in the way\\)"):  # was 'File exists'
+        C.resolve_cache_dir(tmp_path / "f")

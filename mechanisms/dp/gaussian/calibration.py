@@ -57,7 +57,7 @@ class GaussianCalibration:
         if self.calibration == "classic":
             if self.epsilon > 1:
                 warnings.warn(
-                    f"calibration='classic' is only proven for epsilon < 1 (got epsilon={self.epsilon}); the "
+                    f"calibration='classic' is only proven for epsilon <= 1 (got epsilon={self.epsilon}); the "
                     "report recomputes epsilon exactly from sigma; prefer calibration='analytic'",
                     UserWarning,
                     stacklevel=3,
