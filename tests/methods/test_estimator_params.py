@@ -96,3 +96,19 @@ def test_set_params_sets_one_method_parameter_on_a_copy_and_a_grid_searches_it(d
     assert lams == [1e-3, 1e3]
     scores = grid.cv_results_["mean_test_score"]
     assert scores[0] != scores[1]  # the parameter reached the method: a ridge of 1e3 changes the head
+
+
+@pytest.mark.parametrize(
+    "method", ["fed3r", "fed3r-within", "fedcgs", "fedcof", "fedcof-oracle", "fedlog", "fedncm"]
+)
+def test_the_estimator_passes_scikit_learns_own_estimator_checks(method):
+    """scikit-learn's check_estimator (cloning, fitting on odd inputs, pickling, n_features_in_, classes_,
+    errors for unfitted and wrongly shaped calls ...) on every method: what a Pipeline or a grid search
+    relies on beyond get_params/set_params."""
+    import warnings
+
+    from sklearn.utils.estimator_checks import check_estimator
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the checks' skip notices (array API) and the methods' own notes
+        check_estimator(FederatedHeadClassifier(method=method))
