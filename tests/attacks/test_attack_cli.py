@@ -403,7 +403,9 @@ def test_a_config_files_attack_params_reach_the_attack_it_names(tmp_path, digits
     """[attack_params] of a singleton run were built into an inversion attack (to configure decoders no
     statistics attack trains) and refused as 'attack 'inversion' got unknown parameter(s)'."""
     cfg = tmp_path / "singleton.toml"
-    cfg.write_text('attack = "singleton"\nmethod = "fedncm"\neps = "inf"\n[attack_params]\ntolerance = 0.001\n')
+    cfg.write_text(
+        'attack = "singleton"\nmethod = "fedncm"\neps = "inf"\n[attack_params]\ntolerance = 0.001\n'
+    )
     assert main(["--config", str(cfg), "--out", str(tmp_path / "out")]) == 0
     rows, res, _ = _read(tmp_path / "out")
     assert rows and all(r["attack"] == "singleton" for r in rows)

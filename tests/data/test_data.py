@@ -635,5 +635,7 @@ def test_a_path_without_its_prefix_is_advised_the_spelling_that_works(spec, advi
 
 def test_a_cache_path_that_is_a_file_is_named_as_such(tmp_path):
     (tmp_path / "f").write_text("x")
-    with pytest.raises(ConfigError, match="cannot be created \\(a file is in the way\\)"):  # was 'File exists'
+    with pytest.raises(
+        ConfigError, match="cannot be created \\(a file is in the way\\)"
+    ):  # was 'File exists'
         C.resolve_cache_dir(tmp_path / "f")
