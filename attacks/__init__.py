@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from attacks.base import Attack
+from attacks.knowledge import check_truth
 from attacks.strongest import strongest, strongest_flat
 from attacks.view import GroundTruth, NoiseSpec, PublicData, ServerView
 from privfed._registry import Registry
@@ -68,7 +69,9 @@ def evaluate(
     the attack cannot run on it (e.g. ``subspace`` on a method without
     second moments, ``unmixing`` under secure aggregation).
     """
-    return get(name, **params).evaluate(view, truth, as_generator(rng, "rng"))
+    attack, rng = get(name, **params), as_generator(rng, "rng")
+    check_truth(truth)  # None was an AttributeError deep in the scoring
+    return attack.evaluate(view, truth, rng)
 
 
 def evaluate_federation(

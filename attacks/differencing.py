@@ -20,7 +20,8 @@ import numpy as np
 
 from attacks.base import Attack
 from attacks.metrics import cosine
-from attacks.view import GroundTruth, ServerView
+from attacks.view import GroundTruth, ServerView, clip_rows
+from mechanisms.dp.calibration import check_count, check_nonnegative
 from privfed.errors import InputError
 
 __all__ = ["Differencing", "DifferencingResult"]
@@ -33,6 +34,7 @@ class DifferencingResult:
     added: np.ndarray  # (r,) records added per cell (count difference)
     features: np.ndarray  # (r, d): recovered mean of the added records
     per_client: bool
+    clip: float | None = None  # the L2 bound the release clipped every record to (the view's NoiseSpec)
 
 
 class Differencing(Attack):
@@ -41,6 +43,12 @@ class Differencing(Attack):
     name = "differencing"
     requires = frozenset({"counts", "sums"})
     defaults = {"tolerance": 1e-6, "max_added": 1}
+
+    def _validate_params(self) -> None:
+        self.params["tolerance"] = check_nonnegative(self.params["tolerance"], "tolerance")
+        self.params["max_added"] = check_count(
+            self.params["max_added"], "max_added"
+        )  # 0: no cell, NaN metrics
 
     def run(
         self, view: ServerView, rng=None, *, earlier: ServerView | None = None, **_
@@ -56,7 +64,12 @@ class Differencing(Attack):
         diff = view.stats.sums[rows, classes] - earlier.stats.sums[rows, classes]
         m = dn[rows, classes]
         return DifferencingResult(
-            rows=rows, classes=classes, added=m, features=diff / m[:, None], per_client=view.per_client
+            rows=rows,
+            classes=classes,
+            added=m,
+            features=diff / m[:, None],
+            per_client=view.per_client,
+            clip=view.noise.clip,
         )
 
     def score(self, result: DifferencingResult, truth: GroundTruth, added: np.ndarray | None = None) -> dict:
@@ -73,7 +86,7 @@ class Differencing(Attack):
             idx = added[mask]
             if idx.size == 0:
                 continue
-            true = truth.features[idx].mean(axis=0)
+            true = clip_rows(truth.features[idx], result.clip).mean(axis=0)  # as the clients clipped them
             err = float(np.linalg.norm(f - true))
             scale = max(1.0, float(np.linalg.norm(true)))
             exact.append(err <= tol * scale)

@@ -15,7 +15,16 @@ import numpy as np
 from privfed._validation import as_int_vector, check_features
 from privfed.errors import InputError
 
-__all__ = ["GroundTruth", "PublicData"]
+__all__ = ["GroundTruth", "PublicData", "check_truth"]
+
+
+def check_truth(truth) -> None:
+    """Refuse anything but a :class:`GroundTruth` as the truth an attack is scored against (one line)."""
+    if not isinstance(truth, GroundTruth):
+        raise InputError(
+            f"truth must be a GroundTruth(features=..., labels=..., clients=...), got {type(truth).__name__}; "
+            "attacks.scenario(...) returns the view and its truth"
+        )
 
 
 @dataclass(frozen=True, eq=False)
@@ -92,17 +101,31 @@ class GroundTruth:
     holdout_images: np.ndarray | None = None
 
     def __post_init__(self) -> None:
+        # every check in one place, one line each: NaN features scored "nothing exposed", a client id of
+        # 2.7 was read as 2 (ServerView refuses it), images of another row count crashed the inversion scoring
         for name in ("features", "holdout_features"):
             v = getattr(self, name)
             if v is not None:
-                object.__setattr__(self, name, np.asarray(v, dtype=np.float64))
+                object.__setattr__(self, name, check_features(v, f"GroundTruth.{name}"))
         for name in ("labels", "clients", "holdout_labels"):
             v = getattr(self, name)
             if v is not None:
-                object.__setattr__(self, name, np.asarray(v).astype(np.int64))
+                object.__setattr__(self, name, as_int_vector(v, f"GroundTruth.{name}"))
         N = self.features.shape[0]
         if self.labels.shape != (N,) or self.clients.shape != (N,):
             raise InputError(f"GroundTruth: labels and clients must have shape ({N},)")
+        for name, rows in (("images", N), ("holdout_images", None)):
+            im = getattr(self, name)
+            if im is None:
+                continue
+            if rows is None:
+                rows = None if self.holdout_features is None else self.holdout_features.shape[0]
+            if rows is not None and np.shape(im)[:1] != (rows,):
+                owner = "features" if name == "images" else "holdout_features"
+                raise InputError(
+                    f"GroundTruth.{name} has shape {np.shape(im)} but {owner} has {rows} rows; "
+                    f"pass one image per {owner} row"
+                )
         if self.holdout_features is not None:
             H, d = self.holdout_features, self.features.shape[1:]
             if H.shape[1:] != d:  # targets are stacked with the members' features: one width

@@ -15,6 +15,7 @@ import numpy as np
 from scipy.optimize import linear_sum_assignment
 from scipy.stats import rankdata
 
+from attacks.params import check_fpr, check_fprs
 from privfed.errors import InputError, MissingDependencyError
 
 __all__ = [
@@ -66,6 +67,7 @@ def tpr_at_fpr(scores, members, fpr: float) -> dict:
     Decision rule: member iff score >= threshold.  Returns ``tpr``,
     ``fpr`` (realised), ``threshold`` and the target ``fpr_target``.
     """
+    fpr = check_fpr(fpr)  # NaN, 2.0 or -0.1 gave a ValueError or a wrong rate
     s, m = _scores_labels(scores, members)
     neg = np.sort(s[~m])[::-1]
     n0 = neg.size
@@ -82,6 +84,7 @@ def tpr_at_fpr(scores, members, fpr: float) -> dict:
 
 def membership_metrics(scores, members, fprs=(0.01, 0.001)) -> dict:
     """AUC (with Hanley-McNeil SE) and TPR at each FPR in ``fprs`` (realised FPR and threshold kept)."""
+    fprs = check_fprs(fprs)
     s, m = _scores_labels(scores, members)
     a = auc(s, m)
     out = {

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from mechanisms.dp.calibration import as_real
+from mechanisms.dp.calibration import as_real, check_budget
 from mechanisms.dp.count_noise import GEOMETRIC_MIN_EPSILON
 from privfed.errors import ConfigError
 from privfed.stats import STAT_FIELDS, ClientStats
@@ -102,6 +102,17 @@ def count_noise(
     return np.maximum(n + noise, 0.0)
 
 
+def _positive_clip(clip) -> float:
+    """``clip`` as a finite float > 0; a bool, a string, NaN or inf is refused (ConfigError naming clip)."""
+    try:
+        c = as_real(clip)
+    except (TypeError, ValueError):
+        raise ConfigError(f"clip must be a finite number > 0, got clip={clip!r}") from None
+    if not (c > 0 and math.isfinite(c)):
+        raise ConfigError(f"clip must be a finite number > 0, got clip={clip!r}")
+    return c
+
+
 def gaussian_sigma(epsilon: float, delta: float) -> float:
     """Analytic-Gaussian sigma per unit L2 sensitivity for one (eps, delta) release (the mechanisms' calibration)."""
     from mechanisms.dp.calibration import analytic_sigma
@@ -148,11 +159,19 @@ class NoiseSpec:
     guarantee: str = "none"
 
     def __post_init__(self) -> None:
+        if not isinstance(self.sigma, Mapping):  # None or a number: one line, not a TypeError
+            raise ConfigError(
+                f"NoiseSpec.sigma must be a mapping block -> std (e.g. {{'sums': 1.0}}), got {self.sigma!r}"
+            )
         sig = dict(self.sigma)
         for k, v in sig.items():
             if k not in STAT_FIELDS:
                 raise ConfigError(f"NoiseSpec.sigma has unknown block {k!r}; blocks are {list(STAT_FIELDS)}")
-            if not (v >= 0 and math.isfinite(v)):
+            try:  # "1" or True is no std
+                sig[k] = as_real(v)
+            except (TypeError, ValueError):
+                raise ConfigError(f"sigma must be a number, got sigma[{k!r}]={v!r}") from None
+            if not (sig[k] >= 0 and math.isfinite(sig[k])):
                 raise ConfigError(f"sigma must be finite and non-negative, got sigma[{k!r}]={v!r}")
         object.__setattr__(self, "sigma", sig)
         if self.level not in ("record", "client"):
@@ -161,8 +180,8 @@ class NoiseSpec:
             raise ConfigError(
                 f"unknown count noise {self.count_kind!r}; choose from {list(COUNT_NOISE_KINDS)}"
             )
-        if self.clip is not None and not (self.clip > 0 and math.isfinite(self.clip)):
-            raise ConfigError(f"clip must be a finite number > 0, got clip={self.clip!r}")
+        if self.clip is not None:
+            object.__setattr__(self, "clip", _positive_clip(self.clip))
 
     @classmethod
     def none(cls) -> NoiseSpec:
@@ -193,15 +212,23 @@ class NoiseSpec:
         Balle & Wang 2018), so the release is (eps, delta)-DP with GDP
         mu = 1 / sigma_1.  ``epsilon = inf`` gives the clean (clipped) release.
         """
-        if not (clip > 0 and math.isfinite(clip)):
-            raise ConfigError(f"clip must be a finite number > 0, got clip={clip!r}")
-        if math.isinf(epsilon):
+        clip = _positive_clip(clip)
+        try:
+            eps = as_real(epsilon)
+        except (TypeError, ValueError):  # "1" or True is no epsilon
+            raise ConfigError(
+                f"epsilon must be a number > 0 (inf: no noise), got epsilon={epsilon!r}"
+            ) from None
+        if eps == math.inf:  # -inf, NaN and 0 go on to check_budget's refusal
             return cls(clip=clip, level=level, epsilon=math.inf, delta=0.0, guarantee="none")
-        if not epsilon > 0:
-            raise ConfigError(f"epsilon must be > 0 (or inf), got epsilon={epsilon!r}")
-        if not 0 < delta < 1:
-            raise ConfigError(f"delta must be in (0, 1), got delta={delta!r}")
+        epsilon, delta = check_budget(epsilon, delta, allow_inf=False)
         sens2 = {"sums": clip**2, "counts": 1.0, "second": clip**4, "class_second": clip**4}
+        blocks = (blocks,) if isinstance(blocks, str) else tuple(blocks)
+        if not blocks:  # no noised block: a clean release that would be labelled (eps, delta)-DP
+            raise ConfigError(
+                f"blocks is empty: no statistic would carry noise, yet the release would claim ({epsilon:g}, "
+                f"{delta:g})-DP; name the noised blocks (e.g. blocks=('counts', 'sums')) or use epsilon=inf"
+            )
         unknown = set(blocks) - set(sens2)
         if unknown:
             raise ConfigError(f"unknown block(s) {sorted(unknown)}; blocks are {list(sens2)}")

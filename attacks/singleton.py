@@ -16,7 +16,8 @@ import numpy as np
 
 from attacks.base import Attack
 from attacks.metrics import cosine
-from attacks.view import GroundTruth, ServerView
+from attacks.view import GroundTruth, ServerView, clip_rows
+from mechanisms.dp.calibration import check_nonnegative
 
 __all__ = ["SingletonExposure", "SingletonResult", "singleton_fraction"]
 
@@ -44,6 +45,8 @@ class SingletonResult:
     features: np.ndarray
     owners: np.ndarray
     per_client: bool
+    #: The L2 bound the release clipped every record to (the view's NoiseSpec), None for none.
+    clip: float | None = None
 
 
 class SingletonExposure(Attack):
@@ -52,6 +55,9 @@ class SingletonExposure(Attack):
     name = "singleton"
     requires = frozenset({"counts", "sums"})
     defaults = {"tolerance": 1e-6}
+
+    def _validate_params(self) -> None:
+        self.params["tolerance"] = check_nonnegative(self.params["tolerance"], "tolerance")
 
     def run(self, view: ServerView, rng: np.random.Generator | None = None, **_) -> SingletonResult:
         self.check(view)
@@ -64,13 +70,19 @@ class SingletonExposure(Attack):
         # (FedCOF App. I.1) leaves the mean exact, so a noisy count does not hide it.
         feats = sums[rows, classes] / counts[rows, classes][:, None]
         return SingletonResult(
-            rows=rows, classes=classes, features=feats, owners=owners, per_client=view.per_client
+            rows=rows,
+            classes=classes,
+            features=feats,
+            owners=owners,
+            per_client=view.per_client,
+            clip=view.noise.clip,
         )
 
     def score(self, result: SingletonResult, truth: GroundTruth) -> dict:
         tol = float(self.params["tolerance"])
         keep = truth.clients >= 0
-        F, y, k = truth.features[keep], truth.labels[keep], truth.clients[keep]
+        # the records as the clients clipped them: clipping alone is no protection against being read
+        F, y, k = clip_rows(truth.features[keep], result.clip), truth.labels[keep], truth.clients[keep]
         exposed = np.zeros(F.shape[0], dtype=bool)
         cos = []
         for own, c, f in zip(result.owners, result.classes, result.features):

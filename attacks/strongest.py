@@ -42,6 +42,9 @@ from typing import Any
 
 import numpy as np
 
+from attacks.knowledge import check_truth
+from mechanisms.dp.calibration import check_count
+from privfed._validation import as_generator
 from privfed.errors import ConfigError, InputError
 
 __all__ = ["HEADLINE", "PER_CELL", "SUITES", "per_cell_best", "strongest", "strongest_flat"]
@@ -82,12 +85,12 @@ def _challenge(kind: str, view, truth, rng: np.random.Generator, common: dict) -
 
         if view.stats.owners is not None:
             return {}
-        return {"cells": challenge_cells(view, truth, rng, int(common.get("max_cells", 40)))}
+        return {
+            "cells": challenge_cells(view, truth, rng, check_count(common.get("max_cells", 40), "max_cells"))
+        }
     from attacks.view import membership_targets
 
-    t, lab, ids, partners = membership_targets(
-        view, truth, int(common.get("max_targets", 400)), rng, "tracing"
-    )
+    t, lab, ids, partners = membership_targets(view, truth, common.get("max_targets", 400), rng, "tracing")
     return {"targets": t, "target_labels": lab, "target_ids": ids, "partners": partners}
 
 
@@ -137,10 +140,18 @@ def strongest(
 
     if kind not in _HEADLINE:
         raise ConfigError(f"no attack suite for {kind!r}; choose from {sorted(_HEADLINE)}")
-    rng = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(int(rng))
+    rng = as_generator(rng, "rng")  # the check evaluate makes: 1.5, '7' and -1 are one line each
+    check_truth(truth)
     suite = dict(SUITES[kind] if suite is None else suite)
     if not suite:
         raise ConfigError("the attack suite is empty")
+    accepted = set().union(*(attacks.get_class(a).defaults for a, _ in suite.values()))
+    unknown = set(common) - accepted
+    if unknown:  # a misspelt parameter was silently ignored by every attack
+        raise ConfigError(
+            f"the {kind} suite got unknown parameter(s) {sorted(unknown)}; its attacks accept: "
+            + ", ".join(sorted(accepted))
+        )
     r_chal, *r_att = rng.spawn(1 + len(suite))
     if challenge is None:
         challenge = _challenge(kind, view, truth, r_chal, common)

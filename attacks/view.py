@@ -47,11 +47,16 @@ __all__ = [
 ]
 
 
-def clip_rows(features: np.ndarray, clip: float) -> np.ndarray:
-    """Scale every row to L2 norm at most ``clip`` (rows inside the ball are unchanged)."""
+def clip_rows(features: np.ndarray, clip: float | None) -> np.ndarray:
+    """Scale every row to L2 norm at most ``clip`` (rows inside the ball are unchanged; ``None``: as they are).
+
+    The release's own clipping (:func:`mechanisms.dp.clipping.clip_l2`), so a scorer compares a recovered
+    record with the record exactly as the client clipped it.
+    """
+    from mechanisms.dp.clipping import clip_l2
+
     F = np.asarray(features, dtype=np.float64)
-    norms = np.linalg.norm(F, axis=1, keepdims=True)
-    return F * np.minimum(1.0, clip / np.maximum(norms, 1e-300))
+    return F if clip is None else clip_l2(F, clip)
 
 
 def class_groups(labels, n: int, rng: np.random.Generator, *, max_groups: int | None = None) -> np.ndarray:
@@ -277,7 +282,13 @@ class ServerView:
             Parameters of the method.
         """
         from privfed import methods as _methods
-        from privfed._validation import as_generator, as_int_vector, check_features, check_labels
+        from privfed._validation import (
+            as_generator,
+            as_int_vector,
+            check_features,
+            check_labels,
+            check_num_classes,
+        )
 
         m = _methods.get(method, **method_params) if isinstance(method, str) else method
         rng = as_generator(rng, "rng")  # None: seed 0; a seed outside 0..2**64 - 1 is one line
@@ -298,7 +309,8 @@ class ServerView:
                 "uploaded samples their client ids 0..K-1"
             )
         F, y, k = F[keep], y[keep], k[keep]
-        K = int(k.max()) + 1 if num_clients is None else int(num_clients)
+        # True or 2.5 was cast to 1 or 2 and the error then showed the cast value
+        K = int(k.max()) + 1 if num_clients is None else check_num_classes(num_clients, "num_clients")
         if k.size and k.max() >= K:
             raise InputError(f"clients contains {int(k.max())}, out of range for num_clients={K}")
         secure = bool(secure_agg)
@@ -409,7 +421,9 @@ def membership_targets(
     """
     if truth.holdout_features is None:
         raise InputError(f"{attack} evaluation needs GroundTruth.holdout_features (non-members)")
-    m = int(max_targets)
+    from mechanisms.dp.calibration import check_count
+
+    m = check_count(max_targets, "max_targets")  # -5 took all but 5 pairs, True one
     up = rng.permutation(np.flatnonzero(truth.clients >= 0))
     yl, hl = np.asarray(truth.labels)[up], np.asarray(truth.holdout_labels)
     mem_parts, hold_parts = [], []
@@ -449,14 +463,23 @@ def paired_mask(
     belongs to the partner's client: a member on its own rows, its
     non-member counterpart on the same rows; without, every pair.
     """
-    tid = np.asarray(target_ids)
+    from attacks.params import index_vector
+
+    N = truth.clients.shape[0]
+    tid = index_vector(
+        target_ids, "target_ids", N, low=-1, what=f"ids for this truth (-1: a non-member, rows 0..{N - 1})"
+    )
+    if owners is not None and tid.shape != np.shape(owners):
+        raise InputError(
+            f"target_ids must have one id per scored pair ({np.shape(owners)[0]}), got {tid.shape}"
+        )
     private = tid >= 0
     client = np.full(tid.shape, -2)
     client[private] = truth.clients[tid[private]]
     member = private & ((client == owners) if per_client else (client >= 0))
     if partners is None:
         return member, np.ones(tid.shape, dtype=bool)
-    pc = truth.clients[np.asarray(partners)]
+    pc = truth.clients[index_vector(partners, "partners", N, what=f"truth rows 0..{N - 1}")]
     keep = (pc == owners) if per_client else (pc >= 0)
     return member, keep
 

@@ -25,7 +25,9 @@ import numpy as np
 
 from attacks.base import Attack
 from attacks.metrics import membership_metrics
+from attacks.params import check_fprs, check_targets
 from attacks.view import GroundTruth, ServerView, membership_targets, paired_mask
+from mechanisms.dp.calibration import check_count, check_nonnegative
 from privfed.errors import InputError
 
 __all__ = ["SubspaceMembership", "SubspaceResult", "signal_projectors"]
@@ -65,6 +67,13 @@ class SubspaceMembership(Attack):
     requires = frozenset({"second"})
     defaults = {"rel_tol": 1e-8, "edge": 2.0, "max_targets": 400, "fprs": (0.01, 0.001)}
 
+    def _validate_params(self) -> None:
+        p = self.params
+        p["rel_tol"] = check_nonnegative(p["rel_tol"], "rel_tol")  # NaN kept no eigenvalue: auc 0.5
+        p["edge"] = check_nonnegative(p["edge"], "edge")
+        p["max_targets"] = check_count(p["max_targets"], "max_targets")
+        p["fprs"] = check_fprs(p["fprs"])
+
     def run(
         self,
         view: ServerView,
@@ -83,10 +92,7 @@ class SubspaceMembership(Attack):
         self.check(view)
         if targets is None:
             raise InputError("subspace membership needs targets=(n, d) features to test")
-        Y = np.atleast_2d(np.asarray(targets, float))
-        if Y.shape[1] != view.stats.dim:
-            raise InputError(f"targets must have {view.stats.dim} columns, got {Y.shape[1]}")
-        ids = np.arange(Y.shape[0]) if target_ids is None else np.asarray(target_ids).astype(np.int64)
+        Y, yl, ids = check_targets(view, targets, target_labels, target_ids)
         sigma = float(view.noise.sigma.get("second", view.noise.sigma.get("class_second", 0.0)))
         bases, ranks = signal_projectors(
             view.second_moments(), sigma, self.params["rel_tol"], self.params["edge"]
@@ -101,10 +107,7 @@ class SubspaceMembership(Attack):
             raise InputError(
                 f"partners must have one entry per target ({Y.shape[0]}), got shape {part.shape}"
             )
-        if target_labels is not None:
-            yl = np.asarray(target_labels).astype(np.int64)
-            if yl.shape != (Y.shape[0],):
-                raise InputError(f"target_labels must have shape ({Y.shape[0]},), got {yl.shape}")
+        if yl is not None:
             keep = view.stats.counts[R, yl[T]] >= 0.5
             T, R, S = T[keep], R[keep], S[keep]
         owners = R if view.stats.owners is None else view.stats.owners[R]
@@ -126,6 +129,7 @@ class SubspaceMembership(Attack):
             raise InputError("the membership game has no member/non-member pair on a released row")
         out = membership_metrics(result.scores[keep], member[keep], self.params["fprs"])
         out["mean_rank"] = float(result.ranks.mean())
+        out["test"] = "subspace"  # what the table's auc[...] names (tracing reports its test the same way)
         return out
 
     def evaluate(self, view: ServerView, truth: GroundTruth, rng: np.random.Generator) -> dict:

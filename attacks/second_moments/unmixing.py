@@ -25,7 +25,9 @@ import numpy as np
 
 from attacks.base import Attack
 from attacks.metrics import identification, matched_cosine
+from attacks.params import index_vector
 from attacks.view import GroundTruth, ServerView
+from mechanisms.dp.calibration import check_count
 from privfed.errors import ConfigError, InputError
 
 __all__ = ["SecondMomentUnmixing", "UnmixingResult", "augmented_second_moment", "symmetric_nmf", "unmix"]
@@ -216,17 +218,24 @@ class SecondMomentUnmixing(Attack):
     }
 
     def _validate_params(self) -> None:
-        if int(self.params["max_samples"]) < 1:
-            raise ConfigError("max_samples must be >= 1")
+        for key in ("max_samples", "max_clients"):  # 'x' was a ValueError, 0 clients a misleading refusal
+            self.params[key] = check_count(self.params[key], key)
 
     def run(self, view: ServerView, rng: np.random.Generator, *, rows=None, **_) -> UnmixingResult:
         self.check(view)
         st = view.stats
         n_k = np.rint(np.maximum(st.counts, 0)).sum(axis=1).astype(int)
         if rows is None:
-            rows = np.flatnonzero((n_k >= 1) & (n_k <= int(self.params["max_samples"])))
-            rows = rows[: int(self.params["max_clients"])]
-        rows = np.asarray(rows, dtype=np.int64)
+            cap = self.params["max_samples"]
+            rows = np.flatnonzero((n_k >= 1) & (n_k <= cap))[: self.params["max_clients"]]
+            if rows.size == 0:
+                raise InputError(
+                    f"no client holds between 1 and max_samples={cap} records (largest: {int(n_k.max())}); "
+                    "raise max_samples"
+                )
+        else:  # -1 attacked the last client, 0.5 client 0
+            K = n_k.shape[0]
+            rows = index_vector(rows, "rows", K, what=f"released rows (clients) 0..{K - 1}")
         feats, labs, res = [], [], []
         G = view.second_moments()
         for k in rows:

@@ -53,6 +53,7 @@ from scipy.stats import beta as _beta
 
 from attacks.base import Attack
 from attacks.metrics import membership_metrics
+from attacks.params import check_fprs, check_targets
 from attacks.tracing.scores import (
     PAIR_FEATURES,
     REFERENCES,
@@ -65,6 +66,7 @@ from attacks.tracing.scores import (
     trace_scores,
 )
 from attacks.view import GroundTruth, PublicData, ServerView, membership_targets
+from mechanisms.dp.calibration import check_count
 from privfed.errors import ConfigError, InputError
 
 __all__ = [
@@ -152,6 +154,8 @@ class Tracing(Attack):
             v = self.params[key]
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < low:
                 raise ConfigError(f"tracing {key} must be an integer >= {low}, got {v!r}")
+        self.params["max_targets"] = check_count(self.params["max_targets"], "max_targets")
+        self.params["fprs"] = check_fprs(self.params["fprs"])
 
     def models(self, public: PublicData, num_classes: int) -> list[ReferenceModel]:
         out = []
@@ -191,13 +195,7 @@ class Tracing(Attack):
         self.check(view)
         if targets is None or target_labels is None:
             raise InputError("tracing needs targets=(n, d) features and target_labels=(n,) classes to test")
-        Y = np.atleast_2d(np.asarray(targets, float))
-        yl = np.asarray(target_labels).astype(np.int64)
-        if Y.shape[1] != view.stats.dim or yl.shape != (Y.shape[0],):
-            raise InputError(
-                f"targets must be (n, {view.stats.dim}) with n labels, got {Y.shape} and {yl.shape}"
-            )
-        ids = np.arange(Y.shape[0]) if target_ids is None else np.asarray(target_ids).astype(np.int64)
+        Y, yl, ids = check_targets(view, targets, target_labels, target_ids)
         part = None if partners is None else np.asarray(partners).astype(np.int64)
         if part is not None and part.shape != (Y.shape[0],):
             raise InputError(

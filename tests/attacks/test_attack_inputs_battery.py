@@ -1,0 +1,276 @@
+"""Bad parameters and inputs of the attacks: one-line errors naming the argument, never a silent wrong number.
+
+Small synthetic federations (non-negative features, 3 classes, 120 records),
+so every test runs in well under a second.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import attacks
+from attacks.metrics import tpr_at_fpr
+from attacks.view import GroundTruth, NoiseSpec, PublicData, clip_rows
+from privfed.errors import ConfigError, InputError
+
+N, D, C = 120, 6, 3
+
+
+def _data(seed=0):
+    rng = np.random.default_rng(seed)
+    F = np.abs(rng.normal(size=(N, D))) + 0.1
+    y = np.arange(N) % C
+    H = np.abs(rng.normal(size=(60, D))) + 0.1
+    P = np.abs(rng.normal(size=(60, D))) + 0.1
+    return F, y, H, np.arange(60) % C, PublicData(labels=np.arange(60) % C, features=P)
+
+
+def _scenario(method="fedncm", clients=None, **kw):
+    F, y, H, yh, pub = _data()
+    clients = np.arange(N) % 40 if clients is None else clients  # 3 records per client, one per class
+    return attacks.scenario(
+        method, F, y, clients, holdout_features=H, holdout_labels=yh, public=pub, rng=0, **kw
+    )
+
+
+def _one_line(exc) -> str:
+    msg = str(exc.value)
+    assert "\n" not in msg
+    return msg
+
+
+# ----------------------------------------------------------------------------- 1. NoiseSpec
+@pytest.mark.parametrize(
+    "kw, word",
+    [
+        ({"blocks": ()}, "blocks"),
+        ({"epsilon": -math.inf}, "epsilon"),
+        ({"epsilon": True}, "epsilon"),
+        ({"epsilon": "1"}, "epsilon"),
+        ({"clip": True}, "clip"),
+        ({"clip": "1"}, "clip"),
+    ],
+)
+def test_noise_spec_gaussian_refuses_bad_settings(kw, word):
+    args = {"epsilon": 1, "delta": 1e-5, "clip": 30.0, **kw}
+    with pytest.raises(ConfigError) as exc:
+        NoiseSpec.gaussian(**args)
+    assert word in _one_line(exc)
+
+
+@pytest.mark.parametrize(
+    "kw, word",
+    [
+        ({"sigma": {"sums": "1"}}, "sigma"),
+        ({"sigma": {"sums": True}}, "sigma"),
+        ({"sigma": None}, "sigma"),
+        ({"clip": True}, "clip"),
+        ({"clip": "1"}, "clip"),
+    ],
+)
+def test_noise_spec_refuses_bad_fields(kw, word):
+    with pytest.raises(ConfigError) as exc:
+        NoiseSpec(**kw)
+    assert word in _one_line(exc)
+
+
+# ----------------------------------------------------------------------------- 2. max_targets, fprs
+@pytest.mark.parametrize("attack", ["tracing", "subspace"])
+@pytest.mark.parametrize("value", [-5, True, 2.7, "10", 0])
+def test_max_targets_must_be_a_positive_int(attack, value):
+    with pytest.raises(ConfigError) as exc:
+        attacks.get(attack, max_targets=value)
+    assert "max_targets" in _one_line(exc)
+
+
+@pytest.mark.parametrize("attack", ["tracing", "subspace"])
+@pytest.mark.parametrize("value", [(-0.1,), (2.0,), 0.01, (), (math.nan,), (True,)])
+def test_fprs_must_be_rates_in_unit_interval(attack, value):
+    with pytest.raises(ConfigError) as exc:
+        attacks.get(attack, fprs=value)
+    assert "fprs" in _one_line(exc)
+
+
+@pytest.mark.parametrize("fpr", [math.nan, -0.1, 2.0, True, "0.01"])
+def test_tpr_at_fpr_refuses_a_bad_rate(fpr):
+    scores, members = np.arange(10.0), np.arange(10) >= 5
+    with pytest.raises(ConfigError) as exc:
+        tpr_at_fpr(scores, members, fpr)
+    assert "fpr" in _one_line(exc)
+
+
+# ----------------------------------------------------------------------------- 3. target labels, ids, rows
+def _targets(view):
+    F, y, *_ = _data()
+    return F[:4], y[:4]
+
+
+@pytest.mark.parametrize("attack, method", [("tracing", "fedncm"), ("subspace", "fedcgs")])
+@pytest.mark.parametrize("bad", [-1, 1.7, True, 12])
+def test_target_labels_must_be_classes_of_the_view(attack, method, bad):
+    view, _ = _scenario(method)
+    Y, lab = _targets(view)
+    lab = lab.tolist()
+    lab[0] = bad
+    kw = {"test": "inner"} if attack == "tracing" else {}
+    with pytest.raises(InputError) as exc:
+        attacks.get(attack, **kw).run(view, np.random.default_rng(0), targets=Y, target_labels=lab)
+    msg = _one_line(exc)
+    assert "target_labels" in msg and ("0..2" in msg or "whole numbers" in msg or "integers" in msg)
+
+
+@pytest.mark.parametrize("ids", [[0, 1], [0, 1, 2, 10**6]])
+def test_tracing_target_ids_of_wrong_length_or_out_of_range(ids):
+    view, truth = _scenario()
+    Y, lab = _targets(view)
+    att = attacks.get("tracing", test="inner")
+    with pytest.raises(InputError) as exc:
+        res = att.run(view, np.random.default_rng(0), targets=Y, target_labels=lab, target_ids=ids)
+        att.score(res, truth)
+    assert "target_ids" in _one_line(exc)
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf])
+def test_tracing_refuses_non_finite_targets(bad):
+    view, _ = _scenario()
+    Y, lab = _targets(view)
+    Y = np.full_like(Y, bad)
+    with pytest.raises(InputError) as exc:
+        attacks.get("tracing", test="inner").run(view, np.random.default_rng(0), targets=Y, target_labels=lab)
+    assert "targets" in _one_line(exc)
+
+
+@pytest.mark.parametrize("rows", [[-1], [0.5], [999], [True]])
+def test_unmixing_rows_must_be_released_rows(rows):
+    view, _ = _scenario("fedcgs")
+    with pytest.raises(InputError) as exc:
+        attacks.get("unmixing").run(view, np.random.default_rng(0), rows=rows)
+    assert "rows" in _one_line(exc)
+
+
+# ----------------------------------------------------------------------------- 4-6. build-time parameters
+@pytest.mark.parametrize(
+    "attack, kw, word",
+    [
+        ("subspace", {"rel_tol": math.nan}, "rel_tol"),
+        ("subspace", {"rel_tol": -1}, "rel_tol"),
+        ("subspace", {"edge": -1}, "edge"),
+        ("singleton", {"tolerance": "x"}, "tolerance"),
+        ("singleton", {"tolerance": -1}, "tolerance"),
+        ("differencing", {"max_added": 0}, "max_added"),
+        ("differencing", {"max_added": -3}, "max_added"),
+        ("differencing", {"max_added": "a"}, "max_added"),
+        ("unmixing", {"max_samples": "x"}, "max_samples"),
+        ("unmixing", {"max_clients": 0}, "max_clients"),
+        ("unmixing", {"max_clients": -1}, "max_clients"),
+    ],
+)
+def test_bad_parameters_are_refused_when_the_attack_is_built(attack, kw, word):
+    with pytest.raises(ConfigError) as exc:
+        attacks.get(attack, **kw)
+    assert word in _one_line(exc)
+
+
+def test_unmixing_says_no_client_fits_max_samples():
+    view, truth = _scenario("fedcgs")  # every client holds 3 records
+    with pytest.raises(InputError) as exc:
+        attacks.evaluate("unmixing", view, truth, max_samples=2)
+    msg = _one_line(exc)
+    assert "max_samples=2" in msg and "raise max_samples" in msg
+
+
+# ----------------------------------------------------------------------------- 7. GroundTruth
+def _truth_kw():
+    F, y, H, yh, _ = _data()
+    return {
+        "features": F,
+        "labels": y,
+        "clients": np.arange(N) % 40,
+        "holdout_features": H,
+        "holdout_labels": yh,
+    }
+
+
+@pytest.mark.parametrize(
+    "change, word",
+    [
+        ({"images": np.zeros((N - 1, 8, 8))}, "images"),
+        ({"holdout_features": np.full((60, D), math.nan)}, "holdout_features"),
+        ({"features": np.full((N, D), math.nan)}, "GroundTruth.features"),
+        ({"clients": np.arange(N) % 40 + 0.7}, "clients"),
+    ],
+)
+def test_ground_truth_refuses_bad_data(change, word):
+    with pytest.raises(InputError) as exc:
+        GroundTruth(**{**_truth_kw(), **change})
+    assert word in _one_line(exc)
+
+
+def test_evaluate_refuses_a_missing_truth():
+    view, _ = _scenario()
+    with pytest.raises(InputError) as exc:
+        attacks.evaluate("singleton", view, None)
+    assert "GroundTruth" in _one_line(exc)
+
+
+# ----------------------------------------------------------------------------- 8. strongest
+@pytest.mark.parametrize("fn", [attacks.strongest, attacks.strongest_flat])
+@pytest.mark.parametrize("rng", [1.5, "7", -1, True])
+def test_strongest_checks_rng_as_evaluate_does(fn, rng):
+    view, truth = _scenario()
+    with pytest.raises(ConfigError) as exc:
+        fn("tracing", view, truth, rng)
+    assert "rng" in _one_line(exc)
+
+
+def test_strongest_refuses_unknown_parameters():
+    view, truth = _scenario()
+    with pytest.raises(ConfigError) as exc:
+        attacks.strongest_flat("tracing", view, truth, 0, bogus=3)
+    assert "bogus" in _one_line(exc)
+
+
+# ----------------------------------------------------------------------------- 9. labels and num_clients
+def test_subspace_rows_name_their_test():
+    from privfed.commands.attack.report import summary_line
+
+    view, truth = _scenario("fedcgs", clients=np.arange(N) % 60)  # 2 records per client: n < d
+    row = attacks.evaluate("subspace", view, truth, max_targets=40)
+    line = summary_line(
+        {**row, "placement": "none", "protocol": "none", "method": "fedcgs", "epsilon": math.inf, "seed": 0}
+    )  # the command adds the run's columns
+    assert "[test]" not in line and "auc[subspace]" in line
+
+
+@pytest.mark.parametrize("k", [True, 2.5])
+def test_scenario_refuses_bool_or_fractional_num_clients(k):
+    with pytest.raises(ConfigError) as exc:
+        _scenario(clients=np.arange(N) % 2, num_clients=k)
+    assert f"got {k!r}" in _one_line(exc)
+
+
+# ----------------------------------------------------------------------------- 10. clipping is not protection
+def _clip():
+    F, *_ = _data()
+    return float(np.median(np.linalg.norm(F, axis=1)))
+
+
+def test_singleton_scores_against_the_clipped_records():
+    c = _clip()
+    view, truth = _scenario(privacy=NoiseSpec(clip=c))
+    got = attacks.evaluate("singleton", view, truth)
+    clipped = GroundTruth(features=clip_rows(truth.features, c), labels=truth.labels, clients=truth.clients)
+    ref = attacks.get("singleton").score(attacks.get("singleton").run(view), clipped)
+    assert got == ref
+    assert got["exposed_fraction"] == 1.0 and got["candidate_precision"] == 1.0  # every record is a singleton
+
+
+def test_differencing_is_exact_under_clipping_alone():
+    c = _clip()
+    view, truth = _scenario(privacy=NoiseSpec(clip=c))
+    got = attacks.evaluate("differencing", view, truth, rng=0)
+    assert got["cells"] == 40 and got["exact_fraction"] == 1.0
+    assert got["mean_relative_error"] < 1e-9
