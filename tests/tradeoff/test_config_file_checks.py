@@ -85,3 +85,26 @@ def test_a_relative_feature_file_is_recorded_absolute_and_replays_from_any_folde
         json.loads((tmp_path / "r3" / "results.json").read_text())["config"]["dataset"]
         == f"file:{data / 'feat.npz'}"
     )
+
+
+@pytest.mark.parametrize("delta, noted", [(0.01, True), (1 / 120, True), (1e-5, False)])
+def test_a_delta_not_below_one_over_n_is_noted_on_the_console_and_in_the_record(
+    tmp_path, capsys, delta, noted
+):
+    """delta 0.5 ran under '(eps, delta)-DP' without a word: formally true, but a release that publishes each
+    record with probability delta meets it.  120 training records here: 1/120 is the edge."""
+    rng = np.random.default_rng(0)
+    np.savez(
+        tmp_path / "f.npz",
+        features=rng.normal(size=(120, 4)),
+        labels=np.arange(120) % 3,
+        test_features=rng.normal(size=(30, 4)),
+        test_labels=np.arange(30) % 3,
+    )
+    argv = ["--dataset", f"file:{tmp_path / 'f.npz'}", "--clip", "3", "--eps", "1", "--delta", str(delta)]
+    assert main([*argv, "--clients", "4", "--seeds", "1", "--no-plot", "--out", str(tmp_path / "o")]) == 0
+    said = "is not below 1/N = 1/120" in capsys.readouterr().err
+    kept = any(
+        "1/N = 1/120" in w for w in json.loads((tmp_path / "o" / "results.json").read_text())["warnings"]
+    )
+    assert said == kept == noted

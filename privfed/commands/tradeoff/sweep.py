@@ -138,6 +138,15 @@ def run_tradeoff(
         f"placement {PLACEMENT_LABEL[k]!r} left out for method {m!r}: {why}"
         for (m, k), why in skipped.items()
     }
+    n_train = int(ds.train_features.shape[0])
+    if finite and cfg.count_noise in (None, "gaussian") and cfg.delta * n_train >= 1:
+        vacuous = (  # formally a guarantee, but one that lets a release publish a record in the clear
+            f"--delta {cfg.delta:g} is not below 1/N = 1/{n_train:,} (the training records): a release that "
+            "publishes each record with probability delta meets it, so it protects little; pick delta well "
+            "below 1/N (the default is 1e-5)"
+        )
+        print(f"note: {vacuous}", file=sys.stderr)
+        caught.add(vacuous)
     with warnings.catch_warnings(record=True) as wlist, blas_threads(ds.dim), heartbeat(bar):
         warnings.simplefilter("always")
         _sweep(
