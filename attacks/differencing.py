@@ -34,7 +34,8 @@ class DifferencingResult:
     added: np.ndarray  # (r,) records added per cell (count difference)
     features: np.ndarray  # (r, d): recovered mean of the added records
     per_client: bool
-    clip: float | None = None  # the L2 bound the release clipped every record to (the view's NoiseSpec)
+    clip: float | None = None  # the bound the release clipped every record to (the view's NoiseSpec)
+    clip_norm: str = "l2"  # its norm: L2, or each coordinate
 
 
 class Differencing(Attack):
@@ -70,6 +71,7 @@ class Differencing(Attack):
             features=diff / m[:, None],
             per_client=view.per_client,
             clip=view.noise.clip,
+            clip_norm=view.noise.clip_norm,
         )
 
     def score(self, result: DifferencingResult, truth: GroundTruth, added: np.ndarray | None = None) -> dict:
@@ -86,7 +88,9 @@ class Differencing(Attack):
             idx = added[mask]
             if idx.size == 0:
                 continue
-            true = clip_rows(truth.features[idx], result.clip).mean(axis=0)  # as the clients clipped them
+            true = clip_rows(truth.features[idx], result.clip, result.clip_norm).mean(
+                axis=0
+            )  # as the clients clipped them
             err = float(np.linalg.norm(f - true))
             scale = max(1.0, float(np.linalg.norm(true)))
             exact.append(err <= tol * scale)

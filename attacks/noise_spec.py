@@ -17,7 +17,9 @@ from typing import Any
 import numpy as np
 
 from mechanisms.dp.calibration import as_real, check_budget
+from mechanisms.dp.clipping import CLIP_NORMS
 from mechanisms.dp.count_noise import GEOMETRIC_MIN_EPSILON
+from mechanisms.dp.gaussian.mechanism import MAX_CLIP, MIN_CLIP
 from privfed.errors import ConfigError
 from privfed.stats import STAT_FIELDS, ClientStats
 
@@ -137,7 +139,9 @@ class NoiseSpec:
     count_epsilon, count_delta : float, optional
         Parameters of the count noise.
     clip : float, optional
-        L2 bound every feature was clipped to before the statistics.
+        Bound every feature was clipped to before the statistics.
+    clip_norm : {"l2", "coordinate"}
+        The norm of that bound (the mechanism's ``clip_norm``): L2, or each coordinate to [-clip, clip].
     level : {"record", "client"}
         ``record``: each client's upload is noised before it leaves the
         client; ``client``: noise is added to the all-client sum only.
@@ -153,6 +157,7 @@ class NoiseSpec:
     count_epsilon: float | None = None
     count_delta: float | None = None
     clip: float | None = None
+    clip_norm: str = "l2"
     level: str = "record"
     epsilon: float = math.inf
     delta: float = 0.0
@@ -182,6 +187,8 @@ class NoiseSpec:
             )
         if self.clip is not None:
             object.__setattr__(self, "clip", _positive_clip(self.clip))
+        if self.clip_norm not in CLIP_NORMS:
+            raise ConfigError(f"clip_norm must be one of {list(CLIP_NORMS)}, got {self.clip_norm!r}")
 
     @classmethod
     def none(cls) -> NoiseSpec:
@@ -222,17 +229,23 @@ class NoiseSpec:
         if eps == math.inf:  # -inf, NaN and 0 go on to check_budget's refusal
             return cls(clip=clip, level=level, epsilon=math.inf, delta=0.0, guarantee="none")
         epsilon, delta = check_budget(epsilon, delta, allow_inf=False)
-        sens2 = {"sums": clip**2, "counts": 1.0, "second": clip**4, "class_second": clip**4}
+        if not MIN_CLIP <= clip <= MAX_CLIP:  # clip^4 underflowed to sigma 0 under a DP label, or overflowed
+            raise ConfigError(
+                f"clip={clip!r} is outside [{MIN_CLIP:g}, {MAX_CLIP:g}], where the noise (c^2, c^4 for second "
+                "moments) stays a normal float64 number; rescale the features and pick a clip inside it"
+            )
+        # each block's L2 sensitivity, joined by hypot: c^4 of a second moment underflowed to sigma 0 at c = 1e-90
+        sens = {"sums": clip, "counts": 1.0, "second": clip * clip, "class_second": clip * clip}
         blocks = (blocks,) if isinstance(blocks, str) else tuple(blocks)
         if not blocks:  # no noised block: a clean release that would be labelled (eps, delta)-DP
             raise ConfigError(
                 f"blocks is empty: no statistic would carry noise, yet the release would claim ({epsilon:g}, "
                 f"{delta:g})-DP; name the noised blocks (e.g. blocks=('counts', 'sums')) or use epsilon=inf"
             )
-        unknown = set(blocks) - set(sens2)
+        unknown = set(blocks) - set(sens)
         if unknown:
-            raise ConfigError(f"unknown block(s) {sorted(unknown)}; blocks are {list(sens2)}")
-        Delta = math.sqrt(sum(sens2[b] for b in blocks))
+            raise ConfigError(f"unknown block(s) {sorted(unknown)}; blocks are {list(sens)}")
+        Delta = math.hypot(*(sens[b] for b in blocks))
         s = Delta * gaussian_sigma(epsilon, delta)
         return cls(
             sigma={b: s for b in blocks},
@@ -282,12 +295,11 @@ class NoiseSpec:
             }
         clip = getattr(mechanism, "clip_bound", None)
         clipping = getattr(mechanism, "clipping", None)
-        if clipping is not None and getattr(clipping, "norm", "l2") != "l2":
-            clip = None
         eps = float(getattr(mechanism, "epsilon", math.inf))
         return cls(
             sigma=sigma,
             clip=None if clip is None else float(clip),
+            clip_norm=str(getattr(clipping, "norm", "l2")),  # scored as the release clipped (coordinate too)
             level=str(getattr(mechanism, "level", "record")),
             epsilon=eps,
             delta=float(getattr(mechanism, "delta", 0.0) or 0.0),

@@ -47,6 +47,7 @@ class SingletonResult:
     per_client: bool
     #: The L2 bound the release clipped every record to (the view's NoiseSpec), None for none.
     clip: float | None = None
+    clip_norm: str = "l2"  # its norm: L2, or each coordinate
 
 
 class SingletonExposure(Attack):
@@ -76,13 +77,18 @@ class SingletonExposure(Attack):
             owners=owners,
             per_client=view.per_client,
             clip=view.noise.clip,
+            clip_norm=view.noise.clip_norm,
         )
 
     def score(self, result: SingletonResult, truth: GroundTruth) -> dict:
         tol = float(self.params["tolerance"])
         keep = truth.clients >= 0
         # the records as the clients clipped them: clipping alone is no protection against being read
-        F, y, k = clip_rows(truth.features[keep], result.clip), truth.labels[keep], truth.clients[keep]
+        F, y, k = (
+            clip_rows(truth.features[keep], result.clip, result.clip_norm),
+            truth.labels[keep],
+            truth.clients[keep],
+        )
         exposed = np.zeros(F.shape[0], dtype=bool)
         cos = []
         for own, c, f in zip(result.owners, result.classes, result.features):

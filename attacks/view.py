@@ -47,16 +47,16 @@ __all__ = [
 ]
 
 
-def clip_rows(features: np.ndarray, clip: float | None) -> np.ndarray:
-    """Scale every row to L2 norm at most ``clip`` (rows inside the ball are unchanged; ``None``: as they are).
+def clip_rows(features: np.ndarray, clip: float | None, norm: str = "l2") -> np.ndarray:
+    """Every row clipped to ``clip`` in ``norm`` (L2, or each coordinate; ``None``: the rows as they are).
 
-    The release's own clipping (:func:`mechanisms.dp.clipping.clip_l2`), so a scorer compares a recovered
+    The release's own clipping (:class:`mechanisms.dp.clipping.Clipping`), so a scorer compares a recovered
     record with the record exactly as the client clipped it.
     """
-    from mechanisms.dp.clipping import clip_l2
+    from mechanisms.dp.clipping import Clipping
 
     F = np.asarray(features, dtype=np.float64)
-    return F if clip is None else clip_l2(F, clip)
+    return F if clip is None else Clipping(clip, norm)(F)
 
 
 def class_groups(labels, n: int, rng: np.random.Generator, *, max_groups: int | None = None) -> np.ndarray:
@@ -321,8 +321,7 @@ class ServerView:
             )
         if privacy is None or isinstance(privacy, NoiseSpec):
             spec = privacy or NoiseSpec()
-            if spec.clip is not None:
-                F = clip_rows(F, spec.clip)
+            F = clip_rows(F, spec.clip, spec.clip_norm)
             stats = m.client_stats(F, y, k, num_classes=C, num_clients=K, rng=rng)
             exposed = set(m.requires)
             if secure and m.per_client:
@@ -441,8 +440,7 @@ def membership_targets(
     if mem.size == 0:
         raise InputError(f"{attack} evaluation needs holdout records of the members' classes; none matches")
     targets = np.concatenate([truth.features[mem], truth.holdout_features[hold]])
-    if view.noise.clip is not None:
-        targets = clip_rows(targets, view.noise.clip)
+    targets = clip_rows(targets, view.noise.clip, view.noise.clip_norm)
     labels = np.concatenate([truth.labels[mem], truth.holdout_labels[hold]])
     ids = np.concatenate([mem, -np.ones(hold.size, dtype=np.int64)])
     return targets, labels, ids, np.concatenate([mem, mem])

@@ -215,7 +215,7 @@ class Tracing(Attack):
             pools, cnts = {}, {}
             for c in np.unique(yl):
                 P = pub.features[pub.labels == c]
-                pools[c] = P if view.noise.clip is None else clip_rows(P, view.noise.clip)
+                pools[c] = clip_rows(P, view.noise.clip, view.noise.clip_norm)
                 cnts[c] = counts[counts[:, c] >= 0.5, c]
             # seeded simulation: the attacker's own randomness, reproducible (it is not a release)
             learned = learned_test(

@@ -274,3 +274,32 @@ def test_differencing_is_exact_under_clipping_alone():
     got = attacks.evaluate("differencing", view, truth, rng=0)
     assert got["cells"] == 40 and got["exact_fraction"] == 1.0
     assert got["mean_relative_error"] < 1e-9
+
+
+def test_a_coordinate_clipped_release_is_scored_as_it_was_clipped():
+    """A mechanism clipping each coordinate gave the view no clip (NoiseSpec.clip None), so an exact
+    coordinate-clipped release was scored against the unclipped records: 0 exposed, cosine 0.87."""
+    from mechanisms import GaussianMechanism
+
+    b = 0.5  # below most coordinates of _data (|N(0, 1)| + 0.1): every record is changed by the clip
+    mech = GaussianMechanism(epsilon=math.inf, delta=1e-5, clip=b, clip_norm="coordinate", dim=D)
+    view, truth = _scenario(privacy=mech)
+    assert (view.noise.clip, view.noise.clip_norm) == (b, "coordinate")
+    got = attacks.evaluate("singleton", view, truth)
+    assert got["exposed_fraction"] == 1.0 and got["candidate_precision"] == 1.0
+    assert attacks.evaluate("differencing", view, truth, rng=0)["exact_fraction"] == 1.0
+
+
+@pytest.mark.parametrize("clip, blocks", [(1e-90, ("second",)), (1e-200, ("sums",)), (1e200, ("counts",))])
+def test_a_gaussian_spec_never_calibrates_to_zero_or_overflows(clip, blocks):
+    """clip 1e-200 gave sigma 0 labelled (1, 1e-05)-DP, clip^4 at 1e-90 underflowed the same way, and 1e200 was
+    a raw OverflowError; the mechanism's own clip range applies, and the sensitivities join without underflow."""
+    if 1e-100 <= clip <= 1e100:
+        spec = NoiseSpec.gaussian(epsilon=1.0, delta=1e-5, clip=clip, blocks=blocks)
+        from attacks.noise_spec import gaussian_sigma
+
+        # a ratio: approx's absolute tolerance would take 0 for 3.7e-180
+        assert spec.sigma["second"] / (clip * clip) == pytest.approx(gaussian_sigma(1.0, 1e-5), rel=1e-12)
+    else:
+        with pytest.raises(ConfigError, match=r"is outside \[1e-100, 1e\+100\]"):
+            NoiseSpec.gaussian(epsilon=1.0, delta=1e-5, clip=clip, blocks=blocks)
