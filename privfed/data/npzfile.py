@@ -122,12 +122,14 @@ def _declared_sizes(fh, where: str, limit: int, file_size: int) -> None:
                     "or was not written by numpy.savez"
                 ) from None
             size = int(np.prod([int(s) for s in shape], dtype=object) if shape else 1) * int(dtype.itemsize)
-            if size + header > int(info.file_size) and not short:  # numpy would allocate it, then fail
+            if size + header > int(info.file_size) and not (short or dtype.hasobject):  # pickles: own size
                 short = f"{info.filename!r} declares {size:,} bytes of array but holds {info.file_size - header:,}"
             total += size
             if size > biggest[1]:
                 biggest = (name, size, tuple(int(s) for s in shape))
         stored = sum(int(i.file_size) for i in infos)
+    if short:  # conclusive, whatever the limit: raising it would only let numpy allocate what is not there
+        raise InputError(f"{where}: member {short}; the file is damaged (cut short): write it again")
     if total <= limit < stored:  # the headers understate what the zip directory says the members expand to
         big = max(infos, key=lambda i: i.file_size)
         raise InputError(
@@ -143,8 +145,6 @@ def _declared_sizes(fh, where: str, limit: int, file_size: int) -> None:
             f"the {limit:,}-byte limit, and is refused before it is expanded; if the file is genuine, raise the "
             f"limit with {_RAISE_WITH} (e.g. {MAX_BYTES_ENV}={-(-total // 2**30)}G)"
         )
-    if short:
-        raise InputError(f"{where}: member {short}; the file is damaged (cut short): write it again")
 
 
 #: What reading the .npy header of a damaged or foreign member may raise.
@@ -379,7 +379,8 @@ def load_feature_file(
         )
     meta: dict = {"source": str(path), "d": int(F.shape[1]), "backbone": "unknown (feature file)"}
     ignored = sorted(set(arrays) - set(FILE_ARRAYS))
-    near = [(a, m[0]) for a in ignored if (m := difflib.get_close_matches(a.lower(), FILE_ARRAYS, 1, 0.85))]
+    absent = [a for a in FILE_ARRAYS[2:] if a not in arrays]  # optional arrays: extra 'features2' is no typo
+    near = [(a, m[0]) for a in ignored if (m := difflib.get_close_matches(a.lower(), absent, 1, 0.85))]
     if near:  # a misspelt optional array was ignored: the run tested on a split of its own, silently
         raise InputError(f"{where} holds {near[0][0]!r}, not read: did you mean {near[0][1]!r}? rename it")
     if ignored:

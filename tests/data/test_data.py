@@ -354,6 +354,13 @@ def test_a_misspelt_optional_array_is_refused_not_ignored(tmp_path, typo, meant)
         load_feature_file(tmp_path / "f.npz")
     np.savez(tmp_path / "g.npz", features=F, labels=y, feature_names=np.array(["a"] * F.shape[1]))
     assert load_feature_file(tmp_path / "g.npz").meta["ignored_arrays"] == ["feature_names"]
+    # near the name of an array the file holds, or of a required one: an extra array, ignored and listed
+    np.savez(tmp_path / "h.npz", features=F, labels=y, clients=y, features2=F, labels_0=y, Clients=y)
+    assert load_feature_file(tmp_path / "h.npz").meta["ignored_arrays"] == [
+        "Clients",
+        "features2",
+        "labels_0",
+    ]
 
 
 def test_feature_file_without_test_splits_stratified(tmp_path):

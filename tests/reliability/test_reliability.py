@@ -274,18 +274,26 @@ def _npz_with_header(path, shape, body: bytes = b"", compress: bool = False):
 
 
 def test_npz_header_declaring_a_huge_shape_is_refused_before_allocating(tmp_path):
+    """A member declaring 8 TB and holding 64 bytes is named as cut short, whatever the size limit (with the
+    limit raised, numpy tried to allocate 7.3 TiB; the limit's advice could only lead there)."""
     path = tmp_path / "huge.npz"
     _npz_with_header(path, (10**6, 10**6), body=b"\0" * 64)
+    for limit in (None, "100T"):
+        with pytest.raises(
+            InputError, match=r"'features.npy' declares 8,000,000,000,000 bytes of array but holds 64;"
+        ):
+            privfed.data.load_dataset(f"file:{path}", max_file_bytes=limit)
+    # a genuine file over the limit is told a limit that admits it (the example was always 8G)
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "big.npz", features=rng.normal(size=(3000, 100)), labels=np.arange(3000) % 3)
     with pytest.raises(
-        InputError,
-        match=r"declares 8,000,000,000,016 bytes.*\(1000000, 1000000\).*PRIVFED_MAX_FILE_BYTES=7451G",
-    ):  # the example admits the file (it was always 8G)
-        privfed.data.load_dataset(f"file:{path}")
-    # with the limit raised past it, the member is named as cut short (numpy tried to allocate 7.3 TiB)
-    with pytest.raises(
-        InputError, match=r"'features.npy' declares 8,000,000,000,000 bytes of array but holds 64;"
+        InputError, match=r"declares 2,424,000 bytes.*\(3000, 100\).*PRIVFED_MAX_FILE_BYTES=1G"
     ):
-        privfed.data.load_dataset(f"file:{path}", max_file_bytes="100T")
+        privfed.data.load_dataset(f"file:{tmp_path / 'big.npz'}", max_file_bytes="1M")
+    # a pickled member is no cut-short array: its own refusal names the pickle
+    np.savez(tmp_path / "obj.npz", features=np.array([None] * 1000, dtype=object), labels=np.zeros(3))
+    with pytest.raises(InputError, match="pickle"):
+        privfed.data.load_dataset(f"file:{tmp_path / 'obj.npz'}")
 
 
 def test_deflate_bomb_is_refused_before_expanding_with_a_limit_the_user_can_raise(tmp_path, monkeypatch):
