@@ -121,6 +121,12 @@ def resolve_config(args: argparse.Namespace):
     from privfed.flower.config import MASKING, FlowerConfig, public_clip
 
     s = Settings(args, _FILE_KEYS | {k.replace("_", "-") for k in _FILE_KEYS}, "flower")
+    both = sorted(k for k in s.base if "-" in k and k.replace("-", "_") in s.base)
+    if both:  # one spelling would win silently (the run config writes dashes, the settings file underscores)
+        raise ConfigError(
+            f"the config file sets {both[0]} and {both[0].replace('-', '_')}, two spellings of one setting: keep "
+            "one of them"
+        )
     s.base = {k.replace("-", "_"): v for k, v in s.base.items()}
     method = s.method()
     params = s.params((method,))

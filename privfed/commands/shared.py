@@ -354,8 +354,13 @@ class Settings:
 
     def dataset_sha256(self) -> str | None:
         """The SHA-256 a replayed record's feature file had (None when --dataset names another data set)."""
-        named = getattr(self.args, "dataset", None)
-        v = self.base.get("dataset_sha256") if named in (None, self.base.get("dataset")) else None
+        named, recorded = getattr(self.args, "dataset", None), self.base.get("dataset")
+        if all(isinstance(x, str) and x.startswith("file:") for x in (named, recorded)):
+            # the record's path is absolute: 'file:feat.npz' typed in its folder names the same file
+            named, recorded = (
+                os.path.abspath(os.path.expanduser(x[len("file:") :])) for x in (named, recorded)
+            )
+        v = self.base.get("dataset_sha256") if named is None or named == recorded else None
         if v is not None and not (
             isinstance(v, str) and len(v) == 64 and all(c in "0123456789abcdef" for c in v)
         ):

@@ -85,6 +85,13 @@ def test_a_relative_feature_file_is_recorded_absolute_and_replays_from_any_folde
         json.loads((tmp_path / "r3" / "results.json").read_text())["config"]["dataset"]
         == f"file:{data / 'feat.npz'}"
     )
+    # the replay's check that the data did not change holds when the file is named as it was typed
+    np.savez(data / "feat.npz", features=rng.normal(size=(120, 4)), labels=np.arange(120) % 3)
+    capsys.readouterr()
+    monkeypatch.chdir(data)
+    replay = ["--config", str(tmp_path / "r1" / "results.json"), "--dataset", "file:feat.npz"]
+    assert main([*replay, "--out", str(tmp_path / "r4")]) == 2  # from data/, where it was typed
+    assert "the file's data changed since the recorded run" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("delta, noted", [(0.01, True), (1 / 120, True), (1e-5, False)])
@@ -108,3 +115,33 @@ def test_a_delta_not_below_one_over_n_is_noted_on_the_console_and_in_the_record(
         "1/N = 1/120" in w for w in json.loads((tmp_path / "o" / "results.json").read_text())["warnings"]
     )
     assert said == kept == noted
+
+
+@pytest.mark.parametrize(
+    "command, text, message",
+    [
+        # the attack command checked --n / --max-groups on the flags only: a file's ran and was recorded unused
+        (
+            "attack",
+            'attack = "tracing"\npartition = "dirichlet"\nmax_groups = 3\n',
+            "--max-groups applies to",
+        ),
+        (
+            "attack",
+            'attack = "tracing"\npartition = "dirichlet"\nn = 4\n',
+            "--n applies to --partition groups",
+        ),
+        # the Flower command merged dashed and underscored keys, one winning without a word
+        ("flower", 'secure-agg = "mask"\nsecure_agg = "none"\n', "sets secure-agg and secure_agg"),
+    ],
+)
+def test_the_other_commands_check_a_settings_file_as_their_flags(tmp_path, capsys, command, text, message):
+    from privfed.commands.attack.cli import main as attack_main
+    from privfed.commands.flower import main as flower_main
+
+    (tmp_path / "s.toml").write_text(text)
+    run = {"attack": attack_main, "flower": flower_main}[command]
+    assert run(["--config", str(tmp_path / "s.toml"), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "o").exists()

@@ -116,7 +116,7 @@ def resolve_config(args: argparse.Namespace) -> AttackConfig:
         )
     partition = s.partition(extra=("groups",))
     for flag, dest in (("--n", "n"), ("--max-groups", "max_groups")):
-        if getattr(args, dest, None) is not None and partition != "groups":
+        if s.given(dest) and partition != "groups":  # a flag, or a user's settings file
             raise ConfigError(
                 f"{flag} applies to --partition groups (exactly n samples of one class on each client); add "
                 f"--partition groups, or drop {flag} (--partition {partition} splits by its own rule)"
