@@ -465,7 +465,7 @@ def paired_mask(
 
     N = truth.clients.shape[0]
     tid = index_vector(
-        target_ids, "target_ids", N, low=-1, what=f"ids for this truth (-1: a non-member, rows 0..{N - 1})"
+        target_ids, "target_ids", N, low=-1, what="ids for this truth (-1: a non-member; i: truth row i)"
     )
     if owners is not None and tid.shape != np.shape(owners):
         raise InputError(
@@ -477,7 +477,7 @@ def paired_mask(
     member = private & ((client == owners) if per_client else (client >= 0))
     if partners is None:
         return member, np.ones(tid.shape, dtype=bool)
-    pc = truth.clients[index_vector(partners, "partners", N, what=f"truth rows 0..{N - 1}")]
+    pc = truth.clients[index_vector(partners, "partners", N, what="truth rows")]
     keep = (pc == owners) if per_client else (pc >= 0)
     return member, keep
 

@@ -230,12 +230,12 @@ class SecondMomentUnmixing(Attack):
             rows = np.flatnonzero((n_k >= 1) & (n_k <= cap))[: self.params["max_clients"]]
             if rows.size == 0:
                 raise InputError(
-                    f"no client holds between 1 and max_samples={cap} records (largest: {int(n_k.max())}); "
+                    f"no client's released counts total 1..max_samples={cap} records (the largest total: {int(n_k.max())}); "
                     "raise max_samples"
                 )
         else:  # -1 attacked the last client, 0.5 client 0
             K = n_k.shape[0]
-            rows = index_vector(rows, "rows", K, what=f"released rows (clients) 0..{K - 1}")
+            rows = index_vector(rows, "rows", K, what="released rows (clients)")
         feats, labs, res = [], [], []
         G = view.second_moments()
         for k in rows:

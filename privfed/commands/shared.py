@@ -385,14 +385,14 @@ class Settings:
         if count_noise is not None:
             if self.given("delta") and count_noise != "gaussian":
                 raise ConfigError(
-                    f"--delta does nothing with --count-noise {count_noise} ("
+                    f"{self.named('delta')} does nothing with --count-noise {count_noise} ("
                     + ("no DP guarantee" if count_noise == "uniform" else "pure DP: delta 0")
-                    + "); drop --delta"
+                    + "); drop it"
                 )
             if self.given("calibration"):
                 raise ConfigError(
-                    f"--calibration does nothing with --count-noise {count_noise} (calibrated by its own law); "
-                    "drop --calibration"
+                    f"{self.named('calibration')} does nothing with --count-noise {count_noise} (calibrated by its "
+                    "own law); drop it"
                 )
         over = [e for e in epsilons if math.isfinite(e) and not e <= 1.0]  # inf: the no-noise reference row
         if count_noise == "uniform" and over:
@@ -405,6 +405,11 @@ class Settings:
         """Whether the user set ``dest``: as a flag, or in a settings file they wrote (a replayed record carries
         every setting, so its values are not refused as unused)."""
         return getattr(self.args, dest, None) is not None or (not self.replay and dest in self.base)
+
+    def named(self, dest: str) -> str:
+        """How a refusal names ``dest`` where the user set it: its flag, or its key in the settings file."""
+        flag = "--" + dest.replace("_", "-")
+        return flag if getattr(self.args, dest, None) is not None else f"{dest} (in the --config file)"
 
     def replayed(self, dest: str) -> bool:
         """Whether ``dest``'s value comes from a replayed record, not from a flag or a settings file a user wrote:
@@ -419,7 +424,7 @@ class Settings:
             "dirichlet-class",
         ):
             raise ConfigError(
-                f"--alpha applies to --partition dirichlet or dirichlet-class; drop --alpha (--partition "
+                f"{self.named('alpha')} applies to --partition dirichlet or dirichlet-class; drop it (--partition "
                 f"{partition} splits by its own rule)"
             )
 

@@ -239,7 +239,9 @@ def open_dataset(name: str, root: str | os.PathLike, *, train: bool, download: b
         if folder != root and folder.exists():  # present but failing torchvision's own check
             raise DatasetUnavailableError(
                 f"{name} under {str(folder)!r} is incomplete or corrupted (torchvision's check failed); remove "
-                "that folder and fetch it again (download=True, --download), or replace it with a good copy"
+                "that folder and fetch it again"
+                + ("" if download else " (download=True, --download)")
+                + ", or replace it with a good copy"
             ) from None
         if download:
             raise DatasetUnavailableError(

@@ -225,7 +225,7 @@ class NodeBudget:
             ) from None
         return cls(GaussianFilter(eps, delta), FileBudgetStore(str(node_config[NODE_KEYS[2]])), node)
 
-    def _factor(self, release: str, factor) -> float:
+    def _factor(self, verb: str, release: str, factor) -> float:
         """``factor`` as a finite number > 0, else a ConfigError before the ledger is touched: an infinite mu
         would leave a ledger no later read accepts, and 0 would charge nothing."""
         try:
@@ -234,7 +234,7 @@ class NodeBudget:
             out = math.nan
         if not (math.isfinite(out) and out > 0):
             raise ConfigError(
-                f"node {self.node} cannot charge release {release!r} at {factor!r} times its declared noise's "
+                f"node {self.node} cannot {verb} release {release!r} at {factor!r} times its declared noise's "
                 f"mu (a finite number > 0 is needed); its ledger {self.store.where} is left as it was"
             )
         return out
@@ -276,7 +276,7 @@ class NodeBudget:
             raise self.refuse(
                 what, f"its lifetime budget cannot charge it ({exc})", stage, "uncharged"
             ) from None
-        mu = declared * self._factor(release, factor)
+        mu = declared * self._factor("charge", release, factor)
 
         def add(releases: list[dict]) -> list[dict]:
             spent = self._mus(releases)
@@ -315,7 +315,7 @@ class NodeBudget:
 
     def settle(self, release: str, factor: float) -> float:
         """Set a charged release to ``factor`` times its declared mu (the noise its sum really carried)."""
-        mu = self._factor(release, factor)
+        mu = self._factor("settle", release, factor)
 
         def lower(releases: list[dict]) -> list[dict]:
             for r in releases:

@@ -23,10 +23,19 @@ from privfed.tradeoff import main
         ('{"config": {"methods": ["fedlog"], "method": "fedcof"}}', "sets method and methods"),
         ('{"config": {"epsilons": [1], "eps": [2]}}', "sets eps and epsilons"),
         ('attacks = ["tracing"]\nattack = ["singleton"]\n', "sets attack and attacks"),
-        ('count_noise = "laplace"\ndelta = 0.1\n', "--delta does nothing with --count-noise laplace"),
-        ('count_noise = "laplace"\ncalibration = "analytic"\n', "--calibration does nothing"),
-        ('clients = 10\npartition = "iid"\nalpha = 0.5\n', "--alpha applies to --partition dirichlet"),
-        ("local_epochs = 3\n", "--local-epochs applies to multi-round FedLog only"),
+        (
+            'count_noise = "laplace"\ndelta = 0.1\n',
+            "delta (in the --config file) does nothing with --count-noise laplace",
+        ),
+        (
+            'count_noise = "laplace"\ncalibration = "analytic"\n',
+            "calibration (in the --config file) does nothing",
+        ),
+        (
+            'clients = 10\npartition = "iid"\nalpha = 0.5\n',
+            "alpha (in the --config file) applies to --partition dirichlet",
+        ),
+        ("local_epochs = 3\n", "local_epochs (in the --config file) applies to multi-round FedLog only"),
     ],
 )
 def test_a_settings_file_is_refused_where_its_flags_are(tmp_path, capsys, text, message):
@@ -54,7 +63,7 @@ def test_clients_with_the_files_own_clients_is_refused(tmp_path, capsys, where):
         (tmp_path / "s.toml").write_text("clients = 50\n")
         argv += ["--config", str(tmp_path / "s.toml")]
     assert main([*argv, "--out", str(tmp_path / "o"), "--no-plot", "--quiet"]) == 2
-    assert "--clients applies to the splits privfed draws" in capsys.readouterr().err
+    assert "applies to the splits privfed draws" in capsys.readouterr().err
 
 
 def test_a_relative_feature_file_is_recorded_absolute_and_replays_from_any_folder(
@@ -124,12 +133,12 @@ def test_a_delta_not_below_one_over_n_is_noted_on_the_console_and_in_the_record(
         (
             "attack",
             'attack = "tracing"\npartition = "dirichlet"\nmax_groups = 3\n',
-            "--max-groups applies to",
+            "max_groups (in the --config file) applies to",
         ),
         (
             "attack",
             'attack = "tracing"\npartition = "dirichlet"\nn = 4\n',
-            "--n applies to --partition groups",
+            "n (in the --config file) applies to --partition groups",
         ),
         # the Flower command merged dashed and underscored keys, one winning without a word
         ("flower", 'secure-agg = "mask"\nsecure_agg = "none"\n', "sets secure-agg and secure_agg"),

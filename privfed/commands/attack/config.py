@@ -115,11 +115,11 @@ def resolve_config(args: argparse.Namespace) -> AttackConfig:
             "attacker's knowledge); use --dataset digits"
         )
     partition = s.partition(extra=("groups",))
-    for flag, dest in (("--n", "n"), ("--max-groups", "max_groups")):
+    for dest in ("n", "max_groups"):
         if s.given(dest) and partition != "groups":  # a flag, or a user's settings file
             raise ConfigError(
-                f"{flag} applies to --partition groups (exactly n samples of one class on each client); add "
-                f"--partition groups, or drop {flag} (--partition {partition} splits by its own rule)"
+                f"{s.named(dest)} applies to --partition groups (exactly n samples of one class on each client); "
+                f"add --partition groups, or drop it (--partition {partition} splits by its own rule)"
             )
     ns_v = s.raw("n", "n", "ns") if partition == "groups" else None  # n applies to class groups only
     ns = tuple(parse_int_list(as_list("1,4,16" if ns_v is None else ns_v, "--n"), "--n", minimum=1))

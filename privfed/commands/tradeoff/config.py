@@ -103,7 +103,7 @@ def resolve_config(args: argparse.Namespace) -> TradeoffConfig:
     """
     s = Settings(args, _FILE_KEYS, "tradeoff")
     base = s.base
-    given = [f"--{k.replace('_', '-')}" for k in ("local_epochs", "families", "init") if s.given(k)]
+    given = [s.named(k) for k in ("local_epochs", "families", "init") if s.given(k)]
     if getattr(args, "local_epochs", None) is not None:  # '1e9' or 'abc': one line, not int()'s ValueError
         args.local_epochs = as_int(args.local_epochs, "--local-epochs", minimum=0)
     if getattr(args, "families", None) is not None:
@@ -201,8 +201,8 @@ def resolve_config(args: argparse.Namespace) -> TradeoffConfig:
     s.refuse_unused_alpha(partition)
     if partition == "natural" and s.given("clients"):  # as --alpha: refused, never ignored
         raise ConfigError(
-            "--clients applies to the splits privfed draws; --partition natural keeps the file's own clients "
-            "array (its number of clients): drop --clients"
+            f"{s.named('clients')} applies to the splits privfed draws; --partition natural keeps the file's own "
+            "clients array (its number of clients): drop it"
         )
     if clients < 2 and partition != "natural":  # refused now, not after the local runs finished
         if secure != "none":
