@@ -7,7 +7,14 @@ from typing import Any
 
 from privfed.errors import ConfigError
 
-__all__ = ["COUNT_NOISE_KINDS", "check_combination", "make_privacy", "make_secure_agg", "refuse_unused_dp"]
+__all__ = [
+    "COUNT_NOISE_KINDS",
+    "check_combination",
+    "make_privacy",
+    "make_secure_agg",
+    "refuse_unused_dp",
+    "vacuous_delta",
+]
 
 #: --count-noise values: FedCOF App. I.1, noise on class counts only (means in clear).
 COUNT_NOISE_KINDS = ("laplace", "geometric", "gaussian", "uniform")
@@ -190,3 +197,15 @@ def make_privacy(cfg: Any, method: Any, epsilon: float, clip: float | None, *, s
     # The sweep draws every noise from seeded generators: its reports say they are simulations.
     mech.declare_randomness(seeded=True)
     return mech
+
+
+def vacuous_delta(delta: float, units: int, what: str) -> str | None:
+    """A note when ``delta`` is not below 1 / ``units`` (the records, or the clients at client level, a release
+    protects; ``what`` names them): formally a guarantee, but one met by a release that publishes each unit in
+    the clear with probability delta.  None when delta is below it."""
+    if not delta * units >= 1:
+        return None
+    return (
+        f"--delta {delta:g} is not below 1/N = 1/{units:,} (the {what}): a release that publishes each of them "
+        "with probability delta meets it, so it protects little; pick delta well below 1/N (the default is 1e-5)"
+    )

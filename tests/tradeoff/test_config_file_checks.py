@@ -103,12 +103,17 @@ def test_a_relative_feature_file_is_recorded_absolute_and_replays_from_any_folde
     assert "the file's data changed since the recorded run" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("delta, noted", [(0.01, True), (1 / 120, True), (1e-5, False)])
+@pytest.mark.parametrize(
+    "delta, level, noted",
+    [(0.01, "record", "1/120 (the training records)"), (1 / 120, "record", "1/120"), (1e-5, "record", "")]
+    + [(0.01, "client", ""), (0.3, "client", "1/4 (the clients)")],
+)
 def test_a_delta_not_below_one_over_n_is_noted_on_the_console_and_in_the_record(
-    tmp_path, capsys, delta, noted
+    tmp_path, capsys, delta, level, noted
 ):
     """delta 0.5 ran under '(eps, delta)-DP' without a word: formally true, but a release that publishes each
-    record with probability delta meets it.  120 training records here: 1/120 is the edge."""
+    record (each client, at client level) with probability delta meets it.  120 training records on 4 clients
+    here: 1/120 is the edge at record level, 1/4 at client level."""
     rng = np.random.default_rng(0)
     np.savez(
         tmp_path / "f.npz",
@@ -118,12 +123,15 @@ def test_a_delta_not_below_one_over_n_is_noted_on_the_console_and_in_the_record(
         test_labels=np.arange(30) % 3,
     )
     argv = ["--dataset", f"file:{tmp_path / 'f.npz'}", "--clip", "3", "--eps", "1", "--delta", str(delta)]
+    if level == "client":
+        argv += ["--level", "client", "--max-records", "40", "--trusted-aggregator"]
     assert main([*argv, "--clients", "4", "--seeds", "1", "--no-plot", "--out", str(tmp_path / "o")]) == 0
-    said = "is not below 1/N = 1/120" in capsys.readouterr().err
-    kept = any(
-        "1/N = 1/120" in w for w in json.loads((tmp_path / "o" / "results.json").read_text())["warnings"]
-    )
-    assert said == kept == noted
+    err = capsys.readouterr().err
+    kept = [w for w in json.loads((tmp_path / "o" / "results.json").read_text())["warnings"] if "1/N" in w]
+    if noted:
+        assert noted in err and len(kept) == 1 and noted in kept[0]
+    else:
+        assert "1/N" not in err and not kept
 
 
 @pytest.mark.parametrize(

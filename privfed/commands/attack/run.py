@@ -215,7 +215,11 @@ def run_attacks(
     t_data = time.perf_counter() - t0
     finite = [e for e in cfg.epsilons if math.isfinite(e)]
     if finite:  # a method the DP release refuses is refused before any run, not after the eps = inf ones
-        from privfed.release.settings import make_secure_agg
+        from privfed.release.settings import make_secure_agg, vacuous_delta
+
+        vacuous = vacuous_delta(cfg.delta, int(len(yp)), "private records")
+        if vacuous and cfg.count_noise in (None, "gaussian") and progress:
+            print(f"note: {vacuous}", file=sys.stderr, flush=True)
 
         for mname in cfg.methods:
             method = _methods.get(mname, **cfg.method_params.get(mname, {}))

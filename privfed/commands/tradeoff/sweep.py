@@ -55,7 +55,7 @@ def run_tradeoff(
 
     from privfed.data import load_dataset
     from privfed.federation import partition as make_partition
-    from privfed.release.settings import make_privacy, make_secure_agg
+    from privfed.release.settings import make_privacy, make_secure_agg, vacuous_delta
 
     t0 = time.perf_counter()
     ds = load_dataset(cfg.dataset, backbone=cfg.backbone, download=cfg.download, progress=progress)
@@ -138,13 +138,10 @@ def run_tradeoff(
         f"placement {PLACEMENT_LABEL[k]!r} left out for method {m!r}: {why}"
         for (m, k), why in skipped.items()
     }
-    n_train = int(ds.train_features.shape[0])
-    if finite and cfg.count_noise in (None, "gaussian") and cfg.delta * n_train >= 1:
-        vacuous = (  # formally a guarantee, but one that lets a release publish a record in the clear
-            f"--delta {cfg.delta:g} is not below 1/N = 1/{n_train:,} (the training records): a release that "
-            "publishes each record with probability delta meets it, so it protects little; pick delta well "
-            "below 1/N (the default is 1e-5)"
-        )
+    client = cfg.level == "client"  # the unit a release protects: a record, or a whole client
+    units = cfg.clients if client else int(ds.train_features.shape[0])
+    vacuous = vacuous_delta(cfg.delta, units, "clients" if client else "training records")
+    if finite and cfg.count_noise in (None, "gaussian") and vacuous:
         print(f"note: {vacuous}", file=sys.stderr)
         caught.add(vacuous)
     with warnings.catch_warnings(record=True) as wlist, blas_threads(ds.dim), heartbeat(bar):
