@@ -74,6 +74,8 @@ class StatsFold:
         self._gram: np.ndarray | None = None
         self._cs: np.ndarray | None = None
         self._cs_values = True
+        #: result() handed out _gram and _cs read-only: the next add builds new totals (copy on write)
+        self._handed = False
         self._pairs: list[tuple[np.ndarray, ...]] = []
         self._rows = 0  # rows of pair sums folded so far
         self._count_only = False  # whether a chunk held count-only cells
@@ -113,13 +115,17 @@ class StatsFold:
             self._has_owners = chunk.owners is not None
         if {"second", "class_second"} & self._fields:
             g = chunk.gram()
-            self._gram = np.array(g) if self._gram is None else self._gram.__iadd__(g)
+            grow = np.add if self._handed else np.ndarray.__iadd__  # a result taken keeps its snapshot
+            self._gram = np.array(g) if self._gram is None else grow(self._gram, g)
         if "class_second" in self._fields and self.keep == "total" and self._cs_values:
             if chunk._class_second is not None:
                 cs = chunk._class_second.sum(axis=0)
-                self._cs = cs if self._cs is None else self._cs.__iadd__(cs)
+                self._cs = (
+                    cs if self._cs is None else (self._cs + cs if self._handed else self._cs.__iadd__(cs))
+                )
             else:
                 self._cs_values, self._cs = False, None
+        self._handed = False
         self.num_pairs += chunk.folded_pairs if chunk.folded_pairs is not None else chunk.num_pairs()
         if self.keep == "total":
             N, S = chunk.class_totals()
@@ -208,6 +214,7 @@ class StatsFold:
         C, d = self.num_classes, self.dim
         fields = set(self._fields)
         gram = None if self._gram is None else readonly(self._gram)
+        self._handed = True
         if self.keep == "total":
             kw = {}
             if "second" in fields:

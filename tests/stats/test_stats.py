@@ -549,3 +549,23 @@ def test_a_field_name_given_alone_is_one_name_and_ids_of_one_kind_per_fold():
         privfed.InputError, match=r"mix integer and string ids.*\(strings, as the chunks before\)"
     ):
         fold.add(one, client_ids=[1, 3])
+
+
+@pytest.mark.parametrize("keep", ["total", "pairs"])
+def test_a_folds_result_is_a_snapshot_that_later_chunks_leave_alone(keep):
+    """result() shared the running second-moment totals: chunks folded after it grew the result's gram, second
+    and class_second while its counts and sums stayed, a mix of two federations (a fed3r head refit from it
+    moved by 0.2)."""
+    X, y, k, C, K = _federation(2)
+    st = compute_client_stats(X, y, k, num_classes=C, num_clients=K, fields=ALL)
+    fold = stats_mod.StatsFold(num_classes=C, dim=X.shape[1], keep=keep)
+    first = fold.add(st.clients(np.arange(3))).result()
+    alone = (
+        stats_mod.StatsFold(num_classes=C, dim=X.shape[1], keep=keep).add(st.clients(np.arange(3))).result()
+    )
+    fold.add(st.clients(np.arange(3, K)))
+    got, want = (first, alone) if keep == "total" else (first.total(), alone.total())
+    for f in ("counts", "sums", "second"):
+        np.testing.assert_array_equal(getattr(got, f), getattr(want, f), err_msg=f)
+    assert not np.array_equal(first.gram(), fold.result().gram())
+    np.testing.assert_allclose(fold.result().gram(), X.T @ X, rtol=1e-12, atol=1e-10)  # the fold went on
