@@ -145,6 +145,11 @@ class ClientStats(StatsLayout):
             or self.dim != other.dim
         ):
             raise InputError("cannot add ClientStats with different fields or shapes")
+        mine, theirs = self._owners, other._owners
+        if (mine is None) != (theirs is None) or (mine is not None and not np.array_equal(mine, theirs)):
+            raise InputError(  # the sum kept the first operand's owners, silently
+                "cannot add ClientStats whose rows have different owners (pseudo-clients of other clients)"
+            )
         if self._K == 1:
             N1, S1 = self.class_totals()
             N2, S2 = other.class_totals()

@@ -97,6 +97,9 @@ def compute_client_stats(
             raise InputError("clients must be >= 0")
         K = int(k.max()) + 1
     if num_clients is not None:
+        from privfed._validation import check_num_classes
+
+        num_clients = check_num_classes(num_clients, "num_clients")  # 3.5 was cut to 3, "3" a TypeError
         if num_clients < K:
             raise InputError(f"num_clients={num_clients} but client ids go up to {K - 1}")
         K = int(num_clients)

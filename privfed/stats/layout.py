@@ -23,6 +23,15 @@ STAT_FIELDS = ("counts", "sums", "second", "class_second")
 _ROW_BLOCK_BYTES = 32 * 2**20
 
 
+def _one_class_one_feature(C: int, d: int) -> None:
+    """Statistics of no class or of 0-dimensional features are refused: every method's head needs both (fedcof
+    and fedlog crashed on them, the others returned empty heads)."""
+    if C < 1 or d < 1:
+        raise InputError(
+            f"ClientStats needs at least one class and one feature dimension, got C={C} classes and d={d}"
+        )
+
+
 class StatsLayout:
     """Storage and views of :class:`~privfed.stats.ClientStats` (its one subclass, which adds the algebra)."""
 
@@ -53,6 +62,7 @@ class StatsLayout:
         if sums.ndim != 3 or sums.shape[:2] != (K, C):
             raise InputError(f"ClientStats.sums must have shape (K={K}, C={C}, d), got {sums.shape}")
         d = sums.shape[2]
+        _one_class_one_feature(C, d)
         fields = {"counts", "sums"}
         if second is not None:
             second = as_f64(second, "second")
@@ -213,6 +223,7 @@ class StatsLayout:
                 )
         K, C = check_num_classes(num_clients, "num_clients"), check_num_classes(num_classes)
         d = S.shape[1]
+        _one_class_one_feature(C, d)
         if M and (pc.min() < 0 or pc.max() >= K or pk.min() < 0 or pk.max() >= C):
             raise InputError(f"pair_client must lie in 0..{K - 1} and pair_class in 0..{C - 1}")
         key = pc * C + pk

@@ -569,3 +569,23 @@ def test_a_folds_result_is_a_snapshot_that_later_chunks_leave_alone(keep):
         np.testing.assert_array_equal(getattr(got, f), getattr(want, f), err_msg=f)
     assert not np.array_equal(first.gram(), fold.result().gram())
     np.testing.assert_allclose(fold.result().gram(), X.T @ X, rtol=1e-12, atol=1e-10)  # the fold went on
+
+
+def test_statistics_no_method_can_use_and_their_mistakes_are_one_line():
+    """C = 0 or d = 0 statistics were taken (fedcof and fedlog then crashed, the others returned empty
+    heads); compute_client_stats cut num_clients=3.5 to 3 and gave '3' a TypeError; a + b with other owners
+    kept a's owners."""
+    from privfed.errors import ConfigError, InputError
+
+    for counts, sums in ((np.zeros((2, 0)), np.zeros((2, 0, 3))), (np.ones((2, 2)), np.zeros((2, 2, 0)))):
+        with pytest.raises(InputError, match="at least one class and one feature dimension"):
+            ClientStats(counts=counts, sums=sums)
+    F, y, k = np.ones((4, 2)), np.array([0, 1, 0, 1]), np.array([0, 0, 1, 1])
+    for n in (3.5, True, "3"):
+        with pytest.raises(ConfigError, match=f"num_clients must be a positive integer, got {n!r}"):
+            compute_client_stats(F, y, k, num_clients=n)
+    assert compute_client_stats(F, y, k, num_clients=3).num_clients == 3
+    a = ClientStats(counts=np.ones((3, 2)), sums=np.ones((3, 2, 2)), owners=[0, 0, 1])
+    with pytest.raises(InputError, match="different owners"):
+        a + ClientStats(counts=np.ones((3, 2)), sums=np.ones((3, 2, 2)), owners=[0, 1, 1])
+    assert (a + a).owners.tolist() == [0, 0, 1]
