@@ -354,6 +354,11 @@ def load_feature_file(
     path = pathlib.Path(os.fspath(path)).expanduser()
     where = f"feature file {str(path)!r}"
     arrays = read_npz(path, resolve_max_bytes(max_bytes))
+    return _dataset(arrays, path, where, int(seed), fraction)
+
+
+def _dataset(arrays: dict, path: pathlib.Path, where: str, seed: int, fraction: float) -> FeatureDataset:
+    """The data set a feature file's ``arrays`` give, every check the reader makes (the writer makes them too)."""
     for required in ("features", "labels"):
         if required not in arrays:
             raise InputError(
@@ -493,16 +498,9 @@ def save_feature_file(
     for name, arr in arrays.items():
         if arr.dtype == object:
             raise InputError(f"{name} has dtype object; pass numeric arrays")
-    # the reader's checks, before anything is written: a file it would refuse (text labels, NaN features,
-    # lengths that disagree) is refused here, naming the array
-    where = f"save_feature_file({str(path)!r})"
-    F = checked_features(arrays["features"], "features", where)
-    checked_ints(arrays["labels"], "labels", F.shape[0], "features", where)
-    if clients is not None:
-        checked_ints(arrays["clients"], "clients", F.shape[0], "features", where)
-    if test_features is not None:
-        Ft = checked_features(arrays["test_features"], "test_features", where)
-        checked_ints(arrays["test_labels"], "test_labels", Ft.shape[0], "test_features", where)
+    # every check the reader makes, before anything is written: a file it would refuse (text labels, NaN
+    # features, lengths or widths that disagree, skipped classes, a test class never trained) is refused here
+    _dataset(arrays, path, f"save_feature_file({str(path)!r})", 0, DEFAULT_TEST_FRACTION)
     path.parent.mkdir(parents=True, exist_ok=True)
     buf = io.BytesIO()
     np.savez(buf, **arrays)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import re
 import time
 
 import numpy as np
@@ -461,9 +462,11 @@ def test_feature_file_pickled_and_unreadable(tmp_path):
 
 
 def test_feature_file_too_small_to_split(tmp_path):
-    path = save_feature_file(tmp_path / "tiny.npz", np.zeros((2, 2)), np.array([0, 0]))
+    with pytest.raises(InputError, match="too few"):  # the writer refuses what the reader would
+        save_feature_file(tmp_path / "tiny.npz", np.zeros((2, 2)), np.array([0, 0]))
+    np.savez(tmp_path / "tiny.npz", features=np.zeros((2, 2)), labels=np.array([0, 0]))
     with pytest.raises(InputError, match="too few"):
-        load_dataset(f"file:{path}")
+        load_dataset(f"file:{tmp_path / 'tiny.npz'}")
 
 
 # -- torchvision path (never downloads) ------------------------------------------------
@@ -646,3 +649,37 @@ def test_a_cache_path_that_is_a_file_is_named_as_such(tmp_path):
         ConfigError, match="cannot be created \\(a file is in the way\\)"
     ):  # was 'File exists'
         C.resolve_cache_dir(tmp_path / "f")
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"test_features": "narrow"}, "'test_features' has 2 columns but 'features' has 3"),
+        ({"labels": "mod3"}, "class(es) [3] appear in the test set but have no training sample"),
+        ({"labels": "gap"}, "class(es) [1]"),  # no training sample of class 1 (its test samples remain)
+        ({"clients": "far"}, "'clients' goes up to"),
+        ({"labels": "huge"}, "labels go up to 3000"),
+    ],
+)
+def test_save_feature_file_refuses_what_load_feature_file_would(tmp_path, change, message):
+    """The writer ran the reader's per-array checks only: each of these was written, then refused on load."""
+    rng = np.random.default_rng(0)
+    F, y, Ft, yt = rng.normal(size=(20, 3)), np.arange(20) % 4, rng.normal(size=(8, 3)), np.arange(8) % 4
+    kw = {"test_features": Ft, "test_labels": yt, "clients": np.arange(20) % 2}
+    variants = {
+        "narrow": Ft[:, :2],
+        "mod3": y % 3,
+        "gap": np.where(y == 1, 3, y),
+        "far": (np.arange(20) % 2) * 100,
+        "huge": y * 1000,
+    }
+    ((key, which),) = change.items()
+    labels = variants[which] if key == "labels" else y
+    if key != "labels":
+        kw[key] = variants[which]
+    path = tmp_path / "f.npz"
+    with pytest.raises(InputError, match=re.escape(message)):
+        save_feature_file(path, F, labels, **kw)
+    assert not path.exists()
+    save_feature_file(path, F, y, test_features=Ft, test_labels=yt, clients=np.arange(20) % 2)
+    assert load_feature_file(path).num_classes == 4  # the same arrays, set right, are written and read
