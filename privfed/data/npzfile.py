@@ -477,7 +477,7 @@ def save_feature_file(
         The written path (``.npz`` appended by numpy when missing).
     """
     path = pathlib.Path(os.fspath(path)).expanduser()
-    if path.suffix != ".npz":
+    if path.suffix.lower() != ".npz":  # 'x.NPZ' was written as 'x.NPZ.npz'
         path = path.with_name(path.name + ".npz")
     for name, value in (
         ("features", features),

@@ -51,8 +51,11 @@ class ClientStats(StatsLayout):
         are refused.
         """
         w = as_f64(weights, "weights")
-        if w.shape != (self._K,) or not np.all(np.isfinite(w)) or np.any(w < 0):
-            raise InputError(f"weights must be {self._K} finite values >= 0, got shape {w.shape}")
+        if w.shape != (self._K,):
+            raise InputError(f"weights must be {self._K} values (one per client), got shape {w.shape}")
+        if not np.all(np.isfinite(w)) or np.any(w < 0):  # the values, not the shape, are wrong
+            bad = int(np.flatnonzero(~(np.isfinite(w) & (w >= 0)))[0])
+            raise InputError(f"weights must be finite and >= 0, got {float(w[bad]):g} for client {bad}")
         seconds = {"second", "class_second"} & self._fields
         carry = dict(second=None, class_second=None, gram=None, features=None, fields=set(self._fields))
         if seconds:

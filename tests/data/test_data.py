@@ -683,3 +683,10 @@ def test_save_feature_file_refuses_what_load_feature_file_would(tmp_path, change
     assert not path.exists()
     save_feature_file(path, F, y, test_features=Ft, test_labels=yt, clients=np.arange(20) % 2)
     assert load_feature_file(path).num_classes == 4  # the same arrays, set right, are written and read
+
+
+def test_a_feature_file_named_in_capitals_keeps_its_name(tmp_path):
+    path = save_feature_file(
+        tmp_path / "x.NPZ", np.random.default_rng(0).normal(size=(20, 2)), np.arange(20) % 2
+    )
+    assert path == tmp_path / "x.NPZ" and path.is_file()  # was written as x.NPZ.npz

@@ -589,3 +589,14 @@ def test_statistics_no_method_can_use_and_their_mistakes_are_one_line():
     with pytest.raises(InputError, match="different owners"):
         a + ClientStats(counts=np.ones((3, 2)), sums=np.ones((3, 2, 2)), owners=[0, 1, 1])
     assert (a + a).owners.tolist() == [0, 0, 1]
+
+
+def test_scale_clients_names_the_bad_weight_not_the_shape():
+    from privfed.errors import InputError
+
+    a = ClientStats(counts=np.ones((3, 2)), sums=np.ones((3, 2, 2)))
+    for w, said in (([1, -1, 0], "got -1 for client 1"), ([1, np.nan, 0], "got nan for client 1")):
+        with pytest.raises(InputError, match=said):  # was 'got shape (3,)', the shape being right
+            a.scale_clients(w)
+    with pytest.raises(InputError, match="3 values \\(one per client\\), got shape \\(2,\\)"):
+        a.scale_clients([1, 2])
