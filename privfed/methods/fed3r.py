@@ -37,13 +37,16 @@ from privfed.stats import ClientStats
 __all__ = ["Fed3R", "ridge_system"]
 
 
-def ridge_system(stats: ClientStats, lam: float, bias: bool) -> tuple[np.ndarray, np.ndarray]:
+def ridge_system(
+    stats: ClientStats, lam: float, bias: bool, totals: tuple[np.ndarray, np.ndarray] | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """The regularised Gram matrix and right-hand side of Fed3R from summed statistics.
 
     Returns ``(G + lam I, B)`` with shapes (p, p) and (p, C), p = d + 1 when
-    ``bias`` (constant feature appended last) else d.
+    ``bias`` (constant feature appended last) else d.  ``totals``: ``stats.class_totals()``, when the
+    caller has them.
     """
-    n, S = stats.class_totals()  # (C,), (C, d)
+    n, S = stats.class_totals() if totals is None else totals  # (C,), (C, d)
     G = stats.gram()
     if bias:
         s = S.sum(axis=0)
@@ -95,7 +98,16 @@ class Fed3R(Method):
     def aggregate(self, stats: ClientStats) -> LinearHead:
         self._check_stats(stats)
         notes: list[str] = []
-        A, B = ridge_system(stats, self.params["lam"], self.params["bias"])
+        totals = stats.class_totals()
+        A, B = ridge_system(stats, self.params["lam"], self.params["bias"], totals)
+        absent = np.flatnonzero(totals[0] <= 0)
+        if absent.size:  # said, as every method says it (it was silent): the row is fitted to no sample
+            notes.append(
+                f"class(es) {absent[:10].tolist()} have count <= 0 (no data"
+                + (", no client uploaded statistics" if stats.num_clients == 0 else "")
+                + "); their row of the head is fitted to no sample (zero without noise) and is still the top "
+                "score where every other class scores below it"
+            )
         self._refuse_non_finite("second moments, class sums or counts", A, B)
         X = solve_head(A, B, solver=self.params["solver"], name="G + lam I", notes=notes).T  # (C, p)
         d = stats.dim

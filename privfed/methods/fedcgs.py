@@ -146,7 +146,7 @@ class FedCGS(Method):
             P[~present] = 0.0
             notes.append(
                 f"class(es) {np.flatnonzero(~present).tolist()} have count <= 0; weight set to zero and "
-                "bias below every other class"
+                "bias below every other class's (still the top score where every present class scores below it)"
             )
         return self._head(P, b, notes)
 
@@ -155,12 +155,22 @@ class FedCGS(Method):
 
         G - s s^T / N sums N products per entry, so its trace is off by up to about 2 N eps tr(G); a
         covariance below twice that cannot be told from zero, and a head fitted on it is rounding noise.
+        A trace that low with an eigenvalue below minus that bound is no zero covariance but a second
+        moment no data produces (negative variance): refused as such.
         """
         if not _whole_counts(N):
             return
         n = float(N.sum())
         scale = 4.0 * n * np.finfo(np.float64).eps * float(np.trace(stats.gram()))
         if float(np.trace(Sigma)) * max(n - 1.0, 1.0) <= scale:
+            low = float(np.linalg.eigvalsh(Sigma)[0])
+            if low * max(n - 1.0, 1.0) < -scale:  # beyond rounding: a negative variance, not a zero one
+                raise InputError(
+                    f"fedcgs: the {self.params['covariance']} covariance implied by the second moment and the "
+                    f"class sums is not positive semi-definite (most negative eigenvalue {low:.4g}, trace "
+                    f"{float(np.trace(Sigma)):.4g}), which no data produces: the second moments or sums are "
+                    "corrupt, or noise on them exceeds the features' spread; check them"
+                )
             raise InputError(
                 f"fedcgs: the {self.params['covariance']} covariance is zero (every feature is constant "
                 "across the samples, e.g. all-zero features, or their spread is below float64's precision "

@@ -136,8 +136,11 @@ def test_noise_that_leaves_no_positive_variance_gives_the_nearest_mean_head():
     mu = S / np.array([2.5, 3.5])[:, None]
     np.testing.assert_allclose(head.weight, mu, rtol=1e-12)
     np.testing.assert_allclose(head.bias, np.log([2.5 / 6, 3.5 / 6]) - 0.5 * (mu**2).sum(axis=1), rtol=1e-12)
-    with pytest.raises(InputError, match="covariance is zero"):  # exact counts: the features are constant
+    # exact counts: a second moment no data produces (it said 'the covariance is zero ... constant features')
+    with pytest.raises(InputError, match=r"not positive semi-definite \(most negative eigenvalue -0\.9, "):
         methods.get("fedcgs").aggregate(_stats([2.0, 3.0], S, G))
+    with pytest.raises(InputError, match="covariance is zero"):  # constant (all-zero) features: that message
+        methods.get("fedcgs").aggregate(_stats([2.0, 3.0], np.zeros((2, 2)), np.zeros((2, 2))))
 
 
 def test_a_noisy_singular_covariance_without_shrinkage_uses_the_pseudo_inverse():
@@ -154,3 +157,18 @@ def test_a_noisy_singular_covariance_without_shrinkage_uses_the_pseudo_inverse()
         methods.get("fedcgs", shrinkage=0.0).aggregate(
             _stats([3.0, 1.0], S, np.diag([1.0, 1.0, 0.0]) + np.outer(u, u) / 4)
         )
+
+
+def test_fed3r_says_a_class_without_data_as_every_method_does():
+    """fed3r gave a class of count 0 a zero row and bias with no note (every other method notes it); its head
+    is unchanged (the row is the ridge solution of a zero right-hand side)."""
+    rng = np.random.default_rng(0)
+    F = rng.normal(size=(5, 2))
+    sums = rng.normal(size=(1, 3, 2))
+    sums[:, 1] = 0.0
+    st = ClientStats(counts=np.array([[3.0, 0.0, 2.0]]), sums=sums, second=[F.T @ F])
+    head = methods.get("fed3r").aggregate(st)
+    assert any(n.startswith("class(es) [1] have count <= 0 (no data)") for n in head.notes), head.notes
+    assert not np.any(head.weight[1]) and head.bias[1] == 0.0
+    full = ClientStats(counts=np.array([[3.0, 1.0, 2.0]]), sums=rng.normal(size=(1, 3, 2)), second=[F.T @ F])
+    assert not any("count <= 0" in n for n in methods.get("fed3r").aggregate(full).notes)
