@@ -84,6 +84,27 @@ def atomic_write(final: str | os.PathLike, write: Callable[[Path], None]) -> Pat
     return final
 
 
+def _malformed_entry(folder: Path, entry: dict[str, Any]) -> str | None:
+    """Why one manifest entry is not one privfed writes (a plain file name in the folder, its size, its hash), or None."""
+    name, size, digest = entry["name"], entry["bytes"], entry["sha256"]
+    if not isinstance(name, str) or not name:
+        return f"name {name!r} is not a file name"
+    if any(c in name for c in "/\\\0") or name in (".", "..", MANIFEST) or os.path.isabs(name):
+        return f"{name!r} is not a file of the folder itself (a path, or outside it)"
+    if (folder / name).is_symlink():
+        try:
+            inside = (folder / name).resolve().is_relative_to(folder.resolve())
+        except (OSError, RuntimeError):  # a loop of links
+            inside = False
+        if not inside:
+            return f"{name!r} is a symbolic link that leads out of the folder"
+    if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+        return f"the size of {name!r} is {size!r}, not an integer number of bytes"
+    if not (isinstance(digest, str) and len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)):
+        return f"the sha256 of {name!r} is not 64 hexadecimal digits"
+    return None
+
+
 def verify_folder(folder: str | os.PathLike) -> dict[str, Any]:
     """Check a result folder against its manifest; returns the manifest.
 
@@ -100,15 +121,30 @@ def verify_folder(folder: str | os.PathLike) -> dict[str, Any]:
         raise InputError(f"{where} has no {MANIFEST}; it was not written by a finished privfed run") from None
     except (OSError, ValueError) as exc:
         raise InputError(f"{where}: {MANIFEST} cannot be read ({exc})") from None
-    files = manifest.get("files") if isinstance(manifest, dict) else None
+    if not isinstance(manifest, dict):
+        raise InputError(
+            f"{where}: {MANIFEST} is a JSON {type(manifest).__name__}, not a privfed manifest (a JSON object); "
+            "it was not written by privfed: rerun the command to write the folder again"
+        )
+    files = manifest.get("files")
     if (
         manifest.get("tool") != "privfed"
         or not isinstance(files, list)
         or not all(isinstance(f, dict) and {"name", "bytes", "sha256"} <= set(f) for f in files)
     ):
-        raise InputError(f"{where}: {MANIFEST} is not a privfed manifest with file hashes")
+        raise InputError(
+            f"{where}: {MANIFEST} is not a privfed manifest with file hashes; rerun the command to write "
+            "the folder again"
+        )
+    for i, f in enumerate(files):
+        why = _malformed_entry(folder, f)
+        if why:
+            raise InputError(
+                f"{where}: {MANIFEST} is malformed (entry {i}: {why}); it was not written by privfed or was "
+                "edited: rerun the command to write the folder again"
+            )
     for f in files:
-        p = folder / str(f["name"])
+        p = folder / f["name"]
         if not p.is_file():
             raise InputError(f"{where}: {f['name']!r} is listed in {MANIFEST} but missing")
         if p.stat().st_size != f["bytes"] or sha256_file(p) != f["sha256"]:
@@ -131,4 +167,5 @@ def manifest_names(folder: Path) -> set[str] | None:
         return None
     if not (isinstance(data, dict) and data.get("tool") == "privfed" and isinstance(data.get("files"), list)):
         return None
-    return {str(f["name"] if isinstance(f, dict) else f) for f in data["files"]} | {MANIFEST}
+    names = (f.get("name") if isinstance(f, dict) else f for f in data["files"])
+    return {n for n in names if isinstance(n, str)} | {MANIFEST}

@@ -31,12 +31,12 @@ from __future__ import annotations
 import contextlib
 import math
 import platform
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from importlib import metadata
 from typing import Any
 
 from privfed._validation import is_integer
-from privfed.errors import InputError
+from privfed.errors import ConfigError, InputError
 
 __all__ = [
     "COMMANDS",
@@ -137,7 +137,48 @@ def json_text(payload: Any) -> str:
 
 
 def _number(v: Any) -> bool:
-    return (isinstance(v, (int, float)) and not isinstance(v, bool)) or v in ("inf", "-inf", "nan")
+    return (isinstance(v, (int, float)) and not isinstance(v, bool)) or (
+        isinstance(v, str) and v in ("inf", "-inf", "nan")
+    )
+
+
+def _fraction(v: Any) -> bool:
+    """An accuracy (or chance): a number in [0, 1], or 'nan' (none measured); never a bool."""
+    if isinstance(v, str):
+        return v == "nan"
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and (v != v or 0 <= v <= 1)
+
+
+def _check_row(i: int, row: Any, guarantees: list, measured: bool, where: str) -> None:
+    """InputError naming the first thing wrong with row ``i`` of a record's ``records``."""
+    if not isinstance(row, dict):
+        raise InputError(
+            f"{where}: record {i} is a {type(row).__name__}, not a JSON object with {list(_ROW)}"
+        )
+    lacking = [k for k in _ROW if k not in row]
+    if lacking:
+        raise InputError(f"{where}: record {i} lacks {lacking}")
+    if not isinstance(row["method"], str) or isinstance(row.get("placement"), (list, dict)):
+        raise InputError(f"{where}: record {i}'s method or placement is not a name (a string)")
+    if not _number(row["epsilon"]) or not is_integer(row["seed"]):
+        raise InputError(
+            f"{where}: record {i} has a malformed epsilon or seed (epsilon {row['epsilon']!r}, seed "
+            f"{row['seed']!r}); epsilon must be a number ('inf' for no noise) and seed an integer, not a bool"
+        )
+    if not isinstance(row["guarantee"], str):
+        raise InputError(f"{where}: record {i}'s guarantee {row['guarantee']!r} is not a sentence (a string)")
+    if row["guarantee"] not in guarantees:
+        raise InputError(f"{where}: record {i}'s guarantee is not listed in 'guarantees'")
+    if measured:
+        if row.get("accuracy") is None:
+            raise InputError(
+                f"{where}: record {i} has no accuracy; a command that measures accuracy needs it in every record"
+            )
+        if not _fraction(row["accuracy"]):
+            raise InputError(f"{where}: record {i}'s accuracy {row['accuracy']!r} is not a number in [0, 1]")
+    for key in ("nonprivate_accuracy",):
+        if key in row and row[key] is not None and not _fraction(row[key]):
+            raise InputError(f"{where}: record {i}'s {key} {row[key]!r} is not a number in [0, 1]")
 
 
 def check_record(rec: Any, where: str = "results.json") -> dict[str, Any]:
@@ -158,20 +199,24 @@ def check_record(rec: Any, where: str = "results.json") -> dict[str, Any]:
         raise InputError(f"{where}: the data rules lack {missing}")
     if "total_s" not in rec["timing"] or "upload_per_client" not in rec["bytes"]:
         raise InputError(f"{where}: timing needs total_s and bytes needs upload_per_client")
+    total = rec["timing"]["total_s"]
+    if not (isinstance(total, (int, float)) and not isinstance(total, bool) and 0 <= total < math.inf):
+        raise InputError(f"{where}: timing total_s {total!r} is not a number of seconds (finite, >= 0)")
     for i, row in enumerate(rec["records"]):
-        lacking = [k for k in _ROW if k not in row]
-        if lacking:
-            raise InputError(f"{where}: record {i} lacks {lacking}")
-        if not _number(row["epsilon"]) or not isinstance(row["seed"], int):
-            raise InputError(f"{where}: record {i} has a malformed epsilon or seed")
-        if row["guarantee"] not in rec["guarantees"]:
-            raise InputError(f"{where}: record {i}'s guarantee is not listed in 'guarantees'")
-        if rec["accuracy"] is not None and not _number(row.get("accuracy")):
-            raise InputError(f"{where}: record {i} has no accuracy")
+        _check_row(i, row, rec["guarantees"], rec["accuracy"] is not None, where)
     if rec["accuracy"] is not None:
         acc = rec["accuracy"]
         if not {"measured_on", "chance", "values"} <= set(acc) or not isinstance(acc["values"], list):
             raise InputError(f"{where}: 'accuracy' needs measured_on, chance and values")
+        if acc["chance"] is not None and not _fraction(acc["chance"]):
+            raise InputError(f"{where}: accuracy chance {acc['chance']!r} is not a number in [0, 1]")
+        for i, v in enumerate(acc["values"]):
+            if not (isinstance(v, dict) and {"method", "epsilon", "mean"} <= set(v)):
+                raise InputError(
+                    f"{where}: accuracy value {i} is not a JSON object with method, epsilon and mean"
+                )
+            if not all(_fraction(v[k]) for k in ("mean", "nonprivate_mean") if k in v):
+                raise InputError(f"{where}: accuracy value {i}'s mean is not a number in [0, 1]")
     return rec
 
 
@@ -207,9 +252,32 @@ def make_record(
     ``accuracy`` over seeds, beside ``chance``.
     """
     if command not in COMMANDS:
-        raise ValueError(f"command {command!r} is not one of {COMMANDS}")
-    rows = [dict(r) for r in records]
+        raise ConfigError(f"command {command!r} is not one of {', '.join(COMMANDS)}")
+    where = f"the {command} run record"
+    for name, value in (
+        ("config", config),
+        ("data", data),
+        ("timing", timing),
+        ("wire", wire),
+        ("extra", extra),
+    ):
+        if value is not None and not isinstance(value, Mapping):
+            raise InputError(f"{where}: {name} is a {type(value).__name__}, not a mapping")
+    for name, value in (("records", records), ("summary", summary), ("warnings", warnings)):
+        if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Iterable):
+            raise InputError(f"{where}: {name} is a {type(value).__name__}, not a list")
+    records, summary = list(records), list(summary)
+    for name, rows_ in (("record", records), ("summary row", summary)):
+        for i, r in enumerate(rows_):
+            if not isinstance(r, Mapping):
+                raise InputError(f"{where}: {name} {i} is a {type(r).__name__}, not a mapping")
+    import json
+
+    # checked as plain JSON data (numpy numbers converted), as check_record will read it back
+    rows = json.loads(json_text([dict(r) for r in records]))
     guarantees = list(dict.fromkeys(str(r.get("guarantee", "")) for r in rows))
+    for i, r in enumerate(rows):
+        _check_row(i, r, guarantees, measured_on is not None, where)
     accuracy = None
     if measured_on is not None:
         groups: dict[tuple, list[dict]] = {}
@@ -266,9 +334,9 @@ def make_record(
         "warnings": list(warnings),
         **(dict(extra) if extra else {}),
     }
-    import json
-
-    return json.loads(json_text(rec))  # plain JSON data: what is written is what a reader gets back
+    rec = json.loads(json_text(rec))  # plain JSON data: what is written is what a reader gets back
+    # what write_record would refuse after the run is refused now (a partial record is no finished run)
+    return check_record(rec, where) if complete else rec
 
 
 def write_record(folder: Any, record: Mapping[str, Any], name: str = "results.json") -> None:
