@@ -199,3 +199,21 @@ def test_make_record_refuses_up_front_what_check_record_would_refuse():
     # a checkpoint of an unfinished run has no data rules yet and is still written
     part = make_record(command="tradeoff", records=[], complete=False, **{**common, "data": {}, "timing": {}})
     assert part["complete"] is False
+
+
+def test_the_schema_check_refuses_what_it_should():
+    good = _good()
+    check_record(good)
+    for broken, needle in (
+        ({**good, "schema": "x"}, "schema"),
+        ({k: v for k, v in good.items() if k != "data"}, "no 'data'"),
+        ({**good, "data": {"dataset": "d"}}, "data rules lack"),
+        ({**good, "records": [{**good["records"][0], "guarantee": "other"}]}, "not listed"),
+        (
+            {**good, "records": [{k: v for k, v in good["records"][0].items() if k != "accuracy"}]},
+            "no accuracy",
+        ),
+        ({**good, "command": "train"}, "not one of"),
+    ):
+        with pytest.raises(InputError, match=needle):
+            check_record(broken)
