@@ -17,9 +17,8 @@ from typing import Any
 import numpy as np
 
 from mechanisms.dp.calibration import as_real, check_budget
-from mechanisms.dp.clipping import CLIP_NORMS
+from mechanisms.dp.clipping import CLIP_NORMS, check_bound, check_noise_clip
 from mechanisms.dp.count_noise import GEOMETRIC_MIN_EPSILON
-from mechanisms.dp.gaussian.mechanism import MAX_CLIP, MIN_CLIP
 from privfed.errors import ConfigError
 from privfed.stats import STAT_FIELDS, ClientStats
 
@@ -105,12 +104,10 @@ def count_noise(
 
 
 def _positive_clip(clip) -> float:
-    """``clip`` as a finite float > 0; a bool, a string, NaN or inf is refused (ConfigError naming clip)."""
-    try:
-        c = as_real(clip)
-    except (TypeError, ValueError):
-        raise ConfigError(f"clip must be a finite number > 0, got clip={clip!r}") from None
-    if not (c > 0 and math.isfinite(c)):
+    """``clip`` as a finite float > 0 (:func:`mechanisms.dp.clipping.check_bound`, and not inf): a bool, a
+    string, NaN or inf is refused (ConfigError naming clip)."""
+    c = check_bound(clip)
+    if not math.isfinite(c):
         raise ConfigError(f"clip must be a finite number > 0, got clip={clip!r}")
     return c
 
@@ -229,11 +226,7 @@ class NoiseSpec:
         if eps == math.inf:  # -inf, NaN and 0 go on to check_budget's refusal
             return cls(clip=clip, level=level, epsilon=math.inf, delta=0.0, guarantee="none")
         epsilon, delta = check_budget(epsilon, delta, allow_inf=False)
-        if not MIN_CLIP <= clip <= MAX_CLIP:  # clip^4 underflowed to sigma 0 under a DP label, or overflowed
-            raise ConfigError(
-                f"clip={clip!r} is outside [{MIN_CLIP:g}, {MAX_CLIP:g}], where the noise (c^2, c^4 for second "
-                "moments) stays a normal float64 number; rescale the features and pick a clip inside it"
-            )
+        check_noise_clip(clip)  # the mechanism's range: c^4 underflowed to sigma 0 under a DP label at 1e-90
         # each block's L2 sensitivity, joined by hypot: c^4 of a second moment underflowed to sigma 0 at c = 1e-90
         sens = {"sums": clip, "counts": 1.0, "second": clip * clip, "class_second": clip * clip}
         blocks = (blocks,) if isinstance(blocks, str) else tuple(blocks)

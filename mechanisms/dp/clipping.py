@@ -40,6 +40,32 @@ def check_bound(bound: float, name: str = "clip") -> float:
     return b
 
 
+#: Largest clip a noise is calibrated to: N c^2 and its noise stay finite in float64 for any N below 1e100 records.
+MAX_CLIP = 1e100
+#: Smallest clip a noise is calibrated to: c^2 and the noise stay normal float64 numbers (a subnormal sigma
+#: carries too few bits to meet its target epsilon).
+MIN_CLIP = 1e-100
+
+
+def check_noise_clip(clip: float, given=None) -> float:
+    """``clip`` (a number > 0, from :func:`check_bound`) when noise can be calibrated to it, inside
+    [:data:`MIN_CLIP`, :data:`MAX_CLIP`]; else a ConfigError naming ``given`` (what the caller passed)."""
+    given = clip if given is None else given
+    if not clip <= MAX_CLIP:
+        raise ConfigError(
+            f"clip={given!r} is beyond {MAX_CLIP:g}: second moments (c^2 per record) and their noise would "
+            "overflow float64 for some datasets and not others; rescale the features (e.g. divide them by a "
+            "public constant) and pick a clip <= 1e100"
+        )
+    if not clip >= MIN_CLIP:
+        raise ConfigError(
+            f"clip={given!r} is below {MIN_CLIP:g}: its noise (and c^2 for second moments) would be computed "
+            "in subnormal floats and miss its target epsilon; rescale the features (e.g. multiply them by a "
+            "public constant) and pick a clip >= 1e-100"
+        )
+    return clip
+
+
 def clip_l2(features: np.ndarray, c: float) -> np.ndarray:
     """Scale each row to L2 norm at most ``c`` (rows already inside are unchanged)."""
     c = check_bound(c)

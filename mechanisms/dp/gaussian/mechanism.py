@@ -61,7 +61,7 @@ import numpy as np
 from mechanisms.dp.accounting import ACCOUNTANTS
 from mechanisms.dp.backends import NoiseBackend, get_backend
 from mechanisms.dp.calibration import as_real, check_budget, check_count, check_rounds
-from mechanisms.dp.clipping import CLIP_NORMS, Clipping, check_bound
+from mechanisms.dp.clipping import CLIP_NORMS, Clipping, check_bound, check_noise_clip
 from mechanisms.dp.gaussian.calibration import (
     GaussianCalibration,
     check_noise_multiplier,
@@ -79,11 +79,6 @@ from privfed.stats import ClientStats, compute_client_stats
 
 __all__ = ["BLOCKS", "GaussianMechanism"]
 
-#: Largest clip accepted: N c^2 and its noise stay finite in float64 for any N below 1e100 records.
-MAX_CLIP = 1e100
-#: Smallest clip accepted: c^2 and the noise calibrated to it stay normal float64 numbers (a subnormal
-#: sigma carries too few bits to meet its target epsilon).
-MIN_CLIP = 1e-100
 
 #: Statistic blocks the mechanism can noise.
 BLOCKS = ("sums", "counts", "second")
@@ -232,18 +227,8 @@ class GaussianMechanism(Parameters, GaussianCalibration, GaussianNoise, ClientBo
         self.noise_multiplier_given = z
         self.epsilon, self.delta = check_budget(epsilon, delta)
         self.clip_bound = check_bound(clip)
-        if not (self.clip_bound <= MAX_CLIP or math.isinf(self.epsilon)):  # no noise: nothing to calibrate
-            raise ConfigError(
-                f"clip={clip!r} is beyond {MAX_CLIP:g}: second moments (c^2 per record) and their noise would "
-                "overflow float64 for some datasets and not others; rescale the features (e.g. divide them by a "
-                "public constant) and pick a clip <= 1e100"
-            )
-        if not (self.clip_bound >= MIN_CLIP or math.isinf(self.epsilon)):
-            raise ConfigError(
-                f"clip={clip!r} is below {MIN_CLIP:g}: its noise (and c^2 for second moments) would be computed "
-                "in subnormal floats and miss its target epsilon; rescale the features (e.g. multiply them by a "
-                "public constant) and pick a clip >= 1e-100"
-            )
+        if math.isfinite(self.epsilon):  # no noise: nothing to calibrate, any clip is taken
+            check_noise_clip(self.clip_bound, clip)
         if level not in _LEVELS:
             raise ConfigError(f"level must be one of {list(_LEVELS)}, got level={level!r}")
         self.level = level
