@@ -113,16 +113,14 @@ class StatsFold:
         if self._fields is None:
             self._fields = chunk.available
             self._has_owners = chunk.owners is not None
+        grow = np.add if self._handed else np.ndarray.__iadd__  # a result taken keeps its snapshot
         if {"second", "class_second"} & self._fields:
             g = chunk.gram()
-            grow = np.add if self._handed else np.ndarray.__iadd__  # a result taken keeps its snapshot
             self._gram = np.array(g) if self._gram is None else grow(self._gram, g)
         if "class_second" in self._fields and self.keep == "total" and self._cs_values:
             if chunk._class_second is not None:
                 cs = chunk._class_second.sum(axis=0)
-                self._cs = (
-                    cs if self._cs is None else (self._cs + cs if self._handed else self._cs.__iadd__(cs))
-                )
+                self._cs = cs if self._cs is None else grow(self._cs, cs)
             else:
                 self._cs_values, self._cs = False, None
         self._handed = False
