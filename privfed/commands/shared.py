@@ -44,6 +44,7 @@ from privfed.commands.values import (
     parse_str_list,
 )
 from privfed.errors import ConfigError
+from privfed.results.files import is_sha256_hex
 
 __all__ = ["Settings", "as_list", "load_config_file", "method_names", "parse_value"]
 
@@ -165,6 +166,13 @@ FILE_SPELLING = {
 }
 #: Flags of how a command runs (where it writes, what it prints), never settings of the experiment it records.
 RUN_OPTIONS = ("out", "overwrite", "quiet", "config")
+
+
+def _absolute_file(spec: str, folder: str) -> str:
+    """A ``file:PATH`` data set with PATH made absolute (a relative one read from ``folder``); ``file:`` alone
+    is left as it is, for the loader's own refusal."""
+    path = os.path.expanduser(spec[len("file:") :])
+    return "file:" + os.path.normpath(os.path.join(folder, path)) if path else spec
 
 
 class Settings:
@@ -347,23 +355,18 @@ class Settings:
         v = FEDERATION["dataset"] if v is None else as_str(v, "--dataset")
         if not v.startswith("file:"):
             return v
-        path = os.path.expanduser(v[len("file:") :])
         from_file = getattr(self.args, "dataset", None) is None and not self.replay
         folder = os.path.dirname(os.path.abspath(self.args.config)) if from_file else os.getcwd()
-        return "file:" + os.path.normpath(os.path.join(folder, path)) if path else v
+        return _absolute_file(v, folder)
 
     def dataset_sha256(self) -> str | None:
         """The SHA-256 a replayed record's feature file had (None when --dataset names another data set)."""
         named, recorded = getattr(self.args, "dataset", None), self.base.get("dataset")
         if all(isinstance(x, str) and x.startswith("file:") for x in (named, recorded)):
             # the record's path is absolute: 'file:feat.npz' typed in its folder names the same file
-            named, recorded = (
-                os.path.abspath(os.path.expanduser(x[len("file:") :])) for x in (named, recorded)
-            )
+            named, recorded = (_absolute_file(x, os.getcwd()) for x in (named, recorded))
         v = self.base.get("dataset_sha256") if named is None or named == recorded else None
-        if v is not None and not (
-            isinstance(v, str) and len(v) == 64 and all(c in "0123456789abcdef" for c in v)
-        ):
+        if v is not None and not is_sha256_hex(v):
             raise ConfigError(f"--config: dataset_sha256 must be 64 lowercase hex digits, got {v!r}")
         return v
 

@@ -84,6 +84,11 @@ def atomic_write(final: str | os.PathLike, write: Callable[[Path], None]) -> Pat
     return final
 
 
+def is_sha256_hex(value: Any) -> bool:
+    """Whether ``value`` is a SHA-256 digest as privfed writes it: 64 lowercase hexadecimal digits."""
+    return isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value)
+
+
 def _malformed_entry(folder: Path, entry: dict[str, Any]) -> str | None:
     """Why one manifest entry is not one privfed writes (a plain file name in the folder, its size, its hash), or None."""
     name, size, digest = entry["name"], entry["bytes"], entry["sha256"]
@@ -100,7 +105,7 @@ def _malformed_entry(folder: Path, entry: dict[str, Any]) -> str | None:
             return f"{name!r} is a symbolic link that leads out of the folder"
     if not isinstance(size, int) or isinstance(size, bool) or size < 0:
         return f"the size of {name!r} is {size!r}, not an integer number of bytes"
-    if not (isinstance(digest, str) and len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)):
+    if not is_sha256_hex(digest):
         return f"the sha256 of {name!r} is not 64 hexadecimal digits"
     return None
 
