@@ -8,7 +8,8 @@ second process, each answering through :func:`privfed.flower.secagg.node_step` (
 its own ``flwr.app.Context``, its state machine kept between its messages, its state record and ledger
 written after each), one message at a time; every request and reply is a Flower ``RecordDict``
 serialised to its protobuf bytes and back.  The plain run of the same statistics sends each node a query
-and gets its float64 vector as an ArrayRecord; the server folds each reply as it arrives in both.
+and gets its float64 vector as an ArrayRecord; the server folds each reply as it arrives in both.  A stage's
+requests are serialised before they are pushed (as a ServerApp builds the messages it hands to the grid).
 
 **The floor** (:mod:`experiments.crypto_floor`): the plain run's CPU seconds plus the signatures,
 verifies, X25519 agreements and key loads, and the mask keystream the protocol makes, each counted at
@@ -22,7 +23,7 @@ processes) are recorded so that a ratio can be checked against an independent ru
 **Memory**: the server's traced peak (tracemalloc: Python and numpy allocations of its process) of a
 masked run at every N of ``--memory-nodes``, at D and at ``--memory-values``; the slope per added node
 at each D is what the server keeps per node (keys, relayed share messages, signatures, unmasking
-shares), and is the same at both D: each upload is added to the total as it arrives.
+shares, and a stage's serialised requests while they are pushed), and is the same at both D: each upload is added to the total as it arrives.
 
 ``--record`` writes ``experiments/results/bench_active_scale.json``; ``tests/mechanisms/test_active_scale.py``
 checks its claims and that the docs quote it.
@@ -151,8 +152,8 @@ class _Link:
         return self.replies.recv()
 
     def exchange(self, kind: str, messages):
-        """Push every ``(u, bytes)`` of a stage (from a second thread, as a server pushes a stage's messages)
-        and yield each reply's bytes in turn, as it arrives."""
+        """Push every ``(u, bytes)`` of a stage (from a second thread, as a server's transport pushes a
+        stage's messages) and yield each reply's bytes in turn, as it arrives."""
         import threading
 
         order: list[int] = []
@@ -209,16 +210,18 @@ def _masked(link: _Link, K: int, roster, D: int, run_id: int) -> dict:
     )
     stages = 0
     while not server.done:
+        # A stage's requests are all serialised before the first is pushed, as a ServerApp builds the
+        # messages it hands to grid.send_and_receive; the keys request is the same for every node (serialised
+        # once).  Serialising each in the pushing thread while the uploads arrive in this one cost the server
+        # half again its CPU in page faults (150,000 a run at 1,000 nodes, malloc trimming and growing the
+        # heap under the uploads' buffers), the harness's cost, not the protocol's.
         requests = server.requests()
         same = _pack(to_records(next(iter(requests.values())))) if server.stage == "keys" else None
-
-        def messages(requests=requests, same=same):
-            for u, msg in requests.items():  # the keys request is the same for every node: serialised once
-                raw = same or _pack(to_records(msg))
-                down[u] += len(raw)
-                yield u, raw
-
-        for u, raw in link.exchange("secagg", messages()):
+        messages = [(u, same or _pack(to_records(msg))) for u, msg in requests.items()]
+        del requests
+        for u, raw in messages:
+            down[u] += len(raw)
+        for u, raw in link.exchange("secagg", messages):
             up[u] += len(raw)
             server.receive(u, from_records(_unpack(raw)))
             del raw

@@ -26,8 +26,8 @@ def active_scale() -> str:
         f"the roster's SecAgg+ graph (degree {k}, t = {runs[-1]['threshold']}) at {K:,} nodes of {D:,} floats "
         "over Flower messages: every request and reply a serialised RecordDict, the nodes answering through the "
         "ClientApp's handler (`node_step`: each its own Context, its state machine kept between its messages) "
-        "in one process, the server (`MaskingServer`) in another, each stage's requests pushed as the server "
-        "makes them and every reply folded as it arrives. CPU seconds of both processes; the floor is the plain "
+        "in one process, the server (`MaskingServer`) in another, each stage's requests serialised, then pushed "
+        "(as a ServerApp hands a stage's messages to the grid) and every reply folded as it arrives. CPU seconds of both processes; the floor is the plain "
         "run of the same statistics plus the protocol's signatures, verifies, X25519 agreements and key loads "
         "and mask keystream, each counted at the state machines' call sites in the masked run and timed alone "
         "with `cryptography` in the same repeat:",
@@ -75,7 +75,8 @@ def active_scale() -> str:
         )
         + f" ({' / '.join(f'{n:,}' for n in ns)} nodes), "
         + " and ".join(f"{slope[v]:,.0f} bytes per added node at {int(v):,} values" for v in ds)
-        + ": what it keeps per node (keys, relayed share messages, signatures, unmasking shares) is O(k) and "
+        + ": what it keeps per node (keys, relayed share messages, signatures, unmasking shares, and a stage's "
+        "serialised requests while they are pushed) is O(k) and "
         "the same at either length, against the "
         f"{8 * D:,} bytes holding one upload would cost. With {d['graph']['removed_fraction']:.0%} of the nodes "
         "colluding or dropped before upload, the chance that the others' graph splits (the server would learn "
