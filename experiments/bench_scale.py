@@ -93,7 +93,14 @@ from experiments.scale_baselines import (  # noqa: E402
     measure_bound,
     server_bound,
 )
-from experiments.scale_children import child, child_curve, child_local_dp, run_child  # noqa: E402
+from experiments.scale_children import (  # noqa: E402
+    child,
+    child_curve,
+    child_local_dp,
+    child_rss,
+    least_rss,
+    run_child,
+)
 from experiments.scale_federation import (  # noqa: E402
     D256,
     INAT,
@@ -143,12 +150,30 @@ __all__ = [
 
 
 # -- one shape: data, bound, every method, the loop ----------------------------------------------
+#: Below this input size (the d = 256 point's 25 MiB) the RSS a fit adds, a few MiB, moves by up to one
+#: between fresh processes (with the address layout the process drew): it is the least of
+#: :data:`RSS_PROCESSES` processes', as a time is the least of its repeats.  Above it (the main point's
+#: 586 MiB) one process's is the measure.
+RSS_LEAST_BELOW = 64 * 2**20
+RSS_PROCESSES = 5
+
+
 def measure_point(
-    shape: dict, names, repeats: int, threads: int, loop_rows: int | None, tmp: str, label: str, parts=None
+    shape: dict,
+    names,
+    repeats: int,
+    threads: int,
+    loop_rows: int | None,
+    tmp: str,
+    label: str,
+    parts=None,
 ) -> dict:
     """One shape: its federation, then every method in a fresh process, timed interleaved with the parts
     of its own bound (:func:`experiments.scale_children.child`), then the per-client loop (on the clients
-    of the first ``loop_rows`` samples; None: on every client, nothing scaled)."""
+    of the first ``loop_rows`` samples; None: on every client, nothing scaled).  For an input under
+    :data:`RSS_LEAST_BELOW` bytes the RSS the first fit adds is measured in :data:`RSS_PROCESSES` - 1
+    more fresh processes (:func:`experiments.scale_children.child_rss`) and the least kept (every sample
+    in ``rss_samples``)."""
     t0 = time.perf_counter()
     F32, y, k = inat_like(**shape, seed=0)
     real = shape_of(y, k)
@@ -164,6 +189,16 @@ def measure_point(
             threads,
         )
         r["method"] = name
+        if "error" not in r and F32.nbytes < RSS_LEAST_BELOW:
+            more = [
+                run_child(["--child", f"rss:{name}", "--data", tmp], threads)
+                for _ in range(RSS_PROCESSES - 1)
+            ]
+            if any("error" in q for q in more):
+                r = next(q for q in more if "error" in q) | {"method": name}
+            else:
+                r["rss_samples"] = [{q: r[q] for q in ("rss_input", "peak_rss")}, *more]
+                r.update(least_rss(r["rss_samples"]))
         if "error" not in r:
             r["params"] = stated_params(name)
             r["fit_s"], r["server_s"] = r["fit"]["best"], r["server"]["best"]
@@ -283,6 +318,9 @@ def main(argv=None) -> int:
             )
         )
         return 0
+    if args.child and args.child.startswith("rss:"):
+        print(json.dumps(child_rss(args.data, args.child[4:], args.threads)))
+        return 0
     if args.child:
         print(json.dumps(child(args.data, args.child, args.repeats, args.threads, args.loop_rows)))
         return 0
@@ -342,7 +380,13 @@ def run_once(args, names, shape: dict, loop_rows: int, out: Path) -> dict:
                     dp.append(dict(r, method=meth))
         if not args.small and not args.no_d256:
             points["d256"] = measure_point(
-                D256, names, args.repeats, args.threads, D256_LOOP_ROWS, tmp, "d256"
+                D256,
+                names,
+                args.repeats,
+                args.threads,
+                D256_LOOP_ROWS,
+                tmp,
+                "d256",
             )
             (out / "bench_scale.partial.json").write_text(json.dumps(points))
     curves = (

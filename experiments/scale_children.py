@@ -3,8 +3,9 @@
 :func:`run_child` starts ``experiments/bench_scale.py --child ...`` in a new
 interpreter (so its time and VmHWM are that call's and nothing else's) and
 reads the JSON line it prints; :func:`child` (``privfed.fit`` and the server),
-:func:`child_curve` (one scaling-curve point) and :func:`child_local_dp`
-(record-level DP with local noise) are what such a child runs.
+:func:`child_rss` (the RSS a first fit adds, once more), :func:`child_curve`
+(one scaling-curve point) and :func:`child_local_dp` (record-level DP with
+local noise) are what such a child runs.
 """
 
 from __future__ import annotations
@@ -23,7 +24,17 @@ import numpy as np
 from experiments.scale_baselines import BOUND_REPEATS, best_of
 from experiments.scale_federation import inat_like, method_spec, shape_of, stated_params
 
-__all__ = ["SCRIPT", "child", "child_curve", "child_local_dp", "load_state", "run_child", "summary"]
+__all__ = [
+    "SCRIPT",
+    "child",
+    "child_curve",
+    "child_local_dp",
+    "child_rss",
+    "load_state",
+    "least_rss",
+    "run_child",
+    "summary",
+]
 
 #: The script a child runs: its ``--child`` flags dispatch to the functions here.
 SCRIPT = str(Path(__file__).with_name("bench_scale.py"))
@@ -119,12 +130,7 @@ def child(data: str, name: str, repeats: int, threads: int, loop_rows: int | Non
     k = np.load(os.path.join(data, "k.npy"))
     mname, params = method_spec(name)
     m = privfed.methods.get(mname, **params)
-    # a tiny fit first loads what fit imports lazily and starts the BLAS (its buffers are per process)
-    warm = np.random.default_rng(0).random((60, F32.shape[1]), dtype=np.float32)
-    privfed.fit(mname, warm, np.arange(60) % 3, np.arange(60) % 6, random_state=0, **params)
-    rss_input = _proc_status("VmRSS")  # interpreter, privfed and the input: what fit adds is above this
-    M_up = int(privfed.fit(mname, F32, y, k, random_state=0, **params).upload_bytes["M"])
-    peak = _proc_status("VmHWM")  # before anything else is allocated
+    rss_input, peak, M_up = _first_fit(F32, y, k, name)
     tracemalloc.start()
     privfed.fit(mname, F32, y, k, random_state=0, **params)
     traced = tracemalloc.get_traced_memory()[1]
@@ -176,6 +182,37 @@ def child(data: str, name: str, repeats: int, threads: int, loop_rows: int | Non
         **info,
     }
     return out
+
+
+def _first_fit(F32: np.ndarray, y: np.ndarray, k: np.ndarray, name: str) -> tuple[int, int, int]:
+    """(RSS before, peak RSS during, M uploaded) of the process's first ``privfed.fit`` on the input, after a
+    tiny fit has loaded what fit imports lazily and started the BLAS (its buffers are per process)."""
+    import privfed
+
+    mname, params = method_spec(name)
+    warm = np.random.default_rng(0).random((60, F32.shape[1]), dtype=np.float32)
+    privfed.fit(mname, warm, np.arange(60) % 3, np.arange(60) % 6, random_state=0, **params)
+    rss_input = _proc_status("VmRSS")  # interpreter, privfed and the input: what fit adds is above this
+    M_up = int(privfed.fit(mname, F32, y, k, random_state=0, **params).upload_bytes["M"])
+    return rss_input, _proc_status("VmHWM"), M_up  # the peak read before anything else is allocated
+
+
+def child_rss(data: str, name: str, threads: int) -> dict:
+    """The RSS a process's first fit adds to it (``rss_input``, ``peak_rss``), nothing else timed: one more
+    fresh-process sample of what :func:`child` measures first."""
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(threads)
+    F32 = np.load(os.path.join(data, "F.npy"))
+    y = np.load(os.path.join(data, "y.npy"))
+    k = np.load(os.path.join(data, "k.npy"))
+    rss_input, peak, _ = _first_fit(F32, y, k, name)
+    return {"rss_input": rss_input, "peak_rss": peak}
+
+
+def least_rss(samples: list[dict]) -> dict:
+    """The sample (``rss_input``, ``peak_rss``) of the fresh process whose first fit added the least RSS."""
+    return min(samples, key=lambda q: q["peak_rss"] - q["rss_input"])
 
 
 def child_curve(shape: dict, name: str, repeats: int, threads: int) -> dict:

@@ -158,7 +158,13 @@ def _table(point: dict, res: dict, title: str, which: str = "main") -> list[str]
         f"{title}: N={real['N']:,}, K={real['K']:,}, C={real['C']:,}, d={d:,}, M={real['M']:,} (float32 input "
         f"{point['input_mib']:.0f} MiB); {res['cores']} cores, {res['threads']} BLAS thread(s), CPU seconds, least "
         f"of {res['repeats']} ({_server_repeats(point)} for the server and its bound) interleaved with its bound's "
-        "parts.",
+        "parts."
+        + (
+            f" fit's RSS = the least of {rss} fresh processes' (the few MiB a fit adds here move by up to one "
+            "with the address layout a process draws)."
+            if (rss := max((len(r.get("rss_samples", ())) for r in point["rows"]), default=0)) > 1
+            else ""
+        ),
         "Bound parts (CPU s, as timed beside the first method using each): " + _parts_text(b) + ".",
         "",
         "| method | parameters | fit s | fit wall s | fit / bound"

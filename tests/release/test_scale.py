@@ -981,6 +981,18 @@ def blas_limits_restored():
         yield
 
 
+def test_the_added_rss_of_several_processes_is_the_least_one_added():
+    from experiments.scale_children import least_rss
+
+    samples = [
+        {"rss_input": 100, "peak_rss": 190},  # adds 90
+        {"rss_input": 150, "peak_rss": 190},  # adds 40: the least, though neither key is the least
+        {"rss_input": 90, "peak_rss": 150},  # adds 60
+    ]
+    assert least_rss(samples) == samples[1]
+    assert least_rss(samples[:1]) == samples[0]
+
+
 def test_the_scale_benchmark_runs_the_public_calls_and_writes_its_record(tmp_path, blas_limits_restored):
     """experiments/bench_scale.py --small: privfed.fit and the server in fresh processes, a record render() reads."""
     import json
@@ -1021,6 +1033,14 @@ def test_the_scale_benchmark_runs_the_public_calls_and_writes_its_record(tmp_pat
     for r in rows.values():
         assert r["peak_rss"] >= r["rss_input"] > r["input_bytes"]  # the child held the input, then fit ran
         assert all(np.isfinite(v) and v > 0 for v in bench_scale.method_ratios(r, res["bound"]).values())
+    # an input this small: the added RSS is the least of five fresh processes' (each sample kept)
+    assert res["input_mib"] * 2**20 < bench_scale.RSS_LEAST_BELOW and bench_scale.RSS_PROCESSES == 5
+    for run in (res, *res["repeat_runs"]):
+        for r in run["rows"]:
+            added = sorted(q["peak_rss"] - q["rss_input"] for q in r["rss_samples"])
+            assert len(added) == 5 and r["peak_rss"] - r["rss_input"] == added[0]
+            assert {"peak_rss", "rss_input"} == set(r["rss_samples"][0])
+    assert "the least of 5 fresh processes'" in bench_scale.render(res)
     assert not list(tmp_path.glob("*.tmp"))  # written atomically
     # --rerecord: only the named methods' rows are re-measured (with their bound parts), the rest kept
     before = json.loads((tmp_path / "bench_scale.json").read_text())
