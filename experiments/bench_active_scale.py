@@ -9,7 +9,8 @@ its own ``flwr.app.Context``, its state machine kept between its messages, its s
 written after each), one message at a time; every request and reply is a Flower ``RecordDict``
 serialised to its protobuf bytes and back.  The plain run of the same statistics sends each node a query
 and gets its float64 vector as an ArrayRecord; the server folds each reply as it arrives in both.  A stage's
-requests are serialised before they are pushed (as a ServerApp builds the messages it hands to the grid).
+requests are serialised before they are pushed (as the app's transport builds a stage's messages before
+pushing them, :func:`privfed.flower.transport.exchange`).
 
 **The floor** (:mod:`experiments.crypto_floor`): the plain run's CPU seconds plus the signatures,
 verifies, X25519 agreements and key loads, and the mask keystream the protocol makes, each counted at
@@ -23,7 +24,8 @@ processes) are recorded so that a ratio can be checked against an independent ru
 **Memory**: the server's traced peak (tracemalloc: Python and numpy allocations of its process) of a
 masked run at every N of ``--memory-nodes``, at D and at ``--memory-values``; the slope per added node
 at each D is what the server keeps per node (keys, relayed share messages, signatures, unmasking
-shares, and a stage's serialised requests while they are pushed), and is the same at both D: each upload is added to the total as it arrives.
+shares, and a stage's serialised requests until its last reply), and is the same at both D: each upload
+is added to the total as it arrives.
 
 ``--record`` writes ``experiments/results/bench_active_scale.json``; ``tests/mechanisms/test_active_scale.py``
 checks its claims and that the docs quote it.
@@ -78,6 +80,30 @@ def _unpack(raw: bytes):
     return recorddict_from_proto(ProtoRecordDict.FromString(raw))
 
 
+#: glibc's heap settings in both processes (mallopt): the heap's top is not returned to the system below
+#: this many free bytes, and blocks this large or smaller come from the heap, not from mmap.
+HEAP_TRIM_BYTES = 64 << 20
+HEAP_MMAP_BYTES = 32 << 20
+
+
+def steady_heap() -> bool:
+    """Keep this process's heap from shrinking and growing under every upload (glibc's ``mallopt``; False
+    where there is no glibc).  Each 410 KB upload makes three buffers of its size (the bytes read, the
+    protobuf's copy, the array) that are freed once it is folded; with glibc's defaults, whether freeing
+    them returns the heap's top to the system (and the next upload faults its pages back in: hundreds of
+    thousands of faults a run at 1,000 nodes) depends on where the heap's other objects happen to lie,
+    which differs between the plain and the masked run and between stages.  Both runs are measured with
+    the same settings."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        trim, mmap = -1, -3  # M_TRIM_THRESHOLD, M_MMAP_THRESHOLD (malloc.h)
+        return libc.mallopt(trim, HEAP_TRIM_BYTES) == 1 and libc.mallopt(mmap, HEAP_MMAP_BYTES) == 1
+    except (OSError, AttributeError):
+        return False
+
+
 # --------------------------------------------------------------------------- the node process
 def _nodes(requests, replies, roster_json: str, secrets: list[bytes], D: int, seed: int) -> None:
     """All nodes, one message at a time in the order they arrive, through the ClientApp's handler (each its
@@ -90,6 +116,7 @@ def _nodes(requests, replies, roster_json: str, secrets: list[bytes], D: int, se
     from privfed.flower.secagg import node_step
     from privfed.flower.wire import arrays_record
 
+    steady_heap()
     roster = Roster.from_json(roster_json)
     ids = [Identity(i, sk) for i, sk in enumerate(secrets)]
     contexts: list = []
@@ -152,8 +179,9 @@ class _Link:
         return self.replies.recv()
 
     def exchange(self, kind: str, messages):
-        """Push every ``(u, bytes)`` of a stage (from a second thread, as a server's transport pushes a
-        stage's messages) and yield each reply's bytes in turn, as it arrives."""
+        """Push every ``(u, bytes)`` of a stage and yield each reply's bytes in turn, as it arrives (as the
+        app's transport pushes a stage's messages, then pulls the replies as they come).  The pushing runs in
+        a second thread only so that the two pipes cannot deadlock."""
         import threading
 
         order: list[int] = []
@@ -210,11 +238,9 @@ def _masked(link: _Link, K: int, roster, D: int, run_id: int) -> dict:
     )
     stages = 0
     while not server.done:
-        # A stage's requests are all serialised before the first is pushed, as a ServerApp builds the
-        # messages it hands to grid.send_and_receive; the keys request is the same for every node (serialised
-        # once).  Serialising each in the pushing thread while the uploads arrive in this one cost the server
-        # half again its CPU in page faults (150,000 a run at 1,000 nodes, malloc trimming and growing the
-        # heap under the uploads' buffers), the harness's cost, not the protocol's.
+        # A stage's requests are all serialised before the first is pushed, as the app's transport builds a
+        # stage's messages before grid.push_messages (privfed.flower.transport.exchange); the keys request
+        # is the same for every node (serialised once).
         requests = server.requests()
         same = _pack(to_records(next(iter(requests.values())))) if server.stage == "keys" else None
         messages = [(u, same or _pack(to_records(msg))) for u, msg in requests.items()]
@@ -225,6 +251,7 @@ def _masked(link: _Link, K: int, roster, D: int, run_id: int) -> dict:
             up[u] += len(raw)
             server.receive(u, from_records(_unpack(raw)))
             del raw
+        del messages  # held until the stage's last reply, as the transport holds its list
         server.close()
         stages += 1
     return {
@@ -246,7 +273,8 @@ def _timed(link: _Link, fn) -> tuple[float, float, dict]:
 
 
 def _start(K: int, degree: int, D: int, seed: int):
-    """The operator's roster (identities and the SecAgg+ graph from OS entropy) and the node process."""
+    """The operator's roster (identities and the SecAgg+ graph from OS entropy) and the node process (which
+    sets :func:`steady_heap`; :func:`main` sets it in this one)."""
     roster, ids = make_roster(K, degree=degree)
     ctx = mp.get_context("spawn")
     req_r, req_w = ctx.Pipe(duplex=False)
@@ -411,6 +439,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--nodes must be >= 3, --values, --repeats and --runs >= 1")
     if not 0 <= a.removed_fraction < 1:
         p.error("--removed-fraction must lie in [0, 1)")
+    steady = steady_heap()  # this process's, as the node process sets its own
     runs = []
     for i in range(a.runs):
         print(f"run {i + 1} of {a.runs}: {a.nodes} nodes x {a.values} values, degree {a.degree}", flush=True)
@@ -432,6 +461,7 @@ def main(argv: list[str] | None = None) -> int:
             "python": sys.version.split()[0],
             "machine": platform.machine(),
             "numpy": np.__version__,
+            "heap": {"steady": steady, "trim_bytes": HEAP_TRIM_BYTES, "mmap_bytes": HEAP_MMAP_BYTES},
         },
         "runs": runs,
         "agreement": max(medians) / min(medians) - 1.0,

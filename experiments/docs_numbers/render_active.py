@@ -26,11 +26,21 @@ def active_scale() -> str:
         f"the roster's SecAgg+ graph (degree {k}, t = {runs[-1]['threshold']}) at {K:,} nodes of {D:,} floats "
         "over Flower messages: every request and reply a serialised RecordDict, the nodes answering through the "
         "ClientApp's handler (`node_step`: each its own Context, its state machine kept between its messages) "
-        "in one process, the server (`MaskingServer`) in another, each stage's requests serialised, then pushed "
-        "(as a ServerApp hands a stage's messages to the grid) and every reply folded as it arrives. CPU seconds of both processes; the floor is the plain "
+        "in one process, the server (`MaskingServer`) in another, each stage's requests serialised, then "
+        "pushed (as the app's transport pushes a stage's messages) and every reply folded as it arrives. "
+        "CPU seconds of both processes; the floor is the plain "
         "run of the same statistics plus the protocol's signatures, verifies, X25519 agreements and key loads "
         "and mask keystream, each counted at the state machines' call sites in the masked run and timed alone "
-        "with `cryptography` in the same repeat:",
+        "with `cryptography` in the same repeat"
+        + (
+            f"; both processes keep glibc's heap from shrinking below {cfg['heap']['trim_bytes'] >> 20} MiB free "
+            "(`mallopt`): each upload's buffers are freed once it is folded, and with glibc's defaults whether "
+            "that returns the heap's top to the system, so that the next upload faults its pages back in, "
+            "depends on where the heap's other objects lie, which differs between the plain and the masked run"
+            if cfg.get("heap", {}).get("steady")
+            else ""
+        )
+        + ":",
         "",
         "| run | repeat | load | plain s | masked s | floor s | masked / floor |",
         "| --- | --- | --- | --- | --- | --- | --- |",
@@ -75,8 +85,8 @@ def active_scale() -> str:
         )
         + f" ({' / '.join(f'{n:,}' for n in ns)} nodes), "
         + " and ".join(f"{slope[v]:,.0f} bytes per added node at {int(v):,} values" for v in ds)
-        + ": what it keeps per node (keys, relayed share messages, signatures, unmasking shares, and a stage's "
-        "serialised requests while they are pushed) is O(k) and "
+        + ": what it keeps per node (keys, relayed share messages, signatures, unmasking shares, and a "
+        "stage's serialised requests until its last reply) is O(k) and "
         "the same at either length, against the "
         f"{8 * D:,} bytes holding one upload would cost. With {d['graph']['removed_fraction']:.0%} of the nodes "
         "colluding or dropped before upload, the chance that the others' graph splits (the server would learn "

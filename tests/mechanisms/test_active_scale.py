@@ -91,11 +91,13 @@ def _record():
 
 
 def test_recorded_runs_are_their_parts_and_reproduce():
-    from experiments.bench_active_scale import REPRODUCE, TARGET_RATIO
+    from experiments.bench_active_scale import HEAP_MMAP_BYTES, HEAP_TRIM_BYTES, REPRODUCE, TARGET_RATIO
 
     data = _record()["data"]
     cfg, runs = data["config"], data["runs"]
     assert cfg["nodes"] >= 1000 and cfg["values"] >= 51_200 and cfg["degree"] == 20
+    # the record says how the processes' heaps were set (the docs state it where it was set)
+    assert cfg["heap"] == {"steady": True, "trim_bytes": HEAP_TRIM_BYTES, "mmap_bytes": HEAP_MMAP_BYTES}
     assert cfg["target_ratio"] == TARGET_RATIO and cfg["reproduce"] == REPRODUCE
     assert len(runs) >= 2 and all(len(r["repeats"]) >= 3 for r in runs)
     medians = []
