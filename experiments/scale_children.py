@@ -31,7 +31,6 @@ __all__ = [
     "child_local_dp",
     "child_rss",
     "load_state",
-    "least_rss",
     "run_child",
     "summary",
 ]
@@ -116,20 +115,12 @@ def child(data: str, name: str, repeats: int, threads: int, loop_rows: int | Non
     timed beside what it is compared with.  Every time is CPU seconds of this process on one BLAS thread;
     each keeps every repeat.
     """
-    from threadpoolctl import threadpool_limits
-
-    from experiments.scale_baselines import CLIENT_PARTS, SERVER_PARTS, bound_calls, loop_once
-
-    threadpool_limits(threads)
     import privfed
+    from experiments.scale_baselines import CLIENT_PARTS, SERVER_PARTS, bound_calls, loop_once
     from privfed.release.pipeline import fold_statistics
 
-    before = load_state()
-    F32 = np.load(os.path.join(data, "F.npy"))
-    y = np.load(os.path.join(data, "y.npy"))
-    k = np.load(os.path.join(data, "k.npy"))
+    before, F32, y, k, m = _set_up(data, name, threads)
     mname, params = method_spec(name)
-    m = privfed.methods.get(mname, **params)
     rss_input, peak, M_up = _first_fit(F32, y, k, name)
     tracemalloc.start()
     privfed.fit(mname, F32, y, k, random_state=0, **params)
@@ -184,6 +175,25 @@ def child(data: str, name: str, repeats: int, threads: int, loop_rows: int | Non
     return out
 
 
+def _set_up(data: str, name: str, threads: int):
+    """What a child does before its first fit (the same in :func:`child` and :func:`child_rss`, so that their
+    first fits start from the same process state): the BLAS threads, the modules the timing loads, the
+    machine's load, the input, the method. Returns (load, F32, y, k, method)."""
+    from threadpoolctl import threadpool_limits
+
+    import experiments.scale_baselines  # noqa: F401  (child's imports, before the input is loaded)
+    import privfed
+    import privfed.release.pipeline  # noqa: F401
+
+    threadpool_limits(threads)
+    before = load_state()
+    F32 = np.load(os.path.join(data, "F.npy"))
+    y = np.load(os.path.join(data, "y.npy"))
+    k = np.load(os.path.join(data, "k.npy"))
+    mname, params = method_spec(name)
+    return before, F32, y, k, privfed.methods.get(mname, **params)
+
+
 def _first_fit(F32: np.ndarray, y: np.ndarray, k: np.ndarray, name: str) -> tuple[int, int, int]:
     """(RSS before, peak RSS during, M uploaded) of the process's first ``privfed.fit`` on the input, after a
     tiny fit has loaded what fit imports lazily and started the BLAS (its buffers are per process)."""
@@ -198,21 +208,12 @@ def _first_fit(F32: np.ndarray, y: np.ndarray, k: np.ndarray, name: str) -> tupl
 
 
 def child_rss(data: str, name: str, threads: int) -> dict:
-    """The RSS a process's first fit adds to it (``rss_input``, ``peak_rss``), nothing else timed: one more
-    fresh-process sample of what :func:`child` measures first."""
-    from threadpoolctl import threadpool_limits
-
-    threadpool_limits(threads)
-    F32 = np.load(os.path.join(data, "F.npy"))
-    y = np.load(os.path.join(data, "y.npy"))
-    k = np.load(os.path.join(data, "k.npy"))
+    """The RSS a process's first fit adds to it (``rss_input``, ``peak_rss``), after the set-up
+    :func:`child` makes and nothing else: one more fresh-process sample of what :func:`child` measures
+    first."""
+    _, F32, y, k, _ = _set_up(data, name, threads)
     rss_input, peak, _ = _first_fit(F32, y, k, name)
     return {"rss_input": rss_input, "peak_rss": peak}
-
-
-def least_rss(samples: list[dict]) -> dict:
-    """The sample (``rss_input``, ``peak_rss``) of the fresh process whose first fit added the least RSS."""
-    return min(samples, key=lambda q: q["peak_rss"] - q["rss_input"])
 
 
 def child_curve(shape: dict, name: str, repeats: int, threads: int) -> dict:

@@ -7,12 +7,27 @@ against its bound, the loop and its input.  Nothing here measures.
 
 from __future__ import annotations
 
-__all__ = ["MEMORY_TARGET", "REPRODUCE", "method_ratios", "render", "reproduction", "runs_of"]
+__all__ = [
+    "MEMORY_TARGET",
+    "REPRODUCE",
+    "median_added",
+    "method_ratios",
+    "render",
+    "reproduction",
+    "runs_of",
+]
 
 #: Memory target: privfed.fit adds at most this fraction of its input.
 MEMORY_TARGET = 0.25
 #: A ratio is reproduced when every independent run's lies within this share of the others'.
 REPRODUCE = 0.10
+
+
+def median_added(samples: list[dict]) -> int:
+    """The median of the RSS each sample's first fit added (``peak_rss - rss_input``; the lower middle one
+    of an even number)."""
+    added = sorted(q["peak_rss"] - q["rss_input"] for q in samples)
+    return added[(len(added) - 1) // 2]
 
 
 # -- the record's ratios and tables ----------------------------------------------------------------
@@ -24,7 +39,10 @@ def method_ratios(r: dict, bound: dict) -> dict:
         "server_bound": r["server_s"] / r["server_bound_s"],
         "loop_fit": loop_s / r["fit_s"],
         "loop_bound": loop_s / r["bound_s"],
-        "added_memory": (r["peak_rss"] - r["rss_input"]) / r["input_bytes"],
+        "added_memory": (
+            median_added(r["rss_samples"]) if "rss_samples" in r else r["peak_rss"] - r["rss_input"]
+        )
+        / r["input_bytes"],
     }
     if "loop_server_class_gemm_s" in r:
         out["class_gemm_loop_fit"] = (r["loop_client_s"] + r["loop_server_class_gemm_s"]) / r["fit_s"]
@@ -64,13 +82,24 @@ def _rerecord_runs(entry: dict) -> str:
     return "in one run" if n == 1 else f"once for each of the record's {n} runs"
 
 
+def _covers(later: dict, entry: dict) -> bool:
+    """Whether a later ``--rerecord`` re-measured every row ``entry`` did (its methods at its points)."""
+    both = ["main", "d256"]  # older records: both points
+    return set(entry["methods"]) <= set(later["methods"]) and set(entry.get("points", both)) <= set(
+        later.get("points", both)
+    )
+
+
 def _rerecord_text(res: dict) -> str:
     """One sentence per ``--rerecord`` the record went through (earliest first): which rows, at which points."""
     last = res.get("rerecorded")
     if not last:
         return ""
     out = []
-    for entry in [*last.get("earlier", []), last]:
+    entries = [*last.get("earlier", []), last]
+    for i, entry in enumerate(entries):
+        if any(_covers(later, entry) for later in entries[i + 1 :]):
+            continue  # every row it re-measured was re-measured again: the later sentence says so
         points = entry.get("points", ["main", "d256"])  # older records: both
         where = "both points" if len(points) == 2 else ("d = 256" if points == ["d256"] else "the main point")
         out.append(
@@ -158,13 +187,7 @@ def _table(point: dict, res: dict, title: str, which: str = "main") -> list[str]
         f"{title}: N={real['N']:,}, K={real['K']:,}, C={real['C']:,}, d={d:,}, M={real['M']:,} (float32 input "
         f"{point['input_mib']:.0f} MiB); {res['cores']} cores, {res['threads']} BLAS thread(s), CPU seconds, least "
         f"of {res['repeats']} ({_server_repeats(point)} for the server and its bound) interleaved with its bound's "
-        "parts."
-        + (
-            f" fit's RSS = the least of {rss} fresh processes' (the few MiB a fit adds here move by up to one "
-            "with the address layout a process draws)."
-            if (rss := max((len(r.get("rss_samples", ())) for r in point["rows"]), default=0)) > 1
-            else ""
-        ),
+        "parts." + _rss_text(point["rows"]),
         "Bound parts (CPU s, as timed beside the first method using each): " + _parts_text(b) + ".",
         "",
         "| method | parameters | fit s | fit wall s | fit / bound"
@@ -186,9 +209,33 @@ def _table(point: dict, res: dict, title: str, which: str = "main") -> list[str]
             f"{_both(res, r['method'], which, 'fit_bound', '.2f')} | "
             f"{r['server_s']:.3f} | {_both(res, r['method'], which, 'server_bound', '.2f')} | {spread} | "
             f"{q['loop_fit']:.1f} | {q['loop_bound']:.1f} | "
-            f"{r['peak_rss'] / 2**30:.2f} | {q['added_memory']:.3f} | {traced} |"
+            f"{r['peak_rss'] / 2**30:.2f} | {q['added_memory']:.3f}{_rss_range(r)} | {traced} |"
         )
     return lines
+
+
+def _rss_text(rows: list[dict]) -> str:
+    """How a point's fit RSS was taken, where it is the median of several fresh processes."""
+    full = [len(r["rss_samples"]) for r in rows if "rss_samples" in r and "rss_error" not in r]
+    failed = [f"{r['method']}: {len(r['rss_samples'])}" for r in rows if "rss_error" in r]
+    if not failed and max(full, default=0) < 2:
+        return ""
+    n = (f"{max(full)} fresh processes" if full else "fresh processes") + (
+        f" ({'; '.join(failed)}, a process failed: see rss_error)" if failed else ""
+    )
+    return (
+        f" fit's RSS / input = the median of the RSS the first fit added in {n} (the timed one "
+        "and more; their range beside it): the few MiB a fit adds here move by about 1 MiB with the address "
+        "layout a process draws. peak RSS = the timed process's."
+    )
+
+
+def _rss_range(r: dict) -> str:
+    """`` (least–largest)`` of a row's fit RSS over its processes, over the input; empty for one process."""
+    if len(r.get("rss_samples", ())) < 2:
+        return ""
+    added = [(q["peak_rss"] - q["rss_input"]) / r["input_bytes"] for q in r["rss_samples"]]
+    return f" ({min(added):.3f}–{max(added):.3f})"
 
 
 def render(res: dict) -> str:
