@@ -150,11 +150,12 @@ __all__ = [
 
 # -- one shape: data, bound, every method, the loop ----------------------------------------------
 #: Below this input size (the d = 256 point's 25 MiB) the RSS a fit adds, a few MiB, moves by about 1 MiB
-#: between fresh processes (with the address layout each draws): the record keeps the RSS added in
+#: between fresh processes and over minutes (the anonymous memory the allocator keeps; the code pages a
+#: fit maps are the same every time): the record keeps the RSS added in
 #: :data:`RSS_PROCESSES` processes (the timed one and more), and its ratio is their median.  Above it (the
 #: main point's 586 MiB) one process's is the measure.
 RSS_SAMPLES_BELOW = 64 * 2**20
-RSS_PROCESSES = 5
+RSS_PROCESSES = 9
 
 
 def measure_point(

@@ -225,8 +225,9 @@ def _rss_text(rows: list[dict]) -> str:
     )
     return (
         f" fit's RSS / input = the median of the RSS the first fit added in {n} (the timed one "
-        "and more; their range beside it): the few MiB a fit adds here move by about 1 MiB with the address "
-        "layout a process draws. peak RSS = the timed process's."
+        "and more; their range beside it): the few MiB a fit adds here move by about 1 MiB between processes "
+        "and over time with what the allocator keeps (the traced peak, the target's measure, does not). peak "
+        "RSS = the timed process's."
     )
 
 
