@@ -159,14 +159,7 @@ RSS_PROCESSES = 9
 
 
 def measure_point(
-    shape: dict,
-    names,
-    repeats: int,
-    threads: int,
-    loop_rows: int | None,
-    tmp: str,
-    label: str,
-    parts=None,
+    shape: dict, names, repeats: int, threads: int, loop_rows: int | None, tmp: str, label: str, parts=None
 ) -> dict:
     """One shape: its federation, then every method in a fresh process, timed interleaved with the parts
     of its own bound (:func:`experiments.scale_children.child`), then the per-client loop (on the clients
@@ -378,13 +371,7 @@ def run_once(args, names, shape: dict, loop_rows: int, out: Path) -> dict:
                     dp.append(dict(r, method=meth))
         if not args.small and not args.no_d256:
             points["d256"] = measure_point(
-                D256,
-                names,
-                args.repeats,
-                args.threads,
-                D256_LOOP_ROWS,
-                tmp,
-                "d256",
+                D256, names, args.repeats, args.threads, D256_LOOP_ROWS, tmp, "d256"
             )
             (out / "bench_scale.partial.json").write_text(json.dumps(points))
     curves = (
