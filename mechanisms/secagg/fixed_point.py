@@ -8,7 +8,8 @@ ring sum of K encodings, read back as int64 and divided by 2^f, is the sum of
 the rounded values as long as the true integer sum stays in
 [-2^63, 2^63).  Each rounding moves a value by at most 2^-(f+1), so the
 decoded sum of K clients is within K * 2^-(f+1) <= K * 2^-f of the real sum,
-per coordinate.
+per coordinate, plus the float64 rounding of the decoded value (half a unit
+in its last place: 2^-53 of it, which passes K * 2^-(f+1) only at large f).
 
 Wrap-around is silent in the ring, so :func:`check_ring_bound` refuses a
 statistic whose declared bound could overflow *before* anything is encoded:
@@ -16,7 +17,8 @@ with ``max_abs`` a public bound on every client's coordinates,
 K * (max_abs * 2^f + 1/2) + noise_bound must stay below 2^63.
 
 Integer statistics (counts, indicators) are encoded with f = 0 and come out
-exact; see :func:`is_integral`.
+exact while their sum stays below 2^53, the float64 it is decoded to; see
+:func:`integer_encoding`.
 """
 
 from __future__ import annotations
@@ -26,12 +28,15 @@ import numpy as np
 from privfed.errors import InputError
 
 __all__ = [
+    "EXACT_SUM",
     "MAX_FRAC_BITS",
     "RING_BITS",
+    "as_stack",
     "check_frac_bits",
     "check_ring_bound",
     "decode",
     "encode",
+    "integer_encoding",
     "is_integral",
     "resolution",
 ]
@@ -47,6 +52,24 @@ _HALF_RING = 2.0**63
 _ROUND_BY_ADD = 2.0**51
 _MAGIC = 1.5 * 2.0**52
 _MAGIC_BITS = np.float64(_MAGIC).view(np.int64)
+
+
+def as_stack(stack, name: str) -> np.ndarray:
+    """The clients' statistics ``stack`` as one numpy array of reals; a masked array (its mask would be
+    ignored), a ragged list (clients of different shapes) or a complex, text, object or bool array is refused
+    naming ``name``."""
+    from privfed._validation import check_real_dtype, refuse_masked
+
+    refuse_masked(stack, name)
+    try:
+        raw = np.asarray(stack)
+    except ValueError as exc:  # numpy's "inhomogeneous shape"
+        raise InputError(
+            f"{name}: the clients' statistics are not one (K, ...) array; give every client the same shape "
+            f"({str(exc).splitlines()[0][:120]})"
+        ) from None
+    check_real_dtype(raw, name)  # complex, object, text or bool stacks are refused, never cast
+    return raw
 
 
 def check_frac_bits(frac_bits: int) -> int:
@@ -67,6 +90,37 @@ def resolution(frac_bits: int) -> float:
 
 #: Values per chunk in :func:`is_integral` (stops at the first chunk with a fractional value).
 _CHUNK = 65_536
+
+
+#: float64 holds every integer of magnitude up to this exactly: an integer sum below it decodes exactly.
+EXACT_SUM = 2.0**53
+
+
+def integer_encoding(flat: np.ndarray, integers, noise_std: float, max_abs: float, name: str) -> bool:
+    """Whether the (K, n) stack ``flat`` is summed as integers (f = 0, exact).
+
+    ``integers``: ``True`` (refused unless every value is whole and K max|x| < 2^53, the largest sum the
+    float64 result holds exactly), ``"auto"`` (the same test, and no noise added), ``False``; a numpy bool
+    reads as a bool, anything else (1, "yes") is refused.  ``max_abs`` is the largest |x| of the stack."""
+    from privfed.errors import ConfigError
+
+    if isinstance(integers, (bool, np.bool_)):
+        integers = bool(integers)
+    elif not (isinstance(integers, str) and integers == "auto"):
+        raise ConfigError(f"integers must be 'auto', True or False, got {integers!r}")
+    if integers is False:
+        return False
+    whole = is_integral(flat)
+    fits = flat.shape[0] * max_abs < EXACT_SUM
+    if integers is True and not whole:
+        raise InputError(f"{name} was declared integer but holds fractional values; pass integers='auto'")
+    if integers is True and not fits:
+        raise InputError(
+            f"{name}: {flat.shape[0]} clients x max|x| = {max_abs:.4g} can sum past 2^53, where float64 holds "
+            "no exact integers (the sum would be rounded); pass integers='auto' for a fixed-point sum, or "
+            "scale the counts down"
+        )
+    return whole and fits and (integers is True or noise_std == 0)
 
 
 def is_integral(values: np.ndarray) -> bool:
@@ -116,14 +170,19 @@ def check_ring_bound(
     frac_bits = check_frac_bits(frac_bits)
     bound = num_clients * (float(max_abs) * 2.0**frac_bits + 0.5) + float(noise_bound)
     if not bound < _HALF_RING:
-        need = np.log2(max(num_clients * float(max_abs), 1e-300))
-        fit = int(np.floor(62 - need))
+        values, noise = num_clients * float(max_abs), float(noise_bound) * 2.0**-frac_bits  # in units of x
+        need = np.log2(max(values + noise, 1e-300))
+        fit = min(int(np.floor(62 - need)), MAX_FRAC_BITS) if np.isfinite(need) else -1
         size = f"2^{np.log2(bound):.1f}" if np.isfinite(bound) else "beyond float64"
+        smaller = (
+            "lower noise_std"
+            if noise > values
+            else "clip or rescale the features so the statistic is smaller"
+        )
         fix = (
-            f"lower frac_bits (at most {fit} fit) or clip the features so the statistic is smaller"
+            f"lower frac_bits (at most {fit} fit) or {smaller}"
             if fit >= 0
-            else "even whole numbers (frac_bits=0) do not fit: clip or rescale the features so the statistic is "
-            "smaller"
+            else f"even whole numbers (frac_bits=0) do not fit: {smaller}"
         )
         raise InputError(
             f"{name} could overflow the 2^{RING_BITS} ring: {num_clients} clients x max|x| = {max_abs:.4g} "

@@ -1,33 +1,26 @@
 """Node identities for secure aggregation against a deviating server: Ed25519 keys and the roster.
 
-Bonawitz et al. (CCS 2017), active-adversary version: every node holds a
-long-term signing key, and the list of the nodes' public keys (the
-*roster*) comes from the operator, never from the server.  A node checks
-every key advertisement, consistency signature and CKKS public context
-against the roster, and takes the protocol's size K and threshold t from it:
-a server that asks for another K or t, or slips in a key of its own
-(a Sybil), is refused.
+Bonawitz et al. (CCS 2017), active-adversary version: every node holds a long-term signing key, and the list
+of the nodes' public keys (the *roster*) comes from the operator, never from the server.  A node checks
+every key advertisement, consistency signature and CKKS public context against the roster, and takes the
+protocol's size K and threshold t from it: a server that asks for another K or t, or slips in a key of its
+own (a Sybil), is refused.
 
-The roster also fixes t: at least 2 and above n_C + (K - n_C)/2, where up to
-n_C nodes may collude with the server (``colluders``; Bonawitz et al.,
-Sec. 6), so two different survivor lists can never both collect t
-signatures from honest nodes.  The default declares one colluder and takes
-the smallest threshold that tolerates it
-(:func:`mechanisms.secagg.threat.default_threshold`); a roster whose threshold
-tolerates no colluder is made only when the operator declares
-``colluders=0`` (``--colluders 0``), and a roster file written before rosters
-recorded that choice (version 1 or 2) is refused when its threshold tolerates
-none.  The roster also carries the public bounds a node checks the server's
-messages against (:mod:`mechanisms.secagg.bounds`).
+The roster also fixes t: at least 2 and above n_C + (K - n_C)/2, where up to n_C nodes may collude with the
+server (``colluders``; Bonawitz et al., Sec. 6), so two different survivor lists can never both collect t
+signatures from honest nodes.  The default declares one colluder and takes the smallest threshold that
+tolerates it (:func:`mechanisms.secagg.threat.default_threshold`); a roster whose threshold tolerates no
+colluder is made only when the operator declares ``colluders=0`` (``--colluders 0``), and a roster file
+written before rosters recorded that choice (version 1 or 2) is refused when its threshold tolerates none.
+The roster also carries the public bounds a node checks the server's messages against
+(:mod:`mechanisms.secagg.bounds`).
 
-SecAgg+ (Bell et al., CCS 2020): with ``degree=k`` the roster also carries
-the graph, a uniform ring order of the nodes drawn here from OS entropy
-(:mod:`mechanisms.secagg.graph`), so the server cannot choose it; each
-node masks with and shares among its k neighbours only, and t is then a
-threshold of every group of k + 1 (itself and its neighbours): at least 2,
-2t > k + 1 + n_C and t <= k + 1 (the argument is in
-:mod:`mechanisms.secagg.masking.node`).  A roster without a degree is the complete
-graph (k + 1 = K), and its fingerprint is what it always was.
+SecAgg+ (Bell et al., CCS 2020): with ``degree=k`` the roster also carries the graph, a uniform ring order
+of the nodes drawn here from OS entropy (:mod:`mechanisms.secagg.graph`), so the server cannot choose it;
+each node masks with and shares among its k neighbours only, and t is then a threshold of every group of
+k + 1 (itself and its neighbours): at least 2, 2t > k + 1 + n_C and t <= k + 1 (the argument is in
+:mod:`mechanisms.secagg.masking.node`).  A roster without a degree is the complete graph (k + 1 = K), and
+its fingerprint is what it always was.
 
 Deployment: the operator runs once ::
 
@@ -76,7 +69,7 @@ from mechanisms.secagg.threat import (
     threshold_rule,
 )
 from privfed._validation import is_integer, read_regular_text
-from privfed.errors import ConfigError
+from privfed.errors import ConfigError, PrivfedError
 
 __all__ = [
     "ROSTER_VERSION",
@@ -266,9 +259,7 @@ class Roster:
             degree, ring = raw.get("degree"), raw.get("ring")
             threshold, colluders = raw["threshold"], raw.get("colluders", 0)
 
-            def whole(v) -> bool:  # a JSON integer: not a bool, not a float that int() would truncate
-                return isinstance(v, int) and not isinstance(v, bool)
-
+            whole = is_integer  # a JSON integer: not a bool, not a float that int() would truncate
             if not (whole(threshold) and whole(colluders)):
                 raise ValueError(
                     f"threshold and colluders must be integers, got {threshold!r}, {colluders!r}"
@@ -291,6 +282,13 @@ class Roster:
             raise ConfigError(
                 f"{source} is not a privfed roster (JSON with public_keys, threshold): {exc}"
             ) from None
+        if (
+            raw.get("version", 1) > ROSTER_VERSION
+        ):  # its meaning may have changed: read by the privfed that wrote it
+            raise ConfigError(
+                f"{source} is a version {raw['version']} roster; this privfed reads up to version "
+                f"{ROSTER_VERSION}: install the privfed that wrote it"
+            )
         if raw.get("version", 1) < ROSTER_VERSION and roster.tolerated == 0:
             raise ConfigError(
                 f"{source} was written before rosters recorded their colluders, and its threshold "
@@ -385,8 +383,10 @@ def make_roster(
     uniform ring order, from the same key source) into the roster; thresholds are then per group of k + 1.
     """
     colluders = DEFAULT_COLLUDERS if colluders is None else colluders
-    if int(num_nodes) < 1:  # a negative count was read as 0
-        raise ConfigError(f"a roster needs a whole number of nodes >= 1, got {num_nodes}")
+    if not (is_integer(num_nodes) and num_nodes >= 1):  # 2.7 was cut to 2 nodes, a negative count read as 0
+        raise ConfigError(f"a roster needs a whole number of nodes >= 1, got {num_nodes!r}")
+    if not (is_integer(colluders) and (threshold is None or is_integer(threshold))):  # "3" or 1.5: no count
+        raise ConfigError(f"threshold and colluders must be whole numbers, got {threshold!r}, {colluders!r}")
     if degree is not None:
         check_degree(degree, int(num_nodes))
     keys = KeySource(seed)
@@ -487,7 +487,7 @@ def main(argv: list[str] | None = None) -> int:
         bounds = PublicBounds(a.max_records, a.means_per_node, a.frac_bits, a.max_weight_ratio)
         roster, ids = make_roster(a.nodes, a.threshold, a.colluders, degree=a.degree, bounds=bounds)
         out = write_roster_folder(a.directory, roster.to_json(), [(i.index, i.to_json()) for i in ids])
-    except ConfigError as exc:
+    except PrivfedError as exc:  # a ConfigError, or an InputError (a roster that is a folder, not UTF-8)
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # what it wrote is removed (write_roster_folder)

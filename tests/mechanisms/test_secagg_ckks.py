@@ -207,7 +207,10 @@ def test_ckks_sum_takes_numbers_only(kw, match):
     [
         ({"precision_bits": 2.5}, "precision_bits must be an integer number of bits"),
         ({"scale_bits": 10.5}, "scale_bits must be an integer number of bits"),  # was about precision_bits
-        ({"coeff_mod_bit_sizes": (60.7, 40.2, 60)}, "coeff_mod_bit_sizes must be >= 2 primes"),  # truncated
+        (
+            {"coeff_mod_bit_sizes": (60.7, 40.2, 60)},
+            "coeff_mod_bit_sizes must be a list of >= 2 primes",
+        ),  # truncated
         ({"poly_modulus_degree": True}, "poly_modulus_degree must be a power of two"),
     ],
 )

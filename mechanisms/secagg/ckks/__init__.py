@@ -29,7 +29,6 @@ from mechanisms.secagg.ckks.server import CKKSServer, CKKSServerView, run_in_pro
 from mechanisms.secagg.identity import make_roster
 from mechanisms.secagg.ledger import SessionLedger
 from mechanisms.secagg.noise import check_nonnegative, noise_share
-from privfed._validation import check_real_dtype
 from privfed.errors import ConfigError, InputError
 
 __all__ = ["KEY_HOLDER", "CKKSSumResult", "ckks_sum"]
@@ -59,10 +58,7 @@ class CKKSSumResult:
 
 
 def _check_stack(stack, params, integers, noise_std, value_bound, name):
-    raw = np.asarray(stack)
-    check_real_dtype(
-        raw, name
-    )  # complex, object, text or bool stacks are refused, never cast (as masking does)
+    raw = fixed_point.as_stack(stack, name)  # as masking reads it
     X = raw.astype(np.float64, copy=False)
     if X.ndim < 1 or X.shape[0] < 2:
         raise InputError(
@@ -75,15 +71,11 @@ def _check_stack(stack, params, integers, noise_std, value_bound, name):
     if not np.all(np.isfinite(flat)):
         raise InputError(f"{name} contains NaN/inf values; secure aggregation needs finite statistics")
     noise_std = check_nonnegative(noise_std, "noise_std")
-    if integers not in ("auto", True, False):
-        raise ConfigError(f"integers must be 'auto', True or False, got {integers!r}")
-    if integers is True and not fixed_point.is_integral(flat):  # the sum would be rounded to whole numbers
-        raise InputError(f"{name} was declared integer but holds fractional values; pass integers='auto'")
-    integral = integers is True or (integers == "auto" and noise_std == 0 and fixed_point.is_integral(flat))
-    max_abs = (
-        float(np.abs(flat).max()) if value_bound is None else check_nonnegative(value_bound, "value_bound")
-    )
-    if value_bound is not None and flat.size and float(np.abs(flat).max()) > max_abs:
+    data_max = float(np.abs(flat).max())
+    # whole numbers: the release is rounded to whole numbers (exact while the sum stays below 2^53)
+    integral = fixed_point.integer_encoding(flat, integers, noise_std, data_max, name)
+    max_abs = data_max if value_bound is None else check_nonnegative(value_bound, "value_bound")
+    if value_bound is not None and data_max > max_abs:
         over = np.flatnonzero(np.abs(flat).max(axis=1) > max_abs)
         raise InputError(
             f"{name}: client(s) {over[:5].tolist()} hold values outside the agreed bound |x| <= {max_abs:g}; "
@@ -169,6 +161,10 @@ def ckks_sum(
     params = CKKSParams() if params is None else params
     if not isinstance(params, CKKSParams):  # a dict of its fields was an AttributeError later
         raise ConfigError(f"params must be a CKKSParams, e.g. CKKSParams(scale_bits=40), got {params!r}")
+    if rng is not None and not isinstance(
+        rng, np.random.Generator
+    ):  # 0 failed later as "no attribute normal"
+        raise ConfigError(f"rng must be a numpy.random.Generator or None, got {type(rng).__name__}")
     rng = rng if rng is not None else np.random.default_rng()
     flat, shape, integral = _check_stack(stack, params, integers, noise_std, value_bound, name)
     K = flat.shape[0]

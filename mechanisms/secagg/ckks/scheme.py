@@ -110,9 +110,16 @@ class CKKSParams:
         if not is_integer(N) or N < 1024 or N & (N - 1):
             raise ConfigError(f"poly_modulus_degree must be a power of two >= 1024, got {N!r}")
         object.__setattr__(self, "poly_modulus_degree", int(N))
-        raw = tuple(self.coeff_mod_bit_sizes)
-        if len(raw) < 2 or not all(is_integer(b) and 20 <= b <= 60 for b in raw):
-            raise ConfigError(f"coeff_mod_bit_sizes must be >= 2 primes of 20..60 bits, got {raw}")
+        raw = self.coeff_mod_bit_sizes  # a list or tuple of ints: 60 or "60,40" is no list of sizes
+        raw = tuple(raw) if isinstance(raw, (list, tuple)) else raw
+        if (
+            not isinstance(raw, tuple)
+            or len(raw) < 2
+            or not all(is_integer(b) and 20 <= b <= 60 for b in raw)
+        ):
+            raise ConfigError(
+                f"coeff_mod_bit_sizes must be a list of >= 2 primes of 20..60 bits, got {raw!r}"
+            )
         sizes = tuple(int(b) for b in raw)
         object.__setattr__(self, "coeff_mod_bit_sizes", sizes)
         for name in ("scale_bits", "precision_bits"):

@@ -76,7 +76,7 @@ from mechanisms.secagg.masking.server import MaskingServer, ServerView, run_in_p
 from mechanisms.secagg.noise import check_nonnegative, noise_share
 from mechanisms.secagg.threat import DEFAULT_COLLUDERS, colluders_tolerated, default_threshold, survivor_parts
 from privfed._linalg import one_blas_thread
-from privfed._validation import check_memory, check_real_dtype, check_seed, is_integer
+from privfed._validation import check_memory, check_seed, is_integer
 from privfed.errors import ConfigError, InputError
 
 __all__ = [
@@ -199,7 +199,8 @@ class MaskedSumResult:
     parts: tuple[tuple[int, ...], ...] = ()
     #: Every client's neighbours (the SecAgg+ graph, or everyone).
     graph: tuple[frozenset[int], ...] = ()
-    #: Whether the statistic was summed as integers, exactly (no rounding); else within K 2^-(f+1).
+    #: Whether the statistic was summed as integers, exactly (no rounding); else within K 2^-(f+1), plus the
+    #: float64 rounding of the result (2^-53 of it).
     exact: bool = False
 
 
@@ -244,11 +245,14 @@ def masked_sum(
         Client k's statistic is ``stack[k]``.
     frac_bits : int
         Fractional bits f of the fixed-point encoding for real statistics;
-        the sum is within K * 2^-(f+1) of the real sum per coordinate.
+        the sum is within K * 2^-(f+1) of the real sum per coordinate, plus the float64 rounding of the
+        result (2^-53 of its magnitude, which passes K * 2^-(f+1) only at large f).
     integers : {"auto", True, False}
-        ``True``: the statistic is integer (f = 0, exact); ``"auto"``: f = 0
-        when every value is a whole number and no noise is added (a public
-        one-bit choice, true for counts and indicators), else ``frac_bits``.
+        ``True``: the statistic is integer (f = 0, exact; refused where K max|x|
+        reaches 2^53, past which float64 holds no exact integers); ``"auto"``: f = 0
+        when every value is a whole number, the sum stays below 2^53 and no noise
+        is added (a public one-bit choice, true for counts and indicators), else
+        ``frac_bits``.
     threshold : int, optional
         Shamir threshold t; defaults to :func:`mechanisms.secagg.threat.default_threshold` of each
         client's group (itself and its neighbours): the smallest that tolerates a colluding node; at
@@ -309,8 +313,7 @@ def masked_sum(
     for flag, value in (("active", active), ("keep_view", keep_view)):
         if not isinstance(value, (bool, np.bool_)):  # "no" is a non-empty string: truthy
             raise ConfigError(f"{flag} must be True or False, got {value!r}")
-    raw = np.asarray(stack)
-    check_real_dtype(raw, name)  # complex, object, text or bool stacks are refused, never cast
+    raw = fixed_point.as_stack(stack, name)
     X = raw.astype(np.float64, copy=False)
     if X.ndim < 1 or X.shape[0] < 2:
         raise InputError(
@@ -329,11 +332,7 @@ def masked_sum(
     if not (np.isfinite(lo) and np.isfinite(hi)):
         raise InputError(f"{name} contains NaN/inf values; secure aggregation needs finite statistics")
     noise_std = check_nonnegative(noise_std, "noise_std")
-    if integers not in ("auto", True, False):
-        raise ConfigError(f"integers must be 'auto', True or False, got {integers!r}")
-    if integers is True and not fixed_point.is_integral(flat):
-        raise InputError(f"{name} was declared integer but holds fractional values; pass integers='auto'")
-    integral = integers is True or (integers == "auto" and noise_std == 0 and fixed_point.is_integral(flat))
+    integral = fixed_point.integer_encoding(flat, integers, noise_std, max(-lo, hi), name)
     f = 0 if integral else fixed_point.check_frac_bits(frac_bits)
     if value_bound is None:
         max_abs = max(-lo, hi)

@@ -1,0 +1,129 @@
+"""What a user can hand the secure sums and the roster tools by mistake: each is refused in one line naming the
+input, or summed right; nothing is rounded while the result says exact."""
+
+from __future__ import annotations
+
+import json
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+from mechanisms.secagg import masked_sum
+from mechanisms.secagg.ckks import CKKSParams, ckks_sum
+from mechanisms.secagg.fixed_point import check_ring_bound
+from mechanisms.secagg.identity import ROSTER_VERSION, Roster, main, make_roster
+from privfed.errors import ConfigError, InputError
+
+
+# ------------------------------------------------------------------------------------- exact integer sums
+def test_an_integer_sum_past_2_53_is_never_called_exact():
+    """Each value is whole and below 2^53, but the sum of four passes it, where float64 holds no exact
+    integers: the result was one off with exact=True."""
+    X = np.array([[2**52 + 1], [2**52 + 1], [2**52 + 1], [2**52]], dtype=np.int64)
+    true = int(X.sum())
+    assert true > 2**53 and float(true) != true  # the float64 of the true sum is not the sum
+    with pytest.raises(InputError, match="can sum past 2\\^53"):
+        masked_sum(X, integers=True, key_seed=1)
+    with pytest.raises(InputError, match="can sum past 2\\^53"):
+        ckks_sum(X, integers=True)
+    # "auto" does not call it integer: a fixed-point sum, which the ring bound then refuses at this size
+    with pytest.raises(InputError, match="could overflow the 2\\^64 ring"):
+        masked_sum(X, key_seed=1)
+    below = np.array([[2**50 + 1], [2**50 + 3], [2**50], [7]], dtype=np.int64)  # sum below 2^53: exact
+    res = masked_sum(below, key_seed=1)
+    assert res.exact and int(res.total[0]) == int(below.sum())
+
+
+@pytest.mark.parametrize("flag", [1, 0, "yes", None, 1.0])
+def test_integers_takes_a_bool_or_auto_only(flag):
+    with pytest.raises(ConfigError, match="integers must be 'auto', True or False"):
+        masked_sum(np.ones((3, 2)), integers=flag, key_seed=1)
+    with pytest.raises(ConfigError, match="integers must be 'auto', True or False"):
+        ckks_sum(np.ones((3, 2)), integers=flag)
+
+
+def test_a_numpy_bool_reads_as_the_bool():
+    """np.True_ passed the flag check but failed ``is True``: a fixed-point sum though integers were asked."""
+    res = masked_sum(np.ones((3, 2)), integers=np.True_, key_seed=1)
+    assert res.exact and res.frac_bits == 0 and res.total.tolist() == [3.0, 3.0]
+    assert not masked_sum(np.ones((3, 2)), integers=np.False_, key_seed=1).exact
+
+
+def test_the_fixed_point_bound_counts_the_float64_rounding_of_the_result():
+    """At frac_bits = 50 the sum's float64 rounding (2^-53 of it) passes K 2^-(f+1): the bound stated is both."""
+    X = np.array([[250.3], [-0.1], [249.7]])
+    res = masked_sum(X, frac_bits=50, key_seed=1)
+    exact = sum(Fraction(float(v)) for v in X[:, 0])
+    err = abs(Fraction(float(res.total[0])) - exact)
+    K, f = 3, 50
+    assert err > Fraction(K, 2 ** (f + 1))  # the old bound alone does not hold here
+    assert err <= Fraction(K, 2 ** (f + 1)) + abs(exact) * Fraction(1, 2**53)  # the stated one does
+
+
+# ------------------------------------------------------------------------------------- stacks and rng
+def test_a_ragged_stack_or_a_masked_array_is_refused_naming_the_statistic():
+    for fn in (lambda s: masked_sum(s, key_seed=1), ckks_sum):
+        with pytest.raises(InputError, match="not one \\(K, ...\\) array; give every client the same shape"):
+            fn([[1.5, 2.0], [3.0]])
+        X = np.ma.masked_array(np.arange(6.0).reshape(3, 2), mask=[[0, 1], [0, 0], [1, 0]])
+        with pytest.raises(InputError, match="masked array; its mask would be ignored"):
+            fn(X)
+
+
+def test_ckks_checks_its_rng_as_masking_does():
+    with pytest.raises(ConfigError, match="rng must be a numpy.random.Generator or None, got int"):
+        ckks_sum(np.ones((3, 2)), rng=0, noise_std=0.1)
+
+
+@pytest.mark.parametrize("sizes", [60, "60,40", None])
+def test_ckks_modulus_sizes_must_be_a_list(sizes):
+    with pytest.raises(ConfigError, match="coeff_mod_bit_sizes must be a list of >= 2 primes"):
+        CKKSParams(coeff_mod_bit_sizes=sizes)
+
+
+def test_a_ring_overflow_from_the_noise_names_the_noise_and_a_frac_bits_that_exists():
+    with pytest.raises(InputError) as info:
+        check_ring_bound(1.0, 3, 32, noise_bound=3 * 40.0 * 1e300 * 2.0**32)
+    assert "lower noise_std" in str(info.value) and "at most 59" not in str(info.value)
+    # the frac_bits named fit with the noise: 3 (1 + 40 * 1e3) < 2^(62 - 45)
+    with pytest.raises(InputError, match="at most 45 fit\\) or lower noise_std"):
+        check_ring_bound(1.0, 3, 53, noise_bound=3 * 40.0 * 1e3 * 2.0**53)
+    assert check_ring_bound(1.0, 3, 45, noise_bound=3 * 40.0 * 1e3 * 2.0**45) < 2.0**63
+    with pytest.raises(InputError, match="clip or rescale the features"):
+        check_ring_bound(1e30, 3, 32)
+
+
+# ------------------------------------------------------------------------------------- rosters
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"num_nodes": 2.7},
+        {"num_nodes": None},
+        {"num_nodes": "4"},
+        {"num_nodes": 4, "colluders": 1.5},
+        {"num_nodes": 4, "threshold": "3"},
+        {"num_nodes": 4, "threshold": 2.5},
+    ],
+)
+def test_make_roster_takes_whole_numbers_only(kw):
+    with pytest.raises(ConfigError, match="whole number"):
+        make_roster(**kw, seed=1)
+
+
+def test_a_roster_of_a_newer_version_is_refused(tmp_path):
+    roster, _ = make_roster(4, seed=1)
+    raw = json.loads(roster.to_json())
+    assert Roster.from_json(json.dumps(raw)) == roster
+    raw["version"] = ROSTER_VERSION + 1
+    with pytest.raises(ConfigError, match=f"version {ROSTER_VERSION + 1} roster; this privfed reads up to"):
+        Roster.from_json(json.dumps(raw))
+
+
+def test_the_roster_command_prints_an_input_error_in_one_line(tmp_path, capsys):
+    """A roster that is a folder (an InputError, not a ConfigError) was a traceback."""
+    (tmp_path / "r").mkdir()
+    assert main(["--init-ledger", str(tmp_path / "l.json"), "--roster", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "is a directory" in err and "Traceback" not in err
+    assert not (tmp_path / "l.json").exists()
