@@ -37,6 +37,7 @@ __all__ = [
     "decode",
     "encode",
     "integer_encoding",
+    "integers_flag",
     "is_integral",
     "resolution",
 ]
@@ -96,22 +97,29 @@ _CHUNK = 65_536
 EXACT_SUM = 2.0**53
 
 
-def integer_encoding(flat: np.ndarray, integers, noise_std: float, max_abs: float, name: str) -> bool:
-    """Whether the (K, n) stack ``flat`` is summed as integers (f = 0, exact).
-
-    ``integers``: ``True`` (refused unless every value is whole and K max|x| < 2^53, the largest sum the
-    float64 result holds exactly), ``"auto"`` (the same test, and no noise added), ``False``; a numpy bool
-    reads as a bool, anything else (1, "yes") is refused.  ``max_abs`` is the largest |x| of the stack."""
+def integers_flag(integers) -> str | bool:
+    """``integers`` as ``"auto"``, True or False: a numpy bool reads as the bool; 1, 1.0 or "yes" is refused
+    (they compared equal to True, or were no flag, and meant a fixed-point sum)."""
     from privfed.errors import ConfigError
 
     if isinstance(integers, (bool, np.bool_)):
-        integers = bool(integers)
-    elif not (isinstance(integers, str) and integers == "auto"):
-        raise ConfigError(f"integers must be 'auto', True or False, got {integers!r}")
+        return bool(integers)
+    if isinstance(integers, str) and integers == "auto":
+        return "auto"
+    raise ConfigError(f"integers must be 'auto', True or False, got {integers!r}")
+
+
+def integer_encoding(flat: np.ndarray, integers, noise_std: float, max_abs: float, name: str) -> bool:
+    """Whether the (K, n) stack ``flat`` is summed as integers (f = 0, exact).
+
+    ``integers`` (:func:`integers_flag`): ``True`` (refused unless every value is whole and K (max|x| + 40
+    noise_std) <= 2^53, the largest sum the float64 result holds exactly), ``"auto"`` (the same test, and no
+    noise added), ``False``.  ``max_abs`` is the largest |x| of the stack."""
+    integers = integers_flag(integers)
     if integers is False:
         return False
     whole = is_integral(flat)
-    fits = flat.shape[0] * max_abs < EXACT_SUM
+    fits = flat.shape[0] * (max_abs + 40.0 * noise_std) <= EXACT_SUM  # noise shares within 40 sigma
     if integers is True and not whole:
         raise InputError(f"{name} was declared integer but holds fractional values; pass integers='auto'")
     if integers is True and not fits:

@@ -256,6 +256,11 @@ class Roster:
             raw = json.loads(text)
             if not isinstance(raw, dict) or type(raw.get("version", 1)) is not int:
                 raise ValueError("not a JSON object with an integer version")
+            if raw.get("version", 1) > ROSTER_VERSION:  # its layout or meaning may have changed
+                raise ConfigError(
+                    f"{source} is a version {raw['version']} roster; this privfed reads up to version "
+                    f"{ROSTER_VERSION}: install the privfed that wrote it"
+                )
             degree, ring = raw.get("degree"), raw.get("ring")
             threshold, colluders = raw["threshold"], raw.get("colluders", 0)
 
@@ -282,13 +287,6 @@ class Roster:
             raise ConfigError(
                 f"{source} is not a privfed roster (JSON with public_keys, threshold): {exc}"
             ) from None
-        if (
-            raw.get("version", 1) > ROSTER_VERSION
-        ):  # its meaning may have changed: read by the privfed that wrote it
-            raise ConfigError(
-                f"{source} is a version {raw['version']} roster; this privfed reads up to version "
-                f"{ROSTER_VERSION}: install the privfed that wrote it"
-            )
         if raw.get("version", 1) < ROSTER_VERSION and roster.tolerated == 0:
             raise ConfigError(
                 f"{source} was written before rosters recorded their colluders, and its threshold "

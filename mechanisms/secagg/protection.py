@@ -153,8 +153,9 @@ class _Protocol(Parameters):
     name = ""
 
     def __init__(self, *, integers: str | bool, noise: DistributedGaussian | None) -> None:
-        if integers not in ("auto", True, False):
-            raise ConfigError(f"integers must be 'auto', True or False, got {integers!r}")
+        integers = fixed_point.integers_flag(
+            integers
+        )  # np.True_ is True; 1 is refused, as the sums refuse it
         if noise is not None and not isinstance(noise, DistributedGaussian):
             raise ConfigError(f"noise must be a DistributedGaussian or None, got {type(noise).__name__}")
         self.integers = integers

@@ -13,6 +13,7 @@ from mechanisms.secagg import masked_sum
 from mechanisms.secagg.ckks import CKKSParams, ckks_sum
 from mechanisms.secagg.fixed_point import check_ring_bound
 from mechanisms.secagg.identity import ROSTER_VERSION, Roster, main, make_roster
+from mechanisms.secagg.protection import CKKSAggregation, PairwiseMasking
 from privfed.errors import ConfigError, InputError
 
 
@@ -33,14 +34,33 @@ def test_an_integer_sum_past_2_53_is_never_called_exact():
     below = np.array([[2**50 + 1], [2**50 + 3], [2**50], [7]], dtype=np.int64)  # sum below 2^53: exact
     res = masked_sum(below, key_seed=1)
     assert res.exact and int(res.total[0]) == int(below.sum())
+    edge = np.array([[2**52], [2**52]], dtype=np.int64)  # K max|x| = 2^53 exactly: float64 holds it
+    assert masked_sum(edge, integers=True, key_seed=1).total[0] == 2.0**53
+    # the noise shares count toward the sum's reach (40 standard deviations, as the ring check counts them)
+    with pytest.raises(InputError, match="can sum past 2\\^53"):
+        masked_sum(np.array([[2.0**51], [2.0**51]]), integers=True, noise_std=2.0**46, key_seed=1)
+
+
+def test_a_value_over_the_agreed_bound_is_named_before_the_integer_check():
+    X = np.array([[3.0], [2.0**60]])
+    for fn in (
+        lambda: masked_sum(X, integers=True, value_bound=10.0, key_seed=1),
+        lambda: ckks_sum(X, integers=True, value_bound=10.0),
+    ):
+        with pytest.raises(InputError, match="client\\(s\\) \\[1\\] hold values outside the agreed bound"):
+            fn()
 
 
 @pytest.mark.parametrize("flag", [1, 0, "yes", None, 1.0])
 def test_integers_takes_a_bool_or_auto_only(flag):
-    with pytest.raises(ConfigError, match="integers must be 'auto', True or False"):
-        masked_sum(np.ones((3, 2)), integers=flag, key_seed=1)
-    with pytest.raises(ConfigError, match="integers must be 'auto', True or False"):
-        ckks_sum(np.ones((3, 2)), integers=flag)
+    for fn in (
+        lambda: masked_sum(np.ones((3, 2)), integers=flag, key_seed=1),
+        lambda: ckks_sum(np.ones((3, 2)), integers=flag),
+        lambda: PairwiseMasking(integers=flag),  # refused where it is built, not at the first sum of a fit
+        lambda: CKKSAggregation(integers=flag),
+    ):
+        with pytest.raises(ConfigError, match="integers must be 'auto', True or False"):
+            fn()
 
 
 def test_a_numpy_bool_reads_as_the_bool():
@@ -48,6 +68,8 @@ def test_a_numpy_bool_reads_as_the_bool():
     res = masked_sum(np.ones((3, 2)), integers=np.True_, key_seed=1)
     assert res.exact and res.frac_bits == 0 and res.total.tolist() == [3.0, 3.0]
     assert not masked_sum(np.ones((3, 2)), integers=np.False_, key_seed=1).exact
+    for protocol in (PairwiseMasking(integers=np.True_), CKKSAggregation(integers=np.True_)):
+        assert protocol.integers is True and json.loads(json.dumps(protocol.parameters()))["integers"] is True
 
 
 def test_the_fixed_point_bound_counts_the_float64_rounding_of_the_result():
@@ -76,16 +98,18 @@ def test_ckks_checks_its_rng_as_masking_does():
         ckks_sum(np.ones((3, 2)), rng=0, noise_std=0.1)
 
 
-@pytest.mark.parametrize("sizes", [60, "60,40", None])
+@pytest.mark.parametrize("sizes", [60, "60,40", None, np.array([[60, 40], [40, 60]])])
 def test_ckks_modulus_sizes_must_be_a_list(sizes):
     with pytest.raises(ConfigError, match="coeff_mod_bit_sizes must be a list of >= 2 primes"):
         CKKSParams(coeff_mod_bit_sizes=sizes)
+    assert CKKSParams(coeff_mod_bit_sizes=np.array([60, 40, 40, 60])) == CKKSParams()  # an array of them is
 
 
 def test_a_ring_overflow_from_the_noise_names_the_noise_and_a_frac_bits_that_exists():
-    with pytest.raises(InputError) as info:
-        check_ring_bound(1.0, 3, 32, noise_bound=3 * 40.0 * 1e300 * 2.0**32)
-    assert "lower noise_std" in str(info.value) and "at most 59" not in str(info.value)
+    with pytest.raises(InputError) as info:  # the noise alone passes the ring: no frac_bits fits
+        check_ring_bound(1.0, 3, 32, noise_bound=3 * 40.0 * 1e17 * 2.0**32)
+    text = str(info.value)
+    assert "even whole numbers (frac_bits=0) do not fit: lower noise_std" in text and "at most" not in text
     # the frac_bits named fit with the noise: 3 (1 + 40 * 1e3) < 2^(62 - 45)
     with pytest.raises(InputError, match="at most 45 fit\\) or lower noise_std"):
         check_ring_bound(1.0, 3, 53, noise_bound=3 * 40.0 * 1e3 * 2.0**53)
@@ -116,6 +140,9 @@ def test_a_roster_of_a_newer_version_is_refused(tmp_path):
     raw = json.loads(roster.to_json())
     assert Roster.from_json(json.dumps(raw)) == roster
     raw["version"] = ROSTER_VERSION + 1
+    with pytest.raises(ConfigError, match=f"version {ROSTER_VERSION + 1} roster; this privfed reads up to"):
+        Roster.from_json(json.dumps(raw))
+    del raw["threshold"]  # a newer layout: the version is named, not a missing key
     with pytest.raises(ConfigError, match=f"version {ROSTER_VERSION + 1} roster; this privfed reads up to"):
         Roster.from_json(json.dumps(raw))
 

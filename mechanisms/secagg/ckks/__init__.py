@@ -72,8 +72,6 @@ def _check_stack(stack, params, integers, noise_std, value_bound, name):
         raise InputError(f"{name} contains NaN/inf values; secure aggregation needs finite statistics")
     noise_std = check_nonnegative(noise_std, "noise_std")
     data_max = float(np.abs(flat).max())
-    # whole numbers: the release is rounded to whole numbers (exact while the sum stays below 2^53)
-    integral = fixed_point.integer_encoding(flat, integers, noise_std, data_max, name)
     max_abs = data_max if value_bound is None else check_nonnegative(value_bound, "value_bound")
     if value_bound is not None and data_max > max_abs:
         over = np.flatnonzero(np.abs(flat).max(axis=1) > max_abs)
@@ -81,6 +79,8 @@ def _check_stack(stack, params, integers, noise_std, value_bound, name):
             f"{name}: client(s) {over[:5].tolist()} hold values outside the agreed bound |x| <= {max_abs:g}; "
             "they refuse to encrypt them"
         )
+    # whole numbers: the release is rounded to whole numbers (exact while the sum stays below 2^53)
+    integral = fixed_point.integer_encoding(flat, integers, noise_std, data_max, name)
     if not integral and params.precision_bits > params.max_precision_bits(K):
         err_bits = int(params.scale_bits) - math.log2(params.poly_modulus_degree) - 0.5 * math.log2(K)
         raise ConfigError(

@@ -332,8 +332,6 @@ def masked_sum(
     if not (np.isfinite(lo) and np.isfinite(hi)):
         raise InputError(f"{name} contains NaN/inf values; secure aggregation needs finite statistics")
     noise_std = check_nonnegative(noise_std, "noise_std")
-    integral = fixed_point.integer_encoding(flat, integers, noise_std, max(-lo, hi), name)
-    f = 0 if integral else fixed_point.check_frac_bits(frac_bits)
     if value_bound is None:
         max_abs = max(-lo, hi)
     else:
@@ -345,6 +343,8 @@ def masked_sum(
                 f"{name}: client(s) {over[:5].tolist()} hold values outside the agreed bound "
                 f"|x| <= {max_abs:g}; they refuse to encode them (the sum would wrap around the ring)"
             )
+    integral = fixed_point.integer_encoding(flat, integers, noise_std, max(-lo, hi), name)
+    f = 0 if integral else fixed_point.check_frac_bits(frac_bits)
     # Gaussian shares exceed 40 standard deviations with probability < 1e-340: a safe public bound.
     fixed_point.check_ring_bound(max_abs, K, f, noise_bound=K * 40.0 * noise_std * 2.0**f, name=name)
     keys = KeySource(key_seed)
