@@ -129,12 +129,21 @@ def resolve_config(args: argparse.Namespace):
         )
     s.base = {k.replace("-", "_"): v for k, v in s.base.items()}
     method = s.method()
+    legacy = s.raw("method_params")  # --method-params, or the file's method_params
+    if isinstance(legacy, str) or (
+        isinstance(legacy, dict) and not all(isinstance(v, dict) for v in legacy.values())
+    ):
+        s.base.pop("method_params", None)  # the older spelling: a JSON object of this method's parameters
+    else:
+        legacy = None  # absent, or the table of tables {fedcof = {gamma = 0.1}} that params() reads
     params = s.params((method,))
-    legacy = s.raw("method_params")
-    if legacy is not None:  # the older spelling: a JSON object of the method's parameters
-        params.setdefault(method, {}).update(_json_object(legacy, "--method-params"))
-    if isinstance(s.base.get("param"), (str, dict)) and not getattr(args, "param", None):
-        params.setdefault(method, {}).update(_json_object(s.base["param"], "param"))
+    file_param = s.base.get("param")  # the run config's spelling: {"gamma": 0.5} for this method
+    for value, what in (
+        (legacy, "method_params"),
+        (file_param if isinstance(file_param, (str, dict)) else None, "param"),
+    ):
+        for key, v in ({} if value is None else _json_object(value, what)).items():
+            params.setdefault(method, {}).setdefault(key, v)  # a --param flag overrides its own key only
     eps = s.epsilon()
     secure = s.secure_agg(SECURE_KINDS)
     seeds_v = args.seed_one if getattr(args, "seed_one", None) is not None else None

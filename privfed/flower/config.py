@@ -270,6 +270,13 @@ class FlowerConfig:
                     "trusted-aggregator and secure aggregation contradict each other (a trusted aggregator "
                     "sees the exact sum); drop one of them"
                 )
+            if (
+                self.level == "client" and self.max_records is None
+            ):  # named as the command and run config name it
+                raise ConfigError(
+                    "level client needs max-records N (--max-records N, or max-records in the run config): the "
+                    "most records one node contributes, which bounds what one node changes in the sums"
+                )
             if self.rounds == 1:  # multi-round FedLog's mechanism is checked with its rounds below
                 self.make_privacy()  # bad budget / level / max-records fail here, before any message
             if self.secure != "none" and not 0 <= self.dropout_tolerance < self.clients:
@@ -286,6 +293,7 @@ class FlowerConfig:
                 "max-records": self.max_records is not None and self.secure != INSECURE_FLWR,
                 "noise-seed": self.noise_seed is not None,
                 "dropout-tolerance": bool(self.dropout_tolerance),
+                "delta": self.delta != type(self).delta,  # recorded as the run's δ though no release used it
             },
         )
         if self.secure == "none" and self.dropout_tolerance:

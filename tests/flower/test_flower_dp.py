@@ -200,5 +200,5 @@ def test_secure_dp_configurations_fit_refuses_are_refused_before_any_message():
         FlowerConfig(
             method="fedncm", clients=K, epsilon=1.0, clip=10.0, secure="ckks", trusted_aggregator=True
         )
-    with pytest.raises(ConfigError, match="max_records"):
+    with pytest.raises(ConfigError, match="level client needs max-records N"):
         FlowerConfig(method="fedncm", clients=K, epsilon=1.0, clip=10.0, secure="mask", level="client")
