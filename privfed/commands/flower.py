@@ -35,6 +35,7 @@ from privfed.commands.options import flower_parser as build_parser
 from privfed.commands.shared import Settings
 from privfed.commands.values import as_float, as_int, as_str, choose, parse_seeds
 from privfed.errors import ConfigError
+from privfed.release.settings import refuse_unused_dp
 
 __all__ = ["PROG", "build_parser", "default_timeout", "main", "resolve_config"]
 
@@ -145,6 +146,9 @@ def resolve_config(args: argparse.Namespace):
         for key, v in ({} if value is None else _json_object(value, what)).items():
             params.setdefault(method, {}).setdefault(key, v)  # a --param flag overrides its own key only
     eps = s.epsilon()
+    # a user's --delta without noise would be recorded as the run's δ (a server may still vary it: nodes take
+    # any δ of a run without DP, and name the aggregation by it)
+    refuse_unused_dp(math.isfinite(eps), {s.named("delta"): s.given("delta")})
     secure = s.secure_agg(SECURE_KINDS)
     seeds_v = args.seed_one if getattr(args, "seed_one", None) is not None else None
     if seeds_v is not None:

@@ -293,7 +293,6 @@ class FlowerConfig:
                 "max-records": self.max_records is not None and self.secure != INSECURE_FLWR,
                 "noise-seed": self.noise_seed is not None,
                 "dropout-tolerance": bool(self.dropout_tolerance),
-                "delta": self.delta != type(self).delta,  # recorded as the run's δ though no release used it
             },
         )
         if self.secure == "none" and self.dropout_tolerance:

@@ -40,14 +40,20 @@ def test_the_method_params_table_and_its_older_spellings_are_read(tmp_path, text
     assert _params(tmp_path, text, "--param", "fedcof.gamma=0.3") == {"gamma": 0.3}
 
 
-def test_a_delta_without_noise_is_refused():
-    with pytest.raises(ConfigError, match="delta is a setting of the DP release, but no eps is finite"):
+def test_a_delta_without_noise_is_refused(tmp_path):
+    """The command recorded a user's --delta as the run's δ though no release used it."""
+    with pytest.raises(ConfigError, match="--delta is a setting of the DP release, but no eps is finite"):
         resolve_config(flower_parser().parse_args(["--method", "fedncm", "--eps", "inf", "--delta", "0.5"]))
-    with pytest.raises(ConfigError, match="delta is a setting of the DP release"):
-        FlowerConfig(method="fedncm", clients=3, epsilon=float("inf"), delta=1e-7)  # checked when built
-    assert (
-        FlowerConfig(method="fedncm", clients=3, epsilon=float("inf")).delta == 1e-5
-    )  # the default: none given
+    (tmp_path / "run.toml").write_text('method = "fedncm"\nclients = 3\neps = "inf"\ndelta = 1e-6\n')
+    with pytest.raises(ConfigError, match="delta \\(in the --config file\\) is a setting of the DP release"):
+        resolve_config(flower_parser().parse_args(["--config", str(tmp_path / "run.toml")]))
+    cfg, _ = resolve_config(
+        flower_parser().parse_args(["--method", "fedncm", "--eps", "1", "--delta", "1e-6"])
+    )
+    assert cfg.delta == 1e-6
+    # a node takes any δ of a run without DP (a server may name a fresh aggregation by it; the nodes' ledgers,
+    # not this check, stop a second sum)
+    assert FlowerConfig(method="fedncm", clients=3, epsilon=float("inf"), delta=1e-7).delta == 1e-7
 
 
 def test_client_level_without_max_records_names_the_flag():
