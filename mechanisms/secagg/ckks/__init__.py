@@ -161,9 +161,8 @@ def ckks_sum(
     params = CKKSParams() if params is None else params
     if not isinstance(params, CKKSParams):  # a dict of its fields was an AttributeError later
         raise ConfigError(f"params must be a CKKSParams, e.g. CKKSParams(scale_bits=40), got {params!r}")
-    if rng is not None and not isinstance(
-        rng, np.random.Generator
-    ):  # 0 failed later as "no attribute normal"
+    # as masked_sum checks it: 0 failed later as "no attribute normal"
+    if rng is not None and not isinstance(rng, np.random.Generator):
         raise ConfigError(f"rng must be a numpy.random.Generator or None, got {type(rng).__name__}")
     rng = rng if rng is not None else np.random.default_rng()
     flat, shape, integral = _check_stack(stack, params, integers, noise_std, value_bound, name)

@@ -110,9 +110,8 @@ class CKKSParams:
         if not is_integer(N) or N < 1024 or N & (N - 1):
             raise ConfigError(f"poly_modulus_degree must be a power of two >= 1024, got {N!r}")
         object.__setattr__(self, "poly_modulus_degree", int(N))
-        raw = (
-            self.coeff_mod_bit_sizes
-        )  # a list, tuple or 1-D array of ints: 60 or "60,40" is no list of sizes
+        # a list, tuple or 1-D array of ints: 60 or "60,40" is no list of sizes
+        raw = self.coeff_mod_bit_sizes
         listed = isinstance(raw, (list, tuple)) or (isinstance(raw, np.ndarray) and raw.ndim == 1)
         raw = tuple(raw.tolist() if isinstance(raw, np.ndarray) else raw) if listed else raw
         if (
