@@ -270,9 +270,8 @@ class FlowerConfig:
                     "trusted-aggregator and secure aggregation contradict each other (a trusted aggregator "
                     "sees the exact sum); drop one of them"
                 )
-            if (
-                self.level == "client" and self.max_records is None
-            ):  # named as the command and run config name it
+            # named as the command and the run config name it, not as GaussianMechanism's argument
+            if self.level == "client" and self.max_records is None:
                 raise ConfigError(
                     "level client needs max-records N (--max-records N, or max-records in the run config): the "
                     "most records one node contributes, which bounds what one node changes in the sums"
