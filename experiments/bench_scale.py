@@ -149,13 +149,18 @@ __all__ = [
 
 
 # -- one shape: data, bound, every method, the loop ----------------------------------------------
-#: Below this input size (the d = 256 point's 25 MiB) the RSS a fit adds, a few MiB, moves by about 1 MiB
-#: between fresh processes and over minutes (the anonymous memory the allocator keeps; the code pages a
-#: fit maps are the same every time): the record keeps the RSS added in
-#: :data:`RSS_PROCESSES` processes (the timed one and more), and its ratio is their median.  Above it (the
-#: main point's 586 MiB) one process's is the measure.
+#: Below this input size (the d = 256 point's 25 MiB) the RSS a fit adds is a few MiB, and under glibc's
+#: defaults it moved by about 1 MiB between fresh processes and over minutes: glibc raises its mmap
+#: threshold after a large block is freed, so whether a fit's temporaries come from fresh mappings or from
+#: heap memory kept from earlier frees (and how much of that stays resident) depends on what the process
+#: did before.  The record takes the RSS a first fit adds in :data:`RSS_PROCESSES` fresh processes that
+#: hold the threshold at its default (:data:`RSS_HEAP_ENV`: every block of 128 KiB or more its own mapping,
+#: returned when freed; one arena), so that the RSS added is what the fit holds at its peak; its ratio is
+#: their median.  Above it (the main point's 586 MiB) the timed process's reading is the measure.
 RSS_SAMPLES_BELOW = 64 * 2**20
 RSS_PROCESSES = 9
+#: The environment of the RSS processes (glibc reads it at start-up; ignored elsewhere).
+RSS_HEAP_ENV = {"MALLOC_MMAP_THRESHOLD_": "131072", "MALLOC_ARENA_MAX": "1"}
 
 
 def measure_point(
@@ -164,9 +169,9 @@ def measure_point(
     """One shape: its federation, then every method in a fresh process, timed interleaved with the parts
     of its own bound (:func:`experiments.scale_children.child`), then the per-client loop (on the clients
     of the first ``loop_rows`` samples; None: on every client, nothing scaled).  For an input under
-    :data:`RSS_SAMPLES_BELOW` bytes the RSS the first fit adds is measured in :data:`RSS_PROCESSES` - 1
-    more fresh processes (:func:`experiments.scale_children.child_rss`), every sample kept in
-    ``rss_samples`` (the timed process's first); a failed one is named in ``rss_error``."""
+    :data:`RSS_SAMPLES_BELOW` bytes the RSS the first fit adds is measured in :data:`RSS_PROCESSES` more
+    fresh processes under :data:`RSS_HEAP_ENV` (:func:`experiments.scale_children.child_rss`), every sample
+    kept in ``rss_samples``; a failed one is named in ``rss_error``."""
     t0 = time.perf_counter()
     F32, y, k = inat_like(**shape, seed=0)
     real = shape_of(y, k)
@@ -183,9 +188,9 @@ def measure_point(
         )
         r["method"] = name
         if "error" not in r and F32.nbytes < RSS_SAMPLES_BELOW:
-            r["rss_samples"] = [{q: r[q] for q in ("rss_input", "peak_rss")}]
-            for _ in range(RSS_PROCESSES - 1):
-                more = run_child(["--child", f"rss:{name}", "--data", tmp], threads)
+            r["rss_samples"], r["rss_heap"] = [], dict(RSS_HEAP_ENV)
+            for _ in range(RSS_PROCESSES):
+                more = run_child(["--child", f"rss:{name}", "--data", tmp], threads, RSS_HEAP_ENV)
                 if "error" in more:  # the timed row stands; the RSS is of the processes that ran
                     r["rss_error"] = more["error"]
                     break

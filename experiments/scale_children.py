@@ -293,9 +293,11 @@ def child_local_dp(data: str, clients: int, repeats: int, threads: int, method: 
     return out
 
 
-def run_child(args: list[str], threads: int) -> dict:
+def run_child(args: list[str], threads: int, env: dict[str, str] | None = None) -> dict:
+    """One child process's JSON result (``{"error": [...]}`` when it failed); ``env``: more environment
+    variables for it (read by the C library at its start, such as glibc's heap settings)."""
     cmd = [sys.executable, SCRIPT, "--threads", str(threads)] + args
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]), **(env or {}))
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
     if out.returncode != 0:
         return {"error": (out.stderr or out.stdout).strip().splitlines()[-1:]}

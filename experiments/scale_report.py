@@ -40,7 +40,7 @@ def method_ratios(r: dict, bound: dict) -> dict:
         "loop_fit": loop_s / r["fit_s"],
         "loop_bound": loop_s / r["bound_s"],
         "added_memory": (
-            median_added(r["rss_samples"]) if "rss_samples" in r else r["peak_rss"] - r["rss_input"]
+            median_added(r["rss_samples"]) if r.get("rss_samples") else r["peak_rss"] - r["rss_input"]
         )
         / r["input_bytes"],
     }
@@ -223,11 +223,19 @@ def _rss_text(rows: list[dict]) -> str:
     n = (f"{max(full)} fresh processes" if full else "fresh processes") + (
         f" ({'; '.join(failed)}, a process failed: see rss_error)" if failed else ""
     )
+    heap = next((r["rss_heap"] for r in rows if r.get("rss_heap")), None)
+    how = (
+        "each with glibc's mmap threshold held at "
+        f"{int(heap['MALLOC_MMAP_THRESHOLD_']) // 1024} KiB and one arena (under glibc's defaults the threshold "
+        "rises after a large free, and the few MiB a fit adds here moved by about 1 MiB between processes and "
+        "over time with what the allocator kept); "
+        if heap and "MALLOC_MMAP_THRESHOLD_" in heap
+        else "the timed one and more; the few MiB a fit adds here move by about 1 MiB between processes and "
+        "over time with what the allocator keeps; "
+    )
     return (
-        f" fit's RSS / input = the median of the RSS the first fit added in {n} (the timed one "
-        "and more; their range beside it): the few MiB a fit adds here move by about 1 MiB between processes "
-        "and over time with what the allocator keeps (the traced peak, the target's measure, does not). peak "
-        "RSS = the timed process's."
+        f" fit's RSS / input = the median of the RSS the first fit added in {n} ({how}their range beside it; "
+        "the traced peak is the target's measure). peak RSS = the timed process's."
     )
 
 

@@ -1004,13 +1004,14 @@ def test_a_failed_rss_process_leaves_the_timed_row_standing(tmp_path, monkeypatc
     from experiments.scale_report import _rss_range, _rss_text
 
     real = bench_scale.run_child
-    calls = []
+    calls, envs = [], []
 
-    def run_child(args, threads):
+    def run_child(args, threads, env=None):
         calls.append(args[1])
+        envs.append(env)
         if args[1].startswith("rss:") and len([c for c in calls if c.startswith("rss:")]) == 3:
             return {"error": ["MemoryError: a process that failed"]}
-        return real(args, threads)
+        return real(args, threads, env)
 
     monkeypatch.setattr(bench_scale, "run_child", run_child)
     shape = dict(K=40, C=6, d=16, N=600, M=150)
@@ -1020,12 +1021,12 @@ def test_a_failed_rss_process_leaves_the_timed_row_standing(tmp_path, monkeypatc
     assert (
         "error" not in row and row["fit_s"] > 0 and row["rss_error"] == ["MemoryError: a process that failed"]
     )
-    assert len(row["rss_samples"]) == 3 and row["rss_samples"][0] == {
-        "rss_input": row["rss_input"],
-        "peak_rss": row["peak_rss"],
-    }
+    # the samples are the RSS processes' (the timed one runs under the default heap), each under the fixed heap
+    assert len(row["rss_samples"]) == 2 and row["rss_heap"] == bench_scale.RSS_HEAP_ENV
+    assert envs == [None] + [bench_scale.RSS_HEAP_ENV] * 3
     text = _rss_text(point["rows"])
-    assert "added in fresh processes (fedncm: 3, a process failed: see rss_error)" in text
+    assert "added in fresh processes (fedncm: 2, a process failed: see rss_error)" in text
+    assert "glibc's mmap threshold held at 128 KiB" in text
     assert re.fullmatch(r" \(\d+\.\d{3}–\d+\.\d{3}\)", _rss_range(row)) and _rss_text([]) == ""
     monkeypatch.setattr(bench_scale, "RSS_SAMPLES_BELOW", 1)  # every input is large: one process's reading
     calls.clear()
@@ -1076,13 +1077,13 @@ def test_the_scale_benchmark_runs_the_public_calls_and_writes_its_record(
     for r in rows.values():
         assert r["peak_rss"] >= r["rss_input"] > r["input_bytes"]  # the child held the input, then fit ran
         assert all(np.isfinite(v) and v > 0 for v in bench_scale.method_ratios(r, res["bound"]).values())
-    # an input this small: the fit's RSS is the median of what RSS_PROCESSES (3 here) fresh processes added,
-    # each sample kept, the timed process's first
+    # an input this small: the fit's RSS is the median of what RSS_PROCESSES (3 here) fresh processes under
+    # the fixed heap added, each sample kept
     assert res["input_mib"] * 2**20 < bench_scale.RSS_SAMPLES_BELOW
     for run in (res, *res["repeat_runs"]):
         for r in run["rows"]:
             added = sorted(q["peak_rss"] - q["rss_input"] for q in r["rss_samples"])
-            assert len(added) == 3 and r["rss_samples"][0] == {q: r[q] for q in ("rss_input", "peak_rss")}
+            assert len(added) == 3 and r["rss_heap"] == bench_scale.RSS_HEAP_ENV
             ratio = bench_scale.method_ratios(r, run["bound"])["added_memory"]
             assert ratio * r["input_bytes"] == pytest.approx(added[1], rel=1e-12)
     assert "the median of the RSS the first fit added in 3 fresh processes" in bench_scale.render(res)
