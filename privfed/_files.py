@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import io
 import os
+import pathlib
 import stat
 
 from privfed.errors import InputError
 
-__all__ = ["open_regular", "read_regular_text"]
+__all__ = ["open_regular", "path_of", "read_regular_text"]
 
 _NOT_REGULAR = (
     (stat.S_ISFIFO, "a FIFO (named pipe)"),
@@ -25,6 +26,14 @@ def _not_regular(what: str, mode: int, fix: str) -> InputError:
     return InputError(f"{what} is {kind}, not a regular file, and is not read; {fix}")
 
 
+def path_of(path, what: str, fix: str = "pass the path of a regular file") -> pathlib.Path:
+    """``path`` (a str or os.PathLike, not empty) as a Path with ``~`` expanded; an :class:`InputError` naming
+    ``what`` for anything else (None, a number, an empty string: not a file's name)."""
+    if not isinstance(path, (str, os.PathLike)) or not str(os.fspath(path)).strip():
+        raise InputError(f"{what} is not a file path (got {path!r}); {fix}")
+    return pathlib.Path(path).expanduser()
+
+
 def open_regular(path, what: str, fix: str = "pass the path of a regular file") -> io.BufferedReader:
     """``path`` opened for binary reading if it is a regular file (symbolic links are followed).
 
@@ -33,7 +42,7 @@ def open_regular(path, what: str, fix: str = "pass the path of a regular file") 
     without blocking (a FIFO with no writer would otherwise wait forever) and checked
     on the descriptor itself, so it cannot be swapped between the check and the read.
     """
-    p = os.fspath(path)
+    p = os.fspath(path_of(path, what, fix))
     try:
         mode = os.stat(p).st_mode  # a socket cannot be opened at all: named from its metadata
     except FileNotFoundError:

@@ -13,6 +13,7 @@ import functools
 import hashlib
 import hmac
 import os
+import struct
 import threading
 
 import numpy as np
@@ -45,6 +46,8 @@ __all__ = [
     "private_key",
     "pub_bytes",
     "public_key",
+    "signed_bytes",
+    "signed_parts",
 ]
 
 PUBLIC_KEY_BYTES = 32
@@ -261,3 +264,28 @@ PUBLIC_KEY_CACHE = 4096
 @functools.lru_cache(maxsize=PUBLIC_KEY_CACHE)
 def _parsed_public_key(raw: bytes) -> X25519PublicKey:
     return X25519PublicKey.from_public_bytes(raw)
+
+
+def signed_bytes(label: str, *parts: bytes | int | list[int]) -> bytes:
+    """The exact bytes a signature covers: a label, then each part length-prefixed (no ambiguity).
+
+    Each part is encoded on its own, so ``signed_bytes(label, *a) + signed_parts(*b)`` equals
+    ``signed_bytes(label, *a, *b)``: a caller that signs or checks many messages sharing their first parts
+    encodes those once (:func:`signed_parts`)."""
+    return b"privfed secagg v1\x00" + label.encode() + b"\x00" + signed_parts(*parts)
+
+
+def signed_parts(*parts: bytes | int | list[int]) -> bytes:
+    """The parts of :func:`signed_bytes` after its label: an int as 8 bytes (signed), a list of ids as 4
+    bytes each (OverflowError outside 0..2^32 - 1), bytes as they are; each prefixed by its length."""
+    out = []
+    for p in parts:
+        if isinstance(p, int):
+            p = p.to_bytes(8, "little", signed=True)
+        elif isinstance(p, list):
+            try:
+                p = struct.pack(f"<{len(p)}I", *p)
+            except struct.error as exc:  # a negative, huge or non-integer id
+                raise OverflowError(f"an id list that is not 4-byte ids ({exc})") from None
+        out += [len(p).to_bytes(8, "little"), bytes(p)]
+    return b"".join(out)

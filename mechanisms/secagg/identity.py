@@ -48,9 +48,9 @@ import argparse
 import hashlib
 import json
 import os
-import pathlib
-import struct
+import signal
 import sys
+import threading
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -59,7 +59,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from mechanisms.secagg.bounds import DEFAULTS, PublicBounds
-from mechanisms.secagg.crypto import KeySource
+from mechanisms.secagg.crypto import KeySource, signed_bytes
 from mechanisms.secagg.graph import check_degree, draw_ring, group_size, ring_neighbours
 from mechanisms.secagg.threat import (
     DEFAULT_COLLUDERS,
@@ -68,6 +68,7 @@ from mechanisms.secagg.threat import (
     min_threshold,
     threshold_rule,
 )
+from privfed._files import path_of
 from privfed._validation import is_integer, read_regular_text
 from privfed.errors import ConfigError, PrivfedError
 
@@ -77,38 +78,11 @@ __all__ = [
     "Roster",
     "make_roster",
     "min_threshold",
-    "signed_bytes",
-    "signed_parts",
 ]
 
 SIGNATURE_BYTES = 64
 #: The roster file format: 3 records the declared colluders as the operator's choice, and the public bounds.
 ROSTER_VERSION = 3
-
-
-def signed_bytes(label: str, *parts: bytes | int | list[int]) -> bytes:
-    """The exact bytes a signature covers: a label, then each part length-prefixed (no ambiguity).
-
-    Each part is encoded on its own, so ``signed_bytes(label, *a) + signed_parts(*b)`` equals
-    ``signed_bytes(label, *a, *b)``: a caller that signs or checks many messages sharing their first parts
-    encodes those once (:func:`signed_parts`)."""
-    return b"privfed secagg v1\x00" + label.encode() + b"\x00" + signed_parts(*parts)
-
-
-def signed_parts(*parts: bytes | int | list[int]) -> bytes:
-    """The parts of :func:`signed_bytes` after its label: an int as 8 bytes (signed), a list of ids as 4
-    bytes each (OverflowError outside 0..2^32 - 1), bytes as they are; each prefixed by its length."""
-    out = []
-    for p in parts:
-        if isinstance(p, int):
-            p = p.to_bytes(8, "little", signed=True)
-        elif isinstance(p, list):
-            try:
-                p = struct.pack(f"<{len(p)}I", *p)
-            except struct.error as exc:  # a negative, huge or non-integer id
-                raise OverflowError(f"an id list that is not 4-byte ids ({exc})") from None
-        out += [len(p).to_bytes(8, "little"), bytes(p)]
-    return b"".join(out)
 
 
 @dataclass(frozen=True)
@@ -298,7 +272,7 @@ class Roster:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> Roster:
-        p = pathlib.Path(path).expanduser()
+        p = path_of(path, "secagg-roster", "pass the roster file the operator wrote")
         if not p.exists():
             raise ConfigError(
                 f"secagg-roster={path}: no such file; the operator writes it with "
@@ -318,9 +292,9 @@ class Identity:
     def __post_init__(self) -> None:  # an index of 1.7 or true was node 1; a short key failed only at use
         i, key = self.index, self.private_key
         if not is_integer(i) or i < 0:  # numpy integers too
-            raise ValueError(f"index must be an integer >= 0, got {i!r}")
-        if not isinstance(key, (bytes, bytearray, memoryview)) or len(bytes(key)) != 32:
-            raise ValueError("private_key must be 32 bytes (a raw Ed25519 key)")
+            raise ConfigError(f"an identity's index must be an integer >= 0, got {i!r}")
+        if not isinstance(key, (bytes, bytearray, memoryview)) or len(bytes(key)) != 32:  # never shown
+            raise ConfigError("an identity's private_key must be 32 bytes (a raw Ed25519 private key)")
         for name, value in (("index", int(i)), ("private_key", bytes(key))):
             object.__setattr__(self, name, value)
 
@@ -354,7 +328,7 @@ class Identity:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> Identity:
-        if not (p := pathlib.Path(path).expanduser()).exists():
+        if not (p := path_of(path, "secagg-identity", "pass the node's identity file")).exists():
             raise ConfigError(f"secagg-identity={path}: no such file")
         raw = read_regular_text(p, f"secagg-identity={path}", "pass the node's identity file")
         try:
@@ -462,6 +436,17 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     from mechanisms.secagg.roster_files import ROSTER_FILE, write_roster_folder
 
+    # SIGTERM (kill, a scheduler) or SIGHUP is handled as Ctrl-C: nothing half-written is kept
+    def stop(signum, _frame):
+        raise KeyboardInterrupt(signum)
+
+    main_thread = threading.current_thread() is threading.main_thread()
+    caught = [
+        s
+        for s in (signal.SIGTERM, signal.SIGHUP)
+        if main_thread and signal.getsignal(s) is not signal.SIG_IGN
+    ]
+    held = {s: signal.signal(s, stop) for s in caught}
     try:
         if a.init_ledger is not None:
             if a.directory is not None or a.nodes is not None:
@@ -488,9 +473,12 @@ def main(argv: list[str] | None = None) -> int:
     except PrivfedError as exc:  # a ConfigError, or an InputError (a roster that is a folder, not UTF-8)
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:  # what it wrote is removed (write_roster_folder)
+    except KeyboardInterrupt as exc:  # what it wrote is removed (write_roster_folder)
         print("interrupted; nothing of this roster was kept", file=sys.stderr)
-        return 130
+        return 128 + (exc.args[0] if exc.args and isinstance(exc.args[0], int) else signal.SIGINT)
+    finally:
+        for s, handler in held.items():
+            signal.signal(s, handler)
     print(
         f"wrote {out / ROSTER_FILE} (K={roster.size}, t={roster.threshold}, "
         f"graph={'complete' if roster.degree is None else f'{roster.degree}-regular'}, colluders declared "

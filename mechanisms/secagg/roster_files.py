@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import stat
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -34,7 +35,8 @@ def write_roster_folder(
     files = [(f"node-{int(i)}.json", text, 0o600) for i, text in identities] + [
         (ROSTER_FILE, roster_json, 0o644)
     ]
-    written: list[tuple[Path, int, int]] = []  # (path, device, inode) of each file this call created
+    # (path, device, inode) of each file this call created (no inode yet: named, being created)
+    written: list[tuple[Path, int | None, int | None]] = []
     try:
         if out.exists() and not out.is_dir():
             raise ConfigError(f"{out} is a file, not a folder: choose a folder for the roster and identities")
@@ -52,18 +54,23 @@ def write_roster_folder(
             )
         out.mkdir(parents=True, exist_ok=True)
         for name, text, mode in files:
+            # named before it is created: a Ctrl-C or SIGTERM between creating it and recording its inode
+            # must not leave it (the folder held no roster file when the call began)
+            written.append((out / name, None, None))
             fd = os.open(out / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
             st = os.fstat(fd)
-            written.append((out / name, st.st_dev, st.st_ino))
+            written[-1] = (out / name, st.st_dev, st.st_ino)
             with os.fdopen(fd, "w") as fh:
                 fh.write(text)
                 fh.flush()
                 os.fsync(fh.fileno())
     except BaseException as exc:
+        if isinstance(exc, FileExistsError):  # the last name is another writer's file, not this call's
+            written.pop()
         for path, dev, ino in written:  # no folder is left with part of a roster; only files this call made
             with contextlib.suppress(OSError):
                 st = os.lstat(path)
-                if (st.st_dev, st.st_ino) == (dev, ino):
+                if (st.st_dev, st.st_ino) == (dev, ino) or (dev is None and stat.S_ISREG(st.st_mode)):
                     path.unlink()
         if isinstance(exc, FileExistsError):
             raise ConfigError(

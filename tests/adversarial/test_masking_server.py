@@ -19,8 +19,8 @@ from mechanisms.secagg.crypto import (
     private_key,
     pub_bytes,
     public_key,
+    signed_bytes,
 )
-from mechanisms.secagg.identity import signed_bytes
 from mechanisms.secagg.masking.server import MaskingServer
 
 

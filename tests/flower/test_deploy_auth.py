@@ -24,7 +24,8 @@ from flwr.app import Message, RecordDict  # noqa: E402
 from flwr.proto.node_pb2 import NodeInfo  # noqa: E402
 
 import privfed  # noqa: E402
-from mechanisms.secagg.identity import Identity, make_roster, signed_bytes  # noqa: E402
+from mechanisms.secagg.crypto import signed_bytes  # noqa: E402
+from mechanisms.secagg.identity import Identity, make_roster  # noqa: E402
 from privfed.errors import ConfigError  # noqa: E402
 from privfed.federation import partition  # noqa: E402
 from privfed.flower.deploy import auth  # noqa: E402

@@ -8,9 +8,9 @@ from collections import Counter
 
 import pytest
 
-from mechanisms.secagg.crypto import KeySource
+from mechanisms.secagg.crypto import KeySource, signed_bytes
 from mechanisms.secagg.graph import draw_ring, ring_neighbours
-from mechanisms.secagg.identity import Roster, main, make_roster, signed_bytes
+from mechanisms.secagg.identity import Roster, main, make_roster
 from privfed.errors import ConfigError
 
 

@@ -4,7 +4,13 @@ input, or summed right; nothing is rounded while the result says exact."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from fractions import Fraction
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -154,3 +160,67 @@ def test_the_roster_command_prints_an_input_error_in_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "is a directory" in err and "Traceback" not in err
     assert not (tmp_path / "l.json").exists()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_a_roster_command_stopped_by_sigterm_leaves_no_files(tmp_path, sig):
+    """SIGTERM (kill, timeout, a scheduler) or SIGHUP while the identity files are written: it killed the
+    command and left the files written so far (private keys of a roster that does not exist, which the next
+    run in that folder then refused); now it is handled as Ctrl-C: every file it wrote is removed."""
+    out = tmp_path / "ids"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mechanisms.secagg.identity", str(out), "--nodes", "30000"],
+        cwd=Path(__file__).resolve().parents[2],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not (out.is_dir() and any(out.iterdir())):  # the first identity files are on disk
+            assert proc.poll() is None and time.monotonic() < deadline, (
+                "the command ended before it was stopped"
+            )
+            time.sleep(0.005)
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 128 + sig, err
+    assert "interrupted; nothing of this roster was kept" in err.decode() and b"Traceback" not in err
+    assert sorted(p.name for p in out.iterdir()) == []
+
+
+def test_an_interrupt_between_creating_a_file_and_recording_it_leaves_nothing(tmp_path, monkeypatch):
+    """The window a signal found: the file created (O_EXCL) but its inode not yet on the clean-up's list."""
+    from mechanisms.secagg import roster_files
+
+    real, calls = os.fstat, []
+
+    def fstat(fd):
+        calls.append(fd)
+        if len(calls) == 3:  # the third file exists; the interrupt lands before it is recorded
+            raise KeyboardInterrupt
+        return real(fd)
+
+    monkeypatch.setattr(roster_files.os, "fstat", fstat)
+    roster, ids = make_roster(5, seed=1)
+    with pytest.raises(KeyboardInterrupt):
+        roster_files.write_roster_folder(
+            tmp_path / "ids", roster.to_json(), [(i.index, i.to_json()) for i in ids]
+        )
+    assert len(calls) == 3 and sorted(p.name for p in (tmp_path / "ids").iterdir()) == []
+    # a file another writer created after the folder was checked is not this call's to remove
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "node-1.json").write_text("theirs")
+    monkeypatch.setattr(roster_files.os, "fstat", real)
+    listdir = os.listdir
+    monkeypatch.setattr(roster_files.os, "listdir", lambda path: [])  # the check saw an empty folder
+    with pytest.raises(ConfigError, match="appeared while the roster was written"):
+        roster_files.write_roster_folder(
+            tmp_path / "other", roster.to_json(), [(i.index, i.to_json()) for i in ids]
+        )
+    monkeypatch.setattr(roster_files.os, "listdir", listdir)
+    assert sorted(p.name for p in (tmp_path / "other").iterdir()) == ["node-1.json"]
+    assert (tmp_path / "other" / "node-1.json").read_text() == "theirs"

@@ -264,3 +264,24 @@ def test_roster_and_identity_files_a_node_would_misread_are_refused(tmp_path):
     assert Identity(np.int64(1), bytearray(ids[1].private_key)).check(roster).index == 1
     with pytest.raises(ConfigError, match="not a privfed roster"):
         Roster.from_json(json.dumps({**good, "version": True}))
+
+
+def test_identities_and_roster_paths_that_are_not_one_are_refused_in_a_line():
+    """Roster.load(None) and Identity.load(5) were Python's TypeError from pathlib, Roster.load("") read the
+    working folder as "a directory", and Identity(0, b"short") a bare ValueError: each is a privfed error
+    naming what is wrong (and a key is never shown in it)."""
+    from mechanisms.secagg.identity import Identity
+    from privfed.errors import PrivfedError
+
+    for load, what in ((Roster.load, "secagg-roster"), (Identity.load, "secagg-identity")):
+        for value in (None, 5, "", "  ", b"x"):
+            with pytest.raises(PrivfedError, match=rf"^{what} is not a file path \(got "):
+                load(value)
+    secret = bytes(range(31))
+    for index, key, match in (
+        (0, secret, "must be 32 bytes"),
+        (-1, bytes(32), "index must be an integer >= 0"),
+    ):
+        with pytest.raises(PrivfedError, match=match) as info:
+            Identity(index, key)
+        assert secret.hex() not in str(info.value) and repr(secret)[:20] not in str(info.value)

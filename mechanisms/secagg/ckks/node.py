@@ -42,8 +42,8 @@ from collections.abc import Callable
 import numpy as np
 
 from mechanisms.secagg.ckks.scheme import CKKSParams, ckks_encrypt, tenseal_module
-from mechanisms.secagg.crypto import ProtocolAbort, as_bytes, as_int
-from mechanisms.secagg.identity import Identity, Roster, signed_bytes
+from mechanisms.secagg.crypto import ProtocolAbort, as_bytes, as_int, signed_bytes
+from mechanisms.secagg.identity import Identity, Roster
 from mechanisms.secagg.ledger import SessionLedger
 from privfed.errors import ConfigError, InputError
 

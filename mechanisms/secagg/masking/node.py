@@ -82,8 +82,10 @@ from mechanisms.secagg.crypto import (
     private_key,
     pub_bytes,
     public_key,
+    signed_bytes,
+    signed_parts,
 )
-from mechanisms.secagg.identity import Identity, Roster, signed_bytes, signed_parts
+from mechanisms.secagg.identity import Identity, Roster
 from mechanisms.secagg.ledger import SessionLedger
 from mechanisms.secagg.masking.messages import STAGES, parse_ids
 from mechanisms.secagg.masking.views import (

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from mechanisms.secagg.crypto import ProtocolAbort, as_bytes, as_int
-from mechanisms.secagg.identity import Roster, min_threshold, signed_bytes
+from mechanisms.secagg.crypto import ProtocolAbort, as_bytes, as_int, signed_bytes
+from mechanisms.secagg.identity import Roster, min_threshold
 from mechanisms.secagg.masking.messages import SESSION_BYTES, parse_ids, unpack_view
 
 __all__ = [

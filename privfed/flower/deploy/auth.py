@@ -52,7 +52,8 @@ from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from mechanisms.secagg.identity import Identity, Roster, signed_bytes
+from mechanisms.secagg.crypto import signed_bytes
+from mechanisms.secagg.identity import Identity, Roster
 from privfed._files import read_regular_text
 from privfed.errors import ConfigError, PrivfedError
 from privfed.flower.deploy.certs import write_file
