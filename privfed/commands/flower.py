@@ -23,6 +23,7 @@ SuperNodes on separate machines use ``flwr run`` on ``privfed/flower/app``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import sys
@@ -34,7 +35,7 @@ from privfed.commands.common import cli_entry, data_line, default_out_name
 from privfed.commands.options import flower_parser as build_parser
 from privfed.commands.shared import Settings
 from privfed.commands.values import as_float, as_int, as_str, choose, parse_seeds
-from privfed.errors import ConfigError
+from privfed.errors import ConfigError, PrivfedError
 from privfed.release.settings import refuse_unused_dp
 
 __all__ = ["PROG", "build_parser", "default_timeout", "main", "resolve_config"]
@@ -283,8 +284,6 @@ def _body(argv: Sequence[str] | None) -> int:
     check_out_path(out, overwrite=bool(args.overwrite), flag="--out")
     check_location(out, flag="--out")
     cfg = replace(cfg, output=str(out.resolve()))
-    from privfed.flower.server_app import run_config_of
-    from privfed.flower.simulation import flwr_run, simulated_roster
 
     def say(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
@@ -294,6 +293,31 @@ def _body(argv: Sequence[str] | None) -> int:
             f"{PROG}: {cfg.clients} simulated SuperNodes through flwr run, on a SuperLink in simulation mode at "
             f"127.0.0.1 (Flower and Ray start in about half a minute); each stage may take up to {cfg.timeout:g} s"
         )
+    before = _manifest(out)  # an earlier run's, kept under --overwrite until this one is complete
+    try:
+        return _run_and_summarise(args, cfg, out, timeout_origin, say)
+    except KeyboardInterrupt:  # Ctrl-C, SIGTERM, SIGHUP: say whether this run had finished before it
+        if _manifest(out) not in (None, before):
+            with contextlib.suppress(OSError):  # after SIGHUP the terminal may be gone
+                say(f"{PROG}: stopped after the run had finished: {out}/ holds its complete results")
+        raise
+
+
+def _manifest(out: Path) -> bytes | None:
+    """The manifest of a finished run's folder ``out`` (complete, every hash matching), or None."""
+    from privfed.results.writer import MANIFEST, verify_folder
+
+    try:
+        return (out / MANIFEST).read_bytes() if verify_folder(out).get("complete") is True else None
+    except (PrivfedError, OSError):
+        return None
+
+
+def _run_and_summarise(args, cfg, out: Path, timeout_origin: str, say) -> int:
+    """Run the app through ``flwr run`` into ``out``, then print the run's summary from its files."""
+    from privfed.flower.server_app import run_config_of
+    from privfed.flower.simulation import flwr_run, simulated_roster
+
     flwr_run(
         run_config_of(cfg),
         num_supernodes=cfg.clients,

@@ -244,3 +244,40 @@ def test_mask_runs_with_the_simulated_operators_roster(tmp_path, digits_cache):
     ref = privfed.fit("fed3r", F, y, k, num_classes=10)
     head = np.load(out / "head.npz")
     assert np.abs(head["weight"] - ref.weight).max() < 1e3 * 4 * 2.0**-33  # the fixed-point bound of masking
+
+
+@pytest.mark.parametrize("finished", [True, False])
+def test_a_signal_after_the_run_finished_says_its_results_are_complete(
+    tmp_path, monkeypatch, capsys, finished
+):
+    """A SIGTERM that came once the ServerApp had written the run's folder printed only "terminated": the
+    folder is complete and the command now says so; one that came mid-run (the folder of an earlier run kept
+    under --overwrite, or none) does not claim it."""
+    import signal
+
+    import privfed.flower.simulation as sim
+    from privfed.commands.flower import main
+    from privfed.commands.signals import Terminated
+    from privfed.results.writer import ResultFolder
+
+    out = tmp_path / "o"
+    earlier = ResultFolder(out, flag="out", command="an earlier run")
+    earlier.write("results.json", lambda p: p.write_text('{"an": "earlier run"}'))
+    earlier.publish(complete=True)
+
+    def flwr_run(run_config, *, expect, **kw):  # the environment: the app writes its folder, then the signal
+        if finished:
+            run = ResultFolder(expect, overwrite=True, flag="out", command="the ServerApp")
+            run.write("results.json", lambda p: p.write_text('{"this": "run"}'))
+            run.publish(complete=True)
+        raise Terminated(signal.SIGTERM)
+
+    monkeypatch.setattr(sim, "flwr_run", flwr_run)
+    assert main(["--clients", "2", "--eps", "inf", "--out", str(out), "--overwrite", "--quiet"]) == 143
+    err = capsys.readouterr().err
+    assert "terminated (SIGTERM)" in err and "Traceback" not in err
+    said = f"stopped after the run had finished: {out}/ holds its complete results"
+    assert (said in err) is finished, err
+    assert json.loads((out / "results.json").read_text()) == (
+        {"this": "run"} if finished else {"an": "earlier run"}
+    )
