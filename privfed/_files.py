@@ -1,16 +1,21 @@
 """Input files opened only when they are regular files: a FIFO, a device, a socket or a directory is refused
-at once, never waited on (every door of the library and the commands reads its input files through here)."""
+at once, never waited on (every door of the library and the commands reads its input files through here);
+and :func:`signals_held`, for work that a signal must not cut in two (files written as a set, an import)."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import pathlib
+import signal
 import stat
+import threading
+from collections.abc import Iterator
 
 from privfed.errors import InputError
 
-__all__ = ["open_regular", "path_of", "read_regular_text"]
+__all__ = ["STOPS", "open_regular", "path_of", "read_regular_text", "signals_held"]
 
 _NOT_REGULAR = (
     (stat.S_ISFIFO, "a FIFO (named pipe)"),
@@ -27,11 +32,46 @@ def _not_regular(what: str, mode: int, fix: str) -> InputError:
 
 
 def path_of(path, what: str, fix: str = "pass the path of a regular file") -> pathlib.Path:
-    """``path`` (a str or os.PathLike, not empty) as a Path with ``~`` expanded; an :class:`InputError` naming
-    ``what`` for anything else (None, a number, an empty string: not a file's name)."""
-    if not isinstance(path, (str, os.PathLike)) or not str(os.fspath(path)).strip():
+    """``path`` (str, bytes or os.PathLike, not empty) as a Path with ``~`` expanded; an :class:`InputError`
+    naming ``what`` for anything else (None, a number, an empty string: not a file's name) or a ``~user``
+    that names no user."""
+    if not isinstance(path, (str, bytes, os.PathLike)) or not os.fsdecode(os.fspath(path)).strip():
         raise InputError(f"{what} is not a file path (got {path!r}); {fix}")
-    return pathlib.Path(path).expanduser()
+    try:
+        return pathlib.Path(os.fsdecode(os.fspath(path))).expanduser()
+    except RuntimeError:  # ~nouser/...
+        raise InputError(f"{what} names a home folder that does not exist ({path!r}); {fix}") from None
+
+
+#: The signals that stop a command: Ctrl-C, SIGTERM (kill, timeout, a scheduler), SIGHUP (a closed terminal).
+STOPS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+@contextlib.contextmanager
+def signals_held(reraise: bool = True) -> Iterator[list[int]]:
+    """Hold Ctrl-C, SIGTERM and SIGHUP while the block runs: each one that arrives is appended to the list
+    the block gets (so that it can stop at a point of its choosing) and, with ``reraise``, raised again once
+    the block has ended, with the process's own handling (a command's one-line exit, Python's
+    KeyboardInterrupt, or the default action).
+
+    Held by swapping the Python-level handlers, not the thread's signal mask: a signal sent to the process
+    may be taken by any of its threads (BLAS starts some), and its handler then runs in the main thread
+    whatever that thread's mask says.  Only in the main thread (signals are handled only there); a signal
+    the process ignores, or one whose handler is not Python's, is left as it is."""
+    got: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield got
+        return
+    ours = [s for s in STOPS if signal.getsignal(s) not in (signal.SIG_IGN, None)]
+    old = {s: signal.signal(s, lambda signum, frame: got.append(signum)) for s in ours}
+    try:
+        yield got
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+        if reraise:
+            for s in dict.fromkeys(got):
+                signal.raise_signal(s)
 
 
 def open_regular(path, what: str, fix: str = "pass the path of a regular file") -> io.BufferedReader:

@@ -11,11 +11,10 @@ torchvision data sets, multi-round FedLog) need ``pip install "privfed[torch]"``
 from __future__ import annotations
 
 import importlib
-import signal
 import sys
-import threading
 from types import ModuleType
 
+from privfed._files import signals_held
 from privfed.errors import MissingDependencyError
 
 __all__ = ["EXTRAS", "import_held", "require"]
@@ -63,15 +62,7 @@ def import_held(module: str) -> ModuleType:
     KeyboardInterrupt) at a line of Python.  A module already imported, or an import off the main
     thread (signals are only ever handled there), is not held.
     """
-    if module in sys.modules or threading.current_thread() is not threading.main_thread():
+    if module in sys.modules:
         return importlib.import_module(module)
-    got: list[int] = []
-    held = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # the signals a command turns into an interrupt
-    old = {s: signal.signal(s, lambda signum, frame: got.append(signum)) for s in held}
-    try:
+    with signals_held():  # the signals a command turns into an interrupt, raised again after the import
         return importlib.import_module(module)
-    finally:
-        for s, handler in old.items():
-            signal.signal(s, handler)
-        for s in dict.fromkeys(got):
-            signal.raise_signal(s)

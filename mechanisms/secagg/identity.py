@@ -45,6 +45,7 @@ in-process grid) generate the roster in the app from OS entropy.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -434,7 +435,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--init-ledger", metavar="FILE", default=None, help="on a node: create its ledger file")
     p.add_argument("--roster", metavar="ROSTER", default=None, help="with --init-ledger: the roster file")
     a = p.parse_args(argv)
-    from mechanisms.secagg.roster_files import ROSTER_FILE, write_roster_folder
+    from mechanisms.secagg.roster_files import ROSTER_FILE, holds_roster, write_roster_folder
 
     # SIGTERM (kill, a scheduler) or SIGHUP is handled as Ctrl-C: nothing half-written is kept
     def stop(signum, _frame):
@@ -446,7 +447,7 @@ def main(argv: list[str] | None = None) -> int:
         for s in (signal.SIGTERM, signal.SIGHUP)
         if main_thread and signal.getsignal(s) is not signal.SIG_IGN
     ]
-    held = {s: signal.signal(s, stop) for s in caught}
+    held, roster = {s: signal.signal(s, stop) for s in caught}, None
     try:
         if a.init_ledger is not None:
             if a.directory is not None or a.nodes is not None:
@@ -473,8 +474,15 @@ def main(argv: list[str] | None = None) -> int:
     except PrivfedError as exc:  # a ConfigError, or an InputError (a roster that is a folder, not UTF-8)
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt as exc:  # what it wrote is removed (write_roster_folder)
-        print("interrupted; nothing of this roster was kept", file=sys.stderr)
+    except KeyboardInterrupt as exc:  # what it was writing is removed (write_roster_folder)
+        whole = a.init_ledger is None and roster is not None and holds_roster(a.directory, roster.to_json())
+        with contextlib.suppress(OSError):  # after SIGHUP the terminal may be gone
+            print(
+                f"interrupted after the roster was written: {a.directory} holds it whole"
+                if whole
+                else "interrupted" + ("" if a.init_ledger else "; nothing of this roster was kept"),
+                file=sys.stderr,
+            )
         return 128 + (exc.args[0] if exc.args and isinstance(exc.args[0], int) else signal.SIGINT)
     finally:
         for s, handler in held.items():

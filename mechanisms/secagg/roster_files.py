@@ -12,13 +12,13 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import stat
 from collections.abc import Sequence
 from pathlib import Path
 
+from privfed._files import signals_held
 from privfed.errors import ConfigError
 
-__all__ = ["ROSTER_FILE", "write_roster_folder"]
+__all__ = ["ROSTER_FILE", "holds_roster", "write_roster_folder"]
 
 #: The roster's file name in the operator's folder.
 ROSTER_FILE = "roster.json"
@@ -35,8 +35,25 @@ def write_roster_folder(
     files = [(f"node-{int(i)}.json", text, 0o600) for i, text in identities] + [
         (ROSTER_FILE, roster_json, 0o644)
     ]
-    # (path, device, inode) of each file this call created (no inode yet: named, being created)
-    written: list[tuple[Path, int | None, int | None]] = []
+    # A Ctrl-C, SIGTERM or SIGHUP while the files are written (or removed) is held: the call stops after the
+    # file it is writing, removes every file it wrote, and the signal is then raised again with the
+    # process's own handling.  So no interrupt falls between creating a file and recording it for removal,
+    # and a second one cannot cut the removal short.
+    with signals_held() as stops:
+        _write_files(out, files, stops)
+    if stops:  # the signal's own handling did not stop the process (its handler returned)
+        raise KeyboardInterrupt(stops[0])
+    return out
+
+
+class _Stopped(Exception):
+    """A held signal came while the files were written: stop, and remove them."""
+
+
+def _write_files(out: Path, files: list[tuple[str, str, int]], stops: list[int]) -> None:
+    """Create every file of ``files`` (name, text, mode) in ``out``, or none: on any failure, or when
+    ``stops`` (the signals held) is not empty after a file, every file this call created is removed."""
+    written: list[tuple[Path, int, int]] = []  # (path, device, inode) of each file this call created
     try:
         if out.exists() and not out.is_dir():
             raise ConfigError(f"{out} is a file, not a folder: choose a folder for the roster and identities")
@@ -54,24 +71,25 @@ def write_roster_folder(
             )
         out.mkdir(parents=True, exist_ok=True)
         for name, text, mode in files:
-            # named before it is created: a Ctrl-C or SIGTERM between creating it and recording its inode
-            # must not leave it (the folder held no roster file when the call began)
-            written.append((out / name, None, None))
+            if stops:
+                raise _Stopped
             fd = os.open(out / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
             st = os.fstat(fd)
-            written[-1] = (out / name, st.st_dev, st.st_ino)
+            written.append((out / name, st.st_dev, st.st_ino))
             with os.fdopen(fd, "w") as fh:
                 fh.write(text)
                 fh.flush()
                 os.fsync(fh.fileno())
+        if stops:  # a signal while the last file was written: the roster is not kept either
+            raise _Stopped
     except BaseException as exc:
-        if isinstance(exc, FileExistsError):  # the last name is another writer's file, not this call's
-            written.pop()
         for path, dev, ino in written:  # no folder is left with part of a roster; only files this call made
             with contextlib.suppress(OSError):
                 st = os.lstat(path)
-                if (st.st_dev, st.st_ino) == (dev, ino) or (dev is None and stat.S_ISREG(st.st_mode)):
+                if (st.st_dev, st.st_ino) == (dev, ino):
                     path.unlink()
+        if isinstance(exc, _Stopped):
+            return
         if isinstance(exc, FileExistsError):
             raise ConfigError(
                 f"{exc.filename} appeared while the roster was written into {out}; nothing of this roster is "
@@ -84,4 +102,12 @@ def write_roster_folder(
                 + "); choose a folder this user can write"
             ) from None
         raise
-    return out
+
+
+def holds_roster(directory: str | os.PathLike, roster_json: str) -> bool:
+    """Whether ``directory`` holds this roster's file, written last: then the roster and its identities are
+    whole (a call that stopped removed it with the rest)."""
+    try:
+        return (Path(directory).expanduser() / ROSTER_FILE).read_text() == roster_json
+    except (OSError, UnicodeDecodeError):
+        return False

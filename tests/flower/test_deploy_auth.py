@@ -49,7 +49,7 @@ def test_the_signature_covers_label_roster_index_and_key(roster):
     der = key.public_key().public_bytes(
         serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
     )
-    # The signed bytes, rebuilt from the layout of mechanisms.secagg.identity.signed_bytes.
+    # The signed bytes, rebuilt from the layout of mechanisms.secagg.crypto.signed_bytes.
     parts = [r.fingerprint, (1).to_bytes(8, "little", signed=True), der]
     msg = b"privfed secagg v1\x00flower-node-key\x00" + b"".join(
         len(p).to_bytes(8, "little") + p for p in parts

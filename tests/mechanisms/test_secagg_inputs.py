@@ -162,6 +162,11 @@ def test_the_roster_command_prints_an_input_error_in_one_line(tmp_path, capsys):
     assert not (tmp_path / "l.json").exists()
 
 
+def _default_stops() -> None:  # in the child, before exec
+    for s in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(s, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
 def test_a_roster_command_stopped_by_sigterm_leaves_no_files(tmp_path, sig):
     """SIGTERM (kill, timeout, a scheduler) or SIGHUP while the identity files are written: it killed the
@@ -173,6 +178,7 @@ def test_a_roster_command_stopped_by_sigterm_leaves_no_files(tmp_path, sig):
         cwd=Path(__file__).resolve().parents[2],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
+        preexec_fn=_default_stops,  # a test run under nohup would pass SIGHUP on ignored
     )
     try:
         deadline = time.monotonic() + 120
@@ -192,29 +198,85 @@ def test_a_roster_command_stopped_by_sigterm_leaves_no_files(tmp_path, sig):
     assert sorted(p.name for p in out.iterdir()) == []
 
 
-def test_an_interrupt_between_creating_a_file_and_recording_it_leaves_nothing(tmp_path, monkeypatch):
-    """The window a signal found: the file created (O_EXCL) but its inode not yet on the clean-up's list."""
+@pytest.fixture
+def sigterm_raises():
+    """SIGTERM handled as the roster command handles it (a KeyboardInterrupt naming it), restored after."""
+
+    def stop(signum, frame):
+        raise KeyboardInterrupt(signum)
+
+    old = signal.signal(signal.SIGTERM, stop)
+    yield
+    signal.signal(signal.SIGTERM, old)
+
+
+def test_signals_while_the_roster_is_written_are_held_until_its_files_are_removed(
+    tmp_path, monkeypatch, sigterm_raises
+):
+    """A SIGTERM whose handler raised between creating a file (O_EXCL) and recording it for removal left that
+    file; a second one during the removal cut it short and left the rest.  Both are held now: the write stops
+    after the file it is on, every file it wrote is removed, and the signal is raised once that is done."""
     from mechanisms.secagg import roster_files
 
-    real, calls = os.fstat, []
+    real_fstat, real_unlink, fstats, unlinked = os.fstat, Path.unlink, [], []
 
-    def fstat(fd):
-        calls.append(fd)
-        if len(calls) == 3:  # the third file exists; the interrupt lands before it is recorded
-            raise KeyboardInterrupt
-        return real(fd)
+    def fstat(fd):  # the third file exists, not yet recorded: the signal lands here
+        fstats.append(fd)
+        if len(fstats) == 3:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real_fstat(fd)
+
+    def unlink(self, *a, **k):  # and a second one while the files are removed
+        unlinked.append(self.name)
+        if len(unlinked) == 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real_unlink(self, *a, **k)
 
     monkeypatch.setattr(roster_files.os, "fstat", fstat)
+    monkeypatch.setattr(Path, "unlink", unlink)
     roster, ids = make_roster(5, seed=1)
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(KeyboardInterrupt) as got:
         roster_files.write_roster_folder(
             tmp_path / "ids", roster.to_json(), [(i.index, i.to_json()) for i in ids]
         )
-    assert len(calls) == 3 and sorted(p.name for p in (tmp_path / "ids").iterdir()) == []
-    # a file another writer created after the folder was checked is not this call's to remove
+    assert got.value.args == (signal.SIGTERM,)  # raised again with the process's own handling, once
+    assert len(fstats) == 3 and sorted(unlinked) == ["node-0.json", "node-1.json", "node-2.json"]
+    assert sorted(p.name for p in (tmp_path / "ids").iterdir()) == []
+    assert (
+        signal.getsignal(signal.SIGTERM) is not None and signal.getsignal(signal.SIGTERM).__name__ == "stop"
+    )
+
+
+def test_a_signal_after_the_roster_is_written_keeps_it_and_says_so(tmp_path, monkeypatch, capsys):
+    """A SIGTERM once every file was written printed "nothing of this roster was kept" over a whole roster,
+    which the next run in the folder then refused."""
+    from mechanisms.secagg import roster_files
+
+    real = roster_files.write_roster_folder
+
+    def then_sigterm(*a, **k):
+        out = real(*a, **k)
+        os.kill(os.getpid(), signal.SIGTERM)  # the command's handler raises at the next line
+        return out
+
+    monkeypatch.setattr(roster_files, "write_roster_folder", then_sigterm)
+    before = signal.getsignal(signal.SIGTERM)
+    assert main([str(tmp_path / "ids"), "--nodes", "4"]) == 128 + signal.SIGTERM
+    assert signal.getsignal(signal.SIGTERM) is before  # the command's handler is removed again
+    err = capsys.readouterr().err
+    assert f"interrupted after the roster was written: {tmp_path / 'ids'} holds it whole" in err
+    assert (
+        len(list((tmp_path / "ids").glob("node-*.json"))) == 4 and (tmp_path / "ids" / "roster.json").exists()
+    )
+
+
+def test_a_file_another_writer_made_is_not_removed(tmp_path, monkeypatch):
+    from mechanisms.secagg import roster_files
+
+    roster, ids = make_roster(5, seed=1)
+    # a file another writer created after the folder was checked is not this call's to remove (its own are)
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "node-1.json").write_text("theirs")
-    monkeypatch.setattr(roster_files.os, "fstat", real)
     listdir = os.listdir
     monkeypatch.setattr(roster_files.os, "listdir", lambda path: [])  # the check saw an empty folder
     with pytest.raises(ConfigError, match="appeared while the roster was written"):

@@ -274,9 +274,13 @@ def test_identities_and_roster_paths_that_are_not_one_are_refused_in_a_line():
     from privfed.errors import PrivfedError
 
     for load, what in ((Roster.load, "secagg-roster"), (Identity.load, "secagg-identity")):
-        for value in (None, 5, "", "  ", b"x"):
+        for value in (None, 5, "", "  ", b""):
             with pytest.raises(PrivfedError, match=rf"^{what} is not a file path \(got "):
                 load(value)
+        with pytest.raises(PrivfedError, match="no such file"):  # a bytes path is a path, as os takes it
+            load(b"/no/such/privfed/file.json")
+        with pytest.raises(PrivfedError, match="names a home folder that does not exist"):
+            load("~no_such_user_privfed/roster.json")
     secret = bytes(range(31))
     for index, key, match in (
         (0, secret, "must be 32 bytes"),
