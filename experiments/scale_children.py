@@ -209,11 +209,13 @@ def _first_fit(F32: np.ndarray, y: np.ndarray, k: np.ndarray, name: str) -> tupl
 
 def child_rss(data: str, name: str, threads: int) -> dict:
     """The RSS a process's first fit adds to it (``rss_input``, ``peak_rss``), after the set-up
-    :func:`child` makes and nothing else: one more fresh-process sample of what :func:`child` measures
-    first."""
+    :func:`child` makes and nothing else (the same first fit :func:`child` measures, in a process of its
+    own), and the glibc heap settings this process was started with (``heap``: the ``MALLOC_*``
+    environment variables it saw)."""
     _, F32, y, k, _ = _set_up(data, name, threads)
     rss_input, peak, _ = _first_fit(F32, y, k, name)
-    return {"rss_input": rss_input, "peak_rss": peak}
+    heap = {key: value for key, value in sorted(os.environ.items()) if key.startswith("MALLOC_")}
+    return {"rss_input": rss_input, "peak_rss": peak, "heap": heap}
 
 
 def child_curve(shape: dict, name: str, repeats: int, threads: int) -> dict:

@@ -216,35 +216,47 @@ def _table(point: dict, res: dict, title: str, which: str = "main") -> list[str]
 
 def _rss_text(rows: list[dict]) -> str:
     """How a point's fit RSS was taken, where it is the median of several fresh processes."""
-    full = [len(r["rss_samples"]) for r in rows if "rss_samples" in r and "rss_error" not in r]
+    full = [len(r["rss_samples"]) for r in rows if r.get("rss_samples") and "rss_error" not in r]
     failed = [f"{r['method']}: {len(r['rss_samples'])}" for r in rows if "rss_error" in r]
     if not failed and max(full, default=0) < 2:
         return ""
     n = (f"{max(full)} fresh processes" if full else "fresh processes") + (
         f" ({'; '.join(failed)}, a process failed: see rss_error)" if failed else ""
     )
-    heap = next((r["rss_heap"] for r in rows if r.get("rss_heap")), None)
+    fixed = [r for r in rows if (r.get("rss_heap") or {}).get("MALLOC_MMAP_THRESHOLD_")]
+    older = [r["method"] for r in rows if r.get("rss_samples") and r not in fixed]
+    lone = [r["method"] for r in rows if "rss_samples" in r and not r["rss_samples"]]
     how = (
         "each with glibc's mmap threshold held at "
-        f"{int(heap['MALLOC_MMAP_THRESHOLD_']) // 1024} KiB and one arena (under glibc's defaults the threshold "
-        "rises after a large free, and the few MiB a fit adds here moved by about 1 MiB between processes and "
-        "over time with what the allocator kept); "
-        if heap and "MALLOC_MMAP_THRESHOLD_" in heap
+        f"{int(fixed[0]['rss_heap']['MALLOC_MMAP_THRESHOLD_']) // 1024} KiB and "
+        f"{'one arena' if fixed[0]['rss_heap'].get('MALLOC_ARENA_MAX') == '1' else 'its arenas'}: under glibc's "
+        "defaults the threshold rises after a large free, and the few MiB a fit adds here moved by about 1 MiB "
+        "between processes and over time with what the allocator kept; beside it their range and, as 'default "
+        "heap', the timed process's reading under the defaults"
+        + (f"; {', '.join(older)}: the timed process and more, under the defaults" if older else "")
+        if fixed
         else "the timed one and more; the few MiB a fit adds here move by about 1 MiB between processes and "
-        "over time with what the allocator keeps; "
+        "over time with what the allocator keeps; their range beside it"
     )
+    alone = f" {', '.join(lone)}: the timed process's reading alone (no RSS process ran)." if lone else ""
     return (
-        f" fit's RSS / input = the median of the RSS the first fit added in {n} ({how}their range beside it; "
-        "the traced peak is the target's measure). peak RSS = the timed process's."
+        f" fit's RSS / input = the median of the RSS the first fit added in {n} ({how}; the traced peak is the "
+        f"target's measure).{alone} peak RSS = the timed process's."
     )
 
 
 def _rss_range(r: dict) -> str:
-    """`` (least–largest)`` of a row's fit RSS over its processes, over the input; empty for one process."""
+    """`` (least–largest)`` of a row's fit RSS over its processes, over the input (and the timed process's
+    reading under glibc's default heap, where the processes held it fixed); empty for one process."""
     if len(r.get("rss_samples", ())) < 2:
         return ""
     added = [(q["peak_rss"] - q["rss_input"]) / r["input_bytes"] for q in r["rss_samples"]]
-    return f" ({min(added):.3f}–{max(added):.3f})"
+    default = (
+        f"; default heap {(r['peak_rss'] - r['rss_input']) / r['input_bytes']:.3f}"
+        if (r.get("rss_heap") or {}).get("MALLOC_MMAP_THRESHOLD_")
+        else ""
+    )
+    return f" ({min(added):.3f}–{max(added):.3f}{default})"
 
 
 def render(res: dict) -> str:

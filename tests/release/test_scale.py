@@ -1021,13 +1021,33 @@ def test_a_failed_rss_process_leaves_the_timed_row_standing(tmp_path, monkeypatc
     assert (
         "error" not in row and row["fit_s"] > 0 and row["rss_error"] == ["MemoryError: a process that failed"]
     )
-    # the samples are the RSS processes' (the timed one runs under the default heap), each under the fixed heap
-    assert len(row["rss_samples"]) == 2 and row["rss_heap"] == bench_scale.RSS_HEAP_ENV
+    # the samples are the RSS processes' (the timed one runs under the default heap); each reports the heap
+    # settings it was started with, and the row records those
     assert envs == [None] + [bench_scale.RSS_HEAP_ENV] * 3
+    assert len(row["rss_samples"]) == 2 and all(
+        q["heap"] == bench_scale.RSS_HEAP_ENV for q in row["rss_samples"]
+    )
+    assert row["rss_heap"] == bench_scale.RSS_HEAP_ENV
     text = _rss_text(point["rows"])
     assert "added in fresh processes (fedncm: 2, a process failed: see rss_error)" in text
-    assert "glibc's mmap threshold held at 128 KiB" in text
-    assert re.fullmatch(r" \(\d+\.\d{3}–\d+\.\d{3}\)", _rss_range(row)) and _rss_text([]) == ""
+    assert "glibc's mmap threshold held at 128 KiB and one arena" in text
+    timed = (row["peak_rss"] - row["rss_input"]) / row["input_bytes"]
+    assert _rss_range(row).endswith(f"; default heap {timed:.3f})") and _rss_text([]) == ""
+    assert re.fullmatch(r" \(\d+\.\d{3}–\d+\.\d{3}; default heap \d+\.\d{3}\)", _rss_range(row))
+    # the first RSS process fails: the ratio is the timed process's, and the text says so
+    calls.clear()
+    monkeypatch.setattr(bench_scale, "run_child", lambda args, threads, env=None: (
+        {"error": ["no memory"]} if args[1].startswith("rss:") else real(args, threads, env)))  # fmt: skip
+    (lone,) = bench_scale.measure_point(shape, ["fedncm"], 1, 1, None, str(tmp_path), "tiny")["rows"]
+    assert lone["rss_samples"] == [] and "rss_heap" not in lone
+    assert bench_scale.method_ratios(lone, {})["added_memory"] == pytest.approx(
+        (lone["peak_rss"] - lone["rss_input"]) / lone["input_bytes"], rel=1e-12
+    )
+    assert "fedncm: the timed process's reading alone" in _rss_text([row, lone])
+    # rows of one point measured the older way (a partial --rerecord) are named as such
+    older = {**row, "method": "fedcof", "rss_heap": None}
+    assert "; fedcof: the timed process and more, under the defaults" in _rss_text([row, older])
+    monkeypatch.setattr(bench_scale, "run_child", run_child)
     monkeypatch.setattr(bench_scale, "RSS_SAMPLES_BELOW", 1)  # every input is large: one process's reading
     calls.clear()
     (row,) = bench_scale.measure_point(shape, ["fedncm"], 1, 1, None, str(tmp_path), "tiny")["rows"]
@@ -1084,6 +1104,7 @@ def test_the_scale_benchmark_runs_the_public_calls_and_writes_its_record(
         for r in run["rows"]:
             added = sorted(q["peak_rss"] - q["rss_input"] for q in r["rss_samples"])
             assert len(added) == 3 and r["rss_heap"] == bench_scale.RSS_HEAP_ENV
+            assert all(q["heap"] == bench_scale.RSS_HEAP_ENV for q in r["rss_samples"])  # what each child saw
             ratio = bench_scale.method_ratios(r, run["bound"])["added_memory"]
             assert ratio * r["input_bytes"] == pytest.approx(added[1], rel=1e-12)
     assert "the median of the RSS the first fit added in 3 fresh processes" in bench_scale.render(res)
