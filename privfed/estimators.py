@@ -320,8 +320,14 @@ class FederatedHeadClassifier(ClassifierMixin, BaseEstimator):
             X, y = validate_data(self, X, y, dtype=np.float64, y_numeric=False)
             check_classification_targets(y)
         except ValueError as exc:
-            # scikit-learn's own checks, as one line naming the input (its TypeErrors stay)
-            raise InputError(f"X or y: {str(exc).splitlines()[0]}") from None
+            # scikit-learn's own checks, as one line naming the input (its TypeErrors stay, but for y's own)
+            first = str(exc).splitlines()[0]  # the lines after it print the data
+            if "Expected 2D array" in first:
+                first += " (one feature: X.reshape(-1, 1); one sample: X.reshape(1, -1))"
+            raise InputError(f"X or y: {first}") from None
+        except TypeError:  # labels that cannot be ordered ('a' and 1): sklearn's sort fails on them
+            _unique(y, "y")
+            raise
         self.classes_, y_enc = self._encode_labels(y, X.shape)
         if self.privacy is None and self.classes is not None:
             empty = np.setdiff1d(np.arange(len(self.classes_)), y_enc)

@@ -33,10 +33,7 @@ _ALLOWED = (
     "lr",
     "families",
     "init",
-    "partition",
     "classes_per_client",
-    "alpha",
-    "seed",
     "head_init_scale",
     "clip_norm",
     "calibration",
@@ -47,13 +44,20 @@ _ALLOWED = (
 def rounds_config(cfg):
     """The :class:`privfed.rounds.RoundsConfig` of a Flower run (ConfigError naming a bad key).
 
-    The budget, level, clip, ``max-records``, ``dropout-tolerance`` and ``noise-seed`` come from the run
-    config; the placement from it too: ``trusted-aggregator`` is central noise, ``secure=mask`` distributed
+    The budget, level, clip, ``max-records``, ``dropout-tolerance``, ``noise-seed`` and the partition
+    (``partition``, ``alpha``, ``partition-seed``: the seed of digits' split and of the partition) come from
+    the run config; the placement from it too: ``trusted-aggregator`` is central noise, ``secure=mask`` distributed
     noise under pairwise masking, neither the nodes' own (local) noise.
     """
     from privfed.rounds import RoundsConfig
 
     params = dict(cfg.rounds_params)
+    moved = sorted(set(params) & {"partition", "alpha", "seed"})
+    if moved:  # one source: the run config's, which the run's report describes
+        raise ConfigError(
+            f"rounds-params {moved}: a Flower run's partition is the run config's (--partition, --alpha, "
+            "--seeds; run config partition, alpha, partition-seed), for one round or many"
+        )
     bad = sorted(set(params) - set(_ALLOWED))
     if bad:
         known = {f.name for f in fields(RoundsConfig)}
@@ -78,6 +82,9 @@ def rounds_config(cfg):
     return RoundsConfig(
         clients=cfg.clients,
         rounds=cfg.rounds,
+        partition=cfg.partition,
+        alpha=float(cfg.alpha),
+        seed=int(cfg.partition_seed),
         nu=float(cfg.method_params.get("nu", 1.0)),
         baselines=(),
         noise_seed=cfg.noise_seed,

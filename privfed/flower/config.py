@@ -45,8 +45,9 @@ Keys (run config; the same names as the commands' flags, ``--eps`` is ``eps``):
 ``rounds``                  rounds of a multi-round method (``fedlog`` with local bodies, R > 1;
                             under DP with local, trusted (central) or masked (distributed) noise)
 ``rounds-params``           JSON object of :class:`privfed.rounds.RoundsConfig` settings
-                            (local_epochs, batch_size, lr, families, init, partition, ...,
-                            clip_norm, calibration, record_bound)
+                            (local_epochs, batch_size, lr, families, init, classes_per_client,
+                            head_init_scale, clip_norm, calibration, record_bound); the
+                            partition is the run config's, for one round or many
 ``dataset``                 ``digits`` (embedded, default), ``file:PATH`` or
                             ``synthetic:D:N`` (N random D-dim samples a node)
 ``num-classes``             C; defaults to the data set's

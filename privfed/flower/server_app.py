@@ -221,16 +221,18 @@ def _accuracy(head: LinearHead, cfg: FlowerConfig) -> dict[str, Any]:
     ds = load_dataset("digits", progress=False)
     if head.weight.shape != (ds.num_classes, ds.dim):  # the nodes held other data than digits' partitions
         return own
-    rules = data_rules(
-        ds, clients=cfg.clients, partition=cfg.partition, alpha=cfg.alpha, seeds=[cfg.partition_seed]
-    )
     if cfg.rounds > 1:
+        from privfed.flower.checks import rounds_config
+
         return {
             "accuracy": None,
             "accuracy_note": "multi-round FedLog: the bodies stay on the nodes, so accuracy is measured there "
             "(privfed.rounds)",
-            "data": rules,
+            "data": rounds_config(cfg).data_rules(),  # digits' private split, as multi-round FedLog splits it
         }
+    rules = data_rules(
+        ds, clients=cfg.clients, partition=cfg.partition, alpha=cfg.alpha, seeds=[cfg.partition_seed]
+    )
     return {
         "accuracy": float(head.score(ds.test_features, ds.test_labels)),
         "chance": 1.0 / ds.num_classes,

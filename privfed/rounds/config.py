@@ -8,7 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from mechanisms.dp.calibration import as_real, check_budget
+from mechanisms.dp.calibration import as_real, check_budget, check_count
+from mechanisms.secagg.threat import default_threshold
 from privfed.errors import ConfigError
 from privfed.rounds.bodies import FAMILIES
 from privfed.rounds.release import SECURE_CHOICES, RoundsPrivacyReport
@@ -80,14 +81,26 @@ class RoundsConfig:
             check_budget(eps, self.delta)
         for name in ("clients", "rounds", "batch_size", "classes_per_client"):
             pos_int(name)
+        check_count(self.rounds, "rounds")  # 10**20 rounds would run the release-free run first, for ever
         pos_int("local_epochs", 0)
         pos_int("seed", 0)
         if self.noise_seed is not None:
             pos_int("noise_seed", 0)
         if self.max_records is not None:
             pos_int("max_records")
-        if not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0):
-            raise ConfigError(f"lr must be a finite number > 0, got lr={self.lr!r}")
+
+        def number(name: str, zero_ok: bool) -> None:  # a bool is no number (lr=True trained at 1.0)
+            v = getattr(self, name)
+            ok = isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_))
+            if not (ok and math.isfinite(v) and (v >= 0 if zero_ok else v > 0)):
+                raise ConfigError(
+                    f"{name} must be a finite number {'>= 0' if zero_ok else '> 0'}, got {name}={v!r}"
+                )
+
+        number("lr", False)
+        number("nu", True)
+        if self.head_init_scale is not None:
+            number("head_init_scale", False)
         if self.init not in ("public", "scratch"):
             raise ConfigError(
                 f"init must be 'public' (trained on the public split) or 'scratch', got {self.init!r}"
@@ -100,8 +113,6 @@ class RoundsConfig:
         bad = [b for b in self.baselines if b not in ("oneshot", "local", "fedavg")]
         if bad:
             raise ConfigError(f"unknown baseline(s) {bad}; choose from ['oneshot', 'local', 'fedavg']")
-        if not (self.nu >= 0):
-            raise ConfigError(f"nu must be >= 0, got nu={self.nu!r}")
         if self.secure_agg not in SECURE_CHOICES:
             raise ConfigError(
                 f"secure_agg must be one of {list(SECURE_CHOICES)}, got secure_agg={self.secure_agg!r}"
@@ -122,7 +133,61 @@ class RoundsConfig:
             )
         if self.dropouts >= self.clients:
             raise ConfigError(f"dropouts={self.dropouts} must be fewer than clients={self.clients}")
+        if self.secure_kind == "mask" and self.dropouts > self.clients - default_threshold(self.clients):
+            t = default_threshold(self.clients)
+            raise ConfigError(
+                f"dropouts={self.dropouts} with clients={self.clients}: every round's masked sum needs t={t} "
+                f"clients to answer (it tolerates one colluding client), so at most {self.clients - t} may "
+                "drop; use more clients or fewer dropouts"
+            )
         return replace(self, epsilon=eps, families=fams, baselines=tuple(self.baselines))
+
+    def data_rules(self) -> dict[str, Any]:
+        """The run's data in words and counts (:func:`privfed.results.record.data_rules`) as multi-round
+        FedLog splits it: the private split of digits for ``seed``, partitioned over ``clients`` by
+        ``partition`` (``alpha``, ``classes_per_client``) with ``seed``; each client's test images follow
+        its training classes."""
+        from types import SimpleNamespace
+
+        from privfed.data.digits_split import digits_splits
+        from privfed.federation import partition
+        from privfed.results.record import data_rules
+
+        splits = digits_splits(self.seed)
+        test = np.asarray(splits.test_labels)
+        ds = SimpleNamespace(
+            name="digits",
+            train_labels=np.asarray(splits.private_labels),
+            test_labels=test,
+            meta={
+                "test_split": f"{test.size} test images of digits (seed {self.seed}), split over the clients by their classes"
+            },
+        )
+        rule = {
+            "shards": f"shards ({self.classes_per_client} classes per client)",
+            "dirichlet": f"dirichlet alpha {self.alpha:g}",
+            "dirichlet-class": f"dirichlet-class alpha {self.alpha:g}",
+        }.get(self.partition, self.partition)
+
+        def clients_of(labels, seed):
+            part = partition(
+                labels,
+                self.clients,
+                self.partition,
+                alpha=self.alpha,
+                rng=seed,
+                classes_per_client=self.classes_per_client,
+            )
+            return part.clients, rule
+
+        return data_rules(
+            ds,
+            clients=self.clients,
+            partition=self.partition,
+            alpha=self.alpha,
+            seeds=[self.seed],
+            clients_of=clients_of,
+        )
 
     @property
     def secure_kind(self) -> str:

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from privfed.errors import ConfigError
+from privfed.errors import ConfigError, InputError
 from privfed.methods.fedlog import FedLog
 from privfed.rounds.bodies import FEATURE_DIM
 from privfed.rounds.report import RoundsPrivacyReport, rounds_report, trace_events
@@ -369,8 +369,10 @@ class RoundRelease:
             raise ConfigError(
                 f"a round's statistics must be (num_clients={self.num_clients}, C, d + 1), got shape {A.shape}"
             )
-        stats = ClientStats(counts=A[:, :, 0].copy(), sums=A[:, :, 1:].copy())
         dp = self.dp
+        if dp is not None:
+            _check_releasable(A, dp)
+        stats = ClientStats(counts=A[:, :, 0].copy(), sums=A[:, :, 1:].copy())
         seeded = dp is None or dp.seeded is not False
         head = self.plan.release(stats, num_clients=self.num_clients, rng=rng, seeded=seeded)
         self.traces.append(head.trace)
@@ -401,6 +403,32 @@ class RoundRelease:
             "upload_bytes_per_client_round": float(np.mean(up)) if up else 0.0,
             "threat_model": self.protocol.threat_model,
         }
+
+
+def _check_releasable(A: np.ndarray, dp: RoundsDP) -> None:
+    """Refuse a release the guarantee does not cover: one past the ``rounds`` releases ``dp`` is calibrated
+    and accounted for, or statistics no clipped records give (a count below 0, a sum past count x b in a
+    coordinate: every feature a release is calibrated for lies in [-b, b], or has norm at most b)."""
+    if len(dp.traces) >= dp.rounds:
+        raise ConfigError(
+            f"this RoundsDP covers {dp.rounds} release(s) and {len(dp.traces)} were made: another would spend "
+            "budget the guarantee does not have; make a RoundsDP for more rounds"
+        )
+    counts, sums = A[:, :, 0], A[:, :, 1:]
+    if not np.isfinite(A).all() or (counts < 0).any():
+        raise InputError(
+            "a round's statistics hold NaN/inf or a negative count; release clipped records' sums"
+        )
+    b = float(dp.mechanism.clip_bound)
+    reach = np.abs(sums).max(axis=2, initial=0.0) if sums.size else np.zeros_like(counts)
+    over = reach > counts * b * (1 + 1e-9) + 1e-12
+    if over.any():
+        k, c = (int(i) for i in np.argwhere(over)[0])
+        raise InputError(
+            f"client {k}'s statistic for class {c} sums to {reach[k, c]:.4g} in a coordinate, past its "
+            f"{counts[k, c]:g} records x clip {b:g}: the guarantee is for clipped features; clip them first "
+            "(the clip the RoundsDP was made with)"
+        )
 
 
 def distributed_note(dp: RoundsDP, kind: str, num_clients: int, present: list[int]) -> str:

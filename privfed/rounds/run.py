@@ -175,6 +175,12 @@ def run_rounds(cfg: RoundsConfig | None = None, *, progress: bool = False, **ove
                 "privacy": None if odp is None else odp.report(),
             }
             timing["oneshot_s"] = time.perf_counter() - t1
+            if odp is not None:
+                notes.append(
+                    "the one-shot baseline is a release of its own of the same records, with its own "
+                    f"({odp.report().epsilon:.4g}, {cfg.delta:g})-DP (baselines['oneshot']['privacy']); the run's "
+                    "guarantee is FedLog's rounds': a deployment that made both releases would spend both budgets"
+                )
         if "local" in cfg.baselines:
             t1 = time.perf_counter()
             baselines["local"] = local_baseline(cfg, setup, families, bar=bar)

@@ -118,6 +118,8 @@ def test_simulation_of_multi_round_fedlog_under_masked_dp_is_run_rounds(sim):
         clip=2.0,
         noise_seed=5,
         placement="distributed",
+        partition="dirichlet",  # the Flower run config's default partition
+        alpha=0.5,
         **{**ROUNDS_PARAMS, "families": ("mlp",)},
     )
     for r in range(2):

@@ -22,6 +22,8 @@ from privfed.rounds import run_rounds  # noqa: E402
 
 K, R = 3, 3
 PARAMS = {"local_epochs": 1, "families": ["mlp", "cnn-narrow"], "init": "scratch"}
+#: A Flower run's partition is its run config's (FlowerConfig's defaults here), for one round or many.
+FLOWER_DATA = {"partition": "dirichlet", "alpha": 0.5, "seed": 0}
 
 
 def _nodes():
@@ -35,7 +37,9 @@ def _eta(head):
 def test_flower_rounds_give_run_rounds_heads_bit_for_bit():
     cfg = FlowerConfig(method="fedlog", clients=K, rounds=R, rounds_params=PARAMS, timeout=120)
     res = serve(LocalGrid(_nodes()), cfg)
-    ref = run_rounds(clients=K, rounds=R, baselines=(), **{**PARAMS, "families": tuple(PARAMS["families"])})
+    ref = run_rounds(
+        clients=K, rounds=R, baselines=(), **FLOWER_DATA, **{**PARAMS, "families": tuple(PARAMS["families"])}
+    )
     assert len(res.heads) == R
     for r in range(R):
         np.testing.assert_array_equal(_eta(res.heads[r]), ref.history[r]["eta"])
@@ -107,3 +111,54 @@ def test_command_line_takes_rounds_and_refuses_bad_ones_in_one_line(capsys):
         == 2
     )
     assert "at most 1023 clients" in capsys.readouterr().err
+
+
+def test_a_flower_rounds_run_partitions_by_its_run_config_and_its_report_says_how():
+    """--partition, --alpha and --seeds were ignored by multi-round runs on Flower (always rounds' shards of
+    seed 0), while the report described the run config's partition and a one-round run's counts."""
+    from privfed.flower.checks import rounds_config
+    from privfed.rounds.training import RoundsSetup
+
+    cfg = FlowerConfig(
+        method="fedlog", clients=K, rounds=2, partition="iid", partition_seed=4, rounds_params=PARAMS
+    )
+    rc = rounds_config(cfg)
+    assert (rc.partition, rc.alpha, rc.seed) == ("iid", cfg.alpha, 4)
+    data = rc.data_rules()
+    setup = RoundsSetup(rc)  # what every node trains on
+    assert data["partition"] == "iid" and data["seeds"] == [4] and data["clients"] == K
+    assert (
+        data["used_samples"] == int(setup.part.sizes().sum()) and data["train_samples"] == setup.y_all.numel()
+    )
+    shards = rounds_config(
+        FlowerConfig(method="fedlog", clients=K, rounds=2, partition="shards", rounds_params=PARAMS)
+    )
+    assert shards.data_rules()["partition"] == "shards (2 classes per client)"
+    assert shards.data_rules()["used_samples"] == int(RoundsSetup(shards).part.sizes().sum())
+    for key, value in (("partition", "iid"), ("alpha", 0.3), ("seed", 2)):  # one source: the run config's
+        with pytest.raises(
+            ConfigError, match=r"rounds-params \['%s'\]: a Flower run's partition is the run config's" % key
+        ):
+            rounds_config(
+                FlowerConfig(method="fedlog", clients=K, rounds=2, rounds_params={**PARAMS, key: value})
+            )
+
+
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        ({"lr": True}, "lr must be a finite number > 0"),
+        ({"nu": "1"}, "nu must be a finite number >= 0"),
+        ({"head_init_scale": float("nan")}, "head_init_scale must be a finite number > 0"),
+        ({"head_init_scale": -1.0}, "head_init_scale must be a finite number > 0"),
+        ({"head_init_scale": "x"}, "head_init_scale must be a finite number > 0"),
+        ({"clients": 3, "epsilon": 1.0, "placement": "distributed", "dropouts": 1}, r"at most 0 may drop"),
+    ],
+)
+def test_rounds_settings_a_run_would_misuse_are_refused_up_front(kw, match):
+    """lr=True trained at 1.0; nu='1', head_init_scale NaN / -1 / 'x' were Python's or numpy's errors; a
+    dropout the masked sum's threshold cannot allow failed after the first round's training."""
+    from privfed.rounds import RoundsConfig
+
+    with pytest.raises(ConfigError, match=match):
+        RoundsConfig(**{"local_epochs": 1, "families": ("mlp",), "init": "scratch", **kw}).validate()

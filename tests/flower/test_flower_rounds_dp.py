@@ -72,6 +72,8 @@ def in_process(placement, lvl):
         clip=CLIP,
         noise_seed=SEED,
         placement=placement,
+        partition="dirichlet",  # the Flower run config's default partition
+        alpha=0.5,
         **{**PARAMS, "families": tuple(PARAMS["families"])},
         **lvl,
     )

@@ -190,7 +190,9 @@ def test_the_observer_reads_the_view_and_its_noise_from_the_round_trace(placemen
             epsilon=2.0, delta=1e-5, clip=1.0, rounds=2, placement=placement, bodies_trained=False, dim=d
         )
     )
-    A = np.random.default_rng(0).uniform(0, 1, size=(K, 2, d + 1))
+    g = np.random.default_rng(0)  # what clipped records give: counts, and sums within count x clip
+    counts = g.integers(1, 5, size=(K, 2)).astype(float)
+    A = np.concatenate([counts[..., None], counts[..., None] * g.uniform(-1, 1, size=(K, 2, d))], axis=2)
     head = RoundRelease(dp, "none", num_clients=K).release(A, np.random.default_rng(1))
     view, seen, sigma = RoundsObserver.server_saw(head.trace)
     if dp is None:

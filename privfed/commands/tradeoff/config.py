@@ -118,7 +118,7 @@ def resolve_config(args: argparse.Namespace) -> TradeoffConfig:
                 as_list(v, "--families")
                 if key == "families"
                 else (
-                    as_int(v, "--local-epochs", minimum=1) if key == "local_epochs" else as_str(v, "--init")
+                    as_int(v, "--local-epochs", minimum=0) if key == "local_epochs" else as_str(v, "--init")
                 ),
             )
     pick = s.raw

@@ -1,0 +1,89 @@
+"""What multi-round FedLog refuses, and what it says about the releases it makes (a fault battery's finds)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from privfed.errors import ConfigError, InputError, PrivfedError
+from privfed.rounds import RoundsConfig, run_rounds
+from privfed.rounds.release import RoundRelease, RoundsDP
+
+FAST = {"clients": 3, "rounds": 2, "local_epochs": 1, "families": ("mlp",), "init": "scratch"}
+
+
+def _stat(K: int, d: int, b: float, g: np.random.Generator) -> np.ndarray:
+    """(K, 2, d + 1) statistics clipped records give: counts, and sums within count x b per coordinate."""
+    counts = g.integers(1, 6, size=(K, 2)).astype(float)
+    return np.concatenate([counts[..., None], counts[..., None] * g.uniform(-b, b, size=(K, 2, d))], axis=2)
+
+
+def test_a_round_release_refuses_releases_its_guarantee_does_not_cover():
+    """RoundRelease made ten releases of a RoundsDP for two (its guarantee then read "over 10 release(s) ...
+    total budget over 2"), and released sums of unclipped features (2e6 against a bound of 20) with the
+    guarantee printed beside them."""
+    g = np.random.default_rng(0)
+    dp = RoundsDP(epsilon=1.0, delta=1e-5, clip=2.0, rounds=2, bodies_trained=False, dim=4)
+    release = RoundRelease(dp, "none", num_clients=3)
+    bad = _stat(3, 4, 2.0, g)
+    bad[1, 0, 2] = bad[1, 0, 0] * 2.0 * 1.01  # one coordinate 1% past count x clip
+    with pytest.raises(
+        InputError, match=r"client 1's statistic for class 0 sums to .* past its .* records x clip 2"
+    ):
+        release(bad, g)
+    negative = _stat(3, 4, 2.0, g)
+    negative[2, 1, 0] = -1.0
+    with pytest.raises(InputError, match="negative count"):
+        release(negative, g)
+    for _ in range(2):  # within the bound, at it (every feature at +-b): released
+        ok = _stat(3, 4, 2.0, g)
+        ok[0, 0, 1:] = ok[0, 0, 0] * 2.0
+        release(ok, g)
+    with pytest.raises(ConfigError, match=r"covers 2 release\(s\) and 2 were made"):
+        release(_stat(3, 4, 2.0, g), g)
+    assert len(dp.traces) == 2 and "over 2 release(s)" in dp.report().guarantee
+
+
+def test_the_one_shot_baseline_says_it_is_a_release_of_its_own():
+    """The one-shot baseline spent its own (eps, delta) on the same records while the run's notes named
+    only the non-private baselines."""
+    res = run_rounds(**FAST, epsilon=1.0, noise_seed=0, baselines=("oneshot",))
+    base = res.baselines["oneshot"]["privacy"]
+    assert base is not None and base.epsilon > 0
+    said = [n for n in res.notes if n.startswith("the one-shot baseline is a release of its own")]
+    assert len(said) == 1 and f"({base.epsilon:.4g}, 1e-05)-DP" in said[0]
+    assert not any("one-shot baseline" in n for n in run_rounds(**FAST, baselines=("oneshot",)).notes)
+
+
+def test_rounds_past_what_the_accounting_holds_are_refused_before_any_training():
+    """tradeoff --rounds 10**20 --eps 1 ran its release-free run first, for ever: the count is refused at once."""
+    with pytest.raises(ConfigError, match=r"rounds must be an integer in \[1, 2\*\*53\]"):
+        RoundsConfig(**{**FAST, "rounds": 10**20}).validate()
+
+
+def test_a_local_epochs_0_run_is_replayed_from_its_record(tmp_path):
+    """--local-epochs 0 ran, but --config of its results.json refused it (>= 1 there)."""
+    from privfed.tradeoff import main
+
+    out = tmp_path / "a"
+    argv = ["--method", "fedlog", "--rounds", "2", "--clients", "3", "--local-epochs", "0", "--eps", "inf"]
+    assert main([*argv, "--seeds", "1", "--quiet", "--no-plot", "--out", str(out)]) == 0
+    assert json.loads((out / "results.json").read_text())
+    assert (
+        main(["--config", str(out / "results.json"), "--quiet", "--no-plot", "--out", str(tmp_path / "b")])
+        == 0
+    )
+
+
+def test_the_estimator_names_labels_that_cannot_be_ordered():
+    from privfed.estimators import FederatedHeadClassifier
+
+    X = np.random.default_rng(0).random((60, 4))
+    with pytest.raises(
+        PrivfedError, match=r"y mixes labels of types \['int', 'str'\] that cannot be ordered"
+    ):
+        FederatedHeadClassifier().fit(X, np.array(["a", 1] * 30, dtype=object))
+    with pytest.raises(PrivfedError, match=r"Expected 2D array.*one feature: X.reshape\(-1, 1\)"):
+        FederatedHeadClassifier().fit(X[:, 0], np.arange(60) % 3)
