@@ -12,7 +12,7 @@ from mechanisms.dp.calibration import as_real, check_budget, check_count
 from mechanisms.secagg.threat import default_threshold
 from privfed.errors import ConfigError
 from privfed.rounds.bodies import FAMILIES
-from privfed.rounds.release import SECURE_CHOICES, RoundsPrivacyReport
+from privfed.rounds.release import BOUNDS, CALIBRATIONS, PLACEMENTS, SECURE_CHOICES, RoundsPrivacyReport
 
 __all__ = ["DEFAULT_MAX_RECORDS", "RoundsConfig", "RoundsResult"]
 
@@ -79,6 +79,18 @@ class RoundsConfig:
             raise ConfigError(f"epsilon must be > 0 (inf for no noise), got epsilon={self.epsilon!r}")
         if math.isfinite(eps):
             check_budget(eps, self.delta)
+        # checked with or without noise: a misspelt setting of a run without DP is no less misspelt
+        for name, allowed in (
+            ("level", ("record", "client")),
+            ("placement", PLACEMENTS),
+            ("calibration", CALIBRATIONS),
+            ("record_bound", BOUNDS),
+            ("clip_norm", ("coordinate", "l2")),
+        ):
+            if getattr(self, name) not in allowed:
+                raise ConfigError(
+                    f"{name} must be one of {list(allowed)}, got {name}={getattr(self, name)!r}"
+                )
         for name in ("clients", "rounds", "batch_size", "classes_per_client"):
             pos_int(name)
         check_count(self.rounds, "rounds")  # 10**20 rounds would run the release-free run first, for ever

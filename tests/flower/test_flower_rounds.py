@@ -153,6 +153,13 @@ def test_a_flower_rounds_run_partitions_by_its_run_config_and_its_report_says_ho
         ({"head_init_scale": -1.0}, "head_init_scale must be a finite number > 0"),
         ({"head_init_scale": "x"}, "head_init_scale must be a finite number > 0"),
         ({"clients": 3, "epsilon": 1.0, "placement": "distributed", "dropouts": 1}, r"at most 0 may drop"),
+        ({"rounds": 10**20}, r"rounds must be an integer in \[1, 2\*\*53\]"),
+        # misspelt settings of a run without noise were accepted and ignored
+        ({"level": "user"}, r"level must be one of \['record', 'client'\], got level='user'"),
+        ({"placement": "nowhere"}, "placement must be one of"),
+        ({"calibration": "x"}, "calibration must be one of"),
+        ({"record_bound": "y"}, "record_bound must be one of"),
+        ({"clip_norm": "z"}, "clip_norm must be one of"),
     ],
 )
 def test_rounds_settings_a_run_would_misuse_are_refused_up_front(kw, match):
