@@ -12,6 +12,7 @@ import signal
 import stat
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 from privfed.errors import InputError
 
@@ -43,8 +44,9 @@ def path_of(path, what: str, fix: str = "pass the path of a regular file") -> pa
         raise InputError(f"{what} names a home folder that does not exist ({path!r}); {fix}") from None
 
 
-#: The signals that stop a command: Ctrl-C, SIGTERM (kill, timeout, a scheduler), SIGHUP (a closed terminal).
-STOPS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+#: The signals that stop a command: Ctrl-C, SIGTERM (kill, timeout, a scheduler), SIGHUP (a closed terminal;
+#: none on Windows).
+STOPS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n))
 
 
 @contextlib.contextmanager
@@ -52,26 +54,55 @@ def signals_held(reraise: bool = True) -> Iterator[list[int]]:
     """Hold Ctrl-C, SIGTERM and SIGHUP while the block runs: each one that arrives is appended to the list
     the block gets (so that it can stop at a point of its choosing) and, with ``reraise``, raised again once
     the block has ended, with the process's own handling (a command's one-line exit, Python's
-    KeyboardInterrupt, or the default action).
+    KeyboardInterrupt, or the default action).  A signal raised again this way replaces an exception the
+    block raised (which stays its ``__context__``).
 
     Held by swapping the Python-level handlers, not the thread's signal mask: a signal sent to the process
     may be taken by any of its threads (BLAS starts some), and its handler then runs in the main thread
     whatever that thread's mask says.  Only in the main thread (signals are handled only there); a signal
-    the process ignores, or one whose handler is not Python's, is left as it is."""
+    the process ignores, or one whose handler is not Python's, is left as it is.  Where a wakeup fd is set
+    (an asyncio loop's signal handlers), the loop has already been told of a held signal: it is not raised
+    a second time."""
     got: list[int] = []
     if threading.current_thread() is not threading.main_thread():
         yield got
         return
-    ours = [s for s in STOPS if signal.getsignal(s) not in (signal.SIG_IGN, None)]
-    old = {s: signal.signal(s, lambda signum, frame: got.append(signum)) for s in ours}
+    old: dict[int, Any] = {}
     try:
+        for s in STOPS:  # each swap recorded as it is made: a signal between two is restored in finally
+            handler = signal.getsignal(s)
+            if handler not in (signal.SIG_IGN, None):
+                old[s] = handler
+                signal.signal(s, lambda signum, frame: got.append(signum))
         yield got
     finally:
-        for s, handler in old.items():
-            signal.signal(s, handler)
-        if reraise:
-            for s in dict.fromkeys(got):
-                signal.raise_signal(s)
+        pending: BaseException | None = None
+        for s, handler in old.items():  # every handler back, even if a restored one raises meanwhile
+            while signal.getsignal(s) is not handler:
+                try:
+                    signal.signal(s, handler)
+                except BaseException as exc:  # noqa: BLE001 (raised again below, once all are restored)
+                    pending = pending or exc
+        if pending is not None:
+            raise pending
+        if reraise and not _wakeup_fd_set():
+            _raise_each(list(dict.fromkeys(got)))
+
+
+def _wakeup_fd_set() -> bool:
+    fd = signal.set_wakeup_fd(-1)
+    signal.set_wakeup_fd(fd)
+    return fd != -1
+
+
+def _raise_each(signals: list[int]) -> None:
+    """Raise every signal of ``signals`` in turn, though a handler raise (KeyboardInterrupt): the next is
+    raised in a ``finally``, so none is lost."""
+    if signals:
+        try:
+            signal.raise_signal(signals[0])
+        finally:
+            _raise_each(signals[1:])
 
 
 def open_regular(path, what: str, fix: str = "pass the path of a regular file") -> io.BufferedReader:

@@ -69,7 +69,7 @@ from mechanisms.secagg.threat import (
     min_threshold,
     threshold_rule,
 )
-from privfed._files import path_of
+from privfed._files import path_of, signals_held
 from privfed._validation import is_integer, read_regular_text
 from privfed.errors import ConfigError, PrivfedError
 
@@ -475,8 +475,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as exc:  # what it was writing is removed (write_roster_folder)
-        whole = a.init_ledger is None and roster is not None and holds_roster(a.directory, roster.to_json())
-        with contextlib.suppress(OSError):  # after SIGHUP the terminal may be gone
+        # a second signal while it looks and says so is held (and dropped: the first is the exit's)
+        with signals_held(reraise=False), contextlib.suppress(OSError):  # OSError: a closed terminal
+            whole = (
+                a.init_ledger is None and roster is not None and holds_roster(a.directory, roster.to_json())
+            )
             print(
                 f"interrupted after the roster was written: {a.directory} holds it whole"
                 if whole

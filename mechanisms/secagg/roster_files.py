@@ -15,8 +15,8 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from privfed._files import signals_held
-from privfed.errors import ConfigError
+from privfed._files import read_regular_text, signals_held
+from privfed.errors import ConfigError, PrivfedError
 
 __all__ = ["ROSTER_FILE", "holds_roster", "write_roster_folder"]
 
@@ -107,7 +107,7 @@ def _write_files(out: Path, files: list[tuple[str, str, int]], stops: list[int])
 def holds_roster(directory: str | os.PathLike, roster_json: str) -> bool:
     """Whether ``directory`` holds this roster's file, written last: then the roster and its identities are
     whole (a call that stopped removed it with the rest)."""
-    try:
-        return (Path(directory).expanduser() / ROSTER_FILE).read_text() == roster_json
-    except (OSError, UnicodeDecodeError):
+    try:  # a regular file only: a FIFO put there is not waited on
+        return read_regular_text(Path(directory).expanduser() / ROSTER_FILE, ROSTER_FILE) == roster_json
+    except (OSError, PrivfedError):
         return False

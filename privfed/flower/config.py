@@ -310,6 +310,24 @@ class FlowerConfig:
         _positive_int(self.rounds, "rounds", "e.g. --rounds 10 for multi-round FedLog")
         if not isinstance(self.rounds_params, dict):
             raise ConfigError(f"rounds-params must be a JSON object, got {self.rounds_params!r}")
+        # a run config (flwr run) reaches here without the command's checks: refused on the server, not by
+        # every node once the federation has started
+        from privfed.federation import available_schemes, check_alpha
+
+        if self.partition not in available_schemes():
+            raise ConfigError(f"partition must be one of {available_schemes()}, got {self.partition!r}")
+        check_alpha(self.alpha)
+        c = self.num_classes
+        if c is not None and (isinstance(c, bool) or not isinstance(c, numbers.Integral) or c < 1):
+            raise ConfigError(f"num-classes must be an integer >= 1 or none (the data set's), got {c!r}")
+        for name in ("partition_seed", "noise_seed"):  # every node splits by the partition seed: it is one
+            v = getattr(self, name)
+            if (v is not None or name == "partition_seed") and (
+                isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < 2**64
+            ):
+                raise ConfigError(
+                    f"{name.replace('_', '-')} must be an integer seed in 0..2**64 - 1, got {v!r}"
+                )
         if self.rounds > 1:
             if self.method != "fedlog":
                 raise ConfigError(
@@ -338,22 +356,6 @@ class FlowerConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
                 raise ConfigError(f"{name.replace('_', '-')} must be a positive number of seconds, got {v!r}")
-        # a run config (flwr run) reaches here without the command's checks: refused on the server, not by
-        # every node once the federation has started
-        from privfed.federation import available_schemes, check_alpha
-
-        if self.partition not in available_schemes():
-            raise ConfigError(f"partition must be one of {available_schemes()}, got {self.partition!r}")
-        check_alpha(self.alpha)
-        c = self.num_classes
-        if c is not None and (isinstance(c, bool) or not isinstance(c, numbers.Integral) or c < 1):
-            raise ConfigError(f"num-classes must be an integer >= 1 or none (the data set's), got {c!r}")
-        for name in ("partition_seed", "noise_seed"):
-            v = getattr(self, name)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < 2**64):
-                raise ConfigError(
-                    f"{name.replace('_', '-')} must be an integer seed in 0..2**64 - 1, got {v!r}"
-                )
 
     # -- derived ---------------------------------------------------------------
     @property

@@ -91,6 +91,16 @@ class RoundsConfig:
                 raise ConfigError(
                     f"{name} must be one of {list(allowed)}, got {name}={getattr(self, name)!r}"
                 )
+        if self.partition not in (
+            "shards",
+            "dirichlet",
+            "dirichlet-class",
+            "iid",
+        ):  # digits' split, no file's
+            raise ConfigError(
+                f"partition must be one of ['shards', 'dirichlet', 'dirichlet-class', 'iid'] (multi-round FedLog "
+                f"splits digits), got partition={self.partition!r}"
+            )
         for name in ("clients", "rounds", "batch_size", "classes_per_client"):
             pos_int(name)
         check_count(self.rounds, "rounds")  # 10**20 rounds would run the release-free run first, for ever
@@ -112,7 +122,7 @@ class RoundsConfig:
         number("lr", False)
         number("nu", True)
         if self.head_init_scale is not None:
-            number("head_init_scale", False)
+            number("head_init_scale", True)  # 0: a zero initial head
         if self.init not in ("public", "scratch"):
             raise ConfigError(
                 f"init must be 'public' (trained on the public split) or 'scratch', got {self.init!r}"

@@ -419,15 +419,22 @@ def _check_releasable(A: np.ndarray, dp: RoundsDP) -> None:
         raise InputError(
             "a round's statistics hold NaN/inf or a negative count; release clipped records' sums"
         )
-    b = float(dp.mechanism.clip_bound)
-    reach = np.abs(sums).max(axis=2, initial=0.0) if sums.size else np.zeros_like(counts)
-    over = reach > counts * b * (1 + 1e-9) + 1e-12
+    # the bodies clip in float32 (a saturated feature is float32(b), up to 6e-8 of it above b) and sum the
+    # features in float32: the slack is float32 rounding's, orders below an unclipped feature's excess
+    b = max(float(dp.mechanism.clip_bound), float(np.float32(dp.mechanism.clip_bound)))
+    l2 = dp.mechanism.clipping.norm == "l2"
+    reach = (
+        (np.linalg.norm(sums, axis=2) if l2 else np.abs(sums).max(axis=2, initial=0.0))
+        if sums.size
+        else 0 * counts
+    )
+    over = reach > counts * b * (1 + 1e-5) + 1e-9
     if over.any():
         k, c = (int(i) for i in np.argwhere(over)[0])
         raise InputError(
-            f"client {k}'s statistic for class {c} sums to {reach[k, c]:.4g} in a coordinate, past its "
-            f"{counts[k, c]:g} records x clip {b:g}: the guarantee is for clipped features; clip them first "
-            "(the clip the RoundsDP was made with)"
+            f"client {k}'s statistic for class {c} sums to {reach[k, c]:.4g} "
+            f"{'in norm' if l2 else 'in a coordinate'}, past its {counts[k, c]:g} records x clip {b:g}: the "
+            "guarantee is for clipped features; clip them first (the clip the RoundsDP was made with)"
         )
 
 

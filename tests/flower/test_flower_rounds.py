@@ -149,9 +149,9 @@ def test_a_flower_rounds_run_partitions_by_its_run_config_and_its_report_says_ho
     [
         ({"lr": True}, "lr must be a finite number > 0"),
         ({"nu": "1"}, "nu must be a finite number >= 0"),
-        ({"head_init_scale": float("nan")}, "head_init_scale must be a finite number > 0"),
-        ({"head_init_scale": -1.0}, "head_init_scale must be a finite number > 0"),
-        ({"head_init_scale": "x"}, "head_init_scale must be a finite number > 0"),
+        ({"head_init_scale": float("nan")}, "head_init_scale must be a finite number >= 0"),
+        ({"head_init_scale": -1.0}, "head_init_scale must be a finite number >= 0"),
+        ({"head_init_scale": "x"}, "head_init_scale must be a finite number >= 0"),
         ({"clients": 3, "epsilon": 1.0, "placement": "distributed", "dropouts": 1}, r"at most 0 may drop"),
         ({"rounds": 10**20}, r"rounds must be an integer in \[1, 2\*\*53\]"),
         # misspelt settings of a run without noise were accepted and ignored
@@ -169,3 +169,22 @@ def test_rounds_settings_a_run_would_misuse_are_refused_up_front(kw, match):
 
     with pytest.raises(ConfigError, match=match):
         RoundsConfig(**{"local_epochs": 1, "families": ("mlp",), "init": "scratch", **kw}).validate()
+
+
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        ({"alpha": "x"}, "alpha must be a finite number > 0"),
+        ({"partition_seed": None}, r"partition-seed must be an integer seed in 0..2\*\*64 - 1, got None"),
+        ({"partition_seed": -1}, "partition-seed must be an integer seed"),
+        (
+            {"partition": "natural"},
+            r"partition must be one of \['shards', 'dirichlet', 'dirichlet-class', 'iid'\]",
+        ),
+    ],
+)
+def test_a_rounds_run_checks_its_partition_before_building_the_rounds(kw, match):
+    """The rounds config read alpha and the seed before the run config had checked them: Python's ValueError
+    and TypeError, or a message naming rounds' seed for the partition seed."""
+    with pytest.raises(ConfigError, match=match):
+        FlowerConfig(method="fedlog", clients=K, rounds=2, rounds_params=PARAMS, **kw)

@@ -286,3 +286,22 @@ def test_a_file_another_writer_made_is_not_removed(tmp_path, monkeypatch):
     monkeypatch.setattr(roster_files.os, "listdir", listdir)
     assert sorted(p.name for p in (tmp_path / "other").iterdir()) == ["node-1.json"]
     assert (tmp_path / "other" / "node-1.json").read_text() == "theirs"
+
+
+def test_a_second_signal_while_the_command_reports_the_first_is_held(tmp_path, monkeypatch, capsys):
+    """A second SIGTERM while the command looked at the folder and said what was kept escaped as a traceback."""
+    from mechanisms.secagg import roster_files
+
+    def stopped(*a, **k):
+        raise KeyboardInterrupt(signal.SIGTERM)
+
+    def looks(*a, **k):
+        os.kill(os.getpid(), signal.SIGTERM)  # the second one, while the command looks
+        return False
+
+    monkeypatch.setattr(roster_files, "write_roster_folder", stopped)
+    monkeypatch.setattr(roster_files, "holds_roster", looks)
+    before = signal.getsignal(signal.SIGTERM)
+    assert main([str(tmp_path / "ids"), "--nodes", "4"]) == 128 + signal.SIGTERM
+    assert "interrupted; nothing of this roster was kept" in capsys.readouterr().err
+    assert signal.getsignal(signal.SIGTERM) is before

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import os
 import signal
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from privfed.optional import import_held
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _module_that_is_interrupted(tmp_path, name: str):
@@ -73,3 +78,52 @@ def test_a_hang_up_during_the_import_is_held_too(tmp_path):
     finally:
         sys.path.remove(str(tmp_path))
         sys.modules.pop(name, None)
+
+
+def test_held_signals_are_each_raised_again_though_a_handler_raises():
+    """SIGINT then SIGTERM held: the first's KeyboardInterrupt stopped the second from being raised again."""
+    from privfed._files import signals_held
+
+    seen = []
+    old = signal.signal(signal.SIGTERM, lambda signum, frame: seen.append(signum))
+    old_int = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt), signals_held() as got:
+            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGTERM)
+            assert got == [signal.SIGINT, signal.SIGTERM] and not seen  # held
+        assert seen == [signal.SIGTERM]
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGTERM, old)
+        signal.signal(signal.SIGINT, old_int)
+
+
+def test_privfed_imports_where_there_is_no_sighup():
+    """Windows has no SIGHUP: naming it at import broke import privfed there."""
+    code = "import signal; del signal.SIGHUP; import privfed._files as f, privfed; print(len(f.STOPS))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=False)
+    assert out.returncode == 0 and out.stdout.strip() == "2", out.stderr[-500:]
+
+
+def test_a_held_signal_is_not_raised_twice_where_an_event_loop_listens():
+    """An asyncio loop's signal handler ran twice: once from the wakeup fd, once from the signal raised again."""
+    import asyncio
+
+    from privfed._files import signals_held
+
+    calls = []
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGTERM, lambda: calls.append(1))
+        try:
+            with signals_held():
+                os.kill(os.getpid(), signal.SIGTERM)
+            for _ in range(20):
+                await asyncio.sleep(0.01)
+        finally:
+            loop.remove_signal_handler(signal.SIGTERM)
+
+    asyncio.run(main())
+    assert calls == [1]

@@ -87,3 +87,22 @@ def test_the_estimator_names_labels_that_cannot_be_ordered():
         FederatedHeadClassifier().fit(X, np.array(["a", 1] * 30, dtype=object))
     with pytest.raises(PrivfedError, match=r"Expected 2D array.*one feature: X.reshape\(-1, 1\)"):
         FederatedHeadClassifier().fit(X[:, 0], np.arange(60) % 3)
+
+
+def test_features_clipped_in_float32_pass_the_release_check_and_l2_is_checked_in_norm():
+    """The bodies clip in float32: a feature saturated at clip 0.1 is float32(0.1), 1.5e-8 above it, and the
+    check refused such runs; under clip_norm='l2' it checked coordinates only (a norm of 7.2 passed clip 1)."""
+    for clip in (0.1, 0.3):
+        res = run_rounds(clients=4, rounds=1, local_epochs=0, epsilon=1.0, clip=clip, noise_seed=0)
+        assert res.privacy is not None and len(res.history) == 1
+    dp = RoundsDP(epsilon=1.0, delta=1e-5, clip=1.0, clip_norm="l2", rounds=1, bodies_trained=False, dim=64)
+    A = np.zeros((1, 2, 65))
+    A[0, :, 0], A[0, :, 1:] = 1.0, 0.9  # one record a class, every coordinate 0.9: norm 7.2
+    with pytest.raises(InputError, match=r"sums to 7\.2 in norm, past its 1 records x clip 1"):
+        RoundRelease(dp, "none", num_clients=1).release(A, np.random.default_rng(0))
+    A[0, :, 1:] = 0.9 / np.sqrt(64 * 0.81)  # norm 1: released
+    RoundRelease(dp, "none", num_clients=1).release(A, np.random.default_rng(0))
+
+
+def test_a_zero_initial_head_is_a_setting():
+    assert RoundsConfig(**FAST, head_init_scale=0.0).validate().head_init_scale == 0.0
