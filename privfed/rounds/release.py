@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from mechanisms.dp.calibration import check_count
 from privfed.errors import ConfigError, InputError
 from privfed.methods.fedlog import FedLog
 from privfed.rounds.bodies import FEATURE_DIM
@@ -321,7 +322,7 @@ class RoundRelease:
             raise ConfigError(
                 f"secure_agg must be one of {list(SECURE_CHOICES[1:])}, got secure_agg={secure_agg!r}"
             )
-        K = int(num_clients)
+        K = check_count(num_clients, "num_clients")  # '3' or 0 was taken
         self.dp, self.kind, self.num_clients = dp, secure_agg, K
         distributed = dp is not None and dp.placement == "distributed"
         if distributed and secure_agg == "none":
@@ -364,7 +365,14 @@ class RoundRelease:
 
     def release(self, A: np.ndarray, rng: np.random.Generator):
         """Run the round's plan on the per-client statistics ``A`` (K, C, m): the head, with ``head.trace``."""
-        A = np.asarray(A, dtype=np.float64)
+        if not isinstance(rng, np.random.Generator):
+            raise ConfigError(f"rng must be a numpy Generator (np.random.default_rng(...)), got {rng!r}")
+        try:
+            A = np.asarray(A, dtype=np.float64)
+        except (TypeError, ValueError):
+            raise InputError(
+                f"a round's statistics must be a (num_clients, C, d + 1) array of numbers, got {A!r:.60}"
+            ) from None
         if A.ndim != 3 or A.shape[0] != self.num_clients:
             raise ConfigError(
                 f"a round's statistics must be (num_clients={self.num_clients}, C, d + 1), got shape {A.shape}"
@@ -464,4 +472,4 @@ def noise_generator(noise_seed: int | None, stream: int) -> np.random.Generator:
     """The generator of a run's noise: fresh OS entropy, or (seeded simulation) derived from ``noise_seed``."""
     if noise_seed is None:
         return np.random.default_rng()  # OS entropy
-    return np.random.default_rng([int(noise_seed), stream])
+    return np.random.default_rng([check_count(noise_seed, "noise_seed", low=0), stream])

@@ -17,7 +17,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from privfed.errors import ConfigError
+from mechanisms.dp.calibration import check_count
+from privfed.errors import ConfigError, InputError
 from privfed.rounds.bodies import (
     FAMILIES,
     FEATURE_DIM,
@@ -59,7 +60,8 @@ def assign_families(num_clients: int, families: Sequence[str], seed: int) -> lis
             raise ConfigError(f"unknown body family {f!r}; choose from {list(FAMILIES)}")
     if not families:
         raise ConfigError("families must name at least one body family")
-    perm = np.random.default_rng([int(seed), 0xA5]).permutation(num_clients)
+    num_clients, seed = check_count(num_clients, "num_clients"), check_count(seed, "seed", low=0)
+    perm = np.random.default_rng([seed, 0xA5]).permutation(num_clients)
     return [families[int(p) % len(families)] for p in perm]
 
 
@@ -126,8 +128,18 @@ def client_statistic(
 
     ``clip_fn`` is the clipping the mechanism requires (``RoundsDP.clip_tensor``), None without DP.
     """
+    C = check_count(num_classes, "num_classes")
+    yk = np.asarray(y.numpy() if isinstance(y, torch.Tensor) else y)
+    if (
+        yk.ndim != 1
+        or yk.size != len(x)
+        or (yk.size and (yk.dtype.kind not in "iu" or yk.min() < 0 or yk.max() >= C))
+    ):
+        raise InputError(
+            f"y must hold one label in 0..{C - 1} per sample of x ({len(x)}), got {yk.size} of dtype {yk.dtype}"
+        )
+    yk = yk.astype(np.int64)
     Fk = client_features(body, x, clip_fn)
-    yk = np.asarray(y.numpy() if isinstance(y, torch.Tensor) else y, dtype=np.int64)
     A = np.zeros((num_classes, Fk.shape[1] + 1))
     A[:, 0] = np.bincount(yk, minlength=num_classes)
     for cls in np.unique(yk):
@@ -154,6 +166,7 @@ def client_update(
     ``optimizer`` and ``generator`` (the data order) are the client's private state and
     are updated in place.  Returns :func:`client_statistic` of the trained body.
     """
+    epochs, batch_size = check_count(epochs, "epochs", low=0), check_count(batch_size, "batch_size")
     client = RoundsClient.__new__(RoundsClient)
     client.body, client.opt, client.gen, client.x, client.y = body, optimizer, generator, x, y
     if epochs > 0:
@@ -171,7 +184,14 @@ def server_step(total: np.ndarray, *, nu: float = 1.0):
     from privfed.methods.fedlog import FedLog
     from privfed.stats import ClientStats
 
-    total = np.asarray(total, dtype=np.float64)
+    try:
+        total = np.asarray(total, dtype=np.float64)
+    except (TypeError, ValueError):
+        total = np.empty(0)
+    if total.ndim != 2 or total.shape[1] < 2 or not np.isfinite(total).all():
+        raise InputError(
+            f"total must be the (C, d + 1) released sum of finite numbers, got shape {total.shape}"
+        )
     head = FedLog(nu=nu).aggregate(ClientStats(counts=total[None, :, 0], sums=total[None, :, 1:]))
     return head, head_eta(head)
 
@@ -180,9 +200,19 @@ def initial_head(
     num_classes: int, seed: int, *, dim: int = FEATURE_DIM, scale: float | None = None
 ) -> np.ndarray:
     """The server's seeded random initial head (C, d + 1), uniform in [-scale, scale] (1/sqrt(m) by default)."""
-    m = dim + 1
-    s = scale if scale is not None else 1.0 / math.sqrt(m)
-    return np.random.default_rng([seed, 0x4EAD]).uniform(-s, s, size=(num_classes, m))
+    C, seed, m = (
+        check_count(num_classes, "num_classes"),
+        check_count(seed, "seed", low=0),
+        check_count(dim, "dim") + 1,
+    )
+    s = 1.0 / math.sqrt(m) if scale is None else scale
+    if (
+        isinstance(s, bool)
+        or not isinstance(s, (int, float, np.integer, np.floating))
+        or not (math.isfinite(s) and s >= 0)
+    ):
+        raise ConfigError(f"scale must be a finite number >= 0 (the head's range), got scale={scale!r}")
+    return np.random.default_rng([seed, 0x4EAD]).uniform(-s, s, size=(C, m))
 
 
 def accuracy(pred: np.ndarray, y: np.ndarray) -> float:

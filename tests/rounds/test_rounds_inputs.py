@@ -106,3 +106,69 @@ def test_features_clipped_in_float32_pass_the_release_check_and_l2_is_checked_in
 
 def test_a_zero_initial_head_is_a_setting():
     assert RoundsConfig(**FAST, head_init_scale=0.0).validate().head_init_scale == 0.0
+
+
+def test_the_per_round_functions_refuse_bad_arguments_in_a_line():
+    """The per-round API (privfed.rounds' own loop, for users who run it themselves) gave numpy's, torch's
+    and Python's errors, or took a bad value: assign_families(-1) was [], epochs=-3 trained nothing."""
+    import torch
+
+    from privfed.rounds import (
+        assign_families,
+        client_statistic,
+        client_update,
+        initial_head,
+        make_body,
+        noise_generator,
+        server_step,
+    )
+
+    dp = RoundsDP(epsilon=1.0, delta=1e-5, clip=2.0, rounds=1, bodies_trained=False)
+    body = make_body("mlp")
+    x = torch.zeros((4, 1, 8, 8))
+    cases = [
+        (lambda: initial_head(-1, 0), r"num_classes must be an integer in \[1, 2\*\*53\]"),
+        (lambda: initial_head(10, -1), "seed must be an integer"),
+        (lambda: initial_head(10, 0, dim=-5), "dim must be an integer"),
+        (lambda: initial_head(10, 0, scale=float("nan")), "scale must be a finite number >= 0"),
+        (lambda: noise_generator(-1, 5), "noise_seed must be an integer"),
+        (lambda: assign_families(-1, ("mlp",), 0), "num_clients must be an integer"),
+        (lambda: assign_families(3, ("mlp",), -1), "seed must be an integer"),
+        (lambda: server_step(np.ones(65)), r"total must be the \(C, d \+ 1\) released sum"),
+        (lambda: server_step("abc"), r"total must be the \(C, d \+ 1\) released sum"),
+        (lambda: RoundRelease(dp, "none", num_clients="3"), "num_clients must be an integer"),
+        (lambda: RoundRelease(dp, "none", num_clients=0), "num_clients must be an integer"),
+        (
+            lambda: RoundRelease(dp, "none", num_clients=1).release(np.zeros((1, 10, 65)), None),
+            "rng must be a numpy Generator",
+        ),
+        (
+            lambda: RoundRelease(dp, "none", num_clients=1).release("x", np.random.default_rng(0)),
+            "statistics must be a",
+        ),
+        (
+            lambda: client_statistic(body, x, np.array([0, 1, 2, 12])),
+            r"y must hold one label in 0..9 per sample of x \(4\)",
+        ),
+        (lambda: client_statistic(body, x, np.array([0, 1, -1, 2])), "y must hold one label"),
+        (lambda: client_statistic(body, x, np.array([0, 1])), "y must hold one label"),
+    ]
+    opt = torch.optim.SGD(body.parameters(), lr=0.1)
+    update = dict(head_eta=np.zeros((10, 65)), generator=torch.Generator().manual_seed(0))
+    cases += [
+        (
+            lambda: client_update(
+                body, opt, x, torch.zeros(4, dtype=torch.long), epochs=1, batch_size=0, **update
+            ),
+            "batch_size must be an integer",
+        ),
+        (
+            lambda: client_update(
+                body, opt, x, torch.zeros(4, dtype=torch.long), epochs=-3, batch_size=2, **update
+            ),
+            "epochs must be an integer",
+        ),
+    ]
+    for call, match in cases:
+        with pytest.raises(PrivfedError, match=match):
+            call()
