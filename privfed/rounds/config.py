@@ -108,6 +108,8 @@ class RoundsConfig:
         pos_int("seed", 0)
         if self.noise_seed is not None:
             pos_int("noise_seed", 0)
+            if self.noise_seed >= 2**64:  # as a Flower run takes it, so that a seeded run replays there
+                raise ConfigError(f"noise_seed must be below 2**64, got noise_seed={self.noise_seed}")
         if self.max_records is not None:
             pos_int("max_records")
 
@@ -141,6 +143,12 @@ class RoundsConfig:
             )
         pos_int("dropouts", 0)
         pos_int("tolerate", 0)
+        if self.tolerate and (self.placement != "distributed" or not math.isfinite(eps)):
+            raise ConfigError(
+                f"tolerate={self.tolerate} sizes the noise shares of distributed noise (placement='distributed' "
+                f"under DP); with placement={self.placement!r}{'' if math.isfinite(eps) else ' and no noise'} it "
+                "would be ignored: drop it"
+            )
         pos_int("attack_pairs", 0)
         if self.dropout_phase not in ("before_upload", "after_upload"):
             raise ConfigError(

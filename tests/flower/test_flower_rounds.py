@@ -160,6 +160,12 @@ def test_a_flower_rounds_run_partitions_by_its_run_config_and_its_report_says_ho
         ({"calibration": "x"}, "calibration must be one of"),
         ({"record_bound": "y"}, "record_bound must be one of"),
         ({"clip_norm": "z"}, "clip_norm must be one of"),
+        (
+            {"clients": 5, "epsilon": 1.0, "placement": "central", "tolerate": 2},
+            "tolerate=2 sizes the noise shares",
+        ),
+        ({"tolerate": 1}, r"with placement='central' and no noise it would be ignored"),
+        ({"noise_seed": 2**70}, r"noise_seed must be below 2\*\*64"),
     ],
 )
 def test_rounds_settings_a_run_would_misuse_are_refused_up_front(kw, match):
