@@ -1,6 +1,7 @@
 """Input files opened only when they are regular files: a FIFO, a device, a socket or a directory is refused
 at once, never waited on (every door of the library and the commands reads its input files through here);
-and :func:`signals_held`, for work that a signal must not cut in two (files written as a set, an import)."""
+and the signals every command handles: :func:`interruptible` (SIGTERM and SIGHUP as Ctrl-C) and
+:func:`signals_held`, for work that a signal must not cut in two (files written as a set, an import)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,16 @@ from typing import Any
 
 from privfed.errors import InputError
 
-__all__ = ["STOPS", "open_regular", "path_of", "read_regular_text", "signals_held"]
+__all__ = [
+    "STOPS",
+    "TERMINATING",
+    "Terminated",
+    "interruptible",
+    "open_regular",
+    "path_of",
+    "read_regular_text",
+    "signals_held",
+]
 
 _NOT_REGULAR = (
     (stat.S_ISFIFO, "a FIFO (named pipe)"),
@@ -42,6 +52,50 @@ def path_of(path, what: str, fix: str = "pass the path of a regular file") -> pa
         return pathlib.Path(os.fsdecode(os.fspath(path))).expanduser()
     except RuntimeError:  # ~nouser/...
         raise InputError(f"{what} names a home folder that does not exist ({path!r}); {fix}") from None
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (``kill``, ``timeout``, batch schedulers) or SIGHUP (the terminal or SSH session closed), handled
+    like Ctrl-C; ``signum`` says which."""
+
+    def __init__(self, signum: int = signal.SIGTERM) -> None:
+        super().__init__(signum)
+        self.signum = int(signum)
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signum).name
+
+
+#: The signals turned into :class:`Terminated`: without a handler each kills the process at once, leaving
+#: the processes it started (a Flower SuperLink and its simulation) running and nothing written.
+TERMINATING = tuple(
+    getattr(signal, n) for n in ("SIGTERM", "SIGHUP") if hasattr(signal, n)
+)  # no SIGHUP on Windows
+
+
+@contextlib.contextmanager
+def interruptible() -> Iterator[None]:
+    """Turn SIGTERM and SIGHUP into :class:`Terminated` (a KeyboardInterrupt) while the block runs.
+
+    Only in the main thread (where Python delivers signals); the previous
+    handlers are restored afterwards.  A signal the process ignores (a parent's
+    ``nohup`` ignores SIGHUP) stays ignored.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        raise Terminated(signum)
+
+    caught = [s for s in TERMINATING if signal.getsignal(s) is not signal.SIG_IGN]
+    old = {s: signal.signal(s, handler) for s in caught}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
 
 
 #: The signals that stop a command: Ctrl-C, SIGTERM (kill, timeout, a scheduler), SIGHUP (a closed terminal;

@@ -51,7 +51,6 @@ import json
 import os
 import signal
 import sys
-import threading
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -69,7 +68,7 @@ from mechanisms.secagg.threat import (
     min_threshold,
     threshold_rule,
 )
-from privfed._files import path_of, signals_held
+from privfed._files import interruptible, path_of, signals_held
 from privfed._validation import is_integer, read_regular_text
 from privfed.errors import ConfigError, PrivfedError
 
@@ -437,17 +436,10 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     from mechanisms.secagg.roster_files import ROSTER_FILE, holds_roster, write_roster_folder
 
-    # SIGTERM (kill, a scheduler) or SIGHUP is handled as Ctrl-C: nothing half-written is kept
-    def stop(signum, _frame):
-        raise KeyboardInterrupt(signum)
-
-    main_thread = threading.current_thread() is threading.main_thread()
-    caught = [
-        s
-        for s in (signal.SIGTERM, signal.SIGHUP)
-        if main_thread and signal.getsignal(s) is not signal.SIG_IGN
-    ]
-    held, roster = {s: signal.signal(s, stop) for s in caught}, None
+    # SIGTERM (kill, a scheduler) or SIGHUP is handled as Ctrl-C (privfed's Terminated): nothing half-written
+    # is kept
+    held, roster = contextlib.ExitStack(), None
+    held.enter_context(interruptible())
     try:
         if a.init_ledger is not None:
             if a.directory is not None or a.nodes is not None:
@@ -486,10 +478,9 @@ def main(argv: list[str] | None = None) -> int:
                 else "interrupted" + ("" if a.init_ledger else "; nothing of this roster was kept"),
                 file=sys.stderr,
             )
-        return 128 + (exc.args[0] if exc.args and isinstance(exc.args[0], int) else signal.SIGINT)
+        return 128 + getattr(exc, "signum", signal.SIGINT)
     finally:
-        for s, handler in held.items():
-            signal.signal(s, handler)
+        held.close()
     print(
         f"wrote {out / ROSTER_FILE} (K={roster.size}, t={roster.threshold}, "
         f"graph={'complete' if roster.degree is None else f'{roster.degree}-regular'}, colluders declared "

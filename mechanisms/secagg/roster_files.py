@@ -12,10 +12,11 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import signal
 from collections.abc import Sequence
 from pathlib import Path
 
-from privfed._files import read_regular_text, signals_held
+from privfed._files import Terminated, read_regular_text, signals_held
 from privfed.errors import ConfigError, PrivfedError
 
 __all__ = ["ROSTER_FILE", "holds_roster", "write_roster_folder"]
@@ -42,7 +43,7 @@ def write_roster_folder(
     with signals_held() as stops:
         _write_files(out, files, stops)
     if stops:  # the signal's own handling did not stop the process (its handler returned)
-        raise KeyboardInterrupt(stops[0])
+        raise KeyboardInterrupt() if stops[0] == signal.SIGINT else Terminated(stops[0])
     return out
 
 

@@ -13,11 +13,13 @@ from pathlib import Path
 from time import monotonic as time_monotonic
 from typing import Any
 
+from privfed._files import TERMINATING, Terminated, interruptible, signals_held
 from privfed.errors import PrivfedError
 from privfed.results.files import atomic_write
 from privfed.results.writer import ResultFolder, ResultsWriteError
 
 __all__ = [
+    "TERMINATING",
     "Terminated",
     "heartbeat",
     "interruptible",
@@ -29,67 +31,12 @@ __all__ = [
 
 
 # ---------------------------------------------------------------- signals
-class Terminated(KeyboardInterrupt):
-    """SIGTERM (``kill``, ``timeout``, batch schedulers) or SIGHUP (the terminal or SSH session closed), handled
-    like Ctrl-C; ``signum`` says which."""
-
-    def __init__(self, signum: int = signal.SIGTERM) -> None:
-        super().__init__(signum)
-        self.signum = int(signum)
-
-    @property
-    def name(self) -> str:
-        return signal.Signals(self.signum).name
-
-
-#: The signals turned into :class:`Terminated`: without a handler each kills the process at once, leaving
-#: the processes it started (a Flower SuperLink and its simulation) running and nothing written.
-TERMINATING = (signal.SIGTERM, signal.SIGHUP)
-
-
-@contextlib.contextmanager
-def interruptible() -> Iterator[None]:
-    """Turn SIGTERM and SIGHUP into :class:`Terminated` (a KeyboardInterrupt) while the block runs.
-
-    Only in the main thread (where Python delivers signals); the previous
-    handlers are restored afterwards.  A signal the process ignores (a parent's
-    ``nohup`` ignores SIGHUP) stays ignored.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum, frame):
-        raise Terminated(signum)
-
-    caught = [s for s in TERMINATING if signal.getsignal(s) is not signal.SIG_IGN]
-    old = {s: signal.signal(s, handler) for s in caught}
-    try:
-        yield
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
-
-
 @contextlib.contextmanager
 def signals_deferred() -> Iterator[None]:
-    """Hold SIGINT / SIGTERM / SIGHUP while the block runs (writing what finished); raise them afterwards."""
-    if threading.current_thread() is not threading.main_thread():
+    """Hold SIGINT / SIGTERM / SIGHUP while the block runs (writing what finished); raise the first afterwards,
+    as the command's KeyboardInterrupt or :class:`Terminated` (:func:`privfed._files.signals_held`)."""
+    with signals_held(reraise=False) as got:
         yield
-        return
-    got: list[int] = []
-
-    def hold(signum, frame):
-        got.append(signum)
-
-    # A signal the process ignores (a parent's nohup, a background job) stays ignored here too.
-    held = [s for s in (signal.SIGINT, *TERMINATING) if signal.getsignal(s) is not signal.SIG_IGN]
-    old = {s: signal.signal(s, hold) for s in held}
-    try:
-        yield
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
     if got:
         raise KeyboardInterrupt() if got[0] == signal.SIGINT else Terminated(got[0])
 

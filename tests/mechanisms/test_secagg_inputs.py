@@ -292,8 +292,10 @@ def test_a_second_signal_while_the_command_reports_the_first_is_held(tmp_path, m
     """A second SIGTERM while the command looked at the folder and said what was kept escaped as a traceback."""
     from mechanisms.secagg import roster_files
 
-    def stopped(*a, **k):
-        raise KeyboardInterrupt(signal.SIGTERM)
+    def stopped(*a, **k):  # what the command's SIGTERM handler raised
+        from privfed._files import Terminated
+
+        raise Terminated(signal.SIGTERM)
 
     def looks(*a, **k):
         os.kill(os.getpid(), signal.SIGTERM)  # the second one, while the command looks
