@@ -153,9 +153,8 @@ class _Protocol(Parameters):
     name = ""
 
     def __init__(self, *, integers: str | bool, noise: DistributedGaussian | None) -> None:
-        integers = fixed_point.integers_flag(
-            integers
-        )  # np.True_ is True; 1 is refused, as the sums refuse it
+        # np.True_ is True; 1 is refused, as the sums refuse it
+        integers = fixed_point.integers_flag(integers)
         if noise is not None and not isinstance(noise, DistributedGaussian):
             raise ConfigError(f"noise must be a DistributedGaussian or None, got {type(noise).__name__}")
         self.integers = integers
