@@ -8,9 +8,10 @@ from typing import Any
 
 import numpy as np
 
-from mechanisms.dp.calibration import as_real, check_budget, check_count
+from mechanisms.dp.calibration import as_real, check_budget, check_count, check_nonnegative
 from mechanisms.secagg.threat import default_threshold
 from privfed.errors import ConfigError
+from privfed.federation import available_schemes
 from privfed.rounds.bodies import FAMILIES
 from privfed.rounds.release import BOUNDS, CALIBRATIONS, PLACEMENTS, SECURE_CHOICES, RoundsPrivacyReport
 
@@ -91,18 +92,12 @@ class RoundsConfig:
                 raise ConfigError(
                     f"{name} must be one of {list(allowed)}, got {name}={getattr(self, name)!r}"
                 )
-        if self.partition not in (
-            "shards",
-            "dirichlet",
-            "dirichlet-class",
-            "iid",
-        ):  # digits' split, no file's
+        schemes = [p for p in available_schemes() if p != "natural"]  # digits' split: no file's own clients
+        if self.partition not in schemes:
             raise ConfigError(
-                f"partition must be one of ['shards', 'dirichlet', 'dirichlet-class', 'iid'] (multi-round FedLog "
-                f"splits digits), got partition={self.partition!r}"
+                f"partition must be one of {schemes} (multi-round FedLog splits digits), got "
+                f"partition={self.partition!r}"
             )
-        for name in ("clients", "rounds", "batch_size", "classes_per_client"):
-            pos_int(name)
         check_count(self.rounds, "rounds")  # 10**20 rounds would run the release-free run first, for ever
         pos_int("local_epochs", 0)
         pos_int("seed", 0)
@@ -113,18 +108,12 @@ class RoundsConfig:
         if self.max_records is not None:
             pos_int("max_records")
 
-        def number(name: str, zero_ok: bool) -> None:  # a bool is no number (lr=True trained at 1.0)
-            v = getattr(self, name)
-            ok = isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_))
-            if not (ok and math.isfinite(v) and (v >= 0 if zero_ok else v > 0)):
-                raise ConfigError(
-                    f"{name} must be a finite number {'>= 0' if zero_ok else '> 0'}, got {name}={v!r}"
-                )
-
-        number("lr", False)
-        number("nu", True)
+        # numbers, never a bool (lr=True trained at 1.0) or a string
+        if check_nonnegative(self.lr, "lr") == 0:
+            raise ConfigError("lr must be > 0, got lr=0")
+        check_nonnegative(self.nu, "nu")
         if self.head_init_scale is not None:
-            number("head_init_scale", True)  # 0: a zero initial head
+            check_nonnegative(self.head_init_scale, "head_init_scale")  # 0: a zero initial head
         if self.init not in ("public", "scratch"):
             raise ConfigError(
                 f"init must be 'public' (trained on the public split) or 'scratch', got {self.init!r}"

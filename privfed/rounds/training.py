@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from mechanisms.dp.calibration import check_count
+from mechanisms.dp.calibration import check_count, check_nonnegative
 from privfed.errors import ConfigError, InputError
 from privfed.rounds.bodies import (
     FAMILIES,
@@ -205,13 +205,7 @@ def initial_head(
         check_count(seed, "seed", low=0),
         check_count(dim, "dim") + 1,
     )
-    s = 1.0 / math.sqrt(m) if scale is None else scale
-    if (
-        isinstance(s, bool)
-        or not isinstance(s, (int, float, np.integer, np.floating))
-        or not (math.isfinite(s) and s >= 0)
-    ):
-        raise ConfigError(f"scale must be a finite number >= 0 (the head's range), got scale={scale!r}")
+    s = 1.0 / math.sqrt(m) if scale is None else check_nonnegative(scale, "scale")  # the head's range
     return np.random.default_rng([seed, 0x4EAD]).uniform(-s, s, size=(C, m))
 
 

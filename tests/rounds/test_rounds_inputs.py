@@ -130,7 +130,7 @@ def test_the_per_round_functions_refuse_bad_arguments_in_a_line():
         (lambda: initial_head(-1, 0), r"num_classes must be an integer in \[1, 2\*\*53\]"),
         (lambda: initial_head(10, -1), "seed must be an integer"),
         (lambda: initial_head(10, 0, dim=-5), "dim must be an integer"),
-        (lambda: initial_head(10, 0, scale=float("nan")), "scale must be a finite number >= 0"),
+        (lambda: initial_head(10, 0, scale=float("nan")), "scale must be finite and >= 0, got nan"),
         (lambda: noise_generator(-1, 5), "noise_seed must be an integer"),
         (lambda: assign_families(-1, ("mlp",), 0), "num_clients must be an integer"),
         (lambda: assign_families(3, ("mlp",), -1), "seed must be an integer"),
