@@ -15,6 +15,7 @@ import hmac
 import os
 import struct
 import threading
+from collections.abc import Callable
 
 import numpy as np
 from cryptography.hazmat.primitives import serialization
@@ -118,10 +119,35 @@ class KeySource:
 
     def field_element(self) -> int:
         """A uniform 32-byte integer below :data:`shamir.PRIME` (rejection sampling)."""
-        while True:
+        return self.field_elements(1)[0]
+
+    def field_elements(self, n: int) -> list[int]:
+        """``n`` uniform integers below :data:`shamir.PRIME` (rejection sampling), their bytes drawn at once: the
+        same values, from the same stream, as ``n`` calls of :meth:`field_element`."""
+        raw = self(32 * n)
+        out = [
+            v
+            for v in (int.from_bytes(raw[i : i + 32], "little") for i in range(0, 32 * n, 32))
+            if v < shamir.PRIME
+        ]
+        while len(out) < n:
             v = int.from_bytes(self(32), "little")
             if v < shamir.PRIME:
-                return v
+                out.append(v)
+        return out
+
+    def ahead(self, n: int) -> Callable[[int], bytes]:
+        """A byte source reading this one's stream in the same order, its next ``n`` bytes drawn at once (a
+        stage's coefficients and nonces in one call to the OS instead of one each); past them it reads this
+        source again."""
+        pool = memoryview(self(n))
+
+        def read(k: int) -> bytes:
+            nonlocal pool
+            head, pool = pool[:k], pool[k:]
+            return bytes(head) if len(head) == k else bytes(head) + self(k - len(head))
+
+        return read
 
 
 def prg_uint64(key: bytes, n: int, buffer: bytearray | None = None) -> np.ndarray:

@@ -53,6 +53,75 @@ def test_shamir_rejects_bad_parameters():
         shamir.split(shamir.PRIME, [1, 2], 2, keys)
 
 
+class _Scripted(KeySource):
+    """A key source that serves a fixed byte string in order, counting its calls."""
+
+    def __init__(self, stream: bytes) -> None:
+        super().__init__(None)
+        self.stream, self.calls = stream, 0
+
+    def __call__(self, n: int) -> bytes:
+        self.calls += 1
+        out, self.stream = self.stream[:n], self.stream[n:]
+        assert len(out) == n, "the script ran out"
+        return out
+
+
+def test_key_source_batched_draws_read_the_stream_as_single_draws_do():
+    """field_elements(n) and ahead(n) give the values and bytes that draws one at a time give from the same
+    stream, a rejected value (>= PRIME) included, and ahead() reads on past its pool."""
+    over = (shamir.PRIME + 5).to_bytes(32, "little")
+    good = [(7 * i + 3).to_bytes(32, "little") for i in range(4)]
+    stream = good[0] + over + good[1] + good[2] + good[3]
+    one = _Scripted(stream)
+    singles = [one.field_element() for _ in range(3)]
+    batch = _Scripted(stream)
+    assert batch.field_elements(3) == singles == [7 * i + 3 for i in range(3)]
+    assert batch.calls == 2  # one draw of 96 bytes, one more for the rejected value
+    raw = bytes(range(200))
+    src = _Scripted(raw)
+    read = src.ahead(50)
+    parts = [read(30), read(12), read(20), read(5)]
+    assert b"".join(parts) == raw[:67] and src.calls == 3
+    seeded_a, seeded_b = KeySource(seed=9), KeySource(seed=9)
+    assert seeded_a.field_elements(5) == [seeded_b.field_element() for _ in range(5)]
+    read = seeded_a.ahead(40)
+    assert read(24) + read(24) == seeded_b(48)
+
+
+class _Counted(KeySource):
+    """A seeded key source counting its calls per stage (the stage is set by the test)."""
+
+    def __init__(self, seed: int) -> None:
+        super().__init__(seed)
+        self.stage, self.calls = "", {}
+
+    def __call__(self, n: int) -> bytes:
+        self.calls[self.stage] = self.calls.get(self.stage, 0) + 1
+        return super().__call__(n)
+
+
+def test_masking_node_draws_each_stage_randomness_in_one_call():
+    """A node draws its three secrets in one call, and its coefficients and nonces in one more (one OS call a
+    stage, not one per share message); the masked sum is still exact."""
+    from mechanisms.secagg.masking.node import MaskingNode
+    from mechanisms.secagg.masking.server import MaskingServer
+
+    K, t, D = 7, 4, 5
+    X = np.random.default_rng(3).integers(-50, 50, size=(K, D)).astype(float)
+    keys = {u: _Counted(200 + u) for u in range(K)}
+    nodes = {u: MaskingNode(u, num_nodes=K, threshold=t, keys=keys[u]) for u in range(K)}
+    server = MaskingServer(num_nodes=K, threshold=t, length=D, session=b"s" * 16, active=False)
+    while not server.done:
+        for u, msg in server.requests().items():
+            keys[u].stage = msg["stage"]
+            server.receive(u, nodes[u].handle(msg, ring_input=lambda u=u: fixed_point.encode(X[u], 0)))
+        server.close()
+    assert np.array_equal(fixed_point.decode(server.total, 0), X.sum(axis=0))
+    for u in range(K):
+        assert keys[u].calls == {"keys": 1, "shares": 1}, (u, keys[u].calls)
+
+
 def _horner_shares(secret: int, coeffs: list[int], xs: list[int]) -> dict[int, int]:
     """Independent reference: P(x) = secret + c_1 x + ... by Horner's rule over Python integers."""
     out = {}

@@ -27,12 +27,11 @@ and on every Flower node (:mod:`privfed.flower.secagg`), which keeps its
                  lists and digest this node signed, and that every uploader's
                  signed echo (sent with its masked input) names the same digest
                  (a split broadcast aborts here) and the same survivors U2
-                 where the groups meet (so it masked with this node): 2k
-                 verifies a session with its k advertisements, see
-                 :func:`~mechanisms.secagg.masking.views.check_unmask`; then
-                 reveal, for every v
-                 of U2, the share of b_v if v is in U3 and of s_v^SK otherwise:
-                 one list, so never both kinds for one node.
+                 where the groups meet (so it masked with this node): 2k verifies a
+                 session with its k advertisements, see
+                 :func:`~mechanisms.secagg.masking.views.check_unmask`; then reveal, for
+                 every v of U2, the share of b_v if v is in U3 and of s_v^SK otherwise:
+                 never both kinds for one node.
 
 The request format (stage names, session id size, id lists) is in
 :mod:`mechanisms.secagg.masking.messages`; the ids and uploader sets a node has
@@ -293,7 +292,7 @@ class MaskingNode:
             roster=self.roster if self.active else None,
             abort=lambda deviation, text: self._abort("keys", deviation, text),
         )
-        c_sk, s_sk, b = self.keys.field_element(), self.keys.field_element(), self.keys.field_element()
+        c_sk, s_sk, b = self.keys.field_elements(3)
         self.st = {
             "stage": "advertised",
             "session": session,
@@ -346,17 +345,21 @@ class MaskingNode:
                 "shares", "short-list", f"only {len(holders)} share holders, below the threshold t={self.t}"
             )
         self.st.update(stage="shared", U1=U1, c_pk=c_pks, s_pk=s_pks)
+        # The stage's randomness in one draw, read in order: two polynomials' coefficients, a nonce a message.
+        sent = sum(v != self.u for v in holders)
+        draw = self.keys.ahead(2 * (self.t - 1) * shamir.SHARE_BYTES + GCM_NONCE_BYTES * sent)
         s_shares, b_shares = shamir.split_many(
             [int.from_bytes(self.st["s_sk"], "little"), int.from_bytes(self.st["b"], "little")],
             [v + 1 for v in holders],
             self.t,
-            self.keys,
+            draw,
         )
         channels = self._channel_keys(holders)
         # Kept for decrypting the shares sent to this node (the masked stage): one agreement per pair.
         by_holder = dict(zip(holders, channels))
         self.st["channels"] = [by_holder.get(v, b"") for v in U1]
         to, cts = [], []
+        nonces = draw(GCM_NONCE_BYTES * sent)
         for v, channel in zip(holders, channels):
             plain = (
                 self.u.to_bytes(ID_BYTES, "little")
@@ -367,7 +370,7 @@ class MaskingNode:
             if v == self.u:
                 self.st["own_share"] = plain
                 continue
-            nonce = self.keys(GCM_NONCE_BYTES)
+            nonce, nonces = nonces[:GCM_NONCE_BYTES], nonces[GCM_NONCE_BYTES:]
             to.append(v)
             cts.append(nonce + AESGCM(channel).encrypt(nonce, plain, self.st["session"]))
         return {"to": to, "ct": cts}
@@ -423,10 +426,9 @@ class MaskingNode:
         x = np.require(ring_input(), dtype=np.uint64, requirements=["C", "W"])
         session = self.st["session"]
         mask_keys, signs = [hkdf(self.st["b"], INFO_SELF + session)], [True]
-        s_sk = self._private("s_sk")
+        s_sk, info = self._private("s_sk"), INFO_PAIR + session
         for v in sorted(set(U2) & self.nbrs):
-            peer = public_key(self.st["s_pk"][U1[v]])
-            mask_keys.append(hkdf(s_sk.exchange(peer), INFO_PAIR + session))
+            mask_keys.append(hkdf(s_sk.exchange(public_key(self.st["s_pk"][U1[v]])), info))
             signs.append(v > self.u)
         add_masks(x, mask_keys, signs)
         self.st.update(
@@ -442,8 +444,7 @@ class MaskingNode:
         if not self.active:
             return {"y": x}
         # The signed echo of what this node summed: every uploader's must match before shares are revealed.
-        echo = self.identity.sign(self._echo_bytes())
-        self.st["echo"] = echo
+        echo = self.st["echo"] = self.identity.sign(self._echo_bytes())
         return {"y": x, "echo": echo}
 
     def _check_uploaded(self, stage: str, U3: list[int]) -> None:
