@@ -12,7 +12,8 @@ process it need not be rebuilt from there each time:
   milliseconds at K = 1,000, for every message otherwise.
 * :class:`KeptNodes` keeps each node's :class:`~mechanisms.secagg.masking.node.MaskingNode` between its
   messages, with the private keys it parsed.  A kept node is used only when the state record in
-  ``context.state`` is the one written when it was kept (a fresh random token names each write): a record
+  ``context.state`` is the one written when it was kept (a token names each write: this process's random
+  prefix, drawn again in a forked child, and a counter; unique without a call to the OS per message): a record
   written elsewhere, restored, lost or left by an older session means the node is rebuilt from the record
   (or, with none, starts from nothing and refuses out-of-order requests, as before).  A node that finished
   or aborted is dropped, with its secrets.
@@ -20,6 +21,7 @@ process it need not be rebuilt from there each time:
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import pathlib
@@ -32,6 +34,20 @@ __all__ = ["KeptNodes", "TOKEN", "parsed"]
 
 #: The key of the state record holding the token of the write that kept the node.
 TOKEN = "kept"
+_WRITES = itertools.count()
+_PREFIX = ""
+
+
+def _fresh_prefix() -> None:
+    """Draw this process's token prefix (again in a forked child, whose writes must not repeat its parent's)."""
+    global _PREFIX
+    _PREFIX = os.urandom(8).hex()
+
+
+_fresh_prefix()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_fresh_prefix)
+
 #: At most this many parsed rosters and identities are kept (least recently added dropped first).
 PARSED_LIMIT = 64
 
@@ -100,7 +116,7 @@ class KeptNodes:
         kept = self._nodes.pop(key, None)
         if values.get("stage") in ("done", "aborted"):
             return record_type(values)
-        token = os.urandom(8).hex()
+        token = f"{_PREFIX}.{next(_WRITES)}"
         self._nodes[key] = (token, node)
         values[TOKEN] = token
         if kept is None or kept[1] is not node or state is None or state.get(TOKEN) != kept[0]:

@@ -158,3 +158,36 @@ def test_a_simulated_roster_in_files_travels_as_its_path(tmp_path):
     assert ident.check(roster) is ident and roster == Roster.from_json(filed.roster_json)
     assert stat.S_IMODE((tmp_path / "node-7.json").stat().st_mode) == 0o600
     assert back.for_node({"partition-id": 50}, 150) is None
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_write_tokens_never_repeat_across_writes_or_a_forked_child():
+    """Every write's token is new, and a forked child does not repeat its parent's tokens (its prefix is drawn
+    again): otherwise a record another process wrote could pass for the one this process kept."""
+    from privfed.flower.kept import KeptNodes
+
+    roster, ids = make_roster(4)
+
+    def tokens(n: int) -> list[str]:
+        nodes, out = KeptNodes(), []
+        for i in range(n):
+            node = MaskingNode(0, num_nodes=4, threshold=roster.threshold, identity=ids[0], roster=roster)
+            node.st = {"stage": "advertised"}
+            out.append(nodes.keep(("run", i), node, None, dict)[kept.TOKEN])
+        return out
+
+    mine = tokens(50)
+    assert len(set(mine)) == 50
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its next tokens, through the pipe
+        try:
+            os.write(w, json.dumps(tokens(50)).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    with os.fdopen(r) as fh:
+        child = json.loads(fh.read())
+    os.waitpid(pid, 0)
+    later = tokens(50)
+    assert len(set(child)) == 50 and not set(child) & set(mine + later)
