@@ -67,6 +67,18 @@ QUIET_ENV = {
 }
 
 
+#: The longest folder Ray's temporary root may be (``RAY_TMPDIR``: Ray adds ``/ray/session_<date>_<pid>``, 47
+#: characters with a 7-digit pid, whose ``/sockets/plasma_store`` must end within the 107 bytes of a Unix socket
+#: path).
+RAY_ROOT_MAX = 38
+
+
+def _ray_root(folder: str) -> str | None:
+    """``folder`` as the root of this run's Ray sessions (removed with it, where Ray's default root keeps every
+    session's logs for good), or None where its path is too long for Ray's sockets (Ray's default then)."""
+    return folder if len(os.fsencode(folder)) <= RAY_ROOT_MAX else None
+
+
 def _quiet_environment() -> None:
     for k, v in QUIET_ENV.items():
         os.environ.setdefault(k, v)
@@ -111,8 +123,13 @@ def run_simulation(
         logging.getLogger("flwr").setLevel(logging.WARNING)
     # The simulated operator's roster and identity files live in a directory of their own for the
     # simulation (the ClientApp, sent with every message, carries its path only), removed at the end.
-    with tempfile.TemporaryDirectory(prefix="privfed-roster-") as folder:
+    with (
+        tempfile.TemporaryDirectory(prefix="privfed-roster-") as folder,
+        tempfile.TemporaryDirectory(prefix="privfed-ray-", ignore_cleanup_errors=True) as ray_tmp,
+    ):
         client = make_client_app(faults, provision=simulated_roster(cfgs, folder))
+        root = _ray_root(ray_tmp)
+        ray_dir = {} if root is None else {"_temp_dir": os.path.join(root, "ray")}
         _run_simulation(
             num_supernodes=int(
                 num_supernodes if num_supernodes is not None else max(c.clients for c in cfgs)
@@ -122,7 +139,12 @@ def run_simulation(
             server_app=server,
             backend_config={
                 "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
-                "init_args": {"num_cpus": int(num_cpus), "num_gpus": 0, "include_dashboard": False},
+                "init_args": {
+                    "num_cpus": int(num_cpus),
+                    "num_gpus": 0,
+                    "include_dashboard": False,
+                    **ray_dir,
+                },
             },
             verbose_logging=verbose,
         )
@@ -326,6 +348,8 @@ def flwr_run(
             "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p),
             "PYTHONUNBUFFERED": "1",
         }
+        if _ray_root(str(tmp)) is not None:  # the SuperLink's Ray sessions go with this run's folder
+            env["RAY_TMPDIR"] = str(tmp)
         if roster is not None:  # the simulated operator's files, readable by this user only
             ids = tmp / "roster"
             ids.mkdir(mode=0o700)

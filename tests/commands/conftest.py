@@ -22,6 +22,9 @@ def flower_env(tmp: Path, cache: Path) -> dict[str, str]:
         "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
         "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
         "FLWR_HOME": str(tmp / "flwr-home"),
+        "RAY_TMPDIR": str(
+            tmp / "ray-default-root"
+        ),  # Ray's sessions must not land here (the run's own folder)
     }
 
 

@@ -72,6 +72,8 @@ def test_the_command_runs_through_flwr_run_and_prints_a_clean_log(flower_run):
     # docs/flower.md: the report says the simulation authenticated no node (it was missing from report.json)
     report = json.loads((out / "report.json").read_text())
     assert report["node_authentication"]["mechanism"].startswith("none: Flower's simulation runtime")
+    # the SuperLink's Ray sessions went with the run's temporary folder, not Ray's default root (RAY_TMPDIR)
+    assert not (out.parent / "ray-default-root").exists()
 
 
 def test_flwr_run_on_the_app_with_no_options_completes(tmp_path, digits_cache):

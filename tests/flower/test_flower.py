@@ -75,13 +75,33 @@ def _configs():
     }
 
 
+#: Ray's default root while the module's simulation ran (RAY_TMPDIR): its sessions must not land there.
+RAY_DEFAULT_ROOT: list = []
+
+
 @pytest.fixture(scope="module")
-def sim(digits_dataset):
+def sim(digits_dataset, tmp_path_factory):
     """One simulation of K nodes running every configuration (dropout drills run over the in-process grid)."""
     cfgs = _configs()
+    root = tmp_path_factory.mktemp("ray-default-root")
+    RAY_DEFAULT_ROOT.append(root)
+    before = os.environ.get("RAY_TMPDIR")
+    os.environ["RAY_TMPDIR"] = str(root)
     t0 = time.monotonic()
-    out = run_simulation(list(cfgs.values()), num_supernodes=K, keep_view=True)
+    try:
+        out = run_simulation(list(cfgs.values()), num_supernodes=K, keep_view=True)
+    finally:
+        if before is None:
+            del os.environ["RAY_TMPDIR"]
+        else:
+            os.environ["RAY_TMPDIR"] = before
     return dict(zip(cfgs, out)), time.monotonic() - t0
+
+
+def test_the_simulation_leaves_no_ray_session_behind(sim):
+    """Ray's sessions (logs, sockets) of a simulation live in a folder of the run's own, removed at its end; its
+    default root (which keeps every session for good) stays untouched."""
+    assert list(RAY_DEFAULT_ROOT[0].iterdir()) == []
 
 
 @pytest.fixture(scope="module")
