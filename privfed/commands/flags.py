@@ -10,6 +10,8 @@ themselves are in :mod:`privfed.commands.options`.
 from __future__ import annotations
 
 import argparse
+import re
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -72,13 +74,32 @@ class _Once(argparse._StoreAction):
         setattr(namespace, self.dest, values)
 
 
+#: A command-line word that starts like a negative number (a flag's value, never a flag of privfed's).
+_NEGATIVE = re.compile(r"-(\d|\.\d|inf|nan)", re.IGNORECASE)
+
+
 class Parser(argparse.ArgumentParser):
     """argparse with one-line errors (a ConfigError naming the flag) instead of usage + exit, and a flag that
     takes one value refused when it is given twice."""
 
     def parse_known_args(self, args=None, namespace=None):  # noqa: D102
         self._given = {}  # the flags given in this parse (a value its default equals is still given)
-        return super().parse_known_args(args, namespace)
+        return super().parse_known_args(self._joined(sys.argv[1:] if args is None else list(args)), namespace)
+
+    def _joined(self, args: list[str]) -> list[str]:
+        """A value that starts like a negative number (``-1,2``, ``-inf``, ``-1e-5``) after a flag that takes one
+        value, joined to it (``--eps=-1,2``): argparse reads it as an unknown flag and says only "expected one
+        argument", where the command's own check names the flag and its rule."""
+        one = {s for a in self._actions if a.option_strings and a.nargs is None for s in a.option_strings}
+        out: list[str] = []
+        for i, tok in enumerate(args):
+            if tok == "--":
+                return out + args[i:]
+            if out and out[-1] in one and _NEGATIVE.match(tok):
+                out[-1] = f"{out[-1]}={tok}"
+            else:
+                out.append(tok)
+        return out
 
     def add_argument(self, *args, **kwargs):  # noqa: D102
         if args and str(args[0]).startswith("-") and kwargs.get("action") in (None, "store"):

@@ -203,6 +203,19 @@ class Settings:
             self.base = dict(raw)
         #: The --config file is a privfed run record (a replay), not settings a user wrote.
         self.replay = bool(about.get("record"))
+        #: Where the values of :attr:`base` were written, as a refusal names them.
+        self.where = "in the --config file"
+
+    @classmethod
+    def of_values(cls, values: dict[str, Any], keys: Iterable[str], where: str) -> Settings:
+        """Settings a program wrote (``values``, keys as a settings file's), checked as a settings file's are;
+        a refusal names each value's key ``where`` they were written."""
+        s = cls(argparse.Namespace(), keys)
+        unknown = set(values) - set(keys)
+        if unknown:
+            raise ConfigError(f"unknown setting(s) {sorted(unknown)}; allowed: {sorted(keys)}")
+        s.base, s.where = dict(values), where
+        return s
 
     def raw(self, dest: str, *keys: str) -> Any:
         """The flag's value when given, else the config file's first of ``keys`` (default: ``dest``), else None."""
@@ -355,8 +368,9 @@ class Settings:
         v = FEDERATION["dataset"] if v is None else as_str(v, "--dataset")
         if not v.startswith("file:"):
             return v
-        from_file = getattr(self.args, "dataset", None) is None and not self.replay
-        folder = os.path.dirname(os.path.abspath(self.args.config)) if from_file else os.getcwd()
+        config = getattr(self.args, "config", None)
+        from_file = getattr(self.args, "dataset", None) is None and not self.replay and config
+        folder = os.path.dirname(os.path.abspath(config)) if from_file else os.getcwd()
         return _absolute_file(v, folder)
 
     def dataset_sha256(self) -> str | None:
@@ -412,7 +426,7 @@ class Settings:
     def named(self, dest: str) -> str:
         """How a refusal names ``dest`` where the user set it: its flag, or its key in the settings file."""
         flag = "--" + dest.replace("_", "-")
-        return flag if getattr(self.args, dest, None) is not None else f"{dest} (in the --config file)"
+        return flag if getattr(self.args, dest, None) is not None else f"{dest} ({self.where})"
 
     def replayed(self, dest: str) -> bool:
         """Whether ``dest``'s value comes from a replayed record, not from a flag or a settings file a user wrote:

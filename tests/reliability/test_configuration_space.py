@@ -99,6 +99,7 @@ _PLACEMENT_IN_GUARANTEE = {
 @FAST
 @given(o=OPTIONS)
 def test_every_combination_runs_and_states_what_ran_or_is_refused_in_one_line(o, digits_cache):
+    from privfed.commands.tradeoff.config import check_config
     from privfed.tradeoff import build_parser, resolve_config, run_tradeoff
 
     argv = _argv(o)
@@ -111,6 +112,9 @@ def test_every_combination_runs_and_states_what_ran_or_is_refused_in_one_line(o,
         assert "\n" not in text and ("--" in text or repr(o["method"]) in text), text
         return
     cfg = resolve_config(build_parser().parse_args(argv))
+    assert check_config(cfg) == cfg, (
+        argv
+    )  # the check run_tradeoff makes reads the command's settings as they are
     rows = run_tradeoff(cfg, progress=False)["records"]
     assert rows, argv
     asked_level = o["level"] or "record"

@@ -162,3 +162,58 @@ def test_the_other_commands_check_a_settings_file_as_their_flags(tmp_path, capsy
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        (
+            {"epsilons": (float("nan"),), "placements": ("trusted",)},
+            "a NaN or negative budget would run without noise",
+        ),
+        ({"placements": ("everywhere",)}, "--placement must be all or a list of"),
+        ({"epsilons": (0.1, 0.1)}, "lists a budget twice"),
+        ({"epsilons": ()}, "must not be empty"),
+        (
+            {"trusted_aggregator": True, "secure_agg": "mask"},
+            "--trusted-aggregator contradicts --secure-agg mask",
+        ),
+        ({"max_records": 3}, "--max-records 3 contradicts --level record"),
+        (
+            {"alpha": 0.3, "partition": "iid"},
+            "alpha (in the TradeoffConfig) applies to --partition dirichlet",
+        ),
+        ({"seeds": (-1,)}, "--seeds"),
+    ],
+)
+def test_a_config_built_in_python_is_refused_where_its_flags_are(settings, message):
+    """run_tradeoff(TradeoffConfig(...)) passes the checks the flags pass, before any work: a NaN budget ran
+    without noise as 'no protection' (the trusted placement dropped), an unknown placement was a KeyError,
+    duplicated or contradicting settings ran."""
+    from privfed.errors import ConfigError
+    from privfed.tradeoff import TradeoffConfig, run_tradeoff
+
+    with pytest.raises(ConfigError, match="^TradeoffConfig: ") as exc:
+        run_tradeoff(TradeoffConfig(**settings), progress=False)
+    assert message in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_a_config_built_in_python_reads_as_the_flags_read_it():
+    """A method or budget given alone, a seed count, None for the method parameters: what the flags mean by them."""
+    from privfed.commands.tradeoff.config import check_config
+    from privfed.tradeoff import TradeoffConfig
+
+    got = check_config(TradeoffConfig(methods="fedlog", epsilons=0.5, seeds=3, method_params=None))
+    assert (got.methods, got.epsilons, got.seeds, got.method_params) == (("fedlog",), (0.5,), (0, 1, 2), {})
+    assert check_config(TradeoffConfig()) == TradeoffConfig()
+
+
+def test_an_explicit_no_secure_aggregation_leaves_the_secure_sum_row_out():
+    """--secure-agg none given: the default comparison runs local and trusted only (the secure-sum row ran
+    masking, and the record said secure_agg none beside a masked row); a replayed default record, which carries
+    secure_agg none with all three placements, still replays all three."""
+    from privfed.tradeoff import build_parser, resolve_config
+
+    cfg = resolve_config(build_parser().parse_args(["--secure-agg", "none"]))
+    assert cfg.placements == ("local", "trusted") and cfg.secure_agg == "none"
+    assert resolve_config(build_parser().parse_args([])).placements == ("local", "secure-sum", "trusted")

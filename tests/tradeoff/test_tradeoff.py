@@ -108,6 +108,15 @@ def test_toml_config_with_flag_override(tmp_path, digits_cache):
         (["--method", "nosuch"], "unknown method 'nosuch' (choose from fed3r"),
         (["--eps", "0"], "--eps must be > 0"),
         (["--eps", "-1"], "--eps must be > 0"),
+        # a value argparse took for a flag ("expected one argument") reaches the command's own check
+        (["--eps", "-1,2"], "--eps must be > 0, got -1"),
+        (["--eps", "-inf"], "--eps must be a number > 0"),
+        (["--delta", "-1e-5"], "--delta must be in (0, 1), got -1e-5"),
+        (["--seeds", "-5,3"], "--seeds must be >= 0, got -5"),
+        (
+            ["--placement", "secure-sum", "--secure-agg", "none"],
+            "--placement secure-sum contradicts --secure-agg none",
+        ),
         (["--eps", "0.1,,1"], "malformed list"),
         (["--eps", "0.1,abc"], "'abc' is not a number"),
         (["--dataset", "file:/nonexistent/feats.npz"], "/nonexistent/feats.npz"),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from privfed.commands.options import FEDERATION
@@ -13,12 +13,13 @@ from privfed.commands.values import as_int, as_str, choose, parse_seeds, parse_s
 from privfed.errors import ConfigError
 from privfed.release.settings import COUNT_NOISE_KINDS, check_combination, refuse_unused_dp
 
-__all__ = ["PLACEMENTS", "PLACEMENT_LABEL", "TradeoffConfig", "resolve_config"]
+__all__ = ["PLACEMENTS", "PLACEMENT_LABEL", "TradeoffConfig", "check_config", "resolve_config"]
 
 
 @dataclass(frozen=True)
 class TradeoffConfig:
-    """Every setting of a trade-off run (the JSON output stores it resolved)."""
+    """Every setting of a trade-off run (the JSON output stores it resolved); :func:`run_tradeoff` checks one
+    built in Python as the flags are checked (:func:`check_config`)."""
 
     methods: tuple[str, ...] = (FEDERATION["method"],)
     epsilons: tuple[float, ...] = (float(FEDERATION["eps"]),)
@@ -94,14 +95,37 @@ def _choice(value: Any, flag: str, choices: tuple[str, ...], what: str = "value"
     return choose(value, choices, flag, what=what)
 
 
-def resolve_config(args: argparse.Namespace) -> TradeoffConfig:
+def check_config(cfg: TradeoffConfig) -> TradeoffConfig:
+    """A :class:`TradeoffConfig` built in Python, through the checks and messages of the flags and a settings
+    file (:func:`~privfed.commands.tradeoff.sweep.run_tradeoff` calls it): a NaN budget, an unknown placement or
+    two settings that contradict each other are refused in one line, never run as something else.  Returns the
+    settings as the flags read them (``methods="fedlog"`` is one method, ``seeds=3`` three seeds)."""
+    if not isinstance(cfg, TradeoffConfig):
+        raise ConfigError(f"run_tradeoff takes a TradeoffConfig, got {type(cfg).__name__}")
+    default = TradeoffConfig()
+    values = {  # a value left at its default is not a setting given (--alpha with an iid split is refused)
+        f.name: getattr(cfg, f.name) for f in fields(cfg) if getattr(cfg, f.name) != getattr(default, f.name)
+    }
+    values.setdefault("placements", cfg.placements)  # none: the one the other settings select (not all three)
+    try:
+        return resolve_config(argparse.Namespace(), values=values)
+    except ConfigError as exc:
+        raise ConfigError(f"TradeoffConfig: {exc}") from None
+
+
+def resolve_config(args: argparse.Namespace, *, values: dict[str, Any] | None = None) -> TradeoffConfig:
     """Merge defaults < config file < flags into a validated TradeoffConfig.
 
     A config file's values pass the same checks, with the same messages, as
     the flags (``rounds = 2.5`` and ``clip = "abc"`` are refused alike); the
     shared settings resolve as in every command (:class:`privfed.commands.shared.Settings`).
+    ``values``: settings a program wrote (:func:`check_config`), in place of a config file.
     """
-    s = Settings(args, _FILE_KEYS, "tradeoff")
+    s = (
+        Settings(args, _FILE_KEYS, "tradeoff")
+        if values is None
+        else Settings.of_values(values, _FILE_KEYS, "in the TradeoffConfig")
+    )
     base = s.base
     given = [s.named(k) for k in ("local_epochs", "families", "init") if s.given(k)]
     if getattr(args, "local_epochs", None) is not None:  # '1e9' or 'abc': one line, not int()'s ValueError
@@ -197,6 +221,16 @@ def resolve_config(args: argparse.Namespace) -> TradeoffConfig:
         trusted=trusted,
         rounds=rounds,
     )
+    if secure == "none" and s.given("secure_agg") and "secure-sum" in placements:
+        # an explicit "no secure aggregation": the secure-sum placement would run masking all the same
+        if _explicit_placements(pick("placement", "placement", "placements")):
+            raise ConfigError(
+                f"--placement secure-sum contradicts {s.named('secure_agg')} none: the secure-sum placement sums "
+                "the noised statistics under secure aggregation (mask unless told); drop one of them"
+            )
+        placements = tuple(
+            p for p in placements if p != "secure-sum"
+        )  # the default comparison, less that row
     partition = s.partition()
     s.refuse_unused_alpha(partition)
     if partition == "natural" and s.given("clients"):  # as --alpha: refused, never ignored

@@ -16,7 +16,7 @@ from privfed import methods as _methods
 from privfed import scaling
 from privfed.commands.common import heartbeat
 from privfed.commands.tradeoff.attack_columns import attack_context, run_attacks
-from privfed.commands.tradeoff.config import PLACEMENT_LABEL, TradeoffConfig
+from privfed.commands.tradeoff.config import PLACEMENT_LABEL, TradeoffConfig, check_config
 from privfed.commands.tradeoff.labels import (
     calibration_label,
     noise_label,
@@ -57,6 +57,7 @@ def run_tradeoff(
     from privfed.federation import partition as make_partition
     from privfed.release.settings import make_privacy, make_secure_agg, vacuous_delta
 
+    cfg = check_config(cfg)  # a config built in Python passes the flags' checks (the command's already did)
     t0 = time.perf_counter()
     ds = load_dataset(cfg.dataset, backbone=cfg.backbone, download=cfg.download, progress=progress)
     t_data = time.perf_counter() - t0
