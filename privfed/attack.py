@@ -30,4 +30,4 @@ if __name__ == "__main__":
     from privfed.commands.attack.cli import main
     from privfed.commands.start import exit_with
 
-    exit_with(main())
+    exit_with(main)

@@ -30,4 +30,4 @@ if __name__ == "__main__":
     from privfed.commands.start import exit_with
     from privfed.commands.tradeoff.cli import main
 
-    exit_with(main())
+    exit_with(main)

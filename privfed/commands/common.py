@@ -76,6 +76,7 @@ __all__ = [
     "periodic_checkpoint",
     "placement_word",
     "prepare_out_dir",
+    "reporting_finished_run",
     "signals_deferred",
     "versions",
     "write_json",
@@ -369,6 +370,27 @@ def _cwd_exists() -> bool:
     return True
 
 
+@contextlib.contextmanager
+def reporting_finished_run(prog: str, folder: Any):
+    """The console report of a run whose results are published: Ctrl-C, SIGTERM or SIGHUP here says that
+    ``folder`` holds the complete results (only the report on the console was cut short) before the command
+    exits 128 + the signal, as the Flower command says it."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        from privfed.commands.names import prog_name
+
+        command = prog.removeprefix("python -m privfed.") if prog.startswith("python -m privfed.") else ""
+        with contextlib.suppress(OSError, ValueError):  # after SIGHUP the terminal may be gone
+            print(
+                f"{prog_name(command) if command else prog}: stopped after the run had finished: {folder}/ holds "
+                "its complete results",
+                file=sys.stderr,
+                flush=True,
+            )
+        raise
+
+
 def cli_entry(
     prog: str, body: Callable[[Sequence[str] | None], int]
 ) -> Callable[[Sequence[str] | None], int]:
@@ -399,6 +421,7 @@ def cli_entry(
         stdout = sys.stdout
         if stdout is not None:
             sys.stdout = _GuardedStdout(stdout)
+        done: list[int] = []  # the body's status, once it returned: a signal after that changes nothing
         try:
             with interruptible(), warnings.catch_warnings():
                 warnings.showwarning = _one_line_warning(prog)  # restored when the body ends
@@ -409,7 +432,12 @@ def cli_entry(
                 # placement left out mid-run (the memory check of each variant reads it)
                 dense_view_limit()
                 memory_limit()  # the variable alone: what the system has free is read where it is needed
-                return body(argv)
+                done.append(body(argv))
+            from privfed.commands import start
+
+            if start.PROCESS_ENDS and threading.current_thread() is threading.main_thread():
+                start.finish_on_signal(done[0])  # the process ends with this status, whatever comes now
+            return done[0]
         except BrokenPipeError as exc:
             # `| head` stopped reading: like any Unix tool, stop quietly (128 + SIGPIPE)
             if _stdout_reader_gone():
@@ -454,10 +482,14 @@ def cli_entry(
             )
             return 1
         except Terminated as exc:
+            if done:  # on its way out, after the body finished
+                return done[0]
             with contextlib.suppress(OSError):  # after SIGHUP the terminal may be gone
                 print(f"{prog}: terminated ({exc.name})", file=sys.stderr)
             return 128 + exc.signum
         except KeyboardInterrupt:
+            if done:
+                return done[0]
             print(f"{prog}: interrupted", file=sys.stderr)
             return 130
         finally:

@@ -9,10 +9,19 @@ from __future__ import annotations
 import os
 import signal
 import threading
+from collections.abc import Callable
 
 from privfed.commands.names import prog_name
 
-__all__ = ["attack_script", "exit_with", "flower_script", "quiet_start", "run_script", "tradeoff_script"]
+__all__ = [
+    "attack_script",
+    "exit_with",
+    "finish_on_signal",
+    "flower_script",
+    "quiet_start",
+    "run_script",
+    "tradeoff_script",
+]
 
 
 def quiet_start(command: str) -> None:
@@ -36,23 +45,60 @@ def quiet_start(command: str) -> None:
     signal.signal(signal.SIGINT, interrupted)
 
 
-def exit_with(code: int) -> None:
-    """Leave a command with ``code``.  An interrupted command (130) that has said so and kept what finished
-    exits 130 itself, after the exit handlers ran: CPython otherwise re-raises SIGINT at exit (status -2)
-    when the interrupt landed inside code a library ran through ``PyRun_*``, even though it was handled."""
+#: Set by :func:`exit_with` given the command itself: the command's process ends when it returns, so
+#: :func:`~privfed.commands.common.cli_entry` hands a signal that comes after its body finished to
+#: :func:`finish_on_signal` (a command called in a Python session, as the tests do, leaves the handlers alone).
+PROCESS_ENDS = False
+
+
+def exit_with(code: int | Callable[[], int]) -> None:
+    """Leave a command with ``code`` (or with what ``code()``, the command's ``main``, returns): its own
+    threads joined and the exit handlers run, as the interpreter's exit does, then the process ends with the
+    code without tearing the interpreter down.
+
+    The teardown (freeing torch, numpy and the rest: most of a second) would otherwise leave a window in which
+    Ctrl-C, SIGTERM or SIGHUP kills a run that has finished and published its results (status -2, -15 or -1,
+    nothing said); and CPython re-raises SIGINT at exit (status -2) when an interrupt landed inside code a
+    library ran through ``PyRun_*``, even though the command handled it (130)."""
+    import atexit
     import sys
 
-    if code == 130:
-        import atexit
+    global PROCESS_ENDS
+    if callable(code):
+        PROCESS_ENDS = True
+        code = code()
+    if threading.current_thread() is threading.main_thread():
+        finish_on_signal(code)  # first: from here a signal ends the process with this code
 
-        atexit._run_exitfuncs()
+    def flush() -> None:
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
-            except (OSError, ValueError):
+            except (AttributeError, OSError, ValueError):
                 pass
-        os._exit(130)
-    sys.exit(code)
+
+    flush()
+    for t in threading.enumerate():  # the command's own threads finish, as at the interpreter's exit
+        if t is not threading.current_thread() and not t.daemon:
+            t.join()
+    atexit._run_exitfuncs()
+    flush()
+    os._exit(code)
+
+
+def finish_on_signal(code: int) -> None:
+    """From here on, Ctrl-C, SIGTERM or SIGHUP ends the process with the command's own ``code`` at once: the
+    command has finished (what it wrote is published), and only its way out remains, which the signal would
+    otherwise turn into a failure status.  A signal the process ignores (nohup, a background job) stays
+    ignored."""
+
+    def finished(signum, frame):  # the results are on disk; console output Python still buffers is dropped
+        os._exit(code)
+
+    for name in ("SIGINT", "SIGTERM", "SIGHUP"):
+        sig = getattr(signal, name, None)
+        if sig is not None and signal.getsignal(sig) is not signal.SIG_IGN:
+            signal.signal(sig, finished)
 
 
 def _script(command: str, module: str) -> None:
@@ -65,7 +111,7 @@ def _script(command: str, module: str) -> None:
     answer_help(command)
     import importlib
 
-    exit_with(importlib.import_module(module).main())
+    exit_with(importlib.import_module(module).main)
 
 
 def tradeoff_script() -> None:

@@ -22,4 +22,4 @@ if __name__ == "__main__":  # --help answers before Flower is imported, in well 
     from privfed.commands.flower import main
     from privfed.commands.start import exit_with
 
-    exit_with(main())
+    exit_with(main)

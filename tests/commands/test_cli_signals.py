@@ -131,6 +131,26 @@ def test_signal_mid_sweep_keeps_finished_runs(tmp_path, digits_cache, sig, code,
     assert not (out / "results.csv").exists() and not (out / "results.json").exists()
 
 
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_once_the_results_are_written_leaves_a_finished_run_finished(tmp_path, digits_cache, sig):
+    """A signal right after the command says "wrote" either lands before the command returns, which then says
+    its folder holds the complete results and exits 128 + the signal (as the Flower command does), or after,
+    and the command exits with its own status 0.  The interpreter's teardown took most of a second after
+    that line, and the signal then killed the finished run (status -15 or -2, nothing said)."""
+    out = tmp_path / "o"
+    proc, err = _start([*SMALL, "--eps", "1", "--out", str(out)], tmp_path)
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if line.startswith(b"wrote "):
+            proc.send_signal(sig)
+            break
+    code = proc.wait(timeout=60)
+    stderr = b"".join(err).decode()
+    said = f"stopped after the run had finished: {out}/ holds its complete results" in stderr
+    assert code == 0 or (code == 128 + sig and said), (code, stderr)
+    assert verify_folder(out)["complete"] is True and "Traceback" not in stderr
+
+
 # ---------------------------------------------------------------- signals delivered at chosen points, in process
 def _kill_on_call(monkeypatch, target, name, sig, at):
     real = getattr(target, name)

@@ -56,7 +56,14 @@ from typing import Any
 
 from privfed.commands.attack.report import grid_figure, summary_line, undefined_notes
 from privfed.commands.attack.run import AttackConfig, resolve_config, run_attacks
-from privfed.commands.common import OutputDir, cli_entry, data_line, keep_finished, periodic_checkpoint
+from privfed.commands.common import (
+    OutputDir,
+    cli_entry,
+    data_line,
+    keep_finished,
+    periodic_checkpoint,
+    reporting_finished_run,
+)
 from privfed.commands.options import attack_parser as build_parser
 from privfed.results.record import make_record, write_record
 
@@ -151,26 +158,27 @@ def _body(argv: Sequence[str] | None) -> int:
     except BaseException:
         keep_finished(out, done, write_partial, command, PROG)
         raise
-    print(data_line(res["data_rules"]))
-    for r in records:
-        print(summary_line(r))
-    for note in undefined_notes(records):
-        print(note)
-    guarantees = list(dict.fromkeys(r["guarantee"] for r in records if math.isfinite(r["epsilon"])))
-    for i, g in enumerate(guarantees, 1):
-        print(f"guarantee G{i}: {g}" if len(guarantees) > 1 else f"guarantee: {g}")
-    if cfg.attack == "tracing":
-        print(
-            "tracing: auc = the Gaussian likelihood-ratio test, auc_inner = the inner-product tracer "
-            "(same targets); 0.5 = chance"
-        )
-    if cfg.strongest:
-        print(
-            f"strongest[name]: the strongest attack of the {cfg.attack} suite on the same challenge "
-            "(results.csv: strongest_attack and <attack>:<metric> for every attack of the suite)"
-        )
-    print(f"wrote {out.published}/: {', '.join(out.files())}  ({res['timing']['total_s']:.1f} s)")
-    return 0
+    with reporting_finished_run(PROG, out.published):  # the folder is complete: a signal now says so
+        print(data_line(res["data_rules"]))
+        for r in records:
+            print(summary_line(r))
+        for note in undefined_notes(records):
+            print(note)
+        guarantees = list(dict.fromkeys(r["guarantee"] for r in records if math.isfinite(r["epsilon"])))
+        for i, g in enumerate(guarantees, 1):
+            print(f"guarantee G{i}: {g}" if len(guarantees) > 1 else f"guarantee: {g}")
+        if cfg.attack == "tracing":
+            print(
+                "tracing: auc = the Gaussian likelihood-ratio test, auc_inner = the inner-product tracer "
+                "(same targets); 0.5 = chance"
+            )
+        if cfg.strongest:
+            print(
+                f"strongest[name]: the strongest attack of the {cfg.attack} suite on the same challenge "
+                "(results.csv: strongest_attack and <attack>:<metric> for every attack of the suite)"
+            )
+        print(f"wrote {out.published}/: {', '.join(out.files())}  ({res['timing']['total_s']:.1f} s)")
+        return 0
 
 
 main = cli_entry(PROG, _body)

@@ -12,7 +12,13 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
-from privfed.commands.common import OutputDir, cli_entry, keep_finished, periodic_checkpoint
+from privfed.commands.common import (
+    OutputDir,
+    cli_entry,
+    keep_finished,
+    periodic_checkpoint,
+    reporting_finished_run,
+)
 from privfed.commands.options import tradeoff_parser as build_parser
 from privfed.commands.tradeoff.config import TradeoffConfig, resolve_config
 from privfed.commands.tradeoff.plot import plot_title, plot_tradeoff
@@ -181,27 +187,28 @@ def _body(argv: Sequence[str] | None) -> int:
     except BaseException:
         keep_finished(out, done, write_partial, command, PROG)
         raise
-    print(format_table(summary, ids))
-    print(TABLE_LEGEND)
-    print(data_line(result["dataset"]["data_rules"]))
-    below = below_chance_line(summary, num_classes)
-    if below:
-        print(below)
-    for g in guarantee_text:
-        print(g)
-    rcfg = result["config"]
-    if any(math.isfinite(e) for e in cfg.epsilons) and rcfg.clip is not None and rcfg.count_noise is None:
-        if cfg.clip is not None:
-            origin = "--clip, or the --config replayed"
-        elif cfg.rounds > 1:
-            origin = "multi-round FedLog's default bound (privfed.rounds; no privacy cost)"
-        else:
-            origin = "median feature norm of the public split (no privacy cost)"
-        print(f"clip: {rcfg.clip:.4g} ({rcfg.clip_norm}; {origin})")
-    for w in result["warnings"]:
-        print(f"note: {w}")
-    print(f"wrote {out.published}/: {', '.join(out.files())}  ({result['timing']['total_s']:.1f} s)")
-    return 0
+    with reporting_finished_run(PROG, out.published):  # the folder is complete: a signal now says so
+        print(format_table(summary, ids))
+        print(TABLE_LEGEND)
+        print(data_line(result["dataset"]["data_rules"]))
+        below = below_chance_line(summary, num_classes)
+        if below:
+            print(below)
+        for g in guarantee_text:
+            print(g)
+        rcfg = result["config"]
+        if any(math.isfinite(e) for e in cfg.epsilons) and rcfg.clip is not None and rcfg.count_noise is None:
+            if cfg.clip is not None:
+                origin = "--clip, or the --config replayed"
+            elif cfg.rounds > 1:
+                origin = "multi-round FedLog's default bound (privfed.rounds; no privacy cost)"
+            else:
+                origin = "median feature norm of the public split (no privacy cost)"
+            print(f"clip: {rcfg.clip:.4g} ({rcfg.clip_norm}; {origin})")
+        for w in result["warnings"]:
+            print(f"note: {w}")
+        print(f"wrote {out.published}/: {', '.join(out.files())}  ({result['timing']['total_s']:.1f} s)")
+        return 0
 
 
 main = cli_entry(PROG, _body)
