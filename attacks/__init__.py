@@ -30,6 +30,7 @@ from attacks.strongest import strongest, strongest_flat
 from attacks.view import GroundTruth, NoiseSpec, PublicData, ServerView
 from privfed._registry import Registry
 from privfed._validation import as_generator
+from privfed.errors import ConfigError, InputError
 
 __all__ = [
     "Attack",
@@ -71,6 +72,10 @@ def evaluate(
     """
     attack, rng = get(name, **params), as_generator(rng, "rng")
     check_truth(truth)  # None was an AttributeError deep in the scoring
+    if not isinstance(view, ServerView):
+        raise InputError(
+            f"view must be a ServerView (attacks.scenario(...) returns one), got {type(view).__name__}"
+        )
     return attack.evaluate(view, truth, rng)
 
 
@@ -125,6 +130,8 @@ def evaluate_federation(
     privfed.errors.InputError
         When the view lacks what the attack reads (its message names it).
     """
+    if attack_params is not None and not isinstance(attack_params, dict):
+        raise ConfigError(f"attack_params must be a dict like {{'test': 'inner'}}, got {attack_params!r}")
     r_view, r_att = as_generator(rng, "rng").spawn(2)  # a seed outside 0..2**64 - 1 is one line
     view, truth = scenario(
         method,

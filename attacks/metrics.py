@@ -108,6 +108,8 @@ def _as_images(x) -> np.ndarray:
         a = a[None]
     if a.ndim != 3:
         raise InputError(f"images must have shape (n, H, W), got {a.shape}")
+    if not np.isfinite(a).all():  # a diverged reconstruction scored inf dB (an exact copy) under NaN
+        raise InputError("images contain NaN or inf values; a reconstruction that diverged has no score")
     return a
 
 
@@ -134,6 +136,8 @@ def ssim(recon, truth, win_size: int = 7) -> np.ndarray:
 def cosine(a, b) -> np.ndarray:
     """Row-wise cosine similarity (0 where a row is zero)."""
     a, b = np.atleast_2d(np.asarray(a, float)), np.atleast_2d(np.asarray(b, float))
+    if not (np.isfinite(a).all() and np.isfinite(b).all()):  # NaN rows scored 0, a plausible similarity
+        raise InputError("cosine: the vectors contain NaN or inf values; they have no similarity")
     na, nb = np.linalg.norm(a, axis=1), np.linalg.norm(b, axis=1)
     den = na * nb
     return np.where(den > 0, (a * b).sum(axis=1) / np.where(den > 0, den, 1.0), 0.0)

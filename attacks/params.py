@@ -10,13 +10,43 @@ and a negative index never counts from the end.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from mechanisms.dp.calibration import as_real
 from privfed._validation import as_int_vector, check_features
 from privfed.errors import ConfigError, InputError
 
-__all__ = ["check_fpr", "check_fprs", "check_targets", "index_vector"]
+__all__ = ["check_fpr", "check_fprs", "check_params", "check_targets", "index_vector", "secure_agg_of"]
+
+
+def check_params(
+    params: dict, *, positive=(), nonnegative=(), counts: dict[str, int] | None = None, optional=()
+) -> None:
+    """Refuse, naming it, a parameter that is not the number it must be: ``positive`` a finite number > 0,
+    ``nonnegative`` a finite number >= 0, ``counts`` an int of at least its value (``{name: least}``); a name in
+    ``optional`` may be None.  A bool is no number, and NaN, inf or text never reach torch or scipy."""
+    for name in [*positive, *nonnegative, *(counts or {})]:
+        v = params[name]
+        if v is None and name in optional:
+            continue
+        if name in (counts or {}):
+            least = counts[name]
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < least:
+                kind = "a positive int" if least == 1 else f"an int >= {least}"
+                raise ConfigError(
+                    f"{name} must be {kind}{' or None' if name in optional else ''}, got {name}={v!r}"
+                )
+        elif (
+            isinstance(v, bool)
+            or not isinstance(v, (int, float, np.number))
+            or not np.isfinite(v)
+            or v < 0
+            or (v == 0 and name in positive)
+        ):
+            rule = "> 0" if name in positive else ">= 0"
+            raise ConfigError(f"{name} must be a finite number {rule}, got {name}={v!r}")
 
 
 def check_fpr(value, name: str = "fpr") -> float:
@@ -75,3 +105,23 @@ def check_targets(view, targets, target_labels, target_ids):
     if ids.shape != (n,):
         raise InputError(f"target_ids must have one id per target, shape ({n},), got {ids.shape}")
     return Y, yl, ids
+
+
+def secure_agg_of(value: Any) -> Any:
+    """``secure_agg`` as the view reads it: False, True (the ideal functionality) or a secure-sum object; the
+    command's words "none", "mask" and "ckks" as it reads them ("none" was truthy: a secure sum, exposure 0)."""
+    if value is None or isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, str):
+        from privfed.release.settings import make_secure_agg
+
+        if value not in ("none", "mask", "ckks"):
+            raise ConfigError(
+                f"secure_agg must be True, False, 'none', 'mask', 'ckks' or a secure sum, got {value!r}"
+            )
+        return make_secure_agg(value) or False
+    if not hasattr(value, "secure_sum"):
+        raise ConfigError(
+            f"secure_agg must be True, False, 'none', 'mask', 'ckks' or a secure sum, got {value!r}"
+        )
+    return value

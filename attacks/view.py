@@ -30,6 +30,7 @@ import numpy as np
 
 from attacks.knowledge import GroundTruth, PublicData
 from attacks.noise_spec import COUNT_NOISE_KINDS, NoiseSpec, count_noise, gaussian_sigma
+from attacks.params import secure_agg_of
 from privfed.errors import ConfigError, InputError
 from privfed.stats import STAT_FIELDS, ClientStats
 from privfed.stats.checks import check_upload_finite
@@ -269,8 +270,8 @@ class ServerView:
             A :class:`NoiseSpec`, or a mechanism object with the pipeline's
             ``clip`` / ``before_upload`` / ``after_aggregate`` hooks (its noise
             specification is read with :meth:`NoiseSpec.from_mechanism`).
-        secure_agg : bool or secure-aggregation object
-            Truthy: the server learns only the all-client sums.
+        secure_agg : bool, "none", "mask", "ckks" or a secure-aggregation object
+            True or a protocol: the server learns only the all-client sums.
         backbone, public :
             The attacker's side knowledge.
         num_classes, num_clients : int, optional
@@ -313,7 +314,16 @@ class ServerView:
         K = int(k.max()) + 1 if num_clients is None else check_num_classes(num_clients, "num_clients")
         if k.size and k.max() >= K:
             raise InputError(f"clients contains {int(k.max())}, out of range for num_clients={K}")
-        secure = bool(secure_agg)
+        secure_agg = secure_agg_of(secure_agg)
+        secure = secure_agg is not False
+        if (
+            privacy is not None
+            and not isinstance(privacy, NoiseSpec)
+            and not hasattr(privacy, "after_aggregate")
+        ):
+            raise ConfigError(
+                f"privacy must be a NoiseSpec or a mechanism (e.g. GaussianMechanism), got {privacy!r}"
+            )
         if secure and m.per_client and type(m).secure_aggregate is _methods.Method.secure_aggregate:
             raise ConfigError(
                 f"method {m.name!r} needs individual client statistics and has no secure "

@@ -76,6 +76,7 @@ from attacks.inversion.scoring import (
     prior_guesses,
     score_inversion,
 )
+from attacks.params import check_params
 from attacks.second_moments.unmixing import unmix
 from attacks.view import GroundTruth, ServerView
 from privfed.errors import ConfigError, InputError
@@ -173,35 +174,20 @@ class FeatureInversion(Attack):
 
         if p["refine"] != "auto" and p["refine"] not in REFINEMENTS:
             raise ConfigError(f"unknown refinement {p['refine']!r}; choose from {['auto', *REFINEMENTS]}")
-        for k in (
-            "steps",
-            "max_cells",
-            "max_samples",
-            "decoder_epochs",
-            "dip_steps",
-            "max_set",
-            "bank_copies",
-            "train_steps",
-            "hidden",
-            "refine_steps",
-            "feature_steps",
-            "joint_restarts",
-            "joint_candidates",
-            "max_joint",
-        ):
-            if k == "refine_steps" and p[k] is None:
-                continue
-            if isinstance(p[k], bool) or not isinstance(p[k], (int, np.integer)) or p[k] < 1:
-                raise ConfigError(f"{k} must be a positive int, got {k}={p[k]!r}")
-        lrs = [p["joint_lr"]] + ([] if p["joint_lrs"] is None else list(p["joint_lrs"]))
         if p["joint_lrs"] is not None and not p["joint_lrs"]:
             raise ConfigError("joint_lrs must list at least one learning rate (or be None: joint_lr alone)")
-        for lr in lrs:
-            if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr > 0:
-                raise ConfigError(f"joint_lr / joint_lrs must be numbers > 0, got {lr!r}")
-        for k in ("joint_steps", "polish_steps"):
-            if isinstance(p[k], bool) or not isinstance(p[k], (int, np.integer)) or p[k] < 0:
-                raise ConfigError(f"{k} must be an int >= 0, got {k}={p[k]!r}")
+        lrs = {f"joint_lrs[{i}]": v for i, v in enumerate(p["joint_lrs"] or ())}
+        counts = (
+            "steps max_cells max_samples decoder_epochs dip_steps max_set bank_copies train_steps hidden "
+        )
+        counts += "refine_steps feature_steps joint_restarts joint_candidates max_joint max_count"
+        check_params(  # NaN, -1 or text reached torch's or scipy's errors (lr, tv, anchor) or ran (max_count)
+            {**p, **lrs},
+            positive=["lr", "joint_lr", *lrs],
+            nonnegative=["tv", "anchor"],
+            counts={**dict.fromkeys(counts.split(), 1), "joint_steps": 0, "polish_steps": 0},
+            optional=["refine_steps", "max_count"],
+        )
 
     def _joint_lrs(self) -> tuple:
         p = self.params

@@ -414,3 +414,31 @@ def test_a_config_files_attack_params_reach_the_attack_it_names(tmp_path, digits
     assert main(["--config", str(cfg), "--out", str(tmp_path / "bad")]) == 2
     err = capsys.readouterr().err
     assert "singleton" in err and "steps" in err and "inversion" not in err
+
+
+@pytest.mark.parametrize(
+    "text, argv, needle",
+    [
+        ('attack = "labels"\nattack_params = [1]\n', [], "attack_params in --config must be a table"),
+        ('attack = "labels"\nattack_params = "lr"\n', [], "attack_params in --config must be a table"),
+        (
+            'attack = "labels"\ndata_seed = 3\n',
+            [],
+            "data_seed in --config: the attacks run on the digits split",
+        ),
+        (
+            'attack = "singleton"\n',
+            ["--partition", "groups", "--clients", "5"],
+            "--clients applies to the splits",
+        ),
+    ],
+)
+def test_settings_the_attack_would_ignore_or_crash_on_are_refused(tmp_path, capsys, text, argv, needle):
+    """attack_params that were no table was a traceback; data_seed = 3 ran seed 0 and --clients under
+    --partition groups ran 40 clients, each recording the value it ignored."""
+    cfg = tmp_path / "s.toml"
+    cfg.write_text(text)
+    assert main(["--config", str(cfg), *argv, "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert needle in err and len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert not (tmp_path / "o").exists()

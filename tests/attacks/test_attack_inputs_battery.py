@@ -303,3 +303,87 @@ def test_a_gaussian_spec_never_calibrates_to_zero_or_overflows(clip, blocks):
     else:
         with pytest.raises(ConfigError, match="is below 1e-100" if clip < 1 else r"is beyond 1e\+100"):
             NoiseSpec.gaussian(epsilon=1.0, delta=1e-5, clip=clip, blocks=blocks)
+
+
+@pytest.mark.parametrize("word, same_as", [("none", False), ("mask", True)])
+def test_secure_agg_takes_the_commands_words_as_the_command_does(word, same_as):
+    """secure_agg="none" was truthy: the server saw only the sum and the singleton attack reported exposure 0."""
+    F, y, H, yh, pub = _data()
+    k = np.arange(N) % 40
+    got = attacks.evaluate_federation("singleton", "fedncm", F, y, k, secure_agg=word)
+    want = attacks.evaluate_federation("singleton", "fedncm", F, y, k, secure_agg=same_as)
+    same = got.keys() == want.keys() and all(
+        got[m] == want[m] or (got[m] != got[m] and want[m] != want[m]) for m in got
+    )
+    assert same and (got["exposed_fraction"] > 0) is (word == "none"), (got, want)
+
+
+@pytest.mark.parametrize("value", ["no", "false", "MASK", 1, object()])
+def test_secure_agg_refuses_what_it_does_not_know(value):
+    F, y, *_ = _data()
+    with pytest.raises(ConfigError, match="secure_agg must be True, False, 'none', 'mask', 'ckks'") as exc:
+        attacks.scenario("fedncm", F, y, np.arange(N) % 40, secure_agg=value)
+    _one_line(exc)
+
+
+@pytest.mark.parametrize("value", ["foo", {"eps": 1}, 1.0])
+def test_privacy_must_be_a_noise_spec_or_a_mechanism(value):
+    F, y, *_ = _data()
+    with pytest.raises(ConfigError, match="privacy must be a NoiseSpec or a mechanism") as exc:
+        attacks.scenario("fedncm", F, y, np.arange(N) % 40, privacy=value)
+    _one_line(exc)
+
+
+def test_a_mechanism_with_a_named_secure_sum_runs():
+    """A mechanism with secure_agg='mask' was an AttributeError ('str' object has no attribute 'secure_sum')."""
+    from mechanisms import GaussianMechanism
+
+    F, y, *_ = _data()
+    view, _ = attacks.scenario(
+        "fedncm",
+        F,
+        y,
+        np.arange(N) % 40,
+        privacy=GaussianMechanism(epsilon=1.0, delta=1e-5, clip=5.0),
+        secure_agg="mask",
+    )
+    assert view.secure_agg is True and not view.per_client
+
+
+def test_metrics_refuse_non_finite_images_and_vectors():
+    """A NaN reconstruction scored inf dB (an exact copy) and a NaN cosine scored 0."""
+    from attacks.metrics import cosine, psnr
+
+    with pytest.raises(InputError, match="NaN or inf"):
+        psnr(np.full((1, 8, 8), np.nan), np.zeros((1, 8, 8)))
+    with pytest.raises(InputError, match="NaN or inf"):
+        cosine(np.full((1, 3), np.nan), np.ones((1, 3)))
+    assert psnr(np.zeros((1, 8, 8)), np.zeros((1, 8, 8)))[0] == np.inf  # an exact copy, as documented
+
+
+@pytest.mark.parametrize(
+    "kw, word",
+    [
+        ({"lr": -1.0}, "lr must be a finite number > 0"),
+        ({"lr": math.nan}, "lr must be a finite number > 0"),
+        ({"tv": math.nan}, "tv must be a finite number >= 0"),
+        ({"tv": -5.0}, "tv must be a finite number >= 0"),
+        ({"anchor": "x"}, "anchor must be a finite number >= 0"),
+        ({"max_count": -1}, "max_count must be a positive int or None"),
+        ({"joint_lrs": (0.1, -1)}, "joint_lrs[1] must be a finite number > 0"),
+    ],
+)
+def test_inversion_settings_are_checked_when_built(kw, word):
+    """lr, tv and anchor reached torch's or scipy's errors; tv = -5 and max_count = -1 ran."""
+    with pytest.raises(ConfigError) as exc:
+        attacks.get("inversion", **kw)
+    assert word in _one_line(exc)
+
+
+def test_evaluate_refuses_what_is_not_a_view_and_attack_params_that_are_not_a_dict():
+    F, y, H, yh, pub = _data()
+    view, truth = _scenario()
+    with pytest.raises(InputError, match="view must be a ServerView"):
+        attacks.evaluate("tracing", "x", truth)
+    with pytest.raises(ConfigError, match="attack_params must be a dict"):
+        attacks.evaluate_federation("labels", "fedncm", F, y, np.arange(N) % 40, attack_params=[1])

@@ -121,6 +121,17 @@ def resolve_config(args: argparse.Namespace) -> AttackConfig:
                 f"{s.named(dest)} applies to --partition groups (exactly n samples of one class on each client); "
                 f"add --partition groups, or drop it (--partition {partition} splits by its own rule)"
             )
+    if s.given("clients") and partition == "groups":  # as --n outside groups: refused, never ignored
+        raise ConfigError(
+            f"{s.named('clients')} applies to the splits privfed draws; --partition groups makes one client per "
+            "class group (at most --max-groups of them): drop it, or set --max-groups"
+        )
+    seed_v = s.base.get("data_seed")  # recorded with every run; the attacker's knowledge is seed 0's
+    if seed_v is not None and (isinstance(seed_v, bool) or seed_v != 0):
+        raise ConfigError(
+            f"data_seed in --config: the attacks run on the digits split and backbone of seed 0 (the record "
+            f"states it; it is not a setting), got {seed_v!r}; drop it"
+        )
     ns_v = s.raw("n", "n", "ns") if partition == "groups" else None  # n applies to class groups only
     ns = tuple(parse_int_list(as_list("1,4,16" if ns_v is None else ns_v, "--n"), "--n", minimum=1))
     if len(set(ns)) != len(ns):  # as --seeds: a repeated n would run the same groups twice
@@ -157,7 +168,10 @@ def resolve_config(args: argparse.Namespace) -> AttackConfig:
     # one configuration: a pair that contradicts itself is refused now, naming both (never one ignored)
     check_combination(count_noise=count_noise, level=level, secure_agg=secure, clip=clip)
     refuse_unused_dp(any(math.isfinite(e) for e in eps), {"--clip": clip is not None})
-    params: dict[str, Any] = dict(s.base.get("attack_params") or {})
+    table = s.base.get("attack_params") or {}
+    if not isinstance(table, dict):
+        raise ConfigError(f"attack_params in --config must be a table like {{lr = 0.05}}, got {table!r}")
+    params: dict[str, Any] = dict(table)
     for flag in ("backend", "source", "steps", "max_cells"):
         v = getattr(args, flag, None)
         if v is None:
