@@ -169,7 +169,12 @@ def prepare(
         "depends on the features' scale (its regulariser or prior is in absolute units), so they cannot be "
         "rescaled for you: divide the features by a constant (e.g. their median row norm) and choose the "
         "method's parameters for that scale"
-        + ("; or pass feature_scale='auto', which makes FedLog scale-invariant" if name == "fedlog" else "")
+        + (
+            "; or pass feature_scale='auto' (on the command line: --param fedlog.feature_scale=auto), which makes "
+            "FedLog scale-invariant"
+            if name == "fedlog"
+            else ""
+        )
     )
 
 

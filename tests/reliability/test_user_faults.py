@@ -1133,3 +1133,15 @@ def test_the_memory_checks_see_an_address_space_limit(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "PRIVFED_MEMORY_LIMIT"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
     assert out.stdout.split() == ["True", "True"], out.stderr[-500:]
+
+
+def test_fedlog_features_past_the_float_range_name_the_command_line_fix_too():
+    """The refusal named feature_scale='auto', a Python spelling the command's users cannot type; it now gives
+    --param fedlog.feature_scale=auto beside it."""
+    rng = np.random.default_rng(0)
+    X = np.abs(rng.normal(size=(120, 5))) * 1e200
+    y = np.arange(120) % 3
+    with pytest.raises(
+        InputError, match=r"feature_scale='auto' \(on the command line: --param fedlog\.feature_scale=auto\)"
+    ):
+        __import__("privfed").fit("fedlog", X, y, np.arange(120) % 3)

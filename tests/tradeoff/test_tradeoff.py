@@ -120,6 +120,7 @@ def test_toml_config_with_flag_override(tmp_path, digits_cache):
         (["--eps", "0.1,,1"], "malformed list"),
         (["--eps", "0.1,abc"], "'abc' is not a number"),
         (["--dataset", "file:/nonexistent/feats.npz"], "/nonexistent/feats.npz"),
+        (["--dataset", "file:"], "dataset 'file:' names no file: write file:PATH"),  # it named "."
         (["--delta", "1.5"], "--delta must be in (0, 1)"),
         (["--seeds", "0"], "--seeds must be >= 1"),
         (["--param", "fedcof.gamma=-1"], "gamma"),
