@@ -74,6 +74,19 @@ class _Once(argparse._StoreAction):
         setattr(namespace, self.dest, values)
 
 
+class _OnceSwitch(argparse.BooleanOptionalAction):
+    """``--x`` / ``--no-x``: both, or one of them twice, is refused (argparse would keep the last silently)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        given = parser._given
+        if self.dest in given:
+            raise argparse.ArgumentError(
+                self, f"given twice ({given[self.dest]}, then {option_string}); pass one"
+            )
+        given[self.dest] = option_string
+        super().__call__(parser, namespace, values, option_string)
+
+
 #: A command-line word that starts like a negative number (a flag's value, never a flag of privfed's).
 _NEGATIVE = re.compile(r"-(\d|\.\d|inf|nan)", re.IGNORECASE)
 
@@ -104,6 +117,8 @@ class Parser(argparse.ArgumentParser):
     def add_argument(self, *args, **kwargs):  # noqa: D102
         if args and str(args[0]).startswith("-") and kwargs.get("action") in (None, "store"):
             kwargs["action"] = _Once
+        elif kwargs.get("action") is argparse.BooleanOptionalAction:
+            kwargs["action"] = _OnceSwitch
         return super().add_argument(*args, **kwargs)
 
     def error(self, message: str):  # noqa: D102

@@ -355,7 +355,7 @@ class Settings:
         v = self.raw("secure_agg", "secure_agg", "secure")
         if v is None:
             return FEDERATION["secure_agg"]
-        v = as_str(v, "--secure-agg")
+        v = as_str(v, "--secure-agg").lower()  # as --method and --count-noise read MASK
         if v not in kinds:
             raise ConfigError(f"--secure-agg must be {', '.join(kinds[:-1])} or {kinds[-1]}, got {v!r}")
         return v

@@ -176,9 +176,26 @@ def test_a_run_is_the_same_in_any_sweep_that_holds_it_and_on_tradeoffs_federatio
         (["--attack", "tracing", "--method", "fedx", "--out", "X"], "unknown method 'fedx'"),
         (
             ["--attack", "subspace", "--method", "fedncm", "--partition", "groups", "--n", "2", "--out", "X"],
-            "needs the statistic 'second'",
+            "reads each client's second moment, which fedncm does not upload; use --method fed3r,",
         ),
         (["--attack", "tracing", "--backend", "pixel", "--out", "X"], "applies to --attack inversion only"),
+        # each of these ran, the setting ignored (recorded as if it had applied), or the last switch won
+        (
+            ["--attack", "inversion", "--backend", "decoder", "--steps", "5", "--out", "X"],
+            "--steps applies to the pixel and dip backends, not --backend decoder",
+        ),
+        (
+            ["--attack", "singleton", "--eps", "inf", "--count-noise", "laplace", "--out", "X"],
+            "no eps is finite",
+        ),
+        (
+            ["--attack", "singleton", "--eps", "inf", "--delta", "0.5", "--out", "X"],
+            "--delta is a setting of the DP",
+        ),
+        (
+            ["--attack", "tracing", "--strongest", "--no-strongest", "--out", "X"],
+            "given twice (--strongest, then",
+        ),
         (["--attack", "inversion", "--backend", "gan", "--out", "X"], "unknown inversion backend"),
         (
             ["--attack", "labels", "--count-noise", "poisson", "--out", "X"],
@@ -431,6 +448,12 @@ def test_a_config_files_attack_params_reach_the_attack_it_names(tmp_path, digits
             ["--partition", "groups", "--clients", "5"],
             "--clients applies to the splits",
         ),
+        # found only after fed3r's runs had finished
+        (
+            'attack = "subspace"\n',
+            ["--method", "fed3r,fedlog"],
+            "which fedlog does not upload; use --method fed3r,",
+        ),
     ],
 )
 def test_settings_the_attack_would_ignore_or_crash_on_are_refused(tmp_path, capsys, text, argv, needle):
@@ -442,3 +465,13 @@ def test_settings_the_attack_would_ignore_or_crash_on_are_refused(tmp_path, caps
     err = capsys.readouterr().err.strip()
     assert needle in err and len(err.splitlines()) == 1 and "Traceback" not in err, err
     assert not (tmp_path / "o").exists()
+
+
+def test_the_default_spellings_help_shows_are_taken(tmp_path, digits_cache):
+    """--count-noise none (help: "default: none") was an unknown count noise; --secure-agg MASK was refused where
+    --method FEDLOG was taken."""
+    for i, argv in enumerate((["--count-noise", "none"], ["--secure-agg", "MASK"])):
+        out = tmp_path / f"o{i}"
+        assert main(["--attack", "singleton", *argv, "--out", str(out), "--quiet"]) == 0
+        config = json.loads((out / "results.json").read_text())["config"]
+        assert config["count_noise"] is None if i == 0 else config["secure_agg"] == "mask"

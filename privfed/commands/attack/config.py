@@ -99,6 +99,17 @@ def resolve_config(args: argparse.Namespace) -> AttackConfig:
     (attack,) = named
     attacks.get_class(attack)
     methods = s.methods()
+    if "second" in attacks.get_class(attack).requires:  # found after the methods before it had run
+        from privfed import methods as _methods
+
+        has = [m for m in _methods.available() if {"second", "class_second"} & set(_methods.get(m).requires)]
+        lacking = [m for m in methods if m not in has]
+        if lacking:
+            raise ConfigError(
+                f"--attack {attack} reads each client's second moment, which {' and '.join(lacking)} "
+                f"{'does' if len(lacking) == 1 else 'do'} not upload; use --method "
+                f"{','.join(h for h in has if h != 'fedcof-oracle')}"
+            )
     eps = s.epsilons()
     delta = s.delta()
     clip = s.clip()
@@ -137,6 +148,8 @@ def resolve_config(args: argparse.Namespace) -> AttackConfig:
     if len(set(ns)) != len(ns):  # as --seeds: a repeated n would run the same groups twice
         raise ConfigError(f"--n lists a size twice: {ns_v!r}")
     count_noise = s.raw("count_noise")
+    if isinstance(count_noise, str) and count_noise.strip().lower() == "none":  # --help's "(default: none)"
+        count_noise = None
     if count_noise is not None:
         count_noise = choose(count_noise, tuple(COUNT_NOISE_KINDS), "--count-noise", what="count noise")
     s.check_count_noise(count_noise, eps)
@@ -163,11 +176,19 @@ def resolve_config(args: argparse.Namespace) -> AttackConfig:
             f"--secure-agg {secure} needs 2 or more clients (a sum of one input is that input), but "
             "--max-groups 1 makes one group, one client; raise --max-groups or drop --secure-agg"
         )
-    if not any(math.isfinite(e) for e in eps) and s.replayed("clip"):
-        clip = None  # a DP record replayed under --eps inf: its clip is no setting of this run
+    if not any(math.isfinite(e) for e in eps):  # a DP record replayed under --eps inf: no setting of this run
+        clip = None if s.replayed("clip") else clip
+        count_noise = None if s.replayed("count_noise") else count_noise
     # one configuration: a pair that contradicts itself is refused now, naming both (never one ignored)
     check_combination(count_noise=count_noise, level=level, secure_agg=secure, clip=clip)
-    refuse_unused_dp(any(math.isfinite(e) for e in eps), {"--clip": clip is not None})
+    refuse_unused_dp(
+        any(math.isfinite(e) for e in eps),
+        {
+            "--clip": clip is not None,
+            f"--count-noise {count_noise}": count_noise is not None,
+            "--delta": s.given("delta") and not s.replayed("delta"),
+        },
+    )
     table = s.base.get("attack_params") or {}
     if not isinstance(table, dict):
         raise ConfigError(f"attack_params in --config must be a table like {{lr = 0.05}}, got {table!r}")
@@ -182,7 +203,10 @@ def resolve_config(args: argparse.Namespace) -> AttackConfig:
             params[flag] = (
                 as_int(v, f"--{flag.replace('_', '-')}", minimum=1) if flag in ("steps", "max_cells") else v
             )
-    if params.get("backend") == "dip" and "steps" in params:
+    backend = params.get("backend", attacks.get_class("inversion").defaults["backend"])
+    if "steps" in params and backend not in ("pixel", "dip"):  # the learned backends run no such steps
+        raise ConfigError(f"--steps applies to the pixel and dip backends, not --backend {backend}; drop it")
+    if backend == "dip" and "steps" in params:
         params["dip_steps"] = params.pop("steps")
     attacks.get(attack, **params)  # validate the parameters now
     method_params = s.params(methods)

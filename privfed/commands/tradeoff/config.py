@@ -162,6 +162,8 @@ def resolve_config(args: argparse.Namespace, *, values: dict[str, Any] | None = 
     clients = s.clients()
     alpha = s.alpha()
     count_noise = pick("count_noise")
+    if isinstance(count_noise, str) and count_noise.strip().lower() == "none":  # --help's "(default: none)"
+        count_noise = None
     if count_noise is not None:
         count_noise = _choice(count_noise, "--count-noise", tuple(COUNT_NOISE_KINDS), "count noise")
     s.check_count_noise(count_noise, epsilons)
