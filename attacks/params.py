@@ -29,6 +29,8 @@ def check_params(
     ``optional`` may be None.  A bool is no number, and NaN, inf or text never reach torch or scipy."""
     for name in [*positive, *nonnegative, *(counts or {})]:
         v = params[name]
+        if isinstance(v, np.ndarray) and v.ndim == 0:  # np.array(0.1) is 0.1
+            v = v.item()
         if v is None and name in optional:
             continue
         if name in (counts or {}):

@@ -79,8 +79,9 @@ def interruptible() -> Iterator[None]:
     """Turn SIGTERM and SIGHUP into :class:`Terminated` (a KeyboardInterrupt) while the block runs.
 
     Only in the main thread (where Python delivers signals); the previous
-    handlers are restored afterwards.  A signal the process ignores (a parent's
-    ``nohup`` ignores SIGHUP) stays ignored.
+    handlers are restored afterwards, unless the block installed others of its
+    own (a command that finished hands its way out to those).  A signal the
+    process ignores (a parent's ``nohup`` ignores SIGHUP) stays ignored.
     """
     if threading.current_thread() is not threading.main_thread():
         yield
@@ -95,7 +96,8 @@ def interruptible() -> Iterator[None]:
         yield
     finally:
         for s, h in old.items():
-            signal.signal(s, h)
+            if signal.getsignal(s) is handler:
+                signal.signal(s, h)
 
 
 #: The signals that stop a command: Ctrl-C, SIGTERM (kill, timeout, a scheduler), SIGHUP (a closed terminal;

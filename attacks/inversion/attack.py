@@ -180,10 +180,10 @@ class FeatureInversion(Attack):
         counts = (
             "steps max_cells max_samples decoder_epochs dip_steps max_set bank_copies train_steps hidden "
         )
-        counts += "refine_steps feature_steps joint_restarts joint_candidates max_joint max_count"
+        counts += "refine_steps feature_steps joint_restarts joint_candidates max_joint"
         check_params(  # NaN, -1 or text reached torch's or scipy's errors (lr, tv, anchor) or ran (max_count)
             {**p, **lrs},
-            positive=["lr", "joint_lr", *lrs],
+            positive=["lr", "joint_lr", *lrs, "max_count"],  # max_count: a bound on released counts
             nonnegative=["tv", "anchor"],
             counts={**dict.fromkeys(counts.split(), 1), "joint_steps": 0, "polish_steps": 0},
             optional=["refine_steps", "max_count"],

@@ -124,17 +124,7 @@ class KeySource:
     def field_elements(self, n: int) -> list[int]:
         """``n`` uniform integers below :data:`shamir.PRIME` (rejection sampling), their bytes drawn at once: the
         same values, from the same stream, as ``n`` calls of :meth:`field_element`."""
-        raw = self(32 * n)
-        out = [
-            v
-            for v in (int.from_bytes(raw[i : i + 32], "little") for i in range(0, 32 * n, 32))
-            if v < shamir.PRIME
-        ]
-        while len(out) < n:
-            v = int.from_bytes(self(32), "little")
-            if v < shamir.PRIME:
-                out.append(v)
-        return out
+        return [int.from_bytes(c, "little") for c in shamir.field_elements(n, self)]
 
     def ahead(self, n: int) -> Callable[[int], bytes]:
         """A byte source reading this one's stream in the same order, its next ``n`` bytes drawn at once (a

@@ -39,7 +39,7 @@ import numpy as np
 from privfed._validation import is_integer
 from privfed.errors import InputError
 
-__all__ = ["PRIME", "SHARE_BYTES", "combine", "lagrange_at_zero", "split", "split_many"]
+__all__ = ["PRIME", "SHARE_BYTES", "combine", "field_elements", "lagrange_at_zero", "split", "split_many"]
 
 #: The field modulus (prime).
 PRIME = 2**256 - 189
@@ -91,8 +91,9 @@ def _draw(random_bytes: Callable[[int], bytes], n: int) -> bytes:
     return raw
 
 
-def _coefficients(count: int, random_bytes: Callable[[int], bytes]) -> list[bytes]:
-    """``count`` uniform field elements as 32-byte little-endian strings (rejection sampling).
+def field_elements(count: int, random_bytes: Callable[[int], bytes]) -> list[bytes]:
+    """``count`` uniform field elements as 32-byte little-endian strings (rejection sampling; a polynomial's
+    coefficients, a node's secrets: :meth:`mechanisms.secagg.crypto.KeySource.field_elements`).
 
     Reads the byte stream in the same order as drawing them one by one.
     """
@@ -140,7 +141,7 @@ def _split(
     secret = int(secret)  # a numpy integer overflows against the 256-bit values below
     # Horner's rule from the highest coefficient; at small points (node indices) the integer grows by a few
     # bits a step and is reduced once.
-    high = [int.from_bytes(c, "little") for c in _coefficients(threshold - 1, random_bytes)][::-1]
+    high = [int.from_bytes(c, "little") for c in field_elements(threshold - 1, random_bytes)][::-1]
     out = {}
     for x in (int(x) for x in xs):
         acc = 0
@@ -187,7 +188,7 @@ def split_many(
     points = tuple(int(x) for x in xs)
     S, n, t = len(secrets), len(points), threshold
     raw = b"".join(
-        s.to_bytes(SHARE_BYTES, "little") + b"".join(_coefficients(t - 1, random_bytes)) for s in secrets
+        s.to_bytes(SHARE_BYTES, "little") + b"".join(field_elements(t - 1, random_bytes)) for s in secrets
     )
     # coef[a * S + s, j]: limb a of coefficient j of secret s.
     coef = np.frombuffer(raw, dtype="<u2").reshape(S, t, _LIMBS).transpose(2, 0, 1).reshape(_LIMBS * S, t)

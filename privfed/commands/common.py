@@ -370,6 +370,14 @@ def _cwd_exists() -> bool:
     return True
 
 
+def _shown(prog: str) -> str:
+    """How a command names itself: ``privfed-<command>`` when its installed script started it, else ``prog``."""
+    from privfed.commands.names import prog_name
+
+    command = prog.removeprefix("python -m privfed.") if prog.startswith("python -m privfed.") else ""
+    return prog_name(command) if command else prog
+
+
 @contextlib.contextmanager
 def reporting_finished_run(prog: str, folder: Any):
     """The console report of a run whose results are published: Ctrl-C, SIGTERM or SIGHUP here says that
@@ -378,13 +386,9 @@ def reporting_finished_run(prog: str, folder: Any):
     try:
         yield
     except KeyboardInterrupt:
-        from privfed.commands.names import prog_name
-
-        command = prog.removeprefix("python -m privfed.") if prog.startswith("python -m privfed.") else ""
         with contextlib.suppress(OSError, ValueError):  # after SIGHUP the terminal may be gone
             print(
-                f"{prog_name(command) if command else prog}: stopped after the run had finished: {folder}/ holds "
-                "its complete results",
+                f"{_shown(prog)}: stopped after the run had finished: {folder}/ holds its complete results",
                 file=sys.stderr,
                 flush=True,
             )
@@ -400,18 +404,13 @@ def cli_entry(
     body has written what finished.  A ``prog`` of the form ``python -m privfed.<command>`` is shown as
     ``privfed-<command>`` when the installed script started the command.
     """
-    prog_given, command = (
-        prog,
-        prog.removeprefix("python -m privfed.") if prog.startswith("python -m privfed.") else "",
-    )
+    prog_given = prog
 
     def main(argv: Sequence[str] | None = None) -> int:
         import signal
         import threading
 
-        from privfed.commands.names import prog_name
-
-        prog = prog_name(command) if command else prog_given  # privfed-tradeoff when started by its script
+        prog = _shown(prog_given)  # privfed-tradeoff when started by its script
 
         if threading.current_thread() is threading.main_thread() and getattr(
             signal.getsignal(signal.SIGINT), "privfed_start", False
@@ -433,10 +432,14 @@ def cli_entry(
                 dense_view_limit()
                 memory_limit()  # the variable alone: what the system has free is read where it is needed
                 done.append(body(argv))
-            from privfed.commands import start
+                from privfed.commands import start
 
-            if start.PROCESS_ENDS and threading.current_thread() is threading.main_thread():
-                start.finish_on_signal(done[0])  # the process ends with this status, whatever comes now
+                if start.PROCESS_ENDS and threading.current_thread() is threading.main_thread():
+                    # the report is out before a signal can end the process (exit_with reports a failed write)
+                    with contextlib.suppress(OSError, ValueError, AttributeError):
+                        sys.stdout.flush()
+                    # installed inside the block, which then leaves them: no moment with the default handlers
+                    start.finish_on_signal(done[0])  # the process ends with this status, whatever comes now
             return done[0]
         except BrokenPipeError as exc:
             # `| head` stopped reading: like any Unix tool, stop quietly (128 + SIGPIPE)

@@ -361,6 +361,13 @@ class Settings:
         return v
 
     # -- data -----------------------------------------------------------------
+    def count_noise(self, kinds: Sequence[str]) -> str | None:
+        """``--count-noise`` (None: none; ``none``, the default ``--help`` shows, is none too)."""
+        v = self.raw("count_noise")
+        if v is None or (isinstance(v, str) and v.strip().lower() == "none"):
+            return None
+        return choose(v, tuple(kinds), "--count-noise", what="count noise")
+
     def dataset(self) -> str:
         """The data set; a feature file's path made absolute, so that the run's record replays from any folder
         (a relative path in a settings file a user wrote is read from that file's folder)."""

@@ -6,6 +6,7 @@ only, so the handler is in place before the heavy imports (argparse, numpy, ...)
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
@@ -70,20 +71,30 @@ def exit_with(code: int | Callable[[], int]) -> None:
     if threading.current_thread() is threading.main_thread():
         finish_on_signal(code)  # first: from here a signal ends the process with this code
 
-    def flush() -> None:
+    def flush() -> bool:
+        ok = True
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
-            except (AttributeError, OSError, ValueError):
+            except (AttributeError, ValueError):  # no stream, or one the command closed
                 pass
+            except OSError as exc:  # a full disk under '> log': the report is lost, so the run is no success
+                ok = False
+                with contextlib.suppress(OSError):
+                    os.write(2, f"error: could not write the command's output ({exc})\n".encode())
+        return ok
 
-    flush()
-    for t in threading.enumerate():  # the command's own threads finish, as at the interpreter's exit
-        if t is not threading.current_thread() and not t.daemon:
-            t.join()
+    failed = not flush()
+    shutdown = getattr(threading, "_shutdown", None)  # as at the interpreter's exit: the atexit hooks of
+    if shutdown is not None:  # threading (an executor's shutdown), then the command's own threads
+        shutdown()
+    else:
+        for t in threading.enumerate():
+            if t is not threading.current_thread() and not t.daemon:
+                t.join()
     atexit._run_exitfuncs()
-    flush()
-    os._exit(code)
+    failed |= not flush()
+    os._exit(1 if failed and code == 0 else code)
 
 
 def finish_on_signal(code: int) -> None:

@@ -68,9 +68,9 @@ QUIET_ENV = {
 
 
 #: The longest folder Ray's temporary root may be (``RAY_TMPDIR``: Ray adds ``/ray/session_<date>_<pid>``, 47
-#: characters with a 7-digit pid, whose ``/sockets/plasma_store`` must end within the 107 bytes of a Unix socket
-#: path).
-RAY_ROOT_MAX = 38
+#: characters with a 7-digit pid, whose ``/sockets/plasma_store`` must end within a Unix socket path: 107 bytes
+#: on Linux, 103 on macOS).
+RAY_ROOT_MAX = 36
 
 
 def _ray_root(folder: str) -> str | None:
@@ -332,7 +332,8 @@ def flwr_run(
     import privfed
 
     root = str(Path(privfed.__file__).resolve().parents[1])
-    with tempfile.TemporaryDirectory(prefix="privfed-flwr-") as tmp_name:
+    # a Ray process still closing its session's logs must not turn a finished run into a failed removal
+    with tempfile.TemporaryDirectory(prefix="privfed-flwr-", ignore_cleanup_errors=True) as tmp_name:
         tmp = Path(tmp_name)
         home = tmp / "flwr-home"
         home.mkdir()

@@ -475,3 +475,28 @@ def test_the_default_spellings_help_shows_are_taken(tmp_path, digits_cache):
         assert main(["--attack", "singleton", *argv, "--out", str(out), "--quiet"]) == 0
         config = json.loads((out / "results.json").read_text())["config"]
         assert config["count_noise"] is None if i == 0 else config["secure_agg"] == "mask"
+
+
+def test_a_replayed_record_keeps_its_steps_with_any_backend(tmp_path, digits_cache):
+    """A record written before --steps was refused for the learned backends carries steps with one: its replay
+    is taken as recorded (a user's --steps with such a backend is refused, above)."""
+    from privfed.attack import build_parser, resolve_config
+
+    out = tmp_path / "o"
+    argv = [
+        "--attack",
+        "inversion",
+        "--no-strongest",
+        "--max-cells",
+        "1",
+        "--steps",
+        "2",
+        "--method",
+        "fedncm",
+    ]
+    assert main([*argv, "--quiet", "--no-plot", "--out", str(out)]) == 0
+    rec = json.loads((out / "results.json").read_text())
+    rec["config"]["attack_params"] = {"backend": "learned", "steps": 5}
+    (tmp_path / "r.json").write_text(json.dumps(rec))
+    cfg = resolve_config(build_parser().parse_args(["--config", str(tmp_path / "r.json")]))
+    assert cfg.attack_params == {"backend": "learned", "steps": 5}

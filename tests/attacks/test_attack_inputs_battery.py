@@ -369,7 +369,7 @@ def test_metrics_refuse_non_finite_images_and_vectors():
         ({"tv": math.nan}, "tv must be a finite number >= 0"),
         ({"tv": -5.0}, "tv must be a finite number >= 0"),
         ({"anchor": "x"}, "anchor must be a finite number >= 0"),
-        ({"max_count": -1}, "max_count must be a positive int or None"),
+        ({"max_count": -1}, "max_count must be a finite number > 0"),
         ({"joint_lrs": (0.1, -1)}, "joint_lrs[1] must be a finite number > 0"),
     ],
 )
@@ -387,3 +387,14 @@ def test_evaluate_refuses_what_is_not_a_view_and_attack_params_that_are_not_a_di
         attacks.evaluate("tracing", "x", truth)
     with pytest.raises(ConfigError, match="attack_params must be a dict"):
         attacks.evaluate_federation("labels", "fedncm", F, y, np.arange(N) % 40, attack_params=[1])
+
+
+def test_inversion_numbers_may_be_floats_numpy_scalars_or_0d_arrays():
+    """max_count is a bound on released counts (compared as a float): 2.5 ran before the checks and must still."""
+    for kw in (
+        {"max_count": 2.5},
+        {"max_count": np.float64(4)},
+        {"lr": np.array(0.1)},
+        {"joint_lrs": (np.float32(0.02),)},
+    ):
+        attacks.get("inversion", **kw)

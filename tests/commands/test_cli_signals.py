@@ -495,3 +495,19 @@ def test_a_dangling_link_where_the_output_folder_goes_is_named(tmp_path, monkeyp
     assert tradeoff_main([*SMALL, "--eps", "1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"it is a link to '{tmp_path / 'nowhere'}', which does not exist" in err[0], err
+
+
+def test_a_command_ends_after_its_threading_exit_hooks_ran(tmp_path):
+    """exit_with ends the process without the interpreter's teardown; it must still run what that teardown runs
+    first (threading's exit hooks: an executor never shut down waits there for its workers), or it hangs."""
+    script = tmp_path / "tpe.py"
+    script.write_text(
+        "from concurrent.futures import ThreadPoolExecutor\n"
+        "from privfed.commands.start import exit_with\n"
+        "def main():\n"
+        "    ThreadPoolExecutor(2).submit(print, 'work done').result()\n"
+        "    return 3\n"
+        "exit_with(main)\n"
+    )
+    r = subprocess.run([sys.executable, str(script)], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert (r.returncode, r.stdout) == (3, "work done\n"), r.stderr

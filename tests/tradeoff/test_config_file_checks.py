@@ -217,3 +217,41 @@ def test_an_explicit_no_secure_aggregation_leaves_the_secure_sum_row_out():
     cfg = resolve_config(build_parser().parse_args(["--secure-agg", "none"]))
     assert cfg.placements == ("local", "trusted") and cfg.secure_agg == "none"
     assert resolve_config(build_parser().parse_args([])).placements == ("local", "secure-sum", "trusted")
+
+
+def test_run_tradeoff_keeps_the_commands_leniency_for_a_replayed_record(tmp_path, capsys):
+    """A record replayed with another partition carries its alpha: the command takes it, and run_tradeoff's
+    check of a config built in Python must not refuse it as alpha given with an iid split."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    small = [
+        "--method",
+        "fedncm",
+        "--placement",
+        "local",
+        "--clients",
+        "20",
+        "--no-plot",
+        "--quiet",
+        "--eps",
+        "1",
+    ]
+    assert main([*small, "--alpha", "0.3", "--out", str(a)]) == 0
+    assert (
+        main(["--config", str(a / "results.json"), "--partition", "iid", "--quiet", "--out", str(b)]) == 0
+    ), capsys.readouterr().err
+
+
+def test_a_config_built_with_numpy_values_reads_them_as_numbers():
+    """np.float32(30.0), np.int64 seeds and an epsilon array were refused ("--clip must be a number") or crashed
+    on the comparison with the defaults."""
+    import numpy as np
+
+    from privfed.commands.tradeoff.config import check_config
+    from privfed.tradeoff import TradeoffConfig
+
+    got = check_config(
+        TradeoffConfig(
+            clients=np.int64(20), seeds=(np.int64(0),), clip=np.float32(30.0), epsilons=np.array([1.0, 2.0])
+        )
+    )
+    assert (got.clients, got.seeds, got.clip, got.epsilons) == (20, (0,), 30.0, (1.0, 2.0))

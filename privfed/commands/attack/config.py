@@ -11,7 +11,7 @@ from typing import Any
 import attacks
 from privfed.commands.options import FEDERATION
 from privfed.commands.shared import Settings, as_list
-from privfed.commands.values import as_int, choose, parse_int_list, parse_seeds
+from privfed.commands.values import as_int, parse_int_list, parse_seeds
 from privfed.errors import ConfigError, MissingDependencyError
 from privfed.release.settings import check_combination, refuse_unused_dp
 
@@ -147,11 +147,7 @@ def resolve_config(args: argparse.Namespace) -> AttackConfig:
     ns = tuple(parse_int_list(as_list("1,4,16" if ns_v is None else ns_v, "--n"), "--n", minimum=1))
     if len(set(ns)) != len(ns):  # as --seeds: a repeated n would run the same groups twice
         raise ConfigError(f"--n lists a size twice: {ns_v!r}")
-    count_noise = s.raw("count_noise")
-    if isinstance(count_noise, str) and count_noise.strip().lower() == "none":  # --help's "(default: none)"
-        count_noise = None
-    if count_noise is not None:
-        count_noise = choose(count_noise, tuple(COUNT_NOISE_KINDS), "--count-noise", what="count noise")
+    count_noise = s.count_noise(tuple(COUNT_NOISE_KINDS))
     s.check_count_noise(count_noise, eps)
     clients = s.clients()
     mg = s.raw("max_groups")
@@ -204,7 +200,11 @@ def resolve_config(args: argparse.Namespace) -> AttackConfig:
                 as_int(v, f"--{flag.replace('_', '-')}", minimum=1) if flag in ("steps", "max_cells") else v
             )
     backend = params.get("backend", attacks.get_class("inversion").defaults["backend"])
-    if "steps" in params and backend not in ("pixel", "dip"):  # the learned backends run no such steps
+    steps_set = getattr(args, "steps", None) is not None or ("steps" in params and not s.replay)
+    if steps_set and backend not in (
+        "pixel",
+        "dip",
+    ):  # the learned backends run no such steps (a record: kept)
         raise ConfigError(f"--steps applies to the pixel and dip backends, not --backend {backend}; drop it")
     if backend == "dip" and "steps" in params:
         params["dip_steps"] = params.pop("steps")

@@ -7,6 +7,8 @@ import math
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+import numpy as np
+
 from privfed.commands.options import FEDERATION
 from privfed.commands.shared import Settings, as_list
 from privfed.commands.values import as_int, as_str, choose, parse_seeds, parse_str_list
@@ -102,15 +104,37 @@ def check_config(cfg: TradeoffConfig) -> TradeoffConfig:
     settings as the flags read them (``methods="fedlog"`` is one method, ``seeds=3`` three seeds)."""
     if not isinstance(cfg, TradeoffConfig):
         raise ConfigError(f"run_tradeoff takes a TradeoffConfig, got {type(cfg).__name__}")
+    if getattr(
+        cfg, _RESOLVED, False
+    ):  # the command's (a replayed record's leniency included): checked already
+        return cfg
     default = TradeoffConfig()
+    plain = {
+        f.name: _python(getattr(cfg, f.name)) for f in fields(cfg)
+    }  # numpy scalars and arrays as Python's
     values = {  # a value left at its default is not a setting given (--alpha with an iid split is refused)
-        f.name: getattr(cfg, f.name) for f in fields(cfg) if getattr(cfg, f.name) != getattr(default, f.name)
+        k: v for k, v in plain.items() if v != getattr(default, k)
     }
     values.setdefault("placements", cfg.placements)  # none: the one the other settings select (not all three)
     try:
         return resolve_config(argparse.Namespace(), values=values)
     except ConfigError as exc:
         raise ConfigError(f"TradeoffConfig: {exc}") from None
+
+
+#: Marks a config :func:`resolve_config` made (not a field: equality and the record ignore it).
+_RESOLVED = "_privfed_resolved"
+
+
+def _python(value: Any) -> Any:
+    """A numpy scalar or array as the Python value or list the settings checks read (np.float32(30.0) is 30.0)."""
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, (list, tuple)):
+        return type(value)(_python(v) for v in value)
+    return value
 
 
 def resolve_config(args: argparse.Namespace, *, values: dict[str, Any] | None = None) -> TradeoffConfig:
@@ -161,11 +185,7 @@ def resolve_config(args: argparse.Namespace, *, values: dict[str, Any] | None = 
         )
     clients = s.clients()
     alpha = s.alpha()
-    count_noise = pick("count_noise")
-    if isinstance(count_noise, str) and count_noise.strip().lower() == "none":  # --help's "(default: none)"
-        count_noise = None
-    if count_noise is not None:
-        count_noise = _choice(count_noise, "--count-noise", tuple(COUNT_NOISE_KINDS), "count noise")
+    count_noise = s.count_noise(tuple(COUNT_NOISE_KINDS))
     s.check_count_noise(count_noise, epsilons)
     max_records = pick("max_records")
     if max_records is not None:
@@ -251,7 +271,7 @@ def resolve_config(args: argparse.Namespace, *, values: dict[str, Any] | None = 
                 f"--clients {clients}: the secure-sum placement needs 2 or more clients (a sum of one input is that "
                 "input); pass --placement local,trusted, or --clients 2 or more"
             )
-    return TradeoffConfig(
+    out = TradeoffConfig(
         methods=methods,
         epsilons=epsilons,
         delta=delta,
@@ -277,6 +297,8 @@ def resolve_config(args: argparse.Namespace, *, values: dict[str, Any] | None = 
         plot=s.plot(),
         placements=placements,
     )
+    object.__setattr__(out, _RESOLVED, True)
+    return out
 
 
 def _explicit_placements(value: Any) -> tuple[str, ...]:
