@@ -223,18 +223,7 @@ def test_run_tradeoff_keeps_the_commands_leniency_for_a_replayed_record(tmp_path
     """A record replayed with another partition carries its alpha: the command takes it, and run_tradeoff's
     check of a config built in Python must not refuse it as alpha given with an iid split."""
     a, b = tmp_path / "a", tmp_path / "b"
-    small = [
-        "--method",
-        "fedncm",
-        "--placement",
-        "local",
-        "--clients",
-        "20",
-        "--no-plot",
-        "--quiet",
-        "--eps",
-        "1",
-    ]
+    small = "--method fedncm --placement local --clients 20 --no-plot --quiet --eps 1".split()
     assert main([*small, "--alpha", "0.3", "--out", str(a)]) == 0
     assert (
         main(["--config", str(a / "results.json"), "--partition", "iid", "--quiet", "--out", str(b)]) == 0
