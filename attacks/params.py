@@ -27,13 +27,14 @@ def check_params(
     """Refuse, naming it, a parameter that is not the number it must be: ``positive`` a finite number > 0,
     ``nonnegative`` a finite number >= 0, ``counts`` an int of at least its value (``{name: least}``); a name in
     ``optional`` may be None.  A bool is no number, and NaN, inf or text never reach torch or scipy."""
-    for name in [*positive, *nonnegative, *(counts or {})]:
+    counts = counts or {}
+    for name in [*positive, *nonnegative, *counts]:
         v = params[name]
         if isinstance(v, np.ndarray) and v.ndim == 0:  # np.array(0.1) is 0.1
             v = v.item()
         if v is None and name in optional:
             continue
-        if name in (counts or {}):
+        if name in counts:
             least = counts[name]
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < least:
                 kind = "a positive int" if least == 1 else f"an int >= {least}"
@@ -114,15 +115,11 @@ def secure_agg_of(value: Any) -> Any:
     command's words "none", "mask" and "ckks" as it reads them ("none" was truthy: a secure sum, exposure 0)."""
     if value is None or isinstance(value, (bool, np.bool_)):
         return bool(value)
-    if isinstance(value, str):
+    if isinstance(value, str) and value in ("none", "mask", "ckks"):
         from privfed.release.settings import make_secure_agg
 
-        if value not in ("none", "mask", "ckks"):
-            raise ConfigError(
-                f"secure_agg must be True, False, 'none', 'mask', 'ckks' or a secure sum, got {value!r}"
-            )
         return make_secure_agg(value) or False
-    if not hasattr(value, "secure_sum"):
+    if isinstance(value, str) or not hasattr(value, "secure_sum"):
         raise ConfigError(
             f"secure_agg must be True, False, 'none', 'mask', 'ckks' or a secure sum, got {value!r}"
         )

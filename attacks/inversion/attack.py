@@ -179,8 +179,8 @@ class FeatureInversion(Attack):
         lrs = {f"joint_lrs[{i}]": v for i, v in enumerate(p["joint_lrs"] or ())}
         counts = (
             "steps max_cells max_samples decoder_epochs dip_steps max_set bank_copies train_steps hidden "
+            "refine_steps feature_steps joint_restarts joint_candidates max_joint"
         )
-        counts += "refine_steps feature_steps joint_restarts joint_candidates max_joint"
         check_params(  # NaN, -1 or text reached torch's or scipy's errors (lr, tv, anchor) or ran (max_count)
             {**p, **lrs},
             positive=["lr", "joint_lr", *lrs, "max_count"],  # max_count: a bound on released counts

@@ -420,7 +420,7 @@ def cli_entry(
         stdout = sys.stdout
         if stdout is not None:
             sys.stdout = _GuardedStdout(stdout)
-        done: list[int] = []  # the body's status, once it returned: a signal after that changes nothing
+        status: int | None = None  # the body's, once it returned: a signal after that changes nothing
         try:
             with interruptible(), warnings.catch_warnings():
                 warnings.showwarning = _one_line_warning(prog)  # restored when the body ends
@@ -431,7 +431,7 @@ def cli_entry(
                 # placement left out mid-run (the memory check of each variant reads it)
                 dense_view_limit()
                 memory_limit()  # the variable alone: what the system has free is read where it is needed
-                done.append(body(argv))
+                status = body(argv)
                 from privfed.commands import start
 
                 if start.PROCESS_ENDS and threading.current_thread() is threading.main_thread():
@@ -439,8 +439,8 @@ def cli_entry(
                     with contextlib.suppress(OSError, ValueError, AttributeError):
                         sys.stdout.flush()
                     # installed inside the block, which then leaves them: no moment with the default handlers
-                    start.finish_on_signal(done[0])  # the process ends with this status, whatever comes now
-            return done[0]
+                    start.finish_on_signal(status)  # the process ends with this status, whatever comes now
+            return status
         except BrokenPipeError as exc:
             # `| head` stopped reading: like any Unix tool, stop quietly (128 + SIGPIPE)
             if _stdout_reader_gone():
@@ -485,14 +485,14 @@ def cli_entry(
             )
             return 1
         except Terminated as exc:
-            if done:  # on its way out, after the body finished
-                return done[0]
+            if status is not None:  # on its way out, after the body finished
+                return status
             with contextlib.suppress(OSError):  # after SIGHUP the terminal may be gone
                 print(f"{prog}: terminated ({exc.name})", file=sys.stderr)
             return 128 + exc.signum
         except KeyboardInterrupt:
-            if done:
-                return done[0]
+            if status is not None:
+                return status
             print(f"{prog}: interrupted", file=sys.stderr)
             return 130
         finally:

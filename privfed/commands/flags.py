@@ -55,22 +55,24 @@ FEDERATION: dict[str, Any] = {
 
 
 # ---------------------------------------------------------------- parsers
+def _given_once(action: argparse.Action, parser, shown: str, fix: str) -> None:
+    """Record ``action`` as given in this parse (``shown``: how a refusal names it), refusing a second time."""
+    given = parser._given  # this parse's flags (Parser.parse_known_args starts each parse with none)
+    if action.dest in given:
+        raise argparse.ArgumentError(action, f"given twice ({given[action.dest]}, then {shown}); {fix}")
+    given[action.dest] = shown
+
+
 class _Once(argparse._StoreAction):
     """A flag that takes one value: given again, it is refused (argparse would keep the last silently)."""
 
     def __call__(self, parser, namespace, values, option_string=None):
-        given = parser._given  # this parse's flags (Parser.parse_known_args starts each parse with none)
-        if self.dest in given:
-            raise argparse.ArgumentError(
-                self,
-                f"given twice ({given[self.dest]!r}, then {values!r}); pass it once"
-                + (
-                    " (a list goes in one flag, comma-separated)"
-                    if self.metavar and "LIST" in str(self.metavar)
-                    else ""
-                ),
-            )
-        given[self.dest] = values
+        hint = (
+            " (a list goes in one flag, comma-separated)"
+            if self.metavar and "LIST" in str(self.metavar)
+            else ""
+        )
+        _given_once(self, parser, repr(values), "pass it once" + hint)
         setattr(namespace, self.dest, values)
 
 
@@ -78,12 +80,7 @@ class _OnceSwitch(argparse.BooleanOptionalAction):
     """``--x`` / ``--no-x``: both, or one of them twice, is refused (argparse would keep the last silently)."""
 
     def __call__(self, parser, namespace, values, option_string=None):
-        given = parser._given
-        if self.dest in given:
-            raise argparse.ArgumentError(
-                self, f"given twice ({given[self.dest]}, then {option_string}); pass one"
-            )
-        given[self.dest] = option_string
+        _given_once(self, parser, str(option_string), "pass one")
         super().__call__(parser, namespace, values, option_string)
 
 

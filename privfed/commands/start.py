@@ -106,9 +106,10 @@ def finish_on_signal(code: int) -> None:
     def finished(signum, frame):  # the results are on disk; console output Python still buffers is dropped
         os._exit(code)
 
-    for name in ("SIGINT", "SIGTERM", "SIGHUP"):
-        sig = getattr(signal, name, None)
-        if sig is not None and signal.getsignal(sig) is not signal.SIG_IGN:
+    from privfed._files import STOPS  # loaded by then: the command has run
+
+    for sig in STOPS:
+        if signal.getsignal(sig) is not signal.SIG_IGN:
             signal.signal(sig, finished)
 
 

@@ -191,11 +191,10 @@ def load_dataset(
                 "extracted; leave backbone unset"
             )
 
-        if not spec[
-            len("file:") :
-        ].strip():  # the loader named "." (the folder it resolved the empty path to)
+        path = spec[len("file:") :]
+        if not path.strip():  # the loader named "." (the folder it resolved the empty path to)
             raise ConfigError(f"dataset {spec!r} names no file: write file:PATH, e.g. file:features.npz")
-        return load_feature_file(spec[len("file:") :], seed=int(seed), max_bytes=max_file_bytes)
+        return load_feature_file(path, seed=int(seed), max_bytes=max_file_bytes)
     name = spec.lower()
     if name == "digits":
         from privfed.data.digits import BACKBONE_NAME, load_digits_features

@@ -200,11 +200,9 @@ def resolve_config(args: argparse.Namespace) -> AttackConfig:
                 as_int(v, f"--{flag.replace('_', '-')}", minimum=1) if flag in ("steps", "max_cells") else v
             )
     backend = params.get("backend", attacks.get_class("inversion").defaults["backend"])
+    # the learned backends run no such steps (a replayed record's are kept as recorded)
     steps_set = getattr(args, "steps", None) is not None or ("steps" in params and not s.replay)
-    if steps_set and backend not in (
-        "pixel",
-        "dip",
-    ):  # the learned backends run no such steps (a record: kept)
+    if steps_set and backend not in ("pixel", "dip"):
         raise ConfigError(f"--steps applies to the pixel and dip backends, not --backend {backend}; drop it")
     if backend == "dip" and "steps" in params:
         params["dip_steps"] = params.pop("steps")

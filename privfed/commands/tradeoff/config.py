@@ -104,17 +104,14 @@ def check_config(cfg: TradeoffConfig) -> TradeoffConfig:
     settings as the flags read them (``methods="fedlog"`` is one method, ``seeds=3`` three seeds)."""
     if not isinstance(cfg, TradeoffConfig):
         raise ConfigError(f"run_tradeoff takes a TradeoffConfig, got {type(cfg).__name__}")
-    if getattr(
-        cfg, _RESOLVED, False
-    ):  # the command's (a replayed record's leniency included): checked already
+    # the command's own (a replayed record's leniency included) is checked already
+    if getattr(cfg, _RESOLVED, False):
         return cfg
     default = TradeoffConfig()
-    plain = {
-        f.name: _python(getattr(cfg, f.name)) for f in fields(cfg)
-    }  # numpy scalars and arrays as Python's
-    values = {  # a value left at its default is not a setting given (--alpha with an iid split is refused)
-        k: v for k, v in plain.items() if v != getattr(default, k)
-    }
+    # numpy scalars and arrays read as Python's; a value left at its default is not a setting given (--alpha
+    # with an iid split is refused)
+    plain = {f.name: _python(getattr(cfg, f.name)) for f in fields(cfg)}
+    values = {k: v for k, v in plain.items() if v != getattr(default, k)}
     values.setdefault("placements", cfg.placements)  # none: the one the other settings select (not all three)
     try:
         return resolve_config(argparse.Namespace(), values=values)
@@ -250,9 +247,8 @@ def resolve_config(args: argparse.Namespace, *, values: dict[str, Any] | None = 
                 f"--placement secure-sum contradicts {s.named('secure_agg')} none: the secure-sum placement sums "
                 "the noised statistics under secure aggregation (mask unless told); drop one of them"
             )
-        placements = tuple(
-            p for p in placements if p != "secure-sum"
-        )  # the default comparison, less that row
+        # the default comparison, less that row
+        placements = tuple(p for p in placements if p != "secure-sum")
     partition = s.partition()
     s.refuse_unused_alpha(partition)
     if partition == "natural" and s.given("clients"):  # as --alpha: refused, never ignored
