@@ -683,3 +683,14 @@ def test_heartbeat_redraws_a_bar_during_one_long_run():
 )
 def test_report_placements_are_printed_in_one_vocabulary(stated, expected):
     assert _cli.placement_word(stated, "local") == expected
+
+
+def test_the_eps_inf_row_states_no_count_noise(tmp_path, digits_cache):
+    """The eps = inf row releases without any noise: its count-noise column is empty, not the sweep's law."""
+    out = tmp_path / "o"
+    argv = ["--method", "fedncm", "--count-noise", "laplace", "--eps", "inf,1", "--seeds", "1"]
+    assert tradeoff_main([*argv, "--clients", "20", "--out", str(out), "--quiet", "--no-plot"]) == 0
+    rows = {str(r["epsilon"]): r for r in _records(out)}
+    assert rows["inf"]["count_noise"] is None and rows["inf"]["noise"] == "none"
+    assert rows["1.0"]["count_noise"] == "laplace"
+    assert {r["epsilon"]: r["count_noise"] for r in _csv(out)} == {"inf": "", "1.0": "laplace"}

@@ -255,7 +255,8 @@ def _sweep(
                         nonprivate_accuracy=acc0,
                         calibration="-",
                         rounds=cfg.rounds,
-                        count_noise=cfg.count_noise,
+                        # what was added: the eps = inf row adds no count noise, whatever the sweep's law
+                        count_noise=cfg.count_noise if math.isfinite(eps) else None,
                         secure_agg=v.secure_agg,
                         clip=clip,
                     )
