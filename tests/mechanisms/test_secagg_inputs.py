@@ -307,3 +307,27 @@ def test_a_second_signal_while_the_command_reports_the_first_is_held(tmp_path, m
     assert main([str(tmp_path / "ids"), "--nodes", "4"]) == 128 + signal.SIGTERM
     assert "interrupted; nothing of this roster was kept" in capsys.readouterr().err
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+# ------------------------------------------------------------------------------------- the stack's range
+@pytest.mark.parametrize("shape", [(2, 1), (5, 3), (40, 9_000), (7, 300_000)])
+def test_stack_range_is_numpy_min_and_max_and_finds_nan_in_any_block(shape):
+    """The range is read a block of rows at a time: it must equal the whole stack's min and max, and a NaN or
+    an infinity in any row (first, middle, last block) must reach the refusal."""
+    from mechanisms.secagg.masking import RANGE_BLOCK, stack_range
+
+    X = np.random.default_rng(sum(shape)).normal(size=shape)
+    assert stack_range(X) == (X.min(), X.max())
+    assert shape[0] * shape[1] <= RANGE_BLOCK or max(1, RANGE_BLOCK // shape[1]) < shape[0]
+    for row in {0, shape[0] // 2, shape[0] - 1}:
+        for bad, want in ((np.nan, "nan"), (np.inf, "hi"), (-np.inf, "lo")):
+            Y = X.copy()
+            Y[row, shape[1] - 1] = bad
+            lo, hi = stack_range(Y)
+            if want == "nan":
+                assert np.isnan(lo) and np.isnan(hi)
+                with pytest.raises(InputError, match="NaN/inf"):
+                    masked_sum(Y, key_seed=1)
+            else:
+                assert (hi if want == "hi" else -lo) == np.inf
+    assert stack_range(np.zeros((3, 0))) == (0.0, 0.0)

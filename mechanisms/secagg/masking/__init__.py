@@ -219,6 +219,28 @@ def _as_sets(values: Iterable[int], K: int, name: str) -> frozenset[int]:
     return s
 
 
+#: Values of the stack read per block by :func:`stack_range` (1 MiB of float64: a block stays in a core's cache
+#: between its min and its max).
+RANGE_BLOCK = 1 << 17
+
+
+def stack_range(flat: np.ndarray) -> tuple[float, float]:
+    """The least and the largest value of ``flat`` (K, n), NaN if any value is NaN (min and max propagate it,
+    and reach inf): a block of rows at a time, so that the max reads from the cache what the min just read
+    (one pass over memory, where two whole-stack reductions make two), no temporary the size of the stack."""
+    if not flat.size:
+        return 0.0, 0.0
+    rows = max(1, RANGE_BLOCK // max(1, flat.shape[1]))
+    lo, hi = np.inf, -np.inf
+    for a in range(0, flat.shape[0], rows):
+        block = flat[a : a + rows]
+        b_lo, b_hi = float(block.min()), float(block.max())
+        if b_lo != b_lo or b_hi != b_hi:  # NaN (Python's min and max would pass it over)
+            return np.nan, np.nan
+        lo, hi = min(lo, b_lo), max(hi, b_hi)
+    return lo, hi
+
+
 def masked_sum(
     stack: np.ndarray,
     *,
@@ -323,8 +345,7 @@ def masked_sum(
     check_masking_size(K, neighbours, name)
     shape = X.shape[1:]
     flat = X.reshape(K, -1)
-    # min and max propagate NaN and reach inf: one pass each, no temporary the size of the stack.
-    lo, hi = (float(flat.min()), float(flat.max())) if flat.size else (0.0, 0.0)
+    lo, hi = stack_range(flat)
     if not (np.isfinite(lo) and np.isfinite(hi)):
         raise InputError(f"{name} contains NaN/inf values; secure aggregation needs finite statistics")
     noise_std = check_nonnegative(noise_std, "noise_std")
