@@ -29,7 +29,7 @@ from attacks.knowledge import check_truth
 from attacks.strongest import strongest, strongest_flat
 from attacks.view import GroundTruth, NoiseSpec, PublicData, ServerView
 from privfed._registry import Registry
-from privfed._validation import as_generator
+from privfed._validation.seeds import as_generator
 from privfed.errors import ConfigError, InputError
 
 __all__ = [

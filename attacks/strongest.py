@@ -44,7 +44,7 @@ import numpy as np
 
 from attacks.knowledge import check_truth
 from mechanisms.dp.calibration import check_count
-from privfed._validation import as_generator
+from privfed._validation.seeds import as_generator
 from privfed.errors import ConfigError, InputError
 
 __all__ = ["HEADLINE", "PER_CELL", "SUITES", "per_cell_best", "strongest", "strongest_flat"]

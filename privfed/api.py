@@ -10,7 +10,6 @@ import numpy as np
 from privfed import methods as _methods
 from privfed import scaling
 from privfed._validation import (
-    as_generator,
     as_int_vector,
     check_dataset,
     check_features,
@@ -21,6 +20,7 @@ from privfed._validation import (
     refuse_masked,
     release_cost_note,
 )
+from privfed._validation.seeds import as_generator
 from privfed.errors import ConfigError, InputError
 from privfed.head import LinearHead
 from privfed.release import ReleasePlan

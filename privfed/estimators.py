@@ -43,7 +43,8 @@ from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from privfed import methods as _methods
-from privfed._validation import as_generator, check_real_dtype, check_release_size, is_integer, refuse_masked
+from privfed._validation import check_real_dtype, check_release_size, is_integer, refuse_masked
+from privfed._validation.seeds import as_generator
 from privfed.api import fit as _fit
 from privfed.errors import ConfigError, InputError
 from privfed.head import LinearHead

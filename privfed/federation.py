@@ -40,7 +40,8 @@ from typing import Any
 
 import numpy as np
 
-from privfed._validation import as_generator, as_int_vector
+from privfed._validation import as_int_vector
+from privfed._validation.seeds import as_generator
 from privfed.errors import ConfigError, InputError
 
 __all__ = ["Partition", "available_schemes", "check_alpha", "partition"]

@@ -36,6 +36,7 @@ from mechanisms.dp.backends import NoiseBackend, get_backend
 from mechanisms.dp.calibration import analytic_sigma, as_real, check_budget
 from mechanisms.dp.ledger import PrivacyLedger, PrivacyReport, ReleaseEvent, format_up
 from mechanisms.dp.params import Parameters
+from privfed._validation.seeds import check_generator
 from privfed.errors import ConfigError
 from privfed.notes import Note
 from privfed.stats import ClientStats
@@ -143,8 +144,7 @@ class CountNoise(Parameters):
 
     def release(self, counts, rng: np.random.Generator) -> np.ndarray:
         """n~ = max(n + noise, 0) for an array of counts; records the release."""
-        if not isinstance(rng, np.random.Generator):
-            raise ConfigError(f"rng must be a numpy.random.Generator, got {type(rng).__name__}")
+        check_generator(rng)
         c = np.asarray(counts, dtype=np.float64)
         if not np.all(np.isfinite(c)) or np.any(c < 0) or np.any(c != np.round(c)):  # inf == round(inf)
             raise ConfigError("counts must be finite, non-negative whole numbers")

@@ -47,6 +47,7 @@ from typing import Any
 import numpy as np
 
 from mechanisms.dp.calibration import check_nonnegative
+from privfed._validation.seeds import check_generator
 from privfed.errors import ConfigError
 
 __all__ = ["DistributedGaussian", "check_nonnegative", "noise_rng", "noise_share"]
@@ -55,13 +56,10 @@ __all__ = ["DistributedGaussian", "check_nonnegative", "noise_rng", "noise_share
 def noise_rng(rng) -> np.random.Generator:
     """The generator a secure sum draws its noise shares from: ``rng``, or fresh OS entropy for None
     (ConfigError for anything else: 0 failed later as "no attribute normal")."""
-    from privfed.errors import ConfigError
 
     if rng is None:
         return np.random.default_rng()
-    if not isinstance(rng, np.random.Generator):
-        raise ConfigError(f"rng must be a numpy.random.Generator or None, got {type(rng).__name__}")
-    return rng
+    return check_generator(rng, optional=True)
 
 
 def noise_share(row: np.ndarray, std: float, rng: np.random.Generator, add_noise=None) -> np.ndarray:

@@ -62,7 +62,8 @@ from mechanisms.secagg.comm import has_secure_protocol, secagg_upload_bytes
 from mechanisms.secagg.masking import ProtocolAbort, masked_sum
 from mechanisms.secagg.noise import DistributedGaussian
 from mechanisms.secagg.threat import ThreatModel, ckks_threat, masking_threat, threshold_rule
-from privfed._validation import check_seed, is_integer
+from privfed._validation import is_integer
+from privfed._validation.seeds import check_generator, check_seed
 from privfed.errors import ConfigError
 
 __all__ = [
@@ -163,9 +164,7 @@ class _Protocol(Parameters):
 
     def secure_sum(self, rng: np.random.Generator) -> SecureSumRun:
         """A fresh :class:`SecureSumRun` (one aggregation) drawing simulation randomness from ``rng``."""
-        if not isinstance(rng, np.random.Generator):
-            raise ConfigError(f"rng must be a numpy.random.Generator, got {type(rng).__name__}")
-        self.last_run = SecureSumRun(self, rng)
+        self.last_run = SecureSumRun(self, check_generator(rng))
         return self.last_run
 
     def _noise_std(self, call: int, K: int) -> float:

@@ -30,6 +30,7 @@ from scipy.stats import beta as _beta
 from scipy.stats import chi2 as _chi2
 from scipy.stats import norm as _norm
 
+from privfed._validation.seeds import check_generator
 from privfed.errors import ConfigError
 
 __all__ = [
@@ -259,8 +260,7 @@ def audit(
         Releases per side.
     rng : numpy.random.Generator
     """
-    if not isinstance(rng, np.random.Generator):
-        raise ConfigError(f"rng must be a numpy.random.Generator, got {type(rng).__name__}")
+    check_generator(rng)
     if not (scale > 0):
         raise ConfigError(f"scale must be > 0 (the claimed noise scale), got scale={scale}")
     u = np.asarray(direction, dtype=np.float64).ravel()

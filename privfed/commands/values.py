@@ -7,7 +7,8 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from privfed._validation import MAX_SEED, overflows_float64
+from privfed._validation import overflows_float64
+from privfed._validation.seeds import MAX_SEED
 from privfed.errors import ConfigError
 
 __all__ = [

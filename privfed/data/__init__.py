@@ -179,7 +179,7 @@ def load_dataset(
     """
     if not isinstance(spec, str) or not spec:
         raise ConfigError(f"dataset must be a name from {available_datasets()}, got {spec!r}")
-    from privfed._validation import check_seed
+    from privfed._validation.seeds import check_seed
 
     seed = check_seed(seed)
     if spec.startswith("file:"):

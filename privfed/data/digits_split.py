@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from privfed._validation import check_seed as _check_seed
-from privfed._validation import sklearn_seed
+from privfed._validation.seeds import check_seed as _check_seed
+from privfed._validation.seeds import sklearn_seed
 
 __all__ = ["DigitsSplits", "PUBLIC_FRACTION", "SPLIT_VERSION", "TEST_FRACTION", "check_seed", "digits_splits"]
 
@@ -42,7 +42,7 @@ class DigitsSplits:
 
 
 def check_seed(seed) -> int:
-    """``seed`` as an int in 0..2**64 - 1 (:func:`privfed._validation.check_seed`)."""
+    """``seed`` as an int in 0..2**64 - 1 (:func:`privfed._validation.seeds.check_seed`)."""
     return _check_seed(seed, "seed")
 
 

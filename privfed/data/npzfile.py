@@ -37,12 +37,11 @@ import numpy as np
 
 from privfed._validation import (
     check_real_dtype,
-    check_seed,
     open_regular,
     parse_byte_size,
     refuse_masked,
-    sklearn_seed,
 )
+from privfed._validation.seeds import check_seed, sklearn_seed
 from privfed.data import FeatureDataset
 from privfed.data.cache import atomic_write_bytes
 from privfed.errors import ConfigError, InputError

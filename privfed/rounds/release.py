@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from mechanisms.dp.calibration import check_count
+from privfed._validation.seeds import check_generator
 from privfed.errors import ConfigError, InputError
 from privfed.methods.fedlog import FedLog
 from privfed.rounds.bodies import FEATURE_DIM
@@ -365,8 +366,7 @@ class RoundRelease:
 
     def release(self, A: np.ndarray, rng: np.random.Generator):
         """Run the round's plan on the per-client statistics ``A`` (K, C, m): the head, with ``head.trace``."""
-        if not isinstance(rng, np.random.Generator):
-            raise ConfigError(f"rng must be a numpy Generator (np.random.default_rng(...)), got {rng!r}")
+        check_generator(rng)
         try:
             A = np.asarray(A, dtype=np.float64)
         except (TypeError, ValueError):

@@ -100,7 +100,10 @@ def test_a_ragged_stack_or_a_masked_array_is_refused_naming_the_statistic():
 
 
 def test_ckks_checks_its_rng_as_masking_does():
-    with pytest.raises(ConfigError, match="rng must be a numpy.random.Generator or None, got int"):
+    with pytest.raises(
+        ConfigError,
+        match=r"rng must be a numpy.random.Generator or None \(np.random.default_rng\(seed\)\), got int",
+    ):
         ckks_sum(np.ones((3, 2)), rng=0, noise_std=0.1)
 
 

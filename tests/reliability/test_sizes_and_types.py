@@ -26,7 +26,8 @@ import privfed
 from mechanisms import GaussianMechanism
 from mechanisms.secagg import PairwiseMasking
 from mechanisms.secagg.masking import masked_sum
-from privfed._validation import MAX_SEED, MEMORY_MARGIN, available_memory, check_memory
+from privfed._validation import MEMORY_MARGIN, available_memory, check_memory
+from privfed._validation.seeds import MAX_SEED
 from privfed.data import load_dataset
 from privfed.data.digits_split import digits_splits
 from privfed.data.npzfile import load_feature_file, save_feature_file
@@ -344,3 +345,17 @@ def test_a_client_id_below_minus_one_is_refused_by_the_attacks_not_dropped():
 def test_masked_sum_switches_that_are_not_bools_are_refused(flag):
     with pytest.raises(ConfigError, match=rf"{flag} must be True or False, got 'no'"):
         masked_sum(np.ones((3, 2)), **{flag: "no"})
+
+
+def test_one_generator_check_names_the_argument_and_how_to_make_one():
+    """Every call that draws simulation randomness takes a numpy Generator through one check: a seed, a legacy
+    RandomState or None (where not optional) is refused naming the argument; a Generator passes as itself."""
+    from privfed._validation.seeds import check_generator
+
+    g = np.random.default_rng(0)
+    assert check_generator(g) is g and check_generator(None, optional=True) is None
+    for bad in (0, np.random.RandomState(0), None, "rng"):
+        with pytest.raises(ConfigError, match=r"^noise_rng must be a numpy.random.Generator \(np.random"):
+            check_generator(bad, "noise_rng")
+    with pytest.raises(ConfigError, match=r"must be a numpy.random.Generator or None .*got int$"):
+        check_generator(3, optional=True)

@@ -140,7 +140,7 @@ def test_the_per_round_functions_refuse_bad_arguments_in_a_line():
         (lambda: RoundRelease(dp, "none", num_clients=0), "num_clients must be an integer"),
         (
             lambda: RoundRelease(dp, "none", num_clients=1).release(np.zeros((1, 10, 65)), None),
-            "rng must be a numpy Generator",
+            "rng must be a numpy.random.Generator",
         ),
         (
             lambda: RoundRelease(dp, "none", num_clients=1).release("x", np.random.default_rng(0)),

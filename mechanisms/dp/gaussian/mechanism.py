@@ -74,6 +74,7 @@ from mechanisms.dp.ledger import NEIGHBOURING, PrivacyLedger
 from mechanisms.dp.params import Parameters
 from mechanisms.dp.sensitivity import RECORD_BOUNDS
 from privfed._validation import check_features
+from privfed._validation.seeds import check_generator
 from privfed.errors import ConfigError, InputError
 from privfed.stats import ClientStats, compute_client_stats
 
@@ -361,8 +362,7 @@ class GaussianMechanism(Parameters, GaussianCalibration, GaussianNoise, ClientBo
             ``K = 1`` (or ``K = draws``): noisy ``counts``, ``sums`` (and
             ``second`` when in ``blocks``).
         """
-        if not isinstance(rng, np.random.Generator):
-            raise ConfigError(f"rng must be a numpy.random.Generator, got {type(rng).__name__}")
+        check_generator(rng)
         self._refuse_sampling()
         self._seeded = True  # the caller's Generator drives the noise: a simulation
         raw = check_features(features)  # complex, object, text or non-finite data refused, never cast

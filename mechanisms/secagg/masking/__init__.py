@@ -76,7 +76,8 @@ from mechanisms.secagg.masking.server import MaskingServer, ServerView, run_in_p
 from mechanisms.secagg.noise import check_nonnegative, noise_rng, noise_share
 from mechanisms.secagg.threat import DEFAULT_COLLUDERS, colluders_tolerated, default_threshold, survivor_parts
 from privfed._linalg import one_blas_thread
-from privfed._validation import check_memory, check_seed, is_integer
+from privfed._validation import check_memory, is_integer
+from privfed._validation.seeds import check_seed
 from privfed.errors import ConfigError, InputError
 
 __all__ = [

@@ -1,7 +1,7 @@
-"""Input validation shared by every entry point: features, labels, clients, seeds, input files and sizes.
+"""Input validation shared by every entry point: features, labels, clients, input files and sizes (seeds:
+:mod:`privfed._validation.seeds`).
 
-Seeds are integers in 0..2**64 - 1, the range every random source of the library accepts
-(:func:`check_seed`); an input file is opened only if it is a regular file, so a FIFO, a device
+An input file is opened only if it is a regular file, so a FIFO, a device
 or a socket is refused at once, never waited on (:func:`open_regular`); work whose estimated
 memory exceeds :data:`MEMORY_MARGIN` of what the machine has available is refused before any
 allocation (:func:`check_memory`, :func:`available_memory`).
@@ -18,17 +18,13 @@ from privfed._files import open_regular, read_regular_text
 from privfed.errors import ConfigError, InputError
 
 __all__ = [
-    "MAX_SEED",
     "overflows_float64",
     "MEMORY_MARGIN",
-    "as_generator",
     "available_memory",
     "check_memory",
     "check_real_dtype",
-    "check_seed",
     "open_regular",
     "read_regular_text",
-    "sklearn_seed",
     "check_release_size",
     "release_cost_note",
     "env_byte_size",
@@ -111,26 +107,6 @@ def refuse_masked(value, name: str) -> None:
             f"{name} is a numpy masked array; its mask would be ignored: fill or drop the masked "
             f"entries first (e.g. {name}.filled(...) or {name}.compressed())"
         )
-
-
-# ---------------------------------------------------------------- seeds
-#: Largest seed accepted: every random source of the library (numpy, scikit-learn, torch) takes 0..2**64 - 1.
-MAX_SEED = 2**64 - 1
-
-
-def check_seed(value, name: str = "seed") -> int:
-    """``value`` as an int seed in ``0..2**64 - 1``, or a :class:`ConfigError` naming ``name`` and the range."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= value <= MAX_SEED:
-        raise ConfigError(f"{name} must be an integer seed in 0..2**64 - 1, got {value!r}")
-    return int(value)
-
-
-def sklearn_seed(seed: int):
-    """A scikit-learn ``random_state`` for a seed of :func:`check_seed` (an int below 2**32 as it is)."""
-    seed = check_seed(seed)
-    if seed < 2**32:
-        return seed
-    return np.random.RandomState([seed & 0xFFFFFFFF, seed >> 32])  # the seed's two 32-bit words
 
 
 # ---------------------------------------------------------------- memory
@@ -291,22 +267,6 @@ def release_cost_note(K: int, C: int, d: int, *, local: bool = True, above_s: fl
         f"this private release is large: num_clients={K}, num_classes={C}, d={d}, up to {values:.3g} noise "
         f"values{'' if local else ' (once, on the sum)'}; expect about {seconds / 60:.0f} minute(s) before "
         "it finishes"
-    )
-
-
-def as_generator(value, name: str = "random_state") -> np.random.Generator:
-    """A numpy Generator from None / a non-negative int seed / a Generator.
-
-    ``None`` gives seed 0, so an unseeded call is still reproducible.
-    """
-    if isinstance(value, np.random.Generator):
-        return value
-    if value is None:
-        return np.random.default_rng(0)
-    if isinstance(value, (int, np.integer)) and not isinstance(value, bool) and 0 <= value <= MAX_SEED:
-        return np.random.default_rng(int(value))
-    raise ConfigError(
-        f"{name} must be None, an integer seed in 0..2**64 - 1 or a numpy Generator, got {value!r}"
     )
 
 
