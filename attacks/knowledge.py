@@ -18,12 +18,40 @@ from privfed.errors import InputError
 __all__ = ["GroundTruth", "PublicData", "check_truth"]
 
 
-def check_truth(truth) -> None:
-    """Refuse anything but a :class:`GroundTruth` as the truth an attack is scored against (one line)."""
+def check_truth(truth, view=None) -> None:
+    """Refuse anything but a :class:`GroundTruth` as the truth an attack is scored against (one line).
+
+    With ``view`` (a :class:`attacks.view.ServerView`), also a truth of another federation: features of
+    another width, a class or (per-client view) a client the view does not have.  Such a truth was
+    scored silently, its unmatched records counted as not exposed.
+    """
     if not isinstance(truth, GroundTruth):
         raise InputError(
             f"truth must be a GroundTruth(features=..., labels=..., clients=...), got {type(truth).__name__}; "
             "attacks.scenario(...) returns the view and its truth"
+        )
+    stats = getattr(view, "stats", None)
+    if stats is None:
+        return
+    fix = "score a view against the truth of its own federation (attacks.scenario returns both)"
+    if truth.features.shape[1] != stats.dim:
+        raise InputError(
+            f"GroundTruth.features has {truth.features.shape[1]} columns but the view has d={stats.dim}; {fix}"
+        )
+    y = truth.labels
+    if y.size and not 0 <= int(y.min()) <= int(y.max()) < stats.num_classes:
+        raise InputError(
+            f"GroundTruth.labels holds classes {int(y.min())}..{int(y.max())} but the view has "
+            f"num_classes={stats.num_classes}; {fix}"
+        )
+    if not getattr(view, "per_client", False):
+        return
+    owners = stats.owners
+    K = stats.num_clients if owners is None else int(owners.max(initial=-1)) + 1
+    top = int(truth.clients.max(initial=-1))
+    if top >= K:
+        raise InputError(
+            f"GroundTruth.clients holds client {top} but the view has {K} clients (ids 0..{K - 1}); {fix}"
         )
 
 

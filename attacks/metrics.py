@@ -15,7 +15,9 @@ import numpy as np
 from scipy.optimize import linear_sum_assignment
 from scipy.stats import rankdata
 
-from attacks.params import check_fpr, check_fprs
+from attacks.params import check_fpr, check_fprs, index_vector
+from mechanisms.dp.calibration import as_real
+from privfed._validation import check_real_dtype, is_integer
 from privfed.errors import InputError, MissingDependencyError
 
 __all__ = [
@@ -32,9 +34,22 @@ __all__ = [
 ]
 
 
+def _vector(values, name: str) -> np.ndarray:
+    """``values`` as a 1-D array: a column or a row is flattened; a table of several rows and columns is refused."""
+    a = np.asarray(values)
+    if sum(n > 1 for n in a.shape) > 1:
+        raise InputError(f"{name} must be a 1-D array, one value per target, got shape {a.shape}")
+    return a.ravel()
+
+
 def _scores_labels(scores, members) -> tuple[np.ndarray, np.ndarray]:
-    s = np.asarray(scores, dtype=np.float64).ravel()
-    m = np.asarray(members).astype(bool).ravel()
+    s, m = _vector(scores, "scores"), _vector(members, "members")
+    if s.dtype.kind not in "biuf":
+        raise InputError(f"scores must be real numbers, got dtype {s.dtype}")
+    # 2, 0.5, NaN or "no" was cast to True: a member; only booleans or 0/1 say membership
+    if m.dtype.kind not in "biuf" or (m.dtype.kind != "b" and not np.isin(m, (0, 1)).all()):
+        raise InputError("members must be booleans or 0/1 (1: a member), one per score")
+    s, m = s.astype(np.float64), m.astype(bool)
     if s.shape != m.shape:
         raise InputError(f"scores ({s.shape}) and members ({m.shape}) must have the same length")
     ok = np.isfinite(s)
@@ -55,6 +70,15 @@ def auc(scores, members) -> float:
 
 def auc_se(a: float, n_pos: int, n_neg: int) -> float:
     """Hanley-McNeil standard error of an AUC from ``n_pos`` members and ``n_neg`` non-members."""
+    try:
+        a = as_real(a)
+    except (TypeError, ValueError):
+        raise InputError(f"auc_se: a must be an AUC in [0, 1], got a={a!r}") from None
+    if not 0.0 <= a <= 1.0:
+        raise InputError(f"auc_se: a must be an AUC in [0, 1], got a={a!r}")
+    for name, n in (("n_pos", n_pos), ("n_neg", n_neg)):
+        if not is_integer(n) or n < 1:
+            raise InputError(f"auc_se: {name} must be an integer >= 1 (a count of scored targets), got {n!r}")
     a = min(max(float(a), 1e-12), 1 - 1e-12)
     q1, q2 = a / (2 - a), 2 * a * a / (1 + a)
     var = (a * (1 - a) + (n_pos - 1) * (q1 - a * a) + (n_neg - 1) * (q2 - a * a)) / (n_pos * n_neg)
@@ -102,12 +126,20 @@ def membership_metrics(scores, members, fprs=(0.01, 0.001)) -> dict:
     return out
 
 
+def _check_real(a: np.ndarray, name: str) -> None:
+    """Refuse text, objects or complex values (booleans are 0/1 and pass)."""
+    if a.dtype.kind != "b":
+        check_real_dtype(a, name)
+
+
 def _as_images(x) -> np.ndarray:
-    a = np.asarray(x, dtype=np.float64)
+    a = np.asarray(x)
     if a.ndim == 2:
         a = a[None]
-    if a.ndim != 3:
-        raise InputError(f"images must have shape (n, H, W), got {a.shape}")
+    if a.ndim != 3 or a.size == 0:
+        raise InputError(f"images must have shape (n, H, W) with n, H, W >= 1, got {a.shape}")
+    _check_real(a, "images")
+    a = a.astype(np.float64)
     if not np.isfinite(a).all():  # a diverged reconstruction scored inf dB (an exact copy) under NaN
         raise InputError("images contain NaN or inf values; a reconstruction that diverged has no score")
     return a
@@ -130,17 +162,42 @@ def ssim(recon, truth, win_size: int = 7) -> np.ndarray:
     r, t = _as_images(recon), _as_images(truth)
     if r.shape != t.shape:
         raise InputError(f"reconstructions {r.shape} and truths {t.shape} must have the same shape")
+    side, w = min(r.shape[1:]), 7 if win_size is None else win_size
+    if not is_integer(w) or w < 3 or w % 2 == 0 or w > side:
+        raise InputError(
+            f"ssim: win_size must be an odd integer in 3..{side} (the images' smaller side), got {win_size!r}"
+        )
     return np.array([structural_similarity(a, b, data_range=1.0, win_size=win_size) for a, b in zip(r, t)])
 
 
 def cosine(a, b) -> np.ndarray:
     """Row-wise cosine similarity (0 where a row is zero)."""
-    a, b = np.atleast_2d(np.asarray(a, float)), np.atleast_2d(np.asarray(b, float))
-    if not (np.isfinite(a).all() and np.isfinite(b).all()):  # NaN rows scored 0, a plausible similarity
-        raise InputError("cosine: the vectors contain NaN or inf values; they have no similarity")
+    a, b = _rows(a, "cosine: a"), _rows(b, "cosine: b")
+    if a.shape[1] != b.shape[1] or (a.shape[0] != b.shape[0] and 1 not in (a.shape[0], b.shape[0])):
+        raise InputError(
+            f"cosine: a {a.shape} and b {b.shape} must have the same shape (or one of them a single row)"
+        )
     na, nb = np.linalg.norm(a, axis=1), np.linalg.norm(b, axis=1)
     den = na * nb
     return np.where(den > 0, (a * b).sum(axis=1) / np.where(den > 0, den, 1.0), 0.0)
+
+
+def _rows(x, name: str, *, flatten: bool = False) -> np.ndarray:
+    """``x`` as a finite 2-D float array of rows (one vector: one row; ``flatten``: each row flattened)."""
+    a = np.asarray(x)
+    if flatten and a.ndim > 2:
+        a = a.reshape(a.shape[0], int(np.prod(a.shape[1:])))
+    a = np.atleast_2d(a)
+    if a.ndim != 2:
+        raise InputError(f"{name} must be vectors, shape (n, d), got shape {a.shape}")
+    _check_real(a, name)
+    a = a.astype(np.float64)
+    # NaN rows scored 0 (a plausible similarity), or matched and identified anything
+    if not np.isfinite(a).all():
+        raise InputError(
+            f"{name} contains NaN or inf values; they have no similarity: drop or fix those rows"
+        )
+    return a
 
 
 def _cos_matrix(a, b) -> np.ndarray:
@@ -157,6 +214,12 @@ def matched_cosine(recovered, true) -> tuple[float, np.ndarray]:
     Returns the mean over matched pairs and, for every true row, the index of
     its matched recovered row (-1 if there are fewer recovered rows).
     """
+    recovered, true = _rows(recovered, "matched_cosine: recovered"), _rows(true, "matched_cosine: true")
+    if recovered.shape[1] != true.shape[1] or not (recovered.size and true.size):
+        raise InputError(
+            f"matched_cosine: recovered {recovered.shape} and true {true.shape} must be non-empty rows "
+            "of the same width"
+        )
     S = _cos_matrix(true, recovered)
     rows, cols = linear_sum_assignment(-S)
     match = np.full(S.shape[0], -1)
@@ -181,16 +244,32 @@ def identification(recon, member_index, pool, metric: str = "l2") -> np.ndarray:
     -------
     ndarray of bool (r,)
     """
-    R = np.asarray(recon, float).reshape(len(recon), -1)
-    P = np.asarray(pool, float).reshape(len(pool), -1)
+    if metric not in ("l2", "cosine"):
+        raise InputError(f"metric must be 'l2' or 'cosine', got {metric!r}")
+    R, P = _rows(recon, "recon", flatten=True), _rows(pool, "pool", flatten=True)
+    if np.ndim(recon) < 2 or np.ndim(pool) < 2 or R.shape[1] != P.shape[1] or not (R.size and P.size):
+        raise InputError(
+            f"identification: recon {np.shape(recon)} and pool {np.shape(pool)} must be non-empty arrays of rows "
+            "(r, ...) and (P, ...) with the same size per row"
+        )
+    if isinstance(member_index, (str, bytes)) or not hasattr(member_index, "__len__"):
+        raise InputError(
+            f"member_index must hold one array of pool indices per reconstruction, got {member_index!r}"
+        )
+    if len(member_index) != R.shape[0]:
+        raise InputError(
+            f"member_index has {len(member_index)} entries but recon has {R.shape[0]} rows; pass one per reconstruction"
+        )
+    hits = [
+        set(index_vector(m, f"member_index[{i}]", P.shape[0], what="pool rows").tolist())
+        for i, m in enumerate(member_index)
+    ]
     if metric == "l2":
         d = (R**2).sum(1)[:, None] - 2 * R @ P.T + (P**2).sum(1)[None, :]
     elif metric == "cosine":
         d = -_cos_matrix(R, P)
-    else:
-        raise InputError(f"metric must be 'l2' or 'cosine', got {metric!r}")
     nn = d.argmin(axis=1)
-    return np.array([nn[i] in set(np.asarray(member_index[i]).tolist()) for i in range(R.shape[0])])
+    return np.array([nn[i] in hits[i] for i in range(R.shape[0])])
 
 
 def lpips_distance(recon, truth, *, weights_path: str | None = None):

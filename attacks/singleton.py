@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from attacks.base import Attack
+from attacks.knowledge import check_truth
 from attacks.metrics import cosine
 from attacks.view import GroundTruth, ServerView, clip_rows
 from mechanisms.dp.calibration import check_nonnegative
@@ -114,4 +115,5 @@ class SingletonExposure(Attack):
         }
 
     def evaluate(self, view: ServerView, truth: GroundTruth, rng: np.random.Generator | None = None) -> dict:
+        check_truth(truth, view)
         return self.score(self.run(view, rng), truth)

@@ -141,7 +141,7 @@ def strongest(
     if kind not in _HEADLINE:
         raise ConfigError(f"no attack suite for {kind!r}; choose from {sorted(_HEADLINE)}")
     rng = as_generator(rng, "rng")  # the check evaluate makes: 1.5, '7' and -1 are one line each
-    check_truth(truth)
+    check_truth(truth, view)
     suite = dict(SUITES[kind] if suite is None else suite)
     if not suite:
         raise ConfigError("the attack suite is empty")

@@ -23,7 +23,10 @@ import math
 import numpy as np
 from scipy.stats import norm
 
-from privfed.errors import InputError
+from attacks.params import check_fpr
+from mechanisms.dp.calibration import as_real, check_delta
+from privfed._validation import check_real_dtype
+from privfed.errors import ConfigError, InputError
 
 __all__ = [
     "effective_dimension",
@@ -37,9 +40,44 @@ __all__ = [
 ]
 
 
+def _covariance(cov) -> np.ndarray:
+    """``cov`` as a finite square float matrix with a non-negative diagonal, else one line naming cov."""
+    S = np.asarray(cov)
+    if S.ndim != 2 or S.shape[0] != S.shape[1] or S.size == 0:
+        raise InputError(f"cov must be a square (d, d) covariance matrix, got shape {S.shape}")
+    check_real_dtype(S, "cov")
+    S = S.astype(np.float64)
+    if not np.isfinite(S).all():
+        raise InputError("cov contains NaN or inf values; pass a finite covariance matrix")
+    # a negative variance gave a negative SNR (an AUC below one half) or a made-up d_eff
+    if (np.diagonal(S) < 0).any():
+        raise InputError("cov has a negative variance on its diagonal; pass a covariance matrix")
+    return S
+
+
+def _budget(value, name: str) -> float:
+    """``value`` as a number >= 0 (inf: no privacy), else a ConfigError naming ``name``: NaN, text, a bool or a
+    negative budget is refused (a negative mu bounded the AUC below one half)."""
+    try:
+        v = as_real(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name} must be a number >= 0 (inf: no privacy), got {name}={value!r}") from None
+    if not v >= 0:
+        raise ConfigError(f"{name} must be a number >= 0 (inf: no privacy), got {name}={value!r}")
+    return v
+
+
+def _real_array(value, name: str) -> np.ndarray:
+    a = np.asarray(value)
+    if a.dtype.kind == "b":
+        raise InputError(f"{name} must hold numbers, got booleans")
+    check_real_dtype(a, name)
+    return a.astype(np.float64)
+
+
 def effective_dimension(cov: np.ndarray) -> float:
     """d_eff = (tr Sigma)^2 / tr(Sigma^2) of a covariance matrix."""
-    S = np.asarray(cov, dtype=np.float64)
+    S = _covariance(cov)
     t2 = float(np.sum(S * S.T))
     if t2 <= 0:
         raise InputError("covariance has zero trace; d_eff is undefined")
@@ -55,14 +93,27 @@ def tracing_snr(cov: np.ndarray, n, tau: float = 0.0, offset=None):
     shrink with n, and <m - mu, delta> with variance delta^T Sigma delta / n
     (plus tau^2 ||delta||^2); both add to the denominator.
     """
-    S = np.asarray(cov, dtype=np.float64)
-    n = np.asarray(n, dtype=np.float64)
-    if np.any(n < 1):
-        raise InputError("n must be >= 1")
+    S = _covariance(cov)
+    n = _real_array(n, "n")
+    # NaN or inf records gave a NaN SNR
+    if not (np.isfinite(n).all() and np.all(n >= 1)):
+        raise InputError("n must be >= 1 and finite (the number of records in the mean)")
+    tau_a = _real_array(tau, "tau")
+    if np.isnan(tau_a).any() or np.any(tau_a < 0):
+        raise InputError(f"tau must be >= 0 (the noise std per coordinate), got tau={tau!r}")
+    tau = tau_a if tau_a.ndim else float(tau_a)
     tr, tr2 = float(np.trace(S)), float(np.sum(S * S.T))
+    if not tr > 0:
+        raise InputError(
+            "cov has zero trace (no variance): the test has no signal; pass the features' covariance"
+        )
     extra = 0.0
     if offset is not None:
-        dlt = np.asarray(offset, dtype=np.float64)
+        dlt = _real_array(offset, "offset")
+        if dlt.shape != (S.shape[0],) or not np.isfinite(dlt).all():
+            raise InputError(
+                f"offset must be a finite vector of the covariance's dimension ({S.shape[0]},), got shape {dlt.shape}"
+            )
         q = float(dlt @ S @ dlt)
         extra = q + q / n + tau**2 * float(dlt @ dlt)
     return (tr / n) / np.sqrt(tr2 / n + tau**2 * tr + extra)
@@ -75,24 +126,41 @@ def tracing_auc(cov: np.ndarray, n, tau: float = 0.0, offset=None):
 
 def tracing_tpr(cov: np.ndarray, n, fpr: float, tau: float = 0.0, offset=None):
     """Predicted TPR Phi(SNR + Phi^-1(fpr)) of the inner-product test at false-positive rate ``fpr``."""
+    fpr = check_fpr(fpr)
     return norm.cdf(tracing_snr(cov, n, tau, offset) + norm.ppf(fpr))
 
 
 def gdp_auc_bound(mu: float) -> float:
     """Largest AUC of any membership test against a mu-GDP release: Phi(mu / sqrt 2)."""
+    mu = _budget(mu, "mu")
     return float(norm.cdf(mu / math.sqrt(2.0)))
 
 
 def gdp_tpr_bound(mu: float, fpr: float) -> float:
     """Largest TPR at ``fpr`` against a mu-GDP release: Phi(Phi^-1(fpr) + mu)."""
+    mu, fpr = _budget(mu, "mu"), check_fpr(fpr)
+    if math.isinf(mu):
+        return 1.0
     return float(norm.cdf(norm.ppf(fpr) + mu))
 
 
 def pure_dp_auc_bound(epsilon: float) -> float:
     """Largest AUC against an eps-DP release: e^eps / (1 + e^eps)."""
+    epsilon = _budget(epsilon, "epsilon")
     return float(1.0 / (1.0 + math.exp(-epsilon)))
 
 
 def approx_dp_tpr_bound(epsilon: float, delta: float, fpr: float) -> float:
     """Largest TPR at ``fpr`` against an (eps, delta)-DP release: min(1, e^eps fpr + delta)."""
-    return float(min(1.0, math.exp(epsilon) * fpr + delta))
+    epsilon, fpr = _budget(epsilon, "epsilon"), check_fpr(fpr)
+    delta = check_delta(delta)
+    if math.isinf(epsilon):
+        return 1.0
+    if fpr == 0:
+        lead = 0.0
+    elif epsilon > 700:
+        # e^eps alone overflows float64 beyond eps = 709: take e^eps fpr in logs there
+        lead = math.exp(min(epsilon + math.log(fpr), 0.0))
+    else:
+        lead = math.exp(epsilon) * fpr
+    return float(min(1.0, lead + delta))

@@ -283,8 +283,8 @@ class ServerView:
             Parameters of the method.
         """
         from privfed import methods as _methods
-        from privfed._validation.seeds import as_generator
         from privfed._validation import as_int_vector, check_features, check_labels, check_num_classes
+        from privfed._validation.seeds import as_generator
 
         m = _methods.get(method, **method_params) if isinstance(method, str) else method
         rng = as_generator(rng, "rng")  # None: seed 0; a seed outside 0..2**64 - 1 is one line

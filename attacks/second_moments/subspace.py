@@ -24,10 +24,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from attacks.base import Attack
+from attacks.knowledge import check_truth
 from attacks.metrics import membership_metrics
 from attacks.params import check_fprs, check_targets
 from attacks.view import GroundTruth, ServerView, membership_targets, paired_mask
 from mechanisms.dp.calibration import check_count, check_nonnegative
+from privfed._validation import check_real_dtype
 from privfed.errors import InputError
 
 __all__ = ["SubspaceMembership", "SubspaceResult", "signal_projectors"]
@@ -37,7 +39,20 @@ def signal_projectors(
     second: np.ndarray, sigma: float = 0.0, rel_tol: float = 1e-8, edge: float = 2.0
 ) -> tuple[list[np.ndarray], np.ndarray]:
     """Orthonormal bases (d, r_k) of the signal subspace of every G_k, and the ranks r_k."""
-    G = np.asarray(second, dtype=np.float64)
+    G = np.asarray(second)
+    # one (d, d) matrix was read as d rows of eigenvalues: bases of garbage
+    if G.ndim != 3 or G.shape[1] != G.shape[2] or G.shape[2] == 0:
+        raise InputError(
+            f"second must have shape (K, d, d), one square matrix per released row, got {G.shape}"
+        )
+    check_real_dtype(G, "second")
+    G = G.astype(np.float64)
+    if not np.isfinite(G).all():
+        raise InputError("second contains NaN or inf values; pass the released (finite) second moments")
+    # NaN thresholds kept no eigenvalue (or ignored the noise), a negative one every eigenvalue
+    sigma, rel_tol, edge = (
+        check_nonnegative(v, k) for v, k in ((sigma, "sigma"), (rel_tol, "rel_tol"), (edge, "edge"))
+    )
     d = G.shape[-1]
     w, V = np.linalg.eigh(0.5 * (G + np.swapaxes(G, -1, -2)))
     bases, ranks = [], []
@@ -135,6 +150,7 @@ class SubspaceMembership(Attack):
     def evaluate(self, view: ServerView, truth: GroundTruth, rng: np.random.Generator) -> dict:
         """Members: uploaded private records; non-members: holdout records of the same class, each tested
         on its member counterpart's rows."""
+        check_truth(truth, view)
         targets, labels, ids, partners = membership_targets(
             view, truth, self.params["max_targets"], rng, "subspace"
         )

@@ -24,10 +24,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from attacks.base import Attack
+from attacks.knowledge import check_truth
 from attacks.metrics import identification, matched_cosine
 from attacks.params import index_vector
 from attacks.view import GroundTruth, ServerView
-from mechanisms.dp.calibration import check_count
+from mechanisms.dp.calibration import as_real, check_count
+from privfed._validation import check_real_dtype, is_integer
+from privfed._validation.seeds import check_generator
 from privfed.errors import ConfigError, InputError
 
 __all__ = ["SecondMomentUnmixing", "UnmixingResult", "augmented_second_moment", "symmetric_nmf", "unmix"]
@@ -38,11 +41,39 @@ __all__ = ["SecondMomentUnmixing", "UnmixingResult", "augmented_second_moment", 
 NMF_STARTS, NMF_MAX_ITER, NMF_TOL, NMF_MAX_SECONDS, NMF_POLISH = 16, 3000, 1e-6, 20.0, 2
 
 
+def _finite(value, name: str, shape: tuple, want: str) -> np.ndarray:
+    """``value`` as a finite float array of ``shape`` (None: any length there), else one line naming ``name``."""
+    a = np.asarray(value)
+    if a.ndim != len(shape) or a.size == 0 or any(w not in (None, n) for w, n in zip(shape, a.shape)):
+        raise InputError(f"{name} must have shape {want}, got {a.shape}")
+    check_real_dtype(a, name)
+    a = a.astype(np.float64)
+    # NaN made the eigendecomposition fail (LinAlgError) or the features NaN
+    if not np.isfinite(a).all():
+        raise InputError(f"{name} contains NaN or inf values; pass the released (finite) statistic")
+    return a
+
+
+def _second(value, name: str = "second") -> np.ndarray:
+    """A square (d, d) second moment as a finite float matrix, else one line naming ``name``."""
+    d = np.shape(value)[0] if np.ndim(value) else 0
+    return _finite(value, name, (d, d), "(d, d), a square matrix")
+
+
+def _rank_rng(rank, rng) -> None:
+    if not is_integer(rank) or rank < 1:
+        raise InputError(f"rank must be an integer >= 1 (the number of records to recover), got {rank!r}")
+    check_generator(rng)
+
+
 def symmetric_nmf(A: np.ndarray, rank: int, *, rng: np.random.Generator, **kw) -> tuple[np.ndarray, float]:
     """H >= 0 (m, rank) minimising ||A - H H^T||_F: see :func:`_symmetric_nmf` for the parameters
     (``n_init``, ``max_iter``, ``tol``, ``max_seconds``, ``polish``).  Runs on one BLAS thread: the
     matrices are small, and more threads only contend."""
     from threadpoolctl import threadpool_limits
+
+    A = _second(A, "A")
+    _rank_rng(rank, rng)
 
     with threadpool_limits(limits=1):
         return _symmetric_nmf(A, rank, rng=rng, **kw)
@@ -83,7 +114,11 @@ def _symmetric_nmf(
     for name, v, low in (("n_init", n_init, 1), ("max_iter", max_iter, 1), ("polish", polish, 0)):
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < low:
             raise ConfigError(f"symmetric NMF {name} must be an integer >= {low}, got {v!r}")
-    if not tol >= 0 or (max_seconds is not None and not max_seconds > 0):
+    try:
+        tol_ok = as_real(tol) >= 0 and (max_seconds is None or as_real(max_seconds) > 0)
+    except (TypeError, ValueError):
+        tol_ok = False
+    if not tol_ok:
         raise ConfigError(
             f"symmetric NMF needs tol >= 0 and max_seconds > 0 (or None), got {tol!r}, {max_seconds!r}"
         )
@@ -146,10 +181,14 @@ def augmented_second_moment(
     second: np.ndarray, sums: np.ndarray, counts: np.ndarray
 ) -> tuple[np.ndarray, float]:
     """The (d + C) x (d + C) second moment of (f, a e_y) and the scale a (see the module docstring)."""
-    n = np.maximum(np.asarray(counts, float), 0.0)
+    second = _second(second)
+    d = second.shape[0]
+    sums = _finite(sums, "sums", (None, d), f"(C, {d}), one class sum per row")
+    counts = _finite(counts, "counts", (sums.shape[0],), f"({sums.shape[0]},), one count per class sum")
+    n = np.maximum(counts, 0.0)
     N = max(float(n.sum()), 1.0)
     a = float(np.sqrt(max(np.trace(second), 1e-300) / N))
-    d, C = second.shape[0], n.shape[0]
+    C = n.shape[0]
     A = np.zeros((d + C, d + C))
     A[:d, :d] = second
     A[d:, :d] = a * sums
@@ -175,6 +214,10 @@ def unmix(
     Returns the features (rank, d), their classes (or ``None`` without sums)
     and the relative residual of the factorisation.
     """
+    second = _second(second)
+    _rank_rng(rank, rng)
+    if (sums is None) != (counts is None):
+        raise InputError("unmix: pass sums and counts together (the class sums and their counts), or neither")
     d = second.shape[0]
     if sums is None:
         H, res = symmetric_nmf(
@@ -301,4 +344,5 @@ class SecondMomentUnmixing(Attack):
         }
 
     def evaluate(self, view: ServerView, truth: GroundTruth, rng: np.random.Generator) -> dict:
+        check_truth(truth, view)
         return self.score(self.run(view, rng), truth)

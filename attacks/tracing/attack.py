@@ -52,6 +52,7 @@ import numpy as np
 from scipy.stats import beta as _beta
 
 from attacks.base import Attack
+from attacks.knowledge import check_truth
 from attacks.metrics import membership_metrics
 from attacks.params import check_fprs, check_targets
 from attacks.tracing.scores import (
@@ -66,7 +67,9 @@ from attacks.tracing.scores import (
     trace_scores,
 )
 from attacks.view import GroundTruth, PublicData, ServerView, membership_targets
-from mechanisms.dp.calibration import check_count
+from mechanisms.dp.calibration import as_real, check_count, check_nonnegative
+from privfed._validation import check_features, is_integer
+from privfed._validation.seeds import check_generator
 from privfed.errors import ConfigError, InputError
 
 __all__ = [
@@ -281,6 +284,7 @@ class Tracing(Attack):
     def evaluate(self, view: ServerView, truth: GroundTruth, rng: np.random.Generator) -> dict:
         """Members: uploaded private records; non-members: holdout records of the same class, each tested
         on its member counterpart's rows."""
+        check_truth(truth, view)
         targets, labels, ids, partners = membership_targets(
             view, truth, self.params["max_targets"], rng, "tracing"
         )
@@ -315,6 +319,15 @@ def empirical_epsilon(scores, members, fpr: float, confidence: float = 0.95) -> 
     """
     from attacks.metrics import tpr_at_fpr
 
+    try:
+        conf_ok = 0.0 < as_real(confidence) < 1.0
+    except (TypeError, ValueError):
+        conf_ok = False
+    # NaN, 0 or 1 gave a bound of 0 that read as "no privacy loss found"
+    if not conf_ok:
+        raise ConfigError(
+            f"confidence must be a number strictly between 0 and 1 (e.g. 0.95), got {confidence!r}"
+        )
     r = tpr_at_fpr(scores, members, fpr)
     m = np.asarray(members, bool)
     n1, n0 = int(m.sum()), int((~m).sum())
@@ -354,14 +367,20 @@ def tracing_game(
     -------
     dict with ``scores`` (2 * trials,), ``members`` (bool), ``counts`` (released).
     """
-    P = np.asarray(pool, dtype=np.float64)
+    P = check_features(pool, "pool")
     if clip is not None:
         from attacks.view import clip_rows
 
         P = clip_rows(P, clip)
     N, d = P.shape
-    if n < 1 or n + 1 > N:
-        raise InputError(f"n must be in 1..{N - 1} for a pool of {N} records, got {n}")
+    if not is_integer(n) or n < 1 or n + 1 > N:
+        raise InputError(f"n must be an integer in 1..{N - 1} for a pool of {N} records, got {n!r}")
+    trials = check_count(trials, "trials")
+    # a negative or NaN sigma added no noise but told the test there was some
+    sigma = check_nonnegative(sigma, "sigma")
+    if count_sigma is not None:
+        count_sigma = check_nonnegative(count_sigma, "count_sigma")
+    check_generator(rng)
     if design not in ("replace", "add-remove"):
         raise ConfigError(f"design must be 'replace' or 'add-remove', got {design!r}")
     # One random ordering per trial: the target first, then distinct others.

@@ -16,6 +16,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from mechanisms.dp.calibration import as_real, check_count, check_nonnegative
+from privfed._validation import check_features, check_real_dtype, is_integer
+from privfed._validation.seeds import check_generator
 from privfed.errors import ConfigError, InputError
 
 __all__ = [
@@ -46,11 +49,92 @@ class ReferenceModel:
     eigvecs: np.ndarray
 
 
+def _real(value, name: str, *, rows: bool = False) -> np.ndarray:
+    """``value`` as a float array (``rows``: 2-D, one vector as one row) of real numbers; NaN and inf refused."""
+    a = np.asarray(value)
+    if rows:
+        a = np.atleast_2d(a)
+        if a.ndim != 2:
+            raise InputError(f"{name} must be rows of features, shape (P, d), got shape {a.shape}")
+    if a.dtype.kind == "b":
+        raise InputError(f"{name} must hold numbers, got booleans")
+    check_real_dtype(a, name)
+    a = a.astype(np.float64)
+    # a NaN target, mean or count scored NaN, and NaN scores passed for a weak attack
+    if not np.isfinite(a).all():
+        raise InputError(f"{name} contains NaN or inf values; drop or fix those entries before scoring")
+    return a
+
+
+def _model(model, d: int, name: str = "model"):
+    """``model`` if its mean has ``d`` features (a :class:`ReferenceModel`, or any object with such a ``mean``)."""
+    mean = getattr(model, "mean", None)
+    if mean is None:
+        raise InputError(
+            f"{name} must be a ReferenceModel (reference_model(public features)), got {type(model).__name__}"
+        )
+    if np.shape(mean) != (d,):
+        raise InputError(
+            f"{name} has a mean of shape {np.shape(mean)} but the data have d={d} features; "
+            "build it from public features of the same backbone"
+        )
+    return model
+
+
+def _support_z(value) -> float:
+    """``support_z`` as a number >= 0 (inf switches the support test off), else a ConfigError."""
+    try:
+        z = as_real(value)
+    except (TypeError, ValueError):
+        z = math.nan
+    if not z >= 0:
+        raise ConfigError(
+            f"support_z must be a number >= 0 (inf switches the support test off), got {value!r}"
+        )
+    return z
+
+
+def _pairs(targets, means, counts, model, tau, ref_means=None):
+    """``(Y, M, n, tau, mu)`` of (target, released mean) pairs, refused with one line naming the argument:
+    means (P, d) with the model's d, targets (P, d) or one target (d,), one count and one tau per pair (or one
+    for all), reference means (P, d) or (d,)."""
+    M = _real(means, "means", rows=True)
+    P, d = M.shape
+    model = _model(model, d)
+    Y = _real(targets, "targets", rows=True)
+    if Y.shape[1] != d or Y.shape[0] not in (1, P):
+        raise InputError(
+            f"targets must have shape ({P}, {d}) like means (or one target ({d},)), got {Y.shape}"
+        )
+    n = _real(counts, "counts").reshape(-1)
+    if n.size not in (1, P):
+        raise InputError(
+            f"counts must have one entry per mean ({P},) or one for all, got shape {np.shape(counts)}"
+        )
+    n = np.broadcast_to(np.maximum(n, 1.0), (P,))
+    # inf is allowed (the support test reads it as no test); NaN or a negative std is no noise level
+    tau_a = np.asarray(tau)
+    if (
+        tau_a.dtype.kind not in "iuf"
+        or tau_a.size not in (1, P)
+        or np.isnan(tau_a).any()
+        or (tau_a < 0).any()
+    ):
+        raise InputError(f"tau must be a noise std >= 0, one per mean ({P},) or one for all, got {tau!r}")
+    mu = model.mean
+    if ref_means is not None:
+        mu = _real(ref_means, "ref_means")
+        if mu.shape not in ((d,), (1, d), (P, d)):
+            raise InputError(f"ref_means must have shape ({P}, {d}) like means (or ({d},)), got {mu.shape}")
+    return Y, M, n, np.broadcast_to(tau_a.astype(np.float64).reshape(-1), (P,)), mu
+
+
 def reference_model(features: np.ndarray, shrinkage: str = "ledoit-wolf") -> ReferenceModel:
     """Mean and covariance of ``features`` (Ledoit-Wolf shrinkage or the plain sample covariance)."""
-    F = np.asarray(features, dtype=np.float64)
-    if F.ndim != 2 or F.shape[0] < 2:
-        raise InputError(f"a reference model needs at least 2 public records, got shape {F.shape}")
+    if np.ndim(features) != 2 or np.shape(features)[0] < 2:
+        raise InputError(f"a reference model needs at least 2 public records, got shape {np.shape(features)}")
+    # NaN or text was a raw scikit-learn error, inf a NaN model
+    F = check_features(features, "features")
     mu = F.mean(axis=0)
     if shrinkage == "ledoit-wolf":
         from sklearn.covariance import LedoitWolf
@@ -94,17 +178,13 @@ def trace_scores(
         Reference mean per pair instead of ``model.mean`` (e.g. the pooled
         mean of the other released rows).
     """
-    Y = np.atleast_2d(np.asarray(targets, float))
-    M = np.atleast_2d(np.asarray(means, float))
-    n = np.maximum(np.asarray(counts, float).reshape(-1), 1.0)
-    tau = np.broadcast_to(np.asarray(tau, float), n.shape)
-    mu = model.mean if ref_means is None else np.asarray(ref_means, float)
+    Y, M, n, tau, mu = _pairs(targets, means, counts, model, tau, ref_means)
     if test in ("support", "lrt+support"):
         S = M * n[:, None]
         slack = 1e-9 * np.maximum(1.0, np.abs(S).max(axis=1))  # float rounding of S = n * (S / n)
         # inf switches the test off, noiseless means (tau = 0) too; z = 0 allows no noise, infinite noise
         # (tau = inf) too: either product inf * 0 would be NaN
-        z = float(support_z)
+        z = _support_z(support_z)
         if math.isinf(z):
             tol = np.full(n.shape, np.inf) + slack
         else:
@@ -126,6 +206,10 @@ def trace_scores(
         return (np.abs(Y - mu) - np.abs(Y - M)).sum(axis=1)
     if test != "lrt":
         raise ConfigError(f"unknown tracing test {test!r}; choose from {list(TESTS)}")
+    if not np.isfinite(tau).all():
+        raise InputError(
+            "tau must be finite for the likelihood-ratio test: an infinitely noisy mean has no likelihood"
+        )
     lam = model.eigvals
     floor = 1e-9 * max(float(lam.mean()), 1e-300)
     U = model.eigvecs
@@ -152,10 +236,8 @@ def pair_features(
     deviations of the sum (or in units of the target's norm on a clean sum),
     the sum statistic over ||y||^2.
     """
-    Y = np.atleast_2d(np.asarray(targets, float))
-    M = np.atleast_2d(np.asarray(means, float))
-    n = np.maximum(np.asarray(counts, float).reshape(-1), 1.0)
-    tau = np.broadcast_to(np.asarray(tau, float), n.shape)
+    Y, M, n, tau, _ = _pairs(targets, means, counts, model, tau)
+    support_z = _support_z(support_z)
     lrt = trace_scores(Y, M, n, model, tau=tau, test="lrt")
     tr = max(float(model.eigvals.sum()), 1e-300)
     inner = trace_scores(Y, M, n, model, test="inner") / tr
@@ -225,10 +307,27 @@ def learned_test(
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import StandardScaler
 
+    for name, m in (("pools", pools), ("models", models), ("counts", counts)):
+        if not hasattr(m, "items"):
+            raise InputError(f"learned_test: {name} must be a mapping class -> value, got {type(m).__name__}")
+    missing = [c for c in pools if c not in models or c not in counts]
+    if missing:
+        raise InputError(
+            f"learned_test: models and counts must have an entry for every pool class; missing {missing}"
+        )
+    sims = check_count(sims, "sims", low=10)
+    sigma, count_sigma = check_nonnegative(sigma, "sigma"), check_nonnegative(count_sigma, "count_sigma")
+    support_z = _support_z(support_z)
+    check_generator(rng)
+    if not (isinstance(hidden, (tuple, list)) and hidden and all(is_integer(h) and h >= 1 for h in hidden)):
+        raise ConfigError(
+            f"hidden must be a non-empty tuple of layer sizes >= 1, e.g. (32, 16), got {hidden!r}"
+        )
     feats, labs = [], []
     for c, P in pools.items():
-        P = np.asarray(P, float)
-        cn = np.asarray(counts[c], float)
+        P = _real(P, f"pools[{c!r}]", rows=True)
+        cn = _real(counts[c], f"counts[{c!r}]").reshape(-1)
+        _model(models[c], P.shape[1], f"models[{c!r}]")
         if P.shape[0] < 2 or cn.size == 0:
             continue
         N = P.shape[0]
