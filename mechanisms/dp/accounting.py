@@ -26,7 +26,7 @@ import warnings
 from collections import defaultdict
 from collections.abc import Iterable
 
-from mechanisms.dp.calibration import as_real, check_delta, check_rounds, gdp_epsilon, gdp_mu
+from mechanisms.dp.calibration import as_real, check_budget, check_delta, check_rounds, gdp_epsilon, gdp_mu
 from mechanisms.dp.ledger import ReleaseEvent
 from privfed.errors import ConfigError
 
@@ -188,11 +188,13 @@ def calibrate_round_mu(
     """
     _check_accountant(accountant)
     rounds = check_rounds(rounds)
-    try:  # plain floats: a 0-d array cannot key the cache
-        epsilon, delta, sampling_rate = as_real(epsilon), as_real(delta), as_real(sampling_rate)
+    # Plain floats (a 0-d array cannot key the cache), the budget checked on every accountant's path.
+    epsilon, delta = check_budget(epsilon, delta)
+    try:
+        sampling_rate = as_real(sampling_rate)
     except (TypeError, ValueError):
         raise ConfigError(
-            f"epsilon, delta and sampling_rate must be numbers, got {epsilon!r}, {delta!r}, {sampling_rate!r}"
+            f"sampling_rate must be a number in (0, 1], got sampling_rate={sampling_rate!r}"
         ) from None
     return _calibrate_round_mu(epsilon, delta, rounds, sampling_rate, accountant)
 

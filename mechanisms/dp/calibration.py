@@ -34,6 +34,7 @@ __all__ = [
     "as_real",
     "check_budget",
     "check_nonnegative",
+    "check_real",
     "classic_sigma",
     "gaussian_delta",
     "gdp_epsilon",
@@ -55,6 +56,15 @@ def as_real(value) -> float:
     ):
         raise TypeError(f"{value!r} is not a number")
     return float(value)
+
+
+def check_real(value, name: str) -> float:
+    """``float(value)`` of a real number (:func:`as_real`), else a ConfigError naming ``name``: a bool, a
+    string, None or an array of several values is no number (NaN and inf pass: the caller bounds them)."""
+    try:
+        return as_real(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name} must be a number, got {name}={value!r}") from None
 
 
 def check_nonnegative(value, name: str) -> float:
@@ -151,7 +161,11 @@ def gaussian_delta(epsilon: float, sigma: float, sensitivity: float = 1.0) -> fl
     sensitivity : float
         L2 sensitivity Delta (> 0).
     """
-    if not (sigma > 0 and sensitivity > 0):  # NaN too
+    epsilon = check_real(epsilon, "epsilon")
+    sigma = check_real(sigma, "sigma")
+    sensitivity = check_real(sensitivity, "sensitivity")
+    # NaN fails these comparisons too
+    if not (sigma > 0 and sensitivity > 0):
         raise ConfigError(f"sigma and sensitivity must be > 0, got sigma={sigma}, sensitivity={sensitivity}")
     if not epsilon >= 0:
         raise ConfigError(f"epsilon must be >= 0, got epsilon={epsilon}")
@@ -176,6 +190,7 @@ def gdp_epsilon(mu: float, delta: float) -> float:
 
     Returns 0 when ``delta`` is already reached at eps = 0 and ``inf`` for mu = inf.
     """
+    mu = check_real(mu, "mu")
     if mu < 0 or math.isnan(mu):
         raise ConfigError(f"mu must be >= 0, got mu={mu}")
     delta = check_delta(delta)
@@ -261,7 +276,13 @@ def classic_sigma(epsilon: float, delta: float, sensitivity: float = 1.0, *, war
             UserWarning,
             stacklevel=2,
         )
-    return sensitivity * math.sqrt(2.0 * math.log(1.25 / dl)) / eps
+    sigma = sensitivity * math.sqrt(2.0 * math.log(1.25 / dl)) / eps
+    if not math.isfinite(sigma):
+        raise ConfigError(
+            f"epsilon={epsilon!r} is too small for the classic calibration: its sigma (sensitivity "
+            f"{sensitivity:g} x sqrt(2 ln(1.25/delta)) / epsilon) overflows float64; use a larger epsilon"
+        )
+    return sigma
 
 
 def _check_sensitivity(sensitivity: float) -> float:

@@ -90,7 +90,13 @@ def clip_l2(features: np.ndarray, c: float) -> np.ndarray:
 def clip_coordinates(features: np.ndarray, b: float) -> np.ndarray:
     """Clip every coordinate to [-b, b]."""
     b = check_bound(b)
-    return np.clip(np.asarray(features, dtype=np.float64), -b, b)
+    F = np.asarray(features, dtype=np.float64)
+    if not np.isfinite(F).all():
+        # np.clip passes NaN through and turns inf into b: refused as clip_l2 refuses them
+        raise InputError(
+            "features hold NaN/inf values, which clipping cannot bound; remove or impute those records first"
+        )
+    return np.clip(F, -b, b)
 
 
 @dataclass(frozen=True)

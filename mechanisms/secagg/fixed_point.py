@@ -168,13 +168,21 @@ def check_ring_bound(
     ------
     InputError
         If the bound reaches 2^63 (the sum could wrap around silently).
+    ConfigError
+        If ``num_clients`` is not an integer >= 1 or ``noise_bound`` is not a finite number >= 0.
     """
+    from mechanisms.dp.calibration import check_count, check_nonnegative
+
     if not np.isfinite(max_abs):
         raise InputError(f"{name} contains NaN/inf values; secure aggregation needs finite statistics")
-    if max_abs < 0 or noise_bound < 0:
+    if max_abs < 0:
         raise InputError(
             f"{name}: max_abs and noise_bound are bounds on |x| (>= 0), got {max_abs}, {noise_bound}"
         )
+    # A count of inputs (2.5 clients, or -5 giving a negative bound, passed) and a bound on the noise (NaN
+    # compared false and passed): ConfigErrors naming them.
+    num_clients = check_count(num_clients, "num_clients")
+    noise_bound = check_nonnegative(noise_bound, "noise_bound")
     frac_bits = check_frac_bits(frac_bits)
     bound = num_clients * (float(max_abs) * 2.0**frac_bits + 0.5) + float(noise_bound)
     if not bound < _HALF_RING:
@@ -235,6 +243,39 @@ def encode(values: np.ndarray, frac_bits: int) -> np.ndarray:
 
 
 def decode(ring_values: np.ndarray, frac_bits: int) -> np.ndarray:
-    """Read ring elements as signed int64 and scale back by 2^-f (float64)."""
-    u = np.ascontiguousarray(ring_values, dtype=np.uint64)
-    return u.view(np.int64).astype(np.float64) * 2.0 ** -check_frac_bits(frac_bits)
+    """Read ring elements as signed int64 and scale back by 2^-f (float64).
+
+    ``ring_values`` are 64-bit ring words: an integer array (uint64, int64, ...), or floats holding whole
+    numbers in [-2^63, 2^64); a fractional, NaN, inf or non-numeric value is refused (InputError), never
+    truncated or cast.
+    """
+    frac_bits = check_frac_bits(frac_bits)
+    return _ring_words(ring_values).view(np.int64).astype(np.float64) * 2.0**-frac_bits
+
+
+def _ring_words(ring_values) -> np.ndarray:
+    """``ring_values`` as a contiguous uint64 array (two's complement for negative integers)."""
+    try:
+        raw = np.asarray(ring_values)
+    except (ValueError, TypeError, OverflowError):
+        raw = np.asarray(ring_values, dtype=object)
+    if raw.dtype.kind in "iu":
+        return np.ascontiguousarray(raw, dtype=np.uint64)
+    if raw.dtype.kind != "f":
+        raise InputError(
+            f"ring_values must be 64-bit ring words (an integer array such as uint64), got dtype {raw.dtype}"
+        )
+    ok = np.isfinite(raw) & (raw == np.round(raw)) & (raw >= -_HALF_RING) & (raw < 2 * _HALF_RING)
+    if not ok.all():
+        bad = raw.reshape(-1)[~ok.reshape(-1)]
+        raise InputError(
+            f"ring_values must be whole numbers in [-2^63, 2^64) (64-bit ring words), got {bad[:3].tolist()}; "
+            "pass the uint64 words the ring sum returned, not decoded or rounded reals"
+        )
+    # at least one dimension, as np.ascontiguousarray gives integer words
+    raw = np.ascontiguousarray(raw)
+    out = np.empty(raw.shape, dtype=np.uint64)
+    neg = raw < 0
+    out[neg] = raw[neg].astype(np.int64).view(np.uint64)
+    out[~neg] = raw[~neg].astype(np.uint64)
+    return out

@@ -50,7 +50,7 @@ from mechanisms.dp.calibration import check_nonnegative
 from privfed._validation.seeds import check_generator
 from privfed.errors import ConfigError
 
-__all__ = ["DistributedGaussian", "check_nonnegative", "noise_rng", "noise_share"]
+__all__ = ["DistributedGaussian", "check_add_noise", "check_nonnegative", "noise_rng", "noise_share"]
 
 
 def noise_rng(rng) -> np.random.Generator:
@@ -68,8 +68,37 @@ def noise_share(row: np.ndarray, std: float, rng: np.random.Generator, add_noise
     ``add_noise(row, std, rng)`` draws it (a noise backend's ``add_gaussian``); default numpy normal draws.
     """
     if std > 0:
-        return add_noise(row, std, rng) if add_noise is not None else row + rng.normal(0.0, std, row.shape)
+        if add_noise is None:
+            return row + rng.normal(0.0, std, row.shape)
+        return _checked_share(add_noise(row, std, rng), row)
     return row
+
+
+def check_add_noise(add_noise):
+    """``add_noise`` when it is None or callable, else a ConfigError naming it (a string failed as
+    "'str' object is not callable" once a client drew its share)."""
+    if add_noise is not None and not callable(add_noise):
+        raise ConfigError(
+            f"add_noise must be a callable add_noise(row, std, rng) -> noisy row (e.g. a noise backend's "
+            f"add_gaussian) or None, got add_noise={add_noise!r}"
+        )
+    return add_noise
+
+
+def _checked_share(noisy, row: np.ndarray) -> np.ndarray:
+    """What ``add_noise`` returned for ``row``, refused unless it is a finite real array of the row's shape."""
+    try:
+        out = np.asarray(noisy)
+    except (ValueError, TypeError):
+        out = np.asarray(None)
+    if out.dtype.kind not in "iuf" or out.shape != np.shape(row):
+        raise ConfigError(
+            f"add_noise must return the noisy row: real numbers of shape {np.shape(row)}, got "
+            f"{type(noisy).__name__} of shape {out.shape} and dtype {out.dtype}"
+        )
+    if not np.isfinite(out).all():
+        raise ConfigError("add_noise returned NaN/inf values; a noise share must be finite")
+    return out
 
 
 def _as_tuple(value: float | Sequence[float], name: str) -> tuple[float, ...]:

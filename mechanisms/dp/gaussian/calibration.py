@@ -14,6 +14,7 @@ from collections.abc import Mapping
 
 from mechanisms.dp.accounting import calibrate_round_mu
 from mechanisms.dp.calibration import MAX_EPSILON, as_real, gdp_epsilon
+from mechanisms.dp.count_noise import COUNT_NOISE_MIN_EPSILON
 from mechanisms.dp.sensitivity import StatisticSensitivity, block_sigmas
 from privfed.errors import ConfigError, InputError
 
@@ -55,6 +56,12 @@ class GaussianCalibration:
         if math.isinf(self.epsilon):
             return math.inf, "none (epsilon = inf)"
         if self.calibration == "classic":
+            if self.epsilon < COUNT_NOISE_MIN_EPSILON:
+                raise ConfigError(
+                    f"epsilon={self.epsilon!r} is below {COUNT_NOISE_MIN_EPSILON:g}: the classic calibration's "
+                    "noise (sigma proportional to 1/epsilon) overflows float64 and would release inf values; "
+                    "use a larger epsilon"
+                )
             if self.epsilon > 1:
                 warnings.warn(
                     f"calibration='classic' is only proven for epsilon <= 1 (got epsilon={self.epsilon}); the "
@@ -87,7 +94,14 @@ class GaussianCalibration:
             joint = math.sqrt(sum(v * v for v in sens.values()))
         self._sens = sens
         self._joint_sens = joint
-        self._sigma = block_sigmas(sens, self._mu_round, self._weights, joint=joint)
+        sigma = block_sigmas(sens, self._mu_round, self._weights, joint=joint)
+        if not all(math.isfinite(v) for v in sigma.values()):
+            raise ConfigError(
+                f"epsilon={self.epsilon!r} at delta={self.delta!r} over {self.rounds} round(s) calls for noise "
+                f"beyond float64 (sigma={sigma}) that would release inf values; use a larger epsilon or delta, "
+                "or fewer rounds"
+            )
+        self._sigma = sigma
         self._dim = dim
 
     def statistic_sensitivity(self, clip_l2: float) -> StatisticSensitivity:

@@ -28,7 +28,7 @@ from mechanisms.secagg.ckks.scheme import GRID_MARGIN_BITS, CKKSParams
 from mechanisms.secagg.ckks.server import CKKSServer, CKKSServerView, run_in_process
 from mechanisms.secagg.identity import make_roster
 from mechanisms.secagg.ledger import SessionLedger
-from mechanisms.secagg.noise import check_nonnegative, noise_rng, noise_share
+from mechanisms.secagg.noise import check_add_noise, check_nonnegative, noise_rng, noise_share
 from privfed.errors import ConfigError, InputError
 
 __all__ = ["KEY_HOLDER", "CKKSSumResult", "ckks_sum"]
@@ -162,6 +162,7 @@ def ckks_sum(
     if not isinstance(params, CKKSParams):  # a dict of its fields was an AttributeError later
         raise ConfigError(f"params must be a CKKSParams, e.g. CKKSParams(scale_bits=40), got {params!r}")
     rng = noise_rng(rng)
+    add_noise = check_add_noise(add_noise)
     flat, shape, integral = _check_stack(stack, params, integers, noise_std, value_bound, name)
     K = flat.shape[0]
     # CKKS tolerates no colluder (the key holder decrypts everything): the roster declares none.

@@ -73,7 +73,7 @@ from mechanisms.secagg.graph import group_size, ring_neighbours
 from mechanisms.secagg.identity import make_roster
 from mechanisms.secagg.masking.node import MaskingNode
 from mechanisms.secagg.masking.server import MaskingServer, ServerView, run_in_process
-from mechanisms.secagg.noise import check_nonnegative, noise_rng, noise_share
+from mechanisms.secagg.noise import check_add_noise, check_nonnegative, noise_rng, noise_share
 from mechanisms.secagg.threat import DEFAULT_COLLUDERS, colluders_tolerated, default_threshold, survivor_parts
 from privfed._linalg import one_blas_thread
 from privfed._validation import check_memory, is_integer
@@ -327,6 +327,7 @@ def masked_sum(
     """
     t_start = time.perf_counter()
     rng = noise_rng(rng)
+    add_noise = check_add_noise(add_noise)
     if key_seed is not None and not isinstance(key_seed, bytes):
         check_seed(key_seed, "key_seed")  # an integer in 0..2**64 - 1, or bytes, as every seed
     for flag, value in (("active", active), ("keep_view", keep_view)):
