@@ -242,8 +242,9 @@ def resolve_config(args: argparse.Namespace):
         raise ConfigError(
             "--frac-bits is the fixed-point encoding of pairwise masking: use it with --secure-agg mask, or drop it"
         )
-    if getattr(args, "num_cpus", 1) < 1:
-        raise ConfigError(f"--num-cpus must be an integer >= 1, got {args.num_cpus}")
+    from privfed.flower.simulation import check_num_cpus
+
+    check_num_cpus(getattr(args, "num_cpus", 1), "--num-cpus")
     from privfed.release.settings import check_combination
 
     check_combination(  # named as flags here (the run config names the same keys without --)

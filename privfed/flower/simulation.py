@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import numbers
 import os
 import re
 import shutil
@@ -85,6 +86,19 @@ def _quiet_environment() -> None:
 
 
 # ------------------------------------------------------------------------------- in this process
+def check_num_cpus(num_cpus, flag: str = "num_cpus") -> int:
+    """CPUs for Ray's node workers: an integer from 1 to this machine's CPU count.  Ray starts a worker for
+    every CPU it is told of, so a count past the machine's runs dozens of workers on a few cores, and the
+    simulation crawls past its timeouts."""
+    have = os.cpu_count() or 1
+    if isinstance(num_cpus, bool) or not isinstance(num_cpus, numbers.Integral) or not 1 <= num_cpus <= have:
+        raise ConfigError(
+            f"{flag} must be an integer from 1 to this machine's {have} CPU(s), got {num_cpus!r}: Ray starts "
+            "one worker per CPU it is told of"
+        )
+    return int(num_cpus)
+
+
 def run_simulation(
     cfg: FlowerConfig | list[FlowerConfig],
     *,
@@ -112,6 +126,7 @@ def run_simulation(
     num_cpus : int
         CPUs Ray may use (one ClientApp at a time per CPU).
     """
+    check_num_cpus(num_cpus)
     _quiet_environment()
     from flwr.simulation.run_simulation import _run_simulation
     from flwr.supercore.telemetry import EventType
