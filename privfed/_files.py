@@ -44,10 +44,12 @@ def _not_regular(what: str, mode: int, fix: str) -> InputError:
 
 def path_of(path, what: str, fix: str = "pass the path of a regular file") -> pathlib.Path:
     """``path`` (str, bytes or os.PathLike, not empty) as a Path with ``~`` expanded; an :class:`InputError`
-    naming ``what`` for anything else (None, a number, an empty string: not a file's name) or a ``~user``
-    that names no user."""
+    naming ``what`` for anything else (None, a number, an empty string, a NUL: not a file's name) or a
+    ``~user`` that names no user."""
     if not isinstance(path, (str, bytes, os.PathLike)) or not os.fsdecode(os.fspath(path)).strip():
         raise InputError(f"{what} is not a file path (got {path!r}); {fix}")
+    if "\x00" in os.fsdecode(os.fspath(path)):  # no file system takes one: open() says "embedded null byte"
+        raise InputError(f"{what} holds a NUL character ({path!r}), which no file name can; {fix}")
     try:
         return pathlib.Path(os.fsdecode(os.fspath(path))).expanduser()
     except RuntimeError:  # ~nouser/...

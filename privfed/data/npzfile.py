@@ -32,15 +32,12 @@ import math
 import os
 import pathlib
 import zipfile
+import zlib
 
 import numpy as np
 
-from privfed._validation import (
-    check_real_dtype,
-    open_regular,
-    parse_byte_size,
-    refuse_masked,
-)
+from privfed._files import path_of
+from privfed._validation import check_real_dtype, open_regular, parse_byte_size, refuse_masked
 from privfed._validation.seeds import check_seed, sklearn_seed
 from privfed.data import FeatureDataset
 from privfed.data.cache import atomic_write_bytes
@@ -89,7 +86,7 @@ def _declared_sizes(fh, where: str, limit: int, file_size: int) -> None:
     total, biggest, short = 0, ("", 0, ()), ""
     try:
         zf = zipfile.ZipFile(fh)
-    except (OSError, EOFError, zipfile.BadZipFile, ValueError) as exc:
+    except (*_ZIP_ERRORS, ValueError) as exc:
         raise InputError(
             f"{where} cannot be read as a .npz archive ({exc}); save it with numpy.savez"
         ) from None
@@ -115,7 +112,7 @@ def _declared_sizes(fh, where: str, limit: int, file_size: int) -> None:
                     else:
                         shape, _, dtype = np.lib.format.read_array_header_2_0(fh)
                     header = fh.tell()
-            except (*_HEADER_ERRORS, zipfile.BadZipFile) as exc:
+            except _HEADER_ERRORS as exc:
                 raise InputError(
                     f"{where}: member {info.filename!r} is not a readable .npy array ({exc}); the file is damaged "
                     "or was not written by numpy.savez"
@@ -147,7 +144,8 @@ def _declared_sizes(fh, where: str, limit: int, file_size: int) -> None:
 
 
 #: What reading the .npy header of a damaged or foreign member may raise.
-_HEADER_ERRORS = (ValueError, OSError, EOFError, KeyError, SyntaxError, RuntimeError, NotImplementedError)
+_ZIP_ERRORS = (OSError, EOFError, zipfile.BadZipFile, zlib.error)
+_HEADER_ERRORS = (*_ZIP_ERRORS, ValueError, KeyError, SyntaxError, RuntimeError, NotImplementedError)
 
 
 def read_npz(path: pathlib.Path, max_bytes: int = DEFAULT_MAX_BYTES) -> dict[str, np.ndarray]:
@@ -203,7 +201,7 @@ def _read_open_npz(fh, where: str, max_bytes: int) -> dict[str, np.ndarray]:
         raise InputError(
             f"{where} cannot be read as a .npz archive ({exc}); save it with numpy.savez"
         ) from None
-    except (OSError, EOFError, zipfile.BadZipFile) as exc:
+    except _ZIP_ERRORS as exc:
         raise InputError(
             f"{where} cannot be read as a .npz archive ({exc}); save it with numpy.savez"
         ) from None
@@ -224,7 +222,7 @@ def _read_open_npz(fh, where: str, max_bytes: int) -> dict[str, np.ndarray]:
                         "loaded for safety; store it as a numeric array"
                     ) from None
                 raise InputError(f"{where}: {name!r} cannot be read ({exc})") from None
-            except (OSError, EOFError, zipfile.BadZipFile) as exc:
+            except _ZIP_ERRORS as exc:
                 raise InputError(f"{where}: {name!r} is corrupt ({exc}); write the file again") from None
     return out
 
@@ -350,7 +348,7 @@ def load_feature_file(
         fraction = math.nan
     if not 0.0 < fraction < 1.0:
         raise ConfigError(f"test_fraction must be a number in (0, 1), got {test_fraction!r}")
-    path = pathlib.Path(os.fspath(path)).expanduser()
+    path = path_of(path, "the feature file", "pass the path of a .npz feature file")
     where = f"feature file {str(path)!r}"
     arrays = read_npz(path, resolve_max_bytes(max_bytes))
     return _dataset(arrays, path, where, int(seed), fraction)
@@ -475,7 +473,7 @@ def save_feature_file(
     pathlib.Path
         The written path (``.npz`` appended by numpy when missing).
     """
-    path = pathlib.Path(os.fspath(path)).expanduser()
+    path = path_of(path, "save_feature_file's path", "pass the path to write the .npz to")
     if path.suffix.lower() != ".npz":  # 'x.NPZ' was written as 'x.NPZ.npz'
         path = path.with_name(path.name + ".npz")
     for name, value in (
@@ -500,8 +498,13 @@ def save_feature_file(
     # every check the reader makes, before anything is written: a file it would refuse (text labels, NaN
     # features, lengths or widths that disagree, skipped classes, a test class never trained) is refused here
     _dataset(arrays, path, f"save_feature_file({str(path)!r})", 0, DEFAULT_TEST_FRACTION)
-    path.parent.mkdir(parents=True, exist_ok=True)
     buf = io.BytesIO()
     np.savez(buf, **arrays)
-    atomic_write_bytes(path, buf.getvalue())
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(path, buf.getvalue())
+    except OSError as exc:  # a folder that is a file, /proc, no permission, a full disk
+        raise InputError(
+            f"save_feature_file cannot write {str(path)!r} ({exc.strerror}); choose another path"
+        ) from None
     return path

@@ -255,3 +255,49 @@ def test_a_split_that_cannot_leave_a_training_sample_is_one_line(tmp_path):
     np.savez(tmp_path / "f.npz", features=np.random.default_rng(0).normal(size=(10, 2)), labels=labels)
     with pytest.raises(InputError, match="too few to hold out the 2 of a test part"):
         load_feature_file(tmp_path / "f.npz")
+
+
+@pytest.mark.parametrize("where", ["header", "data"])
+def test_a_damaged_compressed_member_is_one_line(tmp_path, where):
+    """A bad deflate block in a savez_compressed member raised zlib.error with a traceback, from the header
+    check or from the read."""
+    import struct
+    import zipfile
+
+    from privfed.data import load_dataset
+
+    path = tmp_path / "comp.npz"
+    np.savez_compressed(
+        path, features=np.random.default_rng(0).normal(size=(500, 8)), labels=np.arange(500) % 3
+    )
+    raw = bytearray(path.read_bytes())
+    info = zipfile.ZipFile(path).getinfo("features.npy")
+    n, e = struct.unpack("<HH", raw[info.header_offset + 26 : info.header_offset + 30])
+    start = info.header_offset + 30 + n + e
+    if where == "header":
+        raw[start] = 0x07  # the first deflate block's type: invalid
+    else:
+        raw[start + info.compress_size // 2 : start + info.compress_size // 2 + 64] = bytes(64)
+    path.write_bytes(raw)
+    with pytest.raises(
+        InputError, match=r"comp\.npz.*(not a readable \.npy array|is corrupt|cannot be read)"
+    ):
+        load_dataset(f"file:{path}")
+
+
+def test_feature_file_paths_that_name_no_file_are_one_line(tmp_path):
+    """~nouser raised RuntimeError, a NUL ValueError; a save under a file or into /proc a FileExistsError or a
+    FileNotFoundError naming a temporary file."""
+    from privfed.data import load_dataset
+    from privfed.data.npzfile import save_feature_file
+
+    with pytest.raises(InputError, match="names a home folder that does not exist"):
+        load_dataset("file:~no-such-user-xyz/x.npz")
+    with pytest.raises(InputError, match="holds a NUL character"):
+        load_dataset("file:/tmp/a\x00b.npz")
+    (tmp_path / "plain").write_text("x")
+    F, y = np.arange(40.0).reshape(20, 2), np.arange(20) % 2
+    for bad in (tmp_path / "plain" / "x.npz", "/proc/privfed-x.npz"):
+        with pytest.raises(InputError, match=r"^save_feature_file cannot write .*; choose another path$"):
+            save_feature_file(bad, F, y)
+    assert save_feature_file(tmp_path / "ok.npz", F, y).is_file()

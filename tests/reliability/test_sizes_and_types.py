@@ -359,3 +359,19 @@ def test_one_generator_check_names_the_argument_and_how_to_make_one():
             check_generator(bad, "noise_rng")
     with pytest.raises(ConfigError, match=r"must be a numpy.random.Generator or None .*got int$"):
         check_generator(3, optional=True)
+
+
+def test_a_private_fit_of_no_records_still_checks_its_labels_and_clients():
+    """With 0 rows the labels and clients were never read: four labels (one a string) and a client id past K
+    were taken without a word.  Empty ones fit (a private release of nothing is allowed)."""
+    import privfed
+    from mechanisms import GaussianMechanism
+
+    dp = GaussianMechanism(epsilon=1.0, delta=1e-5, clip=3.0, backend="numpy")
+    kw = dict(num_classes=3, num_clients=4, privacy=dp, random_state=0)
+    with pytest.raises(InputError, match="^labels has 4 entries but features has 0 rows"):
+        privfed.fit("fedncm", np.zeros((0, 5)), [7, 8, 9, "a"], [], **kw)
+    with pytest.raises(InputError, match="^clients has 1 entries but features has 0 rows"):
+        privfed.fit("fedncm", np.zeros((0, 5)), [], [99], **kw)
+    head = privfed.fit("fedncm", np.zeros((0, 5)), np.zeros(0, int), np.zeros(0, int), **kw)
+    assert head.privacy is not None
