@@ -69,7 +69,7 @@ from mechanisms.secagg.threat import (
     threshold_rule,
 )
 from privfed._files import interruptible, path_of, signals_held
-from privfed._validation import is_integer, read_regular_text
+from privfed._validation import check_memory, is_integer, read_regular_text
 from privfed.errors import ConfigError, PrivfedError
 
 __all__ = [
@@ -361,18 +361,16 @@ def make_roster(
         raise ConfigError(f"threshold and colluders must be whole numbers, got {threshold!r}, {colluders!r}")
     if degree is not None:
         check_degree(degree, int(num_nodes))
+    # about 700 bytes a node in memory (its identity and roster key): refused before any key is drawn
+    check_memory(
+        1_000 * int(num_nodes), f"a roster of {int(num_nodes):,} nodes", "write it for the nodes that run"
+    )
     keys = KeySource(seed)
-    ids = []
-    for i in range(int(num_nodes)):
-        sk = Ed25519PrivateKey.from_private_bytes(keys(32))
-        ids.append(
-            Identity(
-                i,
-                sk.private_bytes(
-                    serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption()
-                ),
-            )
-        )
+    raw = (serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption())
+    ids = [
+        Identity(i, Ed25519PrivateKey.from_private_bytes(keys(32)).private_bytes(*raw))
+        for i in range(int(num_nodes))
+    ]
     ring = None if degree is None else tuple(draw_ring(int(num_nodes), keys))
     n = int(num_nodes) if degree is None else min(int(num_nodes), int(degree) + 1)
     t = max(default_threshold(n), min_threshold(n, colluders)) if threshold is None else int(threshold)

@@ -330,7 +330,7 @@ def check_features(
     if first is not None:
         raise InputError(
             f"{name} contains {count} NaN/inf values (first in row {first}); "
-            "remove or impute those samples before fitting"
+            f"remove or impute those samples before {'fitting' if dim is None else 'predicting'}"
         )
     if dim is not None and arr.shape[1] != dim:
         raise InputError(f"{name} has {arr.shape[1]} columns but the model was fitted with d={dim}")

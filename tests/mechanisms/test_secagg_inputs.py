@@ -334,3 +334,16 @@ def test_stack_range_is_numpy_min_and_max_and_finds_nan_in_any_block(shape):
             else:
                 assert (hi if want == "hi" else -lo) == np.inf
     assert stack_range(np.zeros((3, 0))) == (0.0, 0.0)
+
+
+def test_a_roster_past_the_machine_is_refused_before_any_key(tmp_path, monkeypatch, capsys):
+    """About 700 bytes a node: --nodes 100000000 drew keys until it was killed."""
+    monkeypatch.setenv("PRIVFED_MEMORY_LIMIT", "1G")
+    assert main([str(tmp_path / "r"), "--nodes", "5000000"]) == 2
+    err = capsys.readouterr().err
+    assert "a roster of 5,000,000 nodes needs about" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "r").exists()
+    with pytest.raises(InputError, match="a roster of 2,000,000 nodes needs about"):
+        make_roster(2_000_000)
+    roster, ids = make_roster(4, seed=b"s" * 32)
+    assert [i.index for i in ids] == [0, 1, 2, 3] and roster.public_keys[3] == ids[3].public_key

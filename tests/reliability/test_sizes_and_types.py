@@ -375,3 +375,16 @@ def test_a_private_fit_of_no_records_still_checks_its_labels_and_clients():
         privfed.fit("fedncm", np.zeros((0, 5)), [], [99], **kw)
     head = privfed.fit("fedncm", np.zeros((0, 5)), np.zeros(0, int), np.zeros(0, int), **kw)
     assert head.privacy is not None
+
+
+def test_nan_features_at_prediction_say_predicting_not_fitting():
+    import privfed
+
+    rng = np.random.default_rng(0)
+    head = privfed.fit("fedncm", rng.normal(size=(30, 4)), np.arange(30) % 3)
+    bad = rng.normal(size=(5, 4))
+    bad[2, 1] = np.nan
+    with pytest.raises(InputError, match=r"\(first in row 2\); remove or impute those samples before predicting$"):
+        head.predict(bad)
+    with pytest.raises(InputError, match="before fitting$"):
+        privfed.fit("fedncm", bad, np.arange(5) % 3)
