@@ -70,7 +70,11 @@ def clip_l2(features: np.ndarray, c: float) -> np.ndarray:
     """Scale each row to L2 norm at most ``c`` (rows already inside are unchanged)."""
     c = check_bound(c)
     F = np.asarray(features, dtype=np.float64)
-    if math.isinf(c):
+    if math.isinf(c):  # no bound, but no NaN/inf either: refused as a finite bound refuses them
+        if not np.isfinite(F).all():
+            raise InputError(
+                "features hold NaN/inf values, which clipping cannot bound; remove or impute those records first"
+            )
         return F.copy()
     with np.errstate(over="ignore"):
         norms = np.linalg.norm(F, axis=-1, keepdims=True)

@@ -73,7 +73,11 @@ def test_clip_coordinates_refuses_non_finite_features_as_clip_l2_does(bad):
         M.clip_l2(F, 1.0)
     with pytest.raises(InputError, match="features"):
         M.clip_coordinates(F, 1.0)
+    # no bound (c = inf) is no clipping, not a way past the check
+    with pytest.raises(InputError, match="features hold NaN/inf"):
+        M.clip_l2(F, math.inf)
     assert M.clip_coordinates(np.array([[0.5, 5.0, -7.0]]), 1.0).tolist() == [[0.5, 1.0, -1.0]]
+    assert M.clip_l2(np.array([[3.0, 4.0]]), math.inf).tolist() == [[3.0, 4.0]]
 
 
 # ------------------------------------------------------------------------------- classic calibration
