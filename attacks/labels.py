@@ -20,8 +20,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from attacks.base import Attack
+from attacks.knowledge import check_truth
 from attacks.metrics import auc, auc_se
 from attacks.view import GroundTruth, ServerView
+from privfed.errors import InputError
 
 __all__ = ["LabelInference", "LabelResult", "true_counts"]
 
@@ -30,8 +32,17 @@ def true_counts(truth: GroundTruth, num_rows: int, num_classes: int, per_client:
     """The clients' true class counts (num_rows, C), or the all-client total as one row."""
     keep = truth.clients >= 0
     y, k = truth.labels[keep], truth.clients[keep]
+    fix = "score a view against the truth of its own federation (attacks.scenario returns both)"
+    if y.size and int(y.max()) >= num_classes:
+        raise InputError(
+            f"GroundTruth.labels holds class {int(y.max())} but the view has {num_classes}; {fix}"
+        )
     if not per_client:
         return np.bincount(y, minlength=num_classes)[None].astype(float)
+    if k.size and int(k.max()) >= num_rows:
+        raise InputError(
+            f"GroundTruth.clients holds client {int(k.max())} but the view has {num_rows}; {fix}"
+        )
     return (
         np.bincount(k * num_classes + y, minlength=num_rows * num_classes)
         .reshape(num_rows, num_classes)
@@ -70,7 +81,9 @@ class LabelInference(Attack):
         K, C = result.counts.shape
         n = true_counts(truth, K, C, result.per_client)
         if n.shape != result.counts.shape:
-            raise ValueError(f"truth has {n.shape} counts but the view {result.counts.shape}")
+            raise InputError(
+                f"GroundTruth gives {n.shape} class counts but the view's are {result.counts.shape}"
+            )
         p = n / np.maximum(n.sum(axis=1, keepdims=True), 1.0)
         tv = 0.5 * np.abs(p - result.histograms).sum(axis=1)
         est_support = result.counts >= 0.5
@@ -101,4 +114,5 @@ class LabelInference(Attack):
         return out
 
     def evaluate(self, view: ServerView, truth: GroundTruth, rng=None) -> dict:
+        check_truth(truth, view)
         return self.score(self.run(view, rng), truth)

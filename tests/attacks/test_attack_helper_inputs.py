@@ -432,9 +432,17 @@ def test_a_truth_of_another_federation_is_refused(attack, change, match):
 def test_the_attack_evaluate_methods_check_the_truth_too():
     view, kw = _federation()
     truth = GroundTruth(**{**kw, "clients": np.arange(N) % 80})
-    for name in ("singleton", "tracing"):
+    for name in ("singleton", "tracing", "labels"):
         with pytest.raises(InputError, match="GroundTruth.clients"):
             attacks.get(name).evaluate(view, truth, np.random.default_rng(0))
+    # scored directly, past evaluate: a one-line refusal, not numpy's reshape error
+    labels = attacks.get("labels")
+    with pytest.raises(InputError, match="GroundTruth.clients holds client 79 but the view has 40"):
+        labels.score(labels.run(view), truth)
+    with pytest.raises(InputError, match="GroundTruth.labels holds class 4 but the view has 3"):
+        labels.score(
+            labels.run(view), GroundTruth(**{**kw, "clients": np.arange(N) % 40, "labels": np.arange(N) % 5})
+        )
 
 
 def test_a_truth_of_the_same_federation_with_unused_client_ids_still_scores():
