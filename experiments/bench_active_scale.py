@@ -16,7 +16,10 @@ pushing them, :func:`privfed.flower.transport.exchange`).
 verifies, X25519 agreements and key loads, and the mask keystream the protocol makes, each counted at
 the protocol's call sites in the same masked run (both processes) and timed alone with ``cryptography``
 in the node process within the same repeat.  ``ratio`` = masked CPU / floor, CPU seconds of both
-processes (the work done, unchanged when other programs share the cores).  The parts of each repeat run
+processes (the work done, unchanged when other programs share the cores).  ``ratio_to_work`` = masked CPU /
+the protocol's whole work (:func:`experiments.crypto_floor.work_seconds`: the floor plus its AES-GCM, HKDF,
+Shamir sharing and recovery, mask additions and fixed-point encoding, counted and timed the same way):
+what is left over it is Python and the message handling.  The parts of each repeat run
 back to back in the same two processes (plain, masked, the unit timings; the order alternates between
 repeats), the machine's load average is recorded beside each, and ``--runs`` whole runs (fresh
 processes) are recorded so that a ratio can be checked against an independent run.
@@ -27,11 +30,10 @@ at each D is what the server keeps per node (keys, relayed share messages, signa
 shares, and a stage's serialised requests until its last reply), and is the same at both D: each upload
 is added to the total as it arrives.
 
-``--record`` writes ``experiments/results/bench_active_scale.json``; ``tests/mechanisms/test_active_scale.py``
-checks its claims and that the docs quote it.
-
-Run: ``python experiments/bench_active_scale.py [--nodes 1000] [--values 51200] [--degree 20]
-[--memory-nodes 250,500,1000] [--memory-values 5120] [--repeats 3] [--runs 2] [--record]``
+``--record`` writes ``experiments/results/bench_active_scale.json`` (its claims and the docs' quote of it:
+``tests/mechanisms/test_active_scale.py``).  Run: ``python experiments/bench_active_scale.py [--nodes 1000]
+[--values 51200] [--degree 20] [--memory-nodes 250,500,1000] [--memory-values 5120] [--repeats 3] [--runs 2]
+[--record]``
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from experiments.attacks_common import markdown  # noqa: E402  (the experiments' one table writer)
-from experiments.crypto_floor import OPS, counting, floor_seconds, spread  # noqa: E402
+from experiments.crypto_floor import OPS, WORK_OPS, counting, floor_seconds, spread, work_seconds  # noqa: E402
 from mechanisms.secagg.identity import make_roster  # noqa: E402
 from mechanisms.secagg.masking import harary_split_bound  # noqa: E402
 from privfed.commands.common import parse_int_list  # noqa: E402
@@ -88,12 +90,9 @@ HEAP_MMAP_BYTES = 32 << 20
 
 def steady_heap() -> bool:
     """Keep this process's heap from shrinking and growing under every upload (glibc's ``mallopt``; False
-    where there is no glibc).  Each 410 KB upload makes three buffers of its size (the bytes read, the
-    protobuf's copy, the array) that are freed once it is folded; with glibc's defaults, whether freeing
-    them returns the heap's top to the system (and the next upload faults its pages back in: hundreds of
-    thousands of faults a run at 1,000 nodes) depends on where the heap's other objects happen to lie,
-    which differs between the plain and the masked run and between stages.  Both runs are measured with
-    the same settings."""
+    without glibc): with glibc's defaults, whether freeing an upload's buffers returns the heap's top to the
+    system (the next upload then faults its pages back in) depends on where the heap's other objects lie,
+    which differs between the plain and the masked run.  Both runs are measured with the same settings."""
     import ctypes
 
     try:
@@ -110,7 +109,7 @@ def _nodes(requests, replies, roster_json: str, secrets: list[bytes], D: int, se
     own Context); ``requests`` and ``replies`` are the two one-way pipes to the server."""
     from flwr.app import Context, RecordDict
 
-    from experiments.crypto_floor import counting, unit_seconds
+    from experiments.crypto_floor import counting, unit_seconds, work_unit_seconds
     from mechanisms.secagg import fixed_point
     from mechanisms.secagg.identity import Identity, Roster
     from privfed.flower.secagg import node_step
@@ -136,7 +135,10 @@ def _nodes(requests, replies, roster_json: str, secrets: list[bytes], D: int, se
                     counts[k] = 0
                 continue
             if kind == "units":
-                replies.send(unit_seconds(values=D))
+                units = work_unit_seconds(
+                    values=D, threshold=roster.threshold, group=len(roster.graph[0]) + 1
+                )
+                replies.send({**unit_seconds(values=D), **units})
                 continue
             if kind == "session":  # fresh contexts and aggregation id: one masked sum
                 contexts = [
@@ -179,9 +181,8 @@ class _Link:
         return self.replies.recv()
 
     def exchange(self, kind: str, messages):
-        """Push every ``(u, bytes)`` of a stage and yield each reply's bytes in turn, as it arrives (as the
-        app's transport pushes a stage's messages, then pulls the replies as they come).  The pushing runs in
-        a second thread only so that the two pipes cannot deadlock."""
+        """Push every ``(u, bytes)`` of a stage and yield each reply's bytes as it arrives (as the app's
+        transport does); the pushing runs in a thread only so that the two pipes cannot deadlock."""
         import threading
 
         order: list[int] = []
@@ -323,6 +324,7 @@ def one_run(K: int, D: int, degree: int, repeats: int, seed: int) -> dict:
             units = link.ask("units")
             (pc, pw, p), (mc, mw, m) = got["plain"], got["masked"]
             floor, terms = floor_seconds(pc, counts, units)
+            work, work_terms = work_seconds(floor, counts, units)
             rows.append(
                 {
                     "repeat": r,
@@ -339,6 +341,9 @@ def one_run(K: int, D: int, degree: int, repeats: int, seed: int) -> dict:
                     "floor_terms_s": terms,
                     "floor_cpu_s": floor,
                     "ratio": mc / floor,
+                    "work_terms_s": work_terms,
+                    "work_cpu_s": work,
+                    "ratio_to_work": mc / work,
                     "ratio_to_plain": mc / pc,
                     "round_trips": m["round_trips"],
                     "uploaded": m["uploaded"],
@@ -353,17 +358,18 @@ def one_run(K: int, D: int, degree: int, repeats: int, seed: int) -> dict:
             print(
                 f"  [{K} nodes, repeat {r}] plain {pc:.2f} s (server {p['server_cpu_s']:.2f}), masked {mc:.2f} s "
                 f"(server {m['server_cpu_s']:.2f}), floor {floor:.2f} s: "
-                f"{mc / floor:.3f}x the floor (load {load:.1f})",
+                f"{mc / floor:.3f}x the floor, {mc / work:.3f}x the whole work (load {load:.1f})",
                 flush=True,
             )
     finally:
         _stop(link, proc)
-    per_node = {op: rows[-1]["counts"][op] / K for op in (*OPS, "prg")}
+    per_node = {op: rows[-1]["counts"][op] / K for op in (*OPS, "prg", *WORK_OPS)}
     return {
         "threshold": roster.threshold,
         "repeats": rows,
         "ratio": spread([r["ratio"] for r in rows]),
         "ratio_to_plain": spread([r["ratio_to_plain"] for r in rows]),
+        "ratio_to_work": spread([r["ratio_to_work"] for r in rows]),
         "per_node": per_node,
     }
 

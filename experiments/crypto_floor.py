@@ -17,6 +17,18 @@ count x unit time to the CPU seconds of a plain run of the same statistics: the 
 protocol can cost, since a node can neither skip a signature or agreement its argument needs nor mask
 without the keystream.
 
+**The protocol's whole work** (:func:`work_seconds`): the floor plus the rest of the cryptography and ring
+arithmetic a masked sum does, counted at the same call sites and timed alone by :func:`work_unit_seconds`:
+
+* ``aead``: AES-256-GCM share messages sealed and opened (a cipher object and one 72-byte message each);
+* ``kdf``: HKDF-SHA256 derivations (a key from every agreement, the self-mask key from its seed);
+* ``shamir_split``: a node's Shamir sharing of its two secrets among its group;
+* ``shamir_recover``: a secret rebuilt at the server (its Lagrange coefficients and the combination);
+* ``ring_values``: mask values added into (or subtracted from) a vector, mod 2^64;
+* ``encode_values``: values put into the ring (fixed point), which a plain run never does.
+
+Masked over this work leaves what the implementation adds beside all of it: Python and the message handling.
+
 :func:`tree_cpu` reads the CPU seconds of this process and its descendants (``/proc``), for runtimes that
 run nodes in worker processes (Flower's simulation).
 """
@@ -30,10 +42,54 @@ import time
 
 import numpy as np
 
-__all__ = ["OPS", "counting", "floor_seconds", "spread", "tree_cpu", "unit_seconds"]
+__all__ = [
+    "OPS",
+    "WORK_OPS",
+    "counting",
+    "floor_seconds",
+    "spread",
+    "tree_cpu",
+    "unit_seconds",
+    "work_seconds",
+    "work_unit_seconds",
+]
 
 #: The operations of the floor, in the order they are reported.
 OPS = ("sign", "verify", "x25519", "x25519_load", "prg_values")
+#: The rest of the protocol's work, beside the floor (see the module docstring).
+WORK_OPS = ("aead", "kdf", "shamir_split", "shamir_recover", "ring_values", "encode_values")
+
+
+class _AEAD:
+    """AES-GCM that counts the messages it seals and opens (``_AEAD(AESGCM, counts)(key)``, as the class)."""
+
+    __slots__ = ("_aead", "_counts")
+
+    def __init__(self, cls, counts: dict) -> None:
+        self._aead, self._counts = cls, counts
+
+    def __call__(self, key: bytes) -> _AEAD:
+        return _AEAD(self._aead(key), self._counts)
+
+    def encrypt(self, *a) -> bytes:
+        self._counts["aead"] += 1
+        return self._aead.encrypt(*a)
+
+    def decrypt(self, *a) -> bytes:
+        self._counts["aead"] += 1
+        return self._aead.decrypt(*a)
+
+
+class _Module:
+    """A module seen through a protocol module's name for it, with some of its functions counted (the module
+    itself, which the unit timings call, is left alone)."""
+
+    def __init__(self, module, **counted) -> None:
+        self._module = module
+        self.__dict__.update(counted)
+
+    def __getattr__(self, name: str):
+        return getattr(self._module, name)
 
 
 class _Key:
@@ -58,11 +114,24 @@ def counting():
     from mechanisms.secagg.masking import node as node_mod
     from mechanisms.secagg.masking import server as server_mod
 
-    counts = dict.fromkeys((*OPS, "prg"), 0)
+    counts = dict.fromkeys((*OPS, "prg", *WORK_OPS), 0)
     sign, verify = Identity.sign, Roster.verify
     saved = [
-        (m, name, getattr(m, name)) for m in (node_mod, server_mod) for name in ("private_key", "add_masks")
+        (m, name, getattr(m, name))
+        for m in (node_mod, server_mod)
+        for name in ("private_key", "add_masks", "hkdf")
     ]
+    saved += [(m, name, getattr(m, name)) for m, name in ((node_mod, "AESGCM"), (node_mod, "shamir"))]
+    saved.append((server_mod, "shamir", server_mod.shamir))
+    split_many, combine = node_mod.shamir.split_many, server_mod.shamir.combine
+
+    def counted_split(*a, **k):
+        counts["shamir_split"] += 1
+        return split_many(*a, **k)
+
+    def counted_combine(*a, **k):
+        counts["shamir_recover"] += 1
+        return combine(*a, **k)
 
     def counted_sign(self, message):
         counts["sign"] += 1
@@ -73,22 +142,34 @@ def counting():
         return verify(self, index, signature, message)
 
     def wrap(module):
-        load, masks = module.private_key, module.add_masks
+        load, masks, kdf = module.private_key, module.add_masks, module.hkdf
 
         def private_key(k):
             counts["x25519_load"] += 1
             return _Key(load(k), counts)
 
         def add_masks(y, keys, signs):
+            n = int(np.asarray(y).size)
             counts["prg"] += len(keys)
-            counts["prg_values"] += len(keys) * int(np.asarray(y).size)
+            counts["prg_values"] += len(keys) * n
+            # each mask's values are added into the vector as it is expanded; a node masks its input, which
+            # it encoded into the ring (the server masks its total)
+            counts["ring_values"] += len(keys) * n
+            counts["encode_values"] += n if module is node_mod else 0
             return masks(y, keys, signs)
 
-        module.private_key, module.add_masks = private_key, add_masks
+        def hkdf(secret, info):
+            counts["kdf"] += 1
+            return kdf(secret, info)
+
+        module.private_key, module.add_masks, module.hkdf = private_key, add_masks, hkdf
 
     Identity.sign, Roster.verify = counted_sign, counted_verify
     for m in (node_mod, server_mod):
         wrap(m)
+    node_mod.AESGCM = _AEAD(node_mod.AESGCM, counts)
+    node_mod.shamir = _Module(node_mod.shamir, split_many=counted_split)
+    server_mod.shamir = _Module(server_mod.shamir, combine=counted_combine)
     try:
         yield counts
     finally:
@@ -142,6 +223,72 @@ def unit_seconds(repeats: int = 500, values: int = 51_200) -> dict[str, float]:
         "x25519_load": per_call(lambda: X25519PrivateKey.from_private_bytes(raw), repeats),
         "prg_values": per_call(keystream, n_prg) / values,
     }
+
+
+def work_unit_seconds(
+    repeats: int = 500, values: int = 51_200, threshold: int = 12, group: int = 21
+) -> dict[str, float]:
+    """CPU seconds of one of each operation of :data:`WORK_OPS` (``ring_values`` and ``encode_values``: per
+    value), as the protocol calls it: a share message of 72 bytes sealed and opened under a fresh key, HKDF of
+    a 32-byte secret, two secrets shared at ``group`` points with threshold ``threshold``, a secret rebuilt
+    from ``threshold`` shares at fresh points, a mask of ``values`` added into a vector, ``values`` encoded
+    into the ring; each the median over five batches, as :func:`unit_seconds`."""
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+    from mechanisms.secagg import fixed_point, shamir
+    from mechanisms.secagg.crypto import MASK_BLOCK, hkdf
+
+    def per_call(fn, n: int, batches: int = 5) -> float:
+        times = []
+        for _ in range(batches):
+            c = time.process_time()
+            for _ in range(max(1, n // batches)):
+                fn()
+            times.append((time.process_time() - c) / max(1, n // batches))
+        return statistics.median(times)
+
+    key, nonce, aad, plain = os.urandom(32), os.urandom(12), os.urandom(16), os.urandom(72)
+    sealed = AESGCM(key).encrypt(nonce, plain, aad)
+    secrets = [int.from_bytes(os.urandom(31), "little") for _ in range(2)]
+    points = list(range(1, group + 1))
+    shares = shamir.split_many(secrets, points, threshold, os.urandom)[0]
+    starts = iter(range(10**9))
+
+    def recover() -> None:
+        # fresh points each call, as each uploader's holders differ: the coefficients are made each time
+        at = 1 + next(starts) % 1000
+        xs = {at + i: shares[points[i % len(points)]] for i in range(threshold)}
+        shamir.combine(xs, threshold, shamir.lagrange_at_zero(list(xs)))
+
+    block = min(values, MASK_BLOCK)
+    y, mask = np.zeros(values, dtype=np.uint64), np.ones(block, dtype=np.uint64)
+
+    def ring() -> None:
+        for a in range(0, values, block):
+            part = y[a : a + block]
+            np.add(part, mask[: part.size], out=part)
+
+    x = np.random.default_rng(0).normal(size=values)
+    n_vec = max(10, repeats // 10)
+    return {
+        "aead": (
+            per_call(lambda: AESGCM(key).encrypt(nonce, plain, aad), repeats)
+            + per_call(lambda: AESGCM(key).decrypt(nonce, sealed, aad), repeats)
+        )
+        / 2,
+        "kdf": per_call(lambda: hkdf(key, aad + aad), repeats),
+        "shamir_split": per_call(lambda: shamir.split_many(secrets, points, threshold, os.urandom), repeats),
+        "shamir_recover": per_call(recover, repeats),
+        "ring_values": per_call(ring, n_vec) / values,
+        "encode_values": per_call(lambda: fixed_point.encode(x, 32), n_vec) / values,
+    }
+
+
+def work_seconds(floor: float, counts: dict, units: dict) -> tuple[float, dict[str, float]]:
+    """The protocol's whole work: ``floor`` plus count x unit seconds of every operation of :data:`WORK_OPS`;
+    and each term."""
+    terms = {op: counts.get(op, 0) * units[op] for op in WORK_OPS}
+    return floor + sum(terms.values()), terms
 
 
 def floor_seconds(plain: float, counts: dict, units: dict) -> tuple[float, dict[str, float]]:

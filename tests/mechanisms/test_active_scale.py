@@ -11,7 +11,15 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from experiments.crypto_floor import OPS, counting, floor_seconds, unit_seconds  # noqa: E402
+from experiments.crypto_floor import (  # noqa: E402
+    OPS,
+    WORK_OPS,
+    counting,
+    floor_seconds,
+    unit_seconds,
+    work_seconds,
+    work_unit_seconds,
+)
 from mechanisms.secagg.masking import harary_split_bound  # noqa: E402
 
 
@@ -21,15 +29,42 @@ def _argument(k: int) -> dict[str, float]:
     return {"sign": 3, "verify": 2 * k, "x25519": 2 * k, "x25519_load": 2, "prg": k + 2}
 
 
+def _work(k: int, D: int) -> dict[str, float]:
+    """The rest of the work per node with every node uploading: k share messages sealed and k opened, a key
+    derived from each of 2k agreements, the self-mask key at the node and again at the server, one Shamir
+    sharing, one recovery at the server (its self-mask seed), k + 2 masks of D values added, D values
+    encoded."""
+    return {
+        "aead": 2 * k,
+        "kdf": 2 * k + 2,
+        "shamir_split": 1,
+        "shamir_recover": 1,
+        "ring_values": (k + 2) * D,
+        "encode_values": D,
+    }
+
+
 def test_counting_sees_the_protocols_call_sites_and_restores_them():
-    from mechanisms.secagg import fixed_point
+    from mechanisms.secagg import fixed_point, shamir
     from mechanisms.secagg.identity import Identity, Roster, make_roster
     from mechanisms.secagg.masking import node as node_mod
     from mechanisms.secagg.masking import server as server_mod
     from mechanisms.secagg.masking.node import MaskingNode
     from mechanisms.secagg.masking.server import MaskingServer, run_in_process
 
-    before = (Identity.sign, Roster.verify, node_mod.private_key, node_mod.add_masks, server_mod.add_masks)
+    def sites():
+        return (
+            Identity.sign,
+            Roster.verify,
+            *(getattr(m, n) for m in (node_mod, server_mod) for n in ("private_key", "add_masks", "hkdf")),
+            node_mod.AESGCM,
+            node_mod.shamir,
+            server_mod.shamir,
+            shamir.split_many,
+            shamir.combine,
+        )
+
+    before = sites()
     K, k = 12, 4
     roster, ids = make_roster(K, degree=k)
     X = np.random.default_rng(0).normal(size=(K, 5))
@@ -43,15 +78,9 @@ def test_counting_sees_the_protocols_call_sites_and_restores_them():
         )
         total = run_in_process(server, nodes, inputs=lambda u: fixed_point.encode(X[u], 20))
     assert np.abs(fixed_point.decode(total, 20) - X.sum(0)).max() <= K * 2.0**-21
-    assert (
-        Identity.sign,
-        Roster.verify,
-        node_mod.private_key,
-        node_mod.add_masks,
-        server_mod.add_masks,
-    ) == before
-    want = _argument(k)
-    for op in ("sign", "verify", "x25519", "x25519_load", "prg"):
+    assert sites() == before
+    want = {**_argument(k), **_work(k, 5)}
+    for op in ("sign", "verify", "x25519", "x25519_load", "prg", *WORK_OPS):
         assert counts[op] == want[op] * K, (op, counts[op])
 
 
@@ -62,6 +91,12 @@ def test_the_floor_is_the_plain_run_plus_count_times_unit():
     floor, terms = floor_seconds(0.5, counts, units)
     assert floor == pytest.approx(0.5 + sum(counts[o] * units[o] for o in OPS), rel=1e-12)
     assert terms["verify"] == pytest.approx(8 * units["verify"], rel=1e-12)
+    more = work_unit_seconds(repeats=20, values=64, threshold=3, group=5)
+    assert set(more) == set(WORK_OPS) and all(v > 0 for v in more.values())
+    counts.update(_work(4, 64))
+    work, extra = work_seconds(floor, counts, more)
+    assert work == pytest.approx(floor + sum(counts[o] * more[o] for o in WORK_OPS), rel=1e-12)
+    assert extra["aead"] == pytest.approx(8 * more["aead"], rel=1e-12) and work > floor
 
 
 def test_the_benchmark_runs_a_small_federation_with_the_arguments_counts():
@@ -69,13 +104,15 @@ def test_the_benchmark_runs_a_small_federation_with_the_arguments_counts():
 
     K, k, D = 16, 4, 64
     run = one_run(K, D, k, repeats=2, seed=3)
-    assert run["per_node"] == pytest.approx({**_argument(k), "prg_values": (k + 2) * D})
+    assert run["per_node"] == pytest.approx({**_argument(k), "prg_values": (k + 2) * D, **_work(k, D)})
     for r in run["repeats"]:
         assert r["max_abs_error"]["masked"] <= K * 2.0**-33 and r["max_abs_error"]["plain"] < 1e-9
         assert r["ratio"] == pytest.approx(r["masked_cpu_s"] / r["floor_cpu_s"], rel=1e-12)
         assert r["floor_cpu_s"] == pytest.approx(
             r["plain_cpu_s"] + sum(r["floor_terms_s"].values()), rel=1e-12
         )
+        assert r["work_cpu_s"] == pytest.approx(r["floor_cpu_s"] + sum(r["work_terms_s"].values()), rel=1e-12)
+        assert r["ratio_to_work"] == pytest.approx(r["masked_cpu_s"] / r["work_cpu_s"], rel=1e-12)
         assert r["round_trips"] == 5 and r["uploaded"] == K
     assert [r["order"][0] for r in run["repeats"]] == ["plain", "masked"]  # the order alternates
 
@@ -111,8 +148,11 @@ def test_recorded_runs_are_their_parts_and_reproduce():
             floor = r["plain_cpu_s"] + sum(r["counts"][o] * r["unit_s"][o] for o in OPS)
             assert r["floor_cpu_s"] == pytest.approx(floor, rel=1e-9)
             assert r["ratio"] == pytest.approx(r["masked_cpu_s"] / floor, rel=1e-9)
-        k = cfg["degree"]
-        assert run["per_node"] == pytest.approx({**_argument(k), "prg_values": (k + 2) * cfg["values"]})
+            work = floor + sum(r["counts"][o] * r["unit_s"][o] for o in WORK_OPS)
+            assert r["work_cpu_s"] == pytest.approx(work, rel=1e-9)
+            assert r["ratio_to_work"] == pytest.approx(r["masked_cpu_s"] / work, rel=1e-9)
+        k, D = cfg["degree"], cfg["values"]
+        assert run["per_node"] == pytest.approx({**_argument(k), "prg_values": (k + 2) * D, **_work(k, D)})
         assert 2 * run["threshold"] > k + 1
     assert data["agreement"] == pytest.approx(max(medians) / min(medians) - 1, rel=1e-9)
     assert data["agreement"] <= REPRODUCE
