@@ -178,6 +178,18 @@ def counting():
             setattr(m, name, value)
 
 
+def _per_call(fn, n: int, batches: int = 5) -> float:
+    """CPU seconds of one call of ``fn``: the median of ``batches`` batches of ``n`` calls in all (robust to a
+    busy machine)."""
+    times = []
+    for _ in range(batches):
+        c = time.process_time()
+        for _ in range(max(1, n // batches)):
+            fn()
+        times.append((time.process_time() - c) / max(1, n // batches))
+    return statistics.median(times)
+
+
 def unit_seconds(repeats: int = 500, values: int = 51_200) -> dict[str, float]:
     """CPU seconds of one of each operation of :data:`OPS` (``prg_values``: per value), with ``cryptography``
     as the protocol calls it; each the median over five batches of ``repeats`` calls in all (the PRG over expansions of ``values``, each
@@ -187,17 +199,6 @@ def unit_seconds(repeats: int = 500, values: int = 51_200) -> dict[str, float]:
     from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
     from mechanisms.secagg.crypto import MASK_BLOCK
-
-    def per_call(
-        fn, n: int, batches: int = 5
-    ) -> float:  # the median of a few batches: robust to a busy machine
-        times = []
-        for _ in range(batches):
-            c = time.process_time()
-            for _ in range(max(1, n // batches)):
-                fn()
-            times.append((time.process_time() - c) / max(1, n // batches))
-        return statistics.median(times)
 
     sk = Ed25519PrivateKey.generate()
     message = os.urandom(180)  # a consistency view of a group of 21 is about this long
@@ -217,11 +218,11 @@ def unit_seconds(repeats: int = 500, values: int = 51_200) -> dict[str, float]:
 
     n_prg = max(10, repeats // 10)
     return {
-        "sign": per_call(lambda: sk.sign(message), repeats),
-        "verify": per_call(lambda: pk.verify(sig, message), repeats),
-        "x25519": per_call(lambda: a.exchange(b), repeats),
-        "x25519_load": per_call(lambda: X25519PrivateKey.from_private_bytes(raw), repeats),
-        "prg_values": per_call(keystream, n_prg) / values,
+        "sign": _per_call(lambda: sk.sign(message), repeats),
+        "verify": _per_call(lambda: pk.verify(sig, message), repeats),
+        "x25519": _per_call(lambda: a.exchange(b), repeats),
+        "x25519_load": _per_call(lambda: X25519PrivateKey.from_private_bytes(raw), repeats),
+        "prg_values": _per_call(keystream, n_prg) / values,
     }
 
 
@@ -237,15 +238,6 @@ def work_unit_seconds(
 
     from mechanisms.secagg import fixed_point, shamir
     from mechanisms.secagg.crypto import MASK_BLOCK, hkdf
-
-    def per_call(fn, n: int, batches: int = 5) -> float:
-        times = []
-        for _ in range(batches):
-            c = time.process_time()
-            for _ in range(max(1, n // batches)):
-                fn()
-            times.append((time.process_time() - c) / max(1, n // batches))
-        return statistics.median(times)
 
     key, nonce, aad, plain = os.urandom(32), os.urandom(12), os.urandom(16), os.urandom(72)
     sealed = AESGCM(key).encrypt(nonce, plain, aad)
@@ -272,15 +264,15 @@ def work_unit_seconds(
     n_vec = max(10, repeats // 10)
     return {
         "aead": (
-            per_call(lambda: AESGCM(key).encrypt(nonce, plain, aad), repeats)
-            + per_call(lambda: AESGCM(key).decrypt(nonce, sealed, aad), repeats)
+            _per_call(lambda: AESGCM(key).encrypt(nonce, plain, aad), repeats)
+            + _per_call(lambda: AESGCM(key).decrypt(nonce, sealed, aad), repeats)
         )
         / 2,
-        "kdf": per_call(lambda: hkdf(key, aad + aad), repeats),
-        "shamir_split": per_call(lambda: shamir.split_many(secrets, points, threshold, os.urandom), repeats),
-        "shamir_recover": per_call(recover, repeats),
-        "ring_values": per_call(ring, n_vec) / values,
-        "encode_values": per_call(lambda: fixed_point.encode(x, 32), n_vec) / values,
+        "kdf": _per_call(lambda: hkdf(key, aad + aad), repeats),
+        "shamir_split": _per_call(lambda: shamir.split_many(secrets, points, threshold, os.urandom), repeats),
+        "shamir_recover": _per_call(recover, repeats),
+        "ring_values": _per_call(ring, n_vec) / values,
+        "encode_values": _per_call(lambda: fixed_point.encode(x, 32), n_vec) / values,
     }
 
 

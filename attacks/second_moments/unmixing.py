@@ -29,7 +29,7 @@ from attacks.metrics import identification, matched_cosine
 from attacks.params import index_vector
 from attacks.view import GroundTruth, ServerView
 from mechanisms.dp.calibration import as_real, check_count
-from privfed._validation import check_real_dtype, is_integer
+from privfed._validation import finite_reals, is_integer
 from privfed._validation.seeds import check_generator
 from privfed.errors import ConfigError, InputError
 
@@ -46,12 +46,8 @@ def _finite(value, name: str, shape: tuple, want: str) -> np.ndarray:
     a = np.asarray(value)
     if a.ndim != len(shape) or a.size == 0 or any(w not in (None, n) for w, n in zip(shape, a.shape)):
         raise InputError(f"{name} must have shape {want}, got {a.shape}")
-    check_real_dtype(a, name)
-    a = a.astype(np.float64)
     # NaN made the eigendecomposition fail (LinAlgError) or the features NaN
-    if not np.isfinite(a).all():
-        raise InputError(f"{name} contains NaN or inf values; pass the released (finite) statistic")
-    return a
+    return finite_reals(a, name, "pass the released (finite) statistic")
 
 
 def _second(value, name: str = "second") -> np.ndarray:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from mechanisms.dp.calibration import as_real, check_count, check_nonnegative
-from privfed._validation import check_features, check_real_dtype, is_integer
+from privfed._validation import check_features, finite_reals, is_integer
 from privfed._validation.seeds import check_generator
 from privfed.errors import ConfigError, InputError
 
@@ -58,12 +58,8 @@ def _real(value, name: str, *, rows: bool = False) -> np.ndarray:
             raise InputError(f"{name} must be rows of features, shape (P, d), got shape {a.shape}")
     if a.dtype.kind == "b":
         raise InputError(f"{name} must hold numbers, got booleans")
-    check_real_dtype(a, name)
-    a = a.astype(np.float64)
     # a NaN target, mean or count scored NaN, and NaN scores passed for a weak attack
-    if not np.isfinite(a).all():
-        raise InputError(f"{name} contains NaN or inf values; drop or fix those entries before scoring")
-    return a
+    return finite_reals(a, name, "drop or fix those entries before scoring")
 
 
 def _model(model, d: int, name: str = "model"):

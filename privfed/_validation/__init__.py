@@ -26,6 +26,7 @@ __all__ = [
     "open_regular",
     "read_regular_text",
     "check_release_size",
+    "finite_reals",
     "release_cost_note",
     "env_byte_size",
     "parse_byte_size",
@@ -206,6 +207,17 @@ def check_real_dtype(arr: np.ndarray, name: str) -> None:
         why = f"must hold real numbers, got dtype {dt}" + (" (Python objects)" if dt.kind == "O" else "")
     if why:
         raise InputError(f"{name} {why}")
+
+
+def finite_reals(value, name: str, fix: str) -> np.ndarray:
+    """``value`` as a float64 array of real, finite numbers; else one line naming ``name`` (with ``fix`` for NaN
+    or inf values)."""
+    a = np.asarray(value)
+    check_real_dtype(a, name)
+    a = a.astype(np.float64)
+    if not np.isfinite(a).all():
+        raise InputError(f"{name} contains NaN or inf values; {fix}")
+    return a
 
 
 #: Most noise values one private release may draw (K clients x C classes x (d + 1) under local noise):
