@@ -242,7 +242,7 @@ def resolve_config(args: argparse.Namespace):
         raise ConfigError(
             "--frac-bits is the fixed-point encoding of pairwise masking: use it with --secure-agg mask, or drop it"
         )
-    from privfed.flower.simulation import check_num_cpus
+    from privfed.flower.config import check_num_cpus
 
     check_num_cpus(getattr(args, "num_cpus", 1), "--num-cpus")
     from privfed.release.settings import check_combination

@@ -68,6 +68,7 @@ from __future__ import annotations
 import json
 import math
 import numbers
+import os
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -82,7 +83,9 @@ __all__ = [
     "SECURE_PROTOCOLS",
     "WIRE_EXTRA",
     "FlowerConfig",
+    "check_num_cpus",
     "public_clip",
+    "usable_cpus",
     "request_config",
 ]
 
@@ -115,6 +118,27 @@ def public_clip(dataset: str) -> float | None:
 
     splits = digits_splits(0)
     return float(np.median(np.linalg.norm(embed(splits.public_images, seed=0), axis=1)))
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity: a container's cpuset, a taskset), else the machine's."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def check_num_cpus(num_cpus, flag: str = "num_cpus") -> int:
+    """CPUs for Ray's node workers: an integer from 1 to the CPUs this process may use.  Ray starts a worker for
+    every CPU it is told of, so a count past them runs dozens of workers on a few cores, and the simulation
+    crawls past its timeouts."""
+    have = usable_cpus()
+    if isinstance(num_cpus, bool) or not isinstance(num_cpus, numbers.Integral) or not 1 <= num_cpus <= have:
+        raise ConfigError(
+            f"{flag} must be an integer from 1 to the {have} CPU(s) this process may use, got {num_cpus!r}: "
+            "Ray starts one worker per CPU it is told of"
+        )
+    return int(num_cpus)
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import numbers
 import os
 import re
 import shutil
@@ -49,7 +48,7 @@ from flwr.clientapp import ClientApp
 from mechanisms.secagg.bounds import PublicBounds
 from privfed.errors import ConfigError, PrivfedError
 from privfed.flower.client_app import make_client_app
-from privfed.flower.config import FlowerConfig
+from privfed.flower.config import FlowerConfig, check_num_cpus
 from privfed.flower.provision import SimulatedRoster
 from privfed.flower.server_app import FlowerResult, make_server_app
 
@@ -86,19 +85,6 @@ def _quiet_environment() -> None:
 
 
 # ------------------------------------------------------------------------------- in this process
-def check_num_cpus(num_cpus, flag: str = "num_cpus") -> int:
-    """CPUs for Ray's node workers: an integer from 1 to this machine's CPU count.  Ray starts a worker for
-    every CPU it is told of, so a count past the machine's runs dozens of workers on a few cores, and the
-    simulation crawls past its timeouts."""
-    have = os.cpu_count() or 1
-    if isinstance(num_cpus, bool) or not isinstance(num_cpus, numbers.Integral) or not 1 <= num_cpus <= have:
-        raise ConfigError(
-            f"{flag} must be an integer from 1 to this machine's {have} CPU(s), got {num_cpus!r}: Ray starts "
-            "one worker per CPU it is told of"
-        )
-    return int(num_cpus)
-
-
 def run_simulation(
     cfg: FlowerConfig | list[FlowerConfig],
     *,
@@ -342,6 +328,7 @@ def flwr_run(
     :class:`~privfed.errors.PrivfedError` says why.  Every process started here is stopped on
     return, on an error and on an interrupt.
     """
+    check_num_cpus(num_cpus)
     _quiet_environment()
     before = _file_stamp(Path(expect) / "results.json") if expect is not None else None
     import privfed

@@ -243,23 +243,29 @@ def test_flower_eps_and_seeds_take_one_value_with_one_clear_line(capsys):
     assert default_timeout(10, "none") == 220 and default_timeout(10, "mask") == 440
 
 
-def test_flower_num_cpus_past_the_machine_is_one_line_before_ray_starts(capsys):
+def test_flower_num_cpus_past_the_machine_is_one_line_before_ray_starts(capsys, monkeypatch):
     """Ray starts a worker for every CPU it is told of: --num-cpus 1000 on two cores ran about seventy workers and
-    hung past the run's timeout.  Both the command and the simulation API refuse it before anything starts."""
+    hung past the run's timeout.  The command and both simulation entry points refuse a count past the CPUs
+    this process may use (its affinity, which a container's cpuset narrows) before anything starts."""
     from privfed.commands.flower import main
     from privfed.flower import FlowerConfig, run_simulation
+    from privfed.flower import config as flower_config
+    from privfed.flower.simulation import flwr_run
 
-    over = (os.cpu_count() or 1) + 1
-    for bad in (str(over), "0"):
+    monkeypatch.setattr(flower_config.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    assert flower_config.usable_cpus() == 2
+    for bad in ("3", "0"):
         assert main(["--clients", "3", "--num-cpus", bad]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert (
             len(err) == 1
-            and f"--num-cpus must be an integer from 1 to this machine's {over - 1} CPU" in err[0]
+            and "--num-cpus must be an integer from 1 to the 2 CPU(s) this process may use" in err[0]
         )
-    for bad in (over, 0, 1.5, True):
-        with pytest.raises(ConfigError, match=r"^num_cpus must be an integer from 1 to this machine"):
+    for bad in (3, 0, 1.5, True):
+        with pytest.raises(ConfigError, match=r"^num_cpus must be an integer from 1 to the 2 CPU"):
             run_simulation(FlowerConfig(method="fedncm", clients=3), num_cpus=bad)
+        with pytest.raises(ConfigError, match=r"^num_cpus must be an integer from 1 to the 2 CPU"):
+            flwr_run({}, num_supernodes=3, num_cpus=bad)
 
 
 def test_flwr_secaggplus_advice_names_a_flag_that_exists(capsys):
