@@ -139,8 +139,9 @@ def _as_images(x) -> np.ndarray:
     if a.ndim != 3 or a.size == 0:
         raise InputError(f"images must have shape (n, H, W) with n, H, W >= 1, got {a.shape}")
     _check_real(a, "images")
-    a = a.astype(np.float64)
-    if not np.isfinite(a).all():  # a diverged reconstruction scored inf dB (an exact copy) under NaN
+    a = np.asarray(a, dtype=np.float64)
+    # NaN or inf has no score (under NaN a diverged reconstruction would read as an exact copy, inf dB)
+    if not (np.isfinite(a.min()) and np.isfinite(a.max())):
         raise InputError("images contain NaN or inf values; a reconstruction that diverged has no score")
     return a
 
@@ -191,9 +192,9 @@ def _rows(x, name: str, *, flatten: bool = False) -> np.ndarray:
     if a.ndim != 2:
         raise InputError(f"{name} must be vectors, shape (n, d), got shape {a.shape}")
     _check_real(a, name)
-    a = a.astype(np.float64)
-    # NaN rows scored 0 (a plausible similarity), or matched and identified anything
-    if not np.isfinite(a).all():
+    a = np.asarray(a, dtype=np.float64)
+    # a NaN row has no similarity (it would score 0, a plausible one, and match anything)
+    if a.size and not (np.isfinite(a.min()) and np.isfinite(a.max())):
         raise InputError(
             f"{name} contains NaN or inf values; they have no similarity: drop or fix those rows"
         )

@@ -25,7 +25,7 @@ from scipy.stats import norm
 
 from attacks.params import check_fpr
 from mechanisms.dp.calibration import as_real, check_delta
-from privfed._validation import check_real_dtype
+from privfed._validation import check_real_dtype, finite_reals
 from privfed.errors import ConfigError, InputError
 
 __all__ = [
@@ -45,10 +45,7 @@ def _covariance(cov) -> np.ndarray:
     S = np.asarray(cov)
     if S.ndim != 2 or S.shape[0] != S.shape[1] or S.size == 0:
         raise InputError(f"cov must be a square (d, d) covariance matrix, got shape {S.shape}")
-    check_real_dtype(S, "cov")
-    S = S.astype(np.float64)
-    if not np.isfinite(S).all():
-        raise InputError("cov contains NaN or inf values; pass a finite covariance matrix")
+    S = finite_reals(S, "cov", "pass a finite covariance matrix")
     # a negative variance gave a negative SNR (an AUC below one half) or a made-up d_eff
     if (np.diagonal(S) < 0).any():
         raise InputError("cov has a negative variance on its diagonal; pass a covariance matrix")
@@ -72,7 +69,7 @@ def _real_array(value, name: str) -> np.ndarray:
     if a.dtype.kind == "b":
         raise InputError(f"{name} must hold numbers, got booleans")
     check_real_dtype(a, name)
-    return a.astype(np.float64)
+    return np.asarray(a, dtype=np.float64)
 
 
 def effective_dimension(cov: np.ndarray) -> float:

@@ -29,7 +29,7 @@ from attacks.metrics import membership_metrics
 from attacks.params import check_fprs, check_targets
 from attacks.view import GroundTruth, ServerView, membership_targets, paired_mask
 from mechanisms.dp.calibration import check_count, check_nonnegative
-from privfed._validation import check_real_dtype
+from privfed._validation import finite_reals
 from privfed.errors import InputError
 
 __all__ = ["SubspaceMembership", "SubspaceResult", "signal_projectors"]
@@ -45,10 +45,7 @@ def signal_projectors(
         raise InputError(
             f"second must have shape (K, d, d), one square matrix per released row, got {G.shape}"
         )
-    check_real_dtype(G, "second")
-    G = G.astype(np.float64)
-    if not np.isfinite(G).all():
-        raise InputError("second contains NaN or inf values; pass the released (finite) second moments")
+    G = finite_reals(G, "second", "pass the released (finite) second moments")
     # NaN thresholds kept no eigenvalue (or ignored the noise), a negative one every eigenvalue
     sigma, rel_tol, edge = (
         check_nonnegative(v, k) for v, k in ((sigma, "sigma"), (rel_tol, "rel_tol"), (edge, "edge"))

@@ -210,12 +210,13 @@ def check_real_dtype(arr: np.ndarray, name: str) -> None:
 
 
 def finite_reals(value, name: str, fix: str) -> np.ndarray:
-    """``value`` as a float64 array of real, finite numbers; else one line naming ``name`` (with ``fix`` for NaN
-    or inf values)."""
+    """``value`` as a float64 array of real, finite numbers (itself when it is one: no copy, and no mask the size
+    of it: min and max propagate NaN and reach inf); else one line naming ``name`` (with ``fix`` for NaN or inf
+    values)."""
     a = np.asarray(value)
     check_real_dtype(a, name)
-    a = a.astype(np.float64)
-    if not np.isfinite(a).all():
+    a = np.asarray(a, dtype=np.float64)
+    if a.size and not (np.isfinite(a.min()) and np.isfinite(a.max())):
         raise InputError(f"{name} contains NaN or inf values; {fix}")
     return a
 
