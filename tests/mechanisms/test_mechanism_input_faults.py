@@ -88,6 +88,9 @@ def test_classic_calibration_refuses_an_epsilon_whose_sigma_overflows():
     with pytest.raises(ConfigError, match="epsilon"):
         M.classic_sigma(1e-310, 1e-5)
     assert math.isfinite(M.classic_sigma(1e-300, 1e-5))
+    # refused for the noise it would need, not for being small: 1e-302 still has a finite sigma
+    tiny = GaussianMechanism(epsilon=1e-302, delta=1e-5, clip=3.0, calibration="classic").sigma
+    assert all(math.isfinite(v) and v > 1e300 for v in tiny.values())
     sigma = GaussianMechanism(epsilon=0.5, delta=1e-5, clip=3.0, calibration="classic").sigma
     assert all(math.isfinite(v) and v > 0 for v in sigma.values())
 
@@ -158,3 +161,15 @@ def test_masked_sum_with_a_good_add_noise_still_sums():
     S = np.array([[1.5, 2.0], [0.25, -1.0], [3.0, 4.0]])
     res = masked_sum(S, noise_std=1e-9, add_noise=lambda r, s, g: r + 0.0, key_seed=1)
     assert np.abs(res.total - S.sum(axis=0)).max() <= 3 * 2.0**-32
+
+
+def test_a_noise_std_past_float64_is_refused_naming_noise_std_not_an_inner_bound():
+    """noise_std=1e300 made the noise shares' bound inf, refused as 'noise_bound must be finite', a name the
+    caller never passed."""
+    from mechanisms.secagg import masked_sum
+
+    X = np.random.default_rng(0).normal(size=(5, 3))
+    for std in (1e200, 1e300):
+        with pytest.raises(InputError, match="could overflow the 2\\^64 ring.*lower noise_std$") as exc:
+            masked_sum(X, noise_std=std, key_seed=1)
+        assert "noise_bound" not in str(exc.value)

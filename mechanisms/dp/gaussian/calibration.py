@@ -14,7 +14,6 @@ from collections.abc import Mapping
 
 from mechanisms.dp.accounting import calibrate_round_mu
 from mechanisms.dp.calibration import MAX_EPSILON, as_real, gdp_epsilon
-from mechanisms.dp.count_noise import COUNT_NOISE_MIN_EPSILON
 from mechanisms.dp.sensitivity import StatisticSensitivity, block_sigmas
 from privfed.errors import ConfigError, InputError
 
@@ -56,12 +55,6 @@ class GaussianCalibration:
         if math.isinf(self.epsilon):
             return math.inf, "none (epsilon = inf)"
         if self.calibration == "classic":
-            if self.epsilon < COUNT_NOISE_MIN_EPSILON:
-                raise ConfigError(
-                    f"epsilon={self.epsilon!r} is below {COUNT_NOISE_MIN_EPSILON:g}: the classic calibration's "
-                    "noise (sigma proportional to 1/epsilon) overflows float64 and would release inf values; "
-                    "use a larger epsilon"
-                )
             if self.epsilon > 1:
                 warnings.warn(
                     f"calibration='classic' is only proven for epsilon <= 1 (got epsilon={self.epsilon}); the "

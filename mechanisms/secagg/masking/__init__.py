@@ -365,7 +365,9 @@ def masked_sum(
     integral = fixed_point.integer_encoding(flat, integers, noise_std, max(-lo, hi), name)
     f = 0 if integral else fixed_point.check_frac_bits(frac_bits)
     # Gaussian shares exceed 40 standard deviations with probability < 1e-340: a safe public bound.
-    fixed_point.check_ring_bound(max_abs, K, f, noise_bound=K * 40.0 * noise_std * 2.0**f, name=name)
+    # the noise shares' bound, past float64 for a huge noise_std: refused as a ring overflow, naming noise_std
+    noise_bound = min(K * 40.0 * noise_std * 2.0**f, 2.0**1023)
+    fixed_point.check_ring_bound(max_abs, K, f, noise_bound=noise_bound, name=name)
     keys = KeySource(key_seed)
     if active and neighbours is not None:
         # The operator's roster draws the graph (make_roster below); here the degree is checked and sized.
