@@ -76,7 +76,7 @@ def evaluate(
         raise InputError(
             f"view must be a ServerView (attacks.scenario(...) returns one), got {type(view).__name__}"
         )
-    # a truth of another federation (other clients, classes or width) was scored silently
+    # a truth of another federation (other clients, classes or width) is refused, never scored
     check_truth(truth, view)
     return attack.evaluate(view, truth, rng)
 

@@ -22,8 +22,8 @@ def check_truth(truth, view=None) -> None:
     """Refuse anything but a :class:`GroundTruth` as the truth an attack is scored against (one line).
 
     With ``view`` (a :class:`attacks.view.ServerView`), also a truth of another federation: features of
-    another width, a class or (per-client view) a client the view does not have.  Such a truth was
-    scored silently, its unmatched records counted as not exposed.
+    another width, a class or (per-client view) a client the view does not have: scored, its unmatched
+    records would count as not exposed.
     """
     if not isinstance(truth, GroundTruth):
         raise InputError(

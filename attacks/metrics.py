@@ -46,7 +46,7 @@ def _scores_labels(scores, members) -> tuple[np.ndarray, np.ndarray]:
     s, m = _vector(scores, "scores"), _vector(members, "members")
     if s.dtype.kind not in "biuf":
         raise InputError(f"scores must be real numbers, got dtype {s.dtype}")
-    # 2, 0.5, NaN or "no" was cast to True: a member; only booleans or 0/1 say membership
+    # only booleans or 0/1 say membership (2, 0.5, NaN or "no" would cast to True: a member)
     if m.dtype.kind not in "biuf" or (m.dtype.kind != "b" and not np.isin(m, (0, 1)).all()):
         raise InputError("members must be booleans or 0/1 (1: a member), one per score")
     s, m = s.astype(np.float64), m.astype(bool)

@@ -46,7 +46,7 @@ def _covariance(cov) -> np.ndarray:
     if S.ndim != 2 or S.shape[0] != S.shape[1] or S.size == 0:
         raise InputError(f"cov must be a square (d, d) covariance matrix, got shape {S.shape}")
     S = finite_reals(S, "cov", "pass a finite covariance matrix")
-    # a negative variance gave a negative SNR (an AUC below one half) or a made-up d_eff
+    # a negative variance would give a negative SNR (an AUC below one half) or a made-up d_eff
     if (np.diagonal(S) < 0).any():
         raise InputError("cov has a negative variance on its diagonal; pass a covariance matrix")
     return S
@@ -92,7 +92,7 @@ def tracing_snr(cov: np.ndarray, n, tau: float = 0.0, offset=None):
     """
     S = _covariance(cov)
     n = _real_array(n, "n")
-    # NaN or inf records gave a NaN SNR
+    # NaN or inf records would give a NaN SNR
     if not (np.isfinite(n).all() and np.all(n >= 1)):
         raise InputError("n must be >= 1 and finite (the number of records in the mean)")
     tau_a = _real_array(tau, "tau")

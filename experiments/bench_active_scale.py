@@ -16,9 +16,9 @@ pushing them, :func:`privfed.flower.transport.exchange`).
 verifies, X25519 agreements and key loads, and the mask keystream the protocol makes, each counted at
 the protocol's call sites in the same masked run (both processes) and timed alone with ``cryptography``
 in the node process within the same repeat.  ``ratio`` = masked CPU / floor, CPU seconds of both
-processes (the work done, unchanged when other programs share the cores).  ``ratio_to_work`` = masked CPU /
-the protocol's whole work (:func:`experiments.crypto_floor.work_seconds`: the floor plus its AES-GCM, HKDF,
-Shamir sharing and recovery, mask additions and fixed-point encoding, counted and timed the same way):
+processes (the work done, unchanged when other programs share the cores).  ``ratio_to_protocol_work`` =
+masked CPU / the protocol work (:func:`experiments.crypto_floor.work_seconds`: the floor plus its AES-GCM,
+HKDF, Shamir sharing and recovery, mask additions and fixed-point encoding, counted and timed the same way):
 what is left over it is Python and the message handling.  The parts of each repeat run
 back to back in the same two processes (plain, masked, the unit timings; the order alternates between
 repeats), the machine's load average is recorded beside each, and ``--runs`` whole runs (fresh
@@ -341,9 +341,9 @@ def one_run(K: int, D: int, degree: int, repeats: int, seed: int) -> dict:
                     "floor_terms_s": terms,
                     "floor_cpu_s": floor,
                     "ratio": mc / floor,
-                    "work_terms_s": work_terms,
-                    "work_cpu_s": work,
-                    "ratio_to_work": mc / work,
+                    "protocol_work_terms_s": work_terms,
+                    "protocol_work_cpu_s": work,
+                    "ratio_to_protocol_work": mc / work,
                     "ratio_to_plain": mc / pc,
                     "round_trips": m["round_trips"],
                     "uploaded": m["uploaded"],
@@ -358,7 +358,7 @@ def one_run(K: int, D: int, degree: int, repeats: int, seed: int) -> dict:
             print(
                 f"  [{K} nodes, repeat {r}] plain {pc:.2f} s (server {p['server_cpu_s']:.2f}), masked {mc:.2f} s "
                 f"(server {m['server_cpu_s']:.2f}), floor {floor:.2f} s: "
-                f"{mc / floor:.3f}x the floor, {mc / work:.3f}x the whole work (load {load:.1f})",
+                f"{mc / floor:.3f}x the floor, {mc / work:.3f}x the protocol work (load {load:.1f})",
                 flush=True,
             )
     finally:
@@ -369,7 +369,7 @@ def one_run(K: int, D: int, degree: int, repeats: int, seed: int) -> dict:
         "repeats": rows,
         "ratio": spread([r["ratio"] for r in rows]),
         "ratio_to_plain": spread([r["ratio_to_plain"] for r in rows]),
-        "ratio_to_work": spread([r["ratio_to_work"] for r in rows]),
+        "ratio_to_protocol_work": spread([r["ratio_to_protocol_work"] for r in rows]),
         "per_node": per_node,
     }
 

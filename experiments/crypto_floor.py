@@ -17,7 +17,7 @@ count x unit time to the CPU seconds of a plain run of the same statistics: the 
 protocol can cost, since a node can neither skip a signature or agreement its argument needs nor mask
 without the keystream.
 
-**The protocol's whole work** (:func:`work_seconds`): the floor plus the rest of the cryptography and ring
+**The protocol work** (:func:`work_seconds`): the floor plus the rest of the cryptography and ring
 arithmetic a masked sum does, counted at the same call sites and timed alone by :func:`work_unit_seconds`:
 
 * ``aead``: AES-256-GCM share messages sealed and opened (a cipher object and one 72-byte message each);
@@ -26,6 +26,8 @@ arithmetic a masked sum does, counted at the same call sites and timed alone by 
 * ``shamir_recover``: a secret rebuilt at the server (its Lagrange coefficients and the combination);
 * ``ring_values``: mask values added into (or subtracted from) a vector, mod 2^64;
 * ``encode_values``: values put into the ring (fixed point), which a plain run never does.
+
+The server's adding of each upload into its total is not counted: the plain run folds each upload too.
 
 Masked over this work leaves what the implementation adds beside all of it: Python and the message handling.
 
@@ -36,6 +38,7 @@ run nodes in worker processes (Flower's simulation).
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import statistics
 import time
@@ -110,6 +113,7 @@ class _Key:
 def counting():
     """Count the protocol's cryptographic operations in this process while the block runs; yields the
     counts (a dict, filled as the run goes)."""
+    from mechanisms.secagg import fixed_point
     from mechanisms.secagg.identity import Identity, Roster
     from mechanisms.secagg.masking import node as node_mod
     from mechanisms.secagg.masking import server as server_mod
@@ -122,8 +126,13 @@ def counting():
         for name in ("private_key", "add_masks", "hkdf")
     ]
     saved += [(m, name, getattr(m, name)) for m, name in ((node_mod, "AESGCM"), (node_mod, "shamir"))]
-    saved.append((server_mod, "shamir", server_mod.shamir))
-    split_many, combine = node_mod.shamir.split_many, server_mod.shamir.combine
+    saved += [(server_mod, "shamir", server_mod.shamir), (fixed_point, "encode", fixed_point.encode)]
+    split_many, combine, encode = node_mod.shamir.split_many, server_mod.shamir.combine, fixed_point.encode
+
+    @functools.wraps(encode)
+    def counted_encode(values, *a, **k):
+        counts["encode_values"] += int(np.size(values))
+        return encode(values, *a, **k)
 
     def counted_split(*a, **k):
         counts["shamir_split"] += 1
@@ -152,10 +161,8 @@ def counting():
             n = int(np.asarray(y).size)
             counts["prg"] += len(keys)
             counts["prg_values"] += len(keys) * n
-            # each mask's values are added into the vector as it is expanded; a node masks its input, which
-            # it encoded into the ring (the server masks its total)
+            # each mask's values are added into the vector as it is expanded
             counts["ring_values"] += len(keys) * n
-            counts["encode_values"] += n if module is node_mod else 0
             return masks(y, keys, signs)
 
         def hkdf(secret, info):
@@ -164,13 +171,14 @@ def counting():
 
         module.private_key, module.add_masks, module.hkdf = private_key, add_masks, hkdf
 
-    Identity.sign, Roster.verify = counted_sign, counted_verify
-    for m in (node_mod, server_mod):
-        wrap(m)
-    node_mod.AESGCM = _AEAD(node_mod.AESGCM, counts)
-    node_mod.shamir = _Module(node_mod.shamir, split_many=counted_split)
-    server_mod.shamir = _Module(server_mod.shamir, combine=counted_combine)
     try:
+        Identity.sign, Roster.verify = counted_sign, counted_verify
+        for m in (node_mod, server_mod):
+            wrap(m)
+        node_mod.AESGCM = _AEAD(node_mod.AESGCM, counts)
+        node_mod.shamir = _Module(node_mod.shamir, split_many=counted_split)
+        server_mod.shamir = _Module(server_mod.shamir, combine=counted_combine)
+        fixed_point.encode = counted_encode
         yield counts
     finally:
         Identity.sign, Roster.verify = sign, verify
@@ -237,7 +245,11 @@ def work_unit_seconds(
     from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
     from mechanisms.secagg import fixed_point, shamir
-    from mechanisms.secagg.crypto import MASK_BLOCK, hkdf
+    from mechanisms.secagg.crypto import MASK_BLOCK, KeySource, hkdf
+
+    # the encoding itself, also while counting() counts its calls
+    encode = getattr(fixed_point.encode, "__wrapped__", fixed_point.encode)
+    keys = KeySource(None)
 
     key, nonce, aad, plain = os.urandom(32), os.urandom(12), os.urandom(16), os.urandom(72)
     sealed = AESGCM(key).encrypt(nonce, plain, aad)
@@ -269,15 +281,21 @@ def work_unit_seconds(
         )
         / 2,
         "kdf": _per_call(lambda: hkdf(key, aad + aad), repeats),
-        "shamir_split": _per_call(lambda: shamir.split_many(secrets, points, threshold, os.urandom), repeats),
+        # a stage's coefficients read from one draw, as the node reads them (KeySource.ahead)
+        "shamir_split": _per_call(
+            lambda: shamir.split_many(
+                secrets, points, threshold, keys.ahead(2 * (threshold - 1) * shamir.SHARE_BYTES)
+            ),
+            repeats,
+        ),
         "shamir_recover": _per_call(recover, repeats),
         "ring_values": _per_call(ring, n_vec) / values,
-        "encode_values": _per_call(lambda: fixed_point.encode(x, 32), n_vec) / values,
+        "encode_values": _per_call(lambda: encode(x, 32), n_vec) / values,
     }
 
 
 def work_seconds(floor: float, counts: dict, units: dict) -> tuple[float, dict[str, float]]:
-    """The protocol's whole work: ``floor`` plus count x unit seconds of every operation of :data:`WORK_OPS`;
+    """The protocol work: ``floor`` plus count x unit seconds of every operation of :data:`WORK_OPS`;
     and each term."""
     terms = {op: counts.get(op, 0) * units[op] for op in WORK_OPS}
     return floor + sum(terms.values()), terms

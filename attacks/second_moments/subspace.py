@@ -40,13 +40,13 @@ def signal_projectors(
 ) -> tuple[list[np.ndarray], np.ndarray]:
     """Orthonormal bases (d, r_k) of the signal subspace of every G_k, and the ranks r_k."""
     G = np.asarray(second)
-    # one (d, d) matrix was read as d rows of eigenvalues: bases of garbage
+    # one (d, d) matrix is no stack of second moments (read as d rows it gives bases of garbage)
     if G.ndim != 3 or G.shape[1] != G.shape[2] or G.shape[2] == 0:
         raise InputError(
             f"second must have shape (K, d, d), one square matrix per released row, got {G.shape}"
         )
     G = finite_reals(G, "second", "pass the released (finite) second moments")
-    # NaN thresholds kept no eigenvalue (or ignored the noise), a negative one every eigenvalue
+    # a NaN threshold keeps no eigenvalue (or ignores the noise), a negative one every eigenvalue: refused
     sigma, rel_tol, edge = (
         check_nonnegative(v, k) for v, k in ((sigma, "sigma"), (rel_tol, "rel_tol"), (edge, "edge"))
     )

@@ -46,7 +46,7 @@ def _finite(value, name: str, shape: tuple, want: str) -> np.ndarray:
     a = np.asarray(value)
     if a.ndim != len(shape) or a.size == 0 or any(w not in (None, n) for w, n in zip(shape, a.shape)):
         raise InputError(f"{name} must have shape {want}, got {a.shape}")
-    # NaN made the eigendecomposition fail (LinAlgError) or the features NaN
+    # NaN would fail the eigendecomposition (LinAlgError) or make the features NaN
     return finite_reals(a, name, "pass the released (finite) statistic")
 
 

@@ -323,7 +323,7 @@ def empirical_epsilon(scores, members, fpr: float, confidence: float = 0.95) -> 
         conf_ok = 0.0 < as_real(confidence) < 1.0
     except (TypeError, ValueError):
         conf_ok = False
-    # NaN, 0 or 1 gave a bound of 0 that read as "no privacy loss found"
+    # NaN, 0 or 1 would give a bound of 0 that reads as "no privacy loss found"
     if not conf_ok:
         raise ConfigError(
             f"confidence must be a number strictly between 0 and 1 (e.g. 0.95), got {confidence!r}"
@@ -376,7 +376,7 @@ def tracing_game(
     if not is_integer(n) or n < 1 or n + 1 > N:
         raise InputError(f"n must be an integer in 1..{N - 1} for a pool of {N} records, got {n!r}")
     trials = check_count(trials, "trials")
-    # a negative or NaN sigma added no noise but told the test there was some
+    # a negative or NaN sigma would add no noise while the test assumes some
     sigma = check_nonnegative(sigma, "sigma")
     if count_sigma is not None:
         count_sigma = check_nonnegative(count_sigma, "count_sigma")

@@ -58,7 +58,7 @@ def _real(value, name: str, *, rows: bool = False) -> np.ndarray:
             raise InputError(f"{name} must be rows of features, shape (P, d), got shape {a.shape}")
     if a.dtype.kind == "b":
         raise InputError(f"{name} must hold numbers, got booleans")
-    # a NaN target, mean or count scored NaN, and NaN scores passed for a weak attack
+    # a NaN target, mean or count would score NaN, and NaN scores read as a weak attack
     return finite_reals(a, name, "drop or fix those entries before scoring")
 
 
@@ -129,7 +129,7 @@ def reference_model(features: np.ndarray, shrinkage: str = "ledoit-wolf") -> Ref
     """Mean and covariance of ``features`` (Ledoit-Wolf shrinkage or the plain sample covariance)."""
     if np.ndim(features) != 2 or np.shape(features)[0] < 2:
         raise InputError(f"a reference model needs at least 2 public records, got shape {np.shape(features)}")
-    # NaN or text was a raw scikit-learn error, inf a NaN model
+    # NaN or text would be a raw scikit-learn error, inf a NaN model
     F = check_features(features, "features")
     mu = F.mean(axis=0)
     if shrinkage == "ledoit-wolf":

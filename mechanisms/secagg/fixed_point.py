@@ -179,8 +179,8 @@ def check_ring_bound(
         raise InputError(
             f"{name}: max_abs and noise_bound are bounds on |x| (>= 0), got {max_abs}, {noise_bound}"
         )
-    # A count of inputs (2.5 clients, or -5 giving a negative bound, passed) and a bound on the noise (NaN
-    # compared false and passed): ConfigErrors naming them.
+    # A whole count of inputs >= 1 and a bound on the noise >= 0 (NaN compares false): ConfigErrors naming
+    # them.
     num_clients = check_count(num_clients, "num_clients")
     noise_bound = check_nonnegative(noise_bound, "noise_bound")
     frac_bits = check_frac_bits(frac_bits)

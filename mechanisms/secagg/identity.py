@@ -70,7 +70,7 @@ from mechanisms.secagg.threat import (
 )
 from privfed._files import interruptible, path_of, signals_held
 from privfed._validation import check_memory, is_integer, read_regular_text
-from privfed.errors import ConfigError, PrivfedError
+from privfed.errors import ConfigError, InputError, PrivfedError
 
 __all__ = [
     "ROSTER_VERSION",
@@ -362,9 +362,12 @@ def make_roster(
     if degree is not None:
         check_degree(degree, int(num_nodes))
     # about 700 bytes a node in memory (its identity and roster key): refused before any key is drawn
-    check_memory(
-        1_000 * int(num_nodes), f"a roster of {int(num_nodes):,} nodes", "write it for the nodes that run"
-    )
+    try:  # a setting, refused as one
+        check_memory(
+            1_000 * int(num_nodes), f"a roster of {int(num_nodes):,} nodes", "pass fewer nodes (--nodes)"
+        )
+    except InputError as exc:
+        raise ConfigError(str(exc)) from None
     keys = KeySource(seed)
     raw = (serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption())
     ids = [

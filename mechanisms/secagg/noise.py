@@ -75,8 +75,8 @@ def noise_share(row: np.ndarray, std: float, rng: np.random.Generator, add_noise
 
 
 def check_add_noise(add_noise):
-    """``add_noise`` when it is None or callable, else a ConfigError naming it (a string failed as
-    "'str' object is not callable" once a client drew its share)."""
+    """``add_noise`` when it is None or callable, else a ConfigError naming it, before any client draws its
+    share."""
     if add_noise is not None and not callable(add_noise):
         raise ConfigError(
             f"add_noise must be a callable add_noise(row, std, rng) -> noisy row (e.g. a noise backend's "

@@ -384,7 +384,9 @@ def test_nan_features_at_prediction_say_predicting_not_fitting():
     head = privfed.fit("fedncm", rng.normal(size=(30, 4)), np.arange(30) % 3)
     bad = rng.normal(size=(5, 4))
     bad[2, 1] = np.nan
-    with pytest.raises(InputError, match=r"\(first in row 2\); remove or impute those samples before predicting$"):
+    with pytest.raises(
+        InputError, match=r"\(first in row 2\); remove or impute those samples before predicting$"
+    ):
         head.predict(bad)
     with pytest.raises(InputError, match="before fitting$"):
         privfed.fit("fedncm", bad, np.arange(5) % 3)

@@ -228,7 +228,8 @@ RANGE_BLOCK = 1 << 17
 def stack_range(flat: np.ndarray) -> tuple[float, float]:
     """The least and the largest value of ``flat`` (K, n), NaN if any value is NaN (min and max propagate it,
     and reach inf): a block of rows at a time, so that the max reads from the cache what the min just read
-    (one pass over memory, where two whole-stack reductions make two), no temporary the size of the stack."""
+    (one pass over memory for rows of up to :data:`RANGE_BLOCK` values; a longer row is its own block, read
+    twice), no temporary the size of the stack."""
     if not flat.size:
         return 0.0, 0.0
     rows = max(1, RANGE_BLOCK // max(1, flat.shape[1]))
