@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from mechanisms.dp.calibration import as_real, check_count, check_nonnegative
-from privfed._validation import check_features, finite_reals, is_integer
+from privfed._validation import check_features, check_memory, finite_reals, is_integer
 from privfed._validation.seeds import check_generator
 from privfed.errors import ConfigError, InputError
 
@@ -327,6 +327,13 @@ def learned_test(
         if P.shape[0] < 2 or cn.size == 0:
             continue
         N = P.shape[0]
+        # each simulated row gathers its records' features at once: a count past memory is one line, up front
+        top = float(np.max(cn))
+        check_memory(
+            8.0 * max(top, 1.0) * (P.shape[1] + 1),
+            f"learned_test: simulating a released row of {top:,.0f} records (counts[{c!r}])",
+            "pass the class's released counts (noisy counts, not sizes in bytes or sums)",
+        )
         rel = rng.choice(cn, size=2 * sims)
         true_n = np.maximum(np.rint(rel), 1).astype(np.int64)
         tgt = rng.integers(0, N, size=2 * sims)

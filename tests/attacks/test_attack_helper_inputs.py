@@ -321,6 +321,12 @@ CASES = [
     ("learned-sims-0", lambda: _learned(sims=0), ConfigError, "sims"),
     ("learned-sigma-nan", lambda: _learned(sigma=math.nan), ConfigError, "sigma"),
     ("learned-rng-seed", lambda: _learned(rng=0), ConfigError, "rng must be"),
+    (
+        "learned-count-past-memory",
+        lambda: _learned(counts={0: [1e12]}),
+        InputError,
+        r"^learned_test: simulating a released row of 1,000,000,000,000 records \(counts\[0\]\) needs about",
+    ),
     # ---------------------------------------------------------------- attacks.tracing.attack
     ("game-n-fraction", lambda: _game(n=2.5), InputError, "n must be an integer"),
     ("game-n-bool", lambda: _game(n=True), InputError, "n must be an integer"),
