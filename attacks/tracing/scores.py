@@ -175,12 +175,17 @@ def trace_scores(
         mean of the other released rows).
     """
     Y, M, n, tau, mu = _pairs(targets, means, counts, model, tau, ref_means)
+    z = _support_z(support_z) if test in ("support", "lrt+support") else math.inf
+    return _scores(Y, M, n, model, tau, mu, test, z)
+
+
+def _scores(Y, M, n, model, tau, mu, test: str, z: float) -> np.ndarray:
+    """:func:`trace_scores` of pairs :func:`_pairs` checked (``z``: the support test's checked tolerance)."""
     if test in ("support", "lrt+support"):
         S = M * n[:, None]
         slack = 1e-9 * np.maximum(1.0, np.abs(S).max(axis=1))  # float rounding of S = n * (S / n)
         # inf switches the test off, noiseless means (tau = 0) too; z = 0 allows no noise, infinite noise
         # (tau = inf) too: either product inf * 0 would be NaN
-        z = _support_z(support_z)
         if math.isinf(z):
             tol = np.full(n.shape, np.inf) + slack
         else:
@@ -188,7 +193,7 @@ def trace_scores(
         viol = np.maximum((Y - S).max(axis=1) - tol, 0.0)
         if test == "support":
             return -viol
-        return trace_scores(Y, M, n, model, tau=tau, test="lrt", ref_means=ref_means) - _EXCLUDED * (viol > 0)
+        return _scores(Y, M, n, model, tau, mu, "lrt", z) - _EXCLUDED * (viol > 0)
     if test == "learned":
         raise ConfigError(
             "the learned test is trained on public simulations: use Tracing(test='learned').run, "
@@ -232,11 +237,12 @@ def pair_features(
     deviations of the sum (or in units of the target's norm on a clean sum),
     the sum statistic over ||y||^2.
     """
-    Y, M, n, tau, _ = _pairs(targets, means, counts, model, tau)
+    Y, M, n, tau, mu = _pairs(targets, means, counts, model, tau)
     support_z = _support_z(support_z)
-    lrt = trace_scores(Y, M, n, model, tau=tau, test="lrt")
+    # the pairs are checked once, here: the two scores read them as they are
+    lrt = _scores(Y, M, n, model, tau, mu, "lrt", support_z)
     tr = max(float(model.eigvals.sum()), 1e-300)
-    inner = trace_scores(Y, M, n, model, test="inner") / tr
+    inner = _scores(Y, M, n, model, tau, mu, "inner", support_z) / tr
     ny = np.maximum(np.linalg.norm(Y, axis=1), 1e-300)
     cos = (Y * M).sum(axis=1) / (ny * np.maximum(np.linalg.norm(M, axis=1), 1e-300))
     S = M * n[:, None]
