@@ -66,26 +66,29 @@ def check_noise_clip(clip: float, given=None) -> float:
     return clip
 
 
+def _finite(F: np.ndarray) -> np.ndarray:
+    """``F`` itself if it holds no NaN or inf (read by its min and max: no mask the size of the features), else
+    the one-line refusal every clipping rule gives."""
+    if F.size and not (np.isfinite(F.min()) and np.isfinite(F.max())):
+        raise InputError(
+            "features hold NaN/inf values, which clipping cannot bound; remove or impute those records first"
+        )
+    return F
+
+
 def clip_l2(features: np.ndarray, c: float) -> np.ndarray:
     """Scale each row to L2 norm at most ``c`` (rows already inside are unchanged)."""
     c = check_bound(c)
     F = np.asarray(features, dtype=np.float64)
     if math.isinf(c):  # no bound, but no NaN/inf either: refused as a finite bound refuses them
-        if not np.isfinite(F).all():
-            raise InputError(
-                "features hold NaN/inf values, which clipping cannot bound; remove or impute those records first"
-            )
-        return F.copy()
+        return _finite(F).copy()
     with np.errstate(over="ignore"):
         norms = np.linalg.norm(F, axis=-1, keepdims=True)
     big = ~np.isfinite(norms[..., 0])
     if big.any():  # ||f||^2 overflows (||f|| > 1.3e154): the norm of the row scaled by its largest entry
         rows = F[big]
         peak = np.abs(rows).max(axis=-1, keepdims=True)
-        if not np.isfinite(peak).all():  # an inf or NaN entry: no scaling brings the row within c
-            raise InputError(
-                "features hold NaN/inf values, which clipping cannot bound; remove or impute those records first"
-            )
+        _finite(peak)  # an inf or NaN entry: no scaling brings the row within c
         norms[big] = peak * np.linalg.norm(rows / peak, axis=-1, keepdims=True)
     scale = np.minimum(1.0, c / np.where(norms > 0, norms, 1.0))
     return F * scale
@@ -94,13 +97,8 @@ def clip_l2(features: np.ndarray, c: float) -> np.ndarray:
 def clip_coordinates(features: np.ndarray, b: float) -> np.ndarray:
     """Clip every coordinate to [-b, b]."""
     b = check_bound(b)
-    F = np.asarray(features, dtype=np.float64)
-    if not np.isfinite(F).all():
-        # np.clip passes NaN through and turns inf into b: refused as clip_l2 refuses them
-        raise InputError(
-            "features hold NaN/inf values, which clipping cannot bound; remove or impute those records first"
-        )
-    return np.clip(F, -b, b)
+    # np.clip passes NaN through and turns inf into b: refused as clip_l2 refuses them
+    return np.clip(_finite(np.asarray(features, dtype=np.float64)), -b, b)
 
 
 @dataclass(frozen=True)

@@ -55,11 +55,8 @@ __all__ = ["DistributedGaussian", "check_add_noise", "check_nonnegative", "noise
 
 def noise_rng(rng) -> np.random.Generator:
     """The generator a secure sum draws its noise shares from: ``rng``, or fresh OS entropy for None
-    (ConfigError for anything else: 0 failed later as "no attribute normal")."""
-
-    if rng is None:
-        return np.random.default_rng()
-    return check_generator(rng, optional=True)
+    (ConfigError for anything else, before any share is drawn)."""
+    return np.random.default_rng() if rng is None else check_generator(rng, optional=True)
 
 
 def noise_share(row: np.ndarray, std: float, rng: np.random.Generator, add_noise=None) -> np.ndarray:
