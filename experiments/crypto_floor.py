@@ -83,18 +83,6 @@ class _AEAD:
         return self._aead.decrypt(*a)
 
 
-class _Module:
-    """A module seen through a protocol module's name for it, with some of its functions counted (the module
-    itself, which the unit timings call, is left alone)."""
-
-    def __init__(self, module, **counted) -> None:
-        self._module = module
-        self.__dict__.update(counted)
-
-    def __getattr__(self, name: str):
-        return getattr(self._module, name)
-
-
 class _Key:
     """An X25519 private key that counts its agreements."""
 
@@ -113,7 +101,7 @@ class _Key:
 def counting():
     """Count the protocol's cryptographic operations in this process while the block runs; yields the
     counts (a dict, filled as the run goes)."""
-    from mechanisms.secagg import fixed_point
+    from mechanisms.secagg import fixed_point, shamir
     from mechanisms.secagg.identity import Identity, Roster
     from mechanisms.secagg.masking import node as node_mod
     from mechanisms.secagg.masking import server as server_mod
@@ -125,19 +113,22 @@ def counting():
         for m in (node_mod, server_mod)
         for name in ("private_key", "add_masks", "hkdf")
     ]
-    saved += [(m, name, getattr(m, name)) for m, name in ((node_mod, "AESGCM"), (node_mod, "shamir"))]
-    saved += [(server_mod, "shamir", server_mod.shamir), (fixed_point, "encode", fixed_point.encode)]
-    split_many, combine, encode = node_mod.shamir.split_many, server_mod.shamir.combine, fixed_point.encode
+    # functions of shared modules, counted there: the unit timings call the originals (``__wrapped__``)
+    shared = ((shamir, "split_many"), (shamir, "combine"), (fixed_point, "encode"))
+    saved += [(node_mod, "AESGCM", node_mod.AESGCM), *((m, name, getattr(m, name)) for m, name in shared)]
+    split_many, combine, encode = shamir.split_many, shamir.combine, fixed_point.encode
 
     @functools.wraps(encode)
     def counted_encode(values, *a, **k):
         counts["encode_values"] += int(np.size(values))
         return encode(values, *a, **k)
 
+    @functools.wraps(split_many)
     def counted_split(*a, **k):
         counts["shamir_split"] += 1
         return split_many(*a, **k)
 
+    @functools.wraps(combine)
     def counted_combine(*a, **k):
         counts["shamir_recover"] += 1
         return combine(*a, **k)
@@ -176,9 +167,7 @@ def counting():
         for m in (node_mod, server_mod):
             wrap(m)
         node_mod.AESGCM = _AEAD(node_mod.AESGCM, counts)
-        node_mod.shamir = _Module(node_mod.shamir, split_many=counted_split)
-        server_mod.shamir = _Module(server_mod.shamir, combine=counted_combine)
-        fixed_point.encode = counted_encode
+        shamir.split_many, shamir.combine, fixed_point.encode = counted_split, counted_combine, counted_encode
         yield counts
     finally:
         Identity.sign, Roster.verify = sign, verify
@@ -247,22 +236,24 @@ def work_unit_seconds(
     from mechanisms.secagg import fixed_point, shamir
     from mechanisms.secagg.crypto import MASK_BLOCK, KeySource, hkdf
 
-    # the encoding itself, also while counting() counts its calls
-    encode = getattr(fixed_point.encode, "__wrapped__", fixed_point.encode)
+    # the functions themselves, also while counting() counts their calls
+    split_many, combine, encode = (
+        getattr(f, "__wrapped__", f) for f in (shamir.split_many, shamir.combine, fixed_point.encode)
+    )
     keys = KeySource(None)
 
     key, nonce, aad, plain = os.urandom(32), os.urandom(12), os.urandom(16), os.urandom(72)
     sealed = AESGCM(key).encrypt(nonce, plain, aad)
     secrets = [int.from_bytes(os.urandom(31), "little") for _ in range(2)]
     points = list(range(1, group + 1))
-    shares = shamir.split_many(secrets, points, threshold, os.urandom)[0]
+    shares = split_many(secrets, points, threshold, os.urandom)[0]
     starts = iter(range(10**9))
 
     def recover() -> None:
         # fresh points each call, as each uploader's holders differ: the coefficients are made each time
         at = 1 + next(starts) % 1000
         xs = {at + i: shares[points[i % len(points)]] for i in range(threshold)}
-        shamir.combine(xs, threshold, shamir.lagrange_at_zero(list(xs)))
+        combine(xs, threshold, shamir.lagrange_at_zero(list(xs)))
 
     block = min(values, MASK_BLOCK)
     y, mask = np.zeros(values, dtype=np.uint64), np.ones(block, dtype=np.uint64)
@@ -283,7 +274,7 @@ def work_unit_seconds(
         "kdf": _per_call(lambda: hkdf(key, aad + aad), repeats),
         # a stage's coefficients read from one draw, as the node reads them (KeySource.ahead)
         "shamir_split": _per_call(
-            lambda: shamir.split_many(
+            lambda: split_many(
                 secrets, points, threshold, keys.ahead(2 * (threshold - 1) * shamir.SHARE_BYTES)
             ),
             repeats,
