@@ -211,11 +211,9 @@ def _check_private_dataset(features, labels, clients, num_classes, num_clients=N
     check_release_size(1, check_num_classes(num_classes), F.shape[1], F.shape[0])  # before any allocation
     if not F.shape[0]:  # no records: labels and clients must hold none either (not be read past)
         for name, v in (("labels", labels), ("clients", clients)):
-            if v is not None and np.size(np.asarray(v, dtype=object)) != 0:
-                raise InputError(
-                    f"{name} has {np.size(np.asarray(v, dtype=object))} entries but features has 0 rows; "
-                    "they must match"
-                )
+            n = 0 if v is None else np.size(np.asarray(v, dtype=object))
+            if n:
+                raise InputError(f"{name} has {n} entries but features has 0 rows; they must match")
     y, C = (
         check_labels(labels, F.shape[0], num_classes) if F.shape[0] else (np.zeros(0, np.int64), num_classes)
     )
