@@ -505,6 +505,6 @@ def save_feature_file(
         atomic_write_bytes(path, buf.getvalue())
     except OSError as exc:  # a folder that is a file, /proc, no permission, a full disk
         raise InputError(
-            f"save_feature_file cannot write {str(path)!r} ({exc.strerror}); choose another path"
+            f"save_feature_file cannot write {str(path)!r} ({exc.strerror or exc}); choose another path"
         ) from None
     return path
