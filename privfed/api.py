@@ -123,6 +123,12 @@ def fit(
         # Under DP nothing may be refused or shaped from the raw data: a class or a client without
         # records is handled from the noisy statistics (every client uploads every class).
         F, y, k, C, K = _check_private_dataset(features, labels, clients, num_classes, num_clients)
+    if secure_agg is not None and K < 2:
+        # a sum of one upload is that upload: no protocol hides it, and the masked sum refuses mid-run
+        raise InputError(
+            "secure_agg sums the uploads of K >= 2 clients, but this run has 1 client (clients=None puts every "
+            "sample on one client): pass clients with at least two ids"
+        )
     protected = privacy is not None or secure_agg is not None
     dense = protected and not ReleasePlan(m, privacy, secure_agg).streamed
     check_release_memory(m, F.shape[1], C, K, dense_uploads=dense)  # before any allocation

@@ -43,7 +43,7 @@ from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from privfed import methods as _methods
-from privfed._validation import check_real_dtype, check_release_size, is_integer, refuse_masked
+from privfed._validation import as_int_vector, check_real_dtype, check_release_size, is_integer, refuse_masked
 from privfed._validation.seeds import as_generator
 from privfed.api import fit as _fit
 from privfed.errors import ConfigError, InputError
@@ -55,14 +55,36 @@ __all__ = ["FederatedHeadClassifier", "iid_clients"]
 def iid_clients(n_samples: int, n_clients: int, rng: np.random.Generator) -> np.ndarray:
     """Client ids of an IID split of ``n_samples`` into ``min(n_clients, n_samples)`` non-empty clients (``rng``:
     a Generator, or a seed for one)."""
+    if not is_integer(n_samples) or n_samples < 0:
+        raise ConfigError(f"n_samples must be an int >= 0, got {n_samples!r}")
     if not is_integer(n_clients) or n_clients < 1:
         raise ConfigError(f"n_clients must be an int >= 1, got {n_clients!r}")
-    rng = as_generator(rng)
-    K = max(1, min(int(n_clients), int(n_samples)))
+    rng = as_generator(rng, "rng")
+    n_samples = int(n_samples)
+    K = max(1, min(int(n_clients), n_samples))
     ids = np.empty(n_samples, dtype=np.int64)
     for k, part in enumerate(np.array_split(rng.permutation(n_samples), K)):
         ids[part] = k
     return ids
+
+
+def _coef_over_inputs(head: LinearHead) -> np.ndarray:
+    """The head's weight over the features as the user passed them.  A head fitted on features rescaled by an
+    exact power of two 2^-e (:mod:`privfed.scaling`) scores f 2^-e, so its weight over f is weight 2^-e: exact
+    unless it leaves float64's range, when the weight stays over the rescaled features and a note says so."""
+    e = head.extras.get("feature_exponent")
+    if e is None:
+        return head.weight
+    with np.errstate(over="ignore", under="ignore"):
+        folded = np.ldexp(head.weight, -int(e))
+        exact = bool(np.array_equal(np.ldexp(folded, int(e)), head.weight))
+    if exact:
+        return folded
+    head.notes.append(
+        f"coef_ is the weight over the features multiplied by 2^{-int(e)} (as the head scores them): over the "
+        "features as given it would leave float64's range; decision_function and predict rescale X themselves"
+    )
+    return head.weight
 
 
 def _check_types(X, y=None) -> None:
@@ -161,6 +183,11 @@ class FederatedHeadClassifier(ClassifierMixin, BaseEstimator):
         The labels, sorted; column c of the scores is ``classes_[c]``.
     coef_ : ndarray, shape (C, d)
     intercept_ : ndarray, shape (C,)
+        The scores are ``t(X) @ coef_.T + intercept_``, with ``t`` the head's feature transform
+        (``head_.feature_transform``): under ``privacy`` each row clipped to the clip bound, as the
+        statistics were, so ``X @ coef_.T + intercept_`` is the score only for rows within the bound;
+        otherwise the identity (features rescaled by a power of two to keep float64 statistics exact
+        are folded into ``coef_``).
     head_ : LinearHead
         The fitted head (notes, communication, privacy report).
     n_features_in_ : int
@@ -251,6 +278,12 @@ class FederatedHeadClassifier(ClassifierMixin, BaseEstimator):
                 raise ConfigError(f"num_clients must be an int >= 1, got {K!r}")
             if from_int and int(K) != int(spec):
                 raise ConfigError(f"num_clients={K} but clients={spec}; give one of them, or the same number")
+            if ids is None and int(K) != 1:
+                # no ids: every sample is one client's, and a release over K clients would claim K - 1 more
+                raise ConfigError(
+                    f"num_clients={K} but no clients were given, which puts every sample on one client: pass "
+                    "clients= (the ids to fit, or an int or a callable to the estimator)"
+                )
             return None if ids is None else int(K)
         if ids is None:
             return None
@@ -271,12 +304,19 @@ class FederatedHeadClassifier(ClassifierMixin, BaseEstimator):
                 self.privacy is None
                 and self.num_clients is None
                 and ids.ndim == 1
-                and ids.dtype.kind in "iu"
+                and ids.dtype.kind in "iuf"
                 and ids.size
             ):
-                # Without privacy the ids only group the samples (as labels do): any integers, such as a
-                # cross-validation fold's clients with the held-out ones missing, are renumbered 0..K-1.
-                return np.unique(ids, return_inverse=True)[1].reshape(-1)
+                # Without privacy the ids only group the samples (as labels do): any whole numbers >= 0, such
+                # as a cross-validation fold's clients with the held-out ones missing, are renumbered 0..K-1.
+                k = as_int_vector(ids, "clients")
+                if k.min() < 0:
+                    raise InputError(
+                        f"clients must be >= 0, found {int(k.min())}: a negative id names no client (a "
+                        "partition marks the samples it leaves out with -1); drop those samples first, e.g. "
+                        "with Partition.apply"
+                    )
+                return np.unique(k, return_inverse=True)[1].reshape(-1)
             return ids
         spec = self.clients
         if spec is None:
@@ -368,7 +408,7 @@ class FederatedHeadClassifier(ClassifierMixin, BaseEstimator):
             random_state=fit_state,
         )
         self.head_: LinearHead = head
-        self.coef_ = head.weight
+        self.coef_ = _coef_over_inputs(head)
         self.intercept_ = head.bias
         return self
 

@@ -204,6 +204,7 @@ def finish(head, info: ScaleInfo):
         return head
     e = info.exponent
     head.feature_transform = info.transform
+    head.extras["feature_exponent"] = e  # the head scores f 2^-e: its weight over f itself is weight 2^-e
     head.notes.append(
         f"features reach magnitude {info.peak:.3g}, outside the range where float64 statistics are exact; "
         f"they were multiplied by 2^{-e} (exact) before aggregation, which leaves this scale-invariant "
