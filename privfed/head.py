@@ -65,14 +65,21 @@ class LinearHead:
     weight_proved_finite: InitVar[bool] = False
 
     def __post_init__(self, weight_proved_finite: bool = False) -> None:
-        self.weight = np.asarray(self.weight, dtype=np.float64)
-        self.bias = np.asarray(self.bias, dtype=np.float64)
+        for name in ("weight", "bias"):
+            try:
+                setattr(self, name, np.asarray(getattr(self, name), dtype=np.float64))
+            except (TypeError, ValueError) as exc:  # text, None, ragged lists
+                raise InputError(f"LinearHead {name} must be real numbers ({exc})") from None
         if self.weight.ndim != 2 or self.bias.shape != (self.weight.shape[0],):
-            raise ValueError(
-                f"weight must be (C, d) and bias (C,), got {self.weight.shape} and {self.bias.shape}"
+            raise InputError(
+                f"LinearHead weight must be (C, d) and bias (C,), got {self.weight.shape} and {self.bias.shape}"
             )
         finite_weight = weight_proved_finite is True or bool(np.isfinite(self.weight).all())
         if not (finite_weight and np.isfinite(self.bias).all()):
+            if not self.method:  # built by hand from the caller's numbers, not by a method
+                raise InputError(
+                    "LinearHead weight and bias must be finite; the values given hold NaN or inf"
+                )
             raise FloatingPointError(
                 f"method {self.method!r} produced a non-finite head; this is a bug, please report it with the inputs"
             )
