@@ -174,7 +174,9 @@ class FedCGS(Method):
             raise InputError(
                 f"fedcgs: the {self.params['covariance']} covariance is zero (every feature is constant "
                 "across the samples, e.g. all-zero features, or their spread is below float64's precision "
-                "relative to their mean), so no shrinkage makes it invertible; check the features"
+                "relative to their mean), so no shrinkage makes it invertible; check the features, and if they "
+                "do vary, centre them on a public offset first (e.g. subtract the mean of public data): the "
+                "uncentred second moment loses a spread that is small against the mean to rounding"
             )
 
     @staticmethod
