@@ -63,7 +63,8 @@ def test_head_checks_what_nobody_proved_and_always_the_bias():
     with pytest.raises(FloatingPointError, match="non-finite head"):
         LinearHead(W, np.zeros(2), method="fedncm")
     with pytest.raises(FloatingPointError, match="non-finite head"):
-        LinearHead(W, np.zeros(2), method="fedncm", weight_proved_finite=1)  # only the literal True skips the scan
+        # only the literal True skips the scan
+        LinearHead(W, np.zeros(2), method="fedncm", weight_proved_finite=1)
     with pytest.raises(FloatingPointError, match="non-finite head"):
         LinearHead(np.ones((2, 3)), np.array([0.0, np.inf]), method="fedncm", weight_proved_finite=True)
     head = LinearHead(np.ones((2, 3)), np.zeros(2), weight_proved_finite=True)
