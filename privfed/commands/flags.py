@@ -248,7 +248,7 @@ SHARED: dict[str, SharedFlag] = {
         SharedFlag(
             "--config",
             "FILE",
-            "a TOML file (keys named like the flags, with underscores; --param is the table method_params, "
+            "a TOML file (keys named like the flags, with underscores or dashes; --param is the table method_params, "
             "--no-plot is plot = false, and --out, --overwrite, --quiet stay on the command line) or a previous "
             "run's results.json with the settings; flags given on the command line override it",
             "none",

@@ -122,14 +122,7 @@ def resolve_config(args: argparse.Namespace):
     :class:`privfed.flower.FlowerConfig` (with the per-stage timeout's origin); nothing starts here."""
     from privfed.flower.config import MASKING, FlowerConfig, public_clip
 
-    s = Settings(args, _FILE_KEYS | {k.replace("_", "-") for k in _FILE_KEYS}, "flower")
-    both = sorted(k for k in s.base if "-" in k and k.replace("-", "_") in s.base)
-    if both:  # one spelling would win silently (the run config writes dashes, the settings file underscores)
-        raise ConfigError(
-            f"the config file sets {both[0]} and {both[0].replace('-', '_')}, two spellings of one setting: keep "
-            "one of them"
-        )
-    s.base = {k.replace("-", "_"): v for k, v in s.base.items()}
+    s = Settings(args, _FILE_KEYS, "flower")  # the run config's dashed keys are read as the settings file's
     method = s.method()
     legacy = s.raw("method_params")  # --method-params, or the file's method_params
     if isinstance(legacy, str) or (

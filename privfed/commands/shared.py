@@ -54,6 +54,8 @@ def load_config_file(
 ) -> dict[str, Any]:
     """The settings of a TOML file, or the ``config`` of a privfed ``results.json`` (checked against its manifest;
     with ``command``, refused when the record is another command's or of another schema)."""
+    if not str(path).strip():
+        raise ConfigError(f"{flag} {path!r} does not name a file; pass a TOML file or a privfed results.json")
     p = Path(path)
     if not p.exists():
         raise ConfigError(f"{flag} {path!r} does not exist")
@@ -187,8 +189,16 @@ class Settings:
         self.args = args
         self.base: dict[str, Any] = {}
         about: dict[str, bool] = {}
-        if getattr(args, "config", None):
+        if getattr(args, "config", None) is not None:  # '' too: refused as naming no file, never ignored
             raw = load_config_file(args.config, command=command, about=about)
+            # keys as the flags are spelt (max-records) or with underscores (max_records), in every command
+            both = sorted(k for k in raw if "-" in k and k.replace("-", "_") in raw)
+            if both:  # one spelling would win silently
+                raise ConfigError(
+                    f"the config file sets {both[0]} and {both[0].replace('-', '_')}, two spellings of one "
+                    "setting: keep one of them"
+                )
+            raw = {k.replace("-", "_"): v for k, v in raw.items()}
             unknown = set(raw) - set(keys)
             for key in sorted(unknown):  # flags a file writes another way, or that belong on the command line
                 if key in FILE_SPELLING:
