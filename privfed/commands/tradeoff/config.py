@@ -206,6 +206,7 @@ def resolve_config(args: argparse.Namespace, *, values: dict[str, Any] | None = 
         max_records = None if s.replayed("max_records") else max_records
         calibration = d.calibration if s.replayed("calibration") else calibration
         clip_norm = d.clip_norm if s.replayed("clip_norm") else clip_norm
+        count_noise = None if s.replayed("count_noise") else count_noise
     # one configuration: a pair that contradicts itself is refused now, naming both (never one ignored)
     check_combination(
         count_noise=count_noise,
@@ -224,6 +225,11 @@ def resolve_config(args: argparse.Namespace, *, values: dict[str, Any] | None = 
         {
             "--clip": clip is not None,
             "--trusted-aggregator": trusted,
+            "--delta": s.given("delta") and not s.replayed("delta"),
+            f"--count-noise {count_noise}": count_noise is not None,
+            # where the noise goes: a run without noise has no placement (a replayed record's is not the user's)
+            "--placement": bool(_explicit_placements(pick("placement", "placement", "placements")))
+            and not (s.replay and getattr(args, "placement", None) is None),
             "--level client": level == "client",
             "--calibration classic": calibration == "classic",
             "--clip-norm coordinate": clip_norm == "coordinate",
