@@ -73,11 +73,9 @@ RECORD_KEYS = (
 # ---------------------------------------------------------------- outputs
 def _mean(values) -> float:
     a = np.array([float(v) for v in values], dtype=float)
-    return (
-        float(a.mean())
-        if a.size and np.isfinite(a).all()
-        else (float(np.nanmean(a)) if np.isfinite(a).any() else float("nan"))
-    )
+    if a.size and (np.isfinite(a).all() or np.all(a == a[0])):  # every seed's inf (no noise) is inf, not NaN
+        return float(a.mean())
+    return float(np.nanmean(a)) if np.isfinite(a).any() else float("nan")
 
 
 def summarise(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -115,7 +113,8 @@ def summarise(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 epsilon=eps,
                 epsilon_reported=_mean(r.get("epsilon_reported", eps) for r in rs),
                 private=bool(rs[0].get("private", math.isfinite(eps))),
-                protects=rs[0].get("protects", "all released statistics"),
+                # what the release's guarantee covers: nothing in a run without one (its records carry none)
+                protects=rs[0].get("protects", ""),
                 seeds=len(rs),
                 accuracy_mean=float(acc.mean()),
                 accuracy_std=float(acc.std(ddof=1)) if len(rs) > 1 else 0.0,
