@@ -73,13 +73,13 @@ RUNS = ("plain", "masked", "flwr")
 
 
 def _configs(nodes: int, dim: int, degree: int | None, round_: int = 0) -> dict[str, FlowerConfig]:
-    """The three runs of round ``round_``.  Each round names another ``min-clients`` (every node answers
-    anyway): a node takes part in one masked sum per configuration and round, ever (its ledger), so
-    every round's masked run is another aggregation of the same statistics over the same uploaders."""
+    """The three runs of round ``round_``.  Each round draws its own synthetic data of the same law (the
+    partition seed ``round_``): a node takes part in one masked sum per configuration and round, ever (its
+    ledger), so every round's masked run is another aggregation, of statistics of the same shape."""
     common = dict(
         method="fedncm",
         clients=nodes,
-        min_clients=nodes - round_,
+        partition_seed=round_,
         dataset=f"synthetic:{dim}:{SAMPLES}",
         timeout=3600.0,
         connect_timeout=1800.0,
@@ -242,8 +242,6 @@ def _simulate(cfgs: list[FlowerConfig], num_cpus: int, traced: bool):
 def timed_point(nodes: int, dim: int, degree: int | None, num_cpus: int, repeats: int) -> dict:
     """One simulation: a warm-up plain run, then ``repeats`` rounds of plain, masked and Flower SecAgg+ (the
     order rotating), each round beside the unit times of the floor's operations."""
-    if repeats >= nodes:
-        raise ValueError("fewer repeats than nodes: each round names min-clients = nodes - round")
     cfgs = [_configs(nodes, dim, degree, r) for r in range(repeats)]
     order = [list(RUNS[r % 3 :] + RUNS[: r % 3]) for r in range(repeats)]
     seq = [cfgs[0]["plain"]] + [cfgs[r][name] for r, names in enumerate(order) for name in names]

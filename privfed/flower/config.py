@@ -332,6 +332,11 @@ class FlowerConfig:
                 "(fixed point for masking, CKKS ciphertexts): drop --wire or --secure-agg"
             )
         _positive_int(self.rounds, "rounds", "e.g. --rounds 10 for multi-round FedLog")
+        if self.min_clients is not None and self.secure != "none" and self.rounds == 1:
+            raise ConfigError(
+                f"min-clients counts the replies a plain run accepts; a --secure-agg {self.secure} sum follows its "
+                "protocol's own dropout rule (masking: the threshold, --threshold): drop --min-clients"
+            )
         if not isinstance(self.rounds_params, dict):
             raise ConfigError(f"rounds-params must be a JSON object, got {self.rounds_params!r}")
         # a run config (flwr run) reaches here without the command's checks: refused on the server, not by
