@@ -256,6 +256,32 @@ def run_config_of(cfg: FlowerConfig) -> dict[str, Any]:
     return out
 
 
+def _delivered(privacy) -> dict[str, Any]:
+    """What a run's release delivered, as the other commands' records give it: its epsilon and delta as the
+    ledger computed them (dropouts change them from the epsilon asked), its level, mechanism and noise."""
+    if privacy is None:
+        return {"epsilon_reported": math.inf, "private": False}
+    eps = float(privacy.epsilon)
+    bounded = math.isfinite(eps)
+    sigma = dict(getattr(privacy, "sigma", None) or {})
+
+    def scale(block: str) -> float:
+        v = sigma.get(block)
+        return float(v) if isinstance(v, (int, float)) else math.nan
+
+    return {
+        "epsilon_reported": eps,
+        "delta": float(privacy.delta) if bounded else math.nan,
+        "level": str(privacy.level),
+        "mechanism": str(getattr(privacy, "mechanism", "")),
+        "calibration": str(getattr(privacy, "calibration", "")),
+        "sigma": scale("sums"),
+        "sigma_counts": scale("counts"),
+        "private": bool(getattr(privacy, "is_private", bounded)),
+        "protects": str(getattr(privacy, "protects", "all released statistics")),
+    }
+
+
 def run_record(result: FlowerResult, cfg: FlowerConfig, command_line: str = "") -> dict[str, Any]:
     """The run record (:func:`privfed.results.record.make_record`) of one Flower run."""
     from privfed.results.record import make_record
@@ -279,6 +305,7 @@ def run_record(result: FlowerResult, cfg: FlowerConfig, command_line: str = "") 
         "upload_bytes": float(wire["bytes_up_per_node"]),
         "bytes_down_total": int(wire["bytes_down_total"]),
     }
+    row.update(_delivered(privacy))
     measured = rep.get("accuracy") is not None
     if measured:
         row["accuracy"] = rep["accuracy"]

@@ -296,6 +296,10 @@ def make_record(
             }
             if all("nonprivate_accuracy" in r for r in rs):
                 item["nonprivate_mean"] = _mean_std([r["nonprivate_accuracy"] for r in rs])[0]
+            delivered = {float(r["epsilon_reported"]) for r in rs if "epsilon_reported" in r}
+            if len(delivered) == 1 and all("epsilon_reported" in r for r in rs):
+                # the guarantee the runs delivered beside the epsilon asked (dropouts, sampling change it)
+                item["epsilon_reported"] = delivered.pop()
             values.append(item)
         accuracy = {"measured_on": measured_on, "chance": chance, "values": values}
     # per variant (method, placement, rounds): a mean over records of a masked and a local release, or of

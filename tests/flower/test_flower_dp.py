@@ -24,6 +24,7 @@ from privfed.flower.client_app import make_client_app  # noqa: E402
 from privfed.flower.local import LocalGrid  # noqa: E402
 from privfed.flower.node import load_node_data, node_rng, node_statistics  # noqa: E402
 from privfed.flower.protocol import split_sum_vector  # noqa: E402
+from privfed.flower.server_app import run_record  # noqa: E402
 from privfed.stats import compute_client_stats  # noqa: E402
 
 K = 4
@@ -100,6 +101,11 @@ def test_distributed_noise_report_equals_fit(split, case):
         assert any(f"only {present} of {K}" in n for n in got.notes)
     else:
         assert got.epsilon == pytest.approx(1.0, rel=1e-9)
+    # the results file gives the epsilon the run delivered beside the one asked, as the other commands' do
+    (row,) = run_record(res, cfg)["records"]
+    assert row["epsilon"] == 1.0 and row["epsilon_reported"] == got.epsilon
+    assert (row["delta"], row["level"], row["sigma"]) == (got.delta, got.level, got.sigma["sums"])
+    assert row["private"] is True and row["protects"] == got.protects
 
 
 def _clean_sum(split, keep, method="fedncm"):
