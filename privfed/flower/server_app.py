@@ -259,11 +259,22 @@ def run_config_of(cfg: FlowerConfig) -> dict[str, Any]:
 def _delivered(privacy) -> dict[str, Any]:
     """What a run's release delivered, as the other commands' records give it: its epsilon and delta as the
     ledger computed them (dropouts change them from the epsilon asked), its level, mechanism and noise."""
-    if privacy is None:
-        return {"epsilon_reported": math.inf, "private": False}
+    if privacy is None:  # as the trade-off command records a run without noise
+        return {
+            "epsilon_reported": math.inf,
+            "delta": 0.0,
+            "level": "none",
+            "mechanism": "none",
+            "calibration": "-",
+            "sigma": 0.0,
+            "sigma_counts": 0.0,
+            "private": False,
+        }
     eps = float(privacy.epsilon)
     bounded = math.isfinite(eps)
-    sigma = dict(getattr(privacy, "sigma", None) or {})
+    raw = getattr(privacy, "sigma", None)
+    # a one-shot release's sigma per block; multi-round FedLog's one sigma on its augmented sum [N_y, s_y]
+    sigma = raw if isinstance(raw, dict) else {"sums": raw, "counts": raw}
 
     def scale(block: str) -> float:
         v = sigma.get(block)
@@ -273,7 +284,8 @@ def _delivered(privacy) -> dict[str, Any]:
         "epsilon_reported": eps,
         "delta": float(privacy.delta) if bounded else math.nan,
         "level": str(privacy.level),
-        "mechanism": str(getattr(privacy, "mechanism", "")),
+        # multi-round FedLog's report names no mechanism: its rounds add Gaussian noise
+        "mechanism": str(getattr(privacy, "mechanism", "gaussian")),
         "calibration": str(getattr(privacy, "calibration", "")),
         "sigma": scale("sums"),
         "sigma_counts": scale("counts"),

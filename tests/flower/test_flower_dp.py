@@ -208,3 +208,20 @@ def test_secure_dp_configurations_fit_refuses_are_refused_before_any_message():
         )
     with pytest.raises(ConfigError, match="level client needs max-records N"):
         FlowerConfig(method="fedncm", clients=K, epsilon=1.0, clip=10.0, secure="mask", level="client")
+
+
+def test_a_run_without_noise_records_no_protection_as_the_tradeoff_command_does(split):
+    cfg = FlowerConfig(method="fedncm", clients=K, epsilon=math.inf, timeout=30)
+    res = _flower(cfg)
+    assert res.head.privacy is None
+    (row,) = run_record(res, cfg)["records"]
+    got = {k: row[k] for k in ("epsilon_reported", "delta", "level", "mechanism", "sigma", "private")}
+    # the values the trade-off command writes for its eps=inf rows (privfed.commands.tradeoff.sweep)
+    assert got == {
+        "epsilon_reported": "inf",  # the record's JSON spelling of an infinity
+        "delta": 0.0,
+        "level": "none",
+        "mechanism": "none",
+        "sigma": 0.0,
+        "private": False,
+    }

@@ -20,6 +20,7 @@ os.environ.setdefault("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")
 from privfed.errors import ConfigError  # noqa: E402
 from privfed.flower import FlowerConfig, serve  # noqa: E402
 from privfed.flower.local import LocalGrid  # noqa: E402
+from privfed.flower.server_app import run_record  # noqa: E402
 from privfed.rounds import run_rounds  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:noise backend 'numpy'")
@@ -82,7 +83,8 @@ def in_process(placement, lvl):
 @pytest.mark.parametrize("case", list(CASES))
 def test_flower_rounds_under_dp_give_run_rounds_heads_and_guarantee(case):
     placement, lvl = CASES[case]
-    res = serve(LocalGrid(_nodes()), flower_config(placement, lvl))
+    cfg = flower_config(placement, lvl)
+    res = serve(LocalGrid(_nodes()), cfg)
     ref = in_process(placement, lvl)
     assert len(res.heads) == R
     diffs = [float(np.abs(_eta(res.heads[r]) - ref.history[r]["eta"]).max()) for r in range(R)]
@@ -98,6 +100,10 @@ def test_flower_rounds_under_dp_give_run_rounds_heads_and_guarantee(case):
     assert got.simulation and got.guarantee.startswith("SIMULATION")
     assert res.report["privacy"]["guarantee"] == want.guarantee
     assert res.report["rounds"]["epsilon"] == pytest.approx([h["epsilon"] for h in ref.history], rel=1e-12)
+    # the results file (written after every round's budget is spent) gives what the rounds delivered
+    (row,) = run_record(res, cfg)["records"]
+    assert (row["epsilon_reported"], row["delta"], row["sigma"]) == (got.epsilon, got.delta, got.sigma)
+    assert row["level"] == got.level and row["mechanism"] == "gaussian" and row["private"] is True
     if placement == "distributed":
         assert res.head.secure_aggregation["summed_nodes"] == K
         assert sorted(k for k in res.report["wire"]["stages"] if k.startswith("round-0:")) == [
