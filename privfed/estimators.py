@@ -71,14 +71,15 @@ def iid_clients(n_samples: int, n_clients: int, rng: np.random.Generator) -> np.
 def _coef_over_inputs(head: LinearHead) -> np.ndarray:
     """The head's weight over the features as the user passed them.  A head fitted on features rescaled by an
     exact power of two 2^-e (:mod:`privfed.scaling`) scores f 2^-e, so its weight over f is weight 2^-e: exact
-    unless it leaves float64's range, when the weight stays over the rescaled features and a note says so."""
+    but where an entry falls below the smallest normal float (rounded to within 2^-1075, its term in a score
+    moves by at most 2^-1075 |f| < 2^-51, as |f| < 2^e <= 2^1024); where an entry would overflow, the weight stays
+    over the rescaled features and a note says so."""
     e = head.extras.get("feature_exponent")
     if e is None:
         return head.weight
     with np.errstate(over="ignore", under="ignore"):
         folded = np.ldexp(head.weight, -int(e))
-        exact = bool(np.array_equal(np.ldexp(folded, int(e)), head.weight))
-    if exact:
+    if np.isfinite(folded).all():
         return folded
     head.notes.append(
         f"coef_ is the weight over the features multiplied by 2^{-int(e)} (as the head scores them): over the "
@@ -183,11 +184,10 @@ class FederatedHeadClassifier(ClassifierMixin, BaseEstimator):
         The labels, sorted; column c of the scores is ``classes_[c]``.
     coef_ : ndarray, shape (C, d)
     intercept_ : ndarray, shape (C,)
-        The scores are ``t(X) @ coef_.T + intercept_``, with ``t`` the head's feature transform
-        (``head_.feature_transform``): under ``privacy`` each row clipped to the clip bound, as the
-        statistics were, so ``X @ coef_.T + intercept_`` is the score only for rows within the bound;
-        otherwise the identity (features rescaled by a power of two to keep float64 statistics exact
-        are folded into ``coef_``).
+        The scores are ``X @ coef_.T + intercept_`` (features the fit rescaled by a power of two, to keep
+        float64 statistics exact, are scored with that factor folded into ``coef_``); under ``privacy``
+        each row is first clipped to the clip bound, as the statistics were, so the formula holds only
+        for rows within the bound.
     head_ : LinearHead
         The fitted head (notes, communication, privacy report).
     n_features_in_ : int
@@ -307,14 +307,14 @@ class FederatedHeadClassifier(ClassifierMixin, BaseEstimator):
                 and ids.dtype.kind in "iuf"
                 and ids.size
             ):
-                # Without privacy the ids only group the samples (as labels do): any whole numbers >= 0, such
-                # as a cross-validation fold's clients with the held-out ones missing, are renumbered 0..K-1.
-                k = as_int_vector(ids, "clients")
-                if k.min() < 0:
+                # Without privacy the ids only group the samples (as labels do): any integers (whole floats
+                # too), such as a cross-validation fold's clients with the held-out ones missing, are
+                # renumbered 0..K-1.  -1 is what a partition writes for a sample it left out (Partition.clients).
+                k = as_int_vector(ids, "clients") if ids.dtype.kind == "f" else ids
+                if np.any(k == -1):
                     raise InputError(
-                        f"clients must be >= 0, found {int(k.min())}: a negative id names no client (a "
-                        "partition marks the samples it leaves out with -1); drop those samples first, e.g. "
-                        "with Partition.apply"
+                        "clients holds -1, which marks the samples a partition left out (Partition.clients): "
+                        "drop them first (Partition.apply), or give them a client id of their own"
                     )
                 return np.unique(k, return_inverse=True)[1].reshape(-1)
             return ids

@@ -38,6 +38,22 @@ def test_coef_scores_the_features_as_given_when_they_were_rescaled(method, facto
     assert np.mean(np.argmax(manual, axis=1) == np.argmax(clf.head_.decision_function(Xs), axis=1)) == 1.0
 
 
+def test_coef_of_features_of_mixed_scales_scores_them_to_the_last_bit_that_matters():
+    """Columns at 1e300 and 1e150: the second column's weights fall below the smallest normal float once folded
+    (each then moves by at most 2^-1075, its term in a score by less than 2^-51): coef_ is still the
+    weight over the features as given, not the rescaled one (which is off by 2^e)."""
+    X, y = _data()
+    Xs = X * np.array([1e300, 1e150, 1e300, 1e300])
+    clf = FederatedHeadClassifier("fedcgs").fit(Xs, y)
+    e = clf.head_.extras["feature_exponent"]
+    scores = clf.head_.decision_function(Xs)
+    manual = Xs @ clf.coef_.T + clf.intercept_
+    # the products are the head's own but for the underflowed entries: d terms, each within 2^-51
+    np.testing.assert_allclose(manual, scores, rtol=0, atol=Xs.shape[1] * 2.0**-51)
+    assert np.abs(np.ldexp(clf.head_.weight, -e)).min() < np.finfo(float).tiny  # some entries did underflow
+    assert np.mean(np.argmax(manual, axis=1) == clf.predict(Xs)) == 1.0
+
+
 def test_coef_is_the_head_weight_when_nothing_was_rescaled():
     X, y = _data()
     clf = FederatedHeadClassifier("fedcgs").fit(X, y)
@@ -48,10 +64,13 @@ def test_negative_client_ids_are_refused_not_made_a_client():
     X, y = _data(103, 5)
     part = partition(y, 10, "dirichlet", rng=0)
     assert part.dropped.size  # the partition left samples out (-1), else nothing is tested
-    with pytest.raises(InputError, match=r"clients must be >= 0, found -1.*Partition.apply"):
+    with pytest.raises(InputError, match=r"clients holds -1, which marks the samples a partition left out"):
         FederatedHeadClassifier("fedcof").fit(X, y, clients=part.clients)
     Xa, ya, ka = part.apply(X, y)
     assert FederatedHeadClassifier("fedcof").fit(Xa, ya, clients=ka).head_.upload_bytes["K"] == 10
+    # any other integers only group the samples: hashed ids, negative or past int64, are renumbered
+    for ids in (ka * 1000 - 9123, ka.astype(np.uint64) + np.uint64(2**63)):
+        assert FederatedHeadClassifier("fedcof").fit(Xa, ya, clients=ids).head_.upload_bytes["K"] == 10
 
 
 def test_whole_float_client_ids_are_renumbered_as_int_ones():
@@ -102,6 +121,11 @@ def test_a_hand_built_head_names_its_bad_numbers():
         LinearHead(np.full((2, 3), np.nan), np.zeros(2))
     with pytest.raises(InputError, match="weight must be real numbers"):
         LinearHead([["a"]], [0])
+    for weight in ([["1.5", "2"]], np.ones((1, 2), complex), np.ones((1, 2), bool)):
+        with pytest.raises(InputError, match="weight must be real numbers, got dtype"):
+            LinearHead(weight, [0.0])
+    with pytest.raises(InputError, match="must be finite"):  # a name of the caller's own, not a method's
+        LinearHead(np.full((2, 3), np.nan), np.zeros(2), method="custom")
     with pytest.raises(InputError, match=r"weight must be \(C, d\)"):
         LinearHead(np.zeros((2, 3)), np.zeros(3))
     # a method's head with NaN is the method's fault, and says so
