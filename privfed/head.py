@@ -67,16 +67,23 @@ class LinearHead:
     def __post_init__(self, weight_proved_finite: bool = False) -> None:
         for name in ("weight", "bias"):
             try:
-                setattr(self, name, np.asarray(getattr(self, name), dtype=np.float64))
-            except (TypeError, ValueError) as exc:  # text, None, ragged lists
+                arr = np.asarray(getattr(self, name))
+            except (TypeError, ValueError) as exc:  # ragged lists
                 raise InputError(f"LinearHead {name} must be real numbers ({exc})") from None
+            if (
+                arr.dtype.kind not in "iuf"
+            ):  # text (even "1.5"), complex, bool, objects: nothing cast silently
+                raise InputError(f"LinearHead {name} must be real numbers, got dtype {arr.dtype}")
+            setattr(self, name, arr.astype(np.float64, copy=False))
         if self.weight.ndim != 2 or self.bias.shape != (self.weight.shape[0],):
             raise InputError(
                 f"LinearHead weight must be (C, d) and bias (C,), got {self.weight.shape} and {self.bias.shape}"
             )
         finite_weight = weight_proved_finite is True or bool(np.isfinite(self.weight).all())
         if not (finite_weight and np.isfinite(self.bias).all()):
-            if not self.method:  # built by hand from the caller's numbers, not by a method
+            from privfed.methods import available  # (lazily: the methods import this module)
+
+            if self.method not in available():  # the caller's own numbers, not a method's
                 raise InputError(
                     "LinearHead weight and bias must be finite; the values given hold NaN or inf"
                 )
