@@ -216,6 +216,9 @@ def resolve_config(args: argparse.Namespace):
         ):
             if s.replayed(key):
                 kwargs[key] = default
+    if secure != "none" and kwargs["rounds"] == 1 and s.replayed("min_clients"):
+        # a record of a one-shot secure sum, which never read its min-clients (now refused as a setting)
+        kwargs["min_clients"] = None
     nc = _int(s.raw("num_classes"), "--num-classes", 2)
     if nc is not None and dataset == "digits" and nc != 10:
         raise ConfigError(f"--num-classes {nc}: the digits data set has 10 classes; leave --num-classes out")

@@ -198,18 +198,21 @@ class Settings:
                     f"the config file sets {both[0]} and {both[0].replace('-', '_')}, two spellings of one "
                     "setting: keep one of them"
                 )
+            spelt = {k.replace("-", "_"): k for k in raw}  # a refusal names a key as the file writes it
             raw = {k.replace("-", "_"): v for k, v in raw.items()}
             unknown = set(raw) - set(keys)
             for key in sorted(unknown):  # flags a file writes another way, or that belong on the command line
                 if key in FILE_SPELLING:
-                    raise ConfigError(f"--config: a settings file writes {key!r} {FILE_SPELLING[key]}")
+                    raise ConfigError(f"--config: a settings file writes {spelt[key]!r} {FILE_SPELLING[key]}")
                 if key in RUN_OPTIONS:
                     raise ConfigError(
-                        f"--config: {key!r} is a run option, not a setting of the experiment: pass "
+                        f"--config: {spelt[key]!r} is a run option, not a setting of the experiment: pass "
                         f"--{key.replace('_', '-')} on the command line"
                     )
             if unknown:
-                raise ConfigError(f"--config: unknown setting(s) {sorted(unknown)}; allowed: {sorted(keys)}")
+                raise ConfigError(
+                    f"--config: unknown setting(s) {sorted(spelt[k] for k in unknown)}; allowed: {sorted(keys)}"
+                )
             self.base = dict(raw)
         #: The --config file is a privfed run record (a replay), not settings a user wrote.
         self.replay = bool(about.get("record"))

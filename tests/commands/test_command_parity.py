@@ -78,17 +78,55 @@ def test_a_replayed_dp_record_runs_without_noise_under_eps_inf(tmp_path):
 
     from privfed.results.record import SCHEMA
 
-    cfg = _resolve("tradeoff", "--eps", "1", "--count-noise", "laplace", "--placement", "local")
-    path = tmp_path / "results.json"
-    path.write_text(json.dumps({"schema": SCHEMA, "command": "tradeoff", "config": asdict(cfg)}, default=str))
-    replay = _resolve("tradeoff", "--config", str(path), "--eps", "inf")
-    assert replay.count_noise is None and all(not math.isfinite(e) for e in replay.epsilons)
+    default = _resolve("tradeoff", "--eps", "inf")
+    for flags in (
+        ["--count-noise", "laplace", "--placement", "local"],
+        ["--delta", "1e-6", "--placement", "all"],
+    ):
+        cfg = _resolve("tradeoff", "--eps", "1", *flags)
+        path = tmp_path / "results.json"
+        path.write_text(
+            json.dumps({"schema": SCHEMA, "command": "tradeoff", "config": asdict(cfg)}, default=str)
+        )
+        replay = _resolve("tradeoff", "--config", str(path), "--eps", "inf")
+        assert all(not math.isfinite(e) for e in replay.epsilons)
+        # the record it writes holds no setting of a release it did not make
+        assert (replay.count_noise, replay.delta, replay.placements) == (
+            None,
+            default.delta,
+            default.placements,
+        )
+
+
+def test_tradeoff_names_a_dp_setting_where_the_user_wrote_it(tmp_path):
+    mine = tmp_path / "mine.toml"
+    mine.write_text('eps = ["inf"]\ndelta = 1e-6\n')
+    with pytest.raises(ConfigError, match=r"^delta \(in the --config file\) is a setting of the DP release"):
+        _resolve("tradeoff", "--config", str(mine))
 
 
 def test_flower_min_clients_is_refused_where_a_secure_sum_never_reads_it():
     with pytest.raises(ConfigError, match="min-clients counts the replies a plain run accepts"):
         _resolve("flower", "--clients", "4", "--secure-agg", "mask", "--min-clients", "2")
     assert _resolve("flower", "--clients", "4", "--min-clients", "2").min_clients == 2
+
+
+def test_a_flower_record_of_a_secure_sum_with_min_clients_replays_without_it(tmp_path):
+    """Records written before the refusal carry min-clients beside secure-agg (the run never read it): a replay
+    runs the same secure sum without it, where a user's file or flag is refused."""
+    from privfed.flower.server_app import run_config_of
+    from privfed.results.record import SCHEMA
+
+    cfg = _resolve("flower", "--clients", "4", "--secure-agg", "mask")
+    config = dict(run_config_of(cfg), **{"min-clients": 3})
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps({"schema": SCHEMA, "command": "flower", "config": config}, default=str))
+    replay = _resolve("flower", "--config", str(path))
+    assert replay.secure == "mask" and replay.min_clients is None
+    mine = tmp_path / "mine.toml"
+    mine.write_text('secure-agg = "mask"\nmin-clients = 3\nclients = 4\n')
+    with pytest.raises(ConfigError, match="drop --min-clients"):
+        _resolve("flower", "--config", str(mine))
 
 
 def test_tradeoff_summary_of_a_run_without_noise_says_what_its_records_say():

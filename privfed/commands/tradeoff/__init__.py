@@ -20,7 +20,7 @@ computes; heuristics without a guarantee (uniform count noise) show NO DP and
 no epsilon.
 
 Settings may also come from a TOML file (``--config sweep.toml``, keys named
-like the flags with underscores, e.g. ``count_noise = "laplace"``); flags
+like the flags, with underscores or dashes, e.g. ``count_noise = "laplace"``); flags
 given on the command line override it, and file values pass the same checks.
 The JSON written by a previous run is accepted as ``--config`` too, which
 reruns it bit for bit.

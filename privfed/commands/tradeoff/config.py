@@ -207,13 +207,18 @@ def resolve_config(args: argparse.Namespace, *, values: dict[str, Any] | None = 
         calibration = d.calibration if s.replayed("calibration") else calibration
         clip_norm = d.clip_norm if s.replayed("clip_norm") else clip_norm
         count_noise = None if s.replayed("count_noise") else count_noise
+        delta = d.delta if s.replayed("delta") else delta
+    # where the noise goes; a DP record replayed under --eps inf has no noise to place (a user's is refused below)
+    placement = pick("placement", "placement", "placements")
+    if not any(math.isfinite(e) for e in epsilons) and s.replay and getattr(args, "placement", None) is None:
+        placement = None
     # one configuration: a pair that contradicts itself is refused now, naming both (never one ignored)
     check_combination(
         count_noise=count_noise,
         level=level,
         secure_agg=secure,
         trusted_aggregator=trusted,
-        placements=_explicit_placements(pick("placement", "placement", "placements")),
+        placements=_explicit_placements(placement),
         clip=clip,
         clip_norm=clip_norm,
         calibration=calibration,
@@ -225,11 +230,9 @@ def resolve_config(args: argparse.Namespace, *, values: dict[str, Any] | None = 
         {
             "--clip": clip is not None,
             "--trusted-aggregator": trusted,
-            "--delta": s.given("delta") and not s.replayed("delta"),
-            f"--count-noise {count_noise}": count_noise is not None,
-            # where the noise goes: a run without noise has no placement (a replayed record's is not the user's)
-            "--placement": bool(_explicit_placements(pick("placement", "placement", "placements")))
-            and not (s.replay and getattr(args, "placement", None) is None),
+            s.named("delta"): s.given("delta") and not s.replayed("delta"),
+            f"{s.named('count_noise')} {count_noise}": count_noise is not None,
+            s.named("placement"): bool(_explicit_placements(placement)),
             "--level client": level == "client",
             "--calibration classic": calibration == "classic",
             "--clip-norm coordinate": clip_norm == "coordinate",
@@ -238,7 +241,7 @@ def resolve_config(args: argparse.Namespace, *, values: dict[str, Any] | None = 
     if clip_norm == "coordinate" and clip is None:
         raise ConfigError("--clip-norm coordinate needs an explicit --clip B (the per-coordinate bound)")
     placements = _resolve_placements(
-        pick("placement", "placement", "placements"),
+        placement,
         epsilons=epsilons,
         level=level,
         count_noise=count_noise,
@@ -248,7 +251,7 @@ def resolve_config(args: argparse.Namespace, *, values: dict[str, Any] | None = 
     )
     if secure == "none" and s.given("secure_agg") and "secure-sum" in placements:
         # an explicit "no secure aggregation": the secure-sum placement would run masking all the same
-        if _explicit_placements(pick("placement", "placement", "placements")):
+        if _explicit_placements(placement):
             raise ConfigError(
                 f"--placement secure-sum contradicts {s.named('secure_agg')} none: the secure-sum placement sums "
                 "the noised statistics under secure aggregation (mask unless told); drop one of them"
