@@ -338,7 +338,8 @@ class FederatedHeadClassifier(ClassifierMixin, BaseEstimator):
             Labels (any sortable values).
         clients : int array, shape (N,), optional
             Client of each sample; overrides the ``clients`` parameter.
-            Without privacy any integer ids (renumbered 0..K-1, so a
+            Without privacy any integer ids but -1, which a partition writes
+            for a sample it left out (renumbered 0..K-1, so a
             cross-validation fold may miss some); under privacy 0..K-1 with
             K = ``num_clients``.
 
