@@ -270,7 +270,9 @@ def _delivered(privacy) -> dict[str, Any]:
             "sigma_counts": 0.0,
             "private": False,
         }
-    eps = float(privacy.epsilon)
+    # multi-round FedLog whose bodies trained on the private records carries no formal guarantee: no epsilon is
+    # delivered, whatever its accountant computed for the releases (as privfed.rounds records it)
+    eps = float(privacy.epsilon) if getattr(privacy, "formal", True) else math.inf
     bounded = math.isfinite(eps)
     raw = getattr(privacy, "sigma", None)
     # a one-shot release's sigma per block; multi-round FedLog's one sigma on its augmented sum [N_y, s_y]

@@ -9,6 +9,7 @@ one run_rounds prints.
 
 from __future__ import annotations
 
+import math
 import os
 
 import numpy as np
@@ -202,3 +203,15 @@ def test_a_lowered_threshold_riding_a_round_gets_the_keys_refusal():
     ):
         serve(grid, flower_config("distributed", {}))
     assert not any(t in ("query.shares", "query.masked") for t, _ in grid.sent)
+
+
+def test_rounds_without_a_formal_guarantee_record_no_delivered_epsilon():
+    """Bodies trained on the private records (record_bound "theorem"): the report's accountant still computes an
+    epsilon for the releases, but the run carries no formal guarantee, so its record delivers none (inf), as
+    privfed.rounds' own records say."""
+    cfg = flower_config("local", {}, rounds_params={**PARAMS, "record_bound": "theorem"})
+    res = serve(LocalGrid(_nodes()), cfg)
+    rep = res.head.privacy
+    assert not rep.formal and math.isfinite(rep.epsilon)  # the case this is about
+    (row,) = run_record(res, cfg)["records"]
+    assert row["epsilon_reported"] == "inf" and row["private"] is False and row["epsilon"] == EPS
