@@ -188,6 +188,8 @@ class Settings:
     def __init__(self, args: argparse.Namespace, keys: Iterable[str], command: str | None = None) -> None:
         self.args = args
         self.base: dict[str, Any] = {}
+        #: Each settings-file key as the file spells it (max-records for max_records).
+        self.spelt: dict[str, str] = {}
         about: dict[str, bool] = {}
         if getattr(args, "config", None) is not None:  # '' too: refused as naming no file, never ignored
             raw = load_config_file(args.config, command=command, about=about)
@@ -198,7 +200,7 @@ class Settings:
                     f"the config file sets {both[0]} and {both[0].replace('-', '_')}, two spellings of one "
                     "setting: keep one of them"
                 )
-            spelt = {k.replace("-", "_"): k for k in raw}  # a refusal names a key as the file writes it
+            spelt = self.spelt = {k.replace("-", "_"): k for k in raw}  # a refusal names a key as written
             raw = {k.replace("-", "_"): v for k, v in raw.items()}
             unknown = set(raw) - set(keys)
             for key in sorted(unknown):  # flags a file writes another way, or that belong on the command line
@@ -443,10 +445,14 @@ class Settings:
         every setting, so its values are not refused as unused)."""
         return getattr(self.args, dest, None) is not None or (not self.replay and dest in self.base)
 
-    def named(self, dest: str) -> str:
-        """How a refusal names ``dest`` where the user set it: its flag, or its key in the settings file."""
+    def named(self, dest: str, *keys: str) -> str:
+        """How a refusal names ``dest`` where the user set it: its flag, or its key in the settings file as the file
+        spells it (the first of ``keys`` it sets, default ``dest``)."""
         flag = "--" + dest.replace("_", "-")
-        return flag if getattr(self.args, dest, None) is not None else f"{dest} ({self.where})"
+        if getattr(self.args, dest, None) is not None:
+            return flag
+        key = next((k for k in keys if k in self.base), dest)
+        return f"{self.spelt.get(key, key)} ({self.where})"
 
     def replayed(self, dest: str) -> bool:
         """Whether ``dest``'s value comes from a replayed record, not from a flag or a settings file a user wrote:

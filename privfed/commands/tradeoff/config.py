@@ -232,7 +232,7 @@ def resolve_config(args: argparse.Namespace, *, values: dict[str, Any] | None = 
             "--trusted-aggregator": trusted,
             s.named("delta"): s.given("delta") and not s.replayed("delta"),
             f"{s.named('count_noise')} {count_noise}": count_noise is not None,
-            s.named("placement"): bool(_explicit_placements(placement)),
+            s.named("placement", "placement", "placements"): bool(_explicit_placements(placement)),
             "--level client": level == "client",
             "--calibration classic": calibration == "classic",
             "--clip-norm coordinate": clip_norm == "coordinate",
