@@ -185,9 +185,10 @@ class FederatedHeadClassifier(ClassifierMixin, BaseEstimator):
     coef_ : ndarray, shape (C, d)
     intercept_ : ndarray, shape (C,)
         The scores are ``X @ coef_.T + intercept_`` (features the fit rescaled by a power of two, to keep
-        float64 statistics exact, are scored with that factor folded into ``coef_``); under ``privacy``
-        each row is first clipped to the clip bound, as the statistics were, so the formula holds only
-        for rows within the bound.
+        float64 statistics exact, are scored with that factor folded into ``coef_``, unless folding it
+        would overflow: ``coef_`` then stays over the rescaled features and ``head_.notes`` says so);
+        under ``privacy`` each row is first clipped to the clip bound, as the statistics were, so the
+        formula holds only for rows within the bound.
     head_ : LinearHead
         The fitted head (notes, communication, privacy report).
     n_features_in_ : int
@@ -299,6 +300,7 @@ class FederatedHeadClassifier(ClassifierMixin, BaseEstimator):
 
     def _client_ids(self, y: np.ndarray, clients, rng: np.random.Generator) -> np.ndarray | None:
         if clients is not None:
+            refuse_masked(clients, "clients")  # np.asarray would drop the mask and read the values under it
             ids = np.asarray(clients)
             if (
                 self.privacy is None

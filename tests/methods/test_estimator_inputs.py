@@ -73,6 +73,13 @@ def test_negative_client_ids_are_refused_not_made_a_client():
         assert FederatedHeadClassifier("fedcof").fit(Xa, ya, clients=ids).head_.upload_bytes["K"] == 10
 
 
+def test_masked_client_ids_are_refused_not_read_under_the_mask():
+    X, y = _data(120, 5)
+    ids = np.arange(120) % 6
+    with pytest.raises(InputError, match="clients"):
+        FederatedHeadClassifier("fedcof").fit(X, y, clients=np.ma.array(ids, mask=ids == 0))
+
+
 def test_whole_float_client_ids_are_renumbered_as_int_ones():
     X, y = _data(120, 5)
     ids = np.arange(120) % 4 * 2  # clients 0, 2, 4, 6: a fold missing the odd ones
