@@ -120,6 +120,7 @@ def _json_object(v: Any, flag: str) -> dict:
 def resolve_config(args: argparse.Namespace):
     """Flags over a ``--config`` file over the shared defaults, into a validated
     :class:`privfed.flower.FlowerConfig` (with the per-stage timeout's origin); nothing starts here."""
+    from privfed.flower.checks import DP_ROUNDS_PARAMS
     from privfed.flower.config import MASKING, FlowerConfig, public_clip
 
     s = Settings(args, _FILE_KEYS, "flower")  # the run config's dashed keys are read as the settings file's
@@ -216,6 +217,10 @@ def resolve_config(args: argparse.Namespace):
         ):
             if s.replayed(key):
                 kwargs[key] = default
+        if s.replayed("rounds_params"):  # multi-round FedLog's settings of its release
+            kwargs["rounds_params"] = {
+                k: v for k, v in kwargs["rounds_params"].items() if k not in DP_ROUNDS_PARAMS
+            }
     if secure != "none" and kwargs["rounds"] == 1 and s.replayed("min_clients"):
         # a record of a one-shot secure sum, which never read its min-clients (now refused as a setting)
         kwargs["min_clients"] = None

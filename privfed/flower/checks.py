@@ -41,6 +41,10 @@ _ALLOWED = (
 )
 
 
+#: rounds-params keys that set the DP release (no use without noise).
+DP_ROUNDS_PARAMS = ("clip_norm", "calibration", "record_bound")
+
+
 def rounds_config(cfg):
     """The :class:`privfed.rounds.RoundsConfig` of a Flower run (ConfigError naming a bad key).
 
@@ -63,6 +67,12 @@ def rounds_config(cfg):
         known = {f.name for f in fields(RoundsConfig)}
         why = "not settable here" if set(bad) <= known else "unknown"
         raise ConfigError(f"rounds-params key(s) {bad} {why}; allowed: {list(_ALLOWED)}")
+    unused = sorted(set(params) & set(DP_ROUNDS_PARAMS))
+    if unused and not cfg.private:  # as every command refuses a setting of the release without noise
+        raise ConfigError(
+            f"rounds-params {unused} {'are settings' if len(unused) > 1 else 'is a setting'} of the DP release, "
+            "but eps is inf (no noise), so the run would ignore them; give a finite eps or drop them"
+        )
     extra = sorted(set(cfg.method_params) - {"nu"})
     if extra:
         raise ConfigError(f"multi-round FedLog takes method-params 'nu' only, got {extra}")

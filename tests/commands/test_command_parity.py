@@ -98,10 +98,20 @@ def test_a_replayed_dp_record_runs_without_noise_under_eps_inf(tmp_path):
         )
 
 
-def test_tradeoff_names_a_dp_setting_where_the_user_wrote_it(tmp_path):
+@pytest.mark.parametrize(
+    "line, named",
+    [
+        ("delta = 1e-6", "delta"),
+        ('count-noise = "laplace"', "count-noise"),
+        ('placements = ["local"]', "placements"),
+    ],
+)
+def test_tradeoff_names_a_dp_setting_as_the_user_wrote_it(tmp_path, line, named):
     mine = tmp_path / "mine.toml"
-    mine.write_text('eps = ["inf"]\ndelta = 1e-6\n')
-    with pytest.raises(ConfigError, match=r"^delta \(in the --config file\) is a setting of the DP release"):
+    mine.write_text(f'eps = ["inf"]\n{line}\n')
+    with pytest.raises(
+        ConfigError, match=rf"^{named} \(in the --config file\)( laplace)? is a setting of the DP"
+    ):
         _resolve("tradeoff", "--config", str(mine))
 
 
@@ -152,3 +162,21 @@ def test_tradeoff_summary_of_a_run_without_noise_says_what_its_records_say():
     private = dict(base, epsilon=1.0, epsilon_reported=0.9, placement="local", protects="class counts only")
     (row,) = summarise([dict(private, seed=0), dict(private, seed=1, epsilon_reported=1.1)])
     assert row["epsilon_reported"] == pytest.approx(1.0) and row["protects"] == "class counts only"
+
+
+def test_flower_rounds_params_of_the_release_are_refused_without_noise_and_dropped_on_replay(tmp_path):
+    from privfed.flower.server_app import run_config_of
+    from privfed.results.record import SCHEMA
+
+    rounds = ["--method", "fedlog", "--rounds", "2", "--clients", "3"]
+    with pytest.raises(ConfigError, match=r"rounds-params \['calibration'\] is a setting of the DP release"):
+        _resolve("flower", *rounds, "--eps", "inf", "--rounds-params", '{"calibration": "paper"}')
+    cfg = _resolve(
+        "flower", *rounds, "--eps", "1", "--rounds-params", '{"calibration": "paper", "local_epochs": 1}'
+    )
+    path = tmp_path / "results.json"
+    path.write_text(
+        json.dumps({"schema": SCHEMA, "command": "flower", "config": run_config_of(cfg)}, default=str)
+    )
+    replay = _resolve("flower", "--config", str(path), "--eps", "inf")
+    assert replay.rounds_params == {"local_epochs": 1}  # the release's setting gone, the bodies' kept
