@@ -48,7 +48,9 @@ class LinearHead:
     construction already proves every weight finite (e.g. rows divided by
     their own norm, see :func:`privfed._linalg.normalise_rows`) passes
     ``weight_proved_finite=True`` (init-only) to skip the one extra read of
-    the (C, d) weight; the bias is always checked.
+    the (C, d) weight; the bias is always checked.  A non-finite head is the
+    caller's input error, or, from a method's server (``made_by_method=True``,
+    init-only), a bug to report.
     """
 
     weight: np.ndarray
@@ -63,8 +65,9 @@ class LinearHead:
     extras: dict[str, Any] = field(default_factory=dict)
     trace: Any = field(default=None, repr=False)
     weight_proved_finite: InitVar[bool] = False
+    made_by_method: InitVar[bool] = False
 
-    def __post_init__(self, weight_proved_finite: bool = False) -> None:
+    def __post_init__(self, weight_proved_finite: bool = False, made_by_method: bool = False) -> None:
         for name in ("weight", "bias"):
             try:
                 arr = np.asarray(getattr(self, name))
@@ -81,9 +84,7 @@ class LinearHead:
             )
         finite_weight = weight_proved_finite is True or bool(np.isfinite(self.weight).all())
         if not (finite_weight and np.isfinite(self.bias).all()):
-            from privfed.methods import available  # (lazily: the methods import this module)
-
-            if self.method not in available():  # the caller's own numbers, not a method's
+            if made_by_method is not True:  # the caller's own numbers, not a method's server
                 raise InputError(
                     "LinearHead weight and bias must be finite; the values given hold NaN or inf"
                 )

@@ -239,6 +239,7 @@ class Method(abc.ABC):
             notes=list(notes),
             extras=extras,
             weight_proved_finite=weight_proved_finite,
+            made_by_method=True,
         )
 
     def __repr__(self) -> str:

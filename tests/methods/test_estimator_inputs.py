@@ -135,8 +135,10 @@ def test_a_hand_built_head_names_its_bad_numbers():
         LinearHead(np.full((2, 3), np.nan), np.zeros(2), method="custom")
     with pytest.raises(InputError, match=r"weight must be \(C, d\)"):
         LinearHead(np.zeros((2, 3)), np.zeros(3))
-    # a method's head with NaN is the method's fault, and says so
+    # a method's head with NaN is the method's fault, and says so; a method's name alone makes no method's head
     with pytest.raises(FloatingPointError, match="this is a bug"):
+        LinearHead(np.full((2, 3), np.nan), np.zeros(2), method="fedncm", made_by_method=True)
+    with pytest.raises(InputError, match="must be finite"):
         LinearHead(np.full((2, 3), np.nan), np.zeros(2), method="fedncm")
 
 

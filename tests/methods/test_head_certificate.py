@@ -61,12 +61,18 @@ def test_head_checks_what_nobody_proved_and_always_the_bias():
     W = np.ones((2, 3))
     W[0, 0] = np.nan
     with pytest.raises(FloatingPointError, match="non-finite head"):
-        LinearHead(W, np.zeros(2), method="fedncm")
+        LinearHead(W, np.zeros(2), method="fedncm", made_by_method=True)
     with pytest.raises(FloatingPointError, match="non-finite head"):
         # only the literal True skips the scan
-        LinearHead(W, np.zeros(2), method="fedncm", weight_proved_finite=1)
+        LinearHead(W, np.zeros(2), method="fedncm", made_by_method=True, weight_proved_finite=1)
     with pytest.raises(FloatingPointError, match="non-finite head"):
-        LinearHead(np.ones((2, 3)), np.array([0.0, np.inf]), method="fedncm", weight_proved_finite=True)
+        LinearHead(
+            np.ones((2, 3)),
+            np.array([0.0, np.inf]),
+            method="fedncm",
+            made_by_method=True,
+            weight_proved_finite=True,
+        )
     head = LinearHead(np.ones((2, 3)), np.zeros(2), weight_proved_finite=True)
     assert "weight_proved_finite" not in vars(head)  # init-only: not stored, not pickled, not in asdict
 
