@@ -108,6 +108,22 @@ def claim_statistics(ledger: NodeLedger, statistics: dict[str, str], roster: byt
     ledger.update(RELEASES, change)
 
 
+def ledger_path(node_config) -> str | None:
+    """The ledger file the node config names (``secagg-ledger``), None where it names none.  A value that names
+    no file (empty, a number, a bool: e.g. ``secagg-ledger="$LEDGER"`` with the variable unset) is refused, never
+    read as no ledger: that would run the node without the file that makes its sums once-ever."""
+    if "secagg-ledger" not in node_config:
+        return None
+    value = node_config["secagg-ledger"]
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(
+            f"secagg-ledger={value!r} names no file: set it to the node's ledger file (made once with python -m "
+            "mechanisms.secagg.identity --init-ledger FILE --roster ROSTER), or drop it and set "
+            "allow-ephemeral-ledger=true for a test deployment"
+        )
+    return value
+
+
 def node_ledger(context, roster=None, lifetime: bytes | None = None) -> SessionLedger:
     """This node's ledger for this run (``context.state``), chained to the ledger file its node config names
     (``secagg-ledger``): the same configuration and round is summed once per node, ever, whichever run the
@@ -115,9 +131,9 @@ def node_ledger(context, roster=None, lifetime: bytes | None = None) -> SessionL
     one CKKS key holder, which keeps that set for CKKS sums), so sums from two runs cannot be subtracted
     either.  The file must exist and be sound, for this ``roster`` (:class:`privfed.results.ledger.NodeLedger`:
     a missing, unreadable or corrupt file, or one of another roster, raises its one-line error)."""
-    path = context.node_config.get("secagg-ledger")
+    path = ledger_path(context.node_config)
     records = None
-    if path:
+    if path is not None:
         if roster is None:
             raise ConfigError("node_ledger needs the node's roster to open its ledger file")
         records = FileRecords(NodeLedger.open(str(path), roster.fingerprint))
@@ -156,9 +172,9 @@ def pin_num_classes(context, roster, num_classes: int | None) -> None:
     this run's state), every later run must name the same number, a check on what the server sent alone.
     """
     want = None if num_classes is None else int(num_classes)
-    path = context.node_config.get("secagg-ledger")
-    if path:
-        records = FileRecords(NodeLedger.open(str(path), roster.fingerprint))
+    path = ledger_path(context.node_config)
+    if path is not None:
+        records = FileRecords(NodeLedger.open(path, roster.fingerprint))
         if want is not None:
             records.keep(f"num_classes={want}")
         pinned = records.records().get("num_classes")

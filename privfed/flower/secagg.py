@@ -68,7 +68,14 @@ from mechanisms.secagg.masking.server import MaskingServer, keys_request
 from mechanisms.secagg.threat import sum_threshold, survivor_parts
 from privfed.errors import ConfigError, InputError
 from privfed.flower.kept import KeptNodes, parsed
-from privfed.flower.ledger import LEDGER_KEY, canonical_config, lifetime_id, node_ledger, pin_num_classes
+from privfed.flower.ledger import (
+    LEDGER_KEY,
+    canonical_config,
+    ledger_path,
+    lifetime_id,
+    node_ledger,
+    pin_num_classes,
+)
 from privfed.flower.masking_wire import MESSAGE_KEY, from_records, to_records
 from privfed.flower.provision import SimulatedRoster, simulated_identities
 from privfed.flower.transport import Exchange, exchange
@@ -116,7 +123,7 @@ def node_identity(
             "python -m mechanisms.secagg.identity DIR --nodes K); the roster fixes K and t"
         )
     if (
-        "secagg-ledger" not in node_config
+        ledger_path(node_config) is None  # an empty value is refused there, not taken for none
         and str(node_config.get("allow-ephemeral-ledger", "")).lower() != "true"
     ):
         # see the module docstring: a ledger that outlives the run, or no part in secure aggregation

@@ -522,6 +522,12 @@ def test_a_deployed_node_without_a_ledger_file_refuses_before_any_key(digits_dat
         serve(LocalGrid(deployed), cfg)
     allowed = {n: {**c, "allow-ephemeral-ledger": "true"} for n, c in deployed.items()}
     assert serve(LocalGrid(allowed), cfg).head.secure_aggregation["summed_nodes"] == K
+    # a ledger setting that names no file (secagg-ledger="$LEDGER" with the variable unset, or a number) is
+    # refused, never taken for no ledger: run after run would then sum the same nodes again
+    for value in ("", "  ", 0, False):
+        unnamed = {n: {**c, "secagg-ledger": value} for n, c in deployed.items()}
+        with pytest.raises(ConfigError, match=r"secagg-ledger=.* names no file"):
+            serve(LocalGrid(unnamed), cfg)
 
 
 def test_the_bound_on_counts_comes_from_the_roster_never_from_the_server(digits_dataset):
