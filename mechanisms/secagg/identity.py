@@ -35,7 +35,8 @@ only); on each node, once, ::
 
 creates its ledger file bound to the roster's fingerprint (:mod:`privfed.results.ledger`); then it starts
 each SuperNode with
-``--node-config "secagg-identity=DIR/node-<i>.json secagg-roster=DIR/roster.json secagg-ledger=FILE ..."``
+``--node-config 'secagg-identity="DIR/node-<i>.json" secagg-roster="DIR/roster.json" secagg-ledger="FILE" ...'``
+(Flower reads the values as TOML: text in double quotes, absolute paths)
 (the ledger file, kept on the node across runs, is required, and a missing one is refused: see
 :mod:`privfed.flower.secagg`).
 Simulations (:func:`privfed.flower.simulation.run_simulation`, the
@@ -486,9 +487,10 @@ def main(argv: list[str] | None = None) -> int:
         f"wrote {out / ROSTER_FILE} (K={roster.size}, t={roster.threshold}, "
         f"graph={'complete' if roster.degree is None else f'{roster.degree}-regular'}, colluders declared "
         f"{roster.colluders}, tolerated {roster.tolerated}) and {len(ids)} identity files; on node i, once: "
-        f"python -m mechanisms.secagg.identity --init-ledger FILE --roster .../roster.json; then start it "
-        "with --node-config 'secagg-identity=.../node-i.json secagg-roster=.../roster.json secagg-ledger=FILE' "
-        "(FILE on the node, kept across runs)"
+        f"python -m mechanisms.secagg.identity --init-ledger FILE --roster {(out / ROSTER_FILE).resolve()}; then "
+        f'start it with --node-config \'secagg-identity="{out.resolve()}/node-i.json" '
+        f'secagg-roster="{(out / ROSTER_FILE).resolve()}" secagg-ledger="FILE"\' (FILE on the node, an '
+        "absolute path, kept across runs)"
     )
     return 0
 

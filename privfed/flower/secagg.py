@@ -119,7 +119,8 @@ def node_identity(
     if "secagg-identity" not in node_config or "secagg-roster" not in node_config:
         raise ConfigError(
             f"node {node_id} has no secure-aggregation identity: start it with --node-config "
-            "'secagg-identity=FILE secagg-roster=FILE secagg-ledger=FILE' (the operator writes the first two with "
+            '\'secagg-identity="FILE" secagg-roster="FILE" secagg-ledger="FILE"\' (absolute paths; the '
+            "operator writes the first two with "
             "python -m mechanisms.secagg.identity DIR --nodes K); the roster fixes K and t"
         )
     if (
@@ -129,7 +130,7 @@ def node_identity(
         # see the module docstring: a ledger that outlives the run, or no part in secure aggregation
         raise ProtocolAbort(
             f"node {node_id} refuses to take part in secure aggregation without a ledger file: start it with "
-            "--node-config 'secagg-ledger=FILE' (kept across runs: the aggregations it took part in), or set "
+            "--node-config 'secagg-ledger=\"FILE\"' (an absolute path, kept across runs: the aggregations it took part in), or set "
             "allow-ephemeral-ledger=true for a test deployment",
             node=node_id,
             stage="setup",

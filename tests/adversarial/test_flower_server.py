@@ -518,7 +518,7 @@ def test_a_deployed_node_without_a_ledger_file_refuses_before_any_key(digits_dat
     deployed = _deployed(roster, ids)
     cfg = FlowerConfig(method="fedncm", clients=K, secure=secure, timeout=30)
     # the first message of a secure run, before any key: the setup
-    with pytest.raises(ConfigError, match="stage 'setup'.*without a ledger file.*secagg-ledger=FILE"):
+    with pytest.raises(ConfigError, match="stage 'setup'.*without a ledger file.*secagg-ledger=\"FILE\""):
         serve(LocalGrid(deployed), cfg)
     allowed = {n: {**c, "allow-ephemeral-ledger": "true"} for n, c in deployed.items()}
     assert serve(LocalGrid(allowed), cfg).head.secure_aggregation["summed_nodes"] == K
