@@ -28,7 +28,8 @@ from collections.abc import Callable
 from mechanisms.secagg.crypto import ProtocolAbort
 from privfed._files import read_regular_text
 from privfed.errors import InputError
-from privfed.results.ledger import LedgerError, NodeLedger
+from privfed.results.files import atomic_write
+from privfed.results.ledger import LedgerError, NodeLedger, backups, free_backup
 
 __all__ = ["KEY_SESSION_PREFIX", "SECTION", "FileRecords", "SessionLedger", "init_ledger_file"]
 
@@ -52,7 +53,7 @@ def _from_lines(lines: list[str]) -> dict:
             out.setdefault("holder", int(line[len("holder=") :]))
         elif line.startswith(KEY_SESSION_PREFIX):
             out["key_sessions"].append(line[len(KEY_SESSION_PREFIX) :])
-        elif line and all(ch in string.hexdigits for ch in line):
+        elif len(line) == 64 and all(ch in string.hexdigits for ch in line):  # a SHA-256 aggregation id
             out["aggregations"].append(line.lower())
         else:
             raise ValueError(f"an unknown record {line[:20]!r}")
@@ -61,13 +62,24 @@ def _from_lines(lines: list[str]) -> dict:
 
 def init_ledger_file(path: str | os.PathLike, fingerprint: bytes) -> str:
     """Create a node's ledger file for the roster ``fingerprint``: "created"; "converted" when ``path``
-    held a ledger of the older line format (kept beside it as ``<path>.old``); "rebound" when it held a
-    sound ledger of another roster (a site joined or left): what the node's data released without DP is
-    kept (:meth:`privfed.results.ledger.NodeLedger.rebind`, the old file kept as ``<path>.old``).  A ledger
-    of this roster already is refused."""
+    held a ledger of the older line format; "rebound" when it held a sound ledger of another roster (a site
+    joined or left): what the node's data released without DP is kept
+    (:meth:`privfed.results.ledger.NodeLedger.rebind`).  Either way the old file is kept beside it as
+    ``<path>.old`` (``<path>.old.1``, ... when that exists: a copy is never overwritten).  A ledger of this
+    roster already is refused, and so is a missing file with such a copy beside it (restore it)."""
     p = pathlib.Path(path).expanduser()
     records = _empty()
     what = "created"
+    kept = backups(p)
+    if kept and not (p.exists() or p.is_symlink()):
+        # a copy without the file is no "no ledger yet": a conversion stopped part-way, or a ledger moved away,
+        # leaves the node's records there alone, and a fresh ledger would forget them
+        raise LedgerError(
+            f"--init-ledger {p}: the file is missing but {kept[-1].name} (a copy an earlier conversion or "
+            f"rebinding kept) is beside it: restore the ledger (mv {kept[-1]} {p}) and run again, or move the "
+            "copies away if this node starts afresh under a new identity"
+        )
+    backup = free_backup(p)
     if p.exists() or p.is_symlink():
         try:  # a FIFO or a device is refused, never read (it would block)
             text = read_regular_text(p, f"--init-ledger {p}", "pass the path of the node's ledger file")
@@ -90,14 +102,23 @@ def init_ledger_file(path: str | os.PathLike, fingerprint: bytes) -> str:
         if is_json:  # a ledger: bound to the new roster, keeping what the node's data released without DP
             led, old = NodeLedger.rebind(p, fingerprint)
             led.update(SECTION, lambda rec: _empty(), version=SECTION_VERSION)
-            return f"rebound (from roster {old[:16]}...; what its data released without DP is kept, the old file is {p.name}.old)"
+            return (
+                f"rebound (from roster {old[:16]}...; what its data released without DP is kept, the old file is "
+                f"{backup.name})"
+            )
         else:  # not JSON: the older format, one record a line
             try:
                 records = _from_lines(text.split())
             except ValueError as exc:
                 raise LedgerError(f"--init-ledger {p}: the file exists and is not a ledger ({exc})") from None
-            p.replace(p.with_name(p.name + ".old"))
-            what = "converted the older ledger"
+            # the old file stays whole at every step: linked as .old (atomic), then its name freed for the new
+            # one; stopped between the two, the check above finds .old without the file and says to restore it
+            try:
+                os.link(p, backup)
+            except OSError:  # a file system without hard links: a whole copy, written atomically
+                atomic_write(backup, lambda b: b.write_bytes(p.read_bytes()))
+            p.unlink()
+            what = f"converted the older ledger (the old file is {backup.name})"
     NodeLedger.create(p, fingerprint, sections={SECTION: (SECTION_VERSION, records)})
     return what
 

@@ -61,6 +61,24 @@ class LedgerError(ConfigError):
     """A node's ledger file is missing, unreadable, corrupt, of another roster, or already exists."""
 
 
+def backups(path: Path) -> list[Path]:
+    """The copies of the ledger file ``path`` kept beside it: ``<name>.old``, ``<name>.old.1``, ... (in order)."""
+    out, i = [], 0
+    while True:
+        p = path.with_name(path.name + (".old" if i == 0 else f".old.{i}"))
+        if not (p.exists() or p.is_symlink()):
+            return out
+        out.append(p)
+        i += 1
+
+
+def free_backup(path: Path) -> Path:
+    """The name the next copy of ``path`` is kept under: an earlier copy (restored from, as the refusals say) is
+    never overwritten."""
+    n = len(backups(path))
+    return path.with_name(path.name + (".old" if n == 0 else f".old.{n}"))
+
+
 def _digest(body: dict) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
@@ -196,7 +214,7 @@ class NodeLedger:
                     "(python -m mechanisms.secagg.identity makes one with fresh keys)"
                 )
             kept = {k: v for k, v in body["sections"].items() if k in DATA_KINDS}
-            backup = led.path.with_name(led.path.name + ".old")
+            backup = free_backup(led.path)
             atomic_write(backup, lambda p: p.write_bytes(led.path.read_bytes()))
             led._write(dict(body, roster=led.roster, sections=kept, former_rosters=former))
         return led, old

@@ -150,6 +150,58 @@ def test_the_operator_command_creates_a_ledger_bound_to_the_roster_and_converts_
     assert "needs --roster" in capsys.readouterr().err
 
 
+def test_a_conversion_stopped_part_way_loses_nothing_and_is_never_taken_for_a_fresh_start(tmp_path):
+    """The old-format file is linked as its copy before its name is freed for the new ledger: creating the new
+    one failing (its lock cannot be taken here) leaves the copy whole, and the rerun that used to print
+    "created" and forget the node's records now says to restore it; restored, the conversion goes through."""
+    (one, _) = make_roster(4)
+    path = tmp_path / "node.json"
+    lines = "aa" * 32 + "\nuploaders=0,1,2\n"
+    path.write_text(lines)
+    (tmp_path / "node.json.lock").mkdir()  # the new ledger's lock cannot be opened: create fails
+    with pytest.raises(LedgerError):
+        init_ledger_file(path, one.fingerprint)
+    copy = tmp_path / "node.json.old"
+    assert not path.exists() and copy.read_text() == lines
+    with pytest.raises(
+        LedgerError, match=r"the file is missing but node.json.old .* restore the ledger \(mv "
+    ):
+        init_ledger_file(path, one.fingerprint)
+    assert not path.exists()  # nothing fresh was made
+    (tmp_path / "node.json.lock").rmdir()
+    copy.rename(path)
+    assert (
+        init_ledger_file(path, one.fingerprint)
+        == "converted the older ledger (the old file is node.json.old)"
+    )
+    assert FileRecords(NodeLedger.open(path, one.fingerprint)).records()["uploaders"] == [0, 1, 2]
+
+
+def test_a_copy_of_a_ledger_is_never_overwritten(tmp_path):
+    """Rebinding A -> B -> C keeps the file as it was under A and under B (node.json.old, node.json.old.1): the
+    copy the refusals tell an operator to restore from is never replaced."""
+    rosters = [make_roster(n)[0] for n in (4, 5, 6)]
+    path = tmp_path / "node.json"
+    init_ledger_file(path, rosters[0].fingerprint)
+    FileRecords(NodeLedger.open(path, rosters[0].fingerprint)).keep("uploaders=0,1,2")
+    assert init_ledger_file(path, rosters[1].fingerprint).endswith("the old file is node.json.old)")
+    FileRecords(NodeLedger.open(path, rosters[1].fingerprint)).keep("uploaders=1,2,3")
+    assert init_ledger_file(path, rosters[2].fingerprint).endswith("the old file is node.json.old.1)")
+    first = NodeLedger.open(tmp_path / "node.json.old", rosters[0].fingerprint)
+    second = NodeLedger.open(tmp_path / "node.json.old.1", rosters[1].fingerprint)
+    assert FileRecords(first).records()["uploaders"] == [0, 1, 2]
+    assert FileRecords(second).records()["uploaders"] == [1, 2, 3]
+
+
+def test_a_text_file_of_hex_words_is_not_taken_for_an_older_ledger(tmp_path):
+    (one, _) = make_roster(4)
+    notes = tmp_path / "notes.txt"
+    notes.write_text("cafe\nbabe\n")  # hex, but no 64-digit aggregation id of the older format
+    with pytest.raises(LedgerError, match="is not a ledger"):
+        init_ledger_file(notes, one.fingerprint)
+    assert notes.read_text() == "cafe\nbabe\n" and not (tmp_path / "notes.txt.old").exists()
+
+
 def test_a_roster_written_before_rosters_recorded_their_colluders_is_refused_when_it_tolerates_none():
     roster, _ = make_roster(5, 3, 0)
     old = json.loads(roster.to_json())
