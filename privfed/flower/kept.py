@@ -75,11 +75,14 @@ def parsed(value: str, kind: type):
                 raw = json.loads(text)
                 got = Identity(raw["index"], bytes.fromhex(raw["private_key"]))
             except (KeyError, TypeError, ValueError) as exc:
-                if inline:
-                    raise
                 from privfed.errors import ConfigError
 
-                raise ConfigError(f"secagg-identity={value} is not a privfed identity file: {exc}") from None
+                why = f"no {exc} field" if isinstance(exc, KeyError) else str(exc)
+                where = "secagg-identity (inline JSON)" if inline else f"secagg-identity={value}"
+                raise ConfigError(
+                    f"{where} is not a privfed identity ({why}): pass the node-<i>.json file the operator wrote "
+                    "with python -m mechanisms.secagg.identity"
+                ) from None
         while len(_PARSED) >= PARSED_LIMIT:
             _PARSED.pop(next(iter(_PARSED)))
         _PARSED[key] = got

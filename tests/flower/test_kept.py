@@ -134,8 +134,11 @@ def test_parsed_rosters_and_identities_are_parsed_once_per_text(tmp_path, monkey
         kept.parsed(str(tmp_path / "missing.json"), Roster)
     bad = tmp_path / "id.json"
     bad.write_text(json.dumps({"index": 1}))
-    with pytest.raises(ConfigError, match="not a privfed identity file"):
+    with pytest.raises(ConfigError, match=r"id.json is not a privfed identity \(no 'private_key' field\)"):
         kept.parsed(str(bad), Identity)
+    # inline JSON in the node config gets the same one line, naming it (it was a KeyError)
+    with pytest.raises(ConfigError, match=r"^secagg-identity \(inline JSON\) is not a privfed identity"):
+        kept.parsed(json.dumps({"index": 1}), Identity)
     for i in range(kept.PARSED_LIMIT + 5):  # bounded
         kept.parsed(json.dumps({"index": i, "private_key": "00" * 32}), Identity)
     assert len(kept._PARSED) <= kept.PARSED_LIMIT
