@@ -137,12 +137,17 @@ class NodeLedger:
         if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
             why = "does not exist; create it first" if not folder.is_dir() else "is not writable by this user"
             raise LedgerError(f"{setting}={led.path}: cannot create the file: the folder {folder} {why}")
+        exists = LedgerError(
+            f"{setting}={led.path}: it is a folder; name the ledger file to create inside it"
+            if led.path.is_dir()
+            else f"{setting}={led.path}: the file exists; a node's ledger is created once (it holds what the node "
+            "answered for: keep it, or move it away deliberately)"
+        )
+        if led.path.exists() or led.path.is_symlink():  # refused before its lock file is made beside it
+            raise exists
         with led._locked():
-            if led.path.exists():
-                raise LedgerError(
-                    f"{setting}={led.path}: the file exists; a node's ledger is created once (it holds what the "
-                    "node answered for: keep it, or move it away deliberately)"
-                )
+            if led.path.exists():  # made by another process meanwhile
+                raise exists
             body = {
                 "format": FORMAT,
                 "version": VERSION,

@@ -341,3 +341,13 @@ def test_identities_and_roster_paths_that_are_not_one_are_refused_in_a_line():
         with pytest.raises(PrivfedError, match=match) as info:
             Identity(index, key)
         assert secret.hex() not in str(info.value) and repr(secret)[:20] not in str(info.value)
+
+
+def test_a_refused_create_leaves_no_lock_file_beside_what_it_refused(tmp_path):
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "there.json").write_text("{}")
+    with pytest.raises(LedgerError, match="it is a folder; name the ledger file to create inside it"):
+        NodeLedger.create(tmp_path / "folder", FP)
+    with pytest.raises(LedgerError, match="the file exists"):
+        NodeLedger.create(tmp_path / "there.json", FP)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["folder", "there.json"]
