@@ -28,8 +28,7 @@ from collections.abc import Callable
 from mechanisms.secagg.crypto import ProtocolAbort
 from privfed._files import read_regular_text
 from privfed.errors import InputError
-from privfed.results.files import atomic_write
-from privfed.results.ledger import LedgerError, NodeLedger, backups, free_backup
+from privfed.results.ledger import LedgerError, NodeLedger, backups
 
 __all__ = ["KEY_SESSION_PREFIX", "SECTION", "FileRecords", "SessionLedger", "init_ledger_file"]
 
@@ -65,62 +64,60 @@ def init_ledger_file(path: str | os.PathLike, fingerprint: bytes) -> str:
     held a ledger of the older line format; "rebound" when it held a sound ledger of another roster (a site
     joined or left): what the node's data released without DP is kept
     (:meth:`privfed.results.ledger.NodeLedger.rebind`).  Either way the old file is kept beside it as
-    ``<path>.old`` (``<path>.old.1``, ... when that exists: a copy is never overwritten).  A ledger of this
-    roster already is refused, and so is a missing file with such a copy beside it (restore it)."""
-    p = pathlib.Path(path).expanduser()
-    records = _empty()
-    what = "created"
-    kept = backups(p)
-    if kept and not (p.exists() or p.is_symlink()):
-        # a copy without the file is no "no ledger yet": a conversion stopped part-way, or a ledger moved away,
-        # leaves the node's records there alone, and a fresh ledger would forget them
+    ``<path>.old`` (``<path>.old.N`` past any copy there: a copy is never overwritten), and ``path`` names a
+    whole file at every step.  A ledger of this roster already is refused, and so is a missing file with copies
+    beside it.  A symlink is followed: the file it names is the one converted or rebound, as a node writes it."""
+    given = pathlib.Path(path).expanduser()
+    if given.is_symlink() and not given.exists():  # a ledger is never made through a link to nothing
         raise LedgerError(
-            f"--init-ledger {p}: the file is missing but {kept[-1].name} (a copy an earlier conversion or "
-            f"rebinding kept) is beside it: restore the ledger (mv {kept[-1]} {p}) and run again, or move the "
-            "copies away if this node starts afresh under a new identity"
+            f"--init-ledger {given}: it is a symbolic link to {os.readlink(given)}, which does not exist; name "
+            "the ledger's own path (or fix the link)"
         )
-    backup = free_backup(p)
-    if p.exists() or p.is_symlink():
-        try:  # a FIFO or a device is refused, never read (it would block)
-            text = read_regular_text(p, f"--init-ledger {p}", "pass the path of the node's ledger file")
-        except InputError as exc:
-            raise LedgerError(str(exc)) from None
-        except OSError as exc:
-            raise LedgerError(f"--init-ledger {p}: the file exists and cannot be read ({exc})") from None
-        if not text.strip():
-            # an empty file is no ledger of the older format: a ledger truncated to nothing (a full disk, a
-            # bad copy) must not come back as a fresh one that forgets what the node released
-            raise LedgerError(
-                f"--init-ledger {p}: the file exists and is empty; if it was this node's ledger, restore it from "
-                "a backup (or its .old copy); if the node never took part in a run, delete it and run again"
-            )
-        try:
-            json.loads(text)
-            is_json = True
-        except ValueError:
-            is_json = False
-        if is_json:  # a ledger: bound to the new roster, keeping what the node's data released without DP
-            led, old = NodeLedger.rebind(p, fingerprint)
-            led.update(SECTION, lambda rec: _empty(), version=SECTION_VERSION)
-            return (
-                f"rebound (from roster {old[:16]}...; what its data released without DP is kept, the old file is "
-                f"{backup.name})"
-            )
-        else:  # not JSON: the older format, one record a line
-            try:
-                records = _from_lines(text.split())
-            except ValueError as exc:
-                raise LedgerError(f"--init-ledger {p}: the file exists and is not a ledger ({exc})") from None
-            # the old file stays whole at every step: linked as .old (atomic), then its name freed for the new
-            # one; stopped between the two, the check above finds .old without the file and says to restore it
-            try:
-                os.link(p, backup)
-            except OSError:  # a file system without hard links: a whole copy, written atomically
-                atomic_write(backup, lambda b: b.write_bytes(p.read_bytes()))
-            p.unlink()
-            what = f"converted the older ledger (the old file is {backup.name})"
-    NodeLedger.create(p, fingerprint, sections={SECTION: (SECTION_VERSION, records)})
-    return what
+    p = pathlib.Path(os.path.realpath(given))
+    kept = backups(p)
+    if kept and not p.exists():
+        # a copy is no restore point (it misses what the node wrote after it), and a fresh ledger forgets all
+        raise LedgerError(
+            f"--init-ledger {p}: the file is missing, but copies of an earlier ledger are beside it "
+            f"({', '.join(k.name for k in kept)}); a node's ledger is never made afresh over a lost one (a fresh "
+            "one forgets what the node answered for, a copy what it wrote after the copy): restore the file "
+            "itself from a backup, or start this node under a new roster after moving the copies away"
+        )
+    if not p.exists():
+        NodeLedger.create(p, fingerprint, sections={SECTION: (SECTION_VERSION, _empty())})
+        return "created"
+    try:  # a FIFO or a device is refused, never read (it would block)
+        text = read_regular_text(p, f"--init-ledger {p}", "pass the path of the node's ledger file")
+    except InputError as exc:
+        raise LedgerError(str(exc)) from None
+    except OSError as exc:
+        raise LedgerError(f"--init-ledger {p}: the file exists and cannot be read ({exc})") from None
+    if not text.strip():
+        # an empty file is no ledger of the older format: a ledger truncated to nothing (a full disk, a
+        # bad copy) must not come back as a fresh one that forgets what the node released
+        raise LedgerError(
+            f"--init-ledger {p}: the file exists and is empty; if it was this node's ledger, restore it from "
+            "a backup; if the node never took part in a run, delete it and run again"
+        )
+    try:
+        json.loads(text)
+        is_json = True
+    except ValueError:
+        is_json = False
+    if is_json:  # a ledger: bound to the new roster, keeping what the node's data released without DP
+        led, old = NodeLedger.rebind(p, fingerprint)
+        # the roster's own sections went with the old roster; written only if a node has not written it since
+        led.update(SECTION, lambda rec: None if rec else _empty(), version=SECTION_VERSION)
+        copy = backups(p)[-1].name
+        return f"rebound (from roster {old[:16]}...; what its data released without DP is kept, the old file is {copy})"
+    try:  # not JSON: the older format, one record a line
+        records = _from_lines(text.split())
+    except ValueError as exc:
+        raise LedgerError(f"--init-ledger {p}: the file exists and is not a ledger ({exc})") from None
+    _, copy = NodeLedger.convert(
+        p, fingerprint, text.encode("utf-8"), sections={SECTION: (SECTION_VERSION, records)}
+    )
+    return f"converted the older ledger (the old file is {copy.name})"
 
 
 class FileRecords:

@@ -40,10 +40,12 @@ Public API: :class:`NodeLedger` (``create``, ``open``, ``rebind``, ``read``, ``u
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import json
 import os
+import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -61,22 +63,49 @@ class LedgerError(ConfigError):
     """A node's ledger file is missing, unreadable, corrupt, of another roster, or already exists."""
 
 
+def _copies(path: Path) -> list[tuple[int, Path]]:
+    """(number, path) of every copy of ``path`` beside it (``<name>.old`` is 0, ``<name>.old.N`` is N), in order."""
+    pattern = re.compile(re.escape(path.name) + r"\.old(?:\.([0-9]+))?")
+    try:
+        names = os.listdir(path.parent)
+    except OSError:
+        return []
+    found = [(int(m.group(1) or 0), path.with_name(n)) for n in names if (m := pattern.fullmatch(n))]
+    return sorted(found)
+
+
 def backups(path: Path) -> list[Path]:
-    """The copies of the ledger file ``path`` kept beside it: ``<name>.old``, ``<name>.old.1``, ... (in order)."""
-    out, i = [], 0
-    while True:
-        p = path.with_name(path.name + (".old" if i == 0 else f".old.{i}"))
-        if not (p.exists() or p.is_symlink()):
-            return out
-        out.append(p)
-        i += 1
+    """The copies of the ledger file ``path`` kept beside it (``<name>.old``, ``<name>.old.1``, ...), oldest first,
+    whichever of them an operator removed."""
+    return [p for _, p in _copies(path)]
 
 
 def free_backup(path: Path) -> Path:
-    """The name the next copy of ``path`` is kept under: an earlier copy (restored from, as the refusals say) is
-    never overwritten."""
-    n = len(backups(path))
-    return path.with_name(path.name + (".old" if n == 0 else f".old.{n}"))
+    """The name the next copy of ``path`` is kept under, past every copy there: a copy is never overwritten."""
+    found = _copies(path)
+    return path.with_name(path.name + (f".old.{found[-1][0] + 1}" if found else ".old"))
+
+
+def _keep_copy(src: Path, dst: Path, setting: str) -> None:
+    """Keep the file ``src`` as ``dst`` (which must not exist): a hard link (atomic; the caller then renames a new
+    file over ``src``), or, on a file system without them, a whole copy made with an exclusive create."""
+    try:
+        os.link(src, dst)
+        return
+    except OSError as exc:
+        if exc.errno not in (errno.EXDEV, errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK):
+            raise LedgerError(
+                f"{setting}={src}: cannot keep its copy {dst.name} ({exc.strerror or exc})"
+            ) from None
+    try:
+        with open(dst, "xb") as out:
+            out.write(src.read_bytes())
+            out.flush()
+            os.fsync(out.fileno())
+    except OSError as exc:
+        raise LedgerError(
+            f"{setting}={src}: cannot keep its copy {dst.name} ({exc.strerror or exc})"
+        ) from None
 
 
 def _digest(body: dict) -> str:
@@ -148,16 +177,49 @@ class NodeLedger:
         with led._locked():
             if led.path.exists():  # made by another process meanwhile
                 raise exists
-            body = {
-                "format": FORMAT,
-                "version": VERSION,
-                "roster": led.roster,
-                "sections": {
-                    str(k): {"version": int(v), "records": dict(r)} for k, (v, r) in (sections or {}).items()
-                },
-            }
-            led._write(body)
+            led._write(led._new_body(sections))
         return led
+
+    @classmethod
+    def convert(
+        cls,
+        path: str | os.PathLike,
+        roster: bytes,
+        was: bytes,
+        *,
+        sections: dict[str, tuple[int, dict]],
+        setting: str = "secagg-ledger",
+        create: str = SECAGG_CREATE,
+    ) -> tuple[NodeLedger, Path]:
+        """Replace the file at ``path``, whose bytes were ``was`` (a ledger of an older format its caller read),
+        with a new ledger holding ``sections``, under the file's lock.  The old file is kept first, as the next
+        free copy (:func:`free_backup`), then the new ledger is renamed over it: ``path`` names a whole file at
+        every step.  Returns the ledger and the copy.  LedgerError if the file changed since it was read."""
+        led = cls(path, roster, setting=setting, create=create)
+        with led._locked():
+            try:
+                now = led.path.read_bytes()
+            except OSError as exc:
+                raise led._error(f"it cannot be read ({exc.strerror or exc})") from None
+            if now != bytes(was):
+                raise LedgerError(
+                    f"{setting}={led.path}: the file changed while it was converted (another --init-ledger, or "
+                    "the node itself); run again"
+                )
+            backup = free_backup(led.path)
+            _keep_copy(led.path, backup, setting)
+            led._write(led._new_body(sections))
+        return led, backup
+
+    def _new_body(self, sections: dict[str, tuple[int, dict]] | None) -> dict:
+        return {
+            "format": FORMAT,
+            "version": VERSION,
+            "roster": self.roster,
+            "sections": {
+                str(k): {"version": int(v), "records": dict(r)} for k, (v, r) in (sections or {}).items()
+            },
+        }
 
     @classmethod
     def open(

@@ -150,31 +150,70 @@ def test_the_operator_command_creates_a_ledger_bound_to_the_roster_and_converts_
     assert "needs --roster" in capsys.readouterr().err
 
 
-def test_a_conversion_stopped_part_way_loses_nothing_and_is_never_taken_for_a_fresh_start(tmp_path):
-    """The old-format file is linked as its copy before its name is freed for the new ledger: creating the new
-    one failing (its lock cannot be taken here) leaves the copy whole, and the rerun that used to print
-    "created" and forget the node's records now says to restore it; restored, the conversion goes through."""
+def test_a_conversion_that_fails_leaves_the_file_whole_and_a_lost_ledger_is_never_made_afresh(tmp_path):
+    """The conversion runs under the file's lock and renames the new ledger over the old file after keeping it:
+    a conversion that cannot start (its lock cannot be taken here) leaves the file as it was, and once a
+    converted ledger is lost, a rerun is refused (it used to print "created" and forget the node's records):
+    the copy misses what the node wrote after it, so it is no restore point either."""
     (one, _) = make_roster(4)
     path = tmp_path / "node.json"
     lines = "aa" * 32 + "\nuploaders=0,1,2\n"
     path.write_text(lines)
-    (tmp_path / "node.json.lock").mkdir()  # the new ledger's lock cannot be opened: create fails
-    with pytest.raises(LedgerError):
+    (tmp_path / "node.json.lock").mkdir()  # the lock cannot be opened: nothing is done
+    with pytest.raises(LedgerError, match="lock"):
         init_ledger_file(path, one.fingerprint)
-    copy = tmp_path / "node.json.old"
-    assert not path.exists() and copy.read_text() == lines
-    with pytest.raises(
-        LedgerError, match=r"the file is missing but node.json.old .* restore the ledger \(mv "
-    ):
-        init_ledger_file(path, one.fingerprint)
-    assert not path.exists()  # nothing fresh was made
+    assert path.read_text() == lines and sorted(p.name for p in tmp_path.iterdir()) == [
+        "node.json",
+        "node.json.lock",
+    ]
     (tmp_path / "node.json.lock").rmdir()
-    copy.rename(path)
     assert (
         init_ledger_file(path, one.fingerprint)
         == "converted the older ledger (the old file is node.json.old)"
     )
-    assert FileRecords(NodeLedger.open(path, one.fingerprint)).records()["uploaders"] == [0, 1, 2]
+    records = FileRecords(NodeLedger.open(path, one.fingerprint))
+    assert records.records()["uploaders"] == [0, 1, 2]
+    assert (tmp_path / "node.json.old").read_text() == lines
+    records.claim(b"\x0c" * 32, 0)  # what the node writes after the copy
+    path.unlink()  # the ledger is lost
+    with pytest.raises(
+        LedgerError, match=r"the file is missing, but copies of an earlier ledger .*node.json.old"
+    ):
+        init_ledger_file(path, one.fingerprint)
+    assert not path.exists()  # nothing fresh was made
+    (tmp_path / "node.json.old").rename(tmp_path / "node.json.old.3")  # gaps in the copies' numbers hide none
+    with pytest.raises(LedgerError, match=r"node.json.old.3"):
+        init_ledger_file(path, one.fingerprint)
+
+
+def test_a_second_operator_converting_the_same_file_changes_nothing(tmp_path):
+    """Two --init-ledger runs on one older-format file: the one that read it before the other converted it finds
+    the file changed, under the lock, and stops; the converted ledger and its one copy stay as they were."""
+    (one, _) = make_roster(4)
+    path = tmp_path / "node.json"
+    lines = "aa" * 32 + "\n"
+    path.write_text(lines)
+    assert init_ledger_file(path, one.fingerprint).startswith("converted")
+    FileRecords(NodeLedger.open(path, one.fingerprint)).claim(b"\x0c" * 32, 0)
+    converted = path.read_bytes()
+    with pytest.raises(LedgerError, match="the file changed while it was converted"):
+        NodeLedger.convert(path, one.fingerprint, lines.encode(), sections={SECTION: (1, {})})
+    assert path.read_bytes() == converted and (tmp_path / "node.json.old").read_text() == lines
+    assert sorted(p.name for p in tmp_path.iterdir() if ".old" in p.name) == ["node.json.old"]
+
+
+def test_a_conversion_through_a_symlink_converts_the_file_it_names(tmp_path):
+    (one, _) = make_roster(4)
+    (tmp_path / "persist").mkdir()
+    target = tmp_path / "persist" / "ledger"
+    target.write_text("aa" * 32 + "\n")
+    link = tmp_path / "ledger"
+    link.symlink_to(target)
+    assert (
+        init_ledger_file(link, one.fingerprint) == "converted the older ledger (the old file is ledger.old)"
+    )
+    assert link.is_symlink() and (tmp_path / "persist" / "ledger.old").read_text() == "aa" * 32 + "\n"
+    assert FileRecords(NodeLedger.open(link, one.fingerprint)).records()["aggregations"] == ["aa" * 32]
 
 
 def test_a_copy_of_a_ledger_is_never_overwritten(tmp_path):
@@ -285,7 +324,9 @@ def test_init_ledger_refuses_a_fifo_and_an_empty_file_instead_of_blocking_or_sta
         assert empty.read_text() == text and not (tmp_path / "empty.old").exists()
     dangling = tmp_path / "link"
     dangling.symlink_to(tmp_path / "gone")
-    with pytest.raises(LedgerError, match="link does not exist"):  # was a new ledger written through the link
+    with pytest.raises(
+        LedgerError, match="symbolic link to .*, which does not exist"
+    ):  # no ledger made through it
         init_ledger_file(dangling, roster.fingerprint)
     assert init_ledger_file(tmp_path / "new.json", roster.fingerprint) == "created"
 
