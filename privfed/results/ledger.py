@@ -33,8 +33,9 @@ One JSON file per node, written only by :class:`NodeLedger`::
   :class:`LedgerError` -- never a fresh, empty ledger, which would let a server repeat what the node
   already answered.
 
-Public API: :class:`NodeLedger` (``create``, ``open``, ``rebind``, ``read``, ``update``, ``kinds``),
-:class:`LedgerError`, :data:`DATA_KINDS`.
+Public API: :class:`NodeLedger` (``create``, ``open``, ``convert``, ``rebind``, ``read``, ``update``, ``kinds``),
+:class:`LedgerError`, :data:`DATA_KINDS`, :func:`backups` and :func:`free_backup` (the copies a conversion or a
+rebinding keeps beside the file: ``<name>.old``, ``<name>.old.1``, ..., never overwritten).
 """
 
 from __future__ import annotations
