@@ -73,9 +73,8 @@ class LinearHead:
                 arr = np.asarray(getattr(self, name))
             except (TypeError, ValueError) as exc:  # ragged lists
                 raise InputError(f"LinearHead {name} must be real numbers ({exc})") from None
-            if (
-                arr.dtype.kind not in "iuf"
-            ):  # text (even "1.5"), complex, bool, objects: nothing cast silently
+            # text (even "1.5"), complex, bool, objects: nothing cast silently
+            if arr.dtype.kind not in "iuf":
                 raise InputError(f"LinearHead {name} must be real numbers, got dtype {arr.dtype}")
             setattr(self, name, arr.astype(np.float64, copy=False))
         if self.weight.ndim != 2 or self.bias.shape != (self.weight.shape[0],):
