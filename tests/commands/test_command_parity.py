@@ -180,3 +180,24 @@ def test_flower_rounds_params_of_the_release_are_refused_without_noise_and_dropp
     )
     replay = _resolve("flower", "--config", str(path), "--eps", "inf")
     assert replay.rounds_params == {"local_epochs": 1}  # the release's setting gone, the bodies' kept
+
+
+@pytest.mark.parametrize("attack", ["singleton", "labels", "tracing"])
+def test_a_multi_round_run_refuses_an_attack_it_would_not_run(attack):
+    """A multi-round run attacks the sequence of its releases itself; a one-shot --attack was accepted there,
+    recorded in the config, and never ran (its column was the sequence attack's)."""
+    rounds = ["--method", "fedlog", "--rounds", "2", "--eps", "inf"]
+    with pytest.raises(
+        ConfigError, match=r"--attack applies to one-shot runs: a multi-round run \(--rounds 2\)"
+    ):
+        _resolve("tradeoff", *rounds, "--attack", attack)
+    assert _resolve("tradeoff", *rounds).attacks == ()
+    assert _resolve("tradeoff", "--method", "fedlog", "--eps", "inf", "--attack", attack).attacks == (attack,)
+
+
+def test_client_level_over_rounds_names_the_placements_the_command_takes():
+    rounds = ["--method", "fedlog", "--rounds", "2", "--eps", "1", "--level", "client", "--max-records", "50"]
+    with pytest.raises(ConfigError, match="pass --placement trusted .* or --placement secure-sum"):
+        _resolve("tradeoff", *rounds)
+    for placement in ("trusted", "secure-sum"):  # what the refusal names is taken
+        assert _resolve("tradeoff", *rounds, "--placement", placement).placements == (placement,)

@@ -190,6 +190,15 @@ def resolve_config(args: argparse.Namespace, *, values: dict[str, Any] | None = 
     secure = s.secure_agg()
     trusted = s.switch("trusted_aggregator")
     attacks = s.attacks()
+    if rounds > 1 and attacks:
+        if s.replay and getattr(args, "attack", None) is None:
+            attacks = ()  # a record written before this was refused: its multi-round run never ran them
+        else:
+            raise ConfigError(
+                f"{s.named('attack', 'attack', 'attacks')} applies to one-shot runs: a multi-round run (--rounds "
+                f"{rounds}) attacks the sequence of its releases itself (the tracing likelihood ratio, or "
+                "differencing replayed under noise: its attack columns); drop --attack"
+            )
     params = s.params(methods)
     level = s.level()
     calibration = _choice(pick("calibration") or d.calibration, "--calibration", ("analytic", "classic"))
@@ -249,6 +258,12 @@ def resolve_config(args: argparse.Namespace, *, values: dict[str, Any] | None = 
         trusted=trusted,
         rounds=rounds,
     )
+    if rounds > 1 and level == "client" and not placements and secure == "none" and not trusted:
+        # a multi-round run's default placement is each client's own noise, which client level cannot use
+        raise ConfigError(
+            "--level client adds noise to the aggregate: pass --placement trusted (the server adds it) or "
+            "--placement secure-sum (the clients split it under secure aggregation)"
+        )
     if secure == "none" and s.given("secure_agg") and "secure-sum" in placements:
         # an explicit "no secure aggregation": the secure-sum placement would run masking all the same
         if _explicit_placements(placement):
