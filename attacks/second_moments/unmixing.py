@@ -270,7 +270,8 @@ class SecondMomentUnmixing(Attack):
             if rows.size == 0:
                 raise InputError(
                     f"no client's released counts total 1..max_samples={cap} records (the largest total: {int(n_k.max())}); "
-                    "raise max_samples"
+                    "raise max_samples (the attack's parameter; python -m privfed.attack takes it from its --config "
+                    "file's [attack_params] table, e.g. max_samples = 128) or attack clients holding fewer records"
                 )
         else:  # -1 attacked the last client, 0.5 client 0
             K = n_k.shape[0]
