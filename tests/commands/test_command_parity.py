@@ -201,3 +201,16 @@ def test_client_level_over_rounds_names_the_placements_the_command_takes():
         _resolve("tradeoff", *rounds)
     for placement in ("trusted", "secure-sum"):  # what the refusal names is taken
         assert _resolve("tradeoff", *rounds, "--placement", placement).placements == (placement,)
+
+
+def test_a_multi_round_record_that_named_an_attack_replays_without_it(tmp_path):
+    from dataclasses import asdict
+
+    from privfed.results.record import SCHEMA
+
+    cfg = _resolve("tradeoff", "--method", "fedlog", "--rounds", "2", "--eps", "inf")
+    config = dict(asdict(cfg), attacks=["singleton"])  # as written before the refusal
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps({"schema": SCHEMA, "command": "tradeoff", "config": config}, default=str))
+    replay = _resolve("tradeoff", "--config", str(path))
+    assert replay.rounds == 2 and replay.attacks == ()
