@@ -206,7 +206,9 @@ def resolve_config(args: argparse.Namespace, *, values: dict[str, Any] | None = 
     download = s.switch("download")
     backbone = pick("backbone")
     backbone = None if backbone is None else as_str(backbone, "--backbone")
-    if not any(math.isfinite(e) for e in epsilons):
+    noise = any(math.isfinite(e) for e in epsilons)
+    placement = pick("placement", "placement", "placements")  # where the noise goes
+    if not noise:
         # a DP record replayed under --eps inf: its settings of the release are no settings of this run (the same
         # given as flags, or in a settings file a user wrote, are refused below)
         clip = None if s.replayed("clip") else clip
@@ -217,10 +219,8 @@ def resolve_config(args: argparse.Namespace, *, values: dict[str, Any] | None = 
         clip_norm = d.clip_norm if s.replayed("clip_norm") else clip_norm
         count_noise = None if s.replayed("count_noise") else count_noise
         delta = d.delta if s.replayed("delta") else delta
-    # where the noise goes; a DP record replayed under --eps inf has no noise to place (a user's is refused below)
-    placement = pick("placement", "placement", "placements")
-    if not any(math.isfinite(e) for e in epsilons) and s.replay and getattr(args, "placement", None) is None:
-        placement = None
+        # a record writes its placements under another key than the flag's, so replayed() would not see them
+        placement = None if s.replay and getattr(args, "placement", None) is None else placement
     # one configuration: a pair that contradicts itself is refused now, naming both (never one ignored)
     check_combination(
         count_noise=count_noise,
@@ -235,7 +235,7 @@ def resolve_config(args: argparse.Namespace, *, values: dict[str, Any] | None = 
         rounds=rounds,
     )
     refuse_unused_dp(
-        any(math.isfinite(e) for e in epsilons),
+        noise,
         {
             "--clip": clip is not None,
             "--trusted-aggregator": trusted,
