@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from privfed._validation import check_features, check_labels
+from privfed._validation import check_features, check_labels, check_real_dtype
 from privfed.errors import InputError
 
 __all__ = ["LinearHead"]
@@ -72,10 +72,10 @@ class LinearHead:
             try:
                 arr = np.asarray(getattr(self, name))
             except (TypeError, ValueError) as exc:  # ragged lists
-                raise InputError(f"LinearHead {name} must be real numbers ({exc})") from None
-            # text (even "1.5"), complex, bool, objects: nothing cast silently
-            if arr.dtype.kind not in "iuf":
-                raise InputError(f"LinearHead {name} must be real numbers, got dtype {arr.dtype}")
+                raise InputError(f"LinearHead {name} must hold real numbers ({exc})") from None
+            check_real_dtype(
+                arr, f"LinearHead {name}"
+            )  # text (even "1.5"), complex, bool, objects: never cast
             setattr(self, name, arr.astype(np.float64, copy=False))
         if self.weight.ndim != 2 or self.bias.shape != (self.weight.shape[0],):
             raise InputError(

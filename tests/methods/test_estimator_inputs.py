@@ -126,11 +126,13 @@ def test_iid_clients_splits_every_sample_into_non_empty_clients():
 def test_a_hand_built_head_names_its_bad_numbers():
     with pytest.raises(InputError, match="must be finite"):
         LinearHead(np.full((2, 3), np.nan), np.zeros(2))
-    with pytest.raises(InputError, match="weight must be real numbers"):
+    with pytest.raises(InputError, match="weight must hold real numbers"):
         LinearHead([["a"]], [0])
-    for weight in ([["1.5", "2"]], np.ones((1, 2), complex), np.ones((1, 2), bool)):
-        with pytest.raises(InputError, match="weight must be real numbers, got dtype"):
+    for weight in ([["1.5", "2"]], np.ones((1, 2), bool)):
+        with pytest.raises(InputError, match="weight must hold real numbers, got dtype"):
             LinearHead(weight, [0.0])
+    with pytest.raises(InputError, match=r"weight is complex .* the imaginary part would be lost"):
+        LinearHead(np.ones((1, 2), complex), [0.0])
     with pytest.raises(InputError, match="must be finite"):  # a name of the caller's own, not a method's
         LinearHead(np.full((2, 3), np.nan), np.zeros(2), method="custom")
     with pytest.raises(InputError, match=r"weight must be \(C, d\)"):
