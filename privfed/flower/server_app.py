@@ -259,17 +259,10 @@ def run_config_of(cfg: FlowerConfig) -> dict[str, Any]:
 def _delivered(privacy) -> dict[str, Any]:
     """What a run's release delivered, as the other commands' records give it: its epsilon and delta as the
     ledger computed them (dropouts change them from the epsilon asked), its level, mechanism and noise."""
-    if privacy is None:  # as the trade-off command records a run without noise
-        return {
-            "epsilon_reported": math.inf,
-            "delta": 0.0,
-            "level": "none",
-            "mechanism": "none",
-            "calibration": "-",
-            "sigma": 0.0,
-            "sigma_counts": 0.0,
-            "private": False,
-        }
+    if privacy is None:
+        from privfed.results.record import UNPROTECTED_ROW
+
+        return dict(UNPROTECTED_ROW)
     # multi-round FedLog whose bodies trained on the private records carries no formal guarantee: no epsilon is
     # delivered, whatever its accountant computed for the releases (as privfed.rounds records it)
     eps = float(privacy.epsilon) if getattr(privacy, "formal", True) else math.inf

@@ -41,6 +41,7 @@ from privfed.errors import ConfigError, InputError
 __all__ = [
     "COMMANDS",
     "SCHEMA",
+    "UNPROTECTED_ROW",
     "check_record",
     "data_rules",
     "json_text",
@@ -51,6 +52,18 @@ __all__ = [
 
 SCHEMA = "privfed.run/1"
 COMMANDS = ("tradeoff", "attack", "flower")
+#: What a record row of a run without noise says of its release, in every command: no epsilon delivered, no
+#: neighbouring relation protected, no mechanism, no noise.
+UNPROTECTED_ROW: dict[str, Any] = {
+    "epsilon_reported": math.inf,
+    "delta": 0.0,
+    "level": "none",
+    "mechanism": "none",
+    "calibration": "-",
+    "sigma": 0.0,
+    "sigma_counts": 0.0,
+    "private": False,
+}
 
 #: top-level key -> the types its value may have
 _TOP: dict[str, tuple[type, ...]] = {

@@ -34,6 +34,7 @@ from privfed.commands.tradeoff.plan import (
 )
 from privfed.errors import ConfigError, InputError
 from privfed.release.pipeline import client_statistics, server_head
+from privfed.results.record import UNPROTECTED_ROW
 
 __all__ = ["run_tradeoff"]
 
@@ -275,16 +276,11 @@ def _sweep(
                             )
                         )
                         rec.update(
-                            mechanism="none",
+                            UNPROTECTED_ROW,  # no noise ran: no neighbouring relation is protected
                             accuracy=head.score(ds.test_features, ds.test_labels),
-                            sigma=0.0,
-                            sigma_counts=0.0,
                             clip=None,
                             guarantee="no protection (eps=inf)",
-                            level="none",  # no noise ran: no neighbouring relation is protected
-                            epsilon_reported=math.inf,
                             noise="none",
-                            private=False,
                         )
                     else:
                         privacy = make_privacy(v, method, eps, clip, secure_agg=secure)
