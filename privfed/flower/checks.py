@@ -53,6 +53,7 @@ def rounds_config(cfg):
     the run config; the placement from it too: ``trusted-aggregator`` is central noise, ``secure=mask`` distributed
     noise under pairwise masking, neither the nodes' own (local) noise.
     """
+    from privfed.release.settings import refuse_unused_dp
     from privfed.rounds import RoundsConfig
 
     params = dict(cfg.rounds_params)
@@ -67,12 +68,10 @@ def rounds_config(cfg):
         known = {f.name for f in fields(RoundsConfig)}
         why = "not settable here" if set(bad) <= known else "unknown"
         raise ConfigError(f"rounds-params key(s) {bad} {why}; allowed: {list(_ALLOWED)}")
-    unused = sorted(set(params) & set(DP_ROUNDS_PARAMS))
-    if unused and not cfg.private:  # as every command refuses a setting of the release without noise
-        raise ConfigError(
-            f"rounds-params {unused} {'are settings' if len(unused) > 1 else 'is a setting'} of the DP release, "
-            "but eps is inf (no noise), so the run would ignore them; give a finite eps or drop them"
-        )
+    # as every command refuses a setting of the release without noise
+    refuse_unused_dp(
+        cfg.private, {f"rounds-params {k}": True for k in sorted(set(params) & set(DP_ROUNDS_PARAMS))}
+    )
     extra = sorted(set(cfg.method_params) - {"nu"})
     if extra:
         raise ConfigError(f"multi-round FedLog takes method-params 'nu' only, got {extra}")
