@@ -130,7 +130,8 @@ def node_identity(
         # see the module docstring: a ledger that outlives the run, or no part in secure aggregation
         raise ProtocolAbort(
             f"node {node_id} refuses to take part in secure aggregation without a ledger file: start it with "
-            "--node-config 'secagg-ledger=\"FILE\"' (an absolute path, kept across runs: the aggregations it took part in), or set "
+            "--node-config 'secagg-ledger=\"FILE\"' (an absolute path, kept across runs: the aggregations it "
+            "took part in), or set "
             "allow-ephemeral-ledger=true for a test deployment",
             node=node_id,
             stage="setup",
