@@ -328,13 +328,14 @@ class FedLog(Method):
             weight, bias = eta[:, 1:] / scale, eta[:, 0]
             proved = False
             grad_norm = float(np.linalg.norm(fedlog_gradient(eta, a, nu_n)))
-            size = float(np.linalg.norm(a))
-            if self.params["solver"] == "lbfgs" and not grad_norm <= LBFGS_RTOL * size:
-                notes.append(
-                    f"solver='lbfgs' stopped short of Eq. 15's maximum: its gradient norm is {grad_norm:.3g}, "
-                    f"{grad_norm / size if size else math.inf:.2g} of |chi + [N_y, s_y / feature_scale]| (above "
-                    f"{LBFGS_RTOL:g}), so the head may be far from the MAP; use solver='exact'"
-                )
+            if self.params["solver"] == "lbfgs":  # the exact solver needs no such check
+                size = float(np.linalg.norm(a))
+                if not grad_norm <= LBFGS_RTOL * size:
+                    notes.append(
+                        f"solver='lbfgs' stopped short of Eq. 15's maximum: its gradient norm is {grad_norm:.3g}, "
+                        f"{grad_norm / size if size else math.inf:.2g} of |chi + [N_y, s_y / feature_scale]| (above "
+                        f"{LBFGS_RTOL:g}), so the head may be far from the MAP; use solver='exact'"
+                    )
         if ill_posed:
             notes.append(ill_posed)
         return self._head(
