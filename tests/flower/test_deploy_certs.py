@@ -122,6 +122,9 @@ def test_renew_keeps_the_ca_and_replaces_the_superlink_key(made, tmp_path):
         (["https://superlink.example.org:9093"], 30, "neither an IP address nor a DNS name"),
         (["bad_name!"], 30, "neither an IP address nor a DNS name"),
         ([""], 30, "neither an IP address nor a DNS name|no --host"),
+        (["999.1.1.1"], 30, "'999.1.1.1' is not an IP address .* not a DNS name either"),
+        (["10.0.0"], 30, "'10.0.0' is not an IP address"),
+        (["superlink.example.123"], 30, "ending in a number, not a DNS name"),
         (["10.0.0.1"], 0, "--days 0"),
         (["10.0.0.1"], 99999, "--days 99999"),
     ],
@@ -130,6 +133,18 @@ def test_bad_input_is_one_clear_error(tmp_path, hosts, days, match):
     with pytest.raises(ConfigError, match=match):
         certs.write_certificates(tmp_path / "c", hosts, days=days)
     assert not (tmp_path / "c" / certs.CA_KEY).exists()
+
+
+def test_names_with_digits_that_are_dns_names_are_kept(tmp_path):
+    # Only an all-digit last label marks a mistyped address; digits elsewhere are ordinary DNS labels.
+    hosts = ["10.0.0.5.nip.io", "1password.example", "node-7.example.org.", "10.0.0.5"]
+    certs.write_certificates(tmp_path / "c", hosts)
+    srv = x509.load_pem_x509_certificate((tmp_path / "c" / certs.SERVER_CERT).read_bytes())
+    san = srv.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert {"10.0.0.5.nip.io", "1password.example", "node-7.example.org"} <= set(
+        san.get_values_for_type(x509.DNSName)
+    )
+    assert "10.0.0.5" in {str(a) for a in san.get_values_for_type(x509.IPAddress)}
 
 
 def test_an_existing_ca_is_never_overwritten(made):
