@@ -4,7 +4,7 @@ Every method uploads class counts n_kc (or their noisy version, FedCOF
 paper App. I.1: n~ = max(n + noise, 0), a class clipped to 0 not sent).
 The server reads each client's class histogram directly: p^_kc = n~_kc /
 sum_c n~_kc.  Metrics (attacks.md): total variation between the true and
-inferred histograms, count MAE, exact support recovery, presence AUC (is
+inferred histograms (over the clients holding records), count MAE, exact support recovery, presence AUC (is
 class c on client k: score n~_kc) and singleton AUC (count 0 vs 1).
 
 Against Laplace(1/eps) or geometric noise the singleton AUC of any test is
@@ -85,10 +85,13 @@ class LabelInference(Attack):
                 f"GroundTruth gives {n.shape} class counts but the view's are {result.counts.shape}"
             )
         p = n / np.maximum(n.sum(axis=1, keepdims=True), 1.0)
-        tv = 0.5 * np.abs(p - result.histograms).sum(axis=1)
+        # over the clients that hold records: one without has no histogram to recover (its inferred one is
+        # uniform, its true one all zero), and it must not make an exact recovery score above 0
+        held = n.sum(axis=1) > 0
+        tv = 0.5 * np.abs(p - result.histograms).sum(axis=1)[held]
         est_support = result.counts >= 0.5
         out = {
-            "total_variation": float(tv.mean()),
+            "total_variation": float(tv.mean()) if tv.size else float("nan"),
             "count_mae": float(np.abs(result.counts - n).mean()),
             "exact_support": float(np.mean((est_support == (n > 0)).all(axis=1))),
         }

@@ -68,9 +68,13 @@ class SingletonExposure(Attack):
         has_mean = np.abs(sums).sum(axis=-1) > 0
         rows, classes = np.nonzero((np.rint(counts) == 1) & has_mean)
         owners = rows if view.stats.owners is None else view.stats.owners[rows]
-        # The count rounds to one: the released mean sum / count is the feature.  Count noise
-        # (FedCOF App. I.1) leaves the mean exact, so a noisy count does not hide it.
-        feats = sums[rows, classes] / counts[rows, classes][:, None]
+        # The count rounds to one, so the cell holds one record.  Count noise of FedCOF App. I.1 with clean
+        # sums sends n~ x the exact mean, so sum / noisy count is the record; any other count noise (Gaussian,
+        # or with noisy sums) leaves the sum as it was, so the sum itself is the record (divided by the
+        # rounded count, 1) and dividing by the noisy count would only rescale it.
+        rescaled = view.noise.count_kind is not None and view.noise.sigma.get("sums", 0.0) <= 0
+        n = counts[rows, classes] if rescaled else np.rint(counts[rows, classes])
+        feats = sums[rows, classes] / n[:, None]
         return SingletonResult(
             rows=rows,
             classes=classes,

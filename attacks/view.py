@@ -229,6 +229,18 @@ class ServerView:
                 "client-level noise lands on the sum only; without secure aggregation the server "
                 "still sees every clean upload"
             )
+            # The rows this server reads carry no noise: the attacks must not model any (they would be
+            # weaker than the server is), and no budget holds against it.  The clip stays: it shaped them.
+            noise = replace(
+                noise,
+                sigma={},
+                count_kind=None,
+                count_epsilon=None,
+                count_delta=None,
+                epsilon=float("inf"),
+                delta=0.0,
+                guarantee="none (client-level noise on the sum only; the server sees the clean uploads)",
+            )
         return cls(
             method=method,
             stats=stats,
