@@ -55,6 +55,14 @@ def ledger_epsilon(events: list[ReleaseEvent], delta: float, accountant: str = "
     """
     _check_accountant(accountant)
     delta = check_delta(delta)
+    # A list, once: an iterator would be spent by the first scan and the rest would see an empty ledger.
+    events = list(events)
+    wrong = next((e for e in events if not isinstance(e, ReleaseEvent)), None)
+    if wrong is not None:
+        raise ConfigError(
+            f"a ledger holds ReleaseEvent objects (mechanisms.dp.ledger), got a {type(wrong).__name__}: pass "
+            "the mechanism's ledger or ReleaseEvent(...) values"
+        )
     if not events:
         return 0.0, "empty ledger"
     if any(not e.private for e in events):

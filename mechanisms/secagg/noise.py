@@ -46,7 +46,7 @@ from typing import Any
 
 import numpy as np
 
-from mechanisms.dp.calibration import check_nonnegative
+from mechanisms.dp.calibration import check_count, check_nonnegative
 from privfed._validation.seeds import check_generator
 from privfed.errors import ConfigError
 
@@ -246,11 +246,20 @@ class DistributedGaussian:
         """
         import dp_accounting
 
-        K = int(num_clients)
-        n = len(self.sigma) if num_calls is None else int(num_calls)
+        K = check_count(num_clients, "num_clients")
+        n = len(self.sigma) if num_calls is None else check_count(num_calls, "num_calls")
+        if present is not None:
+            # a share count outside 0..K would state the noise of shares no client sent
+            present = check_count(present, "present", low=0)
+            if present > K:
+                raise ConfigError(f"present={present} shares, but only num_clients={K} clients add one")
+        if sizes is not None and len(sizes) != n:
+            raise ConfigError(f"sizes gives {len(sizes)} statistics' sizes, but {n} statistics are summed")
         t = min(int(self.tolerate), K - 1)
         slack = (
-            [0.0] * n if sizes is None else [self.backend.sensitivity_slack(int(sz), "l2") for sz in sizes]
+            [0.0] * n
+            if sizes is None
+            else [self.backend.sensitivity_slack(check_count(sz, "sizes", low=0), "l2") for sz in sizes]
         )
         sens = [self.sensitivity_for(i) + slack[i] for i in range(n)]
 

@@ -48,6 +48,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from mechanisms.dp.calibration import check_count
 from mechanisms.secagg.graph import group_size
 from privfed.errors import ConfigError
 
@@ -99,7 +100,9 @@ def colluders_tolerated(group_size: int, threshold: int, *, active: bool = True)
     shares of both seeds of an honest node.  Honest-but-curious: a server that follows the protocol holds
     the self-mask seed of uploaders only, and c < t colluders' shares do not rebuild a mask key.
     """
-    n, t = int(group_size), int(threshold)
+    n, t = check_count(group_size, "group_size"), check_count(threshold, "threshold")
+    if t > n:
+        raise ConfigError(f"threshold={t} exceeds the group of {n} share holders: no masked sum runs with it")
     if not active:
         return max(t - 1, 0)
     return max(min(2 * t - n - 1, t - 1, n - 1), 0)
@@ -111,8 +114,10 @@ def smallest_honest_sum(group_size: int, threshold: int, colluders: int = 0, *, 
     t - c while c is tolerated (exact on the complete graph, and at c = 2t - n - 1 on a SecAgg+ graph; a
     lower bound otherwise); 1 beyond (one node's input may be unmasked).
     """
-    t, c = int(threshold), int(colluders)
-    if active and 2 * t <= int(group_size):  # no majority: a deviating server alone can unmask a node
+    t, c = check_count(threshold, "threshold"), check_count(colluders, "colluders", low=0)
+    if active and 2 * t <= check_count(
+        group_size, "group_size"
+    ):  # no majority: a deviating server alone can unmask a node
         return 1
     if c > colluders_tolerated(group_size, threshold, active=active):
         return 1
@@ -343,7 +348,12 @@ def masking_threat(
     shares (None without DP).  ``declared_colluders`` (the roster's n_C) are left out of this run's shares:
     the run's epsilon holds against the server together with them, as the nodes charge it.
     """
-    K, t = int(num_nodes), int(threshold)
+    K, t = check_count(num_nodes, "num_nodes", low=2), check_count(threshold, "threshold")
+    if degree is not None and check_count(degree, "degree", low=2) < K - 1 and degree % 2:
+        raise ConfigError(
+            f"degree={degree} must be an even integer >= 2 (a SecAgg+ graph), or None (complete)"
+        )
+    colluders = check_count(declared_colluders or 0, "declared_colluders", low=0)
     n = K if degree is None or int(degree) >= K - 1 else int(degree) + 1
     if not min_threshold(n) <= t <= n:  # what no roster or masked sum runs has no threat model to state
         raise ConfigError(
@@ -367,7 +377,7 @@ def masking_threat(
         parts = tuple(len(p) for p in survivor_parts(g, up_set))
     shares = {"server_alone": alone, "with_colluders": colluding}
     if parts:  # the roster's declared colluders know their own shares: this run's sum counts the others'
-        shares = {"this_run": max(min(parts) - int(declared_colluders or 0), 0), **shares}
+        shares = {"this_run": max(min(parts) - colluders, 0), **shares}
     eps, shares = _epsilons(epsilon_of, shares)
     return ThreatModel(
         protocol="mask",

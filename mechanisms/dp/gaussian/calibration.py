@@ -159,10 +159,19 @@ class GaussianCalibration:
     def _ensure(self, dim: int) -> None:
         if self._sigma is None:
             self._resolve(dim)
-        elif self.clipping.norm == "coordinate" and self._dim != dim:
+        elif self._dim is not None and self._dim != dim:
+            # A sensitivity that depends on d was fixed for another d: the noise drawn would be too small for
+            # these features (and the guarantee stated too strong).  With L2 clipping and exact noise d
+            # does not enter it.
+            if self.clipping.norm == "coordinate":
+                why = "coordinate clipping's sensitivity b sqrt(d) depends on d"
+            elif self.backend.sensitivity_slack(1, "l2") != 0:
+                why = f"the {type(self.backend).__name__} backend's rounding slack grows with sqrt(d)"
+            else:
+                return
             raise InputError(
-                f"features have d={dim} but the mechanism was calibrated for d={self._dim} "
-                "(coordinate clipping's sensitivity b sqrt(d) depends on d)"
+                f"features have d={dim} but the mechanism was calibrated for d={self._dim} ({why}); pass "
+                f"dim={dim}, or leave dim unset so that the first release sets it"
             )
 
     @property

@@ -1,0 +1,81 @@
+"""Inputs that used to state more privacy than a run had: each is now refused, or counted as it happened."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from mechanisms import GaussianMechanism, OpenDPNoise
+from mechanisms.dp.accounting import ledger_epsilon
+from mechanisms.dp.ledger import ReleaseEvent
+from mechanisms.secagg import threat
+from mechanisms.secagg.noise import DistributedGaussian
+from privfed.errors import ConfigError, InputError
+
+
+def test_a_rounding_backend_calibrated_for_another_d_is_refused_not_under_noised():
+    rng = np.random.default_rng(0)
+    X, y = rng.normal(size=(5, 400)), np.array([0, 1, 0, 1, 2])
+    m = GaussianMechanism(epsilon=1.0, delta=1e-5, clip=1.0, dim=1, backend=OpenDPNoise(grid=0.25))
+    small = m.sensitivity["sums"]  # 1 + 0.25 sqrt(1): the slack of d = 1
+    with pytest.raises(InputError, match=r"d=400 but the mechanism was calibrated for d=1 .*pass dim=400"):
+        m.release(X, y, rng=rng)
+    assert m.sensitivity["sums"] == small and not m.ledger
+    right = GaussianMechanism(epsilon=1.0, delta=1e-5, clip=1.0, dim=400, backend=OpenDPNoise(grid=0.25))
+    assert right.sensitivity["sums"] == pytest.approx(1.0 + 0.25 * np.sqrt(400), rel=1e-12)
+    right.release(X, y, rng=rng)  # the d it was calibrated for
+    # exact noise with L2 clipping: d does not enter the sensitivity, so another d is harmless
+    plain = GaussianMechanism(epsilon=1.0, delta=1e-5, clip=1.0, dim=1)
+    plain.release(X, y, rng=rng)
+    assert plain.sensitivity["sums"] == 1.0
+
+
+def test_ledger_epsilon_counts_an_iterator_of_events_as_the_same_list():
+    ev = ReleaseEvent("gaussian", "sums", 1.0, 1.0)
+    listed = ledger_epsilon([ev, ev], 1e-5)
+    assert listed[0] > 4.0
+    assert ledger_epsilon(iter([ev, ev]), 1e-5) == listed
+    assert ledger_epsilon((e for e in [ev, ev]), 1e-5) == listed
+    with pytest.raises(ConfigError, match="ReleaseEvent objects .* got a dict"):
+        ledger_epsilon([{"mechanism": "gaussian"}], 1e-5)
+
+
+def test_distributed_guarantee_refuses_shares_no_client_sent():
+    dg = DistributedGaussian(sigma=1.0, sensitivity=1.0)
+    full = dg.guarantee(4)["full"]["epsilon"]
+    assert dg.guarantee(4, present=4)["this_run"]["epsilon"] == pytest.approx(full, rel=1e-12)
+    assert dg.guarantee(4, present=2)["this_run"]["epsilon"] > full  # fewer shares: less noise
+    for bad in ({"present": 100}, {"present": -3}, {"present": 2.5}, {"present": True}):
+        with pytest.raises(ConfigError, match="present"):
+            dg.guarantee(4, **bad)
+    for args, kw, word in [((0,), {}, "num_clients"), ((2.5,), {}, "num_clients"), ((4, 0), {}, "num_calls")]:
+        with pytest.raises(ConfigError, match=word):
+            dg.guarantee(*args, **kw)
+    with pytest.raises(ConfigError, match="sizes gives 2 statistics' sizes, but 1"):
+        dg.guarantee(4, sizes=[3, 4])
+
+
+@pytest.mark.parametrize(
+    "call, word",
+    [
+        (
+            lambda: threat.masking_threat(10, 6, uploaded=range(10), declared_colluders=-3),
+            "declared_colluders",
+        ),
+        (lambda: threat.masking_threat(10, 6, degree=3), "degree=3 must be an even integer"),
+        (lambda: threat.masking_threat(2.9, 2), "num_nodes"),
+        (lambda: threat.smallest_honest_sum(10, 6, -5), "colluders"),
+        (lambda: threat.colluders_tolerated(5, 10), "threshold=10 exceeds the group of 5"),
+        (lambda: threat.colluders_tolerated(True, 1), "group_size"),
+    ],
+)
+def test_threat_model_inputs_that_would_raise_the_stated_protection_are_refused(call, word):
+    with pytest.raises(ConfigError, match=word):
+        call()
+
+
+def test_declared_colluders_lower_this_runs_smallest_sum():
+    # 10 uploaders in one part: the roster's 2 declared colluders know their shares, 8 honest ones remain
+    tm = threat.masking_threat(10, 6, uploaded=range(10), declared_colluders=2, epsilon_of=lambda m: 1.0 / m)
+    assert tm.shares["this_run"] == 8 and tm.epsilon["this_run"] == pytest.approx(1.0 / 8)
+    assert threat.smallest_honest_sum(10, 6, 0) == 6 and threat.smallest_honest_sum(10, 6, 1) == 5
