@@ -20,6 +20,7 @@ import numpy as np
 
 from attacks.base import Attack
 from attacks.metrics import cosine
+from attacks.params import index_vector
 from attacks.view import GroundTruth, ServerView, clip_rows
 from mechanisms.dp.calibration import check_count, check_nonnegative
 from privfed.errors import InputError
@@ -78,7 +79,14 @@ class Differencing(Attack):
         """``added``: indices (into the truth) of the records only the later release holds."""
         if added is None:
             raise InputError("differencing scores need added= (the truth's indices of the added records)")
-        added = np.asarray(added, dtype=np.int64)
+        if isinstance(added, np.ndarray) and added.dtype == bool:  # a mask read as indices 0 and 1
+            raise InputError(
+                "added must be the truth's indices of the added records, got a boolean mask: pass "
+                "np.flatnonzero(mask)"
+            )
+        added = index_vector(
+            added, "added", truth.labels.shape[0], what="indices into the ground truth's records"
+        )
         tol = float(self.params["tolerance"])
         exact, cos, rel = [], [], []
         for k, c, f in zip(result.rows, result.classes, result.features):

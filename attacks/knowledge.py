@@ -137,8 +137,22 @@ class GroundTruth:
                 object.__setattr__(self, name, check_features(v, f"GroundTruth.{name}"))
         for name in ("labels", "clients", "holdout_labels"):
             v = getattr(self, name)
+            if v is None and name != "holdout_labels":
+                raise InputError(f"GroundTruth.{name} is required: one integer per record of features")
             if v is not None:
                 object.__setattr__(self, name, as_int_vector(v, f"GroundTruth.{name}"))
+        # a label is a class (>= 0); a client id is >= 0, or -1 for a record left out (as ServerView reads them)
+        for name, low in (("labels", 0), ("holdout_labels", 0), ("clients", -1)):
+            v = getattr(self, name)
+            if v is not None and v.size and int(v.min()) < low:
+                raise InputError(
+                    f"GroundTruth.{name} holds {int(v.min())}: "
+                    + (
+                        "labels are classes 0..C-1"
+                        if low == 0
+                        else "client ids are >= 0, or -1 for a record left out"
+                    )
+                )
         N = self.features.shape[0]
         if self.labels.shape != (N,) or self.clients.shape != (N,):
             raise InputError(f"GroundTruth: labels and clients must have shape ({N},)")

@@ -67,10 +67,17 @@ def class_groups(labels, n: int, rng: np.random.Generator, *, max_groups: int | 
     mean averages exactly ``n`` records.  ``max_groups`` caps the number of
     clients (taken round-robin over classes).
     """
-    y = np.asarray(labels).astype(np.int64)
-    if isinstance(n, bool) or int(n) != n or n < 1:
-        raise ConfigError(f"n must be a positive int, got n={n!r}")
-    n = int(n)
+    from mechanisms.dp.calibration import check_count
+    from privfed._validation import as_int_vector
+    from privfed._validation.seeds import check_generator
+
+    y = as_int_vector(labels, "labels")  # 0.5, NaN or a 2-D array is no label vector
+    if y.size and int(y.min()) < 0:
+        raise InputError(f"labels holds {int(y.min())}: labels are classes 0..C-1")
+    n = check_count(n, "n")
+    rng = check_generator(rng)
+    if max_groups is not None:
+        max_groups = check_count(max_groups, "max_groups")  # -1 sliced the last group off, 2.7 read as 2
     clients = np.full(y.size, -1, dtype=np.int64)
     per_class = []
     for c in np.unique(y):
@@ -84,7 +91,7 @@ def class_groups(labels, n: int, rng: np.random.Generator, *, max_groups: int | 
         for g in [p[tier]]
     ]
     if max_groups is not None:
-        order = order[: int(max_groups)]
+        order = order[:max_groups]
     if not order:
         raise InputError(f"no class has {n} samples; lower n")
     for k, g in enumerate(order):

@@ -82,3 +82,70 @@ def test_client_level_noise_without_secure_aggregation_is_no_noise_to_the_attack
     a = attacks.evaluate("tracing", noisy, truth, rng=np.random.default_rng(1))["auc"]
     b = attacks.evaluate("tracing", clean, truth, rng=np.random.default_rng(1))["auc"]
     assert a == b
+
+
+# ----------------------------------------------------------------------------- inputs read silently before
+def test_differencing_score_refuses_indices_it_would_read_from_the_end_or_cast():
+    from privfed.errors import InputError
+
+    F, y, *_ = _data()
+    k = np.arange(N) % 40
+    view, truth = attacks.scenario("fedncm", F, y, k)
+    k2 = k.copy()
+    k2[:40] = -1
+    earlier, _ = attacks.scenario("fedncm", F, y, k2, num_clients=40, num_classes=C)
+    att = attacks.get("differencing")
+    res = att.run(view, earlier=earlier)
+    good = att.score(res, truth, added=np.arange(40))
+    assert good["cells"] == 40 and good["exact_fraction"] == 1.0
+    for bad, word in [
+        (np.arange(40) - 1, "added holds -1, out of range"),
+        (np.arange(40) + 0.7, "added"),
+        (np.ones(N, bool), "boolean mask"),
+        ([500], "added holds 500, out of range"),
+    ]:
+        with pytest.raises(InputError, match=word):
+            att.score(res, truth, added=bad)
+
+
+def test_ground_truth_refuses_ids_and_labels_no_view_holds():
+    from attacks.view import GroundTruth
+    from privfed.errors import InputError
+
+    F, y, H, yh, _ = _data()
+    k = np.arange(N) % 40
+    with pytest.raises(InputError, match=r"GroundTruth.clients holds -5: client ids are >= 0, or -1"):
+        GroundTruth(features=F, labels=y, clients=k - 5)
+    with pytest.raises(InputError, match=r"GroundTruth.holdout_labels holds -1"):
+        GroundTruth(features=F, labels=y, clients=k, holdout_features=H, holdout_labels=yh - 1)
+    with pytest.raises(InputError, match="GroundTruth.labels is required"):
+        GroundTruth(features=F, labels=None, clients=k)
+    k[0] = -1  # a record left out is fine
+    assert GroundTruth(features=F, labels=y, clients=k).clients[0] == -1
+
+
+@pytest.mark.parametrize(
+    "kw, word",
+    [
+        ({"n": np.inf}, "n must be an integer"),
+        ({"n": 2.5}, "n must be an integer"),
+        ({"rng": 0}, "rng must be a numpy.random.Generator"),
+        ({"max_groups": -1}, "max_groups"),
+        ({"max_groups": 2.7}, "max_groups"),
+        ({"labels": np.arange(N) % C + 0.5}, "labels"),
+        ({"labels": np.arange(N) % C - 1}, "labels holds -1"),
+    ],
+)
+def test_class_groups_refuses_what_it_used_to_cast(kw, word):
+    from attacks.view import class_groups
+    from privfed.errors import ConfigError, InputError
+
+    args = {"labels": np.arange(N) % C, "n": 2, "rng": np.random.default_rng(0), **kw}
+    labels, n, rng = args.pop("labels"), args.pop("n"), args.pop("rng")
+    with pytest.raises((ConfigError, InputError), match=word):
+        class_groups(labels, n, rng, **args)
+    groups = class_groups(np.arange(N) % C, 2, np.random.default_rng(0), max_groups=5)
+    assert (
+        sorted(set(groups.tolist())) == [-1, 0, 1, 2, 3, 4]
+        and np.bincount(groups[groups >= 0]).tolist() == [2] * 5
+    )
