@@ -377,7 +377,7 @@ def write_outputs(result: FlowerResult, directory: str, cfg: FlowerConfig | None
             write_record(out, run_record(result, cfg))
         out.write("head.npz", head_npz)
         out.write("report.json", lambda p: p.write_text(json.dumps(result.report, indent=2, sort_keys=True)))
-        out.publish(complete=True)
+        out.publish(complete=True)  # a failed move keeps the finished run beside --out and names it
     except BaseException:
         out.discard()
         raise

@@ -450,9 +450,13 @@ class ResultFolder:
             else:
                 os.rename(self.staging, self.path)
         except OSError as exc:
+            # never lost, named where it is: beside the target (a later run sweeps staging folders)
+            kept = self.path.with_name(f"{self.path.name}.unplaced-{_dt.datetime.now():%Y%m%d-%H%M%S}")
+            with contextlib.suppress(OSError):
+                os.rename(self.staging, kept)
             raise ResultsWriteError(
-                f"could not move the run into {str(dest)!r} ({exc.strerror or exc}); its files "
-                f"are kept in {str(self.staging)!r}"
+                f"could not move the run into {str(dest)!r} ({exc.strerror or exc}); its files are kept in "
+                f"{str(kept if kept.is_dir() else self.staging)!r}"
             ) from None
         fsync_dir(self.path.parent)
         self.published = dest
@@ -463,9 +467,8 @@ class ResultFolder:
         """After a write failed (a full disk): keep what was committed, leave no scratch, release the lock.
 
         The last committed checkpoint (a staging folder with its manifest) is moved into place by a
-        rename, which needs no new space (beside a previous run: ``<path>.partial-<time>``); the
-        uncommitted work folder and its temporary files are removed.  Returns where the checkpoint
-        is, or None when nothing was committed.
+        rename, which needs no new space (beside a previous run: ``<path>.partial-<time>``); the uncommitted
+        work folder and its temporary files are removed.  Returns where the checkpoint is, or None if none.
         """
         shutil.rmtree(self._work, ignore_errors=True)
         kept: Path | None = None

@@ -572,3 +572,28 @@ def test_real_rounds_sweep_stopped_by_sigterm_in_a_subprocess_leaves_its_finishe
     assert manifest["complete"] is False and 2 <= _rows(out / "results.partial.csv") < 100
     data = json.loads((out / "results.partial.json").read_text())
     assert data["config"]["local_epochs"] == 1 and data["config"]["families"] == ["cnn"]
+
+
+def test_a_finished_run_whose_move_fails_is_kept_beside_out_where_the_message_says(tmp_path, monkeypatch):
+    """Before: an --out that is a mount point (rename: EBUSY) lost the finished release: the Flower app discarded
+    the staging folder, and the message named a folder that no longer existed."""
+    import privfed.results.writer as writer
+
+    out = tmp_path / "mnt"
+    run = ResultFolder(out)
+    run.write("head.npz", lambda p: p.write_bytes(b"weights"))
+    real = os.rename
+
+    def busy(src, dst, *a, **kw):
+        if Path(dst) == out:
+            raise OSError(errno.EBUSY, "Device or resource busy")
+        return real(src, dst, *a, **kw)
+
+    monkeypatch.setattr(writer.os, "rename", busy)
+    with pytest.raises(results_io.ResultsWriteError, match="Device or resource busy") as exc:
+        run.publish(complete=True)
+    kept = Path(str(exc.value).split("its files are kept in ")[1].strip("'"))
+    assert kept.parent == tmp_path and kept.name.startswith("mnt.unplaced-")
+    assert verify_folder(kept)["complete"] is True and (kept / "head.npz").read_bytes() == b"weights"
+    run.discard()  # what the Flower app does after a failure: the kept run stays
+    assert (kept / "head.npz").read_bytes() == b"weights"
