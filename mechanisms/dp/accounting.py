@@ -94,6 +94,8 @@ def ledger_epsilon(events: list[ReleaseEvent], delta: float, accountant: str = "
         return _pld_epsilon(groups, other, delta), "pld (dp-accounting)"
     if other:
         raise ConfigError(f"accountant={accountant!r} handles Gaussian events only; use 'pld'")
+    if delta == 0 and any(mu > 0 for mu, _, _ in groups):  # opacus' PRV divides by delta
+        return math.inf, f"{accountant} (opacus; a Gaussian release has no epsilon at delta = 0)"
     eps = _opacus_epsilon(groups, delta, accountant)
     if not (math.isfinite(eps) and eps >= 0):
         # Opacus' numerics fail at the edges (PRV returns a negative epsilon for a tiny mu at a large delta):
@@ -114,7 +116,13 @@ def _pure_eps(e: ReleaseEvent) -> float:
 
 def _pld_epsilon(groups, other, delta: float, discretization: float = 1e-4) -> float:
     # A PLD takes about a second to build: repeated reports of the same ledger (audits, sweeps) reuse it.
-    return _pld_epsilon_cached(tuple(groups), tuple(other), float(delta), float(discretization))
+    try:
+        return _pld_epsilon_cached(tuple(groups), tuple(other), float(delta), float(discretization))
+    except MemoryError:  # a million rounds, or a GDP mu of 1,000: the distribution's grid outgrows memory
+        raise ConfigError(
+            "the PLD accountant's privacy-loss grid for this ledger does not fit in memory (very many rounds or "
+            "very little noise); use accountant='gdp' (exact without subsampling) or 'rdp'"
+        ) from None
 
 
 @functools.lru_cache(maxsize=256)

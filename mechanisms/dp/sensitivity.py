@@ -59,6 +59,21 @@ class StatisticSensitivity:
     max_records: int | None = None
 
     def __post_init__(self) -> None:
+        from mechanisms.dp.calibration import as_real, check_count
+
+        if self.level not in (
+            "record",
+            "client",
+        ):  # "clients" was read as record level: n_max times too small
+            raise ConfigError(f"level must be 'record' or 'client', got level={self.level!r}")
+        try:
+            clip = as_real(self.clip_l2)
+        except (TypeError, ValueError):
+            raise ConfigError(f"clip_l2 must be a number > 0, got clip_l2={self.clip_l2!r}") from None
+        if not clip > 0:  # NaN, 0 or a negative bound bounds nothing
+            raise ConfigError(f"clip_l2 must be a number > 0, got clip_l2={self.clip_l2!r}")
+        if self.max_records is not None:
+            check_count(self.max_records, "max_records")
         if self.record_bound not in RECORD_BOUNDS:
             raise ConfigError(
                 f"record_bound must be one of {list(RECORD_BOUNDS)}, got record_bound={self.record_bound!r}"
@@ -112,8 +127,27 @@ def block_sigmas(
     augmented statistic, :meth:`StatisticSensitivity.joint`).
     ``mu = inf`` (no noise) gives 0 everywhere.
     """
+    if isinstance(mu, bool) or not (isinstance(mu, (int, float)) and mu > 0):  # mu = 0 is infinite noise
+        raise ConfigError(f"mu must be a number > 0 (inf: no noise), got mu={mu!r}")
     if math.isinf(mu):
         return {b: 0.0 for b in sens}
+    if isinstance(weights, str) and weights not in ("augmented", "joint", "equal"):
+        raise ConfigError(
+            f"weights must be 'equal', 'joint', 'augmented' or a mapping, got weights={weights!r}"
+        )
+    if not isinstance(weights, str) and (
+        set(weights) != set(sens) or not all(isinstance(v, (int, float)) and v > 0 for v in weights.values())
+    ):
+        raise ConfigError(
+            f"weights must give every block of {sorted(sens)} a share > 0, got weights={weights!r}"
+        )
+    if not isinstance(weights, str) and abs(sum(weights.values()) - 1.0) > 1e-9:
+        # shares of mu^2 summing to 2 would make the release sqrt(2) mu-GDP while it is stated as mu
+        raise ConfigError(
+            f"weights are shares of mu^2 and must sum to 1, got a sum of {sum(weights.values())!r}"
+        )
+    if weights == "joint" and not any(v > 0 for v in sens.values()):
+        raise ConfigError("weights='joint' needs a block with sensitivity > 0 (every block's is 0)")
     if weights == "augmented":
         joint = math.sqrt(sum(v * v for v in sens.values())) if joint is None else joint
         return {b: joint / mu for b in sens}

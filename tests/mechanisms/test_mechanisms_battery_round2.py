@@ -79,3 +79,52 @@ def test_declared_colluders_lower_this_runs_smallest_sum():
     tm = threat.masking_threat(10, 6, uploaded=range(10), declared_colluders=2, epsilon_of=lambda m: 1.0 / m)
     assert tm.shares["this_run"] == 8 and tm.epsilon["this_run"] == pytest.approx(1.0 / 8)
     assert threat.smallest_honest_sum(10, 6, 0) == 6 and threat.smallest_honest_sum(10, 6, 1) == 5
+
+
+@pytest.mark.parametrize(
+    "kw, word",
+    [
+        ({"level": "clients"}, "level must be 'record' or 'client'"),
+        ({"clip_l2": -1.0}, "clip_l2"),
+        ({"clip_l2": float("nan")}, "clip_l2"),
+        ({"clip_l2": "2"}, "clip_l2"),
+        ({"level": "client", "max_records": 0}, "max_records"),
+        ({"level": "client", "max_records": 2.5}, "max_records"),
+        ({"level": "client", "max_records": True}, "max_records"),
+    ],
+)
+def test_statistic_sensitivity_refuses_what_it_used_to_read_as_another_level_or_bound(kw, word):
+    from mechanisms.dp.sensitivity import StatisticSensitivity
+
+    with pytest.raises(ConfigError, match=word):
+        StatisticSensitivity(**{"clip_l2": 1.0, **kw})
+    assert StatisticSensitivity(1.0, level="client", max_records=3).per_block(("sums",)) == {"sums": 3.0}
+
+
+def test_block_sigmas_refuses_shares_that_would_state_less_than_the_release_spends():
+    from mechanisms.dp.sensitivity import block_sigmas
+
+    sens = {"sums": 2.0, "counts": 1.0}
+    ok = block_sigmas(sens, 1.0, {"sums": 0.5, "counts": 0.5})
+    # the release's mu: sqrt(sum_b (Delta_b / sigma_b)^2) is the mu asked for
+    assert np.sqrt(sum((sens[b] / ok[b]) ** 2 for b in sens)) == pytest.approx(1.0, rel=1e-12)
+    for mu, weights, word in [
+        (0.0, "equal", "mu must be a number > 0"),
+        (-1.0, "equal", "mu must be a number > 0"),
+        (1.0, "equl", "weights must be 'equal'"),
+        (1.0, {"sums": 1.0, "counts": 0.0}, "a share > 0"),
+        (1.0, {"sums": 1.0}, "a share > 0"),
+        (1.0, {"sums": 1.0, "counts": 1.0}, "must sum to 1"),
+    ]:
+        with pytest.raises(ConfigError, match=word):
+            block_sigmas(sens, mu, weights)
+    with pytest.raises(ConfigError, match="differ by more than float64"):
+        GaussianMechanism(epsilon=1, delta=1e-5, clip=1.0, split={"sums": 5e-324, "counts": 1e308})
+
+
+def test_accountants_at_their_edges_answer_or_refuse_in_one_line():
+    ev = ReleaseEvent("gaussian", "sums", 1.0, 1.0)
+    for name in ("prv", "rdp", "gdp"):
+        assert ledger_epsilon([ev], 0.0, name)[0] == float("inf")
+    with pytest.raises(ConfigError, match="does not fit in memory"):
+        ledger_epsilon([ReleaseEvent("gaussian", "sums", 1.0, 1.0, rounds=10**6)], 1e-5, "pld")

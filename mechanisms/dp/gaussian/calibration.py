@@ -49,7 +49,12 @@ class GaussianCalibration:
             raise ConfigError(f"split weights must be finite and > 0, got {w}")
         top = max(w.values())  # scaled first: weights of 1e308 summed to inf and divided to 0
         s = sum(v / top for v in w.values())
-        return {b: v / top / s for b, v in w.items()}
+        out = {b: v / top / s for b, v in w.items()}
+        if not all(v > 0 for v in out.values()):  # 5e-324 beside 1e308: a share float64 rounds to 0
+            raise ConfigError(
+                f"split weights {w} differ by more than float64 can hold; give ratios within 1e300"
+            )
+        return out
 
     def _round_mu(self) -> tuple[float, str]:
         if math.isinf(self.epsilon):
