@@ -71,6 +71,12 @@ def keep_finished(
     even that cannot be written (a full disk), the message names the staging
     folder holding the last checkpoint.
     """
+    failed = sys.exc_info()[1]
+    if isinstance(failed, ResultsWriteError) and failed.kept is not None:
+        # the run was complete and only its move into place failed: it is kept whole where the error says;
+        # the scratch and the lock go
+        out.salvage()
+        return
     with signals_deferred():
         # Final files written before the stop (results.csv / results.json, some figures) go: an interrupted
         # run is described by its partial files alone, never by a results.json that says it completed.

@@ -362,7 +362,7 @@ def write_outputs(result: FlowerResult, directory: str, cfg: FlowerConfig | None
     together or not at all; a previous privfed output there is swapped out, other files are refused.
     """
     from privfed.results.record import write_record
-    from privfed.results.writer import ResultFolder
+    from privfed.results.writer import ResultFolder, ResultsWriteError
 
     out = ResultFolder(
         pathlib.Path(directory).expanduser(), overwrite=True, flag="out", command="privfed flower server"
@@ -377,7 +377,14 @@ def write_outputs(result: FlowerResult, directory: str, cfg: FlowerConfig | None
             write_record(out, run_record(result, cfg))
         out.write("head.npz", head_npz)
         out.write("report.json", lambda p: p.write_text(json.dumps(result.report, indent=2, sort_keys=True)))
-        out.publish(complete=True)  # a failed move keeps the finished run beside --out and names it
+        out.publish(complete=True)
+    except ResultsWriteError as exc:
+        # a failed move keeps the finished run (beside --out, or its staging folder) and names it
+        if exc.kept is not None:
+            out.salvage()
+        else:
+            out.discard()
+        raise
     except BaseException:
         out.discard()
         raise

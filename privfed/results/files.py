@@ -41,7 +41,14 @@ TMP_SUFFIX = ".privfed-tmp"
 
 
 class ResultsWriteError(PrivfedError):
-    """A result file could not be written (full disk, read-only or vanished folder)."""
+    """A result file could not be written (full disk, read-only or vanished folder).
+
+    ``kept``: where a finished run was kept instead of its folder (its move into place failed), else None.
+    """
+
+    def __init__(self, message: str, *, kept=None) -> None:
+        super().__init__(message)
+        self.kept = kept
 
 
 # ---------------------------------------------------------------- files

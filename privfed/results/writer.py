@@ -454,10 +454,9 @@ class ResultFolder:
             kept = self.path.with_name(f"{self.path.name}.unplaced-{_dt.datetime.now():%Y%m%d-%H%M%S}")
             with contextlib.suppress(OSError):
                 os.rename(self.staging, kept)
-            raise ResultsWriteError(
-                f"could not move the run into {str(dest)!r} ({exc.strerror or exc}); its files are kept in "
-                f"{str(kept if kept.is_dir() else self.staging)!r}"
-            ) from None
+            kept = kept if kept.is_dir() else self.staging
+            why = f"could not move the run into {str(dest)!r} ({exc.strerror or exc})"
+            raise ResultsWriteError(f"{why}; its files are kept in {str(kept)!r}", kept=kept) from None
         fsync_dir(self.path.parent)
         self.published = dest
         self._release()

@@ -597,3 +597,28 @@ def test_a_finished_run_whose_move_fails_is_kept_beside_out_where_the_message_sa
     assert verify_folder(kept)["complete"] is True and (kept / "head.npz").read_bytes() == b"weights"
     run.discard()  # what the Flower app does after a failure: the kept run stays
     assert (kept / "head.npz").read_bytes() == b"weights"
+
+
+def test_a_sweep_whose_final_move_fails_keeps_its_complete_results_not_partial_ones(
+    tmp_path, monkeypatch, capsys, digits_cache
+):
+    """Before: the complete results.csv/json were deleted for results.partial.* under a message naming a folder
+    that no longer existed."""
+    import privfed.results.writer as writer
+
+    out = tmp_path / "mnt"
+    real = os.rename
+
+    def busy(src, dst, *a, **kw):
+        if Path(dst) == out:
+            raise OSError(errno.EBUSY, "Device or resource busy")
+        return real(src, dst, *a, **kw)
+
+    monkeypatch.setattr(writer.os, "rename", busy)
+    assert tradeoff_main([*SMALL, "--eps", "1", "--seeds", "1", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Device or resource busy" in err, err
+    kept = Path(err.split("its files are kept in ")[1].strip("'"))
+    assert kept.name.startswith("mnt.unplaced-") and verify_folder(kept)["complete"] is True
+    assert {"results.csv", "results.json"} <= {p.name for p in kept.iterdir()}
+    assert sorted(p.name for p in tmp_path.iterdir()) == [kept.name]  # no partial folder, no scratch, no lock
