@@ -38,9 +38,10 @@ import numpy as np
 
 from privfed._files import path_of
 from privfed._validation import check_real_dtype, open_regular, parse_byte_size, refuse_masked
-from privfed._validation.seeds import check_seed, sklearn_seed
+from privfed._validation.seeds import check_seed
 from privfed.data import FeatureDataset
 from privfed.data.cache import atomic_write_bytes
+from privfed.data.split import stratified_split
 from privfed.errors import ConfigError, InputError
 
 __all__ = ["DEFAULT_MAX_BYTES", "FILE_ARRAYS", "MAX_BYTES_ENV", "load_feature_file", "save_feature_file"]
@@ -269,42 +270,6 @@ def checked_ints(arr: np.ndarray, name: str, n: int, rows_of: str, where: str) -
     return out
 
 
-def _stratified_split(
-    y: np.ndarray, fraction: float, seed: int, where: str = "the file"
-) -> tuple[np.ndarray, np.ndarray, bool]:
-    """Train and test indices: ``fraction`` of the samples held out, stratified by class when every class
-    can give one; a class with a single sample stays in training (held out, no head could learn it)."""
-    from sklearn.model_selection import train_test_split
-
-    idx = np.arange(y.size)
-    n_test = int(round(fraction * y.size))
-    if n_test < 1 or y.size - n_test < 1:
-        raise InputError(
-            f"{where} has no test arrays, and its {y.size} samples are too few for a test part "
-            f"(test_fraction={fraction:g} holds out {n_test}); add 'test_features' and 'test_labels' to the file"
-            if n_test < 1
-            else f"{where} has no test arrays, and test_fraction={fraction:g} of its {y.size} samples holds out "
-            f"{n_test}, leaving nothing to train on; hold out a smaller fraction, or add 'test_features' and "
-            "'test_labels' to the file"
-        )
-    counts = np.bincount(y)
-    single = counts[y] < 2
-    pool = idx[~single]  # a class of one sample is not split: it trains
-    if n_test >= pool.size:
-        raise InputError(
-            f"{where} has no test arrays, and its classes with two samples or more hold {pool.size}, too few "
-            f"to hold out the {n_test} of a test part of {fraction:g} and train on the rest; add "
-            "'test_features' and 'test_labels'"
-        )
-    kept = counts[counts >= 2]
-    stratify = n_test >= kept.size and pool.size - n_test >= kept.size
-    train, test = train_test_split(
-        pool, test_size=n_test, stratify=y[pool] if stratify else None, random_state=sklearn_seed(seed)
-    )
-    train = np.concatenate([train, idx[single]])
-    return np.sort(train), np.sort(test), bool(stratify)
-
-
 def load_feature_file(
     path: str | os.PathLike,
     *,
@@ -367,6 +332,11 @@ def _dataset(arrays: dict, path: pathlib.Path, where: str, seed: int, fraction: 
     clients = None
     if "clients" in arrays:
         clients = checked_ints(arrays["clients"], "clients", F.shape[0], "features", where)
+        if int(clients.max()) >= clients.size:  # on the whole file: whether it loads never hangs on the split
+            raise InputError(
+                f"{where}: 'clients' goes up to {int(clients.max())} but 'features' has only {clients.size} "
+                "rows; renumber clients 0..K-1"
+            )
     has_tf, has_tl = "test_features" in arrays, "test_labels" in arrays
     if has_tf != has_tl:
         present, absent = ("test_features", "test_labels") if has_tf else ("test_labels", "test_features")
@@ -403,7 +373,7 @@ def _dataset(arrays: dict, path: pathlib.Path, where: str, seed: int, fraction: 
     else:
         meta["sha256"] = content_sha256({"features": F, "labels": y, "clients": clients})
         singles = int(np.count_nonzero(np.bincount(y) == 1))
-        train, test, stratified = _stratified_split(y, fraction, int(seed), where)
+        train, test, stratified = stratified_split(y, fraction, int(seed), where)
         F, Ft, yt, y = F[train], F[test], y[test], y[train]
         if clients is not None:
             clients = clients[train]
@@ -435,11 +405,6 @@ def _dataset(arrays: dict, path: pathlib.Path, where: str, seed: int, fraction: 
             "training sample; a classifier cannot learn them"
         )
     if clients is not None:
-        if int(clients.max()) >= clients.size:
-            raise InputError(
-                f"{where}: 'clients' goes up to {int(clients.max())} but there are only {clients.size} "
-                "training samples; renumber clients 0..K-1"
-            )
         sizes = np.bincount(clients)
         meta["natural_clients"] = int(clients.max()) + 1
         empty = np.flatnonzero(sizes == 0)
