@@ -43,7 +43,7 @@ from privfed.commands.values import (
     parse_seeds,
     parse_str_list,
 )
-from privfed.errors import ConfigError
+from privfed.errors import ConfigError, InputError
 from privfed.results.files import is_sha256_hex
 
 __all__ = ["Settings", "as_list", "load_config_file", "method_names", "parse_value"]
@@ -71,7 +71,7 @@ def load_config_file(
             )
         return float(literal)
 
-    if p.suffix == ".json":
+    if p.suffix.lower() == ".json" or text.lstrip().startswith("{"):  # REC.JSON, a .bak copy: JSON by content
         from privfed.results.writer import manifest_names, verify_folder
 
         try:
@@ -100,7 +100,13 @@ def load_config_file(
                 f"python -m privfed.{other} {flag} {path}"
             )
         if p.name in (manifest_names(p.parent) or ()):  # a saved run: its files must match their hashes
-            verify_folder(p.parent)
+            try:
+                verify_folder(p.parent)
+            except InputError as exc:
+                raise ConfigError(
+                    f"{flag} {path!r}: {exc}; to replay settings on purpose (an edited copy), pass a copy of the "
+                    "file outside its run folder"
+                ) from None
         config = dict(data["config"])
         if about is not None:
             about["record"] = "schema" in data or "command" in data

@@ -622,3 +622,27 @@ def test_a_sweep_whose_final_move_fails_keeps_its_complete_results_not_partial_o
     assert kept.name.startswith("mnt.unplaced-") and verify_folder(kept)["complete"] is True
     assert {"results.csv", "results.json"} <= {p.name for p in kept.iterdir()}
     assert sorted(p.name for p in tmp_path.iterdir()) == [kept.name]  # no partial folder, no scratch, no lock
+
+
+def test_a_replay_refused_for_its_folder_says_how_to_replay_an_edited_copy(tmp_path, capsys, digits_cache):
+    out = tmp_path / "r1"
+    assert tradeoff_main([*SMALL, "--eps", "1", "--seeds", "1", "--out", str(out)]) == 0
+    (out / "notes.txt").write_text("mine")
+    capsys.readouterr()
+    assert tradeoff_main(["--config", str(out / "results.json"), "--out", str(tmp_path / "r2")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "does not list (notes.txt)" in err and "pass a copy of the file outside its run folder" in err, err
+    assert len(err.splitlines()) == 1
+    copy = tmp_path / "edited.json"
+    copy.write_bytes((out / "results.json").read_bytes())
+    assert tradeoff_main(["--config", str(copy), "--out", str(tmp_path / "r3")]) == 0
+
+
+@pytest.mark.parametrize("name", ["REC.JSON", "results.json.bak"])
+def test_a_results_json_saved_under_another_suffix_is_read_as_json(tmp_path, capsys, digits_cache, name):
+    out = tmp_path / "r1"
+    assert tradeoff_main([*SMALL, "--eps", "1", "--seeds", "1", "--out", str(out)]) == 0
+    copy = tmp_path / name
+    copy.write_bytes((out / "results.json").read_bytes())
+    assert tradeoff_main(["--config", str(copy), "--out", str(tmp_path / "r2")]) == 0
+    assert json.loads((tmp_path / "r2" / "results.json").read_text())["config"]["clients"] == 20
