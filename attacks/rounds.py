@@ -226,7 +226,19 @@ def evaluate_rounds_attacks(
     """
     from scipy.stats import norm
 
+    from attacks.theory import check_budget_value
+    from privfed._validation.seeds import check_generator
+
+    rng = check_generator(rng)
+    # a negative mu bounded the AUC below one half, NaN gave a NaN bound
+    mu_total = None if mu_total is None else check_budget_value(mu_total, "mu_total")
+    mu_per_release = None if mu_per_release is None else check_budget_value(mu_per_release, "mu_per_release")
     a = data.arrays()
+    sig = np.asarray(a["sigma"], dtype=np.float64)
+    if not np.all(np.isfinite(sig) & (sig >= 0)):  # -1 read as "no noise" by one attack, squared by the other
+        raise ConfigError(
+            f"RoundsAttackData.sigma must be finite and >= 0 in every round, got {sig.tolist()}"
+        )
     P = data.pairs
     R = a["phi"].shape[0]
     out: dict = {

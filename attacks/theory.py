@@ -52,7 +52,7 @@ def _covariance(cov) -> np.ndarray:
     return S
 
 
-def _budget(value, name: str) -> float:
+def check_budget_value(value, name: str) -> float:
     """``value`` as a number >= 0 (inf: no privacy), else a ConfigError naming ``name``: NaN, text, a bool or a
     negative budget is refused (a negative mu bounded the AUC below one half)."""
     try:
@@ -129,13 +129,13 @@ def tracing_tpr(cov: np.ndarray, n, fpr: float, tau: float = 0.0, offset=None):
 
 def gdp_auc_bound(mu: float) -> float:
     """Largest AUC of any membership test against a mu-GDP release: Phi(mu / sqrt 2)."""
-    mu = _budget(mu, "mu")
+    mu = check_budget_value(mu, "mu")
     return float(norm.cdf(mu / math.sqrt(2.0)))
 
 
 def gdp_tpr_bound(mu: float, fpr: float) -> float:
     """Largest TPR at ``fpr`` against a mu-GDP release: Phi(Phi^-1(fpr) + mu)."""
-    mu, fpr = _budget(mu, "mu"), check_fpr(fpr)
+    mu, fpr = check_budget_value(mu, "mu"), check_fpr(fpr)
     if math.isinf(mu):
         return 1.0
     return float(norm.cdf(norm.ppf(fpr) + mu))
@@ -143,13 +143,13 @@ def gdp_tpr_bound(mu: float, fpr: float) -> float:
 
 def pure_dp_auc_bound(epsilon: float) -> float:
     """Largest AUC against an eps-DP release: e^eps / (1 + e^eps)."""
-    epsilon = _budget(epsilon, "epsilon")
+    epsilon = check_budget_value(epsilon, "epsilon")
     return float(1.0 / (1.0 + math.exp(-epsilon)))
 
 
 def approx_dp_tpr_bound(epsilon: float, delta: float, fpr: float) -> float:
     """Largest TPR at ``fpr`` against an (eps, delta)-DP release: min(1, e^eps fpr + delta)."""
-    epsilon, fpr = _budget(epsilon, "epsilon"), check_fpr(fpr)
+    epsilon, fpr = check_budget_value(epsilon, "epsilon"), check_fpr(fpr)
     delta = check_delta(delta)
     if math.isinf(epsilon):
         return 1.0

@@ -212,10 +212,13 @@ def _scores(Y, M, n, model, tau, mu, test: str, z: float) -> np.ndarray:
             "tau must be finite for the likelihood-ratio test: an infinitely noisy mean has no likelihood"
         )
     lam = model.eigvals
-    floor = 1e-9 * max(float(lam.mean()), 1e-300)
     U = model.eigvecs
     zy = (Y - mu) @ U  # rotated
     zm = (M - mu) @ U
+    # public records that do not vary (lam = 0) give the floor the targets' and means' own scale, not 1e-309
+    # (whose inverse overflowed the scores to inf)
+    base = float(lam.mean()) if lam.mean() > 0 else max(float(np.mean(zy**2)), float(np.mean(zm**2)))
+    floor = 1e-9 * max(base, 1e-300)
     t2 = (tau**2)[:, None]
     v1 = np.maximum((n - 1)[:, None] / n[:, None] ** 2 * lam[None, :] + t2, floor)
     v0 = np.maximum(lam[None, :] / n[:, None] + t2, floor)

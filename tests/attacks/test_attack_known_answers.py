@@ -149,3 +149,61 @@ def test_class_groups_refuses_what_it_used_to_cast(kw, word):
         sorted(set(groups.tolist())) == [-1, 0, 1, 2, 3, 4]
         and np.bincount(groups[groups >= 0]).tolist() == [2] * 5
     )
+
+
+def _rounds_data(rounds=2, P=5, d=3, sigma=1.0):
+    from attacks.rounds import RoundsAttackData
+
+    g = np.random.default_rng(0)
+    phi = np.concatenate([np.ones((rounds, 2 * P, 1)), np.abs(g.normal(size=(rounds, 2 * P, d)))], -1)
+    clean = np.concatenate([np.full((rounds, P, 1), 5.0), np.abs(g.normal(size=(rounds, P, d))) * 5], -1)
+    clean += phi[:, :P]
+    released = clean + g.normal(size=clean.shape) * sigma
+    data = RoundsAttackData(view="x", classes=np.zeros(P, int), clients=np.zeros(P, int))
+    eye = np.broadcast_to(np.eye(d), (P, d, d))
+    for r in range(rounds):
+        data.phi.append(phi[r])
+        data.released.append(released[r])
+        data.clean.append(clean[r])
+        data.sigma.append(sigma)
+        for name in ("one_mean", "rest_mean", "inc_one_mean", "inc_rest_mean"):
+            getattr(data, name).append(np.ones((P, d)))
+        for name in ("one_cov", "rest_cov", "inc_one_cov", "inc_rest_cov"):
+            getattr(data, name).append(eye.copy())
+    return data
+
+
+def test_rounds_attacks_refuse_budgets_and_noise_that_give_impossible_bounds():
+    from attacks.rounds import evaluate_rounds_attacks
+    from privfed.errors import ConfigError
+
+    ok = evaluate_rounds_attacks(_rounds_data(), np.random.default_rng(0), mu_total=1.0)
+    assert 0.5 < ok["auc_bound"] < 1.0 and ok["differencing"] is not None
+    for kw, word in [
+        ({"mu_total": -1.0}, "mu_total"),
+        ({"mu_total": float("nan")}, "mu_total"),
+        ({"mu_total": "x"}, "mu_total"),
+        ({"mu_per_release": True}, "mu_per_release"),
+    ]:
+        with pytest.raises(ConfigError, match=word):
+            evaluate_rounds_attacks(_rounds_data(), np.random.default_rng(0), **kw)
+    with pytest.raises(ConfigError, match="rng must be a numpy.random.Generator"):
+        evaluate_rounds_attacks(_rounds_data(), 0)
+    for bad in (-1.0, float("nan"), float("inf")):
+        data = _rounds_data()
+        data.sigma[0] = bad
+        with pytest.raises(ConfigError, match="sigma must be finite and >= 0"):
+            evaluate_rounds_attacks(data, np.random.default_rng(0))
+
+
+@pytest.mark.parametrize("test", ["lrt", "learned"])
+def test_tracing_with_public_records_that_do_not_vary_still_scores(test):
+    # a zero public covariance used to floor the variances at 1e-309: scores overflowed to inf (lrt: "scores
+    # are NaN/inf"; learned: a raw sklearn error)
+    F, y, H, yh, _ = _data()
+    pub = PublicData(labels=np.arange(60) % C, features=np.ones((60, D)))
+    view, truth = attacks.scenario(
+        "fedncm", F, y, np.arange(N) % 40, holdout_features=H, holdout_labels=yh, public=pub
+    )
+    auc = attacks.evaluate("tracing", view, truth, test=test, rng=np.random.default_rng(0))["auc"]
+    assert np.isfinite(auc) and 0.0 <= auc <= 1.0
