@@ -145,6 +145,20 @@ def strongest(
     suite = dict(SUITES[kind] if suite is None else suite)
     if not suite:
         raise ConfigError("the attack suite is empty")
+    for name, entry in suite.items():  # each member is (attack name, its parameters)
+        if not (
+            isinstance(entry, (tuple, list))
+            and len(entry) == 2
+            and isinstance(entry[0], str)
+            and isinstance(entry[1], dict)
+        ):
+            raise ConfigError(f"suite member {name!r} must be (attack name, {{parameters}}), got {entry!r}")
+    if challenge is not None and not isinstance(challenge, dict):
+        raise ConfigError(
+            f"challenge must be a dict of the attacks' run arguments, got {type(challenge).__name__}"
+        )
+    if progress is not None and not callable(progress):
+        raise ConfigError(f"progress must be a callable progress(name, done), got {type(progress).__name__}")
     accepted = set().union(*(attacks.get_class(a).defaults for a, _ in suite.values()))
     unknown = set(common) - accepted
     if unknown:  # a misspelt parameter was silently ignored by every attack
@@ -186,12 +200,17 @@ def strongest(
             "server, no private record read"
         )
     ok = {k: v for k, v in results.items() if "not_applicable" not in v}
+    first, second = _HEADLINE[kind]
+    lacking = sorted(k for k, v in ok.items() if first not in v)
+    if lacking:  # a labels attack in a tracing suite: nothing to rank it by
+        raise ConfigError(
+            f"suite member(s) {lacking} report no {first!r}, the {kind} suite's headline metric"
+        )
     if not ok:
         raise InputError(
             f"no attack of the {kind} suite applies to this view: "
             + "; ".join(f"{k}: {v['not_applicable']}" for k, v in results.items())
         )
-    first, second = _HEADLINE[kind]
     best = max(ok, key=lambda k: (ok[k][first], ok[k].get(second, -np.inf)))
     best2 = max(ok, key=lambda k: ok[k].get(second, -np.inf))
     return {

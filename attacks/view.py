@@ -408,7 +408,10 @@ def membership_targets(
         raise InputError(f"{attack} evaluation needs GroundTruth.holdout_features (non-members)")
     from mechanisms.dp.calibration import check_count
 
+    from privfed._validation.seeds import check_generator
+
     m = check_count(max_targets, "max_targets")  # -5 took all but 5 pairs, True one
+    rng = check_generator(rng)
     up = rng.permutation(np.flatnonzero(truth.clients >= 0))
     yl, hl = np.asarray(truth.labels)[up], np.asarray(truth.holdout_labels)
     mem_parts, hold_parts = [], []

@@ -207,3 +207,23 @@ def test_tracing_with_public_records_that_do_not_vary_still_scores(test):
     )
     auc = attacks.evaluate("tracing", view, truth, test=test, rng=np.random.default_rng(0))["auc"]
     assert np.isfinite(auc) and 0.0 <= auc <= 1.0
+
+
+def test_strongest_and_membership_targets_name_what_is_malformed():
+    from attacks.view import membership_targets
+    from privfed.errors import ConfigError
+
+    F, y, H, yh, pub = _data()
+    view, truth = attacks.scenario(
+        "fedncm", F, y, np.arange(N) % 40, holdout_features=H, holdout_labels=yh, public=pub
+    )
+    for kw, word in [
+        ({"suite": {"x": ("labels", {})}}, "report no 'auc'"),
+        ({"suite": {"x": "tracing"}}, "suite member 'x' must be"),
+        ({"challenge": 5}, "challenge must be a dict"),
+        ({"progress": 5}, "progress must be a callable"),
+    ]:
+        with pytest.raises(ConfigError, match=word):
+            attacks.strongest("tracing", view, truth, rng=0, **kw)
+    with pytest.raises(ConfigError, match="rng must be a numpy.random.Generator"):
+        membership_targets(view, truth, 10, 0, "tracing")
