@@ -407,7 +407,6 @@ def membership_targets(
     if truth.holdout_features is None:
         raise InputError(f"{attack} evaluation needs GroundTruth.holdout_features (non-members)")
     from mechanisms.dp.calibration import check_count
-
     from privfed._validation.seeds import check_generator
 
     m = check_count(max_targets, "max_targets")  # -5 took all but 5 pairs, True one
