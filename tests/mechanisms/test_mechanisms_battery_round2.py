@@ -128,3 +128,18 @@ def test_accountants_at_their_edges_answer_or_refuse_in_one_line():
         assert ledger_epsilon([ev], 0.0, name)[0] == float("inf")
     with pytest.raises(ConfigError, match="does not fit in memory"):
         ledger_epsilon([ReleaseEvent("gaussian", "sums", 1.0, 1.0, rounds=10**6)], 1e-5, "pld")
+
+
+@pytest.mark.parametrize("draws", [2.7, True, "3", 0, -1])
+def test_release_books_whole_draws_only(draws):
+    rng = np.random.default_rng(0)
+    m = GaussianMechanism(epsilon=1.0, delta=1e-5, clip=1.0)
+    with pytest.raises(ConfigError, match="draws must be an integer"):
+        m.release(rng.normal(size=(4, 3)), np.array([0, 1, 0, 1]), rng=rng, draws=draws)
+    assert not m.ledger
+    out = m.release(rng.normal(size=(4, 3)), np.array([0, 1, 0, 1]), rng=rng, draws=3)
+    apart = GaussianMechanism(epsilon=1.0, delta=1e-5, clip=1.0)
+    for _ in range(3):
+        apart.release(rng.normal(size=(4, 3)), np.array([0, 1, 0, 1]), rng=rng)
+    assert out.counts.shape[0] == 3
+    assert m.report().epsilon == pytest.approx(apart.report().epsilon, rel=1e-12) and m.report().epsilon > 1.0

@@ -363,6 +363,7 @@ class GaussianMechanism(Parameters, GaussianCalibration, GaussianNoise, ClientBo
             ``second`` when in ``blocks``).
         """
         check_generator(rng)
+        n = 1 if draws is None else check_count(draws, "draws")  # 2.7 booked 2 draws, True one
         self._refuse_sampling()
         self._seeded = True  # the caller's Generator drives the noise: a simulation
         raw = check_features(features)  # complex, object, text or non-finite data refused, never cast
@@ -370,9 +371,6 @@ class GaussianMechanism(Parameters, GaussianCalibration, GaussianNoise, ClientBo
         F = self.clip(raw)
         fields = ("counts", "sums", "second") if "second" in self.blocks else ("counts", "sums")
         stats = compute_client_stats(F, labels, None, num_classes=num_classes, fields=fields)
-        n = 1 if draws is None else int(draws)
-        if n < 1:
-            raise ConfigError(f"draws must be >= 1, got draws={draws!r}")
         if n > 1:
             stats = ClientStats(**{k: np.repeat(v, n, axis=0) for k, v in stats.arrays().items()})
         return self._noisy(stats, rng, self.level, copies=n)
