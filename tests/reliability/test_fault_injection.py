@@ -574,14 +574,10 @@ def test_real_rounds_sweep_stopped_by_sigterm_in_a_subprocess_leaves_its_finishe
     assert data["config"]["local_epochs"] == 1 and data["config"]["families"] == ["cnn"]
 
 
-def test_a_finished_run_whose_move_fails_is_kept_beside_out_where_the_message_says(tmp_path, monkeypatch):
-    """Before: an --out that is a mount point (rename: EBUSY) lost the finished release: the Flower app discarded
-    the staging folder, and the message named a folder that no longer existed."""
+def _mount_point(monkeypatch, out: Path) -> None:
+    """``out`` behaves as a mount point: renaming a folder onto it fails with EBUSY (privfed's writer only)."""
     import privfed.results.writer as writer
 
-    out = tmp_path / "mnt"
-    run = ResultFolder(out)
-    run.write("head.npz", lambda p: p.write_bytes(b"weights"))
     real = os.rename
 
     def busy(src, dst, *a, **kw):
@@ -590,12 +586,21 @@ def test_a_finished_run_whose_move_fails_is_kept_beside_out_where_the_message_sa
         return real(src, dst, *a, **kw)
 
     monkeypatch.setattr(writer.os, "rename", busy)
+
+
+def test_a_finished_run_whose_move_fails_is_kept_beside_out_where_the_message_says(tmp_path, monkeypatch):
+    """Before: an --out that is a mount point (rename: EBUSY) lost the finished release: the Flower app discarded
+    the staging folder, and the message named a folder that no longer existed."""
+    out = tmp_path / "mnt"
+    run = ResultFolder(out)
+    run.write("head.npz", lambda p: p.write_bytes(b"weights"))
+    _mount_point(monkeypatch, out)
     with pytest.raises(results_io.ResultsWriteError, match="Device or resource busy") as exc:
         run.publish(complete=True)
     kept = Path(str(exc.value).split("its files are kept in ")[1].strip("'"))
     assert kept.parent == tmp_path and kept.name.startswith("mnt.unplaced-")
     assert verify_folder(kept)["complete"] is True and (kept / "head.npz").read_bytes() == b"weights"
-    run.discard()  # what the Flower app does after a failure: the kept run stays
+    run.discard()  # a caller dropping its scratch after the failure leaves the kept run alone
     assert (kept / "head.npz").read_bytes() == b"weights"
 
 
@@ -604,17 +609,8 @@ def test_a_sweep_whose_final_move_fails_keeps_its_complete_results_not_partial_o
 ):
     """Before: the complete results.csv/json were deleted for results.partial.* under a message naming a folder
     that no longer existed."""
-    import privfed.results.writer as writer
-
     out = tmp_path / "mnt"
-    real = os.rename
-
-    def busy(src, dst, *a, **kw):
-        if Path(dst) == out:
-            raise OSError(errno.EBUSY, "Device or resource busy")
-        return real(src, dst, *a, **kw)
-
-    monkeypatch.setattr(writer.os, "rename", busy)
+    _mount_point(monkeypatch, out)
     assert tradeoff_main([*SMALL, "--eps", "1", "--seeds", "1", "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "Device or resource busy" in err, err
