@@ -114,8 +114,21 @@ def _pure_eps(e: ReleaseEvent) -> float:
     raise ConfigError(f"no pure-DP bound for {e.mechanism!r} events")
 
 
+#: The most grid points a PLD may need before it is refused (2^31 float64 values: 16 GiB).
+PLD_MAX_POINTS = 2**31
+
+
 def _pld_epsilon(groups, other, delta: float, discretization: float = 1e-4) -> float:
     # A PLD takes about a second to build: repeated reports of the same ledger (audits, sweeps) reuse it.
+    # Its grid spans at least the composed loss's mean, rounds mu^2 / 2, at one point per discretization
+    # step: past PLD_MAX_POINTS (16 GiB of float64) it is refused before numpy is asked for the memory.
+    need = max((r * mu * mu / 2.0 / discretization for mu, r, q in groups if q >= 1), default=0.0)
+    if need > PLD_MAX_POINTS:
+        raise ConfigError(
+            f"the PLD accountant's privacy-loss grid for this ledger needs over {need:.3g} points, more than "
+            "memory holds (very many rounds or very little noise); use accountant='gdp' (exact without "
+            "subsampling) or 'rdp'"
+        )
     try:
         return _pld_epsilon_cached(tuple(groups), tuple(other), float(delta), float(discretization))
     except MemoryError:  # a million rounds, or a GDP mu of 1,000: the distribution's grid outgrows memory

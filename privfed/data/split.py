@@ -15,7 +15,8 @@ def stratified_split(
     y: np.ndarray, fraction: float, seed: int, where: str = "the file"
 ) -> tuple[np.ndarray, np.ndarray, bool]:
     """Train and test indices: ``fraction`` of the samples held out, stratified by class when every class
-    can give one; a class with a single sample stays in training (held out, no head could learn it)."""
+    can give one; a class with a single sample stays in training (held out, no head could learn it), and
+    no class is held out whole."""
     from sklearn.model_selection import train_test_split
 
     idx = np.arange(y.size)
@@ -40,13 +41,13 @@ def stratified_split(
         )
     kept = counts[counts >= 2]
     stratify = n_test >= kept.size and pool.size - n_test >= kept.size
-    if stratify:
-        train, test = train_test_split(
-            pool, test_size=n_test, stratify=y[pool], random_state=sklearn_seed(seed)
-        )
-    else:
-        # Too few samples to stratify: one sample of each class, drawn at random, trains whatever the draw, so
-        # that no class is held out whole (a test class no head could learn); the test part comes from the rest.
+    train, test = train_test_split(
+        pool, test_size=n_test, stratify=y[pool] if stratify else None, random_state=sklearn_seed(seed)
+    )
+    if np.unique(y[train]).size < kept.size:
+        # A class held out whole (a test class no head could learn: too few samples to stratify, or a small
+        # class at a large test part).  Only then, and so every split that was valid stays as it was: one sample
+        # of each class, drawn at random, trains, and the test part comes from the rest.
         order = np.random.default_rng(seed).permutation(pool)
         reserved = order[np.unique(y[order], return_index=True)[1]]
         rest = np.setdiff1d(pool, reserved)
@@ -55,7 +56,10 @@ def stratified_split(
                 f"{where} has no test arrays, and a test part of {fraction:g} ({n_test} samples) would leave a "
                 "class without a training sample; add 'test_features' and 'test_labels', or hold out less"
             )
-        train, test = train_test_split(rest, test_size=n_test, random_state=sklearn_seed(seed))
-        train = np.concatenate([train, reserved])
+        if n_test == rest.size:  # the reserved samples alone train
+            train, test = rest[:0], rest
+        else:
+            train, test = train_test_split(rest, test_size=n_test, random_state=sklearn_seed(seed))
+        train, stratify = np.concatenate([train, reserved]), False
     train = np.concatenate([train, idx[single]])
     return np.sort(train), np.sort(test), bool(stratify)

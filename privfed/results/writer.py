@@ -441,11 +441,9 @@ class ResultFolder:
                 os.rename(self.staging, dest)
             elif self.path.exists():
                 _, foreign = _privfed_files(self.path) if any(self.path.iterdir()) else (set(), [])
-                if foreign:  # something appeared there since the start: never deleted
-                    raise ResultsWriteError(
-                        f"{self.flag} {str(self.path)!r} now holds files privfed did not write "
-                        f"({', '.join(foreign[:4])}); this run is kept in {str(self.staging)!r}"
-                    )
+                if foreign:  # something appeared there since the start: never deleted, and this run kept
+                    why = f"it now holds files privfed did not write: {', '.join(foreign[:4])}"
+                    raise FileExistsError(errno.EEXIST, why)
                 _replace_dir(self.staging, self.path, self._aside)
             else:
                 os.rename(self.staging, self.path)

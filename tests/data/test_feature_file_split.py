@@ -46,3 +46,28 @@ def test_client_ids_are_checked_on_the_whole_file_before_the_split(tmp_path):
             InputError, match="'clients' goes up to 1000000000 but 'features' has only 60 rows"
         ):
             load_dataset(f"file:{path}", seed=seed)
+
+
+def test_a_split_that_kept_every_class_is_the_same_as_before():
+    # the split of sklearn's train_test_split, untouched whenever it trains every class (a replay of a run on
+    # such a file reads the same test part)
+    from sklearn.model_selection import train_test_split
+
+    from privfed._validation.seeds import sklearn_seed
+
+    y = np.repeat(np.arange(5), 4)  # 20 samples, a test part of 4 < 5 classes: not stratified
+    for seed in range(20):
+        train, test, _ = stratified_split(y, 0.2, seed)
+        old_train, old_test = train_test_split(np.arange(20), test_size=4, random_state=sklearn_seed(seed))
+        if np.unique(y[old_train]).size == 5:
+            assert np.array_equal(test, np.sort(old_test))
+        assert np.unique(y[train]).size == 5
+
+
+@pytest.mark.parametrize("sizes, fraction", [([6, 2], 0.7), ([1, 1, 3, 2, 1, 0, 1, 0, 1, 4, 4], 0.5)])
+def test_a_stratified_split_never_holds_a_small_class_out_whole(sizes, fraction):
+    y = np.repeat(np.arange(len(sizes)), sizes) if len(sizes) == 2 else np.array(sizes)
+    classes = {c for c in set(y.tolist()) if np.count_nonzero(y == c) >= 2}
+    for seed in range(8):
+        train, test, _ = stratified_split(y, fraction, seed)
+        assert classes <= set(y[train].tolist())

@@ -126,8 +126,15 @@ def test_accountants_at_their_edges_answer_or_refuse_in_one_line():
     ev = ReleaseEvent("gaussian", "sums", 1.0, 1.0)
     for name in ("prv", "rdp", "gdp"):
         assert ledger_epsilon([ev], 0.0, name)[0] == float("inf")
-    with pytest.raises(ConfigError, match="does not fit in memory"):
-        ledger_epsilon([ReleaseEvent("gaussian", "sums", 1.0, 1.0, rounds=10**6)], 1e-5, "pld")
+    # refused from the grid's size before any allocation (a host with the memory would have filled 76 GiB)
+    for event in (
+        ReleaseEvent("gaussian", "sums", 1.0, 1.0, rounds=10**6),
+        ReleaseEvent("gaussian", "sums", 1.0, 1e-3),  # mu = 1,000
+    ):
+        with pytest.raises(ConfigError, match="needs over .* points, more than memory holds"):
+            ledger_epsilon([event], 1e-5, "pld")
+    ten = [ReleaseEvent("gaussian", "sums", 1.0, 1.0, rounds=10)]  # well inside: answered, near the exact GDP
+    assert ledger_epsilon(ten, 1e-5, "pld")[0] == pytest.approx(ledger_epsilon(ten, 1e-5, "gdp")[0], rel=1e-2)
 
 
 @pytest.mark.parametrize("draws", [2.7, True, "3", 0, -1])

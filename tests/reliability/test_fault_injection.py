@@ -516,10 +516,12 @@ def test_result_folder_refuses_files_that_appeared_during_the_run(tmp_path):
     run.write("results.csv", lambda p: p.write_text("a\n1\n"))
     out.mkdir()
     (out / "notes.txt").write_text("mine")  # someone else's file, made while the run was going
-    with pytest.raises(results_io.ResultsWriteError, match="notes.txt"):
+    with pytest.raises(results_io.ResultsWriteError, match="notes.txt") as exc:
         run.publish(complete=True)
     assert (out / "notes.txt").read_text() == "mine"
-    assert verify_folder(run.staging)["complete"] is True  # the run is kept where the message says
+    kept = exc.value.kept
+    assert f"its files are kept in '{kept}'" in str(exc.value) and kept.name.startswith("o.unplaced-")
+    assert verify_folder(kept)["complete"] is True  # the run is kept where the message says
     with pytest.raises(ConfigError):
         results_io.check_out_path(out, overwrite=True)
 
