@@ -215,9 +215,10 @@ def _scores(Y, M, n, model, tau, mu, test: str, z: float) -> np.ndarray:
     U = model.eigvecs
     zy = (Y - mu) @ U  # rotated
     zm = (M - mu) @ U
-    # public records that do not vary (lam = 0) give the floor the targets' and means' own scale, not 1e-309
-    # (whose inverse overflowed the scores to inf)
-    base = float(lam.mean()) if lam.mean() > 0 else max(float(np.mean(zy**2)), float(np.mean(zm**2)))
+    # public records that do not vary (lam 0, or rounding's 1e-30) give the floor the targets' and means' own
+    # scale, not 1e-309 (whose inverse overflowed the scores to inf); varied ones keep their own
+    scale = max(float(np.mean(zy**2)), float(np.mean(zm**2)))
+    base = float(lam.mean()) if lam.mean() > 1e-12 * scale else scale
     floor = 1e-9 * max(base, 1e-300)
     t2 = (tau**2)[:, None]
     v1 = np.maximum((n - 1)[:, None] / n[:, None] ** 2 * lam[None, :] + t2, floor)

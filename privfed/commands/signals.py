@@ -89,6 +89,12 @@ def keep_finished(
                 write_partial(done)
             where = out.finish(command, complete=False)
         except PrivfedError as exc:
+            if (
+                getattr(exc, "kept", None) is not None
+            ):  # the partial files were written, only not moved into place
+                out.salvage()
+                print(f"{prog}: the sweep stopped after {len(done)} run(s); {exc}", file=sys.stderr)
+                return
             # a full disk: the last checkpoint is moved into place (a rename needs no space), the scratch
             # files and the lock go, and every finished run is written where there is room
             kept = out.salvage()

@@ -196,12 +196,13 @@ def test_rounds_attacks_refuse_budgets_and_noise_that_give_impossible_bounds():
             evaluate_rounds_attacks(data, np.random.default_rng(0))
 
 
+@pytest.mark.parametrize("value", [1.0, 0.3])  # 0.3: a covariance of rounding noise, about 1e-30
 @pytest.mark.parametrize("test", ["lrt", "learned"])
-def test_tracing_with_public_records_that_do_not_vary_still_scores(test):
+def test_tracing_with_public_records_that_do_not_vary_still_scores(test, value):
     # a zero public covariance used to floor the variances at 1e-309: scores overflowed to inf (lrt: "scores
     # are NaN/inf"; learned: a raw sklearn error)
     F, y, H, yh, _ = _data()
-    pub = PublicData(labels=np.arange(60) % C, features=np.ones((60, D)))
+    pub = PublicData(labels=np.arange(60) % C, features=np.full((60, D), value))
     view, truth = attacks.scenario(
         "fedncm", F, y, np.arange(N) % 40, holdout_features=H, holdout_labels=yh, public=pub
     )

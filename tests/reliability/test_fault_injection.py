@@ -644,3 +644,43 @@ def test_a_results_json_saved_under_another_suffix_is_read_as_json(tmp_path, cap
     copy.write_bytes((out / "results.json").read_bytes())
     assert tradeoff_main(["--config", str(copy), "--out", str(tmp_path / "r2")]) == 0
     assert json.loads((tmp_path / "r2" / "results.json").read_text())["config"]["clients"] == 20
+
+
+def test_an_interrupted_sweep_whose_partial_move_fails_names_one_place(tmp_path, monkeypatch, capsys):
+    from privfed.commands.common import OutputDir
+    from privfed.commands.signals import keep_finished
+
+    out_path = tmp_path / "mnt"
+    out = OutputDir(str(out_path), "tradeoff", command="x")
+    _mount_point(monkeypatch, out_path)
+
+    def write_partial(records):
+        out.write_json("results.partial.json", {"records": records})
+        out.checkpoint()
+
+    try:
+        raise KeyboardInterrupt
+    except BaseException:
+        keep_finished(out, [{"a": 1}, {"a": 2}], write_partial, "x", "privfed.tradeoff")
+    err = capsys.readouterr().err.strip()
+    (kept,) = tmp_path.iterdir()  # the partial run alone: no spill, no scratch, no lock
+    assert kept.name.startswith("mnt.unplaced-") and f"kept in '{kept}'" in err
+    assert "no checkpoint" not in err and len(err.splitlines()) == 1, err
+    assert len(json.loads((kept / "results.partial.json").read_text())["records"]) == 2
+
+
+def test_the_flower_app_keeps_a_release_it_cannot_move_into_out(tmp_path, monkeypatch):
+    """The Flower server's writer: the nodes have already spent budget on this release, so its files must
+    survive a failed move (before: the staging folder was discarded)."""
+    from privfed.flower.server_app import write_outputs
+
+    out = tmp_path / "mnt"
+    _mount_point(monkeypatch, out)
+    head = SimpleNamespace(weight=np.ones((2, 3)), bias=np.zeros(2))
+    with pytest.raises(results_io.ResultsWriteError, match="Device or resource busy") as exc:
+        write_outputs(SimpleNamespace(head=head, report={"rounds": 1}), str(out))
+    kept = exc.value.kept
+    assert kept.name.startswith("mnt.unplaced-") and verify_folder(kept)["complete"] is True
+    assert np.load(kept / "head.npz")["weight"].tolist() == head.weight.tolist()
+    assert json.loads((kept / "report.json").read_text()) == {"rounds": 1}
+    assert sorted(p.name for p in tmp_path.iterdir()) == [kept.name]

@@ -52,7 +52,7 @@ class GaussianCalibration:
         out = {b: v / top / s for b, v in w.items()}
         if not all(v > 0 for v in out.values()):  # 5e-324 beside 1e308: a share float64 rounds to 0
             raise ConfigError(
-                f"split weights {w} differ by more than float64 can hold; give ratios within 1e300"
+                f"split weights {w} differ by more than float64 can hold; keep their ratio below about 1e300"
             )
         return out
 
@@ -175,8 +175,8 @@ class GaussianCalibration:
             else:
                 return
             raise InputError(
-                f"features have d={dim} but the mechanism was calibrated for d={self._dim} ({why}); pass "
-                f"dim={dim}, or leave dim unset so that the first release sets it"
+                f"features have d={dim} but the mechanism was calibrated for d={self._dim} ({why}), by dim= "
+                f"or by its first release; release them with a new mechanism of dim={dim}"
             )
 
     @property

@@ -86,8 +86,9 @@ def _san(host: str) -> x509.GeneralName:
     # is a mistyped IP address, which no resolver would ever give the SuperLink.
     if labels[-1].isdigit():
         raise ConfigError(
-            f"--host {host!r} is not an IP address (each of its four parts is a number 0..255, e.g. 10.0.0.5) "
-            "and, ending in a number, not a DNS name either: give the address SuperNodes dial in --superlink"
+            f"--host {host!r} is not an IP address (four numbers 0..255 without leading zeros or a trailing dot, "
+            "e.g. 10.0.0.5) and, ending in a number, not a DNS name either: give the address SuperNodes dial in "
+            "--superlink"
         )
     if text and len(text) <= 253 and all(_DNS_LABEL.match(lab) for lab in labels):
         return x509.DNSName(text.rstrip(".").lower())
