@@ -30,8 +30,26 @@ from collections.abc import Callable
 
 import numpy as np
 
-from mechanisms.dp.calibration import check_nonnegative
-from privfed.errors import ConfigError, MissingDependencyError
+from mechanisms.dp.calibration import as_real, check_nonnegative
+from privfed._validation.seeds import check_generator
+from privfed.errors import ConfigError, InputError, MissingDependencyError
+
+
+def as_real_or_refuse(value, name: str) -> float:
+    """``value`` as a float (numpy's too), else a ConfigError naming ``name``: a bool or a string is no number."""
+    try:
+        return as_real(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name} must be a number, got {name}={value!r}") from None
+
+
+def _real_values(x) -> np.ndarray:
+    """``x`` as float64, refusing what a cast would change: complex values (their imaginary part dropped), text."""
+    arr = np.asarray(x)
+    if arr.dtype.kind not in "biuf":
+        raise InputError(f"noise is added to real numbers, got values of dtype {arr.dtype}")
+    return arr.astype(np.float64)
+
 
 __all__ = [
     "NoiseBackend",
@@ -88,21 +106,26 @@ class NumpyNoise(NoiseBackend):
             )
 
     def add_gaussian(self, x, sigma, rng):
-        if sigma == 0:
+        # a NaN or inf scale returned NaN or inf values, a negative one numpy's error (OpenDP refuses them too)
+        if check_nonnegative(sigma, "sigma") == 0:
             return np.array(x, dtype=np.float64)
         self._warn()
-        return x + rng.normal(0.0, sigma, size=np.shape(x))
+        return x + check_generator(rng).normal(0.0, sigma, size=np.shape(x))
 
     def add_laplace(self, x, scale, rng):
-        if scale == 0:
+        if check_nonnegative(scale, "scale") == 0:
             return np.array(x, dtype=np.float64)
         self._warn()
-        return x + rng.laplace(0.0, scale, size=np.shape(x))
+        return x + check_generator(rng).laplace(0.0, scale, size=np.shape(x))
 
     def add_geometric(self, x, epsilon, rng):
         """Two-sided geometric noise, P(k) proportional to exp(-epsilon |k|), k integer."""
+        epsilon = as_real_or_refuse(epsilon, "epsilon")
+        if not epsilon > 0:  # 0 is infinite noise, NaN no scale at all
+            raise ConfigError(f"epsilon of geometric noise must be > 0 (inf: no noise), got {epsilon!r}")
         if math.isinf(epsilon):
             return np.array(x, dtype=np.float64)
+        rng = check_generator(rng)
         p = -math.expm1(-epsilon)  # success probability 1 - e^-eps
         shape = np.shape(x)
         # The difference of two iid Geometric(p) variables (support 1, 2, ...) is two-sided geometric.
@@ -129,7 +152,7 @@ class OpenDPNoise(NoiseBackend):
     secure = True
 
     def __init__(self, grid: float = 2.0**-10) -> None:
-        g = float(grid)
+        g = as_real_or_refuse(grid, "grid")  # True was a grid of 1, "0.5" one of 0.5
         if not (g > 0 and math.isfinite(g)) or math.frexp(g)[0] != 0.5:
             raise ConfigError(f"grid must be a positive power of two (e.g. 2**-10), got grid={grid!r}")
         self.grid = g
@@ -174,7 +197,7 @@ class OpenDPNoise(NoiseBackend):
         return np.asarray(meas([0] * size), dtype=np.int64)
 
     def add_gaussian(self, x, sigma, rng=None):
-        x = np.asarray(x, dtype=np.float64)
+        x = _real_values(x)
         check_nonnegative(sigma, "sigma")
         if sigma == 0:
             return x.copy()
@@ -183,7 +206,7 @@ class OpenDPNoise(NoiseBackend):
         return ((q + z.reshape(q.shape)) * self.grid).astype(np.float64)
 
     def add_laplace(self, x, scale, rng=None):
-        x = np.asarray(x, dtype=np.float64)
+        x = _real_values(x)
         check_nonnegative(scale, "scale")
         if scale == 0:
             return x.copy()
@@ -193,7 +216,8 @@ class OpenDPNoise(NoiseBackend):
 
     def add_geometric(self, x, epsilon, rng=None):
         """Discrete Laplace with scale 1/epsilon on integers (integer-valued x, no rounding slack)."""
-        x = np.asarray(x, dtype=np.float64)
+        x = _real_values(x)
+        epsilon = as_real_or_refuse(epsilon, "epsilon")
         if math.isinf(epsilon):
             return x.copy()
         if not epsilon > 0:

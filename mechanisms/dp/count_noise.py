@@ -145,7 +145,12 @@ class CountNoise(Parameters):
     def release(self, counts, rng: np.random.Generator) -> np.ndarray:
         """n~ = max(n + noise, 0) for an array of counts; records the release."""
         check_generator(rng)
-        c = np.asarray(counts, dtype=np.float64)
+        raw = np.asarray(counts)
+        if (
+            raw.dtype.kind not in "iuf"
+        ):  # complex lost its imaginary part, True counted as 1, text raised numpy's error
+            raise ConfigError(f"counts must be whole numbers, got values of dtype {raw.dtype}")
+        c = raw.astype(np.float64)
         if not np.all(np.isfinite(c)) or np.any(c < 0) or np.any(c != np.round(c)):  # inf == round(inf)
             raise ConfigError("counts must be finite, non-negative whole numbers")
         noisy = self.perturb(c, rng)

@@ -40,7 +40,10 @@ Methods with ``per_client = True`` and no secure protocol are refused.
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any
+
+import numpy as np
 
 from mechanisms.secagg import masking
 from mechanisms.secagg.ckks.scheme import CKKSParams
@@ -156,7 +159,12 @@ def secagg_upload_bytes(
         plus ``arrays`` (name, values) and ``calls``.
     """
     for nm, v in (("M", M), ("K", K), ("d", d), ("C", C)):
-        if isinstance(v, bool) or int(v) != v or int(v) < (0 if nm == "M" else 1):
+        whole = (
+            isinstance(v, (int, float, np.integer, np.floating))
+            and not isinstance(v, bool)
+            and math.isfinite(v)
+        )
+        if not whole or int(v) != v or int(v) < (0 if nm == "M" else 1):  # NaN raised int()'s error
             raise InputError(
                 f"{nm} must be a {'non-negative' if nm == 'M' else 'positive'} integer, got {v!r}"
             )
@@ -185,6 +193,16 @@ def secagg_upload_bytes(
         "calls": calls,
     }
     if protocol == "mask":
+        if neighbours is not None and (
+            isinstance(neighbours, bool)
+            or not isinstance(neighbours, (int, np.integer))
+            or neighbours < 2
+            or neighbours % 2
+        ):
+            # -2 gave a negative upload, 3 a graph no masked sum draws
+            raise ConfigError(
+                f"neighbours must be an even integer >= 2 (a SecAgg+ graph), got {neighbours!r}"
+            )
         k = K - 1 if neighbours is None else min(int(neighbours), K - 1)
         payload = 8 * values
         key_exchange = calls * 2 * masking.PUBLIC_KEY_BYTES

@@ -46,7 +46,7 @@ from typing import Any
 
 import numpy as np
 
-from mechanisms.dp.calibration import check_count, check_nonnegative
+from mechanisms.dp.calibration import as_real, check_count, check_nonnegative
 from privfed._validation.seeds import check_generator
 from privfed.errors import ConfigError
 
@@ -101,7 +101,8 @@ def _checked_share(noisy, row: np.ndarray) -> np.ndarray:
 def _as_tuple(value: float | Sequence[float], name: str) -> tuple[float, ...]:
     vals = (value,) if np.isscalar(value) else tuple(value)
     if not vals or any(
-        not (isinstance(v, (int, float, np.floating, np.integer)) and math.isfinite(v) and v > 0)
+        isinstance(v, (bool, np.bool_))  # True was a sigma of 1
+        or not (isinstance(v, (int, float, np.floating, np.integer)) and math.isfinite(v) and v > 0)
         for v in vals
     ):
         raise ConfigError(f"{name} must be a positive finite number or a sequence of them, got {value!r}")
@@ -155,8 +156,13 @@ class DistributedGaussian:
                 "statistic, enforced by clipping); there is no safe default"
             )
         object.__setattr__(self, "sensitivity", _as_tuple(self.sensitivity, "sensitivity"))
-        if not (0 < float(self.delta) < 1):
+        try:  # "0.5" was accepted here and failed later, inside the accounting
+            delta = as_real(self.delta)
+        except (TypeError, ValueError):
+            raise ConfigError(f"delta must be a number in (0, 1), got delta={self.delta!r}") from None
+        if not (0 < delta < 1):
             raise ConfigError(f"delta must lie in (0, 1), got delta={self.delta}")
+        object.__setattr__(self, "delta", delta)
         if (
             isinstance(self.tolerate, bool)
             or not isinstance(self.tolerate, (int, np.integer))
@@ -211,11 +217,18 @@ class DistributedGaussian:
         """
         import dp_accounting
 
+        try:  # True was an epsilon of 1, "1" a TypeError
+            epsilon, delta = as_real(epsilon), as_real(delta)
+        except (TypeError, ValueError):
+            raise ConfigError(
+                f"epsilon and delta must be numbers, got epsilon={epsilon!r}, delta={delta!r}"
+            ) from None
         if not (math.isfinite(epsilon) and epsilon > 0):
             raise ConfigError(f"epsilon must be positive and finite, got epsilon={epsilon}")
         if not (0 < delta < 1):
             raise ConfigError(f"delta must lie in (0, 1), got delta={delta}")
-        K, t = int(num_clients), int(tolerate)
+        # 2.9 clients were read as 2
+        K, t = check_count(num_clients, "num_clients", low=2), check_count(tolerate, "tolerate", low=0)
         if not 0 <= t < K:
             raise ConfigError(f"tolerate must lie in [0, num_clients - 1 = {K - 1}], got {tolerate}")
         sens = _as_tuple(sensitivity, "sensitivity")

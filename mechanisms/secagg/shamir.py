@@ -297,9 +297,19 @@ def combine(shares: dict[int, int], threshold: int, coefficients: list[int] | No
     """
     if not is_integer(threshold) or threshold < 1:
         raise InputError(f"threshold must be an int >= 1, got {threshold!r}")
+    if not isinstance(shares, dict):
+        raise InputError(f"shares must be a dict point -> value, got a {type(shares).__name__}")
     if len(shares) < threshold:
         raise InputError(f"need {threshold} shares to recover a secret, got {len(shares)}")
+    if coefficients is not None and len(coefficients) != threshold:  # zip would drop shares: a wrong secret
+        raise InputError(
+            f"coefficients must hold {threshold} values (one a share used), got {len(coefficients)}"
+        )
     items = list(shares.items())[:threshold]
+    if not all(type(y) is int and 0 <= y < PRIME for _, y in items) and any(  # ints pass at once
+        not is_integer(y) or not 0 <= int(y) < PRIME for _, y in items
+    ):  # 5.7 was read as 5 and "5" as 5
+        raise InputError("share values must be integers in [0, PRIME)")
     if not all(type(x) is int and 0 < x < PRIME for x, _ in items) and any(  # node indices pass at once
         not is_integer(x) or int(x) % PRIME == 0 for x, _ in items
     ):  # 0 is the secret's own point

@@ -152,3 +152,68 @@ def test_release_books_whole_draws_only(draws):
         apart.release(rng.normal(size=(4, 3)), np.array([0, 1, 0, 1]), rng=rng)
     assert out.counts.shape[0] == 3
     assert m.report().epsilon == pytest.approx(apart.report().epsilon, rel=1e-12) and m.report().epsilon > 1.0
+
+
+def test_shamir_combine_refuses_shares_and_coefficients_that_gave_a_wrong_secret():
+    from mechanisms.secagg import shamir
+
+    shares = shamir.split(1234, [1, 2, 3], 2, lambda n: bytes(range(n)))
+    assert shamir.combine(shares, 2) == 1234
+    lam = shamir.lagrange_at_zero(list(shares)[:2])
+    assert shamir.combine(shares, 2, lam) == 1234
+    for bad, kw, word in [
+        (shares, {"coefficients": lam[:1]}, "coefficients must hold 2 values"),
+        ({1: 5.7, 2: 7.2}, {}, "share values must be integers"),
+        ({1: "5", 2: "7"}, {}, "share values must be integers"),
+        ({1: -1, 2: 7}, {}, "share values must be integers"),
+        ([(1, 5), (2, 7)], {}, "shares must be a dict"),
+    ]:
+        with pytest.raises(InputError, match=word):
+            shamir.combine(bad, 2, **kw)
+
+
+def test_noise_backends_refuse_scales_and_values_they_used_to_pass_through():
+    from mechanisms.dp.backends import NumpyNoise
+
+    rng = np.random.default_rng(0)
+    for call, word in [
+        (lambda: NumpyNoise().add_gaussian(np.zeros(3), float("nan"), rng), "sigma must be finite"),
+        (lambda: NumpyNoise().add_gaussian(np.zeros(3), float("inf"), rng), "sigma must be finite"),
+        (lambda: NumpyNoise().add_gaussian(np.zeros(3), -1.0, rng), "sigma must be finite and >= 0"),
+        (lambda: NumpyNoise().add_gaussian(np.zeros(3), "1", rng), "sigma must be a number"),
+        (lambda: NumpyNoise().add_gaussian(np.zeros(3), 1.0, None), "rng must be a numpy.random.Generator"),
+        (lambda: NumpyNoise().add_laplace(np.zeros(3), float("nan"), rng), "scale must be finite"),
+        (lambda: NumpyNoise().add_geometric(np.zeros(3), 0.0, rng), "epsilon of geometric noise must be > 0"),
+        (lambda: NumpyNoise().add_geometric(np.zeros(3), float("nan"), rng), "epsilon of geometric noise"),
+        (lambda: OpenDPNoise(grid=True), "grid must be a number"),
+        (lambda: OpenDPNoise(grid="0.5"), "grid must be a number"),
+    ]:
+        with pytest.raises(ConfigError, match=word):
+            call()
+    with pytest.raises(InputError, match="real numbers, got values of dtype complex128"):
+        OpenDPNoise().add_gaussian(np.array([1 + 1j]), 1.0)
+    assert np.isfinite(NumpyNoise().add_gaussian(np.zeros(3), 1.0, rng)).all()
+
+
+def test_count_noise_and_distributed_noise_take_numbers_not_bools_or_text():
+    from mechanisms.dp.count_noise import LaplaceCountNoise
+    from mechanisms.secagg import secagg_upload_bytes
+
+    rng = np.random.default_rng(0)
+    for counts in (np.array([1 + 1j]), np.array([True]), np.array(["a"])):
+        with pytest.raises(ConfigError, match="counts must be whole numbers, got values of dtype"):
+            LaplaceCountNoise(epsilon=1.0).release(counts, rng)
+    with pytest.raises(ConfigError, match="sigma must be a positive finite number"):
+        DistributedGaussian(sigma=True, sensitivity=1.0)
+    with pytest.raises(ConfigError, match="delta must be a number"):
+        DistributedGaussian(sigma=1.0, sensitivity=1.0, delta="0.5")
+    with pytest.raises(ConfigError, match="epsilon and delta must be numbers"):
+        DistributedGaussian.calibrate(epsilon=True, delta=1e-5, sensitivity=1.0, num_clients=4)
+    with pytest.raises(ConfigError, match="num_clients"):
+        DistributedGaussian.calibrate(epsilon=1.0, delta=1e-5, sensitivity=1.0, num_clients=2.9, tolerate=1)
+    for bad in (-2, 3, True):
+        with pytest.raises(ConfigError, match="neighbours must be an even integer"):
+            secagg_upload_bytes("fedncm", 10, 4, 8, 3, neighbours=bad)
+    with pytest.raises(InputError, match="K must be a positive integer"):
+        secagg_upload_bytes("fedncm", 10, float("nan"), 8, 3)
+    assert secagg_upload_bytes("fedncm", 10, 4, 8, 3, neighbours=2)["upload"] > 0
