@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from mechanisms.dp.calibration import as_real, check_rounds
+from privfed._validation import is_integer
 from privfed.errors import ConfigError
 
 __all__ = ["NEIGHBOURING", "PrivacyLedger", "PrivacyReport", "ReleaseEvent", "format_up"]
@@ -125,6 +126,12 @@ class ReleaseEvent:
             raise ConfigError(
                 f"sensitivity and scale must be >= 0, got sensitivity={self.sensitivity}, scale={self.scale}"
             )
+        if math.isinf(self.sensitivity) and math.isinf(self.scale):  # their ratio, the event's mu, is NaN
+            raise ConfigError(
+                "sensitivity and scale are both infinite: the event states no privacy loss at all"
+            )
+        if not is_integer(self.release_id):  # blocks group by it: "x" or 1.5 would group with nothing
+            raise ConfigError(f"release_id must be an integer, got release_id={self.release_id!r}")
         object.__setattr__(self, "rounds", check_rounds(self.rounds))
         if not 0 < self.sampling_rate <= 1:
             raise ConfigError(f"sampling_rate must lie in (0, 1], got sampling_rate={self.sampling_rate}")

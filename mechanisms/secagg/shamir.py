@@ -85,7 +85,10 @@ def _check_secret(secret: int) -> None:
 def _draw(random_bytes: Callable[[int], bytes], n: int) -> bytes:
     """``n`` bytes from ``random_bytes``, refused when it gives fewer or more: a short source would make the
     coefficients zero and every share the secret itself."""
-    raw = bytes(random_bytes(n))
+    got = random_bytes(n)
+    if not isinstance(got, (bytes, bytearray, memoryview)):  # a str gave bytes()' own TypeError
+        raise InputError(f"random_bytes({n}) must return bytes, got a {type(got).__name__}")
+    raw = bytes(got)
     if len(raw) != n:
         raise InputError(f"random_bytes({n}) returned {len(raw)} bytes; the coefficients need exactly {n}")
     return raw
@@ -97,6 +100,8 @@ def field_elements(count: int, random_bytes: Callable[[int], bytes]) -> list[byt
 
     Reads the byte stream in the same order as drawing them one by one.
     """
+    if not is_integer(count) or count < 0:  # -1 raised bytes()' error, 2.5 a TypeError
+        raise InputError(f"count must be an integer >= 0, got count={count!r}")
     raw = _draw(random_bytes, SHARE_BYTES * count) if count else b""
     out = [raw[i : i + SHARE_BYTES] for i in range(0, len(raw), SHARE_BYTES)]
     out = [c for c in out if int.from_bytes(c, "little") < PRIME]
@@ -245,6 +250,10 @@ def lagrange_at_zero(xs: Sequence[int]) -> list[int]:
     xs = [int(x) % PRIME for x in xs]
     if len(set(xs)) != len(xs):
         raise InputError("share points must be distinct")
+    if not xs:
+        raise InputError("lagrange_at_zero needs at least one share point")
+    if 0 in xs:  # the secret's own point: a division by zero
+        raise InputError("share points must be non-zero modulo PRIME (0 is the secret's own point)")
     n = len(xs)
     if max(xs) < _SMALL_POINT and n <= 64:  # node indices: exact integer products, one reduction each
         dens = []

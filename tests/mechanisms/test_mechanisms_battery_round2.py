@@ -217,3 +217,23 @@ def test_count_noise_and_distributed_noise_take_numbers_not_bools_or_text():
     with pytest.raises(InputError, match="K must be a positive integer"):
         secagg_upload_bytes("fedncm", 10, float("nan"), 8, 3)
     assert secagg_upload_bytes("fedncm", 10, 4, 8, 3, neighbours=2)["upload"] > 0
+
+
+def test_shamir_helpers_and_release_events_refuse_what_raised_deep_inside():
+    from mechanisms.secagg import shamir
+
+    for call, word in [
+        (lambda: shamir.lagrange_at_zero([]), "at least one share point"),
+        (lambda: shamir.lagrange_at_zero([0, 1, 2]), "non-zero modulo PRIME"),
+        (lambda: shamir.field_elements(-1, bytes), "count must be an integer >= 0"),
+        (lambda: shamir.field_elements(2.5, bytes), "count must be an integer >= 0"),
+        (lambda: shamir.split(4, [1, 2, 3], 2, lambda n: "a" * n), "must return bytes, got a str"),
+    ]:
+        with pytest.raises(InputError, match=word):
+            call()
+    assert len(shamir.field_elements(0, bytes)) == 0
+    with pytest.raises(ConfigError, match="both infinite"):
+        ReleaseEvent("gaussian", "sums", float("inf"), float("inf"))
+    with pytest.raises(ConfigError, match="release_id must be an integer"):
+        ReleaseEvent("gaussian", "sums", 1.0, 1.0, release_id="x")
+    assert ledger_epsilon([ReleaseEvent("gaussian", "sums", float("inf"), 1.0)], 1e-5)[0] == float("inf")
