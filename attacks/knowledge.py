@@ -18,6 +18,20 @@ from privfed.errors import InputError
 __all__ = ["GroundTruth", "PublicData", "check_truth"]
 
 
+def check_images(value, name: str) -> np.ndarray:
+    """Images (n, H, W) as float32, else one InputError naming ``name``: text, complex, NaN or a shape without
+    rows of 2-D images (0-d, flattened) failed later, deep inside the inversion's scoring."""
+    arr = np.asarray(value)
+    if arr.dtype.kind not in "biuf" or arr.ndim != 3:
+        raise InputError(
+            f"{name} must be real images of shape (n, H, W), got dtype {arr.dtype}, shape {arr.shape}"
+        )
+    im = arr.astype(np.float32)
+    if not np.isfinite(im).all():
+        raise InputError(f"{name} holds NaN or inf pixels; images are values in [0, 1]")
+    return im
+
+
 def check_truth(truth, view=None) -> None:
     """Refuse anything but a :class:`GroundTruth` as the truth an attack is scored against (one line).
 
@@ -79,13 +93,16 @@ class PublicData:
         object.__setattr__(self, "labels", y)
         object.__setattr__(self, "features", F)
         if self.images is not None:
-            im = np.asarray(self.images, dtype=np.float32)
+            im = check_images(self.images, "PublicData.images")
             if im.shape[0] != F.shape[0]:
                 raise InputError(f"PublicData.images has {im.shape[0]} rows but features has {F.shape[0]}")
             object.__setattr__(self, "images", im)
 
     def class_means(self, num_classes: int) -> np.ndarray:
         """Public class-mean features (C, d); the overall mean for a class absent from the public data."""
+        from mechanisms.dp.calibration import check_count
+
+        num_classes = check_count(num_classes, "num_classes")
         out = np.tile(self.features.mean(axis=0), (num_classes, 1))
         for c in range(num_classes):
             m = self.labels == c
@@ -160,6 +177,8 @@ class GroundTruth:
             im = getattr(self, name)
             if im is None:
                 continue
+            im = check_images(im, f"GroundTruth.{name}")
+            object.__setattr__(self, name, im)
             if rows is None:
                 rows = None if self.holdout_features is None else self.holdout_features.shape[0]
             if rows is not None and np.shape(im)[:1] != (rows,):

@@ -98,6 +98,12 @@ def tracing_snr(cov: np.ndarray, n, tau: float = 0.0, offset=None):
     tau_a = _real_array(tau, "tau")
     if np.isnan(tau_a).any() or np.any(tau_a < 0):
         raise InputError(f"tau must be >= 0 (the noise std per coordinate), got tau={tau!r}")
+    try:  # a tau of another shape than n gave numpy's broadcast error at the last line
+        np.broadcast_shapes(np.shape(n), tau_a.shape)
+    except ValueError:
+        raise InputError(
+            f"tau must be a number or match n's shape {np.shape(n)}, got shape {tau_a.shape}"
+        ) from None
     tau = tau_a if tau_a.ndim else float(tau_a)
     tr, tr2 = float(np.trace(S)), float(np.sum(S * S.T))
     if not tr > 0:

@@ -172,9 +172,12 @@ class FeatureInversion(Attack):
             raise ConfigError(f"unknown inversion source {p['source']!r}; choose from {list(SOURCES)}")
         from attacks.inversion.learned import REFINEMENTS
 
-        if p["refine"] != "auto" and p["refine"] not in REFINEMENTS:
+        if not isinstance(p["refine"], str) or (p["refine"] != "auto" and p["refine"] not in REFINEMENTS):
             raise ConfigError(f"unknown refinement {p['refine']!r}; choose from {['auto', *REFINEMENTS]}")
-        if p["joint_lrs"] is not None and not p["joint_lrs"]:
+        lrs_given = p["joint_lrs"]
+        if lrs_given is not None and not isinstance(lrs_given, (list, tuple)):  # 0.1 or an array: no list
+            raise ConfigError(f"joint_lrs must be a list of learning rates (or None), got {lrs_given!r}")
+        if lrs_given is not None and not lrs_given:
             raise ConfigError("joint_lrs must list at least one learning rate (or be None: joint_lr alone)")
         lrs = {f"joint_lrs[{i}]": v for i, v in enumerate(p["joint_lrs"] or ())}
         counts = (

@@ -228,3 +228,33 @@ def test_strongest_and_membership_targets_name_what_is_malformed():
             attacks.strongest("tracing", view, truth, rng=0, **kw)
     with pytest.raises(ConfigError, match="rng must be a numpy.random.Generator"):
         membership_targets(view, truth, 10, 0, "tracing")
+
+
+def test_images_tau_and_inversion_settings_are_refused_where_they_are_given():
+    from attacks.theory import tracing_snr
+    from attacks.view import GroundTruth
+    from privfed.errors import ConfigError, InputError
+
+    F, y, *_ = _data()
+    P = np.abs(np.random.default_rng(1).normal(size=(60, D)))
+    for images, word in [
+        (np.full((60, 4, 4), np.nan), "holds NaN or inf pixels"),
+        (np.ones((60, 16)), r"must be real images of shape \(n, H, W\)"),
+        (np.array([["a"]] * 60), "must be real images"),
+    ]:
+        with pytest.raises(InputError, match="PublicData.images " + word):
+            PublicData(labels=np.arange(60) % C, features=P, images=images)
+    with pytest.raises(InputError, match="GroundTruth.images holds NaN"):
+        GroundTruth(features=F, labels=y, clients=np.arange(N) % 40, images=np.full((N, 4, 4), np.nan))
+    with pytest.raises(ConfigError, match="num_classes"):
+        PublicData(labels=np.arange(60) % C, features=P).class_means(-1)
+    with pytest.raises(InputError, match="tau must be a number or match n's shape"):
+        tracing_snr(np.eye(3), np.array([1, 2, 3]), tau=np.array([0.0, 1.0]))
+    assert np.shape(tracing_snr(np.eye(3), np.array([1, 2, 3]), tau=np.array([0.0, 1.0, 2.0]))) == (3,)
+    for kw, word in [
+        ({"joint_lrs": 0.1}, "joint_lrs must be a list"),
+        ({"refine": ["a"]}, "unknown refinement"),
+    ]:
+        with pytest.raises(ConfigError, match=word):
+            attacks.get("inversion", **kw)
+    assert attacks.get("inversion", joint_lrs=[0.02, 0.1]).params["joint_lrs"] == [0.02, 0.1]
