@@ -125,16 +125,16 @@ def _pld_epsilon(groups, other, delta: float, discretization: float = 1e-4) -> f
     need = max((r * mu * mu / 2.0 / discretization for mu, r, q in groups if q >= 1), default=0.0)
     if need > PLD_MAX_POINTS:
         raise ConfigError(
-            f"the PLD accountant's privacy-loss grid for this ledger needs over {need:.3g} points, more than "
-            "memory holds (very many rounds or very little noise); use accountant='gdp' (exact without "
-            "subsampling) or 'rdp'"
+            f"the PLD accountant's privacy-loss grid for this ledger would span about {need:.3g} steps, more "
+            "than memory holds (very many rounds or very little noise: a GDP mu above ~650); for Gaussian "
+            "releases use accountant='gdp' (exact without subsampling) or 'rdp'"
         )
     try:
         return _pld_epsilon_cached(tuple(groups), tuple(other), float(delta), float(discretization))
     except MemoryError:  # a million rounds, or a GDP mu of 1,000: the distribution's grid outgrows memory
         raise ConfigError(
             "the PLD accountant's privacy-loss grid for this ledger does not fit in memory (very many rounds or "
-            "very little noise); use accountant='gdp' (exact without subsampling) or 'rdp'"
+            "very little noise); for Gaussian releases use accountant='gdp' (exact without subsampling) or 'rdp'"
         ) from None
 
 

@@ -107,24 +107,27 @@ class NumpyNoise(NoiseBackend):
 
     def add_gaussian(self, x, sigma, rng):
         # a NaN or inf scale returned NaN or inf values, a negative one numpy's error (OpenDP refuses them too)
+        x = _real_values(x)  # complex values kept their imaginary part unnoised
         if check_nonnegative(sigma, "sigma") == 0:
-            return np.array(x, dtype=np.float64)
+            return x
         self._warn()
         return x + check_generator(rng).normal(0.0, sigma, size=np.shape(x))
 
     def add_laplace(self, x, scale, rng):
+        x = _real_values(x)
         if check_nonnegative(scale, "scale") == 0:
-            return np.array(x, dtype=np.float64)
+            return x
         self._warn()
         return x + check_generator(rng).laplace(0.0, scale, size=np.shape(x))
 
     def add_geometric(self, x, epsilon, rng):
         """Two-sided geometric noise, P(k) proportional to exp(-epsilon |k|), k integer."""
+        x = _real_values(x)
         epsilon = as_real_or_refuse(epsilon, "epsilon")
         if not epsilon > 0:  # 0 is infinite noise, NaN no scale at all
             raise ConfigError(f"epsilon of geometric noise must be > 0 (inf: no noise), got {epsilon!r}")
         if math.isinf(epsilon):
-            return np.array(x, dtype=np.float64)
+            return x
         rng = check_generator(rng)
         p = -math.expm1(-epsilon)  # success probability 1 - e^-eps
         shape = np.shape(x)

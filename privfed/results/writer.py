@@ -26,8 +26,7 @@ with its size and SHA-256, so a reader can check what it reads
 * A failed write (a full disk, a read-only file system) is one clear error
   naming the file and the folder that keeps what finished.
 
-One file's atomic write and the manifest check live in :mod:`privfed.results.files`
-(re-exported here); this module places, locks and publishes the folder.
+Atomic writes and the manifest check live in :mod:`privfed.results.files` (re-exported here).
 """
 
 from __future__ import annotations
@@ -326,6 +325,8 @@ class ResultFolder:
         self._aside = self.path.parent / f"{stem}-old{_STAGING}"
         self.written: list[str] = []
         self.published: Path | None = None
+        # where a finished run stays after its move failed (beside path): never moved or removed
+        self.kept: Path | None = None
 
     def _rescue_leftovers(self) -> None:
         for old in leftover_runs(self.path):
@@ -448,11 +449,12 @@ class ResultFolder:
             else:
                 os.rename(self.staging, self.path)
         except OSError as exc:
-            # never lost, named where it is: beside the target (a later run sweeps staging folders)
-            kept = self.path.with_name(f"{self.path.name}.unplaced-{_dt.datetime.now():%Y%m%d-%H%M%S}")
+            kept = self.path.with_name(
+                f"{self.path.name}.unplaced-{_dt.datetime.now():%Y%m%d-%H%M%S}-{os.getpid()}"
+            )
             with contextlib.suppress(OSError):
                 os.rename(self.staging, kept)
-            kept = kept if kept.is_dir() else self.staging
+            self.kept = kept = kept if kept.is_dir() else self.staging
             why = f"could not move the run into {str(dest)!r} ({exc.strerror or exc})"
             raise ResultsWriteError(f"{why}; its files are kept in {str(kept)!r}", kept=kept) from None
         fsync_dir(self.path.parent)
@@ -469,7 +471,7 @@ class ResultFolder:
         """
         shutil.rmtree(self._work, ignore_errors=True)
         kept: Path | None = None
-        if (self.staging / MANIFEST).is_file():
+        if self.kept is None and (self.staging / MANIFEST).is_file():
             kept = self.staging
             dest = self.path
             if dest.exists():
@@ -478,7 +480,7 @@ class ResultFolder:
             with contextlib.suppress(OSError):
                 os.rename(self.staging, dest)
                 kept = dest
-        else:
+        elif self.kept is None:
             shutil.rmtree(self.staging, ignore_errors=True)
         with contextlib.suppress(OSError):
             shutil.rmtree(self._aside)
@@ -492,7 +494,7 @@ class ResultFolder:
 
     def discard(self) -> None:
         """A run that finished nothing: remove its folders (and the parents this run created)."""
-        for p in (self._work, self.staging):
+        for p in (self._work, self.staging if self.kept is None else self._work):
             shutil.rmtree(p, ignore_errors=True)
         self._release()
         for p in self._made:

@@ -133,7 +133,7 @@ def test_accountants_at_their_edges_answer_or_refuse_in_one_line():
         ReleaseEvent("gaussian", "sums", 1.0, 1.0, rounds=10**6),
         ReleaseEvent("gaussian", "sums", 1.0, 1e-3),  # mu = 1,000
     ):
-        with pytest.raises(ConfigError, match="needs over .* points, more than memory holds"):
+        with pytest.raises(ConfigError, match="would span about .* steps, more than memory holds"):
             ledger_epsilon([event], 1e-5, "pld")
     ten = [ReleaseEvent("gaussian", "sums", 1.0, 1.0, rounds=10)]  # well inside: answered, near the exact GDP
     assert ledger_epsilon(ten, 1e-5, "pld")[0] == pytest.approx(ledger_epsilon(ten, 1e-5, "gdp")[0], rel=1e-2)
@@ -237,3 +237,34 @@ def test_shamir_helpers_and_release_events_refuse_what_raised_deep_inside():
     with pytest.raises(ConfigError, match="release_id must be an integer"):
         ReleaseEvent("gaussian", "sums", 1.0, 1.0, release_id="x")
     assert ledger_epsilon([ReleaseEvent("gaussian", "sums", float("inf"), 1.0)], 1e-5)[0] == float("inf")
+
+
+def test_a_share_outside_the_field_aborts_the_unmasking_naming_its_sender(monkeypatch):
+    # before: recovered into a wrong secret in silence; then, with the field check, an unattributed InputError
+    from mechanisms.secagg.masking import ProtocolAbort, masked_sum
+    from mechanisms.secagg.masking.node import MaskingNode
+
+    real = MaskingNode._unmask
+
+    def forged(self, msg):
+        out = real(self, msg)
+        if self.u == 0:
+            out["share"] = [b"\xff" * 32, *out["share"][1:]]
+        return out
+
+    assert np.allclose(masked_sum(np.ones((5, 3)), rng=np.random.default_rng(0)).total, 5.0)
+    monkeypatch.setattr(MaskingNode, "_unmask", forged)
+    with pytest.raises(ProtocolAbort, match=r"node 0 answered a share of node \d+ outside the field"):
+        masked_sum(np.ones((5, 3)), rng=np.random.default_rng(0))
+
+
+def test_the_numpy_backend_refuses_complex_values_too():
+    from mechanisms.dp.backends import NumpyNoise
+
+    for call in (
+        lambda: NumpyNoise().add_gaussian(np.array([1 + 1j]), 1.0, np.random.default_rng(0)),
+        lambda: NumpyNoise().add_gaussian(np.array([1 + 1j]), 0.0, np.random.default_rng(0)),
+        lambda: NumpyNoise().add_laplace(np.array(["a"]), 1.0, np.random.default_rng(0)),
+    ):
+        with pytest.raises(InputError, match="real numbers"):
+            call()

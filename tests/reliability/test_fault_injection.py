@@ -576,8 +576,9 @@ def test_real_rounds_sweep_stopped_by_sigterm_in_a_subprocess_leaves_its_finishe
     assert data["config"]["local_epochs"] == 1 and data["config"]["families"] == ["cnn"]
 
 
-def _mount_point(monkeypatch, out: Path) -> None:
-    """``out`` behaves as a mount point: renaming a folder onto it fails with EBUSY (privfed's writer only)."""
+def _mount_point(monkeypatch, out: Path, *, siblings: bool = False) -> None:
+    """``out`` behaves as a mount point: renaming a folder onto it fails with EBUSY (privfed's writer only);
+    ``siblings``: renaming onto ``<out>.unplaced-*`` fails too (the name taken)."""
     import privfed.results.writer as writer
 
     real = os.rename
@@ -585,6 +586,8 @@ def _mount_point(monkeypatch, out: Path) -> None:
     def busy(src, dst, *a, **kw):
         if Path(dst) == out:
             raise OSError(errno.EBUSY, "Device or resource busy")
+        if siblings and Path(dst).name.startswith(f"{out.name}.unplaced-"):
+            raise OSError(errno.ENOTEMPTY, "Directory not empty")
         return real(src, dst, *a, **kw)
 
     monkeypatch.setattr(writer.os, "rename", busy)
@@ -684,3 +687,17 @@ def test_the_flower_app_keeps_a_release_it_cannot_move_into_out(tmp_path, monkey
     assert np.load(kept / "head.npz")["weight"].tolist() == head.weight.tolist()
     assert json.loads((kept / "report.json").read_text()) == {"rounds": 1}
     assert sorted(p.name for p in tmp_path.iterdir()) == [kept.name]
+
+
+@pytest.mark.parametrize("then", ["salvage", "discard"])
+def test_a_run_that_cannot_leave_its_staging_folder_stays_there_as_named(tmp_path, monkeypatch, then):
+    out = tmp_path / "mnt"
+    run = ResultFolder(out)
+    run.write("head.npz", lambda p: p.write_bytes(b"weights"))
+    _mount_point(monkeypatch, out, siblings=True)
+    with pytest.raises(results_io.ResultsWriteError) as exc:
+        run.publish(complete=True)
+    kept = exc.value.kept
+    assert kept == run.staging and f"its files are kept in '{kept}'" in str(exc.value)
+    getattr(run, then)()  # what the commands and the Flower app do next: neither moves nor removes it
+    assert verify_folder(kept)["complete"] is True and (kept / "head.npz").read_bytes() == b"weights"

@@ -344,6 +344,11 @@ class MaskingServer:
             rep = got[v]
             for w, kind, share in zip(rep["about"], rep["kind"], rep["share"]):
                 w, val = int(w), int.from_bytes(bytes(share), "little")
+                if val >= shamir.PRIME:  # no share of a field element: a forged or damaged answer, named
+                    raise ProtocolAbort(
+                        f"{self.name}: node {v} answered a share of node {w} outside the field; no sum is released",
+                        stage="unmask",
+                    )
                 if kind == "b" and w in b_shares:
                     b_shares[w][v + 1] = val
                 elif kind == "s" and w in s_shares:
