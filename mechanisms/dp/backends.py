@@ -239,6 +239,10 @@ _BACKENDS: dict[str, Callable[[], NoiseBackend]] = {"numpy": NumpyNoise, "opendp
 
 def register_backend(name: str, factory: Callable[[], NoiseBackend]) -> None:
     """Register a backend factory under ``name``."""
+    if not isinstance(name, str) or not name or not callable(factory):  # else get_backend failed later
+        raise ConfigError(
+            f"register_backend takes a name (a non-empty str) and a callable factory, got {name!r}, {factory!r}"
+        )
     _BACKENDS[name] = factory
 
 

@@ -27,7 +27,7 @@ import numpy as np
 
 from mechanisms.dp.calibration import as_real
 from privfed._linalg import project_psd
-from privfed._validation import check_real_dtype
+from privfed._validation import check_real_dtype, is_integer
 from privfed.errors import InputError
 
 __all__ = [
@@ -93,6 +93,8 @@ def fedcof_spread_bias(counts: np.ndarray, noise_var: float) -> np.ndarray:
 def outer_product_bias(noise_var: float, total_count: float, dim: int) -> np.ndarray:
     """E[s~ s~^T] / N - s s^T / N = noise_var / N * I (shape (d, d))."""
     total_count = _number(total_count, "total_count", positive=True)
+    if not is_integer(dim) or dim < 0:  # -1 raised numpy's error, 2.5 and True were read as dimensions
+        raise InputError(f"dim must be an integer >= 0, got dim={dim!r}")
     return _number(noise_var, "noise_var") / total_count * np.eye(dim)
 
 
@@ -135,8 +137,7 @@ def drop_small_counts(stats, min_count: float):
         The statistics with those pairs' counts and sums set to 0, and how
         many pairs with a positive count were dropped.
     """
-    if not min_count >= 0:
-        raise InputError(f"min_count must be >= 0, got {min_count}")
+    min_count = _number(min_count, "min_count")  # "3" raised a TypeError, NaN dropped nothing
     keep = stats.counts >= min_count
     dropped = int(np.count_nonzero(~keep & (stats.counts > 0)))
     return stats.with_arrays(

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from privfed.errors import InputError
+from privfed.errors import ConfigError, InputError
 
 __all__ = [
     "EXACT_SUM",
@@ -171,8 +171,12 @@ def check_ring_bound(
     ConfigError
         If ``num_clients`` is not an integer >= 1 or ``noise_bound`` is not a finite number >= 0.
     """
-    from mechanisms.dp.calibration import check_count, check_nonnegative
+    from mechanisms.dp.calibration import as_real, check_count, check_nonnegative
 
+    try:  # "1" or None raised numpy's isfinite TypeError
+        max_abs = as_real(max_abs)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name}: max_abs must be a number (a bound on |x|), got {max_abs!r}") from None
     if not np.isfinite(max_abs):
         raise InputError(f"{name} contains NaN/inf values; secure aggregation needs finite statistics")
     if max_abs < 0:

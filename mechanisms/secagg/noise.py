@@ -196,7 +196,7 @@ class DistributedGaussian:
 
     def share_std(self, call: int, num_clients: int) -> float:
         """Standard deviation of one client's share: sigma / sqrt(K)."""
-        return self.sigma_for(call) / math.sqrt(num_clients)
+        return self.sigma_for(call) / math.sqrt(check_count(num_clients, "num_clients"))
 
     # -- calibration and guarantee ---------------------------------------------
     @classmethod

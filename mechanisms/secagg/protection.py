@@ -292,8 +292,9 @@ class PairwiseMasking(_Protocol):
     ) -> None:
         super().__init__(integers=integers, noise=noise)
         self.frac_bits = fixed_point.check_frac_bits(frac_bits)
-        if threshold is not None and (not is_integer(threshold) or threshold < 1):  # 3.0 and nan too
-            raise ConfigError(f"threshold must be a positive integer or None, got {threshold!r}")
+        # 3.0 and NaN too; t = 1 gives every share holder the secret, so no masked sum runs with it
+        if threshold is not None and (not is_integer(threshold) or threshold < 2):
+            raise ConfigError(f"threshold must be an integer >= 2 or None, got {threshold!r}")
         if neighbours is not None and (
             isinstance(neighbours, bool)
             or not isinstance(neighbours, (int, np.integer))

@@ -131,6 +131,9 @@ def survivor_parts(graph: Sequence[Iterable[int]], uploaded: Iterable[int]) -> l
     that are neighbours, so only a whole part's masks cancel.
     """
     left = set(int(u) for u in uploaded)
+    outside = sorted(u for u in left if not 0 <= u < len(graph))
+    if outside:  # a node with no row in the graph raised an IndexError (or -1 read the last row)
+        raise ConfigError(f"uploaded names node(s) outside 0..{len(graph) - 1}: {outside[:5]}")
     parts = []
     while left:
         start = min(left)

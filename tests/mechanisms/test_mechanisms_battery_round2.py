@@ -268,3 +268,34 @@ def test_the_numpy_backend_refuses_complex_values_too():
     ):
         with pytest.raises(InputError, match="real numbers"):
             call()
+
+
+def test_helpers_name_bad_input_instead_of_failing_later():
+    from mechanisms.dp.backends import register_backend
+    from mechanisms.dp.noise_aware import outer_product_bias
+    from mechanisms.secagg import PairwiseMasking
+    from mechanisms.secagg.ckks.scheme import CKKSParams
+    from mechanisms.secagg.fixed_point import check_ring_bound
+
+    for call, err, word in [
+        (lambda: register_backend("x", 5), ConfigError, "callable factory"),
+        (lambda: register_backend(3, NumpyNoiseFactory), ConfigError, "a non-empty str"),
+        (lambda: outer_product_bias(1.0, 10, -1), InputError, "dim must be an integer >= 0"),
+        (lambda: outer_product_bias(1.0, 10, 2.5), InputError, "dim must be an integer >= 0"),
+        (lambda: check_ring_bound("1", 2, 10), ConfigError, "max_abs must be a number"),
+        (lambda: check_ring_bound(None, 2, 10), ConfigError, "max_abs must be a number"),
+        (lambda: DistributedGaussian(sigma=1.0, sensitivity=1.0).share_std(0, 0), ConfigError, "num_clients"),
+        (lambda: threat.survivor_parts([{1}, {0}], [0, 5]), ConfigError, r"outside 0..1: \[5\]"),
+        (lambda: CKKSParams().num_ciphertexts(-5), ConfigError, "size must be an integer >= 0"),
+        (lambda: PairwiseMasking(threshold=1), ConfigError, "threshold must be an integer >= 2"),
+    ]:
+        with pytest.raises(err, match=word):
+            call()
+    assert outer_product_bias(2.0, 4, 3).tolist() == (0.5 * np.eye(3)).tolist()
+    assert threat.survivor_parts([{1}, {0}, set()], [0, 1, 2]) == [(2,), (0, 1)]
+
+
+def NumpyNoiseFactory():  # noqa: N802 - a backend factory, named as the class it makes
+    from mechanisms.dp.backends import NumpyNoise
+
+    return NumpyNoise()

@@ -322,9 +322,9 @@ def test_a_trusted_aggregator_that_is_not_a_bool_is_refused(value):
     ).trusted_aggregator
 
 
-@pytest.mark.parametrize("value", [float("nan"), float("inf"), 3.0, "3", True, 0])
-def test_a_masking_threshold_that_is_not_a_positive_integer_is_one_line(value):
-    with pytest.raises(ConfigError, match=r"threshold must be a positive integer or None, got"):
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), 3.0, "3", True, 0, 1])
+def test_a_masking_threshold_that_is_not_an_integer_of_two_or_more_is_one_line(value):
+    with pytest.raises(ConfigError, match=r"threshold must be an integer >= 2 or None, got"):
         PairwiseMasking(threshold=value)
     assert PairwiseMasking(threshold=np.int64(3)).threshold == 3
 

@@ -159,6 +159,8 @@ class CKKSParams:
 
     def num_ciphertexts(self, size: int) -> int:
         """Ciphertexts needed to pack ``size`` values."""
+        if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 0:  # -5 packed into 0
+            raise ConfigError(f"size must be an integer >= 0 (values to pack), got size={size!r}")
         return -(-int(size) // self.slots)
 
     def as_dict(self) -> dict[str, Any]:
