@@ -31,6 +31,8 @@ from privfed.commands.signals import (
     interruptible,
     keep_finished,
     periodic_checkpoint,
+    reporting_finished_run,
+    shown_prog,
     signals_deferred,
 )
 from privfed.commands.values import (
@@ -370,31 +372,6 @@ def _cwd_exists() -> bool:
     return True
 
 
-def _shown(prog: str) -> str:
-    """How a command names itself: ``privfed-<command>`` when its installed script started it, else ``prog``."""
-    from privfed.commands.names import prog_name
-
-    command = prog.removeprefix("python -m privfed.") if prog.startswith("python -m privfed.") else ""
-    return prog_name(command) if command else prog
-
-
-@contextlib.contextmanager
-def reporting_finished_run(prog: str, folder: Any):
-    """The console report of a run whose results are published: Ctrl-C, SIGTERM or SIGHUP here says that
-    ``folder`` holds the complete results (only the report on the console was cut short) before the command
-    exits 128 + the signal, as the Flower command says it."""
-    try:
-        yield
-    except KeyboardInterrupt:
-        with contextlib.suppress(OSError, ValueError):  # after SIGHUP the terminal may be gone
-            print(
-                f"{_shown(prog)}: stopped after the run had finished: {folder}/ holds its complete results",
-                file=sys.stderr,
-                flush=True,
-            )
-        raise
-
-
 def cli_entry(
     prog: str, body: Callable[[Sequence[str] | None], int]
 ) -> Callable[[Sequence[str] | None], int]:
@@ -410,7 +387,7 @@ def cli_entry(
         import signal
         import threading
 
-        prog = _shown(prog_given)  # privfed-tradeoff when started by its script
+        prog = shown_prog(prog_given)  # privfed-tradeoff when started by its script
 
         if threading.current_thread() is threading.main_thread() and getattr(
             signal.getsignal(signal.SIGINT), "privfed_start", False

@@ -25,6 +25,8 @@ __all__ = [
     "interruptible",
     "keep_finished",
     "periodic_checkpoint",
+    "reporting_finished_run",
+    "shown_prog",
     "signals_deferred",
     "spill_rows",
 ]
@@ -164,3 +166,44 @@ def heartbeat(bar: Any, *, after: float = 2.0, every: float = 1.0) -> Iterator[N
     finally:
         stop.set()
         thread.join()
+
+
+def shown_prog(prog: str) -> str:
+    """How a command names itself: ``privfed-<command>`` when its installed script started it, else ``prog``."""
+    from privfed.commands.names import prog_name
+
+    command = prog.removeprefix("python -m privfed.") if prog.startswith("python -m privfed.") else ""
+    return prog_name(command) if command else prog
+
+
+@contextlib.contextmanager
+def reporting_finished_run(prog: str, folder: Any):
+    """The console report of a run whose results are published: Ctrl-C, SIGTERM or SIGHUP here says that
+    ``folder`` holds the complete results (only the report on the console was cut short) before the command
+    exits 128 + the signal, as the Flower command says it.  In a process that ends with the command, the
+    handler says so and ends it at once: an exception raised where Python swallows it (a weakref callback)
+    printed a traceback and the run went on to exit 0."""
+    import os
+
+    from privfed._files import STOPS
+    from privfed.commands import start
+
+    line = f"{shown_prog(prog)}: stopped after the run had finished: {folder}/ holds its complete results"
+
+    def said(signum, frame):
+        with contextlib.suppress(OSError, ValueError, RuntimeError):  # RuntimeError: a write it interrupted
+            sys.stdout.flush()
+        with contextlib.suppress(OSError, ValueError, RuntimeError):
+            print(line, file=sys.stderr, flush=True)
+        os._exit(128 + signum)
+
+    if start.PROCESS_ENDS and threading.current_thread() is threading.main_thread():
+        for sig in STOPS:  # until finish_on_signal takes over with the command's own status
+            if signal.getsignal(sig) is not signal.SIG_IGN:
+                signal.signal(sig, said)
+    try:
+        yield
+    except KeyboardInterrupt:
+        with contextlib.suppress(OSError, ValueError):  # after SIGHUP the terminal may be gone
+            print(line, file=sys.stderr, flush=True)
+        raise
