@@ -48,7 +48,7 @@ def _real_values(x) -> np.ndarray:
     arr = np.asarray(x)
     if arr.dtype.kind not in "biuf":
         raise InputError(f"noise is added to real numbers, got values of dtype {arr.dtype}")
-    return arr.astype(np.float64)
+    return arr.astype(np.float64, copy=False)  # no copy of a float64 upload: the noise is the one temporary
 
 
 __all__ = [
@@ -109,14 +109,14 @@ class NumpyNoise(NoiseBackend):
         # a NaN or inf scale returned NaN or inf values, a negative one numpy's error (OpenDP refuses them too)
         x = _real_values(x)  # complex values kept their imaginary part unnoised
         if check_nonnegative(sigma, "sigma") == 0:
-            return x
+            return x.copy()
         self._warn()
         return x + check_generator(rng).normal(0.0, sigma, size=np.shape(x))
 
     def add_laplace(self, x, scale, rng):
         x = _real_values(x)
         if check_nonnegative(scale, "scale") == 0:
-            return x
+            return x.copy()
         self._warn()
         return x + check_generator(rng).laplace(0.0, scale, size=np.shape(x))
 
@@ -127,7 +127,7 @@ class NumpyNoise(NoiseBackend):
         if not epsilon > 0:  # 0 is infinite noise, NaN no scale at all
             raise ConfigError(f"epsilon of geometric noise must be > 0 (inf: no noise), got {epsilon!r}")
         if math.isinf(epsilon):
-            return x
+            return x.copy()
         rng = check_generator(rng)
         p = -math.expm1(-epsilon)  # success probability 1 - e^-eps
         shape = np.shape(x)

@@ -150,7 +150,7 @@ class CountNoise(Parameters):
             raw.dtype.kind not in "iuf"
         ):  # complex lost its imaginary part, True counted as 1, text raised numpy's error
             raise ConfigError(f"counts must be whole numbers, got values of dtype {raw.dtype}")
-        c = raw.astype(np.float64)
+        c = raw.astype(np.float64, copy=False)
         if not np.all(np.isfinite(c)) or np.any(c < 0) or np.any(c != np.round(c)):  # inf == round(inf)
             raise ConfigError("counts must be finite, non-negative whole numbers")
         noisy = self.perturb(c, rng)
