@@ -30,17 +30,9 @@ from collections.abc import Callable
 
 import numpy as np
 
-from mechanisms.dp.calibration import as_real, check_nonnegative
+from mechanisms.dp.calibration import check_nonnegative, check_real
 from privfed._validation.seeds import check_generator
 from privfed.errors import ConfigError, InputError, MissingDependencyError
-
-
-def as_real_or_refuse(value, name: str) -> float:
-    """``value`` as a float (numpy's too), else a ConfigError naming ``name``: a bool or a string is no number."""
-    try:
-        return as_real(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{name} must be a number, got {name}={value!r}") from None
 
 
 def _real_values(x) -> np.ndarray:
@@ -123,7 +115,7 @@ class NumpyNoise(NoiseBackend):
     def add_geometric(self, x, epsilon, rng):
         """Two-sided geometric noise, P(k) proportional to exp(-epsilon |k|), k integer."""
         x = _real_values(x)
-        epsilon = as_real_or_refuse(epsilon, "epsilon")
+        epsilon = check_real(epsilon, "epsilon")
         if not epsilon > 0:  # 0 is infinite noise, NaN no scale at all
             raise ConfigError(f"epsilon of geometric noise must be > 0 (inf: no noise), got {epsilon!r}")
         if math.isinf(epsilon):
@@ -155,7 +147,7 @@ class OpenDPNoise(NoiseBackend):
     secure = True
 
     def __init__(self, grid: float = 2.0**-10) -> None:
-        g = as_real_or_refuse(grid, "grid")  # True was a grid of 1, "0.5" one of 0.5
+        g = check_real(grid, "grid")  # True was a grid of 1, "0.5" one of 0.5
         if not (g > 0 and math.isfinite(g)) or math.frexp(g)[0] != 0.5:
             raise ConfigError(f"grid must be a positive power of two (e.g. 2**-10), got grid={grid!r}")
         self.grid = g
@@ -220,7 +212,7 @@ class OpenDPNoise(NoiseBackend):
     def add_geometric(self, x, epsilon, rng=None):
         """Discrete Laplace with scale 1/epsilon on integers (integer-valued x, no rounding slack)."""
         x = _real_values(x)
-        epsilon = as_real_or_refuse(epsilon, "epsilon")
+        epsilon = check_real(epsilon, "epsilon")
         if math.isinf(epsilon):
             return x.copy()
         if not epsilon > 0:

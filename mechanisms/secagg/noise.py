@@ -46,7 +46,7 @@ from typing import Any
 
 import numpy as np
 
-from mechanisms.dp.calibration import as_real, check_count, check_nonnegative
+from mechanisms.dp.calibration import as_real, check_count, check_nonnegative, check_real
 from privfed._validation.seeds import check_generator
 from privfed.errors import ConfigError
 
@@ -156,10 +156,7 @@ class DistributedGaussian:
                 "statistic, enforced by clipping); there is no safe default"
             )
         object.__setattr__(self, "sensitivity", _as_tuple(self.sensitivity, "sensitivity"))
-        try:  # "0.5" was accepted here and failed later, inside the accounting
-            delta = as_real(self.delta)
-        except (TypeError, ValueError):
-            raise ConfigError(f"delta must be a number in (0, 1), got delta={self.delta!r}") from None
+        delta = check_real(self.delta, "delta")  # "0.5" was accepted here and failed later, in the accounting
         if not (0 < delta < 1):
             raise ConfigError(f"delta must lie in (0, 1), got delta={self.delta}")
         object.__setattr__(self, "delta", delta)
