@@ -115,9 +115,8 @@ def smallest_honest_sum(group_size: int, threshold: int, colluders: int = 0, *, 
     lower bound otherwise); 1 beyond (one node's input may be unmasked).
     """
     t, c = check_count(threshold, "threshold"), check_count(colluders, "colluders", low=0)
-    if active and 2 * t <= check_count(
-        group_size, "group_size"
-    ):  # no majority: a deviating server alone can unmask a node
+    # no majority: a deviating server alone can unmask a node
+    if active and 2 * t <= check_count(group_size, "group_size"):
         return 1
     if c > colluders_tolerated(group_size, threshold, active=active):
         return 1

@@ -91,9 +91,8 @@ def keep_finished(
                 write_partial(done)
             where = out.finish(command, complete=False)
         except PrivfedError as exc:
-            if (
-                getattr(exc, "kept", None) is not None
-            ):  # the partial files were written, only not moved into place
+            # the partial files were written, only not moved into place
+            if getattr(exc, "kept", None) is not None:
                 out.salvage()
                 print(f"{prog}: the sweep stopped after {len(done)} run(s); {exc}", file=sys.stderr)
                 return
