@@ -72,7 +72,7 @@ def load_config_file(
         return float(literal)
 
     if p.suffix.lower() == ".json" or text.lstrip().startswith("{"):  # REC.JSON, a .bak copy: JSON by content
-        from privfed.results.writer import manifest_names, verify_folder
+        from privfed.results.files import in_saved_run, verify_folder
 
         try:
             data = json.loads(text, parse_float=number)
@@ -99,7 +99,7 @@ def load_config_file(
                 f"{flag} {path!r} is a privfed.{other} record, not a privfed.{command} one; replay it with "
                 f"python -m privfed.{other} {flag} {path}"
             )
-        if p.name in (manifest_names(p.parent) or ()):  # a saved run: its files must match their hashes
+        if in_saved_run(p):  # a saved run: its files must match their hashes
             try:
                 verify_folder(p.parent)
             except InputError as exc:

@@ -19,6 +19,7 @@ __all__ = [
     "ResultsWriteError",
     "atomic_write",
     "fsync_dir",
+    "in_saved_run",
     "manifest_names",
     "sha256_file",
     "verify_folder",
@@ -169,6 +170,16 @@ def verify_folder(folder: str | os.PathLike) -> dict[str, Any]:
     if extra:
         raise InputError(f"{where} holds files its {MANIFEST} does not list ({', '.join(extra[:4])})")
     return manifest
+
+
+def in_saved_run(path: Path) -> bool:
+    """Whether the file at ``path`` belongs to a saved run whose folder must match its manifest: its manifest
+    lists it, or it bears a name privfed writes beside a manifest that no longer reads as privfed's (damaged
+    to ``[]`` or emptied: breaking the manifest is no way past the check)."""
+    listed = manifest_names(path.parent)
+    if listed is not None:
+        return path.name in listed
+    return path.name in OUTPUT_NAMES and (path.parent / MANIFEST).exists()
 
 
 def manifest_names(folder: Path) -> set[str] | None:

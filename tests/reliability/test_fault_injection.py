@@ -701,3 +701,20 @@ def test_a_run_that_cannot_leave_its_staging_folder_stays_there_as_named(tmp_pat
     assert kept == run.staging and f"its files are kept in '{kept}'" in str(exc.value)
     getattr(run, then)()  # what the commands and the Flower app do next: neither moves nor removes it
     assert verify_folder(kept)["complete"] is True and (kept / "head.npz").read_bytes() == b"weights"
+
+
+@pytest.mark.parametrize("damage", ["[]", "", "{}"], ids=["list", "empty", "object"])
+def test_a_broken_manifest_is_no_way_past_the_replay_check(tmp_path, capsys, digits_cache, damage):
+    """Before: a manifest damaged to [] (or emptied) no longer listed results.json, so an edited results.json in
+    its run folder was replayed unchecked."""
+    out = tmp_path / "r1"
+    assert tradeoff_main([*SMALL, "--eps", "1", "--seeds", "1", "--out", str(out)]) == 0
+    rec = json.loads((out / "results.json").read_text())
+    rec["config"]["eps"] = [5.0]  # the edit the check exists to catch
+    (out / "results.json").write_text(json.dumps(rec))
+    (out / "manifest.json").write_text(damage)
+    capsys.readouterr()
+    assert tradeoff_main(["--config", str(out / "results.json"), "--out", str(tmp_path / "r2")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "manifest.json" in err and "pass a copy of the file outside its run folder" in err, err
+    assert len(err.splitlines()) == 1 and not (tmp_path / "r2").exists()
