@@ -209,7 +209,21 @@ def extract_dataset_features(
             x = x.to(dev, non_blocking=True)
             if resize is not None:
                 x = resize_batch(x, int(resize))
-            out = backbone(x)
+            try:
+                out = backbone(x)
+            except torch.cuda.OutOfMemoryError:
+                raise
+            except (
+                RuntimeError,
+                AssertionError,
+            ) as exc:  # images it cannot take (channels; ViT: torch._assert)
+                what = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                raise InputError(
+                    f"the backbone {getattr(backbone, 'name', type(backbone).__name__)} cannot take a batch of "
+                    f"images of shape {tuple(x.shape)} ({what}); the images must be what it was built for "
+                    "(3 channels; vit_b_16 224 x 224 unless built with image_size): give the data set the "
+                    "transform of preprocess(), or pass resize"
+                ) from None
             if out.ndim != 2:
                 raise InputError(
                     f"the backbone returned shape {tuple(out.shape)}; expected (batch, d) features"

@@ -519,6 +519,24 @@ def test_extract_dataset_features_matches_direct_forward():
     np.testing.assert_array_equal(F, direct)  # same batches, same kernels: same bits
 
 
+def test_images_a_backbone_cannot_take_are_named_not_a_torch_traceback():
+    """Before: one-channel images (or a ViT given another size) raised torch's RuntimeError from inside the
+    convolution."""
+    import torch.utils.data as tud
+
+    torch.manual_seed(0)
+    fx = vision.build_backbone("squeezenet1_1", weights=None)
+    grey = tud.TensorDataset(torch.rand(6, 1, 32, 32), torch.zeros(6, dtype=torch.int64))
+    with pytest.raises(
+        InputError, match=r"squeezenet1_1 cannot take a batch of images of shape \(4, 1, 32, 32\)"
+    ):
+        vision.extract_dataset_features(grey, fx, batch_size=4, device="cpu", progress=False)
+    vit = vision.build_backbone("vit_b_16", weights=None, image_size=32)
+    wrong = tud.TensorDataset(torch.rand(2, 3, 48, 48), torch.zeros(2, dtype=torch.int64))
+    with pytest.raises(InputError, match="vit_b_16 cannot take.*preprocess"):
+        vision.extract_dataset_features(wrong, vit, batch_size=2, device="cpu", progress=False)
+
+
 def test_vision_pipeline_caches_and_skips_backbone(monkeypatch, tmp_path):
     """load_vision_features end to end on FakeData; a cache hit never builds the backbone."""
     built = []
