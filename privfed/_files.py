@@ -19,13 +19,16 @@ from privfed.errors import InputError
 
 __all__ = [
     "STOPS",
+    "TAKEN",
     "TERMINATING",
     "Terminated",
+    "interrupt_taken",
     "interruptible",
     "open_regular",
     "path_of",
     "read_regular_text",
     "signals_held",
+    "stop_if_taken",
 ]
 
 _NOT_REGULAR = (
@@ -90,6 +93,7 @@ def interruptible() -> Iterator[None]:
         return
 
     def handler(signum, frame):
+        TAKEN.append(signum)
         raise Terminated(signum)
 
     caught = [s for s in TERMINATING if signal.getsignal(s) is not signal.SIG_IGN]
@@ -100,6 +104,27 @@ def interruptible() -> Iterator[None]:
         for s, h in old.items():
             if signal.getsignal(s) is handler:
                 signal.signal(s, h)
+
+
+#: The stops (SIGINT, SIGTERM, SIGHUP) a running command's handlers took, in order.  A handler's exception
+#: raised where Python drops it (in a ``__del__``, a weakref callback or a finaliser that the collector ran: it
+#: prints "Exception ignored" and goes on) would leave the command running to its end and exit 0 as if no
+#: stop had come; the stop stays here, and :func:`stop_if_taken` raises it again at the command's next safe
+#: point (between runs, before the results are published).  Emptied when a command starts and ends.
+TAKEN: list[int] = []
+
+
+def interrupt_taken(signum, frame) -> None:
+    """A command's Ctrl-C: noted in :data:`TAKEN`, then Python's KeyboardInterrupt."""
+    TAKEN.append(signum)
+    raise KeyboardInterrupt
+
+
+def stop_if_taken() -> None:
+    """Raise the first stop a handler took whose exception was lost (:data:`TAKEN`), as the command's
+    KeyboardInterrupt or :class:`Terminated`; nothing when none was."""
+    if TAKEN:
+        raise KeyboardInterrupt() if TAKEN[0] == signal.SIGINT else Terminated(TAKEN[0])
 
 
 #: The signals that stop a command: Ctrl-C, SIGTERM (kill, timeout, a scheduler), SIGHUP (a closed terminal;

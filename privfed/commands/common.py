@@ -28,12 +28,15 @@ from privfed.commands.options import SECURE_AGG_KINDS, HelpFormatter, Parser
 from privfed.commands.signals import (
     Terminated,
     heartbeat,
+    interrupt_taken,
     interruptible,
     keep_finished,
     periodic_checkpoint,
     reporting_finished_run,
     shown_prog,
     signals_deferred,
+    stop_if_taken,
+    stops_kept,
 )
 from privfed.commands.values import (
     as_bool,
@@ -182,6 +185,8 @@ class OutputDir(ResultFolder):
 
     def finish(self, command: str, *, complete: bool, drop: Sequence[str] = ()) -> Path:
         """Drop ``drop``, write the manifest last and move the run into place; returns where it went."""
+        if complete:  # a stop whose exception Python dropped: the run is not published as complete
+            stop_if_taken()
         self.command = command
         self.remove(drop)
         return self.publish(complete=complete)
@@ -392,14 +397,14 @@ def cli_entry(
         if threading.current_thread() is threading.main_thread() and getattr(
             signal.getsignal(signal.SIGINT), "privfed_start", False
         ):  # from here on Ctrl-C is a KeyboardInterrupt, handled below after what finished is written
-            signal.signal(signal.SIGINT, signal.default_int_handler)
+            signal.signal(signal.SIGINT, interrupt_taken)
         kept = _plain_errors((sys.stdout, sys.stderr))
         stdout = sys.stdout
         if stdout is not None:
             sys.stdout = _GuardedStdout(stdout)
         status: int | None = None  # the body's, once it returned: a signal after that changes nothing
         try:
-            with interruptible(), warnings.catch_warnings():
+            with stops_kept(), interruptible(), warnings.catch_warnings():
                 warnings.showwarning = _one_line_warning(prog)  # restored when the body ends
                 from privfed._validation import memory_limit
                 from privfed.stats import dense_view_limit

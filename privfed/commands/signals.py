@@ -13,7 +13,15 @@ from pathlib import Path
 from time import monotonic as time_monotonic
 from typing import Any
 
-from privfed._files import TERMINATING, Terminated, interruptible, signals_held
+from privfed._files import (
+    TAKEN,
+    TERMINATING,
+    Terminated,
+    interrupt_taken,
+    interruptible,
+    signals_held,
+    stop_if_taken,
+)
 from privfed.errors import PrivfedError
 from privfed.results.files import atomic_write
 from privfed.results.writer import ResultFolder, ResultsWriteError
@@ -22,6 +30,7 @@ __all__ = [
     "TERMINATING",
     "Terminated",
     "heartbeat",
+    "interrupt_taken",
     "interruptible",
     "keep_finished",
     "periodic_checkpoint",
@@ -29,6 +38,8 @@ __all__ = [
     "shown_prog",
     "signals_deferred",
     "spill_rows",
+    "stop_if_taken",
+    "stops_kept",
 ]
 
 
@@ -43,6 +54,26 @@ def signals_deferred() -> Iterator[None]:
         raise KeyboardInterrupt() if got[0] == signal.SIGINT else Terminated(got[0])
 
 
+@contextlib.contextmanager
+def stops_kept() -> Iterator[None]:
+    """While a command runs: a stop whose exception Python dropped (:data:`privfed._files.TAKEN`) is kept for
+    :func:`stop_if_taken`, and not printed as "Exception ignored" with a traceback (the command says
+    "interrupted" itself once it stops); any other dropped exception is printed as Python prints it."""
+    hook = sys.unraisablehook
+
+    def kept(unraisable) -> None:
+        if not (TAKEN and isinstance(unraisable.exc_value, KeyboardInterrupt)):
+            hook(unraisable)
+
+    TAKEN.clear()
+    sys.unraisablehook = kept
+    try:
+        yield
+    finally:
+        sys.unraisablehook = hook
+        TAKEN.clear()
+
+
 def periodic_checkpoint(write_partial: Callable[[list], None], every: float) -> Callable[[list], None]:
     """A callback for a long sweep: every ``every`` seconds, what finished goes to disk.
 
@@ -53,6 +84,7 @@ def periodic_checkpoint(write_partial: Callable[[list], None], every: float) -> 
 
     def checkpoint(records: list) -> None:
         nonlocal last
+        stop_if_taken()  # a stop whose exception was dropped stops the sweep here, between two runs
         if time.monotonic() - last >= every:
             with signals_deferred():
                 try:

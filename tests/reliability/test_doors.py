@@ -364,6 +364,53 @@ def test_ctrl_c_during_start_up_exits_130_in_one_line(command, script, tmp_path)
         assert not (tmp_path / "o").exists() and not any(n.name.startswith(".o.") for n in tmp_path.iterdir())
 
 
+_DROPPED_STOP = """
+import os, signal, sys
+from privfed.commands.start import exit_with, quiet_start
+quiet_start("tradeoff")
+import privfed.commands.tradeoff.cli as cli
+
+real, SIG = cli._run, getattr(signal, sys.argv.pop(1))
+
+
+class Dropped:
+    def __del__(self):
+        os.kill(os.getpid(), SIG)
+        for _ in range(10_000):  # the handler runs here, inside __del__, where Python drops its exception
+            pass
+
+
+def run(*args):
+    Dropped()
+    return real(*args)
+
+
+cli._run = run
+exit_with(cli.main)
+"""
+
+
+@pytest.mark.parametrize(
+    ("sig", "code", "word"), [("SIGINT", 130, "interrupted"), ("SIGTERM", 143, "terminated")]
+)
+def test_a_stop_whose_exception_python_dropped_still_stops_the_sweep(tmp_path, sig, code, word):
+    """A Ctrl-C (or SIGTERM) handled inside a __del__ or a weakref callback raised its exception where Python
+    prints "Exception ignored" and drops it: the sweep ran to its end, published its results as complete and
+    exited 0.  Now the stop is kept and taken at the next run's end: exit 128 + the signal, one line, the
+    finished run kept as partial results."""
+    driver = tmp_path / "driver.py"
+    driver.write_text(_DROPPED_STOP)
+    out = tmp_path / "o"
+    p = subprocess.run(
+        [sys.executable, str(driver), sig, "--eps", "1", *SMALL, "--out", str(out)],
+        env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert p.returncode == code, (p.returncode, p.stderr[-800:])
+    assert "Traceback" not in p.stderr and "Exception ignored" not in p.stderr, p.stderr[-800:]
+    assert word in p.stderr.strip().splitlines()[-1]
+    assert not (out / "results.json").exists() and (out / "results.partial.json").is_file()
+
+
 def _installed_script(command: str, folder) -> Path:
     """``privfed-<command>`` as pip writes it into a virtual environment's bin folder, for the entry point
     pyproject.toml declares (not an older install's)."""
