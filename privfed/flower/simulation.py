@@ -46,6 +46,7 @@ from typing import Any
 from flwr.clientapp import ClientApp
 
 from mechanisms.secagg.bounds import PublicBounds
+from privfed._files import stop_if_taken
 from privfed.errors import ConfigError, PrivfedError
 from privfed.flower.client_app import make_client_app
 from privfed.flower.config import FlowerConfig, check_num_cpus
@@ -416,6 +417,7 @@ def flwr_run(
             deadline = time.monotonic() + timeout
             assert run.stdout is not None
             for raw in run.stdout:
+                stop_if_taken()  # a Ctrl-C whose exception Python dropped stops the run all the same
                 line = _ANSI.sub("", raw).rstrip()
                 lines.append(line)
                 if say is not None and line.strip() and (verbose or _worth_showing(line)):
@@ -458,6 +460,7 @@ def _tail(path: Path, n: int = 200) -> list[str]:
 def _wait_port(port: int, timeout: float, proc: subprocess.Popen, log: Path) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        stop_if_taken()
         if proc.poll() is not None:
             raise PrivfedError(
                 f"Flower's SuperLink exited during start-up ({proc.returncode}): " + " | ".join(_tail(log, 5))
