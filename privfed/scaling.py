@@ -114,6 +114,17 @@ def peak_magnitude(F: np.ndarray) -> float:
     return max(hi, -lo) if F.size else 0.0
 
 
+def least_row_peak(F: np.ndarray) -> float:
+    """The least max |x| over the rows that are not all zero (0.0 when every row is), one block at a time."""
+    least = math.inf
+    for blk in _row_blocks(F):
+        top = np.maximum(blk.max(axis=1), -blk.min(axis=1))
+        top = top[top > 0]
+        if top.size:
+            least = min(least, float(top.min()))
+    return least if math.isfinite(least) else 0.0
+
+
 def peak_row_norm(F: np.ndarray, peak: float) -> float:
     """Largest row norm, each block divided by ``peak`` first (no overflow), one block at a time."""
     best = 0.0
@@ -160,6 +171,20 @@ def prepare(
         return F, ScaleInfo()
     if _is_invariant(method):
         e = math.frexp(peak)[1]  # peak * 2^-e in [0.5, 1)
+        low = least_row_peak(F)
+        if (
+            math.ldexp(low, -e) < lo
+        ):  # a row that 2^-e would flush to zero (or near it): the scaling is exact no more
+            e = (
+                math.frexp(low / lo)[1] - 1
+            )  # the least row's peak to at least lo, if the largest stays below hi
+            if math.ldexp(peak, -e) > hi:
+                raise InputError(
+                    f"the feature rows span magnitudes from {low:.3g} to {peak:.3g}, more than float64 statistics "
+                    f"hold at any common scale (about {lo:.3g} to {hi:.3g} for {n} samples of dimension {d}): "
+                    f"rescaling them for method {name!r} would flush the small rows to zero; bring the rows to "
+                    "comparable magnitudes (e.g. divide each by its norm) or drop the outliers"
+                )
         return (np.ldexp(F, -e, out=F) if owned else np.ldexp(F, -e)), ScaleInfo(e, peak)
     side = "large" if peak > hi else "small"
     what = "overflow" if peak > hi else "underflow"
