@@ -110,8 +110,12 @@ def fit(
         )
         if num_clients is not None and _check_num_clients(num_clients) != K:
             raise InputError(
-                f"num_clients={num_clients} but clients numbers {K} clients 0..{K - 1}; without privacy every "
-                "client must hold data"
+                (
+                    f"num_clients={num_clients} but no clients were given (every sample on one client)"
+                    if clients is None
+                    else f"num_clients={num_clients} but clients numbers {K} client(s), 0..{K - 1}"
+                )
+                + "; without privacy every client must hold data: leave num_clients out, or give each client data"
             )
         absent = np.flatnonzero(np.bincount(y, minlength=C) == 0)
         if absent.size:

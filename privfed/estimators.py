@@ -147,7 +147,8 @@ class FederatedHeadClassifier(ClassifierMixin, BaseEstimator):
         How training samples are spread over clients when :meth:`fit` gets
         no ``clients``: ``None`` puts them on one client (centralised), an
         int K splits them IID into K non-empty clients, a callable
-        ``clients(y, rng) -> ids`` returns the client of each sample.
+        ``clients(y, rng) -> ids`` returns the client of each sample (read
+        as :meth:`fit`'s ``clients`` argument).
     privacy : mechanism, optional
         A privacy mechanism from :mod:`mechanisms` (clipping and noise), as
         ``privacy=`` of :func:`privfed.fit`.  The label set and the number
@@ -258,6 +259,12 @@ class FederatedHeadClassifier(ClassifierMixin, BaseEstimator):
                 raise ConfigError(
                     f"classes must be distinct labels (a non-empty 1-D list) or an int C, got {spec!r}"
                 )
+            texts = {
+                isinstance(v, (str, bytes, np.str_, np.bytes_))
+                for v in np.asarray(spec, dtype=object).ravel()
+            }
+            if len(texts) > 1:  # np.asarray would turn [0, "a"] into ["0", "a"], and y's 0 would not be in it
+                raise ConfigError(f"classes={spec!r} mixes text and other labels; use labels of one type")
             classes = _unique(np.asarray(spec), "classes")[0]
             if classes.ndim != 1 or classes.size < 1 or classes.size != len(spec):
                 raise ConfigError(
@@ -324,7 +331,24 @@ class FederatedHeadClassifier(ClassifierMixin, BaseEstimator):
         if spec is None:
             return None
         if callable(spec):
-            return np.asarray(spec(y, rng))
+            import inspect
+
+            try:
+                inspect.signature(spec).bind(y, rng)
+            except TypeError as exc:
+                raise ConfigError(
+                    f"clients must be a callable (y, rng) -> ids; {spec!r} cannot take them ({exc})"
+                ) from None
+            except ValueError:  # no signature to read (some builtins): called as it is
+                pass
+            ids = spec(y, rng)
+            if ids is None:
+                raise ConfigError(
+                    f"clients={spec!r} returned None; a clients callable returns each sample's client"
+                )
+            return self._client_ids(
+                y, ids, rng
+            )  # read as fit's clients argument (renumbered without privacy)
         if isinstance(spec, (int, np.integer)) and not isinstance(spec, bool) and spec >= 1:
             return iid_clients(y.shape[0], int(spec), rng)
         raise ConfigError(f"clients must be None, an int >= 1 or a callable (y, rng) -> ids, got {spec!r}")

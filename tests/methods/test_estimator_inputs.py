@@ -157,3 +157,37 @@ def test_lbfgs_that_stops_short_says_so_and_a_converged_one_does_not():
     done = privfed.fit("fedlog", X, y, k, solver="lbfgs")
     assert not any("stopped short" in n for n in done.notes)
     assert not any("stopped short" in n for n in exact.notes)
+
+
+def test_classes_mixing_text_and_numbers_are_named_not_misread():
+    """Before: np.asarray turned classes=[0, 'a'] into ['0', 'a'] and the error said y's 0 was not in them."""
+    X = np.random.default_rng(0).normal(size=(30, 3))
+    with pytest.raises(ConfigError, match=r"classes=\[0, 'a'\] mixes text and other labels"):
+        FederatedHeadClassifier("fedncm", classes=[0, "a"]).fit(X, np.array([0, 1] * 15))
+    clf = FederatedHeadClassifier("fedncm", classes=["a", "b"]).fit(X, np.array(["a", "b"] * 15))
+    assert clf.classes_.tolist() == ["a", "b"]
+
+
+def test_a_clients_callable_reads_its_ids_as_fit_reads_its_clients_argument():
+    """Before: the callable's ids were not renumbered (ids 0, 5, 10 failed with 'client(s) [1, 2, ...] have no
+    data' where fit(clients=) renumbered them), and a callable of another signature was a raw TypeError."""
+    rng = np.random.default_rng(0)
+    X, y = rng.normal(size=(30, 3)), np.arange(30) % 3
+    ids = np.arange(30) % 3 * 5
+    given = FederatedHeadClassifier("fedcof").fit(X, y, clients=ids)
+    called = FederatedHeadClassifier("fedcof", clients=lambda y, rng: ids).fit(X, y)
+    np.testing.assert_array_equal(called.coef_, given.coef_)
+    with pytest.raises(ConfigError, match=r"clients must be a callable \(y, rng\) -> ids"):
+        FederatedHeadClassifier("fedcof", clients=lambda y: ids).fit(X, y)
+    with pytest.raises(ConfigError, match="returned None"):
+        FederatedHeadClassifier("fedcof", clients=lambda y, rng: None).fit(X, y)
+
+
+def test_num_clients_without_clients_says_no_clients_were_given():
+    X, y = np.random.default_rng(0).normal(size=(20, 3)), np.arange(20) % 2
+    with pytest.raises(
+        InputError, match=r"num_clients=2 but no clients were given \(every sample on one client\)"
+    ):
+        privfed.fit("fedncm", X, y, None, num_clients=2)
+    with pytest.raises(InputError, match=r"num_clients=5 but clients numbers 2 client\(s\), 0\.\.1"):
+        privfed.fit("fedncm", X, y, np.arange(20) % 2, num_clients=5)
