@@ -65,9 +65,16 @@ def release_mu(events: Iterable[ReleaseEvent | dict], unit: str = "record") -> f
     """
     if unit not in UNITS:
         raise ConfigError(f"unit must be one of {list(UNITS)}, got unit={unit!r}")
+    if events is None or isinstance(events, (str, bytes, dict, ReleaseEvent)):
+        raise ConfigError(f"events must be a list of release events, got {type(events).__name__}")
     total = []
     for e in events:
-        ev = e if isinstance(e, ReleaseEvent) else ReleaseEvent(**dict(e))
+        try:
+            ev = e if isinstance(e, ReleaseEvent) else ReleaseEvent(**dict(e))
+        except (TypeError, ValueError) as exc:  # a key ReleaseEvent has not, a value that is no mapping
+            raise ConfigError(
+                f"a release event must be a ReleaseEvent or its fields, got {e!r} ({exc})"
+            ) from None
         if ev.mechanism != "gaussian" or not ev.private:
             raise ConfigError(
                 f"a {ev.mechanism!r} release of {ev.block!r} has no Gaussian DP guarantee; the budget's GDP "
@@ -87,6 +94,8 @@ def release_mu(events: Iterable[ReleaseEvent | dict], unit: str = "record") -> f
                 )
             mu *= 2.0  # a zero-out (client-level) bound, at record level: the triangle inequality
         total.append(int(ev.rounds) * mu * mu)
+    if not total:  # nothing noised: no guarantee to charge (a release without noise is refused, not free)
+        raise ConfigError("a release without any noised block has no Gaussian DP guarantee to charge")
     return math.sqrt(math.fsum(total))
 
 

@@ -40,11 +40,14 @@ budget protects the node's data, which outlives any one federation, so a new ros
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import pathlib
 import sys
 from collections.abc import Callable
+
+import numpy as np
 
 from mechanisms.dp.calibration import as_real
 from mechanisms.dp.filter import GaussianFilter, release_mu
@@ -191,6 +194,12 @@ def init_ledger(path: str | os.PathLike) -> pathlib.Path:
 
 
 # ------------------------------------------------------------------------------------------- the budget
+def _plain(event) -> dict:
+    """A release event as the ledger's JSON holds it: its fields, numpy scalars as Python numbers."""
+    fields = dataclasses.asdict(event) if isinstance(event, ReleaseEvent) else dict(event)
+    return {k: v.item() if isinstance(v, np.generic) else v for k, v in fields.items()}
+
+
 class NodeBudget:
     """One node's lifetime budget: the filter, the store, and the node's name in its refusals.
 
@@ -270,13 +279,28 @@ class NodeBudget:
         the trusted server), kept with the charge.  The charge is committed to the store before this
         returns.  Returns the mu charged.
         """
+        for name, value in (
+            ("release", release),
+            ("run", run),
+            ("what", what),
+            ("stage", stage),
+            ("noise", noise),
+        ):
+            if not isinstance(
+                value, str
+            ):  # written to the ledger, whose reader takes text only: never stored
+                raise ConfigError(
+                    f"node {self.node} cannot charge a release whose {name} is {value!r}: it must be text; its "
+                    f"ledger {self.store.where} is left as it was"
+                )
         try:
             declared = release_mu(events, self.filter.unit)
         except ConfigError as exc:
             raise self.refuse(
                 what, f"its lifetime budget cannot charge it ({exc})", stage, "uncharged"
             ) from None
-        mu = declared * self._factor("charge", release, factor)
+        factor = self._factor("charge", release, factor)
+        mu = declared * factor
 
         def add(releases: list[dict]) -> list[dict]:
             spent = self._mus(releases)
@@ -301,7 +325,7 @@ class NodeBudget:
                     "id": release,
                     "run": run,
                     "what": what,
-                    "events": [dict(e) for e in events],
+                    "events": [_plain(e) for e in events],
                     "declared_mu": declared,
                     "mu": mu,
                     "settled": factor == 1.0,
@@ -320,7 +344,16 @@ class NodeBudget:
         def lower(releases: list[dict]) -> list[dict]:
             for r in releases:
                 if r["id"] == release:
-                    r["mu"] = float(r["declared_mu"]) * mu
+                    new = float(r["declared_mu"]) * mu
+                    if new > float(
+                        r["mu"]
+                    ):  # a charge is the least noise the release can carry: it only falls
+                        raise ConfigError(
+                            f"node {self.node} cannot settle release {release!r} at mu={format_up(new)}: it was "
+                            f"charged mu={format_up(float(r['mu']))}, the most it can have spent, and a settle only "
+                            f"lowers a charge; its ledger {self.store.where} is left as it was"
+                        )
+                    r["mu"] = new
                     r["settled"] = True
                     return releases
             raise ConfigError(
