@@ -308,3 +308,14 @@ def test_the_sweep_estimate_counts_one_statistics_pass_per_seed_method_and_place
     four = sweep_cost_note(1000, passes=1000, **big)
     assert minutes(four) - minutes(one) == pytest.approx(750 * 10 * per_pass / 60, abs=1.0)
     assert minutes(sweep_cost_note(6000, passes=1500, **shape)) <= 2  # measured: about one minute
+
+
+def test_run_tradeoff_refuses_rounds_it_would_run_as_one_release():
+    """Before: rounds=3 ran one-shot FedLog with noise calibrated for three releases and labelled the row
+    rounds=3 (its guarantee said 'over 1 release(s)')."""
+    from privfed.errors import ConfigError
+    from privfed.tradeoff import TradeoffConfig, run_tradeoff
+
+    cfg = TradeoffConfig(methods=("fedlog",), rounds=3, epsilons=(1.0,), seeds=(0,), clients=4, plot=False)
+    with pytest.raises(ConfigError, match=r"rounds=3 is multi-round FedLog, which .*tradeoff_rounds runs"):
+        run_tradeoff(cfg, progress=False)

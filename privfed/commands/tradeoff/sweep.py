@@ -59,6 +59,12 @@ def run_tradeoff(
     from privfed.release.settings import make_privacy, make_secure_agg, vacuous_delta
 
     cfg = check_config(cfg)  # a config built in Python passes the flags' checks (the command's already did)
+    if cfg.rounds > 1:  # one-shot releases only: calibrated for R rounds, one would be run and labelled R
+        raise ConfigError(
+            f"run_tradeoff runs one-shot releases; rounds={cfg.rounds} is multi-round FedLog, which "
+            "privfed.commands.tradeoff.rounds.tradeoff_rounds runs (what python -m privfed.tradeoff --method "
+            "fedlog --rounds R does): call it with this config, or set rounds=1"
+        )
     t0 = time.perf_counter()
     ds = load_dataset(cfg.dataset, backbone=cfg.backbone, download=cfg.download, progress=progress)
     t_data = time.perf_counter() - t0
