@@ -41,6 +41,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from mechanisms.dp.calibration import as_real
 from privfed.audit import Neighbours, ReleaseAudit, audit_release, fit_release, neighbour_battery
 from privfed.errors import ConfigError
 
@@ -125,8 +126,14 @@ def audit(
     AssertionError
         Naming every pair, verdict and bound that refutes the claim.
     """
+    try:
+        epsilon, delta = as_real(epsilon), as_real(delta)
+    except (TypeError, ValueError):
+        epsilon = delta = math.nan
     if not (epsilon > 0) or not (0 <= delta < 1):
-        raise ConfigError(f"need epsilon > 0 and delta in [0, 1), got epsilon={epsilon}, delta={delta}")
+        raise ConfigError(f"need epsilon > 0 and delta in [0, 1), got epsilon={epsilon!r}, delta={delta!r}")
+    if neighbours is None and level not in ("record", "client"):
+        raise ConfigError(f"level must be 'record' or 'client', got {level!r}")
     if statistical not in ("first", "all", "none"):
         raise ConfigError(f"statistical must be 'first', 'all' or 'none', got {statistical!r}")
     pairs = list(neighbour_battery(level) if neighbours is None else neighbours)
@@ -145,15 +152,17 @@ def audit(
     for r in results:
         if r.flagged:
             failures.append(f"{r.pair}: {r.verdict}: {r.reason}")
-        if r.verdict == "statistical":
-            if r.eps_lb > epsilon:
-                failures.append(
-                    f"{r.pair}: empirical epsilon lower bound {r.eps_lb:.4g} > claimed {epsilon:g}"
-                )
-            if r.claimed_eps > epsilon * (1 + 1e-12) and math.isfinite(r.claimed_eps):
-                failures.append(
-                    f"{r.pair}: the release's report states epsilon {r.claimed_eps:.6g} > claimed {epsilon:g}"
-                )
+        if r.verdict == "no claim":  # the release itself says it gives no DP guarantee
+            failures.append(
+                f"{r.pair}: the release's report states no DP guarantee ({r.reason or 'no report'})"
+            )
+        if r.verdict == "statistical" and r.eps_lb > epsilon:
+            failures.append(f"{r.pair}: empirical epsilon lower bound {r.eps_lb:.4g} > claimed {epsilon:g}")
+        # every pair whose release reported (not only those given the statistical test)
+        if r.claimed_eps > epsilon * (1 + 1e-12):
+            failures.append(
+                f"{r.pair}: the release's report states epsilon {r.claimed_eps:.6g} > claimed {epsilon:g}"
+            )
     if failures:
         raise AssertionError(
             f"privacy audit refutes the claim ({epsilon:g}, {delta:g}):\n  " + "\n  ".join(failures)

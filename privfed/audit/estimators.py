@@ -100,6 +100,16 @@ def clopper_pearson_upper(k, n: int, level: float) -> np.ndarray:
     return np.where(k >= n, 1.0, ub)
 
 
+def _real(name: str, value) -> float:
+    """``value`` as a float (a bool or text is no number), else a ConfigError naming ``name``."""
+    if isinstance(value, (bool, str, bytes)) or value is None:
+        raise ConfigError(f"{name} must be a number, got {name}={value!r}")
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name} must be a number, got {name}={value!r}") from None
+
+
 def audit_scores(
     scores0: np.ndarray,
     scores1: np.ndarray,
@@ -121,13 +131,24 @@ def audit_scores(
     s1 = np.asarray(scores1, dtype=np.float64).ravel()
     if s0.size != s1.size or s0.size == 0:
         raise ConfigError(f"need the same positive number of scores per side, got {s0.size} and {s1.size}")
+    alpha, delta = _real("alpha", alpha), _real("delta", delta)
     if not 0 < alpha < 1:
         raise ConfigError(f"alpha must lie in (0, 1), got alpha={alpha}")
     if not 0 <= delta < 1:
         raise ConfigError(f"delta must lie in [0, 1), got delta={delta}")
+    if isinstance(comparisons, bool) or not isinstance(comparisons, (int, np.integer)) or comparisons < 1:
+        raise ConfigError(f"comparisons must be an int >= 1, got comparisons={comparisons!r}")
+    for name, claim in (("claimed_mu", claimed_mu), ("claimed_eps", claimed_eps)):
+        if claim is not None and not _real(name, claim) >= 0:
+            raise ConfigError(f"{name} must be a number >= 0 (or None), got {name}={claim!r}")
     if np.isnan(s0).any() or np.isnan(s1).any():
         raise ConfigError("scores contain NaN; the mechanism produced invalid outputs")
-    t = np.asarray(thresholds, dtype=np.float64)
+    try:
+        t = np.asarray(thresholds, dtype=np.float64).ravel()
+    except (TypeError, ValueError):
+        t = np.array([np.nan])
+    if t.size == 0 or not np.isfinite(t).all():  # a NaN threshold says "D0" always: a false refutation
+        raise ConfigError(f"thresholds must be a non-empty list of finite numbers, got {thresholds!r}")
     n = s0.size
     level = alpha / (2 * t.size * max(int(comparisons), 1))
     fp = (s0[None, :] > t[:, None]).sum(axis=1)
@@ -202,10 +223,25 @@ def noise_scale_test(samples: Sequence[np.ndarray], claimed_std: float, *, alpha
     ``sigma_ub`` = sqrt(dof s^2 / chi2.ppf(alpha, dof)) is an upper confidence bound on the noise
     present; ``below`` is True when it is under ``claimed_std`` (less noise than the report states).
     """
+    claimed_std, alpha = _real("claimed_std", claimed_std), _real("alpha", alpha)
+    if not (claimed_std > 0 and math.isfinite(claimed_std)) or not 0 < alpha < 0.5:
+        raise ConfigError(
+            f"claimed_std must be a finite number > 0 and alpha lie in (0, 0.5), got claimed_std={claimed_std}, "
+            f"alpha={alpha}"
+        )
+    if isinstance(
+        samples, np.ndarray
+    ):  # one array would be read as its rows, each a 1-D array: nothing tested
+        raise ConfigError("samples must be a list of arrays (draws, values), one per dataset, not one array")
     ss, dof = 0.0, 0
-    for a in samples:
+    for i, a in enumerate(samples):
         a = np.asarray(a, dtype=np.float64)
-        if a.ndim != 2 or a.shape[0] < 2 or a.shape[1] == 0:
+        if a.ndim != 2:  # (draws, C, d) would be skipped and the test pass on nothing: reshape it first
+            raise ConfigError(
+                f"samples[{i}] has shape {a.shape}; each must be (draws, values): reshape it to "
+                "(draws, -1) first"
+            )
+        if a.shape[0] < 2 or a.shape[1] == 0:
             continue
         ss += float(((a - a.mean(axis=0)) ** 2).sum())
         dof += (a.shape[0] - 1) * a.shape[1]

@@ -31,6 +31,7 @@ from scipy.stats import norm as _norm
 
 from privfed.audit.estimators import audit_scores, noise_scale_test, upper_triangle
 from privfed.audit.neighbours import Neighbours
+from privfed.errors import ConfigError
 
 __all__ = [
     "MIN_META_DRAWS",
@@ -309,6 +310,15 @@ def audit_release(
     scale_alpha : float
         Level of the one-sided noise-scale test (false alarm probability per pair).
     """
+    for name, value, least in (("draws", draws, 0), ("heldout", heldout, 2), ("meta_draws", meta_draws, 1)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < least:
+            # one held-out draw a side has no spread: every output would read as a deterministic difference
+            raise ConfigError(f"audit_release: {name} must be an int >= {least}, got {name}={value!r}")
+    pairs = list(pairs)
+    if not all(all(hasattr(p, a) for a in ("name", "d0", "d1")) for p in pairs):
+        raise ConfigError(
+            "audit_release: pairs must be Neighbours (privfed.audit.neighbour_battery makes them)"
+        )
     meta_draws = max(int(meta_draws), MIN_META_DRAWS)
     results = []
     for p_i, pair in enumerate(pairs):
@@ -353,6 +363,8 @@ def audit_release(
                     "metadata only",
                     "no deterministic difference in "
                     f"{meta_draws} draws per side; no statistical test asked for",
+                    # what the report states: inf where it states no protection
+                    claimed_eps=_claims(rep)[0] if _private(rep) else (math.nan if rep is None else math.inf),
                 )
             )
             continue
