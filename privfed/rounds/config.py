@@ -99,6 +99,8 @@ class RoundsConfig:
                 f"partition={self.partition!r}"
             )
         check_count(self.rounds, "rounds")  # 10**20 rounds would run the release-free run first, for ever
+        pos_int("clients")
+        pos_int("batch_size")  # -1 trained on nothing (an empty range of batches), 0 was range()'s error
         pos_int("local_epochs", 0)
         pos_int("seed", 0)
         if self.noise_seed is not None:
@@ -118,12 +120,17 @@ class RoundsConfig:
             raise ConfigError(
                 f"init must be 'public' (trained on the public split) or 'scratch', got {self.init!r}"
             )
-        fams = tuple(self.families)
+        for name in ("families", "baselines"):  # a string is one name (not its letters); None is no list
+            v = getattr(self, name)
+            if not isinstance(v, str) and (v is None or not hasattr(v, "__iter__")):
+                raise ConfigError(f"{name} must be a list of names, got {name}={v!r}")
+        fams = (self.families,) if isinstance(self.families, str) else tuple(self.families)
         if not fams or any(f not in FAMILIES for f in fams):
             raise ConfigError(f"families must be a non-empty list from {list(FAMILIES)}, got {list(fams)}")
         if self.fedavg_family not in FAMILIES:
             raise ConfigError(f"fedavg_family must be one of {list(FAMILIES)}, got {self.fedavg_family!r}")
-        bad = [b for b in self.baselines if b not in ("oneshot", "local", "fedavg")]
+        baselines = (self.baselines,) if isinstance(self.baselines, str) else tuple(self.baselines)
+        bad = [b for b in baselines if b not in ("oneshot", "local", "fedavg")]
         if bad:
             raise ConfigError(f"unknown baseline(s) {bad}; choose from ['oneshot', 'local', 'fedavg']")
         if self.secure_agg not in SECURE_CHOICES:
@@ -159,7 +166,7 @@ class RoundsConfig:
                 f"clients to answer (it tolerates one colluding client), so at most {self.clients - t} may "
                 "drop; use more clients or fewer dropouts"
             )
-        return replace(self, epsilon=eps, families=fams, baselines=tuple(self.baselines))
+        return replace(self, epsilon=eps, families=fams, baselines=baselines)
 
     def data_rules(self) -> dict[str, Any]:
         """The run's data in words and counts (:func:`privfed.results.record.data_rules`) as multi-round

@@ -5,11 +5,12 @@ from __future__ import annotations
 import math
 import time
 import warnings
-from dataclasses import replace
+from dataclasses import fields, replace
 
 import numpy as np
 
 from privfed.data.digits import deterministic_torch
+from privfed.errors import ConfigError
 from privfed.rounds.baselines import fedavg_baseline, local_baseline
 from privfed.rounds.bodies import FEATURE_DIM
 from privfed.rounds.config import DEFAULT_MAX_RECORDS, RoundsConfig, RoundsResult
@@ -82,6 +83,13 @@ def run_rounds(cfg: RoundsConfig | None = None, *, progress: bool = False, **ove
     -------
     RoundsResult
     """
+    if cfg is not None and not isinstance(cfg, RoundsConfig):
+        raise ConfigError(
+            f"run_rounds takes a RoundsConfig (or keyword settings), got a {type(cfg).__name__}"
+        )
+    unknown = sorted(set(overrides) - {f.name for f in fields(RoundsConfig)})
+    if unknown:
+        raise ConfigError(f"run_rounds: unknown setting(s) {unknown}; RoundsConfig has no such field")
     cfg = replace(cfg or RoundsConfig(), **overrides).validate()
     t0, c0 = time.perf_counter(), time.process_time()
     from tqdm.auto import tqdm

@@ -172,3 +172,28 @@ def test_the_per_round_functions_refuse_bad_arguments_in_a_line():
     for call, match in cases:
         with pytest.raises(PrivfedError, match=match):
             call()
+
+
+@pytest.mark.parametrize(
+    ("kw", "word"),
+    [
+        ({"batch_size": -1}, "batch_size must be an integer >= 1"),  # trained on nothing, silently
+        ({"batch_size": 0}, "batch_size must be an integer >= 1"),
+        ({"batch_size": 2.5}, "batch_size must be an integer >= 1"),
+        ({"batch_size": True}, "batch_size must be an integer >= 1"),
+        ({"clients": 0}, "clients must be an integer >= 1"),
+        ({"baselines": None}, "baselines must be a list of names"),
+        ({"families": None}, "families must be a list of names"),
+        ({"epsilonn": 1.0}, r"unknown setting\(s\) \['epsilonn'\]"),
+    ],
+)
+def test_run_rounds_refuses_settings_a_battery_found_unchecked(kw, word):
+    with pytest.raises(ConfigError, match=word):
+        run_rounds(**{"clients": 2, "rounds": 2, "families": ("mlp",), "init": "scratch", **kw})
+
+
+def test_run_rounds_reads_one_name_as_a_list_of_one_and_refuses_a_dict_config():
+    cfg = RoundsConfig(baselines="oneshot", families="mlp").validate()
+    assert cfg.baselines == ("oneshot",) and cfg.families == ("mlp",)  # were ('o', 'n', 'e', ...)
+    with pytest.raises(ConfigError, match="run_rounds takes a RoundsConfig"):
+        run_rounds({"rounds": 2})
