@@ -77,9 +77,15 @@ class LinearHead:
                 arr, f"LinearHead {name}"
             )  # text (even "1.5"), complex, bool, objects: never cast
             setattr(self, name, arr.astype(np.float64, copy=False))
-        if self.weight.ndim != 2 or self.bias.shape != (self.weight.shape[0],):
+        if self.weight.ndim != 2 or self.bias.shape != (self.weight.shape[0],) or self.weight.shape[0] < 1:
             raise InputError(
-                f"LinearHead weight must be (C, d) and bias (C,), got {self.weight.shape} and {self.bias.shape}"
+                f"LinearHead weight must be (C, d) and bias (C,) with C >= 1 classes, got {self.weight.shape} and "
+                f"{self.bias.shape}"
+            )
+        if self.feature_transform is not None and not callable(self.feature_transform):
+            raise InputError(
+                f"LinearHead feature_transform must be a callable (features -> features) or None, got "
+                f"{self.feature_transform!r}"
             )
         finite_weight = weight_proved_finite is True or bool(np.isfinite(self.weight).all())
         if not (finite_weight and np.isfinite(self.bias).all()):

@@ -191,3 +191,14 @@ def test_num_clients_without_clients_says_no_clients_were_given():
         privfed.fit("fedncm", X, y, None, num_clients=2)
     with pytest.raises(InputError, match=r"num_clients=5 but clients numbers 2 client\(s\), 0\.\.1"):
         privfed.fit("fedncm", X, y, np.arange(20) % 2, num_clients=5)
+
+
+def test_a_head_without_classes_or_with_a_transform_that_is_no_function_is_refused_when_made():
+    """Before: both were accepted, and predict then raised numpy's 'argmax of an empty sequence' or
+    "'int' object is not callable"."""
+    with pytest.raises(InputError, match=r"C >= 1 classes, got \(0, 4\)"):
+        LinearHead(np.ones((0, 4)), np.ones(0))
+    with pytest.raises(InputError, match="feature_transform must be a callable"):
+        LinearHead(np.ones((2, 4)), np.zeros(2), feature_transform=5)
+    head = LinearHead(np.eye(2, 4), np.zeros(2), feature_transform=lambda F: 2 * F)
+    assert head.predict(np.eye(2, 4)).tolist() == [0, 1]
