@@ -116,3 +116,29 @@ def test_public_labels_map_any_sortable_values_and_refuse_a_label_outside_them()
     assert set(clf.predict(X)) <= {"maybe", "no", "yes"}
     with pytest.raises(privfed.InputError, match="'yes', not in classes"):
         FederatedHeadClassifier("fedncm", clients=3, privacy=mech, classes=["no", "maybe"]).fit(X, y)
+
+
+def test_a_mechanism_says_which_of_its_settings_did_not_apply():
+    """Before: trusted_aggregator=True with FedCOF (whose server needs each client's statistics) ran local
+    noise, and dropout_tolerance without secure aggregation was ignored, both without a word."""
+    import privfed
+    from mechanisms import GaussianMechanism
+
+    rng = np.random.default_rng(0)
+    X, y, k = rng.normal(size=(60, 4)), np.arange(60) % 3, np.arange(60) % 4
+    kw = dict(num_classes=3, num_clients=4, random_state=0)
+    trusted = GaussianMechanism(epsilon=1, delta=1e-5, clip=3, trusted_aggregator=True)
+    rep = privfed.fit("fedcof", X, y, k, privacy=trusted, **kw).privacy
+    assert rep.placement == "local" and any("trusted_aggregator=True was not used" in n for n in rep.notes)
+    rep = privfed.fit(
+        "fedncm",
+        X,
+        y,
+        k,
+        privacy=GaussianMechanism(epsilon=1, delta=1e-5, clip=3, trusted_aggregator=True),
+        **kw,
+    ).privacy
+    assert rep.placement == "central" and not any("was not used" in n for n in rep.notes)
+    tol = GaussianMechanism(epsilon=1, delta=1e-5, clip=3, dropout_tolerance=2)
+    rep = privfed.fit("fedncm", X, y, k, privacy=tol, **kw).privacy
+    assert any("dropout_tolerance=2 sizes the noise shares of a secure sum" in n for n in rep.notes)

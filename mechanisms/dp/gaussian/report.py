@@ -90,6 +90,16 @@ class GaussianReport:
             notes.append("noise on the aggregate is added by a trusted aggregator (it sees exact statistics)")
         if "local" in self._placements:
             notes.append("each client adds the full noise to its own upload (local DP at record level)")
+            if self.trusted_aggregator:  # asked for, and not what ran: the method's server needs each upload
+                notes.append(
+                    "trusted_aggregator=True was not used: the method's server needs every client's own "
+                    "statistics, so each client noised its upload instead (more noise than on the sum)"
+                )
+        if self.dropout_tolerance and events and "distributed" not in self._placements:
+            notes.append(
+                f"dropout_tolerance={self.dropout_tolerance} sizes the noise shares of a secure sum; without "
+                "secure aggregation it was not used"
+            )
         if self.rounds > 1 and events:
             releases = len({e.release_id for e in events})
             notes.append(
