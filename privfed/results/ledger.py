@@ -318,9 +318,13 @@ class NodeLedger:
         sec = body["sections"].get(kind)
         if sec is None:
             return {}
-        if not isinstance(sec, dict) or not isinstance(sec.get("records"), dict):
+        held = sec.get("version", 0) if isinstance(sec, dict) else None
+        if not isinstance(sec.get("records") if isinstance(sec, dict) else None, dict) or (
+            isinstance(held, bool)
+            or not isinstance(held, int)  # "x", "1" or 1.5: a version privfed never writes
+        ):
             raise self._error(f"its section {kind!r} is malformed")
-        if int(sec.get("version", 0)) > int(version):
+        if held > int(version):
             raise self._error(
                 f"its section {kind!r} was written by a newer privfed (version {sec.get('version')}, this one "
                 f"reads {version}); run the node with that version"

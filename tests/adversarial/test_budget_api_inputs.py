@@ -72,3 +72,21 @@ def test_numpy_numbers_are_charged_as_the_numbers_they_hold(tmp_path):
     ev = [dict(_events(0.05)[0], release_id=np.int64(1), sensitivity=np.float64(0.05))]
     mu = b.charge(release="r", run="x", what="w", events=ev, stage="s", factor=np.float64(1.0))
     assert mu == pytest.approx(0.05, rel=1e-12) and b.status()["releases"] == 1
+
+
+@pytest.mark.parametrize("version", ["x", "1", 1.5, True])
+def test_a_section_version_privfed_never_writes_is_a_malformed_ledger_not_a_traceback(tmp_path, version):
+    """Before: a hand edit to version "x" (its digest recomputed) raised int()'s ValueError from every read."""
+    import json
+
+    from privfed.results.ledger import LedgerError, _digest
+
+    path = init_ledger(tmp_path / "n.json")
+    body = {k: v for k, v in json.loads(path.read_text()).items() if k != "sha256"}
+    body["sections"]["dp-budget"]["version"] = version
+    path.write_text(json.dumps(dict(body, sha256=_digest(body))))
+    b = NodeBudget(GaussianFilter(1.0, 1e-5), FileBudgetStore(path), "n0")
+    with pytest.raises(LedgerError, match="its section 'dp-budget' is malformed"):
+        b.status()
+    with pytest.raises(LedgerError, match="malformed"):
+        b.charge(release="r", run="x", what="w", events=_events(0.05), stage="s")
