@@ -163,13 +163,15 @@ class RoundsDP:
             raise ConfigError(
                 f"record_bound must be one of {list(BOUNDS)}, got record_bound={record_bound!r}"
             )
+        if not isinstance(bodies_trained, (bool, np.bool_)):  # "no" is a non-empty string: it read as True
+            raise ConfigError(f"bodies_trained must be True or False, got bodies_trained={bodies_trained!r}")
         if record_bound == "auto":
             record_bound = "upload" if bodies_trained else "theorem"
         self.level, self.placement, self.calibration = level, placement, calibration
         self.record_bound = record_bound if level == "record" else "client"
         self.tolerate = _positive_int("tolerate", tolerate, 0)
         self.bodies_trained = bool(bodies_trained)
-        self.dim = int(dim)
+        self.dim = _positive_int("dim", dim, 1)  # 2.7 was cut to 2, "3" read as 3
         if self.record_bound != "theorem":
             if (
                 isinstance(max_records, bool)

@@ -197,3 +197,15 @@ def test_run_rounds_reads_one_name_as_a_list_of_one_and_refuses_a_dict_config():
     assert cfg.baselines == ("oneshot",) and cfg.families == ("mlp",)  # were ('o', 'n', 'e', ...)
     with pytest.raises(ConfigError, match="run_rounds takes a RoundsConfig"):
         run_rounds({"rounds": 2})
+
+
+def test_rounds_dp_reads_dim_and_bodies_trained_as_given_or_refuses_them():
+    """Before: dim=2.7 was cut to 2 and dim='3' read as 3; bodies_trained='no' (a non-empty string) read as
+    True and chose the trained bodies' sensitivity bound."""
+    base = dict(epsilon=1.0, delta=1e-5, clip=2.0, rounds=2)
+    for dim in (2.7, "3", 0, True):
+        with pytest.raises(ConfigError, match="dim must be an integer >= 1"):
+            RoundsDP(**base, dim=dim, bodies_trained=False)
+    with pytest.raises(ConfigError, match="bodies_trained must be True or False"):
+        RoundsDP(**base, dim=4, bodies_trained="no")
+    assert RoundsDP(**base, dim=np.int64(4), bodies_trained=np.False_).record_bound == "theorem"
