@@ -201,16 +201,31 @@ def draws_for_power(
     At eps = 1, delta = 1e-5, three blocks with equal shares (mu_c = 0.155 each) and ratio 1.25 (noise
     scaled by 0.8) this asks for about 1e5 draws per side.
     """
+    claimed_mu, ratio = _real("claimed_mu", claimed_mu), _real("ratio", ratio)
+    power, alpha = _real("power", power), _real("alpha", alpha)
     if not (claimed_mu > 0 and math.isfinite(claimed_mu)):
         raise ConfigError(f"claimed_mu must be finite and > 0, got {claimed_mu}")
-    if not ratio > 1:
-        raise ConfigError(f"ratio must be > 1 (the true mu as a multiple of the claim), got ratio={ratio}")
+    if not (ratio > 1 and math.isfinite(ratio)):
+        raise ConfigError(
+            f"ratio must be finite and > 1 (the true mu as a multiple of the claim), got ratio={ratio}"
+        )
     if not 0 < power < 1:
         raise ConfigError(f"power must lie in (0, 1), got power={power}")
-    z_a = _norm.ppf(1 - alpha / (2 * int(thresholds) * max(int(comparisons), 1)))
+    if not 0 < alpha < 1:
+        raise ConfigError(f"alpha must lie in (0, 1), got alpha={alpha}")
+    for name, v in (("thresholds", thresholds), ("comparisons", comparisons)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+            raise ConfigError(f"{name} must be an int >= 1, got {name}={v!r}")
+    z_a = _norm.ppf(1 - alpha / (2 * int(thresholds) * int(comparisons)))
     z_b = _norm.ppf(power)
     num = 2 * z_a * math.sqrt(math.pi / 2) + z_b * math.sqrt(math.pi)
-    return math.ceil((num / ((ratio - 1) * claimed_mu)) ** 2)
+    with np.errstate(over="ignore"):
+        n = float((np.float64(num) / ((ratio - 1) * claimed_mu)) ** 2)
+    if not math.isfinite(n):  # a claim so small no number of draws refutes it at this ratio
+        raise ConfigError(
+            f"claimed_mu={claimed_mu:g} at ratio={ratio:g} needs more draws than can be counted"
+        )
+    return math.ceil(n)
 
 
 def noise_scale_test(samples: Sequence[np.ndarray], claimed_std: float, *, alpha: float = 1e-6) -> dict:

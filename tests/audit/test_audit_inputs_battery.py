@@ -94,3 +94,20 @@ def test_noise_scale_test_refuses_samples_it_would_skip():
     for kw in ({"claimed_std": np.nan}, {"alpha": 1.0}):
         with pytest.raises(ConfigError, match="claimed_std must be a finite number"):
             noise_scale_test([thin.reshape(50, -1)], **{"claimed_std": 1.0, **kw})
+
+
+def test_draws_for_power_refuses_what_it_cannot_size():
+    from privfed.audit import draws_for_power
+
+    assert draws_for_power(0.155) > 1000
+    for kw, word in (
+        ({"ratio": np.inf}, "ratio must be finite"),
+        ({"alpha": 0}, "alpha must lie in"),
+        ({"alpha": 5}, "alpha must lie in"),
+        ({"thresholds": 0}, "thresholds must be an int >= 1"),
+        ({"claimed_mu": 1e-300}, "more draws than can be counted"),
+        ({"claimed_mu": "0.5"}, "claimed_mu must be a number"),
+        ({"claimed_mu": True}, "claimed_mu must be a number"),
+    ):
+        with pytest.raises(ConfigError, match=word):
+            draws_for_power(**{"claimed_mu": 0.155, **kw})
