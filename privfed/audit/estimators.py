@@ -312,14 +312,19 @@ def audit(
     rng : numpy.random.Generator
     """
     check_generator(rng)
-    if not (scale > 0):
-        raise ConfigError(f"scale must be > 0 (the claimed noise scale), got scale={scale}")
+    scale = _real("scale", scale)
+    if not (scale > 0 and math.isfinite(scale)):
+        raise ConfigError(f"scale must be finite and > 0 (the claimed noise scale), got scale={scale}")
+    if isinstance(draws, bool) or not isinstance(draws, (int, np.integer)) or draws < 1:
+        raise ConfigError(f"draws must be an int >= 1, got draws={draws!r}")  # 2.7 was cut to 2
     u = np.asarray(direction, dtype=np.float64).ravel()
     norm = np.linalg.norm(u)
-    if norm == 0:
-        raise ConfigError("direction must be non-zero")
+    if norm == 0 or not np.isfinite(norm):
+        raise ConfigError("direction must be non-zero and finite")
     u = u / norm
     ref = np.asarray(reference, dtype=np.float64).ravel()
+    if ref.size != u.size:
+        raise ConfigError(f"direction has {u.size} values and reference {ref.size}; they must match")
     scores = []
     for side in (0, 1):
         out = np.asarray(release(side, int(draws), rng), dtype=np.float64).reshape(int(draws), -1)

@@ -111,3 +111,21 @@ def test_draws_for_power_refuses_what_it_cannot_size():
     ):
         with pytest.raises(ConfigError, match=word):
             draws_for_power(**{"claimed_mu": 0.155, **kw})
+
+
+def test_audit_refuses_draws_scale_and_a_direction_it_cannot_use():
+    from privfed.audit import audit as audit_mechanism
+
+    def release(side, n, rng):
+        return rng.normal(size=(n, 3)) + side
+
+    kw = dict(reference=np.zeros(3), direction=np.ones(3), scale=1.0, rng=np.random.default_rng(0))
+    assert audit_mechanism(release, draws=200, **kw).mu_lb > 0
+    for bad, word in (
+        ({"draws": 0}, "draws must be an int >= 1"),
+        ({"draws": 2.7}, "draws must be an int >= 1"),
+        ({"scale": "1"}, "scale must be a number"),
+        ({"direction": np.ones(4)}, "direction has 4 values and reference 3"),
+    ):
+        with pytest.raises(ConfigError, match=word):
+            audit_mechanism(release, **{"draws": 200, **kw, **bad})
