@@ -192,7 +192,7 @@ def test_audit_input_errors():
 
     with pytest.raises(ConfigError, match="same positive number"):
         audit_scores(np.zeros(3), np.zeros(4))
-    with pytest.raises(ConfigError, match="scale must be > 0"):
+    with pytest.raises(ConfigError, match="scale must be finite and > 0"):
         audit(
             lambda s, n, r: np.zeros((n, 1)),
             reference=[0.0],
