@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from mechanisms.dp.calibration import check_count
+from privfed._validation import check_real_dtype
 from privfed._validation.seeds import check_generator
 from privfed.errors import ConfigError, InputError
 from privfed.methods.fedlog import FedLog
@@ -370,6 +371,7 @@ class RoundRelease:
         """Run the round's plan on the per-client statistics ``A`` (K, C, m): the head, with ``head.trace``."""
         check_generator(rng)
         try:
+            check_real_dtype(np.asarray(A), "a round's statistics")  # complex, bool, text: never cast
             A = np.asarray(A, dtype=np.float64)
         except (TypeError, ValueError):
             raise InputError(

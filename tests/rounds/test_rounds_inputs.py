@@ -209,3 +209,17 @@ def test_rounds_dp_reads_dim_and_bodies_trained_as_given_or_refuses_them():
     with pytest.raises(ConfigError, match="bodies_trained must be True or False"):
         RoundsDP(**base, dim=4, bodies_trained="no")
     assert RoundsDP(**base, dim=np.int64(4), bodies_trained=np.False_).record_bound == "theorem"
+
+
+@pytest.mark.parametrize("dtype", [complex, bool])
+def test_a_round_release_refuses_statistics_that_are_not_real_numbers(dtype):
+    """Before: complex statistics were released with their imaginary parts dropped, booleans as 0 and 1."""
+    from privfed.rounds.release import noise_generator
+
+    dp = RoundsDP(epsilon=1.0, delta=1e-5, clip=1.0, rounds=2, dim=3, bodies_trained=False)
+    dp.declare_randomness(seeded=True, noise_seed=0)
+    A = np.zeros((2, 4, 4))
+    A[:, :, 0], A[:, :, 1:] = 3, 0.5
+    with pytest.raises(InputError, match="array of numbers"):
+        RoundRelease(dp, "none", num_clients=2).release(A.astype(dtype), noise_generator(0, 1))
+    assert dp.report().releases == 0
