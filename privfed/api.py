@@ -151,7 +151,7 @@ def fit(
         if declare is not None:
             declare(seeded=seeded)
     # statistics exact in float64, or one clear error; a rescaling is in place only on our own copy
-    F, scaled = scaling.prepare(m, F, privacy, owned=_is_private_copy(F, features))
+    F, scaled = scaling.prepare(m, F, privacy, owned=_is_private_copy(F, features), labels=y)
     head = run_federation(
         m,
         F,

@@ -8,7 +8,8 @@ word.  :func:`prepare` runs before the statistics are computed:
 * a **scale-invariant** method (its predictions do not change when every
   feature is multiplied by the same s > 0: FedNCM, FedCGS, FedLog with
   ``feature_scale="auto"``) gets its features multiplied by an exact power
-  of two 2^-e that brings the largest magnitude into [0.5, 1); power-of-two
+  of two 2^-e that brings the largest magnitude into [0.5, 1) (lower, when a
+  class's largest feature would fall out of float64's range); power-of-two
   scaling is exact in floating point, so the head is the same function of
   the features, and the returned head applies the same factor to the
   features it scores (``feature_transform``) and says so in ``notes``;
@@ -114,15 +115,22 @@ def peak_magnitude(F: np.ndarray) -> float:
     return max(hi, -lo) if F.size else 0.0
 
 
-def least_row_peak(F: np.ndarray) -> float:
-    """The least max |x| over the rows that are not all zero (0.0 when every row is), one block at a time."""
-    least = math.inf
+def least_class_peak(F: np.ndarray, labels: np.ndarray) -> tuple[float, int | None]:
+    """(the least over the classes of their largest |x|, that class), over the classes with a nonzero feature;
+    one block of rows at a time.  A row far smaller than its class's largest adds nothing its class's
+    statistics can hold beside them, so only a whole class can be lost to a common scale."""
+    y = np.asarray(labels).reshape(-1)
+    top = np.zeros(int(y.max()) + 1 if y.size else 0)
+    a = 0
     for blk in _row_blocks(F):
-        top = np.maximum(blk.max(axis=1), -blk.min(axis=1))
-        top = top[top > 0]
-        if top.size:
-            least = min(least, float(top.min()))
-    return least if math.isfinite(least) else 0.0
+        b = a + blk.shape[0]
+        np.maximum.at(top, y[a:b], np.maximum(blk.max(axis=1), -blk.min(axis=1)))
+        a = b
+    held = np.flatnonzero(top > 0)
+    if not held.size:
+        return 0.0, None
+    c = int(held[np.argmin(top[held])])
+    return float(top[c]), c
 
 
 def peak_row_norm(F: np.ndarray, peak: float) -> float:
@@ -135,9 +143,18 @@ def peak_row_norm(F: np.ndarray, peak: float) -> float:
 
 
 def prepare(
-    method, features: np.ndarray, privacy: Any = None, *, owned: bool = False
+    method,
+    features: np.ndarray,
+    privacy: Any = None,
+    *,
+    owned: bool = False,
+    labels: np.ndarray | None = None,
 ) -> tuple[np.ndarray, ScaleInfo]:
     """Features whose statistics are exact in float64, or one clear error (see the module docstring).
+
+    ``labels`` (the class of each row): a rescaling keeps every class's largest feature inside float64's
+    range (the power of two is then chosen by the least class when the largest magnitude alone would flush
+    it), or refuses classes further apart than any common scale holds.
 
     No temporary of the input's size is made: the peak magnitude is read block by block, and a
     rescaling (only for features outside the safe band) is done in place when ``owned`` says the
@@ -171,19 +188,15 @@ def prepare(
         return F, ScaleInfo()
     if _is_invariant(method):
         e = math.frexp(peak)[1]  # peak * 2^-e in [0.5, 1)
-        low = least_row_peak(F)
-        if (
-            math.ldexp(low, -e) < lo
-        ):  # a row that 2^-e would flush to zero (or near it): the scaling is exact no more
-            e = (
-                math.frexp(low / lo)[1] - 1
-            )  # the least row's peak to at least lo, if the largest stays below hi
+        low, cls = least_class_peak(F, labels) if labels is not None else (0.0, None)
+        if low > 0 and math.ldexp(low, -e) < lo:  # a class 2^-e would flush toward zero: exact no more
+            e = math.frexp(low / lo)[1] - 1  # that class's peak to at least lo, if the largest stays below hi
             if math.ldexp(peak, -e) > hi:
                 raise InputError(
-                    f"the feature rows span magnitudes from {low:.3g} to {peak:.3g}, more than float64 statistics "
-                    f"hold at any common scale (about {lo:.3g} to {hi:.3g} for {n} samples of dimension {d}): "
-                    f"rescaling them for method {name!r} would flush the small rows to zero; bring the rows to "
-                    "comparable magnitudes (e.g. divide each by its norm) or drop the outliers"
+                    f"class {cls}'s features reach magnitude {low:.3g} at most, others {peak:.3g}: more than "
+                    f"float64 statistics hold at any common scale (about {lo:.3g} to {hi:.3g} for {n} samples of "
+                    f"dimension {d}), so rescaling them for method {name!r} would lose that class's statistics; "
+                    "bring the classes to comparable magnitudes (e.g. divide each row by its norm)"
                 )
         return (np.ldexp(F, -e, out=F) if owned else np.ldexp(F, -e)), ScaleInfo(e, peak)
     side = "large" if peak > hi else "small"

@@ -364,13 +364,16 @@ def test_scale_invariant_methods_stay_scale_invariant(method, params, digits_dat
 def test_rescaling_never_flushes_a_class_of_small_rows_to_zero(small):
     """Before: rows of 1e200 beside rows of 1e-200 were multiplied by 2^-666, which flushed the small class to
     zero: FedNCM zeroed its weight row, predicted one class for every sample and noted the scaling as exact.
-    Now the exponent keeps the least row inside float64's range, or the span is refused as one InputError."""
+    Now the exponent keeps every class's largest feature inside float64's range, or the span is refused as one
+    InputError; a single row far below its class (beside 1e296 rows) is no reason to refuse."""
     rng = np.random.default_rng(0)
     A = np.abs(rng.normal(size=(10, 3))) * [1, 0.01, 0.01] * 1e200
     B = np.abs(rng.normal(size=(10, 3))) * [0.01, 1, 0.01] * small
     X, y = np.r_[A, B], np.repeat([0, 1], 10)
     if small == 1e-200:  # 400 orders of magnitude: no common scale holds both
-        with pytest.raises(InputError, match=r"rows span magnitudes from 1\.21e-202 to 2\.33e\+200"):
+        with pytest.raises(
+            InputError, match=r"class 1's features reach magnitude 1\.46e-200 at most, others 2\.33e\+200"
+        ):
             privfed.fit("fedncm", X, y)
         return
     head = privfed.fit("fedncm", X, y)
@@ -381,6 +384,11 @@ def test_rescaling_never_flushes_a_class_of_small_rows_to_zero(small):
     W = mu / np.linalg.norm(mu, axis=1, keepdims=True)
     np.testing.assert_array_equal(head.predict(X), np.argmax(X @ W.T, axis=1))  # 19 of 20 right, not 10
     assert head.score(X, y) == 0.95 and any("multiplied by 2^" in n for n in head.notes)
+    B2 = np.abs(rng.normal(size=(10, 3))) * [0.01, 1, 0.01] * 1e296
+    B2[0] = [1e-10, 0, 0]  # one row 306 orders below its class: negligible in its sums, as before
+    mu2 = np.stack([A.mean(0) / A.max(), B2.mean(0) / B2.max()])
+    W2 = privfed.fit("fedncm", np.r_[A, B2], y).weight
+    np.testing.assert_allclose(W2, mu2 / np.linalg.norm(mu2, axis=1, keepdims=True), rtol=1e-14)
 
 
 @pytest.mark.parametrize("method", ["fed3r", "fed3r-within", "fedcof", "fedcof-oracle", "fedlog"])

@@ -235,7 +235,7 @@ def _sweep(
         for mname in cfg.methods:
             method = _methods.get(mname, **cfg.method_params.get(mname, {}))
             common = dict(num_classes=ds.num_classes, num_clients=K)
-            Fs, scale_info = scaling.prepare(method, F)  # statistics exact in float64, or one clear error
+            Fs, scale_info = scaling.prepare(method, F, labels=y)  # exact in float64, or one clear error
             stats0 = client_statistics(method, Fs, y, k, rng=seed_for(seed, mname, "stats"), **common)
             head0 = scaling.finish(
                 server_head(method, stats0, num_clients=K, rng=seed_for(seed, mname, "server")), scale_info
