@@ -152,10 +152,8 @@ def audit(
     for r in results:
         if r.flagged:
             failures.append(f"{r.pair}: {r.verdict}: {r.reason}")
-        if r.verdict == "no claim":  # the release itself says it gives no DP guarantee
-            failures.append(
-                f"{r.pair}: the release's report states no DP guarantee ({r.reason or 'no report'})"
-            )
+        if r.verdict == "no claim" and r.reason:  # a report saying it gives no DP guarantee (none: no report)
+            failures.append(f"{r.pair}: the release's report states no DP guarantee ({r.reason})")
         if r.verdict == "statistical" and r.eps_lb > epsilon:
             failures.append(f"{r.pair}: empirical epsilon lower bound {r.eps_lb:.4g} > claimed {epsilon:g}")
         # every pair whose release reported (not only those given the statistical test)

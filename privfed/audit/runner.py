@@ -310,10 +310,18 @@ def audit_release(
     scale_alpha : float
         Level of the one-sided noise-scale test (false alarm probability per pair).
     """
-    for name, value, least in (("draws", draws, 0), ("heldout", heldout, 2), ("meta_draws", meta_draws, 1)):
+    # heldout is read only by the statistical test (draws > 0)
+    checks = (("draws", draws, 0), ("heldout", heldout, 2 if draws else 0), ("meta_draws", meta_draws, 1))
+    for name, value, least in checks:
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < least:
             # one held-out draw a side has no spread: every output would read as a deterministic difference
             raise ConfigError(f"audit_release: {name} must be an int >= {least}, got {name}={value!r}")
+    if (
+        isinstance(scale_alpha, bool)
+        or not isinstance(scale_alpha, (int, float))
+        or not 0 < scale_alpha < 0.5
+    ):
+        raise ConfigError(f"audit_release: scale_alpha must lie in (0, 0.5), got scale_alpha={scale_alpha!r}")
     pairs = list(pairs)
     if not all(all(hasattr(p, a) for a in ("name", "d0", "d1")) for p in pairs):
         raise ConfigError(

@@ -129,3 +129,25 @@ def test_audit_refuses_draws_scale_and_a_direction_it_cannot_use():
     ):
         with pytest.raises(ConfigError, match=word):
             audit_mechanism(release, **{"draws": 200, **kw, **bad})
+
+
+def test_held_out_draws_are_checked_only_for_the_statistical_test():
+    """The review of the checks above: audit_sweep's default (draws=0, heldout=0) stopped at its first pair."""
+    run = lambda data, seed: {"arrays": [np.zeros(3)], "meta": (), "report": None}  # noqa: E731
+    assert [r.verdict for r in audit_release(run, neighbour_battery()[:1], draws=0, heldout=0)] == [
+        "metadata only"
+    ]
+    with pytest.raises(ConfigError, match="scale_alpha must lie in"):
+        audit_release(run, neighbour_battery()[:1], draws=0, heldout=0, scale_alpha=0.6)
+
+
+@pytest.mark.parametrize("statistical", ["none", "first"])
+def test_a_release_that_refuses_every_draw_is_not_said_to_report_no_guarantee(statistical):
+    from privfed.errors import InputError
+
+    def refuses(data, seed):  # a refusal whose text varies from draw to draw: no report is ever seen
+        raise InputError(f"the noisy total {np.random.default_rng().normal():.3f} is too small to release")
+
+    out = audit(refuses, epsilon=1.0, delta=1e-5, neighbours=neighbour_battery()[:1], draws=40, heldout=20,
+                statistical=statistical)  # fmt: skip
+    assert [r.verdict for r in out] == ["metadata only" if statistical == "none" else "no claim"]
