@@ -211,12 +211,11 @@ def extract_dataset_features(
                 x = resize_batch(x, int(resize))
             try:
                 out = backbone(x)
-            except torch.cuda.OutOfMemoryError:
-                raise
-            except (
-                RuntimeError,
-                AssertionError,
-            ) as exc:  # images it cannot take (channels; ViT: torch._assert)
+            except (RuntimeError, AssertionError) as exc:
+                # only images of a shape it cannot take are the data's fault (one channel; a ViT's fixed
+                # size, which torchvision asserts); memory, device and dtype errors go on as they are
+                if not (isinstance(exc, AssertionError) or x.ndim != 4 or x.shape[1] != 3):
+                    raise
                 what = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
                 raise InputError(
                     f"the backbone {getattr(backbone, 'name', type(backbone).__name__)} cannot take a batch of "

@@ -535,6 +535,13 @@ def test_images_a_backbone_cannot_take_are_named_not_a_torch_traceback():
     wrong = tud.TensorDataset(torch.rand(2, 3, 48, 48), torch.zeros(2, dtype=torch.int64))
     with pytest.raises(InputError, match="vit_b_16 cannot take.*preprocess"):
         vision.extract_dataset_features(wrong, vit, batch_size=2, device="cpu", progress=False)
+    # a fault that is not the images' shape (here float64 images) is torch's own error, not blamed on them
+    doubles = tud.TensorDataset(
+        torch.rand(4, 3, 32, 32, dtype=torch.float64), torch.zeros(4, dtype=torch.int64)
+    )
+    with pytest.raises(RuntimeError, match="type") as exc:
+        vision.extract_dataset_features(doubles, fx, batch_size=4, device="cpu", progress=False)
+    assert not isinstance(exc.value, InputError)
 
 
 def test_vision_pipeline_caches_and_skips_backbone(monkeypatch, tmp_path):
