@@ -173,13 +173,22 @@ def verify_folder(folder: str | os.PathLike) -> dict[str, Any]:
 
 
 def in_saved_run(path: Path) -> bool:
-    """Whether the file at ``path`` belongs to a saved run whose folder must match its manifest: its manifest
-    lists it, or it bears a name privfed writes beside a manifest that no longer reads as privfed's (damaged
-    to ``[]`` or emptied: breaking the manifest is no way past the check)."""
+    """Whether the file at ``path`` belongs to a saved run whose folder must match its manifest: the folder has
+    privfed's manifest and the file is listed in it or bears a name privfed writes (an entry dropped from the
+    manifest is no way past the check), or the manifest no longer reads as a manifest at all (damaged to
+    ``[]`` or emptied) and the file bears such a name.  Another tool's manifest (a JSON object naming
+    another ``tool``) makes no privfed run of the folder."""
+    if not (path.parent / MANIFEST).exists():
+        return False
     listed = manifest_names(path.parent)
     if listed is not None:
-        return path.name in listed
-    return path.name in OUTPUT_NAMES and (path.parent / MANIFEST).exists()
+        return path.name in listed or path.name in OUTPUT_NAMES
+    try:
+        data = json.loads(read_regular_text(path.parent / MANIFEST, MANIFEST))
+    except (ValueError, OSError, InputError):
+        data = None
+    foreign = isinstance(data, dict) and isinstance(data.get("tool"), str) and data["tool"] != "privfed"
+    return path.name in OUTPUT_NAMES and not foreign
 
 
 def manifest_names(folder: Path) -> set[str] | None:

@@ -710,7 +710,7 @@ def test_a_broken_manifest_is_no_way_past_the_replay_check(tmp_path, capsys, dig
     out = tmp_path / "r1"
     assert tradeoff_main([*SMALL, "--eps", "1", "--seeds", "1", "--out", str(out)]) == 0
     rec = json.loads((out / "results.json").read_text())
-    rec["config"]["eps"] = [5.0]  # the edit the check exists to catch
+    rec["config"]["epsilons"] = [5.0]  # the edit the check exists to catch
     (out / "results.json").write_text(json.dumps(rec))
     (out / "manifest.json").write_text(damage)
     capsys.readouterr()
@@ -718,3 +718,26 @@ def test_a_broken_manifest_is_no_way_past_the_replay_check(tmp_path, capsys, dig
     err = capsys.readouterr().err.strip()
     assert "manifest.json" in err and "pass a copy of the file outside its run folder" in err, err
     assert len(err.splitlines()) == 1 and not (tmp_path / "r2").exists()
+
+
+def test_an_entry_dropped_from_the_manifest_is_no_way_past_the_replay_check_but_another_tools_is_no_run(
+    tmp_path, capsys, digits_cache
+):
+    """The review of the check above: a privfed manifest that no longer listed results.json let the edited file
+    be replayed; a results.json copied beside another tool's manifest was refused as a damaged privfed run."""
+    out = tmp_path / "r1"
+    assert tradeoff_main([*SMALL, "--eps", "1", "--seeds", "1", "--out", str(out)]) == 0
+    rec = json.loads((out / "results.json").read_text())
+    rec["config"]["epsilons"] = [5.0]
+    (out / "results.json").write_text(json.dumps(rec))
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["files"] = [f for f in manifest["files"] if f["name"] != "results.json"]
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    capsys.readouterr()
+    assert tradeoff_main(["--config", str(out / "results.json"), "--out", str(tmp_path / "r2")]) == 2
+    assert "pass a copy of the file outside its run folder" in capsys.readouterr().err
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "manifest.json").write_text(json.dumps({"tool": "dvc", "files": []}))
+    (other / "results.json").write_text(json.dumps(rec))
+    assert tradeoff_main(["--config", str(other / "results.json"), "--out", str(tmp_path / "r3")]) == 0
