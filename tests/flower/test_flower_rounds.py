@@ -194,3 +194,11 @@ def test_a_rounds_run_checks_its_partition_before_building_the_rounds(kw, match)
     and TypeError, or a message naming rounds' seed for the partition seed."""
     with pytest.raises(ConfigError, match=match):
         FlowerConfig(method="fedlog", clients=K, rounds=2, rounds_params=PARAMS, **kw)
+
+
+def test_rounds_params_read_one_family_name_as_a_list_of_one():
+    """Before: families='cnn' reached RoundsConfig as ('c', 'n', 'n') and was refused."""
+    from privfed.flower.checks import rounds_config
+
+    cfg = FlowerConfig(method="fedlog", clients=4, rounds=3, rounds_params={"families": "cnn"})
+    assert rounds_config(cfg).families == ("cnn",)
