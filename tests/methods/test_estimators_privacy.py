@@ -139,6 +139,10 @@ def test_a_mechanism_says_which_of_its_settings_did_not_apply():
         **kw,
     ).privacy
     assert rep.placement == "central" and not any("was not used" in n for n in rep.notes)
+    both = GaussianMechanism(epsilon=1, delta=1e-5, clip=3, trusted_aggregator=True)  # one central, one local
+    privfed.fit("fedncm", X, y, k, privacy=both, **kw)
+    rep = privfed.fit("fedcof", X, y, k, privacy=both, **kw).privacy
+    assert rep.placement == "mixed: central, local" and not any("was not used" in n for n in rep.notes)
     tol = GaussianMechanism(epsilon=1, delta=1e-5, clip=3, dropout_tolerance=2)
     rep = privfed.fit("fedncm", X, y, k, privacy=tol, **kw).privacy
     assert any("dropout_tolerance=2 sizes the noise shares of a secure sum" in n for n in rep.notes)

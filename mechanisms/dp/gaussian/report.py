@@ -90,10 +90,11 @@ class GaussianReport:
             notes.append("noise on the aggregate is added by a trusted aggregator (it sees exact statistics)")
         if "local" in self._placements:
             notes.append("each client adds the full noise to its own upload (local DP at record level)")
-            if self.trusted_aggregator:  # asked for, and not what ran: the method's server needs each upload
+            if self.trusted_aggregator and "central" not in self._placements:  # asked for, and never what ran
                 notes.append(
-                    "trusted_aggregator=True was not used: the method's server needs every client's own "
-                    "statistics, so each client noised its upload instead (more noise than on the sum)"
+                    "trusted_aggregator=True was not used: the noise was added to each upload (a method whose "
+                    "server needs every client's own statistics, or a release of one client's data), more "
+                    "noise than on the sum"
                 )
         if self.dropout_tolerance and events and "distributed" not in self._placements:
             notes.append(
