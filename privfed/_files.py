@@ -18,6 +18,7 @@ from typing import Any
 from privfed.errors import InputError
 
 __all__ = [
+    "KEEPING",
     "STOPS",
     "TAKEN",
     "TERMINATING",
@@ -112,6 +113,9 @@ def interruptible() -> Iterator[None]:
 #: stop had come; the stop stays here, and :func:`stop_if_taken` raises it again at the command's next safe
 #: point (between runs, before the results are published).  Emptied when a command starts and ends.
 TAKEN: list[int] = []
+#: How many commands keep stops now (:func:`privfed.commands.signals.stops_kept`, main thread only): outside
+#: them :func:`stop_if_taken` does nothing, so a stop an earlier call noted never stops a later one.
+KEEPING = [0]
 
 
 def interrupt_taken(signum, frame) -> None:
@@ -123,7 +127,7 @@ def interrupt_taken(signum, frame) -> None:
 def stop_if_taken() -> None:
     """Raise the first stop a handler took whose exception was lost (:data:`TAKEN`), as the command's
     KeyboardInterrupt or :class:`Terminated`; nothing when none was."""
-    if TAKEN:
+    if TAKEN and KEEPING[0]:
         raise KeyboardInterrupt() if TAKEN[0] == signal.SIGINT else Terminated(TAKEN[0])
 
 

@@ -14,6 +14,7 @@ from time import monotonic as time_monotonic
 from typing import Any
 
 from privfed._files import (
+    KEEPING,
     TAKEN,
     TERMINATING,
     Terminated,
@@ -56,22 +57,34 @@ def signals_deferred() -> Iterator[None]:
 
 @contextlib.contextmanager
 def stops_kept() -> Iterator[None]:
-    """While a command runs: a stop whose exception Python dropped (:data:`privfed._files.TAKEN`) is kept for
-    :func:`stop_if_taken`, and not printed as "Exception ignored" with a traceback (the command says
-    "interrupted" itself once it stops); any other dropped exception is printed as Python prints it."""
+    """While a command runs (in the main thread, where signals are handled): a stop whose exception Python
+    dropped is kept in :data:`privfed._files.TAKEN` for :func:`stop_if_taken` (the handlers note theirs, and a
+    dropped KeyboardInterrupt is noted here whichever handler raised it), and not printed as "Exception
+    ignored" with a traceback (the command says "interrupted" itself once it stops); any other dropped
+    exception is printed as Python prints it."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
     hook = sys.unraisablehook
 
     def kept(unraisable) -> None:
-        if not (TAKEN and isinstance(unraisable.exc_value, KeyboardInterrupt)):
+        exc = unraisable.exc_value
+        if not isinstance(exc, KeyboardInterrupt):
             hook(unraisable)
+        elif not TAKEN:  # Python's own Ctrl-C handler (a command called in a Python session) notes nothing
+            TAKEN.append(exc.signum if isinstance(exc, Terminated) else signal.SIGINT)
 
-    TAKEN.clear()
+    if not KEEPING[0]:
+        TAKEN.clear()  # what calls outside a command noted (a roster draw's SIGTERM) is theirs, not this one's
+    KEEPING[0] += 1
     sys.unraisablehook = kept
     try:
         yield
     finally:
         sys.unraisablehook = hook
-        TAKEN.clear()
+        KEEPING[0] -= 1
+        if not KEEPING[0]:
+            TAKEN.clear()
 
 
 def periodic_checkpoint(write_partial: Callable[[list], None], every: float) -> Callable[[list], None]:

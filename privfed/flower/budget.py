@@ -293,6 +293,7 @@ class NodeBudget:
                     f"node {self.node} cannot charge a release whose {name} is {value!r}: it must be text; its "
                     f"ledger {self.store.where} is left as it was"
                 )
+        events = list(events) if isinstance(events, (list, tuple)) or hasattr(events, "__next__") else events
         try:
             declared = release_mu(events, self.filter.unit)
         except ConfigError as exc:

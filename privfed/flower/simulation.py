@@ -425,6 +425,7 @@ def flwr_run(
                 if time.monotonic() > deadline:
                     raise PrivfedError(f"the Flower run took longer than {timeout:g} s; stopped")
             run.wait(timeout=max(deadline - time.monotonic(), 1.0))
+            stop_if_taken()  # one dropped after the last line of output
         finally:
             _stop(procs)
         written = _file_stamp(Path(expect) / "results.json") if expect is not None else None

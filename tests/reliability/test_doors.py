@@ -500,3 +500,35 @@ def test_dp_settings_without_a_finite_eps_are_refused_not_recorded(command, extr
     resolve_config(
         build_parser().parse_args([*head, "--eps", "1,inf" if command == "tradeoff" else "1", *extra])
     )
+
+
+def test_a_dropped_stop_is_kept_in_a_python_session_too_and_never_outlives_its_command(
+    tmp_path, monkeypatch, capsys, digits_cache
+):
+    """The review of the fix above: with Python's own Ctrl-C handler (main() called in a session, no installed
+    script) a KeyboardInterrupt dropped inside a __del__ was still lost and the sweep published itself
+    complete; and a stop noted outside any command (a roster draw's SIGTERM) stopped a later, unrelated call."""
+    import privfed.commands.tradeoff.cli as cli
+    from privfed._files import TAKEN, stop_if_taken
+    from privfed.tradeoff import main
+
+    class Dropped:
+        def __del__(self):
+            raise KeyboardInterrupt  # where Python drops it: printed as "Exception ignored", then lost
+
+    real = cli._run
+
+    def run(*args):
+        Dropped()
+        return real(*args)
+
+    monkeypatch.setattr(cli, "_run", run)
+    out = tmp_path / "o"
+    assert main(["--eps", "1", *SMALL, "--out", str(out)]) == 130
+    err = capsys.readouterr().err
+    assert "Exception ignored" not in err and err.strip().splitlines()[-1].endswith(": interrupted")
+    assert (out / "results.partial.json").is_file() and not (out / "results.json").exists()
+    monkeypatch.setattr(cli, "_run", real)
+    TAKEN.append(signal.SIGTERM)  # as interruptible() notes a SIGTERM outside any command
+    stop_if_taken()  # outside a command: nothing to stop
+    assert main(["--eps", "1", *SMALL, "--out", str(tmp_path / "o2")]) == 0 and TAKEN == []
