@@ -169,6 +169,8 @@ class GaussianFilter:
 def _spent(spent: Sequence[float]) -> list[float]:
     """The mu of every release spent, each a finite number >= 0 (else a ConfigError naming it: the text "0.5"
     or a NaN in a ledger is a damaged record, never read as a spend of 0.5 or of nothing)."""
+    if spent is None or isinstance(spent, (str, bytes)) or not hasattr(spent, "__iter__"):
+        raise ConfigError(f"spent must be the list of the mu of every release spent, got {spent!r}")
     out = []
     for i, m in enumerate(spent):
         try:

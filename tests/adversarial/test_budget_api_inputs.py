@@ -90,3 +90,11 @@ def test_a_section_version_privfed_never_writes_is_a_malformed_ledger_not_a_trac
         b.status()
     with pytest.raises(LedgerError, match="malformed"):
         b.charge(release="r", run="x", what="w", events=_events(0.05), stage="s")
+
+
+def test_the_filter_refuses_a_spent_list_that_is_no_list():
+    f = GaussianFilter(1.0, 1e-5)
+    for spent in (None, 0.5, "0.5"):
+        with pytest.raises(ConfigError, match="spent must be the list of the mu of every release spent"):
+            f.admits(spent, 0.1)
+    assert f.admits([], 0.1) and not f.admits([MU_B], 0.1)
