@@ -121,6 +121,17 @@ def train_body(client: RoundsClient, head_eta: torch.Tensor, epochs: int, batch_
             client.opt.step()
 
 
+def _images(x) -> torch.Tensor:
+    """A client's images as the float32 tensor the bodies take (a numpy array is converted; else an InputError)."""
+    if isinstance(x, np.ndarray) and x.dtype.kind in "iuf":
+        return torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+        raise InputError(
+            f"x must be the client's images as a float tensor (or numpy array), got {type(x).__name__}"
+        )
+    return x
+
+
 def client_statistic(
     body: nn.Module, x: torch.Tensor, y: torch.Tensor, *, num_classes: int = 10, clip_fn=None
 ) -> np.ndarray:
@@ -139,7 +150,7 @@ def client_statistic(
             f"y must hold one label in 0..{C - 1} per sample of x ({len(x)}), got {yk.size} of dtype {yk.dtype}"
         )
     yk = yk.astype(np.int64)
-    Fk = client_features(body, x, clip_fn)
+    Fk = client_features(body, _images(x), clip_fn)
     A = np.zeros((num_classes, Fk.shape[1] + 1))
     A[:, 0] = np.bincount(yk, minlength=num_classes)
     for cls in np.unique(yk):
@@ -167,6 +178,22 @@ def client_update(
     are updated in place.  Returns :func:`client_statistic` of the trained body.
     """
     epochs, batch_size = check_count(epochs, "epochs", low=0), check_count(batch_size, "batch_size")
+    x, C = _images(x), check_count(num_classes, "num_classes")
+    try:
+        eta = np.asarray(head_eta, dtype=np.float64)
+    except (TypeError, ValueError):
+        eta = np.empty(0)
+    m = 1 + client_features(body, x[:1], None).shape[1] if len(x) else None
+    if (
+        eta.ndim != 2
+        or eta.shape[0] != C
+        or (m is not None and eta.shape[1] != m)
+        or not np.isfinite(eta).all()
+    ):
+        raise InputError(
+            f"head_eta must be the server's finite (C, d + 1) = ({C}, {m}) broadcast head, got shape {eta.shape}"
+            + ("" if eta.size == 0 or np.isfinite(eta).all() else " holding NaN or inf")
+        )
     client = RoundsClient.__new__(RoundsClient)
     client.body, client.opt, client.gen, client.x, client.y = body, optimizer, generator, x, y
     if epochs > 0:

@@ -223,3 +223,24 @@ def test_a_round_release_refuses_statistics_that_are_not_real_numbers(dtype):
     with pytest.raises(InputError, match="array of numbers"):
         RoundRelease(dp, "none", num_clients=2).release(A.astype(dtype), noise_generator(0, 1))
     assert dp.report().releases == 0
+
+
+def test_a_clients_round_refuses_a_head_it_cannot_train_against_and_reads_numpy_images():
+    """Before: a head of the wrong shape was torch's matmul error, a NaN head trained into an all-NaN statistic,
+    and numpy images were a TypeError from inside the body."""
+    import torch
+
+    from privfed.rounds import client_statistic, client_update, make_body
+
+    torch.manual_seed(0)
+    body = make_body("mlp")
+    x, y = torch.rand(5, 1, 8, 8), torch.tensor([0, 1, 2, 1, 0])
+    A = client_statistic(body, x, y, num_classes=3)
+    np.testing.assert_array_equal(client_statistic(body, x.numpy(), y, num_classes=3), A)
+    opt = torch.optim.Adam(body.parameters())
+    kw = dict(epochs=1, batch_size=2, generator=torch.Generator(), num_classes=3)
+    for eta, word in ((np.zeros((3, 5)), r"got shape \(3, 5\)"), (np.full(A.shape, np.nan), "NaN or inf")):
+        with pytest.raises(InputError, match=word):
+            client_update(body, opt, x, y, eta, **kw)
+    with pytest.raises(InputError, match="x must be the client's images"):
+        client_statistic(body, [[1.0]] * 5, y, num_classes=3)
