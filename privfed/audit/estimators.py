@@ -244,9 +244,8 @@ def noise_scale_test(samples: Sequence[np.ndarray], claimed_std: float, *, alpha
             f"claimed_std must be a finite number > 0 and alpha lie in (0, 0.5), got claimed_std={claimed_std}, "
             f"alpha={alpha}"
         )
-    if isinstance(
-        samples, np.ndarray
-    ):  # one array would be read as its rows, each a 1-D array: nothing tested
+    # one array would be read as its rows, each a 1-D array: nothing tested
+    if isinstance(samples, np.ndarray):
         raise ConfigError("samples must be a list of arrays (draws, values), one per dataset, not one array")
     ss, dof = 0.0, 0
     for i, a in enumerate(samples):

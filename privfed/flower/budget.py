@@ -286,9 +286,8 @@ class NodeBudget:
             ("stage", stage),
             ("noise", noise),
         ):
-            if not isinstance(
-                value, str
-            ):  # written to the ledger, whose reader takes text only: never stored
+            # written to the ledger, whose reader takes text only: never stored
+            if not isinstance(value, str):
                 raise ConfigError(
                     f"node {self.node} cannot charge a release whose {name} is {value!r}: it must be text; its "
                     f"ledger {self.store.where} is left as it was"
@@ -346,9 +345,8 @@ class NodeBudget:
             for r in releases:
                 if r["id"] == release:
                     new = float(r["declared_mu"]) * mu
-                    if new > float(
-                        r["mu"]
-                    ):  # a charge is the least noise the release can carry: it only falls
+                    # a charge is the least noise the release can carry: it only falls
+                    if new > float(r["mu"]):
                         raise ConfigError(
                             f"node {self.node} cannot settle release {release!r} at mu={format_up(new)}: it was "
                             f"charged mu={format_up(float(r['mu']))}, the most it can have spent, and a settle only "
