@@ -54,12 +54,6 @@ class FedNCM(Method):
         if not finite:  # a NaN or inf row would be zeroed by the normalisation: refuse it instead
             self._refuse_non_finite_totals(N, S)
         W[missing] = 0.0
-        zero = np.flatnonzero((counts > 0) & ~W.any(axis=1))
-        if zero.size:
-            notes.append(
-                f"class(es) {zero.tolist()} have data but a zero mean: mu_c / ||mu_c|| is undefined, so their "
-                "weight row is zero (their score is 0 for every feature)"
-            )
         return self._head(W, np.zeros(W.shape[0]), notes, weight_proved_finite=finite)
 
     @classmethod

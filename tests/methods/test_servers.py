@@ -126,15 +126,6 @@ def test_fedncm_head_is_the_normalised_class_means(scale, K):
     assert any("[3, 7]" in n for n in head.notes) and any("1 class count" in n for n in head.notes)
 
 
-def test_fedncm_says_when_a_class_with_data_has_a_zero_mean():
-    """Before: its weight row was zero with no note (mu_c / ||mu_c|| is undefined there)."""
-    X, y = np.array([[1.0, 0], [2, 0], [0, 1], [0, -1]]), np.array([0, 0, 1, 1])
-    head = privfed.fit("fedncm", X, y)
-    np.testing.assert_array_equal(head.weight, [[1.0, 0.0], [0.0, 0.0]])
-    assert any("class(es) [1] have data but a zero mean" in n for n in head.notes), head.notes
-    assert not any("zero mean" in n for n in privfed.fit("fedncm", X[:3], y[:3]).notes)
-
-
 def test_fedncm_reads_folded_totals_without_summing_and_gets_the_same_bits():
     rng = np.random.default_rng(3)
     st = _stats(rng, K=1)
