@@ -21,13 +21,12 @@ releases (:mod:`attacks.rounds`) with frozen public bodies, where Theorem
 a real bound: the total-budget calibration and the paper's per-round one.
 Parts 1 and 2 attack their runs too (clean tracing; differencing under DP).
 
-    python experiments/fedlog_rounds.py --part all --seeds 1 --out results/fedlog-rounds
+    python experiments/fedlog_rounds.py --part all --seeds 1 --out results/fedlog-rounds --record
 
 Writes ``compare.csv``, ``dp.csv``, ``attack.csv`` (+ JSON) and
 ``fig3_right.png`` under ``--out``, and the machine-readable summary the
-README's FedLog numbers are checked against (``--json``, default
-``experiments/results/fedlog_rounds.json``) with the figure under ``docs/img/``
-(``--figure``).
+README's FedLog numbers are checked against and the figure under ``docs/img/``
+only with ``--record`` (or where ``--json`` and ``--figure`` say).
 """
 
 from __future__ import annotations
@@ -326,16 +325,20 @@ def main(argv=None) -> int:
     p.add_argument("--out", default="results/fedlog-rounds")
     p.add_argument("--quiet", action="store_true")
     p.add_argument(
-        "--json",
-        default="experiments/results/fedlog_rounds.json",
-        help="machine-readable summary of every part run ('' for none)",
+        "--record",
+        action="store_true",
+        help="also write the record the README is checked against (experiments/results/fedlog_rounds.json) "
+        "and the docs' figure (docs/img/fedlog_rounds_fig3_right.png); without it the repository is untouched",
     )
     p.add_argument(
-        "--figure",
-        default="docs/img/fedlog_rounds_fig3_right.png",
-        help="copy of fig3_right.png ('' for none)",
+        "--json", default=None, help="machine-readable summary of every part run (default: --record's)"
     )
+    p.add_argument("--figure", default=None, help="a copy of fig3_right.png (default: --record's)")
     args = p.parse_args(argv)
+    root = Path(__file__).resolve().parents[1]
+    if args.record:  # the repository's own copies, wherever the script is run from
+        args.json = args.json or str(root / "experiments" / "results" / "fedlog_rounds.json")
+        args.figure = args.figure or str(root / "docs" / "img" / "fedlog_rounds_fig3_right.png")
     args.eps = [float(e) for e in args.eps.split(",")]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

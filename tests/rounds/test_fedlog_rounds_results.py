@@ -13,7 +13,7 @@ from scipy.stats import norm
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "experiments" / "results" / "fedlog_rounds.json"
-FIX = "rerun `python experiments/fedlog_rounds.py --part all --seeds 1 --eps 0.1,1,10,100,inf` and update the README"
+FIX = "rerun `python experiments/fedlog_rounds.py --part all --seeds 1 --eps 0.1,1,10,100,inf --record` and update the README"
 
 BODIES = {
     "cnn + cnn-narrow + mlp": "cnn+cnn-narrow+mlp",
@@ -117,3 +117,18 @@ def test_attacks_in_the_results_respect_the_composed_bound(results):
         tol = 3 * math.sqrt(1 / (4 * r["pairs"]))
         assert r["differencing_replay_sequence_auc"] <= r["auc_bound"] + tol
         assert r["differencing_replay_first_round_auc"] <= r["auc_bound_one_release"] + tol
+
+
+def test_a_small_run_writes_nothing_into_the_repository_without_record(tmp_path, monkeypatch):
+    """Before: --json and --figure defaulted to the repository's record and docs figure (relative to the working
+    folder), so a test-sized run from the repository root overwrote the numbers this file checks."""
+    import sys
+
+    sys.path.insert(0, str(ROOT))
+    from experiments.fedlog_rounds import main
+
+    monkeypatch.chdir(tmp_path)
+    before = RESULTS.stat().st_mtime_ns
+    args = ["--part", "compare", "--clients", "2", "--rounds", "1", "--local-epochs", "0", "--seeds", "1"]
+    assert main([*args, "--eps", "inf", "--out", str(tmp_path / "o"), "--quiet"]) == 0
+    assert RESULTS.stat().st_mtime_ns == before and sorted(p.name for p in tmp_path.iterdir()) == ["o"]
