@@ -227,6 +227,48 @@ def _clean(x):
     )
 
 
+def _check_flags(p: argparse.ArgumentParser, a) -> None:
+    """Every flag checked before any audit runs: an auditor that ran nothing, or ran something else than asked,
+    must not report '0 failed' (one line and exit 2 naming the flag)."""
+    from mechanisms.dp.backends import available_backends
+
+    for flag, v in (("--eps", a.eps), ("--clip", a.clip), ("--broken-eps", a.broken_eps)):
+        if not (math.isfinite(v) and v > 0):
+            p.error(f"{flag} must be a finite number > 0, got {v}")
+    if not 0 < a.sampling <= 1:
+        p.error(f"--sampling must lie in (0, 1], got {a.sampling}")
+    for flag, v, low in (
+        ("--draws", a.draws, 0),
+        ("--heldout", a.heldout, 0),
+        ("--meta-draws", a.meta_draws, 1),
+        ("--ckks-draws", a.ckks_draws, 0),
+        ("--seeds", a.seeds, 1),
+    ):
+        if v < low:
+            p.error(f"{flag} must be >= {low}, got {v}")
+    for flag, given, known in (
+        ("--methods", a.methods, METHODS),
+        ("--ckks-methods", a.ckks_methods, METHODS),
+        ("--placements", a.placements, PLACEMENTS),
+        ("--levels", a.levels, ("record", "client")),
+        ("--backends", a.backends, available_backends()),
+    ):
+        names = given.split(",")
+        bad = [n for n in names if n not in known]
+        if bad or not given:
+            p.error(f"{flag}: unknown or empty name(s) {bad or [given]}; choose from {sorted(known)}")
+    if a.pairs != "all":
+        sizes = {level: len(neighbour_battery(level)) for level in a.levels.split(",")}
+        try:
+            idx = [int(i) for i in a.pairs.split(",")]
+        except ValueError:
+            idx = [-1]
+        if any(not 0 <= i < max(sizes.values()) for i in idx):  # an index of either level's battery
+            p.error(
+                f"--pairs must be 'all' or indices 0..{max(sizes.values()) - 1} into the battery, got {a.pairs!r}"
+            )
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--eps", type=float, default=4.0)
@@ -258,12 +300,16 @@ def main(argv=None) -> int:
     p.add_argument("--broken-eps", type=float, default=1.0, help="epsilon of the --broken variants")
     p.add_argument("--seeds", type=int, default=5, help="audit seeds per --broken variant")
     a = p.parse_args(argv)
+    _check_flags(p, a)
     if a.broken:
         warnings.simplefilter("ignore")
         return run_broken(a, argv)
     if a.table:
-        with open(a.table) as fh:
-            print(readme_table(json.load(fh)))
+        try:
+            with open(a.table) as fh:
+                print(readme_table(json.load(fh)))
+        except (OSError, ValueError) as exc:
+            p.error(f"--table {a.table!r} cannot be read as an audit_sweep JSON file ({exc})")
         return 0
     warnings.simplefilter("ignore")
     rows = [
@@ -333,6 +379,9 @@ def main(argv=None) -> int:
         with open(a.out, "w") as fh:
             fh.write("\n".join(rows + ["", summary, ""]))
     _write_json(a, argv, records, seconds, complete=True)
+    if total == 0:  # nothing audited is no pass
+        print("audit_sweep: error: no configuration matched the flags; nothing was audited", file=sys.stderr)
+        return 2
     return 1 if failed else 0
 
 

@@ -532,3 +532,26 @@ def test_a_dropped_stop_is_kept_in_a_python_session_too_and_never_outlives_its_c
     TAKEN.append(signal.SIGTERM)  # as interruptible() notes a SIGTERM outside any command
     stop_if_taken()  # outside a command: nothing to stop
     assert main(["--eps", "1", *SMALL, "--out", str(tmp_path / "o2")]) == 0 and TAKEN == []
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--eps", "nan"],
+        ["--levels", "nope"],
+        ["--placements", "nope"],
+        ["--pairs", "99"],
+        ["--sampling", "2"],
+        ["--broken", "--seeds", "0"],
+        ["--table", "/nonexistent/audit.json"],
+    ],
+)
+def test_the_audit_sweep_refuses_flags_that_would_audit_nothing_or_something_else(args, capsys):
+    """Before: each ran and printed '... 0 failed' (or '0 audits, 0 wrong') with exit 0, or audited an unknown
+    placement as local noise, or raised a raw FileNotFoundError."""
+    from experiments.audit_sweep import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--no-tradeoff", *args])
+    err = capsys.readouterr().err.strip()
+    assert exc.value.code == 2 and "Traceback" not in err and "error: --" in err.splitlines()[-1], err
