@@ -286,6 +286,10 @@ def _start(K: int, degree: int, D: int, seed: int):
         daemon=True,
     )
     proc.start()
+    # this process's copies of the node's ends closed: a node process that dies is then an EOFError here, not
+    # a wait for ever on a pipe this process itself holds open
+    req_r.close()
+    rep_w.close()
     link = _Link(req_w, rep_r)
     _plain(link, 2, D)  # warm-up: the node process has imported everything and answered once
     return roster, link, proc
@@ -443,6 +447,8 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if a.nodes < 3 or a.repeats < 1 or a.runs < 1 or a.values < 1:
         p.error("--nodes must be >= 3, --values, --repeats and --runs >= 1")
+    if a.seed < 0:  # numpy seeds are >= 0 (a negative one failed in the node process)
+        p.error(f"--seed must be >= 0, got {a.seed}")
     if not 0 <= a.removed_fraction < 1:
         p.error("--removed-fraction must lie in [0, 1)")
     steady = steady_heap()  # this process's, as the node process sets its own

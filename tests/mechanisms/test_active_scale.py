@@ -200,3 +200,17 @@ def test_docs_quote_the_record():
     data = _record()["data"]
     missed = any(run["ratio"]["median"] > data["config"]["target_ratio"] for run in data["runs"])
     assert ("**not met**" in block) == missed
+
+
+def test_a_node_process_that_dies_is_an_error_here_not_a_wait_for_ever(monkeypatch):
+    """Before: the parent held its own copy of the node's end of the reply pipe, so a node process that died
+    (a negative --seed failed there) left the benchmark waiting for ever."""
+    import experiments.bench_active_scale as bench
+
+    monkeypatch.setattr(bench, "_nodes", _dies)
+    with pytest.raises(EOFError):
+        bench._start(4, 2, 2, 0)
+
+
+def _dies(*args):  # the node process's target: fails before answering (a module-level function: spawn pickles it)
+    raise SystemExit(1)
