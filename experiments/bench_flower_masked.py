@@ -1,7 +1,7 @@
 """Benchmark: pairwise masking on Flower's simulation runtime at 1,000 nodes, against a plain run, its
 cryptographic floor and Flower's own SecAgg+.
 
-Each point is one Flower simulation (Ray; ``privfed.flower.run_simulation``) of ``--nodes`` N
+Each point is one Flower simulation (Ray; ``privfed.flower.run_simulation``) of N (``--timing-nodes``)
 virtual SuperNodes running the privfed ClientApp, with the privfed ServerApp in this process, and
 runs, after a first plain run that starts every actor, ``--repeats`` rounds of three aggregations of
 the same statistics (FedNCM's class counts and sums on ``synthetic:D:20`` data, 20 samples a node,
