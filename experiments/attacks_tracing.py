@@ -182,10 +182,15 @@ def main(argv=None) -> int:
         )
     out = Path(args.out)
     cfg = {"trials": T, "seed": args.seed, "class": c, "pool": int(pool.shape[0]), "clip": clip}
-    write_rows(out, "clean", clean, cfg)
-    write_rows(out, "dp", dp, cfg)
-    write_rows(out, "views", views, cfg)
-    write_rows(out, "local_dp", local, cfg)
+    # only the parts that ran: another part's files in --out (an earlier run's) are left as they are
+    for part, name, rows in (
+        ("clean", "clean", clean),
+        ("dp", "dp", dp),
+        ("views", "views", views),
+        ("local", "local_dp", local),
+    ):
+        if part in parts:
+            write_rows(out, name, rows, cfg)
     if args.record:
         sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
         from experiments import recorded

@@ -555,3 +555,18 @@ def test_the_audit_sweep_refuses_flags_that_would_audit_nothing_or_something_els
         main(["--no-tradeoff", *args])
     err = capsys.readouterr().err.strip()
     assert exc.value.code == 2 and "Traceback" not in err and "error: --" in err.splitlines()[-1], err
+
+
+def test_attacks_tracing_leaves_the_files_of_parts_it_did_not_run(tmp_path, monkeypatch):
+    """Before: a --parts dp run rewrote clean.csv / clean.json (and views, local_dp) with no rows, losing an
+    earlier run's results in the same --out."""
+    monkeypatch.syspath_prepend(str(ROOT / "experiments"))
+    from experiments.attacks_tracing import main
+
+    out = tmp_path / "o"
+    assert main(["--trials", "20", "--parts", "clean", "--out", str(out)]) == 0
+    clean = (out / "clean.json").read_bytes()
+    assert json.loads(clean)["rows"]
+    assert main(["--trials", "20", "--parts", "dp", "--out", str(out)]) == 0
+    assert (out / "clean.json").read_bytes() == clean and (out / "dp.json").is_file()
+    assert not (out / "views.json").exists()
