@@ -29,6 +29,8 @@ def main(argv=None) -> int:
     p.add_argument("--clients", type=int, default=50)
     p.add_argument("--out", default="results/attacks-labels")
     args = p.parse_args(argv)
+    if args.seeds < 1:  # 0 or fewer ran nothing and printed NaN (or failed) with exit 0
+        p.error(f"--seeds must be >= 1, got {args.seeds}")
     import attacks
     import mechanisms
     from attacks.theory import gdp_auc_bound, pure_dp_auc_bound

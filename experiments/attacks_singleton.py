@@ -32,6 +32,8 @@ def main(argv=None) -> int:
     )
     p.add_argument("--out", default="results/attacks-singleton")
     args = p.parse_args(argv)
+    if args.seeds < 1:  # 0 or fewer ran nothing and printed NaN (or failed) with exit 0
+        p.error(f"--seeds must be >= 1, got {args.seeds}")
     import attacks
     from attacks.singleton import singleton_fraction
     from attacks.view import NoiseSpec

@@ -68,6 +68,8 @@ def main(argv=None) -> int:
         help="also write experiments/results/bench_tradeoff.json, the record the README's table is checked against",
     )
     args = p.parse_args(argv)
+    if args.repeats < 1:  # 0 or fewer ran nothing and printed NaN (or failed) with exit 0
+        p.error(f"--repeats must be >= 1, got {args.repeats}")
     cfg = TradeoffConfig(methods=METHODS, epsilons=EPS, seeds=tuple(range(5)), plot=False)
     warnings.simplefilter("ignore")
     run_tradeoff(

@@ -335,6 +335,8 @@ def main(argv=None) -> int:
     )
     p.add_argument("--figure", default=None, help="a copy of fig3_right.png (default: --record's)")
     args = p.parse_args(argv)
+    if args.seeds < 1:  # 0 or fewer ran nothing and printed NaN (or failed) with exit 0
+        p.error(f"--seeds must be >= 1, got {args.seeds}")
     root = Path(__file__).resolve().parents[1]
     if args.record:  # the repository's own copies, wherever the script is run from
         args.json = args.json or str(root / "experiments" / "results" / "fedlog_rounds.json")

@@ -41,6 +41,8 @@ def main(argv=None) -> int:
     p.add_argument("--seeds", type=int, default=5)
     p.add_argument("--out", default="results/methods_table")
     args = p.parse_args(argv)
+    if args.seeds < 1:  # 0 or fewer ran nothing and printed NaN (or failed) with exit 0
+        p.error(f"--seeds must be >= 1, got {args.seeds}")
     ds = load_dataset("digits")
     rows = []
     for name, params in VARIANTS:

@@ -119,6 +119,8 @@ def main(argv=None) -> int:
         help="also write experiments/results/noise_aware.json, the record the README's figures are checked against",
     )
     args = p.parse_args(argv)
+    if args.seeds < 1:  # 0 or fewer ran nothing and printed NaN (or failed) with exit 0
+        p.error(f"--seeds must be >= 1, got {args.seeds}")
     epsilons = [float(e) for e in args.eps.split(",")]
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="noise backend 'numpy'")

@@ -570,3 +570,25 @@ def test_attacks_tracing_leaves_the_files_of_parts_it_did_not_run(tmp_path, monk
     assert main(["--trials", "20", "--parts", "dp", "--out", str(out)]) == 0
     assert (out / "clean.json").read_bytes() == clean and (out / "dp.json").is_file()
     assert not (out / "views.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("script", "flag"),
+    [
+        ("attacks_labels", "--seeds"),
+        ("attacks_singleton", "--seeds"),
+        ("methods_table", "--seeds"),
+        ("noise_aware", "--seeds"),
+        ("fedlog_rounds", "--seeds"),
+        ("bench_tradeoff", "--repeats"),
+    ],
+)
+def test_experiment_scripts_refuse_zero_runs(script, flag, monkeypatch, capsys):
+    """Before: 0 (or fewer) ran nothing and printed a table of NaN, an empty CSV or a raw error, with exit 0."""
+    import importlib
+
+    monkeypatch.syspath_prepend(str(ROOT / "experiments"))
+    main = importlib.import_module(f"experiments.{script}").main
+    with pytest.raises(SystemExit) as exc:
+        main([flag, "0"])
+    assert exc.value.code == 2 and f"{flag} must be >= 1, got 0" in capsys.readouterr().err
