@@ -121,7 +121,13 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.seeds < 1:  # 0 or fewer ran nothing and printed NaN (or failed) with exit 0
         p.error(f"--seeds must be >= 1, got {args.seeds}")
-    epsilons = [float(e) for e in args.eps.split(",")]
+    from privfed.commands.values import parse_float_list
+    from privfed.errors import ConfigError
+
+    try:  # finite budgets > 0, named when they are not (inf is a run without noise: nothing to be noise-aware of)
+        epsilons = parse_float_list(args.eps, "--eps", positive=True, allow_inf=False)
+    except ConfigError as exc:
+        p.error(str(exc))
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="noise backend 'numpy'")
         rows = run(args.clients, args.alpha, args.seeds, epsilons, args.delta, args.threshold)

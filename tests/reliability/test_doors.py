@@ -592,3 +592,16 @@ def test_experiment_scripts_refuse_zero_runs(script, flag, monkeypatch, capsys):
     with pytest.raises(SystemExit) as exc:
         main([flag, "0"])
     assert exc.value.code == 2 and f"{flag} must be >= 1, got 0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("eps", "word"), [("abc", "not a number"), ("1,", "malformed list"), ("inf", "not allowed")]
+)
+def test_noise_aware_names_a_budget_it_cannot_run(eps, word, monkeypatch, capsys):
+    """Before: a ValueError or OverflowError traceback (inf), after the error message suggested inf."""
+    monkeypatch.syspath_prepend(str(ROOT / "experiments"))
+    from experiments.noise_aware import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--eps", eps])
+    assert exc.value.code == 2 and word in capsys.readouterr().err
