@@ -455,7 +455,7 @@ def test_an_installed_script_names_itself_in_its_usage_and_errors(command, tmp_p
             ["--rounds", "0"],
             "fedlog_rounds.py: error: rounds must be an integer",
         ),
-        ("experiments.noise_aware", ["--eps", "-1"], "noise_aware.py: error: epsilon must be > 0"),
+        ("experiments.noise_aware", ["--eps", "-1"], "noise_aware.py: error: --eps must be > 0"),
     ],
 )
 def test_an_experiment_script_names_a_bad_value_in_one_line(module, args, message, tmp_path):
