@@ -212,7 +212,6 @@ def test_a_node_process_that_dies_is_an_error_here_not_a_wait_for_ever(monkeypat
         bench._start(4, 2, 2, 0)
 
 
-def _dies(
-    *args,
-):  # the node process's target: fails before answering (a module-level function: spawn pickles it)
+def _dies(*args):
+    """The node process's target: fails before answering (module level: spawn pickles it by name)."""
     raise SystemExit(1)
