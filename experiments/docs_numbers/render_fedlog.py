@@ -49,7 +49,9 @@ def fedlog_training() -> str:
         clients=K,
         rounds=R,
         epochs=cfg["local_epochs"],
-        command=res["command"].replace(" --quiet", ""),
+        # what regenerates the record today: fedlog_rounds writes it only with --record
+        command=res["command"].replace(" --quiet", "")
+        + ("" if " --record" in res["command"] else " --record"),
         table="\n".join(rows) + "\n",
         floats=int(per_client / 4),
         bytes_client=int(per_client),
