@@ -30,6 +30,7 @@ from scipy.stats import beta as _beta
 from scipy.stats import chi2 as _chi2
 from scipy.stats import norm as _norm
 
+from mechanisms.dp.calibration import check_real
 from privfed._validation.seeds import check_generator
 from privfed.errors import ConfigError
 
@@ -100,16 +101,6 @@ def clopper_pearson_upper(k, n: int, level: float) -> np.ndarray:
     return np.where(k >= n, 1.0, ub)
 
 
-def _real(name: str, value) -> float:
-    """``value`` as a float (a bool or text is no number), else a ConfigError naming ``name``."""
-    if isinstance(value, (bool, str, bytes)) or value is None:
-        raise ConfigError(f"{name} must be a number, got {name}={value!r}")
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{name} must be a number, got {name}={value!r}") from None
-
-
 def audit_scores(
     scores0: np.ndarray,
     scores1: np.ndarray,
@@ -131,7 +122,7 @@ def audit_scores(
     s1 = np.asarray(scores1, dtype=np.float64).ravel()
     if s0.size != s1.size or s0.size == 0:
         raise ConfigError(f"need the same positive number of scores per side, got {s0.size} and {s1.size}")
-    alpha, delta = _real("alpha", alpha), _real("delta", delta)
+    alpha, delta = check_real(alpha, "alpha"), check_real(delta, "delta")
     if not 0 < alpha < 1:
         raise ConfigError(f"alpha must lie in (0, 1), got alpha={alpha}")
     if not 0 <= delta < 1:
@@ -139,7 +130,7 @@ def audit_scores(
     if isinstance(comparisons, bool) or not isinstance(comparisons, (int, np.integer)) or comparisons < 1:
         raise ConfigError(f"comparisons must be an int >= 1, got comparisons={comparisons!r}")
     for name, claim in (("claimed_mu", claimed_mu), ("claimed_eps", claimed_eps)):
-        if claim is not None and not _real(name, claim) >= 0:
+        if claim is not None and not check_real(claim, name) >= 0:
             raise ConfigError(f"{name} must be a number >= 0 (or None), got {name}={claim!r}")
     if np.isnan(s0).any() or np.isnan(s1).any():
         raise ConfigError("scores contain NaN; the mechanism produced invalid outputs")
@@ -150,7 +141,7 @@ def audit_scores(
     if t.size == 0 or not np.isfinite(t).all():  # a NaN threshold says "D0" always: a false refutation
         raise ConfigError(f"thresholds must be a non-empty list of finite numbers, got {thresholds!r}")
     n = s0.size
-    level = alpha / (2 * t.size * max(int(comparisons), 1))
+    level = alpha / (2 * t.size * int(comparisons))
     fp = (s0[None, :] > t[:, None]).sum(axis=1)
     fn = (s1[None, :] <= t[:, None]).sum(axis=1)
     fpr = clopper_pearson_upper(fp, n, level)
@@ -201,8 +192,8 @@ def draws_for_power(
     At eps = 1, delta = 1e-5, three blocks with equal shares (mu_c = 0.155 each) and ratio 1.25 (noise
     scaled by 0.8) this asks for about 1e5 draws per side.
     """
-    claimed_mu, ratio = _real("claimed_mu", claimed_mu), _real("ratio", ratio)
-    power, alpha = _real("power", power), _real("alpha", alpha)
+    claimed_mu, ratio = check_real(claimed_mu, "claimed_mu"), check_real(ratio, "ratio")
+    power, alpha = check_real(power, "power"), check_real(alpha, "alpha")
     if not (claimed_mu > 0 and math.isfinite(claimed_mu)):
         raise ConfigError(f"claimed_mu must be finite and > 0, got {claimed_mu}")
     if not (ratio > 1 and math.isfinite(ratio)):
@@ -238,7 +229,7 @@ def noise_scale_test(samples: Sequence[np.ndarray], claimed_std: float, *, alpha
     ``sigma_ub`` = sqrt(dof s^2 / chi2.ppf(alpha, dof)) is an upper confidence bound on the noise
     present; ``below`` is True when it is under ``claimed_std`` (less noise than the report states).
     """
-    claimed_std, alpha = _real("claimed_std", claimed_std), _real("alpha", alpha)
+    claimed_std, alpha = check_real(claimed_std, "claimed_std"), check_real(alpha, "alpha")
     if not (claimed_std > 0 and math.isfinite(claimed_std)) or not 0 < alpha < 0.5:
         raise ConfigError(
             f"claimed_std must be a finite number > 0 and alpha lie in (0, 0.5), got claimed_std={claimed_std}, "
@@ -311,7 +302,7 @@ def audit(
     rng : numpy.random.Generator
     """
     check_generator(rng)
-    scale = _real("scale", scale)
+    scale = check_real(scale, "scale")
     if not (scale > 0 and math.isfinite(scale)):
         raise ConfigError(f"scale must be finite and > 0 (the claimed noise scale), got scale={scale}")
     if isinstance(draws, bool) or not isinstance(draws, (int, np.integer)) or draws < 1:

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.stats import norm as _norm
 
+from mechanisms.dp.calibration import check_real
 from privfed.audit.estimators import audit_scores, noise_scale_test, upper_triangle
 from privfed.audit.neighbours import Neighbours
 from privfed.errors import ConfigError
@@ -316,11 +317,7 @@ def audit_release(
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < least:
             # one held-out draw a side has no spread: every output would read as a deterministic difference
             raise ConfigError(f"audit_release: {name} must be an int >= {least}, got {name}={value!r}")
-    if (
-        isinstance(scale_alpha, bool)
-        or not isinstance(scale_alpha, (int, float))
-        or not 0 < scale_alpha < 0.5
-    ):
+    if not 0 < check_real(scale_alpha, "scale_alpha") < 0.5:
         raise ConfigError(f"audit_release: scale_alpha must lie in (0, 0.5), got scale_alpha={scale_alpha!r}")
     pairs = list(pairs)
     if not all(all(hasattr(p, a) for a in ("name", "d0", "d1")) for p in pairs):
