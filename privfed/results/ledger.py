@@ -318,11 +318,12 @@ class NodeLedger:
         sec = body["sections"].get(kind)
         if sec is None:
             return {}
-        held = sec.get("version", 0) if isinstance(sec, dict) else None
-        if not isinstance(sec.get("records") if isinstance(sec, dict) else None, dict) or (
-            isinstance(held, bool)
-            or not isinstance(held, int)  # "x", "1" or 1.5: a version privfed never writes
-        ):
+        if not isinstance(sec, dict) or not isinstance(sec.get("records"), dict):
+            raise self._error(f"its section {kind!r} is malformed")
+        held = sec.get("version", 0)
+        if isinstance(held, bool) or not isinstance(
+            held, int
+        ):  # "x", "1" or 1.5: a version privfed never writes
             raise self._error(f"its section {kind!r} is malformed")
         if held > int(version):
             raise self._error(
