@@ -75,9 +75,6 @@ def rounds_config(cfg):
     extra = sorted(set(cfg.method_params) - {"nu"})
     if extra:
         raise ConfigError(f"multi-round FedLog takes method-params 'nu' only, got {extra}")
-    if "families" in params:  # one name is a list of one, not its letters (RoundsConfig reads it so too)
-        f = params["families"]
-        params["families"] = (f,) if isinstance(f, str) else tuple(f)
     dp = {}
     if cfg.private:
         dp = {

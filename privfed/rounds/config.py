@@ -22,6 +22,15 @@ __all__ = ["DEFAULT_MAX_RECORDS", "RoundsConfig", "RoundsResult"]
 DEFAULT_MAX_RECORDS = 100
 
 
+def _names(name: str, value) -> tuple:
+    """A setting that lists names, as a tuple: one string is one name (not its letters); None is no list."""
+    if isinstance(value, str):
+        return (value,)
+    if value is None or not hasattr(value, "__iter__"):
+        raise ConfigError(f"{name} must be a list of names, got {name}={value!r}")
+    return tuple(value)
+
+
 @dataclass(frozen=True)
 class RoundsConfig:
     """Every setting of a multi-round FedLog run (defaults: the paper's MNIST recipe on digits)."""
@@ -120,16 +129,12 @@ class RoundsConfig:
             raise ConfigError(
                 f"init must be 'public' (trained on the public split) or 'scratch', got {self.init!r}"
             )
-        for name in ("families", "baselines"):  # a string is one name (not its letters); None is no list
-            v = getattr(self, name)
-            if not isinstance(v, str) and (v is None or not hasattr(v, "__iter__")):
-                raise ConfigError(f"{name} must be a list of names, got {name}={v!r}")
-        fams = (self.families,) if isinstance(self.families, str) else tuple(self.families)
+        fams = _names("families", self.families)
         if not fams or any(f not in FAMILIES for f in fams):
             raise ConfigError(f"families must be a non-empty list from {list(FAMILIES)}, got {list(fams)}")
         if self.fedavg_family not in FAMILIES:
             raise ConfigError(f"fedavg_family must be one of {list(FAMILIES)}, got {self.fedavg_family!r}")
-        baselines = (self.baselines,) if isinstance(self.baselines, str) else tuple(self.baselines)
+        baselines = _names("baselines", self.baselines)
         bad = [b for b in baselines if b not in ("oneshot", "local", "fedavg")]
         if bad:
             raise ConfigError(f"unknown baseline(s) {bad}; choose from ['oneshot', 'local', 'fedavg']")
