@@ -346,9 +346,8 @@ class FederatedHeadClassifier(ClassifierMixin, BaseEstimator):
                 raise ConfigError(
                     f"clients={spec!r} returned None; a clients callable returns each sample's client"
                 )
-            return self._client_ids(
-                y, ids, rng
-            )  # read as fit's clients argument (renumbered without privacy)
+            # read as fit's clients argument (renumbered without privacy)
+            return self._client_ids(y, ids, rng)
         if isinstance(spec, (int, np.integer)) and not isinstance(spec, bool) and spec >= 1:
             return iid_clients(y.shape[0], int(spec), rng)
         raise ConfigError(f"clients must be None, an int >= 1 or a callable (y, rng) -> ids, got {spec!r}")

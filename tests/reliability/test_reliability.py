@@ -377,9 +377,8 @@ def test_rescaling_never_flushes_a_class_of_small_rows_to_zero(small):
             privfed.fit("fedncm", X, y)
         return
     head = privfed.fit("fedncm", X, y)
-    mu = np.stack(
-        [A.mean(0) / A.max(), B.mean(0) / B.max()]
-    )  # the formula (each mean over its own peak first)
+    # the formula (each mean over its own peak first)
+    mu = np.stack([A.mean(0) / A.max(), B.mean(0) / B.max()])
     np.testing.assert_allclose(head.weight, mu / np.linalg.norm(mu, axis=1, keepdims=True), rtol=1e-14)
     W = mu / np.linalg.norm(mu, axis=1, keepdims=True)
     np.testing.assert_array_equal(head.predict(X), np.argmax(X @ W.T, axis=1))  # 19 of 20 right, not 10
