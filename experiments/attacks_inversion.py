@@ -49,32 +49,55 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from attacks_common import load_digits, markdown, scenario, write_rows  # noqa: E402
+from flag_types import count, float_list, int_list, out_path, seed  # noqa: E402
 
 SUITE_ORDER = ("pixel", "learned", "set", "joint", "joint-fit", "joint-wide", "two-stage", "per-cell")
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--cells", type=int, default=40, help="released cells (clients) per setting")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--ns", default="1,2,4,8,16", help="clean settings: records per released mean")
-    p.add_argument("--eps", default="10,1,0.1", help="record-level DP settings")
-    p.add_argument("--dp-ns", default="1", help="records per released mean in the DP settings")
+    p.add_argument("--cells", type=count(1), default=40, help="released cells (clients) per setting")
+    p.add_argument("--seed", type=seed, default=0)
     p.add_argument(
-        "--secure", default="1,4", help="secure-sum settings: records per released mean ('' = none)"
+        "--ns",
+        type=int_list(1, empty=True),
+        default="1,2,4,8,16",
+        help="clean settings: records per released mean",
     )
-    p.add_argument("--cgs", default="2,4", help="FedCGS (mean + G) settings: records per client ('' = none)")
+    p.add_argument(
+        "--eps",
+        type=float_list(positive=True, empty=True),
+        default="10,1,0.1",
+        help="record-level DP settings",
+    )
+    p.add_argument(
+        "--dp-ns",
+        type=int_list(1, empty=True),
+        default="1",
+        help="records per released mean in the DP settings",
+    )
+    p.add_argument(
+        "--secure",
+        type=int_list(1, empty=True),
+        default="1,4",
+        help="secure-sum settings: records per released mean ('' = none)",
+    )
+    p.add_argument(
+        "--cgs",
+        type=int_list(1, empty=True),
+        default="2,4",
+        help="FedCGS (mean + G) settings: records per client ('' = none)",
+    )
     p.add_argument(
         "--train-steps",
-        type=int,
+        type=count(1),
         default=None,
         help="cap on the set decoders' training steps (default: the attack's)",
     )
     p.add_argument("--grids", default=None, help="folder for the FedCOF n = 1 grids (clean and eps = 1)")
     p.add_argument("--results-json", default=None, help="also write the results JSON here")
-    p.add_argument("--out", default="results/attacks-inversion")
+    p.add_argument("--out", type=out_path, default="results/attacks-inversion")
     args = p.parse_args(argv)
-    ints = lambda v: [int(x) for x in v.split(",") if x.strip()]  # noqa: E731
     import attacks
     from attacks.view import class_groups
     from mechanisms import GaussianMechanism
@@ -124,11 +147,11 @@ def main(argv=None) -> int:
 
     bars = progress_bars(True)  # decoder training and the joint attack's cells, with ETAs, on stderr
     bars.__enter__()
-    for n in ints(args.ns):
+    for n in args.ns:
         run("clean", "fedncm", n, args.cells)
     clip = float(np.median(np.linalg.norm(d["public"].features, axis=1)))
-    for eps in (float(x) for x in args.eps.split(",") if x.strip()):
-        for n in ints(args.dp_ns):
+    for eps in args.eps:
+        for n in args.dp_ns:
             run(
                 f"dp eps={eps:g}",
                 "fedncm",
@@ -136,10 +159,10 @@ def main(argv=None) -> int:
                 args.cells,
                 privacy=GaussianMechanism(epsilon=eps, delta=1e-5, clip=clip),
             )
-    for n in ints(args.secure):
+    for n in args.secure:
         run("secure sum", "fedncm", n, None, secure_agg=True)
-    for n in ints(args.cgs):
-        run("mean + G", "fedcgs", n, args.cells // 2)
+    for n in args.cgs:
+        run("mean + G", "fedcgs", n, max(1, args.cells // 2))
     bars.__exit__(None, None, None)
     out = Path(args.out)
     import shlex
@@ -230,10 +253,7 @@ def _decoder_record(d, args) -> dict:
     cfg = att.decoder_config()
     dec = feature_decoder(d["backbone"], d["public"], 10, cfg)  # cached by hash: the one the attacks used
     sets = {}
-    for n in sorted(
-        {int(x) for x in args.ns.split(",") if x.strip()}
-        | {int(x) for x in args.dp_ns.split(",") if x.strip()}
-    ):
+    for n in sorted(set(args.ns) | set(args.dp_ns)):
         if 1 < n <= int(att.params["max_set"]):  # the set decoders the clean and DP settings trained
             s = set_decoder(d["backbone"], d["public"], 10, n, cfg)
             sets[str(n)] = {

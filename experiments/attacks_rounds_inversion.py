@@ -43,6 +43,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from attacks_common import load_digits  # noqa: E402
+from flag_types import count, int_list, seed  # noqa: E402
 
 SUITE_ORDER = ("pixel", "learned", "set", "joint", "joint-fit", "joint-wide", "per-cell")
 
@@ -116,11 +117,14 @@ def views(d: dict, release: dict, secure: bool = True):
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument(
-        "--clients", default="20,100,300", help="federation sizes (clients of the recipe's shards)"
+        "--clients",
+        type=int_list(2),
+        default="20,100,300",
+        help="federation sizes (clients of the recipe's shards)",
     )
-    p.add_argument("--rounds", type=int, default=10)
-    p.add_argument("--cells", type=int, default=30, help="released cells attacked per setting")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--rounds", type=count(1), default=10)
+    p.add_argument("--cells", type=count(1), default=30, help="released cells attacked per setting")
+    p.add_argument("--seed", type=seed, default=0)
     p.add_argument("--results-json", default=None)
     args = p.parse_args(argv)
     import attacks
@@ -128,7 +132,7 @@ def main(argv=None) -> int:
     t_all = time.perf_counter()
     d = load_digits(args.seed)
     rows, checks = [], []
-    for i, K in enumerate(int(x) for x in args.clients.split(",") if x.strip()):
+    for i, K in enumerate(args.clients):
         release = rounds_release(d, K, args.rounds, args.seed)
         checks.append(
             {

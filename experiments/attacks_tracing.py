@@ -34,6 +34,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from attacks_common import load_digits, markdown, scenario, write_rows  # noqa: E402
+from flag_types import count, out_path, seed  # noqa: E402
 
 CLEAN_TESTS = ("inner", "lrt", "homer", "lrt+support")
 DP_TESTS = ("sum", "lrt", "inner", "lrt+support")
@@ -41,14 +42,14 @@ DP_TESTS = ("sum", "lrt", "inner", "lrt+support")
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--trials", type=int, default=2000)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--trials", type=count(2), default=2000)
+    p.add_argument("--seed", type=seed, default=0)
     p.add_argument(
         "--record",
         action="store_true",
         help="also write experiments/results/attacks_tracing.json, the record the README's figures are checked against",
     )
-    p.add_argument("--out", default="results/attacks-tracing")
+    p.add_argument("--out", type=out_path, default="results/attacks-tracing")
     p.add_argument(
         "--parts",
         default="clean,dp,views,local",

@@ -33,14 +33,24 @@ import sys
 import time
 import warnings
 from collections import defaultdict
+from pathlib import Path
 
 import numpy as np
 
-from experiments.audit_broken import broken_catalogue
-from mechanisms import GaussianMechanism
-from mechanisms.secagg.protection import CKKSAggregation, PairwiseMasking
-from privfed.audit import MIN_META_DRAWS, audit_release, fit_release, neighbour_battery, tradeoff_release
-from privfed.tradeoff import TradeoffConfig
+# the repository root, so that ``python experiments/audit_sweep.py`` runs as ``python -m experiments.audit_sweep``
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from experiments.audit_broken import broken_catalogue  # noqa: E402
+from mechanisms import GaussianMechanism  # noqa: E402
+from mechanisms.secagg.protection import CKKSAggregation, PairwiseMasking  # noqa: E402
+from privfed.audit import (  # noqa: E402
+    MIN_META_DRAWS,
+    audit_release,
+    fit_release,
+    neighbour_battery,
+    tradeoff_release,
+)
+from privfed.tradeoff import TradeoffConfig  # noqa: E402
 
 SECOND = ("sums", "counts", "second")
 METHODS = {

@@ -107,6 +107,8 @@ def steady_heap() -> bool:
 def _nodes(requests, replies, roster_json: str, secrets: list[bytes], D: int, seed: int) -> None:
     """All nodes, one message at a time in the order they arrive, through the ClientApp's handler (each its
     own Context); ``requests`` and ``replies`` are the two one-way pipes to the server."""
+    import signal
+
     from flwr.app import Context, RecordDict
 
     from experiments.crypto_floor import counting, unit_seconds, work_unit_seconds
@@ -115,52 +117,61 @@ def _nodes(requests, replies, roster_json: str, secrets: list[bytes], D: int, se
     from privfed.flower.secagg import node_step
     from privfed.flower.wire import arrays_record
 
+    # Ctrl-C reaches the whole process group: the server process decides (it stops this one), so a stop
+    # prints its one line there and no traceback here
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     steady_heap()
     roster = Roster.from_json(roster_json)
     ids = [Identity(i, sk) for i, sk in enumerate(secrets)]
     contexts: list = []
     aggregation = b""
     with counting() as counts:
-        while True:
-            raw = requests.recv_bytes()
-            if not raw:
-                return
-            kind, u, raw = _KINDS[raw[0]], int.from_bytes(raw[1:5], "little"), raw[5:]
-            if kind == "cpu":
-                replies.send(time.process_time())
-                continue
-            if kind == "counts":
-                replies.send(dict(counts))
-                for k in counts:
-                    counts[k] = 0
-                continue
-            if kind == "units":
-                units = work_unit_seconds(
-                    values=D, threshold=roster.threshold, group=len(roster.graph[0]) + 1
-                )
-                replies.send({**unit_seconds(values=D), **units})
-                continue
-            if kind == "session":  # fresh contexts and aggregation id: one masked sum
-                contexts = [
-                    Context(run_id=u, node_id=v, node_config={}, state=RecordDict(), run_config={})
-                    for v in range(roster.size)
-                ]
-                aggregation = os.urandom(32)
-                replies.send(True)
-                continue
-            if kind == "plain":
-                out = RecordDict({"stats": arrays_record({"sums": _row(seed, u, D)})})
-            else:
-                out = node_step(
-                    _unpack(raw),
-                    contexts[u],
-                    ids[u],
-                    roster,
-                    ring_input=lambda u=u: fixed_point.encode(_row(seed, u, D), FRAC_BITS),
-                    context_digest=b"the run config, round and broadcast",
-                    aggregation=aggregation,
-                )
-            replies.send_bytes(_pack(out))
+        try:
+            while True:
+                raw = requests.recv_bytes()
+                if not raw:
+                    return
+                kind, u, raw = _KINDS[raw[0]], int.from_bytes(raw[1:5], "little"), raw[5:]
+                if kind == "cpu":
+                    replies.send(time.process_time())
+                    continue
+                if kind == "counts":
+                    replies.send(dict(counts))
+                    for k in counts:
+                        counts[k] = 0
+                    continue
+                if kind == "units":
+                    units = work_unit_seconds(
+                        values=D, threshold=roster.threshold, group=len(roster.graph[0]) + 1
+                    )
+                    replies.send({**unit_seconds(values=D), **units})
+                    continue
+                if kind == "session":  # fresh contexts and aggregation id: one masked sum
+                    contexts = [
+                        Context(run_id=u, node_id=v, node_config={}, state=RecordDict(), run_config={})
+                        for v in range(roster.size)
+                    ]
+                    aggregation = os.urandom(32)
+                    replies.send(True)
+                    continue
+                if kind == "plain":
+                    out = RecordDict({"stats": arrays_record({"sums": _row(seed, u, D)})})
+                else:
+                    out = node_step(
+                        _unpack(raw),
+                        contexts[u],
+                        ids[u],
+                        roster,
+                        ring_input=lambda u=u: fixed_point.encode(_row(seed, u, D), FRAC_BITS),
+                        context_digest=b"the run config, round and broadcast",
+                        aggregation=aggregation,
+                    )
+                replies.send_bytes(_pack(out))
+        except (
+            EOFError,
+            BrokenPipeError,
+        ):  # the server process is gone (stopped or killed): nothing to answer
+            return
 
 
 _KINDS = ("plain", "secagg", "cpu", "counts", "units", "session")
@@ -188,11 +199,14 @@ class _Link:
         order: list[int] = []
 
         def push() -> None:
-            for u, raw in messages:
-                order.append(u)
-                self.send(kind, u, raw)
+            try:
+                for u, raw in messages:
+                    order.append(u)
+                    self.send(kind, u, raw)
+            except OSError:  # the node process is gone (stopped): the replies' end says so, as an EOFError
+                return
 
-        pusher = threading.Thread(target=push)
+        pusher = threading.Thread(target=push, daemon=True)
         pusher.start()
         got = 0
         while pusher.is_alive() or got < len(order):
@@ -296,6 +310,12 @@ def _start(K: int, degree: int, D: int, seed: int):
 
 
 def _stop(link: _Link, proc) -> None:
+    """End the node process: asked to stop after its last message, or killed at once when this process is
+    being stopped (an exception, Ctrl-C, is on its way), so that a stop does not wait for a stage to finish."""
+    if sys.exc_info()[0] is not None:
+        proc.kill()
+        proc.join(timeout=30)
+        return
     try:
         link.requests.send_bytes(b"")
     finally:

@@ -55,7 +55,7 @@ os.environ.setdefault("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from experiments.attacks_common import markdown  # noqa: E402  (the experiments' one table writer)
-from privfed.commands.common import parse_int_list  # noqa: E402
+from experiments.flag_types import count, int_list, name_list, out_path  # noqa: E402
 from privfed.flower import FlowerConfig, run_simulation  # noqa: E402
 from privfed.flower.node import load_node_data  # noqa: E402
 from privfed.methods import available  # noqa: E402
@@ -269,19 +269,26 @@ def bench_audit(draws: int) -> list[dict]:
     return rows
 
 
+#: The benchmark's parts, in the order they run (``--skip`` names any of them).
+PARTS = ("methods", "scale", "memory", "protocols", "audit")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--clients", type=int, default=10)
-    p.add_argument("--scale", default="10,100,1000")
-    p.add_argument("--dims", default="64,256,512,1024")
-    p.add_argument("--memory-clients", type=int, default=20)
-    p.add_argument("--num-cpus", type=int, default=2)
-    p.add_argument("--reps", type=int, default=3, help="protocols part: runs per configuration (median)")
-    p.add_argument("--audit-draws", type=int, default=150, help="audit part: fresh draws per side")
+    p.add_argument("--clients", type=count(2), default=10)
+    p.add_argument("--scale", type=int_list(1), default="10,100,1000")
+    p.add_argument("--dims", type=int_list(1), default="64,256,512,1024")
+    p.add_argument("--memory-clients", type=count(2), default=20)
+    p.add_argument("--num-cpus", type=count(1), default=2)
+    p.add_argument("--reps", type=count(1), default=3, help="protocols part: runs per configuration (median)")
+    p.add_argument("--audit-draws", type=count(1), default=150, help="audit part: fresh draws per side")
     p.add_argument(
-        "--skip", default="", help="comma-separated parts to skip: methods,scale,memory,protocols,audit"
+        "--skip",
+        type=name_list(PARTS, empty=True),
+        default="",
+        help="comma-separated parts to skip: " + ",".join(PARTS),
     )
-    p.add_argument("--out", default="results/bench_flower")
+    p.add_argument("--out", type=out_path, default="results/bench_flower")
     p.add_argument(
         "--record",
         action="store_true",
@@ -289,7 +296,7 @@ def main(argv=None) -> int:
         "the record the README's Flower figures are checked against",
     )
     args = p.parse_args(argv)
-    skip = set(filter(None, args.skip.split(",")))
+    skip = set(args.skip)
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     res: dict = {
@@ -321,7 +328,7 @@ def main(argv=None) -> int:
             )
         )
     if "scale" not in skip:
-        res["scale"] = bench_scale(parse_int_list(args.scale, "--scale", minimum=1), args.num_cpus)
+        res["scale"] = bench_scale(args.scale, args.num_cpus)
         print("\n## Scale (fedncm, synthetic d = 64, 20 samples a node)\n")
         print(
             markdown(
@@ -338,9 +345,7 @@ def main(argv=None) -> int:
             )
         )
     if "memory" not in skip:
-        res["memory"] = bench_memory(
-            parse_int_list(args.dims, "--dims", minimum=1), args.memory_clients, args.num_cpus
-        )
+        res["memory"] = bench_memory(args.dims, args.memory_clients, args.num_cpus)
         print("\n## Server memory against d^2 (fed3r, synthetic)\n")
         print(
             markdown(

@@ -61,7 +61,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from experiments.attacks_common import markdown  # noqa: E402
 from experiments.crypto_floor import OPS, floor_seconds, spread, tree_cpu, unit_seconds  # noqa: E402
-from privfed.commands.common import parse_int_list  # noqa: E402
+from experiments.flag_types import count, degree, int_list, out_path  # noqa: E402
 from privfed.flower import FlowerConfig, run_simulation  # noqa: E402
 
 CLASSES = 10
@@ -400,23 +400,35 @@ def render(res: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--timing-nodes", type=int, default=1000, help="simulated nodes of the timed point")
-    p.add_argument("--memory-nodes", default="250,500,1000", help="simulated nodes of the traced points")
+    p.add_argument("--timing-nodes", type=count(3), default=1000, help="simulated nodes of the timed point")
     p.add_argument(
-        "--dim", type=int, default=5120, help="feature dimension D (C = 10 classes: 51,210 values a node)"
+        "--memory-nodes",
+        type=int_list(3),
+        default="250,500,1000",
+        help="simulated nodes of the traced points",
     )
-    p.add_argument("--degree", default="20", help="SecAgg+ degree k (even), or 'complete'")
-    p.add_argument("--num-cpus", type=int, default=2, help="CPUs Ray may use for the nodes")
-    p.add_argument("--repeats", type=int, default=2, help="rounds of plain, masked and Flower SecAgg+ runs")
-    p.add_argument("--runs", type=int, default=2, help="independent timed simulations recorded")
-    p.add_argument("--out", default="results/bench_flower_masked")
+    p.add_argument(
+        "--dim",
+        type=count(1),
+        default=5120,
+        help="feature dimension D (C = 10 classes: 51,210 values a node)",
+    )
+    p.add_argument("--degree", type=degree, default="20", help="SecAgg+ degree k (even), or 'complete'")
+    p.add_argument("--num-cpus", type=count(1), default=2, help="CPUs Ray may use for the nodes")
+    p.add_argument(
+        "--repeats", type=count(1), default=2, help="rounds of plain, masked and Flower SecAgg+ runs"
+    )
+    p.add_argument("--runs", type=count(1), default=2, help="independent timed simulations recorded")
+    p.add_argument("--out", type=out_path, default="results/bench_flower_masked")
     p.add_argument("--record", action="store_true", help="write experiments/results/bench_flower_masked.json")
     args = p.parse_args(argv)
-    memory_nodes = parse_int_list(args.memory_nodes, "--memory-nodes", minimum=3)
-    degree = None if args.degree == "complete" else int(args.degree)
-    if args.repeats < 1 or args.runs < 1:
-        p.error("--repeats and --runs must be >= 1")
-    res = run(args.timing_nodes, memory_nodes, args.dim, degree, args.num_cpus, args.repeats, args.runs)
+    memory_nodes, degree_k = args.memory_nodes, args.degree
+    if degree_k is not None and degree_k >= min([args.timing_nodes, *memory_nodes]):
+        p.error(
+            f"--degree {degree_k} must be below every node count (--timing-nodes, --memory-nodes): a node has "
+            "at most K - 1 neighbours; use 'complete' for the complete graph"
+        )
+    res = run(args.timing_nodes, memory_nodes, args.dim, degree_k, args.num_cpus, args.repeats, args.runs)
     print("\n" + render(res))
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

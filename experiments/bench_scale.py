@@ -81,6 +81,7 @@ import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from experiments.flag_types import count, name_list, out_path  # noqa: E402
 from experiments.scale_baselines import (  # noqa: E402
     BOUND_REPEATS,
     CLIENT_PARTS,
@@ -270,26 +271,32 @@ def fit_exponent(x, t) -> float:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--small", action="store_true", help="K=1,000, C=300, d=256, N=13K (seconds)")
-    p.add_argument("--methods", default=",".join(METHODS))
-    p.add_argument("--loop-rows", type=int, default=None, help="samples the per-client loop is timed on")
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--methods", type=name_list(METHODS), default=",".join(METHODS))
+    p.add_argument("--loop-rows", type=count(1), default=None, help="samples the per-client loop is timed on")
+    p.add_argument("--repeats", type=count(1), default=3)
     p.add_argument("--no-curves", action="store_true")
     p.add_argument("--no-d256", action="store_true", help="skip the d = 256 table")
     p.add_argument(
-        "--curve-repeats", type=int, default=None, help="repeats per scaling-curve point (min taken)"
+        "--curve-repeats", type=count(1), default=None, help="repeats per scaling-curve point (min taken)"
     )
     p.add_argument(
         "--dp-clients",
-        type=int,
+        type=count(0),
         default=None,
         help="clients the local-DP release is timed on (scaled to K; default 400, 0: all)",
     )
     p.add_argument("--no-dp", action="store_true")
     p.add_argument("--dp-method", default="fedncm", help=argparse.SUPPRESS)
-    p.add_argument("--threads", type=int, default=1, help="BLAS threads for everything timed (default 1)")
-    p.add_argument("--runs", type=int, default=2, help="independent runs recorded side by side (default 2)")
-    p.add_argument("--dp-repeats", type=int, default=1, help="repeats of each local-DP release (least taken)")
-    p.add_argument("--out", default="results/bench_scale")
+    p.add_argument(
+        "--threads", type=count(1), default=1, help="BLAS threads for everything timed (default 1)"
+    )
+    p.add_argument(
+        "--runs", type=count(1), default=2, help="independent runs recorded side by side (default 2)"
+    )
+    p.add_argument(
+        "--dp-repeats", type=count(1), default=1, help="repeats of each local-DP release (least taken)"
+    )
+    p.add_argument("--out", type=out_path, default="results/bench_scale")
     p.add_argument(
         "--rerecord",
         default=None,
@@ -328,7 +335,7 @@ def main(argv=None) -> int:
 
     threadpool_limits(args.threads)
     shape = SMALL if args.small else INAT
-    names = [m for m in args.methods.split(",") if m]
+    names = args.methods
     if args.rerecord:
         return rerecord(Path(args.rerecord), names, args, argv)
     loop_rows = args.loop_rows or (2000 if args.small else 6000)

@@ -62,6 +62,7 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from experiments.attacks_common import markdown  # noqa: E402  (the experiments' one table writer)
+from experiments.flag_types import count, even_degree, out_path, seed  # noqa: E402
 from mechanisms.secagg.ckks import ckks_sum  # noqa: E402
 from mechanisms.secagg.ckks.scheme import CKKSParams  # noqa: E402
 from mechanisms.secagg.masking import masked_sum, prg_buffer, prg_uint64  # noqa: E402
@@ -274,13 +275,13 @@ def _table(rows: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--clients", type=int, default=100)
-    p.add_argument("--values", type=int, default=51_200)
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--neighbours", type=int, default=14, help="SecAgg+ degree (even)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--clients", type=count(2), default=100)
+    p.add_argument("--values", type=count(1), default=51_200)
+    p.add_argument("--repeats", type=count(1), default=3)
+    p.add_argument("--neighbours", type=even_degree, default=14, help="SecAgg+ degree (even)")
+    p.add_argument("--seed", type=seed, default=0)
     p.add_argument("--no-ckks", action="store_true", help="skip CKKS")
-    p.add_argument("--out", default="results/bench_secagg/")
+    p.add_argument("--out", type=out_path, default="results/bench_secagg/")
     p.add_argument(
         "--record",
         action="store_true",
@@ -292,8 +293,6 @@ def main(argv: list[str] | None = None) -> int:
         help="compare the active-adversary version with the honest-but-curious one (consistency round)",
     )
     a = p.parse_args(argv)
-    if a.clients < 2 or a.values < 1 or a.repeats < 1:
-        p.error("--clients must be >= 2, --values and --repeats >= 1")
     if a.active:
         rows, config = run_active(a.clients, a.values, a.repeats, a.seed)
         print(f"{a.clients} clients x {a.values} values: active-adversary vs honest-but-curious masking\n")

@@ -82,6 +82,7 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey  #
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from experiments.attacks_common import markdown  # noqa: E402  (the experiments' one table writer)
+from experiments.flag_types import count, even_degree, int_list, name_list, seed  # noqa: E402
 from experiments.scale_children import load_state as machine_state  # noqa: E402  (load, CPUs, BLAS threads)
 from experiments.scale_children import summary  # noqa: E402  (every repeat, least, median, spread)
 from mechanisms.secagg import fixed_point  # noqa: E402
@@ -91,7 +92,6 @@ from mechanisms.secagg.masking import (  # noqa: E402
     prg_buffer,
     prg_uint64,
 )
-from privfed.commands.common import parse_int_list  # noqa: E402
 
 #: Targets the record is checked against (tests/mechanisms/test_secagg_scale.py).
 TARGET_RATIO = 1.3
@@ -223,7 +223,7 @@ def floor_ratios(q: dict) -> dict:
 # --------------------------------------------------------------------------- part 2
 def one_run(a) -> dict:
     """One independent run of the parts not skipped (its machine state before and after)."""
-    skip = {s for s in a.skip.split(",") if s}
+    skip = set(a.skip)
     data: dict = {"machine_before": machine_state()}
     if "floor" not in skip:
         data["floor"] = floor_rows(a.clients, a.values, a.neighbours, a.repeats, a.seed)
@@ -269,22 +269,21 @@ def _report(run: dict, a) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--clients", type=int, default=100)
+    p.add_argument("--clients", type=count(2), default=100)
+    p.add_argument("--values", type=int_list(1), default=[51_200, 204_800])
+    p.add_argument("--neighbours", type=even_degree, default=14, help="SecAgg+ degree in part 1 (even)")
+    p.add_argument("--repeats", type=count(1), default=9, help="interleaved rounds of part 1")
+    p.add_argument("--runs", type=count(1), default=2, help="independent runs, each in a fresh interpreter")
+    p.add_argument("--seed", type=seed, default=0)
     p.add_argument(
-        "--values", type=lambda s: parse_int_list(s, "--values", minimum=1), default=[51_200, 204_800]
+        "--skip",
+        type=name_list(["floor"], empty=True),
+        default="",
+        help="comma-separated parts to skip: floor",
     )
-    p.add_argument("--neighbours", type=int, default=14, help="SecAgg+ degree in part 1 (even)")
-    p.add_argument("--repeats", type=int, default=9, help="interleaved rounds of part 1")
-    p.add_argument("--runs", type=int, default=2, help="independent runs, each in a fresh interpreter")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--skip", default="", help="comma-separated parts to skip: floor")
     p.add_argument("--record", action="store_true", help="write experiments/results/bench_secagg_scale.json")
     p.add_argument("--one-run", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
-    if a.clients < 2 or a.repeats < 1 or min(a.values) < 1:
-        p.error("--clients must be >= 2, --values and --repeats >= 1")
-    if a.runs < 1:
-        p.error("--runs must be >= 1")
     if a.one_run:
         print("RESULT " + json.dumps(one_run(a)), flush=True)
         return 0
