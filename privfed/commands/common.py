@@ -14,7 +14,6 @@ schedulers keep the runs that finished.
 
 from __future__ import annotations
 
-import codecs
 import contextlib
 import csv
 import datetime as _dt
@@ -37,6 +36,14 @@ from privfed.commands.signals import (
     signals_deferred,
     stop_if_taken,
     stops_kept,
+)
+from privfed.commands.streams import (
+    GuardedStdout,
+    QuietStderr,
+    StdoutFailed,
+    plain_errors,
+    silence_stdout,
+    stdout_reader_gone,
 )
 from privfed.commands.values import (
     as_bool,
@@ -268,92 +275,6 @@ _PIP_NAMES = {
 }
 
 
-#: Plain spellings of the few non-ASCII characters the commands print, for a terminal whose encoding
-#: lacks them (a C or Latin-1 locale): the text stays readable instead of raising UnicodeEncodeError.
-PLAIN_SPELLINGS = {"ε": "eps", "δ": "delta", "±": "+/-", "×": "x", "—": "--", "≤": "<=", "≥": ">="}
-
-
-def _plain_spelling(exc: UnicodeError) -> tuple[str, int]:
-    if not isinstance(exc, UnicodeEncodeError):
-        raise exc
-    text = exc.object[exc.start : exc.end]
-    return "".join(
-        PLAIN_SPELLINGS.get(ch, ch.encode("ascii", "backslashreplace").decode()) for ch in text
-    ), exc.end
-
-
-codecs.register_error("privfed-plain", _plain_spelling)
-
-
-def _plain_errors(streams) -> list[tuple[Any, str]]:
-    """Make each text stream write a plain spelling of what its encoding cannot hold; the previous settings."""
-    kept = []
-    for stream in streams:
-        errors = getattr(stream, "errors", None)
-        if errors not in ("strict", None):
-            continue  # the user chose a handler (PYTHONIOENCODING=...:replace): kept
-        try:
-            stream.reconfigure(errors="privfed-plain")
-        except (AttributeError, ValueError, OSError):
-            continue
-        kept.append((stream, errors))
-    return kept
-
-
-def _stdout_reader_gone() -> bool:
-    """Whether standard output is a pipe whose reader has closed it (``| head`` that has read enough)."""
-    import select
-
-    try:
-        fd = sys.stdout.fileno()
-        poller = select.poll()
-        poller.register(fd, select.POLLOUT)
-        return any(ev & select.POLLERR for _, ev in poller.poll(0))
-    except (AttributeError, ValueError, OSError):
-        return False
-
-
-class StdoutFailed(Exception):
-    """Standard output refused a write (a full disk behind ``> log``, a device error)."""
-
-
-class _GuardedStdout:
-    """Standard output whose write errors (other than a closed pipe) are :class:`StdoutFailed`, so that
-    they are told apart from the run's own file errors."""
-
-    def __init__(self, stream) -> None:
-        self._stream = stream
-
-    def _guard(self, name: str, *args):
-        try:
-            return getattr(self._stream, name)(*args)
-        except BrokenPipeError:
-            raise
-        except OSError as exc:
-            raise StdoutFailed(exc.strerror or str(exc)) from None
-
-    def write(self, text: str):
-        return self._guard("write", text)
-
-    def flush(self) -> None:
-        self._guard("flush")
-
-    def __getattr__(self, name: str):
-        return getattr(self._stream, name)
-
-
-def _silence_stdout() -> None:
-    """Point standard output at /dev/null so the interpreter's last flush does not fail again."""
-    import os
-
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
-    except (AttributeError, ValueError, OSError):
-        pass
-
-
 def _one_line_warning(prog: str) -> Callable[..., None]:
     """A warning a command shows: one line naming the command, not Python's file:line and source echo."""
 
@@ -398,10 +319,12 @@ def cli_entry(
             signal.getsignal(signal.SIGINT), "privfed_start", False
         ):  # from here on Ctrl-C is a KeyboardInterrupt, handled below after what finished is written
             signal.signal(signal.SIGINT, interrupt_taken)
-        kept = _plain_errors((sys.stdout, sys.stderr))
-        stdout = sys.stdout
+        kept = plain_errors((sys.stdout, sys.stderr))
+        stdout, stderr = sys.stdout, sys.stderr
         if stdout is not None:
-            sys.stdout = _GuardedStdout(stdout)
+            sys.stdout = GuardedStdout(stdout)
+        if stderr is not None:
+            sys.stderr = QuietStderr(stderr)
         status: int | None = None  # the body's, once it returned: a signal after that changes nothing
         try:
             with stops_kept(), interruptible(), warnings.catch_warnings():
@@ -425,13 +348,13 @@ def cli_entry(
             return status
         except BrokenPipeError as exc:
             # `| head` stopped reading: like any Unix tool, stop quietly (128 + SIGPIPE)
-            if _stdout_reader_gone():
-                _silence_stdout()
+            if stdout_reader_gone():
+                silence_stdout()
                 return 141
             print(f"{prog}: error: {exc}", file=sys.stderr)
             return 1
         except StdoutFailed as exc:
-            _silence_stdout()  # a full or failing device (> log on a full disk): one line, not a traceback
+            silence_stdout()  # a full or failing device (> log on a full disk): one line, not a traceback
             print(f"{prog}: error: could not write to standard output ({exc})", file=sys.stderr)
             return 1
         except PrivfedError as exc:
@@ -478,8 +401,10 @@ def cli_entry(
             print(f"{prog}: interrupted", file=sys.stderr)
             return 130
         finally:
-            if isinstance(sys.stdout, _GuardedStdout):
+            if isinstance(sys.stdout, GuardedStdout):
                 sys.stdout = stdout
+            if isinstance(sys.stderr, QuietStderr):
+                sys.stderr = stderr
             for stream, errors in kept:
                 try:
                     stream.reconfigure(errors=errors)
