@@ -15,13 +15,13 @@ Keys (run config; the same names as the commands' flags, ``--eps`` is ``eps``):
 ``clients``                 how many nodes the server waits for
 ``min-clients``             fewest replies a plain run accepts (default: all)
 ``eps`` ``delta``           DP budget; ``eps = inf`` adds no noise
-``clip``                    L2 clipping bound of every record (DP on digits: by
-                            default the median feature norm of its public split)
+``clip``                    L2 clipping bound of every record (DP on digits: by default the
+                            median feature norm of its public split)
 ``level``                   ``record`` or ``client``
 ``trusted-aggregator``      the server adds the noise to the sum
 ``max-records``             client level: records per client bound
-``dropout-tolerance``       secure DP runs: t, nodes that may drop while the others'
-                            noise shares still carry sigma^2 (each adds sigma^2/(K - t))
+``dropout-tolerance``       secure DP runs: t, nodes that may drop while the others' noise
+                            shares still carry sigma^2 (each adds sigma^2/(K - t))
 ``secure-agg``              ``none``, ``mask`` (pairwise masking, active-adversary
                             version), ``ckks`` (CKKS, a node holding the keys) or
                             ``flwr-secaggplus-insecure`` (Flower's SecAgg+ workflow, for
@@ -39,9 +39,8 @@ Keys (run config; the same names as the commands' flags, ``--eps`` is ``eps``):
                             k + 1 shares a node (``num_shares``), drawn by its server
 ``frac-bits``               fixed-point fractional bits of masked statistics (the nodes'
                             roster fixes them: a node refuses others)
-``wire``                    plain uploads: ``float64`` (default: dense, exact) or
-                            ``compact`` (float32, and without DP only the held
-                            classes' rows: the layout fit's byte model counts)
+``wire``                    plain uploads: ``float64`` (default: dense, exact) or ``compact``
+                            (float32; without DP only the held classes' rows, as fit's byte model counts)
 ``rounds``                  rounds of a multi-round method (``fedlog`` with local bodies, R > 1;
                             under DP with local, trusted (central) or masked (distributed) noise)
 ``rounds-params``           JSON object of :class:`privfed.rounds.RoundsConfig` settings
@@ -52,14 +51,12 @@ Keys (run config; the same names as the commands' flags, ``--eps`` is ``eps``):
                             ``synthetic:D:N`` (N random D-dim samples a node)
 ``num-classes``             C; defaults to the data set's
 ``partition`` ``alpha``     how ``digits`` is split over ``num-partitions``
-``seeds``                   the seed of that split (the one ``fit`` users pass), as the
-                            commands write it: ``1`` is seed 0, ``"7,"`` seed 7; one run
-                            is one release, so one seed
+``seeds``                   the seed of that split (the one ``fit`` users pass), as the commands
+                            write it: ``1`` is seed 0, ``"7,"`` seed 7; one run is one release
 ``noise-seed``              reproducible noise (a simulation); default OS entropy
 ``timeout``                 seconds any one stage may take
 ``connect-timeout``         seconds to wait for the nodes to connect
-``out``                     folder for the run's record (``results.json``), ``head.npz``
-                            and ``report.json``
+``out``                     folder for the run's record (``results.json``), ``head.npz``, ``report.json``
 ==========================  ===================================================
 """
 
@@ -295,7 +292,13 @@ class FlowerConfig:
                     "trusted-aggregator and secure aggregation contradict each other (a trusted aggregator "
                     "sees the exact sum); drop one of them"
                 )
-            # named as the command and the run config name it, not as GaussianMechanism's argument
+            # named as the command and the run config name it, not as GaussianMechanism's argument (whose own
+            # check of the aggregate's noise comes only once the nodes have answered)
+            if self.level == "client" and self.secure == "none" and not self.trusted_aggregator:
+                raise ConfigError(
+                    "level client adds noise to the aggregate: pass --secure-agg mask|ckks (the nodes split the "
+                    "noise) or --trusted-aggregator (the server adds it), or their keys in the run config"
+                )
             if self.level == "client" and self.max_records is None:
                 raise ConfigError(
                     "level client needs max-records N (--max-records N, or max-records in the run config): the "

@@ -58,7 +58,19 @@ def test_a_delta_without_noise_is_refused(tmp_path):
 
 def test_client_level_without_max_records_names_the_flag():
     """It pointed at GaussianMechanism(..., max_records=500), an argument the command has no flag for."""
-    argv = ["--method", "fedncm", "--eps", "1", "--clip", "10", "--level", "client", "--clients", "3"]
+    argv = [
+        "--method",
+        "fedncm",
+        "--eps",
+        "1",
+        "--clip",
+        "10",
+        "--level",
+        "client",
+        "--clients",
+        "3",
+        "--trusted-aggregator",
+    ]
     with pytest.raises(ConfigError, match="level client needs max-records N \\(--max-records N"):
         resolve_config(flower_parser().parse_args(argv))
     cfg, _ = resolve_config(flower_parser().parse_args([*argv, "--max-records", "500"]))
