@@ -61,12 +61,13 @@ def drop_clipped(stats: ClientStats, noisy_counts: np.ndarray) -> tuple[ClientSt
     a class without data has no mean and gets a zero sum (the means carry no
     guarantee).
 
-    Returns the new statistics and the number of noisy counts clipped to 0
-    (a function of the released values only).
+    Returns the new statistics and the number of noisy counts clipped to 0: those below it (a function of
+    the released values only).  A noisy count of exactly 0 is not sent either, but nothing was clipped: it
+    is what a class the client lacks keeps under the uniform heuristic, or any count without noise.
     """
     n = np.asarray(noisy_counts, dtype=np.float64)
     kept = n > 0
-    dropped = int(np.count_nonzero(~kept))
+    dropped = int(np.count_nonzero(n < 0))
     if stats.is_materialised("sums"):
         means = np.nan_to_num(stats.means())
         new_counts = np.where(kept, n, 0.0)
