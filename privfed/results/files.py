@@ -20,6 +20,7 @@ __all__ = [
     "atomic_write",
     "fsync_dir",
     "in_saved_run",
+    "intact_names",
     "manifest_names",
     "sha256_file",
     "verify_folder",
@@ -201,3 +202,24 @@ def manifest_names(folder: Path) -> set[str] | None:
         return None
     names = (f.get("name") if isinstance(f, dict) else f for f in data["files"])
     return {n for n in names if isinstance(n, str)} | {MANIFEST}
+
+
+def intact_names(folder: Path) -> set[str]:
+    """The files a privfed manifest in ``folder`` lists that still hold what the run wrote (their recorded size
+    and SHA-256), with the manifest itself; empty without a privfed manifest.  A listed file that was changed
+    is not counted: what a run may replace is what it wrote, not a user's file a manifest names."""
+    try:
+        data = json.loads(read_regular_text(folder / MANIFEST, f"{MANIFEST} in {str(folder)!r}"))
+    except (ValueError, OSError, InputError):
+        return set()
+    if not (isinstance(data, dict) and data.get("tool") == "privfed" and isinstance(data.get("files"), list)):
+        return set()
+    out = {MANIFEST}
+    for f in data["files"]:
+        if not (isinstance(f, dict) and {"name", "bytes", "sha256"} <= set(f)) or _malformed_entry(folder, f):
+            continue
+        p = folder / f["name"]
+        with contextlib.suppress(OSError):
+            if p.is_file() and p.stat().st_size == f["bytes"] and sha256_file(p) == f["sha256"]:
+                out.add(f["name"])
+    return out

@@ -50,6 +50,7 @@ from privfed.results.files import (
     ResultsWriteError,
     atomic_write,
     fsync_dir,
+    intact_names,
     manifest_names,
     sha256_file,
     verify_folder,
@@ -92,7 +93,7 @@ def _is_ours(name: str) -> bool:
 
 def _privfed_files(path: Path) -> tuple[set[str], list[str]]:
     """Split a folder's entries into (files a previous privfed run wrote, everything else)."""
-    listed = manifest_names(path) or set()
+    listed = intact_names(path) | (manifest_names(path) or set()) & set(OUTPUT_NAMES)  # as written, or ours
     legacy = False  # a privfed run written before manifests existed: its results.json / config.json say so
     for marker in ("results.json", "results.partial.json", "config.json", "report.json"):
         try:
