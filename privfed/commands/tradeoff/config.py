@@ -249,6 +249,13 @@ def resolve_config(args: argparse.Namespace, *, values: dict[str, Any] | None = 
     )
     if clip_norm == "coordinate" and clip is None:
         raise ConfigError("--clip-norm coordinate needs an explicit --clip B (the per-coordinate bound)")
+    if rounds > 1 and noise and clip is None and pick("clip_norm") is not None:
+        # multi-round FedLog's default bound is per coordinate: an l2 asked for without its bound is never
+        # replaced by it in silence
+        raise ConfigError(
+            f"--clip-norm {clip_norm} under --rounds {rounds} needs --clip B: without it multi-round FedLog clips "
+            "each coordinate at 2 (its default bound); pass --clip B, or drop --clip-norm"
+        )
     placements = _resolve_placements(
         placement,
         epsilons=epsilons,
