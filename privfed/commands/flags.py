@@ -84,6 +84,14 @@ class _OnceSwitch(argparse.BooleanOptionalAction):
         super().__call__(parser, namespace, values, option_string)
 
 
+class _OnceTrue(argparse._StoreTrueAction):
+    """An on switch (``--no-plot``): given twice, it is refused, as every flag is."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        _given_once(self, parser, str(option_string), "pass it once")
+        super().__call__(parser, namespace, values, option_string)
+
+
 #: A command-line word that starts like a negative number (a flag's value, never a flag of privfed's).
 _NEGATIVE = re.compile(r"-(\d|\.\d|inf|nan)", re.IGNORECASE)
 
@@ -116,6 +124,8 @@ class Parser(argparse.ArgumentParser):
             kwargs["action"] = _Once
         elif kwargs.get("action") is argparse.BooleanOptionalAction:
             kwargs["action"] = _OnceSwitch
+        elif kwargs.get("action") == "store_true":
+            kwargs["action"] = _OnceTrue
         return super().add_argument(*args, **kwargs)
 
     def error(self, message: str):  # noqa: D102

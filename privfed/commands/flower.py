@@ -275,6 +275,10 @@ def resolve_config(args: argparse.Namespace):
 def _body(argv: Sequence[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
+    if args.quiet and args.verbose:
+        raise ConfigError(
+            "--verbose contradicts --quiet: one shows every line of Flower's logs, the other none; pass one"
+        )
     cfg, timeout_origin = resolve_config(args)
     from dataclasses import replace
 
