@@ -101,6 +101,11 @@ def placement_variants(cfg: TradeoffConfig) -> list[tuple[str, TradeoffConfig]]:
 SWEEP_FLOPS_PER_S = 2e9
 SWEEP_NOISE_PER_S = 2e7
 SWEEP_RUN_OVERHEAD_S = 0.005
+#: A secure sum's cost in a run: pairwise masking per (client, neighbour) pair (two key agreements, the
+#: Shamir shares and their encryption: 100 digits clients on the complete graph took 2.1 s a run) and CKKS
+#: per client (its encryption and the key holder's share: 2 s a run for 100 clients), on the same machine.
+SWEEP_MASK_PAIR_S = 2e-4
+SWEEP_CKKS_CLIENT_S = 0.02
 
 
 def sweep_cost_note(
@@ -112,18 +117,24 @@ def sweep_cost_note(
     c: int,
     attacks: int = 0,
     passes: int | None = None,
+    secure_runs: int = 0,
+    secure_kind: str = "mask",
     above_s: float = 300.0,
 ) -> str | None:
     """A one-line estimate when a sweep's predicted time is over ``above_s`` seconds, else None.
 
     Per run: a fixed cost, a d x d solve (d^3) and local noise on K x C x (d + 1) values; per statistics
     pass (``passes``, one per seed, method and placement, shared by its budgets; default one per run) N d^2
-    flops for the second moments; attacks count as as many runs again.  An order of magnitude, not a
-    promise: the progress bar shows the measured ETA.
+    flops for the second moments; ``secure_runs`` of the runs sum under ``secure_kind`` (masking on the
+    complete graph, or CKKS); attacks count as as many runs again.  An order of magnitude, not a promise:
+    the progress bar shows the measured ETA.
     """
     per_run = SWEEP_RUN_OVERHEAD_S + d**3 / SWEEP_FLOPS_PER_S + k * c * (d + 1) / SWEEP_NOISE_PER_S
     stats = (runs if passes is None else passes) * n * d * d / SWEEP_FLOPS_PER_S
-    seconds = (runs * per_run + stats) * (1 + attacks)
+    secure = secure_runs * (
+        k * SWEEP_CKKS_CLIENT_S if secure_kind == "ckks" else k * (k - 1) * SWEEP_MASK_PAIR_S
+    )
+    seconds = (runs * per_run + stats + secure) * (1 + attacks)
     if seconds <= above_s:
         return None
     return (

@@ -138,6 +138,10 @@ def run_tradeoff(
         c=int(ds.num_classes),
         attacks=len(cfg.attacks),
         passes=len(cfg.seeds) * sum(n_var.values()),  # the statistics: once per seed, method and placement
+        secure_runs=len(cfg.seeds)
+        * len(finite)
+        * sum((m, key) not in skipped and v.secure_agg != "none" for m in cfg.methods for key, v in variants),
+        secure_kind=cfg.secure_agg if cfg.secure_agg != "none" else "mask",
     )
     if note:  # a large sweep says so before it starts
         print(f"note: {note}", file=sys.stderr)

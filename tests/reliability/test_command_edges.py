@@ -1,0 +1,149 @@
+"""Edges of the commands a fault battery found: a standard error that refuses writes, a Flower run whose
+client-level noise had no aggregate to go on, count-noise notes that called untouched zeros clipped."""
+
+from __future__ import annotations
+
+import errno
+import io
+import json
+import sys
+
+import numpy as np
+import pytest
+
+from privfed.errors import ConfigError
+
+SMALL = ["--clients", "10", "--seeds", "1", "--no-plot"]
+
+
+class _FullDisk(io.TextIOBase):
+    """A standard error on a full disk: every write and flush fails."""
+
+    def write(self, text: str) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    def flush(self) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def test_a_standard_error_on_a_full_disk_does_not_stop_the_sweep(digits_cache, tmp_path, monkeypatch):
+    """Before: the checkpoint's note that it could not be written (the disk was full) itself failed to print,
+    and the OSError ended the sweep after its first run with a traceback (exit 1)."""
+    from privfed.commands.common import OutputDir
+    from privfed.results.files import ResultsWriteError
+    from privfed.tradeoff import main
+
+    real = OutputDir.write_csv
+
+    def write_csv(self, name, *a, **k):
+        if "partial" in name:  # the checkpoints fail, the final write does not
+            raise ResultsWriteError(f"could not write {name}: No space left on device")
+        return real(self, name, *a, **k)
+
+    monkeypatch.setattr(OutputDir, "write_csv", write_csv)
+    monkeypatch.setattr(sys, "stderr", _FullDisk())
+    out = tmp_path / "o"
+    assert main(["--method", "fedncm", "--eps", "1,2", *SMALL, "--out", str(out)]) == 0
+    assert isinstance(sys.stderr, _FullDisk)  # the command's guard is gone once it returned
+    records = json.loads((out / "results.json").read_text())["records"]
+    assert [r["epsilon"] for r in records] == [1.0, 2.0]  # both runs, after the failed checkpoint
+
+
+def test_flower_refuses_client_level_noise_without_an_aggregate_before_anything_starts():
+    """Before: Flower and Ray started, and the ServerApp failed inside the simulation (exit code 700 and
+    traceback fragments) with the mechanism's own message."""
+    from privfed.commands.flower import resolve_config
+    from privfed.commands.options import flower_parser
+    from privfed.flower import FlowerConfig
+
+    base = ["--clients", "4", "--eps", "1", "--level", "client", "--max-records", "300"]
+    with pytest.raises(ConfigError, match="--secure-agg mask|ckks .* or --trusted-aggregator"):
+        resolve_config(flower_parser().parse_args(base))
+    with pytest.raises(ConfigError, match="level client adds noise to the aggregate"):
+        FlowerConfig(method="fedncm", clients=4, epsilon=1.0, clip=5.0, level="client", max_records=300)
+    for fix in (["--trusted-aggregator"], ["--secure-agg", "mask"]):
+        cfg, _ = resolve_config(flower_parser().parse_args([*base, *fix]))
+        assert cfg.level == "client"
+
+
+def test_count_noise_notes_call_clipped_only_the_counts_below_zero():
+    """Before: a noisy count of exactly 0 counted as 'clipped to 0', so uniform noise at eps = 1 (no noise
+    at all) reported every absent (client, class) pair as a repair ('765 pairs dropped')."""
+    from mechanisms.dp.count_noise import UniformCountNoiseNoDP, drop_clipped
+    from privfed.stats import ClientStats
+
+    counts = np.array([[4.0, 0.0, 2.0], [0.0, 3.0, 1.0]])
+    sums = np.ones((2, 3, 2)) * counts[..., None]
+    stats = ClientStats(counts=counts, sums=sums)
+    out, dropped = drop_clipped(stats, np.array([[4.0, 0.0, -1.0], [0.5, 0.0, 1.0]]))
+    assert dropped == 1  # the -1 only: the zeros were never counts to clip
+    np.testing.assert_array_equal(out.counts, [[4.0, 0.0, 0.0], [0.5, 0.0, 1.0]])
+    noise = UniformCountNoiseNoDP(epsilon=1.0)
+    noise.before_upload(stats, None, np.random.default_rng(0))
+    assert noise.dropped == 0 and noise.report().notes[-1].count == 0
+
+
+def test_overwrite_replaces_only_what_the_previous_run_wrote(digits_cache, tmp_path):
+    """Before: a user's file that a (damaged or edited) manifest listed was taken for the run's own and
+    deleted by --overwrite, whatever its content."""
+    from privfed.tradeoff import main
+
+    out = tmp_path / "o"
+    args = ["--method", "fedncm", "--eps", "1", "--placement", "local", *SMALL, "--quiet", "--out", str(out)]
+    assert main(args) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    (out / "notes.txt").write_text("my notes")
+    manifest["files"].append({"name": "notes.txt", "bytes": 3, "sha256": "0" * 64})
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    assert main([*args, "--overwrite"]) == 2 and (out / "notes.txt").read_text() == "my notes"
+    (out / "notes.txt").unlink()
+    assert main([*args, "--overwrite"]) == 0  # the run's own files, a results file edited or not
+
+
+def test_a_clip_norm_asked_for_under_rounds_is_never_replaced_in_silence():
+    """Before: --clip-norm l2 without --clip ran multi-round FedLog per coordinate (its default bound) and
+    recorded clip_norm 'coordinate', as if the flag had not been given."""
+    from privfed.tradeoff import build_parser, resolve_config
+
+    base = ["--rounds", "2", "--clients", "4", "--eps", "1"]
+    with pytest.raises(ConfigError, match="--clip-norm l2 under --rounds 2 needs --clip"):
+        resolve_config(build_parser().parse_args([*base, "--clip-norm", "l2"]))
+    assert resolve_config(build_parser().parse_args([*base, "--clip-norm", "l2", "--clip", "5"])).clip == 5.0
+    resolve_config(build_parser().parse_args(base))  # the default bound, when nothing else is asked
+
+
+@pytest.mark.parametrize("command", ["tradeoff", "attack", "flower"])
+def test_a_switch_given_twice_is_refused_as_every_flag_is(command):
+    """Before: --no-plot --no-plot (and --quiet, --trusted-aggregator twice) passed, while the docs say a flag
+    given twice is refused."""
+    from privfed.commands import options
+
+    parser = getattr(options, f"{command}_parser")()
+    with pytest.raises(ConfigError, match="--no-plot: given twice"):
+        parser.parse_args(["--no-plot", "--no-plot"])
+    assert parser.parse_args(["--no-plot"]).no_plot is True
+
+
+def test_flower_refuses_verbose_with_quiet():
+    from privfed.commands.flower import _body
+
+    with pytest.raises(ConfigError, match="--verbose contradicts --quiet"):
+        _body(["--verbose", "--quiet"])
+
+
+def test_the_sweep_estimate_counts_the_secure_sums():
+    """Before: the default sweep of 2,000 seeds (6,000 runs, 2,000 of them masked sums of 100 clients on the
+    complete graph, about 1.5 h) printed no estimate, and 100,000 seeds 'roughly 51 minutes' (about 60 h): the
+    masking was not counted.  Its key agreements alone (2 K (K - 1), at 20 µs each at the fastest) bound it
+    from below."""
+    import re
+
+    from privfed.commands.tradeoff.plan import sweep_cost_note
+
+    shape = {"n": 899, "d": 64, "k": 100, "c": 10, "passes": 6000}
+    assert sweep_cost_note(6000, **shape) is None  # the plain runs alone are quick
+    note = sweep_cost_note(6000, **shape, secure_runs=2000)
+    floor_minutes = 2000 * 2 * 100 * 99 * 20e-6 / 60
+    assert note is not None and int(re.search(r"roughly (\d+) minute", note)[1]) >= floor_minutes
+    ckks = sweep_cost_note(6000, **shape, secure_runs=2000, secure_kind="ckks")
+    assert ckks is not None and ckks != note
