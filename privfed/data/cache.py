@@ -117,7 +117,7 @@ def resolve_cache_dir(cache_dir: str | os.PathLike | None = None) -> pathlib.Pat
         why = "a file is in the way" if path.exists() or path.is_symlink() else exc.strerror or exc
         raise ConfigError(
             f"cache directory {str(path)!r} cannot be created ({why}); "
-            f"pass cache_dir= or set ${CACHE_ENV} to a writable directory"
+            f"set ${CACHE_ENV} to a writable directory (or, from Python, pass cache_dir=)"
         ) from None
     return path
 
