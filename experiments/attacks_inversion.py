@@ -58,35 +58,18 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--cells", type=count(1), default=40, help="released cells (clients) per setting")
     p.add_argument("--seed", type=seed, default=0)
-    p.add_argument(
-        "--ns",
-        type=int_list(1, empty=True),
-        default="1,2,4,8,16",
-        help="clean settings: records per released mean",
-    )
+    for flag, default, what in (  # the settings: records per released mean (or per client), '' = none
+        ("--ns", "1,2,4,8,16", "clean settings: records per released mean"),
+        ("--dp-ns", "1", "records per released mean in the DP settings"),
+        ("--secure", "1,4", "secure-sum settings: records per released mean ('' = none)"),
+        ("--cgs", "2,4", "FedCGS (mean + G) settings: records per client ('' = none)"),
+    ):
+        p.add_argument(flag, type=int_list(1, empty=True), default=default, help=what)
     p.add_argument(
         "--eps",
         type=float_list(positive=True, empty=True),
         default="10,1,0.1",
         help="record-level DP settings",
-    )
-    p.add_argument(
-        "--dp-ns",
-        type=int_list(1, empty=True),
-        default="1",
-        help="records per released mean in the DP settings",
-    )
-    p.add_argument(
-        "--secure",
-        type=int_list(1, empty=True),
-        default="1,4",
-        help="secure-sum settings: records per released mean ('' = none)",
-    )
-    p.add_argument(
-        "--cgs",
-        type=int_list(1, empty=True),
-        default="2,4",
-        help="FedCGS (mean + G) settings: records per client ('' = none)",
     )
     p.add_argument(
         "--train-steps",
