@@ -292,19 +292,18 @@ class FlowerConfig:
                     "trusted-aggregator and secure aggregation contradict each other (a trusted aggregator "
                     "sees the exact sum); drop one of them"
                 )
-            # named as the command and the run config name it, not as GaussianMechanism's argument (whose own
-            # check of the aggregate's noise comes only once the nodes have answered)
-            if self.level == "client" and self.secure == "none" and not self.trusted_aggregator:
-                raise ConfigError(
-                    "level client adds noise to the aggregate: pass --secure-agg mask|ckks (the nodes split the "
-                    "noise) or --trusted-aggregator (the server adds it), or their keys in the run config"
-                )
+            # named as the command and the run config name it, not as GaussianMechanism's argument
             if self.level == "client" and self.max_records is None:
                 raise ConfigError(
                     "level client needs max-records N (--max-records N, or max-records in the run config): the "
                     "most records one node contributes, which bounds what one node changes in the sums"
                 )
             if self.rounds == 1:  # multi-round FedLog's mechanism is checked with its rounds below
+                if self.level == "client" and self.secure == "none" and not self.trusted_aggregator:
+                    raise ConfigError(  # the mechanism's own check would come once the nodes had answered
+                        "level client adds noise to the aggregate: pass --secure-agg mask|ckks (the nodes split "
+                        "the noise) or --trusted-aggregator (the server adds it), or their run-config keys"
+                    )
                 self.make_privacy()  # bad budget / level / max-records fail here, before any message
             if self.secure != "none" and not 0 <= self.dropout_tolerance < self.clients:
                 raise ConfigError(
