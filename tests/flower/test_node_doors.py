@@ -176,7 +176,11 @@ def test_a_misspelt_data_set_is_named_before_the_clip_its_default_would_need(dat
     [
         ({"clip": 1.0}, "clip is a setting of the DP release"),
         ({"trusted_aggregator": True}, "trusted-aggregator is a setting"),
-        ({"level": "client", "max_records": 5}, "level, max-records are settings"),
+        # (client level with noise needs an aggregate to add it to: here the trusted server's)
+        (
+            {"level": "client", "max_records": 5, "trusted_aggregator": True},
+            "trusted-aggregator, level, max-records are settings",
+        ),
         ({"noise_seed": 3}, "noise-seed is a setting"),
         ({"secure": "mask", "dropout_tolerance": 1}, "dropout-tolerance is a setting"),
     ],
