@@ -249,12 +249,13 @@ def resolve_config(args: argparse.Namespace, *, values: dict[str, Any] | None = 
     )
     if clip_norm == "coordinate" and clip is None:
         raise ConfigError("--clip-norm coordinate needs an explicit --clip B (the per-coordinate bound)")
-    if rounds > 1 and noise and clip is None and pick("clip_norm") is not None:
-        # multi-round FedLog's default bound is per coordinate: an l2 asked for without its bound is never
-        # replaced by it in silence
+    if rounds > 1 and noise and clip is None and s.given("clip_norm"):
+        # multi-round FedLog's default bound is per coordinate: a norm a user asked for without its bound is
+        # never replaced by it in silence (a replayed record's default norm is no request)
         raise ConfigError(
-            f"--clip-norm {clip_norm} under --rounds {rounds} needs --clip B: without it multi-round FedLog clips "
-            "each coordinate at 2 (its default bound); pass --clip B, or drop --clip-norm"
+            f"{s.named('clip_norm')} {clip_norm} under {rounds} rounds needs --clip B: without it "
+            f"multi-round FedLog clips each coordinate at 2 (its default bound); give the bound, or drop "
+            f"{s.named('clip_norm')}"
         )
     placements = _resolve_placements(
         placement,
