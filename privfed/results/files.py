@@ -21,6 +21,7 @@ __all__ = [
     "fsync_dir",
     "in_saved_run",
     "intact_names",
+    "written_name",
     "manifest_names",
     "sha256_file",
     "verify_folder",
@@ -204,6 +205,13 @@ def manifest_names(folder: Path) -> set[str] | None:
     return {n for n in names if isinstance(n, str)} | {MANIFEST}
 
 
+def written_name(name: str) -> bool:
+    """Whether ``name`` is one the commands write into a result folder: :data:`OUTPUT_NAMES` and the figures
+    (``tradeoff.*``, ``grid_*.*``, as png, pdf and svg)."""
+    figure = name.startswith(("tradeoff.", "grid_")) and name.rsplit(".", 1)[-1] in ("png", "pdf", "svg")
+    return name in OUTPUT_NAMES or figure
+
+
 def intact_names(folder: Path) -> set[str]:
     """The files a privfed manifest in ``folder`` lists that still hold what the run wrote (their recorded size
     and SHA-256), with the manifest itself; empty without a privfed manifest.  A listed file that was changed
@@ -216,10 +224,12 @@ def intact_names(folder: Path) -> set[str]:
         return set()
     out = {MANIFEST}
     for f in data["files"]:
-        if not (isinstance(f, dict) and {"name", "bytes", "sha256"} <= set(f)) or _malformed_entry(folder, f):
-            continue
-        p = folder / f["name"]
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError):  # a name too long for the file system, say: not the run's file
+            if not (isinstance(f, dict) and {"name", "bytes", "sha256"} <= set(f)) or _malformed_entry(
+                folder, f
+            ):
+                continue
+            p = folder / f["name"]
             if p.is_file() and p.stat().st_size == f["bytes"] and sha256_file(p) == f["sha256"]:
                 out.add(f["name"])
     return out

@@ -20,9 +20,8 @@ with its size and SHA-256, so a reader can check what it reads
 * Before the first computation the location is checked: the parent can be
   written, every name fits the file system's name and path limits, and at
   least 32 MiB are free (:mod:`privfed.results.guard`).
-* A killed run (SIGKILL, power loss) leaves its staging folder, holding the
-  last checkpoint with a ``complete: false`` manifest; the next run on the
-  same ``<out>`` renames it to ``<out>.interrupted-<pid>`` and says so.
+* A killed run (SIGKILL, power loss) leaves its staging folder, holding the last checkpoint with a
+  ``complete: false`` manifest; the next run on the same ``<out>`` renames it to ``<out>.interrupted-<pid>``.
 * A failed write (a full disk, a read-only file system) is one clear error
   naming the file and the folder that keeps what finished.
 
@@ -54,6 +53,7 @@ from privfed.results.files import (
     manifest_names,
     sha256_file,
     verify_folder,
+    written_name,
 )
 from privfed.results.guard import (
     MIN_FREE_BYTES,
@@ -93,7 +93,7 @@ def _is_ours(name: str) -> bool:
 
 def _privfed_files(path: Path) -> tuple[set[str], list[str]]:
     """Split a folder's entries into (files a previous privfed run wrote, everything else)."""
-    listed = intact_names(path) | (manifest_names(path) or set()) & set(OUTPUT_NAMES)  # as written, or ours
+    listed = intact_names(path) | set(filter(written_name, manifest_names(path) or ()))
     legacy = False  # a privfed run written before manifests existed: its results.json / config.json say so
     for marker in ("results.json", "results.partial.json", "config.json", "report.json"):
         try:
@@ -107,8 +107,8 @@ def _privfed_files(path: Path) -> tuple[set[str], list[str]]:
     ours, foreign = set(), []
     for entry in sorted(path.iterdir()):
         n = entry.name
-        known = n in OUTPUT_NAMES or (n.startswith("grid_") and n.endswith(".png"))
-        if entry.is_file() and not entry.is_symlink() and (n in listed or _is_ours(n) or (legacy and known)):
+        mine = n in listed or _is_ours(n) or (legacy and written_name(n))
+        if entry.is_file() and not entry.is_symlink() and mine:
             ours.add(n)
         else:
             foreign.append(n)
