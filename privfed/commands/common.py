@@ -351,7 +351,8 @@ def cli_entry(
             if stdout_reader_gone():
                 silence_stdout()
                 return 141
-            print(f"{prog}: error: {exc}", file=sys.stderr)
+            with contextlib.suppress(OSError):  # standard error's own reader may be the one gone
+                print(f"{prog}: error: {exc}", file=sys.stderr)
             return 1
         except StdoutFailed as exc:
             silence_stdout()  # a full or failing device (> log on a full disk): one line, not a traceback

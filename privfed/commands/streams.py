@@ -108,7 +108,7 @@ def silence_stdout() -> None:
 class QuietStderr:
     """Standard error whose write errors are dropped: a note, a progress bar or a warning that cannot be
     shown (a full disk behind ``2> log``) must not stop a run that can still finish and keep its results; the
-    exit status still tells how it ended."""
+    exit status still tells how it ended.  A closed pipe is not dropped: nobody reads the run any more."""
 
     def __init__(self, stream) -> None:
         self._stream = stream
@@ -116,12 +116,16 @@ class QuietStderr:
     def write(self, text: str) -> int:
         try:
             return self._stream.write(text)
+        except BrokenPipeError:  # its reader is gone (``2>&1 | head``): the command stops, as on stdout
+            raise
         except OSError:
             return len(text)
 
     def flush(self) -> None:
         try:
             self._stream.flush()
+        except BrokenPipeError:
+            raise
         except OSError:
             pass
 
