@@ -298,12 +298,13 @@ class FlowerConfig:
                     "level client needs max-records N (--max-records N, or max-records in the run config): the "
                     "most records one node contributes, which bounds what one node changes in the sums"
                 )
+            if self.level == "client" and self.secure == "none" and not self.trusted_aggregator:
+                kinds = "mask|ckks" if self.rounds == 1 else "mask"  # CKKS is not offered over rounds
+                raise ConfigError(  # the mechanism's own check would come once the nodes had answered
+                    f"level client adds noise to the aggregate: pass --secure-agg {kinds} (the nodes split the "
+                    "noise) or --trusted-aggregator (the server adds it), or their run-config keys"
+                )
             if self.rounds == 1:  # multi-round FedLog's mechanism is checked with its rounds below
-                if self.level == "client" and self.secure == "none" and not self.trusted_aggregator:
-                    raise ConfigError(  # the mechanism's own check would come once the nodes had answered
-                        "level client adds noise to the aggregate: pass --secure-agg mask|ckks (the nodes split "
-                        "the noise) or --trusted-aggregator (the server adds it), or their run-config keys"
-                    )
                 self.make_privacy()  # bad budget / level / max-records fail here, before any message
             if self.secure != "none" and not 0 <= self.dropout_tolerance < self.clients:
                 raise ConfigError(

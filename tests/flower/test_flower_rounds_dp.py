@@ -146,7 +146,9 @@ def test_a_split_head_in_a_masked_round_is_refused_before_the_node_uploads():
 def test_rounds_dp_settings_are_refused_before_any_message():
     with pytest.raises(ConfigError, match="record_bound must be one of"):
         flower_config("local", {}, rounds_params={**PARAMS, "record_bound": "exact"})
-    with pytest.raises(ConfigError, match="level='client' needs noise on the aggregate"):
+    with pytest.raises(
+        ConfigError, match=r"level client adds noise to the aggregate: pass --secure-agg mask \(the nodes"
+    ):
         flower_config("local", {"level": "client", "max_records": 10})
 
 
