@@ -57,7 +57,7 @@ def test_flower_refuses_client_level_noise_without_an_aggregate_before_anything_
     from privfed.flower import FlowerConfig
 
     base = ["--clients", "4", "--eps", "1", "--level", "client", "--max-records", "300"]
-    with pytest.raises(ConfigError, match="--secure-agg mask|ckks .* or --trusted-aggregator"):
+    with pytest.raises(ConfigError, match=r"--secure-agg mask\|ckks .* or --trusted-aggregator"):
         resolve_config(flower_parser().parse_args(base))
     with pytest.raises(ConfigError, match="level client adds noise to the aggregate"):
         FlowerConfig(method="fedncm", clients=4, epsilon=1.0, clip=5.0, level="client", max_records=300)
@@ -83,6 +83,24 @@ def test_count_noise_notes_call_clipped_only_the_counts_below_zero():
     assert noise.dropped == 0 and noise.report().notes[-1].count == 0
 
 
+@pytest.mark.parametrize("kind", ["LaplaceCountNoise", "GeometricCountNoise"])
+def test_a_release_counts_the_draws_it_clipped(kind):
+    """The clip happens on the draws (n + noise < 0), before the released max(., 0): counted from the released
+    counts, no count would ever be below zero (a first version of the rule above said 0 for every release)."""
+    import mechanisms.dp.count_noise as cn
+    from privfed.stats import ClientStats
+
+    rng = np.random.default_rng(11)
+    counts = rng.integers(0, 3, size=(100, 10)).astype(float)
+    stats = ClientStats(counts=counts, sums=rng.normal(size=(100, 10, 3)) * counts[..., None])
+    mech = getattr(cn, kind)(epsilon=0.5)
+    out = mech.before_upload(stats, None, np.random.default_rng(5))
+    draws = getattr(cn, kind)(epsilon=0.5).perturb(counts, np.random.default_rng(5))  # the same draws
+    assert mech.dropped == np.count_nonzero(draws < 0) > 50  # about a third of 1,000 cells at this scale
+    np.testing.assert_array_equal(out.counts, np.maximum(draws, 0.0))
+    assert mech.report().notes[-1].count == mech.dropped
+
+
 def test_overwrite_replaces_only_what_the_previous_run_wrote(digits_cache, tmp_path):
     """Before: a user's file that a (damaged or edited) manifest listed was taken for the run's own and
     deleted by --overwrite, whatever its content."""
@@ -106,7 +124,7 @@ def test_a_clip_norm_asked_for_under_rounds_is_never_replaced_in_silence():
     from privfed.tradeoff import build_parser, resolve_config
 
     base = ["--rounds", "2", "--clients", "4", "--eps", "1"]
-    with pytest.raises(ConfigError, match="--clip-norm l2 under --rounds 2 needs --clip"):
+    with pytest.raises(ConfigError, match="--clip-norm l2 under 2 rounds needs --clip B"):
         resolve_config(build_parser().parse_args([*base, "--clip-norm", "l2"]))
     assert resolve_config(build_parser().parse_args([*base, "--clip-norm", "l2", "--clip", "5"])).clip == 5.0
     resolve_config(build_parser().parse_args(base))  # the default bound, when nothing else is asked
@@ -147,3 +165,69 @@ def test_the_sweep_estimate_counts_the_secure_sums():
     assert note is not None and int(re.search(r"roughly (\d+) minute", note)[1]) >= floor_minutes
     ckks = sweep_cost_note(6000, **shape, secure_runs=2000, secure_kind="ckks")
     assert ckks is not None and ckks != note
+
+
+def test_a_replayed_partial_rounds_record_keeps_its_default_norm(tmp_path):
+    """A checkpoint (results.partial.json) of a multi-round sweep run with the default bound records the
+    config's default clip_norm 'l2' with no clip: replaying it is no request for l2 (the first version of the
+    check above refused it, naming a flag the user never gave)."""
+    from dataclasses import asdict
+
+    from privfed.results.record import make_record
+    from privfed.tradeoff import build_parser, resolve_config
+
+    base = ["--rounds", "2", "--clients", "4", "--eps", "1"]
+    cfg = resolve_config(build_parser().parse_args(base))
+    assert cfg.clip is None and cfg.clip_norm == "l2"
+    record = make_record(
+        command="tradeoff",
+        command_line="python -m privfed.tradeoff " + " ".join(base),
+        config=asdict(cfg),
+        data={},
+        records=[],
+        timing={},
+        complete=False,
+    )
+    path = tmp_path / "results.partial.json"
+    path.write_text(json.dumps(record, default=str))
+    again = resolve_config(build_parser().parse_args(["--config", str(path)]))
+    assert again.rounds == 2 and again.clip is None
+
+
+def test_quiet_stderr_drops_a_full_disk_but_not_a_closed_pipe():
+    """``2>&1 | head`` closes the pipe: the command must stop there, as on standard output, not run on for
+    hours with nobody reading (a first version dropped the broken pipe with every other write error)."""
+    from privfed.commands.streams import QuietStderr
+
+    class Gone(_FullDisk):
+        def write(self, text):
+            raise BrokenPipeError(errno.EPIPE, "Broken pipe")
+
+        def flush(self):
+            raise BrokenPipeError(errno.EPIPE, "Broken pipe")
+
+    full = QuietStderr(_FullDisk())
+    assert full.write("note\n") == 5
+    full.flush()
+    for call in (lambda s: s.write("note\n"), lambda s: s.flush()):
+        with pytest.raises(BrokenPipeError):
+            call(QuietStderr(Gone()))
+
+
+def test_overwrite_replaces_an_edited_figure_and_survives_a_damaged_manifest(digits_cache, tmp_path):
+    """The figures (tradeoff.png, .pdf, .svg) are names the commands write, edited or not; a manifest entry
+    too long for the file system is no file of the run (it made --overwrite fail with 'File name too long')."""
+    from privfed.results.writer import check_out_path
+    from privfed.tradeoff import main
+
+    out = tmp_path / "o"
+    args = ["--method", "fedncm", "--eps", "1", "--placement", "local", "--clients", "10", "--quiet"]
+    assert main([*args, "--out", str(out)]) == 0
+    assert (out / "tradeoff.svg").is_file()
+    (out / "tradeoff.svg").write_text("<svg>edited</svg>")
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["files"].append({"name": "x" * 300, "bytes": 1, "sha256": "0" * 64})
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    _, ours = check_out_path(out, overwrite=True)
+    assert {"tradeoff.svg", "tradeoff.png", "results.json", "manifest.json"} <= ours
+    assert main([*args, "--out", str(out), "--overwrite"]) == 0

@@ -127,9 +127,15 @@ def run_tradeoff(
             raise errors[0]
     attack_ctx = attack_context(cfg, ds) if cfg.attacks else None
     records = [] if records is None else records
-    n_var = {m: sum((m, k) not in skipped for k, _ in variants) for m in cfg.methods}
+    kept = {m: [v.secure_agg != "none" for k, v in variants if (m, k) not in skipped] for m in cfg.methods}
+    n_var = {m: len(s) for m, s in kept.items()}
     n_inf = sum(not math.isfinite(e) for e in cfg.epsilons)
     total = len(cfg.seeds) * sum(n * len(finite) + n_inf for n in n_var.values())
+    # the sums under secure aggregation: every budget of a secure placement, and eps = inf's one row where
+    # the method's first placement (the one that row runs under) is secure
+    secure_runs = len(cfg.seeds) * sum(
+        len(finite) * sum(s) + n_inf * (s[:1] == [True]) for s in kept.values()
+    )
     note = sweep_cost_note(
         total,
         n=int(ds.train_features.shape[0]),
@@ -138,9 +144,7 @@ def run_tradeoff(
         c=int(ds.num_classes),
         attacks=len(cfg.attacks),
         passes=len(cfg.seeds) * sum(n_var.values()),  # the statistics: once per seed, method and placement
-        secure_runs=len(cfg.seeds)
-        * len(finite)
-        * sum((m, key) not in skipped and v.secure_agg != "none" for m in cfg.methods for key, v in variants),
+        secure_runs=secure_runs,
         secure_kind=cfg.secure_agg if cfg.secure_agg != "none" else "mask",
     )
     if note:  # a large sweep says so before it starts
