@@ -61,14 +61,12 @@ def drop_clipped(stats: ClientStats, noisy_counts: np.ndarray) -> tuple[ClientSt
     a class without data has no mean and gets a zero sum (the means carry no
     guarantee).
 
-    Returns the new statistics and the number of noisy counts clipped to 0: those below it (a function of
-    the noisy counts only, ``noisy_counts`` as drawn, before any clip).  A noisy count of exactly 0 is not
-    sent either, but nothing was clipped: it is what a class the client lacks keeps under the uniform
-    heuristic, or any count without noise.
+    Returns the new statistics and the number of noisy counts clipped to 0
+    (a function of the released values only).
     """
     n = np.asarray(noisy_counts, dtype=np.float64)
     kept = n > 0
-    dropped = int(np.count_nonzero(n < 0))
+    dropped = int(np.count_nonzero(~kept))
     if stats.is_materialised("sums"):
         means = np.nan_to_num(stats.means())
         new_counts = np.where(kept, n, 0.0)
@@ -146,10 +144,6 @@ class CountNoise(Parameters):
 
     def release(self, counts, rng: np.random.Generator) -> np.ndarray:
         """n~ = max(n + noise, 0) for an array of counts; records the release."""
-        return np.maximum(self._noisy(counts, rng), 0.0)
-
-    def _noisy(self, counts, rng: np.random.Generator) -> np.ndarray:
-        """n + noise, before the clip at zero (:meth:`release`); records the release."""
         check_generator(rng)
         raw = np.asarray(counts)
         if (
@@ -163,7 +157,7 @@ class CountNoise(Parameters):
         if not np.all(np.isfinite(noisy)):  # nothing released, nothing booked
             raise ConfigError("the count noise overflowed float64 (inf counts); use a larger epsilon")
         self.ledger.record(self._event(self.ledger.new_release()))
-        return noisy
+        return np.maximum(noisy, 0.0)
 
     # -- privacy hook protocol ---------------------------------------------------
     def check(self, method, secure_agg) -> None:
@@ -201,10 +195,11 @@ class CountNoise(Parameters):
     feature_transform = None
 
     def before_upload(self, stats: ClientStats, method, rng: np.random.Generator) -> ClientStats:
-        # the draws before the clip at zero: drop_clipped clips them, and counts those it clipped
-        noisy = self._noisy(stats.counts, rng)
+        noisy = self.release(stats.counts, rng)
         out, dropped = drop_clipped(stats, noisy)
-        self.dropped += dropped
+        # the uniform heuristic never draws below zero (its width is (1 - eps) n): its zeros are the classes a
+        # client lacks, kept at 0, and nothing was clipped
+        self.dropped += dropped if self.dp else 0
         return out
 
     def after_aggregate(self, total: ClientStats, method, rng: np.random.Generator) -> ClientStats:
