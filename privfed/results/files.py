@@ -6,12 +6,14 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from privfed._files import open_regular, read_regular_text
 from privfed.errors import InputError, PrivfedError
+from privfed.results.guard import STAGING_SUFFIX, WORK_SUFFIX
 
 __all__ = [
     "MANIFEST",
@@ -21,6 +23,7 @@ __all__ = [
     "fsync_dir",
     "in_saved_run",
     "intact_names",
+    "previous_run_files",
     "written_name",
     "manifest_names",
     "sha256_file",
@@ -205,11 +208,17 @@ def manifest_names(folder: Path) -> set[str] | None:
     return {n for n in names if isinstance(n, str)} | {MANIFEST}
 
 
-def written_name(name: str) -> bool:
+def written_name(name: str, *, before_manifests: bool = False) -> bool:
     """Whether ``name`` is one the commands write into a result folder: :data:`OUTPUT_NAMES` and the figures
-    (``tradeoff.*``, ``grid_*.*``, as png, pdf and svg)."""
-    figure = name.startswith(("tradeoff.", "grid_")) and name.rsplit(".", 1)[-1] in ("png", "pdf", "svg")
-    return name in OUTPUT_NAMES or figure
+    (``tradeoff`` and the attack's ``grid_<method>_eps<eps>[_n<n>]``, as png, pdf and svg); with
+    ``before_manifests``, the names a run wrote before folders had a manifest (no pdf or svg figures)."""
+    if name in OUTPUT_NAMES:
+        return True
+    stem, _, ext = name.rpartition(".")
+    if before_manifests:
+        return stem.startswith("grid_") and ext == "png"
+    grid = re.fullmatch(r"grid_[a-z0-9-]+_eps[0-9a-z.+-]+(_n\d+)?", stem) is not None
+    return ext in ("png", "pdf", "svg") and (stem == "tradeoff" or grid)
 
 
 def intact_names(folder: Path) -> set[str]:
@@ -225,11 +234,41 @@ def intact_names(folder: Path) -> set[str]:
     out = {MANIFEST}
     for f in data["files"]:
         with contextlib.suppress(OSError):  # a name too long for the file system, say: not the run's file
-            if not (isinstance(f, dict) and {"name", "bytes", "sha256"} <= set(f)) or _malformed_entry(
-                folder, f
-            ):
+            entry = isinstance(f, dict) and {"name", "bytes", "sha256"} <= set(f)
+            if not entry or _malformed_entry(folder, f):
                 continue
             p = folder / f["name"]
             if p.is_file() and p.stat().st_size == f["bytes"] and sha256_file(p) == f["sha256"]:
                 out.add(f["name"])
     return out
+
+
+def _is_ours(name: str) -> bool:
+    return name.startswith(".") and name.endswith((TMP_SUFFIX, STAGING_SUFFIX, WORK_SUFFIX))
+
+
+def previous_run_files(path: Path) -> tuple[set[str], list[str]]:
+    """Split a folder's entries into (files a previous privfed run wrote, everything else): what ``--overwrite``
+    may replace, and what makes it refuse."""
+    names = manifest_names(path)
+    listed = intact_names(path) | set(filter(written_name, names or ()))
+    # without a manifest, a run written before manifests existed: its results.json / config.json say so
+    legacy, markers = False, ("results.json", "results.partial.json", "config.json", "report.json")
+    for marker in markers if names is None else ():
+        try:
+            if not (path / marker).exists():
+                continue
+            data = json.loads(read_regular_text(path / marker, f"{marker} in {str(path)!r}"))
+        except (ValueError, OSError, InputError):
+            continue
+        if isinstance(data, dict) and "versions" in data and ("config" in data or "attack" in data):
+            legacy = True
+    ours, foreign = set(), []
+    for entry in sorted(path.iterdir()):
+        n = entry.name
+        mine = n in listed or _is_ours(n) or (legacy and written_name(n, before_manifests=True))
+        if entry.is_file() and not entry.is_symlink() and mine:
+            ours.add(n)
+        else:
+            foreign.append(n)
+    return ours, foreign

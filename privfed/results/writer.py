@@ -20,8 +20,9 @@ with its size and SHA-256, so a reader can check what it reads
 * Before the first computation the location is checked: the parent can be
   written, every name fits the file system's name and path limits, and at
   least 32 MiB are free (:mod:`privfed.results.guard`).
-* A killed run (SIGKILL, power loss) leaves its staging folder, holding the last checkpoint with a
-  ``complete: false`` manifest; the next run on the same ``<out>`` renames it to ``<out>.interrupted-<pid>``.
+* A killed run (SIGKILL, power loss) leaves its staging folder, holding the
+  last checkpoint with a ``complete: false`` manifest; the next run on the
+  same ``<out>`` renames it to ``<out>.interrupted-<pid>`` and says so.
 * A failed write (a full disk, a read-only file system) is one clear error
   naming the file and the folder that keeps what finished.
 
@@ -40,20 +41,17 @@ import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from privfed._files import read_regular_text
-from privfed.errors import ConfigError, InputError
+from privfed.errors import ConfigError
 from privfed.results.files import (
     MANIFEST,
     OUTPUT_NAMES,
-    TMP_SUFFIX,
     ResultsWriteError,
     atomic_write,
     fsync_dir,
-    intact_names,
     manifest_names,
+    previous_run_files,
     sha256_file,
     verify_folder,
-    written_name,
 )
 from privfed.results.guard import (
     MIN_FREE_BYTES,
@@ -87,34 +85,6 @@ _WORK = WORK_SUFFIX
 
 
 # ---------------------------------------------------------------- where the folder goes
-def _is_ours(name: str) -> bool:
-    return name.startswith(".") and name.endswith((TMP_SUFFIX, _STAGING, _WORK))
-
-
-def _privfed_files(path: Path) -> tuple[set[str], list[str]]:
-    """Split a folder's entries into (files a previous privfed run wrote, everything else)."""
-    listed = intact_names(path) | set(filter(written_name, manifest_names(path) or ()))
-    legacy = False  # a privfed run written before manifests existed: its results.json / config.json say so
-    for marker in ("results.json", "results.partial.json", "config.json", "report.json"):
-        try:
-            if not (path / marker).exists():
-                continue
-            data = json.loads(read_regular_text(path / marker, f"{marker} in {str(path)!r}"))
-        except (ValueError, OSError, InputError):
-            continue
-        if isinstance(data, dict) and "versions" in data and ("config" in data or "attack" in data):
-            legacy = True
-    ours, foreign = set(), []
-    for entry in sorted(path.iterdir()):
-        n = entry.name
-        mine = n in listed or _is_ours(n) or (legacy and written_name(n))
-        if entry.is_file() and not entry.is_symlink() and mine:
-            ours.add(n)
-        else:
-            foreign.append(n)
-    return ours, foreign
-
-
 def check_out_path(out: str | os.PathLike, *, overwrite: bool, flag: str = "--out") -> tuple[Path, set[str]]:
     """Validate an output folder before any work: returns (path, files of a previous run it replaces).
 
@@ -168,7 +138,7 @@ def _check_out_path(path: Path, overwrite: bool, flag: str) -> tuple[Path, set[s
         raise ConfigError(
             f"{flag} {str(path)!r} already exists and is not empty; choose a new folder or pass --overwrite"
         )
-    ours, foreign = _privfed_files(path)
+    ours, foreign = previous_run_files(path)
     if foreign:
         shown = ", ".join(foreign[:4]) + (", ..." if len(foreign) > 4 else "")
         raise ConfigError(
@@ -442,7 +412,7 @@ class ResultFolder:
                 dest = self.path.with_name(f"{self.path.name}.partial-{stamp}")
                 os.rename(self.staging, dest)
             elif self.path.exists():
-                _, foreign = _privfed_files(self.path) if any(self.path.iterdir()) else (set(), [])
+                _, foreign = previous_run_files(self.path) if any(self.path.iterdir()) else (set(), [])
                 if foreign:  # something appeared there since the start: never deleted, and this run kept
                     why = f"it now holds files privfed did not write: {', '.join(foreign[:4])}"
                     raise FileExistsError(errno.EEXIST, why)
