@@ -288,6 +288,13 @@ def _one_line_warning(prog: str) -> Callable[..., None]:
     return show
 
 
+def _tell(text: str) -> None:
+    """A command's last line on standard error: a full disk or a reader gone there must not raise from the
+    handler that is reporting how the command ended (its status says it all the same)."""
+    with contextlib.suppress(OSError, ValueError):
+        print(text, file=sys.stderr)
+
+
 def _cwd_exists() -> bool:
     import os
 
@@ -351,24 +358,20 @@ def cli_entry(
             if stdout_reader_gone():
                 silence_stdout()
                 return 141
-            with contextlib.suppress(OSError):  # standard error's own reader may be the one gone
-                print(f"{prog}: error: {exc}", file=sys.stderr)
+            _tell(f"{prog}: error: {exc}")
             return 1
         except StdoutFailed as exc:
             silence_stdout()  # a full or failing device (> log on a full disk): one line, not a traceback
-            print(f"{prog}: error: could not write to standard output ({exc})", file=sys.stderr)
+            _tell(f"{prog}: error: could not write to standard output ({exc})")
             return 1
         except PrivfedError as exc:
-            print(f"{prog}: error: {exc}", file=sys.stderr)
+            _tell(f"{prog}: error: {exc}")
             return 2
         except FileNotFoundError as exc:
             if exc.filename is None and not _cwd_exists():  # os.getcwd() itself failed: no path to name
-                print(
-                    f"{prog}: error: the working folder no longer exists; cd to a folder that does",
-                    file=sys.stderr,
-                )
+                _tell(f"{prog}: error: the working folder no longer exists; cd to a folder that does")
             else:
-                print(f"{prog}: error: file not found: {exc.filename or exc}", file=sys.stderr)
+                _tell(f"{prog}: error: file not found: {exc.filename or exc}")
             return 2
         except ModuleNotFoundError as exc:
             top = (exc.name or "").split(".")[0]
@@ -377,29 +380,26 @@ def cli_entry(
             from privfed.optional import EXTRAS
 
             extra = f' (or the extra: pip install "privfed[{EXTRAS[top]}]")' if top in EXTRAS else ""
-            print(
+            _tell(
                 f"{prog}: error: this run needs the optional package {_PIP_NAMES[top]!r}, which is not "
-                f"installed: pip install {_PIP_NAMES[top]}{extra}",
-                file=sys.stderr,
+                f"installed: pip install {_PIP_NAMES[top]}{extra}"
             )
             return 2
         except MemoryError as exc:  # past what the memory checks foresaw (another process took the memory)
-            print(
+            _tell(
                 f"{prog}: error: out of memory ({str(exc) or 'an allocation failed'}); lower the run's sizes or free "
-                "memory ($PRIVFED_MEMORY_LIMIT tells the checks what this run may use)",
-                file=sys.stderr,
+                "memory ($PRIVFED_MEMORY_LIMIT tells the checks what this run may use)"
             )
             return 1
         except Terminated as exc:
             if status is not None:  # on its way out, after the body finished
                 return status
-            with contextlib.suppress(OSError):  # after SIGHUP the terminal may be gone
-                print(f"{prog}: terminated ({exc.name})", file=sys.stderr)
+            _tell(f"{prog}: terminated ({exc.name})")  # after SIGHUP the terminal may be gone
             return 128 + exc.signum
         except KeyboardInterrupt:
             if status is not None:
                 return status
-            print(f"{prog}: interrupted", file=sys.stderr)
+            _tell(f"{prog}: interrupted")
             return 130
         finally:
             if isinstance(sys.stdout, GuardedStdout):
