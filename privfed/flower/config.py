@@ -298,11 +298,11 @@ class FlowerConfig:
                     "level client needs max-records N (--max-records N, or max-records in the run config): the "
                     "most records one node contributes, which bounds what one node changes in the sums"
                 )
-            if self.level == "client" and self.secure == "none" and not self.trusted_aggregator:
-                kinds = "mask|ckks" if self.rounds == 1 else "mask"  # CKKS is not offered over rounds
+            noised = self.secure != "none" or self.trusted_aggregator or self.make_method().per_client
+            if self.level == "client" and not noised:  # (a per-client method: the mechanism names its fix)
                 raise ConfigError(  # the mechanism's own check would come once the nodes had answered
-                    f"level client adds noise to the aggregate: pass --secure-agg {kinds} (the nodes split the "
-                    "noise) or --trusted-aggregator (the server adds it), or their run-config keys"
+                    f"level client adds noise to the aggregate: pass --secure-agg {'mask|ckks' if self.rounds == 1 else 'mask'} "
+                    "(the nodes split the noise) or --trusted-aggregator (the server adds it), or their run-config keys"
                 )
             if self.rounds == 1:  # multi-round FedLog's mechanism is checked with its rounds below
                 self.make_privacy()  # bad budget / level / max-records fail here, before any message
