@@ -66,27 +66,26 @@ def test_flower_refuses_client_level_noise_without_an_aggregate_before_anything_
         assert cfg.level == "client"
 
 
-def test_count_noise_notes_call_clipped_only_the_counts_below_zero():
-    """Before: a noisy count of exactly 0 counted as 'clipped to 0', so uniform noise at eps = 1 (no noise
-    at all) reported every absent (client, class) pair as a repair ('765 pairs dropped')."""
-    from mechanisms.dp.count_noise import UniformCountNoiseNoDP, drop_clipped
+def test_uniform_count_noise_reports_no_clipped_counts():
+    """Before: a noisy count of 0 counted as 'clipped to 0', so uniform noise, which keeps a class the client
+    lacks at 0 (at eps = 1 it adds no noise at all), reported every absent (client, class) pair as a repair
+    ('765 pairs dropped').  It never draws below zero: nothing is clipped."""
+    from mechanisms.dp.count_noise import UniformCountNoiseNoDP
     from privfed.stats import ClientStats
 
     counts = np.array([[4.0, 0.0, 2.0], [0.0, 3.0, 1.0]])
-    sums = np.ones((2, 3, 2)) * counts[..., None]
-    stats = ClientStats(counts=counts, sums=sums)
-    out, dropped = drop_clipped(stats, np.array([[4.0, 0.0, -1.0], [0.5, 0.0, 1.0]]))
-    assert dropped == 1  # the -1 only: the zeros were never counts to clip
-    np.testing.assert_array_equal(out.counts, [[4.0, 0.0, 0.0], [0.5, 0.0, 1.0]])
-    noise = UniformCountNoiseNoDP(epsilon=1.0)
-    noise.before_upload(stats, None, np.random.default_rng(0))
-    assert noise.dropped == 0 and noise.report().notes[-1].count == 0
+    stats = ClientStats(counts=counts, sums=np.ones((2, 3, 2)) * counts[..., None])
+    for eps in (1.0, 0.5):
+        noise = UniformCountNoiseNoDP(epsilon=eps)
+        out = noise.before_upload(stats, None, np.random.default_rng(0))
+        assert noise.dropped == 0 and noise.report().notes[-1].count == 0
+        assert np.array_equal(out.counts == 0, counts == 0)  # the absent classes, and only they, not sent
 
 
 @pytest.mark.parametrize("kind", ["LaplaceCountNoise", "GeometricCountNoise"])
 def test_a_release_counts_the_draws_it_clipped(kind):
-    """The clip happens on the draws (n + noise < 0), before the released max(., 0): counted from the released
-    counts, no count would ever be below zero (a first version of the rule above said 0 for every release)."""
+    """The counts not sent are the draws at or below zero (n + noise <= 0), counted on the draws: a first version
+    of the rule above counted values below zero in the released max(., 0) and said 0 for every release."""
     import mechanisms.dp.count_noise as cn
     from privfed.stats import ClientStats
 
@@ -96,7 +95,7 @@ def test_a_release_counts_the_draws_it_clipped(kind):
     mech = getattr(cn, kind)(epsilon=0.5)
     out = mech.before_upload(stats, None, np.random.default_rng(5))
     draws = getattr(cn, kind)(epsilon=0.5).perturb(counts, np.random.default_rng(5))  # the same draws
-    assert mech.dropped == np.count_nonzero(draws < 0) > 50  # about a third of 1,000 cells at this scale
+    assert mech.dropped == np.count_nonzero(draws <= 0) > 50  # about a third of 1,000 cells at this scale
     np.testing.assert_array_equal(out.counts, np.maximum(draws, 0.0))
     assert mech.report().notes[-1].count == mech.dropped
 
@@ -231,3 +230,18 @@ def test_overwrite_replaces_an_edited_figure_and_survives_a_damaged_manifest(dig
     _, ours = check_out_path(out, overwrite=True)
     assert {"tradeoff.svg", "tradeoff.png", "results.json", "manifest.json"} <= ours
     assert main([*args, "--out", str(out), "--overwrite"]) == 0
+
+
+@pytest.mark.parametrize("name", ["tradeoff.pdf", "grid_notes.svg", "grid_.pdf"])
+def test_overwrite_keeps_a_users_file_named_like_a_figure(digits_cache, tmp_path, name):
+    """A run folder has a manifest: only the files it lists are the run's.  A first version took every
+    figure-like name (``tradeoff.*``, ``grid_*.*``) in a folder with a privfed results.json for the run's, as
+    if the folder predated manifests, and --overwrite deleted a user's file of that name."""
+    from privfed.tradeoff import main
+
+    out = tmp_path / "o"
+    args = ["--method", "fedncm", "--eps", "1", "--placement", "local", "--clients", "10", "--quiet"]
+    assert main([*args, "--no-plot", "--out", str(out)]) == 0
+    (out / name).write_text("mine")
+    assert main([*args, "--no-plot", "--out", str(out), "--overwrite"]) == 2
+    assert (out / name).read_text() == "mine"
