@@ -206,7 +206,7 @@ class FlowerConfig:
             synthetic_spec(self.dataset)  # malformed or too large: refused here, before any message
         if self.secure not in SECURE_PROTOCOLS:
             raise ConfigError(f"secure-agg must be one of {list(SECURE_PROTOCOLS)}, got {self.secure!r}")
-        from privfed.release.settings import check_combination, refuse_unused_dp
+        from privfed.release.settings import check_combination, make_secure_agg, refuse_unused_dp
 
         check_combination(  # one configuration: a pair that contradicts itself is refused, naming both
             level=self.level,
@@ -299,13 +299,13 @@ class FlowerConfig:
                     "most records one node contributes, which bounds what one node changes in the sums"
                 )
             noised = self.secure != "none" or self.trusted_aggregator or self.make_method().per_client
-            if self.level == "client" and not noised:  # (a per-client method: the mechanism names its fix)
+            if self.level == "client" and not noised:  # (a per-client method: the mechanism's check names it)
                 raise ConfigError(  # the mechanism's own check would come once the nodes had answered
                     f"level client adds noise to the aggregate: pass --secure-agg {'mask|ckks' if self.rounds == 1 else 'mask'} "
                     "(the nodes split the noise) or --trusted-aggregator (the server adds it), or their run-config keys"
                 )
-            if self.rounds == 1:  # multi-round FedLog's mechanism is checked with its rounds below
-                self.make_privacy()  # bad budget / level / max-records fail here, before any message
+            if self.rounds == 1:  # budget, level and method, before any message (multi-round FedLog's: below)
+                self.make_privacy().check(self.make_method(), make_secure_agg(self.secure))
             if self.secure != "none" and not 0 <= self.dropout_tolerance < self.clients:
                 raise ConfigError(
                     f"dropout-tolerance={self.dropout_tolerance} must lie in 0..clients-1={self.clients - 1}"

@@ -245,3 +245,15 @@ def test_overwrite_keeps_a_users_file_named_like_a_figure(digits_cache, tmp_path
     (out / name).write_text("mine")
     assert main([*args, "--no-plot", "--out", str(out), "--overwrite"]) == 2
     assert (out / name).read_text() == "mine"
+
+
+def test_flower_refuses_a_per_client_method_at_client_level_before_anything_starts():
+    """Before: fedcof at client level with a trusted aggregator started Flower and Ray and failed inside the
+    simulation (exit code 700): the mechanism's check of the method ran only once the nodes had answered."""
+    from privfed.flower import FlowerConfig
+
+    base = dict(method="fedcof", clients=4, epsilon=1.0, clip=5.0, level="client", max_records=100)
+    for extra in ({"trusted_aggregator": True}, {}):
+        with pytest.raises(ConfigError, match="method 'fedcof' needs every client's individual statistics"):
+            FlowerConfig(**base, **extra)
+    assert FlowerConfig(**{**base, "method": "fedncm"}, trusted_aggregator=True).private

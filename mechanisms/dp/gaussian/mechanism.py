@@ -422,16 +422,16 @@ class GaussianMechanism(Parameters, GaussianCalibration, GaussianNoise, ClientBo
         self._secure = secure_agg is not None
         self._secagg = secure_agg
         if self.level == "client":
-            if not (self.trusted_aggregator or self._secure):
-                raise ConfigError(
-                    "level='client' needs noise on the aggregate: pass trusted_aggregator=True (the server is "
-                    "trusted to add it) or a secure_agg protocol (clients split the noise)"
-                )
-            if per_client:
+            if per_client:  # first: no place for the noise makes such a method work at client level
                 raise ConfigError(
                     f"method {name!r} needs every client's individual statistics; client-level DP protects "
                     "whole clients only through noise on a sum; use a sum-only method (fedncm, fed3r, "
                     "fed3r-within, fedcgs, fedlog)"
+                )
+            if not (self.trusted_aggregator or self._secure):
+                raise ConfigError(
+                    "level='client' needs noise on the aggregate: pass trusted_aggregator=True (the server is "
+                    "trusted to add it) or a secure_agg protocol (clients split the noise)"
                 )
         if self._secure and per_client:
             raise ConfigError(
