@@ -257,3 +257,37 @@ def test_flower_refuses_a_per_client_method_at_client_level_before_anything_star
         with pytest.raises(ConfigError, match="method 'fedcof' needs every client's individual statistics"):
             FlowerConfig(**base, **extra)
     assert FlowerConfig(**{**base, "method": "fedncm"}, trusted_aggregator=True).private
+
+
+class _Counted(Exception):
+    """Stops a sweep once its estimate's inputs are known."""
+
+
+@pytest.mark.parametrize(
+    ("flags", "per_seed"),
+    [
+        # secure-sum placement only: the eps = 1 run and the eps = inf row (under that placement) are masked
+        (["--secure-agg", "mask", "--eps", "inf,1"], 2),
+        # three placements at eps = 1 (one masked); the eps = inf row runs under the first: local, then masked
+        (["--placement", "local,secure-sum,trusted", "--eps", "inf,1"], 1),
+        (["--placement", "secure-sum,local", "--eps", "inf,1"], 2),
+        (["--placement", "local", "--eps", "inf,1"], 0),
+    ],
+)
+def test_the_sweep_counts_its_secure_sums_for_the_estimate(digits_cache, monkeypatch, flags, per_seed):
+    """What the sweep passes to its estimate, end to end: every budget of a secure placement, and the
+    eps = inf row where the method's first placement is secure."""
+    import privfed.commands.tradeoff.sweep as sweep
+    from privfed.tradeoff import build_parser, resolve_config, run_tradeoff
+
+    seen = {}
+
+    def note(runs, **kw):
+        seen.update(kw, runs=runs)
+        raise _Counted
+
+    monkeypatch.setattr(sweep, "sweep_cost_note", note)
+    cfg = resolve_config(build_parser().parse_args(["--method", "fedncm", "--seeds", "3", *flags]))
+    with pytest.raises(_Counted):
+        run_tradeoff(cfg, progress=False)
+    assert seen["secure_runs"] == 3 * per_seed and seen["secure_kind"] == "mask"
