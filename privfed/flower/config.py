@@ -281,16 +281,12 @@ class FlowerConfig:
                 raise ConfigError(
                     "a DP run (finite epsilon) needs clip, the L2 bound of every record; e.g. --clip 10"
                 )
-            if self.secure != "none" and self.make_method().per_client:
+            method = self.make_method()  # read by the checks below
+            if self.secure != "none" and method.per_client:
                 raise ConfigError(
                     f"DP noise on method {self.method!r}'s secure protocol is not supported (its second round "
                     "has no bounded sensitivity); use a sum-only method (fedncm, fed3r, fed3r-within, fedcgs, "
                     "fedlog) with --secure-agg, or drop --secure-agg"
-                )
-            if self.secure != "none" and self.trusted_aggregator:
-                raise ConfigError(
-                    "trusted-aggregator and secure aggregation contradict each other (a trusted aggregator "
-                    "sees the exact sum); drop one of them"
                 )
             # named as the command and the run config name it, not as GaussianMechanism's argument
             if self.level == "client" and self.max_records is None:
@@ -298,14 +294,16 @@ class FlowerConfig:
                     "level client needs max-records N (--max-records N, or max-records in the run config): the "
                     "most records one node contributes, which bounds what one node changes in the sums"
                 )
-            noised = self.secure != "none" or self.trusted_aggregator or self.make_method().per_client
-            if self.level == "client" and not noised:  # (a per-client method: the mechanism's check names it)
-                raise ConfigError(  # the mechanism's own check would come once the nodes had answered
+            # the mechanism's check below names its Python arguments, and multi-round FedLog's names placements:
+            # this one names the flags (a per-client method is left to the mechanism, which names the method)
+            noised = self.secure != "none" or self.trusted_aggregator or method.per_client
+            if self.level == "client" and not noised:
+                raise ConfigError(
                     f"level client adds noise to the aggregate: pass --secure-agg {'mask|ckks' if self.rounds == 1 else 'mask'} "
                     "(the nodes split the noise) or --trusted-aggregator (the server adds it), or their run-config keys"
                 )
             if self.rounds == 1:  # budget, level and method, before any message (multi-round FedLog's: below)
-                self.make_privacy().check(self.make_method(), make_secure_agg(self.secure))
+                self.make_privacy().check(method, make_secure_agg(self.secure))
             if self.secure != "none" and not 0 <= self.dropout_tolerance < self.clients:
                 raise ConfigError(
                     f"dropout-tolerance={self.dropout_tolerance} must lie in 0..clients-1={self.clients - 1}"
