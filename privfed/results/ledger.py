@@ -321,9 +321,8 @@ class NodeLedger:
         if not isinstance(sec, dict) or not isinstance(sec.get("records"), dict):
             raise self._error(f"its section {kind!r} is malformed")
         held = sec.get("version", 0)
-        if isinstance(held, bool) or not isinstance(
-            held, int
-        ):  # "x", "1" or 1.5: a version privfed never writes
+        # "x", "1" or 1.5: a version privfed never writes
+        if isinstance(held, bool) or not isinstance(held, int):
             raise self._error(f"its section {kind!r} is malformed")
         if held > int(version):
             raise self._error(
