@@ -53,9 +53,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from experiments.attacks_common import markdown  # noqa: E402  (the experiments' one table writer)
 from experiments.crypto_floor import OPS, WORK_OPS, counting, floor_seconds, spread, work_seconds  # noqa: E402
+from experiments.flag_types import count, even_degree, int_list, seed  # noqa: E402
 from mechanisms.secagg.identity import make_roster  # noqa: E402
 from mechanisms.secagg.masking import harary_split_bound  # noqa: E402
-from privfed.commands.common import parse_int_list  # noqa: E402
 
 #: The target the record is checked against (tests/mechanisms/test_active_scale.py).
 TARGET_RATIO = 1.3
@@ -440,17 +440,13 @@ def slopes(points: list[dict]) -> dict[str, dict[int, float]]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--nodes", type=int, default=1000)
-    p.add_argument("--values", type=int, default=51_200)
-    p.add_argument("--degree", type=int, default=20, help="SecAgg+ degree k (even)")
-    p.add_argument(
-        "--memory-nodes",
-        type=lambda s: parse_int_list(s, "--memory-nodes", minimum=3),
-        default=[250, 500, 1000],
-    )
+    p.add_argument("--nodes", type=count(3), default=1000)
+    p.add_argument("--values", type=count(1), default=51_200)
+    p.add_argument("--degree", type=even_degree, default=20, help="SecAgg+ degree k (even)")
+    p.add_argument("--memory-nodes", type=int_list(3), default=[250, 500, 1000])
     p.add_argument(
         "--memory-values",
-        type=lambda s: parse_int_list(s, "--memory-values", minimum=1),
+        type=int_list(1),
         default=[5_120],
         help="vector lengths the server's memory is measured at besides --values",
     )
@@ -460,15 +456,12 @@ def main(argv: list[str] | None = None) -> int:
         default=0.1,
         help="share of nodes colluding or dropped for which the graph's split bound is reported",
     )
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--runs", type=int, default=2, help="independent runs (fresh processes) recorded")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--repeats", type=count(1), default=3)
+    p.add_argument("--runs", type=count(1), default=2, help="independent runs (fresh processes) recorded")
+    # numpy seeds are >= 0 (a negative one failed in the node process)
+    p.add_argument("--seed", type=seed, default=0)
     p.add_argument("--record", action="store_true", help="write experiments/results/bench_active_scale.json")
     a = p.parse_args(argv)
-    if a.nodes < 3 or a.repeats < 1 or a.runs < 1 or a.values < 1:
-        p.error("--nodes must be >= 3, --values, --repeats and --runs >= 1")
-    if a.seed < 0:  # numpy seeds are >= 0 (a negative one failed in the node process)
-        p.error(f"--seed must be >= 0, got {a.seed}")
     if not 0 <= a.removed_fraction < 1:
         p.error("--removed-fraction must lie in [0, 1)")
     steady = steady_heap()  # this process's, as the node process sets its own

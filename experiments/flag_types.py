@@ -46,8 +46,8 @@ def count(minimum: int = 1) -> Callable[[str], int]:
     return _flag_type("count", read)
 
 
-#: The largest seed numpy's generators take as one word; a larger one is still a seed, so only the sign is
-#: refused (numpy's own error for -1 is a traceback from inside its bit generator).
+#: A seed: any integer >= 0 (numpy's generators take any size; its own error for -1 is a traceback from inside
+#: its bit generator).
 seed = count(0)
 
 
