@@ -43,6 +43,7 @@ from experiments.docs_numbers.render_records import (
     scale_readings,
     secagg_active_table,
     secagg_table,
+    vision_device,
 )
 from experiments.docs_numbers.render_secagg import fedcof_tilt, secagg_scale, secagg_threat
 
@@ -121,6 +122,11 @@ BLOCKS: dict[str, Block] = {
     ),
     "audit-sweep": Block(
         audit_sweep_table, True, "the audit sweep's table (experiments/audit_sweep_results.json)"
+    ),
+    "vision-device": Block(
+        vision_device,
+        True,
+        "feature extraction on a GPU against the CPU (experiments/results/bench_vision_device.json)",
     ),
     "sampling": Block(sampling, True, "the client-sampling bullet (one sampled release through privfed.fit)"),
     "bench-scale": Block(

@@ -409,3 +409,44 @@ def scale_readings() -> str:
     if broken:
         raise RuntimeError(f"the README's scale readings no longer hold: {broken}; rewrite the text")
     return SCALE_READINGS.format(**v)
+
+
+def vision_device() -> str:
+    """Feature extraction on a GPU against the CPU, from experiments/bench_vision_device.py's record (a GPU run)."""
+    rec = record("bench_vision_device")
+    d = rec["data"]
+    cfg, dev = d["config"], d["device"]
+    agree = {r["backbone"]: r for r in d["agreement"]}
+    lines = [
+        f"`{rec['command']}` on one {dev['gpu']} (torch {dev['torch']}, CUDA {dev['cuda']}, "
+        f"{rec['machine']['cpus']} CPU cores; recorded {rec['recorded_utc'][:10]}); backbones randomly "
+        f"initialised (seeded), {cfg['agree_images']} synthetic 32-pixel images for the agreement, "
+        f"{cfg['images']:,} for the speed, batches of {cfg['batch_size']}:",
+        "",
+        "| backbone | d | GPU vs CPU, torch defaults | with TF32 off | extraction, PIL resize | resize on the GPU | speed-up |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for s in d["speed"]:
+        a = agree[s["backbone"]]
+        spread = max(s["spread"].values())
+        lines.append(
+            f"| {s['backbone']} | {a['dim']:,} | {sci(a['defaults']['relative_fro'])} (worst image "
+            f"{sci(a['defaults']['max_row_relative'])}) | {sci(a['tf32_off']['relative_fro'])} | "
+            f"{s['median_s']['pil']:.2f} s | {s['median_s']['device']:.2f} s | {s['speedup']:.1f}× "
+            f"(times spread {spread:.0%}) |"
+        )
+    conv = [s["speedup"] for s in d["speed"] if s["backbone"] != "vit_b_16"]
+    on = agree[next(iter(agree))]["torch_defaults"]
+    lines += [
+        "",
+        f"The differences are relative Frobenius norms over the batch. Torch's defaults let cuDNN run float32 "
+        f"convolutions in TF32 (here `allow_tf32` was {on['cudnn_allow_tf32']} for cuDNN and "
+        f"{on['matmul_allow_tf32']} for matrix products); with TF32 off the GPU's features agree with the CPU's "
+        f"to within {sci(max(a['tf32_off']['relative_fro'] for a in agree.values()))}, float32's rounding "
+        "carried through the network. Resizing in batches on the GPU makes the whole extraction "
+        f"{min(conv):.1f}–{max(conv):.1f}× faster for the convolutional backbones, whose own work is small "
+        "beside resizing each image with PIL; vit_b_16's own work dominates. The times are wall seconds, "
+        f"medians of {cfg['repeats']} alternating runs; the spread column is (max − min) / median of the "
+        "noisier of the two, so the speed-ups are rough.",
+    ]
+    return "\n".join(lines) + "\n"

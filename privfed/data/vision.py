@@ -17,10 +17,12 @@ as in the FedCOF code.  Features are extracted in batches on the GPU when
 there is one, with a progress bar, and cached (:mod:`privfed.data.cache`)
 keyed by data set, split, backbone, weights and preprocessing.  The 32-pixel
 images are normalised at their native size and resized to 224 in batches on
-the device (resizing and per-channel normalisation commute), about five times
-faster than resizing each image with PIL.  Features computed on a GPU differ
-from CPU ones by about 5e-4 relative (TF32 convolutions); ``meta["device"]``
-records where they were computed.
+the device (resizing and per-channel normalisation commute), several times
+faster than resizing each image with PIL for the convolutional backbones.
+Features computed on a GPU differ from CPU ones by what TF32 convolutions
+round (a few 1e-4 relative with torch's defaults); ``meta["device"]`` records
+where they were computed.  Both are measured on a GPU by
+``experiments/bench_vision_device.py`` (docs/data.md quotes its record).
 
 The backbones are built in :mod:`privfed.data.vision_backbones` (re-exported here).
 

@@ -92,6 +92,8 @@ def test_degree_and_out_path(flag_types, tmp_path):
         ("bench_scale", ["--threads", "-1"], "--threads"),
         ("bench_scale", ["--loop-rows", "-5"], "--loop-rows"),
         ("bench_scale", ["--methods", "fedncm,nope"], "--methods"),
+        ("bench_vision_device", ["--backbones", "resnet50"], "--backbones"),
+        ("bench_vision_device", ["--images", "0"], "--images"),
     ],
 )
 def test_a_wrong_flag_is_one_usage_line_before_any_work(script, args, flag, tmp_path, monkeypatch, capsys):
