@@ -124,10 +124,15 @@ def train_body(client: RoundsClient, head_eta: torch.Tensor, epochs: int, batch_
 def _images(x) -> torch.Tensor:
     """A client's images as the float32 tensor the bodies take (a numpy array is converted; else an InputError)."""
     if isinstance(x, np.ndarray) and x.dtype.kind in "iuf":
-        return torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))
+        x = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))
     if not isinstance(x, torch.Tensor) or not x.is_floating_point():
         raise InputError(
             f"x must be the client's images as a float tensor (or numpy array), got {type(x).__name__}"
+        )
+    bad = int((~torch.isfinite(x)).sum()) if x.numel() else 0
+    if bad:  # else NaN runs through the body into the statistic (and the model) without a word
+        raise InputError(
+            f"x holds {bad} NaN or infinite value(s) among the client's images; drop or repair those images"
         )
     return x
 
@@ -151,6 +156,11 @@ def client_statistic(
         )
     yk = yk.astype(np.int64)
     Fk = client_features(body, _images(x), clip_fn)
+    if not np.isfinite(Fk).all():
+        raise InputError(
+            "the body's features of this client's images are not finite (NaN or inf): the body's weights "
+            "or the images' scale overflowed; nothing was computed for the upload"
+        )
     A = np.zeros((num_classes, Fk.shape[1] + 1))
     A[:, 0] = np.bincount(yk, minlength=num_classes)
     for cls in np.unique(yk):

@@ -126,6 +126,12 @@ def test_the_per_round_functions_refuse_bad_arguments_in_a_line():
     dp = RoundsDP(epsilon=1.0, delta=1e-5, clip=2.0, rounds=1, bodies_trained=False)
     body = make_body("mlp")
     x = torch.zeros((4, 1, 8, 8))
+    nan_x = x.clone()
+    nan_x[2, 0, 3, 3] = float("nan")
+    huge = make_body("mlp")
+    with torch.no_grad():
+        for p in huge.parameters():
+            p.fill_(1e30)
     cases = [
         (lambda: initial_head(-1, 0), r"num_classes must be an integer in \[1, 2\*\*53\]"),
         (lambda: initial_head(10, -1), "seed must be an integer"),
@@ -152,6 +158,13 @@ def test_the_per_round_functions_refuse_bad_arguments_in_a_line():
         ),
         (lambda: client_statistic(body, x, np.array([0, 1, -1, 2])), "y must hold one label"),
         (lambda: client_statistic(body, x, np.array([0, 1])), "y must hold one label"),
+        # before: NaN ran through the body into the upload's sums without a word
+        (lambda: client_statistic(body, nan_x, np.array([0, 1, 2, 1])), "x holds 1 NaN or infinite value"),
+        (lambda: client_statistic(body, nan_x.numpy(), np.array([0, 1, 2, 1])), "x holds 1 NaN"),
+        (
+            lambda: client_statistic(huge, x + 1, np.array([0, 1, 2, 1])),
+            "features of this client's images are not finite",
+        ),
     ]
     opt = torch.optim.SGD(body.parameters(), lr=0.1)
     update = dict(head_eta=np.zeros((10, 65)), generator=torch.Generator().manual_seed(0))
