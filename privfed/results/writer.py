@@ -94,8 +94,16 @@ def check_out_path(out: str | os.PathLike, *, overwrite: bool, flag: str = "--ou
     for its target: the returned path is the target, which the run fills.
     """
     path = Path(out).expanduser()  # a quoted "~/runs" is the home folder, as every other path privfed reads
-    if str(out).strip() == "" or path.name in ("", ".", ".."):
-        raise ConfigError(f"{flag} {str(out)!r} does not name a folder; pass a path such as results/run1")
+    if str(out).strip() == "":
+        raise ConfigError(f"{flag} is empty; pass a folder path such as results/run1")
+    if path.name in ("", ".", ".."):
+        # a run is staged beside its folder and moved in whole: the current folder, its parent or the root
+        # cannot be replaced that way, so the message names a folder inside the one meant
+        raise ConfigError(
+            f"{flag} {str(out)!r} names the folder you are in, its parent or the root, which a run cannot be "
+            f"moved into (each run gets a folder of its own, made whole at the end); name one inside it, such "
+            f"as {os.path.join(str(out), 'run1')!r}"
+        )
     check_names(path, flag=flag)
     if path.is_symlink():
         # a link names the folder the user means: the run is written into its target (staged beside the
