@@ -259,8 +259,11 @@ class Roster:
         except (KeyError, TypeError, ValueError) as exc:
             if isinstance(exc, ConfigError):
                 raise
+            why = f"it has no {exc.args[0]!r} field" if isinstance(exc, KeyError) else str(exc)
+            if isinstance(exc, KeyError) and isinstance(raw, dict) and {"index", "private_key"} <= raw.keys():
+                why += ": it is a node's identity file (node-<i>.json); the roster is roster.json beside it"
             raise ConfigError(
-                f"{source} is not a privfed roster (JSON with public_keys, threshold): {exc}"
+                f"{source} is not a privfed roster (JSON with public_keys, threshold): {why}"
             ) from None
         if raw.get("version", 1) < ROSTER_VERSION and roster.tolerated == 0:
             raise ConfigError(

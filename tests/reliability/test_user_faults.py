@@ -1145,3 +1145,30 @@ def test_fedlog_features_past_the_float_range_name_the_command_line_fix_too():
         InputError, match=r"feature_scale='auto' \(on the command line: --param fedlog\.feature_scale=auto\)"
     ):
         __import__("privfed").fit("fedlog", X, y, np.arange(120) % 3)
+
+
+@pytest.mark.parametrize("out", [".", "..", "/", "results/.."])
+def test_an_out_that_is_the_current_folder_gets_a_folder_to_name_instead(out):
+    """Before: '--out .' was told it "does not name a folder", though it names the one the user is in."""
+    from privfed.results.writer import check_out_path
+
+    with pytest.raises(ConfigError, match="names the folder you are in, its parent or the root") as exc:
+        check_out_path(out, overwrite=True)
+    assert repr(os.path.join(out, "run1")) in str(exc.value)
+    with pytest.raises(ConfigError, match="--out is empty; pass a folder path"):
+        check_out_path("  ", overwrite=False)
+
+
+def test_a_roster_of_the_wrong_kind_is_named_not_a_bare_key(tmp_path):
+    """Before: an identity file given as the roster ended "...: 'threshold'", the KeyError's bare key."""
+    from mechanisms.secagg.identity import Roster, make_roster
+
+    roster, ids = make_roster(3)
+    ident = json.dumps({"index": 0, "private_key": ids[0].private_key.hex()})
+    with pytest.raises(ConfigError, match=r"has no 'threshold' field: it is a node's identity file") as exc:
+        Roster.from_json(ident, "secagg-roster=node-0.json")
+    assert not str(exc.value).endswith("'threshold'")
+    no_keys = json.loads(roster.to_json())
+    del no_keys["public_keys"]
+    with pytest.raises(ConfigError, match=r"has no 'public_keys' field$"):
+        Roster.from_json(json.dumps(no_keys))
