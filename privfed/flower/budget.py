@@ -389,8 +389,14 @@ def node_budget(context) -> NodeBudget | None:
 
 
 # ------------------------------------------------------------------------------------------- command
+def _print_charges(releases: list[dict]) -> None:
+    for r in releases:
+        noise = r.get("noise") or "?"
+        print(f"  {r['run'][:16] or '-':16}  mu={r['mu']:.6g}  noise={noise:6}  {r['what']}")
+
+
 def main(argv: list[str] | None = None) -> int:
-    """``python -m privfed.flower.budget init FILE`` / ``show FILE --epsilon E --delta D``."""
+    """``python -m privfed.flower.budget init FILE`` / ``show FILE [--epsilon E --delta D]``."""
     ap = argparse.ArgumentParser(
         prog="python -m privfed.flower.budget",
         description="A Flower node's lifetime privacy budget ledger: create it once, read it any time.",
@@ -399,12 +405,29 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("init", help="create an empty ledger (refused if FILE exists)").add_argument("file")
     show = sub.add_parser("show", help="print what a ledger holds against a budget")
     show.add_argument("file")
-    show.add_argument("--epsilon", type=float, required=True)
-    show.add_argument("--delta", type=float, required=True)
+    # the ledger holds the charges, not the budget (that is the node config's dp-budget-epsilon/-delta):
+    # without the two the charges and their composed mu are shown, with them what is left too
+    show.add_argument("--epsilon", type=float, default=None, help="the node's dp-budget-epsilon (optional)")
+    show.add_argument("--delta", type=float, default=None, help="the node's dp-budget-delta (optional)")
     args = ap.parse_args(argv)
     try:
         if args.cmd == "init":
             print(f"created {init_ledger(args.file)}: set dp-budget-ledger to it in the node config")
+            return 0
+        if (args.epsilon is None) != (args.delta is None):
+            given, missing = ("--epsilon", "--delta") if args.delta is None else ("--delta", "--epsilon")
+            raise ConfigError(
+                f"{given} needs {missing} too (the node config's dp-budget-epsilon and dp-budget-delta), "
+                "or give neither to see the charges alone"
+            )
+        if args.epsilon is None:
+            releases = FileBudgetStore(args.file).load()
+            mu = GaussianFilter.spent_mu([float(r["mu"]) for r in releases])
+            print(
+                f"{len(releases)} release(s) charged: composed mu={format_up(mu)} (Gaussian DP, record level); "
+                "give --epsilon and --delta (the node's dp-budget-epsilon and dp-budget-delta) to see what is left"
+            )
+            _print_charges(releases)
             return 0
         if not (math.isfinite(args.epsilon) and args.epsilon > 0):  # the lifetime budget a node keeps
             raise ConfigError(
@@ -417,9 +440,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{format_up(st['epsilon'])} at delta={format_up(st['delta'])} (record level); the largest release "
             f"still admitted is epsilon={format_up(st['remaining_epsilon'])}"
         )
-        for r in budget.store.load():
-            noise = r.get("noise") or "?"
-            print(f"  {r['run'][:16] or '-':16}  mu={r['mu']:.6g}  noise={noise:6}  {r['what']}")
+        _print_charges(budget.store.load())
     except PrivfedError as exc:
         print(f"python -m privfed.flower.budget: error: {exc}", file=sys.stderr)
         return 2

@@ -11,6 +11,7 @@ import pytest
 from mechanisms.dp.accounting import ledger_epsilon
 from mechanisms.dp.calibration import gdp_mu
 from mechanisms.dp.filter import GaussianFilter
+from mechanisms.dp.ledger import format_up
 from privfed.errors import ConfigError
 from privfed.flower.budget import (
     BudgetRefusal,
@@ -118,6 +119,15 @@ def test_the_operator_creates_a_ledger_once_and_reads_it(tmp_path, capsys):
     out = capsys.readouterr().out
     assert out.startswith("1 release(s) charged: epsilon=") and "release 1" in out
     assert main(["show", str(tmp_path / "none.json"), "--epsilon", "1", "--delta", "1e-5"]) == 2
+    capsys.readouterr()
+    # the ledger holds charges, not the budget: without the node config's budget, the charges and their mu
+    _charge(_budget(path), 0.03, 2)
+    assert main(["show", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"2 release(s) charged: composed mu={format_up(math.hypot(0.5, 0.03))} (Gaussian DP")
+    assert "release 1" in out and "release 2" in out
+    assert main(["show", str(path), "--epsilon", "4"]) == 2
+    assert "--epsilon needs --delta too" in capsys.readouterr().err
     with pytest.raises(ConfigError, match="does not exist"):
         init_ledger(tmp_path / "no" / "such" / "dir.json")
 
