@@ -291,3 +291,15 @@ def test_the_sweep_counts_its_secure_sums_for_the_estimate(digits_cache, monkeyp
     with pytest.raises(_Counted):
         run_tradeoff(cfg, progress=False)
     assert seen["secure_runs"] == 3 * per_seed and seen["secure_kind"] == "mask"
+
+
+@pytest.mark.parametrize(
+    "extra", [["--method", "fedncm", "--level", "client"], ["--method", "fedlog,fedncm", "--clip-norm", "l2"]]
+)
+def test_rounds_with_another_method_is_told_so_first(extra):
+    """Before: '--rounds 3 --method fedncm --level client' was first told to add an aggregate placement, and
+    only then that fedlog alone runs several rounds."""
+    from privfed.tradeoff import build_parser, resolve_config
+
+    with pytest.raises(ConfigError, match="--rounds 3: only fedlog runs several rounds"):
+        resolve_config(build_parser().parse_args(["--rounds", "3", *extra]))

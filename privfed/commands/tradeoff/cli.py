@@ -113,14 +113,7 @@ def _run(cfg: TradeoffConfig, args, done: list, checkpoint) -> tuple[dict[str, A
 def _body(argv: Sequence[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
-    cfg = resolve_config(args)
-    if cfg.rounds > 1 and not _rounds_mode(cfg):
-        from privfed.errors import ConfigError
-
-        raise ConfigError(
-            f"--rounds {cfg.rounds}: only fedlog runs several rounds (local bodies); pass --method fedlog alone, "
-            "or drop --rounds"
-        )
+    cfg = resolve_config(args)  # refuses --rounds T > 1 with any method but fedlog alone
     command = " ".join([PROG, *argv])
     done: list[dict[str, Any]] = []
     extra_config: dict[str, Any] = {}

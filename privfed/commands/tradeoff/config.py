@@ -180,6 +180,12 @@ def resolve_config(args: argparse.Namespace, *, values: dict[str, Any] | None = 
             f"{', '.join(given)} applies to multi-round FedLog only (--rounds T with T > 1); add --rounds or drop "
             f"{given[0]}"
         )
+    if rounds > 1 and tuple(methods) != ("fedlog",):
+        # first: every other setting of a multi-round run (its placement, level, clipping) is FedLog's
+        raise ConfigError(
+            f"--rounds {rounds}: only fedlog runs several rounds (local bodies); pass --method fedlog alone, "
+            "or drop --rounds"
+        )
     clients = s.clients()
     alpha = s.alpha()
     count_noise = s.count_noise(tuple(COUNT_NOISE_KINDS))
