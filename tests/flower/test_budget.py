@@ -124,7 +124,9 @@ def test_the_operator_creates_a_ledger_once_and_reads_it(tmp_path, capsys):
     _charge(_budget(path), 0.03, 2)
     assert main(["show", str(path)]) == 0
     out = capsys.readouterr().out
-    assert out.startswith(f"2 release(s) charged: composed mu={format_up(math.hypot(0.5, 0.03))} (Gaussian DP")
+    assert out.startswith(
+        f"2 release(s) charged: composed mu={format_up(math.hypot(0.5, 0.03))} (Gaussian DP"
+    )
     assert "release 1" in out and "release 2" in out
     assert main(["show", str(path), "--epsilon", "4"]) == 2
     assert "--epsilon needs --delta too" in capsys.readouterr().err
