@@ -10,7 +10,8 @@ says about it.
   32-pixel images, resized to 224 per image with PIL in the transform (``preprocess(name, 224)``) against
   normalised at 32 pixels and resized in batches on the device (``preprocess(name, None)`` and
   ``resize=224``); wall seconds, the two alternating in ``--repeats`` rounds after one warm-up of each, and
-  their median, spread and ratio.
+  their median, spread and ratio; ``--runs`` such measurements one after the other, and whether each
+  backbone's speed-up reproduces within 10 % across them.
 
 Nothing is downloaded: the backbones are randomly initialised (seeded; pretrained weights change the
 features' scale, not how they are computed) and the images are synthetic 32-pixel RGB images (seeded
@@ -18,8 +19,9 @@ noise over a smooth pattern), handed to the transform as PIL images, as torchvis
 
 It needs a CUDA device and is refused at once without one.  ``--record`` writes
 ``experiments/results/bench_vision_device.json`` (the docs' quote of it: the ``vision-device`` block of
-docs/data.md).  Run: ``python experiments/bench_vision_device.py [--backbones squeezenet1_1,mobilenet_v2,
-vit_b_16] [--images 2048] [--agree-images 128] [--batch-size 128] [--repeats 3] [--seed 0] [--record]``
+docs/data.md), again after every run, so a stop keeps the runs that finished.  Run:
+``python experiments/bench_vision_device.py [--backbones squeezenet1_1,mobilenet_v2,vit_b_16] [--images 2048]
+[--agree-images 128] [--batch-size 128] [--repeats 3] [--runs 2] [--seed 0] [--record]``
 """
 
 from __future__ import annotations
@@ -41,6 +43,8 @@ BACKBONES = ("squeezenet1_1", "mobilenet_v2", "vit_b_16")
 #: The data set whose preprocessing (channel statistics) the images get.
 DATASET = "cifar10"
 SIZE = 224
+#: Two runs' speed-ups must agree within this share to count as reproduced.
+REPRODUCE = 0.10
 
 
 class SyntheticImages:
@@ -168,6 +172,9 @@ def main(argv=None) -> int:
     p.add_argument("--agree-images", type=count(1), default=128, help="images compared on CPU and GPU")
     p.add_argument("--batch-size", type=count(1), default=128)
     p.add_argument("--repeats", type=count(1), default=3)
+    p.add_argument(
+        "--runs", type=count(1), default=2, help="whole speed measurements, to check they reproduce"
+    )
     p.add_argument("--seed", type=seed, default=0)
     p.add_argument("--record", action="store_true", help="write experiments/results/bench_vision_device.json")
     a = p.parse_args(argv)
@@ -181,74 +188,19 @@ def main(argv=None) -> int:
         return 2
     import torchvision
 
-    agree, fast = [], []
-    for name in a.backbones:
-        print(f"{name}: agreement on {a.agree_images} images", flush=True)
-        agree.append(agreement(name, a.agree_images, a.batch_size, a.seed))
-        print(f"{name}: speed on {a.images} images x {a.repeats} repeats", flush=True)
-        fast.append(speed(name, a.images, a.batch_size, a.repeats, a.seed))
-    cols = [
-        "backbone",
-        "d",
-        "rel. diff (defaults)",
-        "max row (defaults)",
-        "rel. diff (TF32 off)",
-        "max row (TF32 off)",
-    ]
-    print(
-        markdown(
-            [
-                dict(
-                    zip(
-                        cols,
-                        [
-                            r["backbone"],
-                            r["dim"],
-                            *(
-                                f"{r[k][m]:.2e}"
-                                for k in ("defaults", "tf32_off")
-                                for m in ("relative_fro", "max_row_relative")
-                            ),
-                        ],
-                    )
-                )
-                for r in agree
-            ],
-            cols,
-        )
-    )
-    cols = ["backbone", "PIL resize s", "device resize s", "speed-up", "spread (PIL, device)"]
-    print(
-        markdown(
-            [
-                dict(
-                    zip(
-                        cols,
-                        [
-                            r["backbone"],
-                            f"{r['median_s']['pil']:.3f}",
-                            f"{r['median_s']['device']:.3f}",
-                            f"{r['speedup']:.2f}",
-                            f"{r['spread']['pil']:.1%}, {r['spread']['device']:.1%}",
-                        ],
-                    )
-                )
-                for r in fast
-            ],
-            cols,
-        )
-    )
-    data = {
+    data: dict = {
         "config": {
             "backbones": a.backbones,
             "images": a.images,
             "agree_images": a.agree_images,
             "batch_size": a.batch_size,
             "repeats": a.repeats,
+            "runs": a.runs,
             "seed": a.seed,
             "dataset_preprocessing": DATASET,
             "size": SIZE,
             "weights": "random (seeded)",
+            "reproduce": REPRODUCE,
         },
         "device": {
             "gpu": torch.cuda.get_device_name(0),
@@ -258,15 +210,72 @@ def main(argv=None) -> int:
             "cudnn": torch.backends.cudnn.version(),
             "cpu_threads": torch.get_num_threads(),
         },
-        "agreement": agree,
-        "speed": fast,
+        "agreement": [],
+        "runs": [],
     }
-    if a.record:
-        from experiments import recorded
+    for name in a.backbones:
+        print(f"{name}: agreement on {a.agree_images} images", flush=True)
+        data["agreement"].append(agreement(name, a.agree_images, a.batch_size, a.seed))
+    _agreement_table(data["agreement"])
+    for i in range(a.runs):
+        fast = []
+        for name in a.backbones:
+            print(
+                f"run {i + 1} of {a.runs}, {name}: speed on {a.images} images x {a.repeats} repeats",
+                flush=True,
+            )
+            fast.append(speed(name, a.images, a.batch_size, a.repeats, a.seed))
+        _speed_table(fast)
+        data["runs"].append({"speed": fast})
+        data["reproduction"] = reproduction(data["runs"])
+        if a.record:  # after every run: a stop keeps the runs that finished
+            from experiments import recorded
 
-        cmd = recorded.command("experiments/bench_vision_device.py", argv)
-        print(f"recorded {recorded.save('bench_vision_device', data, cmd)}")
+            cmd = recorded.command("experiments/bench_vision_device.py", argv)
+            print(f"recorded {recorded.save('bench_vision_device', data, cmd)} ({i + 1} run(s))")
+    for name, r in data["reproduction"].items():
+        print(f"{name} speed-up: {[round(v, 2) for v in r['values']]} spread {r['spread']:.1%}")
     return 0
+
+
+def reproduction(runs: list[dict]) -> dict:
+    """Each backbone's speed-up in every run, their spread ((max - min) / min) and whether it is within
+    :data:`REPRODUCE`."""
+    out = {}
+    for s in runs[0]["speed"]:
+        values = [next(x for x in r["speed"] if x["backbone"] == s["backbone"])["speedup"] for r in runs]
+        spread = (max(values) - min(values)) / min(values)
+        out[s["backbone"]] = {"values": values, "spread": spread, "reproduced": spread <= REPRODUCE}
+    return out
+
+
+def _agreement_table(agree: list[dict]) -> None:
+    cols = [
+        "backbone",
+        "d",
+        "rel. diff (defaults)",
+        "max row (defaults)",
+        "rel. diff (TF32 off)",
+        "max row (TF32 off)",
+    ]
+    cells = lambda r: [  # noqa: E731
+        r["backbone"],
+        r["dim"],
+        *(f"{r[k][m]:.2e}" for k in ("defaults", "tf32_off") for m in ("relative_fro", "max_row_relative")),
+    ]
+    print(markdown([dict(zip(cols, cells(r))) for r in agree], cols))
+
+
+def _speed_table(fast: list[dict]) -> None:
+    cols = ["backbone", "PIL resize s", "device resize s", "speed-up", "spread (PIL, device)"]
+    cells = lambda r: [  # noqa: E731
+        r["backbone"],
+        f"{r['median_s']['pil']:.3f}",
+        f"{r['median_s']['device']:.3f}",
+        f"{r['speedup']:.2f}",
+        f"{r['spread']['pil']:.1%}, {r['spread']['device']:.1%}",
+    ]
+    print(markdown([dict(zip(cols, cells(r))) for r in fast], cols))
 
 
 if __name__ == "__main__":

@@ -22,19 +22,23 @@ def bench(monkeypatch):
     return importlib.import_module("experiments.bench_vision_device")
 
 
-def test_the_record_is_what_its_samples_say():
+def test_the_record_is_what_its_samples_say(bench):
     rec = json.loads(RECORD.read_text())
     d = rec["data"]
     cfg = d["config"]
-    assert f"--images {cfg['images']}" in rec["command"] and f"--repeats {cfg['repeats']}" in rec["command"]
-    assert d["device"]["gpu"] and d["device"]["cuda"] and [r["backbone"] for r in d["speed"]] == cfg["backbones"]
-    for s in d["speed"]:
-        med = {w: statistics.median(v) for w, v in s["samples_s"].items()}
-        assert all(len(v) == cfg["repeats"] for v in s["samples_s"].values())
-        assert s["median_s"] == pytest.approx(med, rel=1e-12)
-        assert s["speedup"] == pytest.approx(med["pil"] / med["device"], rel=1e-12)
-        for w, v in s["samples_s"].items():
-            assert s["spread"][w] == pytest.approx((max(v) - min(v)) / med[w], rel=1e-12)
+    for flag in ("images", "repeats", "runs"):
+        assert f"--{flag} {cfg[flag]}" in rec["command"]
+    assert d["device"]["gpu"] and d["device"]["cuda"] and len(d["runs"]) == cfg["runs"]
+    for run in d["runs"]:
+        assert [r["backbone"] for r in run["speed"]] == cfg["backbones"]
+        for s in run["speed"]:
+            med = {w: statistics.median(v) for w, v in s["samples_s"].items()}
+            assert all(len(v) == cfg["repeats"] for v in s["samples_s"].values())
+            assert s["median_s"] == pytest.approx(med, rel=1e-12)
+            assert s["speedup"] == pytest.approx(med["pil"] / med["device"], rel=1e-12)
+            for w, v in s["samples_s"].items():
+                assert s["spread"][w] == pytest.approx((max(v) - min(v)) / med[w], rel=1e-12)
+    assert d["reproduction"] == bench.reproduction(d["runs"])
     for a in d["agreement"]:
         # TF32 rounds the mantissa to 10 bits (2^-11 ~ 4.9e-4 relative): the default run's difference is of
         # that order, and without it only float32's own rounding (2^-24 ~ 6e-8 a step) is left
@@ -81,6 +85,20 @@ def test_agreement_and_speed_measure_what_they_say(bench, cpu_as_gpu):
     s = bench.speed("squeezenet1_1", 3, 2, 2, 0)
     assert [len(v) for v in s["samples_s"].values()] == [2, 2]
     assert s["speedup"] == pytest.approx(s["median_s"]["pil"] / s["median_s"]["device"], rel=1e-12)
+
+
+def test_reproduction_compares_every_run(bench):
+    runs = [
+        {"speed": [{"backbone": "a", "speedup": v}, {"backbone": "b", "speedup": 2.0}]}
+        for v in (5.0, 5.6, 5.4)
+    ]
+    got = bench.reproduction(runs)
+    assert got["a"]["values"] == [5.0, 5.6, 5.4] and got["a"]["spread"] == pytest.approx(0.12)
+    assert got["a"]["reproduced"] is False and got["b"] == {
+        "values": [2.0] * 3,
+        "spread": 0.0,
+        "reproduced": True,
+    }
 
 
 def test_the_images_are_seeded_and_not_flat(bench):
