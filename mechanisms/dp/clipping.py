@@ -85,13 +85,19 @@ def clip_l2(features: np.ndarray, c: float) -> np.ndarray:
     with np.errstate(over="ignore"):
         norms = np.linalg.norm(F, axis=-1, keepdims=True)
     big = ~np.isfinite(norms[..., 0])
-    if big.any():  # ||f||^2 overflows (||f|| > 1.3e154): the norm of the row scaled by its largest entry
+    if big.any():
+        # ||f||^2 overflows (||f|| > 1.3e154, far above any bound): the row's direction, from the row scaled
+        # by its largest entry, times c (its norm itself may overflow, and c / inf would zero the row)
         rows = F[big]
         peak = np.abs(rows).max(axis=-1, keepdims=True)
         _finite(peak)  # an inf or NaN entry: no scaling brings the row within c
-        norms[big] = peak * np.linalg.norm(rows / peak, axis=-1, keepdims=True)
-    scale = np.minimum(1.0, c / np.where(norms > 0, norms, 1.0))
-    return F * scale
+        unit = rows / peak
+        unit /= np.linalg.norm(unit, axis=-1, keepdims=True)
+        norms[big] = 1.0  # these rows are replaced below
+    out = F * np.minimum(1.0, c / np.where(norms > 0, norms, 1.0))
+    if big.any():
+        out[big] = c * unit
+    return out
 
 
 def clip_coordinates(features: np.ndarray, b: float) -> np.ndarray:

@@ -37,6 +37,8 @@ HUGE_ROWS = np.array(
         [1e308, 1e308, -1e308],  # near the largest float: the sum of squares and even ||f|| overflow
         [5e-324, 1e300, 2.0],  # one huge entry among tiny ones
         [1.7e154, 1.7e154, 1.7e154],  # each square finite, their sum not
+        [1.7e308, 1.7e308, 0.0],  # ||f|| itself past the largest float (c / inf zeroed this row)
+        [1.7e308, -1.7e308, 1.7e308],
     ]
 )
 
