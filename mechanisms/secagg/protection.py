@@ -466,6 +466,8 @@ class CKKSAggregation(_Protocol):
             else f"CKKS, released on the 2^-{self.params.precision_bits} grid",
             "ciphertexts": res.num_ciphertexts,
             "uploaded": K,
+            # the real sum is released rounded to this grid (privfed.release.stages.rounding_note)
+            "release_bits": None if res.integral else int(self.params.precision_bits),
             "upload_bytes_mean": float(np.mean(list(res.upload_bytes.values()))),
             "download_bytes_mean": float(res.download_bytes),
             "seconds": res.seconds,

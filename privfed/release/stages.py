@@ -267,17 +267,22 @@ ROUNDING_NOTE_SHARE = 1e-6
 
 
 def rounding_note(total: np.ndarray, call: dict, number: int) -> list[str]:
-    """A note when a fixed-point secure sum's rounding (each of the ``call["uploaded"]`` uploaders rounds each
-    value to 2^-f: at most uploaders x 2^-(f+1) per summed value) exceeds :data:`ROUNDING_NOTE_SHARE` of the
-    median nonzero |value| of the sum the server received (read from that output alone)."""
+    """A note when a secure sum's rounding exceeds :data:`ROUNDING_NOTE_SHARE` of the median nonzero |value|
+    of the sum the server received (read from that output alone): masking's fixed point (each of the
+    ``call["uploaded"]`` uploaders rounds each value to 2^-f: at most uploaders x 2^-(f+1) per summed value),
+    or CKKS's release grid (the decrypted sum rounded to 2^-p: at most 2^-(p+1))."""
     values = np.abs(np.asarray(total, dtype=np.float64)).ravel()
     values = values[np.isfinite(values) & (values > 0)]
-    f, K = int(call["frac_bits"]), int(call.get("uploaded", 1))
-    bound = K * 2.0 ** -(f + 1)
-    fix = "scale the features up by a public constant, or raise frac_bits"
-    head = (
-        f"secure sum {number}: fixed-point rounding (f = {f} fractional bits, {K} uploaders) moves each value"
-    )
+    if call.get("release_bits") is not None:
+        p = int(call["release_bits"])
+        bound = 2.0 ** -(p + 1)
+        head = f"secure sum {number}: CKKS releases the sum on the 2^-{p} grid, which moves each value"
+        fix = "scale the features up by a public constant, or release on a finer grid (CKKSParams precision_bits)"
+    else:
+        f, K = int(call["frac_bits"]), int(call.get("uploaded", 1))
+        bound = K * 2.0 ** -(f + 1)
+        head = f"secure sum {number}: fixed-point rounding (f = {f} fractional bits, {K} uploaders) moves each value"
+        fix = "scale the features up by a public constant, or raise frac_bits"
     if values.size == 0:  # every value rounded away, or the statistics are zero
         return [
             f"{head} by up to {bound:.3g} and every summed value is 0: statistics below that are lost; {fix}"
@@ -314,7 +319,11 @@ class SecureSum(Stage):
                 total = after(total, st.method, st.rng)
             trace.add_sum_output(total)
             calls = getattr(run, "calls", [])
-            if calls and "frac_bits" in calls[-1] and not calls[-1].get("exact"):
+            if (
+                calls
+                and not calls[-1].get("exact")
+                and ("frac_bits" in calls[-1] or calls[-1].get("release_bits"))
+            ):
                 coarse.extend(rounding_note(total, calls[-1], len(calls)))
             return total
 
