@@ -145,7 +145,9 @@ class GaussianFilter:
             mu = as_real(mu)
         except (TypeError, ValueError):
             return False
-        if not (mu >= 0 and math.isfinite(mu)):
+        if (
+            not (mu >= 0 and math.isfinite(mu)) or mu > self.mu
+        ):  # alone above the budget (its square may overflow)
             return False
         return math.fsum([*(m**2 for m in _spent(spent)), mu**2]) <= self.mu**2
 
@@ -166,6 +168,11 @@ class GaussianFilter:
         return gdp_epsilon(mu, self.delta)
 
 
+#: A spent mu above this is a damaged record (its square nears float64's limit; a budget of epsilon 1e100 at
+#: delta 1e-300 is a mu far below it).
+MAX_SPENT_MU = 1e100
+
+
 def _spent(spent: Sequence[float]) -> list[float]:
     """The mu of every release spent, each a finite number >= 0 (else a ConfigError naming it: the text "0.5"
     or a NaN in a ledger is a damaged record, never read as a spend of 0.5 or of nothing)."""
@@ -179,5 +186,7 @@ def _spent(spent: Sequence[float]) -> list[float]:
             v = math.nan
         if not (v >= 0 and math.isfinite(v)):
             raise ConfigError(f"spent release {i} has mu={m!r}, not a finite number >= 0 (a damaged ledger?)")
+        if v > MAX_SPENT_MU:  # its square would overflow the composition; no release spends anything near it
+            raise ConfigError(f"spent release {i} has mu={m!r}, above any release's (a damaged ledger?)")
         out.append(v)
     return out

@@ -147,3 +147,18 @@ def test_a_spent_entry_that_is_no_mu_is_named_not_read(entry):
             ask()
     assert not f.admits([0.1], "0.1") and not f.admits([0.1], float("nan"))  # a question that is no mu
     assert f.admits([0.1], 0.1) and f.spent_mu([np.float64(0.3), 0.4]) == pytest.approx(0.5, abs=1e-15)
+
+
+def test_a_huge_mu_is_not_admitted_and_a_huge_spend_is_a_damaged_ledger():
+    """Before: admits([], 1e200) and spent_mu([1e200]) raised Python's OverflowError from mu ** 2."""
+    from mechanisms.dp.filter import GaussianFilter
+
+    f = GaussianFilter(epsilon=1.0, delta=1e-5)
+    assert (
+        f.admits([], 1e200) is False
+        and f.admits([], f.mu) is True
+        and f.admits([], f.mu * (1 + 1e-15)) is False
+    )
+    for call in (f.spent_mu, f.spent_epsilon, f.remaining_mu, lambda s: f.admits(s, 0.1)):
+        with pytest.raises(ConfigError, match=r"spent release 1 has mu=1e\+200, above any release's"):
+            call([0.1, 1e200])
