@@ -322,11 +322,17 @@ def fedlog_scale_note_from(median: float, scale: float) -> str | None:
     m = median / scale
     if not (m < FEDLOG_MIN_NORM):
         return None
-    target = median / FEDLOG_TARGET_NORM
-    return (
+    head = (
         f"the class means are short against FedLog's constant feature (median norm {m:.3g} in units of "
         f"feature_scale={scale:.3g}, below {FEDLOG_MIN_NORM:g}): the MAP of Eq. 15 is then dominated by the "
-        "class-frequency bias instead of being the normalised class-mean classifier, and accuracy can "
-        f"collapse; pass feature_scale={target:.3g} (or 'auto') so the median class mean has norm "
+        "class-frequency bias instead of being the normalised class-mean classifier, and accuracy can collapse"
+    )
+    if not (median > 0 and math.isfinite(median)):  # no scale makes a zero mean longer: the features are
+        return (
+            f"{head}; every class mean is zero, so no feature_scale helps: the features carry no class signal"
+        )
+    target = median / FEDLOG_TARGET_NORM
+    return (
+        f"{head}; pass feature_scale={target:.3g} (or 'auto') so the median class mean has norm "
         f"{FEDLOG_TARGET_NORM:g}"
     )

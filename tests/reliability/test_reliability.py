@@ -437,6 +437,11 @@ def test_fedlog_says_when_its_map_is_ill_posed_and_offers_the_fix(digits_dataset
     assert fixed.score(Ft * 1e-3, yt) >= ncm - 0.01
     with pytest.raises(ConfigError, match="feature_scale"):
         privfed.fit("fedlog", F, y, k, feature_scale=0)
+    # zero class means: no scale helps, and the note no longer offers feature_scale=0 (which is refused)
+    (zero,) = [
+        n for n in privfed.fit("fedlog", np.zeros((6, 2)), np.arange(6) % 2, None).notes if "short" in n
+    ]
+    assert "no feature_scale helps" in zero and "pass feature_scale" not in zero
     with pytest.raises(ConfigError, match="feature_scale"):
         privfed.fit("fedlog", F, y, k, feature_scale="big")
 
