@@ -241,6 +241,9 @@ class CountNoise(Parameters):
         )
         if seeded:
             notes.insert(0, "SIMULATION, NOT A RELEASE: the noise was drawn from a seed and can be replayed")
+        if seeded and self.dp:
+            # in the guarantee too (the line a user prints), after what leads it: the release as a whole has none
+            guarantee += "; SIMULATION (seeded noise, replayable): the counts' noise came from a seed"
         if not self.dp:
             eps = math.inf  # a heuristic has no epsilon
         return PrivacyReport(

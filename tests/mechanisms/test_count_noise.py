@@ -184,3 +184,18 @@ def test_count_noise_at_its_edges_is_refused_or_taken_as_a_number():
     np.testing.assert_array_equal(
         a, count_noise(np.ones(3), "laplace", epsilon=1.0, rng=np.random.default_rng(1))
     )
+
+
+def test_a_seeded_count_noise_release_says_simulation_in_its_guarantee():
+    """Before: .simulation was True and the notes said so, but the guarantee line users print did not."""
+    import privfed
+    from mechanisms.dp.count_noise import LaplaceCountNoise
+
+    rng = np.random.default_rng(0)
+    F, y, k = rng.normal(size=(40, 3)), np.arange(40) % 2, np.arange(40) % 4
+    seeded = privfed.fit("fedncm", F, y, k, num_classes=2, num_clients=4, privacy=LaplaceCountNoise(epsilon=1),
+                         random_state=0).privacy  # fmt: skip
+    assert seeded.simulation and seeded.guarantee.startswith("NO DP GUARANTEE for the class means")
+    assert seeded.guarantee.endswith(
+        "SIMULATION (seeded noise, replayable): the counts' noise came from a seed"
+    )
