@@ -78,6 +78,11 @@ class StatisticSensitivity:
             raise ConfigError(
                 f"record_bound must be one of {list(RECORD_BOUNDS)}, got record_bound={self.record_bound!r}"
             )
+        if self.max_records is not None and not self.bounds_uploads:
+            raise ConfigError(
+                f"max_records={self.max_records!r} bounds nothing at record level under the 'theorem' bound (one "
+                "record moves by c whatever a client holds); drop it, or use level='client' or record_bound='upload'"
+            )
         if self.bounds_uploads and self.max_records is None:
             raise ConfigError(
                 f"the {self.bound!r} bound needs max_records (the most records one client contributes)"
@@ -108,7 +113,15 @@ class StatisticSensitivity:
         """f Delta_b for each block named."""
         n, c = self.factor, float(self.clip_l2)
         sens = {"sums": n * c, "counts": float(n), "second": n * c * c}
-        return {b: sens[b] for b in blocks}
+        out = {b: sens[b] for b in blocks}
+        lost = [b for b, v in out.items() if v == 0.0 or (math.isinf(v) and math.isfinite(c))]
+        if lost:  # c (or c^2) under- or overflowed float64: a sensitivity of 0 calibrates no noise at all
+            raise ConfigError(
+                f"clip_l2={self.clip_l2!r} gives the {lost[0]!r} block a sensitivity of {out[lost[0]]!r} in float64 "
+                "(c or c^2 under- or overflows); rescale the features by a public constant so that a clip within "
+                "[1e-100, 1e100] bounds them"
+            )
+        return out
 
     def joint(self) -> float:
         """Sums and counts together (FedLog's augmented statistic): f sqrt(1 + c^2)."""
