@@ -57,14 +57,48 @@ def _pool(x: np.ndarray) -> np.ndarray:
 def _check(weights, images) -> tuple[dict, np.ndarray]:
     from privfed.errors import InputError
 
+    fix = "pass the arrays of load_shipped_weights()"
+    if not hasattr(weights, "keys") or not hasattr(weights, "__getitem__"):
+        raise InputError(
+            f"backbone weights must map layer names to arrays, got {type(weights).__name__}; {fix}"
+        )
     missing = [k for k in LAYERS if k not in weights]
     if missing:
-        raise InputError(f"backbone weights lack {missing}; pass the arrays of load_shipped_weights()")
+        raise InputError(f"backbone weights lack {missing}; {fix}")
+    shapes = {k: np.shape(weights[k]) for k in LAYERS}
+    c1 = shapes["conv1.weight"][0] if len(shapes["conv1.weight"]) == 4 else -1
+    c2 = shapes["conv2.weight"][0] if len(shapes["conv2.weight"]) == 4 else -1
+    d = shapes["fc.weight"][0] if len(shapes["fc.weight"]) == 2 else -1
+    want = {  # two 3 x 3 convolutions on 8 x 8 pixels, a 2 x 2 pooling, one linear layer
+        "conv1.weight": (c1, 1, 3, 3),
+        "conv1.bias": (c1,),
+        "conv2.weight": (c2, c1, 3, 3),
+        "conv2.bias": (c2,),
+        "fc.weight": (d, c2 * 16),
+        "fc.bias": (d,),
+    }
+    for k in LAYERS:
+        if min(c1, c2, d) < 1 or shapes[k] != want[k]:
+            raise InputError(
+                f"backbone weight {k!r} has shape {shapes[k]}, which does not fit the others; {fix}"
+            )
+        if np.asarray(weights[k]).dtype.kind not in "biuf" or not np.isfinite(weights[k]).all():
+            raise InputError(f"backbone weight {k!r} must hold finite real numbers; {fix}")
     arr = np.asarray(images)
+    if arr.dtype.kind not in "biuf":  # complex would lose its imaginary part, objects and text are no pixels
+        raise InputError(f"images must be real pixel values in [0, 1], got dtype {arr.dtype}")
     if arr.ndim == 3:
         arr = arr[:, None]
     if arr.ndim != 4 or arr.shape[1:] != (1, 8, 8):
         raise InputError(f"images must have shape (N, 8, 8) or (N, 1, 8, 8), got {np.shape(images)}")
+    if arr.size and not (np.isfinite(arr).all() and arr.min() >= 0 and arr.max() <= 1):
+        bad = "NaN/inf values" if not np.isfinite(arr).all() else f"values in [{arr.min():g}, {arr.max():g}]"
+        hint = (
+            "; scikit-learn's load_digits() images are 0..16: divide them by 16"
+            if 1 < arr.max() <= 16
+            else ""
+        )
+        raise InputError(f"images must be pixel values in [0, 1], got {bad}{hint}")
     return weights, arr
 
 
@@ -89,6 +123,12 @@ def forward(weights, images, dtype=np.float32) -> np.ndarray:
         ``dtype`` is float32.
     """
     weights, x = _check(weights, images)
+    if np.dtype(dtype) not in (np.float32, np.float64):
+        from privfed.errors import ConfigError
+
+        raise ConfigError(
+            f"dtype must be float32 (torch's arithmetic) or float64 (exact), got {np.dtype(dtype)}"
+        )
     w = {k: np.asarray(weights[k], dtype=dtype) for k in LAYERS}
     x = np.asarray(x, dtype=dtype)
     h = np.maximum(_conv(x, w["conv1.weight"], w["conv1.bias"]), 0)

@@ -19,7 +19,7 @@ import pytest
 
 from privfed.data.digits import extract_features, extract_features_numpy, load_shipped_weights
 from privfed.data.digits_numpy import float32_error_bound, forward
-from privfed.errors import InputError
+from privfed.errors import ConfigError, InputError
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -82,6 +82,24 @@ def test_numpy_forward_rejects_bad_input():
         extract_features_numpy(w, np.full((2, 8, 8), np.nan))
     with pytest.raises(InputError, match="lack"):
         forward({"conv1.weight": w["conv1.weight"]}, np.zeros((1, 8, 8)))
+    # before: NaN features at 1e39 (float32 overflow), the imaginary part dropped, 0..16 pixels taken as they
+    # came, and raw numpy or Python errors for a mismatched layer or no weights at all
+    im = np.random.default_rng(0).uniform(size=(3, 8, 8))
+    for images, text in (
+        (im * 1e39, r"pixel values in \[0, 1\], got values in \[2\.7\d*e\+36, 9\.97\d*e\+38\]$"),
+        (im + 1j, "got dtype complex128"),
+        (np.round(im * 16), "load_digits\(\) images are 0..16: divide them by 16"),
+        (-im, r"got values in \[-0\.9"),
+    ):
+        with pytest.raises(InputError, match=text):
+            extract_features_numpy(w, images)
+    with pytest.raises(InputError, match="'fc.weight' has shape \\(64, 3\\), which does not fit the others"):
+        extract_features_numpy({**w, "fc.weight": w["fc.weight"][:, :3]}, im)
+    with pytest.raises(InputError, match="must map layer names to arrays, got NoneType"):
+        extract_features_numpy(None, im)
+    with pytest.raises(ConfigError, match="dtype must be float32 .* got int32"):
+        forward(w, im, dtype=np.int32)
+    assert extract_features_numpy(w, im).shape == (3, 64)
 
 
 BLOCK_TORCH = textwrap.dedent("""
