@@ -92,8 +92,9 @@ class Partition:
 
     def __post_init__(self) -> None:
         k = np.array(as_int_vector(self.clients, "Partition.clients"))  # 1.7 refused, not read as client 1
-        if isinstance(self.num_clients, bool) or not isinstance(self.num_clients, (int, np.integer)):
-            raise InputError(f"Partition.num_clients must be an integer, got {self.num_clients!r}")
+        n = self.num_clients
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+            raise InputError(f"Partition.num_clients must be an integer >= 1, got {self.num_clients!r}")
         if k.size and (k.min() < -1 or k.max() >= self.num_clients):
             raise InputError(f"Partition.clients must lie in -1..{self.num_clients - 1}")
         k.setflags(write=False)

@@ -109,7 +109,12 @@ class LinearHead:
         """Scores ``F W^T + b``, shape (N, C)."""
         F = check_features(features, dim=self.dim)
         if self.feature_transform is not None:
-            F = self.feature_transform(F)
+            n, F = F.shape[0], np.asarray(self.feature_transform(F))
+            if F.ndim != 2 or F.shape != (n, self.dim):
+                raise InputError(
+                    f"the head's feature_transform returned shape {F.shape} for {n} rows, not ({n}, {self.dim}) "
+                    "(the weight's columns): give the head a transform onto its own feature space"
+                )
         with np.errstate(over="ignore", invalid="ignore"):
             scores = F @ self.weight.T + self.bias
         if not np.isfinite(scores).all():  # finite features so large that a score leaves float64

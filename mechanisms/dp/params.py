@@ -45,7 +45,11 @@ class Parameters:
         @functools.wraps(init)
         def recording(self, *args: Any, **kw: Any) -> None:
             if type(self).__init__ is recording:  # the class's own constructor, not a super() call
-                bound = signature.bind(self, *args, **kw)
+                try:
+                    bound = signature.bind(self, *args, **kw)
+                except TypeError:  # a wrong call: Python's own error names the class and what was wrong
+                    init(self, *args, **kw)
+                    raise
                 bound.apply_defaults()
                 self._params = {n: bound.arguments[n] for n in names}
             init(self, *args, **kw)

@@ -108,6 +108,8 @@ def resolve_cache_dir(cache_dir: str | os.PathLike | None = None) -> pathlib.Pat
     is returned as is: it is read from, and writes to it are skipped with a
     warning (see :func:`_store`).
     """
+    if cache_dir is not None and not isinstance(cache_dir, (str, os.PathLike)):
+        raise ConfigError(f"cache_dir must be a folder path (str or os.PathLike) or None, got {cache_dir!r}")
     path = default_cache_dir() if cache_dir is None else pathlib.Path(cache_dir).expanduser()
     if path.is_dir():
         return path

@@ -202,3 +202,17 @@ def test_a_head_without_classes_or_with_a_transform_that_is_no_function_is_refus
         LinearHead(np.ones((2, 4)), np.zeros(2), feature_transform=5)
     head = LinearHead(np.eye(2, 4), np.zeros(2), feature_transform=lambda F: 2 * F)
     assert head.predict(np.eye(2, 4)).tolist() == [0, 1]
+
+
+def test_a_head_whose_transform_leaves_its_feature_space_says_so():
+    """Before: numpy's matmul ValueError from decision_function."""
+    from privfed.head import LinearHead
+
+    head = LinearHead(np.ones((2, 3)), np.zeros(2), feature_transform=lambda f: f[:, :2])
+    with pytest.raises(
+        InputError, match=r"feature_transform returned shape \(1, 2\) for 1 rows, not \(1, 3\)"
+    ):
+        head.predict(np.ones((1, 3)))
+    assert LinearHead(np.eye(3)[:2], np.zeros(2), feature_transform=lambda f: 2 * f).predict(
+        np.eye(3)[[1]]
+    ) == [1]

@@ -1172,3 +1172,23 @@ def test_a_roster_of_the_wrong_kind_is_named_not_a_bare_key(tmp_path):
     del no_keys["public_keys"]
     with pytest.raises(ConfigError, match=r"has no 'public_keys' field$"):
         Roster.from_json(json.dumps(no_keys))
+
+
+def test_api_mistakes_get_errors_that_name_them():
+    """Before: numpy's 'zero-size array to reduction operation' from a partition of 0 clients, pathlib's
+    TypeError from a numeric cache_dir, and inspect's bare 'too many positional arguments'."""
+    from mechanisms import GaussianMechanism
+    from privfed.data import load_dataset
+    from privfed.federation import Partition
+
+    for k in (0, -2, 1.5):
+        with pytest.raises(InputError, match=f"Partition.num_clients must be an integer >= 1, got {k}"):
+            Partition(np.array([-1]), k, "x")
+    with pytest.raises(ConfigError, match="cache_dir must be a folder path .* got 3"):
+        load_dataset("digits", cache_dir=3)
+    with pytest.raises(TypeError, match=r"GaussianMechanism.__init__\(\) takes 1 positional argument but 4"):
+        GaussianMechanism(1.0, 1e-5, 1.0)
+    with pytest.raises(
+        TypeError, match=r"GaussianMechanism.__init__\(\) got an unexpected keyword argument 'eps'"
+    ):
+        GaussianMechanism(eps=1.0, delta=1e-5, clip=1.0)
