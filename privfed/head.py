@@ -139,7 +139,7 @@ class LinearHead:
     def score(self, features, labels) -> float:
         """Accuracy on ``(features, labels)``."""
         F = check_features(features, dim=self.dim)
-        y, _ = check_labels(labels, F.shape[0], self.num_classes)
+        y, _ = check_labels(labels, F.shape[0], self.num_classes, classes_of="the head")
         return float(np.mean(self.predict(F) == y))
 
     def __repr__(self) -> str:

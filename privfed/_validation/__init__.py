@@ -301,7 +301,12 @@ _CHECK_SHARE = 1 / 64
 
 
 def check_features(
-    features, name: str = "features", dim: int | None = None, *, keep_float32: bool = False
+    features,
+    name: str = "features",
+    dim: int | None = None,
+    *,
+    keep_float32: bool = False,
+    dim_of: str = "the model was fitted with d",
 ) -> np.ndarray:
     """Return ``features`` as a finite 2-D float64 array or raise :class:`InputError`.
 
@@ -346,7 +351,7 @@ def check_features(
             f"remove or impute those samples before {'fitting' if dim is None else 'predicting'}"
         )
     if dim is not None and arr.shape[1] != dim:
-        raise InputError(f"{name} has {arr.shape[1]} columns but the model was fitted with d={dim}")
+        raise InputError(f"{name} has {arr.shape[1]} columns but {dim_of}={dim}")
     return arr
 
 
@@ -389,7 +394,7 @@ def check_num_classes(value, name: str = "num_classes") -> int:
 
 
 def check_labels(
-    labels, n: int, num_classes: int | None = None, name: str = "labels"
+    labels, n: int, num_classes: int | None = None, name: str = "labels", *, classes_of: str | None = None
 ) -> tuple[np.ndarray, int]:
     """Return (labels as int64, num_classes); labels must lie in [0, num_classes).
 
@@ -418,6 +423,9 @@ def check_labels(
             raise InputError(
                 f"{name} contains {top}, out of range for num_classes={num_classes}; "
                 "raise num_classes or re-encode labels as 0..C-1"
+                if classes_of is None
+                else f"{name} contains {top}, but {classes_of} has {num_classes} classes (0..{num_classes - 1}); "
+                "pass labels encoded as it was fitted"
             )
     return y, num_classes
 

@@ -75,7 +75,9 @@ class FeatureDataset:
         from privfed._validation import check_features, check_labels
 
         F = check_features(self.train_features, "train_features")
-        Ft = check_features(self.test_features, "test_features", dim=F.shape[1])
+        Ft = check_features(
+            self.test_features, "test_features", dim=F.shape[1], dim_of="train_features has d"
+        )
         y, C = check_labels(self.train_labels, F.shape[0], self.num_classes, "train_labels")
         yt, _ = check_labels(self.test_labels, Ft.shape[0], C, "test_labels")
         arrays = {"train_features": F, "train_labels": y, "test_features": Ft, "test_labels": yt}
@@ -194,7 +196,10 @@ def load_dataset(
         path = spec[len("file:") :]
         if not path.strip():  # the loader named "." (the folder it resolved the empty path to)
             raise ConfigError(f"dataset {spec!r} names no file: write file:PATH, e.g. file:features.npz")
-        return load_feature_file(path, seed=int(seed), max_bytes=max_file_bytes)
+        from privfed.data.npzfile import resolve_max_bytes
+
+        limit = resolve_max_bytes(max_file_bytes, "max_file_bytes")  # refused under the name given here
+        return load_feature_file(path, seed=int(seed), max_bytes=limit)
     name = spec.lower()
     if name == "digits":
         from privfed.data.digits import BACKBONE_NAME, load_digits_features

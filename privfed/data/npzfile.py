@@ -62,13 +62,14 @@ DEFAULT_TEST_FRACTION = 0.2
 _RAISE_WITH = f"load_dataset(..., max_file_bytes=), load_feature_file(..., max_bytes=) or ${MAX_BYTES_ENV}"
 
 
-def resolve_max_bytes(max_bytes=None) -> int:
-    """The file-size limit: ``max_bytes``, else ``$PRIVFED_MAX_FILE_BYTES``, else 1 GiB."""
+def resolve_max_bytes(max_bytes=None, name: str = "max_bytes") -> int:
+    """The file-size limit: ``max_bytes``, else ``$PRIVFED_MAX_FILE_BYTES``, else 1 GiB (``name``: the
+    argument a refusal names)."""
     if max_bytes is not None:
         if isinstance(max_bytes, str):
-            return parse_byte_size(max_bytes, "max_bytes")
+            return parse_byte_size(max_bytes, name)
         if isinstance(max_bytes, bool) or not isinstance(max_bytes, (int, np.integer)) or max_bytes <= 0:
-            raise ConfigError(f"max_bytes must be a positive int, got {max_bytes!r}")
+            raise ConfigError(f"{name} must be a positive int, got {max_bytes!r}")
         return int(max_bytes)
     env = os.environ.get(MAX_BYTES_ENV)
     return parse_byte_size(env, f"${MAX_BYTES_ENV}") if env else DEFAULT_MAX_BYTES

@@ -1192,3 +1192,19 @@ def test_api_mistakes_get_errors_that_name_them():
         TypeError, match=r"GaussianMechanism.__init__\(\) got an unexpected keyword argument 'eps'"
     ):
         GaussianMechanism(eps=1.0, delta=1e-5, clip=1.0)
+
+
+def test_messages_name_the_argument_the_caller_gave(tmp_path):
+    """Before: max_file_bytes was refused as 'max_bytes', a head's score told the caller to 'raise
+    num_classes' (score has none), and a data set's test columns were checked against 'the model'."""
+    import privfed
+    from privfed.data import FeatureDataset, load_dataset
+
+    with pytest.raises(ConfigError, match="^max_file_bytes must be a positive int, got -1"):
+        load_dataset("file:x.npz", max_file_bytes=-1)
+    F, y = np.eye(4)[:, :3], np.array([0, 1, 0, 1])
+    head = privfed.fit("fedncm", F, y)
+    with pytest.raises(InputError, match=r"labels contains 2, but the head has 2 classes \(0..1\)"):
+        head.score(F, y + 1)
+    with pytest.raises(InputError, match="test_features has 2 columns but train_features has d=3"):
+        FeatureDataset("x", F, y, F[:, :2], y, num_classes=2)
