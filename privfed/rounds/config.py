@@ -123,6 +123,11 @@ class RoundsConfig:
         if check_nonnegative(self.lr, "lr") == 0:
             raise ConfigError("lr must be > 0, got lr=0")
         check_nonnegative(self.nu, "nu")
+        # checked without noise too (as the names above): a clip of NaN or an alpha of "x" is no setting
+        for name in ("clip", "alpha"):
+            if check_nonnegative(getattr(self, name), name) == 0:
+                raise ConfigError(f"{name} must be a finite number > 0, got {name}={getattr(self, name)!r}")
+        pos_int("classes_per_client")
         if self.head_init_scale is not None:
             check_nonnegative(self.head_init_scale, "head_init_scale")  # 0: a zero initial head
         if self.init not in ("public", "scratch"):

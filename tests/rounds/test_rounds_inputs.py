@@ -257,3 +257,20 @@ def test_a_clients_round_refuses_a_head_it_cannot_train_against_and_reads_numpy_
             client_update(body, opt, x, y, eta, **kw)
     with pytest.raises(InputError, match="x must be the client's images"):
         client_statistic(body, [[1.0]] * 5, y, num_classes=3)
+
+
+@pytest.mark.parametrize(
+    "kw, text",
+    [
+        # before: validate() passed all three; clip=nan then ran whenever epsilon was inf
+        ({"clip": float("nan")}, "clip must be finite and >= 0, got nan"),
+        ({"clip": 0.0}, "clip must be a finite number > 0, got clip=0.0"),
+        ({"alpha": "x"}, "alpha must be a number, got 'x'"),
+        ({"classes_per_client": 2.5}, "classes_per_client must be an integer >= 1"),
+    ],
+)
+def test_the_config_checks_its_clip_alpha_and_classes_with_or_without_noise(kw, text):
+    from privfed.rounds.config import RoundsConfig
+
+    with pytest.raises(ConfigError, match=text):
+        RoundsConfig(epsilon=float("inf"), **kw).validate()
