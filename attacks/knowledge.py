@@ -29,6 +29,11 @@ def check_images(value, name: str) -> np.ndarray:
     im = arr.astype(np.float32)
     if not np.isfinite(im).all():
         raise InputError(f"{name} holds NaN or inf pixels; images are values in [0, 1]")
+    if im.size and not (im.min() >= 0 and im.max() <= 1):  # the inversions' pixel range (and PSNR's peak)
+        raise InputError(
+            f"{name} holds pixels in [{im.min():g}, {im.max():g}]; images are values in [0, 1] (scikit-learn's "
+            "load_digits() images are 0..16: divide them by 16)"
+        )
     return im
 
 

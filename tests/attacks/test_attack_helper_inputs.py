@@ -457,3 +457,15 @@ def test_a_truth_of_the_same_federation_with_unused_client_ids_still_scores():
     view, truth = attacks.scenario("fedncm", clients=np.arange(N) % 40, num_clients=45, rng=0, **kw)
     assert view.stats.num_clients == 45
     assert attacks.evaluate("singleton", view, truth)["exposed_fraction"] == 1.0
+
+
+def test_public_images_outside_the_pixel_range_are_refused():
+    """Before: PublicData took images of 0..16 (load_digits' own scale) and the inversions scored against them."""
+    from attacks.knowledge import PublicData
+
+    F, y = np.zeros((2, 3)), np.array([0, 1])
+    with pytest.raises(
+        InputError, match=r"PublicData.images holds pixels in \[0, 16\]; .* divide them by 16"
+    ):
+        PublicData(labels=y, features=F, images=np.full((2, 8, 8), 16.0) * np.arange(2)[:, None, None])
+    assert PublicData(labels=y, features=F, images=np.full((2, 8, 8), 1.0)).images.max() == 1.0
