@@ -332,13 +332,15 @@ def serve_secure(grid, cfg, method, nodes, config_rec, stages, keep_view, receiv
             exact=not cfg.private,
             max_ratio=public.fedcof_tilt(),
         )
-    if (
-        cfg.secure == "mask"
-    ):  # fixed-point rounding that swamps the statistics is said, as in-process sums say it
+    # rounding that swamps the statistics is said, as in-process sums say it: masking's fixed point, CKKS's grid
+    if cfg.secure in ("mask", "ckks"):
         for i, r in enumerate(runs, start=1):
-            head.notes.extend(
-                rounding_note(r.total, {"frac_bits": cfg.frac_bits, "uploaded": len(r.uploaded)}, i)
+            call = (
+                {"frac_bits": cfg.frac_bits, "uploaded": len(r.uploaded)}
+                if cfg.secure == "mask"
+                else {"release_bits": CKKSParams().precision_bits}  # the params every sum above runs with
             )
+            head.notes.extend(rounding_note(r.total, call, i))
     if any(r.dropped_before_upload for r in runs):
         head.notes.append(
             f"secure aggregation: {len(head.secure_aggregation['dropped'])} node(s) dropped before uploading; "

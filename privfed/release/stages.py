@@ -270,28 +270,32 @@ def rounding_note(total: np.ndarray, call: dict, number: int) -> list[str]:
     """A note when a secure sum's rounding exceeds :data:`ROUNDING_NOTE_SHARE` of the median nonzero |value|
     of the sum the server received (read from that output alone): masking's fixed point (each of the
     ``call["uploaded"]`` uploaders rounds each value to 2^-f: at most uploaders x 2^-(f+1) per summed value),
-    or CKKS's release grid (the decrypted sum rounded to 2^-p: at most 2^-(p+1))."""
+    or CKKS's release grid (the decrypted sum rounded to 2^-p: 2^-(p+1), plus the decryption error the grid is
+    kept 2^-3 above)."""
     values = np.abs(np.asarray(total, dtype=np.float64)).ravel()
     values = values[np.isfinite(values) & (values > 0)]
     if call.get("release_bits") is not None:
+        from mechanisms.secagg.ckks.scheme import GRID_MARGIN_BITS
+
+        # half the grid from the rounding, plus the decryption error the grid is kept GRID_MARGIN_BITS above
         p = int(call["release_bits"])
-        bound = 2.0 ** -(p + 1)
+        bound = 2.0 ** -(p + 1) + 2.0 ** -(p + GRID_MARGIN_BITS)
         head = f"secure sum {number}: CKKS releases the sum on the 2^-{p} grid, which moves each value"
+        by = "by up to about"  # the decryption error's bound is an estimate (CKKSParams.max_precision_bits)
         fix = "scale the features up by a public constant, or release on a finer grid (CKKSParams precision_bits)"
     else:
         f, K = int(call["frac_bits"]), int(call.get("uploaded", 1))
         bound = K * 2.0 ** -(f + 1)
         head = f"secure sum {number}: fixed-point rounding (f = {f} fractional bits, {K} uploaders) moves each value"
+        by = "by up to"
         fix = "scale the features up by a public constant, or raise frac_bits"
     if values.size == 0:  # every value rounded away, or the statistics are zero
-        return [
-            f"{head} by up to {bound:.3g} and every summed value is 0: statistics below that are lost; {fix}"
-        ]
+        return [f"{head} {by} {bound:.3g} and every summed value is 0: statistics below that are lost; {fix}"]
     typical = float(np.median(values))
     if bound <= ROUNDING_NOTE_SHARE * typical:
         return []
     return [
-        f"{head} by up to {bound:.3g}, {bound / typical:.3g} x the sum's median |value| {typical:.3g}: the head "
+        f"{head} {by} {bound:.3g}, {bound / typical:.3g} x the sum's median |value| {typical:.3g}: the head "
         f"loses what the statistics hold below that; {fix}"
     ]
 
@@ -322,7 +326,7 @@ class SecureSum(Stage):
             if (
                 calls
                 and not calls[-1].get("exact")
-                and ("frac_bits" in calls[-1] or calls[-1].get("release_bits"))
+                and ("frac_bits" in calls[-1] or calls[-1].get("release_bits") is not None)
             ):
                 coarse.extend(rounding_note(total, calls[-1], len(calls)))
             return total

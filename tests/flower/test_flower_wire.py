@@ -117,3 +117,20 @@ def test_a_masked_flower_sum_notes_rounding_that_swamps_its_statistics(split):
     notes = [n for n in coarse.head.notes if "fixed-point rounding" in n]
     assert len(notes) == 1 and "f = 2 fractional bits, 4 uploaders" in notes[0] and "by up to 0.5" in notes[0]
     assert not [n for n in _run("fedncm", secure="mask").head.notes if "fixed-point rounding" in n]
+
+
+def test_a_ckks_flower_sum_notes_a_release_grid_that_swamps_its_statistics(split, monkeypatch):
+    """The CKKS sum over Flower noted nothing, where the same sum in process notes its 2^-p grid: released on
+    whole numbers (p = 0), the digits' sums move by up to about 0.625 each."""
+    pytest.importorskip("tenseal")
+    import dataclasses
+
+    import privfed.flower.server_secure as server_secure
+    from mechanisms.secagg.ckks.scheme import CKKSParams
+
+    assert not [n for n in _run("fedncm", secure="ckks").head.notes if "CKKS releases the sum" in n]
+    monkeypatch.setattr(
+        server_secure, "CKKSParams", lambda: dataclasses.replace(CKKSParams(), precision_bits=0)
+    )
+    notes = [n for n in _run("fedncm", secure="ckks").head.notes if "CKKS releases the sum" in n]
+    assert len(notes) == 1 and "on the 2^-0 grid" in notes[0] and "by up to about 0.625" in notes[0]
