@@ -109,13 +109,16 @@ class StatisticSensitivity:
             return self.max_records
         return 2.0 * self.max_records
 
-    def per_block(self, blocks: tuple[str, ...]) -> dict[str, float]:
-        """f Delta_b for each block named."""
+    def per_block(self, blocks: tuple[str, ...], *, strict: bool = True) -> dict[str, float]:
+        """f Delta_b for each block named (``strict``: refuse one that under- or overflowed float64; the
+        Gaussian mechanism, which bounds its clip itself and also reports runs without noise, passes False)."""
         n, c = self.factor, float(self.clip_l2)
         sens = {"sums": n * c, "counts": float(n), "second": n * c * c}
         out = {b: sens[b] for b in blocks}
         lost = [b for b, v in out.items() if v == 0.0 or (math.isinf(v) and math.isfinite(c))]
-        if lost:  # c (or c^2) under- or overflowed float64: a sensitivity of 0 calibrates no noise at all
+        if (
+            lost and strict
+        ):  # c (or c^2) under- or overflowed float64: a sensitivity of 0 calibrates no noise at all
             raise ConfigError(
                 f"clip_l2={self.clip_l2!r} gives the {lost[0]!r} block a sensitivity of {out[lost[0]]!r} in float64 "
                 "(c or c^2 under- or overflows); rescale the features by a public constant so that a clip within "

@@ -23,3 +23,13 @@ def test_a_sensitivity_refuses_what_would_calibrate_the_wrong_noise(kw, text):
     with pytest.raises(ConfigError, match=text):
         StatisticSensitivity(**kw).per_block(("sums", "counts", "second"))
     assert StatisticSensitivity(clip_l2=1e-100).per_block(("second",))["second"] > 0
+
+
+def test_the_mechanism_without_noise_still_takes_any_clip():
+    """The check is the sensitivity's own: a mechanism at epsilon = inf (no noise) takes any clip, as before."""
+    import math
+
+    from mechanisms import GaussianMechanism
+
+    for clip in (1e-200, 1e200):
+        GaussianMechanism(epsilon=math.inf, delta=1e-5, clip=clip, blocks=("sums", "counts", "second"))

@@ -82,7 +82,7 @@ class GaussianCalibration:
         """Sensitivities and sigmas once the feature dimension is known (coordinate clipping)."""
         c = self.clipping.l2_bound(dim) if dim is not None else float(self.clip_bound)
         bound = self.statistic_sensitivity(c)
-        sens = bound.per_block(self.blocks)
+        sens = bound.per_block(self.blocks, strict=False)  # the clip was bounded where noise needs it
         self._base_sens = dict(sens)
         joint = bound.joint()
         if dim is not None and any(self._slack(b, dim) for b in self.blocks):
