@@ -421,7 +421,7 @@ def vision_device() -> str:
         f"`{rec['command']}` on one {dev['gpu']} (torch {dev['torch']}, CUDA {dev['cuda']}, "
         f"{rec['machine']['cpus']} CPU cores; recorded {rec['recorded_utc'][:10]}); backbones randomly "
         f"initialised (seeded), {cfg['agree_images']} synthetic 32-pixel images for the agreement, "
-        f"{cfg['images']:,} for the speed, batches of {cfg['batch_size']}, {len(runs)} runs:",
+        f"{cfg['images']:,} for the speed, batches of {cfg['batch_size']}, {len(runs)} run{'' if len(runs) == 1 else 's'}:",
         "",
         "| backbone | d | GPU vs CPU, torch defaults | with TF32 off | extraction, PIL resize | resize on the GPU "
         "| speed-up, each run |",
@@ -437,25 +437,31 @@ def vision_device() -> str:
             f"{sci(a['defaults']['max_row_relative'])}) | {sci(a['tf32_off']['relative_fro'])} | {pil} s | "
             f"{gpu} s | {ups} |"
         )
-    conv = [v for n, r in rep.items() if n != "vit_b_16" for v in r["values"]]
+    conv = [v for n, r in rep.items() if n != "vit_b_16" for v in r["values"]]  # the convolutional ones
     on = next(iter(agree.values()))["torch_defaults"]
-    missed = [f"{n} ({r['spread']:.0%})" for n, r in rep.items() if not r["reproduced"]]
+    missed = [f"{n} ({r['spread']:.0%})" for n, r in rep.items() if r["reproduced"] is False]
+    speed = (
+        f"Resizing in batches on the GPU makes the whole extraction {min(conv):.1f}–{max(conv):.1f}× faster for the "
+        "convolutional backbones"
+        if conv
+        else "Resizing in batches on the GPU changes the whole extraction's time as the table shows"
+    )
+    if len(runs) < 2:
+        repro = "With one run, whether the speed-ups reproduce is not checked."
+    elif missed:
+        repro = (
+            f"Between the runs the speed-up of {', '.join(missed)} moved by more than the {cfg['reproduce']:.0%} "
+            "a recorded ratio must reproduce within: read the speed-ups as a range."
+        )
+    else:
+        repro = f"Every speed-up reproduces within {cfg['reproduce']:.0%} between the runs."
     lines += [
         "",
         f"The differences are relative Frobenius norms over the batch. Torch's defaults let cuDNN run float32 "
         f"convolutions in TF32 (here `allow_tf32` was {on['cudnn_allow_tf32']} for cuDNN and "
         f"{on['matmul_allow_tf32']} for matrix products); with TF32 off the GPU's features agree with the CPU's "
         f"to within {sci(max(a['tf32_off']['relative_fro'] for a in agree.values()))}, float32's rounding "
-        "carried through the network. Resizing in batches on the GPU makes the whole extraction "
-        f"{min(conv):.1f}–{max(conv):.1f}× faster for the convolutional backbones, whose own work is small "
-        "beside resizing each image with PIL; vit_b_16's own work dominates. The times are wall seconds, "
-        f"medians of {cfg['repeats']} alternating rounds in each run. "
-        + (
-            f"Between the runs the speed-up of {', '.join(missed)} moved by more than the "
-            f"{cfg['reproduce']:.0%} a recorded ratio must reproduce within; the PIL path, on the CPU, varies "
-            "most: read the speed-ups as a range."
-            if missed
-            else f"Every speed-up reproduces within {cfg['reproduce']:.0%} between the runs."
-        ),
+        f"carried through the network. {speed}. The times are wall seconds, medians of {cfg['repeats']} "
+        f"alternating rounds in each run. {repro}",
     ]
     return "\n".join(lines) + "\n"
