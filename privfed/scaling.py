@@ -327,9 +327,10 @@ def fedlog_scale_note_from(median: float, scale: float) -> str | None:
         f"feature_scale={scale:.3g}, below {FEDLOG_MIN_NORM:g}): the MAP of Eq. 15 is then dominated by the "
         "class-frequency bias instead of being the normalised class-mean classifier, and accuracy can collapse"
     )
-    if not (median > 0 and math.isfinite(median)):  # no scale makes a zero mean longer: the features are
+    if not (median > 0 and math.isfinite(median)):  # no scale makes a zero mean longer
         return (
-            f"{head}; every class mean is zero, so no feature_scale helps: the features carry no class signal"
+            f"{head}; at least half the class means are zero (their median is), and no feature_scale lengthens "
+            "a zero mean: those classes carry no signal in these features"
         )
     target = median / FEDLOG_TARGET_NORM
     return (

@@ -441,7 +441,7 @@ def test_fedlog_says_when_its_map_is_ill_posed_and_offers_the_fix(digits_dataset
     (zero,) = [
         n for n in privfed.fit("fedlog", np.zeros((6, 2)), np.arange(6) % 2, None).notes if "short" in n
     ]
-    assert "no feature_scale helps" in zero and "pass feature_scale" not in zero
+    assert "no feature_scale lengthens a zero mean" in zero and "pass feature_scale" not in zero
     with pytest.raises(ConfigError, match="feature_scale"):
         privfed.fit("fedlog", F, y, k, feature_scale="big")
 
