@@ -30,9 +30,13 @@ def check_images(value, name: str) -> np.ndarray:
     if not np.isfinite(im).all():
         raise InputError(f"{name} holds NaN or inf pixels; images are values in [0, 1]")
     if im.size and not (im.min() >= 0 and im.max() <= 1):  # the inversions' pixel range (and PSNR's peak)
+        hint = (
+            " (scikit-learn's load_digits() images are 0..16: divide them by 16)"
+            if 1 < im.max() <= 16
+            else ""
+        )
         raise InputError(
-            f"{name} holds pixels in [{im.min():g}, {im.max():g}]; images are values in [0, 1] (scikit-learn's "
-            "load_digits() images are 0..16: divide them by 16)"
+            f"{name} holds pixels in [{im.min():g}, {im.max():g}]; images are values in [0, 1]{hint}"
         )
     return im
 

@@ -96,14 +96,15 @@ def extract_features(model, images: np.ndarray, batch_size: int = 512) -> np.nda
     ndarray, shape (N, d), float64
     """
     arr = np.asarray(images)
-    if arr.dtype == object or not np.issubdtype(arr.dtype, np.number):
-        raise InputError(f"images must be a numeric array, got dtype {arr.dtype}")
+    if arr.dtype.kind not in "biuf":  # complex would lose its imaginary part, objects and text are no pixels
+        raise InputError(f"images must be real pixel values in [0, 1], got dtype {arr.dtype}")
     if arr.ndim == 3:
         arr = arr[:, None]
     if arr.ndim != 4 or arr.shape[1] != 1:
         raise InputError(f"images must have shape (N, 8, 8) or (N, 1, 8, 8), got {np.shape(images)}")
-    if not np.all(np.isfinite(arr)):
-        raise InputError("images contain NaN/inf values")
+    digits_numpy.check_pixels(
+        arr
+    )  # as the numpy forward refuses them: the same images, with or without torch
     if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
         raise ConfigError(f"batch_size must be a positive int, got {batch_size!r}")
     import torch

@@ -91,6 +91,14 @@ def _check(weights, images) -> tuple[dict, np.ndarray]:
         arr = arr[:, None]
     if arr.ndim != 4 or arr.shape[1:] != (1, 8, 8):
         raise InputError(f"images must have shape (N, 8, 8) or (N, 1, 8, 8), got {np.shape(images)}")
+    check_pixels(arr)
+    return weights, arr
+
+
+def check_pixels(arr: np.ndarray) -> None:
+    """Refuse images that are not finite pixel values in [0, 1] (both digits forwards, numpy and torch)."""
+    from privfed.errors import InputError
+
     if arr.size and not (np.isfinite(arr).all() and arr.min() >= 0 and arr.max() <= 1):
         bad = "NaN/inf values" if not np.isfinite(arr).all() else f"values in [{arr.min():g}, {arr.max():g}]"
         hint = (
@@ -99,7 +107,6 @@ def _check(weights, images) -> tuple[dict, np.ndarray]:
             else ""
         )
         raise InputError(f"images must be pixel values in [0, 1], got {bad}{hint}")
-    return weights, arr
 
 
 def forward(weights, images, dtype=np.float32) -> np.ndarray:

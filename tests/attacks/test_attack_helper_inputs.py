@@ -469,3 +469,5 @@ def test_public_images_outside_the_pixel_range_are_refused():
     ):
         PublicData(labels=y, features=F, images=np.full((2, 8, 8), 16.0) * np.arange(2)[:, None, None])
     assert PublicData(labels=y, features=F, images=np.full((2, 8, 8), 1.0)).images.max() == 1.0
+    with pytest.raises(InputError, match=r"holds pixels in \[0, 255\]; images are values in \[0, 1\]$"):
+        PublicData(labels=y, features=F, images=np.full((2, 8, 8), 255.0) * np.arange(2)[:, None, None])

@@ -157,3 +157,20 @@ def test_the_core_install_pulls_no_torch():
     extras = project["optional-dependencies"]
     assert {"torch", "opacus"} <= names(extras["torch"]) and "torch" in names(extras["all"])
     assert {"mkdocs", "mkdocs-material", "mkdocstrings"} <= names(extras["dev"])
+
+
+def test_both_forwards_refuse_the_same_images(digits_backbone):
+    """Before: the torch forward took load_digits' 0..16 pixels and complex ones, which the numpy forward (the
+    same network without torch) refuses, so embed() answered differently with and without torch."""
+    from sklearn.datasets import load_digits
+
+    w = load_shipped_weights(0)
+    raw = load_digits().images[:3]
+    for images, text in ((raw, "divide them by 16"), (raw / 16 + 1j, "got dtype complex128")):
+        for forward_of in (
+            lambda im: extract_features(digits_backbone, im),
+            lambda im: extract_features_numpy(w, im),
+        ):
+            with pytest.raises(InputError, match=text):
+                forward_of(images)
+    assert extract_features(digits_backbone, raw / 16).shape == (3, 64)
