@@ -1147,14 +1147,18 @@ def test_fedlog_features_past_the_float_range_name_the_command_line_fix_too():
         __import__("privfed").fit("fedlog", X, y, np.arange(120) % 3)
 
 
-@pytest.mark.parametrize("out", [".", "..", "/", "results/.."])
-def test_an_out_that_is_the_current_folder_gets_a_folder_to_name_instead(out):
+@pytest.mark.parametrize(
+    "out, inside", [(".", "./run1"), ("..", "../run1"), ("/", "/run1"), ("results/run1/..", "results/run1")]
+)
+def test_an_out_that_is_the_current_folder_gets_a_folder_to_name_instead(out, inside):
     """Before: '--out .' was told it "does not name a folder", though it names the one the user is in."""
     from privfed.results.writer import check_out_path
 
-    with pytest.raises(ConfigError, match="names the folder you are in, its parent or the root") as exc:
+    with pytest.raises(
+        ConfigError, match=f"names the existing folder {re.escape(repr(os.path.abspath(out)))}"
+    ) as exc:
         check_out_path(out, overwrite=True)
-    assert repr(os.path.join(out, "run1")) in str(exc.value)
+    assert f"such as {inside!r}" in str(exc.value)
     with pytest.raises(ConfigError, match="--out is empty; pass a folder path"):
         check_out_path("  ", overwrite=False)
 
