@@ -303,3 +303,11 @@ def test_rounds_with_another_method_is_told_so_first(extra):
 
     with pytest.raises(ConfigError, match="--rounds 3: only fedlog runs several rounds"):
         resolve_config(build_parser().parse_args(["--rounds", "3", *extra]))
+
+
+def test_rounds_with_another_method_names_the_fields_to_an_api_caller():
+    from privfed.commands.tradeoff.config import TradeoffConfig, check_config
+
+    with pytest.raises(ConfigError, match=r"pass methods \(in the TradeoffConfig\) fedlog alone") as exc:
+        check_config(TradeoffConfig(methods=("fedncm",), rounds=3))
+    assert "--" not in str(exc.value)

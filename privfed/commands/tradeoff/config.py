@@ -183,8 +183,8 @@ def resolve_config(args: argparse.Namespace, *, values: dict[str, Any] | None = 
     if rounds > 1 and tuple(methods) != ("fedlog",):
         # first: every other setting of a multi-round run (its placement, level, clipping) is FedLog's
         raise ConfigError(
-            f"--rounds {rounds}: only fedlog runs several rounds (local bodies); pass --method fedlog alone, "
-            "or drop --rounds"
+            f"{s.named('rounds')} {rounds}: only fedlog runs several rounds (local bodies); pass "
+            f"{s.named('method', 'method', 'methods')} fedlog alone, or drop {s.named('rounds')}"
         )
     clients = s.clients()
     alpha = s.alpha()
