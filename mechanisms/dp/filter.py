@@ -141,15 +141,15 @@ class GaussianFilter:
     def admits(self, spent: Sequence[float], mu: float) -> bool:
         """Whether a release of ``mu`` keeps the composed mu within the budget (a mu that is no finite
         number >= 0 is not admitted; a spent entry that is none is a ConfigError)."""
+        spent = _spent(spent)  # a damaged ledger is said whatever the release asked
         try:
             mu = as_real(mu)
         except (TypeError, ValueError):
             return False
-        if (
-            not (mu >= 0 and math.isfinite(mu)) or mu > self.mu
-        ):  # alone above the budget (its square may overflow)
+        # a mu alone above the budget is refused before it is squared (its square may overflow)
+        if not (mu >= 0 and math.isfinite(mu)) or mu > self.mu:
             return False
-        return math.fsum([*(m**2 for m in _spent(spent)), mu**2]) <= self.mu**2
+        return math.fsum([*(m**2 for m in spent), mu**2]) <= self.mu**2
 
     def spent_epsilon(self, spent: Sequence[float]) -> float:
         """The epsilon at the budget's delta of everything spent (exact GDP composition)."""

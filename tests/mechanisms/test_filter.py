@@ -159,6 +159,12 @@ def test_a_huge_mu_is_not_admitted_and_a_huge_spend_is_a_damaged_ledger():
         and f.admits([], f.mu) is True
         and f.admits([], f.mu * (1 + 1e-15)) is False
     )
-    for call in (f.spent_mu, f.spent_epsilon, f.remaining_mu, lambda s: f.admits(s, 0.1)):
+    for call in (
+        f.spent_mu,
+        f.spent_epsilon,
+        f.remaining_mu,
+        lambda s: f.admits(s, 0.1),
+        lambda s: f.admits(s, 1e200),
+    ):
         with pytest.raises(ConfigError, match=r"spent release 1 has mu=1e\+200, above any release's"):
             call([0.1, 1e200])
