@@ -121,16 +121,19 @@ def test_a_masked_flower_sum_notes_rounding_that_swamps_its_statistics(split):
 
 def test_a_ckks_flower_sum_notes_a_release_grid_that_swamps_its_statistics(split, monkeypatch):
     """The CKKS sum over Flower noted nothing, where the same sum in process notes its 2^-p grid: released on
-    whole numbers (p = 0), the digits' sums move by up to about 0.625 each."""
+    whole numbers (p = 0, for the server and the nodes alike), the digits' sums move by up to about 0.625."""
     pytest.importorskip("tenseal")
     import dataclasses
 
+    import privfed.flower.ckks as flower_ckks
     import privfed.flower.server_secure as server_secure
     from mechanisms.secagg.ckks.scheme import CKKSParams
 
     assert not [n for n in _run("fedncm", secure="ckks").head.notes if "CKKS releases the sum" in n]
-    monkeypatch.setattr(
-        server_secure, "CKKSParams", lambda: dataclasses.replace(CKKSParams(), precision_bits=0)
-    )
-    notes = [n for n in _run("fedncm", secure="ckks").head.notes if "CKKS releases the sum" in n]
+    whole = dataclasses.replace(CKKSParams(), precision_bits=0)
+    for module in (server_secure, flower_ckks):  # the key holder (a node) rounds; the server notes
+        monkeypatch.setattr(module, "CKKSParams", lambda: whole)
+    res = _run("fedncm", secure="ckks")
+    assert res.sums and all(np.array_equal(s, np.round(s)) for s in res.sums)  # released on the grid noted
+    notes = [n for n in res.head.notes if "CKKS releases the sum" in n]
     assert len(notes) == 1 and "on the 2^-0 grid" in notes[0] and "by up to about 0.625" in notes[0]
