@@ -32,7 +32,7 @@ def check_images(value, name: str) -> np.ndarray:
     if im.size and not (im.min() >= 0 and im.max() <= 1):  # the inversions' pixel range (and PSNR's peak)
         hint = (
             " (scikit-learn's load_digits() images are 0..16: divide them by 16)"
-            if 1 < im.max() <= 16
+            if 1 < im.max() <= 16 and im.min() >= 0
             else ""
         )
         raise InputError(

@@ -100,11 +100,10 @@ def extract_features(model, images: np.ndarray, batch_size: int = 512) -> np.nda
         raise InputError(f"images must be real pixel values in [0, 1], got dtype {arr.dtype}")
     if arr.ndim == 3:
         arr = arr[:, None]
-    if arr.ndim != 4 or arr.shape[1] != 1:
+    # the numpy forward's rules (shape, pixels): the same images, with or without torch
+    if arr.ndim != 4 or arr.shape[1:] != (1, 8, 8):
         raise InputError(f"images must have shape (N, 8, 8) or (N, 1, 8, 8), got {np.shape(images)}")
-    digits_numpy.check_pixels(
-        arr
-    )  # as the numpy forward refuses them: the same images, with or without torch
+    digits_numpy.check_pixels(arr)
     if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
         raise ConfigError(f"batch_size must be a positive int, got {batch_size!r}")
     import torch

@@ -103,7 +103,7 @@ def check_pixels(arr: np.ndarray) -> None:
         bad = "NaN/inf values" if not np.isfinite(arr).all() else f"values in [{arr.min():g}, {arr.max():g}]"
         hint = (
             "; scikit-learn's load_digits() images are 0..16: divide them by 16"
-            if 1 < arr.max() <= 16
+            if 1 < arr.max() <= 16 and arr.min() >= 0
             else ""
         )
         raise InputError(f"images must be pixel values in [0, 1], got {bad}{hint}")
@@ -130,6 +130,8 @@ def forward(weights, images, dtype=np.float32) -> np.ndarray:
         ``dtype`` is float32.
     """
     weights, x = _check(weights, images)
+    if x.shape[0] == 0:  # no images: no features (the patches of none cannot be reshaped)
+        return np.zeros((0, np.shape(weights["fc.weight"])[0]))
     if np.dtype(dtype) not in (np.float32, np.float64):
         from privfed.errors import ConfigError
 
@@ -159,6 +161,8 @@ def float32_error_bound(weights, images) -> np.ndarray:
     ndarray, shape (N, 64), float64
     """
     weights, x = _check(weights, images)
+    if x.shape[0] == 0:  # no images: no features (the patches of none cannot be reshaped)
+        return np.zeros((0, np.shape(weights["fc.weight"])[0]))
     w = {k: np.asarray(weights[k], dtype=np.float64) for k in LAYERS}
     a = np.asarray(x, dtype=np.float64)
     e = np.zeros_like(a)

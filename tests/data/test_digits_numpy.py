@@ -174,3 +174,12 @@ def test_both_forwards_refuse_the_same_images(digits_backbone):
             with pytest.raises(InputError, match=text):
                 forward_of(images)
     assert extract_features(digits_backbone, raw / 16).shape == (3, 64)
+    # the same shape rule (torch's was a raw matmul error for 16 x 16), and no images give no features in both
+    for forward_of in (
+        lambda im: extract_features(digits_backbone, im),
+        lambda im: extract_features_numpy(w, im),
+    ):
+        with pytest.raises(InputError, match=r"shape \(N, 8, 8\) or \(N, 1, 8, 8\), got \(2, 1, 16, 16\)"):
+            forward_of(np.zeros((2, 1, 16, 16)))
+        assert forward_of(np.zeros((0, 8, 8))).shape == (0, 64)
+    assert forward(w, np.zeros((0, 8, 8))).shape == (0, 64)
