@@ -100,7 +100,7 @@ def check_out_path(out: str | os.PathLike, *, overwrite: bool, flag: str = "--ou
         # a run is staged beside its folder and moved in whole: the current folder, its parent or the root
         # cannot be replaced that way, so the message names a folder inside the one meant
         raise ConfigError(
-            f"{flag} {str(out)!r} names the existing folder {os.path.abspath(path)!r}, which a run cannot be "
+            f"{flag} {str(out)!r} names the folder {os.path.abspath(path)!r} itself, which a run cannot be "
             f"moved into (each run gets a folder of its own, made whole at the end); name one inside it, such "
             f"as {os.path.join(os.path.normpath(path), 'run1')!r}"
         )

@@ -1155,7 +1155,7 @@ def test_an_out_that_is_the_current_folder_gets_a_folder_to_name_instead(out, in
     from privfed.results.writer import check_out_path
 
     with pytest.raises(
-        ConfigError, match=f"names the existing folder {re.escape(repr(os.path.abspath(out)))}"
+        ConfigError, match=f"names the folder {re.escape(repr(os.path.abspath(out)))} itself"
     ) as exc:
         check_out_path(out, overwrite=True)
     assert f"such as {inside!r}" in str(exc.value)
