@@ -446,6 +446,19 @@ def vision_device() -> str:
         if conv
         else "Resizing in batches on the GPU changes the whole extraction's time as the table shows"
     )
+    off = sci(max(a["tf32_off"]["relative_fro"] for a in agree.values()))
+    flags = f"`allow_tf32` was {on['cudnn_allow_tf32']} for cuDNN and {on['matmul_allow_tf32']} for matrix products"
+    if on["cudnn_allow_tf32"] and max(a["defaults"]["relative_fro"] for a in agree.values()) > 1e-5:
+        tf32 = (
+            f"Torch's defaults let cuDNN run float32 convolutions in TF32 (here {flags}), which is what the first column "
+            f"shows; with TF32 off the GPU's features agree with the CPU's to within {off}, float32's rounding "
+            "carried through the network."
+        )
+    else:  # a GPU without TF32, or torch told not to use it: both columns are float32's own rounding
+        tf32 = (
+            f"With torch's defaults ({flags}) this GPU computed in full float32: both columns are float32's "
+            f"rounding carried through the network (within {off} with TF32 off)."
+        )
     if len(runs) < 2:
         repro = "With one run, whether the speed-ups reproduce is not checked."
     elif missed:
@@ -457,11 +470,7 @@ def vision_device() -> str:
         repro = f"Every speed-up reproduces within {cfg['reproduce']:.0%} between the runs."
     lines += [
         "",
-        f"The differences are relative Frobenius norms over the batch. Torch's defaults let cuDNN run float32 "
-        f"convolutions in TF32 (here `allow_tf32` was {on['cudnn_allow_tf32']} for cuDNN and "
-        f"{on['matmul_allow_tf32']} for matrix products); with TF32 off the GPU's features agree with the CPU's "
-        f"to within {sci(max(a['tf32_off']['relative_fro'] for a in agree.values()))}, float32's rounding "
-        f"carried through the network. {speed}. The times are wall seconds, medians of {cfg['repeats']} "
+        f"The differences are relative Frobenius norms over the batch. {tf32} {speed}. The times are wall seconds, medians of {cfg['repeats']} "
         f"alternating rounds in each run. {repro}",
     ]
     return "\n".join(lines) + "\n"

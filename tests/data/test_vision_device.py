@@ -136,3 +136,23 @@ def test_one_run_is_not_called_reproduced(bench, monkeypatch):
     text = render_records.vision_device()
     assert "whether the speed-ups reproduce is not checked" in text and "1 run:" in text
     assert "reproduces within" not in text and "a recorded ratio must reproduce" not in text
+
+
+def test_the_docs_block_says_full_float32_where_tf32_did_not_act(monkeypatch):
+    """The prose said TF32 ran wherever the record came from; on a GPU without it both columns are float32's."""
+    import copy
+
+    from experiments.docs_numbers import render_records
+
+    rec = json.loads(RECORD.read_text())
+    plain = copy.deepcopy(rec)
+    for a in plain["data"]["agreement"]:
+        a["defaults"] = dict(a["tf32_off"])
+    monkeypatch.setattr(render_records, "record", lambda name: plain)
+    text = render_records.vision_device()
+    assert (
+        "this GPU computed in full float32" in text
+        and "let cuDNN run float32 convolutions in TF32" not in text
+    )
+    monkeypatch.setattr(render_records, "record", lambda name: rec)
+    assert "let cuDNN run float32 convolutions in TF32" in render_records.vision_device()
