@@ -225,7 +225,8 @@ def finish(head, info: ScaleInfo):
     if not np.any(W) and not any("zero" in n for n in head.notes):
         head.notes.append(
             "the head's weight is all zero: the statistics carry no signal to separate the classes "
-            "(e.g. all-zero or constant features); it predicts from the bias alone"
+            "(e.g. all-zero or constant features, or, under privacy, features so small that their squares "
+            "underflow float64: rescale them by a public constant); it predicts from the bias alone"
         )
     elif (
         W.ndim == 2

@@ -1212,3 +1212,18 @@ def test_messages_name_the_argument_the_caller_gave(tmp_path):
         head.score(F, y + 1)
     with pytest.raises(InputError, match="test_features has 2 columns but train_features has d=3"):
         FeatureDataset("x", F, y, F[:, :2], y, num_classes=2)
+
+
+def test_a_zero_head_from_underflowing_private_features_names_that_cause():
+    """Under privacy the features are not rescaled (the clip is in their units): features of 1e-200 give class
+    means whose squared norms underflow, and the zero head's note blamed constant features alone."""
+    import math
+
+    import privfed
+    from mechanisms import GaussianMechanism
+
+    F = np.random.default_rng(0).normal(size=(40, 3)) * 1e-200
+    y, k = np.arange(40) % 2, np.arange(40) % 4
+    head = privfed.fit("fedncm", F, y, k, num_classes=2, num_clients=4,
+                       privacy=GaussianMechanism(epsilon=math.inf, delta=1e-5, clip=1e-200))  # fmt: skip
+    assert not head.weight.any() and any("squares underflow float64" in n for n in head.notes)
