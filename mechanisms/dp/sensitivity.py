@@ -116,9 +116,8 @@ class StatisticSensitivity:
         sens = {"sums": n * c, "counts": float(n), "second": n * c * c}
         out = {b: sens[b] for b in blocks}
         lost = [b for b, v in out.items() if v == 0.0 or (math.isinf(v) and math.isfinite(c))]
-        if (
-            lost and strict
-        ):  # c (or c^2) under- or overflowed float64: a sensitivity of 0 calibrates no noise at all
+        # c (or c^2) under- or overflowed float64: a sensitivity of 0 calibrates no noise at all
+        if lost and strict:
             raise ConfigError(
                 f"clip_l2={self.clip_l2!r} gives the {lost[0]!r} block a sensitivity of {out[lost[0]]!r} in float64 "
                 "(c or c^2 under- or overflows); rescale the features by a public constant so that a clip within "
