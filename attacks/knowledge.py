@@ -8,11 +8,13 @@ and scoring).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from privfed._validation import as_int_vector, check_features
+from privfed.data.digits_numpy import pixel_problem
 from privfed.errors import InputError
 
 __all__ = ["GroundTruth", "PublicData", "check_truth"]
@@ -27,16 +29,14 @@ def check_images(value, name: str) -> np.ndarray:
             f"{name} must be real images of shape (n, H, W), got dtype {arr.dtype}, shape {arr.shape}"
         )
     im = arr.astype(np.float32)
-    if not np.isfinite(im).all():
-        raise InputError(f"{name} holds NaN or inf pixels; images are values in [0, 1]")
-    if im.size and not (im.min() >= 0 and im.max() <= 1):  # the inversions' pixel range (and PSNR's peak)
-        hint = (
-            " (scikit-learn's load_digits() images are 0..16: divide them by 16)"
-            if 1 < im.max() <= 16 and im.min() >= 0
-            else ""
-        )
+    problem = pixel_problem(im)  # the inversions' pixel range (and PSNR's peak)
+    if problem is not None:
+        lo, hi, hint = problem
+        if math.isnan(lo):
+            raise InputError(f"{name} holds NaN or inf pixels; images are values in [0, 1]")
         raise InputError(
-            f"{name} holds pixels in [{im.min():g}, {im.max():g}]; images are values in [0, 1]{hint}"
+            f"{name} holds pixels in [{lo:g}, {hi:g}]; images are values in [0, 1]"
+            + (f" ({hint})" if hint else "")
         )
     return im
 

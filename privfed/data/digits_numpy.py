@@ -21,6 +21,8 @@ kernels, numpy's BLAS and any batching of either against exact arithmetic.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 __all__ = ["LAYERS", "float32_error_bound", "forward"]
@@ -95,18 +97,30 @@ def _check(weights, images) -> tuple[dict, np.ndarray]:
     return weights, arr
 
 
+def pixel_problem(arr: np.ndarray) -> tuple[float, float, str] | None:
+    """None when ``arr`` holds finite pixel values in [0, 1]; else its (min, max), both NaN when a pixel is not
+    finite, and a hint for the usual mistake (scikit-learn's 0..16 digits), else "".  The one rule of the digits
+    forwards (numpy and torch) and the attacks' images, each wording its own refusal."""
+    if arr.size == 0:
+        return None
+    if not np.isfinite(arr).all():
+        return math.nan, math.nan, ""
+    lo, hi = float(arr.min()), float(arr.max())
+    if 0 <= lo and hi <= 1:
+        return None
+    sixteen = 0 <= lo and hi <= 16  # above 1 here
+    return lo, hi, "scikit-learn's load_digits() images are 0..16: divide them by 16" if sixteen else ""
+
+
 def check_pixels(arr: np.ndarray) -> None:
     """Refuse images that are not finite pixel values in [0, 1] (both digits forwards, numpy and torch)."""
     from privfed.errors import InputError
 
-    if arr.size and not (np.isfinite(arr).all() and arr.min() >= 0 and arr.max() <= 1):
-        bad = "NaN/inf values" if not np.isfinite(arr).all() else f"values in [{arr.min():g}, {arr.max():g}]"
-        hint = (
-            "; scikit-learn's load_digits() images are 0..16: divide them by 16"
-            if 1 < arr.max() <= 16 and arr.min() >= 0
-            else ""
-        )
-        raise InputError(f"images must be pixel values in [0, 1], got {bad}{hint}")
+    problem = pixel_problem(arr)
+    if problem is not None:
+        lo, hi, hint = problem
+        bad = "NaN/inf values" if math.isnan(lo) else f"values in [{lo:g}, {hi:g}]"
+        raise InputError(f"images must be pixel values in [0, 1], got {bad}" + (f"; {hint}" if hint else ""))
 
 
 def forward(weights, images, dtype=np.float32) -> np.ndarray:
