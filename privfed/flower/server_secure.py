@@ -211,6 +211,7 @@ def serve_secure(grid, cfg, method, nodes, config_rec, stages, keep_view, receiv
         noise_report.record(events)
 
     opened = [opening]
+    ckks_params = CKKSParams()  # every CKKS sum below runs with it, and its rounding note reads its grid
 
     def run(round_name, length, payload, among=None):
         among = participants if among is None else among
@@ -225,7 +226,7 @@ def serve_secure(grid, cfg, method, nodes, config_rec, stages, keep_view, receiv
                 among,
                 key_holder=holder,
                 length=length,
-                params=CKKSParams(),
+                params=ckks_params,
                 timeout=cfg.timeout,
                 payload=payload,
                 round_name=round_name,
@@ -338,7 +339,7 @@ def serve_secure(grid, cfg, method, nodes, config_rec, stages, keep_view, receiv
             call = (
                 {"frac_bits": cfg.frac_bits, "uploaded": len(r.uploaded)}
                 if cfg.secure == "mask"
-                else {"release_bits": CKKSParams().precision_bits}  # the params every sum above runs with
+                else {"release_bits": ckks_params.precision_bits}
             )
             head.notes.extend(rounding_note(r.total, call, i))
     if any(r.dropped_before_upload for r in runs):
