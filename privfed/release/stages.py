@@ -271,7 +271,7 @@ def rounding_note(total: np.ndarray, call: dict, number: int) -> list[str]:
     of the sum the server received (read from that output alone): masking's fixed point (each of the
     ``call["uploaded"]`` uploaders rounds each value to 2^-f: at most uploaders x 2^-(f+1) per summed value),
     or CKKS's release grid (the decrypted sum rounded to 2^-p: 2^-(p+1), plus the decryption error the grid is
-    kept 2^-3 above)."""
+    kept 2^-3 above); none for a sum the call says was not rounded."""
     values = np.abs(np.asarray(total, dtype=np.float64)).ravel()
     values = values[np.isfinite(values) & (values > 0)]
     if call.get("release_bits") is not None:
@@ -283,12 +283,14 @@ def rounding_note(total: np.ndarray, call: dict, number: int) -> list[str]:
         head = f"secure sum {number}: CKKS releases the sum on the 2^-{p} grid, which moves each value"
         by = "by up to about"  # the decryption error's bound is an estimate (CKKSParams.max_precision_bits)
         fix = "scale the features up by a public constant, or release on a finer grid (CKKSParams precision_bits)"
-    else:
+    elif "frac_bits" in call:
         f, K = int(call["frac_bits"]), int(call.get("uploaded", 1))
         bound = K * 2.0 ** -(f + 1)
         head = f"secure sum {number}: fixed-point rounding (f = {f} fractional bits, {K} uploaders) moves each value"
         by = "by up to"
         fix = "scale the features up by a public constant, or raise frac_bits"
+    else:  # a sum released without rounding (CKKS's integers, or a protocol with no grid)
+        return []
     if values.size == 0:  # every value rounded away, or the statistics are zero
         return [f"{head} {by} {bound:.3g} and every summed value is 0: statistics below that are lost; {fix}"]
     typical = float(np.median(values))
@@ -323,11 +325,7 @@ class SecureSum(Stage):
                 total = after(total, st.method, st.rng)
             trace.add_sum_output(total)
             calls = getattr(run, "calls", [])
-            if (
-                calls
-                and not calls[-1].get("exact")
-                and ("frac_bits" in calls[-1] or calls[-1].get("release_bits") is not None)
-            ):
+            if calls and not calls[-1].get("exact"):
                 coarse.extend(rounding_note(total, calls[-1], len(calls)))
             return total
 
