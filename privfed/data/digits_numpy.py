@@ -144,14 +144,14 @@ def forward(weights, images, dtype=np.float32) -> np.ndarray:
         ``dtype`` is float32.
     """
     weights, x = _check(weights, images)
-    if x.shape[0] == 0:  # no images: no features (the patches of none cannot be reshaped)
-        return np.zeros((0, np.shape(weights["fc.weight"])[0]))
     if np.dtype(dtype) not in (np.float32, np.float64):
         from privfed.errors import ConfigError
 
         raise ConfigError(
             f"dtype must be float32 (torch's arithmetic) or float64 (exact), got {np.dtype(dtype)}"
         )
+    if x.shape[0] == 0:  # no images: no features (the patches of none cannot be reshaped)
+        return np.zeros((0, np.shape(weights["fc.weight"])[0]))
     w = {k: np.asarray(weights[k], dtype=dtype) for k in LAYERS}
     x = np.asarray(x, dtype=dtype)
     h = np.maximum(_conv(x, w["conv1.weight"], w["conv1.bias"]), 0)
