@@ -68,11 +68,11 @@ class SyntheticImages:
         return self.transform(Image.fromarray(self.images[i])), int(self.labels[i])
 
 
-def _tf32(on: bool) -> None:
+def _set_tf32(cudnn: bool, matmul: bool) -> None:
     import torch
 
-    torch.backends.cudnn.allow_tf32 = on
-    torch.backends.cuda.matmul.allow_tf32 = on
+    torch.backends.cudnn.allow_tf32 = cudnn
+    torch.backends.cuda.matmul.allow_tf32 = matmul
 
 
 def _tf32_state() -> dict:
@@ -106,12 +106,11 @@ def agreement(name: str, images: int, batch: int, seed_: int) -> dict:
     cpu, _ = extract_dataset_features(data, bb, device="cpu", **kw)
     defaults = _tf32_state()
     gpu_default, _ = extract_dataset_features(data, bb, device="cuda", **kw)
-    _tf32(False)
+    _set_tf32(False, False)
     try:
         gpu_ieee, _ = extract_dataset_features(data, bb, device="cuda", **kw)
     finally:
-        torch.backends.cudnn.allow_tf32 = defaults["cudnn_allow_tf32"]
-        torch.backends.cuda.matmul.allow_tf32 = defaults["matmul_allow_tf32"]
+        _set_tf32(defaults["cudnn_allow_tf32"], defaults["matmul_allow_tf32"])
     return {
         "backbone": name,
         "dim": int(cpu.shape[1]),
