@@ -14,8 +14,11 @@ pushing them, :func:`privfed.flower.transport.exchange`).
 
 **The floor** (:mod:`experiments.crypto_floor`): the plain run's CPU seconds plus the signatures,
 verifies, X25519 agreements and key loads, and the mask keystream the protocol makes, each counted at
-the protocol's call sites in the same masked run (both processes) and timed alone with ``cryptography``
-in the node process within the same repeat.  ``ratio`` = masked CPU / floor, CPU seconds of both
+the protocol's call sites (both processes) and timed alone with ``cryptography`` in the node process
+within the same repeat.  The counts come from two untimed runs of the same configuration, one before the
+timed repeats and one after, which must agree (a run without dropouts makes the same operations every
+time): the counting wrappers cost CPU at every call (a few per cent of the masked run), so no timed run
+is a counted one.  ``ratio`` = masked CPU / floor, CPU seconds of both
 processes (the work done, unchanged when other programs share the cores).  ``ratio_to_protocol_work`` =
 masked CPU / the protocol work (:func:`experiments.crypto_floor.work_seconds`: the floor plus its AES-GCM,
 HKDF, Shamir sharing and recovery, mask additions and fixed-point encoding, counted and timed the same way):
@@ -39,6 +42,7 @@ is added to the total as it arrives.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import multiprocessing as mp
 import os
 import platform
@@ -125,7 +129,10 @@ def _nodes(requests, replies, roster_json: str, secrets: list[bytes], D: int, se
     ids = [Identity(i, sk) for i, sk in enumerate(secrets)]
     contexts: list = []
     aggregation = b""
-    with counting() as counts:
+    # the protocol's call sites are counted only between a "count" request with u = 1 and one with u = 0 (the
+    # counts its reply): the counting wrappers cost CPU, so a timed run is never a counted one
+    counted, counts = contextlib.ExitStack(), {}
+    with counted:
         try:
             while True:
                 raw = requests.recv_bytes()
@@ -135,10 +142,13 @@ def _nodes(requests, replies, roster_json: str, secrets: list[bytes], D: int, se
                 if kind == "cpu":
                     replies.send(time.process_time())
                     continue
-                if kind == "counts":
-                    replies.send(dict(counts))
-                    for k in counts:
-                        counts[k] = 0
+                if kind == "count":
+                    if u:
+                        counts = counted.enter_context(counting())
+                        replies.send(True)
+                    else:
+                        counted.close()
+                        replies.send(dict(counts))
                     continue
                 if kind == "units":
                     units = work_unit_seconds(
@@ -174,7 +184,7 @@ def _nodes(requests, replies, roster_json: str, secrets: list[bytes], D: int, se
             return
 
 
-_KINDS = ("plain", "secagg", "cpu", "counts", "units", "session")
+_KINDS = ("plain", "secagg", "cpu", "count", "units", "session")
 
 
 class _Link:
@@ -278,6 +288,17 @@ def _masked(link: _Link, K: int, roster, D: int, run_id: int) -> dict:
     }
 
 
+def _counted(link: _Link, fn) -> dict[str, int]:
+    """The protocol's operations in both processes while ``fn()`` runs (an untimed run: counting costs CPU)."""
+    link.ask("count", 1)
+    try:
+        with counting() as server_counts:
+            fn()
+    finally:
+        counts = link.ask("count", 0)
+    return {k: v + server_counts.get(k, 0) for k, v in counts.items()}
+
+
 def _timed(link: _Link, fn) -> tuple[float, float, dict]:
     """(CPU seconds of both processes, wall seconds, output with ``server_cpu_s``) of ``fn()``."""
     n0, c0, t0 = link.ask("cpu"), time.process_time(), time.perf_counter()
@@ -329,8 +350,8 @@ def one_run(K: int, D: int, degree: int, repeats: int, seed: int) -> dict:
     roster, link, proc = _start(K, degree, D, seed)
     try:
         direct = sum((_row(seed, u, D) for u in range(K)), np.zeros(D))
-        _masked(link, K, roster, D, 0)  # warm-up: both processes have run the protocol once, untimed
-        link.ask("counts")  # from zero
+        # warm-up, untimed: both processes have run the protocol once, and its operations are counted
+        counts = _counted(link, lambda: _masked(link, K, roster, D, 0))
         rows = []
         for r in range(repeats):
             load = os.getloadavg()[0]
@@ -340,11 +361,7 @@ def one_run(K: int, D: int, degree: int, repeats: int, seed: int) -> dict:
                 if part == "plain":
                     got["plain"] = _timed(link, lambda: _plain(link, K, D))
                 else:
-                    with counting() as server_counts:
-                        got["masked"] = _timed(link, lambda r=r: _masked(link, K, roster, D, r + 1))
-                    counts = link.ask("counts")
-                    for k, v in server_counts.items():
-                        counts[k] += v
+                    got["masked"] = _timed(link, lambda r=r: _masked(link, K, roster, D, r + 1))
             units = link.ask("units")
             (pc, pw, p), (mc, mw, m) = got["plain"], got["masked"]
             floor, terms = floor_seconds(pc, counts, units)
@@ -385,9 +402,13 @@ def one_run(K: int, D: int, degree: int, repeats: int, seed: int) -> dict:
                 f"{mc / floor:.3f}x the floor, {mc / work:.3f}x the protocol work (load {load:.1f})",
                 flush=True,
             )
+        # counted again after the timed runs: a run without dropouts makes the same operations every time
+        again = _counted(link, lambda: _masked(link, K, roster, D, repeats + 1))
+        if again != counts:
+            raise RuntimeError(f"two counted runs made different operations: {counts} and {again}")
     finally:
         _stop(link, proc)
-    per_node = {op: rows[-1]["counts"][op] / K for op in (*OPS, "prg", *WORK_OPS)}
+    per_node = {op: counts[op] / K for op in (*OPS, "prg", *WORK_OPS)}
     return {
         "threshold": roster.threshold,
         "repeats": rows,
