@@ -55,7 +55,6 @@ import os
 
 import numpy as np
 from flwr.app import ConfigRecord, Context, Error, Message, RecordDict
-from flwr.clientapp import ClientApp
 
 from mechanisms.secagg.crypto import ProtocolAbort
 from privfed.errors import PrivfedError
@@ -73,6 +72,7 @@ from privfed.flower.charges import (
 from privfed.flower.ckks import ckks_limit, holder_decrypt_step, holder_keys_step, node_encrypt_step
 from privfed.flower.config import FlowerConfig, request_config
 from privfed.flower.dp import BACKEND_KEY, node_backend
+from privfed.flower.kept import KeptClientApp
 from privfed.flower.node import load_node_data, node_rng, node_statistics, secure_release
 from privfed.flower.protocol import check_round, node_vector
 from privfed.flower.provision import SimulatedRoster
@@ -218,10 +218,10 @@ def _masked_input(
 
 def make_client_app(
     faults: dict[int, str] | None = None, provision: SimulatedRoster | None = None
-) -> ClientApp:
+) -> KeptClientApp:
     """A ClientApp; ``faults`` maps partition-id -> ``fail-at`` spec (simulation drills); ``provision``
     gives simulated nodes their secure-aggregation identities (deployments read them from the node config)."""
-    app = ClientApp()
+    app = KeptClientApp(make_client_app, (faults, provision))
 
     @app.query()
     def query(msg: Message, context: Context) -> Message:

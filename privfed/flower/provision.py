@@ -75,8 +75,8 @@ class SimulatedRoster:
         """Pickled (with the ClientApp, for every message) without the texts when they are in files."""
         state = dict(self.__dict__)
         if self.directory is not None:
-            state.pop("roster_json")
-            state.pop("identities")
+            state.pop("roster_json", None)  # absent in a copy that was itself unpickled
+            state.pop("identities", None)
         return state
 
     def for_node(self, node_config: dict, node_id: int) -> tuple[Identity, Roster] | None:

@@ -80,8 +80,20 @@ def _ray_root(folder: str) -> str | None:
     return folder if len(os.fsencode(folder)) <= RAY_ROOT_MAX else None
 
 
-def _quiet_environment() -> None:
-    for k, v in QUIET_ENV.items():
+#: Arguments and results of Ray tasks up to this many bytes travel inside Ray's task messages instead of through
+#: its shared-memory object store (Ray's ``max_direct_call_object_size``, 100 kB by default).  Flower's simulation
+#: sends every message to a Ray worker with the node's context and gets both back: with 51,210 values a node, a
+#: statistics message and a context holding the node's cached statistics are about 410 kB each, and their trips
+#: through the store were a third of a masked sum's CPU (``experiments/bench_flower_masked.py``).  A value the
+#: user's environment already sets is kept.
+RAY_INLINE_BYTES = 4 << 20
+RAY_ENV = {"RAY_max_direct_call_object_size": str(RAY_INLINE_BYTES)}
+
+
+def _flower_environment() -> None:
+    """This process's environment for the Flower processes it starts (:data:`QUIET_ENV`, :data:`RAY_ENV`);
+    a variable the environment already holds is kept."""
+    for k, v in {**QUIET_ENV, **RAY_ENV}.items():
         os.environ.setdefault(k, v)
 
 
@@ -114,7 +126,7 @@ def run_simulation(
         CPUs Ray may use (one ClientApp at a time per CPU).
     """
     check_num_cpus(num_cpus)
-    _quiet_environment()
+    _flower_environment()
     from flwr.simulation.run_simulation import _run_simulation
     from flwr.supercore.telemetry import EventType
 
@@ -190,6 +202,11 @@ class _SimulatedClientApp(ClientApp):
         if self._inner is None:
             self._inner = make_client_app(provision=_roster_from_env())
         return self._inner(message, context)
+
+    def __reduce__(self) -> str:
+        """Pickled (with every message Flower's simulation hands a worker) as this module's :data:`client_app`,
+        so a worker builds the inner app once, not once per message from a fresh copy."""
+        return "client_app"
 
 
 def _roster_from_env() -> SimulatedRoster | None:
@@ -330,7 +347,7 @@ def flwr_run(
     return, on an error and on an interrupt.
     """
     check_num_cpus(num_cpus)
-    _quiet_environment()
+    _flower_environment()
     before = _file_stamp(Path(expect) / "results.json") if expect is not None else None
     import privfed
 

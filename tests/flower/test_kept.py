@@ -194,3 +194,59 @@ def test_write_tokens_never_repeat_across_writes_or_a_forked_child():
     os.waitpid(pid, 0)
     later = tokens(50)
     assert len(set(child)) == 50 and not set(child) & set(mine + later)
+
+
+def test_the_client_app_travels_as_the_call_that_builds_it(tmp_path):
+    """Flower's simulation pickles the ClientApp (with cloudpickle, as Ray does) with every message: it travels
+    as its builder's reference, its arguments and a token, not its handlers' code; a process builds it once per
+    token, with the same handlers, faults and simulated roster as the app that was sent."""
+    from ray import cloudpickle
+
+    from privfed.flower import client_app
+    from privfed.flower.provision import SimulatedRoster
+
+    provision = SimulatedRoster(50, degree=4, directory=tmp_path)
+    app = client_app.make_client_app({7: "masked:exit"}, provision=provision)
+    raw = cloudpickle.dumps(app)
+    assert len(raw) < 2_000  # the closures by value were about 23 kB
+    before = dict(kept._BUILT)
+    first, again = cloudpickle.loads(raw), cloudpickle.loads(raw)
+    assert first is again and first is not app and len(kept._BUILT) == len(before) + 1
+    build, (faults, roster), _ = first._built_by
+    assert build is client_app.make_client_app and faults == {7: "masked:exit"}
+    assert roster.directory == str(tmp_path) and roster.for_node({"partition-id": 7}, 7)[0].index == 7
+    assert sorted(first._registered_funcs) == sorted(app._registered_funcs)
+    assert len(cloudpickle.dumps(first)) < 2_000  # what a process built travels on as small
+    other = cloudpickle.loads(cloudpickle.dumps(client_app.make_client_app(None)))  # another app: built anew
+    assert other is not first and len(kept._BUILT) == len(before) + 2
+
+
+def test_the_flwr_run_client_app_travels_as_its_module_name():
+    """The ClientApp ``flwr run`` simulations load (``privfed.flower.simulation:client_app``) is pickled with
+    every message as a reference to itself, so a worker builds its inner app once, not per message."""
+    import pickle
+
+    from ray import cloudpickle
+
+    from privfed.flower import simulation
+
+    for dumps in (pickle.dumps, cloudpickle.dumps):
+        raw = dumps(simulation.client_app)
+        assert len(raw) < 200 and pickle.loads(raw) is simulation.client_app
+
+
+def test_simulations_keep_node_messages_and_contexts_out_of_rays_object_store(monkeypatch):
+    """A simulated node's message and context (about 410 kB each with 51,210 values) travel inside Ray's task
+    messages: Ray's inline limit is raised for the Flower processes a simulation starts, unless the user's
+    environment sets it."""
+    from privfed.flower import simulation
+
+    key = "RAY_max_direct_call_object_size"
+    monkeypatch.delenv(key, raising=False)
+    simulation._flower_environment()
+    assert int(os.environ[key]) == simulation.RAY_INLINE_BYTES >= 1 << 20
+    monkeypatch.setenv(key, "12345")
+    simulation._flower_environment()
+    assert os.environ[key] == "12345"
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "flower.md").read_text()
+    assert f"raise Ray's inline limit to {simulation.RAY_INLINE_BYTES >> 20} MiB" in docs.replace("\n", " ")
