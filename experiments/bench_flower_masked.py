@@ -30,6 +30,10 @@ key advertisements, then shares, masked input, consistency and unmasking) where 
 so the record also gives the floor with those extra round trips, each at the CPU cost of the masked
 run's own consistency stage (its node work is one signature and a ledger entry a node).
 
+The simulations run as ``privfed.flower.run_simulation`` starts them: Ray's inline limit raised (a node's
+messages and context travel inside Ray's task messages, not through its object store; the record keeps
+the limit) and the ClientApp sent as the call that builds it.
+
 Memory.  Flower's simulation runs the ServerApp in the same process as its engine, which keeps every
 virtual node's ``Context`` there; at each of ``--memory-nodes`` a second simulation runs with
 tracemalloc on and reports, per run, the process's traced peak above where the run began, beside the
@@ -360,6 +364,8 @@ def run(
             "runs": runs,
             "flwr_clip": FLWR_CLIP,
             "samples": SAMPLES,
+            # Ray's inline limit the simulations ran with (privfed.flower.simulation.RAY_ENV, or the user's own)
+            "ray_inline_bytes": int(os.environ.get("RAY_max_direct_call_object_size", "0") or 0),
         },
         "timed": timed,
         "agreement": max(medians) / min(medians) - 1.0,

@@ -128,7 +128,14 @@ def flower_masked_scale() -> str:
         f"SecAgg+ graph (degree {cfg['degree']}, t = {mask['threshold']}) and Flower's own SecAgg+ "
         f"(`flwr-secaggplus-insecure`, {cfg['degree'] + 1} shares a node, the same t) of the same statistics, "
         "their order rotating; CPU seconds of every process of the simulation (the ServerApp, Flower's engine, "
-        "the Ray workers running the ClientApps):",
+        "the Ray workers running the ClientApps)"
+        + (
+            f", with Ray's inline limit at {cfg['ray_inline_bytes'] / 2**20:g} MiB as privfed's simulation sets it "
+            "(a node's messages and context travel inside Ray's task messages)"
+            if cfg.get("ray_inline_bytes")
+            else ""
+        )
+        + ":",
         "",
         "| run | order | load | plain s | masked s | Flower SecAgg+ s | floor s | masked / floor | "
         "floor with the round trips | masked / it |",
