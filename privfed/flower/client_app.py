@@ -503,7 +503,7 @@ def make_client_app(
 
         return node_train_reply(msg, context)
 
-    return app
+    return app.seal()
 
 
 #: The ClientApp ``flwr run`` and ``flower-supernode`` load (``privfed.flower.client_app:app``).

@@ -24,10 +24,13 @@ process it need not be rebuilt from there each time:
 
 from __future__ import annotations
 
+import copyreg
+import hashlib
 import itertools
 import json
 import os
 import pathlib
+import pickle
 
 from flwr.clientapp import ClientApp
 
@@ -142,16 +145,38 @@ class KeptNodes:
 
 class KeptClientApp(ClientApp):
     """A ClientApp that pickles as the call that builds it: ``build(*args)`` (``build`` a module-level function,
-    pickled by reference) and a token drawn here; a process that unpickles it builds it once per token
-    (:func:`built_app`) and keeps it.  Flower's simulation pickles the ClientApp with every message it hands a
-    worker; pickled by value, the handlers' code and closures would be copied each time."""
+    pickled by reference) and a token; a process that unpickles it builds it once per token (:func:`built_app`)
+    and keeps it.  Flower's simulation pickles the ClientApp with every message it hands a worker; pickled by
+    value, the handlers' code and closures would be copied each time.
+
+    The builder seals the app when it is done (:meth:`seal`).  An app changed after that (a handler, mod or
+    lifespan added) is no longer what ``build(*args)`` makes, so it pickles by value, as any ClientApp; the
+    token covers the arguments as they are when pickled, so arguments changed later are built anew."""
 
     def __init__(self, build, args: tuple) -> None:
         super().__init__()
         self._built_by = (build, tuple(args), os.urandom(8).hex())
+        self._sealed: tuple | None = None
+
+    def _shape(self) -> tuple:
+        return (
+            tuple(self._registered_funcs.items()),
+            tuple(self._mods),
+            self._call,
+            self._lifespan,
+        )
+
+    def seal(self) -> KeptClientApp:
+        """Mark the app as built: from now on it pickles as its builder's call while it stays as it is."""
+        self._sealed = self._shape()
+        return self
 
     def __reduce__(self):
-        return (built_app, self._built_by)
+        if self._sealed is None or self._shape() != self._sealed:
+            return (copyreg.__newobj__, (type(self),), dict(self.__dict__))
+        build, args, nonce = self._built_by
+        digest = hashlib.sha256(pickle.dumps(args)).hexdigest()[:16]
+        return (built_app, (build, args, f"{nonce}.{digest}"))
 
 
 #: The ClientApps this process built from a pickled :class:`KeptClientApp`, by its token.

@@ -83,18 +83,45 @@ def _ray_root(folder: str) -> str | None:
 #: Arguments and results of Ray tasks up to this many bytes travel inside Ray's task messages instead of through
 #: its shared-memory object store (Ray's ``max_direct_call_object_size``, 100 kB by default).  Flower's simulation
 #: sends every message to a Ray worker with the node's context and gets both back: with 51,210 values a node, a
-#: statistics message and a context holding the node's cached statistics are about 410 kB each, and their trips
-#: through the store were a third of a masked sum's CPU (``experiments/bench_flower_masked.py``).  A value the
-#: user's environment already sets is kept.
+#: statistics message and a context holding the node's cached statistics are about 410 kB each, and each trip
+#: through the store cost more than carrying them inline (``experiments/bench_flower_masked.py`` runs with it).
 RAY_INLINE_BYTES = 4 << 20
-RAY_ENV = {"RAY_max_direct_call_object_size": str(RAY_INLINE_BYTES)}
+#: The environment variable Ray reads that limit from (a value the user's environment sets is kept).
+RAY_INLINE_ENV = "RAY_max_direct_call_object_size"
 
 
-def _flower_environment() -> None:
-    """This process's environment for the Flower processes it starts (:data:`QUIET_ENV`, :data:`RAY_ENV`);
-    a variable the environment already holds is kept."""
-    for k, v in {**QUIET_ENV, **RAY_ENV}.items():
+def ray_inline_bytes() -> int:
+    """The inline limit the simulations this module starts run with: the environment's value, else
+    :data:`RAY_INLINE_BYTES` (ConfigError for a value that is no whole number of bytes)."""
+    raw = os.environ.get(RAY_INLINE_ENV, "").strip()
+    if not raw:
+        return RAY_INLINE_BYTES
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ConfigError(f"{RAY_INLINE_ENV}={raw!r} is not a whole number of bytes; unset it or give one")
+    return value
+
+
+def _quiet_environment() -> None:
+    for k, v in QUIET_ENV.items():
         os.environ.setdefault(k, v)
+
+
+@contextlib.contextmanager
+def _ray_defaults():
+    """Within the block, this process's environment holds Ray's inline limit (for the Ray processes a simulation
+    in this process starts); a value the environment already holds is kept, and what was added is removed."""
+    limit, added = ray_inline_bytes(), RAY_INLINE_ENV not in os.environ
+    if added:
+        os.environ[RAY_INLINE_ENV] = str(limit)
+    try:
+        yield
+    finally:
+        if added:
+            os.environ.pop(RAY_INLINE_ENV, None)
 
 
 # ------------------------------------------------------------------------------- in this process
@@ -126,7 +153,7 @@ def run_simulation(
         CPUs Ray may use (one ClientApp at a time per CPU).
     """
     check_num_cpus(num_cpus)
-    _flower_environment()
+    _quiet_environment()
     from flwr.simulation.run_simulation import _run_simulation
     from flwr.supercore.telemetry import EventType
 
@@ -144,24 +171,25 @@ def run_simulation(
         client = make_client_app(faults, provision=simulated_roster(cfgs, folder))
         root = _ray_root(ray_tmp)
         ray_dir = {} if root is None else {"_temp_dir": os.path.join(root, "ray")}
-        _run_simulation(
-            num_supernodes=int(
-                num_supernodes if num_supernodes is not None else max(c.clients for c in cfgs)
-            ),
-            exit_event=EventType.PYTHON_API_RUN_SIMULATION_LEAVE,
-            client_app=client,
-            server_app=server,
-            backend_config={
-                "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
-                "init_args": {
-                    "num_cpus": int(num_cpus),
-                    "num_gpus": 0,
-                    "include_dashboard": False,
-                    **ray_dir,
+        with _ray_defaults():
+            _run_simulation(
+                num_supernodes=int(
+                    num_supernodes if num_supernodes is not None else max(c.clients for c in cfgs)
+                ),
+                exit_event=EventType.PYTHON_API_RUN_SIMULATION_LEAVE,
+                client_app=client,
+                server_app=server,
+                backend_config={
+                    "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+                    "init_args": {
+                        "num_cpus": int(num_cpus),
+                        "num_gpus": 0,
+                        "include_dashboard": False,
+                        **ray_dir,
+                    },
                 },
-            },
-            verbose_logging=verbose,
-        )
+                verbose_logging=verbose,
+            )
     if len(results) != len(cfgs):
         raise PrivfedError("the simulation ended without a result from the server; see the log above")
     return results if isinstance(cfg, list) else results[0]
@@ -347,7 +375,7 @@ def flwr_run(
     return, on an error and on an interrupt.
     """
     check_num_cpus(num_cpus)
-    _flower_environment()
+    _quiet_environment()
     before = _file_stamp(Path(expect) / "results.json") if expect is not None else None
     import privfed
 
@@ -362,6 +390,7 @@ def flwr_run(
             f'[superlink]\ndefault = "privfed"\n\n[superlink.privfed]\naddress = "127.0.0.1:{port}"\ninsecure = true\n'
         )
         env = {
+            RAY_INLINE_ENV: str(ray_inline_bytes()),
             **os.environ,
             **QUIET_ENV,
             "FLWR_HOME": str(home),

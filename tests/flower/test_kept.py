@@ -237,16 +237,47 @@ def test_the_flwr_run_client_app_travels_as_its_module_name():
 
 def test_simulations_keep_node_messages_and_contexts_out_of_rays_object_store(monkeypatch):
     """A simulated node's message and context (about 410 kB each with 51,210 values) travel inside Ray's task
-    messages: Ray's inline limit is raised for the Flower processes a simulation starts, unless the user's
-    environment sets it."""
+    messages: Ray's inline limit is raised for the Ray processes a simulation starts (and only while it runs,
+    in this process), unless the user's environment sets it; a value that is no byte count is refused."""
+    from privfed.errors import ConfigError
     from privfed.flower import simulation
 
-    key = "RAY_max_direct_call_object_size"
-    monkeypatch.delenv(key, raising=False)
-    simulation._flower_environment()
-    assert int(os.environ[key]) == simulation.RAY_INLINE_BYTES >= 1 << 20
+    key = simulation.RAY_INLINE_ENV
+    monkeypatch.setenv(key, "x")  # recorded by monkeypatch, so the environment is restored after the test
+    monkeypatch.delenv(key)
+    with simulation._ray_defaults():
+        assert int(os.environ[key]) == simulation.RAY_INLINE_BYTES == simulation.ray_inline_bytes() >= 1 << 20
+    assert key not in os.environ  # nothing left behind in the user's process
     monkeypatch.setenv(key, "12345")
-    simulation._flower_environment()
+    with simulation._ray_defaults():
+        assert os.environ[key] == "12345" and simulation.ray_inline_bytes() == 12345
     assert os.environ[key] == "12345"
+    for bad in ("4MB", "-1"):
+        monkeypatch.setenv(key, bad)
+        with pytest.raises(ConfigError, match=key):
+            simulation.ray_inline_bytes()
     docs = (Path(__file__).resolve().parents[2] / "docs" / "flower.md").read_text()
     assert f"raise Ray's inline limit to {simulation.RAY_INLINE_BYTES >> 20} MiB" in docs.replace("\n", " ")
+
+
+def test_a_client_app_changed_after_it_was_built_travels_as_it_is():
+    """A handler added after make_client_app returned is not what its builder makes: such an app pickles by
+    value (as any ClientApp) and keeps the handler; arguments changed after building are built anew."""
+    from ray import cloudpickle
+
+    from privfed.flower import client_app
+
+    app = client_app.make_client_app({1: "masked:exit"})
+    small = cloudpickle.loads(cloudpickle.dumps(app))
+    app._built_by[1][0][2] = "unmask"  # the faults argument, changed after building: another token
+    changed = cloudpickle.loads(cloudpickle.dumps(app))
+    assert changed is not small and changed._built_by[1][0] == {1: "masked:exit", 2: "unmask"}
+
+    @app.query("extra")
+    def extra(msg, context):  # pragma: no cover - only its registration is checked
+        return msg
+
+    raw = cloudpickle.dumps(app)
+    back = cloudpickle.loads(raw)
+    assert len(raw) > 5_000 and "query.extra" in back._registered_funcs
+    assert set(back._registered_funcs) == set(app._registered_funcs)
