@@ -291,11 +291,10 @@ def _masked(link: _Link, K: int, roster, D: int, run_id: int) -> dict:
 def _counted(link: _Link, fn) -> dict[str, int]:
     """The protocol's operations in both processes while ``fn()`` runs (an untimed run: counting costs CPU)."""
     link.ask("count", 1)
-    try:
-        with counting() as server_counts:
-            fn()
-    finally:
-        counts = link.ask("count", 0)
+    with counting() as server_counts:
+        fn()
+    # only after the run: on an error the node process may still be answering, and _stop kills it
+    counts = link.ask("count", 0)
     return {k: v + server_counts.get(k, 0) for k, v in counts.items()}
 
 

@@ -343,6 +343,9 @@ def run(
     repeats: int,
     runs: int,
 ) -> dict:
+    from privfed.flower.simulation import ray_inline_bytes
+
+    inline = ray_inline_bytes()  # the limit every simulation below runs with (refused before any run if bad)
     timed = []
     for i in range(runs):
         print(f"run {i + 1} of {runs}: {timing_nodes} nodes, timed simulation ...", flush=True)
@@ -364,8 +367,8 @@ def run(
             "runs": runs,
             "flwr_clip": FLWR_CLIP,
             "samples": SAMPLES,
-            # Ray's inline limit the simulations ran with (privfed.flower.simulation.RAY_ENV, or the user's own)
-            "ray_inline_bytes": int(os.environ.get("RAY_max_direct_call_object_size", "0") or 0),
+            # Ray's inline limit the simulations ran with (privfed's default, or the environment's own)
+            "ray_inline_bytes": inline,
         },
         "timed": timed,
         "agreement": max(medians) / min(medians) - 1.0,

@@ -114,6 +114,8 @@ def active_scale() -> str:
 
 def flower_masked_scale() -> str:
     """Masking on Flower's simulation runtime at 1,000 nodes against plain, its floor and Flower's SecAgg+."""
+    from privfed.flower.simulation import RAY_INLINE_BYTES
+
     rec = record("bench_flower_masked")
     d, m = rec["data"], rec["machine"]
     cfg, timed, mem = d["config"], d["timed"], d["memory"]
@@ -130,8 +132,9 @@ def flower_masked_scale() -> str:
         "their order rotating; CPU seconds of every process of the simulation (the ServerApp, Flower's engine, "
         "the Ray workers running the ClientApps)"
         + (
-            f", with Ray's inline limit at {cfg['ray_inline_bytes'] / 2**20:g} MiB as privfed's simulation sets it "
-            "(a node's messages and context travel inside Ray's task messages)"
+            f", with Ray's inline limit at {cfg['ray_inline_bytes'] / 2**20:g} MiB"
+            + (" (privfed's simulation default)" if cfg["ray_inline_bytes"] == RAY_INLINE_BYTES else "")
+            + " (messages and contexts up to that size travel inside Ray's task messages)"
             if cfg.get("ray_inline_bytes")
             else ""
         )
