@@ -343,7 +343,7 @@ def run(
     repeats: int,
     runs: int,
 ) -> dict:
-    from privfed.flower.simulation import ray_inline_bytes
+    from privfed.flower.runtime_env import ray_inline_bytes
 
     inline = ray_inline_bytes()  # the limit every simulation below runs with (refused before any run if bad)
     timed = []

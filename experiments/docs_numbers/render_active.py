@@ -114,7 +114,7 @@ def active_scale() -> str:
 
 def flower_masked_scale() -> str:
     """Masking on Flower's simulation runtime at 1,000 nodes against plain, its floor and Flower's SecAgg+."""
-    from privfed.flower.simulation import RAY_INLINE_BYTES
+    from privfed.flower.runtime_env import RAY_INLINE_BYTES
 
     rec = record("bench_flower_masked")
     d, m = rec["data"], rec["machine"]
@@ -130,15 +130,15 @@ def flower_masked_scale() -> str:
         f"SecAgg+ graph (degree {cfg['degree']}, t = {mask['threshold']}) and Flower's own SecAgg+ "
         f"(`flwr-secaggplus-insecure`, {cfg['degree'] + 1} shares a node, the same t) of the same statistics, "
         "their order rotating; CPU seconds of every process of the simulation (the ServerApp, Flower's engine, "
-        "the Ray workers running the ClientApps)"
+        "the Ray workers running the ClientApps"
         + (
-            f", with Ray's inline limit at {cfg['ray_inline_bytes'] / 2**20:g} MiB"
-            + (" (privfed's simulation default)" if cfg["ray_inline_bytes"] == RAY_INLINE_BYTES else "")
-            + " (messages and contexts up to that size travel inside Ray's task messages)"
+            f"; Ray's inline limit at {cfg['ray_inline_bytes'] / 2**20:g} MiB"
+            + (", privfed's simulation default" if cfg["ray_inline_bytes"] == RAY_INLINE_BYTES else "")
+            + ", so that messages and contexts up to that size travel inside Ray's task messages"
             if cfg.get("ray_inline_bytes")
             else ""
         )
-        + ":",
+        + "):",
         "",
         "| run | order | load | plain s | masked s | Flower SecAgg+ s | floor s | masked / floor | "
         "floor with the round trips | masked / it |",

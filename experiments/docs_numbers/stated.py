@@ -22,6 +22,12 @@ def _weights_kb() -> bool:
     return round((ROOT / "privfed" / "data" / "digits_cnn_seed0.npz").stat().st_size / 1000) == 152
 
 
+def _ray_inline() -> bool:
+    from privfed.flower.runtime_env import RAY_INLINE_BYTES
+
+    return RAY_INLINE_BYTES == 4 * 2**20
+
+
 def _dense_limit() -> bool:
     import privfed.stats
 
@@ -152,6 +158,7 @@ STATED: dict[str, object] = {
     "3.1": "a theorem number of the FedLog paper",
     "152 KB": ("the shipped weights' size", _weights_kb),
     "2 GiB": ("privfed.stats.DENSE_VIEW_LIMIT", _dense_limit),
+    "4 MiB": ("privfed.flower.runtime_env.RAY_INLINE_BYTES", _ray_inline, "Ray's inline limit to 4 MiB"),
     "1 GiB": ("privfed.data.npzfile.DEFAULT_MAX_BYTES", _npz_limit),
     "30 s": ("the commands' checkpoint interval", _checkpoint),
     "106 GiB": ("(K, C, d) float64 at the iNat-120K shape", _inat_dense_gib),

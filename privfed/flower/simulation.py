@@ -51,6 +51,14 @@ from privfed.errors import ConfigError, PrivfedError
 from privfed.flower.client_app import make_client_app
 from privfed.flower.config import FlowerConfig, check_num_cpus
 from privfed.flower.provision import SimulatedRoster
+from privfed.flower.runtime_env import (
+    QUIET_ENV,
+    RAY_INLINE_ENV,
+    quiet_environment,
+    ray_defaults,
+    ray_inline_bytes,
+    ray_root,
+)
 from privfed.flower.server_app import FlowerResult, make_server_app
 
 __all__ = ["ROSTER_ENV", "client_app", "descendants", "flwr_run", "run_simulation", "simulated_roster"]
@@ -59,69 +67,6 @@ __all__ = ["ROSTER_ENV", "client_app", "descendants", "flwr_run", "run_simulatio
 ROSTER_ENV = "PRIVFED_SIMULATED_ROSTER"
 #: The Flower app in the package: its components and every run-config key with its default.
 APP_DIR = Path(__file__).resolve().parent / "app"
-#: Environment every Flower process this module starts gets: offline, and without Ray's FutureWarning.
-QUIET_ENV = {
-    "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
-    "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0",
-    "RAY_DEDUP_LOGS": "0",
-    "NO_COLOR": "1",
-}
-
-
-#: The longest folder Ray's temporary root may be (``RAY_TMPDIR``: Ray adds ``/ray/session_<date>_<pid>``, 47
-#: characters with a 7-digit pid, whose ``/sockets/plasma_store`` must end within a Unix socket path: 107 bytes
-#: on Linux, 103 on macOS).
-RAY_ROOT_MAX = 36
-
-
-def _ray_root(folder: str) -> str | None:
-    """``folder`` as the root of this run's Ray sessions (removed with it, where Ray's default root keeps every
-    session's logs for good), or None where its path is too long for Ray's sockets (Ray's default then)."""
-    return folder if len(os.fsencode(folder)) <= RAY_ROOT_MAX else None
-
-
-#: Arguments and results of Ray tasks up to this many bytes travel inside Ray's task messages instead of through
-#: its shared-memory object store (Ray's ``max_direct_call_object_size``, 100 kB by default).  Flower's simulation
-#: sends every message to a Ray worker with the node's context and gets both back: with 51,210 values a node, a
-#: statistics message and a context holding the node's cached statistics are about 410 kB each, and each trip
-#: through the store cost more than carrying them inline (``experiments/bench_flower_masked.py`` runs with it).
-RAY_INLINE_BYTES = 4 << 20
-#: The environment variable Ray reads that limit from (a value the user's environment sets is kept).
-RAY_INLINE_ENV = "RAY_max_direct_call_object_size"
-
-
-def ray_inline_bytes() -> int:
-    """The inline limit the simulations this module starts run with: the environment's value, else
-    :data:`RAY_INLINE_BYTES` (ConfigError for a value that is no whole number of bytes)."""
-    raw = os.environ.get(RAY_INLINE_ENV, "").strip()
-    if not raw:
-        return RAY_INLINE_BYTES
-    try:
-        value = int(raw)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise ConfigError(f"{RAY_INLINE_ENV}={raw!r} is not a whole number of bytes; unset it or give one")
-    return value
-
-
-def _quiet_environment() -> None:
-    for k, v in QUIET_ENV.items():
-        os.environ.setdefault(k, v)
-
-
-@contextlib.contextmanager
-def _ray_defaults():
-    """Within the block, this process's environment holds Ray's inline limit (for the Ray processes a simulation
-    in this process starts); a value the environment already holds is kept, and what was added is removed."""
-    limit, added = ray_inline_bytes(), RAY_INLINE_ENV not in os.environ
-    if added:
-        os.environ[RAY_INLINE_ENV] = str(limit)
-    try:
-        yield
-    finally:
-        if added:
-            os.environ.pop(RAY_INLINE_ENV, None)
 
 
 # ------------------------------------------------------------------------------- in this process
@@ -153,7 +98,7 @@ def run_simulation(
         CPUs Ray may use (one ClientApp at a time per CPU).
     """
     check_num_cpus(num_cpus)
-    _quiet_environment()
+    quiet_environment()
     from flwr.simulation.run_simulation import _run_simulation
     from flwr.supercore.telemetry import EventType
 
@@ -169,9 +114,9 @@ def run_simulation(
         tempfile.TemporaryDirectory(prefix="privfed-ray-", ignore_cleanup_errors=True) as ray_tmp,
     ):
         client = make_client_app(faults, provision=simulated_roster(cfgs, folder))
-        root = _ray_root(ray_tmp)
+        root = ray_root(ray_tmp)
         ray_dir = {} if root is None else {"_temp_dir": os.path.join(root, "ray")}
-        with _ray_defaults():
+        with ray_defaults():
             _run_simulation(
                 num_supernodes=int(
                     num_supernodes if num_supernodes is not None else max(c.clients for c in cfgs)
@@ -375,7 +320,7 @@ def flwr_run(
     return, on an error and on an interrupt.
     """
     check_num_cpus(num_cpus)
-    _quiet_environment()
+    quiet_environment()
     before = _file_stamp(Path(expect) / "results.json") if expect is not None else None
     import privfed
 
@@ -398,7 +343,7 @@ def flwr_run(
             "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p),
             "PYTHONUNBUFFERED": "1",
         }
-        if _ray_root(str(tmp)) is not None:  # the SuperLink's Ray sessions go with this run's folder
+        if ray_root(str(tmp)) is not None:  # the SuperLink's Ray sessions go with this run's folder
             env["RAY_TMPDIR"] = str(tmp)
         if roster is not None:  # the simulated operator's files, readable by this user only
             ids = tmp / "roster"

@@ -240,16 +240,16 @@ def test_simulations_keep_node_messages_and_contexts_out_of_rays_object_store(mo
     messages: Ray's inline limit is raised for the Ray processes a simulation starts (and only while it runs,
     in this process), unless the user's environment sets it; a value that is no byte count is refused."""
     from privfed.errors import ConfigError
-    from privfed.flower import simulation
+    from privfed.flower import runtime_env as simulation
 
     key = simulation.RAY_INLINE_ENV
     monkeypatch.setenv(key, "x")  # recorded by monkeypatch, so the environment is restored after the test
     monkeypatch.delenv(key)
-    with simulation._ray_defaults():
+    with simulation.ray_defaults():
         assert int(os.environ[key]) == simulation.RAY_INLINE_BYTES == simulation.ray_inline_bytes() >= 1 << 20
     assert key not in os.environ  # nothing left behind in the user's process
     monkeypatch.setenv(key, "12345")
-    with simulation._ray_defaults():
+    with simulation.ray_defaults():
         assert os.environ[key] == "12345" and simulation.ray_inline_bytes() == 12345
     assert os.environ[key] == "12345"
     for bad in ("4MB", "-1"):
