@@ -30,8 +30,9 @@ def active_scale() -> str:
         "pushed (as the app's transport pushes a stage's messages) and every reply folded as it arrives. "
         "CPU seconds of both processes; the floor is the plain "
         "run of the same statistics plus the protocol's signatures, verifies, X25519 agreements and key loads "
-        "and mask keystream, each counted at the state machines' call sites in the masked run and timed alone "
-        "with `cryptography` in the same repeat"
+        "and mask keystream, each counted at the state machines' call sites in two untimed masked runs of the "
+        "same configuration (before and after the timed repeats; they agree, and no timed run pays for the "
+        "counting) and timed alone with `cryptography` in the same repeat"
         + (
             f"; both processes keep glibc's heap from shrinking below {cfg['heap']['trim_bytes'] >> 20} MiB free "
             "(`mallopt`): each upload's buffers are freed once it is folded, and with glibc's defaults whether "
@@ -134,7 +135,7 @@ def flower_masked_scale() -> str:
         + (
             f"; Ray's inline limit at {cfg['ray_inline_bytes'] / 2**20:g} MiB"
             + (", privfed's simulation default" if cfg["ray_inline_bytes"] == RAY_INLINE_BYTES else "")
-            + ", so that messages and contexts up to that size travel inside Ray's task messages"
+            + ", so that a message with its node's context, up to that size, travels inside Ray's task messages"
             if cfg.get("ray_inline_bytes")
             else ""
         )

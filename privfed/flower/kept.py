@@ -156,15 +156,15 @@ class KeptClientApp(ClientApp):
     def __init__(self, build, args: tuple) -> None:
         super().__init__()
         self._built_by = (build, tuple(args), os.urandom(8).hex())
-        self._sealed: tuple | None = None
+        self._sealed: dict | None = None
 
-    def _shape(self) -> tuple:
-        return (
-            tuple(self._registered_funcs.items()),
-            tuple(self._mods),
-            self._call,
-            self._lifespan,
-        )
+    def _shape(self) -> dict:
+        """Everything the app holds but its builder's record (containers copied, so a later change shows)."""
+        return {
+            k: (dict(v) if isinstance(v, dict) else list(v) if isinstance(v, list) else v)
+            for k, v in self.__dict__.items()
+            if k not in ("_built_by", "_sealed")
+        }
 
     def seal(self) -> KeptClientApp:
         """Mark the app as built: from now on it pickles as its builder's call while it stays as it is."""

@@ -57,17 +57,17 @@ RAY_INLINE_ENV = "RAY_max_direct_call_object_size"
 
 def ray_inline_bytes() -> int:
     """The inline limit the simulations this module starts run with: the environment's value, else
-    :data:`RAY_INLINE_BYTES` (ConfigError for a value that is no whole number of bytes)."""
-    raw = os.environ.get(RAY_INLINE_ENV, "").strip()
-    if not raw:
+    :data:`RAY_INLINE_BYTES` (ConfigError for a value Ray would not read as a byte count: digits only, as
+    Ray's parser takes them; a variable set to nothing is refused too, where Ray would stop the process)."""
+    raw = os.environ.get(RAY_INLINE_ENV)
+    if raw is None:
         return RAY_INLINE_BYTES
-    try:
-        value = int(raw)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise ConfigError(f"{RAY_INLINE_ENV}={raw!r} is not a whole number of bytes; unset it or give one")
-    return value
+    if not (raw.isascii() and raw.isdigit()):
+        raise ConfigError(
+            f"{RAY_INLINE_ENV}={raw!r} is not a byte count (digits only); unset it or give one, e.g. "
+            f"{RAY_INLINE_BYTES}"
+        )
+    return int(raw)
 
 
 def quiet_environment() -> None:

@@ -196,7 +196,7 @@ def test_write_tokens_never_repeat_across_writes_or_a_forked_child():
     assert len(set(child)) == 50 and not set(child) & set(mine + later)
 
 
-def test_the_client_app_travels_as_the_call_that_builds_it(tmp_path):
+def test_the_client_app_travels_as_the_call_that_builds_it(tmp_path, monkeypatch):
     """Flower's simulation pickles the ClientApp (with cloudpickle, as Ray does) with every message: it travels
     as its builder's reference, its arguments and a token, not its handlers' code; a process builds it once per
     token, with the same handlers, faults and simulated roster as the app that was sent."""
@@ -205,6 +205,7 @@ def test_the_client_app_travels_as_the_call_that_builds_it(tmp_path):
     from privfed.flower import client_app
     from privfed.flower.provision import SimulatedRoster
 
+    monkeypatch.setattr(kept, "_BUILT", {})  # this test's builds only
     provision = SimulatedRoster(50, degree=4, directory=tmp_path)
     app = client_app.make_client_app({7: "masked:exit"}, provision=provision)
     raw = cloudpickle.dumps(app)
@@ -252,7 +253,7 @@ def test_simulations_keep_node_messages_and_contexts_out_of_rays_object_store(mo
     with simulation.ray_defaults():
         assert os.environ[key] == "12345" and simulation.ray_inline_bytes() == 12345
     assert os.environ[key] == "12345"
-    for bad in ("4MB", "-1"):
+    for bad in ("4MB", "-1", "", " 5", "1_000"):  # Ray's parser takes digits only, and stops on anything else
         monkeypatch.setenv(key, bad)
         with pytest.raises(ConfigError, match=key):
             simulation.ray_inline_bytes()
@@ -281,3 +282,66 @@ def test_a_client_app_changed_after_it_was_built_travels_as_it_is():
     back = cloudpickle.loads(raw)
     assert len(raw) > 5_000 and "query.extra" in back._registered_funcs
     assert set(back._registered_funcs) == set(app._registered_funcs)
+
+
+class _Started(Exception):
+    """Raised by a stub in place of the simulation it would start."""
+
+
+def test_both_simulation_routes_hand_ray_the_inline_limit(monkeypatch, tmp_path):
+    """The in-process route runs Flower's simulation with the limit in this process's environment (for the Ray
+    processes it starts) and removes it afterwards; flwr_run hands it to the SuperLink it starts; a value the
+    user's environment sets is what both pass on."""
+    import importlib
+
+    from privfed.flower import FlowerConfig, runtime_env, simulation
+
+    # the module (its package exports a function of the same name)
+    flwr_sim = importlib.import_module("flwr.simulation.run_simulation")
+
+    key = runtime_env.RAY_INLINE_ENV
+    seen: list[str | None] = []
+
+    def fake_simulation(**kw):
+        seen.append(os.environ.get(key))
+        raise _Started
+
+    def fake_popen(argv, env=None, **kw):
+        seen.append(env.get(key))
+        raise _Started
+
+    monkeypatch.setattr(flwr_sim, "_run_simulation", fake_simulation)
+    monkeypatch.setattr(simulation.subprocess, "Popen", fake_popen)
+    monkeypatch.setenv(key, "x")
+    monkeypatch.delenv(key)
+    for user in (None, "777"):
+        if user is not None:
+            monkeypatch.setenv(key, user)
+        with pytest.raises(_Started):
+            simulation.run_simulation(FlowerConfig(method="fedncm", clients=2))
+        with pytest.raises(_Started):
+            simulation.flwr_run({}, num_supernodes=2)
+        assert os.environ.get(key) == user  # nothing added to, or left in, this process's environment
+    assert seen == [str(runtime_env.RAY_INLINE_BYTES)] * 2 + ["777"] * 2
+
+
+def test_a_client_app_given_a_lifespan_or_mod_after_building_travels_as_it_is():
+    """Any change after make_client_app sealed the app (a lifespan, a mod on the app) makes it travel by value."""
+    from ray import cloudpickle
+
+    from privfed.flower import client_app
+
+    for change in ("lifespan", "mod"):
+        app = client_app.make_client_app()
+        if change == "lifespan":
+
+            @app.lifespan()
+            def life(context):  # pragma: no cover - only its registration is checked
+                yield
+
+        else:
+            app._mods.append(lambda msg, context, call_next: call_next(msg, context))
+        raw = cloudpickle.dumps(app)
+        assert len(raw) > 5_000, change
+        back = cloudpickle.loads(raw)
+        assert (back._lifespan is not None) if change == "lifespan" else len(back._mods) == 1
