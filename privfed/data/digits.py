@@ -61,7 +61,7 @@ from privfed.data.digits_split import TEST_FRACTION as TEST_FRACTION
 from privfed.data.digits_split import DigitsSplits as DigitsSplits
 from privfed.data.digits_split import check_seed
 from privfed.data.digits_split import digits_splits as digits_splits
-from privfed.errors import ConfigError, InputError
+from privfed.errors import ConfigError
 
 __all__ = [
     "BACKBONE_NAME",
@@ -95,15 +95,9 @@ def extract_features(model, images: np.ndarray, batch_size: int = 512) -> np.nda
     -------
     ndarray, shape (N, d), float64
     """
-    arr = np.asarray(images)
-    if arr.dtype.kind not in "biuf":  # complex would lose its imaginary part, objects and text are no pixels
-        raise InputError(f"images must be real pixel values in [0, 1], got dtype {arr.dtype}")
-    if arr.ndim == 3:
-        arr = arr[:, None]
-    # the numpy forward's rules (shape, pixels): the same images, with or without torch
-    if arr.ndim != 4 or arr.shape[1:] != (1, 8, 8):
-        raise InputError(f"images must have shape (N, 8, 8) or (N, 1, 8, 8), got {np.shape(images)}")
-    digits_numpy.check_pixels(arr)
+    arr = digits_numpy.digit_images(
+        images
+    )  # the numpy forward's rule: the same images, with or without torch
     if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
         raise ConfigError(f"batch_size must be a positive int, got {batch_size!r}")
     import torch
@@ -141,15 +135,7 @@ def extract_features_numpy(weights, images, batch_size: int = 512) -> np.ndarray
         The torch module's features up to float32 rounding: the two differ by at
         most twice :func:`privfed.data.digits_numpy.float32_error_bound` per entry.
     """
-    arr = np.asarray(images)
-    if arr.dtype == object or not np.issubdtype(arr.dtype, np.number):
-        raise InputError(f"images must be a numeric array, got dtype {arr.dtype}")
-    if arr.ndim == 3:
-        arr = arr[:, None]
-    if arr.ndim != 4 or arr.shape[1:] != (1, 8, 8):
-        raise InputError(f"images must have shape (N, 8, 8) or (N, 1, 8, 8), got {np.shape(images)}")
-    if not np.all(np.isfinite(arr)):
-        raise InputError("images contain NaN/inf values")
+    arr = digits_numpy.digit_images(images)  # the forward's rule, checked once for every batch
     if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
         raise ConfigError(f"batch_size must be a positive int, got {batch_size!r}")
     out = [

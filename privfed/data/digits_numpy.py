@@ -86,6 +86,15 @@ def _check(weights, images) -> tuple[dict, np.ndarray]:
             )
         if np.asarray(weights[k]).dtype.kind not in "biuf" or not np.isfinite(weights[k]).all():
             raise InputError(f"backbone weight {k!r} must hold finite real numbers; {fix}")
+    return weights, digit_images(images)
+
+
+def digit_images(images) -> np.ndarray:
+    """``images`` as an (N, 1, 8, 8) array of real pixel values in [0, 1], or InputError: the rule of both digits
+    forwards (this module's and torch's, :func:`privfed.data.digits.extract_features`), so that they take the
+    same images."""
+    from privfed.errors import InputError
+
     arr = np.asarray(images)
     if arr.dtype.kind not in "biuf":  # complex would lose its imaginary part, objects and text are no pixels
         raise InputError(f"images must be real pixel values in [0, 1], got dtype {arr.dtype}")
@@ -94,7 +103,7 @@ def _check(weights, images) -> tuple[dict, np.ndarray]:
     if arr.ndim != 4 or arr.shape[1:] != (1, 8, 8):
         raise InputError(f"images must have shape (N, 8, 8) or (N, 1, 8, 8), got {np.shape(images)}")
     check_pixels(arr)
-    return weights, arr
+    return arr
 
 
 def pixel_problem(arr: np.ndarray) -> tuple[float, float, str] | None:
