@@ -56,7 +56,8 @@ _fresh_prefix()
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_fresh_prefix)
 
-#: At most this many parsed rosters and identities are kept (least recently added dropped first).
+#: At most this many parsed rosters and identities, and as many built ClientApps, are kept (least recently
+#: added dropped first).
 PARSED_LIMIT = 64
 
 _PARSED: dict[tuple[str, str], object] = {}
@@ -91,9 +92,7 @@ def parsed(value: str, kind: type):
                     f"{where} is not a privfed identity ({why}): pass the node-<i>.json file the operator wrote "
                     "with python -m mechanisms.secagg.identity"
                 ) from None
-        while len(_PARSED) >= PARSED_LIMIT:
-            _PARSED.pop(next(iter(_PARSED)))
-        _PARSED[key] = got
+        _keep(_PARSED, key, got)
     return got
 
 
@@ -187,7 +186,13 @@ def built_app(build, args: tuple, token: str) -> ClientApp:
     """The ClientApp ``build(*args)`` this process built for ``token`` (built on the first call)."""
     app = _BUILT.get(token)
     if app is None:
-        while len(_BUILT) >= PARSED_LIMIT:
-            _BUILT.pop(next(iter(_BUILT)))
-        app = _BUILT[token] = build(*args)
+        app = _keep(_BUILT, token, build(*args))
     return app
+
+
+def _keep(cache: dict, key, value):
+    """``cache[key] = value``, the oldest entries dropped first so that it holds at most :data:`PARSED_LIMIT`."""
+    while len(cache) >= PARSED_LIMIT:
+        cache.pop(next(iter(cache)))
+    cache[key] = value
+    return value
